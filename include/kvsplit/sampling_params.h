@@ -1,0 +1,34 @@
+// Per-request sampling and stopping parameters (public API).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvsplit/status.h"
+
+namespace kvsplit {
+
+struct SamplingParams {
+  float temperature = 1.0f;         // >= 0; 0 = greedy (argmax, lowest id on ties)
+  float top_p = 1.0f;               // (0, 1]; 1 = off
+  int32_t top_k = 0;                // >= 0; 0 = off
+  float min_p = 0.0f;               // [0, 1]; 0 = off
+  float repetition_penalty = 1.0f;  // > 0; 1 = off (HF/vLLM semantics, over prompt + output)
+  float presence_penalty = 0.0f;    // [-2, 2] (OpenAI semantics, over output tokens)
+  float frequency_penalty = 0.0f;   // [-2, 2]
+  std::optional<uint64_t> seed;     // unset: drawn per request from the engine's seed
+  int32_t max_tokens = 16;          // >= 1 generated tokens
+  std::vector<std::string> stop;          // stop strings (not included in the text)
+  std::vector<int32_t> stop_token_ids;    // extra stop ids (included in output ids)
+  bool ignore_eos = false;          // do not stop on the model's EOS ids
+
+  // kInvalidArgument naming the field when a value is out of range.
+  Status validate() const;
+};
+
+enum class FinishReason : uint8_t { kNone, kStop, kLength, kCancelled, kError };
+const char* finish_reason_name(FinishReason reason);  // "stop", "length", ...
+
+}  // namespace kvsplit

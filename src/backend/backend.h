@@ -1,0 +1,173 @@
+// The Backend contract (architecture.md §3): device memory, a stream, and the ops the forward pass
+// needs. The forward pass in src/model/ calls only these. Every pointer argument named `*_dev`
+// or documented as "device" points into memory returned by this backend's alloc(); for the CPU
+// backend that is ordinary host memory.
+//
+// Dimension vocabulary: num_seqs, num_tokens, num_heads, num_kv_heads, head_dim, block_size,
+// num_blocks, kv_len. Activations are f32 and row-major.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "backend/dtype.h"
+#include "kv/split_plan.h"
+#include "kvsplit/status.h"
+
+namespace kvsplit::backend {
+
+enum class DeviceKind { kCpu, kCuda };
+
+// A weight matrix on the backend's device, row-major [rows, cols] (rows = out_features,
+// cols = in_features, as stored by llama2.c and HF). Non-owning.
+struct MatrixView {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+enum class RopeStyle : uint8_t {
+  kInterleaved,  // llama2.c: rotate adjacent pairs (x[2i], x[2i+1])
+  kHalf,         // HF rotate_half: pairs (x[i], x[i + rotary_dim/2])
+};
+
+struct RopeArgs {
+  RopeStyle style = RopeStyle::kInterleaved;
+  int head_dim = 0;
+  int rotary_dim = 0;              // dims rotated from the start of each head (== head_dim for Llama)
+  const float* inv_freq = nullptr;  // device [rotary_dim / 2], scaling already applied by the model
+};
+
+// One layer's paged KV memory. Layout [num_blocks, 2 (K, V), num_kv_heads, block_size, head_dim]
+// (see kernels/common/paged_kv.h for the index math).
+struct LayerKv {
+  void* data = nullptr;  // device
+  DType dtype = DType::kF32;
+  int num_blocks = 0;
+  int num_kv_heads = 0;
+  int block_size = 0;
+  int head_dim = 0;
+};
+
+// Sequences of one attention call. Queries of sequence s are rows
+// [query_start[s], query_start[s+1]) of q; they sit at positions kv_len[s] - q_len .. kv_len[s]-1
+// and attend causally to KV positions [0, their own position]. All arrays are device memory.
+struct AttentionArgs {
+  const float* q = nullptr;  // [num_tokens, num_heads, head_dim]
+  float* out = nullptr;      // [num_tokens, num_heads, head_dim]
+  LayerKv kv;
+  int num_seqs = 0;
+  int num_tokens = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  float scale = 0.f;                      // usually 1/sqrt(head_dim)
+  const int32_t* query_start = nullptr;   // [num_seqs + 1]
+  const int32_t* kv_lens = nullptr;       // [num_seqs] context length including this step's tokens
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq] physical block ids
+  int max_blocks_per_seq = 0;
+  int max_query_len = 0;
+  int max_kv_len = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual DeviceKind kind() const = 0;
+  virtual std::string name() const = 0;  // e.g. "cpu (2 threads, avx512)"
+  // Parallel execution units (threads on CPU, SMs on GPU); the split-K planner uses it.
+  virtual int parallelism() const = 0;
+
+  // ---- memory (bytes; device pointers) ----
+  virtual StatusOr<void*> alloc(size_t bytes) = 0;
+  virtual void free(void* ptr) = 0;
+  virtual Status copy_h2d(void* dst_dev, const void* src_host, size_t bytes) = 0;
+  virtual Status copy_d2h(void* dst_host, const void* src_dev, size_t bytes) = 0;
+  virtual Status copy_d2d(void* dst_dev, const void* src_dev, size_t bytes) = 0;
+  virtual Status memset_zero(void* dst_dev, size_t bytes) = 0;
+  // Waits for all work queued on the backend's stream.
+  virtual Status synchronize() = 0;
+
+  // Makes a weight usable by gemm/embedding on this device. `host` may point into a memory-mapped
+  // file that outlives the backend; the CPU backend returns views of f32 data without copying.
+  virtual StatusOr<MatrixView> upload_matrix(const void* host, DType dtype, int64_t rows,
+                                             int64_t cols) = 0;
+
+  // ---- ops (all activations f32, device memory) ----
+  // out[t, :] = table[ids[t], :]; ids outside [0, table.rows) -> kInvalidArgument.
+  virtual Status embedding(const int32_t* ids, int num_tokens, const MatrixView& table,
+                           float* out) = 0;
+  // out[t] = x[t] / rms(x[t]) * weight; x, out [num_tokens, dim]; weight [dim] f32.
+  virtual Status rmsnorm(const float* x, const float* weight, int num_tokens, int dim, float eps,
+                         float* out) = 0;
+  // residual += x; out = rmsnorm(residual). Fused to save a pass over memory.
+  virtual Status add_rmsnorm(float* residual, const float* x, const float* weight, int num_tokens,
+                             int dim, float eps, float* out) = 0;
+  // out[m, w.rows] (= or +=) x[m, w.cols] * w^T (+ bias[w.rows]). The summation order of every
+  // output element is independent of m (batch invariance).
+  virtual Status gemm(const float* x, int m, const MatrixView& w, const float* bias, float* out,
+                      bool accumulate) = 0;
+  // In-place rotary embedding of q [num_tokens, num_heads, head_dim] and
+  // k [num_tokens, num_kv_heads, head_dim] at positions[num_tokens].
+  virtual Status rope(float* q, float* k, const int32_t* positions, int num_tokens, int num_heads,
+                      int num_kv_heads, const RopeArgs& args) = 0;
+  // out[i] = silu(gate[i]) * up[i], n elements.
+  virtual Status swiglu(const float* gate, const float* up, int64_t n, float* out) = 0;
+  // Scatters k, v [num_tokens, num_kv_heads, head_dim] into the pages at slot_mapping[t]
+  // (= block_id * block_size + offset); a negative slot skips the token.
+  virtual Status kv_append(const LayerKv& kv, const float* k, const float* v,
+                           const int32_t* slot_mapping, int num_tokens) = 0;
+  // Causal attention for prefill (or chunked-prefill) sequences, reading all KV from pages.
+  virtual Status attention_prefill(const AttentionArgs& args) = 0;
+  // Decode attention (one query per sequence) over pages, split along kv_len per `plan`
+  // (FlashDecoding); partial (o, m, l) states are merged with kernels/common/softmax_state.h.
+  virtual Status attention_decode(const AttentionArgs& args, const kv::SplitPlan& plan) = 0;
+};
+
+// Creates the backend named `name` ("cpu", or "cuda" when built with CUDA). `threads` <= 0 picks
+// the number of hardware threads. An unknown or unavailable backend is kInvalidArgument /
+// kUnavailable with a clear message, never a silent fallback.
+StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name, int threads = 0);
+
+// Owns one allocation on a backend; frees it on destruction.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend* backend, void* ptr, size_t bytes) : backend_(backend), ptr_(ptr), bytes_(bytes) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      backend_ = o.backend_; ptr_ = o.ptr_; bytes_ = o.bytes_;
+      o.backend_ = nullptr; o.ptr_ = nullptr; o.bytes_ = 0;
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { reset(); }
+
+  static StatusOr<DeviceBuffer> make(Backend& backend, size_t bytes) {
+    KVSPLIT_ASSIGN_OR_RETURN(void* p, backend.alloc(bytes));
+    return DeviceBuffer(&backend, p, bytes);
+  }
+  void reset() {
+    if (backend_ && ptr_) backend_->free(ptr_);
+    backend_ = nullptr; ptr_ = nullptr; bytes_ = 0;
+  }
+  template <typename T = void>
+  T* get() const { return static_cast<T*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  Backend* backend_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace kvsplit::backend

@@ -1,0 +1,14 @@
+// The CPU backend: f32, a thread pool, SIMD where measurement says it pays. Also the oracle the
+// CUDA kernels are checked against.
+#pragma once
+
+#include <memory>
+
+#include "backend/backend.h"
+
+namespace kvsplit::backend {
+
+// `threads` >= 1.
+std::unique_ptr<Backend> make_cpu_backend(int threads);
+
+}  // namespace kvsplit::backend

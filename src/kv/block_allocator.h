@@ -1,0 +1,40 @@
+// Block ids and reference counts; no memory (the KvPool owns that). "Cannot fit" is a return
+// value, not an error. Not thread-safe: one owner (a worker) drives it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace kvsplit::kv {
+
+class BlockAllocator {
+ public:
+  explicit BlockAllocator(int num_blocks);
+
+  // n fresh blocks with refcount 1, or nullopt (nothing allocated) when fewer than n are free.
+  std::optional<std::vector<int32_t>> allocate(int n);
+  void incref(int32_t block);
+  // Drops one reference; the block is free again when its count reaches 0.
+  void decref(int32_t block);
+  int refcount(int32_t block) const;
+
+  int num_blocks() const { return static_cast<int>(refcount_.size()); }
+  int num_free() const { return static_cast<int>(free_.size()); }
+  int num_used() const { return num_blocks() - num_free(); }
+
+ private:
+  std::vector<int32_t> free_;      // stack of free ids
+  std::vector<int32_t> refcount_;  // [num_blocks]
+};
+
+// Logical -> physical block ids of one sequence, and how many tokens it holds.
+struct BlockTable {
+  std::vector<int32_t> blocks;
+  int num_tokens = 0;
+
+  // Blocks needed to hold `tokens` tokens.
+  static int blocks_for(int tokens, int block_size) { return (tokens + block_size - 1) / block_size; }
+};
+
+}  // namespace kvsplit::kv

@@ -1,0 +1,45 @@
+// Split-K plan for paged decode attention (FlashDecoding). Made on the host as a plain struct and
+// executed identically by the CPU and CUDA backends.
+//
+// Sequence s (kv_len tokens) is cut into num_splits[s] contiguous chunks of `chunk_tokens` tokens
+// (the last one shorter); chunk_tokens is a multiple of block_size so a split never shares a page
+// with another. Partial states of sequence s occupy split slots
+// [split_offset[s], split_offset[s] + num_splits[s]) of the backend's partial workspace
+// (o [total_splits, num_heads, head_dim], m and l [total_splits, num_heads]).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace kvsplit::kv {
+
+struct SplitPlanConfig {
+  // Do not split a sequence into chunks shorter than this (tokens); rounded up to block_size.
+  int min_chunk_tokens = 256;
+  // Upper bound on splits per sequence.
+  int max_splits_per_seq = 64;
+  // Aim for at least this many work items (seq x kv_head x split) per parallel unit.
+  int work_items_per_unit = 2;
+};
+
+struct SplitPlan {
+  int chunk_tokens = 0;                // tokens per split, multiple of block_size
+  std::vector<int32_t> num_splits;     // [num_seqs], >= 1 (a sequence with kv_len 0 gets 1)
+  std::vector<int32_t> split_offset;   // [num_seqs], prefix sum of num_splits
+  int total_splits = 0;
+  int max_splits = 0;                  // max over sequences
+
+  int num_seqs() const { return static_cast<int>(num_splits.size()); }
+  bool has_splits() const { return max_splits > 1; }
+};
+
+// Plan with an explicit chunk size (tests, benchmarks). chunk_tokens <= 0 means "no split".
+// chunk_tokens is rounded up to a multiple of block_size.
+SplitPlan make_split_plan(const int32_t* kv_lens, int num_seqs, int block_size, int chunk_tokens);
+
+// The heuristic planner: picks chunk_tokens from the batch shape and the device's parallelism
+// (threads or SMs). No split when the batch already fills the device (it would not pay).
+SplitPlan plan_decode_splits(const int32_t* kv_lens, int num_seqs, int num_kv_heads, int block_size,
+                             int parallelism, const SplitPlanConfig& config = {});
+
+}  // namespace kvsplit::kv

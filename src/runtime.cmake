@@ -1,0 +1,17 @@
+# Included from the top level after src/ and kernels/: the backend registry (which knows the CUDA
+# backend when it is built), the command-line tool and the server.
+add_library(kvsplit_runtime STATIC ${PROJECT_SOURCE_DIR}/src/backend/registry/registry.cpp)
+target_link_libraries(kvsplit_runtime PUBLIC kvsplit_core)
+if(TARGET kvsplit_cuda)
+  target_link_libraries(kvsplit_runtime PUBLIC kvsplit_cuda)
+endif()
+
+file(GLOB KVSPLIT_CLI_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/cli/*.cpp)
+if(KVSPLIT_CLI_SOURCES)
+  add_executable(kvsplit ${KVSPLIT_CLI_SOURCES})
+  target_link_libraries(kvsplit PRIVATE kvsplit_runtime CLI11::CLI11)
+endif()
+
+if(KVSPLIT_BUILD_SERVER AND EXISTS ${PROJECT_SOURCE_DIR}/src/server/CMakeLists.txt)
+  add_subdirectory(${PROJECT_SOURCE_DIR}/src/server ${PROJECT_BINARY_DIR}/src/server)
+endif()
