@@ -1,0 +1,189 @@
+// The kvsplit engine: public API. Thread-safe. No CUDA, gRPC or YAML types here.
+//
+//   auto engine = kvsplit::Engine::create(config);            // StatusOr<unique_ptr<Engine>>
+//   auto handle = (*engine)->submit(request);                  // StatusOr<RequestHandle>
+//   kvsplit::TokenEvent ev;
+//   while (handle->next(&ev, std::chrono::seconds(30)) && !ev.final) { ... }
+//
+// Events are pushed by engine threads without blocking (an unbounded per-request queue); a
+// consumer either blocks in next() or registers a notifier (e.g. a gRPC reactor) and drains
+// with try_next(). Every accepted request gets exactly one final event.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvsplit/sampling_params.h"
+#include "kvsplit/status.h"
+
+namespace kvsplit {
+
+// A named service class: latency targets and queueing rules.
+struct SlaClass {
+  std::string name = "default";
+  double max_ttft_ms = 2000.0;   // > 0; target time to first token
+  double max_itl_ms = 200.0;     // > 0; target inter-token latency
+  int32_t priority = 0;          // higher runs first and is preempted last
+  int32_t max_queue = 1024;      // >= 1; queued requests beyond this -> RESOURCE_EXHAUSTED
+  double queue_timeout_ms = 30000.0;  // > 0; still queued after this -> DEADLINE_EXCEEDED
+};
+
+enum class ServingMode : uint8_t {
+  kColocated,     // one pool runs prefill and decode in the same steps
+  kDisaggregated  // separate prefill and decode worker pools with KV handoff
+};
+
+struct EngineConfig {
+  std::string model = "synthetic:stories260k";  // path or synthetic:<preset>
+  std::string tokenizer;                        // empty: beside the model
+  std::string backend = "cpu";                  // "cpu" | "cuda"
+  int32_t threads_per_worker = 0;               // CPU threads per worker; 0: hardware / workers
+  ServingMode mode = ServingMode::kDisaggregated;
+  int32_t num_prefill_workers = 1;              // >= 1 (disaggregated)
+  int32_t num_decode_workers = 1;               // >= 1 (colocated: the number of workers)
+  int32_t block_size = 16;                      // tokens per KV page
+  int32_t kv_blocks_per_worker = 0;             // 0: derive from kv_capacity_bytes
+  int64_t kv_capacity_bytes = 256ll << 20;      // per worker when kv_blocks_per_worker == 0
+  int32_t max_num_seqs = 256;                   // running sequences per decode worker
+  int32_t max_batch_tokens = 512;               // token budget of one prefill (chunk) step
+  int32_t handoff_timeout_ms = 5000;            // bound on every KV handoff wait
+  uint64_t seed = 0;                            // draws per-request seeds when unset
+  std::vector<SlaClass> sla_classes = {SlaClass{}};  // first one is the default class
+};
+
+struct Request {
+  std::string request_id;                // empty: the engine assigns one
+  std::string prompt;                    // used when prompt_token_ids is empty
+  std::vector<int32_t> prompt_token_ids; // when set, used as is (no BOS added)
+  SamplingParams sampling;
+  std::string sla_class;                 // empty: the default class
+  int32_t priority = 0;                  // added to the class priority
+  uint32_t top_logprobs = 0;             // 0..20 alternatives per generated token
+};
+
+struct TokenLogprob {
+  int32_t token_id = 0;
+  float logprob = 0.f;
+  std::vector<std::pair<int32_t, float>> top;  // top_logprobs alternatives
+};
+
+struct Usage {
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t cached_tokens = 0;
+};
+
+// Where a request's time went (milliseconds, monotonic clock).
+struct Timings {
+  double queue_ms = 0;
+  double ttft_ms = 0;        // submit -> first token
+  double mean_itl_ms = 0;
+  double max_itl_ms = 0;
+  double e2e_ms = 0;
+  double prefill_ms = 0;
+  double handoff_ms = 0;
+  double decode_ms = 0;
+  double preempted_ms = 0;
+  int32_t preemptions = 0;
+};
+
+struct TokenEvent {
+  std::string request_id;
+  std::vector<int32_t> token_ids;       // new tokens in this event
+  std::string text;                     // new text in this event
+  std::vector<TokenLogprob> logprobs;   // one per token when top_logprobs was asked (or always 1)
+  std::chrono::steady_clock::time_point time;
+  bool final = false;
+  // Final event only:
+  FinishReason finish_reason = FinishReason::kNone;
+  Status status;                        // non-OK when the request failed (kError / deadline)
+  Usage usage;
+  Timings timings;
+};
+
+class RequestStream;  // engine-internal queue of events of one request
+
+// The consumer's end of one request. Copyable (shared).
+class RequestHandle {
+ public:
+  RequestHandle() = default;
+  explicit RequestHandle(std::shared_ptr<RequestStream> stream) : stream_(std::move(stream)) {}
+
+  const std::string& request_id() const;
+  // Blocks up to `timeout` for the next event; false on timeout.
+  bool next(TokenEvent* event, std::chrono::milliseconds timeout);
+  // Non-blocking; false when no event is queued.
+  bool try_next(TokenEvent* event);
+  // Called (from an engine thread, must not block) whenever an event is queued. Events queued
+  // before registration trigger one call at registration.
+  void set_notifier(std::function<void()> notifier);
+
+ private:
+  std::shared_ptr<RequestStream> stream_;
+};
+
+struct PoolStats {
+  std::string name;        // "prefill-0", "decode-1", "colocated-0"
+  int32_t kv_blocks_total = 0;
+  int32_t kv_blocks_free = 0;
+  int32_t running = 0;
+  int32_t waiting = 0;
+};
+
+struct SlaClassStats {
+  std::string name;
+  int64_t finished = 0;
+  int64_t met_ttft = 0;
+  int64_t met_itl = 0;
+  int64_t met_both = 0;
+  int32_t queued = 0;
+};
+
+struct EngineStats {
+  std::vector<PoolStats> pools;
+  std::vector<SlaClassStats> classes;
+  int64_t requests_submitted = 0;
+  int64_t requests_finished = 0;
+  int64_t requests_cancelled = 0;
+  int64_t requests_failed = 0;
+  int64_t preemptions = 0;
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  int32_t num_running = 0;
+  int32_t num_waiting = 0;
+};
+
+struct ModelInfo {
+  std::string source;
+  std::string architecture;
+  int32_t vocab_size = 0;
+  int32_t max_context = 0;
+  int32_t num_layers = 0;
+  int32_t dim = 0;
+};
+
+class Engine {
+ public:
+  static StatusOr<std::unique_ptr<Engine>> create(const EngineConfig& config);
+  virtual ~Engine() = default;
+
+  // Admission: kInvalidArgument (bad fields, unknown class, prompt + max_tokens beyond the
+  // context or the KV pool, with the numbers), kResourceExhausted (class queue full),
+  // kUnavailable (shutting down). Accepted requests end with exactly one final event.
+  virtual StatusOr<RequestHandle> submit(Request request) = 0;
+  // Aborts a request at any stage; its KV blocks are freed. False when unknown or finished.
+  virtual bool cancel(const std::string& request_id) = 0;
+  virtual EngineStats stats() const = 0;
+  virtual ModelInfo model_info() const = 0;
+  // Replaces the SLA classes (names may change; queued requests keep their class settings).
+  virtual Status update_sla_classes(std::vector<SlaClass> classes) = 0;
+  // Stops admitting; waits up to `drain` for running requests, then cancels the rest.
+  virtual void shutdown(std::chrono::milliseconds drain) = 0;
+};
+
+}  // namespace kvsplit

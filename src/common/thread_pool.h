@@ -1,0 +1,49 @@
+// A fixed pool of worker threads for data-parallel loops (the CPU backend's ops).
+// parallel_for is called from one thread at a time (the owner); it blocks until done.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kvsplit {
+
+class ThreadPool {
+ public:
+  // num_threads >= 1 counts the calling thread: num_threads - 1 workers are started.
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return num_threads_; }
+
+  // Calls fn(task) for task in [0, num_tasks), spread over the threads (the caller takes part).
+  // Tasks are handed out dynamically; fn must be safe to call concurrently for different tasks.
+  void parallel_for(int64_t num_tasks, const std::function<void(int64_t)>& fn);
+
+  // Static partition: fn(begin, end) on at most num_threads contiguous ranges of [0, n), each a
+  // multiple of `grain` long (except the last).
+  void parallel_range(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  void worker_loop();
+  void run_tasks();
+
+  int num_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_start_;
+  std::condition_variable cv_done_;
+  const std::function<void(int64_t)>* fn_ = nullptr;
+  int64_t num_tasks_ = 0;
+  int64_t next_task_ = 0;    // guarded by mu_
+  int active_ = 0;           // workers still in the current job
+  uint64_t generation_ = 0;  // job counter
+  bool stop_ = false;
+};
+
+}  // namespace kvsplit

@@ -1,0 +1,64 @@
+// The Llama forward pass, written once against Backend ops. One call runs a batch that mixes
+// decode tokens of some sequences with prefill (or chunked-prefill) tokens of others; KV is read
+// and written only through each sequence's block table in a KvPool.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kv/block_allocator.h"
+#include "kv/kv_pool.h"
+#include "kv/split_plan.h"
+#include "kvsplit/status.h"
+#include "model/loader.h"
+
+namespace kvsplit::model {
+
+// One sequence's part of a step.
+struct SeqStep {
+  std::span<const int32_t> tokens;   // the tokens fed this step (1 for decode, a chunk for prefill)
+  int start_pos = 0;                 // position of tokens[0] (= tokens already in the KV cache)
+  const kv::BlockTable* table = nullptr;  // must already hold start_pos + tokens.size() tokens
+  // Which rows of logits to return: kLast (sampling), kAll (teacher-forced scoring), kNone
+  // (a chunk of a prompt that is not finished yet).
+  enum class Logits : uint8_t { kNone, kLast, kAll } logits = Logits::kLast;
+};
+
+struct ForwardOptions {
+  kv::SplitPlanConfig split;  // decode split-K planning
+  int force_chunk_tokens = -1;  // >= 0: use make_split_plan with this chunk size (tests)
+};
+
+class LlamaModel {
+ public:
+  // Uploads the weights to `backend` (zero-copy views for f32 on CPU). The LoadedModel must
+  // outlive the LlamaModel when its weights are memory-mapped.
+  static StatusOr<std::unique_ptr<LlamaModel>> create(const LoadedModel& model,
+                                                      backend::Backend& backend);
+  ~LlamaModel();
+
+  // Runs one step. Sequences may come in any order; decode steps (1 token, start_pos > 0) use the
+  // paged split-K decode kernel, others the prefill kernel. Appends logits rows to *logits in
+  // sequence order ([rows, vocab] f32, host): for kLast one row, for kAll tokens.size() rows.
+  Status forward(std::span<const SeqStep> seqs, kv::KvPool& pool, std::vector<float>* logits,
+                 const ForwardOptions& options = {});
+
+  const ModelConfig& config() const { return config_; }
+  backend::Backend& backend() const { return backend_; }
+  kv::KvShape kv_shape() const {
+    return kv::KvShape{config_.num_layers, config_.num_kv_heads, config_.head_dim};
+  }
+
+ private:
+  struct Impl;
+  LlamaModel(const ModelConfig& config, backend::Backend& backend);
+
+  ModelConfig config_;
+  backend::Backend& backend_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvsplit::model
