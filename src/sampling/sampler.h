@@ -1,5 +1,14 @@
 // Token sampling for one request. Deterministic per seed: the same seed and the same logits give
 // the same token whatever else is in the batch (each request owns its RNG stream).
+//
+// Semantics (docs/sampling.md has the full statement):
+//   1. repetition penalty (HF: l > 0 ? l / p : l * p, once per distinct token of prompt + output);
+//   2. frequency / presence penalties (OpenAI: l -= count * freq + (count > 0) * presence, over
+//      the output tokens);
+//   3. temperature < kGreedyTemperature (1e-5): argmax, lowest id on exact ties, no RNG draw;
+//   4. otherwise l /= temperature, float softmax as llama2.c run.c, one uniform draw, then
+//      top-k, min-p and top-p restrict the candidates and the draw picks one of them.
+// With only temperature / top_p / seed set this is bit-exact llama2.c run.c `sample()`.
 #pragma once
 
 #include <cstdint>
@@ -10,24 +19,54 @@
 
 namespace kvsplit::sampling {
 
+// Temperatures below this are treated as greedy (as vLLM does): dividing by them would overflow.
+inline constexpr float kGreedyTemperature = 1e-5f;
+// xorshift64* has the fixed point 0; seed 0 starts from this state instead.
+inline constexpr uint64_t kZeroSeedState = 0x9E3779B97F4A7C15ull;
+
 class Sampler {
  public:
-  // `params` must have passed validate(). `seed` is the request's RNG seed.
+  // `params` must have passed validate(). `seed` is the request's RNG seed (the initial xorshift
+  // state, as run.c's `-s`; 0 is replaced by kZeroSeedState).
   Sampler(const SamplingParams& params, uint64_t seed);
 
-  // Picks the next token from logits [vocab] (modified in place: penalties, temperature,
-  // filters). `prompt` and `output` are the request's tokens so far (for penalties).
-  // Greedy when temperature == 0 (argmax, lowest id on exact ties).
+  // Sizes the scratch buffers for `vocab` so that sample() never allocates afterwards. Optional:
+  // sample() grows them on first use.
+  void reserve(int vocab);
+
+  // Picks the next token from logits [vocab] (modified in place: penalties, temperature, then
+  // probabilities). `prompt` and `output` are the request's tokens so far (for penalties); every
+  // id must be in [0, vocab) (the engine validates prompt ids on admission). vocab >= 1.
+  // Greedy when temperature < kGreedyTemperature (argmax, lowest id on exact ties). If the
+  // softmax degenerates (NaN or +inf logits), returns the argmax of the scaled logits.
   int32_t sample(float* logits, int vocab, std::span<const int32_t> prompt,
                  std::span<const int32_t> output);
 
+  // The RNG: xorshift64* as run.c's random_f32, 24-bit uniform in [0, 1).
+  static float uniform_from_state(uint64_t* state);
+
  private:
-  float next_uniform();  // [0, 1)
+  struct Candidate {
+    float prob;
+    int32_t index;
+  };
+
+  float next_uniform() { return uniform_from_state(&rng_state_); }
+  void apply_penalties(float* logits, int vocab, std::span<const int32_t> prompt,
+                       std::span<const int32_t> output);
+  // run.c's sample_topp on the full distribution (top_k and min_p off).
+  int32_t sample_top_p_runc(const float* probs, int vocab, float coin);
+  // top-k / min-p candidate set, then the same top-p / multinomial step over it.
+  int32_t sample_filtered(const float* probs, int vocab, int32_t max_index, float coin);
+  // Walks candidates_[0, n) in descending (prob, then ascending id) order, sorting lazily chunk
+  // by chunk, accumulating in float until the running sum exceeds `limit`. Returns the last index
+  // visited (n - 1 when never exceeded) and the running sum at that point.
+  int scan_sorted_until(int n, float limit, bool already_sorted, float* cumulative);
 
   SamplingParams params_;
   uint64_t rng_state_;
-  std::vector<float> probs_;      // scratch [vocab]
-  std::vector<int32_t> indices_;  // scratch [vocab]
+  std::vector<Candidate> candidates_;  // scratch [vocab]
+  std::vector<int32_t> counts_;        // scratch [vocab], all zero between calls
 };
 
 }  // namespace kvsplit::sampling

@@ -22,16 +22,29 @@ class StopChecker {
     std::string text;                           // text that may be emitted now
   };
   // Feeds one generated token (already appended to the output) and its decoded text delta.
+  // - EOS (unless ignore_eos) or a stop_token_id: kStop; the token's own text is not emitted,
+  //   held-back text is.
+  // - a stop string found in held-back text + delta: kStop; text up to (excluding) the earliest
+  //   match is emitted, nothing from the stop string on.
+  // - num_generated() reaching max_new_tokens: kLength; all held-back text is emitted.
+  // Otherwise emits the text except its longest suffix that is a proper prefix of a stop string.
+  // When a Step ends generation nothing stays held back. Must not be called after that.
   Step on_token(int32_t token, std::string_view text_delta);
-  // Text still held back (call once when generation ends without a stop string).
+  // Text still held back (for a caller that ends generation itself, e.g. on cancellation).
   std::string flush();
   int num_generated() const { return num_generated_; }
+  bool finished() const { return finished_; }
 
  private:
+  bool is_stop_token(int32_t token) const;
+  size_t hold_back_length() const;  // bytes at the end of held_ that may start a stop string
+
   SamplingParams params_;
   std::vector<int32_t> eos_ids_;
   int max_new_tokens_;
   int num_generated_ = 0;
+  bool finished_ = false;
+  size_t max_stop_len_ = 0;
   std::string held_;  // text not yet emitted (may begin a stop string)
 };
 

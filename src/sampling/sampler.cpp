@@ -1,0 +1,218 @@
+// Sampler: penalties, greedy, temperature + run.c-exact softmax, top-k / min-p / top-p.
+#include "sampling/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/check.h"
+
+namespace kvsplit::sampling {
+namespace {
+
+// Float softmax exactly as llama2.c run.c (max, expf(x - max), sequential float sum, divide), in
+// place. Also returns the lowest index of the maximum and the sum (for degenerate-input checks).
+float softmax_runc(float* x, int n, int32_t* max_index) {
+  float max_val = x[0];
+  int32_t max_i = 0;
+  for (int i = 1; i < n; ++i) {
+    if (x[i] > max_val) {
+      max_val = x[i];
+      max_i = i;
+    }
+  }
+  float sum = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max_val);  // float overload: expf, as run.c
+    sum += x[i];
+  }
+  for (int i = 0; i < n; ++i) x[i] /= sum;
+  *max_index = max_i;
+  return sum;
+}
+
+int32_t argmax_lowest(const float* x, int n) {
+  int32_t best = 0;
+  for (int i = 1; i < n; ++i) {
+    if (x[i] > x[best]) best = i;
+  }
+  return best;
+}
+
+}  // namespace
+
+Sampler::Sampler(const SamplingParams& params, uint64_t seed)
+    : params_(params), rng_state_(seed == 0 ? kZeroSeedState : seed) {}
+
+void Sampler::reserve(int vocab) {
+  KVSPLIT_CHECK(vocab >= 1);
+  const size_t n = static_cast<size_t>(vocab);
+  if (candidates_.size() < n) candidates_.resize(n);
+  if (counts_.size() < n) counts_.resize(n, 0);
+}
+
+float Sampler::uniform_from_state(uint64_t* state) {
+  uint64_t s = *state;
+  s ^= s >> 12;
+  s ^= s << 25;
+  s ^= s >> 27;
+  *state = s;
+  const uint32_t u32 = static_cast<uint32_t>((s * 0x2545F4914F6CDD1Dull) >> 32);
+  return static_cast<float>(u32 >> 8) / 16777216.0f;
+}
+
+void Sampler::apply_penalties(float* logits, int vocab, std::span<const int32_t> prompt,
+                              std::span<const int32_t> output) {
+  const float rep = params_.repetition_penalty;
+  if (rep != 1.0f) {
+    // counts_ doubles as a "seen" mark so each distinct token is penalised once; reset after.
+    auto mark = [&](std::span<const int32_t> ids) {
+      for (int32_t t : ids) {
+        KVSPLIT_CHECK_MSG(t >= 0 && t < vocab, "token id out of vocab range");
+        if (counts_[t] == 0) {
+          counts_[t] = 1;
+          logits[t] = logits[t] > 0.0f ? logits[t] / rep : logits[t] * rep;
+        }
+      }
+    };
+    mark(prompt);
+    mark(output);
+    for (int32_t t : prompt) counts_[t] = 0;
+    for (int32_t t : output) counts_[t] = 0;
+  }
+  const float freq = params_.frequency_penalty;
+  const float presence = params_.presence_penalty;
+  if (freq != 0.0f || presence != 0.0f) {
+    for (int32_t t : output) {
+      KVSPLIT_CHECK_MSG(t >= 0 && t < vocab, "token id out of vocab range");
+      ++counts_[t];
+    }
+    for (int32_t t : output) {
+      if (counts_[t] > 0) {
+        logits[t] -= static_cast<float>(counts_[t]) * freq + presence;
+        counts_[t] = 0;
+      }
+    }
+  }
+}
+
+int32_t Sampler::sample(float* logits, int vocab, std::span<const int32_t> prompt,
+                        std::span<const int32_t> output) {
+  KVSPLIT_CHECK(logits != nullptr && vocab >= 1);
+  reserve(vocab);
+  apply_penalties(logits, vocab, prompt, output);
+  if (vocab == 1) {
+    if (params_.temperature >= kGreedyTemperature) next_uniform();  // keep one draw per token
+    return 0;
+  }
+
+  if (params_.temperature < kGreedyTemperature) return argmax_lowest(logits, vocab);
+
+  const float temperature = params_.temperature;
+  for (int i = 0; i < vocab; ++i) logits[i] /= temperature;  // divide, as run.c
+  int32_t max_index = 0;
+  const float sum = softmax_runc(logits, vocab, &max_index);
+  const float coin = next_uniform();  // exactly one draw per sampled token
+  if (!(sum > 0.0f) || !std::isfinite(sum)) return max_index;  // NaN / +inf logits
+
+  const bool filtered = (params_.top_k > 0 && params_.top_k < vocab) || params_.min_p > 0.0f;
+  if (filtered) return sample_filtered(logits, vocab, max_index, coin);
+  if (params_.top_p > 0.0f && params_.top_p < 1.0f) {
+    return sample_top_p_runc(logits, vocab, coin);
+  }
+  // run.c sample_mult: multinomial over the cumulative distribution in id order.
+  float cdf = 0.0f;
+  for (int i = 0; i < vocab; ++i) {
+    cdf += logits[i];
+    if (coin < cdf) return i;
+  }
+  return vocab - 1;
+}
+
+int Sampler::scan_sorted_until(int n, float limit, bool already_sorted, float* cumulative) {
+  // Strict total order: descending probability, ascending id on ties. Candidates are gathered in
+  // id order, so this is the order a stable descending sort (glibc's mergesort qsort in run.c)
+  // gives, and chunked nth_element + sort yields exactly the same sequence as a full sort.
+  auto before = [](const Candidate& a, const Candidate& b) {
+    return a.prob > b.prob || (a.prob == b.prob && a.index < b.index);
+  };
+  Candidate* c = candidates_.data();
+  float sum = 0.0f;
+  int sorted_end = already_sorted ? n : 0;
+  int chunk = 64;
+  for (int i = 0; i < n; ++i) {
+    if (i == sorted_end) {
+      const int end = std::min(n, sorted_end + chunk);
+      if (end < n) std::nth_element(c + sorted_end, c + end, c + n, before);
+      std::sort(c + sorted_end, c + end, before);
+      sorted_end = end;
+      chunk *= 4;
+    }
+    sum += c[i].prob;
+    if (sum > limit) {
+      *cumulative = sum;
+      return i;
+    }
+  }
+  *cumulative = sum;
+  return n - 1;
+}
+
+int32_t Sampler::sample_top_p_runc(const float* probs, int vocab, float coin) {
+  const float topp = params_.top_p;
+  // run.c: drop probabilities below (1 - topp) / (n - 1); they cannot be in the nucleus.
+  const float cutoff = (1.0f - topp) / static_cast<float>(vocab - 1);
+  int n0 = 0;
+  for (int i = 0; i < vocab; ++i) {
+    if (probs[i] >= cutoff) candidates_[n0++] = {probs[i], i};
+  }
+  if (n0 == 0) return argmax_lowest(probs, vocab);  // unreachable for a finite softmax
+  float cumulative = 0.0f;
+  const int last = scan_sorted_until(n0, topp, /*already_sorted=*/false, &cumulative);
+  const float r = coin * cumulative;
+  float cdf = 0.0f;
+  for (int i = 0; i <= last; ++i) {
+    cdf += candidates_[i].prob;
+    if (r < cdf) return candidates_[i].index;
+  }
+  return candidates_[last].index;
+}
+
+int32_t Sampler::sample_filtered(const float* probs, int vocab, int32_t max_index, float coin) {
+  // min-p: keep p >= min_p * p_max (p_max = probs[max_index]). `>=` also drops NaN.
+  const float threshold = params_.min_p > 0.0f ? params_.min_p * probs[max_index] : 0.0f;
+  int m = 0;
+  for (int i = 0; i < vocab; ++i) {
+    if (probs[i] >= threshold) candidates_[m++] = {probs[i], i};
+  }
+  if (m == 0) return max_index;
+  bool sorted = false;
+  // top-k: the k most probable (ties: lower id first), sorted.
+  if (params_.top_k > 0 && params_.top_k < m) {
+    auto before = [](const Candidate& a, const Candidate& b) {
+      return a.prob > b.prob || (a.prob == b.prob && a.index < b.index);
+    };
+    Candidate* c = candidates_.data();
+    std::nth_element(c, c + params_.top_k, c + m, before);
+    std::sort(c, c + params_.top_k, before);
+    m = params_.top_k;
+    sorted = true;
+  }
+  // Mass of the candidate set, so top_p is relative to the renormalised distribution.
+  float mass = 0.0f;
+  for (int i = 0; i < m; ++i) mass += candidates_[i].prob;
+
+  int last = m - 1;
+  float cumulative = mass;
+  if (params_.top_p < 1.0f) {
+    last = scan_sorted_until(m, params_.top_p * mass, sorted, &cumulative);
+  }
+  const float r = coin * cumulative;
+  float cdf = 0.0f;
+  for (int i = 0; i <= last; ++i) {
+    cdf += candidates_[i].prob;
+    if (r < cdf) return candidates_[i].index;
+  }
+  return candidates_[last].index;
+}
+
+}  // namespace kvsplit::sampling
