@@ -1,0 +1,236 @@
+// kvsplit: the command-line tool. Subcommands: generate, info.
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "kv/kv_pool.h"
+#include "model/batch_generate.h"
+#include "model/default_model.h"
+#include "model/llama_model.h"
+#include "model/loader.h"
+
+namespace {
+
+using namespace kvsplit;
+
+struct CommonFlags {
+  std::string model;
+  std::string tokenizer;
+  std::string backend = "cpu";
+  int threads = 0;
+  bool verbose = false;
+};
+
+struct GenerateFlags {
+  std::vector<std::string> prompts;
+  int max_tokens = 256;
+  float temperature = 1.0f;
+  float top_p = 0.9f;
+  int top_k = 0;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  int64_t seed = -1;
+  bool ignore_eos = false;
+  std::vector<std::string> stop;
+  bool json = false;
+  int block_size = 16;
+  int max_batch_tokens = 512;
+  int split_chunk = -1;
+};
+
+void add_common(CLI::App* app, CommonFlags& f) {
+  app->add_option("--model", f.model,
+                  "model: llama2.c .bin, HF directory or synthetic:<preset> "
+                  "(default: stories260K from $KVSPLIT_MODELS, ./models or ../shared/models)");
+  app->add_option("--tokenizer", f.tokenizer, "tokenizer file (default: beside the model)");
+  app->add_option("--backend", f.backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app->add_option("--threads", f.threads, "CPU threads (0: all)")->check(CLI::NonNegativeNumber);
+  app->add_flag("-v,--verbose", f.verbose, "log progress to stderr");
+}
+
+// Fills model/tokenizer defaults; prints the choice to stderr.
+void resolve_model(CommonFlags& f) {
+  if (!f.model.empty()) return;
+  model::DefaultModel d = model::resolve_default_model();
+  f.model = d.model;
+  if (f.tokenizer.empty()) f.tokenizer = d.tokenizer;
+  std::fprintf(stderr, "%s\n", d.note.c_str());
+}
+
+int fail(const Status& st) {
+  std::fprintf(stderr, "kvsplit: error: %s\n", st.to_string().c_str());
+  return st.code() == StatusCode::kInvalidArgument || st.code() == StatusCode::kNotFound ? 2 : 1;
+}
+
+int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
+  resolve_model(cf);
+  model::LoadOptions lo;
+  lo.tokenizer_path = cf.tokenizer;
+  auto loaded = model::load_model(cf.model, lo);
+  if (!loaded.ok()) return fail(loaded.status());
+  const model::ModelConfig& cfg = loaded->config;
+  auto backend = backend::create_backend(cf.backend, cf.threads);
+  if (!backend.ok()) return fail(backend.status());
+  auto llama = model::LlamaModel::create(*loaded, **backend);
+  if (!llama.ok()) return fail(llama.status());
+  if (cf.verbose) {
+    spdlog::info("model {} ({} layers, dim {}, vocab {}), backend {}", loaded->source, cfg.num_layers,
+                 cfg.dim, cfg.vocab_size, (*backend)->name());
+  }
+
+  std::vector<std::string> prompts = gf.prompts;
+  if (prompts.empty()) prompts.emplace_back("");
+  const uint64_t base_seed =
+      gf.seed >= 0 ? static_cast<uint64_t>(gf.seed)
+                   : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  std::vector<model::GenerationInput> inputs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto ids = loaded->tokenizer->encode(prompts[i], /*add_bos=*/true);
+    if (!ids.ok()) return fail(ids.status());
+    inputs[i].prompt_ids = std::move(ids).value();
+    SamplingParams& p = inputs[i].params;
+    p.temperature = gf.temperature;
+    p.top_p = gf.top_p;
+    p.top_k = gf.top_k;
+    p.min_p = gf.min_p;
+    p.repetition_penalty = gf.repetition_penalty;
+    p.presence_penalty = gf.presence_penalty;
+    p.frequency_penalty = gf.frequency_penalty;
+    p.max_tokens = gf.max_tokens;
+    p.ignore_eos = gf.ignore_eos;
+    p.stop = gf.stop;
+    p.seed = base_seed + i;
+  }
+
+  kv::KvPoolConfig pc;
+  pc.block_size = gf.block_size;
+  pc.num_blocks = std::max(1, model::blocks_needed(inputs, gf.block_size, cfg.max_seq_len));
+  auto pool = kv::KvPool::create(**backend, pc, (*llama)->kv_shape());
+  if (!pool.ok()) return fail(pool.status());
+
+  model::BatchOptions bo;
+  bo.max_batch_tokens = gf.max_batch_tokens;
+  bo.forward.force_chunk_tokens = gf.split_chunk;
+  const bool stream = !gf.json && prompts.size() == 1;
+  if (stream) {
+    bo.on_text = [](int, std::string_view text) {
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::fflush(stdout);
+    };
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto out = model::generate_batch(**llama, **pool, loaded->tokenizer.get(), inputs, bo);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!out.ok()) return fail(out.status());
+
+  size_t generated = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const model::GenerationOutput& o = (*out)[i];
+    generated += o.output_ids.size();
+    if (gf.json) {
+      nlohmann::json j;
+      j["prompt"] = prompts[i];
+      j["prompt_token_ids"] = inputs[i].prompt_ids;
+      j["output_token_ids"] = o.output_ids;
+      j["text"] = o.text;
+      j["finish_reason"] = finish_reason_name(o.finish_reason);
+      std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    } else if (stream) {
+      std::cout << "\n";
+    } else {
+      std::cout << "[" << i << "] " << prompts[i] << o.text << "\n";
+    }
+  }
+  std::cout.flush();
+  if (cf.verbose || !gf.json) {
+    std::fprintf(stderr, "%zu prompts, %zu tokens generated in %.3f s (%.1f tok/s)\n", prompts.size(),
+                 generated, secs, secs > 0 ? generated / secs : 0.0);
+  }
+  return 0;
+}
+
+int run_info(CommonFlags& cf) {
+  resolve_model(cf);
+  model::LoadOptions lo;
+  lo.tokenizer_path = cf.tokenizer;
+  auto loaded = model::load_model(cf.model, lo);
+  if (!loaded.ok()) return fail(loaded.status());
+  const model::ModelConfig& c = loaded->config;
+  nlohmann::json j;
+  j["source"] = loaded->source;
+  j["architecture"] = c.architecture;
+  j["dim"] = c.dim;
+  j["hidden_dim"] = c.hidden_dim;
+  j["num_layers"] = c.num_layers;
+  j["num_heads"] = c.num_heads;
+  j["num_kv_heads"] = c.num_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["vocab_size"] = c.vocab_size;
+  j["max_seq_len"] = c.max_seq_len;
+  j["rope_theta"] = c.rope_theta;
+  j["rope_style"] = c.rope_style == backend::RopeStyle::kInterleaved ? "interleaved" : "half";
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["eos_token_ids"] = c.eos_token_ids;
+  j["tokenizer"] = loaded->tokenizer ? std::string(loaded->tokenizer->kind()) : "none";
+  std::cout << j.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto logger = spdlog::stderr_color_mt("kvsplit");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::warn);
+
+  CLI::App app{"kvsplit: a decode-side LLM inference engine"};
+  app.require_subcommand(1);
+
+  CommonFlags gen_common;
+  GenerateFlags gf;
+  CLI::App* gen = app.add_subcommand("generate", "generate text for one or more prompts (one batch)");
+  add_common(gen, gen_common);
+  gen->add_option("-p,--prompt", gf.prompts, "prompt (repeatable; several run as one batch)");
+  gen->add_option("-n,--max-tokens", gf.max_tokens,
+                  "decode steps after the prompt (at most max-tokens + 1 tokens, llama2.c steps "
+                  "accounting)")->check(CLI::NonNegativeNumber);
+  gen->add_option("-t,--temperature", gf.temperature, "0 = greedy");
+  gen->add_option("--top-p", gf.top_p, "nucleus sampling threshold, (0, 1]");
+  gen->add_option("--top-k", gf.top_k, "keep the k most likely tokens (0 = off)");
+  gen->add_option("--min-p", gf.min_p, "drop tokens below min-p * max probability");
+  gen->add_option("--repetition-penalty", gf.repetition_penalty, "HF repetition penalty (1 = off)");
+  gen->add_option("--presence-penalty", gf.presence_penalty, "OpenAI presence penalty");
+  gen->add_option("--frequency-penalty", gf.frequency_penalty, "OpenAI frequency penalty");
+  gen->add_option("-s,--seed", gf.seed, "RNG seed (prompt i uses seed + i; default: from the clock)");
+  gen->add_flag("--ignore-eos", gf.ignore_eos, "do not stop on the model's EOS ids");
+  gen->add_option("--stop", gf.stop, "stop string (repeatable)");
+  gen->add_flag("--json", gf.json, "print one JSON line per prompt");
+  gen->add_option("--block-size", gf.block_size, "KV page size in tokens")->check(CLI::Range(1, 1024));
+  gen->add_option("--max-batch-tokens", gf.max_batch_tokens, "token budget per step")->check(CLI::PositiveNumber);
+  gen->add_option("--split-chunk", gf.split_chunk,
+                  "force decode split-K chunks of this many tokens (0 = no split; default: planner)");
+
+  CommonFlags info_common;
+  CLI::App* info = app.add_subcommand("info", "print a model's configuration as JSON");
+  add_common(info, info_common);
+
+  CLI11_PARSE(app, argc, argv);
+  if (gen->parsed()) {
+    if (gen_common.verbose) spdlog::set_level(spdlog::level::info);
+    return run_generate(gen_common, gf);
+  }
+  if (info->parsed()) return run_info(info_common);
+  return 0;
+}

@@ -1,0 +1,51 @@
+// Offline batched generation over one LlamaModel and one KvPool, in the calling thread. Used by
+// `kvsplit generate` and the golden/batch-invariance tests; the serving engine (src/engine,
+// src/sched) has its own scheduler. Each step mixes the decode tokens of running sequences with
+// prefill chunks of waiting prompts under a token budget.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kv/kv_pool.h"
+#include "kvsplit/sampling_params.h"
+#include "model/llama_model.h"
+#include "model/tokenizer.h"
+
+namespace kvsplit::model {
+
+struct GenerationInput {
+  std::vector<int32_t> prompt_ids;  // non-empty
+  SamplingParams params;            // validated by generate_batch
+  uint64_t seed = 0;                // used when params.seed is unset
+};
+
+struct GenerationOutput {
+  std::vector<int32_t> output_ids;  // ends with the stop token when the model produced one
+  std::string text;                 // generated text (stop strings cut)
+  FinishReason finish_reason = FinishReason::kNone;
+};
+
+struct BatchOptions {
+  int max_batch_tokens = 512;       // token budget per step (decode tokens + prefill chunks)
+  int max_new_prompts_per_step = 1 << 30;  // admit at most this many new prompts per step
+  ForwardOptions forward;
+  // Called with (input index, new text) as text becomes final; may be empty.
+  std::function<void(int, std::string_view)> on_text;
+};
+
+// Runs every input to completion. Errors: kInvalidArgument for bad params, empty prompts or
+// prompts longer than the context; kResourceExhausted when the pool cannot hold the batch.
+// Every block taken from `pool` is returned before this returns, on success or error.
+StatusOr<std::vector<GenerationOutput>> generate_batch(LlamaModel& model, kv::KvPool& pool,
+                                                       const Tokenizer* tokenizer,
+                                                       const std::vector<GenerationInput>& inputs,
+                                                       const BatchOptions& options = {});
+
+// KV blocks a batch needs at most (prompt + max_tokens positions per input).
+int blocks_needed(const std::vector<GenerationInput>& inputs, int block_size, int max_seq_len);
+
+}  // namespace kvsplit::model

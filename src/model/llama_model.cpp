@@ -1,0 +1,388 @@
+#include "model/llama_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "common/check.h"
+#include "common/paged_kv.h"
+
+namespace kvsplit::model {
+
+using backend::Backend;
+using backend::DeviceBuffer;
+using backend::DType;
+using backend::MatrixView;
+
+namespace {
+
+// f32 copy of a small weight vector (norms, biases), whatever its stored dtype.
+std::vector<float> to_f32(const WeightTensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  const auto* bytes = static_cast<const uint8_t*>(t.data);
+  for (size_t i = 0; i < out.size(); ++i) {
+    switch (t.dtype) {
+      case DType::kF32: std::memcpy(&out[i], bytes + 4 * i, 4); break;
+      case DType::kBF16: {
+        uint16_t h;
+        std::memcpy(&h, bytes + 2 * i, 2);
+        const uint32_t u = static_cast<uint32_t>(h) << 16;
+        std::memcpy(&out[i], &u, 4);
+        break;
+      }
+      case DType::kF16: {
+        uint16_t h;
+        std::memcpy(&h, bytes + 2 * i, 2);
+        const uint32_t sign = (h & 0x8000u) << 16;
+        uint32_t exp = (h >> 10) & 0x1f;
+        uint32_t mant = h & 0x3ffu;
+        uint32_t u;
+        if (exp == 0x1f) {
+          u = sign | 0x7f800000u | (mant << 13);
+        } else if (exp != 0) {
+          u = sign | ((exp + 112) << 23) | (mant << 13);
+        } else if (mant == 0) {
+          u = sign;
+        } else {  // subnormal
+          exp = 113;
+          while (!(mant & 0x400u)) { mant <<= 1; --exp; }
+          mant &= 0x3ffu;
+          u = sign | (exp << 23) | (mant << 13);
+        }
+        std::memcpy(&out[i], &u, 4);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+struct LlamaModel::Impl {
+  struct Layer {
+    MatrixView wq, wk, wv, wo, w_gate, w_up, w_down;
+    DeviceBuffer attn_norm, ffn_norm;  // f32 [dim]
+    DeviceBuffer bq, bk, bv;           // f32, only with qkv_bias
+  };
+  MatrixView embedding;
+  MatrixView lm_head;
+  DeviceBuffer final_norm;  // f32 [dim]
+  DeviceBuffer inv_freq;    // f32 [head_dim / 2]
+  std::vector<Layer> layers;
+
+  // Step scratch, grown on demand (device).
+  DeviceBuffer act;    // all activations of one step, carved below
+  size_t act_tokens = 0;
+  size_t act_rows = 0;
+  DeviceBuffer meta;   // int32 metadata of one step
+  size_t meta_ints = 0;
+};
+
+LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend)
+    : config_(config), backend_(backend), impl_(std::make_unique<Impl>()) {}
+
+LlamaModel::~LlamaModel() = default;
+
+StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::create(const LoadedModel& model, Backend& backend) {
+  const ModelConfig& c = model.config;
+  if (c.dim <= 0 || c.num_layers <= 0 || c.num_heads <= 0 || c.num_kv_heads <= 0 ||
+      c.head_dim <= 0 || c.vocab_size <= 0 || c.hidden_dim <= 0 || c.max_seq_len <= 0) {
+    return invalid_argument("model config has non-positive dimensions");
+  }
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return invalid_argument("num_heads must be a multiple of num_kv_heads");
+  }
+  if (c.head_dim % 2 != 0) return invalid_argument("head_dim must be even for RoPE");
+  if (static_cast<int>(model.weights.layers.size()) != c.num_layers) {
+    return invalid_argument("weights hold " + std::to_string(model.weights.layers.size()) +
+                            " layers, config says " + std::to_string(c.num_layers));
+  }
+  std::unique_ptr<LlamaModel> m(new LlamaModel(c, backend));
+  Impl& im = *m->impl_;
+
+  auto upload_mat = [&](const WeightTensor& t, int64_t rows, int64_t cols,
+                        const char* name) -> StatusOr<MatrixView> {
+    if (!t.present()) return invalid_argument(std::string("missing weight ") + name);
+    if (t.numel() != rows * cols) {
+      return invalid_argument(std::string("weight ") + name + " has " + std::to_string(t.numel()) +
+                              " elements, expected " + std::to_string(rows * cols));
+    }
+    return backend.upload_matrix(t.data, t.dtype, rows, cols);
+  };
+  auto upload_vec = [&](const WeightTensor& t, int64_t n, const char* name) -> StatusOr<DeviceBuffer> {
+    if (!t.present()) return invalid_argument(std::string("missing weight ") + name);
+    if (t.numel() != n) {
+      return invalid_argument(std::string("weight ") + name + " has " + std::to_string(t.numel()) +
+                              " elements, expected " + std::to_string(n));
+    }
+    std::vector<float> host = to_f32(t);
+    KVSPLIT_ASSIGN_OR_RETURN(DeviceBuffer buf, DeviceBuffer::make(backend, host.size() * sizeof(float)));
+    KVSPLIT_RETURN_IF_ERROR(backend.copy_h2d(buf.get(), host.data(), host.size() * sizeof(float)));
+    return buf;
+  };
+
+  const int64_t dim = c.dim, hidden = c.hidden_dim, qd = c.q_dim(), kvd = c.kv_dim();
+  KVSPLIT_ASSIGN_OR_RETURN(im.embedding, upload_mat(model.weights.embedding, c.vocab_size, dim, "embedding"));
+  if (model.weights.lm_head.present() && model.weights.lm_head.data != model.weights.embedding.data) {
+    KVSPLIT_ASSIGN_OR_RETURN(im.lm_head, upload_mat(model.weights.lm_head, c.vocab_size, dim, "lm_head"));
+  } else {
+    im.lm_head = im.embedding;  // tied
+  }
+  KVSPLIT_ASSIGN_OR_RETURN(im.final_norm, upload_vec(model.weights.final_norm, dim, "final_norm"));
+  im.layers.resize(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& w = model.weights.layers[l];
+    Impl::Layer& L = im.layers[l];
+    KVSPLIT_ASSIGN_OR_RETURN(L.wq, upload_mat(w.wq, qd, dim, "wq"));
+    KVSPLIT_ASSIGN_OR_RETURN(L.wk, upload_mat(w.wk, kvd, dim, "wk"));
+    KVSPLIT_ASSIGN_OR_RETURN(L.wv, upload_mat(w.wv, kvd, dim, "wv"));
+    KVSPLIT_ASSIGN_OR_RETURN(L.wo, upload_mat(w.wo, dim, qd, "wo"));
+    KVSPLIT_ASSIGN_OR_RETURN(L.w_gate, upload_mat(w.w_gate, hidden, dim, "w_gate"));
+    KVSPLIT_ASSIGN_OR_RETURN(L.w_up, upload_mat(w.w_up, hidden, dim, "w_up"));
+    KVSPLIT_ASSIGN_OR_RETURN(L.w_down, upload_mat(w.w_down, dim, hidden, "w_down"));
+    KVSPLIT_ASSIGN_OR_RETURN(L.attn_norm, upload_vec(w.attn_norm, dim, "attn_norm"));
+    KVSPLIT_ASSIGN_OR_RETURN(L.ffn_norm, upload_vec(w.ffn_norm, dim, "ffn_norm"));
+    if (c.qkv_bias) {
+      KVSPLIT_ASSIGN_OR_RETURN(L.bq, upload_vec(w.bq, qd, "bq"));
+      KVSPLIT_ASSIGN_OR_RETURN(L.bk, upload_vec(w.bk, kvd, "bk"));
+      KVSPLIT_ASSIGN_OR_RETURN(L.bv, upload_vec(w.bv, kvd, "bv"));
+    }
+  }
+  const std::vector<float> inv_freq = rope_inv_freq(c);
+  KVSPLIT_ASSIGN_OR_RETURN(im.inv_freq, DeviceBuffer::make(backend, inv_freq.size() * sizeof(float)));
+  KVSPLIT_RETURN_IF_ERROR(
+      backend.copy_h2d(im.inv_freq.get(), inv_freq.data(), inv_freq.size() * sizeof(float)));
+  return m;
+}
+
+namespace {
+
+// Host-side layout of one step's int32 metadata; uploaded as one buffer.
+struct StepMeta {
+  std::vector<int32_t> ints;
+  size_t token_ids = 0, positions = 0, slots = 0;
+  size_t dec_qstart = 0, dec_kvlens = 0, dec_tables = 0;
+  size_t pre_qstart = 0, pre_kvlens = 0, pre_tables = 0;
+  size_t logit_rows = 0;
+};
+
+}  // namespace
+
+Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
+                           std::vector<float>* logits, const ForwardOptions& options) {
+  const ModelConfig& c = config_;
+  Impl& im = *impl_;
+  Backend& be = backend_;
+  if (seqs.empty()) return ok_status();
+  if (pool.shape().num_layers != c.num_layers || pool.shape().num_kv_heads != c.num_kv_heads ||
+      pool.shape().head_dim != c.head_dim) {
+    return invalid_argument("KV pool shape does not match the model");
+  }
+  const int block_size = pool.block_size();
+
+  // Decode sequences first (one query row each), then prefill sequences; order[] maps back.
+  std::vector<int> order;
+  order.reserve(seqs.size());
+  auto is_decode = [](const SeqStep& s) { return s.tokens.size() == 1 && s.start_pos > 0; };
+  for (size_t i = 0; i < seqs.size(); ++i) if (is_decode(seqs[i])) order.push_back(static_cast<int>(i));
+  const int num_decode = static_cast<int>(order.size());
+  for (size_t i = 0; i < seqs.size(); ++i) if (!is_decode(seqs[i])) order.push_back(static_cast<int>(i));
+  const int num_prefill = static_cast<int>(seqs.size()) - num_decode;
+
+  int num_tokens = 0, max_blocks = 1, dec_max_kv = 0, pre_max_kv = 0, pre_max_q = 0;
+  for (const SeqStep& s : seqs) {
+    const int n = static_cast<int>(s.tokens.size());
+    if (n == 0) return invalid_argument("a sequence step has no tokens");
+    if (s.start_pos < 0) return invalid_argument("negative start_pos");
+    if (s.table == nullptr) return invalid_argument("a sequence step has no block table");
+    const int kv_len = s.start_pos + n;
+    if (kv_len > c.max_seq_len) {
+      return invalid_argument("sequence of " + std::to_string(kv_len) +
+                              " positions exceeds the context length " + std::to_string(c.max_seq_len));
+    }
+    if (static_cast<int64_t>(s.table->blocks.size()) * block_size < kv_len) {
+      return invalid_argument("block table holds " + std::to_string(s.table->blocks.size()) +
+                              " blocks, too few for " + std::to_string(kv_len) + " positions");
+    }
+    for (int32_t t : s.tokens) {
+      if (t < 0 || t >= c.vocab_size) {
+        return invalid_argument("token id " + std::to_string(t) + " outside the vocabulary [0, " +
+                                std::to_string(c.vocab_size) + ")");
+      }
+    }
+    num_tokens += n;
+    max_blocks = std::max(max_blocks, kv::BlockTable::blocks_for(kv_len, block_size));
+  }
+
+  // ---- metadata ----
+  StepMeta meta;
+  auto reserve_ints = [&](size_t n) { size_t off = meta.ints.size(); meta.ints.resize(off + n, 0); return off; };
+  meta.token_ids = reserve_ints(num_tokens);
+  meta.positions = reserve_ints(num_tokens);
+  meta.slots = reserve_ints(num_tokens);
+  meta.dec_qstart = reserve_ints(num_decode + 1);
+  meta.dec_kvlens = reserve_ints(std::max(num_decode, 1));
+  meta.dec_tables = reserve_ints(static_cast<size_t>(std::max(num_decode, 1)) * max_blocks);
+  meta.pre_qstart = reserve_ints(num_prefill + 1);
+  meta.pre_kvlens = reserve_ints(std::max(num_prefill, 1));
+  meta.pre_tables = reserve_ints(static_cast<size_t>(std::max(num_prefill, 1)) * max_blocks);
+  std::vector<int32_t> logit_rows;  // token rows whose logits are returned, in seqs order
+  std::vector<int> first_row(seqs.size());
+  {
+    int t = 0;
+    for (int k = 0; k < static_cast<int>(order.size()); ++k) {
+      const SeqStep& s = seqs[order[k]];
+      const int n = static_cast<int>(s.tokens.size());
+      const int kv_len = s.start_pos + n;
+      first_row[order[k]] = t;
+      const bool dec = k < num_decode;
+      const int j = dec ? k : k - num_decode;
+      int32_t* qstart = &meta.ints[dec ? meta.dec_qstart : meta.pre_qstart];
+      int32_t* kvlens = &meta.ints[dec ? meta.dec_kvlens : meta.pre_kvlens];
+      int32_t* tables = &meta.ints[dec ? meta.dec_tables : meta.pre_tables];
+      const int row0 = dec ? 0 : num_decode;
+      qstart[j] = t - row0;
+      qstart[j + 1] = t - row0 + n;
+      kvlens[j] = kv_len;
+      const int nb = kv::BlockTable::blocks_for(kv_len, block_size);
+      for (int b = 0; b < nb; ++b) tables[static_cast<size_t>(j) * max_blocks + b] = s.table->blocks[b];
+      for (int i = 0; i < n; ++i, ++t) {
+        const int pos = s.start_pos + i;
+        meta.ints[meta.token_ids + t] = s.tokens[i];
+        meta.ints[meta.positions + t] = pos;
+        meta.ints[meta.slots + t] = static_cast<int32_t>(
+            kernels::slot_of(s.table->blocks.data(), block_size, pos));
+      }
+      if (dec) dec_max_kv = std::max(dec_max_kv, kv_len);
+      else { pre_max_kv = std::max(pre_max_kv, kv_len); pre_max_q = std::max(pre_max_q, n); }
+    }
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const SeqStep& s = seqs[i];
+      const int n = static_cast<int>(s.tokens.size());
+      if (s.logits == SeqStep::Logits::kLast) logit_rows.push_back(first_row[i] + n - 1);
+      if (s.logits == SeqStep::Logits::kAll) {
+        for (int r = 0; r < n; ++r) logit_rows.push_back(first_row[i] + r);
+      }
+    }
+  }
+  const int num_rows = static_cast<int>(logit_rows.size());
+  meta.logit_rows = reserve_ints(std::max(num_rows, 1));
+  std::copy(logit_rows.begin(), logit_rows.end(), meta.ints.begin() + meta.logit_rows);
+
+  if (meta.ints.size() > im.meta_ints) {
+    im.meta.reset();
+    const size_t cap = std::max<size_t>(meta.ints.size(), im.meta_ints * 2);
+    KVSPLIT_ASSIGN_OR_RETURN(im.meta, DeviceBuffer::make(be, cap * sizeof(int32_t)));
+    im.meta_ints = cap;
+  }
+  KVSPLIT_RETURN_IF_ERROR(be.copy_h2d(im.meta.get(), meta.ints.data(), meta.ints.size() * sizeof(int32_t)));
+  const int32_t* dmeta = im.meta.get<int32_t>();
+
+  // ---- activations ----
+  const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hidden = c.hidden_dim;
+  const int64_t T = num_tokens;
+  const int64_t R = std::max(num_rows, 1);
+  const size_t act_floats = static_cast<size_t>(T * (2 * dim + qd * 2 + kvd * 2 + hidden * 2) +
+                                                R * (dim * 2 + c.vocab_size));
+  if (static_cast<size_t>(T) > im.act_tokens || static_cast<size_t>(R) > im.act_rows) {
+    im.act.reset();
+    const size_t tokens = std::max<size_t>(T, im.act_tokens);
+    const size_t rows = std::max<size_t>(R, im.act_rows);
+    const size_t floats = tokens * (2 * dim + qd * 2 + kvd * 2 + hidden * 2) + rows * (dim * 2 + c.vocab_size);
+    KVSPLIT_ASSIGN_OR_RETURN(im.act, DeviceBuffer::make(be, floats * sizeof(float)));
+    im.act_tokens = tokens;
+    im.act_rows = rows;
+  }
+  (void)act_floats;
+  float* p = im.act.get<float>();
+  auto carve = [&](int64_t n) { float* r = p; p += n; return r; };
+  float* x = carve(T * dim);         // residual stream [T, dim]
+  float* xb = carve(T * dim);        // normed input [T, dim]
+  float* q = carve(T * qd);          // [T, num_heads, head_dim]
+  float* att = carve(T * qd);        // attention output [T, num_heads, head_dim]
+  float* k = carve(T * kvd);         // [T, num_kv_heads, head_dim]
+  float* v = carve(T * kvd);         // [T, num_kv_heads, head_dim]
+  float* hb = carve(T * hidden);     // gate [T, hidden]
+  float* hb2 = carve(T * hidden);    // up [T, hidden]
+  float* xr = carve(R * dim);        // rows that need logits [R, dim]
+  float* xrn = carve(R * dim);       // their final norm [R, dim]
+  float* lg = carve(R * c.vocab_size);  // logits [R, vocab]
+
+  // ---- split-K plan for the decode part ----
+  kv::SplitPlan plan;
+  if (num_decode > 0) {
+    const int32_t* kvl = &meta.ints[meta.dec_kvlens];
+    plan = options.force_chunk_tokens >= 0
+               ? kv::make_split_plan(kvl, num_decode, block_size, options.force_chunk_tokens)
+               : kv::plan_decode_splits(kvl, num_decode, c.num_kv_heads, block_size,
+                                        be.parallelism(), options.split);
+  }
+
+  backend::RopeArgs rope;
+  rope.style = c.rope_style;
+  rope.head_dim = c.head_dim;
+  rope.rotary_dim = c.head_dim;
+  rope.inv_freq = im.inv_freq.get<float>();
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  auto attn_args = [&](const kv::KvPool& kvp, int layer, bool dec) {
+    backend::AttentionArgs a;
+    const int row0 = dec ? 0 : num_decode;
+    a.q = q + row0 * qd;
+    a.out = att + row0 * qd;
+    a.kv = kvp.layer(layer);
+    a.num_seqs = dec ? num_decode : num_prefill;
+    a.num_tokens = dec ? num_decode : num_tokens - num_decode;
+    a.num_heads = c.num_heads;
+    a.num_kv_heads = c.num_kv_heads;
+    a.head_dim = c.head_dim;
+    a.scale = scale;
+    a.query_start = dmeta + (dec ? meta.dec_qstart : meta.pre_qstart);
+    a.kv_lens = dmeta + (dec ? meta.dec_kvlens : meta.pre_kvlens);
+    a.block_tables = dmeta + (dec ? meta.dec_tables : meta.pre_tables);
+    a.max_blocks_per_seq = max_blocks;
+    a.max_query_len = dec ? 1 : pre_max_q;
+    a.max_kv_len = dec ? dec_max_kv : pre_max_kv;
+    return a;
+  };
+
+  const int nt = static_cast<int>(T);
+  KVSPLIT_RETURN_IF_ERROR(be.embedding(dmeta + meta.token_ids, nt, im.embedding, x));
+  for (int l = 0; l < c.num_layers; ++l) {
+    const Impl::Layer& L = im.layers[l];
+    // Attention block.
+    KVSPLIT_RETURN_IF_ERROR(be.rmsnorm(x, L.attn_norm.get<float>(), nt, c.dim, c.norm_eps, xb));
+    KVSPLIT_RETURN_IF_ERROR(be.gemm(xb, nt, L.wq, L.bq.get<float>(), q, false));
+    KVSPLIT_RETURN_IF_ERROR(be.gemm(xb, nt, L.wk, L.bk.get<float>(), k, false));
+    KVSPLIT_RETURN_IF_ERROR(be.gemm(xb, nt, L.wv, L.bv.get<float>(), v, false));
+    KVSPLIT_RETURN_IF_ERROR(be.rope(q, k, dmeta + meta.positions, nt, c.num_heads, c.num_kv_heads, rope));
+    KVSPLIT_RETURN_IF_ERROR(be.kv_append(pool.layer(l), k, v, dmeta + meta.slots, nt));
+    if (num_decode > 0) KVSPLIT_RETURN_IF_ERROR(be.attention_decode(attn_args(pool, l, true), plan));
+    if (num_prefill > 0) KVSPLIT_RETURN_IF_ERROR(be.attention_prefill(attn_args(pool, l, false)));
+    KVSPLIT_RETURN_IF_ERROR(be.gemm(att, nt, L.wo, nullptr, x, /*accumulate=*/true));
+    // Feed-forward block (SwiGLU).
+    KVSPLIT_RETURN_IF_ERROR(be.rmsnorm(x, L.ffn_norm.get<float>(), nt, c.dim, c.norm_eps, xb));
+    KVSPLIT_RETURN_IF_ERROR(be.gemm(xb, nt, L.w_gate, nullptr, hb, false));
+    KVSPLIT_RETURN_IF_ERROR(be.gemm(xb, nt, L.w_up, nullptr, hb2, false));
+    KVSPLIT_RETURN_IF_ERROR(be.swiglu(hb, hb2, T * hidden, hb));
+    KVSPLIT_RETURN_IF_ERROR(be.gemm(hb, nt, L.w_down, nullptr, x, /*accumulate=*/true));
+  }
+  if (num_rows == 0) return be.synchronize();
+
+  // Final norm and LM head only for the rows that need logits.
+  for (int r = 0; r < num_rows; ++r) {
+    KVSPLIT_RETURN_IF_ERROR(be.copy_d2d(xr + r * dim, x + static_cast<int64_t>(logit_rows[r]) * dim,
+                                        dim * sizeof(float)));
+  }
+  KVSPLIT_RETURN_IF_ERROR(be.rmsnorm(xr, im.final_norm.get<float>(), num_rows, c.dim, c.norm_eps, xrn));
+  KVSPLIT_RETURN_IF_ERROR(be.gemm(xrn, num_rows, im.lm_head, nullptr, lg, false));
+  const size_t old = logits->size();
+  logits->resize(old + static_cast<size_t>(num_rows) * c.vocab_size);
+  KVSPLIT_RETURN_IF_ERROR(
+      be.copy_d2h(logits->data() + old, lg, static_cast<size_t>(num_rows) * c.vocab_size * sizeof(float)));
+  return be.synchronize();
+}
+
+}  // namespace kvsplit::model
