@@ -30,6 +30,18 @@ KVSPLIT_HOST_DEVICE void softmax_state_add(SoftmaxState* st, float score, float*
   *p = b;
 }
 
+// Tile update (one rescale per tile instead of one per score), step 1: raises the running max to
+// cover a tile whose largest score is tile_max and rescales l. Returns the factor by which the
+// caller must rescale its accumulated o. Step 2, for each score s of the tile:
+// p = expf(s - st->m); st->l += p; o += p * v. A tile_max of -inf (all masked) changes nothing.
+KVSPLIT_HOST_DEVICE float softmax_state_raise_max(SoftmaxState* st, float tile_max) {
+  if (tile_max <= st->m) return 1.f;
+  const float a = (st->m == -INFINITY) ? 0.f : expf(st->m - tile_max);
+  st->l *= a;
+  st->m = tile_max;
+  return a;
+}
+
 // Merges state b into a: returns the factors to apply to o_a and o_b so that
 // o = o_a * (*scale_a) + o_b * (*scale_b) is the merged unnormalized output.
 KVSPLIT_HOST_DEVICE SoftmaxState softmax_state_merge(SoftmaxState a, SoftmaxState b, float* scale_a,

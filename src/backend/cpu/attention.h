@@ -1,4 +1,14 @@
-// CPU paged attention (prefill and split-K decode). Owned by the attention engineer.
+// CPU paged attention: causal prefill (chunked prefill included) and split-K decode
+// (FlashDecoding), f32 pages. Called by CpuBackend; tested directly against tests/oracle.
+//
+// Both read K and V only through the block tables of `args` (layout in kernels/common/paged_kv.h)
+// and use the online-softmax math of kernels/common/softmax_state.h. All pointers in `args` are
+// host memory. Work is spread over `pool` (the caller's thread takes part); one call at a time per
+// calling thread (the split-K workspace is per calling thread and reused between calls).
+//
+// Errors: kInvalidArgument for inconsistent args (head counts that do not divide, kv_len < q_len,
+// block ids outside [0, num_blocks), a plan that does not match kv_lens, null pointers);
+// kUnimplemented for pages other than f32.
 #pragma once
 
 #include "backend/backend.h"
@@ -8,7 +18,13 @@
 
 namespace kvsplit::backend {
 
+// q, out [num_tokens, num_heads, head_dim]; sequence s owns rows [query_start[s],
+// query_start[s+1]) at positions kv_lens[s] - q_len .. kv_lens[s] - 1; q_len may be 0.
 Status cpu_attention_prefill(const backend::AttentionArgs& args, ThreadPool& pool);
+
+// One query per sequence (query_start[s+1] - query_start[s] == 1, kv_lens[s] >= 1). Sequence s is
+// cut into plan.num_splits[s] chunks of plan.chunk_tokens keys; plan must come from
+// kv::make_split_plan / kv::plan_decode_splits over the same kv_lens and block_size.
 Status cpu_attention_decode(const backend::AttentionArgs& args, const kv::SplitPlan& plan,
                             ThreadPool& pool);
 

@@ -1,0 +1,63 @@
+#include "kv/split_plan.h"
+
+#include <algorithm>
+
+#include "common/check.h"
+
+namespace kvsplit::kv {
+namespace {
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+SplitPlan make_split_plan(const int32_t* kv_lens, int num_seqs, int block_size, int chunk_tokens) {
+  KVSPLIT_CHECK(block_size > 0 && num_seqs >= 0);
+  KVSPLIT_CHECK(num_seqs == 0 || kv_lens != nullptr);
+  int max_kv_len = 0;
+  for (int s = 0; s < num_seqs; ++s) {
+    KVSPLIT_CHECK(kv_lens[s] >= 0);
+    max_kv_len = std::max(max_kv_len, kv_lens[s]);
+  }
+  SplitPlan plan;
+  // "No split": one chunk covers the longest sequence.
+  const int64_t chunk = chunk_tokens <= 0 ? std::max<int64_t>(max_kv_len, 1) : chunk_tokens;
+  plan.chunk_tokens = static_cast<int>(round_up(chunk, block_size));
+  plan.num_splits.resize(num_seqs);
+  plan.split_offset.resize(num_seqs);
+  for (int s = 0; s < num_seqs; ++s) {
+    const int n = static_cast<int>(std::max<int64_t>(1, ceil_div(kv_lens[s], plan.chunk_tokens)));
+    plan.num_splits[s] = n;
+    plan.split_offset[s] = plan.total_splits;
+    plan.total_splits += n;
+    plan.max_splits = std::max(plan.max_splits, n);
+  }
+  return plan;
+}
+
+SplitPlan plan_decode_splits(const int32_t* kv_lens, int num_seqs, int num_kv_heads, int block_size,
+                             int parallelism, const SplitPlanConfig& config) {
+  KVSPLIT_CHECK(num_kv_heads > 0 && block_size > 0);
+  const int64_t target =
+      int64_t{std::max(parallelism, 1)} * std::max(config.work_items_per_unit, 1);
+  const int64_t base_items = int64_t{num_seqs} * num_kv_heads;
+  if (num_seqs == 0 || base_items >= target) return make_split_plan(kv_lens, num_seqs, block_size, 0);
+
+  int64_t total_tokens = 0;
+  int max_kv_len = 0;
+  for (int s = 0; s < num_seqs; ++s) {
+    total_tokens += kv_lens[s];
+    max_kv_len = std::max(max_kv_len, kv_lens[s]);
+  }
+  // Equal-sized work items: spread the batch's (token, kv_head) pairs over `target` items...
+  int64_t chunk = ceil_div(total_tokens * num_kv_heads, target);
+  // ...but never below the chunk floor, nor so small that one sequence exceeds its split cap.
+  chunk = std::max(chunk, int64_t{config.min_chunk_tokens});
+  chunk = std::max(chunk, ceil_div(max_kv_len, std::max(config.max_splits_per_seq, 1)));
+  chunk = round_up(std::max<int64_t>(chunk, 1), block_size);
+  if (chunk >= max_kv_len) return make_split_plan(kv_lens, num_seqs, block_size, 0);
+  return make_split_plan(kv_lens, num_seqs, block_size, static_cast<int>(chunk));
+}
+
+}  // namespace kvsplit::kv
