@@ -4,6 +4,7 @@ add_library(kvsplit_runtime STATIC ${PROJECT_SOURCE_DIR}/src/backend/registry/re
 target_link_libraries(kvsplit_runtime PUBLIC kvsplit_core)
 if(TARGET kvsplit_cuda)
   target_link_libraries(kvsplit_runtime PUBLIC kvsplit_cuda)
+  target_compile_definitions(kvsplit_runtime PRIVATE KVSPLIT_HAVE_CUDA_BACKEND=1)
 endif()
 
 file(GLOB KVSPLIT_CLI_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/cli/*.cpp)

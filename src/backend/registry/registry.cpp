@@ -5,7 +5,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
-#if defined(KVSPLIT_WITH_CUDA)
+#if defined(KVSPLIT_HAVE_CUDA_BACKEND)
 #include "backend/cuda/cuda_backend_factory.h"
 #endif
 
@@ -17,7 +17,7 @@ StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name, int thr
     return std::unique_ptr<Backend>(make_cpu_backend(threads));
   }
   if (name == "cuda") {
-#if defined(KVSPLIT_WITH_CUDA)
+#if defined(KVSPLIT_HAVE_CUDA_BACKEND)
     return create_cuda_backend(/*device=*/0);
 #else
     return unavailable("backend 'cuda' is not built into this binary (nvcc was not found at build time)");
