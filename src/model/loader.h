@@ -37,5 +37,7 @@ StatusOr<LoadedModel> load_hf_dir(const std::string& dir, const LoadOptions& opt
 // Presets: stories260k, llama-110m, tinyllama-1.1b, llama3-8b (see docs/models.md). Weights are
 // seeded (seed 0 by default; "synthetic:llama-110m@seed=7" picks another).
 StatusOr<LoadedModel> load_synthetic(const std::string& spec, const LoadOptions& options);
+// The config a synthetic spec would load, without generating any weights.
+StatusOr<ModelConfig> synthetic_config(const std::string& spec);
 
 }  // namespace kvsplit::model

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "kvsplit/status.h"
 
 namespace kvsplit::model {
 
@@ -43,5 +44,10 @@ struct ModelConfig {
 
 // Rotary inverse frequencies [head_dim / 2] for this config (Llama-3 scaling applied when set).
 std::vector<float> rope_inv_freq(const ModelConfig& config);
+
+// Checks what every loader guarantees: positive sizes within sane bounds (see docs/models.md),
+// num_heads % num_kv_heads == 0, even head_dim, finite positive norm_eps / rope_theta, valid
+// rope_scaling. kInvalidArgument "<source>: <field> ..." naming the first fault.
+Status validate_model_config(const ModelConfig& config, const std::string& source);
 
 }  // namespace kvsplit::model

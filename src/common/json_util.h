@@ -1,0 +1,104 @@
+// nlohmann::json adapter: parse errors and field type errors become Status values naming the
+// source ("…/config.json") and the field. No exception leaves these helpers.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "kvsplit/status.h"
+
+namespace kvsplit::common {
+
+using Json = nlohmann::json;
+
+// Parses `text`; `what` names the source in errors: "<what>: bad JSON: <parser message>".
+inline StatusOr<Json> parse_json(std::string_view text, const std::string& what) {
+  try {
+    return Json::parse(text.begin(), text.end());
+  } catch (const Json::exception& e) {
+    return invalid_argument(what + ": bad JSON: " + e.what());
+  }
+}
+
+// Reads and parses a JSON file. kNotFound when it does not exist or cannot be opened.
+inline StatusOr<Json> read_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return not_found(path + ": cannot open");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return parse_json(ss.str(), path);
+}
+
+// `obj[key]` as an integer in [lo, hi]. Absent or null: `fallback`, or an error when none.
+inline StatusOr<int64_t> json_int(const Json& obj, const char* key, std::optional<int64_t> fallback,
+                                  const std::string& what,
+                                  int64_t lo = std::numeric_limits<int64_t>::min(),
+                                  int64_t hi = std::numeric_limits<int64_t>::max()) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) {
+    if (fallback) return *fallback;
+    return invalid_argument(what + ": missing field '" + key + "'");
+  }
+  if (!it->is_number_integer()) {
+    return invalid_argument(what + ": field '" + key + "' must be an integer, got " + it->dump());
+  }
+  int64_t v = it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(INT64_MAX)
+                  ? INT64_MAX
+                  : it->get<int64_t>();
+  if (v < lo || v > hi) {
+    return invalid_argument(what + ": field '" + key + "' = " + std::to_string(v) +
+                            " out of range [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                            "]");
+  }
+  return v;
+}
+
+// `obj[key]` as a number (integer or float). Absent or null: `fallback`, or an error when none.
+inline StatusOr<double> json_number(const Json& obj, const char* key,
+                                    std::optional<double> fallback, const std::string& what) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) {
+    if (fallback) return *fallback;
+    return invalid_argument(what + ": missing field '" + key + "'");
+  }
+  if (!it->is_number()) {
+    return invalid_argument(what + ": field '" + key + "' must be a number, got " + it->dump());
+  }
+  return it->get<double>();
+}
+
+// `obj[key]` as a bool. Absent or null: `fallback`.
+inline StatusOr<bool> json_bool(const Json& obj, const char* key, bool fallback,
+                                const std::string& what) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return fallback;
+  if (!it->is_boolean()) {
+    return invalid_argument(what + ": field '" + key + "' must be true or false, got " +
+                            it->dump());
+  }
+  return it->get<bool>();
+}
+
+// `obj[key]` as a string. Absent or null: `fallback`, or an error when none.
+inline StatusOr<std::string> json_string(const Json& obj, const char* key,
+                                         std::optional<std::string> fallback,
+                                         const std::string& what) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) {
+    if (fallback) return *fallback;
+    return invalid_argument(what + ": missing field '" + key + "'");
+  }
+  if (!it->is_string()) {
+    return invalid_argument(what + ": field '" + key + "' must be a string, got " + it->dump());
+  }
+  return it->get<std::string>();
+}
+
+}  // namespace kvsplit::common

@@ -1,0 +1,138 @@
+#include "model/safetensors.h"
+
+#include <cstring>
+#include <optional>
+
+#include "common/json_util.h"
+
+namespace kvsplit::model {
+
+namespace {
+
+// Same bound as the reference Rust implementation.
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+
+// Element size of every dtype the format defines with whole-byte elements; 0 = unknown.
+size_t dtype_bytes(std::string_view d) {
+  if (d == "F64" || d == "I64" || d == "U64") return 8;
+  if (d == "F32" || d == "I32" || d == "U32") return 4;
+  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
+  if (d == "I8" || d == "U8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2" ||
+      d == "F8_E8M0") {
+    return 1;
+  }
+  return 0;
+}
+
+std::optional<backend::DType> supported_dtype(std::string_view d) {
+  if (d == "F32") return backend::DType::kF32;
+  if (d == "F16") return backend::DType::kF16;
+  if (d == "BF16") return backend::DType::kBF16;
+  return std::nullopt;
+}
+
+Status parse_entry(const std::string& path, const std::string& name, const common::Json& j,
+                   const uint8_t* data_begin, uint64_t data_size, SafetensorsEntry* out) {
+  const std::string what = path + ": tensor " + name;
+  if (!j.is_object()) return invalid_argument(what + ": header entry is not an object");
+  KVSPLIT_ASSIGN_OR_RETURN(out->dtype, common::json_string(j, "dtype", std::nullopt, what));
+  const size_t esize = dtype_bytes(out->dtype);
+  if (esize == 0) {
+    return unimplemented(what + ": dtype " + out->dtype + " is not supported (F32, F16, BF16)");
+  }
+  auto shape = j.find("shape");
+  if (shape == j.end() || !shape->is_array()) {
+    return invalid_argument(what + ": 'shape' missing or not an array");
+  }
+  uint64_t numel = 1;
+  for (const auto& d : *shape) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (int64_t{1} << 40)) {
+      return invalid_argument(what + ": bad shape " + shape->dump());
+    }
+    out->shape.push_back(d.get<int64_t>());
+    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d.get<int64_t>()), &numel) ||
+        numel > (uint64_t{1} << 48)) {
+      return invalid_argument(what + ": shape " + shape->dump() + " too large");
+    }
+  }
+  auto offs = j.find("data_offsets");
+  if (offs == j.end() || !offs->is_array() || offs->size() != 2 ||
+      !(*offs)[0].is_number_unsigned() || !(*offs)[1].is_number_unsigned()) {
+    return invalid_argument(what + ": 'data_offsets' must be [begin, end] (non-negative integers)");
+  }
+  const uint64_t begin = (*offs)[0].get<uint64_t>();
+  const uint64_t end = (*offs)[1].get<uint64_t>();
+  if (begin > end || end > data_size) {
+    return invalid_argument(what + ": data_offsets [" + std::to_string(begin) + ", " +
+                            std::to_string(end) + "] outside the data section of " +
+                            std::to_string(data_size) + " bytes (file truncated?)");
+  }
+  if (end - begin != numel * esize) {
+    return invalid_argument(what + ": data_offsets span " + std::to_string(end - begin) +
+                            " bytes but shape " + shape->dump() + " of " + out->dtype + " needs " +
+                            std::to_string(numel * esize));
+  }
+  out->data = data_begin + begin;
+  out->nbytes = end - begin;
+  return ok_status();
+}
+
+}  // namespace
+
+StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  SafetensorsFile f;
+  KVSPLIT_ASSIGN_OR_RETURN(f.mapping_, common::MmapFile::open(path));
+  const uint8_t* base = f.mapping_->data();
+  const uint64_t size = f.mapping_->size();
+  if (size < 8) {
+    return invalid_argument(path + ": truncated: " + std::to_string(size) +
+                            " bytes, shorter than the 8-byte header length");
+  }
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, base, 8);  // little-endian hosts only (x86-64, aarch64)
+  if (header_len > kMaxHeaderBytes) {
+    return invalid_argument(path + ": header length " + std::to_string(header_len) +
+                            " exceeds the limit of " + std::to_string(kMaxHeaderBytes) +
+                            " bytes (not a safetensors file?)");
+  }
+  if (header_len > size - 8) {
+    return invalid_argument(path + ": header length " + std::to_string(header_len) +
+                            " runs past the end of the file (" + std::to_string(size) +
+                            " bytes): truncated or not a safetensors file");
+  }
+  std::string_view header(reinterpret_cast<const char*>(base + 8), header_len);
+  KVSPLIT_ASSIGN_OR_RETURN(common::Json j, common::parse_json(header, path + ": header"));
+  if (!j.is_object()) return invalid_argument(path + ": header is not a JSON object");
+  const uint8_t* data_begin = base + 8 + header_len;
+  const uint64_t data_size = size - 8 - header_len;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    SafetensorsEntry e;
+    KVSPLIT_RETURN_IF_ERROR(parse_entry(path, it.key(), it.value(), data_begin, data_size, &e));
+    f.entries_.emplace(it.key(), std::move(e));
+  }
+  return f;
+}
+
+StatusOr<WeightTensor> SafetensorsFile::tensor(std::string_view name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return not_found(path() + ": no tensor " + std::string(name));
+  const SafetensorsEntry& e = it->second;
+  auto dt = supported_dtype(e.dtype);
+  if (!dt) {
+    return unimplemented(path() + ": tensor " + std::string(name) + " has dtype " + e.dtype +
+                         " (supported: F32, F16, BF16)");
+  }
+  const size_t align = backend::dtype_size(*dt);
+  if (reinterpret_cast<uintptr_t>(e.data) % align != 0) {
+    return unimplemented(path() + ": tensor " + std::string(name) + " data is not aligned to " +
+                         std::to_string(align) + " bytes (header not padded?)");
+  }
+  WeightTensor t;
+  t.data = e.data;
+  t.dtype = *dt;
+  t.shape = e.shape;
+  return t;
+}
+
+}  // namespace kvsplit::model
