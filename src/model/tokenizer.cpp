@@ -1,0 +1,69 @@
+// load_tokenizer (dispatch by file content) and StreamDecoder.
+#include "model/tokenizer.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "model/utf8.h"
+
+namespace kvsplit::model {
+namespace internal {
+// Defined in tokenizer_llama2c.cpp and tokenizer_hf.cpp. `data` is the whole file.
+StatusOr<std::unique_ptr<Tokenizer>> load_llama2c_tokenizer(const std::string& path,
+                                                            std::string_view data,
+                                                            int expected_vocab);
+StatusOr<std::unique_ptr<Tokenizer>> load_hf_tokenizer(const std::string& path,
+                                                       std::string_view data, int expected_vocab);
+}  // namespace internal
+
+namespace {
+
+StatusOr<std::string> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return not_found("tokenizer " + path + ": cannot open (" + std::strerror(errno) + ")");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return data_loss("tokenizer " + path + ": read error");
+  return std::move(ss).str();
+}
+
+// An HF tokenizer.json is a JSON object; a llama2.c tokenizer.bin starts with a small uint32.
+bool looks_like_json(std::string_view data) {
+  for (char c : data) {
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
+    return c == '{';
+  }
+  return false;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path, int expected_vocab) {
+  if (expected_vocab < 0) {
+    return invalid_argument("tokenizer " + path + ": expected_vocab " +
+                            std::to_string(expected_vocab) + " is negative");
+  }
+  KVSPLIT_ASSIGN_OR_RETURN(std::string data, read_file(path));
+  if (looks_like_json(data)) return internal::load_hf_tokenizer(path, data, expected_vocab);
+  return internal::load_llama2c_tokenizer(path, data, expected_vocab);
+}
+
+std::string StreamDecoder::push(int32_t id) {
+  pending_ += tokenizer_.decode_token(prev_, id);
+  prev_ = id;
+  std::string out;
+  const size_t used = utf8::append_valid(pending_, /*final=*/false, out);
+  pending_.erase(0, used);
+  return out;
+}
+
+std::string StreamDecoder::flush() {
+  std::string out;
+  utf8::append_valid(pending_, /*final=*/true, out);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace kvsplit::model
