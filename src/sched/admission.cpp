@@ -1,0 +1,94 @@
+#include "sched/admission.h"
+
+#include <set>
+
+#include <fmt/format.h>
+
+#include "kv/block_allocator.h"
+
+namespace kvsplit::sched {
+
+Status validate_sla_classes(const std::vector<SlaClass>& classes) {
+  if (classes.empty()) return invalid_argument("sla_classes: at least one class is required");
+  std::set<std::string> names;
+  for (size_t i = 0; i < classes.size(); ++i) {
+    const SlaClass& c = classes[i];
+    const std::string where = fmt::format("sla_classes[{}]", i);
+    if (c.name.empty()) return invalid_argument(where + ".name: must not be empty");
+    if (!names.insert(c.name).second) {
+      return invalid_argument(fmt::format("{}.name: duplicate class '{}'", where, c.name));
+    }
+    if (!(c.max_ttft_ms > 0)) {
+      return invalid_argument(fmt::format("{}.max_ttft_ms: must be > 0, got {}", where, c.max_ttft_ms));
+    }
+    if (!(c.max_itl_ms > 0)) {
+      return invalid_argument(fmt::format("{}.max_itl_ms: must be > 0, got {}", where, c.max_itl_ms));
+    }
+    if (c.max_queue < 1) {
+      return invalid_argument(fmt::format("{}.max_queue: must be >= 1, got {}", where, c.max_queue));
+    }
+    if (!(c.queue_timeout_ms > 0)) {
+      return invalid_argument(
+          fmt::format("{}.queue_timeout_ms: must be > 0, got {}", where, c.queue_timeout_ms));
+    }
+  }
+  return ok_status();
+}
+
+int find_sla_class(const std::vector<SlaClass>& classes, const std::string& name) {
+  if (name.empty()) return classes.empty() ? -1 : 0;
+  for (size_t i = 0; i < classes.size(); ++i) {
+    if (classes[i].name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+StatusOr<std::vector<int32_t>> prompt_token_ids(const Request& request,
+                                                const model::Tokenizer& tokenizer, int vocab_size) {
+  std::vector<int32_t> ids;
+  if (!request.prompt_token_ids.empty()) {
+    for (size_t i = 0; i < request.prompt_token_ids.size(); ++i) {
+      const int32_t id = request.prompt_token_ids[i];
+      if (id < 0 || id >= vocab_size) {
+        return invalid_argument(fmt::format("prompt_token_ids[{}] = {} is outside the vocabulary [0, {})",
+                                            i, id, vocab_size));
+      }
+    }
+    ids = request.prompt_token_ids;
+  } else {
+    KVSPLIT_ASSIGN_OR_RETURN(ids, tokenizer.encode(request.prompt, /*add_bos=*/true));
+    for (int32_t id : ids) {
+      if (id < 0 || id >= vocab_size) {
+        return internal_error(fmt::format("tokenizer produced id {} outside the vocabulary [0, {})",
+                                          id, vocab_size));
+      }
+    }
+  }
+  if (ids.empty()) return invalid_argument("prompt: empty (no tokens and the tokenizer has no BOS)");
+  return ids;
+}
+
+Status check_admission(const Request& request, int num_prompt_tokens, const AdmissionLimits& limits) {
+  KVSPLIT_RETURN_IF_ERROR(request.sampling.validate());
+  if (request.top_logprobs > kMaxTopLogprobs) {
+    return invalid_argument(
+        fmt::format("top_logprobs: must be in [0, {}], got {}", kMaxTopLogprobs, request.top_logprobs));
+  }
+  const int64_t total = static_cast<int64_t>(num_prompt_tokens) + request.sampling.max_tokens;
+  if (total > limits.max_context) {
+    return invalid_argument(fmt::format(
+        "prompt ({} tokens) + max_tokens ({}) = {} exceeds the model context of {} tokens",
+        num_prompt_tokens, request.sampling.max_tokens, total, limits.max_context));
+  }
+  const int64_t blocks = (total + limits.block_size - 1) / limits.block_size;
+  if (blocks > limits.kv_blocks_per_worker) {
+    return invalid_argument(fmt::format(
+        "prompt ({} tokens) + max_tokens ({}) = {} tokens needs {} KV blocks of {} tokens, more "
+        "than a worker's KV pool holds ({} blocks)",
+        num_prompt_tokens, request.sampling.max_tokens, total, blocks, limits.block_size,
+        limits.kv_blocks_per_worker));
+  }
+  return ok_status();
+}
+
+}  // namespace kvsplit::sched

@@ -1,0 +1,39 @@
+// Admission checks run at submit, before a request is queued: pure functions returning Status
+// (kInvalidArgument with the offending field and the numbers).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvsplit/engine.h"
+#include "kvsplit/status.h"
+#include "model/tokenizer.h"
+
+namespace kvsplit::sched {
+
+struct AdmissionLimits {
+  int vocab_size = 0;
+  int max_context = 0;         // the model's context length (tokens)
+  int block_size = 16;         // tokens per KV page
+  int kv_blocks_per_worker = 0;  // the smallest KvPool a request may have to fit in
+};
+
+inline constexpr uint32_t kMaxTopLogprobs = 20;
+
+// Checks the SLA class list of a config: non-empty, unique non-empty names, every value in range.
+Status validate_sla_classes(const std::vector<SlaClass>& classes);
+
+// Index of the class `name` (empty: 0, the default class), or -1 when unknown.
+int find_sla_class(const std::vector<SlaClass>& classes, const std::string& name);
+
+// The request's prompt ids: prompt_token_ids as given (each in [0, vocab)), else the tokenized
+// prompt with BOS. An empty result is kInvalidArgument.
+StatusOr<std::vector<int32_t>> prompt_token_ids(const Request& request,
+                                                const model::Tokenizer& tokenizer, int vocab_size);
+
+// Field checks (sampling params, top_logprobs) and the fit check: prompt + max_tokens within the
+// context and within one worker's KV pool.
+Status check_admission(const Request& request, int num_prompt_tokens, const AdmissionLimits& limits);
+
+}  // namespace kvsplit::sched

@@ -1,0 +1,52 @@
+#include "sched/policy.h"
+
+#include <algorithm>
+
+namespace kvsplit::sched {
+
+std::vector<int> plan_prefill_chunks(std::span<const int> remaining, int budget, int min_chunk) {
+  std::vector<int> chunk(remaining.size(), 0);
+  min_chunk = std::max(min_chunk, 1);
+  int left = std::max(budget, 0);
+  while (left > 0) {
+    int active = 0;
+    for (size_t i = 0; i < remaining.size(); ++i) active += remaining[i] > chunk[i];
+    if (active == 0) break;
+    const int share = std::max(min_chunk, left / active);
+    for (size_t i = 0; i < remaining.size() && left > 0; ++i) {
+      const int give = std::min({remaining[i] - chunk[i], share, left});
+      if (give <= 0) continue;
+      chunk[i] += give;
+      left -= give;
+    }
+  }
+  return chunk;
+}
+
+int choose_preemption_victim(std::span<const PriorityKey> candidates) {
+  int victim = -1;
+  for (int i = 0; i < static_cast<int>(candidates.size()); ++i) {
+    // The victim is the one served last.
+    if (victim < 0 || serves_before(candidates[victim], candidates[i])) victim = i;
+  }
+  return victim;
+}
+
+int choose_decode_worker(std::span<const DecodeLoad> workers) {
+  int best = -1;
+  double best_load = 0;
+  for (int i = 0; i < static_cast<int>(workers.size()); ++i) {
+    const DecodeLoad& w = workers[i];
+    const int total = std::max(w.kv_blocks_total, 1);
+    const double load =
+        static_cast<double>(w.kv_blocks_total - w.kv_blocks_free + w.kv_blocks_incoming) / total;
+    if (best < 0 || load < best_load ||
+        (load == best_load && w.running < workers[best].running)) {
+      best = i;
+      best_load = load;
+    }
+  }
+  return best;
+}
+
+}  // namespace kvsplit::sched

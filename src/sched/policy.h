@@ -1,0 +1,43 @@
+// Scheduling policies as small pure functions over plain structs (unit-tested without a model).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace kvsplit::sched {
+
+// Order of service: higher priority first, then older (smaller arrival) first. Preemption picks
+// victims from the other end (lowest priority, then youngest).
+struct PriorityKey {
+  int32_t priority = 0;
+  int64_t arrival = 0;
+};
+inline bool serves_before(const PriorityKey& a, const PriorityKey& b) {
+  return a.priority != b.priority ? a.priority > b.priority : a.arrival < b.arrival;
+}
+
+// Chunked prefill: splits `budget` tokens of one step among prompts with `remaining[i]` tokens
+// still to compute, listed in service order. Fair share: every prompt gets up to
+// max(min_chunk, budget / n) per round, rounds repeat until the budget or the work runs out, so
+// a 32K-token prompt never monopolizes a step and short prompts finish in a few steps.
+// Returns the chunk of each prompt this step (0 = none). sum(result) <= budget.
+std::vector<int> plan_prefill_chunks(std::span<const int> remaining, int budget, int min_chunk);
+
+// Preemption victim among `candidates` (each a running sequence): lowest priority, then youngest.
+// Returns the index, or -1 when empty.
+int choose_preemption_victim(std::span<const PriorityKey> candidates);
+
+// Load of one decode worker as the router sees it.
+struct DecodeLoad {
+  int kv_blocks_total = 0;
+  int kv_blocks_free = 0;
+  int kv_blocks_incoming = 0;  // reserved by handoffs not yet admitted
+  int running = 0;
+  int max_running = 0;
+};
+// Handoff destination: least KV load ((used + incoming) / total), ties to the fewest running, then
+// the lowest index. Returns -1 when empty.
+int choose_decode_worker(std::span<const DecodeLoad> workers);
+
+}  // namespace kvsplit::sched

@@ -1,0 +1,107 @@
+#include "sched/router.h"
+
+#include <fmt/format.h>
+
+#include "common/check.h"
+
+namespace kvsplit::sched {
+
+Router::Router(std::vector<SlaClass> classes, std::function<void()> on_push)
+    : classes_(std::move(classes)), queued_(classes_.size(), 0), on_push_(std::move(on_push)) {}
+
+Status Router::push(std::unique_ptr<Sequence>& seq) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int c = seq->class_index;
+    KVSPLIT_CHECK(c >= 0);
+    if (c < static_cast<int>(queued_.size()) && queued_[c] >= seq->sla.max_queue) {
+      return resource_exhausted(fmt::format("SLA class '{}' queue is full ({} queued, max_queue {})",
+                                            seq->sla.name, queued_[c], seq->sla.max_queue));
+    }
+    if (c < static_cast<int>(queued_.size())) ++queued_[c];
+    const int64_t arrival = seq->arrival;
+    by_priority_.emplace(Key{{seq->priority, arrival}}, arrival);
+    by_deadline_.emplace(seq->queue_deadline, arrival);
+    by_id_.emplace(seq->id(), arrival);
+    const Clock::time_point deadline = seq->queue_deadline;
+    entries_.emplace(arrival, Entry{std::move(seq), deadline});
+  }
+  if (on_push_) on_push_();
+  return ok_status();
+}
+
+std::unique_ptr<Sequence> Router::erase_locked(int64_t arrival) {
+  auto it = entries_.find(arrival);
+  KVSPLIT_CHECK(it != entries_.end());
+  std::unique_ptr<Sequence> seq = std::move(it->second.seq);
+  by_priority_.erase(Key{{seq->priority, arrival}});
+  by_deadline_.erase({it->second.deadline, arrival});
+  by_id_.erase(seq->id());
+  if (seq->class_index < static_cast<int>(queued_.size())) --queued_[seq->class_index];
+  entries_.erase(it);
+  return seq;
+}
+
+std::unique_ptr<Sequence> Router::pop_if(const std::function<bool(const Sequence&)>& fits) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (by_priority_.empty()) return nullptr;
+  const int64_t arrival = by_priority_.begin()->second;
+  if (!fits(*entries_.at(arrival).seq)) return nullptr;
+  return erase_locked(arrival);
+}
+
+std::vector<std::unique_ptr<Sequence>> Router::take_expired(Clock::time_point now) {
+  std::vector<std::unique_ptr<Sequence>> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  while (!by_deadline_.empty() && by_deadline_.begin()->first <= now) {
+    out.push_back(erase_locked(by_deadline_.begin()->second));
+  }
+  return out;
+}
+
+std::unique_ptr<Sequence> Router::remove(const std::string& request_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_id_.find(request_id);
+  if (it == by_id_.end()) return nullptr;
+  return erase_locked(it->second);
+}
+
+std::vector<std::unique_ptr<Sequence>> Router::take_all() {
+  std::vector<std::unique_ptr<Sequence>> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  while (!by_priority_.empty()) out.push_back(erase_locked(by_priority_.begin()->second));
+  return out;
+}
+
+int Router::num_queued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(entries_.size());
+}
+
+std::vector<int> Router::queued_per_class() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queued_;
+}
+
+std::vector<SlaClass> Router::classes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return classes_;
+}
+
+void Router::set_classes(std::vector<SlaClass> classes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Re-count queued sequences by class name under the new list.
+  std::vector<int> queued(classes.size(), 0);
+  for (auto& [arrival, entry] : entries_) {
+    int idx = -1;
+    for (size_t i = 0; i < classes.size(); ++i) {
+      if (classes[i].name == entry.seq->sla.name) idx = static_cast<int>(i);
+    }
+    entry.seq->class_index = idx >= 0 ? idx : static_cast<int>(classes.size());
+    if (idx >= 0) ++queued[idx];
+  }
+  classes_ = std::move(classes);
+  queued_ = std::move(queued);
+}
+
+}  // namespace kvsplit::sched

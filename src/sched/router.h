@@ -1,0 +1,69 @@
+// Router: the bounded per-SLA-class queues of admitted requests waiting for a prefill (or
+// colocated) worker. Workers pull the best request (priority, then age) when they have room.
+// Thread-safe (one mutex; every operation is O(log n)).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kvsplit/engine.h"
+#include "sched/policy.h"
+#include "sched/sequence.h"
+
+namespace kvsplit::sched {
+
+class Router {
+ public:
+  // `classes` must have passed validate_sla_classes. `on_push` (may be empty) is called after a
+  // push, outside the lock, to wake the workers.
+  Router(std::vector<SlaClass> classes, std::function<void()> on_push);
+
+  // Queues `seq` (its class_index and queue_deadline set by the caller). kResourceExhausted
+  // naming the class and its limit when the class queue is full; `seq` is then left untouched.
+  Status push(std::unique_ptr<Sequence>& seq);
+
+  // Pops the best queued sequence if `fits(best)` is true; nullptr otherwise (no skipping past the
+  // best one, so large requests are not starved by small ones).
+  std::unique_ptr<Sequence> pop_if(const std::function<bool(const Sequence&)>& fits);
+
+  // Removes and returns every sequence whose queue deadline is <= now.
+  std::vector<std::unique_ptr<Sequence>> take_expired(Clock::time_point now);
+  // Removes the sequence `request_id` if it is still queued (cancellation).
+  std::unique_ptr<Sequence> remove(const std::string& request_id);
+  std::vector<std::unique_ptr<Sequence>> take_all();
+
+  int num_queued() const;
+  std::vector<int> queued_per_class() const;
+  std::vector<SlaClass> classes() const;
+  // Replaces the classes; queued sequences keep their settings (their counts are dropped when the
+  // class list shrinks past their index).
+  void set_classes(std::vector<SlaClass> classes);
+
+ private:
+  struct Key {
+    PriorityKey prio;
+    bool operator<(const Key& o) const { return serves_before(prio, o.prio); }
+  };
+  struct Entry {
+    std::unique_ptr<Sequence> seq;
+    Clock::time_point deadline;
+  };
+  std::unique_ptr<Sequence> erase_locked(int64_t arrival);
+
+  mutable std::mutex mu_;
+  std::vector<SlaClass> classes_;
+  std::vector<int> queued_;                                   // per class
+  std::map<Key, int64_t> by_priority_;                        // -> arrival
+  std::set<std::pair<Clock::time_point, int64_t>> by_deadline_;
+  std::unordered_map<int64_t, Entry> entries_;                // arrival -> entry
+  std::unordered_map<std::string, int64_t> by_id_;
+  std::function<void()> on_push_;
+};
+
+}  // namespace kvsplit::sched

@@ -1,0 +1,128 @@
+#include "sched/sequence.h"
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+
+#include "common/check.h"
+
+namespace kvsplit::sched {
+namespace {
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// log-softmax of the raw logits: the chosen token's logprob and the `k` best alternatives.
+TokenLogprob make_logprob(const float* logits, int vocab, int32_t token, int k) {
+  float max_logit = logits[0];
+  for (int i = 1; i < vocab; ++i) max_logit = std::max(max_logit, logits[i]);
+  double sum = 0;
+  for (int i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - max_logit));
+  const float log_z = max_logit + static_cast<float>(std::log(sum));
+  TokenLogprob lp;
+  lp.token_id = token;
+  lp.logprob = logits[token] - log_z;
+  std::vector<int32_t> idx(vocab);
+  for (int i = 0; i < vocab; ++i) idx[i] = i;
+  k = std::min(k, vocab);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  });
+  for (int i = 0; i < k; ++i) lp.top.emplace_back(idx[i], logits[idx[i]] - log_z);
+  return lp;
+}
+
+}  // namespace
+
+void Sequence::enter_phase(SeqPhase next, Clock::time_point now) {
+  const int cur = static_cast<int>(phase);
+  if (cur < 5) phase_ms[cur] += ms_between(phase_start, now);
+  phase = next;
+  phase_start = now;
+}
+
+FinishReason sample_and_append(Sequence& seq, float* logits, int vocab, Clock::time_point now) {
+  TokenEvent ev;
+  ev.request_id = seq.id();
+  const std::span<const int32_t> prompt(seq.tokens.data(), seq.num_prompt);
+  const std::span<const int32_t> output(seq.tokens.data() + seq.num_prompt, seq.num_output());
+  // The logprob of the chosen token is read before the sampler rewrites the logits.
+  std::vector<float> raw;
+  if (seq.top_logprobs > 0) raw.assign(logits, logits + vocab);
+  const int32_t token = seq.sampler->sample(logits, vocab, prompt, output);
+  KVSPLIT_CHECK(token >= 0 && token < vocab);
+  seq.tokens.push_back(token);
+
+  if (seq.num_output() == 1) {
+    seq.first_token_time = now;
+  } else {
+    const double gap = ms_between(seq.last_token_time, now);
+    seq.itl_sum_ms += gap;
+    seq.itl_max_ms = std::max(seq.itl_max_ms, gap);
+  }
+  seq.last_token_time = now;
+
+  const std::string delta = seq.decoder->push(token);
+  sampling::StopChecker::Step step = seq.stop->on_token(token, delta);
+  ev.token_ids.push_back(token);
+  ev.text = std::move(step.text);
+  if (!raw.empty()) {
+    ev.logprobs.push_back(
+        make_logprob(raw.data(), vocab, token, static_cast<int>(seq.top_logprobs)));
+  }
+  ev.time = now;
+  seq.ctl->stream->push(std::move(ev));
+  return step.reason;
+}
+
+void finish_sequence(Sequence& seq, FinishReason reason, Status status, Clock::time_point now,
+                     FinishSink& sink) {
+  KVSPLIT_CHECK(seq.table.blocks.empty());
+  seq.enter_phase(SeqPhase::kDone, now);
+  // Text still held back: flushed unless generation ended on a stop string (then it is dropped).
+  if (reason == FinishReason::kLength ||
+      (reason == FinishReason::kStop && seq.num_output() > 0)) {
+    const int32_t last = seq.tokens.back();
+    const bool stop_string = reason == FinishReason::kStop &&
+        std::find(seq.params.stop_token_ids.begin(), seq.params.stop_token_ids.end(), last) ==
+            seq.params.stop_token_ids.end() &&
+        std::find(seq.eos_ids.begin(), seq.eos_ids.end(), last) == seq.eos_ids.end();
+    if (!stop_string) {
+      std::string rest = seq.stop->flush();
+      rest += seq.decoder->flush();
+      if (!rest.empty()) {
+        TokenEvent text_ev;
+        text_ev.request_id = seq.id();
+        text_ev.text = std::move(rest);
+        text_ev.time = now;
+        seq.ctl->stream->push(std::move(text_ev));
+      }
+    }
+  }
+  TokenEvent ev;
+  ev.request_id = seq.id();
+  ev.time = now;
+  ev.final = true;
+  ev.finish_reason = reason;
+  ev.status = std::move(status);
+  ev.usage.prompt_tokens = seq.num_prompt;
+  ev.usage.completion_tokens = seq.num_output();
+  Timings& t = ev.timings;
+  t.queue_ms = seq.phase_ms[static_cast<int>(SeqPhase::kQueued)];
+  t.prefill_ms = seq.phase_ms[static_cast<int>(SeqPhase::kPrefill)];
+  t.handoff_ms = seq.phase_ms[static_cast<int>(SeqPhase::kHandoff)];
+  t.decode_ms = seq.phase_ms[static_cast<int>(SeqPhase::kDecode)];
+  t.preempted_ms = seq.phase_ms[static_cast<int>(SeqPhase::kPreempted)];
+  t.preemptions = seq.preemptions;
+  t.e2e_ms = ms_between(seq.submit_time, now);
+  if (seq.num_output() > 0) t.ttft_ms = ms_between(seq.submit_time, seq.first_token_time);
+  if (seq.num_output() > 1) {
+    t.mean_itl_ms = seq.itl_sum_ms / (seq.num_output() - 1);
+    t.max_itl_ms = seq.itl_max_ms;
+  }
+  sink.on_final(seq, ev);
+  seq.ctl->stream->push(std::move(ev));
+}
+
+}  // namespace kvsplit::sched

@@ -1,0 +1,102 @@
+// Sequence: the scheduler's record of one request. Exactly one owner at any instant (the router
+// queue, one worker, or a handoff message in flight); only RequestControl is shared.
+//
+// Lifecycle (monotonic timestamps at each transition, accumulated into Timings):
+//   kQueued -> kPrefill -> [kHandoff -> kDecode] ... -> finished | cancelled | failed
+//   kDecode -> kPreempted (blocks released; recompute of prompt + output[:-1]) -> kDecode
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/request_stream.h"
+#include "kv/block_allocator.h"
+#include "kvsplit/engine.h"
+#include "model/tokenizer.h"
+#include "sampling/sampler.h"
+#include "sampling/stop.h"
+
+namespace kvsplit::sched {
+
+using Clock = std::chrono::steady_clock;
+
+// Shared between the engine (cancel) and whoever owns the Sequence.
+struct RequestControl {
+  explicit RequestControl(std::string id)
+      : request_id(std::move(id)), stream(std::make_shared<RequestStream>(request_id)) {}
+  const std::string request_id;
+  std::shared_ptr<RequestStream> stream;
+  std::atomic<bool> cancel_requested{false};
+};
+
+enum class SeqPhase : uint8_t { kQueued, kPrefill, kHandoff, kDecode, kPreempted, kDone };
+
+struct Sequence {
+  std::shared_ptr<RequestControl> ctl;
+  int64_t arrival = 0;          // submission order (age: larger = younger)
+  int32_t priority = 0;         // class priority + request priority
+  int class_index = 0;
+  SlaClass sla;                 // the class settings at submit
+  SamplingParams params;
+  uint32_t top_logprobs = 0;
+
+  // tokens = prompt followed by the generated tokens. KV holds tokens[0, num_computed).
+  std::vector<int32_t> tokens;
+  int num_prompt = 0;
+  int num_computed = 0;
+  kv::BlockTable table;         // blocks in the current owner's KvPool
+
+  std::unique_ptr<sampling::Sampler> sampler;
+  std::unique_ptr<sampling::StopChecker> stop;
+  std::unique_ptr<model::StreamDecoder> decoder;
+  std::vector<int32_t> eos_ids;  // the model's EOS ids (empty with ignore_eos)
+
+  // Timing.
+  SeqPhase phase = SeqPhase::kQueued;
+  Clock::time_point submit_time;
+  Clock::time_point queue_deadline;
+  Clock::time_point phase_start;
+  Clock::time_point first_token_time;
+  Clock::time_point last_token_time;
+  double phase_ms[5] = {0, 0, 0, 0, 0};  // indexed by SeqPhase (queued..preempted)
+  double itl_sum_ms = 0;
+  double itl_max_ms = 0;
+  int32_t preemptions = 0;
+
+  // Owner-private scratch: what the owning worker does with the sequence after this step.
+  enum class Next : uint8_t { kStay, kToRunning, kToWaiting, kHandoff, kRemove } next = Next::kStay;
+
+  const std::string& id() const { return ctl->request_id; }
+  int num_output() const { return static_cast<int>(tokens.size()) - num_prompt; }
+  // Tokens whose KV must exist before the next decode step: prompt + output[:-1].
+  int prefill_target() const {
+    return num_output() == 0 ? num_prompt : static_cast<int>(tokens.size()) - 1;
+  }
+  bool cancelled() const { return ctl->cancel_requested.load(std::memory_order_relaxed); }
+  // Closes the current phase's clock and opens `next`.
+  void enter_phase(SeqPhase next, Clock::time_point now);
+};
+
+// Receives every final event (engine bookkeeping: counters, SLO attainment, the active map).
+// Called from whichever thread finishes the request; must be thread-safe and must not block long.
+class FinishSink {
+ public:
+  virtual ~FinishSink() = default;
+  virtual void on_final(const Sequence& seq, const TokenEvent& final_event) = 0;
+};
+
+// Samples the next token from `logits` ([vocab] f32, modified in place by the sampler), appends it
+// to `seq`, pushes one non-final event (id, text delta, logprobs when top_logprobs > 0) and returns
+// the finish reason (kNone while generation continues).
+FinishReason sample_and_append(Sequence& seq, float* logits, int vocab, Clock::time_point now);
+
+// Pushes the final event (after any text still held back) and calls sink.on_final. The caller
+// must have released the sequence's KV blocks.
+void finish_sequence(Sequence& seq, FinishReason reason, Status status, Clock::time_point now,
+                     FinishSink& sink);
+
+}  // namespace kvsplit::sched

@@ -1,0 +1,38 @@
+// StepModel: what a worker needs from a model: one forward step over a mixed prefill/decode batch
+// through block tables. LlamaStepModel adapts model::LlamaModel; tests plug in fakes.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kv/kv_pool.h"
+#include "kvsplit/status.h"
+#include "model/llama_model.h"
+
+namespace kvsplit::sched {
+
+class StepModel {
+ public:
+  virtual ~StepModel() = default;
+  // Same contract as LlamaModel::forward: appends logits rows ([rows, vocab] f32) in `seqs` order.
+  virtual Status forward(std::span<const model::SeqStep> seqs, kv::KvPool& pool,
+                         std::vector<float>* logits) = 0;
+  virtual int vocab_size() const = 0;
+};
+
+class LlamaStepModel final : public StepModel {
+ public:
+  explicit LlamaStepModel(std::unique_ptr<model::LlamaModel> model) : model_(std::move(model)) {}
+  Status forward(std::span<const model::SeqStep> seqs, kv::KvPool& pool,
+                 std::vector<float>* logits) override {
+    return model_->forward(seqs, pool, logits);
+  }
+  int vocab_size() const override { return model_->config().vocab_size; }
+  model::LlamaModel& model() { return *model_; }
+
+ private:
+  std::unique_ptr<model::LlamaModel> model_;
+};
+
+}  // namespace kvsplit::sched

@@ -1,0 +1,156 @@
+// Worker: one device (Backend), one LlamaModel, one KvPool and one thread running
+//   step() = schedule() -> run() (forward) -> postprocess()
+// in one of three roles, all through the same code paths:
+//   kPrefill    pulls requests from the Router, chunked prefill under max_batch_tokens, samples
+//               the first token, hands the sequence off to the least-loaded decode worker;
+//   kDecode     admits handed-off sequences between steps, one token per running sequence per
+//               step, preempts by recompute when its pool runs out (recompute runs here too);
+//   kColocated  both: pulls from the Router and decodes in the same steps (vLLM style).
+// The thread is the only user of the pool and of the sequences it owns; other threads talk to a
+// worker through post_offer / post_done / wake (thread-safe) and read load()/snapshot() (atomics).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kv/kv_pool.h"
+#include "model/llama_model.h"
+#include "sched/kv_handoff.h"
+#include "sched/policy.h"
+#include "sched/router.h"
+#include "sched/sequence.h"
+#include "sched/step_model.h"
+
+namespace kvsplit::sched {
+
+enum class WorkerRole : uint8_t { kPrefill, kDecode, kColocated };
+
+struct WorkerOptions {
+  std::string name = "worker-0";
+  WorkerRole role = WorkerRole::kColocated;
+  int max_num_seqs = 256;        // sequences owned (prefilling + running), >= 1
+  int max_batch_tokens = 512;    // prefill (chunk) tokens per step, decode tokens included when
+                                 // colocated; prefill always gets at least min_chunk_tokens
+  int min_chunk_tokens = 16;     // smallest prefill chunk a prompt gets in a step
+  std::chrono::milliseconds handoff_timeout{5000};
+  std::chrono::milliseconds idle_wait{2};  // sleep when idle (bounds queue-timeout latency)
+};
+
+// Engine-owned state every worker sees; outlives the workers.
+struct WorkerShared {
+  Router* router = nullptr;                // pulled by kPrefill / kColocated
+  std::vector<Worker*> decode_workers;  // handoff destinations of kPrefill workers
+  FinishSink* sink = nullptr;
+  std::atomic<uint64_t> cancel_epoch{0};   // bumped by every Engine::cancel
+  std::atomic<int64_t> preemptions{0};
+};
+
+struct WorkerSnapshot {
+  PoolStats pool;
+  int64_t steps = 0;
+  double forward_ms = 0;       // time in StepModel::forward
+  double bookkeeping_ms = 0;   // the rest of the steps: scheduling, sampling, events
+};
+
+class Worker {
+ public:
+  Worker(WorkerOptions options, std::unique_ptr<backend::Backend> backend,
+         std::unique_ptr<StepModel> model, std::unique_ptr<kv::KvPool> pool, WorkerShared* shared);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  void start();
+  void request_stop();  // the thread exits after its current step
+  void join();
+  // After every worker has joined (decode and colocated workers first, prefill workers last):
+  // finishes everything this worker still owns or has in its inbox (kCancelled, UNAVAILABLE) and
+  // releases every block.
+  void finalize_after_stop();
+
+  void post_offer(HandoffOffer offer);
+  void post_done(HandoffDone done);
+  void wake();
+
+  DecodeLoad load() const;
+  WorkerSnapshot snapshot() const;
+  const std::string& name() const { return options_.name; }
+  WorkerRole role() const { return options_.role; }
+  int kv_blocks_total() const { return total_blocks_; }
+  // Free blocks as of the last step (exact once the worker is idle or stopped).
+  int kv_blocks_free() const { return free_blocks_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Batch {
+    std::vector<model::SeqStep> steps;
+    std::vector<Sequence*> seqs;
+    std::vector<uint8_t> samples;  // 1: this entry returns one logits row to sample from
+    void clear() { steps.clear(); seqs.clear(); samples.clear(); }
+  };
+
+  void loop();
+  bool step();  // true when a forward pass ran
+  void drain_inbox();
+  void expire_queued(Clock::time_point now);
+  void reap_cancelled(Clock::time_point now);
+  void admit_offers(Clock::time_point now);
+  void admit_from_router(Clock::time_point now);
+  void schedule(Clock::time_point now);
+  void postprocess(const std::vector<float>& logits, Clock::time_point now);
+  void compact(Clock::time_point now);
+  void preempt(Sequence& seq, Clock::time_point now);
+  void handoff(std::unique_ptr<Sequence> seq, Clock::time_point now);
+  void finish(Sequence& seq, FinishReason reason, Status status, Clock::time_point now);
+  void finish_offer(HandoffOffer& offer, FinishReason reason, Status status, Clock::time_point now);
+  void publish_stats();
+  bool has_unreserved_waiting() const;
+
+  WorkerOptions options_;
+  std::unique_ptr<backend::Backend> backend_;  // declared first: destroyed last
+  std::unique_ptr<StepModel> model_;
+  std::unique_ptr<kv::KvPool> pool_;
+  WorkerShared* shared_;
+  const int total_blocks_;
+
+  // Inbox (guarded by mu_).
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<HandoffOffer> inbox_offers_;
+  std::vector<uint64_t> inbox_done_;
+  bool stop_ = false;
+  bool wake_ = false;
+
+  // Owned by the worker thread.
+  std::vector<std::unique_ptr<Sequence>> waiting_;  // need prefill or recompute
+  std::vector<std::unique_ptr<Sequence>> running_;  // decoding
+  std::vector<std::unique_ptr<Sequence>> scratch_waiting_, scratch_running_;
+  std::deque<HandoffOffer> pending_;                // offers not yet admitted (kDecode/kColocated)
+  std::unordered_map<uint64_t, kv::BlockTable> pinned_;  // handed-off pages awaiting HandoffDone
+  uint64_t next_handoff_id_ = 1;
+  uint64_t seen_cancel_epoch_ = 0;
+  Batch batch_;
+  std::vector<float> logits_;
+
+  // Published for other threads.
+  std::atomic<int> free_blocks_{0};
+  std::atomic<int> running_count_{0};
+  std::atomic<int> waiting_count_{0};
+  std::atomic<int> incoming_blocks_{0};
+  std::atomic<int64_t> steps_{0};
+  std::atomic<int64_t> forward_ns_{0};
+  std::atomic<int64_t> bookkeeping_ns_{0};
+
+  std::thread thread_;
+};
+
+}  // namespace kvsplit::sched

@@ -1,0 +1,198 @@
+// One worker step: schedule() -> run() (StepModel::forward) -> postprocess(), plus preemption.
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "sched/worker.h"
+
+namespace kvsplit::sched {
+namespace {
+
+bool by_service_order(const std::unique_ptr<Sequence>& a, const std::unique_ptr<Sequence>& b) {
+  return serves_before({a->priority, a->arrival}, {b->priority, b->arrival});
+}
+
+int64_t ns_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
+}
+
+}  // namespace
+
+bool Worker::step() {
+  const Clock::time_point t0 = Clock::now();
+  drain_inbox();
+  expire_queued(t0);
+  reap_cancelled(t0);
+  compact(t0);
+  admit_offers(t0);
+  admit_from_router(t0);
+  schedule(t0);
+  if (batch_.steps.empty()) {
+    compact(t0);  // preemptions of a step that ends up empty
+    publish_stats();
+    return false;
+  }
+  const Clock::time_point t1 = Clock::now();
+  logits_.clear();
+  Status st = model_->forward(batch_.steps, *pool_, &logits_);
+  const Clock::time_point t2 = Clock::now();
+  if (!st.ok()) {
+    KVSPLIT_LOG_ERROR("{}: forward failed: {}", options_.name, st.to_string());
+    for (Sequence* seq : batch_.seqs) {
+      finish(*seq, FinishReason::kError, st.with_prefix("forward pass"), t2);
+    }
+  } else {
+    postprocess(logits_, t2);
+  }
+  compact(t2);
+  publish_stats();
+  const Clock::time_point t3 = Clock::now();
+  steps_.fetch_add(1, std::memory_order_relaxed);
+  forward_ns_.fetch_add(ns_between(t1, t2), std::memory_order_relaxed);
+  bookkeeping_ns_.fetch_add(ns_between(t0, t1) + ns_between(t2, t3), std::memory_order_relaxed);
+  return true;
+}
+
+void Worker::preempt(Sequence& seq, Clock::time_point now) {
+  KVSPLIT_LOG_WARN("{}: preempting request {} (priority {}) by recompute: {} tokens of KV dropped",
+                   options_.name, seq.id(), seq.priority, seq.num_computed);
+  pool_->release(seq.table);
+  seq.table = {};
+  seq.num_computed = 0;
+  ++seq.preemptions;
+  seq.enter_phase(SeqPhase::kPreempted, now);
+  seq.next = Sequence::Next::kToWaiting;
+  shared_->preemptions.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Worker::schedule(Clock::time_point now) {
+  batch_.clear();
+  int decode_tokens = 0;
+  // Decode: one token for every running sequence, best served first; when the pool is full the
+  // sequence served last gives its blocks back (recompute later), possibly the current one.
+  std::sort(running_.begin(), running_.end(), by_service_order);
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence& seq = *running_[i];
+    if (seq.next != Sequence::Next::kStay) continue;
+    while (!pool_->reserve(seq.table, seq.num_computed + 1)) {
+      size_t victim = running_.size();
+      while (victim-- > i) {
+        if (running_[victim]->next == Sequence::Next::kStay) break;
+      }
+      preempt(*running_[victim], now);
+      if (victim == i) break;
+    }
+    if (seq.next != Sequence::Next::kStay) continue;
+    model::SeqStep s;
+    s.tokens = std::span<const int32_t>(seq.tokens.data() + seq.num_computed, 1);
+    s.start_pos = seq.num_computed;
+    s.table = &seq.table;
+    s.logits = model::SeqStep::Logits::kLast;
+    batch_.steps.push_back(s);
+    batch_.seqs.push_back(&seq);
+    batch_.samples.push_back(1);
+    ++decode_tokens;
+  }
+
+  // Prefill / recompute chunks under the token budget, fair-shared in service order.
+  if (waiting_.empty()) return;
+  int budget = options_.max_batch_tokens;
+  if (options_.role == WorkerRole::kColocated) {
+    budget = std::max(options_.max_batch_tokens - decode_tokens, options_.min_chunk_tokens);
+  }
+  std::sort(waiting_.begin(), waiting_.end(), by_service_order);
+  std::vector<Sequence*> cands;
+  std::vector<int> remaining;
+  for (const std::unique_ptr<Sequence>& p : waiting_) {
+    Sequence& seq = *p;
+    if (seq.next != Sequence::Next::kStay) continue;
+    if (seq.table.blocks.empty() && !pool_->reserve(seq.table, seq.prefill_target())) break;
+    cands.push_back(&seq);
+    remaining.push_back(seq.prefill_target() - seq.num_computed);
+  }
+  const std::vector<int> chunks = plan_prefill_chunks(remaining, budget, options_.min_chunk_tokens);
+  for (size_t i = 0; i < cands.size(); ++i) {
+    if (chunks[i] == 0) continue;
+    Sequence& seq = *cands[i];
+    if (seq.phase == SeqPhase::kQueued) seq.enter_phase(SeqPhase::kPrefill, now);
+    model::SeqStep s;
+    s.tokens = std::span<const int32_t>(seq.tokens.data() + seq.num_computed, chunks[i]);
+    s.start_pos = seq.num_computed;
+    s.table = &seq.table;
+    // The first token is sampled after the prompt's last chunk; a recompute samples nothing.
+    const bool last = seq.num_computed + chunks[i] == seq.prefill_target();
+    const bool sample = last && seq.num_output() == 0;
+    s.logits = sample ? model::SeqStep::Logits::kLast : model::SeqStep::Logits::kNone;
+    batch_.steps.push_back(s);
+    batch_.seqs.push_back(&seq);
+    batch_.samples.push_back(sample ? 1 : 0);
+  }
+}
+
+void Worker::postprocess(const std::vector<float>& logits, Clock::time_point now) {
+  const int vocab = model_->vocab_size();
+  size_t row = 0;
+  std::vector<float> scratch;
+  for (size_t i = 0; i < batch_.seqs.size(); ++i) {
+    Sequence& seq = *batch_.seqs[i];
+    const model::SeqStep& s = batch_.steps[i];
+    seq.num_computed += static_cast<int>(s.tokens.size());
+    const bool in_waiting = seq.phase == SeqPhase::kPrefill || seq.phase == SeqPhase::kPreempted;
+    if (batch_.samples[i]) {
+      KVSPLIT_CHECK((row + 1) * vocab <= logits.size());
+      scratch.assign(logits.begin() + row * vocab, logits.begin() + (row + 1) * vocab);
+      ++row;
+      if (seq.cancelled()) {
+        finish(seq, FinishReason::kCancelled, cancelled_error("cancelled"), now);
+        continue;
+      }
+      const FinishReason reason = sample_and_append(seq, scratch.data(), vocab, now);
+      if (reason != FinishReason::kNone) {
+        finish(seq, reason, ok_status(), now);
+        continue;
+      }
+    }
+    if (!in_waiting) continue;  // a decode step
+    if (seq.num_computed < seq.prefill_target()) continue;  // more chunks to go
+    // Prompt (or recompute) complete.
+    if (options_.role == WorkerRole::kPrefill) {
+      seq.next = Sequence::Next::kHandoff;
+    } else {
+      seq.enter_phase(SeqPhase::kDecode, now);
+      seq.next = Sequence::Next::kToRunning;
+    }
+  }
+}
+
+void Worker::compact(Clock::time_point now) {
+  scratch_waiting_.clear();
+  scratch_running_.clear();
+  for (std::unique_ptr<Sequence>& p : waiting_) {
+    const Sequence::Next next = p->next;
+    p->next = Sequence::Next::kStay;
+    switch (next) {
+      case Sequence::Next::kStay: scratch_waiting_.push_back(std::move(p)); break;
+      case Sequence::Next::kToRunning: scratch_running_.push_back(std::move(p)); break;
+      case Sequence::Next::kHandoff: handoff(std::move(p), now); break;
+      case Sequence::Next::kToWaiting: scratch_waiting_.push_back(std::move(p)); break;
+      case Sequence::Next::kRemove: break;
+    }
+  }
+  for (std::unique_ptr<Sequence>& p : running_) {
+    const Sequence::Next next = p->next;
+    p->next = Sequence::Next::kStay;
+    switch (next) {
+      case Sequence::Next::kStay:
+      case Sequence::Next::kToRunning: scratch_running_.push_back(std::move(p)); break;
+      case Sequence::Next::kToWaiting: scratch_waiting_.push_back(std::move(p)); break;
+      case Sequence::Next::kHandoff: KVSPLIT_CHECK_MSG(false, "handoff from running"); break;
+      case Sequence::Next::kRemove: break;
+    }
+  }
+  waiting_.swap(scratch_waiting_);
+  running_.swap(scratch_running_);
+}
+
+}  // namespace kvsplit::sched
