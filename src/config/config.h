@@ -1,0 +1,56 @@
+// Typed configuration of a kvsplit server, loaded from one YAML file (docs/configuration.md).
+// The loader is the project's only yaml-cpp user; every error names the field path, e.g.
+// "sla_classes.voice.max_itl_ms: must be > 0, got 0". Unknown keys are errors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvsplit/engine.h"
+#include "kvsplit/status.h"
+
+namespace kvsplit::config {
+
+struct TlsConfig {
+  std::string cert_file;  // PEM server certificate chain; empty with key_file empty: plaintext
+  std::string key_file;   // PEM private key
+  bool enabled() const { return !cert_file.empty(); }
+};
+
+struct ServerConfig {
+  std::string host = "0.0.0.0";
+  int32_t port = 50051;                  // [0, 65535]; 0 = pick a free port (logged)
+  int32_t metrics_port = 9090;           // [-1, 65535]; -1 = no metrics endpoint, 0 = any port
+  TlsConfig tls;
+  std::vector<std::string> api_keys;     // empty: no authentication
+  int32_t max_concurrent_streams = 1024; // [1, 100000]; more open Generate calls -> RESOURCE_EXHAUSTED
+  int32_t max_message_bytes = 4 << 20;   // [1024, 1 GiB]; receive limit of one request
+  int32_t max_prompt_bytes = 1 << 20;    // [1, max_message_bytes]; longer prompts -> INVALID_ARGUMENT
+  int32_t max_tokens_limit = 8192;       // [1, 1 << 20]; GenerateRequest.max_tokens upper bound
+  int32_t default_max_tokens = 16;       // [1, max_tokens_limit]; when max_tokens is 0
+  int32_t drain_timeout_ms = 10000;      // [0, 3600000]; SIGTERM: wait this long, then cancel
+};
+
+struct Config {
+  EngineConfig engine;
+  ServerConfig server;
+  bool model_given = false;  // model / model.path appeared in the file (else the caller's default)
+};
+
+// Parses and validates a whole config. Errors: kInvalidArgument naming the field path (or the
+// YAML line/column for syntax errors).
+StatusOr<Config> parse_config(std::string_view yaml_text);
+// Same, from a file (kNotFound when it cannot be read). Error messages start with the path.
+StatusOr<Config> load_config_file(const std::string& path);
+
+// Validates SLA classes (unique names, ranges); used after flag overrides and on reload.
+Status validate_sla_classes(const std::vector<SlaClass>& classes);
+// Validates the engine and server sections (after command-line overrides).
+Status validate_config(const Config& config);
+
+// A short human-readable summary of the config (one line per section), for the startup log.
+std::string describe(const Config& config);
+
+}  // namespace kvsplit::config

@@ -1,0 +1,119 @@
+// Range checks of a Config with field-path errors (YAML-free: also used after flag overrides).
+#include <cmath>
+#include <set>
+#include <sstream>
+
+#include "config/config.h"
+
+namespace kvsplit::config {
+namespace {
+
+std::string num(double v) {
+  std::ostringstream ss;
+  ss << v;
+  return ss.str();
+}
+
+Status range_error(const std::string& field, const std::string& rule, double got) {
+  return invalid_argument(field + ": must be " + rule + ", got " + num(got));
+}
+
+Status check_range(const std::string& field, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi)
+    return range_error(field, "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]",
+                       static_cast<double>(v));
+  return ok_status();
+}
+
+Status check_positive(const std::string& field, double v) {
+  if (!(v > 0) || !std::isfinite(v)) return range_error(field, "> 0", v);
+  return ok_status();
+}
+
+bool valid_class_name(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char ch : name) {
+    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                    (ch >= '0' && ch <= '9') || ch == '_' || ch == '-' || ch == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Status validate_sla_classes(const std::vector<SlaClass>& classes) {
+  if (classes.empty()) return invalid_argument("sla_classes: at least one class is required");
+  std::set<std::string> names;
+  for (const SlaClass& c : classes) {
+    if (!valid_class_name(c.name))
+      return invalid_argument("sla_classes." + c.name +
+                              ": class names are 1..64 characters of [A-Za-z0-9_.-]");
+    if (!names.insert(c.name).second)
+      return invalid_argument("sla_classes." + c.name + ": duplicate class name");
+    const std::string p = "sla_classes." + c.name + ".";
+    KVSPLIT_RETURN_IF_ERROR(check_positive(p + "max_ttft_ms", c.max_ttft_ms));
+    KVSPLIT_RETURN_IF_ERROR(check_positive(p + "max_itl_ms", c.max_itl_ms));
+    KVSPLIT_RETURN_IF_ERROR(check_range(p + "priority", c.priority, -1000, 1000));
+    KVSPLIT_RETURN_IF_ERROR(check_range(p + "max_queue", c.max_queue, 1, 1000000));
+    KVSPLIT_RETURN_IF_ERROR(check_positive(p + "queue_timeout_ms", c.queue_timeout_ms));
+  }
+  return ok_status();
+}
+
+Status validate_config(const Config& config) {
+  const EngineConfig& e = config.engine;
+  if (e.model.empty()) return invalid_argument("model.path: must not be empty");
+  if (e.backend != "cpu" && e.backend != "cuda")
+    return invalid_argument("pools.backend: must be 'cpu' or 'cuda', got '" + e.backend + "'");
+  KVSPLIT_RETURN_IF_ERROR(check_range("pools.prefill_workers", e.num_prefill_workers, 1, 64));
+  KVSPLIT_RETURN_IF_ERROR(check_range("pools.decode_workers", e.num_decode_workers, 1, 64));
+  KVSPLIT_RETURN_IF_ERROR(check_range("pools.threads_per_worker", e.threads_per_worker, 0, 1024));
+  KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_num_seqs", e.max_num_seqs, 1, 65536));
+  KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_batch_tokens", e.max_batch_tokens, 1, 1 << 20));
+  KVSPLIT_RETURN_IF_ERROR(check_range("pools.handoff_timeout_ms", e.handoff_timeout_ms, 1, 3600000));
+  if (e.block_size != 8 && e.block_size != 16 && e.block_size != 32 && e.block_size != 64)
+    return range_error("kv.block_size", "one of 8, 16, 32, 64", e.block_size);
+  KVSPLIT_RETURN_IF_ERROR(check_range("kv.blocks_per_worker", e.kv_blocks_per_worker, 0, 1 << 26));
+  KVSPLIT_RETURN_IF_ERROR(validate_sla_classes(e.sla_classes));
+
+  const ServerConfig& s = config.server;
+  if (s.host.empty()) return invalid_argument("server.host: must not be empty");
+  KVSPLIT_RETURN_IF_ERROR(check_range("server.port", s.port, 0, 65535));
+  KVSPLIT_RETURN_IF_ERROR(check_range("server.metrics_port", s.metrics_port, -1, 65535));
+  if (s.tls.cert_file.empty() != s.tls.key_file.empty())
+    return invalid_argument("server.tls: cert_file and key_file must be given together");
+  for (size_t i = 0; i < s.api_keys.size(); ++i) {
+    if (s.api_keys[i].size() < 8)
+      return invalid_argument("server.api_keys[" + std::to_string(i) + "]: must be at least 8 characters");
+  }
+  KVSPLIT_RETURN_IF_ERROR(check_range("server.max_concurrent_streams", s.max_concurrent_streams, 1, 100000));
+  KVSPLIT_RETURN_IF_ERROR(check_range("server.max_message_bytes", s.max_message_bytes, 1024, 1 << 30));
+  KVSPLIT_RETURN_IF_ERROR(check_range("server.max_prompt_bytes", s.max_prompt_bytes, 1, s.max_message_bytes));
+  KVSPLIT_RETURN_IF_ERROR(check_range("server.max_tokens_limit", s.max_tokens_limit, 1, 1 << 20));
+  KVSPLIT_RETURN_IF_ERROR(check_range("server.default_max_tokens", s.default_max_tokens, 1, s.max_tokens_limit));
+  KVSPLIT_RETURN_IF_ERROR(check_range("server.drain_timeout_ms", s.drain_timeout_ms, 0, 3600000));
+  return ok_status();
+}
+
+std::string describe(const Config& config) {
+  const EngineConfig& e = config.engine;
+  const ServerConfig& s = config.server;
+  std::ostringstream ss;
+  ss << "model=" << e.model << (e.tokenizer.empty() ? "" : " tokenizer=" + e.tokenizer)
+     << " backend=" << e.backend
+     << " mode=" << (e.mode == ServingMode::kColocated ? "colocated" : "disaggregated")
+     << " prefill_workers=" << e.num_prefill_workers << " decode_workers=" << e.num_decode_workers
+     << " block_size=" << e.block_size << " listen=" << s.host << ":" << s.port
+     << " metrics_port=" << s.metrics_port << " tls=" << (s.tls.enabled() ? "on" : "off")
+     << " api_keys=" << s.api_keys.size() << " classes=[";
+  for (size_t i = 0; i < e.sla_classes.size(); ++i) {
+    const SlaClass& c = e.sla_classes[i];
+    ss << (i ? ", " : "") << c.name << "(ttft<" << c.max_ttft_ms << "ms itl<" << c.max_itl_ms
+       << "ms prio " << c.priority << ")";
+  }
+  ss << "]";
+  return ss.str();
+}
+
+}  // namespace kvsplit::config

@@ -1,0 +1,257 @@
+// YAML -> Config. The only yaml-cpp user: every yaml-cpp exception is caught here and turned into
+// a Status. Scalars are parsed by hand (from_chars / strtod) so that "12abc", overflow and
+// fractional integers are errors instead of silent truncation.
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "config/config.h"
+
+namespace kvsplit::config {
+namespace {
+
+Status field_error(const std::string& path, const std::string& what) {
+  return invalid_argument(path + ": " + what);
+}
+
+std::string join(const std::string& path, const std::string& key) {
+  return path.empty() ? key : path + "." + key;
+}
+
+Status parse_scalar(const YAML::Node& n, const std::string& path, std::string* out) {
+  if (!n.IsScalar()) return field_error(path, "must be a string");
+  *out = n.Scalar();
+  return ok_status();
+}
+
+Status parse_scalar(const YAML::Node& n, const std::string& path, bool* out) {
+  if (!n.IsScalar()) return field_error(path, "must be true or false");
+  const std::string& s = n.Scalar();
+  if (s == "true" || s == "True" || s == "yes") *out = true;
+  else if (s == "false" || s == "False" || s == "no") *out = false;
+  else return field_error(path, "must be true or false, got '" + s + "'");
+  return ok_status();
+}
+
+template <typename Int>
+Status parse_int(const YAML::Node& n, const std::string& path, Int* out) {
+  if (!n.IsScalar()) return field_error(path, "must be an integer");
+  const std::string& s = n.Scalar();
+  Int v{};
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec == std::errc::result_out_of_range) return field_error(path, "out of range: " + s);
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty())
+    return field_error(path, "must be an integer, got '" + s + "'");
+  *out = v;
+  return ok_status();
+}
+Status parse_scalar(const YAML::Node& n, const std::string& p, int32_t* o) { return parse_int(n, p, o); }
+Status parse_scalar(const YAML::Node& n, const std::string& p, int64_t* o) { return parse_int(n, p, o); }
+Status parse_scalar(const YAML::Node& n, const std::string& p, uint64_t* o) { return parse_int(n, p, o); }
+
+Status parse_scalar(const YAML::Node& n, const std::string& path, double* out) {
+  if (!n.IsScalar()) return field_error(path, "must be a number");
+  const std::string& s = n.Scalar();
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(v))
+    return field_error(path, "must be a finite number, got '" + s + "'");
+  *out = v;
+  return ok_status();
+}
+
+// One YAML mapping: typed getters that remember which keys were read, so finish() can reject
+// the rest as unknown.
+class MapReader {
+ public:
+  MapReader(const YAML::Node& node, std::string path) : node_(node), path_(std::move(path)) {}
+
+  Status check_is_map() const {
+    if (!node_.IsMap()) return field_error(path_.empty() ? "(top level)" : path_, "must be a mapping");
+    return ok_status();
+  }
+  // Leaves *out untouched when the key is absent.
+  template <typename T>
+  Status get(const std::string& key, T* out) {
+    seen_.insert(key);
+    const YAML::Node n = cnode()[key];
+    if (!n || n.IsNull()) return ok_status();
+    return parse_scalar(n, join(path_, key), out);
+  }
+  bool has(const std::string& key) const {
+    const YAML::Node n = cnode()[key];
+    return n && !n.IsNull();
+  }
+  YAML::Node child(const std::string& key) {
+    seen_.insert(key);
+    return cnode()[key];
+  }
+  Status finish() const {
+    for (const auto& kv : node_) {
+      std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "?";
+      if (!seen_.count(key)) return field_error(join(path_, key), "unknown key");
+    }
+    return ok_status();
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  // Lookups go through the const overload: the non-const operator[] may insert keys.
+  const YAML::Node& cnode() const { return node_; }
+  YAML::Node node_;
+  std::string path_;
+  std::set<std::string> seen_;
+};
+
+Status read_model(const YAML::Node& n, Config* c) {
+  EngineConfig* e = &c->engine;
+  if (n.IsScalar()) {
+    c->model_given = true;
+    return parse_scalar(n, "model", &e->model);
+  }
+  MapReader r(n, "model");
+  KVSPLIT_RETURN_IF_ERROR(r.check_is_map());
+  KVSPLIT_RETURN_IF_ERROR(r.get("path", &e->model));
+  c->model_given = r.has("path");
+  KVSPLIT_RETURN_IF_ERROR(r.get("tokenizer", &e->tokenizer));
+  return r.finish();
+}
+
+Status read_server(const YAML::Node& n, ServerConfig* s) {
+  MapReader r(n, "server");
+  KVSPLIT_RETURN_IF_ERROR(r.check_is_map());
+  KVSPLIT_RETURN_IF_ERROR(r.get("host", &s->host));
+  KVSPLIT_RETURN_IF_ERROR(r.get("port", &s->port));
+  KVSPLIT_RETURN_IF_ERROR(r.get("metrics_port", &s->metrics_port));
+  if (YAML::Node tls = r.child("tls"); tls && !tls.IsNull()) {
+    MapReader t(tls, "server.tls");
+    KVSPLIT_RETURN_IF_ERROR(t.check_is_map());
+    KVSPLIT_RETURN_IF_ERROR(t.get("cert_file", &s->tls.cert_file));
+    KVSPLIT_RETURN_IF_ERROR(t.get("key_file", &s->tls.key_file));
+    KVSPLIT_RETURN_IF_ERROR(t.finish());
+  }
+  if (YAML::Node keys = r.child("api_keys"); keys && !keys.IsNull()) {
+    if (!keys.IsSequence()) return field_error("server.api_keys", "must be a list of strings");
+    s->api_keys.clear();
+    for (size_t i = 0; i < keys.size(); ++i) {
+      std::string k;
+      KVSPLIT_RETURN_IF_ERROR(parse_scalar(keys[i], "server.api_keys[" + std::to_string(i) + "]", &k));
+      s->api_keys.push_back(std::move(k));
+    }
+  }
+  KVSPLIT_RETURN_IF_ERROR(r.get("max_concurrent_streams", &s->max_concurrent_streams));
+  KVSPLIT_RETURN_IF_ERROR(r.get("max_message_bytes", &s->max_message_bytes));
+  KVSPLIT_RETURN_IF_ERROR(r.get("max_prompt_bytes", &s->max_prompt_bytes));
+  KVSPLIT_RETURN_IF_ERROR(r.get("max_tokens_limit", &s->max_tokens_limit));
+  KVSPLIT_RETURN_IF_ERROR(r.get("default_max_tokens", &s->default_max_tokens));
+  KVSPLIT_RETURN_IF_ERROR(r.get("drain_timeout_ms", &s->drain_timeout_ms));
+  return r.finish();
+}
+
+Status read_pools(const YAML::Node& n, EngineConfig* e) {
+  MapReader r(n, "pools");
+  KVSPLIT_RETURN_IF_ERROR(r.check_is_map());
+  std::string mode;
+  KVSPLIT_RETURN_IF_ERROR(r.get("mode", &mode));
+  if (mode == "colocated") e->mode = ServingMode::kColocated;
+  else if (mode == "disaggregated") e->mode = ServingMode::kDisaggregated;
+  else if (!mode.empty())
+    return field_error("pools.mode", "must be 'colocated' or 'disaggregated', got '" + mode + "'");
+  KVSPLIT_RETURN_IF_ERROR(r.get("backend", &e->backend));
+  KVSPLIT_RETURN_IF_ERROR(r.get("prefill_workers", &e->num_prefill_workers));
+  KVSPLIT_RETURN_IF_ERROR(r.get("decode_workers", &e->num_decode_workers));
+  KVSPLIT_RETURN_IF_ERROR(r.get("threads_per_worker", &e->threads_per_worker));
+  KVSPLIT_RETURN_IF_ERROR(r.get("max_num_seqs", &e->max_num_seqs));
+  KVSPLIT_RETURN_IF_ERROR(r.get("max_batch_tokens", &e->max_batch_tokens));
+  KVSPLIT_RETURN_IF_ERROR(r.get("handoff_timeout_ms", &e->handoff_timeout_ms));
+  return r.finish();
+}
+
+Status read_kv(const YAML::Node& n, EngineConfig* e) {
+  MapReader r(n, "kv");
+  KVSPLIT_RETURN_IF_ERROR(r.check_is_map());
+  KVSPLIT_RETURN_IF_ERROR(r.get("block_size", &e->block_size));
+  KVSPLIT_RETURN_IF_ERROR(r.get("blocks_per_worker", &e->kv_blocks_per_worker));
+  int64_t capacity_mb = -1;
+  KVSPLIT_RETURN_IF_ERROR(r.get("capacity_mb", &capacity_mb));
+  if (capacity_mb != -1) {
+    if (capacity_mb < 1 || capacity_mb > (int64_t{1} << 24))
+      return field_error("kv.capacity_mb", "must be in [1, 16777216], got " + std::to_string(capacity_mb));
+    e->kv_capacity_bytes = capacity_mb << 20;
+  }
+  std::string dtype;
+  KVSPLIT_RETURN_IF_ERROR(r.get("dtype", &dtype));
+  if (!dtype.empty() && dtype != "auto" && dtype != "fp32")
+    return field_error("kv.dtype", "must be 'auto' or 'fp32' (the engine stores KV in the model's "
+                                   "compute dtype), got '" + dtype + "'");
+  return r.finish();
+}
+
+Status read_sla_classes(const YAML::Node& n, std::vector<SlaClass>* out) {
+  if (!n.IsMap() || n.size() == 0)
+    return field_error("sla_classes", "must be a non-empty mapping of class name -> settings");
+  out->clear();
+  for (const auto& kv : n) {
+    SlaClass c;
+    KVSPLIT_RETURN_IF_ERROR(parse_scalar(kv.first, "sla_classes", &c.name));
+    const std::string path = "sla_classes." + c.name;
+    MapReader r(kv.second, path);
+    KVSPLIT_RETURN_IF_ERROR(r.check_is_map());
+    KVSPLIT_RETURN_IF_ERROR(r.get("max_ttft_ms", &c.max_ttft_ms));
+    KVSPLIT_RETURN_IF_ERROR(r.get("max_itl_ms", &c.max_itl_ms));
+    KVSPLIT_RETURN_IF_ERROR(r.get("priority", &c.priority));
+    KVSPLIT_RETURN_IF_ERROR(r.get("max_queue", &c.max_queue));
+    KVSPLIT_RETURN_IF_ERROR(r.get("queue_timeout_ms", &c.queue_timeout_ms));
+    KVSPLIT_RETURN_IF_ERROR(r.finish());
+    out->push_back(std::move(c));
+  }
+  return ok_status();
+}
+
+Status parse_into(const YAML::Node& root, Config* c) {
+  if (!root || root.IsNull()) return ok_status();  // an empty file: all defaults
+  MapReader r(root, "");
+  KVSPLIT_RETURN_IF_ERROR(r.check_is_map());
+  if (YAML::Node n = r.child("model"); n && !n.IsNull()) KVSPLIT_RETURN_IF_ERROR(read_model(n, c));
+  if (YAML::Node n = r.child("server"); n && !n.IsNull()) KVSPLIT_RETURN_IF_ERROR(read_server(n, &c->server));
+  if (YAML::Node n = r.child("pools"); n && !n.IsNull()) KVSPLIT_RETURN_IF_ERROR(read_pools(n, &c->engine));
+  if (YAML::Node n = r.child("kv"); n && !n.IsNull()) KVSPLIT_RETURN_IF_ERROR(read_kv(n, &c->engine));
+  if (YAML::Node n = r.child("sla_classes"); n && !n.IsNull())
+    KVSPLIT_RETURN_IF_ERROR(read_sla_classes(n, &c->engine.sla_classes));
+  KVSPLIT_RETURN_IF_ERROR(r.get("seed", &c->engine.seed));
+  return r.finish();
+}
+
+}  // namespace
+
+StatusOr<Config> parse_config(std::string_view yaml_text) {
+  Config config;
+  try {
+    YAML::Node root = YAML::Load(std::string(yaml_text));
+    KVSPLIT_RETURN_IF_ERROR(parse_into(root, &config));
+  } catch (const YAML::Exception& e) {
+    return invalid_argument("YAML error at line " + std::to_string(e.mark.line + 1) + ", column " +
+                            std::to_string(e.mark.column + 1) + ": " + e.msg);
+  } catch (const std::exception& e) {
+    return invalid_argument(std::string("YAML error: ") + e.what());
+  }
+  KVSPLIT_RETURN_IF_ERROR(validate_config(config));
+  return config;
+}
+
+StatusOr<Config> load_config_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return not_found(path + ": cannot open config file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  auto config = parse_config(ss.str());
+  if (!config.ok()) return config.status().with_prefix(path);
+  return config;
+}
+
+}  // namespace kvsplit::config

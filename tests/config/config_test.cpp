@@ -1,0 +1,160 @@
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "config/config.h"
+#include "test_util.h"
+
+namespace kvsplit::config {
+namespace {
+
+// Asserts that `yaml` fails with kInvalidArgument and a message containing `needle`.
+void expect_error(const std::string& yaml, const std::string& needle) {
+  auto c = parse_config(yaml);
+  ASSERT_FALSE(c.ok()) << "accepted:\n" << yaml;
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find(needle), std::string::npos)
+      << "message '" << c.status().message() << "' lacks '" << needle << "'";
+}
+
+TEST(ConfigTest, EmptyDocumentGivesDefaults) {
+  auto c = parse_config("");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->engine.model, EngineConfig{}.model);
+  EXPECT_EQ(c->server.port, 50051);
+  ASSERT_EQ(c->engine.sla_classes.size(), 1u);
+  EXPECT_EQ(c->engine.sla_classes[0].name, "default");
+}
+
+TEST(ConfigTest, ParsesEverySection) {
+  auto c = parse_config(R"(
+model: {path: /m/stories260K.bin, tokenizer: /m/tok512.bin}
+server:
+  host: 127.0.0.1
+  port: 7000
+  metrics_port: -1
+  tls: {cert_file: c.pem, key_file: k.pem}
+  api_keys: [abcdefgh12, zyxwvuts98]
+  max_concurrent_streams: 64
+  max_tokens_limit: 512
+  default_max_tokens: 32
+  drain_timeout_ms: 500
+pools: {mode: colocated, backend: cpu, prefill_workers: 2, decode_workers: 3, max_num_seqs: 32}
+kv: {block_size: 32, capacity_mb: 64, dtype: fp32}
+seed: 42
+sla_classes:
+  voice: {max_ttft_ms: 300, max_itl_ms: 100, priority: 10, max_queue: 50, queue_timeout_ms: 1000}
+  batch: {max_ttft_ms: 60000, max_itl_ms: 2000}
+)");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->engine.model, "/m/stories260K.bin");
+  EXPECT_EQ(c->engine.tokenizer, "/m/tok512.bin");
+  EXPECT_EQ(c->server.host, "127.0.0.1");
+  EXPECT_EQ(c->server.port, 7000);
+  EXPECT_EQ(c->server.metrics_port, -1);
+  EXPECT_TRUE(c->server.tls.enabled());
+  EXPECT_EQ(c->server.api_keys.size(), 2u);
+  EXPECT_EQ(c->server.max_concurrent_streams, 64);
+  EXPECT_EQ(c->server.default_max_tokens, 32);
+  EXPECT_EQ(c->engine.mode, ServingMode::kColocated);
+  EXPECT_EQ(c->engine.num_prefill_workers, 2);
+  EXPECT_EQ(c->engine.num_decode_workers, 3);
+  EXPECT_EQ(c->engine.block_size, 32);
+  EXPECT_EQ(c->engine.kv_capacity_bytes, 64ll << 20);
+  EXPECT_EQ(c->engine.seed, 42u);
+  ASSERT_EQ(c->engine.sla_classes.size(), 2u);
+  EXPECT_EQ(c->engine.sla_classes[0].name, "voice");  // document order; the first is the default
+  EXPECT_EQ(c->engine.sla_classes[0].max_itl_ms, 100);
+  EXPECT_EQ(c->engine.sla_classes[0].priority, 10);
+  EXPECT_EQ(c->engine.sla_classes[1].name, "batch");
+  EXPECT_EQ(c->engine.sla_classes[1].max_queue, SlaClass{}.max_queue);
+}
+
+TEST(ConfigTest, ModelAsPlainString) {
+  auto c = parse_config("model: synthetic:llama-110m\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->engine.model, "synthetic:llama-110m");
+}
+
+TEST(ConfigTest, BadValuesNameTheField) {
+  expect_error("sla_classes:\n  voice: {max_ttft_ms: 300, max_itl_ms: 0}\n",
+               "sla_classes.voice.max_itl_ms: must be > 0");
+  expect_error("sla_classes:\n  voice: {max_ttft_ms: -5}\n", "sla_classes.voice.max_ttft_ms");
+  expect_error("sla_classes:\n  voice: {max_queue: 0}\n", "sla_classes.voice.max_queue");
+  expect_error("server: {port: 70000}\n", "server.port");
+  expect_error("server: {port: 12abc}\n", "server.port: must be an integer");
+  expect_error("server: {port: 99999999999999999999}\n", "server.port: out of range");
+  expect_error("server: {port: 1.5}\n", "server.port");
+  expect_error("server: {tls: {cert_file: a.pem}}\n", "server.tls");
+  expect_error("server: {api_keys: short}\n", "server.api_keys");
+  expect_error("server: {api_keys: [short]}\n", "server.api_keys[0]");
+  expect_error("server: {max_tokens_limit: 10, default_max_tokens: 11}\n", "server.default_max_tokens");
+  expect_error("pools: {mode: sideways}\n", "pools.mode");
+  expect_error("pools: {backend: tpu}\n", "pools.backend");
+  expect_error("pools: {decode_workers: 0}\n", "pools.decode_workers");
+  expect_error("kv: {block_size: 7}\n", "kv.block_size");
+  expect_error("kv: {dtype: int3}\n", "kv.dtype");
+  expect_error("kv: {capacity_mb: 0}\n", "kv.capacity_mb");
+  expect_error("seed: -1\n", "seed");
+  expect_error("sla_classes: {}\n", "sla_classes");
+  expect_error("sla_classes: [a, b]\n", "sla_classes");
+  expect_error("sla_classes:\n  'bad name!': {max_ttft_ms: 1}\n", "sla_classes.bad name!");
+  expect_error("server: [1, 2]\n", "server: must be a mapping");
+  expect_error("sla_classes:\n  voice: {max_itl_ms: fast}\n", "sla_classes.voice.max_itl_ms");
+}
+
+TEST(ConfigTest, UnknownKeysAreErrors) {
+  expect_error("modle: x\n", "modle: unknown key");
+  expect_error("server: {prot: 1}\n", "server.prot: unknown key");
+  expect_error("sla_classes:\n  voice: {max_itl: 3}\n", "sla_classes.voice.max_itl: unknown key");
+  expect_error("server: {tls: {cert: a}}\n", "server.tls.cert: unknown key");
+  expect_error("kv: {blocks: 3}\n", "kv.blocks: unknown key");
+}
+
+TEST(ConfigTest, SyntaxErrorsGiveLine) {
+  expect_error("server:\n  port: [1,\n", "line");
+  expect_error("a: b: c\n", "YAML error");
+}
+
+TEST(ConfigTest, FileErrorsStartWithThePath) {
+  kvsplit::testing::TempDir dir;
+  const std::string path = dir.file("bad.yaml");
+  std::ofstream(path) << "sla_classes:\n  voice: {max_itl_ms: 0}\n";
+  auto c = load_config_file(path);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message().rfind(path, 0), 0u) << c.status().message();
+  EXPECT_NE(c.status().message().find("sla_classes.voice.max_itl_ms"), std::string::npos);
+  auto missing = load_config_file(dir.file("nope.yaml"));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+TEST(ConfigTest, ValidateSlaClassesRejectsDuplicates) {
+  std::vector<SlaClass> classes(2);
+  classes[0].name = classes[1].name = "x";
+  Status s = validate_sla_classes(classes);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("duplicate"), std::string::npos);
+  EXPECT_FALSE(validate_sla_classes({}).ok());
+}
+
+// Every shipped config parses and validates (CI also runs kvsplit-server --check-config on them).
+TEST(ConfigTest, ShippedConfigsAreValid) {
+  const std::filesystem::path dir = std::filesystem::path(KVSPLIT_SOURCE_DIR) / "configs";
+  int n = 0;
+  for (const char* name : {"default.yaml", "voice-assistant.yaml", "finance-knowledge-base.yaml",
+                           "coding-assistant.yaml"}) {
+    auto c = load_config_file((dir / name).string());
+    EXPECT_TRUE(c.ok()) << name << ": " << c.status().to_string();
+    ++n;
+  }
+  EXPECT_EQ(n, 4);
+  auto voice = load_config_file((dir / "voice-assistant.yaml").string());
+  ASSERT_TRUE(voice.ok());
+  EXPECT_LE(voice->engine.sla_classes[0].max_ttft_ms, 300);
+  EXPECT_LE(voice->engine.sla_classes[0].max_itl_ms, 100);
+}
+
+}  // namespace
+}  // namespace kvsplit::config
