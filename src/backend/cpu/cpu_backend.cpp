@@ -1,0 +1,337 @@
+// CpuBackend: the Backend contract on host memory, with a thread pool and compile-time SIMD.
+// Weights are packed once at upload (gemm.h); activations are plain row-major f32.
+#include "backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/cpu/attention.h"
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/simd.h"
+#include "common/thread_pool.h"
+#include "common/paged_kv.h"
+#include "common/rope.h"
+
+namespace kvsplit::backend {
+namespace {
+
+constexpr size_t kAlign = 64;
+// Elementwise ops below this many elements per task are not worth a thread hand-off.
+constexpr int64_t kMinElemsPerTask = 16384;
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : pool_(std::max(1, threads)) {}
+  ~CpuBackend() override {
+    for (auto& [ptr, info] : packed_) std::free(const_cast<void*>(ptr));
+  }
+
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+  std::string name() const override {
+    return "cpu (" + std::to_string(pool_.num_threads()) + " threads, " + cpu::kSimdName + ")";
+  }
+  int parallelism() const override { return pool_.num_threads(); }
+
+  StatusOr<void*> alloc(size_t bytes) override {
+    const size_t rounded = std::max<size_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+    if (rounded < bytes) return resource_exhausted("cpu alloc: size overflow");
+    void* p = std::aligned_alloc(kAlign, rounded);
+    if (p == nullptr) return resource_exhausted("cpu alloc of " + std::to_string(bytes) + " bytes failed");
+    return p;
+  }
+  void free(void* ptr) override { std::free(ptr); }
+
+  Status copy_h2d(void* dst, const void* src, size_t bytes) override { return copy(dst, src, bytes, "copy_h2d"); }
+  Status copy_d2h(void* dst, const void* src, size_t bytes) override { return copy(dst, src, bytes, "copy_d2h"); }
+  Status copy_d2d(void* dst, const void* src, size_t bytes) override { return copy(dst, src, bytes, "copy_d2d"); }
+  Status memset_zero(void* dst, size_t bytes) override {
+    if (bytes == 0) return ok_status();
+    if (dst == nullptr) return invalid_argument("memset_zero: null destination");
+    std::memset(dst, 0, bytes);
+    return ok_status();
+  }
+  Status synchronize() override { return ok_status(); }
+
+  StatusOr<MatrixView> upload_matrix(const void* host, DType dtype, int64_t rows,
+                                     int64_t cols) override;
+  Status embedding(const int32_t* ids, int num_tokens, const MatrixView& table, float* out) override;
+  Status rmsnorm(const float* x, const float* weight, int num_tokens, int dim, float eps,
+                 float* out) override;
+  Status add_rmsnorm(float* residual, const float* x, const float* weight, int num_tokens, int dim,
+                     float eps, float* out) override;
+  Status gemm(const float* x, int m, const MatrixView& w, const float* bias, float* out,
+              bool accumulate) override;
+  Status rope(float* q, float* k, const int32_t* positions, int num_tokens, int num_heads,
+              int num_kv_heads, const RopeArgs& args) override;
+  Status swiglu(const float* gate, const float* up, int64_t n, float* out) override;
+  Status kv_append(const LayerKv& kv, const float* k, const float* v, const int32_t* slot_mapping,
+                   int num_tokens) override;
+  Status attention_prefill(const AttentionArgs& args) override {
+    return cpu_attention_prefill(args, pool_);
+  }
+  Status attention_decode(const AttentionArgs& args, const kv::SplitPlan& plan) override {
+    return cpu_attention_decode(args, plan, pool_);
+  }
+
+ private:
+  struct PackedInfo {
+    int64_t rows;
+    int64_t cols;
+  };
+
+  static Status copy(void* dst, const void* src, size_t bytes, const char* what) {
+    if (bytes == 0) return ok_status();
+    if (dst == nullptr || src == nullptr) return invalid_argument(std::string(what) + ": null pointer");
+    std::memmove(dst, src, bytes);
+    return ok_status();
+  }
+  // The packed form of `w` when it came from upload_matrix, else null.
+  const float* find_packed(const MatrixView& w) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = packed_.find(w.data);
+    if (it == packed_.end() || it->second.rows != w.rows || it->second.cols != w.cols) return nullptr;
+    return static_cast<const float*>(w.data);
+  }
+  // Splits [0, n) into tasks of at least kMinElemsPerTask / work_per_item items.
+  void parallel_items(int64_t n, int64_t work_per_item, const std::function<void(int64_t, int64_t)>& fn) {
+    const int64_t grain = std::max<int64_t>(1, kMinElemsPerTask / std::max<int64_t>(1, work_per_item));
+    if (n <= grain) {
+      if (n > 0) fn(0, n);
+      return;
+    }
+    pool_.parallel_range(n, grain, fn);
+  }
+
+  ThreadPool pool_;
+  mutable std::mutex mu_;
+  std::unordered_map<const void*, PackedInfo> packed_;  // owned packed weights, freed with us
+};
+
+StatusOr<MatrixView> CpuBackend::upload_matrix(const void* host, DType dtype, int64_t rows,
+                                               int64_t cols) {
+  if (rows < 0 || cols < 0) {
+    return invalid_argument("upload_matrix: negative shape [" + str(rows) + ", " + str(cols) + "]");
+  }
+  if (host == nullptr && rows * cols > 0) return invalid_argument("upload_matrix: null host pointer");
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(1, cpu::packed_size(rows, cols))) * sizeof(float);
+  KVSPLIT_ASSIGN_OR_RETURN(void* dst, alloc(bytes));
+  if (rows * cols > 0) cpu::pack_matrix(host, dtype, rows, cols, static_cast<float*>(dst), &pool_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    packed_[dst] = PackedInfo{rows, cols};
+  }
+  return MatrixView{dst, DType::kF32, rows, cols};
+}
+
+Status CpuBackend::embedding(const int32_t* ids, int num_tokens, const MatrixView& table, float* out) {
+  if (num_tokens < 0) return invalid_argument("embedding: negative num_tokens");
+  if (num_tokens == 0) return ok_status();
+  if (ids == nullptr || out == nullptr || table.data == nullptr) {
+    return invalid_argument("embedding: null ids, table or out");
+  }
+  for (int t = 0; t < num_tokens; ++t) {
+    if (ids[t] < 0 || ids[t] >= table.rows) {
+      return invalid_argument("embedding: token id " + str(ids[t]) + " at position " + str(t) +
+                              " is outside the vocabulary [0, " + str(table.rows) + ")");
+    }
+  }
+  const int64_t dim = table.cols;
+  const float* packed = find_packed(table);
+  for (int t = 0; t < num_tokens; ++t) {
+    float* o = out + t * dim;
+    if (packed != nullptr) {
+      cpu::unpack_row(packed, table.rows, dim, ids[t], o);
+    } else if (table.dtype == DType::kF32) {
+      std::memcpy(o, static_cast<const float*>(table.data) + int64_t{ids[t]} * dim, dim * sizeof(float));
+    } else {
+      const uint16_t* row = static_cast<const uint16_t*>(table.data) + int64_t{ids[t]} * dim;
+      for (int64_t c = 0; c < dim; ++c) {
+        o[c] = table.dtype == DType::kBF16 ? cpu::bf16_to_f32(row[c]) : cpu::f16_to_f32(row[c]);
+      }
+    }
+  }
+  return ok_status();
+}
+
+namespace {
+// llama2.c rmsnorm: float sum of squares in order, ss/dim + eps, 1/sqrtf, out = w * (s * x).
+void rmsnorm_row(const float* x, const float* w, int dim, float eps, float* out) {
+  float ss = 0.f;
+  for (int j = 0; j < dim; ++j) ss += x[j] * x[j];
+  ss = ss / static_cast<float>(dim) + eps;
+  const float s = 1.0f / sqrtf(ss);
+  for (int j = 0; j < dim; ++j) out[j] = w[j] * (s * x[j]);
+}
+
+Status check_norm_args(const char* op, const void* x, const float* w, int num_tokens, int dim,
+                       float eps, const float* out) {
+  if (num_tokens < 0 || dim <= 0) {
+    return invalid_argument(std::string(op) + ": need num_tokens >= 0 and dim > 0, got " +
+                            str(num_tokens) + ", " + str(dim));
+  }
+  if (!(eps >= 0.f)) return invalid_argument(std::string(op) + ": eps must be >= 0");
+  if (num_tokens > 0 && (x == nullptr || w == nullptr || out == nullptr)) {
+    return invalid_argument(std::string(op) + ": null pointer");
+  }
+  return ok_status();
+}
+}  // namespace
+
+Status CpuBackend::rmsnorm(const float* x, const float* weight, int num_tokens, int dim, float eps,
+                           float* out) {
+  KVSPLIT_RETURN_IF_ERROR(check_norm_args("rmsnorm", x, weight, num_tokens, dim, eps, out));
+  parallel_items(num_tokens, dim, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) rmsnorm_row(x + t * dim, weight, dim, eps, out + t * dim);
+  });
+  return ok_status();
+}
+
+Status CpuBackend::add_rmsnorm(float* residual, const float* x, const float* weight, int num_tokens,
+                               int dim, float eps, float* out) {
+  KVSPLIT_RETURN_IF_ERROR(check_norm_args("add_rmsnorm", residual, weight, num_tokens, dim, eps, out));
+  if (num_tokens > 0 && x == nullptr) return invalid_argument("add_rmsnorm: null x");
+  parallel_items(num_tokens, dim, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      float* r = residual + t * dim;
+      const float* xt = x + t * dim;
+      for (int j = 0; j < dim; ++j) r[j] += xt[j];
+      rmsnorm_row(r, weight, dim, eps, out + t * dim);
+    }
+  });
+  return ok_status();
+}
+
+Status CpuBackend::gemm(const float* x, int m, const MatrixView& w, const float* bias, float* out,
+                        bool accumulate) {
+  if (m < 0 || w.rows < 0 || w.cols < 0) {
+    return invalid_argument("gemm: negative shape m=" + str(m) + " W=[" + str(w.rows) + ", " +
+                            str(w.cols) + "]");
+  }
+  if (m == 0 || w.rows == 0) return ok_status();
+  if (out == nullptr || (w.cols > 0 && (x == nullptr || w.data == nullptr))) {
+    return invalid_argument("gemm: null x, W or out");
+  }
+  cpu::GemmWeights gw;
+  gw.n = w.rows;
+  gw.k = w.cols;
+  gw.packed = find_packed(w);
+  if (gw.packed == nullptr) {
+    gw.raw = w.data;
+    gw.dtype = w.dtype;
+  }
+  cpu::gemm(x, m, gw, bias, out, accumulate, pool_);
+  return ok_status();
+}
+
+Status CpuBackend::rope(float* q, float* k, const int32_t* positions, int num_tokens, int num_heads,
+                        int num_kv_heads, const RopeArgs& args) {
+  if (num_tokens < 0 || num_heads < 0 || num_kv_heads < 0) return invalid_argument("rope: negative size");
+  if (args.head_dim <= 0 || args.rotary_dim <= 0 || args.rotary_dim > args.head_dim ||
+      args.rotary_dim % 2 != 0) {
+    return invalid_argument("rope: need 0 < rotary_dim <= head_dim and rotary_dim even, got rotary_dim=" +
+                            str(args.rotary_dim) + " head_dim=" + str(args.head_dim));
+  }
+  if (num_tokens == 0) return ok_status();
+  if (positions == nullptr || args.inv_freq == nullptr) return invalid_argument("rope: null positions or inv_freq");
+  if ((num_heads > 0 && q == nullptr) || (num_kv_heads > 0 && k == nullptr)) return invalid_argument("rope: null q or k");
+  const bool interleaved = args.style == RopeStyle::kInterleaved;
+  const int half = args.rotary_dim / 2;
+  const int hd = args.head_dim;
+  parallel_items(num_tokens, int64_t{num_heads + num_kv_heads} * hd, [&](int64_t b, int64_t e) {
+    std::vector<float> cs(2 * half);
+    for (int64_t t = b; t < e; ++t) {
+      // cos/sin once per (token, pair), shared by all heads; the same expressions as
+      // kernels::rope_rotate.
+      for (int i = 0; i < half; ++i) {
+        const float angle = static_cast<float>(positions[t]) * args.inv_freq[i];
+        cs[2 * i] = cosf(angle);
+        cs[2 * i + 1] = sinf(angle);
+      }
+      auto rotate_heads = [&](float* base, int heads) {
+        for (int h = 0; h < heads; ++h) {
+          float* xh = base + (t * heads + h) * int64_t{hd};
+          for (int i = 0; i < half; ++i) {
+            int a, bb;
+            kernels::rope_pair(interleaved, args.rotary_dim, i, &a, &bb);
+            const float c = cs[2 * i], s = cs[2 * i + 1];
+            const float x0 = xh[a], x1 = xh[bb];
+            xh[a] = x0 * c - x1 * s;
+            xh[bb] = x0 * s + x1 * c;
+          }
+        }
+      };
+      if (num_heads > 0) rotate_heads(q, num_heads);
+      if (num_kv_heads > 0) rotate_heads(k, num_kv_heads);
+    }
+  });
+  return ok_status();
+}
+
+Status CpuBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {
+  if (n < 0) return invalid_argument("swiglu: negative n");
+  if (n == 0) return ok_status();
+  if (gate == nullptr || up == nullptr || out == nullptr) return invalid_argument("swiglu: null pointer");
+  parallel_items(n, 8, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float g = gate[i];
+      out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+  });
+  return ok_status();
+}
+
+Status CpuBackend::kv_append(const LayerKv& kv, const float* k, const float* v,
+                             const int32_t* slot_mapping, int num_tokens) {
+  if (kv.dtype != DType::kF32) {
+    return unimplemented("kv_append: the CPU backend stores f32 pages only, got " +
+                         std::string(dtype_name(kv.dtype)));
+  }
+  if (num_tokens < 0) return invalid_argument("kv_append: negative num_tokens");
+  if (num_tokens == 0) return ok_status();
+  if (kv.data == nullptr || k == nullptr || v == nullptr || slot_mapping == nullptr) {
+    return invalid_argument("kv_append: null pointer");
+  }
+  if (kv.num_blocks <= 0 || kv.num_kv_heads <= 0 || kv.block_size <= 0 || kv.head_dim <= 0) {
+    return invalid_argument("kv_append: bad page layout");
+  }
+  const int64_t num_slots = int64_t{kv.num_blocks} * kv.block_size;
+  for (int t = 0; t < num_tokens; ++t) {
+    if (slot_mapping[t] >= num_slots) {
+      return invalid_argument("kv_append: slot " + str(slot_mapping[t]) + " of token " + str(t) +
+                              " is past the pool (" + str(num_slots) + " slots)");
+    }
+  }
+  const kernels::PagedKvLayout layout{kv.num_kv_heads, kv.block_size, kv.head_dim};
+  float* pages = static_cast<float*>(kv.data);
+  const int64_t row = int64_t{kv.num_kv_heads} * kv.head_dim;
+  const size_t head_bytes = kv.head_dim * sizeof(float);
+  parallel_items(num_tokens, 2 * row, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int32_t slot = slot_mapping[t];
+      if (slot < 0) continue;
+      const int32_t block = slot / kv.block_size;
+      const int off = slot % kv.block_size;
+      for (int h = 0; h < kv.num_kv_heads; ++h) {
+        std::memcpy(pages + layout.offset(block, 0, h, off), k + t * row + h * kv.head_dim, head_bytes);
+        std::memcpy(pages + layout.offset(block, 1, h, off), v + t * row + h * kv.head_dim, head_bytes);
+      }
+    }
+  });
+  return ok_status();
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+  return std::make_unique<CpuBackend>(threads);
+}
+
+}  // namespace kvsplit::backend

@@ -1,0 +1,213 @@
+#include "backend/cpu/gemm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "common/check.h"
+
+namespace kvsplit::backend::cpu {
+namespace {
+
+constexpr int64_t kP = kGemmPanel;
+
+int64_t num_panels(int64_t rows) { return (rows + kP - 1) / kP; }
+
+float load_as_f32(const void* src, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kF32: return static_cast<const float*>(src)[i];
+    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(src)[i]);
+    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(src)[i]);
+  }
+  return 0.f;
+}
+
+// Packs panel p of row-major src [rows, cols] into dst [cols, kP] (zero-padded past `rows`).
+void pack_panel(const void* src, DType dtype, int64_t rows, int64_t cols, int64_t p, float* dst) {
+  const int64_t r0 = p * kP;
+  const int64_t nvalid = std::min<int64_t>(kP, rows - r0);
+  if (nvalid < kP) std::memset(dst, 0, sizeof(float) * kP * cols);
+  for (int64_t r = 0; r < nvalid; ++r) {
+    const int64_t base = (r0 + r) * cols;
+    if (dtype == DType::kF32) {
+      const float* s = static_cast<const float*>(src) + base;
+      for (int64_t c = 0; c < cols; ++c) dst[c * kP + r] = s[c];
+    } else {
+      for (int64_t c = 0; c < cols; ++c) dst[c * kP + r] = load_as_f32(src, dtype, base + c);
+    }
+  }
+}
+
+// Per-thread 64-byte-aligned scratch for on-the-fly packing.
+float* thread_scratch(int64_t floats) {
+  struct Buf {
+    float* p = nullptr;
+    int64_t n = 0;
+    ~Buf() { std::free(p); }
+  };
+  thread_local Buf buf;
+  if (buf.n < floats) {
+    std::free(buf.p);
+    const size_t bytes = (static_cast<size_t>(floats) * sizeof(float) + 63) / 64 * 64;
+    buf.p = static_cast<float*>(std::aligned_alloc(64, bytes));
+    KVSPLIT_CHECK_MSG(buf.p != nullptr, "gemm scratch allocation failed");
+    buf.n = floats;
+  }
+  return buf.p;
+}
+
+// Register tile: c[MR, kP] = x[MR rows, ldx] * panel^T, over all k. Every element is the FMA
+// chain from 0 in k order (see gemm.h).
+#if defined(KVSPLIT_CPU_AVX512)
+template <int MR>
+void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* c) {
+  __m512 acc[MR][4];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t kk = 0; kk < k; ++kk) {
+    const float* wk = wp + kk * kP;
+    const __m512 w0 = _mm512_load_ps(wk);
+    const __m512 w1 = _mm512_load_ps(wk + 16);
+    const __m512 w2 = _mm512_load_ps(wk + 32);
+    const __m512 w3 = _mm512_load_ps(wk + 48);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 xb = _mm512_set1_ps(x[r * ldx + kk]);
+      acc[r][0] = _mm512_fmadd_ps(xb, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(xb, w1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(xb, w2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(xb, w3, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < 4; ++v) _mm512_store_ps(c + r * kP + v * 16, acc[r][v]);
+}
+#elif defined(KVSPLIT_CPU_AVX2)
+template <int MR>
+void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* c) {
+  __m256 acc[MR][2];
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t kk = 0; kk < k; ++kk) {
+    const float* wk = wp + kk * kP;
+    const __m256 w0 = _mm256_load_ps(wk);
+    const __m256 w1 = _mm256_load_ps(wk + 8);
+    for (int r = 0; r < MR; ++r) {
+      const __m256 xb = _mm256_broadcast_ss(x + r * ldx + kk);
+      acc[r][0] = _mm256_fmadd_ps(xb, w0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(xb, w1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm256_store_ps(c + r * kP, acc[r][0]);
+    _mm256_store_ps(c + r * kP + 8, acc[r][1]);
+  }
+}
+#else
+template <int MR>
+void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* c) {
+  float acc[MR][kP] = {};
+  for (int64_t kk = 0; kk < k; ++kk) {
+    const float* wk = wp + kk * kP;
+    for (int r = 0; r < MR; ++r) {
+      const float xv = x[r * ldx + kk];
+      for (int j = 0; j < kP; ++j) acc[r][j] = std::fma(xv, wk[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < kP; ++j) c[r * kP + j] = acc[r][j];
+}
+#endif
+
+template <int... Ms>
+void run_tile_impl(int mr, const float* x, int64_t ldx, const float* wp, int64_t k, float* c,
+                   std::integer_sequence<int, Ms...>) {
+  // Dispatch mr (1..kGemmMr) to tile<mr>.
+  ((mr == Ms + 1 ? (tile<Ms + 1>(x, ldx, wp, k, c), 0) : 0), ...);
+}
+
+void run_tile(int mr, const float* x, int64_t ldx, const float* wp, int64_t k, float* c) {
+  run_tile_impl(mr, x, ldx, wp, k, c, std::make_integer_sequence<int, kGemmMr>{});
+}
+
+// out rows (leading dim ldo) <- c tile: v = c (+ bias); out = accumulate ? out + v : v.
+void epilogue(const float* c, int mr, int64_t nvalid, const float* bias, float* out, int64_t ldo,
+              bool accumulate) {
+  for (int r = 0; r < mr; ++r) {
+    const float* cr = c + r * kP;
+    float* o = out + r * ldo;
+    for (int64_t j = 0; j < nvalid; ++j) {
+      float v = cr[j];
+      if (bias) v = v + bias[j];
+      o[j] = accumulate ? o[j] + v : v;
+    }
+  }
+}
+
+}  // namespace
+
+int64_t packed_size(int64_t rows, int64_t cols) { return num_panels(rows) * kP * cols; }
+
+void pack_matrix(const void* src, DType dtype, int64_t rows, int64_t cols, float* dst,
+                 ThreadPool* pool) {
+  const int64_t np = num_panels(rows);
+  if (pool) {
+    pool->parallel_for(np, [&](int64_t p) { pack_panel(src, dtype, rows, cols, p, dst + p * kP * cols); });
+  } else {
+    for (int64_t p = 0; p < np; ++p) pack_panel(src, dtype, rows, cols, p, dst + p * kP * cols);
+  }
+}
+
+void unpack_row(const float* packed, int64_t rows, int64_t cols, int64_t row, float* out) {
+  KVSPLIT_CHECK(row >= 0 && row < rows);
+  const float* base = packed + (row / kP) * kP * cols + row % kP;
+  for (int64_t c = 0; c < cols; ++c) out[c] = base[c * kP];
+}
+
+void gemm(const float* x, int64_t m, const GemmWeights& w, const float* bias, float* out,
+          bool accumulate, ThreadPool& pool) {
+  const int64_t n = w.n;
+  const int64_t k = w.k;
+  if (m <= 0 || n <= 0) return;
+  KVSPLIT_CHECK(w.packed != nullptr || w.raw != nullptr || k == 0);
+  pool.parallel_range(num_panels(n), 1, [&](int64_t pb, int64_t pe) {
+    alignas(64) float c[kGemmMr * kP];
+    float* scratch = (w.packed == nullptr && k > 0) ? thread_scratch(kP * k) : nullptr;
+    for (int64_t p = pb; p < pe; ++p) {
+      const float* panel;
+      if (w.packed != nullptr) {
+        panel = w.packed + p * kP * k;
+      } else {
+        if (k > 0) pack_panel(w.raw, w.dtype, n, k, p, scratch);
+        panel = scratch;
+      }
+      const int64_t j0 = p * kP;
+      const int64_t nvalid = std::min<int64_t>(kP, n - j0);
+      for (int64_t i = 0; i < m; i += kGemmMr) {
+        const int mr = static_cast<int>(std::min<int64_t>(kGemmMr, m - i));
+        if (k > 0) {
+          run_tile(mr, x + i * k, k, panel, k, c);
+        } else {
+          std::fill(c, c + kGemmMr * kP, 0.f);
+        }
+        epilogue(c, mr, nvalid, bias ? bias + j0 : nullptr, out + i * n + j0, n, accumulate);
+      }
+    }
+  });
+}
+
+void gemm_scalar_rowmajor(const float* x, int64_t m, const float* w, int64_t n, int64_t k,
+                          const float* bias, float* out, bool accumulate) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      float acc = 0.f;
+      for (int64_t kk = 0; kk < k; ++kk) acc = std::fma(x[i * k + kk], w[j * k + kk], acc);
+      float v = acc;
+      if (bias) v = v + bias[j];
+      out[i * n + j] = accumulate ? out[i * n + j] + v : v;
+    }
+  }
+}
+
+}  // namespace kvsplit::backend::cpu
