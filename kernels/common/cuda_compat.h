@@ -1,0 +1,56 @@
+// The one header kernel sources (*.cuh, *.cu) include for CUDA features. Two builds of the same
+// source:
+//   - nvcc (the real build): the CUDA headers, plus `launch()` = kernel<<<grid, block, smem, stream>>>.
+//   - KVSPLIT_EMULATE_CUDA under g++ (tests/kernels): the emulation harness in kernels/emulation/,
+//     which runs the threads of each block as fibers on the CPU (docs/kernel-emulation.md).
+// Host-only code that merely names a stream includes kernels/common/cuda_stream.h instead.
+#pragma once
+
+#include <cstddef>
+
+#if defined(KVSPLIT_EMULATE_CUDA)
+
+#include "emulation/emu_runtime.h"
+
+namespace kvsplit::kernels {
+using ::kvsplit::emu::launch;
+// Message of the last failed emulated launch (the device has no equivalent: "" there).
+inline std::string launch_error_detail() { return ::kvsplit::emu::last_error_message(); }
+}  // namespace kvsplit::kernels
+
+#elif defined(__CUDACC__)
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <string>
+#include <utility>
+
+// Pointer to the dynamic shared memory of the running block.
+#define KVSPLIT_DYNAMIC_SMEM(type, name)                             \
+  extern __shared__ __align__(16) unsigned char kvsplit_smem_raw_[]; \
+  type* name = reinterpret_cast<type*>(kvsplit_smem_raw_)
+
+namespace kvsplit::kernels {
+inline constexpr size_t kDefaultDynamicSmemBytes = 48 * 1024;
+
+// Launches `kernel` and returns the launch error (configuration errors surface here; faults during
+// execution surface at the next synchronizing call). Opts into > 48 KiB of dynamic shared memory.
+template <typename... KArgs, typename... Args>
+cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem_bytes,
+                   cudaStream_t stream, Args&&... args) {
+  if (smem_bytes > kDefaultDynamicSmemBytes) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes));
+    if (e != cudaSuccess) return e;
+  }
+  kernel<<<grid, block, smem_bytes, stream>>>(std::forward<Args>(args)...);
+  return cudaGetLastError();
+}
+inline std::string launch_error_detail() { return {}; }
+}  // namespace kvsplit::kernels
+
+#else
+#error "cuda_compat.h needs nvcc or KVSPLIT_EMULATE_CUDA (the emulation harness)"
+#endif

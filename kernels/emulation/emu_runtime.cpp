@@ -1,0 +1,376 @@
+// Fiber scheduler of the CUDA emulation harness (see emu_runtime.h). One scheduler per OS thread;
+// fibers and their stacks are created on first use and reused by every later launch.
+#include "emulation/emu_runtime.h"
+
+#include <pthread.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define KVSPLIT_EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVSPLIT_EMU_ASAN 1
+#endif
+#endif
+#if defined(KVSPLIT_EMU_ASAN)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+namespace kvsplit::emu {
+namespace {
+
+#if defined(KVSPLIT_EMU_ASAN)
+constexpr size_t kStackBytes = 512 * 1024;  // ASan frames are several times larger
+#else
+constexpr size_t kStackBytes = 64 * 1024;
+#endif
+
+enum class FiberState { kRunnable, kBlockBarrier, kWarpBarrier, kDone };
+
+struct Fiber {
+  ThreadState ts{};
+  ucontext_t uc{};
+  unsigned char* map = nullptr;  // guard page + stack
+  size_t map_bytes = 0;
+  FiberState state = FiberState::kRunnable;
+  bool needs_init = true;  // (re)start at the entry point on the next launch
+  int index = 0;
+  unsigned warp_mask = 0;
+  uint64_t published = 0;
+  uint64_t received[kWarpSize] = {};
+
+  ~Fiber() {
+    if (map) munmap(map, map_bytes);
+  }
+};
+
+struct Scheduler {
+  std::vector<std::unique_ptr<Fiber>> fibers;
+  int num_threads = 0;
+  ucontext_t main_uc{};
+  const void* main_stack_bottom = nullptr;
+  size_t main_stack_size = 0;
+  Fiber* cur = nullptr;
+  KernelThunk thunk = nullptr;
+  const void* ctx = nullptr;
+  std::vector<unsigned char> smem;
+  bool faulted = false;
+  std::string message;
+  cudaError_t last_error = cudaSuccess;
+};
+
+thread_local std::unique_ptr<Scheduler> t_sched;  // fibers are reused by every later launch
+thread_local std::string t_last_message;
+
+Scheduler& sched() {
+  if (!t_sched) {
+    t_sched = std::make_unique<Scheduler>();
+#if defined(KVSPLIT_EMU_ASAN)
+    pthread_attr_t attr;
+    pthread_getattr_np(pthread_self(), &attr);
+    void* addr = nullptr;
+    size_t size = 0;
+    pthread_attr_getstack(&attr, &addr, &size);
+    pthread_attr_destroy(&attr);
+    t_sched->main_stack_bottom = addr;
+    t_sched->main_stack_size = size;
+#endif
+  }
+  return *t_sched;
+}
+
+// Switches from context `from` to fiber `to` (nullptr: back to the scheduler's main context).
+void switch_to(ucontext_t* from, Fiber* to) {
+  Scheduler& s = sched();
+#if defined(KVSPLIT_EMU_ASAN)
+  void* fake = nullptr;
+  if (to) {
+    __sanitizer_start_switch_fiber(&fake, to->map + getpagesize(), to->map_bytes - getpagesize());
+  } else {
+    __sanitizer_start_switch_fiber(&fake, s.main_stack_bottom, s.main_stack_size);
+  }
+#endif
+  s.cur = to;
+  swapcontext(from, to ? &to->uc : &s.main_uc);
+#if defined(KVSPLIT_EMU_ASAN)
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+}
+
+void fiber_entry() {
+  Scheduler& s = sched();
+#if defined(KVSPLIT_EMU_ASAN)
+  __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
+#endif
+  for (;;) {
+    Fiber* f = s.cur;
+    s.thunk(s.ctx);
+    f->state = FiberState::kDone;
+    // Hand over to the next runnable fiber of this round, or back to the scheduler.
+    Fiber* next = nullptr;
+    for (int i = f->index + 1; i < s.num_threads; ++i) {
+      if (s.fibers[i]->state == FiberState::kRunnable) { next = s.fibers[i].get(); break; }
+    }
+    switch_to(&f->uc, next);
+  }
+}
+
+// The calling fiber blocks in `state`; runs the next runnable fiber of the round.
+void block_current(FiberState state) {
+  Scheduler& s = sched();
+  Fiber* f = s.cur;
+  if (!f) {
+    std::fprintf(stderr, "kvsplit emulation: a device function was called outside a launch\n");
+    std::abort();
+  }
+  f->state = state;
+  Fiber* next = nullptr;
+  for (int i = f->index + 1; i < s.num_threads; ++i) {
+    if (s.fibers[i]->state == FiberState::kRunnable) { next = s.fibers[i].get(); break; }
+  }
+  switch_to(&f->uc, next);
+}
+
+void init_fiber(Fiber& f) {
+  if (!f.map) {
+    const size_t page = static_cast<size_t>(getpagesize());
+    f.map_bytes = kStackBytes + page;
+    void* p = mmap(nullptr, f.map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      std::fprintf(stderr, "kvsplit emulation: cannot map a fiber stack\n");
+      std::abort();
+    }
+    f.map = static_cast<unsigned char*>(p);
+    mprotect(f.map, page, PROT_NONE);  // guard page: a stack overflow faults instead of corrupting
+  }
+  getcontext(&f.uc);
+  f.uc.uc_stack.ss_sp = f.map + getpagesize();
+  f.uc.uc_stack.ss_size = f.map_bytes - getpagesize();
+  f.uc.uc_link = nullptr;
+  makecontext(&f.uc, fiber_entry, 0);
+  f.needs_init = false;
+}
+
+std::string describe(const Fiber& f) {
+  return "thread (" + std::to_string(f.ts.thread_idx.x) + "," + std::to_string(f.ts.thread_idx.y) +
+         "," + std::to_string(f.ts.thread_idx.z) + ") of block (" + std::to_string(f.ts.block_idx.x) +
+         "," + std::to_string(f.ts.block_idx.y) + "," + std::to_string(f.ts.block_idx.z) + ")";
+}
+
+// After a round (no fiber runnable): releases complete warp groups, else a complete block barrier.
+// Returns false when the block has finished; sets s.faulted on a deadlock or partial barrier.
+bool resolve(Scheduler& s) {
+  const int n = s.num_threads;
+  bool progress = false;
+  for (int i = 0; i < n; ++i) {
+    Fiber& f = *s.fibers[i];
+    if (f.state != FiberState::kWarpBarrier) continue;
+    const int base = i & ~(kWarpSize - 1);
+    bool complete = true;
+    for (int l = 0; l < kWarpSize && complete; ++l) {
+      if (!((f.warp_mask >> l) & 1u)) continue;
+      const int j = base + l;
+      complete = j < n && s.fibers[j]->state == FiberState::kWarpBarrier &&
+                 s.fibers[j]->warp_mask == f.warp_mask;
+    }
+    if (!complete) continue;
+    uint64_t vals[kWarpSize] = {};
+    for (int l = 0; l < kWarpSize; ++l)
+      if ((f.warp_mask >> l) & 1u) vals[l] = s.fibers[base + l]->published;
+    for (int l = 0; l < kWarpSize; ++l) {
+      if (!((f.warp_mask >> l) & 1u)) continue;
+      Fiber& g = *s.fibers[base + l];
+      std::memcpy(g.received, vals, sizeof(vals));
+      g.state = FiberState::kRunnable;
+    }
+    progress = true;
+  }
+  if (progress) return true;
+  int at_block = 0, done = 0;
+  const Fiber* waiting_warp = nullptr;
+  for (int i = 0; i < n; ++i) {
+    const FiberState st = s.fibers[i]->state;
+    if (st == FiberState::kBlockBarrier) ++at_block;
+    if (st == FiberState::kDone) ++done;
+    if (st == FiberState::kWarpBarrier && !waiting_warp) waiting_warp = s.fibers[i].get();
+  }
+  if (waiting_warp) {
+    char mask[16];
+    std::snprintf(mask, sizeof(mask), "0x%08x", waiting_warp->warp_mask);
+    s.faulted = true;
+    s.message = "warp operation deadlock: " + describe(*waiting_warp) + " waits with mask " + mask +
+                " but not every lane of the mask reaches the same operation";
+    return false;
+  }
+  if (done == n) return false;
+  if (done > 0) {
+    s.faulted = true;
+    s.message = "__syncthreads() reached by only " + std::to_string(at_block) + " of " +
+                std::to_string(n) + " threads of block (" +
+                std::to_string(s.fibers[0]->ts.block_idx.x) + "," +
+                std::to_string(s.fibers[0]->ts.block_idx.y) + "," +
+                std::to_string(s.fibers[0]->ts.block_idx.z) + ")";
+    return false;
+  }
+  for (int i = 0; i < n; ++i) s.fibers[i]->state = FiberState::kRunnable;
+  return true;
+}
+
+cudaError_t fail(Scheduler& s, cudaError_t code, std::string message) {
+  s.last_error = code;
+  t_last_message = std::move(message);
+  return code;
+}
+
+}  // namespace
+
+ThreadState* current() {
+  Scheduler* s = t_sched.get();
+  return (s && s->cur) ? &s->cur->ts : nullptr;
+}
+
+int lane_id() {
+  Scheduler& s = sched();
+  if (!s.cur) fault("lane_id() outside a launch");
+  return s.cur->index & (kWarpSize - 1);
+}
+
+void syncthreads() { block_current(FiberState::kBlockBarrier); }
+
+const uint64_t* warp_exchange(unsigned mask, uint64_t value) {
+  Scheduler& s = sched();
+  Fiber* f = s.cur;
+  if (!f) fault("warp operation outside a launch");
+  const int lane = f->index & (kWarpSize - 1);
+  if (!((mask >> lane) & 1u)) {
+    char m[16];
+    std::snprintf(m, sizeof(m), "0x%08x", mask);
+    fault("warp operation with mask " + std::string(m) + " called by lane " + std::to_string(lane) +
+          " which the mask excludes (" + describe(*f) + ")");
+  }
+  f->warp_mask = mask;
+  f->published = value;
+  block_current(FiberState::kWarpBarrier);
+  return f->received;
+}
+
+void syncwarp(unsigned mask) { (void)warp_exchange(mask, 0); }
+
+void fault(const std::string& message) {
+  Scheduler& s = sched();
+  if (!s.cur) {
+    std::fprintf(stderr, "kvsplit emulation fault outside a launch: %s\n", message.c_str());
+    std::abort();
+  }
+  s.faulted = true;
+  s.message = message + " (" + describe(*s.cur) + ")";
+  Fiber* f = s.cur;
+  f->needs_init = true;
+  switch_to(&f->uc, nullptr);
+  std::abort();  // never resumed
+}
+
+cudaError_t run_grid(KernelThunk thunk, const void* ctx, dim3 grid, dim3 block, size_t smem_bytes) {
+  Scheduler& s = sched();
+  if (s.cur) {
+    std::fprintf(stderr, "kvsplit emulation: nested launch from device code is not supported\n");
+    std::abort();
+  }
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  if (threads == 0 || threads > kMaxThreadsPerBlock || block.x > 1024 || block.y > 1024 ||
+      block.z > 64) {
+    return fail(s, cudaErrorInvalidConfiguration,
+                "invalid block (" + std::to_string(block.x) + "," + std::to_string(block.y) + "," +
+                    std::to_string(block.z) + ")");
+  }
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 ||
+      grid.z > 65535) {
+    return fail(s, cudaErrorInvalidConfiguration,
+                "invalid grid (" + std::to_string(grid.x) + "," + std::to_string(grid.y) + "," +
+                    std::to_string(grid.z) + ")");
+  }
+  if (smem_bytes > kMaxDynamicSmemBytes) {
+    return fail(s, cudaErrorInvalidValue,
+                "dynamic shared memory " + std::to_string(smem_bytes) + " B exceeds 227 KiB");
+  }
+  const int n = static_cast<int>(threads);
+  while (static_cast<int>(s.fibers.size()) < n) {
+    s.fibers.push_back(std::make_unique<Fiber>());
+    s.fibers.back()->index = static_cast<int>(s.fibers.size()) - 1;
+  }
+  s.num_threads = n;
+  s.thunk = thunk;
+  s.ctx = ctx;
+  s.faulted = false;
+  s.smem.assign(smem_bytes + 16, 0xFF);
+  unsigned char* smem = s.smem.data();
+  for (int i = 0; i < n; ++i) {
+    Fiber& f = *s.fibers[i];
+    f.ts.thread_idx = uint3{static_cast<unsigned>(i) % block.x,
+                            static_cast<unsigned>(i) / block.x % block.y,
+                            static_cast<unsigned>(i) / (block.x * block.y)};
+    f.ts.block_dim = block;
+    f.ts.grid_dim = grid;
+    f.ts.dynamic_smem = smem;
+  }
+  for (unsigned bz = 0; bz < grid.z; ++bz) {
+    for (unsigned by = 0; by < grid.y; ++by) {
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        if (smem_bytes) std::memset(smem, 0xFF, smem_bytes);
+        for (int i = 0; i < n; ++i) {
+          Fiber& f = *s.fibers[i];
+          f.ts.block_idx = uint3{bx, by, bz};
+          f.state = FiberState::kRunnable;
+          if (f.needs_init) init_fiber(f);
+        }
+        for (;;) {
+          Fiber* first = nullptr;
+          for (int i = 0; i < n && !first; ++i)
+            if (s.fibers[i]->state == FiberState::kRunnable) first = s.fibers[i].get();
+          if (first) switch_to(&s.main_uc, first);
+          if (s.faulted) break;
+          if (!resolve(s)) break;
+        }
+        if (s.faulted) {
+          // Abandoned fibers restart from their entry point on the next launch.
+          for (int i = 0; i < n; ++i)
+            if (s.fibers[i]->state != FiberState::kDone) s.fibers[i]->needs_init = true;
+          s.cur = nullptr;
+          return fail(s, cudaErrorLaunchFailure, s.message);
+        }
+      }
+    }
+  }
+  s.cur = nullptr;
+  s.last_error = cudaSuccess;
+  t_last_message.clear();
+  return cudaSuccess;
+}
+
+const std::string& last_error_message() { return t_last_message; }
+
+}  // namespace kvsplit::emu
+
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+  }
+  return "unknown error";
+}
+
+cudaError_t cudaGetLastError() {
+  kvsplit::emu::Scheduler& s = kvsplit::emu::sched();
+  const cudaError_t e = s.last_error;
+  s.last_error = cudaSuccess;
+  return e;
+}
