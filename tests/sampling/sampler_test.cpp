@@ -1,0 +1,333 @@
+// Sampler behaviour: greedy ties, temperature distribution, top-k / min-p / top-p candidate sets,
+// penalties, determinism per seed, degenerate logits.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "sampling/sampler.h"
+
+namespace kvsplit::sampling {
+namespace {
+
+SamplingParams params_with(float temperature, float top_p = 1.0f, int top_k = 0,
+                           float min_p = 0.0f) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.top_p = top_p;
+  p.top_k = top_k;
+  p.min_p = min_p;
+  EXPECT_TRUE(p.validate().ok());
+  return p;
+}
+
+// Draws `n` tokens from fresh copies of `logits`; returns counts per id.
+std::vector<int> draw_counts(Sampler& s, const std::vector<float>& logits, int n) {
+  std::vector<int> counts(logits.size(), 0);
+  std::vector<float> buf;
+  for (int i = 0; i < n; ++i) {
+    buf = logits;
+    const int32_t t = s.sample(buf.data(), static_cast<int>(buf.size()), {}, {});
+    EXPECT_GE(t, 0);
+    EXPECT_LT(t, static_cast<int32_t>(logits.size()));
+    ++counts[t];
+  }
+  return counts;
+}
+
+// Pearson chi-square of observed counts against expected probabilities (ids with expected 0 must
+// have count 0, checked separately).
+double chi_square(const std::vector<int>& counts, const std::vector<double>& expected, int n) {
+  double chi2 = 0.0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (expected[i] == 0.0) continue;
+    const double e = expected[i] * n;
+    chi2 += (counts[i] - e) * (counts[i] - e) / e;
+  }
+  return chi2;
+}
+
+std::vector<double> softmax_double(const std::vector<float>& logits, double temperature) {
+  double mx = -std::numeric_limits<double>::infinity();
+  for (float l : logits) mx = std::max(mx, l / temperature);
+  std::vector<double> p(logits.size());
+  double sum = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) sum += (p[i] = std::exp(logits[i] / temperature - mx));
+  for (double& x : p) x /= sum;
+  return p;
+}
+
+// Probabilities renormalised over `keep`.
+std::vector<double> restricted(const std::vector<double>& p, const std::set<int>& keep) {
+  std::vector<double> out(p.size(), 0.0);
+  double mass = 0.0;
+  for (int i : keep) mass += p[i];
+  for (int i : keep) out[i] = p[i] / mass;
+  return out;
+}
+
+// chi-square critical values at p = 0.001 for small degrees of freedom (index = dof).
+constexpr double kChi2Crit[] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12};
+
+TEST(SamplerTest, GreedyPicksLowestIdOnTies) {
+  Sampler s(params_with(0.0f), 1);
+  std::vector<float> logits = {1.0f, 3.0f, -2.0f, 3.0f, 2.9999998f};
+  EXPECT_EQ(s.sample(logits.data(), 5, {}, {}), 1);
+  std::vector<float> all_equal(7, 0.25f);
+  EXPECT_EQ(s.sample(all_equal.data(), 7, {}, {}), 0);
+  std::vector<float> last = {-5.0f, -4.0f, -1.0f};
+  EXPECT_EQ(s.sample(last.data(), 3, {}, {}), 2);
+}
+
+TEST(SamplerTest, GreedyDoesNotDrawFromTheRng) {
+  // A greedy step in between must not shift the random stream of later sampled steps... and a
+  // request that is greedy throughout must not depend on the seed at all.
+  std::vector<float> logits = {0.1f, 0.2f, 0.3f, 0.25f};
+  Sampler a(params_with(0.0f), 1), b(params_with(0.0f), 2);
+  for (int i = 0; i < 10; ++i) {
+    std::vector<float> x = logits, y = logits;
+    EXPECT_EQ(a.sample(x.data(), 4, {}, {}), 2);
+    EXPECT_EQ(b.sample(y.data(), 4, {}, {}), 2);
+  }
+  // Temperatures below kGreedyTemperature are greedy.
+  Sampler c(params_with(1e-6f), 5);
+  std::vector<float> z = {0.0f, 0.5f, 0.49f};
+  EXPECT_EQ(c.sample(z.data(), 3, {}, {}), 1);
+}
+
+TEST(SamplerTest, TemperatureMatchesExactSoftmax) {
+  const std::vector<float> logits = {1.0f, 2.0f, 0.5f, -1.0f, 1.5f, 0.0f, 2.2f, -0.3f};
+  const int n = 200000;
+  for (float t : {0.6f, 1.0f, 1.8f}) {
+    Sampler s(params_with(t), 12345);
+    const std::vector<int> counts = draw_counts(s, logits, n);
+    const double chi2 = chi_square(counts, softmax_double(logits, t), n);
+    EXPECT_LT(chi2, kChi2Crit[7]) << "temperature " << t;
+    // Negative control: the same draws are far from another temperature's distribution.
+    const double wrong = chi_square(counts, softmax_double(logits, t * 1.3), n);
+    EXPECT_GT(wrong, 10 * kChi2Crit[7]) << "temperature " << t;
+  }
+}
+
+// p = {0.05, 0.3, 0.1, 0.4, 0.15} on ids 0..4 (sorted order differs from id order).
+std::vector<float> five_logits() {
+  return {std::log(0.05f), std::log(0.3f), std::log(0.1f), std::log(0.4f), std::log(0.15f)};
+}
+
+void expect_candidates(const SamplingParams& params, const std::set<int>& keep) {
+  SCOPED_TRACE(::testing::Message() << "top_p " << params.top_p << " top_k " << params.top_k
+                                  << " min_p " << params.min_p);
+  const std::vector<float> logits = five_logits();
+  const int n = 100000;
+  Sampler s(params, 777);
+  const std::vector<int> counts = draw_counts(s, logits, n);
+  for (int i = 0; i < 5; ++i) {
+    if (keep.count(i)) {
+      EXPECT_GT(counts[i], 0) << "id " << i << " must be a candidate";
+    } else {
+      EXPECT_EQ(counts[i], 0) << "id " << i << " must be filtered out";
+    }
+  }
+  const auto expected = restricted(softmax_double(logits, params.temperature), keep);
+  const int dof = static_cast<int>(keep.size()) - 1;
+  if (dof > 0) {
+    EXPECT_LT(chi_square(counts, expected, n), kChi2Crit[dof]);
+  }
+}
+
+TEST(SamplerTest, TopKKeepsTheKMostProbable) {
+  expect_candidates(params_with(1.0f, 1.0f, 1), {3});
+  expect_candidates(params_with(1.0f, 1.0f, 2), {3, 1});
+  expect_candidates(params_with(1.0f, 1.0f, 3), {3, 1, 4});
+  expect_candidates(params_with(1.0f, 1.0f, 5), {0, 1, 2, 3, 4});
+  expect_candidates(params_with(1.0f, 1.0f, 50), {0, 1, 2, 3, 4});
+}
+
+TEST(SamplerTest, TopKTiesKeepLowerIds) {
+  std::vector<float> logits = {1.0f, 2.0f, 2.0f, 2.0f, 0.0f};
+  Sampler s(params_with(1.0f, 1.0f, 2), 3);
+  const std::vector<int> counts = draw_counts(s, logits, 20000);
+  EXPECT_GT(counts[1], 0);
+  EXPECT_GT(counts[2], 0);
+  EXPECT_EQ(counts[0] + counts[3] + counts[4], 0);
+}
+
+TEST(SamplerTest, MinPDropsBelowFractionOfMax) {
+  // threshold = min_p * 0.4
+  expect_candidates(params_with(1.0f, 1.0f, 0, 0.3f), {3, 1, 4});      // 0.12
+  expect_candidates(params_with(1.0f, 1.0f, 0, 0.2f), {3, 1, 4, 2});   // 0.08
+  expect_candidates(params_with(1.0f, 1.0f, 0, 0.9f), {3});            // 0.36
+  expect_candidates(params_with(1.0f, 1.0f, 0, 0.05f), {0, 1, 2, 3, 4});
+}
+
+TEST(SamplerTest, TopPKeepsTheSmallestPrefixAboveP) {
+  // Sorted: 0.4 (id 3), 0.3 (1), 0.15 (4), 0.1 (2), 0.05 (0); running 0.4 0.7 0.85 0.95 1.0.
+  expect_candidates(params_with(1.0f, 0.3f), {3});
+  expect_candidates(params_with(1.0f, 0.5f), {3, 1});
+  expect_candidates(params_with(1.0f, 0.8f), {3, 1, 4});
+  expect_candidates(params_with(1.0f, 0.9f), {3, 1, 4, 2});
+  expect_candidates(params_with(1.0f, 0.97f), {0, 1, 2, 3, 4});
+}
+
+TEST(SamplerTest, TopPIsRelativeToTheFilteredSet) {
+  // top_k 4 leaves mass 0.95; top_p 0.7 -> limit 0.665: 0.4, 0.7 > limit -> {3, 1}.
+  expect_candidates(params_with(1.0f, 0.7f, 4), {3, 1});
+  // top_k 4, top_p 0.8 -> limit 0.76: {3, 1, 4}.
+  expect_candidates(params_with(1.0f, 0.8f, 4), {3, 1, 4});
+  // min_p 0.2 (keeps 4 ids, mass 0.95) and top_p 0.8 -> {3, 1, 4}.
+  expect_candidates(params_with(1.0f, 0.8f, 0, 0.2f), {3, 1, 4});
+  // All three: top_k 3, min_p 0.5 (threshold 0.2 keeps {3, 1}, mass 0.7); top_p 0.6 -> limit
+  // 0.42 -> {3, 1}; top_p 0.5 -> limit 0.35 -> {3}.
+  expect_candidates(params_with(1.0f, 0.6f, 3, 0.5f), {3, 1});
+  expect_candidates(params_with(1.0f, 0.5f, 3, 0.5f), {3});
+}
+
+TEST(SamplerTest, TopKOnLargeVocab) {
+  // 128K vocab, top_k 40: every draw is among the 40 largest logits.
+  const int vocab = 128 * 1024;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> logits(vocab);
+  for (float& x : logits) x = normal(rng);
+  std::vector<float> sorted = logits;
+  std::nth_element(sorted.begin(), sorted.begin() + 39, sorted.end(), std::greater<float>());
+  const float kth = sorted[39];
+  Sampler s(params_with(1.0f, 0.95f, 40), 11);
+  std::set<int> seen;
+  std::vector<float> buf;
+  for (int i = 0; i < 100; ++i) {
+    buf = logits;
+    const int32_t t = s.sample(buf.data(), vocab, {}, {});
+    ASSERT_GE(logits[t], kth);
+    seen.insert(t);
+  }
+  EXPECT_GT(seen.size(), 5u);
+}
+
+TEST(SamplerTest, RepetitionPenaltyIsHfSemanticsOncePerDistinctToken) {
+  SamplingParams p = params_with(0.0f);
+  p.repetition_penalty = 2.0f;
+  Sampler s(p, 1);
+  std::vector<float> logits = {2.0f, -2.0f, 1.0f, 0.5f, 3.0f, 0.0f};
+  const std::vector<int32_t> prompt = {0, 1, 0, 0};
+  const std::vector<int32_t> output = {2, 2, 3, 5};
+  (void)s.sample(logits.data(), 6, prompt, output);
+  EXPECT_EQ(logits, (std::vector<float>{1.0f, -4.0f, 0.5f, 0.25f, 3.0f, 0.0f}));
+}
+
+TEST(SamplerTest, FrequencyAndPresencePenaltiesOverOutputOnly) {
+  SamplingParams p = params_with(0.0f);
+  p.frequency_penalty = 0.5f;
+  p.presence_penalty = 0.25f;
+  Sampler s(p, 1);
+  std::vector<float> logits = {2.0f, -2.0f, 1.0f, 0.5f, 3.0f};
+  const std::vector<int32_t> prompt = {4, 4, 4};  // prompt tokens are not counted
+  const std::vector<int32_t> output = {2, 2, 3, 2};
+  (void)s.sample(logits.data(), 5, prompt, output);
+  // id 2: 1 - (3 * 0.5 + 0.25); id 3: 0.5 - (0.5 + 0.25).
+  EXPECT_EQ(logits, (std::vector<float>{2.0f, -2.0f, -0.75f, -0.25f, 3.0f}));
+}
+
+TEST(SamplerTest, PenaltiesComposeRepetitionFirst) {
+  SamplingParams p = params_with(0.0f);
+  p.repetition_penalty = 2.0f;
+  p.frequency_penalty = 1.0f;
+  p.presence_penalty = -0.5f;
+  Sampler s(p, 1);
+  std::vector<float> logits = {4.0f, -1.0f, 3.0f};
+  const std::vector<int32_t> output = {0, 0, 1};
+  // id 0: 4 / 2 = 2, then - (2 * 1 - 0.5) = 0.5; id 1: -1 * 2 = -2, then - (1 - 0.5) = -2.5.
+  EXPECT_EQ(s.sample(logits.data(), 3, {}, output), 2);
+  EXPECT_EQ(logits, (std::vector<float>{0.5f, -2.5f, 3.0f}));
+  // The scratch counts are reset: a second call with no history changes nothing.
+  std::vector<float> again = {4.0f, -1.0f, 3.0f};
+  (void)s.sample(again.data(), 3, {}, {});
+  EXPECT_EQ(again, (std::vector<float>{4.0f, -1.0f, 3.0f}));
+}
+
+TEST(SamplerTest, PresencePenaltyChangesTheChoice) {
+  SamplingParams p = params_with(0.0f);
+  p.presence_penalty = 2.0f;
+  Sampler s(p, 1);
+  std::vector<float> logits = {5.0f, 4.0f};
+  const std::vector<int32_t> output = {0};
+  EXPECT_EQ(s.sample(logits.data(), 2, {}, output), 1);
+}
+
+std::vector<int32_t> run_sequence(Sampler& s, uint64_t logits_seed, int steps, int vocab) {
+  std::mt19937_64 rng(logits_seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<int32_t> out;
+  std::vector<float> logits(vocab);
+  for (int i = 0; i < steps; ++i) {
+    for (float& x : logits) x = normal(rng);
+    out.push_back(s.sample(logits.data(), vocab, {}, {}));
+  }
+  return out;
+}
+
+TEST(SamplerTest, SameSeedSameTokensDifferentSeedsDiffer) {
+  const SamplingParams p = params_with(1.0f, 0.95f, 20);
+  Sampler a(p, 42), b(p, 42), c(p, 43);
+  const auto sa = run_sequence(a, 9, 200, 300);
+  EXPECT_EQ(sa, run_sequence(b, 9, 200, 300));
+  EXPECT_NE(sa, run_sequence(c, 9, 200, 300));
+}
+
+TEST(SamplerTest, StreamsAreIndependentOfOtherRequests) {
+  // Interleaving another request's sampling (as in a batch) does not change this one's tokens.
+  const SamplingParams p = params_with(0.9f);
+  Sampler alone(p, 1234);
+  const auto expected = run_sequence(alone, 3, 100, 64);
+  Sampler mine(p, 1234), other(params_with(1.3f, 0.8f), 1234);
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> logits(64), noise(64);
+  std::vector<int32_t> got;
+  for (int i = 0; i < 100; ++i) {
+    for (float& x : logits) x = normal(rng);
+    for (int j = 0; j <= i % 3; ++j) {
+      for (float& x : noise) x = static_cast<float>(j + i % 7);
+      (void)other.sample(noise.data(), 64, {}, {});
+    }
+    got.push_back(mine.sample(logits.data(), 64, {}, {}));
+  }
+  EXPECT_EQ(got, expected);
+}
+
+TEST(SamplerTest, SeedZeroIsTheDocumentedConstant) {
+  const SamplingParams p = params_with(1.0f);
+  Sampler zero(p, 0), constant(p, kZeroSeedState);
+  const auto s0 = run_sequence(zero, 4, 100, 50);
+  EXPECT_EQ(s0, run_sequence(constant, 4, 100, 50));
+  EXPECT_GT(std::set<int32_t>(s0.begin(), s0.end()).size(), 10u);  // not stuck at a fixed point
+}
+
+TEST(SamplerTest, DegenerateLogitsDoNotCrash) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const SamplingParams& p :
+       {params_with(1.0f), params_with(1.0f, 0.5f), params_with(1.0f, 0.9f, 2, 0.1f)}) {
+    Sampler s(p, 8);
+    std::vector<float> with_inf = {0.0f, inf, 1.0f, inf};
+    EXPECT_EQ(s.sample(with_inf.data(), 4, {}, {}), 1);
+    std::vector<float> all_neg_inf(5, -inf);
+    const int32_t t = s.sample(all_neg_inf.data(), 5, {}, {});
+    EXPECT_TRUE(t >= 0 && t < 5);
+    std::vector<float> with_nan = {0.0f, nan, 1.0f};
+    const int32_t u = s.sample(with_nan.data(), 3, {}, {});
+    EXPECT_TRUE(u >= 0 && u < 3);
+    std::vector<float> masked = {-inf, 0.0f, -inf, -inf};  // -inf masks are legitimate
+    EXPECT_EQ(s.sample(masked.data(), 4, {}, {}), 1);
+    std::vector<float> one = {3.0f};
+    EXPECT_EQ(s.sample(one.data(), 1, {}, {}), 0);
+  }
+}
+
+}  // namespace
+}  // namespace kvsplit::sampling
