@@ -1,0 +1,313 @@
+#include <algorithm>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "backend/backend.h"
+#include "common/check.h"
+#include "common/log.h"
+#include "engine/engine_impl.h"
+#include "kv/kv_pool.h"
+#include "model/llama_model.h"
+#include "sched/step_model.h"
+
+namespace kvsplit {
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+std::string class_names(const std::vector<SlaClass>& classes) {
+  std::string out;
+  for (const SlaClass& c : classes) out += (out.empty() ? "" : ", ") + c.name;
+  return out;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
+  KVSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<EngineImpl> impl, EngineImpl::create(config));
+  return std::unique_ptr<Engine>(std::move(impl));
+}
+
+EngineImpl::EngineImpl(const EngineConfig& config) : config_(config) {}
+
+StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& config) {
+  KVSPLIT_RETURN_IF_ERROR(validate_engine_config(config));
+  std::unique_ptr<EngineImpl> e(new EngineImpl(config));
+  model::LoadOptions load_options;
+  load_options.tokenizer_path = config.tokenizer;
+  KVSPLIT_ASSIGN_OR_RETURN(model::LoadedModel loaded, model::load_model(config.model, load_options));
+  if (!loaded.tokenizer) return failed_precondition("Engine: the model has no tokenizer");
+  e->loaded_ = std::make_unique<model::LoadedModel>(std::move(loaded));
+  const model::ModelConfig& mc = e->loaded_->config;
+
+  const bool disagg = config.mode == ServingMode::kDisaggregated;
+  const int num_prefill = disagg ? config.num_prefill_workers : 0;
+  const int num_workers = num_prefill + config.num_decode_workers;
+  int threads = config.threads_per_worker;
+  if (threads == 0) {
+    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / num_workers);
+  }
+
+  e->router_ = std::make_unique<sched::Router>(config.sla_classes, [raw = e.get()] {
+    for (auto& w : raw->workers_) {
+      if (w->role() != sched::WorkerRole::kDecode) w->wake();
+    }
+  });
+  e->shared_.router = e->router_.get();
+  e->shared_.sink = e.get();
+  for (const SlaClass& c : config.sla_classes) e->class_stats_.push_back(SlaClassStats{c.name});
+
+  int min_blocks = 0;
+  for (int i = 0; i < num_workers; ++i) {
+    sched::WorkerOptions wo;
+    const bool prefill = i < num_prefill;
+    wo.role = !disagg ? sched::WorkerRole::kColocated
+                      : (prefill ? sched::WorkerRole::kPrefill : sched::WorkerRole::kDecode);
+    wo.name = !disagg ? fmt::format("colocated-{}", i)
+                      : (prefill ? fmt::format("prefill-{}", i) : fmt::format("decode-{}", i - num_prefill));
+    wo.max_num_seqs = config.max_num_seqs;
+    wo.max_batch_tokens = config.max_batch_tokens;
+    wo.min_chunk_tokens = std::min(config.block_size, config.max_batch_tokens);
+    wo.handoff_timeout = std::chrono::milliseconds(config.handoff_timeout_ms);
+    KVSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<backend::Backend> be,
+                             backend::create_backend(config.backend, threads));
+    auto lm = model::LlamaModel::create(*e->loaded_, *be);
+    if (!lm.ok()) return lm.status().with_prefix(wo.name);
+    kv::KvPoolConfig pc;
+    pc.num_blocks = config.kv_blocks_per_worker;
+    pc.block_size = config.block_size;
+    pc.capacity_bytes = config.kv_capacity_bytes;
+    const kv::KvShape shape = (*lm)->kv_shape();
+    auto pool = kv::KvPool::create(*be, pc, shape);
+    if (!pool.ok()) return pool.status().with_prefix(wo.name);
+    const int blocks = (*pool)->allocator().num_blocks();
+    min_blocks = i == 0 ? blocks : std::min(min_blocks, blocks);
+    e->workers_.push_back(std::make_unique<sched::Worker>(
+        std::move(wo), std::move(be),
+        std::make_unique<sched::LlamaStepModel>(std::move(lm).value()), std::move(pool).value(),
+        &e->shared_));
+  }
+  for (int i = num_prefill; i < num_workers; ++i) {
+    if (disagg) e->shared_.decode_workers.push_back(e->workers_[i].get());
+  }
+  e->limits_.vocab_size = mc.vocab_size;
+  e->limits_.max_context = mc.max_seq_len;
+  e->limits_.block_size = config.block_size;
+  e->limits_.kv_blocks_per_worker = min_blocks;
+  for (auto& w : e->workers_) w->start();
+  KVSPLIT_LOG_INFO("Engine: {} ({} mode, {} workers x {} threads, {} KV blocks of {} tokens each)",
+                   e->loaded_->source, disagg ? "disaggregated" : "colocated", num_workers, threads,
+                   min_blocks, config.block_size);
+  return e;
+}
+
+EngineImpl::~EngineImpl() { shutdown(std::chrono::milliseconds(0)); }
+
+std::unique_ptr<sched::Sequence> EngineImpl::make_sequence(const Request& request, std::string id,
+                                                           std::vector<int32_t> ids,
+                                                           const SlaClass& cls, int class_index) {
+  const model::ModelConfig& mc = loaded_->config;
+  auto seq = std::make_unique<sched::Sequence>();
+  seq->ctl = std::make_shared<sched::RequestControl>(std::move(id));
+  seq->arrival = next_arrival_.fetch_add(1);
+  seq->priority = cls.priority + request.priority;
+  seq->class_index = class_index;
+  seq->sla = cls;
+  seq->params = request.sampling;
+  seq->top_logprobs = request.top_logprobs;
+  seq->num_prompt = static_cast<int>(ids.size());
+  const int32_t last_prompt = ids.back();
+  seq->tokens = std::move(ids);
+  seq->tokens.reserve(seq->num_prompt + max_generated_tokens(request.sampling));
+  const uint64_t seed = request.sampling.seed.value_or(splitmix64(config_.seed ^ splitmix64(seq->arrival)));
+  seq->sampler = std::make_unique<sampling::Sampler>(request.sampling, seed);
+  seq->sampler->reserve(mc.vocab_size);
+  const int max_new =
+      std::min(max_generated_tokens(request.sampling), mc.max_seq_len - seq->num_prompt + 1);
+  seq->stop = std::make_unique<sampling::StopChecker>(request.sampling, mc.eos_token_ids, max_new);
+  seq->decoder = std::make_unique<model::StreamDecoder>(*loaded_->tokenizer, last_prompt);
+  if (!request.sampling.ignore_eos) seq->eos_ids = mc.eos_token_ids;
+  const sched::Clock::time_point now = sched::Clock::now();
+  seq->submit_time = now;
+  seq->phase_start = now;
+  seq->queue_deadline =
+      now + std::chrono::duration_cast<sched::Clock::duration>(
+                std::chrono::duration<double, std::milli>(cls.queue_timeout_ms));
+  return seq;
+}
+
+StatusOr<RequestHandle> EngineImpl::submit(Request request) {
+  std::shared_lock<std::shared_mutex> admit(submit_mu_);
+  if (!accepting_) return unavailable("engine is shutting down; not accepting requests");
+  const std::vector<SlaClass> classes = router_->classes();
+  const int ci = sched::find_sla_class(classes, request.sla_class);
+  if (ci < 0) {
+    return invalid_argument(fmt::format("sla_class: unknown class '{}' (known: {})",
+                                        request.sla_class, class_names(classes)));
+  }
+  KVSPLIT_ASSIGN_OR_RETURN(
+      std::vector<int32_t> ids,
+      sched::prompt_token_ids(request, *loaded_->tokenizer, loaded_->config.vocab_size));
+  KVSPLIT_RETURN_IF_ERROR(sched::check_admission(request, static_cast<int>(ids.size()), limits_));
+  std::string id = request.request_id;
+  if (id.empty()) id = fmt::format("req-{}", next_arrival_.load());
+  std::unique_ptr<sched::Sequence> seq =
+      make_sequence(request, std::move(id), std::move(ids), classes[ci], ci);
+  std::shared_ptr<sched::RequestControl> ctl = seq->ctl;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!active_.emplace(ctl->request_id, ctl).second) {
+      return Status(StatusCode::kAlreadyExists,
+                    fmt::format("request_id '{}' is already in flight", ctl->request_id));
+    }
+    ++submitted_;
+    prompt_tokens_ += seq->num_prompt;
+  }
+  Status st = router_->push(seq);
+  if (!st.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    active_.erase(ctl->request_id);
+    --submitted_;
+    prompt_tokens_ -= seq->num_prompt;
+    return st;
+  }
+  return RequestHandle(ctl->stream);
+}
+
+bool EngineImpl::cancel(const std::string& request_id) {
+  std::shared_ptr<sched::RequestControl> ctl;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = active_.find(request_id);
+    if (it == active_.end()) return false;
+    ctl = it->second;
+  }
+  ctl->cancel_requested.store(true);
+  shared_.cancel_epoch.fetch_add(1, std::memory_order_acq_rel);
+  if (std::unique_ptr<sched::Sequence> seq = router_->remove(request_id)) {
+    const auto now = sched::Clock::now();
+    sched::finish_sequence(*seq, FinishReason::kCancelled, cancelled_error("cancelled"), now, *this);
+    return true;
+  }
+  for (auto& w : workers_) w->wake();
+  return true;
+}
+
+void EngineImpl::on_final(const sched::Sequence& seq, const TokenEvent& ev) {
+  std::lock_guard<std::mutex> lock(mu_);
+  active_.erase(seq.id());
+  generated_tokens_ += ev.usage.completion_tokens;
+  switch (ev.finish_reason) {
+    case FinishReason::kStop:
+    case FinishReason::kLength: {
+      ++finished_;
+      for (SlaClassStats& c : class_stats_) {
+        if (c.name != seq.sla.name) continue;
+        const bool ttft = ev.timings.ttft_ms <= seq.sla.max_ttft_ms;
+        const bool itl = ev.timings.mean_itl_ms <= seq.sla.max_itl_ms;
+        ++c.finished;
+        c.met_ttft += ttft;
+        c.met_itl += itl;
+        c.met_both += ttft && itl;
+      }
+      break;
+    }
+    case FinishReason::kCancelled: ++cancelled_; break;
+    default: ++failed_; break;
+  }
+  if (active_.empty()) idle_cv_.notify_all();
+}
+
+EngineStats EngineImpl::stats() const {
+  EngineStats s;
+  for (const auto& w : workers_) {
+    s.pools.push_back(w->snapshot().pool);
+    s.num_running += s.pools.back().running;
+    s.num_waiting += s.pools.back().waiting;
+  }
+  const std::vector<int> queued = router_->queued_per_class();
+  s.num_waiting += router_->num_queued();
+  s.preemptions = shared_.preemptions.load();
+  std::lock_guard<std::mutex> lock(mu_);
+  s.classes = class_stats_;
+  for (size_t i = 0; i < s.classes.size() && i < queued.size(); ++i) s.classes[i].queued = queued[i];
+  s.requests_submitted = submitted_;
+  s.requests_finished = finished_;
+  s.requests_cancelled = cancelled_;
+  s.requests_failed = failed_;
+  s.prompt_tokens = prompt_tokens_;
+  s.generated_tokens = generated_tokens_;
+  return s;
+}
+
+std::vector<sched::WorkerSnapshot> EngineImpl::worker_snapshots() const {
+  std::vector<sched::WorkerSnapshot> out;
+  for (const auto& w : workers_) out.push_back(w->snapshot());
+  return out;
+}
+
+ModelInfo EngineImpl::model_info() const {
+  const model::ModelConfig& mc = loaded_->config;
+  ModelInfo info;
+  info.source = loaded_->source;
+  info.architecture = mc.architecture;
+  info.vocab_size = mc.vocab_size;
+  info.max_context = mc.max_seq_len;
+  info.num_layers = mc.num_layers;
+  info.dim = mc.dim;
+  return info;
+}
+
+Status EngineImpl::update_sla_classes(std::vector<SlaClass> classes) {
+  KVSPLIT_RETURN_IF_ERROR(sched::validate_sla_classes(classes));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<SlaClassStats> next;
+    for (const SlaClass& c : classes) {
+      SlaClassStats st{c.name};
+      for (const SlaClassStats& old : class_stats_) {
+        if (old.name == c.name) st = old;
+      }
+      next.push_back(st);
+    }
+    class_stats_ = std::move(next);
+  }
+  router_->set_classes(std::move(classes));
+  return ok_status();
+}
+
+void EngineImpl::shutdown(std::chrono::milliseconds drain) {
+  std::call_once(shutdown_once_, [&] {
+    {
+      std::unique_lock<std::shared_mutex> admit(submit_mu_);
+      accepting_ = false;
+    }
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      idle_cv_.wait_for(lock, drain, [&] { return active_.empty(); });
+    }
+    std::vector<std::string> left;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [id, ctl] : active_) left.push_back(id);
+    }
+    if (!left.empty()) KVSPLIT_LOG_INFO("Engine: shutdown cancels {} requests", left.size());
+    for (auto& w : workers_) w->request_stop();
+    for (auto& w : workers_) w->join();
+    // Decode and colocated workers first: their HandoffDone messages reach the prefill workers.
+    for (auto it = workers_.rbegin(); it != workers_.rend(); ++it) (*it)->finalize_after_stop();
+    const auto now = sched::Clock::now();
+    for (std::unique_ptr<sched::Sequence>& seq : router_->take_all()) {
+      sched::finish_sequence(*seq, FinishReason::kCancelled, unavailable("engine shut down"), now,
+                             *this);
+    }
+  });
+}
+
+}  // namespace kvsplit

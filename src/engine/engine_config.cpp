@@ -1,0 +1,35 @@
+#include <fmt/format.h>
+
+#include "engine/engine_impl.h"
+#include "sched/admission.h"
+
+namespace kvsplit {
+
+Status validate_engine_config(const EngineConfig& c) {
+  auto bad = [](const char* field, auto value, const char* want) {
+    return invalid_argument(fmt::format("EngineConfig.{}: must be {}, got {}", field, want, value));
+  };
+  if (c.model.empty()) return invalid_argument("EngineConfig.model: must not be empty");
+  if (c.threads_per_worker < 0) return bad("threads_per_worker", c.threads_per_worker, ">= 0");
+  if (c.mode != ServingMode::kColocated && c.mode != ServingMode::kDisaggregated) {
+    return bad("mode", static_cast<int>(c.mode), "colocated or disaggregated");
+  }
+  if (c.mode == ServingMode::kDisaggregated && c.num_prefill_workers < 1) {
+    return bad("num_prefill_workers", c.num_prefill_workers, ">= 1");
+  }
+  if (c.num_decode_workers < 1) return bad("num_decode_workers", c.num_decode_workers, ">= 1");
+  if (c.num_prefill_workers > 64 || c.num_decode_workers > 64) {
+    return invalid_argument("EngineConfig: at most 64 prefill and 64 decode workers");
+  }
+  if (c.block_size < 1 || c.block_size > 1024) return bad("block_size", c.block_size, "in [1, 1024]");
+  if (c.kv_blocks_per_worker < 0) return bad("kv_blocks_per_worker", c.kv_blocks_per_worker, ">= 0");
+  if (c.kv_blocks_per_worker == 0 && c.kv_capacity_bytes <= 0) {
+    return bad("kv_capacity_bytes", c.kv_capacity_bytes, "> 0 when kv_blocks_per_worker is 0");
+  }
+  if (c.max_num_seqs < 1) return bad("max_num_seqs", c.max_num_seqs, ">= 1");
+  if (c.max_batch_tokens < 1) return bad("max_batch_tokens", c.max_batch_tokens, ">= 1");
+  if (c.handoff_timeout_ms < 1) return bad("handoff_timeout_ms", c.handoff_timeout_ms, ">= 1");
+  return sched::validate_sla_classes(c.sla_classes).with_prefix("EngineConfig");
+}
+
+}  // namespace kvsplit

@@ -1,0 +1,72 @@
+// EngineImpl: the Engine behind the public API. Owns the loaded model (weights shared by every
+// worker), the Router, the workers and the bookkeeping of accepted requests.
+//
+// Threads: callers of the public methods (any), one thread per worker. Locks: submit_mu_
+// (shared by submit, exclusive at shutdown), mu_ (active requests, counters, class stats; never
+// held while calling into a worker or the router).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kvsplit/engine.h"
+#include "model/loader.h"
+#include "sched/admission.h"
+#include "sched/router.h"
+#include "sched/sequence.h"
+#include "sched/worker.h"
+
+namespace kvsplit {
+
+// Checks an EngineConfig; kInvalidArgument naming the field.
+Status validate_engine_config(const EngineConfig& config);
+
+class EngineImpl final : public Engine, private sched::FinishSink {
+ public:
+  static StatusOr<std::unique_ptr<EngineImpl>> create(const EngineConfig& config);
+  ~EngineImpl() override;
+
+  StatusOr<RequestHandle> submit(Request request) override;
+  bool cancel(const std::string& request_id) override;
+  EngineStats stats() const override;
+  ModelInfo model_info() const override;
+  Status update_sla_classes(std::vector<SlaClass> classes) override;
+  void shutdown(std::chrono::milliseconds drain) override;
+
+  // Scheduler-internal numbers for benchmarks: per worker forward / bookkeeping time.
+  std::vector<sched::WorkerSnapshot> worker_snapshots() const;
+
+ private:
+  explicit EngineImpl(const EngineConfig& config);
+  void on_final(const sched::Sequence& seq, const TokenEvent& final_event) override;
+  std::unique_ptr<sched::Sequence> make_sequence(const Request& request, std::string id,
+                                                 std::vector<int32_t> ids, const SlaClass& cls,
+                                                 int class_index);
+
+  EngineConfig config_;
+  std::unique_ptr<model::LoadedModel> loaded_;  // outlives the workers (weights, tokenizer)
+  std::unique_ptr<sched::Router> router_;
+  sched::WorkerShared shared_;
+  std::vector<std::unique_ptr<sched::Worker>> workers_;  // prefill workers first
+  sched::AdmissionLimits limits_;
+
+  std::shared_mutex submit_mu_;
+  bool accepting_ = true;  // guarded by submit_mu_
+  std::once_flag shutdown_once_;
+  std::atomic<int64_t> next_arrival_{0};
+
+  mutable std::mutex mu_;
+  std::condition_variable idle_cv_;
+  std::unordered_map<std::string, std::shared_ptr<sched::RequestControl>> active_;
+  std::vector<SlaClassStats> class_stats_;
+  int64_t submitted_ = 0, finished_ = 0, cancelled_ = 0, failed_ = 0;
+  int64_t prompt_tokens_ = 0, generated_tokens_ = 0;
+};
+
+}  // namespace kvsplit
