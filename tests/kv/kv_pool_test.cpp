@@ -1,0 +1,151 @@
+#include "kv/kv_pool.h"
+
+#include <set>
+
+#include <gtest/gtest.h>
+
+namespace kvsplit::kv {
+namespace {
+
+std::unique_ptr<backend::Backend> cpu() {
+  auto b = backend::create_backend("cpu", 1);
+  EXPECT_TRUE(b.ok()) << b.status().to_string();
+  return std::move(b).value();
+}
+
+KvShape shape(int layers = 3, int kv_heads = 2, int head_dim = 8) {
+  return KvShape{layers, kv_heads, head_dim};
+}
+
+TEST(KvPool, CreatesZeroedLayersWithTheRightGeometry) {
+  auto be = cpu();
+  KvPoolConfig cfg;
+  cfg.num_blocks = 10;
+  cfg.block_size = 4;
+  auto pool = KvPool::create(*be, cfg, shape());
+  ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+  KvPool& p = **pool;
+  EXPECT_EQ(p.allocator().num_blocks(), 10);
+  EXPECT_EQ(p.allocator().num_free(), 10);
+  EXPECT_EQ(p.block_size(), 4);
+  EXPECT_EQ(p.bytes_per_block(), 3 * 2 * 2 * 4 * 8 * 4);
+  std::set<void*> ptrs;
+  for (int l = 0; l < 3; ++l) {
+    const backend::LayerKv kv = p.layer(l);
+    ASSERT_NE(kv.data, nullptr);
+    ptrs.insert(kv.data);
+    EXPECT_EQ(kv.num_blocks, 10);
+    EXPECT_EQ(kv.num_kv_heads, 2);
+    EXPECT_EQ(kv.block_size, 4);
+    EXPECT_EQ(kv.head_dim, 8);
+    EXPECT_EQ(kv.dtype, backend::DType::kF32);
+    const float* f = static_cast<const float*>(kv.data);
+    for (int i = 0; i < 10 * 2 * 2 * 4 * 8; ++i) ASSERT_EQ(f[i], 0.f) << "layer " << l << " elem " << i;
+  }
+  EXPECT_EQ(ptrs.size(), 3u);
+}
+
+TEST(KvPool, DerivesNumBlocksFromCapacity) {
+  auto be = cpu();
+  KvPoolConfig cfg;
+  cfg.block_size = 16;
+  const int64_t block_bytes = 3 * 2 * 2 * 16 * 8 * 4;
+  cfg.capacity_bytes = block_bytes * 7 + block_bytes / 2;
+  auto pool = KvPool::create(*be, cfg, shape());
+  ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+  EXPECT_EQ((*pool)->config().num_blocks, 7);
+  EXPECT_EQ((*pool)->allocator().num_blocks(), 7);
+  EXPECT_EQ((*pool)->bytes_per_block(), block_bytes);
+}
+
+TEST(KvPool, BadConfigIsInvalidArgument) {
+  auto be = cpu();
+  auto expect_invalid = [&](KvPoolConfig cfg, KvShape s, const char* what) {
+    auto pool = KvPool::create(*be, cfg, s);
+    ASSERT_FALSE(pool.ok()) << what;
+    EXPECT_EQ(pool.status().code(), StatusCode::kInvalidArgument) << what;
+    EXPECT_NE(pool.status().message().find("KvPool"), std::string::npos) << what;
+  };
+  KvPoolConfig ok_cfg;
+  ok_cfg.num_blocks = 4;
+  KvPoolConfig c = ok_cfg;
+  c.block_size = 0;
+  expect_invalid(c, shape(), "block_size 0");
+  expect_invalid(ok_cfg, shape(0), "no layers");
+  expect_invalid(ok_cfg, shape(2, 0), "no kv heads");
+  expect_invalid(ok_cfg, shape(2, 2, -8), "negative head_dim");
+  c = ok_cfg;
+  c.num_blocks = -1;
+  expect_invalid(c, shape(), "negative num_blocks");
+  c = ok_cfg;
+  c.num_blocks = 0;
+  c.capacity_bytes = 0;
+  expect_invalid(c, shape(), "neither num_blocks nor capacity");
+  c.capacity_bytes = 100;  // less than one block
+  expect_invalid(c, shape(), "capacity below one block");
+}
+
+TEST(KvPool, ReserveIsAllOrNothingAndReleaseFreesEverything) {
+  auto be = cpu();
+  KvPoolConfig cfg;
+  cfg.num_blocks = 5;
+  cfg.block_size = 16;
+  auto pool_or = KvPool::create(*be, cfg, shape());
+  ASSERT_TRUE(pool_or.ok());
+  KvPool& pool = **pool_or;
+
+  BlockTable a;
+  ASSERT_TRUE(pool.reserve(a, 33));  // 3 blocks
+  EXPECT_EQ(a.blocks.size(), 3u);
+  EXPECT_EQ(a.num_tokens, 0);  // the caller sets num_tokens once the tokens are written
+  ASSERT_TRUE(pool.reserve(a, 20));  // already covered: no change
+  EXPECT_EQ(a.blocks.size(), 3u);
+  EXPECT_EQ(pool.allocator().num_free(), 2);
+
+  BlockTable b;
+  ASSERT_TRUE(pool.reserve(b, 1));
+  const std::vector<int32_t> a_before = a.blocks;
+  EXPECT_FALSE(pool.reserve(a, 48 + 17));  // needs 2 more, 1 free
+  EXPECT_EQ(a.blocks, a_before);
+  EXPECT_EQ(pool.allocator().num_free(), 1);
+  ASSERT_TRUE(pool.reserve(a, 64));  // exactly one more fits
+  EXPECT_EQ(pool.allocator().num_free(), 0);
+
+  std::set<int32_t> ids(a.blocks.begin(), a.blocks.end());
+  ids.insert(b.blocks.begin(), b.blocks.end());
+  EXPECT_EQ(ids.size(), 5u);
+
+  a.num_tokens = 64;
+  pool.release(a);
+  EXPECT_TRUE(a.blocks.empty());
+  EXPECT_EQ(a.num_tokens, 0);
+  pool.release(b);
+  EXPECT_EQ(pool.allocator().num_free(), 5);
+  EXPECT_EQ(pool.allocator().num_used(), 0);
+}
+
+TEST(KvPool, SharedBlocksSurviveUntilTheLastRelease) {
+  auto be = cpu();
+  KvPoolConfig cfg;
+  cfg.num_blocks = 4;
+  cfg.block_size = 8;
+  auto pool_or = KvPool::create(*be, cfg, shape(1));
+  ASSERT_TRUE(pool_or.ok());
+  KvPool& pool = **pool_or;
+  BlockTable parent;
+  ASSERT_TRUE(pool.reserve(parent, 16));
+  BlockTable child;  // a fork sharing the parent's first block
+  child.blocks.push_back(parent.blocks[0]);
+  pool.allocator().incref(parent.blocks[0]);
+  ASSERT_TRUE(pool.reserve(child, 9));
+  EXPECT_EQ(pool.allocator().refcount(parent.blocks[0]), 2);
+  EXPECT_EQ(pool.allocator().num_used(), 3);
+  pool.release(parent);
+  EXPECT_EQ(pool.allocator().num_used(), 2);
+  EXPECT_EQ(pool.allocator().refcount(child.blocks[0]), 1);
+  pool.release(child);
+  EXPECT_EQ(pool.allocator().num_free(), 4);
+}
+
+}  // namespace
+}  // namespace kvsplit::kv
