@@ -13,6 +13,7 @@ namespace kvsplit::backend::cpu {
 namespace {
 
 constexpr int64_t kP = kGemmPanel;
+constexpr int64_t kTasksPerThread = 3;
 
 int64_t num_panels(int64_t rows) { return (rows + kP - 1) / kP; }
 
@@ -61,13 +62,18 @@ float* thread_scratch(int64_t floats) {
 
 // Register tile: c[MR, kP] = x[MR rows, ldx] * panel^T, over all k. Every element is the FMA
 // chain from 0 in k order (see gemm.h).
+//
+// `pf`, `pf_lines`: cache lines to prefetch into L2 meanwhile (part of the next panel), one per k
+// step, so the next panel's DRAM reads overlap this panel's compute.
 #if defined(KVSPLIT_CPU_AVX512)
 template <int MR>
-void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* c) {
+void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* c, const char* pf,
+          int64_t pf_lines) {
   __m512 acc[MR][4];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
   for (int64_t kk = 0; kk < k; ++kk) {
+    if (kk < pf_lines) _mm_prefetch(pf + kk * 64, _MM_HINT_T1);
     const float* wk = wp + kk * kP;
     const __m512 w0 = _mm512_load_ps(wk);
     const __m512 w1 = _mm512_load_ps(wk + 16);
@@ -86,10 +92,12 @@ void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* c) {
 }
 #elif defined(KVSPLIT_CPU_AVX2)
 template <int MR>
-void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* c) {
+void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* c, const char* pf,
+          int64_t pf_lines) {
   __m256 acc[MR][2];
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t kk = 0; kk < k; ++kk) {
+    if (kk < pf_lines) _mm_prefetch(pf + kk * 64, _MM_HINT_T1);
     const float* wk = wp + kk * kP;
     const __m256 w0 = _mm256_load_ps(wk);
     const __m256 w1 = _mm256_load_ps(wk + 8);
@@ -106,7 +114,8 @@ void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* c) {
 }
 #else
 template <int MR>
-void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* c) {
+void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* c, const char*,
+          int64_t) {
   float acc[MR][kP] = {};
   for (int64_t kk = 0; kk < k; ++kk) {
     const float* wk = wp + kk * kP;
@@ -122,13 +131,14 @@ void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* c) {
 
 template <int... Ms>
 void run_tile_impl(int mr, const float* x, int64_t ldx, const float* wp, int64_t k, float* c,
-                   std::integer_sequence<int, Ms...>) {
+                   const char* pf, int64_t pf_lines, std::integer_sequence<int, Ms...>) {
   // Dispatch mr (1..kGemmMr) to tile<mr>.
-  ((mr == Ms + 1 ? (tile<Ms + 1>(x, ldx, wp, k, c), 0) : 0), ...);
+  ((mr == Ms + 1 ? (tile<Ms + 1>(x, ldx, wp, k, c, pf, pf_lines), 0) : 0), ...);
 }
 
-void run_tile(int mr, const float* x, int64_t ldx, const float* wp, int64_t k, float* c) {
-  run_tile_impl(mr, x, ldx, wp, k, c, std::make_integer_sequence<int, kGemmMr>{});
+void run_tile(int mr, const float* x, int64_t ldx, const float* wp, int64_t k, float* c,
+              const char* pf, int64_t pf_lines) {
+  run_tile_impl(mr, x, ldx, wp, k, c, pf, pf_lines, std::make_integer_sequence<int, kGemmMr>{});
 }
 
 // out rows (leading dim ldo) <- c tile: v = c (+ bias); out = accumulate ? out + v : v.
@@ -171,7 +181,16 @@ void gemm(const float* x, int64_t m, const GemmWeights& w, const float* bias, fl
   const int64_t k = w.k;
   if (m <= 0 || n <= 0) return;
   KVSPLIT_CHECK(w.packed != nullptr || w.raw != nullptr || k == 0);
-  pool.parallel_range(num_panels(n), 1, [&](int64_t pb, int64_t pe) {
+  // Tasks are contiguous runs of panels handed out dynamically (a descheduled thread does not
+  // stall the others); a few per thread so each still streams a long contiguous part of W.
+  const int64_t np = num_panels(n);
+  const int64_t per_task = std::max<int64_t>(1, np / (int64_t{pool.num_threads()} * kTasksPerThread));
+  const int64_t num_tasks = (np + per_task - 1) / per_task;
+  const int64_t panel_lines = kP * k * static_cast<int64_t>(sizeof(float)) / 64;
+  const int64_t num_tiles = (m + kGemmMr - 1) / kGemmMr;
+  pool.parallel_for(num_tasks, [&](int64_t task) {
+    const int64_t pb = task * per_task;
+    const int64_t pe = std::min(np, pb + per_task);
     alignas(64) float c[kGemmMr * kP];
     float* scratch = (w.packed == nullptr && k > 0) ? thread_scratch(kP * k) : nullptr;
     for (int64_t p = pb; p < pe; ++p) {
@@ -182,12 +201,19 @@ void gemm(const float* x, int64_t m, const GemmWeights& w, const float* bias, fl
         if (k > 0) pack_panel(w.raw, w.dtype, n, k, p, scratch);
         panel = scratch;
       }
+      // The next packed panel of this task is prefetched across this panel's tiles.
+      const bool prefetch_next = w.packed != nullptr && p + 1 < pe;
+      const char* next = prefetch_next ? reinterpret_cast<const char*>(panel + kP * k) : nullptr;
+      const int64_t lines_per_tile = prefetch_next ? (panel_lines + num_tiles - 1) / num_tiles : 0;
       const int64_t j0 = p * kP;
       const int64_t nvalid = std::min<int64_t>(kP, n - j0);
-      for (int64_t i = 0; i < m; i += kGemmMr) {
+      for (int64_t i = 0, t = 0; i < m; i += kGemmMr, ++t) {
         const int mr = static_cast<int>(std::min<int64_t>(kGemmMr, m - i));
         if (k > 0) {
-          run_tile(mr, x + i * k, k, panel, k, c);
+          const int64_t first = std::min(panel_lines, t * lines_per_tile);
+          const int64_t count = std::min(lines_per_tile, panel_lines - first);
+          run_tile(mr, x + i * k, k, panel, k, c, next ? next + first * 64 : nullptr,
+                   std::min(count, k));
         } else {
           std::fill(c, c + kGemmMr * kP, 0.f);
         }
