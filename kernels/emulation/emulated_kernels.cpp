@@ -1,3 +1,3 @@
 // Builds every kernel launcher (*.cu) with the host compiler under the emulation harness. The
 // launchers contain no `<<<>>>` (they call kernels::launch), so the same text compiles both ways.
-#include "emulation/emu_runtime.h"
+#include "attention/attention.cu"  // NOLINT(build/include)

@@ -1,0 +1,116 @@
+// Launchers of the paged attention kernels: validation, the one dispatch site over
+// (KV dtype x head_dim), grid shapes. Compiled by nvcc (kvsplit_cuda) and by g++ under the
+// emulation harness (kernels/emulation/emulated_kernels.cpp).
+#include <string>
+
+#include "attention/paged_attention.cuh"
+#include "common/launch_status.h"
+
+namespace kvsplit::kernels {
+namespace {
+
+constexpr int kMaxGridYZ = 65535;
+
+Status validate(const PagedAttentionParams& p) {
+  if (p.num_seqs < 0 || p.num_tokens < 0) return invalid_argument("attention: negative num_seqs/num_tokens");
+  if (p.num_heads <= 0 || p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0)
+    return invalid_argument("attention: num_heads " + std::to_string(p.num_heads) +
+                            " is not a positive multiple of num_kv_heads " +
+                            std::to_string(p.num_kv_heads));
+  if (!attention_head_dim_supported(p.head_dim))
+    return unimplemented("attention: head_dim " + std::to_string(p.head_dim) +
+                         " is not compiled (64, 128)");
+  if (p.block_size != kAttentionBlockSize)
+    return unimplemented("attention: block_size " + std::to_string(p.block_size) +
+                         " is not compiled (16)");
+  if (p.num_seqs > kMaxGridYZ || p.num_kv_heads > kMaxGridYZ)
+    return invalid_argument("attention: more than 65535 sequences or kv heads in one call");
+  if (p.num_seqs == 0) return ok_status();
+  if (!p.q || !p.out || !p.kv || !p.query_start || !p.kv_lens || !p.block_tables)
+    return invalid_argument("attention: null pointer argument");
+  if (p.num_blocks <= 0 || p.max_blocks_per_seq <= 0)
+    return invalid_argument("attention: num_blocks and max_blocks_per_seq must be positive");
+  if (!(p.scale > 0.f)) return invalid_argument("attention: scale must be positive");
+  return ok_status();
+}
+
+template <typename KT, int D>
+Status launch_typed(const PagedAttentionParams& p, cudaStream_t stream, bool decode) {
+  const int group = p.num_heads / p.num_kv_heads;
+  int tokens_per_block = 1;
+  unsigned grid_x = 1;
+  if (decode) {
+    grid_x = static_cast<unsigned>(p.max_splits);
+  } else {
+    tokens_per_block = kPrefillMaxRows / group > 1 ? kPrefillMaxRows / group : 1;
+    grid_x = static_cast<unsigned>((p.max_query_len + tokens_per_block - 1) / tokens_per_block);
+    if (grid_x == 0) return ok_status();
+  }
+  const AttnSmemLayout L = attn_smem_layout(tokens_per_block * group, D, sizeof(KT));
+  if (static_cast<size_t>(L.total) > size_t{227} * 1024)
+    return unimplemented("attention: GQA group of " + std::to_string(group) +
+                         " heads needs more shared memory than one block has");
+  const dim3 grid(grid_x, static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_seqs));
+  return launch_status(launch(paged_attention_kernel<KT, D>, grid, dim3(kAttnThreads),
+                              static_cast<size_t>(L.total), stream, p, tokens_per_block,
+                              decode ? 1 : 0),
+                       decode ? "paged decode attention" : "paged prefill attention");
+}
+
+// The one dispatch site of the attention family.
+Status dispatch(const PagedAttentionParams& p, cudaStream_t stream, bool decode) {
+  switch (p.kv_dtype) {
+    case ElemType::kF32:
+      return p.head_dim == 64 ? launch_typed<float, 64>(p, stream, decode)
+                              : launch_typed<float, 128>(p, stream, decode);
+    case ElemType::kF16:
+      return p.head_dim == 64 ? launch_typed<__half, 64>(p, stream, decode)
+                              : launch_typed<__half, 128>(p, stream, decode);
+    case ElemType::kBF16:
+      return p.head_dim == 64 ? launch_typed<__nv_bfloat16, 64>(p, stream, decode)
+                              : launch_typed<__nv_bfloat16, 128>(p, stream, decode);
+  }
+  return invalid_argument("attention: unknown KV dtype");
+}
+
+}  // namespace
+
+bool attention_head_dim_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
+
+Status launch_paged_prefill(const PagedAttentionParams& p, cudaStream_t stream) {
+  KVSPLIT_RETURN_IF_ERROR(validate(p));
+  if (p.num_seqs == 0 || p.max_query_len <= 0) return ok_status();
+  return dispatch(p, stream, /*decode=*/false);
+}
+
+Status launch_paged_decode(const PagedAttentionParams& p, cudaStream_t stream) {
+  KVSPLIT_RETURN_IF_ERROR(validate(p));
+  if (p.num_seqs == 0) return ok_status();
+  if (p.num_tokens != p.num_seqs)
+    return invalid_argument("decode attention: num_tokens " + std::to_string(p.num_tokens) +
+                            " != num_seqs " + std::to_string(p.num_seqs) + " (one query each)");
+  if (p.max_splits < 1 || p.max_splits > 65535)
+    return invalid_argument("decode attention: max_splits must be in [1, 65535]");
+  if (p.max_splits > 1) {
+    if (!p.num_splits || !p.split_offset || !p.part_o || !p.part_m || !p.part_l)
+      return invalid_argument("decode attention: split plan arrays or partial workspace missing");
+    if (p.chunk_tokens <= 0 || p.chunk_tokens % p.block_size != 0)
+      return invalid_argument("decode attention: chunk_tokens " + std::to_string(p.chunk_tokens) +
+                              " is not a positive multiple of block_size");
+  }
+  return dispatch(p, stream, /*decode=*/true);
+}
+
+Status launch_merge_states(const PagedAttentionParams& p, cudaStream_t stream) {
+  KVSPLIT_RETURN_IF_ERROR(validate(p));
+  if (p.num_seqs == 0 || p.max_splits <= 1) return ok_status();
+  if (!p.num_splits || !p.split_offset || !p.part_o || !p.part_m || !p.part_l)
+    return invalid_argument("merge states: split plan arrays or partial workspace missing");
+  const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.num_seqs));
+  const cudaError_t e = p.head_dim == 64
+                            ? launch(merge_states_kernel<64>, grid, dim3(64), 0, stream, p)
+                            : launch(merge_states_kernel<128>, grid, dim3(128), 0, stream, p);
+  return launch_status(e, "merge states");
+}
+
+}  // namespace kvsplit::kernels

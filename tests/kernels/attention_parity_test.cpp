@@ -1,0 +1,225 @@
+// Paged attention kernels (prefill, split-K decode + merge) against the fp64 oracle and, for f32
+// pages, against the CPU backend. Same source for the emulated kernels (tests/kernels) and the
+// real ones (tests/gpu).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "attention/paged_attention.h"
+#include "backend/cpu/attention.h"
+#include "common/thread_pool.h"
+#include "kernel_test_util.h"
+#include "kv/split_plan.h"
+#include "oracle/attention_oracle.h"
+
+namespace kvsplit::testing {
+namespace {
+
+using kernels::ElemType;
+
+// Outputs are compared with |got - want| <= atol + rtol * |want|. The oracle reads the same
+// rounded page values as the kernel, so the budget covers fp32 accumulation order only.
+struct Tolerance {
+  double atol, rtol;
+};
+Tolerance tolerance(ElemType t) {
+  switch (t) {
+    case ElemType::kF32: return {2e-5, 2e-4};
+    case ElemType::kF16: return {2e-5, 2e-4};
+    case ElemType::kBF16: return {2e-5, 2e-4};
+  }
+  return {0, 0};
+}
+
+struct AttnCase {
+  std::string name;
+  int num_heads, num_kv_heads, head_dim;
+  ElemType dtype;
+  std::vector<int> kv_lens;
+  std::vector<int> q_lens;         // empty: decode
+  std::vector<int> chunk_tokens;   // decode: split chunk sizes to try (0 = no split)
+};
+
+void PrintTo(const AttnCase& c, std::ostream* os) { *os << c.name; }
+
+// Device copies of one oracle case with pages in `dtype`.
+struct DeviceCase {
+  DevArray<float> q, out;
+  DevArray<unsigned char> pages;
+  DevArray<int32_t> query_start, kv_lens, block_tables;
+  DevArray<int> error_flag;
+  kernels::PagedAttentionParams params;
+};
+
+DeviceCase upload(oracle::AttentionCase& c, ElemType dtype) {
+  DeviceCase d;
+  d.q = DevArray<float>(c.q);
+  d.out = DevArray<float>(c.out);  // NaN-filled: every element must be written
+  d.pages = DevArray<unsigned char>(encode(c.pages, dtype));
+  d.query_start = DevArray<int32_t>(c.query_start);
+  d.kv_lens = DevArray<int32_t>(c.kv_lens);
+  d.block_tables = DevArray<int32_t>(c.block_tables);
+  d.error_flag = DevArray<int>(std::vector<int>{0});
+  const backend::AttentionArgs a = c.args();
+  kernels::PagedAttentionParams& p = d.params;
+  p.q = d.q.get();
+  p.out = d.out.get();
+  p.kv = d.pages.get();
+  p.kv_dtype = dtype;
+  p.num_seqs = a.num_seqs;
+  p.num_tokens = a.num_tokens;
+  p.num_heads = a.num_heads;
+  p.num_kv_heads = a.num_kv_heads;
+  p.head_dim = a.head_dim;
+  p.block_size = a.kv.block_size;
+  p.num_blocks = a.kv.num_blocks;
+  p.scale = a.scale;
+  p.query_start = d.query_start.get();
+  p.kv_lens = d.kv_lens.get();
+  p.block_tables = d.block_tables.get();
+  p.max_blocks_per_seq = a.max_blocks_per_seq;
+  p.max_query_len = a.max_query_len;
+  p.error_flag = d.error_flag.get();
+  return d;
+}
+
+// fp64 reference over the dtype-rounded pages.
+std::vector<double> reference(oracle::AttentionCase& c, ElemType dtype) {
+  const std::vector<float> rounded = decode(encode(c.pages, dtype), dtype);
+  return oracle::attention(c.args(), [&](int64_t i) { return static_cast<double>(rounded[i]); });
+}
+
+class AttentionParity : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(AttentionParity, MatchesOracleAndCpu) {
+  KVSPLIT_REQUIRE_DEVICE();
+  const AttnCase& tc = GetParam();
+  oracle::CaseSpec spec;
+  spec.num_heads = tc.num_heads;
+  spec.num_kv_heads = tc.num_kv_heads;
+  spec.head_dim = tc.head_dim;
+  spec.kv_lens = tc.kv_lens;
+  spec.q_lens = tc.q_lens;
+  spec.seed = 1234 + tc.head_dim + tc.num_heads * 7 + static_cast<int>(tc.dtype);
+  oracle::AttentionCase c = oracle::make_case(spec);
+  const std::vector<double> want = reference(c, tc.dtype);
+  const Tolerance tol = tolerance(tc.dtype);
+  ThreadPool pool(2);
+
+  if (!tc.q_lens.empty()) {
+    DeviceCase d = upload(c, tc.dtype);
+    ASSERT_TRUE(kernels::launch_paged_prefill(d.params, nullptr).ok());
+    ASSERT_EQ(device_sync(), "");
+    const std::vector<float> got = d.out.to_host();
+    const oracle::Comparison cmp = oracle::compare(got.data(), want, tol.atol, tol.rtol);
+    EXPECT_TRUE(cmp.ok) << "prefill vs oracle: " << cmp.message;
+    EXPECT_EQ(d.error_flag.to_host()[0], 0);
+    if (tc.dtype == ElemType::kF32) {
+      ASSERT_TRUE(backend::cpu_attention_prefill(c.args(), pool).ok());
+      const oracle::Comparison cpu = oracle::compare(got.data(), [&] {
+        return std::vector<double>(c.out.begin(), c.out.end());
+      }(), tol.atol, tol.rtol);
+      EXPECT_TRUE(cpu.ok) << "prefill vs CPU backend: " << cpu.message;
+    }
+    return;
+  }
+
+  for (int chunk : tc.chunk_tokens) {
+    SCOPED_TRACE("chunk_tokens " + std::to_string(chunk));
+    const kv::SplitPlan plan = kv::make_split_plan(c.kv_lens.data(), c.num_seqs, spec.block_size, chunk);
+    DeviceCase d = upload(c, tc.dtype);
+    DevArray<int32_t> num_splits(plan.num_splits), split_offset(plan.split_offset);
+    const size_t total = static_cast<size_t>(std::max(plan.total_splits, 1));
+    DevArray<float> part_o(total * tc.num_heads * tc.head_dim), part_m(total * tc.num_heads),
+        part_l(total * tc.num_heads);
+    kernels::PagedAttentionParams p = d.params;
+    p.chunk_tokens = plan.chunk_tokens;
+    p.max_splits = plan.max_splits;
+    p.num_splits = num_splits.get();
+    p.split_offset = split_offset.get();
+    p.part_o = part_o.get();
+    p.part_m = part_m.get();
+    p.part_l = part_l.get();
+    const Status st = kernels::launch_paged_decode(p, nullptr);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    const Status mst = kernels::launch_merge_states(p, nullptr);
+    ASSERT_TRUE(mst.ok()) << mst.to_string();
+    ASSERT_EQ(device_sync(), "");
+    const std::vector<float> got = d.out.to_host();
+    const oracle::Comparison cmp = oracle::compare(got.data(), want, tol.atol, tol.rtol);
+    EXPECT_TRUE(cmp.ok) << "decode vs oracle (max_splits " << plan.max_splits << "): " << cmp.message;
+    EXPECT_EQ(d.error_flag.to_host()[0], 0);
+    if (tc.dtype == ElemType::kF32) {
+      std::fill(c.out.begin(), c.out.end(), std::nanf(""));
+      ASSERT_TRUE(backend::cpu_attention_decode(c.args(), plan, pool).ok());
+      const std::vector<double> cpu_out(c.out.begin(), c.out.end());
+      const oracle::Comparison cpu = oracle::compare(got.data(), cpu_out, tol.atol, tol.rtol);
+      EXPECT_TRUE(cpu.ok) << "decode vs CPU backend: " << cpu.message;
+    }
+  }
+}
+
+std::vector<AttnCase> cases() {
+  std::vector<AttnCase> out;
+  const std::vector<int> skewed = {1, 17, 130, 300};  // partial last blocks, one tiny sequence
+  const std::vector<int> chunks = {0, 16, 64, 112};
+  struct Heads { const char* name; int h, kvh; };
+  const Heads heads[] = {{"mha", 4, 4}, {"gqa", 8, 2}, {"mqa", 8, 1}};
+  const std::pair<const char*, ElemType> dtypes[] = {
+      {"f32", ElemType::kF32}, {"f16", ElemType::kF16}, {"bf16", ElemType::kBF16}};
+  for (int hd : {64, 128}) {
+    for (const Heads& h : heads) {
+      for (const auto& [dname, dt] : dtypes) {
+        const std::string base = std::string(h.name) + "_d" + std::to_string(hd) + "_" + dname;
+        out.push_back({"decode_" + base, h.h, h.kvh, hd, dt, skewed, {}, chunks});
+        out.push_back({"prefill_" + base, h.h, h.kvh, hd, dt, {5, 40, 97}, {5, 23, 33}, {}});
+      }
+    }
+  }
+  // Wide MQA group (32 query heads on one KV head), and many short sequences.
+  out.push_back({"decode_mqa32_d128_bf16", 32, 1, 128, ElemType::kBF16, {70, 9}, {}, {0, 32}});
+  out.push_back({"prefill_mqa32_d64_f16", 32, 1, 64, ElemType::kF16, {20, 3}, {20, 2}, {}});
+  std::vector<int> many(24);
+  for (int i = 0; i < 24; ++i) many[i] = 1 + (i * 37) % 90;
+  out.push_back({"decode_many_seqs_gqa_d64_f16", 8, 2, 64, ElemType::kF16, many, {}, {0, 32}});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, AttentionParity, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<AttnCase>& i) { return i.param.name; });
+
+TEST(AttentionLaunch, UnsupportedShapesAreUnimplemented) {
+  kernels::PagedAttentionParams p;
+  p.num_seqs = 1;
+  p.num_tokens = 1;
+  p.num_heads = 4;
+  p.num_kv_heads = 4;
+  p.head_dim = 96;
+  p.block_size = 16;
+  EXPECT_EQ(kernels::launch_paged_decode(p, nullptr).code(), StatusCode::kUnimplemented);
+  p.head_dim = 64;
+  p.block_size = 32;
+  EXPECT_EQ(kernels::launch_paged_prefill(p, nullptr).code(), StatusCode::kUnimplemented);
+  p.block_size = 16;
+  p.num_kv_heads = 3;
+  EXPECT_EQ(kernels::launch_paged_decode(p, nullptr).code(), StatusCode::kInvalidArgument);
+  p.num_kv_heads = 4;
+  EXPECT_EQ(kernels::launch_paged_decode(p, nullptr).code(), StatusCode::kInvalidArgument);  // nulls
+}
+
+TEST(AttentionLaunch, BadBlockIdIsFlaggedNotRead) {
+  KVSPLIT_REQUIRE_DEVICE();
+  oracle::CaseSpec spec;
+  spec.kv_lens = {40};
+  oracle::AttentionCase c = oracle::make_case(spec);
+  c.block_tables[1] = c.num_blocks + 1000;  // second page points outside the pool
+  DeviceCase d = upload(c, ElemType::kF32);
+  ASSERT_TRUE(kernels::launch_paged_decode(d.params, nullptr).ok());
+  ASSERT_EQ(device_sync(), "");
+  EXPECT_EQ(d.error_flag.to_host()[0], 1);
+}
+
+}  // namespace
+}  // namespace kvsplit::testing
