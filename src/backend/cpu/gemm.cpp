@@ -63,17 +63,19 @@ float* thread_scratch(int64_t floats) {
 // Register tile: c[MR, kP] = x[MR rows, ldx] * panel^T, over all k. Every element is the FMA
 // chain from 0 in k order (see gemm.h).
 //
-// `pf`, `pf_lines`: cache lines to prefetch into L2 meanwhile (part of the next panel), one per k
-// step, so the next panel's DRAM reads overlap this panel's compute.
+// `pf`, `pf_lines`: cache lines to prefetch into L2 meanwhile (part of the next panel), `pf_step`
+// per k step, so the next panel's DRAM reads overlap this panel's work.
 #if defined(KVSPLIT_CPU_AVX512)
 template <int MR>
 void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* c, const char* pf,
-          int64_t pf_lines) {
+          int64_t pf_lines, int pf_step) {
   __m512 acc[MR][4];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
   for (int64_t kk = 0; kk < k; ++kk) {
-    if (kk < pf_lines) _mm_prefetch(pf + kk * 64, _MM_HINT_T1);
+    if (kk * pf_step < pf_lines) {
+      for (int q = 0; q < pf_step; ++q) _mm_prefetch(pf + (kk * pf_step + q) * 64, _MM_HINT_T1);
+    }
     const float* wk = wp + kk * kP;
     const __m512 w0 = _mm512_load_ps(wk);
     const __m512 w1 = _mm512_load_ps(wk + 16);
@@ -93,11 +95,13 @@ void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* c, con
 #elif defined(KVSPLIT_CPU_AVX2)
 template <int MR>
 void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* c, const char* pf,
-          int64_t pf_lines) {
+          int64_t pf_lines, int pf_step) {
   __m256 acc[MR][2];
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t kk = 0; kk < k; ++kk) {
-    if (kk < pf_lines) _mm_prefetch(pf + kk * 64, _MM_HINT_T1);
+    if (kk * pf_step < pf_lines) {
+      for (int q = 0; q < pf_step; ++q) _mm_prefetch(pf + (kk * pf_step + q) * 64, _MM_HINT_T1);
+    }
     const float* wk = wp + kk * kP;
     const __m256 w0 = _mm256_load_ps(wk);
     const __m256 w1 = _mm256_load_ps(wk + 8);
@@ -115,7 +119,7 @@ void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* c, con
 #else
 template <int MR>
 void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* c, const char*,
-          int64_t) {
+          int64_t, int) {
   float acc[MR][kP] = {};
   for (int64_t kk = 0; kk < k; ++kk) {
     const float* wk = wp + kk * kP;
@@ -131,14 +135,16 @@ void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* c, con
 
 template <int... Ms>
 void run_tile_impl(int mr, const float* x, int64_t ldx, const float* wp, int64_t k, float* c,
-                   const char* pf, int64_t pf_lines, std::integer_sequence<int, Ms...>) {
+                   const char* pf, int64_t pf_lines, int pf_step,
+                   std::integer_sequence<int, Ms...>) {
   // Dispatch mr (1..kGemmMr) to tile<mr>.
-  ((mr == Ms + 1 ? (tile<Ms + 1>(x, ldx, wp, k, c, pf, pf_lines), 0) : 0), ...);
+  ((mr == Ms + 1 ? (tile<Ms + 1>(x, ldx, wp, k, c, pf, pf_lines, pf_step), 0) : 0), ...);
 }
 
 void run_tile(int mr, const float* x, int64_t ldx, const float* wp, int64_t k, float* c,
-              const char* pf, int64_t pf_lines) {
-  run_tile_impl(mr, x, ldx, wp, k, c, pf, pf_lines, std::make_integer_sequence<int, kGemmMr>{});
+              const char* pf, int64_t pf_lines, int pf_step) {
+  run_tile_impl(mr, x, ldx, wp, k, c, pf, pf_lines, pf_step,
+                std::make_integer_sequence<int, kGemmMr>{});
 }
 
 // out rows (leading dim ldo) <- c tile: v = c (+ bias); out = accumulate ? out + v : v.
@@ -184,13 +190,23 @@ void gemm(const float* x, int64_t m, const GemmWeights& w, const float* bias, fl
   // Tasks are contiguous runs of panels handed out dynamically (a descheduled thread does not
   // stall the others); a few per thread so each still streams a long contiguous part of W.
   const int64_t np = num_panels(n);
-  const int64_t per_task = std::max<int64_t>(1, np / (int64_t{pool.num_threads()} * kTasksPerThread));
-  const int64_t num_tasks = (np + per_task - 1) / per_task;
+  const int64_t want_tasks = int64_t{pool.num_threads()} * kTasksPerThread;
+  const int64_t per_task = std::max<int64_t>(1, np / want_tasks);
+  const int64_t panel_tasks = (np + per_task - 1) / per_task;
+  // Too few panels for the threads (small n, many threads): also split m, in whole tiles.
+  const int64_t num_tiles_total = (m + kGemmMr - 1) / kGemmMr;
+  const int64_t m_chunks =
+      panel_tasks >= want_tasks ? 1
+                                : std::min(num_tiles_total, (want_tasks + panel_tasks - 1) / panel_tasks);
+  const int64_t rows_per_chunk = (num_tiles_total + m_chunks - 1) / m_chunks * kGemmMr;
   const int64_t panel_lines = kP * k * static_cast<int64_t>(sizeof(float)) / 64;
-  const int64_t num_tiles = (m + kGemmMr - 1) / kGemmMr;
-  pool.parallel_for(num_tasks, [&](int64_t task) {
-    const int64_t pb = task * per_task;
+  pool.parallel_for(panel_tasks * m_chunks, [&](int64_t task) {
+    const int64_t pb = (task / m_chunks) * per_task;
     const int64_t pe = std::min(np, pb + per_task);
+    const int64_t m0 = (task % m_chunks) * rows_per_chunk;
+    const int64_t m1 = std::min(m, m0 + rows_per_chunk);
+    if (m0 >= m1) return;
+    const int64_t num_tiles = (m1 - m0 + kGemmMr - 1) / kGemmMr;
     alignas(64) float c[kGemmMr * kP];
     float* scratch = (w.packed == nullptr && k > 0) ? thread_scratch(kP * k) : nullptr;
     for (int64_t p = pb; p < pe; ++p) {
@@ -207,13 +223,14 @@ void gemm(const float* x, int64_t m, const GemmWeights& w, const float* bias, fl
       const int64_t lines_per_tile = prefetch_next ? (panel_lines + num_tiles - 1) / num_tiles : 0;
       const int64_t j0 = p * kP;
       const int64_t nvalid = std::min<int64_t>(kP, n - j0);
-      for (int64_t i = 0, t = 0; i < m; i += kGemmMr, ++t) {
-        const int mr = static_cast<int>(std::min<int64_t>(kGemmMr, m - i));
+      for (int64_t i = m0, t = 0; i < m1; i += kGemmMr, ++t) {
+        const int mr = static_cast<int>(std::min<int64_t>(kGemmMr, m1 - i));
         if (k > 0) {
           const int64_t first = std::min(panel_lines, t * lines_per_tile);
           const int64_t count = std::min(lines_per_tile, panel_lines - first);
+          const int pf_step = static_cast<int>(std::clamp<int64_t>((count + k - 1) / k, 1, 8));
           run_tile(mr, x + i * k, k, panel, k, c, next ? next + first * 64 : nullptr,
-                   std::min(count, k));
+                   std::max<int64_t>(0, count), pf_step);
         } else {
           std::fill(c, c + kGemmMr * kP, 0.f);
         }
