@@ -1,0 +1,166 @@
+// The kvsplit binary: generate --json against the goldens (one prompt and a batch), info, the
+// default-model fallback, and clear errors with a non-zero exit status.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace kvsplit::testing {
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) {
+    if (c == '\'') q += "'\\''";
+    else q += c;
+  }
+  return q + "'";
+}
+
+RunResult run(const std::string& args, const std::string& env = "", const std::string& cwd = "") {
+  TempDir tmp;
+  const std::string err_file = tmp.file("stderr");
+  std::string cmd;
+  if (!cwd.empty()) cmd += "cd " + quote(cwd) + " && ";
+  cmd += env + " " + quote(std::string(KVSPLIT_BINARY_DIR) + "/kvsplit") + " " + args + " 2>" + quote(err_file);
+  RunResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream ef(err_file);
+  std::stringstream ss;
+  ss << ef.rdbuf();
+  r.err = ss.str();
+  return r;
+}
+
+std::vector<nlohmann::json> json_lines(const std::string& out) {
+  std::vector<nlohmann::json> v;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty()) v.push_back(nlohmann::json::parse(line));
+  }
+  return v;
+}
+
+std::string model_args(bool hf) {
+  return hf ? "--model " + quote(model_path("stories260K-hf"))
+            : "--model " + quote(model_path("stories260K.bin")) + " --tokenizer " + quote(model_path("tok512.bin"));
+}
+
+TEST(CliTest, GenerateJsonMatchesGoldensOnePromptAndBatch) {
+  KVSPLIT_REQUIRE_MODELS();
+  const auto cases = read_jsonl(model_path("golden/stories260K_greedy.jsonl"));
+  for (bool hf : {false, true}) {
+    // One prompt per call (the 64-step cases).
+    const auto& c = cases[0];
+    const int n = c["steps"].get<int>() - static_cast<int>(c["prompt_token_ids"].size());
+    RunResult r = run("generate " + model_args(hf) + " --prompt " + quote(c["prompt"]) +
+                      " --max-tokens " + std::to_string(n) + " --temperature 0 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    auto lines = json_lines(r.out);
+    ASSERT_EQ(lines.size(), 1u) << r.out;
+    EXPECT_EQ(lines[0]["prompt"], c["prompt"]);
+    EXPECT_EQ(lines[0]["prompt_token_ids"], c["prompt_token_ids"]);
+    EXPECT_EQ(lines[0]["output_token_ids"], c["output_token_ids"]);
+    EXPECT_EQ(lines[0]["finish_reason"], "length");
+    EXPECT_FALSE(lines[0]["text"].get<std::string>().empty());
+  }
+  // The 256-step cases as one batch: one line per prompt, in order.
+  std::string args = "generate " + model_args(false) + " --temperature 0 --json --max-tokens 251";
+  std::vector<const nlohmann::json*> batch;
+  for (const auto& c : cases) {
+    if (c["steps"] == 256 && c["prompt_token_ids"].size() == 5) {
+      args += " --prompt " + quote(c["prompt"]);
+      batch.push_back(&c);
+    }
+  }
+  ASSERT_EQ(batch.size(), 2u);
+  RunResult r = run(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    EXPECT_EQ(lines[i]["output_token_ids"], (*batch[i])["output_token_ids"]) << i;
+  }
+}
+
+TEST(CliTest, StopsOnBosLikeRunC) {
+  KVSPLIT_REQUIRE_MODELS();
+  for (const auto& c : read_jsonl(model_path("golden/stories260K_greedy.jsonl"))) {
+    if (c["stop_reason"] != "bos") continue;
+    const int n = c["steps"].get<int>() - static_cast<int>(c["prompt_token_ids"].size());
+    RunResult r = run("generate " + model_args(true) + " --prompt " + quote(c["prompt"]) +
+                      " --max-tokens " + std::to_string(n) + " -t 0 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    auto lines = json_lines(r.out);
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_EQ(lines[0]["output_token_ids"], c["output_token_ids"]);
+    EXPECT_EQ(lines[0]["output_token_ids"].back(), 1);
+    EXPECT_EQ(lines[0]["finish_reason"], "stop");
+  }
+}
+
+TEST(CliTest, InfoPrintsTheConfig) {
+  KVSPLIT_REQUIRE_MODELS();
+  RunResult r = run("info " + model_args(true));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["dim"], 64);
+  EXPECT_EQ(j["num_kv_heads"], 4);
+  EXPECT_EQ(j["rope_style"], "half");
+}
+
+TEST(CliTest, FallsBackToSyntheticAndSaysSo) {
+  TempDir dir;
+  RunResult r = run("generate --prompt hi --max-tokens 3 -t 0 --json", "KVSPLIT_MODELS=" + dir.file("none"),
+                    dir.path().string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("synthetic:stories260k"), std::string::npos) << r.err;
+  auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_LE(lines[0]["output_token_ids"].size(), 4u);
+}
+
+TEST(CliTest, BadInputsFailClearly) {
+  RunResult r = run("generate --model /nonexistent/model.bin --prompt x");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("/nonexistent/model.bin"), std::string::npos) << r.err;
+
+  r = run("generate --model synthetic:no-such-preset --prompt x");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no-such-preset"), std::string::npos) << r.err;
+
+  if (!have_models()) return;
+  r = run("generate " + model_args(false) + " --prompt x --temperature -1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("temperature"), std::string::npos) << r.err;
+
+  std::string long_prompt;
+  for (int i = 0; i < 600; ++i) long_prompt += "dog ";
+  r = run("generate " + model_args(false) + " --prompt " + quote(long_prompt));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("longer than the context"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace kvsplit::testing
