@@ -16,3 +16,6 @@ endif()
 if(KVSPLIT_BUILD_SERVER AND EXISTS ${PROJECT_SOURCE_DIR}/src/server/CMakeLists.txt)
   add_subdirectory(${PROJECT_SOURCE_DIR}/src/server ${PROJECT_BINARY_DIR}/src/server)
 endif()
+# The engine (in kvsplit_core) creates its workers' backends through create_backend(), which
+# lives here: a circular static dependency CMake resolves by repeating the archives.
+target_link_libraries(kvsplit_core INTERFACE kvsplit_runtime)

@@ -241,13 +241,11 @@ bool Worker::has_unreserved_waiting() const {
 void Worker::admit_from_router(Clock::time_point now) {
   if (options_.role == WorkerRole::kDecode || shared_->router == nullptr) return;
   if (has_unreserved_waiting()) return;
-  int64_t queued_tokens = 0;
-  for (const auto& seq : waiting_) queued_tokens += seq->prefill_target() - seq->num_computed;
   // Colocated pools keep a small watermark free for the running sequences' growth.
   const int watermark =
       running_.empty() ? 0 : std::max(1, total_blocks_ / 100);
   while (running_.size() + waiting_.size() < static_cast<size_t>(options_.max_num_seqs) &&
-         queued_tokens < 2LL * options_.max_batch_tokens) {
+         waiting_.size() < static_cast<size_t>(options_.max_prefill_seqs)) {
     const int free_blocks = pool_->allocator().num_free();
     std::unique_ptr<Sequence> seq = shared_->router->pop_if([&](const Sequence& s) {
       return kv::BlockTable::blocks_for(s.num_prompt, pool_->block_size()) + watermark <= free_blocks;
@@ -259,7 +257,6 @@ void Worker::admit_from_router(Clock::time_point now) {
       continue;
     }
     KVSPLIT_CHECK(pool_->reserve(seq->table, seq->num_prompt));
-    queued_tokens += seq->num_prompt;
     waiting_.push_back(std::move(seq));
   }
 }

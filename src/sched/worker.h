@@ -42,6 +42,8 @@ struct WorkerOptions {
   int max_batch_tokens = 512;    // prefill (chunk) tokens per step, decode tokens included when
                                  // colocated; prefill always gets at least min_chunk_tokens
   int min_chunk_tokens = 16;     // smallest prefill chunk a prompt gets in a step
+  int max_prefill_seqs = 16;     // prompts pulled from the router and not yet prefilled; the
+                                 // rest stay queued for other workers
   std::chrono::milliseconds handoff_timeout{5000};
   std::chrono::milliseconds idle_wait{2};  // sleep when idle (bounds queue-timeout latency)
 };

@@ -1,0 +1,84 @@
+// Helpers of the engine tests: configs over the shared stories260K model and bounded collection
+// of a request's events.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kvsplit/engine.h"
+#include "test_util.h"
+
+namespace kvsplit::testing {
+
+inline EngineConfig stories_config(ServingMode mode) {
+  EngineConfig c;
+  c.model = model_path("stories260K.bin");
+  c.mode = mode;
+  c.threads_per_worker = 1;
+  c.num_prefill_workers = 1;
+  c.num_decode_workers = mode == ServingMode::kDisaggregated ? 2 : 1;
+  c.kv_blocks_per_worker = 512;
+  c.max_batch_tokens = 128;
+  return c;
+}
+
+struct Collected {
+  std::vector<int32_t> tokens;
+  std::string text;
+  TokenEvent final_event;
+  int finals = 0;
+  int events_after_final = 0;
+  bool timed_out = false;
+};
+
+// Drains `handle` until its final event or `timeout`; never hangs.
+inline Collected collect(RequestHandle handle,
+                         std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  Collected r;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    TokenEvent ev;
+    if (!handle.next(&ev, std::chrono::milliseconds(50))) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        r.timed_out = true;
+        return r;
+      }
+      continue;
+    }
+    r.tokens.insert(r.tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
+    r.text += ev.text;
+    if (ev.final) {
+      r.final_event = ev;
+      ++r.finals;
+      break;
+    }
+  }
+  TokenEvent extra;
+  while (handle.try_next(&extra)) ++r.events_after_final;
+  return r;
+}
+
+// Waits until every pool reports `expected` free blocks (stats are published after each step).
+inline bool pools_back_to(const Engine& engine, const std::vector<int>& expected,
+                          std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    const EngineStats s = engine.stats();
+    bool ok = s.pools.size() == expected.size();
+    for (size_t i = 0; ok && i < expected.size(); ++i) ok = s.pools[i].kv_blocks_free == expected[i];
+    if (ok) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+inline std::vector<int> free_blocks(const Engine& engine) {
+  std::vector<int> out;
+  for (const PoolStats& p : engine.stats().pools) out.push_back(p.kv_blocks_free);
+  return out;
+}
+
+}  // namespace kvsplit::testing

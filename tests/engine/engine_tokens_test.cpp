@@ -1,0 +1,166 @@
+// Tokens under load equal tokens alone (greedy and seeded sampling), in both serving modes; the
+// greedy output matches llama2.c run.c's golden.
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "engine/engine_test_util.h"
+
+namespace kvsplit {
+namespace {
+
+using testing::collect;
+using testing::Collected;
+
+const char* kPrompts[] = {"Once upon a time", "Lily wanted to", "The dog", "One day, a little girl named Sue",
+                          "", "Tom and his mom", "The sun was", "A big red ball"};
+
+std::vector<Request> workload(bool sampled, int n) {
+  std::vector<Request> out;
+  for (int i = 0; i < n; ++i) {
+    Request r;
+    r.request_id = "r" + std::to_string(i);
+    r.prompt = kPrompts[i % 8];
+    r.sampling.max_tokens = 8 + (i * 7) % 40;
+    if (sampled) {
+      r.sampling.temperature = 1.0f;
+      r.sampling.top_p = 0.9f;
+      r.sampling.seed = 1000 + i;
+    } else {
+      r.sampling.temperature = 0.0f;
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
+class EngineTokens : public ::testing::TestWithParam<ServingMode> {};
+
+TEST_P(EngineTokens, GreedyMatchesRunCGolden) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto engine = Engine::create(testing::stories_config(GetParam()));
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const auto goldens = testing::read_jsonl(testing::model_path("golden/stories260K_greedy.jsonl"));
+  ASSERT_FALSE(goldens.empty());
+  int checked = 0;
+  for (const auto& g : goldens) {
+    if (g["steps"].get<int>() != 64) continue;
+    Request r;
+    r.prompt = g["prompt"].get<std::string>();
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = g["steps"].get<int>() - static_cast<int>(g["prompt_token_ids"].size());
+    auto h = (*engine)->submit(r);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    Collected c = collect(*h);
+    ASSERT_FALSE(c.timed_out);
+    EXPECT_EQ(c.tokens, g["output_token_ids"].get<std::vector<int32_t>>()) << r.prompt;
+    EXPECT_TRUE(c.final_event.status.ok());
+    ++checked;
+  }
+  EXPECT_GE(checked, 4);
+}
+
+void expect_load_equals_alone(ServingMode mode, bool sampled) {
+  const std::vector<Request> reqs = workload(sampled, 24);
+  auto engine = Engine::create(testing::stories_config(mode));
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const std::vector<int> initial = testing::free_blocks(**engine);
+  std::vector<Collected> alone;
+  for (const Request& r : reqs) {
+    auto h = (*engine)->submit(r);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    alone.push_back(collect(*h));
+    ASSERT_FALSE(alone.back().timed_out);
+  }
+  std::vector<RequestHandle> handles;
+  for (const Request& r : reqs) {
+    auto h = (*engine)->submit(r);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    handles.push_back(*h);
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Collected c = collect(handles[i]);
+    ASSERT_FALSE(c.timed_out) << reqs[i].request_id;
+    EXPECT_EQ(c.finals, 1);
+    EXPECT_EQ(c.events_after_final, 0);
+    EXPECT_EQ(c.tokens, alone[i].tokens) << reqs[i].request_id;
+    EXPECT_EQ(c.text, alone[i].text) << reqs[i].request_id;
+    EXPECT_EQ(c.final_event.finish_reason, alone[i].final_event.finish_reason);
+    EXPECT_EQ(c.final_event.usage.completion_tokens, static_cast<int>(c.tokens.size()));
+    EXPECT_GT(c.final_event.timings.ttft_ms, 0);
+    EXPECT_GE(c.final_event.timings.e2e_ms, c.final_event.timings.ttft_ms);
+  }
+  EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+  const EngineStats s = (*engine)->stats();
+  EXPECT_EQ(s.requests_finished, 48);
+  EXPECT_EQ(s.requests_failed, 0);
+}
+
+TEST_P(EngineTokens, GreedyUnderLoadEqualsAlone) {
+  KVSPLIT_REQUIRE_MODELS();
+  expect_load_equals_alone(GetParam(), /*sampled=*/false);
+}
+
+TEST_P(EngineTokens, SeededSamplingUnderLoadEqualsAlone) {
+  KVSPLIT_REQUIRE_MODELS();
+  expect_load_equals_alone(GetParam(), /*sampled=*/true);
+}
+
+// A pool far too small for the workload: sequences are preempted (recompute) and still produce
+// exactly the tokens they produce alone.
+TEST_P(EngineTokens, PreemptionKeepsTokens) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = testing::stories_config(GetParam());
+  cfg.kv_blocks_per_worker = 12;  // 192 tokens per worker
+  cfg.block_size = 16;
+  cfg.handoff_timeout_ms = 60000;
+  cfg.num_decode_workers = 1;
+  std::vector<Request> reqs;
+  for (int i = 0; i < 10; ++i) {
+    Request r;
+    r.request_id = "p" + std::to_string(i);
+    r.prompt = kPrompts[i % 8];
+    r.sampling.max_tokens = 100;
+    r.sampling.ignore_eos = true;
+    r.sampling.temperature = i % 2 ? 0.8f : 0.0f;
+    r.sampling.seed = 77 + i;
+    reqs.push_back(r);
+  }
+  std::vector<Collected> alone;
+  {
+    auto big = Engine::create(testing::stories_config(GetParam()));
+    ASSERT_TRUE(big.ok());
+    for (const Request& r : reqs) alone.push_back(collect(*(*big)->submit(r)));
+  }
+  auto engine = Engine::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const std::vector<int> initial = testing::free_blocks(**engine);
+  std::vector<RequestHandle> handles;
+  for (const Request& r : reqs) {
+    auto h = (*engine)->submit(r);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    handles.push_back(*h);
+  }
+  int preempted_requests = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Collected c = collect(handles[i]);
+    ASSERT_FALSE(c.timed_out);
+    ASSERT_TRUE(c.final_event.status.ok()) << c.final_event.status.to_string();
+    EXPECT_EQ(c.tokens, alone[i].tokens) << reqs[i].request_id;
+    EXPECT_EQ(c.tokens.size(), 101u);
+    preempted_requests += c.final_event.timings.preemptions > 0;
+  }
+  const EngineStats s = (*engine)->stats();
+  EXPECT_GT(s.preemptions, 0);
+  EXPECT_GT(preempted_requests, 0);
+  EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, EngineTokens,
+                         ::testing::Values(ServingMode::kColocated, ServingMode::kDisaggregated),
+                         [](const auto& info) {
+                           return info.param == ServingMode::kColocated ? "Colocated" : "Disaggregated";
+                         });
+
+}  // namespace
+}  // namespace kvsplit
