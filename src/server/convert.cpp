@@ -1,0 +1,232 @@
+#include "server/convert.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "server/utf8.h"
+
+namespace kvsplit::server {
+namespace {
+
+std::string num(double v) {
+  std::ostringstream ss;
+  ss << v;
+  return ss.str();
+}
+
+Status bad(const std::string& field, const std::string& rule, double got) {
+  return invalid_argument(field + ": must be " + rule + ", got " + num(got));
+}
+
+// Optional float field in [lo, hi] (open ends when lo_open / hi_open).
+Status check_float(const std::string& field, bool has, float v, double lo, double hi,
+                   bool lo_open, float* out) {
+  if (!has) return ok_status();
+  const std::string rule = std::string(lo_open ? "in (" : "in [") + num(lo) + ", " + num(hi) + "]";
+  if (!std::isfinite(v) || v > hi || v < lo || (lo_open && v == lo)) return bad(field, rule, v);
+  *out = v;
+  return ok_status();
+}
+
+}  // namespace
+
+StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const RequestLimits& limits) {
+  Request r;
+  if (in.request_id().size() > 128) return invalid_argument("request_id: at most 128 bytes");
+  for (unsigned char ch : in.request_id()) {
+    if (ch < 0x21 || ch > 0x7E) return invalid_argument("request_id: printable ASCII without spaces only");
+  }
+  r.request_id = in.request_id();
+
+  switch (in.input_case()) {
+    case v1::GenerateRequest::kPrompt: {
+      const std::string& p = in.prompt();
+      if (p.size() > static_cast<size_t>(limits.max_prompt_bytes))
+        return invalid_argument("prompt: " + std::to_string(p.size()) + " bytes exceeds the limit of " +
+                                std::to_string(limits.max_prompt_bytes));
+      size_t at = 0;
+      if (!is_valid_utf8(p, &at))
+        return invalid_argument("prompt: invalid UTF-8 at byte " + std::to_string(at));
+      r.prompt = p;
+      break;
+    }
+    case v1::GenerateRequest::kPromptTokenIds: {
+      const auto& ids = in.prompt_token_ids().ids();
+      if (ids.empty()) return invalid_argument("prompt_token_ids: must not be empty");
+      if (ids.size() > limits.max_context)
+        return invalid_argument("prompt_token_ids: " + std::to_string(ids.size()) +
+                                " tokens exceed the model context of " + std::to_string(limits.max_context));
+      for (int i = 0; i < ids.size(); ++i) {
+        if (ids[i] < 0 || ids[i] >= limits.vocab_size)
+          return invalid_argument("prompt_token_ids[" + std::to_string(i) + "]: " + std::to_string(ids[i]) +
+                                  " is not in [0, " + std::to_string(limits.vocab_size) + ")");
+      }
+      r.prompt_token_ids.assign(ids.begin(), ids.end());
+      break;
+    }
+    default:
+      return invalid_argument("prompt: one of prompt or prompt_token_ids is required");
+  }
+
+  SamplingParams& s = r.sampling;
+  const uint32_t max_tokens = in.max_tokens() ? in.max_tokens() : limits.default_max_tokens;
+  if (max_tokens > static_cast<uint32_t>(limits.max_tokens_limit))
+    return invalid_argument("max_tokens: " + std::to_string(max_tokens) + " exceeds the limit of " +
+                            std::to_string(limits.max_tokens_limit));
+  s.max_tokens = static_cast<int32_t>(max_tokens);
+
+  const v1::SamplingParams& sp = in.sampling();
+  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.temperature", sp.has_temperature(), sp.temperature(), 0, 100, false, &s.temperature));
+  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.top_p", sp.has_top_p(), sp.top_p(), 0, 1, true, &s.top_p));
+  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.min_p", sp.has_min_p(), sp.min_p(), 0, 1, false, &s.min_p));
+  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.repetition_penalty", sp.has_repetition_penalty(), sp.repetition_penalty(), 0, 10, true, &s.repetition_penalty));
+  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.presence_penalty", sp.has_presence_penalty(), sp.presence_penalty(), -2, 2, false, &s.presence_penalty));
+  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.frequency_penalty", sp.has_frequency_penalty(), sp.frequency_penalty(), -2, 2, false, &s.frequency_penalty));
+  if (sp.has_top_k()) {
+    if (sp.top_k() < 0 || sp.top_k() > limits.vocab_size)
+      return bad("sampling.top_k", "in [0, " + std::to_string(limits.vocab_size) + "]", sp.top_k());
+    s.top_k = sp.top_k();
+  }
+  if (sp.has_seed()) s.seed = sp.seed();
+
+  if (in.stop_size() > 16) return invalid_argument("stop: at most 16 strings, got " + std::to_string(in.stop_size()));
+  for (int i = 0; i < in.stop_size(); ++i) {
+    const std::string& st = in.stop(i);
+    const std::string f = "stop[" + std::to_string(i) + "]";
+    if (st.empty() || st.size() > 256) return invalid_argument(f + ": must be 1..256 bytes");
+    if (!is_valid_utf8(st)) return invalid_argument(f + ": invalid UTF-8");
+    s.stop.push_back(st);
+  }
+  if (in.stop_token_ids_size() > 64)
+    return invalid_argument("stop_token_ids: at most 64, got " + std::to_string(in.stop_token_ids_size()));
+  for (int i = 0; i < in.stop_token_ids_size(); ++i) {
+    const int32_t id = in.stop_token_ids(i);
+    if (id < 0 || id >= limits.vocab_size)
+      return invalid_argument("stop_token_ids[" + std::to_string(i) + "]: " + std::to_string(id) +
+                              " is not in [0, " + std::to_string(limits.vocab_size) + ")");
+    s.stop_token_ids.push_back(id);
+  }
+  s.ignore_eos = in.ignore_eos();
+
+  if (!in.sla_class().empty()) {
+    bool known = false;
+    for (const auto& n : limits.class_names) known = known || n == in.sla_class();
+    if (!known) {
+      std::string names;
+      for (const auto& n : limits.class_names) names += (names.empty() ? "" : ", ") + n;
+      std::string shown = in.sla_class().substr(0, 64);
+      if (!is_valid_utf8(shown)) shown = "(not UTF-8)";
+      return invalid_argument("sla_class: unknown class '" + shown + "' (known: " + names + ")");
+    }
+  }
+  r.sla_class = in.sla_class();
+  if (in.priority() < -1000 || in.priority() > 1000) return bad("priority", "in [-1000, 1000]", in.priority());
+  r.priority = in.priority();
+  if (in.top_logprobs() > 20) return bad("top_logprobs", "in [0, 20]", in.top_logprobs());
+  r.top_logprobs = in.top_logprobs();
+  return r;
+}
+
+void append_tokens(const TokenEvent& event, bool want_logprobs, v1::GenerateResponse* out) {
+  for (int32_t id : event.token_ids) out->add_token_ids(id);
+  if (!want_logprobs) return;
+  for (const TokenLogprob& lp : event.logprobs) {
+    v1::TokenLogprob* p = out->add_logprobs();
+    p->set_token_id(lp.token_id);
+    p->set_logprob(lp.logprob);
+    for (const auto& [id, logprob] : lp.top) {
+      v1::TopLogprob* t = p->add_top();
+      t->set_token_id(id);
+      t->set_logprob(logprob);
+    }
+  }
+}
+
+v1::FinishReason to_proto(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop: return v1::FINISH_REASON_STOP;
+    case FinishReason::kLength: return v1::FINISH_REASON_LENGTH;
+    case FinishReason::kCancelled: return v1::FINISH_REASON_CANCELLED;
+    case FinishReason::kError: return v1::FINISH_REASON_ERROR;
+    case FinishReason::kNone: break;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+void set_final_fields(const TokenEvent& event, v1::GenerateResponse* out) {
+  out->set_finish_reason(to_proto(event.finish_reason));
+  v1::Usage* u = out->mutable_usage();
+  u->set_prompt_tokens(static_cast<uint32_t>(std::max(0, event.usage.prompt_tokens)));
+  u->set_completion_tokens(static_cast<uint32_t>(std::max(0, event.usage.completion_tokens)));
+  u->set_cached_tokens(static_cast<uint32_t>(std::max(0, event.usage.cached_tokens)));
+  const Timings& t = event.timings;
+  v1::Timings* p = out->mutable_timings();
+  p->set_queue_ms(t.queue_ms);
+  p->set_ttft_ms(t.ttft_ms);
+  p->set_mean_itl_ms(t.mean_itl_ms);
+  p->set_max_itl_ms(t.max_itl_ms);
+  p->set_e2e_ms(t.e2e_ms);
+  p->set_prefill_ms(t.prefill_ms);
+  p->set_handoff_ms(t.handoff_ms);
+  p->set_decode_ms(t.decode_ms);
+  p->set_preempted_ms(t.preempted_ms);
+  p->set_preemptions(static_cast<uint32_t>(std::max(0, t.preemptions)));
+}
+
+grpc::Status to_grpc(const Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  std::string msg = status.message();
+  if (!is_valid_utf8(msg)) msg = "(message not UTF-8)";
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), msg);
+}
+
+void fill_model_info(const ModelInfo& info, const RequestLimits& limits, v1::GetModelInfoResponse* out) {
+  out->set_source(info.source);
+  out->set_architecture(info.architecture);
+  out->set_vocab_size(info.vocab_size);
+  out->set_max_context(info.max_context);
+  out->set_num_layers(info.num_layers);
+  out->set_dim(info.dim);
+  out->set_max_tokens_limit(static_cast<uint32_t>(limits.max_tokens_limit));
+  out->set_default_max_tokens(static_cast<uint32_t>(limits.default_max_tokens));
+  for (const auto& n : limits.class_names) out->add_sla_classes(n);
+}
+
+void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& classes,
+                       int32_t active_streams, v1::GetServerStatsResponse* out) {
+  for (const PoolStats& p : stats.pools) {
+    v1::PoolStats* o = out->add_pools();
+    o->set_name(p.name);
+    o->set_kv_blocks_total(p.kv_blocks_total);
+    o->set_kv_blocks_free(p.kv_blocks_free);
+    o->set_running(p.running);
+    o->set_waiting(p.waiting);
+  }
+  for (const SlaClassStats& c : stats.classes) {
+    v1::SlaClassStats* o = out->add_classes();
+    o->set_name(c.name);
+    for (const SlaClass& def : classes) {
+      if (def.name != c.name) continue;
+      o->set_max_ttft_ms(def.max_ttft_ms);
+      o->set_max_itl_ms(def.max_itl_ms);
+      o->set_priority(def.priority);
+    }
+    o->set_finished(c.finished);
+    o->set_met_ttft(c.met_ttft);
+    o->set_met_itl(c.met_itl);
+    o->set_met_both(c.met_both);
+    o->set_queued(c.queued);
+  }
+  out->set_requests_submitted(stats.requests_submitted);
+  out->set_requests_finished(stats.requests_finished);
+  out->set_requests_cancelled(stats.requests_cancelled);
+  out->set_requests_failed(stats.requests_failed);
+  out->set_preemptions(stats.preemptions);
+  out->set_prompt_tokens(stats.prompt_tokens);
+  out->set_generated_tokens(stats.generated_tokens);
+  out->set_num_running(stats.num_running);
+  out->set_num_waiting(stats.num_waiting);
+  out->set_active_streams(active_streams);
+}
+
+}  // namespace kvsplit::server

@@ -1,0 +1,58 @@
+#include "server/grpc_server.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+namespace kvsplit::server {
+namespace {
+
+StatusOr<std::string> read_file(const std::string& path, const std::string& field) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return invalid_argument(field + ": cannot read '" + path + "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (ss.str().empty()) return invalid_argument(field + ": '" + path + "' is empty");
+  return ss.str();
+}
+
+}  // namespace
+
+StatusOr<RunningServer> start_grpc_server(const config::ServerConfig& config, GenerationService* service) {
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (config.tls.enabled()) {
+    KVSPLIT_ASSIGN_OR_RETURN(std::string cert, read_file(config.tls.cert_file, "server.tls.cert_file"));
+    KVSPLIT_ASSIGN_OR_RETURN(std::string key, read_file(config.tls.key_file, "server.tls.key_file"));
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({key, cert});
+    creds = grpc::SslServerCredentials(ssl);
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+
+  const std::string address = (config.host.find(':') != std::string::npos ? "[" + config.host + "]" : config.host) +
+                              ":" + std::to_string(config.port);
+  RunningServer out;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, creds, &out.port);
+  builder.RegisterService(service);
+  builder.SetMaxReceiveMessageSize(config.max_message_bytes);
+  builder.SetMaxSendMessageSize(64 << 20);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, config.max_concurrent_streams);
+  out.server = builder.BuildAndStart();
+  if (!out.server || out.port == 0)
+    return unavailable("server: cannot listen on " + address + " (port in use or bad host?)");
+  set_serving(out.server.get(), true);
+  return out;
+}
+
+void set_serving(grpc::Server* server, bool serving) {
+  if (auto* health = server->GetHealthCheckService()) {
+    health->SetServingStatus(serving);
+    health->SetServingStatus("kvsplit.v1.Generation", serving);
+  }
+}
+
+}  // namespace kvsplit::server

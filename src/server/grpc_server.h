@@ -1,0 +1,28 @@
+// Builds and starts the gRPC server: kvsplit.v1.Generation, grpc.health.v1.Health (default
+// service; "" and "kvsplit.v1.Generation" report SERVING until drain), server reflection, TLS
+// when configured, message-size and per-connection stream limits.
+#pragma once
+
+#include <memory>
+
+#include <grpcpp/grpcpp.h>
+
+#include "config/config.h"
+#include "kvsplit/status.h"
+#include "server/generation_service.h"
+
+namespace kvsplit::server {
+
+struct RunningServer {
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;  // the bound port (resolves port 0)
+};
+
+// kInvalidArgument naming server.tls.* when the cert/key cannot be read, kUnavailable when the
+// address cannot be bound. `service` must outlive the returned server.
+StatusOr<RunningServer> start_grpc_server(const config::ServerConfig& config, GenerationService* service);
+
+// Marks the health service NOT_SERVING (drain) or SERVING.
+void set_serving(grpc::Server* server, bool serving);
+
+}  // namespace kvsplit::server

@@ -1,0 +1,153 @@
+#include "server/metrics.h"
+
+#include <prometheus/collectable.h>
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <exception>
+
+namespace kvsplit::server {
+
+namespace pm = ::prometheus;
+
+// Builds the engine-owned metric families from one Engine::stats() snapshot per scrape.
+class EngineCollector : public pm::Collectable {
+ public:
+  EngineCollector(Engine* engine, const std::atomic<int32_t>* active)
+      : engine_(engine), active_(active) {}
+
+  std::vector<pm::MetricFamily> Collect() const override {
+    const EngineStats s = engine_->stats();
+    std::vector<pm::MetricFamily> out;
+    auto family = [&](const char* name, const char* help, pm::MetricType type) -> pm::MetricFamily& {
+      out.push_back(pm::MetricFamily{name, help, type, {}});
+      return out.back();
+    };
+    auto gauge = [](double v, std::vector<pm::ClientMetric::Label> labels = {}) {
+      pm::ClientMetric m;
+      m.label = std::move(labels);
+      m.gauge.value = v;
+      return m;
+    };
+    auto counter = [](double v, std::vector<pm::ClientMetric::Label> labels = {}) {
+      pm::ClientMetric m;
+      m.label = std::move(labels);
+      m.counter.value = v;
+      return m;
+    };
+    auto& kv = family("kvsplit:kv_cache_usage_perc", "KV cache usage per pool, fraction of blocks in use (0..1)",
+                      pm::MetricType::Gauge);
+    auto& blocks_free = family("kvsplit:kv_cache_free_blocks", "Free KV blocks per pool", pm::MetricType::Gauge);
+    for (const PoolStats& p : s.pools) {
+      const double used = p.kv_blocks_total > 0
+                              ? 1.0 - static_cast<double>(p.kv_blocks_free) / p.kv_blocks_total
+                              : 0.0;
+      kv.metric.push_back(gauge(used, {{"pool", p.name}}));
+      blocks_free.metric.push_back(gauge(p.kv_blocks_free, {{"pool", p.name}}));
+    }
+    family("kvsplit:num_requests_running", "Sequences running in a batch", pm::MetricType::Gauge)
+        .metric.push_back(gauge(s.num_running));
+    family("kvsplit:num_requests_waiting", "Requests queued, not yet running", pm::MetricType::Gauge)
+        .metric.push_back(gauge(s.num_waiting));
+    family("kvsplit:num_active_streams", "Open Generate calls", pm::MetricType::Gauge)
+        .metric.push_back(gauge(active_.load() ? active_.load()->load() : 0));
+    family("kvsplit:num_preemptions_total", "Preemptions since start", pm::MetricType::Counter)
+        .metric.push_back(counter(static_cast<double>(s.preemptions)));
+    family("kvsplit:prompt_tokens_total", "Prompt tokens processed", pm::MetricType::Counter)
+        .metric.push_back(counter(static_cast<double>(s.prompt_tokens)));
+    family("kvsplit:generation_tokens_total", "Tokens generated", pm::MetricType::Counter)
+        .metric.push_back(counter(static_cast<double>(s.generated_tokens)));
+    auto& finished = family("kvsplit:request_finished_total", "Requests by outcome", pm::MetricType::Counter);
+    finished.metric.push_back(counter(static_cast<double>(s.requests_finished), {{"outcome", "finished"}}));
+    finished.metric.push_back(counter(static_cast<double>(s.requests_cancelled), {{"outcome", "cancelled"}}));
+    finished.metric.push_back(counter(static_cast<double>(s.requests_failed), {{"outcome", "failed"}}));
+    auto& cls_done = family("kvsplit:sla_requests_finished_total", "Finished requests per SLA class",
+                            pm::MetricType::Counter);
+    auto& cls_ttft = family("kvsplit:sla_ttft_met_total", "Requests that met their class's max_ttft_ms",
+                            pm::MetricType::Counter);
+    auto& cls_itl = family("kvsplit:sla_itl_met_total", "Requests that met their class's max_itl_ms",
+                           pm::MetricType::Counter);
+    auto& cls_both = family("kvsplit:sla_slo_met_total", "Requests that met both targets (goodput)",
+                            pm::MetricType::Counter);
+    auto& cls_queued = family("kvsplit:sla_queued_requests", "Requests queued per SLA class", pm::MetricType::Gauge);
+    for (const SlaClassStats& c : s.classes) {
+      std::vector<pm::ClientMetric::Label> l = {{"sla_class", c.name}};
+      cls_done.metric.push_back(counter(static_cast<double>(c.finished), l));
+      cls_ttft.metric.push_back(counter(static_cast<double>(c.met_ttft), l));
+      cls_itl.metric.push_back(counter(static_cast<double>(c.met_itl), l));
+      cls_both.metric.push_back(counter(static_cast<double>(c.met_both), l));
+      cls_queued.metric.push_back(gauge(c.queued, l));
+    }
+    return out;
+  }
+
+  void set_active(const std::atomic<int32_t>* active) { active_.store(active); }
+
+ private:
+  Engine* engine_;
+  std::atomic<const std::atomic<int32_t>*> active_;
+};
+
+namespace {
+// Latency buckets (seconds): 1 ms .. 2 min, roughly x2 per step, as vLLM's histograms span.
+const pm::Histogram::BucketBoundaries& latency_buckets() {
+  static const pm::Histogram::BucketBoundaries b = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06,
+                                                    0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
+                                                    5.0, 10.0, 20.0, 40.0, 80.0, 120.0};
+  return b;
+}
+}  // namespace
+
+StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::create(
+    const std::string& host, int port, Engine* engine, const std::atomic<int32_t>* active_streams) {
+  std::unique_ptr<ServerMetrics> m(new ServerMetrics());
+  m->registry_ = std::make_shared<pm::Registry>();
+  m->collector_ = std::make_shared<EngineCollector>(engine, active_streams);
+  auto& reg = *m->registry_;
+  m->ttft_ = &pm::BuildHistogram().Name("kvsplit:time_to_first_token_seconds")
+                  .Help("Admission to first token").Register(reg);
+  m->itl_ = &pm::BuildHistogram().Name("kvsplit:inter_token_latency_seconds")
+                 .Help("Gap between consecutive tokens of a request").Register(reg);
+  m->e2e_ = &pm::BuildHistogram().Name("kvsplit:e2e_request_latency_seconds")
+                 .Help("Admission to last token").Register(reg);
+  m->queue_ = &pm::BuildHistogram().Name("kvsplit:request_queue_time_seconds")
+                   .Help("Admission to first scheduled").Register(reg);
+  m->calls_ = &pm::BuildCounter().Name("kvsplit:grpc_generate_calls_total")
+                   .Help("Ended Generate calls by gRPC status code").Register(reg);
+  const std::string bind = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
+                           std::to_string(port);
+  try {
+    m->exposer_ = std::make_unique<pm::Exposer>(bind, 2);
+    m->exposer_->RegisterCollectable(m->registry_);
+    m->exposer_->RegisterCollectable(m->collector_);
+    const auto ports = m->exposer_->GetListeningPorts();
+    m->port_ = ports.empty() ? port : ports.front();
+  } catch (const std::exception& e) {
+    return unavailable("metrics: cannot listen on " + bind + ": " + e.what());
+  }
+  return m;
+}
+
+ServerMetrics::~ServerMetrics() = default;
+
+void ServerMetrics::set_active_streams(const std::atomic<int32_t>* counter) { collector_->set_active(counter); }
+
+void ServerMetrics::observe_request(const std::string& sla_class, const TokenEvent& ev) {
+  const pm::Labels l = {{"sla_class", sla_class}};
+  if (ev.usage.completion_tokens > 0) ttft_->Add(l, latency_buckets()).Observe(ev.timings.ttft_ms / 1e3);
+  queue_->Add(l, latency_buckets()).Observe(ev.timings.queue_ms / 1e3);
+  e2e_->Add(l, latency_buckets()).Observe(ev.timings.e2e_ms / 1e3);
+}
+
+void ServerMetrics::observe_itl(const std::string& sla_class, double seconds) {
+  itl_->Add({{"sla_class", sla_class}}, latency_buckets()).Observe(seconds);
+}
+
+void ServerMetrics::count_call(const char* code_name) {
+  calls_->Add({{"code", code_name}}).Increment();
+}
+
+}  // namespace kvsplit::server

@@ -1,0 +1,60 @@
+// Prometheus metrics of the server (pull: an HTTP exposer on its own port, GET /metrics).
+// Latency histograms are observed by the stream reactors; gauges and counters that the engine
+// owns (KV usage per pool, queue lengths, preemptions, tokens, SLO attainment per class) are
+// read from Engine::stats() at scrape time, so they never drift from GetServerStats.
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "kvsplit/engine.h"
+
+namespace prometheus {
+class Exposer;
+class Registry;
+template <typename T> class Family;
+class Histogram;
+class Counter;
+}  // namespace prometheus
+
+namespace kvsplit::server {
+
+class EngineCollector;
+
+class ServerMetrics {
+ public:
+  // Binds host:port (port 0: any free port; see port()). `engine` must outlive this object.
+  // kUnavailable when the port cannot be bound.
+  static StatusOr<std::unique_ptr<ServerMetrics>> create(const std::string& host, int port,
+                                                         Engine* engine,
+                                                         const std::atomic<int32_t>* active_streams);
+  ~ServerMetrics();
+
+  int port() const { return port_; }
+  // The open-stream counter reported as kvsplit:num_active_streams (may be set after create).
+  void set_active_streams(const std::atomic<int32_t>* counter);
+
+  // Per finished request (final event), labelled with its SLA class: TTFT, queue time, E2E.
+  void observe_request(const std::string& sla_class, const TokenEvent& final_event);
+  // One inter-token gap (seconds).
+  void observe_itl(const std::string& sla_class, double seconds);
+  // Per ended Generate call by its gRPC status code name ("OK", "CANCELLED", ...).
+  void count_call(const char* code_name);
+
+ private:
+  ServerMetrics() = default;
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<EngineCollector> collector_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  prometheus::Family<prometheus::Histogram>* ttft_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* itl_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* e2e_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* queue_ = nullptr;
+  prometheus::Family<prometheus::Counter>* calls_ = nullptr;
+  int port_ = -1;
+};
+
+}  // namespace kvsplit::server

@@ -1,0 +1,203 @@
+// kvsplit-server: the gRPC front end. See docs/server.md.
+//
+//   kvsplit-server --config configs/default.yaml [--port N --model PATH ...]   (flags override)
+//   kvsplit-server --model DIR --port N                                         (no config file)
+//   kvsplit-server --check-config FILE                                          (validate, exit)
+//
+// Signals: SIGHUP reloads the SLA classes from --config (a bad file is logged, the old policy
+// stays); SIGTERM/SIGINT drain: stop accepting, wait up to server.drain_timeout_ms for in-flight
+// requests, cancel the rest, exit 0.
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "common/log.h"
+#include "config/config.h"
+#include "model/default_model.h"
+#include "server/grpc_server.h"
+#include "server/metrics.h"
+
+namespace {
+
+using kvsplit::Status;
+namespace config = kvsplit::config;
+namespace server = kvsplit::server;
+
+struct Flags {
+  std::string config_file, check_config, model, tokenizer, host, backend, tls_cert, tls_key, log_level = "info";
+  int port = -2, metrics_port = -2;
+  std::vector<std::string> api_keys;
+};
+
+void apply_flags(const Flags& f, config::Config* c) {
+  if (!f.model.empty()) {
+    c->engine.model = f.model;
+    c->engine.tokenizer = f.tokenizer;
+    c->model_given = true;
+  } else if (!f.tokenizer.empty()) {
+    c->engine.tokenizer = f.tokenizer;
+  }
+  if (!f.host.empty()) c->server.host = f.host;
+  if (f.port != -2) c->server.port = f.port;
+  if (f.metrics_port != -2) c->server.metrics_port = f.metrics_port;
+  if (!f.backend.empty()) c->engine.backend = f.backend;
+  if (!f.tls_cert.empty()) c->server.tls.cert_file = f.tls_cert;
+  if (!f.tls_key.empty()) c->server.tls.key_file = f.tls_key;
+  if (!f.api_keys.empty()) c->server.api_keys = f.api_keys;
+}
+
+// SIGHUP: re-read the SLA classes of `path`; the engine validates and swaps them atomically.
+void reload_sla_classes(const std::string& path, kvsplit::Engine* engine, server::GenerationService* svc) {
+  if (path.empty()) {
+    KVSPLIT_LOG_WARN("SIGHUP: no --config file to reload; SLA classes unchanged");
+    return;
+  }
+  auto fresh = config::load_config_file(path);
+  if (!fresh.ok()) {
+    KVSPLIT_LOG_ERROR("SIGHUP: reload rejected, old SLA policy stays in force: {}", fresh.status().message());
+    return;
+  }
+  Status st = engine->update_sla_classes(fresh->engine.sla_classes);
+  if (!st.ok()) {
+    KVSPLIT_LOG_ERROR("SIGHUP: engine rejected the new SLA classes, old policy stays: {}", st.to_string());
+    return;
+  }
+  svc->set_sla_classes(fresh->engine.sla_classes);
+  std::string names;
+  for (const auto& c : fresh->engine.sla_classes) names += (names.empty() ? "" : ", ") + c.name;
+  KVSPLIT_LOG_INFO("SIGHUP: reloaded {} SLA classes from {}: {}", fresh->engine.sla_classes.size(), path, names);
+}
+
+int run(const Flags& flags) {
+  config::Config cfg;
+  if (!flags.config_file.empty()) {
+    auto loaded = config::load_config_file(flags.config_file);
+    if (!loaded.ok()) {
+      std::cerr << "kvsplit-server: " << loaded.status().message() << "\n";
+      return 2;
+    }
+    cfg = std::move(loaded).value();
+  }
+  apply_flags(flags, &cfg);
+  if (Status st = config::validate_config(cfg); !st.ok()) {
+    std::cerr << "kvsplit-server: " << st.message() << "\n";
+    return 2;
+  }
+  if (!cfg.model_given) {
+    const auto def = kvsplit::model::resolve_default_model();
+    cfg.engine.model = def.model;
+    if (cfg.engine.tokenizer.empty()) cfg.engine.tokenizer = def.tokenizer;
+    KVSPLIT_LOG_INFO("no model given: {}", def.note);
+  }
+  KVSPLIT_LOG_INFO("config: {}", config::describe(cfg));
+
+  auto engine_or = kvsplit::Engine::create(cfg.engine);
+  if (!engine_or.ok()) {
+    std::cerr << "kvsplit-server: cannot start the engine: " << engine_or.status().to_string() << "\n";
+    return 1;
+  }
+  std::unique_ptr<kvsplit::Engine> engine = std::move(engine_or).value();
+
+  server::ServiceOptions opts;
+  opts.max_concurrent_streams = cfg.server.max_concurrent_streams;
+  opts.max_prompt_bytes = cfg.server.max_prompt_bytes;
+  opts.max_tokens_limit = cfg.server.max_tokens_limit;
+  opts.default_max_tokens = cfg.server.default_max_tokens;
+  opts.api_keys = cfg.server.api_keys;
+  // The metrics collector reads the service's stream counter, so the service comes first and the
+  // metrics pointer is patched in before the server starts.
+  std::unique_ptr<server::ServerMetrics> metrics;
+  if (cfg.server.metrics_port >= 0) {
+    auto m = server::ServerMetrics::create(cfg.server.host, cfg.server.metrics_port, engine.get(), nullptr);
+    if (!m.ok()) {
+      std::cerr << "kvsplit-server: " << m.status().message() << "\n";
+      return 1;
+    }
+    metrics = std::move(m).value();
+    opts.metrics = metrics.get();
+  }
+  server::GenerationService service(engine.get(), opts, cfg.engine.sla_classes);
+  if (metrics) metrics->set_active_streams(service.active_streams_counter());
+  auto running = server::start_grpc_server(cfg.server, &service);
+  if (!running.ok()) {
+    std::cerr << "kvsplit-server: " << running.status().message() << "\n";
+    return 1;
+  }
+  const auto info = engine->model_info();
+  KVSPLIT_LOG_INFO("model {} ({}, vocab {}, context {})", info.source, info.architecture, info.vocab_size,
+                   info.max_context);
+  // Machine-readable lines for scripts and tests (stdout, flushed).
+  std::printf("kvsplit-server listening on %s:%d%s\n", cfg.server.host.c_str(), running->port,
+              cfg.server.tls.enabled() ? " (TLS)" : "");
+  if (metrics) std::printf("kvsplit-server metrics on http://%s:%d/metrics\n", cfg.server.host.c_str(), metrics->port());
+  std::fflush(stdout);
+
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&set, &sig) != 0) continue;
+    if (sig == SIGHUP) {
+      reload_sla_classes(flags.config_file, engine.get(), &service);
+      continue;
+    }
+    break;
+  }
+  const auto drain = std::chrono::milliseconds(cfg.server.drain_timeout_ms);
+  KVSPLIT_LOG_INFO("draining: no new requests; waiting up to {} ms for {} open streams", drain.count(),
+                   service.active_streams());
+  service.start_draining();
+  server::set_serving(running->server.get(), false);
+  engine->shutdown(drain);  // finishes in-flight requests up to `drain`, then cancels the rest
+  // Every request has its final event now; give the reactors a moment to flush them.
+  running->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  running->server->Wait();
+  KVSPLIT_LOG_INFO("stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Block the signals we handle before any thread starts, so only sigwait() sees them.
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  Flags f;
+  CLI::App app{"kvsplit-server: gRPC front end of the kvsplit engine (kvsplit.v1.Generation)"};
+  app.add_option("--config", f.config_file, "YAML config (configs/default.yaml); flags override it")
+      ->check(CLI::ExistingFile);
+  app.add_option("--check-config", f.check_config, "validate FILE and exit (0: valid; 2: names the bad field)");
+  app.add_option("--model", f.model, "model: llama2.c .bin, HF directory, or synthetic:<preset>");
+  app.add_option("--tokenizer", f.tokenizer, "tokenizer file (default: beside the model)");
+  app.add_option("--host", f.host, "listen address (default 0.0.0.0)");
+  app.add_option("--port", f.port, "gRPC port (default 50051; 0 = any free port, printed)");
+  app.add_option("--metrics-port", f.metrics_port, "Prometheus port (default 9090; -1 = off; 0 = any)");
+  app.add_option("--backend", f.backend, "cpu | cuda");
+  app.add_option("--tls-cert", f.tls_cert, "PEM certificate chain (TLS on)");
+  app.add_option("--tls-key", f.tls_key, "PEM private key");
+  app.add_option("--api-key", f.api_keys, "accepted bearer key (repeatable; replaces server.api_keys)");
+  app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::from_str(f.log_level));
+
+  if (!f.check_config.empty()) {
+    auto c = config::load_config_file(f.check_config);
+    if (!c.ok()) {
+      std::cerr << "kvsplit-server: " << c.status().message() << "\n";
+      return 2;
+    }
+    std::cout << f.check_config << ": OK (" << config::describe(*c) << ")\n";
+    return 0;
+  }
+  return run(f);
+}
