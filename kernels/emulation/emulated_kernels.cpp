@@ -1,3 +1,4 @@
 // Builds every kernel launcher (*.cu) with the host compiler under the emulation harness. The
 // launchers contain no `<<<>>>` (they call kernels::launch), so the same text compiles both ways.
 #include "attention/attention.cu"  // NOLINT(build/include)
+#include "ops/ops.cu"  // NOLINT(build/include)
