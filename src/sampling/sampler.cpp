@@ -30,6 +30,13 @@ float softmax_runc(float* x, int n, int32_t* max_index) {
   return sum;
 }
 
+// Strict total order on candidates: descending probability, ascending id on ties. Candidates are
+// gathered in id order, so this is the order a stable descending sort (glibc's mergesort qsort in
+// run.c) gives, and partial selections (nth_element, heaps) agree exactly with a full sort.
+bool candidate_before(const Sampler::Candidate& a, const Sampler::Candidate& b) {
+  return a.prob > b.prob || (a.prob == b.prob && a.index < b.index);
+}
+
 int32_t argmax_lowest(const float* x, int n) {
   int32_t best = 0;
   for (int i = 1; i < n; ++i) {
@@ -129,12 +136,6 @@ int32_t Sampler::sample(float* logits, int vocab, std::span<const int32_t> promp
 }
 
 int Sampler::scan_sorted_until(int n, float limit, bool already_sorted, float* cumulative) {
-  // Strict total order: descending probability, ascending id on ties. Candidates are gathered in
-  // id order, so this is the order a stable descending sort (glibc's mergesort qsort in run.c)
-  // gives, and chunked nth_element + sort yields exactly the same sequence as a full sort.
-  auto before = [](const Candidate& a, const Candidate& b) {
-    return a.prob > b.prob || (a.prob == b.prob && a.index < b.index);
-  };
   Candidate* c = candidates_.data();
   float sum = 0.0f;
   int sorted_end = already_sorted ? n : 0;
@@ -142,8 +143,8 @@ int Sampler::scan_sorted_until(int n, float limit, bool already_sorted, float* c
   for (int i = 0; i < n; ++i) {
     if (i == sorted_end) {
       const int end = std::min(n, sorted_end + chunk);
-      if (end < n) std::nth_element(c + sorted_end, c + end, c + n, before);
-      std::sort(c + sorted_end, c + end, before);
+      if (end < n) std::nth_element(c + sorted_end, c + end, c + n, candidate_before);
+      std::sort(c + sorted_end, c + end, candidate_before);
       sorted_end = end;
       chunk *= 4;
     }
@@ -180,23 +181,37 @@ int32_t Sampler::sample_top_p_runc(const float* probs, int vocab, float coin) {
 int32_t Sampler::sample_filtered(const float* probs, int vocab, int32_t max_index, float coin) {
   // min-p: keep p >= min_p * p_max (p_max = probs[max_index]). `>=` also drops NaN.
   const float threshold = params_.min_p > 0.0f ? params_.min_p * probs[max_index] : 0.0f;
+  Candidate* c = candidates_.data();
   int m = 0;
-  for (int i = 0; i < vocab; ++i) {
-    if (probs[i] >= threshold) candidates_[m++] = {probs[i], i};
+  bool sorted = false;
+  if (params_.top_k > 0 && params_.top_k < vocab) {
+    // top-k: the k most probable (ties: lower id first) among those passing min-p, selected with
+    // a bounded heap whose front is the worst kept candidate (one compare per rejected id).
+    const int k = params_.top_k;
+    for (int i = 0; i < vocab; ++i) {
+      if (!(probs[i] >= threshold)) continue;
+      const Candidate cand{probs[i], i};
+      if (m < k) {
+        c[m++] = cand;
+        if (m == k) std::make_heap(c, c + k, candidate_before);
+      } else if (candidate_before(cand, c[0])) {
+        std::pop_heap(c, c + k, candidate_before);
+        c[k - 1] = cand;
+        std::push_heap(c, c + k, candidate_before);
+      }
+    }
+    if (m == k) {
+      std::sort_heap(c, c + k, candidate_before);
+    } else {
+      std::sort(c, c + m, candidate_before);
+    }
+    sorted = true;
+  } else {
+    for (int i = 0; i < vocab; ++i) {
+      if (probs[i] >= threshold) c[m++] = {probs[i], i};
+    }
   }
   if (m == 0) return max_index;
-  bool sorted = false;
-  // top-k: the k most probable (ties: lower id first), sorted.
-  if (params_.top_k > 0 && params_.top_k < m) {
-    auto before = [](const Candidate& a, const Candidate& b) {
-      return a.prob > b.prob || (a.prob == b.prob && a.index < b.index);
-    };
-    Candidate* c = candidates_.data();
-    std::nth_element(c, c + params_.top_k, c + m, before);
-    std::sort(c, c + params_.top_k, before);
-    m = params_.top_k;
-    sorted = true;
-  }
   // Mass of the candidate set, so top_p is relative to the renormalised distribution.
   float mass = 0.0f;
   for (int i = 0; i < m; ++i) mass += candidates_[i].prob;

@@ -45,12 +45,12 @@ class Sampler {
   // The RNG: xorshift64* as run.c's random_f32, 24-bit uniform in [0, 1).
   static float uniform_from_state(uint64_t* state);
 
- private:
-  struct Candidate {
+  struct Candidate {  // scratch entry: a probability and its token id
     float prob;
     int32_t index;
   };
 
+ private:
   float next_uniform() { return uniform_from_state(&rng_state_); }
   void apply_penalties(float* logits, int vocab, std::span<const int32_t> prompt,
                        std::span<const int32_t> output);

@@ -1,9 +1,10 @@
 // Sampler behaviour: greedy ties, temperature distribution, top-k / min-p / top-p candidate sets,
 // penalties, determinism per seed, degenerate logits.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <map>
+#include <utility>
 #include <random>
 #include <set>
 #include <vector>
@@ -185,6 +186,90 @@ TEST(SamplerTest, TopPIsRelativeToTheFilteredSet) {
   // 0.42 -> {3, 1}; top_p 0.5 -> limit 0.35 -> {3}.
   expect_candidates(params_with(1.0f, 0.6f, 3, 0.5f), {3, 1});
   expect_candidates(params_with(1.0f, 0.5f, 3, 0.5f), {3});
+}
+
+// Straightforward statement of the filtered path (docs/sampling.md): float softmax as run.c, one
+// draw, candidates p >= min_p * p_max in id order, a full stable sort when top-k or top-p needs
+// the order, the first k, mass summed in candidate order, top-p prefix against top_p * mass,
+// r = coin * cumulative over that prefix.
+int32_t reference_filtered(std::vector<float> logits, const SamplingParams& p, uint64_t* state) {
+  const int n = static_cast<int>(logits.size());
+  for (float& x : logits) x /= p.temperature;
+  float mx = logits[0];
+  for (float x : logits) mx = std::max(mx, x);
+  float sum = 0.0f;
+  for (float& x : logits) sum += (x = std::exp(x - mx));
+  for (float& x : logits) x /= sum;
+  const float coin = Sampler::uniform_from_state(state);
+  float pmax = logits[0];
+  for (float x : logits) pmax = std::max(pmax, x);
+  const float thr = p.min_p > 0.0f ? p.min_p * pmax : 0.0f;
+  std::vector<std::pair<float, int32_t>> c;
+  for (int i = 0; i < n; ++i) {
+    if (logits[i] >= thr) c.emplace_back(logits[i], i);
+  }
+  auto desc = [](const auto& a, const auto& b) { return a.first > b.first; };
+  if (p.top_k > 0 && p.top_k < n) {
+    std::stable_sort(c.begin(), c.end(), desc);
+    if (static_cast<int>(c.size()) > p.top_k) c.resize(p.top_k);
+  }
+  float mass = 0.0f;
+  for (const auto& e : c) mass += e.first;
+  size_t last = c.size() - 1;
+  float cumulative = mass;
+  if (p.top_p < 1.0f) {
+    std::stable_sort(c.begin(), c.end(), desc);
+    cumulative = 0.0f;
+    for (size_t i = 0; i < c.size(); ++i) {
+      cumulative += c[i].first;
+      if (cumulative > p.top_p * mass) {
+        last = i;
+        break;
+      }
+    }
+  }
+  const float r = coin * cumulative;
+  float cdf = 0.0f;
+  for (size_t i = 0; i <= last; ++i) {
+    cdf += c[i].first;
+    if (r < cdf) return c[i].second;
+  }
+  return c[last].second;
+}
+
+TEST(SamplerTest, FilteredPathMatchesStraightforwardReference) {
+  std::mt19937_64 rng(31);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  int compared = 0;
+  std::set<int32_t> distinct;
+  for (int vocab : {5, 64, 1000, 20000}) {
+    for (int top_k : {0, 1, 3, 40, 900}) {
+      for (float min_p : {0.0f, 0.02f, 0.3f}) {
+        for (float top_p : {0.5f, 0.9f, 1.0f}) {
+          if (top_k == 0 && min_p == 0.0f) continue;  // run.c path, tested elsewhere
+          SamplingParams p = params_with(0.8f, top_p, top_k, min_p);
+          const uint64_t seed = rng() | 1;
+          Sampler s(p, seed);
+          uint64_t ref_state = seed;
+          for (int step = 0; step < 8; ++step) {
+            std::vector<float> logits(vocab);
+            for (float& x : logits) x = normal(rng) * 2.0f;
+            if (step % 2) {
+              for (float& x : logits) x = std::round(x);  // ties
+            }
+            const int32_t want = reference_filtered(logits, p, &ref_state);
+            const int32_t got = s.sample(logits.data(), vocab, {}, {});
+            ASSERT_EQ(got, want) << "vocab " << vocab << " top_k " << top_k << " min_p "
+                                 << min_p << " top_p " << top_p << " step " << step;
+            distinct.insert(got);
+            ++compared;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 400);
+  EXPECT_GT(distinct.size(), 50u);
 }
 
 TEST(SamplerTest, TopKOnLargeVocab) {
