@@ -1,0 +1,144 @@
+// bench_cpu_attention: CPU paged attention. Decode: no split vs the split-K planner on the same
+// data (the ratio is the split-K speedup), KV bytes streamed per second as a fraction of the
+// machine's read bandwidth measured in the same run. Prefill: causal FLOP/s as a fraction of the
+// measured fp32 FMA peak.
+//
+//   bench_cpu_attention [--threads N] [--heads 32] [--kv-heads 8] [--head-dim 128]
+//                       [--block-size 16] [--seconds S]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "backend/backend.h"
+#include "backend/cpu/attention.h"
+#include "backend/cpu/machine_probe.h"
+#include "common/thread_pool.h"
+#include "kv/split_plan.h"
+
+namespace {
+
+using kvsplit::ThreadPool;
+using kvsplit::backend::AttentionArgs;
+using Clock = std::chrono::steady_clock;
+
+// Host arrays of one batch: every sequence has kv_len keys and q_len queries; pages shuffled.
+struct Batch {
+  std::vector<float> pages, q, out;
+  std::vector<int32_t> query_start, kv_lens, tables;
+  AttentionArgs args;
+
+  Batch(int num_seqs, int kv_len, int q_len, int heads, int kv_heads, int head_dim, int bs) {
+    const int per_seq = (kv_len + bs - 1) / bs;
+    const int num_blocks = per_seq * num_seqs;
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    pages.resize(static_cast<size_t>(num_blocks) * 2 * kv_heads * bs * head_dim);
+    for (float& x : pages) x = u(rng);
+    q.resize(static_cast<size_t>(num_seqs) * q_len * heads * head_dim);
+    for (float& x : q) x = u(rng);
+    out.resize(q.size());
+    std::vector<int32_t> ids(num_blocks);
+    for (int i = 0; i < num_blocks; ++i) ids[i] = i;
+    std::shuffle(ids.begin(), ids.end(), rng);
+    tables = ids;
+    for (int s = 0; s <= num_seqs; ++s) query_start.push_back(s * q_len);
+    kv_lens.assign(num_seqs, kv_len);
+    args.q = q.data();
+    args.out = out.data();
+    args.kv = {pages.data(), kvsplit::backend::DType::kF32, num_blocks, kv_heads, bs, head_dim};
+    args.num_seqs = num_seqs;
+    args.num_tokens = num_seqs * q_len;
+    args.num_heads = heads;
+    args.num_kv_heads = kv_heads;
+    args.head_dim = head_dim;
+    args.scale = 1.f / std::sqrt(static_cast<float>(head_dim));
+    args.query_start = query_start.data();
+    args.kv_lens = kv_lens.data();
+    args.block_tables = tables.data();
+    args.max_blocks_per_seq = per_seq;
+    args.max_query_len = q_len;
+    args.max_kv_len = kv_len;
+  }
+};
+
+// Seconds per call, timed over at least `seconds` after one warm-up call.
+double time_call(double seconds, const std::function<void()>& fn) {
+  fn();
+  int64_t n = 0;
+  const auto t0 = Clock::now();
+  double elapsed = 0;
+  do {
+    fn();
+    ++n;
+    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  } while (elapsed < seconds);
+  return elapsed / static_cast<double>(n);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"CPU paged attention benchmark"};
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int heads = 32, kv_heads = 8, head_dim = 128, block_size = 16;
+  double seconds = 0.3;
+  app.add_option("--threads", threads, "threads (default: hardware threads)")->check(CLI::PositiveNumber);
+  app.add_option("--heads", heads, "query heads")->check(CLI::PositiveNumber);
+  app.add_option("--kv-heads", kv_heads, "kv heads (divides --heads)")->check(CLI::PositiveNumber);
+  app.add_option("--head-dim", head_dim, "head_dim")->check(CLI::PositiveNumber);
+  app.add_option("--block-size", block_size, "tokens per page")->check(CLI::PositiveNumber);
+  app.add_option("--seconds", seconds, "minimum timed seconds per case")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  ThreadPool pool(threads);
+  const double bw = kvsplit::backend::cpu::measure_read_bandwidth_gbs(pool);
+  const double peak = kvsplit::backend::cpu::measure_fma_peak_gflops(pool);
+  std::printf("threads %d, heads %d/%d, head_dim %d, block_size %d\n", threads, heads, kv_heads,
+              head_dim, block_size);
+  std::printf("measured read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s\n\n", bw, peak);
+
+  std::printf("decode  %5s %7s | %10s %10s %8s | %6s %7s %7s\n", "seqs", "kv_len", "us nosplit",
+              "us split", "speedup", "splits", "KV GB/s", "of BW");
+  const int decode_cases[][2] = {{1, 1024}, {1, 4096}, {1, 16384}, {4, 4096}, {16, 1024}, {64, 512}};
+  for (const auto& dc : decode_cases) {
+    Batch b(dc[0], dc[1], 1, heads, kv_heads, head_dim, block_size);
+    const auto none = kvsplit::kv::make_split_plan(b.kv_lens.data(), dc[0], block_size, 0);
+    const auto plan = kvsplit::kv::plan_decode_splits(b.kv_lens.data(), dc[0], kv_heads,
+                                                      block_size, threads);
+    kvsplit::Status st;
+    const double t_none = time_call(seconds, [&] { st = cpu_attention_decode(b.args, none, pool); });
+    const double t_split = time_call(seconds, [&] { st = cpu_attention_decode(b.args, plan, pool); });
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s\n", st.to_string().c_str());
+      return 1;
+    }
+    const double bytes = 2.0 * dc[0] * dc[1] * kv_heads * head_dim * sizeof(float);
+    const double gbs = bytes / std::min(t_none, t_split) / 1e9;
+    std::printf("decode  %5d %7d | %10.1f %10.1f %7.2fx | %6d %7.1f %6.0f%%\n", dc[0], dc[1],
+                t_none * 1e6, t_split * 1e6, t_none / t_split, plan.max_splits, gbs, 100 * gbs / bw);
+  }
+
+  std::printf("\nprefill %5s %7s | %10s %10s %7s\n", "seqs", "q_len", "ms/call", "GFLOP/s", "of peak");
+  const int prefill_cases[][2] = {{1, 128}, {1, 512}, {1, 2048}, {4, 512}};
+  for (const auto& pc : prefill_cases) {
+    Batch b(pc[0], pc[1], pc[1], heads, kv_heads, head_dim, block_size);
+    kvsplit::Status st;
+    const double t = time_call(seconds, [&] { st = cpu_attention_prefill(b.args, pool); });
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s\n", st.to_string().c_str());
+      return 1;
+    }
+    // QK^T and PV: 2 * 2 * head_dim FLOPs per (query head, visible key) pair.
+    const double pairs = static_cast<double>(pc[0]) * heads * pc[1] * (pc[1] + 1) / 2.0;
+    const double gflops = 4.0 * head_dim * pairs / t / 1e9;
+    std::printf("prefill %5d %7d | %10.2f %10.1f %6.0f%%\n", pc[0], pc[1], t * 1e3, gflops,
+                100 * gflops / peak);
+  }
+  return 0;
+}
