@@ -1,0 +1,207 @@
+// The cancel contract: requests cancelled at random instants (queued, mid-prefill, mid-handoff,
+// mid-decode) under load free every block exactly once, nobody deadlocks, and every accepted
+// request gets exactly one final event. Also: handoff and queue timeouts, shutdown.
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "engine/engine_test_util.h"
+
+namespace kvsplit {
+namespace {
+
+using testing::collect;
+using testing::Collected;
+
+class EngineCancel : public ::testing::TestWithParam<ServingMode> {};
+
+TEST_P(EngineCancel, ThousandRandomCancelsLeakNothing) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = testing::stories_config(GetParam());
+  cfg.kv_blocks_per_worker = 64;  // small enough that preemption and handoff waits happen too
+  cfg.max_batch_tokens = 64;
+  auto engine = Engine::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const std::vector<int> initial = testing::free_blocks(**engine);
+
+  // Requests arrive every 600 us. 40% are cancelled at a random instant 0..20 ms after arrival
+  // (queued / prefill), 20% as soon as their first token shows up (the handoff window), 20% after
+  // 2..10 tokens (decode); the rest run to completion.
+  constexpr int kRequests = 1000;
+  std::mt19937 rng(1234);
+  std::vector<Request> reqs(kRequests);
+  std::vector<int64_t> cancel_at_us(kRequests, -1);
+  std::vector<int> cancel_after_tokens(kRequests, -1);
+  for (int i = 0; i < kRequests; ++i) {
+    Request& r = reqs[i];
+    r.request_id = "c" + std::to_string(i);
+    std::vector<int32_t> prompt(1 + rng() % 60);
+    for (int32_t& t : prompt) t = 3 + static_cast<int32_t>(rng() % 500);
+    r.prompt_token_ids = prompt;
+    r.sampling.max_tokens = 1 + rng() % 40;
+    r.sampling.temperature = (rng() % 2) ? 0.0f : 1.0f;
+    const int kind = static_cast<int>(rng() % 5);
+    if (kind <= 1) cancel_at_us[i] = i * 600 + static_cast<int64_t>(rng() % 20000);
+    if (kind == 2) cancel_after_tokens[i] = 1;
+    if (kind == 3) cancel_after_tokens[i] = 2 + static_cast<int>(rng() % 9);
+  }
+  std::vector<std::pair<int64_t, int>> timed;
+  for (int i = 0; i < kRequests; ++i) {
+    if (cancel_at_us[i] >= 0) timed.emplace_back(cancel_at_us[i], i);
+  }
+  std::sort(timed.begin(), timed.end());
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<RequestHandle> handles(kRequests);
+  std::atomic<int> num_submitted{0};
+  std::atomic<int> submit_errors{0};
+  std::thread submitter([&] {
+    for (int i = 0; i < kRequests; ++i) {
+      std::this_thread::sleep_until(t0 + std::chrono::microseconds(i * 600));
+      auto h = (*engine)->submit(reqs[i]);
+      if (h.ok()) handles[i] = *h; else submit_errors.fetch_add(1);
+      num_submitted.store(i + 1, std::memory_order_release);
+    }
+  });
+  std::thread canceller([&] {
+    for (const auto& [at_us, i] : timed) {
+      std::this_thread::sleep_until(t0 + std::chrono::microseconds(at_us));
+      (*engine)->cancel(reqs[i].request_id);
+    }
+  });
+  // Consumer: drains every handle, cancels on token counts, never waits unboundedly.
+  std::vector<std::vector<int32_t>> tokens(kRequests);
+  std::vector<TokenEvent> finals(kRequests);
+  std::vector<int> num_finals(kRequests, 0), after_final(kRequests, 0);
+  int done = 0;
+  const auto deadline = t0 + std::chrono::seconds(120);
+  while (done < kRequests && std::chrono::steady_clock::now() < deadline) {
+    const int n = num_submitted.load(std::memory_order_acquire);
+    bool progress = false;
+    for (int i = 0; i < n; ++i) {
+      TokenEvent ev;
+      while (handles[i].try_next(&ev)) {
+        progress = true;
+        if (num_finals[i] > 0) { ++after_final[i]; continue; }
+        tokens[i].insert(tokens[i].end(), ev.token_ids.begin(), ev.token_ids.end());
+        if (ev.final) {
+          finals[i] = ev;
+          ++num_finals[i];
+          ++done;
+        } else if (cancel_after_tokens[i] > 0 &&
+                   static_cast<int>(tokens[i].size()) >= cancel_after_tokens[i]) {
+          (*engine)->cancel(reqs[i].request_id);
+          cancel_after_tokens[i] = 0;
+        }
+      }
+    }
+    if (!progress) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  submitter.join();
+  canceller.join();
+  ASSERT_EQ(submit_errors.load(), 0);
+  ASSERT_EQ(done, kRequests) << "requests without a final event (deadlock?)";
+  int cancelled = 0, finished = 0, cancelled_before_token = 0, cancelled_after_token = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    EXPECT_EQ(num_finals[i], 1);
+    EXPECT_EQ(after_final[i], 0);
+    const FinishReason fr = finals[i].finish_reason;
+    ASSERT_TRUE(fr == FinishReason::kCancelled || fr == FinishReason::kStop ||
+                fr == FinishReason::kLength)
+        << finish_reason_name(fr) << " " << finals[i].status.to_string();
+    EXPECT_EQ(finals[i].usage.completion_tokens, static_cast<int>(tokens[i].size()));
+    if (fr == FinishReason::kCancelled) {
+      ++cancelled;
+      (tokens[i].empty() ? cancelled_before_token : cancelled_after_token)++;
+    } else {
+      ++finished;
+    }
+  }
+  std::printf("cancelled %d (%d before the first token, %d after), finished %d\n", cancelled,
+              cancelled_before_token, cancelled_after_token, finished);
+  EXPECT_EQ(cancelled + finished, kRequests);
+  EXPECT_GT(cancelled_before_token, 0);
+  EXPECT_GT(cancelled_after_token, 0);
+  EXPECT_GT(finished, 0);
+  EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+  const EngineStats s = (*engine)->stats();
+  EXPECT_EQ(s.requests_cancelled, cancelled);
+  EXPECT_EQ(s.requests_finished, finished);
+  EXPECT_EQ(s.num_running, 0);
+  EXPECT_EQ(s.num_waiting, 0);
+  EXPECT_FALSE((*engine)->cancel("c0"));  // finished requests are unknown
+}
+
+// Every request alive at shutdown gets its final event; nothing is accepted afterwards.
+TEST_P(EngineCancel, ShutdownFinishesEverything) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto engine = Engine::create(testing::stories_config(GetParam()));
+  ASSERT_TRUE(engine.ok());
+  std::vector<RequestHandle> handles;
+  for (int i = 0; i < 50; ++i) {
+    Request r;
+    r.prompt = "Once upon a time";
+    r.sampling.max_tokens = 400;
+    r.sampling.ignore_eos = true;
+    handles.push_back(*(*engine)->submit(r));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  (*engine)->shutdown(std::chrono::milliseconds(10));
+  for (RequestHandle& h : handles) {
+    Collected c = collect(h, std::chrono::seconds(10));
+    ASSERT_FALSE(c.timed_out);
+    EXPECT_EQ(c.finals, 1);
+  }
+  Request r;
+  r.prompt = "x";
+  auto late = (*engine)->submit(r);
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), StatusCode::kUnavailable);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, EngineCancel,
+                         ::testing::Values(ServingMode::kColocated, ServingMode::kDisaggregated),
+                         [](const auto& info) {
+                           return info.param == ServingMode::kColocated ? "Colocated" : "Disaggregated";
+                         });
+
+// A decode worker with room for one sequence: the second request's handoff waits, then fails with
+// DEADLINE_EXCEEDED; the first keeps running; all blocks come back.
+TEST(EngineHandoff, TimeoutIsAnExplicitError) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = testing::stories_config(ServingMode::kDisaggregated);
+  cfg.num_decode_workers = 1;
+  cfg.max_num_seqs = 1;
+  cfg.handoff_timeout_ms = 50;
+  auto engine = Engine::create(cfg);
+  ASSERT_TRUE(engine.ok());
+  const std::vector<int> initial = testing::free_blocks(**engine);
+  Request a;
+  a.request_id = "long";
+  a.prompt = "Once upon a time";
+  a.sampling.max_tokens = 450;
+  a.sampling.ignore_eos = true;
+  auto ha = (*engine)->submit(a);
+  ASSERT_TRUE(ha.ok());
+  TokenEvent first;
+  ASSERT_TRUE(ha->next(&first, std::chrono::seconds(10)));  // A is past prefill
+  ASSERT_TRUE(ha->next(&first, std::chrono::seconds(10)));  // and decoding
+  Request b = a;
+  b.request_id = "waits";
+  b.sampling.max_tokens = 4;
+  Collected cb = collect(*(*engine)->submit(b), std::chrono::seconds(30));
+  ASSERT_FALSE(cb.timed_out);
+  EXPECT_EQ(cb.final_event.finish_reason, FinishReason::kError);
+  EXPECT_EQ(cb.final_event.status.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(cb.final_event.status.message().find("KV handoff"), std::string::npos)
+      << cb.final_event.status.message();
+  EXPECT_EQ(cb.tokens.size(), 1u);  // the first token was sampled by the prefill worker
+  EXPECT_TRUE((*engine)->cancel("long"));
+  Collected ca = collect(*ha, std::chrono::seconds(30));
+  EXPECT_EQ(ca.final_event.finish_reason, FinishReason::kCancelled);
+  EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+}
+
+}  // namespace
+}  // namespace kvsplit
