@@ -21,29 +21,31 @@ constexpr const char* elem_name(ElemType t) {
 }  // namespace kvsplit::kernels
 
 #if defined(KVSPLIT_EMULATE_CUDA) || defined(__CUDACC__)
+#include "common/cuda_compat.h"
+
 namespace kvsplit::kernels {
 
 template <typename T>
 struct Elem;
 template <>
 struct Elem<float> {
-  __device__ static float to_float(float x) { return x; }
-  __device__ static float from_float(float x) { return x; }
+  __device__ __forceinline__ static float to_float(float x) { return x; }
+  __device__ __forceinline__ static float from_float(float x) { return x; }
 };
 template <>
 struct Elem<__half> {
-  __device__ static float to_float(__half x) { return __half2float(x); }
-  __device__ static __half from_float(float x) { return __float2half_rn(x); }
+  __device__ __forceinline__ static float to_float(__half x) { return __half2float(x); }
+  __device__ __forceinline__ static __half from_float(float x) { return __float2half_rn(x); }
 };
 template <>
 struct Elem<__nv_bfloat16> {
-  __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-  __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+  __device__ __forceinline__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+  __device__ __forceinline__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 };
 
 // 16-byte vector memory access (one 128-bit load/store on the device; memcpy under emulation,
 // where the harness must not rely on type punning). `p` must be 16-byte aligned.
-__device__ uint4 load16(const void* p) {
+__device__ __forceinline__ uint4 load16(const void* p) {
 #if defined(KVSPLIT_EMULATE_CUDA)
   uint4 v;
   std::memcpy(&v, p, 16);
@@ -52,7 +54,7 @@ __device__ uint4 load16(const void* p) {
   return *reinterpret_cast<const uint4*>(p);
 #endif
 }
-__device__ void store16(void* p, uint4 v) {
+__device__ __forceinline__ void store16(void* p, uint4 v) {
 #if defined(KVSPLIT_EMULATE_CUDA)
   std::memcpy(p, &v, 16);
 #else
@@ -64,7 +66,7 @@ __device__ void store16(void* p, uint4 v) {
 template <typename T>
 struct Vec16 {
   static constexpr int kElems = 16 / static_cast<int>(sizeof(T));
-  __device__ static void to_floats(uint4 v, float* out) {
+  __device__ __forceinline__ static void to_floats(uint4 v, float* out) {
     T e[kElems];
     memcpy(e, &v, 16);
 #pragma unroll

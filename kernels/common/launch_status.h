@@ -1,9 +1,9 @@
-// cudaError_t -> Status for launchers (device code never returns Status). Include after
-// kernels/common/cuda_compat.h.
+// cudaError_t -> Status for launchers (device code never returns Status).
 #pragma once
 
 #include <string>
 
+#include "common/cuda_compat.h"
 #include "kvsplit/status.h"
 
 namespace kvsplit::kernels {

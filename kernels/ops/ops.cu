@@ -98,4 +98,39 @@ Status launch_argmax(const float* logits, int num_rows, int vocab, int32_t* ids,
                        "argmax");
 }
 
+namespace {
+unsigned elementwise_blocks(int64_t n) {
+  const int64_t blocks = (n + kElementwiseThreads - 1) / kElementwiseThreads;
+  return static_cast<unsigned>(blocks < kElementwiseMaxBlocks ? blocks : kElementwiseMaxBlocks);
+}
+}  // namespace
+
+Status launch_convert_f32(const float* in, int64_t n, void* out, ElemType dtype, cudaStream_t stream) {
+  if (n < 0) return invalid_argument("convert: negative size");
+  if (n == 0) return ok_status();
+  if (!in || !out) return invalid_argument("convert: null pointer");
+  const dim3 grid(elementwise_blocks(n)), block(kElementwiseThreads);
+  switch (dtype) {
+    case ElemType::kF32:
+      return launch_status(launch(convert_f32_kernel<float>, grid, block, 0, stream, in, n,
+                                  static_cast<float*>(out)), "convert");
+    case ElemType::kF16:
+      return launch_status(launch(convert_f32_kernel<__half>, grid, block, 0, stream, in, n,
+                                  static_cast<__half*>(out)), "convert");
+    case ElemType::kBF16:
+      return launch_status(launch(convert_f32_kernel<__nv_bfloat16>, grid, block, 0, stream, in, n,
+                                  static_cast<__nv_bfloat16*>(out)), "convert");
+  }
+  return invalid_argument("convert: unknown dtype");
+}
+
+Status launch_add_bias(float* out, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows < 0 || cols <= 0) return invalid_argument("add_bias: bad shape");
+  if (rows == 0) return ok_status();
+  if (!out || !bias) return invalid_argument("add_bias: null pointer");
+  return launch_status(launch(add_bias_kernel, dim3(elementwise_blocks(rows * cols)),
+                              dim3(kElementwiseThreads), 0, stream, out, bias, rows, cols),
+                       "add_bias");
+}
+
 }  // namespace kvsplit::kernels

@@ -14,7 +14,7 @@ namespace kvsplit::kernels {
 inline constexpr int kRowThreads = 256;
 
 // Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
-__device__ float block_sum(float v, float* scratch /* [32] shared */) {
+__device__ __forceinline__ float block_sum(float v, float* scratch /* [32] shared */) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
   v = warp_sum(v);
   __syncthreads();  // scratch may still be read by a previous call
@@ -105,7 +105,7 @@ __global__ void embedding_kernel(const int32_t* ids, const T* table, int64_t row
 }
 
 // (value, index) with NaN losing and lowest index winning exact ties.
-__device__ bool argmax_better(float v, int i, float best_v, int best_i) {
+__device__ __forceinline__ bool argmax_better(float v, int i, float best_v, int best_i) {
   if (v != v) return false;
   if (best_v != best_v) return true;
   return v > best_v || (v == best_v && i < best_i);
@@ -133,6 +133,22 @@ __global__ void argmax_kernel(const float* logits, int vocab, int32_t* ids) {
       if (argmax_better(best_vs[w], best_is[w], best_v, best_i)) { best_v = best_vs[w]; best_i = best_is[w]; }
     ids[blockIdx.x] = best_i;
   }
+}
+
+// Grid-stride over n elements.
+template <typename T>
+__global__ void convert_f32_kernel(const float* in, int64_t n, T* out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    out[i] = Elem<T>::from_float(in[i]);
+}
+
+// Grid-stride over rows * cols elements.
+__global__ void add_bias_kernel(float* out, const float* bias, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    out[i] += bias[i % cols];
 }
 
 }  // namespace kvsplit::kernels

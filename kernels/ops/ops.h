@@ -64,4 +64,10 @@ Status launch_embedding(const int32_t* ids, int num_tokens, const void* table, E
 // row is all NaN, then 0); logits [num_rows, vocab].
 Status launch_argmax(const float* logits, int num_rows, int vocab, int32_t* ids, cudaStream_t stream);
 
+// out[i] = in[i] converted to `dtype` (round to nearest even), n elements.
+Status launch_convert_f32(const float* in, int64_t n, void* out, ElemType dtype, cudaStream_t stream);
+
+// out[r, c] += bias[c]; out [rows, cols].
+Status launch_add_bias(float* out, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
+
 }  // namespace kvsplit::kernels

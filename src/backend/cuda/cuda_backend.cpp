@@ -1,0 +1,362 @@
+// CudaBackend (see cuda_backend.h).
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "attention/paged_attention.h"
+#include "backend/cuda/cuda_util.h"
+#include "common/float_bits.h"
+#include "common/log.h"
+#include "ops/ops.h"
+
+namespace kvsplit::backend::cuda {
+namespace {
+
+kernels::ElemType to_elem(DType t) {
+  switch (t) {
+    case DType::kF32: return kernels::ElemType::kF32;
+    case DType::kF16: return kernels::ElemType::kF16;
+    case DType::kBF16: return kernels::ElemType::kBF16;
+  }
+  return kernels::ElemType::kF32;
+}
+
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::kF32 ? CUDA_R_32F : (t == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF);
+}
+
+float element_as_float(const void* data, DType t, int64_t i) {
+  uint16_t b;
+  switch (t) {
+    case DType::kF32: return static_cast<const float*>(data)[i];
+    case DType::kF16:
+      std::memcpy(&b, static_cast<const uint16_t*>(data) + i, 2);
+      return kernels::half_bits_to_float(b);
+    case DType::kBF16:
+      std::memcpy(&b, static_cast<const uint16_t*>(data) + i, 2);
+      return kernels::bf16_bits_to_float(b);
+  }
+  return 0.f;
+}
+
+kernels::PagedAttentionParams attention_params(const AttentionArgs& a) {
+  kernels::PagedAttentionParams p;
+  p.q = a.q;
+  p.out = a.out;
+  p.kv = a.kv.data;
+  p.kv_dtype = to_elem(a.kv.dtype);
+  p.num_seqs = a.num_seqs;
+  p.num_tokens = a.num_tokens;
+  p.num_heads = a.num_heads;
+  p.num_kv_heads = a.num_kv_heads;
+  p.head_dim = a.head_dim;
+  p.block_size = a.kv.block_size;
+  p.num_blocks = a.kv.num_blocks;
+  p.scale = a.scale;
+  p.query_start = a.query_start;
+  p.kv_lens = a.kv_lens;
+  p.block_tables = a.block_tables;
+  p.max_blocks_per_seq = a.max_blocks_per_seq;
+  p.max_query_len = a.max_query_len;
+  return p;
+}
+
+Status check_attention_shape(const AttentionArgs& a) {
+  if (a.kv.num_kv_heads != a.num_kv_heads || a.kv.head_dim != a.head_dim)
+    return invalid_argument("cuda attention: LayerKv shape does not match the call (kv heads " +
+                            std::to_string(a.kv.num_kv_heads) + " vs " + std::to_string(a.num_kv_heads) +
+                            ", head_dim " + std::to_string(a.kv.head_dim) + " vs " +
+                            std::to_string(a.head_dim) + ")");
+  return ok_status();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device, const CudaBackendOptions& options) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    return unavailable(std::string("backend 'cuda': no usable CUDA device (") +
+                       (e == cudaSuccess ? "0 devices" : cudaGetErrorString(e)) + ")");
+  }
+  if (device < 0 || device >= count)
+    return invalid_argument("backend 'cuda': device " + std::to_string(device) + " outside [0, " +
+                            std::to_string(count) + ")");
+  std::unique_ptr<CudaBackend> b(new CudaBackend());
+  b->device_ = device;
+  b->options_ = options;
+  KVSPLIT_CUDA_RETURN(cudaSetDevice(device), "cudaSetDevice");
+  cudaDeviceProp prop{};
+  KVSPLIT_CUDA_RETURN(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  b->num_sms_ = prop.multiProcessorCount;
+  b->name_ = "cuda (" + std::string(prop.name) + ", " + std::to_string(prop.multiProcessorCount) +
+             " SMs, sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ", weights " +
+             std::string(dtype_name(options.weight_dtype)) + ")";
+  KVSPLIT_CUDA_RETURN(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  KVSPLIT_CUDA_RETURN(cudaEventCreateWithFlags(&b->staging_done_, cudaEventDisableTiming), "cudaEventCreate");
+  KVSPLIT_CUBLAS_RETURN(cublasCreate(&b->cublas_), "cublasCreate");
+  KVSPLIT_CUBLAS_RETURN(cublasSetStream(b->cublas_, b->stream_), "cublasSetStream");
+  void* flag = nullptr;
+  KVSPLIT_CUDA_RETURN(cudaMalloc(&flag, sizeof(int)), "cudaMalloc(error flag)");
+  b->error_flag_ = static_cast<int*>(flag);
+  KVSPLIT_CUDA_RETURN(cudaMemset(b->error_flag_, 0, sizeof(int)), "cudaMemset");
+  KVSPLIT_LOG_INFO("created backend {}", b->name_);
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  for (void* w : weights_) cudaFree(w);
+  for (void* p : {act16_, plan_dev_, partials_, static_cast<void*>(error_flag_)})
+    if (p) cudaFree(p);
+  if (pinned_) cudaFreeHost(pinned_);
+  if (cublas_) cublasDestroy(cublas_);
+  if (staging_done_) cudaEventDestroy(staging_done_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+StatusOr<void*> CudaBackend::alloc(size_t bytes) {
+  void* p = nullptr;
+  KVSPLIT_CUDA_RETURN(cudaMallocAsync(&p, bytes ? bytes : 1, stream_), "cudaMallocAsync");
+  return p;
+}
+
+void CudaBackend::free(void* ptr) {
+  if (ptr) cudaFreeAsync(ptr, stream_);
+}
+
+Status CudaBackend::copy_h2d(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return ok_status();
+  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "copy_h2d");
+  // The caller may reuse `src` right away (pageable memory): wait for the copy.
+  KVSPLIT_CUDA_RETURN(cudaStreamSynchronize(stream_), "copy_h2d sync");
+  return ok_status();
+}
+
+Status CudaBackend::copy_d2h(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return check_error_flag();
+  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy_d2h");
+  KVSPLIT_CUDA_RETURN(cudaStreamSynchronize(stream_), "copy_d2h sync");
+  return check_error_flag();
+}
+
+Status CudaBackend::copy_d2d(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return ok_status();
+  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy_d2d");
+  return ok_status();
+}
+
+Status CudaBackend::memset_zero(void* dst, size_t bytes) {
+  if (bytes == 0) return ok_status();
+  KVSPLIT_CUDA_RETURN(cudaMemsetAsync(dst, 0, bytes, stream_), "memset");
+  return ok_status();
+}
+
+Status CudaBackend::synchronize() {
+  KVSPLIT_CUDA_RETURN(cudaStreamSynchronize(stream_), "synchronize");
+  return check_error_flag();
+}
+
+Status CudaBackend::check_error_flag() {
+  int flag = 0;
+  KVSPLIT_CUDA_RETURN(cudaMemcpy(&flag, error_flag_, sizeof(int), cudaMemcpyDeviceToHost), "error flag");
+  if (flag == 0) return ok_status();
+  KVSPLIT_CUDA_RETURN(cudaMemset(error_flag_, 0, sizeof(int)), "error flag reset");
+  return invalid_argument(std::string("cuda: an index input was out of range in a recent ") +
+                          last_flag_op_ + " call (block id, slot or token id); that item was skipped");
+}
+
+Status CudaBackend::reserve(void** buf, size_t* cap, size_t bytes) {
+  if (*cap >= bytes) return ok_status();
+  if (*buf) KVSPLIT_CUDA_RETURN(cudaFreeAsync(*buf, stream_), "cudaFreeAsync");
+  *buf = nullptr;
+  *cap = 0;
+  const size_t grown = std::max(bytes, *cap * 2);
+  KVSPLIT_CUDA_RETURN(cudaMallocAsync(buf, grown, stream_), "cudaMallocAsync(scratch)");
+  *cap = grown;
+  return ok_status();
+}
+
+StatusOr<void*> CudaBackend::staging(size_t bytes) {
+  KVSPLIT_CUDA_RETURN(cudaEventSynchronize(staging_done_), "staging wait");
+  if (pinned_cap_ < bytes) {
+    if (pinned_) cudaFreeHost(pinned_);
+    pinned_ = nullptr;
+    pinned_cap_ = 0;
+    KVSPLIT_CUDA_RETURN(cudaMallocHost(&pinned_, bytes), "cudaMallocHost");
+    pinned_cap_ = bytes;
+  }
+  return pinned_;
+}
+
+StatusOr<MatrixView> CudaBackend::upload_matrix(const void* host, DType dtype, int64_t rows, int64_t cols) {
+  if (!host || rows <= 0 || cols <= 0) return invalid_argument("upload_matrix: empty or null matrix");
+  const DType target = options_.weight_dtype;
+  const int64_t n = rows * cols;
+  const size_t bytes = static_cast<size_t>(n) * dtype_size(target);
+  void* dev = nullptr;
+  KVSPLIT_CUDA_RETURN(cudaMalloc(&dev, bytes), "cudaMalloc(weights)");
+  weights_.push_back(dev);
+  // Convert on the host through pinned staging in chunks (weights may be memory-mapped f32).
+  constexpr int64_t kChunk = int64_t{1} << 22;
+  for (int64_t begin = 0; begin < n; begin += kChunk) {
+    const int64_t cnt = std::min(kChunk, n - begin);
+    KVSPLIT_ASSIGN_OR_RETURN(void* stage, staging(static_cast<size_t>(cnt) * dtype_size(target)));
+    if (dtype == target) {
+      std::memcpy(stage, static_cast<const char*>(host) + begin * dtype_size(dtype), cnt * dtype_size(dtype));
+    } else {
+      for (int64_t i = 0; i < cnt; ++i) {
+        const float f = element_as_float(host, dtype, begin + i);
+        if (target == DType::kF32) {
+          static_cast<float*>(stage)[i] = f;
+        } else {
+          static_cast<uint16_t*>(stage)[i] =
+              target == DType::kF16 ? kernels::float_to_half_bits(f) : kernels::float_to_bf16_bits(f);
+        }
+      }
+    }
+    KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(static_cast<char*>(dev) + begin * dtype_size(target), stage,
+                                        cnt * dtype_size(target), cudaMemcpyHostToDevice, stream_),
+                        "upload_matrix copy");
+    KVSPLIT_CUDA_RETURN(cudaEventRecord(staging_done_, stream_), "cudaEventRecord");
+  }
+  return MatrixView{dev, target, rows, cols};
+}
+
+Status CudaBackend::embedding(const int32_t* ids, int num_tokens, const MatrixView& table, float* out) {
+  last_flag_op_ = "embedding";
+  return kernels::launch_embedding(ids, num_tokens, table.data, to_elem(table.dtype), table.rows,
+                                   table.cols, out, error_flag_, stream_);
+}
+
+Status CudaBackend::rmsnorm(const float* x, const float* weight, int num_tokens, int dim, float eps,
+                            float* out) {
+  return kernels::launch_rmsnorm(x, weight, num_tokens, dim, eps, out, nullptr, stream_);
+}
+
+Status CudaBackend::add_rmsnorm(float* residual, const float* x, const float* weight, int num_tokens,
+                                int dim, float eps, float* out) {
+  if (num_tokens > 0 && !residual) return invalid_argument("add_rmsnorm: null residual");
+  return kernels::launch_rmsnorm(x, weight, num_tokens, dim, eps, out, residual, stream_);
+}
+
+Status CudaBackend::gemm(const float* x, int m, const MatrixView& w, const float* bias, float* out,
+                         bool accumulate) {
+  if (m < 0 || w.rows <= 0 || w.cols <= 0) return invalid_argument("gemm: bad shape");
+  if (m == 0) return ok_status();
+  if (!x || !out || !w.data) return invalid_argument("gemm: null pointer");
+  if (w.rows > INT32_MAX || w.cols > INT32_MAX) return invalid_argument("gemm: matrix too large");
+  const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
+  const void* xin = x;
+  if (w.dtype != DType::kF32) {
+    // Tensor-core GEMM: activations rounded to the weight type, fp32 accumulation and output.
+    KVSPLIT_RETURN_IF_ERROR(reserve(&act16_, &act16_cap_, size_t(m) * k * 2));
+    KVSPLIT_RETURN_IF_ERROR(kernels::launch_convert_f32(x, int64_t{m} * k, act16_, to_elem(w.dtype), stream_));
+    xin = act16_;
+  }
+  const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
+  // Row-major out[m, n] = x[m, k] * w[n, k]^T is column-major out^T[n, m] = w^T' * x^T.
+  KVSPLIT_CUBLAS_RETURN(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w.data,
+                                     cuda_type(w.dtype), k, xin, cuda_type(w.dtype), k, &beta, out,
+                                     CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                        "cublasGemmEx");
+  if (bias) KVSPLIT_RETURN_IF_ERROR(kernels::launch_add_bias(out, bias, m, n, stream_));
+  return ok_status();
+}
+
+Status CudaBackend::rope(float* q, float* k, const int32_t* positions, int num_tokens, int num_heads,
+                         int num_kv_heads, const RopeArgs& args) {
+  kernels::RopeParams p;
+  p.q = q;
+  p.k = k;
+  p.positions = positions;
+  p.inv_freq = args.inv_freq;
+  p.num_tokens = num_tokens;
+  p.num_heads = num_heads;
+  p.num_kv_heads = num_kv_heads;
+  p.head_dim = args.head_dim;
+  p.rotary_dim = args.rotary_dim;
+  p.interleaved = args.style == RopeStyle::kInterleaved;
+  return kernels::launch_rope(p, stream_);
+}
+
+Status CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {
+  return kernels::launch_swiglu(gate, up, n, out, stream_);
+}
+
+Status CudaBackend::kv_append(const LayerKv& kv, const float* k, const float* v,
+                              const int32_t* slot_mapping, int num_tokens) {
+  kernels::KvAppendParams p;
+  p.pages = kv.data;
+  p.dtype = to_elem(kv.dtype);
+  p.num_blocks = kv.num_blocks;
+  p.num_kv_heads = kv.num_kv_heads;
+  p.block_size = kv.block_size;
+  p.head_dim = kv.head_dim;
+  p.k = k;
+  p.v = v;
+  p.slot_mapping = slot_mapping;
+  p.num_tokens = num_tokens;
+  p.error_flag = error_flag_;
+  last_flag_op_ = "kv_append";
+  return kernels::launch_kv_append(p, stream_);
+}
+
+Status CudaBackend::attention_prefill(const AttentionArgs& args) {
+  KVSPLIT_RETURN_IF_ERROR(check_attention_shape(args));
+  kernels::PagedAttentionParams p = attention_params(args);
+  p.error_flag = error_flag_;
+  last_flag_op_ = "attention";
+  return kernels::launch_paged_prefill(p, stream_);
+}
+
+Status CudaBackend::attention_decode(const AttentionArgs& args, const kv::SplitPlan& plan) {
+  KVSPLIT_RETURN_IF_ERROR(check_attention_shape(args));
+  if (plan.num_seqs() != args.num_seqs)
+    return invalid_argument("attention_decode: plan has " + std::to_string(plan.num_seqs()) +
+                            " sequences, call has " + std::to_string(args.num_seqs));
+  kernels::PagedAttentionParams p = attention_params(args);
+  p.error_flag = error_flag_;
+  last_flag_op_ = "attention";
+  p.max_splits = std::max(plan.max_splits, 1);
+  if (plan.has_splits()) {
+    const size_t n = static_cast<size_t>(args.num_seqs);
+    KVSPLIT_ASSIGN_OR_RETURN(void* stage, staging(2 * n * sizeof(int32_t)));
+    std::memcpy(stage, plan.num_splits.data(), n * sizeof(int32_t));
+    std::memcpy(static_cast<int32_t*>(stage) + n, plan.split_offset.data(), n * sizeof(int32_t));
+    KVSPLIT_RETURN_IF_ERROR(reserve(&plan_dev_, &plan_cap_, 2 * n * sizeof(int32_t)));
+    KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(plan_dev_, stage, 2 * n * sizeof(int32_t),
+                                        cudaMemcpyHostToDevice, stream_), "split plan upload");
+    KVSPLIT_CUDA_RETURN(cudaEventRecord(staging_done_, stream_), "cudaEventRecord");
+    const size_t heads = static_cast<size_t>(plan.total_splits) * args.num_heads;
+    KVSPLIT_RETURN_IF_ERROR(reserve(&partials_, &partials_cap_, heads * (args.head_dim + 2) * sizeof(float)));
+    p.chunk_tokens = plan.chunk_tokens;
+    p.num_splits = static_cast<const int32_t*>(plan_dev_);
+    p.split_offset = static_cast<const int32_t*>(plan_dev_) + n;
+    p.part_o = static_cast<float*>(partials_);
+    p.part_m = p.part_o + heads * args.head_dim;
+    p.part_l = p.part_m + heads;
+  }
+  KVSPLIT_RETURN_IF_ERROR(kernels::launch_paged_decode(p, stream_));
+  if (plan.has_splits()) KVSPLIT_RETURN_IF_ERROR(kernels::launch_merge_states(p, stream_));
+  return ok_status();
+}
+
+}  // namespace kvsplit::backend::cuda
+
+namespace kvsplit::backend {
+
+StatusOr<std::unique_ptr<Backend>> create_cuda_backend(int device, const CudaBackendOptions& options) {
+  if (options.weight_dtype != DType::kBF16 && options.weight_dtype != DType::kF16 &&
+      options.weight_dtype != DType::kF32)
+    return invalid_argument("backend 'cuda': unsupported weight dtype");
+  return cuda::CudaBackend::create(device, options);
+}
+
+StatusOr<std::unique_ptr<Backend>> create_cuda_backend(int device) {
+  return create_cuda_backend(device, CudaBackendOptions{});
+}
+
+}  // namespace kvsplit::backend

@@ -1,0 +1,83 @@
+// CudaBackend: the Backend contract (src/backend/backend.h) on one CUDA device. One stream; device
+// memory from the stream-ordered pool (cudaMallocAsync); pinned host staging for weight uploads
+// and split plans; GEMMs through cuBLAS with fp32 accumulation; everything else through the
+// kernels in kernels/ (launchers return Status). Not thread-safe: one owner (a worker).
+//
+// Index errors inside kernels (block ids, slots, token ids out of range) set a device error flag;
+// the kernel skips the bad item, and the next synchronize() / copy_d2h() returns
+// kInvalidArgument naming the op family that saw it.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend_factory.h"
+
+namespace kvsplit::backend::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  // Use create_cuda_backend(); `device` must exist.
+  static StatusOr<std::unique_ptr<Backend>> create(int device, const CudaBackendOptions& options);
+  ~CudaBackend() override;
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  std::string name() const override { return name_; }
+  int parallelism() const override { return num_sms_; }
+
+  StatusOr<void*> alloc(size_t bytes) override;
+  void free(void* ptr) override;
+  Status copy_h2d(void* dst_dev, const void* src_host, size_t bytes) override;
+  Status copy_d2h(void* dst_host, const void* src_dev, size_t bytes) override;
+  Status copy_d2d(void* dst_dev, const void* src_dev, size_t bytes) override;
+  Status memset_zero(void* dst_dev, size_t bytes) override;
+  Status synchronize() override;
+  StatusOr<MatrixView> upload_matrix(const void* host, DType dtype, int64_t rows, int64_t cols) override;
+
+  Status embedding(const int32_t* ids, int num_tokens, const MatrixView& table, float* out) override;
+  Status rmsnorm(const float* x, const float* weight, int num_tokens, int dim, float eps, float* out) override;
+  Status add_rmsnorm(float* residual, const float* x, const float* weight, int num_tokens, int dim,
+                     float eps, float* out) override;
+  Status gemm(const float* x, int m, const MatrixView& w, const float* bias, float* out,
+              bool accumulate) override;
+  Status rope(float* q, float* k, const int32_t* positions, int num_tokens, int num_heads,
+              int num_kv_heads, const RopeArgs& args) override;
+  Status swiglu(const float* gate, const float* up, int64_t n, float* out) override;
+  Status kv_append(const LayerKv& kv, const float* k, const float* v, const int32_t* slot_mapping,
+                   int num_tokens) override;
+  Status attention_prefill(const AttentionArgs& args) override;
+  Status attention_decode(const AttentionArgs& args, const kv::SplitPlan& plan) override;
+
+ private:
+  CudaBackend() = default;
+  // Grows a device scratch buffer to at least `bytes`.
+  Status reserve(void** buf, size_t* cap, size_t bytes);
+  // Pinned staging of at least `bytes`, free for reuse (waits for the last copy out of it).
+  StatusOr<void*> staging(size_t bytes);
+  Status check_error_flag();
+
+  int device_ = 0;
+  int num_sms_ = 0;
+  std::string name_;
+  CudaBackendOptions options_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  cudaEvent_t staging_done_ = nullptr;
+  void* pinned_ = nullptr;
+  size_t pinned_cap_ = 0;
+  int* error_flag_ = nullptr;        // device int, see the class comment
+  const char* last_flag_op_ = "";   // op family most recently launched with the flag
+  void* act16_ = nullptr;           // bf16/f16 copy of GEMM activations
+  size_t act16_cap_ = 0;
+  void* plan_dev_ = nullptr;        // split plan arrays [2, num_seqs] int32
+  size_t plan_cap_ = 0;
+  void* partials_ = nullptr;        // split-K partial (o, m, l)
+  size_t partials_cap_ = 0;
+  std::vector<void*> weights_;      // owned uploads
+};
+
+}  // namespace kvsplit::backend::cuda

@@ -1,0 +1,37 @@
+// CUDA runtime / cuBLAS error -> Status mapping for the CUDA backend (host code, g++).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "kvsplit/status.h"
+
+namespace kvsplit::backend::cuda {
+
+inline Status cuda_status(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return ok_status();
+  const std::string msg = std::string("cuda: ") + what + ": " + cudaGetErrorName(e) + " (" +
+                          cudaGetErrorString(e) + ")";
+  if (e == cudaErrorMemoryAllocation) return resource_exhausted(msg);
+  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) return unavailable(msg);
+  return internal_error(msg);
+}
+
+inline Status cublas_status(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return ok_status();
+  const std::string msg = std::string("cublas: ") + what + ": " + cublasGetStatusName(s) + " (" +
+                          cublasGetStatusString(s) + ")";
+  if (s == CUBLAS_STATUS_ALLOC_FAILED) return resource_exhausted(msg);
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED) return unimplemented(msg);
+  if (s == CUBLAS_STATUS_INVALID_VALUE) return invalid_argument(msg);
+  return internal_error(msg);
+}
+
+}  // namespace kvsplit::backend::cuda
+
+#define KVSPLIT_CUDA_RETURN(expr, what) \
+  KVSPLIT_RETURN_IF_ERROR(::kvsplit::backend::cuda::cuda_status((expr), (what)))
+#define KVSPLIT_CUBLAS_RETURN(expr, what) \
+  KVSPLIT_RETURN_IF_ERROR(::kvsplit::backend::cuda::cublas_status((expr), (what)))
