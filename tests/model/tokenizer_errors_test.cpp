@@ -1,0 +1,219 @@
+// Malformed tokenizer files: each returns a Status naming the file and the fault, never a crash.
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "model/tokenizer.h"
+#include "test_util.h"
+
+namespace kvsplit::model {
+namespace {
+
+using kvsplit::testing::model_path;
+
+class TokenizerErrors : public ::testing::Test {
+ protected:
+  std::string write(const std::string& name, const std::string& bytes) {
+    std::ofstream(dir_.file(name), std::ios::binary) << bytes;
+    return dir_.file(name);
+  }
+  static std::string read(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  // Expects `code` and a message that names the file and contains `fault`.
+  static void expect_error(const std::string& path, int vocab, StatusCode code,
+                           const std::string& fault) {
+    auto t = load_tokenizer(path, vocab);
+    ASSERT_FALSE(t.ok()) << path;
+    EXPECT_EQ(t.status().code(), code) << t.status().to_string();
+    EXPECT_NE(t.status().message().find(path), std::string::npos) << t.status().to_string();
+    EXPECT_NE(t.status().message().find(fault), std::string::npos) << t.status().to_string();
+  }
+  static std::string entry(float score, int32_t len, const std::string& bytes) {
+    std::string e(8, '\0');
+    std::memcpy(e.data(), &score, 4);
+    std::memcpy(e.data() + 4, &len, 4);
+    return e + bytes;
+  }
+  static std::string header(uint32_t max_len) {
+    std::string h(4, '\0');
+    std::memcpy(h.data(), &max_len, 4);
+    return h;
+  }
+  kvsplit::testing::TempDir dir_;
+};
+
+TEST_F(TokenizerErrors, MissingFile) {
+  expect_error(dir_.file("nope.bin"), 0, StatusCode::kNotFound, "cannot open");
+}
+
+TEST_F(TokenizerErrors, NegativeExpectedVocab) {
+  expect_error(write("x.bin", header(7)), -1, StatusCode::kInvalidArgument, "negative");
+}
+
+TEST_F(TokenizerErrors, Llama2cTruncatedAndMismatched) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::string good = read(model_path("tok512.bin"));
+  ASSERT_EQ(good.size(), 6227u);
+  ASSERT_TRUE(load_tokenizer(write("good.bin", good), 512).ok());
+  expect_error(write("empty.bin", ""), 512, StatusCode::kInvalidArgument, "truncated");
+  expect_error(write("hdr.bin", good.substr(0, 2)), 512, StatusCode::kInvalidArgument,
+               "max_token_length");
+  // Cut inside an entry header, and inside an entry's bytes.
+  expect_error(write("t1.bin", good.substr(0, 4 + 5)), 512, StatusCode::kInvalidArgument,
+               "truncated in the header of entry 0");
+  expect_error(write("t2.bin", good.substr(0, good.size() - 2)), 512,
+               StatusCode::kInvalidArgument, "truncated in the bytes of entry 511");
+  expect_error(write("t3.bin", good.substr(0, good.size() - 2)), 0, StatusCode::kInvalidArgument,
+               "truncated");
+  // Vocab count vs the model.
+  expect_error(write("v1.bin", good), 600, StatusCode::kInvalidArgument, "vocab mismatch");
+  expect_error(write("v2.bin", good), 500, StatusCode::kInvalidArgument, "vocab mismatch");
+  // Without an expected count the whole file is read.
+  auto all = load_tokenizer(write("v3.bin", good), 0);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ((*all)->vocab_size(), 512);
+}
+
+TEST_F(TokenizerErrors, Llama2cBadLengths) {
+  const std::string three = entry(0, 1, "a") + entry(0, 1, "b") + entry(0, 1, "c");
+  ASSERT_TRUE(load_tokenizer(write("ok.bin", header(4) + three), 3).ok());
+  expect_error(write("neg.bin", header(4) + entry(0, -1, "") + three), 0,
+               StatusCode::kInvalidArgument, "negative length");
+  expect_error(write("huge.bin", header(4) + entry(0, 2000000000, "abc")), 0,
+               StatusCode::kInvalidArgument, "max_token_length");
+  expect_error(write("huge2.bin", header(1 << 20) + entry(0, 1 << 19, "abc")), 0,
+               StatusCode::kInvalidArgument, "truncated in the bytes of entry 0");
+  expect_error(write("long.bin", header(1) + entry(0, 2, "ab") + three), 0,
+               StatusCode::kInvalidArgument, "entry 0 has length 2 > max_token_length 1");
+  expect_error(write("maxlen.bin", header(0) + three), 0, StatusCode::kInvalidArgument,
+               "bad max_token_length");
+  expect_error(write("few.bin", header(4) + entry(0, 1, "a")), 0, StatusCode::kInvalidArgument,
+               "at least 3 entries");
+}
+
+// A tokenizer.bin without byte tokens still loads; text needing byte fallback is an error.
+TEST_F(TokenizerErrors, Llama2cWithoutByteTokensRejectsUnknownText) {
+  std::string f = header(5) + entry(0, 5, "<unk>") + entry(0, 3, "<s>") + entry(0, 4, "</s>") +
+                  entry(0, 1, " ") + entry(-1, 1, "a");
+  auto t = load_tokenizer(write("tiny.bin", f), 5);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(*(*t)->encode("aa", true), (std::vector<int32_t>{1, 3, 4, 4}));
+  auto bad = (*t)->encode("b", true);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+}
+
+class HfErrors : public TokenizerErrors {
+ protected:
+  void SetUp() override {
+    KVSPLIT_REQUIRE_MODELS();
+    std::ifstream in(model_path("stories260K-hf/tokenizer.json"));
+    base_ = nlohmann::json::parse(in);
+  }
+  std::string write_json(const std::string& name, const nlohmann::json& j) {
+    return write(name, j.dump());
+  }
+  nlohmann::json base_;
+};
+
+TEST_F(HfErrors, BadJson) {
+  expect_error(write("bad.json", "{\"model\": {\"type\": \"BPE\", "), 0,
+               StatusCode::kInvalidArgument, "bad JSON");
+  expect_error(write("arr.json", "{}"), 0, StatusCode::kInvalidArgument, "field model");
+}
+
+TEST_F(HfErrors, MissingAndMistypedFields) {
+  auto j = base_;
+  j["model"].erase("vocab");
+  expect_error(write_json("novocab.json", j), 0, StatusCode::kInvalidArgument, "model.vocab");
+  j = base_;
+  j["model"].erase("merges");
+  expect_error(write_json("nomerges.json", j), 0, StatusCode::kInvalidArgument, "model.merges");
+  j = base_;
+  j["model"]["merges"][3] = "nospace";
+  expect_error(write_json("m1.json", j), 0, StatusCode::kInvalidArgument, "model.merges[3]");
+  j = base_;
+  j["model"]["merges"][4] = "\xE2\x96\x81 zzzq";
+  expect_error(write_json("m2.json", j), 0, StatusCode::kInvalidArgument, "'zzzq' is not in");
+  j = base_;
+  j["model"]["merges"][5] = 17;
+  expect_error(write_json("m3.json", j), 0, StatusCode::kInvalidArgument, "model.merges[5]");
+  j = base_;
+  j["model"]["vocab"]["x"] = "seven";
+  expect_error(write_json("v1.json", j), 0, StatusCode::kInvalidArgument, "model.vocab[\"x\"]");
+  j = base_;
+  j["model"]["vocab"]["xyzzy"] = 5;  // id 5 is already "<0x02>"
+  expect_error(write_json("v2.json", j), 0, StatusCode::kInvalidArgument, "used twice");
+  j = base_;
+  j["model"]["byte_fallback"] = "yes";
+  expect_error(write_json("bf.json", j), 0, StatusCode::kInvalidArgument, "model.byte_fallback");
+  j = base_;
+  j["added_tokens"][0].erase("id");
+  expect_error(write_json("at.json", j), 0, StatusCode::kInvalidArgument, "added_tokens[0].id");
+  j = base_;
+  j["normalizer"]["normalizers"][1].erase("content");
+  expect_error(write_json("n.json", j), 0, StatusCode::kInvalidArgument,
+               "normalizer.normalizers[1].content");
+}
+
+TEST_F(HfErrors, VocabMismatch) {
+  expect_error(write_json("ok.json", base_), 100, StatusCode::kInvalidArgument, "vocab mismatch");
+  // A model with a padded embedding (more rows than tokens) is fine.
+  EXPECT_TRUE(load_tokenizer(write_json("pad.json", base_), 520).ok());
+}
+
+TEST_F(HfErrors, UnsupportedModelAndComponents) {
+  auto j = base_;
+  j["model"]["type"] = "Unigram";
+  expect_error(write_json("u.json", j), 0, StatusCode::kUnimplemented, "model.type 'Unigram'");
+  j = base_;
+  j["normalizer"] = {{"type", "NFKC"}};
+  expect_error(write_json("nfkc.json", j), 0, StatusCode::kUnimplemented, "'NFKC'");
+  j = base_;
+  j["pre_tokenizer"] = {{"type", "Whitespace"}};
+  expect_error(write_json("ws.json", j), 0, StatusCode::kUnimplemented, "'Whitespace'");
+  j = base_;
+  j["model"]["dropout"] = 0.1;
+  expect_error(write_json("dropout.json", j), 0, StatusCode::kUnimplemented, "dropout");
+}
+
+TEST_F(HfErrors, ByteLevelIsUnimplemented) {
+  for (const char* rel : {"tokenizers/gpt2/tokenizer.json", "tokenizers/qwen2/tokenizer.json"}) {
+    expect_error(model_path(rel), 0, StatusCode::kUnimplemented,
+                 "byte-level BPE tokenizers are not supported yet");
+  }
+  auto j = base_;
+  j["decoder"] = {{"type", "Sequence"}, {"decoders", {{{"type", "ByteLevel"}}}}};
+  expect_error(write_json("bl.json", j), 0, StatusCode::kUnimplemented, "byte-level");
+}
+
+TEST_F(HfErrors, NoByteFallbackUsesUnkOrFails) {
+  auto j = base_;
+  j["model"]["byte_fallback"] = false;
+  auto fused = load_tokenizer(write_json("unk.json", j), 512);
+  ASSERT_TRUE(fused.ok());
+  // Two unknown characters fuse into one <unk> (fuse_unk), then "a" merges as usual.
+  auto ids = (*fused)->encode("\xE4\xB8\xAD\xE6\x96\x87", false);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ((*ids)[ids->size() - 1], 0);
+  EXPECT_EQ(std::count(ids->begin(), ids->end(), 0), 1);
+  j["model"]["fuse_unk"] = false;
+  auto unfused = load_tokenizer(write_json("unk2.json", j), 512);
+  ASSERT_TRUE(unfused.ok());
+  ids = (*unfused)->encode("\xE4\xB8\xAD\xE6\x96\x87", false);
+  EXPECT_EQ(std::count(ids->begin(), ids->end(), 0), 2);
+  j["model"]["unk_token"] = nullptr;
+  auto none = load_tokenizer(write_json("unk3.json", j), 512);
+  ASSERT_TRUE(none.ok());
+  auto bad = (*none)->encode("\xE4\xB8\xAD", false);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*none)->encode("plain text", false).ok());
+}
+
+}  // namespace
+}  // namespace kvsplit::model
