@@ -4,6 +4,11 @@
 
 namespace kvsplit {
 
+// One job at a time: fn_, num_tasks_, next_task_ (next index to hand out) and active_ (tasks not
+// yet finished) describe it, all guarded by mu_. The caller returns as soon as every task has
+// finished; a worker that wakes late (e.g. descheduled on a busy machine) finds no task left and
+// goes back to sleep without being waited for.
+
 ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
   for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this] { worker_loop(); });
 }
@@ -18,14 +23,14 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::run_tasks() {
-  for (;;) {
-    int64_t task;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (next_task_ >= num_tasks_) return;
-      task = next_task_++;
-    }
-    (*fn_)(task);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (next_task_ < num_tasks_) {
+    const int64_t task = next_task_++;
+    const std::function<void(int64_t)>* fn = fn_;
+    lock.unlock();
+    (*fn)(task);
+    lock.lock();
+    if (--active_ == 0) cv_done_.notify_all();
   }
 }
 
@@ -39,10 +44,6 @@ void ThreadPool::worker_loop() {
       seen = generation_;
     }
     run_tasks();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--active_ == 0) cv_done_.notify_all();
-    }
   }
 }
 
@@ -57,14 +58,20 @@ void ThreadPool::parallel_for(int64_t num_tasks, const std::function<void(int64_
     fn_ = &fn;
     num_tasks_ = num_tasks;
     next_task_ = 0;
-    active_ = static_cast<int>(workers_.size());
+    active_ = num_tasks;
     ++generation_;
   }
-  cv_start_.notify_all();
+  if (num_tasks - 1 >= static_cast<int64_t>(workers_.size())) {
+    cv_start_.notify_all();
+  } else {
+    for (int64_t i = 0; i < num_tasks - 1; ++i) cv_start_.notify_one();
+  }
   run_tasks();
   std::unique_lock<std::mutex> lock(mu_);
   cv_done_.wait(lock, [&] { return active_ == 0; });
   fn_ = nullptr;
+  num_tasks_ = 0;
+  next_task_ = 0;
 }
 
 void ThreadPool::parallel_range(int64_t n, int64_t grain,

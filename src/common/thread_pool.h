@@ -41,7 +41,7 @@ class ThreadPool {
   const std::function<void(int64_t)>* fn_ = nullptr;
   int64_t num_tasks_ = 0;
   int64_t next_task_ = 0;    // guarded by mu_
-  int active_ = 0;           // workers still in the current job
+  int64_t active_ = 0;       // tasks of the current job not yet finished (guarded by mu_)
   uint64_t generation_ = 0;  // job counter
   bool stop_ = false;
 };
