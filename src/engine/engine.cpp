@@ -302,6 +302,7 @@ void EngineImpl::shutdown(std::chrono::milliseconds drain) {
     for (auto& w : workers_) w->join();
     // Decode and colocated workers first: their HandoffDone messages reach the prefill workers.
     for (auto it = workers_.rbegin(); it != workers_.rend(); ++it) (*it)->finalize_after_stop();
+    if (!router_) return;  // create() failed before the router existed
     const auto now = sched::Clock::now();
     for (std::unique_ptr<sched::Sequence>& seq : router_->take_all()) {
       sched::finish_sequence(*seq, FinishReason::kCancelled, unavailable("engine shut down"), now,

@@ -69,6 +69,7 @@ struct Sequence {
 
   // Owner-private scratch: what the owning worker does with the sequence after this step.
   enum class Next : uint8_t { kStay, kToRunning, kToWaiting, kHandoff, kRemove } next = Next::kStay;
+  int64_t last_prefill_step = -1;  // the owner's step that last ran a chunk of this sequence
 
   const std::string& id() const { return ctl->request_id; }
   int num_output() const { return static_cast<int>(tokens.size()) - num_prompt; }

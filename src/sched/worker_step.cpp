@@ -112,10 +112,23 @@ void Worker::schedule(Clock::time_point now) {
     cands.push_back(&seq);
     remaining.push_back(seq.prefill_target() - seq.num_computed);
   }
-  const std::vector<int> chunks = plan_prefill_chunks(remaining, budget, options_.min_chunk_tokens);
-  for (size_t i = 0; i < cands.size(); ++i) {
+  // Within a priority level the least recently served prompt goes first (round robin), so a
+  // new short prompt gets a chunk in the next step however many long ones are in progress.
+  std::vector<int> order(cands.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    if (cands[a]->priority != cands[b]->priority) return cands[a]->priority > cands[b]->priority;
+    return cands[a]->last_prefill_step < cands[b]->last_prefill_step;
+  });
+  std::vector<int> ordered_remaining(order.size());
+  for (size_t i = 0; i < order.size(); ++i) ordered_remaining[i] = remaining[order[i]];
+  const std::vector<int> chunks =
+      plan_prefill_chunks(ordered_remaining, budget, options_.min_chunk_tokens);
+  const int64_t step_no = steps_.load(std::memory_order_relaxed);
+  for (size_t i = 0; i < order.size(); ++i) {
     if (chunks[i] == 0) continue;
-    Sequence& seq = *cands[i];
+    Sequence& seq = *cands[order[i]];
+    seq.last_prefill_step = step_no;
     if (seq.phase == SeqPhase::kQueued) seq.enter_phase(SeqPhase::kPrefill, now);
     model::SeqStep s;
     s.tokens = std::span<const int32_t>(seq.tokens.data() + seq.num_computed, chunks[i]);

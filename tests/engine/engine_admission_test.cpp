@@ -1,0 +1,242 @@
+// Admission errors (codes and messages), queue limits and timeouts, priority, SLA class updates,
+// stats, and short-request TTFT with long prompts present.
+#include <algorithm>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "engine/engine_test_util.h"
+
+namespace kvsplit {
+namespace {
+
+using testing::collect;
+using testing::Collected;
+
+std::string message_of(const StatusOr<RequestHandle>& h) { return h.status().message(); }
+
+TEST(EngineAdmission, ErrorCodesAndMessages) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
+  cfg.kv_blocks_per_worker = 8;  // 128 tokens
+  auto engine = Engine::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  Engine& e = **engine;
+
+  Request r;
+  r.prompt = "Once upon a time";
+  r.sla_class = "gold";
+  auto h = e.submit(r);
+  EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(message_of(h).find("unknown class 'gold'"), std::string::npos) << message_of(h);
+
+  r = Request{};
+  r.prompt_token_ids = std::vector<int32_t>(500, 5);
+  r.sampling.max_tokens = 100;
+  h = e.submit(r);
+  EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(message_of(h).find("prompt (500 tokens) + max_tokens (100) = 600 exceeds the model "
+                               "context of 512"),
+            std::string::npos)
+      << message_of(h);
+
+  r.prompt_token_ids = std::vector<int32_t>(100, 5);
+  r.sampling.max_tokens = 100;
+  h = e.submit(r);
+  EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(message_of(h).find("needs 13 KV blocks"), std::string::npos) << message_of(h);
+  EXPECT_NE(message_of(h).find("(8 blocks)"), std::string::npos) << message_of(h);
+
+  r.prompt_token_ids = {1, 600, 3};
+  r.sampling.max_tokens = 4;
+  h = e.submit(r);
+  EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(message_of(h).find("prompt_token_ids[1] = 600"), std::string::npos) << message_of(h);
+
+  r.prompt_token_ids = {1, 5};
+  r.sampling.temperature = -1;
+  h = e.submit(r);
+  EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(message_of(h).find("temperature"), std::string::npos) << message_of(h);
+
+  r.sampling.temperature = 0;
+  r.top_logprobs = 21;
+  h = e.submit(r);
+  EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(message_of(h).find("top_logprobs"), std::string::npos) << message_of(h);
+
+  // Nothing above was accepted.
+  EXPECT_EQ(e.stats().requests_submitted, 0);
+
+  // A good one with logprobs; then its id may be reused.
+  r.top_logprobs = 3;
+  r.request_id = "same";
+  auto ok = e.submit(r);
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  TokenEvent ev;
+  ASSERT_TRUE(ok->next(&ev, std::chrono::seconds(10)));
+  ASSERT_EQ(ev.logprobs.size(), 1u);
+  EXPECT_EQ(ev.logprobs[0].token_id, ev.token_ids[0]);
+  EXPECT_EQ(ev.logprobs[0].top.size(), 3u);
+  EXPECT_EQ(ev.logprobs[0].top[0].first, ev.token_ids[0]);  // greedy picks the most likely
+  EXPECT_LE(ev.logprobs[0].logprob, 0.f);
+  Collected c = collect(*ok);
+  EXPECT_EQ(c.finals, 1);
+  EXPECT_TRUE(e.submit(r).ok());
+}
+
+TEST(EngineAdmission, BadConfigIsRejected) {
+  EngineConfig cfg;
+  cfg.max_batch_tokens = 0;
+  auto e = Engine::create(cfg);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("max_batch_tokens"), std::string::npos);
+  cfg = EngineConfig{};
+  cfg.sla_classes = {SlaClass{}, SlaClass{}};
+  e = Engine::create(cfg);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("duplicate class 'default'"), std::string::npos)
+      << e.status().message();
+  cfg = EngineConfig{};
+  cfg.model = "/nonexistent/model.bin";
+  e = Engine::create(cfg);
+  EXPECT_FALSE(e.ok());
+}
+
+// One sequence at a time: later requests wait in the router; the class queue bound gives
+// RESOURCE_EXHAUSTED and the queue timeout a DEADLINE_EXCEEDED final event.
+TEST(EngineAdmission, QueueLimitAndTimeout) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
+  cfg.max_num_seqs = 1;
+  SlaClass batch;
+  batch.name = "batch";
+  batch.max_queue = 2;
+  batch.queue_timeout_ms = 100;
+  cfg.sla_classes = {SlaClass{}, batch};
+  auto engine = Engine::create(cfg);
+  ASSERT_TRUE(engine.ok());
+  Engine& e = **engine;
+  Request longr;
+  longr.request_id = "long";
+  longr.prompt = "Once upon a time";
+  longr.sampling.max_tokens = 450;
+  longr.sampling.ignore_eos = true;
+  auto hl = e.submit(longr);
+  ASSERT_TRUE(hl.ok());
+  TokenEvent ev;
+  ASSERT_TRUE(hl->next(&ev, std::chrono::seconds(10)));  // running now
+  Request q;
+  q.prompt = "The dog";
+  q.sla_class = "batch";
+  auto q1 = e.submit(q);
+  auto q2 = e.submit(q);
+  ASSERT_TRUE(q1.ok() && q2.ok());
+  auto q3 = e.submit(q);
+  ASSERT_FALSE(q3.ok());
+  EXPECT_EQ(q3.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(message_of(q3).find("'batch' queue is full"), std::string::npos) << message_of(q3);
+  for (auto* h : {&q1, &q2}) {
+    Collected c = collect(**h, std::chrono::seconds(10));
+    ASSERT_FALSE(c.timed_out);
+    EXPECT_EQ(c.final_event.finish_reason, FinishReason::kError);
+    EXPECT_EQ(c.final_event.status.code(), StatusCode::kDeadlineExceeded);
+    EXPECT_NE(c.final_event.status.message().find("queue_timeout_ms 100"), std::string::npos);
+    EXPECT_GE(c.final_event.timings.queue_ms, 100);
+  }
+  EXPECT_TRUE(e.cancel("long"));
+  EXPECT_EQ(collect(*hl).final_event.finish_reason, FinishReason::kCancelled);
+  const EngineStats s = e.stats();
+  EXPECT_EQ(s.requests_failed, 2);
+  EXPECT_EQ(s.requests_cancelled, 1);
+}
+
+// Higher priority is served first when requests compete for one slot.
+TEST(EngineAdmission, PriorityOrder) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
+  cfg.max_num_seqs = 1;
+  SlaClass vip;
+  vip.name = "vip";
+  vip.priority = 10;
+  cfg.sla_classes = {SlaClass{}, vip};
+  auto engine = Engine::create(cfg);
+  ASSERT_TRUE(engine.ok());
+  Request blocker;
+  blocker.prompt = "Once upon a time";
+  blocker.sampling.max_tokens = 200;
+  blocker.sampling.ignore_eos = true;
+  auto hb = (*engine)->submit(blocker);
+  TokenEvent ev;
+  ASSERT_TRUE(hb->next(&ev, std::chrono::seconds(10)));
+  Request low = blocker;
+  low.sampling.max_tokens = 2;
+  Request high = low;
+  high.sla_class = "vip";
+  auto hlow = (*engine)->submit(low);
+  auto hhigh = (*engine)->submit(high);
+  Collected cl = collect(*hlow), ch = collect(*hhigh);
+  ASSERT_TRUE(cl.final_event.status.ok() && ch.final_event.status.ok());
+  EXPECT_LT(ch.final_event.time, cl.final_event.time);
+  collect(*hb);
+}
+
+// Short prompts are not starved by long ones: chunked prefill shares each step's token budget.
+TEST(EngineAdmission, ShortTtftBoundedWithLongPrompts) {
+  KVSPLIT_REQUIRE_MODELS();
+  for (ServingMode mode : {ServingMode::kColocated, ServingMode::kDisaggregated}) {
+    EngineConfig cfg = testing::stories_config(mode);
+    cfg.max_batch_tokens = 32;
+    auto engine = Engine::create(cfg);
+    ASSERT_TRUE(engine.ok());
+    Request shortr;
+    shortr.prompt = "The dog";
+    shortr.sampling.max_tokens = 2;
+    std::vector<double> alone;
+    for (int i = 0; i < 5; ++i) alone.push_back(collect(*(*engine)->submit(shortr)).final_event.timings.ttft_ms);
+    std::sort(alone.begin(), alone.end());
+    std::vector<RequestHandle> longs;
+    for (int i = 0; i < 4; ++i) {
+      Request l;
+      l.prompt_token_ids = std::vector<int32_t>(480, 300 + i);
+      l.sampling.max_tokens = 2;
+      longs.push_back(*(*engine)->submit(l));
+    }
+    Collected s = collect(*(*engine)->submit(shortr));
+    double long_ttft_min = 1e30;
+    for (RequestHandle& h : longs) {
+      long_ttft_min = std::min(long_ttft_min, collect(h).final_event.timings.ttft_ms);
+    }
+    const double with_long = s.final_event.timings.ttft_ms;
+    // 4 x 480 tokens take 60 steps of 32; the short prompt needs a share of the first ones.
+    EXPECT_LT(with_long, long_ttft_min) << "alone " << alone[2] << " ms";
+    EXPECT_LT(with_long, 20 * alone[2] + 50.0) << "alone " << alone[2] << " ms";
+  }
+}
+
+TEST(EngineAdmission, UpdateSlaClasses) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto engine = Engine::create(testing::stories_config(ServingMode::kColocated));
+  ASSERT_TRUE(engine.ok());
+  SlaClass fast;
+  fast.name = "fast";
+  EXPECT_FALSE((*engine)->update_sla_classes({}).ok());
+  ASSERT_TRUE((*engine)->update_sla_classes({SlaClass{}, fast}).ok());
+  Request r;
+  r.prompt = "Hi";
+  r.sla_class = "fast";
+  r.sampling.max_tokens = 3;
+  Collected c = collect(*(*engine)->submit(r));
+  EXPECT_TRUE(c.final_event.status.ok());
+  const EngineStats s = (*engine)->stats();
+  ASSERT_EQ(s.classes.size(), 2u);
+  EXPECT_EQ(s.classes[1].name, "fast");
+  EXPECT_EQ(s.classes[1].finished, 1);
+  EXPECT_EQ(s.classes[1].met_ttft, 1);
+  const ModelInfo info = (*engine)->model_info();
+  EXPECT_EQ(info.vocab_size, 512);
+  EXPECT_EQ(info.max_context, 512);
+}
+
+}  // namespace
+}  // namespace kvsplit
