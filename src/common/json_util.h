@@ -5,12 +5,11 @@
 #include <cstdint>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "kvsplit/status.h"
 

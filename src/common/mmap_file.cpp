@@ -45,8 +45,7 @@ StatusOr<std::shared_ptr<const MmapFile>> MmapFile::open(const std::string& path
   int err = errno;
   ::close(fd);  // the mapping stays valid after close
   if (p == MAP_FAILED) return internal_error(path + ": mmap failed: " + errno_text(err));
-  return std::shared_ptr<const MmapFile>(
-      new MmapFile(path, static_cast<const uint8_t*>(p), size));
+  return std::shared_ptr<const MmapFile>(new MmapFile(path, static_cast<const uint8_t*>(p), size));
 }
 
 MmapFile::~MmapFile() {

@@ -53,7 +53,8 @@ Status append_ids(const Json& j, const char* key, const std::string& what,
 Status parse_rope_scaling(const Json& j, const std::string& what, ModelConfig* c) {
   auto it = j.find("rope_scaling");
   if (it == j.end() || it->is_null()) return ok_status();
-  if (!it->is_object()) return invalid_argument(what + ": 'rope_scaling' must be an object or null");
+  if (!it->is_object())
+    return invalid_argument(what + ": 'rope_scaling' must be an object or null");
   const std::string sw = what + ": rope_scaling";
   std::string type;
   KVSPLIT_ASSIGN_OR_RETURN(type, common::json_string(*it, "rope_type", std::string(), sw));
@@ -66,8 +67,10 @@ Status parse_rope_scaling(const Json& j, const std::string& what, ModelConfig* c
   }
   RopeScaling s;
   KVSPLIT_ASSIGN_OR_RETURN(double factor, common::json_number(*it, "factor", std::nullopt, sw));
-  KVSPLIT_ASSIGN_OR_RETURN(double low, common::json_number(*it, "low_freq_factor", std::nullopt, sw));
-  KVSPLIT_ASSIGN_OR_RETURN(double high, common::json_number(*it, "high_freq_factor", std::nullopt, sw));
+  KVSPLIT_ASSIGN_OR_RETURN(double low,
+                           common::json_number(*it, "low_freq_factor", std::nullopt, sw));
+  KVSPLIT_ASSIGN_OR_RETURN(double high,
+                           common::json_number(*it, "high_freq_factor", std::nullopt, sw));
   KVSPLIT_ASSIGN_OR_RETURN(s.original_max_position_embeddings,
                            get_int(*it, "original_max_position_embeddings", std::nullopt, sw));
   s.factor = static_cast<float>(factor);
@@ -83,8 +86,8 @@ StatusOr<ModelConfig> parse_hf_config(const std::string& dir) {
   if (!j.is_object()) return invalid_argument(what + ": not a JSON object");
   auto archs = j.find("architectures");
   if (archs == j.end() || !archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
-    return invalid_argument(what + ": missing 'architectures' (supported: " +
-                            std::string(kSupportedArchs) + ")");
+    return invalid_argument(
+        what + ": missing 'architectures' (supported: " + std::string(kSupportedArchs) + ")");
   }
   ModelConfig c;
   c.architecture = (*archs)[0].get<std::string>();
@@ -92,8 +95,8 @@ StatusOr<ModelConfig> parse_hf_config(const std::string& dir) {
   const bool mistral = c.architecture == "MistralForCausalLM";
   const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
   if (!llama && !mistral && !qwen2) {
-    return invalid_argument(what + ": unknown architecture " + c.architecture + " (supported: " +
-                            kSupportedArchs + ")");
+    return invalid_argument(what + ": unknown architecture " + c.architecture +
+                            " (supported: " + kSupportedArchs + ")");
   }
   KVSPLIT_ASSIGN_OR_RETURN(std::string act, common::json_string(j, "hidden_act", "silu", what));
   if (act != "silu") return unimplemented(what + ": hidden_act '" + act + "' (supported: silu)");
@@ -148,9 +151,10 @@ StatusOr<ModelConfig> parse_hf_config(const std::string& dir) {
     KVSPLIT_ASSIGN_OR_RETURN(int64_t window,
                              common::json_int(j, "sliding_window", int64_t{0}, what, 0, INT32_MAX));
     if (window > 0 && window < c.max_seq_len) {
-      KVSPLIT_LOG_WARN("{}: sliding_window {} < max_position_embeddings {}: no sliding-window "
-                       "attention here, context clamped to {}",
-                       what, window, c.max_seq_len, window);
+      KVSPLIT_LOG_WARN(
+          "{}: sliding_window {} < max_position_embeddings {}: no sliding-window "
+          "attention here, context clamped to {}",
+          what, window, c.max_seq_len, window);
       c.max_seq_len = static_cast<int>(window);
     }
   }
@@ -256,7 +260,8 @@ Status map_weights(const ModelConfig& c, const TensorSource& src, ModelWeights* 
   KVSPLIT_ASSIGN_OR_RETURN(w->final_norm, src.get("model.norm.weight", {dim}));
   if (c.tie_word_embeddings) {
     // A tied checkpoint may still carry lm_head.weight (a copy); the embedding is authoritative.
-    if (src.has("lm_head.weight")) KVSPLIT_RETURN_IF_ERROR(src.get("lm_head.weight", {vocab, dim}).status());
+    if (src.has("lm_head.weight"))
+      KVSPLIT_RETURN_IF_ERROR(src.get("lm_head.weight", {vocab, dim}).status());
     w->lm_head = w->embedding;
   } else {
     KVSPLIT_ASSIGN_OR_RETURN(w->lm_head, src.get("lm_head.weight", {vocab, dim}));
@@ -274,16 +279,17 @@ StatusOr<LoadedModel> load_hf_dir(const std::string& dir, const LoadOptions& opt
   KVSPLIT_RETURN_IF_ERROR(src.open(dir));
   KVSPLIT_RETURN_IF_ERROR(map_weights(m.config, src, &m.weights));
   if (options.load_tokenizer) {
-    std::string tok = options.tokenizer_path.empty() ? dir + "/tokenizer.json" : options.tokenizer_path;
+    std::string tok =
+        options.tokenizer_path.empty() ? dir + "/tokenizer.json" : options.tokenizer_path;
     std::error_code ec;
     if (!fs::exists(tok, ec)) return not_found(tok + ": no tokenizer (pass a tokenizer path)");
     KVSPLIT_ASSIGN_OR_RETURN(m.tokenizer, load_tokenizer(tok, m.config.vocab_size));
   }
   m.source = "hf " + dir;
-  KVSPLIT_LOG_INFO("loaded {} ({}): dim {}, {} layers, {} heads ({} kv, head_dim {}), vocab {}, ctx {}",
-                   m.source, m.config.architecture, m.config.dim, m.config.num_layers,
-                   m.config.num_heads, m.config.num_kv_heads, m.config.head_dim,
-                   m.config.vocab_size, m.config.max_seq_len);
+  KVSPLIT_LOG_INFO(
+      "loaded {} ({}): dim {}, {} layers, {} heads ({} kv, head_dim {}), vocab {}, ctx {}",
+      m.source, m.config.architecture, m.config.dim, m.config.num_layers, m.config.num_heads,
+      m.config.num_kv_heads, m.config.head_dim, m.config.vocab_size, m.config.max_seq_len);
   return m;
 }
 

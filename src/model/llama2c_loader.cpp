@@ -19,14 +19,14 @@ StatusOr<std::string> find_llama2c_tokenizer(const std::string& model_path, int 
   if (!options.tokenizer_path.empty()) return options.tokenizer_path;
   namespace fs = std::filesystem;
   const fs::path dir = fs::path(model_path).parent_path();
-  const fs::path candidates[] = {dir / "tokenizer.bin", dir / ("tok" + std::to_string(vocab) + ".bin")};
+  const fs::path candidates[] = {dir / "tokenizer.bin",
+                                 dir / ("tok" + std::to_string(vocab) + ".bin")};
   for (const auto& c : candidates) {
     std::error_code ec;
     if (fs::is_regular_file(c, ec)) return c.string();
   }
-  return not_found(model_path + ": no tokenizer beside the model (tried " +
-                   candidates[0].string() + ", " + candidates[1].string() +
-                   "); pass a tokenizer path");
+  return not_found(model_path + ": no tokenizer beside the model (tried " + candidates[0].string() +
+                   ", " + candidates[1].string() + "); pass a tokenizer path");
 }
 
 }  // namespace
@@ -39,8 +39,9 @@ StatusOr<LoadedModel> load_llama2c(const std::string& path, const LoadOptions& o
     uint32_t magic = 0;
     std::memcpy(&magic, base, 4);
     if (magic == kLlama2cMagic) {
-      return unimplemented(path + ": llama2.c version 1/2 checkpoint (magic \"ak42\") is not "
-                                  "supported; export the legacy v0 format (export.py --version 0)");
+      return unimplemented(path +
+                           ": llama2.c version 1/2 checkpoint (magic \"ak42\") is not "
+                           "supported; export the legacy v0 format (export.py --version 0)");
     }
   }
   if (size < kHeaderBytes) {
@@ -49,8 +50,8 @@ StatusOr<LoadedModel> load_llama2c(const std::string& path, const LoadOptions& o
   }
   int32_t h[7];
   std::memcpy(h, base, sizeof(h));
-  const char* names[7] = {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size",
-                          "seq_len"};
+  const char* names[7] = {"dim",        "hidden_dim", "n_layers", "n_heads",
+                          "n_kv_heads", "vocab_size", "seq_len"};
   for (int i = 0; i < 7; ++i) {
     if (h[i] == 0 || (h[i] < 0 && i != 5) || h[i] == INT32_MIN) {
       return invalid_argument(path + ": bad llama2.c header: " + names[i] + " = " +
@@ -86,7 +87,11 @@ StatusOr<LoadedModel> load_llama2c(const std::string& path, const LoadOptions& o
   const int64_t L = c.num_layers, dim = c.dim, hid = c.hidden_dim, kv = c.kv_dim();
   const int64_t vocab = c.vocab_size;
   int64_t off = 0;
-  auto take = [&](int64_t n) { int64_t o = off; off += n; return o; };
+  auto take = [&](int64_t n) {
+    int64_t o = off;
+    off += n;
+    return o;
+  };
   const int64_t o_emb = take(vocab * dim);
   const int64_t o_rms_att = take(L * dim);
   const int64_t o_wq = take(L * dim * dim);
@@ -102,13 +107,13 @@ StatusOr<LoadedModel> load_llama2c(const std::string& path, const LoadOptions& o
   const int64_t o_wcls = shared_classifier ? o_emb : take(vocab * dim);
   const int64_t expected = kHeaderBytes + off * 4;
   if (size != expected) {
-    return invalid_argument(path + ": file size " + std::to_string(size) + " bytes, but the header (dim " +
-                            std::to_string(dim) + ", hidden " + std::to_string(hid) + ", layers " +
-                            std::to_string(L) + ", heads " + std::to_string(c.num_heads) + "/" +
-                            std::to_string(c.num_kv_heads) + ", vocab " + std::to_string(h[5]) +
-                            ", seq_len " + std::to_string(c.max_seq_len) + ") implies " +
-                            std::to_string(expected) + " bytes" +
-                            (size < expected ? " (truncated)" : " (trailing data)"));
+    return invalid_argument(
+        path + ": file size " + std::to_string(size) + " bytes, but the header (dim " +
+        std::to_string(dim) + ", hidden " + std::to_string(hid) + ", layers " + std::to_string(L) +
+        ", heads " + std::to_string(c.num_heads) + "/" + std::to_string(c.num_kv_heads) +
+        ", vocab " + std::to_string(h[5]) + ", seq_len " + std::to_string(c.max_seq_len) +
+        ") implies " + std::to_string(expected) + " bytes" +
+        (size < expected ? " (truncated)" : " (trailing data)"));
   }
 
   const float* f = reinterpret_cast<const float*>(base + kHeaderBytes);

@@ -33,8 +33,8 @@ std::vector<float> rope_inv_freq(const ModelConfig& config) {
   if (!config.rope_scaling) {
     // Exactly llama2.c run.c: 1.0f / powf(theta, head_dim_index / (float)head_size), in float.
     for (int i = 0; i < half; ++i) {
-      inv_freq[i] = 1.0f / std::pow(config.rope_theta,
-                                    static_cast<float>(2 * i) / static_cast<float>(config.head_dim));
+      inv_freq[i] = 1.0f / std::pow(config.rope_theta, static_cast<float>(2 * i) /
+                                                           static_cast<float>(config.head_dim));
     }
     return inv_freq;
   }
@@ -96,8 +96,9 @@ Status validate_model_config(const ModelConfig& c, const std::string& source) {
         !(s.high_freq_factor > s.low_freq_factor) || !std::isfinite(s.high_freq_factor) ||
         s.original_max_position_embeddings <= 0) {
       return invalid_argument(
-          source + ": rope_scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor, "
-                   "original_max_position_embeddings > 0 (got factor " +
+          source +
+          ": rope_scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor, "
+          "original_max_position_embeddings > 0 (got factor " +
           std::to_string(s.factor) + ", low " + std::to_string(s.low_freq_factor) + ", high " +
           std::to_string(s.high_freq_factor) + ", original " +
           std::to_string(s.original_max_position_embeddings) + ")");

@@ -17,8 +17,7 @@ size_t dtype_bytes(std::string_view d) {
   if (d == "F64" || d == "I64" || d == "U64") return 8;
   if (d == "F32" || d == "I32" || d == "U32") return 4;
   if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
-  if (d == "I8" || d == "U8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2" ||
-      d == "F8_E8M0") {
+  if (d == "I8" || d == "U8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2" || d == "F8_E8M0") {
     return 1;
   }
   return 0;

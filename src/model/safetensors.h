@@ -17,7 +17,7 @@
 namespace kvsplit::model {
 
 struct SafetensorsEntry {
-  std::string dtype;            // as written: "F32", "BF16", "I64", ...
+  std::string dtype;  // as written: "F32", "BF16", "I64", ...
   std::vector<int64_t> shape;
   const uint8_t* data = nullptr;  // into the mapping
   uint64_t nbytes = 0;

@@ -47,9 +47,7 @@ uint64_t splitmix64(uint64_t x) {
 }
 
 // Uniform in [-1, 1) from the top 24 bits.
-float uniform_pm1(uint64_t h) {
-  return static_cast<float>(h >> 40) * (2.0f / 16777216.0f) - 1.0f;
-}
+float uniform_pm1(uint64_t h) { return static_cast<float>(h >> 40) * (2.0f / 16777216.0f) - 1.0f; }
 
 uint16_t to_bf16(float f) {  // round to nearest even (values here are finite)
   uint32_t u;
@@ -76,15 +74,17 @@ StatusOr<Parsed> parse_spec(const std::string& spec) {
     if (s == pr.name) p.preset = &pr;
   }
   if (p.preset == nullptr) {
-    return invalid_argument(spec + ": unknown synthetic preset '" + s + "' (presets: " +
-                            preset_names() + ")");
+    return invalid_argument(spec + ": unknown synthetic preset '" + s +
+                            "' (presets: " + preset_names() + ")");
   }
   if (!opts.empty()) {
     const std::string key = "seed=";
     const std::string digits = opts.rfind(key, 0) == 0 ? opts.substr(key.size()) : "";
     if (digits.empty() || digits.size() > 19 ||
-        !std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
-      return invalid_argument(spec + ": bad option '" + opts + "' (expected @seed=N, N a decimal integer)");
+        !std::all_of(digits.begin(), digits.end(),
+                     [](char ch) { return ch >= '0' && ch <= '9'; })) {
+      return invalid_argument(spec + ": bad option '" + opts +
+                              "' (expected @seed=N, N a decimal integer)");
     }
     p.seed = std::stoull(digits);
   }
@@ -115,10 +115,10 @@ ModelConfig make_config(const Preset& p) {
 // One tensor to generate: where it goes and how it is filled.
 struct Job {
   WeightTensor* dst;
-  size_t offset;      // bytes into the buffer
+  size_t offset;  // bytes into the buffer
   int64_t numel;
-  uint64_t key;       // hash key: seed and tensor index
-  float scale;        // matrices: 1/sqrt(in_features); norms: spread around 1
+  uint64_t key;  // hash key: seed and tensor index
+  float scale;   // matrices: 1/sqrt(in_features); norms: spread around 1
   bool norm;
 };
 
@@ -144,8 +144,9 @@ StatusOr<LoadedModel> load_synthetic(const std::string& spec, const LoadOptions&
   const size_t esize = bf16 ? 2 : 4;
   const bool shared_layers = total * static_cast<int64_t>(esize) > kFourGiB;
   if (bf16) {
-    KVSPLIT_LOG_INFO("{}: {} parameters would exceed 4 GiB in f32; generating bf16{}", spec, total,
-                     shared_layers ? ", all layers sharing layer 0's buffers (outputs meaningless)" : "");
+    KVSPLIT_LOG_INFO(
+        "{}: {} parameters would exceed 4 GiB in f32; generating bf16{}", spec, total,
+        shared_layers ? ", all layers sharing layer 0's buffers (outputs meaningless)" : "");
   }
 
   ModelWeights& w = m.weights;
@@ -156,8 +157,12 @@ StatusOr<LoadedModel> load_synthetic(const std::string& spec, const LoadOptions&
     t->dtype = bf16 ? backend::DType::kBF16 : backend::DType::kF32;
     t->shape = std::move(shape);
     const int64_t in = t->shape.back();
-    Job j{t, bytes, t->numel(), splitmix64(parsed.seed ^ (0xA5A5ull << 32)) + jobs.size(),
-          norm ? 0.1f : 1.0f / std::sqrt(static_cast<float>(in)), norm};
+    Job j{t,
+          bytes,
+          t->numel(),
+          splitmix64(parsed.seed ^ (0xA5A5ull << 32)) + jobs.size(),
+          norm ? 0.1f : 1.0f / std::sqrt(static_cast<float>(in)),
+          norm};
     bytes += (static_cast<size_t>(j.numel) * esize + kAlign - 1) / kAlign * kAlign;
     jobs.push_back(j);
   };
@@ -181,7 +186,8 @@ StatusOr<LoadedModel> load_synthetic(const std::string& spec, const LoadOptions&
   if (raw == nullptr) {
     return resource_exhausted(spec + ": cannot allocate " + std::to_string(bytes) + " bytes");
   }
-  std::shared_ptr<void> buffer(raw, [](void* p) { ::operator delete(p, std::align_val_t(kAlign)); });
+  std::shared_ptr<void> buffer(raw,
+                               [](void* p) { ::operator delete(p, std::align_val_t(kAlign)); });
   auto* base = static_cast<uint8_t*>(raw);
   for (Job& j : jobs) j.dst->data = base + j.offset;
 
@@ -213,7 +219,8 @@ StatusOr<LoadedModel> load_synthetic(const std::string& spec, const LoadOptions&
   w.storage.push_back(std::move(buffer));
 
   if (options.load_tokenizer) m.tokenizer = make_byte_tokenizer(c.vocab_size);
-  m.source = "synthetic:" + std::string(parsed.preset->name) + "@seed=" + std::to_string(parsed.seed);
+  m.source =
+      "synthetic:" + std::string(parsed.preset->name) + "@seed=" + std::to_string(parsed.seed);
   KVSPLIT_LOG_INFO("generated {}: {} parameters, {} MiB of {}{}", m.source, total, bytes >> 20,
                    bf16 ? "bf16" : "f32", shared_layers ? " (layers share one buffer set)" : "");
   return m;

@@ -1,14 +1,14 @@
 // HF directories built in a TempDir: single and sharded safetensors (f32/f16/bf16), Qwen2
 // biases, config parsing, and every malformed case.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "model/loader.h"
 #include "model/safetensors.h"
@@ -30,7 +30,8 @@ struct Tensor {
 // Values are multiples of 1/64 in [-2, 2): exact in f16 and bf16.
 std::vector<float> values_for(size_t n, uint32_t salt) {
   std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(int((i * 37 + salt * 101) % 256) - 128) / 64.0f;
+  for (size_t i = 0; i < n; ++i)
+    v[i] = static_cast<float>(int((i * 37 + salt * 101) % 256) - 128) / 64.0f;
   return v;
 }
 
@@ -95,7 +96,9 @@ void write_safetensors(const std::string& path, const std::vector<Tensor>& ts) {
   std::string data;
   for (const auto& t : ts) {
     std::string bytes = encode(t);
-    h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + bytes.size()}}};
+    h[t.name] = {{"dtype", t.dtype},
+                 {"shape", t.shape},
+                 {"data_offsets", {data.size(), data.size() + bytes.size()}}};
     data += bytes;
     data.append((8 - data.size() % 8) % 8, '\0');  // keep every tensor 8-aligned
   }
@@ -106,11 +109,20 @@ void write_safetensors(const std::string& path, const std::vector<Tensor>& ts) {
 
 // Tiny model: dim 8, hidden 12, 2 layers, 2 heads / 1 kv head, head_dim 4, vocab 16, ctx 32.
 json tiny_config(const std::string& arch = "LlamaForCausalLM") {
-  return {{"architectures", {arch}}, {"hidden_size", 8},       {"intermediate_size", 12},
-          {"num_hidden_layers", 2},  {"num_attention_heads", 2}, {"num_key_value_heads", 1},
-          {"vocab_size", 16},        {"max_position_embeddings", 32}, {"rms_norm_eps", 1e-6},
-          {"rope_theta", 500000.0},  {"tie_word_embeddings", false}, {"bos_token_id", 1},
-          {"eos_token_id", 2},       {"hidden_act", "silu"}};
+  return {{"architectures", {arch}},
+          {"hidden_size", 8},
+          {"intermediate_size", 12},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 2},
+          {"num_key_value_heads", 1},
+          {"vocab_size", 16},
+          {"max_position_embeddings", 32},
+          {"rms_norm_eps", 1e-6},
+          {"rope_theta", 500000.0},
+          {"tie_word_embeddings", false},
+          {"bos_token_id", 1},
+          {"eos_token_id", 2},
+          {"hidden_act", "silu"}};
 }
 
 std::vector<Tensor> tiny_tensors(const std::string& dtype, bool biases, bool lm_head) {
@@ -157,7 +169,9 @@ LoadOptions no_tokenizer() {
   return o;
 }
 
-StatusOr<LoadedModel> load(const TempDir& dir) { return load_hf_dir(dir.path().string(), no_tokenizer()); }
+StatusOr<LoadedModel> load(const TempDir& dir) {
+  return load_hf_dir(dir.path().string(), no_tokenizer());
+}
 
 void expect_error(const StatusOr<LoadedModel>& m, StatusCode code,
                   const std::vector<std::string>& needles) {
@@ -172,9 +186,12 @@ void expect_error(const StatusOr<LoadedModel>& m, StatusCode code,
 float value_at(const WeightTensor& t, int64_t i) {
   const auto* p = static_cast<const uint16_t*>(t.data);
   switch (t.dtype) {
-    case backend::DType::kF32: return static_cast<const float*>(t.data)[i];
-    case backend::DType::kF16: return f16_to_f32(p[i]);
-    case backend::DType::kBF16: return bf16_to_f32(p[i]);
+    case backend::DType::kF32:
+      return static_cast<const float*>(t.data)[i];
+    case backend::DType::kF16:
+      return f16_to_f32(p[i]);
+    case backend::DType::kBF16:
+      return bf16_to_f32(p[i]);
   }
   return NAN;
 }
@@ -187,12 +204,18 @@ const WeightTensor* find(const ModelWeights& w, const std::string& name) {
   const LayerWeights& lw = w.layers.at(l);
   const std::string s = name.substr(15);
   const std::map<std::string, const WeightTensor*> m = {
-      {"input_layernorm.weight", &lw.attn_norm}, {"self_attn.q_proj.weight", &lw.wq},
-      {"self_attn.k_proj.weight", &lw.wk},       {"self_attn.v_proj.weight", &lw.wv},
-      {"self_attn.o_proj.weight", &lw.wo},       {"self_attn.q_proj.bias", &lw.bq},
-      {"self_attn.k_proj.bias", &lw.bk},         {"self_attn.v_proj.bias", &lw.bv},
-      {"post_attention_layernorm.weight", &lw.ffn_norm}, {"mlp.gate_proj.weight", &lw.w_gate},
-      {"mlp.up_proj.weight", &lw.w_up},          {"mlp.down_proj.weight", &lw.w_down}};
+      {"input_layernorm.weight", &lw.attn_norm},
+      {"self_attn.q_proj.weight", &lw.wq},
+      {"self_attn.k_proj.weight", &lw.wk},
+      {"self_attn.v_proj.weight", &lw.wv},
+      {"self_attn.o_proj.weight", &lw.wo},
+      {"self_attn.q_proj.bias", &lw.bq},
+      {"self_attn.k_proj.bias", &lw.bk},
+      {"self_attn.v_proj.bias", &lw.bv},
+      {"post_attention_layernorm.weight", &lw.ffn_norm},
+      {"mlp.gate_proj.weight", &lw.w_gate},
+      {"mlp.up_proj.weight", &lw.w_up},
+      {"mlp.down_proj.weight", &lw.w_down}};
   return m.at(s);
 }
 
@@ -230,13 +253,15 @@ TEST(LoaderHf, ShardedF16Bf16RoundTrip) {
   TempDir dir;
   auto ts = tiny_tensors("F16", false, true);
   for (size_t i = 0; i < ts.size(); i += 2) ts[i].dtype = "BF16";  // mixed dtypes
-  std::vector<Tensor> a(ts.begin(), ts.begin() + ts.size() / 2), b(ts.begin() + ts.size() / 2, ts.end());
+  std::vector<Tensor> a(ts.begin(), ts.begin() + ts.size() / 2),
+      b(ts.begin() + ts.size() / 2, ts.end());
   write_safetensors(dir.file("model-00001-of-00002.safetensors"), a);
   write_safetensors(dir.file("model-00002-of-00002.safetensors"), b);
   json map;
   for (const auto& t : a) map[t.name] = "model-00001-of-00002.safetensors";
   for (const auto& t : b) map[t.name] = "model-00002-of-00002.safetensors";
-  write_json(dir.file("model.safetensors.index.json"), {{"metadata", {{"total_size", 0}}}, {"weight_map", map}});
+  write_json(dir.file("model.safetensors.index.json"),
+             {{"metadata", {{"total_size", 0}}}, {"weight_map", map}});
   write_json(dir.file("config.json"), tiny_config());
   auto m = load(dir);
   ASSERT_TRUE(m.ok()) << m.status().to_string();
@@ -280,7 +305,8 @@ TEST(LoaderHf, TiedWithLmHeadUsesEmbedding) {
 TEST(LoaderHf, UntiedWithoutLmHead) {
   TempDir dir;
   write_model(dir, tiny_config(), tiny_tensors("F32", false, false));
-  expect_error(load(dir), StatusCode::kInvalidArgument, {dir.file("model.safetensors"), "missing tensor lm_head.weight"});
+  expect_error(load(dir), StatusCode::kInvalidArgument,
+               {dir.file("model.safetensors"), "missing tensor lm_head.weight"});
 }
 
 TEST(LoaderHf, MissingTensor) {
@@ -300,7 +326,8 @@ TEST(LoaderHf, WrongShape) {
   }
   write_model(dir, tiny_config(), ts);
   expect_error(load(dir), StatusCode::kInvalidArgument,
-               {"model.safetensors", "model.layers.0.self_attn.k_proj.weight", "shape [8, 4]", "expected [4, 8]"});
+               {"model.safetensors", "model.layers.0.self_attn.k_proj.weight", "shape [8, 4]",
+                "expected [4, 8]"});
 }
 
 TEST(LoaderHf, ExplicitHeadDim) {
@@ -309,7 +336,10 @@ TEST(LoaderHf, ExplicitHeadDim) {
   cfg["head_dim"] = 6;  // q_dim 12, kv_dim 6 != hidden_size
   auto ts = tiny_tensors("F32", false, true);
   for (auto& t : ts) {
-    auto set = [&](std::vector<int64_t> s) { t.shape = s; t.values = values_for(s[0] * s[1], 1); };
+    auto set = [&](std::vector<int64_t> s) {
+      t.shape = s;
+      t.values = values_for(s[0] * s[1], 1);
+    };
     if (t.name.find("q_proj.weight") != std::string::npos) set({12, 8});
     if (t.name.find("k_proj.weight") != std::string::npos) set({6, 8});
     if (t.name.find("v_proj.weight") != std::string::npos) set({6, 8});
@@ -326,8 +356,9 @@ TEST(LoaderHf, ExplicitHeadDim) {
 TEST(LoaderHf, UnknownArchitecture) {
   TempDir dir;
   write_model(dir, tiny_config("GPT2LMHeadModel"), tiny_tensors("F32", false, true));
-  expect_error(load(dir), StatusCode::kInvalidArgument,
-               {dir.file("config.json"), "unknown architecture GPT2LMHeadModel", "LlamaForCausalLM"});
+  expect_error(
+      load(dir), StatusCode::kInvalidArgument,
+      {dir.file("config.json"), "unknown architecture GPT2LMHeadModel", "LlamaForCausalLM"});
 }
 
 TEST(LoaderHf, BadJsonConfig) {
@@ -338,13 +369,18 @@ TEST(LoaderHf, BadJsonConfig) {
 }
 
 TEST(LoaderHf, BadConfigValues) {
-  struct Case { const char* key; json value; std::string needle; };
-  const Case cases[] = {{"hidden_size", "8", "'hidden_size' must be an integer"},
-                        {"num_attention_heads", 0, "'num_attention_heads' = 0 out of range"},
-                        {"num_key_value_heads", 3, "not a multiple of num_kv_heads"},
-                        {"vocab_size", nullptr, "missing field 'vocab_size'"},
-                        {"tie_word_embeddings", "yes", "'tie_word_embeddings' must be true or false"},
-                        {"eos_token_id", "x", "'eos_token_id' must be token ids"}};
+  struct Case {
+    const char* key;
+    json value;
+    std::string needle;
+  };
+  const Case cases[] = {
+      {"hidden_size", "8", "'hidden_size' must be an integer"},
+      {"num_attention_heads", 0, "'num_attention_heads' = 0 out of range"},
+      {"num_key_value_heads", 3, "not a multiple of num_kv_heads"},
+      {"vocab_size", nullptr, "missing field 'vocab_size'"},
+      {"tie_word_embeddings", "yes", "'tie_word_embeddings' must be true or false"},
+      {"eos_token_id", "x", "'eos_token_id' must be token ids"}};
   for (const auto& c : cases) {
     SCOPED_TRACE(c.key);
     TempDir dir;
@@ -358,8 +394,11 @@ TEST(LoaderHf, BadConfigValues) {
 TEST(LoaderHf, RopeScaling) {
   TempDir dir;
   json cfg = tiny_config();
-  cfg["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                         {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  cfg["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", 8.0},
+                         {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 4.0},
+                         {"original_max_position_embeddings", 8192}};
   write_model(dir, cfg, tiny_tensors("F32", false, true));
   auto m = load(dir);
   ASSERT_TRUE(m.ok()) << m.status().to_string();
@@ -371,7 +410,8 @@ TEST(LoaderHf, RopeScaling) {
   TempDir yarn;
   cfg["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
   write_model(yarn, cfg, tiny_tensors("F32", false, true));
-  expect_error(load(yarn), StatusCode::kUnimplemented, {yarn.file("config.json"), "rope_scaling type 'yarn'"});
+  expect_error(load(yarn), StatusCode::kUnimplemented,
+               {yarn.file("config.json"), "rope_scaling type 'yarn'"});
 }
 
 TEST(LoaderHf, EosMergedWithGenerationConfig) {
@@ -384,7 +424,8 @@ TEST(LoaderHf, EosMergedWithGenerationConfig) {
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   EXPECT_EQ(m->config.eos_token_ids, (std::vector<int32_t>{2, 5, 7}));
   std::ofstream(dir.file("generation_config.json")) << "[";
-  expect_error(load(dir), StatusCode::kInvalidArgument, {dir.file("generation_config.json"), "bad JSON"});
+  expect_error(load(dir), StatusCode::kInvalidArgument,
+               {dir.file("generation_config.json"), "bad JSON"});
 }
 
 TEST(LoaderHf, MistralSlidingWindowClampsContext) {
@@ -406,7 +447,8 @@ TEST(LoaderHf, BadSafetensorsHeaderJson) {
   TempDir dir;
   write_json(dir.file("config.json"), tiny_config());
   write_raw(dir.file("model.safetensors"), "{\"a\": {\"dtype\": ", std::string(64, '\0'));
-  expect_error(load(dir), StatusCode::kInvalidArgument, {dir.file("model.safetensors"), "bad JSON"});
+  expect_error(load(dir), StatusCode::kInvalidArgument,
+               {dir.file("model.safetensors"), "bad JSON"});
 }
 
 TEST(LoaderHf, HeaderLengthPastEof) {
@@ -421,7 +463,8 @@ TEST(LoaderHf, HeaderLengthPastEof) {
   expect_error(load(dir), StatusCode::kInvalidArgument,
                {dir.file("model.safetensors"), "header length 4096 runs past the end"});
   std::ofstream(dir.file("model.safetensors"), std::ios::binary) << "abc";
-  expect_error(load(dir), StatusCode::kInvalidArgument, {dir.file("model.safetensors"), "truncated"});
+  expect_error(load(dir), StatusCode::kInvalidArgument,
+               {dir.file("model.safetensors"), "truncated"});
 }
 
 TEST(LoaderHf, TruncatedData) {
@@ -443,7 +486,8 @@ TEST(LoaderHf, OffsetsDisagreeWithShape) {
                {dir.file("model.safetensors"), "model.norm.weight", "span 16 bytes", "needs 32"});
   h = {{"model.norm.weight", {{"dtype", "F32"}, {"shape", {8}}, {"data_offsets", {32, 0}}}}};
   write_raw(dir.file("model.safetensors"), h.dump(), std::string(32, '\0'));
-  expect_error(load(dir), StatusCode::kInvalidArgument, {"model.norm.weight", "data_offsets [32, 0]"});
+  expect_error(load(dir), StatusCode::kInvalidArgument,
+               {"model.norm.weight", "data_offsets [32, 0]"});
 }
 
 TEST(LoaderHf, UnsupportedDtype) {
@@ -453,8 +497,9 @@ TEST(LoaderHf, UnsupportedDtype) {
     if (t.name == "model.layers.1.self_attn.v_proj.weight") t.dtype = "I8";
   }
   write_model(dir, tiny_config(), ts);
-  expect_error(load(dir), StatusCode::kUnimplemented,
-               {dir.file("model.safetensors"), "model.layers.1.self_attn.v_proj.weight", "dtype I8"});
+  expect_error(
+      load(dir), StatusCode::kUnimplemented,
+      {dir.file("model.safetensors"), "model.layers.1.self_attn.v_proj.weight", "dtype I8"});
   json h = {{"x", {{"dtype", "Q4_K"}, {"shape", {2}}, {"data_offsets", {0, 2}}}}};
   write_raw(dir.file("model.safetensors"), h.dump(), "ab");
   expect_error(load(dir), StatusCode::kUnimplemented, {"tensor x", "dtype Q4_K"});

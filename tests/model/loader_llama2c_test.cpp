@@ -1,10 +1,10 @@
 // llama2.c v0 checkpoints built in a TempDir: layout of the views, and every malformed case.
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "model/loader.h"
 #include "test_util.h"
@@ -151,20 +151,55 @@ TEST(LoaderLlama2c, BadHeaderValues) {
     std::string needle;
   };
   std::vector<Case> cases;
-  { Header h; h.dim = 0; cases.push_back({h, "dim = 0"}); }
-  { Header h; h.heads = -2; cases.push_back({h, "n_heads = -2"}); }
-  { Header h; h.seq_len = -1; cases.push_back({h, "seq_len = -1"}); }
-  { Header h; h.dim = 9; h.heads = 2; cases.push_back({h, "not a multiple of n_heads"}); }
-  { Header h; h.heads = 2; h.kv_heads = 3; cases.push_back({h, "num_kv_heads"}); }
-  { Header h; h.layers = 1 << 20; cases.push_back({h, "num_layers = 1048576 out of range"}); }
-  { Header h; h.vocab = 1 << 30; cases.push_back({h, "vocab_size"}); }
-  { Header h; h.dim = 6; h.heads = 2; cases.push_back({h, "head_dim = 3 must be even"}); }
+  {
+    Header h;
+    h.dim = 0;
+    cases.push_back({h, "dim = 0"});
+  }
+  {
+    Header h;
+    h.heads = -2;
+    cases.push_back({h, "n_heads = -2"});
+  }
+  {
+    Header h;
+    h.seq_len = -1;
+    cases.push_back({h, "seq_len = -1"});
+  }
+  {
+    Header h;
+    h.dim = 9;
+    h.heads = 2;
+    cases.push_back({h, "not a multiple of n_heads"});
+  }
+  {
+    Header h;
+    h.heads = 2;
+    h.kv_heads = 3;
+    cases.push_back({h, "num_kv_heads"});
+  }
+  {
+    Header h;
+    h.layers = 1 << 20;
+    cases.push_back({h, "num_layers = 1048576 out of range"});
+  }
+  {
+    Header h;
+    h.vocab = 1 << 30;
+    cases.push_back({h, "vocab_size"});
+  }
+  {
+    Header h;
+    h.dim = 6;
+    h.heads = 2;
+    cases.push_back({h, "head_dim = 3 must be even"});
+  }
   for (const auto& c : cases) {
     TempDir dir;
     // Write only the header plus a little data: validation must fail before any size arithmetic.
     std::string path = dir.file("bad.bin");
-    std::vector<int32_t> hdr = {c.h.dim, c.h.hidden, c.h.layers, c.h.heads, c.h.kv_heads,
-                                c.h.vocab, c.h.seq_len, 0, 0};
+    std::vector<int32_t> hdr = {c.h.dim,   c.h.hidden,  c.h.layers, c.h.heads, c.h.kv_heads,
+                                c.h.vocab, c.h.seq_len, 0,          0};
     std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(hdr.data()), 36);
     SCOPED_TRACE(c.needle);
     expect_error(load_llama2c(path, no_tokenizer()), StatusCode::kInvalidArgument,

@@ -1,8 +1,8 @@
 // The shared stories260K model in both formats: config values and cross-format weight equality.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
-
-#include <gtest/gtest.h>
 
 #include "model/loader.h"
 #include "test_util.h"

@@ -1,11 +1,11 @@
 // Synthetic presets, rope_inv_freq, validate_model_config and MmapFile.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <numbers>
-
-#include <gtest/gtest.h>
 
 #include "common/mmap_file.h"
 #include "model/loader.h"
@@ -23,8 +23,8 @@ LoadOptions no_tokenizer() {
 std::vector<const WeightTensor*> all_tensors(const ModelWeights& w) {
   std::vector<const WeightTensor*> out = {&w.embedding, &w.final_norm, &w.lm_head};
   for (const auto& l : w.layers) {
-    for (const WeightTensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm,
-                                  &l.w_gate, &l.w_up, &l.w_down}) {
+    for (const WeightTensor* t :
+         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down}) {
       out.push_back(t);
     }
   }
@@ -111,8 +111,8 @@ TEST(LoaderSynthetic, Llama110m) {
   const ModelWeights& w = m->weights;
   int64_t params = w.embedding.numel() + w.final_norm.numel();
   for (const auto& l : w.layers) {
-    for (const WeightTensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm,
-                                  &l.w_gate, &l.w_up, &l.w_down}) {
+    for (const WeightTensor* t :
+         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down}) {
       EXPECT_EQ(t->dtype, backend::DType::kF32);
       params += t->numel();
     }
@@ -236,10 +236,12 @@ TEST(ValidateModelConfig, NamesTheField) {
   Status s = validate_model_config(bad, "src");
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("src: num_heads (8) is not a multiple of num_kv_heads (3)"),
-            std::string::npos) << s.message();
+            std::string::npos)
+      << s.message();
   bad = *c;
   bad.eos_token_ids = {600};
-  EXPECT_NE(validate_model_config(bad, "src").message().find("eos token id 600"), std::string::npos);
+  EXPECT_NE(validate_model_config(bad, "src").message().find("eos token id 600"),
+            std::string::npos);
   bad = *c;
   bad.rope_scaling = RopeScaling{8.0f, 4.0f, 1.0f, 8192};
   EXPECT_FALSE(validate_model_config(bad, "src").ok());
