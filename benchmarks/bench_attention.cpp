@@ -1,0 +1,180 @@
+// Paged decode attention on the GPU: time per call and achieved bandwidth (mandatory bytes / time)
+// for the shapes of issue 5, with and without split-K, against a read-only streaming kernel timed
+// in the same run. Without CUDA (or without a device) it says so and exits 0.
+//
+//   bench_attention [--iters N] [--warmup N]
+// Mandatory bytes = every KV byte of every sequence once + q + out. Quote ratios, not absolutes.
+#include <cstdio>
+
+#if !defined(KVSPLIT_WITH_CUDA)
+int main() {
+  std::printf("bench_attention: skipped (built without CUDA: nvcc was not found at configure time)\n");
+  return 0;
+}
+#else
+
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention/paged_attention.h"
+#include "bench/stream_read.h"
+#include "kv/split_plan.h"
+
+namespace {
+
+struct Shape {
+  const char* name;
+  int num_seqs;
+  int kv_len;
+};
+
+#define CHECK_CUDA(expr)                                                                   \
+  do {                                                                                     \
+    cudaError_t e_ = (expr);                                                               \
+    if (e_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_));              \
+      return 1;                                                                            \
+    }                                                                                      \
+  } while (0)
+#define CHECK_OK(expr)                                                                     \
+  do {                                                                                     \
+    kvsplit::Status s_ = (expr);                                                           \
+    if (!s_.ok()) {                                                                        \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, s_.to_string().c_str());              \
+      return 1;                                                                            \
+    }                                                                                      \
+  } while (0)
+
+constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlockSize = 16;
+
+// Runs `fn` warmup + iters times; returns mean ms per call of the timed iterations.
+template <typename Fn>
+float time_ms(cudaStream_t stream, int warmup, int iters, Fn&& fn, bool* ok) {
+  for (int i = 0; i < warmup; ++i) *ok &= fn();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cudaEventRecord(a, stream);
+  for (int i = 0; i < iters; ++i) *ok &= fn();
+  cudaEventRecord(b, stream);
+  cudaEventSynchronize(b);
+  float ms = 0.f;
+  cudaEventElapsedTime(&ms, a, b);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms / static_cast<float>(iters);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("paged decode attention bandwidth");
+  int iters = 20, warmup = 3;
+  app.add_option("--iters", iters, "timed iterations per case");
+  app.add_option("--warmup", warmup, "untimed iterations per case");
+  CLI11_PARSE(app, argc, argv);
+
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("bench_attention: skipped (no CUDA device)\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const int sms = prop.multiProcessorCount;
+  std::printf("device: %s, %d SMs; heads %d/%d, head_dim %d, bf16 KV, block %d\n", prop.name, sms,
+              kHeads, kKvHeads, kHeadDim, kBlockSize);
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreate(&stream));
+
+  const Shape shapes[] = {{"B=64 x 8K", 64, 8192}, {"B=1 x 128K", 1, 131072}, {"B=128 x 2K", 128, 2048}};
+  std::printf("%-12s %-9s %7s %10s %10s %10s %9s\n", "shape", "split", "splits", "time_us",
+              "GB/s", "stream", "of_stream");
+  for (const Shape& sh : shapes) {
+    const int blocks_per_seq = (sh.kv_len + kBlockSize - 1) / kBlockSize;
+    const int num_blocks = blocks_per_seq * sh.num_seqs;
+    const size_t block_bytes = size_t{2} * kKvHeads * kBlockSize * kHeadDim * 2;
+    const size_t kv_bytes = block_bytes * num_blocks;
+    void* pages = nullptr;
+    CHECK_CUDA(cudaMalloc(&pages, kv_bytes));
+    CHECK_CUDA(cudaMemset(pages, 0x3c, kv_bytes));  // bf16 0x3c3c ~ 0.0115 everywhere
+    std::vector<int32_t> ids(num_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), std::mt19937(42));
+    std::vector<int32_t> kv_lens(sh.num_seqs, sh.kv_len), qs(sh.num_seqs + 1);
+    for (int s = 0; s <= sh.num_seqs; ++s) qs[s] = s;
+    const size_t q_elems = size_t(sh.num_seqs) * kHeads * kHeadDim;
+    std::vector<float> q(q_elems, 0.01f);
+    float *dq, *dout;
+    int32_t *dtab, *dlens, *dqs;
+    CHECK_CUDA(cudaMalloc(&dq, q_elems * 4));
+    CHECK_CUDA(cudaMalloc(&dout, q_elems * 4));
+    CHECK_CUDA(cudaMalloc(&dtab, ids.size() * 4));
+    CHECK_CUDA(cudaMalloc(&dlens, kv_lens.size() * 4));
+    CHECK_CUDA(cudaMalloc(&dqs, qs.size() * 4));
+    CHECK_CUDA(cudaMemcpy(dq, q.data(), q_elems * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dtab, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dlens, kv_lens.data(), kv_lens.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dqs, qs.data(), qs.size() * 4, cudaMemcpyHostToDevice));
+    unsigned* sink;
+    CHECK_CUDA(cudaMalloc(&sink, sizeof(unsigned)));
+
+    bool ok = true;
+    const float stream_ms = time_ms(stream, warmup, iters, [&] {
+      return kvsplit::kernels::launch_stream_read(pages, kv_bytes, sink, sms, stream).ok();
+    }, &ok);
+    const double mandatory = double(kv_bytes) + 2.0 * q_elems * 4;
+    const double stream_gbs = double(kv_bytes) / (stream_ms * 1e-3) / 1e9;
+
+    for (bool split : {false, true}) {
+      const kvsplit::kv::SplitPlan plan =
+          split ? kvsplit::kv::plan_decode_splits(kv_lens.data(), sh.num_seqs, kKvHeads, kBlockSize, sms)
+                : kvsplit::kv::make_split_plan(kv_lens.data(), sh.num_seqs, kBlockSize, 0);
+      kvsplit::kernels::PagedAttentionParams p;
+      p.q = dq; p.out = dout; p.kv = pages; p.kv_dtype = kvsplit::kernels::ElemType::kBF16;
+      p.num_seqs = sh.num_seqs; p.num_tokens = sh.num_seqs; p.num_heads = kHeads;
+      p.num_kv_heads = kKvHeads; p.head_dim = kHeadDim; p.block_size = kBlockSize;
+      p.num_blocks = num_blocks; p.scale = 0.088f; p.query_start = dqs; p.kv_lens = dlens;
+      p.block_tables = dtab; p.max_blocks_per_seq = blocks_per_seq; p.max_query_len = 1;
+      p.max_splits = std::max(plan.max_splits, 1);
+      int32_t* dplan = nullptr;
+      float* part = nullptr;
+      if (plan.has_splits()) {
+        CHECK_CUDA(cudaMalloc(&dplan, 2 * sh.num_seqs * 4));
+        CHECK_CUDA(cudaMemcpy(dplan, plan.num_splits.data(), sh.num_seqs * 4, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMemcpy(dplan + sh.num_seqs, plan.split_offset.data(), sh.num_seqs * 4, cudaMemcpyHostToDevice));
+        const size_t heads = size_t(plan.total_splits) * kHeads;
+        CHECK_CUDA(cudaMalloc(&part, heads * (kHeadDim + 2) * 4));
+        p.chunk_tokens = plan.chunk_tokens; p.num_splits = dplan; p.split_offset = dplan + sh.num_seqs;
+        p.part_o = part; p.part_m = part + heads * kHeadDim; p.part_l = p.part_m + heads;
+      }
+      const float ms = time_ms(stream, warmup, iters, [&] {
+        bool r = kvsplit::kernels::launch_paged_decode(p, stream).ok();
+        if (plan.has_splits()) r &= kvsplit::kernels::launch_merge_states(p, stream).ok();
+        return r;
+      }, &ok);
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      const double gbs = mandatory / (ms * 1e-3) / 1e9;
+      std::printf("%-12s %-9s %7d %10.1f %10.1f %10.1f %8.1f%%\n", sh.name, split ? "split-K" : "none",
+                  plan.max_splits, ms * 1e3, gbs, stream_gbs, 100.0 * gbs / stream_gbs);
+      if (dplan) cudaFree(dplan);
+      if (part) cudaFree(part);
+    }
+    if (!ok) {
+      std::fprintf(stderr, "a launch failed for %s\n", sh.name);
+      return 1;
+    }
+    for (void* ptr : {pages, static_cast<void*>(dq), static_cast<void*>(dout), static_cast<void*>(dtab),
+                      static_cast<void*>(dlens), static_cast<void*>(dqs), static_cast<void*>(sink)})
+      cudaFree(ptr);
+  }
+  cudaStreamDestroy(stream);
+  return 0;
+}
+#endif

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# On a machine with an NVIDIA GPU and nvcc: configure + build with the CUDA backend, run the `gpu`
+# tests (real kernels vs the fp64 oracle and the CPU backend) and bench_attention, print a summary.
+# Budget: < 8 minutes on one H200.   Usage: scripts/gpu-check.sh [build-dir]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build-gpu}
+JOBS=$(nproc)
+start=$(date +%s)
+log() { echo "[gpu-check $(( $(date +%s) - start ))s] $*"; }
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  log "no NVIDIA GPU visible (nvidia-smi); nothing to check"; exit 0
+fi
+nvidia-smi -L
+NVCC=${CUDACXX:-/usr/local/cuda/bin/nvcc}
+[ -x "$NVCC" ] || NVCC=$(command -v nvcc || true)
+if [ -z "$NVCC" ]; then log "nvcc not found"; exit 1; fi
+
+log "configure ($BUILD)"
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSPLIT_BUILD_SERVER=OFF \
+  -DCMAKE_CUDA_COMPILER="$NVCC" > "$BUILD.configure.log" 2>&1 || { tail -30 "$BUILD.configure.log"; exit 1; }
+grep -q "CUDA backend ON" "$BUILD.configure.log" || { log "CUDA backend not enabled"; tail -20 "$BUILD.configure.log"; exit 1; }
+
+log "build gpu_tests kernels_emulated_tests bench_attention"
+cmake --build "$BUILD" --target gpu_tests kernels_emulated_tests bench_attention -j"$JOBS" \
+  > "$BUILD.build.log" 2>&1 || { grep -E "error" "$BUILD.build.log" | head -40; exit 1; }
+
+log "ctest -L gpu"
+ctest --test-dir "$BUILD" -L gpu --output-on-failure -j4 > "$BUILD.gpu-tests.log" 2>&1
+gpu_rc=$?
+tail -5 "$BUILD.gpu-tests.log"
+skipped=$(grep -c "Skipped" "$BUILD.gpu-tests.log" || true)
+
+log "bench_attention"
+timeout 240 "$BUILD/benchmarks/bench_attention" --iters 20 --warmup 3 | tee "$BUILD.bench.log"
+bench_rc=${PIPESTATUS[0]}
+
+echo
+echo "==== gpu-check summary ===="
+echo "device:          $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
+echo "gpu tests:       $([ $gpu_rc -eq 0 ] && echo PASS || echo FAIL) ($(grep -E 'tests passed|tests failed' "$BUILD.gpu-tests.log" | tail -1); skipped lines: $skipped)"
+echo "bench_attention: $([ $bench_rc -eq 0 ] && echo OK || echo FAIL)"
+grep -E "^B=" "$BUILD.bench.log" || true
+echo "elapsed:         $(( $(date +%s) - start ))s"
+[ $gpu_rc -eq 0 ] && [ $bench_rc -eq 0 ]

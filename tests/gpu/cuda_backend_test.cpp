@@ -1,0 +1,68 @@
+// CudaBackend through the Backend interface: creation, memory, GEMM against the CPU backend, and
+// a clear error without a device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend_factory.h"
+#include "kernel_test_util.h"
+#include "oracle/attention_oracle.h"
+
+namespace kvsplit::testing {
+namespace {
+
+TEST(CudaBackend, NoDeviceIsUnavailableElseCreates) {
+  std::string why;
+  auto b = backend::create_cuda_backend(0);
+  if (!device_available(&why)) {
+    ASSERT_FALSE(b.ok());
+    EXPECT_EQ(b.status().code(), StatusCode::kUnavailable) << b.status().to_string();
+    return;
+  }
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_GT((*b)->parallelism(), 0);
+  EXPECT_EQ(backend::create_cuda_backend(1000).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(CudaBackend, GemmMatchesCpuForEachWeightType) {
+  KVSPLIT_REQUIRE_DEVICE();
+  const int m = 7, n = 96, k = 288;
+  oracle::Rng rng(3);
+  std::vector<float> x(m * k), w(n * k), bias(n);
+  for (float& v : x) v = static_cast<float>(rng.uniform(-1, 1));
+  for (float& v : w) v = static_cast<float>(rng.uniform(-1, 1));
+  for (float& v : bias) v = static_cast<float>(rng.uniform(-1, 1));
+  auto cpu = backend::make_cpu_backend(1);
+  std::vector<float> want(m * n);
+  auto wv = cpu->upload_matrix(w.data(), backend::DType::kF32, n, k);
+  ASSERT_TRUE(wv.ok());
+  ASSERT_TRUE(cpu->gemm(x.data(), m, *wv, bias.data(), want.data(), false).ok());
+  for (backend::DType dt : {backend::DType::kF32, backend::DType::kBF16, backend::DType::kF16}) {
+    backend::CudaBackendOptions opt;
+    opt.weight_dtype = dt;
+    auto b = backend::create_cuda_backend(0, opt);
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    backend::Backend& g = **b;
+    auto gw = g.upload_matrix(w.data(), backend::DType::kF32, n, k);
+    ASSERT_TRUE(gw.ok());
+    auto dx = backend::DeviceBuffer::make(g, x.size() * 4);
+    auto db = backend::DeviceBuffer::make(g, bias.size() * 4);
+    auto dout = backend::DeviceBuffer::make(g, want.size() * 4);
+    ASSERT_TRUE(dx.ok() && db.ok() && dout.ok());
+    ASSERT_TRUE(g.copy_h2d(dx->get(), x.data(), x.size() * 4).ok());
+    ASSERT_TRUE(g.copy_h2d(db->get(), bias.data(), bias.size() * 4).ok());
+    ASSERT_TRUE(g.gemm(dx->get<float>(), m, *gw, db->get<float>(), dout->get<float>(), false).ok());
+    std::vector<float> got(want.size());
+    ASSERT_TRUE(g.copy_d2h(got.data(), dout->get(), got.size() * 4).ok());
+    // bf16/f16 round x and w (8 / 11 significant bits); k = 288 terms of magnitude <= 1.
+    const double atol = dt == backend::DType::kF32 ? 1e-4 : (dt == backend::DType::kF16 ? 2e-2 : 1.5e-1);
+    const oracle::Comparison c = oracle::compare(got.data(), std::vector<double>(want.begin(), want.end()), atol, 0);
+    EXPECT_TRUE(c.ok) << backend::dtype_name(dt) << ": " << c.message;
+  }
+}
+
+}  // namespace
+}  // namespace kvsplit::testing
