@@ -1,0 +1,149 @@
+#include "sched/router.h"
+
+#include <atomic>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "sched/admission.h"
+
+namespace kvsplit::sched {
+namespace {
+
+std::unique_ptr<Sequence> make_seq(const std::string& id, int64_t arrival, int priority,
+                                   const SlaClass& cls, int class_index, Clock::time_point deadline) {
+  auto s = std::make_unique<Sequence>();
+  s->ctl = std::make_shared<RequestControl>(id);
+  s->arrival = arrival;
+  s->priority = priority;
+  s->sla = cls;
+  s->class_index = class_index;
+  s->queue_deadline = deadline;
+  s->num_prompt = 10 + static_cast<int>(arrival);
+  return s;
+}
+
+TEST(Router, PriorityThenArrival) {
+  SlaClass c;
+  const auto far = Clock::now() + std::chrono::hours(1);
+  Router r({c}, nullptr);
+  for (auto [id, arrival, prio] : std::vector<std::tuple<const char*, int, int>>{
+           {"a", 0, 0}, {"b", 1, 5}, {"c", 2, 0}, {"d", 3, 5}}) {
+    auto s = make_seq(id, arrival, prio, c, 0, far);
+    ASSERT_TRUE(r.push(s).ok());
+  }
+  EXPECT_EQ(r.num_queued(), 4);
+  auto any = [](const Sequence&) { return true; };
+  std::string order;
+  while (auto s = r.pop_if(any)) order += s->id();
+  EXPECT_EQ(order, "bdac");
+}
+
+TEST(Router, PopIfDoesNotSkipTheBest) {
+  SlaClass c;
+  Router r({c}, nullptr);
+  const auto far = Clock::now() + std::chrono::hours(1);
+  auto big = make_seq("big", 0, 0, c, 0, far);
+  auto small = make_seq("small", 1, 0, c, 0, far);
+  ASSERT_TRUE(r.push(big).ok());
+  ASSERT_TRUE(r.push(small).ok());
+  // "big" (first in order) does not fit; "small" would, but must not overtake it.
+  EXPECT_EQ(r.pop_if([](const Sequence& s) { return s.id() == "small"; }), nullptr);
+  EXPECT_EQ(r.num_queued(), 2);
+}
+
+TEST(Router, BoundedPerClassExpiryAndRemove) {
+  SlaClass a, b;
+  a.name = "a";
+  a.max_queue = 2;
+  b.name = "b";
+  b.max_queue = 1;
+  std::atomic<int> pushes{0};
+  Router r({a, b}, [&] { pushes.fetch_add(1); });
+  const auto now = Clock::now();
+  auto s0 = make_seq("0", 0, 0, a, 0, now + std::chrono::milliseconds(5));
+  auto s1 = make_seq("1", 1, 0, a, 0, now + std::chrono::hours(1));
+  auto s2 = make_seq("2", 2, 0, a, 0, now);
+  auto s3 = make_seq("3", 3, 0, b, 1, now + std::chrono::hours(1));
+  ASSERT_TRUE(r.push(s0).ok());
+  ASSERT_TRUE(r.push(s1).ok());
+  Status full = r.push(s2);
+  EXPECT_EQ(full.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(full.message().find("'a' queue is full (2 queued, max_queue 2)"), std::string::npos);
+  ASSERT_NE(s2, nullptr);  // left untouched
+  ASSERT_TRUE(r.push(s3).ok());
+  EXPECT_EQ(pushes.load(), 3);
+  EXPECT_EQ(r.queued_per_class(), (std::vector<int>{2, 1}));
+
+  auto expired = r.take_expired(now + std::chrono::milliseconds(10));
+  ASSERT_EQ(expired.size(), 1u);
+  EXPECT_EQ(expired[0]->id(), "0");
+  EXPECT_EQ(r.remove("nope"), nullptr);
+  auto removed = r.remove("3");
+  ASSERT_NE(removed, nullptr);
+  EXPECT_EQ(r.queued_per_class(), (std::vector<int>{1, 0}));
+  EXPECT_EQ(r.take_all().size(), 1u);
+  EXPECT_EQ(r.num_queued(), 0);
+}
+
+TEST(Router, ConcurrentPushPopRemove) {
+  SlaClass c;
+  c.max_queue = 100000;
+  Router r({c}, nullptr);
+  const auto far = Clock::now() + std::chrono::hours(1);
+  constexpr int kN = 4000;
+  std::atomic<int> popped{0}, removed{0};
+  std::thread pusher([&] {
+    for (int i = 0; i < kN; ++i) {
+      auto s = make_seq("r" + std::to_string(i), i, i % 3, c, 0, far);
+      ASSERT_TRUE(r.push(s).ok());
+    }
+  });
+  std::thread popper([&] {
+    for (int i = 0; i < kN; ++i) {
+      if (r.pop_if([](const Sequence&) { return true; })) popped.fetch_add(1);
+    }
+  });
+  std::thread remover([&] {
+    for (int i = 0; i < kN; i += 2) {
+      if (r.remove("r" + std::to_string(i))) removed.fetch_add(1);
+    }
+  });
+  pusher.join();
+  popper.join();
+  remover.join();
+  EXPECT_EQ(popped.load() + removed.load() + static_cast<int>(r.take_all().size()), kN);
+}
+
+TEST(Admission, SlaClassValidationNamesTheField) {
+  std::vector<SlaClass> classes(2);
+  classes[1].name = "x";
+  classes[1].max_itl_ms = 0;
+  Status st = validate_sla_classes(classes);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("sla_classes[1].max_itl_ms"), std::string::npos) << st.message();
+  EXPECT_FALSE(validate_sla_classes({}).ok());
+  EXPECT_EQ(find_sla_class(classes, ""), 0);
+  EXPECT_EQ(find_sla_class(classes, "x"), 1);
+  EXPECT_EQ(find_sla_class(classes, "y"), -1);
+}
+
+TEST(Admission, FitCheckCarriesTheNumbers) {
+  AdmissionLimits lim;
+  lim.vocab_size = 100;
+  lim.max_context = 256;
+  lim.block_size = 16;
+  lim.kv_blocks_per_worker = 4;
+  Request r;
+  r.sampling.max_tokens = 10;
+  EXPECT_TRUE(check_admission(r, 54, lim).ok());  // 64 tokens = 4 blocks
+  Status st = check_admission(r, 55, lim);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("65 tokens needs 5 KV blocks of 16 tokens"), std::string::npos)
+      << st.message();
+  st = check_admission(r, 250, lim);
+  EXPECT_NE(st.message().find("= 260 exceeds the model context of 256"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvsplit::sched
