@@ -56,6 +56,19 @@ uint16_t to_bf16(float f) {  // round to nearest even (values here are finite)
   return static_cast<uint16_t>(u >> 16);
 }
 
+// dst[i] = bias + scale * uniform(-1, 1) for i in [b, e). Branch-free so it vectorizes.
+template <typename T>
+void fill(T* dst, int64_t b, int64_t e, uint64_t key, float bias, float scale) {
+  for (int64_t i = b; i < e; ++i) {
+    const float v = bias + scale * uniform_pm1(splitmix64(key + static_cast<uint64_t>(i)));
+    if constexpr (sizeof(T) == 2) {
+      dst[i] = to_bf16(v);
+    } else {
+      dst[i] = v;
+    }
+  }
+}
+
 struct Parsed {
   const Preset* preset = nullptr;
   uint64_t seed = 0;
@@ -202,14 +215,11 @@ StatusOr<LoadedModel> load_synthetic(const std::string& spec, const LoadOptions&
     const Job& j = jobs[chunks[ci].first];
     const int64_t b = chunks[ci].second, e = std::min(j.numel, b + kChunk);
     const uint64_t key = splitmix64(j.key);
-    for (int64_t i = b; i < e; ++i) {
-      float u = uniform_pm1(splitmix64(key + static_cast<uint64_t>(i)));
-      float v = j.norm ? 1.0f + j.scale * u : j.scale * u;
-      if (bf16) {
-        reinterpret_cast<uint16_t*>(base + j.offset)[i] = to_bf16(v);
-      } else {
-        reinterpret_cast<float*>(base + j.offset)[i] = v;
-      }
+    const float bias = j.norm ? 1.0f : 0.0f;
+    if (bf16) {
+      fill(reinterpret_cast<uint16_t*>(base + j.offset), b, e, key, bias, j.scale);
+    } else {
+      fill(reinterpret_cast<float*>(base + j.offset), b, e, key, bias, j.scale);
     }
   });
   if (shared_layers) {
