@@ -72,6 +72,10 @@ TEST_P(CpuOps, EmbeddingPackedPlainAndBf16) {
   for (int i = 0; i < rows * dim; ++i) bf[i] = static_cast<uint16_t>(0x3f80 + i % 128);  // 1 + i/128
   ASSERT_TRUE(be_->embedding(ids.data(), ids.size(), MatrixView{bf.data(), DType::kBF16, rows, dim}, b.data()).ok());
   EXPECT_EQ(b[1 * dim + 3], 1.0f + ((52 * dim + 3) % 128) / 128.0f);
+  auto up_bf = be_->upload_matrix(bf.data(), DType::kBF16, rows, dim);  // packed, kept 16-bit
+  ASSERT_TRUE(up_bf.ok());
+  ASSERT_TRUE(be_->embedding(ids.data(), ids.size(), *up_bf, a.data()).ok());
+  EXPECT_EQ(a, b);
 
   for (int32_t bad : {-1, rows, 1 << 30}) {
     const std::vector<int32_t> bad_ids = {1, bad};

@@ -85,6 +85,7 @@ class CpuBackend final : public Backend {
   struct PackedInfo {
     int64_t rows;
     int64_t cols;
+    DType dtype;  // element type of the packed copy
   };
 
   static Status copy(void* dst, const void* src, size_t bytes, const char* what) {
@@ -93,12 +94,12 @@ class CpuBackend final : public Backend {
     std::memmove(dst, src, bytes);
     return ok_status();
   }
-  // The packed form of `w` when it came from upload_matrix, else null.
-  const float* find_packed(const MatrixView& w) const {
+  // True when `w` is a view returned by upload_matrix (packed layout).
+  bool is_packed(const MatrixView& w) const {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = packed_.find(w.data);
-    if (it == packed_.end() || it->second.rows != w.rows || it->second.cols != w.cols) return nullptr;
-    return static_cast<const float*>(w.data);
+    return it != packed_.end() && it->second.rows == w.rows && it->second.cols == w.cols &&
+           it->second.dtype == w.dtype;
   }
   // Splits [0, n) into tasks of at least kMinElemsPerTask / work_per_item items.
   void parallel_items(int64_t n, int64_t work_per_item, const std::function<void(int64_t, int64_t)>& fn) {
@@ -121,14 +122,16 @@ StatusOr<MatrixView> CpuBackend::upload_matrix(const void* host, DType dtype, in
     return invalid_argument("upload_matrix: negative shape [" + str(rows) + ", " + str(cols) + "]");
   }
   if (host == nullptr && rows * cols > 0) return invalid_argument("upload_matrix: null host pointer");
-  const size_t bytes = static_cast<size_t>(std::max<int64_t>(1, cpu::packed_size(rows, cols))) * sizeof(float);
+  // f32 stays f32; bf16/f16 stay 16-bit (gemm widens them exactly): half the decode bytes.
+  const size_t bytes =
+      static_cast<size_t>(std::max<int64_t>(1, cpu::packed_size(rows, cols))) * dtype_size(dtype);
   KVSPLIT_ASSIGN_OR_RETURN(void* dst, alloc(bytes));
-  if (rows * cols > 0) cpu::pack_matrix(host, dtype, rows, cols, static_cast<float*>(dst), &pool_);
+  if (rows * cols > 0) cpu::pack_matrix(host, dtype, rows, cols, dst, dtype, &pool_);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    packed_[dst] = PackedInfo{rows, cols};
+    packed_[dst] = PackedInfo{rows, cols, dtype};
   }
-  return MatrixView{dst, DType::kF32, rows, cols};
+  return MatrixView{dst, dtype, rows, cols};
 }
 
 Status CpuBackend::embedding(const int32_t* ids, int num_tokens, const MatrixView& table, float* out) {
@@ -144,11 +147,11 @@ Status CpuBackend::embedding(const int32_t* ids, int num_tokens, const MatrixVie
     }
   }
   const int64_t dim = table.cols;
-  const float* packed = find_packed(table);
+  const bool packed = is_packed(table);
   for (int t = 0; t < num_tokens; ++t) {
     float* o = out + t * dim;
-    if (packed != nullptr) {
-      cpu::unpack_row(packed, table.rows, dim, ids[t], o);
+    if (packed) {
+      cpu::unpack_row(table.data, table.dtype, table.rows, dim, ids[t], o);
     } else if (table.dtype == DType::kF32) {
       std::memcpy(o, static_cast<const float*>(table.data) + int64_t{ids[t]} * dim, dim * sizeof(float));
     } else {
@@ -222,10 +225,11 @@ Status CpuBackend::gemm(const float* x, int m, const MatrixView& w, const float*
   cpu::GemmWeights gw;
   gw.n = w.rows;
   gw.k = w.cols;
-  gw.packed = find_packed(w);
-  if (gw.packed == nullptr) {
+  gw.dtype = w.dtype;
+  if (is_packed(w)) {
+    gw.packed = w.data;
+  } else {
     gw.raw = w.data;
-    gw.dtype = w.dtype;
   }
   cpu::gemm(x, m, gw, bias, out, accumulate, pool_);
   return ok_status();

@@ -4,8 +4,11 @@
 // Weights are used in a packed, k-major panel layout: W rows are grouped into panels of
 // kGemmPanel rows; panel p stores element (row, col) at
 //   p * kGemmPanel * k + col * kGemmPanel + (row - p * kGemmPanel),
-// the last panel zero-padded. pack_matrix() makes it once at upload (CpuBackend::upload_matrix);
-// gemm() on a plain row-major matrix packs each panel on the fly into a per-thread buffer.
+// the last panel zero-padded. Packed elements are f32, or bf16/f16 kept as 16-bit words (half the
+// bytes to stream in decode). pack_matrix() makes it once at upload (CpuBackend::upload_matrix);
+// gemm() on a plain row-major matrix packs each panel on the fly into a per-thread f32 buffer.
+// A 16-bit panel is read directly when m fits one register tile (decode) and widened once into a
+// per-thread f32 buffer when several tiles reuse it (prefill); widening is exact either way.
 //
 // Batch invariance: every output element is computed the same way whatever m, its tile, the path
 // (packed or on the fly) or the thread count: acc = 0; for kk in 0..k-1: acc = fma(x[kk], w[kk],
@@ -36,17 +39,23 @@ inline constexpr int kGemmMr = 4;
 // Floats needed for the packed form of a [rows, cols] matrix.
 int64_t packed_size(int64_t rows, int64_t cols);
 
-// Packs `src` (row-major [rows, cols] of `dtype`) into `dst` (packed_size(rows, cols) floats,
-// 64-byte aligned), converting f16/bf16 to f32. Parallel over panels when `pool` is given.
+// Packs `src` (row-major [rows, cols] of `dtype`) into `dst` (packed_size(rows, cols) elements of
+// `dst_dtype`, 64-byte aligned). dst_dtype is kF32 (f16/bf16 converted exactly) or == dtype
+// (16-bit words kept). Parallel over panels when `pool` is given.
+void pack_matrix(const void* src, DType dtype, int64_t rows, int64_t cols, void* dst,
+                 DType dst_dtype, ThreadPool* pool);
+// Same with dst_dtype = kF32.
 void pack_matrix(const void* src, DType dtype, int64_t rows, int64_t cols, float* dst,
                  ThreadPool* pool);
 
-// Copies row `row` of a packed [rows, cols] matrix into out[cols].
-void unpack_row(const float* packed, int64_t rows, int64_t cols, int64_t row, float* out);
+// Copies row `row` of a packed [rows, cols] matrix of `dtype` into out[cols] (f32).
+void unpack_row(const void* packed, DType dtype, int64_t rows, int64_t cols, int64_t row,
+                float* out);
 
-// A weight matrix W[n, k]: either packed (packed != nullptr) or row-major `raw` of `dtype`.
+// A weight matrix W[n, k]: either packed (packed != nullptr, elements of `dtype`) or row-major
+// `raw` of `dtype`.
 struct GemmWeights {
-  const float* packed = nullptr;
+  const void* packed = nullptr;
   const void* raw = nullptr;
   DType dtype = DType::kF32;
   int64_t n = 0;  // rows of W = output features
