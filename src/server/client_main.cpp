@@ -1,1 +1,154 @@
-int main() { return 0; }
+// kvsplit-client: streams one generation to the terminal. See docs/server.md.
+//
+//   kvsplit-client --server 127.0.0.1:50051 "Once upon a time" --max-tokens 64 --temperature 0
+//   kvsplit-client --server ADDR "prompt" --json        (one JSON object at the end)
+//   kvsplit-client --server ADDR --info | --stats       (GetModelInfo / GetServerStats as JSON)
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <google/protobuf/util/json_util.h>
+#include <nlohmann/json.hpp>
+
+#include "kvsplit/v1/generation.grpc.pb.h"
+#include "server/client_channel.h"
+
+namespace v1 = kvsplit::v1;
+
+namespace {
+
+std::string to_json(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.add_whitespace = true;
+  opts.always_print_primitive_fields = true;
+  opts.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
+  return out;
+}
+
+int fail(const grpc::Status& st) {
+  std::cerr << "kvsplit-client: " << kvsplit::status_code_name(static_cast<kvsplit::StatusCode>(st.error_code()))
+            << ": " << st.error_message() << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kvsplit::server::ClientOptions copt;
+  std::string prompt, sla_class, request_id;
+  std::vector<std::string> stop;
+  uint32_t max_tokens = 0, top_logprobs = 0;
+  std::optional<float> temperature, top_p, min_p, rep;
+  std::optional<int32_t> top_k;
+  std::optional<uint64_t> seed;
+  int32_t priority = 0;
+  double timeout_s = 600;
+  bool json = false, info = false, stats = false, ignore_eos = false;
+
+  CLI::App app{"kvsplit-client: stream a generation from kvsplit-server"};
+  app.add_option("prompt", prompt, "prompt text");
+  app.add_option("--server", copt.server, "host:port (default 127.0.0.1:50051)");
+  app.add_option("--max-tokens", max_tokens, "tokens to generate (0: server default)");
+  app.add_option("--temperature", temperature, "0 = greedy (server default 1.0)");
+  app.add_option("--top-p", top_p, "nucleus sampling, (0, 1]");
+  app.add_option("--top-k", top_k, "keep the k most likely tokens (0 = off)");
+  app.add_option("--min-p", min_p, "[0, 1]");
+  app.add_option("--repetition-penalty", rep, "(0, 10], 1 = off");
+  app.add_option("--seed", seed, "sampling seed");
+  app.add_option("--stop", stop, "stop string (repeatable)");
+  app.add_flag("--ignore-eos", ignore_eos, "do not stop on EOS");
+  app.add_option("--sla-class", sla_class, "SLA class name (default: the server's first)");
+  app.add_option("--priority", priority, "[-1000, 1000], added to the class priority");
+  app.add_option("--top-logprobs", top_logprobs, "[0, 20] alternatives per token (with --json)");
+  app.add_option("--request-id", request_id, "client-chosen request id");
+  app.add_option("--timeout", timeout_s, "call deadline in seconds (default 600)");
+  app.add_option("--tls-ca", copt.tls_ca, "PEM CA / server cert: use TLS");
+  app.add_option("--tls-server-name", copt.tls_server_name, "name to verify in the server cert");
+  app.add_option("--api-key", copt.api_key, "bearer API key");
+  app.add_flag("--json", json, "print one JSON object with ids, text, usage and timings");
+  app.add_flag("--info", info, "print GetModelInfo as JSON and exit");
+  app.add_flag("--stats", stats, "print GetServerStats as JSON and exit");
+  CLI11_PARSE(app, argc, argv);
+
+  auto channel = kvsplit::server::make_channel(copt);
+  if (!channel.ok()) {
+    std::cerr << "kvsplit-client: " << channel.status().message() << "\n";
+    return 2;
+  }
+  auto stub = v1::Generation::NewStub(*channel);
+  auto make_ctx = [&](grpc::ClientContext* ctx) {
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+    kvsplit::server::add_auth(copt, ctx);
+  };
+  if (info || stats) {
+    grpc::ClientContext ctx;
+    make_ctx(&ctx);
+    grpc::Status st;
+    if (info) {
+      v1::GetModelInfoResponse r;
+      st = stub->GetModelInfo(&ctx, {}, &r);
+      if (st.ok()) std::cout << to_json(r);
+    } else {
+      v1::GetServerStatsResponse r;
+      st = stub->GetServerStats(&ctx, {}, &r);
+      if (st.ok()) std::cout << to_json(r);
+    }
+    return st.ok() ? 0 : fail(st);
+  }
+
+  v1::GenerateRequest req;
+  req.set_request_id(request_id);
+  req.set_prompt(prompt);
+  req.set_max_tokens(max_tokens);
+  if (temperature) req.mutable_sampling()->set_temperature(*temperature);
+  if (top_p) req.mutable_sampling()->set_top_p(*top_p);
+  if (top_k) req.mutable_sampling()->set_top_k(*top_k);
+  if (min_p) req.mutable_sampling()->set_min_p(*min_p);
+  if (rep) req.mutable_sampling()->set_repetition_penalty(*rep);
+  if (seed) req.mutable_sampling()->set_seed(*seed);
+  for (const auto& s : stop) req.add_stop(s);
+  req.set_ignore_eos(ignore_eos);
+  req.set_sla_class(sla_class);
+  req.set_priority(priority);
+  req.set_top_logprobs(top_logprobs);
+
+  grpc::ClientContext ctx;
+  make_ctx(&ctx);
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse msg, last;
+  nlohmann::json ids = nlohmann::json::array(), logprobs = nlohmann::json::array();
+  std::string text;
+  while (reader->Read(&msg)) {
+    for (int32_t id : msg.token_ids()) ids.push_back(id);
+    for (const auto& lp : msg.logprobs()) logprobs.push_back({{"token_id", lp.token_id()}, {"logprob", lp.logprob()}});
+    text += msg.text();
+    if (!json) {
+      std::fwrite(msg.text().data(), 1, msg.text().size(), stdout);
+      std::fflush(stdout);
+    }
+    last = msg;
+  }
+  grpc::Status st = reader->Finish();
+  if (!json && !text.empty()) std::fputc('\n', stdout);
+  if (!st.ok()) return fail(st);
+  if (json) {
+    const auto& u = last.usage();
+    const auto& t = last.timings();
+    nlohmann::json out = {
+        {"request_id", last.request_id()},
+        {"token_ids", ids},
+        {"text", text},
+        {"finish_reason", v1::FinishReason_Name(last.finish_reason())},
+        {"usage", {{"prompt_tokens", u.prompt_tokens()}, {"completion_tokens", u.completion_tokens()},
+                   {"cached_tokens", u.cached_tokens()}}},
+        {"timings", {{"queue_ms", t.queue_ms()}, {"ttft_ms", t.ttft_ms()}, {"mean_itl_ms", t.mean_itl_ms()},
+                     {"max_itl_ms", t.max_itl_ms()}, {"e2e_ms", t.e2e_ms()}}}};
+    if (top_logprobs > 0) out["logprobs"] = logprobs;
+    std::cout << out.dump() << "\n";
+  }
+  return 0;
+}

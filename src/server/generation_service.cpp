@@ -128,7 +128,11 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       if (ev.final) {
         final_seen_ = true;
         set_final_fields(ev, &resp_);
-        final_status = to_grpc(ev.status);
+        // A request aborted by the server side (Abort RPC, drain) ends normally with
+        // finish_reason CANCELLED; only real failures end the call with an error status.
+        final_status = ev.finish_reason == FinishReason::kCancelled && ev.status.code() == StatusCode::kCancelled
+                           ? grpc::Status::OK
+                           : to_grpc(ev.status);
         if (service_->metrics()) service_->metrics()->observe_request(sla_class_, ev);
         break;
       }

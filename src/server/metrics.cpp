@@ -9,6 +9,8 @@
 
 #include <exception>
 
+#include "common/check.h"
+
 namespace kvsplit::server {
 
 namespace pm = ::prometheus;
@@ -22,7 +24,9 @@ class EngineCollector : public pm::Collectable {
   std::vector<pm::MetricFamily> Collect() const override {
     const EngineStats s = engine_->stats();
     std::vector<pm::MetricFamily> out;
+    out.reserve(32);  // family() hands out references into `out`: it must never reallocate
     auto family = [&](const char* name, const char* help, pm::MetricType type) -> pm::MetricFamily& {
+      KVSPLIT_CHECK(out.size() < out.capacity());
       out.push_back(pm::MetricFamily{name, help, type, {}});
       return out.back();
     };

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "common/log.h"
@@ -188,6 +189,8 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   CLI11_PARSE(app, argc, argv);
+  // The log goes to stderr; stdout carries only the "listening on" lines scripts read.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("kvsplit-server"));
   spdlog::set_level(spdlog::level::from_str(f.log_level));
 
   if (!f.check_config.empty()) {

@@ -1,0 +1,304 @@
+// Generation over gRPC against the real kvsplit-server binary: goldens with 64 streams in
+// flight, cancellation and deadlines freeing all KV, health, reflection-free raw calls, metrics.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <thread>
+
+#include "server/server_harness.h"
+
+namespace kvsplit::testing {
+namespace {
+
+namespace v1 = ::kvsplit::v1;
+
+const char* kConfig = R"(
+kv: {capacity_mb: 64}
+server: {max_tokens_limit: 600, default_max_tokens: 8}
+sla_classes:
+  standard: {max_ttft_ms: 5000, max_itl_ms: 1000}
+  voice: {max_ttft_ms: 300, max_itl_ms: 100, priority: 10}
+)";
+
+class GenerationTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!have_models()) return;
+    dir_ = new TempDir();
+    std::ofstream(dir_->file("server.yaml")) << kConfig;
+    server_ = new ServerProcess({"--config", dir_->file("server.yaml"), "--model", model_path("stories260K-hf")},
+                                dir_->file("server.log"));
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    delete dir_;
+    server_ = nullptr;
+    dir_ = nullptr;
+  }
+  void SetUp() override {
+    KVSPLIT_REQUIRE_MODELS();
+    ASSERT_TRUE(server_->started()) << server_->log();
+    channel_ = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+    stub_ = v1::Generation::NewStub(channel_);
+  }
+
+  v1::GetServerStatsResponse stats() {
+    grpc::ClientContext ctx;
+    v1::GetServerStatsResponse r;
+    EXPECT_TRUE(stub_->GetServerStats(&ctx, {}, &r).ok());
+    return r;
+  }
+  // Waits until every pool has all its blocks free; returns false on timeout.
+  bool wait_all_kv_free(std::chrono::milliseconds timeout, v1::GetServerStatsResponse* last) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    do {
+      *last = stats();
+      bool all_free = last->pools_size() > 0;
+      for (const auto& p : last->pools()) all_free = all_free && p.kv_blocks_free() == p.kv_blocks_total();
+      if (all_free && last->num_running() == 0 && last->num_waiting() == 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } while (std::chrono::steady_clock::now() < deadline);
+    return false;
+  }
+
+  static TempDir* dir_;
+  static ServerProcess* server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Generation::Stub> stub_;
+};
+TempDir* GenerationTest::dir_ = nullptr;
+ServerProcess* GenerationTest::server_ = nullptr;
+
+struct Result {
+  std::vector<int32_t> ids;
+  std::string text;
+  v1::GenerateResponse last;
+  grpc::Status status;
+  int messages = 0;
+};
+
+Result generate(v1::Generation::Stub* stub, const v1::GenerateRequest& req,
+                std::chrono::milliseconds timeout = std::chrono::milliseconds(120000)) {
+  Result r;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+    r.ids.insert(r.ids.end(), msg.token_ids().begin(), msg.token_ids().end());
+    r.text += msg.text();
+    r.last = msg;
+    ++r.messages;
+  }
+  r.status = reader->Finish();
+  return r;
+}
+
+TEST_F(GenerationTest, GoldensWith64StreamsInFlight) {
+  const auto cases = read_jsonl(model_path("golden/stories260K_greedy.jsonl"));
+  ASSERT_EQ(cases.size(), 12u);
+  constexpr int kStreams = 64;
+  std::vector<Result> results(kStreams);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] {
+      const auto& c = cases[i % cases.size()];
+      v1::GenerateRequest req;
+      req.set_prompt(c["prompt"].get<std::string>());
+      req.set_max_tokens(c["steps"].get<int>() - static_cast<int>(c["prompt_token_ids"].size()));
+      req.mutable_sampling()->set_temperature(0.0f);
+      results[i] = generate(stub_.get(), req);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kStreams; ++i) {
+    const auto& c = cases[i % cases.size()];
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    EXPECT_EQ(results[i].ids, c["output_token_ids"].get<std::vector<int32_t>>()) << "stream " << i << " prompt '"
+                                                                                 << c["prompt"] << "'";
+    const auto& last = results[i].last;
+    EXPECT_NE(last.finish_reason(), v1::FINISH_REASON_UNSPECIFIED);
+    EXPECT_EQ(last.usage().completion_tokens(), results[i].ids.size());
+    EXPECT_EQ(last.usage().prompt_tokens(), c["prompt_token_ids"].size());
+    EXPECT_GT(last.timings().e2e_ms(), 0);
+    EXPECT_GE(last.timings().e2e_ms(), last.timings().ttft_ms());
+  }
+  v1::GetServerStatsResponse s;
+  EXPECT_TRUE(wait_all_kv_free(std::chrono::seconds(5), &s)) << s.DebugString();
+}
+
+TEST_F(GenerationTest, TokenIdPromptAndIdsInEveryMessageMatchText) {
+  v1::GenerateRequest req;
+  req.mutable_prompt_token_ids()->add_ids(1);
+  req.mutable_prompt_token_ids()->add_ids(403);
+  req.set_max_tokens(20);
+  req.set_request_id("my-req-1");
+  req.mutable_sampling()->set_temperature(0.0f);
+  Result r = generate(stub_.get(), req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.last.request_id(), "my-req-1");
+  EXPECT_EQ(r.ids.size(), r.last.usage().completion_tokens());
+  EXPECT_LE(r.ids.size(), 21u);  // max_tokens + 1 (llama2.c steps accounting)
+  EXPECT_FALSE(r.text.empty());
+  EXPECT_EQ(r.last.usage().prompt_tokens(), 2u);
+}
+
+TEST_F(GenerationTest, DefaultMaxTokensAndLogprobs) {
+  v1::GenerateRequest req;
+  req.set_prompt("Once upon a time");
+  req.set_ignore_eos(true);
+  req.set_top_logprobs(3);
+  req.mutable_sampling()->set_temperature(0.0f);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  int ids = 0, lps = 0;
+  while (reader->Read(&msg)) {
+    ids += msg.token_ids_size();
+    lps += msg.logprobs_size();
+    for (int i = 0; i < msg.logprobs_size(); ++i) {
+      EXPECT_EQ(msg.logprobs(i).token_id(), msg.token_ids(i));
+      EXPECT_LE(msg.logprobs(i).logprob(), 0.0f);
+      EXPECT_EQ(msg.logprobs(i).top_size(), 3);
+      EXPECT_EQ(msg.logprobs(i).top(0).token_id(), msg.token_ids(i));  // greedy: the top-1
+    }
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(ids, 9);  // server.default_max_tokens + 1 (ignore_eos)
+  EXPECT_EQ(lps, ids);
+}
+
+TEST_F(GenerationTest, ClientCancelAndDeadlineFreeAllKv) {
+  v1::GetServerStatsResponse before;
+  ASSERT_TRUE(wait_all_kv_free(std::chrono::seconds(5), &before));
+  const int64_t cancelled_before = before.requests_cancelled();
+  constexpr int kStreams = 16;
+  std::atomic<int> cancelled{0}, deadline{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] {
+      v1::GenerateRequest req;
+      req.set_prompt("Once upon a time");
+      req.set_max_tokens(500);
+      req.set_ignore_eos(true);
+      grpc::ClientContext ctx;
+      if (i % 2) ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(150));
+      auto reader = stub_->Generate(&ctx, req);
+      v1::GenerateResponse msg;
+      if (reader->Read(&msg) && i % 2 == 0) ctx.TryCancel();  // after the first tokens
+      while (reader->Read(&msg)) {
+      }
+      grpc::Status st = reader->Finish();
+      if (st.error_code() == grpc::StatusCode::CANCELLED) ++cancelled;
+      if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) ++deadline;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(cancelled.load(), kStreams / 2);
+  EXPECT_GT(deadline.load(), 0);
+  v1::GetServerStatsResponse after;
+  EXPECT_TRUE(wait_all_kv_free(std::chrono::seconds(5), &after)) << after.DebugString();
+  ASSERT_EQ(after.pools_size(), before.pools_size());
+  for (int i = 0; i < after.pools_size(); ++i)
+    EXPECT_EQ(after.pools(i).kv_blocks_free(), before.pools(i).kv_blocks_free()) << after.pools(i).name();
+  EXPECT_GE(after.requests_cancelled() - cancelled_before, cancelled.load());
+  EXPECT_EQ(after.active_streams(), 0);
+}
+
+TEST_F(GenerationTest, AbortByRequestId) {
+  std::thread gen;
+  Result r;
+  v1::GenerateRequest req;
+  req.set_prompt("The dog");
+  req.set_max_tokens(500);
+  req.set_ignore_eos(true);
+  req.set_request_id("abort-me");
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  grpc::ClientContext actx;
+  v1::AbortRequest areq;
+  areq.set_request_id("abort-me");
+  v1::AbortResponse aresp;
+  ASSERT_TRUE(stub_->Abort(&actx, areq, &aresp).ok());
+  v1::GenerateResponse last = msg;
+  while (reader->Read(&msg)) last = msg;
+  ASSERT_TRUE(reader->Finish().ok());
+  if (aresp.aborted()) EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_CANCELLED);
+  grpc::ClientContext actx2;
+  ASSERT_TRUE(stub_->Abort(&actx2, areq, &aresp).ok());
+  EXPECT_FALSE(aresp.aborted());  // no longer in flight
+}
+
+TEST_F(GenerationTest, HealthServingViaStandardService) {
+  std::string resp;
+  // grpc.health.v1.HealthCheckRequest{service: ""} is the empty message; SERVING is status = 1.
+  grpc::Status st = raw_unary(channel_, "/grpc.health.v1.Health/Check", "", &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp, std::string("\x08\x01", 2));
+  const std::string svc = "kvsplit.v1.Generation";
+  st = raw_unary(channel_, "/grpc.health.v1.Health/Check", std::string("\x0a") + char(svc.size()) + svc, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp, std::string("\x08\x01", 2));
+}
+
+TEST_F(GenerationTest, ModelInfoAndStats) {
+  grpc::ClientContext ctx;
+  v1::GetModelInfoResponse info;
+  ASSERT_TRUE(stub_->GetModelInfo(&ctx, {}, &info).ok());
+  EXPECT_EQ(info.vocab_size(), 512);
+  EXPECT_EQ(info.max_context(), 512);
+  EXPECT_EQ(info.max_tokens_limit(), 600u);
+  ASSERT_EQ(info.sla_classes_size(), 2);
+  EXPECT_EQ(info.sla_classes(0), "standard");
+  const auto s = stats();
+  EXPECT_GE(s.pools_size(), 1);
+  ASSERT_EQ(s.classes_size(), 2);
+  EXPECT_EQ(s.classes(1).name(), "voice");
+  EXPECT_EQ(s.classes(1).max_ttft_ms(), 300);
+}
+
+std::string http_get(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[8192];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return out;
+}
+
+TEST_F(GenerationTest, PrometheusMetrics) {
+  v1::GenerateRequest req;
+  req.set_prompt("Lily wanted to");
+  req.set_max_tokens(10);
+  req.set_sla_class("voice");
+  ASSERT_TRUE(generate(stub_.get(), req).status.ok());
+  const std::string text = http_get(server_->metrics_port(), "/metrics");
+  for (const char* name :
+       {"kvsplit:time_to_first_token_seconds_bucket", "kvsplit:inter_token_latency_seconds_count",
+        "kvsplit:e2e_request_latency_seconds_sum", "kvsplit:request_queue_time_seconds_count",
+        "kvsplit:kv_cache_usage_perc{pool=", "kvsplit:num_requests_running", "kvsplit:num_requests_waiting",
+        "kvsplit:num_preemptions_total", "kvsplit:prompt_tokens_total", "kvsplit:generation_tokens_total",
+        "kvsplit:sla_slo_met_total{sla_class=\"voice\"}", "kvsplit:sla_requests_finished_total"}) {
+    EXPECT_NE(text.find(name), std::string::npos) << name << " missing from:\n" << text.substr(0, 3000);
+  }
+  // The voice request was observed by the TTFT histogram.
+  EXPECT_NE(text.find("kvsplit:time_to_first_token_seconds_count{sla_class=\"voice\"} "), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvsplit::testing

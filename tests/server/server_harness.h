@@ -1,0 +1,159 @@
+// Runs the real kvsplit-server binary for a test: fork/exec on 127.0.0.1 with --port 0, reads
+// the bound ports from its stdout, keeps its stderr (the log) in a file, SIGTERMs it at the end.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <future>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "kvsplit/v1/generation.grpc.pb.h"
+#include "test_util.h"
+
+namespace kvsplit::testing {
+
+class ServerProcess {
+ public:
+  // Starts `kvsplit-server --host 127.0.0.1 --port 0 --metrics-port 0 ARGS...` and waits (up to
+  // 60 s) for its "listening on" lines. started() is false when it exited instead.
+  ServerProcess(std::vector<std::string> args, std::string log_path) : log_path_(std::move(log_path)) {
+    std::vector<std::string> argv = {KVSPLIT_SERVER_BIN, "--host", "127.0.0.1", "--port", "0",
+                                     "--metrics-port", "0"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    int out[2];
+    if (pipe(out) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], 1);
+      int log = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(log, 2);
+      close(out[0]);
+      std::vector<char*> cargv;
+      for (auto& a : argv) cargv.push_back(a.data());
+      cargv.push_back(nullptr);
+      execv(cargv[0], cargv.data());
+      _exit(127);
+    }
+    close(out[1]);
+    out_fd_ = out[0];
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    std::string buf;
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{out_fd_, POLLIN, 0};
+      if (poll(&p, 1, 200) <= 0) continue;
+      char chunk[512];
+      ssize_t n = read(out_fd_, chunk, sizeof(chunk));
+      if (n <= 0) break;  // exited
+      buf.append(chunk, static_cast<size_t>(n));
+      port_ = parse_port(buf, "listening on 127.0.0.1:");
+      metrics_port_ = parse_port(buf, "metrics on http://127.0.0.1:");
+      if (port_ > 0 && metrics_port_ > 0) return;
+    }
+  }
+  ~ServerProcess() { stop(); }
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+
+  bool started() const { return port_ > 0; }
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::string log() const {
+    std::ifstream in(log_path_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  void signal(int sig) const {
+    if (pid_ > 0) kill(pid_, sig);
+  }
+  bool alive() const { return pid_ > 0 && kill(pid_, 0) == 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
+  // SIGTERM and wait up to `timeout`; returns the exit status (-1 on timeout, then SIGKILL).
+  int stop(std::chrono::seconds timeout = std::chrono::seconds(20)) {
+    if (pid_ <= 0) return exit_status_;
+    kill(pid_, SIGTERM);
+    exit_status_ = wait_exit(timeout);
+    if (exit_status_ == -1) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    pid_ = -1;
+    if (out_fd_ >= 0) close(out_fd_);
+    out_fd_ = -1;
+    return exit_status_;
+  }
+
+ private:
+  int wait_exit(std::chrono::seconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      int st = 0;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+  static int parse_port(const std::string& buf, const std::string& key) {
+    auto at = buf.find(key);
+    if (at == std::string::npos) return 0;
+    auto end = buf.find_first_of(" \n", at + key.size());
+    if (end == std::string::npos) return 0;
+    return std::atoi(buf.substr(at + key.size(), end - at - key.size()).c_str());
+  }
+
+  std::string log_path_;
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  int port_ = 0;
+  int metrics_port_ = 0;
+  int exit_status_ = -1;
+};
+
+// Runs a shell command line; returns {exit code, stdout + stderr}.
+inline std::pair<int, std::string> run_command(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, ""};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+// A unary call with raw request bytes (health checks, malformed messages).
+inline grpc::Status raw_unary(const std::shared_ptr<grpc::Channel>& ch, const std::string& method,
+                              const std::string& request_bytes, std::string* response_bytes,
+                              std::chrono::milliseconds timeout = std::chrono::milliseconds(5000)) {
+  grpc::GenericStub stub(ch);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  grpc::Slice slice(request_bytes);
+  grpc::ByteBuffer req(&slice, 1), resp;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &req, &resp,
+                 [&](grpc::Status s) { done.set_value(s); });
+  grpc::Status st = done.get_future().get();
+  if (st.ok() && response_bytes) {
+    std::vector<grpc::Slice> slices;
+    (void)resp.Dump(&slices);
+    response_bytes->clear();
+    for (auto& s : slices) response_bytes->append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return st;
+}
+
+}  // namespace kvsplit::testing
