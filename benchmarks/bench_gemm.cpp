@@ -2,12 +2,14 @@
 // bandwidth and fp32 FMA peak (measured in the same run).
 //
 //   bench_gemm [--threads N] [--m 1,4,16,64,128,256] [--seconds S] [--warm] [--cold-mib MiB]
+//              [--cpu-time]
 //
 // By default ("cold") each shape has enough packed copies of W (>= --cold-mib in all) to rotate
 // through, so W streams from DRAM as it does in a real decode step whose weights exceed the LLC;
-// --warm reuses one copy (W may then sit in the 260 MB L3).
+// --warm reuses one copy (W may then sit in the 260 MB L3). --cpu-time times everything (probes
+// included) by process CPU time / threads instead of wall time, for a machine shared with other
+// jobs.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,7 +29,6 @@ namespace {
 
 using kvsplit::ThreadPool;
 namespace cpu = kvsplit::backend::cpu;
-using Clock = std::chrono::steady_clock;
 
 struct Shape {
   const char* name;
@@ -47,16 +48,19 @@ int main(int argc, char** argv) {
   app.add_option("--m", ms, "batch sizes (rows of x)")->delimiter(',');
   app.add_option("--seconds", seconds, "minimum timed seconds per case")->check(CLI::PositiveNumber);
   app.add_flag("--warm", warm, "reuse one copy of W (may be cache resident)");
+  bool cpu_time = false;
+  app.add_flag("--cpu-time", cpu_time, "time by process CPU seconds / threads (busy machine)");
   app.add_option("--cold-mib", cold_mib, "MiB of W copies to rotate through when cold")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   ThreadPool pool(threads);
-  const double bw = cpu::measure_read_bandwidth_gbs(pool);
-  const double peak = cpu::measure_fma_peak_gflops(pool);
+  const double bw = cpu::measure_read_bandwidth_gbs(pool, size_t{1} << 30, 3, cpu_time);
+  const double peak = cpu::measure_fma_peak_gflops(pool, 3, cpu_time);
   std::printf("threads %d, simd %s, panel %d, mr %d\n", threads, cpu::kSimdName, cpu::kGemmPanel,
               cpu::kGemmMr);
-  std::printf("measured read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s, W %s\n", bw, peak,
-              warm ? "warm (one copy)" : "cold (rotating copies)");
+  std::printf("measured read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s, W %s, clock %s\n",
+              bw, peak, warm ? "warm (one copy)" : "cold (rotating copies)",
+              cpu_time ? "process CPU time / threads" : "wall");
   std::printf("%-12s %5s %10s %9s %7s %10s %7s\n", "W [n,k]", "m", "us/call", "W GB/s", "of BW",
               "GFLOP/s", "of peak");
 
@@ -82,13 +86,13 @@ int main(int argc, char** argv) {
     for (auto& v : x) v = dist(rng);
     for (int64_t m : ms) {
       int64_t calls = 0;
-      const auto t0 = Clock::now();
+      const cpu::ProbeTimer timer(cpu_time, threads);
       double elapsed = 0;
       while (elapsed < seconds || calls < 3) {
         const cpu::GemmWeights gw{packed[calls % copies], nullptr, kvsplit::backend::DType::kF32, s.n, s.k};
         cpu::gemm(x.data(), m, gw, nullptr, out.data(), false, pool);
         ++calls;
-        elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+        elapsed = timer.seconds();
       }
       const double t = elapsed / calls;
       const double gbs = static_cast<double>(s.n) * s.k * sizeof(float) / t / 1e9;

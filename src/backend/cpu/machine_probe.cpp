@@ -2,22 +2,23 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include <time.h>
+
 #include "backend/cpu/simd.h"
 
 namespace kvsplit::backend::cpu {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+double now_seconds(bool cpu_time) {
+  timespec ts;
+  clock_gettime(cpu_time ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 // Sum of floats in [p, p + n); n a multiple of 128. Eight independent vector accumulators.
@@ -86,7 +87,15 @@ std::atomic<float> g_sink{0.f};  // keeps results observable
 
 }  // namespace
 
-double measure_read_bandwidth_gbs(ThreadPool& pool, size_t bytes, int repeats) {
+ProbeTimer::ProbeTimer(bool cpu_time, int threads)
+    : cpu_time_(cpu_time), threads_(std::max(1, threads)), start_(now_seconds(cpu_time)) {}
+
+double ProbeTimer::seconds() const {
+  const double s = now_seconds(cpu_time_) - start_;
+  return cpu_time_ ? s / threads_ : s;
+}
+
+double measure_read_bandwidth_gbs(ThreadPool& pool, size_t bytes, int repeats, bool cpu_time) {
   const int threads = pool.num_threads();
   const size_t unit = size_t{512} * threads;  // 128 floats per thread chunk granule
   float* buf = nullptr;
@@ -106,9 +115,9 @@ double measure_read_bandwidth_gbs(ThreadPool& pool, size_t bytes, int repeats) {
   std::vector<float> sums(threads);
   double best = 0.0;
   for (int r = 0; r < std::max(1, repeats) + 1; ++r) {
-    const auto t0 = Clock::now();
+    const ProbeTimer timer(cpu_time, threads);
     pool.parallel_for(threads, [&](int64_t t) { sums[t] = read_sum(buf + t * per, per); });
-    const double s = seconds_since(t0);
+    const double s = timer.seconds();
     float total = 0;
     for (float v : sums) total += v;
     g_sink.store(total, std::memory_order_relaxed);
@@ -118,15 +127,15 @@ double measure_read_bandwidth_gbs(ThreadPool& pool, size_t bytes, int repeats) {
   return best;
 }
 
-double measure_fma_peak_gflops(ThreadPool& pool, int repeats) {
+double measure_fma_peak_gflops(ThreadPool& pool, int repeats, bool cpu_time) {
   const int threads = pool.num_threads();
   const int64_t iters = 20'000'000 / std::max(1, kSimdWidth / 4);  // ~0.1 s per pass
   std::vector<float> sums(threads);
   double best = 0.0;
   for (int r = 0; r < std::max(1, repeats) + 1; ++r) {
-    const auto t0 = Clock::now();
+    const ProbeTimer timer(cpu_time, threads);
     pool.parallel_for(threads, [&](int64_t t) { sums[t] = fma_chains(iters, 1.0f + t); });
-    const double s = seconds_since(t0);
+    const double s = timer.seconds();
     g_sink.store(sums[0], std::memory_order_relaxed);
     const double flops = 2.0 * kChains * kSimdWidth * static_cast<double>(iters) * threads;
     if (r > 0) best = std::max(best, flops / s / 1e9);
