@@ -1,0 +1,256 @@
+// Offline serving benchmark: replays a seeded synthetic workload through the Engine in process
+// (Poisson arrivals, lognormal prompt / output lengths, a mix of SLA classes) and prints TTFT / ITL /
+// E2E percentiles, throughput, preemptions and goodput, for the disaggregated and the colocated
+// mode in one run. --bookkeeping instead measures the scheduler's bookkeeping share of step time
+// with 256 running sequences.
+//
+//   bench_serving_offline --model synthetic:stories260k --requests 200 --rate 50
+//   bench_serving_offline --model synthetic:llama-110m --bookkeeping
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "engine/engine_impl.h"
+#include "kvsplit/engine.h"
+
+namespace {
+
+using kvsplit::EngineConfig;
+using kvsplit::EngineImpl;
+using kvsplit::Request;
+using kvsplit::ServingMode;
+using kvsplit::TokenEvent;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::string model = "synthetic:stories260k";
+  std::string mode = "both";
+  int requests = 200;
+  double rate = 50;  // requests per second
+  uint64_t seed = 1;
+  double prompt_median = 64, prompt_sigma = 0.8;
+  double output_median = 32, output_sigma = 0.6;
+  double interactive_share = 0.5;
+  int prefill_workers = 1, decode_workers = 1, colocated_workers = 2;
+  int threads = 1;
+  int max_batch_tokens = 512;
+  int kv_blocks = 0;
+  bool bookkeeping = false;
+  int bookkeeping_seqs = 256, bookkeeping_tokens = 8;
+};
+
+struct Item {
+  double arrival_s;
+  Request request;
+};
+
+std::vector<Item> make_workload(const Options& o, int vocab, int context) {
+  std::mt19937_64 rng(o.seed);
+  std::exponential_distribution<double> gap(o.rate);
+  std::lognormal_distribution<double> plen(std::log(o.prompt_median), o.prompt_sigma);
+  std::lognormal_distribution<double> olen(std::log(o.output_median), o.output_sigma);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<Item> out;
+  double t = 0;
+  for (int i = 0; i < o.requests; ++i) {
+    t += gap(rng);
+    Item it;
+    it.arrival_s = t;
+    const int p = std::clamp(static_cast<int>(plen(rng)), 1, context / 2);
+    const int n = std::clamp(static_cast<int>(olen(rng)), 1, context / 2 - 1);
+    it.request.request_id = "b" + std::to_string(i);
+    it.request.prompt_token_ids.resize(p);
+    for (int32_t& id : it.request.prompt_token_ids) id = 3 + static_cast<int32_t>(rng() % (vocab - 3));
+    it.request.sampling.max_tokens = n;
+    it.request.sampling.ignore_eos = true;
+    it.request.sampling.temperature = 0;
+    it.request.sla_class = u(rng) < o.interactive_share ? "interactive" : "batch";
+    out.push_back(std::move(it));
+  }
+  return out;
+}
+
+double pct(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p / 100.0 * v.size()))];
+}
+
+EngineConfig base_config(const Options& o, ServingMode mode) {
+  EngineConfig c;
+  c.model = o.model;
+  c.mode = mode;
+  c.threads_per_worker = o.threads;
+  c.num_prefill_workers = o.prefill_workers;
+  c.num_decode_workers = mode == ServingMode::kColocated ? o.colocated_workers : o.decode_workers;
+  c.max_batch_tokens = o.max_batch_tokens;
+  c.kv_blocks_per_worker = o.kv_blocks;
+  kvsplit::SlaClass interactive{"interactive", 500.0, 100.0, 1, 100000, 600000.0};
+  kvsplit::SlaClass batch{"batch", 5000.0, 500.0, 0, 100000, 600000.0};
+  c.sla_classes = {batch, interactive};
+  return c;
+}
+
+int run_mode(const Options& o, ServingMode mode) {
+  const char* name = mode == ServingMode::kColocated ? "colocated" : "disaggregated";
+  auto engine = EngineImpl::create(base_config(o, mode));
+  if (!engine.ok()) {
+    std::fprintf(stderr, "%s: %s\n", name, engine.status().to_string().c_str());
+    return 1;
+  }
+  const kvsplit::ModelInfo info = (*engine)->model_info();
+  const std::vector<Item> work = make_workload(o, info.vocab_size, info.max_context);
+  const int n = static_cast<int>(work.size());
+  std::vector<kvsplit::RequestHandle> handles(n);
+  std::atomic<int> submitted{0};
+  const auto t0 = Clock::now();
+  std::thread driver([&] {
+    for (int i = 0; i < n; ++i) {
+      std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(work[i].arrival_s)));
+      auto h = (*engine)->submit(work[i].request);
+      if (h.ok()) handles[i] = *h;
+      else std::fprintf(stderr, "submit %d: %s\n", i, h.status().to_string().c_str());
+      submitted.store(i + 1, std::memory_order_release);
+    }
+  });
+  const bool tty = isatty(STDOUT_FILENO);
+  std::vector<double> ttft, itl, e2e;
+  std::vector<Clock::time_point> last(n);
+  std::vector<bool> done(n, false);
+  int num_done = 0, good = 0, errors = 0;
+  int64_t tokens = 0;
+  while (num_done < n) {
+    const int s = submitted.load(std::memory_order_acquire);
+    bool progress = false;
+    for (int i = 0; i < s; ++i) {
+      TokenEvent ev;
+      while (!done[i] && handles[i].try_next(&ev)) {
+        progress = true;
+        if (!ev.token_ids.empty()) {
+          if (last[i] != Clock::time_point{}) {
+            itl.push_back(std::chrono::duration<double, std::milli>(ev.time - last[i]).count());
+          }
+          last[i] = ev.time;
+          tokens += static_cast<int64_t>(ev.token_ids.size());
+        }
+        if (!ev.final) continue;
+        done[i] = true;
+        ++num_done;
+        if (!ev.status.ok()) { ++errors; continue; }
+        ttft.push_back(ev.timings.ttft_ms);
+        e2e.push_back(ev.timings.e2e_ms);
+        const bool interactive = work[i].request.sla_class == "interactive";
+        const double max_ttft = interactive ? 500.0 : 5000.0, max_itl = interactive ? 100.0 : 500.0;
+        good += ev.timings.ttft_ms <= max_ttft && ev.timings.mean_itl_ms <= max_itl;
+      }
+    }
+    if (tty) {
+      const int w = 40, fill = w * num_done / n;
+      std::printf("\r%-14s [%s%s] %d/%d", name, std::string(fill, '#').c_str(),
+                  std::string(w - fill, ' ').c_str(), num_done, n);
+      std::fflush(stdout);
+    }
+    if (!progress) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  driver.join();
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (tty) std::printf("\n");
+  const kvsplit::EngineStats st = (*engine)->stats();
+  double fwd = 0, book = 0;
+  for (const auto& w : (*engine)->worker_snapshots()) {
+    fwd += w.forward_ms;
+    book += w.bookkeeping_ms;
+  }
+  std::printf("%-14s requests %d (errors %d) in %.2f s: %.1f req/s, %.0f output tok/s\n", name, n,
+              errors, wall, n / wall, tokens / wall);
+  std::printf("  TTFT ms  p50 %8.2f  p90 %8.2f  p99 %8.2f\n", pct(ttft, 50), pct(ttft, 90), pct(ttft, 99));
+  std::printf("  ITL  ms  p50 %8.2f  p90 %8.2f  p99 %8.2f\n", pct(itl, 50), pct(itl, 90), pct(itl, 99));
+  std::printf("  E2E  ms  p50 %8.2f  p90 %8.2f  p99 %8.2f\n", pct(e2e, 50), pct(e2e, 90), pct(e2e, 99));
+  std::printf("  preemptions %lld, goodput %.1f%% (TTFT and mean ITL within the class targets)\n",
+              static_cast<long long>(st.preemptions), 100.0 * good / n);
+  std::printf("  scheduler bookkeeping %.2f%% of step time (forward %.0f ms, bookkeeping %.1f ms)\n",
+              100.0 * book / std::max(fwd + book, 1e-9), fwd, book);
+  return 0;
+}
+
+// 256 sequences decoding together in one colocated worker: bookkeeping / step time.
+int run_bookkeeping(const Options& o) {
+  EngineConfig c = base_config(o, ServingMode::kColocated);
+  c.num_decode_workers = 1;
+  c.max_num_seqs = o.bookkeeping_seqs;
+  c.max_batch_tokens = o.bookkeeping_seqs * 16;
+  auto engine = EngineImpl::create(c);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "%s\n", engine.status().to_string().c_str());
+    return 1;
+  }
+  std::vector<kvsplit::RequestHandle> hs;
+  for (int i = 0; i < o.bookkeeping_seqs; ++i) {
+    Request r;
+    r.prompt_token_ids = std::vector<int32_t>(16, 3 + i % 200);
+    r.sampling.max_tokens = o.bookkeeping_tokens;
+    r.sampling.ignore_eos = true;
+    r.sampling.temperature = 0.8f;
+    r.sampling.seed = i;
+    hs.push_back(*(*engine)->submit(r));
+  }
+  int max_running = 0;
+  for (auto& h : hs) {
+    TokenEvent ev;
+    while (h.next(&ev, std::chrono::minutes(10)) && !ev.final) {
+      max_running = std::max(max_running, (*engine)->stats().num_running);
+    }
+  }
+  const auto w = (*engine)->worker_snapshots().at(0);
+  std::printf("bookkeeping: %s, %d sequences (max running seen %d), %lld steps\n",
+              (*engine)->model_info().source.c_str(), o.bookkeeping_seqs, max_running,
+              static_cast<long long>(w.steps));
+  std::printf("  forward %.1f ms/step, bookkeeping %.3f ms/step = %.3f%% of step time\n",
+              w.forward_ms / w.steps, w.bookkeeping_ms / w.steps,
+              100.0 * w.bookkeeping_ms / (w.forward_ms + w.bookkeeping_ms));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"kvsplit offline serving benchmark"};
+  app.add_option("--model", o.model, "model path or synthetic:<preset>");
+  app.add_option("--mode", o.mode, "both | colocated | disaggregated")
+      ->check(CLI::IsMember({"both", "colocated", "disaggregated"}));
+  app.add_option("--requests", o.requests, "number of requests")->check(CLI::PositiveNumber);
+  app.add_option("--rate", o.rate, "Poisson arrival rate (requests/s)")->check(CLI::PositiveNumber);
+  app.add_option("--seed", o.seed, "workload seed");
+  app.add_option("--prompt-median", o.prompt_median, "lognormal prompt length median (tokens)");
+  app.add_option("--prompt-sigma", o.prompt_sigma, "lognormal prompt length sigma");
+  app.add_option("--output-median", o.output_median, "lognormal output length median (tokens)");
+  app.add_option("--output-sigma", o.output_sigma, "lognormal output length sigma");
+  app.add_option("--interactive-share", o.interactive_share, "share of the interactive class")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--prefill-workers", o.prefill_workers, "disaggregated prefill workers");
+  app.add_option("--decode-workers", o.decode_workers, "disaggregated decode workers");
+  app.add_option("--colocated-workers", o.colocated_workers, "colocated workers");
+  app.add_option("--threads", o.threads, "CPU threads per worker");
+  app.add_option("--max-batch-tokens", o.max_batch_tokens, "prefill token budget per step");
+  app.add_option("--kv-blocks", o.kv_blocks, "KV blocks per worker (0: from capacity)");
+  app.add_flag("--bookkeeping", o.bookkeeping, "measure bookkeeping at 256 running sequences");
+  app.add_option("--bookkeeping-seqs", o.bookkeeping_seqs, "sequences for --bookkeeping");
+  app.add_option("--bookkeeping-tokens", o.bookkeeping_tokens, "max_tokens for --bookkeeping");
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::err);
+  if (o.bookkeeping) return run_bookkeeping(o);
+  int rc = 0;
+  if (o.mode != "colocated") rc |= run_mode(o, ServingMode::kDisaggregated);
+  if (o.mode != "disaggregated") rc |= run_mode(o, ServingMode::kColocated);
+  return rc;
+}
