@@ -143,8 +143,13 @@ int Sampler::scan_sorted_until(int n, float limit, bool already_sorted, float* c
   for (int i = 0; i < n; ++i) {
     if (i == sorted_end) {
       const int end = std::min(n, sorted_end + chunk);
-      if (end < n) std::nth_element(c + sorted_end, c + end, c + n, candidate_before);
-      std::sort(c + sorted_end, c + end, candidate_before);
+      if (end - sorted_end <= 1024) {
+        // Heap selection: one comparison for each candidate that does not make the chunk.
+        std::partial_sort(c + sorted_end, c + end, c + n, candidate_before);
+      } else {
+        if (end < n) std::nth_element(c + sorted_end, c + end, c + n, candidate_before);
+        std::sort(c + sorted_end, c + end, candidate_before);
+      }
       sorted_end = end;
       chunk *= 4;
     }
