@@ -9,6 +9,7 @@
 // --warm reuses one copy (W may then sit in the 260 MB L3). --cpu-time times everything (probes
 // included) by process CPU time / threads instead of wall time, for a machine shared with other
 // jobs.
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -17,8 +18,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/machine_probe.h"
@@ -44,13 +43,16 @@ int main(int argc, char** argv) {
   double seconds = 0.3;
   bool warm = false;
   int64_t cold_mib = 1024;
-  app.add_option("--threads", threads, "threads (default: hardware threads)")->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "threads (default: hardware threads)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--m", ms, "batch sizes (rows of x)")->delimiter(',');
-  app.add_option("--seconds", seconds, "minimum timed seconds per case")->check(CLI::PositiveNumber);
+  app.add_option("--seconds", seconds, "minimum timed seconds per case")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--warm", warm, "reuse one copy of W (may be cache resident)");
   bool cpu_time = false;
   app.add_flag("--cpu-time", cpu_time, "time by process CPU seconds / threads (busy machine)");
-  app.add_option("--cold-mib", cold_mib, "MiB of W copies to rotate through when cold")->check(CLI::PositiveNumber);
+  app.add_option("--cold-mib", cold_mib, "MiB of W copies to rotate through when cold")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   ThreadPool pool(threads);
@@ -58,13 +60,15 @@ int main(int argc, char** argv) {
   const double peak = cpu::measure_fma_peak_gflops(pool, 3, cpu_time);
   std::printf("threads %d, simd %s, panel %d, mr %d\n", threads, cpu::kSimdName, cpu::kGemmPanel,
               cpu::kGemmMr);
-  std::printf("measured read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s, W %s, clock %s\n",
-              bw, peak, warm ? "warm (one copy)" : "cold (rotating copies)",
+  std::printf("measured read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s, W %s, clock %s\n", bw,
+              peak, warm ? "warm (one copy)" : "cold (rotating copies)",
               cpu_time ? "process CPU time / threads" : "wall");
   std::printf("%-12s %5s %10s %9s %7s %10s %7s\n", "W [n,k]", "m", "us/call", "W GB/s", "of BW",
               "GFLOP/s", "of peak");
 
-  const Shape shapes[] = {{"768x768", 768, 768}, {"2048x768", 2048, 768}, {"768x2048", 768, 2048},
+  const Shape shapes[] = {{"768x768", 768, 768},
+                          {"2048x768", 2048, 768},
+                          {"768x2048", 768, 2048},
                           {"32000x768", 32000, 768}};
   std::mt19937 rng(1234);
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
@@ -78,8 +82,10 @@ int main(int argc, char** argv) {
     std::vector<float*> packed(copies);
     for (int64_t c = 0; c < copies; ++c) {
       packed[c] = static_cast<float*>(std::aligned_alloc(64, pbytes));
-      if (c == 0) cpu::pack_matrix(w.data(), kvsplit::backend::DType::kF32, s.n, s.k, packed[0], &pool);
-      else std::memcpy(packed[c], packed[0], psize * sizeof(float));
+      if (c == 0)
+        cpu::pack_matrix(w.data(), kvsplit::backend::DType::kF32, s.n, s.k, packed[0], &pool);
+      else
+        std::memcpy(packed[c], packed[0], psize * sizeof(float));
     }
     const int64_t max_m = *std::max_element(ms.begin(), ms.end());
     std::vector<float> x(max_m * s.k), out(max_m * s.n);
@@ -89,7 +95,8 @@ int main(int argc, char** argv) {
       const cpu::ProbeTimer timer(cpu_time, threads);
       double elapsed = 0;
       while (elapsed < seconds || calls < 3) {
-        const cpu::GemmWeights gw{packed[calls % copies], nullptr, kvsplit::backend::DType::kF32, s.n, s.k};
+        const cpu::GemmWeights gw{packed[calls % copies], nullptr, kvsplit::backend::DType::kF32,
+                                  s.n, s.k};
         cpu::gemm(x.data(), m, gw, nullptr, out.data(), false, pool);
         ++calls;
         elapsed = timer.seconds();

@@ -1,5 +1,7 @@
 // CpuBackend ops (memory, embedding, rmsnorm, add_rmsnorm, rope, swiglu, kv_append) against
 // straightforward fp64 references on seeded random inputs, plus their bad-input errors.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -8,8 +10,6 @@
 #include <numeric>
 #include <random>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
@@ -36,7 +36,8 @@ class CpuOps : public ::testing::TestWithParam<int> {  // param: threads
 TEST_P(CpuOps, IdentityAndMemory) {
   EXPECT_EQ(be_->kind(), DeviceKind::kCpu);
   EXPECT_EQ(be_->parallelism(), GetParam());
-  EXPECT_NE(be_->name().find(std::to_string(GetParam()) + " thread"), std::string::npos) << be_->name();
+  EXPECT_NE(be_->name().find(std::to_string(GetParam()) + " thread"), std::string::npos)
+      << be_->name();
   auto p = be_->alloc(1000);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(reinterpret_cast<uintptr_t>(*p) % 64, 0u);
@@ -62,15 +63,20 @@ TEST_P(CpuOps, EmbeddingPackedPlainAndBf16) {
   const std::vector<int32_t> ids = {0, 52, 7, 7, 31};
   std::vector<float> a(ids.size() * dim), b(ids.size() * dim);
   ASSERT_TRUE(be_->embedding(ids.data(), ids.size(), *up, a.data()).ok());
-  ASSERT_TRUE(be_->embedding(ids.data(), ids.size(), MatrixView{table.data(), DType::kF32, rows, dim}, b.data()).ok());
+  ASSERT_TRUE(be_->embedding(ids.data(), ids.size(),
+                             MatrixView{table.data(), DType::kF32, rows, dim}, b.data())
+                  .ok());
   for (size_t t = 0; t < ids.size(); ++t)
     for (int c = 0; c < dim; ++c) {
       ASSERT_EQ(a[t * dim + c], table[ids[t] * dim + c]);
       ASSERT_EQ(b[t * dim + c], table[ids[t] * dim + c]);
     }
   std::vector<uint16_t> bf(rows * dim);
-  for (int i = 0; i < rows * dim; ++i) bf[i] = static_cast<uint16_t>(0x3f80 + i % 128);  // 1 + i/128
-  ASSERT_TRUE(be_->embedding(ids.data(), ids.size(), MatrixView{bf.data(), DType::kBF16, rows, dim}, b.data()).ok());
+  for (int i = 0; i < rows * dim; ++i)
+    bf[i] = static_cast<uint16_t>(0x3f80 + i % 128);  // 1 + i/128
+  ASSERT_TRUE(be_->embedding(ids.data(), ids.size(), MatrixView{bf.data(), DType::kBF16, rows, dim},
+                             b.data())
+                  .ok());
   EXPECT_EQ(b[1 * dim + 3], 1.0f + ((52 * dim + 3) % 128) / 128.0f);
   auto up_bf = be_->upload_matrix(bf.data(), DType::kBF16, rows, dim);  // packed, kept 16-bit
   ASSERT_TRUE(up_bf.ok());
@@ -102,9 +108,11 @@ TEST_P(CpuOps, RmsnormAndAddRmsnorm) {
       for (int t = 0; t < tokens; ++t) {
         const double s = rms_scale(&x[t * dim], dim, 1e-5f);
         for (int j = 0; j < dim; ++j)
-          ASSERT_NEAR(out[t * dim + j], w[j] * x[t * dim + j] * s, 1e-5 * (1 + std::abs(w[j] * x[t * dim + j] * s)));
+          ASSERT_NEAR(out[t * dim + j], w[j] * x[t * dim + j] * s,
+                      1e-5 * (1 + std::abs(w[j] * x[t * dim + j] * s)));
       }
-      ASSERT_TRUE(be_->add_rmsnorm(res2.data(), x.data(), w.data(), tokens, dim, 1e-6f, out.data()).ok());
+      ASSERT_TRUE(
+          be_->add_rmsnorm(res2.data(), x.data(), w.data(), tokens, dim, 1e-6f, out.data()).ok());
       for (int t = 0; t < tokens; ++t) {
         std::vector<float> sum(dim);
         for (int j = 0; j < dim; ++j) {
@@ -113,16 +121,19 @@ TEST_P(CpuOps, RmsnormAndAddRmsnorm) {
         }
         const double s = rms_scale(sum.data(), dim, 1e-6f);
         for (int j = 0; j < dim; ++j)
-          ASSERT_NEAR(out[t * dim + j], w[j] * sum[j] * s, 1e-5 * (1 + std::abs(w[j] * sum[j] * s)));
+          ASSERT_NEAR(out[t * dim + j], w[j] * sum[j] * s,
+                      1e-5 * (1 + std::abs(w[j] * sum[j] * s)));
       }
     }
   }
   std::vector<float> v(4);
-  EXPECT_EQ(be_->rmsnorm(v.data(), v.data(), 1, 0, 1e-5f, v.data()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(be_->rmsnorm(v.data(), v.data(), 1, 0, 1e-5f, v.data()).code(),
+            StatusCode::kInvalidArgument);
 }
 
 // fp64 rope reference on one head.
-void rope_ref(std::vector<double>& x, bool interleaved, int rotary_dim, int pos, const float* inv_freq) {
+void rope_ref(std::vector<double>& x, bool interleaved, int rotary_dim, int pos,
+              const float* inv_freq) {
   for (int i = 0; i < rotary_dim / 2; ++i) {
     const int a = interleaved ? 2 * i : i;
     const int b = interleaved ? 2 * i + 1 : i + rotary_dim / 2;
@@ -134,7 +145,10 @@ void rope_ref(std::vector<double>& x, bool interleaved, int rotary_dim, int pos,
 }
 
 TEST_P(CpuOps, RopeBothStylesVsReference) {
-  struct Case { RopeStyle style; int head_dim, rotary_dim, heads, kv_heads, tokens; };
+  struct Case {
+    RopeStyle style;
+    int head_dim, rotary_dim, heads, kv_heads, tokens;
+  };
   const Case cases[] = {{RopeStyle::kInterleaved, 8, 8, 8, 4, 5},
                         {RopeStyle::kHalf, 8, 8, 8, 4, 5},
                         {RopeStyle::kHalf, 64, 32, 3, 1, 9},  // partial rotary
@@ -150,14 +164,16 @@ TEST_P(CpuOps, RopeBothStylesVsReference) {
     auto k = random_vec(c.tokens * c.kv_heads * c.head_dim, 6);
     auto q2 = q, k2 = k;
     RopeArgs args{c.style, c.head_dim, c.rotary_dim, inv_freq.data()};
-    ASSERT_TRUE(be_->rope(q2.data(), k2.data(), pos.data(), c.tokens, c.heads, c.kv_heads, args).ok());
+    ASSERT_TRUE(
+        be_->rope(q2.data(), k2.data(), pos.data(), c.tokens, c.heads, c.kv_heads, args).ok());
     auto check = [&](const std::vector<float>& in, const std::vector<float>& got, int heads) {
       for (int t = 0; t < c.tokens; ++t)
         for (int h = 0; h < heads; ++h) {
           const size_t base = (size_t(t) * heads + h) * c.head_dim;
           std::vector<double> ref(in.begin() + base, in.begin() + base + c.head_dim);
           rope_ref(ref, c.style == RopeStyle::kInterleaved, c.rotary_dim, pos[t], inv_freq.data());
-          for (int d = 0; d < c.head_dim; ++d) ASSERT_NEAR(got[base + d], ref[d], 1e-5) << t << " " << h << " " << d;
+          for (int d = 0; d < c.head_dim; ++d)
+            ASSERT_NEAR(got[base + d], ref[d], 1e-5) << t << " " << h << " " << d;
         }
     };
     check(q, q2, c.heads);
@@ -165,7 +181,8 @@ TEST_P(CpuOps, RopeBothStylesVsReference) {
   }
   std::vector<float> inv(4, 1.f), q(8);
   int32_t p = 0;
-  EXPECT_EQ(be_->rope(q.data(), q.data(), &p, 1, 1, 1, RopeArgs{RopeStyle::kHalf, 8, 7, inv.data()}).code(),
+  EXPECT_EQ(be_->rope(q.data(), q.data(), &p, 1, 1, 1, RopeArgs{RopeStyle::kHalf, 8, 7, inv.data()})
+                .code(),
             StatusCode::kInvalidArgument);
 }
 
@@ -188,7 +205,8 @@ TEST_P(CpuOps, KvAppendShuffledBlocks) {
   LayerKv kv{pages.data(), DType::kF32, num_blocks, kv_heads, block_size, head_dim};
   std::vector<int32_t> table = {5, 2, 6, 0};  // shuffled physical blocks of one sequence
   std::vector<int32_t> slots(tokens);
-  for (int t = 0; t < tokens; ++t) slots[t] = static_cast<int32_t>(kernels::slot_of(table.data(), block_size, t));
+  for (int t = 0; t < tokens; ++t)
+    slots[t] = static_cast<int32_t>(kernels::slot_of(table.data(), block_size, t));
   slots[4] = -1;  // padding token: skipped
   auto k = random_vec(tokens * kv_heads * head_dim, 10);
   auto v = random_vec(tokens * kv_heads * head_dim, 11);
@@ -211,13 +229,16 @@ TEST_P(CpuOps, KvAppendShuffledBlocks) {
       }
   }
   // Nothing else was touched.
-  EXPECT_EQ(std::count(pages.begin(), pages.end(), -7.f), static_cast<long>(pages.size() - written));
+  EXPECT_EQ(std::count(pages.begin(), pages.end(), -7.f),
+            static_cast<long>(pages.size() - written));
 
   int32_t bad_slot = num_blocks * block_size;
-  EXPECT_EQ(be_->kv_append(kv, k.data(), v.data(), &bad_slot, 1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(be_->kv_append(kv, k.data(), v.data(), &bad_slot, 1).code(),
+            StatusCode::kInvalidArgument);
   LayerKv half = kv;
   half.dtype = DType::kF16;
-  EXPECT_EQ(be_->kv_append(half, k.data(), v.data(), slots.data(), 1).code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(be_->kv_append(half, k.data(), v.data(), slots.data(), 1).code(),
+            StatusCode::kUnimplemented);
 }
 
 // The pool every op runs on: each task of each job runs exactly once, jobs back to back.

@@ -2,13 +2,13 @@
 // loop, and batch invariance across m, tiles, packing paths and thread counts.
 #include "backend/cpu/gemm.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/simd.h"
@@ -27,7 +27,8 @@ std::vector<float> random_vec(size_t n, uint32_t seed, float lo = -1.f, float hi
 
 struct AlignedFloats {
   explicit AlignedFloats(int64_t n)
-      : p(static_cast<float*>(std::aligned_alloc(64, std::max<int64_t>(64, (n * 4 + 63) / 64 * 64)))) {}
+      : p(static_cast<float*>(
+            std::aligned_alloc(64, std::max<int64_t>(64, (n * 4 + 63) / 64 * 64)))) {}
   ~AlignedFloats() { std::free(p); }
   float* p;
 };
@@ -47,7 +48,9 @@ std::vector<double> reference(const std::vector<float>& x, const std::vector<flo
   return out;
 }
 
-bool bitwise_equal(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * 4) == 0; }
+bool bitwise_equal(const float* a, const float* b, size_t n) {
+  return std::memcmp(a, b, n * 4) == 0;
+}
 
 struct Shape {
   int64_t m, n, k;
@@ -55,9 +58,9 @@ struct Shape {
 
 TEST(Gemm, MatchesFp64ReferenceAndScalarOrder) {
   ThreadPool pool(2);
-  const Shape shapes[] = {{1, 1, 1},   {1, 7, 3},    {2, 65, 17},  {3, 64, 16},   {5, 130, 100},
-                          {6, 129, 257}, {7, 31, 33}, {11, 200, 65}, {17, 67, 129}, {13, 1, 1000},
-                          {1, 301, 768}};
+  const Shape shapes[] = {{1, 1, 1},     {1, 7, 3},     {2, 65, 17},  {3, 64, 16},
+                          {5, 130, 100}, {6, 129, 257}, {7, 31, 33},  {11, 200, 65},
+                          {17, 67, 129}, {13, 1, 1000}, {1, 301, 768}};
   uint32_t seed = 1;
   for (const Shape& s : shapes) {
     for (int variant = 0; variant < 4; ++variant) {
@@ -151,8 +154,10 @@ TEST(Gemm, HalfPrecisionWeightsConvertExactly) {
   std::vector<float> got(m * n), want(m * n), raw(m * n);
   AlignedFloats packed(packed_size(n, k));
   pack_matrix(wb.data(), DType::kBF16, n, k, packed.p, &pool);
-  gemm(x.data(), m, GemmWeights{packed.p, nullptr, DType::kF32, n, k}, nullptr, got.data(), false, pool);
-  gemm(x.data(), m, GemmWeights{nullptr, wb.data(), DType::kBF16, n, k}, nullptr, raw.data(), false, pool);
+  gemm(x.data(), m, GemmWeights{packed.p, nullptr, DType::kF32, n, k}, nullptr, got.data(), false,
+       pool);
+  gemm(x.data(), m, GemmWeights{nullptr, wb.data(), DType::kBF16, n, k}, nullptr, raw.data(), false,
+       pool);
   gemm_scalar_rowmajor(x.data(), m, wb_f.data(), n, k, nullptr, want.data(), false);
   EXPECT_TRUE(bitwise_equal(got.data(), want.data(), got.size()));
   EXPECT_TRUE(bitwise_equal(raw.data(), want.data(), got.size()));
@@ -176,10 +181,16 @@ TEST(Gemm, PackedHalfPanelsBatchInvariant) {
   auto bias = random_vec(n, 43);
   auto out0 = random_vec(big_m * n, 44);
   ThreadPool pool(3);
-  struct Case { DType dt; const uint16_t* w; const std::vector<float>* wf; };
-  for (const Case& c : {Case{DType::kBF16, wb.data(), &wb_f}, Case{DType::kF16, wh.data(), &wh_f}}) {
+  struct Case {
+    DType dt;
+    const uint16_t* w;
+    const std::vector<float>* wf;
+  };
+  for (const Case& c :
+       {Case{DType::kBF16, wb.data(), &wb_f}, Case{DType::kF16, wh.data(), &wh_f}}) {
     std::vector<uint16_t> packed(packed_size(n, k) + 32);
-    uint16_t* p = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(packed.data()) + 63) / 64 * 64);
+    uint16_t* p =
+        reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(packed.data()) + 63) / 64 * 64);
     pack_matrix(c.w, c.dt, n, k, p, c.dt, &pool);
     const GemmWeights gw{p, nullptr, c.dt, n, k};
     std::vector<float> want = out0;
@@ -187,7 +198,8 @@ TEST(Gemm, PackedHalfPanelsBatchInvariant) {
     for (int64_t m : {int64_t{1}, int64_t{4}, int64_t{kGemmMr}, int64_t{kGemmMr + 1}, big_m}) {
       std::vector<float> got(out0.begin(), out0.begin() + m * n);
       gemm(x.data(), m, gw, bias.data(), got.data(), true, pool);
-      ASSERT_TRUE(bitwise_equal(got.data(), want.data(), got.size())) << dtype_name(c.dt) << " m=" << m;
+      ASSERT_TRUE(bitwise_equal(got.data(), want.data(), got.size()))
+          << dtype_name(c.dt) << " m=" << m;
     }
   }
 }
@@ -195,7 +207,8 @@ TEST(Gemm, PackedHalfPanelsBatchInvariant) {
 TEST(Gemm, ZeroKGivesBias) {
   ThreadPool pool(2);
   std::vector<float> bias = {1.f, 2.f, 3.f}, out(6, 7.f);
-  gemm(nullptr, 2, GemmWeights{nullptr, nullptr, DType::kF32, 3, 0}, bias.data(), out.data(), false, pool);
+  gemm(nullptr, 2, GemmWeights{nullptr, nullptr, DType::kF32, 3, 0}, bias.data(), out.data(), false,
+       pool);
   EXPECT_EQ(out, (std::vector<float>{1, 2, 3, 1, 2, 3}));
 }
 
@@ -210,7 +223,9 @@ TEST(CpuBackendGemm, UploadedAndPlainViewsAgree) {
   ASSERT_TRUE(up.ok()) << up.status().to_string();
   std::vector<float> a(m * n), b(m * n), want(m * n);
   ASSERT_TRUE(be->gemm(x.data(), m, *up, bias.data(), a.data(), false).ok());
-  ASSERT_TRUE(be->gemm(x.data(), m, MatrixView{w.data(), DType::kF32, n, k}, bias.data(), b.data(), false).ok());
+  ASSERT_TRUE(
+      be->gemm(x.data(), m, MatrixView{w.data(), DType::kF32, n, k}, bias.data(), b.data(), false)
+          .ok());
   gemm_scalar_rowmajor(x.data(), m, w.data(), n, k, bias.data(), want.data(), false);
   EXPECT_TRUE(bitwise_equal(a.data(), want.data(), a.size()));
   EXPECT_TRUE(bitwise_equal(b.data(), want.data(), b.size()));
@@ -228,10 +243,14 @@ TEST(CpuBackendGemm, UploadedAndPlainViewsAgree) {
   gemm_scalar_rowmajor(x.data(), m, wh_f.data(), n, k, nullptr, want.data(), false);
   EXPECT_TRUE(bitwise_equal(a.data(), want.data(), a.size()));
 
-  EXPECT_EQ(be->gemm(x.data(), -1, *up, nullptr, a.data(), false).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(be->gemm(x.data(), m, *up, nullptr, nullptr, false).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(be->upload_matrix(nullptr, DType::kF32, 3, 3).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(be->upload_matrix(w.data(), DType::kF32, -1, 3).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(be->gemm(x.data(), -1, *up, nullptr, a.data(), false).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(be->gemm(x.data(), m, *up, nullptr, nullptr, false).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(be->upload_matrix(nullptr, DType::kF32, 3, 3).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(be->upload_matrix(w.data(), DType::kF32, -1, 3).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -14,9 +14,9 @@
 #include "backend/cpu/attention.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/simd.h"
-#include "common/thread_pool.h"
 #include "common/paged_kv.h"
 #include "common/rope.h"
+#include "common/thread_pool.h"
 
 namespace kvsplit::backend {
 namespace {
@@ -44,14 +44,21 @@ class CpuBackend final : public Backend {
     const size_t rounded = std::max<size_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
     if (rounded < bytes) return resource_exhausted("cpu alloc: size overflow");
     void* p = std::aligned_alloc(kAlign, rounded);
-    if (p == nullptr) return resource_exhausted("cpu alloc of " + std::to_string(bytes) + " bytes failed");
+    if (p == nullptr)
+      return resource_exhausted("cpu alloc of " + std::to_string(bytes) + " bytes failed");
     return p;
   }
   void free(void* ptr) override { std::free(ptr); }
 
-  Status copy_h2d(void* dst, const void* src, size_t bytes) override { return copy(dst, src, bytes, "copy_h2d"); }
-  Status copy_d2h(void* dst, const void* src, size_t bytes) override { return copy(dst, src, bytes, "copy_d2h"); }
-  Status copy_d2d(void* dst, const void* src, size_t bytes) override { return copy(dst, src, bytes, "copy_d2d"); }
+  Status copy_h2d(void* dst, const void* src, size_t bytes) override {
+    return copy(dst, src, bytes, "copy_h2d");
+  }
+  Status copy_d2h(void* dst, const void* src, size_t bytes) override {
+    return copy(dst, src, bytes, "copy_d2h");
+  }
+  Status copy_d2d(void* dst, const void* src, size_t bytes) override {
+    return copy(dst, src, bytes, "copy_d2d");
+  }
   Status memset_zero(void* dst, size_t bytes) override {
     if (bytes == 0) return ok_status();
     if (dst == nullptr) return invalid_argument("memset_zero: null destination");
@@ -62,7 +69,8 @@ class CpuBackend final : public Backend {
 
   StatusOr<MatrixView> upload_matrix(const void* host, DType dtype, int64_t rows,
                                      int64_t cols) override;
-  Status embedding(const int32_t* ids, int num_tokens, const MatrixView& table, float* out) override;
+  Status embedding(const int32_t* ids, int num_tokens, const MatrixView& table,
+                   float* out) override;
   Status rmsnorm(const float* x, const float* weight, int num_tokens, int dim, float eps,
                  float* out) override;
   Status add_rmsnorm(float* residual, const float* x, const float* weight, int num_tokens, int dim,
@@ -90,7 +98,8 @@ class CpuBackend final : public Backend {
 
   static Status copy(void* dst, const void* src, size_t bytes, const char* what) {
     if (bytes == 0) return ok_status();
-    if (dst == nullptr || src == nullptr) return invalid_argument(std::string(what) + ": null pointer");
+    if (dst == nullptr || src == nullptr)
+      return invalid_argument(std::string(what) + ": null pointer");
     std::memmove(dst, src, bytes);
     return ok_status();
   }
@@ -102,8 +111,10 @@ class CpuBackend final : public Backend {
            it->second.dtype == w.dtype;
   }
   // Splits [0, n) into tasks of at least kMinElemsPerTask / work_per_item items.
-  void parallel_items(int64_t n, int64_t work_per_item, const std::function<void(int64_t, int64_t)>& fn) {
-    const int64_t grain = std::max<int64_t>(1, kMinElemsPerTask / std::max<int64_t>(1, work_per_item));
+  void parallel_items(int64_t n, int64_t work_per_item,
+                      const std::function<void(int64_t, int64_t)>& fn) {
+    const int64_t grain =
+        std::max<int64_t>(1, kMinElemsPerTask / std::max<int64_t>(1, work_per_item));
     if (n <= grain) {
       if (n > 0) fn(0, n);
       return;
@@ -121,7 +132,8 @@ StatusOr<MatrixView> CpuBackend::upload_matrix(const void* host, DType dtype, in
   if (rows < 0 || cols < 0) {
     return invalid_argument("upload_matrix: negative shape [" + str(rows) + ", " + str(cols) + "]");
   }
-  if (host == nullptr && rows * cols > 0) return invalid_argument("upload_matrix: null host pointer");
+  if (host == nullptr && rows * cols > 0)
+    return invalid_argument("upload_matrix: null host pointer");
   // f32 stays f32; bf16/f16 stay 16-bit (gemm widens them exactly): half the decode bytes.
   const size_t bytes =
       static_cast<size_t>(std::max<int64_t>(1, cpu::packed_size(rows, cols))) * dtype_size(dtype);
@@ -134,7 +146,8 @@ StatusOr<MatrixView> CpuBackend::upload_matrix(const void* host, DType dtype, in
   return MatrixView{dst, dtype, rows, cols};
 }
 
-Status CpuBackend::embedding(const int32_t* ids, int num_tokens, const MatrixView& table, float* out) {
+Status CpuBackend::embedding(const int32_t* ids, int num_tokens, const MatrixView& table,
+                             float* out) {
   if (num_tokens < 0) return invalid_argument("embedding: negative num_tokens");
   if (num_tokens == 0) return ok_status();
   if (ids == nullptr || out == nullptr || table.data == nullptr) {
@@ -153,7 +166,8 @@ Status CpuBackend::embedding(const int32_t* ids, int num_tokens, const MatrixVie
     if (packed) {
       cpu::unpack_row(table.data, table.dtype, table.rows, dim, ids[t], o);
     } else if (table.dtype == DType::kF32) {
-      std::memcpy(o, static_cast<const float*>(table.data) + int64_t{ids[t]} * dim, dim * sizeof(float));
+      std::memcpy(o, static_cast<const float*>(table.data) + int64_t{ids[t]} * dim,
+                  dim * sizeof(float));
     } else {
       const uint16_t* row = static_cast<const uint16_t*>(table.data) + int64_t{ids[t]} * dim;
       for (int64_t c = 0; c < dim; ++c) {
@@ -199,7 +213,8 @@ Status CpuBackend::rmsnorm(const float* x, const float* weight, int num_tokens, 
 
 Status CpuBackend::add_rmsnorm(float* residual, const float* x, const float* weight, int num_tokens,
                                int dim, float eps, float* out) {
-  KVSPLIT_RETURN_IF_ERROR(check_norm_args("add_rmsnorm", residual, weight, num_tokens, dim, eps, out));
+  KVSPLIT_RETURN_IF_ERROR(
+      check_norm_args("add_rmsnorm", residual, weight, num_tokens, dim, eps, out));
   if (num_tokens > 0 && x == nullptr) return invalid_argument("add_rmsnorm: null x");
   parallel_items(num_tokens, dim, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
@@ -237,15 +252,19 @@ Status CpuBackend::gemm(const float* x, int m, const MatrixView& w, const float*
 
 Status CpuBackend::rope(float* q, float* k, const int32_t* positions, int num_tokens, int num_heads,
                         int num_kv_heads, const RopeArgs& args) {
-  if (num_tokens < 0 || num_heads < 0 || num_kv_heads < 0) return invalid_argument("rope: negative size");
+  if (num_tokens < 0 || num_heads < 0 || num_kv_heads < 0)
+    return invalid_argument("rope: negative size");
   if (args.head_dim <= 0 || args.rotary_dim <= 0 || args.rotary_dim > args.head_dim ||
       args.rotary_dim % 2 != 0) {
-    return invalid_argument("rope: need 0 < rotary_dim <= head_dim and rotary_dim even, got rotary_dim=" +
-                            str(args.rotary_dim) + " head_dim=" + str(args.head_dim));
+    return invalid_argument(
+        "rope: need 0 < rotary_dim <= head_dim and rotary_dim even, got rotary_dim=" +
+        str(args.rotary_dim) + " head_dim=" + str(args.head_dim));
   }
   if (num_tokens == 0) return ok_status();
-  if (positions == nullptr || args.inv_freq == nullptr) return invalid_argument("rope: null positions or inv_freq");
-  if ((num_heads > 0 && q == nullptr) || (num_kv_heads > 0 && k == nullptr)) return invalid_argument("rope: null q or k");
+  if (positions == nullptr || args.inv_freq == nullptr)
+    return invalid_argument("rope: null positions or inv_freq");
+  if ((num_heads > 0 && q == nullptr) || (num_kv_heads > 0 && k == nullptr))
+    return invalid_argument("rope: null q or k");
   const bool interleaved = args.style == RopeStyle::kInterleaved;
   const int half = args.rotary_dim / 2;
   const int hd = args.head_dim;
@@ -282,7 +301,8 @@ Status CpuBackend::rope(float* q, float* k, const int32_t* positions, int num_to
 Status CpuBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {
   if (n < 0) return invalid_argument("swiglu: negative n");
   if (n == 0) return ok_status();
-  if (gate == nullptr || up == nullptr || out == nullptr) return invalid_argument("swiglu: null pointer");
+  if (gate == nullptr || up == nullptr || out == nullptr)
+    return invalid_argument("swiglu: null pointer");
   parallel_items(n, 8, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const float g = gate[i];
@@ -324,8 +344,10 @@ Status CpuBackend::kv_append(const LayerKv& kv, const float* k, const float* v,
       const int32_t block = slot / kv.block_size;
       const int off = slot % kv.block_size;
       for (int h = 0; h < kv.num_kv_heads; ++h) {
-        std::memcpy(pages + layout.offset(block, 0, h, off), k + t * row + h * kv.head_dim, head_bytes);
-        std::memcpy(pages + layout.offset(block, 1, h, off), v + t * row + h * kv.head_dim, head_bytes);
+        std::memcpy(pages + layout.offset(block, 0, h, off), k + t * row + h * kv.head_dim,
+                    head_bytes);
+        std::memcpy(pages + layout.offset(block, 1, h, off), v + t * row + h * kv.head_dim,
+                    head_bytes);
       }
     }
   });

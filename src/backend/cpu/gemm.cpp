@@ -18,8 +18,12 @@ constexpr int64_t kTasksPerThread = 3;
 int64_t num_panels(int64_t rows) { return (rows + kP - 1) / kP; }
 
 // Weight element types of a packed panel: f32, or 16-bit bf16 / f16 words.
-struct Bf16 { uint16_t bits; };
-struct F16 { uint16_t bits; };
+struct Bf16 {
+  uint16_t bits;
+};
+struct F16 {
+  uint16_t bits;
+};
 
 inline float to_f32(float v) { return v; }
 inline float to_f32(Bf16 v) { return bf16_to_f32(v.bits); }
@@ -27,16 +31,20 @@ inline float to_f32(F16 v) { return f16_to_f32(v.bits); }
 
 float load_as_f32(const void* src, DType dtype, int64_t i) {
   switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(src)[i];
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(src)[i]);
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(src)[i]);
+    case DType::kF32:
+      return static_cast<const float*>(src)[i];
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(src)[i]);
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(src)[i]);
   }
   return 0.f;
 }
 
 // Packs panel p of row-major src [rows, cols] into dst [cols, kP] (zero-padded past `rows`),
 // converting to f32.
-void pack_panel_f32(const void* src, DType dtype, int64_t rows, int64_t cols, int64_t p, float* dst) {
+void pack_panel_f32(const void* src, DType dtype, int64_t rows, int64_t cols, int64_t p,
+                    float* dst) {
   const int64_t r0 = p * kP;
   const int64_t nvalid = std::min<int64_t>(kP, rows - r0);
   if (nvalid < kP) std::memset(dst, 0, sizeof(float) * kP * cols);
@@ -246,8 +254,8 @@ void gemm_packed_half(const float* x, int64_t k, int64_t m0, int64_t m1, const W
     // Several tiles: widen the panel once (exact) and reuse it from cache.
     float* wide = thread_scratch(kP * k);
     widen_panel(panel, kP * k, wide);
-    panel_rows(x, k, m0, m1, static_cast<const float*>(wide), next, pf_lines, j0, nvalid, bias,
-               out, n, accumulate);
+    panel_rows(x, k, m0, m1, static_cast<const float*>(wide), next, pf_lines, j0, nvalid, bias, out,
+               n, accumulate);
   }
 }
 
@@ -301,8 +309,9 @@ void gemm(const float* x, int64_t m, const GemmWeights& w, const float* bias, fl
   // Too few panels for the threads (small n, many threads): also split m, in whole tiles.
   const int64_t num_tiles_total = (m + kGemmMr - 1) / kGemmMr;
   const int64_t m_chunks =
-      panel_tasks >= want_tasks ? 1
-                                : std::min(num_tiles_total, (want_tasks + panel_tasks - 1) / panel_tasks);
+      panel_tasks >= want_tasks
+          ? 1
+          : std::min(num_tiles_total, (want_tasks + panel_tasks - 1) / panel_tasks);
   const int64_t rows_per_chunk = (num_tiles_total + m_chunks - 1) / m_chunks * kGemmMr;
   const int64_t elem_bytes = w.packed != nullptr ? static_cast<int64_t>(dtype_size(w.dtype)) : 4;
   const int64_t panel_bytes = kP * k * elem_bytes;
@@ -328,8 +337,8 @@ void gemm(const float* x, int64_t m, const GemmWeights& w, const float* bias, fl
       const int64_t pf_lines = next ? panel_bytes / 64 : 0;
       switch (w.dtype) {
         case DType::kF32:
-          panel_rows(x, k, m0, m1, reinterpret_cast<const float*>(base), next, pf_lines, j0,
-                     nvalid, bias, out, n, accumulate);
+          panel_rows(x, k, m0, m1, reinterpret_cast<const float*>(base), next, pf_lines, j0, nvalid,
+                     bias, out, n, accumulate);
           break;
         case DType::kBF16:
           gemm_packed_half(x, k, m0, m1, reinterpret_cast<const Bf16*>(base), next, pf_lines, j0,

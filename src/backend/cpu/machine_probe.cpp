@@ -1,5 +1,7 @@
 #include "backend/cpu/machine_probe.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -7,8 +9,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <vector>
-
-#include <time.h>
 
 #include "backend/cpu/simd.h"
 
