@@ -10,11 +10,10 @@
 // Special-token text in the input ("<s>") is encoded as plain text, as run.c and SentencePiece
 // do (HF tokenizers would map it to the special id).
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <unordered_map>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "model/bpe.h"
 #include "model/tokenizer.h"
@@ -122,7 +121,7 @@ class HfBpeTokenizer final : public Tokenizer {
   int32_t eos_id() const override { return eos_id_; }
   std::string_view kind() const override { return "hf-sentencepiece-bpe"; }
 
- // Internal to this file: filled in by parse_hf() below.
+  // Internal to this file: filled in by parse_hf() below.
   struct MergeInfo {
     int32_t rank;
     int32_t merged;
@@ -159,8 +158,9 @@ class HfBpeTokenizer final : public Tokenizer {
         }
       }
       if (unk_id_ < 0) {
-        st = invalid_argument("tokenizer.json: text has a character outside the vocab and the "
-                              "tokenizer has neither byte fallback nor an unk token");
+        st = invalid_argument(
+            "tokenizer.json: text has a character outside the vocab and the "
+            "tokenizer has neither byte fallback nor an unk token");
         return;
       }
       if (!(fuse_unk_ && prev_unk)) ids.push_back(unk_id_);
@@ -169,12 +169,12 @@ class HfBpeTokenizer final : public Tokenizer {
     return st;
   }
 
-  std::vector<std::string> pieces_;  // [vocab] token text by id ("" for holes)
-  std::vector<bool> special_;        // [vocab] decodes to ""
-  std::vector<bool> added_;          // [vocab] an added token (never a byte token)
-  bpe::PieceMap vocab_;              // model vocab: piece -> id
+  std::vector<std::string> pieces_;                 // [vocab] token text by id ("" for holes)
+  std::vector<bool> special_;                       // [vocab] decodes to ""
+  std::vector<bool> added_;                         // [vocab] an added token (never a byte token)
+  bpe::PieceMap vocab_;                             // model vocab: piece -> id
   std::unordered_map<uint64_t, MergeInfo> merges_;  // (left id, right id) -> rank, merged id
-  int32_t byte_ids_[256];            // <0xNN> ids, -1 when absent
+  int32_t byte_ids_[256];                           // <0xNN> ids, -1 when absent
   std::vector<TextOp> ops_;
   Metaspace metaspace_;
   std::string space_marker_ = std::string(utf8::kSpaceMarker);
@@ -217,7 +217,8 @@ bool has_byte_level(const json* j) {
   if (type_of(j) == "ByteLevel") return true;
   for (const char* list : {"pretokenizers", "decoders", "processors", "normalizers"}) {
     if (const json* l = get(*j, list); l && l->is_array()) {
-      for (const json& e : *l) if (has_byte_level(&e)) return true;
+      for (const json& e : *l)
+        if (has_byte_level(&e)) return true;
     }
   }
   return false;
@@ -245,7 +246,8 @@ Status parse_normalizer(const Errors& err, const json& n, const std::string& fie
     const json* pat = get(n, "pattern");
     const json* str = pat ? get(*pat, "String") : nullptr;
     const json* content = get(n, "content");
-    if (pat && get(*pat, "Regex")) return err.unsupported("normalizer Replace with a Regex pattern");
+    if (pat && get(*pat, "Regex"))
+      return err.unsupported("normalizer Replace with a Regex pattern");
     if (!str || !str->is_string()) return err.bad(field + ".pattern.String", "expected a string");
     if (!content || !content->is_string()) return err.bad(field + ".content", "expected a string");
     ops.push_back({TextOp::kReplace, str->get<std::string>(), content->get<std::string>()});
@@ -340,7 +342,8 @@ StatusOr<std::unique_ptr<Tokenizer>> parse_hf(const std::string& path, const jso
       const std::string f = "added_tokens[" + std::to_string(i) + "]";
       const json* id = get(a, "id");
       const json* content = get(a, "content");
-      if (!id || !id->is_number_integer() || id->get<int64_t>() < 0 || id->get<int64_t>() >= kMaxId) {
+      if (!id || !id->is_number_integer() || id->get<int64_t>() < 0 ||
+          id->get<int64_t>() >= kMaxId) {
         return err.bad(f + ".id", "expected an id in [0, 2^24)");
       }
       if (!content || !content->is_string()) return err.bad(f + ".content", "expected a string");
@@ -446,8 +449,9 @@ Status parse_merges(const Errors& err, const json& merges, HfBpeTokenizer& t) {
     }
     auto l = t.vocab_.find(left), r = t.vocab_.find(right), c = t.vocab_.find(left + right);
     if (l == t.vocab_.end() || r == t.vocab_.end() || c == t.vocab_.end()) {
-      const std::string& missing = l == t.vocab_.end() ? left
-                                   : r == t.vocab_.end() ? right : left + right;
+      const std::string& missing = l == t.vocab_.end()   ? left
+                                   : r == t.vocab_.end() ? right
+                                                         : left + right;
       return err.bad(f, "'" + missing + "' is not in model.vocab");
     }
     // As in HF, a repeated pair takes the rank of its last occurrence.

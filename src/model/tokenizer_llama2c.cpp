@@ -124,8 +124,9 @@ StatusOr<std::unique_ptr<Tokenizer>> load_llama2c_tokenizer(const std::string& p
   auto fail = [&](const std::string& what) {
     return invalid_argument("llama2.c tokenizer " + path + ": " + what);
   };
-  if (data.size() < 4) return fail("truncated: no max_token_length header (file has " +
-                                   std::to_string(data.size()) + " bytes)");
+  if (data.size() < 4)
+    return fail("truncated: no max_token_length header (file has " + std::to_string(data.size()) +
+                " bytes)");
   const uint32_t max_len = read_le<uint32_t>(data.data());
   if (max_len == 0 || max_len > (1u << 20)) {
     return fail("bad max_token_length " + std::to_string(max_len));
@@ -142,8 +143,8 @@ StatusOr<std::unique_ptr<Tokenizer>> load_llama2c_tokenizer(const std::string& p
     off += 8;
     if (len < 0) return fail("entry " + id + " has negative length " + std::to_string(len));
     if (uint32_t(len) > max_len) {
-      return fail("entry " + id + " has length " + std::to_string(len) +
-                  " > max_token_length " + std::to_string(max_len));
+      return fail("entry " + id + " has length " + std::to_string(len) + " > max_token_length " +
+                  std::to_string(max_len));
     }
     if (data.size() - off < size_t(len)) {
       return fail("truncated in the bytes of entry " + id + " (length " + std::to_string(len) +
@@ -158,13 +159,11 @@ StatusOr<std::unique_ptr<Tokenizer>> load_llama2c_tokenizer(const std::string& p
                 " entries, the model expects " + std::to_string(expected_vocab));
   }
   if (off != data.size()) {
-    return fail("vocab mismatch: " + std::to_string(data.size() - off) +
-                " bytes left after the " + std::to_string(pieces.size()) +
-                " entries the model expects");
+    return fail("vocab mismatch: " + std::to_string(data.size() - off) + " bytes left after the " +
+                std::to_string(pieces.size()) + " entries the model expects");
   }
   if (pieces.size() < 3) {
-    return fail("needs at least 3 entries (<unk>, BOS, EOS), has " +
-                std::to_string(pieces.size()));
+    return fail("needs at least 3 entries (<unk>, BOS, EOS), has " + std::to_string(pieces.size()));
   }
   return std::unique_ptr<Tokenizer>(
       std::make_unique<Llama2cTokenizer>(std::move(pieces), std::move(scores)));

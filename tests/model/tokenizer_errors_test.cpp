@@ -1,9 +1,9 @@
 // Malformed tokenizer files: each returns a Status naming the file and the fault, never a crash.
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <fstream>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "model/tokenizer.h"
 #include "test_util.h"
@@ -65,8 +65,8 @@ TEST_F(TokenizerErrors, Llama2cTruncatedAndMismatched) {
   // Cut inside an entry header, and inside an entry's bytes.
   expect_error(write("t1.bin", good.substr(0, 4 + 5)), 512, StatusCode::kInvalidArgument,
                "truncated in the header of entry 0");
-  expect_error(write("t2.bin", good.substr(0, good.size() - 2)), 512,
-               StatusCode::kInvalidArgument, "truncated in the bytes of entry 511");
+  expect_error(write("t2.bin", good.substr(0, good.size() - 2)), 512, StatusCode::kInvalidArgument,
+               "truncated in the bytes of entry 511");
   expect_error(write("t3.bin", good.substr(0, good.size() - 2)), 0, StatusCode::kInvalidArgument,
                "truncated");
   // Vocab count vs the model.

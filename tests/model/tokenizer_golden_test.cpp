@@ -1,15 +1,15 @@
 // Tokenizers against reference encodings: run.c (tok512_encode.jsonl, the stories260K prompts),
 // SentencePiece / HF (Llama-2 encode_shared.jsonl), and naive quadratic merge loops.
+#include <gtest/gtest.h>
+
 #include <fstream>
 #include <functional>
 #include <map>
 #include <optional>
 #include <random>
-#include <unordered_map>
 #include <string>
+#include <unordered_map>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "model/tokenizer.h"
 #include "test_util.h"
@@ -154,9 +154,9 @@ std::string random_text(const Tokenizer& t, std::mt19937& rng, size_t target_byt
 }
 
 // run.c: merge the best-scoring adjacent pair (leftmost on ties) until none is in the vocab.
-std::vector<int32_t> naive_merge(std::vector<int32_t> ids,
-                                 const std::function<std::optional<std::pair<double, int32_t>>(
-                                     int32_t, int32_t)>& lookup) {
+std::vector<int32_t> naive_merge(
+    std::vector<int32_t> ids,
+    const std::function<std::optional<std::pair<double, int32_t>>(int32_t, int32_t)>& lookup) {
   while (true) {
     double best = -1e300;
     int best_i = -1;
@@ -239,7 +239,8 @@ TEST(TokenizerMerges, HeapMergeEqualsNaiveLoopOnRandomText) {
         } else {
           const uint8_t b = norm[i];
           const size_t want = b < 0x80 ? 1 : b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
-          while (len < want && i + len < norm.size() && (uint8_t(norm[i + len]) & 0xC0) == 0x80) ++len;
+          while (len < want && i + len < norm.size() && (uint8_t(norm[i + len]) & 0xC0) == 0x80)
+            ++len;
           if (len != want) len = 1;
         }
         auto it = piece_id.find(norm.substr(i, len));

@@ -1,10 +1,10 @@
 // decode_token rules, StreamDecoder (UTF-8 completion, U+FFFD), the byte stand-in tokenizer,
 // and the legacy / array-merge tokenizer.json layouts.
+#include <gtest/gtest.h>
+
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "model/tokenizer.h"
 #include "test_util.h"
@@ -75,7 +75,11 @@ TEST(StreamDecoder, MultiByteCharactersSplitAcrossByteTokens) {
 TEST(StreamDecoder, InvalidSequencesBecomeReplacementCharacters) {
   auto t = make_byte_tokenizer(259);
   // Stray continuation byte; a lead byte followed by ASCII; an overlong form; a surrogate.
-  auto out = stream(*t, bytes_ids("\x80" "\xE4" "A" "\xC0\xAF" "\xED\xA0\x80"));
+  auto out = stream(*t, bytes_ids("\x80"
+                                  "\xE4"
+                                  "A"
+                                  "\xC0\xAF"
+                                  "\xED\xA0\x80"));
   std::string all;
   for (auto& s : out) all += s;
   EXPECT_EQ(out[0], kFFFD);
@@ -132,9 +136,9 @@ TEST(DecodeToken, Llama2cRules) {
   EXPECT_EQ(tok.decode_token(-1, 403), "Once");
   EXPECT_EQ(tok.decode_token(403, 403), " Once");
   EXPECT_EQ(tok.decode_token(-1, 13 + 3), "\r");  // <0x0D>
-  EXPECT_EQ(tok.decode_token(5, 0), "");           // <unk>
-  EXPECT_EQ(tok.decode_token(5, 1), "");           // BOS "\n<s>\n"
-  EXPECT_EQ(tok.decode_token(5, 2), "");           // EOS
+  EXPECT_EQ(tok.decode_token(5, 0), "");          // <unk>
+  EXPECT_EQ(tok.decode_token(5, 1), "");          // BOS "\n<s>\n"
+  EXPECT_EQ(tok.decode_token(5, 2), "");          // EOS
   EXPECT_EQ(tok.decode_token(5, 512), "");
   // NUL: run.c would stop; we encode it as <0x00> and decode it back.
   auto ids = tok.encode(std::string("a\0b", 3), true);
@@ -178,11 +182,14 @@ TEST(HfLayouts, LegacyMetaspaceAndArrayMerges) {
   ASSERT_TRUE(arrays_tok.ok()) << arrays_tok.status().to_string();
 
   j["normalizer"] = nullptr;
-  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"},
-                        {"prepend_scheme", "always"}, {"split", false}};
+  j["pre_tokenizer"] = {{"type", "Metaspace"},
+                        {"replacement", "\xE2\x96\x81"},
+                        {"prepend_scheme", "always"},
+                        {"split", false}};
   auto legacy = load_tokenizer(write("legacy.json", j), 512);
   ASSERT_TRUE(legacy.ok()) << legacy.status().to_string();
-  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"},
+  j["pre_tokenizer"] = {{"type", "Metaspace"},
+                        {"replacement", "\xE2\x96\x81"},
                         {"add_prefix_space", true}};  // split defaults to true
   auto legacy_split = load_tokenizer(write("legacy_split.json", j), 512);
   ASSERT_TRUE(legacy_split.ok()) << legacy_split.status().to_string();
