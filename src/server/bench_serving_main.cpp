@@ -1,1 +1,290 @@
-int main() { return 0; }
+// kvsplit-bench-serving: gRPC load generator. See docs/server.md.
+//
+//   kvsplit-bench-serving --server 127.0.0.1:50051 --rate 20 --num-requests 500 --json-out r.json
+//   kvsplit-bench-serving --server ADDR --concurrency 64 --prompt-len 16:128 --output-len 32:128
+//   kvsplit-bench-serving --in-process-model synthetic:llama-110m --concurrency 64
+//       (starts an engine + gRPC server in this process and runs the same workload through gRPC
+//        on loopback and directly through the engine, reporting the tokens/s ratio)
+//
+// Requests are token-id prompts (uniform random ids, seeded) with uniform length ranges, Poisson
+// arrivals at --rate (0: as fast as --concurrency allows), an SLA class mix, ignore_eos so every
+// request produces its full length.
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "config/config.h"
+#include "server/bench_report.h"
+#include "server/client_channel.h"
+#include "server/grpc_server.h"
+
+namespace v1 = kvsplit::v1;
+using kvsplit::server::bench::Outcome;
+using kvsplit::server::bench::Work;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double since(Clock::time_point t0, Clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); }
+
+// One streamed request on the callback client API.
+class StreamCall : public grpc::ClientReadReactor<v1::GenerateResponse> {
+ public:
+  StreamCall(v1::Generation::Stub* stub, const kvsplit::server::ClientOptions& copt, const Work& w,
+             Outcome* out, std::function<void()> done)
+      : out_(out), done_(std::move(done)) {
+    kvsplit::server::add_auth(copt, &ctx_);
+    ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+    req_.mutable_prompt_token_ids()->mutable_ids()->Add(w.prompt.begin(), w.prompt.end());
+    req_.set_max_tokens(w.max_tokens);
+    req_.set_ignore_eos(true);
+    req_.set_sla_class(w.sla_class);
+    req_.mutable_sampling()->set_temperature(0.0f);
+    out_->sla_class = w.sla_class;
+    start_ = last_ = Clock::now();
+    stub->async()->Generate(&ctx_, &req_, this);
+    StartRead(&resp_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    const auto now = Clock::now();
+    if (resp_.token_ids_size() > 0) {
+      if (out_->tokens == 0) out_->ttft_ms = since(start_, now) * 1e3;
+      else out_->itl_ms.push_back(since(last_, now) * 1e3 / resp_.token_ids_size());
+      out_->tokens += resp_.token_ids_size();
+      last_ = now;
+    }
+    StartRead(&resp_);
+  }
+  void OnDone(const grpc::Status& s) override {
+    out_->e2e_ms = since(start_, Clock::now()) * 1e3;
+    out_->ok = s.ok();
+    if (!s.ok()) out_->error = s.error_message();
+    auto done = std::move(done_);
+    delete this;
+    done();
+  }
+
+ private:
+  grpc::ClientContext ctx_;
+  v1::GenerateRequest req_;
+  v1::GenerateResponse resp_;
+  Outcome* out_;
+  std::function<void()> done_;
+  Clock::time_point start_, last_;
+};
+
+// Same request straight through the engine (a thread per in-flight request).
+void run_in_engine(kvsplit::Engine* engine, const Work& w, Outcome* out) {
+  kvsplit::Request r;
+  r.prompt_token_ids = w.prompt;
+  r.sampling.max_tokens = static_cast<int32_t>(w.max_tokens);
+  r.sampling.ignore_eos = true;
+  r.sampling.temperature = 0.0f;
+  r.sla_class = w.sla_class;
+  out->sla_class = w.sla_class;
+  const auto start = Clock::now();
+  auto last = start;
+  auto h = engine->submit(std::move(r));
+  if (!h.ok()) {
+    out->error = h.status().to_string();
+    return;
+  }
+  kvsplit::TokenEvent ev;
+  while (h->next(&ev, std::chrono::minutes(10))) {
+    const auto now = Clock::now();
+    if (!ev.token_ids.empty()) {
+      if (out->tokens == 0) out->ttft_ms = since(start, now) * 1e3;
+      else out->itl_ms.push_back(since(last, now) * 1e3 / ev.token_ids.size());
+      out->tokens += static_cast<int>(ev.token_ids.size());
+      last = now;
+    }
+    if (ev.final) {
+      out->ok = ev.status.ok();
+      if (!ev.status.ok()) out->error = ev.status.to_string();
+      break;
+    }
+  }
+  out->e2e_ms = since(start, Clock::now()) * 1e3;
+}
+
+// Dispatches `works` (arrival times, concurrency cap) through `launch`; shows progress on a TTY.
+double dispatch(const std::vector<Work>& works, int concurrency,
+                const std::function<void(size_t, std::function<void()>)>& launch) {
+  std::mutex mu;
+  std::condition_variable cv;
+  int inflight = 0;
+  size_t finished = 0;
+  const bool tty = isatty(2);
+  const auto t0 = Clock::now();
+  auto on_done = [&] {
+    std::lock_guard<std::mutex> l(mu);
+    --inflight;
+    ++finished;
+    cv.notify_all();
+  };
+  std::thread progress([&] {
+    if (!tty) return;
+    std::unique_lock<std::mutex> l(mu);
+    while (finished < works.size()) {
+      const int width = 40, filled = static_cast<int>(width * finished / works.size());
+      std::fprintf(stderr, "\r[%s%s] %zu/%zu  in flight %d  %.1fs", std::string(filled, '#').c_str(),
+                   std::string(width - filled, '.').c_str(), finished, works.size(), inflight, since(t0, Clock::now()));
+      cv.wait_for(l, std::chrono::milliseconds(200));
+    }
+    std::fprintf(stderr, "\r%80s\r", "");
+  });
+  for (size_t i = 0; i < works.size(); ++i) {
+    std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(works[i].arrival_s)));
+    {
+      std::unique_lock<std::mutex> l(mu);
+      cv.wait(l, [&] { return inflight < concurrency; });
+      ++inflight;
+    }
+    launch(i, on_done);
+  }
+  {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return finished == works.size(); });
+  }
+  const double elapsed = since(t0, Clock::now());
+  cv.notify_all();
+  progress.join();
+  return elapsed;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kvsplit::server::ClientOptions copt;
+  kvsplit::server::bench::Spec spec;
+  std::string json_out, in_process_model, prompt_len = "16:64", output_len = "32:128", class_mix;
+  CLI::App app{"kvsplit-bench-serving: gRPC load generator for kvsplit-server"};
+  app.add_option("--server", copt.server, "host:port");
+  app.add_option("--num-requests", spec.num_requests, "requests to send (default 200)");
+  app.add_option("--rate", spec.rate, "Poisson arrivals per second; 0 = send as fast as --concurrency allows");
+  app.add_option("--concurrency", spec.concurrency, "max requests in flight (default 64)");
+  app.add_option("--prompt-len", prompt_len, "prompt tokens MIN:MAX, uniform (default 16:64)");
+  app.add_option("--output-len", output_len, "max_tokens MIN:MAX, uniform (default 32:128)");
+  app.add_option("--class-mix", class_mix, "SLA class weights, e.g. voice:0.7,batch:0.3 (default: server default)");
+  app.add_option("--seed", spec.seed, "workload seed (default 0)");
+  app.add_option("--json-out", json_out, "write the result (summary + per-request samples) as JSON");
+  app.add_option("--tls-ca", copt.tls_ca, "PEM CA / server cert: use TLS");
+  app.add_option("--api-key", copt.api_key, "bearer API key");
+  app.add_option("--in-process-model", in_process_model,
+                 "start an engine + server in-process on this model; compare gRPC vs direct engine");
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::warn);
+  if (auto st = kvsplit::server::bench::parse_spec(prompt_len, output_len, class_mix, &spec); !st.ok()) {
+    std::cerr << "kvsplit-bench-serving: " << st.message() << "\n";
+    return 2;
+  }
+
+  // Optional in-process engine + server on an ephemeral loopback port.
+  std::unique_ptr<kvsplit::Engine> engine;
+  std::unique_ptr<kvsplit::server::GenerationService> service;
+  kvsplit::server::RunningServer local;
+  std::vector<kvsplit::SlaClass> engine_classes;
+  if (!in_process_model.empty()) {
+    kvsplit::EngineConfig ec;
+    ec.model = in_process_model;
+    auto e = kvsplit::Engine::create(ec);
+    if (!e.ok()) {
+      std::cerr << "kvsplit-bench-serving: " << e.status().to_string() << "\n";
+      return 1;
+    }
+    engine = std::move(e).value();
+    engine_classes = ec.sla_classes;
+    kvsplit::server::ServiceOptions so;
+    so.max_concurrent_streams = 100000;
+    so.max_tokens_limit = 1 << 20;
+    service = std::make_unique<kvsplit::server::GenerationService>(engine.get(), so, ec.sla_classes);
+    kvsplit::config::ServerConfig sc;
+    sc.host = "127.0.0.1";
+    sc.port = 0;
+    sc.max_concurrent_streams = 100000;
+    auto r = kvsplit::server::start_grpc_server(sc, service.get());
+    if (!r.ok()) {
+      std::cerr << "kvsplit-bench-serving: " << r.status().message() << "\n";
+      return 1;
+    }
+    local = std::move(r).value();
+    copt.server = "127.0.0.1:" + std::to_string(local.port);
+  }
+
+  auto channel = kvsplit::server::make_channel(copt);
+  if (!channel.ok()) {
+    std::cerr << "kvsplit-bench-serving: " << channel.status().message() << "\n";
+    return 2;
+  }
+  auto stub = v1::Generation::NewStub(*channel);
+  v1::GetModelInfoResponse info;
+  v1::GetServerStatsResponse stats;
+  {
+    grpc::ClientContext c1, c2;
+    kvsplit::server::add_auth(copt, &c1);
+    kvsplit::server::add_auth(copt, &c2);
+    c1.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    c2.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    grpc::Status s1 = stub->GetModelInfo(&c1, {}, &info);
+    grpc::Status s2 = s1.ok() ? stub->GetServerStats(&c2, {}, &stats) : s1;
+    if (!s2.ok()) {
+      std::cerr << "kvsplit-bench-serving: cannot reach " << copt.server << ": " << s2.error_message() << "\n";
+      return 1;
+    }
+  }
+  std::map<std::string, std::pair<double, double>> targets;  // class -> (max_ttft_ms, max_itl_ms)
+  for (const auto& c : stats.classes()) targets[c.name()] = {c.max_ttft_ms(), c.max_itl_ms()};
+  if (spec.classes.empty()) spec.classes = {{info.sla_classes_size() ? info.sla_classes(0) : "", 1.0}};
+  const std::vector<Work> works = kvsplit::server::bench::make_workload(spec, info.vocab_size(), info.max_context());
+
+  std::vector<nlohmann::json> runs;
+  {
+    std::vector<Outcome> outcomes(works.size());
+    const double secs = dispatch(works, spec.concurrency, [&](size_t i, std::function<void()> done) {
+      new StreamCall(stub.get(), copt, works[i], &outcomes[i], std::move(done));
+    });
+    runs.push_back(kvsplit::server::bench::summarize("grpc", spec, outcomes, secs, targets));
+  }
+  if (engine) {
+    std::vector<Outcome> outcomes(works.size());
+    std::vector<std::thread> threads;
+    std::mutex tm;
+    const double secs = dispatch(works, spec.concurrency, [&](size_t i, std::function<void()> done) {
+      std::lock_guard<std::mutex> l(tm);
+      threads.emplace_back([&, i, done] {
+        run_in_engine(engine.get(), works[i], &outcomes[i]);
+        done();
+      });
+    });
+    for (auto& t : threads) t.join();
+    runs.push_back(kvsplit::server::bench::summarize("in-process", spec, outcomes, secs, targets));
+  }
+  for (const auto& r : runs) kvsplit::server::bench::print_summary(r);
+  nlohmann::json result = runs.front();
+  if (runs.size() == 2) {
+    result["in_process"] = runs[1];
+    const double ratio = runs[0]["tokens_per_s"].get<double>() / runs[1]["tokens_per_s"].get<double>();
+    result["grpc_over_in_process_tokens_per_s"] = ratio;
+    std::printf("gRPC / in-process tokens/s: %.3f\n", ratio);
+  }
+  result["model"] = info.source();
+  result["server"] = copt.server;
+  if (!json_out.empty()) std::ofstream(json_out) << result.dump(1) << "\n";
+  if (local.server) {
+    engine->shutdown(std::chrono::milliseconds(0));
+    local.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+  return runs.front()["errors"].get<int>() == 0 ? 0 : 1;
+}

@@ -242,6 +242,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
                                         std::to_string(options_.max_concurrent_streams) + " concurrent streams");
   } else {
     engine_request = to_engine_request(*request, limits());
+    // Ids are assigned here, from one atomic counter, so concurrent calls never share one.
+    if (engine_request.ok() && engine_request->request_id.empty())
+      engine_request->request_id = "grpc-" + std::to_string(next_id_.fetch_add(1));
   }
   return GenerateReactor::start(this, context, *request, std::move(engine_request));
 }

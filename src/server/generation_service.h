@@ -67,6 +67,7 @@ class GenerationService final : public v1::Generation::CallbackService {
   std::vector<SlaClass> classes_;  // guarded by mu_
   std::atomic<int32_t> active_streams_{0};
   std::atomic<bool> draining_{false};
+  std::atomic<uint64_t> next_id_{1};  // server-assigned request ids: "grpc-<n>"
 };
 
 }  // namespace kvsplit::server
