@@ -1,0 +1,106 @@
+// Pure helpers of the server: UTF-8 checks and joining, request validation, bench workload/report.
+#include <gtest/gtest.h>
+
+#include "server/bench_report.h"
+#include "server/convert.h"
+#include "server/utf8.h"
+
+namespace kvsplit::server {
+namespace {
+
+TEST(Utf8Test, ValidatesAndLocatesBadBytes) {
+  EXPECT_TRUE(is_valid_utf8("héllo 世界 😀"));
+  size_t at = 99;
+  EXPECT_FALSE(is_valid_utf8("ab\xff", &at));
+  EXPECT_EQ(at, 2u);
+  EXPECT_FALSE(is_valid_utf8("\xc0\xaf"));          // overlong
+  EXPECT_FALSE(is_valid_utf8("\xed\xa0\x80"));      // surrogate
+  EXPECT_FALSE(is_valid_utf8("\xf4\x90\x80\x80"));  // > U+10FFFF
+  EXPECT_FALSE(is_valid_utf8("\xe4\xb8"));          // cut short
+}
+
+TEST(Utf8Test, JoinerHoldsBackSplitCharacters) {
+  Utf8Joiner j;
+  j.push("a\xe4");
+  EXPECT_EQ(j.take(), "a");
+  j.push("\xb8");
+  EXPECT_EQ(j.take(), "");
+  j.push("\x96" "b");
+  EXPECT_EQ(j.take(), "\xe4\xb8\x96" "b");
+  j.push("\xff" "c\xe4");
+  EXPECT_EQ(j.take(), "\xef\xbf\xbd" "c");
+  EXPECT_EQ(j.take(/*flush=*/true), "\xef\xbf\xbd");
+  EXPECT_TRUE(is_valid_utf8(j.take(true)));
+}
+
+TEST(ConvertTest, DefaultsAndClassNaming) {
+  RequestLimits l;
+  l.vocab_size = 512;
+  l.max_context = 512;
+  l.default_max_tokens = 7;
+  l.class_names = {"gold", "tin"};
+  v1::GenerateRequest in;
+  in.set_prompt("");
+  auto r = to_engine_request(in, l);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->sampling.max_tokens, 7);
+  EXPECT_EQ(r->sla_class, "gold");                 // empty -> the default class, named
+  EXPECT_EQ(r->sampling.temperature, SamplingParams{}.temperature);  // unset is not zero
+  EXPECT_FALSE(r->sampling.seed.has_value());
+  in.mutable_sampling()->set_temperature(0.0f);
+  in.mutable_sampling()->set_seed(0);
+  in.set_sla_class("tin");
+  r = to_engine_request(in, l);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->sampling.temperature, 0.0f);
+  ASSERT_TRUE(r->sampling.seed.has_value());
+  EXPECT_EQ(r->sla_class, "tin");
+  in.set_sla_class("lead");
+  r = to_engine_request(in, l);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("known: gold, tin"), std::string::npos);
+}
+
+TEST(BenchReportTest, WorkloadIsSeededAndWithinRanges) {
+  bench::Spec s;
+  ASSERT_TRUE(bench::parse_spec("4:8", "2:3", "a:3,b:1", &s).ok());
+  s.num_requests = 400;
+  s.rate = 100;
+  s.seed = 9;
+  const auto w1 = bench::make_workload(s, 512, 512), w2 = bench::make_workload(s, 512, 512);
+  ASSERT_EQ(w1.size(), 400u);
+  int a = 0;
+  for (size_t i = 0; i < w1.size(); ++i) {
+    EXPECT_EQ(w1[i].prompt, w2[i].prompt);
+    EXPECT_GE(w1[i].prompt.size(), 4u);
+    EXPECT_LE(w1[i].prompt.size(), 8u);
+    EXPECT_GE(w1[i].max_tokens, 2u);
+    EXPECT_LE(w1[i].max_tokens, 3u);
+    if (i) EXPECT_GE(w1[i].arrival_s, w1[i - 1].arrival_s);
+    a += w1[i].sla_class == "a";
+  }
+  EXPECT_NEAR(w1.back().arrival_s, 4.0, 1.0);  // 400 arrivals at 100/s
+  EXPECT_NEAR(a / 400.0, 0.75, 0.08);
+  EXPECT_FALSE(bench::parse_spec("8:4", "2:3", "", &s).ok());
+  EXPECT_FALSE(bench::parse_spec("4:8", "x", "", &s).ok());
+  EXPECT_FALSE(bench::parse_spec("4:8", "2:3", "a:-1", &s).ok());
+}
+
+TEST(BenchReportTest, QuantilesAndGoodput) {
+  EXPECT_DOUBLE_EQ(bench::quantile({1, 2, 3, 4, 5}, 0.5), 3);
+  EXPECT_DOUBLE_EQ(bench::quantile({1, 2}, 0.5), 1.5);
+  EXPECT_DOUBLE_EQ(bench::quantile({}, 0.9), 0);
+  bench::Spec s;
+  std::vector<bench::Outcome> o(3);
+  o[0] = {true, "", "v", 10, 50, 100, {5, 5}};
+  o[1] = {true, "", "v", 10, 500, 900, {5}};   // misses TTFT
+  o[2] = {false, "boom", "v", 0, 0, 0, {}};
+  auto j = bench::summarize("grpc", s, o, 2.0, {{"v", {100, 20}}});
+  EXPECT_EQ(j["errors"].get<int>(), 1);
+  EXPECT_DOUBLE_EQ(j["tokens_per_s"].get<double>(), 10);
+  EXPECT_DOUBLE_EQ(j["goodput_rps"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(j["ttft_ms"]["p50"].get<double>(), 275);
+}
+
+}  // namespace
+}  // namespace kvsplit::server
