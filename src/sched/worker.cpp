@@ -100,6 +100,7 @@ WorkerSnapshot Worker::snapshot() const {
   s.steps = steps_.load(std::memory_order_relaxed);
   s.forward_ms = forward_ns_.load(std::memory_order_relaxed) / 1e6;
   s.bookkeeping_ms = bookkeeping_ns_.load(std::memory_order_relaxed) / 1e6;
+  s.sampling_ms = sampling_ns_.load(std::memory_order_relaxed) / 1e6;
   return s;
 }
 

@@ -61,7 +61,8 @@ struct WorkerSnapshot {
   PoolStats pool;
   int64_t steps = 0;
   double forward_ms = 0;       // time in StepModel::forward
-  double bookkeeping_ms = 0;   // the rest of the steps: scheduling, sampling, events
+  double sampling_ms = 0;      // sampling, stop checks, detokenization, token events
+  double bookkeeping_ms = 0;   // the rest of the steps: scheduling, admission, handoff, stats
 };
 
 class Worker {
@@ -108,7 +109,7 @@ class Worker {
   void admit_offers(Clock::time_point now);
   void admit_from_router(Clock::time_point now);
   void schedule(Clock::time_point now);
-  void postprocess(const std::vector<float>& logits, Clock::time_point now);
+  void postprocess(std::vector<float>& logits, Clock::time_point now);  // logits [rows, vocab]
   void compact(Clock::time_point now);
   void preempt(Sequence& seq, Clock::time_point now);
   void handoff(std::unique_ptr<Sequence> seq, Clock::time_point now);
@@ -151,6 +152,7 @@ class Worker {
   std::atomic<int64_t> steps_{0};
   std::atomic<int64_t> forward_ns_{0};
   std::atomic<int64_t> bookkeeping_ns_{0};
+  std::atomic<int64_t> sampling_ns_{0};
 
   std::thread thread_;
 };

@@ -46,12 +46,14 @@ bool Worker::step() {
   } else {
     postprocess(logits_, t2);
   }
+  const Clock::time_point t3 = Clock::now();
   compact(t2);
   publish_stats();
-  const Clock::time_point t3 = Clock::now();
+  const Clock::time_point t4 = Clock::now();
   steps_.fetch_add(1, std::memory_order_relaxed);
   forward_ns_.fetch_add(ns_between(t1, t2), std::memory_order_relaxed);
-  bookkeeping_ns_.fetch_add(ns_between(t0, t1) + ns_between(t2, t3), std::memory_order_relaxed);
+  sampling_ns_.fetch_add(ns_between(t2, t3), std::memory_order_relaxed);
+  bookkeeping_ns_.fetch_add(ns_between(t0, t1) + ns_between(t3, t4), std::memory_order_relaxed);
   return true;
 }
 
@@ -144,10 +146,9 @@ void Worker::schedule(Clock::time_point now) {
   }
 }
 
-void Worker::postprocess(const std::vector<float>& logits, Clock::time_point now) {
+void Worker::postprocess(std::vector<float>& logits, Clock::time_point now) {
   const int vocab = model_->vocab_size();
   size_t row = 0;
-  std::vector<float> scratch;
   for (size_t i = 0; i < batch_.seqs.size(); ++i) {
     Sequence& seq = *batch_.seqs[i];
     const model::SeqStep& s = batch_.steps[i];
@@ -155,13 +156,13 @@ void Worker::postprocess(const std::vector<float>& logits, Clock::time_point now
     const bool in_waiting = seq.phase == SeqPhase::kPrefill || seq.phase == SeqPhase::kPreempted;
     if (batch_.samples[i]) {
       KVSPLIT_CHECK((row + 1) * vocab <= logits.size());
-      scratch.assign(logits.begin() + row * vocab, logits.begin() + (row + 1) * vocab);
+      float* row_logits = logits.data() + row * vocab;  // sampled in place
       ++row;
       if (seq.cancelled()) {
         finish(seq, FinishReason::kCancelled, cancelled_error("cancelled"), now);
         continue;
       }
-      const FinishReason reason = sample_and_append(seq, scratch.data(), vocab, now);
+      const FinishReason reason = sample_and_append(seq, row_logits, vocab, now);
       if (reason != FinishReason::kNone) {
         finish(seq, reason, ok_status(), now);
         continue;
