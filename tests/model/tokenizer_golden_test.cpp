@@ -75,6 +75,22 @@ TEST_P(Stories260kTokenizers, ReproducesGreedyPromptIds) {
   }
 }
 
+// Whole stories (curly quotes, newlines, byte fallback): the token ids run.c scored.
+TEST_P(Stories260kTokenizers, ReproducesTinyStoriesNllTokenIds) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto tok = load_ok(GetParam(), 512);
+  ASSERT_TRUE(tok);
+  const auto cases = read_jsonl(model_path("golden/stories260K_tinystories_sample_nll.jsonl"));
+  ASSERT_EQ(cases.size(), 5u);
+  for (const auto& c : cases) {
+    const std::string text = c["text"];
+    auto ids = tok->encode(text, true);
+    ASSERT_TRUE(ids.ok());
+    EXPECT_EQ(*ids, ids_of(c["token_ids"])) << "story " << c["story_index"];
+    EXPECT_EQ(decode_all(*tok, *ids), text);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, Stories260kTokenizers,
                          ::testing::Values("tok512.bin", "stories260K-hf/tokenizer.json"));
 
