@@ -2,6 +2,7 @@
 #include "sampling/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "common/check.h"
@@ -54,6 +55,7 @@ void Sampler::reserve(int vocab) {
   KVSPLIT_CHECK(vocab >= 1);
   const size_t n = static_cast<size_t>(vocab);
   if (candidates_.size() < n) candidates_.resize(n);
+  if (bucket_mass_.empty()) bucket_mass_.resize(kNumBuckets);
   if (counts_.size() < n) counts_.resize(n, 0);
 }
 
@@ -135,10 +137,34 @@ int32_t Sampler::sample(float* logits, int vocab, std::span<const int32_t> promp
   return vocab - 1;
 }
 
+int Sampler::presort_prefix(int n, float limit) {
+  Candidate* c = candidates_.data();
+  // Bucket = the float's bit pattern >> 20 (exponent + 3 mantissa bits): monotone in p for
+  // p in [0, 1], so every candidate of a higher bucket comes before every one of a lower bucket.
+  auto bucket = [](float p) {
+    return std::min<uint32_t>(std::bit_cast<uint32_t>(p) >> 20, kNumBuckets - 1);
+  };
+  std::fill(bucket_mass_.begin(), bucket_mass_.end(), 0.0);
+  for (int i = 0; i < n; ++i) bucket_mass_[bucket(c[i].prob)] += c[i].prob;
+  // Smallest set of top buckets whose mass passes the limit, with a margin for the float sum.
+  const double target = static_cast<double>(limit) * (1.0 + 1e-3) + 1e-6;
+  double acc = 0.0;
+  int b = static_cast<int>(kNumBuckets) - 1;
+  for (; b > 0; --b) {
+    acc += bucket_mass_[b];
+    if (acc > target) break;
+  }
+  if (b == 0) return 0;  // the prefix is (nearly) everything: plain chunked scan
+  Candidate* mid = std::partition(
+      c, c + n, [&](const Candidate& x) { return bucket(x.prob) >= static_cast<uint32_t>(b); });
+  std::sort(c, mid, candidate_before);
+  return static_cast<int>(mid - c);
+}
+
 int Sampler::scan_sorted_until(int n, float limit, bool already_sorted, float* cumulative) {
   Candidate* c = candidates_.data();
   float sum = 0.0f;
-  int sorted_end = already_sorted ? n : 0;
+  int sorted_end = already_sorted ? n : (n > kPresortMinCandidates ? presort_prefix(n, limit) : 0);
   int chunk = 64;
   for (int i = 0; i < n; ++i) {
     if (i == sorted_end) {

@@ -62,11 +62,19 @@ class Sampler {
   // by chunk, accumulating in float until the running sum exceeds `limit`. Returns the last index
   // visited (n - 1 when never exceeded) and the running sum at that point.
   int scan_sorted_until(int n, float limit, bool already_sorted, float* cumulative);
+  // For large candidate sets: one histogram pass over the float bit patterns finds a bucket
+  // boundary whose prefix mass passes `limit`; moves that prefix to the front and sorts it.
+  // Returns its length (0 when it would be nearly everything). Only affects speed.
+  int presort_prefix(int n, float limit);
+
+  static constexpr uint32_t kNumBuckets = 1024;         // covers bit patterns of [0, 1]
+  static constexpr int kPresortMinCandidates = 4096;
 
   SamplingParams params_;
   uint64_t rng_state_;
   std::vector<Candidate> candidates_;  // scratch [vocab]
   std::vector<int32_t> counts_;        // scratch [vocab], all zero between calls
+  std::vector<double> bucket_mass_;    // scratch [kNumBuckets]
 };
 
 }  // namespace kvsplit::sampling
