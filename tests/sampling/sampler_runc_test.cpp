@@ -230,6 +230,38 @@ TEST(SamplerRuncTest, SoftmaxBufferIsBitIdentical) {
   for (int i = 0; i < 1000; ++i) ASSERT_EQ(logits[i], ref[i]) << i;
 }
 
+// Llama-3-sized vocab: nuclei from a handful of ids to most of the vocab (the histogram presort
+// and its chunked fallback in sampler.cpp), still bit-exact.
+TEST(SamplerRuncTest, LargeVocabNuclei) {
+  const int vocab = 128256;
+  std::mt19937_64 rng(11);
+  int draws = 0;
+  for (float sigma : {0.3f, 2.5f, 4.0f, 8.0f}) {
+    for (float top_p : {0.5f, 0.9f, 0.999f}) {
+      SamplingParams params;
+      params.temperature = 1.0f;
+      params.top_p = top_p;
+      const uint64_t seed = rng() | 1;
+      Sampler ours(params, seed);
+      runc::Sampler ref{vocab, std::vector<runc::ProbIndex>(vocab), 1.0f, top_p, seed};
+      std::normal_distribution<float> normal(0.0f, sigma);
+      std::vector<float> logits(vocab), copy;
+      for (int step = 0; step < 3; ++step) {
+        for (float& x : logits) x = normal(rng);
+        if (step == 2) {
+          for (float& x : logits) x = std::round(x * 4.0f) / 4.0f;  // ties
+        }
+        copy = logits;
+        const int expected = runc::sample(&ref, copy.data());
+        ASSERT_EQ(ours.sample(logits.data(), vocab, {}, {}), expected)
+            << "sigma " << sigma << " top_p " << top_p << " step " << step;
+        ++draws;
+      }
+    }
+  }
+  EXPECT_EQ(draws, 36);
+}
+
 TEST(SamplerRuncTest, RngIsRuncRandomF32) {
   unsigned long long ref_state = 133742;
   uint64_t state = 133742;

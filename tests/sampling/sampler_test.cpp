@@ -244,7 +244,7 @@ TEST(SamplerTest, FilteredPathMatchesStraightforwardReference) {
   std::set<int32_t> distinct;
   for (int vocab : {5, 64, 1000, 20000}) {
     for (int top_k : {0, 1, 3, 40, 900}) {
-      for (float min_p : {0.0f, 0.02f, 0.3f}) {
+      for (float min_p : {0.0f, 1e-4f, 0.02f, 0.3f}) {  // 1e-4: thousands of candidates
         for (float top_p : {0.5f, 0.9f, 1.0f}) {
           if (top_k == 0 && min_p == 0.0f) continue;  // run.c path, tested elsewhere
           SamplingParams p = params_with(0.8f, top_p, top_k, min_p);
