@@ -120,7 +120,7 @@ int32_t Sampler::sample(float* logits, int vocab, std::span<const int32_t> promp
   for (int i = 0; i < vocab; ++i) logits[i] /= temperature;  // divide, as run.c
   int32_t max_index = 0;
   const float sum = softmax_runc(logits, vocab, &max_index);
-  const float coin = next_uniform();  // exactly one draw per sampled token
+  const float coin = next_uniform();                           // exactly one draw per sampled token
   if (!(sum > 0.0f) || !std::isfinite(sum)) return max_index;  // NaN / +inf logits
 
   const bool filtered = (params_.top_k > 0 && params_.top_k < vocab) || params_.min_p > 0.0f;

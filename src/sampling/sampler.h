@@ -67,7 +67,7 @@ class Sampler {
   // Returns its length (0 when it would be nearly everything). Only affects speed.
   int presort_prefix(int n, float limit);
 
-  static constexpr uint32_t kNumBuckets = 1024;         // covers bit patterns of [0, 1]
+  static constexpr uint32_t kNumBuckets = 1024;  // covers bit patterns of [0, 1]
   static constexpr int kPresortMinCandidates = 4096;
 
   SamplingParams params_;

@@ -1,10 +1,10 @@
 // SamplingParams::validate and finish_reason_name.
-#include <cmath>
-#include <string>
+#include "kvsplit/sampling_params.h"
 
 #include <fmt/format.h>
 
-#include "kvsplit/sampling_params.h"
+#include <cmath>
+#include <string>
 
 namespace kvsplit {
 namespace {
@@ -48,8 +48,8 @@ Status SamplingParams::validate() const {
     return field_error("max_tokens", fmt::format("must be >= 1, got {}", max_tokens));
   }
   if (stop.size() > kMaxStopStrings) {
-    return field_error("stop", fmt::format("at most {} stop strings, got {}", kMaxStopStrings,
-                                           stop.size()));
+    return field_error(
+        "stop", fmt::format("at most {} stop strings, got {}", kMaxStopStrings, stop.size()));
   }
   for (size_t i = 0; i < stop.size(); ++i) {
     if (stop[i].empty()) {
@@ -71,11 +71,16 @@ Status SamplingParams::validate() const {
 
 const char* finish_reason_name(FinishReason reason) {
   switch (reason) {
-    case FinishReason::kNone: return "none";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kCancelled: return "cancelled";
-    case FinishReason::kError: return "error";
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
   }
   return "unknown";
 }

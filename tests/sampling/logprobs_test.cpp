@@ -1,13 +1,13 @@
 // compute_logprobs against a long-double reference.
+#include "sampling/logprobs.h"
+
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <limits>
 #include <random>
 #include <utility>
 #include <vector>
-
-#include <gtest/gtest.h>
-
-#include "sampling/logprobs.h"
 
 namespace kvsplit::sampling {
 namespace {
@@ -41,8 +41,7 @@ TEST(LogprobsTest, MatchesLongDoubleReference) {
 
 TEST(LogprobsTest, KnownDistribution) {
   // log-softmax of log(p) is log(p).
-  std::vector<float> logits = {std::log(0.5f), std::log(0.25f), std::log(0.125f),
-                               std::log(0.125f)};
+  std::vector<float> logits = {std::log(0.5f), std::log(0.25f), std::log(0.125f), std::log(0.125f)};
   for (int t = 0; t < 4; ++t) {
     float lp = 0.0f;
     compute_logprobs(logits.data(), 4, t, 0, &lp, nullptr);

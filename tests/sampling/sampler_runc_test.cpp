@@ -1,13 +1,13 @@
 // Sampler vs an independent transcription of llama2.c run.c's sampler (softmax, random_f32,
 // sample_argmax, sample_mult, sample_topp with glibc qsort), over many random logits and seeds.
 // With only temperature / top_p / seed set, kvsplit must pick the same tokens bit for bit.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <random>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "sampling/sampler.h"
 

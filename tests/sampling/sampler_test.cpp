@@ -1,17 +1,17 @@
 // Sampler behaviour: greedy ties, temperature distribution, top-k / min-p / top-p candidate sets,
 // penalties, determinism per seed, degenerate logits.
+#include "sampling/sampler.h"
+
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <utility>
 #include <random>
 #include <set>
+#include <utility>
 #include <vector>
-
-#include <gtest/gtest.h>
-
-#include "sampling/sampler.h"
 
 namespace kvsplit::sampling {
 namespace {
@@ -122,7 +122,7 @@ std::vector<float> five_logits() {
 
 void expect_candidates(const SamplingParams& params, const std::set<int>& keep) {
   SCOPED_TRACE(::testing::Message() << "top_p " << params.top_p << " top_k " << params.top_k
-                                  << " min_p " << params.min_p);
+                                    << " min_p " << params.min_p);
   const std::vector<float> logits = five_logits();
   const int n = 100000;
   Sampler s(params, 777);
@@ -160,9 +160,9 @@ TEST(SamplerTest, TopKTiesKeepLowerIds) {
 
 TEST(SamplerTest, MinPDropsBelowFractionOfMax) {
   // threshold = min_p * 0.4
-  expect_candidates(params_with(1.0f, 1.0f, 0, 0.3f), {3, 1, 4});      // 0.12
-  expect_candidates(params_with(1.0f, 1.0f, 0, 0.2f), {3, 1, 4, 2});   // 0.08
-  expect_candidates(params_with(1.0f, 1.0f, 0, 0.9f), {3});            // 0.36
+  expect_candidates(params_with(1.0f, 1.0f, 0, 0.3f), {3, 1, 4});     // 0.12
+  expect_candidates(params_with(1.0f, 1.0f, 0, 0.2f), {3, 1, 4, 2});  // 0.08
+  expect_candidates(params_with(1.0f, 1.0f, 0, 0.9f), {3});           // 0.36
   expect_candidates(params_with(1.0f, 1.0f, 0, 0.05f), {0, 1, 2, 3, 4});
 }
 
@@ -259,8 +259,8 @@ TEST(SamplerTest, FilteredPathMatchesStraightforwardReference) {
             }
             const int32_t want = reference_filtered(logits, p, &ref_state);
             const int32_t got = s.sample(logits.data(), vocab, {}, {});
-            ASSERT_EQ(got, want) << "vocab " << vocab << " top_k " << top_k << " min_p "
-                                 << min_p << " top_p " << top_p << " step " << step;
+            ASSERT_EQ(got, want) << "vocab " << vocab << " top_k " << top_k << " min_p " << min_p
+                                 << " top_p " << top_p << " step " << step;
             distinct.insert(got);
             ++compared;
           }

@@ -1,12 +1,12 @@
 // SamplingParams::validate: every field's range, boundary values, and error messages.
+#include "kvsplit/sampling_params.h"
+
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <string>
-
-#include <gtest/gtest.h>
-
-#include "kvsplit/sampling_params.h"
 
 namespace kvsplit {
 namespace {
@@ -30,7 +30,9 @@ void expect_valid(const std::function<void(SamplingParams&)>& mutate) {
   EXPECT_TRUE(st.ok()) << st.to_string();
 }
 
-TEST(SamplingParamsTest, DefaultsAreValid) { expect_valid([](SamplingParams&) {}); }
+TEST(SamplingParamsTest, DefaultsAreValid) {
+  expect_valid([](SamplingParams&) {});
+}
 
 TEST(SamplingParamsTest, Temperature) {
   expect_invalid([](SamplingParams& p) { p.temperature = -1.0f; }, "temperature");

@@ -1,12 +1,12 @@
 // StopChecker: EOS / ignore_eos, stop ids, stop strings across tokens, held-back text,
 // max_new_tokens.
-#include <string>
-#include <utility>
-#include <vector>
+#include "sampling/stop.h"
 
 #include <gtest/gtest.h>
 
-#include "sampling/stop.h"
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace kvsplit::sampling {
 namespace {
