@@ -11,6 +11,7 @@ namespace {
 
 constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopStringBytes = 256;
+constexpr int32_t kMaxMaxTokens = 1 << 30;
 
 Status field_error(const char* field, const std::string& what) {
   return invalid_argument(fmt::format("{}: {}", field, what));
@@ -44,8 +45,11 @@ Status SamplingParams::validate() const {
     return field_error("frequency_penalty",
                        fmt::format("must be in [-2, 2], got {}", frequency_penalty));
   }
-  if (max_tokens < 1) {
-    return field_error("max_tokens", fmt::format("must be >= 1, got {}", max_tokens));
+  // max_tokens counts decode steps (see the header); the cap keeps max_generated_tokens() and
+  // prompt + max_tokens position arithmetic far from int32 overflow.
+  if (max_tokens < 0 || max_tokens > kMaxMaxTokens) {
+    return field_error("max_tokens",
+                       fmt::format("must be in [0, {}], got {}", kMaxMaxTokens, max_tokens));
   }
   if (stop.size() > kMaxStopStrings) {
     return field_error(

@@ -13,8 +13,8 @@ namespace kvsplit::sampling {
 
 class StopChecker {
  public:
-  // eos_ids: the model's EOS ids (ignored with params.ignore_eos). max_new_tokens: min of
-  // params.max_tokens and what the context leaves after the prompt.
+  // eos_ids: the model's EOS ids (ignored with params.ignore_eos). max_new_tokens (>= 1): most
+  // tokens to generate, min of max_generated_tokens(params) and what the context leaves.
   StopChecker(const SamplingParams& params, std::vector<int32_t> eos_ids, int max_new_tokens);
 
   struct Step {

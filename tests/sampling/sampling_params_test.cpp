@@ -91,9 +91,13 @@ TEST(SamplingParamsTest, PresenceAndFrequencyPenalties) {
 }
 
 TEST(SamplingParamsTest, MaxTokens) {
-  expect_invalid([](SamplingParams& p) { p.max_tokens = 0; }, "max_tokens");
-  expect_invalid([](SamplingParams& p) { p.max_tokens = -5; }, "max_tokens");
+  // max_tokens counts decode steps: 0 is valid (the prefill's token only).
+  expect_invalid([](SamplingParams& p) { p.max_tokens = -1; }, "max_tokens");
+  expect_invalid([](SamplingParams& p) { p.max_tokens = std::numeric_limits<int32_t>::max(); },
+                 "max_tokens");
+  expect_valid([](SamplingParams& p) { p.max_tokens = 0; });
   expect_valid([](SamplingParams& p) { p.max_tokens = 1; });
+  expect_valid([](SamplingParams& p) { p.max_tokens = 1 << 30; });
 }
 
 TEST(SamplingParamsTest, StopStrings) {
