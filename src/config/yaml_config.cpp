@@ -29,15 +29,6 @@ Status parse_scalar(const YAML::Node& n, const std::string& path, std::string* o
   return ok_status();
 }
 
-Status parse_scalar(const YAML::Node& n, const std::string& path, bool* out) {
-  if (!n.IsScalar()) return field_error(path, "must be true or false");
-  const std::string& s = n.Scalar();
-  if (s == "true" || s == "True" || s == "yes") *out = true;
-  else if (s == "false" || s == "False" || s == "no") *out = false;
-  else return field_error(path, "must be true or false, got '" + s + "'");
-  return ok_status();
-}
-
 template <typename Int>
 Status parse_int(const YAML::Node& n, const std::string& path, Int* out) {
   if (!n.IsScalar()) return field_error(path, "must be an integer");

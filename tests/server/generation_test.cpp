@@ -227,7 +227,9 @@ TEST_F(GenerationTest, AbortByRequestId) {
   v1::GenerateResponse last = msg;
   while (reader->Read(&msg)) last = msg;
   ASSERT_TRUE(reader->Finish().ok());
-  if (aresp.aborted()) EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_CANCELLED);
+  if (aresp.aborted()) {
+    EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_CANCELLED);
+  }
   grpc::ClientContext actx2;
   ASSERT_TRUE(stub_->Abort(&actx2, areq, &aresp).ok());
   EXPECT_FALSE(aresp.aborted());  // no longer in flight

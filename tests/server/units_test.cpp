@@ -76,7 +76,9 @@ TEST(BenchReportTest, WorkloadIsSeededAndWithinRanges) {
     EXPECT_LE(w1[i].prompt.size(), 8u);
     EXPECT_GE(w1[i].max_tokens, 2u);
     EXPECT_LE(w1[i].max_tokens, 3u);
-    if (i) EXPECT_GE(w1[i].arrival_s, w1[i - 1].arrival_s);
+    if (i) {
+      EXPECT_GE(w1[i].arrival_s, w1[i - 1].arrival_s);
+    }
     a += w1[i].sla_class == "a";
   }
   EXPECT_NEAR(w1.back().arrival_s, 4.0, 1.0);  // 400 arrivals at 100/s
