@@ -8,6 +8,10 @@
 #include <utility>
 #include <vector>
 
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "common/paged_kv.h"
 #include "common/softmax_state.h"
 
@@ -21,24 +25,101 @@ constexpr int kKeyTile = 64;
 // Query vectors (GQA group x query rows) one prefill work item carries; K/V read once per item.
 constexpr int kPrefillRowsPerItem = 64;
 
-// Dot product over head_dim. 16 independent accumulators so the compiler vectorizes it without
-// -ffast-math (the summation order is fixed, hence deterministic).
-inline float dot(const float* __restrict a, const float* __restrict b, int n) {
-  float acc[16] = {};
+// ---- a minimal f32 vector (the widest the compiler targets; no runtime dispatch) ----
+#if defined(__AVX512F__)
+struct Vec {
+  static constexpr int kWidth = 16;
+  __m512 v;
+  static Vec zero() { return {_mm512_setzero_ps()}; }
+  static Vec set1(float x) { return {_mm512_set1_ps(x)}; }
+  static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+  static Vec fma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+  // Horizontal sum. Written with the explicit-source mask forms because GCC 12's
+  // _mm512_reduce_add_ps trips -Wuninitialized inside its own header.
+  float sum() const {
+    const __m512 h = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, 0xFFFF, v, v, 0x4E));
+    const __m256 q = _mm256_castpd_ps(
+        _mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), 0xFF, _mm512_castps_pd(h), 0));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+};
+#elif defined(__AVX2__) && defined(__FMA__)
+struct Vec {
+  static constexpr int kWidth = 8;
+  __m256 v;
+  static Vec zero() { return {_mm256_setzero_ps()}; }
+  static Vec set1(float x) { return {_mm256_set1_ps(x)}; }
+  static Vec load(const float* p) { return {_mm256_loadu_ps(p)}; }
+  void store(float* p) const { _mm256_storeu_ps(p, v); }
+  static Vec fma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+  float sum() const {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+};
+#else
+struct Vec {
+  static constexpr int kWidth = 1;
+  float v;
+  static Vec zero() { return {0.f}; }
+  static Vec set1(float x) { return {x}; }
+  static Vec load(const float* p) { return {*p}; }
+  void store(float* p) const { *p = v; }
+  static Vec fma(Vec a, Vec b, Vec c) { return {a.v * b.v + c.v}; }
+  float sum() const { return v; }
+};
+#endif
+constexpr int kW = Vec::kWidth;
+
+// Rows are processed in blocks of up to kRowBlock so each K/V vector load feeds several FMAs.
+// Every row has its own accumulators and summation order, so a row's result does not depend on
+// which rows share its block (decode and prefill agree bitwise).
+constexpr int kRowBlock = 4;
+
+// out[r] = dot(q[r], k) over n elements, for R rows.
+template <int R>
+inline void dot_rows(const float* const* q, const float* k, int n, float* out) {
+  Vec acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = Vec::zero();
   int d = 0;
-  for (; d + 16 <= n; d += 16) {
-    for (int j = 0; j < 16; ++j) acc[j] += a[d + j] * b[d + j];
+  for (; d + kW <= n; d += kW) {
+    const Vec kv = Vec::load(k + d);
+    for (int r = 0; r < R; ++r) acc[r] = Vec::fma(Vec::load(q[r] + d), kv, acc[r]);
   }
-  float tail = 0.f;
-  for (; d < n; ++d) tail += a[d] * b[d];
-  for (int w = 8; w >= 1; w /= 2) {
-    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  for (int r = 0; r < R; ++r) {
+    float s = acc[r].sum();
+    for (int e = d; e < n; ++e) s += q[r][e] * k[e];
+    out[r] = s;
   }
-  return acc[0] + tail;
 }
 
-inline void axpy(float* __restrict y, float a, const float* __restrict x, int n) {
-  for (int d = 0; d < n; ++d) y[d] += a * x[d];
+// o[r] += sum_t p[r][t] * v[t] over n elements, t in [0, num_keys), for R rows.
+template <int R>
+inline void pv_rows(float* const* o, const float* const* p, const float* const* v, int num_keys,
+                    int n) {
+  int d = 0;
+  for (; d + kW <= n; d += kW) {
+    Vec acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = Vec::load(o[r] + d);
+    for (int t = 0; t < num_keys; ++t) {
+      const Vec vv = Vec::load(v[t] + d);
+      for (int r = 0; r < R; ++r) acc[r] = Vec::fma(Vec::set1(p[r][t]), vv, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) acc[r].store(o[r] + d);
+  }
+  for (; d < n; ++d) {
+    for (int r = 0; r < R; ++r) {
+      float s = o[r][d];
+      for (int t = 0; t < num_keys; ++t) s += p[r][t] * v[t][d];
+      o[r][d] = s;
+    }
+  }
 }
 
 inline void scale_in_place(float* y, float a, int n) {
@@ -52,7 +133,7 @@ struct Rows {
   int* limit = nullptr;        // [n] exclusive causal key bound of each row
   float* o = nullptr;          // [n, head_dim] unnormalized accumulators
   SoftmaxState* st = nullptr;  // [n]
-  float* scores = nullptr;     // [n, kKeyTile] scratch
+  float* scores = nullptr;     // [n, kKeyTile] scratch (scores, then softmax weights)
 };
 
 // Per-thread scratch of a work item, grown on demand and reused.
@@ -78,30 +159,55 @@ Scratch& thread_scratch() {
   return s;
 }
 
+// Folds keys j0 .. j0 + num_keys - 1 (K/V row pointers kp, vp) into rows [i0, i0 + R).
+template <int R>
+void fold_rows(Rows& r, int i0, const float* const* kp, const float* const* vp, int j0,
+               int num_keys, int head_dim, float scale) {
+  int valid[R];  // keys of the tile each row may see (causal)
+  int max_valid = 0;
+  const float* q[R];
+  float* s[R];
+  float* o[R];
+  for (int k = 0; k < R; ++k) {
+    valid[k] = std::clamp(r.limit[i0 + k] - j0, 0, num_keys);
+    max_valid = std::max(max_valid, valid[k]);
+    q[k] = r.q[i0 + k];
+    s[k] = r.scores + static_cast<size_t>(i0 + k) * kKeyTile;
+    o[k] = r.o + static_cast<size_t>(i0 + k) * head_dim;
+  }
+  if (max_valid == 0) return;
+  for (int t = 0; t < max_valid; ++t) {
+    float d[R];
+    dot_rows<R>(q, kp[t], head_dim, d);
+    for (int k = 0; k < R; ++k) s[k][t] = d[k] * scale;
+  }
+  for (int k = 0; k < R; ++k) {
+    float mx = -INFINITY;
+    for (int t = 0; t < valid[k]; ++t) mx = std::max(mx, s[k][t]);
+    SoftmaxState& st = r.st[i0 + k];
+    const float c = kernels::softmax_state_raise_max(&st, mx);
+    if (c != 1.f) scale_in_place(o[k], c, head_dim);
+    float l = 0.f;
+    for (int t = 0; t < valid[k]; ++t) {
+      s[k][t] = expf(s[k][t] - st.m);
+      l += s[k][t];
+    }
+    for (int t = valid[k]; t < max_valid; ++t) s[k][t] = 0.f;  // masked: weight 0
+    st.l += l;
+  }
+  pv_rows<R>(o, s, vp, max_valid, head_dim);
+}
+
 // One tile of keys j0 .. j0 + num_keys - 1 (pointers into the pages) folded into every row.
 void fold_tile(Rows& r, const float* const* kp, const float* const* vp, int j0, int num_keys,
                int head_dim, float scale) {
-  for (int i = 0; i < r.n; ++i) {
-    const int valid = std::min(num_keys, r.limit[i] - j0);
-    if (valid <= 0) continue;
-    float* s = r.scores + static_cast<size_t>(i) * kKeyTile;
-    const float* q = r.q[i];
-    float mx = -INFINITY;
-    for (int t = 0; t < valid; ++t) {
-      s[t] = dot(q, kp[t], head_dim) * scale;
-      mx = std::max(mx, s[t]);
+  for (int i0 = 0; i0 < r.n; i0 += kRowBlock) {
+    switch (std::min(kRowBlock, r.n - i0)) {
+      case 4: fold_rows<4>(r, i0, kp, vp, j0, num_keys, head_dim, scale); break;
+      case 3: fold_rows<3>(r, i0, kp, vp, j0, num_keys, head_dim, scale); break;
+      case 2: fold_rows<2>(r, i0, kp, vp, j0, num_keys, head_dim, scale); break;
+      default: fold_rows<1>(r, i0, kp, vp, j0, num_keys, head_dim, scale); break;
     }
-    SoftmaxState& st = r.st[i];
-    float* o = r.o + static_cast<size_t>(i) * head_dim;
-    const float c = kernels::softmax_state_raise_max(&st, mx);
-    if (c != 1.f) scale_in_place(o, c, head_dim);
-    float l = 0.f;
-    for (int t = 0; t < valid; ++t) {
-      const float p = expf(s[t] - st.m);
-      l += p;
-      axpy(o, p, vp[t], head_dim);
-    }
-    st.l += l;
   }
 }
 
