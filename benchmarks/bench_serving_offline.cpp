@@ -210,22 +210,37 @@ int run_bookkeeping(const Options& o) {
     r.sampling.seed = i;
     hs.push_back(*(*engine)->submit(r));
   }
-  int max_running = 0;
+  // Steady state: from the step where every sequence is running to the first finish.
+  auto wait_for = [&](auto pred) {
+    const auto deadline = Clock::now() + std::chrono::minutes(20);
+    while (!pred((*engine)->stats()) && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
+  wait_for([&](const kvsplit::EngineStats& s) { return s.num_running >= o.bookkeeping_seqs; });
+  const auto a = (*engine)->worker_snapshots().at(0);
+  wait_for([&](const kvsplit::EngineStats& s) { return s.requests_finished > 0; });
+  const auto b = (*engine)->worker_snapshots().at(0);
   for (auto& h : hs) {
     TokenEvent ev;
     while (h.next(&ev, std::chrono::minutes(10)) && !ev.final) {
-      max_running = std::max(max_running, (*engine)->stats().num_running);
     }
   }
   const auto w = (*engine)->worker_snapshots().at(0);
-  std::printf("bookkeeping: %s, %d sequences (max running seen %d), %lld steps\n",
-              (*engine)->model_info().source.c_str(), o.bookkeeping_seqs, max_running,
+  std::printf("bookkeeping: %s, %d sequences, %lld steps in all\n",
+              (*engine)->model_info().source.c_str(), o.bookkeeping_seqs,
               static_cast<long long>(w.steps));
-  const double step = w.forward_ms + w.sampling_ms + w.bookkeeping_ms;
-  std::printf("  per step: forward %.2f ms, sampling+events %.3f ms, scheduler bookkeeping %.3f ms\n",
-              w.forward_ms / w.steps, w.sampling_ms / w.steps, w.bookkeeping_ms / w.steps);
-  std::printf("  scheduler bookkeeping = %.3f%% of step time (sampling+events %.2f%%)\n",
-              100.0 * w.bookkeeping_ms / step, 100.0 * w.sampling_ms / step);
+  auto report = [](const char* what, double steps, double fwd, double samp, double book) {
+    if (steps <= 0) return;
+    const double step = fwd + samp + book;
+    std::printf("  %s (%.0f steps): forward %.2f ms/step, sampling+events %.3f ms/step, scheduler "
+                "bookkeeping %.3f ms/step = %.3f%% of step time (sampling+events %.2f%%)\n",
+                what, steps, fwd / steps, samp / steps, book / steps, 100.0 * book / step,
+                100.0 * samp / step);
+  };
+  report("all running", static_cast<double>(b.steps - a.steps), b.forward_ms - a.forward_ms,
+         b.sampling_ms - a.sampling_ms, b.bookkeeping_ms - a.bookkeeping_ms);
+  report("whole run", static_cast<double>(w.steps), w.forward_ms, w.sampling_ms, w.bookkeeping_ms);
   return 0;
 }
 

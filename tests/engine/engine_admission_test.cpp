@@ -196,9 +196,9 @@ TEST(EngineAdmission, ShortTtftBoundedWithLongPrompts) {
     for (int i = 0; i < 5; ++i) alone.push_back(collect(*(*engine)->submit(shortr)).final_event.timings.ttft_ms);
     std::sort(alone.begin(), alone.end());
     std::vector<RequestHandle> longs;
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 3; ++i) {
       Request l;
-      l.prompt_token_ids = std::vector<int32_t>(480, 300 + i);
+      l.prompt_token_ids = std::vector<int32_t>(320, 300 + i);
       l.sampling.max_tokens = 2;
       longs.push_back(*(*engine)->submit(l));
     }
@@ -208,7 +208,7 @@ TEST(EngineAdmission, ShortTtftBoundedWithLongPrompts) {
       long_ttft_min = std::min(long_ttft_min, collect(h).final_event.timings.ttft_ms);
     }
     const double with_long = s.final_event.timings.ttft_ms;
-    // 4 x 480 tokens take 60 steps of 32; the short prompt needs a share of the first ones.
+    // 3 x 320 tokens take 30 steps of 32; the short prompt needs a share of the first ones.
     EXPECT_LT(with_long, long_ttft_min) << "alone " << alone[2] << " ms";
     EXPECT_LT(with_long, 20 * alone[2] + 50.0) << "alone " << alone[2] << " ms";
   }
