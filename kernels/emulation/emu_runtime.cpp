@@ -238,7 +238,10 @@ ThreadState* current() {
 
 int lane_id() {
   Scheduler& s = sched();
-  if (!s.cur) fault("lane_id() outside a launch");
+  if (!s.cur) {
+    record_fault("lane_id() outside a launch");
+    abandon();
+  }
   return s.cur->index & (kWarpSize - 1);
 }
 
@@ -247,13 +250,17 @@ void syncthreads() { block_current(FiberState::kBlockBarrier); }
 const uint64_t* warp_exchange(unsigned mask, uint64_t value) {
   Scheduler& s = sched();
   Fiber* f = s.cur;
-  if (!f) fault("warp operation outside a launch");
+  if (!f) {
+    record_fault("warp operation outside a launch");
+    abandon();
+  }
   const int lane = f->index & (kWarpSize - 1);
   if (!((mask >> lane) & 1u)) {
     char m[16];
     std::snprintf(m, sizeof(m), "0x%08x", mask);
-    fault("warp operation with mask " + std::string(m) + " called by lane " + std::to_string(lane) +
-          " which the mask excludes (" + describe(*f) + ")");
+    record_fault("warp operation with mask " + std::string(m) + " called by lane " +
+                 std::to_string(lane) + " which the mask excludes");
+    abandon();
   }
   f->warp_mask = mask;
   f->published = value;
@@ -263,14 +270,19 @@ const uint64_t* warp_exchange(unsigned mask, uint64_t value) {
 
 void syncwarp(unsigned mask) { (void)warp_exchange(mask, 0); }
 
-void fault(const std::string& message) {
+void record_fault(const std::string& message) {
   Scheduler& s = sched();
   if (!s.cur) {
     std::fprintf(stderr, "kvsplit emulation fault outside a launch: %s\n", message.c_str());
     std::abort();
   }
-  s.faulted = true;
   s.message = message + " (" + describe(*s.cur) + ")";
+}
+
+void abandon() {
+  Scheduler& s = sched();
+  if (!s.cur) std::abort();
+  s.faulted = true;
   Fiber* f = s.cur;
   f->needs_init = true;
   switch_to(&f->uc, nullptr);

@@ -56,8 +56,11 @@ void syncthreads();
 const uint64_t* warp_exchange(unsigned mask, uint64_t value);
 void syncwarp(unsigned mask);
 int lane_id();
-// Reports a kernel fault (e.g. a shuffle from a lane outside the mask) and abandons the launch.
-[[noreturn]] void fault(const std::string& message);
+// Reports a kernel fault (e.g. a shuffle from a lane outside the mask): record_fault() stores the
+// message, then abandon() leaves the launch. Two statements, so that the caller's temporaries are
+// destroyed before its fiber stack is abandoned (nothing leaks).
+void record_fault(const std::string& message);
+[[noreturn]] void abandon();
 
 // Type-erased kernel body run by every thread of every block.
 using KernelThunk = void (*)(const void* ctx);
@@ -81,8 +84,10 @@ T from_bits(uint64_t u) {
 template <typename T>
 T shfl_from(unsigned mask, T var, int src) {
   const uint64_t* vals = warp_exchange(mask, to_bits(var));
-  if (src < 0 || src >= kWarpSize || !((mask >> src) & 1u))
-    fault("shuffle reads lane " + std::to_string(src) + " outside mask");
+  if (src < 0 || src >= kWarpSize || !((mask >> src) & 1u)) {
+    record_fault("shuffle reads lane " + std::to_string(src) + " outside mask");
+    abandon();
+  }
   return from_bits<T>(vals[src]);
 }
 
