@@ -104,7 +104,7 @@ TEST(PlanDecodeSplits, RespectsCapAndFloor) {
 
 TEST(PlanDecodeSplits, ShortSequencesAreNotSplit) {
   const std::vector<int32_t> kv_lens = {10, 200, 255};
-  const SplitPlan p = plan_decode_splits(kv_lens.data(), 3, 1, 16, 64);  // floor 256 tokens
+  const SplitPlan p = plan_decode_splits(kv_lens.data(), 3, 1, 16, 64);  // default floor: 512 tokens
   expect_well_formed(p, kv_lens, 16);
   EXPECT_FALSE(p.has_splits());
 }
