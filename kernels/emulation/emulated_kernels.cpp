@@ -2,3 +2,4 @@
 // launchers contain no `<<<>>>` (they call kernels::launch), so the same text compiles both ways.
 #include "attention/attention.cu"  // NOLINT(build/include)
 #include "ops/ops.cu"  // NOLINT(build/include)
+#include "sampling/sampling.cu"  // NOLINT(build/include)
