@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -74,6 +75,17 @@ struct AttentionArgs {
   int max_kv_len = 0;
 };
 
+// Per-row parameters of Backend::sample_tokens (host memory). Ranges as SamplingParams
+// (temperature finite >= 0, top_p in (0, 1], min_p in [0, 1], top_k >= 0; 0 / 1 turn filters off).
+struct SamplingRow {
+  float temperature = 1.f;  // < 1e-5: greedy
+  float top_p = 1.f;
+  float min_p = 0.f;
+  int32_t top_k = 0;
+  uint64_t seed = 0;  // the request's seed
+  uint64_t step = 0;  // the request's draw index (e.g. tokens generated so far)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -127,12 +139,35 @@ class Backend {
   // Decode attention (one query per sequence) over pages, split along kv_len per `plan`
   // (FlashDecoding); partial (o, m, l) states are merged with kernels/common/softmax_state.h.
   virtual Status attention_decode(const AttentionArgs& args, const kv::SplitPlan& plan) = 0;
+
+  // Optional op: ids[r] = a token sampled from logits[r, 0..vocab) with rows[r] (temperature,
+  // min-p, top-k, top-p, then one Philox4x32-10 draw at counter (seed, step); semantics in
+  // kernels/sampling/sampling.h). logits: device [num_rows, vocab] f32; rows: host [num_rows];
+  // ids: device [num_rows] int32. Deterministic per (logits row, seed, step), whatever else is in
+  // the batch. Penalties are not applied. The default is kUnimplemented: the CPU backend samples
+  // on the host through src/sampling (a different RNG: xorshift64*, as llama2.c).
+  virtual Status sample_tokens(const float* logits, int num_rows, int vocab, const SamplingRow* rows,
+                               int32_t* ids) {
+    (void)logits, (void)num_rows, (void)vocab, (void)rows, (void)ids;
+    return unimplemented("backend " + name() + ": sample_tokens is not implemented (sample on the host)");
+  }
+};
+
+// Options of create_backend(). Fields a backend does not use are ignored unless noted.
+struct BackendOptions {
+  int threads = 0;  // CPU backend threads; <= 0: the number of hardware threads
+  int device = 0;   // CUDA device index
+  // Storage type of weights given to upload_matrix(); unset: the backend's default (CUDA: bf16).
+  // The CPU backend accepts only kF32, which changes nothing there (f32 weights stay f32 and
+  // 16-bit weights of the file stay 16-bit); kBF16 / kF16 are kInvalidArgument for it.
+  std::optional<DType> weight_dtype;
 };
 
 // Creates the backend named `name` ("cpu", or "cuda" when built with CUDA). `threads` <= 0 picks
 // the number of hardware threads. An unknown or unavailable backend is kInvalidArgument /
 // kUnavailable with a clear message, never a silent fallback.
 StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name, int threads = 0);
+StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name, const BackendOptions& options);
 
 // Owns one allocation on a backend; frees it on destruction.
 class DeviceBuffer {

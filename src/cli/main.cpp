@@ -48,6 +48,7 @@ struct GenerateFlags {
   int block_size = 16;
   int max_batch_tokens = 512;
   int split_chunk = -1;
+  std::string weight_dtype = "auto";
 };
 
 void add_common(CLI::App* app, CommonFlags& f) {
@@ -81,7 +82,12 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   auto loaded = model::load_model(cf.model, lo);
   if (!loaded.ok()) return fail(loaded.status());
   const model::ModelConfig& cfg = loaded->config;
-  auto backend = backend::create_backend(cf.backend, cf.threads);
+  backend::BackendOptions bopt;
+  bopt.threads = cf.threads;
+  if (gf.weight_dtype == "f32") bopt.weight_dtype = backend::DType::kF32;
+  if (gf.weight_dtype == "bf16") bopt.weight_dtype = backend::DType::kBF16;
+  if (gf.weight_dtype == "f16") bopt.weight_dtype = backend::DType::kF16;
+  auto backend = backend::create_backend(cf.backend, bopt);
   if (!backend.ok()) return fail(backend.status());
   auto llama = model::LlamaModel::create(*loaded, **backend);
   if (!llama.ok()) return fail(llama.status());
@@ -221,6 +227,11 @@ int main(int argc, char** argv) {
   gen->add_option("--max-batch-tokens", gf.max_batch_tokens, "token budget per step")->check(CLI::PositiveNumber);
   gen->add_option("--split-chunk", gf.split_chunk,
                   "force decode split-K chunks of this many tokens (0 = no split; default: planner)");
+  gen->add_option("--weight-dtype", gf.weight_dtype,
+                  "weight storage on the device: auto (the backend's default; cuda: bf16), f32, bf16 "
+                  "or f16. The cpu backend accepts auto and f32, which change nothing there (it keeps "
+                  "f32 weights f32 and the file's 16-bit weights 16-bit); bf16/f16 are cuda only")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "f16"}));
 
   CommonFlags info_common;
   CLI::App* info = app.add_subcommand("info", "print a model's configuration as JSON");

@@ -10,6 +10,7 @@
 #include "common/float_bits.h"
 #include "common/log.h"
 #include "ops/ops.h"
+#include "sampling/sampling.h"
 
 namespace kvsplit::backend::cuda {
 namespace {
@@ -109,7 +110,7 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device, const CudaBac
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
   for (void* w : weights_) cudaFree(w);
-  for (void* p : {act16_, plan_dev_, partials_, static_cast<void*>(error_flag_)})
+  for (void* p : {act16_, plan_dev_, partials_, sample_rows_, static_cast<void*>(error_flag_)})
     if (p) cudaFree(p);
   if (pinned_) cudaFreeHost(pinned_);
   if (cublas_) cublasDestroy(cublas_);
@@ -342,6 +343,33 @@ Status CudaBackend::attention_decode(const AttentionArgs& args, const kv::SplitP
   KVSPLIT_RETURN_IF_ERROR(kernels::launch_paged_decode(p, stream_));
   if (plan.has_splits()) KVSPLIT_RETURN_IF_ERROR(kernels::launch_merge_states(p, stream_));
   return ok_status();
+}
+
+Status CudaBackend::sample_tokens(const float* logits, int num_rows, int vocab,
+                                  const SamplingRow* rows, int32_t* ids) {
+  if (num_rows < 0) return invalid_argument("sample_tokens: negative num_rows");
+  if (num_rows == 0) return ok_status();
+  if (!rows) return invalid_argument("sample_tokens: null rows");
+  const size_t bytes = static_cast<size_t>(num_rows) * sizeof(kernels::SampleRowParams);
+  KVSPLIT_ASSIGN_OR_RETURN(void* stage, staging(bytes));
+  auto* params = static_cast<kernels::SampleRowParams*>(stage);
+  for (int r = 0; r < num_rows; ++r) {
+    kernels::SampleRowParams& p = params[r];
+    p.temperature = rows[r].temperature;
+    p.top_p = rows[r].top_p;
+    p.min_p = rows[r].min_p;
+    p.top_k = rows[r].top_k;
+    p.seed = rows[r].seed;
+    p.step = rows[r].step;
+    const Status st = kernels::validate_sample_params(p);
+    if (!st.ok()) return invalid_argument("sample_tokens: row " + std::to_string(r) + ": " + st.message());
+  }
+  KVSPLIT_RETURN_IF_ERROR(reserve(&sample_rows_, &sample_rows_cap_, bytes));
+  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(sample_rows_, stage, bytes, cudaMemcpyHostToDevice, stream_),
+                      "sample_tokens params upload");
+  KVSPLIT_CUDA_RETURN(cudaEventRecord(staging_done_, stream_), "cudaEventRecord");
+  return kernels::launch_sample(logits, num_rows, vocab,
+                                static_cast<const kernels::SampleRowParams*>(sample_rows_), ids, stream_);
 }
 
 }  // namespace kvsplit::backend::cuda

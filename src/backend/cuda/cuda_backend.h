@@ -51,6 +51,8 @@ class CudaBackend final : public Backend {
                    int num_tokens) override;
   Status attention_prefill(const AttentionArgs& args) override;
   Status attention_decode(const AttentionArgs& args, const kv::SplitPlan& plan) override;
+  Status sample_tokens(const float* logits, int num_rows, int vocab, const SamplingRow* rows,
+                       int32_t* ids) override;
 
  private:
   CudaBackend() = default;
@@ -77,6 +79,8 @@ class CudaBackend final : public Backend {
   size_t plan_cap_ = 0;
   void* partials_ = nullptr;        // split-K partial (o, m, l)
   size_t partials_cap_ = 0;
+  void* sample_rows_ = nullptr;     // kernels::SampleRowParams [num_rows]
+  size_t sample_rows_cap_ = 0;
   std::vector<void*> weights_;      // owned uploads
 };
 

@@ -1,5 +1,6 @@
 // create_backend(): the one place that knows every backend. Lives outside kvsplit_core so that
 // the CUDA backend (a separate library built by nvcc) can be linked in when it exists.
+#include <algorithm>
 #include <string>
 #include <thread>
 
@@ -12,13 +13,27 @@
 namespace kvsplit::backend {
 
 StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name, int threads) {
+  BackendOptions options;
+  options.threads = threads;
+  return create_backend(name, options);
+}
+
+StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name, const BackendOptions& options) {
   if (name == "cpu") {
+    if (options.weight_dtype && *options.weight_dtype != DType::kF32)
+      return invalid_argument("backend 'cpu': weight dtype " +
+                              std::string(dtype_name(*options.weight_dtype)) +
+                              " is a CUDA option (the CPU backend keeps f32 weights f32 and 16-bit "
+                              "weights of the file 16-bit; use auto or f32)");
+    int threads = options.threads;
     if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     return std::unique_ptr<Backend>(make_cpu_backend(threads));
   }
   if (name == "cuda") {
 #if defined(KVSPLIT_HAVE_CUDA_BACKEND)
-    return create_cuda_backend(/*device=*/0);
+    CudaBackendOptions cuda_options;
+    if (options.weight_dtype) cuda_options.weight_dtype = *options.weight_dtype;
+    return create_cuda_backend(options.device, cuda_options);
 #else
     return unavailable("backend 'cuda' is not built into this binary (nvcc was not found at build time)");
 #endif
