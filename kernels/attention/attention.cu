@@ -19,7 +19,7 @@ Status validate(const PagedAttentionParams& p) {
                             std::to_string(p.num_kv_heads));
   if (!attention_head_dim_supported(p.head_dim))
     return unimplemented("attention: head_dim " + std::to_string(p.head_dim) +
-                         " is not compiled (64, 128)");
+                         " is not compiled (8, 64, 128)");
   if (p.block_size != kAttentionBlockSize)
     return unimplemented("attention: block_size " + std::to_string(p.block_size) +
                          " is not compiled (16)");
@@ -57,25 +57,31 @@ Status launch_typed(const PagedAttentionParams& p, cudaStream_t stream, bool dec
                        decode ? "paged decode attention" : "paged prefill attention");
 }
 
+template <typename KT>
+Status dispatch_head_dim(const PagedAttentionParams& p, cudaStream_t stream, bool decode) {
+  switch (p.head_dim) {
+    case 8: return launch_typed<KT, 8>(p, stream, decode);  // stories260K
+    case 64: return launch_typed<KT, 64>(p, stream, decode);
+    case 128: return launch_typed<KT, 128>(p, stream, decode);
+  }
+  return unimplemented("attention: head_dim " + std::to_string(p.head_dim) + " is not compiled");
+}
+
 // The one dispatch site of the attention family.
 Status dispatch(const PagedAttentionParams& p, cudaStream_t stream, bool decode) {
   switch (p.kv_dtype) {
-    case ElemType::kF32:
-      return p.head_dim == 64 ? launch_typed<float, 64>(p, stream, decode)
-                              : launch_typed<float, 128>(p, stream, decode);
-    case ElemType::kF16:
-      return p.head_dim == 64 ? launch_typed<__half, 64>(p, stream, decode)
-                              : launch_typed<__half, 128>(p, stream, decode);
-    case ElemType::kBF16:
-      return p.head_dim == 64 ? launch_typed<__nv_bfloat16, 64>(p, stream, decode)
-                              : launch_typed<__nv_bfloat16, 128>(p, stream, decode);
+    case ElemType::kF32: return dispatch_head_dim<float>(p, stream, decode);
+    case ElemType::kF16: return dispatch_head_dim<__half>(p, stream, decode);
+    case ElemType::kBF16: return dispatch_head_dim<__nv_bfloat16>(p, stream, decode);
   }
   return invalid_argument("attention: unknown KV dtype");
 }
 
 }  // namespace
 
-bool attention_head_dim_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
+bool attention_head_dim_supported(int head_dim) {
+  return head_dim == 8 || head_dim == 64 || head_dim == 128;
+}
 
 Status launch_paged_prefill(const PagedAttentionParams& p, cudaStream_t stream) {
   KVSPLIT_RETURN_IF_ERROR(validate(p));
@@ -107,9 +113,10 @@ Status launch_merge_states(const PagedAttentionParams& p, cudaStream_t stream) {
   if (!p.num_splits || !p.split_offset || !p.part_o || !p.part_m || !p.part_l)
     return invalid_argument("merge states: split plan arrays or partial workspace missing");
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.num_seqs));
-  const cudaError_t e = p.head_dim == 64
-                            ? launch(merge_states_kernel<64>, grid, dim3(64), 0, stream, p)
-                            : launch(merge_states_kernel<128>, grid, dim3(128), 0, stream, p);
+  const cudaError_t e =
+      p.head_dim == 8    ? launch(merge_states_kernel<8>, grid, dim3(8), 0, stream, p)
+      : p.head_dim == 64 ? launch(merge_states_kernel<64>, grid, dim3(64), 0, stream, p)
+                         : launch(merge_states_kernel<128>, grid, dim3(128), 0, stream, p);
   return launch_status(e, "merge states");
 }
 

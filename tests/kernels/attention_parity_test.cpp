@@ -184,6 +184,11 @@ std::vector<AttnCase> cases() {
   std::vector<int> many(24);
   for (int i = 0; i < 24; ++i) many[i] = 1 + (i * 37) % 90;
   out.push_back({"decode_many_seqs_gqa_d64_f16", 8, 2, 64, ElemType::kF16, many, {}, {0, 32}});
+  // head_dim 8 (stories260K: 8 query / 4 KV heads), every KV dtype.
+  for (const auto& [dname, dt] : dtypes) {
+    out.push_back({std::string("decode_gqa_d8_") + dname, 8, 4, 8, dt, skewed, {}, chunks});
+    out.push_back({std::string("prefill_gqa_d8_") + dname, 8, 4, 8, dt, {5, 40, 97}, {5, 23, 33}, {}});
+  }
   return out;
 }
 
