@@ -1,0 +1,176 @@
+// A Backend whose ops run the CUDA kernel sources under the emulation harness (host memory as
+// "device" memory), so the whole Llama forward pass can be checked against the goldens with the
+// kernels the CUDA backend launches. Memory, weight storage and GEMMs come from the CPU backend
+// (cuBLAS has no emulated twin); weights are kept plain row-major as CudaBackend keeps them.
+// Test-only; mirrors src/backend/cuda/cuda_backend.cpp's argument plumbing.
+#pragma once
+
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attention/paged_attention.h"
+#include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
+#include "common/float_bits.h"
+#include "ops/ops.h"
+#include "sampling/sampling.h"
+
+namespace kvsplit::testing {
+
+class EmulatedKernelBackend final : public backend::Backend {
+ public:
+  // weight_dtype: storage of uploaded weights (as CudaBackendOptions::weight_dtype; f32 sources
+  // are rounded to nearest even); unset keeps the file's dtype.
+  explicit EmulatedKernelBackend(std::optional<backend::DType> weight_dtype = std::nullopt)
+      : cpu_(backend::make_cpu_backend(1)), weight_dtype_(weight_dtype) {}
+
+  backend::DeviceKind kind() const override { return backend::DeviceKind::kCuda; }
+  std::string name() const override { return "emulated-cuda-kernels"; }
+  int parallelism() const override { return 4; }
+
+  StatusOr<void*> alloc(size_t bytes) override { return cpu_->alloc(bytes); }
+  void free(void* ptr) override { cpu_->free(ptr); }
+  Status copy_h2d(void* d, const void* s, size_t n) override { return cpu_->copy_h2d(d, s, n); }
+  Status copy_d2h(void* d, const void* s, size_t n) override { return cpu_->copy_d2h(d, s, n); }
+  Status copy_d2d(void* d, const void* s, size_t n) override { return cpu_->copy_d2d(d, s, n); }
+  Status memset_zero(void* d, size_t n) override { return cpu_->memset_zero(d, n); }
+  Status synchronize() override { return error_ ? invalid_argument("kernel error flag set") : ok_status(); }
+
+  // Plain row-major copy (the kernels read tables directly).
+  StatusOr<backend::MatrixView> upload_matrix(const void* host, backend::DType dtype, int64_t rows,
+                                              int64_t cols) override {
+    const int64_t n = rows * cols;
+    if (weight_dtype_ && dtype == backend::DType::kF32 && *weight_dtype_ != backend::DType::kF32) {
+      weights_.emplace_back(static_cast<size_t>(n) * 2);
+      auto* dst = reinterpret_cast<uint16_t*>(weights_.back().data());
+      const float* src = static_cast<const float*>(host);
+      for (int64_t i = 0; i < n; ++i)
+        dst[i] = *weight_dtype_ == backend::DType::kBF16 ? kernels::float_to_bf16_bits(src[i])
+                                                         : kernels::float_to_half_bits(src[i]);
+      return backend::MatrixView{dst, *weight_dtype_, rows, cols};
+    }
+    const size_t bytes = static_cast<size_t>(n) * backend::dtype_size(dtype);
+    weights_.emplace_back(bytes);
+    std::memcpy(weights_.back().data(), host, bytes);
+    return backend::MatrixView{weights_.back().data(), dtype, rows, cols};
+  }
+
+  Status embedding(const int32_t* ids, int num_tokens, const backend::MatrixView& t, float* out) override {
+    return kernels::launch_embedding(ids, num_tokens, t.data, elem(t.dtype), t.rows, t.cols, out, &error_, nullptr);
+  }
+  Status rmsnorm(const float* x, const float* w, int n, int dim, float eps, float* out) override {
+    return kernels::launch_rmsnorm(x, w, n, dim, eps, out, nullptr, nullptr);
+  }
+  Status add_rmsnorm(float* res, const float* x, const float* w, int n, int dim, float eps, float* out) override {
+    return kernels::launch_rmsnorm(x, w, n, dim, eps, out, res, nullptr);
+  }
+  Status gemm(const float* x, int m, const backend::MatrixView& w, const float* bias, float* out,
+              bool accumulate) override {
+    return cpu_->gemm(x, m, w, bias, out, accumulate);
+  }
+  Status rope(float* q, float* k, const int32_t* pos, int n, int heads, int kv_heads,
+              const backend::RopeArgs& a) override {
+    kernels::RopeParams p;
+    p.q = q;
+    p.k = k;
+    p.positions = pos;
+    p.inv_freq = a.inv_freq;
+    p.num_tokens = n;
+    p.num_heads = heads;
+    p.num_kv_heads = kv_heads;
+    p.head_dim = a.head_dim;
+    p.rotary_dim = a.rotary_dim;
+    p.interleaved = a.style == backend::RopeStyle::kInterleaved;
+    return kernels::launch_rope(p, nullptr);
+  }
+  Status swiglu(const float* g, const float* u, int64_t n, float* out) override {
+    return kernels::launch_swiglu(g, u, n, out, nullptr);
+  }
+  Status kv_append(const backend::LayerKv& kv, const float* k, const float* v, const int32_t* slots,
+                   int n) override {
+    kernels::KvAppendParams p;
+    p.pages = kv.data;
+    p.dtype = elem(kv.dtype);
+    p.num_blocks = kv.num_blocks;
+    p.num_kv_heads = kv.num_kv_heads;
+    p.block_size = kv.block_size;
+    p.head_dim = kv.head_dim;
+    p.k = k;
+    p.v = v;
+    p.slot_mapping = slots;
+    p.num_tokens = n;
+    p.error_flag = &error_;
+    return kernels::launch_kv_append(p, nullptr);
+  }
+  Status attention_prefill(const backend::AttentionArgs& a) override {
+    kernels::PagedAttentionParams p = params(a);
+    return kernels::launch_paged_prefill(p, nullptr);
+  }
+  Status attention_decode(const backend::AttentionArgs& a, const kv::SplitPlan& plan) override {
+    kernels::PagedAttentionParams p = params(a);
+    p.max_splits = plan.max_splits > 1 ? plan.max_splits : 1;
+    if (plan.has_splits()) {
+      const size_t heads = static_cast<size_t>(plan.total_splits) * a.num_heads;
+      partials_.assign(heads * (a.head_dim + 2), 0.f);
+      p.chunk_tokens = plan.chunk_tokens;
+      p.num_splits = plan.num_splits.data();
+      p.split_offset = plan.split_offset.data();
+      p.part_o = partials_.data();
+      p.part_m = p.part_o + heads * a.head_dim;
+      p.part_l = p.part_m + heads;
+    }
+    KVSPLIT_RETURN_IF_ERROR(kernels::launch_paged_decode(p, nullptr));
+    if (plan.has_splits()) KVSPLIT_RETURN_IF_ERROR(kernels::launch_merge_states(p, nullptr));
+    ++decode_calls_;
+    return ok_status();
+  }
+  Status sample_tokens(const float* logits, int num_rows, int vocab, const backend::SamplingRow* rows,
+                       int32_t* ids) override {
+    std::vector<kernels::SampleRowParams> p(num_rows);
+    for (int r = 0; r < num_rows; ++r)
+      p[r] = {rows[r].temperature, rows[r].top_p, rows[r].min_p, rows[r].top_k, rows[r].seed, rows[r].step};
+    return kernels::launch_sample(logits, num_rows, vocab, p.data(), ids, nullptr);
+  }
+
+  int decode_calls() const { return decode_calls_; }
+
+ private:
+  static kernels::ElemType elem(backend::DType t) {
+    return t == backend::DType::kF32 ? kernels::ElemType::kF32
+                                     : (t == backend::DType::kF16 ? kernels::ElemType::kF16 : kernels::ElemType::kBF16);
+  }
+  kernels::PagedAttentionParams params(const backend::AttentionArgs& a) {
+    kernels::PagedAttentionParams p;
+    p.q = a.q;
+    p.out = a.out;
+    p.kv = a.kv.data;
+    p.kv_dtype = elem(a.kv.dtype);
+    p.num_seqs = a.num_seqs;
+    p.num_tokens = a.num_tokens;
+    p.num_heads = a.num_heads;
+    p.num_kv_heads = a.num_kv_heads;
+    p.head_dim = a.head_dim;
+    p.block_size = a.kv.block_size;
+    p.num_blocks = a.kv.num_blocks;
+    p.scale = a.scale;
+    p.query_start = a.query_start;
+    p.kv_lens = a.kv_lens;
+    p.block_tables = a.block_tables;
+    p.max_blocks_per_seq = a.max_blocks_per_seq;
+    p.max_query_len = a.max_query_len;
+    p.error_flag = &error_;
+    return p;
+  }
+
+  std::unique_ptr<backend::Backend> cpu_;
+  std::optional<backend::DType> weight_dtype_;
+  std::vector<std::vector<unsigned char>> weights_;
+  std::vector<float> partials_;
+  int error_ = 0;
+  int decode_calls_ = 0;
+};
+
+}  // namespace kvsplit::testing

@@ -1,0 +1,130 @@
+// stories260K end to end on any Backend (the emulated kernel backend in tests/kernels, the CUDA
+// backend in tests/gpu): logits at positions 0..7 of "Once upon a time" and greedy generations
+// against the llama2.c run.c goldens (/work/shared/models/golden, see its README).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kv/kv_pool.h"
+#include "model/batch_generate.h"
+#include "model/llama_model.h"
+#include "model/loader.h"
+#include "test_util.h"
+
+namespace kvsplit::testing {
+
+struct GoldenModel {
+  model::LoadedModel loaded;
+  std::unique_ptr<model::LlamaModel> model;
+  std::unique_ptr<kv::KvPool> pool;
+};
+
+inline std::unique_ptr<GoldenModel> load_golden_model(backend::Backend& be) {
+  auto g = std::make_unique<GoldenModel>();
+  model::LoadOptions lo;
+  lo.tokenizer_path = model_path("tok512.bin");
+  auto loaded = model::load_model(model_path("stories260K.bin"), lo);
+  EXPECT_TRUE(loaded.ok()) << loaded.status().to_string();
+  if (!loaded.ok()) return nullptr;
+  g->loaded = std::move(loaded).value();
+  auto m = model::LlamaModel::create(g->loaded, be);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  if (!m.ok()) return nullptr;
+  g->model = std::move(m).value();
+  kv::KvPoolConfig pc;
+  pc.num_blocks = 128;
+  pc.block_size = 16;
+  auto pool = kv::KvPool::create(be, pc, g->model->kv_shape());
+  EXPECT_TRUE(pool.ok()) << pool.status().to_string();
+  if (!pool.ok()) return nullptr;
+  g->pool = std::move(pool).value();
+  return g;
+}
+
+// Largest |logit - golden| over positions 0..7, computed by one prefill and by token-by-token
+// decode with split-K chunks of `chunk` tokens (-1: planner, 0: no split). Also counts positions
+// whose argmax differs from the golden's.
+struct LogitsError {
+  double max_abs = 0;
+  int argmax_mismatches = 0;
+};
+inline LogitsError golden_logits_error(GoldenModel& g, int chunk) {
+  LogitsError err;
+  const auto rows = read_jsonl(model_path("golden/stories260K_logits.jsonl"));
+  EXPECT_EQ(rows.size(), 8u);
+  const std::vector<int32_t> ctx = rows.back()["context_token_ids"].get<std::vector<int32_t>>();
+  const int vocab = g.model->config().vocab_size;
+  auto account = [&](const std::vector<float>& logits) {
+    EXPECT_EQ(logits.size(), rows.size() * vocab);
+    for (size_t r = 0; r < rows.size() && logits.size() == rows.size() * vocab; ++r) {
+      const auto want = rows[r]["logits"].get<std::vector<float>>();
+      const float* got = logits.data() + r * vocab;
+      for (int v = 0; v < vocab; ++v) {
+        EXPECT_FALSE(std::isnan(got[v])) << "pos " << r << " token " << v;
+        err.max_abs = std::max(err.max_abs, std::fabs(double(got[v]) - want[v]));
+      }
+      if (std::max_element(got, got + vocab) - got != std::max_element(want.begin(), want.end()) - want.begin())
+        ++err.argmax_mismatches;
+    }
+  };
+  kv::KvPool& pool = *g.pool;
+  for (bool prefill : {true, false}) {
+    kv::BlockTable table;
+    EXPECT_TRUE(pool.reserve(table, static_cast<int>(ctx.size())));
+    std::vector<float> logits;
+    model::ForwardOptions fo;
+    fo.force_chunk_tokens = chunk;
+    if (prefill) {
+      model::SeqStep s;
+      s.tokens = ctx;
+      s.table = &table;
+      s.logits = model::SeqStep::Logits::kAll;
+      EXPECT_TRUE(g.model->forward({&s, 1}, pool, &logits, fo).ok());
+    } else {
+      for (size_t i = 0; i < ctx.size(); ++i) {
+        model::SeqStep s;
+        s.tokens = std::span<const int32_t>(&ctx[i], 1);
+        s.start_pos = static_cast<int>(i);
+        s.table = &table;
+        const Status st = g.model->forward({&s, 1}, pool, &logits, fo);
+        EXPECT_TRUE(st.ok()) << st.to_string();
+      }
+    }
+    account(logits);
+    pool.release(table);
+  }
+  return err;
+}
+
+// Runs the first `max_cases` greedy goldens with at most `max_steps` steps as one batch, decode
+// split-K chunks of `chunk` tokens (-1: planner); expects identical ids.
+inline void expect_greedy_goldens(GoldenModel& g, int max_steps, int max_cases, int chunk = -1) {
+  const auto cases = read_jsonl(model_path("golden/stories260K_greedy.jsonl"));
+  std::vector<model::GenerationInput> inputs;
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& c : cases) {
+    if (c["steps"].get<int>() > max_steps || static_cast<int>(inputs.size()) >= max_cases) continue;
+    model::GenerationInput in;
+    in.prompt_ids = c["prompt_token_ids"].get<std::vector<int32_t>>();
+    in.params.temperature = 0.f;
+    in.params.max_tokens = c["steps"].get<int>() - static_cast<int>(in.prompt_ids.size());
+    inputs.push_back(in);
+    want.push_back(c["output_token_ids"].get<std::vector<int32_t>>());
+  }
+  ASSERT_FALSE(inputs.empty());
+  model::BatchOptions bo;
+  bo.forward.force_chunk_tokens = chunk;
+  auto out = model::generate_batch(*g.model, *g.pool, g.loaded.tokenizer.get(), inputs, bo);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  for (size_t i = 0; i < inputs.size(); ++i) EXPECT_EQ((*out)[i].output_ids, want[i]) << "golden case " << i;
+  EXPECT_EQ(g.pool->allocator().num_free(), g.pool->allocator().num_blocks());
+}
+
+}  // namespace kvsplit::testing
