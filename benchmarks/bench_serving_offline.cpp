@@ -192,8 +192,9 @@ int run_bookkeeping(const Options& o) {
   c.max_num_seqs = o.bookkeeping_seqs;
   c.max_batch_tokens = o.bookkeeping_seqs * 8;
   if (o.kv_blocks == 0) {
+    // + 2% for the colocated worker's admission watermark (1% of the pool kept free).
     c.kv_blocks_per_worker = o.bookkeeping_seqs *
-        ((8 + o.bookkeeping_tokens + c.block_size - 1) / c.block_size);
+        ((8 + o.bookkeeping_tokens + c.block_size - 1) / c.block_size) * 102 / 100 + 2;
   }
   auto engine = EngineImpl::create(c);
   if (!engine.ok()) {
@@ -217,7 +218,11 @@ int run_bookkeeping(const Options& o) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   };
-  wait_for([&](const kvsplit::EngineStats& s) { return s.num_running >= o.bookkeeping_seqs; });
+  int max_running = 0;
+  wait_for([&](const kvsplit::EngineStats& s) {
+    max_running = std::max(max_running, s.num_running);
+    return s.num_running >= o.bookkeeping_seqs || s.requests_finished > 0;
+  });
   const auto a = (*engine)->worker_snapshots().at(0);
   wait_for([&](const kvsplit::EngineStats& s) { return s.requests_finished > 0; });
   const auto b = (*engine)->worker_snapshots().at(0);
@@ -227,8 +232,8 @@ int run_bookkeeping(const Options& o) {
     }
   }
   const auto w = (*engine)->worker_snapshots().at(0);
-  std::printf("bookkeeping: %s, %d sequences, %lld steps in all\n",
-              (*engine)->model_info().source.c_str(), o.bookkeeping_seqs,
+  std::printf("bookkeeping: %s, %d sequences (%d running at once), %lld steps in all\n",
+              (*engine)->model_info().source.c_str(), o.bookkeeping_seqs, max_running,
               static_cast<long long>(w.steps));
   auto report = [](const char* what, double steps, double fwd, double samp, double book) {
     if (steps <= 0) return;
