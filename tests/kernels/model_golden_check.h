@@ -39,7 +39,7 @@ inline std::unique_ptr<GoldenModel> load_golden_model(backend::Backend& be) {
   if (!m.ok()) return nullptr;
   g->model = std::move(m).value();
   kv::KvPoolConfig pc;
-  pc.num_blocks = 128;
+  pc.num_blocks = 512;  // all 12 greedy goldens at once need ~2.6K tokens
   pc.block_size = 16;
   auto pool = kv::KvPool::create(be, pc, g->model->kv_shape());
   EXPECT_TRUE(pool.ok()) << pool.status().to_string();
