@@ -111,7 +111,7 @@ __device__ __forceinline__ int sample_block_argmax(const float* logits, int voca
 // Radix select over the candidates with key >= lo, in descending key order. Returns the key of
 // the first token at which the running total (counts when !by_mass, masses when by_mass) exceeds
 // `target`; every candidate with key >= the result is kept. Returns lo when nothing exceeds it.
-__device__ inline uint64_t sample_radix_select(const SampleRow& r, uint64_t lo, bool by_mass,
+__device__ uint64_t sample_radix_select(const SampleRow& r, uint64_t lo, bool by_mass,
                                         uint64_t target, SampleSmem* sm) {
   uint64_t prefix = 0, mask = 0;
   for (int shift = 64 - kSampleRadixBits; shift >= 0; shift -= kSampleRadixBits) {
