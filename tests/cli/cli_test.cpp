@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -131,9 +132,12 @@ TEST(CliTest, InfoPrintsTheConfig) {
 }
 
 TEST(CliTest, FallsBackToSyntheticAndSaysSo) {
+  // Run two levels down in a fresh directory so that neither ./models nor ../shared/models exist.
   TempDir dir;
+  const std::filesystem::path cwd = dir.path() / "a" / "b";
+  std::filesystem::create_directories(cwd);
   RunResult r = run("generate --prompt hi --max-tokens 3 -t 0 --json", "KVSPLIT_MODELS=" + dir.file("none"),
-                    dir.path().string());
+                    cwd.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("synthetic:stories260k"), std::string::npos) << r.err;
   auto lines = json_lines(r.out);
