@@ -174,14 +174,14 @@ TEST(EngineHandoff, TimeoutIsAnExplicitError) {
   EngineConfig cfg = testing::stories_config(ServingMode::kDisaggregated);
   cfg.num_decode_workers = 1;
   cfg.max_num_seqs = 1;
-  cfg.handoff_timeout_ms = 50;
+  cfg.handoff_timeout_ms = 5;  // far shorter than A's 490 tokens
   auto engine = Engine::create(cfg);
   ASSERT_TRUE(engine.ok());
   const std::vector<int> initial = testing::free_blocks(**engine);
   Request a;
   a.request_id = "long";
   a.prompt = "Once upon a time";
-  a.sampling.max_tokens = 450;
+  a.sampling.max_tokens = 490;
   a.sampling.ignore_eos = true;
   auto ha = (*engine)->submit(a);
   ASSERT_TRUE(ha.ok());
@@ -198,9 +198,10 @@ TEST(EngineHandoff, TimeoutIsAnExplicitError) {
   EXPECT_NE(cb.final_event.status.message().find("KV handoff"), std::string::npos)
       << cb.final_event.status.message();
   EXPECT_EQ(cb.tokens.size(), 1u);  // the first token was sampled by the prefill worker
-  EXPECT_TRUE((*engine)->cancel("long"));
+  const bool cancelled = (*engine)->cancel("long");  // false when it already finished
   Collected ca = collect(*ha, std::chrono::seconds(30));
-  EXPECT_EQ(ca.final_event.finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(ca.final_event.finish_reason,
+            cancelled ? FinishReason::kCancelled : FinishReason::kLength);
   EXPECT_TRUE(testing::pools_back_to(**engine, initial));
 }
 
