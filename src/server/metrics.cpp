@@ -2,12 +2,13 @@
 
 #include <prometheus/collectable.h>
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 
 #include <exception>
+#include <sstream>
 
 #include "common/check.h"
 
@@ -121,21 +122,30 @@ StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::create(
                    .Help("Admission to first scheduled").Register(reg);
   m->calls_ = &pm::BuildCounter().Name("kvsplit:grpc_generate_calls_total")
                    .Help("Ended Generate calls by gRPC status code").Register(reg);
-  const std::string bind = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
-                           std::to_string(port);
-  try {
-    m->exposer_ = std::make_unique<pm::Exposer>(bind, 2);
-    m->exposer_->RegisterCollectable(m->registry_);
-    m->exposer_->RegisterCollectable(m->collector_);
-    const auto ports = m->exposer_->GetListeningPorts();
-    m->port_ = ports.empty() ? port : ports.front();
-  } catch (const std::exception& e) {
-    return unavailable("metrics: cannot listen on " + bind + ": " + e.what());
-  }
+  auto http = MetricsHttpServer::start(host, port, [p = m.get()] { return p->render(); });
+  if (!http.ok()) return http.status();
+  m->http_ = std::move(http).value();
+  m->port_ = m->http_->port();
   return m;
 }
 
-ServerMetrics::~ServerMetrics() = default;
+ServerMetrics::~ServerMetrics() {
+  if (http_) http_->stop();
+}
+
+StatusOr<std::string> ServerMetrics::render() const {
+  try {
+    std::vector<pm::MetricFamily> families = registry_->Collect();
+    std::vector<pm::MetricFamily> engine = collector_->Collect();
+    families.insert(families.end(), std::make_move_iterator(engine.begin()),
+                    std::make_move_iterator(engine.end()));
+    std::ostringstream out;
+    pm::TextSerializer().Serialize(out, families);
+    return out.str();
+  } catch (const std::exception& e) {  // prometheus-cpp may throw (std::bad_alloc, invalid labels)
+    return internal_error(std::string("metrics: cannot render: ") + e.what());
+  }
+}
 
 void ServerMetrics::set_active_streams(const std::atomic<int32_t>* counter) { collector_->set_active(counter); }
 

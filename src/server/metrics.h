@@ -1,4 +1,5 @@
-// Prometheus metrics of the server (pull: an HTTP exposer on its own port, GET /metrics).
+// Prometheus metrics of the server: prometheus-cpp's registry and families, exposed by our own
+// HTTP listener (server/metrics_http.h) on its own port, GET /metrics.
 // Latency histograms are observed by the stream reactors; gauges and counters that the engine
 // owns (KV usage per pool, queue lengths, preemptions, tokens, SLO attainment per class) are
 // read from Engine::stats() at scrape time, so they never drift from GetServerStats.
@@ -10,9 +11,9 @@
 #include <string>
 
 #include "kvsplit/engine.h"
+#include "server/metrics_http.h"
 
 namespace prometheus {
-class Exposer;
 class Registry;
 template <typename T> class Family;
 class Histogram;
@@ -33,6 +34,8 @@ class ServerMetrics {
   ~ServerMetrics();
 
   int port() const { return port_; }
+  // The text exposition (format 0.0.4) of every family: the registry's, then the engine's.
+  StatusOr<std::string> render() const;
   // The open-stream counter reported as kvsplit:num_active_streams (may be set after create).
   void set_active_streams(const std::atomic<int32_t>* counter);
 
@@ -48,13 +51,14 @@ class ServerMetrics {
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<EngineCollector> collector_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
   prometheus::Family<prometheus::Histogram>* ttft_ = nullptr;
   prometheus::Family<prometheus::Histogram>* itl_ = nullptr;
   prometheus::Family<prometheus::Histogram>* e2e_ = nullptr;
   prometheus::Family<prometheus::Histogram>* queue_ = nullptr;
   prometheus::Family<prometheus::Counter>* calls_ = nullptr;
   int port_ = -1;
+  // Last member: destroyed (its thread joined) first, while the families it renders still exist.
+  std::unique_ptr<MetricsHttpServer> http_;
 };
 
 }  // namespace kvsplit::server
