@@ -112,12 +112,13 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
 EngineImpl::~EngineImpl() { shutdown(std::chrono::milliseconds(0)); }
 
 std::unique_ptr<sched::Sequence> EngineImpl::make_sequence(const Request& request, std::string id,
+                                                           int64_t arrival,
                                                            std::vector<int32_t> ids,
                                                            const SlaClass& cls, int class_index) {
   const model::ModelConfig& mc = loaded_->config;
   auto seq = std::make_unique<sched::Sequence>();
   seq->ctl = std::make_shared<sched::RequestControl>(std::move(id));
-  seq->arrival = next_arrival_.fetch_add(1);
+  seq->arrival = arrival;
   seq->priority = cls.priority + request.priority;
   seq->class_index = class_index;
   seq->sla = cls;
@@ -157,16 +158,24 @@ StatusOr<RequestHandle> EngineImpl::submit(Request request) {
       std::vector<int32_t> ids,
       sched::prompt_token_ids(request, *loaded_->tokenizer, loaded_->config.vocab_size));
   KVSPLIT_RETURN_IF_ERROR(sched::check_admission(request, static_cast<int>(ids.size()), limits_));
-  std::string id = request.request_id;
-  if (id.empty()) id = fmt::format("req-{}", next_arrival_.load());
+  // One atomic increment gives both the age and (when the client sent none) a unique id.
+  const int64_t arrival = next_arrival_.fetch_add(1, std::memory_order_relaxed);
+  const bool assigned = request.request_id.empty();
+  std::string id = assigned ? fmt::format("req-{}", arrival) : request.request_id;
   std::unique_ptr<sched::Sequence> seq =
-      make_sequence(request, std::move(id), std::move(ids), classes[ci], ci);
+      make_sequence(request, std::move(id), arrival, std::move(ids), classes[ci], ci);
   std::shared_ptr<sched::RequestControl> ctl = seq->ctl;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!active_.emplace(ctl->request_id, ctl).second) {
-      return Status(StatusCode::kAlreadyExists,
-                    fmt::format("request_id '{}' is already in flight", ctl->request_id));
+    // An assigned id can only clash with a client-chosen "req-<n>"; then take a fresh number.
+    while (!active_.emplace(ctl->request_id, ctl).second) {
+      if (!assigned) {
+        return Status(StatusCode::kAlreadyExists,
+                      fmt::format("request_id '{}' is already in flight", ctl->request_id));
+      }
+      ctl = std::make_shared<sched::RequestControl>(
+          fmt::format("req-{}", next_arrival_.fetch_add(1, std::memory_order_relaxed)));
+      seq->ctl = ctl;
     }
     ++submitted_;
     prompt_tokens_ += seq->num_prompt;

@@ -46,7 +46,7 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   explicit EngineImpl(const EngineConfig& config);
   void on_final(const sched::Sequence& seq, const TokenEvent& final_event) override;
   std::unique_ptr<sched::Sequence> make_sequence(const Request& request, std::string id,
-                                                 std::vector<int32_t> ids, const SlaClass& cls,
+                                                 int64_t arrival, std::vector<int32_t> ids, const SlaClass& cls,
                                                  int class_index);
 
   EngineConfig config_;

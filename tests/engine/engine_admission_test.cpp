@@ -1,6 +1,8 @@
 // Admission errors (codes and messages), queue limits and timeouts, priority, SLA class updates,
 // stats, and short-request TTFT with long prompts present.
 #include <algorithm>
+#include <atomic>
+#include <set>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -83,6 +85,54 @@ TEST(EngineAdmission, ErrorCodesAndMessages) {
   Collected c = collect(*ok);
   EXPECT_EQ(c.finals, 1);
   EXPECT_TRUE(e.submit(r).ok());
+}
+
+// Ids assigned by the engine are unique however many threads submit at once (regression: the
+// id was read from the arrival counter before it was incremented, so two submits could share it
+// and one failed with ALREADY_EXISTS).
+TEST(EngineAdmission, ConcurrentSubmitsGetUniqueIds) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
+  cfg.sla_classes[0].max_queue = 100000;
+  cfg.sla_classes[0].queue_timeout_ms = 600000;
+  auto engine = Engine::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  constexpr int kThreads = 8, kPerThread = 150;
+  std::vector<std::vector<RequestHandle>> handles(kThreads);
+  std::vector<std::string> errors[kThreads];
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Request r;
+      r.prompt_token_ids = {1, 5};
+      r.sampling.max_tokens = 0;  // one token each: cheap
+      ready.fetch_add(1);
+      while (ready.load() < kThreads) std::this_thread::yield();
+      for (int i = 0; i < kPerThread; ++i) {
+        auto h = (*engine)->submit(r);
+        if (h.ok()) {
+          handles[t].push_back(*h);
+        } else {
+          errors[t].push_back(h.status().to_string());
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  std::set<std::string> ids;
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_TRUE(errors[t].empty()) << errors[t].size() << " failed, first: " << errors[t][0];
+    for (RequestHandle& h : handles[t]) {
+      EXPECT_TRUE(ids.insert(h.request_id()).second) << "duplicate id " << h.request_id();
+      EXPECT_EQ(h.request_id().rfind("req-", 0), 0u) << h.request_id();
+      Collected c = collect(h);
+      EXPECT_EQ(c.finals, 1);
+      EXPECT_TRUE(c.final_event.status.ok()) << c.final_event.status.to_string();
+    }
+  }
+  EXPECT_EQ(ids.size(), static_cast<size_t>(kThreads * kPerThread));
+  EXPECT_EQ((*engine)->stats().requests_submitted, kThreads * kPerThread);
 }
 
 TEST(EngineAdmission, BadConfigIsRejected) {
