@@ -38,7 +38,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       return r.get();
     }
     r->want_logprobs_ = engine_request->top_logprobs > 0;
-    r->sla_class_ = engine_request->sla_class;
+    if (ServerMetrics* m = service->metrics()) r->histograms_ = m->histograms(engine_request->sla_class);
     auto handle = service->engine()->submit(std::move(engine_request).value());
     if (!handle.ok()) {
       r->finish_now(to_grpc(handle.status()));
@@ -133,7 +133,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
         final_status = ev.finish_reason == FinishReason::kCancelled && ev.status.code() == StatusCode::kCancelled
                            ? grpc::Status::OK
                            : to_grpc(ev.status);
-        if (service_->metrics()) service_->metrics()->observe_request(sla_class_, ev);
+        if (histograms_.e2e) ServerMetrics::observe_request(histograms_, ev);
         break;
       }
     }
@@ -154,10 +154,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   // Inter-token gaps: an event of n tokens after a gap g counts as n gaps of g / n.
   void observe_itl(const TokenEvent& ev) {
     if (ev.token_ids.empty()) return;
-    if (have_last_ && service_->metrics()) {
+    if (have_last_ && histograms_.itl) {
       const double gap = std::chrono::duration<double>(ev.time - last_token_time_).count();
-      const double per = gap / static_cast<double>(ev.token_ids.size());
-      for (size_t i = 0; i < ev.token_ids.size(); ++i) service_->metrics()->observe_itl(sla_class_, per);
+      ServerMetrics::observe_itl(histograms_, gap / static_cast<double>(ev.token_ids.size()), ev.token_ids.size());
     }
     last_token_time_ = ev.time;
     have_last_ = true;
@@ -169,7 +168,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   std::mutex mu_;
   RequestHandle handle_;             // guarded by mu_ until submitted_, then read-only
   std::string request_id_;
-  std::string sla_class_;
+  ServerMetrics::ClassHistograms histograms_;  // set before the first event; null without metrics
   bool want_logprobs_ = false;
   bool submitted_ = false;           // guarded by mu_ (all flags below too)
   bool write_in_flight_ = false;

@@ -149,15 +149,20 @@ StatusOr<std::string> ServerMetrics::render() const {
 
 void ServerMetrics::set_active_streams(const std::atomic<int32_t>* counter) { collector_->set_active(counter); }
 
-void ServerMetrics::observe_request(const std::string& sla_class, const TokenEvent& ev) {
+ServerMetrics::ClassHistograms ServerMetrics::histograms(const std::string& sla_class) {
   const pm::Labels l = {{"sla_class", sla_class}};
-  if (ev.usage.completion_tokens > 0) ttft_->Add(l, latency_buckets()).Observe(ev.timings.ttft_ms / 1e3);
-  queue_->Add(l, latency_buckets()).Observe(ev.timings.queue_ms / 1e3);
-  e2e_->Add(l, latency_buckets()).Observe(ev.timings.e2e_ms / 1e3);
+  return {&ttft_->Add(l, latency_buckets()), &itl_->Add(l, latency_buckets()), &e2e_->Add(l, latency_buckets()),
+          &queue_->Add(l, latency_buckets())};
 }
 
-void ServerMetrics::observe_itl(const std::string& sla_class, double seconds) {
-  itl_->Add({{"sla_class", sla_class}}, latency_buckets()).Observe(seconds);
+void ServerMetrics::observe_request(const ClassHistograms& h, const TokenEvent& ev) {
+  if (ev.usage.completion_tokens > 0) h.ttft->Observe(ev.timings.ttft_ms / 1e3);
+  h.queue->Observe(ev.timings.queue_ms / 1e3);
+  h.e2e->Observe(ev.timings.e2e_ms / 1e3);
+}
+
+void ServerMetrics::observe_itl(const ClassHistograms& h, double seconds, size_t count) {
+  for (size_t i = 0; i < count; ++i) h.itl->Observe(seconds);
 }
 
 void ServerMetrics::count_call(const char* code_name) {

@@ -39,10 +39,19 @@ class ServerMetrics {
   // The open-stream counter reported as kvsplit:num_active_streams (may be set after create).
   void set_active_streams(const std::atomic<int32_t>* counter);
 
-  // Per finished request (final event), labelled with its SLA class: TTFT, queue time, E2E.
-  void observe_request(const std::string& sla_class, const TokenEvent& final_event);
-  // One inter-token gap (seconds).
-  void observe_itl(const std::string& sla_class, double seconds);
+  // The latency histograms of one SLA class. Looked up once per stream (a family lookup takes a
+  // lock and hashes the labels); observing through them afterwards touches only the histogram.
+  struct ClassHistograms {
+    prometheus::Histogram* ttft = nullptr;
+    prometheus::Histogram* itl = nullptr;
+    prometheus::Histogram* e2e = nullptr;
+    prometheus::Histogram* queue = nullptr;
+  };
+  ClassHistograms histograms(const std::string& sla_class);
+  // Per finished request (final event): TTFT (when it produced tokens), queue time, E2E.
+  static void observe_request(const ClassHistograms& h, const TokenEvent& final_event);
+  // `count` inter-token gaps of `seconds` each.
+  static void observe_itl(const ClassHistograms& h, double seconds, size_t count);
   // Per ended Generate call by its gRPC status code name ("OK", "CANCELLED", ...).
   void count_call(const char* code_name);
 
