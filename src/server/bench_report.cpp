@@ -1,6 +1,7 @@
 #include "server/bench_report.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <numeric>
 #include <random>
@@ -73,6 +74,17 @@ std::vector<Work> make_workload(const Spec& spec, int32_t vocab_size, int32_t ma
   return out;
 }
 
+std::string error_kind(const std::string& message) {
+  // Numbers (request ids, waits) differ per request; grouping ignores them.
+  std::string kind;
+  for (size_t i = 0; i < message.size() && kind.size() < 120; ++i) {
+    const bool digit = std::isdigit(static_cast<unsigned char>(message[i])) != 0;
+    if (!digit) kind += message[i];
+    else if (kind.empty() || kind.back() != '#') kind += '#';
+  }
+  return kind;
+}
+
 double quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -91,7 +103,7 @@ nlohmann::json summarize(const std::string& mode, const Spec& spec, const std::v
   for (const Outcome& o : outcomes) {
     if (!o.ok) {
       ++errors;
-      ++error_kinds[o.error.substr(0, 80)];
+      ++error_kinds[error_kind(o.error)];
       continue;
     }
     tokens += o.tokens;

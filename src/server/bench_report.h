@@ -50,6 +50,9 @@ std::vector<Work> make_workload(const Spec& spec, int32_t vocab_size, int32_t ma
 nlohmann::json summarize(const std::string& mode, const Spec& spec, const std::vector<Outcome>& outcomes,
                          double seconds, const std::map<std::string, std::pair<double, double>>& targets);
 void print_summary(const nlohmann::json& summary);
+// `message` with every run of digits replaced by '#' (at most 120 characters): errors that
+// differ only in request ids or numbers share a kind.
+std::string error_kind(const std::string& message);
 // The q-quantile (0..1) of `v` by linear interpolation; 0 for an empty vector.
 double quantile(std::vector<double> v, double q);
 

@@ -4,13 +4,16 @@
 //   kvsplit-bench-serving --server ADDR --concurrency 64 --prompt-len 16:128 --output-len 32:128
 //   kvsplit-bench-serving --in-process-model synthetic:llama-110m --concurrency 64
 //       (starts an engine + gRPC server in this process and runs the same workload through gRPC
-//        on loopback and directly through the engine, reporting the tokens/s ratio)
+//        on loopback and directly through the engine, reporting the tokens/s ratio; --warmup
+//        requests through both paths first, --rounds N alternates the order of the two passes)
 //
 // Requests are token-id prompts (uniform random ids, seeded) with uniform length ranges, Poisson
 // arrivals at --rate (0: as fast as --concurrency allows), an SLA class mix, ignore_eos so every
 // request produces its full length.
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <array>
 #include <condition_variable>
 #include <cstdio>
 #include <fstream>
@@ -35,6 +38,15 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 double since(Clock::time_point t0, Clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); }
+
+// CPU seconds (user + system) used by this process so far: with an in-process engine, the cost
+// of serving (engine + gRPC server + client) independent of what else runs on the machine.
+double process_cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
+  return s(u.ru_utime) + s(u.ru_stime);
+}
 
 // One streamed request on the callback client API.
 class StreamCall : public grpc::ClientReadReactor<v1::GenerateResponse> {
@@ -184,6 +196,15 @@ int main(int argc, char** argv) {
   app.add_option("--api-key", copt.api_key, "bearer API key");
   app.add_option("--in-process-model", in_process_model,
                  "start an engine + server in-process on this model; compare gRPC vs direct engine");
+  int warmup = -1, rounds = 1, kv_capacity_mb = 0, max_num_seqs = 0, threads_per_worker = -1;
+  app.add_option("--warmup", warmup,
+                 "requests sent (through both paths) before measuring; default: --concurrency with "
+                 "--in-process-model, else 0");
+  app.add_option("--rounds", rounds, "measured passes per path; the order alternates per round (default 1)")
+      ->check(CLI::Range(1, 100));
+  app.add_option("--kv-capacity-mb", kv_capacity_mb, "in-process engine: KV MiB per worker (default: engine's)");
+  app.add_option("--max-num-seqs", max_num_seqs, "in-process engine: running sequences per decode worker");
+  app.add_option("--threads-per-worker", threads_per_worker, "in-process engine: CPU threads per worker");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
   if (auto st = kvsplit::server::bench::parse_spec(prompt_len, output_len, class_mix, &spec); !st.ok()) {
@@ -199,6 +220,9 @@ int main(int argc, char** argv) {
   if (!in_process_model.empty()) {
     kvsplit::EngineConfig ec;
     ec.model = in_process_model;
+    if (kv_capacity_mb > 0) ec.kv_capacity_bytes = static_cast<int64_t>(kv_capacity_mb) << 20;
+    if (max_num_seqs > 0) ec.max_num_seqs = max_num_seqs;
+    if (threads_per_worker >= 0) ec.threads_per_worker = threads_per_worker;
     auto e = kvsplit::Engine::create(ec);
     if (!e.ok()) {
       std::cerr << "kvsplit-bench-serving: " << e.status().to_string() << "\n";
@@ -249,35 +273,113 @@ int main(int argc, char** argv) {
   if (spec.classes.empty()) spec.classes = {{info.sla_classes_size() ? info.sla_classes(0) : "", 1.0}};
   const std::vector<Work> works = kvsplit::server::bench::make_workload(spec, info.vocab_size(), info.max_context());
 
-  std::vector<nlohmann::json> runs;
-  {
-    std::vector<Outcome> outcomes(works.size());
-    const double secs = dispatch(works, spec.concurrency, [&](size_t i, std::function<void()> done) {
-      new StreamCall(stub.get(), copt, works[i], &outcomes[i], std::move(done));
+  auto preemptions = [&]() -> int64_t {
+    grpc::ClientContext c;
+    kvsplit::server::add_auth(copt, &c);
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::GetServerStatsResponse st;
+    return stub->GetServerStats(&c, {}, &st).ok() ? st.preemptions() : -1;
+  };
+  auto grpc_pass = [&](const std::vector<Work>& ws, std::vector<Outcome>* outcomes) {
+    return dispatch(ws, spec.concurrency, [&](size_t i, std::function<void()> done) {
+      new StreamCall(stub.get(), copt, ws[i], &(*outcomes)[i], std::move(done));
     });
-    runs.push_back(kvsplit::server::bench::summarize("grpc", spec, outcomes, secs, targets));
-  }
-  if (engine) {
-    std::vector<Outcome> outcomes(works.size());
+  };
+  auto engine_pass = [&](const std::vector<Work>& ws, std::vector<Outcome>* outcomes) {
     std::vector<std::thread> threads;
     std::mutex tm;
-    const double secs = dispatch(works, spec.concurrency, [&](size_t i, std::function<void()> done) {
+    const double secs = dispatch(ws, spec.concurrency, [&](size_t i, std::function<void()> done) {
       std::lock_guard<std::mutex> l(tm);
       threads.emplace_back([&, i, done] {
-        run_in_engine(engine.get(), works[i], &outcomes[i]);
+        run_in_engine(engine.get(), ws[i], &(*outcomes)[i]);
         done();
       });
     });
     for (auto& t : threads) t.join();
-    runs.push_back(kvsplit::server::bench::summarize("in-process", spec, outcomes, secs, targets));
+    return secs;
+  };
+  // One measured pass: the summary plus process CPU per token and the preemptions it caused.
+  auto measure = [&](bool grpc_path) {
+    std::vector<Outcome> outcomes(works.size());
+    const double cpu0 = process_cpu_s();
+    const int64_t pre0 = preemptions();
+    const double secs = grpc_path ? grpc_pass(works, &outcomes) : engine_pass(works, &outcomes);
+    nlohmann::json s = kvsplit::server::bench::summarize(grpc_path ? "grpc" : "in-process", spec, outcomes,
+                                                         secs, targets);
+    const double cpu = process_cpu_s() - cpu0;
+    s["preemptions"] = preemptions() - pre0;
+    if (engine) {  // the CPU of this process covers the server only when it runs here
+      s["cpu_s"] = cpu;
+      const auto tokens = s["generated_tokens"].get<int64_t>();
+      s["cpu_ms_per_token"] = tokens > 0 ? cpu * 1e3 / static_cast<double>(tokens) : 0.0;
+    }
+    return s;
+  };
+
+  if (warmup < 0) warmup = engine ? spec.concurrency : 0;
+  if (warmup > 0) {  // first-touch of KV pages, thread pools, HTTP/2 connection: not measured
+    kvsplit::server::bench::Spec ws = spec;
+    ws.num_requests = warmup;
+    ws.seed = spec.seed + 1;
+    ws.rate = 0;
+    const auto warm = kvsplit::server::bench::make_workload(ws, info.vocab_size(), info.max_context());
+    std::vector<Outcome> o(warm.size());
+    grpc_pass(warm, &o);
+    if (engine) engine_pass(warm, &o);
   }
-  for (const auto& r : runs) kvsplit::server::bench::print_summary(r);
-  nlohmann::json result = runs.front();
-  if (runs.size() == 2) {
-    result["in_process"] = runs[1];
-    const double ratio = runs[0]["tokens_per_s"].get<double>() / runs[1]["tokens_per_s"].get<double>();
-    result["grpc_over_in_process_tokens_per_s"] = ratio;
-    std::printf("gRPC / in-process tokens/s: %.3f\n", ratio);
+  std::vector<nlohmann::json> grpc_runs, engine_runs;
+  for (int r = 0; r < rounds; ++r) {
+    // Alternate which path goes first (round 0: gRPC first), so drift in machine load evens out.
+    const bool grpc_first = r % 2 == 0;
+    for (int k = 0; k < (engine ? 2 : 1); ++k) {
+      const bool grpc_path = (k == 0) == grpc_first || !engine;
+      nlohmann::json s = measure(grpc_path);
+      s["round"] = r;
+      (grpc_path ? grpc_runs : engine_runs).push_back(std::move(s));
+    }
+  }
+  auto print_runs = [](const std::vector<nlohmann::json>& rs) {
+    for (const auto& s : rs) {
+      kvsplit::server::bench::print_summary(s);
+      std::printf("   preemptions %lld", static_cast<long long>(s["preemptions"].get<int64_t>()));
+      if (s.contains("cpu_ms_per_token")) std::printf("   process CPU %.3f ms/token", s["cpu_ms_per_token"].get<double>());
+      std::printf("   (round %d)\n", s["round"].get<int>());
+    }
+  };
+  print_runs(grpc_runs);
+  print_runs(engine_runs);
+  nlohmann::json result = grpc_runs.front();
+  if (!engine_runs.empty()) {
+    // Aggregate over rounds: total tokens / total time per path; CPU per token per path.
+    auto totals = [](const std::vector<nlohmann::json>& rs) {
+      double tokens = 0, secs = 0, cpu = 0;
+      for (const auto& s : rs) {
+        tokens += s["generated_tokens"].get<double>();
+        secs += s["duration_s"].get<double>();
+        cpu += s["cpu_s"].get<double>();
+      }
+      return std::array<double, 3>{tokens / secs, cpu * 1e3 / tokens, tokens};
+    };
+    const auto g = totals(grpc_runs), e = totals(engine_runs);
+    std::vector<double> per_round;
+    for (size_t i = 0; i < grpc_runs.size(); ++i)
+      per_round.push_back(grpc_runs[i]["tokens_per_s"].get<double>() / engine_runs[i]["tokens_per_s"].get<double>());
+    result["in_process"] = engine_runs.front();
+    result["grpc_over_in_process_tokens_per_s"] = g[0] / e[0];
+    result["grpc_over_in_process_per_round"] = per_round;
+    result["cpu_ms_per_token"] = {{"grpc", g[1]}, {"in_process", e[1]}};
+    nlohmann::json all = nlohmann::json::array();
+    for (const auto* rs : {&grpc_runs, &engine_runs})
+      for (nlohmann::json s : *rs) {
+        s.erase("samples");
+        all.push_back(std::move(s));
+      }
+    result["passes"] = all;
+    std::printf("over %d round(s): gRPC %.1f tokens/s, in-process %.1f tokens/s; process CPU %.3f vs %.3f ms/token\n",
+                rounds, g[0], e[0], g[1], e[1]);
+    std::string rs;
+    for (double x : per_round) rs += (rs.empty() ? "" : " ") + std::to_string(x).substr(0, 5);
+    std::printf("gRPC / in-process tokens/s: %.3f   (per round: %s)\n", g[0] / e[0], rs.c_str());
   }
   result["model"] = info.source();
   result["server"] = copt.server;
@@ -286,5 +388,8 @@ int main(int argc, char** argv) {
     engine->shutdown(std::chrono::milliseconds(0));
     local.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
-  return runs.front()["errors"].get<int>() == 0 ? 0 : 1;
+  int errors = 0;
+  for (const auto* rs : {&grpc_runs, &engine_runs})
+    for (const auto& s : *rs) errors += s["errors"].get<int>();
+  return errors == 0 ? 0 : 1;
 }

@@ -104,5 +104,20 @@ TEST(BenchReportTest, QuantilesAndGoodput) {
   EXPECT_DOUBLE_EQ(j["ttft_ms"]["p50"].get<double>(), 275);
 }
 
+TEST(BenchReportTest, ErrorsGroupByKindIgnoringNumbers) {
+  EXPECT_EQ(bench::error_kind("request grpc-2738 waited 30158 ms"), "request grpc-# waited # ms");
+  EXPECT_EQ(bench::error_kind(std::string(500, 'x')).size(), 120u);
+  bench::Spec s;
+  s.num_requests = 3;
+  std::vector<bench::Outcome> o(3);
+  o[0] = {false, "request grpc-1 waited 30001 ms", "v", 0, 0, 0, {}};
+  o[1] = {false, "request grpc-22 waited 30158 ms", "v", 0, 0, 0, {}};
+  o[2] = {false, "boom", "v", 0, 0, 0, {}};
+  auto j = bench::summarize("grpc", s, o, 1.0, {});
+  ASSERT_EQ(j["error_kinds"].size(), 2u);
+  EXPECT_EQ(j["error_kinds"]["request grpc-# waited # ms"].get<int>(), 2);
+  EXPECT_EQ(j["error_kinds"]["boom"].get<int>(), 1);
+}
+
 }  // namespace
 }  // namespace kvsplit::server
