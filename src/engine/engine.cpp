@@ -77,6 +77,7 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     // Enough prompts in progress to fill a step's budget at the smallest chunk.
     wo.max_prefill_seqs = std::max(16, config.max_batch_tokens / wo.min_chunk_tokens);
     wo.handoff_timeout = std::chrono::milliseconds(config.handoff_timeout_ms);
+    wo.sampling_threads = threads;  // the backend's threads are idle while a step samples
     KVSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<backend::Backend> be,
                              backend::create_backend(config.backend, threads));
     auto lm = model::LlamaModel::create(*e->loaded_, *be);
@@ -255,6 +256,12 @@ EngineStats EngineImpl::stats() const {
   s.prompt_tokens = prompt_tokens_;
   s.generated_tokens = generated_tokens_;
   return s;
+}
+
+void EngineImpl::set_test_hold(sched::WorkerRole role, sched::TestHold hold) {
+  for (auto& w : workers_) {
+    if (w->role() == role) w->set_test_hold(hold);
+  }
 }
 
 std::vector<sched::WorkerSnapshot> EngineImpl::worker_snapshots() const {

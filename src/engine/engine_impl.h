@@ -41,6 +41,9 @@ class EngineImpl final : public Engine, private sched::FinishSink {
 
   // Scheduler-internal numbers for benchmarks: per worker forward / bookkeeping time.
   std::vector<sched::WorkerSnapshot> worker_snapshots() const;
+  // Tests only: holds every worker of `role` at its step boundary (see sched::TestHold), e.g. to
+  // keep a queue occupied without depending on how fast the machine runs.
+  void set_test_hold(sched::WorkerRole role, sched::TestHold hold);
 
  private:
   explicit EngineImpl(const EngineConfig& config);

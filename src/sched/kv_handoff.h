@@ -3,14 +3,24 @@
 // Protocol (prefill worker P -> decode worker D), designed so a cancel at any instant frees every
 // block on both sides exactly once and no wait is unbounded:
 //  1. P samples the first token, moves the sequence's block table into its `pinned` map (the
-//     pages stay allocated and untouched) and posts a HandoffOffer (owning the Sequence) to D.
-//  2. D, between steps, reserves blocks in its own pool (waiting at most handoff_timeout_ms),
-//     copies the pages (copy_kv_blocks) and takes ownership; or, when cancelled / timed out /
-//     shutting down, finishes the request itself.
-//  3. In every case D posts exactly one HandoffDone to P, which then releases the pinned pages.
+//     pages stay allocated and untouched), puts the Sequence into a HandoffTicket and posts a
+//     HandoffOffer to D.
+//  2. Delivery (bounded by handoff_timeout_ms): D takes the ticket (kPosted -> kReceived) when it
+//     drains its inbox, at its next step boundary. If D has not taken it by the deadline (a
+//     destination that hangs or died), P takes it back (kPosted -> kReclaimed), releases the
+//     pinned pages and fails the request with DEADLINE_EXCEEDED; D later drops the dead offer.
+//     Exactly one side wins the compare-exchange, so exactly one side owns the Sequence.
+//  3. Waiting for room (back-pressure, not an error): once received, the offer waits in D's
+//     queue until D has a free sequence slot and enough free blocks, however long decode is busy
+//     (a higher-priority offer may preempt lower-priority running sequences). The wait ends with
+//     admission, a cancel, the request's SLA-class queue timeout, or engine shutdown.
+//  4. On admission D reserves blocks in its own pool and copies the pages (copy_kv_blocks); in
+//     every case after receipt (admitted, copy error, cancelled, timed out, shutdown) D posts
+//     exactly one HandoffDone to P, which then releases the pinned pages.
 // Within one worker (colocated) there is no handoff: ownership stays, nothing is copied.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -24,14 +34,35 @@ namespace kvsplit::sched {
 
 class Worker;
 
+// Shared by the source and the destination of one handoff; decides who owns the Sequence.
+struct HandoffTicket {
+  enum State : int { kPosted = 0, kReceived = 1, kReclaimed = 2 };
+  std::atomic<int> state{kPosted};
+  // Set by the source before posting; read only by the side whose compare-exchange moved `state`
+  // out of kPosted (acq_rel), so it is never touched by both.
+  std::unique_ptr<Sequence> seq;
+
+  // Each returns true for exactly one caller over the ticket's life.
+  bool receive() { return claim(kReceived); }
+  bool reclaim() { return claim(kReclaimed); }
+
+ private:
+  bool claim(int to) {
+    int expected = kPosted;
+    return state.compare_exchange_strong(expected, to, std::memory_order_acq_rel);
+  }
+};
+
 struct HandoffOffer {
   uint64_t handoff_id = 0;          // unique per source worker
   Worker* source = nullptr;         // receives the HandoffDone
   const kv::KvPool* source_pool = nullptr;
   std::vector<int32_t> source_blocks;  // pinned by the source until HandoffDone
   int num_tokens = 0;               // tokens of KV in those blocks
-  Clock::time_point deadline;       // the destination gives up (DEADLINE_EXCEEDED) after this
+  std::shared_ptr<HandoffTicket> ticket;  // holds the Sequence until the destination receives it
+  // Set by the destination on receipt:
   std::unique_ptr<Sequence> seq;    // the request itself (its table is empty in flight)
+  Clock::time_point wait_deadline;  // receipt + the class's queue_timeout_ms (waiting for room)
 };
 
 struct HandoffDone {

@@ -3,6 +3,7 @@
 #include "sched/worker.h"
 
 #include <algorithm>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -30,6 +31,9 @@ Worker::Worker(WorkerOptions options, std::unique_ptr<backend::Backend> backend,
   KVSPLIT_CHECK(shared_ != nullptr && shared_->sink != nullptr);
   KVSPLIT_CHECK(options_.max_num_seqs >= 1 && options_.max_batch_tokens >= 1);
   free_blocks_.store(pool_->allocator().num_free());
+  if (options_.sampling_threads > 1) {
+    sampling_pool_ = std::make_unique<ThreadPool>(options_.sampling_threads);
+  }
 }
 
 Worker::~Worker() {
@@ -60,6 +64,11 @@ void Worker::wake() {
     wake_ = true;
   }
   cv_.notify_all();
+}
+
+void Worker::set_test_hold(TestHold hold) {
+  hold_.store(static_cast<uint8_t>(hold), std::memory_order_release);
+  wake();
 }
 
 void Worker::post_offer(HandoffOffer offer) {
@@ -113,12 +122,13 @@ void Worker::publish_stats() {
 
 void Worker::loop() {
   while (true) {
-    const bool worked = step();
+    const bool dead = hold_.load(std::memory_order_acquire) == static_cast<uint8_t>(TestHold::kAll);
+    const bool worked = !dead && step();
     std::unique_lock<std::mutex> lock(mu_);
     if (stop_) break;
     if (!worked) {
       cv_.wait_for(lock, options_.idle_wait, [&] {
-        return stop_ || wake_ || !inbox_offers_.empty() || !inbox_done_.empty();
+        return stop_ || wake_ || (!dead && (!inbox_offers_.empty() || !inbox_done_.empty()));
       });
       if (stop_) break;
     }
@@ -126,7 +136,7 @@ void Worker::loop() {
   }
 }
 
-void Worker::drain_inbox() {
+void Worker::drain_inbox(Clock::time_point now) {
   std::deque<HandoffOffer> offers;
   std::vector<uint64_t> done;
   {
@@ -137,10 +147,62 @@ void Worker::drain_inbox() {
   for (uint64_t id : done) {
     auto it = pinned_.find(id);
     KVSPLIT_CHECK_MSG(it != pinned_.end(), "HandoffDone for an unknown handoff");
-    pool_->release(it->second);
+    if (it->second.ticket) --undelivered_;
+    pool_->release(it->second.table);
     pinned_.erase(it);
   }
-  for (HandoffOffer& o : offers) pending_.push_back(std::move(o));
+  if (offers.empty()) return;
+  for (HandoffOffer& o : offers) {
+    if (!o.ticket->receive()) {
+      // The source gave up on delivery and already failed the request and freed its pages.
+      incoming_blocks_.fetch_sub(
+          kv::BlockTable::blocks_for(o.num_tokens + 1, pool_->block_size()),
+          std::memory_order_relaxed);
+      continue;
+    }
+    o.seq = std::move(o.ticket->seq);
+    o.wait_deadline = now + std::chrono::duration_cast<Clock::duration>(
+                                std::chrono::duration<double, std::milli>(o.seq->sla.queue_timeout_ms));
+    pending_.push_back(std::move(o));
+  }
+  // Admitted by priority, then age (stable: ties keep their arrival order).
+  std::stable_sort(pending_.begin(), pending_.end(), [](const HandoffOffer& a, const HandoffOffer& b) {
+    return serves_before({a.seq->priority, a.seq->arrival}, {b.seq->priority, b.seq->arrival});
+  });
+}
+
+void Worker::reclaim_undelivered(Clock::time_point now) {
+  if (undelivered_ == 0) return;
+  for (auto it = pinned_.begin(); it != pinned_.end();) {
+    Pinned& p = it->second;
+    if (!p.ticket) {
+      ++it;
+      continue;
+    }
+    if (p.ticket->state.load(std::memory_order_acquire) == HandoffTicket::kReceived) {
+      p.ticket.reset();  // the destination owns the request; HandoffDone will come
+      --undelivered_;
+      ++it;
+      continue;
+    }
+    if (now < p.deliver_by || !p.ticket->reclaim()) {
+      ++it;
+      continue;
+    }
+    // The destination did not take the offer in time (hung or dead): the request is ours again.
+    std::unique_ptr<Sequence> seq = std::move(p.ticket->seq);
+    KVSPLIT_LOG_ERROR("{}: KV handoff of request {} to {} not received within {} ms", options_.name,
+                      seq->id(), p.dest->name(), options_.handoff_timeout.count());
+    pool_->release(p.table);
+    --undelivered_;
+    finish(*seq, FinishReason::kError,
+           deadline_exceeded(fmt::format(
+               "KV handoff of request {} to {} was not received within {} ms (handoff_timeout_ms; "
+               "the destination is not responding)",
+               seq->id(), p.dest->name(), options_.handoff_timeout.count())),
+           now);
+    it = pinned_.erase(it);
+  }
 }
 
 void Worker::finish(Sequence& seq, FinishReason reason, Status status, Clock::time_point now) {
@@ -190,14 +252,15 @@ void Worker::admit_offers(Clock::time_point now) {
   for (auto it = pending_.begin(); it != pending_.end();) {
     if (it->seq->cancelled()) {
       finish_offer(*it, FinishReason::kCancelled, cancelled_error("cancelled"), now);
-    } else if (now >= it->deadline) {
+    } else if (now >= it->wait_deadline) {
       const int need = kv::BlockTable::blocks_for(it->num_tokens, pool_->block_size());
       finish_offer(*it, FinishReason::kError,
                    deadline_exceeded(fmt::format(
-                       "KV handoff of request {} to {} timed out after {} ms: {} blocks needed, "
-                       "{} free, {} running",
-                       it->seq->id(), options_.name, options_.handoff_timeout.count(), need,
-                       pool_->allocator().num_free(), running_.size())),
+                       "request {} waited {:.0f} ms for room on {} (queue_timeout_ms {} of SLA "
+                       "class '{}'): {} blocks needed, {} free, {} running, max_num_seqs {}",
+                       it->seq->id(), ms_since(it->seq->phase_start, now), options_.name,
+                       it->seq->sla.queue_timeout_ms, it->seq->sla.name, need,
+                       pool_->allocator().num_free(), running_.size(), options_.max_num_seqs)),
                    now);
     } else {
       ++it;
@@ -205,16 +268,19 @@ void Worker::admit_offers(Clock::time_point now) {
     }
     it = pending_.erase(it);
   }
-  // Admit in arrival order; stop at the first that does not fit (no overtaking).
+  // Admit in service order; stop at the first that does not fit (no overtaking). Not fitting is
+  // back-pressure: the offer waits (the source keeps its pages pinned) until room frees.
   while (!pending_.empty()) {
     if (running_.size() + waiting_.size() >= static_cast<size_t>(options_.max_num_seqs)) break;
-    if (has_unreserved_waiting()) break;  // preempted sequences get blocks first
     HandoffOffer& o = pending_.front();
+    if (has_unreserved_waiting(o.seq->priority)) break;  // preempted sequences get blocks first
     kv::BlockTable table;
-    if (!pool_->reserve(table, o.num_tokens)) break;
+    if (!pool_->reserve(table, o.num_tokens)) {
+      const int need = kv::BlockTable::blocks_for(o.num_tokens, pool_->block_size());
+      if (!preempt_for(o, need, now) || !pool_->reserve(table, o.num_tokens)) break;
+    }
     Status st = copy_kv_blocks(*o.source_pool, o.source_blocks, *pool_, table.blocks);
     std::unique_ptr<Sequence> seq = std::move(o.seq);
-    o.seq = nullptr;
     o.source->post_done(HandoffDone{o.handoff_id});
     incoming_blocks_.fetch_sub(kv::BlockTable::blocks_for(o.num_tokens + 1, pool_->block_size()),
                                std::memory_order_relaxed);
@@ -232,16 +298,41 @@ void Worker::admit_offers(Clock::time_point now) {
   }
 }
 
-bool Worker::has_unreserved_waiting() const {
+// Frees blocks for `offer` by preempting running sequences of strictly lower priority (lowest,
+// then youngest, first), only when that frees enough. Equal priorities never preempt each other
+// here (they wait), so admission cannot cause a preemption storm.
+bool Worker::preempt_for(const HandoffOffer& offer, int need_blocks, Clock::time_point now) {
+  std::vector<Sequence*> victims;
+  int available = pool_->allocator().num_free();
+  for (const std::unique_ptr<Sequence>& r : running_) {
+    if (r->next == Sequence::Next::kStay && r->priority < offer.seq->priority) {
+      victims.push_back(r.get());
+      available += static_cast<int>(r->table.blocks.size());
+    }
+  }
+  if (available < need_blocks) return false;
+  std::sort(victims.begin(), victims.end(), [](const Sequence* a, const Sequence* b) {
+    return serves_before({b->priority, b->arrival}, {a->priority, a->arrival});  // worst first
+  });
+  for (Sequence* v : victims) {
+    if (pool_->allocator().num_free() >= need_blocks) break;
+    KVSPLIT_LOG_WARN("{}: preempting request {} (priority {}) for handoff of {} (priority {})",
+                     options_.name, v->id(), v->priority, offer.seq->id(), offer.seq->priority);
+    preempt(*v, now);
+  }
+  return true;
+}
+
+bool Worker::has_unreserved_waiting(int32_t priority) const {
   for (const auto& seq : waiting_) {
-    if (seq->table.blocks.empty()) return true;
+    if (seq->table.blocks.empty() && seq->priority >= priority) return true;
   }
   return false;
 }
 
 void Worker::admit_from_router(Clock::time_point now) {
   if (options_.role == WorkerRole::kDecode || shared_->router == nullptr) return;
-  if (has_unreserved_waiting()) return;
+  if (has_unreserved_waiting(std::numeric_limits<int32_t>::min())) return;
   // Colocated pools keep a small watermark free for the running sequences' growth.
   const int watermark =
       running_.empty() ? 0 : std::max(1, total_blocks_ / 100);
@@ -268,24 +359,31 @@ void Worker::handoff(std::unique_ptr<Sequence> seq, Clock::time_point now) {
   for (const Worker* w : shared_->decode_workers) loads.push_back(w->load());
   const int dest = choose_decode_worker(loads);
   KVSPLIT_CHECK(dest >= 0);
+  Worker* to = shared_->decode_workers[dest];
   HandoffOffer offer;
   offer.handoff_id = next_handoff_id_++;
   offer.source = this;
   offer.source_pool = pool_.get();
   offer.source_blocks = seq->table.blocks;
   offer.num_tokens = seq->num_computed;
-  offer.deadline = now + options_.handoff_timeout;
-  pinned_.emplace(offer.handoff_id, std::move(seq->table));
+  offer.ticket = std::make_shared<HandoffTicket>();
+  Pinned pin;
+  pin.table = std::move(seq->table);
+  pin.ticket = offer.ticket;
+  pin.deliver_by = now + options_.handoff_timeout;
+  pin.dest = to;
+  pinned_.emplace(offer.handoff_id, std::move(pin));
+  ++undelivered_;
   seq->table = {};
   seq->enter_phase(SeqPhase::kHandoff, now);
-  offer.seq = std::move(seq);
-  shared_->decode_workers[dest]->post_offer(std::move(offer));
+  offer.ticket->seq = std::move(seq);
+  to->post_offer(std::move(offer));
 }
 
 void Worker::finalize_after_stop() {
   KVSPLIT_CHECK(!thread_.joinable());
   const Clock::time_point now = Clock::now();
-  drain_inbox();
+  drain_inbox(now);
   const Status why = unavailable("engine shut down");
   for (HandoffOffer& o : pending_) finish_offer(o, FinishReason::kCancelled, why, now);
   pending_.clear();
@@ -296,9 +394,17 @@ void Worker::finalize_after_stop() {
     list->clear();
   }
   // HandoffDone messages from decode workers finalized before us.
-  drain_inbox();
-  for (auto& [id, table] : pinned_) pool_->release(table);
+  drain_inbox(now);
+  for (auto& [id, pin] : pinned_) {
+    // Offers still undelivered (only when the destination never drained its inbox).
+    if (pin.ticket && pin.ticket->reclaim()) {
+      std::unique_ptr<Sequence> seq = std::move(pin.ticket->seq);
+      finish(*seq, FinishReason::kCancelled, why, now);
+    }
+    pool_->release(pin.table);
+  }
   pinned_.clear();
+  undelivered_ = 0;
   publish_stats();
 }
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "common/thread_pool.h"
 #include "kv/kv_pool.h"
 #include "model/llama_model.h"
 #include "sched/kv_handoff.h"
@@ -44,9 +45,22 @@ struct WorkerOptions {
   int min_chunk_tokens = 16;     // smallest prefill chunk a prompt gets in a step
   int max_prefill_seqs = 16;     // prompts pulled from the router and not yet prefilled; the
                                  // rest stay queued for other workers
+  // Delivery bound of a KV handoff: the destination must receive the offer (at its next step
+  // boundary) within this, else the source takes the request back and fails it. Waiting for a
+  // free slot / free blocks at the destination is back-pressure and is not bounded by this.
   std::chrono::milliseconds handoff_timeout{5000};
   std::chrono::milliseconds idle_wait{2};  // sleep when idle (bounds queue-timeout latency)
+  // Sampling + token events of a step run on this many threads (the worker's thread included)
+  // when the step samples at least parallel_sampling_min_rows rows; 1: always on the worker.
+  int sampling_threads = 1;
+  int parallel_sampling_min_rows = 32;
 };
+
+// Test hook: holds a worker at its step boundary.
+//   kForward  housekeeping goes on (inbox, queue timeouts, cancels, admission) but no forward
+//             pass runs, so nothing it owns makes progress;
+//   kAll      the worker does nothing at all (a hung or dead worker); only stop ends it.
+enum class TestHold : uint8_t { kNone, kForward, kAll };
 
 // Engine-owned state every worker sees; outlives the workers.
 struct WorkerShared {
@@ -84,6 +98,7 @@ class Worker {
   void post_offer(HandoffOffer offer);
   void post_done(HandoffDone done);
   void wake();
+  void set_test_hold(TestHold hold);  // tests only
 
   DecodeLoad load() const;
   WorkerSnapshot snapshot() const;
@@ -103,20 +118,24 @@ class Worker {
 
   void loop();
   bool step();  // true when a forward pass ran
-  void drain_inbox();
+  void drain_inbox(Clock::time_point now);  // HandoffDone releases; receives offers
   void expire_queued(Clock::time_point now);
   void reap_cancelled(Clock::time_point now);
+  void reclaim_undelivered(Clock::time_point now);  // source side of the delivery bound
   void admit_offers(Clock::time_point now);
   void admit_from_router(Clock::time_point now);
   void schedule(Clock::time_point now);
   void postprocess(std::vector<float>& logits, Clock::time_point now);  // logits [rows, vocab]
+  void sample_rows(Clock::time_point now);  // sample_jobs_ -> sample_reasons_
+  bool preempt_for(const HandoffOffer& offer, int need_blocks, Clock::time_point now);
   void compact(Clock::time_point now);
   void preempt(Sequence& seq, Clock::time_point now);
   void handoff(std::unique_ptr<Sequence> seq, Clock::time_point now);
   void finish(Sequence& seq, FinishReason reason, Status status, Clock::time_point now);
   void finish_offer(HandoffOffer& offer, FinishReason reason, Status status, Clock::time_point now);
   void publish_stats();
-  bool has_unreserved_waiting() const;
+  // A preempted sequence waiting for blocks with priority >= `priority`.
+  bool has_unreserved_waiting(int32_t priority) const;
 
   WorkerOptions options_;
   std::unique_ptr<backend::Backend> backend_;  // declared first: destroyed last
@@ -138,11 +157,26 @@ class Worker {
   std::vector<std::unique_ptr<Sequence>> running_;  // decoding
   std::vector<std::unique_ptr<Sequence>> scratch_waiting_, scratch_running_;
   std::deque<HandoffOffer> pending_;                // offers not yet admitted (kDecode/kColocated)
-  std::unordered_map<uint64_t, kv::BlockTable> pinned_;  // handed-off pages awaiting HandoffDone
+  struct Pinned {
+    kv::BlockTable table;                  // the handed-off pages
+    std::shared_ptr<HandoffTicket> ticket;
+    Clock::time_point deliver_by;          // reclaimed if not received by then
+    const Worker* dest = nullptr;
+  };
+  std::unordered_map<uint64_t, Pinned> pinned_;  // handed-off pages awaiting HandoffDone
+  int undelivered_ = 0;                          // pinned_ entries not yet seen as received
   uint64_t next_handoff_id_ = 1;
   uint64_t seen_cancel_epoch_ = 0;
   Batch batch_;
   std::vector<float> logits_;
+  struct SampleJob {
+    Sequence* seq;
+    float* logits;  // one row [vocab], sampled in place
+  };
+  std::vector<SampleJob> sample_jobs_;
+  std::vector<FinishReason> sample_reasons_;
+  std::unique_ptr<ThreadPool> sampling_pool_;  // when sampling_threads > 1
+  std::atomic<uint8_t> hold_{0};               // TestHold
 
   // Published for other threads.
   std::atomic<int> free_blocks_{0};

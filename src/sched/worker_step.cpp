@@ -22,12 +22,18 @@ int64_t ns_between(Clock::time_point a, Clock::time_point b) {
 
 bool Worker::step() {
   const Clock::time_point t0 = Clock::now();
-  drain_inbox();
+  drain_inbox(t0);
+  reclaim_undelivered(t0);
   expire_queued(t0);
   reap_cancelled(t0);
   compact(t0);
   admit_offers(t0);
   admit_from_router(t0);
+  if (hold_.load(std::memory_order_acquire) == static_cast<uint8_t>(TestHold::kForward)) {
+    compact(t0);  // preemptions by admission
+    publish_stats();
+    return false;
+  }
   schedule(t0);
   if (batch_.steps.empty()) {
     compact(t0);  // preemptions of a step that ends up empty
@@ -148,26 +154,37 @@ void Worker::schedule(Clock::time_point now) {
 
 void Worker::postprocess(std::vector<float>& logits, Clock::time_point now) {
   const int vocab = model_->vocab_size();
+  // 1. Advance every entry; collect the rows to sample (a cancelled sequence is finished instead).
+  sample_jobs_.clear();
   size_t row = 0;
   for (size_t i = 0; i < batch_.seqs.size(); ++i) {
     Sequence& seq = *batch_.seqs[i];
-    const model::SeqStep& s = batch_.steps[i];
-    seq.num_computed += static_cast<int>(s.tokens.size());
-    const bool in_waiting = seq.phase == SeqPhase::kPrefill || seq.phase == SeqPhase::kPreempted;
-    if (batch_.samples[i]) {
-      KVSPLIT_CHECK((row + 1) * vocab <= logits.size());
-      float* row_logits = logits.data() + row * vocab;  // sampled in place
-      ++row;
-      if (seq.cancelled()) {
-        finish(seq, FinishReason::kCancelled, cancelled_error("cancelled"), now);
-        continue;
-      }
-      const FinishReason reason = sample_and_append(seq, row_logits, vocab, now);
+    seq.num_computed += static_cast<int>(batch_.steps[i].tokens.size());
+    if (!batch_.samples[i]) continue;
+    KVSPLIT_CHECK((row + 1) * vocab <= logits.size());
+    float* row_logits = logits.data() + row * vocab;  // sampled in place
+    ++row;
+    if (seq.cancelled()) {
+      finish(seq, FinishReason::kCancelled, cancelled_error("cancelled"), now);
+      continue;
+    }
+    sample_jobs_.push_back(SampleJob{&seq, row_logits});
+  }
+  // 2. Sampling, stop checks, detokenization and token events (in parallel on large steps).
+  sample_rows(now);
+  // 3. Finishes and phase changes, on this thread, in batch order.
+  size_t job = 0;
+  for (size_t i = 0; i < batch_.seqs.size(); ++i) {
+    Sequence& seq = *batch_.seqs[i];
+    if (seq.next == Sequence::Next::kRemove) continue;  // cancelled in 1.
+    if (job < sample_jobs_.size() && sample_jobs_[job].seq == &seq) {
+      const FinishReason reason = sample_reasons_[job++];
       if (reason != FinishReason::kNone) {
         finish(seq, reason, ok_status(), now);
         continue;
       }
     }
+    const bool in_waiting = seq.phase == SeqPhase::kPrefill || seq.phase == SeqPhase::kPreempted;
     if (!in_waiting) continue;  // a decode step
     if (seq.num_computed < seq.prefill_target()) continue;  // more chunks to go
     // Prompt (or recompute) complete.
@@ -178,6 +195,29 @@ void Worker::postprocess(std::vector<float>& logits, Clock::time_point now) {
       seq.next = Sequence::Next::kToRunning;
     }
   }
+}
+
+// Every sequence has its own Sampler, StopChecker, StreamDecoder and event stream, so rows are
+// independent: the tokens do not depend on how rows are spread over threads (per-request
+// determinism); only the interleaving of different requests' events changes.
+void Worker::sample_rows(Clock::time_point now) {
+  const int vocab = model_->vocab_size();
+  const int64_t n = static_cast<int64_t>(sample_jobs_.size());
+  sample_reasons_.assign(sample_jobs_.size(), FinishReason::kNone);
+  auto run = [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      sample_reasons_[k] = sample_and_append(*sample_jobs_[k].seq, sample_jobs_[k].logits, vocab, now);
+    }
+  };
+  if (!sampling_pool_ || n < options_.parallel_sampling_min_rows) {
+    run(0, n);
+    return;
+  }
+  // Small dynamic chunks: rows differ in cost (greedy vs top-p, logprobs).
+  constexpr int64_t kRowsPerTask = 8;
+  sampling_pool_->parallel_for((n + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
+    run(t * kRowsPerTask, std::min(n, (t + 1) * kRowsPerTask));
+  });
 }
 
 void Worker::compact(Clock::time_point now) {
