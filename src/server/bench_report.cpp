@@ -77,7 +77,7 @@ std::vector<Work> make_workload(const Spec& spec, int32_t vocab_size, int32_t ma
 std::string error_kind(const std::string& message) {
   // Numbers (request ids, waits) differ per request; grouping ignores them.
   std::string kind;
-  for (size_t i = 0; i < message.size() && kind.size() < 120; ++i) {
+  for (size_t i = 0; i < message.size() && kind.size() < 240; ++i) {
     const bool digit = std::isdigit(static_cast<unsigned char>(message[i])) != 0;
     if (!digit) kind += message[i];
     else if (kind.empty() || kind.back() != '#') kind += '#';

@@ -50,7 +50,7 @@ std::vector<Work> make_workload(const Spec& spec, int32_t vocab_size, int32_t ma
 nlohmann::json summarize(const std::string& mode, const Spec& spec, const std::vector<Outcome>& outcomes,
                          double seconds, const std::map<std::string, std::pair<double, double>>& targets);
 void print_summary(const nlohmann::json& summary);
-// `message` with every run of digits replaced by '#' (at most 120 characters): errors that
+// `message` with every run of digits replaced by '#' (at most 240 characters): errors that
 // differ only in request ids or numbers share a kind.
 std::string error_kind(const std::string& message);
 // The q-quantile (0..1) of `v` by linear interpolation; 0 for an empty vector.
