@@ -45,6 +45,7 @@ struct Options {
   int kv_blocks = 0;
   bool bookkeeping = false;
   int bookkeeping_seqs = 256, bookkeeping_tokens = 8;
+  int sampling_threads = 0;  // --bookkeeping: 0 runs 1 and then --threads sampling threads
 };
 
 struct Item {
@@ -186,7 +187,7 @@ int run_mode(const Options& o, ServingMode mode) {
 
 // 256 sequences (8 prompt tokens each) decoding together in one colocated worker: where the step
 // time goes. The KV pool is sized for all of them (--kv-blocks overrides).
-int run_bookkeeping(const Options& o) {
+int run_bookkeeping(const Options& o, int sampling_threads) {
   EngineConfig c = base_config(o, ServingMode::kColocated);
   c.num_decode_workers = 1;
   c.max_num_seqs = o.bookkeeping_seqs;
@@ -196,7 +197,9 @@ int run_bookkeeping(const Options& o) {
     c.kv_blocks_per_worker = o.bookkeeping_seqs *
         ((8 + o.bookkeeping_tokens + c.block_size - 1) / c.block_size) * 102 / 100 + 2;
   }
-  auto engine = EngineImpl::create(c);
+  EngineImpl::InternalOptions internal;
+  internal.sampling_threads = sampling_threads;
+  auto engine = EngineImpl::create(c, internal);
   if (!engine.ok()) {
     std::fprintf(stderr, "%s\n", engine.status().to_string().c_str());
     return 1;
@@ -232,9 +235,10 @@ int run_bookkeeping(const Options& o) {
     }
   }
   const auto w = (*engine)->worker_snapshots().at(0);
-  std::printf("bookkeeping: %s, %d sequences (%d running at once), %lld steps in all\n",
+  std::printf("bookkeeping: %s, %d sequences (%d running at once), %lld steps in all, %d forward "
+              "threads, %d sampling threads\n",
               (*engine)->model_info().source.c_str(), o.bookkeeping_seqs, max_running,
-              static_cast<long long>(w.steps));
+              static_cast<long long>(w.steps), o.threads, sampling_threads);
   auto report = [](const char* what, double steps, double fwd, double samp, double book) {
     if (steps <= 0) return;
     const double step = fwd + samp + book;
@@ -275,9 +279,16 @@ int main(int argc, char** argv) {
   app.add_flag("--bookkeeping", o.bookkeeping, "measure bookkeeping at 256 running sequences");
   app.add_option("--bookkeeping-seqs", o.bookkeeping_seqs, "sequences for --bookkeeping");
   app.add_option("--bookkeeping-tokens", o.bookkeeping_tokens, "max_tokens for --bookkeeping");
+  app.add_option("--sampling-threads", o.sampling_threads,
+                 "--bookkeeping: sampling threads (0: run with 1, then with --threads)");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::err);
-  if (o.bookkeeping) return run_bookkeeping(o);
+  if (o.bookkeeping) {
+    if (o.sampling_threads > 0) return run_bookkeeping(o, o.sampling_threads);
+    int rc = run_bookkeeping(o, 1);
+    if (o.threads > 1) rc |= run_bookkeeping(o, o.threads);
+    return rc;
+  }
   int rc = 0;
   if (o.mode != "colocated") rc |= run_mode(o, ServingMode::kDisaggregated);
   if (o.mode != "disaggregated") rc |= run_mode(o, ServingMode::kColocated);

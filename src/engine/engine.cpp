@@ -36,7 +36,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
 
 EngineImpl::EngineImpl(const EngineConfig& config) : config_(config) {}
 
-StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& config) {
+StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& config,
+                                                         const InternalOptions& internal) {
   KVSPLIT_RETURN_IF_ERROR(validate_engine_config(config));
   std::unique_ptr<EngineImpl> e(new EngineImpl(config));
   model::LoadOptions load_options;
@@ -77,7 +78,8 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     // Enough prompts in progress to fill a step's budget at the smallest chunk.
     wo.max_prefill_seqs = std::max(16, config.max_batch_tokens / wo.min_chunk_tokens);
     wo.handoff_timeout = std::chrono::milliseconds(config.handoff_timeout_ms);
-    wo.sampling_threads = threads;  // the backend's threads are idle while a step samples
+    // The backend's threads are idle while a step samples: as many sampling threads by default.
+    wo.sampling_threads = internal.sampling_threads > 0 ? internal.sampling_threads : threads;
     KVSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<backend::Backend> be,
                              backend::create_backend(config.backend, threads));
     auto lm = model::LlamaModel::create(*e->loaded_, *be);

@@ -29,7 +29,15 @@ Status validate_engine_config(const EngineConfig& config);
 
 class EngineImpl final : public Engine, private sched::FinishSink {
  public:
-  static StatusOr<std::unique_ptr<EngineImpl>> create(const EngineConfig& config);
+  // Knobs that are not part of the public config (benchmarks, tests).
+  struct InternalOptions {
+    int sampling_threads = 0;  // threads sampling a step's rows; 0: the worker's CPU threads
+  };
+  static StatusOr<std::unique_ptr<EngineImpl>> create(const EngineConfig& config,
+                                                      const InternalOptions& internal);
+  static StatusOr<std::unique_ptr<EngineImpl>> create(const EngineConfig& config) {
+    return create(config, InternalOptions{});
+  }
   ~EngineImpl() override;
 
   StatusOr<RequestHandle> submit(Request request) override;

@@ -61,14 +61,20 @@ inline Collected collect(RequestHandle handle,
   return r;
 }
 
-// Waits until every pool reports `expected` free blocks (stats are published after each step).
+// Waits until every pool reports `expected` free blocks and nothing running or waiting. Pool
+// stats are published after each step, i.e. after that step's final events: a snapshot read just
+// after the last final event can be one step old (e.g. a preempted sequence that held no blocks
+// still counted as waiting), hence the polling.
 inline bool pools_back_to(const Engine& engine, const std::vector<int>& expected,
                           std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
     const EngineStats s = engine.stats();
     bool ok = s.pools.size() == expected.size();
-    for (size_t i = 0; ok && i < expected.size(); ++i) ok = s.pools[i].kv_blocks_free == expected[i];
+    for (size_t i = 0; ok && i < expected.size(); ++i) {
+      ok = s.pools[i].kv_blocks_free == expected[i] && s.pools[i].running == 0 &&
+           s.pools[i].waiting == 0;
+    }
     if (ok) return true;
     if (std::chrono::steady_clock::now() > deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

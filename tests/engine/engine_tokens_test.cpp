@@ -2,8 +2,11 @@
 // greedy output matches llama2.c run.c's golden.
 #include <thread>
 
+#include <fmt/format.h>
+
 #include <gtest/gtest.h>
 
+#include "engine/engine_impl.h"
 #include "engine/engine_test_util.h"
 
 namespace kvsplit {
@@ -19,7 +22,7 @@ std::vector<Request> workload(bool sampled, int n) {
   std::vector<Request> out;
   for (int i = 0; i < n; ++i) {
     Request r;
-    r.request_id = "r" + std::to_string(i);
+    r.request_id = fmt::format("r{}", i);
     r.prompt = kPrompts[i % 8];
     r.sampling.max_tokens = 8 + (i * 7) % 40;
     if (sampled) {
@@ -132,15 +135,27 @@ TEST_P(EngineTokens, PreemptionKeepsTokens) {
     ASSERT_TRUE(big.ok());
     for (const Request& r : reqs) alone.push_back(collect(*(*big)->submit(r)));
   }
-  auto engine = Engine::create(cfg);
+  auto engine = EngineImpl::create(cfg);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   const std::vector<int> initial = testing::free_blocks(**engine);
+  // All ten are pulled before any prefill runs (held), so they certainly decode together and
+  // outgrow the pool, however slowly this thread submits.
+  const sched::WorkerRole puller = GetParam() == ServingMode::kColocated
+                                       ? sched::WorkerRole::kColocated
+                                       : sched::WorkerRole::kPrefill;
+  (*engine)->set_test_hold(puller, sched::TestHold::kForward);
   std::vector<RequestHandle> handles;
   for (const Request& r : reqs) {
     auto h = (*engine)->submit(r);
     ASSERT_TRUE(h.ok()) << h.status().to_string();
     handles.push_back(*h);
   }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((*engine)->stats().pools[0].waiting < 10 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ((*engine)->stats().pools[0].waiting, 10);
+  (*engine)->set_test_hold(puller, sched::TestHold::kNone);
   int preempted_requests = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
     Collected c = collect(handles[i]);
