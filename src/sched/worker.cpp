@@ -185,12 +185,20 @@ void Worker::reclaim_undelivered(Clock::time_point now) {
       ++it;
       continue;
     }
-    if (now < p.deliver_by || !p.ticket->reclaim()) {
+    const bool cancelled = p.ctl->cancel_requested.load(std::memory_order_relaxed);
+    if ((now < p.deliver_by && !cancelled) || !p.ticket->reclaim()) {
       ++it;
       continue;
     }
-    // The destination did not take the offer in time (hung or dead): the request is ours again.
     std::unique_ptr<Sequence> seq = std::move(p.ticket->seq);
+    if (cancelled) {  // cancelled in flight: finished here, without waiting for the destination
+      pool_->release(p.table);
+      --undelivered_;
+      finish(*seq, FinishReason::kCancelled, cancelled_error("cancelled"), now);
+      it = pinned_.erase(it);
+      continue;
+    }
+    // The destination did not take the offer in time (hung or dead): the request is ours again.
     KVSPLIT_LOG_ERROR("{}: KV handoff of request {} to {} not received within {} ms", options_.name,
                       seq->id(), p.dest->name(), options_.handoff_timeout.count());
     pool_->release(p.table);
@@ -372,6 +380,7 @@ void Worker::handoff(std::unique_ptr<Sequence> seq, Clock::time_point now) {
   pin.ticket = offer.ticket;
   pin.deliver_by = now + options_.handoff_timeout;
   pin.dest = to;
+  pin.ctl = seq->ctl;
   pinned_.emplace(offer.handoff_id, std::move(pin));
   ++undelivered_;
   seq->table = {};

@@ -162,6 +162,7 @@ class Worker {
     std::shared_ptr<HandoffTicket> ticket;
     Clock::time_point deliver_by;          // reclaimed if not received by then
     const Worker* dest = nullptr;
+    std::shared_ptr<RequestControl> ctl;   // the request's cancel flag (the Sequence is not ours)
   };
   std::unordered_map<uint64_t, Pinned> pinned_;  // handed-off pages awaiting HandoffDone
   int undelivered_ = 0;                          // pinned_ entries not yet seen as received

@@ -311,5 +311,36 @@ TEST(EngineHandoff, UndeliveredOfferIsAnExplicitError) {
   EXPECT_EQ(e.stats().requests_failed, 1);
 }
 
+// A request cancelled while its offer sits undelivered at a hung destination: the source takes it
+// back at its next step (no waiting for the delivery deadline) and frees the pinned pages.
+TEST(EngineHandoff, CancelInFlightToAHungDestination) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = testing::stories_config(ServingMode::kDisaggregated);
+  cfg.num_decode_workers = 1;
+  cfg.handoff_timeout_ms = 600000;  // never the reason here
+  auto engine = EngineImpl::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  EngineImpl& e = **engine;
+  const std::vector<int> initial = testing::free_blocks(e);
+  e.set_test_hold(WorkerRole::kDecode, TestHold::kAll);
+  Request r;
+  r.request_id = "in-flight";
+  r.prompt = "Once upon a time";
+  r.sampling.max_tokens = 8;
+  auto h = e.submit(r);
+  ASSERT_TRUE(h.ok());
+  TokenEvent first;
+  ASSERT_TRUE(h->next(&first, std::chrono::seconds(30)));  // sampled, then handed off
+  ASSERT_EQ(first.token_ids.size(), 1u);
+  EXPECT_TRUE(e.cancel("in-flight"));
+  Collected c = collect(*h, std::chrono::seconds(30));
+  ASSERT_FALSE(c.timed_out);
+  EXPECT_EQ(c.final_event.finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(c.final_event.status.code(), StatusCode::kCancelled);
+  e.set_test_hold(WorkerRole::kDecode, TestHold::kNone);
+  EXPECT_TRUE(testing::pools_back_to(e, initial));
+  EXPECT_EQ(e.stats().requests_cancelled, 1);
+}
+
 }  // namespace
 }  // namespace kvsplit
