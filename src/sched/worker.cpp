@@ -1,5 +1,6 @@
-// Worker lifecycle, inbox, admission (router pull, handoff offers), handoff and finishing.
-// The step itself (schedule / postprocess / preemption) is in worker_step.cpp.
+// Worker lifecycle, inbox, router admission, queue timeouts, cancels and finishing.
+// The step itself (schedule / postprocess / preemption) is in worker_step.cpp, the KV handoff in
+// worker_handoff.cpp.
 #include "sched/worker.h"
 
 #include <algorithm>
@@ -171,48 +172,6 @@ void Worker::drain_inbox(Clock::time_point now) {
   });
 }
 
-void Worker::reclaim_undelivered(Clock::time_point now) {
-  if (undelivered_ == 0) return;
-  for (auto it = pinned_.begin(); it != pinned_.end();) {
-    Pinned& p = it->second;
-    if (!p.ticket) {
-      ++it;
-      continue;
-    }
-    if (p.ticket->state.load(std::memory_order_acquire) == HandoffTicket::kReceived) {
-      p.ticket.reset();  // the destination owns the request; HandoffDone will come
-      --undelivered_;
-      ++it;
-      continue;
-    }
-    const bool cancelled = p.ctl->cancel_requested.load(std::memory_order_relaxed);
-    if ((now < p.deliver_by && !cancelled) || !p.ticket->reclaim()) {
-      ++it;
-      continue;
-    }
-    std::unique_ptr<Sequence> seq = std::move(p.ticket->seq);
-    if (cancelled) {  // cancelled in flight: finished here, without waiting for the destination
-      pool_->release(p.table);
-      --undelivered_;
-      finish(*seq, FinishReason::kCancelled, cancelled_error("cancelled"), now);
-      it = pinned_.erase(it);
-      continue;
-    }
-    // The destination did not take the offer in time (hung or dead): the request is ours again.
-    KVSPLIT_LOG_ERROR("{}: KV handoff of request {} to {} not received within {} ms", options_.name,
-                      seq->id(), p.dest->name(), options_.handoff_timeout.count());
-    pool_->release(p.table);
-    --undelivered_;
-    finish(*seq, FinishReason::kError,
-           deadline_exceeded(fmt::format(
-               "KV handoff of request {} to {} was not received within {} ms (handoff_timeout_ms; "
-               "the destination is not responding)",
-               seq->id(), p.dest->name(), options_.handoff_timeout.count())),
-           now);
-    it = pinned_.erase(it);
-  }
-}
-
 void Worker::finish(Sequence& seq, FinishReason reason, Status status, Clock::time_point now) {
   if (!seq.table.blocks.empty()) pool_->release(seq.table);
   seq.table = {};
@@ -254,90 +213,6 @@ void Worker::reap_cancelled(Clock::time_point now) {
   // Offers are checked on every admit_offers pass.
 }
 
-void Worker::admit_offers(Clock::time_point now) {
-  if (pending_.empty()) return;
-  // Cancelled or expired offers leave from anywhere in the queue.
-  for (auto it = pending_.begin(); it != pending_.end();) {
-    if (it->seq->cancelled()) {
-      finish_offer(*it, FinishReason::kCancelled, cancelled_error("cancelled"), now);
-    } else if (now >= it->wait_deadline) {
-      const int need = kv::BlockTable::blocks_for(it->num_tokens, pool_->block_size());
-      finish_offer(*it, FinishReason::kError,
-                   deadline_exceeded(fmt::format(
-                       "request {} waited {:.0f} ms for room on {} (queue_timeout_ms {} of SLA "
-                       "class '{}'): {} blocks needed, {} free, {} running, max_num_seqs {}",
-                       it->seq->id(), ms_since(it->seq->phase_start, now), options_.name,
-                       it->seq->sla.queue_timeout_ms, it->seq->sla.name, need,
-                       pool_->allocator().num_free(), running_.size(), options_.max_num_seqs)),
-                   now);
-    } else {
-      ++it;
-      continue;
-    }
-    it = pending_.erase(it);
-  }
-  // Admit in service order; stop at the first that does not fit (no overtaking). Not fitting is
-  // back-pressure: the offer waits (the source keeps its pages pinned) until room frees.
-  while (!pending_.empty()) {
-    if (running_.size() + waiting_.size() >= static_cast<size_t>(options_.max_num_seqs)) break;
-    HandoffOffer& o = pending_.front();
-    if (has_unreserved_waiting(o.seq->priority)) break;  // preempted sequences get blocks first
-    kv::BlockTable table;
-    if (!pool_->reserve(table, o.num_tokens)) {
-      const int need = kv::BlockTable::blocks_for(o.num_tokens, pool_->block_size());
-      if (!preempt_for(o, need, now) || !pool_->reserve(table, o.num_tokens)) break;
-    }
-    Status st = copy_kv_blocks(*o.source_pool, o.source_blocks, *pool_, table.blocks);
-    std::unique_ptr<Sequence> seq = std::move(o.seq);
-    o.source->post_done(HandoffDone{o.handoff_id});
-    incoming_blocks_.fetch_sub(kv::BlockTable::blocks_for(o.num_tokens + 1, pool_->block_size()),
-                               std::memory_order_relaxed);
-    const int num_tokens = o.num_tokens;
-    pending_.pop_front();
-    if (!st.ok()) {
-      pool_->release(table);
-      finish(*seq, FinishReason::kError, st.with_prefix("KV handoff"), now);
-      continue;
-    }
-    seq->table = std::move(table);
-    seq->num_computed = num_tokens;
-    seq->enter_phase(SeqPhase::kDecode, now);
-    running_.push_back(std::move(seq));
-  }
-}
-
-// Frees blocks for `offer` by preempting running sequences of strictly lower priority (lowest,
-// then youngest, first), only when that frees enough. Equal priorities never preempt each other
-// here (they wait), so admission cannot cause a preemption storm.
-bool Worker::preempt_for(const HandoffOffer& offer, int need_blocks, Clock::time_point now) {
-  std::vector<Sequence*> victims;
-  int available = pool_->allocator().num_free();
-  for (const std::unique_ptr<Sequence>& r : running_) {
-    if (r->next == Sequence::Next::kStay && r->priority < offer.seq->priority) {
-      victims.push_back(r.get());
-      available += static_cast<int>(r->table.blocks.size());
-    }
-  }
-  if (available < need_blocks) return false;
-  std::sort(victims.begin(), victims.end(), [](const Sequence* a, const Sequence* b) {
-    return serves_before({b->priority, b->arrival}, {a->priority, a->arrival});  // worst first
-  });
-  for (Sequence* v : victims) {
-    if (pool_->allocator().num_free() >= need_blocks) break;
-    KVSPLIT_LOG_WARN("{}: preempting request {} (priority {}) for handoff of {} (priority {})",
-                     options_.name, v->id(), v->priority, offer.seq->id(), offer.seq->priority);
-    preempt(*v, now);
-  }
-  return true;
-}
-
-bool Worker::has_unreserved_waiting(int32_t priority) const {
-  for (const auto& seq : waiting_) {
-    if (seq->table.blocks.empty() && seq->priority >= priority) return true;
-  }
-  return false;
-}
-
 void Worker::admit_from_router(Clock::time_point now) {
   if (options_.role == WorkerRole::kDecode || shared_->router == nullptr) return;
   if (has_unreserved_waiting(std::numeric_limits<int32_t>::min())) return;
@@ -359,34 +234,6 @@ void Worker::admit_from_router(Clock::time_point now) {
     KVSPLIT_CHECK(pool_->reserve(seq->table, seq->num_prompt));
     waiting_.push_back(std::move(seq));
   }
-}
-
-void Worker::handoff(std::unique_ptr<Sequence> seq, Clock::time_point now) {
-  std::vector<DecodeLoad> loads;
-  loads.reserve(shared_->decode_workers.size());
-  for (const Worker* w : shared_->decode_workers) loads.push_back(w->load());
-  const int dest = choose_decode_worker(loads);
-  KVSPLIT_CHECK(dest >= 0);
-  Worker* to = shared_->decode_workers[dest];
-  HandoffOffer offer;
-  offer.handoff_id = next_handoff_id_++;
-  offer.source = this;
-  offer.source_pool = pool_.get();
-  offer.source_blocks = seq->table.blocks;
-  offer.num_tokens = seq->num_computed;
-  offer.ticket = std::make_shared<HandoffTicket>();
-  Pinned pin;
-  pin.table = std::move(seq->table);
-  pin.ticket = offer.ticket;
-  pin.deliver_by = now + options_.handoff_timeout;
-  pin.dest = to;
-  pin.ctl = seq->ctl;
-  pinned_.emplace(offer.handoff_id, std::move(pin));
-  ++undelivered_;
-  seq->table = {};
-  seq->enter_phase(SeqPhase::kHandoff, now);
-  offer.ticket->seq = std::move(seq);
-  to->post_offer(std::move(offer));
 }
 
 void Worker::finalize_after_stop() {
