@@ -1,7 +1,9 @@
 #include "sched/kv_handoff.h"
 
+#include <atomic>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -62,6 +64,44 @@ TEST(KvHandoff, MismatchesAreErrors) {
   const std::vector<int32_t> bad = {8};
   EXPECT_EQ(copy_kv_blocks(*q.a, bad, *q.b, one).code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(copy_kv_blocks(*q.a, {}, *q.b, {}).ok());
+}
+
+// Exactly one side wins a ticket: the destination receiving it or the source taking it back,
+// however the two race; the winner (only) sees the Sequence the source put in.
+TEST(KvHandoff, TicketHasExactlyOneOwner) {
+  constexpr int kTickets = 2000;
+  std::vector<std::shared_ptr<HandoffTicket>> tickets(kTickets);
+  for (int i = 0; i < kTickets; ++i) {
+    tickets[i] = std::make_shared<HandoffTicket>();
+    tickets[i]->seq = std::make_unique<Sequence>();
+    tickets[i]->seq->arrival = i;
+  }
+  std::vector<int> received(kTickets, 0), reclaimed(kTickets, 0);
+  std::atomic<bool> go{false};
+  auto racer = [&](bool receive, std::vector<int>& won) {
+    while (!go.load()) std::this_thread::yield();
+    for (int i = 0; i < kTickets; ++i) {
+      HandoffTicket& t = *tickets[receive ? i : kTickets - 1 - i];
+      if (receive ? t.receive() : t.reclaim()) {
+        std::unique_ptr<Sequence> seq = std::move(t.seq);
+        won[seq->arrival] = 1;
+      }
+    }
+  };
+  std::thread dst(racer, true, std::ref(received));
+  std::thread src(racer, false, std::ref(reclaimed));
+  go.store(true);
+  dst.join();
+  src.join();
+  // (How the tickets split between the two depends on scheduling; each has exactly one owner.)
+  for (int i = 0; i < kTickets; ++i) {
+    EXPECT_EQ(received[i] + reclaimed[i], 1) << i;
+    EXPECT_EQ(tickets[i]->state.load(),
+              received[i] ? HandoffTicket::kReceived : HandoffTicket::kReclaimed);
+  }
+  // A settled ticket cannot be claimed again by either side.
+  EXPECT_FALSE(tickets[0]->receive());
+  EXPECT_FALSE(tickets[0]->reclaim());
 }
 
 }  // namespace
