@@ -21,16 +21,17 @@ struct TlsConfig {
 
 struct ServerConfig {
   std::string host = "0.0.0.0";
-  int32_t port = 50051;                  // [0, 65535]; 0 = pick a free port (logged)
-  int32_t metrics_port = 9090;           // [-1, 65535]; -1 = no metrics endpoint, 0 = any port
+  int32_t port = 50051;         // [0, 65535]; 0 = pick a free port (logged)
+  int32_t metrics_port = 9090;  // [-1, 65535]; -1 = no metrics endpoint, 0 = any port
   TlsConfig tls;
-  std::vector<std::string> api_keys;     // empty: no authentication
-  int32_t max_concurrent_streams = 1024; // [1, 100000]; more open Generate calls -> RESOURCE_EXHAUSTED
-  int32_t max_message_bytes = 4 << 20;   // [1024, 1 GiB]; receive limit of one request
-  int32_t max_prompt_bytes = 1 << 20;    // [1, max_message_bytes]; longer prompts -> INVALID_ARGUMENT
-  int32_t max_tokens_limit = 8192;       // [1, 1 << 20]; GenerateRequest.max_tokens upper bound
-  int32_t default_max_tokens = 16;       // [1, max_tokens_limit]; when max_tokens is 0
-  int32_t drain_timeout_ms = 10000;      // [0, 3600000]; SIGTERM: wait this long, then cancel
+  std::vector<std::string> api_keys;  // empty: no authentication
+  int32_t max_concurrent_streams =
+      1024;  // [1, 100000]; more open Generate calls -> RESOURCE_EXHAUSTED
+  int32_t max_message_bytes = 4 << 20;  // [1024, 1 GiB]; receive limit of one request
+  int32_t max_prompt_bytes = 1 << 20;  // [1, max_message_bytes]; longer prompts -> INVALID_ARGUMENT
+  int32_t max_tokens_limit = 8192;     // [1, 1 << 20]; GenerateRequest.max_tokens upper bound
+  int32_t default_max_tokens = 16;     // [1, max_tokens_limit]; when max_tokens is 0
+  int32_t drain_timeout_ms = 10000;    // [0, 3600000]; SIGTERM: wait this long, then cancel
 };
 
 struct Config {

@@ -71,7 +71,8 @@ Status validate_config(const Config& config) {
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.threads_per_worker", e.threads_per_worker, 0, 1024));
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_num_seqs", e.max_num_seqs, 1, 65536));
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_batch_tokens", e.max_batch_tokens, 1, 1 << 20));
-  KVSPLIT_RETURN_IF_ERROR(check_range("pools.handoff_timeout_ms", e.handoff_timeout_ms, 1, 3600000));
+  KVSPLIT_RETURN_IF_ERROR(
+      check_range("pools.handoff_timeout_ms", e.handoff_timeout_ms, 1, 3600000));
   if (e.block_size != 8 && e.block_size != 16 && e.block_size != 32 && e.block_size != 64)
     return range_error("kv.block_size", "one of 8, 16, 32, 64", e.block_size);
   KVSPLIT_RETURN_IF_ERROR(check_range("kv.blocks_per_worker", e.kv_blocks_per_worker, 0, 1 << 26));
@@ -85,13 +86,18 @@ Status validate_config(const Config& config) {
     return invalid_argument("server.tls: cert_file and key_file must be given together");
   for (size_t i = 0; i < s.api_keys.size(); ++i) {
     if (s.api_keys[i].size() < 8)
-      return invalid_argument("server.api_keys[" + std::to_string(i) + "]: must be at least 8 characters");
+      return invalid_argument("server.api_keys[" + std::to_string(i) +
+                              "]: must be at least 8 characters");
   }
-  KVSPLIT_RETURN_IF_ERROR(check_range("server.max_concurrent_streams", s.max_concurrent_streams, 1, 100000));
-  KVSPLIT_RETURN_IF_ERROR(check_range("server.max_message_bytes", s.max_message_bytes, 1024, 1 << 30));
-  KVSPLIT_RETURN_IF_ERROR(check_range("server.max_prompt_bytes", s.max_prompt_bytes, 1, s.max_message_bytes));
+  KVSPLIT_RETURN_IF_ERROR(
+      check_range("server.max_concurrent_streams", s.max_concurrent_streams, 1, 100000));
+  KVSPLIT_RETURN_IF_ERROR(
+      check_range("server.max_message_bytes", s.max_message_bytes, 1024, 1 << 30));
+  KVSPLIT_RETURN_IF_ERROR(
+      check_range("server.max_prompt_bytes", s.max_prompt_bytes, 1, s.max_message_bytes));
   KVSPLIT_RETURN_IF_ERROR(check_range("server.max_tokens_limit", s.max_tokens_limit, 1, 1 << 20));
-  KVSPLIT_RETURN_IF_ERROR(check_range("server.default_max_tokens", s.default_max_tokens, 1, s.max_tokens_limit));
+  KVSPLIT_RETURN_IF_ERROR(
+      check_range("server.default_max_tokens", s.default_max_tokens, 1, s.max_tokens_limit));
   KVSPLIT_RETURN_IF_ERROR(check_range("server.drain_timeout_ms", s.drain_timeout_ms, 0, 3600000));
   return ok_status();
 }

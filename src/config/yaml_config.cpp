@@ -41,9 +41,15 @@ Status parse_int(const YAML::Node& n, const std::string& path, Int* out) {
   *out = v;
   return ok_status();
 }
-Status parse_scalar(const YAML::Node& n, const std::string& p, int32_t* o) { return parse_int(n, p, o); }
-Status parse_scalar(const YAML::Node& n, const std::string& p, int64_t* o) { return parse_int(n, p, o); }
-Status parse_scalar(const YAML::Node& n, const std::string& p, uint64_t* o) { return parse_int(n, p, o); }
+Status parse_scalar(const YAML::Node& n, const std::string& p, int32_t* o) {
+  return parse_int(n, p, o);
+}
+Status parse_scalar(const YAML::Node& n, const std::string& p, int64_t* o) {
+  return parse_int(n, p, o);
+}
+Status parse_scalar(const YAML::Node& n, const std::string& p, uint64_t* o) {
+  return parse_int(n, p, o);
+}
 
 Status parse_scalar(const YAML::Node& n, const std::string& path, double* out) {
   if (!n.IsScalar()) return field_error(path, "must be a number");
@@ -63,7 +69,8 @@ class MapReader {
   MapReader(const YAML::Node& node, std::string path) : node_(node), path_(std::move(path)) {}
 
   Status check_is_map() const {
-    if (!node_.IsMap()) return field_error(path_.empty() ? "(top level)" : path_, "must be a mapping");
+    if (!node_.IsMap())
+      return field_error(path_.empty() ? "(top level)" : path_, "must be a mapping");
     return ok_status();
   }
   // Leaves *out untouched when the key is absent.
@@ -131,7 +138,8 @@ Status read_server(const YAML::Node& n, ServerConfig* s) {
     s->api_keys.clear();
     for (size_t i = 0; i < keys.size(); ++i) {
       std::string k;
-      KVSPLIT_RETURN_IF_ERROR(parse_scalar(keys[i], "server.api_keys[" + std::to_string(i) + "]", &k));
+      KVSPLIT_RETURN_IF_ERROR(
+          parse_scalar(keys[i], "server.api_keys[" + std::to_string(i) + "]", &k));
       s->api_keys.push_back(std::move(k));
     }
   }
@@ -149,8 +157,10 @@ Status read_pools(const YAML::Node& n, EngineConfig* e) {
   KVSPLIT_RETURN_IF_ERROR(r.check_is_map());
   std::string mode;
   KVSPLIT_RETURN_IF_ERROR(r.get("mode", &mode));
-  if (mode == "colocated") e->mode = ServingMode::kColocated;
-  else if (mode == "disaggregated") e->mode = ServingMode::kDisaggregated;
+  if (mode == "colocated")
+    e->mode = ServingMode::kColocated;
+  else if (mode == "disaggregated")
+    e->mode = ServingMode::kDisaggregated;
   else if (!mode.empty())
     return field_error("pools.mode", "must be 'colocated' or 'disaggregated', got '" + mode + "'");
   KVSPLIT_RETURN_IF_ERROR(r.get("backend", &e->backend));
@@ -172,14 +182,17 @@ Status read_kv(const YAML::Node& n, EngineConfig* e) {
   KVSPLIT_RETURN_IF_ERROR(r.get("capacity_mb", &capacity_mb));
   if (capacity_mb != -1) {
     if (capacity_mb < 1 || capacity_mb > (int64_t{1} << 24))
-      return field_error("kv.capacity_mb", "must be in [1, 16777216], got " + std::to_string(capacity_mb));
+      return field_error("kv.capacity_mb",
+                         "must be in [1, 16777216], got " + std::to_string(capacity_mb));
     e->kv_capacity_bytes = capacity_mb << 20;
   }
   std::string dtype;
   KVSPLIT_RETURN_IF_ERROR(r.get("dtype", &dtype));
   if (!dtype.empty() && dtype != "auto" && dtype != "fp32")
-    return field_error("kv.dtype", "must be 'auto' or 'fp32' (the engine stores KV in the model's "
-                                   "compute dtype), got '" + dtype + "'");
+    return field_error("kv.dtype",
+                       "must be 'auto' or 'fp32' (the engine stores KV in the model's "
+                       "compute dtype), got '" +
+                           dtype + "'");
   return r.finish();
 }
 
@@ -209,9 +222,12 @@ Status parse_into(const YAML::Node& root, Config* c) {
   MapReader r(root, "");
   KVSPLIT_RETURN_IF_ERROR(r.check_is_map());
   if (YAML::Node n = r.child("model"); n && !n.IsNull()) KVSPLIT_RETURN_IF_ERROR(read_model(n, c));
-  if (YAML::Node n = r.child("server"); n && !n.IsNull()) KVSPLIT_RETURN_IF_ERROR(read_server(n, &c->server));
-  if (YAML::Node n = r.child("pools"); n && !n.IsNull()) KVSPLIT_RETURN_IF_ERROR(read_pools(n, &c->engine));
-  if (YAML::Node n = r.child("kv"); n && !n.IsNull()) KVSPLIT_RETURN_IF_ERROR(read_kv(n, &c->engine));
+  if (YAML::Node n = r.child("server"); n && !n.IsNull())
+    KVSPLIT_RETURN_IF_ERROR(read_server(n, &c->server));
+  if (YAML::Node n = r.child("pools"); n && !n.IsNull())
+    KVSPLIT_RETURN_IF_ERROR(read_pools(n, &c->engine));
+  if (YAML::Node n = r.child("kv"); n && !n.IsNull())
+    KVSPLIT_RETURN_IF_ERROR(read_kv(n, &c->engine));
   if (YAML::Node n = r.child("sla_classes"); n && !n.IsNull())
     KVSPLIT_RETURN_IF_ERROR(read_sla_classes(n, &c->engine.sla_classes));
   KVSPLIT_RETURN_IF_ERROR(r.get("seed", &c->engine.seed));

@@ -18,16 +18,19 @@ Status parse_range(const std::string& flag, const std::string& s, int* lo, int* 
   } catch (const std::exception&) {
     return invalid_argument(flag + ": expected MIN:MAX, got '" + s + "'");
   }
-  if (*lo < 1 || *hi < *lo) return invalid_argument(flag + ": need 1 <= MIN <= MAX, got '" + s + "'");
+  if (*lo < 1 || *hi < *lo)
+    return invalid_argument(flag + ": need 1 <= MIN <= MAX, got '" + s + "'");
   return ok_status();
 }
 
 }  // namespace
 
-Status parse_spec(const std::string& prompt_len, const std::string& output_len, const std::string& class_mix,
-                  Spec* spec) {
-  KVSPLIT_RETURN_IF_ERROR(parse_range("--prompt-len", prompt_len, &spec->prompt_min, &spec->prompt_max));
-  KVSPLIT_RETURN_IF_ERROR(parse_range("--output-len", output_len, &spec->output_min, &spec->output_max));
+Status parse_spec(const std::string& prompt_len, const std::string& output_len,
+                  const std::string& class_mix, Spec* spec) {
+  KVSPLIT_RETURN_IF_ERROR(
+      parse_range("--prompt-len", prompt_len, &spec->prompt_min, &spec->prompt_max));
+  KVSPLIT_RETURN_IF_ERROR(
+      parse_range("--output-len", output_len, &spec->output_min, &spec->output_max));
   if (spec->num_requests < 1) return invalid_argument("--num-requests: must be >= 1");
   if (spec->concurrency < 1) return invalid_argument("--concurrency: must be >= 1");
   if (spec->rate < 0) return invalid_argument("--rate: must be >= 0");
@@ -55,7 +58,8 @@ std::vector<Work> make_workload(const Spec& spec, int32_t vocab_size, int32_t ma
   std::mt19937_64 rng(spec.seed);
   std::uniform_int_distribution<int> plen(spec.prompt_min, spec.prompt_max);
   std::uniform_int_distribution<int> olen(spec.output_min, spec.output_max);
-  std::uniform_int_distribution<int32_t> tok(3, std::max(3, vocab_size - 1));  // skip special ids 0..2
+  std::uniform_int_distribution<int32_t> tok(3,
+                                             std::max(3, vocab_size - 1));  // skip special ids 0..2
   std::exponential_distribution<double> gap(spec.rate > 0 ? spec.rate : 1.0);
   std::vector<double> weights;
   for (const auto& c : spec.classes) weights.push_back(c.second);
@@ -79,8 +83,10 @@ std::string error_kind(const std::string& message) {
   std::string kind;
   for (size_t i = 0; i < message.size() && kind.size() < 240; ++i) {
     const bool digit = std::isdigit(static_cast<unsigned char>(message[i])) != 0;
-    if (!digit) kind += message[i];
-    else if (kind.empty() || kind.back() != '#') kind += '#';
+    if (!digit)
+      kind += message[i];
+    else if (kind.empty() || kind.back() != '#')
+      kind += '#';
   }
   return kind;
 }
@@ -94,8 +100,9 @@ double quantile(std::vector<double> v, double q) {
   return i + 1 < v.size() ? v[i] * (1 - frac) + v[i + 1] * frac : v[i];
 }
 
-nlohmann::json summarize(const std::string& mode, const Spec& spec, const std::vector<Outcome>& outcomes,
-                         double seconds, const std::map<std::string, std::pair<double, double>>& targets) {
+nlohmann::json summarize(const std::string& mode, const Spec& spec,
+                         const std::vector<Outcome>& outcomes, double seconds,
+                         const std::map<std::string, std::pair<double, double>>& targets) {
   std::vector<double> ttft, itl, e2e;
   int64_t tokens = 0;
   int errors = 0, good = 0;
@@ -110,13 +117,17 @@ nlohmann::json summarize(const std::string& mode, const Spec& spec, const std::v
     ttft.push_back(o.ttft_ms);
     e2e.push_back(o.e2e_ms);
     itl.insert(itl.end(), o.itl_ms.begin(), o.itl_ms.end());
-    const double max_itl = o.itl_ms.empty() ? 0 : *std::max_element(o.itl_ms.begin(), o.itl_ms.end());
+    const double max_itl =
+        o.itl_ms.empty() ? 0 : *std::max_element(o.itl_ms.begin(), o.itl_ms.end());
     auto t = targets.find(o.sla_class);
     if (t == targets.end() || (o.ttft_ms <= t->second.first && max_itl <= t->second.second)) ++good;
   }
   auto stats = [](const std::vector<double>& v) {
-    const double mean = v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
-    return nlohmann::json{{"p50", quantile(v, 0.5)}, {"p90", quantile(v, 0.9)}, {"p99", quantile(v, 0.99)},
+    const double mean =
+        v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+    return nlohmann::json{{"p50", quantile(v, 0.5)},
+                          {"p90", quantile(v, 0.9)},
+                          {"p99", quantile(v, 0.99)},
                           {"mean", mean}};
   };
   return {{"mode", mode},
@@ -141,18 +152,20 @@ nlohmann::json summarize(const std::string& mode, const Spec& spec, const std::v
 }
 
 void print_summary(const nlohmann::json& s) {
-  std::printf("== %s: %d requests, %d errors, %.2f s, rate %g, concurrency %d\n", s["mode"].get<std::string>().c_str(),
-              s["num_requests"].get<int>(), s["errors"].get<int>(), s["duration_s"].get<double>(),
-              s["rate"].get<double>(), s["concurrency"].get<int>());
+  std::printf("== %s: %d requests, %d errors, %.2f s, rate %g, concurrency %d\n",
+              s["mode"].get<std::string>().c_str(), s["num_requests"].get<int>(),
+              s["errors"].get<int>(), s["duration_s"].get<double>(), s["rate"].get<double>(),
+              s["concurrency"].get<int>());
   std::printf("   tokens/s %.1f   requests/s %.2f   goodput %.2f req/s (SLO attainment %.1f%%)\n",
-              s["tokens_per_s"].get<double>(), s["requests_per_s"].get<double>(), s["goodput_rps"].get<double>(),
-              100 * s["slo_attainment"].get<double>());
+              s["tokens_per_s"].get<double>(), s["requests_per_s"].get<double>(),
+              s["goodput_rps"].get<double>(), 100 * s["slo_attainment"].get<double>());
   for (const char* k : {"ttft_ms", "itl_ms", "e2e_ms"}) {
     const auto& m = s[k];
     std::printf("   %-8s p50 %9.2f  p90 %9.2f  p99 %9.2f  mean %9.2f\n", k, m["p50"].get<double>(),
                 m["p90"].get<double>(), m["p99"].get<double>(), m["mean"].get<double>());
   }
-  for (const auto& [msg, n] : s["error_kinds"].items()) std::printf("   error x%d: %s\n", n.get<int>(), msg.c_str());
+  for (const auto& [msg, n] : s["error_kinds"].items())
+    std::printf("   error x%d: %s\n", n.get<int>(), msg.c_str());
 }
 
 }  // namespace kvsplit::server::bench

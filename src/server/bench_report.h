@@ -3,11 +3,10 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "kvsplit/status.h"
 
@@ -15,10 +14,10 @@ namespace kvsplit::server::bench {
 
 struct Spec {
   int num_requests = 200;
-  double rate = 0;          // Poisson arrivals per second; 0: all at t = 0 (concurrency-bound)
+  double rate = 0;  // Poisson arrivals per second; 0: all at t = 0 (concurrency-bound)
   int concurrency = 64;
-  int prompt_min = 16, prompt_max = 64;   // prompt tokens, uniform
-  int output_min = 32, output_max = 128;  // max_tokens, uniform
+  int prompt_min = 16, prompt_max = 64;                 // prompt tokens, uniform
+  int output_min = 32, output_max = 128;                // max_tokens, uniform
   std::vector<std::pair<std::string, double>> classes;  // SLA class -> weight
   uint64_t seed = 0;
 };
@@ -27,7 +26,7 @@ struct Work {
   std::vector<int32_t> prompt;  // token ids
   uint32_t max_tokens = 0;
   std::string sla_class;
-  double arrival_s = 0;         // offset from the start
+  double arrival_s = 0;  // offset from the start
 };
 
 struct Outcome {
@@ -36,19 +35,20 @@ struct Outcome {
   std::string sla_class;
   int tokens = 0;
   double ttft_ms = 0, e2e_ms = 0;
-  std::vector<double> itl_ms;   // one per message after the first (gap / tokens in it)
+  std::vector<double> itl_ms;  // one per message after the first (gap / tokens in it)
 };
 
 // Parses "MIN:MAX" lengths and "name:weight,..." class mixes into `spec` (kInvalidArgument
 // naming the flag).
-Status parse_spec(const std::string& prompt_len, const std::string& output_len, const std::string& class_mix,
-                  Spec* spec);
+Status parse_spec(const std::string& prompt_len, const std::string& output_len,
+                  const std::string& class_mix, Spec* spec);
 // Deterministic for a given spec; prompt + max_tokens is clipped to `max_context`.
 std::vector<Work> make_workload(const Spec& spec, int32_t vocab_size, int32_t max_context);
 // p50/p90/p99/mean of TTFT, ITL, E2E; tokens/s, requests/s, goodput (requests meeting their
 // class's max_ttft_ms and max_itl_ms per second); per-request samples for plotting.
-nlohmann::json summarize(const std::string& mode, const Spec& spec, const std::vector<Outcome>& outcomes,
-                         double seconds, const std::map<std::string, std::pair<double, double>>& targets);
+nlohmann::json summarize(const std::string& mode, const Spec& spec,
+                         const std::vector<Outcome>& outcomes, double seconds,
+                         const std::map<std::string, std::pair<double, double>>& targets);
 void print_summary(const nlohmann::json& summary);
 // `message` with every run of digits replaced by '#' (at most 240 characters): errors that
 // differ only in request ids or numbers share a kind.

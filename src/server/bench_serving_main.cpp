@@ -10,20 +10,19 @@
 // Requests are token-id prompts (uniform random ids, seeded) with uniform length ranges, Poisson
 // arrivals at --rate (0: as fast as --concurrency allows), an SLA class mix, ignore_eos so every
 // request produces its full length.
+#include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <array>
 #include <condition_variable>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include "config/config.h"
 #include "server/bench_report.h"
@@ -37,14 +36,18 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double since(Clock::time_point t0, Clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); }
+double since(Clock::time_point t0, Clock::time_point t) {
+  return std::chrono::duration<double>(t - t0).count();
+}
 
 // CPU seconds (user + system) used by this process so far: with an in-process engine, the cost
 // of serving (engine + gRPC server + client) independent of what else runs on the machine.
 double process_cpu_s() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
-  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
+  auto s = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+  };
   return s(u.ru_utime) + s(u.ru_stime);
 }
 
@@ -71,8 +74,10 @@ class StreamCall : public grpc::ClientReadReactor<v1::GenerateResponse> {
     if (!ok) return;
     const auto now = Clock::now();
     if (resp_.token_ids_size() > 0) {
-      if (out_->tokens == 0) out_->ttft_ms = since(start_, now) * 1e3;
-      else out_->itl_ms.push_back(since(last_, now) * 1e3 / resp_.token_ids_size());
+      if (out_->tokens == 0)
+        out_->ttft_ms = since(start_, now) * 1e3;
+      else
+        out_->itl_ms.push_back(since(last_, now) * 1e3 / resp_.token_ids_size());
       out_->tokens += resp_.token_ids_size();
       last_ = now;
     }
@@ -116,8 +121,10 @@ void run_in_engine(kvsplit::Engine* engine, const Work& w, Outcome* out) {
   while (h->next(&ev, std::chrono::minutes(10))) {
     const auto now = Clock::now();
     if (!ev.token_ids.empty()) {
-      if (out->tokens == 0) out->ttft_ms = since(start, now) * 1e3;
-      else out->itl_ms.push_back(since(last, now) * 1e3 / ev.token_ids.size());
+      if (out->tokens == 0)
+        out->ttft_ms = since(start, now) * 1e3;
+      else
+        out->itl_ms.push_back(since(last, now) * 1e3 / ev.token_ids.size());
       out->tokens += static_cast<int>(ev.token_ids.size());
       last = now;
     }
@@ -150,8 +157,9 @@ double dispatch(const std::vector<Work>& works, int concurrency,
     std::unique_lock<std::mutex> l(mu);
     while (finished < works.size()) {
       const int width = 40, filled = static_cast<int>(width * finished / works.size());
-      std::fprintf(stderr, "\r[%s%s] %zu/%zu  in flight %d  %.1fs", std::string(filled, '#').c_str(),
-                   std::string(width - filled, '.').c_str(), finished, works.size(), inflight, since(t0, Clock::now()));
+      std::fprintf(stderr, "\r[%s%s] %zu/%zu  in flight %d  %.1fs",
+                   std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
+                   finished, works.size(), inflight, since(t0, Clock::now()));
       cv.wait_for(l, std::chrono::milliseconds(200));
     }
     std::fprintf(stderr, "\r%80s\r", "");
@@ -185,29 +193,38 @@ int main(int argc, char** argv) {
   CLI::App app{"kvsplit-bench-serving: gRPC load generator for kvsplit-server"};
   app.add_option("--server", copt.server, "host:port");
   app.add_option("--num-requests", spec.num_requests, "requests to send (default 200)");
-  app.add_option("--rate", spec.rate, "Poisson arrivals per second; 0 = send as fast as --concurrency allows");
+  app.add_option("--rate", spec.rate,
+                 "Poisson arrivals per second; 0 = send as fast as --concurrency allows");
   app.add_option("--concurrency", spec.concurrency, "max requests in flight (default 64)");
   app.add_option("--prompt-len", prompt_len, "prompt tokens MIN:MAX, uniform (default 16:64)");
   app.add_option("--output-len", output_len, "max_tokens MIN:MAX, uniform (default 32:128)");
-  app.add_option("--class-mix", class_mix, "SLA class weights, e.g. voice:0.7,batch:0.3 (default: server default)");
+  app.add_option("--class-mix", class_mix,
+                 "SLA class weights, e.g. voice:0.7,batch:0.3 (default: server default)");
   app.add_option("--seed", spec.seed, "workload seed (default 0)");
-  app.add_option("--json-out", json_out, "write the result (summary + per-request samples) as JSON");
+  app.add_option("--json-out", json_out,
+                 "write the result (summary + per-request samples) as JSON");
   app.add_option("--tls-ca", copt.tls_ca, "PEM CA / server cert: use TLS");
   app.add_option("--api-key", copt.api_key, "bearer API key");
-  app.add_option("--in-process-model", in_process_model,
-                 "start an engine + server in-process on this model; compare gRPC vs direct engine");
+  app.add_option(
+      "--in-process-model", in_process_model,
+      "start an engine + server in-process on this model; compare gRPC vs direct engine");
   int warmup = -1, rounds = 1, kv_capacity_mb = 0, max_num_seqs = 0, threads_per_worker = -1;
   app.add_option("--warmup", warmup,
                  "requests sent (through both paths) before measuring; default: --concurrency with "
                  "--in-process-model, else 0");
-  app.add_option("--rounds", rounds, "measured passes per path; the order alternates per round (default 1)")
+  app.add_option("--rounds", rounds,
+                 "measured passes per path; the order alternates per round (default 1)")
       ->check(CLI::Range(1, 100));
-  app.add_option("--kv-capacity-mb", kv_capacity_mb, "in-process engine: KV MiB per worker (default: engine's)");
-  app.add_option("--max-num-seqs", max_num_seqs, "in-process engine: running sequences per decode worker");
-  app.add_option("--threads-per-worker", threads_per_worker, "in-process engine: CPU threads per worker");
+  app.add_option("--kv-capacity-mb", kv_capacity_mb,
+                 "in-process engine: KV MiB per worker (default: engine's)");
+  app.add_option("--max-num-seqs", max_num_seqs,
+                 "in-process engine: running sequences per decode worker");
+  app.add_option("--threads-per-worker", threads_per_worker,
+                 "in-process engine: CPU threads per worker");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
-  if (auto st = kvsplit::server::bench::parse_spec(prompt_len, output_len, class_mix, &spec); !st.ok()) {
+  if (auto st = kvsplit::server::bench::parse_spec(prompt_len, output_len, class_mix, &spec);
+      !st.ok()) {
     std::cerr << "kvsplit-bench-serving: " << st.message() << "\n";
     return 2;
   }
@@ -233,7 +250,8 @@ int main(int argc, char** argv) {
     kvsplit::server::ServiceOptions so;
     so.max_concurrent_streams = 100000;
     so.max_tokens_limit = 1 << 20;
-    service = std::make_unique<kvsplit::server::GenerationService>(engine.get(), so, ec.sla_classes);
+    service =
+        std::make_unique<kvsplit::server::GenerationService>(engine.get(), so, ec.sla_classes);
     kvsplit::config::ServerConfig sc;
     sc.host = "127.0.0.1";
     sc.port = 0;
@@ -264,14 +282,17 @@ int main(int argc, char** argv) {
     grpc::Status s1 = stub->GetModelInfo(&c1, {}, &info);
     grpc::Status s2 = s1.ok() ? stub->GetServerStats(&c2, {}, &stats) : s1;
     if (!s2.ok()) {
-      std::cerr << "kvsplit-bench-serving: cannot reach " << copt.server << ": " << s2.error_message() << "\n";
+      std::cerr << "kvsplit-bench-serving: cannot reach " << copt.server << ": "
+                << s2.error_message() << "\n";
       return 1;
     }
   }
   std::map<std::string, std::pair<double, double>> targets;  // class -> (max_ttft_ms, max_itl_ms)
   for (const auto& c : stats.classes()) targets[c.name()] = {c.max_ttft_ms(), c.max_itl_ms()};
-  if (spec.classes.empty()) spec.classes = {{info.sla_classes_size() ? info.sla_classes(0) : "", 1.0}};
-  const std::vector<Work> works = kvsplit::server::bench::make_workload(spec, info.vocab_size(), info.max_context());
+  if (spec.classes.empty())
+    spec.classes = {{info.sla_classes_size() ? info.sla_classes(0) : "", 1.0}};
+  const std::vector<Work> works =
+      kvsplit::server::bench::make_workload(spec, info.vocab_size(), info.max_context());
 
   auto preemptions = [&]() -> int64_t {
     grpc::ClientContext c;
@@ -304,8 +325,8 @@ int main(int argc, char** argv) {
     const double cpu0 = process_cpu_s();
     const int64_t pre0 = preemptions();
     const double secs = grpc_path ? grpc_pass(works, &outcomes) : engine_pass(works, &outcomes);
-    nlohmann::json s = kvsplit::server::bench::summarize(grpc_path ? "grpc" : "in-process", spec, outcomes,
-                                                         secs, targets);
+    nlohmann::json s = kvsplit::server::bench::summarize(grpc_path ? "grpc" : "in-process", spec,
+                                                         outcomes, secs, targets);
     const double cpu = process_cpu_s() - cpu0;
     s["preemptions"] = preemptions() - pre0;
     if (engine) {  // the CPU of this process covers the server only when it runs here
@@ -322,7 +343,8 @@ int main(int argc, char** argv) {
     ws.num_requests = warmup;
     ws.seed = spec.seed + 1;
     ws.rate = 0;
-    const auto warm = kvsplit::server::bench::make_workload(ws, info.vocab_size(), info.max_context());
+    const auto warm =
+        kvsplit::server::bench::make_workload(ws, info.vocab_size(), info.max_context());
     std::vector<Outcome> o(warm.size());
     grpc_pass(warm, &o);
     if (engine) engine_pass(warm, &o);
@@ -342,7 +364,8 @@ int main(int argc, char** argv) {
     for (const auto& s : rs) {
       kvsplit::server::bench::print_summary(s);
       std::printf("   preemptions %lld", static_cast<long long>(s["preemptions"].get<int64_t>()));
-      if (s.contains("cpu_ms_per_token")) std::printf("   process CPU %.3f ms/token", s["cpu_ms_per_token"].get<double>());
+      if (s.contains("cpu_ms_per_token"))
+        std::printf("   process CPU %.3f ms/token", s["cpu_ms_per_token"].get<double>());
       std::printf("   (round %d)\n", s["round"].get<int>());
     }
   };
@@ -363,7 +386,8 @@ int main(int argc, char** argv) {
     const auto g = totals(grpc_runs), e = totals(engine_runs);
     std::vector<double> per_round;
     for (size_t i = 0; i < grpc_runs.size(); ++i)
-      per_round.push_back(grpc_runs[i]["tokens_per_s"].get<double>() / engine_runs[i]["tokens_per_s"].get<double>());
+      per_round.push_back(grpc_runs[i]["tokens_per_s"].get<double>() /
+                          engine_runs[i]["tokens_per_s"].get<double>());
     result["in_process"] = engine_runs.front();
     result["grpc_over_in_process_tokens_per_s"] = g[0] / e[0];
     result["grpc_over_in_process_per_round"] = per_round;
@@ -375,15 +399,17 @@ int main(int argc, char** argv) {
         all.push_back(std::move(s));
       }
     result["passes"] = all;
-    std::printf("over %d round(s): gRPC %.1f tokens/s, in-process %.1f tokens/s; process CPU %.3f vs %.3f ms/token\n",
-                rounds, g[0], e[0], g[1], e[1]);
+    std::printf(
+        "over %d round(s): gRPC %.1f tokens/s, in-process %.1f tokens/s; process CPU %.3f vs %.3f "
+        "ms/token\n",
+        rounds, g[0], e[0], g[1], e[1]);
     std::string rs;
     for (double x : per_round) rs += (rs.empty() ? "" : " ") + std::to_string(x).substr(0, 5);
     // The median round resists a burst of outside load on one pass; the CPU ratio ignores it.
     const double median = kvsplit::server::bench::quantile(per_round, 0.5);
     result["grpc_over_in_process_median_round"] = median;
-    std::printf("gRPC / in-process tokens/s: %.3f   median round %.3f   (per round: %s)\n", g[0] / e[0], median,
-                rs.c_str());
+    std::printf("gRPC / in-process tokens/s: %.3f   median round %.3f   (per round: %s)\n",
+                g[0] / e[0], median, rs.c_str());
     std::printf("in-process / gRPC process CPU per token: %.3f\n", e[1] / g[1]);
   }
   result["model"] = info.source();

@@ -1,10 +1,10 @@
 // Client-side channel setup shared by kvsplit-client and kvsplit-bench-serving.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <memory>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "kvsplit/status.h"
 

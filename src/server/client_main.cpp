@@ -3,12 +3,12 @@
 //   kvsplit-client --server 127.0.0.1:50051 "Once upon a time" --max-tokens 64 --temperature 0
 //   kvsplit-client --server ADDR "prompt" --json        (one JSON object at the end)
 //   kvsplit-client --server ADDR --info | --stats       (GetModelInfo / GetServerStats as JSON)
+#include <google/protobuf/util/json_util.h>
+
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
-
-#include <CLI/CLI.hpp>
-#include <google/protobuf/util/json_util.h>
 #include <nlohmann/json.hpp>
 
 #include "kvsplit/v1/generation.grpc.pb.h"
@@ -29,8 +29,9 @@ std::string to_json(const google::protobuf::Message& m) {
 }
 
 int fail(const grpc::Status& st) {
-  std::cerr << "kvsplit-client: " << kvsplit::status_code_name(static_cast<kvsplit::StatusCode>(st.error_code()))
-            << ": " << st.error_message() << "\n";
+  std::cerr << "kvsplit-client: "
+            << kvsplit::status_code_name(static_cast<kvsplit::StatusCode>(st.error_code())) << ": "
+            << st.error_message() << "\n";
   return 1;
 }
 
@@ -124,7 +125,8 @@ int main(int argc, char** argv) {
   std::string text;
   while (reader->Read(&msg)) {
     for (int32_t id : msg.token_ids()) ids.push_back(id);
-    for (const auto& lp : msg.logprobs()) logprobs.push_back({{"token_id", lp.token_id()}, {"logprob", lp.logprob()}});
+    for (const auto& lp : msg.logprobs())
+      logprobs.push_back({{"token_id", lp.token_id()}, {"logprob", lp.logprob()}});
     text += msg.text();
     if (!json) {
       std::fwrite(msg.text().data(), 1, msg.text().size(), stdout);
@@ -138,15 +140,20 @@ int main(int argc, char** argv) {
   if (json) {
     const auto& u = last.usage();
     const auto& t = last.timings();
-    nlohmann::json out = {
-        {"request_id", last.request_id()},
-        {"token_ids", ids},
-        {"text", text},
-        {"finish_reason", v1::FinishReason_Name(last.finish_reason())},
-        {"usage", {{"prompt_tokens", u.prompt_tokens()}, {"completion_tokens", u.completion_tokens()},
-                   {"cached_tokens", u.cached_tokens()}}},
-        {"timings", {{"queue_ms", t.queue_ms()}, {"ttft_ms", t.ttft_ms()}, {"mean_itl_ms", t.mean_itl_ms()},
-                     {"max_itl_ms", t.max_itl_ms()}, {"e2e_ms", t.e2e_ms()}}}};
+    nlohmann::json out = {{"request_id", last.request_id()},
+                          {"token_ids", ids},
+                          {"text", text},
+                          {"finish_reason", v1::FinishReason_Name(last.finish_reason())},
+                          {"usage",
+                           {{"prompt_tokens", u.prompt_tokens()},
+                            {"completion_tokens", u.completion_tokens()},
+                            {"cached_tokens", u.cached_tokens()}}},
+                          {"timings",
+                           {{"queue_ms", t.queue_ms()},
+                            {"ttft_ms", t.ttft_ms()},
+                            {"mean_itl_ms", t.mean_itl_ms()},
+                            {"max_itl_ms", t.max_itl_ms()},
+                            {"e2e_ms", t.e2e_ms()}}}};
     if (top_logprobs > 0) out["logprobs"] = logprobs;
     std::cout << out.dump() << "\n";
   }

@@ -19,8 +19,8 @@ Status bad(const std::string& field, const std::string& rule, double got) {
 }
 
 // Optional float field in [lo, hi] (open ends when lo_open / hi_open).
-Status check_float(const std::string& field, bool has, float v, double lo, double hi,
-                   bool lo_open, float* out) {
+Status check_float(const std::string& field, bool has, float v, double lo, double hi, bool lo_open,
+                   float* out) {
   if (!has) return ok_status();
   const std::string rule = std::string(lo_open ? "in (" : "in [") + num(lo) + ", " + num(hi) + "]";
   if (!std::isfinite(v) || v > hi || v < lo || (lo_open && v == lo)) return bad(field, rule, v);
@@ -34,7 +34,8 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
   Request r;
   if (in.request_id().size() > 128) return invalid_argument("request_id: at most 128 bytes");
   for (unsigned char ch : in.request_id()) {
-    if (ch < 0x21 || ch > 0x7E) return invalid_argument("request_id: printable ASCII without spaces only");
+    if (ch < 0x21 || ch > 0x7E)
+      return invalid_argument("request_id: printable ASCII without spaces only");
   }
   r.request_id = in.request_id();
 
@@ -42,7 +43,8 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
     case v1::GenerateRequest::kPrompt: {
       const std::string& p = in.prompt();
       if (p.size() > static_cast<size_t>(limits.max_prompt_bytes))
-        return invalid_argument("prompt: " + std::to_string(p.size()) + " bytes exceeds the limit of " +
+        return invalid_argument("prompt: " + std::to_string(p.size()) +
+                                " bytes exceeds the limit of " +
                                 std::to_string(limits.max_prompt_bytes));
       size_t at = 0;
       if (!is_valid_utf8(p, &at))
@@ -55,11 +57,13 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
       if (ids.empty()) return invalid_argument("prompt_token_ids: must not be empty");
       if (ids.size() > limits.max_context)
         return invalid_argument("prompt_token_ids: " + std::to_string(ids.size()) +
-                                " tokens exceed the model context of " + std::to_string(limits.max_context));
+                                " tokens exceed the model context of " +
+                                std::to_string(limits.max_context));
       for (int i = 0; i < ids.size(); ++i) {
         if (ids[i] < 0 || ids[i] >= limits.vocab_size)
-          return invalid_argument("prompt_token_ids[" + std::to_string(i) + "]: " + std::to_string(ids[i]) +
-                                  " is not in [0, " + std::to_string(limits.vocab_size) + ")");
+          return invalid_argument("prompt_token_ids[" + std::to_string(i) +
+                                  "]: " + std::to_string(ids[i]) + " is not in [0, " +
+                                  std::to_string(limits.vocab_size) + ")");
       }
       r.prompt_token_ids.assign(ids.begin(), ids.end());
       break;
@@ -76,12 +80,18 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
   s.max_tokens = static_cast<int32_t>(max_tokens);
 
   const v1::SamplingParams& sp = in.sampling();
-  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.temperature", sp.has_temperature(), sp.temperature(), 0, 100, false, &s.temperature));
-  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.top_p", sp.has_top_p(), sp.top_p(), 0, 1, true, &s.top_p));
-  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.min_p", sp.has_min_p(), sp.min_p(), 0, 1, false, &s.min_p));
-  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.repetition_penalty", sp.has_repetition_penalty(), sp.repetition_penalty(), 0, 10, true, &s.repetition_penalty));
-  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.presence_penalty", sp.has_presence_penalty(), sp.presence_penalty(), -2, 2, false, &s.presence_penalty));
-  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.frequency_penalty", sp.has_frequency_penalty(), sp.frequency_penalty(), -2, 2, false, &s.frequency_penalty));
+  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.temperature", sp.has_temperature(),
+                                      sp.temperature(), 0, 100, false, &s.temperature));
+  KVSPLIT_RETURN_IF_ERROR(
+      check_float("sampling.top_p", sp.has_top_p(), sp.top_p(), 0, 1, true, &s.top_p));
+  KVSPLIT_RETURN_IF_ERROR(
+      check_float("sampling.min_p", sp.has_min_p(), sp.min_p(), 0, 1, false, &s.min_p));
+  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.repetition_penalty", sp.has_repetition_penalty(),
+                                      sp.repetition_penalty(), 0, 10, true, &s.repetition_penalty));
+  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.presence_penalty", sp.has_presence_penalty(),
+                                      sp.presence_penalty(), -2, 2, false, &s.presence_penalty));
+  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.frequency_penalty", sp.has_frequency_penalty(),
+                                      sp.frequency_penalty(), -2, 2, false, &s.frequency_penalty));
   if (sp.has_top_k()) {
     if (sp.top_k() < 0 || sp.top_k() > limits.vocab_size)
       return bad("sampling.top_k", "in [0, " + std::to_string(limits.vocab_size) + "]", sp.top_k());
@@ -89,7 +99,8 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
   }
   if (sp.has_seed()) s.seed = sp.seed();
 
-  if (in.stop_size() > 16) return invalid_argument("stop: at most 16 strings, got " + std::to_string(in.stop_size()));
+  if (in.stop_size() > 16)
+    return invalid_argument("stop: at most 16 strings, got " + std::to_string(in.stop_size()));
   for (int i = 0; i < in.stop_size(); ++i) {
     const std::string& st = in.stop(i);
     const std::string f = "stop[" + std::to_string(i) + "]";
@@ -98,7 +109,8 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
     s.stop.push_back(st);
   }
   if (in.stop_token_ids_size() > 64)
-    return invalid_argument("stop_token_ids: at most 64, got " + std::to_string(in.stop_token_ids_size()));
+    return invalid_argument("stop_token_ids: at most 64, got " +
+                            std::to_string(in.stop_token_ids_size()));
   for (int i = 0; i < in.stop_token_ids_size(); ++i) {
     const int32_t id = in.stop_token_ids(i);
     if (id < 0 || id >= limits.vocab_size)
@@ -121,8 +133,9 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
   }
   // Empty means the default class: name it, so that metrics and logs carry the real name.
   r.sla_class = in.sla_class().empty() && !limits.class_names.empty() ? limits.class_names.front()
-                                                                       : in.sla_class();
-  if (in.priority() < -1000 || in.priority() > 1000) return bad("priority", "in [-1000, 1000]", in.priority());
+                                                                      : in.sla_class();
+  if (in.priority() < -1000 || in.priority() > 1000)
+    return bad("priority", "in [-1000, 1000]", in.priority());
   r.priority = in.priority();
   if (in.top_logprobs() > 20) return bad("top_logprobs", "in [0, 20]", in.top_logprobs());
   r.top_logprobs = in.top_logprobs();
@@ -146,11 +159,16 @@ void append_tokens(const TokenEvent& event, bool want_logprobs, v1::GenerateResp
 
 v1::FinishReason to_proto(FinishReason reason) {
   switch (reason) {
-    case FinishReason::kStop: return v1::FINISH_REASON_STOP;
-    case FinishReason::kLength: return v1::FINISH_REASON_LENGTH;
-    case FinishReason::kCancelled: return v1::FINISH_REASON_CANCELLED;
-    case FinishReason::kError: return v1::FINISH_REASON_ERROR;
-    case FinishReason::kNone: break;
+    case FinishReason::kStop:
+      return v1::FINISH_REASON_STOP;
+    case FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case FinishReason::kCancelled:
+      return v1::FINISH_REASON_CANCELLED;
+    case FinishReason::kError:
+      return v1::FINISH_REASON_ERROR;
+    case FinishReason::kNone:
+      break;
   }
   return v1::FINISH_REASON_UNSPECIFIED;
 }
@@ -182,7 +200,8 @@ grpc::Status to_grpc(const Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), msg);
 }
 
-void fill_model_info(const ModelInfo& info, const RequestLimits& limits, v1::GetModelInfoResponse* out) {
+void fill_model_info(const ModelInfo& info, const RequestLimits& limits,
+                     v1::GetModelInfoResponse* out) {
   out->set_source(info.source);
   out->set_architecture(info.architecture);
   out->set_vocab_size(info.vocab_size);

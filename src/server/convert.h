@@ -2,10 +2,10 @@
 // kInvalidArgument naming the proto field ("sampling.top_p: must be in (0, 1], got 1.5").
 #pragma once
 
+#include <grpcpp/support/status.h>
+
 #include <string>
 #include <vector>
-
-#include <grpcpp/support/status.h>
 
 #include "kvsplit/engine.h"
 #include "kvsplit/v1/generation.pb.h"
@@ -16,8 +16,8 @@ namespace v1 = ::kvsplit::v1;
 
 // What a request may ask for; a snapshot taken per request (classes change on SIGHUP).
 struct RequestLimits {
-  int32_t vocab_size = 0;          // token ids must be in [0, vocab_size)
-  int32_t max_context = 0;         // prompt_token_ids.size() <= max_context
+  int32_t vocab_size = 0;   // token ids must be in [0, vocab_size)
+  int32_t max_context = 0;  // prompt_token_ids.size() <= max_context
   int32_t max_prompt_bytes = 1 << 20;
   int32_t max_tokens_limit = 8192;
   int32_t default_max_tokens = 16;
@@ -36,7 +36,8 @@ void set_final_fields(const TokenEvent& event, v1::GenerateResponse* out);
 v1::FinishReason to_proto(FinishReason reason);
 grpc::Status to_grpc(const Status& status);
 
-void fill_model_info(const ModelInfo& info, const RequestLimits& limits, v1::GetModelInfoResponse* out);
+void fill_model_info(const ModelInfo& info, const RequestLimits& limits,
+                     v1::GetModelInfoResponse* out);
 void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& classes,
                        int32_t active_streams, v1::GetServerStatsResponse* out);
 

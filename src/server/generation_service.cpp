@@ -30,7 +30,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       : service_(service), context_(context) {}
 
   static GenerateReactor* start(GenerationService* service, grpc::CallbackServerContext* context,
-                                const v1::GenerateRequest& request, StatusOr<Request> engine_request) {
+                                const v1::GenerateRequest& request,
+                                StatusOr<Request> engine_request) {
     auto r = std::make_shared<GenerateReactor>(service, context);
     r->self_ = r;
     if (!engine_request.ok()) {
@@ -38,7 +39,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       return r.get();
     }
     r->want_logprobs_ = engine_request->top_logprobs > 0;
-    if (ServerMetrics* m = service->metrics()) r->histograms_ = m->histograms(engine_request->sla_class);
+    if (ServerMetrics* m = service->metrics())
+      r->histograms_ = m->histograms(engine_request->sla_class);
     auto handle = service->engine()->submit(std::move(engine_request).value());
     if (!handle.ok()) {
       r->finish_now(to_grpc(handle.status()));
@@ -130,7 +132,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
         set_final_fields(ev, &resp_);
         // A request aborted by the server side (Abort RPC, drain) ends normally with
         // finish_reason CANCELLED; only real failures end the call with an error status.
-        final_status = ev.finish_reason == FinishReason::kCancelled && ev.status.code() == StatusCode::kCancelled
+        final_status = ev.finish_reason == FinishReason::kCancelled &&
+                               ev.status.code() == StatusCode::kCancelled
                            ? grpc::Status::OK
                            : to_grpc(ev.status);
         if (histograms_.e2e) ServerMetrics::observe_request(histograms_, ev);
@@ -156,7 +159,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
     if (ev.token_ids.empty()) return;
     if (have_last_ && histograms_.itl) {
       const double gap = std::chrono::duration<double>(ev.time - last_token_time_).count();
-      ServerMetrics::observe_itl(histograms_, gap / static_cast<double>(ev.token_ids.size()), ev.token_ids.size());
+      ServerMetrics::observe_itl(histograms_, gap / static_cast<double>(ev.token_ids.size()),
+                                 ev.token_ids.size());
     }
     last_token_time_ = ev.time;
     have_last_ = true;
@@ -166,18 +170,18 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   grpc::CallbackServerContext* const context_;
   std::shared_ptr<GenerateReactor> self_;
   std::mutex mu_;
-  RequestHandle handle_;             // guarded by mu_ until submitted_, then read-only
+  RequestHandle handle_;  // guarded by mu_ until submitted_, then read-only
   std::string request_id_;
   ServerMetrics::ClassHistograms histograms_;  // set before the first event; null without metrics
   bool want_logprobs_ = false;
-  bool submitted_ = false;           // guarded by mu_ (all flags below too)
+  bool submitted_ = false;  // guarded by mu_ (all flags below too)
   bool write_in_flight_ = false;
   bool finish_called_ = false;
   bool final_seen_ = false;
-  bool broken_ = false;              // cancelled, deadline passed, or a write failed
+  bool broken_ = false;  // cancelled, deadline passed, or a write failed
   bool aborted_ = false;
   grpc::StatusCode final_code_ = grpc::StatusCode::OK;
-  v1::GenerateResponse resp_;        // the message being written; touched only between writes
+  v1::GenerateResponse resp_;  // the message being written; touched only between writes
   Utf8Joiner text_;
   std::chrono::steady_clock::time_point last_token_time_;
   bool have_last_ = false;
@@ -185,8 +189,11 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
 
 }  // namespace
 
-GenerationService::GenerationService(Engine* engine, ServiceOptions options, std::vector<SlaClass> classes)
-    : engine_(engine), options_(std::move(options)), model_info_(engine->model_info()),
+GenerationService::GenerationService(Engine* engine, ServiceOptions options,
+                                     std::vector<SlaClass> classes)
+    : engine_(engine),
+      options_(std::move(options)),
+      model_info_(engine->model_info()),
       classes_(std::move(classes)) {}
 
 void GenerationService::set_sla_classes(std::vector<SlaClass> classes) {
@@ -216,7 +223,8 @@ grpc::Status GenerationService::authenticate(const grpc::CallbackServerContext* 
   const auto& md = context->client_metadata();
   auto it = md.find("authorization");
   if (it == md.end())
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing 'authorization: Bearer <key>' metadata");
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "missing 'authorization: Bearer <key>' metadata");
   const std::string_view value(it->second.data(), it->second.size());
   constexpr std::string_view kPrefix = "Bearer ";
   if (value.substr(0, kPrefix.size()) == kPrefix) {
@@ -237,8 +245,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
   } else if (draining_.load()) {
     engine_request = unavailable("server is draining; not accepting new requests");
   } else if (open > options_.max_concurrent_streams) {
-    engine_request = resource_exhausted("server is at its limit of " +
-                                        std::to_string(options_.max_concurrent_streams) + " concurrent streams");
+    engine_request =
+        resource_exhausted("server is at its limit of " +
+                           std::to_string(options_.max_concurrent_streams) + " concurrent streams");
   } else {
     engine_request = to_engine_request(*request, limits());
     // Ids are assigned here, from one atomic counter, so concurrent calls never share one.
@@ -256,7 +265,8 @@ grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* 
   if (!auth.ok()) {
     reactor->Finish(auth);
   } else if (request->request_id().empty()) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request_id: must not be empty"));
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request_id: must not be empty"));
   } else {
     response->set_aborted(engine_->cancel(request->request_id()));
     reactor->Finish(grpc::Status::OK);

@@ -3,12 +3,12 @@
 // deadline aborts the request in the engine at once (its KV is freed). Thread-safe.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <mutex>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "kvsplit/engine.h"
 #include "kvsplit/v1/generation.grpc.pb.h"
@@ -22,8 +22,8 @@ struct ServiceOptions {
   int32_t max_prompt_bytes = 1 << 20;
   int32_t max_tokens_limit = 8192;
   int32_t default_max_tokens = 16;
-  std::vector<std::string> api_keys;      // empty: no authentication
-  ServerMetrics* metrics = nullptr;       // optional; must outlive the service
+  std::vector<std::string> api_keys;  // empty: no authentication
+  ServerMetrics* metrics = nullptr;   // optional; must outlive the service
 };
 
 class GenerationService final : public v1::Generation::CallbackService {
@@ -31,9 +31,10 @@ class GenerationService final : public v1::Generation::CallbackService {
   // `engine` must outlive the service and the gRPC server it is registered with.
   GenerationService(Engine* engine, ServiceOptions options, std::vector<SlaClass> classes);
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* context,
-                                                           const v1::GenerateRequest* request) override;
-  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context, const v1::AbortRequest* request,
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
+                                  const v1::AbortRequest* request,
                                   v1::AbortResponse* response) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const v1::GetModelInfoRequest* request,

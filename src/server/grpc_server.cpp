@@ -1,10 +1,10 @@
 #include "server/grpc_server.h"
 
-#include <fstream>
-#include <sstream>
-
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+
+#include <fstream>
+#include <sstream>
 
 namespace kvsplit::server {
 namespace {
@@ -20,11 +20,14 @@ StatusOr<std::string> read_file(const std::string& path, const std::string& fiel
 
 }  // namespace
 
-StatusOr<RunningServer> start_grpc_server(const config::ServerConfig& config, GenerationService* service) {
+StatusOr<RunningServer> start_grpc_server(const config::ServerConfig& config,
+                                          GenerationService* service) {
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (config.tls.enabled()) {
-    KVSPLIT_ASSIGN_OR_RETURN(std::string cert, read_file(config.tls.cert_file, "server.tls.cert_file"));
-    KVSPLIT_ASSIGN_OR_RETURN(std::string key, read_file(config.tls.key_file, "server.tls.key_file"));
+    KVSPLIT_ASSIGN_OR_RETURN(std::string cert,
+                             read_file(config.tls.cert_file, "server.tls.cert_file"));
+    KVSPLIT_ASSIGN_OR_RETURN(std::string key,
+                             read_file(config.tls.key_file, "server.tls.key_file"));
     grpc::SslServerCredentialsOptions ssl;
     ssl.pem_key_cert_pairs.push_back({key, cert});
     creds = grpc::SslServerCredentials(ssl);
@@ -32,8 +35,9 @@ StatusOr<RunningServer> start_grpc_server(const config::ServerConfig& config, Ge
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
-  const std::string address = (config.host.find(':') != std::string::npos ? "[" + config.host + "]" : config.host) +
-                              ":" + std::to_string(config.port);
+  const std::string address =
+      (config.host.find(':') != std::string::npos ? "[" + config.host + "]" : config.host) + ":" +
+      std::to_string(config.port);
   RunningServer out;
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, creds, &out.port);

@@ -3,9 +3,9 @@
 // when configured, message-size and per-connection stream limits.
 #pragma once
 
-#include <memory>
-
 #include <grpcpp/grpcpp.h>
+
+#include <memory>
 
 #include "config/config.h"
 #include "kvsplit/status.h"
@@ -20,7 +20,8 @@ struct RunningServer {
 
 // kInvalidArgument naming server.tls.* when the cert/key cannot be read, kUnavailable when the
 // address cannot be bound. `service` must outlive the returned server.
-StatusOr<RunningServer> start_grpc_server(const config::ServerConfig& config, GenerationService* service);
+StatusOr<RunningServer> start_grpc_server(const config::ServerConfig& config,
+                                          GenerationService* service);
 
 // Marks the health service NOT_SERVING (drain) or SERVING.
 void set_serving(grpc::Server* server, bool serving);

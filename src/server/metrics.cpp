@@ -26,7 +26,8 @@ class EngineCollector : public pm::Collectable {
     const EngineStats s = engine_->stats();
     std::vector<pm::MetricFamily> out;
     out.reserve(32);  // family() hands out references into `out`: it must never reallocate
-    auto family = [&](const char* name, const char* help, pm::MetricType type) -> pm::MetricFamily& {
+    auto family = [&](const char* name, const char* help,
+                      pm::MetricType type) -> pm::MetricFamily& {
       KVSPLIT_CHECK(out.size() < out.capacity());
       out.push_back(pm::MetricFamily{name, help, type, {}});
       return out.back();
@@ -43,9 +44,11 @@ class EngineCollector : public pm::Collectable {
       m.counter.value = v;
       return m;
     };
-    auto& kv = family("kvsplit:kv_cache_usage_perc", "KV cache usage per pool, fraction of blocks in use (0..1)",
-                      pm::MetricType::Gauge);
-    auto& blocks_free = family("kvsplit:kv_cache_free_blocks", "Free KV blocks per pool", pm::MetricType::Gauge);
+    auto& kv =
+        family("kvsplit:kv_cache_usage_perc",
+               "KV cache usage per pool, fraction of blocks in use (0..1)", pm::MetricType::Gauge);
+    auto& blocks_free =
+        family("kvsplit:kv_cache_free_blocks", "Free KV blocks per pool", pm::MetricType::Gauge);
     for (const PoolStats& p : s.pools) {
       const double used = p.kv_blocks_total > 0
                               ? 1.0 - static_cast<double>(p.kv_blocks_free) / p.kv_blocks_total
@@ -55,7 +58,8 @@ class EngineCollector : public pm::Collectable {
     }
     family("kvsplit:num_requests_running", "Sequences running in a batch", pm::MetricType::Gauge)
         .metric.push_back(gauge(s.num_running));
-    family("kvsplit:num_requests_waiting", "Requests queued, not yet running", pm::MetricType::Gauge)
+    family("kvsplit:num_requests_waiting", "Requests queued, not yet running",
+           pm::MetricType::Gauge)
         .metric.push_back(gauge(s.num_waiting));
     family("kvsplit:num_active_streams", "Open Generate calls", pm::MetricType::Gauge)
         .metric.push_back(gauge(active_.load() ? active_.load()->load() : 0));
@@ -65,19 +69,24 @@ class EngineCollector : public pm::Collectable {
         .metric.push_back(counter(static_cast<double>(s.prompt_tokens)));
     family("kvsplit:generation_tokens_total", "Tokens generated", pm::MetricType::Counter)
         .metric.push_back(counter(static_cast<double>(s.generated_tokens)));
-    auto& finished = family("kvsplit:request_finished_total", "Requests by outcome", pm::MetricType::Counter);
-    finished.metric.push_back(counter(static_cast<double>(s.requests_finished), {{"outcome", "finished"}}));
-    finished.metric.push_back(counter(static_cast<double>(s.requests_cancelled), {{"outcome", "cancelled"}}));
-    finished.metric.push_back(counter(static_cast<double>(s.requests_failed), {{"outcome", "failed"}}));
-    auto& cls_done = family("kvsplit:sla_requests_finished_total", "Finished requests per SLA class",
-                            pm::MetricType::Counter);
-    auto& cls_ttft = family("kvsplit:sla_ttft_met_total", "Requests that met their class's max_ttft_ms",
-                            pm::MetricType::Counter);
-    auto& cls_itl = family("kvsplit:sla_itl_met_total", "Requests that met their class's max_itl_ms",
-                           pm::MetricType::Counter);
+    auto& finished =
+        family("kvsplit:request_finished_total", "Requests by outcome", pm::MetricType::Counter);
+    finished.metric.push_back(
+        counter(static_cast<double>(s.requests_finished), {{"outcome", "finished"}}));
+    finished.metric.push_back(
+        counter(static_cast<double>(s.requests_cancelled), {{"outcome", "cancelled"}}));
+    finished.metric.push_back(
+        counter(static_cast<double>(s.requests_failed), {{"outcome", "failed"}}));
+    auto& cls_done = family("kvsplit:sla_requests_finished_total",
+                            "Finished requests per SLA class", pm::MetricType::Counter);
+    auto& cls_ttft = family("kvsplit:sla_ttft_met_total",
+                            "Requests that met their class's max_ttft_ms", pm::MetricType::Counter);
+    auto& cls_itl = family("kvsplit:sla_itl_met_total",
+                           "Requests that met their class's max_itl_ms", pm::MetricType::Counter);
     auto& cls_both = family("kvsplit:sla_slo_met_total", "Requests that met both targets (goodput)",
                             pm::MetricType::Counter);
-    auto& cls_queued = family("kvsplit:sla_queued_requests", "Requests queued per SLA class", pm::MetricType::Gauge);
+    auto& cls_queued = family("kvsplit:sla_queued_requests", "Requests queued per SLA class",
+                              pm::MetricType::Gauge);
     for (const SlaClassStats& c : s.classes) {
       std::vector<pm::ClientMetric::Label> l = {{"sla_class", c.name}};
       cls_done.metric.push_back(counter(static_cast<double>(c.finished), l));
@@ -99,9 +108,9 @@ class EngineCollector : public pm::Collectable {
 namespace {
 // Latency buckets (seconds): 1 ms .. 2 min, roughly x2 per step, as vLLM's histograms span.
 const pm::Histogram::BucketBoundaries& latency_buckets() {
-  static const pm::Histogram::BucketBoundaries b = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06,
-                                                    0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
-                                                    5.0, 10.0, 20.0, 40.0, 80.0, 120.0};
+  static const pm::Histogram::BucketBoundaries b = {
+      0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.15, 0.2,
+      0.3,   0.5,    0.75,  1.0,  2.5,  5.0,  10.0, 20.0, 40.0, 80.0, 120.0};
   return b;
 }
 }  // namespace
@@ -112,16 +121,26 @@ StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::create(
   m->registry_ = std::make_shared<pm::Registry>();
   m->collector_ = std::make_shared<EngineCollector>(engine, active_streams);
   auto& reg = *m->registry_;
-  m->ttft_ = &pm::BuildHistogram().Name("kvsplit:time_to_first_token_seconds")
-                  .Help("Admission to first token").Register(reg);
-  m->itl_ = &pm::BuildHistogram().Name("kvsplit:inter_token_latency_seconds")
-                 .Help("Gap between consecutive tokens of a request").Register(reg);
-  m->e2e_ = &pm::BuildHistogram().Name("kvsplit:e2e_request_latency_seconds")
-                 .Help("Admission to last token").Register(reg);
-  m->queue_ = &pm::BuildHistogram().Name("kvsplit:request_queue_time_seconds")
-                   .Help("Admission to first scheduled").Register(reg);
-  m->calls_ = &pm::BuildCounter().Name("kvsplit:grpc_generate_calls_total")
-                   .Help("Ended Generate calls by gRPC status code").Register(reg);
+  m->ttft_ = &pm::BuildHistogram()
+                  .Name("kvsplit:time_to_first_token_seconds")
+                  .Help("Admission to first token")
+                  .Register(reg);
+  m->itl_ = &pm::BuildHistogram()
+                 .Name("kvsplit:inter_token_latency_seconds")
+                 .Help("Gap between consecutive tokens of a request")
+                 .Register(reg);
+  m->e2e_ = &pm::BuildHistogram()
+                 .Name("kvsplit:e2e_request_latency_seconds")
+                 .Help("Admission to last token")
+                 .Register(reg);
+  m->queue_ = &pm::BuildHistogram()
+                   .Name("kvsplit:request_queue_time_seconds")
+                   .Help("Admission to first scheduled")
+                   .Register(reg);
+  m->calls_ = &pm::BuildCounter()
+                   .Name("kvsplit:grpc_generate_calls_total")
+                   .Help("Ended Generate calls by gRPC status code")
+                   .Register(reg);
   auto http = MetricsHttpServer::start(host, port, [p = m.get()] { return p->render(); });
   if (!http.ok()) return http.status();
   m->http_ = std::move(http).value();
@@ -147,12 +166,14 @@ StatusOr<std::string> ServerMetrics::render() const {
   }
 }
 
-void ServerMetrics::set_active_streams(const std::atomic<int32_t>* counter) { collector_->set_active(counter); }
+void ServerMetrics::set_active_streams(const std::atomic<int32_t>* counter) {
+  collector_->set_active(counter);
+}
 
 ServerMetrics::ClassHistograms ServerMetrics::histograms(const std::string& sla_class) {
   const pm::Labels l = {{"sla_class", sla_class}};
-  return {&ttft_->Add(l, latency_buckets()), &itl_->Add(l, latency_buckets()), &e2e_->Add(l, latency_buckets()),
-          &queue_->Add(l, latency_buckets())};
+  return {&ttft_->Add(l, latency_buckets()), &itl_->Add(l, latency_buckets()),
+          &e2e_->Add(l, latency_buckets()), &queue_->Add(l, latency_buckets())};
 }
 
 void ServerMetrics::observe_request(const ClassHistograms& h, const TokenEvent& ev) {

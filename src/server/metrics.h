@@ -15,7 +15,8 @@
 
 namespace prometheus {
 class Registry;
-template <typename T> class Family;
+template <typename T>
+class Family;
 class Histogram;
 class Counter;
 }  // namespace prometheus
@@ -28,9 +29,9 @@ class ServerMetrics {
  public:
   // Binds host:port (port 0: any free port; see port()). `engine` must outlive this object.
   // kUnavailable when the port cannot be bound.
-  static StatusOr<std::unique_ptr<ServerMetrics>> create(const std::string& host, int port,
-                                                         Engine* engine,
-                                                         const std::atomic<int32_t>* active_streams);
+  static StatusOr<std::unique_ptr<ServerMetrics>> create(
+      const std::string& host, int port, Engine* engine,
+      const std::atomic<int32_t>* active_streams);
   ~ServerMetrics();
 
   int port() const { return port_; }

@@ -25,8 +25,8 @@ using Clock = std::chrono::steady_clock;
 struct MetricsHttpServer::Connection {
   int fd = -1;
   Clock::time_point deadline;
-  std::string in;        // bytes received so far (request line + headers)
-  std::string out;       // the response, once prepared
+  std::string in;   // bytes received so far (request line + headers)
+  std::string out;  // the response, once prepared
   size_t out_offset = 0;
   bool writing = false;  // response prepared; reading is over
 };
@@ -66,15 +66,18 @@ size_t header_end(const std::string& in) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::start(const std::string& host, int port,
-                                                                       Handler handler,
-                                                                       MetricsHttpOptions options) {
-  if (port < 0 || port > 65535) return invalid_argument("metrics: port must be in 0..65535, got " + std::to_string(port));
-  if (options.max_request_bytes < 64 || options.io_timeout_ms <= 0 || options.max_connections <= 0 ||
-      options.poll_interval_ms <= 0)
-    return invalid_argument("metrics: max_request_bytes >= 64 and positive timeouts/limits required");
+StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::start(const std::string& host,
+                                                                      int port, Handler handler,
+                                                                      MetricsHttpOptions options) {
+  if (port < 0 || port > 65535)
+    return invalid_argument("metrics: port must be in 0..65535, got " + std::to_string(port));
+  if (options.max_request_bytes < 64 || options.io_timeout_ms <= 0 ||
+      options.max_connections <= 0 || options.poll_interval_ms <= 0)
+    return invalid_argument(
+        "metrics: max_request_bytes >= 64 and positive timeouts/limits required");
   if (!handler) return invalid_argument("metrics: no handler");
-  const std::string shown = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  const std::string shown =
+      (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
 
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -82,7 +85,8 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::start(const std:
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* res = nullptr;
   const std::string port_str = std::to_string(port);
-  if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port_str.c_str(), &hints, &res); rc != 0)
+  if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port_str.c_str(), &hints, &res);
+      rc != 0)
     return unavailable("metrics: cannot resolve " + shown + ": " + gai_strerror(rc));
   int fd = -1;
   std::string last_error = "no address";
@@ -115,14 +119,19 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::start(const std:
     close_fd(fd);
     return unavailable(std::string("metrics: eventfd: ") + std::strerror(errno));
   }
-  std::unique_ptr<MetricsHttpServer> s(new MetricsHttpServer(fd, wake, bound, std::move(handler), options));
+  std::unique_ptr<MetricsHttpServer> s(
+      new MetricsHttpServer(fd, wake, bound, std::move(handler), options));
   s->thread_ = std::thread([p = s.get()] { p->run(); });
   return s;
 }
 
 MetricsHttpServer::MetricsHttpServer(int listen_fd, int wake_fd, int port, Handler handler,
                                      MetricsHttpOptions options)
-    : listen_fd_(listen_fd), wake_fd_(wake_fd), port_(port), handler_(std::move(handler)), options_(options) {}
+    : listen_fd_(listen_fd),
+      wake_fd_(wake_fd),
+      port_(port),
+      handler_(std::move(handler)),
+      options_(options) {}
 
 MetricsHttpServer::~MetricsHttpServer() {
   stop();
@@ -151,10 +160,12 @@ void MetricsHttpServer::run() {
     auto wait = std::chrono::milliseconds(options_.poll_interval_ms);
     for (const auto& c : conns) {
       fds.push_back({c->fd, static_cast<short>(c->writing ? POLLOUT : POLLIN), 0});
-      wait = std::min(wait, std::chrono::duration_cast<std::chrono::milliseconds>(c->deadline - now) +
-                                std::chrono::milliseconds(1));
+      wait =
+          std::min(wait, std::chrono::duration_cast<std::chrono::milliseconds>(c->deadline - now) +
+                             std::chrono::milliseconds(1));
     }
-    const int n = ::poll(fds.data(), fds.size(), static_cast<int>(std::max<int64_t>(0, wait.count())));
+    const int n =
+        ::poll(fds.data(), fds.size(), static_cast<int>(std::max<int64_t>(0, wait.count())));
     if (n < 0 && errno != EINTR) {
       KVSPLIT_LOG_ERROR("metrics: poll failed: {}", std::strerror(errno));
       break;
@@ -208,7 +219,9 @@ bool MetricsHttpServer::on_readable(Connection* c) {
     const ssize_t n = ::recv(c->fd, buf, sizeof(buf), 0);
     if (n > 0) {
       // Keep at most one byte past the limit: enough to know the request is too large.
-      const size_t room = static_cast<size_t>(options_.max_request_bytes) + 1 - std::min(c->in.size(), static_cast<size_t>(options_.max_request_bytes) + 1);
+      const size_t room =
+          static_cast<size_t>(options_.max_request_bytes) + 1 -
+          std::min(c->in.size(), static_cast<size_t>(options_.max_request_bytes) + 1);
       c->in.append(buf, std::min(room, static_cast<size_t>(n)));
       if (header_end(c->in) != std::string::npos ||
           c->in.size() > static_cast<size_t>(options_.max_request_bytes))
@@ -226,7 +239,8 @@ bool MetricsHttpServer::on_readable(Connection* c) {
 
 bool MetricsHttpServer::on_writable(Connection* c) {
   while (c->out_offset < c->out.size()) {
-    const ssize_t n = ::send(c->fd, c->out.data() + c->out_offset, c->out.size() - c->out_offset, MSG_NOSIGNAL);
+    const ssize_t n =
+        ::send(c->fd, c->out.data() + c->out_offset, c->out.size() - c->out_offset, MSG_NOSIGNAL);
     if (n > 0) {
       c->out_offset += static_cast<size_t>(n);
       continue;
@@ -252,8 +266,9 @@ void MetricsHttpServer::prepare_response(Connection* c) {
   const std::string_view line = all.substr(0, all.find_first_of("\r\n"));
   const size_t sp1 = line.find(' ');
   const size_t sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
-  if (sp1 == std::string_view::npos || sp2 == std::string_view::npos || sp1 == 0 || sp2 == sp1 + 1 ||
-      line.substr(sp2 + 1).substr(0, 7) != "HTTP/1." || line.find(' ', sp2 + 1) != std::string_view::npos) {
+  if (sp1 == std::string_view::npos || sp2 == std::string_view::npos || sp1 == 0 ||
+      sp2 == sp1 + 1 || line.substr(sp2 + 1).substr(0, 7) != "HTTP/1." ||
+      line.find(' ', sp2 + 1) != std::string_view::npos) {
     c->out = plain_error(400, "Bad Request");
     return;
   }
@@ -266,7 +281,8 @@ void MetricsHttpServer::prepare_response(Connection* c) {
     return;
   }
   if (target != "/metrics") {
-    c->out = response(404, "Not Found", "text/plain; charset=utf-8", "Not Found: try /metrics\n", head);
+    c->out =
+        response(404, "Not Found", "text/plain; charset=utf-8", "Not Found: try /metrics\n", head);
     return;
   }
   StatusOr<std::string> body = handler_();

@@ -54,7 +54,8 @@ class MetricsHttpServer {
 
  private:
   struct Connection;
-  MetricsHttpServer(int listen_fd, int wake_fd, int port, Handler handler, MetricsHttpOptions options);
+  MetricsHttpServer(int listen_fd, int wake_fd, int port, Handler handler,
+                    MetricsHttpOptions options);
   void run();
   // Reads what is available; once the header block is complete, prepares the response.
   // Returns false when the connection is to be closed now.

@@ -7,14 +7,14 @@
 // Signals: SIGHUP reloads the SLA classes from --config (a bad file is logged, the old policy
 // stays); SIGTERM/SIGINT drain: stop accepting, wait up to server.drain_timeout_ms for in-flight
 // requests, cancel the rest, exit 0.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <thread>
-
-#include <CLI/CLI.hpp>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include "common/log.h"
 #include "config/config.h"
@@ -29,7 +29,8 @@ namespace config = kvsplit::config;
 namespace server = kvsplit::server;
 
 struct Flags {
-  std::string config_file, check_config, model, tokenizer, host, backend, tls_cert, tls_key, log_level = "info";
+  std::string config_file, check_config, model, tokenizer, host, backend, tls_cert, tls_key,
+      log_level = "info";
   int port = -2, metrics_port = -2;
   std::vector<std::string> api_keys;
 };
@@ -52,25 +53,29 @@ void apply_flags(const Flags& f, config::Config* c) {
 }
 
 // SIGHUP: re-read the SLA classes of `path`; the engine validates and swaps them atomically.
-void reload_sla_classes(const std::string& path, kvsplit::Engine* engine, server::GenerationService* svc) {
+void reload_sla_classes(const std::string& path, kvsplit::Engine* engine,
+                        server::GenerationService* svc) {
   if (path.empty()) {
     KVSPLIT_LOG_WARN("SIGHUP: no --config file to reload; SLA classes unchanged");
     return;
   }
   auto fresh = config::load_config_file(path);
   if (!fresh.ok()) {
-    KVSPLIT_LOG_ERROR("SIGHUP: reload rejected, old SLA policy stays in force: {}", fresh.status().message());
+    KVSPLIT_LOG_ERROR("SIGHUP: reload rejected, old SLA policy stays in force: {}",
+                      fresh.status().message());
     return;
   }
   Status st = engine->update_sla_classes(fresh->engine.sla_classes);
   if (!st.ok()) {
-    KVSPLIT_LOG_ERROR("SIGHUP: engine rejected the new SLA classes, old policy stays: {}", st.to_string());
+    KVSPLIT_LOG_ERROR("SIGHUP: engine rejected the new SLA classes, old policy stays: {}",
+                      st.to_string());
     return;
   }
   svc->set_sla_classes(fresh->engine.sla_classes);
   std::string names;
   for (const auto& c : fresh->engine.sla_classes) names += (names.empty() ? "" : ", ") + c.name;
-  KVSPLIT_LOG_INFO("SIGHUP: reloaded {} SLA classes from {}: {}", fresh->engine.sla_classes.size(), path, names);
+  KVSPLIT_LOG_INFO("SIGHUP: reloaded {} SLA classes from {}: {}", fresh->engine.sla_classes.size(),
+                   path, names);
 }
 
 int run(const Flags& flags) {
@@ -98,7 +103,8 @@ int run(const Flags& flags) {
 
   auto engine_or = kvsplit::Engine::create(cfg.engine);
   if (!engine_or.ok()) {
-    std::cerr << "kvsplit-server: cannot start the engine: " << engine_or.status().to_string() << "\n";
+    std::cerr << "kvsplit-server: cannot start the engine: " << engine_or.status().to_string()
+              << "\n";
     return 1;
   }
   std::unique_ptr<kvsplit::Engine> engine = std::move(engine_or).value();
@@ -113,7 +119,8 @@ int run(const Flags& flags) {
   // metrics pointer is patched in before the server starts.
   std::unique_ptr<server::ServerMetrics> metrics;
   if (cfg.server.metrics_port >= 0) {
-    auto m = server::ServerMetrics::create(cfg.server.host, cfg.server.metrics_port, engine.get(), nullptr);
+    auto m = server::ServerMetrics::create(cfg.server.host, cfg.server.metrics_port, engine.get(),
+                                           nullptr);
     if (!m.ok()) {
       std::cerr << "kvsplit-server: " << m.status().message() << "\n";
       return 1;
@@ -129,12 +136,14 @@ int run(const Flags& flags) {
     return 1;
   }
   const auto info = engine->model_info();
-  KVSPLIT_LOG_INFO("model {} ({}, vocab {}, context {})", info.source, info.architecture, info.vocab_size,
-                   info.max_context);
+  KVSPLIT_LOG_INFO("model {} ({}, vocab {}, context {})", info.source, info.architecture,
+                   info.vocab_size, info.max_context);
   // Machine-readable lines for scripts and tests (stdout, flushed).
   std::printf("kvsplit-server listening on %s:%d%s\n", cfg.server.host.c_str(), running->port,
               cfg.server.tls.enabled() ? " (TLS)" : "");
-  if (metrics) std::printf("kvsplit-server metrics on http://%s:%d/metrics\n", cfg.server.host.c_str(), metrics->port());
+  if (metrics)
+    std::printf("kvsplit-server metrics on http://%s:%d/metrics\n", cfg.server.host.c_str(),
+                metrics->port());
   std::fflush(stdout);
 
   sigset_t set;
@@ -150,8 +159,8 @@ int run(const Flags& flags) {
     break;
   }
   const auto drain = std::chrono::milliseconds(cfg.server.drain_timeout_ms);
-  KVSPLIT_LOG_INFO("draining: no new requests; waiting up to {} ms for {} open streams", drain.count(),
-                   service.active_streams());
+  KVSPLIT_LOG_INFO("draining: no new requests; waiting up to {} ms for {} open streams",
+                   drain.count(), service.active_streams());
   service.start_draining();
   server::set_serving(running->server.get(), false);
   engine->shutdown(drain);  // finishes in-flight requests up to `drain`, then cancels the rest
@@ -176,16 +185,19 @@ int main(int argc, char** argv) {
   CLI::App app{"kvsplit-server: gRPC front end of the kvsplit engine (kvsplit.v1.Generation)"};
   app.add_option("--config", f.config_file, "YAML config (configs/default.yaml); flags override it")
       ->check(CLI::ExistingFile);
-  app.add_option("--check-config", f.check_config, "validate FILE and exit (0: valid; 2: names the bad field)");
+  app.add_option("--check-config", f.check_config,
+                 "validate FILE and exit (0: valid; 2: names the bad field)");
   app.add_option("--model", f.model, "model: llama2.c .bin, HF directory, or synthetic:<preset>");
   app.add_option("--tokenizer", f.tokenizer, "tokenizer file (default: beside the model)");
   app.add_option("--host", f.host, "listen address (default 0.0.0.0)");
   app.add_option("--port", f.port, "gRPC port (default 50051; 0 = any free port, printed)");
-  app.add_option("--metrics-port", f.metrics_port, "Prometheus port (default 9090; -1 = off; 0 = any)");
+  app.add_option("--metrics-port", f.metrics_port,
+                 "Prometheus port (default 9090; -1 = off; 0 = any)");
   app.add_option("--backend", f.backend, "cpu | cuda");
   app.add_option("--tls-cert", f.tls_cert, "PEM certificate chain (TLS on)");
   app.add_option("--tls-key", f.tls_key, "PEM private key");
-  app.add_option("--api-key", f.api_keys, "accepted bearer key (repeatable; replaces server.api_keys)");
+  app.add_option("--api-key", f.api_keys,
+                 "accepted bearer key (repeatable; replaces server.api_keys)");
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   CLI11_PARSE(app, argc, argv);

@@ -15,15 +15,29 @@ int sequence_length(std::string_view s, size_t i) {
   if (c < 0x80) return 1;
   int len;
   uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (c >= 0xC2 && c <= 0xDF) len = 2;
-  else if (c == 0xE0) { len = 3; lo = 0xA0; }
-  else if (c >= 0xE1 && c <= 0xEC) len = 3;
-  else if (c == 0xED) { len = 3; hi = 0x9F; }  // no surrogates
-  else if (c >= 0xEE && c <= 0xEF) len = 3;
-  else if (c == 0xF0) { len = 4; lo = 0x90; }
-  else if (c >= 0xF1 && c <= 0xF3) len = 4;
-  else if (c == 0xF4) { len = 4; hi = 0x8F; }
-  else return 0;
+  if (c >= 0xC2 && c <= 0xDF)
+    len = 2;
+  else if (c == 0xE0) {
+    len = 3;
+    lo = 0xA0;
+  } else if (c >= 0xE1 && c <= 0xEC)
+    len = 3;
+  else if (c == 0xED) {
+    len = 3;
+    hi = 0x9F;
+  }  // no surrogates
+  else if (c >= 0xEE && c <= 0xEF)
+    len = 3;
+  else if (c == 0xF0) {
+    len = 4;
+    lo = 0x90;
+  } else if (c >= 0xF1 && c <= 0xF3)
+    len = 4;
+  else if (c == 0xF4) {
+    len = 4;
+    hi = 0x8F;
+  } else
+    return 0;
   for (int k = 1; k < len; ++k) {
     if (i + k >= s.size()) return -1;
     const uint8_t t = b(i + k);

@@ -1,9 +1,10 @@
-#include <filesystem>
-#include <fstream>
+#include "config/config.h"
 
 #include <gtest/gtest.h>
 
-#include "config/config.h"
+#include <filesystem>
+#include <fstream>
+
 #include "test_util.h"
 
 namespace kvsplit::config {
@@ -89,7 +90,8 @@ TEST(ConfigTest, BadValuesNameTheField) {
   expect_error("server: {tls: {cert_file: a.pem}}\n", "server.tls");
   expect_error("server: {api_keys: short}\n", "server.api_keys");
   expect_error("server: {api_keys: [short]}\n", "server.api_keys[0]");
-  expect_error("server: {max_tokens_limit: 10, default_max_tokens: 11}\n", "server.default_max_tokens");
+  expect_error("server: {max_tokens_limit: 10, default_max_tokens: 11}\n",
+               "server.default_max_tokens");
   expect_error("pools: {mode: sideways}\n", "pools.mode");
   expect_error("pools: {backend: tpu}\n", "pools.backend");
   expect_error("pools: {decode_workers: 0}\n", "pools.decode_workers");

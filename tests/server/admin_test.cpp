@@ -10,7 +10,8 @@ namespace {
 namespace v1 = ::kvsplit::v1;
 
 grpc::Status generate_status(v1::Generation::Stub* stub, const v1::GenerateRequest& req,
-                             std::vector<int32_t>* ids = nullptr, grpc::ClientContext* ctx_in = nullptr) {
+                             std::vector<int32_t>* ids = nullptr,
+                             grpc::ClientContext* ctx_in = nullptr) {
   grpc::ClientContext own;
   grpc::ClientContext* ctx = ctx_in ? ctx_in : &own;
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
@@ -22,7 +23,8 @@ grpc::Status generate_status(v1::Generation::Stub* stub, const v1::GenerateReque
   return reader->Finish();
 }
 
-v1::GenerateRequest simple(const std::string& prompt = "Once upon a time", uint32_t max_tokens = 4) {
+v1::GenerateRequest simple(const std::string& prompt = "Once upon a time",
+                           uint32_t max_tokens = 4) {
   v1::GenerateRequest r;
   r.set_prompt(prompt);
   r.set_max_tokens(max_tokens);
@@ -35,7 +37,8 @@ class AdminTest : public ::testing::Test {
   void SetUp() override { KVSPLIT_REQUIRE_MODELS(); }
   std::unique_ptr<ServerProcess> start(std::vector<std::string> args) {
     args.insert(args.begin(), {"--model", model_path("stories260K.bin")});
-    auto s = std::make_unique<ServerProcess>(args, dir_.file("server" + std::to_string(n_++) + ".log"));
+    auto s =
+        std::make_unique<ServerProcess>(args, dir_.file("server" + std::to_string(n_++) + ".log"));
     EXPECT_TRUE(s->started()) << s->log();
     return s;
   }
@@ -48,33 +51,53 @@ class AdminTest : public ::testing::Test {
 };
 
 TEST_F(AdminTest, InvalidRequestsNameTheField) {
-  auto server = start({"--config", write("c.yaml", "kv: {capacity_mb: 16}\nserver: {max_tokens_limit: 300}\n")});
+  auto server = start(
+      {"--config", write("c.yaml", "kv: {capacity_mb: 16}\nserver: {max_tokens_limit: 300}\n")});
   ASSERT_TRUE(server->started());
-  auto stub = v1::Generation::NewStub(grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
   struct Case {
     const char* field;
     std::function<void(v1::GenerateRequest*)> mutate;
   };
   const std::vector<Case> cases = {
       {"sampling.temperature", [](auto* r) { r->mutable_sampling()->set_temperature(-1); }},
-      {"sampling.temperature", [](auto* r) { r->mutable_sampling()->set_temperature(std::nanf("")); }},
+      {"sampling.temperature",
+       [](auto* r) { r->mutable_sampling()->set_temperature(std::nanf("")); }},
       {"sampling.top_p", [](auto* r) { r->mutable_sampling()->set_top_p(0); }},
       {"sampling.top_p", [](auto* r) { r->mutable_sampling()->set_top_p(1.5f); }},
       {"sampling.top_k", [](auto* r) { r->mutable_sampling()->set_top_k(-1); }},
       {"sampling.min_p", [](auto* r) { r->mutable_sampling()->set_min_p(2); }},
-      {"sampling.repetition_penalty", [](auto* r) { r->mutable_sampling()->set_repetition_penalty(0); }},
-      {"sampling.presence_penalty", [](auto* r) { r->mutable_sampling()->set_presence_penalty(3); }},
-      {"sampling.frequency_penalty", [](auto* r) { r->mutable_sampling()->set_frequency_penalty(-3); }},
+      {"sampling.repetition_penalty",
+       [](auto* r) { r->mutable_sampling()->set_repetition_penalty(0); }},
+      {"sampling.presence_penalty",
+       [](auto* r) { r->mutable_sampling()->set_presence_penalty(3); }},
+      {"sampling.frequency_penalty",
+       [](auto* r) { r->mutable_sampling()->set_frequency_penalty(-3); }},
       {"max_tokens", [](auto* r) { r->set_max_tokens(301); }},
       {"prompt", [](auto* r) { r->clear_input(); }},
       {"prompt_token_ids", [](auto* r) { r->mutable_prompt_token_ids(); }},
-      {"prompt_token_ids[1]", [](auto* r) { r->mutable_prompt_token_ids()->add_ids(1); r->mutable_prompt_token_ids()->add_ids(512); }},
-      {"prompt_token_ids", [](auto* r) { for (int i = 0; i < 600; ++i) r->mutable_prompt_token_ids()->add_ids(5); }},
-      {"prompt", [](auto* r) { r->set_prompt(std::string(3000, 'a')); r->set_max_tokens(10); }},  // > context
+      {"prompt_token_ids[1]",
+       [](auto* r) {
+         r->mutable_prompt_token_ids()->add_ids(1);
+         r->mutable_prompt_token_ids()->add_ids(512);
+       }},
+      {"prompt_token_ids",
+       [](auto* r) {
+         for (int i = 0; i < 600; ++i) r->mutable_prompt_token_ids()->add_ids(5);
+       }},
+      {"prompt",
+       [](auto* r) {
+         r->set_prompt(std::string(3000, 'a'));
+         r->set_max_tokens(10);
+       }},  // > context
       {"sla_class", [](auto* r) { r->set_sla_class("platinum"); }},
       {"priority", [](auto* r) { r->set_priority(5000); }},
       {"top_logprobs", [](auto* r) { r->set_top_logprobs(21); }},
-      {"stop", [](auto* r) { for (int i = 0; i < 17; ++i) r->add_stop("x"); }},
+      {"stop",
+       [](auto* r) {
+         for (int i = 0; i < 17; ++i) r->add_stop("x");
+       }},
       {"stop[0]", [](auto* r) { r->add_stop(""); }},
       {"stop_token_ids[0]", [](auto* r) { r->add_stop_token_ids(-4); }},
       {"request_id", [](auto* r) { r->set_request_id("has space"); }},
@@ -83,8 +106,10 @@ TEST_F(AdminTest, InvalidRequestsNameTheField) {
     v1::GenerateRequest req = simple();
     c.mutate(&req);
     grpc::Status st = generate_status(stub.get(), req);
-    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.field << ": " << st.error_message();
-    EXPECT_NE(st.error_message().find(c.field), std::string::npos) << c.field << " not named in: " << st.error_message();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.field << ": " << st.error_message();
+    EXPECT_NE(st.error_message().find(c.field), std::string::npos)
+        << c.field << " not named in: " << st.error_message();
   }
   EXPECT_TRUE(generate_status(stub.get(), simple()).ok());  // still serving
 }
@@ -94,7 +119,11 @@ TEST_F(AdminTest, InvalidUtf8PromptOnTheWire) {
   ASSERT_TRUE(server->started());
   auto ch = grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials());
   // GenerateRequest{prompt (field 2): "\xff\xfeab", max_tokens (field 4): 4}, hand-encoded.
-  const std::string bytes = std::string("\x12\x04\xff\xfe" "ab" "\x20\x04", 8);
+  const std::string bytes = std::string(
+      "\x12\x04\xff\xfe"
+      "ab"
+      "\x20\x04",
+      8);
   grpc::GenericStub generic(ch);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -126,7 +155,8 @@ TEST_F(AdminTest, InvalidUtf8PromptOnTheWire) {
 }
 
 TEST_F(AdminTest, BadConfigExitsNonZeroNamingTheField) {
-  const std::string bad = write("bad.yaml", "sla_classes:\n  voice: {max_ttft_ms: 300, max_itl_ms: 0}\n");
+  const std::string bad =
+      write("bad.yaml", "sla_classes:\n  voice: {max_ttft_ms: 300, max_itl_ms: 0}\n");
   auto [code, out] = run_command(std::string(KVSPLIT_SERVER_BIN) + " --check-config " + bad);
   EXPECT_EQ(code, 2);
   EXPECT_NE(out.find("sla_classes.voice.max_itl_ms: must be > 0"), std::string::npos) << out;
@@ -137,16 +167,19 @@ TEST_F(AdminTest, BadConfigExitsNonZeroNamingTheField) {
   auto [code3, out3] = run_command(std::string(KVSPLIT_SERVER_BIN) + " --check-config " + unknown);
   EXPECT_EQ(code3, 2);
   EXPECT_NE(out3.find("server.prot: unknown key"), std::string::npos) << out3;
-  auto [code4, out4] = run_command(std::string(KVSPLIT_SERVER_BIN) + " --check-config " + KVSPLIT_SOURCE_DIR +
-                                   "/configs/voice-assistant.yaml");
+  auto [code4, out4] = run_command(std::string(KVSPLIT_SERVER_BIN) + " --check-config " +
+                                   KVSPLIT_SOURCE_DIR + "/configs/voice-assistant.yaml");
   EXPECT_EQ(code4, 0) << out4;
 }
 
 TEST_F(AdminTest, SighupReloadsClassesAndBadReloadKeepsOldPolicy) {
-  const std::string cfg = write("live.yaml", "kv: {capacity_mb: 16}\nsla_classes:\n  gold: {max_ttft_ms: 100}\n  silver: {max_ttft_ms: 900}\n");
+  const std::string cfg = write("live.yaml",
+                                "kv: {capacity_mb: 16}\nsla_classes:\n  gold: {max_ttft_ms: 100}\n "
+                                " silver: {max_ttft_ms: 900}\n");
   auto server = start({"--config", cfg});
   ASSERT_TRUE(server->started());
-  auto stub = v1::Generation::NewStub(grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
   auto with_class = [&](const std::string& c) {
     v1::GenerateRequest r = simple();
     r.set_sla_class(c);
@@ -161,7 +194,9 @@ TEST_F(AdminTest, SighupReloadsClassesAndBadReloadKeepsOldPolicy) {
     }
     return false;
   };
-  write("live.yaml", "kv: {capacity_mb: 16}\nsla_classes:\n  gold: {max_ttft_ms: 100}\n  bronze: {max_ttft_ms: 5000}\n");
+  write("live.yaml",
+        "kv: {capacity_mb: 16}\nsla_classes:\n  gold: {max_ttft_ms: 100}\n  bronze: {max_ttft_ms: "
+        "5000}\n");
   server->signal(SIGHUP);
   ASSERT_TRUE(wait_for_log("reloaded 2 SLA classes")) << server->log();
   EXPECT_EQ(with_class("bronze"), grpc::StatusCode::OK);
@@ -176,9 +211,11 @@ TEST_F(AdminTest, SighupReloadsClassesAndBadReloadKeepsOldPolicy) {
 }
 
 TEST_F(AdminTest, SigtermDrainsInFlightThenExitsZero) {
-  auto server = start({"--config", write("d.yaml", "kv: {capacity_mb: 16}\nserver: {drain_timeout_ms: 20000}\n")});
+  auto server = start(
+      {"--config", write("d.yaml", "kv: {capacity_mb: 16}\nserver: {drain_timeout_ms: 20000}\n")});
   ASSERT_TRUE(server->started());
-  auto stub = v1::Generation::NewStub(grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
   v1::GenerateRequest req = simple("Once upon a time", 300);
   req.set_ignore_eos(true);
   grpc::ClientContext ctx;
@@ -200,19 +237,21 @@ TEST_F(AdminTest, SigtermDrainsInFlightThenExitsZero) {
 
 TEST_F(AdminTest, TlsAndApiKeys) {
   const std::string cert = dir_.file("cert.pem"), key = dir_.file("key.pem");
-  auto [code, out] = run_command("openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
-                                 "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " + key +
-                                 " -out " + cert);
+  auto [code, out] = run_command(
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+      "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " +
+      key + " -out " + cert);
   ASSERT_EQ(code, 0) << out;
-  auto server = start({"--tls-cert", cert, "--tls-key", key, "--api-key", "sekrit-key-1", "--api-key",
-                       "sekrit-key-2"});
+  auto server = start({"--tls-cert", cert, "--tls-key", key, "--api-key", "sekrit-key-1",
+                       "--api-key", "sekrit-key-2"});
   ASSERT_TRUE(server->started());
   std::ifstream in(cert);
   std::stringstream pem;
   pem << in.rdbuf();
   grpc::SslCredentialsOptions ssl;
   ssl.pem_root_certs = pem.str();
-  auto tls = v1::Generation::NewStub(grpc::CreateChannel(server->address(), grpc::SslCredentials(ssl)));
+  auto tls =
+      v1::Generation::NewStub(grpc::CreateChannel(server->address(), grpc::SslCredentials(ssl)));
   auto call = [&](v1::Generation::Stub* stub, const std::string& bearer) {
     grpc::ClientContext ctx;
     if (!bearer.empty()) ctx.AddMetadata("authorization", bearer);
@@ -227,17 +266,21 @@ TEST_F(AdminTest, TlsAndApiKeys) {
   v1::GetServerStatsResponse stats;
   EXPECT_EQ(tls->GetServerStats(&sctx, {}, &stats).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   // A plaintext client cannot talk to the TLS port.
-  auto plain = v1::Generation::NewStub(grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+  auto plain = v1::Generation::NewStub(
+      grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
   EXPECT_EQ(call(plain.get(), "Bearer sekrit-key-1"), grpc::StatusCode::UNAVAILABLE);
   // kvsplit-client speaks TLS + bearer too.
-  auto [ccode, cout] = run_command(std::string(KVSPLIT_BINARY_DIR) + "/kvsplit-client --server " + server->address() +
-                                   " --tls-ca " + cert + " --api-key sekrit-key-1 --temperature 0 --max-tokens 5 --json 'The dog'");
+  auto [ccode, cout] =
+      run_command(std::string(KVSPLIT_BINARY_DIR) + "/kvsplit-client --server " +
+                  server->address() + " --tls-ca " + cert +
+                  " --api-key sekrit-key-1 --temperature 0 --max-tokens 5 --json 'The dog'");
   EXPECT_EQ(ccode, 0) << cout;
   EXPECT_NE(cout.find("\"finish_reason\""), std::string::npos) << cout;
 }
 
 TEST_F(AdminTest, FuzzedRequestsNeverCrashTheServer) {
-  auto server = start({"--config", write("f.yaml", "kv: {capacity_mb: 16}\nserver: {max_tokens_limit: 64}\n")});
+  auto server = start(
+      {"--config", write("f.yaml", "kv: {capacity_mb: 16}\nserver: {max_tokens_limit: 64}\n")});
   ASSERT_TRUE(server->started());
   auto ch = grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials());
   auto stub = v1::Generation::NewStub(ch);
@@ -245,10 +288,14 @@ TEST_F(AdminTest, FuzzedRequestsNeverCrashTheServer) {
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
   auto rfloat = [&]() -> float {
     switch (pick(6)) {
-      case 0: return std::nanf("");
-      case 1: return std::numeric_limits<float>::infinity();
-      case 2: return -1e30f;
-      default: return static_cast<float>(static_cast<int64_t>(rng() % 4000) - 2000) / 500.0f;
+      case 0:
+        return std::nanf("");
+      case 1:
+        return std::numeric_limits<float>::infinity();
+      case 2:
+        return -1e30f;
+      default:
+        return static_cast<float>(static_cast<int64_t>(rng() % 4000) - 2000) / 500.0f;
     }
   };
   auto rbytes = [&](size_t n) {
@@ -259,8 +306,11 @@ TEST_F(AdminTest, FuzzedRequestsNeverCrashTheServer) {
   int ok = 0, invalid = 0, other = 0;
   for (int i = 0; i < 150; ++i) {
     v1::GenerateRequest r;
-    if (pick(2)) r.set_prompt(pick(10) == 0 ? std::string(1 << 20, 'z') : "Tom went" + std::to_string(i));
-    else for (int k = pick(20); k >= 0; --k) r.mutable_prompt_token_ids()->add_ids(static_cast<int32_t>(rng() % 700) - 50);
+    if (pick(2))
+      r.set_prompt(pick(10) == 0 ? std::string(1 << 20, 'z') : "Tom went" + std::to_string(i));
+    else
+      for (int k = pick(20); k >= 0; --k)
+        r.mutable_prompt_token_ids()->add_ids(static_cast<int32_t>(rng() % 700) - 50);
     r.set_max_tokens(static_cast<uint32_t>(pick(3) ? pick(80) : rng()));
     if (pick(2)) r.mutable_sampling()->set_temperature(rfloat());
     if (pick(3) == 0) r.mutable_sampling()->set_top_p(rfloat());
@@ -273,17 +323,22 @@ TEST_F(AdminTest, FuzzedRequestsNeverCrashTheServer) {
     if (pick(4) == 0) r.set_sla_class(pick(2) ? "default" : "nope");
     if (pick(4) == 0) r.set_priority(static_cast<int32_t>(rng()));
     if (pick(4) == 0) r.set_top_logprobs(static_cast<uint32_t>(pick(30)));
-    if (pick(5) == 0) r.set_request_id(pick(2) ? "fuzz-" + std::to_string(i) : std::string(200, 'r'));
+    if (pick(5) == 0)
+      r.set_request_id(pick(2) ? "fuzz-" + std::to_string(i) : std::string(200, 'r'));
     r.set_ignore_eos(pick(2));
     grpc::Status st = generate_status(stub.get(), r);
     (st.ok() ? ok : st.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? invalid : other)++;
-    ASSERT_NE(st.error_code(), grpc::StatusCode::UNAVAILABLE) << "server died at iteration " << i << "\n" << server->log();
+    ASSERT_NE(st.error_code(), grpc::StatusCode::UNAVAILABLE)
+        << "server died at iteration " << i << "\n"
+        << server->log();
   }
   // Raw garbage as the request message and as unary requests.
   for (int i = 0; i < 30; ++i) {
     std::string resp;
-    (void)raw_unary(ch, "/kvsplit.v1.Generation/GetServerStats", rbytes(static_cast<size_t>(pick(64))), &resp);
-    (void)raw_unary(ch, "/kvsplit.v1.Generation/Abort", rbytes(static_cast<size_t>(pick(64))), &resp);
+    (void)raw_unary(ch, "/kvsplit.v1.Generation/GetServerStats",
+                    rbytes(static_cast<size_t>(pick(64))), &resp);
+    (void)raw_unary(ch, "/kvsplit.v1.Generation/Abort", rbytes(static_cast<size_t>(pick(64))),
+                    &resp);
   }
   EXPECT_GT(ok, 0);
   EXPECT_GT(invalid, 0);

@@ -28,8 +28,9 @@ class GenerationTest : public ::testing::Test {
     if (!have_models()) return;
     dir_ = new TempDir();
     std::ofstream(dir_->file("server.yaml")) << kConfig;
-    server_ = new ServerProcess({"--config", dir_->file("server.yaml"), "--model", model_path("stories260K-hf")},
-                                dir_->file("server.log"));
+    server_ = new ServerProcess(
+        {"--config", dir_->file("server.yaml"), "--model", model_path("stories260K-hf")},
+        dir_->file("server.log"));
   }
   static void TearDownTestSuite() {
     delete server_;
@@ -56,7 +57,8 @@ class GenerationTest : public ::testing::Test {
     do {
       *last = stats();
       bool all_free = last->pools_size() > 0;
-      for (const auto& p : last->pools()) all_free = all_free && p.kv_blocks_free() == p.kv_blocks_total();
+      for (const auto& p : last->pools())
+        all_free = all_free && p.kv_blocks_free() == p.kv_blocks_total();
       if (all_free && last->num_running() == 0 && last->num_waiting() == 0) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     } while (std::chrono::steady_clock::now() < deadline);
@@ -116,8 +118,8 @@ TEST_F(GenerationTest, GoldensWith64StreamsInFlight) {
   for (int i = 0; i < kStreams; ++i) {
     const auto& c = cases[i % cases.size()];
     ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
-    EXPECT_EQ(results[i].ids, c["output_token_ids"].get<std::vector<int32_t>>()) << "stream " << i << " prompt '"
-                                                                                 << c["prompt"] << "'";
+    EXPECT_EQ(results[i].ids, c["output_token_ids"].get<std::vector<int32_t>>())
+        << "stream " << i << " prompt '" << c["prompt"] << "'";
     const auto& last = results[i].last;
     EXPECT_NE(last.finish_reason(), v1::FINISH_REASON_UNSPECIFIED);
     EXPECT_EQ(last.usage().completion_tokens(), results[i].ids.size());
@@ -184,7 +186,8 @@ TEST_F(GenerationTest, ClientCancelAndDeadlineFreeAllKv) {
       req.set_max_tokens(500);
       req.set_ignore_eos(true);
       grpc::ClientContext ctx;
-      if (i % 2) ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(150));
+      if (i % 2)
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(150));
       auto reader = stub_->Generate(&ctx, req);
       v1::GenerateResponse msg;
       if (reader->Read(&msg) && i % 2 == 0) ctx.TryCancel();  // after the first tokens
@@ -202,7 +205,8 @@ TEST_F(GenerationTest, ClientCancelAndDeadlineFreeAllKv) {
   EXPECT_TRUE(wait_all_kv_free(std::chrono::seconds(5), &after)) << after.DebugString();
   ASSERT_EQ(after.pools_size(), before.pools_size());
   for (int i = 0; i < after.pools_size(); ++i)
-    EXPECT_EQ(after.pools(i).kv_blocks_free(), before.pools(i).kv_blocks_free()) << after.pools(i).name();
+    EXPECT_EQ(after.pools(i).kv_blocks_free(), before.pools(i).kv_blocks_free())
+        << after.pools(i).name();
   EXPECT_GE(after.requests_cancelled() - cancelled_before, cancelled.load());
   EXPECT_EQ(after.active_streams(), 0);
 }
@@ -242,7 +246,8 @@ TEST_F(GenerationTest, HealthServingViaStandardService) {
   ASSERT_TRUE(st.ok()) << st.error_message();
   EXPECT_EQ(resp, std::string("\x08\x01", 2));
   const std::string svc = "kvsplit.v1.Generation";
-  st = raw_unary(channel_, "/grpc.health.v1.Health/Check", std::string("\x0a") + char(svc.size()) + svc, &resp);
+  st = raw_unary(channel_, "/grpc.health.v1.Health/Check",
+                 std::string("\x0a") + char(svc.size()) + svc, &resp);
   ASSERT_TRUE(st.ok()) << st.error_message();
   EXPECT_EQ(resp, std::string("\x08\x01", 2));
 }
@@ -293,13 +298,16 @@ TEST_F(GenerationTest, PrometheusMetrics) {
   for (const char* name :
        {"kvsplit:time_to_first_token_seconds_bucket", "kvsplit:inter_token_latency_seconds_count",
         "kvsplit:e2e_request_latency_seconds_sum", "kvsplit:request_queue_time_seconds_count",
-        "kvsplit:kv_cache_usage_perc{pool=", "kvsplit:num_requests_running", "kvsplit:num_requests_waiting",
-        "kvsplit:num_preemptions_total", "kvsplit:prompt_tokens_total", "kvsplit:generation_tokens_total",
+        "kvsplit:kv_cache_usage_perc{pool=", "kvsplit:num_requests_running",
+        "kvsplit:num_requests_waiting", "kvsplit:num_preemptions_total",
+        "kvsplit:prompt_tokens_total", "kvsplit:generation_tokens_total",
         "kvsplit:sla_slo_met_total{sla_class=\"voice\"}", "kvsplit:sla_requests_finished_total"}) {
-    EXPECT_NE(text.find(name), std::string::npos) << name << " missing from:\n" << text.substr(0, 3000);
+    EXPECT_NE(text.find(name), std::string::npos) << name << " missing from:\n"
+                                                  << text.substr(0, 3000);
   }
   // The voice request was observed by the TTFT histogram.
-  EXPECT_NE(text.find("kvsplit:time_to_first_token_seconds_count{sla_class=\"voice\"} "), std::string::npos);
+  EXPECT_NE(text.find("kvsplit:time_to_first_token_seconds_count{sla_class=\"voice\"} "),
+            std::string::npos);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "server/metrics_http.h"
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -14,8 +15,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace kvsplit::server {
 namespace {
@@ -61,10 +60,13 @@ std::string http_exchange(int port, const std::string& request) {
 }
 
 std::string get(int port, const std::string& path) {
-  return http_exchange(port, "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nUser-Agent: test\r\n\r\n");
+  return http_exchange(port,
+                       "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nUser-Agent: test\r\n\r\n");
 }
 
-std::string status_line(const std::string& response) { return response.substr(0, response.find("\r\n")); }
+std::string status_line(const std::string& response) {
+  return response.substr(0, response.find("\r\n"));
+}
 
 std::string body_of(const std::string& response) {
   const size_t at = response.find("\r\n\r\n");
@@ -79,7 +81,8 @@ class MetricsHttpTest : public ::testing::Test {
         [this]() -> StatusOr<std::string> {
           const int n = ++scrapes_;
           if (fail_) return internal_error("collector broke");
-          return "# TYPE test_scrapes counter\ntest_scrapes " + std::to_string(n) + "\n" + std::string(body_pad_, '#');
+          return "# TYPE test_scrapes counter\ntest_scrapes " + std::to_string(n) + "\n" +
+                 std::string(body_pad_, '#');
         },
         options);
     ASSERT_TRUE(s.ok()) << s.status().to_string();
@@ -99,9 +102,11 @@ TEST_F(MetricsHttpTest, ScrapeReturnsTextExposition) {
   EXPECT_EQ(status_line(r), "HTTP/1.1 200 OK");
   EXPECT_NE(r.find("Content-Type: text/plain; version=0.0.4"), std::string::npos) << r;
   EXPECT_EQ(body_of(r), "# TYPE test_scrapes counter\ntest_scrapes 1\n");
-  EXPECT_NE(r.find("Content-Length: " + std::to_string(body_of(r).size()) + "\r\n"), std::string::npos);
+  EXPECT_NE(r.find("Content-Length: " + std::to_string(body_of(r).size()) + "\r\n"),
+            std::string::npos);
   // A query string is ignored; HTTP/1.0 clients are served; HEAD has headers only.
-  EXPECT_EQ(status_line(http_exchange(server_->port(), "GET /metrics?x=1 HTTP/1.0\r\n\r\n")), "HTTP/1.1 200 OK");
+  EXPECT_EQ(status_line(http_exchange(server_->port(), "GET /metrics?x=1 HTTP/1.0\r\n\r\n")),
+            "HTTP/1.1 200 OK");
   const std::string head = http_exchange(server_->port(), "HEAD /metrics HTTP/1.1\r\n\r\n");
   EXPECT_EQ(status_line(head), "HTTP/1.1 200 OK");
   EXPECT_EQ(body_of(head), "");
@@ -113,7 +118,8 @@ TEST_F(MetricsHttpTest, LargeBodyIsWrittenCompletely) {
   start();
   const std::string r = get(server_->port(), "/metrics");
   EXPECT_EQ(status_line(r), "HTTP/1.1 200 OK");
-  EXPECT_EQ(body_of(r).size(), std::string("# TYPE test_scrapes counter\ntest_scrapes 1\n").size() + body_pad_);
+  EXPECT_EQ(body_of(r).size(),
+            std::string("# TYPE test_scrapes counter\ntest_scrapes 1\n").size() + body_pad_);
 }
 
 TEST_F(MetricsHttpTest, ErrorsForOtherPathsMethodsAndGarbage) {
@@ -121,15 +127,19 @@ TEST_F(MetricsHttpTest, ErrorsForOtherPathsMethodsAndGarbage) {
   const int port = server_->port();
   EXPECT_EQ(status_line(get(port, "/")), "HTTP/1.1 404 Not Found");
   EXPECT_EQ(status_line(get(port, "/metricsX")), "HTTP/1.1 404 Not Found");
-  const std::string post = http_exchange(port, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+  const std::string post =
+      http_exchange(port, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
   EXPECT_EQ(status_line(post), "HTTP/1.1 405 Method Not Allowed");
   EXPECT_NE(post.find("Allow: GET, HEAD"), std::string::npos);
-  EXPECT_EQ(status_line(http_exchange(port, "\x16\x03\x01garbage\r\n\r\n")), "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(status_line(http_exchange(port, "\x16\x03\x01garbage\r\n\r\n")),
+            "HTTP/1.1 400 Bad Request");
   EXPECT_EQ(status_line(http_exchange(port, "GET /metrics\r\n\r\n")), "HTTP/1.1 400 Bad Request");
-  EXPECT_EQ(status_line(http_exchange(port, "GET /metrics SPDY/3\r\n\r\n")), "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(status_line(http_exchange(port, "GET /metrics SPDY/3\r\n\r\n")),
+            "HTTP/1.1 400 Bad Request");
   EXPECT_EQ(status_line(http_exchange(port, "\r\n\r\n")), "HTTP/1.1 400 Bad Request");
   // Oversized header block: 431, and the server keeps serving.
-  EXPECT_EQ(status_line(http_exchange(port, "GET /metrics HTTP/1.1\r\nX: " + std::string(100000, 'a') + "\r\n\r\n")),
+  EXPECT_EQ(status_line(http_exchange(
+                port, "GET /metrics HTTP/1.1\r\nX: " + std::string(100000, 'a') + "\r\n\r\n")),
             "HTTP/1.1 431 Request Header Fields Too Large");
   fail_ = true;
   const std::string failed = get(port, "/metrics");
@@ -152,7 +162,8 @@ TEST_F(MetricsHttpTest, SlowClientsDoNotBlockScrapesAndTimeOut) {
   (void)!send(half, "GET /metr", 9, MSG_NOSIGNAL);
   const auto t0 = Clock::now();
   for (int i = 0; i < 5; ++i) EXPECT_EQ(status_line(get(port, "/metrics")), "HTTP/1.1 200 OK");
-  EXPECT_LT(Clock::now() - t0, std::chrono::milliseconds(1000)) << "scrapes waited for the slow clients";
+  EXPECT_LT(Clock::now() - t0, std::chrono::milliseconds(1000))
+      << "scrapes waited for the slow clients";
   // Past io_timeout_ms the server drops them: EOF without a response.
   EXPECT_EQ(read_all(idle, std::chrono::milliseconds(5000)), "");
   EXPECT_EQ(read_all(half, std::chrono::milliseconds(5000)), "");
@@ -184,7 +195,9 @@ TEST_F(MetricsHttpTest, ConcurrentScrapes) {
     threads.emplace_back([&] {
       for (int i = 0; i < kEach; ++i) {
         const std::string r = get(server_->port(), "/metrics");
-        if (status_line(r) == "HTTP/1.1 200 OK" && body_of(r).find("test_scrapes ") != std::string::npos) ++ok;
+        if (status_line(r) == "HTTP/1.1 200 OK" &&
+            body_of(r).find("test_scrapes ") != std::string::npos)
+          ++ok;
       }
     });
   }
@@ -213,16 +226,21 @@ TEST_F(MetricsHttpTest, ShutdownIsPromptWithClientsConnected) {
 }
 
 TEST(MetricsHttpStart, BindErrorsNameTheAddress) {
-  auto a = MetricsHttpServer::start("127.0.0.1", 0, [] { return StatusOr<std::string>(std::string("x")); });
+  auto a = MetricsHttpServer::start("127.0.0.1", 0,
+                                    [] { return StatusOr<std::string>(std::string("x")); });
   ASSERT_TRUE(a.ok());
-  auto b = MetricsHttpServer::start("127.0.0.1", (*a)->port(), [] { return StatusOr<std::string>(std::string()); });
+  auto b = MetricsHttpServer::start("127.0.0.1", (*a)->port(),
+                                    [] { return StatusOr<std::string>(std::string()); });
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), StatusCode::kUnavailable);
-  EXPECT_NE(b.status().message().find("127.0.0.1:" + std::to_string((*a)->port())), std::string::npos)
+  EXPECT_NE(b.status().message().find("127.0.0.1:" + std::to_string((*a)->port())),
+            std::string::npos)
       << b.status().message();
-  auto c = MetricsHttpServer::start("no-such-host.invalid", 0, [] { return StatusOr<std::string>(std::string()); });
+  auto c = MetricsHttpServer::start("no-such-host.invalid", 0,
+                                    [] { return StatusOr<std::string>(std::string()); });
   EXPECT_EQ(c.status().code(), StatusCode::kUnavailable);
-  auto d = MetricsHttpServer::start("127.0.0.1", 70000, [] { return StatusOr<std::string>(std::string()); });
+  auto d = MetricsHttpServer::start("127.0.0.1", 70000,
+                                    [] { return StatusOr<std::string>(std::string()); });
   EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
   // IPv6 loopback, when the machine has it.
   auto e = MetricsHttpServer::start("::1", 0, [] { return StatusOr<std::string>(std::string()); });

@@ -31,7 +31,8 @@ namespace {
 
 namespace pb = ::google::protobuf;
 
-constexpr char kReflectionMethod[] = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
+constexpr char kReflectionMethod[] =
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
 
 // A DescriptorDatabase answered by a server's reflection service (one stream per query).
 class ReflectionDatabase : public pb::DescriptorDatabase {
@@ -41,7 +42,8 @@ class ReflectionDatabase : public pb::DescriptorDatabase {
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
     const pb::DescriptorPool* pool = pb::DescriptorPool::generated_pool();
     request_type_ = pool->FindMessageTypeByName("grpc.reflection.v1alpha.ServerReflectionRequest");
-    response_type_ = pool->FindMessageTypeByName("grpc.reflection.v1alpha.ServerReflectionResponse");
+    response_type_ =
+        pool->FindMessageTypeByName("grpc.reflection.v1alpha.ServerReflectionResponse");
   }
 
   bool usable() const { return request_type_ != nullptr && response_type_ != nullptr; }
@@ -73,12 +75,15 @@ class ReflectionDatabase : public pb::DescriptorDatabase {
     }
     return fetch("file_by_filename", filename) && lookup(filename, output);
   }
-  bool FindFileContainingSymbol(const std::string& symbol, pb::FileDescriptorProto* output) override {
+  bool FindFileContainingSymbol(const std::string& symbol,
+                                pb::FileDescriptorProto* output) override {
     std::string file;
     if (!fetch("file_containing_symbol", symbol, &file)) return false;
     return lookup(file, output);
   }
-  bool FindFileContainingExtension(const std::string&, int, pb::FileDescriptorProto*) override { return false; }
+  bool FindFileContainingExtension(const std::string&, int, pb::FileDescriptorProto*) override {
+    return false;
+  }
 
   int queries() const { return queries_; }
   std::string last_error() const { return last_error_; }
@@ -93,28 +98,33 @@ class ReflectionDatabase : public pb::DescriptorDatabase {
 
   // Sends one request with the string field `field` = `value`; adds every returned file to
   // files_; *first_file = the name of the first one (the file that was asked for).
-  bool fetch(const std::string& field, const std::string& value, std::string* first_file = nullptr) {
+  bool fetch(const std::string& field, const std::string& value,
+             std::string* first_file = nullptr) {
     auto resp = query(field, value, &last_error_);
     if (!resp) return false;
     const pb::Reflection* r = resp->GetReflection();
-    const pb::FieldDescriptor* fd_resp = response_type_->FindFieldByName("file_descriptor_response");
+    const pb::FieldDescriptor* fd_resp =
+        response_type_->FindFieldByName("file_descriptor_response");
     if (!r->HasField(*resp, fd_resp)) {
       last_error_ = field + " " + value + ": " + resp->ShortDebugString();
       return false;
     }
     const pb::Message& files = r->GetMessage(*resp, fd_resp);
-    const pb::FieldDescriptor* protos = files.GetDescriptor()->FindFieldByName("file_descriptor_proto");
+    const pb::FieldDescriptor* protos =
+        files.GetDescriptor()->FindFieldByName("file_descriptor_proto");
     const int n = files.GetReflection()->FieldSize(files, protos);
     for (int i = 0; i < n; ++i) {
       pb::FileDescriptorProto file;
-      if (!file.ParseFromString(files.GetReflection()->GetRepeatedString(files, protos, i))) return false;
+      if (!file.ParseFromString(files.GetReflection()->GetRepeatedString(files, protos, i)))
+        return false;
       if (i == 0 && first_file) *first_file = file.name();
       files_.emplace(file.name(), std::move(file));
     }
     return n > 0;
   }
 
-  std::unique_ptr<pb::Message> query(const std::string& field, const std::string& value, std::string* error) {
+  std::unique_ptr<pb::Message> query(const std::string& field, const std::string& value,
+                                     std::string* error) {
     ++queries_;
     std::unique_ptr<pb::Message> req(factory_.GetPrototype(request_type_)->New());
     req->GetReflection()->SetString(req.get(), request_type_->FindFieldByName(field), value);
@@ -129,7 +139,8 @@ class ReflectionDatabase : public pb::DescriptorDatabase {
       void* tag = nullptr;
       bool ok = false;
       const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(10);
-      return cq.AsyncNext(&tag, &ok, deadline) == grpc::CompletionQueue::GOT_EVENT && tag == want && ok;
+      return cq.AsyncNext(&tag, &ok, deadline) == grpc::CompletionQueue::GOT_EVENT && tag == want &&
+             ok;
     };
     grpc::Slice slice(bytes);
     grpc::ByteBuffer out(&slice, 1), in;
@@ -155,13 +166,15 @@ class ReflectionDatabase : public pb::DescriptorDatabase {
     while (cq.Next(&tag, &drained)) {
     }
     if (!ok || !status.ok()) {
-      *error = "reflection call failed: " + std::to_string(status.error_code()) + " " + status.error_message();
+      *error = "reflection call failed: " + std::to_string(status.error_code()) + " " +
+               status.error_message();
       return nullptr;
     }
     std::vector<grpc::Slice> slices;
     (void)in.Dump(&slices);
     std::string resp_bytes;
-    for (const auto& s : slices) resp_bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    for (const auto& s : slices)
+      resp_bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
     std::unique_ptr<pb::Message> resp(factory_.GetPrototype(response_type_)->New());
     if (!resp->ParseFromString(resp_bytes)) {
       *error = "unparsable reflection response";
@@ -188,17 +201,20 @@ class ReflectionTest : public ::testing::Test {
     auto engine = Engine::create(ec);
     ASSERT_TRUE(engine.ok()) << engine.status().to_string();
     engine_ = std::move(engine).value();
-    service_ = std::make_unique<GenerationService>(engine_.get(), ServiceOptions{}, std::vector<SlaClass>{SlaClass{}});
+    service_ = std::make_unique<GenerationService>(engine_.get(), ServiceOptions{},
+                                                   std::vector<SlaClass>{SlaClass{}});
     config::ServerConfig cfg;
     cfg.host = "127.0.0.1";
     cfg.port = 0;
     auto running = start_grpc_server(cfg, service_.get());
     ASSERT_TRUE(running.ok()) << running.status().to_string();
     server_ = std::move(running).value();
-    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(server_.port), grpc::InsecureChannelCredentials());
+    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(server_.port),
+                                   grpc::InsecureChannelCredentials());
   }
   void TearDown() override {
-    if (server_.server) server_.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (server_.server)
+      server_.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     server_.server.reset();
     if (engine_) engine_->shutdown(std::chrono::milliseconds(0));
   }
@@ -215,7 +231,9 @@ TEST_F(ReflectionTest, ListsServicesAndResolvesTypesWithoutTheProtoFile) {
   std::string error;
   const std::vector<std::string> services = db.list_services(&error);
   ASSERT_FALSE(services.empty()) << error;
-  auto has = [&](const std::string& s) { return std::find(services.begin(), services.end(), s) != services.end(); };
+  auto has = [&](const std::string& s) {
+    return std::find(services.begin(), services.end(), s) != services.end();
+  };
   EXPECT_TRUE(has("kvsplit.v1.Generation"));
   EXPECT_TRUE(has("grpc.health.v1.Health"));
   EXPECT_TRUE(has("grpc.reflection.v1alpha.ServerReflection"));
@@ -229,7 +247,8 @@ TEST_F(ReflectionTest, ListsServicesAndResolvesTypesWithoutTheProtoFile) {
   ASSERT_NE(generate, nullptr);
   EXPECT_TRUE(generate->server_streaming());
   EXPECT_FALSE(generate->client_streaming());
-  for (const char* m : {"Abort", "GetModelInfo", "GetServerStats"}) EXPECT_NE(svc->FindMethodByName(m), nullptr) << m;
+  for (const char* m : {"Abort", "GetModelInfo", "GetServerStats"})
+    EXPECT_NE(svc->FindMethodByName(m), nullptr) << m;
 
   const pb::Descriptor* req = pool.FindMessageTypeByName("kvsplit.v1.GenerateRequest");
   ASSERT_NE(req, nullptr) << db.last_error();

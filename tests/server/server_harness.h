@@ -3,6 +3,9 @@
 #pragma once
 
 #include <fcntl.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -16,10 +19,6 @@
 #include <thread>
 #include <vector>
 
-#include <grpcpp/generic/generic_stub.h>
-#include <grpcpp/grpcpp.h>
-#include <gtest/gtest.h>
-
 #include "kvsplit/v1/generation.grpc.pb.h"
 #include "test_util.h"
 
@@ -29,9 +28,10 @@ class ServerProcess {
  public:
   // Starts `kvsplit-server --host 127.0.0.1 --port 0 --metrics-port 0 ARGS...` and waits (up to
   // 60 s) for its "listening on" lines. started() is false when it exited instead.
-  ServerProcess(std::vector<std::string> args, std::string log_path) : log_path_(std::move(log_path)) {
+  ServerProcess(std::vector<std::string> args, std::string log_path)
+      : log_path_(std::move(log_path)) {
     std::vector<std::string> argv = {KVSPLIT_SERVER_BIN, "--host", "127.0.0.1", "--port", "0",
-                                     "--metrics-port", "0"};
+                                     "--metrics-port",   "0"};
     argv.insert(argv.end(), args.begin(), args.end());
     int out[2];
     if (pipe(out) != 0) return;
@@ -80,7 +80,9 @@ class ServerProcess {
   void signal(int sig) const {
     if (pid_ > 0) kill(pid_, sig);
   }
-  bool alive() const { return pid_ > 0 && kill(pid_, 0) == 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
+  bool alive() const {
+    return pid_ > 0 && kill(pid_, 0) == 0 && waitpid(pid_, nullptr, WNOHANG) == 0;
+  }
   // SIGTERM and wait up to `timeout`; returns the exit status (-1 on timeout, then SIGKILL).
   int stop(std::chrono::seconds timeout = std::chrono::seconds(20)) {
     if (pid_ <= 0) return exit_status_;
@@ -101,7 +103,8 @@ class ServerProcess {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < deadline) {
       int st = 0;
-      if (waitpid(pid_, &st, WNOHANG) == pid_) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      if (waitpid(pid_, &st, WNOHANG) == pid_)
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     return -1;
@@ -151,7 +154,8 @@ inline grpc::Status raw_unary(const std::shared_ptr<grpc::Channel>& ch, const st
     std::vector<grpc::Slice> slices;
     (void)resp.Dump(&slices);
     response_bytes->clear();
-    for (auto& s : slices) response_bytes->append(reinterpret_cast<const char*>(s.begin()), s.size());
+    for (auto& s : slices)
+      response_bytes->append(reinterpret_cast<const char*>(s.begin()), s.size());
   }
   return st;
 }

@@ -25,10 +25,18 @@ TEST(Utf8Test, JoinerHoldsBackSplitCharacters) {
   EXPECT_EQ(j.take(), "a");
   j.push("\xb8");
   EXPECT_EQ(j.take(), "");
-  j.push("\x96" "b");
-  EXPECT_EQ(j.take(), "\xe4\xb8\x96" "b");
-  j.push("\xff" "c\xe4");
-  EXPECT_EQ(j.take(), "\xef\xbf\xbd" "c");
+  j.push(
+      "\x96"
+      "b");
+  EXPECT_EQ(j.take(),
+            "\xe4\xb8\x96"
+            "b");
+  j.push(
+      "\xff"
+      "c\xe4");
+  EXPECT_EQ(j.take(),
+            "\xef\xbf\xbd"
+            "c");
   EXPECT_EQ(j.take(/*flush=*/true), "\xef\xbf\xbd");
   EXPECT_TRUE(is_valid_utf8(j.take(true)));
 }
@@ -44,7 +52,7 @@ TEST(ConvertTest, DefaultsAndClassNaming) {
   auto r = to_engine_request(in, l);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->sampling.max_tokens, 7);
-  EXPECT_EQ(r->sla_class, "gold");                 // empty -> the default class, named
+  EXPECT_EQ(r->sla_class, "gold");  // empty -> the default class, named
   EXPECT_EQ(r->sampling.temperature, SamplingParams{}.temperature);  // unset is not zero
   EXPECT_FALSE(r->sampling.seed.has_value());
   in.mutable_sampling()->set_temperature(0.0f);
@@ -95,7 +103,7 @@ TEST(BenchReportTest, QuantilesAndGoodput) {
   bench::Spec s;
   std::vector<bench::Outcome> o(3);
   o[0] = {true, "", "v", 10, 50, 100, {5, 5}};
-  o[1] = {true, "", "v", 10, 500, 900, {5}};   // misses TTFT
+  o[1] = {true, "", "v", 10, 500, 900, {5}};  // misses TTFT
   o[2] = {false, "boom", "v", 0, 0, 0, {}};
   auto j = bench::summarize("grpc", s, o, 2.0, {{"v", {100, 20}}});
   EXPECT_EQ(j["errors"].get<int>(), 1);
