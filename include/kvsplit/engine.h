@@ -51,7 +51,10 @@ struct EngineConfig {
   int64_t kv_capacity_bytes = 256ll << 20;      // per worker when kv_blocks_per_worker == 0
   int32_t max_num_seqs = 256;                   // running sequences per decode worker
   int32_t max_batch_tokens = 512;               // token budget of one prefill (chunk) step
-  int32_t handoff_timeout_ms = 5000;            // bound on every KV handoff wait
+  // > 0; bound on the delivery of a KV handoff (a decode worker must take the offer within it,
+  // else the prefill side reclaims it and the request fails DEADLINE_EXCEEDED). Waiting for room
+  // in a full decode pool is back-pressure, bounded by the class queue timeout instead.
+  int32_t handoff_timeout_ms = 5000;
   uint64_t seed = 0;                            // draws per-request seeds when unset
   std::vector<SlaClass> sla_classes = {SlaClass{}};  // first one is the default class
 };
