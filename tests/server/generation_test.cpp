@@ -59,7 +59,10 @@ class GenerationTest : public ::testing::Test {
       bool all_free = last->pools_size() > 0;
       for (const auto& p : last->pools())
         all_free = all_free && p.kv_blocks_free() == p.kv_blocks_total();
-      if (all_free && last->num_running() == 0 && last->num_waiting() == 0) return true;
+      // The stream count drops when a reactor is done, which can trail the KV release.
+      if (all_free && last->num_running() == 0 && last->num_waiting() == 0 &&
+          last->active_streams() == 0)
+        return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     } while (std::chrono::steady_clock::now() < deadline);
     return false;
