@@ -1,7 +1,9 @@
 #include "server/generation_service.h"
 
 #include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <thread>
 
 #include "common/log.h"
 #include "server/utf8.h"
@@ -21,6 +23,11 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
 const char* code_name(grpc::StatusCode code) {
   return status_code_name(static_cast<StatusCode>(code)).data();
 }
+
+class GenerateReactor;
+// Queues `reactor` for a pump() on the service's pump thread; dropped when either is gone.
+void post_pump(const std::weak_ptr<PumpThread>& pumps,
+               const std::weak_ptr<GenerateReactor>& reactor);
 
 // One Generate call. Owned by itself (self_) from creation until OnDone; the engine's notifier
 // holds only a weak_ptr, so a late event after the call ended is dropped safely.
@@ -52,10 +59,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       r->request_id_ = handle->request_id();
       r->submitted_ = true;
     }
-    std::weak_ptr<GenerateReactor> weak = r;
-    r->handle_.set_notifier([weak] {
-      if (auto self = weak.lock()) self->pump();
-    });
+    // Engine threads only enqueue the reactor; the pump thread builds and starts the writes.
+    r->handle_.set_notifier([pumps = service->pump_thread(),
+                             weak = std::weak_ptr<GenerateReactor>(r)] { post_pump(pumps, weak); });
     return r.get();
   }
 
@@ -85,6 +91,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
   }
 
  private:
+  friend class ::kvsplit::server::PumpThread;
+
   void finish_now(const grpc::Status& status) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -189,12 +197,78 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
 
 }  // namespace
 
+// Runs GenerateReactor::pump() for the engine's event notifications on one thread of its own, so
+// an engine thread only takes a lock and appends a pointer per event (the condition variable is
+// signalled only when the thread sleeps); building messages and starting gRPC writes overlap with
+// the engine's next step. Duplicate entries are harmless: pump() drains everything queued.
+class PumpThread {
+ public:
+  PumpThread() : thread_([this] { run(); }) {}
+  ~PumpThread() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+
+  void post(std::weak_ptr<GenerateReactor> reactor) {
+    bool wake;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      wake = sleeping_;
+      sleeping_ = false;  // one signal per sleep is enough
+      queue_.push_back(std::move(reactor));
+    }
+    if (wake) cv_.notify_one();
+  }
+
+ private:
+  void run() {
+    std::vector<std::weak_ptr<GenerateReactor>> batch;
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      if (queue_.empty() && !stop_) {
+        sleeping_ = true;
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        sleeping_ = false;
+      }
+      if (stop_) return;  // the gRPC server is shut down: no reactor is left to pump
+      batch.swap(queue_);
+      lock.unlock();
+      for (auto& weak : batch) {
+        if (auto r = weak.lock()) r->pump();
+      }
+      batch.clear();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::weak_ptr<GenerateReactor>> queue_;  // guarded by mu_
+  bool sleeping_ = false;                              // guarded by mu_
+  bool stop_ = false;                                  // guarded by mu_
+  std::thread thread_;                                 // last: starts after the fields above
+};
+
+namespace {
+void post_pump(const std::weak_ptr<PumpThread>& pumps,
+               const std::weak_ptr<GenerateReactor>& reactor) {
+  if (auto p = pumps.lock()) p->post(reactor);
+}
+}  // namespace
+
+GenerationService::~GenerationService() = default;
+
 GenerationService::GenerationService(Engine* engine, ServiceOptions options,
                                      std::vector<SlaClass> classes)
     : engine_(engine),
       options_(std::move(options)),
       model_info_(engine->model_info()),
-      classes_(std::move(classes)) {}
+      classes_(std::move(classes)),
+      pump_thread_(std::make_shared<PumpThread>()) {}
 
 void GenerationService::set_sla_classes(std::vector<SlaClass> classes) {
   std::lock_guard<std::mutex> lock(mu_);

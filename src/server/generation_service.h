@@ -1,6 +1,8 @@
 // kvsplit.v1.Generation on the gRPC callback API: one reactor per Generate stream, woken by the
-// engine through RequestHandle::set_notifier (never blocking an engine thread). A client cancel or
-// deadline aborts the request in the engine at once (its KV is freed). Thread-safe.
+// engine through RequestHandle::set_notifier. The notifier only queues the reactor for the
+// service's pump thread (engine threads never build messages or call into gRPC); the pump drains
+// every queued event into one message per write. A client cancel or deadline aborts the request
+// in the engine at once (its KV is freed). Thread-safe.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -26,10 +28,13 @@ struct ServiceOptions {
   ServerMetrics* metrics = nullptr;   // optional; must outlive the service
 };
 
+class PumpThread;  // runs the reactors' pumps for engine notifications (generation_service.cpp)
+
 class GenerationService final : public v1::Generation::CallbackService {
  public:
   // `engine` must outlive the service and the gRPC server it is registered with.
   GenerationService(Engine* engine, ServiceOptions options, std::vector<SlaClass> classes);
+  ~GenerationService() override;
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
@@ -54,6 +59,7 @@ class GenerationService final : public v1::Generation::CallbackService {
   // Used by the reactors.
   Engine* engine() const { return engine_; }
   ServerMetrics* metrics() const { return options_.metrics; }
+  std::weak_ptr<PumpThread> pump_thread() const { return pump_thread_; }
   void stream_closed() { active_streams_.fetch_sub(1); }
 
  private:
@@ -69,6 +75,8 @@ class GenerationService final : public v1::Generation::CallbackService {
   std::atomic<int32_t> active_streams_{0};
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_id_{1};  // server-assigned request ids: "grpc-<n>"
+  // Shared so that a notifier outliving the service finds it gone (weak_ptr) instead of dangling.
+  std::shared_ptr<PumpThread> pump_thread_;
 };
 
 }  // namespace kvsplit::server

@@ -89,11 +89,14 @@ def main():
         if info.vocab_size != 512 or info.max_context != 512:
             failures.append(f"GetModelInfo: {info}")
 
-        # Cancel mid-stream: every pool returns to all blocks free.
+        # Cancel mid-stream: every pool returns to all blocks free. Eight long streams at once, each
+        # cancelled after its first message, so that the engine cannot finish them all first.
         before = stub.GetServerStats(pb.GetServerStatsRequest(), timeout=10)
-        call = stub.Generate(pb.GenerateRequest(prompt="Once upon a time", max_tokens=500, ignore_eos=True), timeout=60)
-        next(call)
-        call.cancel()
+        calls = [stub.Generate(pb.GenerateRequest(prompt="Once upon a time", max_tokens=500, ignore_eos=True),
+                               timeout=60) for _ in range(8)]
+        for call in calls:
+            next(call)
+            call.cancel()
         for _ in range(250):
             s = stub.GetServerStats(pb.GetServerStatsRequest(), timeout=10)
             if all(p.kv_blocks_free == p.kv_blocks_total for p in s.pools) and s.num_running == 0:
