@@ -284,18 +284,18 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hidden = c.hidden_dim;
   const int64_t T = num_tokens;
   const int64_t R = std::max(num_rows, 1);
-  const size_t act_floats = static_cast<size_t>(T * (2 * dim + qd * 2 + kvd * 2 + hidden * 2) +
-                                                R * (dim * 2 + c.vocab_size));
+  // Floats of step scratch for `tokens` token rows and `rows` logit rows (carved below).
+  auto act_floats = [&](size_t tokens, size_t rows) {
+    return tokens * (2 * dim + qd * 2 + kvd * 2 + hidden * 2) + rows * (dim * 2 + c.vocab_size);
+  };
   if (static_cast<size_t>(T) > im.act_tokens || static_cast<size_t>(R) > im.act_rows) {
     im.act.reset();
     const size_t tokens = std::max<size_t>(T, im.act_tokens);
     const size_t rows = std::max<size_t>(R, im.act_rows);
-    const size_t floats = tokens * (2 * dim + qd * 2 + kvd * 2 + hidden * 2) + rows * (dim * 2 + c.vocab_size);
-    KVSPLIT_ASSIGN_OR_RETURN(im.act, DeviceBuffer::make(be, floats * sizeof(float)));
+    KVSPLIT_ASSIGN_OR_RETURN(im.act, DeviceBuffer::make(be, act_floats(tokens, rows) * sizeof(float)));
     im.act_tokens = tokens;
     im.act_rows = rows;
   }
-  (void)act_floats;
   float* p = im.act.get<float>();
   auto carve = [&](int64_t n) { float* r = p; p += n; return r; };
   float* x = carve(T * dim);         // residual stream [T, dim]
