@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
   int threads = 0;
   int block_size = 16;
   bool skip_probe = false;
+  int64_t spin_micros = -1;
   app.add_option("--model", model_path, "model path or synthetic:<preset>");
   app.add_option("--backend", backend_name, "cpu or cuda");
   app.add_option("--batches", batches, "batch sizes")->delimiter(',');
@@ -75,6 +76,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "CPU threads (0: all)");
   app.add_option("--block-size", block_size, "KV page size");
   app.add_flag("--skip-probe", skip_probe, "do not measure bandwidth / FMA peak");
+  app.add_option("--spin-us", spin_micros,
+                 "CPU: how long idle pool threads poll before sleeping (-1: default, 0: never)");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
 
@@ -83,7 +86,10 @@ int main(int argc, char** argv) {
   auto loaded = model::load_model(model_path, lo);
   if (!loaded.ok()) return fail(loaded.status());
   const model::ModelConfig& cfg = loaded->config;
-  auto be = backend::create_backend(backend_name, threads);
+  backend::BackendOptions bopt;
+  bopt.threads = threads;
+  bopt.spin_micros = spin_micros;
+  auto be = backend::create_backend(backend_name, bopt);
   if (!be.ok()) return fail(be.status());
   auto llama = model::LlamaModel::create(*loaded, **be);
   if (!llama.ok()) return fail(llama.status());

@@ -161,6 +161,9 @@ struct BackendOptions {
   // The CPU backend accepts only kF32, which changes nothing there (f32 weights stay f32 and
   // 16-bit weights of the file stay 16-bit); kBF16 / kF16 are kInvalidArgument for it.
   std::optional<DType> weight_dtype;
+  // CPU backend: how long idle pool threads poll for the next op before sleeping (microseconds);
+  // < 0: ThreadPool::kDefaultSpinMicros, 0: never poll (every op wakes sleeping threads).
+  int64_t spin_micros = -1;
 };
 
 // Creates the backend named `name` ("cpu", or "cuda" when built with CUDA). `threads` <= 0 picks

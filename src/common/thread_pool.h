@@ -2,6 +2,7 @@
 // parallel_for is called from one thread at a time (the owner); it blocks until done.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -13,8 +14,15 @@ namespace kvsplit {
 
 class ThreadPool {
  public:
+  // How long an idle worker polls for the next job before it sleeps on a condition variable.
+  // A decode step issues ~100 short jobs back to back; waking a sleeping thread costs tens of
+  // microseconds on a VM, which is as long as a whole 768x768 GEMV. Polling is bounded so an idle
+  // engine does not burn a core.
+  static constexpr int64_t kDefaultSpinMicros = 200;
+
   // num_threads >= 1 counts the calling thread: num_threads - 1 workers are started.
-  explicit ThreadPool(int num_threads);
+  // spin_micros = 0 turns polling off (every job wakes sleeping workers).
+  explicit ThreadPool(int num_threads, int64_t spin_micros = kDefaultSpinMicros);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -32,8 +40,12 @@ class ThreadPool {
  private:
   void worker_loop();
   void run_tasks();
+  // Polls pred for up to spin_micros_; true as soon as it holds.
+  template <typename Pred>
+  bool spin_until(Pred pred) const;
 
   int num_threads_;
+  int64_t spin_micros_;
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_start_;
@@ -41,9 +53,12 @@ class ThreadPool {
   const std::function<void(int64_t)>* fn_ = nullptr;
   int64_t num_tasks_ = 0;
   int64_t next_task_ = 0;    // guarded by mu_
-  int64_t active_ = 0;       // tasks of the current job not yet finished (guarded by mu_)
-  uint64_t generation_ = 0;  // job counter
-  bool stop_ = false;
+  uint64_t generation_ = 0;  // job counter (guarded by mu_)
+  bool stop_ = false;        // guarded by mu_
+  // Lock-free mirrors that polling threads read; written under mu_.
+  std::atomic<uint64_t> published_{0};  // == generation_
+  std::atomic<bool> stopping_{false};   // == stop_
+  std::atomic<int64_t> active_{0};      // tasks of the current job not yet finished
 };
 
 }  // namespace kvsplit

@@ -33,7 +33,9 @@ Worker::Worker(WorkerOptions options, std::unique_ptr<backend::Backend> backend,
   KVSPLIT_CHECK(options_.max_num_seqs >= 1 && options_.max_batch_tokens >= 1);
   free_blocks_.store(pool_->allocator().num_free());
   if (options_.sampling_threads > 1) {
-    sampling_pool_ = std::make_unique<ThreadPool>(options_.sampling_threads);
+    // One sampling job per step: a wake-up costs nothing next to a step, and polling after it
+    // would take a core from the backend's threads during the next forward pass.
+    sampling_pool_ = std::make_unique<ThreadPool>(options_.sampling_threads, /*spin_micros=*/0);
   }
 }
 

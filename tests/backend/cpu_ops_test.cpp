@@ -14,7 +14,6 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "common/paged_kv.h"
-#include "common/thread_pool.h"
 
 namespace kvsplit::backend {
 namespace {
@@ -239,25 +238,6 @@ TEST_P(CpuOps, KvAppendShuffledBlocks) {
   half.dtype = DType::kF16;
   EXPECT_EQ(be_->kv_append(half, k.data(), v.data(), slots.data(), 1).code(),
             StatusCode::kUnimplemented);
-}
-
-// The pool every op runs on: each task of each job runs exactly once, jobs back to back.
-TEST(CpuThreadPool, EveryTaskRunsOncePerJob) {
-  for (int threads : {1, 2, 4}) {
-    ThreadPool pool(threads);
-    for (int job = 0; job < 3000; ++job) {
-      const int64_t num_tasks = job % 11;
-      std::vector<std::atomic<int>> hits(num_tasks);
-      pool.parallel_for(num_tasks, [&](int64_t t) { hits[t].fetch_add(1); });
-      for (int64_t t = 0; t < num_tasks; ++t) ASSERT_EQ(hits[t].load(), 1) << threads << " " << job;
-    }
-    std::vector<std::atomic<int>> covered(1001);
-    pool.parallel_range(1001, 16, [&](int64_t b, int64_t e) {
-      EXPECT_EQ(b % 16, 0);
-      for (int64_t i = b; i < e; ++i) covered[i].fetch_add(1);
-    });
-    for (auto& c : covered) ASSERT_EQ(c.load(), 1);
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, CpuOps, ::testing::Values(1, 2, 3));

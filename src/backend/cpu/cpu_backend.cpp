@@ -29,7 +29,9 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) : pool_(std::max(1, threads)) {}
+  CpuBackend(int threads, int64_t spin_micros)
+      : pool_(std::max(1, threads),
+              spin_micros < 0 ? ThreadPool::kDefaultSpinMicros : spin_micros) {}
   ~CpuBackend() override {
     for (auto& [ptr, info] : packed_) std::free(const_cast<void*>(ptr));
   }
@@ -356,8 +358,8 @@ Status CpuBackend::kv_append(const LayerKv& kv, const float* k, const float* v,
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int threads) {
-  return std::make_unique<CpuBackend>(threads);
+std::unique_ptr<Backend> make_cpu_backend(int threads, int64_t spin_micros) {
+  return std::make_unique<CpuBackend>(threads, spin_micros);
 }
 
 }  // namespace kvsplit::backend

@@ -8,7 +8,7 @@
 
 namespace kvsplit::backend {
 
-// `threads` >= 1.
-std::unique_ptr<Backend> make_cpu_backend(int threads);
+// `threads` >= 1. `spin_micros`: see BackendOptions::spin_micros.
+std::unique_ptr<Backend> make_cpu_backend(int threads, int64_t spin_micros = -1);
 
 }  // namespace kvsplit::backend

@@ -27,7 +27,7 @@ StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name, const B
                               "weights of the file 16-bit; use auto or f32)");
     int threads = options.threads;
     if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    return std::unique_ptr<Backend>(make_cpu_backend(threads));
+    return std::unique_ptr<Backend>(make_cpu_backend(threads, options.spin_micros));
   }
   if (name == "cuda") {
 #if defined(KVSPLIT_HAVE_CUDA_BACKEND)
