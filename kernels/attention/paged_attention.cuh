@@ -4,12 +4,15 @@
 // One thread block handles `rows` query vectors that share one KV head: for decode the whole GQA
 // group of one token (every KV byte is read once per split), for prefill a tile of tokens times
 // the GQA group. Keys are walked in tiles of kAttnTileKeys: the block table entries of the tile's
-// pages are read once into shared memory, K and V are staged with 16-byte vector loads, then
-// scores, an online-softmax update (kernels/common/softmax_state.h) and the P·V accumulation run
-// from shared memory in fp32.
+// pages are read once into shared memory, K and V are staged with 16-byte asynchronous copies
+// (cp.async) into one of two shared-memory stages, then scores, an online-softmax update
+// (kernels/common/softmax_state.h) and the P·V accumulation run from shared memory in fp32. The
+// pipeline is two deep: the copies of tile i+1 are in flight while tile i is computed, so a block
+// keeps HBM busy instead of alternating between loading and computing.
 #pragma once
 
 #include "attention/paged_attention.h"
+#include "common/async_copy.cuh"
 #include "common/cuda_compat.h"
 #include "common/elem_type.h"
 #include "common/paged_kv.h"
@@ -23,7 +26,11 @@ inline constexpr int kAttnTileKeys = 64;
 // Prefill: query rows per block (tokens x GQA group), at least one token.
 inline constexpr int kPrefillMaxRows = 16;
 
-// Byte offsets of the shared-memory regions of one block (16-byte aligned).
+// Pipeline stages of the K/V tile buffers (double buffering).
+inline constexpr int kAttnStages = 2;
+
+// Byte offsets of the shared-memory regions of one block (16-byte aligned). blk, k and v hold
+// kAttnStages stages each, one after the other.
 struct AttnSmemLayout {
   int q, o, s, m, l, alpha, blk, k, v, total;
 };
@@ -37,9 +44,9 @@ KVSPLIT_HOST_DEVICE AttnSmemLayout attn_smem_layout(int rows, int head_dim, int 
   L.m = at; at = align16(at + rows * 4);
   L.l = at; at = align16(at + rows * 4);
   L.alpha = at; at = align16(at + rows * 4);
-  L.blk = at; at = align16(at + kAttnTileKeys * 4);       // physical block ids of the tile
-  L.k = at; at = align16(at + kAttnTileKeys * (head_dim * elem_bytes + 16));  // padded rows
-  L.v = at; at = align16(at + kAttnTileKeys * head_dim * elem_bytes);
+  L.blk = at; at = align16(at + kAttnStages * kAttnTileKeys * 4);  // physical block ids per tile
+  L.k = at; at = align16(at + kAttnStages * kAttnTileKeys * (head_dim * elem_bytes + 16));  // padded
+  L.v = at; at = align16(at + kAttnStages * kAttnTileKeys * head_dim * elem_bytes);
   L.total = at;
   return L;
 }
@@ -108,41 +115,70 @@ __global__ void __launch_bounds__(kAttnThreads)
   const KT* kv = static_cast<const KT*>(p.kv);
   const int lane = tid % 32, warp = tid / 32, num_warps = blockDim.x / 32;
 
-  for (int k0 = key_begin; k0 < key_end; k0 += kAttnTileKeys) {
-    const int n = key_end - k0 < kAttnTileKeys ? key_end - k0 : kAttnTileKeys;
+  // Stage `st` of the tile starting at key k0: its block ids (read once from the table), then its
+  // K and V rows by cp.async; a page whose id is out of range is flagged and reads as zeros.
+  auto tile_len = [&](int k0) { return key_end - k0 < kAttnTileKeys ? key_end - k0 : kAttnTileKeys; };
+  auto load_page_ids = [&](int k0, int st) {
+    const int n = tile_len(k0);
     const int first_page = k0 / p.block_size;
     const int num_pages = (k0 + n - 1) / p.block_size - first_page + 1;
-    __syncthreads();  // previous tile's readers of blk_s / k_s / v_s / s_s are done
     if (tid < num_pages) {
       int32_t b = table[first_page + tid];
       if (b < 0 || b >= p.num_blocks) {
         if (p.error_flag) atomicMax(p.error_flag, 1);
         b = -1;
       }
-      blk_s[tid] = b;
+      blk_s[st * kAttnTileKeys + tid] = b;
     }
-    __syncthreads();
+  };
+  auto issue_tile = [&](int k0, int st) {
+    const int n = tile_len(k0);
+    const int first_page = k0 / p.block_size;
+    KT* kd = k_s + st * kAttnTileKeys * kKStride;
+    KT* vd = v_s + st * kAttnTileKeys * D;
     for (int i = tid; i < n * kVecsPerRow; i += blockDim.x) {
       const int t = i / kVecsPerRow, c = i % kVecsPerRow;
       const int key = k0 + t;
-      const int b = blk_s[key / p.block_size - first_page];
-      uint4 kvec = make_uint4(0, 0, 0, 0), vvec = make_uint4(0, 0, 0, 0);
+      const int b = blk_s[st * kAttnTileKeys + key / p.block_size - first_page];
       if (b >= 0) {
         const int slot = key % p.block_size;
-        kvec = load16(kv + layout.offset(b, 0, kvh, slot) + c * kVec);
-        vvec = load16(kv + layout.offset(b, 1, kvh, slot) + c * kVec);
+        cp_async16(kd + t * kKStride + c * kVec, kv + layout.offset(b, 0, kvh, slot) + c * kVec);
+        cp_async16(vd + t * D + c * kVec, kv + layout.offset(b, 1, kvh, slot) + c * kVec);
+      } else {
+        store16(kd + t * kKStride + c * kVec, make_uint4(0, 0, 0, 0));
+        store16(vd + t * D + c * kVec, make_uint4(0, 0, 0, 0));
       }
-      store16(k_s + t * kKStride + c * kVec, kvec);
-      store16(v_s + t * D + c * kVec, vvec);
     }
-    __syncthreads();
+    cp_async_commit();
+  };
+
+  const int num_tiles = key_end > key_begin ? (key_end - key_begin + kAttnTileKeys - 1) / kAttnTileKeys : 0;
+  if (num_tiles > 0) {
+    load_page_ids(key_begin, 0);
+    __syncthreads();  // also: q_s, o_s, m_s, l_s are initialised
+    issue_tile(key_begin, 0);
+  }
+  for (int it = 0; it < num_tiles; ++it) {
+    const int cur = it % kAttnStages, nxt = (it + 1) % kAttnStages;
+    const int k0 = key_begin + it * kAttnTileKeys;
+    const int n = tile_len(k0);
+    const int first_page = k0 / p.block_size;
+    const bool more = it + 1 < num_tiles;
+    // Stage nxt was last read by tile it-1, whose every phase ended at a barrier below.
+    if (more) load_page_ids(k0 + kAttnTileKeys, nxt);
+    cp_async_wait<0>();  // this thread's copies of tile it have landed ...
+    __syncthreads();     // ... and everyone's; tile it-1's readers of stage nxt are done
+    if (more) issue_tile(k0 + kAttnTileKeys, nxt);  // in flight while tile it is computed
+    const int* blk = blk_s + cur * kAttnTileKeys;
+    const KT* kt = k_s + cur * kAttnTileKeys * kKStride;
+    const KT* vt = v_s + cur * kAttnTileKeys * D;
     for (int i = tid; i < rows * kAttnTileKeys; i += blockDim.x) {
       const int r = i / kAttnTileKeys, t = i % kAttnTileKeys;
       const int limit = decode ? kv_len : kv_len - q_len + tok_begin + r / group + 1;
       float score = -INFINITY;
-      if (t < n && k0 + t < limit && blk_s[(k0 + t) / p.block_size - first_page] >= 0) {
+      if (t < n && k0 + t < limit && blk[(k0 + t) / p.block_size - first_page] >= 0) {
         const float* qr = q_s + r * D;
-        const KT* kr = k_s + t * kKStride;
+        const KT* kr = kt + t * kKStride;
         float acc = 0.f;
 #pragma unroll 4
         for (int c = 0; c < kVecsPerRow; ++c) {
@@ -182,7 +218,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       const int r = i / D, d = i % D;
       const float* pr = s_s + r * kAttnTileKeys;
       float acc = o_s[i] * alpha_s[r];
-      for (int t = 0; t < n; ++t) acc += pr[t] * Elem<KT>::to_float(v_s[t * D + d]);
+      for (int t = 0; t < n; ++t) acc += pr[t] * Elem<KT>::to_float(vt[t * D + d]);
       o_s[i] = acc;
     }
   }

@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -34,6 +35,12 @@ constexpr size_t kStackBytes = 64 * 1024;
 
 enum class FiberState { kRunnable, kBlockBarrier, kWarpBarrier, kDone };
 
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+};
+
 struct Fiber {
   ThreadState ts{};
   ucontext_t uc{};
@@ -45,6 +52,11 @@ struct Fiber {
   unsigned warp_mask = 0;
   uint64_t published = 0;
   uint64_t received[kWarpSize] = {};
+  // Asynchronous copies (cp.async) this thread issued: the open group, then committed groups
+  // oldest first. Each copy happens only when a wait retires its group, so a kernel that reads
+  // the destination before waiting sees the 0xFF fill, not the data.
+  std::vector<AsyncCopy> open_group;
+  std::deque<std::vector<AsyncCopy>> committed;
 
   ~Fiber() {
     if (map) munmap(map, map_bytes);
@@ -270,6 +282,50 @@ const uint64_t* warp_exchange(unsigned mask, uint64_t value) {
 
 void syncwarp(unsigned mask) { (void)warp_exchange(mask, 0); }
 
+namespace {
+Fiber& running_fiber(const char* what) {
+  Scheduler& s = sched();
+  if (!s.cur) {
+    std::fprintf(stderr, "kvsplit emulation: %s outside a launch\n", what);
+    std::abort();
+  }
+  return *s.cur;
+}
+}  // namespace
+
+void async_copy(void* dst, const void* src, size_t bytes) {
+  Fiber& f = running_fiber("cp.async");
+  const uintptr_t d = reinterpret_cast<uintptr_t>(dst), g = reinterpret_cast<uintptr_t>(src);
+  if ((bytes != 4 && bytes != 8 && bytes != 16) || d % bytes != 0 || g % bytes != 0) {
+    record_fault("cp.async of " + std::to_string(bytes) + " bytes needs 4/8/16 bytes aligned to " +
+                 "their size (dst " + std::to_string(d % 16) + ", src " + std::to_string(g % 16) +
+                 " mod 16)");
+    abandon();
+  }
+  const Scheduler& s = sched();
+  const unsigned char* lo = s.smem.data();
+  const auto* dp = static_cast<const unsigned char*>(dst);
+  if (dp < lo || dp + bytes > lo + s.smem.size()) {
+    record_fault("cp.async destination is not in the block's dynamic shared memory");
+    abandon();
+  }
+  f.open_group.push_back(AsyncCopy{dst, src, bytes});
+}
+
+void async_commit() {
+  Fiber& f = running_fiber("cp.async.commit_group");
+  f.committed.push_back(std::move(f.open_group));
+  f.open_group.clear();
+}
+
+void async_wait_prior(int newest_pending) {
+  Fiber& f = running_fiber("cp.async.wait_group");
+  while (static_cast<int>(f.committed.size()) > newest_pending) {
+    for (const AsyncCopy& c : f.committed.front()) std::memcpy(c.dst, c.src, c.bytes);
+    f.committed.pop_front();
+  }
+}
+
 void record_fault(const std::string& message) {
   Scheduler& s = sched();
   if (!s.cur) {
@@ -340,6 +396,8 @@ cudaError_t run_grid(KernelThunk thunk, const void* ctx, dim3 grid, dim3 block, 
           Fiber& f = *s.fibers[i];
           f.ts.block_idx = uint3{bx, by, bz};
           f.state = FiberState::kRunnable;
+          f.open_group.clear();  // copies a previous block never waited for are dropped
+          f.committed.clear();
           if (f.needs_init) init_fiber(f);
         }
         for (;;) {

@@ -56,6 +56,14 @@ void syncthreads();
 const uint64_t* warp_exchange(unsigned mask, uint64_t value);
 void syncwarp(unsigned mask);
 int lane_id();
+// cp.async: queues a copy of 4/8/16 aligned bytes from global to the block's dynamic shared
+// memory in the calling thread's open group; async_commit closes the group; async_wait_prior(n)
+// performs every committed group but the newest n (cp.async.wait_group n). Copies are performed
+// only there, so reading a destination before the wait (or, for another thread, before the wait
+// and a __syncthreads) sees stale bytes, as it may on the device.
+void async_copy(void* dst, const void* src, size_t bytes);
+void async_commit();
+void async_wait_prior(int newest_pending);
 // Reports a kernel fault (e.g. a shuffle from a lane outside the mask): record_fault() stores the
 // message, then abandon() leaves the launch. Two statements, so that the caller's temporaries are
 // destroyed before its fiber stack is abandoned (nothing leaks).

@@ -1,5 +1,5 @@
 // Self-tests of the CUDA emulation harness: execution model, warp operations, barriers, shared
-// memory, atomics, and bit-exact half / bfloat16 conversions.
+// memory, asynchronous copies (cp.async), atomics, and bit-exact half / bfloat16 conversions.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "common/async_copy.cuh"
 #include "common/cuda_compat.h"
 
 namespace {
@@ -147,6 +148,54 @@ TEST(Emulation, DynamicSharedMemoryIsPoisonedPerBlock) {
   EXPECT_EQ(nan_seen, 3 * 32);
   for (int b = 0; b < 3; ++b)
     for (int t = 0; t < 32; ++t) EXPECT_EQ(out[b * 32 + t], static_cast<float>(31 - t + b));
+}
+
+// Each thread copies 16 bytes per group, two groups. Records what it sees of its own destinations
+// before any wait, after wait<1> (oldest group landed) and after wait<0>; then, after a barrier,
+// reads the neighbour's data.
+__global__ void async_copy_kernel(const int4* src, int* seen) {
+  KVSPLIT_DYNAMIC_SMEM(int4, buf);
+  const int t = threadIdx.x, n = blockDim.x;
+  using kvsplit::kernels::cp_async16;
+  cp_async16(&buf[t], &src[t]);
+  kvsplit::kernels::cp_async_commit();
+  cp_async16(&buf[n + t], &src[n + t]);
+  kvsplit::kernels::cp_async_commit();
+  int* o = seen + t * 4;
+  o[0] = buf[t].x;  // not waited for: still the 0xFF fill
+  kvsplit::kernels::cp_async_wait<1>();
+  o[1] = buf[t].x * 1000 + (buf[n + t].x == -1 ? 1 : 0);  // first group only
+  kvsplit::kernels::cp_async_wait<0>();
+  __syncthreads();
+  o[2] = buf[n + t].x;
+  o[3] = buf[(t + 1) % n].x;  // another thread's copy, visible after wait + barrier
+}
+
+__global__ void misaligned_async_copy_kernel(const int* src) {
+  KVSPLIT_DYNAMIC_SMEM(unsigned char, buf);
+  kvsplit::kernels::cp_async16(buf + 4, src);
+}
+
+TEST(Emulation, AsyncCopiesLandOnlyAtTheirWait) {
+  const int n = 32;
+  std::vector<int4> src(2 * n);
+  for (int i = 0; i < 2 * n; ++i) src[i] = int4{i + 1, 0, 0, 0};
+  std::vector<int> seen(n * 4, 0);
+  ASSERT_EQ(launch(async_copy_kernel, dim3(2), dim3(n), 2 * n * sizeof(int4), nullptr, src.data(),
+                   seen.data()),
+            cudaSuccess)
+      << kvsplit::emu::last_error_message();
+  for (int t = 0; t < n; ++t) {
+    EXPECT_EQ(seen[t * 4 + 0], -1) << t;
+    EXPECT_EQ(seen[t * 4 + 1], (t + 1) * 1000 + 1) << t;
+    EXPECT_EQ(seen[t * 4 + 2], n + t + 1) << t;
+    EXPECT_EQ(seen[t * 4 + 3], (t + 1) % n + 1) << t;
+  }
+  alignas(16) int words[8] = {};
+  EXPECT_EQ(launch(misaligned_async_copy_kernel, dim3(1), dim3(1), 64, nullptr, words),
+            cudaErrorLaunchFailure);
+  EXPECT_NE(kvsplit::emu::last_error_message().find("aligned"), std::string::npos)
+      << kvsplit::emu::last_error_message();
 }
 
 __global__ void atomics_kernel(float* fsum, int* imax, int* count) {
