@@ -1,5 +1,5 @@
-# Included by kernels/CMakeLists.txt when nvcc exists: the real kernels (nvcc, sm_90 by default via
-# CMAKE_CUDA_ARCHITECTURES) and the CUDA backend (host C++, CUDA runtime + cuBLAS/cuBLASLt).
+# Included by kernels/CMakeLists.txt when nvcc exists: the real kernels (nvcc, sm_80 + sm_90 by
+# default via CMAKE_CUDA_ARCHITECTURES) and the CUDA backend (host C++, CUDA runtime + cuBLAS/cuBLASLt).
 file(GLOB KVSPLIT_CUDA_KERNEL_SOURCES CONFIGURE_DEPENDS
   ${CMAKE_CURRENT_SOURCE_DIR}/attention/*.cu ${CMAKE_CURRENT_SOURCE_DIR}/ops/*.cu
   ${CMAKE_CURRENT_SOURCE_DIR}/sampling/*.cu
