@@ -146,6 +146,9 @@ class Backend {
   // ids: device [num_rows] int32. Deterministic per (logits row, seed, step), whatever else is in
   // the batch. Penalties are not applied. The default is kUnimplemented: the CPU backend samples
   // on the host through src/sampling (a different RNG: xorshift64*, as llama2.c).
+  // True when sample_tokens is implemented (the model then picks greedy tokens on the device and
+  // copies back 4 bytes per row instead of a vocab-sized logits row).
+  virtual bool has_sample_tokens() const { return false; }
   virtual Status sample_tokens(const float* logits, int num_rows, int vocab, const SamplingRow* rows,
                                int32_t* ids) {
     (void)logits, (void)num_rows, (void)vocab, (void)rows, (void)ids;

@@ -22,6 +22,7 @@ struct SeqState {
   std::string text;
   FinishReason reason = FinishReason::kNone;
   bool admitted = false;
+  bool greedy = false;  // plain greedy: the model returns the argmax (SeqStep::Logits::kArgmax)
 
   int prompt_len() const { return static_cast<int>(in->prompt_ids.size()); }
   bool prefilling() const { return computed < prompt_len(); }
@@ -77,6 +78,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(LlamaModel& model, kv::Kv
     SeqState& s = seqs[i];
     s.in = &in;
     s.sampler = std::make_unique<sampling::Sampler>(in.params, in.params.seed.value_or(in.seed));
+    s.greedy = sampling::is_plain_greedy(in.params);
     // Positions past the prompt are bounded by the context: the last sampled token is never fed.
     const int max_new = std::min(max_generated_tokens(in.params), ctx - n + 1);
     s.stop = std::make_unique<sampling::StopChecker>(in.params, cfg.eos_token_ids, max_new);
@@ -87,6 +89,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(LlamaModel& model, kv::Kv
   std::vector<int> step_seq;  // seqs index of each step
   std::vector<int32_t> decode_tokens(seqs.size());
   std::vector<float> logits;
+  std::vector<int32_t> ids;
   const int block_size = pool.block_size();
   for (;;) {
     steps.clear();
@@ -106,7 +109,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(LlamaModel& model, kv::Kv
       st.tokens = std::span<const int32_t>(&decode_tokens[i], 1);
       st.start_pos = pos;
       st.table = &s.table;
-      st.logits = SeqStep::Logits::kLast;
+      st.logits = s.greedy ? SeqStep::Logits::kArgmax : SeqStep::Logits::kLast;
       steps.push_back(st);
       step_seq.push_back(static_cast<int>(i));
       --budget;
@@ -130,7 +133,9 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(LlamaModel& model, kv::Kv
       st.tokens = std::span<const int32_t>(s.in->prompt_ids.data() + s.computed, chunk);
       st.start_pos = s.computed;
       st.table = &s.table;
-      st.logits = (s.computed + chunk == s.prompt_len()) ? SeqStep::Logits::kLast : SeqStep::Logits::kNone;
+      st.logits = s.computed + chunk != s.prompt_len()
+                      ? SeqStep::Logits::kNone
+                      : (s.greedy ? SeqStep::Logits::kArgmax : SeqStep::Logits::kLast);
       steps.push_back(st);
       step_seq.push_back(static_cast<int>(i));
       budget -= chunk;
@@ -138,17 +143,24 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(LlamaModel& model, kv::Kv
     if (steps.empty()) break;
 
     logits.clear();
-    KVSPLIT_RETURN_IF_ERROR(model.forward(steps, pool, &logits, options.forward));
+    ids.clear();
+    KVSPLIT_RETURN_IF_ERROR(model.forward(steps, pool, &logits, options.forward, &ids));
 
-    size_t row = 0;
+    size_t row = 0, id = 0;
     for (size_t k = 0; k < steps.size(); ++k) {
       SeqState& s = seqs[step_seq[k]];
       const bool was_prefill = s.prefilling();
       if (was_prefill) s.computed += static_cast<int>(steps[k].tokens.size());
-      if (steps[k].logits != SeqStep::Logits::kLast) continue;
-      float* lg = logits.data() + row * cfg.vocab_size;
-      ++row;
-      const int32_t tok = s.sampler->sample(lg, cfg.vocab_size, s.in->prompt_ids, s.output);
+      int32_t tok = -1;
+      if (steps[k].logits == SeqStep::Logits::kArgmax) {
+        tok = ids[id++];  // greedy: picked by the model (on the device where it can)
+      } else if (steps[k].logits == SeqStep::Logits::kLast) {
+        float* lg = logits.data() + row * cfg.vocab_size;
+        ++row;
+        tok = s.sampler->sample(lg, cfg.vocab_size, s.in->prompt_ids, s.output);
+      } else {
+        continue;
+      }
       s.output.push_back(tok);
       const std::string delta = s.decoder ? s.decoder->push(tok) : std::string();
       sampling::StopChecker::Step r = s.stop->on_token(tok, delta);

@@ -7,6 +7,7 @@
 
 #include "common/check.h"
 #include "common/paged_kv.h"
+#include "sampling/sampler.h"
 
 namespace kvsplit::model {
 
@@ -78,6 +79,8 @@ struct LlamaModel::Impl {
   size_t act_rows = 0;
   DeviceBuffer meta;   // int32 metadata of one step
   size_t meta_ints = 0;
+  DeviceBuffer ids;    // int32 greedy ids of one step (backends with sample_tokens)
+  size_t ids_cap = 0;
 };
 
 LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend)
@@ -171,7 +174,8 @@ struct StepMeta {
 }  // namespace
 
 Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
-                           std::vector<float>* logits, const ForwardOptions& options) {
+                           std::vector<float>* logits, const ForwardOptions& options,
+                           std::vector<int32_t>* ids) {
   const ModelConfig& c = config_;
   Impl& im = *impl_;
   Backend& be = backend_;
@@ -228,7 +232,8 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   meta.pre_qstart = reserve_ints(num_prefill + 1);
   meta.pre_kvlens = reserve_ints(std::max(num_prefill, 1));
   meta.pre_tables = reserve_ints(static_cast<size_t>(std::max(num_prefill, 1)) * max_blocks);
-  std::vector<int32_t> logit_rows;  // token rows whose logits are returned, in seqs order
+  std::vector<int32_t> logit_rows;  // token rows whose logits (or argmax) are returned, in seqs order
+  std::vector<uint8_t> row_argmax;  // per logit row: 1 when only its argmax is returned
   std::vector<int> first_row(seqs.size());
   {
     int t = 0;
@@ -261,13 +266,20 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     for (size_t i = 0; i < seqs.size(); ++i) {
       const SeqStep& s = seqs[i];
       const int n = static_cast<int>(s.tokens.size());
-      if (s.logits == SeqStep::Logits::kLast) logit_rows.push_back(first_row[i] + n - 1);
+      if (s.logits == SeqStep::Logits::kLast || s.logits == SeqStep::Logits::kArgmax) {
+        logit_rows.push_back(first_row[i] + n - 1);
+        row_argmax.push_back(s.logits == SeqStep::Logits::kArgmax ? 1 : 0);
+      }
       if (s.logits == SeqStep::Logits::kAll) {
         for (int r = 0; r < n; ++r) logit_rows.push_back(first_row[i] + r);
+        row_argmax.insert(row_argmax.end(), n, 0);
       }
     }
   }
   const int num_rows = static_cast<int>(logit_rows.size());
+  const int num_argmax = static_cast<int>(std::count(row_argmax.begin(), row_argmax.end(), 1));
+  if (num_argmax > 0 && ids == nullptr) return invalid_argument("kArgmax steps need an ids output");
+  if (num_rows > num_argmax && logits == nullptr) return invalid_argument("logits rows need a logits output");
   meta.logit_rows = reserve_ints(std::max(num_rows, 1));
   std::copy(logit_rows.begin(), logit_rows.end(), meta.ints.begin() + meta.logit_rows);
 
@@ -378,10 +390,58 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   }
   KVSPLIT_RETURN_IF_ERROR(be.rmsnorm(xr, im.final_norm.get<float>(), num_rows, c.dim, c.norm_eps, xrn));
   KVSPLIT_RETURN_IF_ERROR(be.gemm(xrn, num_rows, im.lm_head, nullptr, lg, false));
+  const int64_t vocab = c.vocab_size;
+  const size_t row_bytes = static_cast<size_t>(vocab) * sizeof(float);
+  if (num_argmax == 0) {
+    const size_t old = logits->size();
+    logits->resize(old + static_cast<size_t>(num_rows) * vocab);
+    KVSPLIT_RETURN_IF_ERROR(be.copy_d2h(logits->data() + old, lg, num_rows * row_bytes));
+    return be.synchronize();
+  }
+  // Greedy rows: on the device when the backend samples, so only their ids come back.
+  std::vector<int32_t> row_ids(num_rows, -1);
+  const bool device_ids = be.has_sample_tokens();
+  if (device_ids) {
+    if (static_cast<size_t>(num_rows) > im.ids_cap) {
+      im.ids.reset();
+      KVSPLIT_ASSIGN_OR_RETURN(im.ids, DeviceBuffer::make(be, num_rows * sizeof(int32_t)));
+      im.ids_cap = num_rows;
+    }
+    std::vector<backend::SamplingRow> greedy(num_rows);
+    for (backend::SamplingRow& g : greedy) g.temperature = 0.f;
+    KVSPLIT_RETURN_IF_ERROR(
+        be.sample_tokens(lg, num_rows, c.vocab_size, greedy.data(), im.ids.get<int32_t>()));
+    KVSPLIT_RETURN_IF_ERROR(
+        be.copy_d2h(row_ids.data(), im.ids.get<int32_t>(), num_rows * sizeof(int32_t)));
+  }
   const size_t old = logits->size();
-  logits->resize(old + static_cast<size_t>(num_rows) * c.vocab_size);
-  KVSPLIT_RETURN_IF_ERROR(
-      be.copy_d2h(logits->data() + old, lg, static_cast<size_t>(num_rows) * c.vocab_size * sizeof(float)));
+  logits->resize(old + static_cast<size_t>(num_rows - num_argmax) * vocab);
+  float* dst = logits->data() + old;
+  std::vector<float> scratch;
+  for (int r = 0; r < num_rows;) {
+    if (!row_argmax[r]) {  // a run of rows whose logits are wanted: one copy
+      int e = r + 1;
+      while (e < num_rows && !row_argmax[e]) ++e;
+      KVSPLIT_RETURN_IF_ERROR(be.copy_d2h(dst, lg + r * vocab, (e - r) * row_bytes));
+      dst += (e - r) * vocab;
+      r = e;
+      continue;
+    }
+    if (!device_ids) {  // no sampling op: the row comes over and the host picks
+      scratch.resize(static_cast<size_t>(vocab));
+      KVSPLIT_RETURN_IF_ERROR(be.copy_d2h(scratch.data(), lg + r * vocab, row_bytes));
+      row_ids[r] = sampling::argmax_lowest(scratch.data(), c.vocab_size);
+    }
+    ++r;
+  }
+  KVSPLIT_RETURN_IF_ERROR(be.synchronize());
+  for (int r = 0; r < num_rows; ++r) {
+    if (!row_argmax[r]) continue;
+    if (row_ids[r] < 0 || row_ids[r] >= c.vocab_size) {
+      return internal_error("greedy id " + std::to_string(row_ids[r]) + " outside the vocabulary");
+    }
+    ids->push_back(row_ids[r]);
+  }
   return be.synchronize();
 }
 

@@ -23,8 +23,9 @@ struct SeqStep {
   int start_pos = 0;                 // position of tokens[0] (= tokens already in the KV cache)
   const kv::BlockTable* table = nullptr;  // must already hold start_pos + tokens.size() tokens
   // Which rows of logits to return: kLast (sampling), kAll (teacher-forced scoring), kNone
-  // (a chunk of a prompt that is not finished yet).
-  enum class Logits : uint8_t { kNone, kLast, kAll } logits = Logits::kLast;
+  // (a chunk of a prompt that is not finished yet), kArgmax (greedy decoding: not the last row's
+  // logits but its argmax, lowest id on exact ties, NaN never wins, as sampling::argmax_lowest).
+  enum class Logits : uint8_t { kNone, kLast, kAll, kArgmax } logits = Logits::kLast;
 };
 
 struct ForwardOptions {
@@ -42,9 +43,12 @@ class LlamaModel {
 
   // Runs one step. Sequences may come in any order; decode steps (1 token, start_pos > 0) use the
   // paged split-K decode kernel, others the prefill kernel. Appends logits rows to *logits in
-  // sequence order ([rows, vocab] f32, host): for kLast one row, for kAll tokens.size() rows.
+  // sequence order ([rows, vocab] f32, host): for kLast one row, for kAll tokens.size() rows; and
+  // for kArgmax one token id to *ids (required then), in sequence order. A backend with
+  // sample_tokens computes those ids on the device, so only 4 bytes per greedy row cross to the
+  // host; others copy the row and take the argmax on the host (the same ids either way).
   Status forward(std::span<const SeqStep> seqs, kv::KvPool& pool, std::vector<float>* logits,
-                 const ForwardOptions& options = {});
+                 const ForwardOptions& options = {}, std::vector<int32_t>* ids = nullptr);
 
   const ModelConfig& config() const { return config_; }
   backend::Backend& backend() const { return backend_; }

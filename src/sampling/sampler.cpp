@@ -38,15 +38,16 @@ bool candidate_before(const Sampler::Candidate& a, const Sampler::Candidate& b) 
   return a.prob > b.prob || (a.prob == b.prob && a.index < b.index);
 }
 
-int32_t argmax_lowest(const float* x, int n) {
-  int32_t best = 0;
-  for (int i = 1; i < n; ++i) {
-    if (x[i] > x[best]) best = i;
-  }
-  return best;
-}
-
 }  // namespace
+
+int32_t argmax_lowest(const float* x, int n) {
+  int32_t best = -1;
+  for (int i = 0; i < n; ++i) {
+    if (std::isnan(x[i])) continue;
+    if (best < 0 || x[i] > x[best]) best = i;
+  }
+  return best < 0 ? 0 : best;
+}
 
 Sampler::Sampler(const SamplingParams& params, uint64_t seed)
     : params_(params), rng_state_(seed == 0 ? kZeroSeedState : seed) {}

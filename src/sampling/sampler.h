@@ -24,6 +24,17 @@ inline constexpr float kGreedyTemperature = 1e-5f;
 // xorshift64* has the fixed point 0; seed 0 starts from this state instead.
 inline constexpr uint64_t kZeroSeedState = 0x9E3779B97F4A7C15ull;
 
+// Greedy pick: the index of the largest value, the lowest on exact ties; NaN never wins (all NaN:
+// 0). The same rule as the CUDA argmax / greedy sampling kernels.
+int32_t argmax_lowest(const float* x, int n);
+
+// True when Sampler::sample is exactly argmax_lowest of the raw logits for these parameters
+// (greedy, no penalties): a model may then return the argmax instead of the logits.
+inline bool is_plain_greedy(const SamplingParams& p) {
+  return p.temperature < kGreedyTemperature && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
+}
+
 class Sampler {
  public:
   // `params` must have passed validate(). `seed` is the request's RNG seed (the initial xorshift

@@ -42,16 +42,14 @@ void Sequence::enter_phase(SeqPhase next, Clock::time_point now) {
   phase_start = now;
 }
 
-FinishReason sample_and_append(Sequence& seq, float* logits, int vocab, Clock::time_point now) {
+namespace {
+
+// Appends `token`, updates the timings, pushes its event; `raw` (the unmodified logits) only when
+// logprobs were asked for.
+FinishReason push_token(Sequence& seq, int32_t token, const float* raw, int vocab,
+                        Clock::time_point now) {
   TokenEvent ev;
   ev.request_id = seq.id();
-  const std::span<const int32_t> prompt(seq.tokens.data(), seq.num_prompt);
-  const std::span<const int32_t> output(seq.tokens.data() + seq.num_prompt, seq.num_output());
-  // The logprob of the chosen token is read before the sampler rewrites the logits.
-  std::vector<float> raw;
-  if (seq.top_logprobs > 0) raw.assign(logits, logits + vocab);
-  const int32_t token = seq.sampler->sample(logits, vocab, prompt, output);
-  KVSPLIT_CHECK(token >= 0 && token < vocab);
   seq.tokens.push_back(token);
 
   if (seq.num_output() == 1) {
@@ -67,13 +65,34 @@ FinishReason sample_and_append(Sequence& seq, float* logits, int vocab, Clock::t
   sampling::StopChecker::Step step = seq.stop->on_token(token, delta);
   ev.token_ids.push_back(token);
   ev.text = std::move(step.text);
-  if (!raw.empty()) {
-    ev.logprobs.push_back(
-        make_logprob(raw.data(), vocab, token, static_cast<int>(seq.top_logprobs)));
+  if (raw != nullptr) {
+    ev.logprobs.push_back(make_logprob(raw, vocab, token, static_cast<int>(seq.top_logprobs)));
   }
   ev.time = now;
   seq.ctl->stream->push(std::move(ev));
   return step.reason;
+}
+
+}  // namespace
+
+FinishReason sample_and_append(Sequence& seq, float* logits, int vocab, Clock::time_point now) {
+  const std::span<const int32_t> prompt(seq.tokens.data(), seq.num_prompt);
+  const std::span<const int32_t> output(seq.tokens.data() + seq.num_prompt, seq.num_output());
+  // The logprob of the chosen token is read before the sampler rewrites the logits.
+  std::vector<float> raw;
+  if (seq.top_logprobs > 0) raw.assign(logits, logits + vocab);
+  const int32_t token = seq.sampler->sample(logits, vocab, prompt, output);
+  KVSPLIT_CHECK(token >= 0 && token < vocab);
+  return push_token(seq, token, raw.empty() ? nullptr : raw.data(), vocab, now);
+}
+
+bool greedy_without_logits(const Sequence& seq) {
+  return sampling::is_plain_greedy(seq.params) && seq.top_logprobs == 0;
+}
+
+FinishReason append_token(Sequence& seq, int32_t token, Clock::time_point now) {
+  KVSPLIT_CHECK(greedy_without_logits(seq));
+  return push_token(seq, token, nullptr, 0, now);
 }
 
 void finish_sequence(Sequence& seq, FinishReason reason, Status status, Clock::time_point now,

@@ -95,6 +95,13 @@ class FinishSink {
 // the finish reason (kNone while generation continues).
 FinishReason sample_and_append(Sequence& seq, float* logits, int vocab, Clock::time_point now);
 
+// True when the next token is the plain argmax of the logits (greedy, no penalties, no
+// logprobs), so the model may pick it on the device (SeqStep::Logits::kArgmax).
+bool greedy_without_logits(const Sequence& seq);
+
+// Appends a token chosen by the model (kArgmax) as sample_and_append would have chosen it.
+FinishReason append_token(Sequence& seq, int32_t token, Clock::time_point now);
+
 // Pushes the final event (after any text still held back) and calls sink.on_final. The caller
 // must have released the sequence's KV blocks.
 void finish_sequence(Sequence& seq, FinishReason reason, Status status, Clock::time_point now,

@@ -15,9 +15,10 @@ namespace kvsplit::sched {
 class StepModel {
  public:
   virtual ~StepModel() = default;
-  // Same contract as LlamaModel::forward: appends logits rows ([rows, vocab] f32) in `seqs` order.
+  // Same contract as LlamaModel::forward: appends logits rows ([rows, vocab] f32) in `seqs` order,
+  // and for kArgmax steps their greedy token ids to *ids.
   virtual Status forward(std::span<const model::SeqStep> seqs, kv::KvPool& pool,
-                         std::vector<float>* logits) = 0;
+                         std::vector<float>* logits, std::vector<int32_t>* ids) = 0;
   virtual int vocab_size() const = 0;
 };
 
@@ -25,8 +26,8 @@ class LlamaStepModel final : public StepModel {
  public:
   explicit LlamaStepModel(std::unique_ptr<model::LlamaModel> model) : model_(std::move(model)) {}
   Status forward(std::span<const model::SeqStep> seqs, kv::KvPool& pool,
-                 std::vector<float>* logits) override {
-    return model_->forward(seqs, pool, logits);
+                 std::vector<float>* logits, std::vector<int32_t>* ids) override {
+    return model_->forward(seqs, pool, logits, {}, ids);
   }
   int vocab_size() const override { return model_->config().vocab_size; }
   model::LlamaModel& model() { return *model_; }

@@ -109,10 +109,13 @@ class Worker {
   int kv_blocks_free() const { return free_blocks_.load(std::memory_order_relaxed); }
 
  private:
+  static constexpr uint8_t kSampleNone = 0, kSampleRow = 1, kSampleArgmax = 2;
   struct Batch {
     std::vector<model::SeqStep> steps;
     std::vector<Sequence*> seqs;
-    std::vector<uint8_t> samples;  // 1: this entry returns one logits row to sample from
+    // kSampleRow: this entry returns one logits row to sample from; kSampleArgmax: its greedy
+    // token id (picked by the model, on the device where the backend can).
+    std::vector<uint8_t> samples;
     void clear() { steps.clear(); seqs.clear(); samples.clear(); }
   };
 
@@ -125,7 +128,8 @@ class Worker {
   void admit_offers(Clock::time_point now);
   void admit_from_router(Clock::time_point now);
   void schedule(Clock::time_point now);
-  void postprocess(std::vector<float>& logits, Clock::time_point now);  // logits [rows, vocab]
+  // logits [rows, vocab] of the kSampleRow entries, ids of the kSampleArgmax ones, in batch order.
+  void postprocess(std::vector<float>& logits, const std::vector<int32_t>& ids, Clock::time_point now);
   void sample_rows(Clock::time_point now);  // sample_jobs_ -> sample_reasons_
   bool preempt_for(const HandoffOffer& offer, int need_blocks, Clock::time_point now);
   void compact(Clock::time_point now);
@@ -170,9 +174,11 @@ class Worker {
   uint64_t seen_cancel_epoch_ = 0;
   Batch batch_;
   std::vector<float> logits_;
+  std::vector<int32_t> argmax_ids_;
   struct SampleJob {
     Sequence* seq;
-    float* logits;  // one row [vocab], sampled in place
+    float* logits;  // one row [vocab], sampled in place; nullptr: `token` was chosen by the model
+    int32_t token;
   };
   std::vector<SampleJob> sample_jobs_;
   std::vector<FinishReason> sample_reasons_;

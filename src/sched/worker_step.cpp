@@ -42,7 +42,8 @@ bool Worker::step() {
   }
   const Clock::time_point t1 = Clock::now();
   logits_.clear();
-  Status st = model_->forward(batch_.steps, *pool_, &logits_);
+  argmax_ids_.clear();
+  Status st = model_->forward(batch_.steps, *pool_, &logits_, &argmax_ids_);
   const Clock::time_point t2 = Clock::now();
   if (!st.ok()) {
     KVSPLIT_LOG_ERROR("{}: forward failed: {}", options_.name, st.to_string());
@@ -50,7 +51,7 @@ bool Worker::step() {
       finish(*seq, FinishReason::kError, st.with_prefix("forward pass"), t2);
     }
   } else {
-    postprocess(logits_, t2);
+    postprocess(logits_, argmax_ids_, t2);
   }
   const Clock::time_point t3 = Clock::now();
   compact(t2);
@@ -97,10 +98,11 @@ void Worker::schedule(Clock::time_point now) {
     s.tokens = std::span<const int32_t>(seq.tokens.data() + seq.num_computed, 1);
     s.start_pos = seq.num_computed;
     s.table = &seq.table;
-    s.logits = model::SeqStep::Logits::kLast;
+    const bool argmax = greedy_without_logits(seq);
+    s.logits = argmax ? model::SeqStep::Logits::kArgmax : model::SeqStep::Logits::kLast;
     batch_.steps.push_back(s);
     batch_.seqs.push_back(&seq);
-    batch_.samples.push_back(1);
+    batch_.samples.push_back(argmax ? kSampleArgmax : kSampleRow);
     ++decode_tokens;
   }
 
@@ -145,30 +147,39 @@ void Worker::schedule(Clock::time_point now) {
     // The first token is sampled after the prompt's last chunk; a recompute samples nothing.
     const bool last = seq.num_computed + chunks[i] == seq.prefill_target();
     const bool sample = last && seq.num_output() == 0;
-    s.logits = sample ? model::SeqStep::Logits::kLast : model::SeqStep::Logits::kNone;
+    const bool argmax = sample && greedy_without_logits(seq);
+    s.logits = !sample ? model::SeqStep::Logits::kNone
+                       : (argmax ? model::SeqStep::Logits::kArgmax : model::SeqStep::Logits::kLast);
     batch_.steps.push_back(s);
     batch_.seqs.push_back(&seq);
-    batch_.samples.push_back(sample ? 1 : 0);
+    batch_.samples.push_back(!sample ? kSampleNone : (argmax ? kSampleArgmax : kSampleRow));
   }
 }
 
-void Worker::postprocess(std::vector<float>& logits, Clock::time_point now) {
+void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>& ids,
+                         Clock::time_point now) {
   const int vocab = model_->vocab_size();
   // 1. Advance every entry; collect the rows to sample (a cancelled sequence is finished instead).
   sample_jobs_.clear();
-  size_t row = 0;
+  size_t row = 0, id = 0;
   for (size_t i = 0; i < batch_.seqs.size(); ++i) {
     Sequence& seq = *batch_.seqs[i];
     seq.num_computed += static_cast<int>(batch_.steps[i].tokens.size());
-    if (!batch_.samples[i]) continue;
-    KVSPLIT_CHECK((row + 1) * vocab <= logits.size());
-    float* row_logits = logits.data() + row * vocab;  // sampled in place
-    ++row;
+    if (batch_.samples[i] == kSampleNone) continue;
+    SampleJob job{&seq, nullptr, -1};
+    if (batch_.samples[i] == kSampleRow) {
+      KVSPLIT_CHECK((row + 1) * vocab <= logits.size());
+      job.logits = logits.data() + row * vocab;  // sampled in place
+      ++row;
+    } else {
+      KVSPLIT_CHECK(id < ids.size());
+      job.token = ids[id++];
+    }
     if (seq.cancelled()) {
       finish(seq, FinishReason::kCancelled, cancelled_error("cancelled"), now);
       continue;
     }
-    sample_jobs_.push_back(SampleJob{&seq, row_logits});
+    sample_jobs_.push_back(job);
   }
   // 2. Sampling, stop checks, detokenization and token events (in parallel on large steps).
   sample_rows(now);
@@ -206,7 +217,9 @@ void Worker::sample_rows(Clock::time_point now) {
   sample_reasons_.assign(sample_jobs_.size(), FinishReason::kNone);
   auto run = [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
-      sample_reasons_[k] = sample_and_append(*sample_jobs_[k].seq, sample_jobs_[k].logits, vocab, now);
+      const SampleJob& job = sample_jobs_[k];
+      sample_reasons_[k] = job.logits ? sample_and_append(*job.seq, job.logits, vocab, now)
+                                      : append_token(*job.seq, job.token, now);
     }
   };
   if (!sampling_pool_ || n < options_.parallel_sampling_min_rows) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "e2e_util.h"
+#include "kernels/model_golden_check.h"
 
 namespace kvsplit::testing {
 namespace {
@@ -80,6 +81,18 @@ TEST_P(BatchTest, LogitsBitwiseBatchInvariant) {
         << "prompt " << i;
     pool.release(tables[i]);
   }
+}
+
+// Host path of SeqStep::Logits::kArgmax (the CPU backend has no sample_tokens): the ids equal the
+// argmax of the logits rows they replace, and the other rows come back unchanged.
+TEST(ArgmaxRows, CpuHostPathMatchesLogitsRows) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto be = backend::create_backend("cpu", 2);
+  ASSERT_TRUE(be.ok()) << be.status().to_string();
+  ASSERT_FALSE((*be)->has_sample_tokens());
+  auto g = load_golden_model(**be);
+  ASSERT_NE(g, nullptr);
+  expect_argmax_rows_match_logits(*g, 8);
 }
 
 TEST_P(BatchTest, ForcedSplitKGivesSameTokens) {

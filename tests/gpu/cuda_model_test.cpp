@@ -34,6 +34,18 @@ TEST(CudaModel, Stories260KGreedyGoldensWithF32Weights) {
   expect_greedy_goldens(*g, /*max_steps=*/256, /*max_cases=*/12, /*chunk=*/16);  // split-K
 }
 
+// Greedy ids from the sampling kernel equal the host argmax of the logits rows they replace.
+TEST(CudaModel, DeviceArgmaxRowsMatchLogitsRows) {
+  KVSPLIT_REQUIRE_DEVICE();
+  KVSPLIT_REQUIRE_MODELS();
+  auto be = cuda_backend(backend::DType::kF32);
+  ASSERT_NE(be, nullptr);
+  ASSERT_TRUE(be->has_sample_tokens());
+  auto g = load_golden_model(*be);
+  ASSERT_NE(g, nullptr);
+  expect_argmax_rows_match_logits(*g, 8);
+}
+
 // Tolerance table (max |logit - golden| over 8 positions x 512 logits, prefill and decode; logits
 // of this model reach |15|): f32 weights tight (fp32 cuBLAS GEMM, sum order differs from run.c),
 // bf16 / f16 loose (weights and GEMM activations rounded; under emulation with f32 activations
@@ -123,6 +135,7 @@ TEST(BackendOptions, CpuAcceptsOnlyF32WeightsAndHasNoSamplingOp) {
   auto cpu = backend::create_backend("cpu", o);
   ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
   EXPECT_EQ((*cpu)->sample_tokens(nullptr, 1, 8, nullptr, nullptr).code(), StatusCode::kUnimplemented);
+  EXPECT_FALSE((*cpu)->has_sample_tokens());
   std::string why;
   if (!device_available(&why)) {
     o.weight_dtype = backend::DType::kF32;

@@ -127,6 +127,7 @@ class EmulatedKernelBackend final : public backend::Backend {
     ++decode_calls_;
     return ok_status();
   }
+  bool has_sample_tokens() const override { return true; }
   Status sample_tokens(const float* logits, int num_rows, int vocab, const backend::SamplingRow* rows,
                        int32_t* ids) override {
     std::vector<kernels::SampleRowParams> p(num_rows);

@@ -33,6 +33,17 @@ TEST(EmulatedModel, Stories260KGreedyGoldens) {
   expect_greedy_goldens(*g, /*max_steps=*/64, /*max_cases=*/2, /*chunk=*/16, /*max_new=*/20);
 }
 
+// Greedy ids picked by the sampling kernel (the backend has sample_tokens) equal the host argmax
+// of the logits rows they replace; mixed with kLast / kAll / kNone steps.
+TEST(EmulatedModel, DeviceArgmaxRowsMatchLogitsRows) {
+  KVSPLIT_REQUIRE_MODELS();
+  EmulatedKernelBackend be;
+  ASSERT_TRUE(be.has_sample_tokens());
+  auto g = load_golden_model(be);
+  ASSERT_NE(g, nullptr);
+  expect_argmax_rows_match_logits(*g, 8);
+}
+
 // bf16 weights (f32 GEMM on the CPU, so activations are not rounded as cuBLAS rounds them):
 // sizes the bf16 tolerance of the GPU test (tests/gpu/cuda_model_test.cpp).
 TEST(EmulatedModel, Stories260KBf16WeightsWithinTolerance) {

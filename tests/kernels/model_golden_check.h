@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "model/batch_generate.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
+#include "sampling/sampler.h"
 #include "test_util.h"
 
 namespace kvsplit::testing {
@@ -133,6 +135,63 @@ inline void expect_greedy_goldens(GoldenModel& g, int max_steps, int max_cases, 
   ASSERT_TRUE(out.ok()) << out.status().to_string();
   for (size_t i = 0; i < inputs.size(); ++i) EXPECT_EQ((*out)[i].output_ids, want[i]) << "golden case " << i;
   EXPECT_EQ(g.pool->allocator().num_free(), g.pool->allocator().num_blocks());
+}
+
+// One step over the first `num_prompts` golden prompts (prefill) with the logits kinds cycling
+// kArgmax, kLast, kAll, kNone, kArgmax, ...: each kArgmax id equals sampling::argmax_lowest of the
+// kLast row the same step gives when the kArgmax sequences ask for kLast instead (the same rows,
+// so the same GEMM shapes), and the logits rows that are
+// returned are exactly those of the other sequences. On a backend with sample_tokens the ids come
+// from the device. A kArgmax step without an ids output is kInvalidArgument.
+inline void expect_argmax_rows_match_logits(GoldenModel& g, int num_prompts) {
+  const auto cases = read_jsonl(model_path("golden/stories260K_greedy.jsonl"));
+  const int vocab = g.model->config().vocab_size;
+  kv::KvPool& pool = *g.pool;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < num_prompts && i < static_cast<int>(cases.size()); ++i)
+    prompts.push_back(cases[i]["prompt_token_ids"].get<std::vector<int32_t>>());
+  using L = model::SeqStep::Logits;
+  const L kinds[] = {L::kArgmax, L::kLast, L::kAll, L::kNone};
+  auto run = [&](bool all_last, std::vector<float>* logits, std::vector<int32_t>* ids) {
+    std::vector<kv::BlockTable> tables(prompts.size());
+    std::vector<model::SeqStep> steps;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_TRUE(pool.reserve(tables[i], static_cast<int>(prompts[i].size())));
+      const L kind = all_last && kinds[i % 4] == L::kArgmax ? L::kLast : kinds[i % 4];
+      steps.push_back({prompts[i], 0, &tables[i], kind});
+    }
+    const Status st = g.model->forward(steps, pool, logits, {}, ids);
+    for (auto& t : tables) pool.release(t);
+    return st;
+  };
+  std::vector<float> ref;
+  ASSERT_TRUE(run(true, &ref, nullptr).ok());
+  std::vector<float> logits;
+  std::vector<int32_t> ids;
+  ASSERT_TRUE(run(false, &logits, &ids).ok());
+  // Walk the reference rows: kLast rows of argmax sequences become ids, the rest stay logits.
+  size_t ref_row = 0, row = 0, id = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const L kind = kinds[i % 4];
+    const size_t n = kind == L::kAll ? prompts[i].size() : (kind == L::kNone ? 0 : 1);
+    for (size_t r = 0; r < n; ++r, ++ref_row) {
+      const float* want = ref.data() + ref_row * vocab;
+      if (kind == L::kArgmax) {
+        ASSERT_LT(id, ids.size());
+        EXPECT_EQ(ids[id++], sampling::argmax_lowest(want, vocab)) << "prompt " << i;
+      } else {
+        ASSERT_LE((row + 1) * vocab, logits.size());
+        EXPECT_EQ(0, std::memcmp(logits.data() + row * vocab, want, vocab * sizeof(float)))
+            << "prompt " << i << " row " << r;
+        ++row;
+      }
+    }
+  }
+  EXPECT_EQ(ref_row * vocab, ref.size());
+  EXPECT_EQ(id, ids.size());
+  EXPECT_EQ(row * vocab, logits.size());
+  EXPECT_EQ(run(false, &logits, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool.allocator().num_free(), pool.allocator().num_blocks());
 }
 
 }  // namespace kvsplit::testing

@@ -85,6 +85,28 @@ TEST(SamplerTest, GreedyPicksLowestIdOnTies) {
   EXPECT_EQ(s.sample(last.data(), 3, {}, {}), 2);
 }
 
+// The rule the CUDA argmax / greedy kernels follow too: NaN never wins, lowest id on ties.
+TEST(SamplerTest, ArgmaxLowestSkipsNaN) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> nan_first = {nan, -1.0f, 2.0f, nan, 2.0f};
+  EXPECT_EQ(argmax_lowest(nan_first.data(), 5), 2);
+  std::vector<float> all_nan(4, nan);
+  EXPECT_EQ(argmax_lowest(all_nan.data(), 4), 0);
+  std::vector<float> with_inf = {-inf, 1.0f, inf, nan, inf};
+  EXPECT_EQ(argmax_lowest(with_inf.data(), 5), 2);
+  std::vector<float> all_neg_inf(3, -inf);
+  EXPECT_EQ(argmax_lowest(all_neg_inf.data(), 3), 0);
+  // Greedy sampling is this argmax.
+  Sampler s(params_with(0.0f), 1);
+  EXPECT_EQ(s.sample(nan_first.data(), 5, {}, {}), 2);
+  SamplingParams p = params_with(0.0f);
+  EXPECT_TRUE(is_plain_greedy(p));
+  p.repetition_penalty = 1.1f;
+  EXPECT_FALSE(is_plain_greedy(p));
+  EXPECT_FALSE(is_plain_greedy(params_with(0.7f)));
+}
+
 TEST(SamplerTest, GreedyDoesNotDrawFromTheRng) {
   // A greedy step in between must not shift the random stream of later sampled steps... and a
   // request that is greedy throughout must not depend on the seed at all.

@@ -51,6 +51,7 @@ class CudaBackend final : public Backend {
                    int num_tokens) override;
   Status attention_prefill(const AttentionArgs& args) override;
   Status attention_decode(const AttentionArgs& args, const kv::SplitPlan& plan) override;
+  bool has_sample_tokens() const override { return true; }
   Status sample_tokens(const float* logits, int num_rows, int vocab, const SamplingRow* rows,
                        int32_t* ids) override;
 
