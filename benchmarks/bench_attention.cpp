@@ -94,8 +94,8 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaStreamCreate(&stream));
 
   const Shape shapes[] = {{"B=64 x 8K", 64, 8192}, {"B=1 x 128K", 1, 131072}, {"B=128 x 2K", 128, 2048}};
-  std::printf("%-12s %-9s %7s %10s %10s %10s %9s\n", "shape", "split", "splits", "time_us",
-              "GB/s", "stream", "of_stream");
+  std::printf("%-12s %-9s %6s %7s %10s %10s %10s %9s\n", "shape", "split", "stages", "splits",
+              "time_us", "GB/s", "stream", "of_stream");
   for (const Shape& sh : shapes) {
     const int blocks_per_seq = (sh.kv_len + kBlockSize - 1) / kBlockSize;
     const int num_blocks = blocks_per_seq * sh.num_seqs;
@@ -154,15 +154,20 @@ int main(int argc, char** argv) {
         p.chunk_tokens = plan.chunk_tokens; p.num_splits = dplan; p.split_offset = dplan + sh.num_seqs;
         p.part_o = part; p.part_m = part + heads * kHeadDim; p.part_l = p.part_m + heads;
       }
-      const float ms = time_ms(stream, warmup, iters, [&] {
-        bool r = kvsplit::kernels::launch_paged_decode(p, stream).ok();
-        if (plan.has_splits()) r &= kvsplit::kernels::launch_merge_states(p, stream).ok();
-        return r;
-      }, &ok);
-      CHECK_CUDA(cudaStreamSynchronize(stream));
-      const double gbs = mandatory / (ms * 1e-3) / 1e9;
-      std::printf("%-12s %-9s %7d %10.1f %10.1f %10.1f %8.1f%%\n", sh.name, split ? "split-K" : "none",
-                  plan.max_splits, ms * 1e3, gbs, stream_gbs, 100.0 * gbs / stream_gbs);
+      // Two K/V pipeline stages (the default where they fit) and one (more blocks per SM).
+      for (int stages : {2, 1}) {
+        p.pipeline_stages = stages;
+        const float ms = time_ms(stream, warmup, iters, [&] {
+          bool r = kvsplit::kernels::launch_paged_decode(p, stream).ok();
+          if (plan.has_splits()) r &= kvsplit::kernels::launch_merge_states(p, stream).ok();
+          return r;
+        }, &ok);
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        const double gbs = mandatory / (ms * 1e-3) / 1e9;
+        std::printf("%-12s %-9s %6d %7d %10.1f %10.1f %10.1f %8.1f%%\n", sh.name,
+                    split ? "split-K" : "none", stages, plan.max_splits, ms * 1e3, gbs, stream_gbs,
+                    100.0 * gbs / stream_gbs);
+      }
       if (dplan) cudaFree(dplan);
       if (part) cudaFree(part);
     }

@@ -50,7 +50,8 @@ golden_rc=0
 if [ -n "$SHARED" ] && [ -f "$SHARED/tools/golden_check.py" ]; then
   log "golden_check through kvsplit generate --backend cuda --weight-dtype f32"
   wrap="$BUILD/kvsplit-cuda-f32"
-  printf '#!/usr/bin/env bash\nexec "%s" "$@" --backend cuda --weight-dtype f32\n' "$(pwd)/$BUILD/kvsplit" > "$wrap"
+  printf '#!/usr/bin/env bash\nexec "%s" "$@" --backend cuda --weight-dtype f32\n' \
+    "$(cd "$BUILD" && pwd)/kvsplit" > "$wrap"
   chmod +x "$wrap"
   timeout 180 python3 "$SHARED/tools/golden_check.py" "$wrap" --models "$KVSPLIT_MODELS" \
     > "$BUILD.golden.log" 2>&1

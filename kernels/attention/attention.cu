@@ -31,6 +31,8 @@ Status validate(const PagedAttentionParams& p) {
   if (p.num_blocks <= 0 || p.max_blocks_per_seq <= 0)
     return invalid_argument("attention: num_blocks and max_blocks_per_seq must be positive");
   if (!(p.scale > 0.f)) return invalid_argument("attention: scale must be positive");
+  if (p.pipeline_stages < 0 || p.pipeline_stages > 2)
+    return invalid_argument("attention: pipeline_stages must be 0 (auto), 1 or 2");
   return ok_status();
 }
 
@@ -46,15 +48,28 @@ Status launch_typed(const PagedAttentionParams& p, cudaStream_t stream, bool dec
     grid_x = static_cast<unsigned>((p.max_query_len + tokens_per_block - 1) / tokens_per_block);
     if (grid_x == 0) return ok_status();
   }
-  const AttnSmemLayout L = attn_smem_layout(tokens_per_block * group, D, sizeof(KT));
-  if (static_cast<size_t>(L.total) > size_t{227} * 1024)
-    return unimplemented("attention: GQA group of " + std::to_string(group) +
-                         " heads needs more shared memory than one block has");
+  // Two pipeline stages where the device's shared memory per block allows, else one.
+  const int rows = tokens_per_block * group;
+  const size_t limit = max_dynamic_smem_per_block();
+  const size_t two = attn_smem_layout(rows, D, sizeof(KT), 2).total;
+  const size_t one = attn_smem_layout(rows, D, sizeof(KT), 1).total;
+  if (p.pipeline_stages == 2 && two > limit) {
+    return unimplemented("attention: two pipeline stages need " + std::to_string(two) +
+                         " B of shared memory per block; this device allows " + std::to_string(limit));
+  }
+  if (one > limit) {
+    return unimplemented("attention: a GQA group of " + std::to_string(group) + " heads with head_dim " +
+                         std::to_string(D) + " needs " + std::to_string(one) +
+                         " B of shared memory per block; this device allows " + std::to_string(limit));
+  }
   const dim3 grid(grid_x, static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_seqs));
-  return launch_status(launch(paged_attention_kernel<KT, D>, grid, dim3(kAttnThreads),
-                              static_cast<size_t>(L.total), stream, p, tokens_per_block,
-                              decode ? 1 : 0),
-                       decode ? "paged decode attention" : "paged prefill attention");
+  const cudaError_t e =
+      two <= limit && p.pipeline_stages != 1
+          ? launch(paged_attention_kernel<KT, D, 2>, grid, dim3(kAttnThreads), two, stream, p,
+                   tokens_per_block, decode ? 1 : 0)
+          : launch(paged_attention_kernel<KT, D, 1>, grid, dim3(kAttnThreads), one, stream, p,
+                   tokens_per_block, decode ? 1 : 0);
+  return launch_status(e, decode ? "paged decode attention" : "paged prefill attention");
 }
 
 template <typename KT>

@@ -26,16 +26,18 @@ inline constexpr int kAttnTileKeys = 64;
 // Prefill: query rows per block (tokens x GQA group), at least one token.
 inline constexpr int kPrefillMaxRows = 16;
 
-// Pipeline stages of the K/V tile buffers (double buffering).
-inline constexpr int kAttnStages = 2;
+// Pipeline stages of the K/V tile buffers: 2 (double buffering) where the device's shared memory
+// per block allows it, else 1 (the next tile is loaded after this one is computed).
+inline constexpr int kAttnMaxStages = 2;
 
 // Byte offsets of the shared-memory regions of one block (16-byte aligned). blk, k and v hold
-// kAttnStages stages each, one after the other.
+// `stages` stages each, one after the other.
 struct AttnSmemLayout {
   int q, o, s, m, l, alpha, blk, k, v, total;
 };
 KVSPLIT_HOST_DEVICE int align16(int x) { return (x + 15) & ~15; }
-KVSPLIT_HOST_DEVICE AttnSmemLayout attn_smem_layout(int rows, int head_dim, int elem_bytes) {
+KVSPLIT_HOST_DEVICE AttnSmemLayout attn_smem_layout(int rows, int head_dim, int elem_bytes,
+                                                    int stages) {
   AttnSmemLayout L;
   int at = 0;
   L.q = at; at = align16(at + rows * head_dim * 4);       // f32 q * scale  [rows, D]
@@ -44,15 +46,16 @@ KVSPLIT_HOST_DEVICE AttnSmemLayout attn_smem_layout(int rows, int head_dim, int 
   L.m = at; at = align16(at + rows * 4);
   L.l = at; at = align16(at + rows * 4);
   L.alpha = at; at = align16(at + rows * 4);
-  L.blk = at; at = align16(at + kAttnStages * kAttnTileKeys * 4);  // physical block ids per tile
-  L.k = at; at = align16(at + kAttnStages * kAttnTileKeys * (head_dim * elem_bytes + 16));  // padded
-  L.v = at; at = align16(at + kAttnStages * kAttnTileKeys * head_dim * elem_bytes);
+  L.blk = at; at = align16(at + stages * kAttnTileKeys * 4);  // physical block ids per tile
+  L.k = at; at = align16(at + stages * kAttnTileKeys * (head_dim * elem_bytes + 16));  // padded
+  L.v = at; at = align16(at + stages * kAttnTileKeys * head_dim * elem_bytes);
   L.total = at;
   return L;
 }
 
 // grid (x: split for decode / query tile for prefill, y: kv head, z: sequence), block kAttnThreads.
-template <typename KT, int D>
+// S: pipeline stages (1 or 2).
+template <typename KT, int D, int S>
 __global__ void __launch_bounds__(kAttnThreads)
     paged_attention_kernel(PagedAttentionParams p, int tokens_per_block, int decode) {
   constexpr int kVec = Vec16<KT>::kElems;
@@ -85,7 +88,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     key_end = kv_len - q_len + tok_begin + tok_count;  // last row's position + 1
   }
   const int rows = tok_count * group;
-  const AttnSmemLayout L = attn_smem_layout(rows, D, static_cast<int>(sizeof(KT)));
+  static_assert(S == 1 || S == 2, "one or two pipeline stages");
+  const AttnSmemLayout L = attn_smem_layout(rows, D, static_cast<int>(sizeof(KT)), S);
   KVSPLIT_DYNAMIC_SMEM(unsigned char, smem);
   float* q_s = reinterpret_cast<float*>(smem + L.q);
   float* o_s = reinterpret_cast<float*>(smem + L.o);
@@ -159,16 +163,16 @@ __global__ void __launch_bounds__(kAttnThreads)
     issue_tile(key_begin, 0);
   }
   for (int it = 0; it < num_tiles; ++it) {
-    const int cur = it % kAttnStages, nxt = (it + 1) % kAttnStages;
+    const int cur = it % S, nxt = (it + 1) % S;
     const int k0 = key_begin + it * kAttnTileKeys;
     const int n = tile_len(k0);
     const int first_page = k0 / p.block_size;
     const bool more = it + 1 < num_tiles;
-    // Stage nxt was last read by tile it-1, whose every phase ended at a barrier below.
-    if (more) load_page_ids(k0 + kAttnTileKeys, nxt);
+    // Two stages: stage nxt was last read by tile it-1, whose every phase ended at a barrier.
+    if (S == 2 && more) load_page_ids(k0 + kAttnTileKeys, nxt);
     cp_async_wait<0>();  // this thread's copies of tile it have landed ...
     __syncthreads();     // ... and everyone's; tile it-1's readers of stage nxt are done
-    if (more) issue_tile(k0 + kAttnTileKeys, nxt);  // in flight while tile it is computed
+    if (S == 2 && more) issue_tile(k0 + kAttnTileKeys, nxt);  // in flight while tile it is computed
     const int* blk = blk_s + cur * kAttnTileKeys;
     const KT* kt = k_s + cur * kAttnTileKeys * kKStride;
     const KT* vt = v_s + cur * kAttnTileKeys * D;
@@ -220,6 +224,12 @@ __global__ void __launch_bounds__(kAttnThreads)
       float acc = o_s[i] * alpha_s[r];
       for (int t = 0; t < n; ++t) acc += pr[t] * Elem<KT>::to_float(vt[t * D + d]);
       o_s[i] = acc;
+    }
+    if (S == 1 && more) {  // one stage: the next tile's loads start once this one is consumed
+      __syncthreads();
+      load_page_ids(k0 + kAttnTileKeys, 0);
+      __syncthreads();
+      issue_tile(k0 + kAttnTileKeys, 0);
     }
   }
   __syncthreads();

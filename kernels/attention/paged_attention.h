@@ -37,6 +37,9 @@ struct PagedAttentionParams {
   // Set by the kernel to 1 when a block table names a block outside [0, num_blocks) (the keys of
   // that page are then ignored). Optional (nullptr); the caller zeroes and checks it.
   int* error_flag = nullptr;
+  // K/V pipeline stages: 0 picks two when they fit in the device's shared memory per block, else
+  // one; 1 or 2 forces that many (kUnimplemented when it does not fit). For benchmarks.
+  int pipeline_stages = 0;
 
   // ---- split-K decode (FlashDecoding); used by launch_paged_decode only ----
   int chunk_tokens = 0;                   // keys per split, multiple of block_size

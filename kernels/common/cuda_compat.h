@@ -14,6 +14,9 @@
 
 namespace kvsplit::kernels {
 using ::kvsplit::emu::launch;
+// The emulated device's opt-in dynamic shared memory per block (227 KiB unless a test lowers it
+// with emu::set_max_dynamic_smem_bytes to stand in for a smaller GPU).
+inline size_t max_dynamic_smem_per_block() { return ::kvsplit::emu::max_dynamic_smem_bytes(); }
 // Message of the last failed emulated launch (the device has no equivalent: "" there).
 inline std::string launch_error_detail() { return ::kvsplit::emu::last_error_message(); }
 }  // namespace kvsplit::kernels
@@ -49,6 +52,18 @@ cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem_
   return cudaGetLastError();
 }
 inline std::string launch_error_detail() { return {}; }
+
+// Dynamic shared memory one block of the current device may opt into (227 KiB on sm_90 and
+// 163 KiB on sm_80, 99 KiB on sm_86/89); 48 KiB when it cannot be queried.
+inline size_t max_dynamic_smem_per_block() {
+  int dev = 0, bytes = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+      bytes <= 0) {
+    return kDefaultDynamicSmemBytes;
+  }
+  return static_cast<size_t>(bytes);
+}
 }  // namespace kvsplit::kernels
 
 #else

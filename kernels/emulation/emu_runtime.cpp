@@ -78,6 +78,8 @@ struct Scheduler {
   cudaError_t last_error = cudaSuccess;
 };
 
+thread_local size_t t_max_smem = kMaxDynamicSmemBytes;
+thread_local AsyncCopyMode t_copy_mode = AsyncCopyMode::kDeferred;
 thread_local std::unique_ptr<Scheduler> t_sched;  // fibers are reused by every later launch
 thread_local std::string t_last_message;
 
@@ -309,8 +311,16 @@ void async_copy(void* dst, const void* src, size_t bytes) {
     record_fault("cp.async destination is not in the block's dynamic shared memory");
     abandon();
   }
+  if (t_copy_mode == AsyncCopyMode::kEager) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
   f.open_group.push_back(AsyncCopy{dst, src, bytes});
 }
+
+size_t max_dynamic_smem_bytes() { return t_max_smem; }
+void set_max_dynamic_smem_bytes(size_t bytes) { t_max_smem = bytes; }
+void set_async_copy_mode(AsyncCopyMode mode) { t_copy_mode = mode; }
 
 void async_commit() {
   Fiber& f = running_fiber("cp.async.commit_group");
@@ -364,9 +374,10 @@ cudaError_t run_grid(KernelThunk thunk, const void* ctx, dim3 grid, dim3 block, 
                 "invalid grid (" + std::to_string(grid.x) + "," + std::to_string(grid.y) + "," +
                     std::to_string(grid.z) + ")");
   }
-  if (smem_bytes > kMaxDynamicSmemBytes) {
+  if (smem_bytes > t_max_smem) {
     return fail(s, cudaErrorInvalidValue,
-                "dynamic shared memory " + std::to_string(smem_bytes) + " B exceeds 227 KiB");
+                "dynamic shared memory " + std::to_string(smem_bytes) + " B exceeds the " +
+                    std::to_string(t_max_smem) + " B a block may use");
   }
   const int n = static_cast<int>(threads);
   while (static_cast<int>(s.fibers.size()) < n) {

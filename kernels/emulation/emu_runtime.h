@@ -37,6 +37,17 @@ namespace kvsplit::emu {
 inline constexpr int kWarpSize = 32;
 inline constexpr int kMaxThreadsPerBlock = 1024;
 inline constexpr size_t kMaxDynamicSmemBytes = 227 * 1024;
+// The emulated device's dynamic shared memory limit per block (launches above it fail):
+// kMaxDynamicSmemBytes (sm_90) by default; tests lower it to stand in for smaller GPUs. Per OS
+// thread, like the rest of the emulated device state.
+size_t max_dynamic_smem_bytes();
+void set_max_dynamic_smem_bytes(size_t bytes);
+// How cp.async copies are performed: kDeferred (default) at the wait that retires their group, so
+// reading a stage too early sees stale bytes; kEager at issue, so issuing into a stage that other
+// threads still read corrupts what they read. A pipeline correct under both modes has its waits
+// and barriers in the right places on both sides. Per OS thread.
+enum class AsyncCopyMode { kDeferred, kEager };
+void set_async_copy_mode(AsyncCopyMode mode);
 
 struct ThreadState {
   uint3 thread_idx;

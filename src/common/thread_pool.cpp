@@ -32,7 +32,8 @@ inline void cpu_relax() {
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads, int64_t spin_micros)
-    : num_threads_(std::max(1, num_threads)), spin_micros_(std::max<int64_t>(0, spin_micros)) {
+    : num_threads_(std::max(1, num_threads)),
+      spin_micros_(std::clamp<int64_t>(spin_micros, 0, kMaxSpinMicros)) {
   for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this] { worker_loop(); });
 }
 
@@ -51,7 +52,7 @@ bool ThreadPool::spin_until(Pred pred) const {
   if (spin_micros_ == 0) return pred();
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::microseconds(spin_micros_);
-  for (int iter = 0;; ++iter) {
+  for (int64_t iter = 0;; ++iter) {
     if (pred()) return true;
     cpu_relax();
     if ((iter & 63) == 63) {

@@ -19,6 +19,7 @@ class ThreadPool {
   // microseconds on a VM, which is as long as a whole 768x768 GEMV. Polling is bounded so an idle
   // engine does not burn a core.
   static constexpr int64_t kDefaultSpinMicros = 200;
+  static constexpr int64_t kMaxSpinMicros = 1'000'000;  // larger values are clamped to this
 
   // num_threads >= 1 counts the calling thread: num_threads - 1 workers are started.
   // spin_micros = 0 turns polling off (every job wakes sleeping workers).

@@ -232,8 +232,10 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   meta.pre_qstart = reserve_ints(num_prefill + 1);
   meta.pre_kvlens = reserve_ints(std::max(num_prefill, 1));
   meta.pre_tables = reserve_ints(static_cast<size_t>(std::max(num_prefill, 1)) * max_blocks);
-  std::vector<int32_t> logit_rows;  // token rows whose logits (or argmax) are returned, in seqs order
-  std::vector<uint8_t> row_argmax;  // per logit row: 1 when only its argmax is returned
+  // Token rows that get the final norm and the LM head: first the kArgmax rows, then the rows whose
+  // logits are returned, each part in seqs order (so the greedy rows are one contiguous block).
+  std::vector<int32_t> logit_rows;
+  std::vector<int32_t> other_rows;
   std::vector<int> first_row(seqs.size());
   {
     int t = 0;
@@ -266,18 +268,16 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     for (size_t i = 0; i < seqs.size(); ++i) {
       const SeqStep& s = seqs[i];
       const int n = static_cast<int>(s.tokens.size());
-      if (s.logits == SeqStep::Logits::kLast || s.logits == SeqStep::Logits::kArgmax) {
-        logit_rows.push_back(first_row[i] + n - 1);
-        row_argmax.push_back(s.logits == SeqStep::Logits::kArgmax ? 1 : 0);
-      }
+      if (s.logits == SeqStep::Logits::kArgmax) logit_rows.push_back(first_row[i] + n - 1);
+      if (s.logits == SeqStep::Logits::kLast) other_rows.push_back(first_row[i] + n - 1);
       if (s.logits == SeqStep::Logits::kAll) {
-        for (int r = 0; r < n; ++r) logit_rows.push_back(first_row[i] + r);
-        row_argmax.insert(row_argmax.end(), n, 0);
+        for (int r = 0; r < n; ++r) other_rows.push_back(first_row[i] + r);
       }
     }
   }
+  const int num_argmax = static_cast<int>(logit_rows.size());
+  logit_rows.insert(logit_rows.end(), other_rows.begin(), other_rows.end());
   const int num_rows = static_cast<int>(logit_rows.size());
-  const int num_argmax = static_cast<int>(std::count(row_argmax.begin(), row_argmax.end(), 1));
   if (num_argmax > 0 && ids == nullptr) return invalid_argument("kArgmax steps need an ids output");
   if (num_rows > num_argmax && logits == nullptr) return invalid_argument("logits rows need a logits output");
   meta.logit_rows = reserve_ints(std::max(num_rows, 1));
@@ -286,6 +286,7 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   if (meta.ints.size() > im.meta_ints) {
     im.meta.reset();
     const size_t cap = std::max<size_t>(meta.ints.size(), im.meta_ints * 2);
+    im.meta_ints = 0;  // until the new buffer exists
     KVSPLIT_ASSIGN_OR_RETURN(im.meta, DeviceBuffer::make(be, cap * sizeof(int32_t)));
     im.meta_ints = cap;
   }
@@ -304,6 +305,7 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     im.act.reset();
     const size_t tokens = std::max<size_t>(T, im.act_tokens);
     const size_t rows = std::max<size_t>(R, im.act_rows);
+    im.act_tokens = im.act_rows = 0;  // until the new buffer exists
     KVSPLIT_ASSIGN_OR_RETURN(im.act, DeviceBuffer::make(be, act_floats(tokens, rows) * sizeof(float)));
     im.act_tokens = tokens;
     im.act_rows = rows;
@@ -392,57 +394,46 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   KVSPLIT_RETURN_IF_ERROR(be.gemm(xrn, num_rows, im.lm_head, nullptr, lg, false));
   const int64_t vocab = c.vocab_size;
   const size_t row_bytes = static_cast<size_t>(vocab) * sizeof(float);
-  if (num_argmax == 0) {
+  // Rows [num_argmax, num_rows) are returned as logits, in one copy.
+  if (num_rows > num_argmax) {
     const size_t old = logits->size();
-    logits->resize(old + static_cast<size_t>(num_rows) * vocab);
-    KVSPLIT_RETURN_IF_ERROR(be.copy_d2h(logits->data() + old, lg, num_rows * row_bytes));
-    return be.synchronize();
+    logits->resize(old + static_cast<size_t>(num_rows - num_argmax) * vocab);
+    KVSPLIT_RETURN_IF_ERROR(
+        be.copy_d2h(logits->data() + old, lg + num_argmax * vocab, (num_rows - num_argmax) * row_bytes));
   }
-  // Greedy rows: on the device when the backend samples, so only their ids come back.
-  std::vector<int32_t> row_ids(num_rows, -1);
-  const bool device_ids = be.has_sample_tokens();
-  if (device_ids) {
-    if (static_cast<size_t>(num_rows) > im.ids_cap) {
+  if (num_argmax == 0) return be.synchronize();
+  // Rows [0, num_argmax): greedy. On the device when the backend samples, so only their ids
+  // come back; otherwise each row comes over and the host picks by the same rule.
+  std::vector<int32_t> row_ids(num_argmax, -1);
+  if (be.has_sample_tokens()) {
+    if (static_cast<size_t>(num_argmax) > im.ids_cap) {
       im.ids.reset();
-      KVSPLIT_ASSIGN_OR_RETURN(im.ids, DeviceBuffer::make(be, num_rows * sizeof(int32_t)));
-      im.ids_cap = num_rows;
+      const size_t cap = std::max<size_t>(num_argmax, im.ids_cap * 2);
+      im.ids_cap = 0;  // until the new buffer exists
+      KVSPLIT_ASSIGN_OR_RETURN(im.ids, DeviceBuffer::make(be, cap * sizeof(int32_t)));
+      im.ids_cap = cap;
     }
-    std::vector<backend::SamplingRow> greedy(num_rows);
+    std::vector<backend::SamplingRow> greedy(num_argmax);
     for (backend::SamplingRow& g : greedy) g.temperature = 0.f;
     KVSPLIT_RETURN_IF_ERROR(
-        be.sample_tokens(lg, num_rows, c.vocab_size, greedy.data(), im.ids.get<int32_t>()));
+        be.sample_tokens(lg, num_argmax, c.vocab_size, greedy.data(), im.ids.get<int32_t>()));
     KVSPLIT_RETURN_IF_ERROR(
-        be.copy_d2h(row_ids.data(), im.ids.get<int32_t>(), num_rows * sizeof(int32_t)));
-  }
-  const size_t old = logits->size();
-  logits->resize(old + static_cast<size_t>(num_rows - num_argmax) * vocab);
-  float* dst = logits->data() + old;
-  std::vector<float> scratch;
-  for (int r = 0; r < num_rows;) {
-    if (!row_argmax[r]) {  // a run of rows whose logits are wanted: one copy
-      int e = r + 1;
-      while (e < num_rows && !row_argmax[e]) ++e;
-      KVSPLIT_RETURN_IF_ERROR(be.copy_d2h(dst, lg + r * vocab, (e - r) * row_bytes));
-      dst += (e - r) * vocab;
-      r = e;
-      continue;
+        be.copy_d2h(row_ids.data(), im.ids.get<int32_t>(), num_argmax * sizeof(int32_t)));
+  } else {
+    std::vector<float> row(static_cast<size_t>(vocab));
+    for (int r = 0; r < num_argmax; ++r) {
+      KVSPLIT_RETURN_IF_ERROR(be.copy_d2h(row.data(), lg + r * vocab, row_bytes));
+      row_ids[r] = sampling::argmax_lowest(row.data(), c.vocab_size);
     }
-    if (!device_ids) {  // no sampling op: the row comes over and the host picks
-      scratch.resize(static_cast<size_t>(vocab));
-      KVSPLIT_RETURN_IF_ERROR(be.copy_d2h(scratch.data(), lg + r * vocab, row_bytes));
-      row_ids[r] = sampling::argmax_lowest(scratch.data(), c.vocab_size);
-    }
-    ++r;
   }
   KVSPLIT_RETURN_IF_ERROR(be.synchronize());
-  for (int r = 0; r < num_rows; ++r) {
-    if (!row_argmax[r]) continue;
-    if (row_ids[r] < 0 || row_ids[r] >= c.vocab_size) {
-      return internal_error("greedy id " + std::to_string(row_ids[r]) + " outside the vocabulary");
+  for (int32_t id : row_ids) {
+    if (id < 0 || id >= c.vocab_size) {
+      return internal_error("greedy id " + std::to_string(id) + " outside the vocabulary");
     }
-    ids->push_back(row_ids[r]);
   }
-  return be.synchronize();
+  ids->insert(ids->end(), row_ids.begin(), row_ids.end());
+  return ok_status();
 }
 
 }  // namespace kvsplit::model

@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "attention/paged_attention.h"
+#if defined(KVSPLIT_EMULATE_CUDA)
+#include "attention/paged_attention.cuh"  // attn_smem_layout
+#endif
 #include "backend/cpu/attention.h"
 #include "common/thread_pool.h"
 #include "kernel_test_util.h"
@@ -91,11 +94,9 @@ std::vector<double> reference(oracle::AttentionCase& c, ElemType dtype) {
   return oracle::attention(c.args(), [&](int64_t i) { return static_cast<double>(rounded[i]); });
 }
 
-class AttentionParity : public ::testing::TestWithParam<AttnCase> {};
-
-TEST_P(AttentionParity, MatchesOracleAndCpu) {
-  KVSPLIT_REQUIRE_DEVICE();
-  const AttnCase& tc = GetParam();
+// Runs one case (prefill, or decode at each of its split chunk sizes) against the fp64 oracle
+// and, for f32 pages, the CPU backend.
+void check_case(const AttnCase& tc) {
   oracle::CaseSpec spec;
   spec.num_heads = tc.num_heads;
   spec.num_kv_heads = tc.num_kv_heads;
@@ -161,6 +162,13 @@ TEST_P(AttentionParity, MatchesOracleAndCpu) {
   }
 }
 
+class AttentionParity : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(AttentionParity, MatchesOracleAndCpu) {
+  KVSPLIT_REQUIRE_DEVICE();
+  check_case(GetParam());
+}
+
 std::vector<AttnCase> cases() {
   std::vector<AttnCase> out;
   const std::vector<int> skewed = {1, 17, 130, 300};  // partial last blocks, one tiny sequence
@@ -194,6 +202,67 @@ std::vector<AttnCase> cases() {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, AttentionParity, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<AttnCase>& i) { return i.param.name; });
+
+#if defined(KVSPLIT_EMULATE_CUDA)
+// The cp.async pipeline under the other copy timing (copies land at issue: an issue into a stage
+// that other threads still read would corrupt it), and the one-stage kernel that a device with
+// less shared memory per block gets (the emulated limit is lowered until two stages no longer
+// fit; the emulator rejects any launch above it, so passing means one stage ran). Below one
+// stage's size the launch is kUnimplemented, naming the sizes.
+TEST(AttentionPipeline, EagerCopiesAndOneStageFallback) {
+  struct Restore {
+    ~Restore() {
+      emu::set_async_copy_mode(emu::AsyncCopyMode::kDeferred);
+      emu::set_max_dynamic_smem_bytes(emu::kMaxDynamicSmemBytes);
+    }
+  } restore;
+  std::vector<AttnCase> picked;
+  for (const AttnCase& c : cases()) {
+    if (c.head_dim >= 64 && (c.name.find("gqa") != std::string::npos || c.name.find("mqa32") != std::string::npos))
+      picked.push_back(c);
+  }
+  ASSERT_GE(picked.size(), 10u);
+  for (const AttnCase& c : picked) {
+    const int elem = c.dtype == ElemType::kF32 ? 4 : 2;
+    // One stage for every row count a block of this case can have (at most kPrefillMaxRows, or
+    // the GQA group when it is larger); two stages exceed it.
+    const int max_rows = std::max(kernels::kPrefillMaxRows, c.num_heads / c.num_kv_heads);
+    const size_t one_stage = kernels::attn_smem_layout(max_rows, c.head_dim, elem, 1).total;
+    SCOPED_TRACE(c.name);
+    emu::set_max_dynamic_smem_bytes(emu::kMaxDynamicSmemBytes);
+    emu::set_async_copy_mode(emu::AsyncCopyMode::kEager);
+    check_case(c);
+    emu::set_max_dynamic_smem_bytes(one_stage);
+    for (auto mode : {emu::AsyncCopyMode::kDeferred, emu::AsyncCopyMode::kEager}) {
+      emu::set_async_copy_mode(mode);
+      check_case(c);
+    }
+  }
+  // Too little shared memory for even one stage.
+  emu::set_async_copy_mode(emu::AsyncCopyMode::kDeferred);
+  emu::set_max_dynamic_smem_bytes(16 * 1024);
+  oracle::CaseSpec spec;
+  spec.num_heads = 8;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 128;
+  spec.kv_lens = {40};
+  oracle::AttentionCase c = oracle::make_case(spec);
+  DeviceCase d = upload(c, ElemType::kBF16);
+  const Status st = kernels::launch_paged_decode(d.params, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << st.to_string();
+  EXPECT_NE(st.message().find("this device allows 16384"), std::string::npos) << st.message();
+  // Forcing the stage count: two where only one fits is kUnimplemented, one runs, 3 is invalid.
+  emu::set_max_dynamic_smem_bytes(kernels::attn_smem_layout(4, 128, 2, 1).total);
+  d.params.pipeline_stages = 2;
+  EXPECT_EQ(kernels::launch_paged_decode(d.params, nullptr).code(), StatusCode::kUnimplemented);
+  d.params.pipeline_stages = 1;
+  EXPECT_TRUE(kernels::launch_paged_decode(d.params, nullptr).ok());
+  const std::vector<float> got = d.out.to_host();
+  EXPECT_TRUE(oracle::compare(got.data(), reference(c, ElemType::kBF16), 2e-5, 2e-4).ok);
+  d.params.pipeline_stages = 3;
+  EXPECT_EQ(kernels::launch_paged_decode(d.params, nullptr).code(), StatusCode::kInvalidArgument);
+}
+#endif
 
 TEST(AttentionLaunch, UnsupportedShapesAreUnimplemented) {
   kernels::PagedAttentionParams p;

@@ -152,12 +152,15 @@ inline void expect_argmax_rows_match_logits(GoldenModel& g, int num_prompts) {
     prompts.push_back(cases[i]["prompt_token_ids"].get<std::vector<int32_t>>());
   using L = model::SeqStep::Logits;
   const L kinds[] = {L::kArgmax, L::kLast, L::kAll, L::kNone};
-  auto run = [&](bool all_last, std::vector<float>* logits, std::vector<int32_t>* ids) {
+  // mode 0: the kinds above; 1: kArgmax -> kLast; 2: every sequence kLast; 3: every one kArgmax.
+  auto run = [&](int mode, std::vector<float>* logits, std::vector<int32_t>* ids) {
     std::vector<kv::BlockTable> tables(prompts.size());
     std::vector<model::SeqStep> steps;
     for (size_t i = 0; i < prompts.size(); ++i) {
       EXPECT_TRUE(pool.reserve(tables[i], static_cast<int>(prompts[i].size())));
-      const L kind = all_last && kinds[i % 4] == L::kArgmax ? L::kLast : kinds[i % 4];
+      L kind = mode == 1 && kinds[i % 4] == L::kArgmax ? L::kLast : kinds[i % 4];
+      if (mode == 2) kind = L::kLast;
+      if (mode == 3) kind = L::kArgmax;
       steps.push_back({prompts[i], 0, &tables[i], kind});
     }
     const Status st = g.model->forward(steps, pool, logits, {}, ids);
@@ -165,10 +168,10 @@ inline void expect_argmax_rows_match_logits(GoldenModel& g, int num_prompts) {
     return st;
   };
   std::vector<float> ref;
-  ASSERT_TRUE(run(true, &ref, nullptr).ok());
+  ASSERT_TRUE(run(1, &ref, nullptr).ok());
   std::vector<float> logits;
   std::vector<int32_t> ids;
-  ASSERT_TRUE(run(false, &logits, &ids).ok());
+  ASSERT_TRUE(run(0, &logits, &ids).ok());
   // Walk the reference rows: kLast rows of argmax sequences become ids, the rest stay logits.
   size_t ref_row = 0, row = 0, id = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -190,7 +193,15 @@ inline void expect_argmax_rows_match_logits(GoldenModel& g, int num_prompts) {
   EXPECT_EQ(ref_row * vocab, ref.size());
   EXPECT_EQ(id, ids.size());
   EXPECT_EQ(row * vocab, logits.size());
-  EXPECT_EQ(run(false, &logits, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(run(0, &logits, nullptr).code(), StatusCode::kInvalidArgument);
+  // A step of greedy rows only needs no logits output at all.
+  std::vector<float> last;
+  ASSERT_TRUE(run(2, &last, nullptr).ok());
+  std::vector<int32_t> all_ids;
+  ASSERT_TRUE(run(3, nullptr, &all_ids).ok());
+  ASSERT_EQ(all_ids.size(), prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(all_ids[i], sampling::argmax_lowest(last.data() + i * vocab, vocab)) << "prompt " << i;
   EXPECT_EQ(pool.allocator().num_free(), pool.allocator().num_blocks());
 }
 
