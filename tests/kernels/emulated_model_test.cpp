@@ -41,7 +41,7 @@ TEST(EmulatedModel, DeviceArgmaxRowsMatchLogitsRows) {
   ASSERT_TRUE(be.has_sample_tokens());
   auto g = load_golden_model(be);
   ASSERT_NE(g, nullptr);
-  expect_argmax_rows_match_logits(*g, 8);
+  expect_argmax_rows_match_logits(*g, 4);  // one prompt per logits kind (sized for ASan)
 }
 
 // bf16 weights (f32 GEMM on the CPU, so activations are not rounded as cuBLAS rounds them):
