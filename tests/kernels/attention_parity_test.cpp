@@ -192,6 +192,20 @@ std::vector<AttnCase> cases() {
   std::vector<int> many(24);
   for (int i = 0; i < 24; ++i) many[i] = 1 + (i * 37) % 90;
   out.push_back({"decode_many_seqs_gqa_d64_f16", 8, 2, 64, ElemType::kF16, many, {}, {0, 32}});
+#if defined(KVSPLIT_TEST_GPU)
+  // Device-sized shapes (too slow for the fiber emulator): kv_len up to 16K with partial last
+  // blocks, 64 sequences of skewed lengths, up to 64 splits per sequence, a long cached prefix.
+  std::vector<int> skew64(64);
+  for (int i = 0; i < 64; ++i) skew64[i] = 1 + (i * i * 97 + 13 * i) % 1200;
+  skew64[0] = 16384;
+  skew64[1] = 1;
+  skew64[2] = 16383;
+  out.push_back({"decode_large_gqa_d128_bf16", 8, 2, 128, ElemType::kBF16, skew64, {}, {0, 256, 2048}});
+  out.push_back({"decode_long_mqa_d64_f16", 8, 1, 64, ElemType::kF16, {16383, 5000}, {}, {0, 256}});
+  out.push_back({"decode_long_mha_d128_f32", 4, 4, 128, ElemType::kF32, {9001, 17}, {}, {0, 1024}});
+  out.push_back({"prefill_long_prefix_gqa_d128_bf16", 8, 2, 128, ElemType::kBF16, {3000, 1000},
+                 {1000, 1000}, {}});
+#endif
   // head_dim 8 (stories260K: 8 query / 4 KV heads), every KV dtype.
   for (const auto& [dname, dt] : dtypes) {
     out.push_back({std::string("decode_gqa_d8_") + dname, 8, 4, 8, dt, skewed, {}, chunks});
