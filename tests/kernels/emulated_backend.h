@@ -14,6 +14,7 @@
 #include "attention/paged_attention.h"
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/kernel_args.h"
 #include "common/float_bits.h"
 #include "ops/ops.h"
 #include "sampling/sampling.h"
@@ -59,7 +60,7 @@ class EmulatedKernelBackend final : public backend::Backend {
   }
 
   Status embedding(const int32_t* ids, int num_tokens, const backend::MatrixView& t, float* out) override {
-    return kernels::launch_embedding(ids, num_tokens, t.data, elem(t.dtype), t.rows, t.cols, out, &error_, nullptr);
+    return kernels::launch_embedding(ids, num_tokens, t.data, backend::cuda::to_elem(t.dtype), t.rows, t.cols, out, &error_, nullptr);
   }
   Status rmsnorm(const float* x, const float* w, int n, int dim, float eps, float* out) override {
     return kernels::launch_rmsnorm(x, w, n, dim, eps, out, nullptr, nullptr);
@@ -91,19 +92,8 @@ class EmulatedKernelBackend final : public backend::Backend {
   }
   Status kv_append(const backend::LayerKv& kv, const float* k, const float* v, const int32_t* slots,
                    int n) override {
-    kernels::KvAppendParams p;
-    p.pages = kv.data;
-    p.dtype = elem(kv.dtype);
-    p.num_blocks = kv.num_blocks;
-    p.num_kv_heads = kv.num_kv_heads;
-    p.block_size = kv.block_size;
-    p.head_dim = kv.head_dim;
-    p.k = k;
-    p.v = v;
-    p.slot_mapping = slots;
-    p.num_tokens = n;
-    p.error_flag = &error_;
-    return kernels::launch_kv_append(p, nullptr);
+    return kernels::launch_kv_append(backend::cuda::kv_append_params(kv, k, v, slots, n, &error_),
+                                     nullptr);
   }
   Status attention_prefill(const backend::AttentionArgs& a) override {
     kernels::PagedAttentionParams p = params(a);
@@ -131,37 +121,15 @@ class EmulatedKernelBackend final : public backend::Backend {
   Status sample_tokens(const float* logits, int num_rows, int vocab, const backend::SamplingRow* rows,
                        int32_t* ids) override {
     std::vector<kernels::SampleRowParams> p(num_rows);
-    for (int r = 0; r < num_rows; ++r)
-      p[r] = {rows[r].temperature, rows[r].top_p, rows[r].min_p, rows[r].top_k, rows[r].seed, rows[r].step};
+    for (int r = 0; r < num_rows; ++r) p[r] = backend::cuda::sample_row_params(rows[r]);
     return kernels::launch_sample(logits, num_rows, vocab, p.data(), ids, nullptr);
   }
 
   int decode_calls() const { return decode_calls_; }
 
  private:
-  static kernels::ElemType elem(backend::DType t) {
-    return t == backend::DType::kF32 ? kernels::ElemType::kF32
-                                     : (t == backend::DType::kF16 ? kernels::ElemType::kF16 : kernels::ElemType::kBF16);
-  }
   kernels::PagedAttentionParams params(const backend::AttentionArgs& a) {
-    kernels::PagedAttentionParams p;
-    p.q = a.q;
-    p.out = a.out;
-    p.kv = a.kv.data;
-    p.kv_dtype = elem(a.kv.dtype);
-    p.num_seqs = a.num_seqs;
-    p.num_tokens = a.num_tokens;
-    p.num_heads = a.num_heads;
-    p.num_kv_heads = a.num_kv_heads;
-    p.head_dim = a.head_dim;
-    p.block_size = a.kv.block_size;
-    p.num_blocks = a.kv.num_blocks;
-    p.scale = a.scale;
-    p.query_start = a.query_start;
-    p.kv_lens = a.kv_lens;
-    p.block_tables = a.block_tables;
-    p.max_blocks_per_seq = a.max_blocks_per_seq;
-    p.max_query_len = a.max_query_len;
+    kernels::PagedAttentionParams p = backend::cuda::attention_params(a);
     p.error_flag = &error_;
     return p;
   }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "attention/paged_attention.h"
+#include "backend/cuda/kernel_args.h"
 #include "backend/cuda/cuda_util.h"
 #include "common/float_bits.h"
 #include "common/log.h"
@@ -14,15 +15,6 @@
 
 namespace kvsplit::backend::cuda {
 namespace {
-
-kernels::ElemType to_elem(DType t) {
-  switch (t) {
-    case DType::kF32: return kernels::ElemType::kF32;
-    case DType::kF16: return kernels::ElemType::kF16;
-    case DType::kBF16: return kernels::ElemType::kBF16;
-  }
-  return kernels::ElemType::kF32;
-}
 
 cudaDataType_t cuda_type(DType t) {
   return t == DType::kF32 ? CUDA_R_32F : (t == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF);
@@ -40,28 +32,6 @@ float element_as_float(const void* data, DType t, int64_t i) {
       return kernels::bf16_bits_to_float(b);
   }
   return 0.f;
-}
-
-kernels::PagedAttentionParams attention_params(const AttentionArgs& a) {
-  kernels::PagedAttentionParams p;
-  p.q = a.q;
-  p.out = a.out;
-  p.kv = a.kv.data;
-  p.kv_dtype = to_elem(a.kv.dtype);
-  p.num_seqs = a.num_seqs;
-  p.num_tokens = a.num_tokens;
-  p.num_heads = a.num_heads;
-  p.num_kv_heads = a.num_kv_heads;
-  p.head_dim = a.head_dim;
-  p.block_size = a.kv.block_size;
-  p.num_blocks = a.kv.num_blocks;
-  p.scale = a.scale;
-  p.query_start = a.query_start;
-  p.kv_lens = a.kv_lens;
-  p.block_tables = a.block_tables;
-  p.max_blocks_per_seq = a.max_blocks_per_seq;
-  p.max_query_len = a.max_query_len;
-  return p;
 }
 
 Status check_attention_shape(const AttentionArgs& a) {
@@ -289,20 +259,9 @@ Status CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float*
 
 Status CudaBackend::kv_append(const LayerKv& kv, const float* k, const float* v,
                               const int32_t* slot_mapping, int num_tokens) {
-  kernels::KvAppendParams p;
-  p.pages = kv.data;
-  p.dtype = to_elem(kv.dtype);
-  p.num_blocks = kv.num_blocks;
-  p.num_kv_heads = kv.num_kv_heads;
-  p.block_size = kv.block_size;
-  p.head_dim = kv.head_dim;
-  p.k = k;
-  p.v = v;
-  p.slot_mapping = slot_mapping;
-  p.num_tokens = num_tokens;
-  p.error_flag = error_flag_;
   last_flag_op_ = "kv_append";
-  return kernels::launch_kv_append(p, stream_);
+  return kernels::launch_kv_append(
+      kv_append_params(kv, k, v, slot_mapping, num_tokens, error_flag_), stream_);
 }
 
 Status CudaBackend::attention_prefill(const AttentionArgs& args) {
@@ -354,14 +313,8 @@ Status CudaBackend::sample_tokens(const float* logits, int num_rows, int vocab,
   KVSPLIT_ASSIGN_OR_RETURN(void* stage, staging(bytes));
   auto* params = static_cast<kernels::SampleRowParams*>(stage);
   for (int r = 0; r < num_rows; ++r) {
-    kernels::SampleRowParams& p = params[r];
-    p.temperature = rows[r].temperature;
-    p.top_p = rows[r].top_p;
-    p.min_p = rows[r].min_p;
-    p.top_k = rows[r].top_k;
-    p.seed = rows[r].seed;
-    p.step = rows[r].step;
-    const Status st = kernels::validate_sample_params(p);
+    params[r] = sample_row_params(rows[r]);
+    const Status st = kernels::validate_sample_params(params[r]);
     if (!st.ok()) return invalid_argument("sample_tokens: row " + std::to_string(r) + ": " + st.message());
   }
   KVSPLIT_RETURN_IF_ERROR(reserve(&sample_rows_, &sample_rows_cap_, bytes));
