@@ -19,10 +19,10 @@ struct SamplingParams {
   float presence_penalty = 0.0f;    // [-2, 2] (OpenAI semantics, over output tokens)
   float frequency_penalty = 0.0f;   // [-2, 2]
   std::optional<uint64_t> seed;     // unset: drawn per request from the engine's seed
-  // Decode steps after the prompt (llama2.c `steps` accounting): the prompt's prefill yields the
-  // first token and each of up to max_tokens decode steps one more, so a request generates at
-  // most max_tokens + 1 tokens and its KV cache holds at most prompt + max_tokens positions.
-  // >= 0. See max_generated_tokens().
+  // Tokens to generate, as in the OpenAI and vLLM APIs: the prompt's prefill yields the first and
+  // each decode step one more, so a request generates at most max_tokens tokens (fewer when it
+  // stops or reaches the context) and its KV cache holds at most prompt + max_tokens - 1
+  // positions (the last token is never fed). [1, 2^30].
   int32_t max_tokens = 16;
   std::vector<std::string> stop;          // stop strings (not included in the text)
   std::vector<int32_t> stop_token_ids;    // extra stop ids (included in output ids)
@@ -32,8 +32,8 @@ struct SamplingParams {
   Status validate() const;
 };
 
-// Most tokens a request with these parameters can generate (max_tokens + 1, see above).
-inline int32_t max_generated_tokens(const SamplingParams& p) { return p.max_tokens + 1; }
+// Most tokens a request with these parameters can generate (max_tokens, see above).
+inline int32_t max_generated_tokens(const SamplingParams& p) { return p.max_tokens; }
 
 enum class FinishReason : uint8_t { kNone, kStop, kLength, kCancelled, kError };
 const char* finish_reason_name(FinishReason reason);  // "stop", "length", ...

@@ -210,8 +210,8 @@ int main(int argc, char** argv) {
   add_common(gen, gen_common);
   gen->add_option("-p,--prompt", gf.prompts, "prompt (repeatable; several run as one batch)");
   gen->add_option("-n,--max-tokens", gf.max_tokens,
-                  "decode steps after the prompt (at most max-tokens + 1 tokens, llama2.c steps "
-                  "accounting)")->check(CLI::NonNegativeNumber);
+                  "tokens to generate (the prefill's token counts as the first), >= 1")
+      ->check(CLI::PositiveNumber);
   gen->add_option("-t,--temperature", gf.temperature, "0 = greedy");
   gen->add_option("--top-p", gf.top_p, "nucleus sampling threshold, (0, 1]");
   gen->add_option("--top-k", gf.top_k, "keep the k most likely tokens (0 = off)");

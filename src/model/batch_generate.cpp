@@ -43,8 +43,9 @@ struct PoolGuard {
 int blocks_needed(const std::vector<GenerationInput>& inputs, int block_size, int max_seq_len) {
   int total = 0;
   for (const GenerationInput& in : inputs) {
+    // The last generated token is never fed: prompt + max_tokens - 1 positions at most.
     const int positions = std::min<int64_t>(
-        max_seq_len, static_cast<int64_t>(in.prompt_ids.size()) + std::max(0, in.params.max_tokens));
+        max_seq_len, static_cast<int64_t>(in.prompt_ids.size()) + std::max(0, in.params.max_tokens - 1));
     total += kv::BlockTable::blocks_for(std::max(positions, 1), block_size);
   }
   return total;

@@ -45,7 +45,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(LlamaModel& model, kv::Kv
                                                        const std::vector<GenerationInput>& inputs,
                                                        const BatchOptions& options = {});
 
-// KV blocks a batch needs at most (prompt + max_tokens positions per input).
+// KV blocks a batch needs at most (prompt + max_tokens - 1 positions per input).
 int blocks_needed(const std::vector<GenerationInput>& inputs, int block_size, int max_seq_len);
 
 }  // namespace kvsplit::model

@@ -45,11 +45,11 @@ Status SamplingParams::validate() const {
     return field_error("frequency_penalty",
                        fmt::format("must be in [-2, 2], got {}", frequency_penalty));
   }
-  // max_tokens counts decode steps (see the header); the cap keeps max_generated_tokens() and
-  // prompt + max_tokens position arithmetic far from int32 overflow.
-  if (max_tokens < 0 || max_tokens > kMaxMaxTokens) {
+  // max_tokens counts generated tokens (see the header); the cap keeps prompt + max_tokens
+  // position arithmetic far from int32 overflow.
+  if (max_tokens < 1 || max_tokens > kMaxMaxTokens) {
     return field_error("max_tokens",
-                       fmt::format("must be in [0, {}], got {}", kMaxMaxTokens, max_tokens));
+                       fmt::format("must be in [1, {}], got {}", kMaxMaxTokens, max_tokens));
   }
   if (stop.size() > kMaxStopStrings) {
     return field_error(

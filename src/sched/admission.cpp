@@ -74,16 +74,18 @@ Status check_admission(const Request& request, int num_prompt_tokens, const Admi
     return invalid_argument(
         fmt::format("top_logprobs: must be in [0, {}], got {}", kMaxTopLogprobs, request.top_logprobs));
   }
-  const int64_t total = static_cast<int64_t>(num_prompt_tokens) + request.sampling.max_tokens;
+  // KV positions the request can need: the last generated token is never fed.
+  const int64_t total = static_cast<int64_t>(num_prompt_tokens) + request.sampling.max_tokens - 1;
   if (total > limits.max_context) {
     return invalid_argument(fmt::format(
-        "prompt ({} tokens) + max_tokens ({}) = {} exceeds the model context of {} tokens",
+        "prompt ({} tokens) + max_tokens ({}) - 1 = {} positions exceeds the model context of {} "
+        "tokens",
         num_prompt_tokens, request.sampling.max_tokens, total, limits.max_context));
   }
   const int64_t blocks = (total + limits.block_size - 1) / limits.block_size;
   if (blocks > limits.kv_blocks_per_worker) {
     return invalid_argument(fmt::format(
-        "prompt ({} tokens) + max_tokens ({}) = {} tokens needs {} KV blocks of {} tokens, more "
+        "prompt ({} tokens) + max_tokens ({}) - 1 = {} positions need {} KV blocks of {} tokens, more "
         "than a worker's KV pool holds ({} blocks)",
         num_prompt_tokens, request.sampling.max_tokens, total, blocks, limits.block_size,
         limits.kv_blocks_per_worker));

@@ -74,7 +74,7 @@ TEST(CliTest, GenerateJsonMatchesGoldensOnePromptAndBatch) {
   for (bool hf : {false, true}) {
     // One prompt per call (the 64-step cases).
     const auto& c = cases[0];
-    const int n = c["steps"].get<int>() - static_cast<int>(c["prompt_token_ids"].size());
+    const int n = c["steps"].get<int>() - static_cast<int>(c["prompt_token_ids"].size()) + 1;
     RunResult r = run("generate " + model_args(hf) + " --prompt " + quote(c["prompt"]) +
                       " --max-tokens " + std::to_string(n) + " --temperature 0 --json");
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -87,7 +87,7 @@ TEST(CliTest, GenerateJsonMatchesGoldensOnePromptAndBatch) {
     EXPECT_FALSE(lines[0]["text"].get<std::string>().empty());
   }
   // The 256-step cases as one batch: one line per prompt, in order.
-  std::string args = "generate " + model_args(false) + " --temperature 0 --json --max-tokens 251";
+  std::string args = "generate " + model_args(false) + " --temperature 0 --json --max-tokens 252";
   std::vector<const nlohmann::json*> batch;
   for (const auto& c : cases) {
     if (c["steps"] == 256 && c["prompt_token_ids"].size() == 5) {
@@ -109,7 +109,7 @@ TEST(CliTest, StopsOnBosLikeRunC) {
   KVSPLIT_REQUIRE_MODELS();
   for (const auto& c : read_jsonl(model_path("golden/stories260K_greedy.jsonl"))) {
     if (c["stop_reason"] != "bos") continue;
-    const int n = c["steps"].get<int>() - static_cast<int>(c["prompt_token_ids"].size());
+    const int n = c["steps"].get<int>() - static_cast<int>(c["prompt_token_ids"].size()) + 1;
     RunResult r = run("generate " + model_args(true) + " --prompt " + quote(c["prompt"]) +
                       " --max-tokens " + std::to_string(n) + " -t 0 --json");
     ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -17,7 +17,7 @@ std::vector<model::GenerationInput> golden_inputs(const model::Tokenizer& tok) {
   for (const auto& c : read_jsonl(model_path("golden/stories260K_greedy.jsonl"))) {
     model::GenerationInput in;
     in.prompt_ids = *tok.encode(c["prompt"].get<std::string>(), true);
-    in.params = greedy(c["steps"].get<int>() - static_cast<int>(in.prompt_ids.size()));
+    in.params = greedy(c["steps"].get<int>() - static_cast<int>(in.prompt_ids.size()) + 1);
     inputs.push_back(in);
   }
   return inputs;

@@ -31,7 +31,7 @@ TEST_P(GoldenTest, GreedyGenerationsMatchRunC) {
     ASSERT_EQ(*ids, c["prompt_token_ids"].get<std::vector<int32_t>>()) << prompt;
     model::GenerationInput in;
     in.prompt_ids = *ids;
-    in.params = greedy(c["steps"].get<int>() - static_cast<int>(ids->size()));
+    in.params = greedy(c["steps"].get<int>() - static_cast<int>(ids->size()) + 1);
     auto out = model::generate_batch(*engine_->model, *engine_->pool, engine_->loaded.tokenizer.get(), {in});
     ASSERT_TRUE(out.ok()) << out.status().to_string();
     EXPECT_EQ((*out)[0].output_ids, c["output_token_ids"].get<std::vector<int32_t>>())
@@ -141,7 +141,7 @@ TEST_P(GoldenTest, SampledGenerationsMatchRunC) {
     in.params.temperature = c["temperature"].get<float>();
     in.params.top_p = c["topp"].get<float>();
     in.params.seed = c["seed"].get<uint64_t>();
-    in.params.max_tokens = c["steps"].get<int>() - static_cast<int>(in.prompt_ids.size());
+    in.params.max_tokens = c["steps"].get<int>() - static_cast<int>(in.prompt_ids.size()) + 1;
     auto out = model::generate_batch(*engine_->model, *engine_->pool, engine_->loaded.tokenizer.get(), {in});
     ASSERT_TRUE(out.ok()) << out.status().to_string();
     EXPECT_EQ((*out)[0].output_ids, c["output_token_ids"].get<std::vector<int32_t>>())

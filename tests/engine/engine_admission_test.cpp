@@ -49,8 +49,8 @@ TEST(EngineAdmission, ErrorCodesAndMessages) {
   r.sampling.max_tokens = 100;
   h = e.submit(r);
   EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(message_of(h).find("prompt (500 tokens) + max_tokens (100) = 600 exceeds the model "
-                               "context of 512"),
+  EXPECT_NE(message_of(h).find("prompt (500 tokens) + max_tokens (100) - 1 = 599 positions exceeds "
+                               "the model context of 512"),
             std::string::npos)
       << message_of(h);
 
@@ -58,7 +58,7 @@ TEST(EngineAdmission, ErrorCodesAndMessages) {
   r.sampling.max_tokens = 100;
   h = e.submit(r);
   EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(message_of(h).find("needs 13 KV blocks"), std::string::npos) << message_of(h);
+  EXPECT_NE(message_of(h).find("need 13 KV blocks"), std::string::npos) << message_of(h);
   EXPECT_NE(message_of(h).find("(8 blocks)"), std::string::npos) << message_of(h);
 
   r.prompt_token_ids = {1, 600, 3};
@@ -118,7 +118,7 @@ TEST(EngineAdmission, ConcurrentSubmitsGetUniqueIds) {
     threads.emplace_back([&, t] {
       Request r;
       r.prompt_token_ids = {1, 5};
-      r.sampling.max_tokens = 0;  // one token each: cheap
+      r.sampling.max_tokens = 1;  // one token each: cheap
       ready.fetch_add(1);
       while (ready.load() < kThreads) std::this_thread::yield();
       for (int i = 0; i < kPerThread; ++i) {

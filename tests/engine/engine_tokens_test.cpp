@@ -51,7 +51,7 @@ TEST_P(EngineTokens, GreedyMatchesRunCGolden) {
     Request r;
     r.prompt = g["prompt"].get<std::string>();
     r.sampling.temperature = 0;
-    r.sampling.max_tokens = g["steps"].get<int>() - static_cast<int>(g["prompt_token_ids"].size());
+    r.sampling.max_tokens = g["steps"].get<int>() - static_cast<int>(g["prompt_token_ids"].size()) + 1;
     auto h = (*engine)->submit(r);
     ASSERT_TRUE(h.ok()) << h.status().to_string();
     Collected c = collect(*h);
@@ -162,7 +162,7 @@ TEST_P(EngineTokens, PreemptionKeepsTokens) {
     ASSERT_FALSE(c.timed_out);
     ASSERT_TRUE(c.final_event.status.ok()) << c.final_event.status.to_string();
     EXPECT_EQ(c.tokens, alone[i].tokens) << reqs[i].request_id;
-    EXPECT_EQ(c.tokens.size(), 101u);
+    EXPECT_EQ(c.tokens.size(), 100u);
     preempted_requests += c.final_event.timings.preemptions > 0;
   }
   const EngineStats s = (*engine)->stats();

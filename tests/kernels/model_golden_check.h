@@ -107,7 +107,7 @@ inline LogitsError golden_logits_error(GoldenModel& g, int chunk) {
 
 // Runs the first `max_cases` greedy goldens with at most `max_steps` steps as one batch, decode
 // split-K chunks of `chunk` tokens (-1: planner); expects identical ids. With `max_new` >= 0 each
-// case generates at most max_new + 1 tokens and is compared with that prefix of its golden
+// case generates at most max_new tokens and is compared with that prefix of its golden
 // (greedy output is prefix-consistent).
 inline void expect_greedy_goldens(GoldenModel& g, int max_steps, int max_cases, int chunk = -1,
                                   int max_new = -1) {
@@ -119,11 +119,11 @@ inline void expect_greedy_goldens(GoldenModel& g, int max_steps, int max_cases, 
     model::GenerationInput in;
     in.prompt_ids = c["prompt_token_ids"].get<std::vector<int32_t>>();
     in.params.temperature = 0.f;
-    in.params.max_tokens = c["steps"].get<int>() - static_cast<int>(in.prompt_ids.size());
+    in.params.max_tokens = c["steps"].get<int>() - static_cast<int>(in.prompt_ids.size()) + 1;
     std::vector<int32_t> golden = c["output_token_ids"].get<std::vector<int32_t>>();
     if (max_new >= 0 && in.params.max_tokens > max_new) {
       in.params.max_tokens = max_new;
-      if (golden.size() > static_cast<size_t>(max_new) + 1) golden.resize(max_new + 1);
+      if (golden.size() > static_cast<size_t>(max_new)) golden.resize(max_new);
     }
     inputs.push_back(in);
     want.push_back(std::move(golden));

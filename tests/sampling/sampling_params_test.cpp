@@ -91,11 +91,11 @@ TEST(SamplingParamsTest, PresenceAndFrequencyPenalties) {
 }
 
 TEST(SamplingParamsTest, MaxTokens) {
-  // max_tokens counts decode steps: 0 is valid (the prefill's token only).
+  // max_tokens counts generated tokens: at least one (the prefill's).
   expect_invalid([](SamplingParams& p) { p.max_tokens = -1; }, "max_tokens");
+  expect_invalid([](SamplingParams& p) { p.max_tokens = 0; }, "max_tokens");
   expect_invalid([](SamplingParams& p) { p.max_tokens = std::numeric_limits<int32_t>::max(); },
                  "max_tokens");
-  expect_valid([](SamplingParams& p) { p.max_tokens = 0; });
   expect_valid([](SamplingParams& p) { p.max_tokens = 1; });
   expect_valid([](SamplingParams& p) { p.max_tokens = 1 << 30; });
 }

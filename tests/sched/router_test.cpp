@@ -136,13 +136,18 @@ TEST(Admission, FitCheckCarriesTheNumbers) {
   lim.kv_blocks_per_worker = 4;
   Request r;
   r.sampling.max_tokens = 10;
-  EXPECT_TRUE(check_admission(r, 54, lim).ok());  // 64 tokens = 4 blocks
-  Status st = check_admission(r, 55, lim);
+  // 10 generated tokens: the last is never fed, so prompt + 9 KV positions.
+  EXPECT_TRUE(check_admission(r, 55, lim).ok());  // 64 positions = 4 blocks
+  Status st = check_admission(r, 56, lim);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("65 tokens needs 5 KV blocks of 16 tokens"), std::string::npos)
+  EXPECT_NE(st.message().find("= 65 positions need 5 KV blocks of 16 tokens"), std::string::npos)
       << st.message();
-  st = check_admission(r, 250, lim);
-  EXPECT_NE(st.message().find("= 260 exceeds the model context of 256"), std::string::npos);
+  lim.kv_blocks_per_worker = 1 << 20;
+  EXPECT_TRUE(check_admission(r, 247, lim).ok());  // 256 positions: exactly the context
+  st = check_admission(r, 248, lim);
+  EXPECT_NE(st.message().find("- 1 = 257 positions exceeds the model context of 256"),
+            std::string::npos)
+      << st.message();
 }
 
 }  // namespace

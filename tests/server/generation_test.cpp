@@ -112,7 +112,7 @@ TEST_F(GenerationTest, GoldensWith64StreamsInFlight) {
       const auto& c = cases[i % cases.size()];
       v1::GenerateRequest req;
       req.set_prompt(c["prompt"].get<std::string>());
-      req.set_max_tokens(c["steps"].get<int>() - static_cast<int>(c["prompt_token_ids"].size()));
+      req.set_max_tokens(c["steps"].get<int>() - static_cast<int>(c["prompt_token_ids"].size()) + 1);
       req.mutable_sampling()->set_temperature(0.0f);
       results[i] = generate(stub_.get(), req);
     });
@@ -145,7 +145,7 @@ TEST_F(GenerationTest, TokenIdPromptAndIdsInEveryMessageMatchText) {
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.last.request_id(), "my-req-1");
   EXPECT_EQ(r.ids.size(), r.last.usage().completion_tokens());
-  EXPECT_LE(r.ids.size(), 21u);  // max_tokens + 1 (llama2.c steps accounting)
+  EXPECT_LE(r.ids.size(), 20u);  // max_tokens counts generated tokens
   EXPECT_FALSE(r.text.empty());
   EXPECT_EQ(r.last.usage().prompt_tokens(), 2u);
 }
@@ -171,7 +171,7 @@ TEST_F(GenerationTest, DefaultMaxTokensAndLogprobs) {
     }
   }
   ASSERT_TRUE(reader->Finish().ok());
-  EXPECT_EQ(ids, 9);  // server.default_max_tokens + 1 (ignore_eos)
+  EXPECT_EQ(ids, 8);  // server.default_max_tokens (ignore_eos)
   EXPECT_EQ(lps, ids);
 }
 

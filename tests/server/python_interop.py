@@ -58,7 +58,7 @@ def main():
         cases = [json.loads(l) for l in open(os.path.join(models, "golden", "stories260K_greedy.jsonl"))]
 
         def run(c):
-            req = pb.GenerateRequest(prompt=c["prompt"], max_tokens=c["steps"] - len(c["prompt_token_ids"]))
+            req = pb.GenerateRequest(prompt=c["prompt"], max_tokens=c["steps"] - len(c["prompt_token_ids"]) + 1)
             req.sampling.temperature = 0.0
             ids, text, last = [], "", None
             for r in stub.Generate(req, timeout=120):
