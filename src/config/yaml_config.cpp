@@ -2,12 +2,14 @@
 // a Status. Scalars are parsed by hand (from_chars / strtod) so that "12abc", overflow and
 // fractional integers are errors instead of silent truncation.
 #include <yaml-cpp/depthguard.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <sstream>
 #include <set>
 #include <vector>
 
@@ -277,6 +279,60 @@ struct StrictWalk {
   }
 };
 
+// Counts the documents of a YAML text (stopping at two) without building nodes. yaml-cpp 0.7's
+// LoadAll loops forever on some malformed inputs (e.g. "   ,"): the parser keeps reporting an empty
+// document at the same position. A document that starts where the previous one started and holds
+// no events is that stuck state, reported as a syntax error at that position.
+class DocumentCounter final : public YAML::EventHandler {
+ public:
+  // Number of documents (0, 1 or 2 = "more than one"); the second's start in *second.
+  static StatusOr<int> count(const std::string& text, YAML::Mark* second) {
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    DocumentCounter h;
+    int docs = 0;
+    while (docs < 2 && parser.HandleNextDocument(h)) {
+      const bool stuck = docs > 0 && h.events_ == 0 && h.start_.pos == h.prev_start_.pos;
+      if (stuck) {
+        return invalid_argument("YAML error at line " + std::to_string(h.start_.line + 1) +
+                                ", column " + std::to_string(h.start_.column + 1) +
+                                ": unexpected '" +
+                                common::escape_for_message(text.substr(h.start_.pos, 1)) + "'");
+      }
+      if (++docs == 2) *second = h.start_;
+    }
+    return docs;
+  }
+
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    prev_start_ = start_;
+    start_ = mark;
+    events_ = 0;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}  // the stuck parser emits these
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override { ++events_; }
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    ++events_;
+  }
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    ++events_;
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    ++events_;
+  }
+  void OnMapEnd() override {}
+
+ private:
+  YAML::Mark start_ = YAML::Mark::null_mark();
+  YAML::Mark prev_start_ = YAML::Mark::null_mark();
+  int64_t events_ = 0;  // events other than nulls in the current document
+};
+
 Status parse_into(const YAML::Node& root, Config* c) {
   if (!root || root.IsNull()) return ok_status();  // an empty file: all defaults
   MapReader r(root, "");
@@ -299,13 +355,15 @@ Status parse_into(const YAML::Node& root, Config* c) {
 StatusOr<Config> parse_config(std::string_view yaml_text) {
   Config config;
   try {
-    const std::vector<YAML::Node> docs = YAML::LoadAll(std::string(yaml_text));
-    if (docs.size() > 1) {
-      return invalid_argument("the file holds " + std::to_string(docs.size()) +
-                              " YAML documents (the second starts at " + line_of(docs[1]) +
+    const std::string text(yaml_text);
+    YAML::Mark second;
+    KVSPLIT_ASSIGN_OR_RETURN(const int docs, DocumentCounter::count(text, &second));
+    if (docs > 1) {
+      return invalid_argument("the file holds more than one YAML document (the second starts at "
+                              "line " + std::to_string(second.line + 1) +
                               "); a config is exactly one document");
     }
-    const YAML::Node root = docs.empty() ? YAML::Node() : docs[0];
+    const YAML::Node root = docs == 0 ? YAML::Node() : YAML::Load(text);
     StrictWalk walk;
     KVSPLIT_RETURN_IF_ERROR(walk.check(root, "", 0));
     KVSPLIT_RETURN_IF_ERROR(parse_into(root, &config));

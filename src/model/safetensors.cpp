@@ -122,8 +122,21 @@ Status parse_entry(const std::string& path, const std::string& name, const commo
 StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;
   KVSPLIT_ASSIGN_OR_RETURN(f.mapping_, common::MmapFile::open(path));
-  const uint8_t* base = f.mapping_->data();
-  const uint64_t size = f.mapping_->size();
+  KVSPLIT_RETURN_IF_ERROR(f.parse(f.mapping_->data(), f.mapping_->size(), path));
+  f.path_ = path;
+  return f;
+}
+
+StatusOr<SafetensorsFile> SafetensorsFile::parse_bytes(const uint8_t* data, size_t size,
+                                                       const std::string& name) {
+  SafetensorsFile f;
+  KVSPLIT_RETURN_IF_ERROR(f.parse(data, size, name));
+  f.path_ = name;
+  return f;
+}
+
+Status SafetensorsFile::parse(const uint8_t* base, uint64_t size, const std::string& path) {
+  SafetensorsFile& f = *this;
   if (size < 8) {
     return invalid_argument(path + ": truncated: " + std::to_string(size) +
                             " bytes, shorter than the 8-byte header length");
@@ -151,8 +164,7 @@ StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     KVSPLIT_RETURN_IF_ERROR(parse_entry(path, it.key(), it.value(), data_begin, data_size, &e));
     f.entries_.emplace(it.key(), std::move(e));
   }
-  KVSPLIT_RETURN_IF_ERROR(check_tiling(path, f.entries_, data_begin, data_size));
-  return f;
+  return check_tiling(path, f.entries_, data_begin, data_size);
 }
 
 StatusOr<WeightTensor> SafetensorsFile::tensor(std::string_view name) const {

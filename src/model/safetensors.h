@@ -31,6 +31,10 @@ class SafetensorsFile {
   // tile the data section exactly (no overlap, no gap, no trailing bytes). Errors name the
   // file (and the tensors) and the fault.
   static StatusOr<SafetensorsFile> open(const std::string& path);
+  // The same checks over `size` bytes in memory (the caller keeps them alive); `name` stands for
+  // the path in errors. For the fuzz target and tests.
+  static StatusOr<SafetensorsFile> parse_bytes(const uint8_t* data, size_t size,
+                                               const std::string& name);
 
   // The tensor `name` as a weight view. kNotFound "<file>: no tensor <name>" when absent;
   // kUnimplemented naming the tensor and dtype when it is not F32/F16/BF16 (or misaligned).
@@ -38,12 +42,15 @@ class SafetensorsFile {
   bool contains(std::string_view name) const { return entries_.find(name) != entries_.end(); }
 
   const std::map<std::string, SafetensorsEntry, std::less<>>& entries() const { return entries_; }
-  const std::string& path() const { return mapping_->path(); }
+  const std::string& path() const { return path_; }
   // Keep-alive for the views handed out by tensor().
   const std::shared_ptr<const common::MmapFile>& mapping() const { return mapping_; }
 
  private:
-  std::shared_ptr<const common::MmapFile> mapping_;
+  Status parse(const uint8_t* base, uint64_t size, const std::string& path);
+
+  std::string path_;
+  std::shared_ptr<const common::MmapFile> mapping_;  // null for parse_bytes
   std::map<std::string, SafetensorsEntry, std::less<>> entries_;
 };
 

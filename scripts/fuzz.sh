@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (clang, ASan+UBSan) and runs each for a bounded time on a corpus
+# seeded from the shared fixtures and the shipped configs. Exit status 1 on any crash, leak,
+# sanitizer report or timeout; the reproducer is left in the build directory.
+#   scripts/fuzz.sh [BUILD_DIR] [SECONDS_PER_TARGET]      (defaults: build-fuzz, 30)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+dir=${1:-build-fuzz}
+secs=${2:-30}
+models=${KVSPLIT_MODELS:-$root/../shared/models}
+
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
+  -DCMAKE_CXX_COMPILER=clang++ -DKVSPLIT_FUZZ=ON -DKVSPLIT_CUDA=OFF -DKVSPLIT_NATIVE=OFF \
+  >/dev/null
+targets=$(cmake --build "$dir" --target help | awk -F: '/_fuzz:/ {print $1}' | sort)
+cmake --build "$dir" -j"$(nproc)" --target $targets
+
+corpus="$dir/corpus"
+rm -rf "$corpus"
+mkdir -p "$corpus"
+python3 scripts/fuzz_seeds.py --models "$models" --configs configs --out "$corpus"
+
+status=0
+for t in $targets; do
+  name=${t%_fuzz}
+  mkdir -p "$corpus/$name"
+  echo "=== $t: ${secs}s on $(ls "$corpus/$name" | wc -l) seeds"
+  if ! (cd "$dir" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+        "./fuzz/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=1048576 \
+          -print_final_stats=1 "corpus/$name" 2>"$t.log"); then
+    echo "$t FAILED; its log:"
+    tail -60 "$dir/$t.log"
+    status=1
+  else
+    grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$dir/$t.log" | tr '\n' ' '
+    echo
+  fi
+done
+exit $status
