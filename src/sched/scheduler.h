@@ -1,0 +1,138 @@
+// Scheduler: decides what one step of one worker runs, and nothing else. Thread-free and
+// backend-free: plain structs in, plain structs out, so every rule is unit-tested without a
+// model (tests/sched/scheduler_test.cpp), as nano-vllm's scheduler is. The Worker (thread,
+// inbox, KvPool, model runner) and model::generate_batch (the CLI path) both apply its output.
+//
+// One step, in order:
+//   1. handoffs: received KV handoffs are admitted in arrival order while a sequence slot and
+//      their blocks are free (no overtaking); a handoff may preempt running sequences of
+//      strictly lower priority when that frees enough, never equal ones (no preemption storms);
+//      it waits while a preempted sequence of at least its priority still waits for blocks;
+//   2. decode: every running sequence gets one token, best served first; when the pool cannot
+//      grow one, the running sequence served last gives its blocks back (recompute later),
+//      possibly the one being grown;
+//   3. prefill: waiting sequences (new prompts and recomputes) in service order reserve the KV
+//      of their whole target when they start (the first that does not fit stops the rest), then
+//      share the token budget by plan_prefill_chunks, least recently served first within a
+//      priority (round robin).
+// Block arithmetic is the KvPool's: a sequence holding b blocks needs
+// max(0, blocks_for(tokens) - b) more to hold `tokens` positions.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "sched/policy.h"
+
+namespace kvsplit::sched {
+
+struct SchedulerConfig {
+  int block_size = 16;         // tokens per KV block, >= 1
+  int max_batch_tokens = 512;  // prefill tokens per step (decode tokens too when colocated)
+  int min_chunk_tokens = 16;   // smallest prefill chunk a prompt gets in a step
+  int max_num_seqs = 256;      // sequences a worker owns (running + waiting), >= 1
+  bool decode_in_budget = false;  // colocated: decode tokens count against max_batch_tokens
+};
+
+// One sequence the worker owns. `id` is the caller's handle, echoed in the output; ids are unique
+// across running, waiting and handoffs.
+struct SchedSeq {
+  int id = 0;
+  int32_t priority = 0;        // higher is served first
+  int64_t arrival = 0;         // older (smaller) is served first within a priority
+  int num_computed = 0;        // positions whose KV exists
+  int target = 0;              // waiting only: positions whose KV must exist before it decodes
+                               // (the prompt, or prompt + output[:-1] after a preemption)
+  int num_blocks = 0;          // KV blocks it holds now
+  int64_t last_prefill_step = -1;  // the step that last gave it a chunk (round robin)
+};
+
+// A received KV handoff waiting for admission (destination side).
+struct SchedHandoff {
+  int id = 0;
+  int32_t priority = 0;
+  int64_t arrival = 0;
+  int num_tokens = 0;  // positions of KV it brings
+};
+
+struct SchedulerInput {
+  std::span<const SchedSeq> running;        // decoding
+  std::span<const SchedSeq> waiting;        // prefill or recompute
+  std::span<const SchedHandoff> handoffs;   // in arrival order
+  int free_blocks = 0;                      // free blocks of the worker's pool
+  int total_blocks = 0;                     // blocks of the whole pool
+  int64_t step = 0;                         // the worker's step number
+};
+
+enum class PreemptReason : uint8_t {
+  kDecodeGrowth,   // a running sequence needed a block and none was free
+  kHandoff,        // a higher-priority handoff needed the blocks
+};
+const char* preempt_reason_name(PreemptReason reason);
+
+struct Preemption {
+  int id = 0;
+  PreemptReason reason = PreemptReason::kDecodeGrowth;
+  int freed_blocks = 0;
+  int for_id = 0;             // the sequence (kDecodeGrowth) or handoff (kHandoff) it made room for
+  int32_t for_priority = 0;
+};
+
+struct HandoffAdmission {
+  int id = 0;
+  int blocks = 0;  // blocks to reserve for its KV
+};
+
+struct DecodeRow {
+  int id = 0;
+  int new_blocks = 0;  // blocks to add so it holds num_computed + 1 positions
+};
+
+struct PrefillChunk {
+  int id = 0;
+  int start = 0;       // == num_computed
+  int tokens = 0;      // chunk length, >= 1
+  int new_blocks = 0;  // blocks to add (its whole target, when it starts)
+  bool last = false;   // the chunk completes the target
+};
+
+// Why the first handoff that was not admitted waits (back-pressure, not an error).
+enum class HandoffWait : uint8_t { kNone, kNoSlot, kNoBlocks, kPreemptedFirst };
+
+struct SchedulerOutput {
+  // Apply in this order: release the preempted (running sequences, all their blocks), admit the
+  // handoffs, grow the decode rows, start / continue the prefill chunks. Every reservation fits
+  // the free blocks by construction.
+  std::vector<Preemption> preempted;
+  std::vector<HandoffAdmission> admitted;
+  std::vector<DecodeRow> decode;
+  std::vector<PrefillChunk> prefill;
+  HandoffWait handoff_wait = HandoffWait::kNone;
+  // Waiting sequences (or handoffs) whose KV needs more blocks than the whole pool has: they can
+  // never run here and block nothing; the caller fails them.
+  std::vector<int> never_fit;
+  int free_blocks_after = 0;  // free blocks once everything above is applied
+  int num_tokens() const;     // tokens in the step's batch
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(SchedulerConfig config) : config_(config) {}
+
+  SchedulerOutput schedule(const SchedulerInput& in) const;
+
+  // Whether a new prompt of `num_prompt` tokens may be admitted now (pulled from the router):
+  // a slot is free, and its blocks fit with a watermark of 1% of the pool (at least one block)
+  // kept for the running sequences' growth when any is running.
+  bool can_admit_prompt(int num_prompt, int free_blocks, int total_blocks, int num_running,
+                        int num_owned) const;
+
+  const SchedulerConfig& config() const { return config_; }
+
+ private:
+  SchedulerConfig config_;
+};
+
+}  // namespace kvsplit::sched

@@ -1,0 +1,200 @@
+// The thread-free Scheduler on plain structs: budget split, preemption order and reasons, waiting
+// handoffs, an empty pool, a sequence longer than the pool.
+#include "sched/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace kvsplit::sched {
+namespace {
+
+SchedSeq running(int id, int computed, int blocks, int32_t priority = 0, int64_t arrival = 0) {
+  SchedSeq s;
+  s.id = id;
+  s.num_computed = computed;
+  s.num_blocks = blocks;
+  s.priority = priority;
+  s.arrival = arrival == 0 ? id : arrival;
+  return s;
+}
+
+SchedSeq waiting(int id, int target, int computed = 0, int blocks = 0, int32_t priority = 0,
+                 int64_t last_step = -1) {
+  SchedSeq s;
+  s.id = id;
+  s.target = target;
+  s.num_computed = computed;
+  s.num_blocks = blocks;
+  s.priority = priority;
+  s.arrival = id;
+  s.last_prefill_step = last_step;
+  return s;
+}
+
+SchedulerConfig config(int max_batch_tokens, bool colocated, int min_chunk = 4) {
+  SchedulerConfig c;
+  c.block_size = 4;
+  c.max_batch_tokens = max_batch_tokens;
+  c.min_chunk_tokens = min_chunk;
+  c.max_num_seqs = 16;
+  c.decode_in_budget = colocated;
+  return c;
+}
+
+TEST(Scheduler, ColocatedDecodeTokensCountAgainstTheBudget) {
+  const std::vector<SchedSeq> run = {running(0, 5, 2), running(1, 6, 2), running(2, 7, 2)};
+  const std::vector<SchedSeq> wait = {waiting(10, 100), waiting(11, 100)};
+  SchedulerInput in{run, wait, {}, /*free=*/100, /*total=*/200, /*step=*/1};
+  const SchedulerOutput colo = Scheduler(config(23, true)).schedule(in);
+  ASSERT_EQ(colo.decode.size(), 3u);
+  EXPECT_EQ(colo.num_tokens(), 23);  // 3 decode + 20 prefill
+  ASSERT_EQ(colo.prefill.size(), 2u);
+  EXPECT_EQ(colo.prefill[0].tokens + colo.prefill[1].tokens, 20);
+  EXPECT_EQ(colo.prefill[0].tokens, 10);  // fair share
+  // Whole-target reservation when a prompt starts: 100 tokens = 25 blocks each.
+  EXPECT_EQ(colo.prefill[0].new_blocks, 25);
+  EXPECT_EQ(colo.free_blocks_after, 100 - 50);
+
+  // A prefill worker: decode tokens do not count; and the budget never drops under min_chunk.
+  const SchedulerOutput pre = Scheduler(config(23, false)).schedule(in);
+  EXPECT_EQ(pre.num_tokens(), 3 + 23);
+  const SchedulerOutput tight = Scheduler(config(2, true, /*min_chunk=*/8)).schedule(in);
+  EXPECT_EQ(tight.num_tokens(), 3 + 8);
+}
+
+TEST(Scheduler, DecodeGrowthPreemptsLowestPriorityThenYoungest) {
+  // Every running sequence sits at a block boundary (4 tokens in 1 block): each needs one more.
+  const std::vector<SchedSeq> run = {
+      running(0, 4, 1, /*priority=*/5, /*arrival=*/10), running(1, 4, 1, 0, 11),
+      running(2, 4, 1, 0, 12),  // the youngest of the lowest priority: the first victim
+      running(3, 4, 1, 9, 13)};
+  SchedulerInput in{run, {}, {}, /*free=*/1, /*total=*/8, 1};
+  const SchedulerOutput out = Scheduler(config(64, true)).schedule(in);
+  // Service order 3 (p9), 0 (p5), 1, 2. 3 takes the free block; 0 needs one: victim 2 (freed 1);
+  // 1 needs one: the only candidates left are 1 itself -> preempted.
+  ASSERT_EQ(out.preempted.size(), 2u);
+  EXPECT_EQ(out.preempted[0].id, 2);
+  EXPECT_EQ(out.preempted[0].reason, PreemptReason::kDecodeGrowth);
+  EXPECT_EQ(out.preempted[0].for_id, 0);
+  EXPECT_EQ(out.preempted[0].freed_blocks, 1);
+  EXPECT_EQ(out.preempted[1].id, 1);
+  EXPECT_EQ(out.preempted[1].for_id, 1);
+  ASSERT_EQ(out.decode.size(), 2u);
+  EXPECT_EQ(out.decode[0].id, 3);
+  EXPECT_EQ(out.decode[1].id, 0);
+  EXPECT_EQ(out.free_blocks_after, 1);  // 1's block, freed with nothing left to grow
+  EXPECT_STREQ(preempt_reason_name(out.preempted[0].reason), "decode growth");
+}
+
+TEST(Scheduler, OlderSequencesNeverGiveWayToYoungerOnes) {
+  // Equal priority: the older (smaller arrival) keeps its blocks, the younger is preempted.
+  const std::vector<SchedSeq> run = {running(0, 8, 2, 0, 2), running(1, 8, 2, 0, 1)};
+  SchedulerInput in{run, {}, {}, 0, 4, 1};
+  const SchedulerOutput out = Scheduler(config(64, true)).schedule(in);
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0].id, 0);  // arrival 2: younger
+  ASSERT_EQ(out.decode.size(), 1u);
+  EXPECT_EQ(out.decode[0].id, 1);
+}
+
+TEST(Scheduler, HandoffWaitsForBlocksAndPreemptsOnlyLowerPriorities) {
+  const std::vector<SchedSeq> run = {running(0, 3, 1, /*priority=*/0), running(1, 3, 1, 0)};
+  const std::vector<SchedHandoff> equal = {{20, 0, 30, /*num_tokens=*/8}};
+  SchedulerInput in{run, {}, equal, /*free=*/1, /*total=*/4, 1};
+  SchedulerOutput out = Scheduler(config(64, false)).schedule(in);
+  EXPECT_TRUE(out.admitted.empty());  // equal priority: waits (back-pressure), no preemption
+  EXPECT_EQ(out.handoff_wait, HandoffWait::kNoBlocks);
+  EXPECT_TRUE(out.preempted.empty());
+  EXPECT_EQ(out.decode.size(), 2u);
+
+  const std::vector<SchedHandoff> higher = {{20, 5, 30, 8}};
+  in.handoffs = higher;
+  out = Scheduler(config(64, false)).schedule(in);
+  ASSERT_EQ(out.admitted.size(), 1u);
+  EXPECT_EQ(out.admitted[0].blocks, 2);
+  ASSERT_EQ(out.preempted.size(), 2u);
+  EXPECT_EQ(out.preempted[0].id, 1);  // the younger of the two
+  EXPECT_EQ(out.preempted[0].reason, PreemptReason::kHandoff);
+  EXPECT_EQ(out.preempted[0].for_id, 20);
+  EXPECT_EQ(out.preempted[0].for_priority, 5);
+  // The admitted handoff decodes in the same step, served first (priority 5): 8 tokens in 2
+  // blocks, it needs a third, which the lower-priority 0 gives up.
+  EXPECT_EQ(out.preempted[1].id, 0);
+  EXPECT_EQ(out.preempted[1].reason, PreemptReason::kDecodeGrowth);
+  EXPECT_EQ(out.preempted[1].for_id, 20);
+  ASSERT_EQ(out.decode.size(), 1u);
+  EXPECT_EQ(out.decode[0].id, 20);
+  EXPECT_EQ(out.decode[0].new_blocks, 1);
+  EXPECT_EQ(out.free_blocks_after, 0);
+}
+
+TEST(Scheduler, HandoffWaitsBehindPreemptedSequencesAndForASlot) {
+  const std::vector<SchedSeq> wait = {waiting(0, 12, 0, /*blocks=*/0, /*priority=*/3)};
+  const std::vector<SchedHandoff> h = {{20, 3, 30, 4}, {21, 9, 31, 4}};
+  SchedulerInput in{{}, wait, h, 10, 10, 1};
+  SchedulerOutput out = Scheduler(config(64, false)).schedule(in);
+  EXPECT_TRUE(out.admitted.empty());  // no overtaking: 21 (priority 9) waits behind 20
+  EXPECT_EQ(out.handoff_wait, HandoffWait::kPreemptedFirst);
+
+  SchedulerConfig one_slot = config(64, false);
+  one_slot.max_num_seqs = 1;
+  out = Scheduler(one_slot).schedule(in);
+  EXPECT_EQ(out.handoff_wait, HandoffWait::kNoSlot);
+  EXPECT_TRUE(out.admitted.empty());
+}
+
+TEST(Scheduler, EmptyPoolPreemptsTheGrowingSequenceItself) {
+  const std::vector<SchedSeq> run = {running(0, 4, 1)};
+  const std::vector<SchedSeq> wait = {waiting(1, 4)};
+  SchedulerInput in{run, wait, {}, /*free=*/0, /*total=*/1, 1};
+  const SchedulerOutput out = Scheduler(config(64, true)).schedule(in);
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0].id, 0);
+  EXPECT_TRUE(out.decode.empty());
+  // Its freed block lets the waiting prompt start in the same step.
+  ASSERT_EQ(out.prefill.size(), 1u);
+  EXPECT_EQ(out.prefill[0].id, 1);
+  EXPECT_TRUE(out.prefill[0].last);
+  EXPECT_EQ(out.free_blocks_after, 0);
+
+  // Nothing runs, nothing waits: an empty step.
+  const SchedulerOutput idle = Scheduler(config(64, true)).schedule({{}, {}, {}, 0, 0, 1});
+  EXPECT_EQ(idle.num_tokens(), 0);
+}
+
+TEST(Scheduler, SequenceLongerThanThePoolNeverFitsAndBlocksNothing) {
+  const std::vector<SchedSeq> wait = {waiting(0, 100), waiting(1, 8)};
+  const std::vector<SchedHandoff> h = {{20, 0, 30, 200}};
+  SchedulerInput in{{}, wait, h, /*free=*/10, /*total=*/10, 1};
+  const SchedulerOutput out = Scheduler(config(64, false)).schedule(in);
+  EXPECT_EQ(out.never_fit, (std::vector<int>{20, 0}));
+  ASSERT_EQ(out.prefill.size(), 1u);
+  EXPECT_EQ(out.prefill[0].id, 1);
+}
+
+TEST(Scheduler, PrefillRoundRobinWithinPriorityAndNoOvertakingOnReservation) {
+  // 2 already started (hold their blocks); 3 is new and does not fit; 4 would fit but must not
+  // overtake 3; started ones keep running.
+  const std::vector<SchedSeq> wait = {
+      waiting(2, 40, 8, 10, 0, /*last_step=*/7), waiting(3, 40), waiting(4, 4),
+      waiting(5, 40, 8, 10, 0, /*last_step=*/3)};
+  SchedulerInput in{{}, wait, {}, /*free=*/5, /*total=*/40, 8};
+  const SchedulerOutput out = Scheduler(config(8, false, 4)).schedule(in);
+  ASSERT_EQ(out.prefill.size(), 2u);
+  EXPECT_EQ(out.prefill[0].id, 5);  // served longest ago first
+  EXPECT_EQ(out.prefill[1].id, 2);
+  EXPECT_EQ(out.prefill[0].new_blocks, 0);
+  EXPECT_EQ(out.free_blocks_after, 5);
+}
+
+TEST(Scheduler, CanAdmitPromptKeepsAWatermarkForGrowth) {
+  const Scheduler s(config(64, true));
+  EXPECT_TRUE(s.can_admit_prompt(16, 4, 400, /*running=*/0, /*owned=*/0));   // 4 blocks, no one runs
+  EXPECT_FALSE(s.can_admit_prompt(16, 4, 400, 1, 1));  // watermark max(1, 400 / 100) = 4
+  EXPECT_TRUE(s.can_admit_prompt(16, 8, 400, 1, 1));
+  EXPECT_FALSE(s.can_admit_prompt(1, 100, 400, 0, 16));  // no slot
+}
+
+}  // namespace
+}  // namespace kvsplit::sched
