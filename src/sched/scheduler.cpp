@@ -10,14 +10,6 @@ namespace {
 
 int blocks_for(int tokens, int block_size) { return (tokens + block_size - 1) / block_size; }
 
-// The step's view of one running sequence (an admitted handoff included).
-struct Run {
-  const SchedSeq* seq;
-  int num_blocks;
-  bool preempted = false;
-  bool admitted_now = false;  // a handoff admitted in this step: never a victim in it
-};
-
 PriorityKey key_of(const SchedSeq& s) { return {s.priority, s.arrival}; }
 
 }  // namespace
@@ -45,19 +37,34 @@ bool Scheduler::can_admit_prompt(int num_prompt, int free_blocks, int total_bloc
   return blocks_for(num_prompt, config_.block_size) + watermark <= free_blocks;
 }
 
-SchedulerOutput Scheduler::schedule(const SchedulerInput& in) const {
-  KVSPLIT_CHECK(config_.block_size >= 1 && config_.max_num_seqs >= 1);
-  SchedulerOutput out;
-  int free = in.free_blocks;
+// The step's mutable view: free blocks, the running set (admitted handoffs join it), victims.
+struct Scheduler::StepState {
+  // The step's view of one running sequence (an admitted handoff included).
+  struct Run {
+    const SchedSeq* seq;
+    int num_blocks;
+    bool preempted = false;
+    bool admitted_now = false;  // a handoff admitted in this step: never a victim in it
+  };
+
+  const SchedulerInput& in;
+  int free;
   std::vector<Run> runs;
-  runs.reserve(in.running.size() + in.handoffs.size());
-  for (const SchedSeq& s : in.running) runs.push_back({&s, s.num_blocks});
+  std::vector<SchedSeq> admitted_seqs;        // backing store of admitted handoffs' Run::seq
+  std::vector<int32_t> preempted_priorities;  // victims of this step, waiting for blocks next
+  std::vector<PriorityKey> keys;
+  std::vector<size_t> key_run;
+
+  explicit StepState(const SchedulerInput& input) : in(input), free(input.free_blocks) {
+    runs.reserve(in.running.size() + in.handoffs.size());
+    admitted_seqs.reserve(in.handoffs.size());  // stable addresses
+    for (const SchedSeq& s : in.running) runs.push_back({&s, s.num_blocks});
+  }
 
   // Victim among the running sequences that may still be preempted and satisfy `eligible`:
   // lowest priority, then youngest (choose_preemption_victim, the one rule everywhere).
-  std::vector<PriorityKey> keys;
-  std::vector<size_t> key_run;
-  auto pick_victim = [&](auto eligible) -> int {
+  template <typename Eligible>
+  int pick_victim(Eligible eligible) {
     keys.clear();
     key_run.clear();
     for (size_t r = 0; r < runs.size(); ++r) {
@@ -67,18 +74,39 @@ SchedulerOutput Scheduler::schedule(const SchedulerInput& in) const {
     }
     const int k = choose_preemption_victim(keys);
     return k < 0 ? -1 : static_cast<int>(key_run[k]);
-  };
-  std::vector<int32_t> preempted_priorities;  // victims of this step, waiting for blocks next
-  auto preempt = [&](Run& v, PreemptReason reason, int for_id, int32_t for_priority) {
+  }
+  void preempt(Run& v, PreemptReason reason, int for_id, int32_t for_priority,
+               SchedulerOutput& out) {
     v.preempted = true;
     free += v.num_blocks;
     out.preempted.push_back({v.seq->id, reason, v.num_blocks, for_id, for_priority});
     preempted_priorities.push_back(v.seq->priority);
-  };
+  }
+};
 
-  // 1. Handoffs, in arrival order, no overtaking.
-  std::vector<SchedSeq> admitted_seqs;
-  admitted_seqs.reserve(in.handoffs.size());  // stable addresses for Run::seq
+SchedulerOutput Scheduler::admit_handoffs(const SchedulerInput& in) const {
+  KVSPLIT_CHECK(config_.block_size >= 1 && config_.max_num_seqs >= 1);
+  SchedulerOutput out;
+  StepState st(in);
+  admit(st, out);
+  out.free_blocks_after = st.free;
+  return out;
+}
+
+SchedulerOutput Scheduler::schedule(const SchedulerInput& in) const {
+  KVSPLIT_CHECK(config_.block_size >= 1 && config_.max_num_seqs >= 1);
+  SchedulerOutput out;
+  StepState st(in);
+  admit(st, out);
+  grow_decodes(st, out);
+  plan_prefill(st, out);
+  out.free_blocks_after = st.free;
+  return out;
+}
+
+// 1. Handoffs, in arrival order, no overtaking.
+void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
+  const SchedulerInput& in = st.in;
   int slots = config_.max_num_seqs - static_cast<int>(in.running.size() + in.waiting.size());
   for (const SchedHandoff& h : in.handoffs) {
     const int need = blocks_for(h.num_tokens, config_.block_size);
@@ -95,16 +123,17 @@ SchedulerOutput Scheduler::schedule(const SchedulerInput& in) const {
     bool blocked = std::any_of(in.waiting.begin(), in.waiting.end(), [&](const SchedSeq& w) {
       return w.num_blocks == 0 && w.priority >= h.priority;
     });
-    blocked = blocked || std::any_of(preempted_priorities.begin(), preempted_priorities.end(),
+    blocked = blocked || std::any_of(st.preempted_priorities.begin(),
+                                     st.preempted_priorities.end(),
                                      [&](int32_t p) { return p >= h.priority; });
     if (blocked) {
       out.handoff_wait = HandoffWait::kPreemptedFirst;
       break;
     }
-    if (need > free) {
+    if (need > st.free) {
       // Only strictly lower priorities, and only when that frees enough.
-      int available = free;
-      for (const Run& r : runs) {
+      int available = st.free;
+      for (const StepState::Run& r : st.runs) {
         if (!r.preempted && !r.admitted_now && r.seq->priority < h.priority) {
           available += r.num_blocks;
         }
@@ -113,13 +142,13 @@ SchedulerOutput Scheduler::schedule(const SchedulerInput& in) const {
         out.handoff_wait = HandoffWait::kNoBlocks;
         break;
       }
-      while (free < need) {
-        const int v = pick_victim([&](const Run& r) { return r.seq->priority < h.priority; });
+      while (st.free < need) {
+        const int v = st.pick_victim([&](const StepState::Run& r) { return r.seq->priority < h.priority; });
         KVSPLIT_CHECK(v >= 0);
-        preempt(runs[v], PreemptReason::kHandoff, h.id, h.priority);
+        st.preempt(st.runs[v], PreemptReason::kHandoff, h.id, h.priority, out);
       }
     }
-    free -= need;
+    st.free -= need;
     --slots;
     out.admitted.push_back({h.id, need});
     SchedSeq s;
@@ -128,92 +157,94 @@ SchedulerOutput Scheduler::schedule(const SchedulerInput& in) const {
     s.arrival = h.arrival;
     s.num_computed = h.num_tokens;
     s.num_blocks = need;
-    admitted_seqs.push_back(s);
-    runs.push_back({&admitted_seqs.back(), need, false, true});
+    st.admitted_seqs.push_back(s);
+    st.runs.push_back({&st.admitted_seqs.back(), need, false, true});
   }
+}
 
-  // 2. Decode: one token each, best served first.
+// 2. Decode: one token each, best served first.
+void Scheduler::grow_decodes(StepState& st, SchedulerOutput& out) const {
+  std::vector<StepState::Run>& runs = st.runs;
   std::vector<size_t> order(runs.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return serves_before(key_of(*runs[a].seq), key_of(*runs[b].seq));
   });
   for (size_t i = 0; i < order.size(); ++i) {
-    Run& r = runs[order[i]];
+    StepState::Run& r = runs[order[i]];
     if (r.preempted) continue;
     const int need =
         std::max(0, blocks_for(r.seq->num_computed + 1, config_.block_size) - r.num_blocks);
-    while (need > free && !r.preempted) {
+    while (need > st.free && !r.preempted) {
       // The sequence served last among those not yet grown this step (possibly r itself).
-      const int v = pick_victim([&](const Run& c) {
+      const int v = st.pick_victim([&](const StepState::Run& c) {
         return !serves_before(key_of(*c.seq), key_of(*r.seq)) || &c == &r;
       });
       if (v < 0) break;  // only handoffs admitted this step are left: r waits a step
-      preempt(runs[v], PreemptReason::kDecodeGrowth, r.seq->id, r.seq->priority);
+      st.preempt(runs[v], PreemptReason::kDecodeGrowth, r.seq->id, r.seq->priority, out);
     }
-    if (r.preempted || need > free) continue;
-    free -= need;
+    if (r.preempted || need > st.free) continue;
+    st.free -= need;
     r.num_blocks += need;
     out.decode.push_back({r.seq->id, need});
   }
+}
 
-  // 3. Prefill and recompute chunks under the token budget.
-  if (!in.waiting.empty()) {
-    int budget = config_.max_batch_tokens;
-    if (config_.decode_in_budget) {
-      budget = std::max(config_.max_batch_tokens - static_cast<int>(out.decode.size()),
-                        config_.min_chunk_tokens);
-    }
-    std::vector<const SchedSeq*> by_service;
-    for (const SchedSeq& w : in.waiting) by_service.push_back(&w);
-    std::stable_sort(by_service.begin(), by_service.end(), [](const SchedSeq* a, const SchedSeq* b) {
-      return serves_before(key_of(*a), key_of(*b));
-    });
-    struct Cand {
-      const SchedSeq* seq;
-      int new_blocks;
-    };
-    std::vector<Cand> cands;
-    bool reserving = true;  // the first that does not fit stops later ones from starting
-    for (const SchedSeq* w : by_service) {
-      if (w->num_computed >= w->target) continue;
-      if (blocks_for(w->target, config_.block_size) > in.total_blocks) {
-        out.never_fit.push_back(w->id);
-        continue;
-      }
-      const int need = std::max(0, blocks_for(w->target, config_.block_size) - w->num_blocks);
-      if (need > 0) {
-        if (!reserving || need > free) {
-          reserving = false;
-          continue;
-        }
-        free -= need;
-      }
-      cands.push_back({w, need});
-    }
-    // Round robin within a priority: the least recently served first.
-    std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
-      if (a.seq->priority != b.seq->priority) return a.seq->priority > b.seq->priority;
-      return a.seq->last_prefill_step < b.seq->last_prefill_step;
-    });
-    std::vector<int> remaining(cands.size());
-    for (size_t i = 0; i < cands.size(); ++i) {
-      remaining[i] = cands[i].seq->target - cands[i].seq->num_computed;
-    }
-    const std::vector<int> chunks =
-        plan_prefill_chunks(remaining, budget, config_.min_chunk_tokens);
-    for (size_t i = 0; i < cands.size(); ++i) {
-      if (chunks[i] == 0) {
-        free += cands[i].new_blocks;  // not started this step: its reservation is not made
-        continue;
-      }
-      const SchedSeq& s = *cands[i].seq;
-      out.prefill.push_back({s.id, s.num_computed, chunks[i], cands[i].new_blocks,
-                             s.num_computed + chunks[i] == s.target});
-    }
+// 3. Prefill and recompute chunks under the token budget.
+void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
+  const SchedulerInput& in = st.in;
+  if (in.waiting.empty()) return;
+  int budget = config_.max_batch_tokens;
+  if (config_.decode_in_budget) {
+    budget = std::max(config_.max_batch_tokens - static_cast<int>(out.decode.size()),
+                      config_.min_chunk_tokens);
   }
-  out.free_blocks_after = free;
-  return out;
+  std::vector<const SchedSeq*> by_service;
+  for (const SchedSeq& w : in.waiting) by_service.push_back(&w);
+  std::stable_sort(by_service.begin(), by_service.end(), [](const SchedSeq* a, const SchedSeq* b) {
+    return serves_before(key_of(*a), key_of(*b));
+  });
+  struct Cand {
+    const SchedSeq* seq;
+    int new_blocks;
+  };
+  std::vector<Cand> cands;
+  bool reserving = true;  // the first that does not fit stops later ones from starting
+  for (const SchedSeq* w : by_service) {
+    if (w->num_computed >= w->target) continue;
+    if (blocks_for(w->target, config_.block_size) > in.total_blocks) {
+      out.never_fit.push_back(w->id);
+      continue;
+    }
+    const int need = std::max(0, blocks_for(w->target, config_.block_size) - w->num_blocks);
+    if (need > 0) {
+      if (!reserving || need > st.free) {
+        reserving = false;
+        continue;
+      }
+      st.free -= need;
+    }
+    cands.push_back({w, need});
+  }
+  // Round robin within a priority: the least recently served first.
+  std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
+    if (a.seq->priority != b.seq->priority) return a.seq->priority > b.seq->priority;
+    return a.seq->last_prefill_step < b.seq->last_prefill_step;
+  });
+  std::vector<int> remaining(cands.size());
+  for (size_t i = 0; i < cands.size(); ++i) {
+    remaining[i] = cands[i].seq->target - cands[i].seq->num_computed;
+  }
+  const std::vector<int> chunks = plan_prefill_chunks(remaining, budget, config_.min_chunk_tokens);
+  for (size_t i = 0; i < cands.size(); ++i) {
+    if (chunks[i] == 0) {
+      st.free += cands[i].new_blocks;  // not started this step: its reservation is not made
+      continue;
+    }
+    const SchedSeq& s = *cands[i].seq;
+    out.prefill.push_back({s.id, s.num_computed, chunks[i], cands[i].new_blocks,
+                           s.num_computed + chunks[i] == s.target});
+  }
 }
 
 }  // namespace kvsplit::sched

@@ -4,7 +4,8 @@
 // inbox, KvPool, model runner) and model::generate_batch (the CLI path) both apply its output.
 //
 // One step, in order:
-//   1. handoffs: received KV handoffs are admitted in arrival order while a sequence slot and
+//   1. handoffs: received KV handoffs are admitted in the order given (the worker keeps them in
+//      service order) while a sequence slot and
 //      their blocks are free (no overtaking); a handoff may preempt running sequences of
 //      strictly lower priority when that frees enough, never equal ones (no preemption storms);
 //      it waits while a preempted sequence of at least its priority still waits for blocks;
@@ -60,7 +61,7 @@ struct SchedHandoff {
 struct SchedulerInput {
   std::span<const SchedSeq> running;        // decoding
   std::span<const SchedSeq> waiting;        // prefill or recompute
-  std::span<const SchedHandoff> handoffs;   // in arrival order
+  std::span<const SchedHandoff> handoffs;   // admitted in this order (no overtaking)
   int free_blocks = 0;                      // free blocks of the worker's pool
   int total_blocks = 0;                     // blocks of the whole pool
   int64_t step = 0;                         // the worker's step number
@@ -121,7 +122,11 @@ class Scheduler {
  public:
   explicit Scheduler(SchedulerConfig config) : config_(config) {}
 
+  // The whole step: handoffs, decode rows, prefill chunks (in.handoffs may be empty).
   SchedulerOutput schedule(const SchedulerInput& in) const;
+  // Step 1 alone (admitted, preempted, handoff_wait, never_fit): a worker admits handoffs at its
+  // step boundary even when no forward pass follows, then calls schedule() without handoffs.
+  SchedulerOutput admit_handoffs(const SchedulerInput& in) const;
 
   // Whether a new prompt of `num_prompt` tokens may be admitted now (pulled from the router):
   // a slot is free, and its blocks fit with a watermark of 1% of the pool (at least one block)
@@ -132,6 +137,11 @@ class Scheduler {
   const SchedulerConfig& config() const { return config_; }
 
  private:
+  struct StepState;
+  void admit(StepState& st, SchedulerOutput& out) const;
+  void grow_decodes(StepState& st, SchedulerOutput& out) const;
+  void plan_prefill(StepState& st, SchedulerOutput& out) const;
+
   SchedulerConfig config_;
 };
 

@@ -28,7 +28,10 @@ Worker::Worker(WorkerOptions options, std::unique_ptr<backend::Backend> backend,
       model_(std::move(model)),
       pool_(std::move(pool)),
       shared_(shared),
-      total_blocks_(pool_->allocator().num_blocks()) {
+      total_blocks_(pool_->allocator().num_blocks()),
+      scheduler_(SchedulerConfig{pool_->block_size(), options_.max_batch_tokens,
+                                 options_.min_chunk_tokens, options_.max_num_seqs,
+                                 /*decode_in_budget=*/options_.role == WorkerRole::kColocated}) {
   KVSPLIT_CHECK(shared_ != nullptr && shared_->sink != nullptr);
   KVSPLIT_CHECK(options_.max_num_seqs >= 1 && options_.max_batch_tokens >= 1);
   free_blocks_.store(pool_->allocator().num_free());
@@ -218,14 +221,13 @@ void Worker::reap_cancelled(Clock::time_point now) {
 void Worker::admit_from_router(Clock::time_point now) {
   if (options_.role == WorkerRole::kDecode || shared_->router == nullptr) return;
   if (has_unreserved_waiting(std::numeric_limits<int32_t>::min())) return;
-  // Colocated pools keep a small watermark free for the running sequences' growth.
-  const int watermark =
-      running_.empty() ? 0 : std::max(1, total_blocks_ / 100);
-  while (running_.size() + waiting_.size() < static_cast<size_t>(options_.max_num_seqs) &&
-         waiting_.size() < static_cast<size_t>(options_.max_prefill_seqs)) {
+  // Scheduler::can_admit_prompt keeps a watermark free for the running sequences' growth.
+  while (waiting_.size() < static_cast<size_t>(options_.max_prefill_seqs)) {
     const int free_blocks = pool_->allocator().num_free();
+    const int owned = static_cast<int>(running_.size() + waiting_.size());
     std::unique_ptr<Sequence> seq = shared_->router->pop_if([&](const Sequence& s) {
-      return kv::BlockTable::blocks_for(s.num_prompt, pool_->block_size()) + watermark <= free_blocks;
+      return scheduler_.can_admit_prompt(s.num_prompt, free_blocks, total_blocks_,
+                                         static_cast<int>(running_.size()), owned);
     });
     if (!seq) break;
     seq->enter_phase(SeqPhase::kPrefill, now);

@@ -29,6 +29,7 @@
 #include "sched/kv_handoff.h"
 #include "sched/policy.h"
 #include "sched/router.h"
+#include "sched/scheduler.h"
 #include "sched/sequence.h"
 #include "sched/step_model.h"
 
@@ -131,9 +132,12 @@ class Worker {
   // logits [rows, vocab] of the kSampleRow entries, ids of the kSampleArgmax ones, in batch order.
   void postprocess(std::vector<float>& logits, const std::vector<int32_t>& ids, Clock::time_point now);
   void sample_rows(Clock::time_point now);  // sample_jobs_ -> sample_reasons_
-  bool preempt_for(const HandoffOffer& offer, int need_blocks, Clock::time_point now);
   void compact(Clock::time_point now);
-  void preempt(Sequence& seq, Clock::time_point now);
+  // Scheduler input over the sequences staying in running_ / waiting_ (ids: running index, then
+  // kWaitingBase + waiting index, then kHandoffBase + pending_ index).
+  SchedulerInput scheduler_input(bool with_handoffs);
+  void apply_preemptions(const SchedulerOutput& out, Clock::time_point now);
+  void preempt(Sequence& seq, const Preemption& why, Clock::time_point now);
   void handoff(std::unique_ptr<Sequence> seq, Clock::time_point now);
   void finish(Sequence& seq, FinishReason reason, Status status, Clock::time_point now);
   void finish_offer(HandoffOffer& offer, FinishReason reason, Status status, Clock::time_point now);
@@ -147,6 +151,10 @@ class Worker {
   std::unique_ptr<kv::KvPool> pool_;
   WorkerShared* shared_;
   const int total_blocks_;
+  const Scheduler scheduler_;
+  static constexpr int kWaitingBase = 1 << 24, kHandoffBase = 1 << 25;
+  std::vector<SchedSeq> sched_running_, sched_waiting_;
+  std::vector<SchedHandoff> sched_handoffs_;
 
   // Inbox (guarded by mu_).
   std::mutex mu_;

@@ -1,8 +1,8 @@
 // Worker: the KV handoff in disaggregated mode. Source side: handoff() posts an offer and pins
 // the pages, reclaim_undelivered() takes back offers a destination did not receive in time (or
-// that were cancelled in flight). Destination side: admit_offers() admits received offers when a
-// slot and blocks are free (back-pressure, not an error), preempt_for() makes room for a higher
-// priority. The protocol is described in kv_handoff.h.
+// that were cancelled in flight). Destination side: admit_offers() applies the Scheduler's
+// admissions (a slot and blocks free; back-pressure, not an error, otherwise) and its preemptions
+// for a higher priority. The protocol is described in kv_handoff.h.
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -112,59 +112,44 @@ void Worker::admit_offers(Clock::time_point now) {
     }
     it = pending_.erase(it);
   }
-  // Admit in service order; stop at the first that does not fit (no overtaking). Not fitting is
-  // back-pressure: the offer waits (the source keeps its pages pinned) until room frees.
-  while (!pending_.empty()) {
-    if (running_.size() + waiting_.size() >= static_cast<size_t>(options_.max_num_seqs)) break;
-    HandoffOffer& o = pending_.front();
-    if (has_unreserved_waiting(o.seq->priority)) break;  // preempted sequences get blocks first
+  // The Scheduler admits in arrival order and stops at the first that does not fit (no
+  // overtaking); not fitting is back-pressure: the offer waits (the source keeps its pages
+  // pinned) until room frees. It may preempt strictly lower priorities for an offer.
+  const SchedulerOutput out = scheduler_.admit_handoffs(scheduler_input(/*with_handoffs=*/true));
+  apply_preemptions(out, now);
+  std::vector<bool> leaves(pending_.size(), false);
+  for (int id : out.never_fit) {  // admission checks every pool's size; a smaller pool is a bug
+    HandoffOffer& o = pending_[id - kHandoffBase];
+    leaves[id - kHandoffBase] = true;
+    finish_offer(o, FinishReason::kError,
+                 internal_error(fmt::format("KV handoff of {} tokens exceeds the {} blocks of {}",
+                                            o.num_tokens, total_blocks_, options_.name)),
+                 now);
+  }
+  for (const HandoffAdmission& a : out.admitted) {
+    HandoffOffer& o = pending_[a.id - kHandoffBase];
+    leaves[a.id - kHandoffBase] = true;
     kv::BlockTable table;
-    if (!pool_->reserve(table, o.num_tokens)) {
-      const int need = kv::BlockTable::blocks_for(o.num_tokens, pool_->block_size());
-      if (!preempt_for(o, need, now) || !pool_->reserve(table, o.num_tokens)) break;
-    }
+    KVSPLIT_CHECK(pool_->reserve(table, o.num_tokens));
     Status st = copy_kv_blocks(*o.source_pool, o.source_blocks, *pool_, table.blocks);
     std::unique_ptr<Sequence> seq = std::move(o.seq);
     o.source->post_done(HandoffDone{o.handoff_id});
     incoming_blocks_.fetch_sub(kv::BlockTable::blocks_for(o.num_tokens + 1, pool_->block_size()),
                                std::memory_order_relaxed);
-    const int num_tokens = o.num_tokens;
-    pending_.pop_front();
     if (!st.ok()) {
       pool_->release(table);
       finish(*seq, FinishReason::kError, st.with_prefix("KV handoff"), now);
       continue;
     }
     seq->table = std::move(table);
-    seq->num_computed = num_tokens;
+    seq->num_computed = o.num_tokens;
     seq->enter_phase(SeqPhase::kDecode, now);
     running_.push_back(std::move(seq));
   }
-}
-
-// Frees blocks for `offer` by preempting running sequences of strictly lower priority (lowest,
-// then youngest, first), only when that frees enough. Equal priorities never preempt each other
-// here (they wait), so admission cannot cause a preemption storm.
-bool Worker::preempt_for(const HandoffOffer& offer, int need_blocks, Clock::time_point now) {
-  std::vector<Sequence*> victims;
-  int available = pool_->allocator().num_free();
-  for (const std::unique_ptr<Sequence>& r : running_) {
-    if (r->next == Sequence::Next::kStay && r->priority < offer.seq->priority) {
-      victims.push_back(r.get());
-      available += static_cast<int>(r->table.blocks.size());
-    }
+  size_t k = 0;
+  for (auto it = pending_.begin(); it != pending_.end(); ++k) {
+    it = leaves[k] ? pending_.erase(it) : std::next(it);
   }
-  if (available < need_blocks) return false;
-  std::sort(victims.begin(), victims.end(), [](const Sequence* a, const Sequence* b) {
-    return serves_before({b->priority, b->arrival}, {a->priority, a->arrival});  // worst first
-  });
-  for (Sequence* v : victims) {
-    if (pool_->allocator().num_free() >= need_blocks) break;
-    KVSPLIT_LOG_WARN("{}: preempting request {} (priority {}) for handoff of {} (priority {})",
-                     options_.name, v->id(), v->priority, offer.seq->id(), offer.seq->priority);
-    preempt(*v, now);
-  }
-  return true;
 }
 
 bool Worker::has_unreserved_waiting(int32_t priority) const {

@@ -10,10 +10,6 @@
 namespace kvsplit::sched {
 namespace {
 
-bool by_service_order(const std::unique_ptr<Sequence>& a, const std::unique_ptr<Sequence>& b) {
-  return serves_before({a->priority, a->arrival}, {b->priority, b->arrival});
-}
-
 int64_t ns_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
 }
@@ -64,9 +60,11 @@ bool Worker::step() {
   return true;
 }
 
-void Worker::preempt(Sequence& seq, Clock::time_point now) {
-  KVSPLIT_LOG_WARN("{}: preempting request {} (priority {}) by recompute: {} tokens of KV dropped",
-                   options_.name, seq.id(), seq.priority, seq.num_computed);
+void Worker::preempt(Sequence& seq, const Preemption& why, Clock::time_point now) {
+  KVSPLIT_LOG_WARN("{}: preempting request {} (priority {}) by recompute ({} of a request of "
+                   "priority {}): {} tokens of KV dropped",
+                   options_.name, seq.id(), seq.priority, preempt_reason_name(why.reason),
+                   why.for_priority, seq.num_computed);
   pool_->release(seq.table);
   seq.table = {};
   seq.num_computed = 0;
@@ -76,24 +74,70 @@ void Worker::preempt(Sequence& seq, Clock::time_point now) {
   shared_->preemptions.fetch_add(1, std::memory_order_relaxed);
 }
 
+SchedulerInput Worker::scheduler_input(bool with_handoffs) {
+  sched_running_.clear();
+  sched_waiting_.clear();
+  sched_handoffs_.clear();
+  auto view = [](const Sequence& seq, int id) {
+    SchedSeq s;
+    s.id = id;
+    s.priority = seq.priority;
+    s.arrival = seq.arrival;
+    s.num_computed = seq.num_computed;
+    s.num_blocks = static_cast<int>(seq.table.blocks.size());
+    s.last_prefill_step = seq.last_prefill_step;
+    return s;
+  };
+  for (size_t i = 0; i < running_.size(); ++i) {
+    if (running_[i]->next == Sequence::Next::kStay)
+      sched_running_.push_back(view(*running_[i], static_cast<int>(i)));
+  }
+  for (size_t i = 0; i < waiting_.size(); ++i) {
+    if (waiting_[i]->next != Sequence::Next::kStay) continue;
+    SchedSeq s = view(*waiting_[i], kWaitingBase + static_cast<int>(i));
+    s.target = waiting_[i]->prefill_target();
+    sched_waiting_.push_back(s);
+  }
+  if (with_handoffs) {
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      const Sequence& seq = *pending_[i].seq;
+      sched_handoffs_.push_back(
+          {kHandoffBase + static_cast<int>(i), seq.priority, seq.arrival, pending_[i].num_tokens});
+    }
+  }
+  SchedulerInput in;
+  in.running = sched_running_;
+  in.waiting = sched_waiting_;
+  in.handoffs = sched_handoffs_;
+  in.free_blocks = pool_->allocator().num_free();
+  in.total_blocks = total_blocks_;
+  in.step = steps_.load(std::memory_order_relaxed);
+  return in;
+}
+
+void Worker::apply_preemptions(const SchedulerOutput& out, Clock::time_point now) {
+  for (const Preemption& p : out.preempted) {
+    KVSPLIT_CHECK(p.id < kWaitingBase);
+    preempt(*running_[p.id], p, now);
+  }
+}
+
 void Worker::schedule(Clock::time_point now) {
   batch_.clear();
-  int decode_tokens = 0;
-  // Decode: one token for every running sequence, best served first; when the pool is full the
-  // sequence served last gives its blocks back (recompute later), possibly the current one.
-  std::sort(running_.begin(), running_.end(), by_service_order);
-  for (size_t i = 0; i < running_.size(); ++i) {
-    Sequence& seq = *running_[i];
-    if (seq.next != Sequence::Next::kStay) continue;
-    while (!pool_->reserve(seq.table, seq.num_computed + 1)) {
-      size_t victim = running_.size();
-      while (victim-- > i) {
-        if (running_[victim]->next == Sequence::Next::kStay) break;
-      }
-      preempt(*running_[victim], now);
-      if (victim == i) break;
-    }
-    if (seq.next != Sequence::Next::kStay) continue;
+  const SchedulerOutput out = scheduler_.schedule(scheduler_input(/*with_handoffs=*/false));
+  apply_preemptions(out, now);
+  for (int id : out.never_fit) {  // admission checks the pool size; a smaller pool is a bug
+    Sequence& seq = *waiting_[id - kWaitingBase];
+    finish(seq, FinishReason::kError,
+           internal_error(fmt::format("request {} needs KV for {} tokens, more than the {} "
+                                      "blocks of {} tokens of {}",
+                                      seq.id(), seq.prefill_target(), total_blocks_,
+                                      pool_->block_size(), options_.name)),
+           now);
+  }
+  for (const DecodeRow& d : out.decode) {
+    Sequence& seq = *running_[d.id];
+    KVSPLIT_CHECK(pool_->reserve(seq.table, seq.num_computed + 1));
     model::SeqStep s;
     s.tokens = std::span<const int32_t>(seq.tokens.data() + seq.num_computed, 1);
     s.start_pos = seq.num_computed;
@@ -103,50 +147,19 @@ void Worker::schedule(Clock::time_point now) {
     batch_.steps.push_back(s);
     batch_.seqs.push_back(&seq);
     batch_.samples.push_back(argmax ? kSampleArgmax : kSampleRow);
-    ++decode_tokens;
   }
-
-  // Prefill / recompute chunks under the token budget, fair-shared in service order.
-  if (waiting_.empty()) return;
-  int budget = options_.max_batch_tokens;
-  if (options_.role == WorkerRole::kColocated) {
-    budget = std::max(options_.max_batch_tokens - decode_tokens, options_.min_chunk_tokens);
-  }
-  std::sort(waiting_.begin(), waiting_.end(), by_service_order);
-  std::vector<Sequence*> cands;
-  std::vector<int> remaining;
-  for (const std::unique_ptr<Sequence>& p : waiting_) {
-    Sequence& seq = *p;
-    if (seq.next != Sequence::Next::kStay) continue;
-    if (seq.table.blocks.empty() && !pool_->reserve(seq.table, seq.prefill_target())) break;
-    cands.push_back(&seq);
-    remaining.push_back(seq.prefill_target() - seq.num_computed);
-  }
-  // Within a priority level the least recently served prompt goes first (round robin), so a
-  // new short prompt gets a chunk in the next step however many long ones are in progress.
-  std::vector<int> order(cands.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    if (cands[a]->priority != cands[b]->priority) return cands[a]->priority > cands[b]->priority;
-    return cands[a]->last_prefill_step < cands[b]->last_prefill_step;
-  });
-  std::vector<int> ordered_remaining(order.size());
-  for (size_t i = 0; i < order.size(); ++i) ordered_remaining[i] = remaining[order[i]];
-  const std::vector<int> chunks =
-      plan_prefill_chunks(ordered_remaining, budget, options_.min_chunk_tokens);
   const int64_t step_no = steps_.load(std::memory_order_relaxed);
-  for (size_t i = 0; i < order.size(); ++i) {
-    if (chunks[i] == 0) continue;
-    Sequence& seq = *cands[order[i]];
+  for (const PrefillChunk& c : out.prefill) {
+    Sequence& seq = *waiting_[c.id - kWaitingBase];
+    if (c.new_blocks > 0) KVSPLIT_CHECK(pool_->reserve(seq.table, seq.prefill_target()));
     seq.last_prefill_step = step_no;
     if (seq.phase == SeqPhase::kQueued) seq.enter_phase(SeqPhase::kPrefill, now);
     model::SeqStep s;
-    s.tokens = std::span<const int32_t>(seq.tokens.data() + seq.num_computed, chunks[i]);
+    s.tokens = std::span<const int32_t>(seq.tokens.data() + seq.num_computed, c.tokens);
     s.start_pos = seq.num_computed;
     s.table = &seq.table;
     // The first token is sampled after the prompt's last chunk; a recompute samples nothing.
-    const bool last = seq.num_computed + chunks[i] == seq.prefill_target();
-    const bool sample = last && seq.num_output() == 0;
+    const bool sample = c.last && seq.num_output() == 0;
     const bool argmax = sample && greedy_without_logits(seq);
     s.logits = !sample ? model::SeqStep::Logits::kNone
                        : (argmax ? model::SeqStep::Logits::kArgmax : model::SeqStep::Logits::kLast);
