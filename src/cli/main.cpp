@@ -14,7 +14,7 @@
 
 #include "backend/backend.h"
 #include "kv/kv_pool.h"
-#include "model/batch_generate.h"
+#include "sched/batch_generate.h"
 #include "model/default_model.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
@@ -123,7 +123,7 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   const uint64_t base_seed =
       gf.seed >= 0 ? static_cast<uint64_t>(gf.seed)
                    : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  std::vector<model::GenerationInput> inputs(prompts.size());
+  std::vector<sched::GenerationInput> inputs(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto ids = loaded->tokenizer->encode(prompts[i], /*add_bos=*/true);
     if (!ids.ok()) return fail(ids.status());
@@ -144,11 +144,11 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
 
   kv::KvPoolConfig pc;
   pc.block_size = gf.block_size;
-  pc.num_blocks = std::max(1, model::blocks_needed(inputs, gf.block_size, cfg.max_seq_len));
+  pc.num_blocks = std::max(1, sched::blocks_needed(inputs, gf.block_size, cfg.max_seq_len));
   auto pool = kv::KvPool::create(**backend, pc, (*llama)->kv_shape());
   if (!pool.ok()) return fail(pool.status());
 
-  model::BatchOptions bo;
+  sched::BatchOptions bo;
   bo.max_batch_tokens = gf.max_batch_tokens;
   bo.forward.force_chunk_tokens = gf.split_chunk;
   const bool stream = !gf.json && prompts.size() == 1;
@@ -159,13 +159,13 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
     };
   }
   const auto t0 = std::chrono::steady_clock::now();
-  auto out = model::generate_batch(**llama, **pool, loaded->tokenizer.get(), inputs, bo);
+  auto out = sched::generate_batch(**llama, **pool, loaded->tokenizer.get(), inputs, bo);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!out.ok()) return fail(out.status());
 
   size_t generated = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    const model::GenerationOutput& o = (*out)[i];
+    const sched::GenerationOutput& o = (*out)[i];
     generated += o.output_ids.size();
     if (gf.json) {
       nlohmann::json j;

@@ -173,6 +173,10 @@ void Scheduler::grow_decodes(StepState& st, SchedulerOutput& out) const {
   for (size_t i = 0; i < order.size(); ++i) {
     StepState::Run& r = runs[order[i]];
     if (r.preempted) continue;
+    if (blocks_for(r.seq->num_computed + 1, config_.block_size) > st.in.total_blocks) {
+      out.never_fit.push_back(r.seq->id);  // its next token needs more than the whole pool
+      continue;
+    }
     const int need =
         std::max(0, blocks_for(r.seq->num_computed + 1, config_.block_size) - r.num_blocks);
     while (need > st.free && !r.preempted) {

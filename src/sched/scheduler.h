@@ -111,8 +111,8 @@ struct SchedulerOutput {
   std::vector<DecodeRow> decode;
   std::vector<PrefillChunk> prefill;
   HandoffWait handoff_wait = HandoffWait::kNone;
-  // Waiting sequences (or handoffs) whose KV needs more blocks than the whole pool has: they can
-  // never run here and block nothing; the caller fails them.
+  // Sequences (running, waiting or handoffs) whose KV needs more blocks than the whole pool has:
+  // they can never run here and block nothing; the caller fails them.
   std::vector<int> never_fit;
   int free_blocks_after = 0;  // free blocks once everything above is applied
   int num_tokens() const;     // tokens in the step's batch

@@ -127,11 +127,11 @@ void Worker::schedule(Clock::time_point now) {
   const SchedulerOutput out = scheduler_.schedule(scheduler_input(/*with_handoffs=*/false));
   apply_preemptions(out, now);
   for (int id : out.never_fit) {  // admission checks the pool size; a smaller pool is a bug
-    Sequence& seq = *waiting_[id - kWaitingBase];
+    Sequence& seq = id < kWaitingBase ? *running_[id] : *waiting_[id - kWaitingBase];
     finish(seq, FinishReason::kError,
            internal_error(fmt::format("request {} needs KV for {} tokens, more than the {} "
                                       "blocks of {} tokens of {}",
-                                      seq.id(), seq.prefill_target(), total_blocks_,
+                                      seq.id(), std::max(seq.prefill_target(), seq.num_computed + 1), total_blocks_,
                                       pool_->block_size(), options_.name)),
            now);
   }

@@ -12,10 +12,10 @@
 namespace kvsplit::testing {
 namespace {
 
-std::vector<model::GenerationInput> golden_inputs(const model::Tokenizer& tok) {
-  std::vector<model::GenerationInput> inputs;
+std::vector<sched::GenerationInput> golden_inputs(const model::Tokenizer& tok) {
+  std::vector<sched::GenerationInput> inputs;
   for (const auto& c : read_jsonl(model_path("golden/stories260K_greedy.jsonl"))) {
-    model::GenerationInput in;
+    sched::GenerationInput in;
     in.prompt_ids = *tok.encode(c["prompt"].get<std::string>(), true);
     in.params = greedy(c["steps"].get<int>() - static_cast<int>(in.prompt_ids.size()) + 1);
     inputs.push_back(in);
@@ -39,10 +39,10 @@ TEST_P(BatchTest, GoldenPromptsTogetherEqualAlone) {
   const auto cases = read_jsonl(model_path("golden/stories260K_greedy.jsonl"));
   const auto inputs = golden_inputs(*engine_->loaded.tokenizer);
   for (int budget : {7, 64, 4096}) {
-    model::BatchOptions bo;
+    sched::BatchOptions bo;
     bo.max_batch_tokens = budget;
     bo.max_new_prompts_per_step = 1;
-    auto out = model::generate_batch(*engine_->model, *engine_->pool, engine_->loaded.tokenizer.get(), inputs, bo);
+    auto out = sched::generate_batch(*engine_->model, *engine_->pool, engine_->loaded.tokenizer.get(), inputs, bo);
     ASSERT_TRUE(out.ok()) << out.status().to_string();
     for (size_t i = 0; i < inputs.size(); ++i) {
       EXPECT_EQ((*out)[i].output_ids, cases[i]["output_token_ids"].get<std::vector<int32_t>>())
@@ -50,6 +50,25 @@ TEST_P(BatchTest, GoldenPromptsTogetherEqualAlone) {
     }
     EXPECT_EQ(engine_->pool->allocator().num_free(), engine_->pool->allocator().num_blocks());
   }
+}
+
+// A pool far smaller than the batch needs: the Scheduler preempts (recompute) instead of failing,
+// and every output is still the golden (recompute gives the same KV bit for bit).
+TEST_P(BatchTest, SmallPoolPreemptsAndStillMatchesGoldens) {
+  const auto cases = read_jsonl(model_path("golden/stories260K_greedy.jsonl"));
+  const auto inputs = golden_inputs(*engine_->loaded.tokenizer);
+  auto small = make_engine(GetParam(), 2, /*num_blocks=*/24);  // 384 positions for ~2000 needed
+  ASSERT_NE(small, nullptr);
+  auto out = sched::generate_batch(*small->model, *small->pool, small->loaded.tokenizer.get(),
+                                   inputs, {});
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  int preemptions = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    EXPECT_EQ((*out)[i].output_ids, cases[i]["output_token_ids"].get<std::vector<int32_t>>()) << i;
+    preemptions += (*out)[i].preemptions;
+  }
+  EXPECT_GT(preemptions, 0);
+  EXPECT_EQ(small->pool->allocator().num_free(), small->pool->allocator().num_blocks());
 }
 
 // Logits rows are bitwise identical alone and in a batch (the GEMM's summation order does not
@@ -99,9 +118,9 @@ TEST_P(BatchTest, ForcedSplitKGivesSameTokens) {
   const auto cases = read_jsonl(model_path("golden/stories260K_greedy.jsonl"));
   const auto inputs = golden_inputs(*engine_->loaded.tokenizer);
   for (int chunk : {16, 48}) {
-    model::BatchOptions bo;
+    sched::BatchOptions bo;
     bo.forward.force_chunk_tokens = chunk;
-    auto out = model::generate_batch(*engine_->model, *engine_->pool, engine_->loaded.tokenizer.get(), inputs, bo);
+    auto out = sched::generate_batch(*engine_->model, *engine_->pool, engine_->loaded.tokenizer.get(), inputs, bo);
     ASSERT_TRUE(out.ok()) << out.status().to_string();
     for (size_t i = 0; i < inputs.size(); ++i) {
       EXPECT_EQ((*out)[i].output_ids, cases[i]["output_token_ids"].get<std::vector<int32_t>>())
@@ -112,31 +131,31 @@ TEST_P(BatchTest, ForcedSplitKGivesSameTokens) {
 
 TEST_P(BatchTest, PromptLongerThanContextIsAnErrorAndLeaksNothing) {
   const int ctx = engine_->model->config().max_seq_len;
-  model::GenerationInput ok_in;
+  sched::GenerationInput ok_in;
   ok_in.prompt_ids = {1, 403, 407};
   ok_in.params = greedy(8);
-  model::GenerationInput long_in;
+  sched::GenerationInput long_in;
   long_in.prompt_ids.assign(ctx + 1, 300);
   long_in.params = greedy(8);
-  auto out = model::generate_batch(*engine_->model, *engine_->pool, nullptr, {ok_in, long_in});
+  auto out = sched::generate_batch(*engine_->model, *engine_->pool, nullptr, {ok_in, long_in});
   ASSERT_FALSE(out.ok());
   EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(out.status().message().find("longer than the context"), std::string::npos) << out.status().message();
   EXPECT_EQ(engine_->pool->allocator().num_free(), engine_->pool->allocator().num_blocks());
 
-  model::GenerationInput empty_in;
+  sched::GenerationInput empty_in;
   empty_in.params = greedy(8);
-  out = model::generate_batch(*engine_->model, *engine_->pool, nullptr, {empty_in});
+  out = sched::generate_batch(*engine_->model, *engine_->pool, nullptr, {empty_in});
   EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument);
 
-  model::GenerationInput bad_id = ok_in;
+  sched::GenerationInput bad_id = ok_in;
   bad_id.prompt_ids.push_back(100000);
-  out = model::generate_batch(*engine_->model, *engine_->pool, nullptr, {bad_id});
+  out = sched::generate_batch(*engine_->model, *engine_->pool, nullptr, {bad_id});
   EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument);
 
-  model::GenerationInput bad_param = ok_in;
+  sched::GenerationInput bad_param = ok_in;
   bad_param.params.temperature = -1.f;
-  out = model::generate_batch(*engine_->model, *engine_->pool, nullptr, {bad_param});
+  out = sched::generate_batch(*engine_->model, *engine_->pool, nullptr, {bad_param});
   EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(engine_->pool->allocator().num_free(), engine_->pool->allocator().num_blocks());
 }
@@ -144,11 +163,11 @@ TEST_P(BatchTest, PromptLongerThanContextIsAnErrorAndLeaksNothing) {
 // A prompt that fills the context exactly still yields its one prefill token, then stops.
 TEST_P(BatchTest, GenerationStopsAtTheContextLength) {
   const int ctx = engine_->model->config().max_seq_len;
-  model::GenerationInput in;
+  sched::GenerationInput in;
   in.prompt_ids = {1, 403, 407, 261, 378};
   in.params = greedy(10000);
   in.params.ignore_eos = true;
-  auto out = model::generate_batch(*engine_->model, *engine_->pool, nullptr, {in});
+  auto out = sched::generate_batch(*engine_->model, *engine_->pool, nullptr, {in});
   ASSERT_TRUE(out.ok()) << out.status().to_string();
   EXPECT_EQ(static_cast<int>((*out)[0].output_ids.size()), ctx - 5 + 1);
   EXPECT_EQ((*out)[0].finish_reason, FinishReason::kLength);
@@ -157,10 +176,10 @@ TEST_P(BatchTest, GenerationStopsAtTheContextLength) {
 TEST_P(BatchTest, TooSmallPoolIsResourceExhaustedAndLeaksNothing) {
   auto small = make_engine(GetParam(), 1, /*num_blocks=*/3);
   ASSERT_NE(small, nullptr);
-  model::GenerationInput in;
+  sched::GenerationInput in;
   in.prompt_ids = {1, 403, 407, 261, 378};
   in.params = greedy(200);
-  auto out = model::generate_batch(*small->model, *small->pool, nullptr, {in});
+  auto out = sched::generate_batch(*small->model, *small->pool, nullptr, {in});
   ASSERT_FALSE(out.ok());
   EXPECT_EQ(out.status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(small->pool->allocator().num_free(), small->pool->allocator().num_blocks());

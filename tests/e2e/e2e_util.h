@@ -10,7 +10,7 @@
 
 #include "backend/backend.h"
 #include "kv/kv_pool.h"
-#include "model/batch_generate.h"
+#include "sched/batch_generate.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
 #include "test_util.h"

@@ -29,10 +29,10 @@ TEST_P(GoldenTest, GreedyGenerationsMatchRunC) {
     auto ids = engine_->loaded.tokenizer->encode(prompt, true);
     ASSERT_TRUE(ids.ok());
     ASSERT_EQ(*ids, c["prompt_token_ids"].get<std::vector<int32_t>>()) << prompt;
-    model::GenerationInput in;
+    sched::GenerationInput in;
     in.prompt_ids = *ids;
     in.params = greedy(c["steps"].get<int>() - static_cast<int>(ids->size()) + 1);
-    auto out = model::generate_batch(*engine_->model, *engine_->pool, engine_->loaded.tokenizer.get(), {in});
+    auto out = sched::generate_batch(*engine_->model, *engine_->pool, engine_->loaded.tokenizer.get(), {in});
     ASSERT_TRUE(out.ok()) << out.status().to_string();
     EXPECT_EQ((*out)[0].output_ids, c["output_token_ids"].get<std::vector<int32_t>>())
         << GetParam() << " prompt '" << prompt << "' steps " << c["steps"];
@@ -136,13 +136,13 @@ TEST_P(GoldenTest, SampledGenerationsMatchRunC) {
   const auto cases = read_jsonl(model_path("golden/stories260K_sampled.jsonl"));
   ASSERT_FALSE(cases.empty());
   for (const auto& c : cases) {
-    model::GenerationInput in;
+    sched::GenerationInput in;
     in.prompt_ids = c["prompt_token_ids"].get<std::vector<int32_t>>();
     in.params.temperature = c["temperature"].get<float>();
     in.params.top_p = c["topp"].get<float>();
     in.params.seed = c["seed"].get<uint64_t>();
     in.params.max_tokens = c["steps"].get<int>() - static_cast<int>(in.prompt_ids.size()) + 1;
-    auto out = model::generate_batch(*engine_->model, *engine_->pool, engine_->loaded.tokenizer.get(), {in});
+    auto out = sched::generate_batch(*engine_->model, *engine_->pool, engine_->loaded.tokenizer.get(), {in});
     ASSERT_TRUE(out.ok()) << out.status().to_string();
     EXPECT_EQ((*out)[0].output_ids, c["output_token_ids"].get<std::vector<int32_t>>())
         << "seed " << c["seed"] << " t " << c["temperature"] << " p " << c["topp"];

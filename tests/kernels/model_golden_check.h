@@ -14,7 +14,7 @@
 
 #include "backend/backend.h"
 #include "kv/kv_pool.h"
-#include "model/batch_generate.h"
+#include "sched/batch_generate.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
 #include "sampling/sampler.h"
@@ -112,11 +112,11 @@ inline LogitsError golden_logits_error(GoldenModel& g, int chunk) {
 inline void expect_greedy_goldens(GoldenModel& g, int max_steps, int max_cases, int chunk = -1,
                                   int max_new = -1) {
   const auto cases = read_jsonl(model_path("golden/stories260K_greedy.jsonl"));
-  std::vector<model::GenerationInput> inputs;
+  std::vector<sched::GenerationInput> inputs;
   std::vector<std::vector<int32_t>> want;
   for (const auto& c : cases) {
     if (c["steps"].get<int>() > max_steps || static_cast<int>(inputs.size()) >= max_cases) continue;
-    model::GenerationInput in;
+    sched::GenerationInput in;
     in.prompt_ids = c["prompt_token_ids"].get<std::vector<int32_t>>();
     in.params.temperature = 0.f;
     in.params.max_tokens = c["steps"].get<int>() - static_cast<int>(in.prompt_ids.size()) + 1;
@@ -129,9 +129,9 @@ inline void expect_greedy_goldens(GoldenModel& g, int max_steps, int max_cases, 
     want.push_back(std::move(golden));
   }
   ASSERT_FALSE(inputs.empty());
-  model::BatchOptions bo;
+  sched::BatchOptions bo;
   bo.forward.force_chunk_tokens = chunk;
-  auto out = model::generate_batch(*g.model, *g.pool, g.loaded.tokenizer.get(), inputs, bo);
+  auto out = sched::generate_batch(*g.model, *g.pool, g.loaded.tokenizer.get(), inputs, bo);
   ASSERT_TRUE(out.ok()) << out.status().to_string();
   for (size_t i = 0; i < inputs.size(); ++i) EXPECT_EQ((*out)[i].output_ids, want[i]) << "golden case " << i;
   EXPECT_EQ(g.pool->allocator().num_free(), g.pool->allocator().num_blocks());

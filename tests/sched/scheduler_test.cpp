@@ -145,13 +145,16 @@ TEST(Scheduler, HandoffWaitsBehindPreemptedSequencesAndForASlot) {
 }
 
 TEST(Scheduler, EmptyPoolPreemptsTheGrowingSequenceItself) {
-  const std::vector<SchedSeq> run = {running(0, 4, 1)};
+  // 7 (older) holds the other block and needs no new one; 0 must grow and only has itself.
+  const std::vector<SchedSeq> run = {running(0, 4, 1, 0, 9), running(7, 2, 1, 0, 1)};
   const std::vector<SchedSeq> wait = {waiting(1, 4)};
-  SchedulerInput in{run, wait, {}, /*free=*/0, /*total=*/1, 1};
+  SchedulerInput in{run, wait, {}, /*free=*/0, /*total=*/2, 1};
   const SchedulerOutput out = Scheduler(config(64, true)).schedule(in);
   ASSERT_EQ(out.preempted.size(), 1u);
   EXPECT_EQ(out.preempted[0].id, 0);
-  EXPECT_TRUE(out.decode.empty());
+  EXPECT_EQ(out.preempted[0].for_id, 0);
+  ASSERT_EQ(out.decode.size(), 1u);
+  EXPECT_EQ(out.decode[0].id, 7);
   // Its freed block lets the waiting prompt start in the same step.
   ASSERT_EQ(out.prefill.size(), 1u);
   EXPECT_EQ(out.prefill[0].id, 1);
@@ -171,6 +174,15 @@ TEST(Scheduler, SequenceLongerThanThePoolNeverFitsAndBlocksNothing) {
   EXPECT_EQ(out.never_fit, (std::vector<int>{20, 0}));
   ASSERT_EQ(out.prefill.size(), 1u);
   EXPECT_EQ(out.prefill[0].id, 1);
+
+  // A running sequence that filled the whole pool cannot grow: reported, nobody preempted (a
+  // recompute would fill the pool again and loop forever).
+  const std::vector<SchedSeq> run = {running(5, 40, 10), running(6, 3, 1)};
+  const SchedulerOutput full = Scheduler(config(64, true)).schedule({run, {}, {}, 0, 10, 1});
+  EXPECT_EQ(full.never_fit, (std::vector<int>{5}));
+  EXPECT_TRUE(full.preempted.empty());
+  ASSERT_EQ(full.decode.size(), 1u);
+  EXPECT_EQ(full.decode[0].id, 6);
 }
 
 TEST(Scheduler, PrefillRoundRobinWithinPriorityAndNoOvertakingOnReservation) {

@@ -1,0 +1,258 @@
+#include "sched/batch_generate.h"
+
+#include <algorithm>
+#include <memory>
+#include <span>
+
+#include <fmt/format.h>
+
+#include "common/check.h"
+#include "sampling/sampler.h"
+#include "sampling/stop.h"
+#include "sched/scheduler.h"
+
+namespace kvsplit::sched {
+
+namespace {
+
+using model::SeqStep;
+
+struct SeqState {
+  const GenerationInput* in = nullptr;
+  std::vector<int32_t> tokens;  // prompt followed by the output; KV holds tokens[0, computed)
+  int num_prompt = 0;
+  int computed = 0;
+  kv::BlockTable table;
+  std::unique_ptr<sampling::Sampler> sampler;
+  std::unique_ptr<sampling::StopChecker> stop;
+  std::unique_ptr<model::StreamDecoder> decoder;
+  std::string text;
+  FinishReason reason = FinishReason::kNone;
+  bool admitted = false;
+  bool running = false;  // decoding (else waiting for its prompt or a recompute)
+  bool greedy = false;   // plain greedy: the model returns the argmax (SeqStep::Logits::kArgmax)
+  int64_t last_prefill_step = -1;
+  int preemptions = 0;
+
+  int num_output() const { return static_cast<int>(tokens.size()) - num_prompt; }
+  // Positions whose KV must exist before the next decode step: prompt + output[:-1].
+  int target() const { return num_output() == 0 ? num_prompt : static_cast<int>(tokens.size()) - 1; }
+  bool done() const { return reason != FinishReason::kNone; }
+  std::span<const int32_t> prompt() const { return {tokens.data(), static_cast<size_t>(num_prompt)}; }
+  std::span<const int32_t> output() const {
+    return {tokens.data() + num_prompt, static_cast<size_t>(num_output())};
+  }
+};
+
+// Releases every sequence's blocks when the batch ends, whatever the outcome.
+struct PoolGuard {
+  kv::KvPool& pool;
+  std::vector<SeqState>& seqs;
+  ~PoolGuard() {
+    for (SeqState& s : seqs) pool.release(s.table);
+  }
+};
+
+Status validate_inputs(const std::vector<GenerationInput>& inputs, const model::ModelConfig& cfg) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const GenerationInput& in = inputs[i];
+    const std::string where = "prompt " + std::to_string(i) + ": ";
+    KVSPLIT_RETURN_IF_ERROR(in.params.validate().with_prefix("prompt " + std::to_string(i)));
+    const int n = static_cast<int>(in.prompt_ids.size());
+    if (n == 0) return invalid_argument(where + "empty prompt (no tokens)");
+    if (n > cfg.max_seq_len) {
+      return invalid_argument(where + "prompt of " + std::to_string(n) +
+                              " tokens is longer than the context length " +
+                              std::to_string(cfg.max_seq_len));
+    }
+    for (int32_t t : in.prompt_ids) {
+      if (t < 0 || t >= cfg.vocab_size) {
+        return invalid_argument(where + "token id " + std::to_string(t) + " outside [0, " +
+                                std::to_string(cfg.vocab_size) + ")");
+      }
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+int blocks_needed(const std::vector<GenerationInput>& inputs, int block_size, int max_seq_len) {
+  int total = 0;
+  for (const GenerationInput& in : inputs) {
+    // The last generated token is never fed: prompt + max_tokens - 1 positions at most.
+    const int positions = static_cast<int>(std::min<int64_t>(
+        max_seq_len,
+        static_cast<int64_t>(in.prompt_ids.size()) + std::max(0, in.params.max_tokens - 1)));
+    total += kv::BlockTable::blocks_for(std::max(positions, 1), block_size);
+  }
+  return total;
+}
+
+StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model, kv::KvPool& pool,
+                                                       const model::Tokenizer* tokenizer,
+                                                       const std::vector<GenerationInput>& inputs,
+                                                       const BatchOptions& options) {
+  const model::ModelConfig& cfg = model.config();
+  const int ctx = cfg.max_seq_len;
+  if (options.max_batch_tokens < 1) return invalid_argument("max_batch_tokens must be >= 1");
+  KVSPLIT_RETURN_IF_ERROR(validate_inputs(inputs, cfg));
+  std::vector<SeqState> seqs(inputs.size());
+  PoolGuard guard{pool, seqs};
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const GenerationInput& in = inputs[i];
+    SeqState& s = seqs[i];
+    s.in = &in;
+    s.tokens = in.prompt_ids;
+    s.num_prompt = static_cast<int>(in.prompt_ids.size());
+    s.sampler = std::make_unique<sampling::Sampler>(in.params, in.params.seed.value_or(in.seed));
+    s.greedy = sampling::is_plain_greedy(in.params);
+    // Positions past the prompt are bounded by the context: the last sampled token is never fed.
+    const int max_new = std::min(max_generated_tokens(in.params), ctx - s.num_prompt + 1);
+    s.stop = std::make_unique<sampling::StopChecker>(in.params, cfg.eos_token_ids, max_new);
+    if (tokenizer) s.decoder = std::make_unique<model::StreamDecoder>(*tokenizer, in.prompt_ids.back());
+  }
+
+  SchedulerConfig sc;
+  sc.block_size = pool.block_size();
+  sc.max_batch_tokens = options.max_batch_tokens;
+  sc.min_chunk_tokens = std::max(1, options.min_chunk_tokens);
+  sc.max_num_seqs = std::max<int>(1, static_cast<int>(inputs.size()));
+  sc.decode_in_budget = true;
+  const Scheduler scheduler(sc);
+
+  std::vector<SchedSeq> running, waiting;
+  std::vector<SeqStep> steps;
+  std::vector<int> step_seq;  // seqs index of each step
+  std::vector<float> logits;
+  std::vector<int32_t> ids;
+  for (int64_t step = 0;; ++step) {
+    int admitted_now = 0;
+    for (SeqState& s : seqs) {
+      if (s.admitted || admitted_now >= options.max_new_prompts_per_step) continue;
+      s.admitted = true;
+      ++admitted_now;
+    }
+    running.clear();
+    waiting.clear();
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const SeqState& s = seqs[i];
+      if (!s.admitted || s.done()) continue;
+      SchedSeq v;
+      v.id = static_cast<int>(i);
+      v.arrival = static_cast<int64_t>(i);
+      v.num_computed = s.computed;
+      v.num_blocks = static_cast<int>(s.table.blocks.size());
+      v.last_prefill_step = s.last_prefill_step;
+      v.target = s.running ? 0 : s.target();
+      (s.running ? running : waiting).push_back(v);
+    }
+    if (running.empty() && waiting.empty()) break;
+    SchedulerInput sin;
+    sin.running = running;
+    sin.waiting = waiting;
+    sin.free_blocks = pool.allocator().num_free();
+    sin.total_blocks = pool.allocator().num_blocks();
+    sin.step = step;
+    const SchedulerOutput plan = scheduler.schedule(sin);
+    if (!plan.never_fit.empty()) {
+      const SeqState& s = seqs[plan.never_fit.front()];
+      return resource_exhausted(fmt::format(
+          "KV pool exhausted: prompt {} needs KV for {} tokens, more than the pool's {} blocks of "
+          "{} tokens",
+          plan.never_fit.front(), s.running ? s.computed + 1 : s.target(),
+          pool.allocator().num_blocks(), pool.block_size()));
+    }
+    for (const Preemption& p : plan.preempted) {
+      SeqState& s = seqs[p.id];
+      pool.release(s.table);
+      s.computed = 0;
+      s.running = false;
+      ++s.preemptions;
+    }
+
+    steps.clear();
+    step_seq.clear();
+    for (const DecodeRow& d : plan.decode) {
+      SeqState& s = seqs[d.id];
+      KVSPLIT_CHECK(pool.reserve(s.table, s.computed + 1));
+      SeqStep st;
+      st.tokens = std::span<const int32_t>(s.tokens.data() + s.computed, 1);
+      st.start_pos = s.computed;
+      st.table = &s.table;
+      st.logits = s.greedy ? SeqStep::Logits::kArgmax : SeqStep::Logits::kLast;
+      steps.push_back(st);
+      step_seq.push_back(d.id);
+    }
+    for (const PrefillChunk& c : plan.prefill) {
+      SeqState& s = seqs[c.id];
+      if (c.new_blocks > 0) KVSPLIT_CHECK(pool.reserve(s.table, s.target()));
+      s.last_prefill_step = step;
+      SeqStep st;
+      st.tokens = std::span<const int32_t>(s.tokens.data() + s.computed, c.tokens);
+      st.start_pos = s.computed;
+      st.table = &s.table;
+      // The first token is sampled after the prompt's last chunk; a recompute samples nothing.
+      const bool sample = c.last && s.num_output() == 0;
+      st.logits = !sample ? SeqStep::Logits::kNone
+                          : (s.greedy ? SeqStep::Logits::kArgmax : SeqStep::Logits::kLast);
+      steps.push_back(st);
+      step_seq.push_back(c.id);
+    }
+    if (steps.empty()) {
+      // A step of preemptions only (the victims wait for blocks next step) is progress.
+      if (!plan.preempted.empty()) continue;
+      return internal_error("generate_batch: the scheduler planned an empty step with work left");
+    }
+
+    logits.clear();
+    ids.clear();
+    KVSPLIT_RETURN_IF_ERROR(model.forward(steps, pool, &logits, options.forward, &ids));
+
+    size_t row = 0, id = 0;
+    for (size_t k = 0; k < steps.size(); ++k) {
+      SeqState& s = seqs[step_seq[k]];
+      s.computed += static_cast<int>(steps[k].tokens.size());
+      if (!s.running && s.computed == s.target()) s.running = true;  // prompt or recompute done
+      int32_t tok = -1;
+      if (steps[k].logits == SeqStep::Logits::kArgmax) {
+        tok = ids[id++];  // greedy: picked by the model (on the device where it can)
+      } else if (steps[k].logits == SeqStep::Logits::kLast) {
+        float* lg = logits.data() + row * cfg.vocab_size;
+        ++row;
+        tok = s.sampler->sample(lg, cfg.vocab_size, s.prompt(), s.output());
+      } else {
+        continue;
+      }
+      s.tokens.push_back(tok);
+      const std::string delta = s.decoder ? s.decoder->push(tok) : std::string();
+      sampling::StopChecker::Step r = s.stop->on_token(tok, delta);
+      if (!r.text.empty()) {
+        s.text += r.text;
+        if (options.on_text) options.on_text(step_seq[k], r.text);
+      }
+      if (r.reason != FinishReason::kNone) {
+        s.reason = r.reason;
+        // Held-back text (a possible stop-string prefix) is released unless a stop string cut it.
+        std::string rest = s.stop->flush();
+        if (s.decoder) rest += s.decoder->flush();
+        if (!rest.empty()) {
+          s.text += rest;
+          if (options.on_text) options.on_text(step_seq[k], rest);
+        }
+        pool.release(s.table);
+      }
+    }
+  }
+
+  std::vector<GenerationOutput> out(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    out[i].output_ids.assign(seqs[i].output().begin(), seqs[i].output().end());
+    out[i].text = std::move(seqs[i].text);
+    out[i].finish_reason = seqs[i].reason;
+    out[i].preemptions = seqs[i].preemptions;
+  }
+  return out;
+}
+
+}  // namespace kvsplit::sched

@@ -1,0 +1,55 @@
+// Offline batched generation over one LlamaModel and one KvPool, in the calling thread: the CLI
+// (`kvsplit generate`) and the golden / batch-invariance tests. Each step is planned by the same
+// Scheduler the serving workers run (src/sched/scheduler.h): the decode tokens of running
+// sequences, then prefill chunks of waiting prompts under the token budget; when the pool
+// cannot grow a running sequence, the one served last is preempted and recomputed later.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kv/kv_pool.h"
+#include "kvsplit/sampling_params.h"
+#include "model/llama_model.h"
+#include "model/tokenizer.h"
+
+namespace kvsplit::sched {
+
+struct GenerationInput {
+  std::vector<int32_t> prompt_ids;  // non-empty
+  SamplingParams params;            // validated by generate_batch
+  uint64_t seed = 0;                // used when params.seed is unset
+};
+
+struct GenerationOutput {
+  std::vector<int32_t> output_ids;  // ends with the stop token when the model produced one
+  std::string text;                 // generated text (stop strings cut)
+  FinishReason finish_reason = FinishReason::kNone;
+  int preemptions = 0;              // times its KV was dropped and recomputed
+};
+
+struct BatchOptions {
+  int max_batch_tokens = 512;              // token budget per step (decode tokens + chunks)
+  int min_chunk_tokens = 16;               // smallest prefill chunk a prompt gets in a step
+  int max_new_prompts_per_step = 1 << 30;  // admit at most this many new prompts per step
+  model::ForwardOptions forward;
+  // Called with (input index, new text) as text becomes final; may be empty.
+  std::function<void(int, std::string_view)> on_text;
+};
+
+// Runs every input to completion. Errors: kInvalidArgument for bad params, empty prompts or
+// prompts longer than the context; kResourceExhausted when one sequence needs more KV than the
+// whole pool holds (smaller pools only cost preemptions). Every block taken from `pool` is
+// returned before this returns, on success or error.
+StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model, kv::KvPool& pool,
+                                                       const model::Tokenizer* tokenizer,
+                                                       const std::vector<GenerationInput>& inputs,
+                                                       const BatchOptions& options = {});
+
+// KV blocks a batch needs to run without preemption (prompt + max_tokens - 1 positions each).
+int blocks_needed(const std::vector<GenerationInput>& inputs, int block_size, int max_seq_len);
+
+}  // namespace kvsplit::sched
