@@ -72,7 +72,16 @@ void resolve_model(CommonFlags& f) {
 
 int fail(const Status& st) {
   std::fprintf(stderr, "kvsplit: error: %s\n", st.to_string().c_str());
-  return st.code() == StatusCode::kInvalidArgument || st.code() == StatusCode::kNotFound ? 2 : 1;
+  // 2: the input is wrong or asks for something not implemented (e.g. an unsupported config.json
+  // field); 1: anything else.
+  switch (st.code()) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kNotFound:
+    case StatusCode::kUnimplemented:
+      return 2;
+    default:
+      return 1;
+  }
 }
 
 int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
@@ -186,6 +195,7 @@ int run_info(CommonFlags& cf) {
   j["vocab_size"] = c.vocab_size;
   j["max_seq_len"] = c.max_seq_len;
   j["rope_theta"] = c.rope_theta;
+  j["rope_type"] = c.rope_scaling ? model::rope_type_name(c.rope_scaling->type) : "default";
   j["rope_style"] = c.rope_style == backend::RopeStyle::kInterleaved ? "interleaved" : "half";
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["eos_token_ids"] = c.eos_token_ids;
