@@ -70,18 +70,31 @@ void resolve_model(CommonFlags& f) {
   std::fprintf(stderr, "%s\n", d.note.c_str());
 }
 
-int fail(const Status& st) {
-  std::fprintf(stderr, "kvsplit: error: %s\n", st.to_string().c_str());
-  // 2: the input is wrong or asks for something not implemented (e.g. an unsupported config.json
-  // field); 1: anything else.
-  switch (st.code()) {
+// Exit codes of every subcommand (README "Exit codes"): 0 success; 2 bad input, i.e. the fault is
+// in what the user gave (flags, files, prompts) or the input asks for something unsupported;
+// 1 an internal failure (a bug, the machine or the device).
+constexpr int kExitBadInput = 2;
+constexpr int kExitInternal = 1;
+
+int exit_code_for(StatusCode code) {
+  switch (code) {
     case StatusCode::kInvalidArgument:
     case StatusCode::kNotFound:
+    case StatusCode::kPermissionDenied:
     case StatusCode::kUnimplemented:
-      return 2;
+    case StatusCode::kOutOfRange:
+    case StatusCode::kDataLoss:
+    case StatusCode::kFailedPrecondition:
+    case StatusCode::kAlreadyExists:
+      return kExitBadInput;
     default:
-      return 1;
+      return kExitInternal;
   }
+}
+
+int fail(const Status& st) {
+  std::fprintf(stderr, "kvsplit: error: %s\n", st.to_string().c_str());
+  return exit_code_for(st.code());
 }
 
 int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
@@ -247,7 +260,12 @@ int main(int argc, char** argv) {
   CLI::App* info = app.add_subcommand("info", "print a model's configuration as JSON");
   add_common(info, info_common);
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int printed = app.exit(e);  // prints help, or the error with a usage hint
+    return printed == 0 ? 0 : kExitBadInput;
+  }
   if (gen->parsed()) {
     if (gen_common.verbose) spdlog::set_level(spdlog::level::info);
     return run_generate(gen_common, gf);

@@ -3,14 +3,13 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <string_view>
 
+#include "common/file_read.h"
 #include "kvsplit/status.h"
 
 namespace kvsplit::common {
@@ -26,13 +25,12 @@ inline StatusOr<Json> parse_json(std::string_view text, const std::string& what)
   }
 }
 
-// Reads and parses a JSON file. kNotFound when it does not exist or cannot be opened.
-inline StatusOr<Json> read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return not_found(path + ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return parse_json(ss.str(), path);
+// Reads and parses a JSON side file (config.json, an index, generation_config.json...): a regular
+// file of at most `max_bytes` (common::read_regular_file's errors; kNotFound when missing).
+inline StatusOr<Json> read_json_file(const std::string& path,
+                                     size_t max_bytes = kMaxJsonSideFileBytes) {
+  KVSPLIT_ASSIGN_OR_RETURN(std::string text, read_regular_file(path, max_bytes, "JSON file"));
+  return parse_json(text, path);
 }
 
 // `obj[key]` as an integer in [lo, hi]. Absent or null: `fallback`, or an error when none.

@@ -13,9 +13,10 @@ namespace kvsplit::common {
 
 class MmapFile {
  public:
-  // Maps `path` read-only (MAP_PRIVATE, PROT_READ). Errors: kNotFound (no such file),
-  // kPermissionDenied, kInvalidArgument (a directory, not a regular file, or an empty file),
-  // kInternal (mmap failure). Every message starts with the path.
+  // Maps `path` read-only (MAP_PRIVATE, PROT_READ). The file is opened non-blocking and checked
+  // to be a regular file first (common::open_regular_file), so a FIFO or device never blocks.
+  // Errors: kNotFound (no such file), kPermissionDenied, kInvalidArgument (a directory, a FIFO,
+  // a device, or an empty file), kInternal (mmap failure). Every message starts with the path.
   static StatusOr<std::shared_ptr<const MmapFile>> open(const std::string& path);
 
   ~MmapFile();

@@ -3,6 +3,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/escape.h"
 #include "config/config.h"
 
 namespace kvsplit::config {
@@ -14,14 +15,17 @@ std::string num(double v) {
   return ss.str();
 }
 
+// Integers print as integers ("got 2147483647", never "2.14748e+09"); reals in shortest form.
 Status range_error(const std::string& field, const std::string& rule, double got) {
   return invalid_argument(field + ": must be " + rule + ", got " + num(got));
+}
+Status range_error(const std::string& field, const std::string& rule, int64_t got) {
+  return invalid_argument(field + ": must be " + rule + ", got " + std::to_string(got));
 }
 
 Status check_range(const std::string& field, int64_t v, int64_t lo, int64_t hi) {
   if (v < lo || v > hi)
-    return range_error(field, "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]",
-                       static_cast<double>(v));
+    return range_error(field, "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", v);
   return ok_status();
 }
 
@@ -47,7 +51,7 @@ Status validate_sla_classes(const std::vector<SlaClass>& classes) {
   std::set<std::string> names;
   for (const SlaClass& c : classes) {
     if (!valid_class_name(c.name))
-      return invalid_argument("sla_classes." + c.name +
+      return invalid_argument("sla_classes." + common::escape_for_message(c.name, 64) +
                               ": class names are 1..64 characters of [A-Za-z0-9_.-]");
     if (!names.insert(c.name).second)
       return invalid_argument("sla_classes." + c.name + ": duplicate class name");
@@ -65,7 +69,8 @@ Status validate_config(const Config& config) {
   const EngineConfig& e = config.engine;
   if (e.model.empty()) return invalid_argument("model.path: must not be empty");
   if (e.backend != "cpu" && e.backend != "cuda")
-    return invalid_argument("pools.backend: must be 'cpu' or 'cuda', got '" + e.backend + "'");
+    return invalid_argument("pools.backend: must be 'cpu' or 'cuda', got '" +
+                            common::escape_for_message(e.backend, 64) + "'");
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.prefill_workers", e.num_prefill_workers, 1, 64));
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.decode_workers", e.num_decode_workers, 1, 64));
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.threads_per_worker", e.threads_per_worker, 0, 1024));
@@ -74,7 +79,7 @@ Status validate_config(const Config& config) {
   KVSPLIT_RETURN_IF_ERROR(
       check_range("pools.handoff_timeout_ms", e.handoff_timeout_ms, 1, 3600000));
   if (e.block_size != 8 && e.block_size != 16 && e.block_size != 32 && e.block_size != 64)
-    return range_error("kv.block_size", "one of 8, 16, 32, 64", e.block_size);
+    return range_error("kv.block_size", "one of 8, 16, 32, 64", int64_t{e.block_size});
   KVSPLIT_RETURN_IF_ERROR(check_range("kv.blocks_per_worker", e.kv_blocks_per_worker, 0, 1 << 26));
   KVSPLIT_RETURN_IF_ERROR(validate_sla_classes(e.sla_classes));
 

@@ -1,15 +1,18 @@
 // YAML -> Config. The only yaml-cpp user: every yaml-cpp exception is caught here and turned into
 // a Status. Scalars are parsed by hand (from_chars / strtod) so that "12abc", overflow and
 // fractional integers are errors instead of silent truncation.
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
+#include <map>
 #include <set>
-#include <sstream>
+#include <vector>
 
+#include "common/escape.h"
+#include "common/file_read.h"
 #include "config/config.h"
 
 namespace kvsplit::config {
@@ -19,8 +22,13 @@ Status field_error(const std::string& path, const std::string& what) {
   return invalid_argument(path + ": " + what);
 }
 
+// Keys and values from the file are escaped when they appear in a message.
 std::string join(const std::string& path, const std::string& key) {
-  return path.empty() ? key : path + "." + key;
+  const std::string k = common::escape_for_message(key, 64);
+  return path.empty() ? k : path + "." + k;
+}
+std::string quoted(const std::string& value) {
+  return "'" + common::escape_for_message(value, 64) + "'";
 }
 
 Status parse_scalar(const YAML::Node& n, const std::string& path, std::string* out) {
@@ -35,9 +43,9 @@ Status parse_int(const YAML::Node& n, const std::string& path, Int* out) {
   const std::string& s = n.Scalar();
   Int v{};
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec == std::errc::result_out_of_range) return field_error(path, "out of range: " + s);
+  if (ec == std::errc::result_out_of_range) return field_error(path, "out of range: " + quoted(s));
   if (ec != std::errc() || end != s.data() + s.size() || s.empty())
-    return field_error(path, "must be an integer, got '" + s + "'");
+    return field_error(path, "must be an integer, got " + quoted(s));
   *out = v;
   return ok_status();
 }
@@ -57,7 +65,7 @@ Status parse_scalar(const YAML::Node& n, const std::string& path, double* out) {
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
   if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(v))
-    return field_error(path, "must be a finite number, got '" + s + "'");
+    return field_error(path, "must be a finite number, got " + quoted(s));
   *out = v;
   return ok_status();
 }
@@ -162,7 +170,7 @@ Status read_pools(const YAML::Node& n, EngineConfig* e) {
   else if (mode == "disaggregated")
     e->mode = ServingMode::kDisaggregated;
   else if (!mode.empty())
-    return field_error("pools.mode", "must be 'colocated' or 'disaggregated', got '" + mode + "'");
+    return field_error("pools.mode", "must be 'colocated' or 'disaggregated', got " + quoted(mode));
   KVSPLIT_RETURN_IF_ERROR(r.get("backend", &e->backend));
   KVSPLIT_RETURN_IF_ERROR(r.get("prefill_workers", &e->num_prefill_workers));
   KVSPLIT_RETURN_IF_ERROR(r.get("decode_workers", &e->num_decode_workers));
@@ -191,8 +199,8 @@ Status read_kv(const YAML::Node& n, EngineConfig* e) {
   if (!dtype.empty() && dtype != "auto" && dtype != "fp32")
     return field_error("kv.dtype",
                        "must be 'auto' or 'fp32' (the engine stores KV in the model's "
-                       "compute dtype), got '" +
-                           dtype + "'");
+                       "compute dtype), got " +
+                           quoted(dtype));
   return r.finish();
 }
 
@@ -203,7 +211,7 @@ Status read_sla_classes(const YAML::Node& n, std::vector<SlaClass>* out) {
   for (const auto& kv : n) {
     SlaClass c;
     KVSPLIT_RETURN_IF_ERROR(parse_scalar(kv.first, "sla_classes", &c.name));
-    const std::string path = "sla_classes." + c.name;
+    const std::string path = join("sla_classes", c.name);
     MapReader r(kv.second, path);
     KVSPLIT_RETURN_IF_ERROR(r.check_is_map());
     KVSPLIT_RETURN_IF_ERROR(r.get("max_ttft_ms", &c.max_ttft_ms));
@@ -216,6 +224,58 @@ Status read_sla_classes(const YAML::Node& n, std::vector<SlaClass>* out) {
   }
   return ok_status();
 }
+
+// Strict YAML, checked on the whole tree before any field is read: mapping keys are scalars and
+// unique at every level (yaml-cpp keeps duplicates and returns the first), no explicit tags
+// (`!!python/object`, `!!int`...: none is meaningful in a kvsplit config), nesting at most
+// kMaxYamlDepth levels, at most kMaxYamlNodes nodes visited (aliases cannot multiply the walk).
+constexpr int kMaxYamlDepth = 32;
+constexpr int64_t kMaxYamlNodes = 1 << 20;
+
+std::string line_of(const YAML::Node& n) { return "line " + std::to_string(n.Mark().line + 1); }
+
+struct StrictWalk {
+  int64_t nodes = 0;
+
+  Status check(const YAML::Node& n, const std::string& path, int depth) {
+    const std::string where = path.empty() ? "(top level)" : path;
+    if (++nodes > kMaxYamlNodes) {
+      return field_error(where, "more than " + std::to_string(kMaxYamlNodes) +
+                                    " YAML nodes (alias expansion?); a config is far smaller");
+    }
+    if (depth > kMaxYamlDepth) {
+      return field_error(where, "nested deeper than " + std::to_string(kMaxYamlDepth) +
+                                    " levels (the limit) at " + line_of(n));
+    }
+    const std::string& tag = n.Tag();
+    if (!tag.empty() && tag != "?" && tag != "!") {
+      return field_error(where, "YAML tag '" + tag + "' at " + line_of(n) +
+                                    " is not supported (kvsplit configs use no tags)");
+    }
+    if (n.IsSequence()) {
+      for (size_t i = 0; i < n.size(); ++i) {
+        KVSPLIT_RETURN_IF_ERROR(check(n[i], path + "[" + std::to_string(i) + "]", depth + 1));
+      }
+    } else if (n.IsMap()) {
+      std::map<std::string, YAML::Mark> keys;
+      for (const auto& kv : n) {
+        if (!kv.first.IsScalar()) {
+          return field_error(where, "mapping key at " + line_of(kv.first) + " is not a scalar");
+        }
+        const std::string& key = kv.first.Scalar();
+        const std::string child = join(path, key);
+        const auto [it, fresh] = keys.emplace(key, kv.first.Mark());
+        if (!fresh) {
+          return field_error(child, "duplicate key (lines " + std::to_string(it->second.line + 1) +
+                                        " and " + std::to_string(kv.first.Mark().line + 1) + ")");
+        }
+        KVSPLIT_RETURN_IF_ERROR(check(kv.first, child, depth + 1));
+        KVSPLIT_RETURN_IF_ERROR(check(kv.second, child, depth + 1));
+      }
+    }
+    return ok_status();
+  }
+};
 
 Status parse_into(const YAML::Node& root, Config* c) {
   if (!root || root.IsNull()) return ok_status();  // an empty file: all defaults
@@ -239,8 +299,21 @@ Status parse_into(const YAML::Node& root, Config* c) {
 StatusOr<Config> parse_config(std::string_view yaml_text) {
   Config config;
   try {
-    YAML::Node root = YAML::Load(std::string(yaml_text));
+    const std::vector<YAML::Node> docs = YAML::LoadAll(std::string(yaml_text));
+    if (docs.size() > 1) {
+      return invalid_argument("the file holds " + std::to_string(docs.size()) +
+                              " YAML documents (the second starts at " + line_of(docs[1]) +
+                              "); a config is exactly one document");
+    }
+    const YAML::Node root = docs.empty() ? YAML::Node() : docs[0];
+    StrictWalk walk;
+    KVSPLIT_RETURN_IF_ERROR(walk.check(root, "", 0));
     KVSPLIT_RETURN_IF_ERROR(parse_into(root, &config));
+  } catch (const YAML::DeepRecursion& e) {
+    return invalid_argument("YAML nested deeper than " + std::to_string(kMaxYamlDepth) +
+                            " levels (the limit): the parser gave up at depth " +
+                            std::to_string(e.depth()) + ", line " +
+                            std::to_string(e.mark.line + 1));
   } catch (const YAML::Exception& e) {
     return invalid_argument("YAML error at line " + std::to_string(e.mark.line + 1) + ", column " +
                             std::to_string(e.mark.column + 1) + ": " + e.msg);
@@ -252,11 +325,9 @@ StatusOr<Config> parse_config(std::string_view yaml_text) {
 }
 
 StatusOr<Config> load_config_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return not_found(path + ": cannot open config file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  auto config = parse_config(ss.str());
+  KVSPLIT_ASSIGN_OR_RETURN(std::string text,
+                           common::read_regular_file(path, common::kMaxConfigFileBytes, "config"));
+  auto config = parse_config(text);
   if (!config.ok()) return config.status().with_prefix(path);
   return config;
 }

@@ -117,31 +117,34 @@ StatusOr<LoadedModel> load_llama2c(const std::string& path, const LoadOptions& o
   }
 
   const float* f = reinterpret_cast<const float*>(base + kHeaderBytes);
-  auto view = [&](int64_t offset, std::vector<int64_t> shape) {
+  // Names as llama2.c's TransformerWeights fields, with the layer: "wq[3]".
+  auto view = [&](int64_t offset, std::vector<int64_t> shape, std::string name) {
     WeightTensor t;
     t.data = f + offset;
     t.dtype = backend::DType::kF32;
     t.shape = std::move(shape);
+    t.name = std::move(name);
     return t;
   };
   LoadedModel m;
   ModelWeights& w = m.weights;
-  w.embedding = view(o_emb, {vocab, dim});
+  w.embedding = view(o_emb, {vocab, dim}, "token_embedding_table");
   w.layers.resize(L);
   for (int64_t l = 0; l < L; ++l) {
     LayerWeights& lw = w.layers[l];
-    lw.attn_norm = view(o_rms_att + l * dim, {dim});
-    lw.wq = view(o_wq + l * dim * dim, {dim, dim});
-    lw.wk = view(o_wk + l * kv * dim, {kv, dim});
-    lw.wv = view(o_wv + l * kv * dim, {kv, dim});
-    lw.wo = view(o_wo + l * dim * dim, {dim, dim});
-    lw.ffn_norm = view(o_rms_ffn + l * dim, {dim});
-    lw.w_gate = view(o_w1 + l * hid * dim, {hid, dim});
-    lw.w_down = view(o_w2 + l * dim * hid, {dim, hid});
-    lw.w_up = view(o_w3 + l * hid * dim, {hid, dim});
+    const std::string at = "[" + std::to_string(l) + "]";
+    lw.attn_norm = view(o_rms_att + l * dim, {dim}, "rms_att_weight" + at);
+    lw.wq = view(o_wq + l * dim * dim, {dim, dim}, "wq" + at);
+    lw.wk = view(o_wk + l * kv * dim, {kv, dim}, "wk" + at);
+    lw.wv = view(o_wv + l * kv * dim, {kv, dim}, "wv" + at);
+    lw.wo = view(o_wo + l * dim * dim, {dim, dim}, "wo" + at);
+    lw.ffn_norm = view(o_rms_ffn + l * dim, {dim}, "rms_ffn_weight" + at);
+    lw.w_gate = view(o_w1 + l * hid * dim, {hid, dim}, "w1" + at);
+    lw.w_down = view(o_w2 + l * dim * hid, {dim, hid}, "w2" + at);
+    lw.w_up = view(o_w3 + l * hid * dim, {hid, dim}, "w3" + at);
   }
-  w.final_norm = view(o_rms_final, {dim});
-  w.lm_head = view(o_wcls, {vocab, dim});
+  w.final_norm = view(o_rms_final, {dim}, "rms_final_weight");
+  w.lm_head = view(o_wcls, {vocab, dim}, shared_classifier ? "token_embedding_table" : "wcls");
   w.storage.push_back(file);
 
   if (options.load_tokenizer) {

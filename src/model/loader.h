@@ -17,6 +17,10 @@ struct LoadOptions {
   std::string tokenizer_path;
   // Load the tokenizer at all (benchmarks of raw forward passes may skip it).
   bool load_tokenizer = true;
+  // Scan every weight of a file-backed model for NaN/Inf at load (check_weights_finite): one
+  // pass over the weights, which a first forward pass reads anyway. Synthetic weights are
+  // generated finite and never scanned.
+  bool check_weights = true;
 };
 
 struct LoadedModel {

@@ -1,16 +1,57 @@
 #include "model/safetensors.h"
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
+#include <tuple>
 
+#include "common/file_read.h"
 #include "common/json_util.h"
 
 namespace kvsplit::model {
 
 namespace {
 
-// Same bound as the reference Rust implementation.
-constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+constexpr uint64_t kMaxHeaderBytes = common::kMaxSafetensorsHeaderBytes;
+
+// The format requires the tensors to tile the data section: sorted by offset, each starts where
+// the previous one ends, the first at 0 and the last at the end. Anything else (overlap, a gap,
+// trailing bytes) is an error naming the tensors involved.
+Status check_tiling(const std::string& path,
+                    const std::map<std::string, SafetensorsEntry, std::less<>>& entries,
+                    const uint8_t* data_begin, uint64_t data_size) {
+  std::vector<std::tuple<uint64_t, uint64_t, const std::string*>> spans;
+  spans.reserve(entries.size());
+  for (const auto& [name, e] : entries) {
+    const uint64_t begin = static_cast<uint64_t>(e.data - data_begin);
+    spans.emplace_back(begin, begin + e.nbytes, &name);
+  }
+  std::sort(spans.begin(), spans.end());
+  uint64_t expect = 0;
+  const std::string* prev = nullptr;
+  for (const auto& [begin, end, name] : spans) {
+    if (begin < expect) {
+      return invalid_argument(path + ": tensor " + *name + " (data_offsets [" +
+                              std::to_string(begin) + ", " + std::to_string(end) +
+                              "]) overlaps tensor " + *prev + " (which ends at " +
+                              std::to_string(expect) + ")");
+    }
+    if (begin > expect) {
+      return invalid_argument(path + ": " + std::to_string(begin - expect) +
+                              " bytes of the data section before tensor " + *name +
+                              " belong to no tensor (offset " + std::to_string(expect) +
+                              "): the tensors must cover the data section exactly");
+    }
+    expect = end;
+    prev = name;
+  }
+  if (expect != data_size) {
+    return invalid_argument(path + ": the tensors cover " + std::to_string(expect) +
+                            " bytes of the " + std::to_string(data_size) +
+                            "-byte data section: the tensors must cover it exactly");
+  }
+  return ok_status();
+}
 
 // Element size of every dtype the format defines with whole-byte elements; 0 = unknown.
 size_t dtype_bytes(std::string_view d) {
@@ -110,6 +151,7 @@ StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     KVSPLIT_RETURN_IF_ERROR(parse_entry(path, it.key(), it.value(), data_begin, data_size, &e));
     f.entries_.emplace(it.key(), std::move(e));
   }
+  KVSPLIT_RETURN_IF_ERROR(check_tiling(path, f.entries_, data_begin, data_size));
   return f;
 }
 
@@ -131,6 +173,7 @@ StatusOr<WeightTensor> SafetensorsFile::tensor(std::string_view name) const {
   t.data = e.data;
   t.dtype = *dt;
   t.shape = e.shape;
+  t.name = std::string(name);
   return t;
 }
 

@@ -27,8 +27,9 @@ class SafetensorsFile {
  public:
   // Maps and validates `path`: header length bounded (<= 100 MiB) and within the file, JSON
   // header parses, every entry has a known dtype, non-negative shape, data_offsets with
-  // begin <= end <= data section size and end - begin == numel * dtype size. Errors name the
-  // file (and the tensor) and the fault.
+  // begin <= end <= data section size and end - begin == numel * dtype size, and the tensors
+  // tile the data section exactly (no overlap, no gap, no trailing bytes). Errors name the
+  // file (and the tensors) and the fault.
   static StatusOr<SafetensorsFile> open(const std::string& path);
 
   // The tensor `name` as a weight view. kNotFound "<file>: no tensor <name>" when absent;

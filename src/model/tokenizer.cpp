@@ -3,9 +3,8 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
+#include "common/file_read.h"
 #include "model/utf8.h"
 
 namespace kvsplit::model {
@@ -21,12 +20,7 @@ StatusOr<std::unique_ptr<Tokenizer>> load_hf_tokenizer(const std::string& path,
 namespace {
 
 StatusOr<std::string> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return not_found("tokenizer " + path + ": cannot open (" + std::strerror(errno) + ")");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return data_loss("tokenizer " + path + ": read error");
-  return std::move(ss).str();
+  return common::read_regular_file(path, common::kMaxTokenizerFileBytes, "tokenizer");
 }
 
 // An HF tokenizer.json is a JSON object; a llama2.c tokenizer.bin starts with a small uint32.

@@ -16,6 +16,7 @@ struct WeightTensor {
   const void* data = nullptr;
   backend::DType dtype = backend::DType::kF32;
   std::vector<int64_t> shape;
+  std::string name;  // as the file names it ("model.layers.0.self_attn.q_proj.weight"); may be ""
 
   bool present() const { return data != nullptr; }
   int64_t numel() const {

@@ -142,16 +142,17 @@ TEST(CliTest, FallsBackToSyntheticAndSaysSo) {
   EXPECT_NE(r.err.find("synthetic:stories260k"), std::string::npos) << r.err;
   auto lines = json_lines(r.out);
   ASSERT_EQ(lines.size(), 1u);
-  EXPECT_LE(lines[0]["output_token_ids"].size(), 4u);
+  EXPECT_LE(lines[0]["output_token_ids"].size(), 3u);  // --max-tokens counts generated tokens
 }
 
-TEST(CliTest, BadInputsFailClearly) {
+// Exit codes: 2 for every bad input (flags, files, prompts, unsupported models), 1 internal.
+TEST(CliTest, BadInputsFailClearlyWithExitTwo) {
   RunResult r = run("generate --model /nonexistent/model.bin --prompt x");
-  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("/nonexistent/model.bin"), std::string::npos) << r.err;
 
   r = run("generate --model synthetic:no-such-preset --prompt x");
-  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("no-such-preset"), std::string::npos) << r.err;
 
   // An unsupported config.json setting: exit 2, naming the file, the field and the value.
@@ -166,15 +167,36 @@ TEST(CliTest, BadInputsFailClearly) {
             std::string::npos)
       << r.err;
 
+  r = run("generate --no-such-flag");  // CLI11 would exit 109
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  r = run("generate --model synthetic:stories260k --max-tokens 0");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("max-tokens"), std::string::npos) << r.err;
+
+  // Not a regular file: refused at once (a FIFO used to hang, /dev/zero to grow without bound).
+  r = run("generate --model /dev/zero --prompt x");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("a character device"), std::string::npos) << r.err;
+
+  // An unsupported architecture (kUnimplemented) is bad input too.
+  TempDir dir;
+  std::ofstream(dir.file("config.json")) << R"({"architectures": ["GPT2LMHeadModel"]})";
+  r = run("generate --model " + dir.path().string() + " --prompt x");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("GPT2LMHeadModel"), std::string::npos) << r.err;
+
   if (!have_models()) return;
+  r = run("generate --model " + model_path("stories260K.bin") + " --tokenizer /dev/zero --prompt x");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("tokenizer /dev/zero: is a character device"), std::string::npos) << r.err;
   r = run("generate " + model_args(false) + " --prompt x --temperature -1");
-  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("temperature"), std::string::npos) << r.err;
 
   std::string long_prompt;
   for (int i = 0; i < 600; ++i) long_prompt += "dog ";
   r = run("generate " + model_args(false) + " --prompt " + quote(long_prompt));
-  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("longer than the context"), std::string::npos) << r.err;
 }
 

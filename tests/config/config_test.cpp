@@ -119,6 +119,53 @@ TEST(ConfigTest, SyntaxErrorsGiveLine) {
   expect_error("a: b: c\n", "YAML error");
 }
 
+// Strict YAML: each of these was accepted (exit 0 from --check-config) before.
+TEST(ConfigTest, DuplicateKeysAtAnyLevelNameBothLines) {
+  expect_error("seed: 1\nserver: {port: 1}\nseed: 2\n", "seed: duplicate key (lines 1 and 3)");
+  expect_error("server:\n  port: 1\n  host: a\n  port: 2\n",
+               "server.port: duplicate key (lines 2 and 4)");
+  expect_error("sla_classes:\n  a: {max_queue: 1, max_queue: 2}\n",
+               "sla_classes.a.max_queue: duplicate key");
+}
+
+TEST(ConfigTest, OneDocumentNoTagsBoundedDepth) {
+  expect_error("seed: 1\n---\nseed: 2\n",
+               "holds 2 YAML documents (the second starts at line 3)");
+  expect_error("seed: !!python/object:os.system 1\n",
+               "YAML tag 'tag:yaml.org,2002:python/object:os.system' at line 1 is not supported");
+  expect_error("server: !custom {port: 1}\n", "YAML tag '!custom'");
+  // Deeper than our limit but within the parser's: our walker names the limit.
+  std::string deep = "seed: ";
+  for (int i = 0; i < 40; ++i) deep += "[";
+  for (int i = 0; i < 40; ++i) deep += "]";
+  expect_error(deep + "\n", "nested deeper than 32 levels (the limit)");
+  // Deeper than the parser's own guard: still a message with the limit, never "bad file".
+  std::string deeper = "seed: ";
+  for (int i = 0; i < 5000; ++i) deeper += "[";
+  expect_error(deeper + "\n", "YAML nested deeper than 32 levels (the limit)");
+  // Quoted strings (the "!" non-specific tag) are fine.
+  auto c = parse_config("server: {host: '127.0.0.1'}\n");
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+}
+
+TEST(ConfigTest, IntegersPrintAsIntegersAndValuesAreEscaped) {
+  auto c = parse_config("sla_classes:\n  a: {priority: 2147483647}\n");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("got 2147483647"), std::string::npos) << c.status().message();
+  c = parse_config("pools: {mode: \"x\\e[31my\\0\"}\n");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("got 'x\\x1b[31my\\x00'"), std::string::npos)
+      << c.status().message();
+  EXPECT_EQ(c.status().message().find('\x1b'), std::string::npos);
+}
+
+TEST(ConfigTest, ConfigFileMustBeARegularFile) {
+  auto c = load_config_file("/dev/zero");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("a character device"), std::string::npos)
+      << c.status().message();
+}
+
 TEST(ConfigTest, FileErrorsStartWithThePath) {
   kvsplit::testing::TempDir dir;
   const std::string path = dir.file("bad.yaml");

@@ -2,6 +2,7 @@
 // biases, config parsing, and every malformed case.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -90,7 +91,12 @@ void write_raw(const std::string& path, const std::string& header, const std::st
   out << header << data;
 }
 
-void write_safetensors(const std::string& path, const std::vector<Tensor>& ts) {
+// As the safetensors writer does: tensors back to back (they must tile the data section), the
+// widest dtype first so every tensor stays aligned, the header padded with spaces to 8 bytes.
+void write_safetensors(const std::string& path, std::vector<Tensor> ts) {
+  std::stable_sort(ts.begin(), ts.end(), [](const Tensor& a, const Tensor& b) {
+    return (a.dtype == "F32") > (b.dtype == "F32");
+  });
   json h;
   h["__metadata__"] = {{"format", "pt"}};
   std::string data;
@@ -100,7 +106,6 @@ void write_safetensors(const std::string& path, const std::vector<Tensor>& ts) {
                  {"shape", t.shape},
                  {"data_offsets", {data.size(), data.size() + bytes.size()}}};
     data += bytes;
-    data.append((8 - data.size() % 8) % 8, '\0');  // keep every tensor 8-aligned
   }
   std::string header = h.dump();
   header.append((8 - header.size() % 8) % 8, ' ');
