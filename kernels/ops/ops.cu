@@ -1,5 +1,6 @@
 // Launchers of the element-wise / row-wise kernels (one dispatch site per family). Compiled by
 // nvcc (kvsplit_cuda) and by g++ under the emulation harness.
+#include <cmath>
 #include <string>
 
 #include "common/launch_status.h"
@@ -48,6 +49,9 @@ Status launch_rope(const RopeParams& p, cudaStream_t stream) {
   if (p.rotary_dim <= 0 || p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim)
     return invalid_argument("rope: rotary_dim " + std::to_string(p.rotary_dim) +
                             " must be even and in (0, head_dim]");
+  if (!(std::isfinite(p.attention_factor) && p.attention_factor > 0.0f))
+    return invalid_argument("rope: attention_factor " + std::to_string(p.attention_factor) +
+                            " must be finite and > 0");
   return launch_status(launch(rope_kernel, dim3(static_cast<unsigned>(p.num_tokens)), dim3(128), 0,
                               stream, p),
                        "rope");

@@ -79,7 +79,7 @@ __global__ void rope_kernel(RopeParams p) {
                    : p.k + (static_cast<int64_t>(t) * p.num_kv_heads + (head - p.num_heads)) * p.head_dim;
     int a = 0, b = 0;
     rope_pair(p.interleaved, p.rotary_dim, pair, &a, &b);
-    rope_rotate(x, a, b, pos, p.inv_freq[pair]);
+    rope_rotate(x, a, b, pos, p.inv_freq[pair], p.attention_factor);
   }
 }
 

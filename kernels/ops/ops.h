@@ -50,6 +50,7 @@ struct RopeParams {
   int head_dim = 0;
   int rotary_dim = 0;
   bool interleaved = true;  // llama2.c pairs (2i, 2i+1); false: HF rotate_half (i, i + rotary_dim/2)
+  float attention_factor = 1.0f;  // multiplies cos and sin (YaRN); finite and > 0
 };
 Status launch_rope(const RopeParams& p, cudaStream_t stream);
 

@@ -41,6 +41,8 @@ struct RopeArgs {
   int head_dim = 0;
   int rotary_dim = 0;              // dims rotated from the start of each head (== head_dim for Llama)
   const float* inv_freq = nullptr;  // device [rotary_dim / 2], scaling already applied by the model
+  // Multiplies cos and sin (HF `attention_scaling`): 1 except for YaRN. Finite and > 0.
+  float attention_factor = 1.0f;
 };
 
 // One layer's paged KV memory. Layout [num_blocks, 2 (K, V), num_kv_heads, block_size, head_dim]

@@ -208,6 +208,7 @@ int run_info(CommonFlags& cf) {
   j["vocab_size"] = c.vocab_size;
   j["max_seq_len"] = c.max_seq_len;
   j["rope_theta"] = c.rope_theta;
+  j["rope_type"] = c.rope_scaling ? model::rope_type_name(c.rope_scaling->type) : "default";
   j["rope_style"] = c.rope_style == backend::RopeStyle::kInterleaved ? "interleaved" : "half";
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["eos_token_ids"] = c.eos_token_ids;

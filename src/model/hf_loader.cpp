@@ -6,6 +6,7 @@
 
 #include "common/json_util.h"
 #include "common/log.h"
+#include "model/hf_config.h"
 #include "model/loader.h"
 #include "model/safetensors.h"
 
@@ -16,150 +17,10 @@ namespace {
 namespace fs = std::filesystem;
 using common::Json;
 
-constexpr const char* kSupportedArchs = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM";
-
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + "]";
-}
-
-StatusOr<int> get_int(const Json& j, const char* key, std::optional<int64_t> fallback,
-                      const std::string& what) {
-  KVSPLIT_ASSIGN_OR_RETURN(int64_t v, common::json_int(j, key, fallback, what, 1, INT32_MAX));
-  return static_cast<int>(v);
-}
-
-// Token ids given as an int, a list of ints, or null (-> nothing).
-Status append_ids(const Json& j, const char* key, const std::string& what,
-                  std::vector<int32_t>* out) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return ok_status();
-  auto add = [&](const Json& v) -> Status {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
-      return invalid_argument(what + ": field '" + key + "' must be token ids, got " + it->dump());
-    }
-    auto id = static_cast<int32_t>(v.get<int64_t>());
-    if (std::find(out->begin(), out->end(), id) == out->end()) out->push_back(id);
-    return ok_status();
-  };
-  if (it->is_array()) {
-    for (const auto& v : *it) KVSPLIT_RETURN_IF_ERROR(add(v));
-    return ok_status();
-  }
-  return add(*it);
-}
-
-Status parse_rope_scaling(const Json& j, const std::string& what, ModelConfig* c) {
-  auto it = j.find("rope_scaling");
-  if (it == j.end() || it->is_null()) return ok_status();
-  if (!it->is_object())
-    return invalid_argument(what + ": 'rope_scaling' must be an object or null");
-  const std::string sw = what + ": rope_scaling";
-  std::string type;
-  KVSPLIT_ASSIGN_OR_RETURN(type, common::json_string(*it, "rope_type", std::string(), sw));
-  if (type.empty()) {
-    KVSPLIT_ASSIGN_OR_RETURN(type, common::json_string(*it, "type", std::string("default"), sw));
-  }
-  if (type == "default") return ok_status();
-  if (type != "llama3") {
-    return unimplemented(what + ": rope_scaling type '" + type + "' is not supported (llama3)");
-  }
-  RopeScaling s;
-  KVSPLIT_ASSIGN_OR_RETURN(double factor, common::json_number(*it, "factor", std::nullopt, sw));
-  KVSPLIT_ASSIGN_OR_RETURN(double low,
-                           common::json_number(*it, "low_freq_factor", std::nullopt, sw));
-  KVSPLIT_ASSIGN_OR_RETURN(double high,
-                           common::json_number(*it, "high_freq_factor", std::nullopt, sw));
-  KVSPLIT_ASSIGN_OR_RETURN(s.original_max_position_embeddings,
-                           get_int(*it, "original_max_position_embeddings", std::nullopt, sw));
-  s.factor = static_cast<float>(factor);
-  s.low_freq_factor = static_cast<float>(low);
-  s.high_freq_factor = static_cast<float>(high);
-  c->rope_scaling = s;
-  return ok_status();
-}
-
-StatusOr<ModelConfig> parse_hf_config(const std::string& dir) {
-  const std::string what = dir + "/config.json";
-  KVSPLIT_ASSIGN_OR_RETURN(Json j, common::read_json_file(what));
-  if (!j.is_object()) return invalid_argument(what + ": not a JSON object");
-  auto archs = j.find("architectures");
-  if (archs == j.end() || !archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
-    return invalid_argument(
-        what + ": missing 'architectures' (supported: " + std::string(kSupportedArchs) + ")");
-  }
-  ModelConfig c;
-  c.architecture = (*archs)[0].get<std::string>();
-  const bool llama = c.architecture == "LlamaForCausalLM";
-  const bool mistral = c.architecture == "MistralForCausalLM";
-  const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
-  if (!llama && !mistral && !qwen2) {
-    return invalid_argument(what + ": unknown architecture " + c.architecture +
-                            " (supported: " + kSupportedArchs + ")");
-  }
-  KVSPLIT_ASSIGN_OR_RETURN(std::string act, common::json_string(j, "hidden_act", "silu", what));
-  if (act != "silu") return unimplemented(what + ": hidden_act '" + act + "' (supported: silu)");
-  for (const char* key : {"attention_bias", "mlp_bias"}) {
-    KVSPLIT_ASSIGN_OR_RETURN(bool b, common::json_bool(j, key, false, what));
-    if (b) return unimplemented(what + ": '" + key + "': true is not supported");
-  }
-  KVSPLIT_ASSIGN_OR_RETURN(c.dim, get_int(j, "hidden_size", std::nullopt, what));
-  KVSPLIT_ASSIGN_OR_RETURN(c.hidden_dim, get_int(j, "intermediate_size", std::nullopt, what));
-  KVSPLIT_ASSIGN_OR_RETURN(c.num_layers, get_int(j, "num_hidden_layers", std::nullopt, what));
-  KVSPLIT_ASSIGN_OR_RETURN(c.num_heads, get_int(j, "num_attention_heads", std::nullopt, what));
-  KVSPLIT_ASSIGN_OR_RETURN(c.num_kv_heads, get_int(j, "num_key_value_heads", c.num_heads, what));
-  if (j.find("head_dim") == j.end() || j["head_dim"].is_null()) {
-    if (c.dim % c.num_heads != 0) {
-      return invalid_argument(what + ": hidden_size " + std::to_string(c.dim) +
-                              " is not a multiple of num_attention_heads " +
-                              std::to_string(c.num_heads) + " and no head_dim is given");
-    }
-  }
-  KVSPLIT_ASSIGN_OR_RETURN(c.head_dim, get_int(j, "head_dim", c.dim / c.num_heads, what));
-  KVSPLIT_ASSIGN_OR_RETURN(c.vocab_size, get_int(j, "vocab_size", std::nullopt, what));
-  // transformers' per-architecture defaults when absent.
-  const int64_t default_ctx = llama ? 2048 : (mistral ? 131072 : 32768);
-  KVSPLIT_ASSIGN_OR_RETURN(c.max_seq_len, get_int(j, "max_position_embeddings", default_ctx, what));
-  KVSPLIT_ASSIGN_OR_RETURN(double eps, common::json_number(j, "rms_norm_eps", 1e-6, what));
-  KVSPLIT_ASSIGN_OR_RETURN(double theta, common::json_number(j, "rope_theta", 10000.0, what));
-  c.norm_eps = static_cast<float>(eps);
-  c.rope_theta = static_cast<float>(theta);
-  KVSPLIT_ASSIGN_OR_RETURN(c.tie_word_embeddings,
-                           common::json_bool(j, "tie_word_embeddings", false, what));
-  KVSPLIT_RETURN_IF_ERROR(parse_rope_scaling(j, what, &c));
-  c.rope_style = backend::RopeStyle::kHalf;
-  c.qkv_bias = qwen2;
-
-  // Special ids: Llama/Mistral default to bos 1 / eos 2 (transformers); Qwen2 has no default.
-  std::vector<int32_t> bos;
-  KVSPLIT_RETURN_IF_ERROR(append_ids(j, "bos_token_id", what, &bos));
-  KVSPLIT_RETURN_IF_ERROR(append_ids(j, "eos_token_id", what, &c.eos_token_ids));
-  if (!j.contains("bos_token_id") && !qwen2) bos = {1};
-  if (!j.contains("eos_token_id") && !qwen2) c.eos_token_ids = {2};
-  const std::string gen_path = dir + "/generation_config.json";
-  std::error_code ec;
-  if (fs::exists(gen_path, ec)) {
-    KVSPLIT_ASSIGN_OR_RETURN(Json g, common::read_json_file(gen_path));
-    if (!g.is_object()) return invalid_argument(gen_path + ": not a JSON object");
-    KVSPLIT_RETURN_IF_ERROR(append_ids(g, "eos_token_id", gen_path, &c.eos_token_ids));
-    if (bos.empty()) KVSPLIT_RETURN_IF_ERROR(append_ids(g, "bos_token_id", gen_path, &bos));
-  }
-  c.bos_token_id = bos.empty() ? -1 : bos[0];
-
-  if (mistral) {
-    KVSPLIT_ASSIGN_OR_RETURN(int64_t window,
-                             common::json_int(j, "sliding_window", int64_t{0}, what, 0, INT32_MAX));
-    if (window > 0 && window < c.max_seq_len) {
-      KVSPLIT_LOG_WARN(
-          "{}: sliding_window {} < max_position_embeddings {}: no sliding-window "
-          "attention here, context clamped to {}",
-          what, window, c.max_seq_len, window);
-      c.max_seq_len = static_cast<int>(window);
-    }
-  }
-  KVSPLIT_RETURN_IF_ERROR(validate_model_config(c, what));
-  return c;
 }
 
 // Every tensor of the checkpoint, from one file or from the shards of an index.

@@ -71,6 +71,7 @@ struct LlamaModel::Impl {
   MatrixView lm_head;
   DeviceBuffer final_norm;  // f32 [dim]
   DeviceBuffer inv_freq;    // f32 [head_dim / 2]
+  float rope_attention_factor = 1.0f;  // multiplies RoPE's cos and sin (YaRN)
   std::vector<Layer> layers;
 
   // Step scratch, grown on demand (device).
@@ -157,6 +158,7 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::create(const LoadedModel& mode
   KVSPLIT_ASSIGN_OR_RETURN(im.inv_freq, DeviceBuffer::make(backend, inv_freq.size() * sizeof(float)));
   KVSPLIT_RETURN_IF_ERROR(
       backend.copy_h2d(im.inv_freq.get(), inv_freq.data(), inv_freq.size() * sizeof(float)));
+  im.rope_attention_factor = rope_attention_factor(c);
   return m;
 }
 
@@ -339,6 +341,7 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   rope.head_dim = c.head_dim;
   rope.rotary_dim = c.head_dim;
   rope.inv_freq = im.inv_freq.get<float>();
+  rope.attention_factor = im.rope_attention_factor;
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   auto attn_args = [&](const kv::KvPool& kvp, int layer, bool dec) {

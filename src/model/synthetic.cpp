@@ -118,7 +118,7 @@ ModelConfig make_config(const Preset& p) {
   c.norm_eps = 1e-5f;
   c.rope_theta = p.rope_theta;
   c.rope_style = backend::RopeStyle::kHalf;
-  if (p.llama3_scaling) c.rope_scaling = RopeScaling{8.0f, 1.0f, 4.0f, 8192};
+  if (p.llama3_scaling) c.rope_scaling = RopeScaling::llama3(8.0, 1.0, 4.0, 8192);
   c.tie_word_embeddings = p.tied;
   c.bos_token_id = 1;
   c.eos_token_ids = {2};

@@ -130,16 +130,17 @@ TEST_P(CpuOps, RmsnormAndAddRmsnorm) {
             StatusCode::kInvalidArgument);
 }
 
-// fp64 rope reference on one head.
+// fp64 rope reference on one head; cos and sin scaled by the attention factor (HF YaRN).
 void rope_ref(std::vector<double>& x, bool interleaved, int rotary_dim, int pos,
-              const float* inv_freq) {
+              const float* inv_freq, double attention_factor) {
   for (int i = 0; i < rotary_dim / 2; ++i) {
     const int a = interleaved ? 2 * i : i;
     const int b = interleaved ? 2 * i + 1 : i + rotary_dim / 2;
     const double ang = double(float(pos) * inv_freq[i]);
+    const double c = std::cos(ang) * attention_factor, s = std::sin(ang) * attention_factor;
     const double x0 = x[a], x1 = x[b];
-    x[a] = x0 * std::cos(ang) - x1 * std::sin(ang);
-    x[b] = x0 * std::sin(ang) + x1 * std::cos(ang);
+    x[a] = x0 * c - x1 * s;
+    x[b] = x0 * s + x1 * c;
   }
 }
 
@@ -147,13 +148,16 @@ TEST_P(CpuOps, RopeBothStylesVsReference) {
   struct Case {
     RopeStyle style;
     int head_dim, rotary_dim, heads, kv_heads, tokens;
+    float attention_factor;
   };
-  const Case cases[] = {{RopeStyle::kInterleaved, 8, 8, 8, 4, 5},
-                        {RopeStyle::kHalf, 8, 8, 8, 4, 5},
-                        {RopeStyle::kHalf, 64, 32, 3, 1, 9},  // partial rotary
-                        {RopeStyle::kInterleaved, 128, 128, 4, 2, 17}};
+  const Case cases[] = {{RopeStyle::kInterleaved, 8, 8, 8, 4, 5, 1.0f},
+                        {RopeStyle::kHalf, 8, 8, 8, 4, 5, 1.0f},
+                        {RopeStyle::kHalf, 64, 32, 3, 1, 9, 1.0f},  // partial rotary
+                        {RopeStyle::kInterleaved, 128, 128, 4, 2, 17, 1.0f},
+                        {RopeStyle::kHalf, 16, 16, 4, 2, 7, 1.1386294f}};  // YaRN factor 4
   for (const Case& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "style=" << int(c.style) << " head_dim=" << c.head_dim);
+    SCOPED_TRACE(::testing::Message() << "style=" << int(c.style) << " head_dim=" << c.head_dim
+                                      << " attention_factor=" << c.attention_factor);
     std::vector<float> inv_freq(c.rotary_dim / 2);
     for (int i = 0; i < c.rotary_dim / 2; ++i)
       inv_freq[i] = 1.0f / std::pow(10000.0f, 2.0f * i / c.rotary_dim);
@@ -162,7 +166,7 @@ TEST_P(CpuOps, RopeBothStylesVsReference) {
     auto q = random_vec(c.tokens * c.heads * c.head_dim, 5);
     auto k = random_vec(c.tokens * c.kv_heads * c.head_dim, 6);
     auto q2 = q, k2 = k;
-    RopeArgs args{c.style, c.head_dim, c.rotary_dim, inv_freq.data()};
+    RopeArgs args{c.style, c.head_dim, c.rotary_dim, inv_freq.data(), c.attention_factor};
     ASSERT_TRUE(
         be_->rope(q2.data(), k2.data(), pos.data(), c.tokens, c.heads, c.kv_heads, args).ok());
     auto check = [&](const std::vector<float>& in, const std::vector<float>& got, int heads) {
@@ -170,7 +174,8 @@ TEST_P(CpuOps, RopeBothStylesVsReference) {
         for (int h = 0; h < heads; ++h) {
           const size_t base = (size_t(t) * heads + h) * c.head_dim;
           std::vector<double> ref(in.begin() + base, in.begin() + base + c.head_dim);
-          rope_ref(ref, c.style == RopeStyle::kInterleaved, c.rotary_dim, pos[t], inv_freq.data());
+          rope_ref(ref, c.style == RopeStyle::kInterleaved, c.rotary_dim, pos[t], inv_freq.data(),
+                   c.attention_factor);
           for (int d = 0; d < c.head_dim; ++d)
             ASSERT_NEAR(got[base + d], ref[d], 1e-5) << t << " " << h << " " << d;
         }
@@ -183,6 +188,13 @@ TEST_P(CpuOps, RopeBothStylesVsReference) {
   EXPECT_EQ(be_->rope(q.data(), q.data(), &p, 1, 1, 1, RopeArgs{RopeStyle::kHalf, 8, 7, inv.data()})
                 .code(),
             StatusCode::kInvalidArgument);
+  for (float bad : {0.0f, -1.0f, NAN, INFINITY}) {
+    EXPECT_EQ(be_->rope(q.data(), q.data(), &p, 1, 1, 1,
+                        RopeArgs{RopeStyle::kHalf, 8, 8, inv.data(), bad})
+                  .code(),
+              StatusCode::kInvalidArgument)
+        << bad;
+  }
 }
 
 TEST_P(CpuOps, Swiglu) {

@@ -155,6 +155,18 @@ TEST(CliTest, BadInputsFailClearlyWithExitTwo) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("no-such-preset"), std::string::npos) << r.err;
 
+  // An unsupported config.json setting: exit 2, naming the file, the field and the value.
+  TempDir hf;
+  std::ofstream(hf.file("config.json"))
+      << R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
+             "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 32,
+             "rope_scaling": {"type": "longrope", "factor": 4.0}})";
+  r = run("generate --model " + quote(hf.path().string()) + " --prompt x");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find(hf.file("config.json") + ": rope_scaling.type = 'longrope' is not supported"),
+            std::string::npos)
+      << r.err;
+
   r = run("generate --no-such-flag");  // CLI11 would exit 109
   EXPECT_EQ(r.exit_code, 2) << r.err;
   r = run("generate --model synthetic:stories260k --max-tokens 0");

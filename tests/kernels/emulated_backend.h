@@ -85,6 +85,7 @@ class EmulatedKernelBackend final : public backend::Backend {
     p.head_dim = a.head_dim;
     p.rotary_dim = a.rotary_dim;
     p.interleaved = a.style == backend::RopeStyle::kInterleaved;
+    p.attention_factor = a.attention_factor;
     return kernels::launch_rope(p, nullptr);
   }
   Status swiglu(const float* g, const float* u, int64_t n, float* out) override {

@@ -75,6 +75,8 @@ TEST(OpsParity, RopeBothStylesMatchCpu) {
   const int tokens = 3, heads = 4, kv_heads = 2, hd = 64;
   for (bool interleaved : {true, false}) {
     for (int rot : {64, 32}) {
+      // YaRN's attention factor scales cos and sin; exercise it on one style.
+      const float af = interleaved ? 1.0f : 1.1386294f;
       std::vector<float> q = random_vec(size_t(tokens) * heads * hd, 5), k = random_vec(size_t(tokens) * kv_heads * hd, 6);
       std::vector<float> inv_freq(rot / 2);
       for (int i = 0; i < rot / 2; ++i) inv_freq[i] = std::pow(10000.f, -2.f * i / rot);
@@ -84,7 +86,7 @@ TEST(OpsParity, RopeBothStylesMatchCpu) {
       kernels::RopeParams p;
       p.q = dq.get(); p.k = dk.get(); p.positions = dpos.get(); p.inv_freq = dfreq.get();
       p.num_tokens = tokens; p.num_heads = heads; p.num_kv_heads = kv_heads; p.head_dim = hd;
-      p.rotary_dim = rot; p.interleaved = interleaved;
+      p.rotary_dim = rot; p.interleaved = interleaved; p.attention_factor = af;
       ASSERT_TRUE(kernels::launch_rope(p, nullptr).ok());
       ASSERT_EQ(device_sync(), "");
       // fp64 reference for q.
@@ -96,8 +98,8 @@ TEST(OpsParity, RopeBothStylesMatchCpu) {
             const double ang = double(pos[t]) * inv_freq[i];
             double* x = want.data() + (t * heads + h) * hd;
             const double x0 = q[(t * heads + h) * hd + a], x1 = q[(t * heads + h) * hd + b];
-            x[a] = x0 * std::cos(ang) - x1 * std::sin(ang);
-            x[b] = x0 * std::sin(ang) + x1 * std::cos(ang);
+            x[a] = (x0 * std::cos(ang) - x1 * std::sin(ang)) * af;
+            x[b] = (x0 * std::sin(ang) + x1 * std::cos(ang)) * af;
           }
       expect_close(dq.to_host(), want, 2e-4, 1e-4, "rope q vs fp64");
       backend::RopeArgs args;
@@ -105,6 +107,7 @@ TEST(OpsParity, RopeBothStylesMatchCpu) {
       args.head_dim = hd;
       args.rotary_dim = rot;
       args.inv_freq = inv_freq.data();
+      args.attention_factor = af;
       ASSERT_TRUE(cpu->rope(q.data(), k.data(), pos.data(), tokens, heads, kv_heads, args).ok());
       expect_close(dq.to_host(), std::vector<double>(q.begin(), q.end()), 1e-5, 1e-5, "rope q vs CPU");
       expect_close(dk.to_host(), std::vector<double>(k.begin(), k.end()), 1e-5, 1e-5, "rope k vs CPU");
@@ -221,6 +224,9 @@ TEST(OpsParity, BadArgumentsAreStatusErrors) {
   float dummy[4] = {};
   int32_t pos = 0;
   p.q = p.k = dummy; p.positions = &pos; p.inv_freq = dummy; p.head_dim = 4; p.rotary_dim = 3;
+  EXPECT_EQ(kernels::launch_rope(p, nullptr).code(), StatusCode::kInvalidArgument);
+  p.rotary_dim = 4;
+  p.attention_factor = 0.0f;
   EXPECT_EQ(kernels::launch_rope(p, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(kernels::launch_argmax(dummy, 1, 0, nullptr, nullptr).code(), StatusCode::kInvalidArgument);
 }

@@ -408,15 +408,11 @@ TEST(LoaderHf, RopeScaling) {
   auto m = load(dir);
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   ASSERT_TRUE(m->config.rope_scaling.has_value());
+  EXPECT_EQ(m->config.rope_scaling->type, RopeType::kLlama3);
   EXPECT_FLOAT_EQ(m->config.rope_scaling->factor, 8.0f);
   EXPECT_FLOAT_EQ(m->config.rope_scaling->high_freq_factor, 4.0f);
   EXPECT_EQ(m->config.rope_scaling->original_max_position_embeddings, 8192);
-
-  TempDir yarn;
-  cfg["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
-  write_model(yarn, cfg, tiny_tensors("F32", false, true));
-  expect_error(load(yarn), StatusCode::kUnimplemented,
-               {yarn.file("config.json"), "rope_scaling type 'yarn'"});
+  // tests/model/hf_config_test.cpp covers both config forms, every type and every error.
 }
 
 TEST(LoaderHf, EosMergedWithGenerationConfig) {
@@ -431,21 +427,6 @@ TEST(LoaderHf, EosMergedWithGenerationConfig) {
   std::ofstream(dir.file("generation_config.json")) << "[";
   expect_error(load(dir), StatusCode::kInvalidArgument,
                {dir.file("generation_config.json"), "bad JSON"});
-}
-
-TEST(LoaderHf, MistralSlidingWindowClampsContext) {
-  TempDir dir;
-  json cfg = tiny_config("MistralForCausalLM");
-  cfg["sliding_window"] = 16;
-  write_model(dir, cfg, tiny_tensors("F32", false, true));
-  auto m = load(dir);
-  ASSERT_TRUE(m.ok()) << m.status().to_string();
-  EXPECT_EQ(m->config.max_seq_len, 16);
-  cfg["sliding_window"] = nullptr;
-  write_json(dir.file("config.json"), cfg);
-  auto n = load(dir);
-  ASSERT_TRUE(n.ok()) << n.status().to_string();
-  EXPECT_EQ(n->config.max_seq_len, 32);
 }
 
 TEST(LoaderHf, BadSafetensorsHeaderJson) {

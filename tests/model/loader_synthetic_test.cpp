@@ -196,7 +196,7 @@ TEST(RopeInvFreq, Llama3Scaling) {
   ModelConfig c;
   c.head_dim = 128;
   c.rope_theta = 500000.0f;
-  c.rope_scaling = RopeScaling{8.0f, 1.0f, 4.0f, 8192};
+  c.rope_scaling = RopeScaling::llama3(8.0, 1.0, 4.0, 8192);
   auto f = rope_inv_freq(c);
   ASSERT_EQ(f.size(), 64u);
   // Reference values (HF _compute_llama3_parameters evaluated in float64 outside this code base).
@@ -243,7 +243,7 @@ TEST(ValidateModelConfig, NamesTheField) {
   EXPECT_NE(validate_model_config(bad, "src").message().find("eos token id 600"),
             std::string::npos);
   bad = *c;
-  bad.rope_scaling = RopeScaling{8.0f, 4.0f, 1.0f, 8192};
+  bad.rope_scaling = RopeScaling::llama3(8.0, 4.0, 1.0, 8192);
   EXPECT_FALSE(validate_model_config(bad, "src").ok());
 }
 

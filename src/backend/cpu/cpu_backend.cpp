@@ -267,18 +267,19 @@ Status CpuBackend::rope(float* q, float* k, const int32_t* positions, int num_to
     return invalid_argument("rope: null positions or inv_freq");
   if ((num_heads > 0 && q == nullptr) || (num_kv_heads > 0 && k == nullptr))
     return invalid_argument("rope: null q or k");
+  if (!(std::isfinite(args.attention_factor) && args.attention_factor > 0.0f))
+    return invalid_argument("rope: attention_factor " + std::to_string(args.attention_factor) +
+                            " must be finite and > 0");
   const bool interleaved = args.style == RopeStyle::kInterleaved;
   const int half = args.rotary_dim / 2;
   const int hd = args.head_dim;
   parallel_items(num_tokens, int64_t{num_heads + num_kv_heads} * hd, [&](int64_t b, int64_t e) {
     std::vector<float> cs(2 * half);
     for (int64_t t = b; t < e; ++t) {
-      // cos/sin once per (token, pair), shared by all heads; the same expressions as
-      // kernels::rope_rotate.
+      // cos/sin once per (token, pair), shared by all heads.
       for (int i = 0; i < half; ++i) {
-        const float angle = static_cast<float>(positions[t]) * args.inv_freq[i];
-        cs[2 * i] = cosf(angle);
-        cs[2 * i + 1] = sinf(angle);
+        kernels::rope_cos_sin(positions[t], args.inv_freq[i], args.attention_factor, &cs[2 * i],
+                              &cs[2 * i + 1]);
       }
       auto rotate_heads = [&](float* base, int heads) {
         for (int h = 0; h < heads; ++h) {
@@ -286,10 +287,7 @@ Status CpuBackend::rope(float* q, float* k, const int32_t* positions, int num_to
           for (int i = 0; i < half; ++i) {
             int a, bb;
             kernels::rope_pair(interleaved, args.rotary_dim, i, &a, &bb);
-            const float c = cs[2 * i], s = cs[2 * i + 1];
-            const float x0 = xh[a], x1 = xh[bb];
-            xh[a] = x0 * c - x1 * s;
-            xh[bb] = x0 * s + x1 * c;
+            kernels::rope_apply(xh, a, bb, cs[2 * i], cs[2 * i + 1]);
           }
         }
       };

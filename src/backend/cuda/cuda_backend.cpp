@@ -250,6 +250,7 @@ Status CudaBackend::rope(float* q, float* k, const int32_t* positions, int num_t
   p.head_dim = args.head_dim;
   p.rotary_dim = args.rotary_dim;
   p.interleaved = args.style == RopeStyle::kInterleaved;
+  p.attention_factor = args.attention_factor;
   return kernels::launch_rope(p, stream_);
 }
 

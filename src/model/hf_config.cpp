@@ -1,0 +1,215 @@
+// config.json (+ generation_config.json) of a HF model directory -> ModelConfig.
+#include "model/hf_config.h"
+
+#include <algorithm>
+#include <filesystem>
+
+namespace kvsplit::model {
+
+namespace {
+
+namespace fs = std::filesystem;
+using common::Json;
+
+constexpr const char* kSupportedArchs = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM";
+constexpr const char* kFull = "full_attention";
+constexpr const char* kSliding = "sliding_attention";
+// transformers' default `sliding_window` of Mistral and Qwen2 when config.json has no such key.
+constexpr int64_t kHfDefaultSlidingWindow = 4096;
+
+enum class Arch { kLlama, kMistral, kQwen2 };
+
+StatusOr<int> get_int(const Json& j, const char* key, std::optional<int64_t> fallback,
+                      const std::string& what) {
+  KVSPLIT_ASSIGN_OR_RETURN(int64_t v, common::json_int(j, key, fallback, what, 1, INT32_MAX));
+  return static_cast<int>(v);
+}
+
+// Token ids given as an int, a list of ints, or null (-> nothing).
+Status append_ids(const Json& j, const char* key, const std::string& what,
+                  std::vector<int32_t>* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return ok_status();
+  auto add = [&](const Json& v) -> Status {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
+      return invalid_argument(what + ": field '" + key + "' must be token ids, got " + it->dump());
+    }
+    auto id = static_cast<int32_t>(v.get<int64_t>());
+    if (std::find(out->begin(), out->end(), id) == out->end()) out->push_back(id);
+    return ok_status();
+  };
+  if (it->is_array()) {
+    for (const auto& v : *it) KVSPLIT_RETURN_IF_ERROR(add(v));
+    return ok_status();
+  }
+  return add(*it);
+}
+
+// Fields that change the math of the layers and are not implemented.
+Status check_unsupported_fields(const Json& j, const std::string& what, Arch arch) {
+  KVSPLIT_ASSIGN_OR_RETURN(std::string act, common::json_string(j, "hidden_act", "silu", what));
+  if (act != "silu" && act != "swish") {
+    return unimplemented(what + ": hidden_act = '" + act + "' is not supported (silu, swish)");
+  }
+  // Qwen2 always has q/k/v biases and none on o_proj; transformers ignores `attention_bias` there.
+  if (arch != Arch::kQwen2) {
+    KVSPLIT_ASSIGN_OR_RETURN(bool b, common::json_bool(j, "attention_bias", false, what));
+    if (b) return unimplemented(what + ": attention_bias = true is not supported");
+  }
+  KVSPLIT_ASSIGN_OR_RETURN(bool mlp_bias, common::json_bool(j, "mlp_bias", false, what));
+  if (mlp_bias) return unimplemented(what + ": mlp_bias = true is not supported");
+  auto q = j.find("quantization_config");
+  if (q != j.end() && !q->is_null()) {
+    return unimplemented(what + ": quantization_config = " + q->dump().substr(0, 80) +
+                         " is not supported (f32/f16/bf16 weights only)");
+  }
+  return ok_status();
+}
+
+// The attention type of each layer: config.json's `layer_types`, else what transformers derives
+// (Qwen2 with use_sliding_window: sliding from layer max_window_layers on; otherwise all full).
+// Llama and Mistral have no per-layer types in transformers: only full_attention entries pass.
+StatusOr<std::vector<std::string>> parse_layer_types(const Json& j, const std::string& what,
+                                                     Arch arch, int num_layers) {
+  std::vector<std::string> types(num_layers, kFull);
+  auto lt = j.find("layer_types");
+  if (lt != j.end() && !lt->is_null()) {
+    if (!lt->is_array() || lt->size() != static_cast<size_t>(num_layers)) {
+      return invalid_argument(what + ": layer_types must be a list of " +
+                              std::to_string(num_layers) + " strings (num_hidden_layers)");
+    }
+    for (int i = 0; i < num_layers; ++i) {
+      const Json& v = (*lt)[i];
+      const std::string s = v.is_string() ? v.get<std::string>() : v.dump();
+      const bool known = s == kFull || (s == kSliding && arch == Arch::kQwen2);
+      if (!v.is_string() || !known) {
+        return unimplemented(what + ": layer_types[" + std::to_string(i) + "] = '" + s +
+                             "' is not supported (" + kFull +
+                             (arch == Arch::kQwen2 ? std::string(", ") + kSliding : "") + ")");
+      }
+      types[i] = s;
+    }
+    return types;
+  }
+  if (arch == Arch::kQwen2) {
+    KVSPLIT_ASSIGN_OR_RETURN(bool use, common::json_bool(j, "use_sliding_window", false, what));
+    KVSPLIT_ASSIGN_OR_RETURN(
+        int64_t first, common::json_int(j, "max_window_layers", int64_t{28}, what, 0, INT32_MAX));
+    for (int i = 0; i < num_layers; ++i) {
+      if (use && i >= first) types[i] = kSliding;
+    }
+  }
+  return types;
+}
+
+// Sliding-window attention is not implemented: a window smaller than the context on any layer
+// that would use it is an error (a window >= the context never masks anything).
+Status check_sliding_window(const Json& j, const std::string& what, Arch arch,
+                            const std::vector<std::string>& layer_types, int context) {
+  if (arch == Arch::kLlama) return ok_status();
+  bool enabled = true;  // Mistral: whenever sliding_window is not null
+  std::string why = "sliding_window";
+  if (arch == Arch::kQwen2) {
+    KVSPLIT_ASSIGN_OR_RETURN(enabled, common::json_bool(j, "use_sliding_window", false, what));
+    auto first = std::find(layer_types.begin(), layer_types.end(), kSliding);
+    enabled = enabled && first != layer_types.end();
+    if (enabled) {
+      why = "use_sliding_window = true, layer " + std::to_string(first - layer_types.begin()) +
+            " is " + kSliding + ", sliding_window";
+    }
+  }
+  if (!enabled) return ok_status();
+  auto w = j.find("sliding_window");
+  if (w != j.end() && w->is_null()) return ok_status();
+  KVSPLIT_ASSIGN_OR_RETURN(
+      int64_t window,
+      common::json_int(j, "sliding_window", kHfDefaultSlidingWindow, what, 1, INT32_MAX));
+  if (window < context) {
+    return unimplemented(what + ": " + why + " = " + std::to_string(window) +
+                         (w == j.end() ? " (transformers' default)" : "") +
+                         " is smaller than the context (" + std::to_string(context) +
+                         "): sliding-window attention is not supported");
+  }
+  return ok_status();
+}
+
+Status parse_special_ids(const Json& j, const std::string& dir, const std::string& what, bool qwen2,
+                         ModelConfig* c) {
+  // Llama/Mistral default to bos 1 / eos 2 (transformers); Qwen2 has no default.
+  std::vector<int32_t> bos;
+  KVSPLIT_RETURN_IF_ERROR(append_ids(j, "bos_token_id", what, &bos));
+  KVSPLIT_RETURN_IF_ERROR(append_ids(j, "eos_token_id", what, &c->eos_token_ids));
+  if (!j.contains("bos_token_id") && !qwen2) bos = {1};
+  if (!j.contains("eos_token_id") && !qwen2) c->eos_token_ids = {2};
+  const std::string gen_path = dir + "/generation_config.json";
+  std::error_code ec;
+  if (fs::exists(gen_path, ec)) {
+    KVSPLIT_ASSIGN_OR_RETURN(Json g, common::read_json_file(gen_path));
+    if (!g.is_object()) return invalid_argument(gen_path + ": not a JSON object");
+    KVSPLIT_RETURN_IF_ERROR(append_ids(g, "eos_token_id", gen_path, &c->eos_token_ids));
+    if (bos.empty()) KVSPLIT_RETURN_IF_ERROR(append_ids(g, "bos_token_id", gen_path, &bos));
+  }
+  c->bos_token_id = bos.empty() ? -1 : bos[0];
+  return ok_status();
+}
+
+}  // namespace
+
+StatusOr<ModelConfig> parse_hf_config(const std::string& dir) {
+  const std::string what = dir + "/config.json";
+  KVSPLIT_ASSIGN_OR_RETURN(Json j, common::read_json_file(what));
+  if (!j.is_object()) return invalid_argument(what + ": not a JSON object");
+  auto archs = j.find("architectures");
+  if (archs == j.end() || !archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
+    return invalid_argument(
+        what + ": missing 'architectures' (supported: " + std::string(kSupportedArchs) + ")");
+  }
+  ModelConfig c;
+  c.architecture = (*archs)[0].get<std::string>();
+  Arch arch;
+  if (c.architecture == "LlamaForCausalLM") {
+    arch = Arch::kLlama;
+  } else if (c.architecture == "MistralForCausalLM") {
+    arch = Arch::kMistral;
+  } else if (c.architecture == "Qwen2ForCausalLM") {
+    arch = Arch::kQwen2;
+  } else {
+    return invalid_argument(what + ": unknown architecture " + c.architecture +
+                            " (supported: " + kSupportedArchs + ")");
+  }
+  KVSPLIT_RETURN_IF_ERROR(check_unsupported_fields(j, what, arch));
+  KVSPLIT_ASSIGN_OR_RETURN(c.dim, get_int(j, "hidden_size", std::nullopt, what));
+  KVSPLIT_ASSIGN_OR_RETURN(c.hidden_dim, get_int(j, "intermediate_size", std::nullopt, what));
+  KVSPLIT_ASSIGN_OR_RETURN(c.num_layers, get_int(j, "num_hidden_layers", std::nullopt, what));
+  KVSPLIT_ASSIGN_OR_RETURN(c.num_heads, get_int(j, "num_attention_heads", std::nullopt, what));
+  KVSPLIT_ASSIGN_OR_RETURN(c.num_kv_heads, get_int(j, "num_key_value_heads", c.num_heads, what));
+  if (j.find("head_dim") == j.end() || j["head_dim"].is_null()) {
+    if (c.dim % c.num_heads != 0) {
+      return invalid_argument(what + ": hidden_size " + std::to_string(c.dim) +
+                              " is not a multiple of num_attention_heads " +
+                              std::to_string(c.num_heads) + " and no head_dim is given");
+    }
+  }
+  KVSPLIT_ASSIGN_OR_RETURN(c.head_dim, get_int(j, "head_dim", c.dim / c.num_heads, what));
+  KVSPLIT_ASSIGN_OR_RETURN(c.vocab_size, get_int(j, "vocab_size", std::nullopt, what));
+  // transformers' per-architecture defaults when absent.
+  const int64_t default_ctx =
+      arch == Arch::kLlama ? 2048 : (arch == Arch::kMistral ? 131072 : 32768);
+  KVSPLIT_ASSIGN_OR_RETURN(c.max_seq_len, get_int(j, "max_position_embeddings", default_ctx, what));
+  KVSPLIT_ASSIGN_OR_RETURN(double eps, common::json_number(j, "rms_norm_eps", 1e-6, what));
+  c.norm_eps = static_cast<float>(eps);
+  KVSPLIT_ASSIGN_OR_RETURN(c.tie_word_embeddings,
+                           common::json_bool(j, "tie_word_embeddings", false, what));
+  KVSPLIT_ASSIGN_OR_RETURN(std::vector<std::string> layer_types,
+                           parse_layer_types(j, what, arch, c.num_layers));
+  // RoPE last among the sizes: it may extend max_seq_len (linear, yarn).
+  KVSPLIT_RETURN_IF_ERROR(parse_hf_rope(j, what, layer_types, &c));
+  KVSPLIT_RETURN_IF_ERROR(check_sliding_window(j, what, arch, layer_types, c.max_seq_len));
+  c.rope_style = backend::RopeStyle::kHalf;
+  c.qkv_bias = arch == Arch::kQwen2;
+  KVSPLIT_RETURN_IF_ERROR(parse_special_ids(j, dir, what, arch == Arch::kQwen2, &c));
+  KVSPLIT_RETURN_IF_ERROR(validate_model_config(c, what));
+  return c;
+}
+
+}  // namespace kvsplit::model

@@ -1,0 +1,29 @@
+// Hugging Face `config.json` -> ModelConfig. docs/models.md lists every field read, its default,
+// and the errors; a field that would change the math and is not implemented is an error naming
+// the file, the field and the value, never silently ignored.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/json_util.h"
+#include "kvsplit/status.h"
+#include "model/model_config.h"
+
+namespace kvsplit::model {
+
+// Reads `dir`/config.json (and generation_config.json when present). Errors:
+// kInvalidArgument for malformed or out-of-range values, kUnimplemented for valid settings this
+// engine does not run (an unknown architecture is kInvalidArgument); messages start with the path.
+StatusOr<ModelConfig> parse_hf_config(const std::string& dir);
+
+// The RoPE part of config.json, in either form: `rope_parameters` (transformers >= 5; flat, or
+// keyed by layer type) or `rope_theta` + `rope_scaling` (earlier; `type` or `rope_type`). Values
+// given in both forms must agree. Sets config->rope_theta, config->rope_scaling and the context
+// length config->max_seq_len, which must hold max_position_embeddings on entry; reads head_dim.
+// `layer_types` [num_layers] selects the entry of a per-layer-type `rope_parameters`. `what` is
+// the file name for errors.
+Status parse_hf_rope(const common::Json& config_json, const std::string& what,
+                     const std::vector<std::string>& layer_types, ModelConfig* config);
+
+}  // namespace kvsplit::model
