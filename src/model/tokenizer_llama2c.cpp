@@ -35,7 +35,11 @@ class Llama2cTokenizer final : public Tokenizer {
     space_id_ = find(" ");
   }
 
-  StatusOr<std::vector<int32_t>> encode(std::string_view text, bool add_bos) const override {
+  using Tokenizer::encode;
+  // parse_special is ignored: this format has no special-token text (plain text, as run.c).
+  StatusOr<std::vector<int32_t>> encode(std::string_view text,
+                                        const EncodeOptions& options) const override {
+    const bool add_bos = options.add_special;
     std::vector<int32_t> out;
     if (add_bos) out.push_back(kBosId);
     if (text.empty()) return out;
