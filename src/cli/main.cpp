@@ -1,4 +1,4 @@
-// kvsplit: the command-line tool. Subcommands: generate, info.
+// kvsplit: the command-line tool. Subcommands: generate, info, tokenize.
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "cli/tokenize.h"
 #include "kv/kv_pool.h"
 #include "model/batch_generate.h"
 #include "model/default_model.h"
@@ -237,11 +238,17 @@ int main(int argc, char** argv) {
   CLI::App* info = app.add_subcommand("info", "print a model's configuration as JSON");
   add_common(info, info_common);
 
+  cli::TokenizeFlags tf;
+  CLI::App* tokenize =
+      app.add_subcommand("tokenize", "print token ids of texts (HF tokenizers' default encoding)");
+  cli::add_tokenize_options(tokenize, tf);
+
   CLI11_PARSE(app, argc, argv);
   if (gen->parsed()) {
     if (gen_common.verbose) spdlog::set_level(spdlog::level::info);
     return run_generate(gen_common, gf);
   }
   if (info->parsed()) return run_info(info_common);
+  if (tokenize->parsed()) return cli::run_tokenize(tf);
   return 0;
 }
