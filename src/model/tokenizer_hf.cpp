@@ -104,9 +104,22 @@ class HfBpeTokenizer final : public Tokenizer {
                            (metaspace_.prepend == Metaspace::kFirst && first);
       if (prepend && !s.empty() && s.compare(0, rep.size(), rep) != 0) s.insert(0, rep);
     }
-    if (!(metaspace_.enabled && metaspace_.split)) return encode_word(s, out);
-    // MergedWithNext: each occurrence of the replacement starts a new word.
     const std::string& rep = metaspace_.replacement;
+    if (!(metaspace_.enabled && metaspace_.split)) {
+      if (!split_at_marker_) return encode_word(s, out);
+      // No merge can join across "x▁" (see split_at_marker_), so each word merges alone:
+      // the same ids, in O(word) memory instead of a heap over the whole text.
+      size_t start = 0, run_end = std::string::npos;
+      for (size_t j = s.find(rep); j != std::string::npos; j = s.find(rep, j + rep.size())) {
+        if (j > 0 && j != run_end) {
+          KVSPLIT_RETURN_IF_ERROR(encode_word(std::string_view(s).substr(start, j - start), out));
+          start = j;
+        }
+        run_end = j + rep.size();
+      }
+      return encode_word(std::string_view(s).substr(start), out);
+    }
+    // MergedWithNext: each occurrence of the replacement starts a new word.
     size_t start = 0;
     for (size_t j = s.find(rep, 1); j != std::string::npos; j = s.find(rep, j + rep.size())) {
       KVSPLIT_RETURN_IF_ERROR(encode_word(std::string_view(s).substr(start, j - start), out));
@@ -173,7 +186,21 @@ class HfBpeTokenizer final : public Tokenizer {
   Metaspace metaspace_;
   hf::Template tmpl_;
   int32_t bos_id_ = -1, eos_id_ = -1;
+  // The text may be cut into words before each space marker that follows another character:
+  // the marker is a piece, no merge (l, r) has r starting with the marker and l not ending with
+  // it (so no merge joins "x" to "▁..."), and ignore_merges is off (it looks at whole words).
+  bool split_at_marker_ = false;
 };
+
+bool can_split_at_marker(const hf::BpeModel& m, const std::string& marker) {
+  if (m.ignore_merges || !m.vocab.count(marker)) return false;
+  for (const auto& [key, merge] : m.merges) {
+    const std::string& l = m.pieces[static_cast<uint32_t>(key >> 32)];
+    const std::string& r = m.pieces[static_cast<uint32_t>(key)];
+    if (r.starts_with(marker) && !l.ends_with(marker)) return false;
+  }
+  return true;
+}
 
 // ---- loading ----
 
@@ -253,6 +280,7 @@ StatusOr<std::unique_ptr<Tokenizer>> parse_hf(const std::string& path, const jso
     KVSPLIT_RETURN_IF_ERROR(parse_pre_tokenizer(err, *p, t->metaspace_));
   }
   t->added_ = hf::AddedVocab(added, t->ops_);
+  t->split_at_marker_ = can_split_at_marker(t->model_, t->metaspace_.replacement);
 
   // BOS / EOS: tokenizer_config.json's bos_token / eos_token, else the post-processor's first
   // token / "<s>", and "</s>". What encode adds: the post-processor's template, else BOS.
