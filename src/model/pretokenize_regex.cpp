@@ -62,9 +62,9 @@ StatusOr<std::unique_ptr<RegexSplitter>> RegexSplitter::compile(std::string_view
 
 RegexSplitter::~RegexSplitter() { pcre2_code_free(as_code(code_)); }
 
-void RegexSplitter::split_isolated(std::string_view text,
-                                   std::vector<std::string_view>& out) const {
-  if (text.empty()) return;
+Status RegexSplitter::split_isolated(std::string_view text,
+                                     std::vector<std::string_view>& out) const {
+  if (text.empty()) return ok_status();
   pcre2_code* code = as_code(code_);
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
@@ -72,7 +72,14 @@ void RegexSplitter::split_isolated(std::string_view text,
   size_t last = 0;  // end of the last emitted piece
   while (pos < text.size()) {
     const int rc = pcre2_match(code, subject, text.size(), pos, 0, md, nullptr);
-    if (rc < 0) break;  // PCRE2_ERROR_NOMATCH, or a resource limit: the rest is one piece
+    if (rc == PCRE2_ERROR_NOMATCH) break;  // the rest is one piece
+    if (rc < 0) {
+      pcre2_match_data_free(md);
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(rc, msg, sizeof(msg));
+      return resource_exhausted(std::string("pre-tokenizer regex: ") +
+                                reinterpret_cast<const char*>(msg));
+    }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     const size_t start = ov[0], end = ov[1];
     if (end == start) {  // an empty match: dropped; search again one character later
@@ -86,6 +93,7 @@ void RegexSplitter::split_isolated(std::string_view text,
   }
   if (last < text.size()) out.push_back(text.substr(last));
   pcre2_match_data_free(md);
+  return ok_status();
 }
 
 }  // namespace kvsplit::model

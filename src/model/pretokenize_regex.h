@@ -32,7 +32,8 @@ class RegexSplitter {
   // HF's Split with behavior Isolated: appends to `out` every match and every stretch between
   // two matches, in order, so that the pieces cover `text` exactly; empty matches are dropped.
   // Ill-formed UTF-8 never matches, so such bytes end up in the stretches between matches.
-  void split_isolated(std::string_view text, std::vector<std::string_view>& out) const;
+  // kResourceExhausted when PCRE2 gives up (match or memory limit; not seen with HF's patterns).
+  Status split_isolated(std::string_view text, std::vector<std::string_view>& out) const;
 
  private:
   explicit RegexSplitter(void* code) : code_(code) {}

@@ -78,7 +78,7 @@ class ByteLevelBpeTokenizer final : public Tokenizer {
         out.push_back(s.id);
         continue;
       }
-      pre_tokenize(s.text, store, pieces, next);
+      KVSPLIT_RETURN_IF_ERROR(pre_tokenize(s.text, store, pieces, next));
       for (std::string_view p : pieces) {
         KVSPLIT_RETURN_IF_ERROR(encode_word(p, lookup, cache, out));
       }
@@ -99,9 +99,9 @@ class ByteLevelBpeTokenizer final : public Tokenizer {
   std::string_view kind() const override { return "hf-byte-level-bpe"; }
 
   // Splits `text` into pre-tokens (into `pieces`) by each step in turn.
-  void pre_tokenize(std::string_view text, std::deque<std::string>& store,
-                    std::vector<std::string_view>& pieces,
-                    std::vector<std::string_view>& next) const {
+  Status pre_tokenize(std::string_view text, std::deque<std::string>& store,
+                      std::vector<std::string_view>& pieces,
+                      std::vector<std::string_view>& next) const {
     pieces.assign(1, text);
     for (const PreStep& step : steps_) {
       next.clear();
@@ -112,13 +112,14 @@ class ByteLevelBpeTokenizer final : public Tokenizer {
           p = prefixed;
         }
         if (step.split) {
-          step.split->split_isolated(p, next);
+          KVSPLIT_RETURN_IF_ERROR(step.split->split_isolated(p, next));
         } else {
           next.push_back(p);
         }
       }
       pieces.swap(next);
     }
+    return ok_status();
   }
 
   // Appends the ids of one pre-token (raw bytes).

@@ -160,7 +160,9 @@ std::vector<std::string> split(std::string_view pattern, std::string_view text) 
   auto re = RegexSplitter::compile(pattern, /*literal=*/false);
   EXPECT_TRUE(re.ok()) << re.status().to_string();
   std::vector<std::string_view> pieces;
-  if (re.ok()) (*re)->split_isolated(text, pieces);
+  if (re.ok()) {
+    EXPECT_TRUE((*re)->split_isolated(text, pieces).ok());
+  }
   return {pieces.begin(), pieces.end()};
 }
 
