@@ -5,11 +5,10 @@
 
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "test_util.h"
 
@@ -24,18 +23,22 @@ struct RunResult {
 inline std::string quote(const std::string& s) {
   std::string q = "'";
   for (char c : s) {
-    if (c == '\'') q += "'\\''";
-    else q += c;
+    if (c == '\'')
+      q += "'\\''";
+    else
+      q += c;
   }
   return q + "'";
 }
 
-inline RunResult run(const std::string& args, const std::string& env = "", const std::string& cwd = "") {
+inline RunResult run(const std::string& args, const std::string& env = "",
+                     const std::string& cwd = "") {
   TempDir tmp;
   const std::string err_file = tmp.file("stderr");
   std::string cmd;
   if (!cwd.empty()) cmd += "cd " + quote(cwd) + " && ";
-  cmd += env + " " + quote(std::string(KVSPLIT_BINARY_DIR) + "/kvsplit") + " " + args + " 2>" + quote(err_file);
+  cmd += env + " " + quote(std::string(KVSPLIT_BINARY_DIR) + "/kvsplit") + " " + args + " 2>" +
+         quote(err_file);
   RunResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
