@@ -1,4 +1,4 @@
-// kvsplit: the command-line tool. Subcommands: generate, info.
+// kvsplit: the command-line tool. Subcommands: generate, info, tokenize.
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "cli/exit_codes.h"
+#include "cli/tokenize.h"
 #include "kv/kv_pool.h"
 #include "sched/batch_generate.h"
 #include "model/default_model.h"
@@ -70,31 +72,9 @@ void resolve_model(CommonFlags& f) {
   std::fprintf(stderr, "%s\n", d.note.c_str());
 }
 
-// Exit codes of every subcommand (README "Exit codes"): 0 success; 2 bad input, i.e. the fault is
-// in what the user gave (flags, files, prompts) or the input asks for something unsupported;
-// 1 an internal failure (a bug, the machine or the device).
-constexpr int kExitBadInput = 2;
-constexpr int kExitInternal = 1;
-
-int exit_code_for(StatusCode code) {
-  switch (code) {
-    case StatusCode::kInvalidArgument:
-    case StatusCode::kNotFound:
-    case StatusCode::kPermissionDenied:
-    case StatusCode::kUnimplemented:
-    case StatusCode::kOutOfRange:
-    case StatusCode::kDataLoss:
-    case StatusCode::kFailedPrecondition:
-    case StatusCode::kAlreadyExists:
-      return kExitBadInput;
-    default:
-      return kExitInternal;
-  }
-}
-
 int fail(const Status& st) {
   std::fprintf(stderr, "kvsplit: error: %s\n", st.to_string().c_str());
-  return exit_code_for(st.code());
+  return cli::exit_code_for(st.code());
 }
 
 int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
@@ -260,16 +240,22 @@ int main(int argc, char** argv) {
   CLI::App* info = app.add_subcommand("info", "print a model's configuration as JSON");
   add_common(info, info_common);
 
+  cli::TokenizeFlags tf;
+  CLI::App* tokenize =
+      app.add_subcommand("tokenize", "print token ids of texts (HF tokenizers' default encoding)");
+  cli::add_tokenize_options(tokenize, tf);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int printed = app.exit(e);  // prints help, or the error with a usage hint
-    return printed == 0 ? 0 : kExitBadInput;
+    return printed == 0 ? 0 : cli::kExitBadInput;
   }
   if (gen->parsed()) {
     if (gen_common.verbose) spdlog::set_level(spdlog::level::info);
     return run_generate(gen_common, gf);
   }
   if (info->parsed()) return run_info(info_common);
+  if (tokenize->parsed()) return cli::run_tokenize(tf);
   return 0;
 }

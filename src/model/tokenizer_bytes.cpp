@@ -17,7 +17,11 @@ class ByteTokenizer final : public Tokenizer {
  public:
   explicit ByteTokenizer(int vocab_size) : vocab_size_(vocab_size) {}
 
-  StatusOr<std::vector<int32_t>> encode(std::string_view text, bool add_bos) const override {
+  using Tokenizer::encode;
+  // parse_special is ignored: this format has no special-token text (plain text, as run.c).
+  StatusOr<std::vector<int32_t>> encode(std::string_view text,
+                                        const EncodeOptions& options) const override {
+    const bool add_bos = options.add_special;
     std::vector<int32_t> out;
     out.reserve(text.size() + 1);
     if (add_bos) out.push_back(kBosId);

@@ -33,9 +33,21 @@ class Llama2cTokenizer final : public Tokenizer {
     // On duplicate pieces the lowest id wins (run.c's bsearch would pick one arbitrarily).
     for (size_t i = 0; i < pieces_.size(); ++i) piece_ids_.emplace(pieces_[i], int32_t(i));
     space_id_ = find(" ");
+    // Safe to cut before a space that follows a non-space: no piece has a space right after
+    // another byte, so no merge can produce one across the cut.
+    split_at_space_ = space_id_ >= 0;
+    for (const std::string& p : pieces_) {
+      for (size_t k = 1; k < p.size() && split_at_space_; ++k) {
+        if (p[k] == ' ' && p[k - 1] != ' ') split_at_space_ = false;
+      }
+    }
   }
 
-  StatusOr<std::vector<int32_t>> encode(std::string_view text, bool add_bos) const override {
+  using Tokenizer::encode;
+  // parse_special is ignored: this format has no special-token text (plain text, as run.c).
+  StatusOr<std::vector<int32_t>> encode(std::string_view text,
+                                        const EncodeOptions& options) const override {
+    const bool add_bos = options.add_special;
     std::vector<int32_t> out;
     if (add_bos) out.push_back(kBosId);
     if (text.empty()) return out;
@@ -71,13 +83,28 @@ class Llama2cTokenizer final : public Tokenizer {
     }
 
     std::string buf;
-    bpe::merge_greedy(ids, [&](int32_t l, int32_t r) -> std::optional<bpe::Merge> {
+    const bpe::PairLookup lookup = [&](int32_t l, int32_t r) -> std::optional<bpe::Merge> {
       buf.assign(pieces_[l]).append(pieces_[r]);
       const int32_t id = find(buf);
       if (id < 0 || !(scores_[id] > kRunCMinScore)) return std::nullopt;
       return bpe::Merge{id, static_cast<double>(scores_[id])};
-    });
-    out.insert(out.end(), ids.begin(), ids.end());
+    };
+    if (!split_at_space_) {
+      bpe::merge_greedy(ids, lookup);
+      out.insert(out.end(), ids.begin(), ids.end());
+      return out;
+    }
+    // Words start at a space unit that follows another unit; no piece joins across that point
+    // (see split_at_space_), so merging each word alone gives the same ids.
+    std::vector<int32_t> word;
+    for (size_t i = 0; i <= ids.size(); ++i) {
+      if (i == ids.size() || (i > 0 && ids[i] == space_id_ && ids[i - 1] != space_id_)) {
+        bpe::merge_greedy(word, lookup);
+        out.insert(out.end(), word.begin(), word.end());
+        word.clear();
+      }
+      if (i < ids.size()) word.push_back(ids[i]);
+    }
     return out;
   }
 
@@ -104,6 +131,7 @@ class Llama2cTokenizer final : public Tokenizer {
 
   std::vector<std::string> pieces_;  // [vocab] piece bytes
   std::vector<float> scores_;        // [vocab]
+  bool split_at_space_ = false;
   bpe::PieceMap piece_ids_;          // piece -> id
   int32_t space_id_ = -1;            // piece " " (the dummy prefix), -1 when absent
 };

@@ -1,7 +1,7 @@
 // Scheduler: decides what one step of one worker runs, and nothing else. Thread-free and
 // backend-free: plain structs in, plain structs out, so every rule is unit-tested without a
 // model (tests/sched/scheduler_test.cpp), as nano-vllm's scheduler is. The Worker (thread,
-// inbox, KvPool, model runner) and model::generate_batch (the CLI path) both apply its output.
+// inbox, KvPool, model runner) and sched::generate_batch (the CLI path) both apply its output.
 //
 // One step, in order:
 //   1. handoffs: received KV handoffs are admitted in the order given (the worker keeps them in

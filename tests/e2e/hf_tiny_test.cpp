@@ -13,7 +13,7 @@
 
 #include "backend/backend.h"
 #include "kv/kv_pool.h"
-#include "model/batch_generate.h"
+#include "sched/batch_generate.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
 #include "test_util.h"
@@ -106,12 +106,12 @@ TEST(HfTiny, LogitsAndGreedyTokensMatchTransformers) {
               kLogitTolerance);
     const int max_tokens = c["max_tokens"];
     if (max_tokens == 0) continue;  // a logits-only case
-    model::GenerationInput in;
+    sched::GenerationInput in;
     in.prompt_ids = ids;
     in.params.temperature = 0.0f;
     in.params.max_tokens = max_tokens;
     in.params.ignore_eos = true;
-    auto out = model::generate_batch(*e->model, *e->pool, e->loaded.tokenizer.get(), {in});
+    auto out = sched::generate_batch(*e->model, *e->pool, e->loaded.tokenizer.get(), {in});
     ASSERT_TRUE(out.ok()) << out.status().to_string();
     EXPECT_EQ((*out)[0].output_ids, c["output_token_ids"].get<std::vector<int32_t>>());
   }

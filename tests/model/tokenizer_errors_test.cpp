@@ -169,26 +169,65 @@ TEST_F(HfErrors, VocabMismatch) {
 TEST_F(HfErrors, UnsupportedModelAndComponents) {
   auto j = base_;
   j["model"]["type"] = "Unigram";
-  expect_error(write_json("u.json", j), 0, StatusCode::kUnimplemented, "model.type 'Unigram'");
+  expect_error(write_json("u.json", j), 0, StatusCode::kUnimplemented,
+               "field model.type: value 'Unigram'");
   j = base_;
   j["normalizer"] = {{"type", "NFKC"}};
-  expect_error(write_json("nfkc.json", j), 0, StatusCode::kUnimplemented, "'NFKC'");
+  expect_error(write_json("nfkc.json", j), 0, StatusCode::kUnimplemented,
+               "field normalizer.type: normalizer type 'NFKC'");
   j = base_;
   j["pre_tokenizer"] = {{"type", "Whitespace"}};
-  expect_error(write_json("ws.json", j), 0, StatusCode::kUnimplemented, "'Whitespace'");
+  expect_error(write_json("ws.json", j), 0, StatusCode::kUnimplemented,
+               "field pre_tokenizer.type: pre-tokenizer type 'Whitespace'");
   j = base_;
   j["model"]["dropout"] = 0.1;
-  expect_error(write_json("dropout.json", j), 0, StatusCode::kUnimplemented, "dropout");
+  expect_error(write_json("dropout.json", j), 0, StatusCode::kUnimplemented,
+               "field model.dropout: BPE dropout '0.1'");
+  j = base_;
+  j["post_processor"] = {{"type", "Custom"}};
+  expect_error(write_json("pp.json", j), 0, StatusCode::kUnimplemented,
+               "field post_processor.type: post-processor type 'Custom'");
 }
 
-TEST_F(HfErrors, ByteLevelIsUnimplemented) {
-  for (const char* rel : {"tokenizers/gpt2/tokenizer.json", "tokenizers/qwen2/tokenizer.json"}) {
-    expect_error(model_path(rel), 0, StatusCode::kUnimplemented,
-                 "byte-level BPE tokenizers are not supported yet");
-  }
+// A ByteLevel component sends the file to the byte-level loader, which wants a ByteLevel
+// pre-tokenizer (the SentencePiece layout has none).
+TEST_F(HfErrors, ByteLevelDecoderWithoutByteLevelPreTokenizer) {
   auto j = base_;
   j["decoder"] = {{"type", "Sequence"}, {"decoders", {{{"type", "ByteLevel"}}}}};
-  expect_error(write_json("bl.json", j), 0, StatusCode::kUnimplemented, "byte-level");
+  expect_error(write_json("bl.json", j), 0, StatusCode::kUnimplemented,
+               "field pre_tokenizer: a byte-level file needs a ByteLevel one");
+}
+
+TEST_F(HfErrors, TemplateIdsAndAddedTokens) {
+  auto j = base_;
+  j["post_processor"]["special_tokens"]["<s>"]["ids"] = {600};
+  expect_error(write_json("t1.json", j), 0, StatusCode::kInvalidArgument,
+               "field post_processor.special_tokens.<s>.ids: id '600' is out of range");
+  j = base_;
+  j["added_tokens"][1]["id"] = 0;  // "<s>" on "<unk>"'s id
+  expect_error(write_json("a1.json", j), 0, StatusCode::kInvalidArgument,
+               "field added_tokens[1].id: id 0 is used twice");
+  j = base_;
+  j["added_tokens"][1]["id"] = -4;
+  expect_error(write_json("a2.json", j), 0, StatusCode::kInvalidArgument,
+               "field added_tokens[1].id: expected an id in [0, 2^24), got '-4'");
+  j = base_;
+  j["added_tokens"][2]["lstrip"] = "yes";
+  expect_error(write_json("a3.json", j), 0, StatusCode::kInvalidArgument,
+               "field added_tokens[2].lstrip: expected a bool, got 'yes'");
+}
+
+TEST_F(HfErrors, TokenizerConfigBesideTheFile) {
+  const std::string path = write_json("tokenizer.json", base_);
+  write("tokenizer_config.json", "{\"eos_token\": ");
+  expect_error(path, 0, StatusCode::kInvalidArgument, "tokenizer_config.json");
+  write("tokenizer_config.json", "{\"eos_token\": \"<|nope|>\"}");
+  expect_error(path, 0, StatusCode::kInvalidArgument, "field eos_token: '<|nope|>'");
+  write("tokenizer_config.json", "{\"eos_token\": {\"content\": \"<unk>\"}, \"bos_token\": null}");
+  auto t = load_tokenizer(path, 0);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ((*t)->eos_id(), 0);
+  EXPECT_EQ((*t)->bos_id(), 1);  // from the post-processor
 }
 
 TEST_F(HfErrors, NoByteFallbackUsesUnkOrFails) {

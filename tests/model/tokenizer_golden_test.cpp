@@ -283,7 +283,8 @@ TEST(TokenizerMerges, HundredKilobyteText) {
   std::string text;
   while (text.size() < 100000) text += story;
   for (const char* rel : {"tok512.bin", "stories260K-hf/tokenizer.json",
-                          "tokenizers/llama2/tokenizer.bin", "tokenizers/llama2/tokenizer.json"}) {
+                          "tokenizers/llama2/tokenizer.bin", "tokenizers/llama2/tokenizer.json",
+                          "tokenizers/gpt2/tokenizer.json", "tokenizers/qwen2/tokenizer.json"}) {
     auto tok = load_ok(rel, 0);
     ASSERT_TRUE(tok);
     auto ids = tok->encode(text, true);

@@ -1,0 +1,114 @@
+#include "cli/tokenize.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/exit_codes.h"
+#include "model/tokenizer.h"
+
+namespace kvsplit::cli {
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+int fail(const Status& st) {
+  std::fprintf(stderr, "kvsplit tokenize: error: %s\n", st.to_string().c_str());
+  return exit_code_for(st.code());
+}
+
+// A directory means the HF model directory's tokenizer.json (else its tokenizer.bin).
+std::string resolve(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return path;
+  const auto dir = std::filesystem::path(path);
+  for (const char* name : {"tokenizer.json", "tokenizer.bin"}) {
+    if (std::filesystem::exists(dir / name, ec)) return (dir / name).string();
+  }
+  return (dir / "tokenizer.json").string();  // load_tokenizer reports it missing
+}
+
+std::string dump(const ordered_json& j) {
+  return j.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+}
+
+}  // namespace
+
+void add_tokenize_options(CLI::App* cmd, TokenizeFlags& f) {
+  cmd->add_option("--tokenizer", f.tokenizer,
+                  "tokenizer.json, llama2.c tokenizer.bin, or an HF model directory")
+      ->required();
+  cmd->add_option("text", f.texts, "texts to encode (one output line each)");
+  cmd->add_option("--input-jsonl", f.input_jsonl,
+                  "read {\"text\": ...} lines from FILE (- = stdin) and write each object back "
+                  "with \"ids\" set (other fields kept)");
+  cmd->add_flag("--json", f.json, "print one {\"text\": ..., \"ids\": [...]} line per text");
+  cmd->add_flag("--no-special", f.no_special,
+                "do not add the tokens the tokenizer adds around a text (BOS); "
+                "HF add_special_tokens=False");
+  cmd->add_flag("--special-as-text", f.special_as_text,
+                "encode special-token text (<s>, <|endoftext|>) as plain text instead of the "
+                "special ids");
+}
+
+int run_tokenize(const TokenizeFlags& f) {
+  if (!f.input_jsonl.empty() && !f.texts.empty()) {
+    return fail(invalid_argument("give texts or --input-jsonl, not both"));
+  }
+  if (f.input_jsonl.empty() && f.texts.empty()) {
+    return fail(invalid_argument("nothing to encode: give texts or --input-jsonl FILE"));
+  }
+  auto tok = model::load_tokenizer(resolve(f.tokenizer));
+  if (!tok.ok()) return fail(tok.status());
+  model::EncodeOptions opt;
+  opt.add_special = !f.no_special;
+  opt.parse_special = !f.special_as_text;
+
+  if (f.input_jsonl.empty()) {
+    for (const std::string& text : f.texts) {
+      auto ids = (*tok)->encode(text, opt);
+      if (!ids.ok()) return fail(ids.status());
+      if (f.json) {
+        ordered_json j;
+        j["text"] = text;
+        j["ids"] = *ids;
+        std::cout << dump(j) << "\n";
+      } else {
+        for (size_t i = 0; i < ids->size(); ++i) std::cout << (i ? " " : "") << (*ids)[i];
+        std::cout << "\n";
+      }
+    }
+    std::cout.flush();
+    return std::cout ? 0 : 1;
+  }
+
+  std::ifstream file;
+  if (f.input_jsonl != "-") {
+    file.open(f.input_jsonl, std::ios::binary);
+    if (!file) return fail(not_found(f.input_jsonl + ": cannot open"));
+  }
+  std::istream& in = f.input_jsonl == "-" ? std::cin : file;
+  std::string line;
+  for (size_t n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
+    const std::string where = f.input_jsonl + ":" + std::to_string(n) + ": ";
+    ordered_json j = ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return fail(invalid_argument(where + "not a JSON value"));
+    if (!j.is_object()) return fail(invalid_argument(where + "expected a JSON object"));
+    auto text = j.find("text");
+    if (text == j.end() || !text->is_string()) {
+      return fail(invalid_argument(where + "expected a string field \"text\""));
+    }
+    auto ids = (*tok)->encode(text->get<std::string>(), opt);
+    if (!ids.ok()) return fail(invalid_argument(where + ids.status().message()));
+    j["ids"] = *ids;
+    std::cout << dump(j) << "\n";
+  }
+  if (in.bad()) return fail(data_loss(f.input_jsonl + ": read error"));
+  std::cout.flush();
+  return std::cout ? 0 : 1;
+}
+
+}  // namespace kvsplit::cli
