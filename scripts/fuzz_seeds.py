@@ -63,6 +63,25 @@ def tokenizer_seeds():
         put("tokenizer_json", f"{i}", json.dumps(j, ensure_ascii=False))
 
 
+def tokenizer_bin_seeds():
+    path = os.path.join(a.models, "tok512.bin")
+    if os.path.exists(path):
+        put("tokenizer_json", "tok512.bin", open(path, "rb").read())
+
+
+def encode_seeds():
+    n = 0
+    for path in sorted(glob.glob(os.path.join(a.models, "tokenizers", "*", "encode_shared.jsonl"))):
+        for line in open(path, encoding="utf-8"):
+            put("tokenizer_encode", f"{n}", json.loads(line)["text"].encode("utf-8", "surrogatepass"))
+            n += 1
+    sample = os.path.join(a.models, "..", "data", "tinystories_sample.txt")
+    if os.path.exists(sample):
+        text = open(sample, "rb").read()
+        for i in range(0, min(len(text), 8192), 1024):
+            put("tokenizer_encode", f"story{i}", text[i:i + 1024])
+
+
 def config_seeds():
     for path in sorted(glob.glob(os.path.join(a.configs, "*.yaml"))):
         put("config_yaml", os.path.basename(path), open(path, "rb").read())
@@ -70,6 +89,8 @@ def config_seeds():
 
 safetensors_seeds()
 tokenizer_seeds()
+tokenizer_bin_seeds()
+encode_seeds()
 config_seeds()
 for kind in sorted(os.listdir(a.out)):
     print(f"fuzz_seeds: {kind}: {len(os.listdir(os.path.join(a.out, kind)))} seeds", file=sys.stderr)

@@ -40,6 +40,16 @@ StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path, int
                             std::to_string(expected_vocab) + " is negative");
   }
   KVSPLIT_ASSIGN_OR_RETURN(std::string data, read_file(path));
+  return load_tokenizer_from_bytes(data, path, expected_vocab);
+}
+
+StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer_from_bytes(std::string_view data,
+                                                               const std::string& path,
+                                                               int expected_vocab) {
+  if (expected_vocab < 0) {
+    return invalid_argument("tokenizer " + path + ": expected_vocab " +
+                            std::to_string(expected_vocab) + " is negative");
+  }
   if (looks_like_json(data)) return internal::load_hf_tokenizer(path, data, expected_vocab);
   return internal::load_llama2c_tokenizer(path, data, expected_vocab);
 }

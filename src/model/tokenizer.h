@@ -55,6 +55,11 @@ class Tokenizer {
 // against the file. Errors name the file and the fault (kNotFound, kInvalidArgument for a
 // malformed file, kUnimplemented for a valid file using a component not supported).
 StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path, int expected_vocab = 0);
+// The same from the file's bytes in memory; `path` names it in errors and locates side files
+// (tokenizer_config.json beside it, read when present). For the fuzz targets and tests.
+StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer_from_bytes(std::string_view data,
+                                                               const std::string& path,
+                                                               int expected_vocab = 0);
 
 // Stand-in tokenizer for synthetic models: ids 0..2 are <unk>, <s>, </s>, ids 3..258 the bytes
 // 0x00..0xFF; ids past 258 decode as "" (never produced by encode).
