@@ -126,6 +126,7 @@ Status read_server(const YAML::Node& n, ServerConfig* s) {
   KVSPLIT_RETURN_IF_ERROR(r.get("host", &s->host));
   KVSPLIT_RETURN_IF_ERROR(r.get("port", &s->port));
   KVSPLIT_RETURN_IF_ERROR(r.get("metrics_port", &s->metrics_port));
+  KVSPLIT_RETURN_IF_ERROR(r.get("metrics_host", &s->metrics_host));
   if (YAML::Node tls = r.child("tls"); tls && !tls.IsNull()) {
     MapReader t(tls, "server.tls");
     KVSPLIT_RETURN_IF_ERROR(t.check_is_map());
