@@ -66,7 +66,7 @@ bool Worker::step() {
 
 void Worker::preempt(Sequence& seq, Clock::time_point now) {
   KVSPLIT_LOG_WARN("{}: preempting request {} (priority {}) by recompute: {} tokens of KV dropped",
-                   options_.name, seq.id(), seq.priority, seq.num_computed);
+                   options_.name, seq.display_id(), seq.priority, seq.num_computed);
   pool_->release(seq.table);
   seq.table = {};
   seq.num_computed = 0;

@@ -110,7 +110,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
       aborted_ = true;
       id = request_id_;
     }
-    service_->engine()->cancel(id);
+    service_->engine()->cancel("", id);  // one tenant until the server sets them
   }
 
   // Drains queued events into one message and starts its write, unless a write is in flight
@@ -342,7 +342,7 @@ grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* 
     reactor->Finish(
         grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request_id: must not be empty"));
   } else {
-    response->set_aborted(engine_->cancel(request->request_id()));
+    response->set_aborted(engine_->cancel("", request->request_id()));
     reactor->Finish(grpc::Status::OK);
   }
   return reactor;
