@@ -21,6 +21,7 @@
 #include "model/default_model.h"
 #include "server/grpc_server.h"
 #include "server/metrics.h"
+#include "server/protocol.h"
 
 namespace {
 
@@ -180,6 +181,8 @@ int main(int argc, char** argv) {
   for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
+  // Before any thread starts (protobuf's SetLogHandler is not thread-safe).
+  server::install_protobuf_log_handler();
 
   Flags f;
   CLI::App app{"kvsplit-server: gRPC front end of the kvsplit engine (kvsplit.v1.Generation)"};

@@ -2,12 +2,15 @@
 // the bound ports from its stdout, keeps its stderr (the log) in a file, SIGTERMs it at the end.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -138,12 +141,15 @@ inline std::pair<int, std::string> run_command(const std::string& cmd) {
 }
 
 // A unary call with raw request bytes (health checks, malformed messages).
+// `bearer` non-empty: sent as "authorization: Bearer <bearer>".
 inline grpc::Status raw_unary(const std::shared_ptr<grpc::Channel>& ch, const std::string& method,
                               const std::string& request_bytes, std::string* response_bytes,
-                              std::chrono::milliseconds timeout = std::chrono::milliseconds(5000)) {
+                              std::chrono::milliseconds timeout = std::chrono::milliseconds(5000),
+                              const std::string& bearer = "") {
   grpc::GenericStub stub(ch);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  if (!bearer.empty()) ctx.AddMetadata("authorization", "Bearer " + bearer);
   grpc::Slice slice(request_bytes);
   grpc::ByteBuffer req(&slice, 1), resp;
   std::promise<grpc::Status> done;
@@ -158,6 +164,50 @@ inline grpc::Status raw_unary(const std::shared_ptr<grpc::Channel>& ch, const st
       response_bytes->append(reinterpret_cast<const char*>(s.begin()), s.size());
   }
   return st;
+}
+
+// GET /metrics from 127.0.0.1:`port`; the body, or "" when the connection fails.
+inline std::string scrape_metrics(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[8192];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  const auto body = out.find("\r\n\r\n");
+  return body == std::string::npos ? "" : out.substr(body + 4);
+}
+
+// The value of the sample `series` (name with its labels, e.g. `x_total{code="OK"}`) in a
+// Prometheus text body; -1 when absent.
+inline double metric_value(const std::string& text, const std::string& series) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.size() > series.size() && line.compare(0, series.size(), series) == 0 &&
+        line[series.size()] == ' ')
+      return std::atof(line.c_str() + series.size() + 1);
+  }
+  return -1;
+}
+
+// Lines of `text` that contain `needle`.
+inline int count_lines_with(const std::string& text, const std::string& needle) {
+  std::istringstream in(text);
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) n += line.find(needle) != std::string::npos;
+  return n;
 }
 
 }  // namespace kvsplit::testing
