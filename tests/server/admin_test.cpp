@@ -258,6 +258,7 @@ TEST_F(AdminTest, TlsAndApiKeys) {
     if (!bearer.empty()) ctx.AddMetadata("authorization", bearer);
     return generate_status(stub, simple(), nullptr, &ctx).error_code();
   };
+  EXPECT_EQ(server->log().find("clear text"), std::string::npos) << "TLS is on";
   EXPECT_EQ(call(tls.get(), "Bearer sekrit-key-1"), grpc::StatusCode::OK);
   EXPECT_EQ(call(tls.get(), "Bearer sekrit-key-2"), grpc::StatusCode::OK);
   EXPECT_EQ(call(tls.get(), "Bearer wrong-key-123"), grpc::StatusCode::UNAUTHENTICATED);

@@ -1,6 +1,7 @@
-// Protocol errors against the real binary: authentication before parsing, INVALID_ARGUMENT with a
-// message for unparsable requests, a throttled log and a metric for them, deadline expiry under
-// its own metrics code.
+// Protocol errors and operator safety against the real binary: authentication before parsing,
+// INVALID_ARGUMENT with a message for unparsable requests, a throttled log and a metric for them,
+// deadline expiry under its own metrics code, a second SIGTERM forcing a prompt exit, and the
+// startup lines about clear-text keys and where the (unauthenticated) metrics listen.
 #include "server/server_harness.h"
 
 namespace kvsplit::testing {
@@ -64,9 +65,10 @@ v1::GenerateRequest simple(uint32_t max_tokens) {
 
 class ProtocolTest : public ::testing::Test {
  protected:
-  std::unique_ptr<ServerProcess> start(std::vector<std::string> args) {
-    auto s =
-        std::make_unique<ServerProcess>(args, dir_.file("server" + std::to_string(n_++) + ".log"));
+  std::unique_ptr<ServerProcess> start(std::vector<std::string> args,
+                                       const std::string& host = "127.0.0.1") {
+    auto s = std::make_unique<ServerProcess>(
+        args, dir_.file("server" + std::to_string(n_++) + ".log"), host);
     EXPECT_TRUE(s->started()) << s->log();
     return s;
   }
@@ -214,6 +216,80 @@ TEST_F(ProtocolTest, DeadlineExpiryHasItsOwnCode) {
             1);
   EXPECT_EQ(wait_metric(port, "kvsplit:grpc_generate_calls_total{code=\"CANCELLED\"}", 1), 1);
   EXPECT_TRUE(all_kv_free(stub.get(), ""));
+}
+
+TEST_F(ProtocolTest, SecondSigtermForcesAPromptExit) {
+  auto server =
+      start({"--model", "synthetic:llama-110m", "--config",
+             write("s.yaml", "kv: {capacity_mb: 256}\nserver: {drain_timeout_ms: 600000}\n")});
+  ASSERT_TRUE(server->started());
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+  // ~35 ms per token: 1000 tokens take half a minute or more, the drain waits ten minutes.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(300));
+  auto reader = stub->Generate(&ctx, simple(1000));
+  v1::GenerateResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  size_t tokens = msg.token_ids_size();
+  server->signal(SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_TRUE(server->alive()) << "the first SIGTERM must drain, not exit";
+  const auto second = std::chrono::steady_clock::now();
+  server->signal(SIGTERM);
+  const int code = server->stop(std::chrono::seconds(20));
+  const auto took = std::chrono::steady_clock::now() - second;
+  EXPECT_EQ(code, 128 + SIGTERM) << server->log();
+  EXPECT_LT(took, std::chrono::seconds(5));
+  while (reader->Read(&msg)) tokens += msg.token_ids_size();
+  grpc::Status st = reader->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  EXPECT_FALSE(st.error_message().empty());
+  EXPECT_LT(tokens, 1000u);
+  EXPECT_NE(server->log().find("during the drain"), std::string::npos) << server->log();
+}
+
+TEST_F(ProtocolTest, ClearTextKeysAreWarnedAbout) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto server = start({"--model", model_path("stories260K.bin"), "--api-key", kKey});
+  ASSERT_TRUE(server->started());
+  const std::string log = server->log();
+  EXPECT_NE(log.find("API keys are set but TLS is off"), std::string::npos) << log;
+  EXPECT_NE(log.find("clear text"), std::string::npos) << log;
+  EXPECT_NE(log.find("has no authentication"), std::string::npos) << log;
+  EXPECT_EQ(log.find(kKey), std::string::npos) << "the key itself is logged";
+  auto plain = start({"--model", model_path("stories260K.bin")});
+  ASSERT_TRUE(plain->started());
+  EXPECT_EQ(plain->log().find("clear text"), std::string::npos) << plain->log();
+}
+
+TEST_F(ProtocolTest, MetricsHostDefaultsAndOverride) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::string model = model_path("stories260K.bin");
+  struct Case {
+    std::vector<std::string> args;
+    const char* want;
+  };
+  const std::vector<Case> cases = {
+      {{"--model", model}, "0.0.0.0"},                       // server.host
+      {{"--model", model, "--api-key", kKey}, "127.0.0.1"},  // loopback with keys
+      {{"--model", model, "--api-key", kKey, "--metrics-host", "0.0.0.0"}, "0.0.0.0"},
+      {{"--model", model, "--config", write("m.yaml", "server: {metrics_host: 127.0.0.1}\n")},
+       "127.0.0.1"},
+  };
+  for (const Case& c : cases) {
+    auto server = start(c.args, "0.0.0.0");
+    ASSERT_TRUE(server->started());
+    EXPECT_EQ(server->metrics_host(), c.want) << server->log();
+    EXPECT_NE(server->log().find("metrics: http://" + std::string(c.want) + ":"), std::string::npos)
+        << server->log();
+    EXPECT_NE(scrape_metrics(server->metrics_port()).find("kvsplit:num_requests_running"),
+              std::string::npos);
+  }
+  auto [code, out] = run_command(std::string(KVSPLIT_SERVER_BIN) +
+                                 " --port 0 --metrics-host 'bad host' --model " + model);
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("server.metrics_host"), std::string::npos) << out;
 }
 
 }  // namespace

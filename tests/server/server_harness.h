@@ -29,11 +29,12 @@ namespace kvsplit::testing {
 
 class ServerProcess {
  public:
-  // Starts `kvsplit-server --host 127.0.0.1 --port 0 --metrics-port 0 ARGS...` and waits (up to
-  // 60 s) for its "listening on" lines. started() is false when it exited instead.
-  ServerProcess(std::vector<std::string> args, std::string log_path)
+  // Starts `kvsplit-server --host HOST --port 0 --metrics-port 0 ARGS...` and waits (up to 60 s)
+  // for its "listening on" lines. started() is false when it exited instead.
+  ServerProcess(std::vector<std::string> args, std::string log_path,
+                const std::string& host = "127.0.0.1")
       : log_path_(std::move(log_path)) {
-    std::vector<std::string> argv = {KVSPLIT_SERVER_BIN, "--host", "127.0.0.1", "--port", "0",
+    std::vector<std::string> argv = {KVSPLIT_SERVER_BIN, "--host", host, "--port", "0",
                                      "--metrics-port",   "0"};
     argv.insert(argv.end(), args.begin(), args.end());
     int out[2];
@@ -61,8 +62,8 @@ class ServerProcess {
       ssize_t n = read(out_fd_, chunk, sizeof(chunk));
       if (n <= 0) break;  // exited
       buf.append(chunk, static_cast<size_t>(n));
-      port_ = parse_port(buf, "listening on 127.0.0.1:");
-      metrics_port_ = parse_port(buf, "metrics on http://127.0.0.1:");
+      port_ = parse_port(buf, "listening on " + host + ":");
+      parse_metrics_line(buf);
       if (port_ > 0 && metrics_port_ > 0) return;
     }
   }
@@ -73,6 +74,8 @@ class ServerProcess {
   bool started() const { return port_ > 0; }
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
+  // The host of the "metrics on http://HOST:PORT/metrics" line.
+  const std::string& metrics_host() const { return metrics_host_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   std::string log() const {
     std::ifstream in(log_path_);
@@ -80,16 +83,18 @@ class ServerProcess {
     ss << in.rdbuf();
     return ss.str();
   }
-  void signal(int sig) const {
+  void signal(int sig) {
     if (pid_ > 0) kill(pid_, sig);
+    if (sig == SIGTERM || sig == SIGINT) terminating_ = true;
   }
   bool alive() const {
     return pid_ > 0 && kill(pid_, 0) == 0 && waitpid(pid_, nullptr, WNOHANG) == 0;
   }
-  // SIGTERM and wait up to `timeout`; returns the exit status (-1 on timeout, then SIGKILL).
+  // SIGTERM (unless signal() already sent one: a second one would force the exit) and wait up to
+  // `timeout`; returns the exit status (-1 on timeout, then SIGKILL).
   int stop(std::chrono::seconds timeout = std::chrono::seconds(20)) {
     if (pid_ <= 0) return exit_status_;
-    kill(pid_, SIGTERM);
+    if (!terminating_) kill(pid_, SIGTERM);
     exit_status_ = wait_exit(timeout);
     if (exit_status_ == -1) {
       kill(pid_, SIGKILL);
@@ -112,6 +117,17 @@ class ServerProcess {
     }
     return -1;
   }
+  void parse_metrics_line(const std::string& buf) {
+    const std::string key = "metrics on http://";
+    const auto at = buf.find(key);
+    const auto end = at == std::string::npos ? at : buf.find("/metrics\n", at);
+    if (end == std::string::npos) return;
+    const std::string hostport = buf.substr(at + key.size(), end - at - key.size());
+    const auto colon = hostport.rfind(':');
+    if (colon == std::string::npos) return;
+    metrics_host_ = hostport.substr(0, colon);
+    metrics_port_ = std::atoi(hostport.substr(colon + 1).c_str());
+  }
   static int parse_port(const std::string& buf, const std::string& key) {
     auto at = buf.find(key);
     if (at == std::string::npos) return 0;
@@ -125,7 +141,9 @@ class ServerProcess {
   int out_fd_ = -1;
   int port_ = 0;
   int metrics_port_ = 0;
+  std::string metrics_host_;
   int exit_status_ = -1;
+  bool terminating_ = false;
 };
 
 // Runs a shell command line; returns {exit code, stdout + stderr}.
