@@ -60,7 +60,14 @@ struct EngineConfig {
 };
 
 struct Request {
-  std::string request_id;                // empty: the engine assigns one
+  // Unique among the tenant's in-flight requests. Empty: the engine assigns "req-" followed by 32
+  // random hex digits (128 bits from the kernel's CSPRNG), which nobody can predict.
+  std::string request_id;
+  // Who submitted the request: request ids are scoped to it, and cancel() and the duplicate check
+  // see only the tenant's own requests. The server sets a non-secret id of the caller's API key,
+  // or "anonymous" without authentication (docs/server.md); empty is a tenant like any other.
+  // Carried on the request for per-tenant accounting.
+  std::string tenant;
   std::string prompt;                    // used when prompt_token_ids is empty
   std::vector<int32_t> prompt_token_ids; // when set, used as is (no BOS added)
   SamplingParams sampling;
@@ -179,14 +186,19 @@ class Engine {
   // context or the KV pool, with the numbers), kResourceExhausted (class queue full),
   // kUnavailable (shutting down). Accepted requests end with exactly one final event.
   virtual StatusOr<RequestHandle> submit(Request request) = 0;
-  // Aborts a request at any stage; its KV blocks are freed. False when unknown or finished.
-  virtual bool cancel(const std::string& request_id) = 0;
+  // Aborts the request `request_id` of `tenant` at any stage; its KV blocks are freed. False when
+  // the tenant has no such request in flight (unknown, finished, or another tenant's).
+  virtual bool cancel(const std::string& tenant, const std::string& request_id) = 0;
   virtual EngineStats stats() const = 0;
   virtual ModelInfo model_info() const = 0;
   // Replaces the SLA classes (names may change; queued requests keep their class settings).
   virtual Status update_sla_classes(std::vector<SlaClass> classes) = 0;
-  // Stops admitting; waits up to `drain` for running requests, then cancels the rest.
+  // Stops admitting; waits up to `drain` for running requests, then cancels the rest (their final
+  // event: kCancelled with a kUnavailable status).
   virtual void shutdown(std::chrono::milliseconds drain) = 0;
+  // Cuts the drain wait of shutdown() short, now or when shutdown() starts: the requests still in
+  // flight are cancelled at once as when `drain` runs out (operator's second SIGTERM). Any thread.
+  virtual void end_drain() = 0;
 };
 
 }  // namespace kvsplit

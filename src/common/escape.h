@@ -1,34 +1,23 @@
-// Escaping of user-supplied text echoed in errors and logs: printable ASCII stays, everything else
-// (control bytes, NUL, ESC, DEL, any byte >= 0x80) becomes \xNN, backslash and quote are
-// escaped, and the result is capped so a huge value cannot flood a message.
+// Escaping of untrusted text before it is echoed in an error message or a log line.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
-namespace kvsplit::common {
+namespace kvsplit {
 
-// At most `max_bytes` input bytes are shown; a longer input ends in "...(N bytes)".
-inline std::string escape_for_message(std::string_view s, size_t max_bytes = 128) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  const size_t shown = s.size() < max_bytes ? s.size() : max_bytes;
-  out.reserve(shown + 8);
-  for (size_t i = 0; i < shown; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '\\' || c == '\'' || c == '"') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c >= 0x20 && c < 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  if (shown < s.size()) out += "...(" + std::to_string(s.size()) + " bytes)";
-  return out;
-}
+// Bytes of untrusted input echoed in one message at most (escape_for_message's default cap).
+inline constexpr size_t kMaxEchoBytes = 64;
 
-}  // namespace kvsplit::common
+// Returns `text` safe to embed in a message, a log line or a terminal:
+//   - valid UTF-8 characters pass through, except controls: C0 (NUL, ESC, newline, ...), DEL, C1
+//     (U+0080..U+009F) and the bidi overrides/isolates U+202A..U+202E, U+2066..U+2069;
+//   - those controls and every byte of invalid UTF-8 become `\xNN` (two lower-case hex digits per
+//     byte), a backslash becomes `\\`, a single quote `\'` and a double quote `\"`;
+//   - at most `max_bytes` bytes of input are shown (cut at a character boundary); a longer input
+//     ends with `...(N bytes)`, N the input's full size.
+// Pure; the output is printable ASCII or valid UTF-8 without controls.
+std::string escape_for_message(std::string_view text, size_t max_bytes = kMaxEchoBytes);
+
+}  // namespace kvsplit

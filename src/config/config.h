@@ -23,6 +23,9 @@ struct ServerConfig {
   std::string host = "0.0.0.0";
   int32_t port = 50051;         // [0, 65535]; 0 = pick a free port (logged)
   int32_t metrics_port = 9090;  // [-1, 65535]; -1 = no metrics endpoint, 0 = any port
+  // Address the (unauthenticated) metrics listener binds; a host name or IP literal of at most
+  // 253 bytes of [A-Za-z0-9.:_%-]. Empty: metrics_bind_host()'s default.
+  std::string metrics_host;
   TlsConfig tls;
   std::vector<std::string> api_keys;  // empty: no authentication
   int32_t max_concurrent_streams =
@@ -32,6 +35,13 @@ struct ServerConfig {
   int32_t max_tokens_limit = 8192;     // [1, 1 << 20]; GenerateRequest.max_tokens upper bound
   int32_t default_max_tokens = 16;     // [1, max_tokens_limit]; when max_tokens is 0
   int32_t drain_timeout_ms = 10000;    // [0, 3600000]; SIGTERM: wait this long, then cancel
+
+  // metrics_host when set; else loopback (127.0.0.1) when API keys are set, so that a server that
+  // asks for keys does not expose its metrics, and `host` otherwise.
+  std::string metrics_bind_host() const {
+    if (!metrics_host.empty()) return metrics_host;
+    return api_keys.empty() ? host : "127.0.0.1";
+  }
 };
 
 struct Config {

@@ -51,7 +51,7 @@ Status validate_sla_classes(const std::vector<SlaClass>& classes) {
   std::set<std::string> names;
   for (const SlaClass& c : classes) {
     if (!valid_class_name(c.name))
-      return invalid_argument("sla_classes." + common::escape_for_message(c.name, 64) +
+      return invalid_argument("sla_classes." + escape_for_message(c.name, 64) +
                               ": class names are 1..64 characters of [A-Za-z0-9_.-]");
     if (!names.insert(c.name).second)
       return invalid_argument("sla_classes." + c.name + ": duplicate class name");
@@ -70,7 +70,7 @@ Status validate_config(const Config& config) {
   if (e.model.empty()) return invalid_argument("model.path: must not be empty");
   if (e.backend != "cpu" && e.backend != "cuda")
     return invalid_argument("pools.backend: must be 'cpu' or 'cuda', got '" +
-                            common::escape_for_message(e.backend, 64) + "'");
+                            escape_for_message(e.backend, 64) + "'");
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.prefill_workers", e.num_prefill_workers, 1, 64));
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.decode_workers", e.num_decode_workers, 1, 64));
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.threads_per_worker", e.threads_per_worker, 0, 1024));
@@ -87,6 +87,14 @@ Status validate_config(const Config& config) {
   if (s.host.empty()) return invalid_argument("server.host: must not be empty");
   KVSPLIT_RETURN_IF_ERROR(check_range("server.port", s.port, 0, 65535));
   KVSPLIT_RETURN_IF_ERROR(check_range("server.metrics_port", s.metrics_port, -1, 65535));
+  if (s.metrics_host.size() > 253 ||
+      s.metrics_host.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                       "0123456789.:_%-") != std::string::npos) {
+    return invalid_argument(
+        "server.metrics_host: must be a host name or IP address (at most 253 of A-Z a-z 0-9 . : _ "
+        "% -), got '" +
+        escape_for_message(s.metrics_host) + "'");
+  }
   if (s.tls.cert_file.empty() != s.tls.key_file.empty())
     return invalid_argument("server.tls: cert_file and key_file must be given together");
   for (size_t i = 0; i < s.api_keys.size(); ++i) {
@@ -116,8 +124,9 @@ std::string describe(const Config& config) {
      << " mode=" << (e.mode == ServingMode::kColocated ? "colocated" : "disaggregated")
      << " prefill_workers=" << e.num_prefill_workers << " decode_workers=" << e.num_decode_workers
      << " block_size=" << e.block_size << " listen=" << s.host << ":" << s.port
-     << " metrics_port=" << s.metrics_port << " tls=" << (s.tls.enabled() ? "on" : "off")
-     << " api_keys=" << s.api_keys.size() << " classes=[";
+     << " metrics=" << s.metrics_bind_host() << ":" << s.metrics_port
+     << " tls=" << (s.tls.enabled() ? "on" : "off") << " api_keys=" << s.api_keys.size()
+     << " classes=[";
   for (size_t i = 0; i < e.sla_classes.size(); ++i) {
     const SlaClass& c = e.sla_classes[i];
     ss << (i ? ", " : "") << c.name << "(ttft<" << c.max_ttft_ms << "ms itl<" << c.max_itl_ms

@@ -26,11 +26,11 @@ Status field_error(const std::string& path, const std::string& what) {
 
 // Keys and values from the file are escaped when they appear in a message.
 std::string join(const std::string& path, const std::string& key) {
-  const std::string k = common::escape_for_message(key, 64);
+  const std::string k = escape_for_message(key, 64);
   return path.empty() ? k : path + "." + k;
 }
 std::string quoted(const std::string& value) {
-  return "'" + common::escape_for_message(value, 64) + "'";
+  return "'" + escape_for_message(value, 64) + "'";
 }
 
 Status parse_scalar(const YAML::Node& n, const std::string& path, std::string* out) {
@@ -136,6 +136,7 @@ Status read_server(const YAML::Node& n, ServerConfig* s) {
   KVSPLIT_RETURN_IF_ERROR(r.get("host", &s->host));
   KVSPLIT_RETURN_IF_ERROR(r.get("port", &s->port));
   KVSPLIT_RETURN_IF_ERROR(r.get("metrics_port", &s->metrics_port));
+  KVSPLIT_RETURN_IF_ERROR(r.get("metrics_host", &s->metrics_host));
   if (YAML::Node tls = r.child("tls"); tls && !tls.IsNull()) {
     MapReader t(tls, "server.tls");
     KVSPLIT_RETURN_IF_ERROR(t.check_is_map());
@@ -297,7 +298,7 @@ class DocumentCounter final : public YAML::EventHandler {
         return invalid_argument("YAML error at line " + std::to_string(h.start_.line + 1) +
                                 ", column " + std::to_string(h.start_.column + 1) +
                                 ": unexpected '" +
-                                common::escape_for_message(text.substr(h.start_.pos, 1)) + "'");
+                                escape_for_message(text.substr(h.start_.pos, 1)) + "'");
       }
       if (++docs == 2) *second = h.start_;
     }

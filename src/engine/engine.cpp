@@ -5,7 +5,9 @@
 
 #include "backend/backend.h"
 #include "common/check.h"
+#include "common/escape.h"
 #include "common/log.h"
+#include "common/random_id.h"
 #include "engine/engine_impl.h"
 #include "kv/kv_pool.h"
 #include "model/llama_model.h"
@@ -13,6 +15,8 @@
 
 namespace kvsplit {
 namespace {
+
+constexpr std::string_view kAssignedIdPrefix = "req-";  // + 32 random hex digits
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -120,7 +124,7 @@ std::unique_ptr<sched::Sequence> EngineImpl::make_sequence(const Request& reques
                                                            const SlaClass& cls, int class_index) {
   const model::ModelConfig& mc = loaded_->config;
   auto seq = std::make_unique<sched::Sequence>();
-  seq->ctl = std::make_shared<sched::RequestControl>(std::move(id));
+  seq->ctl = std::make_shared<sched::RequestControl>(std::move(id), request.tenant);
   seq->arrival = arrival;
   seq->priority = cls.priority + request.priority;
   seq->class_index = class_index;
@@ -155,29 +159,29 @@ StatusOr<RequestHandle> EngineImpl::submit(Request request) {
   const int ci = sched::find_sla_class(classes, request.sla_class);
   if (ci < 0) {
     return invalid_argument(fmt::format("sla_class: unknown class '{}' (known: {})",
-                                        request.sla_class, class_names(classes)));
+                                        escape_for_message(request.sla_class),
+                                        class_names(classes)));
   }
   KVSPLIT_ASSIGN_OR_RETURN(
       std::vector<int32_t> ids,
       sched::prompt_token_ids(request, *loaded_->tokenizer, loaded_->config.vocab_size));
   KVSPLIT_RETURN_IF_ERROR(sched::check_admission(request, static_cast<int>(ids.size()), limits_));
-  // One atomic increment gives both the age and (when the client sent none) a unique id.
   const int64_t arrival = next_arrival_.fetch_add(1, std::memory_order_relaxed);
+  // Assigned ids are random, so that nobody can predict (and cancel) another caller's request.
   const bool assigned = request.request_id.empty();
-  std::string id = assigned ? fmt::format("req-{}", arrival) : request.request_id;
+  std::string id = assigned ? random_id(kAssignedIdPrefix) : request.request_id;
   std::unique_ptr<sched::Sequence> seq =
       make_sequence(request, std::move(id), arrival, std::move(ids), classes[ci], ci);
   std::shared_ptr<sched::RequestControl> ctl = seq->ctl;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // An assigned id can only clash with a client-chosen "req-<n>"; then take a fresh number.
-    while (!active_.emplace(ctl->request_id, ctl).second) {
+    // An assigned id clashes only with a client's own "req-" id of the same 128 random bits.
+    while (!active_.emplace(ctl->key(), ctl).second) {
       if (!assigned) {
         return Status(StatusCode::kAlreadyExists,
-                      fmt::format("request_id '{}' is already in flight", ctl->request_id));
+                      fmt::format("request_id '{}' is already in flight", ctl->display_id));
       }
-      ctl = std::make_shared<sched::RequestControl>(
-          fmt::format("req-{}", next_arrival_.fetch_add(1, std::memory_order_relaxed)));
+      ctl = std::make_shared<sched::RequestControl>(random_id(kAssignedIdPrefix), request.tenant);
       seq->ctl = ctl;
     }
     ++submitted_;
@@ -186,7 +190,7 @@ StatusOr<RequestHandle> EngineImpl::submit(Request request) {
   Status st = router_->push(seq);
   if (!st.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
-    active_.erase(ctl->request_id);
+    active_.erase(ctl->key());
     --submitted_;
     prompt_tokens_ -= seq->num_prompt;
     return st;
@@ -194,17 +198,18 @@ StatusOr<RequestHandle> EngineImpl::submit(Request request) {
   return RequestHandle(ctl->stream);
 }
 
-bool EngineImpl::cancel(const std::string& request_id) {
+bool EngineImpl::cancel(const std::string& tenant, const std::string& request_id) {
+  const sched::RequestKey key{tenant, request_id};
   std::shared_ptr<sched::RequestControl> ctl;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = active_.find(request_id);
+    auto it = active_.find(key);
     if (it == active_.end()) return false;
     ctl = it->second;
   }
   ctl->cancel_requested.store(true);
   shared_.cancel_epoch.fetch_add(1, std::memory_order_acq_rel);
-  if (std::unique_ptr<sched::Sequence> seq = router_->remove(request_id)) {
+  if (std::unique_ptr<sched::Sequence> seq = router_->remove(key)) {
     const auto now = sched::Clock::now();
     sched::finish_sequence(*seq, FinishReason::kCancelled, cancelled_error("cancelled"), now, *this);
     return true;
@@ -215,7 +220,7 @@ bool EngineImpl::cancel(const std::string& request_id) {
 
 void EngineImpl::on_final(const sched::Sequence& seq, const TokenEvent& ev) {
   std::lock_guard<std::mutex> lock(mu_);
-  active_.erase(seq.id());
+  active_.erase(seq.ctl->key());
   generated_tokens_ += ev.usage.completion_tokens;
   switch (ev.finish_reason) {
     case FinishReason::kStop:
@@ -302,22 +307,27 @@ Status EngineImpl::update_sla_classes(std::vector<SlaClass> classes) {
   return ok_status();
 }
 
+void EngineImpl::end_drain() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    drain_ended_ = true;
+  }
+  idle_cv_.notify_all();
+}
+
 void EngineImpl::shutdown(std::chrono::milliseconds drain) {
   std::call_once(shutdown_once_, [&] {
     {
       std::unique_lock<std::shared_mutex> admit(submit_mu_);
       accepting_ = false;
     }
+    size_t left = 0;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      idle_cv_.wait_for(lock, drain, [&] { return active_.empty(); });
+      idle_cv_.wait_for(lock, drain, [&] { return active_.empty() || drain_ended_; });
+      left = active_.size();
     }
-    std::vector<std::string> left;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (const auto& [id, ctl] : active_) left.push_back(id);
-    }
-    if (!left.empty()) KVSPLIT_LOG_INFO("Engine: shutdown cancels {} requests", left.size());
+    if (left > 0) KVSPLIT_LOG_INFO("Engine: shutdown cancels {} requests", left);
     for (auto& w : workers_) w->request_stop();
     for (auto& w : workers_) w->join();
     // Decode and colocated workers first: their HandoffDone messages reach the prefill workers.

@@ -41,11 +41,12 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   ~EngineImpl() override;
 
   StatusOr<RequestHandle> submit(Request request) override;
-  bool cancel(const std::string& request_id) override;
+  bool cancel(const std::string& tenant, const std::string& request_id) override;
   EngineStats stats() const override;
   ModelInfo model_info() const override;
   Status update_sla_classes(std::vector<SlaClass> classes) override;
   void shutdown(std::chrono::milliseconds drain) override;
+  void end_drain() override;
 
   // Scheduler-internal numbers for benchmarks: per worker forward / bookkeeping time.
   std::vector<sched::WorkerSnapshot> worker_snapshots() const;
@@ -57,8 +58,8 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   explicit EngineImpl(const EngineConfig& config);
   void on_final(const sched::Sequence& seq, const TokenEvent& final_event) override;
   std::unique_ptr<sched::Sequence> make_sequence(const Request& request, std::string id,
-                                                 int64_t arrival, std::vector<int32_t> ids, const SlaClass& cls,
-                                                 int class_index);
+                                                 int64_t arrival, std::vector<int32_t> ids,
+                                                 const SlaClass& cls, int class_index);
 
   EngineConfig config_;
   std::unique_ptr<model::LoadedModel> loaded_;  // outlives the workers (weights, tokenizer)
@@ -74,7 +75,11 @@ class EngineImpl final : public Engine, private sched::FinishSink {
 
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;
-  std::unordered_map<std::string, std::shared_ptr<sched::RequestControl>> active_;
+  bool drain_ended_ = false;  // guarded by mu_; end_drain() was called
+  // Accepted requests not yet finished, by (tenant, request id).
+  std::unordered_map<sched::RequestKey, std::shared_ptr<sched::RequestControl>,
+                     sched::RequestKeyHash>
+      active_;
   std::vector<SlaClassStats> class_stats_;
   int64_t submitted_ = 0, finished_ = 0, cancelled_ = 0, failed_ = 0;
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0;

@@ -22,7 +22,7 @@ Status Router::push(std::unique_ptr<Sequence>& seq) {
     const int64_t arrival = seq->arrival;
     by_priority_.emplace(Key{{seq->priority, arrival}}, arrival);
     by_deadline_.emplace(seq->queue_deadline, arrival);
-    by_id_.emplace(seq->id(), arrival);
+    by_key_.emplace(seq->ctl->key(), arrival);
     const Clock::time_point deadline = seq->queue_deadline;
     entries_.emplace(arrival, Entry{std::move(seq), deadline});
   }
@@ -36,7 +36,7 @@ std::unique_ptr<Sequence> Router::erase_locked(int64_t arrival) {
   std::unique_ptr<Sequence> seq = std::move(it->second.seq);
   by_priority_.erase(Key{{seq->priority, arrival}});
   by_deadline_.erase({it->second.deadline, arrival});
-  by_id_.erase(seq->id());
+  by_key_.erase(seq->ctl->key());
   if (seq->class_index < static_cast<int>(queued_.size())) --queued_[seq->class_index];
   entries_.erase(it);
   return seq;
@@ -59,10 +59,10 @@ std::vector<std::unique_ptr<Sequence>> Router::take_expired(Clock::time_point no
   return out;
 }
 
-std::unique_ptr<Sequence> Router::remove(const std::string& request_id) {
+std::unique_ptr<Sequence> Router::remove(const RequestKey& key) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = by_id_.find(request_id);
-  if (it == by_id_.end()) return nullptr;
+  auto it = by_key_.find(key);
+  if (it == by_key_.end()) return nullptr;
   return erase_locked(it->second);
 }
 

@@ -34,8 +34,8 @@ class Router {
 
   // Removes and returns every sequence whose queue deadline is <= now.
   std::vector<std::unique_ptr<Sequence>> take_expired(Clock::time_point now);
-  // Removes the sequence `request_id` if it is still queued (cancellation).
-  std::unique_ptr<Sequence> remove(const std::string& request_id);
+  // Removes the sequence `key` (tenant and request id) if it is still queued (cancellation).
+  std::unique_ptr<Sequence> remove(const RequestKey& key);
   std::vector<std::unique_ptr<Sequence>> take_all();
 
   int num_queued() const;
@@ -62,7 +62,7 @@ class Router {
   std::map<Key, int64_t> by_priority_;                        // -> arrival
   std::set<std::pair<Clock::time_point, int64_t>> by_deadline_;
   std::unordered_map<int64_t, Entry> entries_;                // arrival -> entry
-  std::unordered_map<std::string, int64_t> by_id_;
+  std::unordered_map<RequestKey, int64_t, RequestKeyHash> by_key_;
   std::function<void()> on_push_;
 };
 

@@ -9,10 +9,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/escape.h"
 #include "engine/request_stream.h"
 #include "kv/block_allocator.h"
 #include "kvsplit/engine.h"
@@ -24,11 +26,30 @@ namespace kvsplit::sched {
 
 using Clock = std::chrono::steady_clock;
 
+// A request's identity: request ids are unique per tenant only.
+struct RequestKey {
+  std::string tenant;
+  std::string request_id;
+  bool operator==(const RequestKey& o) const = default;
+};
+struct RequestKeyHash {
+  size_t operator()(const RequestKey& k) const noexcept {
+    const size_t h = std::hash<std::string>{}(k.tenant);
+    return (h ^ (h >> 29)) * 0x9E3779B97F4A7C15ull ^ std::hash<std::string>{}(k.request_id);
+  }
+};
+
 // Shared between the engine (cancel) and whoever owns the Sequence.
 struct RequestControl {
-  explicit RequestControl(std::string id)
-      : request_id(std::move(id)), stream(std::make_shared<RequestStream>(request_id)) {}
+  explicit RequestControl(std::string id, std::string tenant_id = {})
+      : request_id(std::move(id)),
+        tenant(std::move(tenant_id)),
+        display_id(escape_for_message(request_id, 2 * kMaxEchoBytes)),
+        stream(std::make_shared<RequestStream>(request_id)) {}
+  RequestKey key() const { return {tenant, request_id}; }
   const std::string request_id;
+  const std::string tenant;
+  const std::string display_id;  // request_id escaped for messages and logs (may be user bytes)
   std::shared_ptr<RequestStream> stream;
   std::atomic<bool> cancel_requested{false};
 };
@@ -72,6 +93,7 @@ struct Sequence {
   int64_t last_prefill_step = -1;  // the owner's step that last ran a chunk of this sequence
 
   const std::string& id() const { return ctl->request_id; }
+  const std::string& display_id() const { return ctl->display_id; }
   int num_output() const { return static_cast<int>(tokens.size()) - num_prompt; }
   // Tokens whose KV must exist before the next decode step: prompt + output[:-1].
   int prefill_target() const {

@@ -199,7 +199,7 @@ void Worker::expire_queued(Clock::time_point now) {
     finish(*seq, FinishReason::kError,
            deadline_exceeded(fmt::format(
                "request {} waited {:.0f} ms in the queue of SLA class '{}' (queue_timeout_ms {})",
-               seq->id(), waited, seq->sla.name, seq->sla.queue_timeout_ms)),
+               seq->display_id(), waited, seq->sla.name, seq->sla.queue_timeout_ms)),
            now);
   }
 }

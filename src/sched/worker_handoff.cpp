@@ -77,14 +77,14 @@ void Worker::reclaim_undelivered(Clock::time_point now) {
     }
     // The destination did not take the offer in time (hung or dead): the request is ours again.
     KVSPLIT_LOG_ERROR("{}: KV handoff of request {} to {} not received within {} ms", options_.name,
-                      seq->id(), p.dest->name(), options_.handoff_timeout.count());
+                      seq->display_id(), p.dest->name(), options_.handoff_timeout.count());
     pool_->release(p.table);
     --undelivered_;
     finish(*seq, FinishReason::kError,
            deadline_exceeded(fmt::format(
                "KV handoff of request {} to {} was not received within {} ms (handoff_timeout_ms; "
                "the destination is not responding)",
-               seq->id(), p.dest->name(), options_.handoff_timeout.count())),
+               seq->display_id(), p.dest->name(), options_.handoff_timeout.count())),
            now);
     it = pinned_.erase(it);
   }
@@ -102,7 +102,7 @@ void Worker::admit_offers(Clock::time_point now) {
                    deadline_exceeded(fmt::format(
                        "request {} waited {:.0f} ms for room on {} (queue_timeout_ms {} of SLA "
                        "class '{}'): {} blocks needed, {} free, {} running, max_num_seqs {}",
-                       it->seq->id(), ms_since(it->seq->phase_start, now), options_.name,
+                       it->seq->display_id(), ms_since(it->seq->phase_start, now), options_.name,
                        it->seq->sla.queue_timeout_ms, it->seq->sla.name, need,
                        pool_->allocator().num_free(), running_.size(), options_.max_num_seqs)),
                    now);

@@ -63,7 +63,7 @@ bool Worker::step() {
 void Worker::preempt(Sequence& seq, const Preemption& why, Clock::time_point now) {
   KVSPLIT_LOG_WARN("{}: preempting request {} (priority {}) by recompute ({} of a request of "
                    "priority {}): {} tokens of KV dropped",
-                   options_.name, seq.id(), seq.priority, preempt_reason_name(why.reason),
+                   options_.name, seq.display_id(), seq.priority, preempt_reason_name(why.reason),
                    why.for_priority, seq.num_computed);
   pool_->release(seq.table);
   seq.table = {};
@@ -131,7 +131,7 @@ void Worker::schedule(Clock::time_point now) {
     finish(seq, FinishReason::kError,
            internal_error(fmt::format("request {} needs KV for {} tokens, more than the {} "
                                       "blocks of {} tokens of {}",
-                                      seq.id(), std::max(seq.prefill_target(), seq.num_computed + 1), total_blocks_,
+                                      seq.display_id(), std::max(seq.prefill_target(), seq.num_computed + 1), total_blocks_,
                                       pool_->block_size(), options_.name)),
            now);
   }

@@ -79,16 +79,27 @@ std::vector<Work> make_workload(const Spec& spec, int32_t vocab_size, int32_t ma
 }
 
 std::string error_kind(const std::string& message) {
-  // Numbers (request ids, waits) differ per request; grouping ignores them.
+  // Numbers and hex ids (waits, request ids such as grpc-<32 hex digits>) differ per request;
+  // grouping ignores them: a run of hex digits that holds a decimal digit becomes one '#'.
   std::string kind;
-  for (size_t i = 0; i < message.size() && kind.size() < 240; ++i) {
-    const bool digit = std::isdigit(static_cast<unsigned char>(message[i])) != 0;
-    if (!digit)
-      kind += message[i];
-    else if (kind.empty() || kind.back() != '#')
-      kind += '#';
+  for (size_t i = 0; i < message.size() && kind.size() < 240;) {
+    size_t end = i;
+    bool digit = false;
+    while (end < message.size() && std::isxdigit(static_cast<unsigned char>(message[end]))) {
+      digit = digit || std::isdigit(static_cast<unsigned char>(message[end]));
+      ++end;
+    }
+    if (end == i) {
+      kind += message[i++];
+    } else if (!digit) {
+      kind.append(message, i, end - i);
+      i = end;
+    } else {
+      if (kind.empty() || kind.back() != '#') kind += '#';
+      i = end;
+    }
   }
-  return kind;
+  return kind.substr(0, 240);
 }
 
 double quantile(std::vector<double> v, double q) {

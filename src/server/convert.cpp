@@ -3,6 +3,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "common/escape.h"
 #include "server/utf8.h"
 
 namespace kvsplit::server {
@@ -36,6 +37,10 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
   for (unsigned char ch : in.request_id()) {
     if (ch < 0x21 || ch > 0x7E)
       return invalid_argument("request_id: printable ASCII without spaces only");
+  }
+  if (std::string_view(in.request_id()).substr(0, kServerIdPrefix.size()) == kServerIdPrefix) {
+    return invalid_argument("request_id: the prefix '" + std::string(kServerIdPrefix) +
+                            "' is reserved for ids the server assigns");
   }
   r.request_id = in.request_id();
 
@@ -126,9 +131,8 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
     if (!known) {
       std::string names;
       for (const auto& n : limits.class_names) names += (names.empty() ? "" : ", ") + n;
-      std::string shown = in.sla_class().substr(0, 64);
-      if (!is_valid_utf8(shown)) shown = "(not UTF-8)";
-      return invalid_argument("sla_class: unknown class '" + shown + "' (known: " + names + ")");
+      return invalid_argument("sla_class: unknown class '" + escape_for_message(in.sla_class()) +
+                              "' (known: " + names + ")");
     }
   }
   // Empty means the default class: name it, so that metrics and logs carry the real name.

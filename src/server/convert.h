@@ -5,6 +5,7 @@
 #include <grpcpp/support/status.h>
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvsplit/engine.h"
@@ -13,6 +14,10 @@
 namespace kvsplit::server {
 
 namespace v1 = ::kvsplit::v1;
+
+// Server-assigned request ids: this prefix + 32 random hex digits. Reserved: a client id that
+// starts with it is INVALID_ARGUMENT, so assigned ids never collide with clients' ids.
+inline constexpr std::string_view kServerIdPrefix = "grpc-";
 
 // What a request may ask for; a snapshot taken per request (classes change on SIGHUP).
 struct RequestLimits {
@@ -24,8 +29,9 @@ struct RequestLimits {
   std::vector<std::string> class_names;  // known SLA classes; empty sla_class = the first
 };
 
-// Validates `in` and builds the engine request. The engine re-checks what needs the tokenizer
-// (prompt + max_tokens against the context and the KV pool).
+// Validates `in` and builds the engine request (request_id as given, tenant empty: the caller sets
+// both). The engine re-checks what needs the tokenizer (prompt + max_tokens against the context
+// and the KV pool). User strings echoed in messages are escaped (escape_for_message).
 StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const RequestLimits& limits);
 
 // Appends the tokens (and logprobs when asked) of `event` to `out`; text is handled by the caller.

@@ -1,21 +1,25 @@
-// kvsplit.v1.Generation on the gRPC callback API: one reactor per Generate stream, woken by the
-// engine through RequestHandle::set_notifier. The notifier only queues the reactor for the
-// service's pump thread (engine threads never build messages or call into gRPC); the pump drains
-// every queued event into one message per write. A client cancel or deadline aborts the request
-// in the engine at once (its KV is freed). Thread-safe.
+// kvsplit.v1.Generation on the gRPC callback API. The four methods are registered raw
+// (grpc::ByteBuffer in and out): each call is authenticated from its metadata first, then its
+// message is parsed here, so an unauthenticated call gets UNAUTHENTICATED whatever its body and an
+// unparsable one INVALID_ARGUMENT with a message (server/protocol.h). Each Generate stream is a
+// GenerateReactor (server/generate_reactor.h). Request ids are scoped to the caller's tenant
+// (server/auth.h). Thread-safe.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "kvsplit/engine.h"
 #include "kvsplit/v1/generation.grpc.pb.h"
+#include "server/auth.h"
 #include "server/convert.h"
 #include "server/metrics.h"
+#include "server/protocol.h"
 
 namespace kvsplit::server {
 
@@ -24,29 +28,35 @@ struct ServiceOptions {
   int32_t max_prompt_bytes = 1 << 20;
   int32_t max_tokens_limit = 8192;
   int32_t default_max_tokens = 16;
-  std::vector<std::string> api_keys;  // empty: no authentication
+  std::vector<std::string> api_keys;  // empty: no authentication (one tenant, "anonymous")
   ServerMetrics* metrics = nullptr;   // optional; must outlive the service
+  // Unparsable requests are logged at most once per interval (with the count suppressed).
+  std::chrono::milliseconds parse_error_log_interval{10000};
 };
 
-class PumpThread;  // runs the reactors' pumps for engine notifications (generation_service.cpp)
+class PumpThread;  // server/generate_reactor.h
 
-class GenerationService final : public v1::Generation::CallbackService {
+using GenerationBase = v1::Generation::WithRawCallbackMethod_Generate<
+    v1::Generation::WithRawCallbackMethod_Abort<v1::Generation::WithRawCallbackMethod_GetModelInfo<
+        v1::Generation::WithRawCallbackMethod_GetServerStats<v1::Generation::Service>>>>;
+
+class GenerationService final : public GenerationBase {
  public:
   // `engine` must outlive the service and the gRPC server it is registered with.
   GenerationService(Engine* engine, ServiceOptions options, std::vector<SlaClass> classes);
   ~GenerationService() override;
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
-                                  const v1::AbortRequest* request,
-                                  v1::AbortResponse* response) override;
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
-                                         const v1::GetModelInfoRequest* request,
-                                         v1::GetModelInfoResponse* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetServerStats(grpc::CallbackServerContext* context,
-                                           const v1::GetServerStatsRequest* request,
-                                           v1::GetServerStatsResponse* response) override;
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
 
   // The SLA classes requests are validated against (after Engine::update_sla_classes succeeded).
   void set_sla_classes(std::vector<SlaClass> classes);
@@ -63,18 +73,26 @@ class GenerationService final : public v1::Generation::CallbackService {
   void stream_closed() { active_streams_.fetch_sub(1); }
 
  private:
-  // OK, or UNAUTHENTICATED when API keys are configured and the bearer token is not one of them.
-  grpc::Status authenticate(const grpc::CallbackServerContext* context) const;
   RequestLimits limits() const;
+  // Authenticates the call, then parses `bytes` into `message`: the caller's tenant, or
+  // UNAUTHENTICATED / INVALID_ARGUMENT (counted and reported through parse_errors_).
+  StatusOr<std::string> accept(grpc::CallbackServerContext* context, const char* method,
+                               const grpc::ByteBuffer& bytes,
+                               google::protobuf::MessageLite* message);
+  // Finishes a unary call: `response` serialized into `out` when `status` is OK.
+  grpc::ServerUnaryReactor* finish_unary(grpc::CallbackServerContext* context, Status status,
+                                         const google::protobuf::MessageLite* response,
+                                         grpc::ByteBuffer* out);
 
   Engine* const engine_;
   const ServiceOptions options_;
+  const ApiKeyAuth auth_;
   const ModelInfo model_info_;
+  ThrottledLog parse_errors_;
   mutable std::mutex mu_;
   std::vector<SlaClass> classes_;  // guarded by mu_
   std::atomic<int32_t> active_streams_{0};
   std::atomic<bool> draining_{false};
-  std::atomic<uint64_t> next_id_{1};  // server-assigned request ids: "grpc-<n>"
   // Shared so that a notifier outliving the service finds it gone (weak_ptr) instead of dangling.
   std::shared_ptr<PumpThread> pump_thread_;
 };

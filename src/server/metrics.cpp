@@ -141,6 +141,10 @@ StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::create(
                    .Name("kvsplit:grpc_generate_calls_total")
                    .Help("Ended Generate calls by gRPC status code")
                    .Register(reg);
+  m->parse_errors_ = &pm::BuildCounter()
+                          .Name("kvsplit:grpc_request_parse_errors_total")
+                          .Help("Authenticated requests whose message could not be parsed")
+                          .Register(reg);
   auto http = MetricsHttpServer::start(host, port, [p = m.get()] { return p->render(); });
   if (!http.ok()) return http.status();
   m->http_ = std::move(http).value();
@@ -188,6 +192,10 @@ void ServerMetrics::observe_itl(const ClassHistograms& h, double seconds, size_t
 
 void ServerMetrics::count_call(const char* code_name) {
   calls_->Add({{"code", code_name}}).Increment();
+}
+
+void ServerMetrics::count_parse_error(const char* method) {
+  parse_errors_->Add({{"method", method}}).Increment();
 }
 
 }  // namespace kvsplit::server

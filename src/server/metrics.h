@@ -53,8 +53,11 @@ class ServerMetrics {
   static void observe_request(const ClassHistograms& h, const TokenEvent& final_event);
   // `count` inter-token gaps of `seconds` each.
   static void observe_itl(const ClassHistograms& h, double seconds, size_t count);
-  // Per ended Generate call by its gRPC status code name ("OK", "CANCELLED", ...).
+  // Per ended Generate call by its gRPC status code name ("OK", "CANCELLED", ...; a call whose
+  // deadline passed is "DEADLINE_EXCEEDED").
   void count_call(const char* code_name);
+  // Per request whose message could not be parsed, by method name ("Generate", "Abort", ...).
+  void count_parse_error(const char* method);
 
  private:
   ServerMetrics() = default;
@@ -66,6 +69,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Histogram>* e2e_ = nullptr;
   prometheus::Family<prometheus::Histogram>* queue_ = nullptr;
   prometheus::Family<prometheus::Counter>* calls_ = nullptr;
+  prometheus::Family<prometheus::Counter>* parse_errors_ = nullptr;
   int port_ = -1;
   // Last member: destroyed (its thread joined) first, while the families it renders still exist.
   std::unique_ptr<MetricsHttpServer> http_;

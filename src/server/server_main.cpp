@@ -6,13 +6,18 @@
 //
 // Signals: SIGHUP reloads the SLA classes from --config (a bad file is logged, the old policy
 // stays); SIGTERM/SIGINT drain: stop accepting, wait up to server.drain_timeout_ms for in-flight
-// requests, cancel the rest, exit 0.
+// requests, cancel the rest, exit 0. A second SIGTERM/SIGINT during the drain cancels what is
+// still in flight at once and exits 128 + its signal number (143 for SIGTERM, 130 for SIGINT).
+#include <fmt/format.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <thread>
 
@@ -21,6 +26,7 @@
 #include "model/default_model.h"
 #include "server/grpc_server.h"
 #include "server/metrics.h"
+#include "server/protocol.h"
 
 namespace {
 
@@ -31,6 +37,7 @@ namespace server = kvsplit::server;
 struct Flags {
   std::string config_file, check_config, model, tokenizer, host, backend, tls_cert, tls_key,
       log_level = "info";
+  std::string metrics_host;
   int port = -2, metrics_port = -2;
   std::vector<std::string> api_keys;
 };
@@ -46,6 +53,7 @@ void apply_flags(const Flags& f, config::Config* c) {
   if (!f.host.empty()) c->server.host = f.host;
   if (f.port != -2) c->server.port = f.port;
   if (f.metrics_port != -2) c->server.metrics_port = f.metrics_port;
+  if (!f.metrics_host.empty()) c->server.metrics_host = f.metrics_host;
   if (!f.backend.empty()) c->engine.backend = f.backend;
   if (!f.tls_cert.empty()) c->server.tls.cert_file = f.tls_cert;
   if (!f.tls_key.empty()) c->server.tls.key_file = f.tls_key;
@@ -77,6 +85,92 @@ void reload_sla_classes(const std::string& path, kvsplit::Engine* engine,
   KVSPLIT_LOG_INFO("SIGHUP: reloaded {} SLA classes from {}: {}", fresh->engine.sla_classes.size(),
                    path, names);
 }
+
+// Startup lines about what is exposed: API keys over plaintext, and the metrics listener (which
+// has no authentication).
+void warn_about_exposure(const config::ServerConfig& c, int metrics_port) {
+  if (!c.api_keys.empty() && !c.tls.enabled()) {
+    KVSPLIT_LOG_WARN(
+        "API keys are set but TLS is off: bearer keys travel in clear text on {}:{}; set "
+        "server.tls (or --tls-cert/--tls-key) or terminate TLS in front of the server",
+        c.host, c.port);
+  }
+  if (metrics_port < 0) {
+    KVSPLIT_LOG_INFO("metrics: off (server.metrics_port -1)");
+    return;
+  }
+  const std::string host = c.metrics_bind_host();
+  const bool loopback = host == "127.0.0.1" || host == "::1" || host == "localhost";
+  const std::string line = fmt::format(
+      "metrics: http://{}:{}/metrics has no authentication; anyone who can reach {} can read "
+      "them (server.metrics_host{})",
+      host, metrics_port, host,
+      c.metrics_host.empty() ? (c.api_keys.empty() ? " unset: server.host"
+                                                   : " unset: loopback, since API keys are set")
+                             : "");
+  if (loopback) {
+    KVSPLIT_LOG_INFO("{}", line);
+  } else {
+    KVSPLIT_LOG_WARN("{}", line);
+  }
+}
+
+// During the drain: a second SIGTERM/SIGINT ends the drain at once (Engine::end_drain cancels the
+// requests still in flight, whose clients get UNAVAILABLE "engine shut down"); if the process is
+// still not done kForceGrace later, or a third signal comes, it exits without further cleanup.
+// The exit code is 128 + the signal when the second signal found Generate calls still open, 0
+// when the drain had nothing left. SIGHUP is ignored during the drain.
+class ForceExitWatch {
+ public:
+  static constexpr auto kForceGrace = std::chrono::seconds(5);
+
+  ForceExitWatch(kvsplit::Engine* engine, const server::GenerationService* service)
+      : thread_([this, engine, service] { run(engine, service); }) {}
+  ~ForceExitWatch() { finish(); }
+
+  // Stops watching (within 100 ms); the number of a second signal that cut the drain short, or 0.
+  int finish() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+    return cut_short_.load() ? forced_.load() : 0;
+  }
+
+ private:
+  void run(kvsplit::Engine* engine, const server::GenerationService* service) {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
+    std::chrono::steady_clock::time_point cut = std::chrono::steady_clock::time_point::max();
+    while (!stop_.load()) {
+      if (std::chrono::steady_clock::now() >= cut) break;
+      timespec poll{0, 100 * 1000 * 1000};
+      const int sig = sigtimedwait(&set, nullptr, &poll);
+      if (sig < 0) continue;  // timeout or EINTR
+      if (sig == SIGHUP) {
+        KVSPLIT_LOG_WARN("SIGHUP during the drain: ignored");
+        continue;
+      }
+      if (forced_.load() != 0) break;  // a third signal: exit now
+      forced_.store(sig);
+      const int open = service->active_streams();
+      cut_short_.store(open > 0);
+      KVSPLIT_LOG_WARN(
+          "{} during the drain: cancelling what is in flight ({} open streams), exiting",
+          strsignal(sig), open);
+      engine->end_drain();
+      cut = std::chrono::steady_clock::now() + kForceGrace;
+    }
+    if (stop_.load()) return;
+    KVSPLIT_LOG_ERROR("forced exit: not stopped cleanly; exiting {} now", 128 + forced_.load());
+    spdlog::default_logger()->flush();
+    std::_Exit(128 + forced_.load());
+  }
+
+  std::atomic<bool> stop_{false};
+  std::atomic<int> forced_{0};
+  std::atomic<bool> cut_short_{false};
+  std::thread thread_;  // last: starts after the fields above
+};
 
 int run(const Flags& flags) {
   config::Config cfg;
@@ -119,8 +213,8 @@ int run(const Flags& flags) {
   // metrics pointer is patched in before the server starts.
   std::unique_ptr<server::ServerMetrics> metrics;
   if (cfg.server.metrics_port >= 0) {
-    auto m = server::ServerMetrics::create(cfg.server.host, cfg.server.metrics_port, engine.get(),
-                                           nullptr);
+    auto m = server::ServerMetrics::create(cfg.server.metrics_bind_host(), cfg.server.metrics_port,
+                                           engine.get(), nullptr);
     if (!m.ok()) {
       std::cerr << "kvsplit-server: " << m.status().message() << "\n";
       return 1;
@@ -138,11 +232,13 @@ int run(const Flags& flags) {
   const auto info = engine->model_info();
   KVSPLIT_LOG_INFO("model {} ({}, vocab {}, context {})", info.source, info.architecture,
                    info.vocab_size, info.max_context);
+  warn_about_exposure(cfg.server, metrics ? metrics->port() : -1);  // before "listening on"
   // Machine-readable lines for scripts and tests (stdout, flushed).
   std::printf("kvsplit-server listening on %s:%d%s\n", cfg.server.host.c_str(), running->port,
               cfg.server.tls.enabled() ? " (TLS)" : "");
+  const std::string metrics_host = cfg.server.metrics_bind_host();
   if (metrics)
-    std::printf("kvsplit-server metrics on http://%s:%d/metrics\n", cfg.server.host.c_str(),
+    std::printf("kvsplit-server metrics on http://%s:%d/metrics\n", metrics_host.c_str(),
                 metrics->port());
   std::fflush(stdout);
 
@@ -159,14 +255,21 @@ int run(const Flags& flags) {
     break;
   }
   const auto drain = std::chrono::milliseconds(cfg.server.drain_timeout_ms);
-  KVSPLIT_LOG_INFO("draining: no new requests; waiting up to {} ms for {} open streams",
-                   drain.count(), service.active_streams());
+  KVSPLIT_LOG_INFO(
+      "draining: no new requests; waiting up to {} ms for {} open streams (a second SIGTERM or "
+      "SIGINT cancels them and exits at once)",
+      drain.count(), service.active_streams());
+  ForceExitWatch force(engine.get(), &service);
   service.start_draining();
   server::set_serving(running->server.get(), false);
   engine->shutdown(drain);  // finishes in-flight requests up to `drain`, then cancels the rest
   // Every request has its final event now; give the reactors a moment to flush them.
   running->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   running->server->Wait();
+  if (const int forced = force.finish(); forced != 0) {
+    KVSPLIT_LOG_WARN("stopped by a second signal ({}): exit {}", strsignal(forced), 128 + forced);
+    return 128 + forced;
+  }
   KVSPLIT_LOG_INFO("stopped");
   return 0;
 }
@@ -180,6 +283,8 @@ int main(int argc, char** argv) {
   for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
+  // Before any thread starts (protobuf's SetLogHandler is not thread-safe).
+  server::install_protobuf_log_handler();
 
   Flags f;
   CLI::App app{"kvsplit-server: gRPC front end of the kvsplit engine (kvsplit.v1.Generation)"};
@@ -193,6 +298,8 @@ int main(int argc, char** argv) {
   app.add_option("--port", f.port, "gRPC port (default 50051; 0 = any free port, printed)");
   app.add_option("--metrics-port", f.metrics_port,
                  "Prometheus port (default 9090; -1 = off; 0 = any)");
+  app.add_option("--metrics-host", f.metrics_host,
+                 "metrics listen address (default: 127.0.0.1 with API keys, else --host)");
   app.add_option("--backend", f.backend, "cpu | cuda");
   app.add_option("--tls-cert", f.tls_cert, "PEM certificate chain (TLS on)");
   app.add_option("--tls-key", f.tls_key, "PEM private key");

@@ -211,7 +211,7 @@ TEST(EngineAdmission, QueueLimitAndTimeout) {
     EXPECT_GE(c.final_event.timings.queue_ms, 10);
     EXPECT_TRUE(c.tokens.empty());
   }
-  EXPECT_TRUE(e.cancel("long"));  // it cannot have finished while held
+  EXPECT_TRUE(e.cancel("", "long"));  // it cannot have finished while held
   Collected cl = collect(*hl, std::chrono::seconds(30));
   EXPECT_EQ(cl.final_event.finish_reason, FinishReason::kCancelled);
   e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);

@@ -180,7 +180,7 @@ TEST(EngineBackpressure, WaitingForRoomIsCancellableAndBounded) {
   auto cancelled = e.submit(r);
   ASSERT_TRUE(runs.ok() && cancelled.ok());
   ASSERT_TRUE(wait_for_stats(e, [](const EngineStats& s) { return decode_owned(s) == 2; }));
-  EXPECT_TRUE(e.cancel("cancelled"));
+  EXPECT_TRUE(e.cancel("", "cancelled"));
   Collected cc = collect(*cancelled, std::chrono::seconds(30));
   EXPECT_EQ(cc.final_event.finish_reason, FinishReason::kCancelled);
   EXPECT_EQ(cc.tokens.size(), 1u);  // sampled by the prefill worker before the handoff
@@ -332,7 +332,7 @@ TEST(EngineHandoff, CancelInFlightToAHungDestination) {
   TokenEvent first;
   ASSERT_TRUE(h->next(&first, std::chrono::seconds(30)));  // sampled, then handed off
   ASSERT_EQ(first.token_ids.size(), 1u);
-  EXPECT_TRUE(e.cancel("in-flight"));
+  EXPECT_TRUE(e.cancel("", "in-flight"));
   Collected c = collect(*h, std::chrono::seconds(30));
   ASSERT_FALSE(c.timed_out);
   EXPECT_EQ(c.final_event.finish_reason, FinishReason::kCancelled);

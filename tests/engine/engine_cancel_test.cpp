@@ -68,7 +68,7 @@ TEST_P(EngineCancel, ThousandRandomCancelsLeakNothing) {
   std::thread canceller([&] {
     for (const auto& [at_us, i] : timed) {
       std::this_thread::sleep_until(t0 + std::chrono::microseconds(at_us));
-      (*engine)->cancel(reqs[i].request_id);
+      (*engine)->cancel(reqs[i].tenant, reqs[i].request_id);
     }
   });
   // Consumer: drains every handle, cancels on token counts, never waits unboundedly.
@@ -92,7 +92,7 @@ TEST_P(EngineCancel, ThousandRandomCancelsLeakNothing) {
           ++done;
         } else if (cancel_after_tokens[i] > 0 &&
                    static_cast<int>(tokens[i].size()) >= cancel_after_tokens[i]) {
-          (*engine)->cancel(reqs[i].request_id);
+          (*engine)->cancel(reqs[i].tenant, reqs[i].request_id);
           cancel_after_tokens[i] = 0;
         }
       }
@@ -131,7 +131,7 @@ TEST_P(EngineCancel, ThousandRandomCancelsLeakNothing) {
   EXPECT_EQ(s.requests_finished, finished);
   EXPECT_EQ(s.num_running, 0);
   EXPECT_EQ(s.num_waiting, 0);
-  EXPECT_FALSE((*engine)->cancel("c0"));  // finished requests are unknown
+  EXPECT_FALSE((*engine)->cancel("", "c0"));  // finished requests are unknown
 }
 
 // Every request alive at shutdown gets its final event; nothing is accepted afterwards.

@@ -78,12 +78,34 @@ TEST(Router, BoundedPerClassExpiryAndRemove) {
   auto expired = r.take_expired(now + std::chrono::milliseconds(10));
   ASSERT_EQ(expired.size(), 1u);
   EXPECT_EQ(expired[0]->id(), "0");
-  EXPECT_EQ(r.remove("nope"), nullptr);
-  auto removed = r.remove("3");
+  EXPECT_EQ(r.remove({"", "nope"}), nullptr);
+  auto removed = r.remove({"", "3"});
   ASSERT_NE(removed, nullptr);
   EXPECT_EQ(r.queued_per_class(), (std::vector<int>{1, 0}));
   EXPECT_EQ(r.take_all().size(), 1u);
   EXPECT_EQ(r.num_queued(), 0);
+}
+
+TEST(Router, RemoveSeesOnlyTheTenantsOwnRequest) {
+  SlaClass c;
+  Router r({c}, nullptr);
+  const auto far = Clock::now() + std::chrono::hours(1);
+  auto a = make_seq("same", 0, 0, c, 0, far);
+  a->ctl = std::make_shared<RequestControl>("same", "tenant-a");
+  auto b = make_seq("same", 1, 0, c, 0, far);
+  b->ctl = std::make_shared<RequestControl>("same", "tenant-b");
+  ASSERT_TRUE(r.push(a).ok());
+  ASSERT_TRUE(r.push(b).ok());
+  EXPECT_EQ(r.remove({"", "same"}), nullptr);
+  EXPECT_EQ(r.remove({"tenant-c", "same"}), nullptr);
+  auto removed = r.remove({"tenant-b", "same"});
+  ASSERT_NE(removed, nullptr);
+  EXPECT_EQ(removed->ctl->tenant, "tenant-b");
+  EXPECT_EQ(r.remove({"tenant-b", "same"}), nullptr);
+  EXPECT_EQ(r.num_queued(), 1);
+  removed = r.remove({"tenant-a", "same"});
+  ASSERT_NE(removed, nullptr);
+  EXPECT_EQ(removed->arrival, 0);
 }
 
 TEST(Router, ConcurrentPushPopRemove) {
@@ -106,7 +128,7 @@ TEST(Router, ConcurrentPushPopRemove) {
   });
   std::thread remover([&] {
     for (int i = 0; i < kN; i += 2) {
-      if (r.remove("r" + std::to_string(i))) removed.fetch_add(1);
+      if (r.remove({"", "r" + std::to_string(i)})) removed.fetch_add(1);
     }
   });
   pusher.join();

@@ -2,12 +2,15 @@
 // the bound ports from its stdout, keeps its stderr (the log) in a file, SIGTERMs it at the end.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,11 +29,12 @@ namespace kvsplit::testing {
 
 class ServerProcess {
  public:
-  // Starts `kvsplit-server --host 127.0.0.1 --port 0 --metrics-port 0 ARGS...` and waits (up to
-  // 60 s) for its "listening on" lines. started() is false when it exited instead.
-  ServerProcess(std::vector<std::string> args, std::string log_path)
+  // Starts `kvsplit-server --host HOST --port 0 --metrics-port 0 ARGS...` and waits (up to 60 s)
+  // for its "listening on" lines. started() is false when it exited instead.
+  ServerProcess(std::vector<std::string> args, std::string log_path,
+                const std::string& host = "127.0.0.1")
       : log_path_(std::move(log_path)) {
-    std::vector<std::string> argv = {KVSPLIT_SERVER_BIN, "--host", "127.0.0.1", "--port", "0",
+    std::vector<std::string> argv = {KVSPLIT_SERVER_BIN, "--host", host, "--port", "0",
                                      "--metrics-port",   "0"};
     argv.insert(argv.end(), args.begin(), args.end());
     int out[2];
@@ -58,8 +62,8 @@ class ServerProcess {
       ssize_t n = read(out_fd_, chunk, sizeof(chunk));
       if (n <= 0) break;  // exited
       buf.append(chunk, static_cast<size_t>(n));
-      port_ = parse_port(buf, "listening on 127.0.0.1:");
-      metrics_port_ = parse_port(buf, "metrics on http://127.0.0.1:");
+      port_ = parse_port(buf, "listening on " + host + ":");
+      parse_metrics_line(buf);
       if (port_ > 0 && metrics_port_ > 0) return;
     }
   }
@@ -70,6 +74,8 @@ class ServerProcess {
   bool started() const { return port_ > 0; }
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
+  // The host of the "metrics on http://HOST:PORT/metrics" line.
+  const std::string& metrics_host() const { return metrics_host_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   std::string log() const {
     std::ifstream in(log_path_);
@@ -77,16 +83,18 @@ class ServerProcess {
     ss << in.rdbuf();
     return ss.str();
   }
-  void signal(int sig) const {
+  void signal(int sig) {
     if (pid_ > 0) kill(pid_, sig);
+    if (sig == SIGTERM || sig == SIGINT) terminating_ = true;
   }
   bool alive() const {
     return pid_ > 0 && kill(pid_, 0) == 0 && waitpid(pid_, nullptr, WNOHANG) == 0;
   }
-  // SIGTERM and wait up to `timeout`; returns the exit status (-1 on timeout, then SIGKILL).
+  // SIGTERM (unless signal() already sent one: a second one would force the exit) and wait up to
+  // `timeout`; returns the exit status (-1 on timeout, then SIGKILL).
   int stop(std::chrono::seconds timeout = std::chrono::seconds(20)) {
     if (pid_ <= 0) return exit_status_;
-    kill(pid_, SIGTERM);
+    if (!terminating_) kill(pid_, SIGTERM);
     exit_status_ = wait_exit(timeout);
     if (exit_status_ == -1) {
       kill(pid_, SIGKILL);
@@ -109,6 +117,17 @@ class ServerProcess {
     }
     return -1;
   }
+  void parse_metrics_line(const std::string& buf) {
+    const std::string key = "metrics on http://";
+    const auto at = buf.find(key);
+    const auto end = at == std::string::npos ? at : buf.find("/metrics\n", at);
+    if (end == std::string::npos) return;
+    const std::string hostport = buf.substr(at + key.size(), end - at - key.size());
+    const auto colon = hostport.rfind(':');
+    if (colon == std::string::npos) return;
+    metrics_host_ = hostport.substr(0, colon);
+    metrics_port_ = std::atoi(hostport.substr(colon + 1).c_str());
+  }
   static int parse_port(const std::string& buf, const std::string& key) {
     auto at = buf.find(key);
     if (at == std::string::npos) return 0;
@@ -122,7 +141,9 @@ class ServerProcess {
   int out_fd_ = -1;
   int port_ = 0;
   int metrics_port_ = 0;
+  std::string metrics_host_;
   int exit_status_ = -1;
+  bool terminating_ = false;
 };
 
 // Runs a shell command line; returns {exit code, stdout + stderr}.
@@ -138,12 +159,15 @@ inline std::pair<int, std::string> run_command(const std::string& cmd) {
 }
 
 // A unary call with raw request bytes (health checks, malformed messages).
+// `bearer` non-empty: sent as "authorization: Bearer <bearer>".
 inline grpc::Status raw_unary(const std::shared_ptr<grpc::Channel>& ch, const std::string& method,
                               const std::string& request_bytes, std::string* response_bytes,
-                              std::chrono::milliseconds timeout = std::chrono::milliseconds(5000)) {
+                              std::chrono::milliseconds timeout = std::chrono::milliseconds(5000),
+                              const std::string& bearer = "") {
   grpc::GenericStub stub(ch);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  if (!bearer.empty()) ctx.AddMetadata("authorization", "Bearer " + bearer);
   grpc::Slice slice(request_bytes);
   grpc::ByteBuffer req(&slice, 1), resp;
   std::promise<grpc::Status> done;
@@ -158,6 +182,50 @@ inline grpc::Status raw_unary(const std::shared_ptr<grpc::Channel>& ch, const st
       response_bytes->append(reinterpret_cast<const char*>(s.begin()), s.size());
   }
   return st;
+}
+
+// GET /metrics from 127.0.0.1:`port`; the body, or "" when the connection fails.
+inline std::string scrape_metrics(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[8192];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  const auto body = out.find("\r\n\r\n");
+  return body == std::string::npos ? "" : out.substr(body + 4);
+}
+
+// The value of the sample `series` (name with its labels, e.g. `x_total{code="OK"}`) in a
+// Prometheus text body; -1 when absent.
+inline double metric_value(const std::string& text, const std::string& series) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.size() > series.size() && line.compare(0, series.size(), series) == 0 &&
+        line[series.size()] == ' ')
+      return std::atof(line.c_str() + series.size() + 1);
+  }
+  return -1;
+}
+
+// Lines of `text` that contain `needle`.
+inline int count_lines_with(const std::string& text, const std::string& needle) {
+  std::istringstream in(text);
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) n += line.find(needle) != std::string::npos;
+  return n;
 }
 
 }  // namespace kvsplit::testing

@@ -1,8 +1,12 @@
 // Pure helpers of the server: UTF-8 checks and joining, request validation, bench workload/report.
 #include <gtest/gtest.h>
 
+#include <mutex>
+#include <thread>
+
 #include "server/bench_report.h"
 #include "server/convert.h"
+#include "server/protocol.h"
 #include "server/utf8.h"
 
 namespace kvsplit::server {
@@ -69,6 +73,65 @@ TEST(ConvertTest, DefaultsAndClassNaming) {
   EXPECT_NE(r.status().message().find("known: gold, tin"), std::string::npos);
 }
 
+TEST(ConvertTest, ReservedIdPrefixAndEscapedClassNames) {
+  RequestLimits l;
+  l.vocab_size = 512;
+  l.max_context = 512;
+  l.class_names = {"gold"};
+  v1::GenerateRequest in;
+  in.set_prompt("hi");
+  in.set_request_id("grpc-7");
+  auto r = to_engine_request(in, l);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("request_id: the prefix 'grpc-' is reserved"),
+            std::string::npos)
+      << r.status().message();
+  in.set_request_id("grpc7");  // only the exact prefix is reserved
+  EXPECT_TRUE(to_engine_request(in, l).ok());
+  in.set_sla_class(std::string("x\0\x1b[2J\x9b", 7));
+  r = to_engine_request(in, l);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("unknown class 'x\\x00\\x1b[2J\\x9b'"), std::string::npos)
+      << r.status().message();
+  in.set_sla_class(std::string(500, 'y'));
+  r = to_engine_request(in, l);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("...(500 bytes)"), std::string::npos);
+  EXPECT_LT(r.status().message().size(), 200u);
+}
+
+TEST(ThrottledLogTest, OneLinePerIntervalWithTheSuppressedCount) {
+  std::vector<std::string> lines;
+  std::mutex mu;
+  ThrottledLog log(std::chrono::milliseconds(300), [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    lines.push_back(line);
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 250; ++i) log.report("bad request");
+    });
+  }
+  for (auto& th : threads) th.join();
+  // 1000 reports within far less than 300 ms on any machine that runs this in under a minute;
+  // each line is at least 300 ms after the previous one.
+  std::this_thread::sleep_for(std::chrono::milliseconds(350));
+  log.report("bad request");
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_GE(lines.size(), 2u);
+  EXPECT_EQ(lines[0], "bad request");
+  // Every report is accounted for: the ones logged plus the suppressed counts.
+  int64_t total = static_cast<int64_t>(lines.size());
+  for (const std::string& l : lines) {
+    const auto at = l.find(" (");
+    if (at != std::string::npos) total += std::stoll(l.substr(at + 2));
+  }
+  EXPECT_EQ(total, 1001);
+  EXPECT_NE(lines.back().find("similar reports suppressed in the last 300 ms"), std::string::npos)
+      << lines.back();
+}
+
 TEST(BenchReportTest, WorkloadIsSeededAndWithinRanges) {
   bench::Spec s;
   ASSERT_TRUE(bench::parse_spec("4:8", "2:3", "a:3,b:1", &s).ok());
@@ -114,6 +177,9 @@ TEST(BenchReportTest, QuantilesAndGoodput) {
 
 TEST(BenchReportTest, ErrorsGroupByKindIgnoringNumbers) {
   EXPECT_EQ(bench::error_kind("request grpc-2738 waited 30158 ms"), "request grpc-# waited # ms");
+  EXPECT_EQ(bench::error_kind("request grpc-3fa80b21c9d4e5f60718293a4b5c6d7e waited 30158 ms"),
+            "request grpc-# waited # ms");
+  EXPECT_EQ(bench::error_kind("decode-0: SLA class 'fade' bad"), "decode-#: SLA class 'fade' bad");
   EXPECT_EQ(bench::error_kind(std::string(500, 'x')).size(), 240u);
   bench::Spec s;
   s.num_requests = 3;

@@ -1,0 +1,202 @@
+// Tenant isolation against the real binary with two API keys: a request id belongs to the key
+// that submitted it. Key B cannot abort key A's request, B's Abort of A's id answers exactly as
+// for an unknown id, B can use the same id at the same time, and server-assigned ids are random
+// and use a prefix clients may not. The model is synthetic llama-110m (tens of ms per token on a
+// CPU), so A's request is still running while B acts; A's own duplicate submission afterwards
+// (ALREADY_EXISTS) proves it.
+#include <bitset>
+#include <set>
+
+#include "server/server_harness.h"
+
+namespace kvsplit::testing {
+namespace {
+
+namespace v1 = ::kvsplit::v1;
+
+constexpr char kKeyA[] = "alpha-key-000001";
+constexpr char kKeyB[] = "bravo-key-000002";
+
+struct Stream {
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader;
+  std::vector<int32_t> ids;
+  v1::GenerateResponse last;
+};
+
+class TenantTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    std::ofstream(dir_->file("t.yaml")) << "kv: {capacity_mb: 256}\n";
+    server_ = new ServerProcess({"--config", dir_->file("t.yaml"), "--model",
+                                 "synthetic:llama-110m", "--api-key", kKeyA, "--api-key", kKeyB},
+                                dir_->file("server.log"));
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    delete dir_;
+  }
+  void SetUp() override {
+    ASSERT_TRUE(server_->started()) << server_->log();
+    channel_ = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+    stub_ = v1::Generation::NewStub(channel_);
+  }
+
+  static v1::GenerateRequest request(const std::string& id, uint32_t max_tokens) {
+    v1::GenerateRequest r;
+    r.set_request_id(id);
+    r.set_prompt("Once upon a time");
+    r.set_max_tokens(max_tokens);
+    r.set_ignore_eos(true);
+    r.mutable_sampling()->set_temperature(0.0f);
+    return r;
+  }
+  std::unique_ptr<Stream> open(const std::string& key, const v1::GenerateRequest& req) {
+    auto s = std::make_unique<Stream>();
+    s->ctx.AddMetadata("authorization", std::string("Bearer ") + key);
+    s->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(300));
+    s->reader = stub_->Generate(&s->ctx, req);
+    return s;
+  }
+  static bool read(Stream* s) {
+    v1::GenerateResponse msg;
+    if (!s->reader->Read(&msg)) return false;
+    s->ids.insert(s->ids.end(), msg.token_ids().begin(), msg.token_ids().end());
+    s->last = msg;
+    return true;
+  }
+  static grpc::Status drain(Stream* s) {
+    while (read(s)) {
+    }
+    return s->reader->Finish();
+  }
+  // Abort as `key`: the status and the response message's bytes.
+  std::pair<grpc::Status, std::string> abort_raw(const std::string& key, const std::string& id) {
+    v1::AbortRequest req;
+    req.set_request_id(id);
+    std::string resp;
+    grpc::Status st = raw_unary(channel_, "/kvsplit.v1.Generation/Abort", req.SerializeAsString(),
+                                &resp, std::chrono::milliseconds(10000), key);
+    return {st, resp};
+  }
+  bool all_kv_free() {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    v1::GetServerStatsResponse s;
+    do {
+      grpc::ClientContext ctx;
+      ctx.AddMetadata("authorization", std::string("Bearer ") + kKeyA);
+      s.Clear();
+      if (stub_->GetServerStats(&ctx, {}, &s).ok()) {
+        bool free = s.pools_size() > 0 && s.num_running() == 0 && s.num_waiting() == 0 &&
+                    s.active_streams() == 0;
+        for (const auto& p : s.pools()) free = free && p.kv_blocks_free() == p.kv_blocks_total();
+        if (free) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } while (std::chrono::steady_clock::now() < deadline);
+    ADD_FAILURE() << s.DebugString();
+    return false;
+  }
+
+  static TempDir* dir_;
+  static ServerProcess* server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Generation::Stub> stub_;
+};
+TempDir* TenantTest::dir_ = nullptr;
+ServerProcess* TenantTest::server_ = nullptr;
+
+TEST_F(TenantTest, AnotherKeyCannotAbortOrProbeARequest) {
+  constexpr uint32_t kTokens = 40;
+  auto a = open(kKeyA, request("job-1", kTokens));
+  ASSERT_TRUE(read(a.get()));  // A's request runs
+
+  // B aborts A's id: the same answer as for an id nobody uses, byte for byte.
+  auto [st_a, resp_a] = abort_raw(kKeyB, "job-1");
+  auto [st_none, resp_none] = abort_raw(kKeyB, "no-such-request-id");
+  ASSERT_TRUE(st_a.ok()) << st_a.error_message();
+  EXPECT_EQ(st_a.error_code(), st_none.error_code());
+  EXPECT_EQ(st_a.error_message(), st_none.error_message());
+  EXPECT_EQ(st_a.error_details(), st_none.error_details());
+  EXPECT_EQ(resp_a, resp_none);
+  v1::AbortResponse parsed;
+  ASSERT_TRUE(parsed.ParseFromString(resp_a));
+  EXPECT_FALSE(parsed.aborted());
+
+  // B can use the same id while A's request runs: no ALREADY_EXISTS, nothing learned.
+  auto b = open(kKeyB, request("job-1", 2));
+  grpc::Status st_b = drain(b.get());
+  EXPECT_TRUE(st_b.ok()) << st_b.error_message();
+  EXPECT_EQ(b->last.request_id(), "job-1");
+  EXPECT_EQ(b->ids.size(), 2u);
+
+  // A's request is still in flight (so it was during B's calls): A's own reuse is a duplicate.
+  auto dup = open(kKeyA, request("job-1", 2));
+  grpc::Status st_dup = drain(dup.get());
+  EXPECT_EQ(st_dup.error_code(), grpc::StatusCode::ALREADY_EXISTS) << st_dup.error_message();
+
+  // A's stream was not touched: every token, finished by length.
+  grpc::Status st = drain(a.get());
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(a->ids.size(), kTokens);
+  EXPECT_EQ(a->last.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(a->last.request_id(), "job-1");
+  EXPECT_TRUE(all_kv_free());
+}
+
+TEST_F(TenantTest, OwnAbortStillWorks) {
+  auto a = open(kKeyA, request("mine", 200));
+  ASSERT_TRUE(read(a.get()));
+  auto [st, resp] = abort_raw(kKeyA, "mine");
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  v1::AbortResponse parsed;
+  ASSERT_TRUE(parsed.ParseFromString(resp));
+  EXPECT_TRUE(parsed.aborted());
+  EXPECT_TRUE(drain(a.get()).ok());
+  EXPECT_EQ(a->last.finish_reason(), v1::FINISH_REASON_CANCELLED);
+  EXPECT_LT(a->ids.size(), 200u);
+  EXPECT_TRUE(all_kv_free());
+}
+
+TEST_F(TenantTest, ServerAssignedIdsAreRandomAndTheirPrefixIsReserved) {
+  std::set<std::string> ids;
+  std::bitset<128> seen_one, seen_zero;
+  for (int i = 0; i < 32; ++i) {
+    auto s = open(i % 2 ? kKeyA : kKeyB, request("", 1));
+    grpc::Status st = drain(s.get());
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    const std::string id = s->last.request_id();
+    ASSERT_EQ(id.size(), 5u + 32u) << id;
+    ASSERT_EQ(id.rfind("grpc-", 0), 0u) << id;
+    ASSERT_EQ(id.find_first_not_of("0123456789abcdef", 5), std::string::npos) << id;
+    EXPECT_TRUE(ids.insert(id).second) << id;
+    for (int k = 0; k < 32; ++k) {
+      const int nibble = std::stoi(id.substr(5 + k, 1), nullptr, 16);
+      for (int bit = 0; bit < 4; ++bit)
+        ((nibble >> bit) & 1 ? seen_one : seen_zero).set(4 * k + bit);
+    }
+  }
+  // A counter leaves most bits constant; 128 random bits leave one constant over 32 ids with
+  // probability 128 * 2^-31.
+  EXPECT_TRUE(seen_one.all() && seen_zero.all());
+
+  // Clients cannot take ids of that form, so assigned ids never collide with theirs.
+  for (const char* id : {"grpc-1", "grpc-0123456789abcdef0123456789abcdef", "grpc-"}) {
+    auto s = open(kKeyA, request(id, 1));
+    grpc::Status st = drain(s.get());
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << id;
+    EXPECT_NE(st.error_message().find("request_id"), std::string::npos) << st.error_message();
+    EXPECT_NE(st.error_message().find("reserved"), std::string::npos) << st.error_message();
+  }
+  EXPECT_TRUE(all_kv_free());
+}
+
+TEST_F(TenantTest, KeysAreNeverLogged) {
+  const std::string log = server_->log();
+  EXPECT_EQ(log.find(kKeyA), std::string::npos);
+  EXPECT_EQ(log.find(kKeyB), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvsplit::testing
