@@ -19,7 +19,10 @@ cmake --build "$dir" -j"$(nproc)" --target $targets
 corpus="$dir/corpus"
 rm -rf "$corpus"
 mkdir -p "$corpus"
-python3 scripts/fuzz_seeds.py --models "$models" --configs configs --out "$corpus"
+# Debian's python3 has the protobuf runtime (python3-protobuf) for the request seeds.
+py=python3
+if [[ -x /usr/bin/python3 ]]; then py=/usr/bin/python3; fi
+$py scripts/fuzz_seeds.py --models "$models" --configs configs --proto-dir proto --out "$corpus"
 
 status=0
 for t in $targets; do

@@ -12,6 +12,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--models", required=True)
 ap.add_argument("--configs", required=True)
 ap.add_argument("--out", required=True)
+ap.add_argument("--proto-dir", default=None, help="proto/ of the project: GenerateRequest seeds")
 a = ap.parse_args()
 
 
@@ -82,6 +83,39 @@ def encode_seeds():
             put("tokenizer_encode", f"story{i}", text[i:i + 1024])
 
 
+def request_seeds():
+    # Serialized kvsplit.v1.GenerateRequest messages built from the golden prompts, with the
+    # Python protobuf runtime over a module protoc generates here (skipped when either is missing).
+    import shutil, subprocess, tempfile
+    if not a.proto_dir or not shutil.which("protoc"):
+        print("fuzz_seeds: no protoc: request seeds skipped", file=sys.stderr)
+        return
+    tmp = tempfile.mkdtemp()
+    protos = glob.glob(os.path.join(a.proto_dir, "kvsplit", "v1", "*.proto"))
+    subprocess.run(["protoc", "-I", a.proto_dir, "--python_out", tmp, *protos], check=True)
+    sys.path.insert(0, tmp)
+    try:
+        from kvsplit.v1 import generation_pb2 as pb
+    except ImportError as e:
+        print(f"fuzz_seeds: no python protobuf ({e}): request seeds skipped", file=sys.stderr)
+        return
+    cases = [json.loads(l) for l in open(os.path.join(a.models, "golden", "stories260K_greedy.jsonl"))]
+    for i, c in enumerate(cases):
+        r = pb.GenerateRequest(prompt=c["prompt"], max_tokens=c["steps"] - len(c["prompt_token_ids"]) + 1)
+        if i % 2:
+            r.sampling.temperature = 0.7
+            r.sampling.top_p = 0.9
+            r.sampling.top_k = 40
+            r.stop.append(".")
+            r.top_logprobs = 3
+            r.sla_class = "interactive"
+        if i % 3 == 0:
+            r.ClearField("prompt")
+            r.prompt_token_ids.ids.extend(c["prompt_token_ids"])
+            r.request_id = f"client-{i}"
+        put("request_convert", f"{i}", r.SerializeToString())
+
+
 def config_seeds():
     for path in sorted(glob.glob(os.path.join(a.configs, "*.yaml"))):
         put("config_yaml", os.path.basename(path), open(path, "rb").read())
@@ -91,6 +125,7 @@ safetensors_seeds()
 tokenizer_seeds()
 tokenizer_bin_seeds()
 encode_seeds()
+request_seeds()
 config_seeds()
 for kind in sorted(os.listdir(a.out)):
     print(f"fuzz_seeds: {kind}: {len(os.listdir(os.path.join(a.out, kind)))} seeds", file=sys.stderr)
