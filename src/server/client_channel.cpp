@@ -1,7 +1,6 @@
 #include "server/client_channel.h"
 
-#include <fstream>
-#include <sstream>
+#include "common/file_read.h"
 
 namespace kvsplit::server {
 
@@ -10,12 +9,10 @@ StatusOr<std::shared_ptr<grpc::Channel>> make_channel(const ClientOptions& optio
   args.SetMaxReceiveMessageSize(64 << 20);
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (!options.tls_ca.empty()) {
-    std::ifstream in(options.tls_ca, std::ios::binary);
-    if (!in) return invalid_argument("--tls-ca: cannot read '" + options.tls_ca + "'");
-    std::ostringstream ss;
-    ss << in.rdbuf();
+    auto pem = common::read_regular_file(options.tls_ca, common::kMaxPemFileBytes, "PEM file");
+    if (!pem.ok()) return pem.status().with_prefix("--tls-ca");
     grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = ss.str();
+    ssl.pem_root_certs = std::move(*pem);
     creds = grpc::SslCredentials(ssl);
     if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   }

@@ -3,19 +3,17 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
-#include <fstream>
-#include <sstream>
+#include "common/file_read.h"
 
 namespace kvsplit::server {
 namespace {
 
+// A PEM file: a regular file of at most 1 MiB (common::read_regular_file), not empty.
 StatusOr<std::string> read_file(const std::string& path, const std::string& field) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return invalid_argument(field + ": cannot read '" + path + "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (ss.str().empty()) return invalid_argument(field + ": '" + path + "' is empty");
-  return ss.str();
+  auto data = common::read_regular_file(path, common::kMaxPemFileBytes, "PEM file");
+  if (!data.ok()) return data.status().with_prefix(field);
+  if (data->empty()) return invalid_argument(field + ": '" + path + "' is empty");
+  return data;
 }
 
 }  // namespace

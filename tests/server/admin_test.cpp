@@ -171,6 +171,25 @@ TEST_F(AdminTest, BadConfigExitsNonZeroNamingTheField) {
   auto [code4, out4] = run_command(std::string(KVSPLIT_SERVER_BIN) + " --check-config " +
                                    KVSPLIT_SOURCE_DIR + "/configs/voice-assistant.yaml");
   EXPECT_EQ(code4, 0) << out4;
+  // Strict YAML through the binary (a duplicate key used to pass --check-config).
+  const std::string dup = write("dup.yaml", "seed: 1\nseed: 2\n");
+  auto [code5, out5] = run_command(std::string(KVSPLIT_SERVER_BIN) + " --check-config " + dup);
+  EXPECT_EQ(code5, 2);
+  EXPECT_NE(out5.find("seed: duplicate key (lines 1 and 2)"), std::string::npos) << out5;
+  auto [code6, out6] = run_command(std::string(KVSPLIT_SERVER_BIN) + " --check-config /dev/zero");
+  EXPECT_EQ(code6, 2);
+  EXPECT_NE(out6.find("is a character device"), std::string::npos) << out6;
+}
+
+TEST_F(AdminTest, TlsFilesAreBoundedRegularFiles) {
+  // /dev/zero as the certificate used to be read until memory ran out.
+  auto [code, out] = run_command(std::string(KVSPLIT_SERVER_BIN) +
+                                 " --port 0 --model synthetic:stories260k --tls-cert /dev/zero "
+                                 "--tls-key /dev/zero");
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("server.tls.cert_file: PEM file /dev/zero: is a character device"),
+            std::string::npos)
+      << out;
 }
 
 TEST_F(AdminTest, SighupReloadsClassesAndBadReloadKeepsOldPolicy) {
