@@ -22,9 +22,9 @@ int main() {
 #include <string>
 #include <vector>
 
-#include "attention/paged_attention.h"
-#include "bench/stream_read.h"
-#include "kv/split_plan.h"
+#include "kernels/attention/paged_attention.h"
+#include "kernels/bench/stream_read.h"
+#include "backend/split_plan.h"
 
 namespace {
 
@@ -133,9 +133,9 @@ int main(int argc, char** argv) {
     const double stream_gbs = double(kv_bytes) / (stream_ms * 1e-3) / 1e9;
 
     for (bool split : {false, true}) {
-      const kvsplit::kv::SplitPlan plan =
-          split ? kvsplit::kv::plan_decode_splits(kv_lens.data(), sh.num_seqs, kKvHeads, kBlockSize, sms)
-                : kvsplit::kv::make_split_plan(kv_lens.data(), sh.num_seqs, kBlockSize, 0);
+      const kvsplit::backend::SplitPlan plan =
+          split ? kvsplit::backend::plan_decode_splits(kv_lens.data(), sh.num_seqs, kKvHeads, kBlockSize, sms)
+                : kvsplit::backend::make_split_plan(kv_lens.data(), sh.num_seqs, kBlockSize, 0);
       kvsplit::kernels::PagedAttentionParams p;
       p.q = dq; p.out = dout; p.kv = pages; p.kv_dtype = kvsplit::kernels::ElemType::kBF16;
       p.num_seqs = sh.num_seqs; p.num_tokens = sh.num_seqs; p.num_heads = kHeads;

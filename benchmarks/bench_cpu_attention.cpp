@@ -19,7 +19,7 @@
 #include "backend/cpu/attention.h"
 #include "backend/cpu/machine_probe.h"
 #include "common/thread_pool.h"
-#include "kv/split_plan.h"
+#include "backend/split_plan.h"
 
 namespace {
 
@@ -108,8 +108,8 @@ int main(int argc, char** argv) {
   const int decode_cases[][2] = {{1, 1024}, {1, 4096}, {1, 16384}, {4, 4096}, {16, 1024}, {64, 512}};
   for (const auto& dc : decode_cases) {
     Batch b(dc[0], dc[1], 1, heads, kv_heads, head_dim, block_size);
-    const auto none = kvsplit::kv::make_split_plan(b.kv_lens.data(), dc[0], block_size, 0);
-    const auto plan = kvsplit::kv::plan_decode_splits(b.kv_lens.data(), dc[0], kv_heads,
+    const auto none = kvsplit::backend::make_split_plan(b.kv_lens.data(), dc[0], block_size, 0);
+    const auto plan = kvsplit::backend::plan_decode_splits(b.kv_lens.data(), dc[0], kv_heads,
                                                       block_size, threads);
     kvsplit::Status st;
     const double t_none = time_call(seconds, [&] { st = cpu_attention_decode(b.args, none, pool); });

@@ -3,8 +3,8 @@
 // emulation harness (kernels/emulation/emulated_kernels.cpp).
 #include <string>
 
-#include "attention/paged_attention.cuh"
-#include "common/launch_status.h"
+#include "kernels/attention/paged_attention.cuh"
+#include "kernels/common/launch_status.h"
 
 namespace kvsplit::kernels {
 namespace {

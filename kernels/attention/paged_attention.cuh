@@ -11,13 +11,13 @@
 // keeps HBM busy instead of alternating between loading and computing.
 #pragma once
 
-#include "attention/paged_attention.h"
-#include "common/async_copy.cuh"
-#include "common/cuda_compat.h"
-#include "common/elem_type.h"
-#include "common/paged_kv.h"
-#include "common/softmax_state.h"
-#include "common/warp_reduce.cuh"
+#include "kernels/attention/paged_attention.h"
+#include "kernels/common/async_copy.cuh"
+#include "kernels/common/cuda_compat.h"
+#include "kernels/common/elem_type.h"
+#include "kernels/common/paged_kv.h"
+#include "kernels/common/softmax_state.h"
+#include "kernels/common/warp_reduce.cuh"
 
 namespace kvsplit::kernels {
 

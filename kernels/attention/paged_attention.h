@@ -8,8 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/cuda_stream.h"
-#include "common/elem_type.h"
+#include "kernels/common/cuda_stream.h"
+#include "kernels/common/elem_type.h"
 #include "kvsplit/status.h"
 
 namespace kvsplit::kernels {
@@ -44,8 +44,8 @@ struct PagedAttentionParams {
   // ---- split-K decode (FlashDecoding); used by launch_paged_decode only ----
   int chunk_tokens = 0;                   // keys per split, multiple of block_size
   int max_splits = 1;                     // grid extent; max over num_splits
-  const int32_t* num_splits = nullptr;    // [num_seqs] (kv::SplitPlan::num_splits)
-  const int32_t* split_offset = nullptr;  // [num_seqs] (kv::SplitPlan::split_offset)
+  const int32_t* num_splits = nullptr;    // [num_seqs] (backend::SplitPlan::num_splits)
+  const int32_t* split_offset = nullptr;  // [num_seqs] (backend::SplitPlan::split_offset)
   float* part_o = nullptr;  // [total_splits, num_heads, head_dim] unnormalized partial outputs
   float* part_m = nullptr;  // [total_splits, num_heads] partial max score
   float* part_l = nullptr;  // [total_splits, num_heads] partial sum of exp(score - m)

@@ -1,8 +1,8 @@
 // Read-bandwidth probe (see stream_read.h).
-#include "bench/stream_read.h"
-#include "common/cuda_compat.h"
-#include "common/elem_type.h"
-#include "common/launch_status.h"
+#include "kernels/bench/stream_read.h"
+#include "kernels/common/cuda_compat.h"
+#include "kernels/common/elem_type.h"
+#include "kernels/common/launch_status.h"
 
 namespace kvsplit::kernels {
 

@@ -3,7 +3,7 @@
 
 #include <cstddef>
 
-#include "common/cuda_stream.h"
+#include "kernels/common/cuda_stream.h"
 #include "kvsplit/status.h"
 
 namespace kvsplit::kernels {

@@ -10,7 +10,7 @@
 // destination before the wait (and the barrier, for other threads' copies) sees stale bytes.
 #pragma once
 
-#include "common/cuda_compat.h"
+#include "kernels/common/cuda_compat.h"
 
 namespace kvsplit::kernels {
 

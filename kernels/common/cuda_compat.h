@@ -10,7 +10,7 @@
 
 #if defined(KVSPLIT_EMULATE_CUDA)
 
-#include "emulation/emu_runtime.h"
+#include "kernels/emulation/emu_runtime.h"
 
 namespace kvsplit::kernels {
 using ::kvsplit::emu::launch;

@@ -3,7 +3,7 @@
 #pragma once
 
 #if defined(KVSPLIT_EMULATE_CUDA)
-#include "emulation/emu_runtime.h"
+#include "kernels/emulation/emu_runtime.h"
 #else
 #include <cuda_runtime_api.h>
 #endif

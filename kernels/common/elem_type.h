@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "host_device.h"
+#include "kernels/common/host_device.h"
 
 namespace kvsplit::kernels {
 
@@ -21,7 +21,7 @@ constexpr const char* elem_name(ElemType t) {
 }  // namespace kvsplit::kernels
 
 #if defined(KVSPLIT_EMULATE_CUDA) || defined(__CUDACC__)
-#include "common/cuda_compat.h"
+#include "kernels/common/cuda_compat.h"
 
 namespace kvsplit::kernels {
 

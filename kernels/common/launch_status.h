@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "common/cuda_compat.h"
+#include "kernels/common/cuda_compat.h"
 #include "kvsplit/status.h"
 
 namespace kvsplit::kernels {

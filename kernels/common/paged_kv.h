@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "host_device.h"
+#include "kernels/common/host_device.h"
 
 namespace kvsplit::kernels {
 

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "common/host_device.h"
+#include "kernels/common/host_device.h"
 
 namespace kvsplit::kernels {
 

@@ -7,7 +7,7 @@
 
 #include <math.h>
 
-#include "host_device.h"
+#include "kernels/common/host_device.h"
 
 namespace kvsplit::kernels {
 

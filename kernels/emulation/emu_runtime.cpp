@@ -1,6 +1,6 @@
 // Fiber scheduler of the CUDA emulation harness (see emu_runtime.h). One scheduler per OS thread;
 // fibers and their stacks are created on first use and reused by every later launch.
-#include "emulation/emu_runtime.h"
+#include "kernels/emulation/emu_runtime.h"
 
 #include <pthread.h>
 #include <sys/mman.h>

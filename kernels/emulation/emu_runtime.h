@@ -18,7 +18,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "emulation/emu_types.h"
+#include "kernels/emulation/emu_types.h"
 
 // ---- runtime API subset ----
 enum cudaError_t : int {

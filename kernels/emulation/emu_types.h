@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "common/float_bits.h"
+#include "kernels/common/float_bits.h"
 
 // ---- execution-space and memory qualifiers ----
 #define __host__

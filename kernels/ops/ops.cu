@@ -3,8 +3,8 @@
 #include <cmath>
 #include <string>
 
-#include "common/launch_status.h"
-#include "ops/ops.cuh"
+#include "kernels/common/launch_status.h"
+#include "kernels/ops/ops.cuh"
 
 namespace kvsplit::kernels {
 namespace {

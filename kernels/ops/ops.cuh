@@ -2,12 +2,12 @@
 // Host API and shapes: kernels/ops/ops.h.
 #pragma once
 
-#include "common/cuda_compat.h"
-#include "common/elem_type.h"
-#include "common/paged_kv.h"
-#include "common/rope.h"
-#include "common/warp_reduce.cuh"
-#include "ops/ops.h"
+#include "kernels/common/cuda_compat.h"
+#include "kernels/common/elem_type.h"
+#include "kernels/common/paged_kv.h"
+#include "kernels/common/rope.h"
+#include "kernels/common/warp_reduce.cuh"
+#include "kernels/ops/ops.h"
 
 namespace kvsplit::kernels {
 

@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "common/cuda_stream.h"
-#include "common/elem_type.h"
+#include "kernels/common/cuda_stream.h"
+#include "kernels/common/elem_type.h"
 #include "kvsplit/status.h"
 
 namespace kvsplit::kernels {

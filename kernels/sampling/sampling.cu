@@ -3,8 +3,8 @@
 #include <cmath>
 #include <string>
 
-#include "common/launch_status.h"
-#include "sampling/sampling.cuh"
+#include "kernels/common/launch_status.h"
+#include "kernels/sampling/sampling.cuh"
 
 namespace kvsplit::kernels {
 

@@ -10,11 +10,11 @@
 // depend on the order in which threads or atomics combine.
 #pragma once
 
-#include "common/cuda_compat.h"
-#include "common/philox.h"
-#include "common/warp_reduce.cuh"
-#include "sampling/sampling.h"
-#include "sampling/sampling_math.h"
+#include "kernels/common/cuda_compat.h"
+#include "kernels/common/philox.h"
+#include "kernels/common/warp_reduce.cuh"
+#include "kernels/sampling/sampling.h"
+#include "kernels/sampling/sampling_math.h"
 
 #if defined(KVSPLIT_EMULATE_CUDA)
 #include <atomic>

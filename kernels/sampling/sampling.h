@@ -21,7 +21,7 @@
 
 #include <cstdint>
 
-#include "common/cuda_stream.h"
+#include "kernels/common/cuda_stream.h"
 #include "kvsplit/status.h"
 
 namespace kvsplit::kernels {

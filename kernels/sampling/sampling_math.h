@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "common/host_device.h"
+#include "kernels/common/host_device.h"
 
 namespace kvsplit::kernels {
 

@@ -15,7 +15,7 @@
 #include <string_view>
 
 #include "backend/dtype.h"
-#include "kv/split_plan.h"
+#include "backend/split_plan.h"
 #include "kvsplit/status.h"
 
 namespace kvsplit::backend {
@@ -140,7 +140,7 @@ class Backend {
   virtual Status attention_prefill(const AttentionArgs& args) = 0;
   // Decode attention (one query per sequence) over pages, split along kv_len per `plan`
   // (FlashDecoding); partial (o, m, l) states are merged with kernels/common/softmax_state.h.
-  virtual Status attention_decode(const AttentionArgs& args, const kv::SplitPlan& plan) = 0;
+  virtual Status attention_decode(const AttentionArgs& args, const backend::SplitPlan& plan) = 0;
 
   // Optional op: ids[r] = a token sampled from logits[r, 0..vocab) with rows[r] (temperature,
   // min-p, top-k, top-p, then one Philox4x32-10 draw at counter (seed, step); semantics in

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "common/check.h"
-#include "common/paged_kv.h"
+#include "kernels/common/paged_kv.h"
 #include "sampling/sampler.h"
 
 namespace kvsplit::model {
@@ -327,12 +327,12 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   float* lg = carve(R * c.vocab_size);  // logits [R, vocab]
 
   // ---- split-K plan for the decode part ----
-  kv::SplitPlan plan;
+  backend::SplitPlan plan;
   if (num_decode > 0) {
     const int32_t* kvl = &meta.ints[meta.dec_kvlens];
     plan = options.force_chunk_tokens >= 0
-               ? kv::make_split_plan(kvl, num_decode, block_size, options.force_chunk_tokens)
-               : kv::plan_decode_splits(kvl, num_decode, c.num_kv_heads, block_size,
+               ? backend::make_split_plan(kvl, num_decode, block_size, options.force_chunk_tokens)
+               : backend::plan_decode_splits(kvl, num_decode, c.num_kv_heads, block_size,
                                         be.parallelism(), options.split);
   }
 

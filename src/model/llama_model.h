@@ -11,7 +11,7 @@
 #include "backend/backend.h"
 #include "kv/block_allocator.h"
 #include "kv/kv_pool.h"
-#include "kv/split_plan.h"
+#include "backend/split_plan.h"
 #include "kvsplit/status.h"
 #include "model/loader.h"
 
@@ -29,7 +29,7 @@ struct SeqStep {
 };
 
 struct ForwardOptions {
-  kv::SplitPlanConfig split;  // decode split-K planning
+  backend::SplitPlanConfig split;  // decode split-K planning
   int force_chunk_tokens = -1;  // >= 0: use make_split_plan with this chunk size (tests)
 };
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "common/escape.h"
-#include "engine/request_stream.h"
+#include "sched/request_stream.h"
 #include "kv/block_allocator.h"
 #include "kvsplit/engine.h"
 #include "model/tokenizer.h"

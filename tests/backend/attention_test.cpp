@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "common/thread_pool.h"
-#include "kv/split_plan.h"
+#include "backend/split_plan.h"
 #include "oracle/attention_oracle.h"
 
 namespace kvsplit::backend {
@@ -76,7 +76,7 @@ TEST(CpuAttentionDecode, SplitKEqualsNoSplitAndTheOracle) {
     const std::string what = describe(spec);
     const std::vector<double> want = oracle::attention_f32(args);
 
-    const kv::SplitPlan no_split = kv::make_split_plan(c.kv_lens.data(), num_seqs, spec.block_size, 0);
+    const backend::SplitPlan no_split = backend::make_split_plan(c.kv_lens.data(), num_seqs, spec.block_size, 0);
     ASSERT_TRUE(cpu_attention_decode(args, no_split, pool).ok()) << what;
     expect_matches_oracle(c, want, what + " (no split)");
     const std::vector<float> base = c.out;
@@ -84,18 +84,18 @@ TEST(CpuAttentionDecode, SplitKEqualsNoSplitAndTheOracle) {
     // Split counts from 2 up to the maximum (one block per split), plus the heuristic planner.
     const int max_kv = *std::max_element(spec.kv_lens.begin(), spec.kv_lens.end());
     const int max_blocks = (max_kv + spec.block_size - 1) / spec.block_size;
-    std::vector<kv::SplitPlan> plans;
-    plans.push_back(kv::make_split_plan(c.kv_lens.data(), num_seqs, spec.block_size, spec.block_size));
+    std::vector<backend::SplitPlan> plans;
+    plans.push_back(backend::make_split_plan(c.kv_lens.data(), num_seqs, spec.block_size, spec.block_size));
     if (max_blocks > 2) {
       const int splits = rng.range(2, std::min(max_blocks, 64));
-      plans.push_back(kv::make_split_plan(c.kv_lens.data(), num_seqs, spec.block_size,
+      plans.push_back(backend::make_split_plan(c.kv_lens.data(), num_seqs, spec.block_size,
                                           (max_kv + splits - 1) / splits));
     }
-    kv::SplitPlanConfig cfg;
+    backend::SplitPlanConfig cfg;
     cfg.min_chunk_tokens = 32;
-    plans.push_back(kv::plan_decode_splits(c.kv_lens.data(), num_seqs, spec.num_kv_heads,
+    plans.push_back(backend::plan_decode_splits(c.kv_lens.data(), num_seqs, spec.num_kv_heads,
                                            spec.block_size, 32, cfg));
-    for (const kv::SplitPlan& plan : plans) {
+    for (const backend::SplitPlan& plan : plans) {
       std::fill(c.out.begin(), c.out.end(), std::numeric_limits<float>::quiet_NaN());
       ASSERT_TRUE(cpu_attention_decode(args, plan, pool).ok()) << what;
       const std::string w = what + " chunk " + std::to_string(plan.chunk_tokens) + " max_splits " +
@@ -150,7 +150,7 @@ TEST(CpuAttentionPrefill, SingleTokenRowsEqualDecode) {
   const AttentionArgs args = c.args();
   ASSERT_TRUE(cpu_attention_prefill(args, pool).ok());
   const std::vector<float> prefill = c.out;
-  const kv::SplitPlan plan = kv::make_split_plan(c.kv_lens.data(), 5, 16, 0);
+  const backend::SplitPlan plan = backend::make_split_plan(c.kv_lens.data(), 5, 16, 0);
   ASSERT_TRUE(cpu_attention_decode(args, plan, pool).ok());
   for (size_t i = 0; i < prefill.size(); ++i) ASSERT_EQ(prefill[i], c.out[i]) << i;
 }
@@ -164,7 +164,7 @@ TEST(CpuAttention, DeterministicAcrossThreadCountsAndConcurrentCallers) {
   spec.kv_lens = {1500, 37, 800};
   AttentionCase c1 = oracle::make_case(spec);
   AttentionCase c2 = oracle::make_case(spec);
-  const kv::SplitPlan plan = kv::make_split_plan(c1.kv_lens.data(), 3, 16, 128);
+  const backend::SplitPlan plan = backend::make_split_plan(c1.kv_lens.data(), 3, 16, 128);
   ThreadPool p1(1);
   ASSERT_TRUE(cpu_attention_decode(c1.args(), plan, p1).ok());
   const std::vector<float> single = c1.out;
@@ -188,7 +188,7 @@ TEST(CpuAttention, LargeScoresStayFinite) {
   spec.kv_range = 3.0;
   AttentionCase c = oracle::make_case(spec);
   const AttentionArgs args = c.args();
-  const kv::SplitPlan plan = kv::make_split_plan(c.kv_lens.data(), 2, 16, 32);
+  const backend::SplitPlan plan = backend::make_split_plan(c.kv_lens.data(), 2, 16, 32);
   ASSERT_TRUE(cpu_attention_decode(args, plan, pool).ok());
   // Near-one-hot softmax: compare with an absolute tolerance scaled to the values.
   const oracle::Comparison cmp = oracle::compare(c.out.data(), oracle::attention_f32(args), 1e-4, 1e-4);
@@ -208,7 +208,7 @@ class CpuAttentionBadArgs : public ::testing::Test {
     spec.block_size = 4;
     spec.kv_lens = {5, 9};
     c_ = oracle::make_case(spec);
-    plan_ = kv::make_split_plan(c_.kv_lens.data(), 2, 4, 4);
+    plan_ = backend::make_split_plan(c_.kv_lens.data(), 2, 4, 4);
   }
   // Both entry points reject `a` with `code`, and the message mentions `needle`.
   void expect_rejected(const AttentionArgs& a, StatusCode code, const std::string& needle,
@@ -224,7 +224,7 @@ class CpuAttentionBadArgs : public ::testing::Test {
   }
   ThreadPool pool_{2};
   AttentionCase c_;
-  kv::SplitPlan plan_;
+  backend::SplitPlan plan_;
 };
 
 TEST_F(CpuAttentionBadArgs, ValidCaseIsAccepted) {
@@ -263,13 +263,13 @@ TEST_F(CpuAttentionBadArgs, Rejected) {
 
 TEST_F(CpuAttentionBadArgs, DecodeRejectsMismatchedPlansAndMultiTokenQueries) {
   const AttentionArgs a = c_.args();
-  kv::SplitPlan p = kv::make_split_plan(c_.kv_lens.data(), 1, 4, 4);  // one sequence only
+  backend::SplitPlan p = backend::make_split_plan(c_.kv_lens.data(), 1, 4, 4);  // one sequence only
   EXPECT_EQ(cpu_attention_decode(a, p, pool_).code(), StatusCode::kInvalidArgument);
   p = plan_;
   p.chunk_tokens = 6;  // not a multiple of block_size
   EXPECT_EQ(cpu_attention_decode(a, p, pool_).code(), StatusCode::kInvalidArgument);
   const int32_t short_lens[] = {5, 4};  // plan made for a shorter sequence 1
-  p = kv::make_split_plan(short_lens, 2, 4, 4);
+  p = backend::make_split_plan(short_lens, 2, 4, 4);
   const Status st = cpu_attention_decode(a, p, pool_);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("sequence 1"), std::string::npos) << st.to_string();
@@ -286,7 +286,7 @@ TEST_F(CpuAttentionBadArgs, EmptyBatchIsANoOp) {
   AttentionArgs a = c_.args();
   a.num_seqs = 0;
   a.num_tokens = 0;
-  const kv::SplitPlan empty = kv::make_split_plan(nullptr, 0, 4, 0);
+  const backend::SplitPlan empty = backend::make_split_plan(nullptr, 0, 4, 0);
   EXPECT_TRUE(cpu_attention_decode(a, empty, pool_).ok());
   EXPECT_TRUE(cpu_attention_prefill(a, pool_).ok());
 }

@@ -13,7 +13,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
-#include "common/paged_kv.h"
+#include "kernels/common/paged_kv.h"
 
 namespace kvsplit::backend {
 namespace {

@@ -7,14 +7,14 @@
 #include <string>
 #include <vector>
 
-#include "attention/paged_attention.h"
+#include "kernels/attention/paged_attention.h"
 #if defined(KVSPLIT_EMULATE_CUDA)
-#include "attention/paged_attention.cuh"  // attn_smem_layout
+#include "kernels/attention/paged_attention.cuh"  // attn_smem_layout
 #endif
 #include "backend/cpu/attention.h"
 #include "common/thread_pool.h"
 #include "kernel_test_util.h"
-#include "kv/split_plan.h"
+#include "backend/split_plan.h"
 #include "oracle/attention_oracle.h"
 
 namespace kvsplit::testing {
@@ -129,7 +129,7 @@ void check_case(const AttnCase& tc) {
 
   for (int chunk : tc.chunk_tokens) {
     SCOPED_TRACE("chunk_tokens " + std::to_string(chunk));
-    const kv::SplitPlan plan = kv::make_split_plan(c.kv_lens.data(), c.num_seqs, spec.block_size, chunk);
+    const backend::SplitPlan plan = backend::make_split_plan(c.kv_lens.data(), c.num_seqs, spec.block_size, chunk);
     DeviceCase d = upload(c, tc.dtype);
     DevArray<int32_t> num_splits(plan.num_splits), split_offset(plan.split_offset);
     const size_t total = static_cast<size_t>(std::max(plan.total_splits, 1));

@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "attention/paged_attention.h"
+#include "kernels/attention/paged_attention.h"
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/kernel_args.h"
-#include "common/float_bits.h"
-#include "ops/ops.h"
-#include "sampling/sampling.h"
+#include "kernels/common/float_bits.h"
+#include "kernels/ops/ops.h"
+#include "kernels/sampling/sampling.h"
 
 namespace kvsplit::testing {
 
@@ -100,7 +100,7 @@ class EmulatedKernelBackend final : public backend::Backend {
     kernels::PagedAttentionParams p = params(a);
     return kernels::launch_paged_prefill(p, nullptr);
   }
-  Status attention_decode(const backend::AttentionArgs& a, const kv::SplitPlan& plan) override {
+  Status attention_decode(const backend::AttentionArgs& a, const backend::SplitPlan& plan) override {
     kernels::PagedAttentionParams p = params(a);
     p.max_splits = plan.max_splits > 1 ? plan.max_splits : 1;
     if (plan.has_splits()) {

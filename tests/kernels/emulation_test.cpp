@@ -8,8 +8,8 @@
 #include <random>
 #include <vector>
 
-#include "common/async_copy.cuh"
-#include "common/cuda_compat.h"
+#include "kernels/common/async_copy.cuh"
+#include "kernels/common/cuda_compat.h"
 
 namespace {
 

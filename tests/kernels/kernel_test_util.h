@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "common/cuda_stream.h"
-#include "common/float_bits.h"
-#include "common/elem_type.h"
+#include "kernels/common/cuda_stream.h"
+#include "kernels/common/float_bits.h"
+#include "kernels/common/elem_type.h"
 
 #if defined(KVSPLIT_TEST_GPU)
 #include <cuda_runtime_api.h>

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
-#include "common/paged_kv.h"
+#include "kernels/common/paged_kv.h"
 #include "kernel_test_util.h"
-#include "ops/ops.h"
+#include "kernels/ops/ops.h"
 #include "oracle/attention_oracle.h"
 
 namespace kvsplit::testing {

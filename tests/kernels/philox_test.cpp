@@ -6,7 +6,7 @@
 #include <set>
 #include <vector>
 
-#include "common/philox.h"
+#include "kernels/common/philox.h"
 #include "sampling_reference.h"
 
 namespace kvsplit::testing {

@@ -10,7 +10,7 @@
 
 #include "kernel_test_util.h"
 #include "oracle/attention_oracle.h"
-#include "sampling/sampling.h"
+#include "kernels/sampling/sampling.h"
 #include "sampling_reference.h"
 
 namespace kvsplit::testing {

@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/philox.h"
-#include "sampling/sampling.h"
-#include "sampling/sampling_math.h"
+#include "kernels/common/philox.h"
+#include "kernels/sampling/sampling.h"
+#include "kernels/sampling/sampling_math.h"
 
 namespace kvsplit::testing {
 

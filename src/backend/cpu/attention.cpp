@@ -12,8 +12,8 @@
 #include <immintrin.h>
 #endif
 
-#include "common/paged_kv.h"
-#include "common/softmax_state.h"
+#include "kernels/common/paged_kv.h"
+#include "kernels/common/softmax_state.h"
 
 namespace kvsplit::backend {
 namespace {
@@ -312,7 +312,7 @@ Status validate(const AttentionArgs& a, const char* op) {
   return ok_status();
 }
 
-Status validate_plan(const AttentionArgs& a, const kv::SplitPlan& plan) {
+Status validate_plan(const AttentionArgs& a, const backend::SplitPlan& plan) {
   const std::string where = "attention_decode: split plan ";
   if (plan.num_seqs() != a.num_seqs || static_cast<int>(plan.split_offset.size()) != a.num_seqs) {
     return invalid_argument(where + "covers " + std::to_string(plan.num_seqs()) +
@@ -347,7 +347,7 @@ struct DecodeWorkspace {
 
 }  // namespace
 
-Status cpu_attention_decode(const AttentionArgs& a, const kv::SplitPlan& plan, ThreadPool& pool) {
+Status cpu_attention_decode(const AttentionArgs& a, const backend::SplitPlan& plan, ThreadPool& pool) {
   KVSPLIT_RETURN_IF_ERROR(validate(a, "attention_decode"));
   for (int s = 0; s < a.num_seqs; ++s) {
     if (a.query_start[s + 1] - a.query_start[s] != 1) {

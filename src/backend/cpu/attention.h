@@ -13,7 +13,7 @@
 
 #include "backend/backend.h"
 #include "common/thread_pool.h"
-#include "kv/split_plan.h"
+#include "backend/split_plan.h"
 #include "kvsplit/status.h"
 
 namespace kvsplit::backend {
@@ -24,8 +24,8 @@ Status cpu_attention_prefill(const backend::AttentionArgs& args, ThreadPool& poo
 
 // One query per sequence (query_start[s+1] - query_start[s] == 1, kv_lens[s] >= 1). Sequence s is
 // cut into plan.num_splits[s] chunks of plan.chunk_tokens keys; plan must come from
-// kv::make_split_plan / kv::plan_decode_splits over the same kv_lens and block_size.
-Status cpu_attention_decode(const backend::AttentionArgs& args, const kv::SplitPlan& plan,
+// backend::make_split_plan / backend::plan_decode_splits over the same kv_lens and block_size.
+Status cpu_attention_decode(const backend::AttentionArgs& args, const backend::SplitPlan& plan,
                             ThreadPool& pool);
 
 }  // namespace kvsplit::backend

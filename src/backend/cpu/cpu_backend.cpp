@@ -14,8 +14,8 @@
 #include "backend/cpu/attention.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/simd.h"
-#include "common/paged_kv.h"
-#include "common/rope.h"
+#include "kernels/common/paged_kv.h"
+#include "kernels/common/rope.h"
 #include "common/thread_pool.h"
 
 namespace kvsplit::backend {
@@ -87,7 +87,7 @@ class CpuBackend final : public Backend {
   Status attention_prefill(const AttentionArgs& args) override {
     return cpu_attention_prefill(args, pool_);
   }
-  Status attention_decode(const AttentionArgs& args, const kv::SplitPlan& plan) override {
+  Status attention_decode(const AttentionArgs& args, const backend::SplitPlan& plan) override {
     return cpu_attention_decode(args, plan, pool_);
   }
 

@@ -5,13 +5,13 @@
 #include <cstring>
 #include <string>
 
-#include "attention/paged_attention.h"
+#include "kernels/attention/paged_attention.h"
 #include "backend/cuda/kernel_args.h"
 #include "backend/cuda/cuda_util.h"
-#include "common/float_bits.h"
+#include "kernels/common/float_bits.h"
 #include "common/log.h"
-#include "ops/ops.h"
-#include "sampling/sampling.h"
+#include "kernels/ops/ops.h"
+#include "kernels/sampling/sampling.h"
 
 namespace kvsplit::backend::cuda {
 namespace {
@@ -273,7 +273,7 @@ Status CudaBackend::attention_prefill(const AttentionArgs& args) {
   return kernels::launch_paged_prefill(p, stream_);
 }
 
-Status CudaBackend::attention_decode(const AttentionArgs& args, const kv::SplitPlan& plan) {
+Status CudaBackend::attention_decode(const AttentionArgs& args, const backend::SplitPlan& plan) {
   KVSPLIT_RETURN_IF_ERROR(check_attention_shape(args));
   if (plan.num_seqs() != args.num_seqs)
     return invalid_argument("attention_decode: plan has " + std::to_string(plan.num_seqs()) +

@@ -50,7 +50,7 @@ class CudaBackend final : public Backend {
   Status kv_append(const LayerKv& kv, const float* k, const float* v, const int32_t* slot_mapping,
                    int num_tokens) override;
   Status attention_prefill(const AttentionArgs& args) override;
-  Status attention_decode(const AttentionArgs& args, const kv::SplitPlan& plan) override;
+  Status attention_decode(const AttentionArgs& args, const backend::SplitPlan& plan) override;
   bool has_sample_tokens() const override { return true; }
   Status sample_tokens(const float* logits, int num_rows, int vocab, const SamplingRow* rows,
                        int32_t* ids) override;

@@ -4,10 +4,10 @@
 
 #include <cstdint>
 
-#include "attention/paged_attention.h"
+#include "kernels/attention/paged_attention.h"
 #include "backend/backend.h"
-#include "ops/ops.h"
-#include "sampling/sampling.h"
+#include "kernels/ops/ops.h"
+#include "kernels/sampling/sampling.h"
 
 namespace kvsplit::backend::cuda {
 

@@ -1,4 +1,4 @@
-#include "engine/request_stream.h"
+#include "sched/request_stream.h"
 
 #include "common/check.h"
 

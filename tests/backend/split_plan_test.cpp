@@ -1,4 +1,4 @@
-#include "kv/split_plan.h"
+#include "backend/split_plan.h"
 
 #include <algorithm>
 #include <numeric>
@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-namespace kvsplit::kv {
+namespace kvsplit::backend {
 namespace {
 
 // Structural invariants every plan must satisfy for the given kv_lens.
@@ -136,4 +136,4 @@ TEST(PlanDecodeSplits, RandomShapesAreWellFormed) {
 }
 
 }  // namespace
-}  // namespace kvsplit::kv
+}  // namespace kvsplit::backend

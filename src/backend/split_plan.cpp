@@ -1,10 +1,10 @@
-#include "kv/split_plan.h"
+#include "backend/split_plan.h"
 
 #include <algorithm>
 
 #include "common/check.h"
 
-namespace kvsplit::kv {
+namespace kvsplit::backend {
 namespace {
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -60,4 +60,4 @@ SplitPlan plan_decode_splits(const int32_t* kv_lens, int num_seqs, int num_kv_he
   return make_split_plan(kv_lens, num_seqs, block_size, static_cast<int>(chunk));
 }
 
-}  // namespace kvsplit::kv
+}  // namespace kvsplit::backend

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace kvsplit::kv {
+namespace kvsplit::backend {
 
 struct SplitPlanConfig {
   // Do not split a sequence into chunks shorter than this (tokens); rounded up to block_size.
@@ -44,4 +44,4 @@ SplitPlan make_split_plan(const int32_t* kv_lens, int num_seqs, int block_size, 
 SplitPlan plan_decode_splits(const int32_t* kv_lens, int num_seqs, int num_kv_heads, int block_size,
                              int parallelism, const SplitPlanConfig& config = {});
 
-}  // namespace kvsplit::kv
+}  // namespace kvsplit::backend
