@@ -341,4 +341,20 @@ void EngineImpl::shutdown(std::chrono::milliseconds drain) {
   });
 }
 
+std::future<sched::CommandReply> EngineImpl::send_command(size_t index,
+                                                          sched::WorkerCommand command) {
+  auto promise = std::make_shared<std::promise<sched::CommandReply>>();
+  std::future<sched::CommandReply> reply = promise->get_future();
+  if (index >= workers_.size()) {
+    promise->set_value({invalid_argument(fmt::format("worker index {} out of range [0, {})", index,
+                                                     workers_.size())),
+                        {}});
+    return reply;
+  }
+  workers_[index]->post_command(std::move(command), [promise](sched::CommandReply r) {
+    promise->set_value(std::move(r));
+  });
+  return reply;
+}
+
 }  // namespace kvsplit

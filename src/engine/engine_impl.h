@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -53,6 +54,12 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   // Tests only: holds every worker of `role` at its step boundary (see sched::TestHold), e.g. to
   // keep a queue occupied without depending on how fast the machine runs.
   void set_test_hold(sched::WorkerRole role, sched::TestHold hold);
+
+  // The command inbox of worker `index` (prefill workers first, then decode or colocated ones):
+  // the reply once the worker processed the command at a step boundary. An index out of range
+  // is a ready kInvalidArgument reply. The seam the KV cache manager will drive.
+  std::future<sched::CommandReply> send_command(size_t index, sched::WorkerCommand command);
+  size_t num_workers() const { return workers_.size(); }
 
  private:
   explicit EngineImpl(const EngineConfig& config);

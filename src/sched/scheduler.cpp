@@ -20,6 +20,8 @@ const char* preempt_reason_name(PreemptReason reason) {
       return "decode growth";
     case PreemptReason::kHandoff:
       return "higher-priority handoff";
+    case PreemptReason::kCommand:
+      return "worker command";
   }
   return "?";
 }

@@ -70,6 +70,7 @@ struct SchedulerInput {
 enum class PreemptReason : uint8_t {
   kDecodeGrowth,   // a running sequence needed a block and none was free
   kHandoff,        // a higher-priority handoff needed the blocks
+  kCommand,        // a worker command released its KV (ReleaseKv)
 };
 const char* preempt_reason_name(PreemptReason reason);
 

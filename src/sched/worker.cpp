@@ -134,7 +134,9 @@ void Worker::loop() {
     if (stop_) break;
     if (!worked) {
       cv_.wait_for(lock, options_.idle_wait, [&] {
-        return stop_ || wake_ || (!dead && (!inbox_offers_.empty() || !inbox_done_.empty()));
+        return stop_ || wake_ ||
+               (!dead && (!inbox_offers_.empty() || !inbox_done_.empty() ||
+                          !inbox_commands_.empty()));
       });
       if (stop_) break;
     }
@@ -145,10 +147,18 @@ void Worker::loop() {
 void Worker::drain_inbox(Clock::time_point now) {
   std::deque<HandoffOffer> offers;
   std::vector<uint64_t> done;
+  std::vector<std::pair<WorkerCommand, CommandDone>> commands;
   {
     std::lock_guard<std::mutex> lock(mu_);
     offers.swap(inbox_offers_);
     done.swap(inbox_done_);
+    commands.swap(inbox_commands_);
+  }
+  for (auto& [command, reply] : commands) {
+    CommandReply r;
+    r.status = apply(command, now);
+    r.state = state();
+    reply(std::move(r));
   }
   for (uint64_t id : done) {
     auto it = pinned_.find(id);
@@ -243,6 +253,15 @@ void Worker::admit_from_router(Clock::time_point now) {
 void Worker::finalize_after_stop() {
   KVSPLIT_CHECK(!thread_.joinable());
   const Clock::time_point now = Clock::now();
+  std::vector<std::pair<WorkerCommand, CommandDone>> commands;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;  // later commands are answered by post_command itself
+    commands.swap(inbox_commands_);
+  }
+  for (auto& [command, reply] : commands) {
+    reply(CommandReply{unavailable(options_.name + " stopped"), state()});
+  }
   drain_inbox(now);
   const Status why = unavailable("engine shut down");
   for (HandoffOffer& o : pending_) finish_offer(o, FinishReason::kCancelled, why, now);

@@ -32,6 +32,7 @@
 #include "sched/scheduler.h"
 #include "sched/sequence.h"
 #include "sched/step_model.h"
+#include "sched/worker_command.h"
 
 namespace kvsplit::sched {
 
@@ -98,6 +99,9 @@ class Worker {
 
   void post_offer(HandoffOffer offer);
   void post_done(HandoffDone done);
+  // Queues `command`; `done` gets the reply after the worker processed it at its next step
+  // boundary (worker_command.h). Thread-safe.
+  void post_command(WorkerCommand command, CommandDone done);
   void wake();
   void set_test_hold(TestHold hold);  // tests only
 
@@ -122,7 +126,9 @@ class Worker {
 
   void loop();
   bool step();  // true when a forward pass ran
-  void drain_inbox(Clock::time_point now);  // HandoffDone releases; receives offers
+  void drain_inbox(Clock::time_point now);  // HandoffDone releases; receives offers; commands
+  Status apply(const WorkerCommand& command, Clock::time_point now);
+  WorkerState state() const;
   void expire_queued(Clock::time_point now);
   void reap_cancelled(Clock::time_point now);
   void reclaim_undelivered(Clock::time_point now);  // source side of the delivery bound
@@ -151,7 +157,7 @@ class Worker {
   std::unique_ptr<kv::KvPool> pool_;
   WorkerShared* shared_;
   const int total_blocks_;
-  const Scheduler scheduler_;
+  Scheduler scheduler_;  // SetSchedulerParams replaces it
   static constexpr int kWaitingBase = 1 << 24, kHandoffBase = 1 << 25;
   std::vector<SchedSeq> sched_running_, sched_waiting_;
   std::vector<SchedHandoff> sched_handoffs_;
@@ -161,7 +167,9 @@ class Worker {
   std::condition_variable cv_;
   std::deque<HandoffOffer> inbox_offers_;
   std::vector<uint64_t> inbox_done_;
+  std::vector<std::pair<WorkerCommand, CommandDone>> inbox_commands_;
   bool stop_ = false;
+  bool stopped_ = false;  // finalize_after_stop ran: commands are answered at once
   bool wake_ = false;
 
   // Owned by the worker thread.

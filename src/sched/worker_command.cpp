@@ -1,0 +1,105 @@
+// Worker: the command inbox (worker_command.h).
+#include <fmt/format.h>
+
+#include "common/log.h"
+#include "sched/worker.h"
+
+namespace kvsplit::sched {
+namespace {
+
+Status check_range(const char* field, const std::optional<int>& v, int lo, int hi) {
+  if (v && (*v < lo || *v > hi)) {
+    return invalid_argument(fmt::format("{}: must be in [{}, {}], got {}", field, lo, hi, *v));
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+void Worker::post_command(WorkerCommand command, CommandDone done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopped_) {
+      inbox_commands_.emplace_back(std::move(command), std::move(done));
+      wake_ = true;
+      cv_.notify_all();
+      return;
+    }
+  }
+  done(CommandReply{unavailable(options_.name + " stopped"), {}});
+}
+
+Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
+  if (const auto* p = std::get_if<SetSchedulerParams>(&command)) {
+    SchedulerConfig c = scheduler_.config();
+    KVSPLIT_RETURN_IF_ERROR(check_range("max_batch_tokens", p->max_batch_tokens, 1, 1 << 20));
+    const int batch = p->max_batch_tokens.value_or(c.max_batch_tokens);
+    KVSPLIT_RETURN_IF_ERROR(check_range("min_chunk_tokens", p->min_chunk_tokens, 1, batch));
+    KVSPLIT_RETURN_IF_ERROR(check_range("max_num_seqs", p->max_num_seqs, 1, 65536));
+    c.max_batch_tokens = batch;
+    c.min_chunk_tokens = p->min_chunk_tokens.value_or(std::min(c.min_chunk_tokens, batch));
+    c.max_num_seqs = p->max_num_seqs.value_or(c.max_num_seqs);
+    scheduler_ = Scheduler(c);
+    options_.max_batch_tokens = c.max_batch_tokens;
+    options_.min_chunk_tokens = c.min_chunk_tokens;
+    options_.max_num_seqs = c.max_num_seqs;
+    KVSPLIT_LOG_INFO("{}: scheduler set to max_batch_tokens {}, min_chunk_tokens {}, max_num_seqs {}",
+                     options_.name, c.max_batch_tokens, c.min_chunk_tokens, c.max_num_seqs);
+    return ok_status();
+  }
+  if (const auto* r = std::get_if<ReleaseKv>(&command)) {
+    auto owns = [&](const Sequence& s) {
+      return s.next == Sequence::Next::kStay && s.ctl->tenant == r->key.tenant &&
+             s.ctl->request_id == r->key.request_id && !s.table.blocks.empty();
+    };
+    for (std::unique_ptr<Sequence>& s : running_) {
+      if (!owns(*s)) continue;
+      Preemption why;
+      why.reason = PreemptReason::kCommand;
+      why.for_priority = s->priority;
+      preempt(*s, why, now);
+      compact(now);
+      return ok_status();
+    }
+    for (std::unique_ptr<Sequence>& s : waiting_) {
+      if (!owns(*s)) continue;
+      KVSPLIT_LOG_WARN("{}: releasing the KV of waiting request {} ({} tokens computed)",
+                       options_.name, s->display_id(), s->num_computed);
+      pool_->release(s->table);
+      s->table = {};
+      s->num_computed = 0;
+      return ok_status();
+    }
+    return not_found(fmt::format("{} holds no KV of request '{}'", options_.name,
+                                 escape_for_message(r->key.request_id)));
+  }
+  return ok_status();  // SnapshotState
+}
+
+WorkerState Worker::state() const {
+  WorkerState st;
+  st.worker = options_.name;
+  st.scheduler = scheduler_.config();
+  st.free_blocks = pool_->allocator().num_free();
+  st.total_blocks = total_blocks_;
+  st.pending_handoffs = static_cast<int>(pending_.size());
+  st.steps = steps_.load(std::memory_order_relaxed);
+  for (const auto* list : {&running_, &waiting_}) {
+    for (const std::unique_ptr<Sequence>& s : *list) {
+      if (s->next == Sequence::Next::kRemove) continue;
+      SequenceState q;
+      q.tenant = s->ctl->tenant;
+      q.request_id = s->display_id();
+      q.running = list == &running_;
+      q.priority = s->priority;
+      q.num_tokens = static_cast<int>(s->tokens.size());
+      q.num_computed = s->num_computed;
+      q.num_blocks = static_cast<int>(s->table.blocks.size());
+      q.preemptions = s->preemptions;
+      st.sequences.push_back(std::move(q));
+    }
+  }
+  return st;
+}
+
+}  // namespace kvsplit::sched

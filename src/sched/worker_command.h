@@ -1,0 +1,73 @@
+// The command inbox of a worker: typed messages besides KV handoffs, processed by the worker's
+// thread at its next step boundary (before admission and scheduling), so they never race a step.
+// This is the seam the KV cache manager drives: it changes a worker's scheduling (and, with the
+// KV cuts, their parameters), moves or releases KV, and reads a worker's state.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "kvsplit/status.h"
+#include "sched/scheduler.h"
+#include "sched/sequence.h"
+
+namespace kvsplit::sched {
+
+// Changes the worker's Scheduler; unset fields keep their value. Ranges: max_batch_tokens
+// [1, 2^20], min_chunk_tokens [1, max_batch_tokens], max_num_seqs [1, 65536]; a value out of
+// range is kInvalidArgument naming the field and changes nothing.
+struct SetSchedulerParams {
+  std::optional<int> max_batch_tokens;
+  std::optional<int> min_chunk_tokens;
+  std::optional<int> max_num_seqs;
+};
+
+// Drops the KV of one request the worker owns (running: preempted, recomputed when scheduled
+// again; waiting with blocks: its prefill restarts). kNotFound when the worker does not own a
+// request with this (tenant, request_id) with KV in its pool.
+struct ReleaseKv {
+  RequestKey key;
+};
+
+// Only reports the state (every reply carries it).
+struct SnapshotState {};
+
+using WorkerCommand = std::variant<SetSchedulerParams, ReleaseKv, SnapshotState>;
+
+// One sequence the worker owns, as a command reply shows it.
+struct SequenceState {
+  std::string tenant;
+  std::string request_id;  // escaped for display
+  bool running = false;    // decoding; else waiting for its prefill or a recompute
+  int32_t priority = 0;
+  int num_tokens = 0;      // prompt + generated
+  int num_computed = 0;    // positions with KV in the pool
+  int num_blocks = 0;
+  int32_t preemptions = 0;
+};
+
+// The worker's state after the command was applied.
+struct WorkerState {
+  std::string worker;
+  SchedulerConfig scheduler;
+  int free_blocks = 0;
+  int total_blocks = 0;
+  int pending_handoffs = 0;  // received, waiting for admission
+  int64_t steps = 0;
+  std::vector<SequenceState> sequences;  // running first, then waiting
+};
+
+struct CommandReply {
+  Status status;  // kUnavailable when the worker stopped before processing it
+  WorkerState state;
+};
+
+// Called once per command, on the worker's thread (or the caller's, when the worker has already
+// stopped); must not block.
+using CommandDone = std::function<void(CommandReply)>;
+
+}  // namespace kvsplit::sched

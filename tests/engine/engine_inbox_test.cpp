@@ -1,0 +1,153 @@
+// The worker command inbox through EngineImpl::send_command: snapshots, scheduler changes that
+// take effect, KV release with bit-exact recompute, tenant scoping, errors, and after shutdown.
+#include <chrono>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "engine/engine_impl.h"
+#include "engine/engine_test_util.h"
+
+namespace kvsplit {
+namespace {
+
+using sched::CommandReply;
+using testing::collect;
+using testing::Collected;
+
+CommandReply send(EngineImpl& e, size_t worker, sched::WorkerCommand c) {
+  auto f = e.send_command(worker, std::move(c));
+  EXPECT_EQ(f.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  return f.get();
+}
+
+Request long_request(const std::string& id, int max_tokens = 200) {
+  Request r;
+  r.request_id = id;
+  r.tenant = "tenant-a";
+  r.prompt = "Once upon a time";
+  r.sampling.temperature = 0.0f;
+  r.sampling.ignore_eos = true;
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
+
+TEST(EngineInbox, SnapshotAndErrors) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto engine = EngineImpl::create(testing::stories_config(ServingMode::kColocated));
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  ASSERT_EQ((*engine)->num_workers(), 1u);
+  CommandReply r = send(**engine, 0, sched::SnapshotState{});
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_EQ(r.state.worker, "colocated-0");
+  EXPECT_EQ(r.state.free_blocks, r.state.total_blocks);
+  EXPECT_EQ(r.state.total_blocks, 512);
+  EXPECT_EQ(r.state.scheduler.max_batch_tokens, 128);
+  EXPECT_TRUE(r.state.sequences.empty());
+
+  r = send(**engine, 7, sched::SnapshotState{});
+  EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status.message().find("worker index 7 out of range [0, 1)"), std::string::npos);
+
+  r = send(**engine, 0, sched::SetSchedulerParams{.max_batch_tokens = 0});
+  EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status.message().find("max_batch_tokens: must be in [1, 1048576], got 0"),
+            std::string::npos)
+      << r.status.message();
+  EXPECT_EQ(r.state.scheduler.max_batch_tokens, 128);  // unchanged
+  r = send(**engine, 0,
+           sched::SetSchedulerParams{.max_batch_tokens = 32, .min_chunk_tokens = 64});
+  EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status.message().find("min_chunk_tokens: must be in [1, 32], got 64"),
+            std::string::npos);
+
+  r = send(**engine, 0, sched::ReleaseKv{{"tenant-a", "nobody"}});
+  EXPECT_EQ(r.status.code(), StatusCode::kNotFound);
+
+  (*engine)->shutdown(std::chrono::milliseconds(0));
+  r = send(**engine, 0, sched::SnapshotState{});
+  EXPECT_EQ(r.status.code(), StatusCode::kUnavailable);
+}
+
+TEST(EngineInbox, SchedulerParamsTakeEffect) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto engine = EngineImpl::create(testing::stories_config(ServingMode::kColocated));
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const std::vector<int> initial = testing::free_blocks(**engine);
+  CommandReply r = send(**engine, 0, sched::SetSchedulerParams{.max_num_seqs = 1});
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_EQ(r.state.scheduler.max_num_seqs, 1);
+  std::vector<RequestHandle> handles;
+  for (int i = 0; i < 4; ++i) {
+    auto h = (*engine)->submit(long_request("s" + std::to_string(i), 40));
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    handles.push_back(*h);
+  }
+  // While they run, the worker never owns more than one sequence.
+  int max_owned = 0, snapshots = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((*engine)->stats().requests_finished < 4 && std::chrono::steady_clock::now() < deadline) {
+    r = send(**engine, 0, sched::SnapshotState{});
+    ASSERT_TRUE(r.status.ok());
+    max_owned = std::max(max_owned, static_cast<int>(r.state.sequences.size()));
+    ++snapshots;
+  }
+  EXPECT_EQ(max_owned, 1) << snapshots << " snapshots";
+  for (RequestHandle& h : handles) {
+    Collected c = collect(h);
+    ASSERT_FALSE(c.timed_out);
+    EXPECT_TRUE(c.final_event.status.ok());
+    EXPECT_EQ(c.tokens.size(), 40u);
+  }
+  EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+}
+
+TEST(EngineInbox, ReleaseKvRecomputesBitExactlyAndIsTenantScoped) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto engine = EngineImpl::create(testing::stories_config(ServingMode::kColocated));
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const std::vector<int> initial = testing::free_blocks(**engine);
+  Collected alone = collect(*(*engine)->submit(long_request("alone")));
+  ASSERT_TRUE(alone.final_event.status.ok());
+
+  auto h = (*engine)->submit(long_request("r"));
+  ASSERT_TRUE(h.ok());
+  // Let it decode a little, then hold the worker between steps (the inbox is still served).
+  TokenEvent ev;
+  int got = 0;
+  std::vector<int32_t> tokens;
+  while (got < 5 && h->next(&ev, std::chrono::seconds(30))) {
+    tokens.insert(tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
+    got = static_cast<int>(tokens.size());
+  }
+  (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+
+  CommandReply r = send(**engine, 0, sched::ReleaseKv{{"tenant-b", "r"}});
+  EXPECT_EQ(r.status.code(), StatusCode::kNotFound);  // another tenant's request: not found
+  r = send(**engine, 0, sched::SnapshotState{});
+  ASSERT_EQ(r.state.sequences.size(), 1u);
+  EXPECT_TRUE(r.state.sequences[0].running);
+  EXPECT_GT(r.state.sequences[0].num_blocks, 0);
+  EXPECT_LT(r.state.free_blocks, r.state.total_blocks);
+
+  r = send(**engine, 0, sched::ReleaseKv{{"tenant-a", "r"}});
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  ASSERT_EQ(r.state.sequences.size(), 1u);
+  EXPECT_FALSE(r.state.sequences[0].running);
+  EXPECT_EQ(r.state.sequences[0].num_blocks, 0);
+  EXPECT_EQ(r.state.sequences[0].num_computed, 0);
+  EXPECT_EQ(r.state.sequences[0].preemptions, 1);
+  EXPECT_EQ(r.state.free_blocks, r.state.total_blocks);
+
+  (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+  Collected rest = collect(*h);
+  ASSERT_FALSE(rest.timed_out);
+  ASSERT_TRUE(rest.final_event.status.ok()) << rest.final_event.status.to_string();
+  tokens.insert(tokens.end(), rest.tokens.begin(), rest.tokens.end());
+  EXPECT_EQ(tokens, alone.tokens);  // the recompute rebuilt the same KV
+  EXPECT_EQ(rest.final_event.timings.preemptions, 1);
+  EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+}
+
+}  // namespace
+}  // namespace kvsplit
