@@ -1,17 +1,17 @@
-// Element types of weights, activations and KV pages.
+// Element types of weights, activations and KV pages. One enum for the host and the kernels:
+// backend::DType is kernels::ElemType (kernels/common/elem_type.h).
 #pragma once
 
 #include <cstddef>
-#include <cstdint>
 #include <string_view>
+
+#include "kernels/common/elem_type.h"
 
 namespace kvsplit::backend {
 
-enum class DType : uint8_t { kF32, kF16, kBF16 };
+using DType = kernels::ElemType;
 
-constexpr size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
-constexpr std::string_view dtype_name(DType t) {
-  return t == DType::kF32 ? "f32" : (t == DType::kF16 ? "f16" : "bf16");
-}
+constexpr size_t dtype_size(DType t) { return kernels::elem_size(t); }
+constexpr std::string_view dtype_name(DType t) { return kernels::elem_name(t); }
 
 }  // namespace kvsplit::backend

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "kernels/common/float_bits.h"
 #include "kernels/common/paged_kv.h"
 #include "sampling/sampler.h"
 
@@ -25,33 +26,12 @@ std::vector<float> to_f32(const WeightTensor& t) {
   for (size_t i = 0; i < out.size(); ++i) {
     switch (t.dtype) {
       case DType::kF32: std::memcpy(&out[i], bytes + 4 * i, 4); break;
-      case DType::kBF16: {
-        uint16_t h;
-        std::memcpy(&h, bytes + 2 * i, 2);
-        const uint32_t u = static_cast<uint32_t>(h) << 16;
-        std::memcpy(&out[i], &u, 4);
-        break;
-      }
+      case DType::kBF16:
       case DType::kF16: {
         uint16_t h;
         std::memcpy(&h, bytes + 2 * i, 2);
-        const uint32_t sign = (h & 0x8000u) << 16;
-        uint32_t exp = (h >> 10) & 0x1f;
-        uint32_t mant = h & 0x3ffu;
-        uint32_t u;
-        if (exp == 0x1f) {
-          u = sign | 0x7f800000u | (mant << 13);
-        } else if (exp != 0) {
-          u = sign | ((exp + 112) << 23) | (mant << 13);
-        } else if (mant == 0) {
-          u = sign;
-        } else {  // subnormal
-          exp = 113;
-          while (!(mant & 0x400u)) { mant <<= 1; --exp; }
-          mant &= 0x3ffu;
-          u = sign | (exp << 23) | (mant << 13);
-        }
-        std::memcpy(&out[i], &u, 4);
+        out[i] = t.dtype == DType::kBF16 ? kernels::bf16_bits_to_float(h)
+                                         : kernels::half_bits_to_float(h);
         break;
       }
     }

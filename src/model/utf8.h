@@ -1,87 +1,22 @@
-// Small UTF-8 helpers shared by the tokenizers and the streaming decoder. Header-only, no state.
+// UTF-8 helpers of the tokenizers: the generic scanning (common/utf8.h) plus SentencePiece's
+// space marker and byte-token names. Header-only, no state.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
+#include "common/utf8.h"
+
 namespace kvsplit::model::utf8 {
 
-inline constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+using ::kvsplit::utf8::append_valid;
+using ::kvsplit::utf8::CharScan;
+using ::kvsplit::utf8::for_each_char;
+using ::kvsplit::utf8::kReplacement;
+using ::kvsplit::utf8::scan_char;
+
 inline constexpr std::string_view kSpaceMarker = "\xE2\x96\x81";  // U+2581, SentencePiece's space
-
-// Result of inspecting the bytes at the start of `s`.
-struct CharScan {
-  enum Kind { kComplete, kIncomplete, kInvalid } kind;
-  // kComplete: bytes in the character (1..4). kIncomplete: bytes seen (all valid so far).
-  // kInvalid: length of the maximal ill-formed subpart to replace with one U+FFFD (>= 1).
-  size_t len;
-};
-
-// Classifies the well-formed UTF-8 character (Unicode Table 3-7) at the start of non-empty `s`.
-// Ill-formed input is split into "maximal subparts" as in the Unicode standard (§3.9), which is
-// also what WHATWG decoders and Python's errors="replace" do.
-inline CharScan scan_char(std::string_view s) {
-  const auto b0 = static_cast<uint8_t>(s[0]);
-  if (b0 < 0x80) return {CharScan::kComplete, 1};
-  size_t need;
-  uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    need = 2;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    need = 3;
-    if (b0 == 0xE0) lo = 0xA0;  // no overlongs
-    if (b0 == 0xED) hi = 0x9F;  // no surrogates
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    need = 4;
-    if (b0 == 0xF0) lo = 0x90;  // no overlongs
-    if (b0 == 0xF4) hi = 0x8F;  // <= U+10FFFF
-  } else {
-    return {CharScan::kInvalid, 1};  // stray continuation byte, C0/C1, F5..FF
-  }
-  for (size_t i = 1; i < need; ++i) {
-    if (i >= s.size()) return {CharScan::kIncomplete, i};
-    const auto b = static_cast<uint8_t>(s[i]);
-    const uint8_t l = i == 1 ? lo : 0x80, h = i == 1 ? hi : 0xBF;
-    if (b < l || b > h) return {CharScan::kInvalid, i};
-  }
-  return {CharScan::kComplete, need};
-}
-
-// Appends to `out` the longest prefix of `in` that ends on a character boundary, with every
-// ill-formed subpart replaced by U+FFFD. Returns the number of bytes of `in` consumed; the rest
-// is an incomplete character. With `final`, an incomplete tail becomes one U+FFFD as well and
-// everything is consumed.
-inline size_t append_valid(std::string_view in, bool final, std::string& out) {
-  size_t i = 0;
-  while (i < in.size()) {
-    const CharScan c = scan_char(in.substr(i));
-    if (c.kind == CharScan::kComplete) {
-      out.append(in.substr(i, c.len));
-    } else if (c.kind == CharScan::kInvalid) {
-      out.append(kReplacement);
-    } else {  // incomplete: only possible at the end of `in`
-      if (!final) return i;
-      out.append(kReplacement);
-    }
-    i += c.len;
-  }
-  return i;
-}
-
-// Splits `s` into the units the tokenizers look up: well-formed characters, and each byte of
-// ill-formed input on its own. Calls f(std::string_view unit) in order.
-template <typename F>
-void for_each_char(std::string_view s, F&& f) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const CharScan c = scan_char(s.substr(i));
-    const size_t n = c.kind == CharScan::kComplete ? c.len : 1;
-    f(s.substr(i, n));
-    i += n;
-  }
-}
 
 // "<0xNN>" (uppercase hex) -> NN; -1 when `piece` is not exactly a byte-token name.
 inline int parse_byte_piece(std::string_view piece) {

@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "common/escape.h"
-#include "server/utf8.h"
+#include "common/utf8.h"
 
 namespace kvsplit::server {
 namespace {
@@ -52,7 +52,7 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
                                 " bytes exceeds the limit of " +
                                 std::to_string(limits.max_prompt_bytes));
       size_t at = 0;
-      if (!is_valid_utf8(p, &at))
+      if (!utf8::is_valid(p, &at))
         return invalid_argument("prompt: invalid UTF-8 at byte " + std::to_string(at));
       r.prompt = p;
       break;
@@ -110,7 +110,7 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
     const std::string& st = in.stop(i);
     const std::string f = "stop[" + std::to_string(i) + "]";
     if (st.empty() || st.size() > 256) return invalid_argument(f + ": must be 1..256 bytes");
-    if (!is_valid_utf8(st)) return invalid_argument(f + ": invalid UTF-8");
+    if (!utf8::is_valid(st)) return invalid_argument(f + ": invalid UTF-8");
     s.stop.push_back(st);
   }
   if (in.stop_token_ids_size() > 64)
@@ -200,7 +200,7 @@ void set_final_fields(const TokenEvent& event, v1::GenerateResponse* out) {
 grpc::Status to_grpc(const Status& status) {
   if (status.ok()) return grpc::Status::OK;
   std::string msg = status.message();
-  if (!is_valid_utf8(msg)) msg = "(message not UTF-8)";
+  if (!utf8::is_valid(msg)) msg = "(message not UTF-8)";
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), msg);
 }
 

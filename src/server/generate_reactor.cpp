@@ -6,7 +6,7 @@
 #include "server/convert.h"
 #include "server/generation_service.h"
 #include "server/protocol.h"
-#include "server/utf8.h"
+#include "common/utf8.h"
 
 namespace kvsplit::server {
 namespace {
@@ -113,7 +113,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       got = true;
       observe_itl(ev);
       append_tokens(ev, want_logprobs_, &resp_);
-      text_.push(ev.text);
+      text_.append(ev.text);
       if (ev.final) {
         final_seen_ = true;
         set_final_fields(ev, &resp_);
@@ -128,7 +128,12 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       }
     }
     if (!got) return;
-    resp_.set_text(text_.take(/*flush=*/final_seen_));
+    // Event text is whole characters already (StreamDecoder, StopChecker); proto3 strings must be
+    // valid UTF-8, so anything else would be a bug: replaced by U+FFFD rather than sent.
+    std::string text;
+    utf8::append_valid(text_, /*final=*/true, text);
+    text_.clear();
+    resp_.set_text(std::move(text));
     if (Status st = serialize_message(resp_, &out_); !st.ok()) {
       KVSPLIT_LOG_ERROR("Generate {}: {}", request_id_, st.message());
       broken_ = true;
@@ -207,7 +212,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   grpc::StatusCode final_code_ = grpc::StatusCode::OK;
   v1::GenerateResponse resp_;  // the message being built; touched only between writes
   grpc::ByteBuffer out_;       // resp_ serialized: the write in flight
-  Utf8Joiner text_;
+  std::string text_;  // text of the events not yet written
   std::chrono::steady_clock::time_point last_token_time_;
   bool have_last_ = false;
 };

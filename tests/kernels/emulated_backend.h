@@ -60,7 +60,7 @@ class EmulatedKernelBackend final : public backend::Backend {
   }
 
   Status embedding(const int32_t* ids, int num_tokens, const backend::MatrixView& t, float* out) override {
-    return kernels::launch_embedding(ids, num_tokens, t.data, backend::cuda::to_elem(t.dtype), t.rows, t.cols, out, &error_, nullptr);
+    return kernels::launch_embedding(ids, num_tokens, t.data, t.dtype, t.rows, t.cols, out, &error_, nullptr);
   }
   Status rmsnorm(const float* x, const float* w, int n, int dim, float eps, float* out) override {
     return kernels::launch_rmsnorm(x, w, n, dim, eps, out, nullptr, nullptr);

@@ -1,4 +1,4 @@
-// Pure helpers of the server: UTF-8 checks and joining, request validation, bench workload/report.
+// Pure helpers of the server: request validation, bench workload/report.
 #include <gtest/gtest.h>
 
 #include <mutex>
@@ -7,43 +7,9 @@
 #include "server/bench_report.h"
 #include "server/convert.h"
 #include "server/protocol.h"
-#include "server/utf8.h"
 
 namespace kvsplit::server {
 namespace {
-
-TEST(Utf8Test, ValidatesAndLocatesBadBytes) {
-  EXPECT_TRUE(is_valid_utf8("héllo 世界 😀"));
-  size_t at = 99;
-  EXPECT_FALSE(is_valid_utf8("ab\xff", &at));
-  EXPECT_EQ(at, 2u);
-  EXPECT_FALSE(is_valid_utf8("\xc0\xaf"));          // overlong
-  EXPECT_FALSE(is_valid_utf8("\xed\xa0\x80"));      // surrogate
-  EXPECT_FALSE(is_valid_utf8("\xf4\x90\x80\x80"));  // > U+10FFFF
-  EXPECT_FALSE(is_valid_utf8("\xe4\xb8"));          // cut short
-}
-
-TEST(Utf8Test, JoinerHoldsBackSplitCharacters) {
-  Utf8Joiner j;
-  j.push("a\xe4");
-  EXPECT_EQ(j.take(), "a");
-  j.push("\xb8");
-  EXPECT_EQ(j.take(), "");
-  j.push(
-      "\x96"
-      "b");
-  EXPECT_EQ(j.take(),
-            "\xe4\xb8\x96"
-            "b");
-  j.push(
-      "\xff"
-      "c\xe4");
-  EXPECT_EQ(j.take(),
-            "\xef\xbf\xbd"
-            "c");
-  EXPECT_EQ(j.take(/*flush=*/true), "\xef\xbf\xbd");
-  EXPECT_TRUE(is_valid_utf8(j.take(true)));
-}
 
 TEST(ConvertTest, DefaultsAndClassNaming) {
   RequestLimits l;

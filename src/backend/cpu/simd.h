@@ -14,6 +14,8 @@
 #define KVSPLIT_CPU_AVX2 1
 #endif
 
+#include "kernels/common/float_bits.h"
+
 namespace kvsplit::backend::cpu {
 
 #if defined(KVSPLIT_CPU_AVX512)
@@ -33,23 +35,8 @@ inline float bits_to_f32(uint32_t bits) {
   return f;
 }
 
-inline float bf16_to_f32(uint16_t h) { return bits_to_f32(static_cast<uint32_t>(h) << 16); }
-
-// IEEE binary16 -> binary32, exact for every input (subnormals, inf, NaN included).
-inline float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  if (exp == 0x1f) return bits_to_f32(sign | 0x7f800000u | (mant << 13));  // inf / NaN
-  if (exp != 0) return bits_to_f32(sign | ((exp + 112u) << 23) | (mant << 13));
-  if (mant == 0) return bits_to_f32(sign);  // +-0
-  // Subnormal: normalize.
-  int e = -1;
-  do {
-    mant <<= 1;
-    ++e;
-  } while ((mant & 0x400u) == 0);
-  return bits_to_f32(sign | ((112u - static_cast<uint32_t>(e)) << 23) | ((mant & 0x3ffu) << 13));
-}
+// The one f16 / bf16 -> f32 conversion (kernels/common/float_bits.h), exact for every input.
+inline float bf16_to_f32(uint16_t h) { return kernels::bf16_bits_to_float(h); }
+inline float f16_to_f32(uint16_t h) { return kernels::half_bits_to_float(h); }
 
 }  // namespace kvsplit::backend::cpu

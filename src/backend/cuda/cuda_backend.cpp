@@ -198,7 +198,7 @@ StatusOr<MatrixView> CudaBackend::upload_matrix(const void* host, DType dtype, i
 
 Status CudaBackend::embedding(const int32_t* ids, int num_tokens, const MatrixView& table, float* out) {
   last_flag_op_ = "embedding";
-  return kernels::launch_embedding(ids, num_tokens, table.data, to_elem(table.dtype), table.rows,
+  return kernels::launch_embedding(ids, num_tokens, table.data, table.dtype, table.rows,
                                    table.cols, out, error_flag_, stream_);
 }
 
@@ -224,7 +224,7 @@ Status CudaBackend::gemm(const float* x, int m, const MatrixView& w, const float
   if (w.dtype != DType::kF32) {
     // Tensor-core GEMM: activations rounded to the weight type, fp32 accumulation and output.
     KVSPLIT_RETURN_IF_ERROR(reserve(&act16_, &act16_cap_, size_t(m) * k * 2));
-    KVSPLIT_RETURN_IF_ERROR(kernels::launch_convert_f32(x, int64_t{m} * k, act16_, to_elem(w.dtype), stream_));
+    KVSPLIT_RETURN_IF_ERROR(kernels::launch_convert_f32(x, int64_t{m} * k, act16_, w.dtype, stream_));
     xin = act16_;
   }
   const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;

@@ -11,22 +11,13 @@
 
 namespace kvsplit::backend::cuda {
 
-inline kernels::ElemType to_elem(DType t) {
-  switch (t) {
-    case DType::kF32: return kernels::ElemType::kF32;
-    case DType::kF16: return kernels::ElemType::kF16;
-    case DType::kBF16: return kernels::ElemType::kBF16;
-  }
-  return kernels::ElemType::kF32;
-}
-
 // Everything but the error flag and the split-K fields.
 inline kernels::PagedAttentionParams attention_params(const AttentionArgs& a) {
   kernels::PagedAttentionParams p;
   p.q = a.q;
   p.out = a.out;
   p.kv = a.kv.data;
-  p.kv_dtype = to_elem(a.kv.dtype);
+  p.kv_dtype = a.kv.dtype;
   p.num_seqs = a.num_seqs;
   p.num_tokens = a.num_tokens;
   p.num_heads = a.num_heads;
@@ -48,7 +39,7 @@ inline kernels::KvAppendParams kv_append_params(const LayerKv& kv, const float* 
                                                 int* error_flag) {
   kernels::KvAppendParams p;
   p.pages = kv.data;
-  p.dtype = to_elem(kv.dtype);
+  p.dtype = kv.dtype;
   p.num_blocks = kv.num_blocks;
   p.num_kv_heads = kv.num_kv_heads;
   p.block_size = kv.block_size;
