@@ -11,11 +11,11 @@
 namespace kvsplit {
 
 struct SamplingParams {
-  float temperature = 1.0f;         // >= 0; 0 = greedy (argmax, lowest id on ties)
+  float temperature = 1.0f;         // [0, 100]; 0 = greedy (argmax, lowest id on ties)
   float top_p = 1.0f;               // (0, 1]; 1 = off
-  int32_t top_k = 0;                // >= 0; 0 = off
+  int32_t top_k = 0;                // [0, vocab]; 0 = off
   float min_p = 0.0f;               // [0, 1]; 0 = off
-  float repetition_penalty = 1.0f;  // > 0; 1 = off (HF/vLLM semantics, over prompt + output)
+  float repetition_penalty = 1.0f;  // (0, 10]; 1 = off (HF/vLLM semantics, over prompt + output)
   float presence_penalty = 0.0f;    // [-2, 2] (OpenAI semantics, over output tokens)
   float frequency_penalty = 0.0f;   // [-2, 2]
   std::optional<uint64_t> seed;     // unset: drawn per request from the engine's seed
@@ -24,12 +24,14 @@ struct SamplingParams {
   // stops or reaches the context) and its KV cache holds at most prompt + max_tokens - 1
   // positions (the last token is never fed). [1, 2^30].
   int32_t max_tokens = 16;
-  std::vector<std::string> stop;          // stop strings (not included in the text)
-  std::vector<int32_t> stop_token_ids;    // extra stop ids (included in output ids)
+  std::vector<std::string> stop;          // <= 16 stop strings, 1..256 bytes of UTF-8 each
+  std::vector<int32_t> stop_token_ids;    // <= 64 extra stop ids (included in output ids)
   bool ignore_eos = false;          // do not stop on the model's EOS ids
 
-  // kInvalidArgument naming the field when a value is out of range.
-  Status validate() const;
+  // The one set of rules for these fields (the engine, the CLI and the gRPC edge all use it):
+  // kInvalidArgument naming the field when a value is out of range. With vocab_size > 0, top_k
+  // must be <= vocab_size and stop_token_ids in [0, vocab_size).
+  Status validate(int32_t vocab_size = 0) const;
 };
 
 // Most tokens a request with these parameters can generate (max_tokens, see above).

@@ -57,7 +57,7 @@ StatusOr<Config> parse_config(std::string_view yaml_text);
 StatusOr<Config> load_config_file(const std::string& path);
 
 // Validates SLA classes (unique names, ranges); used after flag overrides and on reload.
-Status validate_sla_classes(const std::vector<SlaClass>& classes);
+
 // Validates the engine and server sections (after command-line overrides).
 Status validate_config(const Config& config);
 

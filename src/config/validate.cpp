@@ -3,22 +3,15 @@
 #include <set>
 #include <sstream>
 
+#include "common/config_rules.h"
 #include "common/escape.h"
 #include "config/config.h"
 
 namespace kvsplit::config {
 namespace {
 
-std::string num(double v) {
-  std::ostringstream ss;
-  ss << v;
-  return ss.str();
-}
 
 // Integers print as integers ("got 2147483647", never "2.14748e+09"); reals in shortest form.
-Status range_error(const std::string& field, const std::string& rule, double got) {
-  return invalid_argument(field + ": must be " + rule + ", got " + num(got));
-}
 Status range_error(const std::string& field, const std::string& rule, int64_t got) {
   return invalid_argument(field + ": must be " + rule + ", got " + std::to_string(got));
 }
@@ -29,41 +22,7 @@ Status check_range(const std::string& field, int64_t v, int64_t lo, int64_t hi) 
   return ok_status();
 }
 
-Status check_positive(const std::string& field, double v) {
-  if (!(v > 0) || !std::isfinite(v)) return range_error(field, "> 0", v);
-  return ok_status();
-}
-
-bool valid_class_name(const std::string& name) {
-  if (name.empty() || name.size() > 64) return false;
-  for (char ch : name) {
-    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-                    (ch >= '0' && ch <= '9') || ch == '_' || ch == '-' || ch == '.';
-    if (!ok) return false;
-  }
-  return true;
-}
-
 }  // namespace
-
-Status validate_sla_classes(const std::vector<SlaClass>& classes) {
-  if (classes.empty()) return invalid_argument("sla_classes: at least one class is required");
-  std::set<std::string> names;
-  for (const SlaClass& c : classes) {
-    if (!valid_class_name(c.name))
-      return invalid_argument("sla_classes." + escape_for_message(c.name, 64) +
-                              ": class names are 1..64 characters of [A-Za-z0-9_.-]");
-    if (!names.insert(c.name).second)
-      return invalid_argument("sla_classes." + c.name + ": duplicate class name");
-    const std::string p = "sla_classes." + c.name + ".";
-    KVSPLIT_RETURN_IF_ERROR(check_positive(p + "max_ttft_ms", c.max_ttft_ms));
-    KVSPLIT_RETURN_IF_ERROR(check_positive(p + "max_itl_ms", c.max_itl_ms));
-    KVSPLIT_RETURN_IF_ERROR(check_range(p + "priority", c.priority, -1000, 1000));
-    KVSPLIT_RETURN_IF_ERROR(check_range(p + "max_queue", c.max_queue, 1, 1000000));
-    KVSPLIT_RETURN_IF_ERROR(check_positive(p + "queue_timeout_ms", c.queue_timeout_ms));
-  }
-  return ok_status();
-}
 
 Status validate_config(const Config& config) {
   const EngineConfig& e = config.engine;
@@ -78,8 +37,7 @@ Status validate_config(const Config& config) {
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_batch_tokens", e.max_batch_tokens, 1, 1 << 20));
   KVSPLIT_RETURN_IF_ERROR(
       check_range("pools.handoff_timeout_ms", e.handoff_timeout_ms, 1, 3600000));
-  if (e.block_size != 8 && e.block_size != 16 && e.block_size != 32 && e.block_size != 64)
-    return range_error("kv.block_size", "one of 8, 16, 32, 64", int64_t{e.block_size});
+  KVSPLIT_RETURN_IF_ERROR(validate_block_size(e.block_size, "kv.block_size"));
   KVSPLIT_RETURN_IF_ERROR(check_range("kv.blocks_per_worker", e.kv_blocks_per_worker, 0, 1 << 26));
   KVSPLIT_RETURN_IF_ERROR(validate_sla_classes(e.sla_classes));
 

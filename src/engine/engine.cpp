@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "backend/backend.h"
+#include "common/config_rules.h"
 #include "common/check.h"
 #include "common/escape.h"
 #include "common/log.h"
@@ -290,7 +291,7 @@ ModelInfo EngineImpl::model_info() const {
 }
 
 Status EngineImpl::update_sla_classes(std::vector<SlaClass> classes) {
-  KVSPLIT_RETURN_IF_ERROR(sched::validate_sla_classes(classes));
+  KVSPLIT_RETURN_IF_ERROR(validate_sla_classes(classes));
   {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<SlaClassStats> next;

@@ -1,7 +1,7 @@
 #include <fmt/format.h>
 
 #include "engine/engine_impl.h"
-#include "sched/admission.h"
+#include "common/config_rules.h"
 
 namespace kvsplit {
 
@@ -21,7 +21,11 @@ Status validate_engine_config(const EngineConfig& c) {
   if (c.num_prefill_workers > 64 || c.num_decode_workers > 64) {
     return invalid_argument("EngineConfig: at most 64 prefill and 64 decode workers");
   }
-  if (c.block_size < 1 || c.block_size > 1024) return bad("block_size", c.block_size, "in [1, 1024]");
+  KVSPLIT_RETURN_IF_ERROR(validate_block_size(c.block_size, "EngineConfig.block_size"));
+  if (c.backend == "cuda" && c.block_size != 16) {
+    return unimplemented("EngineConfig.block_size: the CUDA kernels are built for 16-token KV "
+                         "pages, got " + std::to_string(c.block_size));
+  }
   if (c.kv_blocks_per_worker < 0) return bad("kv_blocks_per_worker", c.kv_blocks_per_worker, ">= 0");
   if (c.kv_blocks_per_worker == 0 && c.kv_capacity_bytes <= 0) {
     return bad("kv_capacity_bytes", c.kv_capacity_bytes, "> 0 when kv_blocks_per_worker is 0");
@@ -29,7 +33,7 @@ Status validate_engine_config(const EngineConfig& c) {
   if (c.max_num_seqs < 1) return bad("max_num_seqs", c.max_num_seqs, ">= 1");
   if (c.max_batch_tokens < 1) return bad("max_batch_tokens", c.max_batch_tokens, ">= 1");
   if (c.handoff_timeout_ms < 1) return bad("handoff_timeout_ms", c.handoff_timeout_ms, ">= 1");
-  return sched::validate_sla_classes(c.sla_classes).with_prefix("EngineConfig");
+  return validate_sla_classes(c.sla_classes).with_prefix("EngineConfig");
 }
 
 }  // namespace kvsplit

@@ -6,45 +6,46 @@
 #include <cmath>
 #include <string>
 
+#include "common/utf8.h"
+
 namespace kvsplit {
 namespace {
 
 constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopStringBytes = 256;
+constexpr size_t kMaxStopTokenIds = 64;
 constexpr int32_t kMaxMaxTokens = 1 << 30;
+constexpr float kMaxTemperature = 100.0f;
+constexpr float kMaxRepetitionPenalty = 10.0f;
 
 Status field_error(const char* field, const std::string& what) {
   return invalid_argument(fmt::format("{}: {}", field, what));
 }
 
+// Written as !(ok) so that NaN fails every range check.
+Status in_range(const char* field, float v, float lo, float hi, bool lo_open) {
+  if (!(std::isfinite(v) && (lo_open ? v > lo : v >= lo) && v <= hi)) {
+    return field_error(field, fmt::format("must be in {}{}, {}], got {}", lo_open ? "(" : "[", lo,
+                                          hi, v));
+  }
+  return ok_status();
+}
+
 }  // namespace
 
-Status SamplingParams::validate() const {
-  // Written as !(ok) so that NaN fails every range check.
-  if (!(std::isfinite(temperature) && temperature >= 0.0f)) {
-    return field_error("temperature", fmt::format("must be finite and >= 0, got {}", temperature));
+Status SamplingParams::validate(int32_t vocab_size) const {
+  KVSPLIT_RETURN_IF_ERROR(in_range("temperature", temperature, 0.0f, kMaxTemperature, false));
+  KVSPLIT_RETURN_IF_ERROR(in_range("top_p", top_p, 0.0f, 1.0f, true));
+  if (top_k < 0 || (vocab_size > 0 && top_k > vocab_size)) {
+    return field_error("top_k", vocab_size > 0
+                                    ? fmt::format("must be in [0, {}] (0 = off), got {}", vocab_size, top_k)
+                                    : fmt::format("must be >= 0 (0 = off), got {}", top_k));
   }
-  if (!(top_p > 0.0f && top_p <= 1.0f)) {
-    return field_error("top_p", fmt::format("must be in (0, 1], got {}", top_p));
-  }
-  if (top_k < 0) {
-    return field_error("top_k", fmt::format("must be >= 0 (0 = off), got {}", top_k));
-  }
-  if (!(min_p >= 0.0f && min_p <= 1.0f)) {
-    return field_error("min_p", fmt::format("must be in [0, 1], got {}", min_p));
-  }
-  if (!(std::isfinite(repetition_penalty) && repetition_penalty > 0.0f)) {
-    return field_error("repetition_penalty",
-                       fmt::format("must be finite and > 0, got {}", repetition_penalty));
-  }
-  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) {
-    return field_error("presence_penalty",
-                       fmt::format("must be in [-2, 2], got {}", presence_penalty));
-  }
-  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) {
-    return field_error("frequency_penalty",
-                       fmt::format("must be in [-2, 2], got {}", frequency_penalty));
-  }
+  KVSPLIT_RETURN_IF_ERROR(in_range("min_p", min_p, 0.0f, 1.0f, false));
+  KVSPLIT_RETURN_IF_ERROR(
+      in_range("repetition_penalty", repetition_penalty, 0.0f, kMaxRepetitionPenalty, true));
+  KVSPLIT_RETURN_IF_ERROR(in_range("presence_penalty", presence_penalty, -2.0f, 2.0f, false));
+  KVSPLIT_RETURN_IF_ERROR(in_range("frequency_penalty", frequency_penalty, -2.0f, 2.0f, false));
   // max_tokens counts generated tokens (see the header); the cap keeps prompt + max_tokens
   // position arithmetic far from int32 overflow.
   if (max_tokens < 1 || max_tokens > kMaxMaxTokens) {
@@ -56,18 +57,25 @@ Status SamplingParams::validate() const {
         "stop", fmt::format("at most {} stop strings, got {}", kMaxStopStrings, stop.size()));
   }
   for (size_t i = 0; i < stop.size(); ++i) {
-    if (stop[i].empty()) {
-      return field_error("stop", fmt::format("stop string {} is empty", i));
+    if (stop[i].empty() || stop[i].size() > kMaxStopStringBytes) {
+      return field_error("stop", fmt::format("stop[{}] must be 1..{} bytes, got {}", i,
+                                             kMaxStopStringBytes, stop[i].size()));
     }
-    if (stop[i].size() > kMaxStopStringBytes) {
-      return field_error("stop", fmt::format("stop string {} is {} bytes, the limit is {}", i,
-                                             stop[i].size(), kMaxStopStringBytes));
+    if (!utf8::is_valid(stop[i])) {
+      return field_error("stop", fmt::format("stop[{}] is not valid UTF-8", i));
     }
   }
+  if (stop_token_ids.size() > kMaxStopTokenIds) {
+    return field_error("stop_token_ids", fmt::format("at most {} ids, got {}", kMaxStopTokenIds,
+                                                     stop_token_ids.size()));
+  }
   for (size_t i = 0; i < stop_token_ids.size(); ++i) {
-    if (stop_token_ids[i] < 0) {
+    const int32_t id = stop_token_ids[i];
+    if (id < 0 || (vocab_size > 0 && id >= vocab_size)) {
       return field_error("stop_token_ids",
-                         fmt::format("id {} must be >= 0, got {}", i, stop_token_ids[i]));
+                         vocab_size > 0
+                             ? fmt::format("stop_token_ids[{}] = {} is not in [0, {})", i, id, vocab_size)
+                             : fmt::format("stop_token_ids[{}] = {} must be >= 0", i, id));
     }
   }
   return ok_status();

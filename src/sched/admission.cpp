@@ -8,33 +8,6 @@
 
 namespace kvsplit::sched {
 
-Status validate_sla_classes(const std::vector<SlaClass>& classes) {
-  if (classes.empty()) return invalid_argument("sla_classes: at least one class is required");
-  std::set<std::string> names;
-  for (size_t i = 0; i < classes.size(); ++i) {
-    const SlaClass& c = classes[i];
-    const std::string where = fmt::format("sla_classes[{}]", i);
-    if (c.name.empty()) return invalid_argument(where + ".name: must not be empty");
-    if (!names.insert(c.name).second) {
-      return invalid_argument(fmt::format("{}.name: duplicate class '{}'", where, c.name));
-    }
-    if (!(c.max_ttft_ms > 0)) {
-      return invalid_argument(fmt::format("{}.max_ttft_ms: must be > 0, got {}", where, c.max_ttft_ms));
-    }
-    if (!(c.max_itl_ms > 0)) {
-      return invalid_argument(fmt::format("{}.max_itl_ms: must be > 0, got {}", where, c.max_itl_ms));
-    }
-    if (c.max_queue < 1) {
-      return invalid_argument(fmt::format("{}.max_queue: must be >= 1, got {}", where, c.max_queue));
-    }
-    if (!(c.queue_timeout_ms > 0)) {
-      return invalid_argument(
-          fmt::format("{}.queue_timeout_ms: must be > 0, got {}", where, c.queue_timeout_ms));
-    }
-  }
-  return ok_status();
-}
-
 int find_sla_class(const std::vector<SlaClass>& classes, const std::string& name) {
   if (name.empty()) return classes.empty() ? -1 : 0;
   for (size_t i = 0; i < classes.size(); ++i) {

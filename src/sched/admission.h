@@ -21,8 +21,6 @@ struct AdmissionLimits {
 
 inline constexpr uint32_t kMaxTopLogprobs = 20;
 
-// Checks the SLA class list of a config: non-empty, unique non-empty names, every value in range.
-Status validate_sla_classes(const std::vector<SlaClass>& classes);
 
 // Index of the class `name` (empty: 0, the default class), or -1 when unknown.
 int find_sla_class(const std::vector<SlaClass>& classes, const std::string& name);

@@ -9,24 +9,9 @@
 namespace kvsplit::server {
 namespace {
 
-std::string num(double v) {
-  std::ostringstream ss;
-  ss << v;
-  return ss.str();
-}
-
-Status bad(const std::string& field, const std::string& rule, double got) {
-  return invalid_argument(field + ": must be " + rule + ", got " + num(got));
-}
-
-// Optional float field in [lo, hi] (open ends when lo_open / hi_open).
-Status check_float(const std::string& field, bool has, float v, double lo, double hi, bool lo_open,
-                   float* out) {
-  if (!has) return ok_status();
-  const std::string rule = std::string(lo_open ? "in (" : "in [") + num(lo) + ", " + num(hi) + "]";
-  if (!std::isfinite(v) || v > hi || v < lo || (lo_open && v == lo)) return bad(field, rule, v);
-  *out = v;
-  return ok_status();
+// Integers print as integers in every message.
+Status bad(const std::string& field, const std::string& rule, int64_t got) {
+  return invalid_argument(field + ": must be " + rule + ", got " + std::to_string(got));
 }
 
 }  // namespace
@@ -84,46 +69,27 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
                             std::to_string(limits.max_tokens_limit));
   s.max_tokens = static_cast<int32_t>(max_tokens);
 
+  // Fields are copied as given; SamplingParams::validate is the one set of rules (the engine
+  // checks the same again). Its errors name the field; those under `sampling` get that prefix.
   const v1::SamplingParams& sp = in.sampling();
-  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.temperature", sp.has_temperature(),
-                                      sp.temperature(), 0, 100, false, &s.temperature));
-  KVSPLIT_RETURN_IF_ERROR(
-      check_float("sampling.top_p", sp.has_top_p(), sp.top_p(), 0, 1, true, &s.top_p));
-  KVSPLIT_RETURN_IF_ERROR(
-      check_float("sampling.min_p", sp.has_min_p(), sp.min_p(), 0, 1, false, &s.min_p));
-  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.repetition_penalty", sp.has_repetition_penalty(),
-                                      sp.repetition_penalty(), 0, 10, true, &s.repetition_penalty));
-  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.presence_penalty", sp.has_presence_penalty(),
-                                      sp.presence_penalty(), -2, 2, false, &s.presence_penalty));
-  KVSPLIT_RETURN_IF_ERROR(check_float("sampling.frequency_penalty", sp.has_frequency_penalty(),
-                                      sp.frequency_penalty(), -2, 2, false, &s.frequency_penalty));
-  if (sp.has_top_k()) {
-    if (sp.top_k() < 0 || sp.top_k() > limits.vocab_size)
-      return bad("sampling.top_k", "in [0, " + std::to_string(limits.vocab_size) + "]", sp.top_k());
-    s.top_k = sp.top_k();
-  }
+  if (sp.has_temperature()) s.temperature = sp.temperature();
+  if (sp.has_top_p()) s.top_p = sp.top_p();
+  if (sp.has_top_k()) s.top_k = sp.top_k();
+  if (sp.has_min_p()) s.min_p = sp.min_p();
+  if (sp.has_repetition_penalty()) s.repetition_penalty = sp.repetition_penalty();
+  if (sp.has_presence_penalty()) s.presence_penalty = sp.presence_penalty();
+  if (sp.has_frequency_penalty()) s.frequency_penalty = sp.frequency_penalty();
   if (sp.has_seed()) s.seed = sp.seed();
-
-  if (in.stop_size() > 16)
-    return invalid_argument("stop: at most 16 strings, got " + std::to_string(in.stop_size()));
-  for (int i = 0; i < in.stop_size(); ++i) {
-    const std::string& st = in.stop(i);
-    const std::string f = "stop[" + std::to_string(i) + "]";
-    if (st.empty() || st.size() > 256) return invalid_argument(f + ": must be 1..256 bytes");
-    if (!utf8::is_valid(st)) return invalid_argument(f + ": invalid UTF-8");
-    s.stop.push_back(st);
-  }
-  if (in.stop_token_ids_size() > 64)
-    return invalid_argument("stop_token_ids: at most 64, got " +
-                            std::to_string(in.stop_token_ids_size()));
-  for (int i = 0; i < in.stop_token_ids_size(); ++i) {
-    const int32_t id = in.stop_token_ids(i);
-    if (id < 0 || id >= limits.vocab_size)
-      return invalid_argument("stop_token_ids[" + std::to_string(i) + "]: " + std::to_string(id) +
-                              " is not in [0, " + std::to_string(limits.vocab_size) + ")");
-    s.stop_token_ids.push_back(id);
-  }
+  s.stop.assign(in.stop().begin(), in.stop().end());
+  s.stop_token_ids.assign(in.stop_token_ids().begin(), in.stop_token_ids().end());
   s.ignore_eos = in.ignore_eos();
+  if (Status st = s.validate(limits.vocab_size); !st.ok()) {
+    static constexpr std::string_view kTopLevel[] = {"max_tokens:", "stop:", "stop_token_ids:"};
+    for (std::string_view field : kTopLevel) {
+      if (st.message().rfind(field, 0) == 0) return st;
+    }
+    return Status(st.code(), "sampling." + st.message());
+  }
 
   if (!in.sla_class().empty()) {
     bool known = false;

@@ -185,15 +185,6 @@ TEST(ConfigTest, FileErrorsStartWithThePath) {
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
 }
 
-TEST(ConfigTest, ValidateSlaClassesRejectsDuplicates) {
-  std::vector<SlaClass> classes(2);
-  classes[0].name = classes[1].name = "x";
-  Status s = validate_sla_classes(classes);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("duplicate"), std::string::npos);
-  EXPECT_FALSE(validate_sla_classes({}).ok());
-}
-
 // Every shipped config parses and validates (CI also runs kvsplit-server --check-config on them).
 TEST(ConfigTest, ShippedConfigsAreValid) {
   const std::filesystem::path dir = std::filesystem::path(KVSPLIT_SOURCE_DIR) / "configs";

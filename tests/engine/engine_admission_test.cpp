@@ -157,7 +157,7 @@ TEST(EngineAdmission, BadConfigIsRejected) {
   cfg.sla_classes = {SlaClass{}, SlaClass{}};
   e = Engine::create(cfg);
   ASSERT_FALSE(e.ok());
-  EXPECT_NE(e.status().message().find("duplicate class 'default'"), std::string::npos)
+  EXPECT_NE(e.status().message().find("sla_classes.default: duplicate class name"), std::string::npos)
       << e.status().message();
   cfg = EngineConfig{};
   cfg.model = "/nonexistent/model.bin";

@@ -42,7 +42,27 @@ TEST(SamplingParamsTest, Temperature) {
   expect_valid([](SamplingParams& p) { p.temperature = 2.5f; });
   SamplingParams p;
   p.temperature = -1.0f;
-  EXPECT_EQ(p.validate().message(), "temperature: must be finite and >= 0, got -1");
+  EXPECT_EQ(p.validate().message(), "temperature: must be in [0, 100], got -1");
+  expect_invalid([](SamplingParams& p) { p.temperature = 100.5f; }, "temperature");
+}
+
+// The same rules the gRPC edge applies (it calls validate with the vocabulary size).
+TEST(SamplingParamsTest, VocabularyBoundsAndStopLimits) {
+  SamplingParams p;
+  p.top_k = 513;
+  EXPECT_TRUE(p.validate().ok());  // no vocabulary given: only >= 0
+  EXPECT_EQ(p.validate(512).message(), "top_k: must be in [0, 512] (0 = off), got 513");
+  p = {};
+  p.stop_token_ids = {3, 512};
+  EXPECT_EQ(p.validate(512).message(), "stop_token_ids: stop_token_ids[1] = 512 is not in [0, 512)");
+  p.stop_token_ids.assign(65, 1);
+  EXPECT_NE(p.validate().message().find("at most 64 ids"), std::string::npos);
+  p = {};
+  p.stop = {"ok", "\xff"};
+  EXPECT_EQ(p.validate().message(), "stop: stop[1] is not valid UTF-8");
+  p = {};
+  p.repetition_penalty = 10.5f;
+  EXPECT_EQ(p.validate().message(), "repetition_penalty: must be in (0, 10], got 10.5");
 }
 
 TEST(SamplingParamsTest, TopP) {
