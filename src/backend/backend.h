@@ -107,6 +107,21 @@ class Backend {
   // Waits for all work queued on the backend's stream.
   virtual Status synchronize() = 0;
 
+  // ---- device ----
+  // The device this backend runs on: the CUDA device index, or the CPU backend's virtual device
+  // id (BackendOptions::device; every CPU backend shares host memory).
+  virtual int device() const = 0;
+  // Makes the calling thread use this backend's device (cudaSetDevice). A worker calls it once on
+  // its own thread before its first step.
+  virtual Status bind_thread() { return ok_status(); }
+  // Whether copy_from(src) may read `src`'s memory directly: same device, or a CUDA peer device
+  // with peer access (enabled by this call where the driver allows it). Not const: may enable it.
+  virtual bool can_read_from(const Backend& src) = 0;
+  // Copies `bytes` of `src`'s memory into this backend's memory on this backend's stream, directly
+  // (requires can_read_from(src)): a device copy, or cudaMemcpyPeerAsync between devices.
+  virtual Status copy_from(void* dst_dev, const Backend& src, const void* src_dev,
+                           size_t bytes) = 0;
+
   // Makes a weight usable by gemm/embedding on this device. `host` may point into a memory-mapped
   // file that outlives the backend; the CPU backend returns views of f32 data without copying.
   virtual StatusOr<MatrixView> upload_matrix(const void* host, DType dtype, int64_t rows,
@@ -161,7 +176,10 @@ class Backend {
 // Options of create_backend(). Fields a backend does not use are ignored unless noted.
 struct BackendOptions {
   int threads = 0;  // CPU backend threads; <= 0: the number of hardware threads
-  int device = 0;   // CUDA device index
+  int device = 0;   // CUDA device index; the CPU backend's virtual device id (a name only)
+  // CPU backend: refuse direct reads from other CPU backends (can_read_from false), so that the
+  // staged KV copy (the route of GPUs without peer access) runs on CPU machines too.
+  bool emulate_no_peer_access = false;
   // Storage type of weights given to upload_matrix(); unset: the backend's default (CUDA: bf16).
   // The CPU backend accepts only kF32, which changes nothing there (f32 weights stay f32 and
   // 16-bit weights of the file stay 16-bit); kBF16 / kF16 are kInvalidArgument for it.
@@ -176,6 +194,9 @@ struct BackendOptions {
 // kUnavailable with a clear message, never a silent fallback.
 StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name, int threads = 0);
 StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name, const BackendOptions& options);
+// Devices a backend named `name` can use: CUDA's visible devices (0 without a driver or device),
+// 1 for "cpu", 0 for an unknown name.
+int visible_devices(std::string_view name);
 
 // Owns one allocation on a backend; frees it on destruction.
 class DeviceBuffer {

@@ -32,6 +32,14 @@ Status validate_config(const Config& config) {
                             escape_for_message(e.backend, 64) + "'");
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.prefill_workers", e.num_prefill_workers, 1, 64));
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.decode_workers", e.num_decode_workers, 1, 64));
+  if (e.devices.size() > 64) {
+    return invalid_argument("pools.devices: at most 64 entries, got " +
+                            std::to_string(e.devices.size()));
+  }
+  for (size_t i = 0; i < e.devices.size(); ++i) {
+    KVSPLIT_RETURN_IF_ERROR(
+        check_range("pools.devices[" + std::to_string(i) + "]", e.devices[i], 0, 1023));
+  }
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.threads_per_worker", e.threads_per_worker, 0, 1024));
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_num_seqs", e.max_num_seqs, 1, 65536));
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_batch_tokens", e.max_batch_tokens, 1, 1 << 20));

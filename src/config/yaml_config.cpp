@@ -177,6 +177,15 @@ Status read_pools(const YAML::Node& n, EngineConfig* e) {
   KVSPLIT_RETURN_IF_ERROR(r.get("backend", &e->backend));
   KVSPLIT_RETURN_IF_ERROR(r.get("prefill_workers", &e->num_prefill_workers));
   KVSPLIT_RETURN_IF_ERROR(r.get("decode_workers", &e->num_decode_workers));
+  if (YAML::Node devices = r.child("devices"); devices && !devices.IsNull()) {
+    if (!devices.IsSequence()) return field_error("pools.devices", "must be a list of integers");
+    e->devices.clear();
+    for (size_t i = 0; i < devices.size(); ++i) {
+      int32_t d = 0;
+      KVSPLIT_RETURN_IF_ERROR(parse_scalar(devices[i], "pools.devices[" + std::to_string(i) + "]", &d));
+      e->devices.push_back(d);
+    }
+  }
   KVSPLIT_RETURN_IF_ERROR(r.get("threads_per_worker", &e->threads_per_worker));
   KVSPLIT_RETURN_IF_ERROR(r.get("max_num_seqs", &e->max_num_seqs));
   KVSPLIT_RETURN_IF_ERROR(r.get("max_batch_tokens", &e->max_batch_tokens));

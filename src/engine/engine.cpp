@@ -69,6 +69,12 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
   e->shared_.sink = e.get();
   for (const SlaClass& c : config.sla_classes) e->class_stats_.push_back(SlaClassStats{c.name});
 
+  // Workers' devices: round-robin over config.devices, else over the visible devices.
+  std::vector<int32_t> devices = config.devices;
+  if (devices.empty()) {
+    const int visible = config.backend == "cuda" ? backend::visible_devices("cuda") : 1;
+    for (int d = 0; d < std::max(1, visible); ++d) devices.push_back(d);
+  }
   int min_blocks = 0;
   for (int i = 0; i < num_workers; ++i) {
     sched::WorkerOptions wo;
@@ -85,8 +91,12 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     wo.handoff_timeout = std::chrono::milliseconds(config.handoff_timeout_ms);
     // The backend's threads are idle while a step samples: as many sampling threads by default.
     wo.sampling_threads = internal.sampling_threads > 0 ? internal.sampling_threads : threads;
-    KVSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<backend::Backend> be,
-                             backend::create_backend(config.backend, threads));
+    backend::BackendOptions bo;
+    bo.threads = threads;
+    bo.device = devices[static_cast<size_t>(i) % devices.size()];
+    auto created = backend::create_backend(config.backend, bo);
+    if (!created.ok()) return created.status().with_prefix(wo.name);
+    std::unique_ptr<backend::Backend> be = std::move(created).value();
     auto lm = model::LlamaModel::create(*e->loaded_, *be);
     if (!lm.ok()) return lm.status().with_prefix(wo.name);
     kv::KvPoolConfig pc;

@@ -31,6 +31,10 @@ Status validate_engine_config(const EngineConfig& c) {
     return bad("kv_capacity_bytes", c.kv_capacity_bytes, "> 0 when kv_blocks_per_worker is 0");
   }
   if (c.max_num_seqs < 1) return bad("max_num_seqs", c.max_num_seqs, ">= 1");
+  if (c.devices.size() > 64) return bad("devices", c.devices.size(), "at most 64 entries");
+  for (int32_t d : c.devices) {
+    if (d < 0 || d > 1023) return bad("devices", d, "in [0, 1023] (every entry)");
+  }
   if (c.max_batch_tokens < 1) return bad("max_batch_tokens", c.max_batch_tokens, ">= 1");
   if (c.handoff_timeout_ms < 1) return bad("handoff_timeout_ms", c.handoff_timeout_ms, ">= 1");
   return validate_sla_classes(c.sla_classes).with_prefix("EngineConfig");

@@ -1,11 +1,31 @@
 #include "sched/kv_handoff.h"
 
+#include <algorithm>
+#include <vector>
+
 #include <fmt/format.h>
 
 namespace kvsplit::sched {
 
-Status copy_kv_blocks(const kv::KvPool& src, std::span<const int32_t> src_blocks, kv::KvPool& dst,
-                      std::span<const int32_t> dst_blocks) {
+KvCopyRoute plan_kv_copy(int src_device, int dst_device, bool direct_access) {
+  if (src_device == dst_device) return KvCopyRoute::kSameDevice;
+  return direct_access ? KvCopyRoute::kPeer : KvCopyRoute::kStaged;
+}
+
+const char* kv_copy_route_name(KvCopyRoute route) {
+  switch (route) {
+    case KvCopyRoute::kSameDevice:
+      return "same device";
+    case KvCopyRoute::kPeer:
+      return "peer";
+    case KvCopyRoute::kStaged:
+      return "staged through host";
+  }
+  return "?";
+}
+
+StatusOr<KvCopyRoute> copy_kv_blocks(const kv::KvPool& src, std::span<const int32_t> src_blocks,
+                                     kv::KvPool& dst, std::span<const int32_t> dst_blocks) {
   const kv::KvShape& a = src.shape();
   const kv::KvShape& b = dst.shape();
   if (a.num_layers != b.num_layers || a.num_kv_heads != b.num_kv_heads || a.head_dim != b.head_dim ||
@@ -16,9 +36,13 @@ Status copy_kv_blocks(const kv::KvPool& src, std::span<const int32_t> src_blocks
     return invalid_argument(fmt::format("copy_kv_blocks: {} source blocks but {} destination blocks",
                                         src_blocks.size(), dst_blocks.size()));
   }
-  if (a.num_layers == 0 || src_blocks.empty()) return ok_status();
+  backend::Backend& from = src.backend();
+  backend::Backend& to = dst.backend();
+  const bool same = from.device() == to.device();
+  const KvCopyRoute route = plan_kv_copy(from.device(), to.device(), same || to.can_read_from(from));
+  if (a.num_layers == 0 || src_blocks.empty()) return route;
   const size_t block_bytes = static_cast<size_t>(src.bytes_per_block() / a.num_layers);
-  backend::Backend& be = dst.backend();
+  std::vector<char> staging;  // kStaged: one run at a time
   for (int layer = 0; layer < a.num_layers; ++layer) {
     const backend::LayerKv s = src.layer(layer);
     const backend::LayerKv d = dst.layer(layer);
@@ -38,13 +62,23 @@ Status copy_kv_blocks(const kv::KvPool& src, std::span<const int32_t> src_blocks
              db + static_cast<int32_t>(run) < d.num_blocks) {
         ++run;
       }
-      KVSPLIT_RETURN_IF_ERROR(be.copy_d2d(d_base + static_cast<size_t>(db) * block_bytes,
-                                          s_base + static_cast<size_t>(sb) * block_bytes,
-                                          run * block_bytes));
+      const char* from_ptr = s_base + static_cast<size_t>(sb) * block_bytes;
+      char* to_ptr = d_base + static_cast<size_t>(db) * block_bytes;
+      const size_t bytes = run * block_bytes;
+      if (route == KvCopyRoute::kStaged) {
+        staging.resize(std::max(staging.size(), bytes));
+        KVSPLIT_RETURN_IF_ERROR(from.copy_d2h(staging.data(), from_ptr, bytes));
+        KVSPLIT_RETURN_IF_ERROR(from.synchronize());
+        KVSPLIT_RETURN_IF_ERROR(to.copy_h2d(to_ptr, staging.data(), bytes));
+        KVSPLIT_RETURN_IF_ERROR(to.synchronize());  // the buffer is reused by the next run
+      } else {
+        KVSPLIT_RETURN_IF_ERROR(to.copy_from(to_ptr, from, from_ptr, bytes));
+      }
       i += run;
     }
   }
-  return be.synchronize();
+  KVSPLIT_RETURN_IF_ERROR(to.synchronize());
+  return route;
 }
 
 }  // namespace kvsplit::sched

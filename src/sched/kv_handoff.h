@@ -69,12 +69,20 @@ struct HandoffDone {
   uint64_t handoff_id = 0;
 };
 
-// Copies pages `src_blocks[i]` of `src` to `dst_blocks[i]` of `dst` for every layer, through the
-// destination backend's copy_d2d (memcpy on CPU; a CUDA backend maps it to cudaMemcpyPeerAsync
-// between devices), coalescing runs of consecutive ids, then synchronizes the destination.
-// kInvalidArgument when the pools' shapes, block sizes or dtypes differ or the spans' sizes differ.
-// The caller guarantees nobody writes those pages meanwhile.
-Status copy_kv_blocks(const kv::KvPool& src, std::span<const int32_t> src_blocks, kv::KvPool& dst,
-                      std::span<const int32_t> dst_blocks);
+// How a KV handoff's pages travel between two workers' pools (a pure plan, unit-tested without
+// a second GPU): the same device -> one device copy; different devices with direct access (CUDA
+// peer access) -> a peer copy; otherwise -> staged through host memory (device -> host -> device).
+enum class KvCopyRoute : uint8_t { kSameDevice, kPeer, kStaged };
+KvCopyRoute plan_kv_copy(int src_device, int dst_device, bool direct_access);
+const char* kv_copy_route_name(KvCopyRoute route);
+
+// Copies pages `src_blocks[i]` of `src` to `dst_blocks[i]` of `dst` for every layer by the route
+// plan_kv_copy picks for the two pools' backends (copy_from for kSameDevice / kPeer on the
+// destination's stream; copy_d2h + copy_h2d through one host buffer for kStaged), coalescing runs
+// of consecutive ids, then synchronizes. Returns the route taken. kInvalidArgument when the
+// pools' shapes, block sizes or dtypes differ or the spans' sizes differ. The caller guarantees
+// nobody writes those pages meanwhile.
+StatusOr<KvCopyRoute> copy_kv_blocks(const kv::KvPool& src, std::span<const int32_t> src_blocks,
+                                     kv::KvPool& dst, std::span<const int32_t> dst_blocks);
 
 }  // namespace kvsplit::sched

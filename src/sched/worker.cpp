@@ -127,6 +127,10 @@ void Worker::publish_stats() {
 }
 
 void Worker::loop() {
+  if (Status st = backend_->bind_thread(); !st.ok()) {
+    KVSPLIT_LOG_ERROR("{}: cannot use device {}: {}", options_.name, backend_->device(),
+                      st.to_string());
+  }
   while (true) {
     const bool dead = hold_.load(std::memory_order_acquire) == static_cast<uint8_t>(TestHold::kAll);
     const bool worked = !dead && step();

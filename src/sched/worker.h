@@ -187,6 +187,7 @@ class Worker {
   std::unordered_map<uint64_t, Pinned> pinned_;  // handed-off pages awaiting HandoffDone
   int undelivered_ = 0;                          // pinned_ entries not yet seen as received
   uint64_t next_handoff_id_ = 1;
+  int64_t handoffs_by_route_[3] = {0, 0, 0};  // received, by KvCopyRoute
   uint64_t seen_cancel_epoch_ = 0;
   Batch batch_;
   std::vector<float> logits_;

@@ -79,6 +79,8 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
 WorkerState Worker::state() const {
   WorkerState st;
   st.worker = options_.name;
+  st.device = backend_->device();
+  for (int r = 0; r < 3; ++r) st.handoffs_by_route[r] = handoffs_by_route_[r];
   st.scheduler = scheduler_.config();
   st.free_blocks = pool_->allocator().num_free();
   st.total_blocks = total_blocks_;

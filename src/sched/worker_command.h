@@ -53,6 +53,9 @@ struct SequenceState {
 // The worker's state after the command was applied.
 struct WorkerState {
   std::string worker;
+  int device = 0;  // the worker's backend device
+  // KV handoffs this worker received, by route (KvCopyRoute: same device, peer, staged).
+  int64_t handoffs_by_route[3] = {0, 0, 0};
   SchedulerConfig scheduler;
   int free_blocks = 0;
   int total_blocks = 0;

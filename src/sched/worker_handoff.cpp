@@ -131,7 +131,14 @@ void Worker::admit_offers(Clock::time_point now) {
     leaves[a.id - kHandoffBase] = true;
     kv::BlockTable table;
     KVSPLIT_CHECK(pool_->reserve(table, o.num_tokens));
-    Status st = copy_kv_blocks(*o.source_pool, o.source_blocks, *pool_, table.blocks);
+    StatusOr<KvCopyRoute> route =
+        copy_kv_blocks(*o.source_pool, o.source_blocks, *pool_, table.blocks);
+    const Status st = route.status();
+    if (route.ok()) {
+      ++handoffs_by_route_[static_cast<int>(*route)];
+      KVSPLIT_LOG_DEBUG("{}: KV handoff of {} tokens ({})", options_.name, o.num_tokens,
+                        kv_copy_route_name(*route));
+    }
     std::unique_ptr<Sequence> seq = std::move(o.seq);
     o.source->post_done(HandoffDone{o.handoff_id});
     incoming_blocks_.fetch_sub(kv::BlockTable::blocks_for(o.num_tokens + 1, pool_->block_size()),

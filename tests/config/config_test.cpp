@@ -172,6 +172,15 @@ TEST(ConfigTest, ConfigFileMustBeARegularFile) {
       << c.status().message();
 }
 
+TEST(ConfigTest, PoolDevices) {
+  auto c = parse_config("pools: {devices: [0, 1, 1]}\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->engine.devices, (std::vector<int32_t>{0, 1, 1}));
+  expect_error("pools: {devices: 3}\n", "pools.devices: must be a list of integers");
+  expect_error("pools: {devices: [0, -1]}\n", "pools.devices[1]: must be in [0, 1023], got -1");
+  expect_error("pools: {devices: [0, x]}\n", "pools.devices[1]: must be an integer");
+}
+
 TEST(ConfigTest, FileErrorsStartWithThePath) {
   kvsplit::testing::TempDir dir;
   const std::string path = dir.file("bad.yaml");

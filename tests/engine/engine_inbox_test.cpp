@@ -151,3 +151,46 @@ TEST(EngineInbox, ReleaseKvRecomputesBitExactlyAndIsTenantScoped) {
 
 }  // namespace
 }  // namespace kvsplit
+
+namespace kvsplit {
+namespace {
+
+// Per-worker devices, round-robin over EngineConfig::devices (prefill workers first), and the
+// KV handoff route each pair of devices takes: same device, or a peer copy (CPU backends of
+// different virtual devices can read each other, as GPUs with peer access).
+TEST(EngineDevices, RoundRobinAndHandoffRoutes) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = testing::stories_config(ServingMode::kDisaggregated);  // 1 prefill, 2 decode
+  cfg.devices = {0, 1};
+  auto engine = EngineImpl::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  ASSERT_EQ((*engine)->num_workers(), 3u);
+  const int want_device[] = {0, 1, 0};
+  for (size_t w = 0; w < 3; ++w) {
+    EXPECT_EQ(send(**engine, w, sched::SnapshotState{}).state.device, want_device[w]) << w;
+  }
+  std::vector<RequestHandle> handles;
+  for (int i = 0; i < 8; ++i) {
+    auto h = (*engine)->submit(long_request("d" + std::to_string(i), 12));
+    ASSERT_TRUE(h.ok());
+    handles.push_back(*h);
+  }
+  for (RequestHandle& h : handles) EXPECT_TRUE(collect(h).final_event.status.ok());
+  int64_t total = 0;
+  for (size_t w = 1; w < 3; ++w) {
+    const sched::WorkerState st = send(**engine, w, sched::SnapshotState{}).state;
+    const int64_t same = st.handoffs_by_route[static_cast<int>(sched::KvCopyRoute::kSameDevice)];
+    const int64_t peer = st.handoffs_by_route[static_cast<int>(sched::KvCopyRoute::kPeer)];
+    EXPECT_EQ(st.handoffs_by_route[static_cast<int>(sched::KvCopyRoute::kStaged)], 0);
+    if (st.device == 0) EXPECT_EQ(peer, 0) << st.worker;   // prefill-0 is on device 0 too
+    if (st.device == 1) EXPECT_EQ(same, 0) << st.worker;
+    total += same + peer;
+  }
+  EXPECT_EQ(total, 8);
+
+  cfg.devices = {0, 2000};
+  EXPECT_EQ(EngineImpl::create(cfg).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvsplit

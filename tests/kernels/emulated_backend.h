@@ -39,6 +39,13 @@ class EmulatedKernelBackend final : public backend::Backend {
   Status copy_d2d(void* d, const void* s, size_t n) override { return cpu_->copy_d2d(d, s, n); }
   Status memset_zero(void* d, size_t n) override { return cpu_->memset_zero(d, n); }
   Status synchronize() override { return error_ ? invalid_argument("kernel error flag set") : ok_status(); }
+  // One emulated device (host memory): every copy is a device copy.
+  int device() const override { return 0; }
+  bool can_read_from(const backend::Backend& src) override { return src.device() == 0; }
+  Status copy_from(void* dst, const backend::Backend&, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return ok_status();
+  }
 
   // Plain row-major copy (the kernels read tables directly).
   StatusOr<backend::MatrixView> upload_matrix(const void* host, backend::DType dtype, int64_t rows,

@@ -13,56 +13,87 @@ namespace kvsplit::sched {
 namespace {
 
 struct Pools {
-  std::unique_ptr<backend::Backend> be;
+  std::unique_ptr<backend::Backend> be, be_b;  // be_b: the destination's backend when separate
   std::unique_ptr<kv::KvPool> a, b;
 };
 
-Pools make_pools(int blocks_a, int blocks_b, int head_dim_b = 8) {
+// Pool a on a CPU backend of virtual device 0; pool b on the same backend, or on a second one of
+// device `device_b` (with direct reads refused when `no_peer`, as GPUs without peer access).
+Pools make_pools(int blocks_a, int blocks_b, int head_dim_b = 8, int device_b = -1,
+                 bool no_peer = false) {
   Pools p;
   auto be = backend::create_backend("cpu", 1);
   EXPECT_TRUE(be.ok());
   p.be = std::move(be).value();
+  backend::Backend* dst = p.be.get();
+  if (device_b >= 0) {
+    backend::BackendOptions o;
+    o.threads = 1;
+    o.device = device_b;
+    o.emulate_no_peer_access = no_peer;
+    p.be_b = std::move(backend::create_backend("cpu", o).value());
+    dst = p.be_b.get();
+  }
   kv::KvPoolConfig ca{blocks_a, 4};
   kv::KvPoolConfig cb{blocks_b, 4};
   p.a = std::move(kv::KvPool::create(*p.be, ca, kv::KvShape{3, 2, 8}).value());
-  p.b = std::move(kv::KvPool::create(*p.be, cb, kv::KvShape{3, 2, head_dim_b}).value());
+  p.b = std::move(kv::KvPool::create(*dst, cb, kv::KvShape{3, 2, head_dim_b}).value());
   return p;
 }
 
-TEST(KvHandoff, CopiesEveryLayerOfTheListedPages) {
-  Pools p = make_pools(16, 16);
-  const size_t block_bytes = p.a->bytes_per_block() / 3;
-  std::mt19937 rng(7);
-  for (int l = 0; l < 3; ++l) {
-    auto* d = static_cast<float*>(p.a->layer(l).data);
-    for (size_t i = 0; i < 16 * block_bytes / sizeof(float); ++i) d[i] = static_cast<float>(rng());
-  }
-  // Runs of consecutive ids and scattered ones.
-  const std::vector<int32_t> src = {3, 4, 5, 9, 0};
-  const std::vector<int32_t> dst = {10, 11, 2, 7, 15};
-  ASSERT_TRUE(copy_kv_blocks(*p.a, src, *p.b, dst).ok());
-  for (int l = 0; l < 3; ++l) {
-    const auto* s = static_cast<const char*>(p.a->layer(l).data);
-    const auto* d = static_cast<const char*>(p.b->layer(l).data);
-    for (size_t i = 0; i < src.size(); ++i) {
-      EXPECT_EQ(std::memcmp(s + src[i] * block_bytes, d + dst[i] * block_bytes, block_bytes), 0)
-          << "layer " << l << " block " << src[i];
+TEST(KvHandoff, CopyRoutePlan) {
+  EXPECT_EQ(plan_kv_copy(0, 0, false), KvCopyRoute::kSameDevice);
+  EXPECT_EQ(plan_kv_copy(1, 1, true), KvCopyRoute::kSameDevice);
+  EXPECT_EQ(plan_kv_copy(0, 1, true), KvCopyRoute::kPeer);
+  EXPECT_EQ(plan_kv_copy(2, 0, false), KvCopyRoute::kStaged);
+  EXPECT_STREQ(kv_copy_route_name(KvCopyRoute::kStaged), "staged through host");
+}
+
+// Every route copies every layer of the listed pages (runs of consecutive ids and scattered
+// ones) and nothing else; the route taken is the planned one.
+TEST(KvHandoff, CopiesEveryLayerOfTheListedPagesByEachRoute) {
+  struct Case {
+    int device_b;
+    bool no_peer;
+    KvCopyRoute want;
+  };
+  for (const Case& c : {Case{-1, false, KvCopyRoute::kSameDevice},
+                        Case{1, false, KvCopyRoute::kPeer}, Case{1, true, KvCopyRoute::kStaged}}) {
+    Pools p = make_pools(16, 16, 8, c.device_b, c.no_peer);
+    const size_t block_bytes = p.a->bytes_per_block() / 3;
+    std::mt19937 rng(7);
+    for (int l = 0; l < 3; ++l) {
+      auto* d = static_cast<float*>(p.a->layer(l).data);
+      for (size_t i = 0; i < 16 * block_bytes / sizeof(float); ++i) d[i] = static_cast<float>(rng());
     }
-    // Pages not listed stay zero.
-    std::vector<char> zero(block_bytes, 0);
-    EXPECT_EQ(std::memcmp(d + 1 * block_bytes, zero.data(), block_bytes), 0);
+    const std::vector<int32_t> src = {3, 4, 5, 9, 0};
+    const std::vector<int32_t> dst = {10, 11, 2, 7, 15};
+    auto route = copy_kv_blocks(*p.a, src, *p.b, dst);
+    ASSERT_TRUE(route.ok()) << route.status().to_string();
+    EXPECT_EQ(*route, c.want) << kv_copy_route_name(c.want);
+    for (int l = 0; l < 3; ++l) {
+      const auto* s = static_cast<const char*>(p.a->layer(l).data);
+      const auto* d = static_cast<const char*>(p.b->layer(l).data);
+      for (size_t i = 0; i < src.size(); ++i) {
+        EXPECT_EQ(std::memcmp(s + src[i] * block_bytes, d + dst[i] * block_bytes, block_bytes), 0)
+            << kv_copy_route_name(c.want) << " layer " << l << " block " << src[i];
+      }
+      // Pages not listed stay zero.
+      std::vector<char> zero(block_bytes, 0);
+      EXPECT_EQ(std::memcmp(d + 1 * block_bytes, zero.data(), block_bytes), 0);
+    }
   }
 }
 
 TEST(KvHandoff, MismatchesAreErrors) {
   Pools p = make_pools(8, 8, /*head_dim_b=*/16);
   const std::vector<int32_t> one = {1};
-  EXPECT_EQ(copy_kv_blocks(*p.a, one, *p.b, one).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(copy_kv_blocks(*p.a, one, *p.b, one).status().code(), StatusCode::kInvalidArgument);
   Pools q = make_pools(8, 8);
   const std::vector<int32_t> two = {1, 2};
-  EXPECT_EQ(copy_kv_blocks(*q.a, one, *q.b, two).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(copy_kv_blocks(*q.a, one, *q.b, two).status().code(), StatusCode::kInvalidArgument);
   const std::vector<int32_t> bad = {8};
-  EXPECT_EQ(copy_kv_blocks(*q.a, bad, *q.b, one).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(copy_kv_blocks(*q.a, bad, *q.b, one).status().code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(copy_kv_blocks(*q.a, {}, *q.b, {}).ok());
 }
 

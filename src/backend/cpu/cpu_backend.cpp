@@ -29,9 +29,11 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int threads, int64_t spin_micros)
+  CpuBackend(int threads, int64_t spin_micros, int device, bool emulate_no_peer_access)
       : pool_(std::max(1, threads),
-              spin_micros < 0 ? ThreadPool::kDefaultSpinMicros : spin_micros) {}
+              spin_micros < 0 ? ThreadPool::kDefaultSpinMicros : spin_micros),
+        device_(device),
+        no_peer_access_(emulate_no_peer_access) {}
   ~CpuBackend() override {
     for (auto& [ptr, info] : packed_) std::free(const_cast<void*>(ptr));
   }
@@ -68,6 +70,15 @@ class CpuBackend final : public Backend {
     return ok_status();
   }
   Status synchronize() override { return ok_status(); }
+
+  int device() const override { return device_; }
+  bool can_read_from(const Backend& src) override {
+    return src.kind() == DeviceKind::kCpu && (src.device() == device_ || !no_peer_access_);
+  }
+  Status copy_from(void* dst, const Backend& src, const void* src_ptr, size_t bytes) override {
+    if (src.kind() != DeviceKind::kCpu) return invalid_argument("copy_from: not a CPU backend");
+    return copy(dst, src_ptr, bytes, "copy_from");
+  }
 
   StatusOr<MatrixView> upload_matrix(const void* host, DType dtype, int64_t rows,
                                      int64_t cols) override;
@@ -125,6 +136,8 @@ class CpuBackend final : public Backend {
   }
 
   ThreadPool pool_;
+  int device_ = 0;
+  bool no_peer_access_ = false;
   mutable std::mutex mu_;
   std::unordered_map<const void*, PackedInfo> packed_;  // owned packed weights, freed with us
 };
@@ -356,8 +369,9 @@ Status CpuBackend::kv_append(const LayerKv& kv, const float* k, const float* v,
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int threads, int64_t spin_micros) {
-  return std::make_unique<CpuBackend>(threads, spin_micros);
+std::unique_ptr<Backend> make_cpu_backend(int threads, int64_t spin_micros, int device,
+                                          bool emulate_no_peer_access) {
+  return std::make_unique<CpuBackend>(threads, spin_micros, device, emulate_no_peer_access);
 }
 
 }  // namespace kvsplit::backend

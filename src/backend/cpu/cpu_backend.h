@@ -9,6 +9,7 @@
 namespace kvsplit::backend {
 
 // `threads` >= 1. `spin_micros`: see BackendOptions::spin_micros.
-std::unique_ptr<Backend> make_cpu_backend(int threads, int64_t spin_micros = -1);
+std::unique_ptr<Backend> make_cpu_backend(int threads, int64_t spin_micros = -1, int device = 0,
+                                          bool emulate_no_peer_access = false);
 
 }  // namespace kvsplit::backend

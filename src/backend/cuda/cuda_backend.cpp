@@ -130,6 +130,38 @@ Status CudaBackend::synchronize() {
   return check_error_flag();
 }
 
+Status CudaBackend::bind_thread() {
+  KVSPLIT_CUDA_RETURN(cudaSetDevice(device_), "cudaSetDevice");
+  return ok_status();
+}
+
+bool CudaBackend::can_read_from(const Backend& src) {
+  if (src.kind() != DeviceKind::kCuda) return false;
+  if (src.device() == device_) return true;
+  int ok = 0;
+  if (cudaDeviceCanAccessPeer(&ok, device_, src.device()) != cudaSuccess || !ok) return false;
+  if (cudaSetDevice(device_) != cudaSuccess) return false;
+  const cudaError_t e = cudaDeviceEnablePeerAccess(src.device(), 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) {
+    (void)cudaGetLastError();  // clear the sticky "already enabled" error
+    return true;
+  }
+  return e == cudaSuccess;
+}
+
+Status CudaBackend::copy_from(void* dst, const Backend& src, const void* src_ptr, size_t bytes) {
+  if (bytes == 0) return ok_status();
+  if (src.kind() != DeviceKind::kCuda) return invalid_argument("copy_from: not a CUDA backend");
+  if (src.device() == device_) {
+    KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src_ptr, bytes, cudaMemcpyDeviceToDevice, stream_),
+                        "copy_from");
+  } else {
+    KVSPLIT_CUDA_RETURN(cudaMemcpyPeerAsync(dst, device_, src_ptr, src.device(), bytes, stream_),
+                        "cudaMemcpyPeerAsync");
+  }
+  return ok_status();
+}
+
 Status CudaBackend::check_error_flag() {
   int flag = 0;
   KVSPLIT_CUDA_RETURN(cudaMemcpy(&flag, error_flag_, sizeof(int), cudaMemcpyDeviceToHost), "error flag");
@@ -329,6 +361,15 @@ Status CudaBackend::sample_tokens(const float* logits, int num_rows, int vocab,
 }  // namespace kvsplit::backend::cuda
 
 namespace kvsplit::backend {
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
 
 StatusOr<std::unique_ptr<Backend>> create_cuda_backend(int device, const CudaBackendOptions& options) {
   if (options.weight_dtype != DType::kBF16 && options.weight_dtype != DType::kF16 &&

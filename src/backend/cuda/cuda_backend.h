@@ -36,6 +36,10 @@ class CudaBackend final : public Backend {
   Status copy_d2d(void* dst_dev, const void* src_dev, size_t bytes) override;
   Status memset_zero(void* dst_dev, size_t bytes) override;
   Status synchronize() override;
+  int device() const override { return device_; }
+  Status bind_thread() override;
+  bool can_read_from(const Backend& src) override;
+  Status copy_from(void* dst_dev, const Backend& src, const void* src_dev, size_t bytes) override;
   StatusOr<MatrixView> upload_matrix(const void* host, DType dtype, int64_t rows, int64_t cols) override;
 
   Status embedding(const int32_t* ids, int num_tokens, const MatrixView& table, float* out) override;

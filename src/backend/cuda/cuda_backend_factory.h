@@ -19,6 +19,8 @@ struct CudaBackendOptions {
 // kUnavailable when no CUDA device (or driver) is present, kInvalidArgument for a device index
 // outside [0, device count). Never falls back to another backend.
 StatusOr<std::unique_ptr<Backend>> create_cuda_backend(int device);
+// cudaGetDeviceCount, 0 when it fails (no driver or no device).
+int cuda_device_count();
 StatusOr<std::unique_ptr<Backend>> create_cuda_backend(int device, const CudaBackendOptions& options);
 
 }  // namespace kvsplit::backend

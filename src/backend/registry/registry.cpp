@@ -27,7 +27,8 @@ StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name, const B
                               "weights of the file 16-bit; use auto or f32)");
     int threads = options.threads;
     if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    return std::unique_ptr<Backend>(make_cpu_backend(threads, options.spin_micros));
+    return std::unique_ptr<Backend>(
+        make_cpu_backend(threads, options.spin_micros, options.device, options.emulate_no_peer_access));
   }
   if (name == "cuda") {
 #if defined(KVSPLIT_HAVE_CUDA_BACKEND)
@@ -39,6 +40,14 @@ StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name, const B
 #endif
   }
   return invalid_argument("unknown backend '" + std::string(name) + "' (expected 'cpu' or 'cuda')");
+}
+
+int visible_devices(std::string_view name) {
+  if (name == "cpu") return 1;
+#if defined(KVSPLIT_HAVE_CUDA_BACKEND)
+  if (name == "cuda") return cuda_device_count();
+#endif
+  return 0;
 }
 
 }  // namespace kvsplit::backend
