@@ -8,7 +8,8 @@
 
 #if !defined(KVSPLIT_WITH_CUDA)
 int main() {
-  std::printf("bench_attention: skipped (built without CUDA: nvcc was not found at configure time)\n");
+  std::printf(
+      "bench_attention: skipped (built without CUDA: nvcc was not found at configure time)\n");
   return 0;
 }
 #else
@@ -22,9 +23,9 @@ int main() {
 #include <string>
 #include <vector>
 
+#include "backend/split_plan.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/bench/stream_read.h"
-#include "backend/split_plan.h"
 
 namespace {
 
@@ -34,21 +35,21 @@ struct Shape {
   int kv_len;
 };
 
-#define CHECK_CUDA(expr)                                                                   \
-  do {                                                                                     \
-    cudaError_t e_ = (expr);                                                               \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_));              \
-      return 1;                                                                            \
-    }                                                                                      \
+#define CHECK_CUDA(expr)                                                      \
+  do {                                                                        \
+    cudaError_t e_ = (expr);                                                  \
+    if (e_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
+      return 1;                                                               \
+    }                                                                         \
   } while (0)
-#define CHECK_OK(expr)                                                                     \
-  do {                                                                                     \
-    kvsplit::Status s_ = (expr);                                                           \
-    if (!s_.ok()) {                                                                        \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, s_.to_string().c_str());              \
-      return 1;                                                                            \
-    }                                                                                      \
+#define CHECK_OK(expr)                                                        \
+  do {                                                                        \
+    kvsplit::Status s_ = (expr);                                              \
+    if (!s_.ok()) {                                                           \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, s_.to_string().c_str()); \
+      return 1;                                                               \
+    }                                                                         \
   } while (0)
 
 constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlockSize = 16;
@@ -93,7 +94,8 @@ int main(int argc, char** argv) {
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
 
-  const Shape shapes[] = {{"B=64 x 8K", 64, 8192}, {"B=1 x 128K", 1, 131072}, {"B=128 x 2K", 128, 2048}};
+  const Shape shapes[] = {
+      {"B=64 x 8K", 64, 8192}, {"B=1 x 128K", 1, 131072}, {"B=128 x 2K", 128, 2048}};
   std::printf("%-12s %-9s %6s %7s %10s %10s %10s %9s\n", "shape", "split", "stages", "splits",
               "time_us", "GB/s", "stream", "of_stream");
   for (const Shape& sh : shapes) {
@@ -126,42 +128,67 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMalloc(&sink, sizeof(unsigned)));
 
     bool ok = true;
-    const float stream_ms = time_ms(stream, warmup, iters, [&] {
-      return kvsplit::kernels::launch_stream_read(pages, kv_bytes, sink, sms, stream).ok();
-    }, &ok);
+    const float stream_ms = time_ms(
+        stream, warmup, iters,
+        [&] {
+          return kvsplit::kernels::launch_stream_read(pages, kv_bytes, sink, sms, stream).ok();
+        },
+        &ok);
     const double mandatory = double(kv_bytes) + 2.0 * q_elems * 4;
     const double stream_gbs = double(kv_bytes) / (stream_ms * 1e-3) / 1e9;
 
     for (bool split : {false, true}) {
       const kvsplit::backend::SplitPlan plan =
-          split ? kvsplit::backend::plan_decode_splits(kv_lens.data(), sh.num_seqs, kKvHeads, kBlockSize, sms)
+          split ? kvsplit::backend::plan_decode_splits(kv_lens.data(), sh.num_seqs, kKvHeads,
+                                                       kBlockSize, sms)
                 : kvsplit::backend::make_split_plan(kv_lens.data(), sh.num_seqs, kBlockSize, 0);
       kvsplit::kernels::PagedAttentionParams p;
-      p.q = dq; p.out = dout; p.kv = pages; p.kv_dtype = kvsplit::kernels::ElemType::kBF16;
-      p.num_seqs = sh.num_seqs; p.num_tokens = sh.num_seqs; p.num_heads = kHeads;
-      p.num_kv_heads = kKvHeads; p.head_dim = kHeadDim; p.block_size = kBlockSize;
-      p.num_blocks = num_blocks; p.scale = 0.088f; p.query_start = dqs; p.kv_lens = dlens;
-      p.block_tables = dtab; p.max_blocks_per_seq = blocks_per_seq; p.max_query_len = 1;
+      p.q = dq;
+      p.out = dout;
+      p.kv = pages;
+      p.kv_dtype = kvsplit::kernels::ElemType::kBF16;
+      p.num_seqs = sh.num_seqs;
+      p.num_tokens = sh.num_seqs;
+      p.num_heads = kHeads;
+      p.num_kv_heads = kKvHeads;
+      p.head_dim = kHeadDim;
+      p.block_size = kBlockSize;
+      p.num_blocks = num_blocks;
+      p.scale = 0.088f;
+      p.query_start = dqs;
+      p.kv_lens = dlens;
+      p.block_tables = dtab;
+      p.max_blocks_per_seq = blocks_per_seq;
+      p.max_query_len = 1;
       p.max_splits = std::max(plan.max_splits, 1);
       int32_t* dplan = nullptr;
       float* part = nullptr;
       if (plan.has_splits()) {
         CHECK_CUDA(cudaMalloc(&dplan, 2 * sh.num_seqs * 4));
-        CHECK_CUDA(cudaMemcpy(dplan, plan.num_splits.data(), sh.num_seqs * 4, cudaMemcpyHostToDevice));
-        CHECK_CUDA(cudaMemcpy(dplan + sh.num_seqs, plan.split_offset.data(), sh.num_seqs * 4, cudaMemcpyHostToDevice));
+        CHECK_CUDA(
+            cudaMemcpy(dplan, plan.num_splits.data(), sh.num_seqs * 4, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMemcpy(dplan + sh.num_seqs, plan.split_offset.data(), sh.num_seqs * 4,
+                              cudaMemcpyHostToDevice));
         const size_t heads = size_t(plan.total_splits) * kHeads;
         CHECK_CUDA(cudaMalloc(&part, heads * (kHeadDim + 2) * 4));
-        p.chunk_tokens = plan.chunk_tokens; p.num_splits = dplan; p.split_offset = dplan + sh.num_seqs;
-        p.part_o = part; p.part_m = part + heads * kHeadDim; p.part_l = p.part_m + heads;
+        p.chunk_tokens = plan.chunk_tokens;
+        p.num_splits = dplan;
+        p.split_offset = dplan + sh.num_seqs;
+        p.part_o = part;
+        p.part_m = part + heads * kHeadDim;
+        p.part_l = p.part_m + heads;
       }
       // Two K/V pipeline stages (the default where they fit) and one (more blocks per SM).
       for (int stages : {2, 1}) {
         p.pipeline_stages = stages;
-        const float ms = time_ms(stream, warmup, iters, [&] {
-          bool r = kvsplit::kernels::launch_paged_decode(p, stream).ok();
-          if (plan.has_splits()) r &= kvsplit::kernels::launch_merge_states(p, stream).ok();
-          return r;
-        }, &ok);
+        const float ms = time_ms(
+            stream, warmup, iters,
+            [&] {
+              bool r = kvsplit::kernels::launch_paged_decode(p, stream).ok();
+              if (plan.has_splits()) r &= kvsplit::kernels::launch_merge_states(p, stream).ok();
+              return r;
+            },
+            &ok);
         CHECK_CUDA(cudaStreamSynchronize(stream));
         const double gbs = mandatory / (ms * 1e-3) / 1e9;
         std::printf("%-12s %-9s %6d %7d %10.1f %10.1f %10.1f %8.1f%%\n", sh.name,
@@ -175,8 +202,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "a launch failed for %s\n", sh.name);
       return 1;
     }
-    for (void* ptr : {pages, static_cast<void*>(dq), static_cast<void*>(dout), static_cast<void*>(dtab),
-                      static_cast<void*>(dlens), static_cast<void*>(dqs), static_cast<void*>(sink)})
+    for (void* ptr :
+         {pages, static_cast<void*>(dq), static_cast<void*>(dout), static_cast<void*>(dtab),
+          static_cast<void*>(dlens), static_cast<void*>(dqs), static_cast<void*>(sink)})
       cudaFree(ptr);
   }
   cudaStreamDestroy(stream);

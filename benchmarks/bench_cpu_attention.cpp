@@ -5,6 +5,7 @@
 //
 //   bench_cpu_attention [--threads N] [--heads 32] [--kv-heads 8] [--head-dim 128]
 //                       [--block-size 16] [--seconds S]
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -13,13 +14,11 @@
 #include <thread>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
 #include "backend/backend.h"
 #include "backend/cpu/attention.h"
 #include "backend/cpu/machine_probe.h"
-#include "common/thread_pool.h"
 #include "backend/split_plan.h"
+#include "common/thread_pool.h"
 
 namespace {
 
@@ -88,12 +87,14 @@ int main(int argc, char** argv) {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int heads = 32, kv_heads = 8, head_dim = 128, block_size = 16;
   double seconds = 0.3;
-  app.add_option("--threads", threads, "threads (default: hardware threads)")->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "threads (default: hardware threads)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--heads", heads, "query heads")->check(CLI::PositiveNumber);
   app.add_option("--kv-heads", kv_heads, "kv heads (divides --heads)")->check(CLI::PositiveNumber);
   app.add_option("--head-dim", head_dim, "head_dim")->check(CLI::PositiveNumber);
   app.add_option("--block-size", block_size, "tokens per page")->check(CLI::PositiveNumber);
-  app.add_option("--seconds", seconds, "minimum timed seconds per case")->check(CLI::PositiveNumber);
+  app.add_option("--seconds", seconds, "minimum timed seconds per case")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   ThreadPool pool(threads);
@@ -105,15 +106,18 @@ int main(int argc, char** argv) {
 
   std::printf("decode  %5s %7s | %10s %10s %8s | %6s %7s %7s\n", "seqs", "kv_len", "us nosplit",
               "us split", "speedup", "splits", "KV GB/s", "of BW");
-  const int decode_cases[][2] = {{1, 1024}, {1, 4096}, {1, 16384}, {4, 4096}, {16, 1024}, {64, 512}};
+  const int decode_cases[][2] = {{1, 1024}, {1, 4096},  {1, 16384},
+                                 {4, 4096}, {16, 1024}, {64, 512}};
   for (const auto& dc : decode_cases) {
     Batch b(dc[0], dc[1], 1, heads, kv_heads, head_dim, block_size);
     const auto none = kvsplit::backend::make_split_plan(b.kv_lens.data(), dc[0], block_size, 0);
     const auto plan = kvsplit::backend::plan_decode_splits(b.kv_lens.data(), dc[0], kv_heads,
-                                                      block_size, threads);
+                                                           block_size, threads);
     kvsplit::Status st;
-    const double t_none = time_call(seconds, [&] { st = cpu_attention_decode(b.args, none, pool); });
-    const double t_split = time_call(seconds, [&] { st = cpu_attention_decode(b.args, plan, pool); });
+    const double t_none =
+        time_call(seconds, [&] { st = cpu_attention_decode(b.args, none, pool); });
+    const double t_split =
+        time_call(seconds, [&] { st = cpu_attention_decode(b.args, plan, pool); });
     if (!st.ok()) {
       std::fprintf(stderr, "%s\n", st.to_string().c_str());
       return 1;
@@ -121,10 +125,12 @@ int main(int argc, char** argv) {
     const double bytes = 2.0 * dc[0] * dc[1] * kv_heads * head_dim * sizeof(float);
     const double gbs = bytes / std::min(t_none, t_split) / 1e9;
     std::printf("decode  %5d %7d | %10.1f %10.1f %7.2fx | %6d %7.1f %6.0f%%\n", dc[0], dc[1],
-                t_none * 1e6, t_split * 1e6, t_none / t_split, plan.max_splits, gbs, 100 * gbs / bw);
+                t_none * 1e6, t_split * 1e6, t_none / t_split, plan.max_splits, gbs,
+                100 * gbs / bw);
   }
 
-  std::printf("\nprefill %5s %7s | %10s %10s %7s\n", "seqs", "q_len", "ms/call", "GFLOP/s", "of peak");
+  std::printf("\nprefill %5s %7s | %10s %10s %7s\n", "seqs", "q_len", "ms/call", "GFLOP/s",
+              "of peak");
   const int prefill_cases[][2] = {{1, 128}, {1, 512}, {1, 2048}, {4, 512}};
   for (const auto& pc : prefill_cases) {
     Batch b(pc[0], pc[1], pc[1], heads, kv_heads, head_dim, block_size);

@@ -6,9 +6,9 @@
 // Decode "weight streaming bandwidth" = bytes of every weight matrix read per step / step time
 // (each step reads all weights once, whatever the batch); prefill FLOP/s counts 2 flops per
 // multiply-add of the matmuls plus attention (QK^T and PV over the causal triangle).
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -32,7 +32,7 @@ double seconds_since(Clock::time_point t0) {
 }
 
 struct Costs {
-  double weight_bytes = 0;     // all matmul weights (embedding lookup excluded)
+  double weight_bytes = 0;  // all matmul weights (embedding lookup excluded)
   double matmul_flops_per_token = 0;
 };
 
@@ -44,7 +44,13 @@ Costs model_costs(const model::ModelConfig& c, const model::ModelWeights& w) {
     k.matmul_flops_per_token += 2.0 * static_cast<double>(t.numel());
   };
   for (const auto& l : w.layers) {
-    mat(l.wq); mat(l.wk); mat(l.wv); mat(l.wo); mat(l.w_gate); mat(l.w_up); mat(l.w_down);
+    mat(l.wq);
+    mat(l.wk);
+    mat(l.wv);
+    mat(l.wo);
+    mat(l.w_gate);
+    mat(l.w_up);
+    mat(l.w_down);
   }
   mat(w.lm_head.present() ? w.lm_head : w.embedding);
   return k;
@@ -71,8 +77,10 @@ int main(int argc, char** argv) {
   app.add_option("--model", model_path, "model path or synthetic:<preset>");
   app.add_option("--backend", backend_name, "cpu or cuda");
   app.add_option("--batches", batches, "batch sizes")->delimiter(',');
-  app.add_option("--prompt-len", prompt_len, "prompt tokens per sequence (prefill)")->check(CLI::PositiveNumber);
-  app.add_option("--decode-steps", decode_steps, "timed decode steps per batch size")->check(CLI::PositiveNumber);
+  app.add_option("--prompt-len", prompt_len, "prompt tokens per sequence (prefill)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--decode-steps", decode_steps, "timed decode steps per batch size")
+      ->check(CLI::PositiveNumber);
   app.add_option("--threads", threads, "CPU threads (0: all)");
   app.add_option("--block-size", block_size, "KV page size");
   app.add_flag("--skip-probe", skip_probe, "do not measure bandwidth / FMA peak");
@@ -102,9 +110,10 @@ int main(int argc, char** argv) {
     bw_gbs = backend::cpu::measure_read_bandwidth_gbs(pool);
     peak_gflops = backend::cpu::measure_fma_peak_gflops(pool);
   }
-  std::printf("model %s: %d layers, dim %d, hidden %d, heads %d/%d, vocab %d; weights %.1f MB (f32)\n",
-              loaded->source.c_str(), cfg.num_layers, cfg.dim, cfg.hidden_dim, cfg.num_heads,
-              cfg.num_kv_heads, cfg.vocab_size, costs.weight_bytes / 1e6);
+  std::printf(
+      "model %s: %d layers, dim %d, hidden %d, heads %d/%d, vocab %d; weights %.1f MB (f32)\n",
+      loaded->source.c_str(), cfg.num_layers, cfg.dim, cfg.hidden_dim, cfg.num_heads,
+      cfg.num_kv_heads, cfg.vocab_size, costs.weight_bytes / 1e6);
   std::printf("backend %s; measured read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s\n",
               (*be)->name().c_str(), bw_gbs, peak_gflops);
   std::printf("\n%6s | %14s %10s %8s | %13s %11s %8s %8s\n", "batch", "prefill tok/s", "GFLOP/s",
@@ -127,9 +136,11 @@ int main(int argc, char** argv) {
     std::vector<std::vector<int32_t>> prompts(b);
     std::vector<model::SeqStep> steps(b);
     for (int i = 0; i < b; ++i) {
-      if (!(*pool)->reserve(tables[i], ctx_needed)) return fail(resource_exhausted("pool too small"));
+      if (!(*pool)->reserve(tables[i], ctx_needed))
+        return fail(resource_exhausted("pool too small"));
       prompts[i].resize(prompt_len);
-      for (int t = 0; t < prompt_len; ++t) prompts[i][t] = 3 + (t * 7 + i * 13) % (std::min(cfg.vocab_size, 259) - 3);
+      for (int t = 0; t < prompt_len; ++t)
+        prompts[i][t] = 3 + (t * 7 + i * 13) % (std::min(cfg.vocab_size, 259) - 3);
       steps[i] = model::SeqStep{prompts[i], 0, &tables[i], model::SeqStep::Logits::kLast};
     }
     std::vector<float> logits;
@@ -141,7 +152,8 @@ int main(int argc, char** argv) {
     const double tokens = static_cast<double>(b) * prompt_len;
     const double attn_flops = static_cast<double>(b) * cfg.num_layers * 2.0 * 2.0 * cfg.num_heads *
                               cfg.head_dim * (prompt_len * (prompt_len + 1) / 2.0);
-    const double prefill_gflops = (tokens * costs.matmul_flops_per_token + attn_flops) / prefill_s / 1e9;
+    const double prefill_gflops =
+        (tokens * costs.matmul_flops_per_token + attn_flops) / prefill_s / 1e9;
 
     // Decode: one warm-up step, then timed steps, one token per sequence each.
     std::vector<int32_t> next(b, 5);
@@ -164,13 +176,16 @@ int main(int argc, char** argv) {
     const double decode_tps = b / decode_s;
     const double weight_gbs = costs.weight_bytes / decode_s / 1e9;
     if (b == 1) decode_b1 = decode_tps;
-    std::printf("%6d | %14.1f %10.1f %7.1f%% | %13.1f %11.2f %7.1f%% %7.2fx\n", b, tokens / prefill_s,
-                prefill_gflops, peak_gflops > 0 ? 100.0 * prefill_gflops / peak_gflops : 0.0, decode_tps,
+    std::printf("%6d | %14.1f %10.1f %7.1f%% | %13.1f %11.2f %7.1f%% %7.2fx\n", b,
+                tokens / prefill_s, prefill_gflops,
+                peak_gflops > 0 ? 100.0 * prefill_gflops / peak_gflops : 0.0, decode_tps,
                 weight_gbs, bw_gbs > 0 ? 100.0 * weight_gbs / bw_gbs : 0.0,
                 decode_b1 > 0 ? decode_tps / decode_b1 : 0.0);
     for (auto& t : tables) (*pool)->release(t);
   }
-  std::printf("\nprefill: %d-token prompts, all of a batch in one step; decode: context %d, %d timed steps\n",
-              prompt_len, prompt_len, decode_steps);
+  std::printf(
+      "\nprefill: %d-token prompts, all of a batch in one step; decode: context %d, %d timed "
+      "steps\n",
+      prompt_len, prompt_len, decode_steps);
   return 0;
 }

@@ -1,22 +1,21 @@
 // Offline serving benchmark: replays a seeded synthetic workload through the Engine in process
-// (Poisson arrivals, lognormal prompt / output lengths, a mix of SLA classes) and prints TTFT / ITL /
-// E2E percentiles, throughput, preemptions and goodput, for the disaggregated and the colocated
+// (Poisson arrivals, lognormal prompt / output lengths, a mix of SLA classes) and prints TTFT / ITL
+// / E2E percentiles, throughput, preemptions and goodput, for the disaggregated and the colocated
 // mode in one run. --bookkeeping instead measures the scheduler's bookkeeping share of step time
 // with 256 running sequences.
 //
 //   bench_serving_offline --model synthetic:stories260k --requests 200 --rate 50
 //   bench_serving_offline --model synthetic:llama-110m --bookkeeping
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <thread>
-
-#include <CLI/CLI.hpp>
-#include <spdlog/spdlog.h>
 
 #include "engine/engine_impl.h"
 #include "kvsplit/engine.h"
@@ -69,7 +68,8 @@ std::vector<Item> make_workload(const Options& o, int vocab, int context) {
     const int n = std::clamp(static_cast<int>(olen(rng)), 1, context / 2 - 1);
     it.request.request_id = "b" + std::to_string(i);
     it.request.prompt_token_ids.resize(p);
-    for (int32_t& id : it.request.prompt_token_ids) id = 3 + static_cast<int32_t>(rng() % (vocab - 3));
+    for (int32_t& id : it.request.prompt_token_ids)
+      id = 3 + static_cast<int32_t>(rng() % (vocab - 3));
     it.request.sampling.max_tokens = n;
     it.request.sampling.ignore_eos = true;
     it.request.sampling.temperature = 0;
@@ -118,8 +118,10 @@ int run_mode(const Options& o, ServingMode mode) {
       std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(work[i].arrival_s)));
       auto h = (*engine)->submit(work[i].request);
-      if (h.ok()) handles[i] = *h;
-      else std::fprintf(stderr, "submit %d: %s\n", i, h.status().to_string().c_str());
+      if (h.ok())
+        handles[i] = *h;
+      else
+        std::fprintf(stderr, "submit %d: %s\n", i, h.status().to_string().c_str());
       submitted.store(i + 1, std::memory_order_release);
     }
   });
@@ -146,7 +148,10 @@ int run_mode(const Options& o, ServingMode mode) {
         if (!ev.final) continue;
         done[i] = true;
         ++num_done;
-        if (!ev.status.ok()) { ++errors; continue; }
+        if (!ev.status.ok()) {
+          ++errors;
+          continue;
+        }
         ttft.push_back(ev.timings.ttft_ms);
         e2e.push_back(ev.timings.e2e_ms);
         const bool interactive = work[i].request.sla_class == "interactive";
@@ -174,9 +179,12 @@ int run_mode(const Options& o, ServingMode mode) {
   }
   std::printf("%-14s requests %d (errors %d) in %.2f s: %.1f req/s, %.0f output tok/s\n", name, n,
               errors, wall, n / wall, tokens / wall);
-  std::printf("  TTFT ms  p50 %8.2f  p90 %8.2f  p99 %8.2f\n", pct(ttft, 50), pct(ttft, 90), pct(ttft, 99));
-  std::printf("  ITL  ms  p50 %8.2f  p90 %8.2f  p99 %8.2f\n", pct(itl, 50), pct(itl, 90), pct(itl, 99));
-  std::printf("  E2E  ms  p50 %8.2f  p90 %8.2f  p99 %8.2f\n", pct(e2e, 50), pct(e2e, 90), pct(e2e, 99));
+  std::printf("  TTFT ms  p50 %8.2f  p90 %8.2f  p99 %8.2f\n", pct(ttft, 50), pct(ttft, 90),
+              pct(ttft, 99));
+  std::printf("  ITL  ms  p50 %8.2f  p90 %8.2f  p99 %8.2f\n", pct(itl, 50), pct(itl, 90),
+              pct(itl, 99));
+  std::printf("  E2E  ms  p50 %8.2f  p90 %8.2f  p99 %8.2f\n", pct(e2e, 50), pct(e2e, 90),
+              pct(e2e, 99));
   std::printf("  preemptions %lld, goodput %.1f%% (TTFT and mean ITL within the class targets)\n",
               static_cast<long long>(st.preemptions), 100.0 * good / n);
   const double step = std::max(fwd + samp + book, 1e-9);
@@ -195,7 +203,9 @@ int run_bookkeeping(const Options& o, int sampling_threads) {
   if (o.kv_blocks == 0) {
     // + 2% for the colocated worker's admission watermark (1% of the pool kept free).
     c.kv_blocks_per_worker = o.bookkeeping_seqs *
-        ((8 + o.bookkeeping_tokens + c.block_size - 1) / c.block_size) * 102 / 100 + 2;
+                                 ((8 + o.bookkeeping_tokens + c.block_size - 1) / c.block_size) *
+                                 102 / 100 +
+                             2;
   }
   EngineImpl::InternalOptions internal;
   internal.sampling_threads = sampling_threads;
@@ -235,17 +245,19 @@ int run_bookkeeping(const Options& o, int sampling_threads) {
     }
   }
   const auto w = (*engine)->worker_snapshots().at(0);
-  std::printf("bookkeeping: %s, %d sequences (%d running at once), %lld steps in all, %d forward "
-              "threads, %d sampling threads\n",
-              (*engine)->model_info().source.c_str(), o.bookkeeping_seqs, max_running,
-              static_cast<long long>(w.steps), o.threads, sampling_threads);
+  std::printf(
+      "bookkeeping: %s, %d sequences (%d running at once), %lld steps in all, %d forward "
+      "threads, %d sampling threads\n",
+      (*engine)->model_info().source.c_str(), o.bookkeeping_seqs, max_running,
+      static_cast<long long>(w.steps), o.threads, sampling_threads);
   auto report = [](const char* what, double steps, double fwd, double samp, double book) {
     if (steps <= 0) return;
     const double step = fwd + samp + book;
-    std::printf("  %s (%.0f steps): forward %.2f ms/step, sampling+events %.3f ms/step, scheduler "
-                "bookkeeping %.3f ms/step = %.3f%% of step time (sampling+events %.2f%%)\n",
-                what, steps, fwd / steps, samp / steps, book / steps, 100.0 * book / step,
-                100.0 * samp / step);
+    std::printf(
+        "  %s (%.0f steps): forward %.2f ms/step, sampling+events %.3f ms/step, scheduler "
+        "bookkeeping %.3f ms/step = %.3f%% of step time (sampling+events %.2f%%)\n",
+        what, steps, fwd / steps, samp / steps, book / steps, 100.0 * book / step,
+        100.0 * samp / step);
   };
   report("all running", static_cast<double>(b.steps - a.steps), b.forward_ms - a.forward_ms,
          b.sampling_ms - a.sampling_ms, b.bookkeeping_ms - a.bookkeeping_ms);

@@ -7,8 +7,8 @@
 #include "config/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto c = kvsplit::config::parse_config(
-      std::string_view(reinterpret_cast<const char*>(data), size));
+  auto c =
+      kvsplit::config::parse_config(std::string_view(reinterpret_cast<const char*>(data), size));
   if (c.ok()) (void)kvsplit::config::describe(*c);
   return 0;
 }

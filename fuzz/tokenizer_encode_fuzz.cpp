@@ -24,13 +24,14 @@ struct Loaded {
 const Loaded& tokenizers() {
   static const Loaded loaded = [] {
     const char* env = std::getenv("KVSPLIT_MODELS");
-    const std::string dir = (env && *env) ? env : std::string(KVSPLIT_SOURCE_DIR "/../shared/models");
+    const std::string dir =
+        (env && *env) ? env : std::string(KVSPLIT_SOURCE_DIR "/../shared/models");
     Loaded l;
     auto g = kvsplit::model::load_tokenizer(dir + "/tokenizers/gpt2/tokenizer.json");
     KVSPLIT_CHECK_MSG(g.ok(), "GPT-2 tokenizer.json not found (set KVSPLIT_MODELS)");
     l.gpt2 = std::move(*g);
-    for (const char* name : {"tokenizers/qwen2/tokenizer.json", "tokenizers/llama2/tokenizer.json",
-                             "tok512.bin"}) {
+    for (const char* name :
+         {"tokenizers/qwen2/tokenizer.json", "tokenizers/llama2/tokenizer.json", "tok512.bin"}) {
       auto t = kvsplit::model::load_tokenizer(dir + "/" + name);
       KVSPLIT_CHECK_MSG(t.ok(), name);
       l.others.push_back(std::move(*t));

@@ -11,10 +11,14 @@
 
 namespace {
 
-constexpr std::string_view kTexts[] = {
-    "", "Hello world", " leading and  double  spaces\t\ttabs\r\n", "it's 1234567 o'clock!",
-    "<|endoftext|><s></s><|im_start|>user", "h\xc3\xa9llo \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x99\x82",
-    "\xff\xfe invalid \xc3", std::string_view("nul\0byte", 8)};
+constexpr std::string_view kTexts[] = {"",
+                                       "Hello world",
+                                       " leading and  double  spaces\t\ttabs\r\n",
+                                       "it's 1234567 o'clock!",
+                                       "<|endoftext|><s></s><|im_start|>user",
+                                       "h\xc3\xa9llo \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x99\x82",
+                                       "\xff\xfe invalid \xc3",
+                                       std::string_view("nul\0byte", 8)};
 
 }  // namespace
 

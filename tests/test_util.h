@@ -1,22 +1,24 @@
 // Helpers shared by tests: where the shared models live, reading JSONL goldens.
 #pragma once
 
-#include <cstdlib>
+#include <gtest/gtest.h>
 #include <unistd.h>
+
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 namespace kvsplit::testing {
 
 // $KVSPLIT_MODELS, else ../shared/models relative to the source tree.
 inline std::string models_dir() {
   if (const char* env = std::getenv("KVSPLIT_MODELS"); env && *env) return env;
-  return (std::filesystem::path(KVSPLIT_SOURCE_DIR) / ".." / "shared" / "models").lexically_normal().string();
+  return (std::filesystem::path(KVSPLIT_SOURCE_DIR) / ".." / "shared" / "models")
+      .lexically_normal()
+      .string();
 }
 inline std::string model_path(const std::string& rel) { return models_dir() + "/" + rel; }
 inline bool have_models() { return std::filesystem::exists(model_path("stories260K.bin")); }
@@ -52,7 +54,10 @@ class TempDir {
       if (std::filesystem::create_directory(path_)) break;
     }
   }
-  ~TempDir() { std::error_code ec; std::filesystem::remove_all(path_, ec); }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
   const std::filesystem::path& path() const { return path_; }
   std::string file(const std::string& name) const { return (path_ / name).string(); }
 

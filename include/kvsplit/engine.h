@@ -26,10 +26,10 @@ namespace kvsplit {
 // A named service class: latency targets and queueing rules.
 struct SlaClass {
   std::string name = "default";
-  double max_ttft_ms = 2000.0;   // > 0; target time to first token
-  double max_itl_ms = 200.0;     // > 0; target inter-token latency
-  int32_t priority = 0;          // higher runs first and is preempted last
-  int32_t max_queue = 1024;      // >= 1; queued requests beyond this -> RESOURCE_EXHAUSTED
+  double max_ttft_ms = 2000.0;        // > 0; target time to first token
+  double max_itl_ms = 200.0;          // > 0; target inter-token latency
+  int32_t priority = 0;               // higher runs first and is preempted last
+  int32_t max_queue = 1024;           // >= 1; queued requests beyond this -> RESOURCE_EXHAUSTED
   double queue_timeout_ms = 30000.0;  // > 0; still queued after this -> DEADLINE_EXCEEDED
 };
 
@@ -44,23 +44,23 @@ struct EngineConfig {
   std::string backend = "cpu";                  // "cpu" | "cuda"
   int32_t threads_per_worker = 0;               // CPU threads per worker; 0: hardware / workers
   ServingMode mode = ServingMode::kDisaggregated;
-  int32_t num_prefill_workers = 1;              // >= 1 (disaggregated)
-  int32_t num_decode_workers = 1;               // >= 1 (colocated: the number of workers)
+  int32_t num_prefill_workers = 1;  // >= 1 (disaggregated)
+  int32_t num_decode_workers = 1;   // >= 1 (colocated: the number of workers)
   // Device of each worker, prefill workers first, round-robin over this list: worker i runs on
   // devices[i % size]. Empty: CUDA round-robins over the visible devices; the CPU backend uses
   // virtual device 0 (CPU device ids only name workers; they share host memory). Each in
   // [0, 1024); at most 64 entries.
   std::vector<int32_t> devices;
-  int32_t block_size = 16;                      // tokens per KV page
-  int32_t kv_blocks_per_worker = 0;             // 0: derive from kv_capacity_bytes
-  int64_t kv_capacity_bytes = 256ll << 20;      // per worker when kv_blocks_per_worker == 0
-  int32_t max_num_seqs = 256;                   // running sequences per decode worker
-  int32_t max_batch_tokens = 512;               // token budget of one prefill (chunk) step
+  int32_t block_size = 16;                  // tokens per KV page
+  int32_t kv_blocks_per_worker = 0;         // 0: derive from kv_capacity_bytes
+  int64_t kv_capacity_bytes = 256ll << 20;  // per worker when kv_blocks_per_worker == 0
+  int32_t max_num_seqs = 256;               // running sequences per decode worker
+  int32_t max_batch_tokens = 512;           // token budget of one prefill (chunk) step
   // > 0; bound on the delivery of a KV handoff (a decode worker must take the offer within it,
   // else the prefill side reclaims it and the request fails DEADLINE_EXCEEDED). Waiting for room
   // in a full decode pool is back-pressure, bounded by the class queue timeout instead.
   int32_t handoff_timeout_ms = 5000;
-  uint64_t seed = 0;                            // draws per-request seeds when unset
+  uint64_t seed = 0;                                 // draws per-request seeds when unset
   std::vector<SlaClass> sla_classes = {SlaClass{}};  // first one is the default class
 };
 
@@ -73,12 +73,12 @@ struct Request {
   // or "anonymous" without authentication (docs/server.md); empty is a tenant like any other.
   // Carried on the request for per-tenant accounting.
   std::string tenant;
-  std::string prompt;                    // used when prompt_token_ids is empty
-  std::vector<int32_t> prompt_token_ids; // when set, used as is (no BOS added)
+  std::string prompt;                     // used when prompt_token_ids is empty
+  std::vector<int32_t> prompt_token_ids;  // when set, used as is (no BOS added)
   SamplingParams sampling;
-  std::string sla_class;                 // empty: the default class
-  int32_t priority = 0;                  // added to the class priority
-  uint32_t top_logprobs = 0;             // 0..20 alternatives per generated token
+  std::string sla_class;      // empty: the default class
+  int32_t priority = 0;       // added to the class priority
+  uint32_t top_logprobs = 0;  // 0..20 alternatives per generated token
 };
 
 struct TokenLogprob {
@@ -96,7 +96,7 @@ struct Usage {
 // Where a request's time went (milliseconds, monotonic clock).
 struct Timings {
   double queue_ms = 0;
-  double ttft_ms = 0;        // submit -> first token
+  double ttft_ms = 0;  // submit -> first token
   double mean_itl_ms = 0;
   double max_itl_ms = 0;
   double e2e_ms = 0;
@@ -109,14 +109,14 @@ struct Timings {
 
 struct TokenEvent {
   std::string request_id;
-  std::vector<int32_t> token_ids;       // new tokens in this event
-  std::string text;                     // new text in this event
-  std::vector<TokenLogprob> logprobs;   // one per token when top_logprobs was asked (or always 1)
+  std::vector<int32_t> token_ids;      // new tokens in this event
+  std::string text;                    // new text in this event
+  std::vector<TokenLogprob> logprobs;  // one per token when top_logprobs was asked (or always 1)
   std::chrono::steady_clock::time_point time;
   bool final = false;
   // Final event only:
   FinishReason finish_reason = FinishReason::kNone;
-  Status status;                        // non-OK when the request failed (kError / deadline)
+  Status status;  // non-OK when the request failed (kError / deadline)
   Usage usage;
   Timings timings;
 };
@@ -143,7 +143,7 @@ class RequestHandle {
 };
 
 struct PoolStats {
-  std::string name;        // "prefill-0", "decode-1", "colocated-0"
+  std::string name;  // "prefill-0", "decode-1", "colocated-0"
   int32_t kv_blocks_total = 0;
   int32_t kv_blocks_free = 0;
   int32_t running = 0;

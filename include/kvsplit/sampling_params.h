@@ -24,9 +24,9 @@ struct SamplingParams {
   // stops or reaches the context) and its KV cache holds at most prompt + max_tokens - 1
   // positions (the last token is never fed). [1, 2^30].
   int32_t max_tokens = 16;
-  std::vector<std::string> stop;          // <= 16 stop strings, 1..256 bytes of UTF-8 each
-  std::vector<int32_t> stop_token_ids;    // <= 64 extra stop ids (included in output ids)
-  bool ignore_eos = false;          // do not stop on the model's EOS ids
+  std::vector<std::string> stop;        // <= 16 stop strings, 1..256 bytes of UTF-8 each
+  std::vector<int32_t> stop_token_ids;  // <= 64 extra stop ids (included in output ids)
+  bool ignore_eos = false;              // do not stop on the model's EOS ids
 
   // The one set of rules for these fields (the engine, the CLI and the gRPC edge all use it):
   // kInvalidArgument naming the field when a value is out of range. With vocab_size > 0, top_k

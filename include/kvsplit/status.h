@@ -54,15 +54,23 @@ class [[nodiscard]] Status {
 };
 
 inline Status ok_status() { return Status(); }
-inline Status invalid_argument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status invalid_argument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
 inline Status not_found(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status internal_error(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 inline Status unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
-inline Status resource_exhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
-inline Status failed_precondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
+inline Status resource_exhausted(std::string m) {
+  return {StatusCode::kResourceExhausted, std::move(m)};
+}
+inline Status failed_precondition(std::string m) {
+  return {StatusCode::kFailedPrecondition, std::move(m)};
+}
 inline Status out_of_range(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
 inline Status data_loss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
-inline Status deadline_exceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
+inline Status deadline_exceeded(std::string m) {
+  return {StatusCode::kDeadlineExceeded, std::move(m)};
+}
 inline Status cancelled_error(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 inline Status unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 
@@ -70,13 +78,22 @@ template <typename T>
 class [[nodiscard]] StatusOr {
  public:
   StatusOr(Status status) : status_(std::move(status)) { assert(!status_.ok()); }  // NOLINT
-  StatusOr(T value) : value_(std::move(value)) {}                                 // NOLINT
+  StatusOr(T value) : value_(std::move(value)) {}                                  // NOLINT
 
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
-  T& value() & { assert(ok()); return *value_; }
-  const T& value() const& { assert(ok()); return *value_; }
-  T&& value() && { assert(ok()); return std::move(*value_); }
+  T& value() & {
+    assert(ok());
+    return *value_;
+  }
+  const T& value() const& {
+    assert(ok());
+    return *value_;
+  }
+  T&& value() && {
+    assert(ok());
+    return std::move(*value_);
+  }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
@@ -93,10 +110,10 @@ class [[nodiscard]] StatusOr {
 #define KVSPLIT_CONCAT_(a, b) KVSPLIT_CONCAT_INNER_(a, b)
 
 // Returns from the current function when `expr` (a Status) is not OK.
-#define KVSPLIT_RETURN_IF_ERROR(expr)              \
-  do {                                             \
-    ::kvsplit::Status kvsplit_st_ = (expr);        \
-    if (!kvsplit_st_.ok()) return kvsplit_st_;     \
+#define KVSPLIT_RETURN_IF_ERROR(expr)          \
+  do {                                         \
+    ::kvsplit::Status kvsplit_st_ = (expr);    \
+    if (!kvsplit_st_.ok()) return kvsplit_st_; \
   } while (0)
 
 // `KVSPLIT_ASSIGN_OR_RETURN(auto x, f());` unwraps a StatusOr or returns its Status.

@@ -12,7 +12,8 @@ namespace {
 constexpr int kMaxGridYZ = 65535;
 
 Status validate(const PagedAttentionParams& p) {
-  if (p.num_seqs < 0 || p.num_tokens < 0) return invalid_argument("attention: negative num_seqs/num_tokens");
+  if (p.num_seqs < 0 || p.num_tokens < 0)
+    return invalid_argument("attention: negative num_seqs/num_tokens");
   if (p.num_heads <= 0 || p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0)
     return invalid_argument("attention: num_heads " + std::to_string(p.num_heads) +
                             " is not a positive multiple of num_kv_heads " +
@@ -55,29 +56,33 @@ Status launch_typed(const PagedAttentionParams& p, cudaStream_t stream, bool dec
   const size_t one = attn_smem_layout(rows, D, sizeof(KT), 1).total;
   if (p.pipeline_stages == 2 && two > limit) {
     return unimplemented("attention: two pipeline stages need " + std::to_string(two) +
-                         " B of shared memory per block; this device allows " + std::to_string(limit));
+                         " B of shared memory per block; this device allows " +
+                         std::to_string(limit));
   }
   if (one > limit) {
-    return unimplemented("attention: a GQA group of " + std::to_string(group) + " heads with head_dim " +
-                         std::to_string(D) + " needs " + std::to_string(one) +
-                         " B of shared memory per block; this device allows " + std::to_string(limit));
+    return unimplemented(
+        "attention: a GQA group of " + std::to_string(group) + " heads with head_dim " +
+        std::to_string(D) + " needs " + std::to_string(one) +
+        " B of shared memory per block; this device allows " + std::to_string(limit));
   }
   const dim3 grid(grid_x, static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_seqs));
-  const cudaError_t e =
-      two <= limit && p.pipeline_stages != 1
-          ? launch(paged_attention_kernel<KT, D, 2>, grid, dim3(kAttnThreads), two, stream, p,
-                   tokens_per_block, decode ? 1 : 0)
-          : launch(paged_attention_kernel<KT, D, 1>, grid, dim3(kAttnThreads), one, stream, p,
-                   tokens_per_block, decode ? 1 : 0);
+  const cudaError_t e = two <= limit && p.pipeline_stages != 1
+                            ? launch(paged_attention_kernel<KT, D, 2>, grid, dim3(kAttnThreads),
+                                     two, stream, p, tokens_per_block, decode ? 1 : 0)
+                            : launch(paged_attention_kernel<KT, D, 1>, grid, dim3(kAttnThreads),
+                                     one, stream, p, tokens_per_block, decode ? 1 : 0);
   return launch_status(e, decode ? "paged decode attention" : "paged prefill attention");
 }
 
 template <typename KT>
 Status dispatch_head_dim(const PagedAttentionParams& p, cudaStream_t stream, bool decode) {
   switch (p.head_dim) {
-    case 8: return launch_typed<KT, 8>(p, stream, decode);  // stories260K
-    case 64: return launch_typed<KT, 64>(p, stream, decode);
-    case 128: return launch_typed<KT, 128>(p, stream, decode);
+    case 8:
+      return launch_typed<KT, 8>(p, stream, decode);  // stories260K
+    case 64:
+      return launch_typed<KT, 64>(p, stream, decode);
+    case 128:
+      return launch_typed<KT, 128>(p, stream, decode);
   }
   return unimplemented("attention: head_dim " + std::to_string(p.head_dim) + " is not compiled");
 }
@@ -85,9 +90,12 @@ Status dispatch_head_dim(const PagedAttentionParams& p, cudaStream_t stream, boo
 // The one dispatch site of the attention family.
 Status dispatch(const PagedAttentionParams& p, cudaStream_t stream, bool decode) {
   switch (p.kv_dtype) {
-    case ElemType::kF32: return dispatch_head_dim<float>(p, stream, decode);
-    case ElemType::kF16: return dispatch_head_dim<__half>(p, stream, decode);
-    case ElemType::kBF16: return dispatch_head_dim<__nv_bfloat16>(p, stream, decode);
+    case ElemType::kF32:
+      return dispatch_head_dim<float>(p, stream, decode);
+    case ElemType::kF16:
+      return dispatch_head_dim<__half>(p, stream, decode);
+    case ElemType::kBF16:
+      return dispatch_head_dim<__nv_bfloat16>(p, stream, decode);
   }
   return invalid_argument("attention: unknown KV dtype");
 }

@@ -40,15 +40,24 @@ KVSPLIT_HOST_DEVICE AttnSmemLayout attn_smem_layout(int rows, int head_dim, int 
                                                     int stages) {
   AttnSmemLayout L;
   int at = 0;
-  L.q = at; at = align16(at + rows * head_dim * 4);       // f32 q * scale  [rows, D]
-  L.o = at; at = align16(at + rows * head_dim * 4);       // f32 accumulators [rows, D]
-  L.s = at; at = align16(at + rows * kAttnTileKeys * 4);  // scores / probs [rows, tile]
-  L.m = at; at = align16(at + rows * 4);
-  L.l = at; at = align16(at + rows * 4);
-  L.alpha = at; at = align16(at + rows * 4);
-  L.blk = at; at = align16(at + stages * kAttnTileKeys * 4);  // physical block ids per tile
-  L.k = at; at = align16(at + stages * kAttnTileKeys * (head_dim * elem_bytes + 16));  // padded
-  L.v = at; at = align16(at + stages * kAttnTileKeys * head_dim * elem_bytes);
+  L.q = at;
+  at = align16(at + rows * head_dim * 4);  // f32 q * scale  [rows, D]
+  L.o = at;
+  at = align16(at + rows * head_dim * 4);  // f32 accumulators [rows, D]
+  L.s = at;
+  at = align16(at + rows * kAttnTileKeys * 4);  // scores / probs [rows, tile]
+  L.m = at;
+  at = align16(at + rows * 4);
+  L.l = at;
+  at = align16(at + rows * 4);
+  L.alpha = at;
+  at = align16(at + rows * 4);
+  L.blk = at;
+  at = align16(at + stages * kAttnTileKeys * 4);  // physical block ids per tile
+  L.k = at;
+  at = align16(at + stages * kAttnTileKeys * (head_dim * elem_bytes + 16));  // padded
+  L.v = at;
+  at = align16(at + stages * kAttnTileKeys * head_dim * elem_bytes);
   L.total = at;
   return L;
 }
@@ -121,7 +130,9 @@ __global__ void __launch_bounds__(kAttnThreads)
 
   // Stage `st` of the tile starting at key k0: its block ids (read once from the table), then its
   // K and V rows by cp.async; a page whose id is out of range is flagged and reads as zeros.
-  auto tile_len = [&](int k0) { return key_end - k0 < kAttnTileKeys ? key_end - k0 : kAttnTileKeys; };
+  auto tile_len = [&](int k0) {
+    return key_end - k0 < kAttnTileKeys ? key_end - k0 : kAttnTileKeys;
+  };
   auto load_page_ids = [&](int k0, int st) {
     const int n = tile_len(k0);
     const int first_page = k0 / p.block_size;
@@ -156,7 +167,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     cp_async_commit();
   };
 
-  const int num_tiles = key_end > key_begin ? (key_end - key_begin + kAttnTileKeys - 1) / kAttnTileKeys : 0;
+  const int num_tiles =
+      key_end > key_begin ? (key_end - key_begin + kAttnTileKeys - 1) / kAttnTileKeys : 0;
   if (num_tiles > 0) {
     load_page_ids(key_begin, 0);
     __syncthreads();  // also: q_s, o_s, m_s, l_s are initialised
@@ -203,11 +215,12 @@ __global__ void __launch_bounds__(kAttnThreads)
       for (int t = lane; t < kAttnTileKeys; t += 32) mx = fmaxf(mx, sr[t]);
       mx = warp_max(mx);
       float sum = 0.f;
-      for (int t = lane; t < kAttnTileKeys; t += 32) sum += sr[t] == -INFINITY ? 0.f : expf(sr[t] - mx);
+      for (int t = lane; t < kAttnTileKeys; t += 32)
+        sum += sr[t] == -INFINITY ? 0.f : expf(sr[t] - mx);
       sum = warp_sum(sum);
       float scale_old = 1.f, scale_tile = 0.f;
-      const SoftmaxState merged =
-          softmax_state_merge(SoftmaxState{m_s[r], l_s[r]}, SoftmaxState{mx, sum}, &scale_old, &scale_tile);
+      const SoftmaxState merged = softmax_state_merge(
+          SoftmaxState{m_s[r], l_s[r]}, SoftmaxState{mx, sum}, &scale_old, &scale_tile);
       for (int t = lane; t < kAttnTileKeys; t += 32)
         sr[t] = sr[t] == -INFINITY ? 0.f : expf(sr[t] - mx) * scale_tile;
       __syncwarp();

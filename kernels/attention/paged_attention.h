@@ -59,13 +59,14 @@ bool attention_head_dim_supported(int head_dim);
 // One thread block per (query tile, kv head, sequence) handles the whole GQA group.
 Status launch_paged_prefill(const PagedAttentionParams& p, cudaStream_t stream);
 
-// Decode: one query per sequence (num_tokens == num_seqs, query_start[s] == s). One thread block per
-// (split, kv head, sequence) handling the whole GQA group; a sequence with num_splits[s] == 1
+// Decode: one query per sequence (num_tokens == num_seqs, query_start[s] == s). One thread block
+// per (split, kv head, sequence) handling the whole GQA group; a sequence with num_splits[s] == 1
 // writes `out` directly, others write partial states then launch_merge_states combines them.
 // num_splits == nullptr means no split (max_splits must be 1).
 Status launch_paged_decode(const PagedAttentionParams& p, cudaStream_t stream);
 
-// out[s, h, :] = merge over the num_splits[s] partial states of sequence s (skips s with one split).
+// out[s, h, :] = merge over the num_splits[s] partial states of sequence s (skips s with one
+// split).
 Status launch_merge_states(const PagedAttentionParams& p, cudaStream_t stream);
 
 }  // namespace kvsplit::kernels

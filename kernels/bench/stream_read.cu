@@ -16,7 +16,8 @@ __global__ void stream_read_kernel(const uint4* data, size_t n, unsigned* sink) 
   if (acc == 0x9e3779b9u) *sink = acc;  // practically never true; keeps the loads alive
 }
 
-Status launch_stream_read(const void* data, size_t bytes, unsigned* sink, int num_sms, cudaStream_t stream) {
+Status launch_stream_read(const void* data, size_t bytes, unsigned* sink, int num_sms,
+                          cudaStream_t stream) {
   if (!data || !sink || bytes % 16 != 0) return invalid_argument("stream_read: bad arguments");
   const unsigned blocks = static_cast<unsigned>(num_sms > 0 ? num_sms * 8 : 1024);
   return launch_status(launch(stream_read_kernel, dim3(blocks), dim3(512), 0, stream,

@@ -10,6 +10,7 @@ namespace kvsplit::kernels {
 
 // Reads `bytes` (a multiple of 16) from device memory `data` with 16-byte loads; writes one value
 // to `sink` (device) only so the loads cannot be removed.
-Status launch_stream_read(const void* data, size_t bytes, unsigned* sink, int num_sms, cudaStream_t stream);
+Status launch_stream_read(const void* data, size_t bytes, unsigned* sink, int num_sms,
+                          cudaStream_t stream);
 
 }  // namespace kvsplit::kernels

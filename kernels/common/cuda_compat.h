@@ -1,6 +1,7 @@
 // The one header kernel sources (*.cuh, *.cu) include for CUDA features. Two builds of the same
 // source:
-//   - nvcc (the real build): the CUDA headers, plus `launch()` = kernel<<<grid, block, smem, stream>>>.
+//   - nvcc (the real build): the CUDA headers, plus `launch()` = kernel<<<grid, block, smem,
+//   stream>>>.
 //   - KVSPLIT_EMULATE_CUDA under g++ (tests/kernels): the emulation harness in kernels/emulation/,
 //     which runs the threads of each block as fibers on the CPU (docs/kernel-emulation.md).
 // Host-only code that merely names a stream includes kernels/common/cuda_stream.h instead.
@@ -44,11 +45,14 @@ template <typename... KArgs, typename... Args>
 cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem_bytes,
                    cudaStream_t stream, Args&&... args) {
   if (smem_bytes > kDefaultDynamicSmemBytes) {
-    const cudaError_t e = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes));
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem_bytes));
     if (e != cudaSuccess) return e;
   }
+  // A .h is formatted as C++, which would split the launch brackets.
+  // clang-format off
   kernel<<<grid, block, smem_bytes, stream>>>(std::forward<Args>(args)...);
+  // clang-format on
   return cudaGetLastError();
 }
 inline std::string launch_error_detail() { return {}; }

@@ -40,7 +40,9 @@ struct Elem<__half> {
 template <>
 struct Elem<__nv_bfloat16> {
   __device__ __forceinline__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-  __device__ __forceinline__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+  __device__ __forceinline__ static __nv_bfloat16 from_float(float x) {
+    return __float2bfloat16_rn(x);
+  }
 };
 
 // 16-byte vector memory access (one 128-bit load/store on the device; memcpy under emulation,

@@ -9,21 +9,29 @@
 
 namespace kvsplit::kernels {
 
-inline uint32_t float_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
-inline float bits_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float bits_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
 // IEEE binary32 -> binary16, round to nearest even, subnormals and overflow handled exactly.
 inline uint16_t float_to_half_bits(float f) {
   const uint32_t u = float_bits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return 0x7fff;                 // NaN (CUDA's canonical NaN)
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;        // rounds to >= 65520 -> inf
-  if (abs < 0x38800000u) {                               // below 2^-14: subnormal half or zero
-    if (abs < 0x33000000u) return sign;                  // < 2^-25 rounds to 0 (ties to even 0)
-    const uint32_t exp = abs >> 23;                      // 102..112
+  if (abs > 0x7f800000u) return 0x7fff;           // NaN (CUDA's canonical NaN)
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520 -> inf
+  if (abs < 0x38800000u) {                        // below 2^-14: subnormal half or zero
+    if (abs < 0x33000000u) return sign;           // < 2^-25 rounds to 0 (ties to even 0)
+    const uint32_t exp = abs >> 23;               // 102..112
     const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - exp;                    // 14..24: value = mant >> shift in units of 2^-24
+    const uint32_t shift = 126 - exp;  // 14..24: value = mant >> shift in units of 2^-24
     uint32_t h = mant >> shift;
     const uint32_t rem = mant & ((1u << shift) - 1);
     const uint32_t halfway = 1u << (shift - 1);

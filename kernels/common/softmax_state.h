@@ -20,7 +20,8 @@ KVSPLIT_HOST_DEVICE SoftmaxState softmax_state_empty() { return SoftmaxState{-IN
 
 // Adds one score. Returns through *scale_old the factor by which the caller must rescale its
 // accumulated o, and through *p the weight of the new value (exp(score - new m)).
-KVSPLIT_HOST_DEVICE void softmax_state_add(SoftmaxState* st, float score, float* scale_old, float* p) {
+KVSPLIT_HOST_DEVICE void softmax_state_add(SoftmaxState* st, float score, float* scale_old,
+                                           float* p) {
   const float m_new = score > st->m ? score : st->m;
   const float a = (st->m == -INFINITY) ? 0.f : expf(st->m - m_new);
   const float b = expf(score - m_new);
@@ -46,8 +47,16 @@ KVSPLIT_HOST_DEVICE float softmax_state_raise_max(SoftmaxState* st, float tile_m
 // o = o_a * (*scale_a) + o_b * (*scale_b) is the merged unnormalized output.
 KVSPLIT_HOST_DEVICE SoftmaxState softmax_state_merge(SoftmaxState a, SoftmaxState b, float* scale_a,
                                                      float* scale_b) {
-  if (b.m == -INFINITY) { *scale_a = 1.f; *scale_b = 0.f; return a; }
-  if (a.m == -INFINITY) { *scale_a = 0.f; *scale_b = 1.f; return b; }
+  if (b.m == -INFINITY) {
+    *scale_a = 1.f;
+    *scale_b = 0.f;
+    return a;
+  }
+  if (a.m == -INFINITY) {
+    *scale_a = 0.f;
+    *scale_b = 1.f;
+    return b;
+  }
   const float m = a.m > b.m ? a.m : b.m;
   const float sa = expf(a.m - m);
   const float sb = expf(b.m - m);

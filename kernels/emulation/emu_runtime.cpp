@@ -130,7 +130,10 @@ void fiber_entry() {
     // Hand over to the next runnable fiber of this round, or back to the scheduler.
     Fiber* next = nullptr;
     for (int i = f->index + 1; i < s.num_threads; ++i) {
-      if (s.fibers[i]->state == FiberState::kRunnable) { next = s.fibers[i].get(); break; }
+      if (s.fibers[i]->state == FiberState::kRunnable) {
+        next = s.fibers[i].get();
+        break;
+      }
     }
     switch_to(&f->uc, next);
   }
@@ -147,7 +150,10 @@ void block_current(FiberState state) {
   f->state = state;
   Fiber* next = nullptr;
   for (int i = f->index + 1; i < s.num_threads; ++i) {
-    if (s.fibers[i]->state == FiberState::kRunnable) { next = s.fibers[i].get(); break; }
+    if (s.fibers[i]->state == FiberState::kRunnable) {
+      next = s.fibers[i].get();
+      break;
+    }
   }
   switch_to(&f->uc, next);
 }
@@ -156,7 +162,8 @@ void init_fiber(Fiber& f) {
   if (!f.map) {
     const size_t page = static_cast<size_t>(getpagesize());
     f.map_bytes = kStackBytes + page;
-    void* p = mmap(nullptr, f.map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* p =
+        mmap(nullptr, f.map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
       std::fprintf(stderr, "kvsplit emulation: cannot map a fiber stack\n");
       std::abort();
@@ -174,8 +181,9 @@ void init_fiber(Fiber& f) {
 
 std::string describe(const Fiber& f) {
   return "thread (" + std::to_string(f.ts.thread_idx.x) + "," + std::to_string(f.ts.thread_idx.y) +
-         "," + std::to_string(f.ts.thread_idx.z) + ") of block (" + std::to_string(f.ts.block_idx.x) +
-         "," + std::to_string(f.ts.block_idx.y) + "," + std::to_string(f.ts.block_idx.z) + ")";
+         "," + std::to_string(f.ts.thread_idx.z) + ") of block (" +
+         std::to_string(f.ts.block_idx.x) + "," + std::to_string(f.ts.block_idx.y) + "," +
+         std::to_string(f.ts.block_idx.z) + ")";
 }
 
 // After a round (no fiber runnable): releases complete warp groups, else a complete block barrier.
@@ -392,9 +400,9 @@ cudaError_t run_grid(KernelThunk thunk, const void* ctx, dim3 grid, dim3 block, 
   unsigned char* smem = s.smem.data();
   for (int i = 0; i < n; ++i) {
     Fiber& f = *s.fibers[i];
-    f.ts.thread_idx = uint3{static_cast<unsigned>(i) % block.x,
-                            static_cast<unsigned>(i) / block.x % block.y,
-                            static_cast<unsigned>(i) / (block.x * block.y)};
+    f.ts.thread_idx =
+        uint3{static_cast<unsigned>(i) % block.x, static_cast<unsigned>(i) / block.x % block.y,
+              static_cast<unsigned>(i) / (block.x * block.y)};
     f.ts.block_dim = block;
     f.ts.grid_dim = grid;
     f.ts.dynamic_smem = smem;
@@ -441,10 +449,14 @@ const std::string& last_error_message() { return t_last_message; }
 
 const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure";
   }
   return "unknown error";
 }

@@ -163,17 +163,21 @@ inline unsigned __activemask() { return 0xffffffffu; }
 
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
-inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  return std::atomic_ref<unsigned>(*p).fetch_add(v);
+}
 inline int atomicMax(int* p, int v) {
   std::atomic_ref<int> a(*p);
   int old = a.load();
-  while (old < v && !a.compare_exchange_weak(old, v)) {}
+  while (old < v && !a.compare_exchange_weak(old, v)) {
+  }
   return old;
 }
 inline float atomicMax(float* p, float v) {
   std::atomic_ref<float> a(*p);
   float old = a.load();
-  while (old < v && !a.compare_exchange_weak(old, v)) {}
+  while (old < v && !a.compare_exchange_weak(old, v)) {
+  }
   return old;
 }
 inline int atomicCAS(int* p, int compare, int val) {

@@ -74,9 +74,10 @@ __global__ void rope_kernel(RopeParams p) {
   const int n = (p.num_heads + p.num_kv_heads) * half_rot;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const int head = i / half_rot, pair = i % half_rot;
-    float* x = head < p.num_heads
-                   ? p.q + (static_cast<int64_t>(t) * p.num_heads + head) * p.head_dim
-                   : p.k + (static_cast<int64_t>(t) * p.num_kv_heads + (head - p.num_heads)) * p.head_dim;
+    float* x =
+        head < p.num_heads
+            ? p.q + (static_cast<int64_t>(t) * p.num_heads + head) * p.head_dim
+            : p.k + (static_cast<int64_t>(t) * p.num_kv_heads + (head - p.num_heads)) * p.head_dim;
     int a = 0, b = 0;
     rope_pair(p.interleaved, p.rotary_dim, pair, &a, &b);
     rope_rotate(x, a, b, pos, p.inv_freq[pair], p.attention_factor);
@@ -86,7 +87,8 @@ __global__ void rope_kernel(RopeParams p) {
 // Grid-stride over n elements.
 __global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, float* out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
     const float g = gate[i];
     out[i] = g / (1.f + expf(-g)) * up[i];
   }
@@ -119,18 +121,30 @@ __global__ void argmax_kernel(const float* logits, int vocab, int32_t* ids) {
   float best_v = NAN;
   int best_i = 0;
   for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-    if (argmax_better(row[i], i, best_v, best_i)) { best_v = row[i]; best_i = i; }
+    if (argmax_better(row[i], i, best_v, best_i)) {
+      best_v = row[i];
+      best_i = i;
+    }
   for (int offset = 16; offset > 0; offset /= 2) {
     const float ov = __shfl_xor_sync(kFullWarpMask, best_v, offset);
     const int oi = __shfl_xor_sync(kFullWarpMask, best_i, offset);
-    if (argmax_better(ov, oi, best_v, best_i)) { best_v = ov; best_i = oi; }
+    if (argmax_better(ov, oi, best_v, best_i)) {
+      best_v = ov;
+      best_i = oi;
+    }
   }
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) { best_vs[warp] = best_v; best_is[warp] = best_i; }
+  if (lane == 0) {
+    best_vs[warp] = best_v;
+    best_is[warp] = best_i;
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w)
-      if (argmax_better(best_vs[w], best_is[w], best_v, best_i)) { best_v = best_vs[w]; best_i = best_is[w]; }
+      if (argmax_better(best_vs[w], best_is[w], best_v, best_i)) {
+        best_v = best_vs[w];
+        best_i = best_is[w];
+      }
     ids[blockIdx.x] = best_i;
   }
 }

@@ -49,26 +49,32 @@ struct RopeParams {
   int num_kv_heads = 0;
   int head_dim = 0;
   int rotary_dim = 0;
-  bool interleaved = true;  // llama2.c pairs (2i, 2i+1); false: HF rotate_half (i, i + rotary_dim/2)
+  bool interleaved =
+      true;  // llama2.c pairs (2i, 2i+1); false: HF rotate_half (i, i + rotary_dim/2)
   float attention_factor = 1.0f;  // multiplies cos and sin (YaRN); finite and > 0
 };
 Status launch_rope(const RopeParams& p, cudaStream_t stream);
 
 // out[i] = silu(gate[i]) * up[i], n elements.
-Status launch_swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
+Status launch_swiglu(const float* gate, const float* up, int64_t n, float* out,
+                     cudaStream_t stream);
 
 // out[t, :] = table[ids[t], :] as f32; table [rows, cols] of `dtype`.
 Status launch_embedding(const int32_t* ids, int num_tokens, const void* table, ElemType dtype,
-                        int64_t rows, int64_t cols, float* out, int* error_flag, cudaStream_t stream);
+                        int64_t rows, int64_t cols, float* out, int* error_flag,
+                        cudaStream_t stream);
 
 // ids[r] = argmax over logits[r, 0..vocab) (lowest index on exact ties; NaN never wins unless the
 // row is all NaN, then 0); logits [num_rows, vocab].
-Status launch_argmax(const float* logits, int num_rows, int vocab, int32_t* ids, cudaStream_t stream);
+Status launch_argmax(const float* logits, int num_rows, int vocab, int32_t* ids,
+                     cudaStream_t stream);
 
 // out[i] = in[i] converted to `dtype` (round to nearest even), n elements.
-Status launch_convert_f32(const float* in, int64_t n, void* out, ElemType dtype, cudaStream_t stream);
+Status launch_convert_f32(const float* in, int64_t n, void* out, ElemType dtype,
+                          cudaStream_t stream);
 
 // out[r, c] += bias[c]; out [rows, cols].
-Status launch_add_bias(float* out, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
+Status launch_add_bias(float* out, const float* bias, int64_t rows, int64_t cols,
+                       cudaStream_t stream);
 
 }  // namespace kvsplit::kernels

@@ -29,7 +29,8 @@ Status validate_sample_params(const SampleRowParams& p) {
     return invalid_argument("sample: top_p must be in (0, 1], got " + std::to_string(p.top_p));
   if (!(p.min_p >= 0.f && p.min_p <= 1.f))
     return invalid_argument("sample: min_p must be in [0, 1], got " + std::to_string(p.min_p));
-  if (p.top_k < 0) return invalid_argument("sample: top_k must be >= 0, got " + std::to_string(p.top_k));
+  if (p.top_k < 0)
+    return invalid_argument("sample: top_k must be >= 0, got " + std::to_string(p.top_k));
   return ok_status();
 }
 

@@ -63,7 +63,8 @@ __device__ __forceinline__ bool sample_candidate(const SampleRow& r, int i, uint
 }
 
 // Block-wide u64 sum; every thread gets it.
-__device__ __forceinline__ unsigned long long sample_block_sum(unsigned long long v, SampleSmem* sm) {
+__device__ __forceinline__ unsigned long long sample_block_sum(unsigned long long v,
+                                                               SampleSmem* sm) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(kFullWarpMask, v, o);
@@ -87,16 +88,25 @@ __device__ __forceinline__ int sample_block_argmax(const float* logits, int voca
   float best_v = NAN;
   int best_i = 0;
   for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-    if (sample_argmax_better(logits[i], i, best_v, best_i)) { best_v = logits[i]; best_i = i; }
+    if (sample_argmax_better(logits[i], i, best_v, best_i)) {
+      best_v = logits[i];
+      best_i = i;
+    }
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) {
     const float ov = __shfl_xor_sync(kFullWarpMask, best_v, o);
     const int oi = __shfl_xor_sync(kFullWarpMask, best_i, o);
-    if (sample_argmax_better(ov, oi, best_v, best_i)) { best_v = ov; best_i = oi; }
+    if (sample_argmax_better(ov, oi, best_v, best_i)) {
+      best_v = ov;
+      best_i = oi;
+    }
   }
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
   __syncthreads();
-  if (lane == 0) { sm->scratch_f[warp] = best_v; sm->scratch_i[warp] = best_i; }
+  if (lane == 0) {
+    sm->scratch_f[warp] = best_v;
+    sm->scratch_i[warp] = best_i;
+  }
   __syncthreads();
   best_v = sm->scratch_f[0];
   best_i = sm->scratch_i[0];
@@ -133,7 +143,10 @@ __device__ uint64_t sample_radix_select(const SampleRow& r, uint64_t lo, bool by
       int chosen = -1;
       for (int d = kSampleRadixBins - 1; d >= 0; --d) {
         const uint64_t v = by_mass ? sm->mass[d] : sm->count[d];
-        if (acc + v > target) { chosen = d; break; }
+        if (acc + v > target) {
+          chosen = d;
+          break;
+        }
         acc += v;
       }
       if (chosen < 0) {
@@ -162,12 +175,15 @@ __device__ uint64_t sample_radix_select(const SampleRow& r, uint64_t lo, bool by
 }
 
 // Total mass of the candidates with key >= lo; with count != nullptr also their number.
-__device__ __forceinline__ uint64_t sample_kept_mass(const SampleRow& r, uint64_t lo, SampleSmem* sm,
-                                                     uint64_t* count) {
+__device__ __forceinline__ uint64_t sample_kept_mass(const SampleRow& r, uint64_t lo,
+                                                     SampleSmem* sm, uint64_t* count) {
   unsigned long long m = 0, n = 0;
   for (int i = threadIdx.x; i < r.vocab; i += blockDim.x) {
     uint64_t key, mass;
-    if (sample_candidate(r, i, &key, &mass) && key >= lo) { m += mass; ++n; }
+    if (sample_candidate(r, i, &key, &mass) && key >= lo) {
+      m += mass;
+      ++n;
+    }
   }
   m = sample_block_sum(m, sm);
   if (count) *count = sample_block_sum(n, sm);

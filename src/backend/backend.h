@@ -39,7 +39,7 @@ enum class RopeStyle : uint8_t {
 struct RopeArgs {
   RopeStyle style = RopeStyle::kInterleaved;
   int head_dim = 0;
-  int rotary_dim = 0;              // dims rotated from the start of each head (== head_dim for Llama)
+  int rotary_dim = 0;  // dims rotated from the start of each head (== head_dim for Llama)
   const float* inv_freq = nullptr;  // device [rotary_dim / 2], scaling already applied by the model
   // Multiplies cos and sin (HF `attention_scaling`): 1 except for YaRN. Finite and > 0.
   float attention_factor = 1.0f;
@@ -166,10 +166,11 @@ class Backend {
   // True when sample_tokens is implemented (the model then picks greedy tokens on the device and
   // copies back 4 bytes per row instead of a vocab-sized logits row).
   virtual bool has_sample_tokens() const { return false; }
-  virtual Status sample_tokens(const float* logits, int num_rows, int vocab, const SamplingRow* rows,
-                               int32_t* ids) {
+  virtual Status sample_tokens(const float* logits, int num_rows, int vocab,
+                               const SamplingRow* rows, int32_t* ids) {
     (void)logits, (void)num_rows, (void)vocab, (void)rows, (void)ids;
-    return unimplemented("backend " + name() + ": sample_tokens is not implemented (sample on the host)");
+    return unimplemented("backend " + name() +
+                         ": sample_tokens is not implemented (sample on the host)");
   }
 };
 
@@ -193,7 +194,8 @@ struct BackendOptions {
 // the number of hardware threads. An unknown or unavailable backend is kInvalidArgument /
 // kUnavailable with a clear message, never a silent fallback.
 StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name, int threads = 0);
-StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name, const BackendOptions& options);
+StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name,
+                                                  const BackendOptions& options);
 // Devices a backend named `name` can use: CUDA's visible devices (0 without a driver or device),
 // 1 for "cpu", 0 for an unknown name.
 int visible_devices(std::string_view name);
@@ -202,13 +204,18 @@ int visible_devices(std::string_view name);
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(Backend* backend, void* ptr, size_t bytes) : backend_(backend), ptr_(ptr), bytes_(bytes) {}
+  DeviceBuffer(Backend* backend, void* ptr, size_t bytes)
+      : backend_(backend), ptr_(ptr), bytes_(bytes) {}
   DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
       reset();
-      backend_ = o.backend_; ptr_ = o.ptr_; bytes_ = o.bytes_;
-      o.backend_ = nullptr; o.ptr_ = nullptr; o.bytes_ = 0;
+      backend_ = o.backend_;
+      ptr_ = o.ptr_;
+      bytes_ = o.bytes_;
+      o.backend_ = nullptr;
+      o.ptr_ = nullptr;
+      o.bytes_ = 0;
     }
     return *this;
   }
@@ -222,10 +229,14 @@ class DeviceBuffer {
   }
   void reset() {
     if (backend_ && ptr_) backend_->free(ptr_);
-    backend_ = nullptr; ptr_ = nullptr; bytes_ = 0;
+    backend_ = nullptr;
+    ptr_ = nullptr;
+    bytes_ = 0;
   }
   template <typename T = void>
-  T* get() const { return static_cast<T*>(ptr_); }
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
   size_t bytes() const { return bytes_; }
 
  private:

@@ -42,7 +42,8 @@ SplitPlan plan_decode_splits(const int32_t* kv_lens, int num_seqs, int num_kv_he
   const int64_t target =
       int64_t{std::max(parallelism, 1)} * std::max(config.work_items_per_unit, 1);
   const int64_t base_items = int64_t{num_seqs} * num_kv_heads;
-  if (num_seqs == 0 || base_items >= target) return make_split_plan(kv_lens, num_seqs, block_size, 0);
+  if (num_seqs == 0 || base_items >= target)
+    return make_split_plan(kv_lens, num_seqs, block_size, 0);
 
   int64_t total_tokens = 0;
   int max_kv_len = 0;

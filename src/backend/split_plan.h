@@ -25,11 +25,11 @@ struct SplitPlanConfig {
 };
 
 struct SplitPlan {
-  int chunk_tokens = 0;                // tokens per split, multiple of block_size
-  std::vector<int32_t> num_splits;     // [num_seqs], >= 1 (a sequence with kv_len 0 gets 1)
-  std::vector<int32_t> split_offset;   // [num_seqs], prefix sum of num_splits
+  int chunk_tokens = 0;               // tokens per split, multiple of block_size
+  std::vector<int32_t> num_splits;    // [num_seqs], >= 1 (a sequence with kv_len 0 gets 1)
+  std::vector<int32_t> split_offset;  // [num_seqs], prefix sum of num_splits
   int total_splits = 0;
-  int max_splits = 0;                  // max over sequences
+  int max_splits = 0;  // max over sequences
 
   int num_seqs() const { return static_cast<int>(num_splits.size()); }
   bool has_splits() const { return max_splits > 1; }

@@ -1,25 +1,24 @@
 // kvsplit: the command-line tool. Subcommands: generate, info, tokenize.
-#include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
 #include "cli/exit_codes.h"
 #include "cli/tokenize.h"
 #include "kv/kv_pool.h"
-#include "sched/batch_generate.h"
 #include "model/default_model.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
+#include "sched/batch_generate.h"
 
 namespace {
 
@@ -94,15 +93,16 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   auto llama = model::LlamaModel::create(*loaded, **backend);
   if (!llama.ok()) return fail(llama.status());
   if (cf.verbose) {
-    spdlog::info("model {} ({} layers, dim {}, vocab {}), backend {}", loaded->source, cfg.num_layers,
-                 cfg.dim, cfg.vocab_size, (*backend)->name());
+    spdlog::info("model {} ({} layers, dim {}, vocab {}), backend {}", loaded->source,
+                 cfg.num_layers, cfg.dim, cfg.vocab_size, (*backend)->name());
   }
 
   std::vector<std::string> prompts = gf.prompts;
   if (prompts.empty()) prompts.emplace_back("");
   const uint64_t base_seed =
-      gf.seed >= 0 ? static_cast<uint64_t>(gf.seed)
-                   : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+      gf.seed >= 0
+          ? static_cast<uint64_t>(gf.seed)
+          : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   std::vector<sched::GenerationInput> inputs(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto ids = loaded->tokenizer->encode(prompts[i], /*add_bos=*/true);
@@ -163,8 +163,8 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   }
   std::cout.flush();
   if (cf.verbose || !gf.json) {
-    std::fprintf(stderr, "%zu prompts, %zu tokens generated in %.3f s (%.1f tok/s)\n", prompts.size(),
-                 generated, secs, secs > 0 ? generated / secs : 0.0);
+    std::fprintf(stderr, "%zu prompts, %zu tokens generated in %.3f s (%.1f tok/s)\n",
+                 prompts.size(), generated, secs, secs > 0 ? generated / secs : 0.0);
   }
   return 0;
 }
@@ -209,7 +209,8 @@ int main(int argc, char** argv) {
 
   CommonFlags gen_common;
   GenerateFlags gf;
-  CLI::App* gen = app.add_subcommand("generate", "generate text for one or more prompts (one batch)");
+  CLI::App* gen =
+      app.add_subcommand("generate", "generate text for one or more prompts (one batch)");
   add_common(gen, gen_common);
   gen->add_option("-p,--prompt", gf.prompts, "prompt (repeatable; several run as one batch)");
   gen->add_option("-n,--max-tokens", gf.max_tokens,
@@ -222,18 +223,23 @@ int main(int argc, char** argv) {
   gen->add_option("--repetition-penalty", gf.repetition_penalty, "HF repetition penalty (1 = off)");
   gen->add_option("--presence-penalty", gf.presence_penalty, "OpenAI presence penalty");
   gen->add_option("--frequency-penalty", gf.frequency_penalty, "OpenAI frequency penalty");
-  gen->add_option("-s,--seed", gf.seed, "RNG seed (prompt i uses seed + i; default: from the clock)");
+  gen->add_option("-s,--seed", gf.seed,
+                  "RNG seed (prompt i uses seed + i; default: from the clock)");
   gen->add_flag("--ignore-eos", gf.ignore_eos, "do not stop on the model's EOS ids");
   gen->add_option("--stop", gf.stop, "stop string (repeatable)");
   gen->add_flag("--json", gf.json, "print one JSON line per prompt");
-  gen->add_option("--block-size", gf.block_size, "KV page size in tokens")->check(CLI::Range(1, 1024));
-  gen->add_option("--max-batch-tokens", gf.max_batch_tokens, "token budget per step")->check(CLI::PositiveNumber);
-  gen->add_option("--split-chunk", gf.split_chunk,
-                  "force decode split-K chunks of this many tokens (0 = no split; default: planner)");
-  gen->add_option("--weight-dtype", gf.weight_dtype,
-                  "weight storage on the device: auto (the backend's default; cuda: bf16), f32, bf16 "
-                  "or f16. The cpu backend accepts auto and f32, which change nothing there (it keeps "
-                  "f32 weights f32 and the file's 16-bit weights 16-bit); bf16/f16 are cuda only")
+  gen->add_option("--block-size", gf.block_size, "KV page size in tokens")
+      ->check(CLI::Range(1, 1024));
+  gen->add_option("--max-batch-tokens", gf.max_batch_tokens, "token budget per step")
+      ->check(CLI::PositiveNumber);
+  gen->add_option(
+      "--split-chunk", gf.split_chunk,
+      "force decode split-K chunks of this many tokens (0 = no split; default: planner)");
+  gen->add_option(
+         "--weight-dtype", gf.weight_dtype,
+         "weight storage on the device: auto (the backend's default; cuda: bf16), f32, bf16 "
+         "or f16. The cpu backend accepts auto and f32, which change nothing there (it keeps "
+         "f32 weights f32 and the file's 16-bit weights 16-bit); bf16/f16 are cuda only")
       ->check(CLI::IsMember({"auto", "f32", "bf16", "f16"}));
 
   CommonFlags info_common;

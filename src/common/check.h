@@ -5,15 +5,16 @@
 #include <cstdlib>
 
 namespace kvsplit::detail {
-[[noreturn]] inline void check_failed(const char* expr, const char* file, int line, const char* msg) {
+[[noreturn]] inline void check_failed(const char* expr, const char* file, int line,
+                                      const char* msg) {
   std::fprintf(stderr, "KVSPLIT_CHECK failed: %s at %s:%d %s\n", expr, file, line, msg ? msg : "");
   std::fflush(stderr);
   std::abort();
 }
 }  // namespace kvsplit::detail
 
-#define KVSPLIT_CHECK(cond)                                                          \
-  do {                                                                               \
+#define KVSPLIT_CHECK(cond)                                                           \
+  do {                                                                                \
     if (!(cond)) ::kvsplit::detail::check_failed(#cond, __FILE__, __LINE__, nullptr); \
   } while (0)
 

@@ -1,7 +1,5 @@
 #include "common/mmap_file.h"
 
-#include "common/file_read.h"
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -9,6 +7,8 @@
 
 #include <cerrno>
 #include <cstring>
+
+#include "common/file_read.h"
 
 namespace kvsplit::common {
 

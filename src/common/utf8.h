@@ -104,11 +104,15 @@ inline bool is_valid(std::string_view s, size_t* bad_offset = nullptr) {
 inline uint32_t code_point(std::string_view s, size_t len) {
   const auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<uint8_t>(s[k])); };
   switch (len) {
-    case 1: return b(0);
-    case 2: return ((b(0) & 0x1Fu) << 6) | (b(1) & 0x3Fu);
-    case 3: return ((b(0) & 0x0Fu) << 12) | ((b(1) & 0x3Fu) << 6) | (b(2) & 0x3Fu);
+    case 1:
+      return b(0);
+    case 2:
+      return ((b(0) & 0x1Fu) << 6) | (b(1) & 0x3Fu);
+    case 3:
+      return ((b(0) & 0x0Fu) << 12) | ((b(1) & 0x3Fu) << 6) | (b(2) & 0x3Fu);
     default:
-      return ((b(0) & 0x07u) << 18) | ((b(1) & 0x3Fu) << 12) | ((b(2) & 0x3Fu) << 6) | (b(3) & 0x3Fu);
+      return ((b(0) & 0x07u) << 18) | ((b(1) & 0x3Fu) << 12) | ((b(2) & 0x3Fu) << 6) |
+             (b(3) & 0x3Fu);
   }
 }
 

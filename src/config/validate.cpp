@@ -10,7 +10,6 @@
 namespace kvsplit::config {
 namespace {
 
-
 // Integers print as integers ("got 2147483647", never "2.14748e+09"); reals in shortest form.
 Status range_error(const std::string& field, const std::string& rule, int64_t got) {
   return invalid_argument(field + ": must be " + rule + ", got " + std::to_string(got));

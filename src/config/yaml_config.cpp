@@ -9,8 +9,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <map>
-#include <sstream>
 #include <set>
+#include <sstream>
 #include <vector>
 
 #include "common/escape.h"
@@ -29,9 +29,7 @@ std::string join(const std::string& path, const std::string& key) {
   const std::string k = escape_for_message(key, 64);
   return path.empty() ? k : path + "." + k;
 }
-std::string quoted(const std::string& value) {
-  return "'" + escape_for_message(value, 64) + "'";
-}
+std::string quoted(const std::string& value) { return "'" + escape_for_message(value, 64) + "'"; }
 
 Status parse_scalar(const YAML::Node& n, const std::string& path, std::string* out) {
   if (!n.IsScalar()) return field_error(path, "must be a string");
@@ -182,7 +180,8 @@ Status read_pools(const YAML::Node& n, EngineConfig* e) {
     e->devices.clear();
     for (size_t i = 0; i < devices.size(); ++i) {
       int32_t d = 0;
-      KVSPLIT_RETURN_IF_ERROR(parse_scalar(devices[i], "pools.devices[" + std::to_string(i) + "]", &d));
+      KVSPLIT_RETURN_IF_ERROR(
+          parse_scalar(devices[i], "pools.devices[" + std::to_string(i) + "]", &d));
       e->devices.push_back(d);
     }
   }
@@ -369,9 +368,10 @@ StatusOr<Config> parse_config(std::string_view yaml_text) {
     YAML::Mark second;
     KVSPLIT_ASSIGN_OR_RETURN(const int docs, DocumentCounter::count(text, &second));
     if (docs > 1) {
-      return invalid_argument("the file holds more than one YAML document (the second starts at "
-                              "line " + std::to_string(second.line + 1) +
-                              "); a config is exactly one document");
+      return invalid_argument(
+          "the file holds more than one YAML document (the second starts at "
+          "line " +
+          std::to_string(second.line + 1) + "); a config is exactly one document");
     }
     const YAML::Node root = docs == 0 ? YAML::Node() : YAML::Load(text);
     StrictWalk walk;

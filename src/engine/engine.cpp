@@ -1,11 +1,11 @@
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <thread>
 
-#include <fmt/format.h>
-
 #include "backend/backend.h"
-#include "common/config_rules.h"
 #include "common/check.h"
+#include "common/config_rules.h"
 #include "common/escape.h"
 #include "common/log.h"
 #include "common/random_id.h"
@@ -47,7 +47,8 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
   std::unique_ptr<EngineImpl> e(new EngineImpl(config));
   model::LoadOptions load_options;
   load_options.tokenizer_path = config.tokenizer;
-  KVSPLIT_ASSIGN_OR_RETURN(model::LoadedModel loaded, model::load_model(config.model, load_options));
+  KVSPLIT_ASSIGN_OR_RETURN(model::LoadedModel loaded,
+                           model::load_model(config.model, load_options));
   if (!loaded.tokenizer) return failed_precondition("Engine: the model has no tokenizer");
   e->loaded_ = std::make_unique<model::LoadedModel>(std::move(loaded));
   const model::ModelConfig& mc = e->loaded_->config;
@@ -82,7 +83,8 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     wo.role = !disagg ? sched::WorkerRole::kColocated
                       : (prefill ? sched::WorkerRole::kPrefill : sched::WorkerRole::kDecode);
     wo.name = !disagg ? fmt::format("colocated-{}", i)
-                      : (prefill ? fmt::format("prefill-{}", i) : fmt::format("decode-{}", i - num_prefill));
+                      : (prefill ? fmt::format("prefill-{}", i)
+                                 : fmt::format("decode-{}", i - num_prefill));
     wo.max_num_seqs = config.max_num_seqs;
     wo.max_batch_tokens = config.max_batch_tokens;
     wo.min_chunk_tokens = std::min(config.block_size, config.max_batch_tokens);
@@ -146,7 +148,8 @@ std::unique_ptr<sched::Sequence> EngineImpl::make_sequence(const Request& reques
   const int32_t last_prompt = ids.back();
   seq->tokens = std::move(ids);
   seq->tokens.reserve(seq->num_prompt + max_generated_tokens(request.sampling));
-  const uint64_t seed = request.sampling.seed.value_or(splitmix64(config_.seed ^ splitmix64(seq->arrival)));
+  const uint64_t seed =
+      request.sampling.seed.value_or(splitmix64(config_.seed ^ splitmix64(seq->arrival)));
   seq->sampler = std::make_unique<sampling::Sampler>(request.sampling, seed);
   seq->sampler->reserve(mc.vocab_size);
   const int max_new =
@@ -157,9 +160,8 @@ std::unique_ptr<sched::Sequence> EngineImpl::make_sequence(const Request& reques
   const sched::Clock::time_point now = sched::Clock::now();
   seq->submit_time = now;
   seq->phase_start = now;
-  seq->queue_deadline =
-      now + std::chrono::duration_cast<sched::Clock::duration>(
-                std::chrono::duration<double, std::milli>(cls.queue_timeout_ms));
+  seq->queue_deadline = now + std::chrono::duration_cast<sched::Clock::duration>(
+                                  std::chrono::duration<double, std::milli>(cls.queue_timeout_ms));
   return seq;
 }
 
@@ -222,7 +224,8 @@ bool EngineImpl::cancel(const std::string& tenant, const std::string& request_id
   shared_.cancel_epoch.fetch_add(1, std::memory_order_acq_rel);
   if (std::unique_ptr<sched::Sequence> seq = router_->remove(key)) {
     const auto now = sched::Clock::now();
-    sched::finish_sequence(*seq, FinishReason::kCancelled, cancelled_error("cancelled"), now, *this);
+    sched::finish_sequence(*seq, FinishReason::kCancelled, cancelled_error("cancelled"), now,
+                           *this);
     return true;
   }
   for (auto& w : workers_) w->wake();
@@ -248,8 +251,12 @@ void EngineImpl::on_final(const sched::Sequence& seq, const TokenEvent& ev) {
       }
       break;
     }
-    case FinishReason::kCancelled: ++cancelled_; break;
-    default: ++failed_; break;
+    case FinishReason::kCancelled:
+      ++cancelled_;
+      break;
+    default:
+      ++failed_;
+      break;
   }
   if (active_.empty()) idle_cv_.notify_all();
 }
@@ -266,7 +273,8 @@ EngineStats EngineImpl::stats() const {
   s.preemptions = shared_.preemptions.load();
   std::lock_guard<std::mutex> lock(mu_);
   s.classes = class_stats_;
-  for (size_t i = 0; i < s.classes.size() && i < queued.size(); ++i) s.classes[i].queued = queued[i];
+  for (size_t i = 0; i < s.classes.size() && i < queued.size(); ++i)
+    s.classes[i].queued = queued[i];
   s.requests_submitted = submitted_;
   s.requests_finished = finished_;
   s.requests_cancelled = cancelled_;
@@ -362,9 +370,8 @@ std::future<sched::CommandReply> EngineImpl::send_command(size_t index,
                         {}});
     return reply;
   }
-  workers_[index]->post_command(std::move(command), [promise](sched::CommandReply r) {
-    promise->set_value(std::move(r));
-  });
+  workers_[index]->post_command(
+      std::move(command), [promise](sched::CommandReply r) { promise->set_value(std::move(r)); });
   return reply;
 }
 

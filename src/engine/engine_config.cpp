@@ -1,7 +1,7 @@
 #include <fmt/format.h>
 
-#include "engine/engine_impl.h"
 #include "common/config_rules.h"
+#include "engine/engine_impl.h"
 
 namespace kvsplit {
 
@@ -23,10 +23,13 @@ Status validate_engine_config(const EngineConfig& c) {
   }
   KVSPLIT_RETURN_IF_ERROR(validate_block_size(c.block_size, "EngineConfig.block_size"));
   if (c.backend == "cuda" && c.block_size != 16) {
-    return unimplemented("EngineConfig.block_size: the CUDA kernels are built for 16-token KV "
-                         "pages, got " + std::to_string(c.block_size));
+    return unimplemented(
+        "EngineConfig.block_size: the CUDA kernels are built for 16-token KV "
+        "pages, got " +
+        std::to_string(c.block_size));
   }
-  if (c.kv_blocks_per_worker < 0) return bad("kv_blocks_per_worker", c.kv_blocks_per_worker, ">= 0");
+  if (c.kv_blocks_per_worker < 0)
+    return bad("kv_blocks_per_worker", c.kv_blocks_per_worker, ">= 0");
   if (c.kv_blocks_per_worker == 0 && c.kv_capacity_bytes <= 0) {
     return bad("kv_capacity_bytes", c.kv_capacity_bytes, "> 0 when kv_blocks_per_worker is 0");
   }

@@ -34,7 +34,9 @@ struct BlockTable {
   int num_tokens = 0;
 
   // Blocks needed to hold `tokens` tokens.
-  static int blocks_for(int tokens, int block_size) { return (tokens + block_size - 1) / block_size; }
+  static int blocks_for(int tokens, int block_size) {
+    return (tokens + block_size - 1) / block_size;
+  }
 };
 
 }  // namespace kvsplit::kv

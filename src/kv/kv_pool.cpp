@@ -19,9 +19,8 @@ int64_t layer_block_bytes(const KvPoolConfig& config, const KvShape& shape) {
 Status validate(const KvPoolConfig& config, const KvShape& shape) {
   if (shape.num_layers <= 0 || shape.num_kv_heads <= 0 || shape.head_dim <= 0) {
     return invalid_argument("KvPool: bad shape (num_layers " + std::to_string(shape.num_layers) +
-                            ", num_kv_heads " + std::to_string(shape.num_kv_heads) +
-                            ", head_dim " + std::to_string(shape.head_dim) +
-                            "); all must be positive");
+                            ", num_kv_heads " + std::to_string(shape.num_kv_heads) + ", head_dim " +
+                            std::to_string(shape.head_dim) + "); all must be positive");
   }
   if (config.block_size <= 0) {
     return invalid_argument("KvPool: block_size must be positive, got " +

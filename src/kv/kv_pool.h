@@ -12,9 +12,9 @@
 namespace kvsplit::kv {
 
 struct KvPoolConfig {
-  int num_blocks = 0;    // 0: derive from capacity_bytes
-  int block_size = 16;   // tokens per page
-  int64_t capacity_bytes = 0;  // used when num_blocks == 0
+  int num_blocks = 0;                           // 0: derive from capacity_bytes
+  int block_size = 16;                          // tokens per page
+  int64_t capacity_bytes = 0;                   // used when num_blocks == 0
   backend::DType dtype = backend::DType::kF32;  // the CPU backend computes with f32 pages
 };
 
@@ -28,8 +28,8 @@ class KvPool {
  public:
   // Allocates the pages on `backend` (which must outlive the pool). kInvalidArgument for a bad
   // config, kResourceExhausted when the device cannot hold it.
-  static StatusOr<std::unique_ptr<KvPool>> create(backend::Backend& backend, const KvPoolConfig& config,
-                                                  const KvShape& shape);
+  static StatusOr<std::unique_ptr<KvPool>> create(backend::Backend& backend,
+                                                  const KvPoolConfig& config, const KvShape& shape);
   ~KvPool();
 
   backend::LayerKv layer(int layer) const;

@@ -17,7 +17,8 @@ DefaultModel resolve_default_model() {
     const fs::path tok = fs::path(d) / "tok512.bin";
     std::error_code ec;
     if (fs::is_regular_file(bin, ec) && fs::is_regular_file(tok, ec)) {
-      return DefaultModel{bin.string(), tok.string(), "default model: stories260K from " + d, false};
+      return DefaultModel{bin.string(), tok.string(), "default model: stories260K from " + d,
+                          false};
     }
   }
   return DefaultModel{"synthetic:stories260k", "",

@@ -25,7 +25,9 @@ std::vector<float> to_f32(const WeightTensor& t) {
   const auto* bytes = static_cast<const uint8_t*>(t.data);
   for (size_t i = 0; i < out.size(); ++i) {
     switch (t.dtype) {
-      case DType::kF32: std::memcpy(&out[i], bytes + 4 * i, 4); break;
+      case DType::kF32:
+        std::memcpy(&out[i], bytes + 4 * i, 4);
+        break;
       case DType::kBF16:
       case DType::kF16: {
         uint16_t h;
@@ -49,18 +51,18 @@ struct LlamaModel::Impl {
   };
   MatrixView embedding;
   MatrixView lm_head;
-  DeviceBuffer final_norm;  // f32 [dim]
-  DeviceBuffer inv_freq;    // f32 [head_dim / 2]
+  DeviceBuffer final_norm;             // f32 [dim]
+  DeviceBuffer inv_freq;               // f32 [head_dim / 2]
   float rope_attention_factor = 1.0f;  // multiplies RoPE's cos and sin (YaRN)
   std::vector<Layer> layers;
 
   // Step scratch, grown on demand (device).
-  DeviceBuffer act;    // all activations of one step, carved below
+  DeviceBuffer act;  // all activations of one step, carved below
   size_t act_tokens = 0;
   size_t act_rows = 0;
-  DeviceBuffer meta;   // int32 metadata of one step
+  DeviceBuffer meta;  // int32 metadata of one step
   size_t meta_ints = 0;
-  DeviceBuffer ids;    // int32 greedy ids of one step (backends with sample_tokens)
+  DeviceBuffer ids;  // int32 greedy ids of one step (backends with sample_tokens)
   size_t ids_cap = 0;
 };
 
@@ -69,7 +71,8 @@ LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend)
 
 LlamaModel::~LlamaModel() = default;
 
-StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::create(const LoadedModel& model, Backend& backend) {
+StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::create(const LoadedModel& model,
+                                                         Backend& backend) {
   const ModelConfig& c = model.config;
   if (c.dim <= 0 || c.num_layers <= 0 || c.num_heads <= 0 || c.num_kv_heads <= 0 ||
       c.head_dim <= 0 || c.vocab_size <= 0 || c.hidden_dim <= 0 || c.max_seq_len <= 0) {
@@ -95,22 +98,27 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::create(const LoadedModel& mode
     }
     return backend.upload_matrix(t.data, t.dtype, rows, cols);
   };
-  auto upload_vec = [&](const WeightTensor& t, int64_t n, const char* name) -> StatusOr<DeviceBuffer> {
+  auto upload_vec = [&](const WeightTensor& t, int64_t n,
+                        const char* name) -> StatusOr<DeviceBuffer> {
     if (!t.present()) return invalid_argument(std::string("missing weight ") + name);
     if (t.numel() != n) {
       return invalid_argument(std::string("weight ") + name + " has " + std::to_string(t.numel()) +
                               " elements, expected " + std::to_string(n));
     }
     std::vector<float> host = to_f32(t);
-    KVSPLIT_ASSIGN_OR_RETURN(DeviceBuffer buf, DeviceBuffer::make(backend, host.size() * sizeof(float)));
+    KVSPLIT_ASSIGN_OR_RETURN(DeviceBuffer buf,
+                             DeviceBuffer::make(backend, host.size() * sizeof(float)));
     KVSPLIT_RETURN_IF_ERROR(backend.copy_h2d(buf.get(), host.data(), host.size() * sizeof(float)));
     return buf;
   };
 
   const int64_t dim = c.dim, hidden = c.hidden_dim, qd = c.q_dim(), kvd = c.kv_dim();
-  KVSPLIT_ASSIGN_OR_RETURN(im.embedding, upload_mat(model.weights.embedding, c.vocab_size, dim, "embedding"));
-  if (model.weights.lm_head.present() && model.weights.lm_head.data != model.weights.embedding.data) {
-    KVSPLIT_ASSIGN_OR_RETURN(im.lm_head, upload_mat(model.weights.lm_head, c.vocab_size, dim, "lm_head"));
+  KVSPLIT_ASSIGN_OR_RETURN(im.embedding,
+                           upload_mat(model.weights.embedding, c.vocab_size, dim, "embedding"));
+  if (model.weights.lm_head.present() &&
+      model.weights.lm_head.data != model.weights.embedding.data) {
+    KVSPLIT_ASSIGN_OR_RETURN(im.lm_head,
+                             upload_mat(model.weights.lm_head, c.vocab_size, dim, "lm_head"));
   } else {
     im.lm_head = im.embedding;  // tied
   }
@@ -135,7 +143,8 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::create(const LoadedModel& mode
     }
   }
   const std::vector<float> inv_freq = rope_inv_freq(c);
-  KVSPLIT_ASSIGN_OR_RETURN(im.inv_freq, DeviceBuffer::make(backend, inv_freq.size() * sizeof(float)));
+  KVSPLIT_ASSIGN_OR_RETURN(im.inv_freq,
+                           DeviceBuffer::make(backend, inv_freq.size() * sizeof(float)));
   KVSPLIT_RETURN_IF_ERROR(
       backend.copy_h2d(im.inv_freq.get(), inv_freq.data(), inv_freq.size() * sizeof(float)));
   im.rope_attention_factor = rope_attention_factor(c);
@@ -172,9 +181,11 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   std::vector<int> order;
   order.reserve(seqs.size());
   auto is_decode = [](const SeqStep& s) { return s.tokens.size() == 1 && s.start_pos > 0; };
-  for (size_t i = 0; i < seqs.size(); ++i) if (is_decode(seqs[i])) order.push_back(static_cast<int>(i));
+  for (size_t i = 0; i < seqs.size(); ++i)
+    if (is_decode(seqs[i])) order.push_back(static_cast<int>(i));
   const int num_decode = static_cast<int>(order.size());
-  for (size_t i = 0; i < seqs.size(); ++i) if (!is_decode(seqs[i])) order.push_back(static_cast<int>(i));
+  for (size_t i = 0; i < seqs.size(); ++i)
+    if (!is_decode(seqs[i])) order.push_back(static_cast<int>(i));
   const int num_prefill = static_cast<int>(seqs.size()) - num_decode;
 
   int num_tokens = 0, max_blocks = 1, dec_max_kv = 0, pre_max_kv = 0, pre_max_q = 0;
@@ -186,7 +197,8 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     const int kv_len = s.start_pos + n;
     if (kv_len > c.max_seq_len) {
       return invalid_argument("sequence of " + std::to_string(kv_len) +
-                              " positions exceeds the context length " + std::to_string(c.max_seq_len));
+                              " positions exceeds the context length " +
+                              std::to_string(c.max_seq_len));
     }
     if (static_cast<int64_t>(s.table->blocks.size()) * block_size < kv_len) {
       return invalid_argument("block table holds " + std::to_string(s.table->blocks.size()) +
@@ -204,7 +216,11 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
 
   // ---- metadata ----
   StepMeta meta;
-  auto reserve_ints = [&](size_t n) { size_t off = meta.ints.size(); meta.ints.resize(off + n, 0); return off; };
+  auto reserve_ints = [&](size_t n) {
+    size_t off = meta.ints.size();
+    meta.ints.resize(off + n, 0);
+    return off;
+  };
   meta.token_ids = reserve_ints(num_tokens);
   meta.positions = reserve_ints(num_tokens);
   meta.slots = reserve_ints(num_tokens);
@@ -236,16 +252,21 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
       qstart[j + 1] = t - row0 + n;
       kvlens[j] = kv_len;
       const int nb = kv::BlockTable::blocks_for(kv_len, block_size);
-      for (int b = 0; b < nb; ++b) tables[static_cast<size_t>(j) * max_blocks + b] = s.table->blocks[b];
+      for (int b = 0; b < nb; ++b)
+        tables[static_cast<size_t>(j) * max_blocks + b] = s.table->blocks[b];
       for (int i = 0; i < n; ++i, ++t) {
         const int pos = s.start_pos + i;
         meta.ints[meta.token_ids + t] = s.tokens[i];
         meta.ints[meta.positions + t] = pos;
-        meta.ints[meta.slots + t] = static_cast<int32_t>(
-            kernels::slot_of(s.table->blocks.data(), block_size, pos));
+        meta.ints[meta.slots + t] =
+            static_cast<int32_t>(kernels::slot_of(s.table->blocks.data(), block_size, pos));
       }
-      if (dec) dec_max_kv = std::max(dec_max_kv, kv_len);
-      else { pre_max_kv = std::max(pre_max_kv, kv_len); pre_max_q = std::max(pre_max_q, n); }
+      if (dec)
+        dec_max_kv = std::max(dec_max_kv, kv_len);
+      else {
+        pre_max_kv = std::max(pre_max_kv, kv_len);
+        pre_max_q = std::max(pre_max_q, n);
+      }
     }
     for (size_t i = 0; i < seqs.size(); ++i) {
       const SeqStep& s = seqs[i];
@@ -261,7 +282,8 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   logit_rows.insert(logit_rows.end(), other_rows.begin(), other_rows.end());
   const int num_rows = static_cast<int>(logit_rows.size());
   if (num_argmax > 0 && ids == nullptr) return invalid_argument("kArgmax steps need an ids output");
-  if (num_rows > num_argmax && logits == nullptr) return invalid_argument("logits rows need a logits output");
+  if (num_rows > num_argmax && logits == nullptr)
+    return invalid_argument("logits rows need a logits output");
   meta.logit_rows = reserve_ints(std::max(num_rows, 1));
   std::copy(logit_rows.begin(), logit_rows.end(), meta.ints.begin() + meta.logit_rows);
 
@@ -272,7 +294,8 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     KVSPLIT_ASSIGN_OR_RETURN(im.meta, DeviceBuffer::make(be, cap * sizeof(int32_t)));
     im.meta_ints = cap;
   }
-  KVSPLIT_RETURN_IF_ERROR(be.copy_h2d(im.meta.get(), meta.ints.data(), meta.ints.size() * sizeof(int32_t)));
+  KVSPLIT_RETURN_IF_ERROR(
+      be.copy_h2d(im.meta.get(), meta.ints.data(), meta.ints.size() * sizeof(int32_t)));
   const int32_t* dmeta = im.meta.get<int32_t>();
 
   // ---- activations ----
@@ -288,22 +311,27 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     const size_t tokens = std::max<size_t>(T, im.act_tokens);
     const size_t rows = std::max<size_t>(R, im.act_rows);
     im.act_tokens = im.act_rows = 0;  // until the new buffer exists
-    KVSPLIT_ASSIGN_OR_RETURN(im.act, DeviceBuffer::make(be, act_floats(tokens, rows) * sizeof(float)));
+    KVSPLIT_ASSIGN_OR_RETURN(im.act,
+                             DeviceBuffer::make(be, act_floats(tokens, rows) * sizeof(float)));
     im.act_tokens = tokens;
     im.act_rows = rows;
   }
   float* p = im.act.get<float>();
-  auto carve = [&](int64_t n) { float* r = p; p += n; return r; };
-  float* x = carve(T * dim);         // residual stream [T, dim]
-  float* xb = carve(T * dim);        // normed input [T, dim]
-  float* q = carve(T * qd);          // [T, num_heads, head_dim]
-  float* att = carve(T * qd);        // attention output [T, num_heads, head_dim]
-  float* k = carve(T * kvd);         // [T, num_kv_heads, head_dim]
-  float* v = carve(T * kvd);         // [T, num_kv_heads, head_dim]
-  float* hb = carve(T * hidden);     // gate [T, hidden]
-  float* hb2 = carve(T * hidden);    // up [T, hidden]
-  float* xr = carve(R * dim);        // rows that need logits [R, dim]
-  float* xrn = carve(R * dim);       // their final norm [R, dim]
+  auto carve = [&](int64_t n) {
+    float* r = p;
+    p += n;
+    return r;
+  };
+  float* x = carve(T * dim);            // residual stream [T, dim]
+  float* xb = carve(T * dim);           // normed input [T, dim]
+  float* q = carve(T * qd);             // [T, num_heads, head_dim]
+  float* att = carve(T * qd);           // attention output [T, num_heads, head_dim]
+  float* k = carve(T * kvd);            // [T, num_kv_heads, head_dim]
+  float* v = carve(T * kvd);            // [T, num_kv_heads, head_dim]
+  float* hb = carve(T * hidden);        // gate [T, hidden]
+  float* hb2 = carve(T * hidden);       // up [T, hidden]
+  float* xr = carve(R * dim);           // rows that need logits [R, dim]
+  float* xrn = carve(R * dim);          // their final norm [R, dim]
   float* lg = carve(R * c.vocab_size);  // logits [R, vocab]
 
   // ---- split-K plan for the decode part ----
@@ -313,7 +341,7 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     plan = options.force_chunk_tokens >= 0
                ? backend::make_split_plan(kvl, num_decode, block_size, options.force_chunk_tokens)
                : backend::plan_decode_splits(kvl, num_decode, c.num_kv_heads, block_size,
-                                        be.parallelism(), options.split);
+                                             be.parallelism(), options.split);
   }
 
   backend::RopeArgs rope;
@@ -354,9 +382,11 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     KVSPLIT_RETURN_IF_ERROR(be.gemm(xb, nt, L.wq, L.bq.get<float>(), q, false));
     KVSPLIT_RETURN_IF_ERROR(be.gemm(xb, nt, L.wk, L.bk.get<float>(), k, false));
     KVSPLIT_RETURN_IF_ERROR(be.gemm(xb, nt, L.wv, L.bv.get<float>(), v, false));
-    KVSPLIT_RETURN_IF_ERROR(be.rope(q, k, dmeta + meta.positions, nt, c.num_heads, c.num_kv_heads, rope));
+    KVSPLIT_RETURN_IF_ERROR(
+        be.rope(q, k, dmeta + meta.positions, nt, c.num_heads, c.num_kv_heads, rope));
     KVSPLIT_RETURN_IF_ERROR(be.kv_append(pool.layer(l), k, v, dmeta + meta.slots, nt));
-    if (num_decode > 0) KVSPLIT_RETURN_IF_ERROR(be.attention_decode(attn_args(pool, l, true), plan));
+    if (num_decode > 0)
+      KVSPLIT_RETURN_IF_ERROR(be.attention_decode(attn_args(pool, l, true), plan));
     if (num_prefill > 0) KVSPLIT_RETURN_IF_ERROR(be.attention_prefill(attn_args(pool, l, false)));
     KVSPLIT_RETURN_IF_ERROR(be.gemm(att, nt, L.wo, nullptr, x, /*accumulate=*/true));
     // Feed-forward block (SwiGLU).
@@ -373,7 +403,8 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     KVSPLIT_RETURN_IF_ERROR(be.copy_d2d(xr + r * dim, x + static_cast<int64_t>(logit_rows[r]) * dim,
                                         dim * sizeof(float)));
   }
-  KVSPLIT_RETURN_IF_ERROR(be.rmsnorm(xr, im.final_norm.get<float>(), num_rows, c.dim, c.norm_eps, xrn));
+  KVSPLIT_RETURN_IF_ERROR(
+      be.rmsnorm(xr, im.final_norm.get<float>(), num_rows, c.dim, c.norm_eps, xrn));
   KVSPLIT_RETURN_IF_ERROR(be.gemm(xrn, num_rows, im.lm_head, nullptr, lg, false));
   const int64_t vocab = c.vocab_size;
   const size_t row_bytes = static_cast<size_t>(vocab) * sizeof(float);
@@ -381,8 +412,8 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   if (num_rows > num_argmax) {
     const size_t old = logits->size();
     logits->resize(old + static_cast<size_t>(num_rows - num_argmax) * vocab);
-    KVSPLIT_RETURN_IF_ERROR(
-        be.copy_d2h(logits->data() + old, lg + num_argmax * vocab, (num_rows - num_argmax) * row_bytes));
+    KVSPLIT_RETURN_IF_ERROR(be.copy_d2h(logits->data() + old, lg + num_argmax * vocab,
+                                        (num_rows - num_argmax) * row_bytes));
   }
   if (num_argmax == 0) return be.synchronize();
   // Rows [0, num_argmax): greedy. On the device when the backend samples, so only their ids

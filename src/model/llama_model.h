@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/split_plan.h"
 #include "kv/block_allocator.h"
 #include "kv/kv_pool.h"
-#include "backend/split_plan.h"
 #include "kvsplit/status.h"
 #include "model/loader.h"
 
@@ -19,8 +19,8 @@ namespace kvsplit::model {
 
 // One sequence's part of a step.
 struct SeqStep {
-  std::span<const int32_t> tokens;   // the tokens fed this step (1 for decode, a chunk for prefill)
-  int start_pos = 0;                 // position of tokens[0] (= tokens already in the KV cache)
+  std::span<const int32_t> tokens;  // the tokens fed this step (1 for decode, a chunk for prefill)
+  int start_pos = 0;                // position of tokens[0] (= tokens already in the KV cache)
   const kv::BlockTable* table = nullptr;  // must already hold start_pos + tokens.size() tokens
   // Which rows of logits to return: kLast (sampling), kAll (teacher-forced scoring), kNone
   // (a chunk of a prompt that is not finished yet), kArgmax (greedy decoding: not the last row's
@@ -30,7 +30,7 @@ struct SeqStep {
 
 struct ForwardOptions {
   backend::SplitPlanConfig split;  // decode split-K planning
-  int force_chunk_tokens = -1;  // >= 0: use make_split_plan with this chunk size (tests)
+  int force_chunk_tokens = -1;     // >= 0: use make_split_plan with this chunk size (tests)
 };
 
 class LlamaModel {

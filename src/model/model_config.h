@@ -48,21 +48,22 @@ struct RopeScaling {
 inline constexpr int64_t kMaxContextLength = int64_t{1} << 24;
 
 struct ModelConfig {
-  std::string architecture;  // "llama2c", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "synthetic"
+  std::string architecture;  // "llama2c", "LlamaForCausalLM", "MistralForCausalLM",
+                             // "Qwen2ForCausalLM", "synthetic"
   int dim = 0;               // hidden_size
   int hidden_dim = 0;        // intermediate_size
   int num_layers = 0;
   int num_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0;          // usually dim / num_heads; HF `head_dim` may differ
+  int head_dim = 0;  // usually dim / num_heads; HF `head_dim` may differ
   int vocab_size = 0;
-  int max_seq_len = 0;       // context length
+  int max_seq_len = 0;  // context length
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
   backend::RopeStyle rope_style = backend::RopeStyle::kInterleaved;
   std::optional<RopeScaling> rope_scaling;  // unset: plain RoPE
   bool tie_word_embeddings = true;
-  bool qkv_bias = false;     // Qwen2
+  bool qkv_bias = false;  // Qwen2
   int32_t bos_token_id = 1;
   std::vector<int32_t> eos_token_ids;  // generation stops on any of these
 

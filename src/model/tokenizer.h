@@ -54,7 +54,8 @@ class Tokenizer {
 // tokenizer_config.json beside a tokenizer.json is read too). `expected_vocab` (> 0) is checked
 // against the file. Errors name the file and the fault (kNotFound, kInvalidArgument for a
 // malformed file, kUnimplemented for a valid file using a component not supported).
-StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path, int expected_vocab = 0);
+StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path,
+                                                    int expected_vocab = 0);
 // The same from the file's bytes in memory; `path` names it in errors and locates side files
 // (tokenizer_config.json beside it, read when present). For the fuzz targets and tests.
 StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer_from_bytes(std::string_view data,

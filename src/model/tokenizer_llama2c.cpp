@@ -132,8 +132,8 @@ class Llama2cTokenizer final : public Tokenizer {
   std::vector<std::string> pieces_;  // [vocab] piece bytes
   std::vector<float> scores_;        // [vocab]
   bool split_at_space_ = false;
-  bpe::PieceMap piece_ids_;          // piece -> id
-  int32_t space_id_ = -1;            // piece " " (the dummy prefix), -1 when absent
+  bpe::PieceMap piece_ids_;  // piece -> id
+  int32_t space_id_ = -1;    // piece " " (the dummy prefix), -1 when absent
 };
 
 template <typename T>

@@ -90,11 +90,18 @@ Status check_weights_finite(const ModelWeights& weights, const std::string& sour
   for (size_t l = 0; l < weights.layers.size(); ++l) {
     const LayerWeights& w = weights.layers[l];
     const std::string at = "layers[" + std::to_string(l) + "].";
-    const std::pair<const WeightTensor*, const char*> all[] = {
-        {&w.attn_norm, "attn_norm"}, {&w.wq, "wq"},         {&w.wk, "wk"},
-        {&w.wv, "wv"},               {&w.wo, "wo"},         {&w.bq, "bq"},
-        {&w.bk, "bk"},               {&w.bv, "bv"},         {&w.ffn_norm, "ffn_norm"},
-        {&w.w_gate, "w_gate"},       {&w.w_up, "w_up"},     {&w.w_down, "w_down"}};
+    const std::pair<const WeightTensor*, const char*> all[] = {{&w.attn_norm, "attn_norm"},
+                                                               {&w.wq, "wq"},
+                                                               {&w.wk, "wk"},
+                                                               {&w.wv, "wv"},
+                                                               {&w.wo, "wo"},
+                                                               {&w.bq, "bq"},
+                                                               {&w.bk, "bk"},
+                                                               {&w.bv, "bv"},
+                                                               {&w.ffn_norm, "ffn_norm"},
+                                                               {&w.w_gate, "w_gate"},
+                                                               {&w.w_up, "w_up"},
+                                                               {&w.w_down, "w_down"}};
     for (const auto& [t, name] : all) KVSPLIT_RETURN_IF_ERROR(check(*t, at + name));
   }
   KVSPLIT_RETURN_IF_ERROR(check(weights.final_norm, "final_norm"));

@@ -27,18 +27,18 @@ struct WeightTensor {
 };
 
 struct LayerWeights {
-  WeightTensor attn_norm;                 // [dim]
-  WeightTensor wq, wk, wv, wo;            // [q_dim, dim], [kv_dim, dim], [kv_dim, dim], [dim, q_dim]
-  WeightTensor bq, bk, bv;                // [q_dim], [kv_dim], [kv_dim]; present only with qkv_bias
-  WeightTensor ffn_norm;                  // [dim]
-  WeightTensor w_gate, w_up, w_down;      // [hidden, dim], [hidden, dim], [dim, hidden]
+  WeightTensor attn_norm;             // [dim]
+  WeightTensor wq, wk, wv, wo;        // [q_dim, dim], [kv_dim, dim], [kv_dim, dim], [dim, q_dim]
+  WeightTensor bq, bk, bv;            // [q_dim], [kv_dim], [kv_dim]; present only with qkv_bias
+  WeightTensor ffn_norm;              // [dim]
+  WeightTensor w_gate, w_up, w_down;  // [hidden, dim], [hidden, dim], [dim, hidden]
 };
 
 struct ModelWeights {
-  WeightTensor embedding;                 // [vocab, dim]
+  WeightTensor embedding;  // [vocab, dim]
   std::vector<LayerWeights> layers;
-  WeightTensor final_norm;                // [dim]
-  WeightTensor lm_head;                   // [vocab, dim]; aliases `embedding` when tied
+  WeightTensor final_norm;  // [dim]
+  WeightTensor lm_head;     // [vocab, dim]; aliases `embedding` when tied
   // Keep-alive handles for the memory the views point into (mmaps, owned buffers).
   std::vector<std::shared_ptr<const void>> storage;
 };

@@ -25,8 +25,8 @@ Status field_error(const char* field, const std::string& what) {
 // Written as !(ok) so that NaN fails every range check.
 Status in_range(const char* field, float v, float lo, float hi, bool lo_open) {
   if (!(std::isfinite(v) && (lo_open ? v > lo : v >= lo) && v <= hi)) {
-    return field_error(field, fmt::format("must be in {}{}, {}], got {}", lo_open ? "(" : "[", lo,
-                                          hi, v));
+    return field_error(field,
+                       fmt::format("must be in {}{}, {}], got {}", lo_open ? "(" : "[", lo, hi, v));
   }
   return ok_status();
 }
@@ -37,9 +37,10 @@ Status SamplingParams::validate(int32_t vocab_size) const {
   KVSPLIT_RETURN_IF_ERROR(in_range("temperature", temperature, 0.0f, kMaxTemperature, false));
   KVSPLIT_RETURN_IF_ERROR(in_range("top_p", top_p, 0.0f, 1.0f, true));
   if (top_k < 0 || (vocab_size > 0 && top_k > vocab_size)) {
-    return field_error("top_k", vocab_size > 0
-                                    ? fmt::format("must be in [0, {}] (0 = off), got {}", vocab_size, top_k)
-                                    : fmt::format("must be >= 0 (0 = off), got {}", top_k));
+    return field_error("top_k",
+                       vocab_size > 0
+                           ? fmt::format("must be in [0, {}] (0 = off), got {}", vocab_size, top_k)
+                           : fmt::format("must be >= 0 (0 = off), got {}", top_k));
   }
   KVSPLIT_RETURN_IF_ERROR(in_range("min_p", min_p, 0.0f, 1.0f, false));
   KVSPLIT_RETURN_IF_ERROR(
@@ -72,10 +73,11 @@ Status SamplingParams::validate(int32_t vocab_size) const {
   for (size_t i = 0; i < stop_token_ids.size(); ++i) {
     const int32_t id = stop_token_ids[i];
     if (id < 0 || (vocab_size > 0 && id >= vocab_size)) {
-      return field_error("stop_token_ids",
-                         vocab_size > 0
-                             ? fmt::format("stop_token_ids[{}] = {} is not in [0, {})", i, id, vocab_size)
-                             : fmt::format("stop_token_ids[{}] = {} must be >= 0", i, id));
+      return field_error(
+          "stop_token_ids",
+          vocab_size > 0
+              ? fmt::format("stop_token_ids[{}] = {} is not in [0, {})", i, id, vocab_size)
+              : fmt::format("stop_token_ids[{}] = {} must be >= 0", i, id));
     }
   }
   return ok_status();

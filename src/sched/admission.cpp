@@ -1,8 +1,8 @@
 #include "sched/admission.h"
 
-#include <set>
-
 #include <fmt/format.h>
+
+#include <set>
 
 #include "kv/block_allocator.h"
 
@@ -23,8 +23,8 @@ StatusOr<std::vector<int32_t>> prompt_token_ids(const Request& request,
     for (size_t i = 0; i < request.prompt_token_ids.size(); ++i) {
       const int32_t id = request.prompt_token_ids[i];
       if (id < 0 || id >= vocab_size) {
-        return invalid_argument(fmt::format("prompt_token_ids[{}] = {} is outside the vocabulary [0, {})",
-                                            i, id, vocab_size));
+        return invalid_argument(fmt::format(
+            "prompt_token_ids[{}] = {} is outside the vocabulary [0, {})", i, id, vocab_size));
       }
     }
     ids = request.prompt_token_ids;
@@ -32,20 +32,22 @@ StatusOr<std::vector<int32_t>> prompt_token_ids(const Request& request,
     KVSPLIT_ASSIGN_OR_RETURN(ids, tokenizer.encode(request.prompt, /*add_bos=*/true));
     for (int32_t id : ids) {
       if (id < 0 || id >= vocab_size) {
-        return internal_error(fmt::format("tokenizer produced id {} outside the vocabulary [0, {})",
-                                          id, vocab_size));
+        return internal_error(
+            fmt::format("tokenizer produced id {} outside the vocabulary [0, {})", id, vocab_size));
       }
     }
   }
-  if (ids.empty()) return invalid_argument("prompt: empty (no tokens and the tokenizer has no BOS)");
+  if (ids.empty())
+    return invalid_argument("prompt: empty (no tokens and the tokenizer has no BOS)");
   return ids;
 }
 
-Status check_admission(const Request& request, int num_prompt_tokens, const AdmissionLimits& limits) {
+Status check_admission(const Request& request, int num_prompt_tokens,
+                       const AdmissionLimits& limits) {
   KVSPLIT_RETURN_IF_ERROR(request.sampling.validate());
   if (request.top_logprobs > kMaxTopLogprobs) {
-    return invalid_argument(
-        fmt::format("top_logprobs: must be in [0, {}], got {}", kMaxTopLogprobs, request.top_logprobs));
+    return invalid_argument(fmt::format("top_logprobs: must be in [0, {}], got {}", kMaxTopLogprobs,
+                                        request.top_logprobs));
   }
   // KV positions the request can need: the last generated token is never fed.
   const int64_t total = static_cast<int64_t>(num_prompt_tokens) + request.sampling.max_tokens - 1;
@@ -57,11 +59,12 @@ Status check_admission(const Request& request, int num_prompt_tokens, const Admi
   }
   const int64_t blocks = (total + limits.block_size - 1) / limits.block_size;
   if (blocks > limits.kv_blocks_per_worker) {
-    return invalid_argument(fmt::format(
-        "prompt ({} tokens) + max_tokens ({}) - 1 = {} positions need {} KV blocks of {} tokens, more "
-        "than a worker's KV pool holds ({} blocks)",
-        num_prompt_tokens, request.sampling.max_tokens, total, blocks, limits.block_size,
-        limits.kv_blocks_per_worker));
+    return invalid_argument(
+        fmt::format("prompt ({} tokens) + max_tokens ({}) - 1 = {} positions need {} KV blocks of "
+                    "{} tokens, more "
+                    "than a worker's KV pool holds ({} blocks)",
+                    num_prompt_tokens, request.sampling.max_tokens, total, blocks,
+                    limits.block_size, limits.kv_blocks_per_worker));
   }
   return ok_status();
 }

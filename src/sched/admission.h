@@ -14,13 +14,12 @@ namespace kvsplit::sched {
 
 struct AdmissionLimits {
   int vocab_size = 0;
-  int max_context = 0;         // the model's context length (tokens)
-  int block_size = 16;         // tokens per KV page
+  int max_context = 0;           // the model's context length (tokens)
+  int block_size = 16;           // tokens per KV page
   int kv_blocks_per_worker = 0;  // the smallest KvPool a request may have to fit in
 };
 
 inline constexpr uint32_t kMaxTopLogprobs = 20;
-
 
 // Index of the class `name` (empty: 0, the default class), or -1 when unknown.
 int find_sla_class(const std::vector<SlaClass>& classes, const std::string& name);
@@ -32,6 +31,7 @@ StatusOr<std::vector<int32_t>> prompt_token_ids(const Request& request,
 
 // Field checks (sampling params, top_logprobs) and the fit check: the prompt + max_tokens - 1 KV
 // positions the request can need fit the context and one worker's KV pool.
-Status check_admission(const Request& request, int num_prompt_tokens, const AdmissionLimits& limits);
+Status check_admission(const Request& request, int num_prompt_tokens,
+                       const AdmissionLimits& limits);
 
 }  // namespace kvsplit::sched

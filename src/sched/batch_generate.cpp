@@ -1,10 +1,10 @@
 #include "sched/batch_generate.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <memory>
 #include <span>
-
-#include <fmt/format.h>
 
 #include "common/check.h"
 #include "sampling/sampler.h"
@@ -36,9 +36,13 @@ struct SeqState {
 
   int num_output() const { return static_cast<int>(tokens.size()) - num_prompt; }
   // Positions whose KV must exist before the next decode step: prompt + output[:-1].
-  int target() const { return num_output() == 0 ? num_prompt : static_cast<int>(tokens.size()) - 1; }
+  int target() const {
+    return num_output() == 0 ? num_prompt : static_cast<int>(tokens.size()) - 1;
+  }
   bool done() const { return reason != FinishReason::kNone; }
-  std::span<const int32_t> prompt() const { return {tokens.data(), static_cast<size_t>(num_prompt)}; }
+  std::span<const int32_t> prompt() const {
+    return {tokens.data(), static_cast<size_t>(num_prompt)};
+  }
   std::span<const int32_t> output() const {
     return {tokens.data() + num_prompt, static_cast<size_t>(num_output())};
   }
@@ -81,9 +85,9 @@ int blocks_needed(const std::vector<GenerationInput>& inputs, int block_size, in
   int total = 0;
   for (const GenerationInput& in : inputs) {
     // The last generated token is never fed: prompt + max_tokens - 1 positions at most.
-    const int positions = static_cast<int>(std::min<int64_t>(
-        max_seq_len,
-        static_cast<int64_t>(in.prompt_ids.size()) + std::max(0, in.params.max_tokens - 1)));
+    const int positions =
+        static_cast<int>(std::min<int64_t>(max_seq_len, static_cast<int64_t>(in.prompt_ids.size()) +
+                                                            std::max(0, in.params.max_tokens - 1)));
     total += kv::BlockTable::blocks_for(std::max(positions, 1), block_size);
   }
   return total;
@@ -110,7 +114,8 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     // Positions past the prompt are bounded by the context: the last sampled token is never fed.
     const int max_new = std::min(max_generated_tokens(in.params), ctx - s.num_prompt + 1);
     s.stop = std::make_unique<sampling::StopChecker>(in.params, cfg.eos_token_ids, max_new);
-    if (tokenizer) s.decoder = std::make_unique<model::StreamDecoder>(*tokenizer, in.prompt_ids.back());
+    if (tokenizer)
+      s.decoder = std::make_unique<model::StreamDecoder>(*tokenizer, in.prompt_ids.back());
   }
 
   SchedulerConfig sc;

@@ -28,7 +28,7 @@ struct GenerationOutput {
   std::vector<int32_t> output_ids;  // ends with the stop token when the model produced one
   std::string text;                 // generated text (stop strings cut)
   FinishReason finish_reason = FinishReason::kNone;
-  int preemptions = 0;              // times its KV was dropped and recomputed
+  int preemptions = 0;  // times its KV was dropped and recomputed
 };
 
 struct BatchOptions {

@@ -1,9 +1,9 @@
 #include "sched/kv_handoff.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <vector>
-
-#include <fmt/format.h>
 
 namespace kvsplit::sched {
 
@@ -28,18 +28,21 @@ StatusOr<KvCopyRoute> copy_kv_blocks(const kv::KvPool& src, std::span<const int3
                                      kv::KvPool& dst, std::span<const int32_t> dst_blocks) {
   const kv::KvShape& a = src.shape();
   const kv::KvShape& b = dst.shape();
-  if (a.num_layers != b.num_layers || a.num_kv_heads != b.num_kv_heads || a.head_dim != b.head_dim ||
-      src.block_size() != dst.block_size() || src.config().dtype != dst.config().dtype) {
+  if (a.num_layers != b.num_layers || a.num_kv_heads != b.num_kv_heads ||
+      a.head_dim != b.head_dim || src.block_size() != dst.block_size() ||
+      src.config().dtype != dst.config().dtype) {
     return invalid_argument("copy_kv_blocks: source and destination KV pools differ in shape");
   }
   if (src_blocks.size() != dst_blocks.size()) {
-    return invalid_argument(fmt::format("copy_kv_blocks: {} source blocks but {} destination blocks",
-                                        src_blocks.size(), dst_blocks.size()));
+    return invalid_argument(
+        fmt::format("copy_kv_blocks: {} source blocks but {} destination blocks", src_blocks.size(),
+                    dst_blocks.size()));
   }
   backend::Backend& from = src.backend();
   backend::Backend& to = dst.backend();
   const bool same = from.device() == to.device();
-  const KvCopyRoute route = plan_kv_copy(from.device(), to.device(), same || to.can_read_from(from));
+  const KvCopyRoute route =
+      plan_kv_copy(from.device(), to.device(), same || to.can_read_from(from));
   if (a.num_layers == 0 || src_blocks.empty()) return route;
   const size_t block_bytes = static_cast<size_t>(src.bytes_per_block() / a.num_layers);
   std::vector<char> staging;  // kStaged: one run at a time
@@ -53,7 +56,8 @@ StatusOr<KvCopyRoute> copy_kv_blocks(const kv::KvPool& src, std::span<const int3
       const int32_t sb = src_blocks[i];
       const int32_t db = dst_blocks[i];
       if (sb < 0 || sb >= s.num_blocks || db < 0 || db >= d.num_blocks) {
-        return invalid_argument(fmt::format("copy_kv_blocks: block id out of range ({} -> {})", sb, db));
+        return invalid_argument(
+            fmt::format("copy_kv_blocks: block id out of range ({} -> {})", sb, db));
       }
       size_t run = 1;
       while (i + run < src_blocks.size() && src_blocks[i + run] == sb + static_cast<int32_t>(run) &&

@@ -54,11 +54,11 @@ struct HandoffTicket {
 };
 
 struct HandoffOffer {
-  uint64_t handoff_id = 0;          // unique per source worker
-  Worker* source = nullptr;         // receives the HandoffDone
+  uint64_t handoff_id = 0;   // unique per source worker
+  Worker* source = nullptr;  // receives the HandoffDone
   const kv::KvPool* source_pool = nullptr;
-  std::vector<int32_t> source_blocks;  // pinned by the source until HandoffDone
-  int num_tokens = 0;               // tokens of KV in those blocks
+  std::vector<int32_t> source_blocks;     // pinned by the source until HandoffDone
+  int num_tokens = 0;                     // tokens of KV in those blocks
   std::shared_ptr<HandoffTicket> ticket;  // holds the Sequence until the destination receives it
   // Set by the destination on receipt:
   std::unique_ptr<Sequence> seq;    // the request itself (its table is empty in flight)

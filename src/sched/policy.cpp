@@ -40,8 +40,7 @@ int choose_decode_worker(std::span<const DecodeLoad> workers) {
     const int total = std::max(w.kv_blocks_total, 1);
     const double load =
         static_cast<double>(w.kv_blocks_total - w.kv_blocks_free + w.kv_blocks_incoming) / total;
-    if (best < 0 || load < best_load ||
-        (load == best_load && w.running < workers[best].running)) {
+    if (best < 0 || load < best_load || (load == best_load && w.running < workers[best].running)) {
       best = i;
       best_load = load;
     }

@@ -33,9 +33,9 @@ class RequestStream {
   const std::string request_id_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<TokenEvent> events_;            // guarded by mu_
-  std::function<void()> notifier_;           // guarded by mu_
-  bool final_pushed_ = false;                // guarded by mu_
+  std::deque<TokenEvent> events_;   // guarded by mu_
+  std::function<void()> notifier_;  // guarded by mu_
+  bool final_pushed_ = false;       // guarded by mu_
 };
 
 }  // namespace kvsplit

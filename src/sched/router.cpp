@@ -15,8 +15,9 @@ Status Router::push(std::unique_ptr<Sequence>& seq) {
     const int c = seq->class_index;
     KVSPLIT_CHECK(c >= 0);
     if (c < static_cast<int>(queued_.size()) && queued_[c] >= seq->sla.max_queue) {
-      return resource_exhausted(fmt::format("SLA class '{}' queue is full ({} queued, max_queue {})",
-                                            seq->sla.name, queued_[c], seq->sla.max_queue));
+      return resource_exhausted(
+          fmt::format("SLA class '{}' queue is full ({} queued, max_queue {})", seq->sla.name,
+                      queued_[c], seq->sla.max_queue));
     }
     if (c < static_cast<int>(queued_.size())) ++queued_[c];
     const int64_t arrival = seq->arrival;

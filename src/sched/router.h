@@ -58,10 +58,10 @@ class Router {
 
   mutable std::mutex mu_;
   std::vector<SlaClass> classes_;
-  std::vector<int> queued_;                                   // per class
-  std::map<Key, int64_t> by_priority_;                        // -> arrival
+  std::vector<int> queued_;             // per class
+  std::map<Key, int64_t> by_priority_;  // -> arrival
   std::set<std::pair<Clock::time_point, int64_t>> by_deadline_;
-  std::unordered_map<int64_t, Entry> entries_;                // arrival -> entry
+  std::unordered_map<int64_t, Entry> entries_;  // arrival -> entry
   std::unordered_map<RequestKey, int64_t, RequestKeyHash> by_key_;
   std::function<void()> on_push_;
 };

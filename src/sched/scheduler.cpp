@@ -32,8 +32,8 @@ int SchedulerOutput::num_tokens() const {
   return n;
 }
 
-bool Scheduler::can_admit_prompt(int num_prompt, int free_blocks, int total_blocks,
-                                 int num_running, int num_owned) const {
+bool Scheduler::can_admit_prompt(int num_prompt, int free_blocks, int total_blocks, int num_running,
+                                 int num_owned) const {
   if (num_owned >= config_.max_num_seqs) return false;
   const int watermark = num_running == 0 ? 0 : std::max(1, total_blocks / 100);
   return blocks_for(num_prompt, config_.block_size) + watermark <= free_blocks;
@@ -125,8 +125,7 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
     bool blocked = std::any_of(in.waiting.begin(), in.waiting.end(), [&](const SchedSeq& w) {
       return w.num_blocks == 0 && w.priority >= h.priority;
     });
-    blocked = blocked || std::any_of(st.preempted_priorities.begin(),
-                                     st.preempted_priorities.end(),
+    blocked = blocked || std::any_of(st.preempted_priorities.begin(), st.preempted_priorities.end(),
                                      [&](int32_t p) { return p >= h.priority; });
     if (blocked) {
       out.handoff_wait = HandoffWait::kPreemptedFirst;
@@ -145,7 +144,8 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
         break;
       }
       while (st.free < need) {
-        const int v = st.pick_victim([&](const StepState::Run& r) { return r.seq->priority < h.priority; });
+        const int v =
+            st.pick_victim([&](const StepState::Run& r) { return r.seq->priority < h.priority; });
         KVSPLIT_CHECK(v >= 0);
         st.preempt(st.runs[v], PreemptReason::kHandoff, h.id, h.priority, out);
       }

@@ -30,10 +30,10 @@
 namespace kvsplit::sched {
 
 struct SchedulerConfig {
-  int block_size = 16;         // tokens per KV block, >= 1
-  int max_batch_tokens = 512;  // prefill tokens per step (decode tokens too when colocated)
-  int min_chunk_tokens = 16;   // smallest prefill chunk a prompt gets in a step
-  int max_num_seqs = 256;      // sequences a worker owns (running + waiting), >= 1
+  int block_size = 16;            // tokens per KV block, >= 1
+  int max_batch_tokens = 512;     // prefill tokens per step (decode tokens too when colocated)
+  int min_chunk_tokens = 16;      // smallest prefill chunk a prompt gets in a step
+  int max_num_seqs = 256;         // sequences a worker owns (running + waiting), >= 1
   bool decode_in_budget = false;  // colocated: decode tokens count against max_batch_tokens
 };
 
@@ -41,12 +41,12 @@ struct SchedulerConfig {
 // across running, waiting and handoffs.
 struct SchedSeq {
   int id = 0;
-  int32_t priority = 0;        // higher is served first
-  int64_t arrival = 0;         // older (smaller) is served first within a priority
-  int num_computed = 0;        // positions whose KV exists
-  int target = 0;              // waiting only: positions whose KV must exist before it decodes
-                               // (the prompt, or prompt + output[:-1] after a preemption)
-  int num_blocks = 0;          // KV blocks it holds now
+  int32_t priority = 0;            // higher is served first
+  int64_t arrival = 0;             // older (smaller) is served first within a priority
+  int num_computed = 0;            // positions whose KV exists
+  int target = 0;                  // waiting only: positions whose KV must exist before it decodes
+                                   // (the prompt, or prompt + output[:-1] after a preemption)
+  int num_blocks = 0;              // KV blocks it holds now
   int64_t last_prefill_step = -1;  // the step that last gave it a chunk (round robin)
 };
 
@@ -59,18 +59,18 @@ struct SchedHandoff {
 };
 
 struct SchedulerInput {
-  std::span<const SchedSeq> running;        // decoding
-  std::span<const SchedSeq> waiting;        // prefill or recompute
-  std::span<const SchedHandoff> handoffs;   // admitted in this order (no overtaking)
-  int free_blocks = 0;                      // free blocks of the worker's pool
-  int total_blocks = 0;                     // blocks of the whole pool
-  int64_t step = 0;                         // the worker's step number
+  std::span<const SchedSeq> running;       // decoding
+  std::span<const SchedSeq> waiting;       // prefill or recompute
+  std::span<const SchedHandoff> handoffs;  // admitted in this order (no overtaking)
+  int free_blocks = 0;                     // free blocks of the worker's pool
+  int total_blocks = 0;                    // blocks of the whole pool
+  int64_t step = 0;                        // the worker's step number
 };
 
 enum class PreemptReason : uint8_t {
-  kDecodeGrowth,   // a running sequence needed a block and none was free
-  kHandoff,        // a higher-priority handoff needed the blocks
-  kCommand,        // a worker command released its KV (ReleaseKv)
+  kDecodeGrowth,  // a running sequence needed a block and none was free
+  kHandoff,       // a higher-priority handoff needed the blocks
+  kCommand,       // a worker command released its KV (ReleaseKv)
 };
 const char* preempt_reason_name(PreemptReason reason);
 
@@ -78,7 +78,7 @@ struct Preemption {
   int id = 0;
   PreemptReason reason = PreemptReason::kDecodeGrowth;
   int freed_blocks = 0;
-  int for_id = 0;             // the sequence (kDecodeGrowth) or handoff (kHandoff) it made room for
+  int for_id = 0;  // the sequence (kDecodeGrowth) or handoff (kHandoff) it made room for
   int32_t for_priority = 0;
 };
 

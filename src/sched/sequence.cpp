@@ -100,10 +100,10 @@ void finish_sequence(Sequence& seq, FinishReason reason, Status status, Clock::t
   KVSPLIT_CHECK(seq.table.blocks.empty());
   seq.enter_phase(SeqPhase::kDone, now);
   // Text still held back: flushed unless generation ended on a stop string (then it is dropped).
-  if (reason == FinishReason::kLength ||
-      (reason == FinishReason::kStop && seq.num_output() > 0)) {
+  if (reason == FinishReason::kLength || (reason == FinishReason::kStop && seq.num_output() > 0)) {
     const int32_t last = seq.tokens.back();
-    const bool stop_string = reason == FinishReason::kStop &&
+    const bool stop_string =
+        reason == FinishReason::kStop &&
         std::find(seq.params.stop_token_ids.begin(), seq.params.stop_token_ids.end(), last) ==
             seq.params.stop_token_ids.end() &&
         std::find(seq.eos_ids.begin(), seq.eos_ids.end(), last) == seq.eos_ids.end();

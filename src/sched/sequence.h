@@ -15,12 +15,12 @@
 #include <vector>
 
 #include "common/escape.h"
-#include "sched/request_stream.h"
 #include "kv/block_allocator.h"
 #include "kvsplit/engine.h"
 #include "model/tokenizer.h"
 #include "sampling/sampler.h"
 #include "sampling/stop.h"
+#include "sched/request_stream.h"
 
 namespace kvsplit::sched {
 
@@ -58,10 +58,10 @@ enum class SeqPhase : uint8_t { kQueued, kPrefill, kHandoff, kDecode, kPreempted
 
 struct Sequence {
   std::shared_ptr<RequestControl> ctl;
-  int64_t arrival = 0;          // submission order (age: larger = younger)
-  int32_t priority = 0;         // class priority + request priority
+  int64_t arrival = 0;   // submission order (age: larger = younger)
+  int32_t priority = 0;  // class priority + request priority
   int class_index = 0;
-  SlaClass sla;                 // the class settings at submit
+  SlaClass sla;  // the class settings at submit
   SamplingParams params;
   uint32_t top_logprobs = 0;
 
@@ -69,7 +69,7 @@ struct Sequence {
   std::vector<int32_t> tokens;
   int num_prompt = 0;
   int num_computed = 0;
-  kv::BlockTable table;         // blocks in the current owner's KvPool
+  kv::BlockTable table;  // blocks in the current owner's KvPool
 
   std::unique_ptr<sampling::Sampler> sampler;
   std::unique_ptr<sampling::StopChecker> stop;

@@ -25,8 +25,8 @@ class StepModel {
 class LlamaStepModel final : public StepModel {
  public:
   explicit LlamaStepModel(std::unique_ptr<model::LlamaModel> model) : model_(std::move(model)) {}
-  Status forward(std::span<const model::SeqStep> seqs, kv::KvPool& pool,
-                 std::vector<float>* logits, std::vector<int32_t>* ids) override {
+  Status forward(std::span<const model::SeqStep> seqs, kv::KvPool& pool, std::vector<float>* logits,
+                 std::vector<int32_t>* ids) override {
     return model_->forward(seqs, pool, logits, {}, ids);
   }
   int vocab_size() const override { return model_->config().vocab_size; }

@@ -3,10 +3,10 @@
 // worker_handoff.cpp.
 #include "sched/worker.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <limits>
-
-#include <fmt/format.h>
 
 #include "common/check.h"
 #include "common/log.h"
@@ -139,8 +139,8 @@ void Worker::loop() {
     if (!worked) {
       cv_.wait_for(lock, options_.idle_wait, [&] {
         return stop_ || wake_ ||
-               (!dead && (!inbox_offers_.empty() || !inbox_done_.empty() ||
-                          !inbox_commands_.empty()));
+               (!dead &&
+                (!inbox_offers_.empty() || !inbox_done_.empty() || !inbox_commands_.empty()));
       });
       if (stop_) break;
     }
@@ -175,20 +175,21 @@ void Worker::drain_inbox(Clock::time_point now) {
   for (HandoffOffer& o : offers) {
     if (!o.ticket->receive()) {
       // The source gave up on delivery and already failed the request and freed its pages.
-      incoming_blocks_.fetch_sub(
-          kv::BlockTable::blocks_for(o.num_tokens + 1, pool_->block_size()),
-          std::memory_order_relaxed);
+      incoming_blocks_.fetch_sub(kv::BlockTable::blocks_for(o.num_tokens + 1, pool_->block_size()),
+                                 std::memory_order_relaxed);
       continue;
     }
     o.seq = std::move(o.ticket->seq);
-    o.wait_deadline = now + std::chrono::duration_cast<Clock::duration>(
-                                std::chrono::duration<double, std::milli>(o.seq->sla.queue_timeout_ms));
+    o.wait_deadline =
+        now + std::chrono::duration_cast<Clock::duration>(
+                  std::chrono::duration<double, std::milli>(o.seq->sla.queue_timeout_ms));
     pending_.push_back(std::move(o));
   }
   // Admitted by priority, then age (stable: ties keep their arrival order).
-  std::stable_sort(pending_.begin(), pending_.end(), [](const HandoffOffer& a, const HandoffOffer& b) {
-    return serves_before({a.seq->priority, a.seq->arrival}, {b.seq->priority, b.seq->arrival});
-  });
+  std::stable_sort(
+      pending_.begin(), pending_.end(), [](const HandoffOffer& a, const HandoffOffer& b) {
+        return serves_before({a.seq->priority, a.seq->arrival}, {b.seq->priority, b.seq->arrival});
+      });
 }
 
 void Worker::finish(Sequence& seq, FinishReason reason, Status status, Clock::time_point now) {

@@ -41,12 +41,12 @@ enum class WorkerRole : uint8_t { kPrefill, kDecode, kColocated };
 struct WorkerOptions {
   std::string name = "worker-0";
   WorkerRole role = WorkerRole::kColocated;
-  int max_num_seqs = 256;        // sequences owned (prefilling + running), >= 1
-  int max_batch_tokens = 512;    // prefill (chunk) tokens per step, decode tokens included when
-                                 // colocated; prefill always gets at least min_chunk_tokens
-  int min_chunk_tokens = 16;     // smallest prefill chunk a prompt gets in a step
-  int max_prefill_seqs = 16;     // prompts pulled from the router and not yet prefilled; the
-                                 // rest stay queued for other workers
+  int max_num_seqs = 256;      // sequences owned (prefilling + running), >= 1
+  int max_batch_tokens = 512;  // prefill (chunk) tokens per step, decode tokens included when
+                               // colocated; prefill always gets at least min_chunk_tokens
+  int min_chunk_tokens = 16;   // smallest prefill chunk a prompt gets in a step
+  int max_prefill_seqs = 16;   // prompts pulled from the router and not yet prefilled; the
+                               // rest stay queued for other workers
   // Delivery bound of a KV handoff: the destination must receive the offer (at its next step
   // boundary) within this, else the source takes the request back and fails it. Waiting for a
   // free slot / free blocks at the destination is back-pressure and is not bounded by this.
@@ -66,19 +66,19 @@ enum class TestHold : uint8_t { kNone, kForward, kAll };
 
 // Engine-owned state every worker sees; outlives the workers.
 struct WorkerShared {
-  Router* router = nullptr;                // pulled by kPrefill / kColocated
+  Router* router = nullptr;             // pulled by kPrefill / kColocated
   std::vector<Worker*> decode_workers;  // handoff destinations of kPrefill workers
   FinishSink* sink = nullptr;
-  std::atomic<uint64_t> cancel_epoch{0};   // bumped by every Engine::cancel
+  std::atomic<uint64_t> cancel_epoch{0};  // bumped by every Engine::cancel
   std::atomic<int64_t> preemptions{0};
 };
 
 struct WorkerSnapshot {
   PoolStats pool;
   int64_t steps = 0;
-  double forward_ms = 0;       // time in StepModel::forward
-  double sampling_ms = 0;      // sampling, stop checks, detokenization, token events
-  double bookkeeping_ms = 0;   // the rest of the steps: scheduling, admission, handoff, stats
+  double forward_ms = 0;      // time in StepModel::forward
+  double sampling_ms = 0;     // sampling, stop checks, detokenization, token events
+  double bookkeeping_ms = 0;  // the rest of the steps: scheduling, admission, handoff, stats
 };
 
 class Worker {
@@ -121,11 +121,15 @@ class Worker {
     // kSampleRow: this entry returns one logits row to sample from; kSampleArgmax: its greedy
     // token id (picked by the model, on the device where the backend can).
     std::vector<uint8_t> samples;
-    void clear() { steps.clear(); seqs.clear(); samples.clear(); }
+    void clear() {
+      steps.clear();
+      seqs.clear();
+      samples.clear();
+    }
   };
 
   void loop();
-  bool step();  // true when a forward pass ran
+  bool step();                              // true when a forward pass ran
   void drain_inbox(Clock::time_point now);  // HandoffDone releases; receives offers; commands
   Status apply(const WorkerCommand& command, Clock::time_point now);
   WorkerState state() const;
@@ -136,7 +140,8 @@ class Worker {
   void admit_from_router(Clock::time_point now);
   void schedule(Clock::time_point now);
   // logits [rows, vocab] of the kSampleRow entries, ids of the kSampleArgmax ones, in batch order.
-  void postprocess(std::vector<float>& logits, const std::vector<int32_t>& ids, Clock::time_point now);
+  void postprocess(std::vector<float>& logits, const std::vector<int32_t>& ids,
+                   Clock::time_point now);
   void sample_rows(Clock::time_point now);  // sample_jobs_ -> sample_reasons_
   void compact(Clock::time_point now);
   // Scheduler input over the sequences staying in running_ / waiting_ (ids: running index, then
@@ -176,13 +181,13 @@ class Worker {
   std::vector<std::unique_ptr<Sequence>> waiting_;  // need prefill or recompute
   std::vector<std::unique_ptr<Sequence>> running_;  // decoding
   std::vector<std::unique_ptr<Sequence>> scratch_waiting_, scratch_running_;
-  std::deque<HandoffOffer> pending_;                // offers not yet admitted (kDecode/kColocated)
+  std::deque<HandoffOffer> pending_;  // offers not yet admitted (kDecode/kColocated)
   struct Pinned {
-    kv::BlockTable table;                  // the handed-off pages
+    kv::BlockTable table;  // the handed-off pages
     std::shared_ptr<HandoffTicket> ticket;
-    Clock::time_point deliver_by;          // reclaimed if not received by then
+    Clock::time_point deliver_by;  // reclaimed if not received by then
     const Worker* dest = nullptr;
-    std::shared_ptr<RequestControl> ctl;   // the request's cancel flag (the Sequence is not ours)
+    std::shared_ptr<RequestControl> ctl;  // the request's cancel flag (the Sequence is not ours)
   };
   std::unordered_map<uint64_t, Pinned> pinned_;  // handed-off pages awaiting HandoffDone
   int undelivered_ = 0;                          // pinned_ entries not yet seen as received

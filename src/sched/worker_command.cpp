@@ -43,8 +43,9 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
     options_.max_batch_tokens = c.max_batch_tokens;
     options_.min_chunk_tokens = c.min_chunk_tokens;
     options_.max_num_seqs = c.max_num_seqs;
-    KVSPLIT_LOG_INFO("{}: scheduler set to max_batch_tokens {}, min_chunk_tokens {}, max_num_seqs {}",
-                     options_.name, c.max_batch_tokens, c.min_chunk_tokens, c.max_num_seqs);
+    KVSPLIT_LOG_INFO(
+        "{}: scheduler set to max_batch_tokens {}, min_chunk_tokens {}, max_num_seqs {}",
+        options_.name, c.max_batch_tokens, c.min_chunk_tokens, c.max_num_seqs);
     return ok_status();
   }
   if (const auto* r = std::get_if<ReleaseKv>(&command)) {

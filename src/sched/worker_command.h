@@ -44,8 +44,8 @@ struct SequenceState {
   std::string request_id;  // escaped for display
   bool running = false;    // decoding; else waiting for its prefill or a recompute
   int32_t priority = 0;
-  int num_tokens = 0;      // prompt + generated
-  int num_computed = 0;    // positions with KV in the pool
+  int num_tokens = 0;    // prompt + generated
+  int num_computed = 0;  // positions with KV in the pool
   int num_blocks = 0;
   int32_t preemptions = 0;
 };

@@ -3,9 +3,9 @@
 // that were cancelled in flight). Destination side: admit_offers() applies the Scheduler's
 // admissions (a slot and blocks free; back-pressure, not an error, otherwise) and its preemptions
 // for a higher priority. The protocol is described in kv_handoff.h.
-#include <algorithm>
-
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "common/check.h"
 #include "common/log.h"

@@ -1,7 +1,7 @@
 // One worker step: schedule() -> run() (StepModel::forward) -> postprocess(), plus preemption.
-#include <algorithm>
-
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "common/check.h"
 #include "common/log.h"
@@ -61,10 +61,11 @@ bool Worker::step() {
 }
 
 void Worker::preempt(Sequence& seq, const Preemption& why, Clock::time_point now) {
-  KVSPLIT_LOG_WARN("{}: preempting request {} (priority {}) by recompute ({} of a request of "
-                   "priority {}): {} tokens of KV dropped",
-                   options_.name, seq.display_id(), seq.priority, preempt_reason_name(why.reason),
-                   why.for_priority, seq.num_computed);
+  KVSPLIT_LOG_WARN(
+      "{}: preempting request {} (priority {}) by recompute ({} of a request of "
+      "priority {}): {} tokens of KV dropped",
+      options_.name, seq.display_id(), seq.priority, preempt_reason_name(why.reason),
+      why.for_priority, seq.num_computed);
   pool_->release(seq.table);
   seq.table = {};
   seq.num_computed = 0;
@@ -131,8 +132,9 @@ void Worker::schedule(Clock::time_point now) {
     finish(seq, FinishReason::kError,
            internal_error(fmt::format("request {} needs KV for {} tokens, more than the {} "
                                       "blocks of {} tokens of {}",
-                                      seq.display_id(), std::max(seq.prefill_target(), seq.num_computed + 1), total_blocks_,
-                                      pool_->block_size(), options_.name)),
+                                      seq.display_id(),
+                                      std::max(seq.prefill_target(), seq.num_computed + 1),
+                                      total_blocks_, pool_->block_size(), options_.name)),
            now);
   }
   for (const DecodeRow& d : out.decode) {
@@ -209,7 +211,7 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
       }
     }
     const bool in_waiting = seq.phase == SeqPhase::kPrefill || seq.phase == SeqPhase::kPreempted;
-    if (!in_waiting) continue;  // a decode step
+    if (!in_waiting) continue;                              // a decode step
     if (seq.num_computed < seq.prefill_target()) continue;  // more chunks to go
     // Prompt (or recompute) complete.
     if (options_.role == WorkerRole::kPrefill) {
@@ -253,11 +255,20 @@ void Worker::compact(Clock::time_point now) {
     const Sequence::Next next = p->next;
     p->next = Sequence::Next::kStay;
     switch (next) {
-      case Sequence::Next::kStay: scratch_waiting_.push_back(std::move(p)); break;
-      case Sequence::Next::kToRunning: scratch_running_.push_back(std::move(p)); break;
-      case Sequence::Next::kHandoff: handoff(std::move(p), now); break;
-      case Sequence::Next::kToWaiting: scratch_waiting_.push_back(std::move(p)); break;
-      case Sequence::Next::kRemove: break;
+      case Sequence::Next::kStay:
+        scratch_waiting_.push_back(std::move(p));
+        break;
+      case Sequence::Next::kToRunning:
+        scratch_running_.push_back(std::move(p));
+        break;
+      case Sequence::Next::kHandoff:
+        handoff(std::move(p), now);
+        break;
+      case Sequence::Next::kToWaiting:
+        scratch_waiting_.push_back(std::move(p));
+        break;
+      case Sequence::Next::kRemove:
+        break;
     }
   }
   for (std::unique_ptr<Sequence>& p : running_) {
@@ -265,10 +276,17 @@ void Worker::compact(Clock::time_point now) {
     p->next = Sequence::Next::kStay;
     switch (next) {
       case Sequence::Next::kStay:
-      case Sequence::Next::kToRunning: scratch_running_.push_back(std::move(p)); break;
-      case Sequence::Next::kToWaiting: scratch_waiting_.push_back(std::move(p)); break;
-      case Sequence::Next::kHandoff: KVSPLIT_CHECK_MSG(false, "handoff from running"); break;
-      case Sequence::Next::kRemove: break;
+      case Sequence::Next::kToRunning:
+        scratch_running_.push_back(std::move(p));
+        break;
+      case Sequence::Next::kToWaiting:
+        scratch_waiting_.push_back(std::move(p));
+        break;
+      case Sequence::Next::kHandoff:
+        KVSPLIT_CHECK_MSG(false, "handoff from running");
+        break;
+      case Sequence::Next::kRemove:
+        break;
     }
   }
   waiting_.swap(scratch_waiting_);

@@ -3,10 +3,10 @@
 #include <chrono>
 
 #include "common/log.h"
+#include "common/utf8.h"
 #include "server/convert.h"
 #include "server/generation_service.h"
 #include "server/protocol.h"
-#include "common/utf8.h"
 
 namespace kvsplit::server {
 namespace {
@@ -212,7 +212,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   grpc::StatusCode final_code_ = grpc::StatusCode::OK;
   v1::GenerateResponse resp_;  // the message being built; touched only between writes
   grpc::ByteBuffer out_;       // resp_ serialized: the write in flight
-  std::string text_;  // text of the events not yet written
+  std::string text_;           // text of the events not yet written
   std::chrono::steady_clock::time_point last_token_time_;
   bool have_last_ = false;
 };

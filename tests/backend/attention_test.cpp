@@ -2,6 +2,8 @@
 // no split, both equal the oracle), prefill and chunked prefill, NaN checks and bad arguments.
 #include "backend/cpu/attention.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -9,10 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-
-#include "common/thread_pool.h"
 #include "backend/split_plan.h"
+#include "common/thread_pool.h"
 #include "oracle/attention_oracle.h"
 
 namespace kvsplit::backend {
@@ -38,9 +38,18 @@ CaseSpec random_shape(oracle::Rng& rng, uint64_t seed) {
   CaseSpec s;
   s.seed = seed;
   switch (rng.range(0, 2)) {
-    case 0: s.num_kv_heads = rng.range(1, 4); s.num_heads = s.num_kv_heads; break;  // MHA
-    case 1: s.num_kv_heads = rng.range(2, 3); s.num_heads = s.num_kv_heads * (2 << rng.range(0, 2)); break;  // GQA
-    default: s.num_kv_heads = 1; s.num_heads = rng.range(2, 8); break;  // MQA
+    case 0:
+      s.num_kv_heads = rng.range(1, 4);
+      s.num_heads = s.num_kv_heads;
+      break;  // MHA
+    case 1:
+      s.num_kv_heads = rng.range(2, 3);
+      s.num_heads = s.num_kv_heads * (2 << rng.range(0, 2));
+      break;  // GQA
+    default:
+      s.num_kv_heads = 1;
+      s.num_heads = rng.range(2, 8);
+      break;  // MQA
   }
   const int head_dims[] = {8, 64, 80, 128};
   const int block_sizes[] = {1, 8, 16, 32};
@@ -76,7 +85,8 @@ TEST(CpuAttentionDecode, SplitKEqualsNoSplitAndTheOracle) {
     const std::string what = describe(spec);
     const std::vector<double> want = oracle::attention_f32(args);
 
-    const backend::SplitPlan no_split = backend::make_split_plan(c.kv_lens.data(), num_seqs, spec.block_size, 0);
+    const backend::SplitPlan no_split =
+        backend::make_split_plan(c.kv_lens.data(), num_seqs, spec.block_size, 0);
     ASSERT_TRUE(cpu_attention_decode(args, no_split, pool).ok()) << what;
     expect_matches_oracle(c, want, what + " (no split)");
     const std::vector<float> base = c.out;
@@ -85,16 +95,17 @@ TEST(CpuAttentionDecode, SplitKEqualsNoSplitAndTheOracle) {
     const int max_kv = *std::max_element(spec.kv_lens.begin(), spec.kv_lens.end());
     const int max_blocks = (max_kv + spec.block_size - 1) / spec.block_size;
     std::vector<backend::SplitPlan> plans;
-    plans.push_back(backend::make_split_plan(c.kv_lens.data(), num_seqs, spec.block_size, spec.block_size));
+    plans.push_back(
+        backend::make_split_plan(c.kv_lens.data(), num_seqs, spec.block_size, spec.block_size));
     if (max_blocks > 2) {
       const int splits = rng.range(2, std::min(max_blocks, 64));
       plans.push_back(backend::make_split_plan(c.kv_lens.data(), num_seqs, spec.block_size,
-                                          (max_kv + splits - 1) / splits));
+                                               (max_kv + splits - 1) / splits));
     }
     backend::SplitPlanConfig cfg;
     cfg.min_chunk_tokens = 32;
     plans.push_back(backend::plan_decode_splits(c.kv_lens.data(), num_seqs, spec.num_kv_heads,
-                                           spec.block_size, 32, cfg));
+                                                spec.block_size, 32, cfg));
     for (const backend::SplitPlan& plan : plans) {
       std::fill(c.out.begin(), c.out.end(), std::numeric_limits<float>::quiet_NaN());
       ASSERT_TRUE(cpu_attention_decode(args, plan, pool).ok()) << what;
@@ -122,10 +133,17 @@ TEST(CpuAttentionPrefill, MatchesTheOracleIncludingChunkedPrefill) {
       // Full prefill, chunked prefill over a cached prefix, single-token rows, idle sequences.
       int q_len = kv_len;
       switch (rng.range(0, 3)) {
-        case 0: break;
-        case 1: q_len = rng.range(1, kv_len); break;
-        case 2: q_len = 1; break;
-        default: q_len = rng.range(0, std::min(kv_len, 3)); break;
+        case 0:
+          break;
+        case 1:
+          q_len = rng.range(1, kv_len);
+          break;
+        case 2:
+          q_len = 1;
+          break;
+        default:
+          q_len = rng.range(0, std::min(kv_len, 3));
+          break;
       }
       spec.kv_lens.push_back(kv_len);
       spec.q_lens.push_back(q_len);
@@ -170,8 +188,14 @@ TEST(CpuAttention, DeterministicAcrossThreadCountsAndConcurrentCallers) {
   const std::vector<float> single = c1.out;
   // Two callers, each with its own pool (and so its own workspace), at the same time.
   Status s1, s2;
-  std::thread t1([&] { ThreadPool p(2); for (int i = 0; i < 20; ++i) s1 = cpu_attention_decode(c1.args(), plan, p); });
-  std::thread t2([&] { ThreadPool p(3); for (int i = 0; i < 20; ++i) s2 = cpu_attention_decode(c2.args(), plan, p); });
+  std::thread t1([&] {
+    ThreadPool p(2);
+    for (int i = 0; i < 20; ++i) s1 = cpu_attention_decode(c1.args(), plan, p);
+  });
+  std::thread t2([&] {
+    ThreadPool p(3);
+    for (int i = 0; i < 20; ++i) s2 = cpu_attention_decode(c2.args(), plan, p);
+  });
   t1.join();
   t2.join();
   ASSERT_TRUE(s1.ok() && s2.ok());
@@ -191,7 +215,8 @@ TEST(CpuAttention, LargeScoresStayFinite) {
   const backend::SplitPlan plan = backend::make_split_plan(c.kv_lens.data(), 2, 16, 32);
   ASSERT_TRUE(cpu_attention_decode(args, plan, pool).ok());
   // Near-one-hot softmax: compare with an absolute tolerance scaled to the values.
-  const oracle::Comparison cmp = oracle::compare(c.out.data(), oracle::attention_f32(args), 1e-4, 1e-4);
+  const oracle::Comparison cmp =
+      oracle::compare(c.out.data(), oracle::attention_f32(args), 1e-4, 1e-4);
   EXPECT_EQ(cmp.num_nan, 0);
   EXPECT_TRUE(cmp.ok) << cmp.message;
 }

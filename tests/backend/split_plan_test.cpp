@@ -1,10 +1,10 @@
 #include "backend/split_plan.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <numeric>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace kvsplit::backend {
 namespace {
@@ -104,7 +104,8 @@ TEST(PlanDecodeSplits, RespectsCapAndFloor) {
 
 TEST(PlanDecodeSplits, ShortSequencesAreNotSplit) {
   const std::vector<int32_t> kv_lens = {10, 200, 255};
-  const SplitPlan p = plan_decode_splits(kv_lens.data(), 3, 1, 16, 64);  // default floor: 512 tokens
+  const SplitPlan p =
+      plan_decode_splits(kv_lens.data(), 3, 1, 16, 64);  // default floor: 512 tokens
   expect_well_formed(p, kv_lens, 16);
   EXPECT_FALSE(p.has_splits());
 }

@@ -1,16 +1,15 @@
 // The kvsplit binary: generate --json against the goldens (one prompt and a batch), info, the
 // default-model fallback, and clear errors with a non-zero exit status.
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "cli/cli_run.h"
 #include "test_util.h"
@@ -20,7 +19,8 @@ namespace {
 
 std::string model_args(bool hf) {
   return hf ? "--model " + quote(model_path("stories260K-hf"))
-            : "--model " + quote(model_path("stories260K.bin")) + " --tokenizer " + quote(model_path("tok512.bin"));
+            : "--model " + quote(model_path("stories260K.bin")) + " --tokenizer " +
+                  quote(model_path("tok512.bin"));
 }
 
 TEST(CliTest, GenerateJsonMatchesGoldensOnePromptAndBatch) {
@@ -91,8 +91,8 @@ TEST(CliTest, FallsBackToSyntheticAndSaysSo) {
   TempDir dir;
   const std::filesystem::path cwd = dir.path() / "a" / "b";
   std::filesystem::create_directories(cwd);
-  RunResult r = run("generate --prompt hi --max-tokens 3 -t 0 --json", "KVSPLIT_MODELS=" + dir.file("none"),
-                    cwd.string());
+  RunResult r = run("generate --prompt hi --max-tokens 3 -t 0 --json",
+                    "KVSPLIT_MODELS=" + dir.file("none"), cwd.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("synthetic:stories260k"), std::string::npos) << r.err;
   auto lines = json_lines(r.out);
@@ -118,8 +118,9 @@ TEST(CliTest, BadInputsFailClearlyWithExitTwo) {
              "rope_scaling": {"type": "longrope", "factor": 4.0}})";
   r = run("generate --model " + quote(hf.path().string()) + " --prompt x");
   EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_NE(r.err.find(hf.file("config.json") + ": rope_scaling.type = 'longrope' is not supported"),
-            std::string::npos)
+  EXPECT_NE(
+      r.err.find(hf.file("config.json") + ": rope_scaling.type = 'longrope' is not supported"),
+      std::string::npos)
       << r.err;
 
   r = run("generate --no-such-flag");  // CLI11 would exit 109
@@ -141,7 +142,8 @@ TEST(CliTest, BadInputsFailClearlyWithExitTwo) {
   EXPECT_NE(r.err.find("GPT2LMHeadModel"), std::string::npos) << r.err;
 
   if (!have_models()) return;
-  r = run("generate --model " + model_path("stories260K.bin") + " --tokenizer /dev/zero --prompt x");
+  r = run("generate --model " + model_path("stories260K.bin") +
+          " --tokenizer /dev/zero --prompt x");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("tokenizer /dev/zero: is a character device"), std::string::npos) << r.err;
   r = run("generate " + model_args(false) + " --prompt x --temperature -1");

@@ -25,8 +25,13 @@ TEST(Utf8Test, AppendValidHoldsBackOrReplaces) {
   EXPECT_EQ(append_valid("a\xe4\xb8", /*final=*/false, out), 1u);  // the cut tail is kept
   EXPECT_EQ(out, "a");
   out.clear();
-  EXPECT_EQ(append_valid("\xff" "c\xe4", /*final=*/true, out), 3u);
-  EXPECT_EQ(out, "\xef\xbf\xbd" "c\xef\xbf\xbd");
+  EXPECT_EQ(append_valid("\xff"
+                         "c\xe4",
+                         /*final=*/true, out),
+            3u);
+  EXPECT_EQ(out,
+            "\xef\xbf\xbd"
+            "c\xef\xbf\xbd");
   EXPECT_TRUE(is_valid(out));
 }
 

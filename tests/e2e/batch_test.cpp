@@ -1,10 +1,10 @@
 // Batch invariance (mixed prefill and decode steps give the tokens each prompt gets alone),
 // split-K inside the model, context errors and KV accounting.
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "e2e_util.h"
 #include "kernels/model_golden_check.h"
@@ -42,7 +42,8 @@ TEST_P(BatchTest, GoldenPromptsTogetherEqualAlone) {
     sched::BatchOptions bo;
     bo.max_batch_tokens = budget;
     bo.max_new_prompts_per_step = 1;
-    auto out = sched::generate_batch(*engine_->model, *engine_->pool, engine_->loaded.tokenizer.get(), inputs, bo);
+    auto out = sched::generate_batch(*engine_->model, *engine_->pool,
+                                     engine_->loaded.tokenizer.get(), inputs, bo);
     ASSERT_TRUE(out.ok()) << out.status().to_string();
     for (size_t i = 0; i < inputs.size(); ++i) {
       EXPECT_EQ((*out)[i].output_ids, cases[i]["output_token_ids"].get<std::vector<int32_t>>())
@@ -59,8 +60,8 @@ TEST_P(BatchTest, SmallPoolPreemptsAndStillMatchesGoldens) {
   const auto inputs = golden_inputs(*engine_->loaded.tokenizer);
   auto small = make_engine(GetParam(), 2, /*num_blocks=*/24);  // 384 positions for ~2000 needed
   ASSERT_NE(small, nullptr);
-  auto out = sched::generate_batch(*small->model, *small->pool, small->loaded.tokenizer.get(),
-                                   inputs, {});
+  auto out =
+      sched::generate_batch(*small->model, *small->pool, small->loaded.tokenizer.get(), inputs, {});
   ASSERT_TRUE(out.ok()) << out.status().to_string();
   int preemptions = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -120,7 +121,8 @@ TEST_P(BatchTest, ForcedSplitKGivesSameTokens) {
   for (int chunk : {16, 48}) {
     sched::BatchOptions bo;
     bo.forward.force_chunk_tokens = chunk;
-    auto out = sched::generate_batch(*engine_->model, *engine_->pool, engine_->loaded.tokenizer.get(), inputs, bo);
+    auto out = sched::generate_batch(*engine_->model, *engine_->pool,
+                                     engine_->loaded.tokenizer.get(), inputs, bo);
     ASSERT_TRUE(out.ok()) << out.status().to_string();
     for (size_t i = 0; i < inputs.size(); ++i) {
       EXPECT_EQ((*out)[i].output_ids, cases[i]["output_token_ids"].get<std::vector<int32_t>>())
@@ -140,7 +142,8 @@ TEST_P(BatchTest, PromptLongerThanContextIsAnErrorAndLeaksNothing) {
   auto out = sched::generate_batch(*engine_->model, *engine_->pool, nullptr, {ok_in, long_in});
   ASSERT_FALSE(out.ok());
   EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(out.status().message().find("longer than the context"), std::string::npos) << out.status().message();
+  EXPECT_NE(out.status().message().find("longer than the context"), std::string::npos)
+      << out.status().message();
   EXPECT_EQ(engine_->pool->allocator().num_free(), engine_->pool->allocator().num_blocks());
 
   sched::GenerationInput empty_in;

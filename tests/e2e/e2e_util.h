@@ -2,17 +2,17 @@
 // backend, with a KV pool, and a helper to generate a batch.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "backend/backend.h"
 #include "kv/kv_pool.h"
-#include "sched/batch_generate.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
+#include "sched/batch_generate.h"
 #include "test_util.h"
 
 namespace kvsplit::testing {

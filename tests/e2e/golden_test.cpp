@@ -1,10 +1,10 @@
 // End to end on stories260K against llama2.c run.c goldens: greedy generations, logits,
 // teacher-forced NLL and sampled generations, in both model formats.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "e2e_util.h"
 
@@ -32,12 +32,14 @@ TEST_P(GoldenTest, GreedyGenerationsMatchRunC) {
     sched::GenerationInput in;
     in.prompt_ids = *ids;
     in.params = greedy(c["steps"].get<int>() - static_cast<int>(ids->size()) + 1);
-    auto out = sched::generate_batch(*engine_->model, *engine_->pool, engine_->loaded.tokenizer.get(), {in});
+    auto out = sched::generate_batch(*engine_->model, *engine_->pool,
+                                     engine_->loaded.tokenizer.get(), {in});
     ASSERT_TRUE(out.ok()) << out.status().to_string();
     EXPECT_EQ((*out)[0].output_ids, c["output_token_ids"].get<std::vector<int32_t>>())
         << GetParam() << " prompt '" << prompt << "' steps " << c["steps"];
     const std::string reason = c["stop_reason"];
-    EXPECT_EQ((*out)[0].finish_reason, reason == "bos" ? FinishReason::kStop : FinishReason::kLength);
+    EXPECT_EQ((*out)[0].finish_reason,
+              reason == "bos" ? FinishReason::kStop : FinishReason::kLength);
     EXPECT_EQ(engine_->pool->allocator().num_free(), engine_->pool->allocator().num_blocks());
   }
 }
@@ -54,7 +56,8 @@ TEST_P(GoldenTest, LogitsMatchRunC) {
     for (size_t r = 0; r < rows.size(); ++r) {
       const auto want = rows[r]["logits"].get<std::vector<float>>();
       double max_err = 0;
-      for (int v = 0; v < vocab; ++v) max_err = std::max(max_err, std::fabs(double(logits[r * vocab + v]) - want[v]));
+      for (int v = 0; v < vocab; ++v)
+        max_err = std::max(max_err, std::fabs(double(logits[r * vocab + v]) - want[v]));
       EXPECT_LT(max_err, 1e-4) << how << " pos " << r;
     }
   };
@@ -85,7 +88,9 @@ TEST_P(GoldenTest, LogitsMatchRunC) {
       s.table = &table;
       ASSERT_TRUE(engine_->model->forward({&s, 1}, pool, &logits, fo).ok());
     }
-    check(logits, chunk < 0 ? "decode (planner)" : chunk == 0 ? "decode (no split)" : "decode (split)");
+    check(logits, chunk < 0    ? "decode (planner)"
+                  : chunk == 0 ? "decode (no split)"
+                               : "decode (split)");
     pool.release(table);
   }
 }
@@ -142,7 +147,8 @@ TEST_P(GoldenTest, SampledGenerationsMatchRunC) {
     in.params.top_p = c["topp"].get<float>();
     in.params.seed = c["seed"].get<uint64_t>();
     in.params.max_tokens = c["steps"].get<int>() - static_cast<int>(in.prompt_ids.size()) + 1;
-    auto out = sched::generate_batch(*engine_->model, *engine_->pool, engine_->loaded.tokenizer.get(), {in});
+    auto out = sched::generate_batch(*engine_->model, *engine_->pool,
+                                     engine_->loaded.tokenizer.get(), {in});
     ASSERT_TRUE(out.ok()) << out.status().to_string();
     EXPECT_EQ((*out)[0].output_ids, c["output_token_ids"].get<std::vector<int32_t>>())
         << "seed " << c["seed"] << " t " << c["temperature"] << " p " << c["topp"];

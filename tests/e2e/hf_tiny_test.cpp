@@ -13,9 +13,9 @@
 
 #include "backend/backend.h"
 #include "kv/kv_pool.h"
-#include "sched/batch_generate.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
+#include "sched/batch_generate.h"
 #include "test_util.h"
 
 namespace kvsplit::testing {

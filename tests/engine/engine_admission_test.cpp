@@ -1,11 +1,11 @@
 // Admission errors (codes and messages), queue limits and timeouts, priority, SLA class updates,
 // stats, and short-request TTFT with long prompts present.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <atomic>
 #include <set>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "engine/engine_impl.h"
 #include "engine/engine_test_util.h"
@@ -157,7 +157,8 @@ TEST(EngineAdmission, BadConfigIsRejected) {
   cfg.sla_classes = {SlaClass{}, SlaClass{}};
   e = Engine::create(cfg);
   ASSERT_FALSE(e.ok());
-  EXPECT_NE(e.status().message().find("sla_classes.default: duplicate class name"), std::string::npos)
+  EXPECT_NE(e.status().message().find("sla_classes.default: duplicate class name"),
+            std::string::npos)
       << e.status().message();
   cfg = EngineConfig{};
   cfg.model = "/nonexistent/model.bin";
@@ -252,7 +253,8 @@ TEST(EngineAdmission, PriorityOrder) {
   ASSERT_TRUE(hlow.ok() && hhigh.ok());
   e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
   Collected cl = collect(*hlow), ch = collect(*hhigh), cb = collect(*hb);
-  ASSERT_TRUE(cl.final_event.status.ok() && ch.final_event.status.ok() && cb.final_event.status.ok());
+  ASSERT_TRUE(cl.final_event.status.ok() && ch.final_event.status.ok() &&
+              cb.final_event.status.ok());
   EXPECT_LT(cb.final_event.time, ch.final_event.time);
   EXPECT_LT(ch.final_event.time, cl.final_event.time);
 }
@@ -265,14 +267,14 @@ TEST(EngineAdmission, ShortTtftBoundedWithLongPrompts) {
     cfg.max_batch_tokens = 32;
     auto engine = EngineImpl::create(cfg);
     ASSERT_TRUE(engine.ok());
-    const sched::WorkerRole puller = mode == ServingMode::kColocated
-                                         ? sched::WorkerRole::kColocated
-                                         : sched::WorkerRole::kPrefill;
+    const sched::WorkerRole puller = mode == ServingMode::kColocated ? sched::WorkerRole::kColocated
+                                                                     : sched::WorkerRole::kPrefill;
     Request shortr;
     shortr.prompt = "The dog";
     shortr.sampling.max_tokens = 2;
     std::vector<double> alone;
-    for (int i = 0; i < 5; ++i) alone.push_back(collect(*(*engine)->submit(shortr)).final_event.timings.ttft_ms);
+    for (int i = 0; i < 5; ++i)
+      alone.push_back(collect(*(*engine)->submit(shortr)).final_event.timings.ttft_ms);
     std::sort(alone.begin(), alone.end());
     // The long prompts and then the short one are all queued before any prefill runs (held), so
     // the short prompt arrives behind 3 x 320 tokens whatever the machine's speed.

@@ -3,9 +3,9 @@
 // fails them. The waits stay bounded: cancel, the class queue timeout and shutdown end them, and a
 // destination that does not take its offer in time (hung) fails the handoff explicitly.
 // Made deterministic with the workers' test hold (no dependence on the machine's speed).
-#include <thread>
-
 #include <gtest/gtest.h>
+
+#include <thread>
 
 #include "engine/engine_impl.h"
 #include "engine/engine_test_util.h"
@@ -70,7 +70,7 @@ std::vector<Request> mixed_requests(int n, const std::string& prefix) {
 EngineConfig small_decode_config() {
   EngineConfig cfg = testing::stories_config(ServingMode::kDisaggregated);
   cfg.num_decode_workers = 2;
-  cfg.max_num_seqs = 3;           // 6 decode slots in all
+  cfg.max_num_seqs = 3;  // 6 decode slots in all
   // Delivery only (a step boundary of the destination: milliseconds even under TSan); waiting
   // for room is not bounded by it.
   cfg.handoff_timeout_ms = 250;
@@ -80,7 +80,8 @@ EngineConfig small_decode_config() {
 }
 
 // 40 requests for 6 decode slots, held until every one of them is owned by a decode worker and
-// then for longer than handoff_timeout_ms (which used to fail the waiting ones): all finish with their tokens alone, none fails.
+// then for longer than handoff_timeout_ms (which used to fail the waiting ones): all finish with
+// their tokens alone, none fails.
 TEST(EngineBackpressure, FullDecodePoolWaitsInsteadOfFailing) {
   KVSPLIT_REQUIRE_MODELS();
   auto engine = EngineImpl::create(small_decode_config());
@@ -91,7 +92,8 @@ TEST(EngineBackpressure, FullDecodePoolWaitsInsteadOfFailing) {
   std::vector<Collected> alone;
   for (const Request& r : reqs) {
     alone.push_back(collect(*e.submit(r)));
-    ASSERT_TRUE(alone.back().final_event.status.ok()) << alone.back().final_event.status.to_string();
+    ASSERT_TRUE(alone.back().final_event.status.ok())
+        << alone.back().final_event.status.to_string();
   }
 
   e.set_test_hold(WorkerRole::kDecode, TestHold::kForward);
@@ -229,7 +231,8 @@ TEST(EngineBackpressure, ShutdownEndsWaitsForRoom) {
     EXPECT_EQ(c.final_event.finish_reason, FinishReason::kCancelled);
     EXPECT_EQ(c.final_event.status.code(), StatusCode::kUnavailable);
   }
-  for (const PoolStats& p : e.stats().pools) EXPECT_EQ(p.kv_blocks_free, p.kv_blocks_total) << p.name;
+  for (const PoolStats& p : e.stats().pools)
+    EXPECT_EQ(p.kv_blocks_free, p.kv_blocks_total) << p.name;
 }
 
 // A higher-priority handoff preempts lower-priority running sequences when the decode pool has
@@ -299,7 +302,8 @@ TEST(EngineHandoff, UndeliveredOfferIsAnExplicitError) {
   ASSERT_FALSE(c.timed_out);
   EXPECT_EQ(c.final_event.finish_reason, FinishReason::kError);
   EXPECT_EQ(c.final_event.status.code(), StatusCode::kDeadlineExceeded);
-  EXPECT_NE(c.final_event.status.message().find("was not received within 500 ms"), std::string::npos)
+  EXPECT_NE(c.final_event.status.message().find("was not received within 500 ms"),
+            std::string::npos)
       << c.final_event.status.message();
   EXPECT_EQ(c.tokens.size(), 1u);  // the first token was sampled by the prefill worker
   EXPECT_TRUE(testing::pools_back_to(e, initial));  // pinned pages released

@@ -1,11 +1,11 @@
 // The cancel contract: requests cancelled at random instants (queued, mid-prefill, mid-handoff,
 // mid-decode) under load free every block exactly once, nobody deadlocks, and every accepted
 // request gets exactly one final event. Also: shutdown (handoff bounds: engine_backpressure_test).
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <random>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "engine/engine_test_util.h"
 
@@ -61,7 +61,10 @@ TEST_P(EngineCancel, ThousandRandomCancelsLeakNothing) {
     for (int i = 0; i < kRequests; ++i) {
       std::this_thread::sleep_until(t0 + std::chrono::microseconds(i * 600));
       auto h = (*engine)->submit(reqs[i]);
-      if (h.ok()) handles[i] = *h; else submit_errors.fetch_add(1);
+      if (h.ok())
+        handles[i] = *h;
+      else
+        submit_errors.fetch_add(1);
       num_submitted.store(i + 1, std::memory_order_release);
     }
   });
@@ -84,7 +87,10 @@ TEST_P(EngineCancel, ThousandRandomCancelsLeakNothing) {
       TokenEvent ev;
       while (handles[i].try_next(&ev)) {
         progress = true;
-        if (num_finals[i] > 0) { ++after_final[i]; continue; }
+        if (num_finals[i] > 0) {
+          ++after_final[i];
+          continue;
+        }
         tokens[i].insert(tokens[i].end(), ev.token_ids.begin(), ev.token_ids.end());
         if (ev.final) {
           finals[i] = ev;
@@ -164,7 +170,8 @@ TEST_P(EngineCancel, ShutdownFinishesEverything) {
 INSTANTIATE_TEST_SUITE_P(Modes, EngineCancel,
                          ::testing::Values(ServingMode::kColocated, ServingMode::kDisaggregated),
                          [](const auto& info) {
-                           return info.param == ServingMode::kColocated ? "Colocated" : "Disaggregated";
+                           return info.param == ServingMode::kColocated ? "Colocated"
+                                                                        : "Disaggregated";
                          });
 
 }  // namespace

@@ -1,9 +1,9 @@
 // The worker command inbox through EngineImpl::send_command: snapshots, scheduler changes that
 // take effect, KV release with bit-exact recompute, tenant scoping, errors, and after shutdown.
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "engine/engine_impl.h"
 #include "engine/engine_test_util.h"
@@ -55,8 +55,7 @@ TEST(EngineInbox, SnapshotAndErrors) {
             std::string::npos)
       << r.status.message();
   EXPECT_EQ(r.state.scheduler.max_batch_tokens, 128);  // unchanged
-  r = send(**engine, 0,
-           sched::SetSchedulerParams{.max_batch_tokens = 32, .min_chunk_tokens = 64});
+  r = send(**engine, 0, sched::SetSchedulerParams{.max_batch_tokens = 32, .min_chunk_tokens = 64});
   EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status.message().find("min_chunk_tokens: must be in [1, 32], got 64"),
             std::string::npos);
@@ -182,7 +181,7 @@ TEST(EngineDevices, RoundRobinAndHandoffRoutes) {
     const int64_t same = st.handoffs_by_route[static_cast<int>(sched::KvCopyRoute::kSameDevice)];
     const int64_t peer = st.handoffs_by_route[static_cast<int>(sched::KvCopyRoute::kPeer)];
     EXPECT_EQ(st.handoffs_by_route[static_cast<int>(sched::KvCopyRoute::kStaged)], 0);
-    if (st.device == 0) EXPECT_EQ(peer, 0) << st.worker;   // prefill-0 is on device 0 too
+    if (st.device == 0) EXPECT_EQ(peer, 0) << st.worker;  // prefill-0 is on device 0 too
     if (st.device == 1) EXPECT_EQ(same, 0) << st.worker;
     total += same + peer;
   }

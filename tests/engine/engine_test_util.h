@@ -2,11 +2,11 @@
 // of a request's events.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "kvsplit/engine.h"
 #include "test_util.h"

@@ -1,10 +1,9 @@
 // Tokens under load equal tokens alone (greedy and seeded sampling), in both serving modes; the
 // greedy output matches llama2.c run.c's golden.
-#include <thread>
-
 #include <fmt/format.h>
-
 #include <gtest/gtest.h>
+
+#include <thread>
 
 #include "engine/engine_impl.h"
 #include "engine/engine_test_util.h"
@@ -15,8 +14,9 @@ namespace {
 using testing::collect;
 using testing::Collected;
 
-const char* kPrompts[] = {"Once upon a time", "Lily wanted to", "The dog", "One day, a little girl named Sue",
-                          "", "Tom and his mom", "The sun was", "A big red ball"};
+const char* kPrompts[] = {
+    "Once upon a time", "Lily wanted to", "The dog",       "One day, a little girl named Sue", "",
+    "Tom and his mom",  "The sun was",    "A big red ball"};
 
 std::vector<Request> workload(bool sampled, int n) {
   std::vector<Request> out;
@@ -51,7 +51,8 @@ TEST_P(EngineTokens, GreedyMatchesRunCGolden) {
     Request r;
     r.prompt = g["prompt"].get<std::string>();
     r.sampling.temperature = 0;
-    r.sampling.max_tokens = g["steps"].get<int>() - static_cast<int>(g["prompt_token_ids"].size()) + 1;
+    r.sampling.max_tokens =
+        g["steps"].get<int>() - static_cast<int>(g["prompt_token_ids"].size()) + 1;
     auto h = (*engine)->submit(r);
     ASSERT_TRUE(h.ok()) << h.status().to_string();
     Collected c = collect(*h);
@@ -174,7 +175,8 @@ TEST_P(EngineTokens, PreemptionKeepsTokens) {
 INSTANTIATE_TEST_SUITE_P(Modes, EngineTokens,
                          ::testing::Values(ServingMode::kColocated, ServingMode::kDisaggregated),
                          [](const auto& info) {
-                           return info.param == ServingMode::kColocated ? "Colocated" : "Disaggregated";
+                           return info.param == ServingMode::kColocated ? "Colocated"
+                                                                        : "Disaggregated";
                          });
 
 }  // namespace

@@ -58,8 +58,10 @@ TEST(CudaBackend, GemmMatchesCpuForEachWeightType) {
     std::vector<float> got(want.size());
     ASSERT_TRUE(g.copy_d2h(got.data(), dout->get(), got.size() * 4).ok());
     // bf16/f16 round x and w (8 / 11 significant bits); k = 288 terms of magnitude <= 1.
-    const double atol = dt == backend::DType::kF32 ? 1e-4 : (dt == backend::DType::kF16 ? 2e-2 : 1.5e-1);
-    const oracle::Comparison c = oracle::compare(got.data(), std::vector<double>(want.begin(), want.end()), atol, 0);
+    const double atol =
+        dt == backend::DType::kF32 ? 1e-4 : (dt == backend::DType::kF16 ? 2e-2 : 1.5e-1);
+    const oracle::Comparison c =
+        oracle::compare(got.data(), std::vector<double>(want.begin(), want.end()), atol, 0);
     EXPECT_TRUE(c.ok) << backend::dtype_name(dt) << ": " << c.message;
   }
 }

@@ -30,7 +30,7 @@ TEST(CudaModel, Stories260KGreedyGoldensWithF32Weights) {
   ASSERT_NE(be, nullptr);
   auto g = load_golden_model(*be);
   ASSERT_NE(g, nullptr);
-  expect_greedy_goldens(*g, /*max_steps=*/512, /*max_cases=*/12);            // planner
+  expect_greedy_goldens(*g, /*max_steps=*/512, /*max_cases=*/12);                // planner
   expect_greedy_goldens(*g, /*max_steps=*/256, /*max_cases=*/12, /*chunk=*/16);  // split-K
 }
 
@@ -69,7 +69,8 @@ TEST(CudaModel, Stories260KLogitsWithinTolerancePerWeightDtype) {
     for (int chunk : {-1, 0}) {
       const LogitsError e = golden_logits_error(*g, chunk);
       std::printf("weights %s chunk %d: max |logit - golden| = %.6f, argmax mismatches %d / 16\n",
-                  std::string(backend::dtype_name(t.dtype)).c_str(), chunk, e.max_abs, e.argmax_mismatches);
+                  std::string(backend::dtype_name(t.dtype)).c_str(), chunk, e.max_abs,
+                  e.argmax_mismatches);
       EXPECT_LT(e.max_abs, t.max_abs) << backend::dtype_name(t.dtype);
       EXPECT_LE(e.argmax_mismatches, t.max_argmax_mismatches) << backend::dtype_name(t.dtype);
     }
@@ -97,13 +98,14 @@ TEST(CudaModel, SampleTokensMatchesHostReference) {
   auto dids = backend::DeviceBuffer::make(*be, rows * 4);
   ASSERT_TRUE(dl.ok() && dids.ok());
   ASSERT_TRUE(be->copy_h2d(dl->get(), logits.data(), logits.size() * 4).ok());
-  ASSERT_TRUE(be->sample_tokens(dl->get<float>(), rows, vocab, params.data(), dids->get<int32_t>()).ok());
+  ASSERT_TRUE(
+      be->sample_tokens(dl->get<float>(), rows, vocab, params.data(), dids->get<int32_t>()).ok());
   std::vector<int32_t> got(rows);
   ASSERT_TRUE(be->copy_d2h(got.data(), dids->get(), rows * 4).ok());
   int mismatches = 0;
   for (int r = 0; r < rows; ++r) {
     kernels::SampleRowParams p{params[r].temperature, params[r].top_p, params[r].min_p,
-                               params[r].top_k, params[r].seed, params[r].step};
+                               params[r].top_k,       params[r].seed,  params[r].step};
     const float* row = logits.data() + static_cast<size_t>(r) * vocab;
     const int32_t want = reference_sample(row, vocab, p);
     // Device expf may differ from the host's by an ulp, which moves a mass by ~2^-23 of itself;
@@ -134,7 +136,8 @@ TEST(BackendOptions, CpuAcceptsOnlyF32WeightsAndHasNoSamplingOp) {
   o.weight_dtype = backend::DType::kF32;
   auto cpu = backend::create_backend("cpu", o);
   ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
-  EXPECT_EQ((*cpu)->sample_tokens(nullptr, 1, 8, nullptr, nullptr).code(), StatusCode::kUnimplemented);
+  EXPECT_EQ((*cpu)->sample_tokens(nullptr, 1, 8, nullptr, nullptr).code(),
+            StatusCode::kUnimplemented);
   EXPECT_FALSE((*cpu)->has_sample_tokens());
   std::string why;
   if (!device_available(&why)) {

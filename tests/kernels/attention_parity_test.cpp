@@ -12,9 +12,9 @@
 #include "kernels/attention/paged_attention.cuh"  // attn_smem_layout
 #endif
 #include "backend/cpu/attention.h"
+#include "backend/split_plan.h"
 #include "common/thread_pool.h"
 #include "kernel_test_util.h"
-#include "backend/split_plan.h"
 #include "oracle/attention_oracle.h"
 
 namespace kvsplit::testing {
@@ -29,9 +29,12 @@ struct Tolerance {
 };
 Tolerance tolerance(ElemType t) {
   switch (t) {
-    case ElemType::kF32: return {2e-5, 2e-4};
-    case ElemType::kF16: return {2e-5, 2e-4};
-    case ElemType::kBF16: return {2e-5, 2e-4};
+    case ElemType::kF32:
+      return {2e-5, 2e-4};
+    case ElemType::kF16:
+      return {2e-5, 2e-4};
+    case ElemType::kBF16:
+      return {2e-5, 2e-4};
   }
   return {0, 0};
 }
@@ -41,8 +44,8 @@ struct AttnCase {
   int num_heads, num_kv_heads, head_dim;
   ElemType dtype;
   std::vector<int> kv_lens;
-  std::vector<int> q_lens;         // empty: decode
-  std::vector<int> chunk_tokens;   // decode: split chunk sizes to try (0 = no split)
+  std::vector<int> q_lens;        // empty: decode
+  std::vector<int> chunk_tokens;  // decode: split chunk sizes to try (0 = no split)
 };
 
 void PrintTo(const AttnCase& c, std::ostream* os) { *os << c.name; }
@@ -119,9 +122,9 @@ void check_case(const AttnCase& tc) {
     EXPECT_EQ(d.error_flag.to_host()[0], 0);
     if (tc.dtype == ElemType::kF32) {
       ASSERT_TRUE(backend::cpu_attention_prefill(c.args(), pool).ok());
-      const oracle::Comparison cpu = oracle::compare(got.data(), [&] {
-        return std::vector<double>(c.out.begin(), c.out.end());
-      }(), tol.atol, tol.rtol);
+      const oracle::Comparison cpu = oracle::compare(
+          got.data(), [&] { return std::vector<double>(c.out.begin(), c.out.end()); }(), tol.atol,
+          tol.rtol);
       EXPECT_TRUE(cpu.ok) << "prefill vs CPU backend: " << cpu.message;
     }
     return;
@@ -129,7 +132,8 @@ void check_case(const AttnCase& tc) {
 
   for (int chunk : tc.chunk_tokens) {
     SCOPED_TRACE("chunk_tokens " + std::to_string(chunk));
-    const backend::SplitPlan plan = backend::make_split_plan(c.kv_lens.data(), c.num_seqs, spec.block_size, chunk);
+    const backend::SplitPlan plan =
+        backend::make_split_plan(c.kv_lens.data(), c.num_seqs, spec.block_size, chunk);
     DeviceCase d = upload(c, tc.dtype);
     DevArray<int32_t> num_splits(plan.num_splits), split_offset(plan.split_offset);
     const size_t total = static_cast<size_t>(std::max(plan.total_splits, 1));
@@ -150,7 +154,8 @@ void check_case(const AttnCase& tc) {
     ASSERT_EQ(device_sync(), "");
     const std::vector<float> got = d.out.to_host();
     const oracle::Comparison cmp = oracle::compare(got.data(), want, tol.atol, tol.rtol);
-    EXPECT_TRUE(cmp.ok) << "decode vs oracle (max_splits " << plan.max_splits << "): " << cmp.message;
+    EXPECT_TRUE(cmp.ok) << "decode vs oracle (max_splits " << plan.max_splits
+                        << "): " << cmp.message;
     EXPECT_EQ(d.error_flag.to_host()[0], 0);
     if (tc.dtype == ElemType::kF32) {
       std::fill(c.out.begin(), c.out.end(), std::nanf(""));
@@ -173,7 +178,10 @@ std::vector<AttnCase> cases() {
   std::vector<AttnCase> out;
   const std::vector<int> skewed = {1, 17, 130, 300};  // partial last blocks, one tiny sequence
   const std::vector<int> chunks = {0, 16, 64, 112};
-  struct Heads { const char* name; int h, kvh; };
+  struct Heads {
+    const char* name;
+    int h, kvh;
+  };
   const Heads heads[] = {{"mha", 4, 4}, {"gqa", 8, 2}, {"mqa", 8, 1}};
   const std::pair<const char*, ElemType> dtypes[] = {
       {"f32", ElemType::kF32}, {"f16", ElemType::kF16}, {"bf16", ElemType::kBF16}};
@@ -200,16 +208,24 @@ std::vector<AttnCase> cases() {
   skew64[0] = 16384;
   skew64[1] = 1;
   skew64[2] = 16383;
-  out.push_back({"decode_large_gqa_d128_bf16", 8, 2, 128, ElemType::kBF16, skew64, {}, {0, 256, 2048}});
+  out.push_back(
+      {"decode_large_gqa_d128_bf16", 8, 2, 128, ElemType::kBF16, skew64, {}, {0, 256, 2048}});
   out.push_back({"decode_long_mqa_d64_f16", 8, 1, 64, ElemType::kF16, {16383, 5000}, {}, {0, 256}});
   out.push_back({"decode_long_mha_d128_f32", 4, 4, 128, ElemType::kF32, {9001, 17}, {}, {0, 1024}});
-  out.push_back({"prefill_long_prefix_gqa_d128_bf16", 8, 2, 128, ElemType::kBF16, {3000, 1000},
-                 {1000, 1000}, {}});
+  out.push_back({"prefill_long_prefix_gqa_d128_bf16",
+                 8,
+                 2,
+                 128,
+                 ElemType::kBF16,
+                 {3000, 1000},
+                 {1000, 1000},
+                 {}});
 #endif
   // head_dim 8 (stories260K: 8 query / 4 KV heads), every KV dtype.
   for (const auto& [dname, dt] : dtypes) {
     out.push_back({std::string("decode_gqa_d8_") + dname, 8, 4, 8, dt, skewed, {}, chunks});
-    out.push_back({std::string("prefill_gqa_d8_") + dname, 8, 4, 8, dt, {5, 40, 97}, {5, 23, 33}, {}});
+    out.push_back(
+        {std::string("prefill_gqa_d8_") + dname, 8, 4, 8, dt, {5, 40, 97}, {5, 23, 33}, {}});
   }
   return out;
 }
@@ -296,7 +312,8 @@ TEST(AttentionLaunch, UnsupportedShapesAreUnimplemented) {
   p.num_kv_heads = 3;
   EXPECT_EQ(kernels::launch_paged_decode(p, nullptr).code(), StatusCode::kInvalidArgument);
   p.num_kv_heads = 4;
-  EXPECT_EQ(kernels::launch_paged_decode(p, nullptr).code(), StatusCode::kInvalidArgument);  // nulls
+  EXPECT_EQ(kernels::launch_paged_decode(p, nullptr).code(),
+            StatusCode::kInvalidArgument);  // nulls
 }
 
 TEST(AttentionLaunch, BadBlockIdIsFlaggedNotRead) {

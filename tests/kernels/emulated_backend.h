@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "kernels/attention/paged_attention.h"
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/kernel_args.h"
+#include "kernels/attention/paged_attention.h"
 #include "kernels/common/float_bits.h"
 #include "kernels/ops/ops.h"
 #include "kernels/sampling/sampling.h"
@@ -38,7 +38,9 @@ class EmulatedKernelBackend final : public backend::Backend {
   Status copy_d2h(void* d, const void* s, size_t n) override { return cpu_->copy_d2h(d, s, n); }
   Status copy_d2d(void* d, const void* s, size_t n) override { return cpu_->copy_d2d(d, s, n); }
   Status memset_zero(void* d, size_t n) override { return cpu_->memset_zero(d, n); }
-  Status synchronize() override { return error_ ? invalid_argument("kernel error flag set") : ok_status(); }
+  Status synchronize() override {
+    return error_ ? invalid_argument("kernel error flag set") : ok_status();
+  }
   // One emulated device (host memory): every copy is a device copy.
   int device() const override { return 0; }
   bool can_read_from(const backend::Backend& src) override { return src.device() == 0; }
@@ -66,13 +68,16 @@ class EmulatedKernelBackend final : public backend::Backend {
     return backend::MatrixView{weights_.back().data(), dtype, rows, cols};
   }
 
-  Status embedding(const int32_t* ids, int num_tokens, const backend::MatrixView& t, float* out) override {
-    return kernels::launch_embedding(ids, num_tokens, t.data, t.dtype, t.rows, t.cols, out, &error_, nullptr);
+  Status embedding(const int32_t* ids, int num_tokens, const backend::MatrixView& t,
+                   float* out) override {
+    return kernels::launch_embedding(ids, num_tokens, t.data, t.dtype, t.rows, t.cols, out, &error_,
+                                     nullptr);
   }
   Status rmsnorm(const float* x, const float* w, int n, int dim, float eps, float* out) override {
     return kernels::launch_rmsnorm(x, w, n, dim, eps, out, nullptr, nullptr);
   }
-  Status add_rmsnorm(float* res, const float* x, const float* w, int n, int dim, float eps, float* out) override {
+  Status add_rmsnorm(float* res, const float* x, const float* w, int n, int dim, float eps,
+                     float* out) override {
     return kernels::launch_rmsnorm(x, w, n, dim, eps, out, res, nullptr);
   }
   Status gemm(const float* x, int m, const backend::MatrixView& w, const float* bias, float* out,
@@ -107,7 +112,8 @@ class EmulatedKernelBackend final : public backend::Backend {
     kernels::PagedAttentionParams p = params(a);
     return kernels::launch_paged_prefill(p, nullptr);
   }
-  Status attention_decode(const backend::AttentionArgs& a, const backend::SplitPlan& plan) override {
+  Status attention_decode(const backend::AttentionArgs& a,
+                          const backend::SplitPlan& plan) override {
     kernels::PagedAttentionParams p = params(a);
     p.max_splits = plan.max_splits > 1 ? plan.max_splits : 1;
     if (plan.has_splits()) {
@@ -126,8 +132,8 @@ class EmulatedKernelBackend final : public backend::Backend {
     return ok_status();
   }
   bool has_sample_tokens() const override { return true; }
-  Status sample_tokens(const float* logits, int num_rows, int vocab, const backend::SamplingRow* rows,
-                       int32_t* ids) override {
+  Status sample_tokens(const float* logits, int num_rows, int vocab,
+                       const backend::SamplingRow* rows, int32_t* ids) override {
     std::vector<kernels::SampleRowParams> p(num_rows);
     for (int r = 0; r < num_rows; ++r) p[r] = backend::cuda::sample_row_params(rows[r]);
     return kernels::launch_sample(logits, num_rows, vocab, p.data(), ids, nullptr);

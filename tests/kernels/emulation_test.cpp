@@ -111,8 +111,10 @@ __global__ void excluded_lane_kernel(int* out) {
 __global__ void partial_mask_kernel(int* out) {
   const int lane = threadIdx.x;
   int v = lane;
-  if (lane < 16) v = __shfl_xor_sync(0x0000ffffu, v, 1);
-  else v = __shfl_down_sync(0xffff0000u, v, 1, 16);
+  if (lane < 16)
+    v = __shfl_xor_sync(0x0000ffffu, v, 1);
+  else
+    v = __shfl_down_sync(0xffff0000u, v, 1, 16);
   out[lane] = v;
 }
 
@@ -207,7 +209,8 @@ __global__ void atomics_kernel(float* fsum, int* imax, int* count) {
 TEST(Emulation, AtomicsAcrossBlocksAnd2DIndexing) {
   float fsum = 0.f;
   int imax = -1, count = 0;
-  ASSERT_EQ(launch(atomics_kernel, dim3(5), dim3(64), 0, nullptr, &fsum, &imax, &count), cudaSuccess);
+  ASSERT_EQ(launch(atomics_kernel, dim3(5), dim3(64), 0, nullptr, &fsum, &imax, &count),
+            cudaSuccess);
   EXPECT_EQ(fsum, 160.f);
   EXPECT_EQ(imax, 319);
   EXPECT_EQ(count, 320);
@@ -237,7 +240,11 @@ TEST(Emulation, LaunchConfigurationErrors) {
             cudaErrorInvalidValue);
 }
 
-float from_bits(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
 TEST(EmulationTypes, HalfKnownValues) {
   EXPECT_EQ(__float2half(1.f).bits, 0x3c00);
@@ -247,9 +254,9 @@ TEST(EmulationTypes, HalfKnownValues) {
   EXPECT_EQ(__float2half(65519.f).bits, 0x7bff);
   EXPECT_EQ(__float2half(65520.f).bits, 0x7c00);  // tie rounds up to inf
   EXPECT_EQ(__float2half(std::ldexp(1.f, -24)).bits, 0x0001);
-  EXPECT_EQ(__float2half(std::ldexp(1.f, -25)).bits, 0x0000);       // tie to even (0)
-  EXPECT_EQ(__float2half(std::ldexp(3.f, -25)).bits, 0x0002);       // 1.5 ulp -> even 2
-  EXPECT_EQ(__float2half(std::ldexp(1.f, -14)).bits, 0x0400);       // smallest normal
+  EXPECT_EQ(__float2half(std::ldexp(1.f, -25)).bits, 0x0000);  // tie to even (0)
+  EXPECT_EQ(__float2half(std::ldexp(3.f, -25)).bits, 0x0002);  // 1.5 ulp -> even 2
+  EXPECT_EQ(__float2half(std::ldexp(1.f, -14)).bits, 0x0400);  // smallest normal
   EXPECT_EQ(__float2half(-0.f).bits, 0x8000);
   EXPECT_EQ(__float2half(std::numeric_limits<float>::infinity()).bits, 0x7c00);
   EXPECT_EQ(__float2half(std::nanf("")).bits, 0x7fff);
@@ -284,7 +291,10 @@ TEST(EmulationTypes, HalfRoundingIsNearestEven) {
     const float f = std::exp2(exp_dist(rng)) * ((i & 1) ? -1.f : 1.f);
     const uint16_t h = __float2half(f).bits;
     const double v = __half2float(__half{h});
-    if (std::isinf(v)) { ASSERT_GE(std::fabs(f), 65520.f); continue; }
+    if (std::isinf(v)) {
+      ASSERT_GE(std::fabs(f), 65520.f);
+      continue;
+    }
     const uint16_t up = static_cast<uint16_t>(h + 1), down = static_cast<uint16_t>(h - 1);
     for (uint16_t n : {up, down}) {
       if ((n & 0x7fff) > 0x7bff || ((h & 0x7fff) == 0 && n == down)) continue;

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "kernels/common/cuda_stream.h"
-#include "kernels/common/float_bits.h"
 #include "kernels/common/elem_type.h"
+#include "kernels/common/float_bits.h"
 
 #if defined(KVSPLIT_TEST_GPU)
 #include <cuda_runtime_api.h>
@@ -35,24 +35,34 @@ inline void* dev_alloc(size_t bytes) {
   return p;
 }
 inline void dev_free(void* p) { cudaFree(p); }
-inline void h2d(void* dst, const void* src, size_t bytes) { cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice); }
-inline void d2h(void* dst, const void* src, size_t bytes) { cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost); }
+inline void h2d(void* dst, const void* src, size_t bytes) {
+  cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+}
+inline void d2h(void* dst, const void* src, size_t bytes) {
+  cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+}
 inline std::string device_sync() {
   const cudaError_t e = cudaDeviceSynchronize();
   return e == cudaSuccess ? std::string() : cudaGetErrorString(e);
 }
 #else
 inline bool device_available(std::string*) { return true; }
-inline void* dev_alloc(size_t bytes) { return ::operator new(bytes ? bytes : 1, std::align_val_t{64}); }
-inline void dev_free(void* p) { ::operator delete(p, std::align_val_t{64}); }
-inline void h2d(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
-inline void d2h(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
+inline void* dev_alloc(size_t bytes) {
+  return ::operator new (bytes ? bytes : 1, std::align_val_t{64});
+}
+inline void dev_free(void* p) { ::operator delete (p, std::align_val_t{64}); }
+inline void h2d(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+inline void d2h(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
 inline std::string device_sync() { return {}; }
 #endif
 
-#define KVSPLIT_REQUIRE_DEVICE()                                               \
-  do {                                                                         \
-    std::string kvsplit_why_;                                                  \
+#define KVSPLIT_REQUIRE_DEVICE()                                                            \
+  do {                                                                                      \
+    std::string kvsplit_why_;                                                               \
     if (!::kvsplit::testing::device_available(&kvsplit_why_)) GTEST_SKIP() << kvsplit_why_; \
   } while (0)
 
@@ -62,16 +72,23 @@ class DevArray {
  public:
   DevArray() = default;
   explicit DevArray(size_t n) : n_(n), p_(static_cast<T*>(dev_alloc(n * sizeof(T)))) {}
-  explicit DevArray(const std::vector<T>& v) : DevArray(v.size()) { h2d(p_, v.data(), v.size() * sizeof(T)); }
+  explicit DevArray(const std::vector<T>& v) : DevArray(v.size()) {
+    h2d(p_, v.data(), v.size() * sizeof(T));
+  }
   DevArray(const DevArray&) = delete;
   DevArray& operator=(const DevArray&) = delete;
-  DevArray(DevArray&& o) noexcept : n_(o.n_), p_(o.p_) { o.p_ = nullptr; o.n_ = 0; }
+  DevArray(DevArray&& o) noexcept : n_(o.n_), p_(o.p_) {
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
   DevArray& operator=(DevArray&& o) noexcept {
     std::swap(n_, o.n_);
     std::swap(p_, o.p_);
     return *this;
   }
-  ~DevArray() { if (p_) dev_free(p_); }
+  ~DevArray() {
+    if (p_) dev_free(p_);
+  }
   T* get() const { return p_; }
   size_t size() const { return n_; }
   std::vector<T> to_host() const {
@@ -109,7 +126,8 @@ inline std::vector<float> decode(const std::vector<unsigned char>& raw, kernels:
     } else {
       uint16_t b;
       std::memcpy(&b, raw.data() + 2 * i, 2);
-      out[i] = t == kernels::ElemType::kF16 ? kernels::half_bits_to_float(b) : kernels::bf16_bits_to_float(b);
+      out[i] = t == kernels::ElemType::kF16 ? kernels::half_bits_to_float(b)
+                                            : kernels::bf16_bits_to_float(b);
     }
   }
   return out;

@@ -14,10 +14,10 @@
 
 #include "backend/backend.h"
 #include "kv/kv_pool.h"
-#include "sched/batch_generate.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
 #include "sampling/sampler.h"
+#include "sched/batch_generate.h"
 #include "test_util.h"
 
 namespace kvsplit::testing {
@@ -72,7 +72,8 @@ inline LogitsError golden_logits_error(GoldenModel& g, int chunk) {
         EXPECT_FALSE(std::isnan(got[v])) << "pos " << r << " token " << v;
         err.max_abs = std::max(err.max_abs, std::fabs(double(got[v]) - want[v]));
       }
-      if (std::max_element(got, got + vocab) - got != std::max_element(want.begin(), want.end()) - want.begin())
+      if (std::max_element(got, got + vocab) - got !=
+          std::max_element(want.begin(), want.end()) - want.begin())
         ++err.argmax_mismatches;
     }
   };
@@ -133,7 +134,8 @@ inline void expect_greedy_goldens(GoldenModel& g, int max_steps, int max_cases, 
   bo.forward.force_chunk_tokens = chunk;
   auto out = sched::generate_batch(*g.model, *g.pool, g.loaded.tokenizer.get(), inputs, bo);
   ASSERT_TRUE(out.ok()) << out.status().to_string();
-  for (size_t i = 0; i < inputs.size(); ++i) EXPECT_EQ((*out)[i].output_ids, want[i]) << "golden case " << i;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    EXPECT_EQ((*out)[i].output_ids, want[i]) << "golden case " << i;
   EXPECT_EQ(g.pool->allocator().num_free(), g.pool->allocator().num_blocks());
 }
 
@@ -201,7 +203,8 @@ inline void expect_argmax_rows_match_logits(GoldenModel& g, int num_prompts) {
   ASSERT_TRUE(run(3, nullptr, &all_ids).ok());
   ASSERT_EQ(all_ids.size(), prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i)
-    EXPECT_EQ(all_ids[i], sampling::argmax_lowest(last.data() + i * vocab, vocab)) << "prompt " << i;
+    EXPECT_EQ(all_ids[i], sampling::argmax_lowest(last.data() + i * vocab, vocab))
+        << "prompt " << i;
   EXPECT_EQ(pool.allocator().num_free(), pool.allocator().num_blocks());
 }
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
-#include "kernels/common/paged_kv.h"
 #include "kernel_test_util.h"
+#include "kernels/common/paged_kv.h"
 #include "kernels/ops/ops.h"
 #include "oracle/attention_oracle.h"
 
@@ -36,7 +36,8 @@ TEST(OpsParity, RmsNormAndFusedResidual) {
   for (int dim : {64, 288, 1000}) {
     const int tokens = 5;
     const float eps = 1e-5f;
-    const std::vector<float> x = random_vec(size_t(tokens) * dim, dim), w = random_vec(dim, dim + 1),
+    const std::vector<float> x = random_vec(size_t(tokens) * dim, dim),
+                             w = random_vec(dim, dim + 1),
                              res = random_vec(size_t(tokens) * dim, dim + 2);
     std::vector<double> want(x.size()), want_res(x.size()), want_fused(x.size());
     for (int t = 0; t < tokens; ++t) {
@@ -54,15 +55,20 @@ TEST(OpsParity, RmsNormAndFusedResidual) {
       }
     }
     DevArray<float> dx(x), dw(w), dout(x.size()), dres(res);
-    ASSERT_TRUE(kernels::launch_rmsnorm(dx.get(), dw.get(), tokens, dim, eps, dout.get(), nullptr, nullptr).ok());
+    ASSERT_TRUE(
+        kernels::launch_rmsnorm(dx.get(), dw.get(), tokens, dim, eps, dout.get(), nullptr, nullptr)
+            .ok());
     ASSERT_EQ(device_sync(), "");
     const std::vector<float> got = dout.to_host();
     expect_close(got, want, 1e-5, 1e-5, "rmsnorm vs fp64");
     std::vector<float> cpu_out(x.size());
     ASSERT_TRUE(cpu->rmsnorm(x.data(), w.data(), tokens, dim, eps, cpu_out.data()).ok());
-    expect_close(got, std::vector<double>(cpu_out.begin(), cpu_out.end()), 1e-5, 1e-5, "rmsnorm vs CPU");
+    expect_close(got, std::vector<double>(cpu_out.begin(), cpu_out.end()), 1e-5, 1e-5,
+                 "rmsnorm vs CPU");
 
-    ASSERT_TRUE(kernels::launch_rmsnorm(dx.get(), dw.get(), tokens, dim, eps, dout.get(), dres.get(), nullptr).ok());
+    ASSERT_TRUE(kernels::launch_rmsnorm(dx.get(), dw.get(), tokens, dim, eps, dout.get(),
+                                        dres.get(), nullptr)
+                    .ok());
     ASSERT_EQ(device_sync(), "");
     expect_close(dres.to_host(), want_res, 1e-6, 1e-6, "fused residual");
     expect_close(dout.to_host(), want_fused, 1e-5, 1e-5, "add_rmsnorm vs fp64");
@@ -77,16 +83,25 @@ TEST(OpsParity, RopeBothStylesMatchCpu) {
     for (int rot : {64, 32}) {
       // YaRN's attention factor scales cos and sin; exercise it on one style.
       const float af = interleaved ? 1.0f : 1.1386294f;
-      std::vector<float> q = random_vec(size_t(tokens) * heads * hd, 5), k = random_vec(size_t(tokens) * kv_heads * hd, 6);
+      std::vector<float> q = random_vec(size_t(tokens) * heads * hd, 5),
+                         k = random_vec(size_t(tokens) * kv_heads * hd, 6);
       std::vector<float> inv_freq(rot / 2);
       for (int i = 0; i < rot / 2; ++i) inv_freq[i] = std::pow(10000.f, -2.f * i / rot);
       const std::vector<int32_t> pos = {0, 7, 1000};
       DevArray<float> dq(q), dk(k), dfreq(inv_freq);
       DevArray<int32_t> dpos(pos);
       kernels::RopeParams p;
-      p.q = dq.get(); p.k = dk.get(); p.positions = dpos.get(); p.inv_freq = dfreq.get();
-      p.num_tokens = tokens; p.num_heads = heads; p.num_kv_heads = kv_heads; p.head_dim = hd;
-      p.rotary_dim = rot; p.interleaved = interleaved; p.attention_factor = af;
+      p.q = dq.get();
+      p.k = dk.get();
+      p.positions = dpos.get();
+      p.inv_freq = dfreq.get();
+      p.num_tokens = tokens;
+      p.num_heads = heads;
+      p.num_kv_heads = kv_heads;
+      p.head_dim = hd;
+      p.rotary_dim = rot;
+      p.interleaved = interleaved;
+      p.attention_factor = af;
       ASSERT_TRUE(kernels::launch_rope(p, nullptr).ok());
       ASSERT_EQ(device_sync(), "");
       // fp64 reference for q.
@@ -109,8 +124,10 @@ TEST(OpsParity, RopeBothStylesMatchCpu) {
       args.inv_freq = inv_freq.data();
       args.attention_factor = af;
       ASSERT_TRUE(cpu->rope(q.data(), k.data(), pos.data(), tokens, heads, kv_heads, args).ok());
-      expect_close(dq.to_host(), std::vector<double>(q.begin(), q.end()), 1e-5, 1e-5, "rope q vs CPU");
-      expect_close(dk.to_host(), std::vector<double>(k.begin(), k.end()), 1e-5, 1e-5, "rope k vs CPU");
+      expect_close(dq.to_host(), std::vector<double>(q.begin(), q.end()), 1e-5, 1e-5,
+                   "rope q vs CPU");
+      expect_close(dk.to_host(), std::vector<double>(k.begin(), k.end()), 1e-5, 1e-5,
+                   "rope k vs CPU");
     }
   }
 }
@@ -128,7 +145,8 @@ TEST(OpsParity, SwigluMatchesCpu) {
   expect_close(dout.to_host(), want, 1e-6, 1e-5, "swiglu vs fp64");
   std::vector<float> cpu_out(n);
   ASSERT_TRUE(cpu->swiglu(g.data(), u.data(), n, cpu_out.data()).ok());
-  expect_close(dout.to_host(), std::vector<double>(cpu_out.begin(), cpu_out.end()), 1e-6, 1e-5, "swiglu vs CPU");
+  expect_close(dout.to_host(), std::vector<double>(cpu_out.begin(), cpu_out.end()), 1e-6, 1e-5,
+               "swiglu vs CPU");
 }
 
 TEST(OpsParity, EmbeddingAllDtypesAndBadIds) {
@@ -143,14 +161,18 @@ TEST(OpsParity, EmbeddingAllDtypesAndBadIds) {
     DevArray<int32_t> dids(ids);
     DevArray<float> dout(ids.size() * cols);
     DevArray<int> flag(std::vector<int>{0});
-    ASSERT_TRUE(kernels::launch_embedding(dids.get(), 4, dtab.get(), dt, rows, cols, dout.get(), flag.get(), nullptr).ok());
+    ASSERT_TRUE(kernels::launch_embedding(dids.get(), 4, dtab.get(), dt, rows, cols, dout.get(),
+                                          flag.get(), nullptr)
+                    .ok());
     ASSERT_EQ(device_sync(), "");
     const std::vector<float> got = dout.to_host();
     for (size_t t = 0; t < ids.size(); ++t)
       for (int c = 0; c < cols; ++c) ASSERT_EQ(got[t * cols + c], rounded[ids[t] * cols + c]);
     EXPECT_EQ(flag.to_host()[0], 0);
     DevArray<int32_t> bad(std::vector<int32_t>{1, 50});
-    ASSERT_TRUE(kernels::launch_embedding(bad.get(), 2, dtab.get(), dt, rows, cols, dout.get(), flag.get(), nullptr).ok());
+    ASSERT_TRUE(kernels::launch_embedding(bad.get(), 2, dtab.get(), dt, rows, cols, dout.get(),
+                                          flag.get(), nullptr)
+                    .ok());
     ASSERT_EQ(device_sync(), "");
     EXPECT_EQ(flag.to_host()[0], 1);
     EXPECT_EQ(dout.to_host()[cols], 0.f);  // the bad row is zeros, nothing read out of bounds
@@ -160,7 +182,8 @@ TEST(OpsParity, EmbeddingAllDtypesAndBadIds) {
 TEST(OpsParity, KvAppendScattersAndRounds) {
   KVSPLIT_REQUIRE_DEVICE();
   const int num_blocks = 4, kvh = 2, bs = 16, hd = 64, tokens = 5;
-  const std::vector<float> k = random_vec(size_t(tokens) * kvh * hd, 11), v = random_vec(size_t(tokens) * kvh * hd, 12);
+  const std::vector<float> k = random_vec(size_t(tokens) * kvh * hd, 11),
+                           v = random_vec(size_t(tokens) * kvh * hd, 12);
   const std::vector<int32_t> slots = {3 * 16 + 15, -1, 0, 2 * 16 + 5, 1 * 16 + 1};
   const kernels::PagedKvLayout layout{kvh, bs, hd};
   for (ElemType dt : {ElemType::kF32, ElemType::kF16, ElemType::kBF16}) {
@@ -171,9 +194,17 @@ TEST(OpsParity, KvAppendScattersAndRounds) {
     DevArray<int32_t> dslots(slots);
     DevArray<int> flag(std::vector<int>{0});
     kernels::KvAppendParams p;
-    p.pages = pages.get(); p.dtype = dt; p.num_blocks = num_blocks; p.num_kv_heads = kvh;
-    p.block_size = bs; p.head_dim = hd; p.k = dk.get(); p.v = dv.get(); p.slot_mapping = dslots.get();
-    p.num_tokens = tokens; p.error_flag = flag.get();
+    p.pages = pages.get();
+    p.dtype = dt;
+    p.num_blocks = num_blocks;
+    p.num_kv_heads = kvh;
+    p.block_size = bs;
+    p.head_dim = hd;
+    p.k = dk.get();
+    p.v = dv.get();
+    p.slot_mapping = dslots.get();
+    p.num_tokens = tokens;
+    p.error_flag = flag.get();
     ASSERT_TRUE(kernels::launch_kv_append(p, nullptr).ok());
     ASSERT_EQ(device_sync(), "");
     std::vector<float> want = sentinel;
@@ -217,18 +248,24 @@ TEST(OpsParity, ArgmaxLowestIndexOnTiesAndNaN) {
 }
 
 TEST(OpsParity, BadArgumentsAreStatusErrors) {
-  EXPECT_EQ(kernels::launch_rmsnorm(nullptr, nullptr, 2, 8, 1e-5f, nullptr, nullptr, nullptr).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      kernels::launch_rmsnorm(nullptr, nullptr, 2, 8, 1e-5f, nullptr, nullptr, nullptr).code(),
+      StatusCode::kInvalidArgument);
   kernels::RopeParams p;
   p.num_tokens = 1;
   float dummy[4] = {};
   int32_t pos = 0;
-  p.q = p.k = dummy; p.positions = &pos; p.inv_freq = dummy; p.head_dim = 4; p.rotary_dim = 3;
+  p.q = p.k = dummy;
+  p.positions = &pos;
+  p.inv_freq = dummy;
+  p.head_dim = 4;
+  p.rotary_dim = 3;
   EXPECT_EQ(kernels::launch_rope(p, nullptr).code(), StatusCode::kInvalidArgument);
   p.rotary_dim = 4;
   p.attention_factor = 0.0f;
   EXPECT_EQ(kernels::launch_rope(p, nullptr).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(kernels::launch_argmax(dummy, 1, 0, nullptr, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(kernels::launch_argmax(dummy, 1, 0, nullptr, nullptr).code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,12 +1,13 @@
 // Philox4x32-10 against Random123's published known-answer vectors, and the host reference of the
 // GPU sampler as a sampler: its draws follow the renormalised kept distribution.
+#include "kernels/common/philox.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <set>
 #include <vector>
 
-#include "kernels/common/philox.h"
 #include "sampling_reference.h"
 
 namespace kvsplit::testing {
@@ -31,7 +32,8 @@ TEST(Philox, SamplingBitsAreAPureFunctionOfSeedAndStep) {
   EXPECT_EQ(kernels::sampling_random_bits(7, 3), kernels::sampling_random_bits(7, 3));
   std::set<uint64_t> seen;
   for (uint64_t seed : {0ull, 1ull, 0x100000000ull, ~0ull})
-    for (uint64_t step : {0ull, 1ull, 2ull, 0x100000000ull}) seen.insert(kernels::sampling_random_bits(seed, step));
+    for (uint64_t step : {0ull, 1ull, 2ull, 0x100000000ull})
+      seen.insert(kernels::sampling_random_bits(seed, step));
   EXPECT_EQ(seen.size(), 16u);  // seed and step words both reach the counter
 }
 
@@ -61,7 +63,8 @@ void expect_distribution(const std::vector<float>& logits, const kernels::Sample
 }
 
 TEST(SamplingReference, FollowsTheKeptDistribution) {
-  const std::vector<float> logits = {std::log(0.4f), std::log(0.3f), std::log(0.2f), std::log(0.1f)};
+  const std::vector<float> logits = {std::log(0.4f), std::log(0.3f), std::log(0.2f),
+                                     std::log(0.1f)};
   kernels::SampleRowParams p;
   p.seed = 99;
   expect_distribution(logits, p, {0.4, 0.3, 0.2, 0.1});

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "kernel_test_util.h"
-#include "oracle/attention_oracle.h"
 #include "kernels/sampling/sampling.h"
+#include "oracle/attention_oracle.h"
 #include "sampling_reference.h"
 
 namespace kvsplit::testing {
@@ -24,8 +24,8 @@ std::vector<int32_t> run_sample(const std::vector<float>& logits, int vocab,
   DevArray<float> dl(logits);
   DevArray<SampleRowParams> dp(params);
   DevArray<int32_t> dids(std::vector<int32_t>(params.size(), -7));
-  const Status st = kernels::launch_sample(dl.get(), static_cast<int>(params.size()), vocab, dp.get(),
-                                           dids.get(), nullptr);
+  const Status st = kernels::launch_sample(dl.get(), static_cast<int>(params.size()), vocab,
+                                           dp.get(), dids.get(), nullptr);
   EXPECT_TRUE(st.ok()) << st.to_string();
   EXPECT_EQ(device_sync(), "");
   return dids.to_host();
@@ -86,9 +86,9 @@ TEST(SamplingParity, MatchesHostReferenceAcrossFilters) {
     for (int r = 0; r < n; ++r) {
       const float* row = logits.data() + static_cast<size_t>(r) * vocab;
       const int32_t want = reference_sample(row, vocab, params[r]);
-      EXPECT_EQ(got[r], want) << "vocab " << vocab << " row " << r << " (t " << params[r].temperature
-                              << " k " << params[r].top_k << " p " << params[r].top_p << " min_p "
-                              << params[r].min_p << ")";
+      EXPECT_EQ(got[r], want) << "vocab " << vocab << " row " << r << " (t "
+                              << params[r].temperature << " k " << params[r].top_k << " p "
+                              << params[r].top_p << " min_p " << params[r].min_p << ")";
     }
   }
 }
@@ -166,11 +166,11 @@ TEST(SamplingParity, GreedyAndDegenerateRowsTakeTheArgmax) {
   const float inf = INFINITY, nan = std::numeric_limits<float>::quiet_NaN();
   const int vocab = 6;
   const std::vector<float> logits = {
-      1, 5, 3, 5, 0, 2,              // greedy: lowest id of the tie
+      1,    5,    3,    5,    0,    2,     // greedy: lowest id of the tie
       -inf, -inf, -inf, -inf, -inf, -inf,  // all masked: 0
-      1, 2, inf, 0, inf, 3,          // +inf: the first +inf
-      nan, nan, nan, nan, nan, nan,  // all NaN: 0
-      nan, 1, nan, 4, 4, nan,        // sampled, top-1: NaN never kept
+      1,    2,    inf,  0,    inf,  3,     // +inf: the first +inf
+      nan,  nan,  nan,  nan,  nan,  nan,   // all NaN: 0
+      nan,  1,    nan,  4,    4,    nan,   // sampled, top-1: NaN never kept
   };
   std::vector<SampleRowParams> params(5);
   params[0].temperature = 0.f;
@@ -186,7 +186,9 @@ TEST(SamplingParity, RejectsBadShapesAndParams) {
   DevArray<int32_t> dids(1);
   EXPECT_EQ(kernels::launch_sample(dl.get(), 1, 0, dp.get(), dids.get(), nullptr).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(kernels::launch_sample(dl.get(), 1, kernels::kSampleMaxVocab + 1, dp.get(), dids.get(), nullptr).code(),
+  EXPECT_EQ(kernels::launch_sample(dl.get(), 1, kernels::kSampleMaxVocab + 1, dp.get(), dids.get(),
+                                   nullptr)
+                .code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(kernels::launch_sample(dl.get(), -1, 8, dp.get(), dids.get(), nullptr).code(),
             StatusCode::kInvalidArgument);

@@ -1,9 +1,9 @@
 #include "kv/block_allocator.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <set>
-
-#include <gtest/gtest.h>
 
 namespace kvsplit::kv {
 namespace {

@@ -1,8 +1,8 @@
 #include "kv/kv_pool.h"
 
-#include <set>
-
 #include <gtest/gtest.h>
+
+#include <set>
 
 namespace kvsplit::kv {
 namespace {
@@ -40,7 +40,8 @@ TEST(KvPool, CreatesZeroedLayersWithTheRightGeometry) {
     EXPECT_EQ(kv.head_dim, 8);
     EXPECT_EQ(kv.dtype, backend::DType::kF32);
     const float* f = static_cast<const float*>(kv.data);
-    for (int i = 0; i < 10 * 2 * 2 * 4 * 8; ++i) ASSERT_EQ(f[i], 0.f) << "layer " << l << " elem " << i;
+    for (int i = 0; i < 10 * 2 * 2 * 4 * 8; ++i)
+      ASSERT_EQ(f[i], 0.f) << "layer " << l << " elem " << i;
   }
   EXPECT_EQ(ptrs.size(), 3u);
 }
@@ -97,7 +98,7 @@ TEST(KvPool, ReserveIsAllOrNothingAndReleaseFreesEverything) {
   BlockTable a;
   ASSERT_TRUE(pool.reserve(a, 33));  // 3 blocks
   EXPECT_EQ(a.blocks.size(), 3u);
-  EXPECT_EQ(a.num_tokens, 0);  // the caller sets num_tokens once the tokens are written
+  EXPECT_EQ(a.num_tokens, 0);        // the caller sets num_tokens once the tokens are written
   ASSERT_TRUE(pool.reserve(a, 20));  // already covered: no change
   EXPECT_EQ(a.blocks.size(), 3u);
   EXPECT_EQ(pool.allocator().num_free(), 2);

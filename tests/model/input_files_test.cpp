@@ -1,16 +1,15 @@
 // Bounded, non-blocking reads of every input file, safetensors tiling, and the NaN/Inf weight
 // check. Each case here was accepted (or hung, or grew without bound) before the hardening issue.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -87,13 +86,14 @@ TEST(InputFiles, SizeCapsNameTheCap) {
 }
 
 // A copy of stories260K-hf whose safetensors header is rewritten by `edit`; returns the dir.
-std::string hf_copy_with_header(const TempDir& dir, const std::function<void(nlohmann::json&)>& edit,
-                                const std::function<void(std::string&, const nlohmann::json&)>&
-                                    patch_data = nullptr) {
+std::string hf_copy_with_header(
+    const TempDir& dir, const std::function<void(nlohmann::json&)>& edit,
+    const std::function<void(std::string&, const nlohmann::json&)>& patch_data = nullptr) {
   const fs::path src = model_path("stories260K-hf");
   const fs::path dst = dir.path() / "model";
   fs::create_directory(dst);
-  for (const auto& e : fs::directory_iterator(src)) fs::copy_file(e.path(), dst / e.path().filename());
+  for (const auto& e : fs::directory_iterator(src))
+    fs::copy_file(e.path(), dst / e.path().filename());
   const std::string st_path = (dst / "model.safetensors").string();
   fs::permissions(st_path, fs::perms::owner_write, fs::perm_options::add);
   std::string bytes = read_bytes(st_path);
@@ -133,15 +133,15 @@ TEST(Safetensors, TensorsMustTileTheDataSection) {
   {
     TempDir dir;  // an extra unnamed byte range at the end of the data section
     const std::string m = hf_copy_with_header(
-        dir, [](nlohmann::json&) {}, [](std::string& data, const nlohmann::json&) { data += "junkjunk"; });
+        dir, [](nlohmann::json&) {},
+        [](std::string& data, const nlohmann::json&) { data += "junkjunk"; });
     expect_error(load_model(m).status(), StatusCode::kInvalidArgument,
                  {"model.safetensors", "must cover it exactly"});
   }
   {
     TempDir dir;  // a tensor removed from the header leaves a hole
-    const std::string m = hf_copy_with_header(dir, [](nlohmann::json& h) {
-      h.erase("model.layers.0.input_layernorm.weight");
-    });
+    const std::string m = hf_copy_with_header(
+        dir, [](nlohmann::json& h) { h.erase("model.layers.0.input_layernorm.weight"); });
     auto r = load_model(m);
     expect_error(r.status(), StatusCode::kInvalidArgument, {"belong to no tensor"});
   }

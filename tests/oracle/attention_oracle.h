@@ -138,8 +138,8 @@ struct CaseSpec {
   std::vector<int> q_lens;   // [num_seqs], 1 <= q_len <= kv_len; empty: all 1 (decode)
   int extra_blocks = 3;      // free pages beyond what the sequences need (never read)
   uint64_t seed = 1;
-  double q_range = 2.0;      // q ~ U(-q_range, q_range): sharpens the softmax
-  double kv_range = 1.0;     // K, V ~ U(-kv_range, kv_range)
+  double q_range = 2.0;   // q ~ U(-q_range, q_range): sharpens the softmax
+  double kv_range = 1.0;  // K, V ~ U(-kv_range, kv_range)
   // Fill unused pages, slots past kv_len in a last partial block and block-table padding with
   // NaN / -1, so a kernel that reads memory it does not own produces NaN (or fails validation).
   // Turn off for kernels that deliberately load whole pages and mask afterwards.
@@ -253,7 +253,7 @@ inline AttentionCase make_case(const CaseSpec& spec) {
 
 struct Comparison {
   bool ok = true;
-  int64_t num_nan = 0;      // non-finite values in `got`
+  int64_t num_nan = 0;  // non-finite values in `got`
   double max_abs_err = 0.0;
   double max_rel_err = 0.0;  // |got - want| / max(|want|, 1e-30) at the worst element
   int64_t worst = -1;        // index of the first element outside tolerance (or the worst one)

@@ -54,7 +54,8 @@ TEST(SamplingParamsTest, VocabularyBoundsAndStopLimits) {
   EXPECT_EQ(p.validate(512).message(), "top_k: must be in [0, 512] (0 = off), got 513");
   p = {};
   p.stop_token_ids = {3, 512};
-  EXPECT_EQ(p.validate(512).message(), "stop_token_ids: stop_token_ids[1] = 512 is not in [0, 512)");
+  EXPECT_EQ(p.validate(512).message(),
+            "stop_token_ids: stop_token_ids[1] = 512 is not in [0, 512)");
   p.stop_token_ids.assign(65, 1);
   EXPECT_NE(p.validate().message().find("at most 64 ids"), std::string::npos);
   p = {};

@@ -1,11 +1,11 @@
 #include "sched/kv_handoff.h"
 
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <cstring>
 #include <random>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "backend/backend.h"
 
@@ -64,7 +64,8 @@ TEST(KvHandoff, CopiesEveryLayerOfTheListedPagesByEachRoute) {
     std::mt19937 rng(7);
     for (int l = 0; l < 3; ++l) {
       auto* d = static_cast<float*>(p.a->layer(l).data);
-      for (size_t i = 0; i < 16 * block_bytes / sizeof(float); ++i) d[i] = static_cast<float>(rng());
+      for (size_t i = 0; i < 16 * block_bytes / sizeof(float); ++i)
+        d[i] = static_cast<float>(rng());
     }
     const std::vector<int32_t> src = {3, 4, 5, 9, 0};
     const std::vector<int32_t> dst = {10, 11, 2, 7, 15};

@@ -1,8 +1,8 @@
 #include "sched/policy.h"
 
-#include <numeric>
-
 #include <gtest/gtest.h>
+
+#include <numeric>
 
 namespace kvsplit::sched {
 namespace {
@@ -13,8 +13,8 @@ TEST(PrefillChunks, FairShareUnderBudget) {
   const std::vector<int> remaining = {1000, 1000, 10};
   const std::vector<int> c = plan_prefill_chunks(remaining, 96, 16);
   EXPECT_EQ(sum(c), 96);
-  EXPECT_EQ(c[2], 10);          // the short prompt finishes this step
-  EXPECT_EQ(c[0] + c[1], 86);   // the long ones split the rest
+  EXPECT_EQ(c[2], 10);         // the short prompt finishes this step
+  EXPECT_EQ(c[0] + c[1], 86);  // the long ones split the rest
   EXPECT_LE(std::abs(c[0] - c[1]), 16);
 }
 

@@ -1,9 +1,9 @@
 #include "sched/router.h"
 
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "sched/admission.h"
 
@@ -11,7 +11,8 @@ namespace kvsplit::sched {
 namespace {
 
 std::unique_ptr<Sequence> make_seq(const std::string& id, int64_t arrival, int priority,
-                                   const SlaClass& cls, int class_index, Clock::time_point deadline) {
+                                   const SlaClass& cls, int class_index,
+                                   Clock::time_point deadline) {
   auto s = std::make_unique<Sequence>();
   s->ctl = std::make_shared<RequestControl>(id);
   s->arrival = arrival;

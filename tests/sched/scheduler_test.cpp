@@ -188,9 +188,8 @@ TEST(Scheduler, SequenceLongerThanThePoolNeverFitsAndBlocksNothing) {
 TEST(Scheduler, PrefillRoundRobinWithinPriorityAndNoOvertakingOnReservation) {
   // 2 already started (hold their blocks); 3 is new and does not fit; 4 would fit but must not
   // overtake 3; started ones keep running.
-  const std::vector<SchedSeq> wait = {
-      waiting(2, 40, 8, 10, 0, /*last_step=*/7), waiting(3, 40), waiting(4, 4),
-      waiting(5, 40, 8, 10, 0, /*last_step=*/3)};
+  const std::vector<SchedSeq> wait = {waiting(2, 40, 8, 10, 0, /*last_step=*/7), waiting(3, 40),
+                                      waiting(4, 4), waiting(5, 40, 8, 10, 0, /*last_step=*/3)};
   SchedulerInput in{{}, wait, {}, /*free=*/5, /*total=*/40, 8};
   const SchedulerOutput out = Scheduler(config(8, false, 4)).schedule(in);
   ASSERT_EQ(out.prefill.size(), 2u);
@@ -202,7 +201,7 @@ TEST(Scheduler, PrefillRoundRobinWithinPriorityAndNoOvertakingOnReservation) {
 
 TEST(Scheduler, CanAdmitPromptKeepsAWatermarkForGrowth) {
   const Scheduler s(config(64, true));
-  EXPECT_TRUE(s.can_admit_prompt(16, 4, 400, /*running=*/0, /*owned=*/0));   // 4 blocks, no one runs
+  EXPECT_TRUE(s.can_admit_prompt(16, 4, 400, /*running=*/0, /*owned=*/0));  // 4 blocks, no one runs
   EXPECT_FALSE(s.can_admit_prompt(16, 4, 400, 1, 1));  // watermark max(1, 400 / 100) = 4
   EXPECT_TRUE(s.can_admit_prompt(16, 8, 400, 1, 1));
   EXPECT_FALSE(s.can_admit_prompt(1, 100, 400, 0, 16));  // no slot

@@ -112,7 +112,8 @@ TEST_F(GenerationTest, GoldensWith64StreamsInFlight) {
       const auto& c = cases[i % cases.size()];
       v1::GenerateRequest req;
       req.set_prompt(c["prompt"].get<std::string>());
-      req.set_max_tokens(c["steps"].get<int>() - static_cast<int>(c["prompt_token_ids"].size()) + 1);
+      req.set_max_tokens(c["steps"].get<int>() - static_cast<int>(c["prompt_token_ids"].size()) +
+                         1);
       req.mutable_sampling()->set_temperature(0.0f);
       results[i] = generate(stub_.get(), req);
     });

@@ -129,7 +129,7 @@ inline void scale_in_place(float* y, float a, int n) {
 // The query vectors one work item accumulates, all reading the same kv head of one sequence.
 struct Rows {
   int n = 0;
-  const float** q = nullptr;  // [n] -> [head_dim]
+  const float** q = nullptr;   // [n] -> [head_dim]
   int* limit = nullptr;        // [n] exclusive causal key bound of each row
   float* o = nullptr;          // [n, head_dim] unnormalized accumulators
   SoftmaxState* st = nullptr;  // [n]
@@ -203,10 +203,18 @@ void fold_tile(Rows& r, const float* const* kp, const float* const* vp, int j0, 
                int head_dim, float scale) {
   for (int i0 = 0; i0 < r.n; i0 += kRowBlock) {
     switch (std::min(kRowBlock, r.n - i0)) {
-      case 4: fold_rows<4>(r, i0, kp, vp, j0, num_keys, head_dim, scale); break;
-      case 3: fold_rows<3>(r, i0, kp, vp, j0, num_keys, head_dim, scale); break;
-      case 2: fold_rows<2>(r, i0, kp, vp, j0, num_keys, head_dim, scale); break;
-      default: fold_rows<1>(r, i0, kp, vp, j0, num_keys, head_dim, scale); break;
+      case 4:
+        fold_rows<4>(r, i0, kp, vp, j0, num_keys, head_dim, scale);
+        break;
+      case 3:
+        fold_rows<3>(r, i0, kp, vp, j0, num_keys, head_dim, scale);
+        break;
+      case 2:
+        fold_rows<2>(r, i0, kp, vp, j0, num_keys, head_dim, scale);
+        break;
+      default:
+        fold_rows<1>(r, i0, kp, vp, j0, num_keys, head_dim, scale);
+        break;
     }
   }
 }
@@ -256,7 +264,8 @@ Status validate(const AttentionArgs& a, const char* op) {
     return unimplemented(where + "the CPU backend reads f32 pages only, got " +
                          std::string(dtype_name(a.kv.dtype)));
   }
-  if (a.num_seqs < 0 || a.num_tokens < 0) return invalid_argument(where + "negative num_seqs/num_tokens");
+  if (a.num_seqs < 0 || a.num_tokens < 0)
+    return invalid_argument(where + "negative num_seqs/num_tokens");
   if (a.num_heads <= 0 || a.num_kv_heads <= 0 || a.head_dim <= 0) {
     return invalid_argument(where + "num_heads, num_kv_heads and head_dim must be positive");
   }
@@ -347,7 +356,8 @@ struct DecodeWorkspace {
 
 }  // namespace
 
-Status cpu_attention_decode(const AttentionArgs& a, const backend::SplitPlan& plan, ThreadPool& pool) {
+Status cpu_attention_decode(const AttentionArgs& a, const backend::SplitPlan& plan,
+                            ThreadPool& pool) {
   KVSPLIT_RETURN_IF_ERROR(validate(a, "attention_decode"));
   for (int s = 0; s < a.num_seqs; ++s) {
     if (a.query_start[s + 1] - a.query_start[s] != 1) {
@@ -395,8 +405,8 @@ Status cpu_attention_decode(const AttentionArgs& a, const backend::SplitPlan& pl
       }
       return;
     }
-    const int64_t slot0 = (static_cast<int64_t>(plan.split_offset[s]) + sp) * a.num_heads +
-                          kvh * group;
+    const int64_t slot0 =
+        (static_cast<int64_t>(plan.split_offset[s]) + sp) * a.num_heads + kvh * group;
     std::copy(r.o, r.o + static_cast<size_t>(group) * hd, ws.o.data() + slot0 * hd);
     std::copy(r.st, r.st + group, ws.st.data() + slot0);
   });

@@ -12,8 +12,8 @@
 #pragma once
 
 #include "backend/backend.h"
-#include "common/thread_pool.h"
 #include "backend/split_plan.h"
+#include "common/thread_pool.h"
 #include "kvsplit/status.h"
 
 namespace kvsplit::backend {

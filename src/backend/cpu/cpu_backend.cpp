@@ -14,9 +14,9 @@
 #include "backend/cpu/attention.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/simd.h"
+#include "common/thread_pool.h"
 #include "kernels/common/paged_kv.h"
 #include "kernels/common/rope.h"
-#include "common/thread_pool.h"
 
 namespace kvsplit::backend {
 namespace {
@@ -30,8 +30,7 @@ std::string str(int64_t v) { return std::to_string(v); }
 class CpuBackend final : public Backend {
  public:
   CpuBackend(int threads, int64_t spin_micros, int device, bool emulate_no_peer_access)
-      : pool_(std::max(1, threads),
-              spin_micros < 0 ? ThreadPool::kDefaultSpinMicros : spin_micros),
+      : pool_(std::max(1, threads), spin_micros < 0 ? ThreadPool::kDefaultSpinMicros : spin_micros),
         device_(device),
         no_peer_access_(emulate_no_peer_access) {}
   ~CpuBackend() override {

@@ -5,11 +5,11 @@
 #include <cstring>
 #include <string>
 
-#include "kernels/attention/paged_attention.h"
-#include "backend/cuda/kernel_args.h"
 #include "backend/cuda/cuda_util.h"
-#include "kernels/common/float_bits.h"
+#include "backend/cuda/kernel_args.h"
 #include "common/log.h"
+#include "kernels/attention/paged_attention.h"
+#include "kernels/common/float_bits.h"
 #include "kernels/ops/ops.h"
 #include "kernels/sampling/sampling.h"
 
@@ -23,7 +23,8 @@ cudaDataType_t cuda_type(DType t) {
 float element_as_float(const void* data, DType t, int64_t i) {
   uint16_t b;
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(data)[i];
+    case DType::kF32:
+      return static_cast<const float*>(data)[i];
     case DType::kF16:
       std::memcpy(&b, static_cast<const uint16_t*>(data) + i, 2);
       return kernels::half_bits_to_float(b);
@@ -36,16 +37,17 @@ float element_as_float(const void* data, DType t, int64_t i) {
 
 Status check_attention_shape(const AttentionArgs& a) {
   if (a.kv.num_kv_heads != a.num_kv_heads || a.kv.head_dim != a.head_dim)
-    return invalid_argument("cuda attention: LayerKv shape does not match the call (kv heads " +
-                            std::to_string(a.kv.num_kv_heads) + " vs " + std::to_string(a.num_kv_heads) +
-                            ", head_dim " + std::to_string(a.kv.head_dim) + " vs " +
-                            std::to_string(a.head_dim) + ")");
+    return invalid_argument(
+        "cuda attention: LayerKv shape does not match the call (kv heads " +
+        std::to_string(a.kv.num_kv_heads) + " vs " + std::to_string(a.num_kv_heads) +
+        ", head_dim " + std::to_string(a.kv.head_dim) + " vs " + std::to_string(a.head_dim) + ")");
   return ok_status();
 }
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device, const CudaBackendOptions& options) {
+StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device,
+                                                       const CudaBackendOptions& options) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
@@ -65,8 +67,10 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device, const CudaBac
   b->name_ = "cuda (" + std::string(prop.name) + ", " + std::to_string(prop.multiProcessorCount) +
              " SMs, sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ", weights " +
              std::string(dtype_name(options.weight_dtype)) + ")";
-  KVSPLIT_CUDA_RETURN(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  KVSPLIT_CUDA_RETURN(cudaEventCreateWithFlags(&b->staging_done_, cudaEventDisableTiming), "cudaEventCreate");
+  KVSPLIT_CUDA_RETURN(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking),
+                      "cudaStreamCreate");
+  KVSPLIT_CUDA_RETURN(cudaEventCreateWithFlags(&b->staging_done_, cudaEventDisableTiming),
+                      "cudaEventCreate");
   KVSPLIT_CUBLAS_RETURN(cublasCreate(&b->cublas_), "cublasCreate");
   KVSPLIT_CUBLAS_RETURN(cublasSetStream(b->cublas_, b->stream_), "cublasSetStream");
   void* flag = nullptr;
@@ -100,7 +104,8 @@ void CudaBackend::free(void* ptr) {
 
 Status CudaBackend::copy_h2d(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return ok_status();
-  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "copy_h2d");
+  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_),
+                      "copy_h2d");
   // The caller may reuse `src` right away (pageable memory): wait for the copy.
   KVSPLIT_CUDA_RETURN(cudaStreamSynchronize(stream_), "copy_h2d sync");
   return ok_status();
@@ -108,14 +113,16 @@ Status CudaBackend::copy_h2d(void* dst, const void* src, size_t bytes) {
 
 Status CudaBackend::copy_d2h(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return check_error_flag();
-  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy_d2h");
+  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
+                      "copy_d2h");
   KVSPLIT_CUDA_RETURN(cudaStreamSynchronize(stream_), "copy_d2h sync");
   return check_error_flag();
 }
 
 Status CudaBackend::copy_d2d(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return ok_status();
-  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy_d2d");
+  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_),
+                      "copy_d2d");
   return ok_status();
 }
 
@@ -164,11 +171,13 @@ Status CudaBackend::copy_from(void* dst, const Backend& src, const void* src_ptr
 
 Status CudaBackend::check_error_flag() {
   int flag = 0;
-  KVSPLIT_CUDA_RETURN(cudaMemcpy(&flag, error_flag_, sizeof(int), cudaMemcpyDeviceToHost), "error flag");
+  KVSPLIT_CUDA_RETURN(cudaMemcpy(&flag, error_flag_, sizeof(int), cudaMemcpyDeviceToHost),
+                      "error flag");
   if (flag == 0) return ok_status();
   KVSPLIT_CUDA_RETURN(cudaMemset(error_flag_, 0, sizeof(int)), "error flag reset");
   return invalid_argument(std::string("cuda: an index input was out of range in a recent ") +
-                          last_flag_op_ + " call (block id, slot or token id); that item was skipped");
+                          last_flag_op_ +
+                          " call (block id, slot or token id); that item was skipped");
 }
 
 Status CudaBackend::reserve(void** buf, size_t* cap, size_t bytes) {
@@ -194,8 +203,10 @@ StatusOr<void*> CudaBackend::staging(size_t bytes) {
   return pinned_;
 }
 
-StatusOr<MatrixView> CudaBackend::upload_matrix(const void* host, DType dtype, int64_t rows, int64_t cols) {
-  if (!host || rows <= 0 || cols <= 0) return invalid_argument("upload_matrix: empty or null matrix");
+StatusOr<MatrixView> CudaBackend::upload_matrix(const void* host, DType dtype, int64_t rows,
+                                                int64_t cols) {
+  if (!host || rows <= 0 || cols <= 0)
+    return invalid_argument("upload_matrix: empty or null matrix");
   const DType target = options_.weight_dtype;
   const int64_t n = rows * cols;
   const size_t bytes = static_cast<size_t>(n) * dtype_size(target);
@@ -208,15 +219,16 @@ StatusOr<MatrixView> CudaBackend::upload_matrix(const void* host, DType dtype, i
     const int64_t cnt = std::min(kChunk, n - begin);
     KVSPLIT_ASSIGN_OR_RETURN(void* stage, staging(static_cast<size_t>(cnt) * dtype_size(target)));
     if (dtype == target) {
-      std::memcpy(stage, static_cast<const char*>(host) + begin * dtype_size(dtype), cnt * dtype_size(dtype));
+      std::memcpy(stage, static_cast<const char*>(host) + begin * dtype_size(dtype),
+                  cnt * dtype_size(dtype));
     } else {
       for (int64_t i = 0; i < cnt; ++i) {
         const float f = element_as_float(host, dtype, begin + i);
         if (target == DType::kF32) {
           static_cast<float*>(stage)[i] = f;
         } else {
-          static_cast<uint16_t*>(stage)[i] =
-              target == DType::kF16 ? kernels::float_to_half_bits(f) : kernels::float_to_bf16_bits(f);
+          static_cast<uint16_t*>(stage)[i] = target == DType::kF16 ? kernels::float_to_half_bits(f)
+                                                                   : kernels::float_to_bf16_bits(f);
         }
       }
     }
@@ -228,10 +240,11 @@ StatusOr<MatrixView> CudaBackend::upload_matrix(const void* host, DType dtype, i
   return MatrixView{dev, target, rows, cols};
 }
 
-Status CudaBackend::embedding(const int32_t* ids, int num_tokens, const MatrixView& table, float* out) {
+Status CudaBackend::embedding(const int32_t* ids, int num_tokens, const MatrixView& table,
+                              float* out) {
   last_flag_op_ = "embedding";
-  return kernels::launch_embedding(ids, num_tokens, table.data, table.dtype, table.rows,
-                                   table.cols, out, error_flag_, stream_);
+  return kernels::launch_embedding(ids, num_tokens, table.data, table.dtype, table.rows, table.cols,
+                                   out, error_flag_, stream_);
 }
 
 Status CudaBackend::rmsnorm(const float* x, const float* weight, int num_tokens, int dim, float eps,
@@ -239,8 +252,8 @@ Status CudaBackend::rmsnorm(const float* x, const float* weight, int num_tokens,
   return kernels::launch_rmsnorm(x, weight, num_tokens, dim, eps, out, nullptr, stream_);
 }
 
-Status CudaBackend::add_rmsnorm(float* residual, const float* x, const float* weight, int num_tokens,
-                                int dim, float eps, float* out) {
+Status CudaBackend::add_rmsnorm(float* residual, const float* x, const float* weight,
+                                int num_tokens, int dim, float eps, float* out) {
   if (num_tokens > 0 && !residual) return invalid_argument("add_rmsnorm: null residual");
   return kernels::launch_rmsnorm(x, weight, num_tokens, dim, eps, out, residual, stream_);
 }
@@ -256,7 +269,8 @@ Status CudaBackend::gemm(const float* x, int m, const MatrixView& w, const float
   if (w.dtype != DType::kF32) {
     // Tensor-core GEMM: activations rounded to the weight type, fp32 accumulation and output.
     KVSPLIT_RETURN_IF_ERROR(reserve(&act16_, &act16_cap_, size_t(m) * k * 2));
-    KVSPLIT_RETURN_IF_ERROR(kernels::launch_convert_f32(x, int64_t{m} * k, act16_, w.dtype, stream_));
+    KVSPLIT_RETURN_IF_ERROR(
+        kernels::launch_convert_f32(x, int64_t{m} * k, act16_, w.dtype, stream_));
     xin = act16_;
   }
   const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
@@ -269,8 +283,8 @@ Status CudaBackend::gemm(const float* x, int m, const MatrixView& w, const float
   return ok_status();
 }
 
-Status CudaBackend::rope(float* q, float* k, const int32_t* positions, int num_tokens, int num_heads,
-                         int num_kv_heads, const RopeArgs& args) {
+Status CudaBackend::rope(float* q, float* k, const int32_t* positions, int num_tokens,
+                         int num_heads, int num_kv_heads, const RopeArgs& args) {
   kernels::RopeParams p;
   p.q = q;
   p.k = k;
@@ -320,11 +334,13 @@ Status CudaBackend::attention_decode(const AttentionArgs& args, const backend::S
     std::memcpy(stage, plan.num_splits.data(), n * sizeof(int32_t));
     std::memcpy(static_cast<int32_t*>(stage) + n, plan.split_offset.data(), n * sizeof(int32_t));
     KVSPLIT_RETURN_IF_ERROR(reserve(&plan_dev_, &plan_cap_, 2 * n * sizeof(int32_t)));
-    KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(plan_dev_, stage, 2 * n * sizeof(int32_t),
-                                        cudaMemcpyHostToDevice, stream_), "split plan upload");
+    KVSPLIT_CUDA_RETURN(
+        cudaMemcpyAsync(plan_dev_, stage, 2 * n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+        "split plan upload");
     KVSPLIT_CUDA_RETURN(cudaEventRecord(staging_done_, stream_), "cudaEventRecord");
     const size_t heads = static_cast<size_t>(plan.total_splits) * args.num_heads;
-    KVSPLIT_RETURN_IF_ERROR(reserve(&partials_, &partials_cap_, heads * (args.head_dim + 2) * sizeof(float)));
+    KVSPLIT_RETURN_IF_ERROR(
+        reserve(&partials_, &partials_cap_, heads * (args.head_dim + 2) * sizeof(float)));
     p.chunk_tokens = plan.chunk_tokens;
     p.num_splits = static_cast<const int32_t*>(plan_dev_);
     p.split_offset = static_cast<const int32_t*>(plan_dev_) + n;
@@ -348,14 +364,16 @@ Status CudaBackend::sample_tokens(const float* logits, int num_rows, int vocab,
   for (int r = 0; r < num_rows; ++r) {
     params[r] = sample_row_params(rows[r]);
     const Status st = kernels::validate_sample_params(params[r]);
-    if (!st.ok()) return invalid_argument("sample_tokens: row " + std::to_string(r) + ": " + st.message());
+    if (!st.ok())
+      return invalid_argument("sample_tokens: row " + std::to_string(r) + ": " + st.message());
   }
   KVSPLIT_RETURN_IF_ERROR(reserve(&sample_rows_, &sample_rows_cap_, bytes));
   KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(sample_rows_, stage, bytes, cudaMemcpyHostToDevice, stream_),
                       "sample_tokens params upload");
   KVSPLIT_CUDA_RETURN(cudaEventRecord(staging_done_, stream_), "cudaEventRecord");
   return kernels::launch_sample(logits, num_rows, vocab,
-                                static_cast<const kernels::SampleRowParams*>(sample_rows_), ids, stream_);
+                                static_cast<const kernels::SampleRowParams*>(sample_rows_), ids,
+                                stream_);
 }
 
 }  // namespace kvsplit::backend::cuda
@@ -371,7 +389,8 @@ int cuda_device_count() {
   return count;
 }
 
-StatusOr<std::unique_ptr<Backend>> create_cuda_backend(int device, const CudaBackendOptions& options) {
+StatusOr<std::unique_ptr<Backend>> create_cuda_backend(int device,
+                                                       const CudaBackendOptions& options) {
   if (options.weight_dtype != DType::kBF16 && options.weight_dtype != DType::kF16 &&
       options.weight_dtype != DType::kF32)
     return invalid_argument("backend 'cuda': unsupported weight dtype");

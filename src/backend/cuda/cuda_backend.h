@@ -40,10 +40,13 @@ class CudaBackend final : public Backend {
   Status bind_thread() override;
   bool can_read_from(const Backend& src) override;
   Status copy_from(void* dst_dev, const Backend& src, const void* src_dev, size_t bytes) override;
-  StatusOr<MatrixView> upload_matrix(const void* host, DType dtype, int64_t rows, int64_t cols) override;
+  StatusOr<MatrixView> upload_matrix(const void* host, DType dtype, int64_t rows,
+                                     int64_t cols) override;
 
-  Status embedding(const int32_t* ids, int num_tokens, const MatrixView& table, float* out) override;
-  Status rmsnorm(const float* x, const float* weight, int num_tokens, int dim, float eps, float* out) override;
+  Status embedding(const int32_t* ids, int num_tokens, const MatrixView& table,
+                   float* out) override;
+  Status rmsnorm(const float* x, const float* weight, int num_tokens, int dim, float eps,
+                 float* out) override;
   Status add_rmsnorm(float* residual, const float* x, const float* weight, int num_tokens, int dim,
                      float eps, float* out) override;
   Status gemm(const float* x, int m, const MatrixView& w, const float* bias, float* out,
@@ -76,17 +79,17 @@ class CudaBackend final : public Backend {
   cudaEvent_t staging_done_ = nullptr;
   void* pinned_ = nullptr;
   size_t pinned_cap_ = 0;
-  int* error_flag_ = nullptr;        // device int, see the class comment
-  const char* last_flag_op_ = "";   // op family most recently launched with the flag
-  void* act16_ = nullptr;           // bf16/f16 copy of GEMM activations
+  int* error_flag_ = nullptr;      // device int, see the class comment
+  const char* last_flag_op_ = "";  // op family most recently launched with the flag
+  void* act16_ = nullptr;          // bf16/f16 copy of GEMM activations
   size_t act16_cap_ = 0;
-  void* plan_dev_ = nullptr;        // split plan arrays [2, num_seqs] int32
+  void* plan_dev_ = nullptr;  // split plan arrays [2, num_seqs] int32
   size_t plan_cap_ = 0;
-  void* partials_ = nullptr;        // split-K partial (o, m, l)
+  void* partials_ = nullptr;  // split-K partial (o, m, l)
   size_t partials_cap_ = 0;
-  void* sample_rows_ = nullptr;     // kernels::SampleRowParams [num_rows]
+  void* sample_rows_ = nullptr;  // kernels::SampleRowParams [num_rows]
   size_t sample_rows_cap_ = 0;
-  std::vector<void*> weights_;      // owned uploads
+  std::vector<void*> weights_;  // owned uploads
 };
 
 }  // namespace kvsplit::backend::cuda

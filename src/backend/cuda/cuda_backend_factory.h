@@ -21,6 +21,7 @@ struct CudaBackendOptions {
 StatusOr<std::unique_ptr<Backend>> create_cuda_backend(int device);
 // cudaGetDeviceCount, 0 when it fails (no driver or no device).
 int cuda_device_count();
-StatusOr<std::unique_ptr<Backend>> create_cuda_backend(int device, const CudaBackendOptions& options);
+StatusOr<std::unique_ptr<Backend>> create_cuda_backend(int device,
+                                                       const CudaBackendOptions& options);
 
 }  // namespace kvsplit::backend

@@ -4,8 +4,8 @@
 
 #include <cstdint>
 
-#include "kernels/attention/paged_attention.h"
 #include "backend/backend.h"
+#include "kernels/attention/paged_attention.h"
 #include "kernels/ops/ops.h"
 #include "kernels/sampling/sampling.h"
 

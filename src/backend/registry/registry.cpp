@@ -18,7 +18,8 @@ StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name, int thr
   return create_backend(name, options);
 }
 
-StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name, const BackendOptions& options) {
+StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name,
+                                                  const BackendOptions& options) {
   if (name == "cpu") {
     if (options.weight_dtype && *options.weight_dtype != DType::kF32)
       return invalid_argument("backend 'cpu': weight dtype " +
@@ -27,8 +28,8 @@ StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name, const B
                               "weights of the file 16-bit; use auto or f32)");
     int threads = options.threads;
     if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    return std::unique_ptr<Backend>(
-        make_cpu_backend(threads, options.spin_micros, options.device, options.emulate_no_peer_access));
+    return std::unique_ptr<Backend>(make_cpu_backend(threads, options.spin_micros, options.device,
+                                                     options.emulate_no_peer_access));
   }
   if (name == "cuda") {
 #if defined(KVSPLIT_HAVE_CUDA_BACKEND)
@@ -36,7 +37,8 @@ StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name, const B
     if (options.weight_dtype) cuda_options.weight_dtype = *options.weight_dtype;
     return create_cuda_backend(options.device, cuda_options);
 #else
-    return unavailable("backend 'cuda' is not built into this binary (nvcc was not found at build time)");
+    return unavailable(
+        "backend 'cuda' is not built into this binary (nvcc was not found at build time)");
 #endif
   }
   return invalid_argument("unknown backend '" + std::string(name) + "' (expected 'cpu' or 'cuda')");
