@@ -11,7 +11,7 @@ PKGS=(
   prometheus-cpp-dev
   python3-grpcio python3-protobuf python3-matplotlib
   openssl
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev clang-format
 )
 
 missing=()
