@@ -28,10 +28,11 @@ class BlockAllocator {
   std::vector<int32_t> refcount_;  // [num_blocks]
 };
 
-// Logical -> physical block ids of one sequence, and how many tokens it holds.
+// Logical -> physical block ids of one sequence (block i holds its tokens
+// [i * block_size, (i + 1) * block_size)). How many tokens are written is the owner's (a
+// Sequence's num_computed), not the table's.
 struct BlockTable {
   std::vector<int32_t> blocks;
-  int num_tokens = 0;
 
   // Blocks needed to hold `tokens` tokens.
   static int blocks_for(int tokens, int block_size) {

@@ -112,7 +112,6 @@ bool KvPool::reserve(BlockTable& table, int new_num_tokens) {
 void KvPool::release(BlockTable& table) {
   for (int32_t id : table.blocks) allocator_.decref(id);
   table.blocks.clear();
-  table.num_tokens = 0;
 }
 
 }  // namespace kvsplit::kv
