@@ -272,10 +272,6 @@ TEST(EngineAdmission, ShortTtftBoundedWithLongPrompts) {
     Request shortr;
     shortr.prompt = "The dog";
     shortr.sampling.max_tokens = 2;
-    std::vector<double> alone;
-    for (int i = 0; i < 5; ++i)
-      alone.push_back(collect(*(*engine)->submit(shortr)).final_event.timings.ttft_ms);
-    std::sort(alone.begin(), alone.end());
     // The long prompts and then the short one are all queued before any prefill runs (held), so
     // the short prompt arrives behind 3 x 320 tokens whatever the machine's speed.
     (*engine)->set_test_hold(puller, sched::TestHold::kForward);
@@ -287,15 +283,11 @@ TEST(EngineAdmission, ShortTtftBoundedWithLongPrompts) {
       longs.push_back(*(*engine)->submit(l));
     }
     RequestHandle hs = *(*engine)->submit(shortr);
-    const auto submitted = std::chrono::steady_clock::now();
     ASSERT_TRUE(wait_for_stats(**engine, [](const EngineStats& st) {
       return st.pools[0].waiting == 4;  // all four pulled by the held worker
     }));
-    const auto released = std::chrono::steady_clock::now();
     (*engine)->set_test_hold(puller, sched::TestHold::kNone);
     Collected s = collect(hs);
-    // An upper bound of the short request's TTFT counted from the release.
-    const double held_ms = std::chrono::duration<double, std::milli>(released - submitted).count();
     double long_ttft_min = 1e30;
     for (RequestHandle& h : longs) {
       long_ttft_min = std::min(long_ttft_min, collect(h).final_event.timings.ttft_ms);
@@ -303,9 +295,9 @@ TEST(EngineAdmission, ShortTtftBoundedWithLongPrompts) {
     const double with_long = s.final_event.timings.ttft_ms;
     // 3 x 320 tokens take 30 steps of 32; round robin gives the short prompt a chunk in the
     // second step, so it gets its first token before every long prompt (an order, not a time).
-    EXPECT_LT(with_long, long_ttft_min) << "alone " << alone[2] << " ms";
-    // And a generous bound relative to its TTFT alone.
-    EXPECT_LT(with_long - held_ms, 20 * alone[2] + 50.0) << "alone " << alone[2] << " ms";
+    // No wall-clock bound: the suite runs in parallel on shared machines, where a time limit
+    // fails for reasons that are not the scheduler's (TTFT is measured in bench_serving).
+    EXPECT_LT(with_long, long_ttft_min);
   }
 }
 
