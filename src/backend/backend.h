@@ -16,6 +16,7 @@
 
 #include "backend/dtype.h"
 #include "backend/split_plan.h"
+#include "kernels/common/kv_quant.h"
 #include "kvsplit/status.h"
 
 namespace kvsplit::backend {
@@ -75,6 +76,33 @@ struct AttentionArgs {
   int max_blocks_per_seq = 0;
   int max_query_len = 0;
   int max_kv_len = 0;
+
+  // ---- Mixed-precision pages (semantic cut, kernels/common/kv_quant.h). ----
+  // nullptr: every page is full precision in `kv` (the fast path). Otherwise page (s, i) is read at
+  // precision page_precision[s, i] (a kernels::KvPrecision) and block_tables[s, i] is its id in
+  // the arena of that precision: `kv` for kFull; int8_pages / int4_pages (each
+  // [num_blocks, layout.bytes(p)] bytes of this layer, layout = {num_kv_heads, block_size,
+  // head_dim}) for kInt8 / kInt4; ignored for kEvicted (skipped: the page contributes nothing).
+  const uint8_t* page_precision = nullptr;  // [num_seqs, max_blocks_per_seq]
+  const void* int8_pages = nullptr;
+  int num_int8_blocks = 0;
+  const void* int4_pages = nullptr;
+  int num_int4_blocks = 0;
+
+  // ---- Scoring side outputs (decode only) for sequences s with score_seqs[s] != 0. ----
+  // With z_h(t) = scale * q_h . k_t over the resident tokens t < kv_len and m_h = max_t z_h(t):
+  //   token_relevance[s, t] = max(token_relevance[s, t], max_h exp(z_h(t) - m_h)), resident t;
+  //   page_bound[s, i] = max(page_bound[s, i],
+  //       max_h exp(scale * sum_d max(q_hd * kmin_gd, q_hd * kmax_gd) - m_h))
+  //   for pages i < ceil(kv_len / block_size) with summary_slots[s, i] >= 0 (any precision), kmin
+  //   and kmax read from summaries[summary_slots[s, i]] (g: the kv head of h). scale must be > 0.
+  // A sequence with no resident token has m_h = -inf: its page bounds become +inf.
+  const uint8_t* score_seqs = nullptr;     // [num_seqs]; nullptr: no side outputs
+  float* token_relevance = nullptr;        // [num_seqs, max_blocks_per_seq * block_size]
+  const int32_t* summary_slots = nullptr;  // [num_seqs, max_blocks_per_seq], -1: no summary
+  const float* summaries = nullptr;  // [num_summary_slots, 2 (min, max), num_kv_heads, head_dim]
+  int num_summary_slots = 0;
+  float* page_bound = nullptr;  // [num_seqs, max_blocks_per_seq]
 };
 
 // Per-row parameters of Backend::sample_tokens (host memory). Ranges as SamplingParams
@@ -156,6 +184,32 @@ class Backend {
   // Decode attention (one query per sequence) over pages, split along kv_len per `plan`
   // (FlashDecoding); partial (o, m, l) states are merged with kernels/common/softmax_state.h.
   virtual Status attention_decode(const AttentionArgs& args, const backend::SplitPlan& plan) = 0;
+
+  // ---- quantized KV pages (semantic cut; layouts and math in kernels/common/kv_quant.h) ----
+  // src: one full-precision page of one layer, [2, num_kv_heads, block_size, head_dim] of
+  // src_dtype (the bytes of LayerKv page `block`), every slot written; dst: layout.bytes(to)
+  // bytes. to is kInt8 or kInt4. Both device memory.
+  virtual Status quantize_kv_page(const void* src, DType src_dtype,
+                                  const kernels::QuantPageLayout& layout, kernels::KvPrecision to,
+                                  void* dst) {
+    (void)src, (void)src_dtype, (void)layout, (void)to, (void)dst;
+    return unimplemented("backend " + name() + ": quantize_kv_page is not implemented");
+  }
+  // Inverse of quantize_kv_page: writes a full-precision page of dst_dtype from src
+  // (layout.bytes(from) bytes, from kInt8 or kInt4).
+  virtual Status dequantize_kv_page(const void* src, kernels::KvPrecision from,
+                                    const kernels::QuantPageLayout& layout, void* dst,
+                                    DType dst_dtype) {
+    (void)src, (void)from, (void)layout, (void)dst, (void)dst_dtype;
+    return unimplemented("backend " + name() + ": dequantize_kv_page is not implemented");
+  }
+  // Per-channel min and max of the page's keys: dst f32 [2 (min, max), num_kv_heads, head_dim].
+  // src as quantize_kv_page.
+  virtual Status summarize_kv_page(const void* src, DType src_dtype,
+                                   const kernels::QuantPageLayout& layout, float* dst) {
+    (void)src, (void)src_dtype, (void)layout, (void)dst;
+    return unimplemented("backend " + name() + ": summarize_kv_page is not implemented");
+  }
 
   // Optional op: ids[r] = a token sampled from logits[r, 0..vocab) with rows[r] (temperature,
   // min-p, top-k, top-p, then one Philox4x32-10 draw at counter (seed, step); semantics in

@@ -13,6 +13,7 @@
 
 #include "backend/cpu/attention.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/kv_quant_ops.h"
 #include "backend/cpu/simd.h"
 #include "common/thread_pool.h"
 #include "kernels/common/paged_kv.h"
@@ -99,6 +100,19 @@ class CpuBackend final : public Backend {
   }
   Status attention_decode(const AttentionArgs& args, const backend::SplitPlan& plan) override {
     return cpu_attention_decode(args, plan, pool_);
+  }
+  Status quantize_kv_page(const void* src, DType src_dtype, const kernels::QuantPageLayout& layout,
+                          kernels::KvPrecision to, void* dst) override {
+    return cpu_quantize_kv_page(src, src_dtype, layout, to, dst);
+  }
+  Status dequantize_kv_page(const void* src, kernels::KvPrecision from,
+                            const kernels::QuantPageLayout& layout, void* dst,
+                            DType dst_dtype) override {
+    return cpu_dequantize_kv_page(src, from, layout, dst, dst_dtype);
+  }
+  Status summarize_kv_page(const void* src, DType src_dtype, const kernels::QuantPageLayout& layout,
+                           float* dst) override {
+    return cpu_summarize_kv_page(src, src_dtype, layout, dst);
   }
 
  private:
