@@ -1,4 +1,4 @@
-// kvsplit: the command-line tool. Subcommands: generate, info, tokenize.
+// kvsplit: the command-line tool. Subcommands: generate, perplexity, info, tokenize.
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -12,7 +12,10 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "cli/common_flags.h"
+#include "cli/cut_flags.h"
 #include "cli/exit_codes.h"
+#include "cli/perplexity.h"
 #include "cli/tokenize.h"
 #include "kv/kv_pool.h"
 #include "model/default_model.h"
@@ -23,14 +26,17 @@
 namespace {
 
 using namespace kvsplit;
+using cli::CommonFlags;
+using cli::fail;
 
-struct CommonFlags {
-  std::string model;
-  std::string tokenizer;
-  std::string backend = "cpu";
-  int threads = 0;
-  bool verbose = false;
-};
+// Fills model/tokenizer defaults; prints the choice to stderr.
+void resolve_model(CommonFlags& f) {
+  if (!f.model.empty()) return;
+  model::DefaultModel d = model::resolve_default_model();
+  f.model = d.model;
+  if (f.tokenizer.empty()) f.tokenizer = d.tokenizer;
+  std::fprintf(stderr, "%s\n", d.note.c_str());
+}
 
 struct GenerateFlags {
   std::vector<std::string> prompts;
@@ -49,53 +55,18 @@ struct GenerateFlags {
   int block_size = 16;
   int max_batch_tokens = 512;
   int split_chunk = -1;
-  std::string weight_dtype = "auto";
+  cli::CutFlags cut;
 };
 
-void add_common(CLI::App* app, CommonFlags& f) {
-  app->add_option("--model", f.model,
-                  "model: llama2.c .bin, HF directory or synthetic:<preset> "
-                  "(default: stories260K from $KVSPLIT_MODELS, ./models or ../shared/models)");
-  app->add_option("--tokenizer", f.tokenizer, "tokenizer file (default: beside the model)");
-  app->add_option("--backend", f.backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  app->add_option("--threads", f.threads, "CPU threads (0: all)")->check(CLI::NonNegativeNumber);
-  app->add_flag("-v,--verbose", f.verbose, "log progress to stderr");
-}
-
-// Fills model/tokenizer defaults; prints the choice to stderr.
-void resolve_model(CommonFlags& f) {
-  if (!f.model.empty()) return;
-  model::DefaultModel d = model::resolve_default_model();
-  f.model = d.model;
-  if (f.tokenizer.empty()) f.tokenizer = d.tokenizer;
-  std::fprintf(stderr, "%s\n", d.note.c_str());
-}
-
-int fail(const Status& st) {
-  std::fprintf(stderr, "kvsplit: error: %s\n", st.to_string().c_str());
-  return cli::exit_code_for(st.code());
-}
-
 int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
-  resolve_model(cf);
-  model::LoadOptions lo;
-  lo.tokenizer_path = cf.tokenizer;
-  auto loaded = model::load_model(cf.model, lo);
-  if (!loaded.ok()) return fail(loaded.status());
+  auto rc = cli::resolve_cut(gf.cut);
+  if (!rc.ok()) return fail(rc.status());
+  auto run = cli::load_run_model(cf);
+  if (!run.ok()) return fail(run.status());
+  model::LoadedModel* loaded = &(*run)->loaded;
   const model::ModelConfig& cfg = loaded->config;
-  backend::BackendOptions bopt;
-  bopt.threads = cf.threads;
-  if (gf.weight_dtype == "f32") bopt.weight_dtype = backend::DType::kF32;
-  if (gf.weight_dtype == "bf16") bopt.weight_dtype = backend::DType::kBF16;
-  if (gf.weight_dtype == "f16") bopt.weight_dtype = backend::DType::kF16;
-  auto backend = backend::create_backend(cf.backend, bopt);
-  if (!backend.ok()) return fail(backend.status());
-  auto llama = model::LlamaModel::create(*loaded, **backend);
-  if (!llama.ok()) return fail(llama.status());
-  if (cf.verbose) {
-    spdlog::info("model {} ({} layers, dim {}, vocab {}), backend {}", loaded->source,
-                 cfg.num_layers, cfg.dim, cfg.vocab_size, (*backend)->name());
-  }
+  auto* backend = &(*run)->backend;
+  auto* llama = &(*run)->llama;
 
   std::vector<std::string> prompts = gf.prompts;
   if (prompts.empty()) prompts.emplace_back("");
@@ -125,12 +96,24 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   kv::KvPoolConfig pc;
   pc.block_size = gf.block_size;
   pc.num_blocks = std::max(1, sched::blocks_needed(inputs, gf.block_size, cfg.max_seq_len));
+  {
+    auto probe = kv::KvPool::create(**backend, pc, (*llama)->kv_shape());
+    if (!probe.ok()) return fail(probe.status());
+    sched::SequenceCut::size_tiers(rc->policy, rc->semantic, pc.num_blocks,
+                                   (*probe)->bytes_per_block(), &pc);
+  }
   auto pool = kv::KvPool::create(**backend, pc, (*llama)->kv_shape());
   if (!pool.ok()) return fail(pool.status());
 
   sched::BatchOptions bo;
   bo.max_batch_tokens = gf.max_batch_tokens;
   bo.forward.force_chunk_tokens = gf.split_chunk;
+  bo.kv_policy = rc->policy;
+  bo.semantic = rc->semantic;
+  bo.heavy_tokens = rc->heavy_tokens;
+  bo.prefill_tokens = rc->prefill;
+  sched::SequenceCutStats cut_stats;
+  bo.cut_stats = &cut_stats;
   const bool stream = !gf.json && prompts.size() == 1;
   if (stream) {
     bo.on_text = [](int, std::string_view text) {
@@ -165,6 +148,17 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   if (cf.verbose || !gf.json) {
     std::fprintf(stderr, "%zu prompts, %zu tokens generated in %.3f s (%.1f tok/s)\n",
                  prompts.size(), generated, secs, secs > 0 ? generated / secs : 0.0);
+    if (rc->policy != cuts::semantic::KvPolicy::kFull) {
+      const kv::PageOpStats& o = cut_stats.ops;
+      std::fprintf(stderr,
+                   "kv policy %s: resident KV vs full avg %.3f, peak %.3f; demotions %lld, "
+                   "evictions %lld, recalls %lld\n",
+                   cuts::semantic::kv_policy_name(rc->policy),
+                   cut_stats.steps > 0 ? cut_stats.resident_fraction_sum / cut_stats.steps : 1.0,
+                   cut_stats.steps > 0 ? cut_stats.peak_resident_fraction : 1.0,
+                   static_cast<long long>(o.demoted_to_int8 + o.demoted_to_int4),
+                   static_cast<long long>(o.evicted), static_cast<long long>(o.restored));
+    }
   }
   return 0;
 }
@@ -211,7 +205,7 @@ int main(int argc, char** argv) {
   GenerateFlags gf;
   CLI::App* gen =
       app.add_subcommand("generate", "generate text for one or more prompts (one batch)");
-  add_common(gen, gen_common);
+  cli::add_common(gen, gen_common);
   gen->add_option("-p,--prompt", gf.prompts, "prompt (repeatable; several run as one batch)");
   gen->add_option("-n,--max-tokens", gf.max_tokens,
                   "tokens to generate (the prefill's token counts as the first), >= 1")
@@ -235,16 +229,23 @@ int main(int argc, char** argv) {
   gen->add_option(
       "--split-chunk", gf.split_chunk,
       "force decode split-K chunks of this many tokens (0 = no split; default: planner)");
+  cli::add_cut_options(gen, gf.cut);
   gen->add_option(
-         "--weight-dtype", gf.weight_dtype,
+         "--weight-dtype", gen_common.weight_dtype,
          "weight storage on the device: auto (the backend's default; cuda: bf16), f32, bf16 "
          "or f16. The cpu backend accepts auto and f32, which change nothing there (it keeps "
          "f32 weights f32 and the file's 16-bit weights 16-bit); bf16/f16 are cuda only")
       ->check(CLI::IsMember({"auto", "f32", "bf16", "f16"}));
 
+  CommonFlags ppl_common;
+  cli::PerplexityFlags pf;
+  CLI::App* ppl = app.add_subcommand(
+      "perplexity", "teacher-forced NLL and perplexity of a text, under a KV policy");
+  cli::add_perplexity_options(ppl, ppl_common, pf);
+
   CommonFlags info_common;
   CLI::App* info = app.add_subcommand("info", "print a model's configuration as JSON");
-  add_common(info, info_common);
+  cli::add_common(info, info_common);
 
   cli::TokenizeFlags tf;
   CLI::App* tokenize =
@@ -260,6 +261,10 @@ int main(int argc, char** argv) {
   if (gen->parsed()) {
     if (gen_common.verbose) spdlog::set_level(spdlog::level::info);
     return run_generate(gen_common, gf);
+  }
+  if (ppl->parsed()) {
+    if (ppl_common.verbose) spdlog::set_level(spdlog::level::info);
+    return cli::run_perplexity(ppl_common, pf);
   }
   if (info->parsed()) return run_info(info_common);
   if (tokenize->parsed()) return cli::run_tokenize(tf);

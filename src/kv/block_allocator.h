@@ -6,6 +6,8 @@
 #include <optional>
 #include <vector>
 
+#include "kv/page_entry.h"
+
 namespace kvsplit::kv {
 
 class BlockAllocator {
@@ -31,8 +33,20 @@ class BlockAllocator {
 // Logical -> physical block ids of one sequence (block i holds its tokens
 // [i * block_size, (i + 1) * block_size)). How many tokens are written is the owner's (a
 // Sequence's num_computed), not the table's.
+//
+// `pages` is empty while every page is full precision and resident (the only state before a cut
+// acts), else it has one entry per block: blocks[i] is then the page's id in the arena of
+// pages[i].precision (the KvPool's full pool, int8 or int4 arena), or -1 when evicted.
 struct BlockTable {
   std::vector<int32_t> blocks;
+  std::vector<PageEntry> pages;
+
+  // True when every page is full precision and resident (pages empty or all kFull on device).
+  bool all_full() const {
+    for (const PageEntry& p : pages)
+      if (p.precision != kernels::KvPrecision::kFull || !p.resident()) return false;
+    return true;
+  }
 
   // Blocks needed to hold `tokens` tokens.
   static int blocks_for(int tokens, int block_size) {

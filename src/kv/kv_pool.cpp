@@ -33,13 +33,46 @@ Status validate(const KvPoolConfig& config, const KvShape& shape) {
   if (config.num_blocks == 0 && config.capacity_bytes <= 0) {
     return invalid_argument("KvPool: set num_blocks or a positive capacity_bytes");
   }
+  if (config.int8_blocks < 0 || config.int4_blocks < 0 || config.summary_slots < 0 ||
+      config.host_bytes < 0) {
+    return invalid_argument(
+        "KvPool: int8_blocks, int4_blocks, summary_slots and host_bytes must "
+        "be >= 0");
+  }
+  if ((config.int8_blocks > 0 || config.int4_blocks > 0) && shape.head_dim % 2 != 0) {
+    return invalid_argument("KvPool: quantized pages need an even head_dim, got " +
+                            std::to_string(shape.head_dim));
+  }
+  return ok_status();
+}
+
+// Allocates `count` zeroed buffers of `bytes` each on `backend`.
+Status make_layers(backend::Backend& backend, int count, int64_t bytes, const char* what,
+                   std::vector<backend::DeviceBuffer>* out) {
+  if (bytes <= 0) return ok_status();
+  for (int l = 0; l < count; ++l) {
+    auto buf = backend::DeviceBuffer::make(backend, static_cast<size_t>(bytes));
+    if (!buf.ok()) {
+      return buf.status().with_prefix(std::string("KvPool: allocating ") + what + " of layer " +
+                                      std::to_string(l) + " (" + std::to_string(bytes) + " bytes)");
+    }
+    KVSPLIT_RETURN_IF_ERROR(backend.memset_zero(buf->get(), buf->bytes()));
+    out->push_back(std::move(*buf));
+  }
   return ok_status();
 }
 
 }  // namespace
 
 KvPool::KvPool(backend::Backend& backend, const KvPoolConfig& config, const KvShape& shape)
-    : backend_(backend), config_(config), shape_(shape), allocator_(config.num_blocks) {}
+    : backend_(backend),
+      config_(config),
+      shape_(shape),
+      allocator_(config.num_blocks),
+      int8_alloc_(config.int8_blocks),
+      int4_alloc_(config.int4_blocks),
+      summary_alloc_(config.summary_slots),
+      host_alloc_(0) {}
 
 KvPool::~KvPool() = default;
 
@@ -76,6 +109,34 @@ StatusOr<std::unique_ptr<KvPool>> KvPool::create(backend::Backend& backend,
     KVSPLIT_RETURN_IF_ERROR(backend.memset_zero(buf->get(), buf->bytes()));
     pool->layers_.push_back(std::move(*buf));
   }
+  const kernels::QuantPageLayout ql = pool->quant_layout();
+  const int L = shape.num_layers;
+  if (cfg.int8_blocks > 0) {
+    KVSPLIT_RETURN_IF_ERROR(make_layers(backend, L,
+                                        ql.bytes(kernels::KvPrecision::kInt8) * cfg.int8_blocks,
+                                        "the int8 arena", &pool->int8_layers_));
+  }
+  if (cfg.int4_blocks > 0) {
+    KVSPLIT_RETURN_IF_ERROR(make_layers(backend, L,
+                                        ql.bytes(kernels::KvPrecision::kInt4) * cfg.int4_blocks,
+                                        "the int4 arena", &pool->int4_layers_));
+  }
+  if (cfg.summary_slots > 0) {
+    const int64_t per_slot = int64_t{2} * shape.num_kv_heads * shape.head_dim * sizeof(float);
+    KVSPLIT_RETURN_IF_ERROR(
+        make_layers(backend, L, per_slot * cfg.summary_slots, "summaries", &pool->summary_layers_));
+  }
+  if (cfg.int8_blocks > 0 || cfg.int4_blocks > 0) {
+    auto buf = backend::DeviceBuffer::make(backend, static_cast<size_t>(block_bytes));
+    if (!buf.ok()) return buf.status().with_prefix("KvPool: allocating the staging page");
+    pool->scratch_ = std::move(*buf);
+  }
+  const int64_t host_slots = cfg.host_bytes / block_bytes;
+  if (host_slots > 0) {
+    const int n = static_cast<int>(std::min<int64_t>(host_slots, 1 << 30));
+    pool->host_alloc_ = BlockAllocator(n);
+    pool->host_tier_.resize(static_cast<size_t>(n) * static_cast<size_t>(block_bytes));
+  }
   KVSPLIT_LOG_DEBUG("KvPool: {} blocks x {} tokens, {} bytes per block ({} layers, {})",
                     cfg.num_blocks, cfg.block_size, block_bytes, shape.num_layers,
                     backend::dtype_name(cfg.dtype));
@@ -106,12 +167,71 @@ bool KvPool::reserve(BlockTable& table, int new_num_tokens) {
   auto ids = allocator_.allocate(need);
   if (!ids) return false;
   table.blocks.insert(table.blocks.end(), ids->begin(), ids->end());
+  if (!table.pages.empty()) table.pages.resize(table.blocks.size());
   return true;
 }
 
 void KvPool::release(BlockTable& table) {
-  for (int32_t id : table.blocks) allocator_.decref(id);
+  KVSPLIT_CHECK(table.pages.empty() || table.pages.size() == table.blocks.size());
+  for (size_t i = 0; i < table.blocks.size(); ++i) {
+    const PageEntry page = table.pages.empty() ? PageEntry{} : table.pages[i];
+    if (page.resident()) {
+      if (page.precision == kernels::KvPrecision::kFull)
+        allocator_.decref(table.blocks[i]);
+      else
+        arena_allocator(page.precision).decref(table.blocks[i]);
+    }
+    if (page.original >= 0) host_alloc_.decref(page.original);
+    if (page.summary >= 0) summary_alloc_.decref(page.summary);
+  }
   table.blocks.clear();
+  table.pages.clear();
+}
+
+int64_t KvPool::page_layer_bytes(kernels::KvPrecision p) const {
+  switch (p) {
+    case kernels::KvPrecision::kFull:
+      return layer_block_bytes(config_, shape_);
+    case kernels::KvPrecision::kInt8:
+    case kernels::KvPrecision::kInt4:
+      return quant_layout().bytes(p);
+    case kernels::KvPrecision::kEvicted:
+      return 0;
+  }
+  return 0;
+}
+
+void* KvPool::arena(kernels::KvPrecision p, int layer) const {
+  KVSPLIT_CHECK_MSG(layer >= 0 && layer < shape_.num_layers, "KvPool::arena layer out of range");
+  const auto& v = p == kernels::KvPrecision::kInt8 ? int8_layers_ : int4_layers_;
+  KVSPLIT_CHECK_MSG(p == kernels::KvPrecision::kInt8 || p == kernels::KvPrecision::kInt4,
+                    "KvPool::arena: int8 or int4 only");
+  return v.empty() ? nullptr : v[layer].get();
+}
+
+BlockAllocator& KvPool::arena_allocator(kernels::KvPrecision p) {
+  KVSPLIT_CHECK_MSG(p == kernels::KvPrecision::kInt8 || p == kernels::KvPrecision::kInt4,
+                    "KvPool::arena_allocator: int8 or int4 only");
+  return p == kernels::KvPrecision::kInt8 ? int8_alloc_ : int4_alloc_;
+}
+
+const BlockAllocator& KvPool::arena_allocator(kernels::KvPrecision p) const {
+  return const_cast<KvPool*>(this)->arena_allocator(p);
+}
+
+float* KvPool::summaries(int layer) const {
+  KVSPLIT_CHECK_MSG(layer >= 0 && layer < shape_.num_layers, "KvPool::summaries out of range");
+  return summary_layers_.empty() ? nullptr : summary_layers_[layer].get<float>();
+}
+
+std::byte* KvPool::host_slot(int32_t slot) {
+  KVSPLIT_CHECK_MSG(slot >= 0 && slot < host_alloc_.num_blocks(), "KvPool::host_slot out of range");
+  return host_tier_.data() + static_cast<size_t>(slot) * static_cast<size_t>(bytes_per_block());
+}
+
+void* KvPool::scratch_page(int layer) const {
+  KVSPLIT_CHECK_MSG(scratch_.get() != nullptr, "KvPool: no quantized arenas");
+  return scratch_.get<std::byte>() + layer * layer_block_bytes(config_, shape_);
 }
 
 }  // namespace kvsplit::kv

@@ -3,6 +3,7 @@
 // A block id names the same page in every layer. Not thread-safe: one owner (a worker).
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <vector>
 
@@ -16,6 +17,15 @@ struct KvPoolConfig {
   int block_size = 16;                          // tokens per page
   int64_t capacity_bytes = 0;                   // used when num_blocks == 0
   backend::DType dtype = backend::DType::kF32;  // the CPU backend computes with f32 pages
+  // Semantic-cut tiers (kv-cuts.md §1-2); 0 turns each off. Pages demoted to int8 / int4 move to
+  // arenas of that many smaller pages, so the full pages they leave are free for other sequences.
+  int int8_blocks = 0;
+  int int4_blocks = 0;
+  // Key summaries (per-channel min/max of every layer) of pages that are not full precision.
+  int summary_slots = 0;
+  // Host tier for the full-precision originals of demoted or evicted pages, in bytes (whole
+  // pages of all layers; a page that cannot get a slot is not demoted).
+  int64_t host_bytes = 0;
 };
 
 struct KvShape {
@@ -44,8 +54,30 @@ class KvPool {
   // Grows `table` so it can hold `new_num_tokens` tokens. Returns false (and changes nothing)
   // when the pool has too few free blocks.
   bool reserve(BlockTable& table, int new_num_tokens);
-  // Releases every block of `table` (decref) and clears it.
+  // Releases every block of `table` (decref) and every quantized page, summary and host slot its
+  // page entries hold, and clears it.
   void release(BlockTable& table);
+
+  // ---- semantic-cut tiers (empty unless configured) ----
+  kernels::QuantPageLayout quant_layout() const {
+    return kernels::QuantPageLayout{shape_.num_kv_heads, config_.block_size, shape_.head_dim};
+  }
+  // Bytes of one page of one layer at `p` (kFull: the pool's dtype; kEvicted: 0).
+  int64_t page_layer_bytes(kernels::KvPrecision p) const;
+  // Base of layer `layer`'s int8 / int4 arena: [num_blocks, quant_layout().bytes(p)] bytes.
+  void* arena(kernels::KvPrecision p, int layer) const;
+  BlockAllocator& arena_allocator(kernels::KvPrecision p);
+  const BlockAllocator& arena_allocator(kernels::KvPrecision p) const;
+  // Layer `layer`'s summaries: [summary_slots, 2 (min, max), num_kv_heads, head_dim] f32.
+  float* summaries(int layer) const;
+  BlockAllocator& summary_allocator() { return summary_alloc_; }
+  const BlockAllocator& summary_allocator() const { return summary_alloc_; }
+  // Host tier: slot `slot` holds one full-precision page of every layer, layer after layer.
+  std::byte* host_slot(int32_t slot);
+  BlockAllocator& host_allocator() { return host_alloc_; }
+  const BlockAllocator& host_allocator() const { return host_alloc_; }
+  // One full-precision page of every layer on the device (staging for requantization).
+  void* scratch_page(int layer) const;
 
  private:
   KvPool(backend::Backend& backend, const KvPoolConfig& config, const KvShape& shape);
@@ -55,6 +87,10 @@ class KvPool {
   KvShape shape_;
   BlockAllocator allocator_;
   std::vector<backend::DeviceBuffer> layers_;  // one buffer per layer
+  BlockAllocator int8_alloc_{0}, int4_alloc_{0}, summary_alloc_{0}, host_alloc_{0};
+  std::vector<backend::DeviceBuffer> int8_layers_, int4_layers_, summary_layers_;
+  backend::DeviceBuffer scratch_;     // [num_layers] full pages
+  std::vector<std::byte> host_tier_;  // [host slots, num_layers, full page bytes]
 };
 
 }  // namespace kvsplit::kv

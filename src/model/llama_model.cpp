@@ -64,6 +64,8 @@ struct LlamaModel::Impl {
   size_t meta_ints = 0;
   DeviceBuffer ids;  // int32 greedy ids of one step (backends with sample_tokens)
   size_t ids_cap = 0;
+  DeviceBuffer pages;  // page precisions, summary slots and scoring outputs of one step
+  size_t pages_bytes = 0;
 };
 
 LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend)
@@ -204,6 +206,21 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
       return invalid_argument("block table holds " + std::to_string(s.table->blocks.size()) +
                               " blocks, too few for " + std::to_string(kv_len) + " positions");
     }
+    if (!s.table->pages.empty()) {
+      if (s.table->pages.size() != s.table->blocks.size())
+        return invalid_argument("block table pages and blocks differ in length");
+      for (int b = s.start_pos / block_size; b < kv::BlockTable::blocks_for(kv_len, block_size);
+           ++b) {
+        const kv::PageEntry& pe = s.table->pages[b];
+        if (!pe.resident() || pe.precision != kernels::KvPrecision::kFull)
+          return invalid_argument("page " + std::to_string(b) +
+                                  " is written this step but is not full precision on the device");
+      }
+    }
+    if ((s.token_relevance == nullptr) != (s.page_bound == nullptr))
+      return invalid_argument("token_relevance and page_bound go together");
+    if (s.token_relevance != nullptr && !is_decode(s))
+      return invalid_argument("scoring outputs are for decode steps only");
     for (int32_t t : s.tokens) {
       if (t < 0 || t >= c.vocab_size) {
         return invalid_argument("token id " + std::to_string(t) + " outside the vocabulary [0, " +
@@ -298,6 +315,63 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
       be.copy_h2d(im.meta.get(), meta.ints.data(), meta.ints.size() * sizeof(int32_t)));
   const int32_t* dmeta = im.meta.get<int32_t>();
 
+  // ---- page precisions and scoring outputs (semantic cut) ----
+  // Only when some page is not full precision on the device, or a decode step is scored; else
+  // attention takes its all-full path. Host image of im.pages, 16-byte aligned parts: precisions
+  // u8 [num_decode | num_prefill, max_blocks]; scoring: flags u8 [num_decode], summary slots i32
+  // [num_decode, max_blocks], relevance f32 [num_decode, max_blocks * block_size] and bounds f32
+  // [num_decode, max_blocks] (zeroed: the kernels accumulate a max).
+  bool dec_mixed = false, pre_mixed = false, scoring = false;
+  for (int k = 0; k < static_cast<int>(order.size()); ++k) {
+    const SeqStep& s = seqs[order[k]];
+    if (!s.table->all_full()) (k < num_decode ? dec_mixed : pre_mixed) = true;
+    if (s.token_relevance != nullptr) scoring = true;
+  }
+  const size_t mb = static_cast<size_t>(max_blocks), nd = static_cast<size_t>(num_decode);
+  size_t pages_size = 0;
+  auto take = [&](size_t bytes) {
+    const size_t o = pages_size;
+    pages_size += (bytes + 15) & ~size_t{15};
+    return o;
+  };
+  const size_t o_dec_prec = dec_mixed ? take(nd * mb) : 0;
+  const size_t o_pre_prec = pre_mixed ? take(static_cast<size_t>(num_prefill) * mb) : 0;
+  const size_t o_flags = scoring ? take(nd) : 0;
+  const size_t o_slots = scoring ? take(nd * mb * sizeof(int32_t)) : 0;
+  const size_t o_rel = scoring ? take(nd * mb * block_size * sizeof(float)) : 0;
+  const size_t o_bound = scoring ? take(nd * mb * sizeof(float)) : 0;
+  std::byte* dpages = nullptr;
+  if (pages_size > 0) {
+    std::vector<std::byte> host(pages_size, std::byte{0});
+    for (int k = 0; k < static_cast<int>(order.size()); ++k) {
+      const SeqStep& s = seqs[order[k]];
+      const bool dec = k < num_decode;
+      const size_t j = static_cast<size_t>(dec ? k : k - num_decode);
+      const size_t nb = s.table->blocks.size();
+      if (dec ? dec_mixed : pre_mixed) {
+        auto* prec = reinterpret_cast<uint8_t*>(host.data() + (dec ? o_dec_prec : o_pre_prec));
+        for (size_t b = 0; b < nb && b < mb; ++b)
+          prec[j * mb + b] = static_cast<uint8_t>(
+              s.table->pages.empty() ? kernels::KvPrecision::kFull : s.table->pages[b].precision);
+      }
+      if (dec && scoring) {
+        reinterpret_cast<uint8_t*>(host.data() + o_flags)[j] = s.token_relevance != nullptr;
+        auto* slots = reinterpret_cast<int32_t*>(host.data() + o_slots) + j * mb;
+        for (size_t b = 0; b < mb; ++b)
+          slots[b] = b < nb && !s.table->pages.empty() ? s.table->pages[b].summary : -1;
+      }
+    }
+    if (pages_size > im.pages_bytes) {
+      im.pages.reset();
+      const size_t cap = std::max(pages_size, im.pages_bytes * 2);
+      im.pages_bytes = 0;  // until the new buffer exists
+      KVSPLIT_ASSIGN_OR_RETURN(im.pages, DeviceBuffer::make(be, cap));
+      im.pages_bytes = cap;
+    }
+    KVSPLIT_RETURN_IF_ERROR(be.copy_h2d(im.pages.get(), host.data(), pages_size));
+    dpages = im.pages.get<std::byte>();
+  }
+
   // ---- activations ----
   const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hidden = c.hidden_dim;
   const int64_t T = num_tokens;
@@ -370,6 +444,23 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     a.max_blocks_per_seq = max_blocks;
     a.max_query_len = dec ? 1 : pre_max_q;
     a.max_kv_len = dec ? dec_max_kv : pre_max_kv;
+    if (dec ? dec_mixed : pre_mixed) {
+      a.page_precision = reinterpret_cast<const uint8_t*>(dpages + (dec ? o_dec_prec : o_pre_prec));
+      a.int8_pages =
+          kvp.config().int8_blocks > 0 ? kvp.arena(kernels::KvPrecision::kInt8, layer) : nullptr;
+      a.num_int8_blocks = kvp.config().int8_blocks;
+      a.int4_pages =
+          kvp.config().int4_blocks > 0 ? kvp.arena(kernels::KvPrecision::kInt4, layer) : nullptr;
+      a.num_int4_blocks = kvp.config().int4_blocks;
+    }
+    if (dec && scoring) {
+      a.score_seqs = reinterpret_cast<const uint8_t*>(dpages + o_flags);
+      a.token_relevance = reinterpret_cast<float*>(dpages + o_rel);
+      a.summary_slots = reinterpret_cast<const int32_t*>(dpages + o_slots);
+      a.summaries = kvp.config().summary_slots > 0 ? kvp.summaries(layer) : nullptr;
+      a.num_summary_slots = kvp.config().summary_slots;
+      a.page_bound = reinterpret_cast<float*>(dpages + o_bound);
+    }
     return a;
   };
 
@@ -395,6 +486,21 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     KVSPLIT_RETURN_IF_ERROR(be.gemm(xb, nt, L.w_up, nullptr, hb2, false));
     KVSPLIT_RETURN_IF_ERROR(be.swiglu(hb, hb2, T * hidden, hb));
     KVSPLIT_RETURN_IF_ERROR(be.gemm(hb, nt, L.w_down, nullptr, x, /*accumulate=*/true));
+  }
+  if (scoring) {
+    std::vector<float> rel(nd * mb * block_size), bound(nd * mb);
+    KVSPLIT_RETURN_IF_ERROR(be.copy_d2h(rel.data(), dpages + o_rel, rel.size() * sizeof(float)));
+    KVSPLIT_RETURN_IF_ERROR(
+        be.copy_d2h(bound.data(), dpages + o_bound, bound.size() * sizeof(float)));
+    KVSPLIT_RETURN_IF_ERROR(be.synchronize());
+    for (int k = 0; k < num_decode; ++k) {
+      const SeqStep& s = seqs[order[k]];
+      if (s.token_relevance == nullptr) continue;
+      const int nb = kv::BlockTable::blocks_for(s.start_pos + 1, block_size);
+      std::copy_n(rel.begin() + static_cast<size_t>(k) * mb * block_size,
+                  static_cast<size_t>(nb) * block_size, s.token_relevance);
+      std::copy_n(bound.begin() + static_cast<size_t>(k) * mb, nb, s.page_bound);
+    }
   }
   if (num_rows == 0) return be.synchronize();
 

@@ -26,6 +26,13 @@ struct SeqStep {
   // (a chunk of a prompt that is not finished yet), kArgmax (greedy decoding: not the last row's
   // logits but its argmax, lowest id on exact ties, NaN never wins, as sampling::argmax_lowest).
   enum class Logits : uint8_t { kNone, kLast, kAll, kArgmax } logits = Logits::kLast;
+  // Semantic scoring, decode steps only (host outputs, both or neither). With pages =
+  // blocks_for(kv_len), token_relevance[0, pages * block_size) receives each token's attention
+  // relative to its head's most attended token, max over heads and layers (0 for evicted pages),
+  // and page_bound[0, pages) the summary bound of the same quantity for pages with a summary
+  // (backend::AttentionArgs documents both).
+  float* token_relevance = nullptr;
+  float* page_bound = nullptr;
 };
 
 struct ForwardOptions {
@@ -41,7 +48,9 @@ class LlamaModel {
                                                       backend::Backend& backend);
   ~LlamaModel();
 
-  // Runs one step. Sequences may come in any order; decode steps (1 token, start_pos > 0) use the
+  // Runs one step. Pages of the tables may be at any precision or evicted (their page entries),
+  // except those this step writes, which must be full precision and resident. Sequences may come
+  // in any order; decode steps (1 token, start_pos > 0) use the
   // paged split-K decode kernel, others the prefill kernel. Appends logits rows to *logits in
   // sequence order ([rows, vocab] f32, host): for kLast one row, for kAll tokens.size() rows; and
   // for kArgmax one token id to *ids (required then), in sequence order. A backend with

@@ -21,11 +21,14 @@ struct SeqState {
   const GenerationInput* in = nullptr;
   std::vector<int32_t> tokens;  // prompt followed by the output; KV holds tokens[0, computed)
   int num_prompt = 0;
+  int prompt_target = 0;  // prompt positions prefilled; the rest is fed by decode steps
+  int fed = 0;            // most positions ever computed (a recompute goes back that far)
   int computed = 0;
   kv::BlockTable table;
   std::unique_ptr<sampling::Sampler> sampler;
   std::unique_ptr<sampling::StopChecker> stop;
   std::unique_ptr<model::StreamDecoder> decoder;
+  std::unique_ptr<SequenceCut> cut;
   std::string text;
   FinishReason reason = FinishReason::kNone;
   bool admitted = false;
@@ -35,9 +38,10 @@ struct SeqState {
   int preemptions = 0;
 
   int num_output() const { return static_cast<int>(tokens.size()) - num_prompt; }
-  // Positions whose KV must exist before the next decode step: prompt + output[:-1].
+  // Positions whose KV must exist before the next decode step: prompt + output[:-1] (of the
+  // prompt, the prefilled part or as far as decode steps had fed it).
   int target() const {
-    return num_output() == 0 ? num_prompt : static_cast<int>(tokens.size()) - 1;
+    return num_output() == 0 ? std::max(prompt_target, fed) : static_cast<int>(tokens.size()) - 1;
   }
   bool done() const { return reason != FinishReason::kNone; }
   std::span<const int32_t> prompt() const {
@@ -100,6 +104,8 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
   const model::ModelConfig& cfg = model.config();
   const int ctx = cfg.max_seq_len;
   if (options.max_batch_tokens < 1) return invalid_argument("max_batch_tokens must be >= 1");
+  if (options.prefill_tokens < 0) return invalid_argument("prefill_tokens must be >= 0");
+  KVSPLIT_RETURN_IF_ERROR(cuts::semantic::validate(options.semantic));
   KVSPLIT_RETURN_IF_ERROR(validate_inputs(inputs, cfg));
   std::vector<SeqState> seqs(inputs.size());
   PoolGuard guard{pool, seqs};
@@ -109,6 +115,11 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     s.in = &in;
     s.tokens = in.prompt_ids;
     s.num_prompt = static_cast<int>(in.prompt_ids.size());
+    s.prompt_target =
+        options.prefill_tokens > 0 ? std::min(s.num_prompt, options.prefill_tokens) : s.num_prompt;
+    if (options.kv_policy != cuts::semantic::KvPolicy::kFull)
+      s.cut =
+          std::make_unique<SequenceCut>(options.kv_policy, options.semantic, options.heavy_tokens);
     s.sampler = std::make_unique<sampling::Sampler>(in.params, in.params.seed.value_or(in.seed));
     s.greedy = sampling::is_plain_greedy(in.params);
     // Positions past the prompt are bounded by the context: the last sampled token is never fed.
@@ -185,7 +196,11 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       st.tokens = std::span<const int32_t>(s.tokens.data() + s.computed, 1);
       st.start_pos = s.computed;
       st.table = &s.table;
-      st.logits = s.greedy ? SeqStep::Logits::kArgmax : SeqStep::Logits::kLast;
+      // Feeding the prompt past its prefilled part samples nothing until its last token.
+      const bool sample = s.computed + 1 >= s.num_prompt;
+      st.logits = !sample ? SeqStep::Logits::kNone
+                          : (s.greedy ? SeqStep::Logits::kArgmax : SeqStep::Logits::kLast);
+      if (s.cut) s.cut->prepare(st, pool.block_size());
       steps.push_back(st);
       step_seq.push_back(d.id);
     }
@@ -198,7 +213,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       st.start_pos = s.computed;
       st.table = &s.table;
       // The first token is sampled after the prompt's last chunk; a recompute samples nothing.
-      const bool sample = c.last && s.num_output() == 0;
+      const bool sample = c.last && s.num_output() == 0 && s.target() == s.num_prompt;
       st.logits = !sample ? SeqStep::Logits::kNone
                           : (s.greedy ? SeqStep::Logits::kArgmax : SeqStep::Logits::kLast);
       steps.push_back(st);
@@ -217,8 +232,11 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     size_t row = 0, id = 0;
     for (size_t k = 0; k < steps.size(); ++k) {
       SeqState& s = seqs[step_seq[k]];
+      const bool decode = s.running;
       s.computed += static_cast<int>(steps[k].tokens.size());
+      s.fed = std::max(s.fed, std::min(s.computed, s.num_prompt));
       if (!s.running && s.computed == s.target()) s.running = true;  // prompt or recompute done
+      if (decode && s.cut) KVSPLIT_RETURN_IF_ERROR(s.cut->finish(pool, s.table, s.computed));
       int32_t tok = -1;
       if (steps[k].logits == SeqStep::Logits::kArgmax) {
         tok = ids[id++];  // greedy: picked by the model (on the device where it can)
@@ -251,6 +269,10 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
   }
 
   std::vector<GenerationOutput> out(seqs.size());
+  if (options.cut_stats != nullptr) {
+    for (const SeqState& s : seqs)
+      if (s.cut) options.cut_stats->add(s.cut->stats());
+  }
   for (size_t i = 0; i < seqs.size(); ++i) {
     out[i].output_ids.assign(seqs[i].output().begin(), seqs[i].output().end());
     out[i].text = std::move(seqs[i].text);

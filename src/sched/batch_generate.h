@@ -11,10 +11,12 @@
 #include <string_view>
 #include <vector>
 
+#include "cuts/semantic/semantic.h"
 #include "kv/kv_pool.h"
 #include "kvsplit/sampling_params.h"
 #include "model/llama_model.h"
 #include "model/tokenizer.h"
+#include "sched/sequence_cut.h"
 
 namespace kvsplit::sched {
 
@@ -38,6 +40,16 @@ struct BatchOptions {
   model::ForwardOptions forward;
   // Called with (input index, new text) as text becomes final; may be empty.
   std::function<void(int, std::string_view)> on_text;
+  // The KV cut acting on each sequence between its decode steps (sched::SequenceCut); the pool
+  // needs the tiers of SequenceCut::size_tiers. kFull: none.
+  cuts::semantic::KvPolicy kv_policy = cuts::semantic::KvPolicy::kFull;
+  cuts::semantic::SemanticConfig semantic;
+  int heavy_tokens = 0;  // H2O's budget beyond sinks and recent tokens
+  // > 0: only a prompt's first prefill_tokens tokens are prefilled; the rest is fed one token per
+  // decode step, so a cut acts on a long prompt as it does on generated text.
+  int prefill_tokens = 0;
+  // When set, receives the cuts' counters summed over the sequences.
+  SequenceCutStats* cut_stats = nullptr;
 };
 
 // Runs every input to completion. Errors: kInvalidArgument for bad params, empty prompts or

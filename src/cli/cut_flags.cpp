@@ -1,0 +1,73 @@
+#include "cli/cut_flags.h"
+
+namespace kvsplit::cli {
+
+void add_cut_options(CLI::App* app, CutFlags& f) {
+  cuts::semantic::SemanticConfig& s = f.semantic;
+  app->add_option("--kv-policy", f.kv_policy,
+                  "KV policy: full (default), semantic (the precision ladder with recall), "
+                  "streaming (StreamingLLM: sinks + recent), h2o (sinks + recent + heavy hitters)")
+      ->check(CLI::IsMember({"full", "semantic", "streaming", "h2o"}));
+  app->add_option("--kv-cache-compression", f.kv_cache_compression,
+                  "semantic_v2: the semantic cut (same as --kv-policy semantic)")
+      ->check(CLI::IsMember({"semantic_v2", "none"}));
+  app->add_option("--semantic-threshold", s.semantic_threshold,
+                  "demote a page one rung after its relevance stays below this, [0, 1]")
+      ->capture_default_str();
+  app->add_option("--evict-threshold", s.evict_threshold,
+                  "evict a page after its relevance stays below this, [0, 1]")
+      ->capture_default_str();
+  app->add_option("--recall-threshold", s.recall_threshold,
+                  "restore a page when its summary bound reaches this, [0, 1]")
+      ->capture_default_str();
+  app->add_option("--demote-after-steps", s.demote_after_steps,
+                  "scored steps below --semantic-threshold before a demotion")
+      ->capture_default_str();
+  app->add_option("--evict-after-steps", s.evict_after_steps,
+                  "scored steps below --evict-threshold before an eviction")
+      ->capture_default_str();
+  app->add_option("--semantic-window", s.semantic_window, "most recent tokens scored")
+      ->capture_default_str();
+  app->add_option("--sink-tokens", s.sink_tokens, "first tokens never degraded")
+      ->capture_default_str();
+  app->add_option("--recent-tokens", s.recent_tokens, "last tokens never degraded")
+      ->capture_default_str();
+  app->add_option("--score-interval", s.score_interval, "decode steps between scorings")
+      ->capture_default_str();
+  app->add_option("--host-capacity-mb", s.host_capacity_mb,
+                  "host tier for full-precision originals (MiB)")
+      ->capture_default_str();
+  app->add_option("--heavy-tokens", f.heavy_tokens,
+                  "h2o: tokens kept beyond sinks and recent ones (the most relevant pages)")
+      ->capture_default_str();
+  app->add_option("--prefill", f.prefill,
+                  "prefill the first N tokens, then feed the rest one per decode step (0: all)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+StatusOr<ResolvedCut> resolve_cut(const CutFlags& f) {
+  ResolvedCut r;
+  KVSPLIT_ASSIGN_OR_RETURN(r.policy, cuts::semantic::parse_kv_policy(f.kv_policy));
+  if (f.kv_cache_compression == "semantic_v2") {
+    if (r.policy != cuts::semantic::KvPolicy::kFull &&
+        r.policy != cuts::semantic::KvPolicy::kSemantic) {
+      return invalid_argument("--kv-cache-compression semantic_v2 conflicts with --kv-policy " +
+                              f.kv_policy);
+    }
+    r.policy = cuts::semantic::KvPolicy::kSemantic;
+  }
+  if (Status st = cuts::semantic::validate(f.semantic, "--"); !st.ok()) {
+    // The field as its flag: --semantic_threshold -> --semantic-threshold.
+    std::string msg = st.message();
+    for (size_t i = 0; i < msg.size() && msg[i] != ':'; ++i)
+      if (msg[i] == '_') msg[i] = '-';
+    return invalid_argument(msg);
+  }
+  if (f.heavy_tokens < 0) return invalid_argument("--heavy-tokens: must be >= 0");
+  r.semantic = f.semantic;
+  r.heavy_tokens = f.heavy_tokens;
+  r.prefill = f.prefill;
+  return r;
+}
+
+}  // namespace kvsplit::cli

@@ -1,0 +1,35 @@
+// The KV-cut flags of `kvsplit generate` and `kvsplit perplexity` (names are a contract):
+// --kv-policy full|semantic|streaming|h2o, --kv-cache-compression semantic_v2 (= semantic),
+// the semantic cut's thresholds and windows, and --prefill N.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "cuts/semantic/semantic.h"
+#include "kv/kv_pool.h"
+#include "kvsplit/status.h"
+
+namespace kvsplit::cli {
+
+struct CutFlags {
+  std::string kv_policy = "full";
+  std::string kv_cache_compression;  // "" or semantic_v2
+  cuts::semantic::SemanticConfig semantic;
+  int heavy_tokens = 64;  // H2O: pages kept beyond sinks and recent tokens, in tokens
+  int prefill = 0;        // > 0: prefill this many tokens, feed the rest one per decode step
+};
+
+void add_cut_options(CLI::App* app, CutFlags& flags);
+
+struct ResolvedCut {
+  cuts::semantic::KvPolicy policy = cuts::semantic::KvPolicy::kFull;
+  cuts::semantic::SemanticConfig semantic;
+  int heavy_tokens = 0;
+  int prefill = 0;
+};
+
+// kInvalidArgument naming the flag for a bad value or a conflicting pair.
+StatusOr<ResolvedCut> resolve_cut(const CutFlags& flags);
+
+}  // namespace kvsplit::cli

@@ -1,0 +1,154 @@
+#include "cuts/semantic/semantic.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace kvsplit::cuts::semantic {
+namespace {
+
+using kernels::KvPrecision;
+using kv::PageOp;
+using kv::PageTransition;
+
+Status field_error(const std::string& path, const char* field, const std::string& what) {
+  return invalid_argument(path + field + ": " + what);
+}
+
+bool in_unit(float x) { return std::isfinite(x) && x >= 0.f && x <= 1.f; }
+
+}  // namespace
+
+Status validate(const SemanticConfig& c, const std::string& path) {
+  if (!in_unit(c.semantic_threshold))
+    return field_error(path, "semantic_threshold", "must be in [0, 1]");
+  if (!in_unit(c.evict_threshold)) return field_error(path, "evict_threshold", "must be in [0, 1]");
+  if (!in_unit(c.recall_threshold))
+    return field_error(path, "recall_threshold", "must be in [0, 1]");
+  if (c.evict_threshold > 0.f && c.semantic_threshold > 0.f &&
+      c.evict_threshold >= c.semantic_threshold) {
+    return field_error(path, "evict_threshold", "must be below semantic_threshold");
+  }
+  if (c.demote_after_steps < 1) return field_error(path, "demote_after_steps", "must be >= 1");
+  if (c.evict_after_steps < 1) return field_error(path, "evict_after_steps", "must be >= 1");
+  if (c.semantic_window < 0) return field_error(path, "semantic_window", "must be >= 0");
+  if (c.sink_tokens < 0) return field_error(path, "sink_tokens", "must be >= 0");
+  if (c.recent_tokens < 0) return field_error(path, "recent_tokens", "must be >= 0");
+  if (c.score_interval < 1) return field_error(path, "score_interval", "must be >= 1");
+  if (!(std::isfinite(c.smoothing) && c.smoothing > 0.f && c.smoothing <= 1.f))
+    return field_error(path, "smoothing", "must be in (0, 1]");
+  if (c.host_capacity_mb < 0) return field_error(path, "host_capacity_mb", "must be >= 0");
+  return ok_status();
+}
+
+StatusOr<KvPolicy> parse_kv_policy(const std::string& name) {
+  if (name == "full") return KvPolicy::kFull;
+  if (name == "semantic") return KvPolicy::kSemantic;
+  if (name == "streaming") return KvPolicy::kStreaming;
+  if (name == "h2o") return KvPolicy::kH2O;
+  return invalid_argument("kv policy must be full, semantic, streaming or h2o");
+}
+
+const char* kv_policy_name(KvPolicy policy) {
+  switch (policy) {
+    case KvPolicy::kFull:
+      return "full";
+    case KvPolicy::kSemantic:
+      return "semantic";
+    case KvPolicy::kStreaming:
+      return "streaming";
+    case KvPolicy::kH2O:
+      return "h2o";
+  }
+  return "?";
+}
+
+bool protected_page(int page, int kv_len, int block_size, const SemanticConfig& config) {
+  const int64_t begin = int64_t{page} * block_size, end = begin + block_size;
+  if (end > kv_len) return true;                                  // partial (the one being written)
+  if (begin < config.sink_tokens) return true;                    // attention sinks
+  if (end > int64_t{kv_len} - config.recent_tokens) return true;  // recent window
+  return false;
+}
+
+void AttentionScorer::score(const StepObservation& obs, const SemanticConfig& config,
+                            std::span<kv::PageEntry> pages) {
+  const int bs = obs.block_size;
+  const int window_begin = std::max(0, obs.kv_len - config.semantic_window);
+  for (size_t i = 0; i < pages.size(); ++i) {
+    kv::PageEntry& p = pages[i];
+    const int begin = std::max(static_cast<int>(i) * bs, window_begin);
+    const int end = std::min(static_cast<int>(i + 1) * bs, obs.kv_len);
+    if (!p.resident() || begin >= end) continue;
+    float raw = 0.f;
+    for (int t = begin; t < end; ++t) raw = std::max(raw, obs.token_relevance[t]);
+    p.relevance = config.smoothing * raw + (1.f - config.smoothing) * p.relevance;
+  }
+}
+
+std::vector<PageTransition> plan_step(KvPolicy policy, const SemanticConfig& c,
+                                      const StepObservation& obs, std::span<kv::PageEntry> pages,
+                                      int heavy_tokens) {
+  std::vector<PageTransition> out;
+  const int bs = obs.block_size;
+  const int n = static_cast<int>(pages.size());
+  auto evict = [&](int i) { out.push_back({i, PageOp::kEvict, KvPrecision::kEvicted}); };
+  auto drop = [&](int i) { out.push_back({i, PageOp::kDrop, KvPrecision::kEvicted}); };
+  switch (policy) {
+    case KvPolicy::kFull:
+      break;
+    case KvPolicy::kStreaming:
+      for (int i = 0; i < n; ++i)
+        if (pages[i].resident() && !protected_page(i, obs.kv_len, bs, c)) drop(i);
+      break;
+    case KvPolicy::kH2O: {
+      std::vector<int> candidates;
+      for (int i = 0; i < n; ++i)
+        if (pages[i].resident() && !protected_page(i, obs.kv_len, bs, c)) candidates.push_back(i);
+      const size_t keep = static_cast<size_t>(std::max(0, heavy_tokens) / bs);
+      if (candidates.size() <= keep) break;
+      // Most relevant first; newer pages first among equals.
+      std::stable_sort(candidates.begin(), candidates.end(), [&](int a, int b) {
+        if (pages[a].relevance != pages[b].relevance)
+          return pages[a].relevance > pages[b].relevance;
+        return a > b;
+      });
+      for (size_t k = keep; k < candidates.size(); ++k) drop(candidates[k]);
+      break;
+    }
+    case KvPolicy::kSemantic: {
+      const int window_begin = std::max(0, obs.kv_len - c.semantic_window);
+      for (int i = 0; i < n; ++i) {
+        kv::PageEntry& p = pages[i];
+        const bool quantized = p.resident() && p.precision != KvPrecision::kFull;
+        if (!p.resident() || quantized) {
+          // Recall: an evicted page by its summary's bound; a quantized one by its bound too
+          // (its scores come from lossy keys, the bound from the original's).
+          const float bound =
+              static_cast<size_t>(i) < obs.page_bound.size() ? obs.page_bound[i] : 0.f;
+          if (p.summary >= 0 && bound >= c.recall_threshold) {
+            out.push_back({i, PageOp::kRestore, KvPrecision::kFull});
+            continue;
+          }
+          if (!p.resident()) continue;
+        }
+        if (protected_page(i, obs.kv_len, bs, c)) continue;
+        if ((i + 1) * bs <= window_begin) continue;  // not scored this step
+        p.very_low_steps = p.relevance < c.evict_threshold ? p.very_low_steps + 1 : 0;
+        p.low_steps = p.relevance < c.semantic_threshold ? p.low_steps + 1 : 0;
+        if (p.very_low_steps >= c.evict_after_steps) {
+          evict(i);
+        } else if (p.low_steps >= c.demote_after_steps && p.precision != KvPrecision::kInt4) {
+          const KvPrecision to =
+              p.precision == KvPrecision::kFull ? KvPrecision::kInt8 : KvPrecision::kInt4;
+          out.push_back({i, PageOp::kDemote, to});
+          p.low_steps = 0;
+        }
+      }
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace kvsplit::cuts::semantic

@@ -1,0 +1,33 @@
+// The page entry of kv-cuts.md §1: the state of one page (one block of block_size tokens of one
+// sequence, all layers) that every KV cut changes through planned transitions.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/kv_quant.h"
+
+namespace kvsplit::kv {
+
+// Where a page's resident copy lives. kHost and kDisk belong to the temporal cut (not built yet);
+// kEvicted: nothing resident but the key summary (semantic cut).
+enum class PageLocation : uint8_t { kDevice, kHost, kDisk, kEvicted };
+
+struct PageEntry {
+  PageLocation location = PageLocation::kDevice;
+  // Precision of the resident copy (kFull: the pool's dtype; kInt8 / kInt4: the pool's quantized
+  // arenas). kEvicted when location is kEvicted.
+  kernels::KvPrecision precision = kernels::KvPrecision::kFull;
+  // Host-tier slot of the full-precision copy, written when the page first leaves kFull; -1 none.
+  int32_t original = -1;
+  // Summary slot (per-channel key min/max, every layer) kept while the page is not kFull; -1 none.
+  int32_t summary = -1;
+  // Semantic relevance in [0, 1] (smoothed; 1 until scored) and how many consecutive scored steps
+  // it has been below the demotion / eviction thresholds.
+  float relevance = 1.f;
+  int32_t low_steps = 0;
+  int32_t very_low_steps = 0;
+
+  bool resident() const { return location == PageLocation::kDevice; }
+};
+
+}  // namespace kvsplit::kv

@@ -1,0 +1,215 @@
+#include "kv/page_ops.h"
+
+#include <chrono>
+#include <string>
+
+#include "common/check.h"
+
+namespace kvsplit::kv {
+namespace {
+
+using kernels::KvPrecision;
+
+int rung(KvPrecision p) { return static_cast<int>(p); }  // full 0 < int8 1 < int4 2 < evicted 3
+
+class Executor {
+ public:
+  Executor(KvPool& pool, BlockTable& table, PageOpStats& stats)
+      : pool_(pool), be_(pool.backend()), table_(table), stats_(stats) {}
+
+  Status demote(int i, KvPrecision to) {
+    PageEntry& page = table_.pages[i];
+    if (!page.resident()) return ok_status();  // evicted: nothing to demote
+    if (rung(to) <= rung(page.precision)) {
+      if (to == page.precision) return ok_status();
+      return invalid_argument("page " + std::to_string(i) + ": kDemote cannot go up the ladder");
+    }
+    if (page.precision == KvPrecision::kFull && !write_original(i)) return ok_status();
+    auto id = pool_.arena_allocator(to).allocate(1);
+    if (!id) {
+      ++stats_.refused_no_space;
+      return ok_status();
+    }
+    const int32_t dst = (*id)[0];
+    const kernels::QuantPageLayout layout = pool_.quant_layout();
+    const int64_t full_bytes = pool_.page_layer_bytes(KvPrecision::kFull);
+    for (int l = 0; l < pool_.shape().num_layers; ++l) {
+      const void* src = full_page(l, table_.blocks[i]);
+      if (page.precision != KvPrecision::kFull) {
+        // Requantize from the original, never from a lossy copy (errors do not compound).
+        KVSPLIT_RETURN_IF_ERROR(be_.copy_h2d(pool_.scratch_page(l),
+                                             pool_.host_slot(page.original) + l * full_bytes,
+                                             static_cast<size_t>(full_bytes)));
+        src = pool_.scratch_page(l);
+      }
+      KVSPLIT_RETURN_IF_ERROR(
+          be_.quantize_kv_page(src, pool_.config().dtype, layout, to, arena_page(to, l, dst)));
+    }
+    drop_resident(i);
+    table_.blocks[i] = dst;
+    page.precision = to;
+    (to == KvPrecision::kInt8 ? stats_.demoted_to_int8 : stats_.demoted_to_int4)++;
+    return ok_status();
+  }
+
+  Status evict(int i, bool keep_original) {
+    PageEntry& page = table_.pages[i];
+    if (!page.resident()) return ok_status();
+    if (keep_original && page.precision == KvPrecision::kFull && !write_original(i))
+      return ok_status();
+    drop_resident(i);
+    table_.blocks[i] = -1;
+    page.location = PageLocation::kEvicted;
+    page.precision = KvPrecision::kEvicted;
+    ++stats_.evicted;
+    return ok_status();
+  }
+
+  Status restore(int i) {
+    PageEntry& page = table_.pages[i];
+    if (page.resident() && page.precision == KvPrecision::kFull) return ok_status();
+    if (page.original < 0) {
+      ++stats_.refused_no_original;
+      return ok_status();
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto id = pool_.allocator().allocate(1);
+    if (!id) {
+      ++stats_.refused_no_space;
+      return ok_status();
+    }
+    const int32_t dst = (*id)[0];
+    const int64_t full_bytes = pool_.page_layer_bytes(KvPrecision::kFull);
+    for (int l = 0; l < pool_.shape().num_layers; ++l) {
+      KVSPLIT_RETURN_IF_ERROR(be_.copy_h2d(full_page(l, dst),
+                                           pool_.host_slot(page.original) + l * full_bytes,
+                                           static_cast<size_t>(full_bytes)));
+    }
+    KVSPLIT_RETURN_IF_ERROR(be_.synchronize());  // the host slot is released below
+    if (page.resident()) drop_resident(i);
+    table_.blocks[i] = dst;
+    pool_.host_allocator().decref(page.original);
+    pool_.summary_allocator().decref(page.summary);
+    page = PageEntry{};
+    ++stats_.restored;
+    stats_.restore_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return ok_status();
+  }
+
+ private:
+  void* full_page(int layer, int32_t block) const {
+    return static_cast<std::byte*>(pool_.layer(layer).data) +
+           int64_t{block} * pool_.page_layer_bytes(KvPrecision::kFull);
+  }
+  void* arena_page(KvPrecision p, int layer, int32_t block) const {
+    return static_cast<std::byte*>(pool_.arena(p, layer)) +
+           int64_t{block} * pool_.page_layer_bytes(p);
+  }
+
+  // Frees the page's resident copy (its full block or arena page).
+  void drop_resident(int i) {
+    const PageEntry& page = table_.pages[i];
+    if (page.precision == KvPrecision::kFull)
+      pool_.allocator().decref(table_.blocks[i]);
+    else
+      pool_.arena_allocator(page.precision).decref(table_.blocks[i]);
+  }
+
+  // Writes page i's full-precision copy to the host tier and its key summary, once. False (and
+  // counted) when the host tier or the summary slots are full.
+  bool write_original(int i) {
+    PageEntry& page = table_.pages[i];
+    if (page.original >= 0) return true;
+    auto slot = pool_.host_allocator().allocate(1);
+    if (!slot) {
+      ++stats_.refused_host_full;
+      return false;
+    }
+    auto summary = pool_.summary_allocator().allocate(1);
+    if (!summary) {
+      pool_.host_allocator().decref((*slot)[0]);
+      ++stats_.refused_host_full;
+      return false;
+    }
+    const int64_t full_bytes = pool_.page_layer_bytes(KvPrecision::kFull);
+    const kernels::QuantPageLayout layout = pool_.quant_layout();
+    const int64_t summary_floats = int64_t{2} * layout.num_kv_heads * layout.head_dim;
+    for (int l = 0; l < pool_.shape().num_layers; ++l) {
+      const void* src = full_page(l, table_.blocks[i]);
+      status_ = be_.copy_d2h(pool_.host_slot((*slot)[0]) + l * full_bytes, src,
+                             static_cast<size_t>(full_bytes));
+      if (status_.ok()) {
+        status_ = be_.summarize_kv_page(src, pool_.config().dtype, layout,
+                                        pool_.summaries(l) + (*summary)[0] * summary_floats);
+      }
+      if (!status_.ok()) {
+        pool_.host_allocator().decref((*slot)[0]);
+        pool_.summary_allocator().decref((*summary)[0]);
+        return false;
+      }
+    }
+    page.original = (*slot)[0];
+    page.summary = (*summary)[0];
+    ++stats_.originals_written;
+    return true;
+  }
+
+ public:
+  Status status_ = ok_status();  // a backend error inside write_original
+
+ private:
+  KvPool& pool_;
+  backend::Backend& be_;
+  BlockTable& table_;
+  PageOpStats& stats_;
+};
+
+}  // namespace
+
+Status apply_page_transitions(KvPool& pool, BlockTable& table, int num_tokens,
+                              std::span<const PageTransition> transitions, PageOpStats* stats) {
+  KVSPLIT_CHECK(stats != nullptr);
+  if (transitions.empty()) return ok_status();
+  if (table.pages.empty()) table.pages.resize(table.blocks.size());
+  KVSPLIT_CHECK(table.pages.size() == table.blocks.size());
+  const int full_pages = num_tokens / pool.block_size();
+  Executor ex(pool, table, *stats);
+  for (const PageTransition& t : transitions) {
+    if (t.page < 0 || t.page >= static_cast<int>(table.blocks.size())) {
+      return invalid_argument("page transition for page " + std::to_string(t.page) +
+                              " of a table of " + std::to_string(table.blocks.size()) + " pages");
+    }
+    switch (t.op) {
+      case PageOp::kDemote:
+        if (t.to != KvPrecision::kInt8 && t.to != KvPrecision::kInt4)
+          return invalid_argument("kDemote goes to int8 or int4");
+        if (t.page >= full_pages) continue;  // a partial page is never degraded
+        KVSPLIT_RETURN_IF_ERROR(ex.demote(t.page, t.to));
+        break;
+      case PageOp::kEvict:
+      case PageOp::kDrop:
+        if (t.page >= full_pages) continue;
+        KVSPLIT_RETURN_IF_ERROR(ex.evict(t.page, t.op == PageOp::kEvict));
+        break;
+      case PageOp::kRestore:
+        KVSPLIT_RETURN_IF_ERROR(ex.restore(t.page));
+        break;
+    }
+    KVSPLIT_RETURN_IF_ERROR(ex.status_);
+  }
+  return pool.backend().synchronize();
+}
+
+int64_t resident_bytes(const KvPool& pool, const BlockTable& table) {
+  const int64_t layers = pool.shape().num_layers;
+  if (table.pages.empty())
+    return static_cast<int64_t>(table.blocks.size()) *
+           pool.page_layer_bytes(kernels::KvPrecision::kFull) * layers;
+  int64_t bytes = 0;
+  for (const PageEntry& p : table.pages)
+    if (p.resident()) bytes += pool.page_layer_bytes(p.precision) * layers;
+  return bytes;
+}
+
+}  // namespace kvsplit::kv

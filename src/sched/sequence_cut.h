@@ -1,0 +1,60 @@
+// One sequence's KV cut between decode steps: attaches the scoring outputs to the steps that are
+// scored, then scores, plans (src/cuts/semantic) and applies the page transitions
+// (kv::apply_page_transitions) on the pool that owns the pages. The same object drives
+// `kvsplit perplexity`, `kvsplit generate` and a serving worker's sequences.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "cuts/semantic/semantic.h"
+#include "kv/block_allocator.h"
+#include "kv/kv_pool.h"
+#include "kv/page_ops.h"
+#include "model/llama_model.h"
+
+namespace kvsplit::sched {
+
+struct SequenceCutStats {
+  kv::PageOpStats ops;
+  int64_t steps = 0;         // decode steps seen
+  int64_t scored_steps = 0;  // of which scored
+  // Resident KV bytes over the bytes the same tokens take at full precision, after each step.
+  double resident_fraction_sum = 0;
+  double peak_resident_fraction = 0;
+  void add(const SequenceCutStats& o);
+};
+
+class SequenceCut {
+ public:
+  // policy kFull changes nothing (but still counts the resident fraction). The scorer defaults to
+  // cuts::semantic::AttentionScorer. heavy_tokens: H2O's budget beyond sinks and recent tokens.
+  SequenceCut(cuts::semantic::KvPolicy policy, const cuts::semantic::SemanticConfig& config,
+              int heavy_tokens = 0, std::unique_ptr<cuts::semantic::RelevanceScorer> scorer = {});
+
+  // Before a decode step of the sequence: sets step.token_relevance / page_bound when this step is
+  // scored (every config.score_interval decode steps). `step` must outlive finish().
+  void prepare(model::SeqStep& step, int block_size);
+  // After that step (kv_len tokens now written): scores, plans and applies on `table`.
+  Status finish(kv::KvPool& pool, kv::BlockTable& table, int kv_len);
+
+  const SequenceCutStats& stats() const { return stats_; }
+  cuts::semantic::KvPolicy policy() const { return policy_; }
+
+  // KvPool tiers the policy needs for `max_pages` pages of one sequence (full pool excluded):
+  // fills int8_blocks, int4_blocks, summary_slots and host_bytes of `config`.
+  static void size_tiers(cuts::semantic::KvPolicy policy, const cuts::semantic::SemanticConfig& sc,
+                         int max_pages, int64_t full_page_bytes, kv::KvPoolConfig* config);
+
+ private:
+  cuts::semantic::KvPolicy policy_;
+  cuts::semantic::SemanticConfig config_;
+  int heavy_tokens_ = 0;
+  std::unique_ptr<cuts::semantic::RelevanceScorer> scorer_;
+  bool scored_ = false;
+  std::vector<float> relevance_, bound_;
+  SequenceCutStats stats_;
+};
+
+}  // namespace kvsplit::sched

@@ -1,0 +1,215 @@
+#include "cuts/semantic/semantic.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace kvsplit::cuts::semantic {
+namespace {
+
+using kernels::KvPrecision;
+using kv::PageEntry;
+using kv::PageOp;
+using kv::PageTransition;
+
+SemanticConfig small_config() {
+  SemanticConfig c;
+  c.sink_tokens = 4;
+  c.recent_tokens = 8;
+  c.semantic_threshold = 0.15f;
+  c.evict_threshold = 0.05f;
+  c.demote_after_steps = 2;
+  c.evict_after_steps = 3;
+  c.recall_threshold = 0.5f;
+  c.smoothing = 1.f;  // relevance = this step's score
+  c.semantic_window = 1 << 20;
+  return c;
+}
+
+// One observation over kv_len tokens where every token has relevance `r` except the ones listed.
+struct Obs {
+  std::vector<float> rel, bound;
+  StepObservation get(int kv_len, int bs) const {
+    StepObservation o;
+    o.token_relevance = rel;
+    o.page_bound = bound;
+    o.kv_len = kv_len;
+    o.block_size = bs;
+    return o;
+  }
+};
+
+Obs uniform(int kv_len, int bs, float r) {
+  Obs o;
+  o.rel.assign(static_cast<size_t>((kv_len + bs - 1) / bs) * bs, r);
+  o.bound.assign(static_cast<size_t>((kv_len + bs - 1) / bs), 0.f);
+  return o;
+}
+
+TEST(SemanticConfig, ValidationNamesTheField) {
+  EXPECT_TRUE(validate(SemanticConfig{}).ok());
+  auto expect_field = [](SemanticConfig c, const std::string& field) {
+    Status st = validate(c, "cuts.semantic.");
+    ASSERT_FALSE(st.ok()) << field;
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("cuts.semantic." + field), std::string::npos) << st.message();
+  };
+  SemanticConfig c;
+  c.semantic_threshold = 1.5f;
+  expect_field(c, "semantic_threshold");
+  c = {};
+  c.evict_threshold = -0.1f;
+  expect_field(c, "evict_threshold");
+  c = {};
+  c.evict_threshold = 0.2f;  // above semantic_threshold 0.15
+  expect_field(c, "evict_threshold");
+  c = {};
+  c.semantic_window = -1;
+  expect_field(c, "semantic_window");
+  c = {};
+  c.recent_tokens = -1;
+  expect_field(c, "recent_tokens");
+  c = {};
+  c.score_interval = 0;
+  expect_field(c, "score_interval");
+  c = {};
+  c.evict_after_steps = 0;
+  expect_field(c, "evict_after_steps");
+  c = {};
+  c.smoothing = 0.f;
+  expect_field(c, "smoothing");
+  c = {};
+  c.recall_threshold = std::nanf("");
+  expect_field(c, "recall_threshold");
+  c = {};
+  c.semantic_threshold = 0.f;  // thresholds at 0: the cut is on but never acts
+  c.evict_threshold = 0.f;
+  EXPECT_TRUE(validate(c).ok());
+}
+
+TEST(SemanticPolicy, ParsesTheNamesOfTheCommandLine) {
+  for (const char* n : {"full", "semantic", "streaming", "h2o"}) {
+    auto p = parse_kv_policy(n);
+    ASSERT_TRUE(p.ok()) << n;
+    EXPECT_STREQ(kv_policy_name(*p), n);
+  }
+  EXPECT_FALSE(parse_kv_policy("quest").ok());
+}
+
+TEST(SemanticPlanner, SinksRecentAndThePartialPageAreProtected) {
+  const SemanticConfig c = small_config();  // 4 sinks, 8 recent
+  // bs 4, kv_len 30: pages 0..7 (page 7 partial: tokens 28, 29).
+  EXPECT_TRUE(protected_page(0, 30, 4, c));   // sinks
+  EXPECT_FALSE(protected_page(1, 30, 4, c));  // tokens 4..7
+  EXPECT_FALSE(protected_page(4, 30, 4, c));  // tokens 16..19 (recent starts at 22)
+  EXPECT_TRUE(protected_page(5, 30, 4, c));   // tokens 20..23 overlap the recent 22..29
+  EXPECT_TRUE(protected_page(7, 30, 4, c));   // partial
+}
+
+TEST(SemanticScorer, PageIsTheMaxOfItsTokensSmoothedOverSteps) {
+  SemanticConfig c = small_config();
+  c.smoothing = 0.5f;
+  std::vector<PageEntry> pages(3);
+  Obs o = uniform(12, 4, 0.f);
+  o.rel[5] = 0.8f;  // page 1
+  AttentionScorer scorer;
+  scorer.score(o.get(12, 4), c, pages);
+  EXPECT_FLOAT_EQ(pages[0].relevance, 0.5f);  // 0.5 * 0 + 0.5 * 1
+  EXPECT_FLOAT_EQ(pages[1].relevance, 0.9f);  // 0.5 * 0.8 + 0.5 * 1
+  scorer.score(o.get(12, 4), c, pages);
+  EXPECT_FLOAT_EQ(pages[0].relevance, 0.25f);
+  EXPECT_FLOAT_EQ(pages[1].relevance, 0.85f);
+  // Evicted pages are not scored; tokens before the window are not looked at.
+  pages[2].location = kv::PageLocation::kEvicted;
+  c.semantic_window = 6;  // tokens 6..11: page 0 is out of the window
+  const float before0 = pages[0].relevance, before2 = pages[2].relevance;
+  o.rel[0] = 1.f;
+  scorer.score(o.get(12, 4), c, pages);
+  EXPECT_FLOAT_EQ(pages[0].relevance, before0);
+  EXPECT_FLOAT_EQ(pages[2].relevance, before2);
+}
+
+TEST(SemanticPlanner, LadderDemotesThenEvictsAfterTheStepCounts) {
+  const SemanticConfig c = small_config();
+  const int bs = 4, kv_len = 40;  // pages 0..9; 0 sink, 8..9 recent
+  std::vector<PageEntry> pages(10);
+  for (PageEntry& p : pages) p.relevance = 0.1f;  // below semantic, above evict
+  Obs o = uniform(kv_len, bs, 0.1f);
+  auto plan1 = plan_step(KvPolicy::kSemantic, c, o.get(kv_len, bs), pages);
+  EXPECT_TRUE(plan1.empty());  // one low step of the two needed
+  auto plan2 = plan_step(KvPolicy::kSemantic, c, o.get(kv_len, bs), pages);
+  ASSERT_EQ(plan2.size(), 7u);  // pages 1..7
+  for (const PageTransition& t : plan2) {
+    EXPECT_EQ(t.op, PageOp::kDemote);
+    EXPECT_EQ(t.to, KvPrecision::kInt8);
+    EXPECT_GE(t.page, 1);
+    EXPECT_LE(t.page, 7);
+  }
+  // Relevance collapses: after 3 very-low steps the pages are evicted (the evict path wins over
+  // a further demotion).
+  for (PageEntry& p : pages) p.relevance = 0.01f;
+  plan_step(KvPolicy::kSemantic, c, o.get(kv_len, bs), pages);
+  plan_step(KvPolicy::kSemantic, c, o.get(kv_len, bs), pages);
+  auto plan5 = plan_step(KvPolicy::kSemantic, c, o.get(kv_len, bs), pages);
+  ASSERT_EQ(plan5.size(), 7u);
+  for (const PageTransition& t : plan5) EXPECT_EQ(t.op, PageOp::kEvict);
+}
+
+TEST(SemanticPlanner, RecallWhenTheBoundClearsTheThreshold) {
+  const SemanticConfig c = small_config();
+  const int bs = 4, kv_len = 40;
+  std::vector<PageEntry> pages(10);
+  pages[2].location = kv::PageLocation::kEvicted;
+  pages[2].precision = KvPrecision::kEvicted;
+  pages[2].summary = 0;
+  pages[3].precision = KvPrecision::kInt4;
+  pages[3].summary = 1;
+  pages[4].location = kv::PageLocation::kEvicted;  // evicted but no summary: cannot be judged
+  pages[4].precision = KvPrecision::kEvicted;
+  Obs o = uniform(kv_len, bs, 1.f);
+  o.bound[2] = 0.6f;
+  o.bound[3] = 0.7f;
+  o.bound[4] = 0.9f;
+  auto plan = plan_step(KvPolicy::kSemantic, c, o.get(kv_len, bs), pages);
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[0].page, 2);
+  EXPECT_EQ(plan[0].op, PageOp::kRestore);
+  EXPECT_EQ(plan[1].page, 3);
+  EXPECT_EQ(plan[1].op, PageOp::kRestore);
+  o.bound[2] = 0.4f;  // below recall_threshold 0.5
+  o.bound[3] = 0.f;
+  EXPECT_TRUE(plan_step(KvPolicy::kSemantic, c, o.get(kv_len, bs), pages).empty());
+}
+
+TEST(SemanticPlanner, StreamingKeepsOnlySinksAndRecent) {
+  const SemanticConfig c = small_config();
+  std::vector<PageEntry> pages(10);
+  Obs o = uniform(40, 4, 1.f);
+  auto plan = plan_step(KvPolicy::kStreaming, c, o.get(40, 4), pages);
+  ASSERT_EQ(plan.size(), 7u);
+  for (const PageTransition& t : plan) {
+    EXPECT_EQ(t.op, PageOp::kDrop);
+    EXPECT_FALSE(protected_page(t.page, 40, 4, c));
+  }
+  EXPECT_TRUE(plan_step(KvPolicy::kFull, c, o.get(40, 4), pages).empty());
+}
+
+TEST(SemanticPlanner, H2OKeepsTheMostRelevantPagesWithinItsBudget) {
+  const SemanticConfig c = small_config();
+  std::vector<PageEntry> pages(10);
+  for (int i = 0; i < 10; ++i) pages[i].relevance = 0.1f * i;
+  pages[3].relevance = 0.95f;
+  Obs o = uniform(40, 4, 1.f);
+  // Budget of 8 tokens = 2 pages among the candidates 1..7: pages 3 (0.95) and 7 (0.7).
+  auto plan = plan_step(KvPolicy::kH2O, c, o.get(40, 4), pages, /*heavy_tokens=*/8);
+  std::vector<int> dropped;
+  for (const PageTransition& t : plan) {
+    EXPECT_EQ(t.op, PageOp::kDrop);
+    dropped.push_back(t.page);
+  }
+  std::sort(dropped.begin(), dropped.end());
+  EXPECT_EQ(dropped, (std::vector<int>{1, 2, 4, 5, 6}));
+}
+
+}  // namespace
+}  // namespace kvsplit::cuts::semantic

@@ -1,0 +1,205 @@
+#include "kv/page_ops.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kv/kv_pool.h"
+
+namespace kvsplit::kv {
+namespace {
+
+using kernels::KvPrecision;
+
+constexpr int kLayers = 2, kKvHeads = 2, kHeadDim = 8, kBlock = 4;
+
+struct Fixture {
+  std::unique_ptr<backend::Backend> be;
+  std::unique_ptr<KvPool> pool;
+
+  explicit Fixture(int host_pages = 8, int blocks = 8) {
+    be = std::move(backend::create_backend("cpu", 1)).value();
+    KvPoolConfig c;
+    c.num_blocks = blocks;
+    c.block_size = kBlock;
+    c.int8_blocks = 8;
+    c.int4_blocks = 8;
+    c.summary_slots = 8;
+    auto probe = KvPool::create(*be, c, KvShape{kLayers, kKvHeads, kHeadDim});
+    c.host_bytes = host_pages * (*probe)->bytes_per_block();
+    pool = std::move(KvPool::create(*be, c, KvShape{kLayers, kKvHeads, kHeadDim})).value();
+  }
+
+  // Fills every page of `table` (all layers) with seeded random values.
+  void fill(const BlockTable& table, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> n(0.f, 1.f);
+    const int64_t floats = pool->page_layer_bytes(KvPrecision::kFull) / 4;
+    for (int l = 0; l < kLayers; ++l)
+      for (int32_t b : table.blocks) {
+        float* p = static_cast<float*>(pool->layer(l).data) + b * floats;
+        for (int64_t i = 0; i < floats; ++i) p[i] = n(rng);
+      }
+  }
+  // The page's full-precision bytes of every layer (the page must be kFull and resident).
+  std::vector<float> page(const BlockTable& table, int i) {
+    const int64_t floats = pool->page_layer_bytes(KvPrecision::kFull) / 4;
+    std::vector<float> out;
+    for (int l = 0; l < kLayers; ++l) {
+      const float* p = static_cast<const float*>(pool->layer(l).data) + table.blocks[i] * floats;
+      out.insert(out.end(), p, p + floats);
+    }
+    return out;
+  }
+  void expect_all_free() {
+    EXPECT_EQ(pool->allocator().num_used(), 0);
+    EXPECT_EQ(pool->arena_allocator(KvPrecision::kInt8).num_used(), 0);
+    EXPECT_EQ(pool->arena_allocator(KvPrecision::kInt4).num_used(), 0);
+    EXPECT_EQ(pool->summary_allocator().num_used(), 0);
+    EXPECT_EQ(pool->host_allocator().num_used(), 0);
+  }
+};
+
+Status apply(Fixture& f, BlockTable& t, int num_tokens, std::vector<PageTransition> plan,
+             PageOpStats* stats) {
+  return apply_page_transitions(*f.pool, t, num_tokens, plan, stats);
+}
+
+TEST(PageOps, LadderDownAndRecallIsBitExactAndFreesMemory) {
+  Fixture f;
+  BlockTable t;
+  ASSERT_TRUE(f.pool->reserve(t, 4 * kBlock));
+  f.fill(t, 1);
+  const std::vector<float> before = f.page(t, 1);
+  const int64_t full_bytes = resident_bytes(*f.pool, t);
+  PageOpStats st;
+  ASSERT_TRUE(apply(f, t, 4 * kBlock, {{1, PageOp::kDemote, KvPrecision::kInt8}}, &st).ok());
+  EXPECT_EQ(t.pages[1].precision, KvPrecision::kInt8);
+  EXPECT_GE(t.pages[1].original, 0);
+  EXPECT_GE(t.pages[1].summary, 0);
+  EXPECT_EQ(f.pool->allocator().num_used(), 3);  // the full page went back to the pool
+  EXPECT_EQ(f.pool->arena_allocator(KvPrecision::kInt8).num_used(), 1);
+  EXPECT_LT(resident_bytes(*f.pool, t), full_bytes);
+  ASSERT_TRUE(apply(f, t, 4 * kBlock, {{1, PageOp::kDemote, KvPrecision::kInt4}}, &st).ok());
+  EXPECT_EQ(t.pages[1].precision, KvPrecision::kInt4);
+  EXPECT_EQ(f.pool->arena_allocator(KvPrecision::kInt8).num_used(), 0);
+  EXPECT_EQ(f.pool->arena_allocator(KvPrecision::kInt4).num_used(), 1);
+  ASSERT_TRUE(apply(f, t, 4 * kBlock, {{1, PageOp::kEvict, KvPrecision::kEvicted}}, &st).ok());
+  EXPECT_FALSE(t.pages[1].resident());
+  EXPECT_EQ(t.blocks[1], -1);
+  EXPECT_EQ(f.pool->arena_allocator(KvPrecision::kInt4).num_used(), 0);
+  EXPECT_GE(t.pages[1].summary, 0);  // the summary stays for recall
+  ASSERT_TRUE(apply(f, t, 4 * kBlock, {{1, PageOp::kRestore, KvPrecision::kFull}}, &st).ok());
+  EXPECT_TRUE(t.pages[1].resident());
+  EXPECT_EQ(t.pages[1].precision, KvPrecision::kFull);
+  EXPECT_EQ(f.page(t, 1), before);  // bit-exact from the host original
+  EXPECT_EQ(resident_bytes(*f.pool, t), full_bytes);
+  EXPECT_EQ(st.demoted_to_int8, 1);
+  EXPECT_EQ(st.demoted_to_int4, 1);
+  EXPECT_EQ(st.evicted, 1);
+  EXPECT_EQ(st.restored, 1);
+  EXPECT_EQ(st.originals_written, 1);                 // written once, on leaving full
+  EXPECT_EQ(f.pool->host_allocator().num_used(), 0);  // released with the restore
+  f.pool->release(t);
+  f.expect_all_free();
+}
+
+TEST(PageOps, Int4DirectlyFromFullAndRestoreAreBitExact) {
+  Fixture f;
+  BlockTable t;
+  ASSERT_TRUE(f.pool->reserve(t, 3 * kBlock));
+  f.fill(t, 2);
+  const std::vector<float> before = f.page(t, 0);
+  PageOpStats st;
+  ASSERT_TRUE(apply(f, t, 3 * kBlock, {{0, PageOp::kDemote, KvPrecision::kInt4}}, &st).ok());
+  ASSERT_TRUE(apply(f, t, 3 * kBlock, {{0, PageOp::kRestore, KvPrecision::kFull}}, &st).ok());
+  EXPECT_EQ(f.page(t, 0), before);
+  f.pool->release(t);
+  f.expect_all_free();
+}
+
+TEST(PageOps, HostTierFullStopsTheDescentAndLosesNothing) {
+  Fixture f(/*host_pages=*/1);
+  BlockTable t;
+  ASSERT_TRUE(f.pool->reserve(t, 3 * kBlock));
+  f.fill(t, 3);
+  const std::vector<float> p1 = f.page(t, 1);
+  PageOpStats st;
+  ASSERT_TRUE(
+      apply(f, t, 3 * kBlock,
+            {{0, PageOp::kDemote, KvPrecision::kInt8}, {1, PageOp::kEvict, KvPrecision::kEvicted}},
+            &st)
+          .ok());
+  EXPECT_EQ(t.pages[0].precision, KvPrecision::kInt8);  // got the only host slot
+  EXPECT_TRUE(t.pages[1].resident());                   // refused: nowhere to keep the original
+  EXPECT_EQ(t.pages[1].precision, KvPrecision::kFull);
+  EXPECT_EQ(f.page(t, 1), p1);
+  EXPECT_EQ(st.refused_host_full, 1);
+  f.pool->release(t);
+  f.expect_all_free();
+}
+
+TEST(PageOps, PartialPagesAreNeverDegradedAndDropIsIrreversible) {
+  Fixture f;
+  BlockTable t;
+  ASSERT_TRUE(f.pool->reserve(t, 2 * kBlock + 1));  // page 2 holds one token
+  f.fill(t, 4);
+  PageOpStats st;
+  ASSERT_TRUE(apply(f, t, 2 * kBlock + 1,
+                    {{2, PageOp::kDemote, KvPrecision::kInt8},
+                     {2, PageOp::kEvict, KvPrecision::kEvicted},
+                     {1, PageOp::kDrop, KvPrecision::kEvicted}},
+                    &st)
+                  .ok());
+  EXPECT_EQ(t.pages[2].precision, KvPrecision::kFull);
+  EXPECT_TRUE(t.pages[2].resident());
+  EXPECT_FALSE(t.pages[1].resident());
+  EXPECT_EQ(t.pages[1].original, -1);
+  EXPECT_EQ(f.pool->host_allocator().num_used(), 0);
+  ASSERT_TRUE(apply(f, t, 2 * kBlock + 1, {{1, PageOp::kRestore, KvPrecision::kFull}}, &st).ok());
+  EXPECT_FALSE(t.pages[1].resident());
+  EXPECT_EQ(st.refused_no_original, 1);
+  f.pool->release(t);
+  f.expect_all_free();
+}
+
+TEST(PageOps, NoFreePageRefusesTheRestoreAndBadTransitionsAreErrors) {
+  Fixture f(/*host_pages=*/8, /*blocks=*/2);
+  BlockTable t, other;
+  ASSERT_TRUE(f.pool->reserve(t, 2 * kBlock));
+  f.fill(t, 5);
+  PageOpStats st;
+  ASSERT_TRUE(apply(f, t, 2 * kBlock, {{0, PageOp::kEvict, KvPrecision::kEvicted}}, &st).ok());
+  ASSERT_TRUE(f.pool->reserve(other, kBlock));  // takes the freed page
+  ASSERT_TRUE(apply(f, t, 2 * kBlock, {{0, PageOp::kRestore, KvPrecision::kFull}}, &st).ok());
+  EXPECT_FALSE(t.pages[0].resident());
+  EXPECT_EQ(st.refused_no_space, 1);
+  EXPECT_EQ(apply(f, t, 2 * kBlock, {{5, PageOp::kEvict, KvPrecision::kEvicted}}, &st).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(apply(f, t, 2 * kBlock, {{1, PageOp::kDemote, KvPrecision::kFull}}, &st).code(),
+            StatusCode::kInvalidArgument);
+  f.pool->release(t);
+  f.pool->release(other);
+  f.expect_all_free();
+}
+
+TEST(PageOps, ReserveKeepsPageEntriesInStep) {
+  Fixture f;
+  BlockTable t;
+  ASSERT_TRUE(f.pool->reserve(t, kBlock));
+  f.fill(t, 6);
+  PageOpStats st;
+  ASSERT_TRUE(apply(f, t, kBlock, {{0, PageOp::kDemote, KvPrecision::kInt8}}, &st).ok());
+  ASSERT_TRUE(f.pool->reserve(t, 3 * kBlock));
+  ASSERT_EQ(t.pages.size(), t.blocks.size());
+  EXPECT_EQ(t.pages[0].precision, KvPrecision::kInt8);
+  EXPECT_EQ(t.pages[2].precision, KvPrecision::kFull);
+  f.pool->release(t);
+  EXPECT_TRUE(t.pages.empty());
+  f.expect_all_free();
+}
+
+}  // namespace
+}  // namespace kvsplit::kv
