@@ -41,6 +41,14 @@ struct BlockTable {
   std::vector<int32_t> blocks;
   std::vector<PageEntry> pages;
 
+  // Blocks of the full-precision pool the table holds (all of them until a cut moved pages out).
+  int full_blocks() const {
+    if (pages.empty()) return static_cast<int>(blocks.size());
+    int n = 0;
+    for (const PageEntry& p : pages)
+      n += p.resident() && p.precision == kernels::KvPrecision::kFull;
+    return n;
+  }
   // True when every page is full precision and resident (pages empty or all kFull on device).
   bool all_full() const {
     for (const PageEntry& p : pages)

@@ -159,6 +159,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       v.arrival = static_cast<int64_t>(i);
       v.num_computed = s.computed;
       v.num_blocks = static_cast<int>(s.table.blocks.size());
+      v.held_blocks = s.table.full_blocks();
       v.last_prefill_step = s.last_prefill_step;
       v.target = s.running ? 0 : s.target();
       (s.running ? running : waiting).push_back(v);

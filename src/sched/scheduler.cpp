@@ -44,7 +44,8 @@ struct Scheduler::StepState {
   // The step's view of one running sequence (an admitted handoff included).
   struct Run {
     const SchedSeq* seq;
-    int num_blocks;
+    int num_blocks;  // pages of its table
+    int held;        // full-pool blocks among them (freed by a preemption)
     bool preempted = false;
     bool admitted_now = false;  // a handoff admitted in this step: never a victim in it
   };
@@ -60,7 +61,8 @@ struct Scheduler::StepState {
   explicit StepState(const SchedulerInput& input) : in(input), free(input.free_blocks) {
     runs.reserve(in.running.size() + in.handoffs.size());
     admitted_seqs.reserve(in.handoffs.size());  // stable addresses
-    for (const SchedSeq& s : in.running) runs.push_back({&s, s.num_blocks});
+    for (const SchedSeq& s : in.running)
+      runs.push_back({&s, s.num_blocks, s.held_blocks >= 0 ? s.held_blocks : s.num_blocks});
   }
 
   // Victim among the running sequences that may still be preempted and satisfy `eligible`:
@@ -80,8 +82,8 @@ struct Scheduler::StepState {
   void preempt(Run& v, PreemptReason reason, int for_id, int32_t for_priority,
                SchedulerOutput& out) {
     v.preempted = true;
-    free += v.num_blocks;
-    out.preempted.push_back({v.seq->id, reason, v.num_blocks, for_id, for_priority});
+    free += v.held;
+    out.preempted.push_back({v.seq->id, reason, v.held, for_id, for_priority});
     preempted_priorities.push_back(v.seq->priority);
   }
 };
@@ -136,7 +138,7 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
       int available = st.free;
       for (const StepState::Run& r : st.runs) {
         if (!r.preempted && !r.admitted_now && r.seq->priority < h.priority) {
-          available += r.num_blocks;
+          available += r.held;
         }
       }
       if (available < need) {
@@ -160,7 +162,7 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
     s.num_computed = h.num_tokens;
     s.num_blocks = need;
     st.admitted_seqs.push_back(s);
-    st.runs.push_back({&st.admitted_seqs.back(), need, false, true});
+    st.runs.push_back({&st.admitted_seqs.back(), need, need, false, true});
   }
 }
 
@@ -175,12 +177,12 @@ void Scheduler::grow_decodes(StepState& st, SchedulerOutput& out) const {
   for (size_t i = 0; i < order.size(); ++i) {
     StepState::Run& r = runs[order[i]];
     if (r.preempted) continue;
-    if (blocks_for(r.seq->num_computed + 1, config_.block_size) > st.in.total_blocks) {
+    const int need =
+        std::max(0, blocks_for(r.seq->num_computed + 1, config_.block_size) - r.num_blocks);
+    if (r.held + need > st.in.total_blocks) {
       out.never_fit.push_back(r.seq->id);  // its next token needs more than the whole pool
       continue;
     }
-    const int need =
-        std::max(0, blocks_for(r.seq->num_computed + 1, config_.block_size) - r.num_blocks);
     while (need > st.free && !r.preempted) {
       // The sequence served last among those not yet grown this step (possibly r itself).
       const int v = st.pick_victim([&](const StepState::Run& c) {
@@ -192,6 +194,7 @@ void Scheduler::grow_decodes(StepState& st, SchedulerOutput& out) const {
     if (r.preempted || need > st.free) continue;
     st.free -= need;
     r.num_blocks += need;
+    r.held += need;
     out.decode.push_back({r.seq->id, need});
   }
 }

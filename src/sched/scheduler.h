@@ -41,12 +41,15 @@ struct SchedulerConfig {
 // across running, waiting and handoffs.
 struct SchedSeq {
   int id = 0;
-  int32_t priority = 0;            // higher is served first
-  int64_t arrival = 0;             // older (smaller) is served first within a priority
-  int num_computed = 0;            // positions whose KV exists
-  int target = 0;                  // waiting only: positions whose KV must exist before it decodes
-                                   // (the prompt, or prompt + output[:-1] after a preemption)
-  int num_blocks = 0;              // KV blocks it holds now
+  int32_t priority = 0;  // higher is served first
+  int64_t arrival = 0;   // older (smaller) is served first within a priority
+  int num_computed = 0;  // positions whose KV exists
+  int target = 0;        // waiting only: positions whose KV must exist before it decodes
+                         // (the prompt, or prompt + output[:-1] after a preemption)
+  int num_blocks = 0;    // KV pages its block table holds now
+  // Full-pool blocks a release frees: num_blocks (-1) unless a KV cut moved pages out of the pool
+  // (quantized into an arena, or evicted).
+  int held_blocks = -1;
   int64_t last_prefill_step = -1;  // the step that last gave it a chunk (round robin)
 };
 

@@ -86,6 +86,7 @@ SchedulerInput Worker::scheduler_input(bool with_handoffs) {
     s.arrival = seq.arrival;
     s.num_computed = seq.num_computed;
     s.num_blocks = static_cast<int>(seq.table.blocks.size());
+    s.held_blocks = seq.table.full_blocks();
     s.last_prefill_step = seq.last_prefill_step;
     return s;
   };

@@ -209,3 +209,27 @@ TEST(Scheduler, CanAdmitPromptKeepsAWatermarkForGrowth) {
 
 }  // namespace
 }  // namespace kvsplit::sched
+
+namespace kvsplit::sched {
+namespace {
+
+TEST(Scheduler, PagesACutMovedOutOfThePoolNeitherCountNorFree) {
+  // 5's table has 10 pages but holds only 2 full-pool blocks (the rest quantized or evicted): it
+  // grows past the pool's 10 blocks; 6 (younger) is preempted for it and frees its 1 block only.
+  SchedSeq cut = running(5, 40, 10, 0, 1);
+  cut.held_blocks = 2;
+  SchedSeq young = running(6, 3, 1, 0, 9);
+  young.held_blocks = 1;
+  const std::vector<SchedSeq> run = {cut, young};
+  const SchedulerOutput out = Scheduler(config(64, true)).schedule({run, {}, {}, 0, 10, 1});
+  EXPECT_TRUE(out.never_fit.empty());
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0].id, 6);
+  EXPECT_EQ(out.preempted[0].freed_blocks, 1);
+  ASSERT_EQ(out.decode.size(), 1u);
+  EXPECT_EQ(out.decode[0].id, 5);
+  EXPECT_EQ(out.free_blocks_after, 0);
+}
+
+}  // namespace
+}  // namespace kvsplit::sched

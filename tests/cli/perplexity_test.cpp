@@ -1,0 +1,125 @@
+// `kvsplit perplexity` and the KV-cut flags of `kvsplit generate`: the full-KV figure of
+// recall-llama's README, prefill/decode agreement, a cut that never acts changing nothing, the
+// baselines' accounting, and errors that name the flag or the line.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/cli_run.h"
+#include "test_util.h"
+
+namespace kvsplit::testing {
+namespace {
+
+std::string recall_args() {
+  return "perplexity --model " + quote(model_path("recall-llama")) + " --jsonl " +
+         quote(data_path("recall_eval_docs.jsonl")) + " --json --threads 1";
+}
+
+nlohmann::json ppl(const std::string& extra) {
+  RunResult r = run(recall_args() + " " + extra);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  auto lines = json_lines(r.out);
+  EXPECT_EQ(lines.size(), 1u) << r.out;
+  return lines.empty() ? nlohmann::json::object() : lines[0];
+}
+
+TEST(PerplexityCli, FullKvMatchesTheReferenceAndDecodeMatchesPrefill) {
+  KVSPLIT_REQUIRE_MODELS();
+  const nlohmann::json whole = ppl("");
+  for (const char* key : {"tokens", "nll", "ppl", "avg_resident_kv_fraction",
+                          "peak_resident_kv_fraction", "demotions", "evictions", "recalls"}) {
+    EXPECT_TRUE(whole.contains(key)) << key;
+  }
+  // recall-llama's README: mean NLL 0.2646 with full KV (HF transformers), every token but each
+  // document's first scored.
+  EXPECT_NEAR(whole["nll"].get<double>(), 0.2646, 5e-4);
+  EXPECT_NEAR(whole["ppl"].get<double>(), std::exp(whole["nll"].get<double>()), 1e-9);
+  // Fed one token per decode step after a 16-token prefill: the same numbers (batch-invariant
+  // kernels), and nothing resident but full pages.
+  const nlohmann::json stepped = ppl("--prefill 16");
+  EXPECT_EQ(stepped["tokens"], whole["tokens"]);
+  EXPECT_NEAR(stepped["nll"].get<double>(), whole["nll"].get<double>(), 1e-6);
+  EXPECT_EQ(stepped["avg_resident_kv_fraction"].get<double>(), 1.0);
+  EXPECT_GT(stepped["decode_steps"].get<int>(), 5000);
+}
+
+TEST(PerplexityCli, SemanticCutWithZeroThresholdsChangesNothing) {
+  KVSPLIT_REQUIRE_MODELS();
+  const nlohmann::json full = ppl("--prefill 16");
+  const nlohmann::json cut = ppl(
+      "--prefill 16 --kv-cache-compression semantic_v2 --semantic-threshold 0 --evict-threshold 0 "
+      "--recall-threshold 1 --score-interval 1");
+  EXPECT_EQ(cut["policy"], "semantic");
+  EXPECT_GT(cut["scored_steps"].get<int>(), 5000);
+  EXPECT_EQ(cut["demotions"].get<int>(), 0);
+  EXPECT_EQ(cut["evictions"].get<int>(), 0);
+  EXPECT_EQ(cut["nll"].get<double>(), full["nll"].get<double>());
+}
+
+TEST(PerplexityCli, PoliciesFreeKvAndCountWhatTheyDid) {
+  KVSPLIT_REQUIRE_MODELS();
+  const double full = ppl("--prefill 16")["nll"].get<double>();
+  const nlohmann::json streaming =
+      ppl("--prefill 16 --kv-policy streaming --sink-tokens 4 --recent-tokens 32");
+  EXPECT_GT(streaming["evictions"].get<int>(), 0);
+  EXPECT_EQ(streaming["demotions"].get<int>(), 0);
+  EXPECT_EQ(streaming["recalls"].get<int>(), 0);
+  EXPECT_LT(streaming["avg_resident_kv_fraction"].get<double>(), 0.6);
+  EXPECT_GT(streaming["nll"].get<double>(), full);  // the pairs are gone when the keys repeat
+  const nlohmann::json semantic = ppl("--prefill 16 --kv-policy semantic --recent-tokens 32");
+  EXPECT_GT(semantic["demotions"].get<int>(), 0);
+  EXPECT_LT(semantic["avg_resident_kv_fraction"].get<double>(), 1.0);
+  EXPECT_LE(semantic["peak_resident_kv_fraction"].get<double>(), 1.0);
+  const nlohmann::json h2o =
+      ppl("--prefill 16 --kv-policy h2o --recent-tokens 32 --heavy-tokens 32");
+  EXPECT_GT(h2o["evictions"].get<int>(), 0);
+  EXPECT_EQ(h2o["demotions"].get<int>(), 0);
+}
+
+TEST(PerplexityCli, GenerateWithTheCutAtZeroThresholdsMatchesTheGolden) {
+  KVSPLIT_REQUIRE_MODELS();
+  const auto cases = read_jsonl(model_path("golden/stories260K_greedy.jsonl"));
+  const auto& c = cases[0];
+  const int n = c["steps"].get<int>() - static_cast<int>(c["prompt_token_ids"].size()) + 1;
+  for (const std::string cut :
+       {"--kv-policy semantic --semantic-threshold 0 --evict-threshold 0 --score-interval 1",
+        "--kv-cache-compression semantic_v2 --semantic-threshold 0 --evict-threshold 0 "
+        "--prefill 2"}) {
+    RunResult r = run("generate --model " + quote(model_path("stories260K.bin")) + " --tokenizer " +
+                      quote(model_path("tok512.bin")) + " --prompt " + quote(c["prompt"]) +
+                      " --max-tokens " + std::to_string(n) + " --temperature 0 --json " + cut);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    auto lines = json_lines(r.out);
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_EQ(lines[0]["output_token_ids"], c["output_token_ids"]) << cut;
+  }
+}
+
+TEST(PerplexityCli, BadInputIsAnErrorNamingIt) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto expect_error = [](const std::string& args, const std::string& needle) {
+    RunResult r = run(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\n" << r.err;
+  };
+  expect_error(recall_args() + " --semantic-threshold 1.5", "--semantic-threshold");
+  expect_error(recall_args() + " --evict-threshold 0.3", "--evict-threshold");
+  expect_error(recall_args() + " --recent-tokens -4", "--recent-tokens");
+  expect_error(recall_args() + " --kv-cache-compression semantic_v2 --kv-policy h2o", "conflicts");
+  expect_error(recall_args() + " --kv-policy lru", "--kv-policy");
+  expect_error("perplexity --model " + quote(model_path("recall-llama")),
+               "exactly one of --text FILE and --jsonl FILE");
+  TempDir tmp;
+  const std::string bad = tmp.file("bad.jsonl");
+  { std::ofstream(bad) << "{\"text\": \"one two\"}\n{\"txt\": 3}\n"; }
+  expect_error("perplexity --model " + quote(model_path("recall-llama")) + " --jsonl " + quote(bad),
+               "bad.jsonl:2:");
+  expect_error("perplexity --model " + quote(model_path("recall-llama")) + " --text /nonexistent",
+               "/nonexistent");
+}
+
+}  // namespace
+}  // namespace kvsplit::testing
