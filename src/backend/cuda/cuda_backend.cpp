@@ -313,6 +313,11 @@ Status CudaBackend::kv_append(const LayerKv& kv, const float* k, const float* v,
 
 Status CudaBackend::attention_prefill(const AttentionArgs& args) {
   KVSPLIT_RETURN_IF_ERROR(check_attention_shape(args));
+  if (args.page_precision || args.score_seqs) {
+    return unimplemented(
+        "attention_prefill: the CUDA backend reads full-precision pages only (page_precision "
+        "and score_seqs are CPU-only for now)");
+  }
   kernels::PagedAttentionParams p = attention_params(args);
   p.error_flag = error_flag_;
   last_flag_op_ = "attention";
@@ -321,6 +326,11 @@ Status CudaBackend::attention_prefill(const AttentionArgs& args) {
 
 Status CudaBackend::attention_decode(const AttentionArgs& args, const backend::SplitPlan& plan) {
   KVSPLIT_RETURN_IF_ERROR(check_attention_shape(args));
+  if (args.page_precision || args.score_seqs) {
+    return unimplemented(
+        "attention_decode: the CUDA backend reads full-precision pages only (page_precision "
+        "and score_seqs are CPU-only for now)");
+  }
   if (plan.num_seqs() != args.num_seqs)
     return invalid_argument("attention_decode: plan has " + std::to_string(plan.num_seqs()) +
                             " sequences, call has " + std::to_string(args.num_seqs));

@@ -1,0 +1,352 @@
+// Mixed-precision CPU attention (semantic cut) against the fp64 mixed oracle, which dequantizes the
+// same pages: random mixes of full / int8 / int4 / evicted pages with shuffled arena ids, MHA, GQA
+// and MQA, partial last pages, split-K on and off, the scoring side outputs (token relevance, Quest
+// page bounds), prefill, and bad arguments.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/attention.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/split_plan.h"
+#include "common/thread_pool.h"
+#include "oracle/attention_oracle.h"
+#include "oracle/mixed_attention_oracle.h"
+
+namespace kvsplit::backend {
+namespace {
+
+using kernels::KvPrecision;
+using oracle::AttentionCase;
+using oracle::CaseSpec;
+using oracle::MixedCase;
+using oracle::MixedResult;
+
+constexpr double kOracleTol = 1e-5;  // f32 kernel vs fp64 oracle on the same dequantized values
+constexpr double kBoundTol = 2e-5;   // relative, page bounds (exp of a sum of head_dim products)
+constexpr int kEvict = static_cast<int>(KvPrecision::kEvicted);
+
+CaseSpec random_shape(oracle::Rng& rng, uint64_t seed) {
+  CaseSpec s;
+  s.seed = seed;
+  switch (rng.range(0, 2)) {
+    case 0:
+      s.num_kv_heads = rng.range(1, 3);
+      s.num_heads = s.num_kv_heads;
+      break;  // MHA
+    case 1:
+      s.num_kv_heads = 2;
+      s.num_heads = 2 * (2 << rng.range(0, 2));
+      break;  // GQA (group 4, 8, 16: also exercises row blocks of 1..4)
+    default:
+      s.num_kv_heads = 1;
+      s.num_heads = rng.range(2, 7);
+      break;  // MQA
+  }
+  const int head_dims[] = {8, 32, 64, 128};
+  const int block_sizes[] = {8, 16, 32};
+  s.head_dim = head_dims[rng.range(0, 3)];
+  s.block_size = block_sizes[rng.range(0, 2)];
+  return s;
+}
+
+int random_len(oracle::Rng& rng, int max_len) {
+  const double x = rng.uniform(0.0, std::log(static_cast<double>(max_len)));
+  return std::clamp(static_cast<int>(std::exp(x)), 1, max_len);
+}
+
+// Summaries of the case's full pages (taken before make_mixed poisons demoted originals) and
+// the scoring buffers, pre-filled with small random values that the max must keep or raise.
+struct Scoring {
+  std::vector<uint8_t> score_seqs;
+  std::vector<int32_t> slots;
+  std::vector<float> summaries;
+  std::vector<float> relevance0, bound0, relevance, bound;
+  int num_slots = 0;
+
+  Scoring(AttentionCase& c, Backend& cpu, oracle::Rng& rng) {
+    const int bs = c.spec.block_size, hd = c.spec.head_dim, nkv = c.spec.num_kv_heads;
+    const kernels::QuantPageLayout ql{nkv, bs, hd};
+    const int64_t block_elems = int64_t{2} * nkv * bs * hd;
+    score_seqs.assign(c.num_seqs, 0);
+    for (auto& x : score_seqs) x = rng.range(0, 3) != 0;
+    score_seqs[rng.range(0, c.num_seqs - 1)] = 1;
+    slots.assign(c.block_tables.size(), -1);
+    for (int s = 0; s < c.num_seqs; ++s) {
+      for (int b = 0; (b + 1) * bs <= c.kv_lens[s]; ++b) {  // full pages only
+        if (rng.range(0, 4) == 0) continue;                 // some pages have no summary
+        const size_t row = static_cast<size_t>(s) * c.max_blocks_per_seq + b;
+        slots[row] = num_slots++;
+        summaries.resize(static_cast<size_t>(num_slots) * 2 * nkv * hd);
+        const Status st = cpu.summarize_kv_page(
+            c.pages.data() + c.block_tables[row] * block_elems, DType::kF32, ql,
+            summaries.data() + static_cast<size_t>(slots[row]) * 2 * nkv * hd);
+        EXPECT_TRUE(st.ok()) << st.to_string();
+      }
+    }
+    relevance0.resize(static_cast<size_t>(c.num_seqs) * c.max_blocks_per_seq * bs);
+    bound0.resize(c.block_tables.size());
+    for (float& x : relevance0) x = static_cast<float>(rng.uniform(0.0, 0.3));
+    for (float& x : bound0) x = static_cast<float>(rng.uniform(0.0, 0.3));
+    reset();
+  }
+  void reset() {
+    relevance = relevance0;
+    bound = bound0;
+  }
+  void apply(AttentionArgs& a) {
+    a.score_seqs = score_seqs.data();
+    a.token_relevance = relevance.data();
+    a.summary_slots = slots.data();
+    a.summaries = summaries.empty() ? nullptr : summaries.data();
+    a.num_summary_slots = num_slots;
+    a.page_bound = bound.data();
+  }
+};
+
+void expect_side_outputs(const AttentionArgs& a, const MixedResult& want, const Scoring& sc,
+                         const std::string& what) {
+  const int bs = a.kv.block_size;
+  for (int s = 0; s < a.num_seqs; ++s) {
+    const int64_t t0 = static_cast<int64_t>(s) * a.max_blocks_per_seq * bs;
+    const int64_t b0 = static_cast<int64_t>(s) * a.max_blocks_per_seq;
+    const int nb = (a.kv_lens[s] + bs - 1) / bs;
+    float max_rel = 0.f;
+    bool any_resident = false;
+    for (int t = 0; t < a.max_blocks_per_seq * bs; ++t) {
+      const float got = sc.relevance[t0 + t], init = sc.relevance0[t0 + t];
+      const double w = want.relevance[t0 + t];
+      if (!sc.score_seqs[s] || t >= a.kv_lens[s] || w < 0) {
+        ASSERT_EQ(got, init) << what << ": seq " << s << " token " << t << " must be untouched";
+        continue;
+      }
+      any_resident = true;
+      max_rel = std::max(max_rel, got);
+      ASSERT_NEAR(got, std::max<double>(init, w), kOracleTol)
+          << what << ": relevance of seq " << s << " token " << t;
+    }
+    if (any_resident) {
+      EXPECT_EQ(max_rel, 1.f) << what << ": seq " << s << " most attended token";
+    }
+    for (int b = 0; b < a.max_blocks_per_seq; ++b) {
+      const float got = sc.bound[b0 + b], init = sc.bound0[b0 + b];
+      if (!sc.score_seqs[s] || b >= nb || sc.slots[b0 + b] < 0) {
+        ASSERT_EQ(got, init) << what << ": bound of seq " << s << " page " << b << " untouched";
+        continue;
+      }
+      const double w = std::max<double>(init, want.page_bound[b0 + b]);
+      if (std::isinf(w)) {  // nothing of the sequence resident: every bound is +inf
+        ASSERT_EQ(got, std::numeric_limits<float>::infinity()) << what << ": page " << b;
+        continue;
+      }
+      ASSERT_NEAR(got, w, kBoundTol * std::max(1.0, w))
+          << what << ": bound of seq " << s << " page " << b;
+      // Quest: the bound is >= the relative probability of every resident token of the page.
+      for (int t = b * bs; t < std::min((b + 1) * bs, a.kv_lens[s]); ++t) {
+        const double rel = want.relevance[t0 + t];
+        if (rel >= 0) {
+          ASSERT_GE(got, rel * (1 - kBoundTol)) << what << ": page " << b << " tok " << t;
+        }
+      }
+    }
+  }
+}
+
+std::vector<SplitPlan> plans_for(const AttentionCase& c, oracle::Rng& rng) {
+  const int bs = c.spec.block_size;
+  std::vector<SplitPlan> plans;
+  plans.push_back(make_split_plan(c.kv_lens.data(), c.num_seqs, bs, 0));
+  plans.push_back(make_split_plan(c.kv_lens.data(), c.num_seqs, bs, bs));
+  plans.push_back(make_split_plan(c.kv_lens.data(), c.num_seqs, bs, bs * rng.range(2, 5)));
+  return plans;
+}
+
+TEST(CpuMixedAttention, DecodeMatchesTheMixedOracleWithAndWithoutSplits) {
+  ThreadPool pool(3);
+  std::unique_ptr<Backend> cpu = make_cpu_backend(1);
+  oracle::Rng rng(4242);
+  int quantized_pages = 0, evicted_pages = 0;
+  for (int iter = 0; iter < 50; ++iter) {
+    CaseSpec spec = random_shape(rng, 7000 + iter);
+    const int num_seqs = rng.range(1, 5);
+    for (int s = 0; s < num_seqs; ++s)
+      spec.kv_lens.push_back(random_len(rng, iter % 5 ? 500 : 1500));
+    if (iter % 6 == 0) spec.q_range = 8.0;  // peaked softmax
+    AttentionCase c = oracle::make_case(spec);
+    Scoring sc(c, *cpu, rng);
+    const bool all_full = iter % 10 == 9;  // side outputs on the plain path (page_precision null)
+    oracle::MixSpec mix;
+    if (all_full) mix = {0.0, 0.0, 0.0};
+    MixedCase m = oracle::make_mixed(c, *cpu, rng, mix);
+    ASSERT_TRUE(m.quantized_ok);
+    for (uint8_t p : m.precision) {
+      quantized_pages += p == 1 || p == 2;
+      evicted_pages += p == kEvict;
+    }
+    AttentionArgs a = c.args();
+    m.apply(a);
+    sc.apply(a);
+    const MixedResult want = oracle::mixed_attention(a);
+    if (all_full) a.page_precision = nullptr;
+    const std::string what =
+        "iter " + std::to_string(iter) + " heads " + std::to_string(spec.num_heads) + "/" +
+        std::to_string(spec.num_kv_heads) + " hd " + std::to_string(spec.head_dim) + " bs " +
+        std::to_string(spec.block_size);
+    for (const SplitPlan& plan : plans_for(c, rng)) {
+      const std::string w = what + " chunk " + std::to_string(plan.chunk_tokens);
+      std::fill(c.out.begin(), c.out.end(), std::numeric_limits<float>::quiet_NaN());
+      sc.reset();
+      const Status st = cpu_attention_decode(a, plan, pool);
+      ASSERT_TRUE(st.ok()) << w << ": " << st.to_string();
+      const oracle::Comparison cmp =
+          oracle::compare(c.out.data(), want.out, kOracleTol, kOracleTol);
+      ASSERT_TRUE(cmp.ok) << w << ": " << cmp.message;
+      expect_side_outputs(a, want, sc, w);
+      if (HasFailure()) FAIL() << w;
+    }
+  }
+  EXPECT_GT(quantized_pages, 200);
+  EXPECT_GT(evicted_pages, 50);
+}
+
+TEST(CpuMixedAttention, PrefillMatchesTheMixedOracle) {
+  ThreadPool pool(3);
+  std::unique_ptr<Backend> cpu = make_cpu_backend(1);
+  oracle::Rng rng(99);
+  for (int iter = 0; iter < 30; ++iter) {
+    CaseSpec spec = random_shape(rng, 9000 + iter);
+    const int num_seqs = rng.range(1, 4);
+    for (int s = 0; s < num_seqs; ++s) {
+      const int kv_len = random_len(rng, 300);
+      spec.kv_lens.push_back(kv_len);
+      spec.q_lens.push_back(rng.range(0, 1) ? kv_len : rng.range(1, kv_len));  // chunked prefill
+    }
+    AttentionCase c = oracle::make_case(spec);
+    MixedCase m = oracle::make_mixed(c, *cpu, rng, oracle::MixSpec{});
+    ASSERT_TRUE(m.quantized_ok);
+    AttentionArgs a = c.args();
+    m.apply(a);
+    const MixedResult want = oracle::mixed_attention(a);
+    const Status st = cpu_attention_prefill(a, pool);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    const oracle::Comparison cmp = oracle::compare(c.out.data(), want.out, kOracleTol, kOracleTol);
+    ASSERT_TRUE(cmp.ok) << "iter " << iter << ": " << cmp.message;
+  }
+}
+
+// Sequence 0: every page evicted but the partial last one; sequence 1: evicted pages between
+// quantized ones; sequence 2: nothing resident at all (output 0, page bounds +inf).
+TEST(CpuMixedAttention, EvictedRunsAndNothingResident) {
+  ThreadPool pool(2);
+  std::unique_ptr<Backend> cpu = make_cpu_backend(1);
+  oracle::Rng rng(5);
+  CaseSpec spec;
+  spec.num_heads = 8;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 64;
+  spec.block_size = 16;
+  spec.kv_lens = {6 * 16 + 5, 7 * 16, 3 * 16};
+  AttentionCase c = oracle::make_case(spec);
+  Scoring sc(c, *cpu, rng);
+  std::fill(sc.score_seqs.begin(), sc.score_seqs.end(), 1);
+  ASSERT_GT(sc.num_slots, 0);
+  for (int b = 0; b < 3; ++b) sc.slots[2 * static_cast<size_t>(c.max_blocks_per_seq) + b] = 0;
+  const std::vector<std::vector<int>> force = {{kEvict, kEvict, kEvict, kEvict, kEvict, kEvict, 0},
+                                               {kEvict, 1, kEvict, kEvict, 2, kEvict, 1},
+                                               {kEvict, kEvict, kEvict}};
+  MixedCase m = oracle::make_mixed(c, *cpu, rng, oracle::MixSpec{0, 0, 0}, force);
+  ASSERT_TRUE(m.quantized_ok);
+  AttentionArgs a = c.args();
+  m.apply(a);
+  sc.apply(a);
+  const MixedResult want = oracle::mixed_attention(a);
+  for (const SplitPlan& plan : plans_for(c, rng)) {
+    std::fill(c.out.begin(), c.out.end(), std::numeric_limits<float>::quiet_NaN());
+    sc.reset();
+    ASSERT_TRUE(cpu_attention_decode(a, plan, pool).ok());
+    const oracle::Comparison cmp = oracle::compare(c.out.data(), want.out, kOracleTol, kOracleTol);
+    ASSERT_TRUE(cmp.ok) << "chunk " << plan.chunk_tokens << ": " << cmp.message;
+    for (int i = 0; i < spec.num_heads * spec.head_dim; ++i) {
+      ASSERT_EQ(c.out[2 * spec.num_heads * spec.head_dim + i], 0.f) << "nothing resident: 0";
+    }
+    for (int b = 0; b < 3; ++b) {
+      const size_t row = 2 * static_cast<size_t>(c.max_blocks_per_seq) + b;
+      EXPECT_EQ(sc.bound[row], std::numeric_limits<float>::infinity()) << "page " << b;
+      sc.bound[row] = sc.bound0[row];  // checked; the oracle has no finite max to compare with
+    }
+    sc.score_seqs[2] = 0;
+    expect_side_outputs(a, want, sc, "chunk " + std::to_string(plan.chunk_tokens));
+    sc.score_seqs[2] = 1;
+  }
+}
+
+TEST(CpuMixedAttention, RejectsBadMixedArguments) {
+  ThreadPool pool(1);
+  std::unique_ptr<Backend> cpu = make_cpu_backend(1);
+  oracle::Rng rng(8);
+  CaseSpec spec;
+  spec.num_heads = 4;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 32;
+  spec.block_size = 8;
+  spec.kv_lens = {40, 17};
+  AttentionCase c = oracle::make_case(spec);
+  Scoring sc(c, *cpu, rng);
+  const std::vector<std::vector<int>> force = {{1, 2, kEvict, 0, 1}, {2, 0, 0}};
+  MixedCase m = oracle::make_mixed(c, *cpu, rng, oracle::MixSpec{0, 0, 0}, force);
+  ASSERT_TRUE(m.quantized_ok);
+  const SplitPlan plan = make_split_plan(c.kv_lens.data(), c.num_seqs, spec.block_size, 0);
+  const auto run = [&](auto&& mutate) {
+    MixedCase mm = m;
+    Scoring ss = sc;
+    AttentionArgs a = c.args();
+    mm.apply(a);
+    ss.apply(a);
+    mutate(a, mm, ss);
+    return cpu_attention_decode(a, plan, pool).code();
+  };
+  EXPECT_EQ(run([](AttentionArgs&, MixedCase&, Scoring&) {}), StatusCode::kOk);
+  EXPECT_EQ(run([](AttentionArgs&, MixedCase& mm, Scoring&) { mm.precision[1] = 4; }),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(run([&](AttentionArgs&, MixedCase& mm, Scoring&) { mm.tables[0] = mm.num_int8; }),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(run([](AttentionArgs&, MixedCase& mm, Scoring&) { mm.tables[1] = -1; }),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(run([](AttentionArgs& a, MixedCase&, Scoring&) { a.int4_pages = nullptr; }),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(run([](AttentionArgs& a, MixedCase&, Scoring&) { a.int8_pages = nullptr; }),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(run([](AttentionArgs& a, MixedCase&, Scoring&) { a.kv.data = nullptr; }),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(run([&](AttentionArgs& a, MixedCase& mm, Scoring&) {
+              mm.tables[3] = c.num_blocks;  // a full page outside kv
+            }),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(run([](AttentionArgs&, MixedCase&, Scoring& ss) {
+              ss.score_seqs[0] = 1;
+              ss.slots[0] = ss.num_slots;
+            }),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(run([](AttentionArgs& a, MixedCase&, Scoring& ss) {
+              ss.score_seqs[0] = 1;
+              a.summaries = nullptr;
+            }),
+            StatusCode::kInvalidArgument);
+  // An evicted page's id is ignored, whatever it is.
+  EXPECT_EQ(run([](AttentionArgs&, MixedCase& mm, Scoring&) { mm.tables[2] = -12345; }),
+            StatusCode::kOk);
+  // Prefill: mixed pages are supported, the scoring side outputs are decode-only.
+  AttentionArgs a = c.args();
+  m.apply(a);
+  EXPECT_EQ(cpu_attention_prefill(a, pool).code(), StatusCode::kOk);
+  sc.apply(a);
+  EXPECT_EQ(cpu_attention_prefill(a, pool).code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvsplit::backend
