@@ -155,29 +155,33 @@ TEST(SemanticPlanner, LadderDemotesThenEvictsAfterTheStepCounts) {
   for (const PageTransition& t : plan5) EXPECT_EQ(t.op, PageOp::kEvict);
 }
 
-TEST(SemanticPlanner, RecallWhenTheBoundClearsTheThreshold) {
-  const SemanticConfig c = small_config();
+TEST(SemanticPlanner, RecallByTheBoundForEvictedAndByRelevanceForQuantizedPages) {
+  const SemanticConfig c = small_config();  // recall_threshold 0.5
   const int bs = 4, kv_len = 40;
   std::vector<PageEntry> pages(10);
   pages[2].location = kv::PageLocation::kEvicted;
   pages[2].precision = KvPrecision::kEvicted;
   pages[2].summary = 0;
-  pages[3].precision = KvPrecision::kInt4;
+  pages[3].precision = KvPrecision::kInt4;  // resident, scored: relevance 0.7
   pages[3].summary = 1;
+  pages[3].relevance = 0.7f;
   pages[4].location = kv::PageLocation::kEvicted;  // evicted but no summary: cannot be judged
   pages[4].precision = KvPrecision::kEvicted;
+  pages[5].precision = KvPrecision::kInt8;  // a high bound alone does not bring it back
+  pages[5].summary = 2;
+  pages[5].relevance = 0.2f;
   Obs o = uniform(kv_len, bs, 1.f);
   o.bound[2] = 0.6f;
-  o.bound[3] = 0.7f;
   o.bound[4] = 0.9f;
+  o.bound[5] = 0.9f;
   auto plan = plan_step(KvPolicy::kSemantic, c, o.get(kv_len, bs), pages);
   ASSERT_EQ(plan.size(), 2u);
   EXPECT_EQ(plan[0].page, 2);
   EXPECT_EQ(plan[0].op, PageOp::kRestore);
   EXPECT_EQ(plan[1].page, 3);
   EXPECT_EQ(plan[1].op, PageOp::kRestore);
-  o.bound[2] = 0.4f;  // below recall_threshold 0.5
-  o.bound[3] = 0.f;
+  o.bound[2] = 0.4f;  // below recall_threshold
+  pages[3].relevance = 0.3f;
   EXPECT_TRUE(plan_step(KvPolicy::kSemantic, c, o.get(kv_len, bs), pages).empty());
 }
 

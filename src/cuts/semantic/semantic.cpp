@@ -120,17 +120,19 @@ std::vector<PageTransition> plan_step(KvPolicy policy, const SemanticConfig& c,
       const int window_begin = std::max(0, obs.kv_len - c.semantic_window);
       for (int i = 0; i < n; ++i) {
         kv::PageEntry& p = pages[i];
-        const bool quantized = p.resident() && p.precision != KvPrecision::kFull;
-        if (!p.resident() || quantized) {
-          // Recall: an evicted page by its summary's bound; a quantized one by its bound too
-          // (its scores come from lossy keys, the bound from the original's).
+        if (!p.resident()) {
+          // Recall of an evicted page: its summary's bound says a query could attend to it.
           const float bound =
               static_cast<size_t>(i) < obs.page_bound.size() ? obs.page_bound[i] : 0.f;
-          if (p.summary >= 0 && bound >= c.recall_threshold) {
+          if (p.summary >= 0 && bound >= c.recall_threshold)
             out.push_back({i, PageOp::kRestore, KvPrecision::kFull});
-            continue;
-          }
-          if (!p.resident()) continue;
+          continue;
+        }
+        if (p.precision != KvPrecision::kFull && p.relevance >= c.recall_threshold) {
+          // A quantized page is still read, so its measured relevance (not the looser bound)
+          // brings it back to full precision.
+          out.push_back({i, PageOp::kRestore, KvPrecision::kFull});
+          continue;
         }
         if (protected_page(i, obs.kv_len, bs, c)) continue;
         if ((i + 1) * bs <= window_begin) continue;  // not scored this step

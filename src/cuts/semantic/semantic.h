@@ -25,8 +25,9 @@ struct SemanticConfig {
   float evict_threshold = 0.05f;
   int demote_after_steps = 3;
   int evict_after_steps = 3;
-  // An evicted or quantized page comes back to full precision when the upper bound of its
-  // relative attention (from its key summary, each scored step) reaches recall_threshold.
+  // Recall to full precision: an evicted page when the upper bound of its relative attention
+  // (from its key summary, each scored step) reaches recall_threshold; a quantized page, which is
+  // still read and scored, when its relevance does.
   float recall_threshold = 0.5f;
   int semantic_window = 4096;       // tokens scored: the most recent ones (older pages keep state)
   int sink_tokens = 4;              // never degraded: the first tokens ...
