@@ -1,10 +1,12 @@
 // bench_cpu_attention: CPU paged attention. Decode: no split vs the split-K planner on the same
 // data (the ratio is the split-K speedup), KV bytes streamed per second as a fraction of the
 // machine's read bandwidth measured in the same run. Prefill: causal FLOP/s as a fraction of the
-// measured fp32 FMA peak.
+// measured fp32 FMA peak. Quantized decode (semantic cut): the same decode over int8 and int4
+// pages (kernels/common/kv_quant.h) vs full f32 pages in the same run, time ratios and KV bytes
+// read per token and layer.
 //
 //   bench_cpu_attention [--threads N] [--heads 32] [--kv-heads 8] [--head-dim 128]
-//                       [--block-size 16] [--seconds S]
+//                       [--block-size 16] [--seconds S] [--quant-only]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -16,9 +18,11 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/attention.h"
+#include "backend/cpu/kv_quant_ops.h"
 #include "backend/cpu/machine_probe.h"
 #include "backend/split_plan.h"
 #include "common/thread_pool.h"
+#include "kernels/common/kv_quant.h"
 
 namespace {
 
@@ -80,6 +84,28 @@ double time_call(double seconds, const std::function<void()>& fn) {
   return elapsed / static_cast<double>(n);
 }
 
+// The batch's pages quantized into an arena of precision p (same ids), and a precision table
+// with every page at p.
+struct QuantizedPages {
+  std::vector<uint8_t> arena;
+  std::vector<uint8_t> precision;
+
+  QuantizedPages(const Batch& b, kvsplit::kernels::KvPrecision p) {
+    const kvsplit::backend::LayerKv& kv = b.args.kv;
+    const kvsplit::kernels::QuantPageLayout ql{kv.num_kv_heads, kv.block_size, kv.head_dim};
+    const int64_t block_elems = int64_t{2} * kv.num_kv_heads * kv.block_size * kv.head_dim;
+    precision.assign(b.tables.size(), static_cast<uint8_t>(p));
+    if (p == kvsplit::kernels::KvPrecision::kFull) return;
+    arena.resize(static_cast<size_t>(kv.num_blocks * ql.bytes(p)));
+    for (int id = 0; id < kv.num_blocks; ++id) {
+      const kvsplit::Status st = kvsplit::backend::cpu_quantize_kv_page(
+          b.pages.data() + id * block_elems, kvsplit::backend::DType::kF32, ql, p,
+          arena.data() + id * ql.bytes(p));
+      if (!st.ok()) std::fprintf(stderr, "%s\n", st.to_string().c_str());
+    }
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -87,6 +113,7 @@ int main(int argc, char** argv) {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int heads = 32, kv_heads = 8, head_dim = 128, block_size = 16;
   double seconds = 0.3;
+  bool quant_only = false;
   app.add_option("--threads", threads, "threads (default: hardware threads)")
       ->check(CLI::PositiveNumber);
   app.add_option("--heads", heads, "query heads")->check(CLI::PositiveNumber);
@@ -95,6 +122,7 @@ int main(int argc, char** argv) {
   app.add_option("--block-size", block_size, "tokens per page")->check(CLI::PositiveNumber);
   app.add_option("--seconds", seconds, "minimum timed seconds per case")
       ->check(CLI::PositiveNumber);
+  app.add_flag("--quant-only", quant_only, "run only the quantized-page decode cases");
   CLI11_PARSE(app, argc, argv);
 
   ThreadPool pool(threads);
@@ -109,6 +137,7 @@ int main(int argc, char** argv) {
   const int decode_cases[][2] = {{1, 1024}, {1, 4096},  {1, 16384},
                                  {4, 4096}, {16, 1024}, {64, 512}};
   for (const auto& dc : decode_cases) {
+    if (quant_only) break;
     Batch b(dc[0], dc[1], 1, heads, kv_heads, head_dim, block_size);
     const auto none = kvsplit::backend::make_split_plan(b.kv_lens.data(), dc[0], block_size, 0);
     const auto plan = kvsplit::backend::plan_decode_splits(b.kv_lens.data(), dc[0], kv_heads,
@@ -129,10 +158,61 @@ int main(int argc, char** argv) {
                 100 * gbs / bw);
   }
 
+  // Quantized pages: the same decode (split-K planner) over full f32 pages (the plain path),
+  // the mixed path with every page full, and every page int8 / int4.
+  using kvsplit::kernels::KvPrecision;
+  const kvsplit::kernels::QuantPageLayout ql{kv_heads, block_size, head_dim};
+  const double full_bpt = 2.0 * kv_heads * head_dim * sizeof(float);
+  const double int8_bpt = static_cast<double>(ql.bytes(KvPrecision::kInt8)) / block_size;
+  const double int4_bpt = static_cast<double>(ql.bytes(KvPrecision::kInt4)) / block_size;
+  std::printf(
+      "\nKV bytes read per token and layer: full %.0f, int8 %.0f (%.3fx), int4 %.0f (%.3fx)\n",
+      full_bpt, int8_bpt, int8_bpt / full_bpt, int4_bpt, int4_bpt / full_bpt);
+  std::printf("quant   %5s %7s | %9s %9s %9s %9s | %9s %9s %9s\n", "seqs", "kv_len", "us full",
+              "us mixfl", "us int8", "us int4", "mixfl/f", "int8/f", "int4/f");
+  const int quant_cases[][2] = {{1, 4096}, {1, 16384}, {4, 4096}};
+  for (const auto& qc : quant_cases) {
+    Batch b(qc[0], qc[1], 1, heads, kv_heads, head_dim, block_size);
+    const auto plan = kvsplit::backend::plan_decode_splits(b.kv_lens.data(), qc[0], kv_heads,
+                                                           block_size, threads);
+    // Variants: the plain path, then the mixed path with every page full / int8 / int4.
+    const KvPrecision precisions[3] = {KvPrecision::kFull, KvPrecision::kInt8, KvPrecision::kInt4};
+    std::vector<QuantizedPages> pages;
+    std::vector<AttentionArgs> args(4, b.args);
+    for (int i = 0; i < 3; ++i) {
+      pages.emplace_back(b, precisions[i]);
+      AttentionArgs& a = args[i + 1];
+      a.page_precision = pages[i].precision.data();
+      a.int8_pages = precisions[i] == KvPrecision::kInt8 ? pages[i].arena.data() : nullptr;
+      a.num_int8_blocks = a.int8_pages ? a.kv.num_blocks : 0;
+      a.int4_pages = precisions[i] == KvPrecision::kInt4 ? pages[i].arena.data() : nullptr;
+      a.num_int4_blocks = a.int4_pages ? a.kv.num_blocks : 0;
+    }
+    // Interleaved rounds, best of each: a busy machine slows every variant alike.
+    constexpr int kRounds = 5;
+    double t[4] = {1e30, 1e30, 1e30, 1e30};
+    kvsplit::Status st;
+    for (int round = 0; round < kRounds && st.ok(); ++round) {
+      for (int i = 0; i < 4 && st.ok(); ++i) {
+        t[i] = std::min(t[i], time_call(seconds / kRounds,
+                                        [&] { st = cpu_attention_decode(args[i], plan, pool); }));
+      }
+    }
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s\n", st.to_string().c_str());
+      return 1;
+    }
+    std::printf("quant   %5d %7d | %9.1f %9.1f %9.1f %9.1f | %8.2fx %8.2fx %8.2fx\n", qc[0], qc[1],
+                t[0] * 1e6, t[1] * 1e6, t[2] * 1e6, t[3] * 1e6, t[1] / t[0], t[2] / t[0],
+                t[3] / t[0]);
+  }
+  if (quant_only) return 0;
+
   std::printf("\nprefill %5s %7s | %10s %10s %7s\n", "seqs", "q_len", "ms/call", "GFLOP/s",
               "of peak");
   const int prefill_cases[][2] = {{1, 128}, {1, 512}, {1, 2048}, {4, 512}};
   for (const auto& pc : prefill_cases) {
+    if (quant_only) break;
     Batch b(pc[0], pc[1], pc[1], heads, kv_heads, head_dim, block_size);
     kvsplit::Status st;
     const double t = time_call(seconds, [&] { st = cpu_attention_prefill(b.args, pool); });

@@ -35,6 +35,7 @@ struct Vec {
   static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
   static Vec fma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+  static Vec add(Vec a, Vec b) { return {_mm512_add_ps(a.v, b.v)}; }
   // Horizontal sum. Written with the explicit-source mask forms because GCC 12's
   // _mm512_reduce_add_ps trips -Wuninitialized inside its own header.
   float sum() const {
@@ -56,6 +57,7 @@ struct Vec {
   static Vec load(const float* p) { return {_mm256_loadu_ps(p)}; }
   void store(float* p) const { _mm256_storeu_ps(p, v); }
   static Vec fma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+  static Vec add(Vec a, Vec b) { return {_mm256_add_ps(a.v, b.v)}; }
   float sum() const {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -72,6 +74,7 @@ struct Vec {
   static Vec load(const float* p) { return {*p}; }
   void store(float* p) const { *p = v; }
   static Vec fma(Vec a, Vec b, Vec c) { return {a.v * b.v + c.v}; }
+  static Vec add(Vec a, Vec b) { return {a.v + b.v}; }
   float sum() const { return v; }
 };
 #endif
@@ -159,10 +162,28 @@ inline Scratch& thread_scratch() {
   return s;
 }
 
-// Folds keys j0 .. j0 + num_keys - 1 (K/V row pointers kp, vp) into rows [i0, i0 + R).
-template <int R>
-inline void fold_rows(Rows& r, int i0, const float* const* kp, const float* const* vp, int j0,
-                      int num_keys, int head_dim, float scale) {
+// Keys of one tile as f32 row pointers (full-precision pages, or rows dequantized elsewhere).
+// A key source for fold_rows: dot<R> writes out[r] = q[r] . k_t for R rows, pv<R> adds
+// sum_t p[r][t] * v_t to o[r] over the tile's first num_keys keys (n = head_dim).
+struct PtrKeys {
+  const float* const* kp;  // [num_keys] -> [head_dim]
+  const float* const* vp;  // [num_keys] -> [head_dim]
+
+  template <int R>
+  void dot(const float* const* q, int t, int n, float* out) const {
+    dot_rows<R>(q, kp[t], n, out);
+  }
+  template <int R>
+  void pv(float* const* o, const float* const* p, int num_keys, int n) const {
+    pv_rows<R>(o, p, vp, num_keys, n);
+  }
+};
+
+// Folds keys j0 .. j0 + num_keys - 1 (num_keys <= kKeyTile, read through `keys`) into rows
+// [i0, i0 + R).
+template <int R, typename Keys>
+inline void fold_rows(Rows& r, int i0, const Keys& keys, int j0, int num_keys, int head_dim,
+                      float scale) {
   int valid[R];  // keys of the tile each row may see (causal)
   int max_valid = 0;
   const float* q[R];
@@ -178,7 +199,7 @@ inline void fold_rows(Rows& r, int i0, const float* const* kp, const float* cons
   if (max_valid == 0) return;
   for (int t = 0; t < max_valid; ++t) {
     float d[R];
-    dot_rows<R>(q, kp[t], head_dim, d);
+    keys.template dot<R>(q, t, head_dim, d);
     for (int k = 0; k < R; ++k) s[k][t] = d[k] * scale;
   }
   for (int k = 0; k < R; ++k) {
@@ -195,28 +216,34 @@ inline void fold_rows(Rows& r, int i0, const float* const* kp, const float* cons
     for (int t = valid[k]; t < max_valid; ++t) s[k][t] = 0.f;  // masked: weight 0
     st.l += l;
   }
-  pv_rows<R>(o, s, vp, max_valid, head_dim);
+  keys.template pv<R>(o, s, max_valid, head_dim);
 }
 
-// One tile of keys j0 .. j0 + num_keys - 1 (pointers into the pages) folded into every row.
-inline void fold_tile(Rows& r, const float* const* kp, const float* const* vp, int j0, int num_keys,
-                      int head_dim, float scale) {
+// One tile of keys j0 .. j0 + num_keys - 1 (contiguous positions) folded into every row.
+template <typename Keys>
+inline void fold_tile(Rows& r, const Keys& keys, int j0, int num_keys, int head_dim, float scale) {
   for (int i0 = 0; i0 < r.n; i0 += kRowBlock) {
     switch (std::min(kRowBlock, r.n - i0)) {
       case 4:
-        fold_rows<4>(r, i0, kp, vp, j0, num_keys, head_dim, scale);
+        fold_rows<4>(r, i0, keys, j0, num_keys, head_dim, scale);
         break;
       case 3:
-        fold_rows<3>(r, i0, kp, vp, j0, num_keys, head_dim, scale);
+        fold_rows<3>(r, i0, keys, j0, num_keys, head_dim, scale);
         break;
       case 2:
-        fold_rows<2>(r, i0, kp, vp, j0, num_keys, head_dim, scale);
+        fold_rows<2>(r, i0, keys, j0, num_keys, head_dim, scale);
         break;
       default:
-        fold_rows<1>(r, i0, kp, vp, j0, num_keys, head_dim, scale);
+        fold_rows<1>(r, i0, keys, j0, num_keys, head_dim, scale);
         break;
     }
   }
+}
+
+// The same with K/V row pointers into the pages.
+inline void fold_tile(Rows& r, const float* const* kp, const float* const* vp, int j0, int num_keys,
+                      int head_dim, float scale) {
+  fold_tile(r, PtrKeys{kp, vp}, j0, num_keys, head_dim, scale);
 }
 
 // ---- mixed-precision pages (attention_mixed.cpp) ----
