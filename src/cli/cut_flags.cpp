@@ -37,7 +37,7 @@ void add_cut_options(CLI::App* app, CutFlags& f) {
   app->add_option("--host-capacity-mb", s.host_capacity_mb,
                   "host tier for full-precision originals (MiB)")
       ->capture_default_str();
-  app->add_option("--heavy-tokens", f.heavy_tokens,
+  app->add_option("--heavy-tokens", s.heavy_tokens,
                   "h2o: tokens kept beyond sinks and recent ones (the most relevant pages)")
       ->capture_default_str();
   app->add_option("--prefill", f.prefill,
@@ -63,9 +63,7 @@ StatusOr<ResolvedCut> resolve_cut(const CutFlags& f) {
       if (msg[i] == '_') msg[i] = '-';
     return invalid_argument(msg);
   }
-  if (f.heavy_tokens < 0) return invalid_argument("--heavy-tokens: must be >= 0");
   r.semantic = f.semantic;
-  r.heavy_tokens = f.heavy_tokens;
   r.prefill = f.prefill;
   return r;
 }

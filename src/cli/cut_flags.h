@@ -16,8 +16,7 @@ struct CutFlags {
   std::string kv_policy = "full";
   std::string kv_cache_compression;  // "" or semantic_v2
   cuts::semantic::SemanticConfig semantic;
-  int heavy_tokens = 64;  // H2O: pages kept beyond sinks and recent tokens, in tokens
-  int prefill = 0;        // > 0: prefill this many tokens, feed the rest one per decode step
+  int prefill = 0;  // > 0: prefill this many tokens, feed the rest one per decode step
 };
 
 void add_cut_options(CLI::App* app, CutFlags& flags);
@@ -25,7 +24,6 @@ void add_cut_options(CLI::App* app, CutFlags& flags);
 struct ResolvedCut {
   cuts::semantic::KvPolicy policy = cuts::semantic::KvPolicy::kFull;
   cuts::semantic::SemanticConfig semantic;
-  int heavy_tokens = 0;
   int prefill = 0;
 };
 

@@ -110,7 +110,6 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   bo.forward.force_chunk_tokens = gf.split_chunk;
   bo.kv_policy = rc->policy;
   bo.semantic = rc->semantic;
-  bo.heavy_tokens = rc->heavy_tokens;
   bo.prefill_tokens = rc->prefill;
   sched::SequenceCutStats cut_stats;
   bo.cut_stats = &cut_stats;

@@ -39,7 +39,7 @@ Status score_window(model::LlamaModel& llama, kv::KvPool& pool, std::span<const 
                     Totals* totals) {
   const int n = static_cast<int>(w.size());
   const int vocab = llama.config().vocab_size;
-  sched::SequenceCut cut(rc.policy, rc.semantic, rc.heavy_tokens);
+  sched::SequenceCut cut(rc.policy, rc.semantic);
   kv::BlockTable table;
   struct Release {
     kv::KvPool& pool;

@@ -118,8 +118,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     s.prompt_target =
         options.prefill_tokens > 0 ? std::min(s.num_prompt, options.prefill_tokens) : s.num_prompt;
     if (options.kv_policy != cuts::semantic::KvPolicy::kFull)
-      s.cut =
-          std::make_unique<SequenceCut>(options.kv_policy, options.semantic, options.heavy_tokens);
+      s.cut = std::make_unique<SequenceCut>(options.kv_policy, options.semantic);
     s.sampler = std::make_unique<sampling::Sampler>(in.params, in.params.seed.value_or(in.seed));
     s.greedy = sampling::is_plain_greedy(in.params);
     // Positions past the prompt are bounded by the context: the last sampled token is never fed.

@@ -44,7 +44,6 @@ struct BatchOptions {
   // needs the tiers of SequenceCut::size_tiers. kFull: none.
   cuts::semantic::KvPolicy kv_policy = cuts::semantic::KvPolicy::kFull;
   cuts::semantic::SemanticConfig semantic;
-  int heavy_tokens = 0;  // H2O's budget beyond sinks and recent tokens
   // > 0: only a prompt's first prefill_tokens tokens are prefilled; the rest is fed one token per
   // decode step, so a cut acts on a long prompt as it does on generated text.
   int prefill_tokens = 0;

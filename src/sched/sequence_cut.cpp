@@ -25,10 +25,9 @@ void SequenceCutStats::add(const SequenceCutStats& o) {
 }
 
 SequenceCut::SequenceCut(KvPolicy policy, const cuts::semantic::SemanticConfig& config,
-                         int heavy_tokens, std::unique_ptr<cuts::semantic::RelevanceScorer> scorer)
+                         std::unique_ptr<cuts::semantic::RelevanceScorer> scorer)
     : policy_(policy),
       config_(config),
-      heavy_tokens_(heavy_tokens),
       scorer_(scorer ? std::move(scorer) : std::make_unique<cuts::semantic::AttentionScorer>()) {}
 
 void SequenceCut::prepare(model::SeqStep& step, int block_size) {
@@ -60,7 +59,7 @@ Status SequenceCut::finish(kv::KvPool& pool, kv::BlockTable& table, int kv_len) 
       ++stats_.scored_steps;
     }
     const std::vector<kv::PageTransition> plan =
-        cuts::semantic::plan_step(policy_, config_, obs, table.pages, heavy_tokens_);
+        cuts::semantic::plan_step(policy_, config_, obs, table.pages);
     KVSPLIT_RETURN_IF_ERROR(kv::apply_page_transitions(pool, table, kv_len, plan, &stats_.ops));
   }
   scored_ = false;

@@ -29,9 +29,9 @@ struct SequenceCutStats {
 class SequenceCut {
  public:
   // policy kFull changes nothing (but still counts the resident fraction). The scorer defaults to
-  // cuts::semantic::AttentionScorer. heavy_tokens: H2O's budget beyond sinks and recent tokens.
+  // cuts::semantic::AttentionScorer.
   SequenceCut(cuts::semantic::KvPolicy policy, const cuts::semantic::SemanticConfig& config,
-              int heavy_tokens = 0, std::unique_ptr<cuts::semantic::RelevanceScorer> scorer = {});
+              std::unique_ptr<cuts::semantic::RelevanceScorer> scorer = {});
 
   // Before a decode step of the sequence: sets step.token_relevance / page_bound when this step is
   // scored (every config.score_interval decode steps). `step` must outlive finish().
@@ -50,7 +50,6 @@ class SequenceCut {
  private:
   cuts::semantic::KvPolicy policy_;
   cuts::semantic::SemanticConfig config_;
-  int heavy_tokens_ = 0;
   std::unique_ptr<cuts::semantic::RelevanceScorer> scorer_;
   bool scored_ = false;
   std::vector<float> relevance_, bound_;

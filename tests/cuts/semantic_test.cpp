@@ -205,7 +205,9 @@ TEST(SemanticPlanner, H2OKeepsTheMostRelevantPagesWithinItsBudget) {
   pages[3].relevance = 0.95f;
   Obs o = uniform(40, 4, 1.f);
   // Budget of 8 tokens = 2 pages among the candidates 1..7: pages 3 (0.95) and 7 (0.7).
-  auto plan = plan_step(KvPolicy::kH2O, c, o.get(40, 4), pages, /*heavy_tokens=*/8);
+  SemanticConfig h = c;
+  h.heavy_tokens = 8;
+  auto plan = plan_step(KvPolicy::kH2O, h, o.get(40, 4), pages);
   std::vector<int> dropped;
   for (const PageTransition& t : plan) {
     EXPECT_EQ(t.op, PageOp::kDrop);

@@ -38,6 +38,7 @@ Status validate(const SemanticConfig& c, const std::string& path) {
   if (!(std::isfinite(c.smoothing) && c.smoothing > 0.f && c.smoothing <= 1.f))
     return field_error(path, "smoothing", "must be in (0, 1]");
   if (c.host_capacity_mb < 0) return field_error(path, "host_capacity_mb", "must be >= 0");
+  if (c.heavy_tokens < 0) return field_error(path, "heavy_tokens", "must be >= 0");
   return ok_status();
 }
 
@@ -87,8 +88,7 @@ void AttentionScorer::score(const StepObservation& obs, const SemanticConfig& co
 }
 
 std::vector<PageTransition> plan_step(KvPolicy policy, const SemanticConfig& c,
-                                      const StepObservation& obs, std::span<kv::PageEntry> pages,
-                                      int heavy_tokens) {
+                                      const StepObservation& obs, std::span<kv::PageEntry> pages) {
   std::vector<PageTransition> out;
   const int bs = obs.block_size;
   const int n = static_cast<int>(pages.size());
@@ -105,7 +105,7 @@ std::vector<PageTransition> plan_step(KvPolicy policy, const SemanticConfig& c,
       std::vector<int> candidates;
       for (int i = 0; i < n; ++i)
         if (pages[i].resident() && !protected_page(i, obs.kv_len, bs, c)) candidates.push_back(i);
-      const size_t keep = static_cast<size_t>(std::max(0, heavy_tokens) / bs);
+      const size_t keep = static_cast<size_t>(std::max(0, c.heavy_tokens) / bs);
       if (candidates.size() <= keep) break;
       // Most relevant first; newer pages first among equals.
       std::stable_sort(candidates.begin(), candidates.end(), [&](int a, int b) {

@@ -14,41 +14,19 @@
 
 #include "kv/page_entry.h"
 #include "kv/page_ops.h"
+#include "kvsplit/kv_cuts.h"
 #include "kvsplit/status.h"
 
 namespace kvsplit::cuts::semantic {
 
-struct SemanticConfig {
-  // Relevance below semantic_threshold for demote_after_steps consecutive scored steps: one rung
-  // down (full -> int8 -> int4). Below evict_threshold for evict_after_steps: evicted.
-  float semantic_threshold = 0.15f;
-  float evict_threshold = 0.05f;
-  int demote_after_steps = 3;
-  int evict_after_steps = 3;
-  // Recall to full precision: an evicted page when the upper bound of its relative attention
-  // (from its key summary, each scored step) reaches recall_threshold; a quantized page, which is
-  // still read and scored, when its relevance does.
-  float recall_threshold = 0.5f;
-  int semantic_window = 4096;       // tokens scored: the most recent ones (older pages keep state)
-  int sink_tokens = 4;              // never degraded: the first tokens ...
-  int recent_tokens = 256;          // ... and the last ones
-  int score_interval = 4;           // decode steps between scorings (1: every step)
-  float smoothing = 0.5f;           // weight of a new score in a page's relevance (EMA), (0, 1]
-  int64_t host_capacity_mb = 1024;  // host tier for full-precision originals
-};
+using SemanticConfig = kvsplit::SemanticCutConfig;
+using kvsplit::KvPolicy;
 
 // kInvalidArgument naming the field (prefixed by `path`, e.g. "cuts.semantic.") for: thresholds
 // outside [0, 1], evict_threshold >= semantic_threshold (when both > 0), negative windows or step
-// counts, score_interval < 1, smoothing outside (0, 1], host_capacity_mb < 0.
+// counts, score_interval < 1, smoothing outside (0, 1], host_capacity_mb or heavy_tokens < 0.
 Status validate(const SemanticConfig& config, const std::string& path = "");
 
-// Which policy acts on the pages.
-enum class KvPolicy : uint8_t {
-  kFull,       // nothing changes
-  kSemantic,   // the ladder with recall
-  kStreaming,  // StreamingLLM: sinks + recent tokens only, the rest evicted (no recall)
-  kH2O,        // H2O: sinks + recent + the heavy_tokens most relevant, rest evicted (no quant)
-};
 StatusOr<KvPolicy> parse_kv_policy(const std::string& name);  // full|semantic|streaming|h2o
 const char* kv_policy_name(KvPolicy policy);
 
@@ -84,10 +62,10 @@ class AttentionScorer final : public RelevanceScorer {
 
 // Plans one scored step of `policy` over a sequence's pages (kv_len tokens written, pages of
 // block_size tokens; `pages` has one entry per block, as after scoring). Updates the low-step
-// counters of the pages it looks at. heavy_tokens: H2O's budget beyond sinks and recent tokens.
+// counters of the pages it looks at. H2O keeps config.heavy_tokens beyond sinks and recent ones.
 std::vector<kv::PageTransition> plan_step(KvPolicy policy, const SemanticConfig& config,
                                           const StepObservation& obs,
-                                          std::span<kv::PageEntry> pages, int heavy_tokens = 0);
+                                          std::span<kv::PageEntry> pages);
 
 // True when page i (of block_size tokens, kv_len written) overlaps the sinks or recent tokens, or
 // is not full: it is never degraded.

@@ -1,0 +1,39 @@
+// Public settings of the KV cuts (docs/kv-cuts.md). Engine::EngineConfig and SLA classes carry
+// them; src/cuts/ plans with them.
+#pragma once
+
+#include <cstdint>
+
+namespace kvsplit {
+
+// Which policy acts on a sequence's KV pages between its decode steps.
+enum class KvPolicy : uint8_t {
+  kFull,       // nothing changes
+  kSemantic,   // the semantic cut: precision ladder with recall
+  kStreaming,  // StreamingLLM: sinks + recent tokens only, the rest dropped (no recall)
+  kH2O,        // H2O: sinks + recent + the heavy_tokens most relevant, rest dropped (no quant)
+};
+
+// The semantic cut (kv-cuts.md §2). Relevance is defined in docs/kv-cuts.md.
+struct SemanticCutConfig {
+  // Relevance below semantic_threshold for demote_after_steps consecutive scored steps: one rung
+  // down (full -> int8 -> int4). Below evict_threshold for evict_after_steps: evicted (the
+  // full-precision original kept in the host tier).
+  float semantic_threshold = 0.15f;
+  float evict_threshold = 0.05f;
+  int32_t demote_after_steps = 3;
+  int32_t evict_after_steps = 3;
+  // Recall to full precision: an evicted page when the upper bound of its relative attention
+  // (from its key summary, each scored step) reaches recall_threshold; a quantized page, which is
+  // still read and scored, when its relevance does.
+  float recall_threshold = 0.5f;
+  int32_t semantic_window = 4096;   // tokens scored: the most recent ones (older pages keep state)
+  int32_t sink_tokens = 4;          // never degraded: the first tokens ...
+  int32_t recent_tokens = 256;      // ... and the last ones
+  int32_t score_interval = 4;       // decode steps between scorings (1: every step)
+  float smoothing = 0.5f;           // weight of a new score in a page's relevance (EMA), (0, 1]
+  int64_t host_capacity_mb = 1024;  // host tier for full-precision originals, per worker
+  int32_t heavy_tokens = 64;        // kH2O only: tokens kept beyond sinks and recent ones
+};
+
+}  // namespace kvsplit
