@@ -1,0 +1,197 @@
+// The semantic cut at the model level, on recall-llama (a value after a repeated key can only be
+// predicted from the key/value pairs at the start of the document): the page holding the pair is
+// forced out while the query is fed, and recall must bring it back so that the next token matches
+// full KV; dropping the same page for good (the baselines' eviction) changes it. Also: the ladder
+// acting for a whole document leaves nothing behind.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "cuts/semantic/semantic.h"
+#include "kv/kv_pool.h"
+#include "kv/page_ops.h"
+#include "model/llama_model.h"
+#include "model/loader.h"
+#include "sampling/sampler.h"
+#include "sched/sequence_cut.h"
+#include "test_util.h"
+
+namespace kvsplit::testing {
+namespace {
+
+using kernels::KvPrecision;
+
+constexpr int kBlock = 8;
+constexpr int kQueryTail = 8;  // tokens fed as decode steps after the page is forced out
+
+struct Recall {
+  model::LoadedModel loaded;
+  std::unique_ptr<backend::Backend> backend;
+  std::unique_ptr<model::LlamaModel> model;
+  std::unique_ptr<kv::KvPool> pool;
+};
+
+std::unique_ptr<Recall> make_recall() {
+  auto r = std::make_unique<Recall>();
+  auto loaded = model::load_model(model_path("recall-llama"), {});
+  EXPECT_TRUE(loaded.ok()) << loaded.status().to_string();
+  if (!loaded.ok()) return nullptr;
+  r->loaded = std::move(loaded).value();
+  r->backend = std::move(backend::create_backend("cpu", 1)).value();
+  r->model = std::move(model::LlamaModel::create(r->loaded, *r->backend)).value();
+  kv::KvPoolConfig pc;
+  pc.block_size = kBlock;
+  pc.num_blocks = 64;
+  pc.int8_blocks = pc.int4_blocks = pc.summary_slots = 64;
+  auto probe = kv::KvPool::create(*r->backend, pc, r->model->kv_shape());
+  pc.host_bytes = 64 * (*probe)->bytes_per_block();
+  r->pool = std::move(kv::KvPool::create(*r->backend, pc, r->model->kv_shape())).value();
+  return r;
+}
+
+void expect_pool_empty(const kv::KvPool& pool) {
+  EXPECT_EQ(pool.allocator().num_used(), 0);
+  EXPECT_EQ(pool.arena_allocator(KvPrecision::kInt8).num_used(), 0);
+  EXPECT_EQ(pool.arena_allocator(KvPrecision::kInt4).num_used(), 0);
+  EXPECT_EQ(pool.summary_allocator().num_used(), 0);
+  EXPECT_EQ(pool.host_allocator().num_used(), 0);
+}
+
+enum class Force { kNone, kEvict, kDrop };
+
+struct Outcome {
+  int32_t next = -1;  // greedy next token after the prompt
+  bool page_back = false;
+  int64_t restored = 0;
+};
+
+// Prefills all but the last kQueryTail tokens, forces `page` out (kEvict keeps the original for
+// recall, kDrop keeps nothing), then feeds the tail one decode step at a time with the semantic
+// cut acting (recall only: thresholds 0 demote nothing), and returns the greedy next token.
+Outcome run_query(Recall& r, const std::vector<int32_t>& ids, int page, Force force) {
+  Outcome o;
+  kv::KvPool& pool = *r.pool;
+  kv::BlockTable table;
+  SemanticCutConfig sc;
+  sc.semantic_threshold = 0.f;
+  sc.evict_threshold = 0.f;
+  sc.recall_threshold = 0.5f;
+  sc.score_interval = 1;
+  sched::SequenceCut cut(KvPolicy::kSemantic, sc);
+  const int n = static_cast<int>(ids.size());
+  const int p = n - kQueryTail;
+  EXPECT_TRUE(pool.reserve(table, p));
+  std::vector<float> logits;
+  model::SeqStep first;
+  first.tokens = std::span(ids).subspan(0, p);
+  first.table = &table;
+  first.logits = model::SeqStep::Logits::kNone;
+  EXPECT_TRUE(r.model->forward(std::span(&first, 1), pool, &logits).ok());
+  if (force != Force::kNone) {
+    kv::PageOpStats st;
+    const kv::PageOp op = force == Force::kEvict ? kv::PageOp::kEvict : kv::PageOp::kDrop;
+    EXPECT_TRUE(
+        kv::apply_page_transitions(pool, table, p, {{{page, op, KvPrecision::kEvicted}}}, &st)
+            .ok());
+    EXPECT_EQ(st.evicted, 1);
+    EXPECT_FALSE(table.pages[page].resident());
+  }
+  for (int pos = p; pos < n; ++pos) {
+    EXPECT_TRUE(pool.reserve(table, pos + 1));
+    model::SeqStep d;
+    d.tokens = std::span(ids).subspan(pos, 1);
+    d.start_pos = pos;
+    d.table = &table;
+    d.logits = model::SeqStep::Logits::kLast;
+    cut.prepare(d, kBlock);
+    logits.clear();
+    EXPECT_TRUE(r.model->forward(std::span(&d, 1), pool, &logits).ok());
+    EXPECT_TRUE(cut.finish(pool, table, pos + 1).ok());
+  }
+  o.next = sampling::argmax_lowest(logits.data(), r.model->config().vocab_size);
+  o.page_back = table.pages.empty() ||
+                (table.pages[page].resident() && table.pages[page].precision == KvPrecision::kFull);
+  o.restored = cut.stats().ops.restored;
+  pool.release(table);
+  expect_pool_empty(pool);
+  return o;
+}
+
+TEST(SemanticRecall, ForcedOutPairPageIsRecalledAndTheAnswerMatchesFullKv) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto r = make_recall();
+  ASSERT_TRUE(r);
+  const auto queries = read_jsonl(data_path("recall_eval.jsonl"));
+  int checked = 0;
+  for (const auto& q : queries) {
+    auto ids = r->loaded.tokenizer->encode(q["prompt"].get<std::string>(), /*add_bos=*/true);
+    ASSERT_TRUE(ids.ok());
+    // The page of the key's first occurrence (in the pairs at the start): its value follows it.
+    const int32_t key = ids->back();
+    const auto it = std::find(ids->begin() + 1, ids->end() - 1, key);
+    const int key_pos = static_cast<int>(it - ids->begin());
+    const int page = (key_pos + 1) / kBlock;  // the value's page
+    if (key_pos > 20 || (page + 1) * kBlock > static_cast<int>(ids->size()) - kQueryTail - 1)
+      continue;
+    const Outcome full = run_query(*r, *ids, page, Force::kNone);
+    auto expect = r->loaded.tokenizer->encode(q["expect"].get<std::string>(), false);
+    if (!expect.ok() || expect->empty() || full.next != expect->back()) continue;
+    const Outcome dropped = run_query(*r, *ids, page, Force::kDrop);
+    if (dropped.next == full.next) continue;  // the answer does not need this page
+    SCOPED_TRACE("query " + std::to_string(checked) + ", page " + std::to_string(page));
+    const Outcome recalled = run_query(*r, *ids, page, Force::kEvict);
+    EXPECT_GE(recalled.restored, 1);
+    EXPECT_TRUE(recalled.page_back);
+    EXPECT_EQ(recalled.next, full.next);
+    if (++checked == 4) break;
+  }
+  EXPECT_GE(checked, 2) << "too few queries whose answer depends on one forced-out page";
+}
+
+TEST(SemanticRecall, LadderOverAWholeDocumentLeavesNothingBehind) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto r = make_recall();
+  ASSERT_TRUE(r);
+  const auto docs = read_jsonl(data_path("recall_eval_docs.jsonl"));
+  auto ids = r->loaded.tokenizer->encode(docs[0]["text"].get<std::string>(), true);
+  ASSERT_TRUE(ids.ok());
+  SemanticCutConfig sc;
+  sc.semantic_threshold = 0.99f;
+  sc.evict_threshold = 0.5f;
+  sc.recall_threshold = 1.f;
+  sc.demote_after_steps = 1;
+  sc.evict_after_steps = 2;
+  sc.score_interval = 1;
+  sc.recent_tokens = 16;
+  sched::SequenceCut cut(KvPolicy::kSemantic, sc);
+  kv::BlockTable table;
+  std::vector<float> logits;
+  for (int pos = 0; pos < static_cast<int>(ids->size()); ++pos) {
+    ASSERT_TRUE(r->pool->reserve(table, pos + 1));
+    model::SeqStep d;
+    d.tokens = std::span(*ids).subspan(pos, 1);
+    d.start_pos = pos;
+    d.table = &table;
+    d.logits = model::SeqStep::Logits::kLast;
+    if (pos > 0) cut.prepare(d, kBlock);
+    logits.clear();
+    ASSERT_TRUE(r->model->forward(std::span(&d, 1), *r->pool, &logits).ok());
+    for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+    if (pos > 0) ASSERT_TRUE(cut.finish(*r->pool, table, pos + 1).ok());
+  }
+  const kv::PageOpStats& st = cut.stats().ops;
+  EXPECT_GT(st.demoted_to_int8, 0);
+  EXPECT_GT(st.demoted_to_int4, 0);
+  EXPECT_GT(st.evicted, 0);
+  EXPECT_LT(cut.stats().resident_fraction_sum / cut.stats().steps, 0.8);
+  r->pool->release(table);
+  expect_pool_empty(*r->pool);
+}
+
+}  // namespace
+}  // namespace kvsplit::testing
