@@ -17,6 +17,7 @@
 #include "cli/exit_codes.h"
 #include "cli/perplexity.h"
 #include "cli/tokenize.h"
+#include "kernels/common/kv_quant.h"
 #include "kv/kv_pool.h"
 #include "model/default_model.h"
 #include "model/llama_model.h"
@@ -64,6 +65,7 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   auto run = cli::load_run_model(cf);
   if (!run.ok()) return fail(run.status());
   model::LoadedModel* loaded = &(*run)->loaded;
+  if (Status st = cli::check_cut_backend(*rc, *(*run)->backend); !st.ok()) return fail(st);
   const model::ModelConfig& cfg = loaded->config;
   auto* backend = &(*run)->backend;
   auto* llama = &(*run)->llama;
@@ -186,6 +188,18 @@ int run_info(CommonFlags& cf) {
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["eos_token_ids"] = c.eos_token_ids;
   j["tokenizer"] = loaded->tokenizer ? std::string(loaded->tokenizer->kind()) : "none";
+  // KV bytes per token at each rung of the semantic cut's ladder (pages of 16 tokens, all layers;
+  // layouts in kernels/common/kv_quant.h). Full precision is f32 on the CPU, f16/bf16 on CUDA.
+  if (c.head_dim % 2 == 0) {
+    const kernels::QuantPageLayout ql{c.num_kv_heads, 16, c.head_dim};
+    const double full_elems = 2.0 * c.num_kv_heads * c.head_dim * c.num_layers;
+    nlohmann::json b;
+    b["full_f32"] = full_elems * 4;
+    b["full_f16"] = full_elems * 2;
+    b["int8"] = static_cast<double>(ql.bytes(kernels::KvPrecision::kInt8)) * c.num_layers / 16;
+    b["int4"] = static_cast<double>(ql.bytes(kernels::KvPrecision::kInt4)) * c.num_layers / 16;
+    j["kv_bytes_per_token"] = b;
+  }
   std::cout << j.dump(2) << "\n";
   return 0;
 }
