@@ -20,12 +20,11 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kernels/common/float_bits.h"  // host conversions (the device pass uses cuda_fp16.h)
 #include "kernels/common/host_device.h"
 
 #if defined(__CUDACC__)
 #include <cuda_fp16.h>
-#else
-#include "kernels/common/float_bits.h"
 #endif
 
 namespace kvsplit::kernels {
