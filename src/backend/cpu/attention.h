@@ -7,10 +7,10 @@
 // calling thread (the split-K workspace is per calling thread and reused between calls).
 //
 // Mixed-precision pages (AttentionArgs::page_precision, semantic cut): both read every resident
-// page at its own precision in the same tile loop (quantized rows are dequantized per tile into a
-// small per-thread scratch, never a whole sequence) and skip evicted pages; split-K works as with
-// full pages. The scoring side outputs (AttentionArgs::score_seqs) are decode-only and cost a
-// second read of the scored sequences' resident keys after the merge (attention_tile.h).
+// page at its own precision in the same tile loop (quantized codes are converted in registers,
+// never into a sequence-sized buffer) and skip evicted pages; split-K works as with full pages.
+// The scoring side outputs (AttentionArgs::score_seqs) are decode-only and cost a second read of
+// the scored sequences' resident keys after the merge (attention_tile.h).
 //
 // Errors: kInvalidArgument for inconsistent args (head counts that do not divide, kv_len < q_len,
 // block ids outside [0, num_blocks) or outside their precision's arena, precision values > 3,

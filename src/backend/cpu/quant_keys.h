@@ -1,0 +1,273 @@
+// Key sources of the mixed-precision CPU attention (attention_mixed.cpp) for fold_rows
+// (attention_tile.h): int8 and int4 pages (kernels/common/kv_quant.h) read straight from the page,
+// codes converted to f32 per SIMD chunk in registers, and the helpers that build them for one
+// (page, kv head, slot range). Internal: include only from src/backend/cpu/.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/attention_tile.h"
+#include "kernels/common/kv_quant.h"
+#include "kernels/common/paged_kv.h"
+
+namespace kvsplit::backend::cpu_attention {
+
+using kernels::KvPrecision;
+using kernels::QuantPageLayout;
+
+// ---- quantized key sources for fold_rows: dequantization in registers, no scratch rows ----
+
+#if defined(__AVX512F__)
+// All lanes. The zero-masked intrinsics are used because GCC 12's unmasked forms trip
+// -Wmaybe-uninitialized inside its own header (as Vec::sum in attention_tile.h).
+constexpr __mmask16 kAll = 0xFFFF;
+// Codes q[0 .. 16) as floats.
+inline Vec vec_i8(const int8_t* q) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  return {_mm512_maskz_cvtepi32_ps(kAll, _mm512_maskz_cvtepi8_epi32(kAll, b))};
+}
+// Codes of channels [d, d + 16) of a packed int4 row as floats (d a multiple of 16).
+inline Vec vec_u4(const uint8_t* row, int d) {
+  uint64_t x;
+  std::memcpy(&x, row + d / 2, 8);
+  const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i sh = _mm512_set_epi32(28, 24, 20, 16, 12, 8, 4, 0, 28, 24, 20, 16, 12, 8, 4, 0);
+  __m512i v = _mm512_maskz_permutexvar_epi32(
+      kAll, idx, _mm512_zextsi128_si512(_mm_cvtsi64_si128(static_cast<int64_t>(x))));
+  v = _mm512_and_si512(_mm512_maskz_srlv_epi32(kAll, v, sh), _mm512_set1_epi32(0xf));
+  return {_mm512_maskz_cvtepi32_ps(kAll, v)};
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+inline Vec vec_i8(const int8_t* q) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))};
+}
+inline Vec vec_u4(const uint8_t* row, int d) {
+  uint32_t x;
+  std::memcpy(&x, row + d / 2, 4);
+  const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  const __m256i v = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(x)), sh),
+                                     _mm256_set1_epi32(0xf));
+  return {_mm256_cvtepi32_ps(v)};
+}
+#else
+inline Vec vec_i8(const int8_t* q) { return {static_cast<float>(*q)}; }
+inline Vec vec_u4(const uint8_t* row, int d) {
+  return {static_cast<float>(kernels::int4_unpack(row, d))};
+}
+#endif
+
+// out[r] = sum_d q[r][d] * k(d) for R rows; kv(d) gives k[d .. d + kW) as a Vec, ks(d) one value.
+template <int R, typename LoadVec, typename LoadScalar>
+inline void dot_rows_by(const float* const* q, const LoadVec& kv, const LoadScalar& ks, int n,
+                        float* out) {
+  Vec acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = Vec::zero();
+  int d = 0;
+  for (; d + kW <= n; d += kW) {
+    const Vec k = kv(d);
+    for (int r = 0; r < R; ++r) acc[r] = Vec::fma(Vec::load(q[r] + d), k, acc[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    float s = acc[r].sum();
+    for (int e = d; e < n; ++e) s += q[r][e] * ks(e);
+    out[r] = s;
+  }
+}
+
+// o[r][d] += bias[r] + sum_t p[r][t] * v(t, d) for R rows; vv(t, d) a Vec, vs(t, d) one value.
+template <int R, typename LoadVec, typename LoadScalar>
+inline void pv_rows_by(float* const* o, const float (*p)[kKeyTile], const float* bias,
+                       const LoadVec& vv, const LoadScalar& vs, int num_keys, int n) {
+  int d = 0;
+  for (; d + kW <= n; d += kW) {
+    Vec acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = Vec::add(Vec::load(o[r] + d), Vec::set1(bias[r]));
+    for (int t = 0; t < num_keys; ++t) {
+      const Vec v = vv(t, d);
+      for (int r = 0; r < R; ++r) acc[r] = Vec::fma(Vec::set1(p[r][t]), v, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) acc[r].store(o[r] + d);
+  }
+  for (; d < n; ++d) {
+    for (int r = 0; r < R; ++r) {
+      float s = o[r][d] + bias[r];
+      for (int t = 0; t < num_keys; ++t) s += p[r][t] * vs(t, d);
+      o[r][d] = s;
+    }
+  }
+}
+
+// Slots [s0, s0 + num_keys) of one kv head of an int8 page: k_t = code * k_scale[t] (per token).
+// q . k_t = (q . codes) * k_scale[t]; sum_t p_t v_t = sum_t (p_t * v_scale[t]) codes_t.
+struct Int8Keys {
+  const int8_t* k;  // [num_keys, head_dim] codes
+  const int8_t* v;
+  int n;  // head_dim
+  float k_scale[kKeyTile];
+  float v_scale[kKeyTile];
+
+  template <int R>
+  void dot(const float* const* q, int t, int /*n*/, float* out) const {
+    const int8_t* row = k + static_cast<int64_t>(t) * n;
+    dot_rows_by<R>(
+        q, [row](int d) { return vec_i8(row + d); },
+        [row](int d) { return static_cast<float>(row[d]); }, n, out);
+    for (int r = 0; r < R; ++r) out[r] *= k_scale[t];
+  }
+  template <int R>
+  void pv(float* const* o, const float* const* p, int num_keys, int /*n*/) const {
+    float ps[R][kKeyTile];
+    float bias[R];
+    for (int r = 0; r < R; ++r) {
+      bias[r] = 0.f;
+      for (int t = 0; t < num_keys; ++t) ps[r][t] = p[r][t] * v_scale[t];
+    }
+    const int8_t* base = v;
+    const int hd = n;
+    pv_rows_by<R>(
+        o, ps, bias, [base, hd](int t, int d) { return vec_i8(base + t * hd + d); },
+        [base, hd](int t, int d) { return static_cast<float>(base[t * hd + d]); }, num_keys, n);
+  }
+};
+
+// Slots [s0, s0 + num_keys) of one kv head of an int4 page: k_t[d] = k_zero[d] + k_scale[d] * u
+// (per channel, dequantized in registers); v_t[d] = v_zero[t] + v_scale[t] * u (per token:
+// sum_t p_t v_t = sum_t p_t v_zero[t] + sum_t (p_t v_scale[t]) u_t).
+struct Int4Keys {
+  const uint8_t* k;  // [num_keys, head_dim / 2] packed codes
+  const uint8_t* v;
+  int n;                 // head_dim
+  const float* k_scale;  // [head_dim] decoded
+  const float* k_zero;
+  float v_scale[kKeyTile];
+  float v_zero[kKeyTile];
+
+  template <int R>
+  void dot(const float* const* q, int t, int /*n*/, float* out) const {
+    const uint8_t* row = k + static_cast<int64_t>(t) * (n / 2);
+    const float* ks = k_scale;
+    const float* kz = k_zero;
+    dot_rows_by<R>(
+        q, [=](int d) { return Vec::fma(Vec::load(ks + d), vec_u4(row, d), Vec::load(kz + d)); },
+        [=](int d) { return kernels::int4_dequantize(kernels::int4_unpack(row, d), ks[d], kz[d]); },
+        n, out);
+  }
+  template <int R>
+  void pv(float* const* o, const float* const* p, int num_keys, int /*n*/) const {
+    float ps[R][kKeyTile];
+    float bias[R];
+    for (int r = 0; r < R; ++r) {
+      float b = 0.f;
+      for (int t = 0; t < num_keys; ++t) {
+        ps[r][t] = p[r][t] * v_scale[t];
+        b += p[r][t] * v_zero[t];
+      }
+      bias[r] = b;
+    }
+    const uint8_t* base = v;
+    const int half = n / 2;
+    pv_rows_by<R>(
+        o, ps, bias, [base, half](int t, int d) { return vec_u4(base + t * half, d); },
+        [base, half](int t, int d) {
+          return static_cast<float>(kernels::int4_unpack(base + t * half, d));
+        },
+        num_keys, n);
+  }
+};
+
+// out[i] = f16 h[i] as f32 (exact: F16C where the compiler targets it, else float_bits.h).
+inline void decode_f16(const uint16_t* h, int n, float* out) {
+  int i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i));
+    _mm512_storeu_ps(out + i, _mm512_maskz_cvtph_ps(kAll, x));
+  }
+#endif
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(x));
+  }
+#endif
+  for (; i < n; ++i) out[i] = kernels::kvq_half_float(h[i]);
+}
+
+// Per-thread decoded int4 key parameters of the current page ([head_dim] each).
+struct Int4KeyParams {
+  std::vector<float> k_scale, k_zero;
+};
+
+inline Int4KeyParams& int4_key_params(int head_dim) {
+  thread_local Int4KeyParams p;
+  if (p.k_scale.size() < static_cast<size_t>(head_dim)) {
+    p.k_scale.resize(head_dim);
+    p.k_zero.resize(head_dim);
+  }
+  return p;
+}
+
+inline KvPrecision precision_of(const AttentionArgs& a, int64_t row) {
+  return a.page_precision ? static_cast<KvPrecision>(a.page_precision[row]) : KvPrecision::kFull;
+}
+
+// Full-precision K/V row pointers of slots [s0, s1) of kv head h of page `id` of `kv`.
+inline void full_rows(const AttentionArgs& a, int32_t id, int h, int s0, int s1, const float** kp,
+                      const float** vp) {
+  const int hd = a.head_dim;
+  const kernels::PagedKvLayout layout{a.kv.num_kv_heads, a.kv.block_size, hd};
+  const float* pages = static_cast<const float*>(a.kv.data);
+  const float* k_base = pages + layout.offset(id, 0, h, 0);
+  const float* v_base = pages + layout.offset(id, 1, h, 0);
+  for (int slot = s0; slot < s1; ++slot) {
+    kp[slot - s0] = k_base + static_cast<int64_t>(slot) * hd;
+    vp[slot - s0] = v_base + static_cast<int64_t>(slot) * hd;
+  }
+}
+
+// Calls fn(keys) with the key source of slots [s0, s1) (s1 - s0 <= kKeyTile) of kv head h of the
+// quantized page (p, id).
+template <typename Fn>
+inline void with_quantized_keys(const AttentionArgs& a, KvPrecision p, int32_t id, int h, int s0,
+                                int s1, Fn&& fn) {
+  const int hd = a.head_dim;
+  const int bs = a.kv.block_size;
+  const QuantPageLayout ql{a.num_kv_heads, bs, hd};
+  if (p == KvPrecision::kInt8) {
+    const uint8_t* page = static_cast<const uint8_t*>(a.int8_pages) + id * ql.bytes(p);
+    const int8_t* values = reinterpret_cast<const int8_t*>(page + ql.int8_values_offset());
+    const uint16_t* scales = kernels::kvq_f16_at(page, ql.int8_scales_offset());
+    Int8Keys keys;
+    keys.k = values + ql.token_index(0, h, s0) * hd;
+    keys.v = values + ql.token_index(1, h, s0) * hd;
+    keys.n = hd;
+    decode_f16(scales + ql.token_index(0, h, s0), s1 - s0, keys.k_scale);
+    decode_f16(scales + ql.token_index(1, h, s0), s1 - s0, keys.v_scale);
+    fn(keys);
+    return;
+  }
+  const uint8_t* page = static_cast<const uint8_t*>(a.int4_pages) + id * ql.bytes(p);
+  const uint8_t* values = page + ql.int4_values_offset();
+  Int4KeyParams& params = int4_key_params(hd);
+  const uint16_t* k_scale = kernels::kvq_f16_at(page, ql.int4_k_scale_offset()) + int64_t{h} * hd;
+  const uint16_t* k_zero = kernels::kvq_f16_at(page, ql.int4_k_zero_offset()) + int64_t{h} * hd;
+  decode_f16(k_scale, hd, params.k_scale.data());
+  decode_f16(k_zero, hd, params.k_zero.data());
+  const uint16_t* v_scale = kernels::kvq_f16_at(page, ql.int4_v_scale_offset()) + int64_t{h} * bs;
+  const uint16_t* v_zero = kernels::kvq_f16_at(page, ql.int4_v_zero_offset()) + int64_t{h} * bs;
+  Int4Keys keys;
+  keys.k = values + ql.token_index(0, h, s0) * (hd / 2);
+  keys.v = values + ql.token_index(1, h, s0) * (hd / 2);
+  keys.n = hd;
+  keys.k_scale = params.k_scale.data();
+  keys.k_zero = params.k_zero.data();
+  decode_f16(v_scale + s0, s1 - s0, keys.v_scale);
+  decode_f16(v_zero + s0, s1 - s0, keys.v_zero);
+  fn(keys);
+}
+
+}  // namespace kvsplit::backend::cpu_attention
