@@ -96,7 +96,9 @@ struct AttentionArgs {
   //       max_h exp(scale * sum_d max(q_hd * kmin_gd, q_hd * kmax_gd) - m_h))
   //   for pages i < ceil(kv_len / block_size) with summary_slots[s, i] >= 0 (any precision), kmin
   //   and kmax read from summaries[summary_slots[s, i]] (g: the kv head of h). scale must be > 0.
-  // A sequence with no resident token has m_h = -inf: its page bounds become +inf.
+  // A sequence with no resident token has m_h = -inf: its page bounds become +inf. Summaries come
+  // from full-precision pages (summarize_kv_page), so the bound covers a page's original keys; a
+  // quantized page's attended (dequantized) keys may exceed it by the quantization error.
   const uint8_t* score_seqs = nullptr;     // [num_seqs]; nullptr: no side outputs
   float* token_relevance = nullptr;        // [num_seqs, max_blocks_per_seq * block_size]
   const int32_t* summary_slots = nullptr;  // [num_seqs, max_blocks_per_seq], -1: no summary
