@@ -2,6 +2,8 @@
 // machine's read bandwidth and fp32 FMA peak measured in the same run as denominators.
 //
 //   bench_engine --model synthetic:llama-110m --batches 1,4,16,64 --prompt-len 128
+//   bench_engine ... --kv-policy semantic      # decode steps with the semantic cut's scoring and
+//                                              # page transitions (SequenceCut) after each step
 //
 // Decode "weight streaming bandwidth" = bytes of every weight matrix read per step / step time
 // (each step reads all weights once, whatever the batch); prefill FLOP/s counts 2 flops per
@@ -12,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,6 +24,7 @@
 #include "kv/kv_pool.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
+#include "sched/sequence_cut.h"
 
 namespace {
 
@@ -74,6 +78,8 @@ int main(int argc, char** argv) {
   int block_size = 16;
   bool skip_probe = false;
   int64_t spin_micros = -1;
+  std::string kv_policy = "full";
+  SemanticCutConfig sc;
   app.add_option("--model", model_path, "model path or synthetic:<preset>");
   app.add_option("--backend", backend_name, "cpu or cuda");
   app.add_option("--batches", batches, "batch sizes")->delimiter(',');
@@ -86,7 +92,17 @@ int main(int argc, char** argv) {
   app.add_flag("--skip-probe", skip_probe, "do not measure bandwidth / FMA peak");
   app.add_option("--spin-us", spin_micros,
                  "CPU: how long idle pool threads poll before sleeping (-1: default, 0: never)");
+  app.add_option("--kv-policy", kv_policy,
+                 "KV cut run on every decode step: full | semantic | streaming | h2o");
+  app.add_option("--score-interval", sc.score_interval, "decode steps between scorings");
+  app.add_option("--semantic-threshold", sc.semantic_threshold, "demotion threshold");
+  app.add_option("--evict-threshold", sc.evict_threshold, "eviction threshold");
+  app.add_option("--sink-tokens", sc.sink_tokens, "tokens never degraded at the start");
+  app.add_option("--recent-tokens", sc.recent_tokens, "tokens never degraded at the end");
   CLI11_PARSE(app, argc, argv);
+  auto policy = cuts::semantic::parse_kv_policy(kv_policy);
+  if (!policy.ok()) return fail(policy.status());
+  if (Status st = cuts::semantic::validate(sc, "--"); !st.ok()) return fail(st);
   spdlog::set_level(spdlog::level::warn);
 
   model::LoadOptions lo;
@@ -127,6 +143,8 @@ int main(int argc, char** argv) {
   kv::KvPoolConfig pc;
   pc.block_size = block_size;
   pc.num_blocks = max_batch * kv::BlockTable::blocks_for(ctx_needed, block_size);
+  sched::SequenceCut::size_tiers(*policy, sc, pc.num_blocks,
+                                 kv::KvPool::block_bytes(pc, (*llama)->kv_shape()), &pc);
   auto pool = kv::KvPool::create(**be, pc, (*llama)->kv_shape());
   if (!pool.ok()) return fail(pool.status());
 
@@ -135,6 +153,12 @@ int main(int argc, char** argv) {
     std::vector<kv::BlockTable> tables(b);
     std::vector<std::vector<int32_t>> prompts(b);
     std::vector<model::SeqStep> steps(b);
+    std::vector<std::unique_ptr<sched::SequenceCut>> cuts(b);
+    for (auto& c : cuts) {
+      if (*policy != KvPolicy::kFull) c = std::make_unique<sched::SequenceCut>(*policy, sc);
+    }
+    double cut_s = 0;  // time in SequenceCut::finish over the timed steps
+    sched::SequenceCutStats cut_stats;
     for (int i = 0; i < b; ++i) {
       if (!(*pool)->reserve(tables[i], ctx_needed))
         return fail(resource_exhausted("pool too small"));
@@ -163,11 +187,19 @@ int main(int argc, char** argv) {
       for (int i = 0; i < b; ++i) {
         steps[i] = model::SeqStep{std::span<const int32_t>(&next[i], 1), pos, &tables[i],
                                   model::SeqStep::Logits::kLast};
+        if (cuts[i]) cuts[i]->prepare(steps[i], block_size);
       }
       ++pos;
-      return (*llama)->forward(steps, **pool, &logits);
+      KVSPLIT_RETURN_IF_ERROR((*llama)->forward(steps, **pool, &logits));
+      const auto c0 = Clock::now();
+      for (int i = 0; i < b; ++i) {
+        if (cuts[i]) KVSPLIT_RETURN_IF_ERROR(cuts[i]->finish(**pool, tables[i], pos));
+      }
+      cut_s += seconds_since(c0);
+      return ok_status();
     };
     if (Status s = decode_step(); !s.ok()) return fail(s);
+    cut_s = 0;
     t0 = Clock::now();
     for (int s = 0; s < decode_steps; ++s) {
       if (Status e = decode_step(); !e.ok()) return fail(e);
@@ -181,11 +213,22 @@ int main(int argc, char** argv) {
                 peak_gflops > 0 ? 100.0 * prefill_gflops / peak_gflops : 0.0, decode_tps,
                 weight_gbs, bw_gbs > 0 ? 100.0 * weight_gbs / bw_gbs : 0.0,
                 decode_b1 > 0 ? decode_tps / decode_b1 : 0.0);
+    if (*policy != KvPolicy::kFull) {
+      for (const auto& c : cuts) cut_stats.add(c->stats());
+      std::printf(
+          "       | kv cut %s: %.3f ms of %.3f ms per decode step in SequenceCut::finish "
+          "(%.2f%%); %lld scored steps, %lld demotions, %lld evictions, %lld recalls\n",
+          kv_policy.c_str(), 1e3 * cut_s / decode_steps, 1e3 * decode_s,
+          100.0 * cut_s / decode_steps / decode_s, static_cast<long long>(cut_stats.scored_steps),
+          static_cast<long long>(cut_stats.ops.demoted_to_int8 + cut_stats.ops.demoted_to_int4),
+          static_cast<long long>(cut_stats.ops.evicted),
+          static_cast<long long>(cut_stats.ops.restored));
+    }
     for (auto& t : tables) (*pool)->release(t);
   }
   std::printf(
       "\nprefill: %d-token prompts, all of a batch in one step; decode: context %d, %d timed "
-      "steps\n",
-      prompt_len, prompt_len, decode_steps);
+      "steps; kv policy %s (score_interval %d)\n",
+      prompt_len, prompt_len, decode_steps, kv_policy.c_str(), sc.score_interval);
   return 0;
 }

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "kvsplit/kv_cuts.h"
 #include "kvsplit/sampling_params.h"
 #include "kvsplit/status.h"
 
@@ -31,6 +32,11 @@ struct SlaClass {
   int32_t priority = 0;               // higher runs first and is preempted last
   int32_t max_queue = 1024;           // >= 1; queued requests beyond this -> RESOURCE_EXHAUSTED
   double queue_timeout_ms = 30000.0;  // > 0; still queued after this -> DEADLINE_EXCEEDED
+  // The KV cut settings of this class's requests (YAML `sla_classes.<name>.kv`), in place of
+  // EngineConfig::semantic; unset: the engine's. Only the policy's thresholds, windows and steps
+  // apply per request: the policy itself (EngineConfig::kv_policy) and the host tier's size
+  // (host_capacity_mb, per worker) are the engine's.
+  std::optional<SemanticCutConfig> semantic;
 };
 
 enum class ServingMode : uint8_t {
@@ -60,6 +66,16 @@ struct EngineConfig {
   // else the prefill side reclaims it and the request fails DEADLINE_EXCEEDED). Waiting for room
   // in a full decode pool is back-pressure, bounded by the class queue timeout instead.
   int32_t handoff_timeout_ms = 5000;
+  // The KV cut acting on decoding sequences' pages between decode steps (docs/kv-cuts.md). Pages
+  // change state only on the workers that decode (decode and colocated workers); a prefill
+  // worker hands off full-precision pages. kSemantic sizes each decode pool's int8 / int4 arenas
+  // and key summaries for as many pages as the full pool has blocks, and a host tier of
+  // min(semantic.host_capacity_mb, one full copy of the pool) for the originals.
+  KvPolicy kv_policy = KvPolicy::kFull;
+  // Settings of kv_policy (kSemantic: the whole ladder; kStreaming: sink_tokens and
+  // recent_tokens; kH2O: those, heavy_tokens and the scoring ones); SLA classes may override
+  // them (SlaClass::semantic).
+  SemanticCutConfig semantic;
   uint64_t seed = 0;                                 // draws per-request seeds when unset
   std::vector<SlaClass> sla_classes = {SlaClass{}};  // first one is the default class
 };
@@ -148,6 +164,23 @@ struct PoolStats {
   int32_t kv_blocks_free = 0;
   int32_t running = 0;
   int32_t waiting = 0;
+  // KV pages by rung (EngineConfig::kv_policy) as of the pool's last step: full-precision pages
+  // in use (kv_blocks_total - kv_blocks_free, pages pinned for a handoff included), pages in the
+  // int8 / int4 arenas, and pages of the pool's sequences with nothing resident (evicted to a
+  // summary, or dropped by kStreaming / kH2O).
+  int32_t kv_pages_full = 0;
+  int32_t kv_pages_int8 = 0;
+  int32_t kv_pages_int4 = 0;
+  int32_t kv_pages_evicted = 0;
+  // Page transitions applied on this pool since start (monotonic counters).
+  int64_t kv_demotions = 0;            // pages moved down the ladder (to int8 or int4)
+  int64_t kv_evictions = 0;            // resident copies dropped (evicted or dropped)
+  int64_t kv_recalls = 0;              // pages restored to full precision from the host tier
+  int64_t kv_refused_transitions = 0;  // planned but refused (a tier or the pool full; no
+                                       // original to restore from); nothing changed
+  double kv_recall_ms_mean = 0;        // mean wall time of one recall, copies included (0: none)
+  int64_t kv_host_bytes_used = 0;      // host tier: bytes of full-precision originals held
+  int64_t kv_host_bytes_total = 0;     // host tier size (0 without kSemantic)
 };
 
 struct SlaClassStats {

@@ -60,8 +60,66 @@ Status validate_sla_classes(const std::vector<SlaClass>& classes) {
     KVSPLIT_RETURN_IF_ERROR(check_range(p + "priority", c.priority, -1000, 1000));
     KVSPLIT_RETURN_IF_ERROR(check_range(p + "max_queue", c.max_queue, 1, 1000000));
     KVSPLIT_RETURN_IF_ERROR(check_positive(p + "queue_timeout_ms", c.queue_timeout_ms));
+    if (c.semantic) KVSPLIT_RETURN_IF_ERROR(validate_semantic_cut(*c.semantic, p + "kv."));
   }
   return ok_status();
+}
+
+Status validate_semantic_cut(const SemanticCutConfig& c, std::string_view path) {
+  auto error = [&](const char* field, const std::string& what) {
+    return invalid_argument(std::string(path) + field + ": " + what);
+  };
+  auto in_unit = [](float x) { return std::isfinite(x) && x >= 0.f && x <= 1.f; };
+  auto got = [](double v) { return ", got " + real(v); };
+  if (!in_unit(c.semantic_threshold))
+    return error("semantic_threshold", "must be in [0, 1]" + got(c.semantic_threshold));
+  if (!in_unit(c.evict_threshold))
+    return error("evict_threshold", "must be in [0, 1]" + got(c.evict_threshold));
+  if (!in_unit(c.recall_threshold))
+    return error("recall_threshold", "must be in [0, 1]" + got(c.recall_threshold));
+  if (c.evict_threshold > 0.f && c.semantic_threshold > 0.f &&
+      c.evict_threshold >= c.semantic_threshold) {
+    return error("evict_threshold", "must be below semantic_threshold (" +
+                                        real(c.semantic_threshold) + ")" + got(c.evict_threshold));
+  }
+  if (c.demote_after_steps < 1)
+    return error("demote_after_steps", "must be >= 1" + got(c.demote_after_steps));
+  if (c.evict_after_steps < 1)
+    return error("evict_after_steps", "must be >= 1" + got(c.evict_after_steps));
+  if (c.semantic_window < 0)
+    return error("semantic_window", "must be >= 0" + got(c.semantic_window));
+  if (c.sink_tokens < 0) return error("sink_tokens", "must be >= 0" + got(c.sink_tokens));
+  if (c.recent_tokens < 0) return error("recent_tokens", "must be >= 0" + got(c.recent_tokens));
+  if (c.score_interval < 1) return error("score_interval", "must be >= 1" + got(c.score_interval));
+  if (!(std::isfinite(c.smoothing) && c.smoothing > 0.f && c.smoothing <= 1.f))
+    return error("smoothing", "must be in (0, 1]" + got(c.smoothing));
+  if (c.host_capacity_mb < 0)
+    return error("host_capacity_mb", "must be >= 0" + got(static_cast<double>(c.host_capacity_mb)));
+  if (c.heavy_tokens < 0) return error("heavy_tokens", "must be >= 0" + got(c.heavy_tokens));
+  return ok_status();
+}
+
+StatusOr<KvPolicy> parse_kv_policy(std::string_view name) {
+  if (name == "full") return KvPolicy::kFull;
+  if (name == "semantic") return KvPolicy::kSemantic;
+  if (name == "streaming") return KvPolicy::kStreaming;
+  if (name == "h2o") return KvPolicy::kH2O;
+  return invalid_argument("kv policy must be full, semantic, streaming or h2o, got '" +
+                          escape_for_message(std::string(name), 64) + "'");
+}
+
+const char* kv_policy_name(KvPolicy policy) {
+  switch (policy) {
+    case KvPolicy::kFull:
+      return "full";
+    case KvPolicy::kSemantic:
+      return "semantic";
+    case KvPolicy::kStreaming:
+      return "streaming";
+    case KvPolicy::kH2O:
+      return "h2o";
+  }
+  return "?";
 }
 
 Status validate_block_size(int32_t block_size, std::string_view field) {

@@ -8,14 +8,26 @@
 #include <vector>
 
 #include "kvsplit/engine.h"
+#include "kvsplit/kv_cuts.h"
 #include "kvsplit/status.h"
 
 namespace kvsplit {
 
 // At least one class; names 1..64 characters of [A-Za-z0-9_.-], unique; max_ttft_ms,
 // max_itl_ms and queue_timeout_ms finite and > 0; priority in [-1000, 1000]; max_queue in
-// [1, 1000000].
+// [1, 1000000]; a `semantic` override passes validate_semantic_cut ("sla_classes.<name>.kv.").
 Status validate_sla_classes(const std::vector<SlaClass>& classes);
+
+// The semantic cut's settings (kv-cuts.md §2); kInvalidArgument naming the field, prefixed by
+// `path` (e.g. "kv.cuts.semantic.", "sla_classes.voice.kv."): thresholds outside [0, 1],
+// evict_threshold >= semantic_threshold (when both > 0), demote/evict_after_steps < 1, negative
+// windows, score_interval < 1, smoothing outside (0, 1], host_capacity_mb or heavy_tokens < 0.
+// cuts::semantic::validate is this function.
+Status validate_semantic_cut(const SemanticCutConfig& config, std::string_view path);
+
+// "full" | "semantic" | "streaming" | "h2o" (kInvalidArgument otherwise) and back.
+StatusOr<KvPolicy> parse_kv_policy(std::string_view name);
+const char* kv_policy_name(KvPolicy policy);
 
 // KV page size: one of 8, 16, 32, 64 tokens (the CUDA kernels ship 16 only; see
 // docs/configuration.md). `field` names it in the message.

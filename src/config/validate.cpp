@@ -46,6 +46,11 @@ Status validate_config(const Config& config) {
       check_range("pools.handoff_timeout_ms", e.handoff_timeout_ms, 1, 3600000));
   KVSPLIT_RETURN_IF_ERROR(validate_block_size(e.block_size, "kv.block_size"));
   KVSPLIT_RETURN_IF_ERROR(check_range("kv.blocks_per_worker", e.kv_blocks_per_worker, 0, 1 << 26));
+  if (e.kv_policy != KvPolicy::kFull && e.backend == "cuda") {
+    return invalid_argument("kv.policy: the KV cuts run on the CPU backend only for now, got '" +
+                            std::string(kv_policy_name(e.kv_policy)) + "' with pools.backend cuda");
+  }
+  KVSPLIT_RETURN_IF_ERROR(validate_semantic_cut(e.semantic, "kv.cuts.semantic."));
   KVSPLIT_RETURN_IF_ERROR(validate_sla_classes(e.sla_classes));
 
   const ServerConfig& s = config.server;
@@ -88,14 +93,16 @@ std::string describe(const Config& config) {
      << " backend=" << e.backend
      << " mode=" << (e.mode == ServingMode::kColocated ? "colocated" : "disaggregated")
      << " prefill_workers=" << e.num_prefill_workers << " decode_workers=" << e.num_decode_workers
-     << " block_size=" << e.block_size << " listen=" << s.host << ":" << s.port
-     << " metrics=" << s.metrics_bind_host() << ":" << s.metrics_port
-     << " tls=" << (s.tls.enabled() ? "on" : "off") << " api_keys=" << s.api_keys.size()
-     << " classes=[";
+     << " block_size=" << e.block_size << " kv_policy=" << kv_policy_name(e.kv_policy)
+     << " listen=" << s.host << ":" << s.port << " metrics=" << s.metrics_bind_host() << ":"
+     << s.metrics_port << " tls=" << (s.tls.enabled() ? "on" : "off")
+     << " api_keys=" << s.api_keys.size() << " classes=[";
   for (size_t i = 0; i < e.sla_classes.size(); ++i) {
     const SlaClass& c = e.sla_classes[i];
     ss << (i ? ", " : "") << c.name << "(ttft<" << c.max_ttft_ms << "ms itl<" << c.max_itl_ms
-       << "ms prio " << c.priority << ")";
+       << "ms prio " << c.priority;
+    if (c.semantic) ss << " kv.semantic_threshold " << c.semantic->semantic_threshold;
+    ss << ")";
   }
   ss << "]";
   return ss.str();

@@ -9,10 +9,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <vector>
 
+#include "common/config_rules.h"
 #include "common/escape.h"
 #include "common/file_read.h"
 #include "config/config.h"
@@ -67,6 +69,27 @@ Status parse_scalar(const YAML::Node& n, const std::string& path, double* out) {
   if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(v))
     return field_error(path, "must be a finite number, got " + quoted(s));
   *out = v;
+  return ok_status();
+}
+
+Status parse_scalar(const YAML::Node& n, const std::string& path, float* out) {
+  double v = 0;
+  KVSPLIT_RETURN_IF_ERROR(parse_scalar(n, path, &v));
+  if (std::fabs(v) > 1e30) return field_error(path, "out of range: " + quoted(n.Scalar()));
+  *out = static_cast<float>(v);
+  return ok_status();
+}
+
+Status parse_scalar(const YAML::Node& n, const std::string& path, bool* out) {
+  if (!n.IsScalar()) return field_error(path, "must be true or false");
+  const std::string& s = n.Scalar();
+  if (s == "true") {
+    *out = true;
+  } else if (s == "false") {
+    *out = false;
+  } else {
+    return field_error(path, "must be true or false, got " + quoted(s));
+  }
   return ok_status();
 }
 
@@ -192,6 +215,85 @@ Status read_pools(const YAML::Node& n, EngineConfig* e) {
   return r.finish();
 }
 
+// The semantic cut's keys (kv.cuts.semantic and sla_classes.<name>.kv): each one present replaces
+// the field of *c; range checks are validate_semantic_cut's (validate_config).
+Status read_semantic_keys(MapReader& r, SemanticCutConfig* c) {
+  KVSPLIT_RETURN_IF_ERROR(r.get("semantic_threshold", &c->semantic_threshold));
+  KVSPLIT_RETURN_IF_ERROR(r.get("evict_threshold", &c->evict_threshold));
+  KVSPLIT_RETURN_IF_ERROR(r.get("demote_after_steps", &c->demote_after_steps));
+  KVSPLIT_RETURN_IF_ERROR(r.get("evict_after_steps", &c->evict_after_steps));
+  KVSPLIT_RETURN_IF_ERROR(r.get("recall_threshold", &c->recall_threshold));
+  KVSPLIT_RETURN_IF_ERROR(r.get("semantic_window", &c->semantic_window));
+  KVSPLIT_RETURN_IF_ERROR(r.get("sink_tokens", &c->sink_tokens));
+  KVSPLIT_RETURN_IF_ERROR(r.get("recent_tokens", &c->recent_tokens));
+  KVSPLIT_RETURN_IF_ERROR(r.get("score_interval", &c->score_interval));
+  KVSPLIT_RETURN_IF_ERROR(r.get("smoothing", &c->smoothing));
+  KVSPLIT_RETURN_IF_ERROR(r.get("host_capacity_mb", &c->host_capacity_mb));
+  KVSPLIT_RETURN_IF_ERROR(r.get("heavy_tokens", &c->heavy_tokens));
+  return ok_status();
+}
+
+// kv.policy, kv.kv_cache_compression and kv.cuts.semantic.enabled all choose the policy; when
+// more than one is given they must agree.
+Status read_kv_policy(MapReader& r, EngineConfig* e) {
+  std::optional<KvPolicy> chosen;
+  std::string chosen_by;
+  auto choose = [&](KvPolicy p, const std::string& field) -> Status {
+    if (chosen && *chosen != p) {
+      return field_error(field, "asks for KV policy '" + std::string(kv_policy_name(p)) + "' but " +
+                                    chosen_by + " asks for '" + kv_policy_name(*chosen) + "'");
+    }
+    chosen = p;
+    chosen_by = field;
+    return ok_status();
+  };
+  std::string policy;
+  KVSPLIT_RETURN_IF_ERROR(r.get("policy", &policy));
+  if (r.has("policy")) {
+    auto p = parse_kv_policy(policy);
+    if (!p.ok())
+      return field_error("kv.policy",
+                         "must be 'full', 'semantic', 'streaming' or 'h2o', got " + quoted(policy));
+    KVSPLIT_RETURN_IF_ERROR(choose(*p, "kv.policy"));
+  }
+  std::string compression;
+  KVSPLIT_RETURN_IF_ERROR(r.get("kv_cache_compression", &compression));
+  if (r.has("kv_cache_compression")) {
+    if (compression == "semantic_v2") {
+      KVSPLIT_RETURN_IF_ERROR(choose(KvPolicy::kSemantic, "kv.kv_cache_compression"));
+    } else if (compression != "none") {
+      return field_error("kv.kv_cache_compression",
+                         "must be 'semantic_v2' or 'none', got " + quoted(compression));
+    } else if (chosen == KvPolicy::kSemantic) {
+      return field_error("kv.kv_cache_compression",
+                         "is 'none' but " + chosen_by + " asks for the semantic cut");
+    }
+  }
+  if (YAML::Node cuts = r.child("cuts"); cuts && !cuts.IsNull()) {
+    MapReader c(cuts, "kv.cuts");
+    KVSPLIT_RETURN_IF_ERROR(c.check_is_map());
+    if (YAML::Node sem = c.child("semantic"); sem && !sem.IsNull()) {
+      MapReader sr(sem, "kv.cuts.semantic");
+      KVSPLIT_RETURN_IF_ERROR(sr.check_is_map());
+      bool enabled = false;
+      KVSPLIT_RETURN_IF_ERROR(sr.get("enabled", &enabled));
+      if (sr.has("enabled")) {
+        if (enabled) {
+          KVSPLIT_RETURN_IF_ERROR(choose(KvPolicy::kSemantic, "kv.cuts.semantic.enabled"));
+        } else if (chosen == KvPolicy::kSemantic) {
+          return field_error("kv.cuts.semantic.enabled",
+                             "is false but " + chosen_by + " asks for the semantic cut");
+        }
+      }
+      KVSPLIT_RETURN_IF_ERROR(read_semantic_keys(sr, &e->semantic));
+      KVSPLIT_RETURN_IF_ERROR(sr.finish());
+    }
+    KVSPLIT_RETURN_IF_ERROR(c.finish());
+  }
+  if (chosen) e->kv_policy = *chosen;
+  return ok_status();
+}
+
 Status read_kv(const YAML::Node& n, EngineConfig* e) {
   MapReader r(n, "kv");
   KVSPLIT_RETURN_IF_ERROR(r.check_is_map());
@@ -212,10 +314,14 @@ Status read_kv(const YAML::Node& n, EngineConfig* e) {
                        "must be 'auto' or 'fp32' (the engine stores KV in the model's "
                        "compute dtype), got " +
                            quoted(dtype));
+  KVSPLIT_RETURN_IF_ERROR(read_kv_policy(r, e));
   return r.finish();
 }
 
-Status read_sla_classes(const YAML::Node& n, std::vector<SlaClass>* out) {
+// `defaults`: the engine's semantic settings (kv.cuts.semantic, read before the classes), which a
+// class's `kv` keys override one by one.
+Status read_sla_classes(const YAML::Node& n, const SemanticCutConfig& defaults,
+                        std::vector<SlaClass>* out) {
   if (!n.IsMap() || n.size() == 0)
     return field_error("sla_classes", "must be a non-empty mapping of class name -> settings");
   out->clear();
@@ -230,6 +336,13 @@ Status read_sla_classes(const YAML::Node& n, std::vector<SlaClass>* out) {
     KVSPLIT_RETURN_IF_ERROR(r.get("priority", &c.priority));
     KVSPLIT_RETURN_IF_ERROR(r.get("max_queue", &c.max_queue));
     KVSPLIT_RETURN_IF_ERROR(r.get("queue_timeout_ms", &c.queue_timeout_ms));
+    if (YAML::Node kv_node = r.child("kv"); kv_node && !kv_node.IsNull()) {
+      MapReader k(kv_node, join(path, "kv"));
+      KVSPLIT_RETURN_IF_ERROR(k.check_is_map());
+      c.semantic = defaults;
+      KVSPLIT_RETURN_IF_ERROR(read_semantic_keys(k, &*c.semantic));
+      KVSPLIT_RETURN_IF_ERROR(k.finish());
+    }
     KVSPLIT_RETURN_IF_ERROR(r.finish());
     out->push_back(std::move(c));
   }
@@ -354,7 +467,7 @@ Status parse_into(const YAML::Node& root, Config* c) {
   if (YAML::Node n = r.child("kv"); n && !n.IsNull())
     KVSPLIT_RETURN_IF_ERROR(read_kv(n, &c->engine));
   if (YAML::Node n = r.child("sla_classes"); n && !n.IsNull())
-    KVSPLIT_RETURN_IF_ERROR(read_sla_classes(n, &c->engine.sla_classes));
+    KVSPLIT_RETURN_IF_ERROR(read_sla_classes(n, c->engine.semantic, &c->engine.sla_classes));
   KVSPLIT_RETURN_IF_ERROR(r.get("seed", &c->engine.seed));
   return r.finish();
 }

@@ -93,6 +93,12 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     wo.handoff_timeout = std::chrono::milliseconds(config.handoff_timeout_ms);
     // The backend's threads are idle while a step samples: as many sampling threads by default.
     wo.sampling_threads = internal.sampling_threads > 0 ? internal.sampling_threads : threads;
+    // Pages change state only where sequences decode.
+    const bool decodes = wo.role != sched::WorkerRole::kPrefill;
+    if (decodes) {
+      wo.kv_policy = config.kv_policy;
+      wo.semantic = config.semantic;
+    }
     backend::BackendOptions bo;
     bo.threads = threads;
     bo.device = devices[static_cast<size_t>(i) % devices.size()];
@@ -106,6 +112,18 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     pc.block_size = config.block_size;
     pc.capacity_bytes = config.kv_capacity_bytes;
     const kv::KvShape shape = (*lm)->kv_shape();
+    if (decodes && config.kv_policy != KvPolicy::kFull) {
+      // Tiers for as many pages as the full pool has blocks (one sequence may hold them all).
+      const int64_t block_bytes = kv::KvPool::block_bytes(pc, shape);
+      const int64_t blocks = pc.num_blocks > 0 ? pc.num_blocks : pc.capacity_bytes / block_bytes;
+      if (blocks < 1 || blocks > (int64_t{1} << 26)) {
+        return invalid_argument(
+            fmt::format("{}: kv_capacity_bytes {} gives {} KV blocks of {} bytes", wo.name,
+                        pc.capacity_bytes, blocks, block_bytes));
+      }
+      sched::SequenceCut::size_tiers(config.kv_policy, config.semantic, static_cast<int>(blocks),
+                                     block_bytes, &pc);
+    }
     auto pool = kv::KvPool::create(*be, pc, shape);
     if (!pool.ok()) return pool.status().with_prefix(wo.name);
     const int blocks = (*pool)->allocator().num_blocks();
@@ -123,9 +141,11 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
   e->limits_.block_size = config.block_size;
   e->limits_.kv_blocks_per_worker = min_blocks;
   for (auto& w : e->workers_) w->start();
-  KVSPLIT_LOG_INFO("Engine: {} ({} mode, {} workers x {} threads, {} KV blocks of {} tokens each)",
-                   e->loaded_->source, disagg ? "disaggregated" : "colocated", num_workers, threads,
-                   min_blocks, config.block_size);
+  KVSPLIT_LOG_INFO(
+      "Engine: {} ({} mode, {} workers x {} threads, {} KV blocks of {} tokens each, KV policy "
+      "{})",
+      e->loaded_->source, disagg ? "disaggregated" : "colocated", num_workers, threads, min_blocks,
+      config.block_size, kv_policy_name(config.kv_policy));
   return e;
 }
 

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include "common/config_rules.h"
+#include "cuts/semantic/semantic.h"
 #include "engine/engine_impl.h"
 
 namespace kvsplit {
@@ -40,6 +41,16 @@ Status validate_engine_config(const EngineConfig& c) {
   }
   if (c.max_batch_tokens < 1) return bad("max_batch_tokens", c.max_batch_tokens, ">= 1");
   if (c.handoff_timeout_ms < 1) return bad("handoff_timeout_ms", c.handoff_timeout_ms, ">= 1");
+  if (c.kv_policy != KvPolicy::kFull && c.kv_policy != KvPolicy::kSemantic &&
+      c.kv_policy != KvPolicy::kStreaming && c.kv_policy != KvPolicy::kH2O) {
+    return bad("kv_policy", static_cast<int>(c.kv_policy), "full, semantic, streaming or h2o");
+  }
+  KVSPLIT_RETURN_IF_ERROR(cuts::semantic::validate(c.semantic, "EngineConfig.semantic."));
+  if (c.kv_policy != KvPolicy::kFull && c.backend == "cuda") {
+    return unimplemented(
+        "EngineConfig.kv_policy: the KV cuts run on the CPU backend only for now (the CUDA "
+        "backend has no page quantization, relevance outputs or evicted-page skipping yet)");
+  }
   return validate_sla_classes(c.sla_classes).with_prefix("EngineConfig");
 }
 

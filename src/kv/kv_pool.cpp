@@ -159,6 +159,10 @@ int64_t KvPool::bytes_per_block() const {
   return layer_block_bytes(config_, shape_) * shape_.num_layers;
 }
 
+int64_t KvPool::block_bytes(const KvPoolConfig& config, const KvShape& shape) {
+  return layer_block_bytes(config, shape) * shape.num_layers;
+}
+
 bool KvPool::reserve(BlockTable& table, int new_num_tokens) {
   KVSPLIT_CHECK(new_num_tokens >= 0);
   const int need = BlockTable::blocks_for(new_num_tokens, config_.block_size) -

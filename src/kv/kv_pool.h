@@ -49,6 +49,9 @@ class KvPool {
   const KvShape& shape() const { return shape_; }
   int block_size() const { return config_.block_size; }
   int64_t bytes_per_block() const;  // all layers
+  // Bytes of one full-precision block of every layer for `config` and `shape` (what
+  // bytes_per_block() of such a pool returns), e.g. to size the pool before creating it.
+  static int64_t block_bytes(const KvPoolConfig& config, const KvShape& shape);
   backend::Backend& backend() const { return backend_; }
 
   // Grows `table` so it can hold `new_num_tokens` tokens. Returns false (and changes nothing)

@@ -167,6 +167,18 @@ class Executor {
 
 }  // namespace
 
+void PageOpStats::add(const PageOpStats& o) {
+  demoted_to_int8 += o.demoted_to_int8;
+  demoted_to_int4 += o.demoted_to_int4;
+  evicted += o.evicted;
+  restored += o.restored;
+  originals_written += o.originals_written;
+  refused_host_full += o.refused_host_full;
+  refused_no_space += o.refused_no_space;
+  refused_no_original += o.refused_no_original;
+  restore_seconds += o.restore_seconds;
+}
+
 Status apply_page_transitions(KvPool& pool, BlockTable& table, int num_tokens,
                               std::span<const PageTransition> transitions, PageOpStats* stats) {
   KVSPLIT_CHECK(stats != nullptr);

@@ -38,6 +38,9 @@ struct PageOpStats {
   int64_t refused_no_space = 0;
   int64_t refused_no_original = 0;  // restore of a page whose original is gone
   double restore_seconds = 0;       // wall time of the applied restores (copies included)
+
+  void add(const PageOpStats& o);  // field by field
+  int64_t refused() const { return refused_host_full + refused_no_space + refused_no_original; }
 };
 
 // Applies `transitions` in order to `table`, whose first `num_tokens` tokens are written. A

@@ -7,6 +7,23 @@
 
 namespace kvsplit::sched {
 
+Status check_handoff_table(const kv::BlockTable& table) {
+  if (!table.pages.empty() && table.pages.size() != table.blocks.size()) {
+    return internal_error(fmt::format("KV handoff: the table has {} page entries for {} blocks",
+                                      table.pages.size(), table.blocks.size()));
+  }
+  for (size_t i = 0; i < table.pages.size(); ++i) {
+    const kv::PageEntry& p = table.pages[i];
+    if (!p.resident() || p.precision != kernels::KvPrecision::kFull) {
+      return internal_error(fmt::format(
+          "KV handoff: page {} of {} is not full precision and resident (a KV cut changed it "
+          "before the handoff); only full pages can be handed off",
+          i, table.pages.size()));
+    }
+  }
+  return ok_status();
+}
+
 KvCopyRoute plan_kv_copy(int src_device, int dst_device, bool direct_access) {
   if (src_device == dst_device) return KvCopyRoute::kSameDevice;
   return direct_access ? KvCopyRoute::kPeer : KvCopyRoute::kStaged;

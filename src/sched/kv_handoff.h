@@ -69,6 +69,12 @@ struct HandoffDone {
   uint64_t handoff_id = 0;
 };
 
+// A handoff moves full-precision resident pages only (copy_kv_blocks copies block ids of the full
+// pool): pages are demoted or evicted only on the workers that decode, never before a handoff.
+// kInternal (naming the first such page) when `table` has a page that is quantized or not
+// resident, so that such a table is never copied as if it were full precision.
+Status check_handoff_table(const kv::BlockTable& table);
+
 // How a KV handoff's pages travel between two workers' pools (a pure plan, unit-tested without
 // a second GPU): the same device -> one device copy; different devices with direct access (CUDA
 // peer access) -> a peer copy; otherwise -> staged through host memory (device -> host -> device).

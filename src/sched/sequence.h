@@ -21,6 +21,7 @@
 #include "sampling/sampler.h"
 #include "sampling/stop.h"
 #include "sched/request_stream.h"
+#include "sched/sequence_cut.h"
 
 namespace kvsplit::sched {
 
@@ -70,6 +71,10 @@ struct Sequence {
   int num_prompt = 0;
   int num_computed = 0;
   kv::BlockTable table;  // blocks in the current owner's KvPool
+  // The KV cut of this sequence's pages (EngineConfig::kv_policy with the class's settings):
+  // created by the worker that decodes it, at its first decode step there; null before and
+  // without a policy. Pages change state only between that worker's decode steps.
+  std::unique_ptr<SequenceCut> cut;
 
   std::unique_ptr<sampling::Sampler> sampler;
   std::unique_ptr<sampling::StopChecker> stop;

@@ -9,15 +9,7 @@ namespace kvsplit::sched {
 using cuts::semantic::KvPolicy;
 
 void SequenceCutStats::add(const SequenceCutStats& o) {
-  ops.demoted_to_int8 += o.ops.demoted_to_int8;
-  ops.demoted_to_int4 += o.ops.demoted_to_int4;
-  ops.evicted += o.ops.evicted;
-  ops.restored += o.ops.restored;
-  ops.originals_written += o.ops.originals_written;
-  ops.refused_host_full += o.ops.refused_host_full;
-  ops.refused_no_space += o.ops.refused_no_space;
-  ops.refused_no_original += o.ops.refused_no_original;
-  ops.restore_seconds += o.ops.restore_seconds;
+  ops.add(o.ops);
   steps += o.steps;
   scored_steps += o.scored_steps;
   resident_fraction_sum += o.resident_fraction_sum;
@@ -44,7 +36,8 @@ void SequenceCut::prepare(model::SeqStep& step, int block_size) {
   scored_ = true;
 }
 
-Status SequenceCut::finish(kv::KvPool& pool, kv::BlockTable& table, int kv_len) {
+Status SequenceCut::finish(kv::KvPool& pool, kv::BlockTable& table, int kv_len,
+                           kv::PageOpStats* totals) {
   const int bs = pool.block_size();
   ++stats_.steps;
   if (policy_ != KvPolicy::kFull && (scored_ || policy_ == KvPolicy::kStreaming)) {
@@ -60,7 +53,11 @@ Status SequenceCut::finish(kv::KvPool& pool, kv::BlockTable& table, int kv_len) 
     }
     const std::vector<kv::PageTransition> plan =
         cuts::semantic::plan_step(policy_, config_, obs, table.pages);
-    KVSPLIT_RETURN_IF_ERROR(kv::apply_page_transitions(pool, table, kv_len, plan, &stats_.ops));
+    kv::PageOpStats ops;
+    const Status applied = kv::apply_page_transitions(pool, table, kv_len, plan, &ops);
+    stats_.ops.add(ops);
+    if (totals != nullptr) totals->add(ops);
+    KVSPLIT_RETURN_IF_ERROR(applied);
   }
   scored_ = false;
   const int64_t full = static_cast<int64_t>(kv::BlockTable::blocks_for(kv_len, bs)) *

@@ -36,8 +36,11 @@ class SequenceCut {
   // Before a decode step of the sequence: sets step.token_relevance / page_bound when this step is
   // scored (every config.score_interval decode steps). `step` must outlive finish().
   void prepare(model::SeqStep& step, int block_size);
-  // After that step (kv_len tokens now written): scores, plans and applies on `table`.
-  Status finish(kv::KvPool& pool, kv::BlockTable& table, int kv_len);
+  // After that step (kv_len tokens now written): scores, plans and applies on `table`. The
+  // transitions applied (and refused) are counted in stats() and, when given, added to *totals
+  // (e.g. a worker's counters over all its sequences).
+  Status finish(kv::KvPool& pool, kv::BlockTable& table, int kv_len,
+                kv::PageOpStats* totals = nullptr);
 
   const SequenceCutStats& stats() const { return stats_; }
   cuts::semantic::KvPolicy policy() const { return policy_; }

@@ -116,6 +116,20 @@ WorkerSnapshot Worker::snapshot() const {
   s.forward_ms = forward_ns_.load(std::memory_order_relaxed) / 1e6;
   s.bookkeeping_ms = bookkeeping_ns_.load(std::memory_order_relaxed) / 1e6;
   s.sampling_ms = sampling_ns_.load(std::memory_order_relaxed) / 1e6;
+  std::lock_guard<std::mutex> lock(kv_stats_mu_);
+  s.pool.kv_pages_full = kv_stats_.kv_pages_full;
+  s.pool.kv_pages_int8 = kv_stats_.kv_pages_int8;
+  s.pool.kv_pages_int4 = kv_stats_.kv_pages_int4;
+  s.pool.kv_pages_evicted = kv_stats_.kv_pages_evicted;
+  s.pool.kv_demotions = kv_stats_.kv_demotions;
+  s.pool.kv_evictions = kv_stats_.kv_evictions;
+  s.pool.kv_recalls = kv_stats_.kv_recalls;
+  s.pool.kv_refused_transitions = kv_stats_.kv_refused_transitions;
+  s.pool.kv_recall_ms_mean = kv_stats_.kv_recall_ms_mean;
+  s.pool.kv_host_bytes_used = kv_stats_.kv_host_bytes_used;
+  s.pool.kv_host_bytes_total = kv_stats_.kv_host_bytes_total;
+  s.kv_summary_slots_used = kv_summary_used_;
+  s.kv_host_slots_used = kv_host_used_;
   return s;
 }
 
@@ -124,6 +138,31 @@ void Worker::publish_stats() {
   running_count_.store(static_cast<int>(running_.size()), std::memory_order_relaxed);
   waiting_count_.store(static_cast<int>(waiting_.size() + pending_.size()),
                        std::memory_order_relaxed);
+  PoolStats k;
+  k.kv_pages_full = pool_->allocator().num_used();
+  k.kv_pages_int8 = pool_->arena_allocator(kernels::KvPrecision::kInt8).num_used();
+  k.kv_pages_int4 = pool_->arena_allocator(kernels::KvPrecision::kInt4).num_used();
+  if (options_.kv_policy != KvPolicy::kFull) {
+    for (const auto* list : {&waiting_, &running_}) {
+      for (const std::unique_ptr<Sequence>& seq : *list) {
+        for (const kv::PageEntry& p : seq->table.pages) k.kv_pages_evicted += !p.resident();
+      }
+    }
+  }
+  k.kv_demotions = cut_ops_.demoted_to_int8 + cut_ops_.demoted_to_int4;
+  k.kv_evictions = cut_ops_.evicted;
+  k.kv_recalls = cut_ops_.restored;
+  k.kv_refused_transitions = cut_ops_.refused();
+  k.kv_recall_ms_mean =
+      cut_ops_.restored > 0 ? 1e3 * cut_ops_.restore_seconds / cut_ops_.restored : 0.0;
+  const int64_t slot_bytes = pool_->bytes_per_block();
+  const kv::BlockAllocator& host = pool_->host_allocator();
+  k.kv_host_bytes_used = int64_t{host.num_used()} * slot_bytes;
+  k.kv_host_bytes_total = int64_t{host.num_blocks()} * slot_bytes;
+  std::lock_guard<std::mutex> lock(kv_stats_mu_);
+  kv_stats_ = k;
+  kv_summary_used_ = pool_->summary_allocator().num_used();
+  kv_host_used_ = host.num_used();
 }
 
 void Worker::loop() {

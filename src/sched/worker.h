@@ -56,6 +56,11 @@ struct WorkerOptions {
   // when the step samples at least parallel_sampling_min_rows rows; 1: always on the worker.
   int sampling_threads = 1;
   int parallel_sampling_min_rows = 32;
+  // KV cut of the sequences this worker decodes (kPrefill workers never decode, so their pages
+  // stay full precision); `semantic` unless the sequence's class overrides it. kSemantic needs
+  // the pool's int8 / int4 arenas, summaries and host tier (SequenceCut::size_tiers).
+  KvPolicy kv_policy = KvPolicy::kFull;
+  SemanticCutConfig semantic;
 };
 
 // Test hook: holds a worker at its step boundary.
@@ -79,6 +84,9 @@ struct WorkerSnapshot {
   double forward_ms = 0;      // time in StepModel::forward
   double sampling_ms = 0;     // sampling, stop checks, detokenization, token events
   double bookkeeping_ms = 0;  // the rest of the steps: scheduling, admission, handoff, stats
+  // Pool allocators' used entries as of the last step (tests: all zero once idle).
+  int kv_summary_slots_used = 0;
+  int kv_host_slots_used = 0;
 };
 
 class Worker {
@@ -121,10 +129,12 @@ class Worker {
     // kSampleRow: this entry returns one logits row to sample from; kSampleArgmax: its greedy
     // token id (picked by the model, on the device where the backend can).
     std::vector<uint8_t> samples;
+    std::vector<uint8_t> decode;  // 1: a decode row (its KV cut runs after the forward)
     void clear() {
       steps.clear();
       seqs.clear();
       samples.clear();
+      decode.clear();
     }
   };
 
@@ -153,6 +163,10 @@ class Worker {
   void finish(Sequence& seq, FinishReason reason, Status status, Clock::time_point now);
   void finish_offer(HandoffOffer& offer, FinishReason reason, Status status, Clock::time_point now);
   void publish_stats();
+  // KV cut before / after the forward of a decode row (no-ops without a policy). After: a failed
+  // cut finishes the sequence with kError and returns false.
+  void prepare_cut(Sequence& seq, model::SeqStep& step);
+  bool finish_cut(Sequence& seq, Clock::time_point now);
   // A preempted sequence waiting for blocks with priority >= `priority`.
   bool has_unreserved_waiting(int32_t priority) const;
 
@@ -205,6 +219,7 @@ class Worker {
   std::vector<SampleJob> sample_jobs_;
   std::vector<FinishReason> sample_reasons_;
   std::unique_ptr<ThreadPool> sampling_pool_;  // when sampling_threads > 1
+  kv::PageOpStats cut_ops_;                    // KV cut transitions on this pool, all sequences
   std::atomic<uint8_t> hold_{0};               // TestHold
 
   // Published for other threads.
@@ -216,6 +231,11 @@ class Worker {
   std::atomic<int64_t> forward_ns_{0};
   std::atomic<int64_t> bookkeeping_ns_{0};
   std::atomic<int64_t> sampling_ns_{0};
+  // The KV page fields of PoolStats and the allocator counts of WorkerSnapshot (written by
+  // publish_stats, read by snapshot()).
+  mutable std::mutex kv_stats_mu_;
+  PoolStats kv_stats_;
+  int kv_summary_used_ = 0, kv_host_used_ = 0;
 
   std::thread thread_;
 };

@@ -21,6 +21,11 @@ double ms_since(Clock::time_point a, Clock::time_point b) {
 }  // namespace
 
 void Worker::handoff(std::unique_ptr<Sequence> seq, Clock::time_point now) {
+  if (Status st = check_handoff_table(seq->table); !st.ok()) {
+    KVSPLIT_LOG_ERROR("{}: request {}: {}", options_.name, seq->display_id(), st.to_string());
+    finish(*seq, FinishReason::kError, std::move(st), now);
+    return;
+  }
   std::vector<DecodeLoad> loads;
   loads.reserve(shared_->decode_workers.size());
   for (const Worker* w : shared_->decode_workers) loads.push_back(w->load());

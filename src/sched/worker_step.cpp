@@ -147,9 +147,11 @@ void Worker::schedule(Clock::time_point now) {
     s.table = &seq.table;
     const bool argmax = greedy_without_logits(seq);
     s.logits = argmax ? model::SeqStep::Logits::kArgmax : model::SeqStep::Logits::kLast;
+    prepare_cut(seq, s);
     batch_.steps.push_back(s);
     batch_.seqs.push_back(&seq);
     batch_.samples.push_back(argmax ? kSampleArgmax : kSampleRow);
+    batch_.decode.push_back(1);
   }
   const int64_t step_no = steps_.load(std::memory_order_relaxed);
   for (const PrefillChunk& c : out.prefill) {
@@ -169,7 +171,27 @@ void Worker::schedule(Clock::time_point now) {
     batch_.steps.push_back(s);
     batch_.seqs.push_back(&seq);
     batch_.samples.push_back(!sample ? kSampleNone : (argmax ? kSampleArgmax : kSampleRow));
+    batch_.decode.push_back(0);
   }
+}
+
+void Worker::prepare_cut(Sequence& seq, model::SeqStep& step) {
+  if (options_.kv_policy == KvPolicy::kFull) return;
+  if (!seq.cut) {
+    seq.cut = std::make_unique<SequenceCut>(options_.kv_policy,
+                                            seq.sla.semantic.value_or(options_.semantic));
+  }
+  seq.cut->prepare(step, pool_->block_size());
+}
+
+bool Worker::finish_cut(Sequence& seq, Clock::time_point now) {
+  if (!seq.cut) return true;
+  const Status st = seq.cut->finish(*pool_, seq.table, seq.num_computed, &cut_ops_);
+  if (st.ok()) return true;
+  KVSPLIT_LOG_ERROR("{}: KV cut of request {} failed: {}", options_.name, seq.display_id(),
+                    st.to_string());
+  finish(seq, FinishReason::kError, st.with_prefix("KV cut"), now);
+  return false;
 }
 
 void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>& ids,
@@ -191,6 +213,7 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
       KVSPLIT_CHECK(id < ids.size());
       job.token = ids[id++];
     }
+    if (batch_.decode[i] && !finish_cut(seq, now)) continue;
     if (seq.cancelled()) {
       finish(seq, FinishReason::kCancelled, cancelled_error("cancelled"), now);
       continue;

@@ -192,6 +192,17 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_kv_blocks_free(p.kv_blocks_free);
     o->set_running(p.running);
     o->set_waiting(p.waiting);
+    o->set_kv_pages_full(p.kv_pages_full);
+    o->set_kv_pages_int8(p.kv_pages_int8);
+    o->set_kv_pages_int4(p.kv_pages_int4);
+    o->set_kv_pages_evicted(p.kv_pages_evicted);
+    o->set_kv_demotions(p.kv_demotions);
+    o->set_kv_evictions(p.kv_evictions);
+    o->set_kv_recalls(p.kv_recalls);
+    o->set_kv_refused_transitions(p.kv_refused_transitions);
+    o->set_kv_recall_ms_mean(p.kv_recall_ms_mean);
+    o->set_kv_host_bytes_used(p.kv_host_bytes_used);
+    o->set_kv_host_bytes_total(p.kv_host_bytes_total);
   }
   for (const SlaClassStats& c : stats.classes) {
     v1::SlaClassStats* o = out->add_classes();

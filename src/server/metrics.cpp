@@ -49,12 +49,44 @@ class EngineCollector : public pm::Collectable {
                "KV cache usage per pool, fraction of blocks in use (0..1)", pm::MetricType::Gauge);
     auto& blocks_free =
         family("kvsplit:kv_cache_free_blocks", "Free KV blocks per pool", pm::MetricType::Gauge);
+    auto& pages =
+        family("kvsplit:kv_pages", "KV pages per pool by rung (full, int8, int4, evicted)",
+               pm::MetricType::Gauge);
+    auto& demotions = family("kvsplit:kv_demotions_total",
+                             "KV pages moved down the precision ladder", pm::MetricType::Counter);
+    auto& evictions = family("kvsplit:kv_evictions_total", "KV pages evicted or dropped",
+                             pm::MetricType::Counter);
+    auto& recalls =
+        family("kvsplit:kv_recalls_total", "KV pages restored to full precision from the host tier",
+               pm::MetricType::Counter);
+    auto& refused = family("kvsplit:kv_refused_transitions_total",
+                           "KV page transitions planned but refused (a tier or the pool full)",
+                           pm::MetricType::Counter);
+    auto& recall_mean = family("kvsplit:kv_recall_latency_mean_seconds",
+                               "Mean wall time of one KV page recall", pm::MetricType::Gauge);
+    auto& host_used =
+        family("kvsplit:kv_host_tier_used_bytes",
+               "Host tier bytes holding full-precision KV originals", pm::MetricType::Gauge);
     for (const PoolStats& p : s.pools) {
       const double used = p.kv_blocks_total > 0
                               ? 1.0 - static_cast<double>(p.kv_blocks_free) / p.kv_blocks_total
                               : 0.0;
       kv.metric.push_back(gauge(used, {{"pool", p.name}}));
       blocks_free.metric.push_back(gauge(p.kv_blocks_free, {{"pool", p.name}}));
+      const std::pair<const char*, int32_t> rungs[] = {{"full", p.kv_pages_full},
+                                                       {"int8", p.kv_pages_int8},
+                                                       {"int4", p.kv_pages_int4},
+                                                       {"evicted", p.kv_pages_evicted}};
+      for (const auto& [rung, n] : rungs)
+        pages.metric.push_back(gauge(n, {{"pool", p.name}, {"rung", rung}}));
+      demotions.metric.push_back(counter(static_cast<double>(p.kv_demotions), {{"pool", p.name}}));
+      evictions.metric.push_back(counter(static_cast<double>(p.kv_evictions), {{"pool", p.name}}));
+      recalls.metric.push_back(counter(static_cast<double>(p.kv_recalls), {{"pool", p.name}}));
+      refused.metric.push_back(
+          counter(static_cast<double>(p.kv_refused_transitions), {{"pool", p.name}}));
+      recall_mean.metric.push_back(gauge(p.kv_recall_ms_mean / 1e3, {{"pool", p.name}}));
+      host_used.metric.push_back(
+          gauge(static_cast<double>(p.kv_host_bytes_used), {{"pool", p.name}}));
     }
     family("kvsplit:num_requests_running", "Sequences running in a batch", pm::MetricType::Gauge)
         .metric.push_back(gauge(s.num_running));

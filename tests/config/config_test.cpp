@@ -195,6 +195,107 @@ TEST(ConfigTest, FileErrorsStartWithThePath) {
 }
 
 // Every shipped config parses and validates (CI also runs kvsplit-server --check-config on them).
+TEST(ConfigTest, KvCutKeys) {
+  auto c = parse_config(
+      "kv:\n"
+      "  kv_cache_compression: semantic_v2\n"
+      "  cuts:\n"
+      "    semantic: {semantic_threshold: 0.15, evict_threshold: 0.05, demote_after_steps: 2,\n"
+      "               evict_after_steps: 3, recall_threshold: 0.4, semantic_window: 4096,\n"
+      "               sink_tokens: 4, recent_tokens: 256, score_interval: 2, smoothing: 0.6,\n"
+      "               host_capacity_mb: 2048, heavy_tokens: 32}\n"
+      "sla_classes:\n"
+      "  voice: {max_ttft_ms: 300, kv: {semantic_threshold: 0.2}}\n"
+      "  coding: {kv: {semantic_threshold: 0.1, recent_tokens: 512}}\n"
+      "  batch: {priority: -1}\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const EngineConfig& e = c->engine;
+  EXPECT_EQ(e.kv_policy, KvPolicy::kSemantic);
+  EXPECT_FLOAT_EQ(e.semantic.semantic_threshold, 0.15f);
+  EXPECT_FLOAT_EQ(e.semantic.evict_threshold, 0.05f);
+  EXPECT_EQ(e.semantic.demote_after_steps, 2);
+  EXPECT_EQ(e.semantic.evict_after_steps, 3);
+  EXPECT_FLOAT_EQ(e.semantic.recall_threshold, 0.4f);
+  EXPECT_EQ(e.semantic.semantic_window, 4096);
+  EXPECT_EQ(e.semantic.sink_tokens, 4);
+  EXPECT_EQ(e.semantic.recent_tokens, 256);
+  EXPECT_EQ(e.semantic.score_interval, 2);
+  EXPECT_FLOAT_EQ(e.semantic.smoothing, 0.6f);
+  EXPECT_EQ(e.semantic.host_capacity_mb, 2048);
+  EXPECT_EQ(e.semantic.heavy_tokens, 32);
+  ASSERT_EQ(e.sla_classes.size(), 3u);
+  // A class's kv keys override the engine's settings one by one.
+  ASSERT_TRUE(e.sla_classes[0].semantic.has_value());
+  EXPECT_FLOAT_EQ(e.sla_classes[0].semantic->semantic_threshold, 0.2f);
+  EXPECT_EQ(e.sla_classes[0].semantic->score_interval, 2);
+  ASSERT_TRUE(e.sla_classes[1].semantic.has_value());
+  EXPECT_FLOAT_EQ(e.sla_classes[1].semantic->semantic_threshold, 0.1f);
+  EXPECT_EQ(e.sla_classes[1].semantic->recent_tokens, 512);
+  EXPECT_FALSE(e.sla_classes[2].semantic.has_value());
+
+  // The switches: kv.policy, cuts.semantic.enabled (= semantic_v2), none.
+  auto p = parse_config("kv: {policy: h2o, cuts: {semantic: {heavy_tokens: 8}}}\n");
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->engine.kv_policy, KvPolicy::kH2O);
+  p = parse_config("kv: {policy: streaming}\n");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->engine.kv_policy, KvPolicy::kStreaming);
+  p = parse_config("kv: {cuts: {semantic: {enabled: true}}}\n");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->engine.kv_policy, KvPolicy::kSemantic);
+  p = parse_config("kv: {kv_cache_compression: none}\n");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->engine.kv_policy, KvPolicy::kFull);
+  p = parse_config("kv: {policy: semantic, kv_cache_compression: semantic_v2}\n");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->engine.kv_policy, KvPolicy::kSemantic);
+  p = parse_config("{}\n");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->engine.kv_policy, KvPolicy::kFull);
+}
+
+TEST(ConfigTest, KvCutErrorsNameTheField) {
+  expect_error("kv: {policy: quest}\n", "kv.policy: must be");
+  expect_error("kv: {kv_cache_compression: semantic_v3}\n", "kv.kv_cache_compression: must be");
+  expect_error("kv: {policy: streaming, kv_cache_compression: semantic_v2}\n",
+               "kv.kv_cache_compression: asks for KV policy 'semantic' but kv.policy");
+  expect_error("kv: {policy: semantic, cuts: {semantic: {enabled: false}}}\n",
+               "kv.cuts.semantic.enabled: is false");
+  expect_error("kv: {cuts: {semantic: {enabled: maybe}}}\n",
+               "kv.cuts.semantic.enabled: must be true or false");
+  expect_error("kv: {cuts: {semantic: {semantic_threshold: 1.5}}}\n",
+               "kv.cuts.semantic.semantic_threshold: must be in [0, 1]");
+  expect_error("kv: {cuts: {semantic: {semantic_threshold: high}}}\n",
+               "kv.cuts.semantic.semantic_threshold: must be a finite number");
+  expect_error("kv: {cuts: {semantic: {semantic_threshold: 0.1, evict_threshold: 0.2}}}\n",
+               "kv.cuts.semantic.evict_threshold: must be below semantic_threshold");
+  expect_error("kv: {cuts: {semantic: {score_interval: 0}}}\n",
+               "kv.cuts.semantic.score_interval: must be >= 1");
+  expect_error("kv: {cuts: {semantic: {smoothing: 0}}}\n", "kv.cuts.semantic.smoothing");
+  expect_error("kv: {cuts: {semantic: {recent_tokens: 2.5}}}\n",
+               "kv.cuts.semantic.recent_tokens: must be an integer");
+  expect_error("kv: {cuts: {semantic: {host_capacity_mb: -1}}}\n",
+               "kv.cuts.semantic.host_capacity_mb: must be >= 0");
+  expect_error("kv: {cuts: [1]}\n", "kv.cuts: must be a mapping");
+  expect_error("sla_classes:\n  voice: {kv: {semantic_threshold: -0.2}}\n",
+               "sla_classes.voice.kv.semantic_threshold: must be in [0, 1]");
+  expect_error("sla_classes:\n  voice: {kv: {demote_after_steps: 0}}\n",
+               "sla_classes.voice.kv.demote_after_steps");
+  expect_error("sla_classes:\n  voice: {kv: 0.2}\n", "sla_classes.voice.kv: must be a mapping");
+  expect_error("kv: {policy: semantic}\npools: {backend: cuda}\n", "kv.policy");
+}
+
+TEST(ConfigTest, KvCutUnknownKeysAreErrors) {
+  expect_error("kv: {cuts: {temporal: {swap: auto}}}\n", "kv.cuts.temporal: unknown key");
+  expect_error("kv: {cuts: {semantic: {threshold: 0.1}}}\n",
+               "kv.cuts.semantic.threshold: unknown key");
+  expect_error("sla_classes:\n  voice: {kv: {semantic_treshold: 0.2}}\n",
+               "sla_classes.voice.kv.semantic_treshold: unknown key");
+  // `enabled` is the engine-wide switch, not a per-class setting.
+  expect_error("sla_classes:\n  voice: {kv: {enabled: true}}\n",
+               "sla_classes.voice.kv.enabled: unknown key");
+}
+
 TEST(ConfigTest, ShippedConfigsAreValid) {
   const std::filesystem::path dir = std::filesystem::path(KVSPLIT_SOURCE_DIR) / "configs";
   int n = 0;
@@ -209,6 +310,15 @@ TEST(ConfigTest, ShippedConfigsAreValid) {
   ASSERT_TRUE(voice.ok());
   EXPECT_LE(voice->engine.sla_classes[0].max_ttft_ms, 300);
   EXPECT_LE(voice->engine.sla_classes[0].max_itl_ms, 100);
+  // kv-cuts.md §2: voice 0.2, coding 0.1.
+  ASSERT_TRUE(voice->engine.sla_classes[0].semantic.has_value());
+  EXPECT_FLOAT_EQ(voice->engine.sla_classes[0].semantic->semantic_threshold, 0.2f);
+  auto coding = load_config_file((dir / "coding-assistant.yaml").string());
+  ASSERT_TRUE(coding.ok());
+  for (const SlaClass& c : coding->engine.sla_classes) {
+    ASSERT_TRUE(c.semantic.has_value()) << c.name;
+    EXPECT_FLOAT_EQ(c.semantic->semantic_threshold, 0.1f) << c.name;
+  }
 }
 
 }  // namespace

@@ -100,6 +100,26 @@ TEST(KvHandoff, MismatchesAreErrors) {
 
 // Exactly one side wins a ticket: the destination receiving it or the source taking it back,
 // however the two race; the winner (only) sees the Sequence the source put in.
+// Pages are demoted only where sequences decode: a table with a quantized or evicted page must
+// never be handed off as if its block ids named full-precision pages.
+TEST(KvHandoff, OnlyFullPrecisionTablesAreHandedOff) {
+  kv::BlockTable table;
+  table.blocks = {3, 4, 5};
+  EXPECT_TRUE(check_handoff_table(table).ok());  // no page entries: all full
+  table.pages.resize(3);
+  EXPECT_TRUE(check_handoff_table(table).ok());  // entries, all full and resident
+  table.pages[1].precision = kernels::KvPrecision::kInt8;
+  Status st = check_handoff_table(table);
+  EXPECT_EQ(st.code(), StatusCode::kInternal);
+  EXPECT_NE(st.message().find("page 1 of 3"), std::string::npos) << st.message();
+  table.pages[1] = kv::PageEntry{};
+  table.pages[2].location = kv::PageLocation::kEvicted;
+  table.pages[2].precision = kernels::KvPrecision::kEvicted;
+  EXPECT_EQ(check_handoff_table(table).code(), StatusCode::kInternal);
+  table.pages.resize(2);  // entries that do not match the blocks
+  EXPECT_EQ(check_handoff_table(table).code(), StatusCode::kInternal);
+}
+
 TEST(KvHandoff, TicketHasExactlyOneOwner) {
   constexpr int kTickets = 2000;
   std::vector<std::shared_ptr<HandoffTicket>> tickets(kTickets);

@@ -307,7 +307,12 @@ TEST_F(GenerationTest, PrometheusMetrics) {
         "kvsplit:kv_cache_usage_perc{pool=", "kvsplit:num_requests_running",
         "kvsplit:num_requests_waiting", "kvsplit:num_preemptions_total",
         "kvsplit:prompt_tokens_total", "kvsplit:generation_tokens_total",
-        "kvsplit:sla_slo_met_total{sla_class=\"voice\"}", "kvsplit:sla_requests_finished_total"}) {
+        "kvsplit:sla_slo_met_total{sla_class=\"voice\"}", "kvsplit:sla_requests_finished_total",
+        // KV cut families (zeros with kv.policy full).
+        "kvsplit:kv_pages{pool=", "rung=\"int8\"", "rung=\"evicted\"",
+        "kvsplit:kv_demotions_total{pool=", "kvsplit:kv_evictions_total{pool=",
+        "kvsplit:kv_recalls_total{pool=", "kvsplit:kv_refused_transitions_total{pool=",
+        "kvsplit:kv_recall_latency_mean_seconds{pool=", "kvsplit:kv_host_tier_used_bytes{pool="}) {
     EXPECT_NE(text.find(name), std::string::npos) << name << " missing from:\n"
                                                   << text.substr(0, 3000);
   }

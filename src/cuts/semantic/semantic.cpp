@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/config_rules.h"
+
 namespace kvsplit::cuts::semantic {
 namespace {
 
@@ -11,58 +13,17 @@ using kernels::KvPrecision;
 using kv::PageOp;
 using kv::PageTransition;
 
-Status field_error(const std::string& path, const char* field, const std::string& what) {
-  return invalid_argument(path + field + ": " + what);
-}
-
-bool in_unit(float x) { return std::isfinite(x) && x >= 0.f && x <= 1.f; }
-
 }  // namespace
 
 Status validate(const SemanticConfig& c, const std::string& path) {
-  if (!in_unit(c.semantic_threshold))
-    return field_error(path, "semantic_threshold", "must be in [0, 1]");
-  if (!in_unit(c.evict_threshold)) return field_error(path, "evict_threshold", "must be in [0, 1]");
-  if (!in_unit(c.recall_threshold))
-    return field_error(path, "recall_threshold", "must be in [0, 1]");
-  if (c.evict_threshold > 0.f && c.semantic_threshold > 0.f &&
-      c.evict_threshold >= c.semantic_threshold) {
-    return field_error(path, "evict_threshold", "must be below semantic_threshold");
-  }
-  if (c.demote_after_steps < 1) return field_error(path, "demote_after_steps", "must be >= 1");
-  if (c.evict_after_steps < 1) return field_error(path, "evict_after_steps", "must be >= 1");
-  if (c.semantic_window < 0) return field_error(path, "semantic_window", "must be >= 0");
-  if (c.sink_tokens < 0) return field_error(path, "sink_tokens", "must be >= 0");
-  if (c.recent_tokens < 0) return field_error(path, "recent_tokens", "must be >= 0");
-  if (c.score_interval < 1) return field_error(path, "score_interval", "must be >= 1");
-  if (!(std::isfinite(c.smoothing) && c.smoothing > 0.f && c.smoothing <= 1.f))
-    return field_error(path, "smoothing", "must be in (0, 1]");
-  if (c.host_capacity_mb < 0) return field_error(path, "host_capacity_mb", "must be >= 0");
-  if (c.heavy_tokens < 0) return field_error(path, "heavy_tokens", "must be >= 0");
-  return ok_status();
+  return validate_semantic_cut(c, path);
 }
 
 StatusOr<KvPolicy> parse_kv_policy(const std::string& name) {
-  if (name == "full") return KvPolicy::kFull;
-  if (name == "semantic") return KvPolicy::kSemantic;
-  if (name == "streaming") return KvPolicy::kStreaming;
-  if (name == "h2o") return KvPolicy::kH2O;
-  return invalid_argument("kv policy must be full, semantic, streaming or h2o");
+  return kvsplit::parse_kv_policy(name);
 }
 
-const char* kv_policy_name(KvPolicy policy) {
-  switch (policy) {
-    case KvPolicy::kFull:
-      return "full";
-    case KvPolicy::kSemantic:
-      return "semantic";
-    case KvPolicy::kStreaming:
-      return "streaming";
-    case KvPolicy::kH2O:
-      return "h2o";
-  }
-  return "?";
-}
+const char* kv_policy_name(KvPolicy policy) { return kvsplit::kv_policy_name(policy); }
 
 bool protected_page(int page, int kv_len, int block_size, const SemanticConfig& config) {
   const int64_t begin = int64_t{page} * block_size, end = begin + block_size;

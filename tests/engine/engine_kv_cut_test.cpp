@@ -1,0 +1,338 @@
+// The KV cuts in the serving engine (EngineConfig::kv_policy): a semantic cut that never demotes
+// leaves the greedy tokens unchanged, an aggressive one demotes and still finishes every request,
+// per-class settings apply, and after finishes and cancels every allocator of every pool (full
+// pool, int8 / int4 arenas, summaries, host tier) is back to zero used.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "common/config_rules.h"
+#include "engine/engine_impl.h"
+#include "engine/engine_test_util.h"
+
+namespace kvsplit {
+namespace {
+
+using testing::collect;
+using testing::Collected;
+
+const char* kPrompts[] = {"Once upon a time", "Lily wanted to", "The dog",
+                          "Tom and his mom",  "The sun was",    "A big red ball"};
+
+// Thresholds 0: pages are scored every step but never leave full precision.
+SemanticCutConfig never_degrade() {
+  SemanticCutConfig c;
+  c.semantic_threshold = 0.f;
+  c.evict_threshold = 0.f;
+  c.score_interval = 1;
+  return c;
+}
+
+// Every page outside the sinks and the last 16 tokens goes down the ladder after one low step.
+SemanticCutConfig aggressive() {
+  SemanticCutConfig c;
+  c.semantic_threshold = 0.99f;
+  c.evict_threshold = 0.f;
+  c.demote_after_steps = 1;
+  c.score_interval = 1;
+  c.sink_tokens = 4;
+  c.recent_tokens = 16;
+  return c;
+}
+
+EngineConfig cut_config(ServingMode mode, KvPolicy policy, const SemanticCutConfig& sc) {
+  EngineConfig c = testing::stories_config(mode);
+  c.block_size = 16;
+  c.kv_policy = policy;
+  c.semantic = sc;
+  c.handoff_timeout_ms = 60000;
+  return c;
+}
+
+std::vector<Request> long_greedy(int n, int max_tokens, const std::string& cls = "") {
+  std::vector<Request> out;
+  for (int i = 0; i < n; ++i) {
+    Request r;
+    r.request_id = fmt::format("{}r{}", cls, i);
+    r.prompt = kPrompts[i % 6];
+    r.sampling.temperature = 0.f;
+    r.sampling.max_tokens = max_tokens - 20 * (i % 3);
+    r.sampling.ignore_eos = true;
+    r.sla_class = cls;
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<Collected> run_all(Engine& engine, const std::vector<Request>& reqs) {
+  std::vector<RequestHandle> handles;
+  for (const Request& r : reqs) {
+    auto h = engine.submit(r);
+    EXPECT_TRUE(h.ok()) << h.status().to_string();
+    if (!h.ok()) return {};
+    handles.push_back(*h);
+  }
+  std::vector<Collected> out;
+  for (RequestHandle& h : handles) out.push_back(collect(h, std::chrono::seconds(300)));
+  return out;
+}
+
+int64_t demotions(const EngineStats& s) {
+  int64_t n = 0;
+  for (const PoolStats& p : s.pools) n += p.kv_demotions;
+  return n;
+}
+
+// Waits until every worker is idle with nothing held in any allocator of its pool (published
+// after each step, hence the polling); on timeout, reports what is still held.
+void expect_all_allocators_free(EngineImpl& engine) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  std::string held;
+  while (true) {
+    held.clear();
+    for (const sched::WorkerSnapshot& w : engine.worker_snapshots()) {
+      const PoolStats& p = w.pool;
+      if (p.kv_blocks_free != p.kv_blocks_total || p.kv_pages_full != 0 || p.kv_pages_int8 != 0 ||
+          p.kv_pages_int4 != 0 || p.kv_pages_evicted != 0 || w.kv_summary_slots_used != 0 ||
+          w.kv_host_slots_used != 0 || p.kv_host_bytes_used != 0 || p.running != 0 ||
+          p.waiting != 0) {
+        held += fmt::format(
+            "{}: free {}/{} full {} int8 {} int4 {} evicted {} summaries {} host slots {} "
+            "running {} waiting {}; ",
+            p.name, p.kv_blocks_free, p.kv_blocks_total, p.kv_pages_full, p.kv_pages_int8,
+            p.kv_pages_int4, p.kv_pages_evicted, w.kv_summary_slots_used, w.kv_host_slots_used,
+            p.running, p.waiting);
+      }
+    }
+    if (held.empty() || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(held, "");
+}
+
+class EngineKvCut : public ::testing::TestWithParam<ServingMode> {};
+
+// Scoring without transitions changes nothing the model computes: greedy tokens equal the
+// golden (llama2.c run.c) and, on long generations, those of the engine without the cut.
+TEST_P(EngineKvCut, NeverDegradingSemanticCutKeepsGreedyTokens) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto engine = EngineImpl::create(cut_config(GetParam(), KvPolicy::kSemantic, never_degrade()));
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const auto goldens = testing::read_jsonl(testing::model_path("golden/stories260K_greedy.jsonl"));
+  int checked = 0;
+  for (const auto& g : goldens) {
+    if (g["steps"].get<int>() != 64) continue;
+    Request r;
+    r.prompt = g["prompt"].get<std::string>();
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens =
+        g["steps"].get<int>() - static_cast<int>(g["prompt_token_ids"].size()) + 1;
+    auto h = (*engine)->submit(r);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    Collected c = collect(*h);
+    ASSERT_FALSE(c.timed_out);
+    EXPECT_EQ(c.tokens, g["output_token_ids"].get<std::vector<int32_t>>()) << r.prompt;
+    ++checked;
+  }
+  EXPECT_GE(checked, 4);
+
+  const std::vector<Request> reqs = long_greedy(6, 300);
+  auto off = Engine::create(cut_config(GetParam(), KvPolicy::kFull, SemanticCutConfig{}));
+  ASSERT_TRUE(off.ok()) << off.status().to_string();
+  const std::vector<Collected> want = run_all(**off, reqs);
+  const std::vector<Collected> got = run_all(**engine, reqs);
+  ASSERT_EQ(got.size(), reqs.size());
+  ASSERT_EQ(want.size(), reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_FALSE(got[i].timed_out);
+    EXPECT_TRUE(got[i].final_event.status.ok()) << got[i].final_event.status.to_string();
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << reqs[i].request_id;
+  }
+  const EngineStats s = (*engine)->stats();
+  EXPECT_EQ(demotions(s), 0);
+  for (const PoolStats& p : s.pools) EXPECT_EQ(p.kv_evictions, 0) << p.name;
+  expect_all_allocators_free(**engine);
+}
+
+TEST_P(EngineKvCut, AggressiveSemanticCutDemotesAndReleasesEverything) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto engine = EngineImpl::create(cut_config(GetParam(), KvPolicy::kSemantic, aggressive()));
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const std::vector<Request> reqs = long_greedy(8, 300);
+  const std::vector<Collected> got = run_all(**engine, reqs);
+  ASSERT_EQ(got.size(), reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_FALSE(got[i].timed_out) << reqs[i].request_id;
+    EXPECT_EQ(got[i].finals, 1);
+    EXPECT_TRUE(got[i].final_event.status.ok()) << got[i].final_event.status.to_string();
+    EXPECT_EQ(got[i].final_event.finish_reason, FinishReason::kLength);
+    EXPECT_EQ(static_cast<int>(got[i].tokens.size()), reqs[i].sampling.max_tokens);
+  }
+  const EngineStats s = (*engine)->stats();
+  EXPECT_EQ(s.requests_finished, static_cast<int64_t>(reqs.size()));
+  EXPECT_EQ(s.requests_failed, 0);
+  EXPECT_GT(demotions(s), 0);
+  for (const PoolStats& p : s.pools) {
+    if (p.name.rfind("prefill", 0) == 0) {
+      EXPECT_EQ(p.kv_demotions, 0) << "pages change state only where sequences decode";
+      EXPECT_EQ(p.kv_host_bytes_total, 0);
+    } else {
+      EXPECT_GT(p.kv_host_bytes_total, 0) << p.name;
+    }
+  }
+  expect_all_allocators_free(**engine);
+}
+
+// Evictions too (evict_threshold above most relevances), with recalls where a query needs a
+// page again; every request still finishes and nothing is left held.
+TEST_P(EngineKvCut, EvictingSemanticCutReleasesEverything) {
+  KVSPLIT_REQUIRE_MODELS();
+  SemanticCutConfig sc = aggressive();
+  sc.evict_threshold = 0.5f;
+  sc.evict_after_steps = 1;
+  auto engine = EngineImpl::create(cut_config(GetParam(), KvPolicy::kSemantic, sc));
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const std::vector<Request> reqs = long_greedy(6, 250);
+  const std::vector<Collected> got = run_all(**engine, reqs);
+  ASSERT_EQ(got.size(), reqs.size());
+  for (const Collected& c : got) {
+    ASSERT_FALSE(c.timed_out);
+    EXPECT_TRUE(c.final_event.status.ok()) << c.final_event.status.to_string();
+  }
+  const EngineStats s = (*engine)->stats();
+  int64_t evictions = 0;
+  for (const PoolStats& p : s.pools) evictions += p.kv_evictions;
+  EXPECT_GT(evictions, 0);
+  expect_all_allocators_free(**engine);
+}
+
+// The two baselines drop pages irreversibly; they run through the same path.
+TEST_P(EngineKvCut, BaselinesRunAndReleaseEverything) {
+  KVSPLIT_REQUIRE_MODELS();
+  for (KvPolicy policy : {KvPolicy::kStreaming, KvPolicy::kH2O}) {
+    SemanticCutConfig sc = aggressive();
+    sc.heavy_tokens = 16;
+    auto engine = EngineImpl::create(cut_config(GetParam(), policy, sc));
+    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    const std::vector<Request> reqs = long_greedy(4, 200);
+    const std::vector<Collected> got = run_all(**engine, reqs);
+    ASSERT_EQ(got.size(), reqs.size());
+    for (const Collected& c : got) {
+      ASSERT_FALSE(c.timed_out);
+      EXPECT_TRUE(c.final_event.status.ok()) << c.final_event.status.to_string();
+      EXPECT_EQ(c.final_event.finish_reason, FinishReason::kLength);
+    }
+    int64_t evictions = 0;
+    for (const PoolStats& p : (*engine)->stats().pools) evictions += p.kv_evictions;
+    EXPECT_GT(evictions, 0) << kv_policy_name(policy);
+    expect_all_allocators_free(**engine);
+  }
+}
+
+TEST_P(EngineKvCut, CancelMidGenerationReleasesEverything) {
+  KVSPLIT_REQUIRE_MODELS();
+  SemanticCutConfig sc = aggressive();
+  sc.evict_threshold = 0.5f;
+  auto engine = EngineImpl::create(cut_config(GetParam(), KvPolicy::kSemantic, sc));
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  std::vector<Request> reqs = long_greedy(8, 480);
+  std::vector<RequestHandle> handles;
+  for (const Request& r : reqs) {
+    auto h = (*engine)->submit(r);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    handles.push_back(*h);
+  }
+  // Cancel once pages have gone down the ladder (long before the 480 tokens are done).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (demotions((*engine)->stats()) < 16 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_GE(demotions((*engine)->stats()), 16);
+  for (const Request& r : reqs) (*engine)->cancel(r.tenant, r.request_id);
+  int cancelled = 0;
+  for (RequestHandle& h : handles) {
+    Collected c = collect(h);
+    ASSERT_FALSE(c.timed_out);
+    EXPECT_EQ(c.finals, 1);
+    cancelled += c.final_event.finish_reason == FinishReason::kCancelled;
+  }
+  EXPECT_GT(cancelled, 0);
+  expect_all_allocators_free(**engine);
+}
+
+// A class whose settings never demote keeps its requests' pages at full precision (and their
+// tokens), while the default class's aggressive settings demote.
+TEST_P(EngineKvCut, PerClassSettingsApply) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = cut_config(GetParam(), KvPolicy::kSemantic, aggressive());
+  SlaClass keep;
+  keep.name = "keep";
+  keep.semantic = never_degrade();
+  cfg.sla_classes.push_back(keep);
+  auto engine = EngineImpl::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  EngineConfig off_cfg = cut_config(GetParam(), KvPolicy::kFull, SemanticCutConfig{});
+  off_cfg.sla_classes = cfg.sla_classes;
+  auto off = Engine::create(off_cfg);
+  ASSERT_TRUE(off.ok()) << off.status().to_string();
+
+  std::vector<Request> reqs = long_greedy(4, 300, "keep");
+  const std::vector<Collected> want = run_all(**off, reqs);
+  const std::vector<Collected> got = run_all(**engine, reqs);
+  ASSERT_EQ(got.size(), reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_FALSE(got[i].timed_out);
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << reqs[i].request_id;
+  }
+  EXPECT_EQ(demotions((*engine)->stats()), 0);
+
+  const std::vector<Collected> def = run_all(**engine, long_greedy(4, 300));
+  for (const Collected& c : def) EXPECT_TRUE(c.final_event.status.ok());
+  EXPECT_GT(demotions((*engine)->stats()), 0);
+  expect_all_allocators_free(**engine);
+}
+
+TEST(EngineKvCutConfig, SettingsAreValidatedWithTheFieldPath) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = cut_config(ServingMode::kColocated, KvPolicy::kSemantic, aggressive());
+  cfg.semantic.smoothing = 0.f;
+  auto bad = Engine::create(cfg);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("semantic.smoothing"), std::string::npos)
+      << bad.status().message();
+
+  cfg = cut_config(ServingMode::kColocated, KvPolicy::kSemantic, aggressive());
+  SlaClass voice;
+  voice.name = "voice";
+  voice.semantic = SemanticCutConfig{};
+  voice.semantic->semantic_threshold = 1.5f;
+  cfg.sla_classes.push_back(voice);
+  bad = Engine::create(cfg);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("sla_classes.voice.kv.semantic_threshold"),
+            std::string::npos)
+      << bad.status().message();
+
+  cfg = cut_config(ServingMode::kColocated, KvPolicy::kSemantic, aggressive());
+  auto engine = Engine::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  std::vector<SlaClass> classes = {SlaClass{}};
+  classes[0].semantic = SemanticCutConfig{};
+  classes[0].semantic->score_interval = 0;
+  const Status st = (*engine)->update_sla_classes(classes);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("sla_classes.default.kv.score_interval"), std::string::npos)
+      << st.message();
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, EngineKvCut,
+                         ::testing::Values(ServingMode::kColocated, ServingMode::kDisaggregated),
+                         [](const auto& info) {
+                           return info.param == ServingMode::kColocated ? "Colocated"
+                                                                        : "Disaggregated";
+                         });
+
+}  // namespace
+}  // namespace kvsplit
