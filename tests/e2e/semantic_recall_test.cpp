@@ -182,7 +182,9 @@ TEST(SemanticRecall, LadderOverAWholeDocumentLeavesNothingBehind) {
     logits.clear();
     ASSERT_TRUE(r->model->forward(std::span(&d, 1), *r->pool, &logits).ok());
     for (float x : logits) ASSERT_TRUE(std::isfinite(x));
-    if (pos > 0) ASSERT_TRUE(cut.finish(*r->pool, table, pos + 1).ok());
+    if (pos > 0) {
+      ASSERT_TRUE(cut.finish(*r->pool, table, pos + 1).ok());
+    }
   }
   const kv::PageOpStats& st = cut.stats().ops;
   EXPECT_GT(st.demoted_to_int8, 0);
