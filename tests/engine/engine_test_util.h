@@ -87,4 +87,28 @@ inline std::vector<int> free_blocks(const Engine& engine) {
   return out;
 }
 
+// Submits every 64-step greedy golden of stories260K to `engine` and expects its tokens; returns
+// how many were checked.
+inline int expect_greedy_goldens(Engine& engine) {
+  const auto goldens = read_jsonl(model_path("golden/stories260K_greedy.jsonl"));
+  int checked = 0;
+  for (const auto& g : goldens) {
+    if (g["steps"].get<int>() != 64) continue;
+    Request r;
+    r.prompt = g["prompt"].get<std::string>();
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens =
+        g["steps"].get<int>() - static_cast<int>(g["prompt_token_ids"].size()) + 1;
+    auto h = engine.submit(r);
+    EXPECT_TRUE(h.ok()) << h.status().to_string();
+    if (!h.ok()) continue;
+    Collected c = collect(*h);
+    EXPECT_FALSE(c.timed_out);
+    EXPECT_EQ(c.tokens, g["output_token_ids"].get<std::vector<int32_t>>()) << r.prompt;
+    EXPECT_TRUE(c.final_event.status.ok());
+    ++checked;
+  }
+  return checked;
+}
+
 }  // namespace kvsplit::testing

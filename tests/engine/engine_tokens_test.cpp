@@ -43,24 +43,7 @@ TEST_P(EngineTokens, GreedyMatchesRunCGolden) {
   KVSPLIT_REQUIRE_MODELS();
   auto engine = Engine::create(testing::stories_config(GetParam()));
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
-  const auto goldens = testing::read_jsonl(testing::model_path("golden/stories260K_greedy.jsonl"));
-  ASSERT_FALSE(goldens.empty());
-  int checked = 0;
-  for (const auto& g : goldens) {
-    if (g["steps"].get<int>() != 64) continue;
-    Request r;
-    r.prompt = g["prompt"].get<std::string>();
-    r.sampling.temperature = 0;
-    r.sampling.max_tokens =
-        g["steps"].get<int>() - static_cast<int>(g["prompt_token_ids"].size()) + 1;
-    auto h = (*engine)->submit(r);
-    ASSERT_TRUE(h.ok()) << h.status().to_string();
-    Collected c = collect(*h);
-    ASSERT_FALSE(c.timed_out);
-    EXPECT_EQ(c.tokens, g["output_token_ids"].get<std::vector<int32_t>>()) << r.prompt;
-    EXPECT_TRUE(c.final_event.status.ok());
-    ++checked;
-  }
+  const int checked = testing::expect_greedy_goldens(**engine);
   EXPECT_GE(checked, 4);
 }
 
