@@ -2,10 +2,12 @@
 // (Poisson arrivals, lognormal prompt / output lengths, a mix of SLA classes) and prints TTFT / ITL
 // / E2E percentiles, throughput, preemptions and goodput, for the disaggregated and the colocated
 // mode in one run. --bookkeeping instead measures the scheduler's bookkeeping share of step time
-// with 256 running sequences.
+// with 256 running sequences. --capacity measures how many sequences one fixed KV budget runs at
+// once with the semantic cut off and on.
 //
 //   bench_serving_offline --model synthetic:stories260k --requests 200 --rate 50
 //   bench_serving_offline --model synthetic:llama-110m --bookkeeping
+//   bench_serving_offline --model ../shared/models/stories260K.bin --capacity --kv-capacity-mb 5
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -45,6 +47,13 @@ struct Options {
   bool bookkeeping = false;
   int bookkeeping_seqs = 256, bookkeeping_tokens = 8;
   int sampling_threads = 0;  // --bookkeeping: 0 runs 1 and then --threads sampling threads
+  bool capacity = false;
+  double kv_capacity_mb = 5;
+  double quant_fraction = 0.7;
+  std::vector<int> capacity_seqs = {8, 12, 16, 20, 24};
+  int capacity_prompt = 16, capacity_output = 480;
+  float semantic_threshold = 0.99f;
+  int recent_tokens = 16;
 };
 
 struct Item {
@@ -265,6 +274,117 @@ int run_bookkeeping(const Options& o, int sampling_threads) {
   return 0;
 }
 
+// One colocated worker with a fixed KV budget; `seqs` long generations submitted at once.
+// Reports the mean number of sequences decoding at once, preemptions (recomputes: the budget was
+// too small for them all), wall time and output tokens/s.
+struct CapacityResult {
+  double mean_running = 0;
+  int64_t preemptions = 0, demotions = 0, evictions = 0, recalls = 0, refused = 0;
+  double wall_s = 0, tokens = 0;
+  int errors = 0;
+};
+
+int run_capacity_once(const Options& o, int seqs, kvsplit::KvPolicy policy, CapacityResult* res) {
+  EngineConfig c = base_config(o, ServingMode::kColocated);
+  c.num_decode_workers = 1;
+  c.kv_blocks_per_worker = 0;
+  c.kv_capacity_bytes = static_cast<int64_t>(o.kv_capacity_mb * (1 << 20));
+  c.max_num_seqs = seqs;
+  c.kv_policy = policy;
+  if (policy == kvsplit::KvPolicy::kSemantic) {
+    c.kv_quant_fraction = o.quant_fraction;
+    c.semantic.semantic_threshold = o.semantic_threshold;
+    c.semantic.evict_threshold = 0.f;
+    c.semantic.demote_after_steps = 1;
+    c.semantic.score_interval = 1;
+    c.semantic.recall_threshold = 1.f;
+    c.semantic.recent_tokens = o.recent_tokens;
+  }
+  auto engine = EngineImpl::create(c);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "%s\n", engine.status().to_string().c_str());
+    return 1;
+  }
+  std::mt19937_64 rng(o.seed);
+  const int vocab = (*engine)->model_info().vocab_size;
+  std::vector<kvsplit::RequestHandle> hs;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < seqs; ++i) {
+    Request r;
+    r.prompt_token_ids.resize(o.capacity_prompt);
+    for (int32_t& id : r.prompt_token_ids) id = 3 + static_cast<int32_t>(rng() % (vocab - 3));
+    r.sampling.max_tokens = o.capacity_output;
+    r.sampling.ignore_eos = true;
+    r.sampling.temperature = 0;
+    auto h = (*engine)->submit(r);
+    if (!h.ok()) {
+      std::fprintf(stderr, "%s\n", h.status().to_string().c_str());
+      return 1;
+    }
+    hs.push_back(*h);
+  }
+  double running_sum = 0;
+  int64_t samples = 0;
+  for (;;) {
+    const kvsplit::EngineStats st = (*engine)->stats();
+    if (st.requests_finished + st.requests_failed >= seqs) break;
+    if (st.requests_finished == 0) {  // until the first finish: the steady state
+      running_sum += st.num_running;
+      ++samples;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  res->mean_running = samples > 0 ? running_sum / static_cast<double>(samples) : 0;
+  for (auto& h : hs) {
+    TokenEvent ev;
+    while (h.next(&ev, std::chrono::minutes(10))) {
+      res->tokens += static_cast<double>(ev.token_ids.size());
+      if (ev.final) {
+        res->errors += !ev.status.ok();
+        break;
+      }
+    }
+  }
+  res->wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  const kvsplit::EngineStats st = (*engine)->stats();
+  res->preemptions = st.preemptions;
+  for (const kvsplit::PoolStats& p : st.pools) {
+    res->demotions += p.kv_demotions;
+    res->evictions += p.kv_evictions;
+    res->recalls += p.kv_recalls;
+    res->refused += p.kv_refused_transitions;
+  }
+  return 0;
+}
+
+int run_capacity(const Options& o) {
+  std::printf(
+      "capacity: %s, KV budget %.1f MiB, sequences of %d + %d tokens submitted at once, 1 "
+      "colocated worker; semantic: quant fraction %.2f, threshold %.2f, recent %d\n",
+      o.model.c_str(), o.kv_capacity_mb, o.capacity_prompt, o.capacity_output, o.quant_fraction,
+      o.semantic_threshold, o.recent_tokens);
+  int most_full = 0, most_semantic = 0;
+  for (int seqs : o.capacity_seqs) {
+    for (kvsplit::KvPolicy policy : {kvsplit::KvPolicy::kFull, kvsplit::KvPolicy::kSemantic}) {
+      CapacityResult r;
+      if (run_capacity_once(o, seqs, policy, &r) != 0 || r.errors > 0) return 1;
+      const bool semantic = policy == kvsplit::KvPolicy::kSemantic;
+      std::printf(
+          "  %3d seqs, %-8s: preemptions %4lld, decoding at once %5.1f (mean until the first "
+          "finish), %5.1f s, %5.0f output tok/s; demotions %lld, recalls %lld, refused %lld\n",
+          seqs, semantic ? "semantic" : "full", static_cast<long long>(r.preemptions),
+          r.mean_running, r.wall_s, r.tokens / r.wall_s, static_cast<long long>(r.demotions),
+          static_cast<long long>(r.recalls), static_cast<long long>(r.refused));
+      int& most = semantic ? most_semantic : most_full;
+      if (r.preemptions == 0) most = std::max(most, seqs);
+    }
+  }
+  std::printf("  most sequences run without a preemption: full %d, semantic %d (%.2fx)\n",
+              most_full, most_semantic,
+              static_cast<double>(most_semantic) / std::max(1, most_full));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -293,8 +413,20 @@ int main(int argc, char** argv) {
   app.add_option("--bookkeeping-tokens", o.bookkeeping_tokens, "max_tokens for --bookkeeping");
   app.add_option("--sampling-threads", o.sampling_threads,
                  "--bookkeeping: sampling threads (0: run with 1, then with --threads)");
+  app.add_flag("--capacity", o.capacity,
+               "sequences one fixed KV budget runs at once, semantic cut off vs on");
+  app.add_option("--kv-capacity-mb", o.kv_capacity_mb, "--capacity: KV budget (MiB)");
+  app.add_option("--quant-fraction", o.quant_fraction,
+                 "--capacity: share of the budget for the quantized arenas");
+  app.add_option("--capacity-seqs", o.capacity_seqs, "--capacity: sequence counts to try")
+      ->delimiter(',');
+  app.add_option("--capacity-prompt", o.capacity_prompt, "--capacity: prompt tokens");
+  app.add_option("--capacity-output", o.capacity_output, "--capacity: tokens generated");
+  app.add_option("--semantic-threshold", o.semantic_threshold, "--capacity: ladder threshold");
+  app.add_option("--recent-tokens", o.recent_tokens, "--capacity: recent tokens kept full");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::err);
+  if (o.capacity) return run_capacity(o);
   if (o.bookkeeping) {
     if (o.sampling_threads > 0) return run_bookkeeping(o, o.sampling_threads);
     int rc = run_bookkeeping(o, 1);

@@ -76,6 +76,11 @@ struct EngineConfig {
   // recent_tokens; kH2O: those, heavy_tokens and the scoring ones); SLA classes may override
   // them (SlaClass::semantic).
   SemanticCutConfig semantic;
+  // kSemantic with pools sized by kv_capacity_bytes: the share of that device budget given to the
+  // int8 / int4 arenas and key summaries (the full pool keeps the rest), so demoted pages free
+  // full pages inside one budget (sched::SequenceCut::split_budget). 0: the arenas come on top
+  // (sized as above). In [0, 0.9].
+  double kv_quant_fraction = 0.0;
   uint64_t seed = 0;                                 // draws per-request seeds when unset
   std::vector<SlaClass> sla_classes = {SlaClass{}};  // first one is the default class
 };

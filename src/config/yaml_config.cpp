@@ -314,6 +314,10 @@ Status read_kv(const YAML::Node& n, EngineConfig* e) {
                        "must be 'auto' or 'fp32' (the engine stores KV in the model's "
                        "compute dtype), got " +
                            quoted(dtype));
+  KVSPLIT_RETURN_IF_ERROR(r.get("quant_fraction", &e->kv_quant_fraction));
+  if (!(e->kv_quant_fraction >= 0.0 && e->kv_quant_fraction <= 0.9))
+    return field_error("kv.quant_fraction",
+                       "must be in [0, 0.9], got " + std::to_string(e->kv_quant_fraction));
   KVSPLIT_RETURN_IF_ERROR(read_kv_policy(r, e));
   return r.finish();
 }

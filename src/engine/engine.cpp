@@ -112,7 +112,12 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     pc.block_size = config.block_size;
     pc.capacity_bytes = config.kv_capacity_bytes;
     const kv::KvShape shape = (*lm)->kv_shape();
-    if (decodes && config.kv_policy != KvPolicy::kFull) {
+    if (decodes && config.kv_policy == KvPolicy::kSemantic && config.kv_quant_fraction > 0.0) {
+      // One budget split between the rungs.
+      Status st = sched::SequenceCut::split_budget(config.semantic, pc.capacity_bytes,
+                                                   config.kv_quant_fraction, shape, &pc);
+      if (!st.ok()) return st.with_prefix(wo.name);
+    } else if (decodes && config.kv_policy != KvPolicy::kFull) {
       // Tiers for as many pages as the full pool has blocks (one sequence may hold them all).
       const int64_t block_bytes = kv::KvPool::block_bytes(pc, shape);
       const int64_t blocks = pc.num_blocks > 0 ? pc.num_blocks : pc.capacity_bytes / block_bytes;

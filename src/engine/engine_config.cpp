@@ -46,6 +46,11 @@ Status validate_engine_config(const EngineConfig& c) {
     return bad("kv_policy", static_cast<int>(c.kv_policy), "full, semantic, streaming or h2o");
   }
   KVSPLIT_RETURN_IF_ERROR(cuts::semantic::validate(c.semantic, "EngineConfig.semantic."));
+  if (!(c.kv_quant_fraction >= 0.0 && c.kv_quant_fraction <= 0.9))
+    return bad("kv_quant_fraction", c.kv_quant_fraction, "in [0, 0.9]");
+  if (c.kv_quant_fraction > 0.0 && c.kv_blocks_per_worker > 0)
+    return bad("kv_quant_fraction", c.kv_quant_fraction,
+               "0 when kv_blocks_per_worker is set (it splits kv_capacity_bytes)");
   if (c.kv_policy != KvPolicy::kFull && c.backend == "cuda") {
     return unimplemented(
         "EngineConfig.kv_policy: the KV cuts run on the CPU backend only for now (the CUDA "

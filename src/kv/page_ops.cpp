@@ -24,13 +24,22 @@ class Executor {
       if (to == page.precision) return ok_status();
       return invalid_argument("page " + std::to_string(i) + ": kDemote cannot go up the ladder");
     }
-    if (page.precision == KvPrecision::kFull && !write_original(i)) return ok_status();
+    // The destination page first: a refused demotion must not take a host slot or a summary.
     auto id = pool_.arena_allocator(to).allocate(1);
+    if (!id && to == KvPrecision::kInt8) {
+      // The int8 arena is full: straight to int4 (still reversible: the original is kept).
+      to = KvPrecision::kInt4;
+      id = pool_.arena_allocator(to).allocate(1);
+    }
     if (!id) {
       ++stats_.refused_no_space;
       return ok_status();
     }
     const int32_t dst = (*id)[0];
+    if (page.precision == KvPrecision::kFull && !write_original(i)) {
+      pool_.arena_allocator(to).decref(dst);
+      return ok_status();
+    }
     const kernels::QuantPageLayout layout = pool_.quant_layout();
     const int64_t full_bytes = pool_.page_layer_bytes(KvPrecision::kFull);
     for (int l = 0; l < pool_.shape().num_layers; ++l) {

@@ -13,7 +13,7 @@
 namespace kvsplit::kv {
 
 enum class PageOp : uint8_t {
-  kDemote,   // one or more rungs down the ladder: full -> int8 -> int4 (`to`)
+  kDemote,   // down the ladder to `to` (full -> int8 -> int4); to int4 when int8 has no page
   kEvict,    // drop the resident copy; the summary and the host original stay (reversible)
   kDrop,     // drop the resident copy and keep nothing: irreversible (the baselines' eviction)
   kRestore,  // back to full precision on the device, from the host original

@@ -1,6 +1,7 @@
 #include "sched/sequence_cut.h"
 
 #include <algorithm>
+#include <string>
 
 #include "common/check.h"
 
@@ -67,6 +68,38 @@ Status SequenceCut::finish(kv::KvPool& pool, kv::BlockTable& table, int kv_len,
                : 1.0;
   stats_.resident_fraction_sum += fraction;
   stats_.peak_resident_fraction = std::max(stats_.peak_resident_fraction, fraction);
+  return ok_status();
+}
+
+Status SequenceCut::split_budget(const cuts::semantic::SemanticConfig& sc, int64_t capacity_bytes,
+                                 double quant_fraction, const kv::KvShape& shape,
+                                 kv::KvPoolConfig* config) {
+  KVSPLIT_CHECK(config != nullptr);
+  if (!(quant_fraction > 0.0 && quant_fraction < 1.0))
+    return invalid_argument("kv_quant_fraction must be in (0, 1)");
+  const int64_t full = kv::KvPool::block_bytes(*config, shape);
+  const kernels::QuantPageLayout ql{shape.num_kv_heads, config->block_size, shape.head_dim};
+  const int64_t layers = shape.num_layers;
+  const int64_t summary = int64_t{2} * shape.num_kv_heads * shape.head_dim * 4 * layers;
+  const int64_t b8 = ql.bytes(kernels::KvPrecision::kInt8) * layers;
+  const int64_t b4 = ql.bytes(kernels::KvPrecision::kInt4) * layers;
+  const auto quant = static_cast<int64_t>(static_cast<double>(capacity_bytes) * quant_fraction);
+  const int64_t n_full = (capacity_bytes - quant) / full;
+  const int64_t n8 = quant / 3 / (b8 + summary);
+  // int4 pages and, for each, a summary slot for a page evicted later.
+  const int64_t n4 = (quant - n8 * (b8 + summary)) / (b4 + 2 * summary);
+  if (n_full < 1 || n8 < 1 || n4 < 1 || n_full + n8 + 2 * n4 > (int64_t{1} << 26)) {
+    return invalid_argument("kv_capacity_bytes " + std::to_string(capacity_bytes) +
+                            " split by kv_quant_fraction " + std::to_string(quant_fraction) +
+                            " gives " + std::to_string(n_full) + " full, " + std::to_string(n8) +
+                            " int8 and " + std::to_string(n4) + " int4 pages");
+  }
+  config->num_blocks = static_cast<int>(n_full);
+  config->int8_blocks = static_cast<int>(n8);
+  config->int4_blocks = static_cast<int>(n4);
+  config->summary_slots = static_cast<int>(n8 + 2 * n4);
+  // Host memory is not the device budget: originals for every page that can leave full.
+  config->host_bytes = std::min<int64_t>(sc.host_capacity_mb << 20, (n8 + 2 * n4) * full);
   return ok_status();
 }
 

@@ -50,6 +50,15 @@ class SequenceCut {
   static void size_tiers(cuts::semantic::KvPolicy policy, const cuts::semantic::SemanticConfig& sc,
                          int max_pages, int64_t full_page_bytes, kv::KvPoolConfig* config);
 
+  // One device budget of `capacity_bytes` split between the rungs (kSemantic only): the full pool
+  // gets (1 - quant_fraction) of it, the rest holds int8 pages (a third of it) and int4 pages (two
+  // thirds), each with its key summary, plus summaries for as many evicted pages as int4 pages.
+  // Sets num_blocks, int8_blocks, int4_blocks, summary_slots and host_bytes. kInvalidArgument when
+  // a part cannot hold one page.
+  static Status split_budget(const cuts::semantic::SemanticConfig& sc, int64_t capacity_bytes,
+                             double quant_fraction, const kv::KvShape& shape,
+                             kv::KvPoolConfig* config);
+
  private:
   cuts::semantic::KvPolicy policy_;
   cuts::semantic::SemanticConfig config_;

@@ -199,6 +199,7 @@ TEST(ConfigTest, KvCutKeys) {
   auto c = parse_config(
       "kv:\n"
       "  kv_cache_compression: semantic_v2\n"
+      "  quant_fraction: 0.5\n"
       "  cuts:\n"
       "    semantic: {semantic_threshold: 0.15, evict_threshold: 0.05, demote_after_steps: 2,\n"
       "               evict_after_steps: 3, recall_threshold: 0.4, semantic_window: 4096,\n"
@@ -211,6 +212,7 @@ TEST(ConfigTest, KvCutKeys) {
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   const EngineConfig& e = c->engine;
   EXPECT_EQ(e.kv_policy, KvPolicy::kSemantic);
+  EXPECT_DOUBLE_EQ(e.kv_quant_fraction, 0.5);
   EXPECT_FLOAT_EQ(e.semantic.semantic_threshold, 0.15f);
   EXPECT_FLOAT_EQ(e.semantic.evict_threshold, 0.05f);
   EXPECT_EQ(e.semantic.demote_after_steps, 2);
@@ -322,4 +324,13 @@ TEST(ConfigTest, ShippedConfigsAreValid) {
 }
 
 }  // namespace
+TEST(ConfigTest, KvQuantFractionIsBounded) {
+  for (const char* bad : {"-0.1", "0.95", "abc"}) {
+    auto c = parse_config(std::string("kv:\n  quant_fraction: ") + bad + "\n");
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_NE(c.status().message().find("kv.quant_fraction"), std::string::npos)
+        << c.status().to_string();
+  }
+}
+
 }  // namespace kvsplit::config
