@@ -19,13 +19,13 @@ struct Fixture {
   std::unique_ptr<backend::Backend> be;
   std::unique_ptr<KvPool> pool;
 
-  explicit Fixture(int host_pages = 8, int blocks = 8) {
+  explicit Fixture(int host_pages = 8, int blocks = 8, int int8_blocks = 8, int int4_blocks = 8) {
     be = std::move(backend::create_backend("cpu", 1)).value();
     KvPoolConfig c;
     c.num_blocks = blocks;
     c.block_size = kBlock;
-    c.int8_blocks = 8;
-    c.int4_blocks = 8;
+    c.int8_blocks = int8_blocks;
+    c.int4_blocks = int4_blocks;
     c.summary_slots = 8;
     auto probe = KvPool::create(*be, c, KvShape{kLayers, kKvHeads, kHeadDim});
     c.host_bytes = host_pages * (*probe)->bytes_per_block();
@@ -182,6 +182,32 @@ TEST(PageOps, NoFreePageRefusesTheRestoreAndBadTransitionsAreErrors) {
             StatusCode::kInvalidArgument);
   f.pool->release(t);
   f.pool->release(other);
+  f.expect_all_free();
+}
+
+TEST(PageOps, FullInt8ArenaGoesToInt4AndARefusedDemotionTakesNothing) {
+  Fixture f(/*host_pages=*/8, /*blocks=*/8, /*int8_blocks=*/1, /*int4_blocks=*/1);
+  BlockTable t;
+  ASSERT_TRUE(f.pool->reserve(t, 4 * kBlock));
+  f.fill(t, 7);
+  PageOpStats st;
+  ASSERT_TRUE(apply(f, t, 4 * kBlock,
+                    {{0, PageOp::kDemote, KvPrecision::kInt8},
+                     {1, PageOp::kDemote, KvPrecision::kInt8},
+                     {2, PageOp::kDemote, KvPrecision::kInt8}},
+                    &st)
+                  .ok());
+  EXPECT_EQ(t.pages[0].precision, KvPrecision::kInt8);
+  EXPECT_EQ(t.pages[1].precision, KvPrecision::kInt4);  // int8 arena full
+  EXPECT_EQ(t.pages[2].precision, KvPrecision::kFull);  // both full: refused
+  EXPECT_EQ(st.demoted_to_int8, 1);
+  EXPECT_EQ(st.demoted_to_int4, 1);
+  EXPECT_EQ(st.refused_no_space, 1);
+  EXPECT_EQ(t.pages[2].original, -1);  // the refused page took no host slot or summary
+  EXPECT_EQ(t.pages[2].summary, -1);
+  EXPECT_EQ(f.pool->host_allocator().num_used(), 2);
+  EXPECT_EQ(f.pool->summary_allocator().num_used(), 2);
+  f.pool->release(t);
   f.expect_all_free();
 }
 
