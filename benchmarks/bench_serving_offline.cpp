@@ -54,6 +54,7 @@ struct Options {
   int capacity_prompt = 16, capacity_output = 480;
   float semantic_threshold = 0.99f;
   int recent_tokens = 16;
+  int score_interval = 1;
 };
 
 struct Item {
@@ -296,7 +297,7 @@ int run_capacity_once(const Options& o, int seqs, kvsplit::KvPolicy policy, Capa
     c.semantic.semantic_threshold = o.semantic_threshold;
     c.semantic.evict_threshold = 0.f;
     c.semantic.demote_after_steps = 1;
-    c.semantic.score_interval = 1;
+    c.semantic.score_interval = o.score_interval;
     c.semantic.recall_threshold = 1.f;
     c.semantic.recent_tokens = o.recent_tokens;
   }
@@ -360,9 +361,10 @@ int run_capacity_once(const Options& o, int seqs, kvsplit::KvPolicy policy, Capa
 int run_capacity(const Options& o) {
   std::printf(
       "capacity: %s, KV budget %.1f MiB, sequences of %d + %d tokens submitted at once, 1 "
-      "colocated worker; semantic: quant fraction %.2f, threshold %.2f, recent %d\n",
+      "colocated worker; semantic: quant fraction %.2f, threshold %.2f, recent %d, score "
+      "interval %d\n",
       o.model.c_str(), o.kv_capacity_mb, o.capacity_prompt, o.capacity_output, o.quant_fraction,
-      o.semantic_threshold, o.recent_tokens);
+      o.semantic_threshold, o.recent_tokens, o.score_interval);
   int most_full = 0, most_semantic = 0;
   for (int seqs : o.capacity_seqs) {
     for (kvsplit::KvPolicy policy : {kvsplit::KvPolicy::kFull, kvsplit::KvPolicy::kSemantic}) {
@@ -424,6 +426,8 @@ int main(int argc, char** argv) {
   app.add_option("--capacity-output", o.capacity_output, "--capacity: tokens generated");
   app.add_option("--semantic-threshold", o.semantic_threshold, "--capacity: ladder threshold");
   app.add_option("--recent-tokens", o.recent_tokens, "--capacity: recent tokens kept full");
+  app.add_option("--score-interval", o.score_interval, "--capacity: decode steps between scorings")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::err);
   if (o.capacity) return run_capacity(o);
