@@ -143,8 +143,7 @@ int main(int argc, char** argv) {
   kv::KvPoolConfig pc;
   pc.block_size = block_size;
   pc.num_blocks = max_batch * kv::BlockTable::blocks_for(ctx_needed, block_size);
-  sched::SequenceCut::size_tiers(*policy, sc, pc.num_blocks,
-                                 kv::KvPool::block_bytes(pc, (*llama)->kv_shape()), &pc);
+  sched::SequenceCut::size_tiers(*policy, sc, pc.num_blocks, (*llama)->kv_shape(), &pc);
   auto pool = kv::KvPool::create(**be, pc, (*llama)->kv_shape());
   if (!pool.ok()) return fail(pool.status());
 

@@ -98,12 +98,8 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   kv::KvPoolConfig pc;
   pc.block_size = gf.block_size;
   pc.num_blocks = std::max(1, sched::blocks_needed(inputs, gf.block_size, cfg.max_seq_len));
-  {
-    auto probe = kv::KvPool::create(**backend, pc, (*llama)->kv_shape());
-    if (!probe.ok()) return fail(probe.status());
-    sched::SequenceCut::size_tiers(rc->policy, rc->semantic, pc.num_blocks,
-                                   (*probe)->bytes_per_block(), &pc);
-  }
+  sched::SequenceCut::size_tiers(rc->policy, rc->semantic, pc.num_blocks, (*llama)->kv_shape(),
+                                 &pc);
   auto pool = kv::KvPool::create(**backend, pc, (*llama)->kv_shape());
   if (!pool.ok()) return fail(pool.status());
 

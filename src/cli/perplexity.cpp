@@ -148,12 +148,7 @@ int run_perplexity(CommonFlags& common, const PerplexityFlags& f) {
   pc.block_size = f.block_size;
   const int pages = kv::BlockTable::blocks_for(ctx, f.block_size);
   pc.num_blocks = pages;
-  {
-    auto probe = kv::KvPool::create(*(*run)->backend, pc, llama.kv_shape());
-    if (!probe.ok()) return fail(probe.status());
-    sched::SequenceCut::size_tiers(rc->policy, rc->semantic, pages, (*probe)->bytes_per_block(),
-                                   &pc);
-  }
+  sched::SequenceCut::size_tiers(rc->policy, rc->semantic, pages, llama.kv_shape(), &pc);
   auto pool = kv::KvPool::create(*(*run)->backend, pc, llama.kv_shape());
   if (!pool.ok()) return fail(pool.status());
   model::ForwardOptions fo;

@@ -127,7 +127,7 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
                         pc.capacity_bytes, blocks, block_bytes));
       }
       sched::SequenceCut::size_tiers(config.kv_policy, config.semantic, static_cast<int>(blocks),
-                                     block_bytes, &pc);
+                                     shape, &pc);
     }
     auto pool = kv::KvPool::create(*be, pc, shape);
     if (!pool.ok()) return pool.status().with_prefix(wo.name);

@@ -104,8 +104,9 @@ Status SequenceCut::split_budget(const cuts::semantic::SemanticConfig& sc, int64
 }
 
 void SequenceCut::size_tiers(KvPolicy policy, const cuts::semantic::SemanticConfig& sc,
-                             int max_pages, int64_t full_page_bytes, kv::KvPoolConfig* config) {
+                             int max_pages, const kv::KvShape& shape, kv::KvPoolConfig* config) {
   KVSPLIT_CHECK(config != nullptr);
+  const int64_t full_page_bytes = kv::KvPool::block_bytes(*config, shape);
   if (policy != KvPolicy::kSemantic) return;  // the baselines drop pages and keep nothing
   config->summary_slots = max_pages;
   const int64_t host =

@@ -48,7 +48,7 @@ class SequenceCut {
   // KvPool tiers the policy needs for `max_pages` pages of one sequence (full pool excluded):
   // fills int8_blocks, int4_blocks, summary_slots and host_bytes of `config`.
   static void size_tiers(cuts::semantic::KvPolicy policy, const cuts::semantic::SemanticConfig& sc,
-                         int max_pages, int64_t full_page_bytes, kv::KvPoolConfig* config);
+                         int max_pages, const kv::KvShape& shape, kv::KvPoolConfig* config);
 
   // One device budget of `capacity_bytes` split between the rungs (kSemantic only): the full pool
   // gets (1 - quant_fraction) of it, the rest holds int8 pages (a third of it) and int4 pages (two

@@ -48,8 +48,7 @@ std::unique_ptr<Recall> make_recall() {
   pc.block_size = kBlock;
   pc.num_blocks = 64;
   pc.int8_blocks = pc.int4_blocks = pc.summary_slots = 64;
-  auto probe = kv::KvPool::create(*r->backend, pc, r->model->kv_shape());
-  pc.host_bytes = 64 * (*probe)->bytes_per_block();
+  pc.host_bytes = 64 * kv::KvPool::block_bytes(pc, r->model->kv_shape());
   r->pool = std::move(kv::KvPool::create(*r->backend, pc, r->model->kv_shape())).value();
   return r;
 }

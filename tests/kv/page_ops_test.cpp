@@ -27,8 +27,7 @@ struct Fixture {
     c.int8_blocks = int8_blocks;
     c.int4_blocks = int4_blocks;
     c.summary_slots = 8;
-    auto probe = KvPool::create(*be, c, KvShape{kLayers, kKvHeads, kHeadDim});
-    c.host_bytes = host_pages * (*probe)->bytes_per_block();
+    c.host_bytes = host_pages * KvPool::block_bytes(c, KvShape{kLayers, kKvHeads, kHeadDim});
     pool = std::move(KvPool::create(*be, c, KvShape{kLayers, kKvHeads, kHeadDim})).value();
   }
 
