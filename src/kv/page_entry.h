@@ -8,8 +8,9 @@
 
 namespace kvsplit::kv {
 
-// Where a page's resident copy lives. kHost and kDisk belong to the temporal cut (not built yet);
-// kEvicted: nothing resident but the key summary (semantic cut).
+// Where a page's resident copy lives. kHost: swapped out by the temporal cut (kv/swap.h): the
+// page is in the host slot `original` and holds no device block; kDisk: reserved for the disk
+// tier; kEvicted: nothing resident but the key summary (semantic cut).
 enum class PageLocation : uint8_t { kDevice, kHost, kDisk, kEvicted };
 
 struct PageEntry {
@@ -17,7 +18,8 @@ struct PageEntry {
   // Precision of the resident copy (kFull: the pool's dtype; kInt8 / kInt4: the pool's quantized
   // arenas). kEvicted when location is kEvicted.
   kernels::KvPrecision precision = kernels::KvPrecision::kFull;
-  // Host-tier slot of the full-precision copy, written when the page first leaves kFull; -1 none.
+  // Host-tier slot of the full-precision copy, written when the page first leaves kFull or is
+  // swapped out (kHost: its only copy); -1 none.
   int32_t original = -1;
   // Summary slot (per-channel key min/max, every layer) kept while the page is not kFull; -1 none.
   int32_t summary = -1;

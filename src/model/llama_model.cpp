@@ -209,6 +209,12 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     if (!s.table->pages.empty()) {
       if (s.table->pages.size() != s.table->blocks.size())
         return invalid_argument("block table pages and blocks differ in length");
+      for (int b = 0; b < kv::BlockTable::blocks_for(kv_len, block_size); ++b) {
+        const kv::PageLocation loc = s.table->pages[b].location;
+        if (loc == kv::PageLocation::kHost || loc == kv::PageLocation::kDisk)
+          return invalid_argument("page " + std::to_string(b) +
+                                  " is swapped out of the device (swap it in first)");
+      }
       for (int b = s.start_pos / block_size; b < kv::BlockTable::blocks_for(kv_len, block_size);
            ++b) {
         const kv::PageEntry& pe = s.table->pages[b];

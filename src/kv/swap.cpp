@@ -1,0 +1,148 @@
+#include "kv/swap.h"
+
+#include <chrono>
+#include <vector>
+
+#include "common/check.h"
+
+namespace kvsplit::kv {
+namespace {
+
+using kernels::KvPrecision;
+
+bool on_device_full(const BlockTable& t, size_t i) {
+  if (t.pages.empty()) return true;
+  return t.pages[i].resident() && t.pages[i].precision == KvPrecision::kFull;
+}
+
+std::byte* device_page(const KvPool& pool, int layer, int32_t block) {
+  return static_cast<std::byte*>(pool.layer(layer).data) +
+         int64_t{block} * pool.page_layer_bytes(KvPrecision::kFull);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+void SwapStats::add(const SwapStats& o) {
+  swaps_out += o.swaps_out;
+  swaps_in += o.swaps_in;
+  pages_out += o.pages_out;
+  pages_in += o.pages_in;
+  bytes_out += o.bytes_out;
+  bytes_in += o.bytes_in;
+  refused_host_full += o.refused_host_full;
+  refused_no_blocks += o.refused_no_blocks;
+  out_seconds += o.out_seconds;
+  in_seconds += o.in_seconds;
+}
+
+int swappable_pages(const BlockTable& table) {
+  int n = 0;
+  for (size_t i = 0; i < table.blocks.size(); ++i) n += on_device_full(table, i);
+  return n;
+}
+
+int swapped_pages(const BlockTable& table) {
+  int n = 0;
+  for (const PageEntry& p : table.pages) n += p.location == PageLocation::kHost;
+  return n;
+}
+
+StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats) {
+  KVSPLIT_CHECK(stats != nullptr);
+  KVSPLIT_CHECK(table.pages.empty() || table.pages.size() == table.blocks.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<int> idx;
+  for (size_t i = 0; i < table.blocks.size(); ++i)
+    if (on_device_full(table, i)) idx.push_back(static_cast<int>(i));
+  if (idx.empty()) return true;
+  if (pool.host_allocator().num_free() < static_cast<int>(idx.size())) {
+    ++stats->refused_host_full;
+    return false;
+  }
+  auto slots = pool.host_allocator().allocate(static_cast<int>(idx.size()));
+  if (!slots) {
+    ++stats->refused_host_full;
+    return false;
+  }
+  const int64_t page_bytes = pool.page_layer_bytes(KvPrecision::kFull);
+  backend::Backend& be = pool.backend();
+  Status st = ok_status();
+  for (size_t k = 0; k < idx.size() && st.ok(); ++k) {
+    for (int l = 0; l < pool.shape().num_layers && st.ok(); ++l) {
+      st = be.copy_d2h(pool.host_slot((*slots)[k]) + l * page_bytes,
+                       device_page(pool, l, table.blocks[idx[k]]), static_cast<size_t>(page_bytes));
+    }
+  }
+  if (st.ok()) st = be.synchronize();  // the device blocks are freed below
+  if (!st.ok()) {
+    for (int32_t s : *slots) pool.host_allocator().decref(s);
+    return st.with_prefix("swap out");
+  }
+  if (table.pages.empty()) table.pages.resize(table.blocks.size());
+  for (size_t k = 0; k < idx.size(); ++k) {
+    const int i = idx[k];
+    pool.allocator().decref(table.blocks[i]);
+    table.blocks[i] = -1;
+    PageEntry& p = table.pages[i];
+    p.location = PageLocation::kHost;
+    p.original = (*slots)[k];
+  }
+  ++stats->swaps_out;
+  stats->pages_out += static_cast<int64_t>(idx.size());
+  stats->bytes_out += static_cast<int64_t>(idx.size()) * page_bytes * pool.shape().num_layers;
+  stats->out_seconds += seconds_since(t0);
+  return true;
+}
+
+StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats) {
+  KVSPLIT_CHECK(stats != nullptr);
+  KVSPLIT_CHECK(table.pages.empty() || table.pages.size() == table.blocks.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<int> idx;
+  for (size_t i = 0; i < table.pages.size(); ++i)
+    if (table.pages[i].location == PageLocation::kHost) idx.push_back(static_cast<int>(i));
+  if (idx.empty()) return true;
+  if (pool.allocator().num_free() < static_cast<int>(idx.size())) {
+    ++stats->refused_no_blocks;
+    return false;
+  }
+  auto blocks = pool.allocator().allocate(static_cast<int>(idx.size()));
+  if (!blocks) {
+    ++stats->refused_no_blocks;
+    return false;
+  }
+  const int64_t page_bytes = pool.page_layer_bytes(KvPrecision::kFull);
+  backend::Backend& be = pool.backend();
+  Status st = ok_status();
+  for (size_t k = 0; k < idx.size() && st.ok(); ++k) {
+    const int32_t slot = table.pages[idx[k]].original;
+    for (int l = 0; l < pool.shape().num_layers && st.ok(); ++l) {
+      st = be.copy_h2d(device_page(pool, l, (*blocks)[k]), pool.host_slot(slot) + l * page_bytes,
+                       static_cast<size_t>(page_bytes));
+    }
+  }
+  if (st.ok()) st = be.synchronize();  // the host slots are freed below
+  if (!st.ok()) {
+    for (int32_t b : *blocks) pool.allocator().decref(b);
+    return st.with_prefix("swap in");
+  }
+  for (size_t k = 0; k < idx.size(); ++k) {
+    const int i = idx[k];
+    PageEntry& p = table.pages[i];
+    pool.host_allocator().decref(p.original);
+    table.blocks[i] = (*blocks)[k];
+    p.location = PageLocation::kDevice;
+    p.original = -1;
+  }
+  ++stats->swaps_in;
+  stats->pages_in += static_cast<int64_t>(idx.size());
+  stats->bytes_in += static_cast<int64_t>(idx.size()) * page_bytes * pool.shape().num_layers;
+  stats->in_seconds += seconds_since(t0);
+  return true;
+}
+
+}  // namespace kvsplit::kv

@@ -1,0 +1,196 @@
+#include "kv/swap.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "kv/kv_pool.h"
+#include "kv/page_ops.h"
+
+namespace kvsplit::kv {
+namespace {
+
+using kernels::KvPrecision;
+
+constexpr int kLayers = 3, kKvHeads = 2, kHeadDim = 8, kBlock = 4;
+
+struct Pool {
+  std::unique_ptr<backend::Backend> be;
+  std::unique_ptr<KvPool> pool;
+
+  Pool(int blocks, int host_pages, int quant_blocks = 0) {
+    be = std::move(backend::create_backend("cpu", 1)).value();
+    KvPoolConfig c;
+    c.num_blocks = blocks;
+    c.block_size = kBlock;
+    c.int8_blocks = quant_blocks;
+    c.int4_blocks = quant_blocks;
+    c.summary_slots = quant_blocks;
+    c.host_bytes = host_pages * KvPool::block_bytes(c, KvShape{kLayers, kKvHeads, kHeadDim});
+    pool = std::move(KvPool::create(*be, c, KvShape{kLayers, kKvHeads, kHeadDim})).value();
+  }
+  int64_t floats() const { return pool->page_layer_bytes(KvPrecision::kFull) / 4; }
+  void fill(const BlockTable& t, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> n(0.f, 1.f);
+    for (int l = 0; l < kLayers; ++l)
+      for (int32_t b : t.blocks) {
+        float* p = static_cast<float*>(pool->layer(l).data) + b * floats();
+        for (int64_t i = 0; i < floats(); ++i) p[i] = n(rng);
+      }
+  }
+  // Every layer of every device page at full precision, in page order (-1 blocks skipped).
+  std::vector<float> read(const BlockTable& t) {
+    std::vector<float> out;
+    for (size_t i = 0; i < t.blocks.size(); ++i) {
+      if (t.blocks[i] < 0 || (!t.pages.empty() && t.pages[i].precision != KvPrecision::kFull))
+        continue;
+      for (int l = 0; l < kLayers; ++l) {
+        const float* p = static_cast<const float*>(pool->layer(l).data) + t.blocks[i] * floats();
+        out.insert(out.end(), p, p + floats());
+      }
+    }
+    return out;
+  }
+  void expect_all_free() {
+    EXPECT_EQ(pool->allocator().num_used(), 0);
+    EXPECT_EQ(pool->host_allocator().num_used(), 0);
+    EXPECT_EQ(pool->summary_allocator().num_used(), 0);
+    EXPECT_EQ(pool->arena_allocator(KvPrecision::kInt8).num_used(), 0);
+    EXPECT_EQ(pool->arena_allocator(KvPrecision::kInt4).num_used(), 0);
+  }
+};
+
+TEST(Swap, OutAndInIsBitExactAndFreesTheDeviceBlocks) {
+  Pool p(8, 8);
+  BlockTable t;
+  ASSERT_TRUE(p.pool->reserve(t, 3 * kBlock + 1));  // 4 pages, the last partial
+  p.fill(t, 7);
+  const std::vector<float> before = p.read(t);
+  SwapStats st;
+  auto out = swap_out(*p.pool, t, &st);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  ASSERT_TRUE(*out);
+  EXPECT_EQ(p.pool->allocator().num_used(), 0);
+  EXPECT_EQ(p.pool->host_allocator().num_used(), 4);
+  EXPECT_EQ(swapped_pages(t), 4);
+  for (size_t i = 0; i < t.blocks.size(); ++i) {
+    EXPECT_EQ(t.blocks[i], -1);
+    EXPECT_EQ(t.pages[i].location, PageLocation::kHost);
+    EXPECT_GE(t.pages[i].original, 0);
+  }
+  EXPECT_EQ(t.full_blocks(), 0);
+  // Other sequences use (and overwrite) the freed blocks meanwhile.
+  BlockTable other;
+  ASSERT_TRUE(p.pool->reserve(other, 8 * kBlock));
+  p.fill(other, 99);
+  p.pool->release(other);
+
+  auto in = swap_in(*p.pool, t, &st);
+  ASSERT_TRUE(in.ok()) << in.status().to_string();
+  ASSERT_TRUE(*in);
+  EXPECT_EQ(p.read(t), before);
+  EXPECT_EQ(swapped_pages(t), 0);
+  EXPECT_EQ(p.pool->host_allocator().num_used(), 0);
+  EXPECT_EQ(st.swaps_out, 1);
+  EXPECT_EQ(st.swaps_in, 1);
+  EXPECT_EQ(st.pages_out, 4);
+  EXPECT_EQ(st.pages_in, 4);
+  EXPECT_EQ(st.bytes_out, 4 * kLayers * p.pool->page_layer_bytes(KvPrecision::kFull));
+  EXPECT_EQ(st.bytes_in, st.bytes_out);
+  p.pool->release(t);
+  p.expect_all_free();
+}
+
+TEST(Swap, HostTierTooSmallRefusesAndChangesNothing) {
+  Pool p(8, 3);
+  BlockTable t;
+  ASSERT_TRUE(p.pool->reserve(t, 4 * kBlock));
+  p.fill(t, 3);
+  const std::vector<int32_t> blocks = t.blocks;
+  const std::vector<float> before = p.read(t);
+  SwapStats st;
+  auto out = swap_out(*p.pool, t, &st);
+  ASSERT_TRUE(out.ok());
+  EXPECT_FALSE(*out);
+  EXPECT_EQ(st.refused_host_full, 1);
+  EXPECT_EQ(st.swaps_out, 0);
+  EXPECT_EQ(t.blocks, blocks);
+  EXPECT_EQ(p.read(t), before);
+  EXPECT_EQ(p.pool->host_allocator().num_used(), 0);
+  p.pool->release(t);
+  p.expect_all_free();
+}
+
+TEST(Swap, InWithTooFewFreeBlocksRefusesAndKeepsTheHostCopy) {
+  Pool p(4, 4);
+  BlockTable t;
+  ASSERT_TRUE(p.pool->reserve(t, 3 * kBlock));
+  p.fill(t, 5);
+  const std::vector<float> before = p.read(t);
+  SwapStats st;
+  ASSERT_TRUE(*swap_out(*p.pool, t, &st));
+  BlockTable hog;
+  ASSERT_TRUE(p.pool->reserve(hog, 2 * kBlock));  // 2 of 4 blocks left: 3 are needed
+  auto in = swap_in(*p.pool, t, &st);
+  ASSERT_TRUE(in.ok());
+  EXPECT_FALSE(*in);
+  EXPECT_EQ(st.refused_no_blocks, 1);
+  EXPECT_EQ(swapped_pages(t), 3);
+  EXPECT_EQ(p.pool->allocator().num_used(), 2);
+  p.pool->release(hog);
+  ASSERT_TRUE(*swap_in(*p.pool, t, &st));
+  EXPECT_EQ(p.read(t), before);
+  p.pool->release(t);
+  p.expect_all_free();
+}
+
+TEST(Swap, ReleaseWhileSwappedOutFreesTheHostSlots) {
+  Pool p(8, 8);
+  BlockTable t;
+  ASSERT_TRUE(p.pool->reserve(t, 5 * kBlock));
+  SwapStats st;
+  ASSERT_TRUE(*swap_out(*p.pool, t, &st));
+  EXPECT_EQ(p.pool->host_allocator().num_used(), 5);
+  p.pool->release(t);  // a request cancelled while paused
+  p.expect_all_free();
+}
+
+TEST(Swap, QuantizedAndEvictedPagesStayWhereTheyAre) {
+  Pool p(8, 8, 8);
+  BlockTable t;
+  ASSERT_TRUE(p.pool->reserve(t, 4 * kBlock));
+  p.fill(t, 11);
+  PageOpStats ops;
+  ASSERT_TRUE(apply_page_transitions(*p.pool, t, 4 * kBlock,
+                                     std::vector<PageTransition>{
+                                         {0, PageOp::kDemote, KvPrecision::kInt8},
+                                         {1, PageOp::kEvict, KvPrecision::kInt8},
+                                     },
+                                     &ops)
+                  .ok());
+  const int32_t int8_block = t.blocks[0];
+  const int32_t page0_original = t.pages[0].original, page1_original = t.pages[1].original;
+  const std::vector<float> full_before = p.read(t);  // pages 2 and 3
+  EXPECT_EQ(swappable_pages(t), 2);
+  SwapStats st;
+  ASSERT_TRUE(*swap_out(*p.pool, t, &st));
+  EXPECT_EQ(st.pages_out, 2);
+  EXPECT_EQ(t.pages[0].precision, KvPrecision::kInt8);
+  EXPECT_EQ(t.pages[0].location, PageLocation::kDevice);
+  EXPECT_EQ(t.blocks[0], int8_block);
+  EXPECT_EQ(t.pages[0].original, page0_original);
+  EXPECT_EQ(t.pages[1].location, PageLocation::kEvicted);
+  EXPECT_EQ(t.pages[1].original, page1_original);
+  EXPECT_EQ(p.pool->allocator().num_used(), 0);
+  ASSERT_TRUE(*swap_in(*p.pool, t, &st));
+  EXPECT_EQ(p.read(t), full_before);
+  EXPECT_EQ(t.pages[0].precision, KvPrecision::kInt8);
+  EXPECT_EQ(t.blocks[0], int8_block);
+  p.pool->release(t);
+  p.expect_all_free();
+}
+
+}  // namespace
+}  // namespace kvsplit::kv
