@@ -81,6 +81,10 @@ struct EngineConfig {
   // full pages inside one budget (sched::SequenceCut::split_budget). 0: the arenas come on top
   // (sized as above). In [0, 0.9].
   double kv_quant_fraction = 0.0;
+  // The temporal cut on decoding workers: a host tier of temporal.host_capacity_mb per worker
+  // (added to the semantic cut's) lets a sequence preempted under memory pressure be swapped out
+  // and resumed without recompute (docs/kv-cuts.md). host_capacity_mb 0: recompute only.
+  TemporalCutConfig temporal;
   uint64_t seed = 0;                                 // draws per-request seeds when unset
   std::vector<SlaClass> sla_classes = {SlaClass{}};  // first one is the default class
 };
@@ -186,6 +190,17 @@ struct PoolStats {
   double kv_recall_ms_mean = 0;        // mean wall time of one recall, copies included (0: none)
   int64_t kv_host_bytes_used = 0;      // host tier: bytes of full-precision originals held
   int64_t kv_host_bytes_total = 0;     // host tier size (0 without kSemantic)
+  // The temporal cut (EngineConfig::temporal): pages of paused sequences swapped out to the host
+  // tier as of the last step, and counters since start. A preemption under memory pressure picks
+  // swap or recompute (choices counted); a swap that cannot happen (host tier full, a copy
+  // error) falls back to recompute and counts as a fallback.
+  int32_t kv_pages_host = 0;
+  int64_t kv_swaps_out = 0;          // sequences swapped out
+  int64_t kv_swaps_in = 0;           // sequences swapped back in (resumed without recompute)
+  int64_t kv_swap_bytes = 0;         // bytes copied out and in
+  int64_t kv_swap_choices = 0;       // preemptions the cost model (or swap: always) sent to swap
+  int64_t kv_recompute_choices = 0;  // preemptions sent to recompute (swap: never, or cheaper)
+  int64_t kv_swap_fallbacks = 0;     // swaps that fell back to recompute
 };
 
 struct SlaClassStats {

@@ -36,4 +36,20 @@ struct SemanticCutConfig {
   int32_t heavy_tokens = 64;        // kH2O only: tokens kept beyond sinks and recent ones
 };
 
+// The temporal cut (kv-cuts.md §3): how a sequence preempted under memory pressure keeps its KV.
+enum class SwapMode : uint8_t {
+  kAuto,    // swap to the host tier when the cost model predicts it is cheaper than recompute
+  kAlways,  // swap whenever the host tier has room
+  kNever,   // recompute (the KV is dropped and prefilled again)
+};
+
+struct TemporalCutConfig {
+  // Host tier for swapped-out pages, per worker (pinned host memory on CUDA). 0: no swapping.
+  int64_t host_capacity_mb = 0;
+  SwapMode swap = SwapMode::kAuto;
+  // A swapped-out sequence is considered for resumption every temporal_step_size steps of its
+  // worker (the seed's name; 1: at every step boundary). >= 1.
+  int32_t temporal_step_size = 1;
+};
+
 }  // namespace kvsplit

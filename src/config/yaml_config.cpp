@@ -288,6 +288,29 @@ Status read_kv_policy(MapReader& r, EngineConfig* e) {
       KVSPLIT_RETURN_IF_ERROR(read_semantic_keys(sr, &e->semantic));
       KVSPLIT_RETURN_IF_ERROR(sr.finish());
     }
+    if (YAML::Node tem = c.child("temporal"); tem && !tem.IsNull()) {
+      MapReader tr(tem, "kv.cuts.temporal");
+      KVSPLIT_RETURN_IF_ERROR(tr.check_is_map());
+      KVSPLIT_RETURN_IF_ERROR(tr.get("temporal_step_size", &e->temporal.temporal_step_size));
+      if (e->temporal.temporal_step_size < 1)
+        return field_error("kv.cuts.temporal.temporal_step_size",
+                           "must be >= 1, got " + std::to_string(e->temporal.temporal_step_size));
+      std::string swap;
+      KVSPLIT_RETURN_IF_ERROR(tr.get("swap", &swap));
+      if (tr.has("swap")) {
+        if (swap == "auto") {
+          e->temporal.swap = SwapMode::kAuto;
+        } else if (swap == "always") {
+          e->temporal.swap = SwapMode::kAlways;
+        } else if (swap == "never") {
+          e->temporal.swap = SwapMode::kNever;
+        } else {
+          return field_error("kv.cuts.temporal.swap",
+                             "must be 'auto', 'always' or 'never', got " + quoted(swap));
+        }
+      }
+      KVSPLIT_RETURN_IF_ERROR(tr.finish());
+    }
     KVSPLIT_RETURN_IF_ERROR(c.finish());
   }
   if (chosen) e->kv_policy = *chosen;
@@ -318,6 +341,10 @@ Status read_kv(const YAML::Node& n, EngineConfig* e) {
   if (!(e->kv_quant_fraction >= 0.0 && e->kv_quant_fraction <= 0.9))
     return field_error("kv.quant_fraction",
                        "must be in [0, 0.9], got " + std::to_string(e->kv_quant_fraction));
+  KVSPLIT_RETURN_IF_ERROR(r.get("host_capacity_mb", &e->temporal.host_capacity_mb));
+  if (e->temporal.host_capacity_mb < 0 || e->temporal.host_capacity_mb > (int64_t{1} << 24))
+    return field_error("kv.host_capacity_mb", "must be in [0, 16777216], got " +
+                                                  std::to_string(e->temporal.host_capacity_mb));
   KVSPLIT_RETURN_IF_ERROR(read_kv_policy(r, e));
   return r.finish();
 }

@@ -98,6 +98,7 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     if (decodes) {
       wo.kv_policy = config.kv_policy;
       wo.semantic = config.semantic;
+      wo.temporal = config.temporal;
     }
     backend::BackendOptions bo;
     bo.threads = threads;
@@ -129,6 +130,8 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
       sched::SequenceCut::size_tiers(config.kv_policy, config.semantic, static_cast<int>(blocks),
                                      shape, &pc);
     }
+    // The temporal cut's host tier for swapped-out pages, beside the semantic cut's originals.
+    if (decodes) pc.host_bytes += config.temporal.host_capacity_mb << 20;
     auto pool = kv::KvPool::create(*be, pc, shape);
     if (!pool.ok()) return pool.status().with_prefix(wo.name);
     const int blocks = (*pool)->allocator().num_blocks();

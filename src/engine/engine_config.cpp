@@ -51,6 +51,13 @@ Status validate_engine_config(const EngineConfig& c) {
   if (c.kv_quant_fraction > 0.0 && c.kv_blocks_per_worker > 0)
     return bad("kv_quant_fraction", c.kv_quant_fraction,
                "0 when kv_blocks_per_worker is set (it splits kv_capacity_bytes)");
+  if (c.temporal.host_capacity_mb < 0 || c.temporal.host_capacity_mb > (int64_t{1} << 24))
+    return bad("temporal.host_capacity_mb", c.temporal.host_capacity_mb, "in [0, 16777216]");
+  if (c.temporal.swap != SwapMode::kAuto && c.temporal.swap != SwapMode::kAlways &&
+      c.temporal.swap != SwapMode::kNever)
+    return bad("temporal.swap", static_cast<int>(c.temporal.swap), "auto, always or never");
+  if (c.temporal.temporal_step_size < 1)
+    return bad("temporal.temporal_step_size", c.temporal.temporal_step_size, ">= 1");
   if (c.kv_policy != KvPolicy::kFull && c.backend == "cuda") {
     return unimplemented(
         "EngineConfig.kv_policy: the KV cuts run on the CPU backend only for now (the CUDA "

@@ -125,7 +125,7 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
     // Waiting sequences without blocks (preempted earlier) get blocks before a handoff of no
     // higher priority, so a stream of handoffs cannot starve them.
     bool blocked = std::any_of(in.waiting.begin(), in.waiting.end(), [&](const SchedSeq& w) {
-      return w.num_blocks == 0 && w.priority >= h.priority;
+      return (w.num_blocks == 0 || w.swapped_pages > 0) && w.priority >= h.priority;
     });
     blocked = blocked || std::any_of(st.preempted_priorities.begin(), st.preempted_priorities.end(),
                                      [&](int32_t p) { return p >= h.priority; });
@@ -220,6 +220,17 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
   std::vector<Cand> cands;
   bool reserving = true;  // the first that does not fit stops later ones from starting
   for (const SchedSeq* w : by_service) {
+    if (w->swapped_pages > 0) {
+      // Paused until its resume step, unless nothing runs (steps would not advance).
+      if (in.step < w->resume_step && !in.running.empty()) continue;
+      if (!reserving || w->swapped_pages > st.free) {
+        reserving = false;
+        continue;
+      }
+      st.free -= w->swapped_pages;
+      out.swap_in.push_back({w->id, w->swapped_pages});
+      continue;
+    }
     if (w->num_computed >= w->target) continue;
     if (blocks_for(w->target, config_.block_size) > in.total_blocks) {
       out.never_fit.push_back(w->id);

@@ -15,7 +15,9 @@
 //   3. prefill: waiting sequences (new prompts and recomputes) in service order reserve the KV
 //      of their whole target when they start (the first that does not fit stops the rest), then
 //      share the token budget by plan_prefill_chunks, least recently served first within a
-//      priority (round robin).
+//      priority (round robin). Swapped-out sequences (the temporal cut) take their place in the
+//      same service order from their resume step on: they reserve the blocks of their swapped
+//      pages and are swapped in, using no token budget.
 // Block arithmetic is the KvPool's: a sequence holding b blocks needs
 // max(0, blocks_for(tokens) - b) more to hold `tokens` positions.
 #pragma once
@@ -51,6 +53,11 @@ struct SchedSeq {
   // (quantized into an arena, or evicted).
   int held_blocks = -1;
   int64_t last_prefill_step = -1;  // the step that last gave it a chunk (round robin)
+  // Waiting only, the temporal cut: pages swapped out to the host tier (kv/swap.h). Such a
+  // sequence has its KV (num_computed == target) and resumes by a swap-in of this many blocks,
+  // not before step resume_step while other sequences run.
+  int swapped_pages = 0;
+  int64_t resume_step = 0;
 };
 
 // A received KV handoff waiting for admission (destination side).
@@ -95,6 +102,13 @@ struct DecodeRow {
   int new_blocks = 0;  // blocks to add so it holds num_computed + 1 positions
 };
 
+// A swapped-out sequence brought back: reserve `blocks` and swap its pages in; it decodes from
+// the next step.
+struct SwapIn {
+  int id = 0;
+  int blocks = 0;
+};
+
 struct PrefillChunk {
   int id = 0;
   int start = 0;       // == num_computed
@@ -114,6 +128,7 @@ struct SchedulerOutput {
   std::vector<HandoffAdmission> admitted;
   std::vector<DecodeRow> decode;
   std::vector<PrefillChunk> prefill;
+  std::vector<SwapIn> swap_in;  // applied with the prefill chunks (they share its service order)
   HandoffWait handoff_wait = HandoffWait::kNone;
   // Sequences (running, waiting or handoffs) whose KV needs more blocks than the whole pool has:
   // they can never run here and block nothing; the caller fails them.

@@ -4,6 +4,7 @@
 // Lifecycle (monotonic timestamps at each transition, accumulated into Timings):
 //   kQueued -> kPrefill -> [kHandoff -> kDecode] ... -> finished | cancelled | failed
 //   kDecode -> kPreempted (blocks released; recompute of prompt + output[:-1]) -> kDecode
+//   kDecode -> kPreempted (pages swapped out to the host tier; swap-in, no recompute) -> kDecode
 #pragma once
 
 #include <atomic>
@@ -92,6 +93,9 @@ struct Sequence {
   double itl_sum_ms = 0;
   double itl_max_ms = 0;
   int32_t preemptions = 0;
+  // The temporal cut: a sequence swapped out (pages on the host, kv/swap.h) is not resumed before
+  // its worker's step resume_step.
+  int64_t resume_step = 0;
 
   // Owner-private scratch: what the owning worker does with the sequence after this step.
   enum class Next : uint8_t { kStay, kToRunning, kToWaiting, kHandoff, kRemove } next = Next::kStay;

@@ -128,6 +128,13 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_recall_ms_mean = kv_stats_.kv_recall_ms_mean;
   s.pool.kv_host_bytes_used = kv_stats_.kv_host_bytes_used;
   s.pool.kv_host_bytes_total = kv_stats_.kv_host_bytes_total;
+  s.pool.kv_pages_host = kv_stats_.kv_pages_host;
+  s.pool.kv_swaps_out = kv_stats_.kv_swaps_out;
+  s.pool.kv_swaps_in = kv_stats_.kv_swaps_in;
+  s.pool.kv_swap_bytes = kv_stats_.kv_swap_bytes;
+  s.pool.kv_swap_choices = kv_stats_.kv_swap_choices;
+  s.pool.kv_recompute_choices = kv_stats_.kv_recompute_choices;
+  s.pool.kv_swap_fallbacks = kv_stats_.kv_swap_fallbacks;
   s.kv_summary_slots_used = kv_summary_used_;
   s.kv_host_slots_used = kv_host_used_;
   return s;
@@ -145,10 +152,19 @@ void Worker::publish_stats() {
   if (options_.kv_policy != KvPolicy::kFull) {
     for (const auto* list : {&waiting_, &running_}) {
       for (const std::unique_ptr<Sequence>& seq : *list) {
-        for (const kv::PageEntry& p : seq->table.pages) k.kv_pages_evicted += !p.resident();
+        for (const kv::PageEntry& p : seq->table.pages)
+          k.kv_pages_evicted += p.location == kv::PageLocation::kEvicted;
       }
     }
   }
+  for (const std::unique_ptr<Sequence>& seq : waiting_)
+    k.kv_pages_host += kv::swapped_pages(seq->table);
+  k.kv_swaps_out = swap_stats_.swaps_out;
+  k.kv_swaps_in = swap_stats_.swaps_in;
+  k.kv_swap_bytes = swap_stats_.bytes_out + swap_stats_.bytes_in;
+  k.kv_swap_choices = swap_choices_;
+  k.kv_recompute_choices = recompute_choices_;
+  k.kv_swap_fallbacks = swap_fallbacks_;
   k.kv_demotions = cut_ops_.demoted_to_int8 + cut_ops_.demoted_to_int4;
   k.kv_evictions = cut_ops_.evicted;
   k.kv_recalls = cut_ops_.restored;
@@ -170,6 +186,7 @@ void Worker::loop() {
     KVSPLIT_LOG_ERROR("{}: cannot use device {}: {}", options_.name, backend_->device(),
                       st.to_string());
   }
+  measure_swap_costs();
   while (true) {
     const bool dead = hold_.load(std::memory_order_acquire) == static_cast<uint8_t>(TestHold::kAll);
     const bool worked = !dead && step();

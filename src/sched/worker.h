@@ -25,6 +25,7 @@
 #include "backend/backend.h"
 #include "common/thread_pool.h"
 #include "kv/kv_pool.h"
+#include "kv/swap.h"
 #include "model/llama_model.h"
 #include "sched/kv_handoff.h"
 #include "sched/policy.h"
@@ -32,6 +33,7 @@
 #include "sched/scheduler.h"
 #include "sched/sequence.h"
 #include "sched/step_model.h"
+#include "sched/swap_cost.h"
 #include "sched/worker_command.h"
 
 namespace kvsplit::sched {
@@ -61,6 +63,9 @@ struct WorkerOptions {
   // the pool's int8 / int4 arenas, summaries and host tier (SequenceCut::size_tiers).
   KvPolicy kv_policy = KvPolicy::kFull;
   SemanticCutConfig semantic;
+  // Temporal cut: swap a preempted sequence to the pool's host tier instead of recomputing it
+  // (the cost model of sched/swap_cost.h; needs a host tier: temporal.host_capacity_mb > 0).
+  TemporalCutConfig temporal;
 };
 
 // Test hook: holds a worker at its step boundary.
@@ -169,6 +174,12 @@ class Worker {
   bool finish_cut(Sequence& seq, Clock::time_point now);
   // A preempted sequence waiting for blocks with priority >= `priority`.
   bool has_unreserved_waiting(int32_t priority) const;
+  // The temporal cut: swaps `seq` out (true) when the cost model and the host tier allow.
+  bool try_swap_out(Sequence& seq, const Preemption& why);
+  void apply_swap_ins(const SchedulerOutput& out, Clock::time_point now);
+  bool swapping() const;      // a host tier and swap != never
+  void measure_swap_costs();  // copy bandwidths, at start-up (worker thread)
+  void note_prefill_speed(int prefill_tokens, double seconds);
 
   WorkerOptions options_;
   std::unique_ptr<backend::Backend> backend_;  // declared first: destroyed last
@@ -220,7 +231,10 @@ class Worker {
   std::vector<FinishReason> sample_reasons_;
   std::unique_ptr<ThreadPool> sampling_pool_;  // when sampling_threads > 1
   kv::PageOpStats cut_ops_;                    // KV cut transitions on this pool, all sequences
-  std::atomic<uint8_t> hold_{0};               // TestHold
+  SwapCosts swap_costs_;                       // the temporal cut's cost model inputs
+  kv::SwapStats swap_stats_;
+  int64_t swap_choices_ = 0, recompute_choices_ = 0, swap_fallbacks_ = 0;
+  std::atomic<uint8_t> hold_{0};  // TestHold
 
   // Published for other threads.
   std::atomic<int> free_blocks_{0};

@@ -166,7 +166,9 @@ void Worker::admit_offers(Clock::time_point now) {
 
 bool Worker::has_unreserved_waiting(int32_t priority) const {
   for (const auto& seq : waiting_) {
-    if (seq->table.blocks.empty() && seq->priority >= priority) return true;
+    if ((seq->table.blocks.empty() || kv::swapped_pages(seq->table) > 0) &&
+        seq->priority >= priority)
+      return true;
   }
   return false;
 }

@@ -41,6 +41,10 @@ bool Worker::step() {
   argmax_ids_.clear();
   Status st = model_->forward(batch_.steps, *pool_, &logits_, &argmax_ids_);
   const Clock::time_point t2 = Clock::now();
+  int prefill_tokens = 0;
+  for (size_t i = 0; i < batch_.steps.size(); ++i)
+    if (!batch_.decode[i]) prefill_tokens += static_cast<int>(batch_.steps[i].tokens.size());
+  if (st.ok()) note_prefill_speed(prefill_tokens, std::chrono::duration<double>(t2 - t1).count());
   if (!st.ok()) {
     KVSPLIT_LOG_ERROR("{}: forward failed: {}", options_.name, st.to_string());
     for (Sequence* seq : batch_.seqs) {
@@ -61,6 +65,15 @@ bool Worker::step() {
 }
 
 void Worker::preempt(Sequence& seq, const Preemption& why, Clock::time_point now) {
+  if (try_swap_out(seq, why)) {
+    ++seq.preemptions;
+    seq.resume_step =
+        steps_.load(std::memory_order_relaxed) + std::max(1, options_.temporal.temporal_step_size);
+    seq.enter_phase(SeqPhase::kPreempted, now);
+    seq.next = Sequence::Next::kToWaiting;
+    shared_->preemptions.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   KVSPLIT_LOG_WARN(
       "{}: preempting request {} (priority {}) by recompute ({} of a request of "
       "priority {}): {} tokens of KV dropped",
@@ -73,6 +86,101 @@ void Worker::preempt(Sequence& seq, const Preemption& why, Clock::time_point now
   seq.enter_phase(SeqPhase::kPreempted, now);
   seq.next = Sequence::Next::kToWaiting;
   shared_->preemptions.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool Worker::swapping() const {
+  return options_.temporal.swap != SwapMode::kNever && pool_->host_allocator().num_blocks() > 0;
+}
+
+bool Worker::try_swap_out(Sequence& seq, const Preemption& why) {
+  // A worker command (ReleaseKv) asks for the blocks to be released, not kept.
+  if (!swapping() || why.reason == PreemptReason::kCommand) return false;
+  const int pages = kv::swappable_pages(seq.table);
+  if (pages == 0) return false;
+  const int64_t bytes = int64_t{pages} * pool_->bytes_per_block();
+  const SwapChoice c =
+      choose_swap(options_.temporal.swap, swap_costs_, bytes, seq.prefill_target());
+  KVSPLIT_LOG_INFO(
+      "{}: preempting request {} ({} of a request of priority {}): {} ({} pages, {:.1f} KiB; "
+      "predicted swap {:.3f} ms, recompute of {} tokens {:.3f} ms; swap: {})",
+      options_.name, seq.display_id(), preempt_reason_name(why.reason), why.for_priority,
+      c.swap ? "swap out" : "recompute", pages, bytes / 1024.0, c.swap_ms, seq.prefill_target(),
+      c.recompute_ms, swap_mode_name(options_.temporal.swap));
+  if (!c.swap) {
+    ++recompute_choices_;
+    return false;
+  }
+  ++swap_choices_;
+  auto done = kv::swap_out(*pool_, seq.table, &swap_stats_);
+  if (done.ok() && *done) return true;
+  ++swap_fallbacks_;
+  if (!done.ok()) {
+    KVSPLIT_LOG_WARN("{}: swap out of request {} failed, recomputing instead: {}", options_.name,
+                     seq.display_id(), done.status().to_string());
+  } else {
+    KVSPLIT_LOG_WARN(
+        "{}: host tier full ({} of {} slots free, {} pages needed): recomputing "
+        "request {} instead",
+        options_.name, pool_->host_allocator().num_free(), pool_->host_allocator().num_blocks(),
+        pages, seq.display_id());
+  }
+  return false;
+}
+
+void Worker::apply_swap_ins(const SchedulerOutput& out, Clock::time_point now) {
+  for (const SwapIn& r : out.swap_in) {
+    Sequence& seq = *waiting_[r.id - kWaitingBase];
+    auto done = kv::swap_in(*pool_, seq.table, &swap_stats_);
+    if (done.ok() && *done) {
+      seq.enter_phase(SeqPhase::kDecode, now);
+      seq.next = Sequence::Next::kToRunning;  // decodes from the next step
+      continue;
+    }
+    // The scheduler reserved the blocks, so only a copy error gets here: recompute instead.
+    ++swap_fallbacks_;
+    KVSPLIT_LOG_WARN("{}: swap in of request {} failed, recomputing instead: {}", options_.name,
+                     seq.display_id(),
+                     done.ok() ? std::string("no free blocks") : done.status().to_string());
+    pool_->release(seq.table);
+    seq.table = {};
+    seq.num_computed = 0;
+  }
+}
+
+void Worker::note_prefill_speed(int prefill_tokens, double seconds) {
+  // Steps of at least a block of prompt tokens: smaller ones measure overhead, not prefill.
+  if (prefill_tokens < pool_->block_size() || seconds <= 0) return;
+  swap_costs_.prefill_tokens_per_s =
+      ewma(swap_costs_.prefill_tokens_per_s, prefill_tokens / seconds, 0.2);
+}
+
+void Worker::measure_swap_costs() {
+  if (!swapping()) return;
+  // One host slot's worth of bytes (whole pages of every layer), at least 1 MiB, at most 16 MiB.
+  const size_t bytes = static_cast<size_t>(
+      std::clamp<int64_t>(pool_->bytes_per_block() * 16, int64_t{1} << 20, int64_t{16} << 20));
+  auto dev = backend::DeviceBuffer::make(*backend_, bytes);
+  if (!dev.ok()) return;
+  std::vector<std::byte> host(bytes);
+  double best_d2h = 0, best_h2d = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const Clock::time_point t0 = Clock::now();
+    if (!backend_->copy_d2h(host.data(), dev->get(), bytes).ok() || !backend_->synchronize().ok())
+      return;
+    const Clock::time_point t1 = Clock::now();
+    if (!backend_->copy_h2d(dev->get(), host.data(), bytes).ok() || !backend_->synchronize().ok())
+      return;
+    const Clock::time_point t2 = Clock::now();
+    best_d2h =
+        std::max(best_d2h, bytes / std::max(1e-9, std::chrono::duration<double>(t1 - t0).count()));
+    best_h2d =
+        std::max(best_h2d, bytes / std::max(1e-9, std::chrono::duration<double>(t2 - t1).count()));
+  }
+  swap_costs_.d2h_bytes_per_s = best_d2h;
+  swap_costs_.h2d_bytes_per_s = best_h2d;
+  KVSPLIT_LOG_INFO("{}: host tier copies measured at {:.2f} GB/s out, {:.2f} GB/s in (swap: {})",
+                   options_.name, best_d2h / 1e9, best_h2d / 1e9,
+                   swap_mode_name(options_.temporal.swap));
 }
 
 SchedulerInput Worker::scheduler_input(bool with_handoffs) {
@@ -98,6 +206,8 @@ SchedulerInput Worker::scheduler_input(bool with_handoffs) {
     if (waiting_[i]->next != Sequence::Next::kStay) continue;
     SchedSeq s = view(*waiting_[i], kWaitingBase + static_cast<int>(i));
     s.target = waiting_[i]->prefill_target();
+    s.swapped_pages = kv::swapped_pages(waiting_[i]->table);
+    s.resume_step = waiting_[i]->resume_step;
     sched_waiting_.push_back(s);
   }
   if (with_handoffs) {
@@ -128,6 +238,7 @@ void Worker::schedule(Clock::time_point now) {
   batch_.clear();
   const SchedulerOutput out = scheduler_.schedule(scheduler_input(/*with_handoffs=*/false));
   apply_preemptions(out, now);
+  apply_swap_ins(out, now);
   for (int id : out.never_fit) {  // admission checks the pool size; a smaller pool is a bug
     Sequence& seq = id < kWaitingBase ? *running_[id] : *waiting_[id - kWaitingBase];
     finish(seq, FinishReason::kError,

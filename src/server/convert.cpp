@@ -203,6 +203,13 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_kv_recall_ms_mean(p.kv_recall_ms_mean);
     o->set_kv_host_bytes_used(p.kv_host_bytes_used);
     o->set_kv_host_bytes_total(p.kv_host_bytes_total);
+    o->set_kv_pages_host(p.kv_pages_host);
+    o->set_kv_swaps_out(p.kv_swaps_out);
+    o->set_kv_swaps_in(p.kv_swaps_in);
+    o->set_kv_swap_bytes(p.kv_swap_bytes);
+    o->set_kv_swap_choices(p.kv_swap_choices);
+    o->set_kv_recompute_choices(p.kv_recompute_choices);
+    o->set_kv_swap_fallbacks(p.kv_swap_fallbacks);
   }
   for (const SlaClassStats& c : stats.classes) {
     v1::SlaClassStats* o = out->add_classes();

@@ -67,6 +67,34 @@ class EngineCollector : public pm::Collectable {
     auto& host_used =
         family("kvsplit:kv_host_tier_used_bytes",
                "Host tier bytes holding full-precision KV originals", pm::MetricType::Gauge);
+    auto& host_pages =
+        family("kvsplit:kv_pages_host", "KV pages of paused sequences swapped out to the host tier",
+               pm::MetricType::Gauge);
+    auto& swaps = family("kvsplit:kv_swaps_total",
+                         "Sequences swapped between the device and the host tier, by direction",
+                         pm::MetricType::Counter);
+    auto& swap_bytes = family("kvsplit:kv_swap_bytes_total", "Bytes copied by swaps (out and in)",
+                              pm::MetricType::Counter);
+    auto& preempt_choice =
+        family("kvsplit:kv_preemption_choices_total",
+               "Preemptions by what the temporal cut chose for the KV (swap or recompute), and "
+               "swaps that fell back to recompute",
+               pm::MetricType::Counter);
+    for (const PoolStats& p : s.pools) {
+      host_pages.metric.push_back(gauge(p.kv_pages_host, {{"pool", p.name}}));
+      swaps.metric.push_back(
+          counter(static_cast<double>(p.kv_swaps_out), {{"pool", p.name}, {"direction", "out"}}));
+      swaps.metric.push_back(
+          counter(static_cast<double>(p.kv_swaps_in), {{"pool", p.name}, {"direction", "in"}}));
+      swap_bytes.metric.push_back(
+          counter(static_cast<double>(p.kv_swap_bytes), {{"pool", p.name}}));
+      const std::pair<const char*, int64_t> choices[] = {{"swap", p.kv_swap_choices},
+                                                         {"recompute", p.kv_recompute_choices},
+                                                         {"fallback", p.kv_swap_fallbacks}};
+      for (const auto& [choice, n] : choices)
+        preempt_choice.metric.push_back(
+            counter(static_cast<double>(n), {{"pool", p.name}, {"choice", choice}}));
+    }
     for (const PoolStats& p : s.pools) {
       const double used = p.kv_blocks_total > 0
                               ? 1.0 - static_cast<double>(p.kv_blocks_free) / p.kv_blocks_total

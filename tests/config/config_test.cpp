@@ -288,7 +288,7 @@ TEST(ConfigTest, KvCutErrorsNameTheField) {
 }
 
 TEST(ConfigTest, KvCutUnknownKeysAreErrors) {
-  expect_error("kv: {cuts: {temporal: {swap: auto}}}\n", "kv.cuts.temporal: unknown key");
+  expect_error("kv: {cuts: {spatial: {shards: 2}}}\n", "kv.cuts.spatial: unknown key");
   expect_error("kv: {cuts: {semantic: {threshold: 0.1}}}\n",
                "kv.cuts.semantic.threshold: unknown key");
   expect_error("sla_classes:\n  voice: {kv: {semantic_treshold: 0.2}}\n",
@@ -333,4 +333,34 @@ TEST(ConfigTest, KvQuantFractionIsBounded) {
   }
 }
 
+}  // namespace kvsplit::config
+
+namespace kvsplit::config {
+namespace {
+
+TEST(ConfigTest, TemporalCutKeys) {
+  auto c = parse_config(
+      "kv:\n"
+      "  host_capacity_mb: 512\n"
+      "  cuts:\n"
+      "    temporal: {temporal_step_size: 4, swap: always}\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->engine.temporal.host_capacity_mb, 512);
+  EXPECT_EQ(c->engine.temporal.temporal_step_size, 4);
+  EXPECT_EQ(c->engine.temporal.swap, SwapMode::kAlways);
+  const std::pair<const char*, const char*> bad[] = {
+      {"kv:\n  host_capacity_mb: -1\n", "kv.host_capacity_mb"},
+      {"kv:\n  cuts:\n    temporal: {swap: sometimes}\n", "kv.cuts.temporal.swap"},
+      {"kv:\n  cuts:\n    temporal: {temporal_step_size: 0}\n",
+       "kv.cuts.temporal.temporal_step_size"},
+      {"kv:\n  cuts:\n    temporal: {swapp: auto}\n", "swapp"},
+  };
+  for (const auto& [yaml, field] : bad) {
+    auto r = parse_config(yaml);
+    ASSERT_FALSE(r.ok()) << yaml;
+    EXPECT_NE(r.status().message().find(field), std::string::npos) << r.status().to_string();
+  }
+}
+
+}  // namespace
 }  // namespace kvsplit::config

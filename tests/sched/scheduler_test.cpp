@@ -231,5 +231,61 @@ TEST(Scheduler, PagesACutMovedOutOfThePoolNeitherCountNorFree) {
   EXPECT_EQ(out.free_blocks_after, 0);
 }
 
+SchedSeq swapped(int id, int computed, int pages, int64_t resume_step, int32_t priority = 0) {
+  SchedSeq s = waiting(id, computed, computed, pages, priority);
+  s.held_blocks = 0;
+  s.swapped_pages = pages;
+  s.resume_step = resume_step;
+  return s;
+}
+
+TEST(Scheduler, SwappedSequenceResumesFromItsResumeStepWithoutPrefill) {
+  // 3 swapped pages (10 tokens of KV); resume step 5.
+  const std::vector<SchedSeq> wait = {swapped(1, 10, 3, 5)};
+  const Scheduler sched(config(64, true));
+  const std::vector<SchedSeq> run = {running(0, 8, 2)};
+  const SchedulerOutput early = sched.schedule({run, wait, {}, 8, 16, /*step=*/4});
+  EXPECT_TRUE(early.swap_in.empty());
+  EXPECT_TRUE(early.prefill.empty());
+  EXPECT_EQ(early.free_blocks_after, 7);  // the running sequence grew by a block
+  // Nothing else runs: steps would not advance, so it resumes at once.
+  const SchedulerOutput idle = sched.schedule({{}, wait, {}, 8, 16, /*step=*/4});
+  ASSERT_EQ(idle.swap_in.size(), 1u);
+  const SchedulerOutput now = sched.schedule({{}, wait, {}, 8, 8, /*step=*/5});
+  ASSERT_EQ(now.swap_in.size(), 1u);
+  EXPECT_EQ(now.swap_in[0].id, 1);
+  EXPECT_EQ(now.swap_in[0].blocks, 3);
+  EXPECT_TRUE(now.prefill.empty());  // its KV exists: no token budget used
+  EXPECT_EQ(now.num_tokens(), 0);
+  EXPECT_EQ(now.free_blocks_after, 5);
+}
+
+TEST(Scheduler, SwappedSequenceIsNotOvertakenByYoungerPrompts) {
+  // The older swapped sequence needs 6 blocks, 4 are free: the younger prompt (1 block) waits.
+  const std::vector<SchedSeq> wait = {swapped(1, 24, 6, 0), waiting(2, 4)};
+  const SchedulerOutput out = Scheduler(config(64, true)).schedule({{}, wait, {}, 4, 8, 1});
+  EXPECT_TRUE(out.swap_in.empty());
+  EXPECT_TRUE(out.prefill.empty());
+  EXPECT_EQ(out.free_blocks_after, 4);
+  // With room, both go in the same step: the swap-in first, then the prompt's chunk.
+  const SchedulerOutput room = Scheduler(config(64, true)).schedule({{}, wait, {}, 7, 8, 1});
+  ASSERT_EQ(room.swap_in.size(), 1u);
+  ASSERT_EQ(room.prefill.size(), 1u);
+  EXPECT_EQ(room.prefill[0].id, 2);
+  EXPECT_EQ(room.free_blocks_after, 0);
+}
+
+TEST(Scheduler, HandoffWaitsForASwappedSequenceOfAtLeastItsPriority) {
+  const std::vector<SchedSeq> wait = {swapped(1, 8, 2, 100, /*priority=*/1)};
+  const std::vector<SchedHandoff> offers = {{50, /*priority=*/1, 60, 4}};
+  const SchedulerOutput out = Scheduler(config(64, true)).schedule({{}, wait, offers, 8, 8, 1});
+  EXPECT_TRUE(out.admitted.empty());
+  EXPECT_EQ(out.handoff_wait, HandoffWait::kPreemptedFirst);
+  // A handoff of higher priority goes first.
+  const std::vector<SchedHandoff> urgent = {{50, /*priority=*/2, 60, 4}};
+  const SchedulerOutput out2 = Scheduler(config(64, true)).schedule({{}, wait, urgent, 8, 8, 1});
+  ASSERT_EQ(out2.admitted.size(), 1u);
+}
+
 }  // namespace
 }  // namespace kvsplit::sched

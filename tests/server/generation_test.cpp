@@ -312,7 +312,11 @@ TEST_F(GenerationTest, PrometheusMetrics) {
         "kvsplit:kv_pages{pool=", "rung=\"int8\"", "rung=\"evicted\"",
         "kvsplit:kv_demotions_total{pool=", "kvsplit:kv_evictions_total{pool=",
         "kvsplit:kv_recalls_total{pool=", "kvsplit:kv_refused_transitions_total{pool=",
-        "kvsplit:kv_recall_latency_mean_seconds{pool=", "kvsplit:kv_host_tier_used_bytes{pool="}) {
+        "kvsplit:kv_recall_latency_mean_seconds{pool=", "kvsplit:kv_host_tier_used_bytes{pool=",
+        // Temporal cut families.
+        "kvsplit:kv_pages_host{pool=", "kvsplit:kv_swaps_total{pool=", "direction=\"in\"",
+        "kvsplit:kv_swap_bytes_total{pool=", "kvsplit:kv_preemption_choices_total{pool=",
+        "choice=\"fallback\""}) {
     EXPECT_NE(text.find(name), std::string::npos) << name << " missing from:\n"
                                                   << text.substr(0, 3000);
   }

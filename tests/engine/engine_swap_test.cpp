@@ -1,0 +1,155 @@
+// The temporal cut in the engine: sequences preempted under memory pressure are swapped out to the
+// host tier and resumed without recompute, producing exactly the tokens they produce alone; every
+// block and host slot comes back.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine_impl.h"
+#include "engine_test_util.h"
+
+namespace kvsplit {
+namespace {
+
+using testing::collect;
+using testing::Collected;
+
+const char* kSwapPrompts[] = {"Once upon a time", "The little dog", "Lily and Ben went",
+                              "One day, a bird"};
+
+struct SwapRun {
+  std::vector<Collected> results;
+  EngineStats stats;
+  bool back_to_initial = false;
+};
+
+std::vector<Request> swap_requests() {
+  std::vector<Request> reqs;
+  for (int i = 0; i < 8; ++i) {
+    Request r;
+    r.request_id = "s" + std::to_string(i);
+    r.prompt = kSwapPrompts[i % 4];
+    r.sampling.max_tokens = 90;
+    r.sampling.ignore_eos = true;
+    r.sampling.temperature = i % 2 ? 0.8f : 0.0f;
+    r.sampling.seed = 500 + i;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+// Eight sequences pulled together into a colocated pool of 12 blocks (192 tokens): they outgrow
+// it and are preempted.
+SwapRun run_under_pressure(SwapMode mode, int64_t host_mb, int step_size = 1) {
+  EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
+  cfg.kv_blocks_per_worker = 12;
+  cfg.block_size = 16;
+  cfg.temporal.host_capacity_mb = host_mb;
+  cfg.temporal.swap = mode;
+  cfg.temporal.temporal_step_size = step_size;
+  SwapRun run;
+  auto engine = EngineImpl::create(cfg);
+  EXPECT_TRUE(engine.ok()) << engine.status().to_string();
+  if (!engine.ok()) return run;
+  const std::vector<int> initial = testing::free_blocks(**engine);
+  (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+  std::vector<RequestHandle> handles;
+  const std::vector<Request> reqs = swap_requests();
+  for (const Request& r : reqs) {
+    auto h = (*engine)->submit(r);
+    EXPECT_TRUE(h.ok()) << h.status().to_string();
+    if (h.ok()) handles.push_back(*h);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((*engine)->stats().pools[0].waiting < static_cast<int>(reqs.size()) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+  for (RequestHandle& h : handles) run.results.push_back(collect(h));
+  run.back_to_initial = testing::pools_back_to(**engine, initial);
+  run.stats = (*engine)->stats();
+  return run;
+}
+
+std::vector<Collected> alone() {
+  std::vector<Collected> out;
+  auto big = Engine::create(testing::stories_config(ServingMode::kColocated));
+  EXPECT_TRUE(big.ok());
+  for (const Request& r : swap_requests()) out.push_back(collect(*(*big)->submit(r)));
+  return out;
+}
+
+void expect_tokens_alone(const SwapRun& run, const std::vector<Collected>& ref) {
+  ASSERT_EQ(run.results.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_FALSE(run.results[i].timed_out);
+    ASSERT_TRUE(run.results[i].final_event.status.ok())
+        << run.results[i].final_event.status.to_string();
+    EXPECT_EQ(run.results[i].tokens, ref[i].tokens) << "request " << i;
+    EXPECT_EQ(run.results[i].tokens.size(), 90u);
+  }
+}
+
+TEST(EngineSwap, SwapAlwaysResumesWithoutRecomputeAndKeepsTokens) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::vector<Collected> ref = alone();
+  const SwapRun run = run_under_pressure(SwapMode::kAlways, 16);
+  expect_tokens_alone(run, ref);
+  const PoolStats& p = run.stats.pools[0];
+  EXPECT_GT(run.stats.preemptions, 0);
+  EXPECT_GT(p.kv_swaps_out, 0);
+  EXPECT_EQ(p.kv_swaps_in, p.kv_swaps_out);  // every swapped sequence resumed
+  EXPECT_EQ(p.kv_swap_choices, p.kv_swaps_out);
+  EXPECT_EQ(p.kv_recompute_choices, 0);
+  EXPECT_EQ(p.kv_swap_fallbacks, 0);
+  EXPECT_GT(p.kv_swap_bytes, 0);
+  // Every preemption was a swap: nothing was recomputed.
+  EXPECT_EQ(run.stats.preemptions, p.kv_swaps_out);
+  EXPECT_TRUE(run.back_to_initial);
+  EXPECT_EQ(p.kv_pages_host, 0);
+  EXPECT_EQ(p.kv_host_bytes_used, 0);
+}
+
+TEST(EngineSwap, SwapNeverRecomputesAndKeepsTokens) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::vector<Collected> ref = alone();
+  const SwapRun run = run_under_pressure(SwapMode::kNever, 16);
+  expect_tokens_alone(run, ref);
+  const PoolStats& p = run.stats.pools[0];
+  EXPECT_GT(run.stats.preemptions, 0);
+  EXPECT_EQ(p.kv_swaps_out, 0);
+  EXPECT_EQ(p.kv_swap_choices, 0);
+  EXPECT_TRUE(run.back_to_initial);
+}
+
+TEST(EngineSwap, LongResumeIntervalStillFinishesEverything) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::vector<Collected> ref = alone();
+  // Paused sequences wait 8 steps of the others before they are considered again.
+  const SwapRun run = run_under_pressure(SwapMode::kAlways, 16, /*step_size=*/8);
+  expect_tokens_alone(run, ref);
+  EXPECT_GT(run.stats.pools[0].kv_swaps_out, 0);
+  EXPECT_EQ(run.stats.pools[0].kv_swaps_in, run.stats.pools[0].kv_swaps_out);
+  EXPECT_TRUE(run.back_to_initial);
+}
+
+TEST(EngineSwap, BadTemporalConfigNamesTheField) {
+  EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
+  cfg.temporal.temporal_step_size = 0;
+  auto e = Engine::create(cfg);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("temporal.temporal_step_size"), std::string::npos)
+      << e.status().to_string();
+  cfg = testing::stories_config(ServingMode::kColocated);
+  cfg.temporal.host_capacity_mb = -1;
+  e = Engine::create(cfg);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("temporal.host_capacity_mb"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvsplit
