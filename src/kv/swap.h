@@ -17,16 +17,16 @@
 namespace kvsplit::kv {
 
 struct SwapStats {
-  int64_t swaps_out = 0;      // sequences swapped out
-  int64_t swaps_in = 0;       // sequences swapped back in
-  int64_t pages_out = 0;      // pages copied device -> host
-  int64_t pages_in = 0;       // pages copied host -> device
-  int64_t bytes_out = 0;      // bytes copied device -> host (all layers)
-  int64_t bytes_in = 0;       // bytes copied host -> device
+  int64_t swaps_out = 0;          // sequences swapped out
+  int64_t swaps_in = 0;           // sequences swapped back in
+  int64_t pages_out = 0;          // pages copied device -> host
+  int64_t pages_in = 0;           // pages copied host -> device
+  int64_t bytes_out = 0;          // bytes copied device -> host (all layers)
+  int64_t bytes_in = 0;           // bytes copied host -> device
   int64_t refused_host_full = 0;  // swap-outs refused: too few free host slots (nothing changed)
   int64_t refused_no_blocks = 0;  // swap-ins refused: too few free device blocks
-  double out_seconds = 0;     // wall time of the swap-outs (copies included)
-  double in_seconds = 0;      // wall time of the swap-ins
+  double out_seconds = 0;         // wall time of the swap-outs (copies included)
+  double in_seconds = 0;          // wall time of the swap-ins
 
   void add(const SwapStats& o);
 };
