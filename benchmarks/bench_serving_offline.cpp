@@ -3,11 +3,13 @@
 // / E2E percentiles, throughput, preemptions and goodput, for the disaggregated and the colocated
 // mode in one run. --bookkeeping instead measures the scheduler's bookkeeping share of step time
 // with 256 running sequences. --capacity measures how many sequences one fixed KV budget runs at
-// once with the semantic cut off and on.
+// once with the semantic cut off and on. --swap-compare runs one over-committed KV budget with the
+// temporal cut's swap: never (recompute), always and auto, and reports time and throughput.
 //
 //   bench_serving_offline --model synthetic:stories260k --requests 200 --rate 50
 //   bench_serving_offline --model synthetic:llama-110m --bookkeeping
 //   bench_serving_offline --model ../shared/models/stories260K.bin --capacity --kv-capacity-mb 5
+//   bench_serving_offline --model synthetic:llama-110m --swap-compare --kv-capacity-mb 48
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -55,6 +57,9 @@ struct Options {
   float semantic_threshold = 0.99f;
   int recent_tokens = 16;
   int score_interval = 1;
+  bool swap_compare = false;
+  int swap_seqs = 8, swap_prompt = 256, swap_output = 128;
+  int64_t host_mb = 256;
 };
 
 struct Item {
@@ -281,12 +286,18 @@ int run_bookkeeping(const Options& o, int sampling_threads) {
 struct CapacityResult {
   double mean_running = 0;
   int64_t preemptions = 0, demotions = 0, evictions = 0, recalls = 0, refused = 0;
+  int64_t swaps_out = 0, swaps_in = 0, swap_bytes = 0, recompute_choices = 0, fallbacks = 0;
   double wall_s = 0, tokens = 0;
   int errors = 0;
 };
 
-int run_capacity_once(const Options& o, int seqs, kvsplit::KvPolicy policy, CapacityResult* res) {
+int run_capacity_once(const Options& o, int seqs, kvsplit::KvPolicy policy, CapacityResult* res,
+                      const kvsplit::TemporalCutConfig& temporal = {}, int prompt = 0,
+                      int output = 0) {
+  if (prompt == 0) prompt = o.capacity_prompt;
+  if (output == 0) output = o.capacity_output;
   EngineConfig c = base_config(o, ServingMode::kColocated);
+  c.temporal = temporal;
   c.num_decode_workers = 1;
   c.kv_blocks_per_worker = 0;
   c.kv_capacity_bytes = static_cast<int64_t>(o.kv_capacity_mb * (1 << 20));
@@ -312,9 +323,9 @@ int run_capacity_once(const Options& o, int seqs, kvsplit::KvPolicy policy, Capa
   const auto t0 = Clock::now();
   for (int i = 0; i < seqs; ++i) {
     Request r;
-    r.prompt_token_ids.resize(o.capacity_prompt);
+    r.prompt_token_ids.resize(prompt);
     for (int32_t& id : r.prompt_token_ids) id = 3 + static_cast<int32_t>(rng() % (vocab - 3));
-    r.sampling.max_tokens = o.capacity_output;
+    r.sampling.max_tokens = output;
     r.sampling.ignore_eos = true;
     r.sampling.temperature = 0;
     auto h = (*engine)->submit(r);
@@ -354,6 +365,44 @@ int run_capacity_once(const Options& o, int seqs, kvsplit::KvPolicy policy, Capa
     res->evictions += p.kv_evictions;
     res->recalls += p.kv_recalls;
     res->refused += p.kv_refused_transitions;
+    res->swaps_out += p.kv_swaps_out;
+    res->swaps_in += p.kv_swaps_in;
+    res->swap_bytes += p.kv_swap_bytes;
+    res->recompute_choices += p.kv_recompute_choices;
+    res->fallbacks += p.kv_swap_fallbacks;
+  }
+  return 0;
+}
+
+// The temporal cut against recompute: one over-committed budget, swap never / always / auto.
+int run_swap_compare(const Options& o) {
+  std::printf(
+      "swap: %s, KV budget %.1f MiB, host tier %lld MiB, %d sequences of %d + %d tokens "
+      "submitted at once, 1 colocated worker, %d threads\n",
+      o.model.c_str(), o.kv_capacity_mb, static_cast<long long>(o.host_mb), o.swap_seqs,
+      o.swap_prompt, o.swap_output, o.threads);
+  double never_wall = 0;
+  for (kvsplit::SwapMode mode :
+       {kvsplit::SwapMode::kNever, kvsplit::SwapMode::kAlways, kvsplit::SwapMode::kAuto}) {
+    kvsplit::TemporalCutConfig t;
+    t.host_capacity_mb = o.host_mb;
+    t.swap = mode;
+    CapacityResult r;
+    if (run_capacity_once(o, o.swap_seqs, kvsplit::KvPolicy::kFull, &r, t, o.swap_prompt,
+                          o.swap_output) != 0 ||
+        r.errors > 0)
+      return 1;
+    if (mode == kvsplit::SwapMode::kNever) never_wall = r.wall_s;
+    const char* name = mode == kvsplit::SwapMode::kNever    ? "never"
+                       : mode == kvsplit::SwapMode::kAlways ? "always"
+                                                            : "auto";
+    std::printf(
+        "  swap %-6s: %6.2f s (%.2fx the time of never), %6.0f output tok/s, preemptions %4lld: "
+        "swapped out %lld, in %lld (%.1f MiB copied), recompute choices %lld, fallbacks %lld\n",
+        name, r.wall_s, r.wall_s / never_wall, r.tokens / r.wall_s,
+        static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps_out),
+        static_cast<long long>(r.swaps_in), static_cast<double>(r.swap_bytes) / (1 << 20),
+        static_cast<long long>(r.recompute_choices), static_cast<long long>(r.fallbacks));
   }
   return 0;
 }
@@ -428,9 +477,16 @@ int main(int argc, char** argv) {
   app.add_option("--recent-tokens", o.recent_tokens, "--capacity: recent tokens kept full");
   app.add_option("--score-interval", o.score_interval, "--capacity: decode steps between scorings")
       ->check(CLI::PositiveNumber);
+  app.add_flag("--swap-compare", o.swap_compare,
+               "temporal cut: swap never / always / auto on one over-committed KV budget");
+  app.add_option("--swap-seqs", o.swap_seqs, "--swap-compare: sequences submitted at once");
+  app.add_option("--swap-prompt", o.swap_prompt, "--swap-compare: prompt tokens");
+  app.add_option("--swap-output", o.swap_output, "--swap-compare: tokens generated");
+  app.add_option("--host-mb", o.host_mb, "--swap-compare: host tier per worker (MiB)");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::err);
   if (o.capacity) return run_capacity(o);
+  if (o.swap_compare) return run_swap_compare(o);
   if (o.bookkeeping) {
     if (o.sampling_threads > 0) return run_bookkeeping(o, o.sampling_threads);
     int rc = run_bookkeeping(o, 1);

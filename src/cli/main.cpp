@@ -23,6 +23,7 @@
 #include "model/llama_model.h"
 #include "model/loader.h"
 #include "sched/batch_generate.h"
+#include "sched/swap_cost.h"
 
 namespace {
 
@@ -57,6 +58,12 @@ struct GenerateFlags {
   int max_batch_tokens = 512;
   int split_chunk = -1;
   cli::CutFlags cut;
+  // Temporal cut.
+  int kv_blocks = 0;  // 0: as many as the batch needs (no preemption)
+  std::string swap = "auto";
+  int temporal_step_size = 1;
+  std::string prefix_cache = "off";
+  std::string disk_path;
 };
 
 int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
@@ -95,11 +102,26 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
     p.seed = base_seed + i;
   }
 
+  if (gf.prefix_cache == "on") {
+    return fail(unimplemented("--prefix-cache on: the prefix cache is not built yet"));
+  }
+  if (!gf.disk_path.empty()) {
+    return fail(unimplemented("--disk-path: the disk tier is not wired into swapping yet"));
+  }
+  const SwapMode swap = gf.swap == "always"  ? SwapMode::kAlways
+                        : gf.swap == "never" ? SwapMode::kNever
+                                             : SwapMode::kAuto;
   kv::KvPoolConfig pc;
   pc.block_size = gf.block_size;
-  pc.num_blocks = std::max(1, sched::blocks_needed(inputs, gf.block_size, cfg.max_seq_len));
+  const int needed = std::max(1, sched::blocks_needed(inputs, gf.block_size, cfg.max_seq_len));
+  pc.num_blocks = gf.kv_blocks > 0 ? gf.kv_blocks : needed;
   sched::SequenceCut::size_tiers(rc->policy, rc->semantic, pc.num_blocks, (*llama)->kv_shape(),
                                  &pc);
+  if (pc.num_blocks < needed && swap != SwapMode::kNever) {
+    // The temporal cut's host tier: at most --host-capacity-mb, never more than the whole batch.
+    const int64_t block_bytes = kv::KvPool::block_bytes(pc, (*llama)->kv_shape());
+    pc.host_bytes += std::min(rc->semantic.host_capacity_mb << 20, needed * block_bytes);
+  }
   auto pool = kv::KvPool::create(**backend, pc, (*llama)->kv_shape());
   if (!pool.ok()) return fail(pool.status());
 
@@ -109,6 +131,10 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   bo.kv_policy = rc->policy;
   bo.semantic = rc->semantic;
   bo.prefill_tokens = rc->prefill;
+  bo.swap = swap;
+  bo.temporal_step_size = gf.temporal_step_size;
+  kv::SwapStats swap_stats;
+  bo.swap_stats = &swap_stats;
   sched::SequenceCutStats cut_stats;
   bo.cut_stats = &cut_stats;
   const bool stream = !gf.json && prompts.size() == 1;
@@ -134,6 +160,10 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
       j["output_token_ids"] = o.output_ids;
       j["text"] = o.text;
       j["finish_reason"] = finish_reason_name(o.finish_reason);
+      j["cached_tokens"] = o.cached_tokens;
+      j["swapped_out_pages"] = o.swapped_out_pages;
+      j["recomputed_tokens"] = o.recomputed_tokens;
+      j["preemptions"] = o.preemptions;
       std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else if (stream) {
       std::cout << "\n";
@@ -145,6 +175,17 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   if (cf.verbose || !gf.json) {
     std::fprintf(stderr, "%zu prompts, %zu tokens generated in %.3f s (%.1f tok/s)\n",
                  prompts.size(), generated, secs, secs > 0 ? generated / secs : 0.0);
+    if (swap_stats.swaps_out > 0 || pc.num_blocks < needed) {
+      int recomputed = 0;
+      for (const sched::GenerationOutput& o : *out) recomputed += o.recomputed_tokens;
+      std::fprintf(stderr,
+                   "kv: %d blocks (%d needed without preemption), swap %s: swapped out %lld "
+                   "sequences (%lld pages), in %lld; %d tokens recomputed\n",
+                   pc.num_blocks, needed, sched::swap_mode_name(swap),
+                   static_cast<long long>(swap_stats.swaps_out),
+                   static_cast<long long>(swap_stats.pages_out),
+                   static_cast<long long>(swap_stats.swaps_in), recomputed);
+    }
     if (rc->policy != cuts::semantic::KvPolicy::kFull) {
       const kv::PageOpStats& o = cut_stats.ops;
       std::fprintf(stderr,
@@ -235,6 +276,21 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   gen->add_option("--max-batch-tokens", gf.max_batch_tokens, "token budget per step")
       ->check(CLI::PositiveNumber);
+  gen->add_option("--kv-blocks", gf.kv_blocks,
+                  "device KV pages (0: as many as the batch needs; fewer: preemption)")
+      ->check(CLI::NonNegativeNumber);
+  gen->add_option("--swap", gf.swap,
+                  "preempted sequences: swap to the host tier (always), recompute (never), or "
+                  "whichever the cost model predicts is cheaper (auto)")
+      ->check(CLI::IsMember({"auto", "always", "never"}))
+      ->capture_default_str();
+  gen->add_option("--temporal-step-size", gf.temporal_step_size,
+                  "steps a swapped-out sequence waits before it is considered again")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  gen->add_option("--prefix-cache", gf.prefix_cache, "share cached prompt pages (not built yet)")
+      ->check(CLI::IsMember({"on", "off"}));
+  gen->add_option("--disk-path", gf.disk_path, "disk tier directory (not wired yet)");
   gen->add_option(
       "--split-chunk", gf.split_chunk,
       "force decode split-K chunks of this many tokens (0 = no split; default: planner)");

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <span>
 
@@ -10,6 +11,7 @@
 #include "sampling/sampler.h"
 #include "sampling/stop.h"
 #include "sched/scheduler.h"
+#include "sched/swap_cost.h"
 
 namespace kvsplit::sched {
 
@@ -36,6 +38,9 @@ struct SeqState {
   bool greedy = false;   // plain greedy: the model returns the argmax (SeqStep::Logits::kArgmax)
   int64_t last_prefill_step = -1;
   int preemptions = 0;
+  int swapped_out_pages = 0;
+  int recomputed_tokens = 0;
+  int64_t resume_step = 0;  // swapped out: not resumed before this step while others run
 
   int num_output() const { return static_cast<int>(tokens.size()) - num_prompt; }
   // Positions whose KV must exist before the next decode step: prompt + output[:-1] (of the
@@ -136,6 +141,16 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
   sc.decode_in_budget = true;
   const Scheduler scheduler(sc);
 
+  // The temporal cut: swapping needs the pool's host tier.
+  const bool swapping = options.swap != SwapMode::kNever && pool.host_allocator().num_blocks() > 0;
+  SwapCosts costs;
+  kv::SwapStats swap_stats;
+  if (swapping && options.swap == SwapMode::kAuto) {
+    measure_copy_bandwidth(pool.backend(),
+                           static_cast<size_t>(std::clamp<int64_t>(
+                               pool.bytes_per_block() * 16, int64_t{1} << 20, int64_t{16} << 20)),
+                           &costs);
+  }
   std::vector<SchedSeq> running, waiting;
   std::vector<SeqStep> steps;
   std::vector<int> step_seq;  // seqs index of each step
@@ -161,6 +176,10 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       v.held_blocks = s.table.full_blocks();
       v.last_prefill_step = s.last_prefill_step;
       v.target = s.running ? 0 : s.target();
+      if (!s.running) {
+        v.swapped_pages = kv::swapped_pages(s.table);
+        v.resume_step = s.resume_step;
+      }
       (s.running ? running : waiting).push_back(v);
     }
     if (running.empty() && waiting.empty()) break;
@@ -181,10 +200,31 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     }
     for (const Preemption& p : plan.preempted) {
       SeqState& s = seqs[p.id];
-      pool.release(s.table);
-      s.computed = 0;
       s.running = false;
       ++s.preemptions;
+      if (const int pages = swapping ? kv::swappable_pages(s.table) : 0; pages > 0) {
+        const SwapChoice c =
+            choose_swap(options.swap, costs, pages * pool.bytes_per_block(), s.target());
+        if (c.swap) {
+          auto done = kv::swap_out(pool, s.table, &swap_stats);
+          if (!done.ok()) return done.status();
+          if (*done) {
+            s.swapped_out_pages += pages;
+            s.resume_step = step + std::max(1, options.temporal_step_size);
+            continue;
+          }
+        }
+      }
+      s.recomputed_tokens += s.computed;
+      pool.release(s.table);
+      s.computed = 0;
+    }
+    for (const SwapIn& r : plan.swap_in) {
+      SeqState& s = seqs[r.id];
+      auto done = kv::swap_in(pool, s.table, &swap_stats);
+      if (!done.ok()) return done.status();
+      KVSPLIT_CHECK(*done);  // the scheduler reserved the blocks
+      s.running = true;      // decodes from the next step
     }
 
     steps.clear();
@@ -220,14 +260,23 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       step_seq.push_back(c.id);
     }
     if (steps.empty()) {
-      // A step of preemptions only (the victims wait for blocks next step) is progress.
-      if (!plan.preempted.empty()) continue;
+      // A step of preemptions or swap-ins only (they wait or decode next step) is progress.
+      if (!plan.preempted.empty() || !plan.swap_in.empty()) continue;
       return internal_error("generate_batch: the scheduler planned an empty step with work left");
     }
 
     logits.clear();
     ids.clear();
+    const auto t_fwd = std::chrono::steady_clock::now();
     KVSPLIT_RETURN_IF_ERROR(model.forward(steps, pool, &logits, options.forward, &ids));
+    if (swapping && options.swap == SwapMode::kAuto) {
+      int prefill = 0;
+      for (const PrefillChunk& c : plan.prefill) prefill += c.tokens;
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t_fwd).count();
+      if (prefill >= pool.block_size() && secs > 0)
+        costs.prefill_tokens_per_s = ewma(costs.prefill_tokens_per_s, prefill / secs, 0.2);
+    }
 
     size_t row = 0, id = 0;
     for (size_t k = 0; k < steps.size(); ++k) {
@@ -278,7 +327,10 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     out[i].text = std::move(seqs[i].text);
     out[i].finish_reason = seqs[i].reason;
     out[i].preemptions = seqs[i].preemptions;
+    out[i].swapped_out_pages = seqs[i].swapped_out_pages;
+    out[i].recomputed_tokens = seqs[i].recomputed_tokens;
   }
+  if (options.swap_stats != nullptr) options.swap_stats->add(swap_stats);
   return out;
 }
 

@@ -2,7 +2,8 @@
 // (`kvsplit generate`) and the golden / batch-invariance tests. Each step is planned by the same
 // Scheduler the serving workers run (src/sched/scheduler.h): the decode tokens of running
 // sequences, then prefill chunks of waiting prompts under the token budget; when the pool
-// cannot grow a running sequence, the one served last is preempted and recomputed later.
+// cannot grow a running sequence, the one served last is preempted: swapped out to the host tier
+// (BatchOptions::swap) or recomputed later.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 
 #include "cuts/semantic/semantic.h"
 #include "kv/kv_pool.h"
+#include "kv/swap.h"
 #include "kvsplit/sampling_params.h"
 #include "model/llama_model.h"
 #include "model/tokenizer.h"
@@ -30,7 +32,10 @@ struct GenerationOutput {
   std::vector<int32_t> output_ids;  // ends with the stop token when the model produced one
   std::string text;                 // generated text (stop strings cut)
   FinishReason finish_reason = FinishReason::kNone;
-  int preemptions = 0;  // times its KV was dropped and recomputed
+  int preemptions = 0;        // times it was preempted (swapped out or recomputed)
+  int swapped_out_pages = 0;  // pages swapped out to the host tier (temporal cut), all swaps
+  int recomputed_tokens = 0;  // KV positions dropped by preemptions and computed again
+  int cached_tokens = 0;      // prompt tokens served from a prefix cache (none yet: 0)
 };
 
 struct BatchOptions {
@@ -49,6 +54,14 @@ struct BatchOptions {
   int prefill_tokens = 0;
   // When set, receives the cuts' counters summed over the sequences.
   SequenceCutStats* cut_stats = nullptr;
+  // The temporal cut: a preempted sequence is swapped out to the pool's host tier (when it has
+  // one) instead of recomputed, per `swap` (kAuto: the cost model of sched/swap_cost.h, with copy
+  // bandwidths measured at the start and prefill speed measured on the way), and considered
+  // again every temporal_step_size steps.
+  SwapMode swap = SwapMode::kNever;
+  int temporal_step_size = 1;
+  // When set, receives the swap counters.
+  kv::SwapStats* swap_stats = nullptr;
 };
 
 // Runs every input to completion. Errors: kInvalidArgument for bad params, empty prompts or

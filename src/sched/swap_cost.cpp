@@ -1,5 +1,9 @@
 #include "sched/swap_cost.h"
 
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
 namespace kvsplit::sched {
 
 SwapChoice choose_swap(SwapMode mode, const SwapCosts& costs, int64_t swap_bytes,
@@ -39,6 +43,32 @@ const char* swap_mode_name(SwapMode mode) {
       return "never";
   }
   return "?";
+}
+
+bool measure_copy_bandwidth(backend::Backend& backend, size_t bytes, SwapCosts* costs) {
+  using Clock = std::chrono::steady_clock;
+  auto dev = backend::DeviceBuffer::make(backend, bytes);
+  if (!dev.ok()) return false;
+  std::vector<std::byte> host(bytes);
+  double best_d2h = 0, best_h2d = 0;
+  auto rate = [&](Clock::time_point a, Clock::time_point b) {
+    return static_cast<double>(bytes) /
+           std::max(1e-9, std::chrono::duration<double>(b - a).count());
+  };
+  for (int rep = 0; rep < 3; ++rep) {
+    const Clock::time_point t0 = Clock::now();
+    if (!backend.copy_d2h(host.data(), dev->get(), bytes).ok() || !backend.synchronize().ok())
+      return false;
+    const Clock::time_point t1 = Clock::now();
+    if (!backend.copy_h2d(dev->get(), host.data(), bytes).ok() || !backend.synchronize().ok())
+      return false;
+    const Clock::time_point t2 = Clock::now();
+    best_d2h = std::max(best_d2h, rate(t0, t1));
+    best_h2d = std::max(best_h2d, rate(t1, t2));
+  }
+  costs->d2h_bytes_per_s = best_d2h;
+  costs->h2d_bytes_per_s = best_h2d;
+  return true;
 }
 
 }  // namespace kvsplit::sched

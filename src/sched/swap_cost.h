@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "backend/backend.h"
 #include "kvsplit/kv_cuts.h"
 
 namespace kvsplit::sched {
@@ -33,5 +34,9 @@ SwapChoice choose_swap(SwapMode mode, const SwapCosts& costs, int64_t swap_bytes
 double ewma(double mean, double sample, double alpha);
 
 const char* swap_mode_name(SwapMode mode);
+
+// Measures the device -> host and host -> device copy bandwidths of `backend` with `bytes`-sized
+// copies (best of 3; a few ms). Fills the two copy fields of *costs; false (unchanged) on an error.
+bool measure_copy_bandwidth(backend::Backend& backend, size_t bytes, SwapCosts* costs);
 
 }  // namespace kvsplit::sched

@@ -156,31 +156,13 @@ void Worker::note_prefill_speed(int prefill_tokens, double seconds) {
 
 void Worker::measure_swap_costs() {
   if (!swapping()) return;
-  // One host slot's worth of bytes (whole pages of every layer), at least 1 MiB, at most 16 MiB.
+  // Sixteen host slots' worth of bytes (whole pages of every layer), 1 to 16 MiB.
   const size_t bytes = static_cast<size_t>(
       std::clamp<int64_t>(pool_->bytes_per_block() * 16, int64_t{1} << 20, int64_t{16} << 20));
-  auto dev = backend::DeviceBuffer::make(*backend_, bytes);
-  if (!dev.ok()) return;
-  std::vector<std::byte> host(bytes);
-  double best_d2h = 0, best_h2d = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    const Clock::time_point t0 = Clock::now();
-    if (!backend_->copy_d2h(host.data(), dev->get(), bytes).ok() || !backend_->synchronize().ok())
-      return;
-    const Clock::time_point t1 = Clock::now();
-    if (!backend_->copy_h2d(dev->get(), host.data(), bytes).ok() || !backend_->synchronize().ok())
-      return;
-    const Clock::time_point t2 = Clock::now();
-    best_d2h =
-        std::max(best_d2h, bytes / std::max(1e-9, std::chrono::duration<double>(t1 - t0).count()));
-    best_h2d =
-        std::max(best_h2d, bytes / std::max(1e-9, std::chrono::duration<double>(t2 - t1).count()));
-  }
-  swap_costs_.d2h_bytes_per_s = best_d2h;
-  swap_costs_.h2d_bytes_per_s = best_h2d;
+  if (!measure_copy_bandwidth(*backend_, bytes, &swap_costs_)) return;
   KVSPLIT_LOG_INFO("{}: host tier copies measured at {:.2f} GB/s out, {:.2f} GB/s in (swap: {})",
-                   options_.name, best_d2h / 1e9, best_h2d / 1e9,
-                   swap_mode_name(options_.temporal.swap));
+                   options_.name, swap_costs_.d2h_bytes_per_s / 1e9,
+                   swap_costs_.h2d_bytes_per_s / 1e9, swap_mode_name(options_.temporal.swap));
 }
 
 SchedulerInput Worker::scheduler_input(bool with_handoffs) {

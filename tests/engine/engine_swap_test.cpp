@@ -23,6 +23,7 @@ const char* kSwapPrompts[] = {"Once upon a time", "The little dog", "Lily and Be
 struct SwapRun {
   std::vector<Collected> results;
   EngineStats stats;
+  PoolStats pool;
   bool back_to_initial = false;
 };
 
@@ -43,8 +44,10 @@ std::vector<Request> swap_requests() {
 
 // Eight sequences pulled together into a colocated pool of 12 blocks (192 tokens): they outgrow
 // it and are preempted.
-SwapRun run_under_pressure(SwapMode mode, int64_t host_mb, int step_size = 1) {
-  EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
+SwapRun run_under_pressure(ServingMode serving, SwapMode mode, int64_t host_mb, int step_size = 1) {
+  EngineConfig cfg = testing::stories_config(serving);
+  cfg.num_decode_workers = 1;
+  cfg.handoff_timeout_ms = 60000;
   cfg.kv_blocks_per_worker = 12;
   cfg.block_size = 16;
   cfg.temporal.host_capacity_mb = host_mb;
@@ -55,7 +58,10 @@ SwapRun run_under_pressure(SwapMode mode, int64_t host_mb, int step_size = 1) {
   EXPECT_TRUE(engine.ok()) << engine.status().to_string();
   if (!engine.ok()) return run;
   const std::vector<int> initial = testing::free_blocks(**engine);
-  (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+  const sched::WorkerRole puller = serving == ServingMode::kColocated
+                                       ? sched::WorkerRole::kColocated
+                                       : sched::WorkerRole::kPrefill;
+  (*engine)->set_test_hold(puller, sched::TestHold::kForward);
   std::vector<RequestHandle> handles;
   const std::vector<Request> reqs = swap_requests();
   for (const Request& r : reqs) {
@@ -68,10 +74,12 @@ SwapRun run_under_pressure(SwapMode mode, int64_t host_mb, int step_size = 1) {
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+  (*engine)->set_test_hold(puller, sched::TestHold::kNone);
   for (RequestHandle& h : handles) run.results.push_back(collect(h));
   run.back_to_initial = testing::pools_back_to(**engine, initial);
   run.stats = (*engine)->stats();
+  // The decoding pool's counters (the last pool: colocated-0, or decode-0 after prefill-0).
+  run.pool = run.stats.pools.back();
   return run;
 }
 
@@ -94,12 +102,14 @@ void expect_tokens_alone(const SwapRun& run, const std::vector<Collected>& ref) 
   }
 }
 
-TEST(EngineSwap, SwapAlwaysResumesWithoutRecomputeAndKeepsTokens) {
+class EngineSwap : public ::testing::TestWithParam<ServingMode> {};
+
+TEST_P(EngineSwap, SwapAlwaysResumesWithoutRecomputeAndKeepsTokens) {
   KVSPLIT_REQUIRE_MODELS();
   const std::vector<Collected> ref = alone();
-  const SwapRun run = run_under_pressure(SwapMode::kAlways, 16);
+  const SwapRun run = run_under_pressure(GetParam(), SwapMode::kAlways, 16);
   expect_tokens_alone(run, ref);
-  const PoolStats& p = run.stats.pools[0];
+  const PoolStats& p = run.pool;
   EXPECT_GT(run.stats.preemptions, 0);
   EXPECT_GT(p.kv_swaps_out, 0);
   EXPECT_EQ(p.kv_swaps_in, p.kv_swaps_out);  // every swapped sequence resumed
@@ -114,30 +124,30 @@ TEST(EngineSwap, SwapAlwaysResumesWithoutRecomputeAndKeepsTokens) {
   EXPECT_EQ(p.kv_host_bytes_used, 0);
 }
 
-TEST(EngineSwap, SwapNeverRecomputesAndKeepsTokens) {
+TEST_P(EngineSwap, SwapNeverRecomputesAndKeepsTokens) {
   KVSPLIT_REQUIRE_MODELS();
   const std::vector<Collected> ref = alone();
-  const SwapRun run = run_under_pressure(SwapMode::kNever, 16);
+  const SwapRun run = run_under_pressure(GetParam(), SwapMode::kNever, 16);
   expect_tokens_alone(run, ref);
-  const PoolStats& p = run.stats.pools[0];
+  const PoolStats& p = run.pool;
   EXPECT_GT(run.stats.preemptions, 0);
   EXPECT_EQ(p.kv_swaps_out, 0);
   EXPECT_EQ(p.kv_swap_choices, 0);
   EXPECT_TRUE(run.back_to_initial);
 }
 
-TEST(EngineSwap, LongResumeIntervalStillFinishesEverything) {
+TEST_P(EngineSwap, LongResumeIntervalStillFinishesEverything) {
   KVSPLIT_REQUIRE_MODELS();
   const std::vector<Collected> ref = alone();
   // Paused sequences wait 8 steps of the others before they are considered again.
-  const SwapRun run = run_under_pressure(SwapMode::kAlways, 16, /*step_size=*/8);
+  const SwapRun run = run_under_pressure(GetParam(), SwapMode::kAlways, 16, /*step_size=*/8);
   expect_tokens_alone(run, ref);
-  EXPECT_GT(run.stats.pools[0].kv_swaps_out, 0);
-  EXPECT_EQ(run.stats.pools[0].kv_swaps_in, run.stats.pools[0].kv_swaps_out);
+  EXPECT_GT(run.pool.kv_swaps_out, 0);
+  EXPECT_EQ(run.pool.kv_swaps_in, run.pool.kv_swaps_out);
   EXPECT_TRUE(run.back_to_initial);
 }
 
-TEST(EngineSwap, BadTemporalConfigNamesTheField) {
+TEST(EngineSwapConfig, BadTemporalConfigNamesTheField) {
   EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
   cfg.temporal.temporal_step_size = 0;
   auto e = Engine::create(cfg);
@@ -150,6 +160,13 @@ TEST(EngineSwap, BadTemporalConfigNamesTheField) {
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("temporal.host_capacity_mb"), std::string::npos);
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, EngineSwap,
+                         ::testing::Values(ServingMode::kColocated, ServingMode::kDisaggregated),
+                         [](const auto& info) {
+                           return info.param == ServingMode::kColocated ? "Colocated"
+                                                                        : "Disaggregated";
+                         });
 
 }  // namespace
 }  // namespace kvsplit

@@ -1,0 +1,88 @@
+// `kvsplit generate` with a device pool smaller than the batch needs: the temporal cut's flags
+// (--kv-blocks, --swap, --temporal-step-size) and the --json fields cached_tokens,
+// swapped_out_pages and recomputed_tokens.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cli_run.h"
+
+namespace kvsplit::testing {
+namespace {
+
+const std::string kBatch =
+    " --prompt 'Once upon a time' --prompt 'The dog' --prompt 'Lily went' --prompt 'A bird'"
+    " --max-tokens 120 --temperature 0.8 --seed 5 --ignore-eos --json";
+
+std::string model() {
+  return "--model " + quote(model_path("stories260K.bin")) + " --tokenizer " +
+         quote(model_path("tok512.bin"));
+}
+
+std::vector<nlohmann::json> generate(const std::string& extra) {
+  RunResult r = run("generate " + model() + kBatch + extra);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return json_lines(r.out);
+}
+
+TEST(CliSwap, SwappingAndRecomputingKeepTheTokensOfAnUnboundedPool) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::vector<nlohmann::json> ref = generate("");
+  ASSERT_EQ(ref.size(), 4u);
+  for (const auto& l : ref) {
+    EXPECT_EQ(l["swapped_out_pages"], 0);
+    EXPECT_EQ(l["recomputed_tokens"], 0);
+    EXPECT_EQ(l["cached_tokens"], 0);
+  }
+  // 20 pages of 16 tokens for four sequences of up to 124 positions (32 pages): preemptions.
+  int swapped = 0, recomputed = 0;
+  for (const char* mode : {"always", "never"}) {
+    for (int step_size : {1, 4}) {
+      const std::vector<nlohmann::json> got =
+          generate(std::string(" --kv-blocks 20 --swap ") + mode + " --temporal-step-size " +
+                   std::to_string(step_size));
+      ASSERT_EQ(got.size(), ref.size());
+      int pages = 0, tokens = 0, preemptions = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        EXPECT_EQ(got[i]["output_token_ids"], ref[i]["output_token_ids"]) << mode << " " << i;
+        pages += got[i]["swapped_out_pages"].get<int>();
+        tokens += got[i]["recomputed_tokens"].get<int>();
+        preemptions += got[i]["preemptions"].get<int>();
+      }
+      EXPECT_GT(preemptions, 0) << mode;
+      if (std::string(mode) == "always") {
+        EXPECT_GT(pages, 0);
+        EXPECT_EQ(tokens, 0);  // every preemption was a swap: nothing recomputed
+        swapped += pages;
+      } else {
+        EXPECT_EQ(pages, 0);
+        EXPECT_GT(tokens, 0);
+        recomputed += tokens;
+      }
+    }
+  }
+  EXPECT_GT(swapped, 0);
+  EXPECT_GT(recomputed, 0);
+}
+
+TEST(CliSwap, BadTemporalFlagsFailClearly) {
+  KVSPLIT_REQUIRE_MODELS();
+  RunResult r = run("generate " + model() + " -p hi -n 4 --swap sometimes");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--swap"), std::string::npos) << r.err;
+  r = run("generate " + model() + " -p hi -n 4 --temporal-step-size 0");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--temporal-step-size"), std::string::npos) << r.err;
+  // A pool too small for even one sequence is an error, not a hang.
+  r = run("generate " + model() + " -p 'Once upon a time' -n 200 --kv-blocks 2 --swap always");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("KV pool exhausted"), std::string::npos) << r.err;
+  // Not built yet: refused, never silently ignored.
+  r = run("generate " + model() + " -p hi -n 4 --prefix-cache on");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--prefix-cache"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace kvsplit::testing
