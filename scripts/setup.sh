@@ -6,7 +6,7 @@ set -euo pipefail
 PKGS=(
   build-essential cmake ninja-build ccache pkg-config git python3
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev libyaml-cpp-dev
-  libcli11-dev nlohmann-json3-dev libpcre2-dev libicu-dev
+  libcli11-dev nlohmann-json3-dev libpcre2-dev libicu-dev libxxhash-dev liburing-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   prometheus-cpp-dev
   python3-grpcio python3-protobuf python3-matplotlib

@@ -1,0 +1,156 @@
+#include "kv/block_io.h"
+
+#include <limits.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <deque>
+#include <thread>
+#include <utility>
+
+#include "common/check.h"
+#include "common/log.h"
+
+namespace kvsplit::kv {
+
+std::string_view io_backend_name(IoBackend b) {
+  switch (b) {
+    case IoBackend::kAuto:
+      return "auto";
+    case IoBackend::kUring:
+      return "uring";
+    case IoBackend::kThreads:
+      return "threads";
+  }
+  return "?";
+}
+
+StatusOr<IoBackend> parse_io_backend(std::string_view name) {
+  for (IoBackend b : {IoBackend::kAuto, IoBackend::kUring, IoBackend::kThreads})
+    if (name == io_backend_name(b)) return b;
+  return invalid_argument("I/O backend '" + std::string(name) +
+                          "': expected auto, uring or threads");
+}
+
+int64_t IoRequest::bytes() const {
+  int64_t n = 0;
+  for (const iovec& v : iov) n += static_cast<int64_t>(v.iov_len);
+  return n;
+}
+
+bool IoCompletion::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+IoResult IoCompletion::wait() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_; });
+  return result_;
+}
+
+void IoCompletion::complete(IoResult result) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    KVSPLIT_CHECK_MSG(!done_, "IoCompletion completed twice");
+    result_ = result;
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+namespace {
+
+// Runs one request to its end with preadv/pwritev: retries EINTR, stops at the first short
+// transfer (a regular file returns fewer bytes only at end of file or when the device is full;
+// the caller treats that as a fault, it does not resubmit the rest).
+IoResult run_vectored(const IoRequest& r) {
+  ssize_t n;
+  do {
+    n = r.op == IoOp::kRead
+            ? ::preadv(r.fd, r.iov.data(), static_cast<int>(r.iov.size()), r.offset)
+            : ::pwritev(r.fd, r.iov.data(), static_cast<int>(r.iov.size()), r.offset);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return IoResult{0, errno};
+  return IoResult{static_cast<int64_t>(n), 0};
+}
+
+// preadv/pwritev on `threads` helper threads fed by one FIFO queue.
+class ThreadBlockIo final : public BlockIo {
+ public:
+  explicit ThreadBlockIo(int threads) {
+    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { run(); });
+  }
+  ~ThreadBlockIo() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : workers_) t.join();  // workers drain the queue before they stop
+  }
+
+  std::shared_ptr<IoCompletion> submit(IoRequest request) override {
+    KVSPLIT_CHECK(request.iov.size() <= IOV_MAX && request.bytes() <= kMaxIoBytes);
+    auto c = std::make_shared<IoCompletion>(request.bytes());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(Item{std::move(request), c});
+    }
+    cv_.notify_one();
+    return c;
+  }
+  IoBackend backend() const override { return IoBackend::kThreads; }
+
+ private:
+  struct Item {
+    IoRequest request;
+    std::shared_ptr<IoCompletion> completion;
+  };
+
+  void run() {
+    for (;;) {
+      Item item;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stop_ and drained
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      item.completion->complete(run_vectored(item.request));
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace
+
+std::unique_ptr<BlockIo> make_thread_block_io(int threads) {
+  return std::make_unique<ThreadBlockIo>(threads);
+}
+
+StatusOr<std::unique_ptr<BlockIo>> BlockIo::create(const IoOptions& options) {
+  if (options.queue_depth < 1 || options.queue_depth > 4096)
+    return invalid_argument("I/O queue_depth " + std::to_string(options.queue_depth) +
+                            ": expected 1..4096");
+  if (options.threads < 1 || options.threads > 64)
+    return invalid_argument("I/O threads " + std::to_string(options.threads) + ": expected 1..64");
+  if (options.backend == IoBackend::kThreads) return make_thread_block_io(options.threads);
+  StatusOr<std::unique_ptr<BlockIo>> ring = make_uring_block_io(options.queue_depth);
+  if (ring.ok() || options.backend == IoBackend::kUring) return ring;
+  // kAuto: fall back, and say so once per process.
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true))
+    KVSPLIT_LOG_WARN("block I/O: io_uring not used ({}); using preadv/pwritev on {} threads",
+                     ring.status().message(), options.threads);
+  return make_thread_block_io(options.threads);
+}
+
+}  // namespace kvsplit::kv

@@ -1,0 +1,97 @@
+// Asynchronous block I/O: vectored reads and writes of byte ranges at file offsets, completed on
+// a helper thread. Two implementations behind one interface: io_uring (when liburing was found at
+// build time and the kernel allows it at run time) and preadv/pwritev on helper threads.
+//
+// Thread-safety: submit() may be called from any thread, concurrently. Completions are signalled
+// from the backend's helper thread; IoCompletion::wait()/done() may be called from any thread.
+// Memory named by a request's iovecs is the caller's and must stay valid (and untouched by the
+// caller) until its completion is done.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <vector>
+
+#include "kvsplit/status.h"
+
+namespace kvsplit::kv {
+
+enum class IoOp : uint8_t { kRead, kWrite };
+
+// kAuto: io_uring when built with liburing and io_uring_queue_init succeeds, else kThreads (the
+// fallback is logged once per process). kUring fails with kUnavailable when it cannot be used.
+enum class IoBackend : uint8_t { kAuto, kUring, kThreads };
+std::string_view io_backend_name(IoBackend b);
+// "auto" | "uring" | "threads" -> the backend; kInvalidArgument otherwise.
+StatusOr<IoBackend> parse_io_backend(std::string_view name);
+
+struct IoOptions {
+  IoBackend backend = IoBackend::kAuto;
+  int queue_depth = 64;  // io_uring submission queue entries; in-flight requests are capped at 2x
+  int threads = 2;       // helper threads of the preadv/pwritev backend
+};
+
+// One request: `iov` (at most IOV_MAX entries, at most kMaxIoBytes in all) at `offset` of `fd`.
+struct IoRequest {
+  IoOp op = IoOp::kRead;
+  int fd = -1;
+  int64_t offset = 0;
+  std::vector<iovec> iov;
+
+  int64_t bytes() const;
+};
+inline constexpr int64_t kMaxIoBytes = int64_t{1} << 30;  // below Linux's MAX_RW_COUNT
+
+// How a request ended: `bytes` transferred (fewer than requested: a short transfer) and the
+// errno of a failure (0 on success).
+struct IoResult {
+  int64_t bytes = 0;
+  int error = 0;
+};
+
+// The completion of one request, shared by the submitter and the backend.
+class IoCompletion {
+ public:
+  explicit IoCompletion(int64_t requested) : requested_(requested) {}
+  int64_t requested() const { return requested_; }
+  bool done() const;      // never blocks
+  IoResult wait() const;  // blocks until done
+  // Called exactly once, by the backend (or by the submitter for a request never submitted).
+  void complete(IoResult result);
+
+ private:
+  const int64_t requested_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool done_ = false;
+  IoResult result_;
+};
+
+class BlockIo {
+ public:
+  // The backend `options.backend` asks for (see IoBackend). kInvalidArgument for bad options.
+  static StatusOr<std::unique_ptr<BlockIo>> create(const IoOptions& options);
+  // Destruction waits for every submitted request to complete.
+  virtual ~BlockIo() = default;
+
+  // Queues `request`; the returned completion is done once the kernel has finished it. Blocks
+  // while the backend's in-flight limit is reached.
+  virtual std::shared_ptr<IoCompletion> submit(IoRequest request) = 0;
+  // kUring or kThreads: what actually runs.
+  virtual IoBackend backend() const = 0;
+};
+
+// True when this build has the io_uring backend (liburing found at build time).
+bool have_io_uring_support();
+
+// The backends (block_io.cpp, block_io_uring.cpp); create() picks one.
+std::unique_ptr<BlockIo> make_thread_block_io(int threads);
+// kUnavailable (with the errno text) when the build lacks liburing or the kernel refuses a ring.
+StatusOr<std::unique_ptr<BlockIo>> make_uring_block_io(int queue_depth);
+
+}  // namespace kvsplit::kv

@@ -1,0 +1,210 @@
+// DiskTier: the temporal cut's disk tier (kv-cuts.md §3, docs/kv-tiers.md). Checksummed records
+// in one data file under a directory (`kv.disk.path`), bounded by `capacity_bytes`.
+//
+// A record is one caller payload (e.g. a run of pages, every layer of each, laid out as the caller
+// gives them) behind a 64-byte header: magic, format version, payload length, the caller's owner
+// and tag, the record id, the session nonce of this open, and the XXH3-64 of the payload. Space
+// is allocated in fixed-size extents; a record takes ceil((64 + payload) / extent_bytes) of
+// them, sorted, and contiguous extents go to the kernel as one request, so a sequence moves in
+// large transfers. The index lives in memory: records live as long as the DiskTier, and opening
+// a directory truncates what a previous process left there (never served).
+//
+// Faults (DiskFault) never return wrong data: every read checks the header and the checksum.
+// A failed write frees its space and its record never becomes readable.
+//
+// Thread-safety: every method may be called from any thread (one mutex guards the index and the
+// counters); I/O completes on the BlockIo's helper thread. A DiskOp belongs to the thread that
+// started it. Buffers handed to write()/read() belong to the tier until the op is finished.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kv/block_allocator.h"
+#include "kv/block_io.h"
+#include "kvsplit/status.h"
+
+namespace kvsplit::kv {
+
+struct DiskTierConfig {
+  std::string path;                         // kv.disk.path: a directory, created when missing
+  int64_t capacity_bytes = 0;               // kv.disk.capacity_mb << 20; record space, > 0
+  int64_t extent_bytes = int64_t{1} << 20;  // allocation unit: a multiple of 4096
+  IoOptions io;                             // backend: auto | uring | threads
+};
+
+// Why an operation failed; each has its own counter and is logged once per tier.
+enum class DiskFault : uint8_t {
+  kNone = 0,
+  kCapacity,  // capacity_bytes reached (kResourceExhausted, at write(); no I/O)
+  kNoSpace,   // the file system is full: ENOSPC/EDQUOT (kResourceExhausted)
+  kIoError,   // any other errno, EIO above all (kUnavailable)
+  kShortIo,   // the kernel moved fewer bytes than asked (kDataLoss)
+  kChecksum,  // the payload's XXH3-64 differs from the header's (kDataLoss)
+  kHeader,    // magic, version, length, owner, tag, record id or session differ (kDataLoss)
+};
+inline constexpr int kNumDiskFaults = 7;
+std::string_view disk_fault_name(DiskFault f);
+
+// Faults the hook can inject into the next record operations (tests): kNoSpace / kIoError fail
+// the operation's first request without I/O, kShortIo truncates its last request, kCorrupt flips
+// a payload byte after a read (or stores a wrong checksum on a write, seen by the next read).
+enum class InjectedFault : uint8_t { kNoSpace, kIoError, kShortIo, kCorrupt };
+// Asked once per record operation (on the thread that starts it, under the tier's lock);
+// nullopt = no fault. Unset (the default) costs one branch.
+using DiskFaultHook = std::function<std::optional<InjectedFault>(IoOp op)>;
+// A hook that injects `fault` into the next `n` operations of kind `op`.
+DiskFaultHook inject_next(IoOp op, InjectedFault fault, int n);
+
+// The caller's fields of a record, checked on every read (e.g. owner = tenant salt hash,
+// tag = the chained prefix hash or a sequence id).
+struct RecordKey {
+  uint64_t owner = 0;
+  uint64_t tag = 0;
+  bool operator==(const RecordKey&) const = default;
+};
+
+// A record's handle: slot and generation, so a freed id never names a later record.
+using RecordId = uint64_t;
+
+struct DiskTierStats {
+  int64_t capacity_bytes = 0;  // extents * extent_bytes
+  int64_t extent_bytes = 0;
+  int64_t extents_total = 0;
+  int64_t extents_used = 0;                      // by records being written or readable
+  int64_t records = 0;                           // being written or readable
+  int64_t writes = 0, reads = 0, frees = 0;      // completed without a fault
+  int64_t bytes_written = 0, bytes_read = 0;     // payload bytes of those
+  std::array<int64_t, kNumDiskFaults> faults{};  // by DiskFault (kNone unused)
+  int64_t fault_count(DiskFault f) const { return faults[static_cast<int>(f)]; }
+};
+
+class DiskTier;
+
+// One record operation in flight. Finish it with DiskTier::wait() (or poll() until it returns a
+// status); destroying an unfinished op waits for it. Movable, not copyable.
+class DiskOp {
+ public:
+  DiskOp() = default;
+  DiskOp(DiskOp&& other) noexcept;
+  DiskOp& operator=(DiskOp&& other) noexcept;
+  DiskOp(const DiskOp&) = delete;
+  DiskOp& operator=(const DiskOp&) = delete;
+  ~DiskOp();
+
+  RecordId record() const { return id_; }  // a write's new record (readable once finished OK)
+  bool finished() const { return finished_; }
+  DiskFault fault() const { return fault_; }  // after finishing; kNone on success
+
+ private:
+  friend class DiskTier;
+  DiskTier* tier_ = nullptr;
+  IoOp op_ = IoOp::kRead;
+  RecordId id_ = 0;
+  bool finished_ = true;
+  DiskFault fault_ = DiskFault::kNone;
+  std::optional<InjectedFault> injected_;
+  std::unique_ptr<std::byte[]> header_;    // the record header's bytes (a stable address)
+  std::vector<std::span<std::byte>> dst_;  // reads: where the payload goes
+  std::vector<std::shared_ptr<IoCompletion>> io_;
+  std::vector<int64_t> expected_;  // bytes each request must move
+};
+
+class DiskTier {
+ public:
+  // Opens (creates) `config.path`/kvsplit-kv-tier.data, locked against other openers.
+  // Errors name the path and the errno text: kInvalidArgument (bad config, a path that is not a
+  // directory), kPermissionDenied, kFailedPrecondition (the data file exists and is not ours;
+  // it is left untouched), kUnavailable (locked by another tier, or no usable I/O backend).
+  static StatusOr<std::unique_ptr<DiskTier>> open(const DiskTierConfig& config);
+  ~DiskTier();  // waits for nothing: every DiskOp must be finished or destroyed first
+  DiskTier(const DiskTier&) = delete;
+  DiskTier& operator=(const DiskTier&) = delete;
+
+  // Starts writing one record: the concatenation of `payload`. kResourceExhausted (kCapacity)
+  // when the space is not free, kInvalidArgument for an empty payload; nothing is allocated then.
+  StatusOr<DiskOp> write(std::span<const std::span<const std::byte>> payload, RecordKey key);
+  // Starts reading record `id` into `dst` (whose sizes must add up to its payload length), and
+  // checks its header against `key`. kNotFound for an unknown id or a record still being written,
+  // kPermissionDenied when `key` is not the record's, kInvalidArgument for a size mismatch.
+  StatusOr<DiskOp> read(RecordId id, std::span<const std::span<std::byte>> dst, RecordKey key);
+  // Waits for `op` and returns how it ended (the fault's Status; see DiskFault). A failed write
+  // has freed its space; a failed read leaves the record (free it: its bytes cannot be trusted).
+  Status wait(DiskOp& op);
+  // nullopt while `op` is in flight, else what wait() would return.
+  std::optional<Status> poll(DiskOp& op);
+  // Returns the record's extents. kNotFound for an unknown id; kFailedPrecondition while an op
+  // on it is in flight.
+  Status free(RecordId id);
+
+  // Synchronous forms.
+  StatusOr<RecordId> write_sync(std::span<const std::span<const std::byte>> payload, RecordKey key);
+  Status read_sync(RecordId id, std::span<const std::span<std::byte>> dst, RecordKey key);
+
+  // Payload bytes of record `id` (kNotFound when it is not readable).
+  StatusOr<int64_t> payload_bytes(RecordId id) const;
+  DiskTierStats stats() const;
+  IoBackend io_backend() const { return io_->backend(); }
+  const std::string& data_file() const { return file_; }
+  // Tests: replace (or with nullptr clear) the fault hook.
+  void set_fault_hook(DiskFaultHook hook);
+  // Writes back and drops the data file's page cache (measurements of the device itself).
+  void drop_cache();
+
+  static constexpr int64_t kHeaderBytes = 64;
+  static constexpr uint32_t kFormatVersion = 1;
+
+ private:
+  struct Record;
+  DiskTier(DiskTierConfig config, std::string file, int fd, std::unique_ptr<BlockIo> io,
+           int64_t extents, uint64_t session);
+  Status finish(DiskOp& op);  // op's I/O is done: check it, update the index and counters
+  Status fault_locked(DiskOp* op, DiskFault f, const std::string& detail);
+  Record* find_locked(RecordId id);
+  const Record* find_locked(RecordId id) const;
+  void release_locked(Record& r, uint32_t slot);
+  // Splits the byte stream [header | segments...] over the record's extents into requests.
+  std::vector<IoRequest> plan_io(IoOp op, const std::vector<int32_t>& extents,
+                                 std::span<const iovec> stream) const;
+  // Submits `reqs` for `op` (which must be complete but for its I/O), applying op's injected fault.
+  void submit_all(DiskOp& op, std::vector<IoRequest> reqs);
+
+  const DiskTierConfig config_;
+  const std::string file_;
+  const int fd_;
+  const std::unique_ptr<BlockIo> io_;
+  const uint64_t session_;  // random per open: records of another open never match
+
+  mutable std::mutex mu_;  // everything below
+  BlockAllocator extents_;
+  std::vector<Record> records_;
+  std::vector<uint32_t> free_slots_;
+  DiskTierStats stats_;
+  std::array<bool, kNumDiskFaults> logged_{};
+  DiskFaultHook fault_hook_;
+
+  friend class DiskOp;
+};
+
+// Write and read bandwidth of `tier` with records of `record_bytes`, `total_bytes` in all
+// (the records are freed again). `cold`: drop the page cache between writing and reading, so the
+// read figure is the device's. For the cost model at start-up: the defaults take well under a
+// second on a local SSD.
+struct DiskBandwidth {
+  double write_bytes_per_s = 0;
+  double read_bytes_per_s = 0;
+};
+StatusOr<DiskBandwidth> measure_disk_bandwidth(DiskTier& tier,
+                                               int64_t record_bytes = int64_t{4} << 20,
+                                               int64_t total_bytes = int64_t{64} << 20,
+                                               bool cold = false);
+
+}  // namespace kvsplit::kv

@@ -1,0 +1,136 @@
+// DiskTier::open: the directory, the data file (ours or refused), its lock and its file header.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <utility>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "kv/disk_format.h"
+#include "kv/disk_tier.h"
+
+namespace kvsplit::kv {
+
+using disk_format::FileHeader;
+using disk_format::kDataOffset;
+using disk_format::kFileMagic;
+using disk_format::kFileName;
+
+namespace {
+std::string errno_text(int err) { return std::strerror(err); }
+}  // namespace
+
+StatusOr<std::unique_ptr<DiskTier>> DiskTier::open(const DiskTierConfig& config) {
+  const std::string& dir = config.path;
+  if (dir.empty()) return invalid_argument("disk tier: kv.disk.path is empty");
+  if (config.extent_bytes <= 0 || config.extent_bytes % 4096 != 0)
+    return invalid_argument("disk tier " + dir + ": extent_bytes " +
+                            std::to_string(config.extent_bytes) + " is not a multiple of 4096");
+  const int64_t extents = config.capacity_bytes / config.extent_bytes;
+  if (extents < 1 || extents > INT32_MAX)
+    return invalid_argument("disk tier " + dir + ": capacity_bytes " +
+                            std::to_string(config.capacity_bytes) + " holds no whole extent of " +
+                            std::to_string(config.extent_bytes) + " bytes (or too many)");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    const int err = ec.value();
+    const StatusCode code = err == EACCES || err == EPERM || err == EROFS
+                                ? StatusCode::kPermissionDenied
+                                : StatusCode::kInvalidArgument;
+    return Status(code, "disk tier " + dir + ": cannot create the directory: " + ec.message());
+  }
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return invalid_argument("disk tier " + dir + ": is not a directory");
+
+  const std::string file = (std::filesystem::path(dir) / kFileName).string();
+  const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    const StatusCode code = err == EACCES || err == EPERM || err == EROFS
+                                ? StatusCode::kPermissionDenied
+                                : StatusCode::kFailedPrecondition;
+    return Status(code, "disk tier " + file + ": cannot open: " + errno_text(err));
+  }
+  auto fail = [&](StatusCode code, const std::string& what) {
+    ::close(fd);
+    return Status(code, "disk tier " + file + ": " + what);
+  };
+  if (::fstat(fd, &st) != 0) return fail(StatusCode::kInternal, "fstat: " + errno_text(errno));
+  if (!S_ISREG(st.st_mode)) return fail(StatusCode::kFailedPrecondition, "not a regular file");
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    return fail(StatusCode::kUnavailable, err == EWOULDBLOCK
+                                              ? "in use by another disk tier (locked)"
+                                              : "flock: " + errno_text(err));
+  }
+  if (st.st_size > 0) {
+    uint64_t magic = 0;
+    if (::pread(fd, &magic, sizeof magic, 0) != static_cast<ssize_t>(sizeof magic) ||
+        magic != kFileMagic)
+      return fail(StatusCode::kFailedPrecondition,
+                  "exists and is not a kvsplit disk tier file; left untouched");
+  }
+  // Records never outlive the tier that wrote them: drop whatever a previous process left.
+  std::random_device rd;
+  const uint64_t session =
+      (uint64_t{rd()} << 32 | rd()) ^
+      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  const FileHeader fh{kFileMagic, kFormatVersion, 0, config.extent_bytes, session};
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, &fh, sizeof fh, 0) != sizeof fh ||
+      ::ftruncate(fd, kDataOffset + extents * config.extent_bytes) != 0)
+    return fail(StatusCode::kUnavailable, "cannot initialize: " + errno_text(errno));
+  struct statvfs vfs {};
+  if (::fstatvfs(fd, &vfs) == 0 &&
+      static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize) <
+          config.capacity_bytes)
+    KVSPLIT_LOG_WARN(
+        "disk tier {}: the file system has {} bytes free, less than capacity {}; "
+        "writes may fail with ENOSPC (counted as no_space)",
+        file, static_cast<int64_t>(vfs.f_bavail) * vfs.f_frsize, config.capacity_bytes);
+  StatusOr<std::unique_ptr<BlockIo>> io = BlockIo::create(config.io);
+  if (!io.ok()) return fail(io.status().code(), io.status().message());
+  return std::unique_ptr<DiskTier>(
+      new DiskTier(config, file, fd, std::move(io).value(), extents, session));
+}
+
+DiskTier::DiskTier(DiskTierConfig config, std::string file, int fd, std::unique_ptr<BlockIo> io,
+                   int64_t extents, uint64_t session)
+    : config_(std::move(config)),
+      file_(std::move(file)),
+      fd_(fd),
+      io_(std::move(io)),
+      session_(session),
+      extents_(static_cast<int>(extents)) {
+  stats_.extent_bytes = config_.extent_bytes;
+  stats_.extents_total = extents;
+  stats_.capacity_bytes = extents * config_.extent_bytes;
+  KVSPLIT_LOG_INFO("disk tier {}: {} extents of {} bytes, I/O backend {}", file_, extents,
+                   config_.extent_bytes, io_backend_name(io_->backend()));
+}
+
+DiskTier::~DiskTier() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Record& r : records_)
+      KVSPLIT_CHECK_MSG(r.state != Record::State::kWriting && r.readers == 0,
+                        "DiskTier destroyed with an unfinished DiskOp");
+  }
+  ::close(fd_);  // releases the lock; the file stays for the next open to reuse
+}
+
+void DiskTier::drop_cache() {
+  ::fdatasync(fd_);
+  ::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
+}
+
+}  // namespace kvsplit::kv

@@ -1,0 +1,131 @@
+// BlockIo: both backends pass the same tests (io_uring ones skip where it cannot run).
+#include "kv/block_io.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "test_util.h"
+
+namespace kvsplit::kv {
+namespace {
+
+std::unique_ptr<BlockIo> make_or_skip(IoBackend b) {
+  StatusOr<std::unique_ptr<BlockIo>> io = BlockIo::create(IoOptions{b, 8, 2});
+  if (!io.ok()) return nullptr;
+  EXPECT_EQ(io.value()->backend(), b);
+  return std::move(io).value();
+}
+
+class BlockIoTest : public ::testing::TestWithParam<IoBackend> {
+ protected:
+  void SetUp() override {
+    io_ = make_or_skip(GetParam());
+    if (!io_) GTEST_SKIP() << "io_uring unavailable here";
+    fd_ = ::open(dir_.file("f").c_str(), O_RDWR | O_CREAT, 0600);
+    ASSERT_GE(fd_, 0);
+  }
+  void TearDown() override {
+    io_.reset();
+    if (fd_ >= 0) ::close(fd_);
+  }
+  testing::TempDir dir_;
+  std::unique_ptr<BlockIo> io_;
+  int fd_ = -1;
+};
+
+TEST_P(BlockIoTest, VectoredWriteThenReadBack) {
+  std::vector<char> a(5000), b(70000);
+  std::iota(a.begin(), a.end(), 1);
+  std::iota(b.begin(), b.end(), 7);
+  IoRequest w{IoOp::kWrite, fd_, 4096, {{a.data(), a.size()}, {b.data(), b.size()}}};
+  auto cw = io_->submit(w);
+  const IoResult rw = cw->wait();
+  EXPECT_TRUE(cw->done());
+  EXPECT_EQ(rw.error, 0);
+  EXPECT_EQ(rw.bytes, 75000);
+  EXPECT_EQ(cw->requested(), 75000);
+
+  std::vector<char> back(75000, 0);  // one buffer for both halves
+  auto cr = io_->submit(IoRequest{IoOp::kRead, fd_, 4096, {{back.data(), back.size()}}});
+  const IoResult rr = cr->wait();
+  EXPECT_EQ(rr.error, 0);
+  EXPECT_EQ(rr.bytes, 75000);
+  EXPECT_EQ(std::memcmp(back.data(), a.data(), a.size()), 0);
+  EXPECT_EQ(std::memcmp(back.data() + a.size(), b.data(), b.size()), 0);
+}
+
+TEST_P(BlockIoTest, ReadPastTheEndIsShort) {
+  std::vector<char> a(1000, 'x');
+  ASSERT_EQ(io_->submit(IoRequest{IoOp::kWrite, fd_, 0, {{a.data(), a.size()}}})->wait().bytes,
+            1000);
+  std::vector<char> back(3000);
+  const IoResult r =
+      io_->submit(IoRequest{IoOp::kRead, fd_, 500, {{back.data(), back.size()}}})->wait();
+  EXPECT_EQ(r.error, 0);
+  EXPECT_EQ(r.bytes, 500);
+}
+
+TEST_P(BlockIoTest, BadDescriptorReportsErrno) {
+  char c = 0;
+  const IoResult r = io_->submit(IoRequest{IoOp::kRead, -1, 0, {{&c, 1}}})->wait();
+  EXPECT_EQ(r.error, EBADF);
+  EXPECT_EQ(r.bytes, 0);
+}
+
+TEST_P(BlockIoTest, ManyRequestsInFlightAllComplete) {
+  // More requests than the io_uring queue (8) and its in-flight cap (16) hold at once.
+  constexpr int kN = 100;
+  std::vector<std::vector<uint32_t>> bufs(kN, std::vector<uint32_t>(1024));
+  std::vector<std::shared_ptr<IoCompletion>> cs;
+  for (int i = 0; i < kN; ++i) {
+    std::fill(bufs[i].begin(), bufs[i].end(), static_cast<uint32_t>(i * 31 + 5));
+    cs.push_back(
+        io_->submit(IoRequest{IoOp::kWrite, fd_, int64_t{i} * 4096, {{bufs[i].data(), 4096}}}));
+  }
+  for (auto& c : cs) EXPECT_EQ(c->wait().bytes, 4096);
+  std::vector<uint32_t> back(1024);
+  for (int i = 0; i < kN; i += 17) {
+    ASSERT_EQ(io_->submit(IoRequest{IoOp::kRead, fd_, int64_t{i} * 4096, {{back.data(), 4096}}})
+                  ->wait()
+                  .bytes,
+              4096);
+    EXPECT_EQ(back, bufs[i]);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, BlockIoTest,
+                         ::testing::Values(IoBackend::kThreads, IoBackend::kUring),
+                         [](const auto& info) { return std::string(io_backend_name(info.param)); });
+
+TEST(BlockIo, ParsesBackendNames) {
+  EXPECT_EQ(parse_io_backend("uring").value(), IoBackend::kUring);
+  EXPECT_EQ(parse_io_backend("threads").value(), IoBackend::kThreads);
+  EXPECT_EQ(parse_io_backend("auto").value(), IoBackend::kAuto);
+  EXPECT_EQ(parse_io_backend("aio").status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(BlockIo, AutoPicksUringWhenItRunsElseThreads) {
+  auto io = BlockIo::create(IoOptions{});
+  ASSERT_TRUE(io.ok());
+  const bool ring_runs = BlockIo::create(IoOptions{IoBackend::kUring}).ok();
+  EXPECT_EQ(io.value()->backend(), ring_runs ? IoBackend::kUring : IoBackend::kThreads);
+  if (!have_io_uring_support()) {
+    EXPECT_FALSE(ring_runs);
+  }
+}
+
+TEST(BlockIo, RejectsBadOptions) {
+  EXPECT_EQ(BlockIo::create(IoOptions{IoBackend::kThreads, 8, 0}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(BlockIo::create(IoOptions{IoBackend::kAuto, 0, 2}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvsplit::kv

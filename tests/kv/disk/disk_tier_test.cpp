@@ -1,0 +1,435 @@
+// DiskTier: round trips, checksums, capacity, faults and their causes, errors for bad paths.
+// Every test runs with both I/O backends (io_uring skips where it cannot run).
+#include "kv/disk_tier.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace kvsplit::kv {
+namespace {
+
+using Bytes = std::vector<std::byte>;
+
+Bytes random_bytes(size_t n, uint32_t seed) {
+  Bytes b(n);
+  std::mt19937 rng(seed);
+  for (auto& x : b) x = static_cast<std::byte>(rng());
+  return b;
+}
+
+std::vector<std::span<const std::byte>> cspans(const std::vector<Bytes>& v) {
+  return {v.begin(), v.end()};
+}
+std::vector<std::span<std::byte>> spans(std::vector<Bytes>& v) { return {v.begin(), v.end()}; }
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Overwrites one byte of `path` at `offset` (behind the tier's back).
+void flip_byte(const std::string& path, size_t offset) {
+  const int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  char c = 0;
+  ASSERT_EQ(::pread(fd, &c, 1, static_cast<off_t>(offset)), 1);
+  c ^= 0x40;
+  ASSERT_EQ(::pwrite(fd, &c, 1, static_cast<off_t>(offset)), 1);
+  ::close(fd);
+}
+
+class DiskTierTest : public ::testing::TestWithParam<IoBackend> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == IoBackend::kUring && !BlockIo::create(IoOptions{IoBackend::kUring}).ok())
+      GTEST_SKIP() << "io_uring unavailable here";
+  }
+  DiskTierConfig config(int64_t extents, int64_t extent_bytes = 64 << 10) const {
+    DiskTierConfig c;
+    c.path = (dir_.path() / "tier").string();
+    c.capacity_bytes = extents * extent_bytes;
+    c.extent_bytes = extent_bytes;
+    c.io.backend = GetParam();
+    return c;
+  }
+  std::unique_ptr<DiskTier> open_tier(int64_t extents, int64_t extent_bytes = 64 << 10) {
+    StatusOr<std::unique_ptr<DiskTier>> t = DiskTier::open(config(extents, extent_bytes));
+    EXPECT_TRUE(t.ok()) << t.status().to_string();
+    return t.ok() ? std::move(t).value() : nullptr;
+  }
+  testing::TempDir dir_;
+};
+
+TEST_P(DiskTierTest, MultiPageRecordsRoundTrip) {
+  auto tier = open_tier(64);
+  ASSERT_TRUE(tier);
+  EXPECT_EQ(tier->io_backend(), GetParam());
+  // Record A: 5 pages of 37 KiB from separate buffers (a page is every layer of one block).
+  std::vector<Bytes> pages;
+  for (int i = 0; i < 5; ++i) pages.push_back(random_bytes(37 << 10, 100 + i));
+  const RecordKey ka{7, 1001};
+  StatusOr<RecordId> a = tier->write_sync(cspans(pages), ka);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  // Record B: one 300 KiB page, written while A is stored.
+  std::vector<Bytes> big{random_bytes(300 << 10, 9)};
+  StatusOr<RecordId> b = tier->write_sync(cspans(big), RecordKey{7, 1002});
+  ASSERT_TRUE(b.ok());
+  EXPECT_NE(a.value(), b.value());
+  EXPECT_EQ(tier->payload_bytes(a.value()).value(), 5 * (37 << 10));
+
+  // Read A back into differently cut buffers: the layout is the caller's, not the tier's.
+  std::vector<Bytes> back{Bytes(1000), Bytes(5 * (37 << 10) - 1000)};
+  ASSERT_TRUE(tier->read_sync(a.value(), spans(back), ka).ok());
+  Bytes joined;
+  for (auto& p : pages) joined.insert(joined.end(), p.begin(), p.end());
+  Bytes got = back[0];
+  got.insert(got.end(), back[1].begin(), back[1].end());
+  EXPECT_EQ(got, joined);
+  std::vector<Bytes> back_b{Bytes(300 << 10)};
+  ASSERT_TRUE(tier->read_sync(b.value(), spans(back_b), RecordKey{7, 1002}).ok());
+  EXPECT_EQ(back_b[0], big[0]);
+
+  const DiskTierStats s = tier->stats();
+  EXPECT_EQ(s.writes, 2);
+  EXPECT_EQ(s.reads, 2);
+  EXPECT_EQ(s.bytes_written, 5 * (37 << 10) + (300 << 10));
+  EXPECT_EQ(s.records, 2);
+  EXPECT_EQ(s.extents_used, 3 + 5);  // ceil((64 + 189440) / 64 KiB), ceil((64 + 300 KiB) / 64 KiB)
+  ASSERT_TRUE(tier->free(a.value()).ok());
+  ASSERT_TRUE(tier->free(b.value()).ok());
+  EXPECT_EQ(tier->stats().extents_used, 0);
+  EXPECT_EQ(tier->stats().records, 0);
+}
+
+TEST_P(DiskTierTest, LargeRecordOverFragmentedExtentsRoundTrips) {
+  auto tier = open_tier(30, 1 << 20);
+  ASSERT_TRUE(tier);
+  // Fill, then free every other small record so the 15 free extents are scattered.
+  std::vector<RecordId> small;
+  Bytes one(100 << 10, std::byte{1});
+  const std::span<const std::byte> one_span(one);
+  for (int i = 0; i < 30; ++i) small.push_back(tier->write_sync({&one_span, 1}, {}).value());
+  for (int i = 0; i < 30; i += 2) ASSERT_TRUE(tier->free(small[i]).ok());
+  // 20 MiB does not fit in 15 extents.
+  std::vector<Bytes> rec{random_bytes((20 << 20) - 4096, 42)};
+  ASSERT_EQ(tier->write_sync(cspans(rec), {1, 2}).status().code(), StatusCode::kResourceExhausted);
+  rec[0].resize((9 << 20) - 4096);  // 9 scattered extents, 9 requests
+  StatusOr<RecordId> id = tier->write_sync(cspans(rec), {1, 2});
+  ASSERT_TRUE(id.ok()) << id.status().to_string();
+  std::vector<Bytes> back{Bytes(rec[0].size())};
+  ASSERT_TRUE(tier->read_sync(id.value(), spans(back), {1, 2}).ok());
+  EXPECT_EQ(back[0], rec[0]);
+  EXPECT_EQ(tier->stats().fault_count(DiskFault::kCapacity), 1);
+}
+
+TEST_P(DiskTierTest, ChecksumMismatchAfterAByteFlipsOnDisk) {
+  auto tier = open_tier(16);
+  ASSERT_TRUE(tier);
+  std::string marker = "page-payload-marker-0123456789";
+  Bytes payload(50000, std::byte{0});
+  std::memcpy(payload.data() + 20000, marker.data(), marker.size());
+  const std::span<const std::byte> src(payload);
+  RecordId id = tier->write_sync({&src, 1}, {3, 4}).value();
+  const std::string disk = read_file(tier->data_file());
+  const size_t at = disk.find(marker);
+  ASSERT_NE(at, std::string::npos);
+  flip_byte(tier->data_file(), at + 3);
+
+  Bytes back(payload.size());
+  const std::span<std::byte> dst(back);
+  const Status s = tier->read_sync(id, {&dst, 1}, {3, 4});
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("checksum"), std::string::npos) << s.message();
+  EXPECT_EQ(tier->stats().fault_count(DiskFault::kChecksum), 1);
+  EXPECT_EQ(tier->stats().reads, 0);
+  ASSERT_TRUE(tier->free(id).ok());
+  EXPECT_EQ(tier->stats().extents_used, 0);
+}
+
+TEST_P(DiskTierTest, HeaderMismatchAfterTheHeaderChangesOnDisk) {
+  auto tier = open_tier(16);
+  ASSERT_TRUE(tier);
+  Bytes payload = random_bytes(10000, 5);
+  const std::span<const std::byte> src(payload);
+  RecordId id = tier->write_sync({&src, 1}, {3, 4}).value();
+  const std::string disk = read_file(tier->data_file());
+  const size_t at = disk.find("KVSPREC1");
+  ASSERT_NE(at, std::string::npos);
+  flip_byte(tier->data_file(), at + 40);  // the owner field
+  Bytes back(payload.size());
+  const std::span<std::byte> dst(back);
+  DiskOp op = tier->read(id, {&dst, 1}, {3, 4}).value();
+  const Status s = tier->wait(op);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(op.fault(), DiskFault::kHeader);
+  EXPECT_EQ(tier->stats().fault_count(DiskFault::kHeader), 1);
+  EXPECT_EQ(tier->stats().fault_count(DiskFault::kChecksum), 0);
+}
+
+TEST_P(DiskTierTest, CapacityIsBoundedAndFreedSpaceIsReused) {
+  auto tier = open_tier(8);  // 8 extents of 64 KiB
+  ASSERT_TRUE(tier);
+  Bytes page(100 << 10, std::byte{7});  // 2 extents with its header
+  const std::span<const std::byte> src(page);
+  std::vector<RecordId> ids;
+  for (int i = 0; i < 4; ++i) ids.push_back(tier->write_sync({&src, 1}, {}).value());
+  EXPECT_EQ(tier->stats().extents_used, 8);
+  StatusOr<DiskOp> full = tier->write({&src, 1}, {});
+  EXPECT_EQ(full.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(tier->stats().fault_count(DiskFault::kCapacity), 1);
+  EXPECT_EQ(tier->stats().records, 4);
+  ASSERT_TRUE(tier->free(ids[1]).ok());
+  StatusOr<RecordId> again = tier->write_sync({&src, 1}, {});
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(again.value(), ids[1]);  // same slot, new generation: the old id stays dead
+  Bytes back(page.size());
+  const std::span<std::byte> dst(back);
+  EXPECT_EQ(tier->read_sync(ids[1], {&dst, 1}, {}).code(), StatusCode::kNotFound);
+  EXPECT_EQ(tier->free(ids[1]).code(), StatusCode::kNotFound);
+  ids[1] = again.value();
+  for (RecordId id : ids) ASSERT_TRUE(tier->free(id).ok());
+  const DiskTierStats s = tier->stats();
+  EXPECT_EQ(s.extents_used, 0);
+  EXPECT_EQ(s.records, 0);
+  EXPECT_EQ(s.frees, 5);
+}
+
+TEST_P(DiskTierTest, CallerErrorsAreRefused) {
+  auto tier = open_tier(8);
+  ASSERT_TRUE(tier);
+  Bytes page(1000, std::byte{1});
+  const std::span<const std::byte> src(page);
+  EXPECT_EQ(tier->write({}, {}).status().code(), StatusCode::kInvalidArgument);
+  RecordId id = tier->write_sync({&src, 1}, {1, 2}).value();
+  Bytes back(999);
+  std::span<std::byte> dst(back);
+  EXPECT_EQ(tier->read_sync(id, {&dst, 1}, {1, 2}).code(), StatusCode::kInvalidArgument);
+  back.resize(1000);
+  dst = std::span<std::byte>(back);
+  // Another owner's or tag's record is never read (tenants, prefixes).
+  EXPECT_EQ(tier->read_sync(id, {&dst, 1}, {9, 2}).code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(tier->read_sync(id, {&dst, 1}, {1, 3}).code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(tier->read_sync(id + 1, {&dst, 1}, {1, 2}).code(), StatusCode::kNotFound);
+  // A record is not readable, nor freeable, while it is written; nor freeable while read.
+  DiskOp w = tier->write({&src, 1}, {5, 5}).value();
+  EXPECT_EQ(tier->read_sync(w.record(), {&dst, 1}, {5, 5}).code(), StatusCode::kNotFound);
+  EXPECT_EQ(tier->free(w.record()).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(tier->wait(w).ok());
+  EXPECT_EQ(tier->wait(w).code(), StatusCode::kFailedPrecondition);  // finished already
+  DiskOp r = tier->read(w.record(), {&dst, 1}, {5, 5}).value();
+  EXPECT_EQ(tier->free(w.record()).code(), StatusCode::kFailedPrecondition);
+  std::optional<Status> done;
+  while (!(done = tier->poll(r))) std::this_thread::yield();
+  EXPECT_TRUE(done->ok());
+  EXPECT_TRUE(tier->free(w.record()).ok());
+  EXPECT_TRUE(tier->free(id).ok());
+  EXPECT_EQ(tier->stats().extents_used, 0);
+}
+
+TEST_P(DiskTierTest, ADroppedOpIsFinishedByItsDestructor) {
+  auto tier = open_tier(8);
+  ASSERT_TRUE(tier);
+  Bytes page(1000, std::byte{1});
+  const std::span<const std::byte> src(page);
+  RecordId id;
+  {
+    DiskOp w = tier->write({&src, 1}, {}).value();
+    id = w.record();
+  }
+  EXPECT_EQ(tier->payload_bytes(id).value(), 1000);
+  EXPECT_TRUE(tier->free(id).ok());
+}
+
+struct FaultCase {
+  IoOp op;
+  InjectedFault inject;
+  DiskFault fault;
+  StatusCode code;
+};
+
+TEST_P(DiskTierTest, EveryInjectedFaultHasItsCauseAndLeavesNoSpace) {
+  const FaultCase cases[] = {
+      {IoOp::kWrite, InjectedFault::kNoSpace, DiskFault::kNoSpace, StatusCode::kResourceExhausted},
+      {IoOp::kWrite, InjectedFault::kIoError, DiskFault::kIoError, StatusCode::kUnavailable},
+      {IoOp::kWrite, InjectedFault::kShortIo, DiskFault::kShortIo, StatusCode::kDataLoss},
+      {IoOp::kRead, InjectedFault::kIoError, DiskFault::kIoError, StatusCode::kUnavailable},
+      {IoOp::kRead, InjectedFault::kShortIo, DiskFault::kShortIo, StatusCode::kDataLoss},
+      {IoOp::kRead, InjectedFault::kCorrupt, DiskFault::kChecksum, StatusCode::kDataLoss},
+  };
+  // Capture the log: each cause is logged once however often it happens.
+  std::ostringstream log;
+  auto saved = spdlog::default_logger();
+  auto logger = std::make_shared<spdlog::logger>(
+      "disk_tier_test", std::make_shared<spdlog::sinks::ostream_sink_mt>(log));
+  spdlog::set_default_logger(logger);
+
+  auto tier = open_tier(32);
+  ASSERT_TRUE(tier);
+  std::vector<Bytes> pages{random_bytes(70000, 1), random_bytes(90000, 2)};  // 3 extents
+  for (const FaultCase& c : cases) {
+    SCOPED_TRACE(std::string(disk_fault_name(c.fault)));
+    const DiskTierStats before = tier->stats();
+    RecordId existing = 0;
+    if (c.op == IoOp::kRead) existing = tier->write_sync(cspans(pages), {1, 1}).value();
+    tier->set_fault_hook(inject_next(c.op, c.inject, 2));
+    for (int i = 0; i < 3; ++i) {  // two faults, then the hook is spent
+      std::vector<Bytes> back{Bytes(70000), Bytes(90000)};
+      DiskOp op = c.op == IoOp::kWrite ? tier->write(cspans(pages), {1, 1}).value()
+                                       : tier->read(existing, spans(back), {1, 1}).value();
+      const Status s = tier->wait(op);
+      if (i < 2) {
+        EXPECT_EQ(s.code(), c.code) << s.to_string();
+        EXPECT_EQ(op.fault(), c.fault);
+        EXPECT_NE(s.message().find(tier->data_file()), std::string::npos);
+        if (c.op == IoOp::kWrite) {  // a failed store is never visible and holds no space
+          EXPECT_EQ(tier->payload_bytes(op.record()).status().code(), StatusCode::kNotFound);
+          EXPECT_EQ(tier->stats().extents_used, before.extents_used);
+        }
+      } else {
+        ASSERT_TRUE(s.ok()) << s.to_string();
+        EXPECT_EQ(op.fault(), DiskFault::kNone);
+        if (c.op == IoOp::kWrite) {
+          ASSERT_TRUE(tier->free(op.record()).ok());
+        } else {
+          EXPECT_EQ(back[1], pages[1]);
+        }
+      }
+    }
+    if (c.op == IoOp::kRead) {
+      ASSERT_TRUE(tier->free(existing).ok());
+    }
+    EXPECT_EQ(tier->stats().fault_count(c.fault), before.fault_count(c.fault) + 2);
+    EXPECT_EQ(tier->stats().extents_used, 0);
+    EXPECT_EQ(tier->stats().records, 0);
+  }
+  tier->set_fault_hook(nullptr);
+  // A write that stores a wrong checksum is caught by the read.
+  tier->set_fault_hook(inject_next(IoOp::kWrite, InjectedFault::kCorrupt, 1));
+  RecordId bad = tier->write_sync(cspans(pages), {1, 1}).value();
+  std::vector<Bytes> back{Bytes(70000), Bytes(90000)};
+  EXPECT_EQ(tier->read_sync(bad, spans(back), {1, 1}).code(), StatusCode::kDataLoss);
+  EXPECT_TRUE(tier->free(bad).ok());
+  const DiskTierStats s = tier->stats();
+  EXPECT_EQ(s.fault_count(DiskFault::kChecksum), 3);
+  EXPECT_EQ(s.fault_count(DiskFault::kIoError), 4);
+  EXPECT_EQ(s.extents_used, 0);
+
+  spdlog::set_default_logger(saved);
+  const std::string text = log.str();
+  for (const char* cause : {"no_space: ", "io_error: ", "short_io: ", "checksum: "}) {
+    size_t n = 0;
+    for (size_t at = text.find(cause); at != std::string::npos; at = text.find(cause, at + 1)) ++n;
+    EXPECT_EQ(n, 1u) << cause << " in:\n" << text;
+  }
+}
+
+TEST_P(DiskTierTest, ReopeningNeverServesAPreviousOpensRecords) {
+  Bytes page = random_bytes(5000, 3);
+  const std::span<const std::byte> src(page);
+  RecordId id;
+  {
+    auto tier = open_tier(8);
+    ASSERT_TRUE(tier);
+    id = tier->write_sync({&src, 1}, {1, 1}).value();
+    // A second tier on the same directory is refused while this one holds it.
+    auto second = DiskTier::open(config(8));
+    EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
+    EXPECT_NE(second.status().message().find("kvsplit-kv-tier.data"), std::string::npos);
+  }
+  auto tier = open_tier(8);
+  ASSERT_TRUE(tier);
+  EXPECT_EQ(tier->payload_bytes(id).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(tier->stats().extents_used, 0);
+  EXPECT_EQ(read_file(tier->data_file()).find("KVSPREC1"), std::string::npos);
+}
+
+TEST_P(DiskTierTest, BadPathsGiveClearErrors) {
+  // A regular file where the directory should be.
+  const std::string file = dir_.file("plain");
+  std::ofstream(file) << "x";
+  DiskTierConfig c = config(8);
+  c.path = file;
+  StatusOr<std::unique_ptr<DiskTier>> t = DiskTier::open(c);
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find(file), std::string::npos) << t.status().message();
+
+  // A data file that is not ours is refused and left as it was.
+  c.path = dir_.file("theirs");
+  std::filesystem::create_directories(c.path);
+  const std::string data = c.path + "/kvsplit-kv-tier.data";
+  std::ofstream(data) << "somebody else's file";
+  t = DiskTier::open(c);
+  EXPECT_EQ(t.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(t.status().message().find("not a kvsplit disk tier file"), std::string::npos);
+  EXPECT_EQ(read_file(data), "somebody else's file");
+
+  // No permission: a read-only directory (root ignores modes; /sys refuses even root).
+  if (::geteuid() != 0) {
+    c.path = dir_.file("ro");
+    std::filesystem::create_directories(c.path);
+    ::chmod(c.path.c_str(), 0500);
+    c.path += "/sub";
+  } else {
+    c.path = "/sys/kvsplit-disk-tier-test";
+  }
+  t = DiskTier::open(c);
+  EXPECT_EQ(t.status().code(), StatusCode::kPermissionDenied) << t.status().to_string();
+  EXPECT_NE(t.status().message().find(c.path), std::string::npos);
+  if (::geteuid() != 0) ::chmod(dir_.file("ro").c_str(), 0700);
+
+  // Bad configs.
+  c = config(8);
+  c.extent_bytes = 1000;
+  EXPECT_EQ(DiskTier::open(c).status().code(), StatusCode::kInvalidArgument);
+  c = config(8);
+  c.capacity_bytes = 100;
+  EXPECT_EQ(DiskTier::open(c).status().code(), StatusCode::kInvalidArgument);
+  c.path.clear();
+  EXPECT_EQ(DiskTier::open(c).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_P(DiskTierTest, CreatesAMissingDirectory) {
+  DiskTierConfig c = config(4);
+  c.path = dir_.file("a/b/c");
+  auto t = DiskTier::open(c);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_TRUE(std::filesystem::is_regular_file(c.path + "/kvsplit-kv-tier.data"));
+}
+
+TEST_P(DiskTierTest, BandwidthProbeIsQuickAndLeavesNothing) {
+  auto tier = open_tier(64, 1 << 20);
+  ASSERT_TRUE(tier);
+  const auto t0 = std::chrono::steady_clock::now();
+  StatusOr<DiskBandwidth> bw = measure_disk_bandwidth(*tier, 4 << 20, 32 << 20);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(bw.ok()) << bw.status().to_string();
+  EXPECT_GT(bw->write_bytes_per_s, 0);
+  EXPECT_GT(bw->read_bytes_per_s, 0);
+  EXPECT_LT(s, 5.0);  // generous for sanitizer builds; ~0.05 s in Release
+  const DiskTierStats st = tier->stats();
+  EXPECT_EQ(st.writes, 8);
+  EXPECT_EQ(st.reads, 8);
+  EXPECT_EQ(st.extents_used, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DiskTierTest,
+                         ::testing::Values(IoBackend::kThreads, IoBackend::kUring),
+                         [](const auto& info) { return std::string(io_backend_name(info.param)); });
+
+}  // namespace
+}  // namespace kvsplit::kv
