@@ -201,6 +201,8 @@ struct PoolStats {
   int64_t kv_swap_choices = 0;       // preemptions the cost model (or swap: always) sent to swap
   int64_t kv_recompute_choices = 0;  // preemptions sent to recompute (swap: never, or cheaper)
   int64_t kv_swap_fallbacks = 0;     // swaps that fell back to recompute
+  int64_t kv_swaps_to_disk = 0;      // swap-outs that went to the disk tier (host tier full)
+  int64_t kv_disk_faults = 0;        // disk tier writes / reads that failed (then recomputed)
 };
 
 struct SlaClassStats {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace kvsplit {
 
@@ -50,6 +51,11 @@ struct TemporalCutConfig {
   // A swapped-out sequence is considered for resumption every temporal_step_size steps of its
   // worker (the seed's name; 1: at every step boundary). >= 1.
   int32_t temporal_step_size = 1;
+  // Disk tier below the host tier (kv.disk): swapped-out sequences go there when the host tier is
+  // full, one checksummed record each. Empty path: none. Each decoding worker uses its own
+  // sub-directory <disk_path>/<worker name>, wiped when it opens (records never outlive it).
+  std::string disk_path;
+  int64_t disk_capacity_mb = 1024;  // per worker, >= 1
 };
 
 }  // namespace kvsplit

@@ -64,6 +64,7 @@ struct GenerateFlags {
   int temporal_step_size = 1;
   std::string prefix_cache = "off";
   std::string disk_path;
+  int64_t disk_capacity_mb = 1024;
 };
 
 int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
@@ -105,9 +106,6 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   if (gf.prefix_cache == "on") {
     return fail(unimplemented("--prefix-cache on: the prefix cache is not built yet"));
   }
-  if (!gf.disk_path.empty()) {
-    return fail(unimplemented("--disk-path: the disk tier is not wired into swapping yet"));
-  }
   const SwapMode swap = gf.swap == "always"  ? SwapMode::kAlways
                         : gf.swap == "never" ? SwapMode::kNever
                                              : SwapMode::kAuto;
@@ -124,6 +122,16 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   }
   auto pool = kv::KvPool::create(**backend, pc, (*llama)->kv_shape());
   if (!pool.ok()) return fail(pool.status());
+  if (!gf.disk_path.empty()) {
+    kv::DiskTierConfig dc;
+    dc.path = gf.disk_path;
+    dc.capacity_bytes = gf.disk_capacity_mb << 20;
+    dc.extent_bytes = std::max<int64_t>(
+        4096, ((*pool)->bytes_per_block() + kv::DiskTier::kHeaderBytes + 4095) / 4096 * 4096);
+    auto disk = kv::DiskTier::open(dc);
+    if (!disk.ok()) return fail(disk.status().with_prefix("--disk-path"));
+    (*pool)->attach_disk(std::move(disk).value());
+  }
 
   sched::BatchOptions bo;
   bo.max_batch_tokens = gf.max_batch_tokens;
@@ -180,11 +188,14 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
       for (const sched::GenerationOutput& o : *out) recomputed += o.recomputed_tokens;
       std::fprintf(stderr,
                    "kv: %d blocks (%d needed without preemption), swap %s: swapped out %lld "
-                   "sequences (%lld pages), in %lld; %d tokens recomputed\n",
+                   "sequences (%lld pages; %lld to disk), in %lld; disk faults %lld; %d tokens "
+                   "recomputed\n",
                    pc.num_blocks, needed, sched::swap_mode_name(swap),
                    static_cast<long long>(swap_stats.swaps_out),
                    static_cast<long long>(swap_stats.pages_out),
-                   static_cast<long long>(swap_stats.swaps_in), recomputed);
+                   static_cast<long long>(swap_stats.to_disk),
+                   static_cast<long long>(swap_stats.swaps_in),
+                   static_cast<long long>(swap_stats.disk_faults), recomputed);
     }
     if (rc->policy != cuts::semantic::KvPolicy::kFull) {
       const kv::PageOpStats& o = cut_stats.ops;
@@ -290,7 +301,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   gen->add_option("--prefix-cache", gf.prefix_cache, "share cached prompt pages (not built yet)")
       ->check(CLI::IsMember({"on", "off"}));
-  gen->add_option("--disk-path", gf.disk_path, "disk tier directory (not wired yet)");
+  gen->add_option("--disk-path", gf.disk_path,
+                  "disk tier directory below the host tier (its data file is wiped on open)");
+  gen->add_option("--disk-capacity-mb", gf.disk_capacity_mb, "disk tier size (MiB)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
+      ->capture_default_str();
   gen->add_option(
       "--split-chunk", gf.split_chunk,
       "force decode split-K chunks of this many tokens (0 = no split; default: planner)");

@@ -341,6 +341,18 @@ Status read_kv(const YAML::Node& n, EngineConfig* e) {
   if (!(e->kv_quant_fraction >= 0.0 && e->kv_quant_fraction <= 0.9))
     return field_error("kv.quant_fraction",
                        "must be in [0, 0.9], got " + std::to_string(e->kv_quant_fraction));
+  if (YAML::Node disk = r.child("disk"); disk && !disk.IsNull()) {
+    MapReader dr(disk, "kv.disk");
+    KVSPLIT_RETURN_IF_ERROR(dr.check_is_map());
+    KVSPLIT_RETURN_IF_ERROR(dr.get("path", &e->temporal.disk_path));
+    if (e->temporal.disk_path.empty())
+      return field_error("kv.disk.path", "must be a directory path (the disk tier's files)");
+    KVSPLIT_RETURN_IF_ERROR(dr.get("capacity_mb", &e->temporal.disk_capacity_mb));
+    if (e->temporal.disk_capacity_mb < 1 || e->temporal.disk_capacity_mb > (int64_t{1} << 30))
+      return field_error("kv.disk.capacity_mb", "must be in [1, 1073741824], got " +
+                                                    std::to_string(e->temporal.disk_capacity_mb));
+    KVSPLIT_RETURN_IF_ERROR(dr.finish());
+  }
   KVSPLIT_RETURN_IF_ERROR(r.get("host_capacity_mb", &e->temporal.host_capacity_mb));
   if (e->temporal.host_capacity_mb < 0 || e->temporal.host_capacity_mb > (int64_t{1} << 24))
     return field_error("kv.host_capacity_mb", "must be in [0, 16777216], got " +

@@ -56,6 +56,9 @@ Status validate_engine_config(const EngineConfig& c) {
   if (c.temporal.swap != SwapMode::kAuto && c.temporal.swap != SwapMode::kAlways &&
       c.temporal.swap != SwapMode::kNever)
     return bad("temporal.swap", static_cast<int>(c.temporal.swap), "auto, always or never");
+  if (!c.temporal.disk_path.empty() &&
+      (c.temporal.disk_capacity_mb < 1 || c.temporal.disk_capacity_mb > (int64_t{1} << 30)))
+    return bad("temporal.disk_capacity_mb", c.temporal.disk_capacity_mb, "in [1, 2^30]");
   if (c.temporal.temporal_step_size < 1)
     return bad("temporal.temporal_step_size", c.temporal.temporal_step_size, ">= 1");
   if (c.kv_policy != KvPolicy::kFull && c.backend == "cuda") {

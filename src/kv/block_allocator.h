@@ -40,6 +40,9 @@ class BlockAllocator {
 struct BlockTable {
   std::vector<int32_t> blocks;
   std::vector<PageEntry> pages;
+  // The temporal cut's disk record holding the table's kDisk pages (page i at record index
+  // pages[i].original); 0: none. Freed with the table (KvPool::release).
+  uint64_t disk_record = 0;
 
   // Blocks of the full-precision pool the table holds (all of them until a cut moved pages out).
   int full_blocks() const {

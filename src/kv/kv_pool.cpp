@@ -185,8 +185,14 @@ void KvPool::release(BlockTable& table) {
       else
         arena_allocator(page.precision).decref(table.blocks[i]);
     }
-    if (page.original >= 0) host_alloc_.decref(page.original);
+    if (page.original >= 0 && page.location != PageLocation::kDisk)
+      host_alloc_.decref(page.original);
     if (page.summary >= 0) summary_alloc_.decref(page.summary);
+  }
+  if (table.disk_record != 0) {
+    KVSPLIT_CHECK(disk_ != nullptr);
+    (void)disk_->free(table.disk_record);  // kNotFound only if already freed: nothing to leak
+    table.disk_record = 0;
   }
   table.blocks.clear();
   table.pages.clear();

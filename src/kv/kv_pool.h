@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "kv/block_allocator.h"
+#include "kv/disk_tier.h"
 
 namespace kvsplit::kv {
 
@@ -82,6 +83,11 @@ class KvPool {
   // One full-precision page of every layer on the device (staging for requantization).
   void* scratch_page(int layer) const;
 
+  // The temporal cut's disk tier below the host tier (none unless attached): swapped-out pages
+  // go there when the host tier is full, and release() frees a table's record.
+  void attach_disk(std::unique_ptr<DiskTier> disk) { disk_ = std::move(disk); }
+  DiskTier* disk() const { return disk_.get(); }
+
  private:
   KvPool(backend::Backend& backend, const KvPoolConfig& config, const KvShape& shape);
 
@@ -94,6 +100,7 @@ class KvPool {
   std::vector<backend::DeviceBuffer> int8_layers_, int4_layers_, summary_layers_;
   backend::DeviceBuffer scratch_;     // [num_layers] full pages
   std::vector<std::byte> host_tier_;  // [host slots, num_layers, full page bytes]
+  std::unique_ptr<DiskTier> disk_;
 };
 
 }  // namespace kvsplit::kv

@@ -9,8 +9,9 @@
 namespace kvsplit::kv {
 
 // Where a page's resident copy lives. kHost: swapped out by the temporal cut (kv/swap.h): the
-// page is in the host slot `original` and holds no device block; kDisk: reserved for the disk
-// tier; kEvicted: nothing resident but the key summary (semantic cut).
+// page is in the host slot `original` and holds no device block; kDisk: swapped out to the disk
+// tier, at index `original` of its table's disk record (BlockTable::disk_record); kEvicted: nothing
+// resident but the key summary (semantic cut).
 enum class PageLocation : uint8_t { kDevice, kHost, kDisk, kEvicted };
 
 struct PageEntry {

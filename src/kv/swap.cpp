@@ -35,6 +35,10 @@ void SwapStats::add(const SwapStats& o) {
   bytes_in += o.bytes_in;
   refused_host_full += o.refused_host_full;
   refused_no_blocks += o.refused_no_blocks;
+  to_disk += o.to_disk;
+  from_disk += o.from_disk;
+  disk_faults += o.disk_faults;
+  fallbacks += o.fallbacks;
   out_seconds += o.out_seconds;
   in_seconds += o.in_seconds;
 }
@@ -47,9 +51,54 @@ int swappable_pages(const BlockTable& table) {
 
 int swapped_pages(const BlockTable& table) {
   int n = 0;
-  for (const PageEntry& p : table.pages) n += p.location == PageLocation::kHost;
+  for (const PageEntry& p : table.pages)
+    n += p.location == PageLocation::kHost || p.location == PageLocation::kDisk;
   return n;
 }
+
+namespace {
+
+// The disk record's key: the table's address is no identity across a restart, but records never
+// outlive their DiskTier (docs/kv-tiers.md); the page count guards the layout.
+RecordKey disk_key(size_t pages) { return RecordKey{0x6b7673706c6974ull, pages}; }
+
+// swap_out's second choice: every page of `idx` in one record, through a host staging buffer.
+StatusOr<bool> swap_out_to_disk(KvPool& pool, BlockTable& table, const std::vector<int>& idx,
+                                SwapStats* stats) {
+  DiskTier& disk = *pool.disk();
+  const int64_t page_bytes = pool.page_layer_bytes(KvPrecision::kFull);
+  const int layers = pool.shape().num_layers;
+  const int64_t per_page = page_bytes * layers;
+  std::vector<std::byte> staging(static_cast<size_t>(per_page) * idx.size());
+  backend::Backend& be = pool.backend();
+  for (size_t k = 0; k < idx.size(); ++k)
+    for (int l = 0; l < layers; ++l)
+      KVSPLIT_RETURN_IF_ERROR(be.copy_d2h(staging.data() + k * per_page + l * page_bytes,
+                                          device_page(pool, l, table.blocks[idx[k]]),
+                                          static_cast<size_t>(page_bytes)));
+  KVSPLIT_RETURN_IF_ERROR(be.synchronize());
+  const std::span<const std::byte> payload[] = {staging};
+  auto id = disk.write_sync(payload, disk_key(idx.size()));
+  if (!id.ok()) {
+    // Capacity, ENOSPC, EIO, short write: nothing was kept (the tier frees a failed write).
+    ++stats->disk_faults;
+    ++stats->refused_host_full;
+    return false;
+  }
+  if (table.pages.empty()) table.pages.resize(table.blocks.size());
+  for (size_t k = 0; k < idx.size(); ++k) {
+    const int i = idx[k];
+    pool.allocator().decref(table.blocks[i]);
+    table.blocks[i] = -1;
+    table.pages[i].location = PageLocation::kDisk;
+    table.pages[i].original = static_cast<int32_t>(k);
+  }
+  table.disk_record = *id;
+  ++stats->to_disk;
+  return true;
+}
+
+}  // namespace
 
 StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats) {
   KVSPLIT_CHECK(stats != nullptr);
@@ -59,9 +108,20 @@ StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats) {
   for (size_t i = 0; i < table.blocks.size(); ++i)
     if (on_device_full(table, i)) idx.push_back(static_cast<int>(i));
   if (idx.empty()) return true;
+  if (table.disk_record != 0) return false;  // one record per table (resume it first)
   if (pool.host_allocator().num_free() < static_cast<int>(idx.size())) {
-    ++stats->refused_host_full;
-    return false;
+    if (pool.disk() == nullptr) {
+      ++stats->refused_host_full;
+      return false;
+    }
+    KVSPLIT_ASSIGN_OR_RETURN(const bool done, swap_out_to_disk(pool, table, idx, stats));
+    if (!done) return false;
+    ++stats->swaps_out;
+    stats->pages_out += static_cast<int64_t>(idx.size());
+    stats->bytes_out += static_cast<int64_t>(idx.size()) *
+                        pool.page_layer_bytes(KvPrecision::kFull) * pool.shape().num_layers;
+    stats->out_seconds += seconds_since(t0);
+    return true;
   }
   auto slots = pool.host_allocator().allocate(static_cast<int>(idx.size()));
   if (!slots) {
@@ -104,8 +164,11 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<int> idx;
   for (size_t i = 0; i < table.pages.size(); ++i)
-    if (table.pages[i].location == PageLocation::kHost) idx.push_back(static_cast<int>(i));
+    if (table.pages[i].location == PageLocation::kHost ||
+        table.pages[i].location == PageLocation::kDisk)
+      idx.push_back(static_cast<int>(i));
   if (idx.empty()) return true;
+  const bool from_disk = table.disk_record != 0;
   if (pool.allocator().num_free() < static_cast<int>(idx.size())) {
     ++stats->refused_no_blocks;
     return false;
@@ -116,11 +179,28 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats) {
     return false;
   }
   const int64_t page_bytes = pool.page_layer_bytes(KvPrecision::kFull);
+  const int layers = pool.shape().num_layers;
   backend::Backend& be = pool.backend();
   Status st = ok_status();
-  for (size_t k = 0; k < idx.size() && st.ok(); ++k) {
+  std::vector<std::byte> staging;
+  if (from_disk) {
+    // One read of the whole record; the tier checks its header, key and checksum.
+    const int64_t per_page = page_bytes * layers;
+    staging.resize(static_cast<size_t>(per_page) * idx.size());
+    const std::span<std::byte> dst[] = {staging};
+    st = pool.disk()->read_sync(table.disk_record, dst, disk_key(idx.size()));
+    if (!st.ok()) ++stats->disk_faults;
+    for (size_t k = 0; k < idx.size() && st.ok(); ++k) {
+      const int32_t at = table.pages[idx[k]].original;
+      for (int l = 0; l < layers && st.ok(); ++l)
+        st = be.copy_h2d(device_page(pool, l, (*blocks)[k]),
+                         staging.data() + at * per_page + l * page_bytes,
+                         static_cast<size_t>(page_bytes));
+    }
+  }
+  for (size_t k = 0; !from_disk && k < idx.size() && st.ok(); ++k) {
     const int32_t slot = table.pages[idx[k]].original;
-    for (int l = 0; l < pool.shape().num_layers && st.ok(); ++l) {
+    for (int l = 0; l < layers && st.ok(); ++l) {
       st = be.copy_h2d(device_page(pool, l, (*blocks)[k]), pool.host_slot(slot) + l * page_bytes,
                        static_cast<size_t>(page_bytes));
     }
@@ -133,10 +213,15 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats) {
   for (size_t k = 0; k < idx.size(); ++k) {
     const int i = idx[k];
     PageEntry& p = table.pages[i];
-    pool.host_allocator().decref(p.original);
+    if (!from_disk) pool.host_allocator().decref(p.original);
     table.blocks[i] = (*blocks)[k];
     p.location = PageLocation::kDevice;
     p.original = -1;
+  }
+  if (from_disk) {
+    (void)pool.disk()->free(table.disk_record);
+    table.disk_record = 0;
+    ++stats->from_disk;
   }
   ++stats->swaps_in;
   stats->pages_in += static_cast<int64_t>(idx.size());

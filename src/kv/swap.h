@@ -23,7 +23,11 @@ struct SwapStats {
   int64_t pages_in = 0;           // pages copied host -> device
   int64_t bytes_out = 0;          // bytes copied device -> host (all layers)
   int64_t bytes_in = 0;           // bytes copied host -> device
-  int64_t refused_host_full = 0;  // swap-outs refused: too few free host slots (nothing changed)
+  int64_t refused_host_full = 0;  // swap-outs refused: too few free host slots and no disk room
+  int64_t to_disk = 0;            // swap-outs that went to the disk tier (host tier full)
+  int64_t from_disk = 0;          // swap-ins read back from the disk tier
+  int64_t disk_faults = 0;        // disk writes or reads that failed (the caller recomputes)
+  int64_t fallbacks = 0;          // swap-ins that failed and were recomputed (callers count)
   int64_t refused_no_blocks = 0;  // swap-ins refused: too few free device blocks
   double out_seconds = 0;         // wall time of the swap-outs (copies included)
   double in_seconds = 0;          // wall time of the swap-ins
@@ -36,14 +40,17 @@ int swappable_pages(const BlockTable& table);
 // Pages of `table` on the host that a swap_in needs device blocks for.
 int swapped_pages(const BlockTable& table);
 
-// Copies every full-precision device page of `table` to host-tier slots and frees their blocks.
-// All or nothing: false (counted, the table unchanged) when the host tier has too few free slots.
-// A backend error leaves the table unchanged too (slots already taken are given back).
+// Copies every full-precision device page of `table` to host-tier slots and frees their blocks;
+// when the host tier has too few free slots and the pool has a disk tier, to one checksummed disk
+// record instead (one large write; pages kDisk). All or nothing: false (counted, the table
+// unchanged) when neither has room or the disk write fails (a fault, counted: the caller
+// recomputes). A backend error leaves the table unchanged too.
 StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats);
 
 // Inverse of swap_out: allocates a device block for every swapped-out page, copies it back and
-// frees its host slot. All or nothing: false (counted, the table unchanged) when the pool has too
-// few free blocks. A backend error leaves the table unchanged.
+// frees its host slot or disk record. All or nothing: false (counted, the table unchanged) when
+// the pool has too few free blocks. A backend error, or a disk fault (checksum, I/O: counted),
+// returns its Status with the table unchanged: the caller releases it and recomputes.
 StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats);
 
 }  // namespace kvsplit::kv

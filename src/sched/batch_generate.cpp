@@ -142,7 +142,8 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
   const Scheduler scheduler(sc);
 
   // The temporal cut: swapping needs the pool's host tier.
-  const bool swapping = options.swap != SwapMode::kNever && pool.host_allocator().num_blocks() > 0;
+  const bool swapping = options.swap != SwapMode::kNever &&
+                        (pool.host_allocator().num_blocks() > 0 || pool.disk() != nullptr);
   SwapCosts costs;
   kv::SwapStats swap_stats;
   if (swapping && options.swap == SwapMode::kAuto) {
@@ -222,9 +223,16 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     for (const SwapIn& r : plan.swap_in) {
       SeqState& s = seqs[r.id];
       auto done = kv::swap_in(pool, s.table, &swap_stats);
-      if (!done.ok()) return done.status();
-      KVSPLIT_CHECK(*done);  // the scheduler reserved the blocks
-      s.running = true;      // decodes from the next step
+      if (done.ok()) {
+        KVSPLIT_CHECK(*done);  // the scheduler reserved the blocks
+        s.running = true;      // decodes from the next step
+        continue;
+      }
+      // A disk fault (checksum, I/O) or a copy error: slower, never wrong; recompute it.
+      ++swap_stats.fallbacks;
+      s.recomputed_tokens += s.computed;
+      pool.release(s.table);
+      s.computed = 0;
     }
 
     steps.clear();

@@ -135,6 +135,8 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_swap_choices = kv_stats_.kv_swap_choices;
   s.pool.kv_recompute_choices = kv_stats_.kv_recompute_choices;
   s.pool.kv_swap_fallbacks = kv_stats_.kv_swap_fallbacks;
+  s.pool.kv_swaps_to_disk = kv_stats_.kv_swaps_to_disk;
+  s.pool.kv_disk_faults = kv_stats_.kv_disk_faults;
   s.kv_summary_slots_used = kv_summary_used_;
   s.kv_host_slots_used = kv_host_used_;
   return s;
@@ -165,6 +167,8 @@ void Worker::publish_stats() {
   k.kv_swap_choices = swap_choices_;
   k.kv_recompute_choices = recompute_choices_;
   k.kv_swap_fallbacks = swap_fallbacks_;
+  k.kv_swaps_to_disk = swap_stats_.to_disk;
+  k.kv_disk_faults = swap_stats_.disk_faults;
   k.kv_demotions = cut_ops_.demoted_to_int8 + cut_ops_.demoted_to_int4;
   k.kv_evictions = cut_ops_.evicted;
   k.kv_recalls = cut_ops_.restored;

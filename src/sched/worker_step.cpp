@@ -89,7 +89,8 @@ void Worker::preempt(Sequence& seq, const Preemption& why, Clock::time_point now
 }
 
 bool Worker::swapping() const {
-  return options_.temporal.swap != SwapMode::kNever && pool_->host_allocator().num_blocks() > 0;
+  return options_.temporal.swap != SwapMode::kNever &&
+         (pool_->host_allocator().num_blocks() > 0 || pool_->disk() != nullptr);
 }
 
 bool Worker::try_swap_out(Sequence& seq, const Preemption& why) {

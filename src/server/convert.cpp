@@ -210,6 +210,8 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_kv_swap_choices(p.kv_swap_choices);
     o->set_kv_recompute_choices(p.kv_recompute_choices);
     o->set_kv_swap_fallbacks(p.kv_swap_fallbacks);
+    o->set_kv_swaps_to_disk(p.kv_swaps_to_disk);
+    o->set_kv_disk_faults(p.kv_disk_faults);
   }
   for (const SlaClassStats& c : stats.classes) {
     v1::SlaClassStats* o = out->add_classes();

@@ -80,7 +80,14 @@ class EngineCollector : public pm::Collectable {
                "Preemptions by what the temporal cut chose for the KV (swap or recompute), and "
                "swaps that fell back to recompute",
                pm::MetricType::Counter);
+    auto& disk_faults = family("kvsplit:kv_disk_faults_total",
+                               "Disk tier writes or reads that failed (the KV was recomputed)",
+                               pm::MetricType::Counter);
     for (const PoolStats& p : s.pools) {
+      disk_faults.metric.push_back(
+          counter(static_cast<double>(p.kv_disk_faults), {{"pool", p.name}}));
+      swaps.metric.push_back(counter(static_cast<double>(p.kv_swaps_to_disk),
+                                     {{"pool", p.name}, {"direction", "to_disk"}}));
       host_pages.metric.push_back(gauge(p.kv_pages_host, {{"pool", p.name}}));
       swaps.metric.push_back(
           counter(static_cast<double>(p.kv_swaps_out), {{"pool", p.name}, {"direction", "out"}}));

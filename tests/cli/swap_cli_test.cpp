@@ -66,6 +66,27 @@ TEST(CliSwap, SwappingAndRecomputingKeepTheTokensOfAnUnboundedPool) {
   EXPECT_GT(recomputed, 0);
 }
 
+TEST(CliSwap, DiskTierBelowTheHostTierKeepsTheTokens) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::vector<nlohmann::json> ref = generate("");
+  TempDir dir;
+  // No host tier: every swap goes to the disk tier.
+  const std::vector<nlohmann::json> got =
+      generate(" --kv-blocks 20 --swap always --host-capacity-mb 0 --disk-path " +
+               quote(dir.path().string()));
+  ASSERT_EQ(got.size(), ref.size());
+  int pages = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_EQ(got[i]["output_token_ids"], ref[i]["output_token_ids"]) << i;
+    EXPECT_EQ(got[i]["recomputed_tokens"], 0);
+    pages += got[i]["swapped_out_pages"].get<int>();
+  }
+  EXPECT_GT(pages, 0);
+  RunResult r = run("generate " + model() + " -p hi -n 4 --disk-path /proc/nope");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--disk-path"), std::string::npos) << r.err;
+}
+
 TEST(CliSwap, BadTemporalFlagsFailClearly) {
   KVSPLIT_REQUIRE_MODELS();
   RunResult r = run("generate " + model() + " -p hi -n 4 --swap sometimes");

@@ -342,14 +342,20 @@ TEST(ConfigTest, TemporalCutKeys) {
   auto c = parse_config(
       "kv:\n"
       "  host_capacity_mb: 512\n"
+      "  disk: {path: /var/tmp/kv, capacity_mb: 2048}\n"
       "  cuts:\n"
       "    temporal: {temporal_step_size: 4, swap: always}\n");
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ(c->engine.temporal.host_capacity_mb, 512);
   EXPECT_EQ(c->engine.temporal.temporal_step_size, 4);
   EXPECT_EQ(c->engine.temporal.swap, SwapMode::kAlways);
+  EXPECT_EQ(c->engine.temporal.disk_path, "/var/tmp/kv");
+  EXPECT_EQ(c->engine.temporal.disk_capacity_mb, 2048);
   const std::pair<const char*, const char*> bad[] = {
       {"kv:\n  host_capacity_mb: -1\n", "kv.host_capacity_mb"},
+      {"kv:\n  disk: {capacity_mb: 5}\n", "kv.disk.path"},
+      {"kv:\n  disk: {path: /tmp/x, capacity_mb: 0}\n", "kv.disk.capacity_mb"},
+      {"kv:\n  disk: {path: /tmp/x, size: 3}\n", "kv.disk.size"},
       {"kv:\n  cuts:\n    temporal: {swap: sometimes}\n", "kv.cuts.temporal.swap"},
       {"kv:\n  cuts:\n    temporal: {temporal_step_size: 0}\n",
        "kv.cuts.temporal.temporal_step_size"},

@@ -44,8 +44,11 @@ std::vector<Request> swap_requests() {
 
 // Eight sequences pulled together into a colocated pool of 12 blocks (192 tokens): they outgrow
 // it and are preempted.
-SwapRun run_under_pressure(ServingMode serving, SwapMode mode, int64_t host_mb, int step_size = 1) {
+SwapRun run_under_pressure(ServingMode serving, SwapMode mode, int64_t host_mb, int step_size = 1,
+                           const std::string& disk_path = "") {
   EngineConfig cfg = testing::stories_config(serving);
+  cfg.temporal.disk_path = disk_path;
+  cfg.temporal.disk_capacity_mb = 64;
   cfg.num_decode_workers = 1;
   cfg.handoff_timeout_ms = 60000;
   cfg.kv_blocks_per_worker = 12;
@@ -144,6 +147,20 @@ TEST_P(EngineSwap, LongResumeIntervalStillFinishesEverything) {
   expect_tokens_alone(run, ref);
   EXPECT_GT(run.pool.kv_swaps_out, 0);
   EXPECT_EQ(run.pool.kv_swaps_in, run.pool.kv_swaps_out);
+  EXPECT_TRUE(run.back_to_initial);
+}
+
+TEST_P(EngineSwap, DiskTierTakesTheSwapsWithoutAHostTier) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::vector<Collected> ref = alone();
+  testing::TempDir dir;
+  const SwapRun run =
+      run_under_pressure(GetParam(), SwapMode::kAlways, /*host_mb=*/0, 1, dir.path().string());
+  expect_tokens_alone(run, ref);
+  EXPECT_GT(run.pool.kv_swaps_to_disk, 0);
+  EXPECT_EQ(run.pool.kv_swaps_to_disk, run.pool.kv_swaps_out);
+  EXPECT_EQ(run.pool.kv_swaps_in, run.pool.kv_swaps_out);
+  EXPECT_EQ(run.pool.kv_disk_faults, 0);
   EXPECT_TRUE(run.back_to_initial);
 }
 

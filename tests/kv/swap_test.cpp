@@ -7,6 +7,7 @@
 
 #include "kv/kv_pool.h"
 #include "kv/page_ops.h"
+#include "test_util.h"
 
 namespace kvsplit::kv {
 namespace {
@@ -190,6 +191,103 @@ TEST(Swap, QuantizedAndEvictedPagesStayWhereTheyAre) {
   EXPECT_EQ(t.blocks[0], int8_block);
   p.pool->release(t);
   p.expect_all_free();
+}
+
+// The disk tier below a full host tier: one record per swapped table, bit-exact, and faults that
+// leave nothing behind.
+struct DiskPool : Pool {
+  testing::TempDir dir;
+  DiskTier* disk = nullptr;
+  explicit DiskPool(int blocks, int host_pages = 0, int64_t extents = 64)
+      : Pool(blocks, host_pages) {
+    DiskTierConfig c;
+    c.path = dir.path().string();
+    c.extent_bytes = 4096;
+    c.capacity_bytes = extents * c.extent_bytes;
+    auto t = DiskTier::open(c);
+    EXPECT_TRUE(t.ok()) << t.status().to_string();
+    disk = t->get();
+    pool->attach_disk(std::move(t).value());
+  }
+};
+
+TEST(SwapDisk, HostTierFullGoesToDiskAndBackBitExact) {
+  DiskPool p(8, /*host_pages=*/1);
+  BlockTable t;
+  ASSERT_TRUE(p.pool->reserve(t, 3 * kBlock + 2));  // 4 pages, the last partial
+  p.fill(t, 21);
+  const std::vector<float> before = p.read(t);
+  SwapStats st;
+  auto out = swap_out(*p.pool, t, &st);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  ASSERT_TRUE(*out);
+  EXPECT_EQ(st.to_disk, 1);
+  EXPECT_NE(t.disk_record, 0u);
+  EXPECT_EQ(p.pool->allocator().num_used(), 0);
+  EXPECT_EQ(p.pool->host_allocator().num_used(), 0);
+  EXPECT_EQ(swapped_pages(t), 4);
+  for (const PageEntry& e : t.pages) EXPECT_EQ(e.location, PageLocation::kDisk);
+  EXPECT_EQ(p.disk->stats().records, 1);
+  BlockTable other;  // the freed blocks are reused and overwritten meanwhile
+  ASSERT_TRUE(p.pool->reserve(other, 8 * kBlock));
+  p.fill(other, 77);
+  p.pool->release(other);
+  auto in = swap_in(*p.pool, t, &st);
+  ASSERT_TRUE(in.ok()) << in.status().to_string();
+  ASSERT_TRUE(*in);
+  EXPECT_EQ(p.read(t), before);
+  EXPECT_EQ(st.from_disk, 1);
+  EXPECT_EQ(t.disk_record, 0u);
+  EXPECT_EQ(p.disk->stats().records, 0);
+  EXPECT_EQ(p.disk->stats().extents_used, 0);
+  p.pool->release(t);
+  p.expect_all_free();
+}
+
+TEST(SwapDisk, CorruptRecordIsAnErrorAndReleaseFreesIt) {
+  DiskPool p(8);
+  BlockTable t;
+  ASSERT_TRUE(p.pool->reserve(t, 2 * kBlock));
+  p.fill(t, 5);
+  SwapStats st;
+  ASSERT_TRUE(*swap_out(*p.pool, t, &st));
+  p.disk->set_fault_hook(inject_next(IoOp::kRead, InjectedFault::kCorrupt, 1));
+  auto in = swap_in(*p.pool, t, &st);
+  ASSERT_FALSE(in.ok());
+  EXPECT_EQ(in.status().code(), StatusCode::kDataLoss) << in.status().to_string();
+  EXPECT_EQ(st.disk_faults, 1);
+  EXPECT_EQ(st.swaps_in, 0);
+  EXPECT_EQ(p.pool->allocator().num_used(), 0);  // the blocks it took were given back
+  EXPECT_EQ(swapped_pages(t), 2);                // unchanged: the caller recomputes
+  p.pool->release(t);
+  EXPECT_EQ(p.disk->stats().records, 0);
+  EXPECT_EQ(p.disk->stats().extents_used, 0);
+  p.expect_all_free();
+}
+
+TEST(SwapDisk, FailedOrFullDiskWriteRefusesAndChangesNothing) {
+  for (int fault = 0; fault < 3; ++fault) {
+    // 0: ENOSPC injected, 1: EIO injected, 2: the tier's capacity (1 extent) too small.
+    DiskPool p(8, 0, fault == 2 ? 1 : 64);
+    if (fault == 0) p.disk->set_fault_hook(inject_next(IoOp::kWrite, InjectedFault::kNoSpace, 1));
+    if (fault == 1) p.disk->set_fault_hook(inject_next(IoOp::kWrite, InjectedFault::kIoError, 1));
+    BlockTable t;
+    ASSERT_TRUE(p.pool->reserve(t, 4 * kBlock));
+    p.fill(t, 9);
+    const std::vector<int32_t> blocks = t.blocks;
+    const std::vector<float> before = p.read(t);
+    SwapStats st;
+    auto out = swap_out(*p.pool, t, &st);
+    ASSERT_TRUE(out.ok()) << fault << ": " << out.status().to_string();
+    EXPECT_FALSE(*out) << fault;
+    EXPECT_EQ(st.disk_faults, 1) << fault;
+    EXPECT_EQ(t.blocks, blocks);
+    EXPECT_EQ(t.disk_record, 0u);
+    EXPECT_EQ(p.read(t), before);
+    EXPECT_EQ(p.disk->stats().extents_used, 0) << fault;
+    p.pool->release(t);
+    p.expect_all_free();
+  }
 }
 
 }  // namespace

@@ -1,0 +1,105 @@
+// The temporal cut's faults at the model level (issue 12, item 7): a pool too small for the batch
+// swaps to a disk tier below a full (here absent) host tier; injected disk faults — no space, an
+// I/O error, a short read, a corrupt record — fall back to recompute. The tokens are those of an
+// unbounded pool every time, the fault counters move, and nothing is left on any tier.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "e2e_util.h"
+#include "kv/disk_tier.h"
+#include "kv/swap.h"
+
+namespace kvsplit::testing {
+namespace {
+
+std::vector<sched::GenerationInput> batch(const model::Tokenizer& tok) {
+  std::vector<sched::GenerationInput> v;
+  int i = 0;
+  for (const char* p : {"Once upon a time", "The dog", "Lily went", "A bird"}) {
+    sched::GenerationInput in;
+    in.prompt_ids = *tok.encode(p, true);
+    in.params.max_tokens = 120;
+    in.params.ignore_eos = true;
+    in.params.temperature = i % 2 ? 0.8f : 0.f;
+    in.params.seed = 40 + i++;
+    v.push_back(in);
+  }
+  return v;
+}
+
+struct Outcome {
+  std::vector<std::vector<int32_t>> tokens;
+  kv::SwapStats swaps;
+  int recomputed = 0;
+};
+
+Outcome run(Engine260K& e, const std::vector<sched::GenerationInput>& in, SwapMode mode) {
+  sched::BatchOptions bo;
+  bo.swap = mode;
+  Outcome o;
+  bo.swap_stats = &o.swaps;
+  auto out = sched::generate_batch(*e.model, *e.pool, e.loaded.tokenizer.get(), in, bo);
+  EXPECT_TRUE(out.ok()) << out.status().to_string();
+  if (!out.ok()) return o;
+  for (const auto& g : *out) {
+    o.tokens.push_back(g.output_ids);
+    o.recomputed += g.recomputed_tokens;
+  }
+  return o;
+}
+
+TEST(SwapFaults, EveryDiskFaultFallsBackToRecomputeWithTheSameTokens) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto big = make_engine("llama2c", 1, 512);
+  ASSERT_NE(big, nullptr);
+  const auto inputs = batch(*big->loaded.tokenizer);
+  const Outcome ref = run(*big, inputs, SwapMode::kNever);
+  ASSERT_EQ(ref.tokens.size(), 4u);
+
+  struct Case {
+    const char* name;
+    kv::IoOp op;
+    kv::InjectedFault fault;
+    int n;  // 0: no fault
+  };
+  const Case cases[] = {{"clean", kv::IoOp::kWrite, kv::InjectedFault::kNoSpace, 0},
+                        {"no space", kv::IoOp::kWrite, kv::InjectedFault::kNoSpace, 2},
+                        {"io error", kv::IoOp::kWrite, kv::InjectedFault::kIoError, 2},
+                        {"short read", kv::IoOp::kRead, kv::InjectedFault::kShortIo, 1},
+                        {"corrupt", kv::IoOp::kRead, kv::InjectedFault::kCorrupt, 1}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto small = make_engine("llama2c", 1, 20);  // 20 pages for 32: preemptions
+    ASSERT_NE(small, nullptr);
+    TempDir dir;
+    kv::DiskTierConfig dc;
+    dc.path = dir.path().string();
+    dc.capacity_bytes = 64 << 20;
+    dc.extent_bytes = 16 << 10;
+    auto disk = kv::DiskTier::open(dc);
+    ASSERT_TRUE(disk.ok()) << disk.status().to_string();
+    kv::DiskTier* tier = disk->get();
+    if (c.n > 0) tier->set_fault_hook(kv::inject_next(c.op, c.fault, c.n));
+    small->pool->attach_disk(std::move(disk).value());
+    const Outcome got = run(*small, inputs, SwapMode::kAlways);
+    EXPECT_EQ(got.tokens, ref.tokens);
+    EXPECT_GT(got.swaps.to_disk, 0);
+    if (c.n == 0) {
+      EXPECT_EQ(got.swaps.disk_faults, 0);
+      EXPECT_EQ(got.recomputed, 0);
+      EXPECT_EQ(got.swaps.from_disk, got.swaps.to_disk);
+    } else {
+      EXPECT_EQ(got.swaps.disk_faults, c.n);
+      EXPECT_GT(got.recomputed, 0);  // slower, never wrong
+    }
+    // Nothing left: device blocks, host slots, disk records and extents.
+    EXPECT_EQ(small->pool->allocator().num_used(), 0);
+    EXPECT_EQ(tier->stats().records, 0);
+    EXPECT_EQ(tier->stats().extents_used, 0);
+  }
+}
+
+}  // namespace
+}  // namespace kvsplit::testing
