@@ -85,6 +85,10 @@ struct EngineConfig {
   // (added to the semantic cut's) lets a sequence preempted under memory pressure be swapped out
   // and resumed without recompute (docs/kv-cuts.md). host_capacity_mb 0: recompute only.
   TemporalCutConfig temporal;
+  // Prefix cache on the workers that prefill (prefill and colocated workers): full prompt pages
+  // shared across requests of one tenant and cache_salt (docs/kv-cuts.md); Usage::cached_tokens
+  // reports the hits.
+  bool prefix_cache = false;
   uint64_t seed = 0;                                 // draws per-request seeds when unset
   std::vector<SlaClass> sla_classes = {SlaClass{}};  // first one is the default class
 };
@@ -104,6 +108,9 @@ struct Request {
   std::string sla_class;      // empty: the default class
   int32_t priority = 0;       // added to the class priority
   uint32_t top_logprobs = 0;  // 0..20 alternatives per generated token
+  // Prefix cache scope (EngineConfig::prefix_cache): cached prompt pages are shared only between
+  // requests of the same tenant and the same cache_salt. At most 256 bytes.
+  std::string cache_salt;
 };
 
 struct TokenLogprob {
@@ -203,6 +210,11 @@ struct PoolStats {
   int64_t kv_swap_fallbacks = 0;     // swaps that fell back to recompute
   int64_t kv_swaps_to_disk = 0;      // swap-outs that went to the disk tier (host tier full)
   int64_t kv_disk_faults = 0;        // disk tier writes / reads that failed (then recomputed)
+  // Prefix cache (EngineConfig::prefix_cache): pages it holds now, and since start the prompt
+  // tokens looked up (whole pages) and the tokens served from it (hit rate = hits / queries).
+  int32_t kv_prefix_cache_pages = 0;
+  int64_t kv_prefix_queries = 0;
+  int64_t kv_prefix_hits = 0;
 };
 
 struct SlaClassStats {

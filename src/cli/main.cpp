@@ -103,9 +103,6 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
     p.seed = base_seed + i;
   }
 
-  if (gf.prefix_cache == "on") {
-    return fail(unimplemented("--prefix-cache on: the prefix cache is not built yet"));
-  }
   const SwapMode swap = gf.swap == "always"  ? SwapMode::kAlways
                         : gf.swap == "never" ? SwapMode::kNever
                                              : SwapMode::kAuto;
@@ -122,6 +119,7 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   }
   auto pool = kv::KvPool::create(**backend, pc, (*llama)->kv_shape());
   if (!pool.ok()) return fail(pool.status());
+  if (gf.prefix_cache == "on") (*pool)->enable_prefix_cache();
   if (!gf.disk_path.empty()) {
     kv::DiskTierConfig dc;
     dc.path = gf.disk_path;
@@ -143,6 +141,7 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   bo.temporal_step_size = gf.temporal_step_size;
   kv::SwapStats swap_stats;
   bo.swap_stats = &swap_stats;
+  bo.prefix_salt = kv::PrefixCache::salt_of("");
   sched::SequenceCutStats cut_stats;
   bo.cut_stats = &cut_stats;
   const bool stream = !gf.json && prompts.size() == 1;
@@ -299,7 +298,8 @@ int main(int argc, char** argv) {
                   "steps a swapped-out sequence waits before it is considered again")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  gen->add_option("--prefix-cache", gf.prefix_cache, "share cached prompt pages (not built yet)")
+  gen->add_option("--prefix-cache", gf.prefix_cache,
+                  "share full prompt pages between the prompts (admitted one per step)")
       ->check(CLI::IsMember({"on", "off"}));
   gen->add_option("--disk-path", gf.disk_path,
                   "disk tier directory below the host tier (its data file is wiped on open)");

@@ -353,6 +353,13 @@ Status read_kv(const YAML::Node& n, EngineConfig* e) {
                                                     std::to_string(e->temporal.disk_capacity_mb));
     KVSPLIT_RETURN_IF_ERROR(dr.finish());
   }
+  std::string prefix;
+  KVSPLIT_RETURN_IF_ERROR(r.get("prefix_cache", &prefix));
+  if (r.has("prefix_cache")) {
+    if (prefix != "on" && prefix != "off")
+      return field_error("kv.prefix_cache", "must be 'on' or 'off', got " + quoted(prefix));
+    e->prefix_cache = prefix == "on";
+  }
   KVSPLIT_RETURN_IF_ERROR(r.get("host_capacity_mb", &e->temporal.host_capacity_mb));
   if (e->temporal.host_capacity_mb < 0 || e->temporal.host_capacity_mb > (int64_t{1} << 24))
     return field_error("kv.host_capacity_mb", "must be in [0, 16777216], got " +

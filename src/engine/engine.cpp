@@ -134,6 +134,8 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     if (decodes) pc.host_bytes += config.temporal.host_capacity_mb << 20;
     auto pool = kv::KvPool::create(*be, pc, shape);
     if (!pool.ok()) return pool.status().with_prefix(wo.name);
+    if (config.prefix_cache && wo.role != sched::WorkerRole::kDecode)
+      (*pool)->enable_prefix_cache();
     if (decodes && !config.temporal.disk_path.empty()) {
       kv::DiskTierConfig dc;
       dc.path = config.temporal.disk_path + "/" + wo.name;
@@ -183,6 +185,11 @@ std::unique_ptr<sched::Sequence> EngineImpl::make_sequence(const Request& reques
   seq->sla = cls;
   seq->params = request.sampling;
   seq->top_logprobs = request.top_logprobs;
+  // Tenants never share cached pages: the salt covers the tenant and the request's cache_salt.
+  std::string scope = request.tenant;
+  scope.push_back('\0');
+  scope += request.cache_salt;
+  seq->prefix_salt = kv::PrefixCache::salt_of(scope);
   seq->num_prompt = static_cast<int>(ids.size());
   const int32_t last_prompt = ids.back();
   seq->tokens = std::move(ids);

@@ -168,11 +168,64 @@ bool KvPool::reserve(BlockTable& table, int new_num_tokens) {
   const int need = BlockTable::blocks_for(new_num_tokens, config_.block_size) -
                    static_cast<int>(table.blocks.size());
   if (need <= 0) return true;
-  auto ids = allocator_.allocate(need);
+  auto ids = allocate_blocks(need);
   if (!ids) return false;
   table.blocks.insert(table.blocks.end(), ids->begin(), ids->end());
   if (!table.pages.empty()) table.pages.resize(table.blocks.size());
   return true;
+}
+
+std::optional<std::vector<int32_t>> KvPool::allocate_blocks(int n) {
+  if (prefix_ && allocator_.num_free() < n) {
+    if (allocator_.num_free() + prefix_->evictable(allocator_) < n) return std::nullopt;
+    prefix_->evict(n - allocator_.num_free(), allocator_);
+  }
+  return allocator_.allocate(n);
+}
+
+int KvPool::available_blocks() const {
+  return allocator_.num_free() + (prefix_ ? prefix_->evictable(allocator_) : 0);
+}
+
+int KvPool::releasable_blocks(const BlockTable& table) const {
+  int n = 0;
+  for (size_t i = 0; i < table.blocks.size(); ++i) {
+    if (!table.pages.empty() &&
+        (!table.pages[i].resident() || table.pages[i].precision != kernels::KvPrecision::kFull))
+      continue;
+    const int32_t b = table.blocks[i];
+    const int others = allocator_.refcount(b) - 1 - (prefix_ && prefix_->holds(b) ? 1 : 0);
+    n += others == 0;
+  }
+  return n;
+}
+
+void KvPool::enable_prefix_cache() {
+  if (!prefix_) prefix_ = std::make_unique<PrefixCache>(config_.block_size);
+}
+
+int KvPool::share_prefix(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
+                         int max_pages) {
+  KVSPLIT_CHECK(table.blocks.empty());
+  if (!prefix_ || max_pages <= 0) return 0;
+  const std::vector<int32_t> hits = prefix_->lookup(salt, tokens, max_pages);
+  for (int32_t b : hits) allocator_.incref(b);
+  table.blocks = hits;
+  table.pages.clear();
+  return static_cast<int>(hits.size());
+}
+
+void KvPool::cache_prefix(const BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
+                          int num_pages) {
+  if (!prefix_) return;
+  num_pages = std::min<int>(num_pages, static_cast<int>(table.blocks.size()));
+  // Only the leading pages that are full precision on the device.
+  int n = 0;
+  while (n < num_pages &&
+         (table.pages.empty() ||
+          (table.pages[n].resident() && table.pages[n].precision == kernels::KvPrecision::kFull)))
+    ++n;
+  prefix_->insert(salt, tokens, table.blocks, n, allocator_);
 }
 
 void KvPool::release(BlockTable& table) {

@@ -5,11 +5,14 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
 #include "kv/block_allocator.h"
 #include "kv/disk_tier.h"
+#include "kv/prefix_cache.h"
 
 namespace kvsplit::kv {
 
@@ -56,8 +59,28 @@ class KvPool {
   backend::Backend& backend() const { return backend_; }
 
   // Grows `table` so it can hold `new_num_tokens` tokens. Returns false (and changes nothing)
-  // when the pool has too few free blocks.
+  // when the pool has too few free blocks (prefix-cache pages nobody else holds count as free:
+  // they are evicted, least recently used first).
   bool reserve(BlockTable& table, int new_num_tokens);
+  // n fresh blocks (refcount 1), evicting unshared prefix-cache pages if needed; nullopt (nothing
+  // changed) when fewer are available.
+  std::optional<std::vector<int32_t>> allocate_blocks(int n);
+  // Free blocks plus the prefix-cache pages only the cache holds: what a scheduler may reserve.
+  int available_blocks() const;
+  // Blocks of `table` that release() would make available: full device pages no other table
+  // holds (a page the prefix cache also holds becomes evictable).
+  int releasable_blocks(const BlockTable& table) const;
+
+  // ---- prefix cache (kv/prefix_cache.h; off unless enabled) ----
+  void enable_prefix_cache();
+  PrefixCache* prefix_cache() const { return prefix_.get(); }
+  // `table` must be empty: points it at the longest cached prefix of `tokens` (whole pages, at
+  // most max_pages), taking a reference on each. Returns the pages taken (0 without a cache).
+  int share_prefix(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
+                   int max_pages);
+  // Caches pages [0, num_pages) of `table` (full precision on the device) holding `tokens`.
+  void cache_prefix(const BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
+                    int num_pages);
   // Releases every block of `table` (decref) and every quantized page, summary and host slot its
   // page entries hold, and clears it.
   void release(BlockTable& table);
@@ -101,6 +124,7 @@ class KvPool {
   backend::DeviceBuffer scratch_;     // [num_layers] full pages
   std::vector<std::byte> host_tier_;  // [host slots, num_layers, full page bytes]
   std::unique_ptr<DiskTier> disk_;
+  std::unique_ptr<PrefixCache> prefix_;
 };
 
 }  // namespace kvsplit::kv

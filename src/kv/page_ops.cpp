@@ -82,7 +82,7 @@ class Executor {
       return ok_status();
     }
     const auto t0 = std::chrono::steady_clock::now();
-    auto id = pool_.allocator().allocate(1);
+    auto id = pool_.allocate_blocks(1);
     if (!id) {
       ++stats_.refused_no_space;
       return ok_status();

@@ -169,11 +169,7 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats) {
       idx.push_back(static_cast<int>(i));
   if (idx.empty()) return true;
   const bool from_disk = table.disk_record != 0;
-  if (pool.allocator().num_free() < static_cast<int>(idx.size())) {
-    ++stats->refused_no_blocks;
-    return false;
-  }
-  auto blocks = pool.allocator().allocate(static_cast<int>(idx.size()));
+  auto blocks = pool.allocate_blocks(static_cast<int>(idx.size()));
   if (!blocks) {
     ++stats->refused_no_blocks;
     return false;

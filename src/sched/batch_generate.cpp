@@ -40,6 +40,7 @@ struct SeqState {
   int preemptions = 0;
   int swapped_out_pages = 0;
   int recomputed_tokens = 0;
+  int cached_tokens = 0;
   int64_t resume_step = 0;  // swapped out: not resumed before this step while others run
 
   int num_output() const { return static_cast<int>(tokens.size()) - num_prompt; }
@@ -133,6 +134,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       s.decoder = std::make_unique<model::StreamDecoder>(*tokenizer, in.prompt_ids.back());
   }
 
+  const int bs = pool.block_size();
   SchedulerConfig sc;
   sc.block_size = pool.block_size();
   sc.max_batch_tokens = options.max_batch_tokens;
@@ -159,10 +161,15 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
   std::vector<int32_t> ids;
   for (int64_t step = 0;; ++step) {
     int admitted_now = 0;
+    const int max_new = pool.prefix_cache() ? 1 : options.max_new_prompts_per_step;
     for (SeqState& s : seqs) {
-      if (s.admitted || admitted_now >= options.max_new_prompts_per_step) continue;
+      if (s.admitted || admitted_now >= max_new) continue;
       s.admitted = true;
       ++admitted_now;
+      // Cached prompt pages (never the page of the last prompt token: it is computed to sample).
+      const int hits = pool.share_prefix(s.table, options.prefix_salt, s.tokens,
+                                         (std::min(s.prompt_target, s.num_prompt) - 1) / bs);
+      s.computed = s.fed = s.cached_tokens = hits * bs;
     }
     running.clear();
     waiting.clear();
@@ -174,7 +181,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       v.arrival = static_cast<int64_t>(i);
       v.num_computed = s.computed;
       v.num_blocks = static_cast<int>(s.table.blocks.size());
-      v.held_blocks = s.table.full_blocks();
+      v.held_blocks = pool.releasable_blocks(s.table);
       v.last_prefill_step = s.last_prefill_step;
       v.target = s.running ? 0 : s.target();
       if (!s.running) {
@@ -187,7 +194,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     SchedulerInput sin;
     sin.running = running;
     sin.waiting = waiting;
-    sin.free_blocks = pool.allocator().num_free();
+    sin.free_blocks = pool.available_blocks();
     sin.total_blocks = pool.allocator().num_blocks();
     sin.step = step;
     const SchedulerOutput plan = scheduler.schedule(sin);
@@ -292,6 +299,9 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       const bool decode = s.running;
       s.computed += static_cast<int>(steps[k].tokens.size());
       s.fed = std::max(s.fed, std::min(s.computed, s.num_prompt));
+      if (!decode)
+        pool.cache_prefix(s.table, options.prefix_salt, s.tokens,
+                          std::min(s.computed, s.num_prompt) / bs);
       if (!s.running && s.computed == s.target()) s.running = true;  // prompt or recompute done
       if (decode && s.cut) KVSPLIT_RETURN_IF_ERROR(s.cut->finish(pool, s.table, s.computed));
       int32_t tok = -1;
@@ -337,6 +347,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     out[i].preemptions = seqs[i].preemptions;
     out[i].swapped_out_pages = seqs[i].swapped_out_pages;
     out[i].recomputed_tokens = seqs[i].recomputed_tokens;
+    out[i].cached_tokens = seqs[i].cached_tokens;
   }
   if (options.swap_stats != nullptr) options.swap_stats->add(swap_stats);
   return out;

@@ -35,7 +35,7 @@ struct GenerationOutput {
   int preemptions = 0;        // times it was preempted (swapped out or recomputed)
   int swapped_out_pages = 0;  // pages swapped out to the host tier (temporal cut), all swaps
   int recomputed_tokens = 0;  // KV positions dropped by preemptions and computed again
-  int cached_tokens = 0;      // prompt tokens served from a prefix cache (none yet: 0)
+  int cached_tokens = 0;      // prompt tokens served from the pool's prefix cache
 };
 
 struct BatchOptions {
@@ -62,6 +62,10 @@ struct BatchOptions {
   int temporal_step_size = 1;
   // When set, receives the swap counters.
   kv::SwapStats* swap_stats = nullptr;
+  // With the pool's prefix cache enabled (KvPool::enable_prefix_cache): the scope of the pages
+  // this batch shares (kv::PrefixCache::salt_of of a tenant). Prompts are then admitted one per
+  // step, so a prompt can hit the pages an earlier one just computed.
+  uint64_t prefix_salt = 0;
 };
 
 // Runs every input to completion. Errors: kInvalidArgument for bad params, empty prompts or

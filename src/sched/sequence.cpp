@@ -127,6 +127,7 @@ void finish_sequence(Sequence& seq, FinishReason reason, Status status, Clock::t
   ev.status = std::move(status);
   ev.usage.prompt_tokens = seq.num_prompt;
   ev.usage.completion_tokens = seq.num_output();
+  ev.usage.cached_tokens = seq.cached_tokens;
   Timings& t = ev.timings;
   t.queue_ms = seq.phase_ms[static_cast<int>(SeqPhase::kQueued)];
   t.prefill_ms = seq.phase_ms[static_cast<int>(SeqPhase::kPrefill)];

@@ -96,6 +96,9 @@ struct Sequence {
   // The temporal cut: a sequence swapped out (pages on the host, kv/swap.h) is not resumed before
   // its worker's step resume_step.
   int64_t resume_step = 0;
+  // Prefix cache: the tenant's (and cache_salt's) salt, and the prompt tokens served from it.
+  uint64_t prefix_salt = 0;
+  int32_t cached_tokens = 0;
 
   // Owner-private scratch: what the owning worker does with the sequence after this step.
   enum class Next : uint8_t { kStay, kToRunning, kToWaiting, kHandoff, kRemove } next = Next::kStay;

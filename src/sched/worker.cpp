@@ -34,7 +34,7 @@ Worker::Worker(WorkerOptions options, std::unique_ptr<backend::Backend> backend,
                                  /*decode_in_budget=*/options_.role == WorkerRole::kColocated}) {
   KVSPLIT_CHECK(shared_ != nullptr && shared_->sink != nullptr);
   KVSPLIT_CHECK(options_.max_num_seqs >= 1 && options_.max_batch_tokens >= 1);
-  free_blocks_.store(pool_->allocator().num_free());
+  free_blocks_.store(pool_->available_blocks());
   if (options_.sampling_threads > 1) {
     // One sampling job per step: a wake-up costs nothing next to a step, and polling after it
     // would take a core from the backend's threads during the next forward pass.
@@ -136,6 +136,9 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_recompute_choices = kv_stats_.kv_recompute_choices;
   s.pool.kv_swap_fallbacks = kv_stats_.kv_swap_fallbacks;
   s.pool.kv_swaps_to_disk = kv_stats_.kv_swaps_to_disk;
+  s.pool.kv_prefix_cache_pages = kv_stats_.kv_prefix_cache_pages;
+  s.pool.kv_prefix_queries = kv_stats_.kv_prefix_queries;
+  s.pool.kv_prefix_hits = kv_stats_.kv_prefix_hits;
   s.pool.kv_disk_faults = kv_stats_.kv_disk_faults;
   s.kv_summary_slots_used = kv_summary_used_;
   s.kv_host_slots_used = kv_host_used_;
@@ -143,7 +146,7 @@ WorkerSnapshot Worker::snapshot() const {
 }
 
 void Worker::publish_stats() {
-  free_blocks_.store(pool_->allocator().num_free(), std::memory_order_relaxed);
+  free_blocks_.store(pool_->available_blocks(), std::memory_order_relaxed);
   running_count_.store(static_cast<int>(running_.size()), std::memory_order_relaxed);
   waiting_count_.store(static_cast<int>(waiting_.size() + pending_.size()),
                        std::memory_order_relaxed);
@@ -168,6 +171,11 @@ void Worker::publish_stats() {
   k.kv_recompute_choices = recompute_choices_;
   k.kv_swap_fallbacks = swap_fallbacks_;
   k.kv_swaps_to_disk = swap_stats_.to_disk;
+  if (const kv::PrefixCache* pc = pool_->prefix_cache()) {
+    k.kv_prefix_cache_pages = pc->size();
+    k.kv_prefix_queries = pc->stats().lookup_pages * pool_->block_size();
+    k.kv_prefix_hits = pc->stats().hit_pages * pool_->block_size();
+  }
   k.kv_disk_faults = swap_stats_.disk_faults;
   k.kv_demotions = cut_ops_.demoted_to_int8 + cut_ops_.demoted_to_int4;
   k.kv_evictions = cut_ops_.evicted;
@@ -298,7 +306,7 @@ void Worker::admit_from_router(Clock::time_point now) {
   if (has_unreserved_waiting(std::numeric_limits<int32_t>::min())) return;
   // Scheduler::can_admit_prompt keeps a watermark free for the running sequences' growth.
   while (waiting_.size() < static_cast<size_t>(options_.max_prefill_seqs)) {
-    const int free_blocks = pool_->allocator().num_free();
+    const int free_blocks = pool_->available_blocks();
     const int owned = static_cast<int>(running_.size() + waiting_.size());
     std::unique_ptr<Sequence> seq = shared_->router->pop_if([&](const Sequence& s) {
       return scheduler_.can_admit_prompt(s.num_prompt, free_blocks, total_blocks_,
@@ -310,6 +318,10 @@ void Worker::admit_from_router(Clock::time_point now) {
       finish(*seq, FinishReason::kCancelled, cancelled_error("cancelled"), now);
       continue;
     }
+    // Cached prompt pages (never the page of the last prompt token, which is computed to sample).
+    const int hits = pool_->share_prefix(seq->table, seq->prefix_salt, seq->tokens,
+                                         (seq->num_prompt - 1) / pool_->block_size());
+    seq->num_computed = seq->cached_tokens = hits * pool_->block_size();
     KVSPLIT_CHECK(pool_->reserve(seq->table, seq->num_prompt));
     waiting_.push_back(std::move(seq));
   }

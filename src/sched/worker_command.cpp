@@ -83,7 +83,7 @@ WorkerState Worker::state() const {
   st.device = backend_->device();
   for (int r = 0; r < 3; ++r) st.handoffs_by_route[r] = handoffs_by_route_[r];
   st.scheduler = scheduler_.config();
-  st.free_blocks = pool_->allocator().num_free();
+  st.free_blocks = pool_->available_blocks();
   st.total_blocks = total_blocks_;
   st.pending_handoffs = static_cast<int>(pending_.size());
   st.steps = steps_.load(std::memory_order_relaxed);

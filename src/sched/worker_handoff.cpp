@@ -109,7 +109,7 @@ void Worker::admit_offers(Clock::time_point now) {
                        "class '{}'): {} blocks needed, {} free, {} running, max_num_seqs {}",
                        it->seq->display_id(), ms_since(it->seq->phase_start, now), options_.name,
                        it->seq->sla.queue_timeout_ms, it->seq->sla.name, need,
-                       pool_->allocator().num_free(), running_.size(), options_.max_num_seqs)),
+                       pool_->available_blocks(), running_.size(), options_.max_num_seqs)),
                    now);
     } else {
       ++it;

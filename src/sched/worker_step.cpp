@@ -170,14 +170,14 @@ SchedulerInput Worker::scheduler_input(bool with_handoffs) {
   sched_running_.clear();
   sched_waiting_.clear();
   sched_handoffs_.clear();
-  auto view = [](const Sequence& seq, int id) {
+  auto view = [this](const Sequence& seq, int id) {
     SchedSeq s;
     s.id = id;
     s.priority = seq.priority;
     s.arrival = seq.arrival;
     s.num_computed = seq.num_computed;
     s.num_blocks = static_cast<int>(seq.table.blocks.size());
-    s.held_blocks = seq.table.full_blocks();
+    s.held_blocks = pool_->releasable_blocks(seq.table);
     s.last_prefill_step = seq.last_prefill_step;
     return s;
   };
@@ -204,7 +204,7 @@ SchedulerInput Worker::scheduler_input(bool with_handoffs) {
   in.running = sched_running_;
   in.waiting = sched_waiting_;
   in.handoffs = sched_handoffs_;
-  in.free_blocks = pool_->allocator().num_free();
+  in.free_blocks = pool_->available_blocks();
   in.total_blocks = total_blocks_;
   in.step = steps_.load(std::memory_order_relaxed);
   return in;
@@ -329,7 +329,10 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
       }
     }
     const bool in_waiting = seq.phase == SeqPhase::kPrefill || seq.phase == SeqPhase::kPreempted;
-    if (!in_waiting) continue;                              // a decode step
+    if (!in_waiting) continue;  // a decode step
+    // Full prompt pages join the prefix cache as soon as they are computed.
+    pool_->cache_prefix(seq.table, seq.prefix_salt, seq.tokens,
+                        std::min(seq.num_computed, seq.num_prompt) / pool_->block_size());
     if (seq.num_computed < seq.prefill_target()) continue;  // more chunks to go
     // Prompt (or recompute) complete.
     if (options_.role == WorkerRole::kPrefill) {

@@ -109,6 +109,9 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
   r.priority = in.priority();
   if (in.top_logprobs() > 20) return bad("top_logprobs", "in [0, 20]", in.top_logprobs());
   r.top_logprobs = in.top_logprobs();
+  if (in.cache_salt().size() > 256)
+    return bad("cache_salt", "at most 256 bytes", in.cache_salt().size());
+  r.cache_salt = in.cache_salt();
   return r;
 }
 
@@ -212,6 +215,9 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_kv_swap_fallbacks(p.kv_swap_fallbacks);
     o->set_kv_swaps_to_disk(p.kv_swaps_to_disk);
     o->set_kv_disk_faults(p.kv_disk_faults);
+    o->set_kv_prefix_cache_pages(p.kv_prefix_cache_pages);
+    o->set_kv_prefix_queries(p.kv_prefix_queries);
+    o->set_kv_prefix_hits(p.kv_prefix_hits);
   }
   for (const SlaClassStats& c : stats.classes) {
     v1::SlaClassStats* o = out->add_classes();

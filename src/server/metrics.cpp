@@ -83,7 +83,17 @@ class EngineCollector : public pm::Collectable {
     auto& disk_faults = family("kvsplit:kv_disk_faults_total",
                                "Disk tier writes or reads that failed (the KV was recomputed)",
                                pm::MetricType::Counter);
+    auto& prefix_queries = family("kvsplit:prefix_cache_queries_total",
+                                  "Prompt tokens looked up in the prefix cache (whole pages)",
+                                  pm::MetricType::Counter);
+    auto& prefix_hits =
+        family("kvsplit:prefix_cache_hits_total", "Prompt tokens served from the prefix cache",
+               pm::MetricType::Counter);
     for (const PoolStats& p : s.pools) {
+      prefix_queries.metric.push_back(
+          counter(static_cast<double>(p.kv_prefix_queries), {{"pool", p.name}}));
+      prefix_hits.metric.push_back(
+          counter(static_cast<double>(p.kv_prefix_hits), {{"pool", p.name}}));
       disk_faults.metric.push_back(
           counter(static_cast<double>(p.kv_disk_faults), {{"pool", p.name}}));
       swaps.metric.push_back(counter(static_cast<double>(p.kv_swaps_to_disk),

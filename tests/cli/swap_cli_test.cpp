@@ -87,6 +87,32 @@ TEST(CliSwap, DiskTierBelowTheHostTierKeepsTheTokens) {
   EXPECT_NE(r.err.find("--disk-path"), std::string::npos) << r.err;
 }
 
+TEST(CliSwap, PrefixCacheSharesPagesAndKeepsTheTokens) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::string p =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "sunshine. One day, she saw";
+  const std::string batch = " -p " + quote(p + " a big dog") + " -p " + quote(p + " a cat") +
+                            " -p " + quote(p + " a red ball") +
+                            " -n 30 --temperature 0 --ignore-eos --json";
+  RunResult off = run("generate " + model() + batch + " --prefix-cache off");
+  RunResult on = run("generate " + model() + batch + " --prefix-cache on");
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  ASSERT_EQ(on.exit_code, 0) << on.err;
+  const auto a = json_lines(off.out), b = json_lines(on.out);
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  int cached = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(b[i]["output_token_ids"], a[i]["output_token_ids"]) << i;
+    EXPECT_EQ(a[i]["cached_tokens"], 0);
+    cached += b[i]["cached_tokens"].get<int>();
+  }
+  EXPECT_EQ(b[0]["cached_tokens"], 0);  // the first computes the shared prefix
+  EXPECT_GT(cached, 0);
+  EXPECT_EQ(cached % 16, 0);  // whole pages
+}
+
 TEST(CliSwap, BadTemporalFlagsFailClearly) {
   KVSPLIT_REQUIRE_MODELS();
   RunResult r = run("generate " + model() + " -p hi -n 4 --swap sometimes");
@@ -99,9 +125,8 @@ TEST(CliSwap, BadTemporalFlagsFailClearly) {
   r = run("generate " + model() + " -p 'Once upon a time' -n 200 --kv-blocks 2 --swap always");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("KV pool exhausted"), std::string::npos) << r.err;
-  // Not built yet: refused, never silently ignored.
-  r = run("generate " + model() + " -p hi -n 4 --prefix-cache on");
-  EXPECT_NE(r.exit_code, 0);
+  r = run("generate " + model() + " -p hi -n 4 --prefix-cache maybe");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("--prefix-cache"), std::string::npos) << r.err;
 }
 

@@ -343,6 +343,7 @@ TEST(ConfigTest, TemporalCutKeys) {
       "kv:\n"
       "  host_capacity_mb: 512\n"
       "  disk: {path: /var/tmp/kv, capacity_mb: 2048}\n"
+      "  prefix_cache: on\n"
       "  cuts:\n"
       "    temporal: {temporal_step_size: 4, swap: always}\n");
   ASSERT_TRUE(c.ok()) << c.status().to_string();
@@ -351,9 +352,11 @@ TEST(ConfigTest, TemporalCutKeys) {
   EXPECT_EQ(c->engine.temporal.swap, SwapMode::kAlways);
   EXPECT_EQ(c->engine.temporal.disk_path, "/var/tmp/kv");
   EXPECT_EQ(c->engine.temporal.disk_capacity_mb, 2048);
+  EXPECT_TRUE(c->engine.prefix_cache);
   const std::pair<const char*, const char*> bad[] = {
       {"kv:\n  host_capacity_mb: -1\n", "kv.host_capacity_mb"},
       {"kv:\n  disk: {capacity_mb: 5}\n", "kv.disk.path"},
+      {"kv:\n  prefix_cache: maybe\n", "kv.prefix_cache"},
       {"kv:\n  disk: {path: /tmp/x, capacity_mb: 0}\n", "kv.disk.capacity_mb"},
       {"kv:\n  disk: {path: /tmp/x, size: 3}\n", "kv.disk.size"},
       {"kv:\n  cuts:\n    temporal: {swap: sometimes}\n", "kv.cuts.temporal.swap"},
