@@ -51,11 +51,6 @@ Status validate_engine_config(const EngineConfig& c) {
   if (c.kv_quant_fraction > 0.0 && c.kv_blocks_per_worker > 0)
     return bad("kv_quant_fraction", c.kv_quant_fraction,
                "0 when kv_blocks_per_worker is set (it splits kv_capacity_bytes)");
-  if (c.kv_policy != KvPolicy::kFull && c.backend == "cuda") {
-    return unimplemented(
-        "EngineConfig.kv_policy: the KV cuts run on the CPU backend only for now (the CUDA "
-        "backend has no page quantization, relevance outputs or evicted-page skipping yet)");
-  }
   return validate_sla_classes(c.sla_classes).with_prefix("EngineConfig");
 }
 
