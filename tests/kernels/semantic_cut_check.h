@@ -61,13 +61,13 @@ inline void expect_cut_pool_empty(const kv::KvPool& pool) {
   EXPECT_EQ(pool.host_allocator().num_used(), 0);
 }
 
-// Greedy generations of the first two golden prompts with the cut on.
+// Greedy generations of the first `num_seqs` golden prompts (one batch) with the cut on.
 inline std::vector<std::vector<int32_t>> generate_with_cut(CutModel& m, const SemanticCutConfig& sc,
-                                                           int max_new,
+                                                           int max_new, size_t num_seqs,
                                                            sched::SequenceCutStats* stats) {
   const auto cases = read_jsonl(model_path("golden/stories260K_greedy.jsonl"));
   std::vector<sched::GenerationInput> inputs;
-  for (size_t i = 0; i < 2 && i < cases.size(); ++i) {
+  for (size_t i = 0; i < num_seqs && i < cases.size(); ++i) {
     sched::GenerationInput in;
     in.prompt_ids = cases[i]["prompt_token_ids"].get<std::vector<int32_t>>();
     in.params.temperature = 0.f;
@@ -100,7 +100,7 @@ inline sched::SequenceCutStats expect_never_degrading_cut_keeps_goldens(backend:
   if (!m) return stats;
   const auto cases = read_jsonl(model_path("golden/stories260K_greedy.jsonl"));
   const int max_new = 20;
-  const auto ids = generate_with_cut(*m, sc, max_new, &stats);
+  const auto ids = generate_with_cut(*m, sc, max_new, 2, &stats);
   EXPECT_EQ(ids.size(), 2u);
   for (size_t i = 0; i < ids.size(); ++i) {
     std::vector<int32_t> golden = cases[i]["output_token_ids"].get<std::vector<int32_t>>();
@@ -127,18 +127,20 @@ inline sched::SequenceCutStats expect_forced_demotion_matches_cpu(backend::Backe
   sc.score_interval = 1;
   sc.sink_tokens = 4;
   sc.recent_tokens = 16;
-  const int max_new = 70;  // 75 positions: 5 pages, 3 of them outside sinks and recent tokens
+  // One sequence of 61 positions (sized for the ASan build): page 1 (tokens 16..31) is outside
+  // the sink page and the last 16 tokens from position 48 on, and goes to int8, then int4.
+  const int max_new = 56;
   sched::SequenceCutStats cpu_stats, stats;
   std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend(1);
   auto cpu_model = load_cut_model(*cpu, sc);
   EXPECT_NE(cpu_model, nullptr);
   if (!cpu_model) return stats;
-  const auto want = generate_with_cut(*cpu_model, sc, max_new, &cpu_stats);
-  EXPECT_EQ(want.size(), 2u);
+  const auto want = generate_with_cut(*cpu_model, sc, max_new, 1, &cpu_stats);
+  EXPECT_EQ(want.size(), 1u);
   auto m = load_cut_model(be, sc);
   EXPECT_NE(m, nullptr);
   if (!m) return stats;
-  const auto got = generate_with_cut(*m, sc, max_new, &stats);
+  const auto got = generate_with_cut(*m, sc, max_new, 1, &stats);
   EXPECT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
     EXPECT_EQ(got[i].size(), static_cast<size_t>(max_new));
@@ -155,7 +157,8 @@ inline sched::SequenceCutStats expect_forced_demotion_matches_cpu(backend::Backe
               static_cast<long long>(stats.ops.demoted_to_int4),
               stats.resident_fraction_sum / std::max<int64_t>(stats.steps, 1));
   EXPECT_GT(stats.steps, 0);
-  EXPECT_LT(stats.resident_fraction_sum / std::max<int64_t>(stats.steps, 1), 0.95);
+  EXPECT_LT(stats.resident_fraction_sum / std::max<int64_t>(stats.steps, 1),
+            0.99);  // 1: none moved
   expect_cut_pool_empty(*m->pool);
   return stats;
 }
