@@ -2,8 +2,14 @@
 // for the shapes of issue 5, with and without split-K, against a read-only streaming kernel timed
 // in the same run. Without CUDA (or without a device) it says so and exits 0.
 //
-//   bench_attention [--iters N] [--warmup N]
-// Mandatory bytes = every KV byte of every sequence once + q + out. Quote ratios, not absolutes.
+//   bench_attention [--iters N] [--warmup N] [--mode plain|mixed]
+// plain: the all-full kernels. Mandatory bytes = every KV byte of every sequence once + q + out.
+// mixed: the mixed-precision kernels (semantic cut, kernels/attention/mixed_attention.h) over
+// pages that are all full, all int8, all int4, or a mix of full / int8 / int4 / evicted; bytes
+// actually read = each resident page once at its own size (bf16 page, or
+// QuantPageLayout::bytes(p)) + q + out + tables, against the same streaming kernel. The `scored`
+// rows add the scoring side outputs (every sequence scored: a second read of the resident K rows,
+// counted in the bytes). Quote ratios, not absolutes.
 #include <cstdio>
 
 #if !defined(KVSPLIT_WITH_CUDA)
@@ -24,8 +30,10 @@ int main() {
 #include <vector>
 
 #include "backend/split_plan.h"
+#include "kernels/attention/mixed_attention.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/bench/stream_read.h"
+#include "kernels/common/kv_quant.h"
 
 namespace {
 
@@ -72,6 +80,170 @@ float time_ms(cudaStream_t stream, int warmup, int iters, Fn&& fn, bool* ok) {
   return ms / static_cast<float>(iters);
 }
 
+using kvsplit::kernels::KvPrecision;
+
+// One mix of page precisions: page i of a sequence gets pattern[i % size].
+struct Mix {
+  const char* name;
+  std::vector<KvPrecision> pattern;
+  bool scored;
+};
+
+// The mixed-precision kernels over `sh`: bytes actually read / time against the streaming read.
+int run_mixed(const Shape& sh, int sms, cudaStream_t stream, int warmup, int iters) {
+  const kvsplit::kernels::QuantPageLayout ql{kKvHeads, kBlockSize, kHeadDim};
+  const int blocks_per_seq = (sh.kv_len + kBlockSize - 1) / kBlockSize;
+  const int num_pages = blocks_per_seq * sh.num_seqs;
+  const size_t full_bytes = size_t{2} * kKvHeads * kBlockSize * kHeadDim * 2;  // bf16
+  const size_t b8 = static_cast<size_t>(ql.bytes(KvPrecision::kInt8));
+  const size_t b4 = static_cast<size_t>(ql.bytes(KvPrecision::kInt4));
+  // Every page has a slot in every arena, so any mix can be laid out without reallocating.
+  void *pages = nullptr, *arena8 = nullptr, *arena4 = nullptr;
+  CHECK_CUDA(cudaMalloc(&pages, full_bytes * num_pages));
+  CHECK_CUDA(cudaMalloc(&arena8, b8 * num_pages));
+  CHECK_CUDA(cudaMalloc(&arena4, b4 * num_pages));
+  // Finite values everywhere: bf16 0x3c3c ~0.0115; int8 codes 1 with f16 scales 0x0101; int4
+  // nibbles 1 with f16 scales and zero points 0x1111.
+  CHECK_CUDA(cudaMemset(pages, 0x3c, full_bytes * num_pages));
+  CHECK_CUDA(cudaMemset(arena8, 0x01, b8 * num_pages));
+  CHECK_CUDA(cudaMemset(arena4, 0x11, b4 * num_pages));
+  std::vector<int32_t> ids(num_pages);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(42));
+  std::vector<int32_t> kv_lens(sh.num_seqs, sh.kv_len), qs(sh.num_seqs + 1);
+  for (int s = 0; s <= sh.num_seqs; ++s) qs[s] = s;
+  const size_t q_elems = size_t(sh.num_seqs) * kHeads * kHeadDim;
+  std::vector<float> q(q_elems, 0.01f);
+  float *dq, *dout, *rel, *bound, *score_max;
+  int32_t *dtab, *dlens, *dqs, *slots;
+  uint8_t *dprec, *flags;
+  unsigned* sink;
+  const size_t tokens = size_t(num_pages) * kBlockSize;
+  CHECK_CUDA(cudaMalloc(&dq, q_elems * 4));
+  CHECK_CUDA(cudaMalloc(&dout, q_elems * 4));
+  CHECK_CUDA(cudaMalloc(&dtab, ids.size() * 4));
+  CHECK_CUDA(cudaMalloc(&dlens, kv_lens.size() * 4));
+  CHECK_CUDA(cudaMalloc(&dqs, qs.size() * 4));
+  CHECK_CUDA(cudaMalloc(&dprec, ids.size()));
+  CHECK_CUDA(cudaMalloc(&flags, sh.num_seqs));
+  CHECK_CUDA(cudaMalloc(&slots, ids.size() * 4));
+  CHECK_CUDA(cudaMalloc(&rel, tokens * 4));
+  CHECK_CUDA(cudaMalloc(&bound, ids.size() * 4));
+  CHECK_CUDA(cudaMalloc(&score_max, size_t(sh.num_seqs) * kHeads * 4));
+  CHECK_CUDA(cudaMalloc(&sink, sizeof(unsigned)));
+  CHECK_CUDA(cudaMemcpy(dq, q.data(), q_elems * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dtab, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dlens, kv_lens.data(), kv_lens.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dqs, qs.data(), qs.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemset(flags, 1, sh.num_seqs));
+  CHECK_CUDA(cudaMemset(slots, 0xff, ids.size() * 4));  // -1: no summaries (no bound work)
+  CHECK_CUDA(cudaMemset(rel, 0, tokens * 4));
+  CHECK_CUDA(cudaMemset(bound, 0, ids.size() * 4));
+
+  bool ok = true;
+  const size_t stream_bytes = full_bytes * num_pages;
+  const float stream_ms = time_ms(
+      stream, warmup, iters,
+      [&] {
+        return kvsplit::kernels::launch_stream_read(pages, stream_bytes, sink, sms, stream).ok();
+      },
+      &ok);
+  const double stream_gbs = double(stream_bytes) / (stream_ms * 1e-3) / 1e9;
+  const KvPrecision F = KvPrecision::kFull, I8 = KvPrecision::kInt8, I4 = KvPrecision::kInt4,
+                    E = KvPrecision::kEvicted;
+  const Mix mixes[] = {{"all-full", {F}, false},  {"all-int8", {I8}, false},
+                       {"all-int4", {I4}, false}, {"f/8/4/evict", {F, I8, I4, E}, false},
+                       {"all-int8", {I8}, true},  {"f/8/4/evict", {F, I8, I4, E}, true}};
+  const kvsplit::backend::SplitPlan plan =
+      kvsplit::backend::plan_decode_splits(kv_lens.data(), sh.num_seqs, kKvHeads, kBlockSize, sms);
+  int32_t* dplan = nullptr;
+  float* part = nullptr;
+  if (plan.has_splits()) {
+    CHECK_CUDA(cudaMalloc(&dplan, 2 * sh.num_seqs * 4));
+    CHECK_CUDA(cudaMemcpy(dplan, plan.num_splits.data(), sh.num_seqs * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dplan + sh.num_seqs, plan.split_offset.data(), sh.num_seqs * 4,
+                          cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMalloc(&part, size_t(plan.total_splits) * kHeads * (kHeadDim + 2) * 4));
+  }
+  for (const Mix& mix : mixes) {
+    std::vector<uint8_t> prec(ids.size());
+    double read = 2.0 * q_elems * 4 + ids.size() * 5.0;  // q, out, tables, precisions
+    for (int s = 0; s < sh.num_seqs; ++s) {
+      for (int i = 0; i < blocks_per_seq; ++i) {
+        const KvPrecision p = mix.pattern[i % mix.pattern.size()];
+        prec[size_t(s) * blocks_per_seq + i] = static_cast<uint8_t>(p);
+        const double page = p == F ? full_bytes : (p == I8 ? b8 : (p == I4 ? b4 : 0));
+        read += page;
+        // Scoring re-reads the K half of each resident page (about half its bytes).
+        if (mix.scored) read += page / 2;
+      }
+    }
+    if (mix.scored) read += tokens * 8.0;  // relevance read-modify-write
+    CHECK_CUDA(cudaMemcpy(dprec, prec.data(), prec.size(), cudaMemcpyHostToDevice));
+    kvsplit::kernels::MixedAttentionParams mp;
+    kvsplit::kernels::PagedAttentionParams& p = mp.base;
+    p.q = dq;
+    p.out = dout;
+    p.kv = pages;
+    p.kv_dtype = kvsplit::kernels::ElemType::kBF16;
+    p.num_seqs = sh.num_seqs;
+    p.num_tokens = sh.num_seqs;
+    p.num_heads = kHeads;
+    p.num_kv_heads = kKvHeads;
+    p.head_dim = kHeadDim;
+    p.block_size = kBlockSize;
+    p.num_blocks = num_pages;
+    p.scale = 0.088f;
+    p.query_start = dqs;
+    p.kv_lens = dlens;
+    p.block_tables = dtab;
+    p.max_blocks_per_seq = blocks_per_seq;
+    p.max_query_len = 1;
+    p.max_splits = std::max(plan.max_splits, 1);
+    if (plan.has_splits()) {
+      const size_t heads = size_t(plan.total_splits) * kHeads;
+      p.chunk_tokens = plan.chunk_tokens;
+      p.num_splits = dplan;
+      p.split_offset = dplan + sh.num_seqs;
+      p.part_o = part;
+      p.part_m = part + heads * kHeadDim;
+      p.part_l = p.part_m + heads;
+    }
+    mp.page_precision = dprec;
+    mp.int8_pages = arena8;
+    mp.num_int8_blocks = num_pages;
+    mp.int4_pages = arena4;
+    mp.num_int4_blocks = num_pages;
+    if (mix.scored) {
+      mp.score_seqs = flags;
+      mp.token_relevance = rel;
+      mp.summary_slots = slots;
+      mp.page_bound = bound;
+      mp.score_max = score_max;
+    }
+    const float ms = time_ms(
+        stream, warmup, iters,
+        [&] { return kvsplit::kernels::launch_mixed_decode(mp, stream).ok(); }, &ok);
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    const double gbs = read / (ms * 1e-3) / 1e9;
+    std::printf("%-12s %-12s %-6s %7d %10.1f %10.1f %10.1f %10.1f %8.1f%%\n", sh.name, mix.name,
+                mix.scored ? "scored" : "-", plan.max_splits, read / 1e6, ms * 1e3, gbs, stream_gbs,
+                100.0 * gbs / stream_gbs);
+  }
+  if (!ok) {
+    std::fprintf(stderr, "a mixed launch failed for %s\n", sh.name);
+    return 1;
+  }
+  for (void* ptr :
+       {pages, arena8, arena4, static_cast<void*>(dq), static_cast<void*>(dout),
+        static_cast<void*>(dtab), static_cast<void*>(dlens), static_cast<void*>(dqs),
+        static_cast<void*>(dprec), static_cast<void*>(flags), static_cast<void*>(slots),
+        static_cast<void*>(rel), static_cast<void*>(bound), static_cast<void*>(score_max),
+        static_cast<void*>(sink), static_cast<void*>(dplan), static_cast<void*>(part)})
+    if (ptr) cudaFree(ptr);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -79,6 +251,9 @@ int main(int argc, char** argv) {
   int iters = 20, warmup = 3;
   app.add_option("--iters", iters, "timed iterations per case");
   app.add_option("--warmup", warmup, "untimed iterations per case");
+  std::string mode = "plain";
+  app.add_option("--mode", mode, "plain: the all-full kernels; mixed: mixed-precision pages")
+      ->check(CLI::IsMember({"plain", "mixed"}));
   CLI11_PARSE(app, argc, argv);
 
   int count = 0;
@@ -96,6 +271,15 @@ int main(int argc, char** argv) {
 
   const Shape shapes[] = {
       {"B=64 x 8K", 64, 8192}, {"B=1 x 128K", 1, 131072}, {"B=128 x 2K", 128, 2048}};
+  if (mode == "mixed") {
+    std::printf("mixed-precision decode (split-K by the planner); MB = bytes actually read\n");
+    std::printf("%-12s %-12s %-6s %7s %10s %10s %10s %10s %9s\n", "shape", "pages", "score",
+                "splits", "MB", "time_us", "GB/s", "stream", "of_stream");
+    for (const Shape& sh : shapes)
+      if (run_mixed(sh, sms, stream, warmup, iters) != 0) return 1;
+    cudaStreamDestroy(stream);
+    return 0;
+  }
   std::printf("%-12s %-9s %6s %7s %10s %10s %10s %9s\n", "shape", "split", "stages", "splits",
               "time_us", "GB/s", "stream", "of_stream");
   for (const Shape& sh : shapes) {

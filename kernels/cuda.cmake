@@ -1,7 +1,8 @@
 # Included by kernels/CMakeLists.txt when nvcc exists: the real kernels (nvcc, sm_80 + sm_90 by
 # default via CMAKE_CUDA_ARCHITECTURES) and the CUDA backend (host C++, CUDA runtime + cuBLAS/cuBLASLt).
 file(GLOB KVSPLIT_CUDA_KERNEL_SOURCES CONFIGURE_DEPENDS
-  ${CMAKE_CURRENT_SOURCE_DIR}/attention/*.cu ${CMAKE_CURRENT_SOURCE_DIR}/ops/*.cu
+  ${CMAKE_CURRENT_SOURCE_DIR}/attention/*.cu ${CMAKE_CURRENT_SOURCE_DIR}/kv_pages/*.cu
+  ${CMAKE_CURRENT_SOURCE_DIR}/ops/*.cu
   ${CMAKE_CURRENT_SOURCE_DIR}/sampling/*.cu)
 file(GLOB KVSPLIT_CUDA_BACKEND_SOURCES CONFIGURE_DEPENDS
   ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cpp)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU and nvcc: configure + build with the CUDA backend, run the `gpu`
-# tests (real kernels vs the fp64 oracle and the CPU backend), bench_attention, and the llama2.c
-# goldens through `kvsplit generate --backend cuda` (when ../shared/tools is present); print a summary.
+# tests (real kernels vs the fp64 oracle and the CPU backend), bench_attention (all-full pages, then
+# mixed-precision pages), and the llama2.c goldens through `kvsplit generate --backend cuda` (when
+# ../shared/tools is present); print a summary.
 # Budget: < 8 minutes on one H200.   Usage: scripts/gpu-check.sh [build-dir]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +46,11 @@ log "bench_attention"
 timeout 240 "$BUILD/benchmarks/bench_attention" --iters 20 --warmup 3 | tee "$BUILD.bench.log"
 bench_rc=${PIPESTATUS[0]}
 
+log "bench_attention --mode mixed (semantic cut: full / int8 / int4 / evicted pages)"
+timeout 180 "$BUILD/benchmarks/bench_attention" --mode mixed --iters 20 --warmup 3 \
+  | tee "$BUILD.bench-mixed.log"
+mixed_rc=${PIPESTATUS[0]}
+
 golden="skipped (no shared/tools/golden_check.py)"
 golden_rc=0
 if [ -n "$SHARED" ] && [ -f "$SHARED/tools/golden_check.py" ]; then
@@ -65,7 +71,9 @@ echo "==== gpu-check summary ===="
 echo "device:          $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 echo "gpu tests:       $([ $gpu_rc -eq 0 ] && echo PASS || echo FAIL) ($(grep -E 'tests passed|tests failed' "$BUILD.gpu-tests.log" | tail -1); skipped lines: $skipped)"
 echo "bench_attention: $([ $bench_rc -eq 0 ] && echo OK || echo FAIL)"
+echo "bench mixed:     $([ $mixed_rc -eq 0 ] && echo OK || echo FAIL)"
 echo "goldens (cuda):  $golden"
 grep -E "^B=" "$BUILD.bench.log" || true
+grep -E "^B=" "$BUILD.bench-mixed.log" || true
 echo "elapsed:         $(( $(date +%s) - start ))s"
-[ $gpu_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $golden_rc -eq 0 ]
+[ $gpu_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $mixed_rc -eq 0 ] && [ $golden_rc -eq 0 ]

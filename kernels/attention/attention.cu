@@ -11,7 +11,9 @@ namespace {
 
 constexpr int kMaxGridYZ = 65535;
 
-Status validate(const PagedAttentionParams& p) {
+}  // namespace
+
+Status validate_paged_attention(const PagedAttentionParams& p) {
   if (p.num_seqs < 0 || p.num_tokens < 0)
     return invalid_argument("attention: negative num_seqs/num_tokens");
   if (p.num_heads <= 0 || p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0)
@@ -36,6 +38,8 @@ Status validate(const PagedAttentionParams& p) {
     return invalid_argument("attention: pipeline_stages must be 0 (auto), 1 or 2");
   return ok_status();
 }
+
+namespace {
 
 template <typename KT, int D>
 Status launch_typed(const PagedAttentionParams& p, cudaStream_t stream, bool decode) {
@@ -107,13 +111,13 @@ bool attention_head_dim_supported(int head_dim) {
 }
 
 Status launch_paged_prefill(const PagedAttentionParams& p, cudaStream_t stream) {
-  KVSPLIT_RETURN_IF_ERROR(validate(p));
+  KVSPLIT_RETURN_IF_ERROR(validate_paged_attention(p));
   if (p.num_seqs == 0 || p.max_query_len <= 0) return ok_status();
   return dispatch(p, stream, /*decode=*/false);
 }
 
 Status launch_paged_decode(const PagedAttentionParams& p, cudaStream_t stream) {
-  KVSPLIT_RETURN_IF_ERROR(validate(p));
+  KVSPLIT_RETURN_IF_ERROR(validate_paged_attention(p));
   if (p.num_seqs == 0) return ok_status();
   if (p.num_tokens != p.num_seqs)
     return invalid_argument("decode attention: num_tokens " + std::to_string(p.num_tokens) +
@@ -131,7 +135,7 @@ Status launch_paged_decode(const PagedAttentionParams& p, cudaStream_t stream) {
 }
 
 Status launch_merge_states(const PagedAttentionParams& p, cudaStream_t stream) {
-  KVSPLIT_RETURN_IF_ERROR(validate(p));
+  KVSPLIT_RETURN_IF_ERROR(validate_paged_attention(p));
   if (p.num_seqs == 0 || p.max_splits <= 1) return ok_status();
   if (!p.num_splits || !p.split_offset || !p.part_o || !p.part_m || !p.part_l)
     return invalid_argument("merge states: split plan arrays or partial workspace missing");

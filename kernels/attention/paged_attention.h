@@ -55,6 +55,10 @@ struct PagedAttentionParams {
 inline constexpr int kAttentionBlockSize = 16;
 bool attention_head_dim_supported(int head_dim);
 
+// Host-side checks every attention launcher runs first: shapes (kUnimplemented where not
+// compiled), null pointers, scale, pipeline_stages.
+Status validate_paged_attention(const PagedAttentionParams& p);
+
 // Causal attention of every query row (prefill and chunked prefill; decode rows work too).
 // One thread block per (query tile, kv head, sequence) handles the whole GQA group.
 Status launch_paged_prefill(const PagedAttentionParams& p, cudaStream_t stream);

@@ -68,13 +68,4 @@ StatusOr<ResolvedCut> resolve_cut(const CutFlags& f) {
   return r;
 }
 
-Status check_cut_backend(const ResolvedCut& cut, const backend::Backend& backend) {
-  if (cut.policy != KvPolicy::kFull && backend.kind() != backend::DeviceKind::kCpu) {
-    return unimplemented(std::string("--kv-policy ") + cuts::semantic::kv_policy_name(cut.policy) +
-                         " runs on the cpu backend only so far (quantized pages and "
-                         "mixed-precision attention have no CUDA kernels yet)");
-  }
-  return ok_status();
-}
-
 }  // namespace kvsplit::cli

@@ -6,7 +6,6 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
-#include "backend/backend.h"
 #include "cuts/semantic/semantic.h"
 #include "kv/kv_pool.h"
 #include "kvsplit/status.h"
@@ -30,9 +29,5 @@ struct ResolvedCut {
 
 // kInvalidArgument naming the flag for a bad value or a conflicting pair.
 StatusOr<ResolvedCut> resolve_cut(const CutFlags& flags);
-
-// kUnimplemented when `policy` needs what `backend` lacks (the quantized pages and mixed-precision
-// attention are CPU-only so far).
-Status check_cut_backend(const ResolvedCut& cut, const backend::Backend& backend);
 
 }  // namespace kvsplit::cli

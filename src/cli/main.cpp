@@ -73,7 +73,6 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   auto run = cli::load_run_model(cf);
   if (!run.ok()) return fail(run.status());
   model::LoadedModel* loaded = &(*run)->loaded;
-  if (Status st = cli::check_cut_backend(*rc, *(*run)->backend); !st.ok()) return fail(st);
   const model::ModelConfig& cfg = loaded->config;
   auto* backend = &(*run)->backend;
   auto* llama = &(*run)->llama;

@@ -136,7 +136,6 @@ int run_perplexity(CommonFlags& common, const PerplexityFlags& f) {
   auto run = load_run_model(common);
   if (!run.ok()) return fail(run.status());
   model::LlamaModel& llama = *(*run)->llama;
-  if (Status st = check_cut_backend(*rc, *(*run)->backend); !st.ok()) return fail(st);
   const model::ModelConfig& cfg = llama.config();
   if (!(*run)->loaded.tokenizer) return fail(invalid_argument("the model has no tokenizer"));
   auto seqs = read_sequences(f, *(*run)->loaded.tokenizer);

@@ -46,10 +46,6 @@ Status validate_config(const Config& config) {
       check_range("pools.handoff_timeout_ms", e.handoff_timeout_ms, 1, 3600000));
   KVSPLIT_RETURN_IF_ERROR(validate_block_size(e.block_size, "kv.block_size"));
   KVSPLIT_RETURN_IF_ERROR(check_range("kv.blocks_per_worker", e.kv_blocks_per_worker, 0, 1 << 26));
-  if (e.kv_policy != KvPolicy::kFull && e.backend == "cuda") {
-    return invalid_argument("kv.policy: the KV cuts run on the CPU backend only for now, got '" +
-                            std::string(kv_policy_name(e.kv_policy)) + "' with pools.backend cuda");
-  }
   KVSPLIT_RETURN_IF_ERROR(validate_semantic_cut(e.semantic, "kv.cuts.semantic."));
   KVSPLIT_RETURN_IF_ERROR(validate_sla_classes(e.sla_classes));
 

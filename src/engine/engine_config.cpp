@@ -61,11 +61,6 @@ Status validate_engine_config(const EngineConfig& c) {
     return bad("temporal.disk_capacity_mb", c.temporal.disk_capacity_mb, "in [1, 2^30]");
   if (c.temporal.temporal_step_size < 1)
     return bad("temporal.temporal_step_size", c.temporal.temporal_step_size, ">= 1");
-  if (c.kv_policy != KvPolicy::kFull && c.backend == "cuda") {
-    return unimplemented(
-        "EngineConfig.kv_policy: the KV cuts run on the CPU backend only for now (the CUDA "
-        "backend has no page quantization, relevance outputs or evicted-page skipping yet)");
-  }
   return validate_sla_classes(c.sla_classes).with_prefix("EngineConfig");
 }
 

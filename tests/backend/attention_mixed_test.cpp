@@ -17,6 +17,7 @@
 #include "common/thread_pool.h"
 #include "oracle/attention_oracle.h"
 #include "oracle/mixed_attention_oracle.h"
+#include "oracle/mixed_scoring.h"
 
 namespace kvsplit::backend {
 namespace {
@@ -26,9 +27,11 @@ using oracle::AttentionCase;
 using oracle::CaseSpec;
 using oracle::MixedCase;
 using oracle::MixedResult;
+using oracle::plans_for;
+using oracle::random_len;
+using oracle::Scoring;
 
 constexpr double kOracleTol = 1e-5;  // f32 kernel vs fp64 oracle on the same dequantized values
-constexpr double kBoundTol = 2e-5;   // relative, page bounds (exp of a sum of head_dim products)
 constexpr int kEvict = static_cast<int>(KvPrecision::kEvicted);
 
 CaseSpec random_shape(oracle::Rng& rng, uint64_t seed) {
@@ -53,120 +56,6 @@ CaseSpec random_shape(oracle::Rng& rng, uint64_t seed) {
   s.head_dim = head_dims[rng.range(0, 3)];
   s.block_size = block_sizes[rng.range(0, 2)];
   return s;
-}
-
-int random_len(oracle::Rng& rng, int max_len) {
-  const double x = rng.uniform(0.0, std::log(static_cast<double>(max_len)));
-  return std::clamp(static_cast<int>(std::exp(x)), 1, max_len);
-}
-
-// Summaries of the case's full pages (taken before make_mixed poisons demoted originals) and
-// the scoring buffers, pre-filled with small random values that the max must keep or raise.
-struct Scoring {
-  std::vector<uint8_t> score_seqs;
-  std::vector<int32_t> slots;
-  std::vector<float> summaries;
-  std::vector<float> relevance0, bound0, relevance, bound;
-  int num_slots = 0;
-
-  Scoring(AttentionCase& c, Backend& cpu, oracle::Rng& rng) {
-    const int bs = c.spec.block_size, hd = c.spec.head_dim, nkv = c.spec.num_kv_heads;
-    const kernels::QuantPageLayout ql{nkv, bs, hd};
-    const int64_t block_elems = int64_t{2} * nkv * bs * hd;
-    score_seqs.assign(c.num_seqs, 0);
-    for (auto& x : score_seqs) x = rng.range(0, 3) != 0;
-    score_seqs[rng.range(0, c.num_seqs - 1)] = 1;
-    slots.assign(c.block_tables.size(), -1);
-    for (int s = 0; s < c.num_seqs; ++s) {
-      for (int b = 0; (b + 1) * bs <= c.kv_lens[s]; ++b) {  // full pages only
-        if (rng.range(0, 4) == 0) continue;                 // some pages have no summary
-        const size_t row = static_cast<size_t>(s) * c.max_blocks_per_seq + b;
-        slots[row] = num_slots++;
-        summaries.resize(static_cast<size_t>(num_slots) * 2 * nkv * hd);
-        const Status st = cpu.summarize_kv_page(
-            c.pages.data() + c.block_tables[row] * block_elems, DType::kF32, ql,
-            summaries.data() + static_cast<size_t>(slots[row]) * 2 * nkv * hd);
-        EXPECT_TRUE(st.ok()) << st.to_string();
-      }
-    }
-    relevance0.resize(static_cast<size_t>(c.num_seqs) * c.max_blocks_per_seq * bs);
-    bound0.resize(c.block_tables.size());
-    for (float& x : relevance0) x = static_cast<float>(rng.uniform(0.0, 0.3));
-    for (float& x : bound0) x = static_cast<float>(rng.uniform(0.0, 0.3));
-    reset();
-  }
-  void reset() {
-    relevance = relevance0;
-    bound = bound0;
-  }
-  void apply(AttentionArgs& a) {
-    a.score_seqs = score_seqs.data();
-    a.token_relevance = relevance.data();
-    a.summary_slots = slots.data();
-    a.summaries = summaries.empty() ? nullptr : summaries.data();
-    a.num_summary_slots = num_slots;
-    a.page_bound = bound.data();
-  }
-};
-
-void expect_side_outputs(const AttentionArgs& a, const MixedResult& want, const Scoring& sc,
-                         const std::string& what) {
-  const int bs = a.kv.block_size;
-  for (int s = 0; s < a.num_seqs; ++s) {
-    const int64_t t0 = static_cast<int64_t>(s) * a.max_blocks_per_seq * bs;
-    const int64_t b0 = static_cast<int64_t>(s) * a.max_blocks_per_seq;
-    const int nb = (a.kv_lens[s] + bs - 1) / bs;
-    float max_rel = 0.f;
-    bool any_resident = false;
-    for (int t = 0; t < a.max_blocks_per_seq * bs; ++t) {
-      const float got = sc.relevance[t0 + t], init = sc.relevance0[t0 + t];
-      const double w = want.relevance[t0 + t];
-      if (!sc.score_seqs[s] || t >= a.kv_lens[s] || w < 0) {
-        ASSERT_EQ(got, init) << what << ": seq " << s << " token " << t << " must be untouched";
-        continue;
-      }
-      any_resident = true;
-      max_rel = std::max(max_rel, got);
-      ASSERT_NEAR(got, std::max<double>(init, w), kOracleTol)
-          << what << ": relevance of seq " << s << " token " << t;
-    }
-    if (any_resident) {
-      EXPECT_EQ(max_rel, 1.f) << what << ": seq " << s << " most attended token";
-    }
-    for (int b = 0; b < a.max_blocks_per_seq; ++b) {
-      const float got = sc.bound[b0 + b], init = sc.bound0[b0 + b];
-      if (!sc.score_seqs[s] || b >= nb || sc.slots[b0 + b] < 0) {
-        ASSERT_EQ(got, init) << what << ": bound of seq " << s << " page " << b << " untouched";
-        continue;
-      }
-      const double w = std::max<double>(init, want.page_bound[b0 + b]);
-      if (std::isinf(w)) {  // nothing of the sequence resident: every bound is +inf
-        ASSERT_EQ(got, std::numeric_limits<float>::infinity()) << what << ": page " << b;
-        continue;
-      }
-      ASSERT_NEAR(got, w, kBoundTol * std::max(1.0, w))
-          << what << ": bound of seq " << s << " page " << b;
-      // Quest: the bound is >= the relative probability of every token of a full-precision page
-      // (a quantized page is attended with dequantized keys, while its summary bounds the
-      // original ones: it may exceed the bound by the quantization error).
-      const bool full = !a.page_precision || a.page_precision[b0 + b] == 0;
-      for (int t = b * bs; full && t < std::min((b + 1) * bs, a.kv_lens[s]); ++t) {
-        const double rel = want.relevance[t0 + t];
-        if (rel >= 0) {
-          ASSERT_GE(got, rel * (1 - kBoundTol)) << what << ": page " << b << " tok " << t;
-        }
-      }
-    }
-  }
-}
-
-std::vector<SplitPlan> plans_for(const AttentionCase& c, oracle::Rng& rng) {
-  const int bs = c.spec.block_size;
-  std::vector<SplitPlan> plans;
-  plans.push_back(make_split_plan(c.kv_lens.data(), c.num_seqs, bs, 0));
-  plans.push_back(make_split_plan(c.kv_lens.data(), c.num_seqs, bs, bs));
-  plans.push_back(make_split_plan(c.kv_lens.data(), c.num_seqs, bs, bs * rng.range(2, 5)));
-  return plans;
 }
 
 TEST(CpuMixedAttention, DecodeMatchesTheMixedOracleWithAndWithoutSplits) {
@@ -209,7 +98,7 @@ TEST(CpuMixedAttention, DecodeMatchesTheMixedOracleWithAndWithoutSplits) {
       const oracle::Comparison cmp =
           oracle::compare(c.out.data(), want.out, kOracleTol, kOracleTol);
       ASSERT_TRUE(cmp.ok) << w << ": " << cmp.message;
-      expect_side_outputs(a, want, sc, w);
+      oracle::expect_side_outputs(a, want, sc, w);
       if (HasFailure()) FAIL() << w;
     }
   }
@@ -249,7 +138,7 @@ TEST(CpuMixedAttention, PagesOfOneTokenAndPagesLargerThanATile) {
         const oracle::Comparison cmp =
             oracle::compare(c.out.data(), want.out, kOracleTol, kOracleTol);
         ASSERT_TRUE(cmp.ok) << w << ": " << cmp.message;
-        expect_side_outputs(a, want, sc, w);
+        oracle::expect_side_outputs(a, want, sc, w);
         if (HasFailure()) FAIL() << w;
       }
     }
@@ -322,7 +211,7 @@ TEST(CpuMixedAttention, EvictedRunsAndNothingResident) {
       sc.bound[row] = sc.bound0[row];  // checked; the oracle has no finite max to compare with
     }
     sc.score_seqs[2] = 0;
-    expect_side_outputs(a, want, sc, "chunk " + std::to_string(plan.chunk_tokens));
+    oracle::expect_side_outputs(a, want, sc, "chunk " + std::to_string(plan.chunk_tokens));
     sc.score_seqs[2] = 1;
   }
 }

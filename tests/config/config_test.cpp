@@ -284,7 +284,14 @@ TEST(ConfigTest, KvCutErrorsNameTheField) {
   expect_error("sla_classes:\n  voice: {kv: {demote_after_steps: 0}}\n",
                "sla_classes.voice.kv.demote_after_steps");
   expect_error("sla_classes:\n  voice: {kv: 0.2}\n", "sla_classes.voice.kv: must be a mapping");
-  expect_error("kv: {policy: semantic}\npools: {backend: cuda}\n", "kv.policy");
+}
+
+// The KV cuts run on both backends (the CUDA kernels of kernels/attention/mixed_attention.h).
+TEST(ConfigTest, KvCutOnTheCudaBackendIsAccepted) {
+  auto c = parse_config("kv: {policy: semantic}\npools: {backend: cuda}\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->engine.kv_policy, KvPolicy::kSemantic);
+  EXPECT_EQ(c->engine.backend, "cuda");
 }
 
 TEST(ConfigTest, KvCutUnknownKeysAreErrors) {

@@ -14,8 +14,10 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/kernel_args.h"
+#include "kernels/attention/mixed_attention.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/common/float_bits.h"
+#include "kernels/kv_pages/kv_page_ops.h"
 #include "kernels/ops/ops.h"
 #include "kernels/sampling/sampling.h"
 
@@ -110,6 +112,10 @@ class EmulatedKernelBackend final : public backend::Backend {
   }
   Status attention_prefill(const backend::AttentionArgs& a) override {
     kernels::PagedAttentionParams p = params(a);
+    if (backend::cuda::needs_mixed_attention(a)) {
+      ++mixed_calls_;
+      return kernels::launch_mixed_prefill(backend::cuda::mixed_attention_params(a, p), nullptr);
+    }
     return kernels::launch_paged_prefill(p, nullptr);
   }
   Status attention_decode(const backend::AttentionArgs& a,
@@ -126,10 +132,36 @@ class EmulatedKernelBackend final : public backend::Backend {
       p.part_m = p.part_o + heads * a.head_dim;
       p.part_l = p.part_m + heads;
     }
+    ++decode_calls_;
+    if (backend::cuda::needs_mixed_attention(a)) {
+      ++mixed_calls_;
+      kernels::MixedAttentionParams mp = backend::cuda::mixed_attention_params(a, p);
+      if (a.score_seqs) {
+        score_max_.assign(static_cast<size_t>(a.num_seqs) * a.num_heads, 0.f);
+        mp.score_max = score_max_.data();
+      }
+      return kernels::launch_mixed_decode(mp, nullptr);
+    }
     KVSPLIT_RETURN_IF_ERROR(kernels::launch_paged_decode(p, nullptr));
     if (plan.has_splits()) KVSPLIT_RETURN_IF_ERROR(kernels::launch_merge_states(p, nullptr));
-    ++decode_calls_;
     return ok_status();
+  }
+  Status quantize_kv_page(const void* src, backend::DType src_dtype,
+                          const kernels::QuantPageLayout& layout, kernels::KvPrecision to,
+                          void* dst) override {
+    ++page_op_calls_;
+    return kernels::launch_quantize_kv_page(src, src_dtype, layout, to, dst, nullptr);
+  }
+  Status dequantize_kv_page(const void* src, kernels::KvPrecision from,
+                            const kernels::QuantPageLayout& layout, void* dst,
+                            backend::DType dst_dtype) override {
+    ++page_op_calls_;
+    return kernels::launch_dequantize_kv_page(src, from, layout, dst, dst_dtype, nullptr);
+  }
+  Status summarize_kv_page(const void* src, backend::DType src_dtype,
+                           const kernels::QuantPageLayout& layout, float* dst) override {
+    ++page_op_calls_;
+    return kernels::launch_summarize_kv_page(src, src_dtype, layout, dst, nullptr);
   }
   bool has_sample_tokens() const override { return true; }
   Status sample_tokens(const float* logits, int num_rows, int vocab,
@@ -140,6 +172,9 @@ class EmulatedKernelBackend final : public backend::Backend {
   }
 
   int decode_calls() const { return decode_calls_; }
+  // Attention calls that ran the mixed-precision kernels, and page op calls (semantic cut).
+  int mixed_calls() const { return mixed_calls_; }
+  int page_op_calls() const { return page_op_calls_; }
 
  private:
   kernels::PagedAttentionParams params(const backend::AttentionArgs& a) {
@@ -153,7 +188,10 @@ class EmulatedKernelBackend final : public backend::Backend {
   std::vector<std::vector<unsigned char>> weights_;
   std::vector<float> partials_;
   int error_ = 0;
+  std::vector<float> score_max_;
   int decode_calls_ = 0;
+  int mixed_calls_ = 0;
+  int page_op_calls_ = 0;
 };
 
 }  // namespace kvsplit::testing

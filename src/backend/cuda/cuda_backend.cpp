@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/common/float_bits.h"
+#include "kernels/kv_pages/kv_page_ops.h"
 #include "kernels/ops/ops.h"
 #include "kernels/sampling/sampling.h"
 
@@ -84,7 +85,8 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device,
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
   for (void* w : weights_) cudaFree(w);
-  for (void* p : {act16_, plan_dev_, partials_, sample_rows_, static_cast<void*>(error_flag_)})
+  for (void* p :
+       {act16_, plan_dev_, partials_, score_max_, sample_rows_, static_cast<void*>(error_flag_)})
     if (p) cudaFree(p);
   if (pinned_) cudaFreeHost(pinned_);
   if (cublas_) cublasDestroy(cublas_);
@@ -313,24 +315,16 @@ Status CudaBackend::kv_append(const LayerKv& kv, const float* k, const float* v,
 
 Status CudaBackend::attention_prefill(const AttentionArgs& args) {
   KVSPLIT_RETURN_IF_ERROR(check_attention_shape(args));
-  if (args.page_precision || args.score_seqs) {
-    return unimplemented(
-        "attention_prefill: the CUDA backend reads full-precision pages only (page_precision "
-        "and score_seqs are CPU-only for now)");
-  }
   kernels::PagedAttentionParams p = attention_params(args);
   p.error_flag = error_flag_;
   last_flag_op_ = "attention";
+  if (needs_mixed_attention(args))
+    return kernels::launch_mixed_prefill(mixed_attention_params(args, p), stream_);
   return kernels::launch_paged_prefill(p, stream_);
 }
 
 Status CudaBackend::attention_decode(const AttentionArgs& args, const backend::SplitPlan& plan) {
   KVSPLIT_RETURN_IF_ERROR(check_attention_shape(args));
-  if (args.page_precision || args.score_seqs) {
-    return unimplemented(
-        "attention_decode: the CUDA backend reads full-precision pages only (page_precision "
-        "and score_seqs are CPU-only for now)");
-  }
   if (plan.num_seqs() != args.num_seqs)
     return invalid_argument("attention_decode: plan has " + std::to_string(plan.num_seqs()) +
                             " sequences, call has " + std::to_string(args.num_seqs));
@@ -358,9 +352,35 @@ Status CudaBackend::attention_decode(const AttentionArgs& args, const backend::S
     p.part_m = p.part_o + heads * args.head_dim;
     p.part_l = p.part_m + heads;
   }
+  if (needs_mixed_attention(args)) {
+    kernels::MixedAttentionParams mp = mixed_attention_params(args, p);
+    if (args.score_seqs) {
+      const size_t bytes = static_cast<size_t>(std::max(args.num_seqs, 1)) * args.num_heads * 4;
+      KVSPLIT_RETURN_IF_ERROR(reserve(&score_max_, &score_max_cap_, bytes));
+      mp.score_max = static_cast<float*>(score_max_);
+    }
+    return kernels::launch_mixed_decode(mp, stream_);  // attention, merge and scoring
+  }
   KVSPLIT_RETURN_IF_ERROR(kernels::launch_paged_decode(p, stream_));
   if (plan.has_splits()) KVSPLIT_RETURN_IF_ERROR(kernels::launch_merge_states(p, stream_));
   return ok_status();
+}
+
+Status CudaBackend::quantize_kv_page(const void* src, DType src_dtype,
+                                     const kernels::QuantPageLayout& layout,
+                                     kernels::KvPrecision to, void* dst) {
+  return kernels::launch_quantize_kv_page(src, src_dtype, layout, to, dst, stream_);
+}
+
+Status CudaBackend::dequantize_kv_page(const void* src, kernels::KvPrecision from,
+                                       const kernels::QuantPageLayout& layout, void* dst,
+                                       DType dst_dtype) {
+  return kernels::launch_dequantize_kv_page(src, from, layout, dst, dst_dtype, stream_);
+}
+
+Status CudaBackend::summarize_kv_page(const void* src, DType src_dtype,
+                                      const kernels::QuantPageLayout& layout, float* dst) {
+  return kernels::launch_summarize_kv_page(src, src_dtype, layout, dst, stream_);
 }
 
 Status CudaBackend::sample_tokens(const float* logits, int num_rows, int vocab,

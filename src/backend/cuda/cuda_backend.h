@@ -3,6 +3,10 @@
 // and split plans; GEMMs through cuBLAS with fp32 accumulation; everything else through the
 // kernels in kernels/ (launchers return Status). Not thread-safe: one owner (a worker).
 //
+// Mixed-precision pages and the scoring side outputs (AttentionArgs::page_precision, score_seqs)
+// run the kernels of kernels/attention/mixed_attention.h; every array of the call, the side
+// outputs included, is device memory (the model forward uploads and downloads them).
+//
 // Index errors inside kernels (block ids, slots, token ids out of range) set a device error flag;
 // the kernel skips the bad item, and the next synchronize() / copy_d2h() returns
 // kInvalidArgument naming the op family that saw it.
@@ -58,6 +62,13 @@ class CudaBackend final : public Backend {
                    int num_tokens) override;
   Status attention_prefill(const AttentionArgs& args) override;
   Status attention_decode(const AttentionArgs& args, const backend::SplitPlan& plan) override;
+  Status quantize_kv_page(const void* src, DType src_dtype, const kernels::QuantPageLayout& layout,
+                          kernels::KvPrecision to, void* dst) override;
+  Status dequantize_kv_page(const void* src, kernels::KvPrecision from,
+                            const kernels::QuantPageLayout& layout, void* dst,
+                            DType dst_dtype) override;
+  Status summarize_kv_page(const void* src, DType src_dtype, const kernels::QuantPageLayout& layout,
+                           float* dst) override;
   bool has_sample_tokens() const override { return true; }
   Status sample_tokens(const float* logits, int num_rows, int vocab, const SamplingRow* rows,
                        int32_t* ids) override;
@@ -87,6 +98,8 @@ class CudaBackend final : public Backend {
   size_t plan_cap_ = 0;
   void* partials_ = nullptr;  // split-K partial (o, m, l)
   size_t partials_cap_ = 0;
+  void* score_max_ = nullptr;  // mixed attention scoring: per-head max score [num_seqs, num_heads]
+  size_t score_max_cap_ = 0;
   void* sample_rows_ = nullptr;  // kernels::SampleRowParams [num_rows]
   size_t sample_rows_cap_ = 0;
   std::vector<void*> weights_;  // owned uploads

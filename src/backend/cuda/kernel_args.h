@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "backend/backend.h"
+#include "kernels/attention/mixed_attention.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/ops/ops.h"
 #include "kernels/sampling/sampling.h"
@@ -32,6 +33,31 @@ inline kernels::PagedAttentionParams attention_params(const AttentionArgs& a) {
   p.max_blocks_per_seq = a.max_blocks_per_seq;
   p.max_query_len = a.max_query_len;
   return p;
+}
+
+// The mixed-precision fields on top of `base` (attention_params(a) plus split-K and error flag);
+// score_max (a workspace) is left to the caller.
+inline kernels::MixedAttentionParams mixed_attention_params(
+    const AttentionArgs& a, const kernels::PagedAttentionParams& base) {
+  kernels::MixedAttentionParams mp;
+  mp.base = base;
+  mp.page_precision = a.page_precision;
+  mp.int8_pages = a.int8_pages;
+  mp.num_int8_blocks = a.num_int8_blocks;
+  mp.int4_pages = a.int4_pages;
+  mp.num_int4_blocks = a.num_int4_blocks;
+  mp.score_seqs = a.score_seqs;
+  mp.token_relevance = a.token_relevance;
+  mp.summary_slots = a.summary_slots;
+  mp.summaries = a.summaries;
+  mp.num_summary_slots = a.num_summary_slots;
+  mp.page_bound = a.page_bound;
+  return mp;
+}
+
+// True when a call needs the mixed-precision kernels (some page not full, or scoring outputs).
+inline bool needs_mixed_attention(const AttentionArgs& a) {
+  return a.page_precision != nullptr || a.score_seqs != nullptr;
 }
 
 inline kernels::KvAppendParams kv_append_params(const LayerKv& kv, const float* k, const float* v,

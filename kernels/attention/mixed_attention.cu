@@ -1,0 +1,125 @@
+// Launchers of the mixed-precision attention kernels: validation, the one dispatch site over
+// (KV dtype x head_dim), grid shapes. Compiled by nvcc (kvsplit_cuda) and by g++ under the
+// emulation harness (kernels/emulation/emulated_kernels.cpp).
+#include <string>
+
+#include "kernels/attention/mixed_attention.cuh"
+#include "kernels/common/launch_status.h"
+
+namespace kvsplit::kernels {
+namespace {
+
+Status validate_mixed(const MixedAttentionParams& mp, bool decode) {
+  KVSPLIT_RETURN_IF_ERROR(validate_paged_attention(mp.base));
+  if (mp.num_int8_blocks < 0 || mp.num_int4_blocks < 0 || mp.num_summary_slots < 0)
+    return invalid_argument("mixed attention: negative arena or summary slot count");
+  if (!mp.score_seqs) return ok_status();
+  if (!decode)
+    return invalid_argument("mixed attention: score_seqs (scoring outputs) are for decode only");
+  if (!mp.token_relevance || !mp.summary_slots || !mp.page_bound)
+    return invalid_argument(
+        "mixed attention: score_seqs needs token_relevance, summary_slots and page_bound");
+  if (!mp.score_max) return invalid_argument("mixed attention: score_seqs needs score_max");
+  return ok_status();
+}
+
+template <typename KT, int D>
+Status launch_mixed_typed(const MixedAttentionParams& mp, cudaStream_t stream, bool decode) {
+  const PagedAttentionParams& p = mp.base;
+  const int group = p.num_heads / p.num_kv_heads;
+  int tokens_per_block = 1;
+  unsigned grid_x = 1;
+  if (decode) {
+    grid_x = static_cast<unsigned>(p.max_splits);
+  } else {
+    tokens_per_block = kPrefillMaxRows / group > 1 ? kPrefillMaxRows / group : 1;
+    grid_x = static_cast<unsigned>((p.max_query_len + tokens_per_block - 1) / tokens_per_block);
+    if (grid_x == 0) return ok_status();
+  }
+  const size_t limit = max_dynamic_smem_per_block();
+  const size_t smem =
+      mixed_smem_layout(tokens_per_block * group, D, p.block_size, /*with_v=*/true).total;
+  const size_t score_smem = mixed_smem_layout(group, D, p.block_size, /*with_v=*/false).total;
+  if (smem > limit || (mp.score_seqs && score_smem > limit)) {
+    return unimplemented(
+        "mixed attention: a GQA group of " + std::to_string(group) + " heads with head_dim " +
+        std::to_string(D) + " needs " + std::to_string(smem) +
+        " B of shared memory per block; this device allows " + std::to_string(limit));
+  }
+  const dim3 grid(grid_x, static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_seqs));
+  KVSPLIT_RETURN_IF_ERROR(
+      launch_status(launch(mixed_attention_kernel<KT, D>, grid, dim3(kAttnThreads), smem, stream,
+                           mp, tokens_per_block, decode ? 1 : 0),
+                    decode ? "mixed decode attention" : "mixed prefill attention"));
+  if (!decode) return ok_status();
+  if (p.max_splits > 1) {
+    const dim3 mgrid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.num_seqs));
+    KVSPLIT_RETURN_IF_ERROR(launch_status(
+        launch(mixed_merge_kernel<D>, mgrid, dim3(D), 0, stream, mp), "mixed merge states"));
+  }
+  if (!mp.score_seqs) return ok_status();
+  const int64_t keys = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
+  const dim3 sgrid(static_cast<unsigned>((keys + kAttnTileKeys - 1) / kAttnTileKeys),
+                   static_cast<unsigned>(p.num_seqs));
+  return launch_status(
+      launch(mixed_score_kernel<KT, D>, sgrid, dim3(kAttnThreads), score_smem, stream, mp),
+      "mixed attention scoring");
+}
+
+template <typename KT>
+Status dispatch_mixed_head_dim(const MixedAttentionParams& mp, cudaStream_t stream, bool decode) {
+  switch (mp.base.head_dim) {
+    case 8:
+      return launch_mixed_typed<KT, 8>(mp, stream, decode);  // stories260K
+    case 64:
+      return launch_mixed_typed<KT, 64>(mp, stream, decode);
+    case 128:
+      return launch_mixed_typed<KT, 128>(mp, stream, decode);
+  }
+  return unimplemented("mixed attention: head_dim " + std::to_string(mp.base.head_dim) +
+                       " is not compiled");
+}
+
+// The one dispatch site of the mixed attention family.
+Status dispatch_mixed(const MixedAttentionParams& mp, cudaStream_t stream, bool decode) {
+  switch (mp.base.kv_dtype) {
+    case ElemType::kF32:
+      return dispatch_mixed_head_dim<float>(mp, stream, decode);
+    case ElemType::kF16:
+      return dispatch_mixed_head_dim<__half>(mp, stream, decode);
+    case ElemType::kBF16:
+      return dispatch_mixed_head_dim<__nv_bfloat16>(mp, stream, decode);
+  }
+  return invalid_argument("mixed attention: unknown KV dtype");
+}
+
+}  // namespace
+
+Status launch_mixed_prefill(const MixedAttentionParams& mp, cudaStream_t stream) {
+  KVSPLIT_RETURN_IF_ERROR(validate_mixed(mp, /*decode=*/false));
+  if (mp.base.num_seqs == 0 || mp.base.max_query_len <= 0) return ok_status();
+  return dispatch_mixed(mp, stream, /*decode=*/false);
+}
+
+Status launch_mixed_decode(const MixedAttentionParams& mp, cudaStream_t stream) {
+  KVSPLIT_RETURN_IF_ERROR(validate_mixed(mp, /*decode=*/true));
+  const PagedAttentionParams& p = mp.base;
+  if (p.num_seqs == 0) return ok_status();
+  if (p.num_tokens != p.num_seqs)
+    return invalid_argument("mixed decode attention: num_tokens " + std::to_string(p.num_tokens) +
+                            " != num_seqs " + std::to_string(p.num_seqs) + " (one query each)");
+  if (p.max_splits < 1 || p.max_splits > 65535)
+    return invalid_argument("mixed decode attention: max_splits must be in [1, 65535]");
+  if (p.max_splits > 1) {
+    if (!p.num_splits || !p.split_offset || !p.part_o || !p.part_m || !p.part_l)
+      return invalid_argument(
+          "mixed decode attention: split plan arrays or partial workspace missing");
+    if (p.chunk_tokens <= 0 || p.chunk_tokens % p.block_size != 0)
+      return invalid_argument("mixed decode attention: chunk_tokens " +
+                              std::to_string(p.chunk_tokens) +
+                              " is not a positive multiple of block_size");
+  }
+  return dispatch_mixed(mp, stream, /*decode=*/true);
+}
+
+}  // namespace kvsplit::kernels

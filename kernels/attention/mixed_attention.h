@@ -1,0 +1,56 @@
+// Host API of mixed-precision paged attention (semantic cut): every page of a sequence is read at
+// its own precision in one pass (full pages from `kv`, int8 / int4 pages from their arenas,
+// dequantized in registers with kernels/common/kv_quant.h), evicted pages are skipped, and decode
+// can emit the scoring side outputs (token relevance, Quest page bounds). The contract is
+// backend::AttentionArgs (src/backend/backend.h); this header has no CUDA device header.
+//
+// The all-full path (launch_paged_prefill / launch_paged_decode) is a separate kernel and is not
+// touched by anything here.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/attention/paged_attention.h"
+#include "kernels/common/kv_quant.h"
+
+namespace kvsplit::kernels {
+
+struct MixedAttentionParams {
+  // Shapes, q, out, the full-precision pages `kv`, kv_lens, query_start and split-K fields as for
+  // the all-full kernels. block_tables[s, i] is the page's id in the arena of its precision.
+  PagedAttentionParams base;
+
+  // [num_seqs, max_blocks_per_seq] KvPrecision values; nullptr: every page is full precision
+  // (used when only the scoring outputs are asked for).
+  const uint8_t* page_precision = nullptr;
+  const void* int8_pages = nullptr;  // [num_int8_blocks, QuantPageLayout::bytes(kInt8)]
+  int num_int8_blocks = 0;
+  const void* int4_pages = nullptr;  // [num_int4_blocks, QuantPageLayout::bytes(kInt4)]
+  int num_int4_blocks = 0;
+
+  // ---- scoring side outputs (decode only), exactly as backend::AttentionArgs ----
+  const uint8_t* score_seqs = nullptr;     // [num_seqs]; nullptr: none
+  float* token_relevance = nullptr;        // [num_seqs, max_blocks_per_seq * block_size]
+  const int32_t* summary_slots = nullptr;  // [num_seqs, max_blocks_per_seq], -1: none
+  const float* summaries = nullptr;        // [num_summary_slots, 2, num_kv_heads, head_dim]
+  int num_summary_slots = 0;
+  float* page_bound = nullptr;  // [num_seqs, max_blocks_per_seq]
+  // Workspace [num_seqs, num_heads] f32 (needed with score_seqs): the final max score m_h of each
+  // decode query head, written by the attention kernel (one split) or the merge (several).
+  float* score_max = nullptr;
+};
+
+// Page ids outside their arena, precision values > 3 and summary slots outside
+// [0, num_summary_slots) cannot be checked on the host (device arrays): the kernels skip that
+// page (or bound) and set base.error_flag. Host-visible errors (null outputs, score_seqs on
+// prefill, shapes) are kInvalidArgument; uncompiled shapes kUnimplemented.
+
+// Causal prefill over mixed pages (score_seqs must be null).
+Status launch_mixed_prefill(const MixedAttentionParams& p, cudaStream_t stream);
+
+// Decode over mixed pages: the split-K attention kernel, the merge when base.max_splits > 1, then,
+// with score_seqs, the scoring kernel (a second read of the scored sequences' keys that recomputes
+// every score exactly as the attention pass did, see mixed_attention.cuh).
+Status launch_mixed_decode(const MixedAttentionParams& p, cudaStream_t stream);
+
+}  // namespace kvsplit::kernels

@@ -1,0 +1,388 @@
+// Mixed-precision paged attention kernels (full / int8 / int4 / evicted pages, the scoring side
+// outputs) against the fp64 mixed oracle, which dequantizes the same pages, and the CPU backend.
+// Random mixes with shuffled arena ids, MHA / GQA / MQA, every compiled head_dim and KV dtype,
+// partial last pages, split-K on and off, prefill (chunked), and bad arguments. Same source for
+// the emulated kernels (tests/kernels, label emulated) and the real ones (tests/gpu, label gpu).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/attention.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/split_plan.h"
+#include "common/thread_pool.h"
+#include "kernel_test_util.h"
+#include "kernels/attention/mixed_attention.h"
+#include "oracle/attention_oracle.h"
+#include "oracle/mixed_attention_oracle.h"
+#include "oracle/mixed_scoring.h"
+
+namespace kvsplit::testing {
+namespace {
+
+using kernels::ElemType;
+using kernels::KvPrecision;
+using oracle::AttentionCase;
+using oracle::CaseSpec;
+using oracle::MixedCase;
+using oracle::MixedResult;
+using oracle::Scoring;
+
+constexpr double kAtol = 2e-5, kRtol = 2e-4;  // f32 kernel vs fp64 oracle, same page values
+constexpr int kEvict = static_cast<int>(KvPrecision::kEvicted);
+
+// Device copies of one mixed call (host args `a`, pages encoded as `dtype`) and its parameters.
+struct DeviceMixed {
+  DevArray<float> q, out, part_o, part_m, part_l, relevance, bound, summaries, score_max;
+  DevArray<unsigned char> pages;
+  DevArray<uint8_t> precision, int8_pages, int4_pages, score_seqs;
+  DevArray<int32_t> query_start, kv_lens, tables, num_splits, split_offset, slots;
+  DevArray<int> error_flag;
+  kernels::MixedAttentionParams mp;
+};
+
+// `pages`: the case's f32 pages (already rounded to dtype); m / sc may be null.
+std::unique_ptr<DeviceMixed> upload(const backend::AttentionArgs& a,
+                                    const std::vector<float>& pages, ElemType dtype,
+                                    const MixedCase* m, const Scoring* sc,
+                                    const backend::SplitPlan* plan) {
+  auto d = std::make_unique<DeviceMixed>();
+  const size_t q_elems = static_cast<size_t>(a.num_tokens) * a.num_heads * a.head_dim;
+  d->q = DevArray<float>(std::vector<float>(a.q, a.q + q_elems));
+  d->out = DevArray<float>(std::vector<float>(q_elems, std::numeric_limits<float>::quiet_NaN()));
+  d->pages = DevArray<unsigned char>(encode(pages, dtype));
+  d->query_start =
+      DevArray<int32_t>(std::vector<int32_t>(a.query_start, a.query_start + a.num_seqs + 1));
+  d->kv_lens = DevArray<int32_t>(std::vector<int32_t>(a.kv_lens, a.kv_lens + a.num_seqs));
+  const size_t rows = static_cast<size_t>(a.num_seqs) * a.max_blocks_per_seq;
+  d->tables = DevArray<int32_t>(std::vector<int32_t>(a.block_tables, a.block_tables + rows));
+  d->error_flag = DevArray<int>(std::vector<int>{0});
+  kernels::MixedAttentionParams& mp = d->mp;
+  kernels::PagedAttentionParams& p = mp.base;
+  p.q = d->q.get();
+  p.out = d->out.get();
+  p.kv = d->pages.get();
+  p.kv_dtype = dtype;
+  p.num_seqs = a.num_seqs;
+  p.num_tokens = a.num_tokens;
+  p.num_heads = a.num_heads;
+  p.num_kv_heads = a.num_kv_heads;
+  p.head_dim = a.head_dim;
+  p.block_size = a.kv.block_size;
+  p.num_blocks = a.kv.num_blocks;
+  p.scale = a.scale;
+  p.query_start = d->query_start.get();
+  p.kv_lens = d->kv_lens.get();
+  p.block_tables = d->tables.get();
+  p.max_blocks_per_seq = a.max_blocks_per_seq;
+  p.max_query_len = a.max_query_len;
+  p.error_flag = d->error_flag.get();
+  if (plan) {
+    p.max_splits = std::max(plan->max_splits, 1);
+    if (plan->has_splits()) {
+      const size_t heads = static_cast<size_t>(plan->total_splits) * a.num_heads;
+      d->num_splits = DevArray<int32_t>(plan->num_splits);
+      d->split_offset = DevArray<int32_t>(plan->split_offset);
+      d->part_o = DevArray<float>(heads * a.head_dim);
+      d->part_m = DevArray<float>(heads);
+      d->part_l = DevArray<float>(heads);
+      p.chunk_tokens = plan->chunk_tokens;
+      p.num_splits = d->num_splits.get();
+      p.split_offset = d->split_offset.get();
+      p.part_o = d->part_o.get();
+      p.part_m = d->part_m.get();
+      p.part_l = d->part_l.get();
+    }
+  }
+  if (m && a.page_precision) {
+    d->precision = DevArray<uint8_t>(m->precision);
+    d->int8_pages = DevArray<uint8_t>(m->int8_arena);
+    d->int4_pages = DevArray<uint8_t>(m->int4_arena);
+    mp.page_precision = d->precision.get();
+    mp.int8_pages = a.int8_pages ? d->int8_pages.get() : nullptr;
+    mp.num_int8_blocks = a.num_int8_blocks;
+    mp.int4_pages = a.int4_pages ? d->int4_pages.get() : nullptr;
+    mp.num_int4_blocks = a.num_int4_blocks;
+  }
+  if (sc && a.score_seqs) {
+    d->score_seqs = DevArray<uint8_t>(sc->score_seqs);
+    d->relevance = DevArray<float>(sc->relevance);
+    d->bound = DevArray<float>(sc->bound);
+    d->slots = DevArray<int32_t>(sc->slots);
+    d->summaries = DevArray<float>(sc->summaries);
+    d->score_max = DevArray<float>(static_cast<size_t>(a.num_seqs) * a.num_heads);
+    mp.score_seqs = d->score_seqs.get();
+    mp.token_relevance = d->relevance.get();
+    mp.summary_slots = d->slots.get();
+    mp.summaries = a.summaries ? d->summaries.get() : nullptr;
+    mp.num_summary_slots = a.num_summary_slots;
+    mp.page_bound = d->bound.get();
+    mp.score_max = d->score_max.get();
+  }
+  return d;
+}
+
+// Shapes the kernels are compiled for: head_dim 8 / 64 / 128, block 16, MHA / GQA / MQA.
+CaseSpec random_shape(oracle::Rng& rng, uint64_t seed) {
+  CaseSpec s;
+  s.seed = seed;
+  switch (rng.range(0, 2)) {
+    case 0:
+      s.num_kv_heads = rng.range(1, 3);
+      s.num_heads = s.num_kv_heads;
+      break;  // MHA
+    case 1:
+      s.num_kv_heads = 2;
+      s.num_heads = 2 * (2 << rng.range(0, 2));
+      break;  // GQA, groups 4, 8, 16 (prefill blocks of 4, 2, 1 tokens)
+    default:
+      s.num_kv_heads = 1;
+      s.num_heads = rng.range(2, 7);
+      break;  // MQA
+  }
+  const int head_dims[] = {8, 64, 128};
+  s.head_dim = head_dims[rng.range(0, 2)];
+  s.block_size = 16;
+  return s;
+}
+
+ElemType dtype_of(int i) {
+  const ElemType all[] = {ElemType::kF32, ElemType::kF16, ElemType::kBF16};
+  return all[i % 3];
+}
+
+// Rounds the case's pages to `dtype` (the oracle and the quantizer then see the stored values).
+void round_pages(AttentionCase& c, ElemType dtype) {
+  c.pages = decode(encode(c.pages, dtype), dtype);
+}
+
+TEST(MixedAttentionParity, DecodeMatchesTheMixedOracleWithAndWithoutSplits) {
+  KVSPLIT_REQUIRE_DEVICE();
+  ThreadPool pool(2);
+  std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend(1);
+  oracle::Rng rng(2024);
+  int quantized_pages = 0, evicted_pages = 0, runs = 0;
+#if defined(KVSPLIT_TEST_GPU)
+  const int iters = 60, max_len = 2000;
+#else
+  const int iters = 20, max_len = 600;  // sized for the ASan build (slow fibers)
+#endif
+  for (int iter = 0; iter < iters; ++iter) {
+    CaseSpec spec = random_shape(rng, 8100 + iter);
+    const int num_seqs = rng.range(1, 4);
+    for (int s = 0; s < num_seqs; ++s) spec.kv_lens.push_back(oracle::random_len(rng, max_len));
+    if (iter % 6 == 0) spec.q_range = 8.0;  // peaked softmax
+    const ElemType dtype = dtype_of(iter);
+    AttentionCase c = oracle::make_case(spec);
+    round_pages(c, dtype);
+    Scoring sc(c, *cpu, rng);
+    const bool all_full = iter % 6 == 5;  // side outputs with page_precision null
+    oracle::MixSpec mix;
+    if (all_full) mix = {0.0, 0.0, 0.0};
+    MixedCase m = oracle::make_mixed(c, *cpu, rng, mix);
+    ASSERT_TRUE(m.quantized_ok);
+    for (uint8_t p : m.precision) {
+      quantized_pages += p == 1 || p == 2;
+      evicted_pages += p == kEvict;
+    }
+    backend::AttentionArgs a = c.args();
+    m.apply(a);
+    sc.apply(a);
+    const MixedResult want = oracle::mixed_attention(a);
+    if (all_full) a.page_precision = nullptr;
+    const std::string what = "iter " + std::to_string(iter) + " " + kernels::elem_name(dtype) +
+                             " heads " + std::to_string(spec.num_heads) + "/" +
+                             std::to_string(spec.num_kv_heads) + " hd " +
+                             std::to_string(spec.head_dim);
+    for (const backend::SplitPlan& plan : oracle::plans_for(c, rng)) {
+      const std::string w = what + " chunk " + std::to_string(plan.chunk_tokens);
+      auto d = upload(a, c.pages, dtype, &m, &sc, &plan);
+      const Status st = kernels::launch_mixed_decode(d->mp, nullptr);
+      ASSERT_TRUE(st.ok()) << w << ": " << st.to_string();
+      ASSERT_EQ(device_sync(), "") << w;
+      const std::vector<float> got = d->out.to_host();
+      const oracle::Comparison cmp = oracle::compare(got.data(), want.out, kAtol, kRtol);
+      ASSERT_TRUE(cmp.ok) << w << ": " << cmp.message;
+      ASSERT_EQ(d->error_flag.to_host()[0], 0) << w;
+      Scoring got_sc = sc;
+      got_sc.relevance = d->relevance.to_host();
+      got_sc.bound = d->bound.to_host();
+      oracle::expect_side_outputs(a, want, got_sc, w, {2e-5, 2e-5});
+      if (dtype == ElemType::kF32) {  // and the CPU backend on the same call
+        sc.reset();
+        std::fill(c.out.begin(), c.out.end(), std::numeric_limits<float>::quiet_NaN());
+        ASSERT_TRUE(backend::cpu_attention_decode(a, plan, pool).ok()) << w;
+        const std::vector<double> cpu_out(c.out.begin(), c.out.end());
+        EXPECT_TRUE(oracle::compare(got.data(), cpu_out, kAtol, kRtol).ok) << w << " vs CPU";
+        for (size_t i = 0; i < sc.relevance.size(); ++i)
+          ASSERT_NEAR(got_sc.relevance[i], sc.relevance[i], 2e-5) << w << " relevance " << i;
+        sc.reset();
+      }
+      ++runs;
+      if (HasFailure()) FAIL() << w;
+    }
+  }
+  EXPECT_EQ(runs, 3 * iters);
+  EXPECT_GT(quantized_pages, iters * 2);
+  EXPECT_GT(evicted_pages, iters / 2);
+}
+
+TEST(MixedAttentionParity, PrefillMatchesTheMixedOracle) {
+  KVSPLIT_REQUIRE_DEVICE();
+  std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend(1);
+  oracle::Rng rng(515);
+#if defined(KVSPLIT_TEST_GPU)
+  const int iters = 30, max_len = 1200;
+#else
+  const int iters = 12, max_len = 200;
+#endif
+  int quantized_pages = 0;
+  for (int iter = 0; iter < iters; ++iter) {
+    CaseSpec spec = random_shape(rng, 9100 + iter);
+    const int num_seqs = rng.range(1, 3);
+    for (int s = 0; s < num_seqs; ++s) {
+      const int kv_len = oracle::random_len(rng, max_len);
+      spec.kv_lens.push_back(kv_len);
+      spec.q_lens.push_back(rng.range(0, 1) ? kv_len : rng.range(1, kv_len));  // chunked prefill
+    }
+    const ElemType dtype = dtype_of(iter);
+    AttentionCase c = oracle::make_case(spec);
+    round_pages(c, dtype);
+    MixedCase m = oracle::make_mixed(c, *cpu, rng, oracle::MixSpec{});
+    ASSERT_TRUE(m.quantized_ok);
+    for (uint8_t p : m.precision) quantized_pages += p == 1 || p == 2;
+    backend::AttentionArgs a = c.args();
+    m.apply(a);
+    const MixedResult want = oracle::mixed_attention(a);
+    auto d = upload(a, c.pages, dtype, &m, nullptr, nullptr);
+    const Status st = kernels::launch_mixed_prefill(d->mp, nullptr);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_EQ(device_sync(), "");
+    const std::vector<float> got = d->out.to_host();
+    const oracle::Comparison cmp = oracle::compare(got.data(), want.out, kAtol, kRtol);
+    ASSERT_TRUE(cmp.ok) << "iter " << iter << " " << kernels::elem_name(dtype) << ": "
+                        << cmp.message;
+    EXPECT_EQ(d->error_flag.to_host()[0], 0);
+  }
+  EXPECT_GT(quantized_pages, iters);
+}
+
+// Sequence 0: every page evicted but the partial last one; sequence 1: evicted pages between
+// quantized ones; sequence 2: nothing resident at all (output 0, page bounds +inf).
+TEST(MixedAttentionParity, EvictedRunsAndNothingResident) {
+  KVSPLIT_REQUIRE_DEVICE();
+  std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend(1);
+  oracle::Rng rng(5);
+  CaseSpec spec;
+  spec.num_heads = 8;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 64;
+  spec.block_size = 16;
+  spec.kv_lens = {6 * 16 + 5, 7 * 16, 3 * 16};
+  AttentionCase c = oracle::make_case(spec);
+  Scoring sc(c, *cpu, rng);
+  std::fill(sc.score_seqs.begin(), sc.score_seqs.end(), 1);
+  ASSERT_GT(sc.num_slots, 0);
+  for (int b = 0; b < 3; ++b) sc.slots[2 * static_cast<size_t>(c.max_blocks_per_seq) + b] = 0;
+  const std::vector<std::vector<int>> force = {{kEvict, kEvict, kEvict, kEvict, kEvict, kEvict, 0},
+                                               {kEvict, 1, kEvict, kEvict, 2, kEvict, 1},
+                                               {kEvict, kEvict, kEvict}};
+  MixedCase m = oracle::make_mixed(c, *cpu, rng, oracle::MixSpec{0, 0, 0}, force);
+  ASSERT_TRUE(m.quantized_ok);
+  backend::AttentionArgs a = c.args();
+  m.apply(a);
+  sc.apply(a);
+  const MixedResult want = oracle::mixed_attention(a);
+  for (const backend::SplitPlan& plan : oracle::plans_for(c, rng)) {
+    const std::string w = "chunk " + std::to_string(plan.chunk_tokens);
+    auto d = upload(a, c.pages, ElemType::kF32, &m, &sc, &plan);
+    ASSERT_TRUE(kernels::launch_mixed_decode(d->mp, nullptr).ok());
+    ASSERT_EQ(device_sync(), "");
+    const std::vector<float> got = d->out.to_host();
+    ASSERT_TRUE(oracle::compare(got.data(), want.out, kAtol, kRtol).ok) << w;
+    for (int i = 0; i < spec.num_heads * spec.head_dim; ++i)
+      ASSERT_EQ(got[2 * spec.num_heads * spec.head_dim + i], 0.f) << w << ": nothing resident: 0";
+    Scoring got_sc = sc;
+    got_sc.relevance = d->relevance.to_host();
+    got_sc.bound = d->bound.to_host();
+    for (int b = 0; b < 3; ++b) {
+      const size_t row = 2 * static_cast<size_t>(c.max_blocks_per_seq) + b;
+      EXPECT_EQ(got_sc.bound[row], std::numeric_limits<float>::infinity()) << w << " page " << b;
+      got_sc.bound[row] = got_sc.bound0[row];  // checked; the oracle has no finite max
+    }
+    got_sc.score_seqs[2] = 0;
+    oracle::expect_side_outputs(a, want, got_sc, w, {2e-5, 2e-5});
+    EXPECT_EQ(d->error_flag.to_host()[0], 0);
+  }
+}
+
+// Host-visible errors are Status; bad values inside device arrays set the error flag and the
+// page (or bound) is skipped.
+TEST(MixedAttentionLaunch, BadArgumentsAreRejectedOrFlagged) {
+  KVSPLIT_REQUIRE_DEVICE();
+  std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend(1);
+  oracle::Rng rng(8);
+  CaseSpec spec;
+  spec.num_heads = 4;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 64;
+  spec.block_size = 16;
+  spec.kv_lens = {70, 33};
+  AttentionCase c = oracle::make_case(spec);
+  Scoring sc(c, *cpu, rng);
+  std::fill(sc.score_seqs.begin(), sc.score_seqs.end(), 1);
+  const std::vector<std::vector<int>> force = {{1, 2, kEvict, 0, 0}, {2, 0, 0}};
+  MixedCase m = oracle::make_mixed(c, *cpu, rng, oracle::MixSpec{0, 0, 0}, force);
+  ASSERT_TRUE(m.quantized_ok);
+  const backend::SplitPlan plan =
+      backend::make_split_plan(c.kv_lens.data(), c.num_seqs, spec.block_size, 0);
+  // Runs decode after `mutate` (host copies); returns (status, error flag).
+  const auto run = [&](auto&& mutate) {
+    MixedCase mm = m;
+    Scoring ss = sc;
+    backend::AttentionArgs a = c.args();
+    mm.apply(a);
+    ss.apply(a);
+    mutate(a, mm, ss);
+    auto d = upload(a, c.pages, ElemType::kF32, &mm, &ss, &plan);
+    const Status st = kernels::launch_mixed_decode(d->mp, nullptr);
+    EXPECT_EQ(device_sync(), "");
+    return std::make_pair(st.code(), d->error_flag.to_host()[0]);
+  };
+  using R = std::pair<StatusCode, int>;
+  const R ok{StatusCode::kOk, 0}, flagged{StatusCode::kOk, 1};
+  EXPECT_EQ(run([](auto&, auto&, auto&) {}), ok);
+  EXPECT_EQ(run([](auto&, MixedCase& mm, auto&) { mm.precision[1] = 4; }), flagged);
+  EXPECT_EQ(run([](auto&, MixedCase& mm, auto&) { mm.tables[0] = mm.num_int8; }), flagged);
+  EXPECT_EQ(run([](auto&, MixedCase& mm, auto&) { mm.tables[1] = -1; }), flagged);
+  EXPECT_EQ(run([](backend::AttentionArgs& a, auto&, auto&) { a.int4_pages = nullptr; }), flagged);
+  EXPECT_EQ(run([&](auto&, MixedCase& mm, auto&) { mm.tables[3] = c.num_blocks; }), flagged);
+  EXPECT_EQ(run([](auto&, auto&, Scoring& ss) { ss.slots[0] = ss.num_slots; }), flagged);
+  // An evicted page's id is ignored, whatever it is.
+  EXPECT_EQ(run([](auto&, MixedCase& mm, auto&) { mm.tables[2] = -12345; }), ok);
+  // Host-visible: missing outputs, the score_max workspace, scoring on prefill, shapes.
+  backend::AttentionArgs a = c.args();
+  m.apply(a);
+  sc.apply(a);
+  auto d = upload(a, c.pages, ElemType::kF32, &m, &sc, &plan);
+  kernels::MixedAttentionParams mp = d->mp;
+  mp.score_max = nullptr;
+  EXPECT_EQ(kernels::launch_mixed_decode(mp, nullptr).code(), StatusCode::kInvalidArgument);
+  mp = d->mp;
+  mp.page_bound = nullptr;
+  EXPECT_EQ(kernels::launch_mixed_decode(mp, nullptr).code(), StatusCode::kInvalidArgument);
+  mp = d->mp;
+  EXPECT_EQ(kernels::launch_mixed_prefill(mp, nullptr).code(), StatusCode::kInvalidArgument);
+  mp.score_seqs = nullptr;
+  EXPECT_EQ(kernels::launch_mixed_prefill(mp, nullptr).code(), StatusCode::kOk);
+  mp.base.head_dim = 96;
+  EXPECT_EQ(kernels::launch_mixed_decode(mp, nullptr).code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(device_sync(), "");
+}
+
+}  // namespace
+}  // namespace kvsplit::testing
