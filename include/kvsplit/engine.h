@@ -37,6 +37,10 @@ struct SlaClass {
   // apply per request: the policy itself (EngineConfig::kv_policy) and the host tier's size
   // (host_capacity_mb, per worker) are the engine's.
   std::optional<SemanticCutConfig> semantic;
+  // Fair time slicing (the temporal cut): a running request of this class that has been decoding
+  // for max_hold_ms may be paused (swapped out, or recomputed later) when waiting work of a
+  // higher priority has no room. 0: never paused for that reason. >= 0.
+  double max_hold_ms = 0;
 };
 
 enum class ServingMode : uint8_t {

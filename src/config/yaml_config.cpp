@@ -386,6 +386,7 @@ Status read_sla_classes(const YAML::Node& n, const SemanticCutConfig& defaults,
     KVSPLIT_RETURN_IF_ERROR(r.get("priority", &c.priority));
     KVSPLIT_RETURN_IF_ERROR(r.get("max_queue", &c.max_queue));
     KVSPLIT_RETURN_IF_ERROR(r.get("queue_timeout_ms", &c.queue_timeout_ms));
+    KVSPLIT_RETURN_IF_ERROR(r.get("max_hold_ms", &c.max_hold_ms));
     if (YAML::Node kv_node = r.child("kv"); kv_node && !kv_node.IsNull()) {
       MapReader k(kv_node, join(path, "kv"));
       KVSPLIT_RETURN_IF_ERROR(k.check_is_map());

@@ -22,6 +22,8 @@ const char* preempt_reason_name(PreemptReason reason) {
       return "higher-priority handoff";
     case PreemptReason::kCommand:
       return "worker command";
+    case PreemptReason::kTimeSlice:
+      return "time slice expired";
   }
   return "?";
 }
@@ -199,6 +201,26 @@ void Scheduler::grow_decodes(StepState& st, SchedulerOutput& out) const {
   }
 }
 
+bool Scheduler::make_room_by_slice(StepState& st, const SchedSeq& w, int need,
+                                   SchedulerOutput& out) const {
+  auto eligible = [&](const StepState::Run& r) {
+    return r.seq->slice_expired && r.seq->priority < w.priority;
+  };
+  int available = st.free;
+  for (const StepState::Run& r : st.runs)
+    if (!r.preempted && !r.admitted_now && eligible(r)) available += r.held;
+  if (available < need) return false;
+  while (st.free < need) {
+    const int v = st.pick_victim(eligible);
+    KVSPLIT_CHECK(v >= 0);
+    StepState::Run& run = st.runs[v];
+    st.preempt(run, PreemptReason::kTimeSlice, w.id, w.priority, out);
+    // It was grown for this step's decode: that row goes (its blocks were counted in `held`).
+    std::erase_if(out.decode, [&](const DecodeRow& d) { return d.id == run.seq->id; });
+  }
+  return true;
+}
+
 // 3. Prefill and recompute chunks under the token budget.
 void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
   const SchedulerInput& in = st.in;
@@ -223,6 +245,8 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
     if (w->swapped_pages > 0) {
       // Paused until its resume step, unless nothing runs (steps would not advance).
       if (in.step < w->resume_step && !in.running.empty()) continue;
+      if (reserving && w->swapped_pages > st.free)
+        make_room_by_slice(st, *w, w->swapped_pages, out);
       if (!reserving || w->swapped_pages > st.free) {
         reserving = false;
         continue;
@@ -238,6 +262,7 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
     }
     const int need = std::max(0, blocks_for(w->target, config_.block_size) - w->num_blocks);
     if (need > 0) {
+      if (reserving && need > st.free) make_room_by_slice(st, *w, need, out);
       if (!reserving || need > st.free) {
         reserving = false;
         continue;

@@ -17,7 +17,9 @@
 //      share the token budget by plan_prefill_chunks, least recently served first within a
 //      priority (round robin). Swapped-out sequences (the temporal cut) take their place in the
 //      same service order from their resume step on: they reserve the blocks of their swapped
-//      pages and are swapped in, using no token budget.
+//      pages and are swapped in, using no token budget. A waiting sequence that does not fit may
+//      pause running sequences of strictly lower priority whose time slice expired
+//      (SchedSeq::slice_expired; lowest priority, then youngest, first) when that frees enough.
 // Block arithmetic is the KvPool's: a sequence holding b blocks needs
 // max(0, blocks_for(tokens) - b) more to hold `tokens` positions.
 #pragma once
@@ -58,6 +60,9 @@ struct SchedSeq {
   // not before step resume_step while other sequences run.
   int swapped_pages = 0;
   int64_t resume_step = 0;
+  // Running only, fair time slicing: it has held the pool for its class's slice, so waiting work
+  // of a higher priority without room may pause it.
+  bool slice_expired = false;
 };
 
 // A received KV handoff waiting for admission (destination side).
@@ -81,6 +86,7 @@ enum class PreemptReason : uint8_t {
   kDecodeGrowth,  // a running sequence needed a block and none was free
   kHandoff,       // a higher-priority handoff needed the blocks
   kCommand,       // a worker command released its KV (ReleaseKv)
+  kTimeSlice,     // its class's time slice expired and higher-priority work was waiting
 };
 const char* preempt_reason_name(PreemptReason reason);
 
@@ -160,6 +166,9 @@ class Scheduler {
   void admit(StepState& st, SchedulerOutput& out) const;
   void grow_decodes(StepState& st, SchedulerOutput& out) const;
   void plan_prefill(StepState& st, SchedulerOutput& out) const;
+  // Pauses slice-expired running sequences of lower priority than `w` until `need` blocks are
+  // free; false (nothing done) when they cannot free enough.
+  bool make_room_by_slice(StepState& st, const SchedSeq& w, int need, SchedulerOutput& out) const;
 
   SchedulerConfig config_;
 };

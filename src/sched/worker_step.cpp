@@ -181,9 +181,17 @@ SchedulerInput Worker::scheduler_input(bool with_handoffs) {
     s.last_prefill_step = seq.last_prefill_step;
     return s;
   };
+  const Clock::time_point now = Clock::now();
   for (size_t i = 0; i < running_.size(); ++i) {
-    if (running_[i]->next == Sequence::Next::kStay)
-      sched_running_.push_back(view(*running_[i], static_cast<int>(i)));
+    const Sequence& seq = *running_[i];
+    if (seq.next != Sequence::Next::kStay) continue;
+    SchedSeq s = view(seq, static_cast<int>(i));
+    // Fair time slicing: decoding for the class's max_hold_ms since it last (re)started.
+    s.slice_expired =
+        seq.sla.max_hold_ms > 0 &&
+        std::chrono::duration<double, std::milli>(now - seq.phase_start).count() >=
+            seq.sla.max_hold_ms;
+    sched_running_.push_back(s);
   }
   for (size_t i = 0; i < waiting_.size(); ++i) {
     if (waiting_[i]->next != Sequence::Next::kStay) continue;

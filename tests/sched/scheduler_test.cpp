@@ -287,5 +287,41 @@ TEST(Scheduler, HandoffWaitsForASwappedSequenceOfAtLeastItsPriority) {
   ASSERT_EQ(out2.admitted.size(), 1u);
 }
 
+TEST(Scheduler, ExpiredSliceOfLowerPriorityIsPausedForWaitingWork) {
+  // The pool is full: a low-priority sequence (4 blocks) and a high-priority one (2 blocks).
+  SchedSeq low = running(1, 14, 4, /*priority=*/0);
+  low.slice_expired = true;
+  SchedSeq high = running(2, 6, 2, /*priority=*/5);
+  high.slice_expired = true;  // expired, but nothing waiting outranks it
+  const std::vector<SchedSeq> run = {low, high};
+  const std::vector<SchedSeq> wait = {waiting(3, 8, 0, 0, /*priority=*/5)};  // needs 2 blocks
+  const SchedulerOutput out = Scheduler(config(64, true)).schedule({run, wait, {}, 0, 6, 1});
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0].id, 1);
+  EXPECT_EQ(out.preempted[0].reason, PreemptReason::kTimeSlice);
+  EXPECT_EQ(out.preempted[0].for_id, 3);
+  ASSERT_EQ(out.prefill.size(), 1u);
+  EXPECT_EQ(out.prefill[0].id, 3);
+  // The paused sequence has no decode row; the other still decodes.
+  ASSERT_EQ(out.decode.size(), 1u);
+  EXPECT_EQ(out.decode[0].id, 2);
+}
+
+TEST(Scheduler, UnexpiredOrEqualPriorityIsNotPaused) {
+  SchedSeq low = running(1, 14, 4, 0);
+  const std::vector<SchedSeq> wait = {waiting(3, 8, 0, 0, 5)};
+  // Its slice has not expired: the waiting work waits.
+  std::vector<SchedSeq> run = {low};
+  SchedulerOutput out = Scheduler(config(64, true)).schedule({run, wait, {}, 0, 4, 1});
+  EXPECT_TRUE(out.preempted.empty());
+  EXPECT_TRUE(out.prefill.empty());
+  // Expired, but the waiting work is not of a higher priority.
+  run[0].slice_expired = true;
+  const std::vector<SchedSeq> same = {waiting(3, 8, 0, 0, 0)};
+  out = Scheduler(config(64, true)).schedule({run, same, {}, 0, 4, 1});
+  EXPECT_TRUE(out.preempted.empty());
+  EXPECT_TRUE(out.prefill.empty());
+}
+
 }  // namespace
 }  // namespace kvsplit::sched

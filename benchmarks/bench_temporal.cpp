@@ -1,0 +1,185 @@
+// Temporal cut benchmarks (issue 12), each a ratio measured in the same run:
+//   --restore  restoring one sequence's KV (default 2048 tokens) from the host tier and from the
+//              disk tier, against recomputing it (its prefill);
+//   --prefix   TTFT of requests that share a system prompt (default 400 tokens) with the prefix
+//              cache on: the first request against the later ones (and the cache off as control).
+//
+//   bench_temporal --model synthetic:llama-110m --restore --tokens 2048 --threads 2
+//   bench_temporal --model synthetic:llama-110m --prefix --prefix-tokens 400 --threads 2
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kv/disk_tier.h"
+#include "kv/kv_pool.h"
+#include "kv/swap.h"
+#include "kvsplit/engine.h"
+#include "model/llama_model.h"
+#include "model/loader.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+struct Options {
+  std::string model = "synthetic:llama-110m";
+  int threads = 2;
+  bool restore = false, prefix = false;
+  int tokens = 2048;
+  int prefix_tokens = 400, requests = 8, suffix_tokens = 16;
+  int reps = 3;
+  std::string disk_path = "/tmp/kvsplit-bench-temporal";
+};
+
+int run_restore(const Options& o) {
+  kvsplit::model::LoadOptions lo;
+  auto loaded = kvsplit::model::load_model(o.model, lo);
+  if (!loaded.ok()) return std::fprintf(stderr, "%s\n", loaded.status().to_string().c_str()), 1;
+  auto be = kvsplit::backend::create_backend("cpu", o.threads);
+  if (!be.ok()) return 1;
+  auto model = kvsplit::model::LlamaModel::create(*loaded, **be);
+  if (!model.ok()) return std::fprintf(stderr, "%s\n", model.status().to_string().c_str()), 1;
+  const int tokens = std::min(o.tokens, loaded->config.max_seq_len);
+  kvsplit::kv::KvPoolConfig pc;
+  pc.block_size = 16;
+  pc.num_blocks = (tokens + 15) / 16 + 1;
+  const kvsplit::kv::KvShape shape = (*model)->kv_shape();
+  pc.host_bytes = pc.num_blocks * kvsplit::kv::KvPool::block_bytes(pc, shape);
+  auto pool = kvsplit::kv::KvPool::create(**be, pc, shape);
+  if (!pool.ok()) return std::fprintf(stderr, "%s\n", pool.status().to_string().c_str()), 1;
+  std::filesystem::create_directories(o.disk_path);
+  kvsplit::kv::DiskTierConfig dc;
+  dc.path = o.disk_path;
+  dc.capacity_bytes = int64_t{pc.num_blocks + 4} * kvsplit::kv::KvPool::block_bytes(pc, shape) * 2;
+  dc.extent_bytes = 1 << 20;
+  auto disk = kvsplit::kv::DiskTier::open(dc);
+  if (!disk.ok()) return std::fprintf(stderr, "%s\n", disk.status().to_string().c_str()), 1;
+  (*pool)->attach_disk(std::move(disk).value());
+
+  std::mt19937 rng(1);
+  std::vector<int32_t> ids(tokens);
+  for (int32_t& t : ids) t = 3 + static_cast<int32_t>(rng() % (loaded->config.vocab_size - 3));
+  kvsplit::kv::BlockTable table;
+  (*pool)->reserve(table, tokens);
+  kvsplit::model::SeqStep step;
+  step.tokens = ids;
+  step.start_pos = 0;
+  step.table = &table;
+  step.logits = kvsplit::model::SeqStep::Logits::kNone;
+  std::vector<float> logits;
+  double recompute = 1e30, host_in = 1e30, disk_in = 1e30, host_out = 1e30, disk_out = 1e30;
+  const int64_t bytes = int64_t{(tokens + 15) / 16} * (*pool)->bytes_per_block();
+  for (int r = 0; r < o.reps; ++r) {
+    auto t0 = Clock::now();
+    const std::vector<kvsplit::model::SeqStep> steps = {step};
+    if (!(*model)->forward(steps, **pool, &logits).ok()) return 1;
+    recompute = std::min(recompute, ms_since(t0));
+    kvsplit::kv::SwapStats st;
+    t0 = Clock::now();
+    if (!*kvsplit::kv::swap_out(**pool, table, &st)) return 1;
+    host_out = std::min(host_out, ms_since(t0));
+    t0 = Clock::now();
+    if (!*kvsplit::kv::swap_in(**pool, table, &st)) return 1;
+    host_in = std::min(host_in, ms_since(t0));
+    // The disk tier: no host tier room (take every host slot first).
+    auto hog = (*pool)->host_allocator().allocate((*pool)->host_allocator().num_free());
+    t0 = Clock::now();
+    if (!*kvsplit::kv::swap_out(**pool, table, &st) || st.to_disk != 1) return 1;
+    disk_out = std::min(disk_out, ms_since(t0));
+    t0 = Clock::now();
+    auto in = kvsplit::kv::swap_in(**pool, table, &st);
+    if (!in.ok() || !*in) return 1;
+    disk_in = std::min(disk_in, ms_since(t0));
+    if (hog)
+      for (int32_t s : *hog) (*pool)->host_allocator().decref(s);
+  }
+  (*pool)->release(table);
+  std::printf(
+      "restore: %s, %d tokens (%.1f MiB of KV, f32 pages), %d threads, best of %d\n"
+      "  recompute (prefill)  %9.2f ms\n"
+      "  host tier: out %8.2f ms, in %8.2f ms (%.1f GB/s in): restore %.1fx faster than "
+      "recompute\n"
+      "  disk tier: out %8.2f ms, in %8.2f ms (%.1f GB/s in): restore %.1fx faster than "
+      "recompute\n",
+      o.model.c_str(), tokens, bytes / 1048576.0, o.threads, o.reps, recompute, host_out, host_in,
+      bytes / host_in / 1e6, recompute / host_in, disk_out, disk_in, bytes / disk_in / 1e6,
+      recompute / disk_in);
+  return 0;
+}
+
+int run_prefix(const Options& o) {
+  for (bool cache : {false, true}) {
+    kvsplit::EngineConfig c;
+    c.model = o.model;
+    c.mode = kvsplit::ServingMode::kColocated;
+    c.threads_per_worker = o.threads;
+    c.num_decode_workers = 1;
+    c.max_batch_tokens = 2048;
+    c.prefix_cache = cache;
+    auto engine = kvsplit::Engine::create(c);
+    if (!engine.ok()) return std::fprintf(stderr, "%s\n", engine.status().to_string().c_str()), 1;
+    std::mt19937 rng(2);
+    const int vocab = (*engine)->model_info().vocab_size;
+    std::vector<int32_t> system(o.prefix_tokens);
+    for (int32_t& t : system) t = 3 + static_cast<int32_t>(rng() % (vocab - 3));
+    std::vector<double> ttft;
+    for (int i = 0; i < o.requests; ++i) {
+      kvsplit::Request r;
+      r.prompt_token_ids = system;
+      for (int k = 0; k < o.suffix_tokens; ++k)
+        r.prompt_token_ids.push_back(3 + static_cast<int32_t>(rng() % (vocab - 3)));
+      r.sampling.max_tokens = 2;
+      r.sampling.temperature = 0;
+      auto h = (*engine)->submit(r);
+      if (!h.ok()) return 1;
+      kvsplit::TokenEvent ev;
+      while (h->next(&ev, std::chrono::minutes(5)))
+        if (ev.final) break;
+      if (!ev.status.ok()) return std::fprintf(stderr, "%s\n", ev.status.to_string().c_str()), 1;
+      ttft.push_back(ev.timings.ttft_ms);
+    }
+    std::vector<double> later(ttft.begin() + 1, ttft.end());
+    std::sort(later.begin(), later.end());
+    const double median = later[later.size() / 2];
+    std::printf(
+        "prefix cache %-3s: %s, %d-token shared prefix + %d, %d requests one after another: first "
+        "TTFT %.1f ms, later median %.1f ms (%.1fx lower)\n",
+        cache ? "on" : "off", o.model.c_str(), o.prefix_tokens, o.suffix_tokens, o.requests,
+        ttft[0], median, ttft[0] / median);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spdlog::set_level(spdlog::level::warn);
+  Options o;
+  CLI::App app{"temporal cut benchmarks"};
+  app.add_option("--model", o.model, "model path or synthetic:<preset>");
+  app.add_option("--threads", o.threads, "CPU threads");
+  app.add_flag("--restore", o.restore, "host / disk restore against recompute");
+  app.add_flag("--prefix", o.prefix, "prefix cache TTFT");
+  app.add_option("--tokens", o.tokens, "--restore: sequence length");
+  app.add_option("--prefix-tokens", o.prefix_tokens, "--prefix: shared prefix length");
+  app.add_option("--requests", o.requests, "--prefix: requests")->check(CLI::Range(2, 10000));
+  app.add_option("--reps", o.reps, "--restore: repetitions (best of)");
+  app.add_option("--disk-path", o.disk_path, "--restore: disk tier directory");
+  CLI11_PARSE(app, argc, argv);
+  int rc = 0;
+  if (o.restore) rc |= run_restore(o);
+  if (o.prefix) rc |= run_prefix(o);
+  if (!o.restore && !o.prefix) std::fprintf(stderr, "give --restore and/or --prefix\n");
+  return rc;
+}
