@@ -15,21 +15,23 @@
 namespace kvsplit::backend::cpu_attention {
 namespace {
 
-// out[r] = q[r] . k_t for the nr <= kRowBlock rows q[0 .. nr), as fold_rows computes them.
+// s[r][t] = q[r] . k_t for the nr <= kRowBlock rows q[0 .. nr) and t < num_keys, the same bits
+// as fold_rows computes them.
 template <typename Keys>
-void dot_block(const Keys& keys, const float* const* q, int nr, int t, int hd, float* out) {
+void dots_block(const Keys& keys, const float* const* q, int nr, int num_keys, int hd,
+                float* const* s) {
   switch (nr) {
     case 4:
-      keys.template dot<4>(q, t, hd, out);
+      keys.template dots<4>(q, num_keys, hd, s);
       break;
     case 3:
-      keys.template dot<3>(q, t, hd, out);
+      keys.template dots<3>(q, num_keys, hd, s);
       break;
     case 2:
-      keys.template dot<2>(q, t, hd, out);
+      keys.template dots<2>(q, num_keys, hd, s);
       break;
     default:
-      keys.template dot<1>(q, t, hd, out);
+      keys.template dots<1>(q, num_keys, hd, s);
       break;
   }
 }
@@ -160,15 +162,17 @@ void page_relevance(const AttentionArgs& a, const Keys& keys, const float* q0, c
   const int hd = a.head_dim;
   const int group = a.num_heads / a.num_kv_heads;
   const float* q[kRowBlock];
+  float d[kRowBlock][kKeyTile];
+  float* dr[kRowBlock] = {d[0], d[1], d[2], d[3]};
+  static_assert(kRowBlock == 4);
   for (int i0 = 0; i0 < group; i0 += kRowBlock) {
     const int nr = std::min(kRowBlock, group - i0);
     for (int k = 0; k < nr; ++k) q[k] = q0 + static_cast<int64_t>(g * group + i0 + k) * hd;
-    for (int t = 0; t < num_keys; ++t) {
-      float d[kRowBlock];
-      dot_block(keys, q, nr, t, hd, d);
-      for (int k = 0; k < nr; ++k) {
-        const float z = d[k] * a.scale;  // z - m below may be contracted into an fma:
-        const float m = mh[g * group + i0 + k];
+    dots_block(keys, q, nr, num_keys, hd, dr);
+    for (int k = 0; k < nr; ++k) {
+      const float m = mh[g * group + i0 + k];
+      for (int t = 0; t < num_keys; ++t) {
+        const float z = d[k][t] * a.scale;  // z - m below may be contracted into an fma:
         rel[t] = std::max(rel[t], z >= m ? 1.f : expf(z - m));  // z == m gives exactly 1
       }
     }

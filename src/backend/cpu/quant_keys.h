@@ -21,16 +21,13 @@ using kernels::QuantPageLayout;
 // ---- quantized key sources for fold_rows: dequantization in registers, no scratch rows ----
 
 #if defined(__AVX512F__)
-// All lanes. The zero-masked intrinsics are used because GCC 12's unmasked forms trip
-// -Wmaybe-uninitialized inside its own header (as Vec::sum in attention_tile.h).
-constexpr __mmask16 kAll = 0xFFFF;
 // Codes q[0 .. 16) as floats.
-inline Vec vec_i8(const int8_t* q) {
+KVSPLIT_ALWAYS_INLINE Vec vec_i8(const int8_t* q) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
   return {_mm512_maskz_cvtepi32_ps(kAll, _mm512_maskz_cvtepi8_epi32(kAll, b))};
 }
 // Codes of channels [d, d + 16) of a packed int4 row as floats (d a multiple of 16).
-inline Vec vec_u4(const uint8_t* row, int d) {
+KVSPLIT_ALWAYS_INLINE Vec vec_u4(const uint8_t* row, int d) {
   uint64_t x;
   std::memcpy(&x, row + d / 2, 8);
   const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -41,11 +38,11 @@ inline Vec vec_u4(const uint8_t* row, int d) {
   return {_mm512_maskz_cvtepi32_ps(kAll, v)};
 }
 #elif defined(__AVX2__) && defined(__FMA__)
-inline Vec vec_i8(const int8_t* q) {
+KVSPLIT_ALWAYS_INLINE Vec vec_i8(const int8_t* q) {
   const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
   return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))};
 }
-inline Vec vec_u4(const uint8_t* row, int d) {
+KVSPLIT_ALWAYS_INLINE Vec vec_u4(const uint8_t* row, int d) {
   uint32_t x;
   std::memcpy(&x, row + d / 2, 4);
   const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
@@ -54,52 +51,11 @@ inline Vec vec_u4(const uint8_t* row, int d) {
   return {_mm256_cvtepi32_ps(v)};
 }
 #else
-inline Vec vec_i8(const int8_t* q) { return {static_cast<float>(*q)}; }
-inline Vec vec_u4(const uint8_t* row, int d) {
+KVSPLIT_ALWAYS_INLINE Vec vec_i8(const int8_t* q) { return {static_cast<float>(*q)}; }
+KVSPLIT_ALWAYS_INLINE Vec vec_u4(const uint8_t* row, int d) {
   return {static_cast<float>(kernels::int4_unpack(row, d))};
 }
 #endif
-
-// out[r] = sum_d q[r][d] * k(d) for R rows; kv(d) gives k[d .. d + kW) as a Vec, ks(d) one value.
-template <int R, typename LoadVec, typename LoadScalar>
-inline void dot_rows_by(const float* const* q, const LoadVec& kv, const LoadScalar& ks, int n,
-                        float* out) {
-  Vec acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = Vec::zero();
-  int d = 0;
-  for (; d + kW <= n; d += kW) {
-    const Vec k = kv(d);
-    for (int r = 0; r < R; ++r) acc[r] = Vec::fma(Vec::load(q[r] + d), k, acc[r]);
-  }
-  for (int r = 0; r < R; ++r) {
-    float s = acc[r].sum();
-    for (int e = d; e < n; ++e) s += q[r][e] * ks(e);
-    out[r] = s;
-  }
-}
-
-// o[r][d] += bias[r] + sum_t p[r][t] * v(t, d) for R rows; vv(t, d) a Vec, vs(t, d) one value.
-template <int R, typename LoadVec, typename LoadScalar>
-inline void pv_rows_by(float* const* o, const float (*p)[kKeyTile], const float* bias,
-                       const LoadVec& vv, const LoadScalar& vs, int num_keys, int n) {
-  int d = 0;
-  for (; d + kW <= n; d += kW) {
-    Vec acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = Vec::add(Vec::load(o[r] + d), Vec::set1(bias[r]));
-    for (int t = 0; t < num_keys; ++t) {
-      const Vec v = vv(t, d);
-      for (int r = 0; r < R; ++r) acc[r] = Vec::fma(Vec::set1(p[r][t]), v, acc[r]);
-    }
-    for (int r = 0; r < R; ++r) acc[r].store(o[r] + d);
-  }
-  for (; d < n; ++d) {
-    for (int r = 0; r < R; ++r) {
-      float s = o[r][d] + bias[r];
-      for (int t = 0; t < num_keys; ++t) s += p[r][t] * vs(t, d);
-      o[r][d] = s;
-    }
-  }
-}
 
 // Slots [s0, s0 + num_keys) of one kv head of an int8 page: k_t = code * k_scale[t] (per token).
 // q . k_t = (q . codes) * k_scale[t]; sum_t p_t v_t = sum_t (p_t * v_scale[t]) codes_t.
@@ -111,25 +67,28 @@ struct Int8Keys {
   float v_scale[kKeyTile];
 
   template <int R>
-  void dot(const float* const* q, int t, int /*n*/, float* out) const {
-    const int8_t* row = k + static_cast<int64_t>(t) * n;
-    dot_rows_by<R>(
-        q, [row](int d) { return vec_i8(row + d); },
-        [row](int d) { return static_cast<float>(row[d]); }, n, out);
-    for (int r = 0; r < R; ++r) out[r] *= k_scale[t];
+  void dots(const float* const* q, int num_keys, int /*n*/, float* const* s) const {
+    const int8_t* base = k;
+    const int hd = n;
+    dot_block_rows<R>(
+        q, [base, hd](int t, int d) { return vec_i8(base + t * hd + d); },
+        [base, hd](int t, int d) { return static_cast<float>(base[t * hd + d]); }, num_keys, n, s);
+    for (int r = 0; r < R; ++r) {
+      for (int t = 0; t < num_keys; ++t) s[r][t] *= k_scale[t];
+    }
   }
   template <int R>
   void pv(float* const* o, const float* const* p, int num_keys, int /*n*/) const {
     float ps[R][kKeyTile];
-    float bias[R];
+    const float* pr[R];
     for (int r = 0; r < R; ++r) {
-      bias[r] = 0.f;
       for (int t = 0; t < num_keys; ++t) ps[r][t] = p[r][t] * v_scale[t];
+      pr[r] = ps[r];
     }
     const int8_t* base = v;
     const int hd = n;
-    pv_rows_by<R>(
-        o, ps, bias, [base, hd](int t, int d) { return vec_i8(base + t * hd + d); },
+    pv_block_rows<R>(
+        o, pr, nullptr, [base, hd](int t, int d) { return vec_i8(base + t * hd + d); },
         [base, hd](int t, int d) { return static_cast<float>(base[t * hd + d]); }, num_keys, n);
   }
 };
@@ -147,18 +106,25 @@ struct Int4Keys {
   float v_zero[kKeyTile];
 
   template <int R>
-  void dot(const float* const* q, int t, int /*n*/, float* out) const {
-    const uint8_t* row = k + static_cast<int64_t>(t) * (n / 2);
+  void dots(const float* const* q, int num_keys, int /*n*/, float* const* s) const {
+    const uint8_t* base = k;
+    const int half = n / 2;
     const float* ks = k_scale;
     const float* kz = k_zero;
-    dot_rows_by<R>(
-        q, [=](int d) { return Vec::fma(Vec::load(ks + d), vec_u4(row, d), Vec::load(kz + d)); },
-        [=](int d) { return kernels::int4_dequantize(kernels::int4_unpack(row, d), ks[d], kz[d]); },
-        n, out);
+    dot_block_rows<R>(
+        q,
+        [=](int t, int d) {
+          return Vec::fma(Vec::load(ks + d), vec_u4(base + t * half, d), Vec::load(kz + d));
+        },
+        [=](int t, int d) {
+          return kernels::int4_dequantize(kernels::int4_unpack(base + t * half, d), ks[d], kz[d]);
+        },
+        num_keys, n, s);
   }
   template <int R>
   void pv(float* const* o, const float* const* p, int num_keys, int /*n*/) const {
     float ps[R][kKeyTile];
+    const float* pr[R];
     float bias[R];
     for (int r = 0; r < R; ++r) {
       float b = 0.f;
@@ -167,11 +133,12 @@ struct Int4Keys {
         b += p[r][t] * v_zero[t];
       }
       bias[r] = b;
+      pr[r] = ps[r];
     }
     const uint8_t* base = v;
     const int half = n / 2;
-    pv_rows_by<R>(
-        o, ps, bias, [base, half](int t, int d) { return vec_u4(base + t * half, d); },
+    pv_block_rows<R>(
+        o, pr, bias, [base, half](int t, int d) { return vec_u4(base + t * half, d); },
         [base, half](int t, int d) {
           return static_cast<float>(kernels::int4_unpack(base + t * half, d));
         },
