@@ -121,6 +121,7 @@ void attend_mixed(const AttentionArgs& a, int seq, int kv_head, int key_begin, i
   for (int blk = key_begin / bs; blk * bs < key_end; ++blk) {
     const KvPrecision p = precision_of(a, row0 + blk);
     const int32_t id = a.block_tables[row0 + blk];
+    page_lookahead(a, row0, blk, key_end, kv_head);
     int slot = std::max(key_begin - blk * bs, 0);
     const int s1 = std::min(bs, key_end - blk * bs);
     if (p == KvPrecision::kEvicted) {  // a gap: the tile before it ends here

@@ -36,14 +36,16 @@ constexpr int keys_per_block() {
   return kW / rows > 1 ? kW / rows : 1;
 }
 
-// s[r][t] = q[r] . k_t for t in [0, num_keys), r < R, over n elements; kv(t, d) loads k_t[d ..
-// d + kW) as a Vec, ks(t, d) one element. Each (r, t) has its own Vec accumulator over the whole
-// chunks, reduced by sum_lanes (bitwise as Vec::sum), then the scalar tail: a result does not
-// depend on which keys or rows share its block, so every caller gets the same bits.
-template <int R, typename LoadVec, typename LoadScalar>
-KVSPLIT_ALWAYS_INLINE void dot_block_rows(const float* const* q, const LoadVec& kv,
-                                          const LoadScalar& ks, int num_keys, int n,
-                                          float* const* s) {
+// s[r][t] = q[r] . k_t for t in [0, num_keys), r < R, over n elements, kb = keys_per_block<R>()
+// keys per pass. accumulate(tk, acc) adds the products of the whole vector chunks of keys
+// tk[0 .. kb) to acc[r * kb + j] (one Vec per row and key) and returns d0, where the chunks end;
+// ks(t, d) gives element d >= d0 of key t for the scalar tail. The accumulators are reduced by
+// sum_lanes (bitwise as Vec::sum), then the tail is added: a result does not depend on which keys
+// or rows share its block, so every caller gets the same bits.
+template <int R, typename Accumulate, typename LoadScalar>
+KVSPLIT_ALWAYS_INLINE void dot_block_rows_by(const float* const* q, const Accumulate& accumulate,
+                                             const LoadScalar& ks, int num_keys, int n,
+                                             float* const* s) {
   constexpr int kb = keys_per_block<R>();
   constexpr int kSlots = R * kb > kW ? R * kb : kW;
   static_assert(R * kb <= kW || kW == 1, "one reduction per block");
@@ -52,15 +54,7 @@ KVSPLIT_ALWAYS_INLINE void dot_block_rows(const float* const* q, const LoadVec& 
     for (int j = 0; j < kb; ++j) tk[j] = std::min(t0 + j, num_keys - 1);
     Vec acc[kSlots];
     for (Vec& x : acc) x = Vec::zero();
-    int d = 0;
-    for (; d + kW <= n; d += kW) {
-      Vec qv[R];
-      for (int r = 0; r < R; ++r) qv[r] = Vec::load(q[r] + d);
-      for (int j = 0; j < kb; ++j) {
-        const Vec k = kv(tk[j], d);
-        for (int r = 0; r < R; ++r) acc[r * kb + j] = Vec::fma(qv[r], k, acc[r * kb + j]);
-      }
-    }
+    const int d0 = accumulate(tk, acc);
     float sums[kSlots];
     if constexpr (kW == 1) {
       for (int i = 0; i < R * kb; ++i) sums[i] = acc[i].sum();
@@ -71,11 +65,34 @@ KVSPLIT_ALWAYS_INLINE void dot_block_rows(const float* const* q, const LoadVec& 
     for (int r = 0; r < R; ++r) {
       for (int j = 0; j < nk; ++j) {
         float x = sums[r * kb + j];
-        for (int e = d; e < n; ++e) x += q[r][e] * ks(tk[j], e);
+        for (int e = d0; e < n; ++e) x += q[r][e] * ks(tk[j], e);
         s[r][t0 + j] = x;
       }
     }
   }
+}
+
+// The same with kv(t, d) loading k_t[d .. d + kW) as a Vec (chunks in channel order).
+template <int R, typename LoadVec, typename LoadScalar>
+KVSPLIT_ALWAYS_INLINE void dot_block_rows(const float* const* q, const LoadVec& kv,
+                                          const LoadScalar& ks, int num_keys, int n,
+                                          float* const* s) {
+  constexpr int kb = keys_per_block<R>();
+  dot_block_rows_by<R>(
+      q,
+      [&](const int* tk, Vec* acc) {
+        int d = 0;
+        for (; d + kW <= n; d += kW) {
+          Vec qv[R];
+          for (int r = 0; r < R; ++r) qv[r] = Vec::load(q[r] + d);
+          for (int j = 0; j < kb; ++j) {
+            const Vec k = kv(tk[j], d);
+            for (int r = 0; r < R; ++r) acc[r * kb + j] = Vec::fma(qv[r], k, acc[r * kb + j]);
+          }
+        }
+        return d;
+      },
+      ks, num_keys, n, s);
 }
 
 // o[r][d] += bias[r] + sum_t p[r][t] * v(t, d) for R rows over n elements, t in [0, num_keys);

@@ -58,6 +58,21 @@ struct Vec {
     const __mmask16 m = n >= 16 ? 0xFFFF : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1);
     return {_mm512_mask_blend_ps(m, b.v, a.v)};
   }
+  // x[0 .. 2 kWidth) as a = x[0 ..), b = x[kWidth ..) -> even = x[0], x[2], ..., odd = x[1], ...
+  static void deinterleave(Vec a, Vec b, Vec* even, Vec* odd) {
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    even->v = _mm512_maskz_permutex2var_ps(kAll, a.v, ie, b.v);
+    odd->v = _mm512_maskz_permutex2var_ps(kAll, a.v, io, b.v);
+  }
+  // The inverse of deinterleave.
+  static void interleave(Vec even, Vec odd, Vec* a, Vec* b) {
+    const __m512i ia = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i ib =
+        _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    a->v = _mm512_maskz_permutex2var_ps(kAll, even.v, ia, odd.v);
+    b->v = _mm512_maskz_permutex2var_ps(kAll, even.v, ib, odd.v);
+  }
   // e^x within 2 ulp for x in [-87.3, 88.7]; 0 (or a denormal) below, NaN stays NaN.
   static Vec exp(Vec x) {
     const __m512 xc = _mm512_maskz_max_ps(kAll, _mm512_set1_ps(-104.f), x.v);  // NaN x stays NaN
@@ -134,6 +149,20 @@ struct Vec {
     const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes);
     return {_mm256_blendv_ps(b.v, a.v, _mm256_castsi256_ps(m))};
   }
+  static void deinterleave(Vec a, Vec b, Vec* even, Vec* odd) {
+    // shuffle_ps works within 128-bit lanes: [a0 a2 b0 b2 | a4 a6 b4 b6], then 64-bit pairs 0 2
+    // 1 3.
+    even->v = _mm256_castpd_ps(
+        _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a.v, b.v, 0x88)), 0xD8));
+    odd->v = _mm256_castpd_ps(
+        _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a.v, b.v, 0xDD)), 0xD8));
+  }
+  static void interleave(Vec even, Vec odd, Vec* a, Vec* b) {
+    const __m256 lo = _mm256_unpacklo_ps(even.v, odd.v);  // [e0 o0 e1 o1 | e4 o4 e5 o5]
+    const __m256 hi = _mm256_unpackhi_ps(even.v, odd.v);  // [e2 o2 e3 o3 | e6 o6 e7 o7]
+    a->v = _mm256_permute2f128_ps(lo, hi, 0x20);
+    b->v = _mm256_permute2f128_ps(lo, hi, 0x31);
+  }
   // e^x within 2 ulp for x in [-87.3, 88.7]; 0 below, NaN stays NaN.
   static Vec exp(Vec x) {
     const __m256 lo = _mm256_set1_ps(-87.33654f);  // ln(FLT_MIN)
@@ -195,6 +224,8 @@ struct Vec {
   static Vec mul(Vec a, Vec b) { return {a.v * b.v}; }
   static Vec max(Vec a, Vec b) { return {a.v > b.v ? a.v : b.v}; }
   static Vec first(int n, Vec a, Vec b) { return n > 0 ? a : b; }
+  static void deinterleave(Vec a, Vec b, Vec* even, Vec* odd) { *even = a, *odd = b; }
+  static void interleave(Vec even, Vec odd, Vec* a, Vec* b) { *a = even, *b = odd; }
   static Vec exp(Vec x) { return {expf(x.v)}; }
   float sum() const { return v; }
   float max_lane() const { return v; }
