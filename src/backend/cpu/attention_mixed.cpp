@@ -107,21 +107,41 @@ void attend_mixed(const AttentionArgs& a, int seq, int kv_head, int key_begin, i
   const int bs = a.kv.block_size;
   const int hd = a.head_dim;
   const int64_t row0 = static_cast<int64_t>(seq) * a.max_blocks_per_seq;
-  // Full-precision keys gather into pointer tiles of up to kKeyTile keys, as attend(); a
-  // quantized page is folded as its own tile(s), read in registers straight from the page.
+  // The tile being gathered: keys [tile_begin, tile_begin + n), all of precision `cur`, from one
+  // or more consecutive pages (full: K/V row pointers; int8 / int4: code rows and parameters,
+  // converted in registers when the tile is folded). A tile ends at kKeyTile keys, at a change
+  // of precision and at an evicted page.
   const float* kp[kKeyTile];
   const float* vp[kKeyTile];
+  Int8Keys k8;
+  Int4Keys k4;
+  float* const int4_params = int4_param_slots(hd);  // [kKeyTile pages, 2, head_dim]
+  int int4_pages = 0;                               // pages of the tile with decoded parameters
+  KvPrecision cur = KvPrecision::kFull;
   int n = 0;
   int tile_begin = key_begin;
   const auto flush = [&] {
-    if (n > 0) fold_tile(r, kp, vp, tile_begin, n, hd, a.scale);
+    if (n > 0) {
+      switch (cur) {
+        case KvPrecision::kInt8:
+          fold_tile(r, k8, tile_begin, n, hd, a.scale);
+          break;
+        case KvPrecision::kInt4:
+          fold_tile(r, k4, tile_begin, n, hd, a.scale);
+          break;
+        default:
+          fold_tile(r, kp, vp, tile_begin, n, hd, a.scale);
+          break;
+      }
+    }
     tile_begin += n;
     n = 0;
+    int4_pages = 0;
   };
   for (int blk = key_begin / bs; blk * bs < key_end; ++blk) {
+    page_lookahead(a, row0, blk, key_end, kv_head);
     const KvPrecision p = precision_of(a, row0 + blk);
     const int32_t id = a.block_tables[row0 + blk];
-    page_lookahead(a, row0, blk, key_end, kv_head);
     int slot = std::max(key_begin - blk * bs, 0);
     const int s1 = std::min(bs, key_end - blk * bs);
     if (p == KvPrecision::kEvicted) {  // a gap: the tile before it ends here
@@ -129,24 +149,27 @@ void attend_mixed(const AttentionArgs& a, int seq, int kv_head, int key_begin, i
       tile_begin = blk * bs + s1;
       continue;
     }
-    if (p == KvPrecision::kFull) {
-      while (slot < s1) {
-        const int take = std::min(s1 - slot, kKeyTile - n);
-        full_rows(a, id, kv_head, slot, slot + take, kp + n, vp + n);
-        slot += take;
-        n += take;
-        if (n == kKeyTile) flush();
-      }
-      continue;
+    if (p != cur) {
+      flush();
+      cur = p;
     }
-    flush();
     while (slot < s1) {
-      const int take = std::min(s1 - slot, kKeyTile);
-      with_quantized_keys(a, p, id, kv_head, slot, slot + take, [&](const auto& keys) {
-        fold_tile(r, keys, tile_begin, take, hd, a.scale);
-      });
+      const int take = std::min(s1 - slot, kKeyTile - n);
+      switch (p) {
+        case KvPrecision::kInt8:
+          append_int8(a, id, kv_head, slot, slot + take, n, k8);
+          break;
+        case KvPrecision::kInt4:
+          append_int4(a, id, kv_head, slot, slot + take, n,
+                      int4_params + static_cast<int64_t>(int4_pages++) * 2 * hd, k4);
+          break;
+        default:
+          full_rows(a, id, kv_head, slot, slot + take, kp + n, vp + n);
+          break;
+      }
       slot += take;
-      tile_begin += take;
+      n += take;
+      if (n == kKeyTile) flush();
     }
   }
   flush();

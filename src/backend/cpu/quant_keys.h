@@ -74,22 +74,35 @@ KVSPLIT_ALWAYS_INLINE void vec_u4_pair(const uint8_t* p, Vec* even, Vec* odd) {
 }
 #endif
 
-// Slots [s0, s0 + num_keys) of one kv head of an int8 page: k_t = code * k_scale[t] (per token).
-// q . k_t = (q . codes) * k_scale[t]; sum_t p_t v_t = sum_t (p_t * v_scale[t]) codes_t.
+// dst[0, n) = src[0, n) with each whole group of 2 kW channels deinterleaved (its even channels,
+// then its odd ones, as vec_u4_pair unpacks codes); the rest in order. dst may be src.
+inline void deinterleave_groups(const float* src, int n, float* dst) {
+  int d = 0;
+  for (; d + 2 * kW <= n; d += 2 * kW) {
+    Vec e, o;
+    Vec::deinterleave(Vec::load(src + d), Vec::load(src + d + kW), &e, &o);
+    e.store(dst + d);
+    o.store(dst + d + kW);
+  }
+  for (; d < n; ++d) dst[d] = src[d];
+}
+
+// Keys of int8 pages (one tile: up to kKeyTile keys, from one or more pages): k_t = code *
+// k_scale[t] (per token). q . k_t = (q . codes) * k_scale[t]; sum_t p_t v_t = sum_t (p_t *
+// v_scale[t]) codes_t.
 struct Int8Keys {
-  const int8_t* k;  // [num_keys, head_dim] codes
-  const int8_t* v;
-  int n;  // head_dim
+  int n = 0;                  // head_dim
+  const int8_t* k[kKeyTile];  // per key: [head_dim] codes
+  const int8_t* v[kKeyTile];
   float k_scale[kKeyTile];
   float v_scale[kKeyTile];
 
   template <int R>
   void dots(const float* const* q, int num_keys, int /*n*/, float* const* s) const {
-    const int8_t* base = k;
-    const int hd = n;
+    const int8_t* const* rows = k;
     dot_block_rows<R>(
-        q, [base, hd](int t, int d) { return vec_i8(base + t * hd + d); },
-        [base, hd](int t, int d) { return static_cast<float>(base[t * hd + d]); }, num_keys, n, s);
+        q, [rows](int t, int d) { return vec_i8(rows[t] + d); },
+        [rows](int t, int d) { return static_cast<float>(rows[t][d]); }, num_keys, n, s);
     for (int r = 0; r < R; ++r) {
       for (int t = 0; t < num_keys; ++t) s[r][t] *= k_scale[t];
     }
@@ -102,42 +115,80 @@ struct Int8Keys {
       for (int t = 0; t < num_keys; ++t) ps[r][t] = p[r][t] * v_scale[t];
       pr[r] = ps[r];
     }
-    const int8_t* base = v;
-    const int hd = n;
+    const int8_t* const* rows = v;
     pv_block_rows<R>(
-        o, pr, nullptr, [base, hd](int t, int d) { return vec_i8(base + t * hd + d); },
-        [base, hd](int t, int d) { return static_cast<float>(base[t * hd + d]); }, num_keys, n);
+        o, pr, nullptr, [rows](int t, int d) { return vec_i8(rows[t] + d); },
+        [rows](int t, int d) { return static_cast<float>(rows[t][d]); }, num_keys, n);
   }
 };
 
-// Slots [s0, s0 + num_keys) of one kv head of an int4 page: k_t[d] = k_zero[d] + k_scale[d] * u
-// (per channel, dequantized in registers); v_t[d] = v_zero[t] + v_scale[t] * u (per token:
+// Keys of int4 pages (one tile, as Int8Keys): k_t[d] = k_zero[d] + k_scale[d] * u (per channel
+// of the key's page, dequantized in registers); v_t[d] = v_zero[t] + v_scale[t] * u (per token:
 // sum_t p_t v_t = sum_t p_t v_zero[t] + sum_t (p_t v_scale[t]) u_t).
-// P.V takes the channels in groups of 2 kW (kW bytes of codes), unpacked as their even and odd
-// channels (vec_u4_pair, cheaper than unpacking in channel order), with the accumulators
-// deinterleaved around the tile and back; channels past the last whole group go in order.
+// Channels go in groups of 2 kW (kW bytes of codes), unpacked as their even and odd channels
+// (vec_u4_pair, cheaper than unpacking in channel order): the key parameters and the queries are
+// deinterleaved the same way (deinterleave_groups), the P.V accumulators around the tile and
+// back. Channels past the last whole group go in channel order.
 struct Int4Keys {
-  const uint8_t* k;  // [num_keys, head_dim / 2] packed codes
-  const uint8_t* v;
-  int n;                 // head_dim
-  const float* k_scale;  // [head_dim] decoded
-  const float* k_zero;
+  int n = 0;                   // head_dim
+  const uint8_t* k[kKeyTile];  // per key: [head_dim / 2] packed codes
+  const uint8_t* v[kKeyTile];
+  const float* k_scale[kKeyTile];  // per key: its page's decoded [head_dim] parameters,
+  const float* k_zero[kKeyTile];   // deinterleaved (deinterleave_groups)
+  float* q_scratch = nullptr;      // [kRowBlock, head_dim] per-thread scratch
   float v_scale[kKeyTile];
   float v_zero[kKeyTile];
 
   template <int R>
   void dots(const float* const* q, int num_keys, int /*n*/, float* const* s) const {
-    const uint8_t* base = k;
-    const int half = n / 2;
-    const float* ks = k_scale;
-    const float* kz = k_zero;
-    dot_block_rows<R>(
-        q,
-        [=](int t, int d) {
-          return Vec::fma(Vec::load(ks + d), vec_u4(base + t * half, d), Vec::load(kz + d));
+    constexpr int kb = keys_per_block<R>();
+    static_assert(R <= kRowBlock);
+    const float* qd[R];  // the rows' queries, deinterleaved as the parameters
+    for (int r = 0; r < R; ++r) {
+      deinterleave_groups(q[r], n, q_scratch + r * n);
+      qd[r] = q_scratch + r * n;
+    }
+    const uint8_t* const* rows = k;
+    const float* const* ks = k_scale;
+    const float* const* kz = k_zero;
+    const int groups = n / (2 * kW);
+    dot_block_rows_by<R>(
+        qd,
+        [&](const int* tk, Vec* acc) {
+          for (int g = 0; g < groups; ++g) {
+            const int c = 2 * kW * g;
+            Vec qe[R], qo[R];
+            for (int r = 0; r < R; ++r) {
+              qe[r] = Vec::load(qd[r] + c);
+              qo[r] = Vec::load(qd[r] + c + kW);
+            }
+            for (int j = 0; j < kb; ++j) {
+              const int t = tk[j];
+              Vec ue, uo;
+              vec_u4_pair(rows[t] + kW * g, &ue, &uo);
+              const Vec ke = Vec::fma(Vec::load(ks[t] + c), ue, Vec::load(kz[t] + c));
+              const Vec ko = Vec::fma(Vec::load(ks[t] + c + kW), uo, Vec::load(kz[t] + c + kW));
+              for (int r = 0; r < R; ++r) {
+                acc[r * kb + j] = Vec::fma(qe[r], ke, acc[r * kb + j]);
+                acc[r * kb + j] = Vec::fma(qo[r], ko, acc[r * kb + j]);
+              }
+            }
+          }
+          int d = 2 * kW * groups;  // channels past the whole groups, in channel order
+          for (; d + kW <= n; d += kW) {
+            for (int j = 0; j < kb; ++j) {
+              const int t = tk[j];
+              const Vec kd =
+                  Vec::fma(Vec::load(ks[t] + d), vec_u4(rows[t], d), Vec::load(kz[t] + d));
+              for (int r = 0; r < R; ++r) {
+                acc[r * kb + j] = Vec::fma(Vec::load(qd[r] + d), kd, acc[r * kb + j]);
+              }
+            }
+          }
+          return d;
         },
-        [=](int t, int d) {
-          return kernels::int4_dequantize(kernels::int4_unpack(base + t * half, d), ks[d], kz[d]);
+        [&](int t, int d) {
+          return kernels::int4_dequantize(kernels::int4_unpack(rows[t], d), ks[t][d], kz[t][d]);
         },
         num_keys, n, s);
   }
@@ -155,8 +206,7 @@ struct Int4Keys {
       bias[r] = b;
       pr[r] = ps[r];
     }
-    const uint8_t* base = v;
-    const int half = n / 2;
+    const uint8_t* const* rows = v;
     const int groups = n / (2 * kW);
     for (int g = 0; g < groups; ++g) {
       const int c = 2 * kW * g;
@@ -166,10 +216,9 @@ struct Int4Keys {
         ae[r] = Vec::add(ae[r], Vec::set1(bias[r]));
         ao[r] = Vec::add(ao[r], Vec::set1(bias[r]));
       }
-      const uint8_t* codes = base + kW * g;
       for (int t = 0; t < num_keys; ++t) {
         Vec ue, uo;
-        vec_u4_pair(codes + t * half, &ue, &uo);
+        vec_u4_pair(rows[t] + kW * g, &ue, &uo);
         for (int r = 0; r < R; ++r) {
           const Vec pt = Vec::set1(ps[r][t]);
           ae[r] = Vec::fma(pt, ue, ae[r]);
@@ -188,10 +237,8 @@ struct Int4Keys {
     float* ot[R];
     for (int r = 0; r < R; ++r) ot[r] = o[r] + d0;
     pv_block_rows<R>(
-        ot, pr, bias, [=](int t, int d) { return vec_u4(base + t * half, d0 + d); },
-        [=](int t, int d) {
-          return static_cast<float>(kernels::int4_unpack(base + t * half, d0 + d));
-        },
+        ot, pr, bias, [=](int t, int d) { return vec_u4(rows[t], d0 + d); },
+        [=](int t, int d) { return static_cast<float>(kernels::int4_unpack(rows[t], d0 + d)); },
         num_keys, n - d0);
   }
 };
@@ -212,20 +259,6 @@ inline void decode_f16(const uint16_t* h, int n, float* out) {
   }
 #endif
   for (; i < n; ++i) out[i] = kernels::kvq_half_float(h[i]);
-}
-
-// Per-thread decoded int4 key parameters of the current page ([head_dim] each).
-struct Int4KeyParams {
-  std::vector<float> k_scale, k_zero;
-};
-
-inline Int4KeyParams& int4_key_params(int head_dim) {
-  thread_local Int4KeyParams p;
-  if (p.k_scale.size() < static_cast<size_t>(head_dim)) {
-    p.k_scale.resize(head_dim);
-    p.k_zero.resize(head_dim);
-  }
-  return p;
 }
 
 inline KvPrecision precision_of(const AttentionArgs& a, int64_t row) {
@@ -308,45 +341,87 @@ inline void page_lookahead(const AttentionArgs& a, int64_t row0, int blk, int ke
   }
 }
 
+// Per-thread decoded int4 key parameters of the pages of the current tile ([kKeyTile pages, 2
+// (scale, zero), head_dim]).
+inline float* int4_param_slots(int head_dim) {
+  thread_local std::vector<float> p;
+  const size_t need = static_cast<size_t>(kKeyTile) * 2 * head_dim;
+  if (p.size() < need) p.resize(need);
+  return p.data();
+}
+
+// Per-thread query scratch of Int4Keys::dots ([kRowBlock, head_dim]).
+inline float* int4_query_scratch(int head_dim) {
+  thread_local std::vector<float> p;
+  const size_t need = static_cast<size_t>(kRowBlock) * head_dim;
+  if (p.size() < need) p.resize(need);
+  return p.data();
+}
+
+// Appends slots [s0, s1) of kv head h of the int8 page `id` to `keys` as keys [at, at + s1 - s0)
+// (at + s1 - s0 <= kKeyTile).
+inline void append_int8(const AttentionArgs& a, int32_t id, int h, int s0, int s1, int at,
+                        Int8Keys& keys) {
+  const int hd = a.head_dim;
+  const QuantPageLayout ql{a.num_kv_heads, a.kv.block_size, hd};
+  const uint8_t* page =
+      static_cast<const uint8_t*>(a.int8_pages) + id * ql.bytes(KvPrecision::kInt8);
+  const int8_t* values = reinterpret_cast<const int8_t*>(page + ql.int8_values_offset());
+  const uint16_t* scales = kernels::kvq_f16_at(page, ql.int8_scales_offset());
+  const int8_t* k0 = values + ql.token_index(0, h, s0) * hd;
+  const int8_t* v0 = values + ql.token_index(1, h, s0) * hd;
+  keys.n = hd;
+  for (int i = 0; i < s1 - s0; ++i) {
+    keys.k[at + i] = k0 + static_cast<int64_t>(i) * hd;
+    keys.v[at + i] = v0 + static_cast<int64_t>(i) * hd;
+  }
+  decode_f16(scales + ql.token_index(0, h, s0), s1 - s0, keys.k_scale + at);
+  decode_f16(scales + ql.token_index(1, h, s0), s1 - s0, keys.v_scale + at);
+}
+
+// As append_int8 for an int4 page; `params` [2, head_dim] receives the page's decoded key
+// parameters (deinterleaved), which the appended keys point to (it must outlive their use).
+inline void append_int4(const AttentionArgs& a, int32_t id, int h, int s0, int s1, int at,
+                        float* params, Int4Keys& keys) {
+  const int hd = a.head_dim;
+  const int bs = a.kv.block_size;
+  const QuantPageLayout ql{a.num_kv_heads, bs, hd};
+  const uint8_t* page =
+      static_cast<const uint8_t*>(a.int4_pages) + id * ql.bytes(KvPrecision::kInt4);
+  const uint8_t* values = page + ql.int4_values_offset();
+  decode_f16(kernels::kvq_f16_at(page, ql.int4_k_scale_offset()) + int64_t{h} * hd, hd, params);
+  decode_f16(kernels::kvq_f16_at(page, ql.int4_k_zero_offset()) + int64_t{h} * hd, hd, params + hd);
+  deinterleave_groups(params, hd, params);
+  deinterleave_groups(params + hd, hd, params + hd);
+  const uint8_t* k0 = values + ql.token_index(0, h, s0) * (hd / 2);
+  const uint8_t* v0 = values + ql.token_index(1, h, s0) * (hd / 2);
+  keys.n = hd;
+  keys.q_scratch = int4_query_scratch(hd);
+  for (int i = 0; i < s1 - s0; ++i) {
+    keys.k[at + i] = k0 + static_cast<int64_t>(i) * (hd / 2);
+    keys.v[at + i] = v0 + static_cast<int64_t>(i) * (hd / 2);
+    keys.k_scale[at + i] = params;
+    keys.k_zero[at + i] = params + hd;
+  }
+  const uint16_t* v_scale = kernels::kvq_f16_at(page, ql.int4_v_scale_offset()) + int64_t{h} * bs;
+  const uint16_t* v_zero = kernels::kvq_f16_at(page, ql.int4_v_zero_offset()) + int64_t{h} * bs;
+  decode_f16(v_scale + s0, s1 - s0, keys.v_scale + at);
+  decode_f16(v_zero + s0, s1 - s0, keys.v_zero + at);
+}
+
 // Calls fn(keys) with the key source of slots [s0, s1) (s1 - s0 <= kKeyTile) of kv head h of the
 // quantized page (p, id).
 template <typename Fn>
 inline void with_quantized_keys(const AttentionArgs& a, KvPrecision p, int32_t id, int h, int s0,
                                 int s1, Fn&& fn) {
-  const int hd = a.head_dim;
-  const int bs = a.kv.block_size;
-  const QuantPageLayout ql{a.num_kv_heads, bs, hd};
   if (p == KvPrecision::kInt8) {
-    const uint8_t* page = static_cast<const uint8_t*>(a.int8_pages) + id * ql.bytes(p);
-    const int8_t* values = reinterpret_cast<const int8_t*>(page + ql.int8_values_offset());
-    const uint16_t* scales = kernels::kvq_f16_at(page, ql.int8_scales_offset());
     Int8Keys keys;
-    keys.k = values + ql.token_index(0, h, s0) * hd;
-    keys.v = values + ql.token_index(1, h, s0) * hd;
-    keys.n = hd;
-    decode_f16(scales + ql.token_index(0, h, s0), s1 - s0, keys.k_scale);
-    decode_f16(scales + ql.token_index(1, h, s0), s1 - s0, keys.v_scale);
+    append_int8(a, id, h, s0, s1, 0, keys);
     fn(keys);
     return;
   }
-  const uint8_t* page = static_cast<const uint8_t*>(a.int4_pages) + id * ql.bytes(p);
-  const uint8_t* values = page + ql.int4_values_offset();
-  Int4KeyParams& params = int4_key_params(hd);
-  const uint16_t* k_scale = kernels::kvq_f16_at(page, ql.int4_k_scale_offset()) + int64_t{h} * hd;
-  const uint16_t* k_zero = kernels::kvq_f16_at(page, ql.int4_k_zero_offset()) + int64_t{h} * hd;
-  decode_f16(k_scale, hd, params.k_scale.data());
-  decode_f16(k_zero, hd, params.k_zero.data());
-
-  const uint16_t* v_scale = kernels::kvq_f16_at(page, ql.int4_v_scale_offset()) + int64_t{h} * bs;
-  const uint16_t* v_zero = kernels::kvq_f16_at(page, ql.int4_v_zero_offset()) + int64_t{h} * bs;
   Int4Keys keys;
-  keys.k = values + ql.token_index(0, h, s0) * (hd / 2);
-  keys.v = values + ql.token_index(1, h, s0) * (hd / 2);
-  keys.n = hd;
-  keys.k_scale = params.k_scale.data();
-  keys.k_zero = params.k_zero.data();
-  decode_f16(v_scale + s0, s1 - s0, keys.v_scale);
-  decode_f16(v_zero + s0, s1 - s0, keys.v_zero);
+  append_int4(a, id, h, s0, s1, 0, int4_param_slots(a.head_dim), keys);
   fn(keys);
 }
 
