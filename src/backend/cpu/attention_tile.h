@@ -1,6 +1,7 @@
-// Internal to the CPU attention (attention.cpp, attention_mixed.cpp): the SIMD vector, the tile
-// fold (scores, online softmax, P.V) over a key source (K/V row pointers here, quantized pages in
-// quant_keys.h), per-thread scratch, and the hooks of the mixed-precision path (semantic cut).
+// Internal to the CPU attention (attention.cpp, attention_mixed.cpp): the tile fold (scores,
+// online softmax, P.V; SIMD helpers in attention_vec.h) over a key source (K/V row pointers
+// here, quantized pages in quant_keys.h), per-thread scratch, and the hooks of the
+// mixed-precision path (semantic cut).
 // Not an API: include only from src/backend/cpu/.
 #pragma once
 
@@ -292,9 +293,10 @@ Status validate_mixed(const AttentionArgs& a, const char* op, bool decode);
 
 // As attend() in attention.cpp, for a.page_precision != nullptr: folds the resident keys of
 // [key_begin, key_end) of sequence `seq`, kv head `kv_head`, into `r`, each page read at its own
-// precision (full keys in pointer tiles of up to kKeyTile keys; a quantized page as its own
-// tile, codes converted in registers, quant_keys.h) and evicted pages skipped. A tile never spans
-// an evicted page, so a tile's keys are contiguous positions (the causal limit stays exact).
+// precision (tiles of up to kKeyTile keys from consecutive pages of one precision: full keys as
+// row pointers, quantized ones as code rows converted in registers, quant_keys.h) and evicted
+// pages skipped. A tile never spans an evicted page, so a tile's keys are contiguous positions
+// (the causal limit stays exact).
 void attend_mixed(const AttentionArgs& a, int seq, int kv_head, int key_begin, int key_end,
                   Rows& r);
 

@@ -1,7 +1,8 @@
 // Key sources of the mixed-precision CPU attention (attention_mixed.cpp) for fold_rows
 // (attention_tile.h): int8 and int4 pages (kernels/common/kv_quant.h) read straight from the page,
-// codes converted to f32 per SIMD chunk in registers, and the helpers that build them for one
-// (page, kv head, slot range). Internal: include only from src/backend/cpu/.
+// codes converted to f32 per SIMD chunk in registers; the helpers that append (page, kv head,
+// slot range) to a tile; and the page lookahead (prefetch) of both CPU attention paths.
+// Internal: include only from src/backend/cpu/.
 #pragma once
 
 #include <cstdint>
@@ -198,11 +199,14 @@ struct Int4Keys {
     const float* pr[R];
     float bias[R];
     for (int r = 0; r < R; ++r) {
-      float b = 0.f;
-      for (int t = 0; t < num_keys; ++t) {
-        ps[r][t] = p[r][t] * v_scale[t];
-        b += p[r][t] * v_zero[t];
+      for (int t = 0; t < num_keys; ++t) ps[r][t] = p[r][t] * v_scale[t];
+      Vec acc = Vec::zero();  // bias = sum_t p_t v_zero[t], in vectors (no serial add chain)
+      int t = 0;
+      for (; t + kW <= num_keys; t += kW) {
+        acc = Vec::fma(Vec::load(p[r] + t), Vec::load(v_zero + t), acc);
       }
+      float b = acc.sum();
+      for (; t < num_keys; ++t) b += p[r][t] * v_zero[t];
       bias[r] = b;
       pr[r] = ps[r];
     }
