@@ -1,7 +1,7 @@
 // The SIMD helpers of the CPU attention fold (src/backend/cpu/attention_vec.h), for the vector
 // width this build targets: sum_lanes equals Vec::sum lane by lane bitwise (the scoring side
 // outputs rely on the fold and the rescoring getting the same bits), Vec::exp against std::exp,
-// Vec::first and max_lane.
+// Vec::first and max_lane, the even/odd channel shuffles of the int4 path.
 #include "backend/cpu/attention_vec.h"
 
 #include <gtest/gtest.h>
@@ -70,6 +70,26 @@ TEST(CpuAttentionVec, FirstAndMaxLane) {
   float mx = x[0];
   for (int i = 1; i < kW; ++i) mx = std::max(mx, x[i]);
   EXPECT_EQ(Vec::load(x).max_lane(), mx);
+}
+
+TEST(CpuAttentionVec, DeinterleaveSplitsEvenAndOddChannelsAndInterleaveUndoesIt) {
+  float x[2 * kW], e[kW], o[kW], a[kW], b[kW];
+  for (int i = 0; i < 2 * kW; ++i) x[i] = static_cast<float>(i) + 0.5f;
+  Vec ve, vo, va, vb;
+  Vec::deinterleave(Vec::load(x), Vec::load(x + kW), &ve, &vo);
+  ve.store(e);
+  vo.store(o);
+  for (int i = 0; i < kW; ++i) {
+    ASSERT_EQ(e[i], x[2 * i]) << i;
+    ASSERT_EQ(o[i], x[2 * i + 1]) << i;
+  }
+  Vec::interleave(ve, vo, &va, &vb);
+  va.store(a);
+  vb.store(b);
+  for (int i = 0; i < kW; ++i) {
+    ASSERT_EQ(a[i], x[i]) << i;
+    ASSERT_EQ(b[i], x[kW + i]) << i;
+  }
 }
 
 }  // namespace
