@@ -6,13 +6,23 @@
 // read per token and layer.
 //
 //   bench_cpu_attention [--threads N] [--heads 32] [--kv-heads 8] [--head-dim 128]
-//                       [--block-size 16] [--seconds S] [--quant-only]
+//                       [--block-size 16] [--seconds S] [--quant-only] [--repeats N]
+//                       [--cpu-time | --best-call]
+//                       [--variant full|mixfl|int8|int4 --kv-len L --calls N]
+//
+// --cpu-time times the quantized cases by process CPU time / threads, --best-call by their
+// fastest single call (both for a busy machine; the default is the mean wall time per call).
+// --repeats N measures the quantized cases N times and prints the median of each ratio.
+// --variant runs only that quantized-decode variant on one sequence of --kv-len keys, --calls
+// times, without probes or timing: for instruction counts (valgrind --tool=callgrind).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -70,18 +80,26 @@ struct Batch {
   }
 };
 
-// Seconds per call, timed over at least `seconds` after one warm-up call.
-double time_call(double seconds, const std::function<void()>& fn) {
+// Seconds per call, timed over at least `seconds` after one warm-up call: the mean (wall time,
+// or with cpu_time the process CPU time over `threads`: what the threads do while they run, not
+// how often a shared machine deschedules them), or with best_call the fastest single call (wall
+// time; the least disturbed call on a shared machine).
+double time_call(double seconds, const std::function<void()>& fn, bool cpu_time = false,
+                 int threads = 1, bool best_call = false) {
   fn();
   int64_t n = 0;
+  const kvsplit::backend::cpu::ProbeTimer timer(cpu_time, threads);
   const auto t0 = Clock::now();
-  double elapsed = 0;
+  double elapsed = 0, best = 1e30;
   do {
+    const auto c0 = Clock::now();
     fn();
     ++n;
-    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+    const auto c1 = Clock::now();
+    best = std::min(best, std::chrono::duration<double>(c1 - c0).count());
+    elapsed = std::chrono::duration<double>(c1 - t0).count();
   } while (elapsed < seconds);
-  return elapsed / static_cast<double>(n);
+  return best_call ? best : timer.seconds() / static_cast<double>(n);
 }
 
 // The batch's pages quantized into an arena of precision p (same ids), and a precision table
@@ -106,6 +124,54 @@ struct QuantizedPages {
   }
 };
 
+// The quantized-decode variants over one batch: the plain path (full f32 pages), then the mixed
+// path with every page full / int8 / int4.
+struct QuantVariants {
+  std::vector<QuantizedPages> pages;
+  std::vector<AttentionArgs> args;
+
+  explicit QuantVariants(const Batch& b) : args(4, b.args) {
+    using kvsplit::kernels::KvPrecision;
+    const KvPrecision precisions[3] = {KvPrecision::kFull, KvPrecision::kInt8, KvPrecision::kInt4};
+    pages.reserve(3);
+    for (int i = 0; i < 3; ++i) {
+      pages.emplace_back(b, precisions[i]);
+      AttentionArgs& a = args[i + 1];
+      a.page_precision = pages[i].precision.data();
+      a.int8_pages = precisions[i] == KvPrecision::kInt8 ? pages[i].arena.data() : nullptr;
+      a.num_int8_blocks = a.int8_pages ? a.kv.num_blocks : 0;
+      a.int4_pages = precisions[i] == KvPrecision::kInt4 ? pages[i].arena.data() : nullptr;
+      a.num_int4_blocks = a.int4_pages ? a.kv.num_blocks : 0;
+    }
+  }
+};
+
+double median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  const size_t n = x.size();
+  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+// --variant: `calls` decode calls of one variant over one sequence of kv_len keys, untimed.
+int run_variant(const std::string& variant, int kv_len, int calls, int threads, int heads,
+                int kv_heads, int head_dim, int block_size) {
+  const std::map<std::string, int> index = {{"full", 0}, {"mixfl", 1}, {"int8", 2}, {"int4", 3}};
+  ThreadPool pool(threads);
+  Batch b(1, kv_len, 1, heads, kv_heads, head_dim, block_size);
+  const auto plan =
+      kvsplit::backend::plan_decode_splits(b.kv_lens.data(), 1, kv_heads, block_size, threads);
+  const QuantVariants v(b);
+  for (int i = 0; i < calls; ++i) {
+    const kvsplit::Status st = cpu_attention_decode(v.args[index.at(variant)], plan, pool);
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s\n", st.to_string().c_str());
+      return 1;
+    }
+  }
+  std::printf("%s: %d decode calls, kv_len %d\n", variant.c_str(), calls, kv_len);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -114,6 +180,10 @@ int main(int argc, char** argv) {
   int heads = 32, kv_heads = 8, head_dim = 128, block_size = 16;
   double seconds = 0.3;
   bool quant_only = false;
+  int repeats = 1;
+  bool cpu_time = false, best_call = false;
+  std::string variant;
+  int kv_len_only = 4096, calls = 3;
   app.add_option("--threads", threads, "threads (default: hardware threads)")
       ->check(CLI::PositiveNumber);
   app.add_option("--heads", heads, "query heads")->check(CLI::PositiveNumber);
@@ -123,7 +193,18 @@ int main(int argc, char** argv) {
   app.add_option("--seconds", seconds, "minimum timed seconds per case")
       ->check(CLI::PositiveNumber);
   app.add_flag("--quant-only", quant_only, "run only the quantized-page decode cases");
+  app.add_flag("--cpu-time", cpu_time, "time the quantized cases by process CPU time / threads");
+  app.add_flag("--best-call", best_call, "time the quantized cases by their fastest single call");
+  app.add_option("--repeats", repeats, "measure the quantized cases N times, print median ratios")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--variant", variant, "run only this quantized-decode variant (no timing)")
+      ->check(CLI::IsMember({"full", "mixfl", "int8", "int4"}));
+  app.add_option("--kv-len", kv_len_only, "kv_len of --variant")->check(CLI::PositiveNumber);
+  app.add_option("--calls", calls, "decode calls of --variant")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  if (!variant.empty()) {
+    return run_variant(variant, kv_len_only, calls, threads, heads, kv_heads, head_dim, block_size);
+  }
 
   ThreadPool pool(threads);
   const double bw = kvsplit::backend::cpu::measure_read_bandwidth_gbs(pool);
@@ -168,43 +249,51 @@ int main(int argc, char** argv) {
   std::printf(
       "\nKV bytes read per token and layer: full %.0f, int8 %.0f (%.3fx), int4 %.0f (%.3fx)\n",
       full_bpt, int8_bpt, int8_bpt / full_bpt, int4_bpt, int4_bpt / full_bpt);
+  std::printf("quant cases timed by %s\n", best_call  ? "the fastest single call (wall)"
+                                           : cpu_time ? "process CPU time / threads"
+                                                      : "wall time");
   std::printf("quant   %5s %7s | %9s %9s %9s %9s | %9s %9s %9s\n", "seqs", "kv_len", "us full",
               "us mixfl", "us int8", "us int4", "mixfl/f", "int8/f", "int4/f");
   const int quant_cases[][2] = {{1, 4096}, {1, 16384}, {4, 4096}};
-  for (const auto& qc : quant_cases) {
-    Batch b(qc[0], qc[1], 1, heads, kv_heads, head_dim, block_size);
-    const auto plan = kvsplit::backend::plan_decode_splits(b.kv_lens.data(), qc[0], kv_heads,
-                                                           block_size, threads);
-    // Variants: the plain path, then the mixed path with every page full / int8 / int4.
-    const KvPrecision precisions[3] = {KvPrecision::kFull, KvPrecision::kInt8, KvPrecision::kInt4};
-    std::vector<QuantizedPages> pages;
-    std::vector<AttentionArgs> args(4, b.args);
-    for (int i = 0; i < 3; ++i) {
-      pages.emplace_back(b, precisions[i]);
-      AttentionArgs& a = args[i + 1];
-      a.page_precision = pages[i].precision.data();
-      a.int8_pages = precisions[i] == KvPrecision::kInt8 ? pages[i].arena.data() : nullptr;
-      a.num_int8_blocks = a.int8_pages ? a.kv.num_blocks : 0;
-      a.int4_pages = precisions[i] == KvPrecision::kInt4 ? pages[i].arena.data() : nullptr;
-      a.num_int4_blocks = a.int4_pages ? a.kv.num_blocks : 0;
-    }
-    // Interleaved rounds, best of each: a busy machine slows every variant alike.
-    constexpr int kRounds = 5;
-    double t[4] = {1e30, 1e30, 1e30, 1e30};
-    kvsplit::Status st;
-    for (int round = 0; round < kRounds && st.ok(); ++round) {
-      for (int i = 0; i < 4 && st.ok(); ++i) {
-        t[i] = std::min(t[i], time_call(seconds / kRounds,
-                                        [&] { st = cpu_attention_decode(args[i], plan, pool); }));
+  constexpr int kCases = 3;
+  std::vector<double> ratios[kCases][3];  // [case][mixfl, int8, int4 over full] per repeat
+  for (int rep = 0; rep < repeats; ++rep) {
+    for (int ci = 0; ci < kCases; ++ci) {
+      const auto& qc = quant_cases[ci];
+      Batch b(qc[0], qc[1], 1, heads, kv_heads, head_dim, block_size);
+      const auto plan = kvsplit::backend::plan_decode_splits(b.kv_lens.data(), qc[0], kv_heads,
+                                                             block_size, threads);
+      const QuantVariants v(b);
+      const std::vector<AttentionArgs>& args = v.args;
+      // Interleaved rounds, best of each: a busy machine slows every variant alike.
+      constexpr int kRounds = 5;
+      double t[4] = {1e30, 1e30, 1e30, 1e30};
+      kvsplit::Status st;
+      for (int round = 0; round < kRounds && st.ok(); ++round) {
+        for (int i = 0; i < 4 && st.ok(); ++i) {
+          t[i] = std::min(
+              t[i], time_call(
+                        seconds / kRounds, [&] { st = cpu_attention_decode(args[i], plan, pool); },
+                        cpu_time, threads, best_call));
+        }
       }
+      if (!st.ok()) {
+        std::fprintf(stderr, "%s\n", st.to_string().c_str());
+        return 1;
+      }
+      std::printf("quant   %5d %7d | %9.1f %9.1f %9.1f %9.1f | %8.2fx %8.2fx %8.2fx\n", qc[0],
+                  qc[1], t[0] * 1e6, t[1] * 1e6, t[2] * 1e6, t[3] * 1e6, t[1] / t[0], t[2] / t[0],
+                  t[3] / t[0]);
+      for (int i = 0; i < 3; ++i) ratios[ci][i].push_back(t[i + 1] / t[0]);
     }
-    if (!st.ok()) {
-      std::fprintf(stderr, "%s\n", st.to_string().c_str());
-      return 1;
+  }
+  if (repeats > 1) {
+    std::printf("median of %d repeats (ratios measured in the same repeat):\n", repeats);
+    for (int ci = 0; ci < kCases; ++ci) {
+      std::printf("quant   %5d %7d | %9s %9s %9s %9s | %8.2fx %8.2fx %8.2fx\n", quant_cases[ci][0],
+                  quant_cases[ci][1], "", "", "", "", median(ratios[ci][0]), median(ratios[ci][1]),
+                  median(ratios[ci][2]));
     }
-    std::printf("quant   %5d %7d | %9.1f %9.1f %9.1f %9.1f | %8.2fx %8.2fx %8.2fx\n", qc[0], qc[1],
-                t[0] * 1e6, t[1] * 1e6, t[2] * 1e6, t[3] * 1e6, t[1] / t[0], t[2] / t[0],
-                t[3] / t[0]);
   }
   if (quant_only) return 0;
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cpu/attention_tile.h"
+#include "backend/cpu/quant_keys.h"
 #include "kernels/common/paged_kv.h"
 #include "kernels/common/softmax_state.h"
 
@@ -27,7 +28,8 @@ using kernels::SoftmaxState;
 constexpr int kPrefillRowsPerItem = 64;
 
 // Folds keys [key_begin, key_end) of kv head `kv_head` of the sequence with block table `table`
-// into `r`. Reads each block-table entry once and each K/V row once.
+// (a row of a.block_tables) into `r`. Reads each K/V row once (and looks two pages ahead:
+// page_lookahead).
 void attend(const AttentionArgs& a, const int32_t* table, int kv_head, int key_begin, int key_end,
             Rows& r) {
   const int bs = a.kv.block_size;
@@ -38,7 +40,9 @@ void attend(const AttentionArgs& a, const int32_t* table, int kv_head, int key_b
   const float* vp[kKeyTile];
   int n = 0;
   int tile_begin = key_begin;
+  const int64_t row0 = table - a.block_tables;
   for (int blk = key_begin / bs; blk * bs < key_end; ++blk) {
+    cpu_attention::page_lookahead(a, row0, blk, key_end, kv_head);
     const int32_t id = table[blk];
     const float* k_base = pages + layout.offset(id, 0, kv_head, 0);
     const float* v_base = pages + layout.offset(id, 1, kv_head, 0);

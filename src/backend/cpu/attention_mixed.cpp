@@ -15,21 +15,23 @@
 namespace kvsplit::backend::cpu_attention {
 namespace {
 
-// out[r] = q[r] . k_t for the nr <= kRowBlock rows q[0 .. nr), as fold_rows computes them.
+// s[r][t] = q[r] . k_t for the nr <= kRowBlock rows q[0 .. nr) and t < num_keys, the same bits
+// as fold_rows computes them.
 template <typename Keys>
-void dot_block(const Keys& keys, const float* const* q, int nr, int t, int hd, float* out) {
+void dots_block(const Keys& keys, const float* const* q, int nr, int num_keys, int hd,
+                float* const* s) {
   switch (nr) {
     case 4:
-      keys.template dot<4>(q, t, hd, out);
+      keys.template dots<4>(q, num_keys, hd, s);
       break;
     case 3:
-      keys.template dot<3>(q, t, hd, out);
+      keys.template dots<3>(q, num_keys, hd, s);
       break;
     case 2:
-      keys.template dot<2>(q, t, hd, out);
+      keys.template dots<2>(q, num_keys, hd, s);
       break;
     default:
-      keys.template dot<1>(q, t, hd, out);
+      keys.template dots<1>(q, num_keys, hd, s);
       break;
   }
 }
@@ -105,18 +107,39 @@ void attend_mixed(const AttentionArgs& a, int seq, int kv_head, int key_begin, i
   const int bs = a.kv.block_size;
   const int hd = a.head_dim;
   const int64_t row0 = static_cast<int64_t>(seq) * a.max_blocks_per_seq;
-  // Full-precision keys gather into pointer tiles of up to kKeyTile keys, as attend(); a
-  // quantized page is folded as its own tile(s), read in registers straight from the page.
+  // The tile being gathered: keys [tile_begin, tile_begin + n), all of precision `cur`, from one
+  // or more consecutive pages (full: K/V row pointers; int8 / int4: code rows and parameters,
+  // converted in registers when the tile is folded). A tile ends at kKeyTile keys, at a change
+  // of precision and at an evicted page.
   const float* kp[kKeyTile];
   const float* vp[kKeyTile];
+  Int8Keys k8;
+  Int4Keys k4;
+  float* const int4_params = int4_param_slots(hd);  // [kKeyTile pages, 2, head_dim]
+  int int4_pages = 0;                               // pages of the tile with decoded parameters
+  KvPrecision cur = KvPrecision::kFull;
   int n = 0;
   int tile_begin = key_begin;
   const auto flush = [&] {
-    if (n > 0) fold_tile(r, kp, vp, tile_begin, n, hd, a.scale);
+    if (n > 0) {
+      switch (cur) {
+        case KvPrecision::kInt8:
+          fold_tile(r, k8, tile_begin, n, hd, a.scale);
+          break;
+        case KvPrecision::kInt4:
+          fold_tile(r, k4, tile_begin, n, hd, a.scale);
+          break;
+        default:
+          fold_tile(r, kp, vp, tile_begin, n, hd, a.scale);
+          break;
+      }
+    }
     tile_begin += n;
     n = 0;
+    int4_pages = 0;
   };
   for (int blk = key_begin / bs; blk * bs < key_end; ++blk) {
+    page_lookahead(a, row0, blk, key_end, kv_head);
     const KvPrecision p = precision_of(a, row0 + blk);
     const int32_t id = a.block_tables[row0 + blk];
     int slot = std::max(key_begin - blk * bs, 0);
@@ -126,24 +149,27 @@ void attend_mixed(const AttentionArgs& a, int seq, int kv_head, int key_begin, i
       tile_begin = blk * bs + s1;
       continue;
     }
-    if (p == KvPrecision::kFull) {
-      while (slot < s1) {
-        const int take = std::min(s1 - slot, kKeyTile - n);
-        full_rows(a, id, kv_head, slot, slot + take, kp + n, vp + n);
-        slot += take;
-        n += take;
-        if (n == kKeyTile) flush();
-      }
-      continue;
+    if (p != cur) {
+      flush();
+      cur = p;
     }
-    flush();
     while (slot < s1) {
-      const int take = std::min(s1 - slot, kKeyTile);
-      with_quantized_keys(a, p, id, kv_head, slot, slot + take, [&](const auto& keys) {
-        fold_tile(r, keys, tile_begin, take, hd, a.scale);
-      });
+      const int take = std::min(s1 - slot, kKeyTile - n);
+      switch (p) {
+        case KvPrecision::kInt8:
+          append_int8(a, id, kv_head, slot, slot + take, n, k8);
+          break;
+        case KvPrecision::kInt4:
+          append_int4(a, id, kv_head, slot, slot + take, n,
+                      int4_params + static_cast<int64_t>(int4_pages++) * 2 * hd, k4);
+          break;
+        default:
+          full_rows(a, id, kv_head, slot, slot + take, kp + n, vp + n);
+          break;
+      }
       slot += take;
-      tile_begin += take;
+      n += take;
+      if (n == kKeyTile) flush();
     }
   }
   flush();
@@ -160,15 +186,17 @@ void page_relevance(const AttentionArgs& a, const Keys& keys, const float* q0, c
   const int hd = a.head_dim;
   const int group = a.num_heads / a.num_kv_heads;
   const float* q[kRowBlock];
+  float d[kRowBlock][kKeyTile];
+  float* dr[kRowBlock] = {d[0], d[1], d[2], d[3]};
+  static_assert(kRowBlock == 4);
   for (int i0 = 0; i0 < group; i0 += kRowBlock) {
     const int nr = std::min(kRowBlock, group - i0);
     for (int k = 0; k < nr; ++k) q[k] = q0 + static_cast<int64_t>(g * group + i0 + k) * hd;
-    for (int t = 0; t < num_keys; ++t) {
-      float d[kRowBlock];
-      dot_block(keys, q, nr, t, hd, d);
-      for (int k = 0; k < nr; ++k) {
-        const float z = d[k] * a.scale;  // z - m below may be contracted into an fma:
-        const float m = mh[g * group + i0 + k];
+    dots_block(keys, q, nr, num_keys, hd, dr);
+    for (int k = 0; k < nr; ++k) {
+      const float m = mh[g * group + i0 + k];
+      for (int t = 0; t < num_keys; ++t) {
+        const float z = d[k][t] * a.scale;  // z - m below may be contracted into an fma:
         rel[t] = std::max(rel[t], z >= m ? 1.f : expf(z - m));  // z == m gives exactly 1
       }
     }

@@ -1,6 +1,7 @@
-// Internal to the CPU attention (attention.cpp, attention_mixed.cpp): the SIMD vector, the tile
-// fold (scores, online softmax, P.V) over a key source (K/V row pointers here, quantized pages in
-// quant_keys.h), per-thread scratch, and the hooks of the mixed-precision path (semantic cut).
+// Internal to the CPU attention (attention.cpp, attention_mixed.cpp): the tile fold (scores,
+// online softmax, P.V; SIMD helpers in attention_vec.h) over a key source (K/V row pointers
+// here, quantized pages in quant_keys.h), per-thread scratch, and the hooks of the
+// mixed-precision path (semantic cut).
 // Not an API: include only from src/backend/cpu/.
 #pragma once
 
@@ -10,11 +11,8 @@
 #include <cstdint>
 #include <vector>
 
-#if defined(__AVX2__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #include "backend/backend.h"
+#include "backend/cpu/attention_vec.h"
 #include "common/thread_pool.h"
 #include "kernels/common/softmax_state.h"
 #include "kvsplit/status.h"
@@ -25,103 +23,122 @@ using kernels::SoftmaxState;
 
 // Keys scored between two softmax rescales (one rescale of o per tile, not per key).
 constexpr int kKeyTile = 64;
-
-// ---- a minimal f32 vector (the widest the compiler targets; no runtime dispatch) ----
-#if defined(__AVX512F__)
-struct Vec {
-  static constexpr int kWidth = 16;
-  __m512 v;
-  static Vec zero() { return {_mm512_setzero_ps()}; }
-  static Vec set1(float x) { return {_mm512_set1_ps(x)}; }
-  static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
-  void store(float* p) const { _mm512_storeu_ps(p, v); }
-  static Vec fma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
-  static Vec add(Vec a, Vec b) { return {_mm512_add_ps(a.v, b.v)}; }
-  // Horizontal sum. Written with the explicit-source mask forms because GCC 12's
-  // _mm512_reduce_add_ps trips -Wuninitialized inside its own header.
-  float sum() const {
-    const __m512 h = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, 0xFFFF, v, v, 0x4E));
-    const __m256 q = _mm256_castpd_ps(
-        _mm512_mask_extractf64x4_pd(_mm256_setzero_pd(), 0xFF, _mm512_castps_pd(h), 0));
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  }
-};
-#elif defined(__AVX2__) && defined(__FMA__)
-struct Vec {
-  static constexpr int kWidth = 8;
-  __m256 v;
-  static Vec zero() { return {_mm256_setzero_ps()}; }
-  static Vec set1(float x) { return {_mm256_set1_ps(x)}; }
-  static Vec load(const float* p) { return {_mm256_loadu_ps(p)}; }
-  void store(float* p) const { _mm256_storeu_ps(p, v); }
-  static Vec fma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
-  static Vec add(Vec a, Vec b) { return {_mm256_add_ps(a.v, b.v)}; }
-  float sum() const {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  }
-};
-#else
-struct Vec {
-  static constexpr int kWidth = 1;
-  float v;
-  static Vec zero() { return {0.f}; }
-  static Vec set1(float x) { return {x}; }
-  static Vec load(const float* p) { return {*p}; }
-  void store(float* p) const { *p = v; }
-  static Vec fma(Vec a, Vec b, Vec c) { return {a.v * b.v + c.v}; }
-  static Vec add(Vec a, Vec b) { return {a.v + b.v}; }
-  float sum() const { return v; }
-};
-#endif
-constexpr int kW = Vec::kWidth;
+static_assert(kKeyTile % kW == 0, "score rows are processed in whole vectors");
 
 // Rows are processed in blocks of up to kRowBlock so each K/V vector load feeds several FMAs.
 // Every row has its own accumulators and summation order, so a row's result does not depend on
 // which rows share its block (decode and prefill agree bitwise).
 constexpr int kRowBlock = 4;
 
-// out[r] = dot(q[r], k) over n elements, for R rows.
+// Keys scored together for R rows: R * KB accumulators (at most kW) reduced by one sum_lanes.
 template <int R>
-inline void dot_rows(const float* const* q, const float* k, int n, float* out) {
-  Vec acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = Vec::zero();
-  int d = 0;
-  for (; d + kW <= n; d += kW) {
-    const Vec kv = Vec::load(k + d);
-    for (int r = 0; r < R; ++r) acc[r] = Vec::fma(Vec::load(q[r] + d), kv, acc[r]);
-  }
-  for (int r = 0; r < R; ++r) {
-    float s = acc[r].sum();
-    for (int e = d; e < n; ++e) s += q[r][e] * k[e];
-    out[r] = s;
+constexpr int keys_per_block() {
+  const int rows = R <= 1 ? 1 : R <= 2 ? 2 : R <= 4 ? 4 : kW;  // R rounded up to a power of two
+  return kW / rows > 1 ? kW / rows : 1;
+}
+
+// s[r][t] = q[r] . k_t for t in [0, num_keys), r < R, over n elements, kb = keys_per_block<R>()
+// keys per pass. accumulate(tk, acc) adds the products of the whole vector chunks of keys
+// tk[0 .. kb) to acc[r * kb + j] (one Vec per row and key) and returns d0, where the chunks end;
+// ks(t, d) gives element d >= d0 of key t for the scalar tail. The accumulators are reduced by
+// sum_lanes (bitwise as Vec::sum), then the tail is added: a result does not depend on which keys
+// or rows share its block, so every caller gets the same bits.
+template <int R, typename Accumulate, typename LoadScalar>
+KVSPLIT_ALWAYS_INLINE void dot_block_rows_by(const float* const* q, const Accumulate& accumulate,
+                                             const LoadScalar& ks, int num_keys, int n,
+                                             float* const* s) {
+  constexpr int kb = keys_per_block<R>();
+  constexpr int kSlots = R * kb > kW ? R * kb : kW;
+  static_assert(R * kb <= kW || kW == 1, "one reduction per block");
+  for (int t0 = 0; t0 < num_keys; t0 += kb) {
+    int tk[kb];  // keys of the block; past the end, the last key again (computed, not stored)
+    for (int j = 0; j < kb; ++j) tk[j] = std::min(t0 + j, num_keys - 1);
+    Vec acc[kSlots];
+    for (Vec& x : acc) x = Vec::zero();
+    const int d0 = accumulate(tk, acc);
+    float sums[kSlots];
+    if constexpr (kW == 1) {
+      for (int i = 0; i < R * kb; ++i) sums[i] = acc[i].sum();
+    } else {
+      sum_lanes(acc).store(sums);
+    }
+    const int nk = std::min(kb, num_keys - t0);
+    for (int r = 0; r < R; ++r) {
+      for (int j = 0; j < nk; ++j) {
+        float x = sums[r * kb + j];
+        for (int e = d0; e < n; ++e) x += q[r][e] * ks(tk[j], e);
+        s[r][t0 + j] = x;
+      }
+    }
   }
 }
 
-// o[r] += sum_t p[r][t] * v[t] over n elements, t in [0, num_keys), for R rows.
-template <int R>
-inline void pv_rows(float* const* o, const float* const* p, const float* const* v, int num_keys,
-                    int n) {
+// The same with kv(t, d) loading k_t[d .. d + kW) as a Vec (chunks in channel order).
+template <int R, typename LoadVec, typename LoadScalar>
+KVSPLIT_ALWAYS_INLINE void dot_block_rows(const float* const* q, const LoadVec& kv,
+                                          const LoadScalar& ks, int num_keys, int n,
+                                          float* const* s) {
+  constexpr int kb = keys_per_block<R>();
+  dot_block_rows_by<R>(
+      q,
+      [&](const int* tk, Vec* acc) {
+        int d = 0;
+        for (; d + kW <= n; d += kW) {
+          Vec qv[R];
+          for (int r = 0; r < R; ++r) qv[r] = Vec::load(q[r] + d);
+          for (int j = 0; j < kb; ++j) {
+            const Vec k = kv(tk[j], d);
+            for (int r = 0; r < R; ++r) acc[r * kb + j] = Vec::fma(qv[r], k, acc[r * kb + j]);
+          }
+        }
+        return d;
+      },
+      ks, num_keys, n, s);
+}
+
+// o[r][d] += bias[r] + sum_t p[r][t] * v(t, d) for R rows over n elements, t in [0, num_keys);
+// vv(t, d) loads v_t[d .. d + kW) as a Vec, vs(t, d) one element; bias null for none. Several
+// chunks of d per pass, so that enough FMA chains are in flight.
+template <int R, typename LoadVec, typename LoadScalar>
+KVSPLIT_ALWAYS_INLINE void pv_block_rows(float* const* o, const float* const* p, const float* bias,
+                                         const LoadVec& vv, const LoadScalar& vs, int num_keys,
+                                         int n) {
+  constexpr int kChunks = R <= 2 ? 4 : 2;
   int d = 0;
+  for (; d + kChunks * kW <= n; d += kChunks * kW) {
+    Vec acc[R][kChunks];
+    for (int r = 0; r < R; ++r) {
+      const Vec b = Vec::set1(bias ? bias[r] : 0.f);
+      for (int c = 0; c < kChunks; ++c) acc[r][c] = Vec::add(Vec::load(o[r] + d + c * kW), b);
+    }
+    for (int t = 0; t < num_keys; ++t) {
+      Vec v[kChunks];
+      for (int c = 0; c < kChunks; ++c) v[c] = vv(t, d + c * kW);
+      for (int r = 0; r < R; ++r) {
+        const Vec pr = Vec::set1(p[r][t]);
+        for (int c = 0; c < kChunks; ++c) acc[r][c] = Vec::fma(pr, v[c], acc[r][c]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < kChunks; ++c) acc[r][c].store(o[r] + d + c * kW);
+    }
+  }
   for (; d + kW <= n; d += kW) {
     Vec acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = Vec::load(o[r] + d);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = Vec::add(Vec::load(o[r] + d), Vec::set1(bias ? bias[r] : 0.f));
+    }
     for (int t = 0; t < num_keys; ++t) {
-      const Vec vv = Vec::load(v[t] + d);
-      for (int r = 0; r < R; ++r) acc[r] = Vec::fma(Vec::set1(p[r][t]), vv, acc[r]);
+      const Vec v = vv(t, d);
+      for (int r = 0; r < R; ++r) acc[r] = Vec::fma(Vec::set1(p[r][t]), v, acc[r]);
     }
     for (int r = 0; r < R; ++r) acc[r].store(o[r] + d);
   }
   for (; d < n; ++d) {
     for (int r = 0; r < R; ++r) {
-      float s = o[r][d];
-      for (int t = 0; t < num_keys; ++t) s += p[r][t] * v[t][d];
-      o[r][d] = s;
+      float x = o[r][d] + (bias ? bias[r] : 0.f);
+      for (int t = 0; t < num_keys; ++t) x += p[r][t] * vs(t, d);
+      o[r][d] = x;
     }
   }
 }
@@ -164,21 +181,56 @@ inline Scratch& thread_scratch() {
 }
 
 // Keys of one tile as f32 row pointers (full-precision pages, or rows dequantized elsewhere).
-// A key source for fold_rows: dot<R> writes out[r] = q[r] . k_t for R rows, pv<R> adds
-// sum_t p[r][t] * v_t to o[r] over the tile's first num_keys keys (n = head_dim).
+// A key source for fold_rows: dots<R> writes s[r][t] = q[r] . k_t for R rows and the tile's
+// first num_keys keys (the same bits whichever keys and rows a call covers: the scoring side
+// outputs recompute them), pv<R> adds sum_t p[r][t] * v_t to o[r] (n = head_dim).
 struct PtrKeys {
   const float* const* kp;  // [num_keys] -> [head_dim]
   const float* const* vp;  // [num_keys] -> [head_dim]
 
   template <int R>
-  void dot(const float* const* q, int t, int n, float* out) const {
-    dot_rows<R>(q, kp[t], n, out);
+  void dots(const float* const* q, int num_keys, int n, float* const* s) const {
+    const float* const* k = kp;
+    dot_block_rows<R>(
+        q, [k](int t, int d) { return Vec::load(k[t] + d); }, [k](int t, int d) { return k[t][d]; },
+        num_keys, n, s);
   }
   template <int R>
   void pv(float* const* o, const float* const* p, int num_keys, int n) const {
-    pv_rows<R>(o, p, vp, num_keys, n);
+    const float* const* v = vp;
+    pv_block_rows<R>(
+        o, p, nullptr, [v](int t, int d) { return Vec::load(v[t] + d); },
+        [v](int t, int d) { return v[t][d]; }, num_keys, n);
   }
 };
+
+// One row of a tile's scores s[0, num_keys) (unscaled dot products in, softmax weights out), of
+// which the row may see the first nv: raises the row's running max to cover scale * s[0, nv),
+// rescales o [head_dim] if it rose, then s[t] = exp(scale * s[t] - m) for t < nv, 0 up to
+// num_keys, and adds them to l. Reads and writes s in whole vectors (up to kKeyTile).
+KVSPLIT_ALWAYS_INLINE void softmax_row(float* s, int nv, int num_keys, float scale,
+                                       SoftmaxState& st, float* o, int head_dim) {
+  const Vec vscale = Vec::set1(scale);
+  const Vec ninf = Vec::set1(-INFINITY);
+  Vec mx = ninf;
+  for (int t = 0; t < nv; t += kW) {
+    const Vec x = Vec::mul(Vec::load(s + t), vscale);
+    x.store(s + t);
+    mx = Vec::max(mx, Vec::first(nv - t, x, ninf));
+  }
+  const float c = kernels::softmax_state_raise_max(&st, mx.max_lane());
+  if (c != 1.f) scale_in_place(o, c, head_dim);
+  const Vec m = Vec::set1(st.m);
+  Vec l = Vec::zero();
+  int t = 0;
+  for (; t < nv; t += kW) {
+    const Vec p = Vec::first(nv - t, Vec::exp(Vec::sub(Vec::load(s + t), m)), Vec::zero());
+    p.store(s + t);
+    l = Vec::add(l, p);
+  }
+  for (; t < num_keys; ++t) s[t] = 0.f;  // masked: weight 0
+  st.l += l.sum();
+}
 
 // Folds keys j0 .. j0 + num_keys - 1 (num_keys <= kKeyTile, read through `keys`) into rows
 // [i0, i0 + R).
@@ -198,24 +250,9 @@ inline void fold_rows(Rows& r, int i0, const Keys& keys, int j0, int num_keys, i
     o[k] = r.o + static_cast<size_t>(i0 + k) * head_dim;
   }
   if (max_valid == 0) return;
-  for (int t = 0; t < max_valid; ++t) {
-    float d[R];
-    keys.template dot<R>(q, t, head_dim, d);
-    for (int k = 0; k < R; ++k) s[k][t] = d[k] * scale;
-  }
+  keys.template dots<R>(q, max_valid, head_dim, s);
   for (int k = 0; k < R; ++k) {
-    float mx = -INFINITY;
-    for (int t = 0; t < valid[k]; ++t) mx = std::max(mx, s[k][t]);
-    SoftmaxState& st = r.st[i0 + k];
-    const float c = kernels::softmax_state_raise_max(&st, mx);
-    if (c != 1.f) scale_in_place(o[k], c, head_dim);
-    float l = 0.f;
-    for (int t = 0; t < valid[k]; ++t) {
-      s[k][t] = expf(s[k][t] - st.m);
-      l += s[k][t];
-    }
-    for (int t = valid[k]; t < max_valid; ++t) s[k][t] = 0.f;  // masked: weight 0
-    st.l += l;
+    softmax_row(s[k], valid[k], max_valid, scale, r.st[i0 + k], o[k], head_dim);
   }
   keys.template pv<R>(o, s, max_valid, head_dim);
 }
@@ -256,9 +293,10 @@ Status validate_mixed(const AttentionArgs& a, const char* op, bool decode);
 
 // As attend() in attention.cpp, for a.page_precision != nullptr: folds the resident keys of
 // [key_begin, key_end) of sequence `seq`, kv head `kv_head`, into `r`, each page read at its own
-// precision (full keys in pointer tiles of up to kKeyTile keys; a quantized page as its own
-// tile, codes converted in registers, quant_keys.h) and evicted pages skipped. A tile never spans
-// an evicted page, so a tile's keys are contiguous positions (the causal limit stays exact).
+// precision (tiles of up to kKeyTile keys from consecutive pages of one precision: full keys as
+// row pointers, quantized ones as code rows converted in registers, quant_keys.h) and evicted
+// pages skipped. A tile never spans an evicted page, so a tile's keys are contiguous positions
+// (the causal limit stays exact).
 void attend_mixed(const AttentionArgs& a, int seq, int kv_head, int key_begin, int key_end,
                   Rows& r);
 

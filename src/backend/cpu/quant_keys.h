@@ -1,7 +1,8 @@
 // Key sources of the mixed-precision CPU attention (attention_mixed.cpp) for fold_rows
 // (attention_tile.h): int8 and int4 pages (kernels/common/kv_quant.h) read straight from the page,
-// codes converted to f32 per SIMD chunk in registers, and the helpers that build them for one
-// (page, kv head, slot range). Internal: include only from src/backend/cpu/.
+// codes converted to f32 per SIMD chunk in registers; the helpers that append (page, kv head,
+// slot range) to a tile; and the page lookahead (prefetch) of both CPU attention paths.
+// Internal: include only from src/backend/cpu/.
 #pragma once
 
 #include <cstdint>
@@ -21,16 +22,13 @@ using kernels::QuantPageLayout;
 // ---- quantized key sources for fold_rows: dequantization in registers, no scratch rows ----
 
 #if defined(__AVX512F__)
-// All lanes. The zero-masked intrinsics are used because GCC 12's unmasked forms trip
-// -Wmaybe-uninitialized inside its own header (as Vec::sum in attention_tile.h).
-constexpr __mmask16 kAll = 0xFFFF;
 // Codes q[0 .. 16) as floats.
-inline Vec vec_i8(const int8_t* q) {
+KVSPLIT_ALWAYS_INLINE Vec vec_i8(const int8_t* q) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
   return {_mm512_maskz_cvtepi32_ps(kAll, _mm512_maskz_cvtepi8_epi32(kAll, b))};
 }
 // Codes of channels [d, d + 16) of a packed int4 row as floats (d a multiple of 16).
-inline Vec vec_u4(const uint8_t* row, int d) {
+KVSPLIT_ALWAYS_INLINE Vec vec_u4(const uint8_t* row, int d) {
   uint64_t x;
   std::memcpy(&x, row + d / 2, 8);
   const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -40,12 +38,18 @@ inline Vec vec_u4(const uint8_t* row, int d) {
   v = _mm512_and_si512(_mm512_maskz_srlv_epi32(kAll, v, sh), _mm512_set1_epi32(0xf));
   return {_mm512_maskz_cvtepi32_ps(kAll, v)};
 }
+KVSPLIT_ALWAYS_INLINE void vec_u4_pair(const uint8_t* p, Vec* even, Vec* odd) {
+  const __m512i b =
+      _mm512_maskz_cvtepu8_epi32(kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  even->v = _mm512_maskz_cvtepi32_ps(kAll, _mm512_and_si512(b, _mm512_set1_epi32(0xf)));
+  odd->v = _mm512_maskz_cvtepi32_ps(kAll, _mm512_maskz_srli_epi32(kAll, b, 4));
+}
 #elif defined(__AVX2__) && defined(__FMA__)
-inline Vec vec_i8(const int8_t* q) {
+KVSPLIT_ALWAYS_INLINE Vec vec_i8(const int8_t* q) {
   const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
   return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))};
 }
-inline Vec vec_u4(const uint8_t* row, int d) {
+KVSPLIT_ALWAYS_INLINE Vec vec_u4(const uint8_t* row, int d) {
   uint32_t x;
   std::memcpy(&x, row + d / 2, 4);
   const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
@@ -53,129 +57,193 @@ inline Vec vec_u4(const uint8_t* row, int d) {
                                      _mm256_set1_epi32(0xf));
   return {_mm256_cvtepi32_ps(v)};
 }
+// Codes of channels [0, 2 kW) of the kW bytes at p, deinterleaved: even = channels 0, 2, ...
+// (low nibbles), odd = channels 1, 3, ... (high nibbles).
+KVSPLIT_ALWAYS_INLINE void vec_u4_pair(const uint8_t* p, Vec* even, Vec* odd) {
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  even->v = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(0xf)));
+  odd->v = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+}
 #else
-inline Vec vec_i8(const int8_t* q) { return {static_cast<float>(*q)}; }
-inline Vec vec_u4(const uint8_t* row, int d) {
+KVSPLIT_ALWAYS_INLINE Vec vec_i8(const int8_t* q) { return {static_cast<float>(*q)}; }
+KVSPLIT_ALWAYS_INLINE Vec vec_u4(const uint8_t* row, int d) {
   return {static_cast<float>(kernels::int4_unpack(row, d))};
+}
+KVSPLIT_ALWAYS_INLINE void vec_u4_pair(const uint8_t* p, Vec* even, Vec* odd) {
+  even->v = static_cast<float>(p[0] & 0xf);
+  odd->v = static_cast<float>(p[0] >> 4);
 }
 #endif
 
-// out[r] = sum_d q[r][d] * k(d) for R rows; kv(d) gives k[d .. d + kW) as a Vec, ks(d) one value.
-template <int R, typename LoadVec, typename LoadScalar>
-inline void dot_rows_by(const float* const* q, const LoadVec& kv, const LoadScalar& ks, int n,
-                        float* out) {
-  Vec acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = Vec::zero();
+// dst[0, n) = src[0, n) with each whole group of 2 kW channels deinterleaved (its even channels,
+// then its odd ones, as vec_u4_pair unpacks codes); the rest in order. dst may be src.
+inline void deinterleave_groups(const float* src, int n, float* dst) {
   int d = 0;
-  for (; d + kW <= n; d += kW) {
-    const Vec k = kv(d);
-    for (int r = 0; r < R; ++r) acc[r] = Vec::fma(Vec::load(q[r] + d), k, acc[r]);
+  for (; d + 2 * kW <= n; d += 2 * kW) {
+    Vec e, o;
+    Vec::deinterleave(Vec::load(src + d), Vec::load(src + d + kW), &e, &o);
+    e.store(dst + d);
+    o.store(dst + d + kW);
   }
-  for (int r = 0; r < R; ++r) {
-    float s = acc[r].sum();
-    for (int e = d; e < n; ++e) s += q[r][e] * ks(e);
-    out[r] = s;
-  }
+  for (; d < n; ++d) dst[d] = src[d];
 }
 
-// o[r][d] += bias[r] + sum_t p[r][t] * v(t, d) for R rows; vv(t, d) a Vec, vs(t, d) one value.
-template <int R, typename LoadVec, typename LoadScalar>
-inline void pv_rows_by(float* const* o, const float (*p)[kKeyTile], const float* bias,
-                       const LoadVec& vv, const LoadScalar& vs, int num_keys, int n) {
-  int d = 0;
-  for (; d + kW <= n; d += kW) {
-    Vec acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = Vec::add(Vec::load(o[r] + d), Vec::set1(bias[r]));
-    for (int t = 0; t < num_keys; ++t) {
-      const Vec v = vv(t, d);
-      for (int r = 0; r < R; ++r) acc[r] = Vec::fma(Vec::set1(p[r][t]), v, acc[r]);
-    }
-    for (int r = 0; r < R; ++r) acc[r].store(o[r] + d);
-  }
-  for (; d < n; ++d) {
-    for (int r = 0; r < R; ++r) {
-      float s = o[r][d] + bias[r];
-      for (int t = 0; t < num_keys; ++t) s += p[r][t] * vs(t, d);
-      o[r][d] = s;
-    }
-  }
-}
-
-// Slots [s0, s0 + num_keys) of one kv head of an int8 page: k_t = code * k_scale[t] (per token).
-// q . k_t = (q . codes) * k_scale[t]; sum_t p_t v_t = sum_t (p_t * v_scale[t]) codes_t.
+// Keys of int8 pages (one tile: up to kKeyTile keys, from one or more pages): k_t = code *
+// k_scale[t] (per token). q . k_t = (q . codes) * k_scale[t]; sum_t p_t v_t = sum_t (p_t *
+// v_scale[t]) codes_t.
 struct Int8Keys {
-  const int8_t* k;  // [num_keys, head_dim] codes
-  const int8_t* v;
-  int n;  // head_dim
+  int n = 0;                  // head_dim
+  const int8_t* k[kKeyTile];  // per key: [head_dim] codes
+  const int8_t* v[kKeyTile];
   float k_scale[kKeyTile];
   float v_scale[kKeyTile];
 
   template <int R>
-  void dot(const float* const* q, int t, int /*n*/, float* out) const {
-    const int8_t* row = k + static_cast<int64_t>(t) * n;
-    dot_rows_by<R>(
-        q, [row](int d) { return vec_i8(row + d); },
-        [row](int d) { return static_cast<float>(row[d]); }, n, out);
-    for (int r = 0; r < R; ++r) out[r] *= k_scale[t];
+  void dots(const float* const* q, int num_keys, int /*n*/, float* const* s) const {
+    const int8_t* const* rows = k;
+    dot_block_rows<R>(
+        q, [rows](int t, int d) { return vec_i8(rows[t] + d); },
+        [rows](int t, int d) { return static_cast<float>(rows[t][d]); }, num_keys, n, s);
+    for (int r = 0; r < R; ++r) {
+      for (int t = 0; t < num_keys; ++t) s[r][t] *= k_scale[t];
+    }
   }
   template <int R>
   void pv(float* const* o, const float* const* p, int num_keys, int /*n*/) const {
     float ps[R][kKeyTile];
-    float bias[R];
+    const float* pr[R];
     for (int r = 0; r < R; ++r) {
-      bias[r] = 0.f;
       for (int t = 0; t < num_keys; ++t) ps[r][t] = p[r][t] * v_scale[t];
+      pr[r] = ps[r];
     }
-    const int8_t* base = v;
-    const int hd = n;
-    pv_rows_by<R>(
-        o, ps, bias, [base, hd](int t, int d) { return vec_i8(base + t * hd + d); },
-        [base, hd](int t, int d) { return static_cast<float>(base[t * hd + d]); }, num_keys, n);
+    const int8_t* const* rows = v;
+    pv_block_rows<R>(
+        o, pr, nullptr, [rows](int t, int d) { return vec_i8(rows[t] + d); },
+        [rows](int t, int d) { return static_cast<float>(rows[t][d]); }, num_keys, n);
   }
 };
 
-// Slots [s0, s0 + num_keys) of one kv head of an int4 page: k_t[d] = k_zero[d] + k_scale[d] * u
-// (per channel, dequantized in registers); v_t[d] = v_zero[t] + v_scale[t] * u (per token:
+// Keys of int4 pages (one tile, as Int8Keys): k_t[d] = k_zero[d] + k_scale[d] * u (per channel
+// of the key's page, dequantized in registers); v_t[d] = v_zero[t] + v_scale[t] * u (per token:
 // sum_t p_t v_t = sum_t p_t v_zero[t] + sum_t (p_t v_scale[t]) u_t).
+// Channels go in groups of 2 kW (kW bytes of codes), unpacked as their even and odd channels
+// (vec_u4_pair, cheaper than unpacking in channel order): the key parameters and the queries are
+// deinterleaved the same way (deinterleave_groups), the P.V accumulators around the tile and
+// back. Channels past the last whole group go in channel order.
 struct Int4Keys {
-  const uint8_t* k;  // [num_keys, head_dim / 2] packed codes
-  const uint8_t* v;
-  int n;                 // head_dim
-  const float* k_scale;  // [head_dim] decoded
-  const float* k_zero;
+  int n = 0;                   // head_dim
+  const uint8_t* k[kKeyTile];  // per key: [head_dim / 2] packed codes
+  const uint8_t* v[kKeyTile];
+  const float* k_scale[kKeyTile];  // per key: its page's decoded [head_dim] parameters,
+  const float* k_zero[kKeyTile];   // deinterleaved (deinterleave_groups)
+  float* q_scratch = nullptr;      // [kRowBlock, head_dim] per-thread scratch
   float v_scale[kKeyTile];
   float v_zero[kKeyTile];
 
   template <int R>
-  void dot(const float* const* q, int t, int /*n*/, float* out) const {
-    const uint8_t* row = k + static_cast<int64_t>(t) * (n / 2);
-    const float* ks = k_scale;
-    const float* kz = k_zero;
-    dot_rows_by<R>(
-        q, [=](int d) { return Vec::fma(Vec::load(ks + d), vec_u4(row, d), Vec::load(kz + d)); },
-        [=](int d) { return kernels::int4_dequantize(kernels::int4_unpack(row, d), ks[d], kz[d]); },
-        n, out);
+  void dots(const float* const* q, int num_keys, int /*n*/, float* const* s) const {
+    constexpr int kb = keys_per_block<R>();
+    static_assert(R <= kRowBlock);
+    const float* qd[R];  // the rows' queries, deinterleaved as the parameters
+    for (int r = 0; r < R; ++r) {
+      deinterleave_groups(q[r], n, q_scratch + r * n);
+      qd[r] = q_scratch + r * n;
+    }
+    const uint8_t* const* rows = k;
+    const float* const* ks = k_scale;
+    const float* const* kz = k_zero;
+    const int groups = n / (2 * kW);
+    dot_block_rows_by<R>(
+        qd,
+        [&](const int* tk, Vec* acc) {
+          for (int g = 0; g < groups; ++g) {
+            const int c = 2 * kW * g;
+            Vec qe[R], qo[R];
+            for (int r = 0; r < R; ++r) {
+              qe[r] = Vec::load(qd[r] + c);
+              qo[r] = Vec::load(qd[r] + c + kW);
+            }
+            for (int j = 0; j < kb; ++j) {
+              const int t = tk[j];
+              Vec ue, uo;
+              vec_u4_pair(rows[t] + kW * g, &ue, &uo);
+              const Vec ke = Vec::fma(Vec::load(ks[t] + c), ue, Vec::load(kz[t] + c));
+              const Vec ko = Vec::fma(Vec::load(ks[t] + c + kW), uo, Vec::load(kz[t] + c + kW));
+              for (int r = 0; r < R; ++r) {
+                acc[r * kb + j] = Vec::fma(qe[r], ke, acc[r * kb + j]);
+                acc[r * kb + j] = Vec::fma(qo[r], ko, acc[r * kb + j]);
+              }
+            }
+          }
+          int d = 2 * kW * groups;  // channels past the whole groups, in channel order
+          for (; d + kW <= n; d += kW) {
+            for (int j = 0; j < kb; ++j) {
+              const int t = tk[j];
+              const Vec kd =
+                  Vec::fma(Vec::load(ks[t] + d), vec_u4(rows[t], d), Vec::load(kz[t] + d));
+              for (int r = 0; r < R; ++r) {
+                acc[r * kb + j] = Vec::fma(Vec::load(qd[r] + d), kd, acc[r * kb + j]);
+              }
+            }
+          }
+          return d;
+        },
+        [&](int t, int d) {
+          return kernels::int4_dequantize(kernels::int4_unpack(rows[t], d), ks[t][d], kz[t][d]);
+        },
+        num_keys, n, s);
   }
   template <int R>
   void pv(float* const* o, const float* const* p, int num_keys, int /*n*/) const {
     float ps[R][kKeyTile];
+    const float* pr[R];
     float bias[R];
     for (int r = 0; r < R; ++r) {
-      float b = 0.f;
-      for (int t = 0; t < num_keys; ++t) {
-        ps[r][t] = p[r][t] * v_scale[t];
-        b += p[r][t] * v_zero[t];
+      for (int t = 0; t < num_keys; ++t) ps[r][t] = p[r][t] * v_scale[t];
+      Vec acc = Vec::zero();  // bias = sum_t p_t v_zero[t], in vectors (no serial add chain)
+      int t = 0;
+      for (; t + kW <= num_keys; t += kW) {
+        acc = Vec::fma(Vec::load(p[r] + t), Vec::load(v_zero + t), acc);
       }
+      float b = acc.sum();
+      for (; t < num_keys; ++t) b += p[r][t] * v_zero[t];
       bias[r] = b;
+      pr[r] = ps[r];
     }
-    const uint8_t* base = v;
-    const int half = n / 2;
-    pv_rows_by<R>(
-        o, ps, bias, [base, half](int t, int d) { return vec_u4(base + t * half, d); },
-        [base, half](int t, int d) {
-          return static_cast<float>(kernels::int4_unpack(base + t * half, d));
-        },
-        num_keys, n);
+    const uint8_t* const* rows = v;
+    const int groups = n / (2 * kW);
+    for (int g = 0; g < groups; ++g) {
+      const int c = 2 * kW * g;
+      Vec ae[R], ao[R];
+      for (int r = 0; r < R; ++r) {
+        Vec::deinterleave(Vec::load(o[r] + c), Vec::load(o[r] + c + kW), &ae[r], &ao[r]);
+        ae[r] = Vec::add(ae[r], Vec::set1(bias[r]));
+        ao[r] = Vec::add(ao[r], Vec::set1(bias[r]));
+      }
+      for (int t = 0; t < num_keys; ++t) {
+        Vec ue, uo;
+        vec_u4_pair(rows[t] + kW * g, &ue, &uo);
+        for (int r = 0; r < R; ++r) {
+          const Vec pt = Vec::set1(ps[r][t]);
+          ae[r] = Vec::fma(pt, ue, ae[r]);
+          ao[r] = Vec::fma(pt, uo, ao[r]);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        Vec a, b;
+        Vec::interleave(ae[r], ao[r], &a, &b);
+        a.store(o[r] + c);
+        b.store(o[r] + c + kW);
+      }
+    }
+    const int d0 = 2 * kW * groups;  // channels past the whole groups, in channel order
+    if (d0 == n) return;
+    float* ot[R];
+    for (int r = 0; r < R; ++r) ot[r] = o[r] + d0;
+    pv_block_rows<R>(
+        ot, pr, bias, [=](int t, int d) { return vec_u4(rows[t], d0 + d); },
+        [=](int t, int d) { return static_cast<float>(kernels::int4_unpack(rows[t], d0 + d)); },
+        num_keys, n - d0);
   }
 };
 
@@ -197,20 +265,6 @@ inline void decode_f16(const uint16_t* h, int n, float* out) {
   for (; i < n; ++i) out[i] = kernels::kvq_half_float(h[i]);
 }
 
-// Per-thread decoded int4 key parameters of the current page ([head_dim] each).
-struct Int4KeyParams {
-  std::vector<float> k_scale, k_zero;
-};
-
-inline Int4KeyParams& int4_key_params(int head_dim) {
-  thread_local Int4KeyParams p;
-  if (p.k_scale.size() < static_cast<size_t>(head_dim)) {
-    p.k_scale.resize(head_dim);
-    p.k_zero.resize(head_dim);
-  }
-  return p;
-}
-
 inline KvPrecision precision_of(const AttentionArgs& a, int64_t row) {
   return a.page_precision ? static_cast<KvPrecision>(a.page_precision[row]) : KvPrecision::kFull;
 }
@@ -229,44 +283,149 @@ inline void full_rows(const AttentionArgs& a, int32_t id, int h, int s0, int s1,
   }
 }
 
-// Calls fn(keys) with the key source of slots [s0, s1) (s1 - s0 <= kKeyTile) of kv head h of the
-// quantized page (p, id).
+// Asks for the cache lines of [p, p + bytes) (a hint: no fault, no effect on results).
+// Calls fn(ptr, bytes) for each contiguous range that attending kv head h of page (p, id) reads:
+// K and V rows (full: f32; int8 / int4: codes), then the quantization parameters.
 template <typename Fn>
-inline void with_quantized_keys(const AttentionArgs& a, KvPrecision p, int32_t id, int h, int s0,
-                                int s1, Fn&& fn) {
+inline void for_each_page_range(const AttentionArgs& a, KvPrecision p, int32_t id, int h, Fn&& fn) {
   const int hd = a.head_dim;
   const int bs = a.kv.block_size;
+  if (p == KvPrecision::kFull) {
+    const kernels::PagedKvLayout layout{a.kv.num_kv_heads, bs, hd};
+    const float* pages = static_cast<const float*>(a.kv.data);
+    const int64_t row_bytes = int64_t{bs} * hd * static_cast<int64_t>(sizeof(float));
+    fn(pages + layout.offset(id, 0, h, 0), row_bytes);
+    fn(pages + layout.offset(id, 1, h, 0), row_bytes);
+    return;
+  }
   const QuantPageLayout ql{a.num_kv_heads, bs, hd};
   if (p == KvPrecision::kInt8) {
     const uint8_t* page = static_cast<const uint8_t*>(a.int8_pages) + id * ql.bytes(p);
     const int8_t* values = reinterpret_cast<const int8_t*>(page + ql.int8_values_offset());
     const uint16_t* scales = kernels::kvq_f16_at(page, ql.int8_scales_offset());
+    fn(values + ql.token_index(0, h, 0) * hd, int64_t{bs} * hd);
+    fn(values + ql.token_index(1, h, 0) * hd, int64_t{bs} * hd);
+    fn(scales + ql.token_index(0, h, 0), int64_t{bs} * 2);
+    fn(scales + ql.token_index(1, h, 0), int64_t{bs} * 2);
+    return;
+  }
+  if (p != KvPrecision::kInt4) return;  // evicted: nothing
+  const uint8_t* page = static_cast<const uint8_t*>(a.int4_pages) + id * ql.bytes(p);
+  const uint8_t* values = page + ql.int4_values_offset();
+  fn(values + ql.token_index(0, h, 0) * (hd / 2), int64_t{bs} * (hd / 2));
+  fn(values + ql.token_index(1, h, 0) * (hd / 2), int64_t{bs} * (hd / 2));
+  fn(kernels::kvq_f16_at(page, ql.int4_k_scale_offset()) + int64_t{h} * hd, int64_t{hd} * 2);
+  fn(kernels::kvq_f16_at(page, ql.int4_k_zero_offset()) + int64_t{h} * hd, int64_t{hd} * 2);
+  fn(kernels::kvq_f16_at(page, ql.int4_v_scale_offset()) + int64_t{h} * bs, int64_t{bs} * 2);
+  fn(kernels::kvq_f16_at(page, ql.int4_v_zero_offset()) + int64_t{h} * bs, int64_t{bs} * 2);
+}
+
+// Memory lookahead of a walk over the pages of one kv head (h) of one sequence (block-table row
+// `row0`), called at page blk before it is folded: one load from each range of page blk + 2, so
+// that its TLB misses are walked now (software prefetches that miss the STLB are dropped), and a
+// prefetch of every cache line of page blk + 1. Pages sit in their arenas in block-table order,
+// which is random, so the hardware prefetchers cannot foresee the next page; without this every
+// page starts with page walks and misses (about half the time of a 16K-token decode on the
+// development VM). Pages at or past key_end are not touched; results do not depend on it.
+inline void page_lookahead(const AttentionArgs& a, int64_t row0, int blk, int key_end, int h) {
+  const int bs = a.kv.block_size;
+  if ((blk + 2) * bs < key_end) {
+    for_each_page_range(
+        a, precision_of(a, row0 + blk + 2), a.block_tables[row0 + blk + 2], h,
+        [](const void* p, int64_t) { (void)*static_cast<const volatile char*>(p); });
+  }
+  if ((blk + 1) * bs < key_end) {
+    for_each_page_range(a, precision_of(a, row0 + blk + 1), a.block_tables[row0 + blk + 1], h,
+                        [](const void* p, int64_t bytes) {
+                          constexpr int64_t kLine = 64;
+                          const char* c = static_cast<const char*>(p);
+                          for (int64_t i = 0; i < bytes; i += kLine) __builtin_prefetch(c + i);
+                          __builtin_prefetch(c + bytes - 1);
+                        });
+  }
+}
+
+// Per-thread decoded int4 key parameters of the pages of the current tile ([kKeyTile pages, 2
+// (scale, zero), head_dim]).
+inline float* int4_param_slots(int head_dim) {
+  thread_local std::vector<float> p;
+  const size_t need = static_cast<size_t>(kKeyTile) * 2 * head_dim;
+  if (p.size() < need) p.resize(need);
+  return p.data();
+}
+
+// Per-thread query scratch of Int4Keys::dots ([kRowBlock, head_dim]).
+inline float* int4_query_scratch(int head_dim) {
+  thread_local std::vector<float> p;
+  const size_t need = static_cast<size_t>(kRowBlock) * head_dim;
+  if (p.size() < need) p.resize(need);
+  return p.data();
+}
+
+// Appends slots [s0, s1) of kv head h of the int8 page `id` to `keys` as keys [at, at + s1 - s0)
+// (at + s1 - s0 <= kKeyTile).
+inline void append_int8(const AttentionArgs& a, int32_t id, int h, int s0, int s1, int at,
+                        Int8Keys& keys) {
+  const int hd = a.head_dim;
+  const QuantPageLayout ql{a.num_kv_heads, a.kv.block_size, hd};
+  const uint8_t* page =
+      static_cast<const uint8_t*>(a.int8_pages) + id * ql.bytes(KvPrecision::kInt8);
+  const int8_t* values = reinterpret_cast<const int8_t*>(page + ql.int8_values_offset());
+  const uint16_t* scales = kernels::kvq_f16_at(page, ql.int8_scales_offset());
+  const int8_t* k0 = values + ql.token_index(0, h, s0) * hd;
+  const int8_t* v0 = values + ql.token_index(1, h, s0) * hd;
+  keys.n = hd;
+  for (int i = 0; i < s1 - s0; ++i) {
+    keys.k[at + i] = k0 + static_cast<int64_t>(i) * hd;
+    keys.v[at + i] = v0 + static_cast<int64_t>(i) * hd;
+  }
+  decode_f16(scales + ql.token_index(0, h, s0), s1 - s0, keys.k_scale + at);
+  decode_f16(scales + ql.token_index(1, h, s0), s1 - s0, keys.v_scale + at);
+}
+
+// As append_int8 for an int4 page; `params` [2, head_dim] receives the page's decoded key
+// parameters (deinterleaved), which the appended keys point to (it must outlive their use).
+inline void append_int4(const AttentionArgs& a, int32_t id, int h, int s0, int s1, int at,
+                        float* params, Int4Keys& keys) {
+  const int hd = a.head_dim;
+  const int bs = a.kv.block_size;
+  const QuantPageLayout ql{a.num_kv_heads, bs, hd};
+  const uint8_t* page =
+      static_cast<const uint8_t*>(a.int4_pages) + id * ql.bytes(KvPrecision::kInt4);
+  const uint8_t* values = page + ql.int4_values_offset();
+  decode_f16(kernels::kvq_f16_at(page, ql.int4_k_scale_offset()) + int64_t{h} * hd, hd, params);
+  decode_f16(kernels::kvq_f16_at(page, ql.int4_k_zero_offset()) + int64_t{h} * hd, hd, params + hd);
+  deinterleave_groups(params, hd, params);
+  deinterleave_groups(params + hd, hd, params + hd);
+  const uint8_t* k0 = values + ql.token_index(0, h, s0) * (hd / 2);
+  const uint8_t* v0 = values + ql.token_index(1, h, s0) * (hd / 2);
+  keys.n = hd;
+  keys.q_scratch = int4_query_scratch(hd);
+  for (int i = 0; i < s1 - s0; ++i) {
+    keys.k[at + i] = k0 + static_cast<int64_t>(i) * (hd / 2);
+    keys.v[at + i] = v0 + static_cast<int64_t>(i) * (hd / 2);
+    keys.k_scale[at + i] = params;
+    keys.k_zero[at + i] = params + hd;
+  }
+  const uint16_t* v_scale = kernels::kvq_f16_at(page, ql.int4_v_scale_offset()) + int64_t{h} * bs;
+  const uint16_t* v_zero = kernels::kvq_f16_at(page, ql.int4_v_zero_offset()) + int64_t{h} * bs;
+  decode_f16(v_scale + s0, s1 - s0, keys.v_scale + at);
+  decode_f16(v_zero + s0, s1 - s0, keys.v_zero + at);
+}
+
+// Calls fn(keys) with the key source of slots [s0, s1) (s1 - s0 <= kKeyTile) of kv head h of the
+// quantized page (p, id).
+template <typename Fn>
+inline void with_quantized_keys(const AttentionArgs& a, KvPrecision p, int32_t id, int h, int s0,
+                                int s1, Fn&& fn) {
+  if (p == KvPrecision::kInt8) {
     Int8Keys keys;
-    keys.k = values + ql.token_index(0, h, s0) * hd;
-    keys.v = values + ql.token_index(1, h, s0) * hd;
-    keys.n = hd;
-    decode_f16(scales + ql.token_index(0, h, s0), s1 - s0, keys.k_scale);
-    decode_f16(scales + ql.token_index(1, h, s0), s1 - s0, keys.v_scale);
+    append_int8(a, id, h, s0, s1, 0, keys);
     fn(keys);
     return;
   }
-  const uint8_t* page = static_cast<const uint8_t*>(a.int4_pages) + id * ql.bytes(p);
-  const uint8_t* values = page + ql.int4_values_offset();
-  Int4KeyParams& params = int4_key_params(hd);
-  const uint16_t* k_scale = kernels::kvq_f16_at(page, ql.int4_k_scale_offset()) + int64_t{h} * hd;
-  const uint16_t* k_zero = kernels::kvq_f16_at(page, ql.int4_k_zero_offset()) + int64_t{h} * hd;
-  decode_f16(k_scale, hd, params.k_scale.data());
-  decode_f16(k_zero, hd, params.k_zero.data());
-  const uint16_t* v_scale = kernels::kvq_f16_at(page, ql.int4_v_scale_offset()) + int64_t{h} * bs;
-  const uint16_t* v_zero = kernels::kvq_f16_at(page, ql.int4_v_zero_offset()) + int64_t{h} * bs;
   Int4Keys keys;
-  keys.k = values + ql.token_index(0, h, s0) * (hd / 2);
-  keys.v = values + ql.token_index(1, h, s0) * (hd / 2);
-  keys.n = hd;
-  keys.k_scale = params.k_scale.data();
-  keys.k_zero = params.k_zero.data();
-  decode_f16(v_scale + s0, s1 - s0, keys.v_scale);
-  decode_f16(v_zero + s0, s1 - s0, keys.v_zero);
+  append_int4(a, id, h, s0, s1, 0, int4_param_slots(a.head_dim), keys);
   fn(keys);
 }
 
