@@ -187,10 +187,9 @@ SchedulerInput Worker::scheduler_input(bool with_handoffs) {
     if (seq.next != Sequence::Next::kStay) continue;
     SchedSeq s = view(seq, static_cast<int>(i));
     // Fair time slicing: decoding for the class's max_hold_ms since it last (re)started.
-    s.slice_expired =
-        seq.sla.max_hold_ms > 0 &&
-        std::chrono::duration<double, std::milli>(now - seq.phase_start).count() >=
-            seq.sla.max_hold_ms;
+    s.slice_expired = seq.sla.max_hold_ms > 0 &&
+                      std::chrono::duration<double, std::milli>(now - seq.phase_start).count() >=
+                          seq.sla.max_hold_ms;
     sched_running_.push_back(s);
   }
   for (size_t i = 0; i < waiting_.size(); ++i) {
