@@ -17,12 +17,23 @@ using testing::Collected;
 
 class EngineCancel : public ::testing::TestWithParam<ServingMode> {};
 
-TEST_P(EngineCancel, ThousandRandomCancelsLeakNothing) {
-  KVSPLIT_REQUIRE_MODELS();
-  EngineConfig cfg = testing::stories_config(GetParam());
+// temporal: the temporal cut on (a tiny host tier so swaps also spill to a disk tier, swap
+// always, the prefix cache) over a smaller pool, so sequences are swapped out, shared and
+// cancelled in every state.
+void cancel_storm(ServingMode mode, bool temporal) {
+  EngineConfig cfg = testing::stories_config(mode);
   cfg.kv_blocks_per_worker = 64;  // small enough that preemption and handoff waits happen too
   cfg.max_batch_tokens = 64;
   cfg.sla_classes[0].queue_timeout_ms = 600000;  // slow (sanitizer) runs must not hit it
+  testing::TempDir dir;
+  if (temporal) {
+    cfg.kv_blocks_per_worker = 24;
+    cfg.temporal.host_capacity_mb = 1;  // ~100 pages of stories260K
+    cfg.temporal.swap = SwapMode::kAlways;
+    cfg.temporal.disk_path = dir.path().string();
+    cfg.temporal.disk_capacity_mb = 64;
+    cfg.prefix_cache = true;
+  }
   auto engine = Engine::create(cfg);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   const std::vector<int> initial = testing::free_blocks(**engine);
@@ -40,6 +51,11 @@ TEST_P(EngineCancel, ThousandRandomCancelsLeakNothing) {
     r.request_id = "c" + std::to_string(i);
     std::vector<int32_t> prompt(1 + rng() % 40);
     for (int32_t& t : prompt) t = 3 + static_cast<int32_t>(rng() % 500);
+    // With the prefix cache, a third share a 20-token system prompt.
+    if (temporal && i % 3 == 0) {
+      prompt.resize(20 + prompt.size());
+      for (int k = 0; k < 20; ++k) prompt[k] = 10 + k;
+    }
     r.prompt_token_ids = prompt;
     r.sampling.max_tokens = 1 + rng() % 24;
     r.sampling.temperature = (rng() % 2) ? 0.0f : 1.0f;
@@ -138,6 +154,25 @@ TEST_P(EngineCancel, ThousandRandomCancelsLeakNothing) {
   EXPECT_EQ(s.num_running, 0);
   EXPECT_EQ(s.num_waiting, 0);
   EXPECT_FALSE((*engine)->cancel("", "c0"));  // finished requests are unknown
+  for (const PoolStats& p : s.pools) {
+    EXPECT_EQ(p.kv_pages_host, 0) << p.name;  // nothing left swapped out
+    EXPECT_EQ(p.kv_host_bytes_used, 0) << p.name;
+  }
+  if (temporal) {
+    int64_t swaps = 0;
+    for (const PoolStats& p : s.pools) swaps += p.kv_swaps_out;
+    std::printf("swapped out %lld times\n", static_cast<long long>(swaps));
+  }
+}
+
+TEST_P(EngineCancel, ThousandRandomCancelsLeakNothing) {
+  KVSPLIT_REQUIRE_MODELS();
+  cancel_storm(GetParam(), /*temporal=*/false);
+}
+
+TEST_P(EngineCancel, ThousandRandomCancelsWithSwappingAndPrefixCacheLeakNothing) {
+  KVSPLIT_REQUIRE_MODELS();
+  cancel_storm(GetParam(), /*temporal=*/true);
 }
 
 // Every request alive at shutdown gets its final event; nothing is accepted afterwards.
