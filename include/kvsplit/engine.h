@@ -41,6 +41,10 @@ struct SlaClass {
   // for max_hold_ms may be paused (swapped out, or recomputed later) when waiting work of a
   // higher priority has no room. 0: never paused for that reason. >= 0.
   double max_hold_ms = 0;
+  // Temporal cut overrides for this class's requests (YAML `sla_classes.<name>.kv.swap` and
+  // `.temporal_step_size`); unset / 0: EngineConfig::temporal's. The tiers stay the engine's.
+  std::optional<SwapMode> swap;
+  int32_t temporal_step_size = 0;  // >= 0
 };
 
 enum class ServingMode : uint8_t {

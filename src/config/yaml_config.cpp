@@ -392,6 +392,25 @@ Status read_sla_classes(const YAML::Node& n, const SemanticCutConfig& defaults,
       KVSPLIT_RETURN_IF_ERROR(k.check_is_map());
       c.semantic = defaults;
       KVSPLIT_RETURN_IF_ERROR(read_semantic_keys(k, &*c.semantic));
+      // The temporal cut's per-class keys.
+      std::string swap;
+      KVSPLIT_RETURN_IF_ERROR(k.get("swap", &swap));
+      if (k.has("swap")) {
+        if (swap == "auto") {
+          c.swap = SwapMode::kAuto;
+        } else if (swap == "always") {
+          c.swap = SwapMode::kAlways;
+        } else if (swap == "never") {
+          c.swap = SwapMode::kNever;
+        } else {
+          return field_error(join(join(path, "kv"), "swap"),
+                             "must be 'auto', 'always' or 'never', got " + quoted(swap));
+        }
+      }
+      KVSPLIT_RETURN_IF_ERROR(k.get("temporal_step_size", &c.temporal_step_size));
+      if (k.has("temporal_step_size") && c.temporal_step_size < 1)
+        return field_error(join(join(path, "kv"), "temporal_step_size"),
+                           "must be >= 1, got " + std::to_string(c.temporal_step_size));
       KVSPLIT_RETURN_IF_ERROR(k.finish());
     }
     KVSPLIT_RETURN_IF_ERROR(r.finish());

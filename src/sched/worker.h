@@ -177,7 +177,7 @@ class Worker {
   // The temporal cut: swaps `seq` out (true) when the cost model and the host tier allow.
   bool try_swap_out(Sequence& seq, const Preemption& why);
   void apply_swap_ins(const SchedulerOutput& out, Clock::time_point now);
-  bool swapping() const;      // a host tier and swap != never
+  bool swapping() const;      // a host or disk tier to swap to
   void measure_swap_costs();  // copy bandwidths, at start-up (worker thread)
   void note_prefill_speed(int prefill_tokens, double seconds);
 

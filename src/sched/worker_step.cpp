@@ -67,8 +67,9 @@ bool Worker::step() {
 void Worker::preempt(Sequence& seq, const Preemption& why, Clock::time_point now) {
   if (try_swap_out(seq, why)) {
     ++seq.preemptions;
-    seq.resume_step =
-        steps_.load(std::memory_order_relaxed) + std::max(1, options_.temporal.temporal_step_size);
+    const int step_size = seq.sla.temporal_step_size > 0 ? seq.sla.temporal_step_size
+                                                         : options_.temporal.temporal_step_size;
+    seq.resume_step = steps_.load(std::memory_order_relaxed) + std::max(1, step_size);
     seq.enter_phase(SeqPhase::kPreempted, now);
     seq.next = Sequence::Next::kToWaiting;
     shared_->preemptions.fetch_add(1, std::memory_order_relaxed);
@@ -89,24 +90,24 @@ void Worker::preempt(Sequence& seq, const Preemption& why, Clock::time_point now
 }
 
 bool Worker::swapping() const {
-  return options_.temporal.swap != SwapMode::kNever &&
-         (pool_->host_allocator().num_blocks() > 0 || pool_->disk() != nullptr);
+  return pool_->host_allocator().num_blocks() > 0 || pool_->disk() != nullptr;
 }
 
 bool Worker::try_swap_out(Sequence& seq, const Preemption& why) {
   // A worker command (ReleaseKv) asks for the blocks to be released, not kept.
-  if (!swapping() || why.reason == PreemptReason::kCommand) return false;
+  const SwapMode mode = seq.sla.swap.value_or(options_.temporal.swap);
+  if (!swapping() || mode == SwapMode::kNever || why.reason == PreemptReason::kCommand)
+    return false;
   const int pages = kv::swappable_pages(seq.table);
   if (pages == 0) return false;
   const int64_t bytes = int64_t{pages} * pool_->bytes_per_block();
-  const SwapChoice c =
-      choose_swap(options_.temporal.swap, swap_costs_, bytes, seq.prefill_target());
+  const SwapChoice c = choose_swap(mode, swap_costs_, bytes, seq.prefill_target());
   KVSPLIT_LOG_INFO(
       "{}: preempting request {} ({} of a request of priority {}): {} ({} pages, {:.1f} KiB; "
       "predicted swap {:.3f} ms, recompute of {} tokens {:.3f} ms; swap: {})",
       options_.name, seq.display_id(), preempt_reason_name(why.reason), why.for_priority,
       c.swap ? "swap out" : "recompute", pages, bytes / 1024.0, c.swap_ms, seq.prefill_target(),
-      c.recompute_ms, swap_mode_name(options_.temporal.swap));
+      c.recompute_ms, swap_mode_name(mode));
   if (!c.swap) {
     ++recompute_choices_;
     return false;

@@ -360,10 +360,24 @@ TEST(ConfigTest, TemporalCutKeys) {
   EXPECT_EQ(c->engine.temporal.disk_path, "/var/tmp/kv");
   EXPECT_EQ(c->engine.temporal.disk_capacity_mb, 2048);
   EXPECT_TRUE(c->engine.prefix_cache);
+  auto cls = parse_config(
+      "sla_classes:\n"
+      "  voice: {max_hold_ms: 500, kv: {swap: never, temporal_step_size: 1}}\n"
+      "  batch: {kv: {temporal_step_size: 8}}\n");
+  ASSERT_TRUE(cls.ok()) << cls.status().to_string();
+  ASSERT_EQ(cls->engine.sla_classes.size(), 2u);
+  EXPECT_EQ(cls->engine.sla_classes[0].swap, SwapMode::kNever);
+  EXPECT_EQ(cls->engine.sla_classes[0].temporal_step_size, 1);
+  EXPECT_DOUBLE_EQ(cls->engine.sla_classes[0].max_hold_ms, 500);
+  EXPECT_FALSE(cls->engine.sla_classes[1].swap.has_value());
+  EXPECT_EQ(cls->engine.sla_classes[1].temporal_step_size, 8);
   const std::pair<const char*, const char*> bad[] = {
       {"kv:\n  host_capacity_mb: -1\n", "kv.host_capacity_mb"},
       {"kv:\n  disk: {capacity_mb: 5}\n", "kv.disk.path"},
       {"kv:\n  prefix_cache: maybe\n", "kv.prefix_cache"},
+      {"sla_classes:\n  v: {kv: {swap: often}}\n", "sla_classes.v.kv.swap"},
+      {"sla_classes:\n  v: {kv: {temporal_step_size: 0}}\n", "sla_classes.v.kv.temporal_step_size"},
+      {"sla_classes:\n  v: {max_hold_ms: -1}\n", "sla_classes.v.max_hold_ms"},
       {"kv:\n  disk: {path: /tmp/x, capacity_mb: 0}\n", "kv.disk.capacity_mb"},
       {"kv:\n  disk: {path: /tmp/x, size: 3}\n", "kv.disk.size"},
       {"kv:\n  cuts:\n    temporal: {swap: sometimes}\n", "kv.cuts.temporal.swap"},

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,8 +46,10 @@ std::vector<Request> swap_requests() {
 // Eight sequences pulled together into a colocated pool of 12 blocks (192 tokens): they outgrow
 // it and are preempted.
 SwapRun run_under_pressure(ServingMode serving, SwapMode mode, int64_t host_mb, int step_size = 1,
-                           const std::string& disk_path = "") {
+                           const std::string& disk_path = "",
+                           std::optional<SwapMode> class_swap = std::nullopt) {
   EngineConfig cfg = testing::stories_config(serving);
+  cfg.sla_classes[0].swap = class_swap;
   cfg.temporal.disk_path = disk_path;
   cfg.temporal.disk_capacity_mb = 64;
   cfg.num_decode_workers = 1;
@@ -161,6 +164,18 @@ TEST_P(EngineSwap, DiskTierTakesTheSwapsWithoutAHostTier) {
   EXPECT_EQ(run.pool.kv_swaps_to_disk, run.pool.kv_swaps_out);
   EXPECT_EQ(run.pool.kv_swaps_in, run.pool.kv_swaps_out);
   EXPECT_EQ(run.pool.kv_disk_faults, 0);
+  EXPECT_TRUE(run.back_to_initial);
+}
+
+TEST_P(EngineSwap, ClassOverridesTheEngineSwapMode) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::vector<Collected> ref = alone();
+  // The engine says never, the (only) class says always.
+  const SwapRun run =
+      run_under_pressure(GetParam(), SwapMode::kNever, 16, 1, "", SwapMode::kAlways);
+  expect_tokens_alone(run, ref);
+  EXPECT_GT(run.pool.kv_swaps_out, 0);
+  EXPECT_EQ(run.pool.kv_recompute_choices, 0);
   EXPECT_TRUE(run.back_to_initial);
 }
 
