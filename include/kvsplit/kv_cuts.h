@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace kvsplit {
 
@@ -43,6 +45,14 @@ enum class SwapMode : uint8_t {
   kAlways,  // swap whenever the host tier has room
   kNever,   // recompute (the KV is dropped and prefilled again)
 };
+
+// "auto" | "always" | "never"; nullopt for anything else.
+inline std::optional<SwapMode> parse_swap_mode(std::string_view name) {
+  if (name == "auto") return SwapMode::kAuto;
+  if (name == "always") return SwapMode::kAlways;
+  if (name == "never") return SwapMode::kNever;
+  return std::nullopt;
+}
 
 struct TemporalCutConfig {
   // Host tier for swapped-out pages, per worker (pinned host memory on CUDA). 0: no swapping.

@@ -102,9 +102,7 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
     p.seed = base_seed + i;
   }
 
-  const SwapMode swap = gf.swap == "always"  ? SwapMode::kAlways
-                        : gf.swap == "never" ? SwapMode::kNever
-                                             : SwapMode::kAuto;
+  const SwapMode swap = parse_swap_mode(gf.swap).value_or(SwapMode::kAuto);  // CLI-checked
   kv::KvPoolConfig pc;
   pc.block_size = gf.block_size;
   const int needed = std::max(1, sched::blocks_needed(inputs, gf.block_size, cfg.max_seq_len));
@@ -120,14 +118,8 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   if (!pool.ok()) return fail(pool.status());
   if (gf.prefix_cache == "on") (*pool)->enable_prefix_cache();
   if (!gf.disk_path.empty()) {
-    kv::DiskTierConfig dc;
-    dc.path = gf.disk_path;
-    dc.capacity_bytes = gf.disk_capacity_mb << 20;
-    dc.extent_bytes = std::max<int64_t>(
-        4096, ((*pool)->bytes_per_block() + kv::DiskTier::kHeaderBytes + 4095) / 4096 * 4096);
-    auto disk = kv::DiskTier::open(dc);
-    if (!disk.ok()) return fail(disk.status().with_prefix("--disk-path"));
-    (*pool)->attach_disk(std::move(disk).value());
+    Status st = (*pool)->open_disk_tier(gf.disk_path, gf.disk_capacity_mb << 20);
+    if (!st.ok()) return fail(st.with_prefix("--disk-path"));
   }
 
   sched::BatchOptions bo;

@@ -298,16 +298,11 @@ Status read_kv_policy(MapReader& r, EngineConfig* e) {
       std::string swap;
       KVSPLIT_RETURN_IF_ERROR(tr.get("swap", &swap));
       if (tr.has("swap")) {
-        if (swap == "auto") {
-          e->temporal.swap = SwapMode::kAuto;
-        } else if (swap == "always") {
-          e->temporal.swap = SwapMode::kAlways;
-        } else if (swap == "never") {
-          e->temporal.swap = SwapMode::kNever;
-        } else {
+        const std::optional<SwapMode> mode = parse_swap_mode(swap);
+        if (!mode)
           return field_error("kv.cuts.temporal.swap",
                              "must be 'auto', 'always' or 'never', got " + quoted(swap));
-        }
+        e->temporal.swap = *mode;
       }
       KVSPLIT_RETURN_IF_ERROR(tr.finish());
     }
@@ -396,16 +391,10 @@ Status read_sla_classes(const YAML::Node& n, const SemanticCutConfig& defaults,
       std::string swap;
       KVSPLIT_RETURN_IF_ERROR(k.get("swap", &swap));
       if (k.has("swap")) {
-        if (swap == "auto") {
-          c.swap = SwapMode::kAuto;
-        } else if (swap == "always") {
-          c.swap = SwapMode::kAlways;
-        } else if (swap == "never") {
-          c.swap = SwapMode::kNever;
-        } else {
+        c.swap = parse_swap_mode(swap);
+        if (!c.swap)
           return field_error(join(join(path, "kv"), "swap"),
                              "must be 'auto', 'always' or 'never', got " + quoted(swap));
-        }
       }
       KVSPLIT_RETURN_IF_ERROR(k.get("temporal_step_size", &c.temporal_step_size));
       if (k.has("temporal_step_size") && c.temporal_step_size < 1)

@@ -137,15 +137,9 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     if (config.prefix_cache && wo.role != sched::WorkerRole::kDecode)
       (*pool)->enable_prefix_cache();
     if (decodes && !config.temporal.disk_path.empty()) {
-      kv::DiskTierConfig dc;
-      dc.path = config.temporal.disk_path + "/" + wo.name;
-      dc.capacity_bytes = config.temporal.disk_capacity_mb << 20;
-      // About one page of every layer per extent (a swapped sequence is one record).
-      dc.extent_bytes = std::max<int64_t>(
-          4096, ((*pool)->bytes_per_block() + kv::DiskTier::kHeaderBytes + 4095) / 4096 * 4096);
-      auto disk = kv::DiskTier::open(dc);
-      if (!disk.ok()) return disk.status().with_prefix(wo.name + ": kv.disk");
-      (*pool)->attach_disk(std::move(disk).value());
+      Status st = (*pool)->open_disk_tier(config.temporal.disk_path + "/" + wo.name,
+                                          config.temporal.disk_capacity_mb << 20);
+      if (!st.ok()) return st.with_prefix(wo.name + ": kv.disk");
     }
     const int blocks = (*pool)->allocator().num_blocks();
     min_blocks = i == 0 ? blocks : std::min(min_blocks, blocks);

@@ -200,6 +200,17 @@ int KvPool::releasable_blocks(const BlockTable& table) const {
   return n;
 }
 
+Status KvPool::open_disk_tier(const std::string& path, int64_t capacity_bytes) {
+  DiskTierConfig dc;
+  dc.path = path;
+  dc.capacity_bytes = capacity_bytes;
+  dc.extent_bytes =
+      std::max<int64_t>(4096, (bytes_per_block() + DiskTier::kHeaderBytes + 4095) / 4096 * 4096);
+  KVSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<DiskTier> disk, DiskTier::open(dc));
+  attach_disk(std::move(disk));
+  return ok_status();
+}
+
 void KvPool::enable_prefix_cache() {
   if (!prefix_) prefix_ = std::make_unique<PrefixCache>(config_.block_size);
 }

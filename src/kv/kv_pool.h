@@ -109,6 +109,9 @@ class KvPool {
   // The temporal cut's disk tier below the host tier (none unless attached): swapped-out pages
   // go there when the host tier is full, and release() frees a table's record.
   void attach_disk(std::unique_ptr<DiskTier> disk) { disk_ = std::move(disk); }
+  // Opens a disk tier of `capacity_bytes` under `path` with extents of about one page of every
+  // layer (a swapped sequence is one record) and attaches it. DiskTier::open's errors.
+  Status open_disk_tier(const std::string& path, int64_t capacity_bytes);
   DiskTier* disk() const { return disk_.get(); }
 
  private:

@@ -148,12 +148,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
                         (pool.host_allocator().num_blocks() > 0 || pool.disk() != nullptr);
   SwapCosts costs;
   kv::SwapStats swap_stats;
-  if (swapping && options.swap == SwapMode::kAuto) {
-    measure_copy_bandwidth(pool.backend(),
-                           static_cast<size_t>(std::clamp<int64_t>(
-                               pool.bytes_per_block() * 16, int64_t{1} << 20, int64_t{16} << 20)),
-                           &costs);
-  }
+  if (swapping && options.swap == SwapMode::kAuto) measure_copy_bandwidth(pool, &costs);
   std::vector<SchedSeq> running, waiting;
   std::vector<SeqStep> steps;
   std::vector<int> step_seq;  // seqs index of each step

@@ -45,8 +45,11 @@ const char* swap_mode_name(SwapMode mode) {
   return "?";
 }
 
-bool measure_copy_bandwidth(backend::Backend& backend, size_t bytes, SwapCosts* costs) {
+bool measure_copy_bandwidth(const kv::KvPool& pool, SwapCosts* costs) {
   using Clock = std::chrono::steady_clock;
+  backend::Backend& backend = pool.backend();
+  const size_t bytes = static_cast<size_t>(
+      std::clamp<int64_t>(pool.bytes_per_block() * 16, int64_t{1} << 20, int64_t{16} << 20));
   auto dev = backend::DeviceBuffer::make(backend, bytes);
   if (!dev.ok()) return false;
   std::vector<std::byte> host(bytes);

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "backend/backend.h"
+#include "kv/kv_pool.h"
 #include "kvsplit/kv_cuts.h"
 
 namespace kvsplit::sched {
@@ -35,8 +35,9 @@ double ewma(double mean, double sample, double alpha);
 
 const char* swap_mode_name(SwapMode mode);
 
-// Measures the device -> host and host -> device copy bandwidths of `backend` with `bytes`-sized
-// copies (best of 3; a few ms). Fills the two copy fields of *costs; false (unchanged) on an error.
-bool measure_copy_bandwidth(backend::Backend& backend, size_t bytes, SwapCosts* costs);
+// Measures the device -> host and host -> device copy bandwidths of `pool`'s backend with copies
+// of sixteen of its pages (1 to 16 MiB; best of 3, a few ms). Fills the two copy fields of
+// *costs; false (unchanged) on an error.
+bool measure_copy_bandwidth(const kv::KvPool& pool, SwapCosts* costs);
 
 }  // namespace kvsplit::sched

@@ -158,10 +158,7 @@ void Worker::note_prefill_speed(int prefill_tokens, double seconds) {
 
 void Worker::measure_swap_costs() {
   if (!swapping()) return;
-  // Sixteen host slots' worth of bytes (whole pages of every layer), 1 to 16 MiB.
-  const size_t bytes = static_cast<size_t>(
-      std::clamp<int64_t>(pool_->bytes_per_block() * 16, int64_t{1} << 20, int64_t{16} << 20));
-  if (!measure_copy_bandwidth(*backend_, bytes, &swap_costs_)) return;
+  if (!measure_copy_bandwidth(*pool_, &swap_costs_)) return;
   KVSPLIT_LOG_INFO("{}: host tier copies measured at {:.2f} GB/s out, {:.2f} GB/s in (swap: {})",
                    options_.name, swap_costs_.d2h_bytes_per_s / 1e9,
                    swap_costs_.h2d_bytes_per_s / 1e9, swap_mode_name(options_.temporal.swap));
