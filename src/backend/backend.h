@@ -105,6 +105,13 @@ struct AttentionArgs {
   const float* summaries = nullptr;  // [num_summary_slots, 2 (min, max), num_kv_heads, head_dim]
   int num_summary_slots = 0;
   float* page_bound = nullptr;  // [num_seqs, max_blocks_per_seq]
+
+  // ---- Partial attention (spatial cut, kv-cuts.md §4). ----
+  // Non-null: lse[t, h] = log sum_j exp(scale * q_th . k_j) over the keys query row t, head h
+  // attends (resident keys, causal), or -inf when it attends none (its `out` row is then 0).
+  // `out` stays normalized, so results over disjoint key sets merge exactly with
+  // Backend::merge_attention_states.
+  float* lse = nullptr;  // [num_tokens, num_heads]
 };
 
 // Per-row parameters of Backend::sample_tokens (host memory). Ranges as SamplingParams
@@ -211,6 +218,21 @@ class Backend {
                                    const kernels::QuantPageLayout& layout, float* dst) {
     (void)src, (void)src_dtype, (void)layout, (void)dst;
     return unimplemented("backend " + name() + ": summarize_kv_page is not implemented");
+  }
+
+  // ---- spatial cut: merge of partial attention over disjoint key sets ----
+  // For each row r in [0, rows) (one query token and head) and parts p in [0, num_parts):
+  // with M = max_p lse[p][r] and w_p = exp(lse[p][r] - M):
+  //   out[r, :] = sum_p w_p * o[p][r, :] / sum_p w_p   (0 when every lse[p][r] is -inf),
+  //   lse_out[r] = M + log(sum_p w_p)                   (-inf then; lse_out may be null).
+  // o[p]: [rows, head_dim] f32, lse[p]: [rows] f32, all device memory of this backend; the arrays
+  // of pointers are host memory. 1 <= num_parts <= kMaxMergeParts. `out` may alias no input.
+  static constexpr int kMaxMergeParts = 16;
+  virtual Status merge_attention_states(const float* const* o, const float* const* lse,
+                                        int num_parts, int64_t rows, int head_dim, float* out,
+                                        float* lse_out) {
+    (void)o, (void)lse, (void)num_parts, (void)rows, (void)head_dim, (void)out, (void)lse_out;
+    return unimplemented("backend " + name() + ": merge_attention_states is not implemented");
   }
 
   // Optional op: ids[r] = a token sampled from logits[r, 0..vocab) with rows[r] (temperature,

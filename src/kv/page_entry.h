@@ -29,6 +29,9 @@ struct PageEntry {
   float relevance = 1.f;
   int32_t low_steps = 0;
   int32_t very_low_steps = 0;
+  // The spatial cut: the shard of the worker's shard group whose pool holds the page while it is
+  // on a device (kv-cuts.md §1 "device(shard s, block b)"); 0 = the worker's own (home) pool.
+  uint8_t shard = 0;
 
   bool resident() const { return location == PageLocation::kDevice; }
 };

@@ -61,10 +61,17 @@ void attend(const AttentionArgs& a, const int32_t* table, int kv_head, int key_b
   if (n > 0) fold_tile(r, kp, vp, tile_begin, n, hd, a.scale);
 }
 
-// out = o / l (0 for an empty state, which a valid call never produces).
-void write_normalized(const float* o, SoftmaxState st, int head_dim, float* out) {
+// out = o / l (0 for an empty state: no resident key); *lse = m + log l (-inf when empty) when
+// the call asks for it (AttentionArgs::lse).
+void write_normalized(const float* o, SoftmaxState st, int head_dim, float* out, float* lse) {
   const float inv = st.l > 0.f ? 1.f / st.l : 0.f;
   for (int d = 0; d < head_dim; ++d) out[d] = o[d] * inv;
+  if (lse != nullptr) *lse = kernels::softmax_state_lse(st);
+}
+
+// The lse slot of query row `row`, head `head` (nullptr when the call does not ask for it).
+float* lse_slot(const AttentionArgs& a, int64_t row, int head) {
+  return a.lse != nullptr ? a.lse + row * a.num_heads + head : nullptr;
 }
 
 std::string seq_str(int s) { return "sequence " + std::to_string(s); }
@@ -189,6 +196,7 @@ void merge_splits(const AttentionArgs& a, const backend::SplitPlan& plan, Decode
     }
     const float inv = acc.l > 0.f ? 1.f / acc.l : 0.f;
     scale_in_place(out, inv, hd);
+    if (a.lse != nullptr) *lse_slot(a, a.query_start[s], h) = kernels::softmax_state_lse(acc);
     if (a.score_seqs) ws.m[item] = acc.m;
   });
 }
@@ -246,7 +254,8 @@ Status cpu_attention_decode(const AttentionArgs& a, const backend::SplitPlan& pl
 
     if (plan.num_splits[s] == 1) {
       for (int g = 0; g < group; ++g) {
-        write_normalized(r.o + static_cast<size_t>(g) * hd, r.st[g], hd, a.out + (head0 + g) * hd);
+        write_normalized(r.o + static_cast<size_t>(g) * hd, r.st[g], hd, a.out + (head0 + g) * hd,
+                         lse_slot(a, a.query_start[s], kvh * group + g));
         if (scoring) ws.m[static_cast<size_t>(s) * a.num_heads + kvh * group + g] = r.st[g].m;
       }
       return;
@@ -313,7 +322,8 @@ Status cpu_attention_prefill(const AttentionArgs& a, ThreadPool& pool) {
       for (int g = 0; g < group; ++g) {
         const int row = i * group + g;
         write_normalized(r.o + static_cast<size_t>(row) * hd, r.st[row], hd,
-                         a.out + (head0 + g) * hd);
+                         a.out + (head0 + g) * hd,
+                         lse_slot(a, a.query_start[s] + i0 + i, kvh * group + g));
       }
     }
   });

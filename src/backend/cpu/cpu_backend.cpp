@@ -16,6 +16,7 @@
 #include "backend/cpu/kv_quant_ops.h"
 #include "backend/cpu/simd.h"
 #include "common/thread_pool.h"
+#include "kernels/common/merge_states.h"
 #include "kernels/common/paged_kv.h"
 #include "kernels/common/rope.h"
 
@@ -101,6 +102,8 @@ class CpuBackend final : public Backend {
   Status attention_decode(const AttentionArgs& args, const backend::SplitPlan& plan) override {
     return cpu_attention_decode(args, plan, pool_);
   }
+  Status merge_attention_states(const float* const* o, const float* const* lse, int num_parts,
+                                int64_t rows, int head_dim, float* out, float* lse_out) override;
   Status quantize_kv_page(const void* src, DType src_dtype, const kernels::QuantPageLayout& layout,
                           kernels::KvPrecision to, void* dst) override {
     return cpu_quantize_kv_page(src, src_dtype, layout, to, dst);
@@ -333,6 +336,31 @@ Status CpuBackend::swiglu(const float* gate, const float* up, int64_t n, float* 
     for (int64_t i = b; i < e; ++i) {
       const float g = gate[i];
       out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+  });
+  return ok_status();
+}
+
+Status CpuBackend::merge_attention_states(const float* const* o, const float* const* lse,
+                                          int num_parts, int64_t rows, int head_dim, float* out,
+                                          float* lse_out) {
+  if (num_parts < 1 || num_parts > kMaxMergeParts)
+    return invalid_argument("merge_attention_states: num_parts " + str(num_parts) +
+                            " outside [1, " + str(kMaxMergeParts) + "]");
+  if (rows < 0 || head_dim <= 0)
+    return invalid_argument("merge_attention_states: bad rows / head_dim");
+  if (rows == 0) return ok_status();
+  if (o == nullptr || lse == nullptr || out == nullptr)
+    return invalid_argument("merge_attention_states: null pointer");
+  for (int p = 0; p < num_parts; ++p)
+    if (o[p] == nullptr || lse[p] == nullptr)
+      return invalid_argument("merge_attention_states: null part " + str(p));
+  parallel_items(rows, 2 * head_dim * num_parts, [&](int64_t b, int64_t e) {
+    float w[kMaxMergeParts];
+    for (int64_t r = b; r < e; ++r) {
+      const float m = kernels::merge_weights(lse, num_parts, r, w);
+      kernels::merge_row(o, w, num_parts, r, head_dim, 0, head_dim, out + r * head_dim);
+      if (lse_out != nullptr) lse_out[r] = kernels::merged_lse(m, w, num_parts);
     }
   });
   return ok_status();
