@@ -93,6 +93,9 @@ struct EngineConfig {
   // (added to the semantic cut's) lets a sequence preempted under memory pressure be swapped out
   // and resumed without recompute (docs/kv-cuts.md). host_capacity_mb 0: recompute only.
   TemporalCutConfig temporal;
+  // The spatial cut: every worker's KV over spatial.shards shards (CPU backend). Not combined with
+  // the semantic cut yet (kv_policy must be kFull when shards > 1).
+  SpatialCutConfig spatial;
   // Prefix cache on the workers that prefill (prefill and colocated workers): full prompt pages
   // shared across requests of one tenant and cache_salt (docs/kv-cuts.md); Usage::cached_tokens
   // reports the hits.

@@ -68,4 +68,16 @@ struct TemporalCutConfig {
   int64_t disk_capacity_mb = 1024;  // per worker, >= 1
 };
 
+// The spatial cut (kv-cuts.md §4): each worker's KV pool is a shard group of `shards` pools, one
+// per shard (the worker's own pool is shard 0; on the CPU backend each other shard is its own
+// backend with its own threads). A sequence that may grow past min_context tokens (prompt +
+// max_tokens; 0: every sequence) is placed across the group, chunk c of spatial_chunk_size
+// tokens on shard c mod shards; others fill the home shard first. Each shard computes partial
+// attention over its pages; the home merges them exactly (docs/kv-cuts.md, spatial section).
+struct SpatialCutConfig {
+  int32_t shards = 1;                 // 1: off; in [1, 16]
+  int32_t spatial_chunk_size = 4096;  // tokens, a positive multiple of the block size
+  int32_t min_context = 0;            // >= 0
+};
+
 }  // namespace kvsplit

@@ -65,6 +65,10 @@ struct GenerateFlags {
   std::string prefix_cache = "off";
   std::string disk_path;
   int64_t disk_capacity_mb = 1024;
+  // Spatial cut.
+  int spatial_shards = 1;
+  int spatial_chunk_size = 4096;
+  int spatial_min_context = 0;
 };
 
 int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
@@ -117,6 +121,20 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   auto pool = kv::KvPool::create(**backend, pc, (*llama)->kv_shape());
   if (!pool.ok()) return fail(pool.status());
   if (gf.prefix_cache == "on") (*pool)->enable_prefix_cache();
+  if (gf.spatial_shards > 1) {  // the spatial cut: --kv-blocks pages on each shard
+    std::vector<std::unique_ptr<backend::Backend>> peers;
+    for (int s = 1; s < gf.spatial_shards; ++s) {
+      backend::BackendOptions so;
+      so.threads = cf.threads;
+      so.device = s;
+      so.spin_micros = 0;  // shards take turns: idle shard threads must not hold the cores
+      auto be = backend::create_backend(cf.backend, so);
+      if (!be.ok()) return fail(be.status().with_prefix("--spatial-shards"));
+      peers.push_back(std::move(be).value());
+    }
+    Status st = (*pool)->add_shards(std::move(peers), gf.spatial_chunk_size);
+    if (!st.ok()) return fail(st.with_prefix("--spatial-chunk-size"));
+  }
   if (!gf.disk_path.empty()) {
     Status st = (*pool)->open_disk_tier(gf.disk_path, gf.disk_capacity_mb << 20);
     if (!st.ok()) return fail(st.with_prefix("--disk-path"));
@@ -130,6 +148,7 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   bo.prefill_tokens = rc->prefill;
   bo.swap = swap;
   bo.temporal_step_size = gf.temporal_step_size;
+  bo.spatial_min_context = gf.spatial_min_context;
   kv::SwapStats swap_stats;
   bo.swap_stats = &swap_stats;
   bo.prefix_salt = kv::PrefixCache::salt_of("");
@@ -162,6 +181,7 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
       j["swapped_out_pages"] = o.swapped_out_pages;
       j["recomputed_tokens"] = o.recomputed_tokens;
       j["preemptions"] = o.preemptions;
+      j["shards"] = o.shards;
       std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else if (stream) {
       std::cout << "\n";
@@ -296,6 +316,18 @@ int main(int argc, char** argv) {
                   "disk tier directory below the host tier (its data file is wiped on open)");
   gen->add_option("--disk-capacity-mb", gf.disk_capacity_mb, "disk tier size (MiB)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
+      ->capture_default_str();
+  gen->add_option("--spatial-shards", gf.spatial_shards,
+                  "spatial cut: shards of the KV pool, each --kv-blocks pages (cpu backend)")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  gen->add_option("--spatial-chunk-size", gf.spatial_chunk_size,
+                  "spatial cut: tokens per chunk placed on one shard (a multiple of --block-size)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  gen->add_option("--spatial-min-context", gf.spatial_min_context,
+                  "spatial cut: spread sequences whose prompt + max tokens exceed this (0 = all)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   gen->add_option(
       "--split-chunk", gf.split_chunk,

@@ -141,7 +141,19 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
                                           config.temporal.disk_capacity_mb << 20);
       if (!st.ok()) return st.with_prefix(wo.name + ": kv.disk");
     }
-    const int blocks = (*pool)->allocator().num_blocks();
+    if (config.spatial.shards > 1) {  // the spatial cut: the worker's pool is shard 0
+      std::vector<std::unique_ptr<backend::Backend>> peers;
+      for (int s = 1; s < config.spatial.shards; ++s) {
+        backend::BackendOptions so = bo;
+        so.spin_micros = 0;  // shards take turns: idle shard threads must not hold the cores
+        auto shard_be = backend::create_backend(config.backend, so);
+        if (!shard_be.ok()) return shard_be.status().with_prefix(wo.name + ": spatial shard");
+        peers.push_back(std::move(shard_be).value());
+      }
+      Status st = (*pool)->add_shards(std::move(peers), config.spatial.spatial_chunk_size);
+      if (!st.ok()) return st.with_prefix(wo.name + ": kv.cuts.spatial");
+    }
+    const int blocks = (*pool)->total_blocks();
     min_blocks = i == 0 ? blocks : std::min(min_blocks, blocks);
     e->workers_.push_back(std::make_unique<sched::Worker>(
         std::move(wo), std::move(be),
@@ -195,6 +207,10 @@ std::unique_ptr<sched::Sequence> EngineImpl::make_sequence(const Request& reques
   const int max_new =
       std::min(max_generated_tokens(request.sampling), mc.max_seq_len - seq->num_prompt + 1);
   seq->stop = std::make_unique<sampling::StopChecker>(request.sampling, mc.eos_token_ids, max_new);
+  // The spatial cut: a sequence that may grow past min_context is placed across the shards.
+  seq->table.spread =
+      config_.spatial.shards > 1 && (config_.spatial.min_context == 0 ||
+                                     seq->num_prompt + max_new > config_.spatial.min_context);
   seq->decoder = std::make_unique<model::StreamDecoder>(*loaded_->tokenizer, last_prompt);
   if (!request.sampling.ignore_eos) seq->eos_ids = mc.eos_token_ids;
   const sched::Clock::time_point now = sched::Clock::now();

@@ -61,6 +61,20 @@ Status validate_engine_config(const EngineConfig& c) {
     return bad("temporal.disk_capacity_mb", c.temporal.disk_capacity_mb, "in [1, 2^30]");
   if (c.temporal.temporal_step_size < 1)
     return bad("temporal.temporal_step_size", c.temporal.temporal_step_size, ">= 1");
+  if (c.spatial.shards < 1 || c.spatial.shards > 16)
+    return bad("spatial.shards", c.spatial.shards, "in [1, 16]");
+  if (c.spatial.spatial_chunk_size < 1 || c.spatial.spatial_chunk_size % c.block_size != 0)
+    return bad("spatial.spatial_chunk_size", c.spatial.spatial_chunk_size,
+               "a positive multiple of the block size");
+  if (c.spatial.min_context < 0) return bad("spatial.min_context", c.spatial.min_context, ">= 0");
+  if (c.spatial.shards > 1 && c.kv_policy != KvPolicy::kFull)
+    return bad("spatial.shards", c.spatial.shards,
+               "1 with a KV policy other than full (the semantic cut does not act on shards yet)");
+  if (c.spatial.shards > 1 && c.backend != "cpu")
+    return invalid_argument(fmt::format(
+        "EngineConfig.spatial.shards: must be 1 on the {} backend (spatial shards run on the CPU "
+        "backend so far), got {}",
+        c.backend, c.spatial.shards));
   return validate_sla_classes(c.sla_classes).with_prefix("EngineConfig");
 }
 

@@ -43,6 +43,26 @@ struct BlockTable {
   // The temporal cut's disk record holding the table's kDisk pages (page i at record index
   // pages[i].original); 0: none. Freed with the table (KvPool::release).
   uint64_t disk_record = 0;
+  // The spatial cut: whether new pages are placed across the pool's shard group (in chunks,
+  // KvPool::reserve) rather than on its home shard first. A property of the sequence, kept by
+  // KvPool::release.
+  bool spread = false;
+
+  // True when some page lives on a shard other than the home one (PageEntry::shard).
+  bool sharded() const {
+    for (const PageEntry& p : pages)
+      if (p.shard != 0) return true;
+    return false;
+  }
+  // How many distinct shards hold this table's device pages (1 without a shard group; 0 when
+  // it holds none).
+  int shards_used() const {
+    if (blocks.empty()) return 0;
+    uint64_t seen = pages.empty() ? 1 : 0;
+    for (const PageEntry& p : pages)
+      if (p.resident()) seen |= uint64_t{1} << (p.shard & 63);
+    return __builtin_popcountll(seen);
+  }
 
   // Blocks of the full-precision pool the table holds (all of them until a cut moved pages out).
   int full_blocks() const {

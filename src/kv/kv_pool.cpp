@@ -168,11 +168,108 @@ bool KvPool::reserve(BlockTable& table, int new_num_tokens) {
   const int need = BlockTable::blocks_for(new_num_tokens, config_.block_size) -
                    static_cast<int>(table.blocks.size());
   if (need <= 0) return true;
-  auto ids = allocate_blocks(need);
-  if (!ids) return false;
-  table.blocks.insert(table.blocks.end(), ids->begin(), ids->end());
-  if (!table.pages.empty()) table.pages.resize(table.blocks.size());
+  if (peers_.empty()) {
+    auto ids = allocate_blocks(need);
+    if (!ids) return false;
+    table.blocks.insert(table.blocks.end(), ids->begin(), ids->end());
+    if (!table.pages.empty()) table.pages.resize(table.blocks.size());
+    return true;
+  }
+  // Shard group: place every new page first, then allocate per shard (all or nothing).
+  const int S = num_shards();
+  std::vector<int> avail(S), count(S, 0), where(need);
+  avail[0] = local_available();
+  for (int s = 1; s < S; ++s) avail[s] = peers_[s - 1].pool->allocator_.num_free();
+  const int first = static_cast<int>(table.blocks.size());
+  for (int k = 0; k < need; ++k) {
+    int s = preferred_shard(first + k, table.spread);
+    int tries = 0;
+    while (avail[s] == 0 && tries++ < S) s = (s + 1) % S;
+    if (avail[s] == 0) return false;  // the group is full: nothing allocated yet
+    --avail[s];
+    ++count[s];
+    where[k] = s;
+  }
+  std::vector<std::vector<int32_t>> ids(S);
+  for (int s = 0; s < S; ++s) {
+    if (count[s] == 0) continue;
+    auto got = s == 0 ? allocate_blocks(count[s]) : peers_[s - 1].pool->allocator_.allocate(count[s]);
+    KVSPLIT_CHECK_MSG(got.has_value(), "KvPool::reserve: a shard lost the blocks it counted");
+    ids[s] = std::move(*got);
+  }
+  if (table.pages.empty()) table.pages.resize(table.blocks.size());
+  std::vector<size_t> next(S, 0);
+  for (int k = 0; k < need; ++k) {
+    const int s = where[k];
+    table.blocks.push_back(ids[s][next[s]++]);
+    PageEntry pe;
+    pe.shard = static_cast<uint8_t>(s);
+    table.pages.push_back(pe);
+  }
   return true;
+}
+
+Status KvPool::add_shards(std::vector<std::unique_ptr<backend::Backend>> backends,
+                          int chunk_tokens) {
+  if (!peers_.empty()) return failed_precondition("KvPool::add_shards: already has shards");
+  if (allocator_.num_used() != 0)
+    return failed_precondition("KvPool::add_shards: the pool already holds pages");
+  if (chunk_tokens <= 0 || chunk_tokens % config_.block_size != 0)
+    return invalid_argument("spatial_chunk_size " + std::to_string(chunk_tokens) +
+                            " must be a positive multiple of the block size " +
+                            std::to_string(config_.block_size));
+  if (backends.size() + 1 > 64)
+    return invalid_argument("a shard group has at most 64 shards, asked for " +
+                            std::to_string(backends.size() + 1));
+  KvPoolConfig pc;
+  pc.num_blocks = config_.num_blocks;
+  pc.block_size = config_.block_size;
+  pc.dtype = config_.dtype;
+  for (auto& be : backends) {
+    if (be == nullptr) return invalid_argument("KvPool::add_shards: null backend");
+    Peer peer;
+    peer.backend = std::move(be);
+    KVSPLIT_ASSIGN_OR_RETURN(peer.pool, KvPool::create(*peer.backend, pc, shape_));
+    peers_.push_back(std::move(peer));
+  }
+  chunk_tokens_ = chunk_tokens;
+  return ok_status();
+}
+
+KvPool& KvPool::shard(int s) {
+  KVSPLIT_CHECK_MSG(s >= 0 && s < num_shards(), "KvPool::shard out of range");
+  return s == 0 ? *this : *peers_[s - 1].pool;
+}
+
+const KvPool& KvPool::shard(int s) const { return const_cast<KvPool*>(this)->shard(s); }
+
+int KvPool::total_blocks() const {
+  int n = allocator_.num_blocks();
+  for (const Peer& p : peers_) n += p.pool->allocator_.num_blocks();
+  return n;
+}
+
+int KvPool::used_blocks() const {
+  int n = allocator_.num_used();
+  for (const Peer& p : peers_) n += p.pool->allocator_.num_used();
+  return n;
+}
+
+StatusOr<void*> KvPool::workspace(int slot, size_t bytes) {
+  KVSPLIT_CHECK(slot >= 0);
+  if (static_cast<size_t>(slot) >= workspace_.size()) workspace_.resize(slot + 1);
+  backend::DeviceBuffer& buf = workspace_[slot];
+  if (buf.get() == nullptr || buf.bytes() < bytes) {
+    buf.reset();
+    KVSPLIT_ASSIGN_OR_RETURN(buf, backend::DeviceBuffer::make(backend_, std::max<size_t>(bytes, 64)));
+  }
+  return buf.get();
+}
+
+int KvPool::preferred_shard(int page, bool spread) const {
+  if (!spread || peers_.empty()) return 0;
+  const int64_t chunk = int64_t{page} * config_.block_size / chunk_tokens_;
+  return static_cast<int>(chunk % num_shards());
 }
 
 std::optional<std::vector<int32_t>> KvPool::allocate_blocks(int n) {
@@ -183,17 +280,28 @@ std::optional<std::vector<int32_t>> KvPool::allocate_blocks(int n) {
   return allocator_.allocate(n);
 }
 
-int KvPool::available_blocks() const {
+int KvPool::local_available() const {
   return allocator_.num_free() + (prefix_ ? prefix_->evictable(allocator_) : 0);
+}
+
+int KvPool::available_blocks() const {
+  int n = local_available();
+  for (const Peer& p : peers_) n += p.pool->allocator_.num_free();
+  return n;
 }
 
 int KvPool::releasable_blocks(const BlockTable& table) const {
   int n = 0;
   for (size_t i = 0; i < table.blocks.size(); ++i) {
+    const int s = table.pages.empty() ? 0 : table.pages[i].shard;
     if (!table.pages.empty() &&
         (!table.pages[i].resident() || table.pages[i].precision != kernels::KvPrecision::kFull))
       continue;
     const int32_t b = table.blocks[i];
+    if (s != 0) {
+      n += shard(s).allocator_.refcount(b) == 1;
+      continue;
+    }
     const int others = allocator_.refcount(b) - 1 - (prefix_ && prefix_->holds(b) ? 1 : 0);
     n += others == 0;
   }
@@ -230,11 +338,12 @@ void KvPool::cache_prefix(const BlockTable& table, uint64_t salt, std::span<cons
                           int num_pages) {
   if (!prefix_) return;
   num_pages = std::min<int>(num_pages, static_cast<int>(table.blocks.size()));
-  // Only the leading pages that are full precision on the device.
   int n = 0;
+  // Only the leading pages that are full precision on the home shard's device.
   while (n < num_pages &&
          (table.pages.empty() ||
-          (table.pages[n].resident() && table.pages[n].precision == kernels::KvPrecision::kFull)))
+          (table.pages[n].resident() && table.pages[n].precision == kernels::KvPrecision::kFull &&
+           table.pages[n].shard == 0)))
     ++n;
   prefix_->insert(salt, tokens, table.blocks, n, allocator_);
 }
@@ -245,7 +354,7 @@ void KvPool::release(BlockTable& table) {
     const PageEntry page = table.pages.empty() ? PageEntry{} : table.pages[i];
     if (page.resident()) {
       if (page.precision == kernels::KvPrecision::kFull)
-        allocator_.decref(table.blocks[i]);
+        shard(page.shard).allocator_.decref(table.blocks[i]);
       else
         arena_allocator(page.precision).decref(table.blocks[i]);
     }

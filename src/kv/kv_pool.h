@@ -60,12 +60,14 @@ class KvPool {
 
   // Grows `table` so it can hold `new_num_tokens` tokens. Returns false (and changes nothing)
   // when the pool has too few free blocks (prefix-cache pages nobody else holds count as free:
-  // they are evicted, least recently used first).
+  // they are evicted, least recently used first). With a shard group, each new page goes to its
+  // preferred_shard, or the next shard with a free block, and the group's free blocks count.
   bool reserve(BlockTable& table, int new_num_tokens);
   // n fresh blocks (refcount 1), evicting unshared prefix-cache pages if needed; nullopt (nothing
   // changed) when fewer are available.
   std::optional<std::vector<int32_t>> allocate_blocks(int n);
-  // Free blocks plus the prefix-cache pages only the cache holds: what a scheduler may reserve.
+  // Free blocks plus the prefix-cache pages only the cache holds: what a scheduler may reserve
+  // (over every shard of a shard group).
   int available_blocks() const;
   // Blocks of `table` that release() would make available: full device pages no other table
   // holds (a page the prefix cache also holds becomes evictable).
@@ -114,6 +116,32 @@ class KvPool {
   Status open_disk_tier(const std::string& path, int64_t capacity_bytes);
   DiskTier* disk() const { return disk_.get(); }
 
+  // ---- the spatial cut's shard group (kv-cuts.md §4; none unless added) ----
+  // Adds one peer shard per backend: a KvPool of this pool's num_blocks, block_size and dtype
+  // (no semantic arenas, host tier, disk or prefix cache) on that backend, which the pool owns.
+  // This pool is shard 0 (home). `chunk_tokens` (a positive multiple of block_size) is the unit
+  // of placement. Call once, before any table holds pages. kInvalidArgument for bad arguments,
+  // the allocation's error when a shard cannot hold its pool.
+  Status add_shards(std::vector<std::unique_ptr<backend::Backend>> backends, int chunk_tokens);
+  int num_shards() const { return 1 + static_cast<int>(peers_.size()); }
+  // Shard s's pool (0: this one).
+  KvPool& shard(int s);
+  const KvPool& shard(int s) const;
+  int chunk_tokens() const { return chunk_tokens_; }
+  // Blocks of the full-precision pool over every shard (what a scheduler may ever reserve), and
+  // those in use.
+  int total_blocks() const;
+  int used_blocks() const;
+  // The shard a new page `page` of a table prefers (kv-cuts.md §4 placement): with `spread`,
+  // round-robin over the shards in chunks of chunk_tokens (page p is in chunk
+  // p * block_size / chunk_tokens, on shard chunk % num_shards); else the home shard. reserve()
+  // takes the next shard with room when the preferred one is full.
+  int preferred_shard(int page, bool spread) const;
+  // Step scratch on this pool's backend, numbered by the caller (slot >= 0), grown to at least
+  // `bytes` (contents not kept when it grows) and freed with the pool: buffers that live on a
+  // shard's device belong to the shard, so they never outlive its backend.
+  StatusOr<void*> workspace(int slot, size_t bytes);
+
  private:
   KvPool(backend::Backend& backend, const KvPoolConfig& config, const KvShape& shape);
 
@@ -128,6 +156,16 @@ class KvPool {
   std::vector<std::byte> host_tier_;  // [host slots, num_layers, full page bytes]
   std::unique_ptr<DiskTier> disk_;
   std::unique_ptr<PrefixCache> prefix_;
+  struct Peer {
+    std::unique_ptr<backend::Backend> backend;  // declared first: outlives the pool
+    std::unique_ptr<KvPool> pool;
+  };
+  std::vector<Peer> peers_;
+  std::vector<backend::DeviceBuffer> workspace_;
+  int chunk_tokens_ = 0;
+
+  // This pool's own free blocks plus its evictable prefix-cache pages (no peers).
+  int local_available() const;
 };
 
 }  // namespace kvsplit::kv

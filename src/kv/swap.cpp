@@ -35,6 +35,7 @@ void SwapStats::add(const SwapStats& o) {
   bytes_in += o.bytes_in;
   refused_host_full += o.refused_host_full;
   refused_no_blocks += o.refused_no_blocks;
+  refused_sharded += o.refused_sharded;
   to_disk += o.to_disk;
   from_disk += o.from_disk;
   disk_faults += o.disk_faults;
@@ -109,6 +110,12 @@ StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats) {
     if (on_device_full(table, i)) idx.push_back(static_cast<int>(i));
   if (idx.empty()) return true;
   if (table.disk_record != 0) return false;  // one record per table (resume it first)
+  // A table spread over a shard group (the spatial cut) is not swapped: its pages live in
+  // several shards' pools. The caller recomputes it instead (counted as refused).
+  if (table.sharded()) {
+    ++stats->refused_sharded;
+    return false;
+  }
   if (pool.host_allocator().num_free() < static_cast<int>(idx.size())) {
     if (pool.disk() == nullptr) {
       ++stats->refused_host_full;

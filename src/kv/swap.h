@@ -29,6 +29,7 @@ struct SwapStats {
   int64_t disk_faults = 0;        // disk writes or reads that failed (the caller recomputes)
   int64_t fallbacks = 0;          // swap-ins that failed and were recomputed (callers count)
   int64_t refused_no_blocks = 0;  // swap-ins refused: too few free device blocks
+  int64_t refused_sharded = 0;    // swap-outs refused: the table spans a shard group
   double out_seconds = 0;         // wall time of the swap-outs (copies included)
   double in_seconds = 0;          // wall time of the swap-ins
 

@@ -8,6 +8,7 @@
 #include "common/check.h"
 #include "kernels/common/float_bits.h"
 #include "kernels/common/paged_kv.h"
+#include "model/sharded_attention.h"
 #include "sampling/sampler.h"
 
 namespace kvsplit::model {
@@ -66,12 +67,23 @@ struct LlamaModel::Impl {
   size_t ids_cap = 0;
   DeviceBuffer pages;  // page precisions, summary slots and scoring outputs of one step
   size_t pages_bytes = 0;
+  // The spatial cut: sequences spread over the pool's shard group.
+  ShardedAttention sharded;
+  std::unique_ptr<backend::Communicator> comm;
 };
 
 LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend)
     : config_(config), backend_(backend), impl_(std::make_unique<Impl>()) {}
 
 LlamaModel::~LlamaModel() = default;
+
+LlamaModel::ShardingStats LlamaModel::sharding_stats() const {
+  ShardingStats st;
+  if (impl_->comm) st.exchange = impl_->comm->stats();
+  st.merge_seconds = impl_->sharded.merge_seconds();
+  st.attention_seconds = impl_->sharded.attention_seconds();
+  return st;
+}
 
 StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::create(const LoadedModel& model,
                                                          Backend& backend) {
@@ -179,16 +191,24 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   }
   const int block_size = pool.block_size();
 
-  // Decode sequences first (one query row each), then prefill sequences; order[] maps back.
+  // Decode sequences first (one query row each), then prefill sequences, then the sequences
+  // whose pages are spread over the pool's shard group (the spatial cut: their decode rows, then
+  // their prefill rows); order[] maps back.
   std::vector<int> order;
   order.reserve(seqs.size());
   auto is_decode = [](const SeqStep& s) { return s.tokens.size() == 1 && s.start_pos > 0; };
-  for (size_t i = 0; i < seqs.size(); ++i)
-    if (is_decode(seqs[i])) order.push_back(static_cast<int>(i));
-  const int num_decode = static_cast<int>(order.size());
-  for (size_t i = 0; i < seqs.size(); ++i)
-    if (!is_decode(seqs[i])) order.push_back(static_cast<int>(i));
-  const int num_prefill = static_cast<int>(seqs.size()) - num_decode;
+  auto is_sharded = [](const SeqStep& s) { return s.table != nullptr && s.table->sharded(); };
+  for (int pass = 0; pass < 4; ++pass) {
+    for (size_t i = 0; i < seqs.size(); ++i)
+      if (is_sharded(seqs[i]) == (pass >= 2) && is_decode(seqs[i]) == (pass % 2 == 0))
+        order.push_back(static_cast<int>(i));
+  }
+  int num_decode = 0, num_prefill = 0;
+  for (int i : order) {
+    if (is_sharded(seqs[i])) break;
+    (is_decode(seqs[i]) ? num_decode : num_prefill)++;
+  }
+  const int num_local = num_decode + num_prefill;  // rows of the home-pool attention calls
 
   int num_tokens = 0, max_blocks = 1, dec_max_kv = 0, pre_max_kv = 0, pre_max_q = 0;
   for (const SeqStep& s : seqs) {
@@ -223,6 +243,12 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
                                   " is written this step but is not full precision on the device");
       }
     }
+    if (s.table->sharded()) {
+      if (pool.num_shards() < 2)
+        return invalid_argument("a block table names shards but the pool has no shard group");
+      if (s.token_relevance != nullptr)
+        return unimplemented("scoring (the semantic cut) of a sequence spread over shards");
+    }
     if ((s.token_relevance == nullptr) != (s.page_bound == nullptr))
       return invalid_argument("token_relevance and page_bound go together");
     if (s.token_relevance != nullptr && !is_decode(s))
@@ -236,6 +262,10 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     num_tokens += n;
     max_blocks = std::max(max_blocks, kv::BlockTable::blocks_for(kv_len, block_size));
   }
+
+  int local_tokens = 0;  // token rows of the home-pool sequences (the sharded ones follow)
+  for (int k = 0; k < num_local; ++k) local_tokens += static_cast<int>(seqs[order[k]].tokens.size());
+  const int num_sharded_rows = num_tokens - local_tokens;
 
   // ---- metadata ----
   StepMeta meta;
@@ -265,6 +295,14 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
       const int n = static_cast<int>(s.tokens.size());
       const int kv_len = s.start_pos + n;
       first_row[order[k]] = t;
+      if (k >= num_local) {  // sharded: its own metadata (ShardedAttention), no home slot
+        for (int i = 0; i < n; ++i, ++t) {
+          meta.ints[meta.token_ids + t] = s.tokens[i];
+          meta.ints[meta.positions + t] = s.start_pos + i;
+          meta.ints[meta.slots + t] = -1;
+        }
+        continue;
+      }
       const bool dec = k < num_decode;
       const int j = dec ? k : k - num_decode;
       int32_t* qstart = &meta.ints[dec ? meta.dec_qstart : meta.pre_qstart];
@@ -328,7 +366,7 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   // [num_decode, max_blocks], relevance f32 [num_decode, max_blocks * block_size] and bounds f32
   // [num_decode, max_blocks] (zeroed: the kernels accumulate a max).
   bool dec_mixed = false, pre_mixed = false, scoring = false;
-  for (int k = 0; k < static_cast<int>(order.size()); ++k) {
+  for (int k = 0; k < num_local; ++k) {
     const SeqStep& s = seqs[order[k]];
     if (!s.table->all_full()) (k < num_decode ? dec_mixed : pre_mixed) = true;
     if (s.token_relevance != nullptr) scoring = true;
@@ -349,7 +387,7 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   std::byte* dpages = nullptr;
   if (pages_size > 0) {
     std::vector<std::byte> host(pages_size, std::byte{0});
-    for (int k = 0; k < static_cast<int>(order.size()); ++k) {
+    for (int k = 0; k < num_local; ++k) {
       const SeqStep& s = seqs[order[k]];
       const bool dec = k < num_decode;
       const size_t j = static_cast<size_t>(dec ? k : k - num_decode);
@@ -439,7 +477,7 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     a.out = att + row0 * qd;
     a.kv = kvp.layer(layer);
     a.num_seqs = dec ? num_decode : num_prefill;
-    a.num_tokens = dec ? num_decode : num_tokens - num_decode;
+    a.num_tokens = dec ? num_decode : local_tokens - num_decode;
     a.num_heads = c.num_heads;
     a.num_kv_heads = c.num_kv_heads;
     a.head_dim = c.head_dim;
@@ -470,6 +508,19 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     return a;
   };
 
+  // ---- the sharded sequences' attention plan (spatial cut) ----
+  if (num_sharded_rows > 0) {
+    std::vector<ShardedSeq> sh;
+    for (int k = num_local; k < static_cast<int>(order.size()); ++k) {
+      const SeqStep& s = seqs[order[k]];
+      sh.push_back(ShardedSeq{s.table, s.start_pos, static_cast<int>(s.tokens.size()),
+                              is_decode(s)});
+    }
+    if (!im.comm) im.comm = backend::make_in_process_communicator();
+    ShardedAttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, scale};
+    KVSPLIT_RETURN_IF_ERROR(im.sharded.prepare(sh, pool, shape, options.split, *im.comm));
+  }
+
   const int nt = static_cast<int>(T);
   KVSPLIT_RETURN_IF_ERROR(be.embedding(dmeta + meta.token_ids, nt, im.embedding, x));
   for (int l = 0; l < c.num_layers; ++l) {
@@ -485,6 +536,11 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     if (num_decode > 0)
       KVSPLIT_RETURN_IF_ERROR(be.attention_decode(attn_args(pool, l, true), plan));
     if (num_prefill > 0) KVSPLIT_RETURN_IF_ERROR(be.attention_prefill(attn_args(pool, l, false)));
+    if (num_sharded_rows > 0) {
+      KVSPLIT_RETURN_IF_ERROR(im.sharded.run_layer(l, q + local_tokens * qd, k + local_tokens * kvd,
+                                                   v + local_tokens * kvd,
+                                                   att + local_tokens * qd));
+    }
     KVSPLIT_RETURN_IF_ERROR(be.gemm(att, nt, L.wo, nullptr, x, /*accumulate=*/true));
     // Feed-forward block (SwiGLU).
     KVSPLIT_RETURN_IF_ERROR(be.rmsnorm(x, L.ffn_norm.get<float>(), nt, c.dim, c.norm_eps, xb));

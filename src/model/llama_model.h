@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/communicator.h"
 #include "backend/split_plan.h"
 #include "kv/block_allocator.h"
 #include "kv/kv_pool.h"
@@ -61,6 +62,15 @@ class LlamaModel {
 
   const ModelConfig& config() const { return config_; }
   backend::Backend& backend() const { return backend_; }
+
+  // The spatial cut's cost so far (sequences spread over a shard group, sharded_attention.h):
+  // bytes and time the shards exchanged, the merge's wall time and the shards' attention time.
+  struct ShardingStats {
+    backend::ExchangeStats exchange;
+    double merge_seconds = 0;
+    double attention_seconds = 0;
+  };
+  ShardingStats sharding_stats() const;
   kv::KvShape kv_shape() const {
     return kv::KvShape{config_.num_layers, config_.num_kv_heads, config_.head_dim};
   }

@@ -59,10 +59,11 @@ Status check_admission(const Request& request, int num_prompt_tokens,
   }
   const int64_t blocks = (total + limits.block_size - 1) / limits.block_size;
   if (blocks > limits.kv_blocks_per_worker) {
-    return invalid_argument(
+    // The request is valid; this deployment lacks the memory (more spatial shards would add it).
+    return resource_exhausted(
         fmt::format("prompt ({} tokens) + max_tokens ({}) - 1 = {} positions need {} KV blocks of "
-                    "{} tokens, more "
-                    "than a worker's KV pool holds ({} blocks)",
+                    "{} tokens, more than a worker's KV pool holds ({} blocks over all its "
+                    "spatial shards)",
                     num_prompt_tokens, request.sampling.max_tokens, total, blocks,
                     limits.block_size, limits.kv_blocks_per_worker));
   }

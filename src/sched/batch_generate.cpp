@@ -42,6 +42,7 @@ struct SeqState {
   int recomputed_tokens = 0;
   int cached_tokens = 0;
   int64_t resume_step = 0;  // swapped out: not resumed before this step while others run
+  int shards = 0;           // most shards of the pool's shard group its KV used at once
 
   int num_output() const { return static_cast<int>(tokens.size()) - num_prompt; }
   // Positions whose KV must exist before the next decode step: prompt + output[:-1] (of the
@@ -113,6 +114,10 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
   if (options.prefill_tokens < 0) return invalid_argument("prefill_tokens must be >= 0");
   KVSPLIT_RETURN_IF_ERROR(cuts::semantic::validate(options.semantic));
   KVSPLIT_RETURN_IF_ERROR(validate_inputs(inputs, cfg));
+  if (options.spatial_min_context < 0) return invalid_argument("spatial_min_context must be >= 0");
+  if (pool.num_shards() > 1 && options.kv_policy != cuts::semantic::KvPolicy::kFull)
+    return unimplemented(
+        "the semantic cut does not act on a shard group's pool yet (spatial shards > 1)");
   std::vector<SeqState> seqs(inputs.size());
   PoolGuard guard{pool, seqs};
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -130,6 +135,10 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     // Positions past the prompt are bounded by the context: the last sampled token is never fed.
     const int max_new = std::min(max_generated_tokens(in.params), ctx - s.num_prompt + 1);
     s.stop = std::make_unique<sampling::StopChecker>(in.params, cfg.eos_token_ids, max_new);
+    // The spatial cut: a sequence that may grow past spatial_min_context is spread over the
+    // pool's shards (KvPool::reserve's placement).
+    s.table.spread = pool.num_shards() > 1 && (options.spatial_min_context == 0 ||
+                                               s.num_prompt + max_new > options.spatial_min_context);
     if (tokenizer)
       s.decoder = std::make_unique<model::StreamDecoder>(*tokenizer, in.prompt_ids.back());
   }
@@ -190,7 +199,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     sin.running = running;
     sin.waiting = waiting;
     sin.free_blocks = pool.available_blocks();
-    sin.total_blocks = pool.allocator().num_blocks();
+    sin.total_blocks = pool.total_blocks();
     sin.step = step;
     const SchedulerOutput plan = scheduler.schedule(sin);
     if (!plan.never_fit.empty()) {
@@ -198,8 +207,8 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       return resource_exhausted(fmt::format(
           "KV pool exhausted: prompt {} needs KV for {} tokens, more than the pool's {} blocks of "
           "{} tokens",
-          plan.never_fit.front(), s.running ? s.computed + 1 : s.target(),
-          pool.allocator().num_blocks(), pool.block_size()));
+          plan.never_fit.front(), s.running ? s.computed + 1 : s.target(), pool.total_blocks(),
+          pool.block_size()));
     }
     for (const Preemption& p : plan.preempted) {
       SeqState& s = seqs[p.id];
@@ -242,6 +251,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     for (const DecodeRow& d : plan.decode) {
       SeqState& s = seqs[d.id];
       KVSPLIT_CHECK(pool.reserve(s.table, s.computed + 1));
+      s.shards = std::max(s.shards, s.table.shards_used());
       SeqStep st;
       st.tokens = std::span<const int32_t>(s.tokens.data() + s.computed, 1);
       st.start_pos = s.computed;
@@ -257,6 +267,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     for (const PrefillChunk& c : plan.prefill) {
       SeqState& s = seqs[c.id];
       if (c.new_blocks > 0) KVSPLIT_CHECK(pool.reserve(s.table, s.target()));
+      s.shards = std::max(s.shards, s.table.shards_used());
       s.last_prefill_step = step;
       SeqStep st;
       st.tokens = std::span<const int32_t>(s.tokens.data() + s.computed, c.tokens);
@@ -343,6 +354,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     out[i].swapped_out_pages = seqs[i].swapped_out_pages;
     out[i].recomputed_tokens = seqs[i].recomputed_tokens;
     out[i].cached_tokens = seqs[i].cached_tokens;
+    out[i].shards = seqs[i].shards;
   }
   if (options.swap_stats != nullptr) options.swap_stats->add(swap_stats);
   return out;

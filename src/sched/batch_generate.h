@@ -36,6 +36,7 @@ struct GenerationOutput {
   int swapped_out_pages = 0;  // pages swapped out to the host tier (temporal cut), all swaps
   int recomputed_tokens = 0;  // KV positions dropped by preemptions and computed again
   int cached_tokens = 0;      // prompt tokens served from the pool's prefix cache
+  int shards = 0;             // shards of the pool's shard group its KV used (spatial cut)
 };
 
 struct BatchOptions {
@@ -66,6 +67,10 @@ struct BatchOptions {
   // this batch shares (kv::PrefixCache::salt_of of a tenant). Prompts are then admitted one per
   // step, so a prompt can hit the pages an earlier one just computed.
   uint64_t prefix_salt = 0;
+  // The spatial cut, when the pool has a shard group (KvPool::add_shards): a sequence whose
+  // prompt + max_tokens exceeds spatial_min_context (every sequence at 0) is spread over the
+  // shards in chunks; others stay on the home shard while it has room.
+  int spatial_min_context = 0;
 };
 
 // Runs every input to completion. Errors: kInvalidArgument for bad params, empty prompts or

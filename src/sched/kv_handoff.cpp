@@ -102,4 +102,37 @@ StatusOr<KvCopyRoute> copy_kv_blocks(const kv::KvPool& src, std::span<const int3
   return route;
 }
 
+StatusOr<KvCopyRoute> copy_kv_pages(const kv::KvPool& src, std::span<const int32_t> src_blocks,
+                                    std::span<const uint8_t> src_shards, kv::KvPool& dst,
+                                    const kv::BlockTable& dst_table) {
+  if (src_blocks.size() != dst_table.blocks.size() ||
+      (!src_shards.empty() && src_shards.size() != src_blocks.size()))
+    return invalid_argument(fmt::format("copy_kv_pages: {} source pages, {} destination pages",
+                                        src_blocks.size(), dst_table.blocks.size()));
+  const bool src_flat = src_shards.empty() || src.num_shards() == 1;
+  if (src_flat && dst_table.pages.empty())
+    return copy_kv_blocks(src, src_blocks, dst, dst_table.blocks);
+  KvCopyRoute route = plan_kv_copy(src.backend().device(), dst.backend().device(), true);
+  for (int a = 0; a < src.num_shards(); ++a) {
+    for (int b = 0; b < dst.num_shards(); ++b) {
+      std::vector<int32_t> from, to;
+      for (size_t i = 0; i < src_blocks.size(); ++i) {
+        const int sa = src_shards.empty() ? 0 : src_shards[i];
+        const int sb = dst_table.pages.empty() ? 0 : dst_table.pages[i].shard;
+        if (sa >= src.num_shards() || sb >= dst.num_shards())
+          return invalid_argument("copy_kv_pages: a page names a shard the pool does not have");
+        if (sa == a && sb == b) {
+          from.push_back(src_blocks[i]);
+          to.push_back(dst_table.blocks[i]);
+        }
+      }
+      if (from.empty()) continue;
+      KVSPLIT_ASSIGN_OR_RETURN(const KvCopyRoute r,
+                               copy_kv_blocks(src.shard(a), from, dst.shard(b), to));
+      if (a == 0 && b == 0) route = r;
+    }
+  }
+  return route;
+}
+
 }  // namespace kvsplit::sched

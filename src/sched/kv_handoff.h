@@ -58,6 +58,9 @@ struct HandoffOffer {
   Worker* source = nullptr;  // receives the HandoffDone
   const kv::KvPool* source_pool = nullptr;
   std::vector<int32_t> source_blocks;     // pinned by the source until HandoffDone
+  // The shard of each source block in the source pool's shard group (spatial cut); empty: all
+  // on the home shard.
+  std::vector<uint8_t> source_shards;
   int num_tokens = 0;                     // tokens of KV in those blocks
   std::shared_ptr<HandoffTicket> ticket;  // holds the Sequence until the destination receives it
   // Set by the destination on receipt:
@@ -90,5 +93,13 @@ const char* kv_copy_route_name(KvCopyRoute route);
 // nobody writes those pages meanwhile.
 StatusOr<KvCopyRoute> copy_kv_blocks(const kv::KvPool& src, std::span<const int32_t> src_blocks,
                                      kv::KvPool& dst, std::span<const int32_t> dst_blocks);
+
+// copy_kv_blocks between two shard groups (the spatial cut): source page i is block
+// src_blocks[i] of shard src_shards[i] (empty: every page on the home shard) of `src`; it goes to
+// page i of `dst_table` (reserved in `dst`, on the shard its page entry names). One
+// copy_kv_blocks per (source shard, destination shard) pair. Returns the route of the home pair.
+StatusOr<KvCopyRoute> copy_kv_pages(const kv::KvPool& src, std::span<const int32_t> src_blocks,
+                                    std::span<const uint8_t> src_shards, kv::KvPool& dst,
+                                    const kv::BlockTable& dst_table);
 
 }  // namespace kvsplit::sched

@@ -28,7 +28,7 @@ Worker::Worker(WorkerOptions options, std::unique_ptr<backend::Backend> backend,
       model_(std::move(model)),
       pool_(std::move(pool)),
       shared_(shared),
-      total_blocks_(pool_->allocator().num_blocks()),
+      total_blocks_(pool_->total_blocks()),
       scheduler_(SchedulerConfig{pool_->block_size(), options_.max_batch_tokens,
                                  options_.min_chunk_tokens, options_.max_num_seqs,
                                  /*decode_in_budget=*/options_.role == WorkerRole::kColocated}) {
@@ -151,7 +151,7 @@ void Worker::publish_stats() {
   waiting_count_.store(static_cast<int>(waiting_.size() + pending_.size()),
                        std::memory_order_relaxed);
   PoolStats k;
-  k.kv_pages_full = pool_->allocator().num_used();
+  k.kv_pages_full = pool_->used_blocks();
   k.kv_pages_int8 = pool_->arena_allocator(kernels::KvPrecision::kInt8).num_used();
   k.kv_pages_int4 = pool_->arena_allocator(kernels::KvPrecision::kInt4).num_used();
   if (options_.kv_policy != KvPolicy::kFull) {

@@ -37,6 +37,7 @@ void Worker::handoff(std::unique_ptr<Sequence> seq, Clock::time_point now) {
   offer.source = this;
   offer.source_pool = pool_.get();
   offer.source_blocks = seq->table.blocks;
+  for (const kv::PageEntry& p : seq->table.pages) offer.source_shards.push_back(p.shard);
   offer.num_tokens = seq->num_computed;
   offer.ticket = std::make_shared<HandoffTicket>();
   Pinned pin;
@@ -47,7 +48,9 @@ void Worker::handoff(std::unique_ptr<Sequence> seq, Clock::time_point now) {
   pin.ctl = seq->ctl;
   pinned_.emplace(offer.handoff_id, std::move(pin));
   ++undelivered_;
+  const bool spread = pin.table.spread;
   seq->table = {};
+  seq->table.spread = spread;  // the destination places its pages the same way
   seq->enter_phase(SeqPhase::kHandoff, now);
   offer.ticket->seq = std::move(seq);
   to->post_offer(std::move(offer));
@@ -135,9 +138,10 @@ void Worker::admit_offers(Clock::time_point now) {
     HandoffOffer& o = pending_[a.id - kHandoffBase];
     leaves[a.id - kHandoffBase] = true;
     kv::BlockTable table;
+    table.spread = o.seq->table.spread;
     KVSPLIT_CHECK(pool_->reserve(table, o.num_tokens));
     StatusOr<KvCopyRoute> route =
-        copy_kv_blocks(*o.source_pool, o.source_blocks, *pool_, table.blocks);
+        copy_kv_pages(*o.source_pool, o.source_blocks, o.source_shards, *pool_, table);
     const Status st = route.status();
     if (route.ok()) {
       ++handoffs_by_route_[static_cast<int>(*route)];

@@ -20,7 +20,9 @@ class EngineCancel : public ::testing::TestWithParam<ServingMode> {};
 // temporal: the temporal cut on (a tiny host tier so swaps also spill to a disk tier, swap
 // always, the prefix cache) over a smaller pool, so sequences are swapped out, shared and
 // cancelled in every state.
-void cancel_storm(ServingMode mode, bool temporal) {
+// shards > 1: the spatial cut on, over pools of 8 blocks per shard and chunks of one block, so
+// every sequence longer than a block is spread and cancelled in every state.
+void cancel_storm(ServingMode mode, bool temporal, int shards = 1) {
   EngineConfig cfg = testing::stories_config(mode);
   cfg.kv_blocks_per_worker = 64;  // small enough that preemption and handoff waits happen too
   cfg.max_batch_tokens = 64;
@@ -33,6 +35,11 @@ void cancel_storm(ServingMode mode, bool temporal) {
     cfg.temporal.disk_path = dir.path().string();
     cfg.temporal.disk_capacity_mb = 64;
     cfg.prefix_cache = true;
+  }
+  if (shards > 1) {
+    cfg.kv_blocks_per_worker = 8;
+    cfg.spatial.shards = shards;
+    cfg.spatial.spatial_chunk_size = 16;
   }
   auto engine = Engine::create(cfg);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
@@ -173,6 +180,11 @@ TEST_P(EngineCancel, ThousandRandomCancelsLeakNothing) {
 TEST_P(EngineCancel, ThousandRandomCancelsWithSwappingAndPrefixCacheLeakNothing) {
   KVSPLIT_REQUIRE_MODELS();
   cancel_storm(GetParam(), /*temporal=*/true);
+}
+
+TEST_P(EngineCancel, ThousandRandomCancelsOnShardedSequencesLeakNothing) {
+  KVSPLIT_REQUIRE_MODELS();
+  cancel_storm(GetParam(), /*temporal=*/false, /*shards=*/4);
 }
 
 // Every request alive at shutdown gets its final event; nothing is accepted afterwards.

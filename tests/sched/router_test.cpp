@@ -157,7 +157,7 @@ TEST(Admission, FitCheckCarriesTheNumbers) {
   // 10 generated tokens: the last is never fed, so prompt + 9 KV positions.
   EXPECT_TRUE(check_admission(r, 55, lim).ok());  // 64 positions = 4 blocks
   Status st = check_admission(r, 56, lim);
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(st.message().find("= 65 positions need 5 KV blocks of 16 tokens"), std::string::npos)
       << st.message();
   lim.kv_blocks_per_worker = 1 << 20;

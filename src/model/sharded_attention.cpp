@@ -1,0 +1,278 @@
+#include "model/sharded_attention.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "kernels/common/kv_quant.h"
+
+namespace kvsplit::model {
+namespace {
+
+// Workspace slots of a shard's pool (KvPool::workspace); the home pool also holds the received
+// partials of every peer, at kRecv + 2 * shard (+ 1 for lse).
+enum Slot : int { kQ, kK, kV, kO, kLse, kMeta, kPrecision, kRecv };
+
+template <typename T>
+Status take(kv::KvPool& pool, int slot, size_t bytes, T** out) {
+  KVSPLIT_ASSIGN_OR_RETURN(void* p, pool.workspace(slot, bytes));
+  *out = static_cast<T*>(p);
+  return ok_status();
+}
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& pool,
+                                 const ShardedAttentionShape& shape,
+                                 const backend::SplitPlanConfig& split,
+                                 backend::Communicator& comm) {
+  const int S = pool.num_shards();
+  if (S < 2) return invalid_argument("sharded attention needs a shard group of 2 or more");
+  if (S > backend::Backend::kMaxMergeParts)
+    return invalid_argument("sharded attention merges at most " +
+                            std::to_string(backend::Backend::kMaxMergeParts) + " shards, got " +
+                            std::to_string(S));
+  pool_ = &pool;
+  home_ = &pool.backend();
+  comm_ = &comm;
+  shape_ = shape;
+  const int bs = pool.block_size();
+  rows_ = decode_rows_ = prefill_seqs_ = pre_max_q_ = pre_max_kv_ = dec_max_kv_ = 0;
+  bool seen_prefill = false;
+  int max_blocks = 1;
+  for (const ShardedSeq& s : seqs) {
+    if (s.table == nullptr || s.tokens <= 0) return invalid_argument("bad sharded sequence");
+    const int kv_len = s.start_pos + s.tokens;
+    const int nb = kv::BlockTable::blocks_for(kv_len, bs);
+    if (static_cast<int>(s.table->blocks.size()) < nb ||
+        (!s.table->pages.empty() && s.table->pages.size() != s.table->blocks.size()))
+      return invalid_argument("sharded sequence's block table is too short");
+    for (int b = 0; b < nb; ++b) {
+      const kv::PageEntry pe = s.table->pages.empty() ? kv::PageEntry{} : s.table->pages[b];
+      if (pe.shard >= S)
+        return invalid_argument("page " + std::to_string(b) + " names shard " +
+                                std::to_string(pe.shard) + " of a group of " + std::to_string(S));
+      if (pe.location != kv::PageLocation::kDevice && pe.location != kv::PageLocation::kEvicted)
+        return invalid_argument("page " + std::to_string(b) + " of a sharded sequence is not on a device");
+    }
+    if (s.decode) {
+      if (seen_prefill) return invalid_argument("sharded decode rows must come first");
+      ++decode_rows_;
+      dec_max_kv_ = std::max(dec_max_kv_, kv_len);
+    } else {
+      seen_prefill = true;
+      ++prefill_seqs_;
+      pre_max_q_ = std::max(pre_max_q_, s.tokens);
+      pre_max_kv_ = std::max(pre_max_kv_, kv_len);
+    }
+    rows_ += s.tokens;
+    max_blocks = std::max(max_blocks, nb);
+  }
+  const int H = shape.num_heads, Hkv = shape.num_kv_heads, d = shape.head_dim;
+  const size_t q_bytes = size_t(rows_) * H * d * sizeof(float);
+  const size_t kv_bytes = size_t(rows_) * Hkv * d * sizeof(float);
+  const size_t lse_bytes = size_t(rows_) * H * sizeof(float);
+
+  shards_.resize(S);
+  for (int sh = 0; sh < S; ++sh) {
+    Shard& z = shards_[sh];
+    z.pool = &pool.shard(sh);
+    z.be = &z.pool->backend();
+    z.runs.clear();
+    z.max_blocks = max_blocks;
+    if (sh > 0) {
+      KVSPLIT_RETURN_IF_ERROR(take(*z.pool, kQ, q_bytes, &z.q));
+      KVSPLIT_RETURN_IF_ERROR(take(*z.pool, kK, kv_bytes, &z.k));
+      KVSPLIT_RETURN_IF_ERROR(take(*z.pool, kV, kv_bytes, &z.v));
+      KVSPLIT_RETURN_IF_ERROR(take(pool, kRecv + 2 * sh, q_bytes, &z.recv_o));
+      KVSPLIT_RETURN_IF_ERROR(take(pool, kRecv + 2 * sh + 1, lse_bytes, &z.recv_lse));
+    }
+    KVSPLIT_RETURN_IF_ERROR(take(*z.pool, kO, q_bytes, &z.o));
+    KVSPLIT_RETURN_IF_ERROR(take(*z.pool, kLse, lse_bytes, &z.lse));
+    // Rows a shard never computes this step stay an empty partial (o 0, lse -inf).
+    KVSPLIT_RETURN_IF_ERROR(z.be->memset_zero(z.o, q_bytes));
+    const std::vector<float> neg_inf(size_t(rows_) * H, -std::numeric_limits<float>::infinity());
+    KVSPLIT_RETURN_IF_ERROR(z.be->copy_h2d(z.lse, neg_inf.data(), lse_bytes));
+
+    // Metadata (host image, then one upload): slots [rows], then the decode runs, then prefill.
+    std::vector<int32_t> ints(static_cast<size_t>(rows_), -1);
+    z.slots = 0;
+    {
+      int row = 0;
+      for (const ShardedSeq& s : seqs) {
+        for (int i = 0; i < s.tokens; ++i, ++row) {
+          const int pos = s.start_pos + i;
+          const int b = pos / bs;
+          const kv::PageEntry pe = s.table->pages.empty() ? kv::PageEntry{} : s.table->pages[b];
+          if (pe.shard != sh) continue;
+          if (!pe.resident() || pe.precision != kernels::KvPrecision::kFull)
+            return invalid_argument("page " + std::to_string(b) +
+                                    " is written this step but is not full precision on a device");
+          ints[row] = s.table->blocks[b] * bs + pos % bs;
+        }
+      }
+    }
+    // Decode: the compact table of the pages this shard holds (its local kv_len). Consecutive
+    // rows with at least one local token form one call.
+    for (int r = 0; r < decode_rows_;) {
+      std::vector<int32_t> lens, tables;
+      const int first = r;
+      for (; r < decode_rows_; ++r) {
+        const ShardedSeq& s = seqs[r];
+        const int kv_len = s.start_pos + 1;
+        const int nb = kv::BlockTable::blocks_for(kv_len, bs);
+        int local = 0;
+        std::vector<int32_t> row_table(static_cast<size_t>(max_blocks), 0);
+        int n = 0;
+        for (int b = 0; b < nb; ++b) {
+          const kv::PageEntry pe = s.table->pages.empty() ? kv::PageEntry{} : s.table->pages[b];
+          if (pe.shard != sh || !pe.resident()) continue;
+          if (pe.precision != kernels::KvPrecision::kFull)
+            return unimplemented("sharded decode over quantized pages is not built");
+          row_table[n++] = s.table->blocks[b];
+          local += std::min(bs, kv_len - b * bs);
+        }
+        if (local == 0) break;
+        lens.push_back(local);
+        tables.insert(tables.end(), row_table.begin(), row_table.end());
+      }
+      const int n = r - first;
+      if (n == 0) {
+        ++r;  // this row has nothing here: skip it
+        continue;
+      }
+      DecodeRun run;
+      run.first_row = first;
+      run.rows = n;
+      run.meta = ints.size();
+      for (int i = 0; i <= n; ++i) ints.push_back(i);
+      ints.insert(ints.end(), lens.begin(), lens.end());
+      ints.insert(ints.end(), tables.begin(), tables.end());
+      run.plan = backend::plan_decode_splits(lens.data(), n, Hkv, bs, z.be->parallelism(), split);
+      z.runs.push_back(std::move(run));
+    }
+    // Prefill: every prefill sequence, over its whole table with other shards' pages evicted.
+    z.pre_meta = ints.size();
+    if (prefill_seqs_ > 0) {
+      std::vector<uint8_t> prec(size_t(prefill_seqs_) * max_blocks,
+                                static_cast<uint8_t>(kernels::KvPrecision::kEvicted));
+      std::vector<int32_t> qstart{0}, lens, tables(size_t(prefill_seqs_) * max_blocks, 0);
+      int j = 0;
+      for (int i = decode_rows_; i < static_cast<int>(seqs.size()); ++i, ++j) {
+        const ShardedSeq& s = seqs[i];
+        const int kv_len = s.start_pos + s.tokens;
+        qstart.push_back(qstart.back() + s.tokens);
+        lens.push_back(kv_len);
+        for (int b = 0; b < kv::BlockTable::blocks_for(kv_len, bs); ++b) {
+          const kv::PageEntry pe = s.table->pages.empty() ? kv::PageEntry{} : s.table->pages[b];
+          if (pe.shard != sh || !pe.resident()) continue;
+          if (pe.precision != kernels::KvPrecision::kFull)
+            return unimplemented("sharded prefill over quantized pages is not built");
+          prec[size_t(j) * max_blocks + b] = static_cast<uint8_t>(kernels::KvPrecision::kFull);
+          tables[size_t(j) * max_blocks + b] = s.table->blocks[b];
+        }
+      }
+      ints.insert(ints.end(), qstart.begin(), qstart.end());
+      ints.insert(ints.end(), lens.begin(), lens.end());
+      ints.insert(ints.end(), tables.begin(), tables.end());
+      KVSPLIT_RETURN_IF_ERROR(take(*z.pool, kPrecision, prec.size(), &z.precision));
+      KVSPLIT_RETURN_IF_ERROR(z.be->copy_h2d(z.precision, prec.data(), prec.size()));
+    }
+    KVSPLIT_RETURN_IF_ERROR(take(*z.pool, kMeta, ints.size() * sizeof(int32_t), &z.meta));
+    KVSPLIT_RETURN_IF_ERROR(
+        z.be->copy_h2d(z.meta, ints.data(), ints.size() * sizeof(int32_t)));
+  }
+  return ok_status();
+}
+
+Status ShardedAttention::run_layer(int layer, const float* q, const float* k, const float* v,
+                                   float* out) {
+  if (rows_ == 0) return ok_status();
+  const int S = static_cast<int>(shards_.size());
+  const int H = shape_.num_heads, Hkv = shape_.num_kv_heads, d = shape_.head_dim;
+  const size_t q_bytes = size_t(rows_) * H * d * sizeof(float);
+  const size_t kv_bytes = size_t(rows_) * Hkv * d * sizeof(float);
+  const size_t lse_bytes = size_t(rows_) * H * sizeof(float);
+  const float* parts_o[backend::Backend::kMaxMergeParts];
+  const float* parts_lse[backend::Backend::kMaxMergeParts];
+  for (int sh = 0; sh < S; ++sh) {
+    Shard& z = shards_[sh];
+    backend::Backend& be = *z.be;
+    const float *zq = q, *zk = k, *zv = v;
+    if (sh > 0) {
+      KVSPLIT_RETURN_IF_ERROR(comm_->send(be, z.q, *home_, q, q_bytes));
+      KVSPLIT_RETURN_IF_ERROR(comm_->send(be, z.k, *home_, k, kv_bytes));
+      KVSPLIT_RETURN_IF_ERROR(comm_->send(be, z.v, *home_, v, kv_bytes));
+      zq = z.q;
+      zk = z.k;
+      zv = z.v;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const int32_t* meta = z.meta;
+    KVSPLIT_RETURN_IF_ERROR(be.kv_append(z.pool->layer(layer), zk, zv, meta + z.slots, rows_));
+    auto base_args = [&]() {
+      backend::AttentionArgs a;
+      a.kv = z.pool->layer(layer);
+      a.num_heads = H;
+      a.num_kv_heads = Hkv;
+      a.head_dim = d;
+      a.scale = shape_.scale;
+      a.max_blocks_per_seq = z.max_blocks;
+      return a;
+    };
+    for (const DecodeRun& run : z.runs) {
+      backend::AttentionArgs a = base_args();
+      a.q = zq + size_t(run.first_row) * H * d;
+      a.out = z.o + size_t(run.first_row) * H * d;
+      a.lse = z.lse + size_t(run.first_row) * H;
+      a.num_seqs = run.rows;
+      a.num_tokens = run.rows;
+      a.query_start = meta + run.meta;
+      a.kv_lens = meta + run.meta + run.rows + 1;
+      a.block_tables = meta + run.meta + 2 * run.rows + 1;
+      a.max_query_len = 1;
+      a.max_kv_len = dec_max_kv_;
+      KVSPLIT_RETURN_IF_ERROR(be.attention_decode(a, run.plan));
+    }
+    if (prefill_seqs_ > 0) {
+      backend::AttentionArgs a = base_args();
+      a.q = zq + size_t(decode_rows_) * H * d;
+      a.out = z.o + size_t(decode_rows_) * H * d;
+      a.lse = z.lse + size_t(decode_rows_) * H;
+      a.num_seqs = prefill_seqs_;
+      a.num_tokens = rows_ - decode_rows_;
+      a.query_start = meta + z.pre_meta;
+      a.kv_lens = meta + z.pre_meta + prefill_seqs_ + 1;
+      a.block_tables = meta + z.pre_meta + 2 * prefill_seqs_ + 1;
+      a.max_query_len = pre_max_q_;
+      a.max_kv_len = pre_max_kv_;
+      a.page_precision = z.precision;
+      KVSPLIT_RETURN_IF_ERROR(be.attention_prefill(a));
+    }
+    KVSPLIT_RETURN_IF_ERROR(be.synchronize());
+    attention_seconds_ += since(t0);
+    if (sh > 0) {
+      KVSPLIT_RETURN_IF_ERROR(comm_->send(*home_, z.recv_o, be, z.o, q_bytes));
+      KVSPLIT_RETURN_IF_ERROR(comm_->send(*home_, z.recv_lse, be, z.lse, lse_bytes));
+      parts_o[sh] = z.recv_o;
+      parts_lse[sh] = z.recv_lse;
+    } else {
+      parts_o[sh] = z.o;
+      parts_lse[sh] = z.lse;
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  KVSPLIT_RETURN_IF_ERROR(home_->merge_attention_states(parts_o, parts_lse, S,
+                                                        int64_t{rows_} * H, d, out, nullptr));
+  KVSPLIT_RETURN_IF_ERROR(home_->synchronize());
+  merge_seconds_ += since(t0);
+  return ok_status();
+}
+
+}  // namespace kvsplit::model

@@ -1,0 +1,208 @@
+// The spatial cut's sharded attention (model/sharded_attention.h) equals unsharded attention:
+// random shapes (MHA / GQA / MQA, head_dim 8..128), 2..4 shards, random chunk sizes and lengths
+// (partial last pages), a prefill chunk spanning shards (causal mask at true positions) and then
+// decode steps, against the CPU backend's attention over one pool holding the same K/V.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/communicator.h"
+#include "backend/split_plan.h"
+#include "kv/kv_pool.h"
+#include "model/sharded_attention.h"
+
+namespace kvsplit::testing {
+namespace {
+
+struct Shape {
+  int heads, kv_heads, head_dim, block_size;
+};
+
+std::unique_ptr<backend::Backend> cpu(int device) {
+  backend::BackendOptions o;
+  o.threads = 2;
+  o.device = device;
+  o.spin_micros = 0;
+  auto be = backend::create_backend("cpu", o);
+  EXPECT_TRUE(be.ok()) << be.status().to_string();
+  return std::move(be).value();
+}
+
+std::vector<float> randn(std::mt19937& rng, size_t n) {
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// One test case: `num_shards` shards of `blocks` blocks each, chunk `chunk` tokens; sequences
+// with `prompt` lengths get a prefill of their whole prompt (in one chunk, from `start` already
+// computed), then `decode_steps` decode steps. Compares every output row.
+void run_case(const Shape& sh, int num_shards, int chunk, const std::vector<int>& prompts,
+              int decode_steps, uint32_t seed) {
+  SCOPED_TRACE("heads " + std::to_string(sh.heads) + "/" + std::to_string(sh.kv_heads) + " d " +
+               std::to_string(sh.head_dim) + " bs " + std::to_string(sh.block_size) + " shards " +
+               std::to_string(num_shards) + " chunk " + std::to_string(chunk) + " seed " +
+               std::to_string(seed));
+  std::mt19937 rng(seed);
+  auto home = cpu(0);
+  auto ref_be = cpu(0);
+  kv::KvPoolConfig pc;
+  pc.num_blocks = 256;
+  pc.block_size = sh.block_size;
+  const kv::KvShape shape{1, sh.kv_heads, sh.head_dim};
+  auto pool = kv::KvPool::create(*home, pc, shape);
+  ASSERT_TRUE(pool.ok());
+  std::vector<std::unique_ptr<backend::Backend>> peers;
+  for (int s = 1; s < num_shards; ++s) peers.push_back(cpu(s));
+  ASSERT_TRUE((*pool)->add_shards(std::move(peers), chunk).ok());
+  pc.num_blocks = 256 * num_shards;
+  auto ref = kv::KvPool::create(*ref_be, pc, shape);
+  ASSERT_TRUE(ref.ok());
+  auto comm = backend::make_in_process_communicator();
+
+  const int n = static_cast<int>(prompts.size());
+  std::vector<kv::BlockTable> tables(n), ref_tables(n);
+  for (auto& t : tables) t.spread = true;
+  std::vector<int> len(n, 0);
+  const int H = sh.heads, Hkv = sh.kv_heads, d = sh.head_dim;
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  model::ShardedAttention sa;
+
+  // One step: seqs in order (decode rows first), each feeding `feed[i]` tokens.
+  auto step = [&](const std::vector<int>& feed) {
+    std::vector<int> order;
+    for (int i = 0; i < n; ++i)
+      if (feed[i] == 1 && len[i] > 0) order.push_back(i);
+    const int num_dec = static_cast<int>(order.size());
+    for (int i = 0; i < n; ++i)
+      if (!(feed[i] == 1 && len[i] > 0)) order.push_back(i);
+    int rows = 0;
+    std::vector<model::ShardedSeq> seqs;
+    for (int i : order) {
+      ASSERT_TRUE((*pool)->reserve(tables[i], len[i] + feed[i]));
+      ASSERT_TRUE((*ref)->reserve(ref_tables[i], len[i] + feed[i]));
+      seqs.push_back({&tables[i], len[i], feed[i], feed[i] == 1 && len[i] > 0});
+      rows += feed[i];
+    }
+    const std::vector<float> q = randn(rng, size_t(rows) * H * d);
+    const std::vector<float> k = randn(rng, size_t(rows) * Hkv * d);
+    const std::vector<float> v = randn(rng, size_t(rows) * Hkv * d);
+    std::vector<float> out(q.size(), NAN), want(q.size(), NAN);
+    ASSERT_TRUE(sa.prepare(seqs, **pool, {H, Hkv, d, scale}, {}, *comm).ok());
+    auto st = sa.run_layer(0, q.data(), k.data(), v.data(), out.data());
+    ASSERT_TRUE(st.ok()) << st.to_string();
+
+    // Reference: the same K/V in one pool, then decode rows and prefill rows as two calls.
+    std::vector<int32_t> slots, qs_dec{0}, qs_pre{0}, lens_dec, lens_pre, tab_dec, tab_pre;
+    int mb = 1;
+    for (int i : order) mb = std::max<int>(mb, static_cast<int>(ref_tables[i].blocks.size()));
+    for (int j = 0; j < static_cast<int>(order.size()); ++j) {
+      const int i = order[j];
+      for (int t = 0; t < feed[i]; ++t) {
+        const int pos = len[i] + t;
+        slots.push_back(ref_tables[i].blocks[pos / sh.block_size] * sh.block_size +
+                        pos % sh.block_size);
+      }
+      auto& qs = j < num_dec ? qs_dec : qs_pre;
+      qs.push_back(qs.back() + feed[i]);
+      (j < num_dec ? lens_dec : lens_pre).push_back(len[i] + feed[i]);
+      auto& tab = j < num_dec ? tab_dec : tab_pre;
+      std::vector<int32_t> row(mb, 0);
+      std::copy(ref_tables[i].blocks.begin(), ref_tables[i].blocks.end(), row.begin());
+      tab.insert(tab.end(), row.begin(), row.end());
+    }
+    ASSERT_TRUE(ref_be->kv_append((*ref)->layer(0), k.data(), v.data(), slots.data(), rows).ok());
+    auto args = [&](bool dec) {
+      backend::AttentionArgs a;
+      a.kv = (*ref)->layer(0);
+      a.num_heads = H;
+      a.num_kv_heads = Hkv;
+      a.head_dim = d;
+      a.scale = scale;
+      a.max_blocks_per_seq = mb;
+      const int row0 = dec ? 0 : num_dec;
+      a.q = q.data() + size_t(row0) * H * d;
+      a.out = want.data() + size_t(row0) * H * d;
+      a.num_seqs = dec ? num_dec : static_cast<int>(order.size()) - num_dec;
+      a.num_tokens = dec ? num_dec : rows - num_dec;
+      a.query_start = dec ? qs_dec.data() : qs_pre.data();
+      a.kv_lens = dec ? lens_dec.data() : lens_pre.data();
+      a.block_tables = dec ? tab_dec.data() : tab_pre.data();
+      a.max_query_len = 0;
+      for (int j = 0; j < a.num_seqs; ++j)
+        a.max_query_len = std::max(a.max_query_len, a.query_start[j + 1] - a.query_start[j]);
+      a.max_kv_len = 0;
+      for (int j = 0; j < a.num_seqs; ++j) a.max_kv_len = std::max(a.max_kv_len, a.kv_lens[j]);
+      return a;
+    };
+    if (num_dec > 0) {
+      const backend::AttentionArgs a = args(true);
+      const auto plan = backend::make_split_plan(a.kv_lens, a.num_seqs, sh.block_size, 4 * sh.block_size);
+      ASSERT_TRUE(ref_be->attention_decode(a, plan).ok());
+    }
+    if (static_cast<int>(order.size()) > num_dec) {
+      ASSERT_TRUE(ref_be->attention_prefill(args(false)).ok());
+    }
+    for (size_t r = 0; r < out.size(); ++r)
+      ASSERT_NEAR(out[r], want[r], 2e-5f + 2e-4f * std::fabs(want[r])) << "element " << r;
+    for (int i : order) len[i] += feed[i];
+  };
+
+  std::vector<int> feed(prompts);
+  step(feed);
+  for (int s = 0; s < decode_steps; ++s) {
+    std::fill(feed.begin(), feed.end(), 1);
+    step(feed);
+  }
+  int used = 0;
+  for (const auto& t : tables) used = std::max(used, t.shards_used());
+  const int total = *std::max_element(len.begin(), len.end());
+  EXPECT_EQ(used, std::min(num_shards, (total + chunk - 1) / chunk));
+  for (auto& t : tables) (*pool)->release(t);
+  for (auto& t : ref_tables) (*ref)->release(t);
+  EXPECT_EQ((*pool)->used_blocks(), 0);
+}
+
+TEST(ShardedAttention, EqualsUnshardedOverRandomShapes) {
+  const Shape shapes[] = {{8, 8, 8, 16}, {8, 4, 8, 16}, {8, 1, 16, 16}, {4, 2, 64, 16},
+                          {4, 4, 128, 16}, {6, 2, 32, 8}};
+  std::mt19937 rng(2026);
+  uint32_t seed = 1;
+  for (const Shape& sh : shapes) {
+    for (int shards = 2; shards <= 4; ++shards) {
+      const int chunk = sh.block_size * (1 + static_cast<int>(rng() % 4));
+      std::vector<int> prompts;
+      const int n = 1 + static_cast<int>(rng() % 3);
+      for (int i = 0; i < n; ++i) prompts.push_back(1 + static_cast<int>(rng() % (4 * chunk)));
+      run_case(sh, shards, chunk, prompts, 3, seed++);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+// Decode of sequences some shards hold nothing of (short sequences, large chunks): their rows
+// merge an empty partial from those shards.
+TEST(ShardedAttention, ShardsHoldingNothingOfASequence) {
+  run_case({8, 4, 8, 16}, 4, 64, {5, 70, 130}, 4, 99);
+}
+
+TEST(ShardedAttention, RefusesAPoolWithoutShards) {
+  auto be = cpu(0);
+  kv::KvPoolConfig pc;
+  pc.num_blocks = 8;
+  auto pool = kv::KvPool::create(*be, pc, kv::KvShape{1, 1, 8});
+  ASSERT_TRUE(pool.ok());
+  model::ShardedAttention sa;
+  auto comm = backend::make_in_process_communicator();
+  const auto st = sa.prepare({}, **pool, {1, 1, 8, 1.f}, {}, *comm);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+}
+
+}  // namespace
+}  // namespace kvsplit::testing
