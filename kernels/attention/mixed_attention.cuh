@@ -356,14 +356,16 @@ __global__ void __launch_bounds__(kAttnThreads)
       const int64_t row = q_begin + tok_begin + r / group;
       const float l = l_s[r];
       p.out[(row * p.num_heads + h) * D + d] = l > 0.f ? o_s[i] / l : 0.f;
+      if (d == 0 && p.lse)
+        p.lse[row * p.num_heads + h] = softmax_state_lse(SoftmaxState{m_s[r], l});
       if (decode && d == 0 && mp.score_max)
         mp.score_max[static_cast<int64_t>(s) * p.num_heads + h] = m_s[r];
     }
   }
 }
 
-// grid (num_heads, num_seqs), block head_dim threads: merge_states_kernel, plus the merged max
-// of each head into score_max (when set) for the scoring kernel.
+// grid (num_heads, num_seqs), block head_dim threads: merge_states_kernel (lse included), plus
+// the merged max of each head into score_max (when set) for the scoring kernel.
 template <int D>
 __global__ void __launch_bounds__(D) mixed_merge_kernel(MixedAttentionParams mp) {
   const PagedAttentionParams& p = mp.base;
@@ -381,6 +383,7 @@ __global__ void __launch_bounds__(D) mixed_merge_kernel(MixedAttentionParams mp)
   }
   const int64_t row = p.query_start[s];
   p.out[(row * p.num_heads + h) * D + d] = st.l > 0.f ? acc / st.l : 0.f;
+  if (d == 0 && p.lse) p.lse[row * p.num_heads + h] = softmax_state_lse(st);
   if (d == 0 && mp.score_max) mp.score_max[static_cast<int64_t>(s) * p.num_heads + h] = st.m;
 }
 

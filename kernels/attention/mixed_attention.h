@@ -16,8 +16,8 @@
 namespace kvsplit::kernels {
 
 struct MixedAttentionParams {
-  // Shapes, q, out, the full-precision pages `kv`, kv_lens, query_start and split-K fields as for
-  // the all-full kernels. block_tables[s, i] is the page's id in the arena of its precision.
+  // Shapes, q, out, lse, the full-precision pages `kv`, kv_lens, query_start and split-K fields as
+  // for the all-full kernels. block_tables[s, i] is the page's id in the arena of its precision.
   PagedAttentionParams base;
 
   // [num_seqs, max_blocks_per_seq] KvPrecision values; nullptr: every page is full precision

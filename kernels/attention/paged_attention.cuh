@@ -260,12 +260,14 @@ __global__ void __launch_bounds__(kAttnThreads)
       const int64_t row = q_begin + tok_begin + r / group;
       const float l = l_s[r];
       p.out[(row * p.num_heads + h) * D + d] = l > 0.f ? o_s[i] / l : 0.f;
+      if (d == 0 && p.lse)
+        p.lse[row * p.num_heads + h] = softmax_state_lse(SoftmaxState{m_s[r], l});
     }
   }
 }
 
 // grid (num_heads, num_seqs), block head_dim threads: merges the partial states of one
-// (sequence, head) in split order with softmax_state_merge.
+// (sequence, head) in split order with softmax_state_merge; writes lse when set.
 template <int D>
 __global__ void __launch_bounds__(D) merge_states_kernel(PagedAttentionParams p) {
   const int h = blockIdx.x, s = blockIdx.y, d = threadIdx.x;
@@ -282,6 +284,7 @@ __global__ void __launch_bounds__(D) merge_states_kernel(PagedAttentionParams p)
   }
   const int64_t row = p.query_start[s];
   p.out[(row * p.num_heads + h) * D + d] = st.l > 0.f ? acc / st.l : 0.f;
+  if (d == 0 && p.lse) p.lse[row * p.num_heads + h] = softmax_state_lse(st);
 }
 
 }  // namespace kvsplit::kernels

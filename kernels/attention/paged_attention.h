@@ -40,6 +40,11 @@ struct PagedAttentionParams {
   // K/V pipeline stages: 0 picks two when they fit in the device's shared memory per block, else
   // one; 1 or 2 forces that many (kUnimplemented when it does not fit). For benchmarks.
   int pipeline_stages = 0;
+  // Optional (nullptr: not written): lse[t, h] = log sum_j exp(scale * q_th . k_j) over the keys
+  // row t, head h attends (m + log l of its softmax state), -inf when it attends none (its `out`
+  // row is then 0). backend::AttentionArgs::lse; merged across key sets by launch_merge_partials.
+  // Decode with splits: written by the merge (launch_merge_states), else by the attention kernel.
+  float* lse = nullptr;  // [num_tokens, num_heads]
 
   // ---- split-K decode (FlashDecoding); used by launch_paged_decode only ----
   int chunk_tokens = 0;                   // keys per split, multiple of block_size
@@ -69,8 +74,8 @@ Status launch_paged_prefill(const PagedAttentionParams& p, cudaStream_t stream);
 // num_splits == nullptr means no split (max_splits must be 1).
 Status launch_paged_decode(const PagedAttentionParams& p, cudaStream_t stream);
 
-// out[s, h, :] = merge over the num_splits[s] partial states of sequence s (skips s with one
-// split).
+// out[s, h, :] (and lse[s, h] when set) = merge over the num_splits[s] partial states of
+// sequence s (skips s with one split).
 Status launch_merge_states(const PagedAttentionParams& p, cudaStream_t stream);
 
 }  // namespace kvsplit::kernels

@@ -21,9 +21,10 @@ KVSPLIT_HOST_DEVICE float merge_weights(const float* const* lse, int num_parts, 
   return m;
 }
 
-// out[d] = sum_p w[p] * o[p][r * head_dim + d] / sum_p w[p] for d in [d0, d1) (0 when the sum is 0).
-KVSPLIT_HOST_DEVICE void merge_row(const float* const* o, const float* w, int num_parts,
-                                   int64_t r, int head_dim, int d0, int d1, float* out) {
+// out[d] = sum_p w[p] * o[p][r * head_dim + d] / sum_p w[p] for d in [d0, d1); 0 when the sum
+// is 0.
+KVSPLIT_HOST_DEVICE void merge_row(const float* const* o, const float* w, int num_parts, int64_t r,
+                                   int head_dim, int d0, int d1, float* out) {
   float sum = 0.f;
   for (int p = 0; p < num_parts; ++p) sum += w[p];
   const float inv = sum > 0.f ? 1.f / sum : 0.f;

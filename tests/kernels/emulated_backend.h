@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/kernel_args.h"
+#include "kernels/attention/merge_partials.h"
 #include "kernels/attention/mixed_attention.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/common/float_bits.h"
@@ -145,6 +146,12 @@ class EmulatedKernelBackend final : public backend::Backend {
     KVSPLIT_RETURN_IF_ERROR(kernels::launch_paged_decode(p, nullptr));
     if (plan.has_splits()) KVSPLIT_RETURN_IF_ERROR(kernels::launch_merge_states(p, nullptr));
     return ok_status();
+  }
+  Status merge_attention_states(const float* const* o, const float* const* lse, int num_parts,
+                                int64_t rows, int head_dim, float* out, float* lse_out) override {
+    return kernels::launch_merge_partials(
+        backend::cuda::merge_partials_params(o, lse, num_parts, rows, head_dim, out, lse_out),
+        nullptr);
   }
   Status quantize_kv_page(const void* src, backend::DType src_dtype,
                           const kernels::QuantPageLayout& layout, kernels::KvPrecision to,

@@ -95,6 +95,26 @@ std::vector<double> attention(const backend::AttentionArgs& a, LoadFn&& load) {
   return out;
 }
 
+// The log-sum-exp of the scaled scores each query row attends (AttentionArgs::lse), causal as
+// attention(): [num_tokens, num_heads], m + log l of the row's fp64 state (-inf for no key).
+template <typename LoadFn>
+std::vector<double> attention_lse(const backend::AttentionArgs& a, LoadFn&& load) {
+  std::vector<double> lse(static_cast<size_t>(a.num_tokens) * a.num_heads,
+                          -std::numeric_limits<double>::infinity());
+  for (int s = 0; s < a.num_seqs; ++s) {
+    const int q_begin = a.query_start[s];
+    const int q_len = a.query_start[s + 1] - q_begin;
+    for (int i = 0; i < q_len; ++i) {
+      const int pos = a.kv_lens[s] - q_len + i;
+      for (int h = 0; h < a.num_heads; ++h) {
+        const PartialState st = partial_state(a, load, s, q_begin + i, h, 0, pos + 1);
+        if (st.l > 0) lse[int64_t{q_begin + i} * a.num_heads + h] = st.m + std::log(st.l);
+      }
+    }
+  }
+  return lse;
+}
+
 // Convenience for f32 pages (a.kv.data is host memory holding floats).
 inline std::vector<double> attention_f32(const backend::AttentionArgs& a) {
   const float* pages = static_cast<const float*>(a.kv.data);

@@ -51,6 +51,7 @@ inline bool mixed_resident(const backend::AttentionArgs& a, int s, int pos) {
 // fp64 results of one mixed call. Side outputs only for decode sequences (q_len 1).
 struct MixedResult {
   std::vector<double> out;         // [num_tokens, num_heads, head_dim]
+  std::vector<double> lse;         // [num_tokens, num_heads] m + log l (-inf: nothing resident)
   std::vector<double> max_score;   // [num_seqs, num_heads] m_h of the decode query (-inf: none)
   std::vector<double> relevance;   // [num_seqs, max_blocks * block_size] max_h exp(z - m); -1
                                    // where not resident
@@ -79,6 +80,7 @@ inline MixedResult mixed_attention(const backend::AttentionArgs& a) {
   const double inf = std::numeric_limits<double>::infinity();
   MixedResult r;
   r.out.assign(static_cast<size_t>(a.num_tokens) * a.num_heads * hd, 0.0);
+  r.lse.assign(static_cast<size_t>(a.num_tokens) * a.num_heads, -inf);
   r.max_score.assign(static_cast<size_t>(a.num_seqs) * a.num_heads, -inf);
   r.relevance.assign(static_cast<size_t>(a.num_seqs) * a.max_blocks_per_seq * bs, -1.0);
   r.page_bound.assign(static_cast<size_t>(a.num_seqs) * a.max_blocks_per_seq,
@@ -105,6 +107,7 @@ inline MixedResult mixed_attention(const backend::AttentionArgs& a) {
         }
         double* out = r.out.data() + (int64_t{q0 + i} * a.num_heads + h) * hd;
         for (int d = 0; d < hd; ++d) out[d] = o[d] / l;
+        r.lse[int64_t{q0 + i} * a.num_heads + h] = m + std::log(l);
         if (q_len != 1) continue;
         r.max_score[int64_t{s} * a.num_heads + h] = m;
         for (int j = 0; j <= pos; ++j) {

@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/kernel_args.h"
 #include "common/log.h"
+#include "kernels/attention/merge_partials.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/common/float_bits.h"
 #include "kernels/kv_pages/kv_page_ops.h"
@@ -364,6 +365,13 @@ Status CudaBackend::attention_decode(const AttentionArgs& args, const backend::S
   KVSPLIT_RETURN_IF_ERROR(kernels::launch_paged_decode(p, stream_));
   if (plan.has_splits()) KVSPLIT_RETURN_IF_ERROR(kernels::launch_merge_states(p, stream_));
   return ok_status();
+}
+
+Status CudaBackend::merge_attention_states(const float* const* o, const float* const* lse,
+                                           int num_parts, int64_t rows, int head_dim, float* out,
+                                           float* lse_out) {
+  return kernels::launch_merge_partials(
+      merge_partials_params(o, lse, num_parts, rows, head_dim, out, lse_out), stream_);
 }
 
 Status CudaBackend::quantize_kv_page(const void* src, DType src_dtype,

@@ -6,6 +6,8 @@
 // Mixed-precision pages and the scoring side outputs (AttentionArgs::page_precision, score_seqs)
 // run the kernels of kernels/attention/mixed_attention.h; every array of the call, the side
 // outputs included, is device memory (the model forward uploads and downloads them).
+// AttentionArgs::lse (spatial cut) is passed to both kernel families; merge_attention_states
+// runs kernels/attention/merge_partials.h (the host array of part pointers goes by value).
 //
 // Index errors inside kernels (block ids, slots, token ids out of range) set a device error flag;
 // the kernel skips the bad item, and the next synchronize() / copy_d2h() returns
@@ -62,6 +64,8 @@ class CudaBackend final : public Backend {
                    int num_tokens) override;
   Status attention_prefill(const AttentionArgs& args) override;
   Status attention_decode(const AttentionArgs& args, const backend::SplitPlan& plan) override;
+  Status merge_attention_states(const float* const* o, const float* const* lse, int num_parts,
+                                int64_t rows, int head_dim, float* out, float* lse_out) override;
   Status quantize_kv_page(const void* src, DType src_dtype, const kernels::QuantPageLayout& layout,
                           kernels::KvPrecision to, void* dst) override;
   Status dequantize_kv_page(const void* src, kernels::KvPrecision from,

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "backend/backend.h"
+#include "kernels/attention/merge_partials.h"
 #include "kernels/attention/mixed_attention.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/ops/ops.h"
@@ -32,6 +33,31 @@ inline kernels::PagedAttentionParams attention_params(const AttentionArgs& a) {
   p.block_tables = a.block_tables;
   p.max_blocks_per_seq = a.max_blocks_per_seq;
   p.max_query_len = a.max_query_len;
+  p.lse = a.lse;
+  return p;
+}
+
+static_assert(kernels::kMergeMaxParts == Backend::kMaxMergeParts);
+
+// Backend::merge_attention_states arguments -> launch parameters: the host arrays of device
+// pointers are copied into the parameter struct (at most kMergeMaxParts entries; a count outside
+// [1, kMergeMaxParts] is kept as is for launch_merge_partials to reject, and null arrays leave the
+// parts null, which it rejects too unless rows == 0).
+inline kernels::MergePartialsParams merge_partials_params(const float* const* o,
+                                                          const float* const* lse, int num_parts,
+                                                          int64_t rows, int head_dim, float* out,
+                                                          float* lse_out) {
+  kernels::MergePartialsParams p;
+  const int n = num_parts < kernels::kMergeMaxParts ? num_parts : kernels::kMergeMaxParts;
+  for (int i = 0; i < n && o != nullptr && lse != nullptr; ++i) {
+    p.o[i] = o[i];
+    p.lse[i] = lse[i];
+  }
+  p.num_parts = num_parts;
+  p.rows = rows;
+  p.head_dim = head_dim;
+  p.out = out;
+  p.lse_out = lse_out;
   return p;
 }
 
