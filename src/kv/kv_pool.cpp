@@ -175,17 +175,30 @@ bool KvPool::reserve(BlockTable& table, int new_num_tokens) {
     if (!table.pages.empty()) table.pages.resize(table.blocks.size());
     return true;
   }
-  // Shard group: place every new page first, then allocate per shard (all or nothing).
+  auto placed = allocate_placed(static_cast<int>(table.blocks.size()), need, table.spread);
+  if (!placed) return false;
+  if (table.pages.empty()) table.pages.resize(table.blocks.size());
+  for (const PlacedBlock& p : *placed) {
+    table.blocks.push_back(p.block);
+    PageEntry pe;
+    pe.shard = static_cast<uint8_t>(p.shard);
+    table.pages.push_back(pe);
+  }
+  return true;
+}
+
+std::optional<std::vector<KvPool::PlacedBlock>> KvPool::allocate_placed(int first_page, int n,
+                                                                       bool spread) {
+  // Place every page first, then allocate per shard (all or nothing).
   const int S = num_shards();
-  std::vector<int> avail(S), count(S, 0), where(need);
+  std::vector<int> avail(S), count(S, 0), where(n);
   avail[0] = local_available();
   for (int s = 1; s < S; ++s) avail[s] = peers_[s - 1].pool->allocator_.num_free();
-  const int first = static_cast<int>(table.blocks.size());
-  for (int k = 0; k < need; ++k) {
-    int s = preferred_shard(first + k, table.spread);
+  for (int k = 0; k < n; ++k) {
+    int s = preferred_shard(first_page + k, spread);
     int tries = 0;
     while (avail[s] == 0 && tries++ < S) s = (s + 1) % S;
-    if (avail[s] == 0) return false;  // the group is full: nothing allocated yet
+    if (avail[s] == 0) return std::nullopt;  // the group is full: nothing allocated yet
     --avail[s];
     ++count[s];
     where[k] = s;
@@ -194,19 +207,13 @@ bool KvPool::reserve(BlockTable& table, int new_num_tokens) {
   for (int s = 0; s < S; ++s) {
     if (count[s] == 0) continue;
     auto got = s == 0 ? allocate_blocks(count[s]) : peers_[s - 1].pool->allocator_.allocate(count[s]);
-    KVSPLIT_CHECK_MSG(got.has_value(), "KvPool::reserve: a shard lost the blocks it counted");
+    KVSPLIT_CHECK_MSG(got.has_value(), "KvPool: a shard lost the blocks it counted");
     ids[s] = std::move(*got);
   }
-  if (table.pages.empty()) table.pages.resize(table.blocks.size());
+  std::vector<PlacedBlock> out(n);
   std::vector<size_t> next(S, 0);
-  for (int k = 0; k < need; ++k) {
-    const int s = where[k];
-    table.blocks.push_back(ids[s][next[s]++]);
-    PageEntry pe;
-    pe.shard = static_cast<uint8_t>(s);
-    table.pages.push_back(pe);
-  }
-  return true;
+  for (int k = 0; k < n; ++k) out[k] = PlacedBlock{where[k], ids[where[k]][next[where[k]]++]};
+  return out;
 }
 
 Status KvPool::add_shards(std::vector<std::unique_ptr<backend::Backend>> backends,

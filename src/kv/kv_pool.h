@@ -137,6 +137,17 @@ class KvPool {
   // p * block_size / chunk_tokens, on shard chunk % num_shards); else the home shard. reserve()
   // takes the next shard with room when the preferred one is full.
   int preferred_shard(int page, bool spread) const;
+  // A block of the full pool on some shard.
+  struct PlacedBlock {
+    int shard = 0;
+    int32_t block = -1;
+  };
+  // n fresh blocks for pages first_page .. first_page + n - 1 of a table, each on its
+  // preferred_shard or the next shard with room (reserve()'s placement); nullopt (nothing
+  // allocated) when the group has fewer than n available.
+  std::optional<std::vector<PlacedBlock>> allocate_placed(int first_page, int n, bool spread);
+  // Drops one reference on `block` of shard `shard`'s full pool.
+  void decref_block(int shard, int32_t block) { shard_alloc(shard).decref(block); }
   // Step scratch on this pool's backend, numbered by the caller (slot >= 0), grown to at least
   // `bytes` (contents not kept when it grows) and freed with the pool: buffers that live on a
   // shard's device belong to the shard, so they never outlive its backend.
@@ -166,6 +177,7 @@ class KvPool {
 
   // This pool's own free blocks plus its evictable prefix-cache pages (no peers).
   int local_available() const;
+  BlockAllocator& shard_alloc(int s) { return shard(s).allocator_; }
 };
 
 }  // namespace kvsplit::kv

@@ -176,14 +176,20 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats) {
       idx.push_back(static_cast<int>(i));
   if (idx.empty()) return true;
   const bool from_disk = table.disk_record != 0;
-  auto blocks = pool.allocate_blocks(static_cast<int>(idx.size()));
+  // With a shard group the pages come back wherever reserve() would place them.
+  auto blocks = pool.allocate_placed(idx.front(), static_cast<int>(idx.size()), table.spread);
   if (!blocks) {
     ++stats->refused_no_blocks;
     return false;
   }
   const int64_t page_bytes = pool.page_layer_bytes(KvPrecision::kFull);
   const int layers = pool.shape().num_layers;
-  backend::Backend& be = pool.backend();
+  auto dev_page = [&](size_t k, int l) {
+    return device_page(pool.shard((*blocks)[k].shard), l, (*blocks)[k].block);
+  };
+  auto be_of = [&](size_t k) -> backend::Backend& {
+    return pool.shard((*blocks)[k].shard).backend();
+  };
   Status st = ok_status();
   std::vector<std::byte> staging;
   if (from_disk) {
@@ -196,28 +202,29 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats) {
     for (size_t k = 0; k < idx.size() && st.ok(); ++k) {
       const int32_t at = table.pages[idx[k]].original;
       for (int l = 0; l < layers && st.ok(); ++l)
-        st = be.copy_h2d(device_page(pool, l, (*blocks)[k]),
-                         staging.data() + at * per_page + l * page_bytes,
-                         static_cast<size_t>(page_bytes));
+        st = be_of(k).copy_h2d(dev_page(k, l), staging.data() + at * per_page + l * page_bytes,
+                               static_cast<size_t>(page_bytes));
     }
   }
   for (size_t k = 0; !from_disk && k < idx.size() && st.ok(); ++k) {
     const int32_t slot = table.pages[idx[k]].original;
     for (int l = 0; l < layers && st.ok(); ++l) {
-      st = be.copy_h2d(device_page(pool, l, (*blocks)[k]), pool.host_slot(slot) + l * page_bytes,
-                       static_cast<size_t>(page_bytes));
+      st = be_of(k).copy_h2d(dev_page(k, l), pool.host_slot(slot) + l * page_bytes,
+                             static_cast<size_t>(page_bytes));
     }
   }
-  if (st.ok()) st = be.synchronize();  // the host slots are freed below
+  for (int s = 0; s < pool.num_shards() && st.ok(); ++s)
+    st = pool.shard(s).backend().synchronize();  // the host slots are freed below
   if (!st.ok()) {
-    for (int32_t b : *blocks) pool.allocator().decref(b);
+    for (const KvPool::PlacedBlock& b : *blocks) pool.decref_block(b.shard, b.block);
     return st.with_prefix("swap in");
   }
   for (size_t k = 0; k < idx.size(); ++k) {
     const int i = idx[k];
     PageEntry& p = table.pages[i];
     if (!from_disk) pool.host_allocator().decref(p.original);
-    table.blocks[i] = (*blocks)[k];
+    table.blocks[i] = (*blocks)[k].block;
+    p.shard = static_cast<uint8_t>((*blocks)[k].shard);
     p.location = PageLocation::kDevice;
     p.original = -1;
   }

@@ -26,6 +26,7 @@
 #include "common/thread_pool.h"
 #include "kv/kv_pool.h"
 #include "kv/swap.h"
+#include "kv/migrate.h"
 #include "model/llama_model.h"
 #include "sched/kv_handoff.h"
 #include "sched/policy.h"
@@ -233,6 +234,7 @@ class Worker {
   kv::PageOpStats cut_ops_;                    // KV cut transitions on this pool, all sequences
   SwapCosts swap_costs_;                       // the temporal cut's cost model inputs
   kv::SwapStats swap_stats_;
+  kv::MigrateStats migrate_stats_;  // the spatial cut's migrations (MigrateKv)
   int64_t swap_choices_ = 0, recompute_choices_ = 0, swap_fallbacks_ = 0;
   std::atomic<uint8_t> hold_{0};  // TestHold
 

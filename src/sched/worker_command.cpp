@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include "common/log.h"
+#include "kv/migrate.h"
 #include "sched/worker.h"
 
 namespace kvsplit::sched {
@@ -66,13 +67,35 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
       if (!owns(*s)) continue;
       KVSPLIT_LOG_WARN("{}: releasing the KV of waiting request {} ({} tokens computed)",
                        options_.name, s->display_id(), s->num_computed);
+      const bool spread = s->table.spread;
       pool_->release(s->table);
       s->table = {};
+      s->table.spread = spread;
       s->num_computed = 0;
       return ok_status();
     }
     return not_found(fmt::format("{} holds no KV of request '{}'", options_.name,
                                  escape_for_message(r->key.request_id)));
+  }
+  if (const auto* m = std::get_if<MigrateKv>(&command)) {
+    for (const auto* list : {&running_, &waiting_}) {
+      for (const std::unique_ptr<Sequence>& s : *list) {
+        if (s->next != Sequence::Next::kStay || s->ctl->tenant != m->key.tenant ||
+            s->ctl->request_id != m->key.request_id || s->table.blocks.empty())
+          continue;
+        const int end =
+            m->end_page < 0 ? static_cast<int>(s->table.blocks.size()) : m->end_page;
+        kv::MigrateStats st;
+        KVSPLIT_ASSIGN_OR_RETURN(
+            const int moved, kv::migrate_pages(*pool_, s->table, m->first_page, end, m->to_shard, &st));
+        migrate_stats_.add(st);
+        KVSPLIT_LOG_INFO("{}: migrated {} pages of request {} to shard {} ({} from the host tier)",
+                         options_.name, moved, s->display_id(), m->to_shard, st.from_host);
+        return ok_status();
+      }
+    }
+    return not_found(fmt::format("{} holds no KV of request '{}'", options_.name,
+                                 escape_for_message(m->key.request_id)));
   }
   return ok_status();  // SnapshotState
 }
@@ -85,6 +108,8 @@ WorkerState Worker::state() const {
   st.scheduler = scheduler_.config();
   st.free_blocks = pool_->available_blocks();
   st.total_blocks = total_blocks_;
+  st.num_shards = pool_->num_shards();
+  st.migrated_pages = migrate_stats_.pages;
   st.pending_handoffs = static_cast<int>(pending_.size());
   st.steps = steps_.load(std::memory_order_relaxed);
   for (const auto* list : {&running_, &waiting_}) {
@@ -99,6 +124,11 @@ WorkerState Worker::state() const {
       q.num_computed = s->num_computed;
       q.num_blocks = static_cast<int>(s->table.blocks.size());
       q.preemptions = s->preemptions;
+      q.pages_per_shard.assign(pool_->num_shards(), 0);
+      for (size_t i = 0; i < s->table.blocks.size(); ++i) {
+        const kv::PageEntry pe = s->table.pages.empty() ? kv::PageEntry{} : s->table.pages[i];
+        if (pe.resident()) ++q.pages_per_shard[pe.shard];
+      }
       st.sequences.push_back(std::move(q));
     }
   }

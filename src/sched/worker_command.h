@@ -33,10 +33,22 @@ struct ReleaseKv {
   RequestKey key;
 };
 
+// The spatial cut's migration hook (kv/migrate.h): moves pages [first_page, end_page) of one
+// request's KV (end_page -1: to its last page) to shard `to_shard` of the worker's shard group,
+// from other shards or from the host tier. kNotFound when the worker holds no KV of the request,
+// kInvalidArgument for a bad range or shard, kResourceExhausted (nothing moved) when the shard
+// lacks free blocks.
+struct MigrateKv {
+  RequestKey key;
+  int first_page = 0;
+  int end_page = -1;
+  int to_shard = 0;
+};
+
 // Only reports the state (every reply carries it).
 struct SnapshotState {};
 
-using WorkerCommand = std::variant<SetSchedulerParams, ReleaseKv, SnapshotState>;
+using WorkerCommand = std::variant<SetSchedulerParams, ReleaseKv, MigrateKv, SnapshotState>;
 
 // One sequence the worker owns, as a command reply shows it.
 struct SequenceState {
@@ -48,6 +60,8 @@ struct SequenceState {
   int num_computed = 0;  // positions with KV in the pool
   int num_blocks = 0;
   int32_t preemptions = 0;
+  // The spatial cut: device pages on each shard of the worker's shard group (size: its shards).
+  std::vector<int> pages_per_shard;
 };
 
 // The worker's state after the command was applied.
@@ -59,6 +73,8 @@ struct WorkerState {
   SchedulerConfig scheduler;
   int free_blocks = 0;
   int total_blocks = 0;
+  int num_shards = 1;        // the spatial cut's shard group (1: the worker's pool alone)
+  int64_t migrated_pages = 0;  // moved by MigrateKv since start
   int pending_handoffs = 0;  // received, waiting for admission
   int64_t steps = 0;
   std::vector<SequenceState> sequences;  // running first, then waiting

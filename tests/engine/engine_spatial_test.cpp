@@ -4,9 +4,12 @@
 // without shards and served with them; every shard's blocks come back.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <future>
 #include <string>
 #include <vector>
 
+#include "engine/engine_impl.h"
 #include "engine_test_util.h"
 
 namespace kvsplit {
@@ -132,6 +135,60 @@ TEST(EngineSpatialCapacity, MinContextSpreadsOnlyLongSequences) {
   Collected c = collect(*h);
   EXPECT_TRUE(c.final_event.status.ok()) << c.final_event.status.to_string();
   EXPECT_EQ(c.tokens.size(), 30u);
+  EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+}
+
+// The migration hook through the worker inbox: a held sequence's pages move to one shard, and
+// it continues with exactly the tokens it produces without the move.
+TEST(EngineSpatialMigrate, MigrateKvMovesPagesAndKeepsTheTokens) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
+  cfg.kv_blocks_per_worker = 8;  // 13 pages held at the migration, about 4 per shard
+  cfg.spatial.shards = 3;
+  cfg.spatial.spatial_chunk_size = 16;
+  auto engine = EngineImpl::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const std::vector<int> initial = testing::free_blocks(**engine);
+  Request r = long_request();
+  r.tenant = "t";
+  Collected alone = collect(*(*engine)->submit(r));
+  ASSERT_TRUE(alone.final_event.status.ok()) << alone.final_event.status.to_string();
+  auto send = [&](sched::WorkerCommand c) {
+    auto f = (*engine)->send_command(0, std::move(c));
+    EXPECT_EQ(f.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+    return f.get();
+  };
+  auto h = (*engine)->submit(r);
+  ASSERT_TRUE(h.ok());
+  std::vector<int32_t> tokens;
+  TokenEvent ev;
+  while (tokens.size() < 5 && h->next(&ev, std::chrono::seconds(30)))
+    tokens.insert(tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
+  (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+  sched::CommandReply rep = send(sched::SnapshotState{});
+  ASSERT_EQ(rep.state.sequences.size(), 1u);
+  EXPECT_EQ(rep.state.num_shards, 3);
+  const std::vector<int> spread = rep.state.sequences[0].pages_per_shard;
+  ASSERT_EQ(spread.size(), 3u);
+  EXPECT_GT(spread[1], 0);  // one page per chunk: every shard holds some
+  EXPECT_GT(spread[2], 0);
+  rep = send(sched::MigrateKv{{"other", "long"}, 0, -1, 0});
+  EXPECT_EQ(rep.status.code(), StatusCode::kNotFound);  // another tenant's request
+  rep = send(sched::MigrateKv{{"t", "long"}, 0, -1, 7});
+  EXPECT_EQ(rep.status.code(), StatusCode::kInvalidArgument) << rep.status.to_string();
+  rep = send(sched::MigrateKv{{"t", "long"}, 0, -1, 2});
+  EXPECT_EQ(rep.status.code(), StatusCode::kResourceExhausted) << rep.status.to_string();
+  rep = send(sched::MigrateKv{{"t", "long"}, 0, 4, 2});  // the first four pages
+  ASSERT_TRUE(rep.status.ok()) << rep.status.to_string();
+  const std::vector<int> moved = rep.state.sequences[0].pages_per_shard;
+  EXPECT_EQ(moved[0] + moved[1] + moved[2], spread[0] + spread[1] + spread[2]);
+  EXPECT_GT(moved[2], spread[2]);
+  EXPECT_GT(rep.state.migrated_pages, 0);
+  (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+  Collected rest = collect(*h);
+  ASSERT_TRUE(rest.final_event.status.ok()) << rest.final_event.status.to_string();
+  tokens.insert(tokens.end(), rest.tokens.begin(), rest.tokens.end());
+  EXPECT_EQ(tokens, alone.tokens);
   EXPECT_TRUE(testing::pools_back_to(**engine, initial));
 }
 
