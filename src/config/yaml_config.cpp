@@ -306,6 +306,24 @@ Status read_kv_policy(MapReader& r, EngineConfig* e) {
       }
       KVSPLIT_RETURN_IF_ERROR(tr.finish());
     }
+    if (YAML::Node spa = c.child("spatial"); spa && !spa.IsNull()) {
+      MapReader pr(spa, "kv.cuts.spatial");
+      KVSPLIT_RETURN_IF_ERROR(pr.check_is_map());
+      KVSPLIT_RETURN_IF_ERROR(pr.get("shards", &e->spatial.shards));
+      if (e->spatial.shards < 1 || e->spatial.shards > 16)
+        return field_error("kv.cuts.spatial.shards",
+                           "must be in [1, 16], got " + std::to_string(e->spatial.shards));
+      KVSPLIT_RETURN_IF_ERROR(pr.get("spatial_chunk_size", &e->spatial.spatial_chunk_size));
+      if (e->spatial.spatial_chunk_size < 1)
+        return field_error("kv.cuts.spatial.spatial_chunk_size",
+                           "must be a positive multiple of kv.block_size, got " +
+                               std::to_string(e->spatial.spatial_chunk_size));
+      KVSPLIT_RETURN_IF_ERROR(pr.get("min_context", &e->spatial.min_context));
+      if (e->spatial.min_context < 0)
+        return field_error("kv.cuts.spatial.min_context",
+                           "must be >= 0, got " + std::to_string(e->spatial.min_context));
+      KVSPLIT_RETURN_IF_ERROR(pr.finish());
+    }
     KVSPLIT_RETURN_IF_ERROR(c.finish());
   }
   if (chosen) e->kv_policy = *chosen;

@@ -394,3 +394,41 @@ TEST(ConfigTest, TemporalCutKeys) {
 
 }  // namespace
 }  // namespace kvsplit::config
+
+namespace kvsplit::config {
+namespace {
+
+TEST(ConfigTest, SpatialCutKeys) {
+  auto c = parse_config(
+      "kv:\n"
+      "  block_size: 16\n"
+      "  cuts:\n"
+      "    spatial: {shards: 4, spatial_chunk_size: 8192, min_context: 16384}\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->engine.spatial.shards, 4);
+  EXPECT_EQ(c->engine.spatial.spatial_chunk_size, 8192);
+  EXPECT_EQ(c->engine.spatial.min_context, 16384);
+  auto d = parse_config("kv:\n  cuts:\n    spatial: {}\n");
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->engine.spatial.shards, 1);  // off unless asked
+  const std::pair<const char*, const char*> bad[] = {
+      {"kv:\n  cuts:\n    spatial: {shards: 0}\n", "kv.cuts.spatial.shards"},
+      {"kv:\n  cuts:\n    spatial: {shards: 17}\n", "kv.cuts.spatial.shards"},
+      {"kv:\n  cuts:\n    spatial: {spatial_chunk_size: 0}\n", "kv.cuts.spatial.spatial_chunk_size"},
+      {"kv:\n  block_size: 16\n  cuts:\n    spatial: {spatial_chunk_size: 24}\n",
+       "kv.cuts.spatial.spatial_chunk_size"},
+      {"kv:\n  cuts:\n    spatial: {min_context: -1}\n", "kv.cuts.spatial.min_context"},
+      {"kv:\n  cuts:\n    spatial: {shard: 2}\n", "shard"},
+      {"kv:\n  kv_cache_compression: semantic_v2\n  cuts:\n    spatial: {shards: 2}\n",
+       "kv.cuts.spatial.shards"},
+      {"pools: {backend: cuda}\nkv:\n  cuts:\n    spatial: {shards: 2}\n", "kv.cuts.spatial.shards"},
+  };
+  for (const auto& [yaml, field] : bad) {
+    auto r = parse_config(yaml);
+    ASSERT_FALSE(r.ok()) << yaml;
+    EXPECT_NE(r.status().message().find(field), std::string::npos) << r.status().to_string();
+  }
+}
+
+}  // namespace
+}  // namespace kvsplit::config

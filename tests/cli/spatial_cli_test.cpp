@@ -1,0 +1,71 @@
+// `kvsplit generate` with the spatial cut: --spatial-shards, --spatial-chunk-size and
+// --spatial-min-context, and the --json field "shards" (the shards a sequence's KV used).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cli_run.h"
+
+namespace kvsplit::testing {
+namespace {
+
+const std::string kBatch =
+    " --prompt 'Once upon a time' --prompt 'The dog' --prompt 'Lily went'"
+    " --max-tokens 100 --temperature 0.8 --seed 9 --ignore-eos --json";
+
+std::string model() {
+  return "--model " + quote(model_path("stories260K.bin")) + " --tokenizer " +
+         quote(model_path("tok512.bin"));
+}
+
+std::vector<nlohmann::json> generate(const std::string& extra) {
+  RunResult r = run("generate " + model() + kBatch + extra);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return json_lines(r.out);
+}
+
+TEST(CliSpatial, ShardedKeepsTheTokensAndReportsShards) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::vector<nlohmann::json> ref = generate("");
+  ASSERT_EQ(ref.size(), 3u);
+  for (const auto& l : ref) EXPECT_EQ(l["shards"], 1);
+  for (int shards : {2, 3, 4}) {
+    const std::vector<nlohmann::json> got =
+        generate(" --spatial-shards " + std::to_string(shards) + " --spatial-chunk-size 32");
+    ASSERT_EQ(got.size(), ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      EXPECT_EQ(got[i]["output_token_ids"], ref[i]["output_token_ids"]) << shards << " " << i;
+      // ~104 positions in chunks of 32 tokens: four chunks, so every shard holds some.
+      EXPECT_EQ(got[i]["shards"], shards) << i;
+    }
+  }
+  // min_context above every sequence: nothing is spread.
+  const std::vector<nlohmann::json> home =
+      generate(" --spatial-shards 2 --spatial-chunk-size 32 --spatial-min-context 1000");
+  ASSERT_EQ(home.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_EQ(home[i]["output_token_ids"], ref[i]["output_token_ids"]);
+    EXPECT_EQ(home[i]["shards"], 1);
+  }
+}
+
+TEST(CliSpatial, BadFlagsAreClearErrors) {
+  KVSPLIT_REQUIRE_MODELS();
+  RunResult r = run("generate " + model() + kBatch + " --spatial-shards 2 --spatial-chunk-size 24");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("multiple of the block size"), std::string::npos) << r.err;
+  r = run("generate " + model() + kBatch + " --spatial-shards 0");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--spatial-shards"), std::string::npos) << r.err;
+  // A prompt longer than one pool: refused alone, served over shards.
+  const std::string longp = " --prompt '" + std::string(300, 'a') + "' --max-tokens 10 --json";
+  r = run("generate " + model() + longp + " --kv-blocks 8");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("KV pool exhausted"), std::string::npos) << r.err;
+  r = run("generate " + model() + longp + " --kv-blocks 8 --spatial-shards 4 --spatial-chunk-size 64");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+}  // namespace
+}  // namespace kvsplit::testing
