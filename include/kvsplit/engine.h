@@ -226,6 +226,13 @@ struct PoolStats {
   int32_t kv_prefix_cache_pages = 0;
   int64_t kv_prefix_queries = 0;
   int64_t kv_prefix_hits = 0;
+  // The spatial cut (EngineConfig::spatial): shards of the worker's shard group, device pages on
+  // shards other than the home one as of the last step, and since start the bytes the shards
+  // exchanged (queries, new K/V rows, partials) and pages moved by migrations (MigrateKv).
+  int32_t kv_shards = 1;
+  int32_t kv_pages_remote = 0;
+  int64_t kv_shard_exchange_bytes = 0;
+  int64_t kv_migrated_pages = 0;
 };
 
 struct SlaClassStats {

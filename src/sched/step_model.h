@@ -20,6 +20,8 @@ class StepModel {
   virtual Status forward(std::span<const model::SeqStep> seqs, kv::KvPool& pool,
                          std::vector<float>* logits, std::vector<int32_t>* ids) = 0;
   virtual int vocab_size() const = 0;
+  // The spatial cut: bytes the model's shards exchanged since start (0 without shards).
+  virtual int64_t shard_exchange_bytes() const { return 0; }
 };
 
 class LlamaStepModel final : public StepModel {
@@ -30,6 +32,9 @@ class LlamaStepModel final : public StepModel {
     return model_->forward(seqs, pool, logits, {}, ids);
   }
   int vocab_size() const override { return model_->config().vocab_size; }
+  int64_t shard_exchange_bytes() const override {
+    return model_->sharding_stats().exchange.bytes;
+  }
   model::LlamaModel& model() { return *model_; }
 
  private:

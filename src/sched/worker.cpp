@@ -140,6 +140,10 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_prefix_queries = kv_stats_.kv_prefix_queries;
   s.pool.kv_prefix_hits = kv_stats_.kv_prefix_hits;
   s.pool.kv_disk_faults = kv_stats_.kv_disk_faults;
+  s.pool.kv_shards = kv_stats_.kv_shards;
+  s.pool.kv_pages_remote = kv_stats_.kv_pages_remote;
+  s.pool.kv_shard_exchange_bytes = kv_stats_.kv_shard_exchange_bytes;
+  s.pool.kv_migrated_pages = kv_stats_.kv_migrated_pages;
   s.kv_summary_slots_used = kv_summary_used_;
   s.kv_host_slots_used = kv_host_used_;
   return s;
@@ -177,6 +181,12 @@ void Worker::publish_stats() {
     k.kv_prefix_hits = pc->stats().hit_pages * pool_->block_size();
   }
   k.kv_disk_faults = swap_stats_.disk_faults;
+  k.kv_shards = pool_->num_shards();
+  if (k.kv_shards > 1) {
+    for (int s = 1; s < k.kv_shards; ++s) k.kv_pages_remote += pool_->shard(s).allocator().num_used();
+    k.kv_shard_exchange_bytes = model_->shard_exchange_bytes();
+  }
+  k.kv_migrated_pages = migrate_stats_.pages;
   k.kv_demotions = cut_ops_.demoted_to_int8 + cut_ops_.demoted_to_int4;
   k.kv_evictions = cut_ops_.evicted;
   k.kv_recalls = cut_ops_.restored;

@@ -218,6 +218,10 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_kv_prefix_cache_pages(p.kv_prefix_cache_pages);
     o->set_kv_prefix_queries(p.kv_prefix_queries);
     o->set_kv_prefix_hits(p.kv_prefix_hits);
+    o->set_kv_shards(p.kv_shards);
+    o->set_kv_pages_remote(p.kv_pages_remote);
+    o->set_kv_shard_exchange_bytes(p.kv_shard_exchange_bytes);
+    o->set_kv_migrated_pages(p.kv_migrated_pages);
   }
   for (const SlaClassStats& c : stats.classes) {
     v1::SlaClassStats* o = out->add_classes();

@@ -112,6 +112,26 @@ class EngineCollector : public pm::Collectable {
         preempt_choice.metric.push_back(
             counter(static_cast<double>(n), {{"pool", p.name}, {"choice", choice}}));
     }
+    // The spatial cut.
+    auto& shards = family("kvsplit:kv_shards", "Shards of the worker's KV shard group",
+                          pm::MetricType::Gauge);
+    auto& remote = family("kvsplit:kv_pages_remote",
+                          "KV pages held on shards other than the worker's home shard",
+                          pm::MetricType::Gauge);
+    auto& exchange = family("kvsplit:kv_shard_exchange_bytes_total",
+                            "Bytes the shards exchanged (queries, new K/V rows, partial attention)",
+                            pm::MetricType::Counter);
+    auto& migrated = family("kvsplit:kv_migrated_pages_total",
+                            "KV pages moved between shards or from the host tier by migrations",
+                            pm::MetricType::Counter);
+    for (const PoolStats& p : s.pools) {
+      shards.metric.push_back(gauge(p.kv_shards, {{"pool", p.name}}));
+      remote.metric.push_back(gauge(p.kv_pages_remote, {{"pool", p.name}}));
+      exchange.metric.push_back(
+          counter(static_cast<double>(p.kv_shard_exchange_bytes), {{"pool", p.name}}));
+      migrated.metric.push_back(
+          counter(static_cast<double>(p.kv_migrated_pages), {{"pool", p.name}}));
+    }
     for (const PoolStats& p : s.pools) {
       const double used = p.kv_blocks_total > 0
                               ? 1.0 - static_cast<double>(p.kv_blocks_free) / p.kv_blocks_total

@@ -42,6 +42,13 @@ TEST_P(EngineSpatial, GoldensTokenExactWithSmallShards) {
   for (int free : initial) EXPECT_EQ(free, 2 * p.shards);
   EXPECT_GT(testing::expect_greedy_goldens(**engine), 0);
   EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+  int64_t exchanged = 0;
+  for (const PoolStats& ps : (*engine)->stats().pools) {
+    EXPECT_EQ(ps.kv_shards, p.shards) << ps.name;
+    EXPECT_EQ(ps.kv_pages_remote, 0) << ps.name;  // all released
+    exchanged += ps.kv_shard_exchange_bytes;
+  }
+  EXPECT_GT(exchanged, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
