@@ -97,33 +97,37 @@ inline void deinterleave_groups(const float* src, int n, float* dst) {
 // Issued all at once (as the full pages are), the prefetches of a tile queue up behind the line
 // fill buffers and stall the fold that follows them. A hint: no effect on results.
 struct PrefetchQueue {
-  static constexpr int kCapacity = 1024;  // lines; past it, add() prefetches at once
-  static constexpr int64_t kLine = 64;
-  const char* lines[kCapacity];
-  int n = 0;     // lines queued
-  int next = 0;  // lines issued
+  static constexpr int kCapacity = 256;  // ranges; past it, add() prefetches at once
+  static constexpr uintptr_t kLine = 64;
+  uintptr_t line[kCapacity];  // per range: its next line to prefetch (line-aligned)
+  uintptr_t end[kCapacity];   // per range: one past its last byte
+  int n = 0;                  // ranges queued
+  int next = 0;               // ranges fully issued
 
   void add(const void* p, int64_t bytes) {
-    const char* c = static_cast<const char*>(p);
-    for (int64_t i = 0; i < bytes; i += kLine) push(c + i);
-    const char* last = c + bytes - 1;  // the range's last line, when the steps above missed it
-    if (reinterpret_cast<uintptr_t>(c + (bytes - 1) / kLine * kLine) / kLine !=
-        reinterpret_cast<uintptr_t>(last) / kLine) {
-      push(last);
-    }
-  }
-  void push(const char* line) {
+    const uintptr_t b = reinterpret_cast<uintptr_t>(p);
     if (n < kCapacity) {
-      lines[n++] = line;
-    } else {
-      __builtin_prefetch(line);
+      line[n] = b & ~(kLine - 1);
+      end[n] = b + static_cast<uintptr_t>(bytes);
+      ++n;
+      return;
+    }
+    for (uintptr_t c = b & ~(kLine - 1); c < b + bytes; c += kLine) {
+      __builtin_prefetch(reinterpret_cast<const void*>(c));
     }
   }
+  // Prefetches the next k queued lines.
   KVSPLIT_ALWAYS_INLINE void issue(int k) {
-    for (const int end = std::min(n, next + k); next < end; ++next) __builtin_prefetch(lines[next]);
+    while (k > 0 && next < n) {
+      uintptr_t c = line[next];
+      const uintptr_t e = end[next];
+      for (; k > 0 && c < e; --k, c += kLine) __builtin_prefetch(reinterpret_cast<const void*>(c));
+      line[next] = c;
+      if (c >= e) ++next;
+    }
   }
   void drain() {
-    issue(n - next);
+    issue(1 << 30);
     n = next = 0;
   }
 };
