@@ -92,10 +92,10 @@ inline void deinterleave_groups(const float* src, int n, float* dst) {
   for (; d < n; ++d) dst[d] = src[d];
 }
 
-// Cache lines of the next tile's quantized pages, prefetched a few at a time from inside the fold
-// of the current tile (Int8Keys / Int4Keys::dots), so that the prefetches overlap its arithmetic.
-// Issued all at once (as the full pages are), the prefetches of a tile queue up behind the line
-// fill buffers and stall the fold that follows them. A hint: no effect on results.
+// The byte ranges of the next tile's quantized pages, whose cache lines the fold of the current
+// tile (Int8Keys / Int4Keys::dots) prefetches a few at a time, so that the prefetches overlap its
+// arithmetic. Issued all at once (as the full pages are), the prefetches of a tile queue up behind
+// the line fill buffers and stall the fold that follows them. A hint: no effect on results.
 struct PrefetchQueue {
   static constexpr int kCapacity = 256;  // ranges; past it, add() prefetches at once
   static constexpr uintptr_t kLine = 64;
@@ -145,7 +145,7 @@ struct Int8Keys {
   const int8_t* v[kKeyTile];
   float k_scale[kKeyTile];
   float v_scale[kKeyTile];
-  PrefetchQueue* prefetch = nullptr;  // the next tile's lines, or null
+  PrefetchQueue* prefetch = nullptr;  // the next tile's ranges, or null
 
   template <int R>
   void dots(const float* const* q, int num_keys, int /*n*/, float* const* s) const {
@@ -195,7 +195,7 @@ struct Int4Keys {
   float* q_scratch = nullptr;      // [kRowBlock, head_dim] per-thread scratch
   float v_scale[kKeyTile];
   float v_zero[kKeyTile];
-  PrefetchQueue* prefetch = nullptr;  // the next tile's lines, or null
+  PrefetchQueue* prefetch = nullptr;  // the next tile's ranges, or null
 
   template <int R>
   void dots(const float* const* q, int num_keys, int /*n*/, float* const* s) const {
