@@ -115,6 +115,9 @@ void attend_mixed(const AttentionArgs& a, int seq, int kv_head, int key_begin, i
   const float* vp[kKeyTile];
   Int8Keys k8;
   Int4Keys k4;
+  PrefetchQueue prefetch;  // lines of the next tile's quantized pages
+  k8.prefetch = &prefetch;
+  k4.prefetch = &prefetch;
   float* const int4_params = int4_param_slots(hd);  // [kKeyTile pages, 2, head_dim]
   int int4_pages = 0;                               // pages of the tile with decoded parameters
   KvPrecision cur = KvPrecision::kFull;
@@ -134,12 +137,22 @@ void attend_mixed(const AttentionArgs& a, int seq, int kv_head, int key_begin, i
           break;
       }
     }
+    prefetch.drain();
     tile_begin += n;
     n = 0;
     int4_pages = 0;
   };
-  for (int blk = key_begin / bs; blk * bs < key_end; ++blk) {
-    page_lookahead(a, row0, blk, key_end, kv_head);
+  // Lookahead (page_lookahead): full pages one page ahead, as attend() does; quantized pages a
+  // tile ahead (`ahead` pages), their lines issued from inside the fold of the tile before
+  // (PrefetchQueue), the first tile's at once.
+  const int ahead = std::max(1, kKeyTile / bs);
+  const int first = key_begin / bs;
+  for (int blk = first - ahead; blk < first; ++blk) {
+    page_lookahead(a, row0, blk, key_end, kv_head, ahead, Lookahead::kQuantized);
+  }
+  for (int blk = first; blk * bs < key_end; ++blk) {
+    page_lookahead(a, row0, blk, key_end, kv_head, 1, Lookahead::kFull);
+    page_lookahead(a, row0, blk, key_end, kv_head, ahead, Lookahead::kQuantized, &prefetch);
     const KvPrecision p = precision_of(a, row0 + blk);
     const int32_t id = a.block_tables[row0 + blk];
     int slot = std::max(key_begin - blk * bs, 0);

@@ -73,27 +73,32 @@ KVSPLIT_ALWAYS_INLINE void dot_block_rows_by(const float* const* q, const Accumu
   }
 }
 
+// The accumulate step of dot_block_rows_by for keys whose chunks kv(t, d) loads (k_t[d .. d + kW)
+// as a Vec, in channel order): returns where the whole chunks end.
+template <int R, typename LoadVec>
+KVSPLIT_ALWAYS_INLINE int accumulate_chunks(const float* const* q, const LoadVec& kv, const int* tk,
+                                            Vec* acc, int n) {
+  constexpr int kb = keys_per_block<R>();
+  int d = 0;
+  for (; d + kW <= n; d += kW) {
+    Vec qv[R];
+    for (int r = 0; r < R; ++r) qv[r] = Vec::load(q[r] + d);
+    for (int j = 0; j < kb; ++j) {
+      const Vec k = kv(tk[j], d);
+      for (int r = 0; r < R; ++r) acc[r * kb + j] = Vec::fma(qv[r], k, acc[r * kb + j]);
+    }
+  }
+  return d;
+}
+
 // The same with kv(t, d) loading k_t[d .. d + kW) as a Vec (chunks in channel order).
 template <int R, typename LoadVec, typename LoadScalar>
 KVSPLIT_ALWAYS_INLINE void dot_block_rows(const float* const* q, const LoadVec& kv,
                                           const LoadScalar& ks, int num_keys, int n,
                                           float* const* s) {
-  constexpr int kb = keys_per_block<R>();
   dot_block_rows_by<R>(
-      q,
-      [&](const int* tk, Vec* acc) {
-        int d = 0;
-        for (; d + kW <= n; d += kW) {
-          Vec qv[R];
-          for (int r = 0; r < R; ++r) qv[r] = Vec::load(q[r] + d);
-          for (int j = 0; j < kb; ++j) {
-            const Vec k = kv(tk[j], d);
-            for (int r = 0; r < R; ++r) acc[r * kb + j] = Vec::fma(qv[r], k, acc[r * kb + j]);
-          }
-        }
-        return d;
-      },
-      ks, num_keys, n, s);
+      q, [&](const int* tk, Vec* acc) { return accumulate_chunks<R>(q, kv, tk, acc, n); }, ks,
+      num_keys, n, s);
 }
 
 // o[r][d] += bias[r] + sum_t p[r][t] * v(t, d) for R rows over n elements, t in [0, num_keys);

@@ -38,11 +38,15 @@ KVSPLIT_ALWAYS_INLINE Vec vec_u4(const uint8_t* row, int d) {
   v = _mm512_and_si512(_mm512_maskz_srlv_epi32(kAll, v, sh), _mm512_set1_epi32(0xf));
   return {_mm512_maskz_cvtepi32_ps(kAll, v)};
 }
+// As the AVX2 one below. The codes become floats by a table lookup (vpermps reads only the low 4
+// bits of each index): no mask, no int -> float conversion.
 KVSPLIT_ALWAYS_INLINE void vec_u4_pair(const uint8_t* p, Vec* even, Vec* odd) {
+  const __m512 codes = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, 11.f,
+                                      12.f, 13.f, 14.f, 15.f);
   const __m512i b =
       _mm512_maskz_cvtepu8_epi32(kAll, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  even->v = _mm512_maskz_cvtepi32_ps(kAll, _mm512_and_si512(b, _mm512_set1_epi32(0xf)));
-  odd->v = _mm512_maskz_cvtepi32_ps(kAll, _mm512_maskz_srli_epi32(kAll, b, 4));
+  even->v = _mm512_maskz_permutexvar_ps(kAll, b, codes);
+  odd->v = _mm512_maskz_permutexvar_ps(kAll, _mm512_maskz_srli_epi32(kAll, b, 4), codes);
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 KVSPLIT_ALWAYS_INLINE Vec vec_i8(const int8_t* q) {
@@ -88,6 +92,50 @@ inline void deinterleave_groups(const float* src, int n, float* dst) {
   for (; d < n; ++d) dst[d] = src[d];
 }
 
+// The byte ranges of the next tile's quantized pages, whose cache lines the fold of the current
+// tile (Int8Keys / Int4Keys::dots) prefetches a few at a time, so that the prefetches overlap its
+// arithmetic. Issued all at once (as the full pages are), the prefetches of a tile queue up behind
+// the line fill buffers and stall the fold that follows them. A hint: no effect on results.
+struct PrefetchQueue {
+  static constexpr int kCapacity = 256;  // ranges; past it, add() prefetches at once
+  static constexpr uintptr_t kLine = 64;
+  uintptr_t line[kCapacity];  // per range: its next line to prefetch (line-aligned)
+  uintptr_t end[kCapacity];   // per range: one past its last byte
+  int n = 0;                  // ranges queued
+  int next = 0;               // ranges fully issued
+
+  void add(const void* p, int64_t bytes) {
+    const uintptr_t b = reinterpret_cast<uintptr_t>(p);
+    if (n < kCapacity) {
+      line[n] = b & ~(kLine - 1);
+      end[n] = b + static_cast<uintptr_t>(bytes);
+      ++n;
+      return;
+    }
+    for (uintptr_t c = b & ~(kLine - 1); c < b + bytes; c += kLine) {
+      __builtin_prefetch(reinterpret_cast<const void*>(c));
+    }
+  }
+  // Prefetches the next k queued lines.
+  KVSPLIT_ALWAYS_INLINE void issue(int k) {
+    while (k > 0 && next < n) {
+      uintptr_t c = line[next];
+      const uintptr_t e = end[next];
+      for (; k > 0 && c < e; --k, c += kLine) __builtin_prefetch(reinterpret_cast<const void*>(c));
+      line[next] = c;
+      if (c >= e) ++next;
+    }
+  }
+  void drain() {
+    issue(1 << 30);
+    n = next = 0;
+  }
+};
+
+// Lines a fold issues from its PrefetchQueue per key it scores (about what the line fill buffers
+// complete in the time of one key: int4 pages need about 2.6 lines a key, int8 ones 4.1).
+constexpr int kPrefetchLinesPerKey = 3;
+
 // Keys of int8 pages (one tile: up to kKeyTile keys, from one or more pages): k_t = code *
 // k_scale[t] (per token). q . k_t = (q . codes) * k_scale[t]; sum_t p_t v_t = sum_t (p_t *
 // v_scale[t]) codes_t.
@@ -97,12 +145,20 @@ struct Int8Keys {
   const int8_t* v[kKeyTile];
   float k_scale[kKeyTile];
   float v_scale[kKeyTile];
+  PrefetchQueue* prefetch = nullptr;  // the next tile's ranges, or null
 
   template <int R>
   void dots(const float* const* q, int num_keys, int /*n*/, float* const* s) const {
     const int8_t* const* rows = k;
-    dot_block_rows<R>(
-        q, [rows](int t, int d) { return vec_i8(rows[t] + d); },
+    PrefetchQueue* pf = prefetch;
+    const int hd = n;
+    dot_block_rows_by<R>(
+        q,
+        [&](const int* tk, Vec* acc) {
+          if (pf) pf->issue(kPrefetchLinesPerKey * keys_per_block<R>());
+          return accumulate_chunks<R>(
+              q, [rows](int t, int d) { return vec_i8(rows[t] + d); }, tk, acc, hd);
+        },
         [rows](int t, int d) { return static_cast<float>(rows[t][d]); }, num_keys, n, s);
     for (int r = 0; r < R; ++r) {
       for (int t = 0; t < num_keys; ++t) s[r][t] *= k_scale[t];
@@ -139,6 +195,7 @@ struct Int4Keys {
   float* q_scratch = nullptr;      // [kRowBlock, head_dim] per-thread scratch
   float v_scale[kKeyTile];
   float v_zero[kKeyTile];
+  PrefetchQueue* prefetch = nullptr;  // the next tile's ranges, or null
 
   template <int R>
   void dots(const float* const* q, int num_keys, int /*n*/, float* const* s) const {
@@ -153,9 +210,11 @@ struct Int4Keys {
     const float* const* ks = k_scale;
     const float* const* kz = k_zero;
     const int groups = n / (2 * kW);
+    PrefetchQueue* pf = prefetch;
     dot_block_rows_by<R>(
         qd,
         [&](const int* tk, Vec* acc) {
+          if (pf) pf->issue(kPrefetchLinesPerKey * kb);
           for (int g = 0; g < groups; ++g) {
             const int c = 2 * kW * g;
             Vec qe[R], qo[R];
@@ -320,29 +379,47 @@ inline void for_each_page_range(const AttentionArgs& a, KvPrecision p, int32_t i
   fn(kernels::kvq_f16_at(page, ql.int4_v_zero_offset()) + int64_t{h} * bs, int64_t{bs} * 2);
 }
 
+// Pages page_lookahead looks at.
+enum class Lookahead : uint8_t { kAll, kFull, kQuantized };
+
 // Memory lookahead of a walk over the pages of one kv head (h) of one sequence (block-table row
-// `row0`), called at page blk before it is folded: one load from each range of page blk + 2, so
-// that its TLB misses are walked now (software prefetches that miss the STLB are dropped), and a
-// prefetch of every cache line of page blk + 1. Pages sit in their arenas in block-table order,
-// which is random, so the hardware prefetchers cannot foresee the next page; without this every
-// page starts with page walks and misses (about half the time of a 16K-token decode on the
-// development VM). Pages at or past key_end are not touched; results do not depend on it.
-inline void page_lookahead(const AttentionArgs& a, int64_t row0, int blk, int key_end, int h) {
+// `row0`), called at page blk before it is folded: one load from each range of page
+// blk + 2 * distance, so that its TLB misses are walked now (software prefetches that miss the
+// STLB are dropped), and a prefetch of every cache line of page blk + distance, or with `queue`
+// its lines queued for the fold to issue. Only the pages `which` selects. Pages sit in their
+// arenas in block-table order, which is random, so the hardware prefetchers cannot foresee the
+// next page; without this every page starts with page walks and misses (about half the time of a
+// 16K-token decode on the development VM). Pages at or past key_end are not touched; results do
+// not depend on it.
+inline void page_lookahead(const AttentionArgs& a, int64_t row0, int blk, int key_end, int h,
+                           int distance = 1, Lookahead which = Lookahead::kAll,
+                           PrefetchQueue* queue = nullptr) {
   const int bs = a.kv.block_size;
-  if ((blk + 2) * bs < key_end) {
+  const auto wanted = [&](int b) {
+    if (b < 0 || b * bs >= key_end) return false;
+    const bool full = precision_of(a, row0 + b) == KvPrecision::kFull;
+    return which == Lookahead::kAll || full == (which == Lookahead::kFull);
+  };
+  const int touch = blk + 2 * distance;
+  if (wanted(touch)) {
     for_each_page_range(
-        a, precision_of(a, row0 + blk + 2), a.block_tables[row0 + blk + 2], h,
+        a, precision_of(a, row0 + touch), a.block_tables[row0 + touch], h,
         [](const void* p, int64_t) { (void)*static_cast<const volatile char*>(p); });
   }
-  if ((blk + 1) * bs < key_end) {
-    for_each_page_range(a, precision_of(a, row0 + blk + 1), a.block_tables[row0 + blk + 1], h,
-                        [](const void* p, int64_t bytes) {
-                          constexpr int64_t kLine = 64;
-                          const char* c = static_cast<const char*>(p);
-                          for (int64_t i = 0; i < bytes; i += kLine) __builtin_prefetch(c + i);
-                          __builtin_prefetch(c + bytes - 1);
-                        });
+  const int next = blk + distance;
+  if (!wanted(next)) return;
+  if (queue) {
+    for_each_page_range(a, precision_of(a, row0 + next), a.block_tables[row0 + next], h,
+                        [queue](const void* c, int64_t bytes) { queue->add(c, bytes); });
+    return;
   }
+  for_each_page_range(a, precision_of(a, row0 + next), a.block_tables[row0 + next], h,
+                      [](const void* c, int64_t bytes) {
+                        constexpr int64_t kLine = 64;
+                        const char* line = static_cast<const char*>(c);
+                        for (int64_t i = 0; i < bytes; i += kLine) __builtin_prefetch(line + i);
+                        __builtin_prefetch(line + bytes - 1);
+                      });
 }
 
 // Per-thread decoded int4 key parameters of the pages of the current tile ([kKeyTile pages, 2
