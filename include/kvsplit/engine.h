@@ -45,6 +45,10 @@ struct SlaClass {
   // `.temporal_step_size`); unset / 0: EngineConfig::temporal's. The tiers stay the engine's.
   std::optional<SwapMode> swap;
   int32_t temporal_step_size = 0;  // >= 0
+  // Spatial cut override (YAML `sla_classes.<name>.kv.spread`): true places every request of
+  // this class across the worker's shards, false keeps them on the home shard while it has room;
+  // unset: by EngineConfig::spatial.min_context. Without shards it changes nothing.
+  std::optional<bool> spread;
 };
 
 enum class ServingMode : uint8_t {

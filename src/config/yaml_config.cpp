@@ -418,6 +418,10 @@ Status read_sla_classes(const YAML::Node& n, const SemanticCutConfig& defaults,
       if (k.has("temporal_step_size") && c.temporal_step_size < 1)
         return field_error(join(join(path, "kv"), "temporal_step_size"),
                            "must be >= 1, got " + std::to_string(c.temporal_step_size));
+      // The spatial cut's per-class key.
+      bool spread = false;
+      KVSPLIT_RETURN_IF_ERROR(k.get("spread", &spread));
+      if (k.has("spread")) c.spread = spread;
       KVSPLIT_RETURN_IF_ERROR(k.finish());
     }
     KVSPLIT_RETURN_IF_ERROR(r.finish());

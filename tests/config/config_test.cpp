@@ -408,6 +408,10 @@ TEST(ConfigTest, SpatialCutKeys) {
   EXPECT_EQ(c->engine.spatial.shards, 4);
   EXPECT_EQ(c->engine.spatial.spatial_chunk_size, 8192);
   EXPECT_EQ(c->engine.spatial.min_context, 16384);
+  auto cls = parse_config("sla_classes:\n  long: {kv: {spread: true}}\n  chat: {kv: {spread: false}}\n");
+  ASSERT_TRUE(cls.ok()) << cls.status().to_string();
+  EXPECT_EQ(cls->engine.sla_classes[0].spread, std::optional<bool>(true));
+  EXPECT_EQ(cls->engine.sla_classes[1].spread, std::optional<bool>(false));
   auto d = parse_config("kv:\n  cuts:\n    spatial: {}\n");
   ASSERT_TRUE(d.ok()) << d.status().to_string();
   EXPECT_EQ(d->engine.spatial.shards, 1);  // off unless asked
@@ -419,6 +423,7 @@ TEST(ConfigTest, SpatialCutKeys) {
        "kv.cuts.spatial.spatial_chunk_size"},
       {"kv:\n  cuts:\n    spatial: {min_context: -1}\n", "kv.cuts.spatial.min_context"},
       {"kv:\n  cuts:\n    spatial: {shard: 2}\n", "shard"},
+      {"sla_classes:\n  v: {kv: {spread: maybe}}\n", "sla_classes.v.kv.spread"},
       {"kv:\n  kv_cache_compression: semantic_v2\n  cuts:\n    spatial: {shards: 2}\n",
        "kv.cuts.spatial.shards"},
       {"pools: {backend: cuda}\nkv:\n  cuts:\n    spatial: {shards: 2}\n", "kv.cuts.spatial.shards"},

@@ -150,7 +150,9 @@ TEST(EngineSpatialCapacity, MinContextSpreadsOnlyLongSequences) {
 TEST(EngineSpatialMigrate, MigrateKvMovesPagesAndKeepsTheTokens) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
-  cfg.kv_blocks_per_worker = 8;  // 13 pages held at the migration, about 4 per shard
+  // 16 blocks per shard; the request holds 19 to 32 pages, one page per chunk round robin, when
+  // it is held: about a third per shard, so shard 2 cannot take them all but takes a few.
+  cfg.kv_blocks_per_worker = 16;
   cfg.spatial.shards = 3;
   cfg.spatial.spatial_chunk_size = 16;
   auto engine = EngineImpl::create(cfg);
@@ -158,6 +160,10 @@ TEST(EngineSpatialMigrate, MigrateKvMovesPagesAndKeepsTheTokens) {
   const std::vector<int> initial = testing::free_blocks(**engine);
   Request r = long_request();
   r.tenant = "t";
+  std::vector<int32_t> prompt(300);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = 3 + static_cast<int32_t>(i * 11 % 500);
+  r.prompt_token_ids = prompt;
+  r.sampling.max_tokens = 200;  // long enough that the hold lands while it decodes
   Collected alone = collect(*(*engine)->submit(r));
   ASSERT_TRUE(alone.final_event.status.ok()) << alone.final_event.status.to_string();
   auto send = [&](sched::WorkerCommand c) {
@@ -197,6 +203,51 @@ TEST(EngineSpatialMigrate, MigrateKvMovesPagesAndKeepsTheTokens) {
   tokens.insert(tokens.end(), rest.tokens.begin(), rest.tokens.end());
   EXPECT_EQ(tokens, alone.tokens);
   EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+}
+
+// SlaClass::spread overrides min_context: the same short request is spread for one class and
+// stays home for the other (pages on shards other than home, seen while it is held).
+TEST(EngineSpatialCapacity, ClassSpreadOverridesMinContext) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
+  cfg.kv_blocks_per_worker = 32;
+  cfg.spatial.shards = 2;
+  cfg.spatial.spatial_chunk_size = 16;
+  cfg.spatial.min_context = 1000;  // nothing is long enough by itself
+  SlaClass wide;
+  wide.name = "wide";
+  wide.spread = true;
+  cfg.sla_classes.push_back(wide);
+  auto engine = EngineImpl::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  for (const char* cls : {"default", "wide"}) {
+    Request r;
+    r.prompt = "Once upon a time";
+    r.sla_class = cls;
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = 400;  // long enough that the hold lands while it decodes
+    r.sampling.ignore_eos = true;
+    auto h = (*engine)->submit(r);
+    ASSERT_TRUE(h.ok());
+    std::vector<int32_t> tokens;
+    TokenEvent ev;
+    while (tokens.size() < 20 && h->next(&ev, std::chrono::seconds(30)))
+      tokens.insert(tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
+    (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+    auto f = (*engine)->send_command(0, sched::SnapshotState{});
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+    const sched::CommandReply rep = f.get();
+    ASSERT_EQ(rep.state.sequences.size(), 1u);
+    const std::vector<int>& pages = rep.state.sequences[0].pages_per_shard;
+    ASSERT_EQ(pages.size(), 2u);
+    if (std::string(cls) == "wide")
+      EXPECT_GT(pages[1], 0) << cls;
+    else
+      EXPECT_EQ(pages[1], 0) << cls;
+    (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+    Collected rest = collect(*h);
+    EXPECT_TRUE(rest.final_event.status.ok());
+  }
 }
 
 TEST(EngineSpatialConfig, BadValuesNameTheField) {
