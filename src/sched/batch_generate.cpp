@@ -12,6 +12,7 @@
 #include "sampling/stop.h"
 #include "sched/scheduler.h"
 #include "sched/swap_cost.h"
+#include "sched/swap_predictor.h"
 
 namespace kvsplit::sched {
 
@@ -42,6 +43,9 @@ struct SeqState {
   int recomputed_tokens = 0;
   int cached_tokens = 0;
   int64_t resume_step = 0;  // swapped out: not resumed before this step while others run
+  // The disk read of its swapped-out pages started a step ahead (kv::SwapPrefetch); dropped
+  // before the table is released (a record being read cannot be freed).
+  std::unique_ptr<kv::SwapPrefetch> prefetch;
 
   int num_output() const { return static_cast<int>(tokens.size()) - num_prompt; }
   // Positions whose KV must exist before the next decode step: prompt + output[:-1] (of the
@@ -63,7 +67,10 @@ struct PoolGuard {
   kv::KvPool& pool;
   std::vector<SeqState>& seqs;
   ~PoolGuard() {
-    for (SeqState& s : seqs) pool.release(s.table);
+    for (SeqState& s : seqs) {
+      s.prefetch.reset();
+      pool.release(s.table);
+    }
   }
 };
 
@@ -224,7 +231,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     }
     for (const SwapIn& r : plan.swap_in) {
       SeqState& s = seqs[r.id];
-      auto done = kv::swap_in(pool, s.table, &swap_stats);
+      auto done = kv::swap_in(pool, s.table, &swap_stats, s.prefetch.get());
       if (done.ok()) {
         KVSPLIT_CHECK(*done);  // the scheduler reserved the blocks
         s.running = true;      // decodes from the next step
@@ -233,8 +240,19 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       // A disk fault (checksum, I/O) or a copy error: slower, never wrong; recompute it.
       ++swap_stats.fallbacks;
       s.recomputed_tokens += s.computed;
-      pool.release(s.table);
+      pool.release(s.table);  // swap_in consumed its prefetch
       s.computed = 0;
+    }
+    // Read ahead the disk records of the sequences expected to resume next step (the worker's
+    // rule: Worker::start_prefetches).
+    if (pool.disk() != nullptr) {
+      for (int k : scheduler.predictor().prefetch(waiting, step + 1, plan.free_blocks_after)) {
+        SeqState& s = seqs[waiting[k].id];
+        if (s.running || s.table.disk_record == 0 || (s.prefetch && s.prefetch->record != 0))
+          continue;
+        if (!s.prefetch) s.prefetch = std::make_unique<kv::SwapPrefetch>();
+        (void)kv::start_prefetch(pool, s.table, s.prefetch.get(), &swap_stats);  // else: read later
+      }
     }
 
     steps.clear();

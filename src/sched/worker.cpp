@@ -140,8 +140,13 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_prefix_queries = kv_stats_.kv_prefix_queries;
   s.pool.kv_prefix_hits = kv_stats_.kv_prefix_hits;
   s.pool.kv_disk_faults = kv_stats_.kv_disk_faults;
+  s.pool.kv_prefetch_hits = kv_stats_.kv_prefetch_hits;
+  s.pool.kv_prefetch_misses = kv_stats_.kv_prefetch_misses;
   s.kv_summary_slots_used = kv_summary_used_;
   s.kv_host_slots_used = kv_host_used_;
+  s.kv_disk_records = kv_disk_records_;
+  s.kv_prefetch_pending = kv_prefetch_pending_;
+  s.kv_prefetch_dropped = kv_prefetch_dropped_;
   return s;
 }
 
@@ -177,6 +182,8 @@ void Worker::publish_stats() {
     k.kv_prefix_hits = pc->stats().hit_pages * pool_->block_size();
   }
   k.kv_disk_faults = swap_stats_.disk_faults;
+  k.kv_prefetch_hits = swap_stats_.prefetch_hits;
+  k.kv_prefetch_misses = swap_stats_.prefetch_misses;
   k.kv_demotions = cut_ops_.demoted_to_int8 + cut_ops_.demoted_to_int4;
   k.kv_evictions = cut_ops_.evicted;
   k.kv_recalls = cut_ops_.restored;
@@ -191,6 +198,11 @@ void Worker::publish_stats() {
   kv_stats_ = k;
   kv_summary_used_ = pool_->summary_allocator().num_used();
   kv_host_used_ = host.num_used();
+  kv_disk_records_ = pool_->disk() != nullptr ? pool_->disk()->stats().records : 0;
+  kv_prefetch_pending_ = 0;
+  for (const std::unique_ptr<Sequence>& seq : waiting_)
+    kv_prefetch_pending_ += seq->prefetch != nullptr && seq->prefetch->record != 0;
+  kv_prefetch_dropped_ = swap_stats_.prefetch_dropped;
 }
 
 void Worker::loop() {
@@ -261,8 +273,7 @@ void Worker::drain_inbox(Clock::time_point now) {
 }
 
 void Worker::finish(Sequence& seq, FinishReason reason, Status status, Clock::time_point now) {
-  if (!seq.table.blocks.empty()) pool_->release(seq.table);
-  seq.table = {};
+  release_kv(seq);
   seq.next = Sequence::Next::kRemove;
   finish_sequence(seq, reason, std::move(status), now, *shared_->sink);
 }

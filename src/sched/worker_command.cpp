@@ -66,8 +66,7 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
       if (!owns(*s)) continue;
       KVSPLIT_LOG_WARN("{}: releasing the KV of waiting request {} ({} tokens computed)",
                        options_.name, s->display_id(), s->num_computed);
-      pool_->release(s->table);
-      s->table = {};
+      release_kv(*s);
       s->num_computed = 0;
       return ok_status();
     }

@@ -218,6 +218,8 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_kv_prefix_cache_pages(p.kv_prefix_cache_pages);
     o->set_kv_prefix_queries(p.kv_prefix_queries);
     o->set_kv_prefix_hits(p.kv_prefix_hits);
+    o->set_kv_prefetch_hits(p.kv_prefetch_hits);
+    o->set_kv_prefetch_misses(p.kv_prefetch_misses);
   }
   for (const SlaClassStats& c : stats.classes) {
     v1::SlaClassStats* o = out->add_classes();

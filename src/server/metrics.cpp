@@ -89,7 +89,15 @@ class EngineCollector : public pm::Collectable {
     auto& prefix_hits =
         family("kvsplit:prefix_cache_hits_total", "Prompt tokens served from the prefix cache",
                pm::MetricType::Counter);
+    auto& prefetch = family("kvsplit:kv_prefetch_total",
+                            "Swap-ins from the disk tier whose read, started a step ahead, had "
+                            "completed (hit) or had to be read or waited for then (miss)",
+                            pm::MetricType::Counter);
     for (const PoolStats& p : s.pools) {
+      prefetch.metric.push_back(
+          counter(static_cast<double>(p.kv_prefetch_hits), {{"pool", p.name}, {"result", "hit"}}));
+      prefetch.metric.push_back(counter(static_cast<double>(p.kv_prefetch_misses),
+                                        {{"pool", p.name}, {"result", "miss"}}));
       prefix_queries.metric.push_back(
           counter(static_cast<double>(p.kv_prefix_queries), {{"pool", p.name}}));
       prefix_hits.metric.push_back(
