@@ -10,8 +10,8 @@
 //      strictly lower priority when that frees enough, never equal ones (no preemption storms);
 //      it waits while a preempted sequence of at least its priority still waits for blocks;
 //   2. decode: every running sequence gets one token, best served first; when the pool cannot
-//      grow one, the running sequence served last gives its blocks back (recompute later),
-//      possibly the one being grown;
+//      grow one, a running sequence not served before it gives its blocks back (swapped out or
+//      recomputed later), possibly the one being grown;
 //   3. prefill: waiting sequences (new prompts and recomputes) in service order reserve the KV
 //      of their whole target when they start (the first that does not fit stops the rest), then
 //      share the token budget by plan_prefill_chunks, least recently served first within a
