@@ -225,6 +225,10 @@ struct PoolStats {
   int64_t kv_swap_fallbacks = 0;     // swaps that fell back to recompute
   int64_t kv_swaps_to_disk = 0;      // swap-outs that went to the disk tier (host tier full)
   int64_t kv_disk_faults = 0;        // disk tier writes / reads that failed (then recomputed)
+  // Prefetch (docs/kv-tiers.md): swap-ins from the disk tier whose read, started a step ahead,
+  // had completed when they ran (hits), and those that read or waited then (misses).
+  int64_t kv_prefetch_hits = 0;
+  int64_t kv_prefetch_misses = 0;
   // Prefix cache (EngineConfig::prefix_cache): pages it holds now, and since start the prompt
   // tokens looked up (whole pages) and the tokens served from it (hit rate = hits / queries).
   int32_t kv_prefix_cache_pages = 0;

@@ -25,8 +25,7 @@ class InProcessCommunicator final : public Communicator {
     }
     ++stats_.transfers;
     stats_.bytes += static_cast<int64_t>(bytes);
-    stats_.seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return ok_status();
   }
   const char* name() const override { return "in-process"; }

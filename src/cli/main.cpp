@@ -198,13 +198,15 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
       for (const sched::GenerationOutput& o : *out) recomputed += o.recomputed_tokens;
       std::fprintf(stderr,
                    "kv: %d blocks (%d needed without preemption), swap %s: swapped out %lld "
-                   "sequences (%lld pages; %lld to disk), in %lld; disk faults %lld; %d tokens "
-                   "recomputed\n",
+                   "sequences (%lld pages; %lld to disk), in %lld (prefetch %lld hits, %lld "
+                   "misses); disk faults %lld; %d tokens recomputed\n",
                    pc.num_blocks, needed, sched::swap_mode_name(swap),
                    static_cast<long long>(swap_stats.swaps_out),
                    static_cast<long long>(swap_stats.pages_out),
                    static_cast<long long>(swap_stats.to_disk),
                    static_cast<long long>(swap_stats.swaps_in),
+                   static_cast<long long>(swap_stats.prefetch_hits),
+                   static_cast<long long>(swap_stats.prefetch_misses),
                    static_cast<long long>(swap_stats.disk_faults), recomputed);
     }
     if (rc->policy != cuts::semantic::KvPolicy::kFull) {

@@ -48,10 +48,10 @@ Status validate_config(const Config& config) {
   KVSPLIT_RETURN_IF_ERROR(check_range("kv.blocks_per_worker", e.kv_blocks_per_worker, 0, 1 << 26));
   KVSPLIT_RETURN_IF_ERROR(validate_semantic_cut(e.semantic, "kv.cuts.semantic."));
   if (e.spatial.spatial_chunk_size % e.block_size != 0)
-    return invalid_argument("kv.cuts.spatial.spatial_chunk_size: must be a multiple of "
-                            "kv.block_size " +
-                            std::to_string(e.block_size) + ", got " +
-                            std::to_string(e.spatial.spatial_chunk_size));
+    return invalid_argument(
+        "kv.cuts.spatial.spatial_chunk_size: must be a multiple of "
+        "kv.block_size " +
+        std::to_string(e.block_size) + ", got " + std::to_string(e.spatial.spatial_chunk_size));
   if (e.spatial.shards > 1 && e.kv_policy != KvPolicy::kFull)
     return invalid_argument(
         "kv.cuts.spatial.shards: must be 1 with kv.kv_cache_compression / the semantic cut on "

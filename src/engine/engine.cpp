@@ -209,10 +209,9 @@ std::unique_ptr<sched::Sequence> EngineImpl::make_sequence(const Request& reques
   seq->stop = std::make_unique<sampling::StopChecker>(request.sampling, mc.eos_token_ids, max_new);
   // The spatial cut: a sequence that may grow past min_context is placed across the shards.
   // Its class may ask for it either way (SlaClass::spread).
-  seq->table.spread =
-      config_.spatial.shards > 1 &&
-      cls.spread.value_or(config_.spatial.min_context == 0 ||
-                          seq->num_prompt + max_new > config_.spatial.min_context);
+  seq->table.spread = config_.spatial.shards > 1 &&
+                      cls.spread.value_or(config_.spatial.min_context == 0 ||
+                                          seq->num_prompt + max_new > config_.spatial.min_context);
   seq->decoder = std::make_unique<model::StreamDecoder>(*loaded_->tokenizer, last_prompt);
   if (!request.sampling.ignore_eos) seq->eos_ids = mc.eos_token_ids;
   const sched::Clock::time_point now = sched::Clock::now();

@@ -188,7 +188,7 @@ bool KvPool::reserve(BlockTable& table, int new_num_tokens) {
 }
 
 std::optional<std::vector<KvPool::PlacedBlock>> KvPool::allocate_placed(int first_page, int n,
-                                                                       bool spread) {
+                                                                        bool spread) {
   // Place every page first, then allocate per shard (all or nothing).
   const int S = num_shards();
   std::vector<int> avail(S), count(S, 0), where(n);
@@ -206,7 +206,8 @@ std::optional<std::vector<KvPool::PlacedBlock>> KvPool::allocate_placed(int firs
   std::vector<std::vector<int32_t>> ids(S);
   for (int s = 0; s < S; ++s) {
     if (count[s] == 0) continue;
-    auto got = s == 0 ? allocate_blocks(count[s]) : peers_[s - 1].pool->allocator_.allocate(count[s]);
+    auto got =
+        s == 0 ? allocate_blocks(count[s]) : peers_[s - 1].pool->allocator_.allocate(count[s]);
     KVSPLIT_CHECK_MSG(got.has_value(), "KvPool: a shard lost the blocks it counted");
     ids[s] = std::move(*got);
   }
@@ -268,7 +269,8 @@ StatusOr<void*> KvPool::workspace(int slot, size_t bytes) {
   backend::DeviceBuffer& buf = workspace_[slot];
   if (buf.get() == nullptr || buf.bytes() < bytes) {
     buf.reset();
-    KVSPLIT_ASSIGN_OR_RETURN(buf, backend::DeviceBuffer::make(backend_, std::max<size_t>(bytes, 64)));
+    KVSPLIT_ASSIGN_OR_RETURN(buf,
+                             backend::DeviceBuffer::make(backend_, std::max<size_t>(bytes, 64)));
   }
   return buf.get();
 }

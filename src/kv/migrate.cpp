@@ -105,8 +105,7 @@ StatusOr<int> migrate_pages(KvPool& pool, BlockTable& table, int first_page, int
     stats->pages += static_cast<int64_t>(idx.size());
     stats->from_host += from_host;
     stats->bytes += static_cast<int64_t>(idx.size()) * page_bytes * pool.shape().num_layers;
-    stats->seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   return static_cast<int>(idx.size());
 }

@@ -14,10 +14,10 @@
 namespace kvsplit::kv {
 
 struct MigrateStats {
-  int64_t pages = 0;        // pages moved
-  int64_t from_host = 0;    // of which from the host tier
-  int64_t bytes = 0;        // bytes copied (all layers)
-  double seconds = 0;       // wall time, copies included
+  int64_t pages = 0;      // pages moved
+  int64_t from_host = 0;  // of which from the host tier
+  int64_t bytes = 0;      // bytes copied (all layers)
+  double seconds = 0;     // wall time, copies included
   void add(const MigrateStats& o) {
     pages += o.pages;
     from_host += o.from_host;

@@ -40,6 +40,10 @@ void SwapStats::add(const SwapStats& o) {
   from_disk += o.from_disk;
   disk_faults += o.disk_faults;
   fallbacks += o.fallbacks;
+  prefetches += o.prefetches;
+  prefetch_hits += o.prefetch_hits;
+  prefetch_misses += o.prefetch_misses;
+  prefetch_dropped += o.prefetch_dropped;
   out_seconds += o.out_seconds;
   in_seconds += o.in_seconds;
 }
@@ -165,7 +169,31 @@ StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats) {
   return true;
 }
 
-StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats) {
+StatusOr<bool> start_prefetch(KvPool& pool, const BlockTable& table, SwapPrefetch* pf,
+                              SwapStats* stats) {
+  KVSPLIT_CHECK(pf != nullptr && stats != nullptr && pf->record == 0);
+  if (table.disk_record == 0) return false;
+  KVSPLIT_CHECK(pool.disk() != nullptr);
+  const int pages = swapped_pages(table);
+  const int64_t bytes =
+      int64_t{pages} * pool.page_layer_bytes(KvPrecision::kFull) * pool.shape().num_layers;
+  pf->staging.resize(static_cast<size_t>(bytes));
+  const std::span<std::byte> dst[] = {pf->staging};
+  KVSPLIT_ASSIGN_OR_RETURN(
+      pf->op, pool.disk()->read(table.disk_record, dst, disk_key(static_cast<size_t>(pages))));
+  pf->record = table.disk_record;
+  pf->result.reset();
+  ++stats->prefetches;
+  return true;
+}
+
+bool prefetch_ready(KvPool& pool, SwapPrefetch& pf) {
+  if (pf.record == 0 || pf.result) return pf.record != 0;
+  pf.result = pool.disk()->poll(pf.op);
+  return pf.result.has_value();
+}
+
+StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPrefetch* prefetch) {
   KVSPLIT_CHECK(stats != nullptr);
   KVSPLIT_CHECK(table.pages.empty() || table.pages.size() == table.blocks.size());
   const auto t0 = std::chrono::steady_clock::now();
@@ -195,9 +223,21 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats) {
   if (from_disk) {
     // One read of the whole record; the tier checks its header, key and checksum.
     const int64_t per_page = page_bytes * layers;
-    staging.resize(static_cast<size_t>(per_page) * idx.size());
-    const std::span<std::byte> dst[] = {staging};
-    st = pool.disk()->read_sync(table.disk_record, dst, disk_key(idx.size()));
+    if (prefetch != nullptr && prefetch->record == table.disk_record) {
+      // Read ahead: a hit when the read had completed (and succeeded) by now.
+      const bool ready = prefetch_ready(pool, *prefetch);
+      if (!ready) prefetch->result = pool.disk()->wait(prefetch->op);
+      st = *prefetch->result;
+      ++(ready && st.ok() ? stats->prefetch_hits : stats->prefetch_misses);
+      staging = std::move(prefetch->staging);
+      prefetch->record = 0;
+      prefetch->result.reset();
+    } else {
+      staging.resize(static_cast<size_t>(per_page) * idx.size());
+      const std::span<std::byte> dst[] = {staging};
+      st = pool.disk()->read_sync(table.disk_record, dst, disk_key(idx.size()));
+      ++stats->prefetch_misses;
+    }
     if (!st.ok()) ++stats->disk_faults;
     for (size_t k = 0; k < idx.size() && st.ok(); ++k) {
       const int32_t at = table.pages[idx[k]].original;

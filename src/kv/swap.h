@@ -8,9 +8,13 @@
 // block); evicted pages stay evicted. So a swap out and in leaves every page bit-exact.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 #include "kv/block_allocator.h"
+#include "kv/disk_tier.h"
 #include "kv/kv_pool.h"
 #include "kvsplit/status.h"
 
@@ -30,8 +34,15 @@ struct SwapStats {
   int64_t fallbacks = 0;          // swap-ins that failed and were recomputed (callers count)
   int64_t refused_no_blocks = 0;  // swap-ins refused: too few free device blocks
   int64_t refused_sharded = 0;    // swap-outs refused: the table spans a shard group
-  double out_seconds = 0;         // wall time of the swap-outs (copies included)
-  double in_seconds = 0;          // wall time of the swap-ins
+  // Prefetch (SwapPrefetch): disk reads started ahead of a swap-in, and of the swap-ins from the
+  // disk tier, those whose read had completed when they ran (hits) and those that read or
+  // waited then, or whose read failed (misses). Host-tier swap-ins are neither (no I/O to wait).
+  int64_t prefetches = 0;
+  int64_t prefetch_hits = 0;
+  int64_t prefetch_misses = 0;
+  int64_t prefetch_dropped = 0;  // prefetches dropped unused (the sequence ended; callers count)
+  double out_seconds = 0;        // wall time of the swap-outs (copies included)
+  double in_seconds = 0;         // wall time of the swap-ins
 
   void add(const SwapStats& o);
 };
@@ -48,10 +59,33 @@ int swapped_pages(const BlockTable& table);
 // recomputes). A backend error leaves the table unchanged too.
 StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats);
 
+// A swap-in's disk read started ahead of the step that resumes the table (the temporal cut's
+// prefetch, docs/kv-tiers.md): the table's disk record is read into `staging` on the tier's I/O
+// thread while the worker runs other steps; swap_in then copies from `staging` without waiting.
+// Owned with the table (one per table). Destroying it waits for its read; a record with a read
+// in flight cannot be freed, so drop the prefetch before releasing the table.
+struct SwapPrefetch {
+  uint64_t record = 0;             // the disk record being read (the table's disk_record)
+  std::vector<std::byte> staging;  // its payload (every page, every layer)
+  DiskOp op;                       // the read
+  std::optional<Status> result;    // how the read ended, once polled
+};
+
+// Starts reading `table`'s disk record into `*pf` (which must be unused: record 0). false:
+// nothing to read (no disk record). An error starting the read is returned (pf left unused):
+// the swap-in reads the record itself then, and meets the same fault there.
+StatusOr<bool> start_prefetch(KvPool& pool, const BlockTable& table, SwapPrefetch* pf,
+                              SwapStats* stats);
+// True once `pf`'s read has ended (ok or not); never blocks.
+bool prefetch_ready(KvPool& pool, SwapPrefetch& pf);
+
 // Inverse of swap_out: allocates a device block for every swapped-out page, copies it back and
 // frees its host slot or disk record. All or nothing: false (counted, the table unchanged) when
 // the pool has too few free blocks. A backend error, or a disk fault (checksum, I/O: counted),
 // returns its Status with the table unchanged: the caller releases it and recomputes.
-StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats);
+// `prefetch` (may be null): a prefetch of this table's record; its data is used (waiting for the
+// read if it is still in flight) and it is left unused (record 0) once the swap-in ran.
+StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats,
+                       SwapPrefetch* prefetch = nullptr);
 
 }  // namespace kvsplit::kv

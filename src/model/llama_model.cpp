@@ -264,7 +264,8 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   }
 
   int local_tokens = 0;  // token rows of the home-pool sequences (the sharded ones follow)
-  for (int k = 0; k < num_local; ++k) local_tokens += static_cast<int>(seqs[order[k]].tokens.size());
+  for (int k = 0; k < num_local; ++k)
+    local_tokens += static_cast<int>(seqs[order[k]].tokens.size());
   const int num_sharded_rows = num_tokens - local_tokens;
 
   // ---- metadata ----
@@ -513,8 +514,8 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     std::vector<ShardedSeq> sh;
     for (int k = num_local; k < static_cast<int>(order.size()); ++k) {
       const SeqStep& s = seqs[order[k]];
-      sh.push_back(ShardedSeq{s.table, s.start_pos, static_cast<int>(s.tokens.size()),
-                              is_decode(s)});
+      sh.push_back(
+          ShardedSeq{s.table, s.start_pos, static_cast<int>(s.tokens.size()), is_decode(s)});
     }
     if (!im.comm) im.comm = backend::make_in_process_communicator();
     ShardedAttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, scale};

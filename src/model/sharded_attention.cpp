@@ -59,7 +59,8 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
         return invalid_argument("page " + std::to_string(b) + " names shard " +
                                 std::to_string(pe.shard) + " of a group of " + std::to_string(S));
       if (pe.location != kv::PageLocation::kDevice && pe.location != kv::PageLocation::kEvicted)
-        return invalid_argument("page " + std::to_string(b) + " of a sharded sequence is not on a device");
+        return invalid_argument("page " + std::to_string(b) +
+                                " of a sharded sequence is not on a device");
     }
     if (s.decode) {
       if (seen_prefill) return invalid_argument("sharded decode rows must come first");
@@ -185,8 +186,7 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
       KVSPLIT_RETURN_IF_ERROR(z.be->copy_h2d(z.precision, prec.data(), prec.size()));
     }
     KVSPLIT_RETURN_IF_ERROR(take(*z.pool, kMeta, ints.size() * sizeof(int32_t), &z.meta));
-    KVSPLIT_RETURN_IF_ERROR(
-        z.be->copy_h2d(z.meta, ints.data(), ints.size() * sizeof(int32_t)));
+    KVSPLIT_RETURN_IF_ERROR(z.be->copy_h2d(z.meta, ints.data(), ints.size() * sizeof(int32_t)));
   }
   return ok_status();
 }
@@ -268,8 +268,8 @@ Status ShardedAttention::run_layer(int layer, const float* q, const float* k, co
     }
   }
   const auto t0 = std::chrono::steady_clock::now();
-  KVSPLIT_RETURN_IF_ERROR(home_->merge_attention_states(parts_o, parts_lse, S,
-                                                        int64_t{rows_} * H, d, out, nullptr));
+  KVSPLIT_RETURN_IF_ERROR(
+      home_->merge_attention_states(parts_o, parts_lse, S, int64_t{rows_} * H, d, out, nullptr));
   KVSPLIT_RETURN_IF_ERROR(home_->synchronize());
   merge_seconds_ += since(t0);
   return ok_status();

@@ -77,8 +77,8 @@ class ShardedAttention {
     float *q = nullptr, *k = nullptr, *v = nullptr;  // copies of the rows (peers only)
     float *o = nullptr, *lse = nullptr;  // partial [rows, heads, head_dim] and [rows, heads]
     float *recv_o = nullptr, *recv_lse = nullptr;  // the partial copied to home (peers only)
-    int32_t* meta = nullptr;     // slots, decode runs, prefill args
-    uint8_t* precision = nullptr;  // [prefill seqs, max_blocks] (prefill rows only)
+    int32_t* meta = nullptr;                       // slots, decode runs, prefill args
+    uint8_t* precision = nullptr;                  // [prefill seqs, max_blocks] (prefill rows only)
     size_t slots = 0, pre_meta = 0;
     std::vector<DecodeRun> runs;
     int max_blocks = 1;

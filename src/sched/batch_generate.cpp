@@ -12,6 +12,7 @@
 #include "sampling/stop.h"
 #include "sched/scheduler.h"
 #include "sched/swap_cost.h"
+#include "sched/swap_predictor.h"
 
 namespace kvsplit::sched {
 
@@ -43,6 +44,9 @@ struct SeqState {
   int cached_tokens = 0;
   int64_t resume_step = 0;  // swapped out: not resumed before this step while others run
   int shards = 0;           // most shards of the pool's shard group its KV used at once
+  // The disk read of its swapped-out pages started a step ahead (kv::SwapPrefetch); dropped
+  // before the table is released (a record being read cannot be freed).
+  std::unique_ptr<kv::SwapPrefetch> prefetch;
 
   int num_output() const { return static_cast<int>(tokens.size()) - num_prompt; }
   // Positions whose KV must exist before the next decode step: prompt + output[:-1] (of the
@@ -64,7 +68,10 @@ struct PoolGuard {
   kv::KvPool& pool;
   std::vector<SeqState>& seqs;
   ~PoolGuard() {
-    for (SeqState& s : seqs) pool.release(s.table);
+    for (SeqState& s : seqs) {
+      s.prefetch.reset();
+      pool.release(s.table);
+    }
   }
 };
 
@@ -137,8 +144,9 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     s.stop = std::make_unique<sampling::StopChecker>(in.params, cfg.eos_token_ids, max_new);
     // The spatial cut: a sequence that may grow past spatial_min_context is spread over the
     // pool's shards (KvPool::reserve's placement).
-    s.table.spread = pool.num_shards() > 1 && (options.spatial_min_context == 0 ||
-                                               s.num_prompt + max_new > options.spatial_min_context);
+    s.table.spread =
+        pool.num_shards() > 1 &&
+        (options.spatial_min_context == 0 || s.num_prompt + max_new > options.spatial_min_context);
     if (tokenizer)
       s.decoder = std::make_unique<model::StreamDecoder>(*tokenizer, in.prompt_ids.back());
   }
@@ -233,7 +241,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     }
     for (const SwapIn& r : plan.swap_in) {
       SeqState& s = seqs[r.id];
-      auto done = kv::swap_in(pool, s.table, &swap_stats);
+      auto done = kv::swap_in(pool, s.table, &swap_stats, s.prefetch.get());
       if (done.ok()) {
         KVSPLIT_CHECK(*done);  // the scheduler reserved the blocks
         s.running = true;      // decodes from the next step
@@ -242,8 +250,19 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       // A disk fault (checksum, I/O) or a copy error: slower, never wrong; recompute it.
       ++swap_stats.fallbacks;
       s.recomputed_tokens += s.computed;
-      pool.release(s.table);
+      pool.release(s.table);  // swap_in consumed its prefetch
       s.computed = 0;
+    }
+    // Read ahead the disk records of the sequences expected to resume next step (the worker's
+    // rule: Worker::start_prefetches).
+    if (pool.disk() != nullptr) {
+      for (int k : scheduler.predictor().prefetch(waiting, step + 1, plan.free_blocks_after)) {
+        SeqState& s = seqs[waiting[k].id];
+        if (s.running || s.table.disk_record == 0 || (s.prefetch && s.prefetch->record != 0))
+          continue;
+        if (!s.prefetch) s.prefetch = std::make_unique<kv::SwapPrefetch>();
+        (void)kv::start_prefetch(pool, s.table, s.prefetch.get(), &swap_stats);  // else: read later
+      }
     }
 
     steps.clear();

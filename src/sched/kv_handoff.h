@@ -57,7 +57,7 @@ struct HandoffOffer {
   uint64_t handoff_id = 0;   // unique per source worker
   Worker* source = nullptr;  // receives the HandoffDone
   const kv::KvPool* source_pool = nullptr;
-  std::vector<int32_t> source_blocks;     // pinned by the source until HandoffDone
+  std::vector<int32_t> source_blocks;  // pinned by the source until HandoffDone
   // The shard of each source block in the source pool's shard group (spatial cut); empty: all
   // on the home shard.
   std::vector<uint8_t> source_shards;

@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "common/check.h"
+#include "sched/swap_predictor.h"
 
 namespace kvsplit::sched {
 namespace {
@@ -27,6 +28,9 @@ const char* preempt_reason_name(PreemptReason reason) {
   }
   return "?";
 }
+
+Scheduler::Scheduler(SchedulerConfig config, std::shared_ptr<const SwapPredictor> predictor)
+    : config_(config), predictor_(predictor ? std::move(predictor) : default_swap_predictor()) {}
 
 int SchedulerOutput::num_tokens() const {
   int n = static_cast<int>(decode.size());
@@ -53,33 +57,36 @@ struct Scheduler::StepState {
   };
 
   const SchedulerInput& in;
+  const SwapPredictor& predictor;
   int free;
   std::vector<Run> runs;
   std::vector<SchedSeq> admitted_seqs;        // backing store of admitted handoffs' Run::seq
   std::vector<int32_t> preempted_priorities;  // victims of this step, waiting for blocks next
-  std::vector<PriorityKey> keys;
-  std::vector<size_t> key_run;
+  std::vector<const SchedSeq*> cands;
+  std::vector<size_t> cand_run;
 
-  explicit StepState(const SchedulerInput& input) : in(input), free(input.free_blocks) {
+  StepState(const SchedulerInput& input, const SwapPredictor& p)
+      : in(input), predictor(p), free(input.free_blocks) {
     runs.reserve(in.running.size() + in.handoffs.size());
     admitted_seqs.reserve(in.handoffs.size());  // stable addresses
     for (const SchedSeq& s : in.running)
       runs.push_back({&s, s.num_blocks, s.held_blocks >= 0 ? s.held_blocks : s.num_blocks});
   }
 
-  // Victim among the running sequences that may still be preempted and satisfy `eligible`:
-  // lowest priority, then youngest (choose_preemption_victim, the one rule everywhere).
+  // Victim among the running sequences that may still be preempted and satisfy `eligible`: the
+  // predictor's first choice (the one rule everywhere). -1 when none is eligible.
   template <typename Eligible>
   int pick_victim(Eligible eligible) {
-    keys.clear();
-    key_run.clear();
+    cands.clear();
+    cand_run.clear();
     for (size_t r = 0; r < runs.size(); ++r) {
       if (runs[r].preempted || runs[r].admitted_now || !eligible(runs[r])) continue;
-      keys.push_back(key_of(*runs[r].seq));
-      key_run.push_back(r);
+      cands.push_back(runs[r].seq);
+      cand_run.push_back(r);
     }
-    const int k = choose_preemption_victim(keys);
-    return k < 0 ? -1 : static_cast<int>(key_run[k]);
+    const int k = predictor.choose_victim(cands);
+    KVSPLIT_CHECK(k < static_cast<int>(cands.size()));
+    return k < 0 ? -1 : static_cast<int>(cand_run[k]);
   }
   void preempt(Run& v, PreemptReason reason, int for_id, int32_t for_priority,
                SchedulerOutput& out) {
@@ -93,7 +100,7 @@ struct Scheduler::StepState {
 SchedulerOutput Scheduler::admit_handoffs(const SchedulerInput& in) const {
   KVSPLIT_CHECK(config_.block_size >= 1 && config_.max_num_seqs >= 1);
   SchedulerOutput out;
-  StepState st(in);
+  StepState st(in, *predictor_);
   admit(st, out);
   out.free_blocks_after = st.free;
   return out;
@@ -102,7 +109,7 @@ SchedulerOutput Scheduler::admit_handoffs(const SchedulerInput& in) const {
 SchedulerOutput Scheduler::schedule(const SchedulerInput& in) const {
   KVSPLIT_CHECK(config_.block_size >= 1 && config_.max_num_seqs >= 1);
   SchedulerOutput out;
-  StepState st(in);
+  StepState st(in, *predictor_);
   admit(st, out);
   grow_decodes(st, out);
   plan_prefill(st, out);

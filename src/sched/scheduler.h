@@ -10,8 +10,8 @@
 //      strictly lower priority when that frees enough, never equal ones (no preemption storms);
 //      it waits while a preempted sequence of at least its priority still waits for blocks;
 //   2. decode: every running sequence gets one token, best served first; when the pool cannot
-//      grow one, the running sequence served last gives its blocks back (recompute later),
-//      possibly the one being grown;
+//      grow one, a running sequence not served before it gives its blocks back (swapped out or
+//      recomputed later), possibly the one being grown;
 //   3. prefill: waiting sequences (new prompts and recomputes) in service order reserve the KV
 //      of their whole target when they start (the first that does not fit stops the rest), then
 //      share the token budget by plan_prefill_chunks, least recently served first within a
@@ -19,12 +19,17 @@
 //      same service order from their resume step on: they reserve the blocks of their swapped
 //      pages and are swapped in, using no token budget. A waiting sequence that does not fit may
 //      pause running sequences of strictly lower priority whose time slice expired
-//      (SchedSeq::slice_expired; lowest priority, then youngest, first) when that frees enough.
+//      (SchedSeq::slice_expired) when that frees enough.
+// Whenever a rule above allows several victims, the SwapPredictor (sched/swap_predictor.h) says
+// which goes first: by default the one needed last (lowest priority, most deadline slack, longest
+// step interval, youngest).
 // Block arithmetic is the KvPool's: a sequence holding b blocks needs
 // max(0, blocks_for(tokens) - b) more to hold `tokens` positions.
 #pragma once
 
 #include <cstdint>
+#include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -63,6 +68,11 @@ struct SchedSeq {
   // Running only, fair time slicing: it has held the pool for its class's slice, so waiting work
   // of a higher priority without room may pause it.
   bool slice_expired = false;
+  // Running only, for the SwapPredictor: ms until its class's latency target is missed (max_itl_ms
+  // since its last token; may be negative), infinite without a deadline; and the EWMA of the
+  // interval between its tokens in ms (0: none yet).
+  double slack_ms = std::numeric_limits<double>::infinity();
+  double step_interval_ewma_ms = 0;
 };
 
 // A received KV handoff waiting for admission (destination side).
@@ -143,9 +153,13 @@ struct SchedulerOutput {
   int num_tokens() const;     // tokens in the step's batch
 };
 
+class SwapPredictor;
+
 class Scheduler {
  public:
-  explicit Scheduler(SchedulerConfig config) : config_(config) {}
+  // `predictor` ranks victims; null: default_swap_predictor().
+  explicit Scheduler(SchedulerConfig config,
+                     std::shared_ptr<const SwapPredictor> predictor = nullptr);
 
   // The whole step: handoffs, decode rows, prefill chunks (in.handoffs may be empty).
   SchedulerOutput schedule(const SchedulerInput& in) const;
@@ -160,6 +174,7 @@ class Scheduler {
                         int num_owned) const;
 
   const SchedulerConfig& config() const { return config_; }
+  const SwapPredictor& predictor() const { return *predictor_; }
 
  private:
   struct StepState;
@@ -171,6 +186,7 @@ class Scheduler {
   bool make_room_by_slice(StepState& st, const SchedSeq& w, int need, SchedulerOutput& out) const;
 
   SchedulerConfig config_;
+  std::shared_ptr<const SwapPredictor> predictor_;
 };
 
 }  // namespace kvsplit::sched

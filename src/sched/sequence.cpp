@@ -5,6 +5,7 @@
 #include <span>
 
 #include "common/check.h"
+#include "sched/swap_cost.h"
 
 namespace kvsplit::sched {
 namespace {
@@ -58,6 +59,7 @@ FinishReason push_token(Sequence& seq, int32_t token, const float* raw, int voca
     const double gap = ms_between(seq.last_token_time, now);
     seq.itl_sum_ms += gap;
     seq.itl_max_ms = std::max(seq.itl_max_ms, gap);
+    seq.step_interval_ewma_ms = ewma(seq.step_interval_ewma_ms, gap, Sequence::kStepIntervalAlpha);
   }
   seq.last_token_time = now;
 

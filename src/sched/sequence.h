@@ -17,6 +17,7 @@
 
 #include "common/escape.h"
 #include "kv/block_allocator.h"
+#include "kv/swap.h"
 #include "kvsplit/engine.h"
 #include "model/tokenizer.h"
 #include "sampling/sampler.h"
@@ -92,10 +93,17 @@ struct Sequence {
   double phase_ms[5] = {0, 0, 0, 0, 0};  // indexed by SeqPhase (queued..preempted)
   double itl_sum_ms = 0;
   double itl_max_ms = 0;
+  // EWMA (weight kStepIntervalAlpha) of the gaps between its tokens in ms; 0 before the second
+  // token. The SwapPredictor's "served least often".
+  double step_interval_ewma_ms = 0;
+  static constexpr double kStepIntervalAlpha = 0.2;
   int32_t preemptions = 0;
   // The temporal cut: a sequence swapped out (pages on the host, kv/swap.h) is not resumed before
   // its worker's step resume_step.
   int64_t resume_step = 0;
+  // The disk read of its swapped-out pages started ahead of its resume (kv::SwapPrefetch); null
+  // or unused (record 0) otherwise. Dropped (the read waited for) before the table is released.
+  std::unique_ptr<kv::SwapPrefetch> prefetch;
   // Prefix cache: the tenant's (and cache_salt's) salt, and the prompt tokens served from it.
   uint64_t prefix_salt = 0;
   int32_t cached_tokens = 0;

@@ -32,9 +32,7 @@ class LlamaStepModel final : public StepModel {
     return model_->forward(seqs, pool, logits, {}, ids);
   }
   int vocab_size() const override { return model_->config().vocab_size; }
-  int64_t shard_exchange_bytes() const override {
-    return model_->sharding_stats().exchange.bytes;
-  }
+  int64_t shard_exchange_bytes() const override { return model_->sharding_stats().exchange.bytes; }
   model::LlamaModel& model() { return *model_; }
 
  private:

@@ -144,8 +144,13 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_pages_remote = kv_stats_.kv_pages_remote;
   s.pool.kv_shard_exchange_bytes = kv_stats_.kv_shard_exchange_bytes;
   s.pool.kv_migrated_pages = kv_stats_.kv_migrated_pages;
+  s.pool.kv_prefetch_hits = kv_stats_.kv_prefetch_hits;
+  s.pool.kv_prefetch_misses = kv_stats_.kv_prefetch_misses;
   s.kv_summary_slots_used = kv_summary_used_;
   s.kv_host_slots_used = kv_host_used_;
+  s.kv_disk_records = kv_disk_records_;
+  s.kv_prefetch_pending = kv_prefetch_pending_;
+  s.kv_prefetch_dropped = kv_prefetch_dropped_;
   return s;
 }
 
@@ -183,10 +188,13 @@ void Worker::publish_stats() {
   k.kv_disk_faults = swap_stats_.disk_faults;
   k.kv_shards = pool_->num_shards();
   if (k.kv_shards > 1) {
-    for (int s = 1; s < k.kv_shards; ++s) k.kv_pages_remote += pool_->shard(s).allocator().num_used();
+    for (int s = 1; s < k.kv_shards; ++s)
+      k.kv_pages_remote += pool_->shard(s).allocator().num_used();
     k.kv_shard_exchange_bytes = model_->shard_exchange_bytes();
   }
   k.kv_migrated_pages = migrate_stats_.pages;
+  k.kv_prefetch_hits = swap_stats_.prefetch_hits;
+  k.kv_prefetch_misses = swap_stats_.prefetch_misses;
   k.kv_demotions = cut_ops_.demoted_to_int8 + cut_ops_.demoted_to_int4;
   k.kv_evictions = cut_ops_.evicted;
   k.kv_recalls = cut_ops_.restored;
@@ -201,6 +209,11 @@ void Worker::publish_stats() {
   kv_stats_ = k;
   kv_summary_used_ = pool_->summary_allocator().num_used();
   kv_host_used_ = host.num_used();
+  kv_disk_records_ = pool_->disk() != nullptr ? pool_->disk()->stats().records : 0;
+  kv_prefetch_pending_ = 0;
+  for (const std::unique_ptr<Sequence>& seq : waiting_)
+    kv_prefetch_pending_ += seq->prefetch != nullptr && seq->prefetch->record != 0;
+  kv_prefetch_dropped_ = swap_stats_.prefetch_dropped;
 }
 
 void Worker::loop() {
@@ -271,8 +284,7 @@ void Worker::drain_inbox(Clock::time_point now) {
 }
 
 void Worker::finish(Sequence& seq, FinishReason reason, Status status, Clock::time_point now) {
-  if (!seq.table.blocks.empty()) pool_->release(seq.table);
-  seq.table = {};
+  release_kv(seq);
   seq.next = Sequence::Next::kRemove;
   finish_sequence(seq, reason, std::move(status), now, *shared_->sink);
 }

@@ -25,8 +25,8 @@
 #include "backend/backend.h"
 #include "common/thread_pool.h"
 #include "kv/kv_pool.h"
-#include "kv/swap.h"
 #include "kv/migrate.h"
+#include "kv/swap.h"
 #include "model/llama_model.h"
 #include "sched/kv_handoff.h"
 #include "sched/policy.h"
@@ -93,6 +93,9 @@ struct WorkerSnapshot {
   // Pool allocators' used entries as of the last step (tests: all zero once idle).
   int kv_summary_slots_used = 0;
   int kv_host_slots_used = 0;
+  int64_t kv_disk_records = 0;      // records in the pool's disk tier (0 without one)
+  int kv_prefetch_pending = 0;      // sequences holding a prefetch not yet consumed
+  int64_t kv_prefetch_dropped = 0;  // prefetches dropped unused (their sequence ended)
 };
 
 class Worker {
@@ -178,6 +181,11 @@ class Worker {
   // The temporal cut: swaps `seq` out (true) when the cost model and the host tier allow.
   bool try_swap_out(Sequence& seq, const Preemption& why);
   void apply_swap_ins(const SchedulerOutput& out, Clock::time_point now);
+  // Starts the disk reads of the swapped-out sequences the predictor expects to resume next
+  // (the step after this one), so their swap-in does not wait.
+  void start_prefetches(const SchedulerOutput& out);
+  // Drops `seq`'s prefetch (waiting for its read) and releases its KV; the table is left empty.
+  void release_kv(Sequence& seq);
   bool swapping() const;      // a host or disk tier to swap to
   void measure_swap_costs();  // copy bandwidths, at start-up (worker thread)
   void note_prefill_speed(int prefill_tokens, double seconds);
@@ -251,7 +259,8 @@ class Worker {
   // publish_stats, read by snapshot()).
   mutable std::mutex kv_stats_mu_;
   PoolStats kv_stats_;
-  int kv_summary_used_ = 0, kv_host_used_ = 0;
+  int kv_summary_used_ = 0, kv_host_used_ = 0, kv_prefetch_pending_ = 0;
+  int64_t kv_disk_records_ = 0, kv_prefetch_dropped_ = 0;
 
   std::thread thread_;
 };

@@ -67,10 +67,7 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
       if (!owns(*s)) continue;
       KVSPLIT_LOG_WARN("{}: releasing the KV of waiting request {} ({} tokens computed)",
                        options_.name, s->display_id(), s->num_computed);
-      const bool spread = s->table.spread;
-      pool_->release(s->table);
-      s->table = {};
-      s->table.spread = spread;
+      release_kv(*s);
       s->num_computed = 0;
       return ok_status();
     }
@@ -83,11 +80,10 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
         if (s->next != Sequence::Next::kStay || s->ctl->tenant != m->key.tenant ||
             s->ctl->request_id != m->key.request_id || s->table.blocks.empty())
           continue;
-        const int end =
-            m->end_page < 0 ? static_cast<int>(s->table.blocks.size()) : m->end_page;
+        const int end = m->end_page < 0 ? static_cast<int>(s->table.blocks.size()) : m->end_page;
         kv::MigrateStats st;
-        KVSPLIT_ASSIGN_OR_RETURN(
-            const int moved, kv::migrate_pages(*pool_, s->table, m->first_page, end, m->to_shard, &st));
+        KVSPLIT_ASSIGN_OR_RETURN(const int moved, kv::migrate_pages(*pool_, s->table, m->first_page,
+                                                                    end, m->to_shard, &st));
         migrate_stats_.add(st);
         KVSPLIT_LOG_INFO("{}: migrated {} pages of request {} to shard {} ({} from the host tier)",
                          options_.name, moved, s->display_id(), m->to_shard, st.from_host);

@@ -73,9 +73,9 @@ struct WorkerState {
   SchedulerConfig scheduler;
   int free_blocks = 0;
   int total_blocks = 0;
-  int num_shards = 1;        // the spatial cut's shard group (1: the worker's pool alone)
+  int num_shards = 1;          // the spatial cut's shard group (1: the worker's pool alone)
   int64_t migrated_pages = 0;  // moved by MigrateKv since start
-  int pending_handoffs = 0;  // received, waiting for admission
+  int pending_handoffs = 0;    // received, waiting for admission
   int64_t steps = 0;
   std::vector<SequenceState> sequences;  // running first, then waiting
 };

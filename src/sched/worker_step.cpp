@@ -5,6 +5,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "sched/swap_predictor.h"
 #include "sched/worker.h"
 
 namespace kvsplit::sched {
@@ -80,8 +81,7 @@ void Worker::preempt(Sequence& seq, const Preemption& why, Clock::time_point now
       "priority {}): {} tokens of KV dropped",
       options_.name, seq.display_id(), seq.priority, preempt_reason_name(why.reason),
       why.for_priority, seq.num_computed);
-  pool_->release(seq.table);
-  seq.table = {};
+  release_kv(seq);
   seq.num_computed = 0;
   ++seq.preemptions;
   seq.enter_phase(SeqPhase::kPreempted, now);
@@ -132,7 +132,7 @@ bool Worker::try_swap_out(Sequence& seq, const Preemption& why) {
 void Worker::apply_swap_ins(const SchedulerOutput& out, Clock::time_point now) {
   for (const SwapIn& r : out.swap_in) {
     Sequence& seq = *waiting_[r.id - kWaitingBase];
-    auto done = kv::swap_in(*pool_, seq.table, &swap_stats_);
+    auto done = kv::swap_in(*pool_, seq.table, &swap_stats_, seq.prefetch.get());
     if (done.ok() && *done) {
       seq.enter_phase(SeqPhase::kDecode, now);
       seq.next = Sequence::Next::kToRunning;  // decodes from the next step
@@ -143,10 +143,37 @@ void Worker::apply_swap_ins(const SchedulerOutput& out, Clock::time_point now) {
     KVSPLIT_LOG_WARN("{}: swap in of request {} failed, recomputing instead: {}", options_.name,
                      seq.display_id(),
                      done.ok() ? std::string("no free blocks") : done.status().to_string());
-    pool_->release(seq.table);
-    seq.table = {};
+    release_kv(seq);
     seq.num_computed = 0;
   }
+}
+
+void Worker::start_prefetches(const SchedulerOutput& out) {
+  if (pool_->disk() == nullptr || sched_waiting_.empty()) return;
+  const int64_t next_step = steps_.load(std::memory_order_relaxed) + 1;
+  for (int k : scheduler_.predictor().prefetch(sched_waiting_, next_step, out.free_blocks_after)) {
+    Sequence& seq = *waiting_[sched_waiting_[k].id - kWaitingBase];
+    // Swapped in (or finished) by this step, on the host tier, or already being read.
+    if (seq.next != Sequence::Next::kStay || seq.table.disk_record == 0) continue;
+    if (seq.prefetch && seq.prefetch->record != 0) continue;
+    if (!seq.prefetch) seq.prefetch = std::make_unique<kv::SwapPrefetch>();
+    auto started = kv::start_prefetch(*pool_, seq.table, seq.prefetch.get(), &swap_stats_);
+    if (!started.ok()) {  // the swap-in reads the record itself (and meets the fault there)
+      KVSPLIT_LOG_WARN("{}: prefetch of request {} not started: {}", options_.name,
+                       seq.display_id(), started.status().to_string());
+    }
+  }
+}
+
+void Worker::release_kv(Sequence& seq) {
+  if (seq.prefetch) {
+    if (seq.prefetch->record != 0) ++swap_stats_.prefetch_dropped;
+    seq.prefetch.reset();  // waits for its read: the record can be freed below
+  }
+  if (!seq.table.blocks.empty()) pool_->release(seq.table);
+  const bool spread = seq.table.spread;  // a property of the sequence (the spatial cut)
+  seq.table = {};
+  seq.table.spread = spread;
 }
 
 void Worker::note_prefill_speed(int prefill_tokens, double seconds) {
@@ -188,6 +215,15 @@ SchedulerInput Worker::scheduler_input(bool with_handoffs) {
     s.slice_expired = seq.sla.max_hold_ms > 0 &&
                       std::chrono::duration<double, std::milli>(now - seq.phase_start).count() >=
                           seq.sla.max_hold_ms;
+    // The SwapPredictor's view: time left before the class's latency target is missed (ITL
+    // since its last token; TTFT since submission before its first), and its token interval.
+    const bool started = seq.num_output() > 0;
+    const double target = started ? seq.sla.max_itl_ms : seq.sla.max_ttft_ms;
+    if (target > 0) {
+      const Clock::time_point since = started ? seq.last_token_time : seq.submit_time;
+      s.slack_ms = target - std::chrono::duration<double, std::milli>(now - since).count();
+    }
+    s.step_interval_ewma_ms = seq.step_interval_ewma_ms;
     sched_running_.push_back(s);
   }
   for (size_t i = 0; i < waiting_.size(); ++i) {
@@ -227,6 +263,7 @@ void Worker::schedule(Clock::time_point now) {
   const SchedulerOutput out = scheduler_.schedule(scheduler_input(/*with_handoffs=*/false));
   apply_preemptions(out, now);
   apply_swap_ins(out, now);
+  start_prefetches(out);
   for (int id : out.never_fit) {  // admission checks the pool size; a smaller pool is a bug
     Sequence& seq = id < kWaitingBase ? *running_[id] : *waiting_[id - kWaitingBase];
     finish(seq, FinishReason::kError,

@@ -222,6 +222,8 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_kv_pages_remote(p.kv_pages_remote);
     o->set_kv_shard_exchange_bytes(p.kv_shard_exchange_bytes);
     o->set_kv_migrated_pages(p.kv_migrated_pages);
+    o->set_kv_prefetch_hits(p.kv_prefetch_hits);
+    o->set_kv_prefetch_misses(p.kv_prefetch_misses);
   }
   for (const SlaClassStats& c : stats.classes) {
     v1::SlaClassStats* o = out->add_classes();

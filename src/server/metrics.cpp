@@ -25,7 +25,7 @@ class EngineCollector : public pm::Collectable {
   std::vector<pm::MetricFamily> Collect() const override {
     const EngineStats s = engine_->stats();
     std::vector<pm::MetricFamily> out;
-    out.reserve(32);  // family() hands out references into `out`: it must never reallocate
+    out.reserve(64);  // family() hands out references into `out`: it must never reallocate
     auto family = [&](const char* name, const char* help,
                       pm::MetricType type) -> pm::MetricFamily& {
       KVSPLIT_CHECK(out.size() < out.capacity());
@@ -89,7 +89,15 @@ class EngineCollector : public pm::Collectable {
     auto& prefix_hits =
         family("kvsplit:prefix_cache_hits_total", "Prompt tokens served from the prefix cache",
                pm::MetricType::Counter);
+    auto& prefetch = family("kvsplit:kv_prefetch_total",
+                            "Swap-ins from the disk tier whose read, started a step ahead, had "
+                            "completed (hit) or had to be read or waited for then (miss)",
+                            pm::MetricType::Counter);
     for (const PoolStats& p : s.pools) {
+      prefetch.metric.push_back(
+          counter(static_cast<double>(p.kv_prefetch_hits), {{"pool", p.name}, {"result", "hit"}}));
+      prefetch.metric.push_back(counter(static_cast<double>(p.kv_prefetch_misses),
+                                        {{"pool", p.name}, {"result", "miss"}}));
       prefix_queries.metric.push_back(
           counter(static_cast<double>(p.kv_prefix_queries), {{"pool", p.name}}));
       prefix_hits.metric.push_back(
@@ -113,11 +121,11 @@ class EngineCollector : public pm::Collectable {
             counter(static_cast<double>(n), {{"pool", p.name}, {"choice", choice}}));
     }
     // The spatial cut.
-    auto& shards = family("kvsplit:kv_shards", "Shards of the worker's KV shard group",
-                          pm::MetricType::Gauge);
-    auto& remote = family("kvsplit:kv_pages_remote",
-                          "KV pages held on shards other than the worker's home shard",
-                          pm::MetricType::Gauge);
+    auto& shards =
+        family("kvsplit:kv_shards", "Shards of the worker's KV shard group", pm::MetricType::Gauge);
+    auto& remote =
+        family("kvsplit:kv_pages_remote",
+               "KV pages held on shards other than the worker's home shard", pm::MetricType::Gauge);
     auto& exchange = family("kvsplit:kv_shard_exchange_bytes_total",
                             "Bytes the shards exchanged (queries, new K/V rows, partial attention)",
                             pm::MetricType::Counter);

@@ -63,7 +63,8 @@ TEST(CliSpatial, BadFlagsAreClearErrors) {
   r = run("generate " + model() + longp + " --kv-blocks 8");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("KV pool exhausted"), std::string::npos) << r.err;
-  r = run("generate " + model() + longp + " --kv-blocks 8 --spatial-shards 4 --spatial-chunk-size 64");
+  r = run("generate " + model() + longp +
+          " --kv-blocks 8 --spatial-shards 4 --spatial-chunk-size 64");
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 

@@ -295,7 +295,8 @@ TEST(ConfigTest, KvCutOnTheCudaBackendIsAccepted) {
 }
 
 TEST(ConfigTest, KvCutUnknownKeysAreErrors) {
-  expect_error("kv: {cuts: {spatial: {shards: 2}}}\n", "kv.cuts.spatial: unknown key");
+  expect_error("kv: {cuts: {spatial: {shard: 2}}}\n", "kv.cuts.spatial.shard: unknown key");
+  expect_error("kv: {cuts: {spacial: {shards: 2}}}\n", "kv.cuts.spacial: unknown key");
   expect_error("kv: {cuts: {semantic: {threshold: 0.1}}}\n",
                "kv.cuts.semantic.threshold: unknown key");
   expect_error("sla_classes:\n  voice: {kv: {semantic_treshold: 0.2}}\n",
@@ -408,7 +409,8 @@ TEST(ConfigTest, SpatialCutKeys) {
   EXPECT_EQ(c->engine.spatial.shards, 4);
   EXPECT_EQ(c->engine.spatial.spatial_chunk_size, 8192);
   EXPECT_EQ(c->engine.spatial.min_context, 16384);
-  auto cls = parse_config("sla_classes:\n  long: {kv: {spread: true}}\n  chat: {kv: {spread: false}}\n");
+  auto cls =
+      parse_config("sla_classes:\n  long: {kv: {spread: true}}\n  chat: {kv: {spread: false}}\n");
   ASSERT_TRUE(cls.ok()) << cls.status().to_string();
   EXPECT_EQ(cls->engine.sla_classes[0].spread, std::optional<bool>(true));
   EXPECT_EQ(cls->engine.sla_classes[1].spread, std::optional<bool>(false));
@@ -418,7 +420,8 @@ TEST(ConfigTest, SpatialCutKeys) {
   const std::pair<const char*, const char*> bad[] = {
       {"kv:\n  cuts:\n    spatial: {shards: 0}\n", "kv.cuts.spatial.shards"},
       {"kv:\n  cuts:\n    spatial: {shards: 17}\n", "kv.cuts.spatial.shards"},
-      {"kv:\n  cuts:\n    spatial: {spatial_chunk_size: 0}\n", "kv.cuts.spatial.spatial_chunk_size"},
+      {"kv:\n  cuts:\n    spatial: {spatial_chunk_size: 0}\n",
+       "kv.cuts.spatial.spatial_chunk_size"},
       {"kv:\n  block_size: 16\n  cuts:\n    spatial: {spatial_chunk_size: 24}\n",
        "kv.cuts.spatial.spatial_chunk_size"},
       {"kv:\n  cuts:\n    spatial: {min_context: -1}\n", "kv.cuts.spatial.min_context"},
@@ -426,7 +429,8 @@ TEST(ConfigTest, SpatialCutKeys) {
       {"sla_classes:\n  v: {kv: {spread: maybe}}\n", "sla_classes.v.kv.spread"},
       {"kv:\n  kv_cache_compression: semantic_v2\n  cuts:\n    spatial: {shards: 2}\n",
        "kv.cuts.spatial.shards"},
-      {"pools: {backend: cuda}\nkv:\n  cuts:\n    spatial: {shards: 2}\n", "kv.cuts.spatial.shards"},
+      {"pools: {backend: cuda}\nkv:\n  cuts:\n    spatial: {shards: 2}\n",
+       "kv.cuts.spatial.shards"},
   };
   for (const auto& [yaml, field] : bad) {
     auto r = parse_config(yaml);

@@ -90,6 +90,9 @@ TEST(SwapFaults, EveryDiskFaultFallsBackToRecomputeWithTheSameTokens) {
       EXPECT_EQ(got.swaps.disk_faults, 0);
       EXPECT_EQ(got.recomputed, 0);
       EXPECT_EQ(got.swaps.from_disk, got.swaps.to_disk);
+      // Resumes are read a step ahead where the scheduler expects them: some without waiting.
+      EXPECT_GT(got.swaps.prefetch_hits, 0);
+      EXPECT_EQ(got.swaps.prefetch_hits + got.swaps.prefetch_misses, got.swaps.from_disk);
     } else {
       EXPECT_EQ(got.swaps.disk_faults, c.n);
       EXPECT_GT(got.recomputed, 0);  // slower, never wrong

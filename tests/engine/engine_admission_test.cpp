@@ -56,10 +56,11 @@ TEST(EngineAdmission, ErrorCodesAndMessages) {
 
   r.prompt_token_ids = std::vector<int32_t>(100, 5);
   r.sampling.max_tokens = 100;
-  h = e.submit(r);
-  EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument);
+  h = e.submit(r);  // a valid request this deployment lacks the memory for
+  EXPECT_EQ(h.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(message_of(h).find("need 13 KV blocks"), std::string::npos) << message_of(h);
-  EXPECT_NE(message_of(h).find("(8 blocks)"), std::string::npos) << message_of(h);
+  EXPECT_NE(message_of(h).find("(8 blocks over all its spatial shards)"), std::string::npos)
+      << message_of(h);
 
   r.prompt_token_ids = {1, 600, 3};
   r.sampling.max_tokens = 4;

@@ -51,19 +51,20 @@ TEST_P(EngineSpatial, GoldensTokenExactWithSmallShards) {
   EXPECT_GT(exchanged, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    ShardsAndChunks, EngineSpatial,
-    ::testing::Values(SpatialCase{ServingMode::kColocated, 2, 16},
-                      SpatialCase{ServingMode::kColocated, 3, 32},
-                      SpatialCase{ServingMode::kColocated, 4, 48},
-                      SpatialCase{ServingMode::kDisaggregated, 2, 32},
-                      SpatialCase{ServingMode::kDisaggregated, 3, 16},
-                      SpatialCase{ServingMode::kDisaggregated, 4, 48}),
-    [](const ::testing::TestParamInfo<SpatialCase>& info) {
-      return std::string(info.param.mode == ServingMode::kColocated ? "colocated" : "disagg") +
-             "_" + std::to_string(info.param.shards) + "shards_chunk" +
-             std::to_string(info.param.chunk);
-    });
+INSTANTIATE_TEST_SUITE_P(ShardsAndChunks, EngineSpatial,
+                         ::testing::Values(SpatialCase{ServingMode::kColocated, 2, 16},
+                                           SpatialCase{ServingMode::kColocated, 3, 32},
+                                           SpatialCase{ServingMode::kColocated, 4, 48},
+                                           SpatialCase{ServingMode::kDisaggregated, 2, 32},
+                                           SpatialCase{ServingMode::kDisaggregated, 3, 16},
+                                           SpatialCase{ServingMode::kDisaggregated, 4, 48}),
+                         [](const ::testing::TestParamInfo<SpatialCase>& info) {
+                           return std::string(info.param.mode == ServingMode::kColocated
+                                                  ? "colocated"
+                                                  : "disagg") +
+                                  "_" + std::to_string(info.param.shards) + "shards_chunk" +
+                                  std::to_string(info.param.chunk);
+                         });
 
 Request long_request() {
   Request r;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <thread>
@@ -153,7 +154,7 @@ TEST_P(EngineSwap, LongResumeIntervalStillFinishesEverything) {
   EXPECT_TRUE(run.back_to_initial);
 }
 
-TEST_P(EngineSwap, DiskTierTakesTheSwapsWithoutAHostTier) {
+TEST_P(EngineSwap, DiskTierTakesTheSwapsWithoutAHostTierAndPrefetchesThem) {
   KVSPLIT_REQUIRE_MODELS();
   const std::vector<Collected> ref = alone();
   testing::TempDir dir;
@@ -164,7 +165,76 @@ TEST_P(EngineSwap, DiskTierTakesTheSwapsWithoutAHostTier) {
   EXPECT_EQ(run.pool.kv_swaps_to_disk, run.pool.kv_swaps_out);
   EXPECT_EQ(run.pool.kv_swaps_in, run.pool.kv_swaps_out);
   EXPECT_EQ(run.pool.kv_disk_faults, 0);
+  // Every resume read from disk is a prefetch hit or a miss; sequences that wait for room are
+  // read a step ahead, so some resume without waiting.
+  EXPECT_EQ(run.pool.kv_prefetch_hits + run.pool.kv_prefetch_misses, run.pool.kv_swaps_in);
+  EXPECT_GT(run.pool.kv_prefetch_hits, 0);
+  std::printf("prefetch: %lld hits, %lld misses\n",
+              static_cast<long long>(run.pool.kv_prefetch_hits),
+              static_cast<long long>(run.pool.kv_prefetch_misses));
   EXPECT_TRUE(run.back_to_initial);
+}
+
+// Cancelling sequences whose swap-in was read ahead and not yet used: the reads are dropped and
+// every device block, host slot and disk record comes back.
+TEST(EngineSwapPrefetch, CancelDuringAPrefetchReleasesEverything) {
+  KVSPLIT_REQUIRE_MODELS();
+  testing::TempDir dir;
+  EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
+  cfg.kv_blocks_per_worker = 12;
+  cfg.block_size = 16;
+  cfg.temporal.swap = SwapMode::kAlways;
+  cfg.temporal.disk_path = dir.path().string();
+  cfg.temporal.disk_capacity_mb = 64;
+  auto engine = EngineImpl::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  EngineImpl& e = **engine;
+  const std::vector<int> initial = testing::free_blocks(e);
+  std::vector<RequestHandle> handles;
+  const std::vector<Request> reqs = swap_requests();
+  for (const Request& r : reqs) handles.push_back(*e.submit(r));
+  // Hold the forward pass (housekeeping, cancels included, goes on) at a step boundary where a
+  // read-ahead is pending: no forward steps across three snapshots 20 ms apart.
+  auto held_with_prefetch = [&] {
+    int64_t steps = -1;
+    for (int k = 0; k < 3; ++k) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const sched::WorkerSnapshot w = e.worker_snapshots().back();
+      if (w.kv_prefetch_pending == 0 || (steps >= 0 && w.steps != steps)) return false;
+      steps = w.steps;
+    }
+    return true;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool caught = false;
+  while (!caught && std::chrono::steady_clock::now() < deadline) {
+    e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+    caught = held_with_prefetch();
+    if (!caught) {
+      e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  ASSERT_TRUE(caught) << "no read-ahead seen pending";
+  for (const Request& r : reqs) e.cancel(r.tenant, r.request_id);
+  for (RequestHandle& h : handles) {
+    const Collected c = collect(h);
+    EXPECT_FALSE(c.timed_out);
+  }
+  EXPECT_TRUE(testing::pools_back_to(e, initial));
+  const auto settled = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  sched::WorkerSnapshot w = e.worker_snapshots().back();
+  while ((w.kv_disk_records != 0 || w.kv_prefetch_pending != 0) &&
+         std::chrono::steady_clock::now() < settled) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    w = e.worker_snapshots().back();
+  }
+  EXPECT_GT(w.kv_prefetch_dropped, 0);
+  EXPECT_EQ(w.kv_prefetch_pending, 0);
+  EXPECT_EQ(w.kv_disk_records, 0);
+  EXPECT_EQ(w.kv_host_slots_used, 0);
+  EXPECT_EQ(w.pool.kv_pages_host, 0);
+  e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
 }
 
 TEST_P(EngineSwap, ClassOverridesTheEngineSwapMode) {

@@ -54,7 +54,8 @@ struct Group {
   std::vector<float> read(const BlockTable& t) {
     std::vector<float> out;
     for (size_t i = 0; i < t.blocks.size(); ++i)
-      for (int l = 0; l < kLayers; ++l) out.insert(out.end(), page(t, i, l), page(t, i, l) + floats());
+      for (int l = 0; l < kLayers; ++l)
+        out.insert(out.end(), page(t, i, l), page(t, i, l) + floats());
     return out;
   }
   std::vector<int> shards_of(const BlockTable& t) {

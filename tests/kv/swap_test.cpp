@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <memory>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "kv/kv_pool.h"
@@ -237,6 +240,8 @@ TEST(SwapDisk, HostTierFullGoesToDiskAndBackBitExact) {
   ASSERT_TRUE(*in);
   EXPECT_EQ(p.read(t), before);
   EXPECT_EQ(st.from_disk, 1);
+  EXPECT_EQ(st.prefetch_misses, 1);  // read at the swap-in: nothing was read ahead
+  EXPECT_EQ(st.prefetch_hits, 0);
   EXPECT_EQ(t.disk_record, 0u);
   EXPECT_EQ(p.disk->stats().records, 0);
   EXPECT_EQ(p.disk->stats().extents_used, 0);
@@ -287,6 +292,116 @@ TEST(SwapDisk, FailedOrFullDiskWriteRefusesAndChangesNothing) {
     EXPECT_EQ(p.disk->stats().extents_used, 0) << fault;
     p.pool->release(t);
     p.expect_all_free();
+  }
+}
+
+// Swaps `t` (4 pages, filled) out to the disk tier of `p` (no host tier).
+std::vector<float> swap_to_disk(DiskPool& p, BlockTable& t, SwapStats* st) {
+  EXPECT_TRUE(p.pool->reserve(t, 3 * kBlock + 1));
+  p.fill(t, 33);
+  std::vector<float> before = p.read(t);
+  auto out = swap_out(*p.pool, t, st);
+  EXPECT_TRUE(out.ok() && *out);
+  EXPECT_NE(t.disk_record, 0u);
+  return before;
+}
+
+TEST(SwapPrefetch, ReadAheadSwapInIsBitExactAndAHit) {
+  DiskPool p(8);
+  BlockTable t;
+  SwapStats st;
+  const std::vector<float> before = swap_to_disk(p, t, &st);
+  SwapPrefetch pf;
+  auto started = start_prefetch(*p.pool, t, &pf, &st);
+  ASSERT_TRUE(started.ok()) << started.status().to_string();
+  ASSERT_TRUE(*started);
+  EXPECT_EQ(st.prefetches, 1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!prefetch_ready(*p.pool, pf) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  ASSERT_TRUE(prefetch_ready(*p.pool, pf));
+  auto in = swap_in(*p.pool, t, &st, &pf);
+  ASSERT_TRUE(in.ok()) << in.status().to_string();
+  ASSERT_TRUE(*in);
+  EXPECT_EQ(p.read(t), before);
+  EXPECT_EQ(st.prefetch_hits, 1);
+  EXPECT_EQ(st.prefetch_misses, 0);
+  EXPECT_EQ(st.from_disk, 1);
+  EXPECT_EQ(pf.record, 0u);  // consumed
+  EXPECT_EQ(p.disk->stats().records, 0);
+  p.pool->release(t);
+  p.expect_all_free();
+  // Nothing to read ahead for a table without a disk record.
+  EXPECT_FALSE(*start_prefetch(*p.pool, t, &pf, &st));
+}
+
+TEST(SwapPrefetch, SwapInRightAfterTheStartWaitsAndIsAMissOrAHit) {
+  DiskPool p(8);
+  BlockTable t;
+  SwapStats st;
+  const std::vector<float> before = swap_to_disk(p, t, &st);
+  SwapPrefetch pf;
+  ASSERT_TRUE(*start_prefetch(*p.pool, t, &pf, &st));
+  auto in = swap_in(*p.pool, t, &st, &pf);  // the read may still be in flight: waited for
+  ASSERT_TRUE(in.ok() && *in);
+  EXPECT_EQ(p.read(t), before);
+  EXPECT_EQ(st.prefetch_hits + st.prefetch_misses, 1);
+  p.pool->release(t);
+  EXPECT_EQ(p.disk->stats().records, 0);
+  p.expect_all_free();
+}
+
+TEST(SwapPrefetch, FaultDuringPrefetchIsAnErrorAndReleaseFreesEverything) {
+  DiskPool p(8);
+  BlockTable t;
+  SwapStats st;
+  swap_to_disk(p, t, &st);
+  p.disk->set_fault_hook(inject_next(IoOp::kRead, InjectedFault::kCorrupt, 1));
+  SwapPrefetch pf;
+  ASSERT_TRUE(*start_prefetch(*p.pool, t, &pf, &st));
+  auto in = swap_in(*p.pool, t, &st, &pf);
+  ASSERT_FALSE(in.ok());
+  EXPECT_EQ(in.status().code(), StatusCode::kDataLoss) << in.status().to_string();
+  EXPECT_EQ(st.disk_faults, 1);
+  EXPECT_EQ(st.prefetch_misses, 1);  // its data was no use: the caller recomputes
+  EXPECT_EQ(st.prefetch_hits, 0);
+  EXPECT_EQ(pf.record, 0u);
+  EXPECT_EQ(swapped_pages(t), 4);                // unchanged
+  EXPECT_EQ(p.pool->allocator().num_used(), 0);  // the blocks it took were given back
+  p.pool->release(t);
+  EXPECT_EQ(p.disk->stats().records, 0);
+  EXPECT_EQ(p.disk->stats().extents_used, 0);
+  p.expect_all_free();
+}
+
+TEST(SwapPrefetch, CancelDuringAPrefetchReleasesEverythingOnlyOnceTheReadIsDropped) {
+  DiskPool p(8);
+  {
+    // The owner's order (sched::Worker::release_kv): drop the prefetch, then release.
+    BlockTable t;
+    SwapStats st;
+    swap_to_disk(p, t, &st);
+    auto pf = std::make_unique<SwapPrefetch>();
+    ASSERT_TRUE(*start_prefetch(*p.pool, t, pf.get(), &st));
+    pf.reset();  // waits for the read
+    p.pool->release(t);
+    EXPECT_EQ(p.disk->stats().records, 0);
+    EXPECT_EQ(p.disk->stats().extents_used, 0);
+    p.expect_all_free();
+  }
+  {
+    // The other order would leak the record: it cannot be freed while read.
+    BlockTable t;
+    SwapStats st;
+    swap_to_disk(p, t, &st);
+    SwapPrefetch pf;
+    ASSERT_TRUE(*start_prefetch(*p.pool, t, &pf, &st));
+    const uint64_t record = t.disk_record;
+    p.pool->release(t);
+    EXPECT_EQ(p.disk->stats().records, 1);
+    ASSERT_TRUE(p.disk->wait(pf.op).ok());
+    EXPECT_TRUE(p.disk->free(record).ok());  // (cleanup)
+    EXPECT_EQ(p.disk->stats().records, 0);
   }
 }
 

@@ -2,6 +2,8 @@
 // random shapes (MHA / GQA / MQA, head_dim 8..128), 2..4 shards, random chunk sizes and lengths
 // (partial last pages), a prefill chunk spanning shards (causal mask at true positions) and then
 // decode steps, against the CPU backend's attention over one pool holding the same K/V.
+#include "model/sharded_attention.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,7 +16,6 @@
 #include "backend/communicator.h"
 #include "backend/split_plan.h"
 #include "kv/kv_pool.h"
-#include "model/sharded_attention.h"
 
 namespace kvsplit::testing {
 namespace {
@@ -143,7 +144,8 @@ void run_case(const Shape& sh, int num_shards, int chunk, const std::vector<int>
     };
     if (num_dec > 0) {
       const backend::AttentionArgs a = args(true);
-      const auto plan = backend::make_split_plan(a.kv_lens, a.num_seqs, sh.block_size, 4 * sh.block_size);
+      const auto plan =
+          backend::make_split_plan(a.kv_lens, a.num_seqs, sh.block_size, 4 * sh.block_size);
       ASSERT_TRUE(ref_be->attention_decode(a, plan).ok());
     }
     if (static_cast<int>(order.size()) > num_dec) {
@@ -170,8 +172,8 @@ void run_case(const Shape& sh, int num_shards, int chunk, const std::vector<int>
 }
 
 TEST(ShardedAttention, EqualsUnshardedOverRandomShapes) {
-  const Shape shapes[] = {{8, 8, 8, 16}, {8, 4, 8, 16}, {8, 1, 16, 16}, {4, 2, 64, 16},
-                          {4, 4, 128, 16}, {6, 2, 32, 8}};
+  const Shape shapes[] = {{8, 8, 8, 16},  {8, 4, 8, 16},   {8, 1, 16, 16},
+                          {4, 2, 64, 16}, {4, 4, 128, 16}, {6, 2, 32, 8}};
   std::mt19937 rng(2026);
   uint32_t seed = 1;
   for (const Shape& sh : shapes) {

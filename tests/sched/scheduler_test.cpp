@@ -4,7 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <memory>
 #include <vector>
+
+#include "sched/swap_predictor.h"
 
 namespace kvsplit::sched {
 namespace {
@@ -321,6 +325,82 @@ TEST(Scheduler, UnexpiredOrEqualPriorityIsNotPaused) {
   out = Scheduler(config(64, true)).schedule({run, same, {}, 0, 4, 1});
   EXPECT_TRUE(out.preempted.empty());
   EXPECT_TRUE(out.prefill.empty());
+}
+
+// The victims of every rule are the SwapPredictor's choice among those the rule allows.
+TEST(Scheduler, DecodeGrowthVictimIsThePredictorsChoice) {
+  // Equal priorities; the oldest (0) has by far the most slack but is served first.
+  std::vector<SchedSeq> run = {running(0, 4, 1, 0, 1), running(1, 4, 1, 0, 2),
+                               running(2, 4, 1, 0, 3)};
+  run[0].slack_ms = 500;
+  run[1].slack_ms = 50;  // more slack than the youngest: needed later
+  run[2].slack_ms = 20;
+  const SchedulerOutput out = Scheduler(config(64, true)).schedule({run, {}, {}, 1, 8, 1});
+  // 0 takes the free block. 1 needs one: it and 2 may give way (0 is served before it); the
+  // predictor picks 1 itself (most slack), whose block lets 2 grow. Youngest-first would have
+  // preempted 2.
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0].id, 1);
+  EXPECT_EQ(out.preempted[0].reason, PreemptReason::kDecodeGrowth);
+  ASSERT_EQ(out.decode.size(), 2u);
+  EXPECT_EQ(out.decode[0].id, 0);
+  EXPECT_EQ(out.decode[1].id, 2);
+}
+
+TEST(Scheduler, TimeSlicePausesTheSequenceNeededLast) {
+  // Two expired low-priority sequences of 2 blocks each; the older is served least often.
+  SchedSeq a = running(1, 6, 2, 0, /*arrival=*/1);
+  SchedSeq b = running(2, 6, 2, 0, /*arrival=*/2);
+  a.slice_expired = b.slice_expired = true;
+  a.slack_ms = b.slack_ms = 100;
+  a.step_interval_ewma_ms = 80;
+  b.step_interval_ewma_ms = 10;
+  const std::vector<SchedSeq> run = {a, b};
+  const std::vector<SchedSeq> wait = {waiting(3, 8, 0, 0, /*priority=*/5)};  // needs 2 blocks
+  const SchedulerOutput out = Scheduler(config(64, true)).schedule({run, wait, {}, 0, 4, 1});
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0].id, 1);  // youngest-first would have paused 2
+  EXPECT_EQ(out.preempted[0].reason, PreemptReason::kTimeSlice);
+  ASSERT_EQ(out.decode.size(), 1u);
+  EXPECT_EQ(out.decode[0].id, 2);
+}
+
+// Ranks in the reverse of the default order (the one needed first goes first) and records the
+// candidates it was shown.
+class ReversePredictor final : public SwapPredictor {
+ public:
+  std::vector<int> rank_victims(std::span<const SchedSeq* const> c) const override {
+    for (const SchedSeq* s : c) seen->push_back(s->id);
+    std::vector<int> order = DefaultSwapPredictor().rank_victims(c);
+    std::reverse(order.begin(), order.end());
+    return order;
+  }
+  std::vector<int> prefetch(std::span<const SchedSeq>, int64_t, int) const override { return {}; }
+  std::shared_ptr<std::vector<int>> seen = std::make_shared<std::vector<int>>();
+};
+
+TEST(Scheduler, HandoffPreemptsThePredictorsChoiceAmongLowerPrioritiesOnly) {
+  // Three sequences of 3 tokens in 1 block each (no growth); the handoff (priority 5) needs 1.
+  std::vector<SchedSeq> run = {running(0, 3, 1, 0, 1), running(1, 3, 1, 0, 2),
+                               running(2, 3, 1, 5, 3)};
+  run[0].slack_ms = 300;  // the older lower-priority one has more slack
+  run[1].slack_ms = 5;
+  run[2].slack_ms = 1e6;  // equal priority to the handoff: never a victim, whatever its slack
+  const std::vector<SchedHandoff> h = {{20, 5, 30, /*num_tokens=*/3}};
+  SchedulerOutput out = Scheduler(config(64, false)).schedule({run, {}, h, 0, 3, 1});
+  ASSERT_EQ(out.admitted.size(), 1u);
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0].id, 0);  // youngest-first would have preempted 1
+  EXPECT_EQ(out.preempted[0].reason, PreemptReason::kHandoff);
+
+  // Another predictor is applied as given, still only over what the rules allow.
+  auto reverse = std::make_shared<ReversePredictor>();
+  const Scheduler custom(config(64, false), reverse);
+  out = custom.schedule({run, {}, h, 0, 3, 1});
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0].id, 1);
+  EXPECT_EQ(std::count(reverse->seen->begin(), reverse->seen->end(), 2), 0);
+  EXPECT_GT(std::count(reverse->seen->begin(), reverse->seen->end(), 1), 0);
 }
 
 }  // namespace

@@ -316,7 +316,8 @@ TEST_F(GenerationTest, PrometheusMetrics) {
         // Temporal cut families.
         "kvsplit:kv_pages_host{pool=", "kvsplit:kv_swaps_total{pool=", "direction=\"in\"",
         "kvsplit:kv_swap_bytes_total{pool=", "kvsplit:kv_preemption_choices_total{pool=",
-        "choice=\"fallback\""}) {
+        "choice=\"fallback\"", "kvsplit:kv_prefetch_total{pool=", "result=\"hit\"",
+        "result=\"miss\""}) {
     EXPECT_NE(text.find(name), std::string::npos) << name << " missing from:\n"
                                                   << text.substr(0, 3000);
   }
