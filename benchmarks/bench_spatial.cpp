@@ -48,6 +48,7 @@ struct Options {
   int block_size = 16;
   int steps = 8, warmup = 1, reps = 1;
   int capacity_tokens = 4096;  // --capacity: pool size of each shard, in tokens
+  int force_chunk = -1;        // >= 0: split-K chunk of the unsharded decode (a control)
   bool decode = false, capacity = false, json = false, quick = false;
 };
 
@@ -130,80 +131,106 @@ int64_t formula_bytes(const kvsplit::model::ModelConfig& c, int shards, int batc
   return int64_t{c.num_layers} * (shards - 1) * batch * per_row * int64_t(sizeof(float));
 }
 
-kvsplit::StatusOr<DecodeResult> run_decode(const Options& o, const kvsplit::model::LoadedModel& m,
-                                           int context, int num_shards, int batch) {
-  const kvsplit::model::ModelConfig& c = m.config;
-  const int total = context + o.warmup + o.reps * o.steps;  // positions each sequence ends with
-  // Per shard: every sequence's chunks round-robin, plus one chunk of slack.
-  const int chunks = (total + o.chunk - 1) / o.chunk;
-  const int blocks =
-      batch * ((chunks + num_shards - 1) / num_shards + 1) * (o.chunk / o.block_size);
-  const kvsplit::kv::KvShape shape{c.num_layers, c.num_kv_heads, c.head_dim};
-  KVSPLIT_ASSIGN_OR_RETURN(Group g, make_group(o, shape, num_shards, blocks));
-  KVSPLIT_ASSIGN_OR_RETURN(auto model, kvsplit::model::LlamaModel::create(m, *g.home));
-  std::vector<kvsplit::kv::BlockTable> tables(batch);
-  DecodeResult r;
-  r.context = context;
-  r.shards = num_shards;
-  r.batch = batch;
-  for (int b = 0; b < batch; ++b) {
-    tables[b].spread = num_shards > 1;
-    if (!g.pool->reserve(tables[b], total))
-      return kvsplit::resource_exhausted("bench: the pool cannot hold the sequences");
-    KVSPLIT_RETURN_IF_ERROR(fill_kv(*g.pool, tables[b], b, context));
+// One configuration (context, shards, batch): its shard group, model and sequences, decoding
+// greedily from position `context`. Blocks of steps are timed one at a time, so the
+// configurations of a sweep can take turns (the same machine load for each).
+class DecodeCase {
+ public:
+  static kvsplit::StatusOr<std::unique_ptr<DecodeCase>> create(const Options& o,
+                                                               const kvsplit::model::LoadedModel& m,
+                                                               int context, int num_shards,
+                                                               int batch) {
+    const kvsplit::model::ModelConfig& c = m.config;
+    auto dc = std::unique_ptr<DecodeCase>(new DecodeCase(o));
+    const int total = context + o.warmup + o.reps * o.steps;  // positions each sequence ends with
+    // Per shard: every sequence's chunks round-robin, plus one chunk of slack.
+    const int chunks = (total + o.chunk - 1) / o.chunk;
+    const int blocks =
+        batch * ((chunks + num_shards - 1) / num_shards + 1) * (o.chunk / o.block_size);
+    const kvsplit::kv::KvShape shape{c.num_layers, c.num_kv_heads, c.head_dim};
+    KVSPLIT_ASSIGN_OR_RETURN(dc->g_, make_group(o, shape, num_shards, blocks));
+    KVSPLIT_ASSIGN_OR_RETURN(dc->model_, kvsplit::model::LlamaModel::create(m, *dc->g_.home));
+    dc->tables_.resize(batch);
+    dc->r_.context = context;
+    dc->r_.shards = num_shards;
+    dc->r_.batch = batch;
+    dc->r_.formula_bytes = double(formula_bytes(c, num_shards, batch));
+    for (int b = 0; b < batch; ++b) {
+      dc->tables_[b].spread = num_shards > 1;
+      if (!dc->g_.pool->reserve(dc->tables_[b], total))
+        return kvsplit::resource_exhausted("bench: the pool cannot hold the sequences");
+      KVSPLIT_RETURN_IF_ERROR(fill_kv(*dc->g_.pool, dc->tables_[b], b, context));
+      dc->tokens_.push_back(3 + b);
+    }
+    dc->r_.shards_used = dc->tables_[0].shards_used();
+    for (int t = 0; t < o.warmup; ++t) KVSPLIT_RETURN_IF_ERROR(dc->step());
+    return dc;
   }
-  r.shards_used = tables[0].shards_used();
-  std::vector<int32_t> tokens(batch);
-  for (int b = 0; b < batch; ++b) tokens[b] = 3 + b;
-  std::vector<float> logits;
-  std::vector<int32_t> ids;
-  auto step = [&](int t) -> Status {
+  ~DecodeCase() {
+    for (auto& t : tables_) g_.pool->release(t);
+  }
+
+  // Times `steps` steps; the result keeps the fastest block (and that block's stats).
+  Status time_block() {
+    const auto a = model_->sharding_stats();
+    const auto t0 = Clock::now();
+    for (int t = 0; t < o_.steps; ++t) KVSPLIT_RETURN_IF_ERROR(step());
+    const double wall = seconds_since(t0);
+    if (wall >= best_) return kvsplit::ok_status();
+    best_ = wall;
+    const auto b = model_->sharding_stats();
+    const double n = o_.steps;
+    r_.tokens_per_s = r_.batch * n / wall;
+    r_.ms_per_step = 1e3 * wall / n;
+    r_.exchange_bytes = double(b.exchange.bytes - a.exchange.bytes) / n;
+    r_.exchange_ms = 1e3 * (b.exchange.seconds - a.exchange.seconds) / n;
+    r_.attention_ms = 1e3 * (b.attention_seconds - a.attention_seconds) / n;
+    r_.merge_ms = 1e3 * (b.merge_seconds - a.merge_seconds) / n;
+    return kvsplit::ok_status();
+  }
+  const DecodeResult& result() const { return r_; }
+
+ private:
+  explicit DecodeCase(const Options& o) : o_(o) {}
+
+  Status step() {
+    const int batch = r_.batch;
     std::vector<SeqStep> steps(batch);
     for (int b = 0; b < batch; ++b) {
-      steps[b].tokens = std::span<const int32_t>(&tokens[b], 1);
-      steps[b].start_pos = context + t;
-      steps[b].table = &tables[b];
+      steps[b].tokens = std::span<const int32_t>(&tokens_[b], 1);
+      steps[b].start_pos = r_.context + pos_;
+      steps[b].table = &tables_[b];
       steps[b].logits = SeqStep::Logits::kArgmax;
     }
-    ids.clear();
-    logits.clear();
-    KVSPLIT_RETURN_IF_ERROR(model->forward(steps, *g.pool, &logits, {}, &ids));
-    for (int b = 0; b < batch; ++b) tokens[b] = ids[b];
-    r.ids.push_back(ids[0]);
+    ids_.clear();
+    logits_.clear();
+    kvsplit::model::ForwardOptions fo;
+    fo.force_chunk_tokens = o_.force_chunk;
+    KVSPLIT_RETURN_IF_ERROR(model_->forward(steps, *g_.pool, &logits_, fo, &ids_));
+    for (int b = 0; b < batch; ++b) tokens_[b] = ids_[b];
+    r_.ids.push_back(ids_[0]);
+    ++pos_;
     return kvsplit::ok_status();
-  };
-  for (int t = 0; t < o.warmup; ++t) KVSPLIT_RETURN_IF_ERROR(step(t));
-  // The best of `reps` blocks of `steps` steps (each block's own stats).
-  double wall = 1e30;
-  kvsplit::model::LlamaModel::ShardingStats s0, s1;
-  for (int rep = 0; rep < o.reps; ++rep) {
-    const auto a = model->sharding_stats();
-    const auto t0 = Clock::now();
-    for (int t = 0; t < o.steps; ++t) KVSPLIT_RETURN_IF_ERROR(step(o.warmup + rep * o.steps + t));
-    const double w = seconds_since(t0);
-    if (w < wall) {
-      wall = w;
-      s0 = a;
-      s1 = model->sharding_stats();
-    }
   }
-  r.tokens_per_s = double(batch) * o.steps / wall;
-  r.ms_per_step = 1e3 * wall / o.steps;
-  r.exchange_bytes = double(s1.exchange.bytes - s0.exchange.bytes) / o.steps;
-  r.exchange_ms = 1e3 * (s1.exchange.seconds - s0.exchange.seconds) / o.steps;
-  r.formula_bytes = double(formula_bytes(c, num_shards, batch));
-  r.attention_ms = 1e3 * (s1.attention_seconds - s0.attention_seconds) / o.steps;
-  r.merge_ms = 1e3 * (s1.merge_seconds - s0.merge_seconds) / o.steps;
-  for (auto& t : tables) g.pool->release(t);
-  return r;
-}
+
+  const Options& o_;
+  Group g_;
+  std::unique_ptr<kvsplit::model::LlamaModel> model_;
+  std::vector<kvsplit::kv::BlockTable> tables_;
+  std::vector<int32_t> tokens_, ids_;
+  std::vector<float> logits_;
+  int pos_ = 0;  // steps run
+  double best_ = 1e30;
+  DecodeResult r_;
+};
 
 int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
   const kvsplit::model::ModelConfig& c = m.config;
   if (!o.json) {
     std::printf(
-        "decode: %s, CPU backend, %d threads per shard, block %d, spatial_chunk_size %d, best "
-        "of %d x %d steps after %d warm-up, f32 KV (%lld KiB per token)\n"
+        "decode: %s, CPU backend, %d threads per shard, block %d, spatial_chunk_size %d, the "
+        "best of %d blocks of %d steps (the shard counts of a context take turns) after %d "
+        "warm-up, f32 KV (%lld KiB per token)\n"
         "  On the CPU backend the shards run one after another on the same cores, so tokens/s is "
         "not expected to grow with shards (capacity is what grows); \"vs 1\" is the ratio to the "
         "1-shard run of the same context and batch.\n"
@@ -223,15 +250,26 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
   int rc = 0;
   for (int ctx : o.contexts) {
     for (int batch : o.batches) {
-      std::optional<DecodeResult> base;
+      // Every shard count of this context and batch set up, then timed in turns.
+      std::vector<std::unique_ptr<DecodeCase>> cases;
       for (int s : o.shards) {
-        auto r = run_decode(o, m, ctx, s, batch);
-        if (!r.ok()) {
+        auto dc = DecodeCase::create(o, m, ctx, s, batch);
+        if (!dc.ok()) {
           std::fprintf(stderr, "decode context %d, %d shards, B %d: %s\n", ctx, s, batch,
-                       r.status().to_string().c_str());
+                       dc.status().to_string().c_str());
           rc = 1;
           continue;
         }
+        cases.push_back(std::move(dc).value());
+      }
+      for (int rep = 0; rep < o.reps; ++rep)
+        for (auto& dc : cases)
+          if (Status st = dc->time_block(); !st.ok())
+            return std::fprintf(stderr, "%s\n", st.to_string().c_str()), 1;
+      std::optional<DecodeResult> base;
+      for (auto& dc : cases) {
+        const DecodeResult* r = &dc->result();
+        const int s = r->shards;
         if (s == 1) base = *r;
         const double vs1 = base ? r->tokens_per_s / base->tokens_per_s : 0;
         const double sharded = r->attention_ms + r->merge_ms;
@@ -242,9 +280,8 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
           std::printf(
               "{\"bench\":\"spatial_decode\",\"model\":\"%s\",\"context\":%d,\"batch\":%d,"
               "\"shards\":%d,\"shards_used\":%d,\"chunk\":%d,\"tokens_per_shard\":%d,"
-              "\"steps\":%d,\"reps\":%d,\"tokens_per_s\":%.3f,\"ms_per_step\":%.3f,\"vs_1_shard\":%"
-              "s,"
-              "\"exchange_bytes_per_step\":%.0f,\"formula_bytes_per_step\":%.0f,"
+              "\"steps\":%d,\"reps\":%d,\"tokens_per_s\":%.3f,\"ms_per_step\":%.3f,"
+              "\"vs_1_shard\":%s,\"exchange_bytes_per_step\":%.0f,\"formula_bytes_per_step\":%.0f,"
               "\"exchange_ms_per_step\":%.4f,\"attention_ms_per_step\":%.3f,"
               "\"merge_ms_per_step\":%.4f,\"merge_share\":%.5f,\"same_tokens_as_1_shard\":%s}\n",
               m.source.c_str(), ctx, batch, s, r->shards_used, o.chunk, per_shard, o.steps, o.reps,
@@ -370,8 +407,12 @@ int main(int argc, char** argv) {
   app.add_option("--block-size", o.block_size, "tokens per KV page");
   app.add_option("--steps", o.steps, "decode: timed steps")->check(CLI::Range(1, 100000));
   app.add_option("--warmup", o.warmup, "decode: untimed steps first")->check(CLI::Range(0, 1000));
-  app.add_option("--reps", o.reps, "decode: timed blocks of --steps steps (best of)")
+  app.add_option("--reps", o.reps,
+                 "decode: timed blocks of --steps steps, the shard counts in turns (best of)")
       ->check(CLI::Range(1, 100));
+  app.add_option("--force-chunk", o.force_chunk,
+                 "decode: split-K chunk (tokens) of the unsharded (home) decode attention instead "
+                 "of the planner's; a control: a shard group also splits each sequence's keys");
   app.add_option("--capacity-tokens", o.capacity_tokens, "capacity: pool size per shard (tokens)");
   app.add_flag("--decode", o.decode, "run the decode sweep (default: both)");
   app.add_flag("--capacity", o.capacity, "run the capacity search (default: both)");
