@@ -49,6 +49,7 @@ struct Options {
   int steps = 8, warmup = 1, reps = 1;
   int capacity_tokens = 4096;  // --capacity: pool size of each shard, in tokens
   int force_chunk = -1;        // >= 0: split-K chunk of the unsharded decode (a control)
+  int64_t peer_spin_us = 0;    // idle polling of the peer shards' threads (engine: 0)
   bool decode = false, capacity = false, json = false, quick = false;
 };
 
@@ -80,7 +81,7 @@ kvsplit::StatusOr<Group> make_group(const Options& o, const kvsplit::kv::KvShape
     for (int s = 1; s < num_shards; ++s) {
       kvsplit::backend::BackendOptions so = bo;
       so.device = s;
-      so.spin_micros = 0;  // shards take turns (as the engine sets them up)
+      so.spin_micros = o.peer_spin_us;  // 0 by default, as the engine sets them up
       KVSPLIT_ASSIGN_OR_RETURN(auto be, kvsplit::backend::create_backend("cpu", so));
       peers.push_back(std::move(be));
     }
@@ -413,6 +414,9 @@ int main(int argc, char** argv) {
   app.add_option("--force-chunk", o.force_chunk,
                  "decode: split-K chunk (tokens) of the unsharded (home) decode attention instead "
                  "of the planner's; a control: a shard group also splits each sequence's keys");
+  app.add_option("--peer-spin-us", o.peer_spin_us,
+                 "how long idle threads of the peer shards poll before sleeping (microseconds; "
+                 "the engine uses 0 since shards take turns; the home shard keeps the default)");
   app.add_option("--capacity-tokens", o.capacity_tokens, "capacity: pool size per shard (tokens)");
   app.add_flag("--decode", o.decode, "run the decode sweep (default: both)");
   app.add_flag("--capacity", o.capacity, "run the capacity search (default: both)");
