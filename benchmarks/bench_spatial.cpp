@@ -8,9 +8,10 @@
 // pages are filled with deterministic random values (a function of the sequence, layer, page and
 // element, so every shard count sees the same KV), then decode steps run from there.
 //
-//   bench_spatial                       # the full sweep (8K/16K/32K x 1/2/4 shards, B = 1)
+//   bench_spatial                       # the full sweep (8K/16K/32K x 1/2/4 shards, B = 1) and
+//                                       # capacity (4096 tokens per shard); under 2 min, 2 cores
 //   bench_spatial --quick               # a few seconds: 1K/2K contexts, small pools
-//   bench_spatial --batch 1,4 --contexts 8192 --json
+//   bench_spatial --decode --contexts 8192 --batch 4 --steps 4 --json
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -46,7 +47,7 @@ struct Options {
   std::vector<int> batches = {1};
   int chunk = 1024;  // spatial_chunk_size (tokens)
   int block_size = 16;
-  int steps = 8, warmup = 1, reps = 1;
+  int steps = 6, warmup = 1, reps = 3;
   int capacity_tokens = 4096;  // --capacity: pool size of each shard, in tokens
   int force_chunk = -1;        // >= 0: split-K chunk of the unsharded decode (a control)
   int64_t peer_spin_us = 0;    // idle polling of the peer shards' threads (engine: 0)
@@ -421,13 +422,15 @@ int main(int argc, char** argv) {
   app.add_flag("--decode", o.decode, "run the decode sweep (default: both)");
   app.add_flag("--capacity", o.capacity, "run the capacity search (default: both)");
   app.add_flag("--json", o.json, "one JSON object per configuration, nothing else on stdout");
-  app.add_flag("--quick", o.quick,
-               "a fast sanity run: contexts 1024,2048, chunk 256, 3 steps, 512 tokens per shard");
+  app.add_flag(
+      "--quick", o.quick,
+      "a fast sanity run: contexts 1024,2048, chunk 256, 1 x 3 steps, 512 tokens per shard");
   CLI11_PARSE(app, argc, argv);
   if (o.quick) {
     o.contexts = {1024, 2048};
     o.chunk = 256;
     o.steps = 3;
+    o.reps = 1;
     o.capacity_tokens = 512;
   }
   if (!o.decode && !o.capacity) o.decode = o.capacity = true;
