@@ -39,7 +39,8 @@ StatusOr<LoadedModel> load_model(const std::string& path, const LoadOptions& opt
 StatusOr<LoadedModel> load_llama2c(const std::string& path, const LoadOptions& options);
 StatusOr<LoadedModel> load_hf_dir(const std::string& dir, const LoadOptions& options);
 // Presets: stories260k, llama-110m, tinyllama-1.1b, llama3-8b (see docs/models.md). Weights are
-// seeded (seed 0 by default; "synthetic:llama-110m@seed=7" picks another).
+// seeded (seed 0 by default; "synthetic:llama-110m@seed=7" picks another); "@ctx=N" (or
+// "@seed=7,ctx=N") sets the context length (max_seq_len) instead of the preset's.
 StatusOr<LoadedModel> load_synthetic(const std::string& spec, const LoadOptions& options);
 // The config a synthetic spec would load, without generating any weights.
 StatusOr<ModelConfig> synthetic_config(const std::string& spec);

@@ -1,4 +1,6 @@
-// synthetic:<preset>[@seed=N]: Llama-shaped models with seeded random weights, for benchmarks.
+// synthetic:<preset>[@seed=N][,ctx=N]: Llama-shaped models with seeded random weights, for
+// benchmarks ("@seed=N", "@ctx=N" or "@seed=N,ctx=N"; ctx overrides the preset's context length,
+// e.g. for long-context benchmarks; the weights do not depend on it).
 // Values are a counter-based hash of (seed, tensor, index), so generation is parallel and the
 // result does not depend on the thread count.
 #include <algorithm>
@@ -72,13 +74,25 @@ void fill(T* dst, int64_t b, int64_t e, uint64_t key, float bias, float scale) {
 struct Parsed {
   const Preset* preset = nullptr;
   uint64_t seed = 0;
+  int ctx = 0;  // > 0: overrides the preset's max_seq_len
 };
+
+// A decimal integer of at most 19 digits: true and *out, or false.
+bool parse_decimal(const std::string& digits, uint64_t* out) {
+  if (digits.empty() || digits.size() > 19 ||
+      !std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+    return false;
+  *out = std::stoull(digits);
+  return true;
+}
 
 StatusOr<Parsed> parse_spec(const std::string& spec) {
   std::string s = spec;
   if (s.rfind("synthetic:", 0) == 0) s = s.substr(10);
   std::string opts;
-  if (auto at = s.find('@'); at != std::string::npos) {
+  const size_t at = s.find('@');
+  const bool has_opts = at != std::string::npos;
+  if (has_opts) {
     opts = s.substr(at + 1);
     s = s.substr(0, at);
   }
@@ -90,21 +104,37 @@ StatusOr<Parsed> parse_spec(const std::string& spec) {
     return invalid_argument(spec + ": unknown synthetic preset '" + s +
                             "' (presets: " + preset_names() + ")");
   }
-  if (!opts.empty()) {
-    const std::string key = "seed=";
-    const std::string digits = opts.rfind(key, 0) == 0 ? opts.substr(key.size()) : "";
-    if (digits.empty() || digits.size() > 19 ||
-        !std::all_of(digits.begin(), digits.end(),
-                     [](char ch) { return ch >= '0' && ch <= '9'; })) {
-      return invalid_argument(spec + ": bad option '" + opts +
-                              "' (expected @seed=N, N a decimal integer)");
+  if (!has_opts) return p;
+  // Options: comma-separated key=value, each key at most once.
+  bool seen_seed = false, seen_ctx = false;
+  size_t b = 0;
+  while (true) {
+    const size_t e = std::min(opts.find(',', b), opts.size());
+    const std::string opt = opts.substr(b, e - b);
+    const size_t eq = opt.find('=');
+    const std::string key = opt.substr(0, eq);
+    uint64_t value = 0;
+    const bool number = eq != std::string::npos && parse_decimal(opt.substr(eq + 1), &value);
+    if (key == "seed" && !seen_seed && number) {
+      seen_seed = true;
+      p.seed = value;
+    } else if (key == "ctx" && !seen_ctx && number && value >= 1 &&
+               value <= static_cast<uint64_t>(kMaxContextLength)) {
+      seen_ctx = true;
+      p.ctx = static_cast<int>(value);
+    } else {
+      return invalid_argument(spec + ": bad option '" + opt +
+                              "' (expected @seed=N, @ctx=N or @seed=N,ctx=N: N a decimal integer, "
+                              "ctx in [1, " +
+                              std::to_string(kMaxContextLength) + "], each at most once)");
     }
-    p.seed = std::stoull(digits);
+    if (e == opts.size()) break;
+    b = e + 1;
   }
   return p;
 }
 
-ModelConfig make_config(const Preset& p) {
+ModelConfig make_config(const Preset& p, int ctx) {
   ModelConfig c;
   c.architecture = "synthetic";
   c.dim = p.dim;
@@ -114,7 +144,7 @@ ModelConfig make_config(const Preset& p) {
   c.num_kv_heads = p.num_kv_heads;
   c.head_dim = p.dim / p.num_heads;
   c.vocab_size = p.vocab_size;
-  c.max_seq_len = p.max_seq_len;
+  c.max_seq_len = ctx > 0 ? ctx : p.max_seq_len;
   c.norm_eps = 1e-5f;
   c.rope_theta = p.rope_theta;
   c.rope_style = backend::RopeStyle::kHalf;
@@ -139,13 +169,13 @@ struct Job {
 
 StatusOr<ModelConfig> synthetic_config(const std::string& spec) {
   KVSPLIT_ASSIGN_OR_RETURN(Parsed p, parse_spec(spec));
-  return make_config(*p.preset);
+  return make_config(*p.preset, p.ctx);
 }
 
 StatusOr<LoadedModel> load_synthetic(const std::string& spec, const LoadOptions& options) {
   KVSPLIT_ASSIGN_OR_RETURN(Parsed parsed, parse_spec(spec));
   LoadedModel m;
-  m.config = make_config(*parsed.preset);
+  m.config = make_config(*parsed.preset, parsed.ctx);
   const ModelConfig& c = m.config;
   KVSPLIT_RETURN_IF_ERROR(validate_model_config(c, spec));
   const int64_t dim = c.dim, hid = c.hidden_dim, q = c.q_dim(), kv = c.kv_dim(), V = c.vocab_size;
@@ -229,8 +259,9 @@ StatusOr<LoadedModel> load_synthetic(const std::string& spec, const LoadOptions&
   w.storage.push_back(std::move(buffer));
 
   if (options.load_tokenizer) m.tokenizer = make_byte_tokenizer(c.vocab_size);
-  m.source =
-      "synthetic:" + std::string(parsed.preset->name) + "@seed=" + std::to_string(parsed.seed);
+  m.source = "synthetic:" + std::string(parsed.preset->name) +
+             "@seed=" + std::to_string(parsed.seed) +
+             (parsed.ctx > 0 ? ",ctx=" + std::to_string(parsed.ctx) : "");
   KVSPLIT_LOG_INFO("generated {}: {} parameters, {} MiB of {}{}", m.source, total, bytes >> 20,
                    bf16 ? "bf16" : "f32", shared_layers ? " (layers share one buffer set)" : "");
   return m;

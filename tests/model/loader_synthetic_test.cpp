@@ -165,9 +165,45 @@ TEST(LoaderSynthetic, LargePresetsUseBf16AndSharedLayers) {
   EXPECT_EQ(m->weights.lm_head.shape, (std::vector<int64_t>{128256, 4096}));
 }
 
+// @ctx=N sets the context length only: the weights are those of the same seed without it.
+TEST(LoaderSynthetic, ContextOption) {
+  auto c = synthetic_config("synthetic:llama-110m@ctx=32768");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->max_seq_len, 32768);
+  EXPECT_EQ(c->dim, 768);
+  auto base = synthetic_config("synthetic:llama-110m");
+  ASSERT_TRUE(base.ok());
+  EXPECT_EQ(base->max_seq_len, 1024);
+
+  auto a = load_synthetic("synthetic:stories260k@seed=7,ctx=4096", no_tokenizer());
+  auto b = load_synthetic("stories260k@ctx=4096,seed=7", no_tokenizer());
+  auto r = load_synthetic("synthetic:stories260k@seed=7", no_tokenizer());
+  auto z = load_synthetic("synthetic:stories260k@ctx=100", no_tokenizer());
+  auto z0 = load_synthetic("synthetic:stories260k", no_tokenizer());
+  ASSERT_TRUE(a.ok() && b.ok() && r.ok() && z.ok() && z0.ok()) << a.status().to_string();
+  EXPECT_EQ(a->config.max_seq_len, 4096);
+  EXPECT_EQ(b->config.max_seq_len, 4096);
+  EXPECT_EQ(r->config.max_seq_len, 512);
+  EXPECT_EQ(z->config.max_seq_len, 100);
+  EXPECT_EQ(a->source, "synthetic:stories260k@seed=7,ctx=4096");
+  EXPECT_EQ(r->source, "synthetic:stories260k@seed=7");
+  auto ta = all_tensors(a->weights), tb = all_tensors(b->weights), tr = all_tensors(r->weights),
+       tz = all_tensors(z->weights), tz0 = all_tensors(z0->weights);
+  for (size_t i = 0; i < ta.size(); ++i) {
+    EXPECT_TRUE(same_bytes(*ta[i], *tb[i])) << i;
+    EXPECT_TRUE(same_bytes(*ta[i], *tr[i])) << i;
+    EXPECT_TRUE(same_bytes(*tz[i], *tz0[i])) << i;
+  }
+}
+
 TEST(LoaderSynthetic, BadSpecs) {
-  for (const char* spec : {"synthetic:nope", "synthetic:", "synthetic:stories260k@seed=",
-                           "synthetic:stories260k@seed=x1", "synthetic:stories260k@foo=1"}) {
+  for (const char* spec :
+       {"synthetic:nope", "synthetic:", "synthetic:stories260k@seed=",
+        "synthetic:stories260k@seed=x1", "synthetic:stories260k@foo=1",
+        "synthetic:stories260k@ctx=0", "synthetic:stories260k@ctx=", "synthetic:stories260k@ctx=-5",
+        "synthetic:stories260k@ctx=99999999999", "synthetic:stories260k@seed=1,ctx=8,seed=2",
+        "synthetic:stories260k@seed=1,", "synthetic:stories260k@seed=1;ctx=8",
+        "synthetic:stories260k@ctx=8@seed=1"}) {
     auto m = load_model(spec, no_tokenizer());
     ASSERT_FALSE(m.ok()) << spec;
     EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument) << spec;
