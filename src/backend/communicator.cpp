@@ -25,8 +25,7 @@ class InProcessCommunicator final : public Communicator {
     }
     ++stats_.transfers;
     stats_.bytes += static_cast<int64_t>(bytes);
-    stats_.seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return ok_status();
   }
   const char* name() const override { return "in-process"; }
@@ -40,5 +39,21 @@ class InProcessCommunicator final : public Communicator {
 std::unique_ptr<Communicator> make_in_process_communicator() {
   return std::make_unique<InProcessCommunicator>();
 }
+
+#if !defined(KVSPLIT_WITH_NCCL)
+// Built without NCCL: the real one is src/backend/cuda/nccl_communicator.cpp.
+StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator(
+    std::span<Backend* const> devices, const NcclCommunicatorOptions& options) {
+#if defined(KVSPLIT_WITH_CUDA)
+  return unimplemented(
+      "nccl communicator: not built into this binary (NCCL was not found at configure time, or "
+      "KVSPLIT_NCCL=OFF; see docs/cuda.md)");
+#else
+  return unimplemented(
+      "nccl communicator: not built into this binary (built without CUDA: nvcc was not found at "
+      "configure time)");
+#endif
+}
+#endif
 
 }  // namespace kvsplit::backend
