@@ -40,4 +40,20 @@ std::unique_ptr<Communicator> make_in_process_communicator() {
   return std::make_unique<InProcessCommunicator>();
 }
 
+#if !defined(KVSPLIT_WITH_NCCL)
+// Built without NCCL: the real one is src/backend/cuda/nccl_communicator.cpp.
+StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator(
+    std::span<Backend* const> devices, const NcclCommunicatorOptions& options) {
+#if defined(KVSPLIT_WITH_CUDA)
+  return unimplemented(
+      "nccl communicator: not built into this binary (NCCL was not found at configure time, or "
+      "KVSPLIT_NCCL=OFF; see docs/cuda.md)");
+#else
+  return unimplemented(
+      "nccl communicator: not built into this binary (built without CUDA: nvcc was not found at "
+      "configure time)");
+#endif
+}
+#endif
+
 }  // namespace kvsplit::backend

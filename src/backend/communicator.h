@@ -5,13 +5,16 @@
 //
 // InProcessCommunicator: shards in one process (CPU backends, which share host memory, or
 // virtual shards on one GPU): a direct copy on the destination's stream (Backend::copy_from)
-// when it can read the source, else staged through host memory. An NCCL communicator (one rank
-// per GPU) implements the same interface.
+// when it can read the source, else staged through host memory.
+//
+// NcclCommunicator (make_nccl_communicator): one NCCL rank per GPU of one process, built only with
+// NCCL (KVSPLIT_WITH_NCCL, docs/cuda.md "NCCL communicator (spatial cut)").
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -47,5 +50,25 @@ class Communicator {
 
 // Shards of one process (see above).
 std::unique_ptr<Communicator> make_in_process_communicator();
+
+struct NcclCommunicatorOptions {
+  // true: send() waits for the receive to finish (cudaStreamSynchronize on the destination's
+  // stream), so stats().seconds is the transfer's wall time, as for the in-process communicator.
+  // false: send() returns once both halves are enqueued; stream order alone makes the data usable
+  // by work queued on `to` afterwards, and seconds counts only the enqueue.
+  bool synchronize = true;
+};
+
+// One NCCL rank per backend, rank i = devices[i] (ncclCommInitAll on their CUDA devices). Every
+// backend must be a CUDA backend, on distinct devices (virtual shards on one GPU use the in-process
+// communicator), and must outlive the communicator (not owned). send(to, dst, from, src, bytes)
+// runs ncclSend on `from`'s stream and ncclRecv on `to`'s stream in one NCCL group, so the send
+// starts after the work queued on `from` and the data is there for the work queued on `to` after
+// it; a backend not among the ranks, or to == from, is kInvalidArgument. Not thread-safe.
+// Errors: kInvalidArgument for the list above, kUnimplemented when built without NCCL (or without
+// CUDA), NCCL / CUDA failures with NCCL's error string (kInternal, kUnavailable for system errors).
+// Defined in kvsplit_cuda with NCCL: link kvsplit_backend_registry (or kvsplit_runtime).
+StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator(
+    std::span<Backend* const> devices, const NcclCommunicatorOptions& options = {});
 
 }  // namespace kvsplit::backend

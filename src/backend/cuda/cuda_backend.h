@@ -48,6 +48,9 @@ class CudaBackend final : public Backend {
   Status copy_from(void* dst_dev, const Backend& src, const void* src_dev, size_t bytes) override;
   StatusOr<MatrixView> upload_matrix(const void* host, DType dtype, int64_t rows,
                                      int64_t cols) override;
+  // The backend's one stream, for the NCCL communicator (nccl_communicator.cpp), which enqueues
+  // its send/recv there so they are ordered with this backend's work. Owned by the backend.
+  cudaStream_t stream() const { return stream_; }
 
   Status embedding(const int32_t* ids, int num_tokens, const MatrixView& table,
                    float* out) override;

@@ -1,0 +1,147 @@
+// NcclCommunicator (see backend/communicator.h): one NCCL rank per CUDA backend of one process.
+// Built only with NCCL (KVSPLIT_WITH_NCCL; kernels/cuda.cmake leaves this file out otherwise).
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "backend/communicator.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_util.h"
+
+namespace kvsplit::backend {
+namespace {
+
+Status nccl_status(ncclResult_t r, const char* what) {
+  if (r == ncclSuccess) return ok_status();
+  std::string msg = std::string("nccl: ") + what + ": " + ncclGetErrorString(r);
+  const char* last = ncclGetLastError(nullptr);
+  if (last != nullptr && *last != '\0') msg += std::string(" (") + last + ")";
+  switch (r) {
+    case ncclInvalidArgument:
+      return invalid_argument(msg);
+    case ncclInvalidUsage:
+      return failed_precondition(msg);
+    case ncclSystemError:
+    case ncclRemoteError:
+      return unavailable(msg);
+    default:
+      return internal_error(msg);
+  }
+}
+
+// Restores the calling thread's current CUDA device on scope exit: NCCL calls may switch it, and
+// the backends' work assumes the device their owner bound (Backend::bind_thread).
+class DeviceGuard {
+ public:
+  DeviceGuard() { ok_ = cudaGetDevice(&device_) == cudaSuccess; }
+  ~DeviceGuard() {
+    if (ok_) cudaSetDevice(device_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int device_ = 0;
+  bool ok_ = false;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(std::vector<cuda::CudaBackend*> ranks, std::vector<ncclComm_t> comms,
+                   const NcclCommunicatorOptions& options)
+      : ranks_(std::move(ranks)), comms_(std::move(comms)), options_(options) {}
+
+  ~NcclCommunicator() override {
+    DeviceGuard guard;
+    // Nothing may be in flight on a communicator being destroyed (send() without synchronize).
+    for (cuda::CudaBackend* b : ranks_) cudaStreamSynchronize(b->stream());
+    for (ncclComm_t c : comms_) ncclCommDestroy(c);
+  }
+
+  Status send(Backend& to, void* dst, Backend& from, const void* src, size_t bytes) override {
+    if (&to == &from) return invalid_argument("communicator: send to the same backend");
+    if (bytes == 0) return ok_status();
+    if (dst == nullptr || src == nullptr) return invalid_argument("communicator: null pointer");
+    const int rank_to = rank_of(to), rank_from = rank_of(from);
+    if (rank_to < 0 || rank_from < 0)
+      return invalid_argument("nccl communicator: backend '" +
+                              (rank_to < 0 ? to.name() : from.name()) + "' is not one of its " +
+                              std::to_string(ranks_.size()) + " ranks");
+    const auto t0 = std::chrono::steady_clock::now();
+    DeviceGuard guard;
+    KVSPLIT_RETURN_IF_ERROR(nccl_status(ncclGroupStart(), "ncclGroupStart"));
+    // Both halves are issued before the group ends, whatever fails: the group must be closed.
+    const Status sent = nccl_status(
+        ncclSend(src, bytes, ncclUint8, rank_to, comms_[rank_from], ranks_[rank_from]->stream()),
+        "ncclSend");
+    const Status received = nccl_status(
+        ncclRecv(dst, bytes, ncclUint8, rank_from, comms_[rank_to], ranks_[rank_to]->stream()),
+        "ncclRecv");
+    const Status grouped = nccl_status(ncclGroupEnd(), "ncclGroupEnd");
+    KVSPLIT_RETURN_IF_ERROR(sent);
+    KVSPLIT_RETURN_IF_ERROR(received);
+    KVSPLIT_RETURN_IF_ERROR(grouped);
+    if (options_.synchronize) {
+      KVSPLIT_CUDA_RETURN(cudaStreamSynchronize(ranks_[rank_to]->stream()),
+                          "nccl communicator: synchronize the receiving stream");
+    }
+    ++stats_.transfers;
+    stats_.bytes += static_cast<int64_t>(bytes);
+    stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return ok_status();
+  }
+
+  const char* name() const override { return "nccl"; }
+
+ private:
+  int rank_of(const Backend& b) const {
+    for (size_t r = 0; r < ranks_.size(); ++r)
+      if (ranks_[r] == &b) return static_cast<int>(r);
+    return -1;
+  }
+
+  std::vector<cuda::CudaBackend*> ranks_;  // rank r drives ranks_[r]; not owned
+  std::vector<ncclComm_t> comms_;          // [num_ranks], owned
+  NcclCommunicatorOptions options_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator(
+    std::span<Backend* const> devices, const NcclCommunicatorOptions& options) {
+  if (devices.empty()) return invalid_argument("nccl communicator: no backends given");
+  std::vector<cuda::CudaBackend*> ranks;
+  std::vector<int> device_ids;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    if (devices[i] == nullptr)
+      return invalid_argument("nccl communicator: backend " + std::to_string(i) + " is null");
+    auto* b = dynamic_cast<cuda::CudaBackend*>(devices[i]);
+    if (b == nullptr)
+      return invalid_argument("nccl communicator: backend " + std::to_string(i) + " ('" +
+                              devices[i]->name() + "') is not a CUDA backend");
+    for (size_t j = 0; j < ranks.size(); ++j) {
+      if (device_ids[j] == b->device())
+        return invalid_argument(
+            "nccl communicator: backends " + std::to_string(j) + " and " + std::to_string(i) +
+            " are both on CUDA device " + std::to_string(b->device()) +
+            "; NCCL takes one rank per GPU (virtual shards on one GPU use the in-process "
+            "communicator)");
+    }
+    ranks.push_back(b);
+    device_ids.push_back(b->device());
+  }
+  std::vector<ncclComm_t> comms(ranks.size(), nullptr);
+  {
+    DeviceGuard guard;
+    KVSPLIT_RETURN_IF_ERROR(nccl_status(
+        ncclCommInitAll(comms.data(), static_cast<int>(comms.size()), device_ids.data()),
+        "ncclCommInitAll"));
+  }
+  return std::unique_ptr<Communicator>(
+      std::make_unique<NcclCommunicator>(std::move(ranks), std::move(comms), options));
+}
+
+}  // namespace kvsplit::backend
