@@ -48,6 +48,9 @@ struct BlockTable {
   // KvPool::release.
   bool spread = false;
 
+  // The entry of page i: `pages[i]`, or the default (full precision on the home device) while
+  // `pages` is empty.
+  PageEntry page(size_t i) const { return pages.empty() ? PageEntry{} : pages[i]; }
   // True when some page lives on a shard other than the home one (PageEntry::shard).
   bool sharded() const {
     for (const PageEntry& p : pages)

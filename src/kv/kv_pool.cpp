@@ -302,7 +302,7 @@ int KvPool::available_blocks() const {
 int KvPool::releasable_blocks(const BlockTable& table) const {
   int n = 0;
   for (size_t i = 0; i < table.blocks.size(); ++i) {
-    const int s = table.pages.empty() ? 0 : table.pages[i].shard;
+    const int s = table.page(i).shard;
     if (!table.pages.empty() &&
         (!table.pages[i].resident() || table.pages[i].precision != kernels::KvPrecision::kFull))
       continue;
@@ -360,7 +360,7 @@ void KvPool::cache_prefix(const BlockTable& table, uint64_t salt, std::span<cons
 void KvPool::release(BlockTable& table) {
   KVSPLIT_CHECK(table.pages.empty() || table.pages.size() == table.blocks.size());
   for (size_t i = 0; i < table.blocks.size(); ++i) {
-    const PageEntry page = table.pages.empty() ? PageEntry{} : table.pages[i];
+    const PageEntry page = table.page(i);
     if (page.resident()) {
       if (page.precision == kernels::KvPrecision::kFull)
         shard(page.shard).allocator_.decref(table.blocks[i]);

@@ -51,7 +51,7 @@ StatusOr<int> migrate_pages(KvPool& pool, BlockTable& table, int first_page, int
     return invalid_argument("migrate: the table's pages and blocks differ in length");
   std::vector<int> idx;
   for (int i = first_page; i < end_page; ++i) {
-    const PageEntry pe = table.pages.empty() ? PageEntry{} : table.pages[i];
+    const PageEntry pe = table.page(i);
     if (pe.precision != KvPrecision::kFull) continue;
     if ((pe.location == PageLocation::kDevice && pe.shard != to_shard) ||
         pe.location == PageLocation::kHost)
@@ -71,7 +71,7 @@ StatusOr<int> migrate_pages(KvPool& pool, BlockTable& table, int first_page, int
   int64_t from_host = 0;
   for (size_t k = 0; k < idx.size() && st.ok(); ++k) {
     const int i = idx[k];
-    const PageEntry pe = table.pages.empty() ? PageEntry{} : table.pages[i];
+    const PageEntry pe = table.page(i);
     if (pe.location == PageLocation::kHost) {
       ++from_host;
       for (int l = 0; l < pool.shape().num_layers && st.ok(); ++l)

@@ -54,7 +54,7 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
         (!s.table->pages.empty() && s.table->pages.size() != s.table->blocks.size()))
       return invalid_argument("sharded sequence's block table is too short");
     for (int b = 0; b < nb; ++b) {
-      const kv::PageEntry pe = s.table->pages.empty() ? kv::PageEntry{} : s.table->pages[b];
+      const kv::PageEntry pe = s.table->page(b);
       if (pe.shard >= S)
         return invalid_argument("page " + std::to_string(b) + " names shard " +
                                 std::to_string(pe.shard) + " of a group of " + std::to_string(S));
@@ -80,6 +80,7 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
   const size_t kv_bytes = size_t(rows_) * Hkv * d * sizeof(float);
   const size_t lse_bytes = size_t(rows_) * H * sizeof(float);
 
+  const std::vector<float> neg_inf(size_t(rows_) * H, -std::numeric_limits<float>::infinity());
   shards_.resize(S);
   for (int sh = 0; sh < S; ++sh) {
     Shard& z = shards_[sh];
@@ -98,7 +99,6 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
     KVSPLIT_RETURN_IF_ERROR(take(*z.pool, kLse, lse_bytes, &z.lse));
     // Rows a shard never computes this step stay an empty partial (o 0, lse -inf).
     KVSPLIT_RETURN_IF_ERROR(z.be->memset_zero(z.o, q_bytes));
-    const std::vector<float> neg_inf(size_t(rows_) * H, -std::numeric_limits<float>::infinity());
     KVSPLIT_RETURN_IF_ERROR(z.be->copy_h2d(z.lse, neg_inf.data(), lse_bytes));
 
     // Metadata (host image, then one upload): slots [rows], then the decode runs, then prefill.
@@ -110,7 +110,7 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
         for (int i = 0; i < s.tokens; ++i, ++row) {
           const int pos = s.start_pos + i;
           const int b = pos / bs;
-          const kv::PageEntry pe = s.table->pages.empty() ? kv::PageEntry{} : s.table->pages[b];
+          const kv::PageEntry pe = s.table->page(b);
           if (pe.shard != sh) continue;
           if (!pe.resident() || pe.precision != kernels::KvPrecision::kFull)
             return invalid_argument("page " + std::to_string(b) +
@@ -132,7 +132,7 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
         std::vector<int32_t> row_table(static_cast<size_t>(max_blocks), 0);
         int n = 0;
         for (int b = 0; b < nb; ++b) {
-          const kv::PageEntry pe = s.table->pages.empty() ? kv::PageEntry{} : s.table->pages[b];
+          const kv::PageEntry pe = s.table->page(b);
           if (pe.shard != sh || !pe.resident()) continue;
           if (pe.precision != kernels::KvPrecision::kFull)
             return unimplemented("sharded decode over quantized pages is not built");
@@ -171,7 +171,7 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
         qstart.push_back(qstart.back() + s.tokens);
         lens.push_back(kv_len);
         for (int b = 0; b < kv::BlockTable::blocks_for(kv_len, bs); ++b) {
-          const kv::PageEntry pe = s.table->pages.empty() ? kv::PageEntry{} : s.table->pages[b];
+          const kv::PageEntry pe = s.table->page(b);
           if (pe.shard != sh || !pe.resident()) continue;
           if (pe.precision != kernels::KvPrecision::kFull)
             return unimplemented("sharded prefill over quantized pages is not built");

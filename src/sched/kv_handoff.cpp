@@ -118,7 +118,7 @@ StatusOr<KvCopyRoute> copy_kv_pages(const kv::KvPool& src, std::span<const int32
       std::vector<int32_t> from, to;
       for (size_t i = 0; i < src_blocks.size(); ++i) {
         const int sa = src_shards.empty() ? 0 : src_shards[i];
-        const int sb = dst_table.pages.empty() ? 0 : dst_table.pages[i].shard;
+        const int sb = dst_table.page(i).shard;
         if (sa >= src.num_shards() || sb >= dst.num_shards())
           return invalid_argument("copy_kv_pages: a page names a shard the pool does not have");
         if (sa == a && sb == b) {

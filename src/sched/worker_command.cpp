@@ -122,7 +122,7 @@ WorkerState Worker::state() const {
       q.preemptions = s->preemptions;
       q.pages_per_shard.assign(pool_->num_shards(), 0);
       for (size_t i = 0; i < s->table.blocks.size(); ++i) {
-        const kv::PageEntry pe = s->table.pages.empty() ? kv::PageEntry{} : s->table.pages[i];
+        const kv::PageEntry pe = s->table.page(i);
         if (pe.resident()) ++q.pages_per_shard[pe.shard];
       }
       st.sequences.push_back(std::move(q));

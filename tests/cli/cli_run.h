@@ -54,6 +54,12 @@ inline RunResult run(const std::string& args, const std::string& env = "",
   return r;
 }
 
+// `--model ... --tokenizer ...` naming stories260K in llama2.c format (the shared models).
+inline std::string stories_model_flags() {
+  return "--model " + quote(model_path("stories260K.bin")) + " --tokenizer " +
+         quote(model_path("tok512.bin"));
+}
+
 inline std::vector<nlohmann::json> json_lines(const std::string& out) {
   std::vector<nlohmann::json> v;
   std::istringstream in(out);

@@ -14,13 +14,8 @@ const std::string kBatch =
     " --prompt 'Once upon a time' --prompt 'The dog' --prompt 'Lily went'"
     " --max-tokens 100 --temperature 0.8 --seed 9 --ignore-eos --json";
 
-std::string model() {
-  return "--model " + quote(model_path("stories260K.bin")) + " --tokenizer " +
-         quote(model_path("tok512.bin"));
-}
-
 std::vector<nlohmann::json> generate(const std::string& extra) {
-  RunResult r = run("generate " + model() + kBatch + extra);
+  RunResult r = run("generate " + stories_model_flags() + kBatch + extra);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   return json_lines(r.out);
 }
@@ -52,18 +47,19 @@ TEST(CliSpatial, ShardedKeepsTheTokensAndReportsShards) {
 
 TEST(CliSpatial, BadFlagsAreClearErrors) {
   KVSPLIT_REQUIRE_MODELS();
-  RunResult r = run("generate " + model() + kBatch + " --spatial-shards 2 --spatial-chunk-size 24");
+  RunResult r = run("generate " + stories_model_flags() + kBatch +
+                    " --spatial-shards 2 --spatial-chunk-size 24");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("multiple of the block size"), std::string::npos) << r.err;
-  r = run("generate " + model() + kBatch + " --spatial-shards 0");
+  r = run("generate " + stories_model_flags() + kBatch + " --spatial-shards 0");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--spatial-shards"), std::string::npos) << r.err;
   // A prompt longer than one pool: refused alone, served over shards.
   const std::string longp = " --prompt '" + std::string(300, 'a') + "' --max-tokens 10 --json";
-  r = run("generate " + model() + longp + " --kv-blocks 8");
+  r = run("generate " + stories_model_flags() + longp + " --kv-blocks 8");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("KV pool exhausted"), std::string::npos) << r.err;
-  r = run("generate " + model() + longp +
+  r = run("generate " + stories_model_flags() + longp +
           " --kv-blocks 8 --spatial-shards 4 --spatial-chunk-size 64");
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }

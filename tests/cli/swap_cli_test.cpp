@@ -15,13 +15,8 @@ const std::string kBatch =
     " --prompt 'Once upon a time' --prompt 'The dog' --prompt 'Lily went' --prompt 'A bird'"
     " --max-tokens 120 --temperature 0.8 --seed 5 --ignore-eos --json";
 
-std::string model() {
-  return "--model " + quote(model_path("stories260K.bin")) + " --tokenizer " +
-         quote(model_path("tok512.bin"));
-}
-
 std::vector<nlohmann::json> generate(const std::string& extra) {
-  RunResult r = run("generate " + model() + kBatch + extra);
+  RunResult r = run("generate " + stories_model_flags() + kBatch + extra);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   return json_lines(r.out);
 }
@@ -82,7 +77,7 @@ TEST(CliSwap, DiskTierBelowTheHostTierKeepsTheTokens) {
     pages += got[i]["swapped_out_pages"].get<int>();
   }
   EXPECT_GT(pages, 0);
-  RunResult r = run("generate " + model() + " -p hi -n 4 --disk-path /proc/nope");
+  RunResult r = run("generate " + stories_model_flags() + " -p hi -n 4 --disk-path /proc/nope");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--disk-path"), std::string::npos) << r.err;
 }
@@ -95,8 +90,8 @@ TEST(CliSwap, PrefixCacheSharesPagesAndKeepsTheTokens) {
   const std::string batch = " -p " + quote(p + " a big dog") + " -p " + quote(p + " a cat") +
                             " -p " + quote(p + " a red ball") +
                             " -n 30 --temperature 0 --ignore-eos --json";
-  RunResult off = run("generate " + model() + batch + " --prefix-cache off");
-  RunResult on = run("generate " + model() + batch + " --prefix-cache on");
+  RunResult off = run("generate " + stories_model_flags() + batch + " --prefix-cache off");
+  RunResult on = run("generate " + stories_model_flags() + batch + " --prefix-cache on");
   ASSERT_EQ(off.exit_code, 0) << off.err;
   ASSERT_EQ(on.exit_code, 0) << on.err;
   const auto a = json_lines(off.out), b = json_lines(on.out);
@@ -115,17 +110,18 @@ TEST(CliSwap, PrefixCacheSharesPagesAndKeepsTheTokens) {
 
 TEST(CliSwap, BadTemporalFlagsFailClearly) {
   KVSPLIT_REQUIRE_MODELS();
-  RunResult r = run("generate " + model() + " -p hi -n 4 --swap sometimes");
+  RunResult r = run("generate " + stories_model_flags() + " -p hi -n 4 --swap sometimes");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("--swap"), std::string::npos) << r.err;
-  r = run("generate " + model() + " -p hi -n 4 --temporal-step-size 0");
+  r = run("generate " + stories_model_flags() + " -p hi -n 4 --temporal-step-size 0");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("--temporal-step-size"), std::string::npos) << r.err;
   // A pool too small for even one sequence is an error, not a hang.
-  r = run("generate " + model() + " -p 'Once upon a time' -n 200 --kv-blocks 2 --swap always");
+  r = run("generate " + stories_model_flags() +
+          " -p 'Once upon a time' -n 200 --kv-blocks 2 --swap always");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("KV pool exhausted"), std::string::npos) << r.err;
-  r = run("generate " + model() + " -p hi -n 4 --prefix-cache maybe");
+  r = run("generate " + stories_model_flags() + " -p hi -n 4 --prefix-cache maybe");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("--prefix-cache"), std::string::npos) << r.err;
 }
