@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kvsplit/kv_cuts.h"
+#include "kvsplit/kvm.h"
 #include "kvsplit/sampling_params.h"
 #include "kvsplit/status.h"
 
@@ -104,6 +105,8 @@ struct EngineConfig {
   // shared across requests of one tenant and cache_salt (docs/kv-cuts.md); Usage::cached_tokens
   // reports the hits.
   bool prefix_cache = false;
+  // The KV cache manager (docs/kvm.md): rules that move the cuts' parameters at run time.
+  KvmConfig kvm;
   uint64_t seed = 0;                                 // draws per-request seeds when unset
   std::vector<SlaClass> sla_classes = {SlaClass{}};  // first one is the default class
 };
@@ -138,6 +141,10 @@ struct Usage {
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
   int32_t cached_tokens = 0;
+  // Effective KV (docs/kvm.md): the integral over the request's lifetime of the bytes its KV
+  // pages held at their precision (evicted pages: 0), and of its resident tokens.
+  double effective_kv_byte_seconds = 0;
+  double kv_token_seconds = 0;
 };
 
 // Where a request's time went (milliseconds, monotonic clock).
@@ -225,6 +232,9 @@ struct PoolStats {
   int64_t kv_swap_fallbacks = 0;     // swaps that fell back to recompute
   int64_t kv_swaps_to_disk = 0;      // swap-outs that went to the disk tier (host tier full)
   int64_t kv_disk_faults = 0;        // disk tier writes / reads that failed (then recomputed)
+  int64_t kv_disk_bytes_used = 0;    // disk tier: bytes of records held, and its capacity
+  int64_t kv_disk_bytes_total = 0;   // (0 without a disk tier)
+  double kv_disk_latency_ms = 0;     // EWMA of the disk tier's record writes and reads (0: none)
   // Prefetch (docs/kv-tiers.md): swap-ins from the disk tier whose read, started a step ahead,
   // had completed when they ran (hits), and those that read or waited then (misses).
   int64_t kv_prefetch_hits = 0;
@@ -264,6 +274,12 @@ struct EngineStats {
   int64_t generated_tokens = 0;
   int32_t num_running = 0;
   int32_t num_waiting = 0;
+  // The KV cache manager (EngineConfig::kvm): its latest monitor sample and decisions (newest
+  // last, at most 64); empty when it is off.
+  bool kvm_enabled = false;
+  KvmSnapshot kvm;
+  std::vector<KvmDecision> kvm_decisions;
+  int64_t kvm_decisions_total = 0;
 };
 
 struct ModelInfo {
@@ -291,6 +307,10 @@ class Engine {
   virtual ModelInfo model_info() const = 0;
   // Replaces the SLA classes (names may change; queued requests keep their class settings).
   virtual Status update_sla_classes(std::vector<SlaClass> classes) = 0;
+  // Replaces the KV cache manager's policy (rules, mode, interval); a bad policy is
+  // kInvalidArgument naming the rule and field, and the old one stays. Enabling a manager that
+  // was off starts it; rules unchanged by name keep their state.
+  virtual Status update_kvm_policy(KvmConfig policy) = 0;
   // Stops admitting; waits up to `drain` for running requests, then cancels the rest (their final
   // event: kCancelled with a kUnavailable status).
   virtual void shutdown(std::chrono::milliseconds drain) = 0;

@@ -383,6 +383,11 @@ Status EngineImpl::update_sla_classes(std::vector<SlaClass> classes) {
   return ok_status();
 }
 
+Status EngineImpl::update_kvm_policy(KvmConfig policy) {
+  (void)policy;
+  return unimplemented("Engine: the KV cache manager is not wired yet");
+}
+
 void EngineImpl::end_drain() {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -46,6 +46,7 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   EngineStats stats() const override;
   ModelInfo model_info() const override;
   Status update_sla_classes(std::vector<SlaClass> classes) override;
+  Status update_kvm_policy(KvmConfig policy) override;
   void shutdown(std::chrono::milliseconds drain) override;
   void end_drain() override;
 

@@ -1,0 +1,42 @@
+// The KVM policy's small expression forms (docs/kvm.md): conditions `metric[class] op number`
+// and actions `param op value`. Not a language: one comparison, one assignment.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "kvsplit/kvm.h"
+#include "kvsplit/status.h"
+
+namespace kvsplit::kvm {
+
+// "device_kv_use > 0.9", "ttft_p99_ms[voice] >= 250". kInvalidArgument naming what is wrong
+// (unknown metric, a class on a global metric, a bad number or operator).
+StatusOr<KvmCondition> parse_condition(std::string_view text);
+// "semantic_threshold += 0.05", "swap = never", "max_num_seqs *= 0.5".
+StatusOr<KvmAction> parse_action(std::string_view text);
+
+std::string to_string(const KvmCondition& c);
+std::string to_string(const KvmAction& a);
+
+bool is_metric(std::string_view name);
+bool is_class_metric(std::string_view name);  // queue_depth, ttft_*, itl_*
+bool is_param(std::string_view name);
+// Parameters that only make sense per class (max_queue) or only globally (max_num_seqs,
+// spatial_min_context, migrate_to_shard).
+bool param_needs_class(std::string_view name);
+bool param_is_global_only(std::string_view name);
+// Integer parameters are rounded after every action (semantic_window, recent_tokens, ...).
+bool param_is_integer(std::string_view name);
+// migrate_to_shard: an action, not a setting (no value to restore).
+bool param_is_one_shot(std::string_view name);
+// swap: 0 auto, 1 always, 2 never.
+std::optional<double> swap_value(std::string_view name);
+
+// The value of `c.metric` in `snap` (a class-scoped metric without a class: the worst class;
+// with a class the snapshot lacks: nullopt, so the condition is false).
+std::optional<double> read_metric(const KvmSnapshot& snap, const KvmCondition& c);
+bool holds(const KvmSnapshot& snap, const KvmCondition& c, double* value_out = nullptr);
+
+}  // namespace kvsplit::kvm

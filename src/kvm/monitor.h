@@ -1,0 +1,50 @@
+// The KVM's monitors (docs/kvm.md): turn the engine's counters into one KvmSnapshot per sample.
+// Pure bookkeeping: the engine feeds it EngineStats and finished requests' latencies.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kvsplit/engine.h"
+#include "kvsplit/kvm.h"
+
+namespace kvsplit::kvm {
+
+// Finished requests' TTFT and mean ITL per class, over a sliding window of time.
+class LatencyWindow {
+ public:
+  explicit LatencyWindow(double window_ms) : window_ms_(window_ms) {}
+  void add(const std::string& sla_class, double now_ms, double ttft_ms, double mean_itl_ms);
+  // Drops samples older than now_ms - window; fills samples and the p50 / p99 (nearest rank).
+  void fill(double now_ms, KvmClassLatency* out);
+
+ private:
+  struct Sample {
+    double time_ms, ttft_ms, itl_ms;
+  };
+  double window_ms_;
+  std::map<std::string, std::deque<Sample>> by_class_;
+};
+
+// Inputs beyond EngineStats that only the engine knows.
+struct MonitorInputs {
+  double link_bytes_per_s = 0;  // measured link bandwidth (0: link_use stays 0)
+};
+
+class Monitor {
+ public:
+  explicit Monitor(double window_ms) : latency_(window_ms) {}
+  LatencyWindow& latency() { return latency_; }
+  // One sample: rates are over the time since the previous sample.
+  KvmSnapshot sample(double now_ms, const EngineStats& stats, const MonitorInputs& in);
+
+ private:
+  LatencyWindow latency_;
+  bool have_prev_ = false;
+  double prev_ms_ = 0;
+  int64_t prev_swaps_ = 0, prev_recalls_ = 0, prev_link_bytes_ = 0;
+};
+
+}  // namespace kvsplit::kvm

@@ -1,0 +1,62 @@
+// The KVM's rule engine (docs/kvm.md): pure, no threads, no clock of its own. Fed one monitor
+// snapshot at a time, it returns the decisions each rule makes under hysteresis (enter / exit
+// levels), cooldown and bounds. The caller applies them to its ParamTable (dry-run: it does not,
+// so nothing moves and an active rule repeats the same decision every cooldown).
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kvsplit/kvm.h"
+#include "kvsplit/status.h"
+
+namespace kvsplit::kvm {
+
+// The current value of every parameter the rules move, per (param, class); class "" is the
+// engine-wide setting. A class without its own value reads the global one.
+class ParamTable {
+ public:
+  void set(const std::string& param, const std::string& sla_class, double value);
+  double get(const std::string& param, const std::string& sla_class) const;
+  bool has(const std::string& param, const std::string& sla_class) const;
+  const std::map<std::pair<std::string, std::string>, double>& values() const { return values_; }
+
+ private:
+  std::map<std::pair<std::string, std::string>, double> values_;
+};
+
+// Checks rules: unique names, known metrics and parameters, a class where the parameter needs
+// one, min <= max, cooldown >= 0, exit present. Errors name the rule and the field, e.g.
+// "kvm.rules[2] (name: hot): then: unknown parameter 'semantic_treshold'".
+Status validate_rules(const std::vector<KvmRule>& rules, const std::vector<std::string>& classes);
+
+class RuleEngine {
+ public:
+  explicit RuleEngine(std::vector<KvmRule> rules);
+
+  // Replaces the rules (a policy reload). A rule whose name and text are unchanged keeps its
+  // state (active, cooldown); others start inactive.
+  void reload(std::vector<KvmRule> rules);
+
+  // Evaluates every rule in order on `snap` (at snap.time_ms) against `params` and returns the
+  // decisions, before/after filled and applied = false; rule states advance (a rule that enters
+  // is active whether or not the caller applies its decision, so a refused action is not retried
+  // faster than its cooldown). Later rules see earlier rules' `after` values of this call.
+  std::vector<KvmDecision> evaluate(const KvmSnapshot& snap, const ParamTable& params);
+
+  struct RuleState {
+    bool active = false;
+    double last_applied_ms = -1e300;
+    double value_at_enter = 0;  // restored on exit
+  };
+  const std::vector<KvmRule>& rules() const { return rules_; }
+  const RuleState& state(size_t i) const { return states_[i]; }
+
+ private:
+  std::vector<KvmRule> rules_;
+  std::vector<RuleState> states_;
+};
+
+}  // namespace kvsplit::kvm
