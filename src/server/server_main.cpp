@@ -60,7 +60,8 @@ void apply_flags(const Flags& f, config::Config* c) {
   if (!f.api_keys.empty()) c->server.api_keys = f.api_keys;
 }
 
-// SIGHUP: re-read the SLA classes of `path`; the engine validates and swaps them atomically.
+// SIGHUP: re-read the SLA classes and the kvm policy of `path`; the engine validates and swaps
+// each atomically (classes first: the policy's rules name them).
 void reload_sla_classes(const std::string& path, kvsplit::Engine* engine,
                         server::GenerationService* svc) {
   if (path.empty()) {
@@ -84,6 +85,14 @@ void reload_sla_classes(const std::string& path, kvsplit::Engine* engine,
   for (const auto& c : fresh->engine.sla_classes) names += (names.empty() ? "" : ", ") + c.name;
   KVSPLIT_LOG_INFO("SIGHUP: reloaded {} SLA classes from {}: {}", fresh->engine.sla_classes.size(),
                    path, names);
+  // The KV cache manager's policy (docs/kvm.md): a bad one keeps the old.
+  st = engine->update_kvm_policy(fresh->engine.kvm);
+  if (!st.ok()) {
+    KVSPLIT_LOG_ERROR("SIGHUP: engine rejected the new kvm policy, old policy stays: {}",
+                      st.to_string());
+    return;
+  }
+  KVSPLIT_LOG_INFO("SIGHUP: kvm policy reloaded ({} rules)", fresh->engine.kvm.rules.size());
 }
 
 // Startup lines about what is exposed: API keys over plaintext, and the metrics listener (which
