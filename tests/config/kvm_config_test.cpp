@@ -3,6 +3,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "test_util.h"
@@ -261,6 +263,46 @@ TEST(KvmConfigTest, LoadConfigFileValidatesAPolicy) {
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("kvm.rules[0] (rule-0): exit:"), std::string::npos)
       << c.status().message();
+}
+
+// The YAML blocks of a doc ("```yaml" to "```").
+std::vector<std::string> yaml_blocks(const std::string& doc) {
+  std::ifstream in(std::string(KVSPLIT_SOURCE_DIR) + "/" + doc);
+  std::vector<std::string> blocks;
+  std::string line, block;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    if (!inside && line == "```yaml") {
+      inside = true;
+      block.clear();
+    } else if (inside && line == "```") {
+      inside = false;
+      blocks.push_back(block);
+    } else if (inside) {
+      block += line + "\n";
+    }
+  }
+  return blocks;
+}
+
+TEST(KvmConfigTest, DocExamplesParse) {
+  const auto kvm_doc = yaml_blocks("docs/kvm.md");
+  ASSERT_FALSE(kvm_doc.empty());
+  kvsplit::testing::TempDir dir;
+  write(dir.file("kvm-rules.yaml"),
+        "rules:\n  - {name: spread, when: \"link_use < 0.3\", exit: \"link_use > 0.6\", "
+        "then: \"migrate_to_shard = 64\"}\n");
+  InDir in(dir.path());
+  auto c = parse_config(kvm_doc[0]);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->engine.kvm.rules.size(), 4u);
+  EXPECT_EQ(c->engine.kvm.rules[2].sla_class, "voice");
+
+  const auto conf_doc = yaml_blocks("docs/configuration.md");
+  ASSERT_FALSE(conf_doc.empty());
+  c = parse_config(conf_doc.back());  // "## Example"
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_TRUE(c->engine.kvm.enabled);
 }
 
 }  // namespace
