@@ -39,7 +39,11 @@ std::vector<KvmDecision> KvCacheManager::tick(double now_ms, const EngineStats& 
   last_ = monitor_.sample(now_ms, stats, in);
   std::vector<KvmDecision> decisions = rules_.evaluate(last_, params_);
   for (KvmDecision& d : decisions) {
-    if (config_.mode == KvmMode::kEnforce && actuator_ != nullptr) {
+    // An exit that keeps the value (exit-keep, a one-shot action's exit) changes nothing.
+    const bool no_op = d.action == "exit-keep" || (d.before == d.after && d.action == "exit");
+    if (config_.mode == KvmMode::kEnforce && no_op) {
+      d.applied = true;
+    } else if (config_.mode == KvmMode::kEnforce && actuator_ != nullptr) {
       const Status st = actuator_->apply(d);
       d.applied = st.ok();
       if (!st.ok()) d.error = st.message();
