@@ -23,6 +23,7 @@
 
 #include "common/log.h"
 #include "config/config.h"
+#include "engine/engine_impl.h"
 #include "model/default_model.h"
 #include "server/grpc_server.h"
 #include "server/metrics.h"
@@ -325,6 +326,12 @@ int main(int argc, char** argv) {
     auto c = config::load_config_file(f.check_config);
     if (!c.ok()) {
       std::cerr << "kvsplit-server: " << c.status().message() << "\n";
+      return 2;
+    }
+    // What the engine checks at start beyond the file's own rules (e.g. a KVM rule whose cut is
+    // off), without loading a model.
+    if (Status st = validate_engine_config(c->engine); !st.ok()) {
+      std::cerr << "kvsplit-server: " << f.check_config << ": " << st.message() << "\n";
       return 2;
     }
     std::cout << f.check_config << ": OK (" << config::describe(*c) << ")\n";
