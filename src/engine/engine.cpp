@@ -380,6 +380,8 @@ ModelInfo EngineImpl::model_info() const {
 
 Status EngineImpl::update_sla_classes(std::vector<SlaClass> classes) {
   KVSPLIT_RETURN_IF_ERROR(validate_sla_classes(classes));
+  // The KVM's actuator edits the router's classes under kvm_mu_: no lost update either way.
+  std::lock_guard<std::mutex> kvm_lock(kvm_mu_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<SlaClassStats> next;
