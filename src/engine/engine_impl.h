@@ -8,12 +8,15 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kvsplit/engine.h"
@@ -61,6 +64,12 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   // is a ready kInvalidArgument reply. The seam the KV cache manager will drive.
   std::future<sched::CommandReply> send_command(size_t index, sched::WorkerCommand command);
   size_t num_workers() const { return workers_.size(); }
+  // Tests only: called with every final event's sequence (in on_final, before the engine's
+  // bookkeeping), e.g. to read its KvAccount trace. Set before submitting.
+  void set_final_observer_for_tests(
+      std::function<void(const sched::Sequence&, const TokenEvent&)> observer) {
+    final_observer_ = std::move(observer);
+  }
 
  private:
   explicit EngineImpl(const EngineConfig& config);
@@ -91,6 +100,9 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   std::vector<SlaClassStats> class_stats_;
   int64_t submitted_ = 0, finished_ = 0, cancelled_ = 0, failed_ = 0;
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0;
+  // Effective KV summed per (SLA class, tenant) (EngineStats::kv_accounting); guarded by mu_.
+  std::map<std::pair<std::string, std::string>, KvAccounting> kv_accounting_;
+  std::function<void(const sched::Sequence&, const TokenEvent&)> final_observer_;
 };
 
 }  // namespace kvsplit
