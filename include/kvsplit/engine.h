@@ -262,9 +262,21 @@ struct SlaClassStats {
   int32_t queued = 0;
 };
 
+// Effective KV (Usage::effective_kv_byte_seconds, kv_token_seconds) of the finished requests of one
+// SLA class and tenant, summed over their final events (docs/kvm.md "Effective-KV accounting").
+struct KvAccounting {
+  std::string sla_class;
+  std::string tenant;
+  int64_t requests = 0;  // final events summed (finished, cancelled or failed)
+  double effective_kv_byte_seconds = 0;
+  double kv_token_seconds = 0;
+};
+
 struct EngineStats {
   std::vector<PoolStats> pools;
   std::vector<SlaClassStats> classes;
+  // One entry per (SLA class, tenant) that finished a request, ordered by class then tenant.
+  std::vector<KvAccounting> kv_accounting;
   int64_t requests_submitted = 0;
   int64_t requests_finished = 0;
   int64_t requests_cancelled = 0;

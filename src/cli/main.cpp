@@ -178,6 +178,8 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
       j["text"] = o.text;
       j["finish_reason"] = finish_reason_name(o.finish_reason);
       j["cached_tokens"] = o.cached_tokens;
+      j["effective_kv_byte_seconds"] = o.effective_kv_byte_seconds;
+      j["kv_token_seconds"] = o.kv_token_seconds;
       j["swapped_out_pages"] = o.swapped_out_pages;
       j["recomputed_tokens"] = o.recomputed_tokens;
       j["preemptions"] = o.preemptions;

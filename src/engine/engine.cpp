@@ -296,9 +296,14 @@ bool EngineImpl::cancel(const std::string& tenant, const std::string& request_id
 }
 
 void EngineImpl::on_final(const sched::Sequence& seq, const TokenEvent& ev) {
+  if (final_observer_) final_observer_(seq, ev);
   std::lock_guard<std::mutex> lock(mu_);
   active_.erase(seq.ctl->key());
   generated_tokens_ += ev.usage.completion_tokens;
+  KvAccounting& kv = kv_accounting_[{seq.sla.name, seq.ctl->tenant}];
+  ++kv.requests;
+  kv.effective_kv_byte_seconds += ev.usage.effective_kv_byte_seconds;
+  kv.kv_token_seconds += ev.usage.kv_token_seconds;
   switch (ev.finish_reason) {
     case FinishReason::kStop:
     case FinishReason::kLength: {
@@ -351,6 +356,12 @@ EngineStats EngineImpl::stats_without_kvm() const {
   s.requests_failed = failed_;
   s.prompt_tokens = prompt_tokens_;
   s.generated_tokens = generated_tokens_;
+  s.kv_accounting.reserve(kv_accounting_.size());
+  for (const auto& [key, kv] : kv_accounting_) {
+    s.kv_accounting.push_back(kv);
+    s.kv_accounting.back().sla_class = key.first;
+    s.kv_accounting.back().tenant = key.second;
+  }
   return s;
 }
 

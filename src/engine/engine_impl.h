@@ -8,13 +8,16 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kvsplit/engine.h"
@@ -66,6 +69,12 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   // is a ready kInvalidArgument reply. The seam the KV cache manager will drive.
   std::future<sched::CommandReply> send_command(size_t index, sched::WorkerCommand command);
   size_t num_workers() const { return workers_.size(); }
+  // Tests only: called with every final event's sequence (in on_final, before the engine's
+  // bookkeeping), e.g. to read its KvAccount trace. Set before submitting.
+  void set_final_observer_for_tests(
+      std::function<void(const sched::Sequence&, const TokenEvent&)> observer) {
+    final_observer_ = std::move(observer);
+  }
 
  private:
   explicit EngineImpl(const EngineConfig& config);
@@ -108,6 +117,9 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   std::vector<SlaClassStats> class_stats_;
   int64_t submitted_ = 0, finished_ = 0, cancelled_ = 0, failed_ = 0;
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0;
+  // Effective KV summed per (SLA class, tenant) (EngineStats::kv_accounting); guarded by mu_.
+  std::map<std::pair<std::string, std::string>, KvAccounting> kv_accounting_;
+  std::function<void(const sched::Sequence&, const TokenEvent&)> final_observer_;
 
   // The KV cache manager. kvm_mu_ guards the manager and the engine-wide cut settings it moves
   // (kvm_semantic_, kvm_temporal_); it is never held while taking mu_ (the thread samples stats

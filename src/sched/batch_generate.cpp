@@ -42,6 +42,7 @@ struct SeqState {
   int swapped_out_pages = 0;
   int recomputed_tokens = 0;
   int cached_tokens = 0;
+  KvAccount kv;             // effective-KV accounting (docs/kvm.md)
   int64_t resume_step = 0;  // swapped out: not resumed before this step while others run
   int shards = 0;           // most shards of the pool's shard group its KV used at once
   // The disk read of its swapped-out pages started a step ahead (kv::SwapPrefetch); dropped
@@ -182,6 +183,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       const int hits = pool.share_prefix(s.table, options.prefix_salt, s.tokens,
                                          (std::min(s.prompt_target, s.num_prompt) - 1) / bs);
       s.computed = s.fed = s.cached_tokens = hits * bs;
+      s.kv.update(std::chrono::steady_clock::now(), kv_level(pool, s.table, s.computed));
     }
     running.clear();
     waiting.clear();
@@ -231,6 +233,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
           if (*done) {
             s.swapped_out_pages += pages;
             s.resume_step = step + std::max(1, options.temporal_step_size);
+            s.kv.update(std::chrono::steady_clock::now(), kv_level(pool, s.table, s.computed));
             continue;
           }
         }
@@ -238,6 +241,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       s.recomputed_tokens += s.computed;
       pool.release(s.table);
       s.computed = 0;
+      s.kv.close(std::chrono::steady_clock::now());
     }
     for (const SwapIn& r : plan.swap_in) {
       SeqState& s = seqs[r.id];
@@ -245,6 +249,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       if (done.ok()) {
         KVSPLIT_CHECK(*done);  // the scheduler reserved the blocks
         s.running = true;      // decodes from the next step
+        s.kv.update(std::chrono::steady_clock::now(), kv_level(pool, s.table, s.computed));
         continue;
       }
       // A disk fault (checksum, I/O) or a copy error: slower, never wrong; recompute it.
@@ -252,6 +257,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       s.recomputed_tokens += s.computed;
       pool.release(s.table);  // swap_in consumed its prefetch
       s.computed = 0;
+      s.kv.close(std::chrono::steady_clock::now());
     }
     // Read ahead the disk records of the sequences expected to resume next step (the worker's
     // rule: Worker::start_prefetches).
@@ -358,6 +364,19 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
         pool.release(s.table);
       }
     }
+    // Effective-KV accounting point of every sequence that ran: what its pages hold after the
+    // step (a decode row's cut measured its table already; finished ones hold nothing).
+    const auto t_end = std::chrono::steady_clock::now();
+    for (size_t k = 0; k < steps.size(); ++k) {
+      SeqState& s = seqs[step_seq[k]];
+      if (s.done()) {
+        s.kv.close(t_end);
+      } else if (s.cut && k < plan.decode.size()) {
+        s.kv.update(t_end, s.cut->level());
+      } else {
+        s.kv.update(t_end, kv_level(pool, s.table, s.computed));
+      }
+    }
   }
 
   std::vector<GenerationOutput> out(seqs.size());
@@ -373,6 +392,9 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     out[i].swapped_out_pages = seqs[i].swapped_out_pages;
     out[i].recomputed_tokens = seqs[i].recomputed_tokens;
     out[i].cached_tokens = seqs[i].cached_tokens;
+    seqs[i].kv.close(std::chrono::steady_clock::now());  // nothing held after the batch
+    out[i].effective_kv_byte_seconds = seqs[i].kv.byte_seconds();
+    out[i].kv_token_seconds = seqs[i].kv.token_seconds();
     out[i].shards = seqs[i].shards;
   }
   if (options.swap_stats != nullptr) options.swap_stats->add(swap_stats);

@@ -36,7 +36,11 @@ struct GenerationOutput {
   int swapped_out_pages = 0;  // pages swapped out to the host tier (temporal cut), all swaps
   int recomputed_tokens = 0;  // KV positions dropped by preemptions and computed again
   int cached_tokens = 0;      // prompt tokens served from the pool's prefix cache
-  int shards = 0;             // shards of the pool's shard group its KV used (spatial cut)
+  // Effective-KV accounting (docs/kvm.md): device bytes of its KV pages at their precision, and
+  // its resident tokens, integrated over its time in the batch (Usage's fields of the same names).
+  double effective_kv_byte_seconds = 0;
+  double kv_token_seconds = 0;
+  int shards = 0;  // shards of the pool's shard group its KV used (spatial cut)
 };
 
 struct BatchOptions {

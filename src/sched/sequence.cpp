@@ -130,6 +130,9 @@ void finish_sequence(Sequence& seq, FinishReason reason, Status status, Clock::t
   ev.usage.prompt_tokens = seq.num_prompt;
   ev.usage.completion_tokens = seq.num_output();
   ev.usage.cached_tokens = seq.cached_tokens;
+  seq.kv_account.close(now);  // the table is empty: nothing is held from now on
+  ev.usage.effective_kv_byte_seconds = seq.kv_account.byte_seconds();
+  ev.usage.kv_token_seconds = seq.kv_account.token_seconds();
   Timings& t = ev.timings;
   t.queue_ms = seq.phase_ms[static_cast<int>(SeqPhase::kQueued)];
   t.prefill_ms = seq.phase_ms[static_cast<int>(SeqPhase::kPrefill)];

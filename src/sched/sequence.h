@@ -22,6 +22,7 @@
 #include "model/tokenizer.h"
 #include "sampling/sampler.h"
 #include "sampling/stop.h"
+#include "sched/kv_account.h"
 #include "sched/request_stream.h"
 #include "sched/sequence_cut.h"
 
@@ -107,6 +108,9 @@ struct Sequence {
   // Prefix cache: the tenant's (and cache_salt's) salt, and the prompt tokens served from it.
   uint64_t prefix_salt = 0;
   int32_t cached_tokens = 0;
+  // Effective-KV accounting (sched/kv_account.h): updated by the owner at its accounting points
+  // (docs/kvm.md), carried with the sequence through a handoff, closed by finish_sequence.
+  KvAccount kv_account;
 
   // Owner-private scratch: what the owning worker does with the sequence after this step.
   enum class Next : uint8_t { kStay, kToRunning, kToWaiting, kHandoff, kRemove } next = Next::kStay;

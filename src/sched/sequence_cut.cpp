@@ -63,9 +63,9 @@ Status SequenceCut::finish(kv::KvPool& pool, kv::BlockTable& table, int kv_len,
   scored_ = false;
   const int64_t full = static_cast<int64_t>(kv::BlockTable::blocks_for(kv_len, bs)) *
                        pool.page_layer_bytes(kernels::KvPrecision::kFull) * pool.shape().num_layers;
+  level_ = kv_level(pool, table, kv_len);
   const double fraction =
-      full > 0 ? static_cast<double>(kv::resident_bytes(pool, table)) / static_cast<double>(full)
-               : 1.0;
+      full > 0 ? static_cast<double>(level_.bytes) / static_cast<double>(full) : 1.0;
   stats_.resident_fraction_sum += fraction;
   stats_.peak_resident_fraction = std::max(stats_.peak_resident_fraction, fraction);
   return ok_status();

@@ -13,6 +13,7 @@
 #include "kv/kv_pool.h"
 #include "kv/page_ops.h"
 #include "model/llama_model.h"
+#include "sched/kv_account.h"
 
 namespace kvsplit::sched {
 
@@ -43,6 +44,9 @@ class SequenceCut {
                 kv::PageOpStats* totals = nullptr);
 
   const SequenceCutStats& stats() const { return stats_; }
+  // The table's KV level (sched/kv_account.h) after the last finish(), from the same pass over
+  // its pages as the resident fraction: the owner's accounting point needs no second pass.
+  const KvLevel& level() const { return level_; }
   cuts::semantic::KvPolicy policy() const { return policy_; }
   const cuts::semantic::SemanticConfig& config() const { return config_; }
   // New thresholds / windows from the next step on (the KV cache manager's SetCutParams); pages
@@ -70,6 +74,7 @@ class SequenceCut {
   bool scored_ = false;
   std::vector<float> relevance_, bound_;
   SequenceCutStats stats_;
+  KvLevel level_;
 };
 
 }  // namespace kvsplit::sched

@@ -355,6 +355,7 @@ void Worker::admit_from_router(Clock::time_point now) {
                                          (seq->num_prompt - 1) / pool_->block_size());
     seq->num_computed = seq->cached_tokens = hits * pool_->block_size();
     KVSPLIT_CHECK(pool_->reserve(seq->table, seq->num_prompt));
+    account_kv(*seq, now);  // the prompt's pages are held from here
     waiting_.push_back(std::move(seq));
   }
 }

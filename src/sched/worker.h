@@ -187,6 +187,8 @@ class Worker {
   void start_prefetches(const SchedulerOutput& out);
   // Drops `seq`'s prefetch (waiting for its read) and releases its KV; the table is left empty.
   void release_kv(Sequence& seq);
+  // Effective-KV accounting point of `seq` (docs/kvm.md): its level from now on.
+  void account_kv(Sequence& seq, Clock::time_point now);
   bool swapping() const;      // a host or disk tier to swap to
   void measure_swap_costs();  // copy bandwidths, at start-up (worker thread)
   void note_prefill_speed(int prefill_tokens, double seconds);

@@ -70,6 +70,7 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
                        options_.name, s->display_id(), s->num_computed);
       release_kv(*s);
       s->num_computed = 0;
+      account_kv(*s, now);
       return ok_status();
     }
     return not_found(fmt::format("{} holds no KV of request '{}'", options_.name,
@@ -86,6 +87,7 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
         KVSPLIT_ASSIGN_OR_RETURN(const int moved, kv::migrate_pages(*pool_, s->table, m->first_page,
                                                                     end, m->to_shard, &st));
         migrate_stats_.add(st);
+        account_kv(*s, now);  // pages brought back from the host tier are device bytes again
         KVSPLIT_LOG_INFO("{}: migrated {} pages of request {} to shard {} ({} from the host tier)",
                          options_.name, moved, s->display_id(), m->to_shard, st.from_host);
         return ok_status();

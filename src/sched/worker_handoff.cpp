@@ -159,6 +159,7 @@ void Worker::admit_offers(Clock::time_point now) {
     }
     seq->table = std::move(table);
     seq->num_computed = o.num_tokens;
+    account_kv(*seq, now);  // until now: the source's pinned copy, at the same level
     seq->enter_phase(SeqPhase::kDecode, now);
     running_.push_back(std::move(seq));
   }

@@ -74,6 +74,7 @@ void Worker::preempt(Sequence& seq, const Preemption& why, Clock::time_point now
     seq.enter_phase(SeqPhase::kPreempted, now);
     seq.next = Sequence::Next::kToWaiting;
     shared_->preemptions.fetch_add(1, std::memory_order_relaxed);
+    account_kv(seq, now);  // swapped-out pages hold no device bytes
     return;
   }
   KVSPLIT_LOG_WARN(
@@ -83,6 +84,7 @@ void Worker::preempt(Sequence& seq, const Preemption& why, Clock::time_point now
       why.for_priority, seq.num_computed);
   release_kv(seq);
   seq.num_computed = 0;
+  account_kv(seq, now);
   ++seq.preemptions;
   seq.enter_phase(SeqPhase::kPreempted, now);
   seq.next = Sequence::Next::kToWaiting;
@@ -136,6 +138,7 @@ void Worker::apply_swap_ins(const SchedulerOutput& out, Clock::time_point now) {
     if (done.ok() && *done) {
       seq.enter_phase(SeqPhase::kDecode, now);
       seq.next = Sequence::Next::kToRunning;  // decodes from the next step
+      account_kv(seq, now);
       continue;
     }
     // The scheduler reserved the blocks, so only a copy error gets here: recompute instead.
@@ -145,6 +148,7 @@ void Worker::apply_swap_ins(const SchedulerOutput& out, Clock::time_point now) {
                      done.ok() ? std::string("no free blocks") : done.status().to_string());
     release_kv(seq);
     seq.num_computed = 0;
+    account_kv(seq, now);
   }
 }
 
@@ -174,6 +178,10 @@ void Worker::release_kv(Sequence& seq) {
   const bool spread = seq.table.spread;  // a property of the sequence (the spatial cut)
   seq.table = {};
   seq.table.spread = spread;
+}
+
+void Worker::account_kv(Sequence& seq, Clock::time_point now) {
+  seq.kv_account.update(now, kv_level(*pool_, seq.table, seq.num_computed));
 }
 
 void Worker::note_prefill_speed(int prefill_tokens, double seconds) {
@@ -382,6 +390,17 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
     } else {
       seq.enter_phase(SeqPhase::kDecode, now);
       seq.next = Sequence::Next::kToRunning;
+    }
+  }
+  // 4. Effective-KV accounting point of every sequence that ran (finished ones were closed):
+  // what its pages hold after this step. A decode row's cut already measured its table.
+  for (size_t i = 0; i < batch_.seqs.size(); ++i) {
+    Sequence& seq = *batch_.seqs[i];
+    if (seq.next == Sequence::Next::kRemove) continue;
+    if (batch_.decode[i] && seq.cut) {
+      seq.kv_account.update(now, seq.cut->level());
+    } else {
+      account_kv(seq, now);
     }
   }
 }

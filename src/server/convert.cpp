@@ -152,6 +152,8 @@ void set_final_fields(const TokenEvent& event, v1::GenerateResponse* out) {
   u->set_prompt_tokens(static_cast<uint32_t>(std::max(0, event.usage.prompt_tokens)));
   u->set_completion_tokens(static_cast<uint32_t>(std::max(0, event.usage.completion_tokens)));
   u->set_cached_tokens(static_cast<uint32_t>(std::max(0, event.usage.cached_tokens)));
+  u->set_effective_kv_byte_seconds(event.usage.effective_kv_byte_seconds);
+  u->set_kv_token_seconds(event.usage.kv_token_seconds);
   const Timings& t = event.timings;
   v1::Timings* p = out->mutable_timings();
   p->set_queue_ms(t.queue_ms);

@@ -200,6 +200,21 @@ class EngineCollector : public pm::Collectable {
       cls_both.metric.push_back(counter(static_cast<double>(c.met_both), l));
       cls_queued.metric.push_back(gauge(c.queued, l));
     }
+    // Effective KV per SLA class and tenant (docs/kvm.md "Effective-KV accounting"); label values
+    // are escaped by the text serializer, as every other label here.
+    auto& kv_bytes = family("kvsplit:kv_effective_byte_seconds_total",
+                            "Device bytes of finished requests' KV pages at their precision, "
+                            "integrated over time (byte-seconds), per SLA class and tenant",
+                            pm::MetricType::Counter);
+    auto& kv_tokens = family("kvsplit:kv_token_seconds_total",
+                             "Finished requests' tokens with KV on the device, integrated over "
+                             "time (token-seconds), per SLA class and tenant",
+                             pm::MetricType::Counter);
+    for (const KvAccounting& a : s.kv_accounting) {
+      std::vector<pm::ClientMetric::Label> l = {{"class", a.sla_class}, {"tenant", a.tenant}};
+      kv_bytes.metric.push_back(counter(a.effective_kv_byte_seconds, l));
+      kv_tokens.metric.push_back(counter(a.kv_token_seconds, l));
+    }
     if (s.kvm_enabled) add_kvm_families(s, family, gauge, counter);
     return out;
   }

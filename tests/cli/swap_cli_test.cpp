@@ -29,6 +29,9 @@ TEST(CliSwap, SwappingAndRecomputingKeepTheTokensOfAnUnboundedPool) {
     EXPECT_EQ(l["swapped_out_pages"], 0);
     EXPECT_EQ(l["recomputed_tokens"], 0);
     EXPECT_EQ(l["cached_tokens"], 0);
+    // Effective KV (docs/kvm.md): every sequence held pages and computed tokens for a while.
+    EXPECT_GT(l["effective_kv_byte_seconds"].get<double>(), 0);
+    EXPECT_GT(l["kv_token_seconds"].get<double>(), 0);
   }
   // 20 pages of 16 tokens for four sequences of up to 124 positions (32 pages): preemptions.
   int swapped = 0, recomputed = 0;

@@ -130,6 +130,13 @@ TEST_F(GenerationTest, GoldensWith64StreamsInFlight) {
     EXPECT_EQ(last.usage().prompt_tokens(), c["prompt_token_ids"].size());
     EXPECT_GT(last.timings().e2e_ms(), 0);
     EXPECT_GE(last.timings().e2e_ms(), last.timings().ttft_ms());
+    // Effective KV (docs/kvm.md): pages and tokens were held, at most every token of the
+    // request for its whole life.
+    EXPECT_GT(last.usage().effective_kv_byte_seconds(), 0);
+    EXPECT_GT(last.usage().kv_token_seconds(), 0);
+    EXPECT_LE(last.usage().kv_token_seconds(),
+              (last.usage().prompt_tokens() + last.usage().completion_tokens()) *
+                  last.timings().e2e_ms() / 1e3);
   }
   v1::GetServerStatsResponse s;
   EXPECT_TRUE(wait_all_kv_free(std::chrono::seconds(5), &s)) << s.DebugString();
@@ -320,6 +327,14 @@ TEST_F(GenerationTest, PrometheusMetrics) {
         "result=\"miss\""}) {
     EXPECT_NE(text.find(name), std::string::npos) << name << " missing from:\n"
                                                   << text.substr(0, 3000);
+  }
+  // Its effective KV was summed under its class and tenant (no authentication: "anonymous").
+  for (const char* name :
+       {"kvsplit:kv_effective_byte_seconds_total{class=\"voice\",tenant=\"anonymous\"} ",
+        "kvsplit:kv_token_seconds_total{class=\"voice\",tenant=\"anonymous\"} "}) {
+    const size_t at = text.find(name);
+    ASSERT_NE(at, std::string::npos) << name << " missing from:\n" << text.substr(0, 3000);
+    EXPECT_GT(std::stod(text.substr(at + std::string(name).size())), 0) << name;
   }
   // The voice request was observed by the TTFT histogram.
   EXPECT_NE(text.find("kvsplit:time_to_first_token_seconds_count{sla_class=\"voice\"} "),
