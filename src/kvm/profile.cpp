@@ -21,6 +21,7 @@ struct NumField {
 constexpr NumField kNumFields[] = {
     {"step_base_ms", &EngineProfile::step_base_ms, false},
     {"prefill_ms_per_token", &EngineProfile::prefill_ms_per_token, false},
+    {"prefill_ms_per_kv_token", &EngineProfile::prefill_ms_per_kv_token, false},
     {"decode_ms_per_seq", &EngineProfile::decode_ms_per_seq, false},
     {"decode_ms_per_kv_token", &EngineProfile::decode_ms_per_kv_token, false},
     {"kv_bytes_per_token_full", &EngineProfile::kv_bytes_per_token_full, true},

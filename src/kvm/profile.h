@@ -14,23 +14,26 @@ struct EngineProfile {
   std::string model = "synthetic:stories260k";  // what it was measured on (informational)
   std::string backend = "cpu";
   int threads = 1;  // CPU threads per worker during the measurement
-  // A step with p prompt (prefill) tokens, d decoding sequences attending k KV tokens in all costs
-  //   step_ms = step_base_ms + p * prefill_ms_per_token + d * decode_ms_per_seq
-  //             + k * decode_ms_per_kv_token
-  // (prefill_ms_per_token includes its attention at the measured prompt length).
-  double step_base_ms = 0.05;
-  double prefill_ms_per_token = 0.004;
-  double decode_ms_per_seq = 0.03;
-  double decode_ms_per_kv_token = 0.00002;
+  // A step with p prompt (prefill) tokens attending a KV tokens in all (a chunk of n tokens after
+  // k cached ones attends n * (k + n / 2)), and d decoding sequences attending k KV tokens in all:
+  //   step_ms = step_base_ms + p * prefill_ms_per_token + a * prefill_ms_per_kv_token
+  //             + d * decode_ms_per_seq + k * decode_ms_per_kv_token
+  double step_base_ms = 0.034;
+  double prefill_ms_per_token = 0.02;
+  double prefill_ms_per_kv_token = 0.0018;
+  double decode_ms_per_seq = 0.022;
+  double decode_ms_per_kv_token = 0.00056;
   // KV bytes per token (all layers, K and V) at each rung of the semantic cut's ladder.
   double kv_bytes_per_token_full = 1280;
   double kv_bytes_per_token_int8 = 400;
-  double kv_bytes_per_token_int4 = 240;
+  double kv_bytes_per_token_int4 = 280;
   // Host <-> device copies (swap out / in, KV handoff): bytes per millisecond.
-  double copy_bytes_per_ms = 2e6;
+  double copy_bytes_per_ms = 2.6e6;
 
-  double step_ms(double prefill_tokens, double decode_seqs, double kv_tokens) const {
-    return step_base_ms + prefill_tokens * prefill_ms_per_token + decode_seqs * decode_ms_per_seq +
+  double step_ms(double prefill_tokens, double prefill_attended, double decode_seqs,
+                 double kv_tokens) const {
+    return step_base_ms + prefill_tokens * prefill_ms_per_token +
+           prefill_attended * prefill_ms_per_kv_token + decode_seqs * decode_ms_per_seq +
            kv_tokens * decode_ms_per_kv_token;
   }
 };

@@ -191,7 +191,9 @@ double Sim::preempt_one(Worker& w, double* cost_ms) {
               w.host_used + bytes <= w.host_cap;
   if (swap && mode == 0) {
     const double swap_ms = 2 * bytes / p_.copy_bytes_per_ms;
-    const double recompute_ms = static_cast<double>(r.kv + 1) * p_.prefill_ms_per_token;
+    const double n = static_cast<double>(r.kv + 1);
+    const double recompute_ms =
+        n * p_.prefill_ms_per_token + n * n / 2 * p_.prefill_ms_per_kv_token;
     swap = swap_ms < recompute_ms;
   }
   if (swap) {
@@ -301,6 +303,7 @@ bool Sim::step(Worker& w) {
   // The step: prefill chunks under max_batch_tokens, one token per decoding sequence.
   int64_t budget = c_.max_batch_tokens;
   int64_t prefill_tokens = 0, decode_seqs = 0, kv_tokens = 0;
+  double prefill_attended = 0;
   std::vector<std::pair<int, int64_t>> chunks;
   std::vector<int> decoding;
   // Partly prefilled prompts that together fill the pool, with nothing decoding, would wait on
@@ -329,6 +332,7 @@ bool Sim::step(Worker& w) {
       used += more;
       budget -= n;
       prefill_tokens += n;
+      prefill_attended += static_cast<double>(n) * (static_cast<double>(r.kv) + n / 2.0);
       chunks.emplace_back(i, n);
     } else if (decodes) {
       decode_seqs++;
@@ -337,7 +341,7 @@ bool Sim::step(Worker& w) {
     }
   }
   if (chunks.empty() && decoding.empty() && copy_ms == 0) return false;
-  const double dur = p_.step_ms(static_cast<double>(prefill_tokens),
+  const double dur = p_.step_ms(static_cast<double>(prefill_tokens), prefill_attended,
                                 static_cast<double>(decode_seqs), static_cast<double>(kv_tokens)) +
                      copy_ms;
   const double end = now + dur;

@@ -61,7 +61,8 @@ TEST(PolicyCli, ProfileFileIsUsed) {
   TempDir tmp;
   write(tmp.file("c.yaml"), kConfig);
   write(tmp.file("t.jsonl"), "{\"arrival_ms\":0,\"prompt_tokens\":100,\"output_tokens\":1}\n");
-  write(tmp.file("p.json"), "{\"step_base_ms\": 5, \"prefill_ms_per_token\": 1}\n");
+  write(tmp.file("p.json"),
+        "{\"step_base_ms\": 5, \"prefill_ms_per_token\": 1, \"prefill_ms_per_kv_token\": 0}\n");
   RunResult r = run("policy simulate --json --config " + quote(tmp.file("c.yaml")) + " --trace " +
                     quote(tmp.file("t.jsonl")) + " --profile " + quote(tmp.file("p.json")));
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -11,6 +11,7 @@ EngineProfile test_profile() {
   EngineProfile p;
   p.step_base_ms = 1;
   p.prefill_ms_per_token = 0.01;
+  p.prefill_ms_per_kv_token = 0;
   p.decode_ms_per_seq = 0.1;
   p.decode_ms_per_kv_token = 0.001;
   p.kv_bytes_per_token_full = 100;
