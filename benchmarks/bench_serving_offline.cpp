@@ -132,7 +132,8 @@ std::vector<Item> workload_from_trace(const std::vector<kvsplit::kvm::TraceReque
 std::vector<kvsplit::kvm::TraceRequest> trace_of(const std::vector<Item>& work) {
   std::vector<kvsplit::kvm::TraceRequest> t;
   for (const Item& it : work) {
-    t.push_back({it.arrival_s * 1000.0, static_cast<int>(it.request.prompt_token_ids.size()),
+    t.push_back({std::round(it.arrival_s * 1e6) / 1e3,
+                 static_cast<int>(it.request.prompt_token_ids.size()),
                  it.request.sampling.max_tokens, it.request.sla_class});
   }
   return t;
