@@ -280,6 +280,17 @@ struct EngineStats {
   KvmSnapshot kvm;
   std::vector<KvmDecision> kvm_decisions;
   int64_t kvm_decisions_total = 0;
+  struct KvmDecisionCount {
+    std::string rule, action;
+    int64_t count = 0;
+  };
+  std::vector<KvmDecisionCount> kvm_decision_counts;  // per (rule, action) since start
+  struct KvmParam {
+    std::string param, sla_class;  // class "": the engine-wide value
+    double value = 0;
+  };
+  std::vector<KvmParam> kvm_params;  // the current value of every parameter the rules move
+  double kvm_tick_ms_mean = 0;       // mean time of one KVM sample (monitors + rules + actions)
 };
 
 struct ModelInfo {

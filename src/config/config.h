@@ -56,7 +56,12 @@ StatusOr<Config> parse_config(std::string_view yaml_text);
 // Same, from a file (kNotFound when it cannot be read). Error messages start with the path.
 StatusOr<Config> load_config_file(const std::string& path);
 
-// Validates SLA classes (unique names, ranges); used after flag overrides and on reload.
+// The rules of a KVM rules file (kvm.rules_file, docs/kvm.md): a YAML file whose top level holds
+// one `rules:` list, read from `path` as given (relative: to the current directory). Parsed, not
+// validated (validate_config / kvm::validate_rules check them against the SLA classes). Errors
+// start with "kvm.rules_file <path>: " and name the field, e.g. "rules[0].then: ...";
+// kNotFound when the file is missing.
+StatusOr<std::vector<KvmRule>> load_kvm_rules_file(const std::string& path);
 
 // Validates the engine and server sections (after command-line overrides).
 Status validate_config(const Config& config);

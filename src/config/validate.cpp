@@ -6,6 +6,7 @@
 #include "common/config_rules.h"
 #include "common/escape.h"
 #include "config/config.h"
+#include "kvm/rule_engine.h"
 
 namespace kvsplit::config {
 namespace {
@@ -62,6 +63,13 @@ Status validate_config(const Config& config) {
                             "' backend (spatial shards run on the cpu backend so far), got " +
                             std::to_string(e.spatial.shards));
   KVSPLIT_RETURN_IF_ERROR(validate_sla_classes(e.sla_classes));
+  KVSPLIT_RETURN_IF_ERROR(check_range("kvm.interval_ms", e.kvm.interval_ms, 10, 60000));
+  KVSPLIT_RETURN_IF_ERROR(check_range("kvm.window_ms", e.kvm.window_ms, 100, 3600000));
+  {
+    std::vector<std::string> classes;
+    for (const SlaClass& c : e.sla_classes) classes.push_back(c.name);
+    KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules(e.kvm.rules, classes));
+  }
 
   const ServerConfig& s = config.server;
   if (s.host.empty()) return invalid_argument("server.host: must not be empty");
@@ -115,6 +123,12 @@ std::string describe(const Config& config) {
     ss << ")";
   }
   ss << "]";
+  if (e.kvm.enabled) {
+    ss << " kvm=" << (e.kvm.mode == KvmMode::kDryRun ? "dry-run" : "enforce") << "("
+       << e.kvm.rules.size() << (e.kvm.rules.size() == 1 ? " rule" : " rules") << ")";
+  } else {
+    ss << " kvm=off";
+  }
   return ss.str();
 }
 

@@ -18,6 +18,7 @@
 #include "common/escape.h"
 #include "common/file_read.h"
 #include "config/config.h"
+#include "kvm/expr.h"
 
 namespace kvsplit::config {
 namespace {
@@ -430,6 +431,86 @@ Status read_sla_classes(const YAML::Node& n, const SemanticCutConfig& defaults,
   return ok_status();
 }
 
+// kvm.rules[i] / rules[i] of a rules file: one map per rule, conditions and actions in the
+// expression form of kvm/expr.h. `index`: the rule's place in the whole policy (default name).
+Status read_kvm_expr_field(MapReader& m, const std::string& key, const char* example,
+                           std::string* text) {
+  const std::string path = join(m.path(), key);
+  KVSPLIT_RETURN_IF_ERROR(m.get(key, text));
+  if (!m.has(key)) return field_error(path, std::string("required, e.g. \"") + example + "\"");
+  return ok_status();
+}
+
+Status read_kvm_rule(const YAML::Node& n, const std::string& path, size_t index, KvmRule* r) {
+  MapReader m(n, path);
+  KVSPLIT_RETURN_IF_ERROR(m.check_is_map());
+  r->name = "rule-" + std::to_string(index);
+  KVSPLIT_RETURN_IF_ERROR(m.get("name", &r->name));
+  std::string text;
+  KVSPLIT_RETURN_IF_ERROR(read_kvm_expr_field(m, "when", "device_kv_use > 0.90", &text));
+  auto when = kvm::parse_condition(text);
+  if (!when.ok()) return field_error(join(path, "when"), when.status().message());
+  r->when = *when;
+  KVSPLIT_RETURN_IF_ERROR(read_kvm_expr_field(m, "exit", "device_kv_use < 0.80", &text));
+  auto exit = kvm::parse_condition(text);
+  if (!exit.ok()) return field_error(join(path, "exit"), exit.status().message());
+  r->exit = *exit;
+  KVSPLIT_RETURN_IF_ERROR(read_kvm_expr_field(m, "then", "semantic_threshold += 0.05", &text));
+  auto then = kvm::parse_action(text);
+  if (!then.ok()) return field_error(join(path, "then"), then.status().message());
+  r->then = *then;
+  KVSPLIT_RETURN_IF_ERROR(m.get("class", &r->sla_class));
+  KVSPLIT_RETURN_IF_ERROR(m.get("min", &r->min));
+  KVSPLIT_RETURN_IF_ERROR(m.get("max", &r->max));
+  KVSPLIT_RETURN_IF_ERROR(m.get("cooldown_ms", &r->cooldown_ms));
+  KVSPLIT_RETURN_IF_ERROR(m.get("restore_on_exit", &r->restore_on_exit));
+  return m.finish();
+}
+
+Status read_kvm_rules(const YAML::Node& n, const std::string& path, size_t first_index,
+                      std::vector<KvmRule>* out) {
+  if (!n.IsSequence()) return field_error(path, "must be a list of rules");
+  for (size_t i = 0; i < n.size(); ++i) {
+    KvmRule r;
+    KVSPLIT_RETURN_IF_ERROR(
+        read_kvm_rule(n[i], path + "[" + std::to_string(i) + "]", first_index + i, &r));
+    out->push_back(std::move(r));
+  }
+  return ok_status();
+}
+
+StatusOr<std::vector<KvmRule>> load_rules_file(const std::string& path, size_t first_index);
+
+Status read_kvm(const YAML::Node& n, KvmConfig* k) {
+  MapReader r(n, "kvm");
+  KVSPLIT_RETURN_IF_ERROR(r.check_is_map());
+  std::string mode;
+  KVSPLIT_RETURN_IF_ERROR(r.get("mode", &mode));
+  if (mode == "enforce")
+    k->mode = KvmMode::kEnforce;
+  else if (mode == "dry-run")
+    k->mode = KvmMode::kDryRun;
+  else if (r.has("mode"))
+    return field_error("kvm.mode", "must be 'enforce' or 'dry-run', got " + quoted(mode));
+  KVSPLIT_RETURN_IF_ERROR(r.get("interval_ms", &k->interval_ms));
+  KVSPLIT_RETURN_IF_ERROR(r.get("window_ms", &k->window_ms));
+  KVSPLIT_RETURN_IF_ERROR(r.get("decision_log", &k->decision_log));
+  KVSPLIT_RETURN_IF_ERROR(r.get("rules_file", &k->rules_file));
+  if (r.has("rules_file") && k->rules_file.empty())
+    return field_error("kvm.rules_file", "must be a file path");
+  k->rules.clear();
+  if (YAML::Node rules = r.child("rules"); rules && !rules.IsNull())
+    KVSPLIT_RETURN_IF_ERROR(read_kvm_rules(rules, "kvm.rules", 0, &k->rules));
+  KVSPLIT_RETURN_IF_ERROR(r.finish());
+  if (!k->rules_file.empty()) {
+    KVSPLIT_ASSIGN_OR_RETURN(std::vector<KvmRule> more,
+                             load_rules_file(k->rules_file, k->rules.size()));
+    for (KvmRule& rule : more) k->rules.push_back(std::move(rule));
+  }
+  k->enabled = !k->rules.empty();
+  return ok_status();
+}
+
 // Strict YAML, checked on the whole tree before any field is read: mapping keys are scalars and
 // unique at every level (yaml-cpp keeps duplicates and returns the first), no explicit tags
 // (`!!python/object`, `!!int`...: none is meaningful in a kvsplit config), nesting at most
@@ -549,16 +630,17 @@ Status parse_into(const YAML::Node& root, Config* c) {
     KVSPLIT_RETURN_IF_ERROR(read_kv(n, &c->engine));
   if (YAML::Node n = r.child("sla_classes"); n && !n.IsNull())
     KVSPLIT_RETURN_IF_ERROR(read_sla_classes(n, c->engine.semantic, &c->engine.sla_classes));
+  if (YAML::Node n = r.child("kvm"); n && !n.IsNull())
+    KVSPLIT_RETURN_IF_ERROR(read_kvm(n, &c->engine.kvm));
   KVSPLIT_RETURN_IF_ERROR(r.get("seed", &c->engine.seed));
   return r.finish();
 }
 
-}  // namespace
-
-StatusOr<Config> parse_config(std::string_view yaml_text) {
-  Config config;
+// Runs `body` on the root of one strict YAML document (see StrictWalk), turning yaml-cpp's
+// exceptions into kInvalidArgument.
+template <typename Body>
+Status with_strict_yaml(const std::string& text, Body&& body) {
   try {
-    const std::string text(yaml_text);
     YAML::Mark second;
     KVSPLIT_ASSIGN_OR_RETURN(const int docs, DocumentCounter::count(text, &second));
     if (docs > 1) {
@@ -570,7 +652,7 @@ StatusOr<Config> parse_config(std::string_view yaml_text) {
     const YAML::Node root = docs == 0 ? YAML::Node() : YAML::Load(text);
     StrictWalk walk;
     KVSPLIT_RETURN_IF_ERROR(walk.check(root, "", 0));
-    KVSPLIT_RETURN_IF_ERROR(parse_into(root, &config));
+    return body(root);
   } catch (const YAML::DeepRecursion& e) {
     return invalid_argument("YAML nested deeper than " + std::to_string(kMaxYamlDepth) +
                             " levels (the limit): the parser gave up at depth " +
@@ -582,6 +664,38 @@ StatusOr<Config> parse_config(std::string_view yaml_text) {
   } catch (const std::exception& e) {
     return invalid_argument(std::string("YAML error: ") + e.what());
   }
+}
+
+// A rules file: one document whose top level holds `rules:` only. Errors start with
+// "kvm.rules_file <path>: ".
+StatusOr<std::vector<KvmRule>> load_rules_file(const std::string& path, size_t first_index) {
+  KVSPLIT_ASSIGN_OR_RETURN(
+      std::string text,
+      common::read_regular_file(path, common::kMaxConfigFileBytes, "kvm.rules_file"));
+  std::vector<KvmRule> rules;
+  Status s = with_strict_yaml(text, [&](const YAML::Node& root) -> Status {
+    if (!root || root.IsNull()) return field_error("rules", "required (a list of rules)");
+    MapReader r(root, "");
+    KVSPLIT_RETURN_IF_ERROR(r.check_is_map());
+    const YAML::Node list = r.child("rules");
+    if (!list || list.IsNull()) return field_error("rules", "required (a list of rules)");
+    KVSPLIT_RETURN_IF_ERROR(read_kvm_rules(list, "rules", first_index, &rules));
+    return r.finish();
+  });
+  if (!s.ok()) return s.with_prefix("kvm.rules_file " + escape_for_message(path, 256));
+  return rules;
+}
+
+}  // namespace
+
+StatusOr<std::vector<KvmRule>> load_kvm_rules_file(const std::string& path) {
+  return load_rules_file(path, 0);
+}
+
+StatusOr<Config> parse_config(std::string_view yaml_text) {
+  Config config;
+  KVSPLIT_RETURN_IF_ERROR(with_strict_yaml(
+      std::string(yaml_text), [&](const YAML::Node& root) { return parse_into(root, &config); }));
   KVSPLIT_RETURN_IF_ERROR(validate_config(config));
   return config;
 }

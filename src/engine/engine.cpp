@@ -39,7 +39,11 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   return std::unique_ptr<Engine>(std::move(impl));
 }
 
-EngineImpl::EngineImpl(const EngineConfig& config) : config_(config) {}
+EngineImpl::EngineImpl(const EngineConfig& config)
+    : config_(config),
+      kvm_semantic_(config.semantic),
+      kvm_temporal_(config.temporal),
+      spatial_min_context_(config.spatial.min_context) {}
 
 StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& config,
                                                          const InternalOptions& internal) {
@@ -168,6 +172,7 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
   e->limits_.block_size = config.block_size;
   e->limits_.kv_blocks_per_worker = min_blocks;
   for (auto& w : e->workers_) w->start();
+  if (config.kvm.enabled) KVSPLIT_RETURN_IF_ERROR(e->update_kvm_policy(config.kvm));
   KVSPLIT_LOG_INFO(
       "Engine: {} ({} mode, {} workers x {} threads, {} KV blocks of {} tokens each, KV policy "
       "{})",
@@ -209,9 +214,10 @@ std::unique_ptr<sched::Sequence> EngineImpl::make_sequence(const Request& reques
   seq->stop = std::make_unique<sampling::StopChecker>(request.sampling, mc.eos_token_ids, max_new);
   // The spatial cut: a sequence that may grow past min_context is placed across the shards.
   // Its class may ask for it either way (SlaClass::spread).
+  const int32_t min_context = spatial_min_context_.load(std::memory_order_relaxed);  // the KVM's
   seq->table.spread = config_.spatial.shards > 1 &&
-                      cls.spread.value_or(config_.spatial.min_context == 0 ||
-                                          seq->num_prompt + max_new > config_.spatial.min_context);
+                      cls.spread.value_or(min_context == 0 ||
+                                          seq->num_prompt + max_new > min_context);
   seq->decoder = std::make_unique<model::StreamDecoder>(*loaded_->tokenizer, last_prompt);
   if (!request.sampling.ignore_eos) seq->eos_ids = mc.eos_token_ids;
   const sched::Clock::time_point now = sched::Clock::now();
@@ -306,6 +312,7 @@ void EngineImpl::on_final(const sched::Sequence& seq, const TokenEvent& ev) {
         c.met_itl += itl;
         c.met_both += ttft && itl;
       }
+      kvm_record_latency(seq.sla.name, ev.timings.ttft_ms, ev.timings.mean_itl_ms);
       break;
     }
     case FinishReason::kCancelled:
@@ -319,6 +326,12 @@ void EngineImpl::on_final(const sched::Sequence& seq, const TokenEvent& ev) {
 }
 
 EngineStats EngineImpl::stats() const {
+  EngineStats s = stats_without_kvm();
+  fill_kvm_stats(&s);
+  return s;
+}
+
+EngineStats EngineImpl::stats_without_kvm() const {
   EngineStats s;
   for (const auto& w : workers_) {
     s.pools.push_back(w->snapshot().pool);
@@ -367,6 +380,8 @@ ModelInfo EngineImpl::model_info() const {
 
 Status EngineImpl::update_sla_classes(std::vector<SlaClass> classes) {
   KVSPLIT_RETURN_IF_ERROR(validate_sla_classes(classes));
+  // The KVM's actuator edits the router's classes under kvm_mu_: no lost update either way.
+  std::lock_guard<std::mutex> kvm_lock(kvm_mu_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<SlaClassStats> next;
@@ -383,11 +398,6 @@ Status EngineImpl::update_sla_classes(std::vector<SlaClass> classes) {
   return ok_status();
 }
 
-Status EngineImpl::update_kvm_policy(KvmConfig policy) {
-  (void)policy;
-  return unimplemented("Engine: the KV cache manager is not wired yet");
-}
-
 void EngineImpl::end_drain() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -398,6 +408,7 @@ void EngineImpl::end_drain() {
 
 void EngineImpl::shutdown(std::chrono::milliseconds drain) {
   std::call_once(shutdown_once_, [&] {
+    stop_kvm();
     {
       std::unique_lock<std::shared_mutex> admit(submit_mu_);
       accepting_ = false;

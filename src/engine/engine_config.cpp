@@ -3,6 +3,7 @@
 #include "common/config_rules.h"
 #include "cuts/semantic/semantic.h"
 #include "engine/engine_impl.h"
+#include "kvm/rule_engine.h"
 
 namespace kvsplit {
 
@@ -75,7 +76,14 @@ Status validate_engine_config(const EngineConfig& c) {
         "EngineConfig.spatial.shards: must be 1 on the {} backend (spatial shards run on the CPU "
         "backend so far), got {}",
         c.backend, c.spatial.shards));
-  return validate_sla_classes(c.sla_classes).with_prefix("EngineConfig");
+  KVSPLIT_RETURN_IF_ERROR(validate_sla_classes(c.sla_classes).with_prefix("EngineConfig"));
+  if (!c.kvm.rules.empty()) {
+    std::vector<std::string> names;
+    for (const SlaClass& k : c.sla_classes) names.push_back(k.name);
+    KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules(c.kvm.rules, names));
+    KVSPLIT_RETURN_IF_ERROR(validate_kvm_for_engine(c.kvm, c));
+  }
+  return ok_status();
 }
 
 }  // namespace kvsplit

@@ -13,10 +13,12 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "kvsplit/engine.h"
+#include "kvm/manager.h"
 #include "model/loader.h"
 #include "sched/admission.h"
 #include "sched/router.h"
@@ -27,6 +29,9 @@ namespace kvsplit {
 
 // Checks an EngineConfig; kInvalidArgument naming the field.
 Status validate_engine_config(const EngineConfig& config);
+// Checks that the KVM rules' actions have a cut to act on (engine_kvm.cpp); kInvalidArgument
+// naming the rule.
+Status validate_kvm_for_engine(const KvmConfig& policy, const EngineConfig& config);
 
 class EngineImpl final : public Engine, private sched::FinishSink {
  public:
@@ -64,6 +69,18 @@ class EngineImpl final : public Engine, private sched::FinishSink {
 
  private:
   explicit EngineImpl(const EngineConfig& config);
+  class KvmActuator;
+  // The KV cache manager (engine_kvm.cpp).
+  kvm::ParamTable kvm_baseline() const;
+  Status apply_kvm_decision(const KvmDecision& d);
+  Status broadcast_to_decoders(const sched::WorkerCommand& command);
+  Status migrate_to_emptiest_shard(int max_pages);
+  void start_kvm_locked();
+  void kvm_loop();
+  void stop_kvm();
+  void kvm_record_latency(const std::string& sla_class, double ttft_ms, double mean_itl_ms);
+  void fill_kvm_stats(EngineStats* s) const;
+  EngineStats stats_without_kvm() const;
   void on_final(const sched::Sequence& seq, const TokenEvent& final_event) override;
   std::unique_ptr<sched::Sequence> make_sequence(const Request& request, std::string id,
                                                  int64_t arrival, std::vector<int32_t> ids,
@@ -91,6 +108,23 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   std::vector<SlaClassStats> class_stats_;
   int64_t submitted_ = 0, finished_ = 0, cancelled_ = 0, failed_ = 0;
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0;
+
+  // The KV cache manager. kvm_mu_ guards the manager and the engine-wide cut settings it moves
+  // (kvm_semantic_, kvm_temporal_); it is never held while taking mu_ (the thread samples stats
+  // first) and the actuator only waits on worker replies under it.
+  mutable std::mutex kvm_mu_;
+  std::condition_variable kvm_cv_;
+  std::unique_ptr<kvm::Actuator> kvm_actuator_;
+  std::unique_ptr<kvm::KvCacheManager> kvm_;
+  std::thread kvm_thread_;
+  bool kvm_stop_ = false;
+  SemanticCutConfig kvm_semantic_;
+  TemporalCutConfig kvm_temporal_;
+  std::atomic<int32_t> spatial_min_context_{0};
+  // Finished requests' (class, ttft, mean itl) since the last sample, fed by on_final.
+  std::mutex kvm_lat_mu_;
+  std::atomic<bool> kvm_enabled_{false};
+  std::vector<std::pair<std::string, std::pair<double, double>>> kvm_latencies_;
 };
 
 }  // namespace kvsplit

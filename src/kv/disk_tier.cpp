@@ -127,6 +127,7 @@ StatusOr<DiskOp> DiskTier::write(std::span<const std::span<const std::byte>> pay
   const uint64_t sum = checksum(payload);  // before the lock: CPU work over the payload
 
   DiskOp op;
+  op.started_ = std::chrono::steady_clock::now();
   op.op_ = IoOp::kWrite;
   std::vector<int32_t> extents;
   {
@@ -194,6 +195,7 @@ StatusOr<DiskOp> DiskTier::read(RecordId id, std::span<const std::span<std::byte
   int64_t bytes = 0;
   for (const auto& s : dst) bytes += static_cast<int64_t>(s.size());
   DiskOp op;
+  op.started_ = std::chrono::steady_clock::now();
   op.op_ = IoOp::kRead;
   op.id_ = id;
   std::vector<int32_t> extents;
@@ -293,6 +295,11 @@ Status DiskTier::finish(DiskOp& op) {
       stats_.bytes_read += r->payload_bytes;
     }
   }
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                              op.started_)
+                       .count();
+  stats_.latency_ms_ewma =
+      stats_.writes + stats_.reads <= 1 ? ms : 0.8 * stats_.latency_ms_ewma + 0.2 * ms;
   if (fault != DiskFault::kNone) status = fault_locked(&op, fault, detail);
   return status;
 }
@@ -368,6 +375,7 @@ DiskOp& DiskOp::operator=(DiskOp&& o) noexcept {
   dst_ = std::move(o.dst_);
   io_ = std::move(o.io_);
   expected_ = std::move(o.expected_);
+  started_ = o.started_;
   return *this;
 }
 

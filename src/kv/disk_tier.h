@@ -18,6 +18,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -83,6 +84,9 @@ struct DiskTierStats {
   int64_t records = 0;                           // being written or readable
   int64_t writes = 0, reads = 0, frees = 0;      // completed without a fault
   int64_t bytes_written = 0, bytes_read = 0;     // payload bytes of those
+  // EWMA (weight 0.2) of the time from starting a write or read to finishing it (wait() or the
+  // poll() that saw it done), in ms; 0 before the first. The KV cache manager's storage latency.
+  double latency_ms_ewma = 0;
   std::array<int64_t, kNumDiskFaults> faults{};  // by DiskFault (kNone unused)
   int64_t fault_count(DiskFault f) const { return faults[static_cast<int>(f)]; }
 };
@@ -116,6 +120,7 @@ class DiskOp {
   std::vector<std::span<std::byte>> dst_;  // reads: where the payload goes
   std::vector<std::shared_ptr<IoCompletion>> io_;
   std::vector<int64_t> expected_;  // bytes each request must move
+  std::chrono::steady_clock::time_point started_{};
 };
 
 class DiskTier {

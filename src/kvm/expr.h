@@ -34,9 +34,11 @@ bool param_is_one_shot(std::string_view name);
 // swap: 0 auto, 1 always, 2 never.
 std::optional<double> swap_value(std::string_view name);
 
-// The value of `c.metric` in `snap` (a class-scoped metric without a class: the worst class;
-// with a class the snapshot lacks: nullopt, so the condition is false).
-std::optional<double> read_metric(const KvmSnapshot& snap, const KvmCondition& c);
+// The value of `c.metric` in `snap` (a class-scoped metric without a class: the worst class, the
+// largest value; with a class the snapshot lacks, or no class at all: nullopt, so the condition
+// is false). *class_out: the class read ("" for an engine-wide metric).
+std::optional<double> read_metric(const KvmSnapshot& snap, const KvmCondition& c,
+                                  std::string* class_out = nullptr);
 bool holds(const KvmSnapshot& snap, const KvmCondition& c, double* value_out = nullptr);
 
 }  // namespace kvsplit::kvm

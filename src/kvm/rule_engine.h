@@ -27,9 +27,12 @@ class ParamTable {
   std::map<std::pair<std::string, std::string>, double> values_;
 };
 
-// Checks rules: unique names, known metrics and parameters, a class where the parameter needs
-// one, min <= max, cooldown >= 0, exit present. Errors name the rule and the field, e.g.
-// "kvm.rules[2] (name: hot): then: unknown parameter 'semantic_treshold'".
+// Checks rules: non-empty unique names, `when` and `exit` present with known metrics (a class
+// only on a per-class metric, and one of `classes`), `exit` on the same metric as `when` compares
+// the other way and does not overlap it (the hysteresis band), known parameters with a class where
+// the parameter needs one and none where it is global only, a rule class among `classes`,
+// min <= max, cooldown >= 0. Errors (kInvalidArgument) name the rule and the field, e.g.
+// "kvm.rules[2] (hot): then: unknown parameter 'semantic_treshold' (known: ...)".
 Status validate_rules(const std::vector<KvmRule>& rules, const std::vector<std::string>& classes);
 
 class RuleEngine {

@@ -44,6 +44,10 @@ class SequenceCut {
 
   const SequenceCutStats& stats() const { return stats_; }
   cuts::semantic::KvPolicy policy() const { return policy_; }
+  const cuts::semantic::SemanticConfig& config() const { return config_; }
+  // New thresholds / windows from the next step on (the KV cache manager's SetCutParams); pages
+  // keep their rung and relevance. The host tier's size is the pool's and does not change.
+  void set_config(const cuts::semantic::SemanticConfig& config) { config_ = config; }
 
   // KvPool tiers the policy needs for `max_pages` pages of one sequence (full pool excluded):
   // fills int8_blocks, int4_blocks, summary_slots and host_bytes of `config`.

@@ -146,6 +146,9 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_migrated_pages = kv_stats_.kv_migrated_pages;
   s.pool.kv_prefetch_hits = kv_stats_.kv_prefetch_hits;
   s.pool.kv_prefetch_misses = kv_stats_.kv_prefetch_misses;
+  s.pool.kv_disk_bytes_used = kv_stats_.kv_disk_bytes_used;
+  s.pool.kv_disk_bytes_total = kv_stats_.kv_disk_bytes_total;
+  s.pool.kv_disk_latency_ms = kv_stats_.kv_disk_latency_ms;
   s.kv_summary_slots_used = kv_summary_used_;
   s.kv_host_slots_used = kv_host_used_;
   s.kv_disk_records = kv_disk_records_;
@@ -209,7 +212,14 @@ void Worker::publish_stats() {
   kv_stats_ = k;
   kv_summary_used_ = pool_->summary_allocator().num_used();
   kv_host_used_ = host.num_used();
-  kv_disk_records_ = pool_->disk() != nullptr ? pool_->disk()->stats().records : 0;
+  kv_disk_records_ = 0;
+  if (pool_->disk() != nullptr) {
+    const kv::DiskTierStats d = pool_->disk()->stats();
+    kv_disk_records_ = d.records;
+    kv_stats_.kv_disk_bytes_used = d.extents_used * d.extent_bytes;
+    kv_stats_.kv_disk_bytes_total = d.capacity_bytes;
+    kv_stats_.kv_disk_latency_ms = d.latency_ms_ewma;
+  }
   kv_prefetch_pending_ = 0;
   for (const std::unique_ptr<Sequence>& seq : waiting_)
     kv_prefetch_pending_ += seq->prefetch != nullptr && seq->prefetch->record != 0;

@@ -151,6 +151,7 @@ class Worker {
   bool step();                              // true when a forward pass ran
   void drain_inbox(Clock::time_point now);  // HandoffDone releases; receives offers; commands
   Status apply(const WorkerCommand& command, Clock::time_point now);
+  Status apply_cut_params(const SetCutParams& command);
   WorkerState state() const;
   void expire_queued(Clock::time_point now);
   void reap_cancelled(Clock::time_point now);

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include "common/log.h"
+#include "cuts/semantic/semantic.h"
 #include "kv/migrate.h"
 #include "sched/worker.h"
 
@@ -93,7 +94,56 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
     return not_found(fmt::format("{} holds no KV of request '{}'", options_.name,
                                  escape_for_message(m->key.request_id)));
   }
+  if (const auto* c = std::get_if<SetCutParams>(&command)) return apply_cut_params(*c);
   return ok_status();  // SnapshotState
+}
+
+Status Worker::apply_cut_params(const SetCutParams& c) {
+  if (c.temporal_step_size && *c.temporal_step_size < 1) {
+    return invalid_argument(
+        fmt::format("temporal_step_size: must be >= 1, got {}", *c.temporal_step_size));
+  }
+  if (c.semantic) {
+    if (options_.kv_policy == KvPolicy::kFull) {
+      return failed_precondition(options_.name + ": no semantic cut on this worker (kv_policy full)");
+    }
+    KVSPLIT_RETURN_IF_ERROR(cuts::semantic::validate(*c.semantic, "semantic"));
+  }
+  const bool global = c.sla_class.empty();
+  if (global) {
+    if (c.semantic) {
+      const int64_t host_mb = options_.semantic.host_capacity_mb;
+      options_.semantic = *c.semantic;
+      options_.semantic.host_capacity_mb = host_mb;
+    }
+    if (c.swap) options_.temporal.swap = *c.swap;
+    if (c.temporal_step_size) options_.temporal.temporal_step_size = *c.temporal_step_size;
+  }
+  int changed = 0;
+  for (const auto* list : {&running_, &waiting_}) {
+    for (const std::unique_ptr<Sequence>& s : *list) {
+      if (s->next == Sequence::Next::kRemove) continue;
+      if (global) {
+        // The worker's settings reach the sequences that use them (no class override).
+        if (c.semantic && !s->sla.semantic && s->cut) s->cut->set_config(options_.semantic);
+        ++changed;
+        continue;
+      }
+      if (s->sla.name != c.sla_class) continue;
+      if (c.semantic) {
+        SemanticCutConfig sc = *c.semantic;
+        sc.host_capacity_mb = options_.semantic.host_capacity_mb;
+        s->sla.semantic = sc;
+        if (s->cut) s->cut->set_config(sc);
+      }
+      if (c.swap) s->sla.swap = *c.swap;
+      if (c.temporal_step_size) s->sla.temporal_step_size = *c.temporal_step_size;
+      ++changed;
+    }
+  }
+  KVSPLIT_LOG_INFO("{}: cut settings of {} changed ({} sequences)", options_.name,
+                   global ? std::string("the worker") : "class " + c.sla_class, changed);
+  return ok_status();
 }
 
 WorkerState Worker::state() const {

@@ -45,10 +45,25 @@ struct MigrateKv {
   int to_shard = 0;
 };
 
+// The KV cache manager's cut knobs (docs/kvm.md), applied from the worker's next step on; unset
+// fields keep their value. Empty sla_class: the worker's own settings, which sequences without a
+// class override (and sequences admitted later) use. A class name: the override of that class's
+// sequences on this worker. `semantic` replaces the thresholds, windows and steps (its
+// host_capacity_mb is ignored: tiers keep their size) and is checked like the YAML
+// (kInvalidArgument naming the field, nothing changed); it needs a worker with a KV policy other
+// than full (kFailedPrecondition otherwise).
+struct SetCutParams {
+  std::string sla_class;
+  std::optional<SemanticCutConfig> semantic;
+  std::optional<SwapMode> swap;
+  std::optional<int32_t> temporal_step_size;  // >= 1
+};
+
 // Only reports the state (every reply carries it).
 struct SnapshotState {};
 
-using WorkerCommand = std::variant<SetSchedulerParams, ReleaseKv, MigrateKv, SnapshotState>;
+using WorkerCommand =
+    std::variant<SetSchedulerParams, ReleaseKv, MigrateKv, SetCutParams, SnapshotState>;
 
 // One sequence the worker owns, as a command reply shows it.
 struct SequenceState {

@@ -224,6 +224,9 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_kv_migrated_pages(p.kv_migrated_pages);
     o->set_kv_prefetch_hits(p.kv_prefetch_hits);
     o->set_kv_prefetch_misses(p.kv_prefetch_misses);
+    o->set_kv_disk_bytes_used(p.kv_disk_bytes_used);
+    o->set_kv_disk_bytes_total(p.kv_disk_bytes_total);
+    o->set_kv_disk_latency_ms(p.kv_disk_latency_ms);
   }
   for (const SlaClassStats& c : stats.classes) {
     v1::SlaClassStats* o = out->add_classes();
@@ -250,6 +253,66 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
   out->set_num_running(stats.num_running);
   out->set_num_waiting(stats.num_waiting);
   out->set_active_streams(active_streams);
+  fill_kvm_stats(stats, out);
+}
+
+void fill_kvm_stats(const EngineStats& stats, v1::GetServerStatsResponse* out) {
+  out->set_kvm_enabled(stats.kvm_enabled);
+  if (!stats.kvm_enabled) return;
+  const KvmSnapshot& k = stats.kvm;
+  v1::KvmSnapshot* o = out->mutable_kvm();
+  o->set_time_ms(k.time_ms);
+  for (const KvmWorkerUse& w : k.workers) {
+    v1::KvmWorkerUse* ow = o->add_workers();
+    ow->set_name(w.name);
+    ow->set_device_kv_use(w.device_kv_use);
+    ow->set_host_kv_use(w.host_kv_use);
+    ow->set_disk_kv_use(w.disk_kv_use);
+    for (double u : w.shard_use) ow->add_shard_use(u);
+  }
+  o->set_device_kv_use(k.device_kv_use);
+  o->set_host_kv_use(k.host_kv_use);
+  o->set_disk_kv_use(k.disk_kv_use);
+  o->set_link_use(k.link_use);
+  o->set_storage_latency_ms(k.storage_latency_ms);
+  o->set_prefix_hit_rate(k.prefix_hit_rate);
+  o->set_swap_rate(k.swap_rate);
+  o->set_recall_rate(k.recall_rate);
+  o->set_pages_evicted_fraction(k.pages_evicted_fraction);
+  o->set_pages_full(k.pages_full);
+  o->set_pages_int8(k.pages_int8);
+  o->set_pages_int4(k.pages_int4);
+  o->set_pages_evicted(k.pages_evicted);
+  for (const KvmClassLatency& c : k.classes) {
+    v1::KvmClassLatency* oc = o->add_classes();
+    oc->set_name(c.name);
+    oc->set_queue_depth(c.queue_depth);
+    oc->set_samples(c.samples);
+    oc->set_ttft_p50_ms(c.ttft_p50_ms);
+    oc->set_ttft_p99_ms(c.ttft_p99_ms);
+    oc->set_itl_p50_ms(c.itl_p50_ms);
+    oc->set_itl_p99_ms(c.itl_p99_ms);
+  }
+  for (const KvmDecision& d : stats.kvm_decisions) {
+    v1::KvmDecision* od = out->add_kvm_decisions();
+    od->set_time_ms(d.time_ms);
+    od->set_rule(d.rule);
+    od->set_action(d.action);
+    od->set_param(d.param);
+    od->set_sla_class(d.sla_class);
+    od->set_before(d.before);
+    od->set_after(d.after);
+    od->set_monitors(d.monitors);
+    od->set_applied(d.applied);
+    od->set_error(d.error);
+  }
+  out->set_kvm_decisions_total(stats.kvm_decisions_total);
+  for (const EngineStats::KvmParam& p : stats.kvm_params) {
+    v1::KvmParam* op = out->add_kvm_params();
+    op->set_param(p.param);
+    op->set_sla_class(p.sla_class);
+    op->set_value(p.value);
+  }
 }
 
 }  // namespace kvsplit::server

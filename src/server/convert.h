@@ -46,5 +46,7 @@ void fill_model_info(const ModelInfo& info, const RequestLimits& limits,
                      v1::GetModelInfoResponse* out);
 void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& classes,
                        int32_t active_streams, v1::GetServerStatsResponse* out);
+// The KV cache manager's part of GetServerStats (called by fill_server_stats).
+void fill_kvm_stats(const EngineStats& stats, v1::GetServerStatsResponse* out);
 
 }  // namespace kvsplit::server

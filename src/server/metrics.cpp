@@ -25,7 +25,7 @@ class EngineCollector : public pm::Collectable {
   std::vector<pm::MetricFamily> Collect() const override {
     const EngineStats s = engine_->stats();
     std::vector<pm::MetricFamily> out;
-    out.reserve(64);  // family() hands out references into `out`: it must never reallocate
+    out.reserve(96);  // family() hands out references into `out`: it must never reallocate
     auto family = [&](const char* name, const char* help,
                       pm::MetricType type) -> pm::MetricFamily& {
       KVSPLIT_CHECK(out.size() < out.capacity());
@@ -200,10 +200,58 @@ class EngineCollector : public pm::Collectable {
       cls_both.metric.push_back(counter(static_cast<double>(c.met_both), l));
       cls_queued.metric.push_back(gauge(c.queued, l));
     }
+    if (s.kvm_enabled) add_kvm_families(s, family, gauge, counter);
     return out;
   }
 
   void set_active(const std::atomic<int32_t>* active) { active_.store(active); }
+
+ private:
+  // The KV cache manager (docs/kvm.md): decisions per (rule, action), the current value of every
+  // parameter its rules move, and the monitors its rules read.
+  template <typename Family, typename Gauge, typename Counter>
+  static void add_kvm_families(const EngineStats& s, Family& family, Gauge& gauge,
+                               Counter& counter) {
+    auto& decisions = family("kvsplit:kvm_decisions_total", "KV cache manager decisions",
+                             pm::MetricType::Counter);
+    for (const EngineStats::KvmDecisionCount& d : s.kvm_decision_counts) {
+      decisions.metric.push_back(
+          counter(static_cast<double>(d.count), {{"rule", d.rule}, {"action", d.action}}));
+    }
+    auto& params = family("kvsplit:kvm_param",
+                          "Current value of each parameter the KV cache manager moves (class \"\": "
+                          "engine-wide)",
+                          pm::MetricType::Gauge);
+    for (const EngineStats::KvmParam& p : s.kvm_params) {
+      params.metric.push_back(gauge(p.value, {{"param", p.param}, {"sla_class", p.sla_class}}));
+    }
+    auto& monitor = family("kvsplit:kvm_monitor", "The KV cache manager's latest monitor sample",
+                           pm::MetricType::Gauge);
+    const std::pair<const char*, double> values[] = {
+        {"device_kv_use", s.kvm.device_kv_use},
+        {"host_kv_use", s.kvm.host_kv_use},
+        {"disk_kv_use", s.kvm.disk_kv_use},
+        {"link_use", s.kvm.link_use},
+        {"storage_latency_ms", s.kvm.storage_latency_ms},
+        {"prefix_hit_rate", s.kvm.prefix_hit_rate},
+        {"swap_rate", s.kvm.swap_rate},
+        {"recall_rate", s.kvm.recall_rate},
+        {"pages_evicted_fraction", s.kvm.pages_evicted_fraction}};
+    for (const auto& [name, v] : values) monitor.metric.push_back(gauge(v, {{"metric", name}}));
+    auto& lat = family("kvsplit:kvm_class_latency_ms",
+                       "Per-class TTFT and ITL percentiles over the KVM's sliding window (ms)",
+                       pm::MetricType::Gauge);
+    for (const KvmClassLatency& c : s.kvm.classes) {
+      const std::pair<const char*, double> q[] = {{"ttft_p50", c.ttft_p50_ms},
+                                                  {"ttft_p99", c.ttft_p99_ms},
+                                                  {"itl_p50", c.itl_p50_ms},
+                                                  {"itl_p99", c.itl_p99_ms}};
+      for (const auto& [name, v] : q)
+        lat.metric.push_back(gauge(v, {{"sla_class", c.name}, {"quantile", name}}));
+    }
+  }
+
+ public:
 
  private:
   Engine* engine_;

@@ -23,6 +23,7 @@
 
 #include "common/log.h"
 #include "config/config.h"
+#include "engine/engine_impl.h"
 #include "model/default_model.h"
 #include "server/grpc_server.h"
 #include "server/metrics.h"
@@ -60,7 +61,8 @@ void apply_flags(const Flags& f, config::Config* c) {
   if (!f.api_keys.empty()) c->server.api_keys = f.api_keys;
 }
 
-// SIGHUP: re-read the SLA classes of `path`; the engine validates and swaps them atomically.
+// SIGHUP: re-read the SLA classes and the kvm policy of `path`; the engine validates and swaps
+// each atomically (classes first: the policy's rules name them).
 void reload_sla_classes(const std::string& path, kvsplit::Engine* engine,
                         server::GenerationService* svc) {
   if (path.empty()) {
@@ -84,6 +86,14 @@ void reload_sla_classes(const std::string& path, kvsplit::Engine* engine,
   for (const auto& c : fresh->engine.sla_classes) names += (names.empty() ? "" : ", ") + c.name;
   KVSPLIT_LOG_INFO("SIGHUP: reloaded {} SLA classes from {}: {}", fresh->engine.sla_classes.size(),
                    path, names);
+  // The KV cache manager's policy (docs/kvm.md): a bad one keeps the old.
+  st = engine->update_kvm_policy(fresh->engine.kvm);
+  if (!st.ok()) {
+    KVSPLIT_LOG_ERROR("SIGHUP: engine rejected the new kvm policy, old policy stays: {}",
+                      st.to_string());
+    return;
+  }
+  KVSPLIT_LOG_INFO("SIGHUP: kvm policy reloaded ({} rules)", fresh->engine.kvm.rules.size());
 }
 
 // Startup lines about what is exposed: API keys over plaintext, and the metrics listener (which
@@ -316,6 +326,12 @@ int main(int argc, char** argv) {
     auto c = config::load_config_file(f.check_config);
     if (!c.ok()) {
       std::cerr << "kvsplit-server: " << c.status().message() << "\n";
+      return 2;
+    }
+    // What the engine checks at start beyond the file's own rules (e.g. a KVM rule whose cut is
+    // off), without loading a model.
+    if (Status st = validate_engine_config(c->engine); !st.ok()) {
+      std::cerr << "kvsplit-server: " << f.check_config << ": " << st.message() << "\n";
       return 2;
     }
     std::cout << f.check_config << ": OK (" << config::describe(*c) << ")\n";

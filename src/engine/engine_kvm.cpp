@@ -1,0 +1,338 @@
+// EngineImpl: the KV cache manager's thread and its actuator (docs/kvm.md). The manager decides;
+// this file turns each decision into worker inbox commands (applied between steps) and class
+// settings, and never touches KV itself.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/log.h"
+#include "cuts/semantic/semantic.h"
+#include "engine/engine_impl.h"
+#include "kvm/expr.h"
+#include "kvm/rule_engine.h"
+
+namespace kvsplit {
+namespace {
+
+constexpr auto kCommandWait = std::chrono::seconds(5);
+
+bool is_semantic_param(const std::string& p) {
+  return p == "semantic_threshold" || p == "evict_threshold" || p == "recall_threshold" ||
+         p == "semantic_window" || p == "recent_tokens" || p == "score_interval";
+}
+
+double semantic_get(const SemanticCutConfig& c, const std::string& p) {
+  if (p == "semantic_threshold") return c.semantic_threshold;
+  if (p == "evict_threshold") return c.evict_threshold;
+  if (p == "recall_threshold") return c.recall_threshold;
+  if (p == "semantic_window") return c.semantic_window;
+  if (p == "recent_tokens") return c.recent_tokens;
+  return c.score_interval;  // score_interval
+}
+
+void semantic_set(SemanticCutConfig* c, const std::string& p, double v) {
+  if (p == "semantic_threshold") c->semantic_threshold = static_cast<float>(v);
+  if (p == "evict_threshold") c->evict_threshold = static_cast<float>(v);
+  if (p == "recall_threshold") c->recall_threshold = static_cast<float>(v);
+  if (p == "semantic_window") c->semantic_window = static_cast<int32_t>(std::lround(v));
+  if (p == "recent_tokens") c->recent_tokens = static_cast<int32_t>(std::lround(v));
+  if (p == "score_interval") c->score_interval = static_cast<int32_t>(std::lround(v));
+}
+
+SwapMode swap_of(double v) {
+  const long i = std::lround(v);
+  return i == 1 ? SwapMode::kAlways : (i == 2 ? SwapMode::kNever : SwapMode::kAuto);
+}
+
+// Host memory copy bandwidth (the CPU backend's link between tiers and shards), bytes/s.
+double measure_copy_bandwidth() {
+  constexpr size_t kBytes = 16u << 20;
+  std::vector<char> a(kBytes, 1), b(kBytes);
+  double best = 0;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), kBytes);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > 0) best = std::max(best, static_cast<double>(kBytes) / s);
+    a[static_cast<size_t>(r)] = b[kBytes - 1 - static_cast<size_t>(r)];
+  }
+  return best;
+}
+
+}  // namespace
+
+// The actuator: called by the manager on the KVM thread, with kvm_mu_ held.
+class EngineImpl::KvmActuator final : public kvm::Actuator {
+ public:
+  explicit KvmActuator(EngineImpl* e) : e_(e) {}
+  Status apply(const KvmDecision& d) override { return e_->apply_kvm_decision(d); }
+
+ private:
+  EngineImpl* e_;
+};
+
+kvm::ParamTable EngineImpl::kvm_baseline() const {
+  kvm::ParamTable t;
+  static const char* kSemantic[] = {"semantic_threshold", "evict_threshold", "recall_threshold",
+                                    "semantic_window",    "recent_tokens",   "score_interval"};
+  for (const char* p : kSemantic) t.set(p, "", semantic_get(kvm_semantic_, p));
+  t.set("swap", "", static_cast<double>(kvm_temporal_.swap));
+  t.set("temporal_step_size", "", kvm_temporal_.temporal_step_size);
+  t.set("spatial_min_context", "", spatial_min_context_.load());
+  t.set("max_num_seqs", "", config_.max_num_seqs);
+  for (const SlaClass& c : router_->classes()) {
+    if (c.semantic) {
+      for (const char* p : kSemantic) t.set(p, c.name, semantic_get(*c.semantic, p));
+    }
+    if (c.swap) t.set("swap", c.name, static_cast<double>(*c.swap));
+    if (c.temporal_step_size > 0) t.set("temporal_step_size", c.name, c.temporal_step_size);
+    t.set("max_queue", c.name, c.max_queue);
+  }
+  return t;
+}
+
+Status EngineImpl::broadcast_to_decoders(const sched::WorkerCommand& command) {
+  std::vector<std::future<sched::CommandReply>> replies;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (workers_[i]->role() == sched::WorkerRole::kPrefill) continue;
+    replies.push_back(send_command(i, command));
+  }
+  Status first = ok_status();
+  for (auto& r : replies) {
+    if (r.wait_for(kCommandWait) != std::future_status::ready) {
+      if (first.ok()) first = deadline_exceeded("a worker did not apply the command in time");
+      continue;  // the promise outlives us (shared); the reply is dropped
+    }
+    const sched::CommandReply reply = r.get();
+    if (!reply.status.ok() && first.ok()) first = reply.status;
+  }
+  return first;
+}
+
+Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
+  const std::string& p = d.param;
+  std::vector<SlaClass> classes = router_->classes();
+  SlaClass* cls = nullptr;
+  if (!d.sla_class.empty()) {
+    for (SlaClass& c : classes) {
+      if (c.name == d.sla_class) cls = &c;
+    }
+    if (cls == nullptr) return not_found("no SLA class '" + d.sla_class + "'");
+  }
+  if (is_semantic_param(p)) {
+    if (config_.kv_policy == KvPolicy::kFull) {
+      return failed_precondition("the semantic cut is off (kv_policy full)");
+    }
+    SemanticCutConfig sc = cls ? cls->semantic.value_or(kvm_semantic_) : kvm_semantic_;
+    semantic_set(&sc, p, d.after);
+    KVSPLIT_RETURN_IF_ERROR(cuts::semantic::validate(sc, "semantic"));
+    sched::SetCutParams cmd;
+    cmd.sla_class = d.sla_class;
+    cmd.semantic = sc;
+    KVSPLIT_RETURN_IF_ERROR(broadcast_to_decoders(cmd));
+    if (cls) {
+      cls->semantic = sc;
+      router_->set_classes(std::move(classes));
+    } else {
+      kvm_semantic_ = sc;
+    }
+    return ok_status();
+  }
+  if (p == "swap" || p == "temporal_step_size") {
+    sched::SetCutParams cmd;
+    cmd.sla_class = d.sla_class;
+    if (p == "swap") cmd.swap = swap_of(d.after);
+    else cmd.temporal_step_size = static_cast<int32_t>(std::lround(d.after));
+    KVSPLIT_RETURN_IF_ERROR(broadcast_to_decoders(cmd));
+    if (cls) {
+      if (cmd.swap) cls->swap = *cmd.swap;
+      if (cmd.temporal_step_size) cls->temporal_step_size = *cmd.temporal_step_size;
+      router_->set_classes(std::move(classes));
+    } else {
+      if (cmd.swap) kvm_temporal_.swap = *cmd.swap;
+      if (cmd.temporal_step_size) kvm_temporal_.temporal_step_size = *cmd.temporal_step_size;
+    }
+    return ok_status();
+  }
+  if (p == "spatial_min_context") {
+    if (config_.spatial.shards <= 1) return failed_precondition("no spatial shards (shards 1)");
+    spatial_min_context_.store(static_cast<int32_t>(std::lround(std::max(0.0, d.after))));
+    return ok_status();
+  }
+  if (p == "max_num_seqs") {
+    sched::SetSchedulerParams cmd;
+    cmd.max_num_seqs = static_cast<int>(std::lround(d.after));
+    return broadcast_to_decoders(cmd);
+  }
+  if (p == "max_queue") {
+    if (!cls) return invalid_argument("max_queue needs a class");
+    const long q = std::lround(d.after);
+    if (q < 1) return invalid_argument(fmt::format("max_queue: must be >= 1, got {}", q));
+    cls->max_queue = static_cast<int32_t>(q);
+    router_->set_classes(std::move(classes));
+    return ok_status();
+  }
+  if (p == "migrate_to_shard") return migrate_to_emptiest_shard(static_cast<int>(d.after));
+  return invalid_argument("unknown parameter '" + p + "'");
+}
+
+// One-shot: on each decoding worker with shards, moves up to `max_pages` pages of the sequence
+// holding the most pages on the fullest shard (or in the host tier) to the emptiest shard.
+Status EngineImpl::migrate_to_emptiest_shard(int max_pages) {
+  if (config_.spatial.shards <= 1) return failed_precondition("no spatial shards (shards 1)");
+  if (max_pages < 1) return invalid_argument("migrate_to_shard: needs a page count >= 1");
+  int moved_any = 0;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (workers_[i]->role() == sched::WorkerRole::kPrefill) continue;
+    auto f = send_command(i, sched::SnapshotState{});
+    if (f.wait_for(kCommandWait) != std::future_status::ready) continue;
+    const sched::WorkerState st = f.get().state;
+    std::vector<int> load(static_cast<size_t>(st.num_shards), 0);
+    for (const sched::SequenceState& s : st.sequences) {
+      for (size_t k = 0; k < s.pages_per_shard.size() && k < load.size(); ++k)
+        load[k] += s.pages_per_shard[k];
+    }
+    if (load.size() < 2) continue;
+    const int to = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    const int from = static_cast<int>(std::max_element(load.begin(), load.end()) - load.begin());
+    // The sequence with the most pages off the target shard (on `from`, or not resident).
+    const sched::SequenceState* best = nullptr;
+    int best_off = 0;
+    for (const sched::SequenceState& s : st.sequences) {
+      const int on_to = s.pages_per_shard.size() > static_cast<size_t>(to)
+                            ? s.pages_per_shard[static_cast<size_t>(to)]
+                            : 0;
+      const int off = s.num_blocks - on_to;
+      if (off > best_off && (from != to)) {
+        best = &s;
+        best_off = off;
+      }
+    }
+    if (best == nullptr) continue;
+    sched::MigrateKv m;
+    m.key = sched::RequestKey{best->tenant, best->request_id};
+    m.first_page = 0;
+    m.end_page = std::min(best->num_blocks, max_pages);
+    m.to_shard = to;
+    auto r = send_command(i, m);
+    if (r.wait_for(kCommandWait) == std::future_status::ready && r.get().status.ok()) ++moved_any;
+  }
+  return ok_status();
+}
+
+void EngineImpl::start_kvm_locked() {
+  kvm_stop_ = false;
+  kvm_thread_ = std::thread([this] { kvm_loop(); });
+}
+
+void EngineImpl::kvm_loop() {
+  const auto start = std::chrono::steady_clock::now();
+  kvm::MonitorInputs in;
+  in.link_bytes_per_s = measure_copy_bandwidth();
+  std::unique_lock<std::mutex> lock(kvm_mu_);
+  while (!kvm_stop_) {
+    const auto interval = std::chrono::milliseconds(kvm_->config().interval_ms);
+    kvm_cv_.wait_for(lock, interval, [&] { return kvm_stop_; });
+    if (kvm_stop_) break;
+    lock.unlock();
+    const EngineStats stats = stats_without_kvm();
+    std::vector<std::pair<std::string, std::pair<double, double>>> lat;
+    {
+      std::lock_guard<std::mutex> l(kvm_lat_mu_);
+      lat.swap(kvm_latencies_);
+    }
+    lock.lock();
+    if (kvm_stop_) break;
+    const double now_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count();
+    for (const auto& [cls, v] : lat) kvm_->monitor().latency().add(cls, now_ms, v.first, v.second);
+    kvm_->tick(now_ms, stats, in);
+  }
+}
+
+void EngineImpl::stop_kvm() {
+  {
+    std::lock_guard<std::mutex> lock(kvm_mu_);
+    kvm_stop_ = true;
+  }
+  kvm_cv_.notify_all();
+  if (kvm_thread_.joinable()) kvm_thread_.join();
+}
+
+void EngineImpl::kvm_record_latency(const std::string& sla_class, double ttft_ms,
+                                    double mean_itl_ms) {
+  std::lock_guard<std::mutex> l(kvm_lat_mu_);
+  if (!kvm_enabled_.load(std::memory_order_relaxed)) return;
+  kvm_latencies_.push_back({sla_class, {ttft_ms, mean_itl_ms}});
+}
+
+void EngineImpl::fill_kvm_stats(EngineStats* s) const {
+  std::lock_guard<std::mutex> lock(kvm_mu_);
+  if (!kvm_) return;
+  s->kvm_enabled = true;
+  s->kvm = kvm_->last_snapshot();
+  s->kvm_decisions.assign(kvm_->recent().begin(), kvm_->recent().end());
+  s->kvm_decisions_total = kvm_->decisions_total();
+  for (const auto& [key, n] : kvm_->counts()) {
+    s->kvm_decision_counts.push_back({key.first, key.second, n});
+  }
+  for (const auto& [key, v] : kvm_->params().values()) {
+    s->kvm_params.push_back({key.first, key.second, v});
+  }
+  s->kvm_tick_ms_mean = kvm_->ticks() > 0 ? kvm_->tick_ms_total() / kvm_->ticks() : 0;
+}
+
+Status EngineImpl::update_kvm_policy(KvmConfig policy) {
+  std::vector<std::string> names;
+  for (const SlaClass& c : router_->classes()) names.push_back(c.name);
+  KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules(policy.rules, names));
+  KVSPLIT_RETURN_IF_ERROR(validate_kvm_for_engine(policy, config_));
+  if (policy.interval_ms < 10 || policy.interval_ms > 60000) {
+    return invalid_argument(
+        fmt::format("kvm.interval_ms: must be in [10, 60000], got {}", policy.interval_ms));
+  }
+  std::lock_guard<std::mutex> lock(kvm_mu_);
+  if (kvm_) {
+    kvm_->reload(std::move(policy));
+    KVSPLIT_LOG_INFO("kvm: policy reloaded ({} rules, {})", kvm_->config().rules.size(),
+                     kvm_->config().mode == KvmMode::kEnforce ? "enforce" : "dry-run");
+    return ok_status();
+  }
+  if (policy.rules.empty()) return ok_status();
+  kvm_actuator_ = std::make_unique<KvmActuator>(this);
+  kvm_ = std::make_unique<kvm::KvCacheManager>(std::move(policy), kvm_baseline(),
+                                               kvm_actuator_.get());
+  {
+    std::lock_guard<std::mutex> l(kvm_lat_mu_);
+    kvm_enabled_.store(true);
+  }
+  start_kvm_locked();
+  KVSPLIT_LOG_INFO("kvm: started ({} rules, every {} ms)", kvm_->config().rules.size(),
+                   kvm_->config().interval_ms);
+  return ok_status();
+}
+
+Status validate_kvm_for_engine(const KvmConfig& policy, const EngineConfig& config) {
+  for (size_t i = 0; i < policy.rules.size(); ++i) {
+    const KvmRule& r = policy.rules[i];
+    const std::string where = fmt::format("kvm.rules[{}] ({}): then", i, r.name);
+    if (is_semantic_param(r.then.param) && config.kv_policy != KvPolicy::kSemantic &&
+        config.kv_policy != KvPolicy::kH2O) {
+      return invalid_argument(where + ": " + r.then.param +
+                              " needs kv.kv_cache_compression semantic (the semantic cut is off)");
+    }
+    if ((r.then.param == "spatial_min_context" || r.then.param == "migrate_to_shard") &&
+        config.spatial.shards <= 1) {
+      return invalid_argument(where + ": " + r.then.param +
+                              " needs kv.cuts.spatial.shards > 1");
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace kvsplit

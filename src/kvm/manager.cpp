@@ -1,0 +1,95 @@
+#include "kvm/manager.h"
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "common/log.h"
+#include "kvm/expr.h"
+
+namespace kvsplit::kvm {
+
+KvCacheManager::KvCacheManager(KvmConfig config, ParamTable baseline, Actuator* actuator)
+    : config_(std::move(config)),
+      params_(std::move(baseline)),
+      actuator_(actuator),
+      monitor_(config_.window_ms),
+      rules_(config_.rules) {
+  if (!config_.decision_log.empty()) {
+    log_file_.open(config_.decision_log, std::ios::app);
+    if (!log_file_) {
+      KVSPLIT_LOG_ERROR("kvm: cannot open the decision log {}; decisions go to the log only",
+                        config_.decision_log);
+    }
+  }
+}
+
+void KvCacheManager::reload(KvmConfig config) {
+  const std::string old_log = config_.decision_log;
+  config_ = std::move(config);
+  rules_.reload(config_.rules);
+  if (config_.decision_log != old_log) {
+    log_file_.close();
+    if (!config_.decision_log.empty()) log_file_.open(config_.decision_log, std::ios::app);
+  }
+}
+
+std::vector<KvmDecision> KvCacheManager::tick(double now_ms, const EngineStats& stats,
+                                              const MonitorInputs& in) {
+  const auto t0 = std::chrono::steady_clock::now();
+  last_ = monitor_.sample(now_ms, stats, in);
+  std::vector<KvmDecision> decisions = rules_.evaluate(last_, params_);
+  for (KvmDecision& d : decisions) {
+    // An exit that keeps the value (exit-keep, a one-shot action's exit) changes nothing.
+    const bool no_op = d.action == "exit-keep" || (d.before == d.after && d.action == "exit");
+    if (config_.mode == KvmMode::kEnforce && no_op) {
+      d.applied = true;
+    } else if (config_.mode == KvmMode::kEnforce && actuator_ != nullptr) {
+      const Status st = actuator_->apply(d);
+      d.applied = st.ok();
+      if (!st.ok()) d.error = st.message();
+    }
+    if (d.applied && !param_is_one_shot(d.param)) params_.set(d.param, d.sla_class, d.after);
+    log_decision(d);
+    ++counts_[{d.rule, d.action}];
+    ++total_;
+    recent_.push_back(d);
+    if (recent_.size() > 64) recent_.pop_front();
+  }
+  tick_ms_total_ +=
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ++ticks_;
+  return decisions;
+}
+
+void KvCacheManager::log_decision(const KvmDecision& d) {
+  const std::string line = decision_json(d, last_, config_.mode);
+  KVSPLIT_LOG_INFO("kvm decision {}", line);
+  if (log_file_.is_open()) {
+    log_file_ << line << '\n';
+    log_file_.flush();
+  }
+}
+
+std::string decision_json(const KvmDecision& d, const KvmSnapshot& snap, KvmMode mode) {
+  nlohmann::json j;
+  j["time_ms"] = d.time_ms;
+  j["mode"] = mode == KvmMode::kEnforce ? "enforce" : "dry-run";
+  j["rule"] = d.rule;
+  j["action"] = d.action;
+  j["param"] = d.param;
+  j["class"] = d.sla_class;
+  j["before"] = d.before;
+  j["after"] = d.after;
+  j["trigger"] = d.monitors;
+  j["monitors"] = {{"device_kv_use", snap.device_kv_use},
+                   {"host_kv_use", snap.host_kv_use},
+                   {"disk_kv_use", snap.disk_kv_use},
+                   {"link_use", snap.link_use},
+                   {"storage_latency_ms", snap.storage_latency_ms},
+                   {"pages_evicted_fraction", snap.pages_evicted_fraction}};
+  j["applied"] = d.applied;
+  if (!d.error.empty()) j["error"] = d.error;
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace kvsplit::kvm

@@ -1,0 +1,75 @@
+// The KV cache manager (docs/kvm.md): each tick samples the monitors, runs the rule engine and
+// hands every decision to an Actuator (the engine, which turns it into worker inbox commands and
+// class settings; the KVM never touches KV itself). It keeps the parameter table, the decision
+// log (one JSON line per decision: the log, and a file when configured), counters per (rule,
+// action) and the latest decisions. Not thread-safe: one thread ticks it; the engine guards it.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kvm/monitor.h"
+#include "kvm/rule_engine.h"
+#include "kvsplit/engine.h"
+#include "kvsplit/kvm.h"
+#include "kvsplit/status.h"
+
+namespace kvsplit::kvm {
+
+// Applies one decision (enforce mode only); an error leaves the parameter unchanged and is
+// recorded in the decision.
+class Actuator {
+ public:
+  virtual ~Actuator() = default;
+  virtual Status apply(const KvmDecision& decision) = 0;
+};
+
+class KvCacheManager {
+ public:
+  // `baseline`: the current value of every parameter the rules may move (the engine's settings).
+  KvCacheManager(KvmConfig config, ParamTable baseline, Actuator* actuator);
+
+  // One sample at `now_ms`: the snapshot, then the decisions (applied in enforce mode).
+  std::vector<KvmDecision> tick(double now_ms, const EngineStats& stats, const MonitorInputs& in);
+  // A new policy (validated by the caller): rules with unchanged names and text keep their state;
+  // the parameter table keeps its values.
+  void reload(KvmConfig config);
+
+  Monitor& monitor() { return monitor_; }
+  const KvmConfig& config() const { return config_; }
+  const ParamTable& params() const { return params_; }
+  const KvmSnapshot& last_snapshot() const { return last_; }
+  const std::deque<KvmDecision>& recent() const { return recent_; }  // newest last, <= 64
+  int64_t decisions_total() const { return total_; }
+  // (rule, action) -> decisions, for kvsplit:kvm_decisions_total.
+  const std::map<std::pair<std::string, std::string>, int64_t>& counts() const { return counts_; }
+  // Time spent in tick() (monitors, rules, actuation), for the overhead figure.
+  double tick_ms_total() const { return tick_ms_total_; }
+  int64_t ticks() const { return ticks_; }
+
+ private:
+  void log_decision(const KvmDecision& d);
+
+  KvmConfig config_;
+  ParamTable params_;
+  Actuator* actuator_;
+  Monitor monitor_;
+  RuleEngine rules_;
+  KvmSnapshot last_;
+  std::deque<KvmDecision> recent_;
+  std::map<std::pair<std::string, std::string>, int64_t> counts_;
+  int64_t total_ = 0;
+  std::ofstream log_file_;
+  double tick_ms_total_ = 0;
+  int64_t ticks_ = 0;
+};
+
+// The decision as one JSON object (the decision log's line), with the key monitors of `snap`.
+std::string decision_json(const KvmDecision& d, const KvmSnapshot& snap, KvmMode mode);
+
+}  // namespace kvsplit::kvm

@@ -1,0 +1,241 @@
+#include "kvm/rule_engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "common/escape.h"
+#include "kvm/expr.h"
+
+namespace kvsplit::kvm {
+namespace {
+
+std::string q(std::string_view s) {
+  std::string out(1, '\'');
+  out += escape_for_message(s, 64);
+  out += '\'';
+  return out;
+}
+
+bool is_up(KvmCmp c) { return c == KvmCmp::kGreater || c == KvmCmp::kGreaterEqual; }
+bool inclusive(KvmCmp c) { return c == KvmCmp::kGreaterEqual || c == KvmCmp::kLessEqual; }
+
+// A condition's own checks: a known metric, a class only on a per-class metric, a known class.
+Status check_condition(const KvmCondition& c, const std::vector<std::string>& classes) {
+  if (!is_metric(c.metric)) return invalid_argument("unknown metric " + q(c.metric));
+  if (!c.sla_class.empty()) {
+    if (!is_class_metric(c.metric))
+      return invalid_argument("metric " + q(c.metric) + " is engine-wide and takes no class");
+    if (std::find(classes.begin(), classes.end(), c.sla_class) == classes.end())
+      return invalid_argument("unknown class " + q(c.sla_class) + " (not in sla_classes)");
+  }
+  return ok_status();
+}
+
+// `exit` on the metric of `when` must leave a band between the two levels: both holding at
+// once would enter and exit on alternate samples.
+Status check_hysteresis(const KvmCondition& when, const KvmCondition& exit) {
+  if (when.metric != exit.metric || when.sla_class != exit.sla_class) return ok_status();
+  if (is_up(when.cmp) == is_up(exit.cmp))
+    return invalid_argument(fmt::format(
+        "'{}' compares the same way as when '{}'; the exit level must be on the other side "
+        "(hysteresis)",
+        to_string(exit), to_string(when)));
+  const bool both_inclusive = inclusive(when.cmp) && inclusive(exit.cmp);
+  // Up: when v > a, exit v < b overlap for a < v < b. Down: mirrored.
+  const double lo = is_up(when.cmp) ? when.value : exit.value;
+  const double hi = is_up(when.cmp) ? exit.value : when.value;
+  if (lo < hi || (lo == hi && both_inclusive))
+    return invalid_argument(fmt::format(
+        "'{}' overlaps when '{}' (both hold at once); the exit level must lie beyond the enter "
+        "level (hysteresis)",
+        to_string(exit), to_string(when)));
+  return ok_status();
+}
+
+Status check_rule(const KvmRule& r, const std::vector<std::string>& classes) {
+  auto field = [](const char* f, const Status& s) -> Status {
+    return s.ok() ? s : invalid_argument(std::string(f) + ": " + s.message());
+  };
+  if (r.when.metric.empty()) return invalid_argument("when: required");
+  KVSPLIT_RETURN_IF_ERROR(field("when", check_condition(r.when, classes)));
+  if (r.exit.metric.empty())
+    return invalid_argument("exit: required (the level at which the rule stops: hysteresis)");
+  KVSPLIT_RETURN_IF_ERROR(field("exit", check_condition(r.exit, classes)));
+  KVSPLIT_RETURN_IF_ERROR(field("exit", check_hysteresis(r.when, r.exit)));
+  const std::string& p = r.then.param;
+  if (p.empty()) return invalid_argument("then: required");
+  if (!is_param(p)) return invalid_argument("then: unknown parameter " + q(p));
+  if (p == "swap" && (r.then.op != KvmActionOp::kSet ||
+                      !(r.then.value == 0 || r.then.value == 1 || r.then.value == 2)))
+    return invalid_argument("then: swap must be set to auto, always or never");
+  if (!std::isfinite(r.then.value)) return invalid_argument("then: value must be finite");
+  if (r.sla_class.empty() && param_needs_class(p))
+    return invalid_argument("class: required: " + p + " is a per-class setting");
+  if (!r.sla_class.empty()) {
+    if (param_is_global_only(p))
+      return invalid_argument("class: " + p + " is engine-wide and takes no class, got " +
+                              q(r.sla_class));
+    if (std::find(classes.begin(), classes.end(), r.sla_class) == classes.end())
+      return invalid_argument("class: unknown class " + q(r.sla_class) + " (not in sla_classes)");
+  }
+  if (std::isnan(r.min) || std::isnan(r.max) || r.min > r.max)
+    return invalid_argument("min: must be <= max, got min " + fmt::format("{}", r.min) +
+                            " and max " + fmt::format("{}", r.max));
+  if (!(r.cooldown_ms >= 0) || !std::isfinite(r.cooldown_ms))
+    return invalid_argument("cooldown_ms: must be a finite number >= 0, got " +
+                            fmt::format("{}", r.cooldown_ms));
+  return ok_status();
+}
+
+bool same(const KvmCondition& a, const KvmCondition& b) {
+  return a.metric == b.metric && a.sla_class == b.sla_class && a.cmp == b.cmp && a.value == b.value;
+}
+bool same(const KvmRule& a, const KvmRule& b) {
+  return a.name == b.name && same(a.when, b.when) && same(a.exit, b.exit) &&
+         a.then.param == b.then.param && a.then.op == b.then.op && a.then.value == b.then.value &&
+         a.sla_class == b.sla_class && a.min == b.min && a.max == b.max &&
+         a.cooldown_ms == b.cooldown_ms && a.restore_on_exit == b.restore_on_exit;
+}
+
+// op(before), clamped to [min, max]; integer parameters rounded (staying within the bounds).
+double apply_action(const KvmRule& r, double before) {
+  double v = before;
+  switch (r.then.op) {
+    case KvmActionOp::kSet:
+      v = r.then.value;
+      break;
+    case KvmActionOp::kAdd:
+      v = before + r.then.value;
+      break;
+    case KvmActionOp::kSub:
+      v = before - r.then.value;
+      break;
+    case KvmActionOp::kMul:
+      v = before * r.then.value;
+      break;
+  }
+  v = std::clamp(v, r.min, r.max);
+  if (param_is_integer(r.then.param)) {
+    v = std::round(v);
+    if (v > r.max) v = std::floor(r.max);
+    if (v < r.min) v = std::ceil(r.min);
+  }
+  return v;
+}
+
+// Whether `c` holds; *monitors: "metric[class]=value" of what it read.
+bool fired(const KvmSnapshot& snap, const KvmCondition& c, std::string* monitors) {
+  std::string cls;
+  const std::optional<double> v = read_metric(snap, c, &cls);
+  if (!v) return false;
+  double unused = 0;
+  if (!holds(snap, c, &unused)) return false;
+  *monitors = c.metric + (cls.empty() ? "" : "[" + cls + "]") + "=" + fmt::format("{:.6g}", *v);
+  return true;
+}
+
+}  // namespace
+
+void ParamTable::set(const std::string& param, const std::string& sla_class, double value) {
+  values_[{param, sla_class}] = value;
+}
+
+double ParamTable::get(const std::string& param, const std::string& sla_class) const {
+  auto it = values_.find({param, sla_class});
+  if (it != values_.end()) return it->second;
+  if (!sla_class.empty()) {
+    it = values_.find({param, std::string()});
+    if (it != values_.end()) return it->second;
+  }
+  return 0;
+}
+
+bool ParamTable::has(const std::string& param, const std::string& sla_class) const {
+  return values_.count({param, sla_class}) > 0;
+}
+
+Status validate_rules(const std::vector<KvmRule>& rules, const std::vector<std::string>& classes) {
+  std::set<std::string> names;
+  for (size_t i = 0; i < rules.size(); ++i) {
+    const KvmRule& r = rules[i];
+    const std::string where =
+        "kvm.rules[" + std::to_string(i) + "] (" + escape_for_message(r.name, 64) + "): ";
+    if (r.name.empty()) return invalid_argument(where + "name: must not be empty");
+    if (!names.insert(r.name).second)
+      return invalid_argument(where + "name: duplicate rule name " + q(r.name));
+    const Status s = check_rule(r, classes);
+    if (!s.ok()) return invalid_argument(where + s.message());
+  }
+  return ok_status();
+}
+
+RuleEngine::RuleEngine(std::vector<KvmRule> rules)
+    : rules_(std::move(rules)), states_(rules_.size()) {}
+
+void RuleEngine::reload(std::vector<KvmRule> rules) {
+  std::vector<RuleState> states(rules.size());
+  for (size_t j = 0; j < rules.size(); ++j) {
+    for (size_t i = 0; i < rules_.size(); ++i) {
+      if (same(rules_[i], rules[j])) {
+        states[j] = states_[i];
+        break;
+      }
+    }
+  }
+  rules_ = std::move(rules);
+  states_ = std::move(states);
+}
+
+std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const ParamTable& params) {
+  ParamTable local = params;  // later rules see earlier rules' `after`
+  std::vector<KvmDecision> out;
+  const double now = snap.time_ms;
+  for (size_t i = 0; i < rules_.size(); ++i) {
+    const KvmRule& r = rules_[i];
+    RuleState& st = states_[i];
+    const bool one_shot = param_is_one_shot(r.then.param);
+    // A one-shot action has no setting: it starts from 0 each time and nothing is stored.
+    const double current = one_shot ? 0 : local.get(r.then.param, r.sla_class);
+    auto emit = [&](const char* action, double after, std::string monitors) {
+      KvmDecision d;
+      d.time_ms = now;
+      d.rule = r.name;
+      d.action = action;
+      d.param = r.then.param;
+      d.sla_class = r.sla_class;
+      d.before = current;
+      d.after = after;
+      d.monitors = std::move(monitors);
+      out.push_back(std::move(d));
+      if (!one_shot) local.set(r.then.param, r.sla_class, after);
+    };
+    std::string monitors;
+    if (!st.active) {
+      if (!fired(snap, r.when, &monitors)) continue;
+      st.active = true;
+      st.value_at_enter = current;
+      st.last_applied_ms = now;
+      emit("enter", apply_action(r, current), std::move(monitors));
+      continue;
+    }
+    if (fired(snap, r.exit, &monitors)) {
+      st.active = false;
+      const bool restore = r.restore_on_exit && !one_shot;
+      emit(restore ? "exit" : "exit-keep", restore ? st.value_at_enter : current,
+           std::move(monitors));
+      continue;
+    }
+    if (now - st.last_applied_ms < r.cooldown_ms) continue;
+    if (!fired(snap, r.when, &monitors)) continue;  // in the band: hold
+    const double after = apply_action(r, current);
+    if (after == current) continue;  // at a bound
+    st.last_applied_ms = now;
+    emit("repeat", after, std::move(monitors));
+  }
+  return out;
+}
+
+}  // namespace kvsplit::kvm

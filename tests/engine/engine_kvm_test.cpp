@@ -1,0 +1,267 @@
+// The KV cache manager in the engine (docs/kvm.md): under memory pressure its device-use rule
+// raises the semantic threshold, pages are demoted, and the rule exits (restoring the threshold)
+// when pressure drops; every step is in the decisions (stats and the JSON decision log). Dry-run
+// decides the same and changes nothing. A policy reload under load drops no request, a bad
+// policy keeps the old one, class rules move only their class, and the SetCutParams command
+// checks what it is given.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "engine/engine_impl.h"
+#include "engine/engine_test_util.h"
+
+namespace kvsplit {
+namespace {
+
+using testing::collect;
+using testing::Collected;
+
+// Never demotes by itself: any demotion comes from the KVM raising semantic_threshold.
+SemanticCutConfig quiet_semantic() {
+  SemanticCutConfig c;
+  c.semantic_threshold = 0.f;
+  c.evict_threshold = 0.f;
+  c.demote_after_steps = 1;
+  c.evict_after_steps = 1000000;
+  c.score_interval = 1;
+  c.sink_tokens = 4;
+  c.recent_tokens = 16;
+  return c;
+}
+
+KvmRule pressure_rule(double enter, double exit) {
+  KvmRule r;
+  r.name = "device-pressure";
+  r.when = {"device_kv_use", "", KvmCmp::kGreater, enter};
+  r.exit = {"device_kv_use", "", KvmCmp::kLess, exit};
+  r.then = {"semantic_threshold", KvmActionOp::kAdd, 0.5};
+  r.min = 0;
+  r.max = 0.99;
+  r.cooldown_ms = 20;
+  return r;
+}
+
+// Colocated, one worker with a small pool (40 blocks of 16 tokens) that the requests fill.
+EngineConfig pressure_config(KvmMode mode, const std::string& log_path) {
+  EngineConfig c = testing::stories_config(ServingMode::kColocated);
+  c.block_size = 16;
+  c.kv_blocks_per_worker = 40;
+  c.kv_policy = KvPolicy::kSemantic;
+  c.semantic = quiet_semantic();
+  c.kvm.enabled = true;
+  c.kvm.mode = mode;
+  c.kvm.interval_ms = 10;
+  c.kvm.decision_log = log_path;
+  c.kvm.rules = {pressure_rule(0.5, 0.1)};
+  return c;
+}
+
+std::vector<RequestHandle> submit_long(Engine& e, int n, int max_tokens,
+                                       const std::string& cls = "") {
+  const char* prompts[] = {"Once upon a time", "Lily wanted to", "The dog", "Tom and his mom"};
+  std::vector<RequestHandle> out;
+  for (int i = 0; i < n; ++i) {
+    Request r;
+    r.request_id = fmt::format("{}r{}", cls, i);
+    r.prompt = prompts[i % 4];
+    r.sampling.temperature = 0.f;
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = true;
+    r.sla_class = cls;
+    auto h = e.submit(r);
+    EXPECT_TRUE(h.ok()) << h.status().to_string();
+    if (h.ok()) out.push_back(*h);
+  }
+  return out;
+}
+
+void expect_all_finished(std::vector<RequestHandle>& hs) {
+  for (RequestHandle& h : hs) {
+    const Collected c = collect(h, std::chrono::seconds(300));
+    ASSERT_FALSE(c.timed_out);
+    EXPECT_EQ(c.finals, 1);
+    EXPECT_TRUE(c.final_event.status.ok()) << c.final_event.status.to_string();
+    EXPECT_EQ(c.final_event.finish_reason, FinishReason::kLength);
+  }
+}
+
+// Waits (bounded) until the manager has logged a decision matching `pred`.
+template <typename Pred>
+bool wait_for_decision(const Engine& e, Pred pred,
+                       std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (const KvmDecision& d : e.stats().kvm_decisions)
+      if (pred(d)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+double param_value(const EngineStats& s, const std::string& p, const std::string& cls = "") {
+  for (const EngineStats::KvmParam& k : s.kvm_params)
+    if (k.param == p && k.sla_class == cls) return k.value;
+  return -1;
+}
+
+std::string temp_path(const char* name) {
+  return (std::filesystem::temp_directory_path() /
+          fmt::format("kvsplit-{}-{}.jsonl", name, static_cast<long>(::getpid())))
+      .string();
+}
+
+int64_t demotions(const EngineStats& s) {
+  int64_t n = 0;
+  for (const PoolStats& p : s.pools) n += p.kv_demotions;
+  return n;
+}
+
+TEST(EngineKvm, PressureRaisesThresholdDemotesAndExits) {
+  // Control: the same load without the manager demotes nothing (threshold 0).
+  {
+    EngineConfig c = pressure_config(KvmMode::kEnforce, "");
+    c.kvm = KvmConfig{};
+    auto e = EngineImpl::create(c);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    auto hs = submit_long(**e, 4, 150);
+    expect_all_finished(hs);
+    EXPECT_EQ(demotions((*e)->stats()), 0);
+    EXPECT_FALSE((*e)->stats().kvm_enabled);
+  }
+  const std::string log = temp_path("kvm-pressure");
+  std::remove(log.c_str());
+  EngineConfig c = pressure_config(KvmMode::kEnforce, log);
+  auto e = EngineImpl::create(c);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  const std::vector<int> free0 = testing::free_blocks(**e);
+  auto hs = submit_long(**e, 4, 150);
+  expect_all_finished(hs);
+  ASSERT_TRUE(testing::pools_back_to(**e, free0));
+  // Pressure is gone: the rule exits and restores the threshold.
+  ASSERT_TRUE(wait_for_decision(**e, [](const KvmDecision& d) { return d.action == "exit"; }));
+  const EngineStats s = (*e)->stats();
+  EXPECT_TRUE(s.kvm_enabled);
+  EXPECT_GT(demotions(s), 0) << "the raised threshold demoted nothing";
+  EXPECT_DOUBLE_EQ(param_value(s, "semantic_threshold"), 0.0);
+  // The decisions: enter (0 -> 0.5), maybe a repeat (-> 0.99), then exit (back to 0), in order.
+  std::vector<KvmDecision> ds(s.kvm_decisions.begin(), s.kvm_decisions.end());
+  ASSERT_GE(ds.size(), 2u);
+  EXPECT_EQ(ds.front().action, "enter");
+  EXPECT_EQ(ds.front().rule, "device-pressure");
+  EXPECT_DOUBLE_EQ(ds.front().before, 0.0);
+  EXPECT_DOUBLE_EQ(ds.front().after, 0.5);
+  EXPECT_TRUE(ds.front().applied);
+  EXPECT_NE(ds.front().monitors.find("device_kv_use="), std::string::npos);
+  EXPECT_EQ(ds.back().action, "exit");
+  EXPECT_DOUBLE_EQ(ds.back().after, 0.0);
+  for (const KvmDecision& d : ds) EXPECT_LE(d.after, 0.99 + 1e-9);
+  // The JSON log has the same decisions, one parsable line each.
+  (*e)->shutdown(std::chrono::milliseconds(0));
+  std::ifstream in(log);
+  std::string line;
+  int lines = 0;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["rule"], "device-pressure");
+    EXPECT_EQ(j["mode"], "enforce");
+    EXPECT_TRUE(j["monitors"].contains("device_kv_use"));
+    ++lines;
+  }
+  EXPECT_EQ(lines, static_cast<int>(s.kvm_decisions_total));
+  std::remove(log.c_str());
+}
+
+TEST(EngineKvm, DryRunDecidesButChangesNothing) {
+  EngineConfig c = pressure_config(KvmMode::kDryRun, "");
+  auto e = EngineImpl::create(c);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  auto hs = submit_long(**e, 4, 150);
+  ASSERT_TRUE(wait_for_decision(**e, [](const KvmDecision& d) { return d.action == "enter"; }));
+  expect_all_finished(hs);
+  const EngineStats s = (*e)->stats();
+  EXPECT_EQ(demotions(s), 0);
+  EXPECT_DOUBLE_EQ(param_value(s, "semantic_threshold"), 0.0);
+  for (const KvmDecision& d : s.kvm_decisions) EXPECT_FALSE(d.applied);
+}
+
+TEST(EngineKvm, ClassRuleMovesOnlyItsClass) {
+  EngineConfig c = pressure_config(KvmMode::kEnforce, "");
+  SlaClass batch;
+  batch.name = "batch";
+  c.sla_classes.push_back(batch);
+  c.kvm.rules[0].sla_class = "batch";
+  auto e = EngineImpl::create(c);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  auto hs = submit_long(**e, 4, 150, "batch");
+  ASSERT_TRUE(wait_for_decision(**e, [](const KvmDecision& d) { return d.action == "enter"; }));
+  const EngineStats mid = (*e)->stats();
+  for (const KvmDecision& d : mid.kvm_decisions) EXPECT_EQ(d.sla_class, "batch");
+  EXPECT_DOUBLE_EQ(param_value(mid, "semantic_threshold", ""), 0.0);
+  expect_all_finished(hs);
+}
+
+TEST(EngineKvm, BadPolicyKeepsTheOldAndReloadUnderLoadDropsNothing) {
+  EngineConfig c = pressure_config(KvmMode::kEnforce, "");
+  auto e = EngineImpl::create(c);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  KvmConfig bad = c.kvm;
+  bad.rules[0].then.param = "semantic_treshold";
+  const Status st = (*e)->update_kvm_policy(bad);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("semantic_treshold"), std::string::npos) << st.message();
+  KvmConfig swap_rule = c.kvm;
+  swap_rule.rules[0].then = {"swap", KvmActionOp::kSet, 2};  // the temporal cut: never swap
+  swap_rule.rules[0].name = "no-swap";
+  const std::vector<int> free0 = testing::free_blocks(**e);
+  auto hs = submit_long(**e, 6, 120);
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE((*e)->update_kvm_policy(i % 2 ? swap_rule : c.kvm).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  }
+  expect_all_finished(hs);
+  EXPECT_TRUE(testing::pools_back_to(**e, free0));
+  EXPECT_EQ((*e)->stats().requests_failed, 0);
+}
+
+TEST(EngineKvm, SetCutParamsChecksItsInput) {
+  EngineConfig c = pressure_config(KvmMode::kEnforce, "");
+  c.kvm = KvmConfig{};
+  auto e = EngineImpl::create(c);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  sched::SetCutParams bad;
+  bad.semantic = quiet_semantic();
+  bad.semantic->semantic_threshold = 2.f;
+  EXPECT_EQ((*e)->send_command(0, bad).get().status.code(), StatusCode::kInvalidArgument);
+  sched::SetCutParams step;
+  step.temporal_step_size = 0;
+  EXPECT_EQ((*e)->send_command(0, step).get().status.code(), StatusCode::kInvalidArgument);
+  sched::SetCutParams good;
+  good.semantic = quiet_semantic();
+  good.swap = SwapMode::kNever;
+  EXPECT_TRUE((*e)->send_command(0, good).get().status.ok());
+  // A worker without the semantic cut refuses semantic settings.
+  EngineConfig full = testing::stories_config(ServingMode::kColocated);
+  auto f = EngineImpl::create(full);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ((*f)->send_command(0, good).get().status.code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(EngineKvm, RulesNeedTheirCut) {
+  EngineConfig c = testing::stories_config(ServingMode::kColocated);
+  c.kvm.enabled = true;
+  c.kvm.rules = {pressure_rule(0.5, 0.1)};
+  auto e = EngineImpl::create(c);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("device-pressure"), std::string::npos)
+      << e.status().message();
+}
+
+}  // namespace
+}  // namespace kvsplit

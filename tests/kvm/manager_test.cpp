@@ -1,0 +1,155 @@
+// KvCacheManager (kvm/manager.h) over a fake actuator and recorded engine stats: enforce applies
+// and moves the parameter table, dry-run calls nothing and moves nothing, a refused action is
+// recorded with its error and leaves the table, counters and the JSON decision log match.
+#include "kvm/manager.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace kvsplit::kvm {
+namespace {
+
+class FakeActuator : public Actuator {
+ public:
+  Status apply(const KvmDecision& d) override {
+    applied.push_back(d);
+    return refuse ? failed_precondition("refused for the test") : ok_status();
+  }
+  std::vector<KvmDecision> applied;
+  bool refuse = false;
+};
+
+// One decoding pool with `used` of 100 blocks in use.
+EngineStats stats_at(int used) {
+  EngineStats s;
+  PoolStats p;
+  p.name = "colocated-0";
+  p.kv_blocks_total = 100;
+  p.kv_blocks_free = 100 - used;
+  s.pools.push_back(p);
+  SlaClassStats c;
+  c.name = "default";
+  s.classes.push_back(c);
+  return s;
+}
+
+KvmConfig policy(KvmMode mode, const std::string& log = "") {
+  KvmConfig c;
+  c.enabled = true;
+  c.mode = mode;
+  c.decision_log = log;
+  KvmRule r;
+  r.name = "hot";
+  r.when = {"device_kv_use", "", KvmCmp::kGreater, 0.9};
+  r.exit = {"device_kv_use", "", KvmCmp::kLess, 0.8};
+  r.then = {"semantic_threshold", KvmActionOp::kAdd, 0.05};
+  r.max = 0.4;
+  r.cooldown_ms = 100;
+  c.rules.push_back(r);
+  return c;
+}
+
+ParamTable baseline() {
+  ParamTable t;
+  t.set("semantic_threshold", "", 0.15);
+  return t;
+}
+
+TEST(KvCacheManager, EnforceAppliesAndMovesTheTable) {
+  FakeActuator act;
+  KvCacheManager m(policy(KvmMode::kEnforce), baseline(), &act);
+  const int series[] = {50, 95, 95, 95, 85, 70};  // enter, cooldown, repeat, band, exit
+  const double times[] = {0, 10, 50, 120, 200, 300};
+  std::vector<std::string> actions;
+  for (int i = 0; i < 6; ++i) {
+    for (const KvmDecision& d : m.tick(times[i], stats_at(series[i]), {}))
+      actions.push_back(d.action);
+  }
+  EXPECT_EQ(actions, (std::vector<std::string>{"enter", "repeat", "exit"}));
+  ASSERT_EQ(act.applied.size(), 3u);
+  EXPECT_NEAR(act.applied[0].after, 0.20, 1e-9);
+  EXPECT_NEAR(act.applied[1].after, 0.25, 1e-9);
+  EXPECT_NEAR(act.applied[2].after, 0.15, 1e-9);  // restored on exit
+  EXPECT_NEAR(m.params().get("semantic_threshold", ""), 0.15, 1e-9);
+  EXPECT_EQ(m.decisions_total(), 3);
+  EXPECT_EQ(m.counts().at({"hot", "enter"}), 1);
+  EXPECT_EQ(m.recent().size(), 3u);
+  EXPECT_NEAR(m.last_snapshot().device_kv_use, 0.70, 1e-9);
+  EXPECT_EQ(m.ticks(), 6);
+}
+
+TEST(KvCacheManager, DryRunCallsNothingAndMovesNothing) {
+  FakeActuator act;
+  KvCacheManager m(policy(KvmMode::kDryRun), baseline(), &act);
+  int decisions = 0;
+  for (int i = 0; i < 5; ++i) {
+    for (const KvmDecision& d : m.tick(i * 150.0, stats_at(95), {})) {
+      EXPECT_FALSE(d.applied);
+      EXPECT_NEAR(d.before, 0.15, 1e-9);  // the table never moved
+      EXPECT_NEAR(d.after, 0.20, 1e-9);
+      ++decisions;
+    }
+  }
+  EXPECT_GE(decisions, 2);
+  EXPECT_TRUE(act.applied.empty());
+  EXPECT_NEAR(m.params().get("semantic_threshold", ""), 0.15, 1e-9);
+}
+
+TEST(KvCacheManager, RefusedActionIsRecordedAndLeavesTheTable) {
+  FakeActuator act;
+  act.refuse = true;
+  const std::string log =
+      (std::filesystem::temp_directory_path() / "kvsplit-manager-test.jsonl").string();
+  std::remove(log.c_str());
+  {
+    KvCacheManager m(policy(KvmMode::kEnforce, log), baseline(), &act);
+    const auto ds = m.tick(0, stats_at(95), {});
+    ASSERT_EQ(ds.size(), 1u);
+    EXPECT_FALSE(ds[0].applied);
+    EXPECT_NE(ds[0].error.find("refused"), std::string::npos);
+    EXPECT_NEAR(m.params().get("semantic_threshold", ""), 0.15, 1e-9);
+  }
+  std::ifstream in(log);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  const auto j = nlohmann::json::parse(line);
+  EXPECT_EQ(j["rule"], "hot");
+  EXPECT_EQ(j["action"], "enter");
+  EXPECT_EQ(j["applied"], false);
+  EXPECT_NE(j["error"].get<std::string>().find("refused"), std::string::npos);
+  EXPECT_NEAR(j["monitors"]["device_kv_use"].get<double>(), 0.95, 1e-9);
+  EXPECT_FALSE(std::getline(in, line));
+  std::remove(log.c_str());
+}
+
+TEST(Monitor, RatesPercentilesAndWorstPools) {
+  Monitor mon(1000);
+  EngineStats s = stats_at(30);
+  PoolStats prefill;
+  prefill.name = "prefill-0";
+  prefill.kv_blocks_total = 10;
+  prefill.kv_blocks_free = 0;  // full, but prefill pools do not count for device use
+  s.pools.push_back(prefill);
+  for (int i = 1; i <= 100; ++i) mon.latency().add("default", 500, i, 2 * i);
+  KvmSnapshot a = mon.sample(1000, s, {});
+  EXPECT_NEAR(a.device_kv_use, 0.30, 1e-9);
+  ASSERT_EQ(a.classes.size(), 1u);
+  EXPECT_EQ(a.classes[0].samples, 100);
+  EXPECT_DOUBLE_EQ(a.classes[0].ttft_p50_ms, 50);
+  EXPECT_DOUBLE_EQ(a.classes[0].ttft_p99_ms, 99);
+  EXPECT_DOUBLE_EQ(a.classes[0].itl_p99_ms, 198);
+  s.pools[0].kv_swaps_out = 10;
+  s.pools[0].kv_swap_bytes = 1000;
+  KvmSnapshot b = mon.sample(1500, s, {.link_bytes_per_s = 4000});
+  EXPECT_NEAR(b.swap_rate, 20.0, 1e-9);  // 10 swaps in 0.5 s
+  EXPECT_NEAR(b.link_use, 0.5, 1e-9);    // 2000 B/s of 4000
+  KvmSnapshot c = mon.sample(2600, s, {});  // the samples at 500 ms left the 1 s window
+  EXPECT_EQ(c.classes[0].samples, 0);
+}
+
+}  // namespace
+}  // namespace kvsplit::kvm

@@ -1,0 +1,482 @@
+#include "kvm/rule_engine.h"
+
+#include <gtest/gtest.h>
+
+#include "kvm/expr.h"
+
+namespace kvsplit::kvm {
+namespace {
+
+KvmRule rule(const std::string& name, const std::string& when, const std::string& exit,
+             const std::string& then, double cooldown_ms = 1000) {
+  KvmRule r;
+  r.name = name;
+  auto w = parse_condition(when);
+  auto e = parse_condition(exit);
+  auto a = parse_action(then);
+  EXPECT_TRUE(w.ok() && e.ok() && a.ok()) << when << " / " << exit << " / " << then;
+  if (w.ok()) r.when = *w;
+  if (e.ok()) r.exit = *e;
+  if (a.ok()) r.then = *a;
+  r.cooldown_ms = cooldown_ms;
+  return r;
+}
+
+// The design's example rule.
+KvmRule hot_rule() {
+  KvmRule r = rule("hot", "device_kv_use > 0.90", "device_kv_use < 0.80",
+                   "semantic_threshold += 0.05", 2000);
+  r.max = 0.4;
+  return r;
+}
+
+KvmSnapshot use_at(double t_ms, double device_kv_use) {
+  KvmSnapshot s;
+  s.time_ms = t_ms;
+  s.device_kv_use = device_kv_use;
+  return s;
+}
+
+// Feeds a recorded series of device_kv_use, one sample every `step_ms`, applying the decisions
+// to *table when `apply` (enforce) and leaving it alone otherwise (dry-run).
+std::vector<KvmDecision> run_series(RuleEngine& engine, ParamTable* table,
+                                    const std::vector<double>& series, double step_ms,
+                                    bool apply = true, double t0 = 0) {
+  std::vector<KvmDecision> all;
+  for (size_t i = 0; i < series.size(); ++i) {
+    auto ds = engine.evaluate(use_at(t0 + static_cast<double>(i) * step_ms, series[i]), *table);
+    for (const KvmDecision& d : ds) {
+      if (apply) table->set(d.param, d.sla_class, d.after);
+      all.push_back(d);
+    }
+  }
+  return all;
+}
+
+std::vector<std::string> actions(const std::vector<KvmDecision>& ds) {
+  std::vector<std::string> out;
+  for (const auto& d : ds) out.push_back(d.action);
+  return out;
+}
+
+TEST(ParamTableTest, ClassFallsBackToGlobal) {
+  ParamTable t;
+  EXPECT_EQ(t.get("semantic_threshold", ""), 0);
+  t.set("semantic_threshold", "", 0.15);
+  EXPECT_EQ(t.get("semantic_threshold", "voice"), 0.15);
+  EXPECT_FALSE(t.has("semantic_threshold", "voice"));
+  t.set("semantic_threshold", "voice", 0.2);
+  EXPECT_TRUE(t.has("semantic_threshold", "voice"));
+  EXPECT_EQ(t.get("semantic_threshold", "voice"), 0.2);
+  EXPECT_EQ(t.get("semantic_threshold", ""), 0.15);
+}
+
+TEST(RuleEngineTest, EntersAndExitsWithHysteresis) {
+  RuleEngine engine({hot_rule()});
+  ParamTable table;
+  table.set("semantic_threshold", "", 0.15);
+  // calm, pressure, the band between the levels (0.80..0.90), calm.
+  auto ds = run_series(engine, &table, {0.5, 0.85, 0.93, 0.88, 0.85, 0.82, 0.79, 0.85}, 100);
+  ASSERT_EQ(ds.size(), 2u);
+  EXPECT_EQ(ds[0].action, "enter");
+  EXPECT_EQ(ds[0].time_ms, 200);
+  EXPECT_EQ(ds[0].rule, "hot");
+  EXPECT_EQ(ds[0].param, "semantic_threshold");
+  EXPECT_DOUBLE_EQ(ds[0].before, 0.15);
+  EXPECT_DOUBLE_EQ(ds[0].after, 0.20);
+  EXPECT_EQ(ds[0].monitors, "device_kv_use=0.93");
+  EXPECT_FALSE(ds[0].applied);
+  EXPECT_EQ(ds[1].action, "exit");
+  EXPECT_EQ(ds[1].time_ms, 600);
+  EXPECT_DOUBLE_EQ(ds[1].before, 0.20);
+  EXPECT_DOUBLE_EQ(ds[1].after, 0.15);  // restored
+  EXPECT_EQ(ds[1].monitors, "device_kv_use=0.79");
+  EXPECT_FALSE(engine.state(0).active);
+  EXPECT_DOUBLE_EQ(table.get("semantic_threshold", ""), 0.15);
+}
+
+TEST(RuleEngineTest, NoFlappingAroundTheEnterLevel) {
+  KvmRule r = hot_rule();
+  r.max = 10;  // no bound in the way
+  r.cooldown_ms = 1e9;
+  RuleEngine engine({r});
+  ParamTable table;
+  table.set("semantic_threshold", "", 0.15);
+  std::vector<double> series;
+  for (int i = 0; i < 200; ++i) series.push_back(i % 2 ? 0.91 : 0.89);
+  auto ds = run_series(engine, &table, series, 100);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "enter");
+  EXPECT_TRUE(engine.state(0).active);
+}
+
+TEST(RuleEngineTest, RepeatsOnlyAfterTheCooldown) {
+  KvmRule r = hot_rule();
+  r.max = 10;
+  RuleEngine engine({r});  // cooldown 2000 ms
+  ParamTable table;
+  table.set("semantic_threshold", "", 0.1);
+  // Above the enter level for 5 s, sampled every 500 ms: enter at 0, repeats at 2000 and 4000.
+  auto ds = run_series(engine, &table, std::vector<double>(11, 0.95), 500);
+  ASSERT_EQ(actions(ds), (std::vector<std::string>{"enter", "repeat", "repeat"}));
+  EXPECT_EQ(ds[1].time_ms, 2000);
+  EXPECT_EQ(ds[2].time_ms, 4000);
+  EXPECT_DOUBLE_EQ(ds[1].before, 0.15);
+  EXPECT_DOUBLE_EQ(ds[2].after, 0.25);
+  EXPECT_DOUBLE_EQ(table.get("semantic_threshold", ""), 0.25);
+}
+
+TEST(RuleEngineTest, NoRepeatInTheBand) {
+  KvmRule r = hot_rule();
+  r.max = 10;
+  r.cooldown_ms = 0;
+  RuleEngine engine({r});
+  ParamTable table;
+  table.set("semantic_threshold", "", 0.1);
+  // Enter, then the band (active but `when` false): nothing; above again: repeat.
+  auto ds = run_series(engine, &table, {0.95, 0.85, 0.85, 0.85, 0.95}, 100);
+  ASSERT_EQ(actions(ds), (std::vector<std::string>{"enter", "repeat"}));
+  EXPECT_EQ(ds[1].time_ms, 400);
+}
+
+TEST(RuleEngineTest, BoundsClampAndStopDecisions) {
+  KvmRule r = hot_rule();  // cooldown 2000
+  r.then.value = 0.25;
+  r.max = 0.6;
+  RuleEngine engine({r});
+  ParamTable table;
+  table.set("semantic_threshold", "", 0.25);
+  auto ds = run_series(engine, &table, std::vector<double>(21, 0.95), 1000);  // 20 s
+  // 0.25 -> 0.5 (enter) -> 0.6 (repeat, clamped from 0.75) -> at the bound: nothing more.
+  ASSERT_EQ(actions(ds), (std::vector<std::string>{"enter", "repeat"}));
+  EXPECT_DOUBLE_EQ(ds[0].after, 0.5);
+  EXPECT_DOUBLE_EQ(ds[1].after, 0.6);
+  EXPECT_DOUBLE_EQ(table.get("semantic_threshold", ""), 0.6);
+  EXPECT_TRUE(engine.state(0).active);
+
+  // A step past the bound is clamped to it; min works the same way.
+  KvmRule down =
+      rule("cool", "device_kv_use < 0.2", "device_kv_use > 0.5", "semantic_threshold -= 0.25", 0);
+  down.min = 0.05;
+  RuleEngine e2({down});
+  ParamTable t2;
+  t2.set("semantic_threshold", "", 0.2);
+  auto d2 = run_series(e2, &t2, {0.1, 0.1, 0.1}, 100);
+  ASSERT_EQ(d2.size(), 1u);
+  EXPECT_DOUBLE_EQ(d2[0].after, 0.05);
+}
+
+TEST(RuleEngineTest, IntegerParametersAreRounded) {
+  KvmRule r = rule("seqs", "queue_depth > 10", "queue_depth < 2", "max_num_seqs *= 0.7", 0);
+  r.min = 1;
+  RuleEngine engine({r});
+  ParamTable table;
+  table.set("max_num_seqs", "", 10);
+  KvmSnapshot s;
+  s.classes.push_back({});
+  s.classes[0].name = "default";
+  s.classes[0].queue_depth = 20;
+  std::vector<double> seen;
+  for (int i = 0; i < 8; ++i) {
+    s.time_ms = i * 100;
+    for (const auto& d : engine.evaluate(s, table)) {
+      table.set(d.param, d.sla_class, d.after);
+      seen.push_back(d.after);
+    }
+  }
+  // 10 -> 7 -> 5 (4.9) -> 4 (3.5 rounds up) -> 3 (2.8) -> 2 (2.1) -> 1 (1.4) -> 1: stops.
+  EXPECT_EQ(seen, (std::vector<double>{7, 5, 4, 3, 2, 1}));
+}
+
+TEST(RuleEngineTest, PerClassRuleMovesOnlyItsClass) {
+  KvmRule r = rule("voice-slow", "ttft_p99_ms[voice] > 250", "ttft_p99_ms[voice] < 150",
+                   "semantic_threshold += 0.1", 0);
+  r.sla_class = "voice";
+  RuleEngine engine({r});
+  ParamTable table;
+  table.set("semantic_threshold", "", 0.15);
+  KvmSnapshot s;
+  s.time_ms = 0;
+  s.classes.resize(2);
+  s.classes[0].name = "voice";
+  s.classes[0].ttft_p99_ms = 300;
+  s.classes[1].name = "batch";
+  s.classes[1].ttft_p99_ms = 5000;
+  auto ds = engine.evaluate(s, table);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].sla_class, "voice");
+  EXPECT_EQ(ds[0].monitors, "ttft_p99_ms[voice]=300");
+  EXPECT_DOUBLE_EQ(ds[0].before, 0.15);  // the global value: voice had no override yet
+  EXPECT_DOUBLE_EQ(ds[0].after, 0.25);
+  table.set(ds[0].param, ds[0].sla_class, ds[0].after);
+  EXPECT_DOUBLE_EQ(table.get("semantic_threshold", "voice"), 0.25);
+  EXPECT_DOUBLE_EQ(table.get("semantic_threshold", ""), 0.15);
+  EXPECT_DOUBLE_EQ(table.get("semantic_threshold", "batch"), 0.15);
+}
+
+TEST(RuleEngineTest, ClassMetricWithoutClassReadsTheWorstClass) {
+  RuleEngine engine(
+      {rule("any-slow", "ttft_p99_ms > 1000", "ttft_p99_ms < 500", "swap = never", 0)});
+  ParamTable table;
+  KvmSnapshot s;
+  s.classes.resize(2);
+  s.classes[0].name = "voice";
+  s.classes[0].ttft_p99_ms = 300;
+  s.classes[1].name = "batch";
+  s.classes[1].ttft_p99_ms = 1500;
+  auto ds = engine.evaluate(s, table);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].monitors, "ttft_p99_ms[batch]=1500");
+  EXPECT_DOUBLE_EQ(ds[0].after, 2);  // never
+}
+
+TEST(RuleEngineTest, DryRunChangesNothingAndRepeatsTheSameDecision) {
+  KvmRule r = hot_rule();
+  r.max = 10;
+  RuleEngine engine({r});  // cooldown 2000
+  ParamTable table;
+  table.set("semantic_threshold", "", 0.15);
+  const ParamTable before = table;
+  auto ds = run_series(engine, &table, std::vector<double>(9, 0.95), 500, /*apply=*/false);
+  ASSERT_EQ(actions(ds), (std::vector<std::string>{"enter", "repeat", "repeat"}));
+  for (const auto& d : ds) {
+    EXPECT_DOUBLE_EQ(d.before, 0.15);
+    EXPECT_DOUBLE_EQ(d.after, 0.20);
+    EXPECT_FALSE(d.applied);
+  }
+  EXPECT_EQ(table.values(), before.values());
+  // Exit: the value at enter is what is still there.
+  ds = run_series(engine, &table, {0.5}, 0, false, 5000);
+  ASSERT_EQ(actions(ds), (std::vector<std::string>{"exit"}));
+  EXPECT_DOUBLE_EQ(ds[0].before, 0.15);
+  EXPECT_DOUBLE_EQ(ds[0].after, 0.15);
+  EXPECT_EQ(table.values(), before.values());
+}
+
+TEST(RuleEngineTest, RestoreOnExitRestoresTheValueAtEnter) {
+  KvmRule r = hot_rule();
+  r.max = 10;
+  r.cooldown_ms = 0;
+  RuleEngine engine({r});
+  ParamTable table;
+  table.set("semantic_threshold", "", 0.1);
+  auto ds = run_series(engine, &table, {0.95, 0.95, 0.95, 0.7}, 100);
+  ASSERT_EQ(actions(ds), (std::vector<std::string>{"enter", "repeat", "repeat", "exit"}));
+  EXPECT_NEAR(ds[3].before, 0.25, 1e-12);
+  EXPECT_DOUBLE_EQ(ds[3].after, 0.1);
+  EXPECT_DOUBLE_EQ(table.get("semantic_threshold", ""), 0.1);
+
+  r.restore_on_exit = false;
+  RuleEngine keep({r});
+  table.set("semantic_threshold", "", 0.1);
+  ds = run_series(keep, &table, {0.95, 0.95, 0.7}, 100);
+  ASSERT_EQ(actions(ds), (std::vector<std::string>{"enter", "repeat", "exit-keep"}));
+  EXPECT_NEAR(ds[2].before, 0.2, 1e-12);
+  EXPECT_NEAR(ds[2].after, 0.2, 1e-12);
+  EXPECT_NEAR(table.get("semantic_threshold", ""), 0.2, 1e-12);
+}
+
+TEST(RuleEngineTest, OneShotRepeatsFromZeroAndNeverRestores) {
+  RuleEngine engine(
+      {rule("spread", "link_use < 0.3", "link_use > 0.6", "migrate_to_shard = 16", 1000)});
+  ParamTable table;
+  std::vector<KvmDecision> ds;
+  for (double t : {0.0, 500.0, 1000.0}) {
+    KvmSnapshot s;
+    s.time_ms = t;
+    s.link_use = 0.1;
+    for (const auto& d : engine.evaluate(s, table)) {
+      table.set(d.param, d.sla_class, d.after);  // a careless caller: must not matter
+      ds.push_back(d);
+    }
+  }
+  KvmSnapshot s;
+  s.time_ms = 1500;
+  s.link_use = 0.9;
+  for (const auto& d : engine.evaluate(s, table)) ds.push_back(d);
+  ASSERT_EQ(actions(ds), (std::vector<std::string>{"enter", "repeat", "exit-keep"}));
+  EXPECT_DOUBLE_EQ(ds[0].before, 0);
+  EXPECT_DOUBLE_EQ(ds[0].after, 16);
+  EXPECT_DOUBLE_EQ(ds[1].before, 0);
+  EXPECT_DOUBLE_EQ(ds[1].after, 16);
+  EXPECT_DOUBLE_EQ(ds[2].after, 0);
+}
+
+TEST(RuleEngineTest, LaterRulesSeeEarlierRulesAfterValues) {
+  KvmRule a = rule("a", "device_kv_use > 0.9", "device_kv_use < 0.8", "semantic_window = 100", 0);
+  KvmRule b = rule("b", "device_kv_use > 0.9", "device_kv_use < 0.8", "semantic_window *= 2", 0);
+  RuleEngine engine({a, b});
+  ParamTable table;
+  table.set("semantic_window", "", 4096);
+  auto ds = engine.evaluate(use_at(0, 0.95), table);
+  ASSERT_EQ(ds.size(), 2u);
+  EXPECT_DOUBLE_EQ(ds[0].before, 4096);
+  EXPECT_DOUBLE_EQ(ds[0].after, 100);
+  EXPECT_DOUBLE_EQ(ds[1].before, 100);
+  EXPECT_DOUBLE_EQ(ds[1].after, 200);
+  EXPECT_DOUBLE_EQ(table.get("semantic_window", ""), 4096);  // the caller's table is untouched
+}
+
+TEST(RuleEngineTest, ReloadKeepsTheStateOfUnchangedRules) {
+  KvmRule r = hot_rule();
+  r.max = 10;
+  KvmRule other = rule("other", "link_use > 0.9", "link_use < 0.5", "swap = never", 0);
+  RuleEngine engine({r, other});
+  ParamTable table;
+  table.set("semantic_threshold", "", 0.1);
+  auto ds = run_series(engine, &table, {0.95}, 0);
+  ASSERT_EQ(ds.size(), 1u);
+  ASSERT_TRUE(engine.state(0).active);
+
+  // Same rule (now second), plus a changed copy of another: the unchanged one keeps its state,
+  // so within the cooldown it does not enter again, and it still restores 0.1 on exit.
+  KvmRule changed = r;
+  changed.name = "hot2";
+  engine.reload({other, r, changed});
+  EXPECT_FALSE(engine.state(0).active);
+  EXPECT_TRUE(engine.state(1).active);
+  EXPECT_DOUBLE_EQ(engine.state(1).value_at_enter, 0.1);
+  EXPECT_FALSE(engine.state(2).active);
+  ds = run_series(engine, &table, {0.95}, 0, true, 1000);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].rule, "hot2");
+  EXPECT_EQ(ds[0].action, "enter");
+
+  // A rule whose text changed under the same name starts over.
+  KvmRule edited = r;
+  edited.cooldown_ms = 500;
+  engine.reload({edited});
+  EXPECT_FALSE(engine.state(0).active);
+}
+
+// validate_rules: one test per kind of error, each naming the rule and the field.
+class ValidateRulesTest : public ::testing::Test {
+ protected:
+  void expect_error(const KvmRule& bad, const std::string& needle) {
+    auto s = validate_rules({hot_rule(), bad}, {"default", "voice"});
+    ASSERT_FALSE(s.ok()) << "accepted";
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find(needle), std::string::npos)
+        << "message '" << s.message() << "' lacks '" << needle << "'";
+  }
+  KvmRule good() {
+    return rule("r", "ttft_p99_ms[voice] > 250", "ttft_p99_ms[voice] < 150",
+                "semantic_threshold += 0.05");
+  }
+};
+
+TEST_F(ValidateRulesTest, AcceptsGoodRules) {
+  EXPECT_TRUE(validate_rules({hot_rule(), good()}, {"default", "voice"}).ok());
+  KvmRule q = rule("q", "queue_depth[voice] > 50", "queue_depth[voice] < 10", "max_queue *= 0.5");
+  q.sla_class = "voice";
+  EXPECT_TRUE(validate_rules({q}, {"voice"}).ok());
+}
+
+TEST_F(ValidateRulesTest, DuplicateName) {
+  KvmRule r = good();
+  r.name = "hot";
+  expect_error(r, "kvm.rules[1] (hot): name: duplicate rule name 'hot'");
+}
+
+TEST_F(ValidateRulesTest, EmptyName) {
+  KvmRule r = good();
+  r.name = "";
+  expect_error(r, "kvm.rules[1] (): name: must not be empty");
+}
+
+TEST_F(ValidateRulesTest, MissingWhen) {
+  KvmRule r = good();
+  r.when = {};
+  expect_error(r, "kvm.rules[1] (r): when: required");
+}
+
+TEST_F(ValidateRulesTest, MissingExit) {
+  KvmRule r = good();
+  r.exit = {};
+  expect_error(r, "kvm.rules[1] (r): exit: required");
+}
+
+TEST_F(ValidateRulesTest, UnknownMetric) {
+  KvmRule r = good();
+  r.when.metric = "devce_kv_use";
+  r.when.sla_class = "";
+  expect_error(r, "kvm.rules[1] (r): when: unknown metric 'devce_kv_use'");
+}
+
+TEST_F(ValidateRulesTest, ClassOnAGlobalMetric) {
+  KvmRule r = good();
+  r.exit.metric = "device_kv_use";
+  expect_error(r, "kvm.rules[1] (r): exit: metric 'device_kv_use' is engine-wide");
+}
+
+TEST_F(ValidateRulesTest, UnknownClassInCondition) {
+  KvmRule r = good();
+  r.when.sla_class = "chat";
+  expect_error(r, "kvm.rules[1] (r): when: unknown class 'chat'");
+}
+
+TEST_F(ValidateRulesTest, ExitSameDirectionAsWhen) {
+  KvmRule r = hot_rule();
+  r.name = "r";
+  r.exit.cmp = KvmCmp::kGreater;
+  expect_error(r, "kvm.rules[1] (r): exit: 'device_kv_use > 0.8' compares the same way");
+}
+
+TEST_F(ValidateRulesTest, ExitOverlapsWhen) {
+  KvmRule r = rule("r", "device_kv_use > 0.8", "device_kv_use < 0.9", "swap = never");
+  expect_error(r, "kvm.rules[1] (r): exit: 'device_kv_use < 0.9' overlaps");
+  // Equal levels overlap only when both include the level.
+  KvmRule touching = rule("t", "device_kv_use >= 0.8", "device_kv_use <= 0.8", "swap = never");
+  expect_error(touching, "overlaps");
+  KvmRule edge = rule("e", "device_kv_use >= 0.8", "device_kv_use < 0.8", "swap = never");
+  EXPECT_TRUE(validate_rules({edge}, {}).ok());
+  KvmRule down = rule("d", "link_use < 0.3", "link_use > 0.2", "swap = never");
+  expect_error(down, "overlaps");
+}
+
+TEST_F(ValidateRulesTest, UnknownParameter) {
+  KvmRule r = good();
+  r.then.param = "semantic_treshold";
+  expect_error(r, "kvm.rules[1] (r): then: unknown parameter 'semantic_treshold'");
+}
+
+TEST_F(ValidateRulesTest, BadSwapValue) {
+  KvmRule r = good();
+  r.then = {"swap", KvmActionOp::kAdd, 1};
+  expect_error(r, "kvm.rules[1] (r): then: swap must be set to auto, always or never");
+}
+
+TEST_F(ValidateRulesTest, ParameterNeedsAClass) {
+  KvmRule r = good();
+  r.then = {"max_queue", KvmActionOp::kMul, 0.5};
+  expect_error(r, "kvm.rules[1] (r): class: required: max_queue is a per-class setting");
+}
+
+TEST_F(ValidateRulesTest, GlobalParameterWithAClass) {
+  KvmRule r = good();
+  r.then = {"max_num_seqs", KvmActionOp::kMul, 0.5};
+  r.sla_class = "voice";
+  expect_error(r, "kvm.rules[1] (r): class: max_num_seqs is engine-wide");
+}
+
+TEST_F(ValidateRulesTest, UnknownRuleClass) {
+  KvmRule r = good();
+  r.sla_class = "chat";
+  expect_error(r, "kvm.rules[1] (r): class: unknown class 'chat'");
+}
+
+TEST_F(ValidateRulesTest, MinAboveMax) {
+  KvmRule r = good();
+  r.min = 0.5;
+  r.max = 0.4;
+  expect_error(r, "kvm.rules[1] (r): min: must be <= max, got min 0.5 and max 0.4");
+}
+
+TEST_F(ValidateRulesTest, NegativeCooldown) {
+  KvmRule r = good();
+  r.cooldown_ms = -1;
+  expect_error(r, "kvm.rules[1] (r): cooldown_ms: must be a finite number >= 0, got -1");
+}
+
+}  // namespace
+}  // namespace kvsplit::kvm
