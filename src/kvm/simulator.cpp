@@ -114,6 +114,8 @@ class Sim {
 };
 
 double Sim::seq_bytes(Req& r, bool update_share) {
+  // A prompt's pages are reserved whole when it is admitted (as the workers do).
+  if (r.kv < r.target) return bytes_for_tokens(r.target);
   const double full = bytes_for_tokens(r.kv);
   if (c_.kv_policy == KvPolicy::kFull || r.generated == 0 || r.kv < r.target) return full;
   const int bs = c_.block_size;
@@ -266,9 +268,14 @@ bool Sim::step(Worker& w) {
       ++k;
       continue;
     }
-    const double need =
-        prefills ? bytes_for_tokens(r.target + 1) : seq_bytes(r, false) + block_bytes();
-    if (need > cap) {  // larger than the whole worker: never fits
+    // The prompt's pages, and a watermark of 1% of the pool kept free for the running
+    // sequences' growth (Scheduler::can_admit_prompt); a handoff brings its pages.
+    const double watermark =
+        w.running.empty() ? 0
+                          : std::max(1.0, std::floor(cap / block_bytes() / 100)) * block_bytes();
+    const double own = prefills ? bytes_for_tokens(r.target) : seq_bytes(r, false);
+    const double need = own + watermark;
+    if (own > cap) {  // larger than the whole worker: never fits
       source.erase(source.begin() + static_cast<std::ptrdiff_t>(k));
       if (prefills) queued_per_class_[r.cls]--;
       reject(i);
@@ -277,7 +284,7 @@ bool Sim::step(Worker& w) {
     if (used + need > cap) break;  // head-of-line: wait for room
     source.erase(source.begin() + static_cast<std::ptrdiff_t>(k));
     if (prefills) queued_per_class_[r.cls]--;
-    used += prefills ? 0 : seq_bytes(r, false);
+    used += own;
     r.st = St::kRunning;
     r.started = true;
     r.worker = static_cast<int>(&w - workers_.data());
@@ -306,30 +313,11 @@ bool Sim::step(Worker& w) {
   double prefill_attended = 0;
   std::vector<std::pair<int, int64_t>> chunks;
   std::vector<int> decoding;
-  // Partly prefilled prompts that together fill the pool, with nothing decoding, would wait on
-  // each other: the lowest-priority one is preempted until one can go on.
-  for (;;) {
-    bool any_fits = false, any_decoding = false;
-    for (int i : w.running) {
-      const Req& r = reqs_[i];
-      if (r.kv >= r.target) {
-        any_decoding = true;
-      } else if (used + bytes_for_tokens(r.kv + 1) - bytes_for_tokens(r.kv) <= cap) {
-        any_fits = true;
-      }
-    }
-    if (any_fits || any_decoding || w.running.size() <= 1 || !prefills) break;
-    used -= preempt_one(w, &copy_ms);
-  }
   for (int i : w.running) {
     Req& r = reqs_[i];
     if (r.kv < r.target) {
       if (!prefills || budget <= 0) continue;
-      int64_t n = std::min(budget, r.target - r.kv);
-      // The chunk needs its pages: stop prefilling when the pool is full (it waits).
-      const double more = bytes_for_tokens(r.kv + n) - bytes_for_tokens(r.kv);
-      if (used + more > cap) continue;
-      used += more;
+      const int64_t n = std::min(budget, r.target - r.kv);
       budget -= n;
       prefill_tokens += n;
       prefill_attended += static_cast<double>(n) * (static_cast<double>(r.kv) + n / 2.0);

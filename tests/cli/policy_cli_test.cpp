@@ -107,5 +107,75 @@ TEST(PolicyCli, BadInputExitsTwoNamingTheLine) {
   EXPECT_NE(p.err.find("--phased"), std::string::npos);
 }
 
+// A semantic-cut engine under a memory spike with a device-use rule: the rule fires in the
+// simulation and the decisions appear in the --json line; a bad rule exits 2 naming it.
+constexpr const char* kKvmConfig = R"(pools:
+  mode: colocated
+  decode_workers: 1
+  max_num_seqs: 64
+  max_batch_tokens: 256
+kv:
+  block_size: 16
+  blocks_per_worker: 400
+  policy: semantic
+  cuts:
+    semantic: {semantic_threshold: 0.05, evict_threshold: 0.0, recent_tokens: 16,
+               demote_after_steps: 1, score_interval: 1}
+sla_classes:
+  interactive: {max_ttft_ms: 500, max_itl_ms: 100, priority: 1}
+  batch: {max_ttft_ms: 5000, max_itl_ms: 500}
+kvm:
+  interval_ms: 10
+  rules:
+    - {name: hot, when: "device_kv_use > 0.8", exit: "device_kv_use < 0.3",
+       then: "semantic_threshold = 0.9", cooldown_ms: 50}
+)";
+
+TEST(PolicyCli, KvmRuleFiresAndBadRuleIsNamed) {
+  TempDir tmp;
+  write(tmp.file("c.yaml"), kKvmConfig);
+  std::string trace;
+  for (int i = 0; i < 40; ++i) {
+    trace += "{\"arrival_ms\":" + std::to_string(i * 2) +
+             ",\"prompt_tokens\":512,\"output_tokens\":192,\"class\":\"batch\"}\n";
+  }
+  write(tmp.file("t.jsonl"), trace);
+  write(tmp.file("p.json"),
+        "{\"step_base_ms\": 1, \"prefill_ms_per_token\": 0.01, \"prefill_ms_per_kv_token\": 0, "
+        "\"decode_ms_per_seq\": 0.1, \"decode_ms_per_kv_token\": 0.001, "
+        "\"kv_bytes_per_token_full\": 100, \"kv_bytes_per_token_int8\": 30, "
+        "\"kv_bytes_per_token_int4\": 18}\n");
+  RunResult r = run("policy simulate --json --config " + quote(tmp.file("c.yaml")) + " --trace " +
+                    quote(tmp.file("t.jsonl")) + " --profile " + quote(tmp.file("p.json")));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = json_lines(r.out).at(0);
+  ASSERT_FALSE(j["decisions"].empty()) << r.out;
+  const nlohmann::json& d = j["decisions"][0];
+  EXPECT_EQ(d["rule"], "hot");
+  EXPECT_EQ(d["action"], "enter");
+  EXPECT_EQ(d["param"], "semantic_threshold");
+  EXPECT_EQ(d["class"], "");
+  EXPECT_NEAR(d["before"].get<double>(), 0.05, 1e-6);
+  EXPECT_DOUBLE_EQ(d["after"].get<double>(), 0.9);
+  EXPECT_TRUE(d["time_ms"].is_number());
+  EXPECT_NE(d["monitors"].get<std::string>().find("device_kv_use="), std::string::npos);
+  EXPECT_EQ(j["classes"]["batch"]["requests"], 40);
+  // The human form lists the decision.
+  RunResult h = run("policy simulate --config " + quote(tmp.file("c.yaml")) + " --trace " +
+                    quote(tmp.file("t.jsonl")) + " --profile " + quote(tmp.file("p.json")));
+  ASSERT_EQ(h.exit_code, 0) << h.err;
+  EXPECT_NE(h.out.find("hot"), std::string::npos);
+  EXPECT_NE(h.out.find("semantic_threshold"), std::string::npos);
+
+  std::string bad = kKvmConfig;
+  bad.replace(bad.find("semantic_threshold = 0.9"), 24, "semantic_treshold = 0.9");
+  write(tmp.file("bad.yaml"), bad);
+  RunResult b = run("policy simulate --config " + quote(tmp.file("bad.yaml")) + " --trace " +
+                    quote(tmp.file("t.jsonl")));
+  EXPECT_EQ(b.exit_code, 2);
+  EXPECT_NE(b.err.find("kvm.rules[0]"), std::string::npos) << b.err;
+  EXPECT_NE(b.err.find("semantic_treshold"), std::string::npos) << b.err;
+}
+
 }  // namespace
 }  // namespace kvsplit::testing
