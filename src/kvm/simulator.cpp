@@ -81,6 +81,7 @@ class Sim {
     return static_cast<double>(blocks) * block_bytes();
   }
   void enqueue(int i, double now);
+  void wake_sleepers(double now);  // workers asleep for want of work look again at `now`
   void reject(int i) {
     reqs_[i].st = St::kRejected;
     remaining_--;
@@ -147,7 +148,14 @@ double Sim::seq_bytes(Req& r, bool update_share) {
   return full - static_cast<double>(eligible) * ((r.share - e) * (bf - rung) + e * bf);
 }
 
+void Sim::wake_sleepers(double now) {
+  for (Worker& w : workers_) {
+    if (w.now == kInf) w.now = now;
+  }
+}
+
 void Sim::enqueue(int i, double now) {
+  wake_sleepers(now);
   Req& r = reqs_[i];
   r.st = St::kQueued;
   r.worker = -1;
@@ -354,6 +362,7 @@ bool Sim::step(Worker& w) {
       r.st = St::kHandoff;
       r.ready_ms = end + bytes_for_tokens(r.kv) / p_.copy_bytes_per_ms;
       handoff_.push_back(i);
+      wake_sleepers(end);
     }
   }
   for (int i : decoding) {
@@ -606,17 +615,14 @@ StatusOr<SimResult> Sim::run() {
       w.idle = false;
       continue;
     }
-    const bool was_idle = w.idle;
+    // Idle: sleep until the next arrival, a handoff landing, or another worker's next step end;
+    // with none of those, until new work is queued (wake_sleepers). All asleep: what remains
+    // cannot run.
     w.idle = true;
-    double wake = next_wake(w);
-    if (wake == kInf) {
-      // Nothing can change for this worker; if every worker is stuck, what remains cannot run.
-      bool any_busy = false;
-      for (const Worker& o : workers_) any_busy |= !o.idle;
-      if (!any_busy && was_idle) break;
-      wake = t;
-    }
-    w.now = std::max(wake, t);
+    w.now = std::max(next_wake(w), t);
+    bool all_asleep = true;
+    for (const Worker& o : workers_) all_asleep &= o.now == kInf;
+    if (all_asleep) break;
   }
   // Whatever could not run (nothing left to free room for it) counts as rejected.
   for (Req& r : reqs_) {

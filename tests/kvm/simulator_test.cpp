@@ -196,6 +196,39 @@ TEST(Simulator, BadTraceClassAndBadRuleAreNamed) {
   EXPECT_NE(rr.status().message().find("hot"), std::string::npos) << rr.status().message();
 }
 
+TEST(Simulator, DisaggregatedFinishesEveryRequestAndPaysTheHandoff) {
+  EngineConfig c = test_config();
+  c.mode = ServingMode::kDisaggregated;
+  c.num_prefill_workers = 1;
+  c.num_decode_workers = 1;
+  c.kv_blocks_per_worker = 64;  // decode pool: preemptions that go back to the prefill worker
+  const auto trace = uniform_trace(40, 3, 256, 128);
+  auto r = simulate(c, test_profile(), trace);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(cls(*r, "fast").finished, 20);
+  EXPECT_EQ(cls(*r, "slow").finished, 20);
+  EXPECT_GT(r->recomputes, 0);
+  // One request alone: TTFT is its prefill step on the prefill worker (the handoff comes after).
+  auto one = simulate(c, test_profile(), uniform_trace(1, 1, 100, 4));
+  ASSERT_TRUE(one.ok());
+  EXPECT_NEAR(cls(*one, "fast").ttft_p50_ms, 2.0, 1e-9);
+  // Its 3 decode tokens wait for the KV copy (7 pages of 16 tokens * 100 bytes / 1e5 bytes/ms =
+  // 0.112 ms), then a decode step each (1 + 0.1 + 0.001 * kv).
+  EXPECT_NEAR(cls(*one, "fast").itl_p50_ms, (0.112 + 3 * 1.1 + 0.001 * (100 + 101 + 102)) / 3,
+              1e-9);
+}
+
+TEST(Simulator, MaxQueueRejects) {
+  EngineConfig c = test_config();
+  c.max_num_seqs = 1;
+  c.sla_classes[1].max_queue = 2;
+  auto r = simulate(c, test_profile(), uniform_trace(20, 0.01, 64, 64));
+  ASSERT_TRUE(r.ok());
+  EXPECT_GT(cls(*r, "slow").rejected, 0);
+  EXPECT_EQ(cls(*r, "fast").rejected, 0);
+  EXPECT_LT(cls(*r, "slow").attainment, 1.0);
+}
+
 TEST(Simulator, JsonShape) {
   auto r = simulate(test_config(), test_profile(), uniform_trace(4, 1, 8, 8));
   ASSERT_TRUE(r.ok());
