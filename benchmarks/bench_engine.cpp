@@ -25,6 +25,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/machine_probe.h"
 #include "common/thread_pool.h"
+#include "engine/engine_impl.h"
 #include "kernels/common/kv_quant.h"
 #include "kv/kv_pool.h"
 #include "kvm/profile.h"
@@ -74,8 +75,9 @@ int fail(const Status& st) {
 // The policy simulator's cost profile (kvm::EngineProfile, docs/kvm.md): prefill steps of one
 // prompt at two lengths (slope: ms per prompt token), decode steps at batch sizes 1 and 8 and
 // contexts 32 and 256 (least squares for base + per sequence + per attended KV token), the KV
-// bytes per token at each precision, and a host memcpy for the copy bandwidth. Each timing is the
-// fastest of a few repeats.
+// bytes per token at each precision, a host memcpy for the copy bandwidth, and the engine's
+// per-step time outside the forward pass (a short run of the real engine). Each forward timing is
+// the fastest of a few repeats.
 int write_profile(const std::string& path, const std::string& model_path,
                   const std::string& backend_name, int threads, int block_size,
                   const model::ModelConfig& cfg, model::LlamaModel& llama, backend::Backend& be) {
@@ -225,6 +227,42 @@ int write_profile(const std::string& path, const std::string& model_path,
     p.copy_bytes_per_ms =
         static_cast<double>(a.size()) / std::max(best, 1e-6) + b[a.size() / 2] * 0;
   }
+  // The engine's own per-step cost outside the forward pass (sampling, token events, scheduling):
+  // 8 requests through one colocated worker of the real engine; added to the step base.
+  double overhead_ms = 0;
+  {
+    EngineConfig ec;
+    ec.model = model_path;
+    ec.backend = backend_name;
+    ec.mode = ServingMode::kColocated;
+    ec.num_decode_workers = 1;
+    ec.threads_per_worker = threads;
+    ec.block_size = block_size;
+    ec.kv_blocks_per_worker = 256;
+    auto engine = EngineImpl::create(ec);
+    if (!engine.ok()) return fail(engine.status());
+    std::vector<RequestHandle> hs;
+    for (int i = 0; i < 8; ++i) {
+      Request r;
+      r.prompt_token_ids.assign(32, 3 + i);
+      r.sampling.max_tokens = 48;
+      r.sampling.ignore_eos = true;
+      r.sampling.temperature = 0;
+      auto h = (*engine)->submit(r);
+      if (!h.ok()) return fail(h.status());
+      hs.push_back(*h);
+    }
+    for (auto& h : hs) {
+      TokenEvent ev;
+      while (h.next(&ev, std::chrono::minutes(2)) && !ev.final) {
+      }
+    }
+    const auto snaps = (*engine)->worker_snapshots();
+    if (!snaps.empty() && snaps[0].steps > 0) {
+      overhead_ms = (snaps[0].sampling_ms + snaps[0].bookkeeping_ms) / snaps[0].steps;
+    }
+  }
+  p.step_base_ms += overhead_ms;
   if (Status st = kvm::validate(p); !st.ok()) return fail(st);
   if (Status st = kvm::write_profile_file(path, p); !st.ok()) return fail(st);
   std::printf(
@@ -239,6 +277,8 @@ int write_profile(const std::string& path, const std::string& model_path,
     std::printf("  decode batch %2.0f, KV tokens %5.0f: measured %.4f ms, fitted %.4f ms\n",
                 rows[r][1], rows[r][2], ys[r], fit);
   }
+  std::printf("  engine overhead outside the forward pass: %.4f ms/step (in step_base_ms)\n",
+              overhead_ms);
   for (int k = 0; k < 3; ++k) {
     std::printf("  prefill 1 x %3d: measured %.4f ms, fitted %.4f ms\n", plen[k], pre[k],
                 pa * plen[k] + pb * plen[k] * (plen[k] / 2.0));

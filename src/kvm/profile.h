@@ -18,17 +18,17 @@ struct EngineProfile {
   // k cached ones attends n * (k + n / 2)), and d decoding sequences attending k KV tokens in all:
   //   step_ms = step_base_ms + p * prefill_ms_per_token + a * prefill_ms_per_kv_token
   //             + d * decode_ms_per_seq + k * decode_ms_per_kv_token
-  double step_base_ms = 0.034;
-  double prefill_ms_per_token = 0.02;
-  double prefill_ms_per_kv_token = 0.0018;
-  double decode_ms_per_seq = 0.022;
-  double decode_ms_per_kv_token = 0.00056;
+  double step_base_ms = 0.015;
+  double prefill_ms_per_token = 0.008;
+  double prefill_ms_per_kv_token = 0.0005;
+  double decode_ms_per_seq = 0.012;
+  double decode_ms_per_kv_token = 0.0006;
   // KV bytes per token (all layers, K and V) at each rung of the semantic cut's ladder.
   double kv_bytes_per_token_full = 1280;
   double kv_bytes_per_token_int8 = 400;
   double kv_bytes_per_token_int4 = 280;
   // Host <-> device copies (swap out / in, KV handoff): bytes per millisecond.
-  double copy_bytes_per_ms = 2.6e6;
+  double copy_bytes_per_ms = 4e6;
 
   double step_ms(double prefill_tokens, double prefill_attended, double decode_seqs,
                  double kv_tokens) const {
