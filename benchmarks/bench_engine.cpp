@@ -4,6 +4,8 @@
 //   bench_engine --model synthetic:llama-110m --batches 1,4,16,64 --prompt-len 128
 //   bench_engine ... --kv-policy semantic      # decode steps with the semantic cut's scoring and
 //                                              # page transitions (SequenceCut) after each step
+//   bench_engine --model synthetic:stories260k --threads 1 --write-profile profile.json
+//                                              # the policy simulator's cost profile (docs/kvm.md)
 //
 // Decode "weight streaming bandwidth" = bytes of every weight matrix read per step / step time
 // (each step reads all weights once, whatever the batch); prefill FLOP/s counts 2 flops per
@@ -12,8 +14,10 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,7 +25,10 @@
 #include "backend/backend.h"
 #include "backend/cpu/machine_probe.h"
 #include "common/thread_pool.h"
+#include "engine/engine_impl.h"
+#include "kernels/common/kv_quant.h"
 #include "kv/kv_pool.h"
+#include "kvm/profile.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
 #include "sched/sequence_cut.h"
@@ -65,6 +72,220 @@ int fail(const Status& st) {
   return 1;
 }
 
+// The policy simulator's cost profile (kvm::EngineProfile, docs/kvm.md): prefill steps of one
+// prompt at two lengths (slope: ms per prompt token), decode steps at batch sizes 1 and 8 and
+// contexts 32 and 256 (least squares for base + per sequence + per attended KV token), the KV
+// bytes per token at each precision, a host memcpy for the copy bandwidth, and the engine's
+// per-step time outside the forward pass (a short run of the real engine). Each forward timing is
+// the fastest of a few repeats.
+int write_profile(const std::string& path, const std::string& model_path,
+                  const std::string& backend_name, int threads, int block_size,
+                  const model::ModelConfig& cfg, model::LlamaModel& llama, backend::Backend& be) {
+  constexpr int kMaxBatch = 8, kMaxCtx = 256, kReps = 5;
+  if (kMaxCtx + kReps + 2 > cfg.max_seq_len) {
+    return fail(invalid_argument("--write-profile: the model context is shorter than 264"));
+  }
+  kv::KvPoolConfig pc;
+  pc.block_size = block_size;
+  pc.num_blocks = kMaxBatch * kv::BlockTable::blocks_for(kMaxCtx + kReps + 2, block_size);
+  auto pool = kv::KvPool::create(be, pc, llama.kv_shape());
+  if (!pool.ok()) return fail(pool.status());
+  const int vocab = std::min(cfg.vocab_size, 259) - 3;
+  std::vector<float> logits;
+  // b sequences prefilled to `ctx` tokens; returns the prefill time (ms) and leaves the tables.
+  auto prefill = [&](int b, int ctx, std::vector<kv::BlockTable>& tables,
+                     std::vector<std::vector<int32_t>>& prompts) -> StatusOr<double> {
+    tables.assign(b, kv::BlockTable{});
+    prompts.assign(b, std::vector<int32_t>(ctx));
+    std::vector<model::SeqStep> steps(b);
+    for (int i = 0; i < b; ++i) {
+      if (!(*pool)->reserve(tables[i], kMaxCtx + kReps + 2))
+        return resource_exhausted("pool too small");
+      for (int t = 0; t < ctx; ++t) prompts[i][t] = 3 + (t * 7 + i * 13) % vocab;
+      steps[i] = model::SeqStep{prompts[i], 0, &tables[i], model::SeqStep::Logits::kLast};
+    }
+    const auto t0 = Clock::now();
+    KVSPLIT_RETURN_IF_ERROR(llama.forward(steps, **pool, &logits));
+    return 1e3 * seconds_since(t0);
+  };
+  auto release = [&](std::vector<kv::BlockTable>& tables) {
+    for (auto& t : tables) (*pool)->release(t);
+  };
+  std::vector<kv::BlockTable> tables;
+  std::vector<std::vector<int32_t>> prompts;
+  // Prefill: one prompt of 32, 128 and 256 tokens; fit ms = a * n + b * n * n / 2 (its tokens
+  // and the KV tokens they attend; the step base comes from the decode fit).
+  const int plen[3] = {32, 128, kMaxCtx};
+  double pre[3] = {1e300, 1e300, 1e300};
+  for (int rep = 0; rep < kReps; ++rep) {
+    for (int k = 0; k < 3; ++k) {
+      auto ms = prefill(1, plen[k], tables, prompts);
+      if (!ms.ok()) return fail(ms.status());
+      pre[k] = std::min(pre[k], *ms);
+      release(tables);
+    }
+  }
+  double pa = 0, pb = 0;
+  {
+    double s11 = 0, s12 = 0, s22 = 0, t1 = 0, t2 = 0;
+    for (int k = 0; k < 3; ++k) {
+      const double u = plen[k], w = plen[k] * (plen[k] / 2.0);
+      s11 += u * u;
+      s12 += u * w;
+      s22 += w * w;
+      t1 += u * pre[k];
+      t2 += w * pre[k];
+    }
+    const double det = s11 * s22 - s12 * s12;
+    if (det != 0) {
+      pa = (t1 * s22 - t2 * s12) / det;
+      pb = (s11 * t2 - s12 * t1) / det;
+    }
+    if (pa < 0) {  // fit the attention term alone
+      pa = 0;
+      pb = t2 / s22;
+    }
+    if (pb < 0) {
+      pb = 0;
+      pa = t1 / s11;
+    }
+  }
+  // Decode: rows (1, b, b * ctx) -> step ms.
+  std::vector<std::array<double, 3>> rows;
+  std::vector<double> ys;
+  for (int b : {1, kMaxBatch}) {
+    for (int ctx : {32, kMaxCtx}) {
+      auto ms = prefill(b, ctx, tables, prompts);
+      if (!ms.ok()) return fail(ms.status());
+      std::vector<int32_t> next(b, 5);
+      std::vector<model::SeqStep> steps(b);
+      double best = 1e300;
+      for (int s = 0; s < kReps; ++s) {
+        for (int i = 0; i < b; ++i) {
+          steps[i] = model::SeqStep{std::span<const int32_t>(&next[i], 1), ctx + s, &tables[i],
+                                    model::SeqStep::Logits::kLast};
+        }
+        const auto t0 = Clock::now();
+        if (Status st = llama.forward(steps, **pool, &logits); !st.ok()) return fail(st);
+        best = std::min(best, 1e3 * seconds_since(t0));
+      }
+      release(tables);
+      rows.push_back({1.0, static_cast<double>(b), static_cast<double>(b) * ctx});
+      ys.push_back(best);
+    }
+  }
+  // Least squares: solve (A^T A) x = A^T y (3x3, Cramer's rule).
+  double m[3][3] = {}, v[3] = {};
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (int i = 0; i < 3; ++i) {
+      v[i] += rows[r][i] * ys[r];
+      for (int j = 0; j < 3; ++j) m[i][j] += rows[r][i] * rows[r][j];
+    }
+  }
+  auto det3 = [](double a[3][3]) {
+    return a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1]) -
+           a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0]) +
+           a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]);
+  };
+  const double d = det3(m);
+  double x[3] = {};
+  for (int k = 0; k < 3; ++k) {
+    double mk[3][3];
+    std::memcpy(mk, m, sizeof(mk));
+    for (int i = 0; i < 3; ++i) mk[i][k] = v[i];
+    x[k] = d != 0 ? det3(mk) / d : 0;
+  }
+  kvm::EngineProfile p;
+  p.model = model_path;
+  p.backend = backend_name;
+  p.threads = threads;
+  p.step_base_ms = std::max(0.0, x[0]);
+  p.decode_ms_per_seq = std::max(0.0, x[1]);
+  p.decode_ms_per_kv_token = std::max(0.0, x[2]);
+  p.prefill_ms_per_token = pa;
+  p.prefill_ms_per_kv_token = pb;
+  const double full_elems = 2.0 * cfg.num_kv_heads * cfg.head_dim * cfg.num_layers;
+  p.kv_bytes_per_token_full = full_elems * (backend_name == "cpu" ? 4 : 2);
+  if (cfg.head_dim % 2 == 0) {
+    const kernels::QuantPageLayout ql{cfg.num_kv_heads, 16, cfg.head_dim};
+    p.kv_bytes_per_token_int8 =
+        static_cast<double>(ql.bytes(kernels::KvPrecision::kInt8)) * cfg.num_layers / 16;
+    p.kv_bytes_per_token_int4 =
+        static_cast<double>(ql.bytes(kernels::KvPrecision::kInt4)) * cfg.num_layers / 16;
+  } else {
+    p.kv_bytes_per_token_int8 = p.kv_bytes_per_token_full / 4;
+    p.kv_bytes_per_token_int4 = p.kv_bytes_per_token_full / 8;
+  }
+  {  // host copy bandwidth: 64 MiB memcpy, fastest of 3
+    std::vector<char> a(64 << 20, 1), b(64 << 20);
+    double best = 1e300;
+    for (int r = 0; r < 3; ++r) {
+      const auto t0 = Clock::now();
+      std::memcpy(b.data(), a.data(), a.size());
+      best = std::min(best, 1e3 * seconds_since(t0));
+    }
+    p.copy_bytes_per_ms =
+        static_cast<double>(a.size()) / std::max(best, 1e-6) + b[a.size() / 2] * 0;
+  }
+  // The engine's own per-step cost outside the forward pass (sampling, token events, scheduling):
+  // 8 requests through one colocated worker of the real engine; added to the step base.
+  double overhead_ms = 0;
+  {
+    EngineConfig ec;
+    ec.model = model_path;
+    ec.backend = backend_name;
+    ec.mode = ServingMode::kColocated;
+    ec.num_decode_workers = 1;
+    ec.threads_per_worker = threads;
+    ec.block_size = block_size;
+    ec.kv_blocks_per_worker = 256;
+    auto engine = EngineImpl::create(ec);
+    if (!engine.ok()) return fail(engine.status());
+    std::vector<RequestHandle> hs;
+    for (int i = 0; i < 8; ++i) {
+      Request r;
+      r.prompt_token_ids.assign(32, 3 + i);
+      r.sampling.max_tokens = 48;
+      r.sampling.ignore_eos = true;
+      r.sampling.temperature = 0;
+      auto h = (*engine)->submit(r);
+      if (!h.ok()) return fail(h.status());
+      hs.push_back(*h);
+    }
+    for (auto& h : hs) {
+      TokenEvent ev;
+      while (h.next(&ev, std::chrono::minutes(2)) && !ev.final) {
+      }
+    }
+    const auto snaps = (*engine)->worker_snapshots();
+    if (!snaps.empty() && snaps[0].steps > 0) {
+      overhead_ms = (snaps[0].sampling_ms + snaps[0].bookkeeping_ms) / snaps[0].steps;
+    }
+  }
+  p.step_base_ms += overhead_ms;
+  if (Status st = kvm::validate(p); !st.ok()) return fail(st);
+  if (Status st = kvm::write_profile_file(path, p); !st.ok()) return fail(st);
+  std::printf(
+      "profile %s: step %.4f ms + %.5f ms/prompt token + %.7f ms/attended prompt KV token + "
+      "%.4f ms/decoding seq + %.7f ms/KV token; KV bytes/token full %.0f int8 %.0f int4 %.0f; "
+      "copy %.0f MB/s\n",
+      path.c_str(), p.step_base_ms, p.prefill_ms_per_token, p.prefill_ms_per_kv_token,
+      p.decode_ms_per_seq, p.decode_ms_per_kv_token, p.kv_bytes_per_token_full,
+      p.kv_bytes_per_token_int8, p.kv_bytes_per_token_int4, p.copy_bytes_per_ms / 1e3);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const double fit = x[0] + x[1] * rows[r][1] + x[2] * rows[r][2];
+    std::printf("  decode batch %2.0f, KV tokens %5.0f: measured %.4f ms, fitted %.4f ms\n",
+                rows[r][1], rows[r][2], ys[r], fit);
+  }
+  std::printf("  engine overhead outside the forward pass: %.4f ms/step (in step_base_ms)\n",
+              overhead_ms);
+  for (int k = 0; k < 3; ++k) {
+    std::printf("  prefill 1 x %3d: measured %.4f ms, fitted %.4f ms\n", plen[k], pre[k],
+                pa * plen[k] + pb * plen[k] * (plen[k] / 2.0));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,6 +301,7 @@ int main(int argc, char** argv) {
   int64_t spin_micros = -1;
   std::string kv_policy = "full";
   SemanticCutConfig sc;
+  std::string profile_path;
   app.add_option("--model", model_path, "model path or synthetic:<preset>");
   app.add_option("--backend", backend_name, "cpu or cuda");
   app.add_option("--batches", batches, "batch sizes")->delimiter(',');
@@ -99,6 +321,9 @@ int main(int argc, char** argv) {
   app.add_option("--evict-threshold", sc.evict_threshold, "eviction threshold");
   app.add_option("--sink-tokens", sc.sink_tokens, "tokens never degraded at the start");
   app.add_option("--recent-tokens", sc.recent_tokens, "tokens never degraded at the end");
+  app.add_option("--write-profile", profile_path,
+                 "measure the policy simulator's cost profile (docs/kvm.md), write it as JSON "
+                 "to this file, and exit");
   CLI11_PARSE(app, argc, argv);
   auto policy = cuts::semantic::parse_kv_policy(kv_policy);
   if (!policy.ok()) return fail(policy.status());
@@ -117,6 +342,10 @@ int main(int argc, char** argv) {
   if (!be.ok()) return fail(be.status());
   auto llama = model::LlamaModel::create(*loaded, **be);
   if (!llama.ok()) return fail(llama.status());
+  if (!profile_path.empty()) {
+    return write_profile(profile_path, model_path, backend_name, (*be)->parallelism(), block_size,
+                         cfg, **llama, **be);
+  }
   const Costs costs = model_costs(cfg, loaded->weights);
   const int nthreads = (*be)->parallelism();
 

@@ -10,6 +10,9 @@
 //   bench_serving_offline --model synthetic:llama-110m --bookkeeping
 //   bench_serving_offline --model ../shared/models/stories260K.bin --capacity --kv-capacity-mb 5
 //   bench_serving_offline --model synthetic:llama-110m --swap-compare --kv-capacity-mb 48
+//   bench_serving_offline --config server.yaml --trace phased.jsonl   # replay a request trace
+//                                                   # (docs/kvm.md) on the config's engine
+//   bench_serving_offline --requests 100 --write-trace work.jsonl     # save the workload
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -21,7 +24,9 @@
 #include <random>
 #include <thread>
 
+#include "config/config.h"
 #include "engine/engine_impl.h"
+#include "kvm/trace.h"
 #include "kvsplit/engine.h"
 
 namespace {
@@ -60,6 +65,9 @@ struct Options {
   bool swap_compare = false;
   int swap_seqs = 8, swap_prompt = 256, swap_output = 128;
   int64_t host_mb = 256;
+  std::string trace;        // replay this request trace instead of the synthetic workload
+  std::string write_trace;  // write the workload (generated or replayed) as a trace
+  std::string config;       // server YAML: engine settings, SLA classes and kvm
 };
 
 struct Item {
@@ -94,13 +102,59 @@ std::vector<Item> make_workload(const Options& o, int vocab, int context) {
   return out;
 }
 
+// The trace's requests: synthetic prompts of prompt_tokens ids, max_tokens = output_tokens with
+// EOS ignored (every request generates exactly that many), the trace's class.
+std::vector<Item> workload_from_trace(const std::vector<kvsplit::kvm::TraceRequest>& trace,
+                                      uint64_t seed, int vocab, int context) {
+  std::mt19937_64 rng(seed);
+  std::vector<Item> out;
+  for (size_t i = 0; i < trace.size(); ++i) {
+    const kvsplit::kvm::TraceRequest& t = trace[i];
+    Item it;
+    it.arrival_s = t.arrival_ms / 1000.0;
+    const int p = std::clamp(t.prompt_tokens, 1, context - 1);
+    const int n = std::clamp(t.output_tokens, 1, std::max(1, context - p));
+    it.request.request_id = "t" + std::to_string(i);
+    it.request.prompt_token_ids.resize(p);
+    for (int32_t& id : it.request.prompt_token_ids)
+      id = 3 + static_cast<int32_t>(rng() % (vocab - 3));
+    it.request.sampling.max_tokens = n;
+    it.request.sampling.ignore_eos = true;
+    it.request.sampling.temperature = 0;
+    it.request.sla_class = t.sla_class;
+    out.push_back(std::move(it));
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Item& a, const Item& b) { return a.arrival_s < b.arrival_s; });
+  return out;
+}
+
+std::vector<kvsplit::kvm::TraceRequest> trace_of(const std::vector<Item>& work) {
+  std::vector<kvsplit::kvm::TraceRequest> t;
+  for (const Item& it : work) {
+    t.push_back({std::round(it.arrival_s * 1e6) / 1e3,
+                 static_cast<int>(it.request.prompt_token_ids.size()),
+                 it.request.sampling.max_tokens, it.request.sla_class});
+  }
+  return t;
+}
+
 double pct(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, static_cast<size_t>(p / 100.0 * v.size()))];
 }
 
+// --config: the file's engine settings, SLA classes and kvm (its model unless it names none).
+EngineConfig g_file_config;
+bool g_have_file_config = false;
+
 EngineConfig base_config(const Options& o, ServingMode mode) {
+  if (g_have_file_config) {
+    EngineConfig c = g_file_config;
+    c.mode = mode;
+    return c;
+  }
   EngineConfig c;
   c.model = o.model;
   c.mode = mode;
@@ -117,15 +171,41 @@ EngineConfig base_config(const Options& o, ServingMode mode) {
 
 int run_mode(const Options& o, ServingMode mode) {
   const char* name = mode == ServingMode::kColocated ? "colocated" : "disaggregated";
-  auto engine = EngineImpl::create(base_config(o, mode));
+  const EngineConfig config = base_config(o, mode);
+  auto engine = EngineImpl::create(config);
   if (!engine.ok()) {
     std::fprintf(stderr, "%s: %s\n", name, engine.status().to_string().c_str());
     return 1;
   }
   const kvsplit::ModelInfo info = (*engine)->model_info();
-  const std::vector<Item> work = make_workload(o, info.vocab_size, info.max_context);
+  std::vector<Item> work;
+  if (!o.trace.empty()) {
+    auto trace = kvsplit::kvm::read_trace_file(o.trace);
+    if (!trace.ok()) {
+      std::fprintf(stderr, "--trace: %s\n", trace.status().to_string().c_str());
+      return 2;
+    }
+    work = workload_from_trace(*trace, o.seed, info.vocab_size, info.max_context);
+  } else {
+    work = make_workload(o, info.vocab_size, info.max_context);
+  }
+  if (!o.write_trace.empty()) {
+    if (auto st = kvsplit::kvm::write_trace_file(o.write_trace, trace_of(work)); !st.ok()) {
+      std::fprintf(stderr, "--write-trace: %s\n", st.to_string().c_str());
+      return 2;
+    }
+  }
+  // Each request's class (index into config.sla_classes; empty: the first, the default).
+  const size_t nc = config.sla_classes.size();
+  std::vector<int> cls(work.size(), 0);
+  for (size_t i = 0; i < work.size(); ++i) {
+    for (size_t k = 0; k < nc; ++k) {
+      if (config.sla_classes[k].name == work[i].request.sla_class) cls[i] = static_cast<int>(k);
+    }
+  }
   const int n = static_cast<int>(work.size());
   std::vector<kvsplit::RequestHandle> handles(n);
+  std::vector<char> refused(n, 0);  // submit failed (e.g. the class queue full)
   std::atomic<int> submitted{0};
   const auto t0 = Clock::now();
   std::thread driver([&] {
@@ -133,15 +213,21 @@ int run_mode(const Options& o, ServingMode mode) {
       std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(work[i].arrival_s)));
       auto h = (*engine)->submit(work[i].request);
-      if (h.ok())
+      if (h.ok()) {
         handles[i] = *h;
-      else
-        std::fprintf(stderr, "submit %d: %s\n", i, h.status().to_string().c_str());
+      } else {
+        refused[i] = 1;
+        if (o.trace.empty())
+          std::fprintf(stderr, "submit %d: %s\n", i, h.status().to_string().c_str());
+      }
       submitted.store(i + 1, std::memory_order_release);
     }
   });
   const bool tty = isatty(STDOUT_FILENO);
   std::vector<double> ttft, itl, e2e;
+  std::vector<std::vector<double>> cls_ttft(nc), cls_itl(nc);  // per class; ITL: request means
+  std::vector<int> cls_requests(nc, 0), cls_good(nc, 0), cls_errors(nc, 0);
+  for (int i = 0; i < n; ++i) cls_requests[cls[i]]++;
   std::vector<Clock::time_point> last(n);
   std::vector<bool> done(n, false);
   int num_done = 0, good = 0, errors = 0;
@@ -151,7 +237,7 @@ int run_mode(const Options& o, ServingMode mode) {
     bool progress = false;
     for (int i = 0; i < s; ++i) {
       TokenEvent ev;
-      while (!done[i] && handles[i].try_next(&ev)) {
+      while (!done[i] && !refused[i] && handles[i].try_next(&ev)) {
         progress = true;
         if (!ev.token_ids.empty()) {
           if (last[i] != Clock::time_point{}) {
@@ -165,17 +251,28 @@ int run_mode(const Options& o, ServingMode mode) {
         ++num_done;
         if (!ev.status.ok()) {
           ++errors;
+          cls_errors[cls[i]]++;
           continue;
         }
         ttft.push_back(ev.timings.ttft_ms);
         e2e.push_back(ev.timings.e2e_ms);
-        const bool interactive = work[i].request.sla_class == "interactive";
-        const double max_ttft = interactive ? 500.0 : 5000.0, max_itl = interactive ? 100.0 : 500.0;
-        good += ev.timings.ttft_ms <= max_ttft && ev.timings.mean_itl_ms <= max_itl;
+        const kvsplit::SlaClass& c = config.sla_classes[cls[i]];
+        cls_ttft[cls[i]].push_back(ev.timings.ttft_ms);
+        cls_itl[cls[i]].push_back(ev.timings.mean_itl_ms);
+        const bool met =
+            ev.timings.ttft_ms <= c.max_ttft_ms && ev.timings.mean_itl_ms <= c.max_itl_ms;
+        good += met;
+        cls_good[cls[i]] += met;
+      }
+      if (!done[i] && refused[i]) {  // submit failed: counts as an error
+        done[i] = true;
+        ++num_done;
+        ++errors;
+        cls_errors[cls[i]]++;
       }
     }
     if (tty) {
-      const int w = 40, fill = w * num_done / n;
+      const int w = 40, fill = w * num_done / std::max(1, n);
       std::printf("\r%-14s [%s%s] %d/%d", name, std::string(fill, '#').c_str(),
                   std::string(w - fill, ' ').c_str(), num_done, n);
       std::fflush(stdout);
@@ -201,7 +298,22 @@ int run_mode(const Options& o, ServingMode mode) {
   std::printf("  E2E  ms  p50 %8.2f  p90 %8.2f  p99 %8.2f\n", pct(e2e, 50), pct(e2e, 90),
               pct(e2e, 99));
   std::printf("  preemptions %lld, goodput %.1f%% (TTFT and mean ITL within the class targets)\n",
-              static_cast<long long>(st.preemptions), 100.0 * good / n);
+              static_cast<long long>(st.preemptions), 100.0 * good / std::max(1, n));
+  std::printf("  %-14s %8s %6s %10s %10s %10s %12s %9s\n", "class", "requests", "errors",
+              "ttft p50", "ttft p99", "itl p99", "goodput r/s", "goodput");
+  for (size_t k = 0; k < nc; ++k) {
+    if (cls_requests[k] == 0) continue;
+    std::printf("  %-14s %8d %6d %10.2f %10.2f %10.2f %12.2f %8.1f%%\n",
+                config.sla_classes[k].name.c_str(), cls_requests[k], cls_errors[k],
+                pct(cls_ttft[k], 50), pct(cls_ttft[k], 99), pct(cls_itl[k], 99), cls_good[k] / wall,
+                100.0 * cls_good[k] / cls_requests[k]);
+  }
+  std::printf(
+      "  (per class: ITL p99 over requests' mean inter-token latency; goodput: requests "
+      "within the class's TTFT and ITL targets)\n");
+  if (st.kvm_enabled) {
+    std::printf("  kvm: %lld decisions\n", static_cast<long long>(st.kvm_decisions_total));
+  }
   const double step = std::max(fwd + samp + book, 1e-9);
   std::printf("  step time: forward %.1f%%, sampling+events %.1f%%, scheduler bookkeeping %.2f%%\n",
               100.0 * fwd / step, 100.0 * samp / step, 100.0 * book / step);
@@ -483,8 +595,25 @@ int main(int argc, char** argv) {
   app.add_option("--swap-prompt", o.swap_prompt, "--swap-compare: prompt tokens");
   app.add_option("--swap-output", o.swap_output, "--swap-compare: tokens generated");
   app.add_option("--host-mb", o.host_mb, "--swap-compare: host tier per worker (MiB)");
+  app.add_option("--trace", o.trace,
+                 "replay this request trace (JSON lines, docs/kvm.md) instead of the synthetic "
+                 "workload: synthetic prompts of its lengths, EOS ignored, its classes");
+  app.add_option("--write-trace", o.write_trace, "write the workload as a request trace");
+  app.add_option("--config", o.config,
+                 "server YAML config: its engine settings, SLA classes and kvm section (with "
+                 "--mode both, its workers in each mode; otherwise the mode given)");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::err);
+  if (!o.config.empty()) {
+    auto cfg = kvsplit::config::load_config_file(o.config);
+    if (!cfg.ok()) {
+      std::fprintf(stderr, "--config: %s\n", cfg.status().to_string().c_str());
+      return 2;
+    }
+    g_file_config = cfg->engine;
+    if (!cfg->model_given || app.count("--model") > 0) g_file_config.model = o.model;
+    g_have_file_config = true;
+  }
   if (o.capacity) return run_capacity(o);
   if (o.swap_compare) return run_swap_compare(o);
   if (o.bookkeeping) {

@@ -9,13 +9,16 @@
 //
 // Requests are token-id prompts (uniform random ids, seeded) with uniform length ranges, Poisson
 // arrivals at --rate (0: as fast as --concurrency allows), an SLA class mix, ignore_eos so every
-// request produces its full length.
+// request produces its full length. --trace FILE replays a request trace instead (docs/kvm.md:
+// arrivals, lengths and classes from the file); --write-trace FILE saves the workload sent.
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <fstream>
@@ -25,6 +28,7 @@
 #include <thread>
 
 #include "config/config.h"
+#include "kvm/trace.h"
 #include "server/bench_report.h"
 #include "server/client_channel.h"
 #include "server/grpc_server.h"
@@ -190,6 +194,7 @@ int main(int argc, char** argv) {
   kvsplit::server::ClientOptions copt;
   kvsplit::server::bench::Spec spec;
   std::string json_out, in_process_model, prompt_len = "16:64", output_len = "32:128", class_mix;
+  std::string trace_in, trace_out;
   CLI::App app{"kvsplit-bench-serving: gRPC load generator for kvsplit-server"};
   app.add_option("--server", copt.server, "host:port");
   app.add_option("--num-requests", spec.num_requests, "requests to send (default 200)");
@@ -201,6 +206,12 @@ int main(int argc, char** argv) {
   app.add_option("--class-mix", class_mix,
                  "SLA class weights, e.g. voice:0.7,batch:0.3 (default: server default)");
   app.add_option("--seed", spec.seed, "workload seed (default 0)");
+  app.add_option("--trace", trace_in,
+                 "replay this request trace (JSON lines, docs/kvm.md): each request sent at its "
+                 "arrival_ms with a synthetic prompt of prompt_tokens ids, max_tokens = "
+                 "output_tokens (EOS ignored) and its class; replaces --num-requests, --rate, "
+                 "--prompt-len, --output-len and --class-mix");
+  app.add_option("--write-trace", trace_out, "write the workload sent as a request trace");
   app.add_option("--json-out", json_out,
                  "write the result (summary + per-request samples) as JSON");
   app.add_option("--tls-ca", copt.tls_ca, "PEM CA / server cert: use TLS");
@@ -291,8 +302,44 @@ int main(int argc, char** argv) {
   for (const auto& c : stats.classes()) targets[c.name()] = {c.max_ttft_ms(), c.max_itl_ms()};
   if (spec.classes.empty())
     spec.classes = {{info.sla_classes_size() ? info.sla_classes(0) : "", 1.0}};
-  const std::vector<Work> works =
-      kvsplit::server::bench::make_workload(spec, info.vocab_size(), info.max_context());
+  std::vector<Work> works;
+  if (!trace_in.empty()) {
+    auto trace = kvsplit::kvm::read_trace_file(trace_in);
+    if (!trace.ok()) {
+      std::cerr << "kvsplit-bench-serving: --trace: " << trace.status().message() << "\n";
+      return 2;
+    }
+    std::mt19937_64 rng(spec.seed);
+    const int vocab = std::max(4, info.vocab_size());
+    const int context = std::max(2, info.max_context());
+    for (const kvsplit::kvm::TraceRequest& t : *trace) {
+      Work w;
+      const int p = std::clamp(t.prompt_tokens, 1, context - 1);
+      w.prompt.resize(p);
+      for (int32_t& id : w.prompt) id = 3 + static_cast<int32_t>(rng() % (vocab - 3));
+      w.max_tokens =
+          static_cast<uint32_t>(std::clamp(t.output_tokens, 1, std::max(1, context - p)));
+      w.sla_class = t.sla_class;
+      w.arrival_s = t.arrival_ms / 1000.0;
+      works.push_back(std::move(w));
+    }
+    std::stable_sort(works.begin(), works.end(),
+                     [](const Work& a, const Work& b) { return a.arrival_s < b.arrival_s; });
+    spec.num_requests = static_cast<int>(works.size());
+  } else {
+    works = kvsplit::server::bench::make_workload(spec, info.vocab_size(), info.max_context());
+  }
+  if (!trace_out.empty()) {
+    std::vector<kvsplit::kvm::TraceRequest> t;
+    for (const Work& w : works) {
+      t.push_back({std::round(w.arrival_s * 1e6) / 1e3, static_cast<int>(w.prompt.size()),
+                   static_cast<int>(w.max_tokens), w.sla_class});
+    }
+    if (auto st = kvsplit::kvm::write_trace_file(trace_out, t); !st.ok()) {
+      std::cerr << "kvsplit-bench-serving: --write-trace: " << st.message() << "\n";
+      return 2;
+    }
+  }
 
   auto preemptions = [&]() -> int64_t {
     grpc::ClientContext c;

@@ -1,4 +1,4 @@
-// kvsplit: the command-line tool. Subcommands: generate, perplexity, info, tokenize.
+// kvsplit: the command-line tool. Subcommands: generate, perplexity, info, tokenize, policy.
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -16,6 +16,7 @@
 #include "cli/cut_flags.h"
 #include "cli/exit_codes.h"
 #include "cli/perplexity.h"
+#include "cli/policy.h"
 #include "cli/tokenize.h"
 #include "kernels/common/kv_quant.h"
 #include "kv/kv_pool.h"
@@ -359,6 +360,9 @@ int main(int argc, char** argv) {
       app.add_subcommand("tokenize", "print token ids of texts (HF tokenizers' default encoding)");
   cli::add_tokenize_options(tokenize, tf);
 
+  cli::PolicyFlags polf;
+  CLI::App* policy = cli::add_policy_command(app, polf);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -375,5 +379,6 @@ int main(int argc, char** argv) {
   }
   if (info->parsed()) return run_info(info_common);
   if (tokenize->parsed()) return cli::run_tokenize(tf);
+  if (policy->parsed()) return cli::run_policy(policy, polf);
   return 0;
 }

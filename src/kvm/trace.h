@@ -1,0 +1,56 @@
+// The request-trace format shared by the policy simulator (`kvsplit policy simulate`),
+// bench_serving_offline and kvsplit-bench-serving (docs/kvm.md, "Policy simulator"): JSON lines
+// {"arrival_ms": 12.5, "prompt_tokens": 64, "output_tokens": 32, "class": "interactive"}.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvsplit/status.h"
+
+namespace kvsplit::kvm {
+
+struct TraceRequest {
+  double arrival_ms = 0;  // >= 0, since the trace starts; lines need not be sorted
+  int prompt_tokens = 1;  // >= 1
+  int output_tokens = 1;  // >= 1
+  std::string sla_class;  // empty: the default class
+  int64_t line = 0;       // 1-based line of the file it was read from (0: generated)
+};
+
+// Parses JSONL text: one object per line, blank lines skipped, `class` optional. Errors
+// (kInvalidArgument) name the line and the field: "<what>:3: prompt_tokens: must be an integer
+// >= 1, got 0". Unknown fields are errors too. File order is kept (the
+// simulator and the benchmarks sort by arrival themselves).
+StatusOr<std::vector<TraceRequest>> parse_trace(std::string_view text,
+                                                const std::string& what = "trace");
+// Reads a trace file (kNotFound when missing); errors start with the path.
+StatusOr<std::vector<TraceRequest>> read_trace_file(const std::string& path);
+
+// One JSON line per request (class omitted when empty), in order.
+std::string format_trace(const std::vector<TraceRequest>& trace);
+Status write_trace_file(const std::string& path, const std::vector<TraceRequest>& trace);
+
+// The phased trace of issue 15's benchmark: calm, then a memory spike of long prompts, then calm
+// again, with two SLA classes. Poisson arrivals per class and phase; lengths uniform in
+// [median / 2, median * 3 / 2] (at least 1). Deterministic for a seed.
+struct PhasedTraceOptions {
+  double calm_ms = 10000;   // each calm phase (before and after the spike)
+  double spike_ms = 10000;  // the spike phase
+  uint64_t seed = 1;
+  // The interactive class: short prompts, tight targets; the same in every phase.
+  std::string interactive_class = "interactive";
+  double interactive_rate = 4;  // requests per second
+  int interactive_prompt = 32, interactive_output = 32;
+  // The batch class: long prompts, loose targets; a low rate when calm, a high one in the spike.
+  std::string batch_class = "batch";
+  double batch_rate_calm = 0.5, batch_rate_spike = 6;
+  int batch_prompt = 128, batch_output = 64;  // calm
+  int spike_prompt = 384, spike_output = 96;  // spike: the long prompts
+};
+Status validate(const PhasedTraceOptions& o);
+std::vector<TraceRequest> make_phased_trace(const PhasedTraceOptions& o);
+
+}  // namespace kvsplit::kvm

@@ -1,0 +1,243 @@
+#include "kvm/simulator.h"
+
+#include <gtest/gtest.h>
+
+namespace kvsplit::kvm {
+namespace {
+
+// A profile with round numbers: a step costs 1 ms + 0.01 ms per prompt token + 0.1 ms per
+// decoding sequence + 0.001 ms per attended KV token; 100 bytes per full token.
+EngineProfile test_profile() {
+  EngineProfile p;
+  p.step_base_ms = 1;
+  p.prefill_ms_per_token = 0.01;
+  p.prefill_ms_per_kv_token = 0;
+  p.decode_ms_per_seq = 0.1;
+  p.decode_ms_per_kv_token = 0.001;
+  p.kv_bytes_per_token_full = 100;
+  p.kv_bytes_per_token_int8 = 30;
+  p.kv_bytes_per_token_int4 = 18;
+  p.copy_bytes_per_ms = 1e5;
+  return p;
+}
+
+EngineConfig test_config() {
+  EngineConfig c;
+  c.mode = ServingMode::kColocated;
+  c.num_decode_workers = 1;
+  c.max_num_seqs = 64;
+  c.max_batch_tokens = 256;
+  c.kv_blocks_per_worker = 4096;
+  SlaClass fast{"fast", 200.0, 20.0, 1, 100000, 600000.0};
+  SlaClass slow{"slow", 5000.0, 100.0, 0, 100000, 600000.0};
+  c.sla_classes = {fast, slow};
+  return c;
+}
+
+// `n` requests every `gap_ms`, alternating classes.
+std::vector<TraceRequest> uniform_trace(int n, double gap_ms, int prompt, int output) {
+  std::vector<TraceRequest> t;
+  for (int i = 0; i < n; ++i) t.push_back({i * gap_ms, prompt, output, i % 2 ? "slow" : "fast"});
+  return t;
+}
+
+const SimClassResult& cls(const SimResult& r, const std::string& name) {
+  for (const SimClassResult& c : r.classes) {
+    if (c.name == name) return c;
+  }
+  static SimClassResult none;
+  ADD_FAILURE() << "no class " << name;
+  return none;
+}
+
+TEST(Simulator, IdleEngineMeetsTargetsAndCountsEveryRequest) {
+  auto r = simulate(test_config(), test_profile(), uniform_trace(20, 500, 64, 16));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(cls(*r, "fast").requests, 10);
+  EXPECT_EQ(cls(*r, "slow").requests, 10);
+  EXPECT_EQ(cls(*r, "fast").finished, 10);
+  EXPECT_DOUBLE_EQ(cls(*r, "fast").attainment, 1.0);
+  // One request alone: its prefill step (1 + 64 * 0.01 ms) is its TTFT.
+  EXPECT_NEAR(cls(*r, "fast").ttft_p50_ms, 1.64, 1e-9);
+  EXPECT_EQ(r->preemptions, 0);
+}
+
+TEST(Simulator, MoreLoadMeansHigherTtft) {
+  const EngineConfig c = test_config();
+  auto light = simulate(c, test_profile(), uniform_trace(200, 20, 128, 64));
+  auto heavy = simulate(c, test_profile(), uniform_trace(200, 1, 128, 64));
+  ASSERT_TRUE(light.ok() && heavy.ok());
+  EXPECT_GT(cls(*heavy, "slow").ttft_p99_ms, 2 * cls(*light, "slow").ttft_p99_ms);
+  EXPECT_GT(cls(*heavy, "fast").itl_p99_ms, cls(*light, "fast").itl_p99_ms);
+  EXPECT_GT(heavy->end_ms, 0);
+}
+
+TEST(Simulator, SmallerKvCapacityPreempts) {
+  EngineConfig c = test_config();
+  const auto trace = uniform_trace(64, 1, 256, 256);
+  auto big = simulate(c, test_profile(), trace);
+  c.kv_blocks_per_worker = 200;  // 64 sequences of up to 32 pages do not fit
+  auto small = simulate(c, test_profile(), trace);
+  ASSERT_TRUE(big.ok() && small.ok());
+  EXPECT_EQ(big->preemptions, 0);
+  EXPECT_GT(small->preemptions, 0);
+  EXPECT_EQ(small->recomputes, small->preemptions);  // no host tier: recompute only
+  EXPECT_EQ(cls(*small, "fast").finished + cls(*small, "slow").finished, 64);
+  // The high-priority class suffers less from the preemptions than the low one.
+  EXPECT_LE(cls(*small, "fast").ttft_p99_ms, cls(*small, "slow").ttft_p99_ms);
+  // With a host tier and swap: always, preemptions swap instead.
+  c.temporal.host_capacity_mb = 64;
+  c.temporal.swap = SwapMode::kAlways;
+  auto swapped = simulate(c, test_profile(), trace);
+  ASSERT_TRUE(swapped.ok());
+  EXPECT_GT(swapped->swaps_out, 0);
+  EXPECT_EQ(swapped->swaps_in, swapped->swaps_out);
+}
+
+EngineConfig pressure_config() {
+  EngineConfig c = test_config();
+  c.kv_policy = KvPolicy::kSemantic;
+  c.semantic.semantic_threshold = 0.05f;
+  c.semantic.evict_threshold = 0.0f;
+  c.semantic.recent_tokens = 16;
+  c.semantic.sink_tokens = 4;
+  c.semantic.demote_after_steps = 1;
+  c.semantic.score_interval = 1;
+  c.kv_blocks_per_worker = 600;
+  return c;
+}
+
+KvmRule raise_threshold_rule() {
+  KvmRule r;
+  r.name = "hot";
+  r.when = {"device_kv_use", "", KvmCmp::kGreater, 0.8};
+  r.exit = {"device_kv_use", "", KvmCmp::kLess, 0.3};
+  r.then = {"semantic_threshold", KvmActionOp::kSet, 0.9};
+  r.min = 0;
+  r.max = 1;
+  r.cooldown_ms = 50;
+  return r;
+}
+
+TEST(Simulator, DeviceUseRuleRaisesSemanticThresholdAndFreesCapacity) {
+  const auto trace = uniform_trace(48, 2, 512, 192);
+  EngineConfig off = pressure_config();
+  auto base = simulate(off, test_profile(), trace);
+  ASSERT_TRUE(base.ok()) << base.status().to_string();
+  EXPECT_TRUE(base->decisions.empty());
+  ASSERT_GT(base->preemptions, 0);  // the spike overflows the pool with the low threshold
+
+  EngineConfig on = pressure_config();
+  on.kvm.enabled = true;
+  on.kvm.interval_ms = 10;
+  on.kvm.rules = {raise_threshold_rule()};
+  auto kvm = simulate(on, test_profile(), trace);
+  ASSERT_TRUE(kvm.ok()) << kvm.status().to_string();
+  ASSERT_FALSE(kvm->decisions.empty());
+  const KvmDecision& d = kvm->decisions.front();
+  EXPECT_EQ(d.rule, "hot");
+  EXPECT_EQ(d.action, "enter");
+  EXPECT_EQ(d.param, "semantic_threshold");
+  EXPECT_NEAR(d.before, 0.05, 1e-6);
+  EXPECT_NEAR(d.after, 0.9, 1e-9);
+  EXPECT_TRUE(d.applied);
+  EXPECT_NE(d.monitors.find("device_kv_use"), std::string::npos);
+  // Demoted pages free room: fewer preemptions and an earlier finish.
+  EXPECT_LT(kvm->preemptions, base->preemptions);
+  EXPECT_LT(kvm->end_ms, base->end_ms);
+  // The rule exits when the pressure drops at the end.
+  EXPECT_EQ(kvm->decisions.back().action.rfind("exit", 0), 0u) << kvm->decisions.back().action;
+
+  // Dry-run: the same decisions are listed, none applied, and the outcome is the rule-less one.
+  on.kvm.mode = KvmMode::kDryRun;
+  auto dry = simulate(on, test_profile(), trace);
+  ASSERT_TRUE(dry.ok());
+  ASSERT_FALSE(dry->decisions.empty());
+  for (const KvmDecision& x : dry->decisions) EXPECT_FALSE(x.applied);
+  EXPECT_EQ(dry->preemptions, base->preemptions);
+  EXPECT_DOUBLE_EQ(dry->end_ms, base->end_ms);
+}
+
+TEST(Simulator, DeterministicOutput) {
+  EngineConfig on = pressure_config();
+  on.kvm.enabled = true;
+  on.kvm.rules = {raise_threshold_rule()};
+  PhasedTraceOptions o;
+  o.calm_ms = 2000;
+  o.spike_ms = 2000;
+  o.interactive_class = "fast";
+  o.batch_class = "slow";
+  const auto trace = make_phased_trace(o);
+  auto a = simulate(on, test_profile(), trace);
+  auto b = simulate(on, test_profile(), trace);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(sim_result_json(*a), sim_result_json(*b));
+  EXPECT_GT(cls(*a, "fast").requests + cls(*a, "slow").requests, 0);
+}
+
+TEST(Simulator, BadTraceClassAndBadRuleAreNamed) {
+  std::vector<TraceRequest> t = uniform_trace(2, 1, 8, 8);
+  t[1].sla_class = "nope";
+  t[1].line = 7;
+  auto r = simulate(test_config(), test_profile(), t);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("trace line 7: class: unknown SLA class 'nope'"),
+            std::string::npos)
+      << r.status().message();
+
+  EngineConfig c = test_config();
+  c.kvm.enabled = true;
+  KvmRule bad = raise_threshold_rule();
+  bad.then.param = "semantic_treshold";
+  c.kvm.rules = {bad};
+  auto rr = simulate(c, test_profile(), uniform_trace(2, 1, 8, 8));
+  ASSERT_FALSE(rr.ok());
+  EXPECT_NE(rr.status().message().find("hot"), std::string::npos) << rr.status().message();
+}
+
+TEST(Simulator, DisaggregatedFinishesEveryRequestAndPaysTheHandoff) {
+  EngineConfig c = test_config();
+  c.mode = ServingMode::kDisaggregated;
+  c.num_prefill_workers = 1;
+  c.num_decode_workers = 1;
+  c.kv_blocks_per_worker = 64;  // decode pool: preemptions that go back to the prefill worker
+  const auto trace = uniform_trace(40, 3, 256, 128);
+  auto r = simulate(c, test_profile(), trace);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(cls(*r, "fast").finished, 20);
+  EXPECT_EQ(cls(*r, "slow").finished, 20);
+  EXPECT_GT(r->recomputes, 0);
+  // One request alone: TTFT is its prefill step on the prefill worker (the handoff comes after).
+  auto one = simulate(c, test_profile(), uniform_trace(1, 1, 100, 4));
+  ASSERT_TRUE(one.ok());
+  EXPECT_NEAR(cls(*one, "fast").ttft_p50_ms, 2.0, 1e-9);
+  // Its 3 decode tokens wait for the KV copy (7 pages of 16 tokens * 100 bytes / 1e5 bytes/ms =
+  // 0.112 ms), then a decode step each (1 + 0.1 + 0.001 * kv).
+  EXPECT_NEAR(cls(*one, "fast").itl_p50_ms, (0.112 + 3 * 1.1 + 0.001 * (100 + 101 + 102)) / 3,
+              1e-9);
+}
+
+TEST(Simulator, MaxQueueRejects) {
+  EngineConfig c = test_config();
+  c.max_num_seqs = 1;
+  c.sla_classes[1].max_queue = 2;
+  auto r = simulate(c, test_profile(), uniform_trace(20, 0.01, 64, 64));
+  ASSERT_TRUE(r.ok());
+  EXPECT_GT(cls(*r, "slow").rejected, 0);
+  EXPECT_EQ(cls(*r, "fast").rejected, 0);
+  EXPECT_LT(cls(*r, "slow").attainment, 1.0);
+}
+
+TEST(Simulator, JsonShape) {
+  auto r = simulate(test_config(), test_profile(), uniform_trace(4, 1, 8, 8));
+  ASSERT_TRUE(r.ok());
+  const std::string j = sim_result_json(*r);
+  EXPECT_EQ(j.find('\n'), std::string::npos);
+  EXPECT_NE(j.find("\"classes\":{\"fast\":{"), std::string::npos) << j;
+  EXPECT_NE(j.find("\"ttft_p99_ms\""), std::string::npos);
+  EXPECT_NE(j.find("\"decisions\":[]"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvsplit::kvm

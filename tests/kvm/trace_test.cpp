@@ -1,0 +1,132 @@
+#include "kvm/trace.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "kvm/profile.h"
+#include "test_util.h"
+
+namespace kvsplit::kvm {
+namespace {
+
+TEST(Trace, ParsesLinesSkipsBlanksAndDefaultsTheClass) {
+  const std::string text =
+      "{\"arrival_ms\": 0, \"prompt_tokens\": 10, \"output_tokens\": 5, \"class\": \"voice\"}\n"
+      "\n"
+      "   \r\n"
+      "{\"arrival_ms\": 12.5, \"prompt_tokens\": 3, \"output_tokens\": 1}\n";
+  auto t = parse_trace(text);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  ASSERT_EQ(t->size(), 2u);
+  EXPECT_EQ((*t)[0].sla_class, "voice");
+  EXPECT_EQ((*t)[0].prompt_tokens, 10);
+  EXPECT_EQ((*t)[0].output_tokens, 5);
+  EXPECT_EQ((*t)[0].line, 1);
+  EXPECT_DOUBLE_EQ((*t)[1].arrival_ms, 12.5);
+  EXPECT_EQ((*t)[1].sla_class, "");
+  EXPECT_EQ((*t)[1].line, 4);
+}
+
+TEST(Trace, ErrorsNameTheLineAndTheField) {
+  struct Case {
+    std::string line2;
+    std::string want;
+  } cases[] = {
+      {"{\"arrival_ms\": 1, \"prompt_tokens\": 0, \"output_tokens\": 1}", "t:2: prompt_tokens"},
+      {"{\"arrival_ms\": 1, \"prompt_tokens\": 2.5, \"output_tokens\": 1}", "t:2: prompt_tokens"},
+      {"{\"arrival_ms\": -1, \"prompt_tokens\": 2, \"output_tokens\": 1}", "t:2: arrival_ms"},
+      {"{\"prompt_tokens\": 2, \"output_tokens\": 1}", "t:2: arrival_ms: missing"},
+      {"{\"arrival_ms\": 1, \"prompt_tokens\": 2}", "t:2: output_tokens: missing"},
+      {"{\"arrival_ms\": 1, \"prompt_tokens\": 2, \"output_tokens\": 1, \"class\": 3}",
+       "t:2: class"},
+      {"{\"arrival_ms\": 1, \"prompt_tokens\": 2, \"output_tokens\": 1, \"clas\": \"x\"}",
+       "t:2: clas: unknown field"},
+      {"{\"arrival_ms\": 1,", "t:2: bad JSON"},
+      {"[1, 2]", "t:2: must be a JSON object"},
+  };
+  for (const Case& c : cases) {
+    const std::string text =
+        "{\"arrival_ms\": 0, \"prompt_tokens\": 1, \"output_tokens\": 1}\n" + c.line2 + "\n";
+    auto t = parse_trace(text, "t");
+    ASSERT_FALSE(t.ok()) << c.line2;
+    EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(t.status().message().find(c.want), std::string::npos)
+        << c.line2 << " -> " << t.status().message();
+  }
+}
+
+TEST(Trace, FileRoundTrip) {
+  testing::TempDir tmp;
+  std::vector<TraceRequest> t = {{0.25, 7, 3, "a"}, {10, 100, 1, ""}, {10.125, 1, 64, "b"}};
+  ASSERT_TRUE(write_trace_file(tmp.file("t.jsonl"), t).ok());
+  auto back = read_trace_file(tmp.file("t.jsonl"));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  ASSERT_EQ(back->size(), t.size());
+  for (size_t i = 0; i < t.size(); ++i) {
+    EXPECT_DOUBLE_EQ((*back)[i].arrival_ms, t[i].arrival_ms);
+    EXPECT_EQ((*back)[i].prompt_tokens, t[i].prompt_tokens);
+    EXPECT_EQ((*back)[i].output_tokens, t[i].output_tokens);
+    EXPECT_EQ((*back)[i].sla_class, t[i].sla_class);
+  }
+  EXPECT_EQ(format_trace(*back), format_trace(t));
+  auto missing = read_trace_file(tmp.file("nope.jsonl"));
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+TEST(Trace, PhasedGeneratorIsDeterministicAndPhased) {
+  PhasedTraceOptions o;
+  o.calm_ms = 20000;
+  o.spike_ms = 20000;
+  ASSERT_TRUE(validate(o).ok());
+  const auto a = make_phased_trace(o);
+  const auto b = make_phased_trace(o);
+  EXPECT_EQ(format_trace(a), format_trace(b));
+  o.seed = 2;
+  EXPECT_NE(format_trace(make_phased_trace(o)), format_trace(a));
+  ASSERT_FALSE(a.empty());
+  // Sorted, two classes, and the spike has more and longer batch prompts than the calm phases.
+  int64_t calm_batch = 0, spike_batch = 0, interactive = 0;
+  double calm_len = 0, spike_len = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (i > 0) EXPECT_LE(a[i - 1].arrival_ms, a[i].arrival_ms);
+    EXPECT_LT(a[i].arrival_ms, 60000);
+    if (a[i].sla_class == "interactive") {
+      ++interactive;
+      EXPECT_LE(a[i].prompt_tokens, o.interactive_prompt * 3 / 2);
+      continue;
+    }
+    ASSERT_EQ(a[i].sla_class, "batch");
+    const bool spike = a[i].arrival_ms >= 20000 && a[i].arrival_ms < 40000;
+    (spike ? spike_batch : calm_batch)++;
+    (spike ? spike_len : calm_len) += a[i].prompt_tokens;
+  }
+  EXPECT_GT(interactive, 0);
+  ASSERT_GT(calm_batch, 0);
+  ASSERT_GT(spike_batch, 0);
+  EXPECT_GT(spike_batch, 3 * calm_batch);  // 6/s for 20 s vs 0.5/s for 40 s
+  EXPECT_GT(spike_len / spike_batch, 2 * calm_len / calm_batch);
+  o.spike_prompt = 0;
+  EXPECT_NE(validate(o).message().find("spike_prompt"), std::string::npos);
+}
+
+TEST(Profile, JsonRoundTripAndErrorsNameTheField) {
+  EngineProfile p = default_profile();
+  p.decode_ms_per_kv_token = 0.125;
+  p.threads = 2;
+  auto back = parse_profile(profile_to_json(p));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_DOUBLE_EQ(back->decode_ms_per_kv_token, 0.125);
+  EXPECT_EQ(back->threads, 2);
+  EXPECT_EQ(profile_to_json(*back), profile_to_json(p));
+  auto bad = parse_profile("{\"decode_ms_per_seq\": -1}", "p.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("p.json: decode_ms_per_seq"), std::string::npos);
+  auto unknown = parse_profile("{\"decode_ms\": 1}", "p.json");
+  EXPECT_NE(unknown.status().message().find("decode_ms: unknown field"), std::string::npos);
+  auto order = parse_profile("{\"kv_bytes_per_token_int4\": 5000}");
+  EXPECT_NE(order.status().message().find("kv_bytes_per_token_int4"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvsplit::kvm
