@@ -215,9 +215,9 @@ std::unique_ptr<sched::Sequence> EngineImpl::make_sequence(const Request& reques
   // The spatial cut: a sequence that may grow past min_context is placed across the shards.
   // Its class may ask for it either way (SlaClass::spread).
   const int32_t min_context = spatial_min_context_.load(std::memory_order_relaxed);  // the KVM's
-  seq->table.spread = config_.spatial.shards > 1 &&
-                      cls.spread.value_or(min_context == 0 ||
-                                          seq->num_prompt + max_new > min_context);
+  seq->table.spread =
+      config_.spatial.shards > 1 &&
+      cls.spread.value_or(min_context == 0 || seq->num_prompt + max_new > min_context);
   seq->decoder = std::make_unique<model::StreamDecoder>(*loaded_->tokenizer, last_prompt);
   if (!request.sampling.ignore_eos) seq->eos_ids = mc.eos_token_ids;
   const sched::Clock::time_point now = sched::Clock::now();

@@ -20,8 +20,8 @@
 #include <utility>
 #include <vector>
 
-#include "kvsplit/engine.h"
 #include "kvm/manager.h"
+#include "kvsplit/engine.h"
 #include "model/loader.h"
 #include "sched/admission.h"
 #include "sched/router.h"

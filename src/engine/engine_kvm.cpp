@@ -145,8 +145,10 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
   if (p == "swap" || p == "temporal_step_size") {
     sched::SetCutParams cmd;
     cmd.sla_class = d.sla_class;
-    if (p == "swap") cmd.swap = swap_of(d.after);
-    else cmd.temporal_step_size = static_cast<int32_t>(std::lround(d.after));
+    if (p == "swap")
+      cmd.swap = swap_of(d.after);
+    else
+      cmd.temporal_step_size = static_cast<int32_t>(std::lround(d.after));
     KVSPLIT_RETURN_IF_ERROR(broadcast_to_decoders(cmd));
     if (cls) {
       if (cmd.swap) cls->swap = *cmd.swap;
@@ -248,8 +250,7 @@ void EngineImpl::kvm_loop() {
     lock.lock();
     if (kvm_stop_) break;
     const double now_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-            .count();
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     for (const auto& [cls, v] : lat) kvm_->monitor().latency().add(cls, now_ms, v.first, v.second);
     kvm_->tick(now_ms, stats, in);
   }
@@ -305,8 +306,8 @@ Status EngineImpl::update_kvm_policy(KvmConfig policy) {
   }
   if (policy.rules.empty()) return ok_status();
   kvm_actuator_ = std::make_unique<KvmActuator>(this);
-  kvm_ = std::make_unique<kvm::KvCacheManager>(std::move(policy), kvm_baseline(),
-                                               kvm_actuator_.get());
+  kvm_ =
+      std::make_unique<kvm::KvCacheManager>(std::move(policy), kvm_baseline(), kvm_actuator_.get());
   {
     std::lock_guard<std::mutex> l(kvm_lat_mu_);
     kvm_enabled_.store(true);
@@ -328,8 +329,7 @@ Status validate_kvm_for_engine(const KvmConfig& policy, const EngineConfig& conf
     }
     if ((r.then.param == "spatial_min_context" || r.then.param == "migrate_to_shard") &&
         config.spatial.shards <= 1) {
-      return invalid_argument(where + ": " + r.then.param +
-                              " needs kv.cuts.spatial.shards > 1");
+      return invalid_argument(where + ": " + r.then.param + " needs kv.cuts.spatial.shards > 1");
     }
   }
   return ok_status();

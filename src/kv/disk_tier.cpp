@@ -295,9 +295,9 @@ Status DiskTier::finish(DiskOp& op) {
       stats_.bytes_read += r->payload_bytes;
     }
   }
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                              op.started_)
-                       .count();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - op.started_)
+          .count();
   stats_.latency_ms_ewma =
       stats_.writes + stats_.reads <= 1 ? ms : 0.8 * stats_.latency_ms_ewma + 0.2 * ms;
   if (fault != DiskFault::kNone) status = fault_locked(&op, fault, detail);

@@ -80,10 +80,10 @@ struct DiskTierStats {
   int64_t capacity_bytes = 0;  // extents * extent_bytes
   int64_t extent_bytes = 0;
   int64_t extents_total = 0;
-  int64_t extents_used = 0;                      // by records being written or readable
-  int64_t records = 0;                           // being written or readable
-  int64_t writes = 0, reads = 0, frees = 0;      // completed without a fault
-  int64_t bytes_written = 0, bytes_read = 0;     // payload bytes of those
+  int64_t extents_used = 0;                   // by records being written or readable
+  int64_t records = 0;                        // being written or readable
+  int64_t writes = 0, reads = 0, frees = 0;   // completed without a fault
+  int64_t bytes_written = 0, bytes_read = 0;  // payload bytes of those
   // EWMA (weight 0.2) of the time from starting a write or read to finishing it (wait() or the
   // poll() that saw it done), in ms; 0 before the first. The KV cache manager's storage latency.
   double latency_ms_ewma = 0;

@@ -107,7 +107,8 @@ Status Worker::apply_cut_params(const SetCutParams& c) {
   }
   if (c.semantic) {
     if (options_.kv_policy == KvPolicy::kFull) {
-      return failed_precondition(options_.name + ": no semantic cut on this worker (kv_policy full)");
+      return failed_precondition(options_.name +
+                                 ": no semantic cut on this worker (kv_policy full)");
     }
     KVSPLIT_RETURN_IF_ERROR(cuts::semantic::validate(*c.semantic, "semantic"));
   }

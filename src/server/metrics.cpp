@@ -267,7 +267,6 @@ class EngineCollector : public pm::Collectable {
   }
 
  public:
-
  private:
   Engine* engine_;
   std::atomic<const std::atomic<int32_t>*> active_;

@@ -145,8 +145,8 @@ TEST(Monitor, RatesPercentilesAndWorstPools) {
   s.pools[0].kv_swaps_out = 10;
   s.pools[0].kv_swap_bytes = 1000;
   KvmSnapshot b = mon.sample(1500, s, {.link_bytes_per_s = 4000});
-  EXPECT_NEAR(b.swap_rate, 20.0, 1e-9);  // 10 swaps in 0.5 s
-  EXPECT_NEAR(b.link_use, 0.5, 1e-9);    // 2000 B/s of 4000
+  EXPECT_NEAR(b.swap_rate, 20.0, 1e-9);     // 10 swaps in 0.5 s
+  EXPECT_NEAR(b.link_use, 0.5, 1e-9);       // 2000 B/s of 4000
   KvmSnapshot c = mon.sample(2600, s, {});  // the samples at 500 ms left the 1 s window
   EXPECT_EQ(c.classes[0].samples, 0);
 }
