@@ -251,6 +251,8 @@ struct PoolStats {
   int32_t kv_pages_remote = 0;
   int64_t kv_shard_exchange_bytes = 0;
   int64_t kv_migrated_pages = 0;
+  // Per shard of the group (size kv_shards): full-pool blocks in use / total, as of the last step.
+  std::vector<double> kv_shard_use;
 };
 
 struct SlaClassStats {

@@ -52,6 +52,7 @@ KvmSnapshot Monitor::sample(double now_ms, const EngineStats& stats, const Monit
     w.device_kv_use = ratio(p.kv_blocks_total - p.kv_blocks_free, p.kv_blocks_total);
     w.host_kv_use = ratio(static_cast<double>(p.kv_host_bytes_used),
                           static_cast<double>(p.kv_host_bytes_total));
+    w.shard_use = p.kv_shard_use;
     w.disk_kv_use = ratio(static_cast<double>(p.kv_disk_bytes_used),
                           static_cast<double>(p.kv_disk_bytes_total));
     s.workers.push_back(w);

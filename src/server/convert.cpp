@@ -229,6 +229,7 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_kv_disk_bytes_used(p.kv_disk_bytes_used);
     o->set_kv_disk_bytes_total(p.kv_disk_bytes_total);
     o->set_kv_disk_latency_ms(p.kv_disk_latency_ms);
+    for (double u : p.kv_shard_use) o->add_kv_shard_use(u);
   }
   for (const SlaClassStats& c : stats.classes) {
     v1::SlaClassStats* o = out->add_classes();

@@ -30,6 +30,8 @@ EngineStats stats_at(int used) {
   p.name = "colocated-0";
   p.kv_blocks_total = 100;
   p.kv_blocks_free = 100 - used;
+  p.kv_shards = 2;
+  p.kv_shard_use = {used / 100.0, 0.0};
   s.pools.push_back(p);
   SlaClassStats c;
   c.name = "default";
@@ -137,6 +139,8 @@ TEST(Monitor, RatesPercentilesAndWorstPools) {
   for (int i = 1; i <= 100; ++i) mon.latency().add("default", 500, i, 2 * i);
   KvmSnapshot a = mon.sample(1000, s, {});
   EXPECT_NEAR(a.device_kv_use, 0.30, 1e-9);
+  ASSERT_EQ(a.workers.size(), 2u);
+  EXPECT_EQ(a.workers[0].shard_use, (std::vector<double>{0.30, 0.0}));
   ASSERT_EQ(a.classes.size(), 1u);
   EXPECT_EQ(a.classes[0].samples, 100);
   EXPECT_DOUBLE_EQ(a.classes[0].ttft_p50_ms, 50);

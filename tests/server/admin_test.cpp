@@ -227,6 +227,55 @@ TEST_F(AdminTest, SighupReloadsClassesAndBadReloadKeepsOldPolicy) {
   EXPECT_NE(server->log().find("sla_classes.tin.max_itl_ms"), std::string::npos);
   EXPECT_EQ(with_class("bronze"), grpc::StatusCode::OK);  // the old policy stays in force
   EXPECT_EQ(with_class("tin"), grpc::StatusCode::INVALID_ARGUMENT);
+  // The KV cache manager's policy reloads with the classes (docs/kvm.md): a rule whose cut is off
+  // is rejected by the engine and the manager stays off; a valid one starts it.
+  const std::string classes =
+      "kv: {capacity_mb: 16}\nsla_classes:\n  gold: {max_ttft_ms: 100}\n  bronze: {max_ttft_ms: "
+      "5000}\n";
+  write("live.yaml", classes +
+                         "kvm:\n  rules:\n    - {name: hot, when: \"device_kv_use > 0.9\", exit: "
+                         "\"device_kv_use < 0.8\", then: \"semantic_threshold += 0.05\"}\n");
+  server->signal(SIGHUP);
+  ASSERT_TRUE(wait_for_log("engine rejected the new kvm policy")) << server->log();
+  EXPECT_NE(server->log().find("kvm.rules[0] (hot)"), std::string::npos) << server->log();
+  v1::GetServerStatsResponse stats;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->GetServerStats(&ctx, {}, &stats).ok());
+    EXPECT_FALSE(stats.kvm_enabled());
+  }
+  write("live.yaml", classes +
+                         "kvm:\n  interval_ms: 10\n  rules:\n    - {name: calm, when: "
+                         "\"device_kv_use < 0.5\", exit: \"device_kv_use > 0.6\", then: \"swap = "
+                         "never\", class: bronze}\n");
+  server->signal(SIGHUP);
+  ASSERT_TRUE(wait_for_log("kvm policy reloaded (1 rules)")) << server->log();
+  // An idle server has no device use: the rule enters at once and sets bronze's swap mode.
+  bool entered = false;
+  for (int i = 0; i < 200 && !entered; ++i) {
+    grpc::ClientContext ctx;
+    stats.Clear();
+    ASSERT_TRUE(stub->GetServerStats(&ctx, {}, &stats).ok());
+    for (const auto& d : stats.kvm_decisions())
+      entered = entered || (d.rule() == "calm" && d.action() == "enter" && d.applied());
+    if (!entered) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  EXPECT_TRUE(entered) << stats.DebugString();
+  EXPECT_TRUE(stats.kvm_enabled());
+  bool param = false;
+  for (const auto& p : stats.kvm_params())
+    param = param || (p.param() == "swap" && p.sla_class() == "bronze" && p.value() == 2);
+  EXPECT_TRUE(param) << stats.DebugString();
+  EXPECT_GE(stats.kvm().classes_size(), 2);
+  const std::string metrics = http_get(server->metrics_port(), "/metrics");
+  for (const char* name :
+       {"kvsplit:kvm_decisions_total{rule=\"calm\",action=\"enter\"} 1",
+        "kvsplit:kvm_param{param=\"swap\",sla_class=\"bronze\"} 2",
+        "kvsplit:kvm_monitor{metric=\"device_kv_use\"}",
+        "kvsplit:kvm_class_latency_ms{sla_class=\"gold\",quantile=\"ttft_p99\"}"}) {
+    EXPECT_NE(metrics.find(name), std::string::npos) << name << " missing from\n" << metrics;
+  }
+  EXPECT_EQ(with_class("bronze"), grpc::StatusCode::OK);
   EXPECT_TRUE(server->alive());
 }
 
