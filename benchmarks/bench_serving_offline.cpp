@@ -75,6 +75,22 @@ struct Item {
   Request request;
 };
 
+// One request of p random prompt ids (never BOS/EOS) generating exactly n tokens (EOS ignored).
+Item synthetic_item(std::string id, double arrival_s, int p, int n, const std::string& cls,
+                    int vocab, std::mt19937_64& rng) {
+  Item it;
+  it.arrival_s = arrival_s;
+  it.request.request_id = std::move(id);
+  it.request.prompt_token_ids.resize(static_cast<size_t>(p));
+  for (int32_t& tok : it.request.prompt_token_ids)
+    tok = 3 + static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab - 3));
+  it.request.sampling.max_tokens = n;
+  it.request.sampling.ignore_eos = true;
+  it.request.sampling.temperature = 0;
+  it.request.sla_class = cls;
+  return it;
+}
+
 std::vector<Item> make_workload(const Options& o, int vocab, int context) {
   std::mt19937_64 rng(o.seed);
   std::exponential_distribution<double> gap(o.rate);
@@ -85,19 +101,10 @@ std::vector<Item> make_workload(const Options& o, int vocab, int context) {
   double t = 0;
   for (int i = 0; i < o.requests; ++i) {
     t += gap(rng);
-    Item it;
-    it.arrival_s = t;
     const int p = std::clamp(static_cast<int>(plen(rng)), 1, context / 2);
     const int n = std::clamp(static_cast<int>(olen(rng)), 1, context / 2 - 1);
-    it.request.request_id = "b" + std::to_string(i);
-    it.request.prompt_token_ids.resize(p);
-    for (int32_t& id : it.request.prompt_token_ids)
-      id = 3 + static_cast<int32_t>(rng() % (vocab - 3));
-    it.request.sampling.max_tokens = n;
-    it.request.sampling.ignore_eos = true;
-    it.request.sampling.temperature = 0;
-    it.request.sla_class = u(rng) < o.interactive_share ? "interactive" : "batch";
-    out.push_back(std::move(it));
+    const char* cls = u(rng) < o.interactive_share ? "interactive" : "batch";
+    out.push_back(synthetic_item("b" + std::to_string(i), t, p, n, cls, vocab, rng));
   }
   return out;
 }
@@ -110,19 +117,10 @@ std::vector<Item> workload_from_trace(const std::vector<kvsplit::kvm::TraceReque
   std::vector<Item> out;
   for (size_t i = 0; i < trace.size(); ++i) {
     const kvsplit::kvm::TraceRequest& t = trace[i];
-    Item it;
-    it.arrival_s = t.arrival_ms / 1000.0;
     const int p = std::clamp(t.prompt_tokens, 1, context - 1);
     const int n = std::clamp(t.output_tokens, 1, std::max(1, context - p));
-    it.request.request_id = "t" + std::to_string(i);
-    it.request.prompt_token_ids.resize(p);
-    for (int32_t& id : it.request.prompt_token_ids)
-      id = 3 + static_cast<int32_t>(rng() % (vocab - 3));
-    it.request.sampling.max_tokens = n;
-    it.request.sampling.ignore_eos = true;
-    it.request.sampling.temperature = 0;
-    it.request.sla_class = t.sla_class;
-    out.push_back(std::move(it));
+    out.push_back(synthetic_item("t" + std::to_string(i), t.arrival_ms / 1000.0, p, n, t.sla_class,
+                                 vocab, rng));
   }
   std::stable_sort(out.begin(), out.end(),
                    [](const Item& a, const Item& b) { return a.arrival_s < b.arrival_s; });

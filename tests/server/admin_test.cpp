@@ -267,7 +267,7 @@ TEST_F(AdminTest, SighupReloadsClassesAndBadReloadKeepsOldPolicy) {
     param = param || (p.param() == "swap" && p.sla_class() == "bronze" && p.value() == 2);
   EXPECT_TRUE(param) << stats.DebugString();
   EXPECT_GE(stats.kvm().classes_size(), 2);
-  const std::string metrics = http_get(server->metrics_port(), "/metrics");
+  const std::string metrics = scrape_metrics(server->metrics_port());
   for (const char* name :
        {"kvsplit:kvm_decisions_total{rule=\"calm\",action=\"enter\"} 1",
         "kvsplit:kvm_param{param=\"swap\",sla_class=\"bronze\"} 2",

@@ -287,7 +287,7 @@ TEST_F(GenerationTest, PrometheusMetrics) {
   req.set_max_tokens(10);
   req.set_sla_class("voice");
   ASSERT_TRUE(generate(stub_.get(), req).status.ok());
-  const std::string text = http_get(server_->metrics_port(), "/metrics");
+  const std::string text = scrape_metrics(server_->metrics_port());
   for (const char* name :
        {"kvsplit:time_to_first_token_seconds_bucket", "kvsplit:inter_token_latency_seconds_count",
         "kvsplit:e2e_request_latency_seconds_sum", "kvsplit:request_queue_time_seconds_count",
