@@ -265,3 +265,66 @@ TEST(EngineKvm, RulesNeedTheirCut) {
 
 }  // namespace
 }  // namespace kvsplit
+
+namespace kvsplit {
+namespace {
+
+// The spatial cut's knobs: a rule that sets spatial_min_context to 0 spreads new sequences over
+// the shards, and a one-shot migrate_to_shard rule moves pages to the emptiest shard; the tokens
+// are those of the same requests without the manager.
+TEST(EngineKvm, SpatialKnobsSpreadAndMigrateWithoutChangingTokens) {
+  EngineConfig c = testing::stories_config(ServingMode::kColocated);
+  c.block_size = 16;
+  c.kv_blocks_per_worker = 64;
+  c.spatial.shards = 2;
+  c.spatial.spatial_chunk_size = 16;
+  c.spatial.min_context = 100000;  // nothing spreads unless the manager says so
+  auto run = [&](const EngineConfig& cfg, EngineStats* stats_out) {
+    auto e = EngineImpl::create(cfg);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    std::vector<std::vector<int32_t>> tokens;
+    if (!e.ok()) return tokens;
+    if (cfg.kvm.enabled) {  // the spread rule first, so the requests below are placed by it
+      EXPECT_TRUE(wait_for_decision(
+          **e, [](const KvmDecision& d) { return d.param == "spatial_min_context" && d.applied; }));
+    }
+    auto hs = submit_long(**e, 3, 120);
+    for (RequestHandle& h : hs) {
+      const Collected col = collect(h, std::chrono::seconds(300));
+      EXPECT_TRUE(col.final_event.status.ok()) << col.final_event.status.to_string();
+      tokens.push_back(col.tokens);
+    }
+    *stats_out = (*e)->stats();
+    return tokens;
+  };
+  EngineStats plain_stats, kvm_stats;
+  const auto plain = run(c, &plain_stats);
+  c.kvm.enabled = true;
+  c.kvm.interval_ms = 10;
+  KvmRule spread;
+  spread.name = "spread-all";
+  spread.when = {"device_kv_use", "", KvmCmp::kGreaterEqual, 0.0};
+  spread.exit = {"device_kv_use", "", KvmCmp::kLess, 0.0};
+  spread.then = {"spatial_min_context", KvmActionOp::kSet, 0};
+  spread.cooldown_ms = 1e9;
+  KvmRule migrate;
+  migrate.name = "rebalance";
+  migrate.when = {"device_kv_use", "", KvmCmp::kGreater, 0.05};
+  migrate.exit = {"device_kv_use", "", KvmCmp::kLess, 0.01};
+  migrate.then = {"migrate_to_shard", KvmActionOp::kSet, 4};
+  migrate.cooldown_ms = 5;
+  c.kvm.rules = {spread, migrate};
+  const auto managed = run(c, &kvm_stats);
+  EXPECT_EQ(managed, plain);
+  int64_t migrated = 0, exchange = 0;
+  for (const PoolStats& p : kvm_stats.pools) {
+    migrated += p.kv_migrated_pages;
+    exchange += p.kv_shard_exchange_bytes;
+  }
+  EXPECT_GT(exchange, 0) << "no sequence was spread over the shards";
+  EXPECT_GT(migrated, 0) << "the migrate rule moved nothing";
+  for (const PoolStats& p : plain_stats.pools) EXPECT_EQ(p.kv_shard_exchange_bytes, 0);
+}
+
+}  // namespace
+}  // namespace kvsplit
