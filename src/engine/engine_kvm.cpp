@@ -188,6 +188,7 @@ Status EngineImpl::migrate_to_emptiest_shard(int max_pages) {
   if (config_.spatial.shards <= 1) return failed_precondition("no spatial shards (shards 1)");
   if (max_pages < 1) return invalid_argument("migrate_to_shard: needs a page count >= 1");
   int moved_any = 0;
+  std::string why = "no decoding worker holds a sequence with pages off its emptiest shard";
   for (size_t i = 0; i < workers_.size(); ++i) {
     if (workers_[i]->role() == sched::WorkerRole::kPrefill) continue;
     auto f = send_command(i, sched::SnapshotState{});
@@ -200,29 +201,32 @@ Status EngineImpl::migrate_to_emptiest_shard(int max_pages) {
     }
     if (load.size() < 2) continue;
     const int to = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-    const int from = static_cast<int>(std::max_element(load.begin(), load.end()) - load.begin());
-    // The sequence with the most pages off the target shard (on `from`, or not resident).
+    // The sequence with the most pages off the target shard (on other shards, or not resident).
     const sched::SequenceState* best = nullptr;
     int best_off = 0;
     for (const sched::SequenceState& s : st.sequences) {
-      const int on_to = s.pages_per_shard.size() > static_cast<size_t>(to)
-                            ? s.pages_per_shard[static_cast<size_t>(to)]
-                            : 0;
-      const int off = s.num_blocks - on_to;
-      if (off > best_off && (from != to)) {
+      const int off = s.num_blocks - s.pages_per_shard[static_cast<size_t>(to)];
+      if (off > best_off) {
         best = &s;
         best_off = off;
       }
     }
     if (best == nullptr) continue;
     sched::MigrateKv m;
-    m.key = sched::RequestKey{best->tenant, best->request_id};
+    m.key = best->key;
     m.first_page = 0;
     m.end_page = std::min(best->num_blocks, max_pages);
     m.to_shard = to;
     auto r = send_command(i, m);
-    if (r.wait_for(kCommandWait) == std::future_status::ready && r.get().status.ok()) ++moved_any;
+    if (r.wait_for(kCommandWait) != std::future_status::ready) continue;
+    const sched::CommandReply reply = r.get();
+    if (reply.status.ok()) {
+      ++moved_any;
+    } else {
+      why = reply.status.message();
+    }
   }
+  if (moved_any == 0) return failed_precondition("migrate_to_shard: " + why);
   return ok_status();
 }
 

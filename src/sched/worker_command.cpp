@@ -167,6 +167,7 @@ WorkerState Worker::state() const {
       SequenceState q;
       q.tenant = s->ctl->tenant;
       q.request_id = s->display_id();
+      q.key = s->ctl->key();
       q.running = list == &running_;
       q.priority = s->priority;
       q.num_tokens = static_cast<int>(s->tokens.size());

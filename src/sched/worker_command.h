@@ -69,6 +69,7 @@ using WorkerCommand =
 struct SequenceState {
   std::string tenant;
   std::string request_id;  // escaped for display
+  RequestKey key;          // as commands (ReleaseKv, MigrateKv) name it
   bool running = false;    // decoding; else waiting for its prefill or a recompute
   int32_t priority = 0;
   int num_tokens = 0;    // prompt + generated

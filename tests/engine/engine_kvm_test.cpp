@@ -322,7 +322,11 @@ TEST(EngineKvm, SpatialKnobsSpreadAndMigrateWithoutChangingTokens) {
     exchange += p.kv_shard_exchange_bytes;
   }
   EXPECT_GT(exchange, 0) << "no sequence was spread over the shards";
-  EXPECT_GT(migrated, 0) << "the migrate rule moved nothing";
+  std::string decisions;
+  for (const KvmDecision& d : kvm_stats.kvm_decisions)
+    decisions += fmt::format("{} {} {}->{} applied {} {}\n", d.rule, d.action, d.before, d.after,
+                             d.applied, d.error);
+  EXPECT_GT(migrated, 0) << "the migrate rule moved nothing; decisions:\n" << decisions;
   for (const PoolStats& p : plain_stats.pools) EXPECT_EQ(p.kv_shard_exchange_bytes, 0);
 }
 
