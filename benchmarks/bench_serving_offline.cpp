@@ -282,10 +282,12 @@ int run_mode(const Options& o, ServingMode mode) {
   if (tty) std::printf("\n");
   const kvsplit::EngineStats st = (*engine)->stats();
   double fwd = 0, book = 0, samp = 0;
+  int64_t steps = 0;
   for (const auto& w : (*engine)->worker_snapshots()) {
     fwd += w.forward_ms;
     book += w.bookkeeping_ms;
     samp += w.sampling_ms;
+    steps += w.steps;
   }
   std::printf("%-14s requests %d (errors %d) in %.2f s: %.1f req/s, %.0f output tok/s\n", name, n,
               errors, wall, n / wall, tokens / wall);
@@ -309,10 +311,30 @@ int run_mode(const Options& o, ServingMode mode) {
   std::printf(
       "  (per class: ITL p99 over requests' mean inter-token latency; goodput: requests "
       "within the class's TTFT and ITL targets)\n");
+  const double step = std::max(fwd + samp + book, 1e-9);
   if (st.kvm_enabled) {
     std::printf("  kvm: %lld decisions\n", static_cast<long long>(st.kvm_decisions_total));
+    // KVM overhead. The tick (monitors, rules, actuator: it includes waiting for the workers'
+    // replies to a decision's commands) runs on the KVM thread once per interval; the engine
+    // snapshot it reads first (Engine::stats without the KVM part) is timed here, idle.
+    const auto s0 = Clock::now();
+    constexpr int kStatsCalls = 200;
+    for (int k = 0; k < kStatsCalls; ++k) (void)(*engine)->stats();
+    const double stats_ms =
+        std::chrono::duration<double, std::milli>(Clock::now() - s0).count() / kStatsCalls;
+    const double interval = config.kvm.interval_ms;
+    const double step_ms = steps > 0 ? step / static_cast<double>(steps) : 0;
+    // Step time the workers spent per interval (summed over workers).
+    const double step_per_interval = step / std::max(wall * 1000.0, 1e-9) * interval;
+    std::printf(
+        "  kvm overhead: tick %.4f ms mean + engine snapshot %.4f ms (idle) per %.0f ms interval "
+        "= %.3f%% of the interval; decode step %.4f ms mean (%lld steps, %.1f ms of steps per "
+        "interval): tick per interval = %.3f%% of the step time, one tick = %.2f steps\n",
+        st.kvm_tick_ms_mean, stats_ms, interval, 100.0 * st.kvm_tick_ms_mean / interval, step_ms,
+        static_cast<long long>(steps), step_per_interval,
+        100.0 * st.kvm_tick_ms_mean / std::max(step_per_interval, 1e-9),
+        st.kvm_tick_ms_mean / std::max(step_ms, 1e-9));
   }
-  const double step = std::max(fwd + samp + book, 1e-9);
   std::printf("  step time: forward %.1f%%, sampling+events %.1f%%, scheduler bookkeeping %.2f%%\n",
               100.0 * fwd / step, 100.0 * samp / step, 100.0 * book / step);
   return 0;
