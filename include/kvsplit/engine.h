@@ -304,7 +304,10 @@ struct EngineStats {
     double value = 0;
   };
   std::vector<KvmParam> kvm_params;  // the current value of every parameter the rules move
-  double kvm_tick_ms_mean = 0;       // mean time of one KVM sample (monitors + rules + actions)
+  // Mean per KVM sample: computing (monitors, rules, decision log) and waiting for the workers
+  // to apply a decision's commands (the KVM thread sleeps meanwhile).
+  double kvm_tick_ms_mean = 0;
+  double kvm_actuate_ms_mean = 0;
 };
 
 struct ModelInfo {

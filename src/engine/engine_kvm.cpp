@@ -290,6 +290,7 @@ void EngineImpl::fill_kvm_stats(EngineStats* s) const {
     s->kvm_params.push_back({key.first, key.second, v});
   }
   s->kvm_tick_ms_mean = kvm_->ticks() > 0 ? kvm_->tick_ms_total() / kvm_->ticks() : 0;
+  s->kvm_actuate_ms_mean = kvm_->ticks() > 0 ? kvm_->actuate_ms_total() / kvm_->ticks() : 0;
 }
 
 Status EngineImpl::update_kvm_policy(KvmConfig policy) {

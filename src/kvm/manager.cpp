@@ -36,6 +36,7 @@ void KvCacheManager::reload(KvmConfig config) {
 std::vector<KvmDecision> KvCacheManager::tick(double now_ms, const EngineStats& stats,
                                               const MonitorInputs& in) {
   const auto t0 = std::chrono::steady_clock::now();
+  double actuate_ms = 0;
   last_ = monitor_.sample(now_ms, stats, in);
   std::vector<KvmDecision> decisions = rules_.evaluate(last_, params_);
   for (KvmDecision& d : decisions) {
@@ -44,7 +45,10 @@ std::vector<KvmDecision> KvCacheManager::tick(double now_ms, const EngineStats& 
     if (config_.mode == KvmMode::kEnforce && no_op) {
       d.applied = true;
     } else if (config_.mode == KvmMode::kEnforce && actuator_ != nullptr) {
+      const auto a0 = std::chrono::steady_clock::now();
       const Status st = actuator_->apply(d);
+      actuate_ms +=
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a0).count();
       d.applied = st.ok();
       if (!st.ok()) d.error = st.message();
     }
@@ -56,7 +60,9 @@ std::vector<KvmDecision> KvCacheManager::tick(double now_ms, const EngineStats& 
     if (recent_.size() > 64) recent_.pop_front();
   }
   tick_ms_total_ +=
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() -
+      actuate_ms;
+  actuate_ms_total_ += actuate_ms;
   ++ticks_;
   return decisions;
 }

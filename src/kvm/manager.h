@@ -48,8 +48,11 @@ class KvCacheManager {
   int64_t decisions_total() const { return total_; }
   // (rule, action) -> decisions, for kvsplit:kvm_decisions_total.
   const std::map<std::pair<std::string, std::string>, int64_t>& counts() const { return counts_; }
-  // Time spent in tick() (monitors, rules, actuation), for the overhead figure.
+  // Time spent in tick() computing (monitors, rules, the decision log), for the overhead figure,
+  // and waiting in the actuator (the workers apply commands at their next step boundary; the KVM
+  // thread sleeps meanwhile).
   double tick_ms_total() const { return tick_ms_total_; }
+  double actuate_ms_total() const { return actuate_ms_total_; }
   int64_t ticks() const { return ticks_; }
 
  private:
@@ -66,6 +69,7 @@ class KvCacheManager {
   int64_t total_ = 0;
   std::ofstream log_file_;
   double tick_ms_total_ = 0;
+  double actuate_ms_total_ = 0;
   int64_t ticks_ = 0;
 };
 
