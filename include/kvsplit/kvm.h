@@ -61,6 +61,11 @@ struct KvmRule {
   double max = 1e300;
   double cooldown_ms = 1000;  // >= 0; between two applications of this rule
   bool restore_on_exit = true;
+  // Dwell before exiting: `exit` must hold on every sample for this long (>= 0; 0: the first
+  // sample where it holds). A monitor that dips below the exit level for one sample and comes
+  // back (a pool emptying and refilling between samples) does not end the rule. While `exit`
+  // holds, the rule does not repeat either.
+  double hold_ms = 0;
 };
 
 struct KvmConfig {

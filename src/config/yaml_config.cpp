@@ -464,6 +464,7 @@ Status read_kvm_rule(const YAML::Node& n, const std::string& path, size_t index,
   KVSPLIT_RETURN_IF_ERROR(m.get("max", &r->max));
   KVSPLIT_RETURN_IF_ERROR(m.get("cooldown_ms", &r->cooldown_ms));
   KVSPLIT_RETURN_IF_ERROR(m.get("restore_on_exit", &r->restore_on_exit));
+  KVSPLIT_RETURN_IF_ERROR(m.get("hold_ms", &r->hold_ms));
   return m.finish();
 }
 

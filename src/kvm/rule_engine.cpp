@@ -84,6 +84,9 @@ Status check_rule(const KvmRule& r, const std::vector<std::string>& classes) {
   if (std::isnan(r.min) || std::isnan(r.max) || r.min > r.max)
     return invalid_argument("min: must be <= max, got min " + fmt::format("{}", r.min) +
                             " and max " + fmt::format("{}", r.max));
+  if (!(r.hold_ms >= 0) || !std::isfinite(r.hold_ms))
+    return invalid_argument("hold_ms: must be a finite number >= 0, got " +
+                            fmt::format("{}", r.hold_ms));
   if (!(r.cooldown_ms >= 0) || !std::isfinite(r.cooldown_ms))
     return invalid_argument("cooldown_ms: must be a finite number >= 0, got " +
                             fmt::format("{}", r.cooldown_ms));
@@ -97,7 +100,8 @@ bool same(const KvmRule& a, const KvmRule& b) {
   return a.name == b.name && same(a.when, b.when) && same(a.exit, b.exit) &&
          a.then.param == b.then.param && a.then.op == b.then.op && a.then.value == b.then.value &&
          a.sla_class == b.sla_class && a.min == b.min && a.max == b.max &&
-         a.cooldown_ms == b.cooldown_ms && a.restore_on_exit == b.restore_on_exit;
+         a.cooldown_ms == b.cooldown_ms && a.restore_on_exit == b.restore_on_exit &&
+         a.hold_ms == b.hold_ms;
 }
 
 // op(before), clamped to [min, max]; integer parameters rounded (staying within the bounds).
@@ -216,18 +220,23 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
     if (!st.active) {
       if (!fired(snap, r.when, &monitors)) continue;
       st.active = true;
+      st.exit_since_ms = -1;
       st.value_at_enter = current;
       st.last_applied_ms = now;
       emit("enter", apply_action(r, current), std::move(monitors));
       continue;
     }
     if (fired(snap, r.exit, &monitors)) {
+      if (st.exit_since_ms < 0) st.exit_since_ms = now;
+      if (now - st.exit_since_ms < r.hold_ms) continue;  // dwell: not long enough yet
       st.active = false;
+      st.exit_since_ms = -1;
       const bool restore = r.restore_on_exit && !one_shot;
       emit(restore ? "exit" : "exit-keep", restore ? st.value_at_enter : current,
            std::move(monitors));
       continue;
     }
+    st.exit_since_ms = -1;  // the exit run is broken
     if (now - st.last_applied_ms < r.cooldown_ms) continue;
     if (!fired(snap, r.when, &monitors)) continue;  // in the band: hold
     const double after = apply_action(r, current);

@@ -53,6 +53,7 @@ class RuleEngine {
     bool active = false;
     double last_applied_ms = -1e300;
     double value_at_enter = 0;  // restored on exit
+    double exit_since_ms = -1;  // first sample of the current run where `exit` held; -1: none
   };
   const std::vector<KvmRule>& rules() const { return rules_; }
   const RuleState& state(size_t i) const { return states_[i]; }

@@ -93,6 +93,7 @@ kvm:
       max: 64
       cooldown_ms: 0
       restore_on_exit: false
+      hold_ms: 1500
     - name: slow-disk
       when: "storage_latency_ms > 20"
       exit: "storage_latency_ms < 5"
@@ -114,6 +115,8 @@ kvm:
   EXPECT_DOUBLE_EQ(k.rules[0].max, 64);
   EXPECT_DOUBLE_EQ(k.rules[0].cooldown_ms, 0);
   EXPECT_FALSE(k.rules[0].restore_on_exit);
+  EXPECT_DOUBLE_EQ(k.rules[0].hold_ms, 1500);
+  EXPECT_DOUBLE_EQ(k.rules[1].hold_ms, 0);
   EXPECT_EQ(k.rules[1].name, "slow-disk");
   EXPECT_EQ(k.rules[1].then.param, "swap");
   EXPECT_DOUBLE_EQ(k.rules[1].then.value, 2);

@@ -276,6 +276,31 @@ TEST(RuleEngineTest, RestoreOnExitRestoresTheValueAtEnter) {
   EXPECT_NEAR(table.get("semantic_threshold", ""), 0.2, 1e-12);
 }
 
+// hold_ms: a pool that empties for one sample between refills does not end the rule; the exit
+// level held on every sample for hold_ms does. While the exit level holds, nothing repeats.
+TEST(RuleEngineTest, HoldMsNeedsTheExitLevelOnEverySample) {
+  KvmRule r = hot_rule();
+  r.max = 10;
+  r.cooldown_ms = 0;
+  r.hold_ms = 250;
+  RuleEngine engine({r});
+  ParamTable table;
+  table.set("semantic_threshold", "", 0.1);
+  // t = 0 enter; 100 dips (exit level, run starts); 200 back up (run broken: repeat); 300, 400,
+  // 500 below the exit level: 300 + 250 = 550 not reached at 500; 600 exits.
+  auto ds = run_series(engine, &table, {0.95, 0.1, 0.95, 0.1, 0.1, 0.1, 0.1}, 100);
+  ASSERT_EQ(actions(ds), (std::vector<std::string>{"enter", "repeat", "exit"}));
+  EXPECT_DOUBLE_EQ(ds[1].time_ms, 200);
+  EXPECT_DOUBLE_EQ(ds[2].time_ms, 600);
+  EXPECT_DOUBLE_EQ(ds[2].after, 0.1);
+  // The same series without a dwell flaps: it exits at the first dip.
+  r.hold_ms = 0;
+  RuleEngine flappy({r});
+  table.set("semantic_threshold", "", 0.1);
+  ds = run_series(flappy, &table, {0.95, 0.1, 0.95, 0.1}, 100);
+  EXPECT_EQ(actions(ds), (std::vector<std::string>{"enter", "exit", "enter", "exit"}));
+}
+
 TEST(RuleEngineTest, OneShotRepeatsFromZeroAndNeverRestores) {
   RuleEngine engine(
       {rule("spread", "link_use < 0.3", "link_use > 0.6", "migrate_to_shard = 16", 1000)});
@@ -476,6 +501,12 @@ TEST_F(ValidateRulesTest, NegativeCooldown) {
   KvmRule r = good();
   r.cooldown_ms = -1;
   expect_error(r, "kvm.rules[1] (r): cooldown_ms: must be a finite number >= 0, got -1");
+}
+
+TEST_F(ValidateRulesTest, NegativeHold) {
+  KvmRule r = good();
+  r.hold_ms = -5;
+  expect_error(r, "kvm.rules[1] (r): hold_ms: must be a finite number >= 0, got -5");
 }
 
 }  // namespace
