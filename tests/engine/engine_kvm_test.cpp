@@ -104,6 +104,28 @@ bool wait_for_decision(const Engine& e, Pred pred,
   return false;
 }
 
+// Makes the pressure last until the manager has seen it: waits (polling the pool) until the
+// requests hold more than `use` of the worker's blocks, then holds the worker at its step
+// boundary (no forward pass: the KV stays) until a decision matching `pred` is logged, and lets
+// it go on. Without it, a fast machine can finish the requests between two samples.
+template <typename Pred>
+bool hold_until_decided(EngineImpl& e, double use, Pred pred) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool held = false;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const PoolStats p = e.stats().pools.at(0);
+    if (p.kv_blocks_total > 0 && p.kv_blocks_total - p.kv_blocks_free > use * p.kv_blocks_total) {
+      e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+      held = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  const bool decided = held && wait_for_decision(e, pred);
+  e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+  return decided;
+}
+
 double param_value(const EngineStats& s, const std::string& p, const std::string& cls = "") {
   for (const EngineStats::KvmParam& k : s.kvm_params)
     if (k.param == p && k.sla_class == cls) return k.value;
@@ -141,6 +163,8 @@ TEST(EngineKvm, PressureRaisesThresholdDemotesAndExits) {
   ASSERT_TRUE(e.ok()) << e.status().to_string();
   const std::vector<int> free0 = testing::free_blocks(**e);
   auto hs = submit_long(**e, 4, 150);
+  ASSERT_TRUE(
+      hold_until_decided(**e, 0.6, [](const KvmDecision& d) { return d.action == "enter"; }));
   expect_all_finished(hs);
   ASSERT_TRUE(testing::pools_back_to(**e, free0));
   // Pressure is gone: the rule exits and restores the threshold.
@@ -182,7 +206,8 @@ TEST(EngineKvm, DryRunDecidesButChangesNothing) {
   auto e = EngineImpl::create(c);
   ASSERT_TRUE(e.ok()) << e.status().to_string();
   auto hs = submit_long(**e, 4, 150);
-  ASSERT_TRUE(wait_for_decision(**e, [](const KvmDecision& d) { return d.action == "enter"; }));
+  ASSERT_TRUE(
+      hold_until_decided(**e, 0.6, [](const KvmDecision& d) { return d.action == "enter"; }));
   expect_all_finished(hs);
   const EngineStats s = (*e)->stats();
   EXPECT_EQ(demotions(s), 0);
@@ -199,7 +224,8 @@ TEST(EngineKvm, ClassRuleMovesOnlyItsClass) {
   auto e = EngineImpl::create(c);
   ASSERT_TRUE(e.ok()) << e.status().to_string();
   auto hs = submit_long(**e, 4, 150, "batch");
-  ASSERT_TRUE(wait_for_decision(**e, [](const KvmDecision& d) { return d.action == "enter"; }));
+  ASSERT_TRUE(
+      hold_until_decided(**e, 0.6, [](const KvmDecision& d) { return d.action == "enter"; }));
   const EngineStats mid = (*e)->stats();
   for (const KvmDecision& d : mid.kvm_decisions) EXPECT_EQ(d.sla_class, "batch");
   EXPECT_DOUBLE_EQ(param_value(mid, "semantic_threshold", ""), 0.0);
@@ -289,6 +315,11 @@ TEST(EngineKvm, SpatialKnobsSpreadAndMigrateWithoutChangingTokens) {
           **e, [](const KvmDecision& d) { return d.param == "spatial_min_context" && d.applied; }));
     }
     auto hs = submit_long(**e, 3, 120);
+    if (cfg.kvm.enabled) {  // the migration happens while the requests hold pages
+      EXPECT_TRUE(hold_until_decided(**e, 0.1, [](const KvmDecision& d) {
+        return d.param == "migrate_to_shard" && d.applied;
+      }));
+    }
     for (RequestHandle& h : hs) {
       const Collected col = collect(h, std::chrono::seconds(300));
       EXPECT_TRUE(col.final_event.status.ok()) << col.final_event.status.to_string();
