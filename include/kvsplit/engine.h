@@ -253,6 +253,9 @@ struct PoolStats {
   int64_t kv_migrated_pages = 0;
   // Per shard of the group (size kv_shards): full-pool blocks in use / total, as of the last step.
   std::vector<double> kv_shard_use;
+  // Host-tier copy bandwidth into the device (bytes/s) the worker measured at start-up for the
+  // swap cost model; 0 when it has no host tier to swap to.
+  double kv_link_bytes_per_s = 0;
 };
 
 struct SlaClassStats {

@@ -143,6 +143,7 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_shards = kv_stats_.kv_shards;
   s.pool.kv_pages_remote = kv_stats_.kv_pages_remote;
   s.pool.kv_shard_use = kv_stats_.kv_shard_use;
+  s.pool.kv_link_bytes_per_s = kv_stats_.kv_link_bytes_per_s;
   s.pool.kv_shard_exchange_bytes = kv_stats_.kv_shard_exchange_bytes;
   s.pool.kv_migrated_pages = kv_stats_.kv_migrated_pages;
   s.pool.kv_prefetch_hits = kv_stats_.kv_prefetch_hits;
@@ -191,6 +192,7 @@ void Worker::publish_stats() {
   }
   k.kv_disk_faults = swap_stats_.disk_faults;
   k.kv_shards = pool_->num_shards();
+  k.kv_link_bytes_per_s = swap_costs_.h2d_bytes_per_s;
   for (int s = 0; s < k.kv_shards; ++s) {
     const kv::BlockAllocator& a = pool_->shard(s).allocator();
     k.kv_shard_use.push_back(a.num_blocks() > 0 ? static_cast<double>(a.num_used()) / a.num_blocks()
