@@ -145,6 +145,7 @@ int64_t demotions(const EngineStats& s) {
 }
 
 TEST(EngineKvm, PressureRaisesThresholdDemotesAndExits) {
+  KVSPLIT_REQUIRE_MODELS();
   // Control: the same load without the manager demotes nothing (threshold 0).
   {
     EngineConfig c = pressure_config(KvmMode::kEnforce, "");
@@ -202,6 +203,7 @@ TEST(EngineKvm, PressureRaisesThresholdDemotesAndExits) {
 }
 
 TEST(EngineKvm, DryRunDecidesButChangesNothing) {
+  KVSPLIT_REQUIRE_MODELS();
   EngineConfig c = pressure_config(KvmMode::kDryRun, "");
   auto e = EngineImpl::create(c);
   ASSERT_TRUE(e.ok()) << e.status().to_string();
@@ -216,6 +218,7 @@ TEST(EngineKvm, DryRunDecidesButChangesNothing) {
 }
 
 TEST(EngineKvm, ClassRuleMovesOnlyItsClass) {
+  KVSPLIT_REQUIRE_MODELS();
   EngineConfig c = pressure_config(KvmMode::kEnforce, "");
   SlaClass batch;
   batch.name = "batch";
@@ -233,6 +236,7 @@ TEST(EngineKvm, ClassRuleMovesOnlyItsClass) {
 }
 
 TEST(EngineKvm, BadPolicyKeepsTheOldAndReloadUnderLoadDropsNothing) {
+  KVSPLIT_REQUIRE_MODELS();
   EngineConfig c = pressure_config(KvmMode::kEnforce, "");
   auto e = EngineImpl::create(c);
   ASSERT_TRUE(e.ok()) << e.status().to_string();
@@ -256,6 +260,7 @@ TEST(EngineKvm, BadPolicyKeepsTheOldAndReloadUnderLoadDropsNothing) {
 }
 
 TEST(EngineKvm, SetCutParamsChecksItsInput) {
+  KVSPLIT_REQUIRE_MODELS();
   EngineConfig c = pressure_config(KvmMode::kEnforce, "");
   c.kvm = KvmConfig{};
   auto e = EngineImpl::create(c);
@@ -279,6 +284,7 @@ TEST(EngineKvm, SetCutParamsChecksItsInput) {
 }
 
 TEST(EngineKvm, RulesNeedTheirCut) {
+  KVSPLIT_REQUIRE_MODELS();
   EngineConfig c = testing::stories_config(ServingMode::kColocated);
   c.kvm.enabled = true;
   c.kvm.rules = {pressure_rule(0.5, 0.1)};
@@ -299,6 +305,7 @@ namespace {
 // the shards, and a one-shot migrate_to_shard rule moves pages to the emptiest shard; the tokens
 // are those of the same requests without the manager.
 TEST(EngineKvm, SpatialKnobsSpreadAndMigrateWithoutChangingTokens) {
+  KVSPLIT_REQUIRE_MODELS();
   EngineConfig c = testing::stories_config(ServingMode::kColocated);
   c.block_size = 16;
   c.kv_blocks_per_worker = 64;
