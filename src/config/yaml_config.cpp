@@ -446,18 +446,20 @@ Status read_kvm_rule(const YAML::Node& n, const std::string& path, size_t index,
   KVSPLIT_RETURN_IF_ERROR(m.check_is_map());
   r->name = "rule-" + std::to_string(index);
   KVSPLIT_RETURN_IF_ERROR(m.get("name", &r->name));
+  // Expression errors name the rule as the engine's checks do: kvm.rules[0] (hot).when: ...
+  const std::string named = m.has("name") ? path + " (" + r->name + ")" : path;
   std::string text;
   KVSPLIT_RETURN_IF_ERROR(read_kvm_expr_field(m, "when", "device_kv_use > 0.90", &text));
   auto when = kvm::parse_condition(text);
-  if (!when.ok()) return field_error(join(path, "when"), when.status().message());
+  if (!when.ok()) return field_error(join(named, "when"), when.status().message());
   r->when = *when;
   KVSPLIT_RETURN_IF_ERROR(read_kvm_expr_field(m, "exit", "device_kv_use < 0.80", &text));
   auto exit = kvm::parse_condition(text);
-  if (!exit.ok()) return field_error(join(path, "exit"), exit.status().message());
+  if (!exit.ok()) return field_error(join(named, "exit"), exit.status().message());
   r->exit = *exit;
   KVSPLIT_RETURN_IF_ERROR(read_kvm_expr_field(m, "then", "semantic_threshold += 0.05", &text));
   auto then = kvm::parse_action(text);
-  if (!then.ok()) return field_error(join(path, "then"), then.status().message());
+  if (!then.ok()) return field_error(join(named, "then"), then.status().message());
   r->then = *then;
   KVSPLIT_RETURN_IF_ERROR(m.get("class", &r->sla_class));
   KVSPLIT_RETURN_IF_ERROR(m.get("min", &r->min));

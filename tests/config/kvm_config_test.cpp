@@ -140,6 +140,11 @@ TEST(KvmConfigTest, ExpressionErrorsNameTheFieldPath) {
       "kvm:\n  rules:\n    - {when: \"device_kv_use > 0.9\", exit: \"device_kv_use ~ 0.8\", "
       "then: \"swap = never\"}\n",
       "kvm.rules[0].exit: bad operator");
+  // A named rule is named in its expression errors too (as the engine's checks name it).
+  expect_error(
+      "kvm:\n  rules:\n    - {name: hot, when: \"device_kv_use >\", exit: \"device_kv_use < "
+      "0.8\", then: \"swap = never\"}\n",
+      "kvm.rules[0] (hot).when: the value of 'device_kv_use >' must be a finite number");
 }
 
 TEST(KvmConfigTest, RequiredRuleFields) {

@@ -279,6 +279,124 @@ TEST_F(AdminTest, SighupReloadsClassesAndBadReloadKeepsOldPolicy) {
   EXPECT_TRUE(server->alive());
 }
 
+// SIGHUP under load (docs/kvm.md, "Reload"): while client threads stream greedy requests, the
+// policy file alternates between two valid KVM policies (rules that move swap, the time slice and
+// the admission limits, none of which may change a greedy token) and a bad one. No request fails
+// or changes its tokens, every reload is applied or rejected as it should be, and every KV block
+// is back afterwards.
+TEST_F(AdminTest, SighupReloadsUnderLoadDropNothing) {
+  const std::string classes =
+      "kv: {capacity_mb: 16}\nsla_classes:\n  gold: {max_ttft_ms: 100}\n  bronze: {max_ttft_ms: "
+      "5000}\n";
+  const std::string policy_a =
+      classes +
+      "kvm:\n  interval_ms: 10\n  rules:\n"
+      "    - {name: calm, when: \"device_kv_use < 0.5\", exit: \"device_kv_use > 0.6\", then: "
+      "\"swap = never\", class: bronze}\n"
+      "    - {name: slice, when: \"queue_depth > 0\", exit: \"queue_depth < 0\", then: "
+      "\"temporal_step_size = 4\"}\n";
+  const std::string policy_b =
+      classes +
+      "kvm:\n  interval_ms: 10\n  rules:\n"
+      "    - {name: calm, when: \"device_kv_use < 0.5\", exit: \"device_kv_use > 0.6\", then: "
+      "\"swap = always\", class: bronze}\n"
+      "    - {name: admit, when: \"device_kv_use < 0.9\", exit: \"device_kv_use > 0.95\", then: "
+      "\"max_num_seqs = 3\", min: 1, max: 64}\n";
+  const std::string policy_bad =
+      classes +
+      "kvm:\n  rules:\n    - {name: broken, when: \"device_kv_use >\", then: \"swap = "
+      "never\"}\n";
+  const std::string cfg = write("load.yaml", policy_a);
+  auto server = start({"--config", cfg});
+  ASSERT_TRUE(server->started());
+  auto channel = grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Generation::NewStub(channel);
+  const std::vector<std::string> prompts = {"Once upon a time", "The little dog", "Lily and Ben",
+                                            "One day, a bird"};
+  std::vector<std::vector<int32_t>> want(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    v1::GenerateRequest r = simple(prompts[i], 24);
+    r.set_sla_class(i % 2 ? "bronze" : "gold");
+    ASSERT_TRUE(generate_status(stub.get(), r, &want[i]).ok());
+    ASSERT_EQ(want[i].size(), 24u);
+  }
+  auto count = [&](const std::string& needle) {
+    const std::string log = server->log();
+    size_t n = 0;
+    for (size_t at = log.find(needle); at != std::string::npos; at = log.find(needle, at + 1)) ++n;
+    return n;
+  };
+  const size_t reloaded0 = count("kvm policy reloaded"), rejected0 = count("reload rejected");
+  std::atomic<bool> stop{false};
+  std::atomic<int> done{0}, failed{0}, wrong{0};
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 4; ++t) {
+    clients.emplace_back([&, t] {
+      auto own = v1::Generation::NewStub(channel);
+      for (int k = 0; !stop.load() || k < 3; ++k) {
+        const size_t i = static_cast<size_t>(t + k) % prompts.size();
+        v1::GenerateRequest r = simple(prompts[i], 24);
+        r.set_sla_class(i % 2 ? "bronze" : "gold");
+        std::vector<int32_t> ids;
+        const grpc::Status st = generate_status(own.get(), r, &ids);
+        if (!st.ok()) {
+          ++failed;
+          ADD_FAILURE() << "request failed during reloads: " << st.error_message();
+        } else if (ids != want[i]) {
+          ++wrong;
+        }
+        ++done;
+      }
+    });
+  }
+  // Each valid reload must be applied before the next signal, so wait for its log line.
+  auto wait_count = [&](const std::string& needle, size_t n) {
+    for (int i = 0; i < 400; ++i) {
+      if (count(needle) >= n) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  };
+  size_t want_reloaded = reloaded0, want_rejected = rejected0;
+  for (int round = 0; round < 9; ++round) {
+    const int kind = round % 3;  // b, bad, a, b, bad, a, ...
+    write("load.yaml", kind == 0 ? policy_b : kind == 1 ? policy_bad : policy_a);
+    server->signal(SIGHUP);
+    if (kind == 1) {
+      ++want_rejected;
+      ASSERT_TRUE(wait_count("reload rejected", want_rejected)) << server->log();
+    } else {
+      ++want_reloaded;
+      ASSERT_TRUE(wait_count("kvm policy reloaded", want_reloaded)) << server->log();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  }
+  stop = true;
+  for (auto& c : clients) c.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(wrong.load(), 0) << "greedy tokens changed under a policy reload";
+  EXPECT_GE(done.load(), 12);
+  EXPECT_NE(server->log().find("kvm.rules[0] (broken)"), std::string::npos) << server->log();
+  // The last policy (a) is in force, and its decisions were taken.
+  v1::GetServerStatsResponse stats;
+  bool all_free = false;
+  for (int i = 0; i < 300 && !all_free; ++i) {
+    grpc::ClientContext ctx;
+    stats.Clear();
+    ASSERT_TRUE(stub->GetServerStats(&ctx, {}, &stats).ok());
+    all_free = stats.pools_size() > 0 && stats.num_running() == 0 && stats.num_waiting() == 0;
+    for (const auto& p : stats.pools())
+      all_free = all_free && p.kv_blocks_free() == p.kv_blocks_total();
+    if (!all_free) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(all_free) << stats.DebugString();
+  EXPECT_TRUE(stats.kvm_enabled());
+  bool calm = false;
+  for (const auto& d : stats.kvm_decisions()) calm = calm || d.rule() == "calm";
+  EXPECT_TRUE(calm) << stats.DebugString();
+  EXPECT_TRUE(server->alive());
+}
+
 TEST_F(AdminTest, SigtermDrainsInFlightThenExitsZero) {
   auto server = start(
       {"--config", write("d.yaml", "kv: {capacity_mb: 16}\nserver: {drain_timeout_ms: 20000}\n")});
