@@ -3,6 +3,13 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <unistd.h>
+// The checksum is inlined from the header (the same XXH3 values as the library's): Debian's
+// libxxhash is built for baseline x86-64, about 3x slower than the AVX2/AVX-512 code the
+// compiler generates here, and on warm reads it was most of the tier's cost (docs/kv-tiers.md).
+#define XXH_INLINE_ALL
+#if defined(__AVX2__)
+#define XXH_VECTOR XXH_AVX2  // not its AVX-512 loop: GCC 12 warns on it, and it gains little
+#endif
 #include <xxhash.h>
 
 #include <algorithm>
