@@ -7,7 +7,10 @@
 //
 //   build/bench_tiers [--dir DIR] [--backend auto|uring|threads|both] [--total-mb 256]
 //                     [--large-kb 1024,4096,8192] [--small-kb 4,16] [--repeats 3] [--cold]
+//                     [--direct]
 //
+// --direct opens the tier with O_DIRECT (kv.disk.direct_io) and the raw loop's file too, from
+// 4 KiB-aligned buffers: both go to the device, never the page cache.
 // --cold drops the data file's page cache between writing and reading, so reads come from the
 // device; without it both directions mostly run against the page cache, as a warm server does.
 #include <fcntl.h>
@@ -18,6 +21,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -56,14 +60,22 @@ double memcpy_bandwidth(int64_t chunk, int64_t total, int repeats) {
 // call at a time, rotating over four buffers as the tier's probe does (its reads in flight), best
 // of `repeats`. No checksum, no header, no index.
 bool raw_bandwidth(const std::string& dir, int64_t chunk, int64_t total, int repeats, bool cold,
-                   DiskBandwidth* out) {
+                   bool direct, DiskBandwidth* out) {
   std::filesystem::create_directories(dir);
   const std::string path = dir + "/raw-baseline.data";
-  std::vector<std::vector<char>> bufs(4, std::vector<char>(chunk, 0x5a));
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<char, Free>> bufs;
+  for (int i = 0; i < 4; ++i) {
+    bufs.emplace_back(static_cast<char*>(std::aligned_alloc(4096, (chunk + 4095) / 4096 * 4096)));
+    std::memset(bufs.back().get(), 0x5a, chunk);
+  }
   *out = DiskBandwidth{};
   const int64_t n = total / chunk;
   for (int r = 0; r < repeats; ++r) {
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    const int fd = ::open(path.c_str(),
+                          O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600);
     if (fd < 0) {
       std::fprintf(stderr, "bench_tiers: cannot create %s: %s\n", path.c_str(),
                    std::strerror(errno));
@@ -72,7 +84,7 @@ bool raw_bandwidth(const std::string& dir, int64_t chunk, int64_t total, int rep
     bool ok = true;
     auto t0 = Clock::now();
     for (int64_t i = 0; i < n && ok; ++i)
-      ok = ::pwrite(fd, bufs[i % 4].data(), chunk, i * chunk) == static_cast<ssize_t>(chunk);
+      ok = ::pwrite(fd, bufs[i % 4].get(), chunk, i * chunk) == static_cast<ssize_t>(chunk);
     const double ws = std::chrono::duration<double>(Clock::now() - t0).count();
     if (cold) {
       ::fdatasync(fd);
@@ -80,7 +92,7 @@ bool raw_bandwidth(const std::string& dir, int64_t chunk, int64_t total, int rep
     }
     t0 = Clock::now();
     for (int64_t i = 0; i < n && ok; ++i)
-      ok = ::pread(fd, bufs[i % 4].data(), chunk, i * chunk) == static_cast<ssize_t>(chunk);
+      ok = ::pread(fd, bufs[i % 4].get(), chunk, i * chunk) == static_cast<ssize_t>(chunk);
     const double rs = std::chrono::duration<double>(Clock::now() - t0).count();
     ::close(fd);
     ::unlink(path.c_str());
@@ -105,12 +117,13 @@ struct Row {
 // Best-of-`repeats` disk bandwidth with records of `record_bytes` (the extent fits one record
 // exactly, as a caller sizing extents to its pages would do).
 bool disk_bandwidth(const std::string& dir, IoBackend backend, int64_t record_bytes, int64_t total,
-                    int repeats, bool cold, DiskBandwidth* out, std::string* ran) {
+                    int repeats, bool cold, bool direct, DiskBandwidth* out, std::string* ran) {
   DiskTierConfig c;
   c.path = dir;
   c.extent_bytes = (DiskTier::kHeaderBytes + record_bytes + 4095) / 4096 * 4096;
   c.capacity_bytes = (total / record_bytes + 1) * c.extent_bytes;
   c.io.backend = backend;
+  c.direct_io = direct;
   auto tier = DiskTier::open(c);
   if (!tier.ok()) {
     std::fprintf(stderr, "bench_tiers: %s\n", tier.status().to_string().c_str());
@@ -118,6 +131,10 @@ bool disk_bandwidth(const std::string& dir, IoBackend backend, int64_t record_by
   }
   *out = DiskBandwidth{};
   *ran = kvsplit::kv::io_backend_name(tier.value()->io_backend());
+  if (direct && !tier.value()->stats().direct_io) {
+    std::fprintf(stderr, "bench_tiers: %s refuses O_DIRECT\n", dir.c_str());
+    return false;
+  }
   for (int r = 0; r < repeats; ++r) {
     auto bw = kvsplit::kv::measure_disk_bandwidth(*tier.value(), record_bytes, total, cold);
     if (!bw.ok()) {
@@ -145,7 +162,7 @@ int main(int argc, char** argv) {
   int64_t total_mb = 256;
   std::vector<int64_t> large_kb{1024, 4096, 8192}, small_kb{4, 16};
   int repeats = 3;
-  bool cold = false;
+  bool cold = false, direct = false;
   app.add_option("--dir", dir, "directory for the tier's data file (removed at the end)");
   app.add_option("--backend", backend_name, "auto | uring | threads | both");
   app.add_option("--total-mb", total_mb, "bytes moved per measurement");
@@ -153,6 +170,7 @@ int main(int argc, char** argv) {
   app.add_option("--small-kb", small_kb, "small record sizes (KiB)")->delimiter(',');
   app.add_option("--repeats", repeats, "best of N");
   app.add_flag("--cold", cold, "drop the page cache between writing and reading");
+  app.add_flag("--direct", direct, "O_DIRECT for the tier and the raw loop (the device itself)");
   CLI11_PARSE(app, argc, argv);
 
   std::vector<IoBackend> backends;
@@ -177,16 +195,17 @@ int main(int argc, char** argv) {
     std::string ran = "?";
     for (int64_t size : sizes) {
       Row row{size, {}, {}, memcpy_bandwidth(size, total, repeats)};
-      if (!raw_bandwidth(dir, size, total, repeats, cold, &row.raw) ||
-          !disk_bandwidth(dir, backend, size, total, repeats, cold, &row.disk, &ran)) {
+      if (!raw_bandwidth(dir, size, total, repeats, cold, direct, &row.raw) ||
+          !disk_bandwidth(dir, backend, size, total, repeats, cold, direct, &row.disk, &ran)) {
         rc = 1;
         break;
       }
       rows.push_back(row);
     }
     if (rows.empty()) continue;
-    std::printf("\ndisk tier, backend %s, %lld MiB per measurement, %s reads, best of %d\n",
-                ran.c_str(), static_cast<long long>(total_mb), cold ? "cold" : "warm", repeats);
+    std::printf("\ndisk tier, backend %s, %lld MiB per measurement, %s, best of %d\n", ran.c_str(),
+                static_cast<long long>(total_mb),
+                direct ? "O_DIRECT" : (cold ? "cold reads" : "warm reads"), repeats);
     std::printf("%-10s %10s %10s %10s %10s %10s %10s %10s %10s\n", "record", "write GB/s",
                 "read GB/s", "raw wr", "raw rd", "write/raw", "read/raw", "memcpy", "read/mcpy");
     for (const Row& r : rows)

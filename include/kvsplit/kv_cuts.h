@@ -66,6 +66,8 @@ struct TemporalCutConfig {
   // sub-directory <disk_path>/<worker name>, wiped when it opens (records never outlive it).
   std::string disk_path;
   int64_t disk_capacity_mb = 1024;  // per worker, >= 1
+  // kv.disk.direct_io: O_DIRECT (records bypass the page cache; docs/kv-tiers.md). Off: buffered.
+  bool disk_direct_io = false;
 };
 
 // The spatial cut (kv-cuts.md §4): each worker's KV pool is a shard group of `shards` pools, one

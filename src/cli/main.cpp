@@ -66,6 +66,7 @@ struct GenerateFlags {
   std::string prefix_cache = "off";
   std::string disk_path;
   int64_t disk_capacity_mb = 1024;
+  bool disk_direct_io = false;
   // Spatial cut.
   int spatial_shards = 1;
   int spatial_chunk_size = 4096;
@@ -137,7 +138,7 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
     if (!st.ok()) return fail(st.with_prefix("--spatial-chunk-size"));
   }
   if (!gf.disk_path.empty()) {
-    Status st = (*pool)->open_disk_tier(gf.disk_path, gf.disk_capacity_mb << 20);
+    Status st = (*pool)->open_disk_tier(gf.disk_path, gf.disk_capacity_mb << 20, gf.disk_direct_io);
     if (!st.ok()) return fail(st.with_prefix("--disk-path"));
   }
 
@@ -322,6 +323,8 @@ int main(int argc, char** argv) {
   gen->add_option("--disk-capacity-mb", gf.disk_capacity_mb, "disk tier size (MiB)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
       ->capture_default_str();
+  gen->add_flag("--disk-direct-io", gf.disk_direct_io,
+                "disk tier with O_DIRECT (records bypass the page cache)");
   gen->add_option("--spatial-shards", gf.spatial_shards,
                   "spatial cut: shards of the KV pool, each --kv-blocks pages (cpu backend)")
       ->check(CLI::Range(1, 16))

@@ -365,6 +365,7 @@ Status read_kv(const YAML::Node& n, EngineConfig* e) {
     if (e->temporal.disk_capacity_mb < 1 || e->temporal.disk_capacity_mb > (int64_t{1} << 30))
       return field_error("kv.disk.capacity_mb", "must be in [1, 1073741824], got " +
                                                     std::to_string(e->temporal.disk_capacity_mb));
+    KVSPLIT_RETURN_IF_ERROR(dr.get("direct_io", &e->temporal.disk_direct_io));
     KVSPLIT_RETURN_IF_ERROR(dr.finish());
   }
   std::string prefix;

@@ -142,7 +142,8 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
       (*pool)->enable_prefix_cache();
     if (decodes && !config.temporal.disk_path.empty()) {
       Status st = (*pool)->open_disk_tier(config.temporal.disk_path + "/" + wo.name,
-                                          config.temporal.disk_capacity_mb << 20);
+                                          config.temporal.disk_capacity_mb << 20,
+                                          config.temporal.disk_direct_io);
       if (!st.ok()) return st.with_prefix(wo.name + ": kv.disk");
     }
     if (config.spatial.shards > 1) {  // the spatial cut: the worker's pool is shard 0

@@ -168,15 +168,35 @@ StatusOr<DiskOp> DiskTier::write(std::span<const std::span<const std::byte>> pay
                  sum,          key.owner,      key.tag,      op.id_,
                  session_};
   if (op.injected_ == InjectedFault::kCorrupt) h.checksum ^= 1;  // seen by the next read
-  op.header_ = std::make_unique<std::byte[]>(kHeaderBytes);
-  std::memcpy(op.header_.get(), &h, sizeof h);
-  std::vector<iovec> stream{iovec{op.header_.get(), kHeaderBytes}};
-  for (const auto& s : payload)
-    if (!s.empty()) stream.push_back(iovec{const_cast<std::byte*>(s.data()), s.size()});
+  std::vector<iovec> stream;
+  if (direct_) {  // one aligned copy: header, payload, zeros to the alignment
+    make_bounce(op, kHeaderBytes + bytes);
+    std::memcpy(op.bounce_.get(), &h, sizeof h);
+    std::byte* at = op.bounce_.get() + kHeaderBytes;
+    for (const auto& s : payload) {
+      if (!s.empty()) std::memcpy(at, s.data(), s.size());
+      at += s.size();
+    }
+    stream.push_back(iovec{op.bounce_.get(), static_cast<size_t>(op.bounce_bytes_)});
+  } else {
+    op.header_ = std::make_unique<std::byte[]>(kHeaderBytes);
+    std::memcpy(op.header_.get(), &h, sizeof h);
+    stream.push_back(iovec{op.header_.get(), kHeaderBytes});
+    for (const auto& s : payload)
+      if (!s.empty()) stream.push_back(iovec{const_cast<std::byte*>(s.data()), s.size()});
+  }
   op.tier_ = this;
   op.finished_ = false;
   submit_all(op, plan_io(IoOp::kWrite, extents, stream));
   return op;
+}
+
+void DiskTier::make_bounce(DiskOp& op, int64_t bytes) const {
+  op.bounce_bytes_ = (bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  void* p = std::aligned_alloc(kDirectAlign, static_cast<size_t>(op.bounce_bytes_));
+  KVSPLIT_CHECK_MSG(p != nullptr, "disk tier: out of memory for an O_DIRECT buffer");
+  op.bounce_.reset(static_cast<std::byte*>(p));
+  std::memset(op.bounce_.get() + bytes, 0, static_cast<size_t>(op.bounce_bytes_ - bytes));
 }
 
 void DiskTier::submit_all(DiskOp& op, std::vector<IoRequest> reqs) {
@@ -191,7 +211,9 @@ void DiskTier::submit_all(DiskOp& op, std::vector<IoRequest> reqs) {
   }
   if (op.injected_ == InjectedFault::kShortIo) {
     iovec& v = reqs.back().iov.back();
-    v.iov_len -= std::max<size_t>(1, v.iov_len / 2);
+    // O_DIRECT lengths stay aligned (an unaligned one would be EINVAL, not a short transfer).
+    const size_t unit = direct_ ? static_cast<size_t>(kDirectAlign) : 1;
+    v.iov_len -= std::max(unit, v.iov_len / 2 / unit * unit);
   }
   op.io_.reserve(reqs.size());
   for (IoRequest& r : reqs) op.io_.push_back(io_->submit(std::move(r)));
@@ -223,11 +245,17 @@ StatusOr<DiskOp> DiskTier::read(RecordId id, std::span<const std::span<std::byte
     extents = r->extents;
     if (fault_hook_) op.injected_ = fault_hook_(IoOp::kRead);
   }
-  op.header_ = std::make_unique<std::byte[]>(kHeaderBytes);
   op.dst_.assign(dst.begin(), dst.end());
-  std::vector<iovec> stream{iovec{op.header_.get(), kHeaderBytes}};
-  for (const auto& s : dst)
-    if (!s.empty()) stream.push_back(iovec{s.data(), s.size()});
+  std::vector<iovec> stream;
+  if (direct_) {  // into the aligned buffer; finish() checks it and copies the payload out
+    make_bounce(op, kHeaderBytes + bytes);
+    stream.push_back(iovec{op.bounce_.get(), static_cast<size_t>(op.bounce_bytes_)});
+  } else {
+    op.header_ = std::make_unique<std::byte[]>(kHeaderBytes);
+    stream.push_back(iovec{op.header_.get(), kHeaderBytes});
+    for (const auto& s : dst)
+      if (!s.empty()) stream.push_back(iovec{s.data(), s.size()});
+  }
   op.tier_ = this;
   op.finished_ = false;
   submit_all(op, plan_io(IoOp::kRead, extents, stream));
@@ -253,10 +281,14 @@ Status DiskTier::finish(DiskOp& op) {
     }
   }
   if (op.op_ == IoOp::kRead && fault == DiskFault::kNone) {
-    if (op.injected_ == InjectedFault::kCorrupt && !op.dst_.empty() && !op.dst_[0].empty())
-      op.dst_[0][0] ^= std::byte{0x5a};
+    if (op.injected_ == InjectedFault::kCorrupt) {
+      if (op.bounce_)
+        op.bounce_[kHeaderBytes] ^= std::byte{0x5a};
+      else if (!op.dst_.empty() && !op.dst_[0].empty())
+        op.dst_[0][0] ^= std::byte{0x5a};
+    }
     RecordHeader h;
-    std::memcpy(&h, op.header_.get(), sizeof h);
+    std::memcpy(&h, op.bounce_ ? op.bounce_.get() : op.header_.get(), sizeof h);
     RecordKey key;
     int64_t payload = 0;
     {
@@ -272,10 +304,20 @@ Status DiskTier::finish(DiskOp& op) {
       fault = DiskFault::kHeader;
       detail = "record " + std::to_string(op.id_) + ": the header on disk is not this record's";
     } else {
-      std::vector<std::span<const std::byte>> segs(op.dst_.begin(), op.dst_.end());
+      std::vector<std::span<const std::byte>> segs;
+      if (op.bounce_)
+        segs.emplace_back(op.bounce_.get() + kHeaderBytes, static_cast<size_t>(payload));
+      else
+        segs.assign(op.dst_.begin(), op.dst_.end());
       if (checksum(segs) != h.checksum) {
         fault = DiskFault::kChecksum;
         detail = "record " + std::to_string(op.id_) + ": payload checksum mismatch";
+      } else if (op.bounce_) {  // checked: now the caller's buffers get the payload
+        const std::byte* at = op.bounce_.get() + kHeaderBytes;
+        for (const auto& d : op.dst_) {
+          if (!d.empty()) std::memcpy(d.data(), at, d.size());
+          at += d.size();
+        }
       }
     }
   }
@@ -283,6 +325,8 @@ Status DiskTier::finish(DiskOp& op) {
   std::lock_guard<std::mutex> lock(mu_);
   op.finished_ = true;
   op.io_.clear();
+  op.bounce_.reset();  // the payload is in the caller's buffers (or the read failed)
+  op.bounce_bytes_ = 0;
   const uint32_t slot = static_cast<uint32_t>(op.id_);
   Record* r = find_locked(op.id_);
   KVSPLIT_CHECK(r != nullptr);
@@ -379,6 +423,8 @@ DiskOp& DiskOp::operator=(DiskOp&& o) noexcept {
   fault_ = o.fault_;
   injected_ = o.injected_;
   header_ = std::move(o.header_);
+  bounce_ = std::move(o.bounce_);
+  bounce_bytes_ = std::exchange(o.bounce_bytes_, 0);
   dst_ = std::move(o.dst_);
   io_ = std::move(o.io_);
   expected_ = std::move(o.expected_);

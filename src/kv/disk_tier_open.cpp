@@ -97,25 +97,39 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::open(const DiskTierConfig& config)
         "disk tier {}: the file system has {} bytes free, less than capacity {}; "
         "writes may fail with ENOSPC (counted as no_space)",
         file, static_cast<int64_t>(vfs.f_bavail) * vfs.f_frsize, config.capacity_bytes);
+  // O_DIRECT after the (unaligned) header write: every record I/O from here on is aligned.
+  bool direct = false;
+  if (config.direct_io) {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags >= 0 && ::fcntl(fd, F_SETFL, flags | O_DIRECT) == 0) {
+      direct = true;
+    } else {
+      KVSPLIT_LOG_WARN("disk tier {}: the file system refuses O_DIRECT ({}); using buffered I/O",
+                       file, errno_text(errno));
+    }
+  }
   StatusOr<std::unique_ptr<BlockIo>> io = BlockIo::create(config.io);
   if (!io.ok()) return fail(io.status().code(), io.status().message());
   return std::unique_ptr<DiskTier>(
-      new DiskTier(config, file, fd, std::move(io).value(), extents, session));
+      new DiskTier(config, file, fd, std::move(io).value(), extents, session, direct));
 }
 
 DiskTier::DiskTier(DiskTierConfig config, std::string file, int fd, std::unique_ptr<BlockIo> io,
-                   int64_t extents, uint64_t session)
+                   int64_t extents, uint64_t session, bool direct)
     : config_(std::move(config)),
       file_(std::move(file)),
       fd_(fd),
       io_(std::move(io)),
       session_(session),
+      direct_(direct),
       extents_(static_cast<int>(extents)) {
+  stats_.direct_io = direct_;
   stats_.extent_bytes = config_.extent_bytes;
   stats_.extents_total = extents;
   stats_.capacity_bytes = extents * config_.extent_bytes;
-  KVSPLIT_LOG_INFO("disk tier {}: {} extents of {} bytes, I/O backend {}", file_, extents,
-                   config_.extent_bytes, io_backend_name(io_->backend()));
+  KVSPLIT_LOG_INFO("disk tier {}: {} extents of {} bytes, I/O backend {}{}", file_, extents,
+                   config_.extent_bytes, io_backend_name(io_->backend()),
+                   direct_ ? ", O_DIRECT" : "");
 }
 
 DiskTier::~DiskTier() {

@@ -317,10 +317,11 @@ int KvPool::releasable_blocks(const BlockTable& table) const {
   return n;
 }
 
-Status KvPool::open_disk_tier(const std::string& path, int64_t capacity_bytes) {
+Status KvPool::open_disk_tier(const std::string& path, int64_t capacity_bytes, bool direct_io) {
   DiskTierConfig dc;
   dc.path = path;
   dc.capacity_bytes = capacity_bytes;
+  dc.direct_io = direct_io;
   dc.extent_bytes =
       std::max<int64_t>(4096, (bytes_per_block() + DiskTier::kHeaderBytes + 4095) / 4096 * 4096);
   KVSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<DiskTier> disk, DiskTier::open(dc));

@@ -113,7 +113,7 @@ class KvPool {
   void attach_disk(std::unique_ptr<DiskTier> disk) { disk_ = std::move(disk); }
   // Opens a disk tier of `capacity_bytes` under `path` with extents of about one page of every
   // layer (a swapped sequence is one record) and attaches it. DiskTier::open's errors.
-  Status open_disk_tier(const std::string& path, int64_t capacity_bytes);
+  Status open_disk_tier(const std::string& path, int64_t capacity_bytes, bool direct_io = false);
   DiskTier* disk() const { return disk_.get(); }
 
   // ---- the spatial cut's shard group (kv-cuts.md §4; none unless added) ----

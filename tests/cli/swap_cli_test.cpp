@@ -80,6 +80,15 @@ TEST(CliSwap, DiskTierBelowTheHostTierKeepsTheTokens) {
     pages += got[i]["swapped_out_pages"].get<int>();
   }
   EXPECT_GT(pages, 0);
+  // The same through O_DIRECT (records bypass the page cache): the same tokens, no recompute.
+  const std::vector<nlohmann::json> direct =
+      generate(" --kv-blocks 20 --swap always --host-capacity-mb 0 --disk-direct-io --disk-path " +
+               quote(dir.path().string()));
+  ASSERT_EQ(direct.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_EQ(direct[i]["output_token_ids"], ref[i]["output_token_ids"]) << i;
+    EXPECT_EQ(direct[i]["recomputed_tokens"], 0);
+  }
   RunResult r = run("generate " + stories_model_flags() + " -p hi -n 4 --disk-path /proc/nope");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--disk-path"), std::string::npos) << r.err;

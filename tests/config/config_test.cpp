@@ -357,7 +357,7 @@ TEST(ConfigTest, TemporalCutKeys) {
   auto c = parse_config(
       "kv:\n"
       "  host_capacity_mb: 512\n"
-      "  disk: {path: /var/tmp/kv, capacity_mb: 2048}\n"
+      "  disk: {path: /var/tmp/kv, capacity_mb: 2048, direct_io: true}\n"
       "  prefix_cache: on\n"
       "  cuts:\n"
       "    temporal: {temporal_step_size: 4, swap: always}\n");
@@ -367,7 +367,9 @@ TEST(ConfigTest, TemporalCutKeys) {
   EXPECT_EQ(c->engine.temporal.swap, SwapMode::kAlways);
   EXPECT_EQ(c->engine.temporal.disk_path, "/var/tmp/kv");
   EXPECT_EQ(c->engine.temporal.disk_capacity_mb, 2048);
+  EXPECT_TRUE(c->engine.temporal.disk_direct_io);
   EXPECT_TRUE(c->engine.prefix_cache);
+  EXPECT_FALSE(parse_config("kv: {disk: {path: /tmp/kv, direct_io: maybe}}\n").ok());
   auto cls = parse_config(
       "sla_classes:\n"
       "  voice: {max_hold_ms: 500, kv: {swap: never, temporal_step_size: 1}}\n"
