@@ -33,7 +33,6 @@ struct SwapStats {
   int64_t disk_faults = 0;        // disk writes or reads that failed (the caller recomputes)
   int64_t fallbacks = 0;          // swap-ins that failed and were recomputed (callers count)
   int64_t refused_no_blocks = 0;  // swap-ins refused: too few free device blocks
-  int64_t refused_sharded = 0;    // swap-outs refused: the table spans a shard group
   // Prefetch (SwapPrefetch): disk reads started ahead of a swap-in, and of the swap-ins from the
   // disk tier, those whose read had completed when they ran (hits) and those that read or
   // waited then, or whose read failed (misses). Host-tier swap-ins are neither (no I/O to wait).
