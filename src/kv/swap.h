@@ -6,6 +6,11 @@
 // block set to -1 and `original` naming the host slot that holds it (its only copy). Pages the
 // semantic cut moved into the int8 / int4 arenas stay there (they are small and hold no full-pool
 // block); evicted pages stay evicted. So a swap out and in leaves every page bit-exact.
+//
+// A table spread over a shard group (the spatial cut) swaps the same way: each page is copied out
+// of the shard that holds it (PageEntry::shard) into the home pool's host tier or disk record, and
+// swap_in places it again by the group's placement rule (KvPool::allocate_placed), possibly on
+// another shard (PageEntry::shard and blocks[i] updated).
 #pragma once
 
 #include <cstddef>
