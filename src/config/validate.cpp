@@ -53,11 +53,6 @@ Status validate_config(const Config& config) {
         "kv.cuts.spatial.spatial_chunk_size: must be a multiple of "
         "kv.block_size " +
         std::to_string(e.block_size) + ", got " + std::to_string(e.spatial.spatial_chunk_size));
-  if (e.spatial.shards > 1 && e.kv_policy != KvPolicy::kFull)
-    return invalid_argument(
-        "kv.cuts.spatial.shards: must be 1 with kv.kv_cache_compression / the semantic cut on "
-        "(the semantic cut does not act on a shard group yet), got " +
-        std::to_string(e.spatial.shards));
   if (e.spatial.shards > 1 && e.backend != "cpu")
     return invalid_argument("kv.cuts.spatial.shards: must be 1 on the '" + e.backend +
                             "' backend (spatial shards run on the cpu backend so far), got " +

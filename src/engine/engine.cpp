@@ -134,6 +134,10 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
       sched::SequenceCut::size_tiers(config.kv_policy, config.semantic, static_cast<int>(blocks),
                                      shape, &pc);
     }
+    // With a shard group every shard's pages keep their originals in this (home) host tier.
+    if (decodes && config.kv_policy != KvPolicy::kFull && config.spatial.shards > 1)
+      pc.host_bytes = std::min<int64_t>(pc.host_bytes * config.spatial.shards,
+                                        config.semantic.host_capacity_mb << 20);
     // The temporal cut's host tier for swapped-out pages, beside the semantic cut's originals.
     if (decodes) pc.host_bytes += config.temporal.host_capacity_mb << 20;
     auto pool = kv::KvPool::create(*be, pc, shape);

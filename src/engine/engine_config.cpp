@@ -68,9 +68,6 @@ Status validate_engine_config(const EngineConfig& c) {
     return bad("spatial.spatial_chunk_size", c.spatial.spatial_chunk_size,
                "a positive multiple of the block size");
   if (c.spatial.min_context < 0) return bad("spatial.min_context", c.spatial.min_context, ">= 0");
-  if (c.spatial.shards > 1 && c.kv_policy != KvPolicy::kFull)
-    return bad("spatial.shards", c.spatial.shards,
-               "1 with a KV policy other than full (the semantic cut does not act on shards yet)");
   if (c.spatial.shards > 1 && c.backend != "cpu")
     return invalid_argument(fmt::format(
         "EngineConfig.spatial.shards: must be 1 on the {} backend (spatial shards run on the CPU "

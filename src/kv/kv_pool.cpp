@@ -233,6 +233,11 @@ Status KvPool::add_shards(std::vector<std::unique_ptr<backend::Backend>> backend
   pc.num_blocks = config_.num_blocks;
   pc.block_size = config_.block_size;
   pc.dtype = config_.dtype;
+  // The semantic cut's arenas and key summaries of the pages a shard holds live on that shard;
+  // their full-precision originals go to the home host tier.
+  pc.int8_blocks = config_.int8_blocks;
+  pc.int4_blocks = config_.int4_blocks;
+  pc.summary_slots = config_.summary_slots;
   for (auto& be : backends) {
     if (be == nullptr) return invalid_argument("KvPool::add_shards: null backend");
     Peer peer;
@@ -362,15 +367,16 @@ void KvPool::release(BlockTable& table) {
   KVSPLIT_CHECK(table.pages.empty() || table.pages.size() == table.blocks.size());
   for (size_t i = 0; i < table.blocks.size(); ++i) {
     const PageEntry page = table.page(i);
+    KvPool& at = shard(page.shard);  // arenas and summaries of the shard holding the page
     if (page.resident()) {
       if (page.precision == kernels::KvPrecision::kFull)
-        shard(page.shard).allocator_.decref(table.blocks[i]);
+        at.allocator_.decref(table.blocks[i]);
       else
-        arena_allocator(page.precision).decref(table.blocks[i]);
+        at.arena_allocator(page.precision).decref(table.blocks[i]);
     }
     if (page.original >= 0 && page.location != PageLocation::kDisk)
       host_alloc_.decref(page.original);
-    if (page.summary >= 0) summary_alloc_.decref(page.summary);
+    if (page.summary >= 0) at.summary_alloc_.decref(page.summary);
   }
   if (table.disk_record != 0) {
     KVSPLIT_CHECK(disk_ != nullptr);

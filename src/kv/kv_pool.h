@@ -117,8 +117,9 @@ class KvPool {
   DiskTier* disk() const { return disk_.get(); }
 
   // ---- the spatial cut's shard group (kv-cuts.md §4; none unless added) ----
-  // Adds one peer shard per backend: a KvPool of this pool's num_blocks, block_size and dtype
-  // (no semantic arenas, host tier, disk or prefix cache) on that backend, which the pool owns.
+  // Adds one peer shard per backend: a KvPool of this pool's num_blocks, block_size, dtype,
+  // int8 / int4 arenas and summary slots (no host tier, disk or prefix cache: those are the
+  // home's) on that backend, which the pool owns.
   // This pool is shard 0 (home). `chunk_tokens` (a positive multiple of block_size) is the unit
   // of placement. Call once, before any table holds pages. kInvalidArgument for bad arguments,
   // the allocation's error when a shard cannot hold its pool.

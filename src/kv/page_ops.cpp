@@ -12,10 +12,12 @@ using kernels::KvPrecision;
 
 int rung(KvPrecision p) { return static_cast<int>(p); }  // full 0 < int8 1 < int4 2 < evicted 3
 
+// Runs each transition on the shard that holds the page (KvPool::shard(page.shard): its
+// backend, arenas and summaries); full-precision originals go to the home pool's host tier.
 class Executor {
  public:
   Executor(KvPool& pool, BlockTable& table, PageOpStats& stats)
-      : pool_(pool), be_(pool.backend()), table_(table), stats_(stats) {}
+      : home_(pool), table_(table), stats_(stats) {}
 
   Status demote(int i, KvPrecision to) {
     PageEntry& page = table_.pages[i];
@@ -24,12 +26,14 @@ class Executor {
       if (to == page.precision) return ok_status();
       return invalid_argument("page " + std::to_string(i) + ": kDemote cannot go up the ladder");
     }
+    KvPool& at = home_.shard(page.shard);
+    backend::Backend& be = at.backend();
     // The destination page first: a refused demotion must not take a host slot or a summary.
-    auto id = pool_.arena_allocator(to).allocate(1);
+    auto id = at.arena_allocator(to).allocate(1);
     if (!id && to == KvPrecision::kInt8) {
       // The int8 arena is full: straight to int4 (still reversible: the original is kept).
       to = KvPrecision::kInt4;
-      id = pool_.arena_allocator(to).allocate(1);
+      id = at.arena_allocator(to).allocate(1);
     }
     if (!id) {
       ++stats_.refused_no_space;
@@ -37,22 +41,22 @@ class Executor {
     }
     const int32_t dst = (*id)[0];
     if (page.precision == KvPrecision::kFull && !write_original(i)) {
-      pool_.arena_allocator(to).decref(dst);
+      at.arena_allocator(to).decref(dst);
       return ok_status();
     }
-    const kernels::QuantPageLayout layout = pool_.quant_layout();
-    const int64_t full_bytes = pool_.page_layer_bytes(KvPrecision::kFull);
-    for (int l = 0; l < pool_.shape().num_layers; ++l) {
-      const void* src = full_page(l, table_.blocks[i]);
+    const kernels::QuantPageLayout layout = at.quant_layout();
+    const int64_t full_bytes = at.page_layer_bytes(KvPrecision::kFull);
+    for (int l = 0; l < at.shape().num_layers; ++l) {
+      const void* src = full_page(at, l, table_.blocks[i]);
       if (page.precision != KvPrecision::kFull) {
         // Requantize from the original, never from a lossy copy (errors do not compound).
-        KVSPLIT_RETURN_IF_ERROR(be_.copy_h2d(pool_.scratch_page(l),
-                                             pool_.host_slot(page.original) + l * full_bytes,
-                                             static_cast<size_t>(full_bytes)));
-        src = pool_.scratch_page(l);
+        KVSPLIT_RETURN_IF_ERROR(be.copy_h2d(at.scratch_page(l),
+                                            home_.host_slot(page.original) + l * full_bytes,
+                                            static_cast<size_t>(full_bytes)));
+        src = at.scratch_page(l);
       }
       KVSPLIT_RETURN_IF_ERROR(
-          be_.quantize_kv_page(src, pool_.config().dtype, layout, to, arena_page(to, l, dst)));
+          be.quantize_kv_page(src, at.config().dtype, layout, to, arena_page(at, to, l, dst)));
     }
     drop_resident(i);
     table_.blocks[i] = dst;
@@ -68,7 +72,7 @@ class Executor {
       return ok_status();
     drop_resident(i);
     table_.blocks[i] = -1;
-    page.location = PageLocation::kEvicted;
+    page.location = PageLocation::kEvicted;  // keeps its shard: its summary lives there
     page.precision = KvPrecision::kEvicted;
     ++stats_.evicted;
     return ok_status();
@@ -82,24 +86,38 @@ class Executor {
       return ok_status();
     }
     const auto t0 = std::chrono::steady_clock::now();
-    auto id = pool_.allocate_blocks(1);
-    if (!id) {
+    // With a shard group the page comes back where reserve() would place it now (the placement
+    // rule, or the next shard with room), not necessarily on the shard it left.
+    KvPool::PlacedBlock dst;
+    if (home_.num_shards() > 1) {
+      auto placed = home_.allocate_placed(i, 1, table_.spread);
+      if (placed) dst = (*placed)[0];
+    } else if (auto id = home_.allocate_blocks(1)) {
+      dst.block = (*id)[0];
+    }
+    if (dst.block < 0) {
       ++stats_.refused_no_space;
       return ok_status();
     }
-    const int32_t dst = (*id)[0];
-    const int64_t full_bytes = pool_.page_layer_bytes(KvPrecision::kFull);
-    for (int l = 0; l < pool_.shape().num_layers; ++l) {
-      KVSPLIT_RETURN_IF_ERROR(be_.copy_h2d(full_page(l, dst),
-                                           pool_.host_slot(page.original) + l * full_bytes,
-                                           static_cast<size_t>(full_bytes)));
+    KvPool& to = home_.shard(dst.shard);
+    const int64_t full_bytes = to.page_layer_bytes(KvPrecision::kFull);
+    Status st = ok_status();
+    for (int l = 0; l < to.shape().num_layers && st.ok(); ++l) {
+      st = to.backend().copy_h2d(full_page(to, l, dst.block),
+                                 home_.host_slot(page.original) + l * full_bytes,
+                                 static_cast<size_t>(full_bytes));
     }
-    KVSPLIT_RETURN_IF_ERROR(be_.synchronize());  // the host slot is released below
+    if (st.ok()) st = to.backend().synchronize();  // the host slot is released below
+    if (!st.ok()) {
+      home_.decref_block(dst.shard, dst.block);
+      return st;
+    }
     if (page.resident()) drop_resident(i);
-    table_.blocks[i] = dst;
-    pool_.host_allocator().decref(page.original);
-    pool_.summary_allocator().decref(page.summary);
+    table_.blocks[i] = dst.block;
+    home_.host_allocator().decref(page.original);
+    if (page.summary >= 0) home_.shard(page.shard).summary_allocator().decref(page.summary);
     page = PageEntry{};
+    page.shard = static_cast<uint8_t>(dst.shard);
     ++stats_.restored;
     stats_.restore_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -107,54 +125,55 @@ class Executor {
   }
 
  private:
-  void* full_page(int layer, int32_t block) const {
-    return static_cast<std::byte*>(pool_.layer(layer).data) +
-           int64_t{block} * pool_.page_layer_bytes(KvPrecision::kFull);
+  static void* full_page(const KvPool& at, int layer, int32_t block) {
+    return static_cast<std::byte*>(at.layer(layer).data) +
+           int64_t{block} * at.page_layer_bytes(KvPrecision::kFull);
   }
-  void* arena_page(KvPrecision p, int layer, int32_t block) const {
-    return static_cast<std::byte*>(pool_.arena(p, layer)) +
-           int64_t{block} * pool_.page_layer_bytes(p);
+  static void* arena_page(const KvPool& at, KvPrecision p, int layer, int32_t block) {
+    return static_cast<std::byte*>(at.arena(p, layer)) + int64_t{block} * at.page_layer_bytes(p);
   }
 
-  // Frees the page's resident copy (its full block or arena page).
+  // Frees the page's resident copy (its full block or arena page) on its shard.
   void drop_resident(int i) {
     const PageEntry& page = table_.pages[i];
     if (page.precision == KvPrecision::kFull)
-      pool_.allocator().decref(table_.blocks[i]);
+      home_.decref_block(page.shard, table_.blocks[i]);
     else
-      pool_.arena_allocator(page.precision).decref(table_.blocks[i]);
+      home_.shard(page.shard).arena_allocator(page.precision).decref(table_.blocks[i]);
   }
 
-  // Writes page i's full-precision copy to the host tier and its key summary, once. False (and
-  // counted) when the host tier or the summary slots are full.
+  // Writes page i's full-precision copy to the home host tier and its key summary (on the
+  // page's shard), once. False (and counted) when the host tier or the summary slots are full.
   bool write_original(int i) {
     PageEntry& page = table_.pages[i];
     if (page.original >= 0) return true;
-    auto slot = pool_.host_allocator().allocate(1);
+    KvPool& at = home_.shard(page.shard);
+    backend::Backend& be = at.backend();
+    auto slot = home_.host_allocator().allocate(1);
     if (!slot) {
       ++stats_.refused_host_full;
       return false;
     }
-    auto summary = pool_.summary_allocator().allocate(1);
+    auto summary = at.summary_allocator().allocate(1);
     if (!summary) {
-      pool_.host_allocator().decref((*slot)[0]);
+      home_.host_allocator().decref((*slot)[0]);
       ++stats_.refused_host_full;
       return false;
     }
-    const int64_t full_bytes = pool_.page_layer_bytes(KvPrecision::kFull);
-    const kernels::QuantPageLayout layout = pool_.quant_layout();
+    const int64_t full_bytes = at.page_layer_bytes(KvPrecision::kFull);
+    const kernels::QuantPageLayout layout = at.quant_layout();
     const int64_t summary_floats = int64_t{2} * layout.num_kv_heads * layout.head_dim;
-    for (int l = 0; l < pool_.shape().num_layers; ++l) {
-      const void* src = full_page(l, table_.blocks[i]);
-      status_ = be_.copy_d2h(pool_.host_slot((*slot)[0]) + l * full_bytes, src,
-                             static_cast<size_t>(full_bytes));
+    for (int l = 0; l < at.shape().num_layers; ++l) {
+      const void* src = full_page(at, l, table_.blocks[i]);
+      status_ = be.copy_d2h(home_.host_slot((*slot)[0]) + l * full_bytes, src,
+                            static_cast<size_t>(full_bytes));
       if (status_.ok()) {
-        status_ = be_.summarize_kv_page(src, pool_.config().dtype, layout,
-                                        pool_.summaries(l) + (*summary)[0] * summary_floats);
+        status_ = be.summarize_kv_page(src, at.config().dtype, layout,
+                                       at.summaries(l) + (*summary)[0] * summary_floats);
       }
       if (!status_.ok()) {
-        pool_.host_allocator().decref((*slot)[0]);
-        pool_.summary_allocator().decref((*summary)[0]);
+        home_.host_allocator().decref((*slot)[0]);
+        at.summary_allocator().decref((*summary)[0]);
         return false;
       }
     }
@@ -168,8 +187,7 @@ class Executor {
   Status status_ = ok_status();  // a backend error inside write_original
 
  private:
-  KvPool& pool_;
-  backend::Backend& be_;
+  KvPool& home_;
   BlockTable& table_;
   PageOpStats& stats_;
 };
@@ -219,7 +237,9 @@ Status apply_page_transitions(KvPool& pool, BlockTable& table, int num_tokens,
     }
     KVSPLIT_RETURN_IF_ERROR(ex.status_);
   }
-  return pool.backend().synchronize();
+  for (int sh = 0; sh < pool.num_shards(); ++sh)
+    KVSPLIT_RETURN_IF_ERROR(pool.shard(sh).backend().synchronize());
+  return ok_status();
 }
 
 int64_t resident_bytes(const KvPool& pool, const BlockTable& table) {

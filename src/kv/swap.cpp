@@ -20,6 +20,15 @@ std::byte* device_page(const KvPool& pool, int layer, int32_t block) {
          int64_t{block} * pool.page_layer_bytes(KvPrecision::kFull);
 }
 
+// Waits for the copies out of every shard that holds one of the pages `idx` of `table`.
+Status synchronize_shards(KvPool& pool, const BlockTable& table, const std::vector<int>& idx) {
+  uint64_t seen = 0;
+  for (int i : idx) seen |= uint64_t{1} << table.page(i).shard;
+  for (int s = 0; s < pool.num_shards(); ++s)
+    if ((seen >> s) & 1) KVSPLIT_RETURN_IF_ERROR(pool.shard(s).backend().synchronize());
+  return ok_status();
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -35,7 +44,6 @@ void SwapStats::add(const SwapStats& o) {
   bytes_in += o.bytes_in;
   refused_host_full += o.refused_host_full;
   refused_no_blocks += o.refused_no_blocks;
-  refused_sharded += o.refused_sharded;
   to_disk += o.to_disk;
   from_disk += o.from_disk;
   disk_faults += o.disk_faults;
@@ -75,13 +83,14 @@ StatusOr<bool> swap_out_to_disk(KvPool& pool, BlockTable& table, const std::vect
   const int layers = pool.shape().num_layers;
   const int64_t per_page = page_bytes * layers;
   std::vector<std::byte> staging(static_cast<size_t>(per_page) * idx.size());
-  backend::Backend& be = pool.backend();
-  for (size_t k = 0; k < idx.size(); ++k)
+  for (size_t k = 0; k < idx.size(); ++k) {
+    const KvPool& from = pool.shard(table.page(idx[k]).shard);
     for (int l = 0; l < layers; ++l)
-      KVSPLIT_RETURN_IF_ERROR(be.copy_d2h(staging.data() + k * per_page + l * page_bytes,
-                                          device_page(pool, l, table.blocks[idx[k]]),
-                                          static_cast<size_t>(page_bytes)));
-  KVSPLIT_RETURN_IF_ERROR(be.synchronize());
+      KVSPLIT_RETURN_IF_ERROR(from.backend().copy_d2h(
+          staging.data() + k * per_page + l * page_bytes,
+          device_page(from, l, table.blocks[idx[k]]), static_cast<size_t>(page_bytes)));
+  }
+  KVSPLIT_RETURN_IF_ERROR(synchronize_shards(pool, table, idx));
   const std::span<const std::byte> payload[] = {staging};
   auto id = disk.write_sync(payload, disk_key(idx.size()));
   if (!id.ok()) {
@@ -93,10 +102,11 @@ StatusOr<bool> swap_out_to_disk(KvPool& pool, BlockTable& table, const std::vect
   if (table.pages.empty()) table.pages.resize(table.blocks.size());
   for (size_t k = 0; k < idx.size(); ++k) {
     const int i = idx[k];
-    pool.allocator().decref(table.blocks[i]);
+    pool.decref_block(table.pages[i].shard, table.blocks[i]);
     table.blocks[i] = -1;
     table.pages[i].location = PageLocation::kDisk;
     table.pages[i].original = static_cast<int32_t>(k);
+    table.pages[i].shard = 0;  // swap_in places it again
   }
   table.disk_record = *id;
   ++stats->to_disk;
@@ -114,12 +124,8 @@ StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats) {
     if (on_device_full(table, i)) idx.push_back(static_cast<int>(i));
   if (idx.empty()) return true;
   if (table.disk_record != 0) return false;  // one record per table (resume it first)
-  // A table spread over a shard group (the spatial cut) is not swapped: its pages live in
-  // several shards' pools. The caller recomputes it instead (counted as refused).
-  if (table.sharded()) {
-    ++stats->refused_sharded;
-    return false;
-  }
+  // A table spread over a shard group (the spatial cut) swaps each page out of the shard that
+  // holds it, into the home pool's host tier or disk record; swap_in places them again.
   if (pool.host_allocator().num_free() < static_cast<int>(idx.size())) {
     if (pool.disk() == nullptr) {
       ++stats->refused_host_full;
@@ -140,15 +146,16 @@ StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats) {
     return false;
   }
   const int64_t page_bytes = pool.page_layer_bytes(KvPrecision::kFull);
-  backend::Backend& be = pool.backend();
   Status st = ok_status();
   for (size_t k = 0; k < idx.size() && st.ok(); ++k) {
+    const KvPool& from = pool.shard(table.page(idx[k]).shard);
     for (int l = 0; l < pool.shape().num_layers && st.ok(); ++l) {
-      st = be.copy_d2h(pool.host_slot((*slots)[k]) + l * page_bytes,
-                       device_page(pool, l, table.blocks[idx[k]]), static_cast<size_t>(page_bytes));
+      st = from.backend().copy_d2h(pool.host_slot((*slots)[k]) + l * page_bytes,
+                                   device_page(from, l, table.blocks[idx[k]]),
+                                   static_cast<size_t>(page_bytes));
     }
   }
-  if (st.ok()) st = be.synchronize();  // the device blocks are freed below
+  if (st.ok()) st = synchronize_shards(pool, table, idx);  // the device blocks are freed below
   if (!st.ok()) {
     for (int32_t s : *slots) pool.host_allocator().decref(s);
     return st.with_prefix("swap out");
@@ -156,11 +163,12 @@ StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats) {
   if (table.pages.empty()) table.pages.resize(table.blocks.size());
   for (size_t k = 0; k < idx.size(); ++k) {
     const int i = idx[k];
-    pool.allocator().decref(table.blocks[i]);
-    table.blocks[i] = -1;
     PageEntry& p = table.pages[i];
+    pool.decref_block(p.shard, table.blocks[i]);
+    table.blocks[i] = -1;
     p.location = PageLocation::kHost;
     p.original = (*slots)[k];
+    p.shard = 0;  // swap_in places it again
   }
   ++stats->swaps_out;
   stats->pages_out += static_cast<int64_t>(idx.size());
@@ -193,6 +201,31 @@ bool prefetch_ready(KvPool& pool, SwapPrefetch& pf) {
   return pf.result.has_value();
 }
 
+namespace {
+
+// A block for each page of `idx` (ascending), placed as reserve() places those pages: one
+// placement per run of consecutive pages. nullopt (nothing kept) when the group is short.
+std::optional<std::vector<KvPool::PlacedBlock>> allocate_pages(KvPool& pool,
+                                                               const std::vector<int>& idx,
+                                                               bool spread) {
+  std::vector<KvPool::PlacedBlock> out;
+  out.reserve(idx.size());
+  for (size_t k = 0; k < idx.size();) {
+    size_t e = k + 1;
+    while (e < idx.size() && idx[e] == idx[e - 1] + 1) ++e;
+    auto run = pool.allocate_placed(idx[k], static_cast<int>(e - k), spread);
+    if (!run) {
+      for (const KvPool::PlacedBlock& b : out) pool.decref_block(b.shard, b.block);
+      return std::nullopt;
+    }
+    out.insert(out.end(), run->begin(), run->end());
+    k = e;
+  }
+  return out;
+}
+
+}  // namespace
+
 StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPrefetch* prefetch) {
   KVSPLIT_CHECK(stats != nullptr);
   KVSPLIT_CHECK(table.pages.empty() || table.pages.size() == table.blocks.size());
@@ -204,8 +237,9 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
       idx.push_back(static_cast<int>(i));
   if (idx.empty()) return true;
   const bool from_disk = table.disk_record != 0;
-  // With a shard group the pages come back wherever reserve() would place them.
-  auto blocks = pool.allocate_placed(idx.front(), static_cast<int>(idx.size()), table.spread);
+  // With a shard group the pages come back wherever reserve() would place them now (each page's
+  // preferred shard, or the next with room), not necessarily where they were.
+  auto blocks = allocate_pages(pool, idx, table.spread);
   if (!blocks) {
     ++stats->refused_no_blocks;
     return false;

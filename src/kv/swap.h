@@ -6,6 +6,11 @@
 // block set to -1 and `original` naming the host slot that holds it (its only copy). Pages the
 // semantic cut moved into the int8 / int4 arenas stay there (they are small and hold no full-pool
 // block); evicted pages stay evicted. So a swap out and in leaves every page bit-exact.
+//
+// A table spread over a shard group (the spatial cut) swaps the same way: each page is copied out
+// of the shard that holds it (PageEntry::shard) into the home pool's host tier or disk record, and
+// swap_in places it again by the group's placement rule (KvPool::allocate_placed), possibly on
+// another shard (PageEntry::shard and blocks[i] updated).
 #pragma once
 
 #include <cstddef>
@@ -33,7 +38,6 @@ struct SwapStats {
   int64_t disk_faults = 0;        // disk writes or reads that failed (the caller recomputes)
   int64_t fallbacks = 0;          // swap-ins that failed and were recomputed (callers count)
   int64_t refused_no_blocks = 0;  // swap-ins refused: too few free device blocks
-  int64_t refused_sharded = 0;    // swap-outs refused: the table spans a shard group
   // Prefetch (SwapPrefetch): disk reads started ahead of a swap-in, and of the swap-ins from the
   // disk tier, those whose read had completed when they ran (hits) and those that read or
   // waited then, or whose read failed (misses). Host-tier swap-ins are neither (no I/O to wait).

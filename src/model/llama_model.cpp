@@ -246,8 +246,6 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     if (s.table->sharded()) {
       if (pool.num_shards() < 2)
         return invalid_argument("a block table names shards but the pool has no shard group");
-      if (s.token_relevance != nullptr)
-        return unimplemented("scoring (the semantic cut) of a sequence spread over shards");
     }
     if ((s.token_relevance == nullptr) != (s.page_bound == nullptr))
       return invalid_argument("token_relevance and page_bound go together");
@@ -514,8 +512,8 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     std::vector<ShardedSeq> sh;
     for (int k = num_local; k < static_cast<int>(order.size()); ++k) {
       const SeqStep& s = seqs[order[k]];
-      sh.push_back(
-          ShardedSeq{s.table, s.start_pos, static_cast<int>(s.tokens.size()), is_decode(s)});
+      sh.push_back(ShardedSeq{s.table, s.start_pos, static_cast<int>(s.tokens.size()), is_decode(s),
+                              s.token_relevance, s.page_bound});
     }
     if (!im.comm) im.comm = backend::make_in_process_communicator();
     ShardedAttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, scale};
@@ -550,6 +548,7 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     KVSPLIT_RETURN_IF_ERROR(be.swiglu(hb, hb2, T * hidden, hb));
     KVSPLIT_RETURN_IF_ERROR(be.gemm(hb, nt, L.w_down, nullptr, x, /*accumulate=*/true));
   }
+  if (num_sharded_rows > 0) KVSPLIT_RETURN_IF_ERROR(im.sharded.collect_scores());
   if (scoring) {
     std::vector<float> rel(nd * mb * block_size), bound(nd * mb);
     KVSPLIT_RETURN_IF_ERROR(be.copy_d2h(rel.data(), dpages + o_rel, rel.size() * sizeof(float)));

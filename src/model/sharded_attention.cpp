@@ -13,7 +13,30 @@ namespace {
 
 // Workspace slots of a shard's pool (KvPool::workspace); the home pool also holds the received
 // partials of every peer, at kRecv + 2 * shard (+ 1 for lse).
-enum Slot : int { kQ, kK, kV, kO, kLse, kMeta, kPrecision, kRecv };
+enum Slot : int {
+  kQ,
+  kK,
+  kV,
+  kO,
+  kLse,
+  kMeta,
+  kPrecision,
+  kDecPrecision,
+  kScore,
+  kAllMax,
+  kSeqMax,
+  kRecv
+};
+
+// 16-byte aligned parts of one buffer.
+struct Parts {
+  size_t size = 0;
+  size_t take(size_t bytes) {
+    const size_t o = size;
+    size += (bytes + 15) & ~size_t{15};
+    return o;
+  }
+};
 
 template <typename T>
 Status take(kv::KvPool& pool, int slot, size_t bytes, T** out) {
@@ -44,6 +67,10 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
   shape_ = shape;
   const int bs = pool.block_size();
   rows_ = decode_rows_ = prefill_seqs_ = pre_max_q_ = pre_max_kv_ = dec_max_kv_ = 0;
+  scoring_ = false;
+  rel_out_.clear();
+  bound_out_.clear();
+  rel_pages_.clear();
   bool seen_prefill = false;
   int max_blocks = 1;
   for (const ShardedSeq& s : seqs) {
@@ -62,9 +89,17 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
         return invalid_argument("page " + std::to_string(b) +
                                 " of a sharded sequence is not on a device");
     }
+    if ((s.token_relevance == nullptr) != (s.page_bound == nullptr))
+      return invalid_argument("token_relevance and page_bound go together");
+    if (s.token_relevance != nullptr && !s.decode)
+      return invalid_argument("scoring outputs are for decode rows only");
     if (s.decode) {
       if (seen_prefill) return invalid_argument("sharded decode rows must come first");
       ++decode_rows_;
+      rel_out_.push_back(s.token_relevance);
+      bound_out_.push_back(s.page_bound);
+      rel_pages_.push_back(nb);
+      scoring_ = scoring_ || s.token_relevance != nullptr;
       dec_max_kv_ = std::max(dec_max_kv_, kv_len);
     } else {
       seen_prefill = true;
@@ -81,6 +116,11 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
   const size_t lse_bytes = size_t(rows_) * H * sizeof(float);
 
   const std::vector<float> neg_inf(size_t(rows_) * H, -std::numeric_limits<float>::infinity());
+  const size_t dr = static_cast<size_t>(decode_rows_), mb = static_cast<size_t>(max_blocks);
+  if (scoring_) {
+    KVSPLIT_RETURN_IF_ERROR(take(pool, kAllMax, size_t(S) * dr * H * sizeof(float), &all_max_));
+    KVSPLIT_RETURN_IF_ERROR(take(pool, kSeqMax, dr * H * sizeof(float), &seq_max_));
+  }
   shards_.resize(S);
   for (int sh = 0; sh < S; ++sh) {
     Shard& z = shards_[sh];
@@ -121,27 +161,39 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
     }
     // Decode: the compact table of the pages this shard holds (its local kv_len). Consecutive
     // rows with at least one local token form one call.
+    // Pages at any precision are listed (page_precision when some are not full); evicted pages
+    // too (attention skips them) when they have a key summary here, for the page bounds.
+    std::vector<uint8_t> dec_prec(dr * mb, static_cast<uint8_t>(kernels::KvPrecision::kFull));
+    std::vector<uint8_t> flags(dr, 0);
+    std::vector<int32_t> summary_slots(dr * mb, -1);
+    bool dec_mixed = false;
     for (int r = 0; r < decode_rows_;) {
-      std::vector<int32_t> lens, tables;
+      std::vector<int32_t> lens, tables, pages;
       const int first = r;
       for (; r < decode_rows_; ++r) {
         const ShardedSeq& s = seqs[r];
         const int kv_len = s.start_pos + 1;
         const int nb = kv::BlockTable::blocks_for(kv_len, bs);
         int local = 0;
-        std::vector<int32_t> row_table(static_cast<size_t>(max_blocks), 0);
+        std::vector<int32_t> row_table(mb, 0), row_pages(mb, -1);
         int n = 0;
         for (int b = 0; b < nb; ++b) {
           const kv::PageEntry pe = s.table->page(b);
-          if (pe.shard != sh || !pe.resident()) continue;
-          if (pe.precision != kernels::KvPrecision::kFull)
-            return unimplemented("sharded decode over quantized pages is not built");
-          row_table[n++] = s.table->blocks[b];
+          if (pe.shard != sh) continue;
+          if (!pe.resident() && pe.summary < 0) continue;
+          const size_t at = size_t(r) * mb + n;
+          dec_prec[at] = static_cast<uint8_t>(pe.precision);
+          dec_mixed = dec_mixed || pe.precision != kernels::KvPrecision::kFull;
+          summary_slots[at] = pe.summary;
+          row_pages[n] = b;
+          row_table[n++] = pe.resident() ? s.table->blocks[b] : 0;
           local += std::min(bs, kv_len - b * bs);
         }
         if (local == 0) break;
+        flags[r] = s.token_relevance != nullptr;
         lens.push_back(local);
         tables.insert(tables.end(), row_table.begin(), row_table.end());
+        pages.insert(pages.end(), row_pages.begin(), row_pages.end());
       }
       const int n = r - first;
       if (n == 0) {
@@ -156,7 +208,37 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
       ints.insert(ints.end(), lens.begin(), lens.end());
       ints.insert(ints.end(), tables.begin(), tables.end());
       run.plan = backend::plan_decode_splits(lens.data(), n, Hkv, bs, z.be->parallelism(), split);
+      run.pages = std::move(pages);
       z.runs.push_back(std::move(run));
+    }
+    z.dec_precision = nullptr;
+    if (dec_mixed) {
+      KVSPLIT_RETURN_IF_ERROR(take(*z.pool, kDecPrecision, dec_prec.size(), &z.dec_precision));
+      KVSPLIT_RETURN_IF_ERROR(z.be->copy_h2d(z.dec_precision, dec_prec.data(), dec_prec.size()));
+    }
+    z.score_flags = nullptr;
+    if (scoring_) {
+      Parts parts;
+      const size_t o_flags = parts.take(dr);
+      const size_t o_slots = parts.take(dr * mb * sizeof(int32_t));
+      const size_t o_rel = parts.take(dr * mb * bs * sizeof(float));
+      const size_t o_bound = parts.take(dr * mb * sizeof(float));
+      const size_t o_hmax = parts.take(dr * H * sizeof(float));
+      const size_t o_smax = parts.take(dr * H * sizeof(float));
+      std::vector<std::byte> img(parts.size, std::byte{0});  // relevance and bounds zeroed
+      std::copy(flags.begin(), flags.end(), reinterpret_cast<uint8_t*>(img.data() + o_flags));
+      std::copy(summary_slots.begin(), summary_slots.end(),
+                reinterpret_cast<int32_t*>(img.data() + o_slots));
+      std::copy_n(neg_inf.begin(), dr * H, reinterpret_cast<float*>(img.data() + o_hmax));
+      std::byte* buf = nullptr;
+      KVSPLIT_RETURN_IF_ERROR(take(*z.pool, kScore, parts.size, &buf));
+      KVSPLIT_RETURN_IF_ERROR(z.be->copy_h2d(buf, img.data(), img.size()));
+      z.score_flags = reinterpret_cast<uint8_t*>(buf + o_flags);
+      z.summary_slots = reinterpret_cast<int32_t*>(buf + o_slots);
+      z.relevance = reinterpret_cast<float*>(buf + o_rel);
+      z.bound = reinterpret_cast<float*>(buf + o_bound);
+      z.head_max = reinterpret_cast<float*>(buf + o_hmax);
+      z.seq_max = reinterpret_cast<float*>(buf + o_smax);
     }
     // Prefill: every prefill sequence, over its whole table with other shards' pages evicted.
     z.pre_meta = ints.size();
@@ -173,9 +255,7 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
         for (int b = 0; b < kv::BlockTable::blocks_for(kv_len, bs); ++b) {
           const kv::PageEntry pe = s.table->page(b);
           if (pe.shard != sh || !pe.resident()) continue;
-          if (pe.precision != kernels::KvPrecision::kFull)
-            return unimplemented("sharded prefill over quantized pages is not built");
-          prec[size_t(j) * max_blocks + b] = static_cast<uint8_t>(kernels::KvPrecision::kFull);
+          prec[size_t(j) * max_blocks + b] = static_cast<uint8_t>(pe.precision);
           tables[size_t(j) * max_blocks + b] = s.table->blocks[b];
         }
       }
@@ -216,32 +296,14 @@ Status ShardedAttention::run_layer(int layer, const float* q, const float* k, co
     const auto t0 = std::chrono::steady_clock::now();
     const int32_t* meta = z.meta;
     KVSPLIT_RETURN_IF_ERROR(be.kv_append(z.pool->layer(layer), zk, zv, meta + z.slots, rows_));
-    auto base_args = [&]() {
-      backend::AttentionArgs a;
-      a.kv = z.pool->layer(layer);
-      a.num_heads = H;
-      a.num_kv_heads = Hkv;
-      a.head_dim = d;
-      a.scale = shape_.scale;
-      a.max_blocks_per_seq = z.max_blocks;
-      return a;
-    };
     for (const DecodeRun& run : z.runs) {
-      backend::AttentionArgs a = base_args();
-      a.q = zq + size_t(run.first_row) * H * d;
-      a.out = z.o + size_t(run.first_row) * H * d;
+      backend::AttentionArgs a = decode_args(z, layer, run, zq);
       a.lse = z.lse + size_t(run.first_row) * H;
-      a.num_seqs = run.rows;
-      a.num_tokens = run.rows;
-      a.query_start = meta + run.meta;
-      a.kv_lens = meta + run.meta + run.rows + 1;
-      a.block_tables = meta + run.meta + 2 * run.rows + 1;
-      a.max_query_len = 1;
-      a.max_kv_len = dec_max_kv_;
+      if (scoring_) a.head_max = z.head_max + size_t(run.first_row) * H;
       KVSPLIT_RETURN_IF_ERROR(be.attention_decode(a, run.plan));
     }
     if (prefill_seqs_ > 0) {
-      backend::AttentionArgs a = base_args();
+      backend::AttentionArgs a = base_args(z, layer);
       a.q = zq + size_t(decode_rows_) * H * d;
       a.out = z.o + size_t(decode_rows_) * H * d;
       a.lse = z.lse + size_t(decode_rows_) * H;
@@ -253,6 +315,7 @@ Status ShardedAttention::run_layer(int layer, const float* q, const float* k, co
       a.max_query_len = pre_max_q_;
       a.max_kv_len = pre_max_kv_;
       a.page_precision = z.precision;
+      set_arenas(z, layer, a);
       KVSPLIT_RETURN_IF_ERROR(be.attention_prefill(a));
     }
     KVSPLIT_RETURN_IF_ERROR(be.synchronize());
@@ -272,6 +335,131 @@ Status ShardedAttention::run_layer(int layer, const float* q, const float* k, co
       home_->merge_attention_states(parts_o, parts_lse, S, int64_t{rows_} * H, d, out, nullptr));
   KVSPLIT_RETURN_IF_ERROR(home_->synchronize());
   merge_seconds_ += since(t0);
+  if (scoring_) KVSPLIT_RETURN_IF_ERROR(score_layer(layer, q));
+  return ok_status();
+}
+
+backend::AttentionArgs ShardedAttention::base_args(const Shard& z, int layer) const {
+  backend::AttentionArgs a;
+  a.kv = z.pool->layer(layer);
+  a.num_heads = shape_.num_heads;
+  a.num_kv_heads = shape_.num_kv_heads;
+  a.head_dim = shape_.head_dim;
+  a.scale = shape_.scale;
+  a.max_blocks_per_seq = z.max_blocks;
+  return a;
+}
+
+void ShardedAttention::set_arenas(const Shard& z, int layer, backend::AttentionArgs& a) const {
+  const kv::KvPoolConfig& c = z.pool->config();
+  a.int8_pages = c.int8_blocks > 0 ? z.pool->arena(kernels::KvPrecision::kInt8, layer) : nullptr;
+  a.num_int8_blocks = c.int8_blocks;
+  a.int4_pages = c.int4_blocks > 0 ? z.pool->arena(kernels::KvPrecision::kInt4, layer) : nullptr;
+  a.num_int4_blocks = c.int4_blocks;
+}
+
+backend::AttentionArgs ShardedAttention::decode_args(const Shard& z, int layer,
+                                                     const DecodeRun& run, const float* zq) const {
+  const int H = shape_.num_heads, d = shape_.head_dim;
+  backend::AttentionArgs a = base_args(z, layer);
+  a.q = zq + size_t(run.first_row) * H * d;
+  a.out = z.o + size_t(run.first_row) * H * d;
+  a.num_seqs = run.rows;
+  a.num_tokens = run.rows;
+  a.query_start = z.meta + run.meta;
+  a.kv_lens = z.meta + run.meta + run.rows + 1;
+  a.block_tables = z.meta + run.meta + 2 * run.rows + 1;
+  a.max_query_len = 1;
+  a.max_kv_len = dec_max_kv_;
+  if (z.dec_precision != nullptr) {
+    a.page_precision = z.dec_precision + size_t(run.first_row) * z.max_blocks;
+    set_arenas(z, layer, a);
+  }
+  return a;
+}
+
+Status ShardedAttention::score_layer(int layer, const float* q) {
+  const int S = static_cast<int>(shards_.size());
+  const int H = shape_.num_heads;
+  const size_t n = size_t(decode_rows_) * H;
+  const size_t bytes = n * sizeof(float);
+  const int bs = pool_->block_size();
+  // Every shard's head maxima to the home, merged into the sequence's, and back.
+  for (int sh = 0; sh < S; ++sh) {
+    Shard& z = shards_[sh];
+    if (sh > 0)
+      KVSPLIT_RETURN_IF_ERROR(comm_->send(*home_, all_max_ + sh * n, *z.be, z.head_max, bytes));
+    else
+      KVSPLIT_RETURN_IF_ERROR(home_->copy_d2d(all_max_, z.head_max, bytes));
+  }
+  std::vector<float> all(size_t(S) * n), seq(n);
+  KVSPLIT_RETURN_IF_ERROR(home_->copy_d2h(all.data(), all_max_, all.size() * sizeof(float)));
+  KVSPLIT_RETURN_IF_ERROR(home_->synchronize());
+  for (size_t i = 0; i < n; ++i) {
+    float m = all[i];
+    for (int sh = 1; sh < S; ++sh) m = std::max(m, all[sh * n + i]);
+    seq[i] = m;
+  }
+  KVSPLIT_RETURN_IF_ERROR(home_->copy_h2d(seq_max_, seq.data(), bytes));
+  for (int sh = 0; sh < S; ++sh) {
+    Shard& z = shards_[sh];
+    if (z.runs.empty()) continue;
+    if (sh > 0)
+      KVSPLIT_RETURN_IF_ERROR(comm_->send(*z.be, z.seq_max, *home_, seq_max_, bytes));
+    else
+      KVSPLIT_RETURN_IF_ERROR(home_->copy_d2d(z.seq_max, seq_max_, bytes));
+    const auto t0 = std::chrono::steady_clock::now();
+    const float* zq = sh > 0 ? z.q : q;
+    for (const DecodeRun& run : z.runs) {
+      backend::AttentionArgs a = decode_args(z, layer, run, zq);
+      const size_t r0 = size_t(run.first_row);
+      a.score_seqs = z.score_flags + r0;
+      a.token_relevance = z.relevance + r0 * z.max_blocks * bs;
+      a.summary_slots = z.summary_slots + r0 * z.max_blocks;
+      a.summaries = z.pool->config().summary_slots > 0 ? z.pool->summaries(layer) : nullptr;
+      a.num_summary_slots = z.pool->config().summary_slots;
+      a.page_bound = z.bound + r0 * z.max_blocks;
+      a.score_max = z.seq_max + r0 * H;
+      KVSPLIT_RETURN_IF_ERROR(z.be->attention_decode(a, run.plan));
+    }
+    KVSPLIT_RETURN_IF_ERROR(z.be->synchronize());
+    attention_seconds_ += since(t0);
+  }
+  return ok_status();
+}
+
+Status ShardedAttention::collect_scores() {
+  if (!scoring_ || rows_ == 0) return ok_status();
+  const int bs = pool_->block_size();
+  for (int r = 0; r < decode_rows_; ++r) {
+    if (rel_out_[r] == nullptr) continue;
+    std::fill_n(rel_out_[r], size_t(rel_pages_[r]) * bs, 0.f);
+    std::fill_n(bound_out_[r], size_t(rel_pages_[r]), 0.f);
+  }
+  std::vector<float> rel, bound;
+  for (Shard& z : shards_) {
+    if (z.runs.empty()) continue;
+    const size_t mb = static_cast<size_t>(z.max_blocks);
+    rel.resize(size_t(decode_rows_) * mb * bs);
+    bound.resize(size_t(decode_rows_) * mb);
+    KVSPLIT_RETURN_IF_ERROR(z.be->copy_d2h(rel.data(), z.relevance, rel.size() * sizeof(float)));
+    KVSPLIT_RETURN_IF_ERROR(z.be->copy_d2h(bound.data(), z.bound, bound.size() * sizeof(float)));
+    KVSPLIT_RETURN_IF_ERROR(z.be->synchronize());
+    for (const DecodeRun& run : z.runs) {
+      for (int i = 0; i < run.rows; ++i) {
+        const int r = run.first_row + i;
+        if (rel_out_[r] == nullptr) continue;
+        for (size_t j = 0; j < mb; ++j) {
+          const int b = run.pages[i * mb + j];
+          if (b < 0) continue;
+          const float* src = rel.data() + (size_t(r) * mb + j) * bs;
+          float* dst = rel_out_[r] + size_t(b) * bs;
+          for (int t = 0; t < bs; ++t) dst[t] = std::max(dst[t], src[t]);
+          bound_out_[r][b] = std::max(bound_out_[r][b], bound[size_t(r) * mb + j]);
+        }
+      }
+    }
+  }
   return ok_status();
 }
 

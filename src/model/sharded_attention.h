@@ -7,10 +7,18 @@
 // rows x num_heads x (head_dim + 1) floats, whatever the context length.
 //
 // Per shard, decode rows attend over a compact block table (only the shard's pages, in order, so
-// split-K covers only what it holds); prefill rows attend over the sequence's whole table with the
+// split-K covers only what it holds; pages at any precision, evicted ones skipped but listed for
+// their key summaries); prefill rows attend over the sequence's whole table with the
 // other shards' pages marked evicted, so the causal mask sees true positions. Shards run one after
 // another on the calling thread (each on its own backend); a sequence none of whose pages a shard
 // holds contributes an empty partial (lse -inf) there.
+//
+// Scoring (the semantic cut on sharded sequences): each shard's decode call also returns its
+// per-head maximum logit (AttentionArgs::head_max); the home takes the maximum over shards (the
+// sequence's) and sends it back, and each shard scores its own pages against it in a
+// scoring-only call (AttentionArgs::score_max). The relevance is then exactly the unsharded
+// definition (normalized to the most attended token of the whole sequence), at the cost of a
+// second read of the scored sequences' keys and 2 x heads floats per shard, row and layer.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +41,12 @@ struct ShardedSeq {
   int start_pos = 0;
   int tokens = 0;
   bool decode = false;  // one query at start_pos > 0
+  // The semantic cut's scoring side outputs (decode only; both or neither), host memory of
+  // blocks_for(kv_len) * block_size and blocks_for(kv_len) floats, as SeqStep's: relevance is
+  // normalized per layer and head to the most attended token of the WHOLE sequence (every shard),
+  // exactly as the unsharded attention's. Written by collect_scores().
+  float* token_relevance = nullptr;
+  float* page_bound = nullptr;
 };
 
 struct ShardedAttentionShape {
@@ -57,6 +71,9 @@ class ShardedAttention {
   // owning shards, runs every shard's partial attention for q ([rows, num_heads, head_dim]) and
   // writes the merged output to out ([rows, num_heads, head_dim]), all home memory.
   Status run_layer(int layer, const float* q, const float* k, const float* v, float* out);
+  // After the last layer: writes the scored sequences' token_relevance and page_bound (each
+  // shard's, from its compact page order back to the sequence's pages). No-op without scoring.
+  Status collect_scores();
 
   // Merge wall time summed over run_layer calls (the spatial cut's added cost), and the shards'
   // attention time (the kernels that run anyway), for benchmarks.
@@ -69,6 +86,7 @@ class ShardedAttention {
     int rows = 0;
     size_t meta = 0;  // offset (ints) of qstart[rows + 1], kvlens[rows], tables[rows, max_blocks]
     backend::SplitPlan plan;
+    std::vector<int32_t> pages;  // [rows, max_blocks]: the sequence's page of each table entry
   };
   // Buffers are the shards' pools' workspaces (KvPool::workspace), so none outlives its device.
   struct Shard {
@@ -79,10 +97,25 @@ class ShardedAttention {
     float *recv_o = nullptr, *recv_lse = nullptr;  // the partial copied to home (peers only)
     int32_t* meta = nullptr;                       // slots, decode runs, prefill args
     uint8_t* precision = nullptr;                  // [prefill seqs, max_blocks] (prefill rows only)
+    uint8_t* dec_precision = nullptr;  // [decode rows, max_blocks]; null: every page full
+    // Scoring (decode rows): flags [decode rows], summary slots [decode rows, max_blocks],
+    // relevance [decode rows, max_blocks * block_size], bounds [decode rows, max_blocks], this
+    // shard's head maxima and the sequence's [decode rows, heads].
+    uint8_t* score_flags = nullptr;
+    int32_t* summary_slots = nullptr;
+    float *relevance = nullptr, *bound = nullptr, *head_max = nullptr, *seq_max = nullptr;
     size_t slots = 0, pre_meta = 0;
     std::vector<DecodeRun> runs;
     int max_blocks = 1;
   };
+
+  backend::AttentionArgs base_args(const Shard& z, int layer) const;
+  void set_arenas(const Shard& z, int layer, backend::AttentionArgs& a) const;
+  backend::AttentionArgs decode_args(const Shard& z, int layer, const DecodeRun& run,
+                                     const float* zq) const;
+  // The scoring pass of layer `layer` (after its attention): merges every shard's head maxima
+  // and scores each shard's pages against them.
+  Status score_layer(int layer, const float* q);
 
   kv::KvPool* pool_ = nullptr;
   backend::Backend* home_ = nullptr;
@@ -90,6 +123,10 @@ class ShardedAttention {
   ShardedAttentionShape shape_;
   int rows_ = 0, decode_rows_ = 0, prefill_seqs_ = 0, pre_max_q_ = 0, pre_max_kv_ = 0;
   int dec_max_kv_ = 0;
+  bool scoring_ = false;
+  std::vector<float*> rel_out_, bound_out_;        // per decode row (null: not scored)
+  std::vector<int> rel_pages_;                     // per decode row: blocks_for(kv_len)
+  float *all_max_ = nullptr, *seq_max_ = nullptr;  // home: every shard's head maxima, merged
   std::vector<Shard> shards_;
   double merge_seconds_ = 0, attention_seconds_ = 0;
 };

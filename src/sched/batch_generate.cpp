@@ -123,9 +123,6 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
   KVSPLIT_RETURN_IF_ERROR(cuts::semantic::validate(options.semantic));
   KVSPLIT_RETURN_IF_ERROR(validate_inputs(inputs, cfg));
   if (options.spatial_min_context < 0) return invalid_argument("spatial_min_context must be >= 0");
-  if (pool.num_shards() > 1 && options.kv_policy != cuts::semantic::KvPolicy::kFull)
-    return unimplemented(
-        "the semantic cut does not act on a shard group's pool yet (spatial shards > 1)");
   std::vector<SeqState> seqs(inputs.size());
   PoolGuard guard{pool, seqs};
   for (size_t i = 0; i < inputs.size(); ++i) {

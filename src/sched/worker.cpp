@@ -166,8 +166,13 @@ void Worker::publish_stats() {
                        std::memory_order_relaxed);
   PoolStats k;
   k.kv_pages_full = pool_->used_blocks();
-  k.kv_pages_int8 = pool_->arena_allocator(kernels::KvPrecision::kInt8).num_used();
-  k.kv_pages_int4 = pool_->arena_allocator(kernels::KvPrecision::kInt4).num_used();
+  int summaries_used = 0;  // every shard's arenas and summaries (the spatial cut)
+  for (int s = 0; s < pool_->num_shards(); ++s) {
+    const kv::KvPool& z = pool_->shard(s);
+    k.kv_pages_int8 += z.arena_allocator(kernels::KvPrecision::kInt8).num_used();
+    k.kv_pages_int4 += z.arena_allocator(kernels::KvPrecision::kInt4).num_used();
+    summaries_used += z.summary_allocator().num_used();
+  }
   if (options_.kv_policy != KvPolicy::kFull) {
     for (const auto* list : {&waiting_, &running_}) {
       for (const std::unique_ptr<Sequence>& seq : *list) {
@@ -218,7 +223,7 @@ void Worker::publish_stats() {
   k.kv_host_bytes_total = int64_t{host.num_blocks()} * slot_bytes;
   std::lock_guard<std::mutex> lock(kv_stats_mu_);
   kv_stats_ = k;
-  kv_summary_used_ = pool_->summary_allocator().num_used();
+  kv_summary_used_ = summaries_used;
   kv_host_used_ = host.num_used();
   kv_disk_records_ = 0;
   if (pool_->disk() != nullptr) {

@@ -5,6 +5,7 @@
 // tests/kernels/attention_lse_parity_test.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -134,6 +135,70 @@ TEST(CpuAttentionLse, RowsThatAttendNoKeyAreZeroAndMinusInfinity) {
     }
     EXPECT_EQ(empty, prefill ? 32 * 4 : 4);
   }
+}
+
+// The sharded scoring fields: head_max is each head's maximum scaled score (between lse - log
+// kv_len and lse), and a scoring-only call against those maxima (score_max) gives the same
+// relevance as the ordinary scored call; misuse is refused.
+TEST(CpuAttentionScoring, HeadMaxAndScoringOnlyCallAgreeWithTheScoredCall) {
+  std::unique_ptr<Backend> cpu = make_cpu_backend(2);
+  oracle::Rng rng(11);
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    AttentionCase c = random_case(rng, seed, /*prefill=*/false);
+    AttentionArgs a = c.args();
+    const SplitPlan plan = make_split_plan(c.kv_lens.data(), c.num_seqs, a.kv.block_size, 32);
+    const size_t heads = size_t(a.num_seqs) * a.num_heads;
+    std::vector<float> head_max(heads, kNan);
+    a.head_max = head_max.data();
+    const Result r = run(*cpu, a, &plan);
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    for (int s = 0; s < a.num_seqs; ++s) {
+      for (int h = 0; h < a.num_heads; ++h) {
+        const float m = head_max[size_t(s) * a.num_heads + h];
+        const float lse = r.lse[size_t(s) * a.num_heads + h];
+        EXPECT_LE(m, lse + 1e-5f) << "seed " << seed;
+        EXPECT_GE(m, lse - std::log(static_cast<float>(c.kv_lens[s])) - 1e-5f) << "seed " << seed;
+      }
+    }
+    const size_t rel_size = size_t(a.num_seqs) * a.max_blocks_per_seq * a.kv.block_size;
+    std::vector<uint8_t> flags(a.num_seqs, 1);
+    std::vector<float> scored(rel_size, 0.f), only(rel_size, 0.f);
+    AttentionArgs b = c.args();
+    b.score_seqs = flags.data();
+    b.token_relevance = scored.data();
+    ASSERT_TRUE(run(*cpu, b, &plan).status.ok());
+    b.token_relevance = only.data();
+    b.score_max = head_max.data();
+    std::vector<float> untouched(size_t(a.num_tokens) * a.num_heads * a.head_dim, 7.f);
+    b.out = untouched.data();
+    ASSERT_TRUE(cpu->attention_decode(b, plan).ok());
+    EXPECT_EQ(only, scored) << "seed " << seed;
+    for (float x : untouched) ASSERT_EQ(x, 7.f);  // scoring only: no output written
+    float best = 0.f;
+    for (float x : only) best = std::max(best, x);
+    EXPECT_GT(best, 0.999f);
+    // Misuse: score_max without score_seqs, with head_max, and either on prefill.
+    AttentionArgs bad = c.args();
+    bad.out = untouched.data();
+    bad.score_max = head_max.data();
+    EXPECT_EQ(cpu->attention_decode(bad, plan).code(), StatusCode::kInvalidArgument);
+    bad.score_seqs = flags.data();
+    bad.token_relevance = only.data();
+    bad.head_max = head_max.data();
+    EXPECT_EQ(cpu->attention_decode(bad, plan).code(), StatusCode::kInvalidArgument);
+  }
+  CaseSpec spec;
+  spec.num_heads = 2;
+  spec.num_kv_heads = 1;
+  spec.head_dim = 16;
+  spec.kv_lens = {40};
+  spec.q_lens = {40};
+  AttentionCase c = oracle::make_case(spec);
+  AttentionArgs p = c.args();
+  std::vector<float> out(size_t(40) * 2 * 16), hm(2);
+  p.out = out.data();
+  p.head_max = hm.data();
+  EXPECT_EQ(cpu->attention_prefill(p).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(CpuMergeAttentionStates, ShardsMergeToTheUnshardedAttention) {

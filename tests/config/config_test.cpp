@@ -426,6 +426,12 @@ TEST(ConfigTest, SpatialCutKeys) {
   auto d = parse_config("kv:\n  cuts:\n    spatial: {}\n");
   ASSERT_TRUE(d.ok()) << d.status().to_string();
   EXPECT_EQ(d->engine.spatial.shards, 1);  // off unless asked
+  // The semantic cut acts on sharded sequences (per shard): the two go together.
+  auto both =
+      parse_config("kv:\n  kv_cache_compression: semantic_v2\n  cuts:\n    spatial: {shards: 2}\n");
+  ASSERT_TRUE(both.ok()) << both.status().to_string();
+  EXPECT_EQ(both->engine.spatial.shards, 2);
+  EXPECT_EQ(both->engine.kv_policy, KvPolicy::kSemantic);
   const std::pair<const char*, const char*> bad[] = {
       {"kv:\n  cuts:\n    spatial: {shards: 0}\n", "kv.cuts.spatial.shards"},
       {"kv:\n  cuts:\n    spatial: {shards: 17}\n", "kv.cuts.spatial.shards"},
@@ -436,8 +442,6 @@ TEST(ConfigTest, SpatialCutKeys) {
       {"kv:\n  cuts:\n    spatial: {min_context: -1}\n", "kv.cuts.spatial.min_context"},
       {"kv:\n  cuts:\n    spatial: {shard: 2}\n", "shard"},
       {"sla_classes:\n  v: {kv: {spread: maybe}}\n", "sla_classes.v.kv.spread"},
-      {"kv:\n  kv_cache_compression: semantic_v2\n  cuts:\n    spatial: {shards: 2}\n",
-       "kv.cuts.spatial.shards"},
       {"pools: {backend: cuda}\nkv:\n  cuts:\n    spatial: {shards: 2}\n",
        "kv.cuts.spatial.shards"},
   };

@@ -121,6 +121,8 @@ class EmulatedKernelBackend final : public backend::Backend {
   }
   Status attention_decode(const backend::AttentionArgs& a,
                           const backend::SplitPlan& plan) override {
+    if (a.head_max != nullptr || a.score_max != nullptr)
+      return unimplemented("attention_decode: head_max / score_max under emulation");
     kernels::PagedAttentionParams p = params(a);
     p.max_splits = plan.max_splits > 1 ? plan.max_splits : 1;
     if (plan.has_splits()) {

@@ -4,6 +4,7 @@
 // or from the host tier, byte-exact and all or nothing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <random>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "kv/kv_pool.h"
 #include "kv/migrate.h"
 #include "kv/swap.h"
+#include "test_util.h"
 
 namespace kvsplit::kv {
 namespace {
@@ -58,6 +60,29 @@ struct Group {
         out.insert(out.end(), page(t, i, l), page(t, i, l) + floats());
     return out;
   }
+  // Attaches a disk tier below the (home) host tier.
+  void attach_disk(int64_t extents = 64) {
+    DiskTierConfig c;
+    c.path = dir.path().string();
+    c.extent_bytes = 4096;
+    c.capacity_bytes = extents * c.extent_bytes;
+    auto t = DiskTier::open(c);
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    disk = t->get();
+    pool->attach_disk(std::move(t).value());
+  }
+  // Every shard's blocks, the host tier and the disk are back to empty.
+  void expect_all_free() {
+    for (int s = 0; s < pool->num_shards(); ++s)
+      EXPECT_EQ(pool->shard(s).allocator().num_used(), 0) << "shard " << s;
+    EXPECT_EQ(pool->host_allocator().num_used(), 0);
+    if (disk != nullptr) {
+      EXPECT_EQ(disk->stats().records, 0);
+      EXPECT_EQ(disk->stats().extents_used, 0);
+    }
+  }
+  testing::TempDir dir;
+  DiskTier* disk = nullptr;
   std::vector<int> shards_of(const BlockTable& t) {
     std::vector<int> s;
     for (const PageEntry& p : t.pages) s.push_back(p.shard);
@@ -177,14 +202,162 @@ TEST(ShardGroup, MigrateFromTheHostTierAndSwapInOntoTheGroup) {
   EXPECT_EQ(g.read(t), before);
   EXPECT_EQ(g.pool->host_allocator().num_used(), 0);
   EXPECT_TRUE(t.sharded());
-  // A sharded table is not swapped out (counted), and stays as it is.
-  auto again = swap_out(*g.pool, t, &ss);
-  ASSERT_TRUE(again.ok());
-  EXPECT_FALSE(*again);
-  EXPECT_EQ(ss.refused_sharded, 1);
   g.pool->release(t);
   g.pool->release(filler);
   EXPECT_EQ(g.pool->used_blocks(), 0);
+}
+
+// A table spread over 2-4 shards swaps out of every shard into the home host tier and back in,
+// byte-exact on every layer (the last page partial); every shard's blocks are free meanwhile.
+TEST(ShardedSwap, RoundTripThroughTheHostTierIsByteExactOnEveryShard) {
+  for (int shards = 2; shards <= 4; ++shards) {
+    for (int chunk : {kBlock, 2 * kBlock, 3 * kBlock}) {
+      SCOPED_TRACE("shards " + std::to_string(shards) + " chunk " + std::to_string(chunk));
+      Group g(shards, 6, chunk, /*host_pages=*/16);
+      BlockTable t;
+      t.spread = true;
+      ASSERT_TRUE(g.pool->reserve(t, 9 * kBlock - 3));  // 9 pages, the last partial
+      g.fill(t, 100 + shards + chunk);
+      const std::vector<float> before = g.read(t);
+      const std::vector<int> placed = g.shards_of(t);
+      EXPECT_EQ(t.shards_used(), std::min(shards, (9 * kBlock + chunk - 1) / chunk));
+      EXPECT_TRUE(t.sharded());
+      SwapStats ss;
+      auto out = swap_out(*g.pool, t, &ss);
+      ASSERT_TRUE(out.ok()) << out.status().to_string();
+      ASSERT_TRUE(*out);
+      EXPECT_EQ(ss.swaps_out, 1);
+      EXPECT_EQ(ss.pages_out, 9);
+      EXPECT_EQ(ss.bytes_out, 9 * g.pool->bytes_per_block());
+      for (int s = 0; s < shards; ++s) EXPECT_EQ(g.pool->shard(s).allocator().num_used(), 0);
+      EXPECT_EQ(g.pool->host_allocator().num_used(), 9);
+      EXPECT_EQ(swapped_pages(t), 9);
+      EXPECT_FALSE(t.sharded());  // nothing on a device
+      // Meanwhile another spread table overwrites every freed block.
+      BlockTable other;
+      other.spread = true;
+      ASSERT_TRUE(g.pool->reserve(other, shards * 6 * kBlock));
+      g.fill(other, 7);
+      g.pool->release(other);
+      auto in = swap_in(*g.pool, t, &ss);
+      ASSERT_TRUE(in.ok()) << in.status().to_string();
+      ASSERT_TRUE(*in);
+      EXPECT_EQ(g.read(t), before);
+      EXPECT_EQ(g.shards_of(t), placed);  // an empty group places them as reserve() did
+      EXPECT_EQ(g.pool->host_allocator().num_used(), 0);
+      EXPECT_EQ(g.pool->used_blocks(), 9);
+      g.pool->release(t);
+      g.expect_all_free();
+    }
+  }
+}
+
+// Swapped back in, pages go where the group has room now, which may not be where they were.
+TEST(ShardedSwap, SwapInPlacesPagesWhereTheGroupHasRoom) {
+  Group g(3, 4, kBlock, /*host_pages=*/8);
+  BlockTable t;
+  t.spread = true;
+  ASSERT_TRUE(g.pool->reserve(t, 6 * kBlock - 1));
+  g.fill(t, 3);
+  const std::vector<float> before = g.read(t);
+  EXPECT_EQ(g.shards_of(t), (std::vector<int>{0, 1, 2, 0, 1, 2}));
+  SwapStats ss;
+  ASSERT_TRUE(*swap_out(*g.pool, t, &ss));
+  // Shard 1 fills up meanwhile.
+  BlockTable filler;
+  ASSERT_TRUE(g.pool->reserve(filler, 4 * kBlock));  // home first: shard 0
+  ASSERT_TRUE(migrate_pages(*g.pool, filler, 0, 4, 1).ok());
+  EXPECT_EQ(g.pool->shard(1).allocator().num_free(), 0);
+  ASSERT_TRUE(*swap_in(*g.pool, t, &ss));
+  EXPECT_EQ(g.read(t), before);
+  for (int s : g.shards_of(t)) EXPECT_NE(s, 1);
+  EXPECT_EQ(g.pool->shard(0).allocator().num_used() + g.pool->shard(2).allocator().num_used(), 6);
+  g.pool->release(t);
+  g.pool->release(filler);
+  g.expect_all_free();
+}
+
+// Host tier too small: the whole sharded table goes to one disk record and back, with and
+// without a prefetch.
+TEST(ShardedSwap, RoundTripThroughTheDiskTierWithAndWithoutPrefetch) {
+  for (bool prefetch : {false, true}) {
+    SCOPED_TRACE(prefetch ? "prefetch" : "no prefetch");
+    Group g(4, 3, 2 * kBlock, /*host_pages=*/2);
+    g.attach_disk();
+    BlockTable t;
+    t.spread = true;
+    ASSERT_TRUE(g.pool->reserve(t, 10 * kBlock - 2));
+    g.fill(t, 55);
+    const std::vector<float> before = g.read(t);
+    EXPECT_EQ(t.shards_used(), 4);
+    SwapStats ss;
+    auto out = swap_out(*g.pool, t, &ss);
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    ASSERT_TRUE(*out);
+    EXPECT_EQ(ss.to_disk, 1);
+    EXPECT_NE(t.disk_record, 0u);
+    EXPECT_EQ(g.pool->used_blocks(), 0);
+    EXPECT_EQ(g.pool->host_allocator().num_used(), 0);
+    EXPECT_EQ(g.disk->stats().records, 1);
+    BlockTable other;
+    other.spread = true;
+    ASSERT_TRUE(g.pool->reserve(other, 12 * kBlock));
+    g.fill(other, 9);
+    g.pool->release(other);
+    SwapPrefetch pf;
+    if (prefetch) {
+      auto started = start_prefetch(*g.pool, t, &pf, &ss);
+      ASSERT_TRUE(started.ok() && *started);
+    }
+    auto in = swap_in(*g.pool, t, &ss, prefetch ? &pf : nullptr);
+    ASSERT_TRUE(in.ok()) << in.status().to_string();
+    ASSERT_TRUE(*in);
+    EXPECT_EQ(g.read(t), before);
+    EXPECT_EQ(ss.from_disk, 1);
+    EXPECT_EQ(ss.prefetch_hits + ss.prefetch_misses, 1);
+    EXPECT_EQ(pf.record, 0u);
+    EXPECT_EQ(t.shards_used(), 4);
+    g.pool->release(t);
+    g.expect_all_free();
+  }
+}
+
+// A swap-in the group lacks blocks for is refused, changes nothing and leaks nothing; it runs
+// once the blocks are back.
+TEST(ShardedSwap, SwapInRefusedWhenTheGroupLacksBlocksAndNothingLeaks) {
+  Group g(2, 4, kBlock, /*host_pages=*/8);
+  BlockTable t;
+  t.spread = true;
+  ASSERT_TRUE(g.pool->reserve(t, 5 * kBlock));
+  g.fill(t, 12);
+  const std::vector<float> before = g.read(t);
+  SwapStats ss;
+  ASSERT_TRUE(*swap_out(*g.pool, t, &ss));
+  const std::vector<PageEntry> pages = t.pages;
+  BlockTable filler;
+  filler.spread = true;
+  ASSERT_TRUE(g.pool->reserve(filler, 4 * kBlock));  // 4 of 8 left: 5 needed
+  auto in = swap_in(*g.pool, t, &ss);
+  ASSERT_TRUE(in.ok());
+  EXPECT_FALSE(*in);
+  EXPECT_EQ(ss.refused_no_blocks, 1);
+  EXPECT_EQ(g.pool->used_blocks(), 4);  // only the filler's
+  EXPECT_EQ(g.pool->host_allocator().num_used(), 5);
+  ASSERT_EQ(t.pages.size(), pages.size());
+  for (size_t i = 0; i < pages.size(); ++i) {
+    EXPECT_EQ(t.pages[i].location, PageLocation::kHost);
+    EXPECT_EQ(t.pages[i].original, pages[i].original);
+    EXPECT_EQ(t.blocks[i], -1);
+  }
+  g.pool->release(filler);
+  ASSERT_TRUE(*swap_in(*g.pool, t, &ss));
+  EXPECT_EQ(g.read(t), before);
+  EXPECT_TRUE(t.sharded());
+  // Swapped out again and released while out: the host slots come back too.
+  ASSERT_TRUE(*swap_out(*g.pool, t, &ss));
+  EXPECT_EQ(g.pool->host_allocator().num_used(), 5);
+  g.pool->release(t);
+  g.expect_all_free();
 }
 
 TEST(ShardGroup, MigrateIsAllOrNothingAndChecksItsArguments) {

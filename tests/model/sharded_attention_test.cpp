@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -16,6 +17,7 @@
 #include "backend/communicator.h"
 #include "backend/split_plan.h"
 #include "kv/kv_pool.h"
+#include "kv/page_ops.h"
 
 namespace kvsplit::testing {
 namespace {
@@ -192,6 +194,215 @@ TEST(ShardedAttention, EqualsUnshardedOverRandomShapes) {
 // merge an empty partial from those shards.
 TEST(ShardedAttention, ShardsHoldingNothingOfASequence) {
   run_case({8, 4, 8, 16}, 4, 64, {5, 70, 130}, 4, 99);
+}
+
+// The semantic cut on sharded sequences: the same page transitions (int8, int4, evicted with a
+// summary) applied on a shard group and on one pool, then a scored decode step: the output,
+// every token's relevance (normalized to the most attended token of the whole sequence, not of
+// one shard) and every page bound equal the unsharded ones; a restore brings a page back onto a
+// shard; release frees every shard's arenas and summaries and the home host tier.
+void run_scored_case(const Shape& sh, int num_shards, int chunk, const std::vector<int>& prompts,
+                     uint32_t seed) {
+  SCOPED_TRACE("shards " + std::to_string(num_shards) + " chunk " + std::to_string(chunk) +
+               " seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  auto home = cpu(0);
+  auto ref_be = cpu(0);
+  const int bs = sh.block_size;
+  kv::KvPoolConfig pc;
+  pc.num_blocks = 64;
+  pc.block_size = bs;
+  pc.int8_blocks = 16;
+  pc.int4_blocks = 16;
+  pc.summary_slots = 32;
+  const kv::KvShape shape{1, sh.kv_heads, sh.head_dim};
+  pc.host_bytes = 64 * kv::KvPool::block_bytes(pc, shape);
+  auto pool = kv::KvPool::create(*home, pc, shape);
+  ASSERT_TRUE(pool.ok());
+  std::vector<std::unique_ptr<backend::Backend>> peers;
+  for (int s = 1; s < num_shards; ++s) peers.push_back(cpu(s));
+  ASSERT_TRUE((*pool)->add_shards(std::move(peers), chunk).ok());
+  pc.num_blocks = 64 * num_shards;
+  pc.int8_blocks = pc.int4_blocks = 16 * num_shards;
+  pc.summary_slots = 32 * num_shards;
+  auto ref = kv::KvPool::create(*ref_be, pc, shape);
+  ASSERT_TRUE(ref.ok());
+  auto comm = backend::make_in_process_communicator();
+  const int H = sh.heads, Hkv = sh.kv_heads, d = sh.head_dim;
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  const int n = static_cast<int>(prompts.size());
+  std::vector<kv::BlockTable> tables(n), ref_tables(n);
+  for (auto& t : tables) t.spread = true;
+  model::ShardedAttention sa;
+
+  // Prefill every prompt (same K/V in both pools).
+  {
+    std::vector<model::ShardedSeq> seqs;
+    std::vector<int32_t> slots;
+    int rows = 0;
+    for (int i = 0; i < n; ++i) {
+      ASSERT_TRUE((*pool)->reserve(tables[i], prompts[i]));
+      ASSERT_TRUE((*ref)->reserve(ref_tables[i], prompts[i]));
+      seqs.push_back({&tables[i], 0, prompts[i], false});
+      for (int p = 0; p < prompts[i]; ++p)
+        slots.push_back(ref_tables[i].blocks[p / bs] * bs + p % bs);
+      rows += prompts[i];
+    }
+    const std::vector<float> q = randn(rng, size_t(rows) * H * d);
+    const std::vector<float> k = randn(rng, size_t(rows) * Hkv * d);
+    const std::vector<float> v = randn(rng, size_t(rows) * Hkv * d);
+    std::vector<float> out(q.size());
+    ASSERT_TRUE(sa.prepare(seqs, **pool, {H, Hkv, d, scale}, {}, *comm).ok());
+    ASSERT_TRUE(sa.run_layer(0, q.data(), k.data(), v.data(), out.data()).ok());
+    ASSERT_TRUE(ref_be->kv_append((*ref)->layer(0), k.data(), v.data(), slots.data(), rows).ok());
+  }
+  std::vector<int> len(prompts);
+  int remote = 0;
+  for (const auto& t : tables)
+    for (const auto& pe : t.pages) remote += pe.shard != 0;
+  EXPECT_GT(remote, 0);
+
+  // The same ladder on both: per sequence, full pages cycle int8, int4, evicted, full.
+  auto apply = [&](std::vector<kv::PageTransition> plan, int i) {
+    kv::PageOpStats a, b;
+    auto st = kv::apply_page_transitions(**pool, tables[i], len[i], plan, &a);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_TRUE(kv::apply_page_transitions(**ref, ref_tables[i], len[i], plan, &b).ok());
+    EXPECT_EQ(a.refused(), 0);
+    EXPECT_EQ(b.refused(), 0);
+    EXPECT_EQ(a.demoted_to_int8 + a.demoted_to_int4 + a.evicted + a.restored,
+              b.demoted_to_int8 + b.demoted_to_int4 + b.evicted + b.restored);
+  };
+  for (int i = 0; i < n; ++i) {
+    std::vector<kv::PageTransition> plan;
+    for (int p = 0; p < len[i] / bs; ++p) {
+      if (p % 4 == 1) plan.push_back({p, kv::PageOp::kDemote, kernels::KvPrecision::kInt8});
+      if (p % 4 == 2) plan.push_back({p, kv::PageOp::kDemote, kernels::KvPrecision::kInt4});
+      if (p % 4 == 3) plan.push_back({p, kv::PageOp::kEvict});
+    }
+    apply(plan, i);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+
+  // Scored decode steps; after the first, restore one evicted and one int4 page of each.
+  for (int step = 0; step < 2; ++step) {
+    std::vector<model::ShardedSeq> seqs;
+    std::vector<int> nbs(n);
+    size_t mb = 1;
+    for (int i = 0; i < n; ++i) {
+      ASSERT_TRUE((*pool)->reserve(tables[i], len[i] + 1));
+      ASSERT_TRUE((*ref)->reserve(ref_tables[i], len[i] + 1));
+      nbs[i] = kv::BlockTable::blocks_for(len[i] + 1, bs);
+      mb = std::max(mb, size_t(nbs[i]));
+    }
+    std::vector<std::vector<float>> rel(n), bound(n);
+    for (int i = 0; i < n; ++i) {
+      rel[i].assign(size_t(nbs[i]) * bs, -1.f);  // overwritten
+      bound[i].assign(size_t(nbs[i]), -1.f);
+      seqs.push_back({&tables[i], len[i], 1, true, rel[i].data(), bound[i].data()});
+    }
+    const std::vector<float> q = randn(rng, size_t(n) * H * d);
+    const std::vector<float> k = randn(rng, size_t(n) * Hkv * d);
+    const std::vector<float> v = randn(rng, size_t(n) * Hkv * d);
+    std::vector<float> out(q.size(), NAN), want(q.size(), NAN);
+    auto st = sa.prepare(seqs, **pool, {H, Hkv, d, scale}, {}, *comm);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    st = sa.run_layer(0, q.data(), k.data(), v.data(), out.data());
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_TRUE(sa.collect_scores().ok());
+
+    // Reference: one mixed-precision scored decode call over the single pool.
+    std::vector<int32_t> slots, qs{0}, lens, tab(size_t(n) * mb, 0), sum(size_t(n) * mb, -1);
+    std::vector<uint8_t> prec(size_t(n) * mb, 0), flags(n, 1);
+    for (int i = 0; i < n; ++i) {
+      slots.push_back(ref_tables[i].blocks[len[i] / bs] * bs + len[i] % bs);
+      qs.push_back(i + 1);
+      lens.push_back(len[i] + 1);
+      for (int b = 0; b < nbs[i]; ++b) {
+        const kv::PageEntry pe = ref_tables[i].page(b);
+        tab[i * mb + b] = pe.resident() ? ref_tables[i].blocks[b] : 0;
+        prec[i * mb + b] = static_cast<uint8_t>(pe.precision);
+        sum[i * mb + b] = pe.summary;
+      }
+    }
+    ASSERT_TRUE(ref_be->kv_append((*ref)->layer(0), k.data(), v.data(), slots.data(), n).ok());
+    std::vector<float> want_rel(size_t(n) * mb * bs, 0.f), want_bound(size_t(n) * mb, 0.f);
+    backend::AttentionArgs a;
+    a.kv = (*ref)->layer(0);
+    a.num_heads = H;
+    a.num_kv_heads = Hkv;
+    a.head_dim = d;
+    a.scale = scale;
+    a.max_blocks_per_seq = static_cast<int>(mb);
+    a.q = q.data();
+    a.out = want.data();
+    a.num_seqs = n;
+    a.num_tokens = n;
+    a.query_start = qs.data();
+    a.kv_lens = lens.data();
+    a.block_tables = tab.data();
+    a.max_query_len = 1;
+    a.max_kv_len = *std::max_element(lens.begin(), lens.end());
+    a.page_precision = prec.data();
+    a.int8_pages = (*ref)->arena(kernels::KvPrecision::kInt8, 0);
+    a.num_int8_blocks = pc.int8_blocks;
+    a.int4_pages = (*ref)->arena(kernels::KvPrecision::kInt4, 0);
+    a.num_int4_blocks = pc.int4_blocks;
+    a.score_seqs = flags.data();
+    a.token_relevance = want_rel.data();
+    a.summary_slots = sum.data();
+    a.summaries = (*ref)->summaries(0);
+    a.num_summary_slots = pc.summary_slots;
+    a.page_bound = want_bound.data();
+    const auto plan = backend::make_split_plan(a.kv_lens, n, bs, 4 * bs);
+    st = ref_be->attention_decode(a, plan);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    for (size_t r = 0; r < out.size(); ++r)
+      ASSERT_NEAR(out[r], want[r], 2e-5f + 2e-4f * std::fabs(want[r])) << "element " << r;
+    int scored = 0, ones = 0;
+    for (int i = 0; i < n; ++i) {
+      for (int t = 0; t < nbs[i] * bs; ++t) {
+        const float w = want_rel[i * mb * bs + t];
+        ASSERT_NEAR(rel[i][t], w, 1e-5f + 1e-4f * w) << "seq " << i << " token " << t;
+        scored += w > 0.f;
+        ones += w > 0.999f;
+      }
+      for (int b = 0; b < nbs[i]; ++b) {
+        const float w = want_bound[i * mb + b];
+        ASSERT_NEAR(bound[i][b], w, 1e-5f + 1e-4f * w) << "seq " << i << " page " << b;
+      }
+    }
+    EXPECT_GT(scored, 0);
+    EXPECT_GE(ones, n);  // each sequence's most attended token scores 1 (whole-sequence max)
+    for (int i = 0; i < n; ++i) ++len[i];
+    if (step == 0) {
+      for (int i = 0; i < n; ++i) {
+        std::vector<kv::PageTransition> plan;
+        for (int p = 0; p < len[i] / bs; ++p)
+          if (p % 4 == 2 || p % 4 == 3) plan.push_back({p, kv::PageOp::kRestore});
+        apply(plan, i);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    }
+  }
+  for (auto& t : tables) (*pool)->release(t);
+  for (auto& t : ref_tables) (*ref)->release(t);
+  for (int s = 0; s < num_shards; ++s) {
+    const kv::KvPool& z = (*pool)->shard(s);
+    EXPECT_EQ(z.allocator().num_used(), 0) << "shard " << s;
+    EXPECT_EQ(z.arena_allocator(kernels::KvPrecision::kInt8).num_used(), 0) << "shard " << s;
+    EXPECT_EQ(z.arena_allocator(kernels::KvPrecision::kInt4).num_used(), 0) << "shard " << s;
+    EXPECT_EQ(z.summary_allocator().num_used(), 0) << "shard " << s;
+  }
+  EXPECT_EQ((*pool)->host_allocator().num_used(), 0);
+}
+
+TEST(ShardedAttention, ScoringOverMixedPrecisionShardsEqualsUnsharded) {
+  run_scored_case({8, 4, 16, 16}, 2, 16, {100, 37}, 5);
+  run_scored_case({8, 2, 8, 16}, 3, 32, {150}, 6);
+  run_scored_case({4, 4, 32, 8}, 4, 8, {61, 90, 17}, 7);
+  // One shard holds nothing of the short sequence.
+  run_scored_case({8, 8, 8, 16}, 4, 64, {20, 200}, 8);
 }
 
 TEST(ShardedAttention, RefusesAPoolWithoutShards) {

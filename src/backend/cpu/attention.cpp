@@ -177,7 +177,7 @@ struct DecodeWorkspace {
 // Merges the partial states of every split sequence of a decode call (and records the final max of
 // scored sequences in ws.m).
 void merge_splits(const AttentionArgs& a, const backend::SplitPlan& plan, DecodeWorkspace& ws,
-                  ThreadPool& pool) {
+                  ThreadPool& pool, bool want_m) {
   const int hd = a.head_dim;
   // Merge the partial states of every split sequence: out = (sum_i o_i e^{m_i - m}) / l.
   pool.parallel_for(static_cast<int64_t>(a.num_seqs) * a.num_heads, [&](int64_t item) {
@@ -197,7 +197,7 @@ void merge_splits(const AttentionArgs& a, const backend::SplitPlan& plan, Decode
     const float inv = acc.l > 0.f ? 1.f / acc.l : 0.f;
     scale_in_place(out, inv, hd);
     if (a.lse != nullptr) *lse_slot(a, a.query_start[s], h) = kernels::softmax_state_lse(acc);
-    if (a.score_seqs) ws.m[item] = acc.m;
+    if (want_m) ws.m[item] = acc.m;
   });
 }
 
@@ -214,6 +214,12 @@ Status cpu_attention_decode(const AttentionArgs& a, const backend::SplitPlan& pl
   }
   KVSPLIT_RETURN_IF_ERROR(validate_plan(a, plan));
   if (a.num_seqs == 0) return ok_status();
+  if (a.score_max != nullptr) {  // scoring only, against the given maxima
+    if (a.score_seqs == nullptr || a.head_max != nullptr)
+      return invalid_argument("attention_decode: score_max needs score_seqs and no head_max");
+    cpu_attention::score_side_outputs(a, a.score_max, pool);
+    return ok_status();
+  }
 
   const int hd = a.head_dim;
   const int nkv = a.num_kv_heads;
@@ -229,7 +235,8 @@ Status cpu_attention_decode(const AttentionArgs& a, const backend::SplitPlan& pl
     ws.st.resize(static_cast<size_t>(plan.total_splits) * a.num_heads);
   }
   const bool scoring = a.score_seqs != nullptr;
-  if (scoring) ws.m.assign(static_cast<size_t>(a.num_seqs) * a.num_heads, -INFINITY);
+  const bool want_m = scoring || a.head_max != nullptr;  // the final max of every head
+  if (want_m) ws.m.assign(static_cast<size_t>(a.num_seqs) * a.num_heads, -INFINITY);
 
   const int64_t num_items = static_cast<int64_t>(ws.items.size()) * nkv;
   pool.parallel_for(num_items, [&](int64_t item) {
@@ -256,7 +263,7 @@ Status cpu_attention_decode(const AttentionArgs& a, const backend::SplitPlan& pl
       for (int g = 0; g < group; ++g) {
         write_normalized(r.o + static_cast<size_t>(g) * hd, r.st[g], hd, a.out + (head0 + g) * hd,
                          lse_slot(a, a.query_start[s], kvh * group + g));
-        if (scoring) ws.m[static_cast<size_t>(s) * a.num_heads + kvh * group + g] = r.st[g].m;
+        if (want_m) ws.m[static_cast<size_t>(s) * a.num_heads + kvh * group + g] = r.st[g].m;
       }
       return;
     }
@@ -265,13 +272,16 @@ Status cpu_attention_decode(const AttentionArgs& a, const backend::SplitPlan& pl
     std::copy(r.o, r.o + static_cast<size_t>(group) * hd, ws.o.data() + slot0 * hd);
     std::copy(r.st, r.st + group, ws.st.data() + slot0);
   });
-  if (plan.has_splits()) merge_splits(a, plan, ws, pool);
+  if (plan.has_splits()) merge_splits(a, plan, ws, pool, want_m);
+  if (a.head_max != nullptr) std::copy(ws.m.begin(), ws.m.end(), a.head_max);
   if (scoring) cpu_attention::score_side_outputs(a, ws.m.data(), pool);
   return ok_status();
 }
 
 Status cpu_attention_prefill(const AttentionArgs& a, ThreadPool& pool) {
   KVSPLIT_RETURN_IF_ERROR(validate(a, "attention_prefill"));
+  if (a.head_max != nullptr || a.score_max != nullptr)
+    return invalid_argument("attention_prefill: head_max and score_max are for decode only");
   if (a.num_tokens == 0) return ok_status();
 
   const int hd = a.head_dim;

@@ -326,6 +326,8 @@ Status CudaBackend::attention_prefill(const AttentionArgs& args) {
 
 Status CudaBackend::attention_decode(const AttentionArgs& args, const backend::SplitPlan& plan) {
   KVSPLIT_RETURN_IF_ERROR(check_attention_shape(args));
+  if (args.head_max != nullptr || args.score_max != nullptr)
+    return unimplemented("attention_decode: head_max / score_max (sharded scoring) on CUDA");
   if (plan.num_seqs() != args.num_seqs)
     return invalid_argument("attention_decode: plan has " + std::to_string(plan.num_seqs()) +
                             " sequences, call has " + std::to_string(args.num_seqs));
