@@ -130,7 +130,7 @@ class Executor {
   bool write_original(int i) {
     PageEntry& page = table_.pages[i];
     if (page.original >= 0) return true;
-    auto slot = pool_.host_allocator().allocate(1);
+    auto slot = pool_.allocate_host_slots(1);  // spilled prefix-cache pages give way
     if (!slot) {
       ++stats_.refused_host_full;
       return false;

@@ -83,6 +83,7 @@ StatusOr<bool> swap_out_to_disk(KvPool& pool, BlockTable& table, const std::vect
                                           static_cast<size_t>(page_bytes)));
   KVSPLIT_RETURN_IF_ERROR(be.synchronize());
   const std::span<const std::byte> payload[] = {staging};
+  pool.make_disk_room(static_cast<int64_t>(staging.size()));  // prefix-cache records give way
   auto id = disk.write_sync(payload, disk_key(idx.size()));
   if (!id.ok()) {
     // Capacity, ENOSPC, EIO, short write: nothing was kept (the tier frees a failed write).
@@ -120,7 +121,8 @@ StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats) {
     ++stats->refused_sharded;
     return false;
   }
-  if (pool.host_allocator().num_free() < static_cast<int>(idx.size())) {
+  // Spilled prefix-cache pages count as free host slots: they give way (allocate_host_slots).
+  if (pool.available_host_slots() < static_cast<int>(idx.size())) {
     if (pool.disk() == nullptr) {
       ++stats->refused_host_full;
       return false;
@@ -134,7 +136,7 @@ StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats) {
     stats->out_seconds += seconds_since(t0);
     return true;
   }
-  auto slots = pool.host_allocator().allocate(static_cast<int>(idx.size()));
+  auto slots = pool.allocate_host_slots(static_cast<int>(idx.size()));
   if (!slots) {
     ++stats->refused_host_full;
     return false;
