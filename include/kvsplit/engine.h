@@ -103,7 +103,9 @@ struct EngineConfig {
   SpatialCutConfig spatial;
   // Prefix cache on the workers that prefill (prefill and colocated workers): full prompt pages
   // shared across requests of one tenant and cache_salt (docs/kv-cuts.md); Usage::cached_tokens
-  // reports the hits.
+  // reports the hits. Evicted pages spill to the worker's host tier (temporal.host_capacity_mb)
+  // and disk tier (temporal.disk_path), which prefill workers then get too, and come back on a
+  // hit.
   bool prefix_cache = false;
   // The KV cache manager (docs/kvm.md): rules that move the cuts' parameters at run time.
   KvmConfig kvm;

@@ -305,7 +305,7 @@ uint64_t PrefixCache::write_record(uint64_t hash, const Entry& e, std::span<cons
   DiskTierStats ds = disk->stats();
   const int64_t extents = (DiskTier::kHeaderBytes + bytes + ds.extent_bytes - 1) / ds.extent_bytes;
   if (ds.extents_total - ds.extents_used < extents) {
-    if (!make_room) return 0;
+    if (!make_room || extents > ds.extents_total) return 0;
     // Older spilled pages make room for a newer one (the cache's own records only).
     while (ds.extents_total - ds.extents_used < extents) {
       auto it = lru(PageLocation::kDisk);
@@ -436,6 +436,7 @@ int PrefixCache::reclaim_disk(int64_t extents) {
   if (disk == nullptr) return 0;
   int freed = 0;
   DiskTierStats ds = disk->stats();
+  if (extents > ds.extents_total) return 0;  // never fits: keep the cache's records
   while (ds.extents_total - ds.extents_used < extents) {
     auto it = lru(PageLocation::kDisk);
     if (it == entries_.end()) break;
