@@ -232,7 +232,8 @@ int main(int argc, char** argv) {
   app.add_option("--prefix-tokens", o.prefix_tokens, "--prefix: shared prefix length");
   app.add_option("--requests", o.requests, "--prefix: requests")->check(CLI::Range(2, 10000));
   app.add_option("--reps", o.reps, "--restore: repetitions (best of)");
-  app.add_option("--disk-path", o.disk_path, "--restore: disk tier directory (--prefix-spill disk: "
+  app.add_option("--disk-path", o.disk_path,
+                 "--restore: disk tier directory (--prefix-spill disk: "
                  "<path>-prefix)");
   app.add_option("--prefix-spill", o.prefix_spill,
                  "--prefix: also a run whose prefix is pushed out to this tier between requests")

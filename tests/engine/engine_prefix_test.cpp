@@ -179,15 +179,16 @@ TEST_P(EnginePrefixSpill, APrefixSpilledBetweenRequestsHitsOnItsTierWithTheSameT
   EXPECT_GT(lower, 0);  // the fillers' and prefix's pages were spilled, not dropped
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    ModesAndTiers, EnginePrefixSpill,
-    ::testing::Combine(::testing::Values(ServingMode::kColocated, ServingMode::kDisaggregated),
-                       ::testing::Values(Tier::kHost, Tier::kDisk)),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param) == ServingMode::kColocated ? "Colocated"
-                                                                            : "Disaggregated") +
-             (std::get<1>(info.param) == Tier::kHost ? "Host" : "Disk");
-    });
+INSTANTIATE_TEST_SUITE_P(ModesAndTiers, EnginePrefixSpill,
+                         ::testing::Combine(::testing::Values(ServingMode::kColocated,
+                                                              ServingMode::kDisaggregated),
+                                            ::testing::Values(Tier::kHost, Tier::kDisk)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) == ServingMode::kColocated
+                                                  ? "Colocated"
+                                                  : "Disaggregated") +
+                                  (std::get<1>(info.param) == Tier::kHost ? "Host" : "Disk");
+                         });
 
 }  // namespace
 }  // namespace kvsplit
