@@ -3,9 +3,15 @@
 //              disk tier, against recomputing it (its prefill);
 //   --prefix   TTFT of requests that share a system prompt (default 400 tokens) with the prefix
 //              cache on: the first request against the later ones (and the cache off as control).
+//              --prefix-spill host|disk adds a run whose device pool is just big enough for one
+//              request: between two requests another tenant's long prompt pushes the prefix out
+//              to the host tier (or, with `disk`, no host tier: the disk tier), so every later
+//              request swaps it back in from there.
 //
 //   bench_temporal --model synthetic:llama-110m --restore --tokens 2048 --threads 2
 //   bench_temporal --model synthetic:llama-110m --prefix --prefix-tokens 400 --threads 2
+//   bench_temporal --model synthetic:llama-110m --prefix --prefix-tokens 400 --requests 8
+//       --threads 2 --prefix-spill host
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -40,6 +46,7 @@ struct Options {
   int prefix_tokens = 400, requests = 8, suffix_tokens = 16;
   int reps = 3;
   std::string disk_path = "/tmp/kvsplit-bench-temporal";
+  std::string prefix_spill;  // "", "host" or "disk"
 };
 
 int run_restore(const Options& o) {
@@ -119,45 +126,95 @@ int run_restore(const Options& o) {
 }
 
 int run_prefix(const Options& o) {
-  for (bool cache : {false, true}) {
+  enum class Run { kOff, kOn, kSpill };
+  std::vector<Run> runs = {Run::kOff, Run::kOn};
+  if (!o.prefix_spill.empty()) runs.push_back(Run::kSpill);
+  for (Run run : runs) {
     kvsplit::EngineConfig c;
     c.model = o.model;
     c.mode = kvsplit::ServingMode::kColocated;
     c.threads_per_worker = o.threads;
     c.num_decode_workers = 1;
     c.max_batch_tokens = 2048;
-    c.prefix_cache = cache;
+    c.prefix_cache = run != Run::kOff;
+    c.block_size = 16;
+    const int prompt = o.prefix_tokens + o.suffix_tokens;
+    const int request_pages = (prompt + 2 + 15) / 16;
+    if (run == Run::kSpill) {
+      // Room for one request and a few pages more: the filler's prompt needs every block.
+      c.kv_blocks_per_worker = request_pages + 4;
+      if (o.prefix_spill == "host") {
+        c.temporal.host_capacity_mb = 256;
+      } else {
+        std::filesystem::remove_all(o.disk_path + "-prefix");
+        std::filesystem::create_directories(o.disk_path + "-prefix");
+        c.temporal.disk_path = o.disk_path + "-prefix";
+        c.temporal.disk_capacity_mb = 1024;
+      }
+    }
     auto engine = kvsplit::Engine::create(c);
     if (!engine.ok()) return std::fprintf(stderr, "%s\n", engine.status().to_string().c_str()), 1;
     std::mt19937 rng(2);
     const int vocab = (*engine)->model_info().vocab_size;
     std::vector<int32_t> system(o.prefix_tokens);
     for (int32_t& t : system) t = 3 + static_cast<int32_t>(rng() % (vocab - 3));
-    std::vector<double> ttft;
-    for (int i = 0; i < o.requests; ++i) {
-      kvsplit::Request r;
-      r.prompt_token_ids = system;
-      for (int k = 0; k < o.suffix_tokens; ++k)
-        r.prompt_token_ids.push_back(3 + static_cast<int32_t>(rng() % (vocab - 3)));
+    // Another tenant's prompt as long as the pool: serving it evicts every cached page.
+    std::vector<int32_t> filler((request_pages + 4) * 16 - 2);
+    for (int32_t& t : filler) t = 3 + static_cast<int32_t>(rng() % (vocab - 3));
+    auto serve = [&](kvsplit::Request r, double* ttft) -> int {
       r.sampling.max_tokens = 2;
       r.sampling.temperature = 0;
       auto h = (*engine)->submit(r);
-      if (!h.ok()) return 1;
+      if (!h.ok()) return std::fprintf(stderr, "%s\n", h.status().to_string().c_str()), 1;
       kvsplit::TokenEvent ev;
       while (h->next(&ev, std::chrono::minutes(5)))
         if (ev.final) break;
       if (!ev.status.ok()) return std::fprintf(stderr, "%s\n", ev.status.to_string().c_str()), 1;
-      ttft.push_back(ev.timings.ttft_ms);
+      if (ttft != nullptr) *ttft = ev.timings.ttft_ms;
+      return 0;
+    };
+    std::vector<double> ttft;
+    for (int i = 0; i < o.requests; ++i) {
+      if (run == Run::kSpill && i > 0) {
+        kvsplit::Request f;
+        f.tenant = "filler";
+        f.prompt_token_ids = filler;
+        if (serve(f, nullptr) != 0) return 1;
+      }
+      kvsplit::Request r;
+      r.tenant = "bench";
+      r.prompt_token_ids = system;
+      for (int k = 0; k < o.suffix_tokens; ++k)
+        r.prompt_token_ids.push_back(3 + static_cast<int32_t>(rng() % (vocab - 3)));
+      double t = 0;
+      if (serve(r, &t) != 0) return 1;
+      ttft.push_back(t);
     }
     std::vector<double> later(ttft.begin() + 1, ttft.end());
     std::sort(later.begin(), later.end());
     const double median = later[later.size() / 2];
+    const char* name = run == Run::kOff ? "off" : run == Run::kOn ? "on" : "on, spilled";
     std::printf(
-        "prefix cache %-3s: %s, %d-token shared prefix + %d, %d requests one after another: first "
-        "TTFT %.1f ms, later median %.1f ms (%.1fx lower)\n",
-        cache ? "on" : "off", o.model.c_str(), o.prefix_tokens, o.suffix_tokens, o.requests,
-        ttft[0], median, ttft[0] / median);
+        "prefix cache %s%s%s: %s, %d-token shared prefix + %d, %d requests one after another: "
+        "first TTFT %.1f ms, later median %.1f ms (%.1fx lower)\n",
+        name, run == Run::kSpill ? " to " : "", run == Run::kSpill ? o.prefix_spill.c_str() : "",
+        o.model.c_str(), o.prefix_tokens, o.suffix_tokens, o.requests, ttft[0], median,
+        ttft[0] / median);
+    if (run == Run::kSpill) {
+      const kvsplit::EngineStats s = (*engine)->stats();
+      for (const kvsplit::PoolStats& p : s.pools)
+        std::printf(
+            "  %s: %d device pages; prefix hits %lld tokens (host %lld, disk %lld), spilled %lld "
+            "pages to host, %lld to disk, %lld faults\n",
+            p.name.c_str(), p.kv_blocks_total, static_cast<long long>(p.kv_prefix_hits),
+            static_cast<long long>(p.kv_prefix_hits_host),
+            static_cast<long long>(p.kv_prefix_hits_disk),
+            static_cast<long long>(p.kv_prefix_spills_host),
+            static_cast<long long>(p.kv_prefix_spills_disk),
+            static_cast<long long>(p.kv_prefix_spill_faults));
+    }
   }
+  if (!o.prefix_spill.empty()) std::filesystem::remove_all(o.disk_path + "-prefix");
   return 0;
 }
 
@@ -175,7 +232,12 @@ int main(int argc, char** argv) {
   app.add_option("--prefix-tokens", o.prefix_tokens, "--prefix: shared prefix length");
   app.add_option("--requests", o.requests, "--prefix: requests")->check(CLI::Range(2, 10000));
   app.add_option("--reps", o.reps, "--restore: repetitions (best of)");
-  app.add_option("--disk-path", o.disk_path, "--restore: disk tier directory");
+  app.add_option("--disk-path", o.disk_path,
+                 "--restore: disk tier directory (--prefix-spill disk: "
+                 "<path>-prefix)");
+  app.add_option("--prefix-spill", o.prefix_spill,
+                 "--prefix: also a run whose prefix is pushed out to this tier between requests")
+      ->check(CLI::IsMember({"host", "disk"}));
   CLI11_PARSE(app, argc, argv);
   int rc = 0;
   if (o.restore) rc |= run_restore(o);

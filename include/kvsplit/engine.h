@@ -103,7 +103,9 @@ struct EngineConfig {
   SpatialCutConfig spatial;
   // Prefix cache on the workers that prefill (prefill and colocated workers): full prompt pages
   // shared across requests of one tenant and cache_salt (docs/kv-cuts.md); Usage::cached_tokens
-  // reports the hits.
+  // reports the hits. Evicted pages spill to the worker's host tier (temporal.host_capacity_mb)
+  // and disk tier (temporal.disk_path), which prefill workers then get too, and come back on a
+  // hit.
   bool prefix_cache = false;
   // The KV cache manager (docs/kvm.md): rules that move the cuts' parameters at run time.
   KvmConfig kvm;
@@ -244,6 +246,16 @@ struct PoolStats {
   int32_t kv_prefix_cache_pages = 0;
   int64_t kv_prefix_queries = 0;
   int64_t kv_prefix_hits = 0;
+  // Its tiers: of the hits, tokens swapped back in from the host tier and read back from the
+  // disk tier; pages spilled to each (instead of being dropped) since start; stores and restores
+  // that failed (the page was dropped, the prompt recomputed); pages held on each lower tier now.
+  int64_t kv_prefix_hits_host = 0;
+  int64_t kv_prefix_hits_disk = 0;
+  int64_t kv_prefix_spills_host = 0;
+  int64_t kv_prefix_spills_disk = 0;
+  int64_t kv_prefix_spill_faults = 0;
+  int32_t kv_prefix_pages_host = 0;
+  int32_t kv_prefix_pages_disk = 0;
   // The spatial cut (EngineConfig::spatial): shards of the worker's shard group, device pages on
   // shards other than the home one as of the last step, and since start the bytes the shards
   // exchanged (queries, new K/V rows, partials) and pages moved by migrations (MigrateKv).

@@ -103,6 +103,8 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
       wo.kv_policy = config.kv_policy;
       wo.semantic = config.semantic;
       wo.temporal = config.temporal;
+    } else {
+      wo.temporal.swap = SwapMode::kNever;  // its tiers hold the prefix cache's spilled pages only
     }
     backend::BackendOptions bo;
     bo.threads = threads;
@@ -138,13 +140,15 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     if (decodes && config.kv_policy != KvPolicy::kFull && config.spatial.shards > 1)
       pc.host_bytes = std::min<int64_t>(pc.host_bytes * config.spatial.shards,
                                         config.semantic.host_capacity_mb << 20);
-    // The temporal cut's host tier for swapped-out pages, beside the semantic cut's originals.
-    if (decodes) pc.host_bytes += config.temporal.host_capacity_mb << 20;
+    // The temporal cut's host tier for swapped-out pages, beside the semantic cut's originals;
+    // a prefill worker's prefix cache spills to a host and disk tier of the same sizes.
+    const bool prefix = config.prefix_cache && wo.role != sched::WorkerRole::kDecode;
+    const bool tiers = decodes || prefix;
+    if (tiers) pc.host_bytes += config.temporal.host_capacity_mb << 20;
     auto pool = kv::KvPool::create(*be, pc, shape);
     if (!pool.ok()) return pool.status().with_prefix(wo.name);
-    if (config.prefix_cache && wo.role != sched::WorkerRole::kDecode)
-      (*pool)->enable_prefix_cache();
-    if (decodes && !config.temporal.disk_path.empty()) {
+    if (prefix) (*pool)->enable_prefix_cache();
+    if (tiers && !config.temporal.disk_path.empty()) {
       Status st = (*pool)->open_disk_tier(config.temporal.disk_path + "/" + wo.name,
                                           config.temporal.disk_capacity_mb << 20,
                                           config.temporal.disk_direct_io);

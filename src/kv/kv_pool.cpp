@@ -335,18 +335,34 @@ Status KvPool::open_disk_tier(const std::string& path, int64_t capacity_bytes, b
 }
 
 void KvPool::enable_prefix_cache() {
-  if (!prefix_) prefix_ = std::make_unique<PrefixCache>(config_.block_size);
+  if (!prefix_) prefix_ = std::make_unique<PrefixCache>(config_.block_size, this);
+}
+
+int KvPool::available_host_slots() const {
+  return host_alloc_.num_free() + (prefix_ ? prefix_->reclaimable_host() : 0);
+}
+
+std::optional<std::vector<int32_t>> KvPool::allocate_host_slots(int n) {
+  if (prefix_ && host_alloc_.num_free() < n && available_host_slots() >= n)
+    prefix_->reclaim_host(n - host_alloc_.num_free());
+  return host_alloc_.allocate(n);
+}
+
+void KvPool::make_disk_room(int64_t payload_bytes) {
+  if (!prefix_ || !disk_) return;
+  const DiskTierStats ds = disk_->stats();
+  prefix_->reclaim_disk((DiskTier::kHeaderBytes + payload_bytes + ds.extent_bytes - 1) /
+                        ds.extent_bytes);
 }
 
 int KvPool::share_prefix(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
                          int max_pages) {
   KVSPLIT_CHECK(table.blocks.empty());
   if (!prefix_ || max_pages <= 0) return 0;
-  const std::vector<int32_t> hits = prefix_->lookup(salt, tokens, max_pages);
-  for (int32_t b : hits) allocator_.incref(b);
-  table.blocks = hits;
+  table.blocks = prefix_->acquire(salt, tokens, max_pages, allocator_);
+  const int hits = static_cast<int>(table.blocks.size());
   table.pages.clear();
-  return static_cast<int>(hits.size());
+  return hits;
 }
 
 void KvPool::cache_prefix(const BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,

@@ -74,10 +74,12 @@ class KvPool {
   int releasable_blocks(const BlockTable& table) const;
 
   // ---- prefix cache (kv/prefix_cache.h; off unless enabled) ----
+  // Its evicted pages spill to this pool's host tier and disk tier when it has them.
   void enable_prefix_cache();
   PrefixCache* prefix_cache() const { return prefix_.get(); }
   // `table` must be empty: points it at the longest cached prefix of `tokens` (whole pages, at
-  // most max_pages), taking a reference on each. Returns the pages taken (0 without a cache).
+  // most max_pages), taking a reference on each; spilled pages are swapped back into device
+  // blocks first (PrefixCache::acquire). Returns the pages taken (0 without a cache).
   int share_prefix(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
                    int max_pages);
   // Caches pages [0, num_pages) of `table` (full precision on the device) holding `tokens`.
@@ -104,6 +106,14 @@ class KvPool {
   // Host tier: slot `slot` holds one full-precision page of every layer, layer after layer.
   std::byte* host_slot(int32_t slot);
   BlockAllocator& host_allocator() { return host_alloc_; }
+  // Host slots for the temporal or semantic cut: free slots plus the prefix cache's spilled host
+  // pages, which give way first (moved to free disk space, else dropped). allocate_host_slots:
+  // n slots (refcount 1), nullopt (nothing changed but reclaimed cache pages) when fewer.
+  int available_host_slots() const;
+  std::optional<std::vector<int32_t>> allocate_host_slots(int n);
+  // Frees the prefix cache's disk records, least recently used first, until the disk tier could
+  // hold a record of `payload_bytes` (or the cache has none): swap's records come first.
+  void make_disk_room(int64_t payload_bytes);
   const BlockAllocator& host_allocator() const { return host_alloc_; }
   // One full-precision page of every layer on the device (staging for requantization).
   void* scratch_page(int layer) const;

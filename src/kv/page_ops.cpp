@@ -149,7 +149,7 @@ class Executor {
     if (page.original >= 0) return true;
     KvPool& at = home_.shard(page.shard);
     backend::Backend& be = at.backend();
-    auto slot = home_.host_allocator().allocate(1);
+    auto slot = home_.allocate_host_slots(1);  // spilled prefix-cache pages give way
     if (!slot) {
       ++stats_.refused_host_full;
       return false;

@@ -3,8 +3,52 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstring>
+#include <tuple>
+
+#include "common/check.h"
+#include "kv/disk_tier.h"
+#include "kv/kv_pool.h"
 
 namespace kvsplit::kv {
+namespace {
+
+// The key a spilled page's disk record carries after its KV (inside the checksummed payload),
+// followed by its block_size tokens.
+struct RecordMeta {
+  uint64_t magic;
+  uint64_t salt;
+  uint64_t parent;
+  uint64_t hash;
+  int32_t depth;
+  int32_t num_tokens;
+};
+constexpr uint64_t kMetaMagic = 0x315846525053564bull;  // "KVSPRFX1"
+
+std::byte* device_page(const KvPool& pool, int layer, int32_t block) {
+  return static_cast<std::byte*>(pool.layer(layer).data) +
+         int64_t{block} * pool.page_layer_bytes(kernels::KvPrecision::kFull);
+}
+
+// Every layer of device block `block` to `dst` (bytes_per_block bytes, layer after layer: the
+// host tier's slot layout). One copy per layer: the device pool is one buffer per layer.
+Status page_to_host(KvPool& pool, int32_t block, std::byte* dst) {
+  const int64_t lb = pool.page_layer_bytes(kernels::KvPrecision::kFull);
+  for (int l = 0; l < pool.shape().num_layers; ++l)
+    KVSPLIT_RETURN_IF_ERROR(pool.backend().copy_d2h(dst + l * lb, device_page(pool, l, block),
+                                                    static_cast<size_t>(lb)));
+  return pool.backend().synchronize();  // the caller frees the block or reuses the buffer next
+}
+
+Status page_to_device(KvPool& pool, const std::byte* src, int32_t block) {
+  const int64_t lb = pool.page_layer_bytes(kernels::KvPrecision::kFull);
+  for (int l = 0; l < pool.shape().num_layers; ++l)
+    KVSPLIT_RETURN_IF_ERROR(pool.backend().copy_h2d(device_page(pool, l, block), src + l * lb,
+                                                    static_cast<size_t>(lb)));
+  return pool.backend().synchronize();  // the caller frees the source next
+}
+
+}  // namespace
 
 uint64_t PrefixCache::salt_of(std::string_view s) {
   // Never 0, so "no salt" and a salt never collide by construction.
@@ -17,9 +61,16 @@ uint64_t PrefixCache::page_hash(uint64_t parent, uint64_t salt,
                               parent * 0x9E3779B97F4A7C15ull ^ salt);
 }
 
-std::vector<int32_t> PrefixCache::lookup(uint64_t salt, std::span<const int32_t> tokens,
-                                         int max_pages) {
-  std::vector<int32_t> hits;
+int64_t PrefixCache::disk_record_bytes() const {
+  KVSPLIT_CHECK(pool_ != nullptr);
+  return pool_->bytes_per_block() + static_cast<int64_t>(sizeof(RecordMeta)) +
+         int64_t{block_size_} * static_cast<int64_t>(sizeof(int32_t));
+}
+
+std::vector<PrefixCache::Map::iterator> PrefixCache::walk(uint64_t salt,
+                                                          std::span<const int32_t> tokens,
+                                                          int max_pages) {
+  std::vector<Map::iterator> chain;
   const int pages = std::min<int>(max_pages, static_cast<int>(tokens.size()) / block_size_);
   ++stats_.lookups;
   stats_.lookup_pages += std::max(0, pages);
@@ -36,11 +87,124 @@ std::vector<int32_t> PrefixCache::lookup(uint64_t salt, std::span<const int32_t>
         !std::equal(page.begin(), page.end(), e.tokens.begin(), e.tokens.end()))
       break;
     e.last_use = tick_;
-    hits.push_back(e.block);
+    chain.push_back(it);
     parent = h;
+  }
+  return chain;
+}
+
+std::vector<int32_t> PrefixCache::lookup(uint64_t salt, std::span<const int32_t> tokens,
+                                         int max_pages) {
+  std::vector<int32_t> hits;
+  for (Map::iterator it : walk(salt, tokens, max_pages)) {
+    if (it->second.where != PageLocation::kDevice) break;
+    hits.push_back(it->second.block);
   }
   stats_.hit_pages += static_cast<int64_t>(hits.size());
   return hits;
+}
+
+std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t> tokens,
+                                          int max_pages, BlockAllocator& alloc) {
+  const std::vector<Map::iterator> chain = walk(salt, tokens, max_pages);
+  std::vector<int32_t> out;
+  size_t k = 0;
+  for (; k < chain.size() && chain[k]->second.where == PageLocation::kDevice; ++k) {
+    alloc.incref(chain[k]->second.block);
+    out.push_back(chain[k]->second.block);
+  }
+  if (k < chain.size() && pool_ != nullptr) {
+    // The rest of the chain: pinned (no spill or reclaim touches it), then a device block for
+    // every spilled page while the pool has one, every disk read started before any is waited
+    // for, then each page brought back in order.
+    struct Job {
+      Map::iterator it;
+      int32_t block = -1;
+      bool restore = false;  // a spilled page (else on the device: the caller's reference taken)
+      std::vector<std::byte> staging;
+      DiskOp op;
+      Status started = ok_status();
+    };
+    std::vector<Job> jobs;
+    for (size_t j = k; j < chain.size(); ++j) chain[j]->second.pinned = true;
+    DiskTier* disk = pool_->disk();
+    for (size_t j = k; j < chain.size(); ++j) {
+      Entry& e = chain[j]->second;
+      Job job;
+      job.it = chain[j];
+      if (e.where == PageLocation::kDevice) {
+        alloc.incref(e.block);
+        job.block = e.block;
+        jobs.push_back(std::move(job));
+        continue;
+      }
+      auto b = pool_->allocate_blocks(1);  // may spill other (unpinned) pages
+      if (!b) break;
+      job.block = (*b)[0];
+      job.restore = true;
+      if (e.where == PageLocation::kDisk) {
+        job.staging.resize(static_cast<size_t>(disk_record_bytes()));
+        const std::span<std::byte> dst[] = {job.staging};
+        auto op = disk->read(e.record, dst, RecordKey{e.salt, chain[j]->first});
+        if (op.ok())
+          job.op = std::move(op).value();
+        else
+          job.started = op.status();
+      }
+      jobs.push_back(std::move(job));
+    }
+    for (size_t j = k + jobs.size(); j < chain.size(); ++j) chain[j]->second.pinned = false;
+    bool failed = false;
+    for (Job& job : jobs) {
+      Entry& e = job.it->second;
+      e.pinned = false;
+      if (failed) {
+        if (job.restore && !job.op.finished()) (void)disk->wait(job.op);
+        alloc.decref(job.block);  // the caller's reference, or the unused new block
+        continue;
+      }
+      if (!job.restore) {
+        out.push_back(job.block);
+        continue;
+      }
+      Status st = job.started;
+      if (e.where == PageLocation::kHost) {
+        st = page_to_device(*pool_, pool_->host_slot(e.slot), job.block);
+      } else {
+        if (st.ok()) st = disk->wait(job.op);
+        if (st.ok()) {
+          // The record must be this page of this tenant's prefix: key, chain and tokens.
+          RecordMeta m;
+          const std::byte* meta = job.staging.data() + pool_->bytes_per_block();
+          std::memcpy(&m, meta, sizeof(m));
+          const bool same =
+              m.magic == kMetaMagic && m.salt == e.salt && m.parent == e.parent &&
+              m.hash == job.it->first && m.depth == e.depth && m.num_tokens == block_size_ &&
+              std::memcmp(meta + sizeof(m), e.tokens.data(), e.tokens.size() * sizeof(int32_t)) ==
+                  0;
+          if (!same) st = data_loss("prefix cache: disk record does not match its page");
+        }
+        if (st.ok()) st = page_to_device(*pool_, job.staging.data(), job.block);
+      }
+      if (!st.ok()) {
+        // Slower, never wrong: the entry goes, the lookup ends here, the rest is recomputed.
+        ++stats_.restore_faults;
+        alloc.decref(job.block);
+        drop(job.it, &alloc);
+        failed = true;
+        continue;
+      }
+      (e.where == PageLocation::kHost ? stats_.hit_pages_host : stats_.hit_pages_disk)++;
+      release_storage(e, &alloc);
+      e.where = PageLocation::kDevice;
+      e.block = job.block;  // the cache's reference: the new block's first
+      by_block_.emplace(job.block, job.it->first);
+      alloc.incref(job.block);  // the caller's
+      out.push_back(job.block);
+    }
+  }
+  stats_.hit_pages += static_cast<int64_t>(out.size());
+  return out;
 }
 
 int PrefixCache::insert(uint64_t salt, std::span<const int32_t> tokens,
@@ -53,6 +217,7 @@ int PrefixCache::insert(uint64_t salt, std::span<const int32_t> tokens,
   for (int i = 0; i < num_pages; ++i) {
     const auto page = tokens.subspan(static_cast<size_t>(i) * block_size_, block_size_);
     const uint64_t h = page_hash(parent, salt, page);
+    const int32_t b = blocks[static_cast<size_t>(i)];
     auto it = entries_.find(h);
     if (it != entries_.end()) {
       Entry& e = it->second;
@@ -62,12 +227,26 @@ int PrefixCache::insert(uint64_t salt, std::span<const int32_t> tokens,
           !std::equal(page.begin(), page.end(), e.tokens.begin(), e.tokens.end()))
         break;
       e.last_use = tick_;
+      if (e.where != PageLocation::kDevice && !e.pinned && b >= 0 && !by_block_.count(b)) {
+        // Computed again while spilled: the device copy replaces the lower tier's.
+        release_storage(e, &alloc);
+        alloc.incref(b);
+        e.where = PageLocation::kDevice;
+        e.block = b;
+        by_block_.emplace(b, h);
+        ++added;
+      }
     } else {
-      const int32_t b = blocks[static_cast<size_t>(i)];
       if (b < 0 || by_block_.count(b)) break;  // not on the device, or cached as another page
       alloc.incref(b);
-      entries_.emplace(
-          h, Entry{b, parent, salt, std::vector<int32_t>(page.begin(), page.end()), tick_});
+      Entry e;
+      e.block = b;
+      e.parent = parent;
+      e.salt = salt;
+      e.tokens.assign(page.begin(), page.end());
+      e.last_use = tick_;
+      e.depth = i;
+      entries_.emplace(h, std::move(e));
       by_block_.emplace(b, h);
       ++added;
     }
@@ -77,36 +256,200 @@ int PrefixCache::insert(uint64_t salt, std::span<const int32_t> tokens,
   return added;
 }
 
-void PrefixCache::drop(std::unordered_map<uint64_t, Entry>::iterator it, BlockAllocator& alloc) {
-  by_block_.erase(it->second.block);
-  alloc.decref(it->second.block);
+void PrefixCache::release_storage(Entry& e, BlockAllocator* alloc) {
+  switch (e.where) {
+    case PageLocation::kDevice:
+      by_block_.erase(e.block);
+      if (alloc != nullptr) alloc->decref(e.block);
+      e.block = -1;
+      break;
+    case PageLocation::kHost:
+      pool_->host_allocator().decref(e.slot);
+      e.slot = -1;
+      --pages_host_;
+      break;
+    case PageLocation::kDisk:
+      (void)pool_->disk()->free(e.record);  // kNotFound only if already gone: nothing to leak
+      e.record = 0;
+      --pages_disk_;
+      break;
+    case PageLocation::kEvicted:
+      break;
+  }
+}
+
+void PrefixCache::drop(Map::iterator it, BlockAllocator* alloc) {
+  release_storage(it->second, alloc);
   entries_.erase(it);
+  ++stats_.evicted;
+}
+
+PrefixCache::Map::iterator PrefixCache::lru(PageLocation where) {
+  auto best = entries_.end();
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    const Entry& e = it->second;
+    if (e.where != where || e.pinned) continue;
+    if (best == entries_.end() ||
+        std::tie(e.last_use, best->second.depth) < std::tie(best->second.last_use, e.depth))
+      best = it;
+  }
+  return best;
+}
+
+uint64_t PrefixCache::write_record(uint64_t hash, const Entry& e, std::span<const std::byte> kv,
+                                   bool make_room) {
+  DiskTier* disk = pool_->disk();
+  if (disk == nullptr) return 0;
+  const RecordMeta m{kMetaMagic, e.salt, e.parent, hash, e.depth, block_size_};
+  const int64_t bytes = disk_record_bytes();
+  DiskTierStats ds = disk->stats();
+  const int64_t extents = (DiskTier::kHeaderBytes + bytes + ds.extent_bytes - 1) / ds.extent_bytes;
+  if (ds.extents_total - ds.extents_used < extents) {
+    if (!make_room || extents > ds.extents_total) return 0;
+    // Older spilled pages make room for a newer one (the cache's own records only).
+    while (ds.extents_total - ds.extents_used < extents) {
+      auto it = lru(PageLocation::kDisk);
+      if (it == entries_.end()) return 0;
+      drop(it, nullptr);
+      ds = disk->stats();
+    }
+  }
+  const std::span<const std::byte> payload[] = {
+      kv, std::as_bytes(std::span<const RecordMeta>(&m, 1)), std::as_bytes(std::span(e.tokens))};
+  auto id = disk->write_sync(payload, RecordKey{e.salt, hash});
+  if (!id.ok()) {
+    // The tier freed the failed write: nothing of it is visible.
+    ++stats_.spill_faults;
+    return 0;
+  }
+  return *id;
+}
+
+int32_t PrefixCache::host_slot_for_spill() {
+  BlockAllocator& host = pool_->host_allocator();
+  if (host.num_blocks() == 0) return -1;
+  if (host.num_free() == 0) {
+    auto it = lru(PageLocation::kHost);
+    if (it == entries_.end()) return -1;  // swap and semantic originals hold every slot
+    host_to_disk(it, /*make_room=*/true);
+  }
+  auto s = host.allocate(1);
+  return s ? (*s)[0] : -1;
+}
+
+void PrefixCache::host_to_disk(Map::iterator it, bool make_room) {
+  Entry& e = it->second;
+  const uint64_t rec =
+      write_record(it->first, e,
+                   std::span<const std::byte>(pool_->host_slot(e.slot),
+                                              static_cast<size_t>(pool_->bytes_per_block())),
+                   make_room);
+  if (rec == 0) {
+    drop(it, nullptr);
+    return;
+  }
+  release_storage(e, nullptr);
+  e.where = PageLocation::kDisk;
+  e.record = rec;
+  ++pages_disk_;
+  ++stats_.spilled_disk;
+}
+
+void PrefixCache::spill(Map::iterator it, BlockAllocator& alloc) {
+  Entry& e = it->second;
+  if (pool_ != nullptr) {
+    const int32_t slot = host_slot_for_spill();
+    if (slot >= 0) {
+      if (page_to_host(*pool_, e.block, pool_->host_slot(slot)).ok()) {
+        release_storage(e, &alloc);
+        e.where = PageLocation::kHost;
+        e.slot = slot;
+        ++pages_host_;
+        ++stats_.spilled_host;
+        return;
+      }
+      pool_->host_allocator().decref(slot);
+      ++stats_.spill_faults;
+    } else if (pool_->disk() != nullptr) {
+      std::vector<std::byte> staging(static_cast<size_t>(pool_->bytes_per_block()));
+      if (page_to_host(*pool_, e.block, staging.data()).ok()) {
+        const uint64_t rec = write_record(it->first, e, staging, /*make_room=*/true);
+        if (rec != 0) {
+          release_storage(e, &alloc);
+          e.where = PageLocation::kDisk;
+          e.record = rec;
+          ++pages_disk_;
+          ++stats_.spilled_disk;
+          return;
+        }
+      } else {
+        ++stats_.spill_faults;
+      }
+    }
+  }
+  drop(it, &alloc);
 }
 
 int PrefixCache::evict(int need, BlockAllocator& alloc) {
   if (need <= 0) return 0;
-  std::vector<std::pair<uint64_t, uint64_t>> cand;  // (last_use, hash)
+  std::vector<std::tuple<uint64_t, int32_t, uint64_t>> cand;  // (last_use, -depth, hash)
   for (const auto& [h, e] : entries_)
-    if (alloc.refcount(e.block) == 1) cand.emplace_back(e.last_use, h);
+    if (e.where == PageLocation::kDevice && !e.pinned && alloc.refcount(e.block) == 1)
+      cand.emplace_back(e.last_use, -e.depth, h);
   std::sort(cand.begin(), cand.end());
   int freed = 0;
-  for (const auto& [use, h] : cand) {
+  for (const auto& [use, depth, h] : cand) {
     if (freed >= need) break;
-    drop(entries_.find(h), alloc);
+    spill(entries_.find(h), alloc);  // spills only touch host / disk entries: `h` is still here
     ++freed;
   }
-  stats_.evicted += freed;
   return freed;
 }
 
 int PrefixCache::evictable(const BlockAllocator& alloc) const {
   int n = 0;
-  for (const auto& [h, e] : entries_) n += alloc.refcount(e.block) == 1;
+  for (const auto& [h, e] : entries_)
+    n += e.where == PageLocation::kDevice && !e.pinned && alloc.refcount(e.block) == 1;
   return n;
 }
 
+int PrefixCache::reclaimable_host() const {
+  int n = 0;
+  for (const auto& [h, e] : entries_) n += e.where == PageLocation::kHost && !e.pinned;
+  return n;
+}
+
+int PrefixCache::reclaim_host(int need) {
+  int freed = 0;
+  while (freed < need) {
+    auto it = lru(PageLocation::kHost);
+    if (it == entries_.end()) break;
+    host_to_disk(it, /*make_room=*/false);
+    ++freed;
+  }
+  stats_.reclaimed += freed;
+  return freed;
+}
+
+int PrefixCache::reclaim_disk(int64_t extents) {
+  DiskTier* disk = pool_ != nullptr ? pool_->disk() : nullptr;
+  if (disk == nullptr) return 0;
+  int freed = 0;
+  DiskTierStats ds = disk->stats();
+  if (extents > ds.extents_total) return 0;  // never fits: keep the cache's records
+  while (ds.extents_total - ds.extents_used < extents) {
+    auto it = lru(PageLocation::kDisk);
+    if (it == entries_.end()) break;
+    drop(it, nullptr);
+    ++freed;
+    ds = disk->stats();
+  }
+  stats_.reclaimed += freed;
+  return freed;
+}
+
 void PrefixCache::clear(BlockAllocator& alloc) {
-  for (const auto& [h, e] : entries_) alloc.decref(e.block);
+  for (auto& [h, e] : entries_) release_storage(e, &alloc);
   entries_.clear();
   by_block_.clear();
 }

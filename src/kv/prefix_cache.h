@@ -1,14 +1,31 @@
 // Prefix cache (the temporal cut, kv-cuts.md §3): full KV pages of prompts, keyed by a hash
-// chained over the token prefix and salted per tenant, shared across requests. A cached page is a
-// block of the owning KvPool that the cache holds one reference on; sequences that hit take their
-// own reference. Shared pages are full and never written again (a hit never covers the position
-// a sequence computes next), and every page transition (demote, evict, swap) replaces the
-// sequence's reference with its own copy, so sharing is copy-on-write by construction.
+// chained over the token prefix and salted per tenant, shared across requests. A cached page on
+// the device is a block of the owning KvPool that the cache holds one reference on; sequences
+// that hit take their own reference. Shared pages are full and never written again (a hit never
+// covers the position a sequence computes next), and every page transition (demote, evict, swap)
+// replaces the sequence's reference with its own copy, so sharing is copy-on-write by
+// construction.
 //
-// Pages only the cache holds are evictable, least recently used first (KvPool evicts them when
-// it needs blocks). Tenants never share pages: the salt (a tenant id or a request's cache_salt)
-// seeds every hash and is stored and compared with the tokens, so a lookup never matches another
-// tenant's page, even on a hash collision.
+// Tiers. Pages only the cache holds are evictable, least recently used first (deepest first on a
+// tie, so a chain shrinks from its tail). With a pool attached (KvPool::enable_prefix_cache) an
+// evicted page spills down instead of being dropped: to a free host-tier slot (the host slot
+// holds every layer), else the host tier's least recently used prefix page moves on to the disk
+// tier (one checksummed record per page) to make room; with no host tier, straight to disk. It is
+// dropped only when no lower tier takes it. A lookup that reaches a spilled page swaps it back
+// into a device block. The priority against the temporal and semantic cuts: the cache only takes
+// free host slots and free disk space, and is the first thing reclaimed when swap or a semantic
+// original needs a slot (KvPool::allocate_host_slots) or disk space (KvPool::make_disk_room).
+//
+// Never wrong: an entry names a lower tier only once its copy or write has completed; a failed
+// store drops the entry. A disk record carries the page's salt, parent hash, chained hash and
+// tokens in its checksummed payload and the salt / hash as its RecordKey; a restore checks all of
+// them against the lookup, so a record is read back only for the tenant and prefix it was written
+// for. A failed restore (I/O fault, checksum, a mismatch) drops that entry and ends the lookup
+// there: the rest of the prompt is recomputed.
+//
+// Tenants never share pages: the salt (a tenant id or a request's cache_salt) seeds every hash
+// and is stored and compared with the tokens, so a lookup never matches another tenant's page,
+// even on a hash collision.
 //
 // Not thread-safe: one owner (the worker that owns the pool).
 #pragma once
@@ -23,56 +40,117 @@
 
 namespace kvsplit::kv {
 
+class KvPool;
+
 struct PrefixCacheStats {
   int64_t lookups = 0;
-  int64_t lookup_pages = 0;  // full pages asked for (the hit-rate denominator)
-  int64_t hit_pages = 0;     // pages served from the cache
-  int64_t inserted = 0;      // pages registered
-  int64_t evicted = 0;       // pages dropped to free their block
+  int64_t lookup_pages = 0;    // full pages asked for (the hit-rate denominator)
+  int64_t hit_pages = 0;       // pages served from the cache, every tier
+  int64_t hit_pages_host = 0;  // of those, swapped in from the host tier
+  int64_t hit_pages_disk = 0;  // of those, read back from the disk tier
+  int64_t inserted = 0;        // pages registered
+  int64_t evicted = 0;         // pages dropped (from any tier), their KV gone
+  int64_t spilled_host = 0;    // device pages copied to the host tier
+  int64_t spilled_disk = 0;    // pages written to the disk tier (from the device or the host)
+  int64_t spill_faults = 0;    // stores that failed (copy or disk write): the page was dropped
+  int64_t restore_faults = 0;  // restores that failed (read, checksum, record mismatch): dropped
+  int64_t reclaimed = 0;       // host slots / disk records given up for swap or the semantic cut
+
+  int64_t hit_pages_device() const { return hit_pages - hit_pages_host - hit_pages_disk; }
 };
 
 class PrefixCache {
  public:
-  explicit PrefixCache(int block_size) : block_size_(block_size) {}
+  // `pool` (may be null: device only, evicted pages are dropped) is the pool whose blocks, host
+  // tier and disk tier the cache uses; it must outlive the cache.
+  explicit PrefixCache(int block_size, KvPool* pool = nullptr)
+      : block_size_(block_size), pool_(pool) {}
 
   // The salt of a tenant (or a request's cache_salt): one 64-bit value mixed into every hash.
   static uint64_t salt_of(std::string_view tenant_or_salt);
 
-  // Blocks of the longest cached prefix of `tokens` in whole pages, at most `max_pages`, in page
-  // order (each touched as most recently used). The caller increfs the ones it keeps.
+  // Device blocks of the longest cached prefix of `tokens` in whole pages, at most `max_pages`,
+  // in page order (each touched as most recently used); it stops at the first page that is not
+  // on the device. The caller increfs the ones it keeps.
   std::vector<int32_t> lookup(uint64_t salt, std::span<const int32_t> tokens, int max_pages);
+  // The longest cached prefix of `tokens` (at most `max_pages`), every page brought to the
+  // device: spilled pages are swapped back in (host: copied; disk: read, checksum and record
+  // checked). Takes one reference on each returned block for the caller. Stops at the first page
+  // that is not cached, cannot get a device block, or fails to come back (that entry is dropped).
+  std::vector<int32_t> acquire(uint64_t salt, std::span<const int32_t> tokens, int max_pages,
+                               BlockAllocator& alloc);
   // Registers pages [0, num_pages) of `tokens`, held in `blocks`, taking a reference on each page
-  // newly cached. Pages already cached (by any block) are left as they are. Returns the number
-  // of pages newly cached.
+  // newly cached. Pages already cached on the device are left as they are; a page cached on a
+  // lower tier moves to the given block (its host slot or disk record is freed). Returns the
+  // number of pages newly cached or brought back to the device.
   int insert(uint64_t salt, std::span<const int32_t> tokens, std::span<const int32_t> blocks,
              int num_pages, BlockAllocator& alloc);
-  // Drops least recently used pages that only the cache holds until `need` blocks were freed (or
-  // none is left); returns how many were freed.
+  // Frees `need` device blocks from least recently used pages that only the cache holds (or as
+  // many as there are), spilling each down the tiers when it can (see above), else dropping it.
+  // Returns how many blocks were freed.
   int evict(int need, BlockAllocator& alloc);
-  // Pages only the cache holds (free for the asking).
+  // Device pages only the cache holds (free for the asking).
   int evictable(const BlockAllocator& alloc) const;
-  // True when the cache holds a reference on `block`.
+  // Host slots the cache can give up (its host pages not being restored).
+  int reclaimable_host() const;
+  // Frees `need` host slots by moving the cache's least recently used host pages to free disk
+  // space (never making room there) or dropping them. Returns how many slots were freed.
+  int reclaim_host(int need);
+  // Drops the cache's least recently used disk records until the disk tier has `extents` free
+  // extents or the cache has none left. Returns how many records were freed.
+  int reclaim_disk(int64_t extents);
+  // True when the cache holds a reference on device block `block`.
   bool holds(int32_t block) const { return by_block_.count(block) > 0; }
   int size() const { return static_cast<int>(entries_.size()); }
-  // Drops every page (the cache's references).
+  int pages_host() const { return pages_host_; }
+  int pages_disk() const { return pages_disk_; }
+  int pages_device() const { return size() - pages_host_ - pages_disk_; }
+  // Drops every page (the cache's references, host slots and disk records).
   void clear(BlockAllocator& alloc);
   const PrefixCacheStats& stats() const { return stats_; }
+  // Payload bytes of one spilled page's disk record (KV of every layer + the page's key).
+  int64_t disk_record_bytes() const;
 
  private:
   struct Entry {
-    int32_t block = -1;
+    PageLocation where = PageLocation::kDevice;
+    int32_t block = -1;   // kDevice: the device block
+    int32_t slot = -1;    // kHost: the host-tier slot
+    uint64_t record = 0;  // kDisk: the disk record
     uint64_t parent = 0;  // the previous page's hash (0 for the first page)
     uint64_t salt = 0;
     std::vector<int32_t> tokens;  // the page's tokens, compared on every hit
     uint64_t last_use = 0;
+    int32_t depth = 0;    // page index in its prompt
+    bool pinned = false;  // being restored: never spilled or reclaimed meanwhile
   };
+  using Map = std::unordered_map<uint64_t, Entry>;
+
   uint64_t page_hash(uint64_t parent, uint64_t salt, std::span<const int32_t> page) const;
-  void drop(std::unordered_map<uint64_t, Entry>::iterator it, BlockAllocator& alloc);
+  // Entries of the longest chain of `tokens` (salt, parent and tokens checked), touched.
+  std::vector<Map::iterator> walk(uint64_t salt, std::span<const int32_t> tokens, int max_pages);
+  // Frees whatever the entry holds on its tier (device reference, host slot, disk record).
+  void release_storage(Entry& e, BlockAllocator* alloc);
+  void drop(Map::iterator it, BlockAllocator* alloc);
+  // Spills device page `it` (refcount 1) down the tiers, or drops it; its block is freed.
+  void spill(Map::iterator it, BlockAllocator& alloc);
+  // A free host slot for a spill: a free one, else one freed by moving the cache's least recently
+  // used host page to disk (making room there) or dropping it; -1 when the tier has none.
+  int32_t host_slot_for_spill();
+  // Moves host page `it` to the disk tier (`make_room`: dropping older disk pages first); drops
+  // it when that fails. Its host slot is free afterwards.
+  void host_to_disk(Map::iterator it, bool make_room);
+  // Writes the page's record from `kv` (every layer, bytes_per_block bytes); 0 on failure.
+  uint64_t write_record(uint64_t hash, const Entry& e, std::span<const std::byte> kv,
+                        bool make_room);
+  Map::iterator lru(PageLocation where);
 
   int block_size_;
+  KvPool* pool_;
   uint64_t tick_ = 0;
-  std::unordered_map<uint64_t, Entry> entries_;     // by chained hash
-  std::unordered_map<int32_t, uint64_t> by_block_;  // block -> hash
+  Map entries_;                                     // by chained hash
+  std::unordered_map<int32_t, uint64_t> by_block_;  // device block -> hash
+  int pages_host_ = 0, pages_disk_ = 0;
   PrefixCacheStats stats_;
 };
 

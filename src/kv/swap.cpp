@@ -92,6 +92,7 @@ StatusOr<bool> swap_out_to_disk(KvPool& pool, BlockTable& table, const std::vect
   }
   KVSPLIT_RETURN_IF_ERROR(synchronize_shards(pool, table, idx));
   const std::span<const std::byte> payload[] = {staging};
+  pool.make_disk_room(static_cast<int64_t>(staging.size()));  // prefix-cache records give way
   auto id = disk.write_sync(payload, disk_key(idx.size()));
   if (!id.ok()) {
     // Capacity, ENOSPC, EIO, short write: nothing was kept (the tier frees a failed write).
@@ -126,7 +127,8 @@ StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats) {
   if (table.disk_record != 0) return false;  // one record per table (resume it first)
   // A table spread over a shard group (the spatial cut) swaps each page out of the shard that
   // holds it, into the home pool's host tier or disk record; swap_in places them again.
-  if (pool.host_allocator().num_free() < static_cast<int>(idx.size())) {
+  // Spilled prefix-cache pages count as free host slots: they give way (allocate_host_slots).
+  if (pool.available_host_slots() < static_cast<int>(idx.size())) {
     if (pool.disk() == nullptr) {
       ++stats->refused_host_full;
       return false;
@@ -140,7 +142,7 @@ StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats) {
     stats->out_seconds += seconds_since(t0);
     return true;
   }
-  auto slots = pool.host_allocator().allocate(static_cast<int>(idx.size()));
+  auto slots = pool.allocate_host_slots(static_cast<int>(idx.size()));
   if (!slots) {
     ++stats->refused_host_full;
     return false;

@@ -139,6 +139,13 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_prefix_cache_pages = kv_stats_.kv_prefix_cache_pages;
   s.pool.kv_prefix_queries = kv_stats_.kv_prefix_queries;
   s.pool.kv_prefix_hits = kv_stats_.kv_prefix_hits;
+  s.pool.kv_prefix_hits_host = kv_stats_.kv_prefix_hits_host;
+  s.pool.kv_prefix_hits_disk = kv_stats_.kv_prefix_hits_disk;
+  s.pool.kv_prefix_spills_host = kv_stats_.kv_prefix_spills_host;
+  s.pool.kv_prefix_spills_disk = kv_stats_.kv_prefix_spills_disk;
+  s.pool.kv_prefix_spill_faults = kv_stats_.kv_prefix_spill_faults;
+  s.pool.kv_prefix_pages_host = kv_stats_.kv_prefix_pages_host;
+  s.pool.kv_prefix_pages_disk = kv_stats_.kv_prefix_pages_disk;
   s.pool.kv_disk_faults = kv_stats_.kv_disk_faults;
   s.pool.kv_shards = kv_stats_.kv_shards;
   s.pool.kv_pages_remote = kv_stats_.kv_pages_remote;
@@ -194,6 +201,13 @@ void Worker::publish_stats() {
     k.kv_prefix_cache_pages = pc->size();
     k.kv_prefix_queries = pc->stats().lookup_pages * pool_->block_size();
     k.kv_prefix_hits = pc->stats().hit_pages * pool_->block_size();
+    k.kv_prefix_hits_host = pc->stats().hit_pages_host * pool_->block_size();
+    k.kv_prefix_hits_disk = pc->stats().hit_pages_disk * pool_->block_size();
+    k.kv_prefix_spills_host = pc->stats().spilled_host;
+    k.kv_prefix_spills_disk = pc->stats().spilled_disk;
+    k.kv_prefix_spill_faults = pc->stats().spill_faults + pc->stats().restore_faults;
+    k.kv_prefix_pages_host = pc->pages_host();
+    k.kv_prefix_pages_disk = pc->pages_disk();
   }
   k.kv_disk_faults = swap_stats_.disk_faults;
   k.kv_shards = pool_->num_shards();

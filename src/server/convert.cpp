@@ -220,6 +220,13 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_kv_prefix_cache_pages(p.kv_prefix_cache_pages);
     o->set_kv_prefix_queries(p.kv_prefix_queries);
     o->set_kv_prefix_hits(p.kv_prefix_hits);
+    o->set_kv_prefix_hits_host(p.kv_prefix_hits_host);
+    o->set_kv_prefix_hits_disk(p.kv_prefix_hits_disk);
+    o->set_kv_prefix_spills_host(p.kv_prefix_spills_host);
+    o->set_kv_prefix_spills_disk(p.kv_prefix_spills_disk);
+    o->set_kv_prefix_spill_faults(p.kv_prefix_spill_faults);
+    o->set_kv_prefix_pages_host(p.kv_prefix_pages_host);
+    o->set_kv_prefix_pages_disk(p.kv_prefix_pages_disk);
     o->set_kv_shards(p.kv_shards);
     o->set_kv_pages_remote(p.kv_pages_remote);
     o->set_kv_shard_exchange_bytes(p.kv_shard_exchange_bytes);

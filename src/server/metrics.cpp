@@ -89,6 +89,19 @@ class EngineCollector : public pm::Collectable {
     auto& prefix_hits =
         family("kvsplit:prefix_cache_hits_total", "Prompt tokens served from the prefix cache",
                pm::MetricType::Counter);
+    auto& prefix_tier_hits =
+        family("kvsplit:prefix_cache_tier_hits_total",
+               "Prompt tokens served from the prefix cache, by the tier the page was on",
+               pm::MetricType::Counter);
+    auto& prefix_spills = family("kvsplit:prefix_cache_spills_total",
+                                 "Prefix-cache pages spilled down to a tier instead of dropped",
+                                 pm::MetricType::Counter);
+    auto& prefix_faults =
+        family("kvsplit:prefix_cache_spill_faults_total",
+               "Prefix-cache stores or restores that failed (the page dropped, recomputed)",
+               pm::MetricType::Counter);
+    auto& prefix_pages = family("kvsplit:prefix_cache_pages",
+                                "Pages the prefix cache holds, by tier", pm::MetricType::Gauge);
     auto& prefetch = family("kvsplit:kv_prefetch_total",
                             "Swap-ins from the disk tier whose read, started a step ahead, had "
                             "completed (hit) or had to be read or waited for then (miss)",
@@ -102,6 +115,25 @@ class EngineCollector : public pm::Collectable {
           counter(static_cast<double>(p.kv_prefix_queries), {{"pool", p.name}}));
       prefix_hits.metric.push_back(
           counter(static_cast<double>(p.kv_prefix_hits), {{"pool", p.name}}));
+      const int64_t dev_hits = p.kv_prefix_hits - p.kv_prefix_hits_host - p.kv_prefix_hits_disk;
+      for (const auto& [tier, hits] : {std::pair<const char*, int64_t>{"device", dev_hits},
+                                       {"host", p.kv_prefix_hits_host},
+                                       {"disk", p.kv_prefix_hits_disk}})
+        prefix_tier_hits.metric.push_back(
+            counter(static_cast<double>(hits), {{"pool", p.name}, {"tier", tier}}));
+      prefix_spills.metric.push_back(counter(static_cast<double>(p.kv_prefix_spills_host),
+                                             {{"pool", p.name}, {"tier", "host"}}));
+      prefix_spills.metric.push_back(counter(static_cast<double>(p.kv_prefix_spills_disk),
+                                             {{"pool", p.name}, {"tier", "disk"}}));
+      prefix_faults.metric.push_back(
+          counter(static_cast<double>(p.kv_prefix_spill_faults), {{"pool", p.name}}));
+      const int32_t dev_pages =
+          p.kv_prefix_cache_pages - p.kv_prefix_pages_host - p.kv_prefix_pages_disk;
+      prefix_pages.metric.push_back(gauge(dev_pages, {{"pool", p.name}, {"tier", "device"}}));
+      prefix_pages.metric.push_back(
+          gauge(p.kv_prefix_pages_host, {{"pool", p.name}, {"tier", "host"}}));
+      prefix_pages.metric.push_back(
+          gauge(p.kv_prefix_pages_disk, {{"pool", p.name}, {"tier", "disk"}}));
       disk_faults.metric.push_back(
           counter(static_cast<double>(p.kv_disk_faults), {{"pool", p.name}}));
       swaps.metric.push_back(counter(static_cast<double>(p.kv_swaps_to_disk),

@@ -3,7 +3,9 @@
 // available again afterwards (cached pages are evictable).
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/engine_impl.h"
@@ -78,6 +80,114 @@ INSTANTIATE_TEST_SUITE_P(Modes, EnginePrefix,
                          [](const auto& info) {
                            return info.param == ServingMode::kColocated ? "Colocated"
                                                                         : "Disaggregated";
+                         });
+
+// Spilling: a device pool of 16 pages, so two other tenants' 200-token prompts push the shared
+// 64-token prefix out to the host tier (or, without one, the disk tier) between two requests of
+// the same tenant. The second request is swapped back in from that tier: the same tokens as with
+// the cache off, cached_tokens = the whole prefix, the tier's hit counter moves; afterwards the
+// host slots and disk records in use are exactly the cache's spilled pages.
+enum class Tier { kHost, kDisk };
+
+class EnginePrefixSpill : public ::testing::TestWithParam<std::tuple<ServingMode, Tier>> {};
+
+Request shared_prefix_req(const std::string& tenant, int i, bool sampled) {
+  Request r;
+  r.tenant = tenant;
+  for (int k = 0; k < 64; ++k) r.prompt_token_ids.push_back(10 + (k * 7) % 400);
+  for (int k = 0; k < 8; ++k) r.prompt_token_ids.push_back(20 + 31 * i + k);
+  r.sampling.max_tokens = 16;
+  r.sampling.temperature = sampled ? 0.8f : 0.f;
+  r.sampling.seed = 5;
+  return r;
+}
+
+Request filler(const std::string& tenant, uint32_t seed) {
+  Request r;
+  r.tenant = tenant;
+  std::mt19937 rng(seed);
+  for (int k = 0; k < 200; ++k) r.prompt_token_ids.push_back(3 + static_cast<int32_t>(rng() % 480));
+  r.sampling.max_tokens = 4;
+  return r;
+}
+
+TEST_P(EnginePrefixSpill, APrefixSpilledBetweenRequestsHitsOnItsTierWithTheSameTokens) {
+  KVSPLIT_REQUIRE_MODELS();
+  const auto [mode, tier] = GetParam();
+  kvsplit::testing::TempDir dir;
+  EngineConfig cfg = testing::stories_config(mode);
+  cfg.prefix_cache = true;
+  cfg.block_size = 16;
+  cfg.kv_blocks_per_worker = 16;
+  if (tier == Tier::kHost) {
+    cfg.temporal.host_capacity_mb = 1;  // ~50 pages of stories260K
+  } else {
+    cfg.temporal.disk_path = dir.path().string();
+    cfg.temporal.disk_capacity_mb = 16;
+  }
+  auto engine = EngineImpl::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const std::vector<int> initial = testing::free_blocks(**engine);
+  auto ref_engine = Engine::create(testing::stories_config(mode));
+  ASSERT_TRUE(ref_engine.ok());
+  int64_t tier_hits = 0;
+  for (int i = 0; i < 2; ++i) {
+    const bool sampled = i == 1;
+    const Collected ref0 = collect(*(*ref_engine)->submit(shared_prefix_req("t", 0, sampled)));
+    const Collected ref1 = collect(*(*ref_engine)->submit(shared_prefix_req("t", 1, sampled)));
+    const Collected first = collect(*(*engine)->submit(shared_prefix_req("t", 0, sampled)));
+    for (const char* f : {"f1", "f2"}) {
+      const Collected c = collect(*(*engine)->submit(filler(f + std::to_string(i), 7 + i)));
+      ASSERT_TRUE(c.final_event.status.ok()) << c.final_event.status.to_string();
+    }
+    const Collected again = collect(*(*engine)->submit(shared_prefix_req("t", 1, sampled)));
+    ASSERT_TRUE(first.final_event.status.ok()) << first.final_event.status.to_string();
+    ASSERT_TRUE(again.final_event.status.ok()) << again.final_event.status.to_string();
+    EXPECT_EQ(first.tokens, ref0.tokens) << i;
+    EXPECT_EQ(again.tokens, ref1.tokens) << i;
+    EXPECT_EQ(again.final_event.usage.cached_tokens, 64) << i;
+    const EngineStats s = (*engine)->stats();
+    int64_t hits = 0, spills = 0;
+    for (const PoolStats& p : s.pools) {
+      hits += tier == Tier::kHost ? p.kv_prefix_hits_host : p.kv_prefix_hits_disk;
+      spills += tier == Tier::kHost ? p.kv_prefix_spills_host : p.kv_prefix_spills_disk;
+      EXPECT_EQ(p.kv_prefix_spill_faults, 0) << p.name;
+    }
+    // The whole prefix came back from the lower tier (4 pages of 16 tokens each round).
+    EXPECT_EQ(hits - tier_hits, 64) << i;
+    EXPECT_GE(spills, 4 * (i + 1)) << i;
+    tier_hits = hits;
+  }
+  EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+  // Everything on the host and disk tiers is a spilled prefix-cache page, and accounted for.
+  auto settled = [&] {
+    for (const sched::WorkerSnapshot& w : (*engine)->worker_snapshots())
+      if (w.kv_host_slots_used != w.pool.kv_prefix_pages_host ||
+          w.kv_disk_records != w.pool.kv_prefix_pages_disk)
+        return false;
+    return true;
+  };
+  for (int k = 0; k < 200 && !settled(); ++k)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  int64_t lower = 0;
+  for (const sched::WorkerSnapshot& w : (*engine)->worker_snapshots()) {
+    EXPECT_EQ(w.kv_host_slots_used, w.pool.kv_prefix_pages_host) << w.pool.name;
+    EXPECT_EQ(w.kv_disk_records, w.pool.kv_prefix_pages_disk) << w.pool.name;
+    EXPECT_EQ(w.pool.kv_pages_host, 0) << w.pool.name;  // no sequence left swapped out
+    lower += w.pool.kv_prefix_pages_host + w.pool.kv_prefix_pages_disk;
+  }
+  EXPECT_GT(lower, 0);  // the fillers' and prefix's pages were spilled, not dropped
+}
+
+INSTANTIATE_TEST_SUITE_P(ModesAndTiers, EnginePrefixSpill,
+                         ::testing::Combine(::testing::Values(ServingMode::kColocated,
+                                                              ServingMode::kDisaggregated),
+                                            ::testing::Values(Tier::kHost, Tier::kDisk)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) == ServingMode::kColocated
+                                                  ? "Colocated"
+                                                  : "Disaggregated") +
+                                  (std::get<1>(info.param) == Tier::kHost ? "Host" : "Disk");
                          });
 
 }  // namespace

@@ -2,10 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "kv/kv_pool.h"
+#include "kv/swap.h"
+#include "test_util.h"
 
 namespace kvsplit::kv {
 namespace {
@@ -110,6 +114,319 @@ TEST(PrefixCache, PoolCountsEvictablePagesAsAvailableAndEvictsOnReserve) {
   EXPECT_EQ(pool->prefix_cache()->size(), 0);
   pool->release(c2);
   EXPECT_EQ(pool->allocator().num_used(), 0);
+}
+
+// ---- spilling down the tiers (a pool with a host tier and / or a disk tier) ----
+
+constexpr int kLayers = 2;
+const KvShape kShape{kLayers, 1, 8};  // f32: 256 bytes per page per layer, 512 per page
+
+struct TieredPool {
+  std::unique_ptr<backend::Backend> be;
+  std::unique_ptr<KvPool> pool;
+  std::optional<kvsplit::testing::TempDir> dir;
+};
+
+// A pool of `blocks` device pages, `host_slots` host-tier slots and, with `disk`, a disk tier.
+TieredPool tiered(int blocks, int host_slots, bool disk) {
+  TieredPool t;
+  t.be = std::move(backend::create_backend("cpu", 1)).value();
+  KvPoolConfig c;
+  c.num_blocks = blocks;
+  c.block_size = kBlock;
+  c.host_bytes = int64_t{host_slots} * KvPool::block_bytes(c, kShape);
+  t.pool = std::move(KvPool::create(*t.be, c, kShape)).value();
+  t.pool->enable_prefix_cache();
+  if (disk) {
+    t.dir.emplace();
+    const Status st = t.pool->open_disk_tier(t.dir->path().string(), int64_t{4} << 20);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+  }
+  return t;
+}
+
+float* page_layer(KvPool& pool, int layer, int32_t block) {
+  return reinterpret_cast<float*>(static_cast<std::byte*>(pool.layer(layer).data) +
+                                  int64_t{block} *
+                                      pool.page_layer_bytes(kernels::KvPrecision::kFull));
+}
+
+// Fills every layer of `block` with values derived from `seed`.
+void fill(KvPool& pool, int32_t block, float seed) {
+  const int64_t n = pool.page_layer_bytes(kernels::KvPrecision::kFull) / 4;
+  for (int l = 0; l < kLayers; ++l)
+    for (int64_t i = 0; i < n; ++i) page_layer(pool, l, block)[i] = seed + 0.001f * i + 100.f * l;
+}
+
+// Every layer of `block`'s bytes.
+std::vector<float> read(KvPool& pool, int32_t block) {
+  const int64_t n = pool.page_layer_bytes(kernels::KvPrecision::kFull) / 4;
+  std::vector<float> out;
+  for (int l = 0; l < kLayers; ++l)
+    out.insert(out.end(), page_layer(pool, l, block), page_layer(pool, l, block) + n);
+  return out;
+}
+
+// A sequence caches `pages` pages of `t` (with distinct KV) and ends; returns each page's KV.
+std::vector<std::vector<float>> cache_and_end(KvPool& pool, uint64_t salt,
+                                              const std::vector<int32_t>& t, int pages) {
+  BlockTable a;
+  EXPECT_TRUE(pool.reserve(a, static_cast<int>(t.size())));
+  std::vector<std::vector<float>> kv;
+  for (int i = 0; i < pages; ++i) {
+    fill(pool, a.blocks[i], 1.f + i + 0.5f * static_cast<float>(salt % 7));
+    kv.push_back(read(pool, a.blocks[i]));
+  }
+  pool.cache_prefix(a, salt, t, pages);
+  pool.release(a);
+  return kv;
+}
+
+// Takes every device block (evicting the cache's pages) and scribbles over them, then frees them.
+void force_out(KvPool& pool) {
+  BlockTable c;
+  ASSERT_TRUE(pool.reserve(c, pool.allocator().num_blocks() * kBlock));
+  for (int32_t b : c.blocks) fill(pool, b, -7.f);
+  pool.release(c);
+}
+
+TEST(PrefixCacheSpill, EvictedPagesSpillToTheHostTierAndComeBackBitExact) {
+  TieredPool tp = tiered(4, 8, false);
+  KvPool& pool = *tp.pool;
+  const uint64_t s = PrefixCache::salt_of("a");
+  const std::vector<int32_t> t = tokens(13);
+  const auto kv = cache_and_end(pool, s, t, 3);
+  force_out(pool);
+  const PrefixCache& pc = *pool.prefix_cache();
+  EXPECT_EQ(pc.stats().spilled_host, 3);
+  EXPECT_EQ(pc.stats().evicted, 0);
+  EXPECT_EQ(pc.pages_host(), 3);
+  EXPECT_EQ(pool.host_allocator().num_used(), 3);
+  EXPECT_EQ(pool.allocator().num_used(), 0);
+  EXPECT_EQ(pool.available_blocks(), 4);
+  BlockTable b;
+  ASSERT_EQ(pool.share_prefix(b, s, t, 3), 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(read(pool, b.blocks[i]), kv[i]) << "page " << i;
+  EXPECT_EQ(pc.stats().hit_pages_host, 3);
+  EXPECT_EQ(pc.stats().hit_pages, 3);
+  EXPECT_EQ(pc.pages_host(), 0);
+  EXPECT_EQ(pool.host_allocator().num_used(), 0);
+  // Back on the device and shared: the cache and b hold each block.
+  EXPECT_EQ(pool.allocator().refcount(b.blocks[0]), 2);
+  pool.release(b);
+  pool.prefix_cache()->clear(pool.allocator());
+  EXPECT_EQ(pool.allocator().num_used(), 0);
+}
+
+TEST(PrefixCacheSpill, AFullHostTierPushesItsOldestPagesToDiskAndEveryTierComesBackBitExact) {
+  TieredPool tp = tiered(4, 1, true);
+  KvPool& pool = *tp.pool;
+  const uint64_t s = PrefixCache::salt_of("a");
+  const std::vector<int32_t> t = tokens(13);
+  const auto kv = cache_and_end(pool, s, t, 3);
+  force_out(pool);
+  const PrefixCache& pc = *pool.prefix_cache();
+  // Deepest first: pages 2 and 1 went to the host slot and on to disk; page 0 holds the slot.
+  EXPECT_EQ(pc.stats().spilled_host, 3);
+  EXPECT_EQ(pc.stats().spilled_disk, 2);
+  EXPECT_EQ(pc.pages_host(), 1);
+  EXPECT_EQ(pc.pages_disk(), 2);
+  EXPECT_EQ(pool.disk()->stats().records, 2);
+  BlockTable b;
+  ASSERT_EQ(pool.share_prefix(b, s, t, 3), 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(read(pool, b.blocks[i]), kv[i]) << "page " << i;
+  EXPECT_EQ(pc.stats().hit_pages_host, 1);
+  EXPECT_EQ(pc.stats().hit_pages_disk, 2);
+  EXPECT_EQ(pool.disk()->stats().records, 0);
+  EXPECT_EQ(pool.host_allocator().num_used(), 0);
+  pool.release(b);
+}
+
+TEST(PrefixCacheSpill, WithoutAHostTierPagesGoStraightToDisk) {
+  TieredPool tp = tiered(4, 0, true);
+  KvPool& pool = *tp.pool;
+  const uint64_t s = PrefixCache::salt_of("a");
+  const std::vector<int32_t> t = tokens(13);
+  const auto kv = cache_and_end(pool, s, t, 3);
+  force_out(pool);
+  EXPECT_EQ(pool.prefix_cache()->pages_disk(), 3);
+  BlockTable b;
+  ASSERT_EQ(pool.share_prefix(b, s, t, 3), 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(read(pool, b.blocks[i]), kv[i]) << "page " << i;
+  EXPECT_EQ(pool.prefix_cache()->stats().hit_pages_disk, 3);
+  pool.release(b);
+}
+
+TEST(PrefixCacheSpill, AnotherTenantNeverReadsASpilledPage) {
+  TieredPool tp = tiered(4, 1, true);
+  KvPool& pool = *tp.pool;
+  const uint64_t a = PrefixCache::salt_of("a"), b = PrefixCache::salt_of("b");
+  const std::vector<int32_t> t = tokens(13);
+  const auto kv = cache_and_end(pool, a, t, 3);
+  force_out(pool);
+  const int64_t reads = pool.disk()->stats().reads;
+  BlockTable tb;
+  EXPECT_EQ(pool.share_prefix(tb, b, t, 3), 0);  // the same tokens, another tenant
+  EXPECT_TRUE(tb.blocks.empty());
+  EXPECT_EQ(pool.disk()->stats().reads, reads);    // not even read
+  EXPECT_EQ(pool.host_allocator().num_used(), 1);  // A's page still there, untouched
+  EXPECT_EQ(pool.prefix_cache()->pages_disk(), 2);
+  // A still gets its own pages back.
+  BlockTable ta;
+  ASSERT_EQ(pool.share_prefix(ta, a, t, 3), 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(read(pool, ta.blocks[i]), kv[i]);
+  pool.release(ta);
+}
+
+TEST(PrefixCacheSpill, ACorruptDiskRecordIsNeverServedAndEndsTheLookup) {
+  TieredPool tp = tiered(4, 0, true);
+  KvPool& pool = *tp.pool;
+  const uint64_t s = PrefixCache::salt_of("a");
+  const std::vector<int32_t> t = tokens(13);
+  const auto kv = cache_and_end(pool, s, t, 3);
+  force_out(pool);
+  ASSERT_EQ(pool.prefix_cache()->pages_disk(), 3);
+  // The second read (page 1) comes back with a flipped byte.
+  int reads = 0;
+  pool.disk()->set_fault_hook([&](IoOp op) -> std::optional<InjectedFault> {
+    if (op == IoOp::kRead && ++reads == 2) return InjectedFault::kCorrupt;
+    return std::nullopt;
+  });
+  BlockTable b;
+  ASSERT_EQ(pool.share_prefix(b, s, t, 3), 1);  // page 0 only: the lookup ends at page 1
+  EXPECT_EQ(read(pool, b.blocks[0]), kv[0]);
+  const PrefixCache& pc = *pool.prefix_cache();
+  EXPECT_EQ(pc.stats().restore_faults, 1);
+  EXPECT_EQ(pc.stats().hit_pages, 1);
+  EXPECT_EQ(pool.disk()->stats().fault_count(DiskFault::kChecksum), 1);
+  // Page 1's entry and record are gone; page 2 stays on disk; no block was kept for either.
+  EXPECT_EQ(pc.pages_disk(), 1);
+  EXPECT_EQ(pool.disk()->stats().records, 1);
+  EXPECT_EQ(pool.allocator().num_used(), 1);
+  pool.disk()->set_fault_hook(nullptr);
+  BlockTable again;
+  EXPECT_EQ(pool.share_prefix(again, s, t, 3), 1);  // page 1 is recomputed, never read again
+  pool.release(again);
+  pool.release(b);
+}
+
+TEST(PrefixCacheSpill, AFailedStoreIsNeverVisible) {
+  for (InjectedFault f :
+       {InjectedFault::kIoError, InjectedFault::kShortIo, InjectedFault::kNoSpace}) {
+    TieredPool tp = tiered(4, 0, true);
+    KvPool& pool = *tp.pool;
+    const uint64_t s = PrefixCache::salt_of("a");
+    const std::vector<int32_t> t = tokens(13);
+    const auto kv = cache_and_end(pool, s, t, 3);
+    // The first spill (page 2, the deepest) fails its write.
+    pool.disk()->set_fault_hook(inject_next(IoOp::kWrite, f, 1));
+    force_out(pool);
+    const PrefixCache& pc = *pool.prefix_cache();
+    EXPECT_EQ(pc.stats().spill_faults, 1);
+    EXPECT_EQ(pc.stats().spilled_disk, 2);
+    EXPECT_EQ(pc.stats().evicted, 1);
+    EXPECT_EQ(pc.size(), 2);
+    EXPECT_EQ(pool.disk()->stats().records, 2);  // the failed write left nothing
+    BlockTable b;
+    EXPECT_EQ(pool.share_prefix(b, s, t, 3), 2);  // page 2 is not found, never read
+    for (int i = 0; i < 2; ++i) EXPECT_EQ(read(pool, b.blocks[i]), kv[i]);
+    EXPECT_EQ(pc.stats().restore_faults, 0);
+    pool.release(b);
+  }
+}
+
+TEST(PrefixCacheSpill, SwapAndSemanticOriginalsReclaimSpilledHostPagesFirst) {
+  TieredPool tp = tiered(4, 3, true);
+  KvPool& pool = *tp.pool;
+  const uint64_t s = PrefixCache::salt_of("a");
+  const std::vector<int32_t> t = tokens(13);
+  const auto kv = cache_and_end(pool, s, t, 3);
+  force_out(pool);
+  ASSERT_EQ(pool.prefix_cache()->pages_host(), 3);
+  EXPECT_EQ(pool.host_allocator().num_free(), 0);
+  EXPECT_EQ(pool.available_host_slots(), 3);  // the cache's pages give way
+  // A sequence of 3 pages swaps out: it takes the host slots; the cache's pages move to disk.
+  BlockTable seq;
+  ASSERT_TRUE(pool.reserve(seq, 12));
+  SwapStats st;
+  auto done = swap_out(pool, seq, &st);
+  ASSERT_TRUE(done.ok() && *done);
+  EXPECT_EQ(st.to_disk, 0);  // the host tier, not the disk
+  EXPECT_EQ(pool.prefix_cache()->pages_host(), 0);
+  EXPECT_EQ(pool.prefix_cache()->pages_disk(), 3);
+  EXPECT_EQ(pool.prefix_cache()->stats().reclaimed, 3);
+  BlockTable b;
+  ASSERT_EQ(pool.share_prefix(b, s, t, 3), 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(read(pool, b.blocks[i]), kv[i]);
+  pool.release(b);
+  pool.release(seq);
+  EXPECT_EQ(pool.host_allocator().num_used(), 0);
+}
+
+TEST(PrefixCacheSpill, SwapReclaimsTheCachesDiskRecordsWhenTheDiskIsFull) {
+  auto be = std::move(backend::create_backend("cpu", 1)).value();
+  KvPoolConfig c;
+  c.num_blocks = 4;
+  c.block_size = kBlock;
+  auto pool = std::move(KvPool::create(*be, c, kShape)).value();
+  pool->enable_prefix_cache();
+  kvsplit::testing::TempDir dir;
+  // Room for exactly 3 one-extent records: the cache's 3 pages fill it.
+  ASSERT_TRUE(pool->open_disk_tier(dir.path().string(), 3 * 4096).ok());
+  const uint64_t s = PrefixCache::salt_of("a");
+  const std::vector<int32_t> t = tokens(13);
+  cache_and_end(*pool, s, t, 3);
+  force_out(*pool);
+  ASSERT_EQ(pool->prefix_cache()->pages_disk(), 3);
+  BlockTable seq;
+  ASSERT_TRUE(pool->reserve(seq, 4));
+  SwapStats st;
+  auto done = swap_out(*pool, seq, &st);
+  ASSERT_TRUE(done.ok() && *done);
+  EXPECT_EQ(st.to_disk, 1);
+  EXPECT_EQ(pool->prefix_cache()->pages_disk(), 2);  // the least recently used gave way
+  pool->release(seq);
+  pool->prefix_cache()->clear(pool->allocator());
+  EXPECT_EQ(pool->disk()->stats().records, 0);
+}
+
+TEST(PrefixCacheSpill, ClearLeavesNoBlockHostSlotOrDiskRecord) {
+  TieredPool tp = tiered(4, 1, true);
+  KvPool& pool = *tp.pool;
+  const std::vector<int32_t> t = tokens(13), u = tokens(13, 500);
+  cache_and_end(pool, PrefixCache::salt_of("a"), t, 3);
+  force_out(pool);
+  cache_and_end(pool, PrefixCache::salt_of("b"), u, 2);  // two on the device
+  const PrefixCache& pc = *pool.prefix_cache();
+  EXPECT_EQ(pc.pages_device(), 2);
+  EXPECT_EQ(pc.pages_host(), 1);
+  EXPECT_EQ(pc.pages_disk(), 2);
+  EXPECT_EQ(pool.host_allocator().num_used(), pc.pages_host());
+  EXPECT_EQ(pool.disk()->stats().records, pc.pages_disk());
+  pool.prefix_cache()->clear(pool.allocator());
+  EXPECT_EQ(pc.size(), 0);
+  EXPECT_EQ(pool.allocator().num_used(), 0);
+  EXPECT_EQ(pool.host_allocator().num_used(), 0);
+  EXPECT_EQ(pool.disk()->stats().records, 0);
+  EXPECT_EQ(pool.disk()->stats().extents_used, 0);
+}
+
+TEST(PrefixCacheSpill, RecomputingASpilledPageBringsItBackToTheDevice) {
+  TieredPool tp = tiered(4, 4, false);
+  KvPool& pool = *tp.pool;
+  const uint64_t s = PrefixCache::salt_of("a");
+  const std::vector<int32_t> t = tokens(13);
+  cache_and_end(pool, s, t, 3);
+  force_out(pool);
+  ASSERT_EQ(pool.prefix_cache()->pages_host(), 3);
+  BlockTable a;
+  ASSERT_TRUE(pool.reserve(a, 13));
+  pool.cache_prefix(a, s, t, 3);  // computed again (e.g. a lookup that stopped short)
+  EXPECT_EQ(pool.prefix_cache()->pages_host(), 0);
+  EXPECT_EQ(pool.host_allocator().num_used(), 0);
+  EXPECT_EQ(pool.prefix_cache()->size(), 3);
+  pool.release(a);
+  EXPECT_EQ(pool.available_blocks(), 4);
 }
 
 }  // namespace
