@@ -12,7 +12,8 @@ namespace kvsplit::model {
 namespace {
 
 // Workspace slots of a shard's pool (KvPool::workspace); the home pool also holds the received
-// partials of every peer, at kRecv + 2 * shard (+ 1 for lse).
+// partials of every peer, at kRecv + 2 * shard (+ 1 for lse), and the K/V rows each peer owns when
+// they are not one run of rows, at kStage + 2 * shard (+ 1 for V).
 enum Slot : int {
   kQ,
   kK,
@@ -25,7 +26,9 @@ enum Slot : int {
   kScore,
   kAllMax,
   kSeqMax,
-  kRecv
+  kRecv,
+  // Home: per peer, its owned rows' K and V gathered into one run (kStage + 2 * shard, + 1 for V).
+  kStage = kRecv + 2 * backend::Backend::kMaxMergeParts
 };
 
 // 16-byte aligned parts of one buffer.
@@ -141,9 +144,15 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
     KVSPLIT_RETURN_IF_ERROR(z.be->memset_zero(z.o, q_bytes));
     KVSPLIT_RETURN_IF_ERROR(z.be->copy_h2d(z.lse, neg_inf.data(), lse_bytes));
 
-    // Metadata (host image, then one upload): slots [rows], then the decode runs, then prefill.
+    // Metadata (host image, then one upload): slots, then the decode runs, then prefill. The home
+    // appends from the step's K/V rows as computed (slots [rows], -1 for rows it does not own); a
+    // peer receives only the rows of the positions it owns, packed in row order (kv_runs), so its
+    // slots are [kv_rows].
     std::vector<int32_t> ints(static_cast<size_t>(rows_), -1);
     z.slots = 0;
+    z.kv_runs.clear();
+    z.kv_rows = 0;
+    z.stage_k = z.stage_v = nullptr;
     {
       int row = 0;
       for (const ShardedSeq& s : seqs) {
@@ -157,6 +166,24 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
                                     " is written this step but is not full precision on a device");
           ints[row] = s.table->blocks[b] * bs + pos % bs;
         }
+      }
+    }
+    if (sh > 0) {
+      std::vector<int32_t> packed;
+      for (int row = 0; row < rows_; ++row) {
+        if (ints[row] < 0) continue;
+        if (!z.kv_runs.empty() && z.kv_runs.back().first + z.kv_runs.back().second == row)
+          ++z.kv_runs.back().second;
+        else
+          z.kv_runs.emplace_back(row, 1);
+        packed.push_back(ints[row]);
+      }
+      z.kv_rows = static_cast<int>(packed.size());
+      ints = std::move(packed);
+      if (z.kv_runs.size() > 1) {
+        const size_t bytes = size_t(z.kv_rows) * Hkv * d * sizeof(float);
+        KVSPLIT_RETURN_IF_ERROR(take(pool, kStage + 2 * sh, bytes, &z.stage_k));
+        KVSPLIT_RETURN_IF_ERROR(take(pool, kStage + 2 * sh + 1, bytes, &z.stage_v));
       }
     }
     // Decode: the compact table of the pages this shard holds (its local kv_len). Consecutive
@@ -277,7 +304,7 @@ Status ShardedAttention::run_layer(int layer, const float* q, const float* k, co
   const int S = static_cast<int>(shards_.size());
   const int H = shape_.num_heads, Hkv = shape_.num_kv_heads, d = shape_.head_dim;
   const size_t q_bytes = size_t(rows_) * H * d * sizeof(float);
-  const size_t kv_bytes = size_t(rows_) * Hkv * d * sizeof(float);
+  const size_t row_kv = size_t(Hkv) * d;  // floats of one row's K (or V)
   const size_t lse_bytes = size_t(rows_) * H * sizeof(float);
   const float* parts_o[backend::Backend::kMaxMergeParts];
   const float* parts_lse[backend::Backend::kMaxMergeParts];
@@ -285,17 +312,39 @@ Status ShardedAttention::run_layer(int layer, const float* q, const float* k, co
     Shard& z = shards_[sh];
     backend::Backend& be = *z.be;
     const float *zq = q, *zk = k, *zv = v;
+    int append_rows = rows_;
     if (sh > 0) {
+      // Every query row (the peer's partial covers every row), but only the K/V rows of the
+      // positions this peer owns: one run is sent in place, several are gathered first.
       KVSPLIT_RETURN_IF_ERROR(comm_->send(be, z.q, *home_, q, q_bytes));
-      KVSPLIT_RETURN_IF_ERROR(comm_->send(be, z.k, *home_, k, kv_bytes));
-      KVSPLIT_RETURN_IF_ERROR(comm_->send(be, z.v, *home_, v, kv_bytes));
+      if (z.kv_rows > 0) {
+        const float *sk = k + size_t(z.kv_runs[0].first) * row_kv,
+                    *sv = v + size_t(z.kv_runs[0].first) * row_kv;
+        if (z.kv_runs.size() > 1) {
+          size_t at = 0;
+          for (const auto& [first, n] : z.kv_runs) {
+            const size_t off = size_t(first) * row_kv, bytes = size_t(n) * row_kv * sizeof(float);
+            KVSPLIT_RETURN_IF_ERROR(home_->copy_d2d(z.stage_k + at, k + off, bytes));
+            KVSPLIT_RETURN_IF_ERROR(home_->copy_d2d(z.stage_v + at, v + off, bytes));
+            at += size_t(n) * row_kv;
+          }
+          sk = z.stage_k;
+          sv = z.stage_v;
+        }
+        const size_t bytes = size_t(z.kv_rows) * row_kv * sizeof(float);
+        KVSPLIT_RETURN_IF_ERROR(comm_->send(be, z.k, *home_, sk, bytes));
+        KVSPLIT_RETURN_IF_ERROR(comm_->send(be, z.v, *home_, sv, bytes));
+      }
       zq = z.q;
       zk = z.k;
       zv = z.v;
+      append_rows = z.kv_rows;
     }
     const auto t0 = std::chrono::steady_clock::now();
     const int32_t* meta = z.meta;
-    KVSPLIT_RETURN_IF_ERROR(be.kv_append(z.pool->layer(layer), zk, zv, meta + z.slots, rows_));
+    if (append_rows > 0)
+      KVSPLIT_RETURN_IF_ERROR(
+          be.kv_append(z.pool->layer(layer), zk, zv, meta + z.slots, append_rows));
     for (const DecodeRun& run : z.runs) {
       backend::AttentionArgs a = decode_args(z, layer, run, zq);
       a.lse = z.lse + size_t(run.first_row) * H;

@@ -4,7 +4,12 @@
 // output normalized over its keys and their log-sum-exp, AttentionArgs::lse) and the home merges
 // the partials exactly (Backend::merge_attention_states). Only queries, new K/V rows and partials
 // move between shards, never pages: per layer and step the partials are
-// rows x num_heads x (head_dim + 1) floats, whatever the context length.
+// rows x num_heads x (head_dim + 1) floats, whatever the context length. Each peer receives every
+// query row (its partial covers every row) but only the K/V rows of the positions it owns
+// (PageEntry::shard of the page holding the position), so per layer the home sends
+// (S - 1) x rows x num_heads x head_dim + (rows owned by peers) x 2 x num_kv_heads x head_dim
+// floats and receives (S - 1) x rows x num_heads x (head_dim + 1) (scoring, below, adds its
+// maxima).
 //
 // Per shard, decode rows attend over a compact block table (only the shard's pages, in order, so
 // split-K covers only what it holds; pages at any precision, evicted ones skipped but listed for
@@ -24,6 +29,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -68,8 +74,9 @@ class ShardedAttention {
                  const ShardedAttentionShape& shape, const backend::SplitPlanConfig& split,
                  backend::Communicator& comm);
   // Layer `layer`: appends the rows' K/V (home memory, [rows, num_kv_heads, head_dim]) to their
-  // owning shards, runs every shard's partial attention for q ([rows, num_heads, head_dim]) and
-  // writes the merged output to out ([rows, num_heads, head_dim]), all home memory.
+  // owning shards (a peer is sent only the rows it owns), runs every shard's partial attention for
+  // q ([rows, num_heads, head_dim]) and writes the merged output to out ([rows, num_heads,
+  // head_dim]), all home memory.
   Status run_layer(int layer, const float* q, const float* k, const float* v, float* out);
   // After the last layer: writes the scored sequences' token_relevance and page_bound (each
   // shard's, from its compact page order back to the sequence's pages). No-op without scoring.
@@ -95,8 +102,14 @@ class ShardedAttention {
     float *q = nullptr, *k = nullptr, *v = nullptr;  // copies of the rows (peers only)
     float *o = nullptr, *lse = nullptr;  // partial [rows, heads, head_dim] and [rows, heads]
     float *recv_o = nullptr, *recv_lse = nullptr;  // the partial copied to home (peers only)
-    int32_t* meta = nullptr;                       // slots, decode runs, prefill args
-    uint8_t* precision = nullptr;                  // [prefill seqs, max_blocks] (prefill rows only)
+    // Peers: the rows whose positions this shard owns (runs of (first row, rows), in row order);
+    // only their K/V rows are sent, packed (k, v above hold kv_rows rows). stage_k / stage_v:
+    // home memory gathering them when they are more than one run.
+    std::vector<std::pair<int, int>> kv_runs;
+    int kv_rows = 0;
+    float *stage_k = nullptr, *stage_v = nullptr;
+    int32_t* meta = nullptr;           // slots, decode runs, prefill args
+    uint8_t* precision = nullptr;      // [prefill seqs, max_blocks] (prefill rows only)
     uint8_t* dec_precision = nullptr;  // [decode rows, max_blocks]; null: every page full
     // Scoring (decode rows): flags [decode rows], summary slots [decode rows, max_blocks],
     // relevance [decode rows, max_blocks * block_size], bounds [decode rows, max_blocks], this

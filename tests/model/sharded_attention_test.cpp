@@ -43,11 +43,33 @@ std::vector<float> randn(std::mt19937& rng, size_t n) {
   return v;
 }
 
+// Exchange bytes of one step of sharded attention over one layer (sharded_attention.h): each of
+// the S - 1 peers gets every query row and sends back its partial (o and lse), and gets the K/V
+// rows of the positions it owns only. `old` is the earlier scheme, every K/V row to every peer.
+struct Exchange {
+  int64_t bytes = 0, old = 0;
+};
+Exchange exchange_formula(int S, int H, int Hkv, int d, int rows, int peer_rows) {
+  const int64_t f = sizeof(float);
+  const int64_t q_partial = int64_t{S - 1} * rows * (int64_t{H} * d + int64_t{H} * (d + 1)) * f;
+  return {q_partial + int64_t{peer_rows} * 2 * Hkv * d * f,
+          q_partial + int64_t{S - 1} * rows * 2 * Hkv * d * f};
+}
+
+// Per step: the exchange measured, and the formulas (steps with a prefill row or not).
+struct StepExchange {
+  bool prefill = false;
+  int rows = 0, peer_rows = 0;
+  int64_t measured = 0;
+  Exchange formula;
+};
+
 // One test case: `num_shards` shards of `blocks` blocks each, chunk `chunk` tokens; sequences
 // with `prompt` lengths get a prefill of their whole prompt (in one chunk, from `start` already
-// computed), then `decode_steps` decode steps. Compares every output row.
+// computed), then `decode_steps` decode steps. Compares every output row, and every step's
+// exchange bytes with exchange_formula (steps appended to `exchanges` when given).
 void run_case(const Shape& sh, int num_shards, int chunk, const std::vector<int>& prompts,
-              int decode_steps, uint32_t seed) {
+              int decode_steps, uint32_t seed, std::vector<StepExchange>* exchanges = nullptr) {
   SCOPED_TRACE("heads " + std::to_string(sh.heads) + "/" + std::to_string(sh.kv_heads) + " d " +
                std::to_string(sh.head_dim) + " bs " + std::to_string(sh.block_size) + " shards " +
                std::to_string(num_shards) + " chunk " + std::to_string(chunk) + " seed " +
@@ -97,9 +119,23 @@ void run_case(const Shape& sh, int num_shards, int chunk, const std::vector<int>
     const std::vector<float> k = randn(rng, size_t(rows) * Hkv * d);
     const std::vector<float> v = randn(rng, size_t(rows) * Hkv * d);
     std::vector<float> out(q.size(), NAN), want(q.size(), NAN);
+    // Rows whose position is on a peer shard (by the page placement): only they go to a peer.
+    int peer_rows = 0;
+    for (int i : order)
+      for (int t = 0; t < feed[i]; ++t)
+        peer_rows += tables[i].page((len[i] + t) / sh.block_size).shard != 0;
+    const int64_t before = comm->stats().bytes;
     ASSERT_TRUE(sa.prepare(seqs, **pool, {H, Hkv, d, scale}, {}, *comm).ok());
     auto st = sa.run_layer(0, q.data(), k.data(), v.data(), out.data());
     ASSERT_TRUE(st.ok()) << st.to_string();
+    StepExchange ex;
+    ex.prefill = static_cast<int>(order.size()) > num_dec;
+    ex.rows = rows;
+    ex.peer_rows = peer_rows;
+    ex.measured = comm->stats().bytes - before;
+    ex.formula = exchange_formula(num_shards, H, Hkv, d, rows, peer_rows);
+    ASSERT_EQ(ex.measured, ex.formula.bytes) << "rows " << rows << ", on peers " << peer_rows;
+    if (exchanges != nullptr) exchanges->push_back(ex);
 
     // Reference: the same K/V in one pool, then decode rows and prefill rows as two calls.
     std::vector<int32_t> slots, qs_dec{0}, qs_pre{0}, lens_dec, lens_pre, tab_dec, tab_pre;
@@ -187,6 +223,61 @@ TEST(ShardedAttention, EqualsUnshardedOverRandomShapes) {
       run_case(sh, shards, chunk, prompts, 3, seed++);
       if (::testing::Test::HasFatalFailure()) return;
     }
+  }
+}
+
+// The exchange per step (one layer) equals the formula: every peer gets all query rows and sends
+// its partial, but only the owner of a position gets its K/V row. For a prefill chunk spanning
+// every shard and for decode steps on home and on peers it is below the earlier scheme's (every
+// K/V row to every peer) by (S - 1) x rows - peer_rows rows of K/V, and the outputs still equal
+// the unsharded attention (run_case).
+TEST(ShardedAttention, KvRowsGoOnlyToTheShardOwningThePosition) {
+  const Shape sh{8, 2, 16, 16};
+  for (int shards = 2; shards <= 4; ++shards) {
+    SCOPED_TRACE("shards " + std::to_string(shards));
+    const int chunk = 32;
+    // A prompt of 2 * shards + 1 chunks minus 5 tokens: the prefill chunk spans every shard (and
+    // wraps around the group); then one decode step per position up to past the next chunk,
+    // so decode steps land on the home and on peers.
+    const int prompt = (2 * shards + 1) * chunk - 5;
+    std::vector<StepExchange> ex;
+    run_case(sh, shards, chunk, {prompt}, 2 * chunk, 500 + shards, &ex);
+    if (::testing::Test::HasFatalFailure()) return;
+    ASSERT_EQ(ex.size(), size_t{1 + 2 * chunk});
+    ASSERT_TRUE(ex[0].prefill);
+    EXPECT_EQ(ex[0].rows, prompt);
+    // Positions [0, prompt): the home owns chunks 0, S, 2S (the last one partly).
+    EXPECT_EQ(ex[0].peer_rows, prompt - (2 * chunk + chunk - 5));
+    bool decode_on_home = false, decode_on_peer = false;
+    for (const StepExchange& e : ex) {
+      EXPECT_EQ(e.measured, e.formula.bytes);
+      // Lower with several peers or a row on the home; one row on the only peer is sent as before.
+      if (shards > 2 || e.peer_rows < e.rows)
+        EXPECT_LT(e.measured, e.formula.old);
+      else
+        EXPECT_EQ(e.measured, e.formula.old);
+      if (!e.prefill) (e.peer_rows == 0 ? decode_on_home : decode_on_peer) = true;
+      // What is saved: the K/V rows of the positions each peer does not own.
+      const int64_t kv_row = int64_t{2} * sh.kv_heads * sh.head_dim * sizeof(float);
+      EXPECT_EQ(e.formula.old - e.measured, (int64_t{shards - 1} * e.rows - e.peer_rows) * kv_row);
+    }
+    EXPECT_TRUE(decode_on_home);
+    EXPECT_TRUE(decode_on_peer);
+  }
+}
+
+// Decode steps of several sequences whose new positions sit on different shards: a peer's rows
+// are not one run, so the home gathers them before the send; the exchange is still the formula.
+TEST(ShardedAttention, KvRowsOfSeveralSequencesGatheredPerPeer) {
+  std::vector<StepExchange> ex;
+  // Sequences of 20, 40, 60, 80 and 100 tokens, chunk 16 over 3 shards: at each decode step the
+  // new positions fall on different shards.
+  run_case({4, 2, 16, 16}, 3, 16, {20, 40, 60, 80, 100}, 5, 77, &ex);
+  if (::testing::Test::HasFatalFailure()) return;
+  ASSERT_EQ(ex.size(), size_t{6});
+  for (const StepExchange& e : ex) {
+    EXPECT_EQ(e.measured, e.formula.bytes);
+    EXPECT_LT(e.measured, e.formula.old);
   }
 }
 
