@@ -120,17 +120,25 @@ struct DecodeResult {
   int context = 0, shards = 0, batch = 0, shards_used = 0;
   double tokens_per_s = 0, ms_per_step = 0;
   double exchange_bytes = 0, formula_bytes = 0, exchange_ms = 0;  // per step
-  double attention_ms = 0, merge_ms = 0;                          // per step (sharded path)
-  std::vector<int32_t> ids;                                       // sequence 0's greedy tokens
+  double formula_all_bytes = 0;  // per step, had every peer been sent every K/V row (before)
+  double attention_ms = 0, merge_ms = 0;  // per step (sharded path)
+  std::vector<int32_t> ids;               // sequence 0's greedy tokens
 };
 
-// Bytes the shard group exchanges per decode step (sharded_attention.cpp): for each layer and
-// each peer shard (S - 1), the home sends the rows' queries (B x Hq x d floats) and new K/V rows
-// (B x 2 x Hkv x d), and the peer sends back its partial: output B x Hq x d and lse B x Hq.
-int64_t formula_bytes(const kvsplit::model::ModelConfig& c, int shards, int batch) {
-  const int64_t per_row = int64_t{c.num_heads} * c.head_dim + 2 * c.num_kv_heads * c.head_dim +
-                          int64_t{c.num_heads} * (c.head_dim + 1);
-  return int64_t{c.num_layers} * (shards - 1) * batch * per_row * int64_t(sizeof(float));
+// Bytes the shard group exchanges per decode step (sharded_attention.h): for each layer and
+// each peer shard (S - 1), the home sends the rows' queries (B x Hq x d floats) and the peer sends
+// back its partial (output B x Hq x d and lse B x Hq); the new K/V rows (2 x Hkv x d each) go only
+// to the shard owning their position, so `peer_rows` of the B rows (those whose position is on a
+// shard other than the home) are sent once each. All f32.
+int64_t formula_bytes(const kvsplit::model::ModelConfig& c, int shards, int batch, int peer_rows) {
+  const int64_t q_partial = int64_t{c.num_heads} * c.head_dim + c.num_heads * (c.head_dim + 1);
+  const int64_t kv = int64_t{2} * c.num_kv_heads * c.head_dim;
+  return int64_t{c.num_layers} * ((shards - 1) * batch * q_partial + peer_rows * kv) *
+         int64_t(sizeof(float));
+}
+// The same step had every K/V row been sent to every peer (the scheme before, for comparison).
+int64_t formula_all_bytes(const kvsplit::model::ModelConfig& c, int shards, int batch) {
+  return formula_bytes(c, shards, batch, (shards - 1) * batch);
 }
 
 // One configuration (context, shards, batch): its shard group, model and sequences, decoding
@@ -156,7 +164,6 @@ class DecodeCase {
     dc->r_.context = context;
     dc->r_.shards = num_shards;
     dc->r_.batch = batch;
-    dc->r_.formula_bytes = double(formula_bytes(c, num_shards, batch));
     for (int b = 0; b < batch; ++b) {
       dc->tables_[b].spread = num_shards > 1;
       if (!dc->g_.pool->reserve(dc->tables_[b], total))
@@ -164,6 +171,7 @@ class DecodeCase {
       KVSPLIT_RETURN_IF_ERROR(fill_kv(*dc->g_.pool, dc->tables_[b], b, context));
       dc->tokens_.push_back(3 + b);
     }
+    dc->c_ = &c;
     dc->r_.shards_used = dc->tables_[0].shards_used();
     for (int t = 0; t < o.warmup; ++t) KVSPLIT_RETURN_IF_ERROR(dc->step());
     return dc;
@@ -174,6 +182,20 @@ class DecodeCase {
 
   // Times `steps` steps; the result keeps the fastest block (and that block's stats).
   Status time_block() {
+    // The formulas of this block's steps: which shard owns each new position is fixed by the
+    // tables reserved up front.
+    int64_t formula = 0, formula_all = 0;
+    for (int t = 0; t < o_.steps; ++t) {
+      int peer_rows = 0;
+      for (const auto& table : tables_) {
+        const int page = (r_.context + pos_ + t) / o_.block_size;
+        peer_rows += r_.shards > 1 && table.page(page).shard != 0;
+      }
+      if (r_.shards > 1) {
+        formula += formula_bytes(*c_, r_.shards, r_.batch, peer_rows);
+        formula_all += formula_all_bytes(*c_, r_.shards, r_.batch);
+      }
+    }
     const auto a = model_->sharding_stats();
     const auto t0 = Clock::now();
     for (int t = 0; t < o_.steps; ++t) KVSPLIT_RETURN_IF_ERROR(step());
@@ -185,6 +207,8 @@ class DecodeCase {
     r_.tokens_per_s = r_.batch * n / wall;
     r_.ms_per_step = 1e3 * wall / n;
     r_.exchange_bytes = double(b.exchange.bytes - a.exchange.bytes) / n;
+    r_.formula_bytes = double(formula) / n;
+    r_.formula_all_bytes = double(formula_all) / n;
     r_.exchange_ms = 1e3 * (b.exchange.seconds - a.exchange.seconds) / n;
     r_.attention_ms = 1e3 * (b.attention_seconds - a.attention_seconds) / n;
     r_.merge_ms = 1e3 * (b.merge_seconds - a.merge_seconds) / n;
@@ -216,6 +240,7 @@ class DecodeCase {
   }
 
   const Options& o_;
+  const kvsplit::model::ModelConfig* c_ = nullptr;
   Group g_;
   std::unique_ptr<kvsplit::model::LlamaModel> model_;
   std::vector<kvsplit::kv::BlockTable> tables_;
@@ -236,18 +261,21 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
         "  On the CPU backend the shards run one after another on the same cores, so tokens/s is "
         "not expected to grow with shards (capacity is what grows); \"vs 1\" is the ratio to the "
         "1-shard run of the same context and batch.\n"
-        "  Exchange per step (formula) = L x (S-1) x B x 4 B x (Hq*d [q] + 2*Hkv*d [new K,V] + "
-        "Hq*(d+1) [partial o, lse]) = %d x (S-1) x B x %lld B; the partials alone (kv-cuts.md "
-        "§4's B x Hq x (d+2) per layer, here d+1: o is sent normalized with its lse) are %lld B "
-        "per peer and row.\n"
+        "  Exchange per step (formula) = L x 4 B x ((S-1) x B x (Hq*d [q] + Hq*(d+1) [partial o, "
+        "lse]) + P x 2*Hkv*d [new K,V rows, to their owner only]) = %d x ((S-1) x B x %lld B + P "
+        "x %lld B), P = rows whose position is on a peer shard; \"all-KV B\" is the scheme that "
+        "sent every K/V row to every peer (P = (S-1) x B). The partials alone (kv-cuts.md §4's B x "
+        "Hq x (d+2) per layer, here d+1: o is sent normalized with its lse) are %lld B per peer "
+        "and row.\n"
         "  merge share = merge / (shard attention + merge) time of the sharded layers.\n",
         m.source.c_str(), o.threads, o.block_size, o.chunk, o.reps, o.steps, o.warmup,
         static_cast<long long>(int64_t{c.num_layers} * 2 * c.num_kv_heads * c.head_dim * 4 / 1024),
-        c.num_layers, static_cast<long long>(formula_bytes(c, 2, 1) / c.num_layers),
+        c.num_layers, static_cast<long long>(formula_bytes(c, 2, 1, 0) / c.num_layers),
+        static_cast<long long>(int64_t{2} * c.num_kv_heads * c.head_dim * 4),
         static_cast<long long>(int64_t{c.num_layers} * c.num_heads * (c.head_dim + 1) * 4));
-    std::printf("%7s %3s %2s %9s %8s %7s %6s %12s %12s %7s %9s %8s %7s %5s\n", "context", "B", "S",
-                "tok/shard", "tok/s", "ms/step", "vs 1", "exch B/step", "formula B", "exch ms",
-                "attn ms", "merge ms", "merge%", "same");
+    std::printf("%7s %3s %2s %9s %8s %7s %6s %12s %12s %12s %7s %9s %8s %7s %5s\n", "context", "B",
+                "S", "tok/shard", "tok/s", "ms/step", "vs 1", "exch B/step", "formula B",
+                "all-KV B", "exch ms", "attn ms", "merge ms", "merge%", "same");
   }
   int rc = 0;
   for (int ctx : o.contexts) {
@@ -284,18 +312,20 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
               "\"shards\":%d,\"shards_used\":%d,\"chunk\":%d,\"tokens_per_shard\":%d,"
               "\"steps\":%d,\"reps\":%d,\"tokens_per_s\":%.3f,\"ms_per_step\":%.3f,"
               "\"vs_1_shard\":%s,\"exchange_bytes_per_step\":%.0f,\"formula_bytes_per_step\":%.0f,"
+              "\"formula_kv_to_every_peer_bytes_per_step\":%.0f,"
               "\"exchange_ms_per_step\":%.4f,\"attention_ms_per_step\":%.3f,"
               "\"merge_ms_per_step\":%.4f,\"merge_share\":%.5f,\"same_tokens_as_1_shard\":%s}\n",
               m.source.c_str(), ctx, batch, s, r->shards_used, o.chunk, per_shard, o.steps, o.reps,
               r->tokens_per_s, r->ms_per_step, base ? std::to_string(vs1).c_str() : "null",
-              r->exchange_bytes, r->formula_bytes, r->exchange_ms, r->attention_ms, r->merge_ms,
-              share, base ? (same ? "true" : "false") : "null");
+              r->exchange_bytes, r->formula_bytes, r->formula_all_bytes, r->exchange_ms,
+              r->attention_ms, r->merge_ms, share, base ? (same ? "true" : "false") : "null");
         } else {
           std::printf(
-              "%7d %3d %2d %9d %8.2f %7.1f %6.2f %12.0f %12.0f %7.3f %9.2f %8.3f %6.2f%% %5s\n",
+              "%7d %3d %2d %9d %8.2f %7.1f %6.2f %12.0f %12.0f %12.0f %7.3f %9.2f %8.3f %6.2f%% "
+              "%5s\n",
               ctx, batch, s, per_shard, r->tokens_per_s, r->ms_per_step, vs1, r->exchange_bytes,
-              r->formula_bytes, r->exchange_ms, r->attention_ms, r->merge_ms, 100 * share,
-              base ? (same ? "yes" : "NO") : "-");
+              r->formula_bytes, r->formula_all_bytes, r->exchange_ms, r->attention_ms, r->merge_ms,
+              100 * share, base ? (same ? "yes" : "NO") : "-");
         }
         std::fflush(stdout);
       }
