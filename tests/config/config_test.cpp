@@ -82,10 +82,10 @@ TEST(ConfigTest, ModelAsPlainString) {
 TEST(ConfigTest, MaxChunkTokens) {
   auto c = parse_config("");
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  EXPECT_EQ(c->engine.max_chunk_tokens, 32);  // fair prefill on by default
-  c = parse_config("pools: {max_chunk_tokens: 0}\n");
+  EXPECT_EQ(c->engine.max_chunk_tokens, 0);  // off by default
+  c = parse_config("pools: {max_chunk_tokens: 32}\n");
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  EXPECT_EQ(c->engine.max_chunk_tokens, 0);
+  EXPECT_EQ(c->engine.max_chunk_tokens, 32);
   c = parse_config("pools: {max_chunk_tokens: 256}\n");
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ(c->engine.max_chunk_tokens, 256);

@@ -183,7 +183,7 @@ TEST_P(EngineTokens, ChunkCapKeepsTokens) {
   {
     EngineConfig big = testing::stories_config(GetParam());
     big.max_batch_tokens = 512;
-    big.max_chunk_tokens = 0;  // the long prompt in one chunk
+    big.max_chunk_tokens = 0;  // the long prompt in one chunk (the default, said)
     auto engine = Engine::create(big);
     ASSERT_TRUE(engine.ok());
     for (const Request& r : reqs) alone.push_back(collect(*(*engine)->submit(r)));
