@@ -4,12 +4,16 @@
 // mode in one run. --bookkeeping instead measures the scheduler's bookkeeping share of step time
 // with 256 running sequences. --capacity measures how many sequences one fixed KV budget runs at
 // once with the semantic cut off and on. --swap-compare runs one over-committed KV budget with the
-// temporal cut's swap: never (recompute), always and auto, and reports time and throughput.
+// temporal cut's swap: never (recompute), always and auto, and reports time, throughput and
+// goodput (requests within the SLA targets). --fairness runs a stream of short requests without
+// and with one long prompt among them and reports the short requests' TTFT (fair time slicing).
 //
 //   bench_serving_offline --model synthetic:stories260k --requests 200 --rate 50
 //   bench_serving_offline --model synthetic:llama-110m --bookkeeping
 //   bench_serving_offline --model ../shared/models/stories260K.bin --capacity --kv-capacity-mb 5
 //   bench_serving_offline --model synthetic:llama-110m --swap-compare --kv-capacity-mb 48
+//   bench_serving_offline --model synthetic:llama-110m@ctx=4608 --threads 2 --fairness \
+//       --mode colocated --write-trace fair.jsonl      # then --trace fair.jsonl replays it
 //   bench_serving_offline --config server.yaml --trace phased.jsonl   # replay a request trace
 //                                                   # (docs/kvm.md) on the config's engine
 //   bench_serving_offline --requests 100 --write-trace work.jsonl     # save the workload
@@ -50,6 +54,7 @@ struct Options {
   int prefill_workers = 1, decode_workers = 1, colocated_workers = 2;
   int threads = 1;
   int max_batch_tokens = 512;
+  int max_chunk_tokens = -1;  // -1: the engine's default
   int kv_blocks = 0;
   bool bookkeeping = false;
   int bookkeeping_seqs = 256, bookkeeping_tokens = 8;
@@ -65,9 +70,16 @@ struct Options {
   bool swap_compare = false;
   int swap_seqs = 8, swap_prompt = 256, swap_output = 128;
   int64_t host_mb = 256;
+  double sla_ttft_ms = 0, sla_itl_ms = 0;  // --swap-compare goodput targets (0: the class's)
   std::string trace;        // replay this request trace instead of the synthetic workload
   std::string write_trace;  // write the workload (generated or replayed) as a trace
   std::string config;       // server YAML: engine settings, SLA classes and kvm
+  bool fairness = false;
+  int fair_requests = 60;
+  double fair_rate = 3;
+  int fair_prompt_min = 32, fair_prompt_max = 64, fair_output_min = 16, fair_output_max = 32;
+  int long_prompt = 4096, long_output = 16;
+  double long_at_s = 2;
 };
 
 struct Item {
@@ -160,11 +172,95 @@ EngineConfig base_config(const Options& o, ServingMode mode) {
   c.num_prefill_workers = o.prefill_workers;
   c.num_decode_workers = mode == ServingMode::kColocated ? o.colocated_workers : o.decode_workers;
   c.max_batch_tokens = o.max_batch_tokens;
+  if (o.max_chunk_tokens >= 0) c.max_chunk_tokens = o.max_chunk_tokens;
   c.kv_blocks_per_worker = o.kv_blocks;
   kvsplit::SlaClass interactive{"interactive", 500.0, 100.0, 1, 100000, 600000.0};
   kvsplit::SlaClass batch{"batch", 5000.0, 500.0, 0, 100000, 600000.0};
   c.sla_classes = {batch, interactive};
   return c;
+}
+
+// One request's end as the client saw it.
+struct Outcome {
+  bool ok = false;
+  double ttft_ms = 0, e2e_ms = 0, mean_itl_ms = 0;
+  int64_t tokens = 0;
+};
+struct StreamResult {
+  std::vector<Outcome> outcomes;  // per item of the workload
+  std::vector<double> itl;        // every inter-token gap (ms)
+  double wall_s = 0;
+};
+
+// Submits `work` at its arrival times and collects every request's events until all are final.
+StreamResult run_stream(EngineImpl& engine, const std::vector<Item>& work, const char* name,
+                        bool report_refused) {
+  const int n = static_cast<int>(work.size());
+  StreamResult res;
+  res.outcomes.resize(n);
+  std::vector<kvsplit::RequestHandle> handles(n);
+  std::vector<char> refused(n, 0);  // submit failed (e.g. the class queue full)
+  std::atomic<int> submitted{0};
+  const auto t0 = Clock::now();
+  std::thread driver([&] {
+    for (int i = 0; i < n; ++i) {
+      std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(work[i].arrival_s)));
+      auto h = engine.submit(work[i].request);
+      if (h.ok()) {
+        handles[i] = *h;
+      } else {
+        refused[i] = 1;
+        if (report_refused)
+          std::fprintf(stderr, "submit %d: %s\n", i, h.status().to_string().c_str());
+      }
+      submitted.store(i + 1, std::memory_order_release);
+    }
+  });
+  const bool tty = isatty(STDOUT_FILENO);
+  std::vector<Clock::time_point> last(n);
+  std::vector<bool> done(n, false);
+  int num_done = 0;
+  while (num_done < n) {
+    const int s = submitted.load(std::memory_order_acquire);
+    bool progress = false;
+    for (int i = 0; i < s; ++i) {
+      TokenEvent ev;
+      Outcome& r = res.outcomes[i];
+      while (!done[i] && !refused[i] && handles[i].try_next(&ev)) {
+        progress = true;
+        if (!ev.token_ids.empty()) {
+          if (last[i] != Clock::time_point{}) {
+            res.itl.push_back(std::chrono::duration<double, std::milli>(ev.time - last[i]).count());
+          }
+          last[i] = ev.time;
+          r.tokens += static_cast<int64_t>(ev.token_ids.size());
+        }
+        if (!ev.final) continue;
+        done[i] = true;
+        ++num_done;
+        r.ok = ev.status.ok();
+        r.ttft_ms = ev.timings.ttft_ms;
+        r.e2e_ms = ev.timings.e2e_ms;
+        r.mean_itl_ms = ev.timings.mean_itl_ms;
+      }
+      if (!done[i] && refused[i]) {  // submit failed: counts as an error
+        done[i] = true;
+        ++num_done;
+      }
+    }
+    if (tty) {
+      const int w = 40, fill = w * num_done / std::max(1, n);
+      std::printf("\r%-14s [%s%s] %d/%d", name, std::string(fill, '#').c_str(),
+                  std::string(w - fill, ' ').c_str(), num_done, n);
+      std::fflush(stdout);
+    }
+    if (!progress) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  driver.join();
+  res.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (tty) std::printf("\n");
+  return res;
 }
 
 int run_mode(const Options& o, ServingMode mode) {
@@ -202,84 +298,32 @@ int run_mode(const Options& o, ServingMode mode) {
     }
   }
   const int n = static_cast<int>(work.size());
-  std::vector<kvsplit::RequestHandle> handles(n);
-  std::vector<char> refused(n, 0);  // submit failed (e.g. the class queue full)
-  std::atomic<int> submitted{0};
-  const auto t0 = Clock::now();
-  std::thread driver([&] {
-    for (int i = 0; i < n; ++i) {
-      std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(
-                                             std::chrono::duration<double>(work[i].arrival_s)));
-      auto h = (*engine)->submit(work[i].request);
-      if (h.ok()) {
-        handles[i] = *h;
-      } else {
-        refused[i] = 1;
-        if (o.trace.empty())
-          std::fprintf(stderr, "submit %d: %s\n", i, h.status().to_string().c_str());
-      }
-      submitted.store(i + 1, std::memory_order_release);
-    }
-  });
-  const bool tty = isatty(STDOUT_FILENO);
-  std::vector<double> ttft, itl, e2e;
+  const StreamResult res = run_stream(**engine, work, name, /*report_refused=*/o.trace.empty());
+  const double wall = res.wall_s;
+  std::vector<double> ttft, e2e;
+  const std::vector<double>& itl = res.itl;
   std::vector<std::vector<double>> cls_ttft(nc), cls_itl(nc);  // per class; ITL: request means
   std::vector<int> cls_requests(nc, 0), cls_good(nc, 0), cls_errors(nc, 0);
-  for (int i = 0; i < n; ++i) cls_requests[cls[i]]++;
-  std::vector<Clock::time_point> last(n);
-  std::vector<bool> done(n, false);
-  int num_done = 0, good = 0, errors = 0;
+  int good = 0, errors = 0;
   int64_t tokens = 0;
-  while (num_done < n) {
-    const int s = submitted.load(std::memory_order_acquire);
-    bool progress = false;
-    for (int i = 0; i < s; ++i) {
-      TokenEvent ev;
-      while (!done[i] && !refused[i] && handles[i].try_next(&ev)) {
-        progress = true;
-        if (!ev.token_ids.empty()) {
-          if (last[i] != Clock::time_point{}) {
-            itl.push_back(std::chrono::duration<double, std::milli>(ev.time - last[i]).count());
-          }
-          last[i] = ev.time;
-          tokens += static_cast<int64_t>(ev.token_ids.size());
-        }
-        if (!ev.final) continue;
-        done[i] = true;
-        ++num_done;
-        if (!ev.status.ok()) {
-          ++errors;
-          cls_errors[cls[i]]++;
-          continue;
-        }
-        ttft.push_back(ev.timings.ttft_ms);
-        e2e.push_back(ev.timings.e2e_ms);
-        const kvsplit::SlaClass& c = config.sla_classes[cls[i]];
-        cls_ttft[cls[i]].push_back(ev.timings.ttft_ms);
-        cls_itl[cls[i]].push_back(ev.timings.mean_itl_ms);
-        const bool met =
-            ev.timings.ttft_ms <= c.max_ttft_ms && ev.timings.mean_itl_ms <= c.max_itl_ms;
-        good += met;
-        cls_good[cls[i]] += met;
-      }
-      if (!done[i] && refused[i]) {  // submit failed: counts as an error
-        done[i] = true;
-        ++num_done;
-        ++errors;
-        cls_errors[cls[i]]++;
-      }
+  for (int i = 0; i < n; ++i) {
+    cls_requests[cls[i]]++;
+    const Outcome& r = res.outcomes[i];
+    tokens += r.tokens;
+    if (!r.ok) {
+      ++errors;
+      cls_errors[cls[i]]++;
+      continue;
     }
-    if (tty) {
-      const int w = 40, fill = w * num_done / std::max(1, n);
-      std::printf("\r%-14s [%s%s] %d/%d", name, std::string(fill, '#').c_str(),
-                  std::string(w - fill, ' ').c_str(), num_done, n);
-      std::fflush(stdout);
-    }
-    if (!progress) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    ttft.push_back(r.ttft_ms);
+    e2e.push_back(r.e2e_ms);
+    const kvsplit::SlaClass& c = config.sla_classes[cls[i]];
+    cls_ttft[cls[i]].push_back(r.ttft_ms);
+    cls_itl[cls[i]].push_back(r.mean_itl_ms);
+    const bool met = r.ttft_ms <= c.max_ttft_ms && r.mean_itl_ms <= c.max_itl_ms;
+    good += met;
+    cls_good[cls[i]] += met;
   }
-  driver.join();
-  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (tty) std::printf("\n");
   const kvsplit::EngineStats st = (*engine)->stats();
   double fwd = 0, book = 0, samp = 0;
   int64_t steps = 0;
@@ -424,6 +468,11 @@ struct CapacityResult {
   int64_t swaps_out = 0, swaps_in = 0, swap_bytes = 0, recompute_choices = 0, fallbacks = 0;
   double wall_s = 0, tokens = 0;
   int errors = 0;
+  // Goodput: requests (and their output tokens) within the SLA targets: TTFT <= sla_ttft_ms and
+  // mean inter-token latency <= sla_itl_ms.
+  double sla_ttft_ms = 0, sla_itl_ms = 0;
+  int good = 0;
+  double good_tokens = 0;
 };
 
 int run_capacity_once(const Options& o, int seqs, kvsplit::KvPolicy policy, CapacityResult* res,
@@ -482,15 +531,25 @@ int run_capacity_once(const Options& o, int seqs, kvsplit::KvPolicy policy, Capa
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   res->mean_running = samples > 0 ? running_sum / static_cast<double>(samples) : 0;
+  // The SLA targets: --sla-ttft-ms / --sla-itl-ms, else the default class's (the first).
+  res->sla_ttft_ms = o.sla_ttft_ms > 0 ? o.sla_ttft_ms : c.sla_classes.at(0).max_ttft_ms;
+  res->sla_itl_ms = o.sla_itl_ms > 0 ? o.sla_itl_ms : c.sla_classes.at(0).max_itl_ms;
   for (auto& h : hs) {
     TokenEvent ev;
+    double tokens = 0;
     while (h.next(&ev, std::chrono::minutes(10))) {
-      res->tokens += static_cast<double>(ev.token_ids.size());
+      tokens += static_cast<double>(ev.token_ids.size());
       if (ev.final) {
         res->errors += !ev.status.ok();
+        if (ev.status.ok() && ev.timings.ttft_ms <= res->sla_ttft_ms &&
+            ev.timings.mean_itl_ms <= res->sla_itl_ms) {
+          ++res->good;
+          res->good_tokens += tokens;
+        }
         break;
       }
     }
+    res->tokens += tokens;
   }
   res->wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
   const kvsplit::EngineStats st = (*engine)->stats();
@@ -516,7 +575,7 @@ int run_swap_compare(const Options& o) {
       "submitted at once, 1 colocated worker, %d threads\n",
       o.model.c_str(), o.kv_capacity_mb, static_cast<long long>(o.host_mb), o.swap_seqs,
       o.swap_prompt, o.swap_output, o.threads);
-  double never_wall = 0;
+  double never_wall = 0, never_tok_s = 0, never_good = 0, never_good_tok = 0;
   for (kvsplit::SwapMode mode :
        {kvsplit::SwapMode::kNever, kvsplit::SwapMode::kAlways, kvsplit::SwapMode::kAuto}) {
     kvsplit::TemporalCutConfig t;
@@ -527,7 +586,13 @@ int run_swap_compare(const Options& o) {
                           o.swap_output) != 0 ||
         r.errors > 0)
       return 1;
-    if (mode == kvsplit::SwapMode::kNever) never_wall = r.wall_s;
+    const double good_rps = r.good / r.wall_s, good_tok_s = r.good_tokens / r.wall_s;
+    if (mode == kvsplit::SwapMode::kNever) {
+      never_wall = r.wall_s;
+      never_tok_s = r.tokens / r.wall_s;
+      never_good = good_rps;
+      never_good_tok = good_tok_s;
+    }
     const char* name = mode == kvsplit::SwapMode::kNever    ? "never"
                        : mode == kvsplit::SwapMode::kAlways ? "always"
                                                             : "auto";
@@ -538,6 +603,14 @@ int run_swap_compare(const Options& o) {
         static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps_out),
         static_cast<long long>(r.swaps_in), static_cast<double>(r.swap_bytes) / (1 << 20),
         static_cast<long long>(r.recompute_choices), static_cast<long long>(r.fallbacks));
+    auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+    std::printf(
+        "              goodput (TTFT <= %.0f ms, mean ITL <= %.0f ms): %d of %d requests, %.3f "
+        "req/s, %.1f output tok/s; %s/never: throughput %.2fx, goodput %.2fx req/s, %.2fx "
+        "tok/s\n",
+        r.sla_ttft_ms, r.sla_itl_ms, r.good, o.swap_seqs, good_rps, good_tok_s, name,
+        ratio(r.tokens / r.wall_s, never_tok_s), ratio(good_rps, never_good),
+        ratio(good_tok_s, never_good_tok));
   }
   return 0;
 }
@@ -571,6 +644,128 @@ int run_capacity(const Options& o) {
   return 0;
 }
 
+// Fairness (fair time slicing): a stream of short requests, run once alone and once with one long
+// prompt arriving among them, each run on a fresh engine with one worker per role. Reports the
+// short requests' TTFT with and without it (all of them, and those that arrived while the long
+// prompt was being prefilled), the long request's TTFT and output tokens/s.
+std::vector<Item> fairness_workload(const Options& o, int vocab, bool with_long) {
+  std::mt19937_64 rng(o.seed);
+  std::exponential_distribution<double> gap(o.fair_rate);
+  std::uniform_int_distribution<int> plen(o.fair_prompt_min, o.fair_prompt_max);
+  std::uniform_int_distribution<int> olen(o.fair_output_min, o.fair_output_max);
+  std::vector<Item> out;
+  double t = 0;
+  for (int i = 0; i < o.fair_requests; ++i) {
+    t += gap(rng);
+    const int p = plen(rng), n = olen(rng);
+    out.push_back(synthetic_item("s" + std::to_string(i), t, p, n, "interactive", vocab, rng));
+  }
+  if (with_long) {
+    std::mt19937_64 long_rng(o.seed + 1);  // the short requests stay the same
+    Item it = synthetic_item("long", o.long_at_s, o.long_prompt, o.long_output, "interactive",
+                             vocab, long_rng);
+    auto pos = std::upper_bound(out.begin(), out.end(), it.arrival_s,
+                                [](double a, const Item& b) { return a < b.arrival_s; });
+    out.insert(pos, std::move(it));
+  }
+  return out;
+}
+
+int run_fairness(const Options& o) {
+  std::vector<ServingMode> modes;
+  if (o.mode != "disaggregated") modes.push_back(ServingMode::kColocated);
+  if (o.mode != "colocated") modes.push_back(ServingMode::kDisaggregated);
+  for (ServingMode mode : modes) {
+    const char* name = mode == ServingMode::kColocated ? "colocated" : "disaggregated";
+    EngineConfig c = base_config(o, mode);
+    c.num_prefill_workers = 1;
+    c.num_decode_workers = 1;
+    if (o.kv_blocks == 0) {
+      // The long prompt and up to 128 short requests at once: KV never limits admission, so the
+      // comparison is about the step's compute alone.
+      c.kv_blocks_per_worker = (o.long_prompt + o.long_output + c.block_size - 1) / c.block_size +
+                               std::min(o.fair_requests, 128) *
+                                   ((o.fair_prompt_max + o.fair_output_max) / c.block_size + 1);
+    }
+    std::printf(
+        "fairness: %s, %s (1 worker per role, %d threads), max_batch_tokens %d, "
+        "max_chunk_tokens %d; %d short "
+        "requests (prompt %d-%d, output %d-%d tokens, Poisson %.1f/s), one %d-token prompt "
+        "(+%d output) at %.2f s; each run on a fresh engine, same process\n",
+        o.model.c_str(), name, c.threads_per_worker, c.max_batch_tokens, c.max_chunk_tokens,
+        o.fair_requests, o.fair_prompt_min, o.fair_prompt_max, o.fair_output_min, o.fair_output_max,
+        o.fair_rate, o.long_prompt, o.long_output, o.long_at_s);
+    struct Run {
+      std::vector<double> ttft, arrival;  // short requests, in workload order
+      double long_ttft = 0, long_start = 0, tok_s = 0, itl_p99 = 0;
+      int errors = 0;
+    };
+    Run runs[2];
+    for (int with_long = 0; with_long < 2; ++with_long) {
+      auto engine = EngineImpl::create(c);
+      if (!engine.ok()) {
+        std::fprintf(stderr, "%s: %s\n", name, engine.status().to_string().c_str());
+        return 1;
+      }
+      const std::vector<Item> work =
+          fairness_workload(o, (*engine)->model_info().vocab_size, with_long != 0);
+      if (with_long && !o.write_trace.empty()) {
+        if (auto st = kvsplit::kvm::write_trace_file(o.write_trace, trace_of(work)); !st.ok()) {
+          std::fprintf(stderr, "--write-trace: %s\n", st.to_string().c_str());
+          return 2;
+        }
+      }
+      const StreamResult res = run_stream(**engine, work, name, true);
+      Run& r = runs[with_long];
+      int64_t tokens = 0;
+      for (size_t i = 0; i < work.size(); ++i) {
+        const Outcome& out = res.outcomes[i];
+        tokens += out.tokens;
+        r.errors += !out.ok;
+        if (work[i].request.request_id == "long") {
+          r.long_ttft = out.ttft_ms;
+          r.long_start = work[i].arrival_s;
+        } else {
+          r.ttft.push_back(out.ttft_ms);
+          r.arrival.push_back(work[i].arrival_s);
+        }
+      }
+      r.tok_s = static_cast<double>(tokens) / res.wall_s;
+      r.itl_p99 = pct(res.itl, 99);
+    }
+    if (runs[0].errors + runs[1].errors > 0) {
+      std::fprintf(stderr, "fairness: %d requests failed\n", runs[0].errors + runs[1].errors);
+      return 1;
+    }
+    // The short requests that arrived while the long prompt waited for its first token.
+    std::vector<double> during[2];
+    for (size_t i = 0; i < runs[1].arrival.size(); ++i) {
+      const double a = runs[1].arrival[i];
+      if (a >= runs[1].long_start && a <= runs[1].long_start + runs[1].long_ttft / 1000.0) {
+        for (int k = 0; k < 2; ++k) during[k].push_back(runs[k].ttft[i]);
+      }
+    }
+    for (int k = 0; k < 2; ++k) {
+      std::printf(
+          "  %-12s short TTFT ms p50 %8.2f p99 %8.2f | %3zu arriving during the long prefill: "
+          "p50 %8.2f p99 %8.2f | ITL p99 %7.2f ms | %6.1f output tok/s",
+          k == 0 ? "without long" : "with long", pct(runs[k].ttft, 50), pct(runs[k].ttft, 99),
+          during[k].size(), pct(during[k], 50), pct(during[k], 99), runs[k].itl_p99, runs[k].tok_s);
+      if (k == 1) std::printf(" | long TTFT %.0f ms", runs[1].long_ttft);
+      std::printf("\n");
+    }
+    auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+    std::printf(
+        "  ratio with/without: short TTFT p99 %.2fx (goal <= 1.5x), p50 %.2fx; during the long "
+        "prefill p99 %.2fx, p50 %.2fx; output tok/s %.2fx\n",
+        ratio(pct(runs[1].ttft, 99), pct(runs[0].ttft, 99)),
+        ratio(pct(runs[1].ttft, 50), pct(runs[0].ttft, 50)),
+        ratio(pct(during[1], 99), pct(during[0], 99)),
+        ratio(pct(during[1], 50), pct(during[0], 50)), ratio(runs[1].tok_s, runs[0].tok_s));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -593,6 +788,9 @@ int main(int argc, char** argv) {
   app.add_option("--colocated-workers", o.colocated_workers, "colocated workers");
   app.add_option("--threads", o.threads, "CPU threads per worker");
   app.add_option("--max-batch-tokens", o.max_batch_tokens, "prefill token budget per step");
+  app.add_option("--max-chunk-tokens", o.max_chunk_tokens,
+                 "most prefill tokens one prompt gets in a step (0: no cap; default: the "
+                 "engine's)");
   app.add_option("--kv-blocks", o.kv_blocks, "KV blocks per worker (0: from capacity)");
   app.add_flag("--bookkeeping", o.bookkeeping, "measure bookkeeping at 256 running sequences");
   app.add_option("--bookkeeping-seqs", o.bookkeeping_seqs, "sequences for --bookkeeping");
@@ -618,6 +816,12 @@ int main(int argc, char** argv) {
   app.add_option("--swap-prompt", o.swap_prompt, "--swap-compare: prompt tokens");
   app.add_option("--swap-output", o.swap_output, "--swap-compare: tokens generated");
   app.add_option("--host-mb", o.host_mb, "--swap-compare: host tier per worker (MiB)");
+  app.add_option("--sla-ttft-ms", o.sla_ttft_ms,
+                 "--swap-compare: goodput's TTFT target (default: the default class's, 5000)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--sla-itl-ms", o.sla_itl_ms,
+                 "--swap-compare: goodput's mean ITL target (default: the default class's, 500)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--trace", o.trace,
                  "replay this request trace (JSON lines, docs/kvm.md) instead of the synthetic "
                  "workload: synthetic prompts of its lengths, EOS ignored, its classes");
@@ -625,7 +829,32 @@ int main(int argc, char** argv) {
   app.add_option("--config", o.config,
                  "server YAML config: its engine settings, SLA classes and kvm section (with "
                  "--mode both, its workers in each mode; otherwise the mode given)");
+  app.add_flag("--fairness", o.fairness,
+               "fair time slicing: short requests' TTFT without and with one long prompt among "
+               "them (--write-trace writes the run with it)");
+  app.add_option("--fair-requests", o.fair_requests, "--fairness: short requests")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--fair-rate", o.fair_rate, "--fairness: short requests' Poisson rate (1/s)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--fair-prompt-min", o.fair_prompt_min, "--fairness: shortest short prompt")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--fair-prompt-max", o.fair_prompt_max, "--fairness: longest short prompt")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--fair-output-min", o.fair_output_min, "--fairness: shortest short output")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--fair-output-max", o.fair_output_max, "--fairness: longest short output")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--long-prompt", o.long_prompt, "--fairness: the long prompt's tokens")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--long-output", o.long_output, "--fairness: the long request's output tokens")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--long-at", o.long_at_s, "--fairness: the long prompt's arrival (s)")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
+  if (o.fair_prompt_min > o.fair_prompt_max || o.fair_output_min > o.fair_output_max) {
+    std::fprintf(stderr, "--fair-*-min must not exceed --fair-*-max\n");
+    return 2;
+  }
   spdlog::set_level(spdlog::level::err);
   if (!o.config.empty()) {
     auto cfg = kvsplit::config::load_config_file(o.config);
@@ -637,6 +866,7 @@ int main(int argc, char** argv) {
     if (!cfg->model_given || app.count("--model") > 0) g_file_config.model = o.model;
     g_have_file_config = true;
   }
+  if (o.fairness) return run_fairness(o);
   if (o.capacity) return run_capacity(o);
   if (o.swap_compare) return run_swap_compare(o);
   if (o.bookkeeping) {

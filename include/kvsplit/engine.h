@@ -75,6 +75,10 @@ struct EngineConfig {
   int64_t kv_capacity_bytes = 256ll << 20;  // per worker when kv_blocks_per_worker == 0
   int32_t max_num_seqs = 256;               // running sequences per decode worker
   int32_t max_batch_tokens = 512;           // token budget of one prefill (chunk) step
+  // Fair prefill: the most prompt tokens one request computes in a step, so a long prompt is
+  // prefilled in chunks that keep every step (and the short requests sharing it) short; 0: no
+  // cap but max_batch_tokens. In [0, 2^20] (docs/kv-cuts.md "Fair time slicing").
+  int32_t max_chunk_tokens = 0;
   // > 0; bound on the delivery of a KV handoff (a decode worker must take the offer within it,
   // else the prefill side reclaims it and the request fails DEADLINE_EXCEEDED). Waiting for room
   // in a full decode pool is back-pressure, bounded by the class queue timeout instead.

@@ -92,6 +92,7 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     wo.max_num_seqs = config.max_num_seqs;
     wo.max_batch_tokens = config.max_batch_tokens;
     wo.min_chunk_tokens = std::min(config.block_size, config.max_batch_tokens);
+    wo.max_chunk_tokens = config.max_chunk_tokens;
     // Enough prompts in progress to fill a step's budget at the smallest chunk.
     wo.max_prefill_seqs = std::max(16, config.max_batch_tokens / wo.min_chunk_tokens);
     wo.handoff_timeout = std::chrono::milliseconds(config.handoff_timeout_ms);

@@ -278,16 +278,21 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
     }
     cands.push_back({w, need});
   }
-  // Round robin within a priority: the least recently served first.
+  // The fair prefill rule (policy.h): progress for every prompt, then the least remaining first
+  // within a priority, each under max_chunk_tokens. Chunks are listed in that order.
   std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
     if (a.seq->priority != b.seq->priority) return a.seq->priority > b.seq->priority;
+    const int ra = a.seq->target - a.seq->num_computed, rb = b.seq->target - b.seq->num_computed;
+    if (ra != rb) return ra < rb;
     return a.seq->last_prefill_step < b.seq->last_prefill_step;
   });
-  std::vector<int> remaining(cands.size());
+  std::vector<PrefillDemand> demands(cands.size());
   for (size_t i = 0; i < cands.size(); ++i) {
-    remaining[i] = cands[i].seq->target - cands[i].seq->num_computed;
+    const SchedSeq& s = *cands[i].seq;
+    demands[i] = {s.target - s.num_computed, s.priority, s.last_prefill_step};
   }
-  const std::vector<int> chunks = plan_prefill_chunks(remaining, budget, config_.min_chunk_tokens);
+  const std::vector<int> chunks =
+      plan_fair_prefill(demands, budget, config_.min_chunk_tokens, config_.max_chunk_tokens);
   for (size_t i = 0; i < cands.size(); ++i) {
     if (chunks[i] == 0) {
       st.free += cands[i].new_blocks;  // not started this step: its reservation is not made

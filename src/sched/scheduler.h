@@ -14,12 +14,13 @@
 //      recomputed later), possibly the one being grown;
 //   3. prefill: waiting sequences (new prompts and recomputes) in service order reserve the KV
 //      of their whole target when they start (the first that does not fit stops the rest), then
-//      share the token budget by plan_prefill_chunks, least recently served first within a
-//      priority (round robin). Swapped-out sequences (the temporal cut) take their place in the
-//      same service order from their resume step on: they reserve the blocks of their swapped
-//      pages and are swapped in, using no token budget. A waiting sequence that does not fit may
-//      pause running sequences of strictly lower priority whose time slice expired
-//      (SchedSeq::slice_expired) when that frees enough.
+//      share the token budget by plan_fair_prefill (policy.h): a min_chunk_tokens chunk each
+//      first (least recently served first within a priority: round robin), then the rest by
+//      priority, the least remaining prefill first, no prompt above max_chunk_tokens. Swapped-out
+//      sequences (the temporal cut) take their place in the same service order from their resume
+//      step on: they reserve the blocks of their swapped pages and are swapped in, using no token
+//      budget. A waiting sequence that does not fit may pause running sequences of strictly lower
+//      priority whose time slice expired (SchedSeq::slice_expired) when that frees enough.
 // Whenever a rule above allows several victims, the SwapPredictor (sched/swap_predictor.h) says
 // which goes first: by default the one needed last (lowest priority, most deadline slack, longest
 // step interval, youngest).
@@ -42,6 +43,7 @@ struct SchedulerConfig {
   int block_size = 16;            // tokens per KV block, >= 1
   int max_batch_tokens = 512;     // prefill tokens per step (decode tokens too when colocated)
   int min_chunk_tokens = 16;      // smallest prefill chunk a prompt gets in a step
+  int max_chunk_tokens = 0;       // most prefill tokens one prompt gets in a step; 0: no cap
   int max_num_seqs = 256;         // sequences a worker owns (running + waiting), >= 1
   bool decode_in_budget = false;  // colocated: decode tokens count against max_batch_tokens
 };

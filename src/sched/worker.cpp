@@ -30,7 +30,8 @@ Worker::Worker(WorkerOptions options, std::unique_ptr<backend::Backend> backend,
       shared_(shared),
       total_blocks_(pool_->total_blocks()),
       scheduler_(SchedulerConfig{pool_->block_size(), options_.max_batch_tokens,
-                                 options_.min_chunk_tokens, options_.max_num_seqs,
+                                 options_.min_chunk_tokens, options_.max_chunk_tokens,
+                                 options_.max_num_seqs,
                                  /*decode_in_budget=*/options_.role == WorkerRole::kColocated}) {
   KVSPLIT_CHECK(shared_ != nullptr && shared_->sink != nullptr);
   KVSPLIT_CHECK(options_.max_num_seqs >= 1 && options_.max_batch_tokens >= 1);

@@ -48,6 +48,7 @@ struct WorkerOptions {
   int max_batch_tokens = 512;  // prefill (chunk) tokens per step, decode tokens included when
                                // colocated; prefill always gets at least min_chunk_tokens
   int min_chunk_tokens = 16;   // smallest prefill chunk a prompt gets in a step
+  int max_chunk_tokens = 0;    // most prefill tokens one prompt gets in a step; 0: no cap
   int max_prefill_seqs = 16;   // prompts pulled from the router and not yet prefilled; the
                                // rest stay queued for other workers
   // Delivery bound of a KV handoff: the destination must receive the offer (at its next step

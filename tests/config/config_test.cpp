@@ -79,6 +79,18 @@ TEST(ConfigTest, ModelAsPlainString) {
   EXPECT_EQ(c->engine.model, "synthetic:llama-110m");
 }
 
+TEST(ConfigTest, MaxChunkTokens) {
+  auto c = parse_config("");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->engine.max_chunk_tokens, 0);  // off by default
+  c = parse_config("pools: {max_chunk_tokens: 32}\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->engine.max_chunk_tokens, 32);
+  c = parse_config("pools: {max_chunk_tokens: 256}\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->engine.max_chunk_tokens, 256);
+}
+
 TEST(ConfigTest, BadValuesNameTheField) {
   expect_error("sla_classes:\n  voice: {max_ttft_ms: 300, max_itl_ms: 0}\n",
                "sla_classes.voice.max_itl_ms: must be > 0");
@@ -96,6 +108,9 @@ TEST(ConfigTest, BadValuesNameTheField) {
   expect_error("pools: {mode: sideways}\n", "pools.mode");
   expect_error("pools: {backend: tpu}\n", "pools.backend");
   expect_error("pools: {decode_workers: 0}\n", "pools.decode_workers");
+  expect_error("pools: {max_chunk_tokens: -1}\n",
+               "pools.max_chunk_tokens: must be in [0, 1048576]");
+  expect_error("pools: {max_chunk_tokens: many}\n", "pools.max_chunk_tokens: must be an integer");
   expect_error("kv: {block_size: 7}\n", "kv.block_size");
   expect_error("kv: {dtype: int3}\n", "kv.dtype");
   expect_error("kv: {capacity_mb: 0}\n", "kv.capacity_mb");

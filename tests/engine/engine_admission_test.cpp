@@ -155,6 +155,11 @@ TEST(EngineAdmission, BadConfigIsRejected) {
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("max_batch_tokens"), std::string::npos);
   cfg = EngineConfig{};
+  cfg.max_chunk_tokens = -1;
+  e = Engine::create(cfg);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("max_chunk_tokens"), std::string::npos);
+  cfg = EngineConfig{};
   cfg.sla_classes = {SlaClass{}, SlaClass{}};
   e = Engine::create(cfg);
   ASSERT_FALSE(e.ok());

@@ -155,6 +155,78 @@ TEST_P(EngineTokens, PreemptionKeepsTokens) {
   EXPECT_TRUE(testing::pools_back_to(**engine, initial));
 }
 
+// Fair prefill (max_chunk_tokens): a long prompt cut into 16-token chunks while short prompts are
+// admitted ahead of its remaining chunks gives every request the tokens it gets alone with the
+// long prompt in one chunk (greedy and seeded sampling).
+TEST_P(EngineTokens, ChunkCapKeepsTokens) {
+  KVSPLIT_REQUIRE_MODELS();
+  std::vector<Request> reqs;
+  Request l;
+  l.request_id = "long";
+  for (int i = 0; i < 400; ++i) l.prompt_token_ids.push_back(3 + (i * 37) % 500);
+  l.sampling.max_tokens = 24;
+  l.sampling.ignore_eos = true;
+  reqs.push_back(l);
+  for (int i = 0; i < 6; ++i) {
+    Request r;
+    r.request_id = "s" + std::to_string(i);
+    r.prompt = kPrompts[i % 8];
+    r.sampling.max_tokens = 20;
+    r.sampling.ignore_eos = true;
+    r.sampling.temperature = i % 2 ? 0.8f : 0.0f;
+    r.sampling.seed = 11 + i;
+    reqs.push_back(r);
+  }
+  reqs[0].sampling.temperature = 0.7f;
+  reqs[0].sampling.seed = 5;
+  std::vector<Collected> alone;
+  {
+    EngineConfig big = testing::stories_config(GetParam());
+    big.max_batch_tokens = 512;
+    big.max_chunk_tokens = 0;  // the long prompt in one chunk (the default, said)
+    auto engine = Engine::create(big);
+    ASSERT_TRUE(engine.ok());
+    for (const Request& r : reqs) alone.push_back(collect(*(*engine)->submit(r)));
+  }
+  EngineConfig cfg = testing::stories_config(GetParam());
+  cfg.max_batch_tokens = 64;
+  cfg.max_chunk_tokens = 16;
+  auto engine = EngineImpl::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const std::vector<int> initial = testing::free_blocks(**engine);
+  const sched::WorkerRole puller = GetParam() == ServingMode::kColocated
+                                       ? sched::WorkerRole::kColocated
+                                       : sched::WorkerRole::kPrefill;
+  // All seven are pulled before any prefill runs (held), so they share steps.
+  (*engine)->set_test_hold(puller, sched::TestHold::kForward);
+  std::vector<RequestHandle> handles;
+  for (const Request& r : reqs) handles.push_back(*(*engine)->submit(r));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((*engine)->stats().pools[0].waiting < 7 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ((*engine)->stats().pools[0].waiting, 7);
+  (*engine)->set_test_hold(puller, sched::TestHold::kNone);
+  std::vector<Collected> got;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    got.push_back(collect(handles[i]));
+    ASSERT_FALSE(got.back().timed_out);
+    ASSERT_TRUE(got.back().final_event.status.ok());
+    EXPECT_EQ(got.back().tokens, alone[i].tokens) << reqs[i].request_id;
+  }
+  // The short prompts' first tokens came before the long one's (they were admitted ahead of its
+  // remaining chunks). A prefill worker steps only for prefill: the cap made it take at least
+  // 400 / 16 steps (without it, about 400 / 64).
+  for (size_t i = 1; i < reqs.size(); ++i) {
+    EXPECT_LT(got[i].final_event.timings.ttft_ms, got[0].final_event.timings.ttft_ms)
+        << reqs[i].request_id;
+  }
+  if (GetParam() == ServingMode::kDisaggregated) {
+    EXPECT_GE((*engine)->worker_snapshots().at(0).steps, 25);
+  }
+  EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, EngineTokens,
                          ::testing::Values(ServingMode::kColocated, ServingMode::kDisaggregated),
                          [](const auto& info) {

@@ -38,6 +38,69 @@ TEST(PrefillChunks, MinChunkGoesToTheFirstInOrder) {
   EXPECT_EQ(plan_prefill_chunks(std::vector<int>{10}, 0, 16), std::vector<int>{0});
 }
 
+std::vector<int> fair(std::vector<PrefillDemand> d, int budget, int min_chunk, int max_chunk) {
+  return plan_fair_prefill(d, budget, min_chunk, max_chunk);
+}
+
+TEST(FairPrefill, ShortPromptsFinishBeforeTheLongOneGrowsAndTheCapHolds) {
+  // A long prompt (served last step) and three short ones: the short ones finish this step; the
+  // long one yields to them (its min chunk only), and the budget left over stays unused.
+  const std::vector<PrefillDemand> d = {{400, 0, 7}, {12, 0, -1}, {16, 0, -1}, {12, 0, -1}};
+  EXPECT_EQ(fair(d, 128, 4, 16), (std::vector<int>{4, 12, 16, 12}));
+  // Alone, or with only longer prompts, it gets the cap.
+  EXPECT_EQ(fair({{400, 0, 7}}, 128, 4, 16), (std::vector<int>{16}));
+  EXPECT_EQ(fair({{400, 0, 7}, {900, 0, 1}}, 128, 4, 16), (std::vector<int>{16, 4}));
+  // Without the cap the long prompt takes what the short ones leave (work-conserving).
+  EXPECT_EQ(fair(d, 128, 4, 0), (std::vector<int>{88, 12, 16, 12}));
+  // A tight budget goes to the least remaining first once every prompt has its min chunk: the
+  // long one still moves.
+  EXPECT_EQ(fair(d, 32, 4, 0), (std::vector<int>{4, 12, 4, 12}));
+}
+
+TEST(FairPrefill, ALongPromptProgressesEveryStepItHasRoomFor) {
+  // Eight short prompts would fill a 64-token budget on their own; the long one still gets its
+  // min chunk, first or last in round robin order.
+  for (int64_t last : {-1, 3, 100}) {
+    std::vector<PrefillDemand> d = {{1000, 0, last}};
+    for (int i = 0; i < 8; ++i) d.push_back({12, 0, 50});
+    const std::vector<int> c = fair(d, 64, 4, 32);
+    EXPECT_EQ(c[0], 4) << last;
+    EXPECT_EQ(sum(c), 64);
+  }
+  // No room for everyone's chunk: round robin, the least recently served first.
+  const std::vector<int> c = fair({{1000, 0, 9}, {12, 0, 2}, {12, 0, 5}}, 8, 4, 0);
+  EXPECT_EQ(c, (std::vector<int>{0, 4, 4}));
+  EXPECT_EQ(fair({{1000, 0, 1}, {12, 0, 2}, {12, 0, 5}}, 8, 4, 0), (std::vector<int>{4, 4, 0}));
+}
+
+TEST(FairPrefill, PrioritiesWinOverShortestFirst) {
+  // A high-priority long prompt is filled (up to the cap) before a low-priority short one gets
+  // more than its min chunk; a high-priority short one before a low-priority long one.
+  EXPECT_EQ(fair({{12, 0, -1}, {400, 5, -1}}, 32, 4, 0), (std::vector<int>{4, 28}));
+  EXPECT_EQ(fair({{12, 0, -1}, {400, 5, -1}}, 32, 4, 16), (std::vector<int>{12, 16}));
+  EXPECT_EQ(fair({{400, 0, -1}, {12, 5, -1}}, 20, 4, 0), (std::vector<int>{8, 12}));
+}
+
+TEST(FairPrefill, NeverExceedsRemainingBudgetOrCap) {
+  for (int budget : {0, 1, 7, 16, 100, 512}) {
+    for (int min_chunk : {1, 16, 64}) {
+      for (int cap : {0, 8, 32}) {
+        const std::vector<PrefillDemand> d = {
+            {5, 0, -1}, {300, 1, 2}, {0, 0, -1}, {17, 1, 4}, {64, 0, 1}};
+        const std::vector<int> c = fair(d, budget, min_chunk, cap);
+        ASSERT_EQ(c.size(), d.size());
+        EXPECT_LE(sum(c), budget);
+        for (size_t i = 0; i < c.size(); ++i) {
+          EXPECT_LE(c[i], d[i].remaining);
+          if (cap > 0 && d[i].remaining > cap) EXPECT_LE(c[i], std::max(cap, min_chunk));
+        }
+        if (cap == 0) EXPECT_EQ(sum(c), std::min(budget, 5 + 300 + 17 + 64));  // work-conserving
+      }
+    }
+  }
+  EXPECT_TRUE(fair({}, 32, 16, 0).empty());
+}
+
 TEST(Preemption, LowestPriorityThenYoungest) {
   std::vector<PriorityKey> c = {{5, 1}, {0, 2}, {0, 7}, {3, 9}};
   EXPECT_EQ(choose_preemption_victim(c), 2);

@@ -55,7 +55,8 @@ TEST(Scheduler, ColocatedDecodeTokensCountAgainstTheBudget) {
   EXPECT_EQ(colo.num_tokens(), 23);  // 3 decode + 20 prefill
   ASSERT_EQ(colo.prefill.size(), 2u);
   EXPECT_EQ(colo.prefill[0].tokens + colo.prefill[1].tokens, 20);
-  EXPECT_EQ(colo.prefill[0].tokens, 10);  // fair share
+  // A min chunk each, then the rest to the least remaining (a tie: the first in service order).
+  EXPECT_EQ(colo.prefill[0].tokens, 16);
   // Whole-target reservation when a prompt starts: 100 tokens = 25 blocks each.
   EXPECT_EQ(colo.prefill[0].new_blocks, 25);
   EXPECT_EQ(colo.free_blocks_after, 100 - 50);
@@ -201,6 +202,67 @@ TEST(Scheduler, PrefillRoundRobinWithinPriorityAndNoOvertakingOnReservation) {
   EXPECT_EQ(out.prefill[1].id, 2);
   EXPECT_EQ(out.prefill[0].new_blocks, 0);
   EXPECT_EQ(out.free_blocks_after, 5);
+}
+
+TEST(Scheduler, FairPrefillAdmitsShortPromptsAheadOfALongOnesRemainingChunks) {
+  // A long prompt in progress (served last step, its blocks held) and three short new prompts.
+  // The short ones get their whole prompt this step; the long one yields to them (a min chunk).
+  const std::vector<SchedSeq> run = {running(1, 9, 3), running(2, 9, 3)};
+  const std::vector<SchedSeq> wait = {waiting(10, 400, 100, 100, 0, /*last_step=*/7),
+                                      waiting(11, 12), waiting(12, 16), waiting(13, 12)};
+  SchedulerInput in{run, wait, {}, /*free=*/100, /*total=*/300, /*step=*/8};
+  SchedulerConfig c = config(128, /*colocated=*/true, /*min_chunk=*/4);
+  c.max_chunk_tokens = 16;
+  const SchedulerOutput out = Scheduler(c).schedule(in);
+  ASSERT_EQ(out.decode.size(), 2u);  // decode rows first
+  ASSERT_EQ(out.prefill.size(), 4u);
+  // Listed least remaining first; every short prompt completes.
+  EXPECT_EQ(out.prefill[0].id, 11);
+  EXPECT_EQ(out.prefill[1].id, 13);
+  EXPECT_EQ(out.prefill[2].id, 12);
+  EXPECT_EQ(out.prefill[3].id, 10);
+  for (int k = 0; k < 3; ++k) EXPECT_TRUE(out.prefill[k].last) << k;
+  EXPECT_EQ(out.prefill[2].tokens, 16);
+  EXPECT_EQ(out.prefill[3].tokens, 4);  // 2 + 40 + 4 of 128 tokens used
+  EXPECT_EQ(out.prefill[3].start, 100);
+  EXPECT_EQ(out.num_tokens(), 2 + 12 + 12 + 16 + 4);
+  // With only decode rows beside it, the long prompt gets max_chunk_tokens.
+  const std::vector<SchedSeq> alone = {wait[0]};
+  const SchedulerOutput out2 = Scheduler(c).schedule({run, alone, {}, 100, 300, 8});
+  ASSERT_EQ(out2.prefill.size(), 1u);
+  EXPECT_EQ(out2.prefill[0].tokens, 16);
+  EXPECT_EQ(out2.num_tokens(), 2 + 16);
+
+  // Short prompts that would fill the whole budget: the long prompt still moves by a min chunk
+  // (no starvation), whichever step served it last.
+  std::vector<SchedSeq> many = {waiting(10, 400, 100, 100, 0, /*last_step=*/7)};
+  for (int i = 0; i < 8; ++i) many.push_back(waiting(20 + i, 12));
+  SchedulerConfig tight = config(40, /*colocated=*/false, /*min_chunk=*/4);
+  tight.max_chunk_tokens = 16;
+  for (int64_t last : {-1, 7, 50}) {
+    many[0].last_prefill_step = last;
+    const SchedulerOutput o = Scheduler(tight).schedule({{}, many, {}, 100, 300, 51});
+    const auto it = std::find_if(o.prefill.begin(), o.prefill.end(),
+                                 [](const PrefillChunk& p) { return p.id == 10; });
+    ASSERT_NE(it, o.prefill.end()) << last;
+    EXPECT_EQ(it->tokens, 4);
+    EXPECT_EQ(o.num_tokens(), 40);
+  }
+}
+
+TEST(Scheduler, FairPrefillKeepsPriorities) {
+  // A high-priority long prompt gets its chunk (up to the cap) before a low-priority short one
+  // gets more than its min chunk.
+  const std::vector<SchedSeq> wait = {waiting(1, 12, 0, 0, /*priority=*/0),
+                                      waiting(2, 400, 0, 0, /*priority=*/5)};
+  SchedulerConfig c = config(32, /*colocated=*/false, /*min_chunk=*/4);
+  c.max_chunk_tokens = 24;
+  const SchedulerOutput out = Scheduler(c).schedule({{}, wait, {}, 200, 300, 1});
+  ASSERT_EQ(out.prefill.size(), 2u);
+  EXPECT_EQ(out.prefill[0].id, 2);  // the higher priority first
+  EXPECT_EQ(out.prefill[0].tokens, 24);
+  EXPECT_EQ(out.prefill[1].id, 1);
+  EXPECT_EQ(out.prefill[1].tokens, 8);
 }
 
 TEST(Scheduler, CanAdmitPromptKeepsAWatermarkForGrowth) {
