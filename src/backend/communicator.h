@@ -1,7 +1,7 @@
 // How a shard group's backends exchange data (the spatial cut, kv-cuts.md §4): the home worker
-// sends each shard the step's queries and new K/V rows, and each shard sends back its partial
-// attention (normalized output and log-sum-exp). One interface, so the model's sharded attention
-// is written once; every transfer is counted (bytes, calls, wall time).
+// sends each shard the step's queries and the new K/V rows of the positions it owns, and each
+// shard sends back its partial attention (normalized output and log-sum-exp). One interface, so
+// the model's sharded attention is written once; every transfer is counted (bytes, calls, time).
 //
 // InProcessCommunicator: shards in one process (CPU backends, which share host memory, or
 // virtual shards on one GPU): a direct copy on the destination's stream (Backend::copy_from)
