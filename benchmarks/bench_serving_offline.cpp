@@ -29,65 +29,10 @@
 #include <thread>
 
 #include "config/config.h"
-#include "engine/engine_impl.h"
-#include "kvm/trace.h"
-#include "kvsplit/engine.h"
+#include "serving_offline.h"
 
-namespace {
+namespace kvsplit::bench_serving {
 
-using kvsplit::EngineConfig;
-using kvsplit::EngineImpl;
-using kvsplit::Request;
-using kvsplit::ServingMode;
-using kvsplit::TokenEvent;
-using Clock = std::chrono::steady_clock;
-
-struct Options {
-  std::string model = "synthetic:stories260k";
-  std::string mode = "both";
-  int requests = 200;
-  double rate = 50;  // requests per second
-  uint64_t seed = 1;
-  double prompt_median = 64, prompt_sigma = 0.8;
-  double output_median = 32, output_sigma = 0.6;
-  double interactive_share = 0.5;
-  int prefill_workers = 1, decode_workers = 1, colocated_workers = 2;
-  int threads = 1;
-  int max_batch_tokens = 512;
-  int max_chunk_tokens = -1;  // -1: the engine's default
-  int kv_blocks = 0;
-  bool bookkeeping = false;
-  int bookkeeping_seqs = 256, bookkeeping_tokens = 8;
-  int sampling_threads = 0;  // --bookkeeping: 0 runs 1 and then --threads sampling threads
-  bool capacity = false;
-  double kv_capacity_mb = 5;
-  double quant_fraction = 0.7;
-  std::vector<int> capacity_seqs = {8, 12, 16, 20, 24};
-  int capacity_prompt = 16, capacity_output = 480;
-  float semantic_threshold = 0.99f;
-  int recent_tokens = 16;
-  int score_interval = 1;
-  bool swap_compare = false;
-  int swap_seqs = 8, swap_prompt = 256, swap_output = 128;
-  int64_t host_mb = 256;
-  double sla_ttft_ms = 0, sla_itl_ms = 0;  // --swap-compare goodput targets (0: the class's)
-  std::string trace;        // replay this request trace instead of the synthetic workload
-  std::string write_trace;  // write the workload (generated or replayed) as a trace
-  std::string config;       // server YAML: engine settings, SLA classes and kvm
-  bool fairness = false;
-  int fair_requests = 60;
-  double fair_rate = 3;
-  int fair_prompt_min = 32, fair_prompt_max = 64, fair_output_min = 16, fair_output_max = 32;
-  int long_prompt = 4096, long_output = 16;
-  double long_at_s = 2;
-};
-
-struct Item {
-  double arrival_s;
-  Request request;
-};
-
-// One request of p random prompt ids (never BOS/EOS) generating exactly n tokens (EOS ignored).
 Item synthetic_item(std::string id, double arrival_s, int p, int n, const std::string& cls,
                     int vocab, std::mt19937_64& rng) {
   Item it;
@@ -180,19 +125,6 @@ EngineConfig base_config(const Options& o, ServingMode mode) {
   return c;
 }
 
-// One request's end as the client saw it.
-struct Outcome {
-  bool ok = false;
-  double ttft_ms = 0, e2e_ms = 0, mean_itl_ms = 0;
-  int64_t tokens = 0;
-};
-struct StreamResult {
-  std::vector<Outcome> outcomes;  // per item of the workload
-  std::vector<double> itl;        // every inter-token gap (ms)
-  double wall_s = 0;
-};
-
-// Submits `work` at its arrival times and collects every request's events until all are final.
 StreamResult run_stream(EngineImpl& engine, const std::vector<Item>& work, const char* name,
                         bool report_refused) {
   const int n = static_cast<int>(work.size());
@@ -644,131 +576,10 @@ int run_capacity(const Options& o) {
   return 0;
 }
 
-// Fairness (fair time slicing): a stream of short requests, run once alone and once with one long
-// prompt arriving among them, each run on a fresh engine with one worker per role. Reports the
-// short requests' TTFT with and without it (all of them, and those that arrived while the long
-// prompt was being prefilled), the long request's TTFT and output tokens/s.
-std::vector<Item> fairness_workload(const Options& o, int vocab, bool with_long) {
-  std::mt19937_64 rng(o.seed);
-  std::exponential_distribution<double> gap(o.fair_rate);
-  std::uniform_int_distribution<int> plen(o.fair_prompt_min, o.fair_prompt_max);
-  std::uniform_int_distribution<int> olen(o.fair_output_min, o.fair_output_max);
-  std::vector<Item> out;
-  double t = 0;
-  for (int i = 0; i < o.fair_requests; ++i) {
-    t += gap(rng);
-    const int p = plen(rng), n = olen(rng);
-    out.push_back(synthetic_item("s" + std::to_string(i), t, p, n, "interactive", vocab, rng));
-  }
-  if (with_long) {
-    std::mt19937_64 long_rng(o.seed + 1);  // the short requests stay the same
-    Item it = synthetic_item("long", o.long_at_s, o.long_prompt, o.long_output, "interactive",
-                             vocab, long_rng);
-    auto pos = std::upper_bound(out.begin(), out.end(), it.arrival_s,
-                                [](double a, const Item& b) { return a < b.arrival_s; });
-    out.insert(pos, std::move(it));
-  }
-  return out;
-}
-
-int run_fairness(const Options& o) {
-  std::vector<ServingMode> modes;
-  if (o.mode != "disaggregated") modes.push_back(ServingMode::kColocated);
-  if (o.mode != "colocated") modes.push_back(ServingMode::kDisaggregated);
-  for (ServingMode mode : modes) {
-    const char* name = mode == ServingMode::kColocated ? "colocated" : "disaggregated";
-    EngineConfig c = base_config(o, mode);
-    c.num_prefill_workers = 1;
-    c.num_decode_workers = 1;
-    if (o.kv_blocks == 0) {
-      // The long prompt and up to 128 short requests at once: KV never limits admission, so the
-      // comparison is about the step's compute alone.
-      c.kv_blocks_per_worker = (o.long_prompt + o.long_output + c.block_size - 1) / c.block_size +
-                               std::min(o.fair_requests, 128) *
-                                   ((o.fair_prompt_max + o.fair_output_max) / c.block_size + 1);
-    }
-    std::printf(
-        "fairness: %s, %s (1 worker per role, %d threads), max_batch_tokens %d, "
-        "max_chunk_tokens %d; %d short "
-        "requests (prompt %d-%d, output %d-%d tokens, Poisson %.1f/s), one %d-token prompt "
-        "(+%d output) at %.2f s; each run on a fresh engine, same process\n",
-        o.model.c_str(), name, c.threads_per_worker, c.max_batch_tokens, c.max_chunk_tokens,
-        o.fair_requests, o.fair_prompt_min, o.fair_prompt_max, o.fair_output_min, o.fair_output_max,
-        o.fair_rate, o.long_prompt, o.long_output, o.long_at_s);
-    struct Run {
-      std::vector<double> ttft, arrival;  // short requests, in workload order
-      double long_ttft = 0, long_start = 0, tok_s = 0, itl_p99 = 0;
-      int errors = 0;
-    };
-    Run runs[2];
-    for (int with_long = 0; with_long < 2; ++with_long) {
-      auto engine = EngineImpl::create(c);
-      if (!engine.ok()) {
-        std::fprintf(stderr, "%s: %s\n", name, engine.status().to_string().c_str());
-        return 1;
-      }
-      const std::vector<Item> work =
-          fairness_workload(o, (*engine)->model_info().vocab_size, with_long != 0);
-      if (with_long && !o.write_trace.empty()) {
-        if (auto st = kvsplit::kvm::write_trace_file(o.write_trace, trace_of(work)); !st.ok()) {
-          std::fprintf(stderr, "--write-trace: %s\n", st.to_string().c_str());
-          return 2;
-        }
-      }
-      const StreamResult res = run_stream(**engine, work, name, true);
-      Run& r = runs[with_long];
-      int64_t tokens = 0;
-      for (size_t i = 0; i < work.size(); ++i) {
-        const Outcome& out = res.outcomes[i];
-        tokens += out.tokens;
-        r.errors += !out.ok;
-        if (work[i].request.request_id == "long") {
-          r.long_ttft = out.ttft_ms;
-          r.long_start = work[i].arrival_s;
-        } else {
-          r.ttft.push_back(out.ttft_ms);
-          r.arrival.push_back(work[i].arrival_s);
-        }
-      }
-      r.tok_s = static_cast<double>(tokens) / res.wall_s;
-      r.itl_p99 = pct(res.itl, 99);
-    }
-    if (runs[0].errors + runs[1].errors > 0) {
-      std::fprintf(stderr, "fairness: %d requests failed\n", runs[0].errors + runs[1].errors);
-      return 1;
-    }
-    // The short requests that arrived while the long prompt waited for its first token.
-    std::vector<double> during[2];
-    for (size_t i = 0; i < runs[1].arrival.size(); ++i) {
-      const double a = runs[1].arrival[i];
-      if (a >= runs[1].long_start && a <= runs[1].long_start + runs[1].long_ttft / 1000.0) {
-        for (int k = 0; k < 2; ++k) during[k].push_back(runs[k].ttft[i]);
-      }
-    }
-    for (int k = 0; k < 2; ++k) {
-      std::printf(
-          "  %-12s short TTFT ms p50 %8.2f p99 %8.2f | %3zu arriving during the long prefill: "
-          "p50 %8.2f p99 %8.2f | ITL p99 %7.2f ms | %6.1f output tok/s",
-          k == 0 ? "without long" : "with long", pct(runs[k].ttft, 50), pct(runs[k].ttft, 99),
-          during[k].size(), pct(during[k], 50), pct(during[k], 99), runs[k].itl_p99, runs[k].tok_s);
-      if (k == 1) std::printf(" | long TTFT %.0f ms", runs[1].long_ttft);
-      std::printf("\n");
-    }
-    auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
-    std::printf(
-        "  ratio with/without: short TTFT p99 %.2fx (goal <= 1.5x), p50 %.2fx; during the long "
-        "prefill p99 %.2fx, p50 %.2fx; output tok/s %.2fx\n",
-        ratio(pct(runs[1].ttft, 99), pct(runs[0].ttft, 99)),
-        ratio(pct(runs[1].ttft, 50), pct(runs[0].ttft, 50)),
-        ratio(pct(during[1], 99), pct(during[0], 99)),
-        ratio(pct(during[1], 50), pct(during[0], 50)), ratio(runs[1].tok_s, runs[0].tok_s));
-  }
-  return 0;
-}
-
-}  // namespace
+}  // namespace kvsplit::bench_serving
 
 int main(int argc, char** argv) {
+  using namespace kvsplit::bench_serving;
   Options o;
   CLI::App app{"kvsplit offline serving benchmark"};
   app.add_option("--model", o.model, "model path or synthetic:<preset>");
