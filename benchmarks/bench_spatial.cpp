@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +37,15 @@ namespace {
 using kvsplit::Status;
 using kvsplit::model::SeqStep;
 using Clock = std::chrono::steady_clock;
+
+// CPU time of the whole process (every thread), seconds: on a machine shared with other jobs the
+// wall time depends on the share of the cores the process gets (more threads, more share), this
+// does not.
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -139,6 +149,7 @@ struct DecodeResult {
   int context = 0, shards = 0, batch = 0, shards_used = 0;
   bool at_once = true;  // the shards compute their partials at once (ForwardOptions)
   double tokens_per_s = 0, ms_per_step = 0;
+  double cpu_ms_per_step = 0;  // process CPU time (all threads) per step
   double exchange_bytes = 0, formula_bytes = 0, exchange_ms = 0;  // per step
   double formula_all_bytes = 0;  // per step, had every peer been sent every K/V row (before)
   double attention_ms = 0, merge_ms = 0;  // per step (sharded path)
@@ -219,14 +230,17 @@ class DecodeCase {
     }
     const auto a = model_->sharding_stats();
     const auto t0 = Clock::now();
+    const double cpu0 = process_cpu_seconds();
     for (int t = 0; t < o_.steps; ++t) KVSPLIT_RETURN_IF_ERROR(step());
     const double wall = seconds_since(t0);
+    const double cpu = process_cpu_seconds() - cpu0;
     if (wall >= best_) return kvsplit::ok_status();
     best_ = wall;
     const auto b = model_->sharding_stats();
     const double n = o_.steps;
     r_.tokens_per_s = r_.batch * n / wall;
     r_.ms_per_step = 1e3 * wall / n;
+    r_.cpu_ms_per_step = 1e3 * cpu / n;
     r_.exchange_bytes = double(b.exchange.bytes - a.exchange.bytes) / n;
     r_.formula_bytes = double(formula) / n;
     r_.formula_all_bytes = double(formula_all) / n;
@@ -283,7 +297,8 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
         "  mode: \"at-once\" = the shards compute their partials at the same time, each on its "
         "own backend's threads; \"in-turns\" = one after another on the home's thread. \"vs 1\" "
         "is the ratio of tokens/s to the 1-shard run of the same context and batch; \"/turns\" "
-        "the ratio of ms/step at once to in turns (same S; < 1: at once is faster).\n"
+        "the ratio of ms/step at once to in turns (same S; < 1: at once is faster); \"cpu ms\": "
+        "the process's CPU time per step, all threads (the fastest block's).\n"
         "  Exchange per step (formula) = L x 4 B x ((S-1) x B x (Hq*d [q] + Hq*(d+1) [partial o, "
         "lse]) + P x 2*Hkv*d [new K,V rows, to their owner only]) = %d x ((S-1) x B x %lld B + P "
         "x %lld B), P = rows whose position is on a peer shard; \"all-KV B\" is the scheme that "
@@ -299,10 +314,10 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
         static_cast<long long>(int64_t{2} * c.num_kv_heads * c.head_dim * 4),
         static_cast<long long>(int64_t{c.num_layers} * c.num_heads * (c.head_dim + 1) * 4),
         load_average().c_str());
-    std::printf("%7s %3s %2s %8s %9s %8s %7s %6s %6s %12s %12s %12s %7s %9s %8s %7s %5s\n",
-                "context", "B", "S", "mode", "tok/shard", "tok/s", "ms/step", "vs 1", "/turns",
-                "exch B/step", "formula B", "all-KV B", "exch ms", "attn ms", "merge ms", "merge%",
-                "same");
+    std::printf("%7s %3s %2s %8s %9s %8s %7s %7s %6s %6s %12s %12s %12s %7s %9s %8s %7s %5s\n",
+                "context", "B", "S", "mode", "tok/shard", "tok/s", "ms/step", "cpu ms", "vs 1",
+                "/turns", "exch B/step", "formula B", "all-KV B", "exch ms", "attn ms", "merge ms",
+                "merge%", "same");
   }
   int rc = 0;
   for (int ctx : o.contexts) {
@@ -352,7 +367,8 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
               "{\"bench\":\"spatial_decode\",\"model\":\"%s\",\"context\":%d,\"batch\":%d,"
               "\"shards\":%d,\"mode\":\"%s\",\"at_once_over_in_turns\":%s,\"shards_used\":%d,"
               "\"chunk\":%d,\"tokens_per_shard\":%d,"
-              "\"steps\":%d,\"reps\":%d,\"tokens_per_s\":%.3f,\"ms_per_step\":%.3f,"
+              "\"steps\":%d,\"reps\":%d,\"tokens_per_s\":%.3f,\"ms_per_step\":%.3f,\"cpu_ms_per_"
+              "step\":%.3f,"
               "\"vs_1_shard\":%s,\"exchange_bytes_per_step\":%.0f,\"formula_bytes_per_step\":%.0f,"
               "\"formula_kv_to_every_peer_bytes_per_step\":%.0f,"
               "\"exchange_ms_per_step\":%.4f,\"attention_ms_per_step\":%.3f,"
@@ -360,18 +376,18 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
               "\"load_average\":\"%s\"}\n",
               m.source.c_str(), ctx, batch, s, mode,
               vs_turns > 0 ? std::to_string(vs_turns).c_str() : "null", r->shards_used, o.chunk,
-              per_shard, o.steps, o.reps, r->tokens_per_s, r->ms_per_step,
+              per_shard, o.steps, o.reps, r->tokens_per_s, r->ms_per_step, r->cpu_ms_per_step,
               base ? std::to_string(vs1).c_str() : "null", r->exchange_bytes, r->formula_bytes,
               r->formula_all_bytes, r->exchange_ms, r->attention_ms, r->merge_ms, share,
               base ? (same ? "true" : "false") : "null", load_average().c_str());
         } else {
           std::printf(
-              "%7d %3d %2d %8s %9d %8.2f %7.1f %6.2f %6s %12.0f %12.0f %12.0f %7.3f %9.2f %8.3f "
-              "%6.2f%% %5s\n",
-              ctx, batch, s, mode, per_shard, r->tokens_per_s, r->ms_per_step, vs1,
-              vs_turns > 0 ? std::to_string(vs_turns).substr(0, 5).c_str() : "-", r->exchange_bytes,
-              r->formula_bytes, r->formula_all_bytes, r->exchange_ms, r->attention_ms, r->merge_ms,
-              100 * share, base ? (same ? "yes" : "NO") : "-");
+              "%7d %3d %2d %8s %9d %8.2f %7.1f %7.1f %6.2f %6s %12.0f %12.0f %12.0f %7.3f %9.2f "
+              "%8.3f %6.2f%% %5s\n",
+              ctx, batch, s, mode, per_shard, r->tokens_per_s, r->ms_per_step, r->cpu_ms_per_step,
+              vs1, vs_turns > 0 ? std::to_string(vs_turns).substr(0, 5).c_str() : "-",
+              r->exchange_bytes, r->formula_bytes, r->formula_all_bytes, r->exchange_ms,
+              r->attention_ms, r->merge_ms, 100 * share, base ? (same ? "yes" : "NO") : "-");
         }
         std::fflush(stdout);
       }
