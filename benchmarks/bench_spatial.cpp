@@ -12,6 +12,8 @@
 //                                       # capacity (4096 tokens per shard); under 2 min, 2 cores
 //   bench_spatial --quick               # a few seconds: 1K/2K contexts, small pools
 //   bench_spatial --decode --contexts 8192 --batch 4 --steps 4 --json
+//   bench_spatial --decode --contexts 32768 --shards 1,2,4 --shard-compute both
+//                                       # shards at once against shards in turns, same run
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -19,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +37,15 @@ namespace {
 using kvsplit::Status;
 using kvsplit::model::SeqStep;
 using Clock = std::chrono::steady_clock;
+
+// CPU time of the whole process (every thread), seconds: on a machine shared with other jobs the
+// wall time depends on the share of the cores the process gets (more threads, more share), this
+// does not.
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -51,8 +63,24 @@ struct Options {
   int capacity_tokens = 4096;  // --capacity: pool size of each shard, in tokens
   int force_chunk = -1;        // >= 0: split-K chunk of the unsharded decode (a control)
   int64_t peer_spin_us = 0;    // idle polling of the peer shards' threads (engine: 0)
+  int peer_threads = 0;        // > 0: threads of each peer shard's backend (default: --threads)
+  std::string shard_compute = "at-once";  // at-once | in-turns | both
   bool decode = false, capacity = false, json = false, quick = false;
 };
+
+// The 1-, 5- and 15-minute load averages (Linux /proc/loadavg), "?" elsewhere: the machine's
+// load beside each measurement.
+std::string load_average() {
+  std::FILE* f = std::fopen("/proc/loadavg", "r");
+  if (f == nullptr) return "?";
+  double a = 0, b = 0, c = 0;
+  const int n = std::fscanf(f, "%lf %lf %lf", &a, &b, &c);
+  std::fclose(f);
+  if (n != 3) return "?";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f %.2f %.2f", a, b, c);
+  return buf;
+}
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -83,6 +111,7 @@ kvsplit::StatusOr<Group> make_group(const Options& o, const kvsplit::kv::KvShape
       kvsplit::backend::BackendOptions so = bo;
       so.device = s;
       so.spin_micros = o.peer_spin_us;  // 0 by default, as the engine sets them up
+      if (o.peer_threads > 0) so.threads = o.peer_threads;
       KVSPLIT_ASSIGN_OR_RETURN(auto be, kvsplit::backend::create_backend("cpu", so));
       peers.push_back(std::move(be));
     }
@@ -118,7 +147,9 @@ Status fill_kv(kvsplit::kv::KvPool& pool, const kvsplit::kv::BlockTable& table, 
 
 struct DecodeResult {
   int context = 0, shards = 0, batch = 0, shards_used = 0;
+  bool at_once = true;  // the shards compute their partials at once (ForwardOptions)
   double tokens_per_s = 0, ms_per_step = 0;
+  double cpu_ms_per_step = 0;  // process CPU time (all threads) per step
   double exchange_bytes = 0, formula_bytes = 0, exchange_ms = 0;  // per step
   double formula_all_bytes = 0;  // per step, had every peer been sent every K/V row (before)
   double attention_ms = 0, merge_ms = 0;  // per step (sharded path)
@@ -149,7 +180,7 @@ class DecodeCase {
   static kvsplit::StatusOr<std::unique_ptr<DecodeCase>> create(const Options& o,
                                                                const kvsplit::model::LoadedModel& m,
                                                                int context, int num_shards,
-                                                               int batch) {
+                                                               int batch, bool at_once) {
     const kvsplit::model::ModelConfig& c = m.config;
     auto dc = std::unique_ptr<DecodeCase>(new DecodeCase(o));
     const int total = context + o.warmup + o.reps * o.steps;  // positions each sequence ends with
@@ -164,6 +195,7 @@ class DecodeCase {
     dc->r_.context = context;
     dc->r_.shards = num_shards;
     dc->r_.batch = batch;
+    dc->r_.at_once = at_once;
     for (int b = 0; b < batch; ++b) {
       dc->tables_[b].spread = num_shards > 1;
       if (!dc->g_.pool->reserve(dc->tables_[b], total))
@@ -198,14 +230,17 @@ class DecodeCase {
     }
     const auto a = model_->sharding_stats();
     const auto t0 = Clock::now();
+    const double cpu0 = process_cpu_seconds();
     for (int t = 0; t < o_.steps; ++t) KVSPLIT_RETURN_IF_ERROR(step());
     const double wall = seconds_since(t0);
+    const double cpu = process_cpu_seconds() - cpu0;
     if (wall >= best_) return kvsplit::ok_status();
     best_ = wall;
     const auto b = model_->sharding_stats();
     const double n = o_.steps;
     r_.tokens_per_s = r_.batch * n / wall;
     r_.ms_per_step = 1e3 * wall / n;
+    r_.cpu_ms_per_step = 1e3 * cpu / n;
     r_.exchange_bytes = double(b.exchange.bytes - a.exchange.bytes) / n;
     r_.formula_bytes = double(formula) / n;
     r_.formula_all_bytes = double(formula_all) / n;
@@ -232,6 +267,7 @@ class DecodeCase {
     logits_.clear();
     kvsplit::model::ForwardOptions fo;
     fo.force_chunk_tokens = o_.force_chunk;
+    fo.concurrent_shards = r_.at_once;
     KVSPLIT_RETURN_IF_ERROR(model_->forward(steps, *g_.pool, &logits_, fo, &ids_));
     for (int b = 0; b < batch; ++b) tokens_[b] = ids_[b];
     r_.ids.push_back(ids_[0]);
@@ -257,40 +293,54 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
     std::printf(
         "decode: %s, CPU backend, %d threads per shard, block %d, spatial_chunk_size %d, the "
         "best of %d blocks of %d steps (the shard counts of a context take turns) after %d "
-        "warm-up, f32 KV (%lld KiB per token)\n"
-        "  On the CPU backend the shards run one after another on the same cores, so tokens/s is "
-        "not expected to grow with shards (capacity is what grows); \"vs 1\" is the ratio to the "
-        "1-shard run of the same context and batch.\n"
+        "warm-up, f32 KV (%lld KiB per token), peer shards %d threads each\n"
+        "  mode: \"at-once\" = the shards compute their partials at the same time, each on its "
+        "own backend's threads; \"in-turns\" = one after another on the home's thread. \"vs 1\" "
+        "is the ratio of tokens/s to the 1-shard run of the same context and batch; \"/turns\" "
+        "the ratio of ms/step at once to in turns (same S; < 1: at once is faster); \"cpu ms\": "
+        "the process's CPU time per step, all threads (the fastest block's).\n"
         "  Exchange per step (formula) = L x 4 B x ((S-1) x B x (Hq*d [q] + Hq*(d+1) [partial o, "
         "lse]) + P x 2*Hkv*d [new K,V rows, to their owner only]) = %d x ((S-1) x B x %lld B + P "
         "x %lld B), P = rows whose position is on a peer shard; \"all-KV B\" is the scheme that "
         "sent every K/V row to every peer (P = (S-1) x B). The partials alone (kv-cuts.md §4's B x "
         "Hq x (d+2) per layer, here d+1: o is sent normalized with its lse) are %lld B per peer "
         "and row.\n"
-        "  merge share = merge / (shard attention + merge) time of the sharded layers.\n",
+        "  merge share = merge / (shard attention + merge) time of the sharded layers.\n"
+        "  load average at the start: %s\n",
         m.source.c_str(), o.threads, o.block_size, o.chunk, o.reps, o.steps, o.warmup,
         static_cast<long long>(int64_t{c.num_layers} * 2 * c.num_kv_heads * c.head_dim * 4 / 1024),
-        c.num_layers, static_cast<long long>(formula_bytes(c, 2, 1, 0) / c.num_layers),
+        o.peer_threads > 0 ? o.peer_threads : o.threads, c.num_layers,
+        static_cast<long long>(formula_bytes(c, 2, 1, 0) / c.num_layers),
         static_cast<long long>(int64_t{2} * c.num_kv_heads * c.head_dim * 4),
-        static_cast<long long>(int64_t{c.num_layers} * c.num_heads * (c.head_dim + 1) * 4));
-    std::printf("%7s %3s %2s %9s %8s %7s %6s %12s %12s %12s %7s %9s %8s %7s %5s\n", "context", "B",
-                "S", "tok/shard", "tok/s", "ms/step", "vs 1", "exch B/step", "formula B",
-                "all-KV B", "exch ms", "attn ms", "merge ms", "merge%", "same");
+        static_cast<long long>(int64_t{c.num_layers} * c.num_heads * (c.head_dim + 1) * 4),
+        load_average().c_str());
+    std::printf("%7s %3s %2s %8s %9s %8s %7s %7s %6s %6s %12s %12s %12s %7s %9s %8s %7s %5s\n",
+                "context", "B", "S", "mode", "tok/shard", "tok/s", "ms/step", "cpu ms", "vs 1",
+                "/turns", "exch B/step", "formula B", "all-KV B", "exch ms", "attn ms", "merge ms",
+                "merge%", "same");
   }
   int rc = 0;
   for (int ctx : o.contexts) {
     for (int batch : o.batches) {
       // Every shard count of this context and batch set up, then timed in turns.
+      // With --shard-compute both, each S > 1 has a case computing its shards at once and one
+      // in turns (two shard groups), timed in turns like the rest.
       std::vector<std::unique_ptr<DecodeCase>> cases;
       for (int s : o.shards) {
-        auto dc = DecodeCase::create(o, m, ctx, s, batch);
-        if (!dc.ok()) {
-          std::fprintf(stderr, "decode context %d, %d shards, B %d: %s\n", ctx, s, batch,
-                       dc.status().to_string().c_str());
-          rc = 1;
-          continue;
+        for (int mode = 0; mode < 2; ++mode) {
+          const bool at_once = mode == 0;
+          if (s > 1 && o.shard_compute != "both" && at_once != (o.shard_compute == "at-once"))
+            continue;
+          if (s == 1 && mode == 1) continue;  // one shard: no shards to run at once
+          auto dc = DecodeCase::create(o, m, ctx, s, batch, at_once);
+          if (!dc.ok()) {
+            std::fprintf(stderr, "decode context %d, %d shards, B %d: %s\n", ctx, s, batch,
+                         dc.status().to_string().c_str());
+            rc = 1;
+            continue;
+          }
+          cases.push_back(std::move(dc).value());
         }
-        cases.push_back(std::move(dc).value());
       }
       for (int rep = 0; rep < o.reps; ++rep)
         for (auto& dc : cases)
@@ -306,26 +356,38 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
         const double share = sharded > 0 ? r->merge_ms / sharded : 0;
         const bool same = base && base->ids == r->ids;
         const int per_shard = ctx / std::max(1, r->shards_used);
+        // ms/step at once over in turns, same S (both modes ran).
+        double vs_turns = 0;
+        for (auto& other : cases)
+          if (other->result().shards == s && s > 1 && r->at_once && !other->result().at_once)
+            vs_turns = r->ms_per_step / other->result().ms_per_step;
+        const char* mode = s == 1 ? "-" : r->at_once ? "at-once" : "in-turns";
         if (o.json) {
           std::printf(
               "{\"bench\":\"spatial_decode\",\"model\":\"%s\",\"context\":%d,\"batch\":%d,"
-              "\"shards\":%d,\"shards_used\":%d,\"chunk\":%d,\"tokens_per_shard\":%d,"
-              "\"steps\":%d,\"reps\":%d,\"tokens_per_s\":%.3f,\"ms_per_step\":%.3f,"
+              "\"shards\":%d,\"mode\":\"%s\",\"at_once_over_in_turns\":%s,\"shards_used\":%d,"
+              "\"chunk\":%d,\"tokens_per_shard\":%d,"
+              "\"steps\":%d,\"reps\":%d,\"tokens_per_s\":%.3f,\"ms_per_step\":%.3f,\"cpu_ms_per_"
+              "step\":%.3f,"
               "\"vs_1_shard\":%s,\"exchange_bytes_per_step\":%.0f,\"formula_bytes_per_step\":%.0f,"
               "\"formula_kv_to_every_peer_bytes_per_step\":%.0f,"
               "\"exchange_ms_per_step\":%.4f,\"attention_ms_per_step\":%.3f,"
-              "\"merge_ms_per_step\":%.4f,\"merge_share\":%.5f,\"same_tokens_as_1_shard\":%s}\n",
-              m.source.c_str(), ctx, batch, s, r->shards_used, o.chunk, per_shard, o.steps, o.reps,
-              r->tokens_per_s, r->ms_per_step, base ? std::to_string(vs1).c_str() : "null",
-              r->exchange_bytes, r->formula_bytes, r->formula_all_bytes, r->exchange_ms,
-              r->attention_ms, r->merge_ms, share, base ? (same ? "true" : "false") : "null");
+              "\"merge_ms_per_step\":%.4f,\"merge_share\":%.5f,\"same_tokens_as_1_shard\":%s,"
+              "\"load_average\":\"%s\"}\n",
+              m.source.c_str(), ctx, batch, s, mode,
+              vs_turns > 0 ? std::to_string(vs_turns).c_str() : "null", r->shards_used, o.chunk,
+              per_shard, o.steps, o.reps, r->tokens_per_s, r->ms_per_step, r->cpu_ms_per_step,
+              base ? std::to_string(vs1).c_str() : "null", r->exchange_bytes, r->formula_bytes,
+              r->formula_all_bytes, r->exchange_ms, r->attention_ms, r->merge_ms, share,
+              base ? (same ? "true" : "false") : "null", load_average().c_str());
         } else {
           std::printf(
-              "%7d %3d %2d %9d %8.2f %7.1f %6.2f %12.0f %12.0f %12.0f %7.3f %9.2f %8.3f %6.2f%% "
-              "%5s\n",
-              ctx, batch, s, per_shard, r->tokens_per_s, r->ms_per_step, vs1, r->exchange_bytes,
-              r->formula_bytes, r->formula_all_bytes, r->exchange_ms, r->attention_ms, r->merge_ms,
-              100 * share, base ? (same ? "yes" : "NO") : "-");
+              "%7d %3d %2d %8s %9d %8.2f %7.1f %7.1f %6.2f %6s %12.0f %12.0f %12.0f %7.3f %9.2f "
+              "%8.3f %6.2f%% %5s\n",
+              ctx, batch, s, mode, per_shard, r->tokens_per_s, r->ms_per_step, r->cpu_ms_per_step,
+              vs1, vs_turns > 0 ? std::to_string(vs_turns).substr(0, 5).c_str() : "-",
+              r->exchange_bytes, r->formula_bytes, r->formula_all_bytes, r->exchange_ms,
+              r->attention_ms, r->merge_ms, 100 * share, base ? (same ? "yes" : "NO") : "-");
         }
         std::fflush(stdout);
       }
@@ -334,7 +396,8 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
   if (!o.json)
     std::printf(
         "  (\"same\": the greedy tokens equal the 1-shard run's; attn/merge ms are 0 for 1 shard, "
-        "which runs the unsharded attention)\n");
+        "which runs the unsharded attention)\n  load average at the end: %s\n",
+        load_average().c_str());
   return rc;
 }
 
@@ -447,7 +510,16 @@ int main(int argc, char** argv) {
                  "of the planner's; a control: a shard group also splits each sequence's keys");
   app.add_option("--peer-spin-us", o.peer_spin_us,
                  "how long idle threads of the peer shards poll before sleeping (microseconds; "
-                 "the engine uses 0 since shards take turns; the home shard keeps the default)");
+                 "the engine uses 0: a sleeping shard must not hold a core; the home shard keeps "
+                 "the default)");
+  app.add_option("--peer-threads", o.peer_threads,
+                 "threads of each peer shard's backend (default: --threads, as the engine)")
+      ->check(CLI::Range(0, 256));
+  app.add_option("--shard-compute", o.shard_compute,
+                 "decode: the shards compute their partials at-once (each on its own backend's "
+                 "threads, the engine's way), in-turns (one after another), or both (compared in "
+                 "the same run)")
+      ->check(CLI::IsMember({"at-once", "in-turns", "both"}));
   app.add_option("--capacity-tokens", o.capacity_tokens, "capacity: pool size per shard (tokens)");
   app.add_flag("--decode", o.decode, "run the decode sweep (default: both)");
   app.add_flag("--capacity", o.capacity, "run the capacity search (default: both)");

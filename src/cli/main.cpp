@@ -129,7 +129,7 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
       backend::BackendOptions so;
       so.threads = cf.threads;
       so.device = s;
-      so.spin_micros = 0;  // shards take turns: idle shard threads must not hold the cores
+      so.spin_micros = 0;  // idle shard threads sleep (kv-cuts.md "Shards compute at once")
       auto be = backend::create_backend(cf.backend, so);
       if (!be.ok()) return fail(be.status().with_prefix("--spatial-shards"));
       peers.push_back(std::move(be).value());

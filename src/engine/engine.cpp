@@ -159,7 +159,10 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
       std::vector<std::unique_ptr<backend::Backend>> peers;
       for (int s = 1; s < config.spatial.shards; ++s) {
         backend::BackendOptions so = bo;
-        so.spin_micros = 0;  // shards take turns: idle shard threads must not hold the cores
+        // Each peer shard: its own thread group of `threads` (its job thread and threads - 1 pool
+        // workers, model/sharded_attention.h). They run only during the step's attention and
+        // must not poll the cores away from the home's GEMMs when idle.
+        so.spin_micros = 0;
         auto shard_be = backend::create_backend(config.backend, so);
         if (!shard_be.ok()) return shard_be.status().with_prefix(wo.name + ": spatial shard");
         peers.push_back(std::move(shard_be).value());

@@ -517,6 +517,7 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     }
     if (!im.comm) im.comm = backend::make_in_process_communicator();
     ShardedAttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, scale};
+    im.sharded.set_concurrent(options.concurrent_shards);
     KVSPLIT_RETURN_IF_ERROR(im.sharded.prepare(sh, pool, shape, options.split, *im.comm));
   }
 

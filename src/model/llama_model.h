@@ -39,6 +39,10 @@ struct SeqStep {
 struct ForwardOptions {
   backend::SplitPlanConfig split;  // decode split-K planning
   int force_chunk_tokens = -1;     // >= 0: use make_split_plan with this chunk size (tests)
+  // Sequences spread over a shard group: the shards compute their partial attention at once, each
+  // on its own backend's threads (true), or one after another on the calling thread (false, for
+  // comparison). The output is bit-identical either way (model/sharded_attention.h).
+  bool concurrent_shards = true;
 };
 
 class LlamaModel {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 
@@ -298,6 +299,71 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
   return ok_status();
 }
 
+Status ShardedAttention::on_shards(const std::function<Status(int)>& fn) {
+  const int S = static_cast<int>(shards_.size());
+  if (!concurrent_) {
+    for (int sh = 0; sh < S; ++sh) KVSPLIT_RETURN_IF_ERROR(fn(sh));
+    return ok_status();
+  }
+  while (static_cast<int>(runners_.size()) < S - 1)
+    runners_.push_back(std::make_unique<JobThread>());
+  for (int sh = 1; sh < S; ++sh) {
+    runners_[sh - 1]->post([this, &fn, sh]() -> Status {
+      KVSPLIT_RETURN_IF_ERROR(shards_[sh].be->bind_thread());
+      return fn(sh);
+    });
+  }
+  // Every peer is waited for, whatever the home's outcome: no job outlives this call.
+  Status first = fn(0);
+  for (int sh = 1; sh < S; ++sh) {
+    Status st = runners_[sh - 1]->wait();
+    if (first.ok() && !st.ok()) first = std::move(st);
+  }
+  return first;
+}
+
+Status ShardedAttention::partial(int sh, int layer, const float* q, const float* k,
+                                 const float* v) {
+  Shard& z = shards_[sh];
+  backend::Backend& be = *z.be;
+  const int H = shape_.num_heads, d = shape_.head_dim;
+  const float *zq = q, *zk = k, *zv = v;
+  int append_rows = rows_;
+  if (sh > 0) {  // the copies run_layer sent, the K/V rows packed
+    zq = z.q;
+    zk = z.k;
+    zv = z.v;
+    append_rows = z.kv_rows;
+  }
+  const int32_t* meta = z.meta;
+  if (append_rows > 0)
+    KVSPLIT_RETURN_IF_ERROR(
+        be.kv_append(z.pool->layer(layer), zk, zv, meta + z.slots, append_rows));
+  for (const DecodeRun& run : z.runs) {
+    backend::AttentionArgs a = decode_args(z, layer, run, zq);
+    a.lse = z.lse + size_t(run.first_row) * H;
+    if (scoring_) a.head_max = z.head_max + size_t(run.first_row) * H;
+    KVSPLIT_RETURN_IF_ERROR(be.attention_decode(a, run.plan));
+  }
+  if (prefill_seqs_ > 0) {
+    backend::AttentionArgs a = base_args(z, layer);
+    a.q = zq + size_t(decode_rows_) * H * d;
+    a.out = z.o + size_t(decode_rows_) * H * d;
+    a.lse = z.lse + size_t(decode_rows_) * H;
+    a.num_seqs = prefill_seqs_;
+    a.num_tokens = rows_ - decode_rows_;
+    a.query_start = meta + z.pre_meta;
+    a.kv_lens = meta + z.pre_meta + prefill_seqs_ + 1;
+    a.block_tables = meta + z.pre_meta + 2 * prefill_seqs_ + 1;
+    a.max_query_len = pre_max_q_;
+    a.max_kv_len = pre_max_kv_;
+    a.page_precision = z.precision;
+    set_arenas(z, layer, a);
+    KVSPLIT_RETURN_IF_ERROR(be.attention_prefill(a));
+  }
+  return be.synchronize();
+}
+
 Status ShardedAttention::run_layer(int layer, const float* q, const float* k, const float* v,
                                    float* out) {
   if (rows_ == 0) return ok_status();
@@ -306,84 +372,52 @@ Status ShardedAttention::run_layer(int layer, const float* q, const float* k, co
   const size_t q_bytes = size_t(rows_) * H * d * sizeof(float);
   const size_t row_kv = size_t(Hkv) * d;  // floats of one row's K (or V)
   const size_t lse_bytes = size_t(rows_) * H * sizeof(float);
-  const float* parts_o[backend::Backend::kMaxMergeParts];
-  const float* parts_lse[backend::Backend::kMaxMergeParts];
-  for (int sh = 0; sh < S; ++sh) {
+  // 1. To every peer (on this thread, so the communicator is used by one thread): every query row
+  // (the peer's partial covers every row), but only the K/V rows of the positions it owns: one
+  // run is sent in place, several are gathered first.
+  for (int sh = 1; sh < S; ++sh) {
     Shard& z = shards_[sh];
     backend::Backend& be = *z.be;
-    const float *zq = q, *zk = k, *zv = v;
-    int append_rows = rows_;
-    if (sh > 0) {
-      // Every query row (the peer's partial covers every row), but only the K/V rows of the
-      // positions this peer owns: one run is sent in place, several are gathered first.
-      KVSPLIT_RETURN_IF_ERROR(comm_->send(be, z.q, *home_, q, q_bytes));
-      if (z.kv_rows > 0) {
-        const float *sk = k + size_t(z.kv_runs[0].first) * row_kv,
-                    *sv = v + size_t(z.kv_runs[0].first) * row_kv;
-        if (z.kv_runs.size() > 1) {
-          size_t at = 0;
-          for (const auto& [first, n] : z.kv_runs) {
-            const size_t off = size_t(first) * row_kv, bytes = size_t(n) * row_kv * sizeof(float);
-            KVSPLIT_RETURN_IF_ERROR(home_->copy_d2d(z.stage_k + at, k + off, bytes));
-            KVSPLIT_RETURN_IF_ERROR(home_->copy_d2d(z.stage_v + at, v + off, bytes));
-            at += size_t(n) * row_kv;
-          }
-          sk = z.stage_k;
-          sv = z.stage_v;
-        }
-        const size_t bytes = size_t(z.kv_rows) * row_kv * sizeof(float);
-        KVSPLIT_RETURN_IF_ERROR(comm_->send(be, z.k, *home_, sk, bytes));
-        KVSPLIT_RETURN_IF_ERROR(comm_->send(be, z.v, *home_, sv, bytes));
+    KVSPLIT_RETURN_IF_ERROR(comm_->send(be, z.q, *home_, q, q_bytes));
+    if (z.kv_rows == 0) continue;
+    const float *sk = k + size_t(z.kv_runs[0].first) * row_kv,
+                *sv = v + size_t(z.kv_runs[0].first) * row_kv;
+    if (z.kv_runs.size() > 1) {
+      size_t at = 0;
+      for (const auto& [first, n] : z.kv_runs) {
+        const size_t off = size_t(first) * row_kv, bytes = size_t(n) * row_kv * sizeof(float);
+        KVSPLIT_RETURN_IF_ERROR(home_->copy_d2d(z.stage_k + at, k + off, bytes));
+        KVSPLIT_RETURN_IF_ERROR(home_->copy_d2d(z.stage_v + at, v + off, bytes));
+        at += size_t(n) * row_kv;
       }
-      zq = z.q;
-      zk = z.k;
-      zv = z.v;
-      append_rows = z.kv_rows;
+      sk = z.stage_k;
+      sv = z.stage_v;
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    const int32_t* meta = z.meta;
-    if (append_rows > 0)
-      KVSPLIT_RETURN_IF_ERROR(
-          be.kv_append(z.pool->layer(layer), zk, zv, meta + z.slots, append_rows));
-    for (const DecodeRun& run : z.runs) {
-      backend::AttentionArgs a = decode_args(z, layer, run, zq);
-      a.lse = z.lse + size_t(run.first_row) * H;
-      if (scoring_) a.head_max = z.head_max + size_t(run.first_row) * H;
-      KVSPLIT_RETURN_IF_ERROR(be.attention_decode(a, run.plan));
-    }
-    if (prefill_seqs_ > 0) {
-      backend::AttentionArgs a = base_args(z, layer);
-      a.q = zq + size_t(decode_rows_) * H * d;
-      a.out = z.o + size_t(decode_rows_) * H * d;
-      a.lse = z.lse + size_t(decode_rows_) * H;
-      a.num_seqs = prefill_seqs_;
-      a.num_tokens = rows_ - decode_rows_;
-      a.query_start = meta + z.pre_meta;
-      a.kv_lens = meta + z.pre_meta + prefill_seqs_ + 1;
-      a.block_tables = meta + z.pre_meta + 2 * prefill_seqs_ + 1;
-      a.max_query_len = pre_max_q_;
-      a.max_kv_len = pre_max_kv_;
-      a.page_precision = z.precision;
-      set_arenas(z, layer, a);
-      KVSPLIT_RETURN_IF_ERROR(be.attention_prefill(a));
-    }
-    KVSPLIT_RETURN_IF_ERROR(be.synchronize());
-    attention_seconds_ += since(t0);
-    if (sh > 0) {
-      KVSPLIT_RETURN_IF_ERROR(comm_->send(*home_, z.recv_o, be, z.o, q_bytes));
-      KVSPLIT_RETURN_IF_ERROR(comm_->send(*home_, z.recv_lse, be, z.lse, lse_bytes));
-      parts_o[sh] = z.recv_o;
-      parts_lse[sh] = z.recv_lse;
-    } else {
-      parts_o[sh] = z.o;
-      parts_lse[sh] = z.lse;
-    }
+    const size_t bytes = size_t(z.kv_rows) * row_kv * sizeof(float);
+    KVSPLIT_RETURN_IF_ERROR(comm_->send(be, z.k, *home_, sk, bytes));
+    KVSPLIT_RETURN_IF_ERROR(comm_->send(be, z.v, *home_, sv, bytes));
   }
+  // 2. Every shard's partial: at once (peers on their job threads) or one after another.
   const auto t0 = std::chrono::steady_clock::now();
+  KVSPLIT_RETURN_IF_ERROR(on_shards([&](int sh) { return partial(sh, layer, q, k, v); }));
+  attention_seconds_ += since(t0);
+  // 3. The partials back to the home, merged in shard order (the same sums whatever ran first).
+  const float* parts_o[backend::Backend::kMaxMergeParts];
+  const float* parts_lse[backend::Backend::kMaxMergeParts];
+  parts_o[0] = shards_[0].o;
+  parts_lse[0] = shards_[0].lse;
+  for (int sh = 1; sh < S; ++sh) {
+    Shard& z = shards_[sh];
+    KVSPLIT_RETURN_IF_ERROR(comm_->send(*home_, z.recv_o, *z.be, z.o, q_bytes));
+    KVSPLIT_RETURN_IF_ERROR(comm_->send(*home_, z.recv_lse, *z.be, z.lse, lse_bytes));
+    parts_o[sh] = z.recv_o;
+    parts_lse[sh] = z.recv_lse;
+  }
+  const auto t1 = std::chrono::steady_clock::now();
   KVSPLIT_RETURN_IF_ERROR(
       home_->merge_attention_states(parts_o, parts_lse, S, int64_t{rows_} * H, d, out, nullptr));
   KVSPLIT_RETURN_IF_ERROR(home_->synchronize());
-  merge_seconds_ += since(t0);
+  merge_seconds_ += since(t1);
   if (scoring_) KVSPLIT_RETURN_IF_ERROR(score_layer(layer, q));
   return ok_status();
 }
@@ -457,7 +491,12 @@ Status ShardedAttention::score_layer(int layer, const float* q) {
       KVSPLIT_RETURN_IF_ERROR(comm_->send(*z.be, z.seq_max, *home_, seq_max_, bytes));
     else
       KVSPLIT_RETURN_IF_ERROR(home_->copy_d2d(z.seq_max, seq_max_, bytes));
-    const auto t0 = std::chrono::steady_clock::now();
+  }
+  // Each shard scores its pages (at once, or one after another, as the partials).
+  const auto t0 = std::chrono::steady_clock::now();
+  KVSPLIT_RETURN_IF_ERROR(on_shards([&](int sh) -> Status {
+    Shard& z = shards_[sh];
+    if (z.runs.empty()) return ok_status();
     const float* zq = sh > 0 ? z.q : q;
     for (const DecodeRun& run : z.runs) {
       backend::AttentionArgs a = decode_args(z, layer, run, zq);
@@ -471,9 +510,9 @@ Status ShardedAttention::score_layer(int layer, const float* q) {
       a.score_max = z.seq_max + r0 * H;
       KVSPLIT_RETURN_IF_ERROR(z.be->attention_decode(a, run.plan));
     }
-    KVSPLIT_RETURN_IF_ERROR(z.be->synchronize());
-    attention_seconds_ += since(t0);
-  }
+    return z.be->synchronize();
+  }));
+  attention_seconds_ += since(t0);
   return ok_status();
 }
 

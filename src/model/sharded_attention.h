@@ -14,9 +14,17 @@
 // Per shard, decode rows attend over a compact block table (only the shard's pages, in order, so
 // split-K covers only what it holds; pages at any precision, evicted ones skipped but listed for
 // their key summaries); prefill rows attend over the sequence's whole table with the
-// other shards' pages marked evicted, so the causal mask sees true positions. Shards run one after
-// another on the calling thread (each on its own backend); a sequence none of whose pages a shard
-// holds contributes an empty partial (lse -inf) there.
+// other shards' pages marked evicted, so the causal mask sees true positions. A sequence none of
+// whose pages a shard holds contributes an empty partial (lse -inf) there.
+//
+// Threads (set_concurrent): by default the shards compute their partials at once, each peer on a
+// job thread of its own (common/job_thread.h) that drives its backend, the home on the calling
+// thread; the calling thread then waits for every peer and merges in shard order. Off, the shards
+// run one after another on the calling thread. Either way each shard's partial is the same
+// computation (the same backend, split plan and inputs) and the merge order is fixed, so the
+// output is bit-identical. The exchange (sends of queries and K/V rows, the partials back) runs on
+// the calling thread only, before and after the shards compute, so the Communicator is used by
+// one thread. The job threads sleep between layers; they live as long as this object.
 //
 // Scoring (the semantic cut on sharded sequences): each shard's decode call also returns its
 // per-head maximum logit (AttentionArgs::head_max); the home takes the maximum over shards (the
@@ -27,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <utility>
@@ -35,6 +44,7 @@
 #include "backend/backend.h"
 #include "backend/communicator.h"
 #include "backend/split_plan.h"
+#include "common/job_thread.h"
 #include "kv/block_allocator.h"
 #include "kv/kv_pool.h"
 #include "kvsplit/status.h"
@@ -68,6 +78,11 @@ class ShardedAttention {
   ShardedAttention(const ShardedAttention&) = delete;
   ShardedAttention& operator=(const ShardedAttention&) = delete;
 
+  // Whether the shards compute at once (default) or one after another (see above). Takes effect
+  // at the next run_layer; not while one runs.
+  void set_concurrent(bool on) { concurrent_ = on; }
+  bool concurrent() const { return concurrent_; }
+
   // Plans the step: `seqs` in row order (decode rows first, then prefill rows), their tables in
   // `pool`'s shard group (KvPool::num_shards() >= 2). Builds and uploads every shard's metadata.
   Status prepare(std::span<const ShardedSeq> seqs, kv::KvPool& pool,
@@ -83,7 +98,8 @@ class ShardedAttention {
   Status collect_scores();
 
   // Merge wall time summed over run_layer calls (the spatial cut's added cost), and the shards'
-  // attention time (the kernels that run anyway), for benchmarks.
+  // attention time (the kernels that run anyway: the wall time from the first shard's start to the
+  // last shard's end, the exchange excluded), for benchmarks.
   double merge_seconds() const { return merge_seconds_; }
   double attention_seconds() const { return attention_seconds_; }
 
@@ -126,6 +142,14 @@ class ShardedAttention {
   void set_arenas(const Shard& z, int layer, backend::AttentionArgs& a) const;
   backend::AttentionArgs decode_args(const Shard& z, int layer, const DecodeRun& run,
                                      const float* zq) const;
+  // Runs fn(shard) for every shard: the peers on their job threads while the home runs on this
+  // thread (concurrent_), or in shard order on this thread. Returns after every shard finished:
+  // the first error in shard order (home first).
+  Status on_shards(const std::function<Status(int)>& fn);
+  // Shard `sh`'s part of layer `layer`: appends its K/V rows, computes its partial (o, lse) and
+  // waits for its backend. Touches only shard `sh`'s buffers and backend (and reads q, k, v: home
+  // memory, the home's rows, for sh == 0).
+  Status partial(int sh, int layer, const float* q, const float* k, const float* v);
   // The scoring pass of layer `layer` (after its attention): merges every shard's head maxima
   // and scores each shard's pages against them.
   Status score_layer(int layer, const float* q);
@@ -142,6 +166,10 @@ class ShardedAttention {
   float *all_max_ = nullptr, *seq_max_ = nullptr;  // home: every shard's head maxima, merged
   std::vector<Shard> shards_;
   double merge_seconds_ = 0, attention_seconds_ = 0;
+  bool concurrent_ = true;
+  // runners_[s - 1] drives peer shard s (created on first use, kept across steps). Last member:
+  // destroyed (joined) first.
+  std::vector<std::unique_ptr<JobThread>> runners_;
 };
 
 }  // namespace kvsplit::model
