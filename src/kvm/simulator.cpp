@@ -402,7 +402,7 @@ bool Sim::step(Worker& w) {
   std::vector<int> order = w.running;
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return serves_before(reqs_[a], reqs_[b]); });
-  std::vector<int> decoding;
+  std::vector<int> decoding, preempted_now;
   for (size_t k = 0; k < order.size(); ++k) {
     const int i = order[k];
     Req& r = reqs_[i];
@@ -424,6 +424,7 @@ bool Sim::step(Worker& w) {
       }
       if (victim < 0) break;
       preempt(w, victim, &copy_ms);
+      preempted_now.push_back(victim);
     }
     if (r.st != St::kRunning || need > w.free_blocks) continue;
     w.free_blocks -= need;
@@ -439,7 +440,12 @@ bool Sim::step(Worker& w) {
   int budget = c_.max_batch_tokens;
   if (w.role == Role::kColocated)
     budget = std::max(c_.max_batch_tokens - static_cast<int>(decoding.size()), min_chunk);
-  std::vector<int> by_service = w.waiting;
+  // The Scheduler plans from the step's input: this step's victims wait for the next one.
+  std::vector<int> by_service;
+  for (int i : w.waiting) {
+    if (std::find(preempted_now.begin(), preempted_now.end(), i) == preempted_now.end())
+      by_service.push_back(i);
+  }
   std::stable_sort(by_service.begin(), by_service.end(),
                    [&](int a, int b) { return serves_before(reqs_[a], reqs_[b]); });
   struct Cand {
