@@ -29,6 +29,8 @@
 #include "kernels/common/kv_quant.h"
 #include "kv/kv_pool.h"
 #include "kvm/profile.h"
+#include "kvm/simulator.h"
+#include "kvm/trace.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
 #include "sched/sequence_cut.h"
@@ -76,7 +78,8 @@ int fail(const Status& st) {
 // prompt at two lengths (slope: ms per prompt token), decode steps at batch sizes 1 and 8 and
 // contexts 32 and 256 (least squares for base + per sequence + per attended KV token), the KV
 // bytes per token at each precision, a host memcpy for the copy bandwidth, and the engine's
-// per-step time outside the forward pass (a short run of the real engine). Each forward timing is
+// fixed per-step cost beyond the forward pass (a short run of the real engine against the
+// simulator's prediction for it). Each forward timing is
 // the fastest of a few repeats.
 int write_profile(const std::string& path, const std::string& model_path,
                   const std::string& backend_name, int threads, int block_size,
@@ -199,6 +202,7 @@ int write_profile(const std::string& path, const std::string& model_path,
   p.model = model_path;
   p.backend = backend_name;
   p.threads = threads;
+  p.max_context = cfg.max_seq_len;
   p.step_base_ms = std::max(0.0, x[0]);
   p.decode_ms_per_seq = std::max(0.0, x[1]);
   p.decode_ms_per_kv_token = std::max(0.0, x[2]);
@@ -227,9 +231,13 @@ int write_profile(const std::string& path, const std::string& model_path,
     p.copy_bytes_per_ms =
         static_cast<double>(a.size()) / std::max(best, 1e-6) + b[a.size() / 2] * 0;
   }
-  // The engine's own per-step cost outside the forward pass (sampling, token events, scheduling):
-  // 8 requests through one colocated worker of the real engine; added to the step base.
-  double overhead_ms = 0;
+  // The engine's fixed cost per step beyond the forward pass (sampling, token events, scheduling,
+  // the worker loop's wake-ups): 8 requests through one colocated worker of the real engine,
+  // timed from the first submit to the last final event, against what the simulator predicts for
+  // the same requests with the forward costs alone; the difference per simulated step.
+  constexpr int kCalRequests = 8, kCalPrompt = 32, kCalOutput = 48;
+  double overhead_ms = 0, cal_wall_ms = 0, cal_sim_ms = 0, in_step_ms = 0;
+  int64_t cal_steps = 0, cal_sim_steps = 0;
   {
     EngineConfig ec;
     ec.model = model_path;
@@ -242,10 +250,11 @@ int write_profile(const std::string& path, const std::string& model_path,
     auto engine = EngineImpl::create(ec);
     if (!engine.ok()) return fail(engine.status());
     std::vector<RequestHandle> hs;
-    for (int i = 0; i < 8; ++i) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < kCalRequests; ++i) {
       Request r;
-      r.prompt_token_ids.assign(32, 3 + i);
-      r.sampling.max_tokens = 48;
+      r.prompt_token_ids.assign(kCalPrompt, 3 + i);
+      r.sampling.max_tokens = kCalOutput;
       r.sampling.ignore_eos = true;
       r.sampling.temperature = 0;
       auto h = (*engine)->submit(r);
@@ -257,12 +266,28 @@ int write_profile(const std::string& path, const std::string& model_path,
       while (h.next(&ev, std::chrono::minutes(2)) && !ev.final) {
       }
     }
+    cal_wall_ms = 1e3 * seconds_since(t0);
     const auto snaps = (*engine)->worker_snapshots();
     if (!snaps.empty() && snaps[0].steps > 0) {
-      overhead_ms = (snaps[0].sampling_ms + snaps[0].bookkeeping_ms) / snaps[0].steps;
+      cal_steps = snaps[0].steps;
+      in_step_ms = (snaps[0].sampling_ms + snaps[0].bookkeeping_ms) / snaps[0].steps;
     }
+    SlaClass cls;
+    cls.name = "default";
+    ec.sla_classes = {cls};
+    std::vector<kvm::TraceRequest> trace(kCalRequests);
+    for (kvm::TraceRequest& t : trace) {
+      t.arrival_ms = 0;
+      t.prompt_tokens = kCalPrompt;
+      t.output_tokens = kCalOutput;
+    }
+    auto sim = kvm::simulate(ec, p, trace);
+    if (!sim.ok()) return fail(sim.status().with_prefix("--write-profile: calibration"));
+    cal_sim_ms = sim->end_ms;
+    cal_sim_steps = sim->steps;
+    if (cal_sim_steps > 0) overhead_ms = std::max(0.0, (cal_wall_ms - cal_sim_ms) / cal_sim_steps);
   }
-  p.step_base_ms += overhead_ms;
+  p.step_overhead_ms = overhead_ms;
   if (Status st = kvm::validate(p); !st.ok()) return fail(st);
   if (Status st = kvm::write_profile_file(path, p); !st.ok()) return fail(st);
   std::printf(
@@ -277,8 +302,12 @@ int write_profile(const std::string& path, const std::string& model_path,
     std::printf("  decode batch %2.0f, KV tokens %5.0f: measured %.4f ms, fitted %.4f ms\n",
                 rows[r][1], rows[r][2], ys[r], fit);
   }
-  std::printf("  engine overhead outside the forward pass: %.4f ms/step (in step_base_ms)\n",
-              overhead_ms);
+  std::printf(
+      "  engine run of %d x %d+%d tokens: %.2f ms, %lld steps (sampling + bookkeeping %.4f "
+      "ms/step); simulated with the forward costs alone: %.2f ms, %lld steps; step_overhead_ms "
+      "%.4f\n",
+      kCalRequests, kCalPrompt, kCalOutput, cal_wall_ms, static_cast<long long>(cal_steps),
+      in_step_ms, cal_sim_ms, static_cast<long long>(cal_sim_steps), overhead_ms);
   for (int k = 0; k < 3; ++k) {
     std::printf("  prefill 1 x %3d: measured %.4f ms, fitted %.4f ms\n", plen[k], pre[k],
                 pa * plen[k] + pb * plen[k] * (plen[k] / 2.0));

@@ -36,9 +36,11 @@ enum class KvmActionOp : uint8_t { kSet, kAdd, kSub, kMul };
 // Parameters: semantic_threshold, evict_threshold, recall_threshold, semantic_window,
 // recent_tokens, score_interval, temporal_step_size, swap (value 0 auto, 1 always, 2 never; the
 // text form takes the names), spatial_min_context (tokens; new sequences longer than it are
-// spread over the shards), max_num_seqs (admission: running sequences per worker), max_queue
-// (admission: queued requests of the class), migrate_to_shard (one-shot: moves up to `value`
-// pages from the fullest shard or the host tier to the emptiest shard of each decoding worker).
+// spread over the shards), max_num_seqs (admission: running sequences per worker),
+// max_chunk_tokens (fair prefill's cap on one prompt's chunk per step, [0, 2^20], 0: none),
+// max_queue (admission: queued requests of the class), migrate_to_shard (one-shot: moves up to
+// `value` pages from the fullest shard or the host tier to the emptiest shard of each decoding
+// worker).
 struct KvmAction {
   std::string param;
   KvmActionOp op = KvmActionOp::kSet;

@@ -53,6 +53,21 @@ int run_simulate(const PolicyFlags& f) {
       res->end_ms, static_cast<long long>(res->steps), static_cast<long long>(res->preemptions),
       static_cast<long long>(res->swaps_out), static_cast<long long>(res->recomputes),
       res->peak_device_kv_use, res->mean_device_kv_use);
+  std::printf("KV per decode worker: %lld full blocks",
+              static_cast<long long>(res->kv_blocks_per_worker));
+  if (res->int8_pages_per_worker > 0 || res->int4_pages_per_worker > 0)
+    std::printf(", %lld int8 and %lld int4 arena pages",
+                static_cast<long long>(res->int8_pages_per_worker),
+                static_cast<long long>(res->int4_pages_per_worker));
+  std::printf("; mean step %.3f ms (step_overhead_ms %.4f), at most %lld decoding at once\n",
+              res->mean_step_ms, profile.step_overhead_ms,
+              static_cast<long long>(res->peak_running));
+  if (res->thrashed > 0)
+    std::printf(
+        "warning: %lld request(s) preempted more than 20 times in a row without a token (thrashing "
+        "in a full pool), "
+        "counted as rejected\n",
+        static_cast<long long>(res->thrashed));
   std::printf("\ndecisions (%zu):\n", res->decisions.size());
   for (const KvmDecision& d : res->decisions) {
     std::printf("  %10.1f ms  %-20s %-9s %s%s%s: %g -> %g  (%s)%s\n", d.time_ms, d.rule.c_str(),

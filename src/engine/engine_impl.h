@@ -82,7 +82,9 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   // The KV cache manager (engine_kvm.cpp).
   kvm::ParamTable kvm_baseline() const;
   Status apply_kvm_decision(const KvmDecision& d);
-  Status broadcast_to_decoders(const sched::WorkerCommand& command);
+  // Sends `command` to every decoding worker (decode and colocated), and to the prefill workers
+  // too unless decoders_only; the first error, or kDeadlineExceeded when one did not reply.
+  Status broadcast_command(const sched::WorkerCommand& command, bool decoders_only = true);
   Status migrate_to_emptiest_shard(int max_pages);
   void start_kvm_locked();
   void kvm_loop();

@@ -84,6 +84,7 @@ kvm::ParamTable EngineImpl::kvm_baseline() const {
   t.set("temporal_step_size", "", kvm_temporal_.temporal_step_size);
   t.set("spatial_min_context", "", spatial_min_context_.load());
   t.set("max_num_seqs", "", config_.max_num_seqs);
+  t.set("max_chunk_tokens", "", config_.max_chunk_tokens);
   for (const SlaClass& c : router_->classes()) {
     if (c.semantic) {
       for (const char* p : kSemantic) t.set(p, c.name, semantic_get(*c.semantic, p));
@@ -95,10 +96,10 @@ kvm::ParamTable EngineImpl::kvm_baseline() const {
   return t;
 }
 
-Status EngineImpl::broadcast_to_decoders(const sched::WorkerCommand& command) {
+Status EngineImpl::broadcast_command(const sched::WorkerCommand& command, bool decoders_only) {
   std::vector<std::future<sched::CommandReply>> replies;
   for (size_t i = 0; i < workers_.size(); ++i) {
-    if (workers_[i]->role() == sched::WorkerRole::kPrefill) continue;
+    if (decoders_only && workers_[i]->role() == sched::WorkerRole::kPrefill) continue;
     replies.push_back(send_command(i, command));
   }
   Status first = ok_status();
@@ -133,7 +134,7 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
     sched::SetCutParams cmd;
     cmd.sla_class = d.sla_class;
     cmd.semantic = sc;
-    KVSPLIT_RETURN_IF_ERROR(broadcast_to_decoders(cmd));
+    KVSPLIT_RETURN_IF_ERROR(broadcast_command(cmd));
     if (cls) {
       cls->semantic = sc;
       router_->set_classes(std::move(classes));
@@ -149,7 +150,7 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
       cmd.swap = swap_of(d.after);
     else
       cmd.temporal_step_size = static_cast<int32_t>(std::lround(d.after));
-    KVSPLIT_RETURN_IF_ERROR(broadcast_to_decoders(cmd));
+    KVSPLIT_RETURN_IF_ERROR(broadcast_command(cmd));
     if (cls) {
       if (cmd.swap) cls->swap = *cmd.swap;
       if (cmd.temporal_step_size) cls->temporal_step_size = *cmd.temporal_step_size;
@@ -168,7 +169,16 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
   if (p == "max_num_seqs") {
     sched::SetSchedulerParams cmd;
     cmd.max_num_seqs = static_cast<int>(std::lround(d.after));
-    return broadcast_to_decoders(cmd);
+    return broadcast_command(cmd);
+  }
+  if (p == "max_chunk_tokens") {
+    // Every worker that prefills: prefill and colocated workers, and decode workers (recomputes).
+    const long v = std::lround(d.after);
+    if (v < 0 || v > (1 << 20))
+      return invalid_argument(fmt::format("max_chunk_tokens: must be in [0, 1048576], got {}", v));
+    sched::SetSchedulerParams cmd;
+    cmd.max_chunk_tokens = static_cast<int>(v);
+    return broadcast_command(cmd, /*decoders_only=*/false);
   }
   if (p == "max_queue") {
     if (!cls) return invalid_argument("max_queue needs a class");

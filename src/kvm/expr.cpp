@@ -19,13 +19,21 @@ constexpr std::array<std::string_view, 9> kGlobalMetrics = {
     "swap_rate",     "recall_rate",        "pages_evicted_fraction"};
 constexpr std::array<std::string_view, 5> kClassMetrics = {
     "queue_depth", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"};
-constexpr std::array<std::string_view, 12> kParams = {
+constexpr std::array<std::string_view, 13> kParams = {
     "semantic_threshold",  "evict_threshold", "recall_threshold",   "semantic_window",
     "recent_tokens",       "score_interval",  "temporal_step_size", "swap",
-    "spatial_min_context", "max_num_seqs",    "max_queue",          "migrate_to_shard"};
-constexpr std::array<std::string_view, 9> kIntegerParams = {
-    "semantic_window",     "recent_tokens", "score_interval", "temporal_step_size", "swap",
-    "spatial_min_context", "max_num_seqs",  "max_queue",      "migrate_to_shard"};
+    "spatial_min_context", "max_num_seqs",    "max_chunk_tokens",   "max_queue",
+    "migrate_to_shard"};
+constexpr std::array<std::string_view, 10> kIntegerParams = {"semantic_window",
+                                                             "recent_tokens",
+                                                             "score_interval",
+                                                             "temporal_step_size",
+                                                             "swap",
+                                                             "spatial_min_context",
+                                                             "max_num_seqs",
+                                                             "max_chunk_tokens",
+                                                             "max_queue",
+                                                             "migrate_to_shard"};
 constexpr std::array<std::string_view, 3> kSwapNames = {"auto", "always", "never"};
 
 template <size_t N>
@@ -125,7 +133,13 @@ bool is_class_metric(std::string_view name) { return contains(kClassMetrics, nam
 bool is_param(std::string_view name) { return contains(kParams, name); }
 bool param_needs_class(std::string_view name) { return name == "max_queue"; }
 bool param_is_global_only(std::string_view name) {
-  return name == "max_num_seqs" || name == "spatial_min_context" || name == "migrate_to_shard";
+  return name == "max_num_seqs" || name == "max_chunk_tokens" || name == "spatial_min_context" ||
+         name == "migrate_to_shard";
+}
+std::optional<ParamRange> param_range(std::string_view name) {
+  // pools.max_chunk_tokens' range (config/validate.cpp) and the worker's (SetSchedulerParams).
+  if (name == "max_chunk_tokens") return ParamRange{0, 1 << 20, true};
+  return std::nullopt;
 }
 bool param_is_integer(std::string_view name) { return contains(kIntegerParams, name); }
 bool param_is_one_shot(std::string_view name) { return name == "migrate_to_shard"; }

@@ -24,9 +24,19 @@ bool is_metric(std::string_view name);
 bool is_class_metric(std::string_view name);  // queue_depth, ttft_*, itl_*
 bool is_param(std::string_view name);
 // Parameters that only make sense per class (max_queue) or only globally (max_num_seqs,
-// spatial_min_context, migrate_to_shard).
+// max_chunk_tokens, spatial_min_context, migrate_to_shard).
 bool param_needs_class(std::string_view name);
 bool param_is_global_only(std::string_view name);
+// The values a parameter can take whatever the rule's bounds (its setting's own range), for the
+// parameters that have one: max_chunk_tokens [0, 2^20] (0: no cap). validate_rules checks a rule's
+// min, max and `=` value against it, and every action's result is clamped into it.
+// zero_is_off: 0 turns the setting off (the opposite of a small value), so a rule that can lower
+// it needs min >= 1.
+struct ParamRange {
+  double lo = 0, hi = 0;
+  bool zero_is_off = false;
+};
+std::optional<ParamRange> param_range(std::string_view name);
 // Integer parameters are rounded after every action (semantic_window, recent_tokens, ...).
 bool param_is_integer(std::string_view name);
 // migrate_to_shard: an action, not a setting (no value to restore).

@@ -24,6 +24,7 @@ constexpr NumField kNumFields[] = {
     {"prefill_ms_per_kv_token", &EngineProfile::prefill_ms_per_kv_token, false},
     {"decode_ms_per_seq", &EngineProfile::decode_ms_per_seq, false},
     {"decode_ms_per_kv_token", &EngineProfile::decode_ms_per_kv_token, false},
+    {"step_overhead_ms", &EngineProfile::step_overhead_ms, false},
     {"kv_bytes_per_token_full", &EngineProfile::kv_bytes_per_token_full, true},
     {"kv_bytes_per_token_int8", &EngineProfile::kv_bytes_per_token_int8, true},
     {"kv_bytes_per_token_int4", &EngineProfile::kv_bytes_per_token_int4, true},
@@ -32,7 +33,11 @@ constexpr NumField kNumFields[] = {
 
 }  // namespace
 
-EngineProfile default_profile() { return EngineProfile{}; }
+EngineProfile default_profile() {
+  EngineProfile p;
+  p.max_context = 512;  // stories260K
+  return p;
+}
 
 Status validate(const EngineProfile& p) {
   for (const NumField& f : kNumFields) {
@@ -46,6 +51,7 @@ Status validate(const EngineProfile& p) {
   if (p.kv_bytes_per_token_int4 > p.kv_bytes_per_token_int8)
     return invalid_argument("kv_bytes_per_token_int4: must be <= kv_bytes_per_token_int8");
   if (p.threads < 0) return invalid_argument("threads: must be >= 0");
+  if (p.max_context < 0) return invalid_argument("max_context: must be >= 0");
   return ok_status();
 }
 
@@ -54,6 +60,7 @@ std::string profile_to_json(const EngineProfile& p) {
   j["model"] = p.model;
   j["backend"] = p.backend;
   j["threads"] = p.threads;
+  j["max_context"] = p.max_context;
   for (const NumField& f : kNumFields) j[f.name] = p.*f.member;
   return j.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
 }
@@ -75,9 +82,9 @@ StatusOr<EngineProfile> parse_profile(std::string_view text, const std::string& 
       (k == "model" ? p.model : p.backend) = v.get<std::string>();
       continue;
     }
-    if (k == "threads") {
-      if (!v.is_number_integer()) return invalid_argument(what + ": threads: must be an integer");
-      p.threads = v.get<int>();
+    if (k == "threads" || k == "max_context") {
+      if (!v.is_number_integer()) return invalid_argument(what + ": " + k + ": must be an integer");
+      (k == "threads" ? p.threads : p.max_context) = v.get<int>();
       continue;
     }
     const NumField* f = nullptr;

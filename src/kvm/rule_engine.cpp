@@ -55,6 +55,35 @@ Status check_hysteresis(const KvmCondition& when, const KvmCondition& exit) {
   return ok_status();
 }
 
+// Bounds that are set (not the unbounded defaults): the rule's min / max.
+bool has_min(const KvmRule& r) { return r.min > -1e299; }
+bool has_max(const KvmRule& r) { return r.max < 1e299; }
+
+// A parameter with a range of its own (param_range): the rule's min, max and `=` value lie in it,
+// and a rule that can lower a setting whose 0 means off keeps min >= 1.
+Status check_range(const KvmRule& r) {
+  const std::string& p = r.then.param;
+  const std::optional<ParamRange> range = param_range(p);
+  if (!range) return ok_status();
+  auto outside = [&](const char* field, double v) {
+    return invalid_argument(
+        fmt::format("{}: {} must be in [{}, {}], got {}", field, p, range->lo, range->hi, v));
+  };
+  if (has_min(r) && (r.min < range->lo || r.min > range->hi)) return outside("min", r.min);
+  if (has_max(r) && (r.max < range->lo || r.max > range->hi)) return outside("max", r.max);
+  if (r.then.op == KvmActionOp::kSet && (r.then.value < range->lo || r.then.value > range->hi))
+    return outside("then", r.then.value);
+  const bool lowers = (r.then.op == KvmActionOp::kSub && r.then.value > 0) ||
+                      (r.then.op == KvmActionOp::kAdd && r.then.value < 0) ||
+                      (r.then.op == KvmActionOp::kMul && r.then.value < 1);
+  if (range->zero_is_off && lowers && r.min < 1)
+    return invalid_argument(fmt::format(
+        "min: '{}' can take {} down to 0, which turns it off; give min >= 1 (turn it off with "
+        "'{} = 0')",
+        to_string(r.then), p, p));
+  return ok_status();
+}
+
 Status check_rule(const KvmRule& r, const std::vector<std::string>& classes) {
   auto field = [](const char* f, const Status& s) -> Status {
     return s.ok() ? s : invalid_argument(std::string(f) + ": " + s.message());
@@ -84,6 +113,7 @@ Status check_rule(const KvmRule& r, const std::vector<std::string>& classes) {
   if (std::isnan(r.min) || std::isnan(r.max) || r.min > r.max)
     return invalid_argument("min: must be <= max, got min " + fmt::format("{}", r.min) +
                             " and max " + fmt::format("{}", r.max));
+  KVSPLIT_RETURN_IF_ERROR(check_range(r));
   if (!(r.hold_ms >= 0) || !std::isfinite(r.hold_ms))
     return invalid_argument("hold_ms: must be a finite number >= 0, got " +
                             fmt::format("{}", r.hold_ms));
@@ -104,7 +134,8 @@ bool same(const KvmRule& a, const KvmRule& b) {
          a.hold_ms == b.hold_ms;
 }
 
-// op(before), clamped to [min, max]; integer parameters rounded (staying within the bounds).
+// op(before), clamped to [min, max] and to the parameter's own range (param_range); integer
+// parameters rounded (staying within the bounds).
 double apply_action(const KvmRule& r, double before) {
   double v = before;
   switch (r.then.op) {
@@ -122,6 +153,8 @@ double apply_action(const KvmRule& r, double before) {
       break;
   }
   v = std::clamp(v, r.min, r.max);
+  if (const std::optional<ParamRange> range = param_range(r.then.param))
+    v = std::clamp(v, range->lo, range->hi);  // validate_rules keeps min, max inside it
   if (param_is_integer(r.then.param)) {
     v = std::round(v);
     if (v > r.max) v = std::floor(r.max);

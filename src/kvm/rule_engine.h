@@ -31,7 +31,9 @@ class ParamTable {
 // only on a per-class metric, and one of `classes`), `exit` on the same metric as `when` compares
 // the other way and does not overlap it (the hysteresis band), known parameters with a class where
 // the parameter needs one and none where it is global only, a rule class among `classes`,
-// min <= max, cooldown >= 0. Errors (kInvalidArgument) name the rule and the field, e.g.
+// min <= max, cooldown >= 0, and for a parameter with a range of its own (param_range:
+// max_chunk_tokens) min, max and an `=` value inside it and min >= 1 on a rule that can lower a
+// setting whose 0 means off. Errors (kInvalidArgument) name the rule and the field, e.g.
 // "kvm.rules[2] (hot): then: unknown parameter 'semantic_treshold' (known: ...)".
 Status validate_rules(const std::vector<KvmRule>& rules, const std::vector<std::string>& classes);
 

@@ -37,6 +37,14 @@ struct SimResult {
   double peak_device_kv_use = 0;  // max over KVM samples (0 without samples)
   double mean_device_kv_use = 0;  // mean over KVM samples
   int64_t samples = 0;            // KVM samples taken (every kvm.interval_ms)
+  double mean_step_ms = 0;        // the workers' busy time / steps
+  int64_t peak_running = 0;       // most sequences decoding at once on one worker
+  // Requests preempted more than 20 times in a row without a token (sequences that preempt each
+  // other at every block boundary in a pool they fill between them): counted as rejected so that
+  // the run ends.
+  int64_t thrashed = 0;
+  // Each decode worker's KV as modelled: full-pool blocks and the semantic cut's arena pages.
+  int64_t kv_blocks_per_worker = 0, int8_pages_per_worker = 0, int4_pages_per_worker = 0;
 };
 
 // Replays `trace` (any order; sorted by arrival here) on the engine `config` describes: its
@@ -51,7 +59,8 @@ StatusOr<SimResult> simulate(const EngineConfig& config, const EngineProfile& pr
 // The `--json` line of `kvsplit policy simulate`:
 // {"classes":{"<name>":{"requests":…, "ttft_p99_ms":…, "itl_p99_ms":…, "attainment":…, …}},
 //  "decisions":[{"time_ms":…, "rule":…, "action":…, "param":…, "class":…, "before":…,
-//  "after":…, "monitors":…}], …}
+//  "after":…, "monitors":…}], "steps":…, "mean_step_ms":…, "preemptions":…,
+//  "kv_blocks_per_worker":…}
 std::string sim_result_json(const SimResult& r);
 
 }  // namespace kvsplit::kvm

@@ -5,6 +5,8 @@
 #include <span>
 #include <vector>
 
+#include "common/fair_prefill.h"
+
 namespace kvsplit::sched {
 
 // Order of service: higher priority first, then older (smaller arrival) first. Preemption picks
@@ -24,27 +26,10 @@ inline bool serves_before(const PriorityKey& a, const PriorityKey& b) {
 // Returns the chunk of each prompt this step (0 = none). sum(result) <= budget.
 std::vector<int> plan_prefill_chunks(std::span<const int> remaining, int budget, int min_chunk);
 
-// Fair chunked prefill, the rule of the Scheduler (docs/kv-cuts.md "Fair time slicing"). Each
-// prompt has `remaining` tokens still to compute, its priority and the step that last gave it a
-// chunk (-1: never). The step's `budget` goes:
-//   1. progress: every prompt, higher priority first and within a priority the least recently
-//      served first, gets min(remaining, min_chunk) while the budget lasts, so a long prompt
-//      moves every step that has room for one chunk per prompt (and round robin otherwise);
-//   2. the rest, higher priority first and within a priority the least remaining first
-//      (shortest remaining prefill first; ties: the least recently served), each up to its limit,
-//      so short prompts finish within the budget before a long one's chunk grows;
-//   3. a long prompt (remaining > max_chunk > 0) gets at most max_chunk tokens in the step, and
-//      only its min chunk when a shorter prompt of at least its priority has a chunk in the step,
-//      so a long prompt cannot make the step, and the short requests sharing it, slow; the budget
-//      left over stays unused. max_chunk 0: no prompt is long (plain shortest-remaining-first).
-// Returns the chunk of each prompt (input order; 0 = none). sum(result) <= budget.
-struct PrefillDemand {
-  int remaining = 0;
-  int32_t priority = 0;
-  int64_t last_served = -1;
-};
-std::vector<int> plan_fair_prefill(std::span<const PrefillDemand> prompts, int budget,
-                                   int min_chunk, int max_chunk);
+// Fair chunked prefill (plan_fair_prefill, PrefillDemand): in common/fair_prefill.h, so the
+// policy simulator (src/kvm, which may include only common) plans prefill with the same function.
+using common::plan_fair_prefill;
+using common::PrefillDemand;
 
 // Preemption victim among `candidates` (each a running sequence): lowest priority, then youngest.
 // Returns the index, or -1 when empty.

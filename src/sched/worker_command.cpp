@@ -38,16 +38,20 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
     const int batch = p->max_batch_tokens.value_or(c.max_batch_tokens);
     KVSPLIT_RETURN_IF_ERROR(check_range("min_chunk_tokens", p->min_chunk_tokens, 1, batch));
     KVSPLIT_RETURN_IF_ERROR(check_range("max_num_seqs", p->max_num_seqs, 1, 65536));
+    KVSPLIT_RETURN_IF_ERROR(check_range("max_chunk_tokens", p->max_chunk_tokens, 0, 1 << 20));
     c.max_batch_tokens = batch;
     c.min_chunk_tokens = p->min_chunk_tokens.value_or(std::min(c.min_chunk_tokens, batch));
     c.max_num_seqs = p->max_num_seqs.value_or(c.max_num_seqs);
+    c.max_chunk_tokens = p->max_chunk_tokens.value_or(c.max_chunk_tokens);
     scheduler_ = Scheduler(c);
     options_.max_batch_tokens = c.max_batch_tokens;
     options_.min_chunk_tokens = c.min_chunk_tokens;
     options_.max_num_seqs = c.max_num_seqs;
+    options_.max_chunk_tokens = c.max_chunk_tokens;
     KVSPLIT_LOG_INFO(
-        "{}: scheduler set to max_batch_tokens {}, min_chunk_tokens {}, max_num_seqs {}",
-        options_.name, c.max_batch_tokens, c.min_chunk_tokens, c.max_num_seqs);
+        "{}: scheduler set to max_batch_tokens {}, min_chunk_tokens {}, max_num_seqs {}, "
+        "max_chunk_tokens {}",
+        options_.name, c.max_batch_tokens, c.min_chunk_tokens, c.max_num_seqs, c.max_chunk_tokens);
     return ok_status();
   }
   if (const auto* r = std::get_if<ReleaseKv>(&command)) {

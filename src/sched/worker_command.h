@@ -18,12 +18,14 @@
 namespace kvsplit::sched {
 
 // Changes the worker's Scheduler; unset fields keep their value. Ranges: max_batch_tokens
-// [1, 2^20], min_chunk_tokens [1, max_batch_tokens], max_num_seqs [1, 65536]; a value out of
-// range is kInvalidArgument naming the field and changes nothing.
+// [1, 2^20], min_chunk_tokens [1, max_batch_tokens], max_num_seqs [1, 65536], max_chunk_tokens
+// [0, 2^20] (fair prefill's cap, 0: none); a value out of range is kInvalidArgument naming the
+// field and changes nothing.
 struct SetSchedulerParams {
   std::optional<int> max_batch_tokens;
   std::optional<int> min_chunk_tokens;
   std::optional<int> max_num_seqs;
+  std::optional<int> max_chunk_tokens;
 };
 
 // Drops the KV of one request the worker owns (running: preempted, recomputed when scheduled

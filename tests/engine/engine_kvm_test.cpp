@@ -283,6 +283,78 @@ TEST(EngineKvm, SetCutParamsChecksItsInput) {
   EXPECT_EQ((*f)->send_command(0, good).get().status.code(), StatusCode::kFailedPrecondition);
 }
 
+// max_chunk_tokens (fair prefill's cap): a rule sets it on every worker that prefills (prefill,
+// and decode workers for their recomputes), the gauge follows, the workers run with it, and values
+// outside [0, 2^20] are refused by the rules' check (naming the rule and the field) and by the
+// worker's command (naming the field), changing nothing.
+TEST(EngineKvm, MaxChunkTokensRuleReachesEveryWorkerAndBadValuesAreRefused) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig c = testing::stories_config(ServingMode::kDisaggregated);
+  ASSERT_EQ(c.max_chunk_tokens, 0);  // no cap to start with
+  c.kvm.enabled = true;
+  c.kvm.interval_ms = 10;
+  KvmRule cap;
+  cap.name = "chunk-cap";
+  cap.when = {"device_kv_use", "", KvmCmp::kGreaterEqual, 0.0};  // holds from the first sample
+  cap.exit = {"device_kv_use", "", KvmCmp::kLess, 0.0};          // never
+  cap.then = {"max_chunk_tokens", KvmActionOp::kSet, 24};
+  cap.cooldown_ms = 1e9;
+  c.kvm.rules = {cap};
+  auto e = EngineImpl::create(c);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  ASSERT_TRUE(wait_for_decision(
+      **e, [](const KvmDecision& d) { return d.param == "max_chunk_tokens" && d.applied; }));
+  auto chunk_caps = [&] {
+    std::vector<int> caps;
+    for (size_t i = 0; i < (*e)->num_workers(); ++i) {
+      const sched::CommandReply r = (*e)->send_command(i, sched::SnapshotState{}).get();
+      EXPECT_TRUE(r.status.ok()) << r.status.to_string();
+      caps.push_back(r.state.scheduler.max_chunk_tokens);
+    }
+    return caps;
+  };
+  ASSERT_EQ((*e)->num_workers(), 3u);  // prefill-0, decode-0, decode-1
+  EXPECT_EQ(chunk_caps(), (std::vector<int>{24, 24, 24}));
+  EXPECT_DOUBLE_EQ(param_value((*e)->stats(), "max_chunk_tokens"), 24);
+
+  // The workers run with it: requests finish and every block comes back.
+  const std::vector<int> free0 = testing::free_blocks(**e);
+  auto hs = submit_long(**e, 4, 40);
+  expect_all_finished(hs);
+  EXPECT_TRUE(testing::pools_back_to(**e, free0));
+
+  // The worker's command refuses a value out of range, naming the field, and keeps its cap.
+  for (int bad : {-1, (1 << 20) + 1}) {
+    sched::SetSchedulerParams cmd;
+    cmd.max_chunk_tokens = bad;
+    const sched::CommandReply r = (*e)->send_command(0, cmd).get();
+    EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status.message().find(
+                  fmt::format("max_chunk_tokens: must be in [0, 1048576], got {}", bad)),
+              std::string::npos)
+        << r.status.message();
+  }
+  EXPECT_EQ(chunk_caps(), (std::vector<int>{24, 24, 24}));
+
+  // A policy with a value out of range is refused naming the rule and the field; the old one
+  // stays.
+  KvmConfig bad = c.kvm;
+  bad.rules[0].then.value = -3;
+  Status st = (*e)->update_kvm_policy(bad);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("kvm.rules[0] (chunk-cap): then: max_chunk_tokens must be in "
+                              "[0, 1048576], got -3"),
+            std::string::npos)
+      << st.message();
+  bad.rules[0].then = {"max_chunk_tokens", KvmActionOp::kMul, 0.5};  // would reach 0 (no cap)
+  st = (*e)->update_kvm_policy(bad);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("kvm.rules[0] (chunk-cap): min:"), std::string::npos) << st.message();
+  EXPECT_EQ(chunk_caps(), (std::vector<int>{24, 24, 24}));
+  EXPECT_DOUBLE_EQ(param_value((*e)->stats(), "max_chunk_tokens"), 24);
+  EXPECT_EQ((*e)->stats().requests_failed, 0);
+}
+
 TEST(EngineKvm, RulesNeedTheirCut) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig c = testing::stories_config(ServingMode::kColocated);

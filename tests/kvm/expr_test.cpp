@@ -73,6 +73,11 @@ TEST(KvmExprTest, ParsesActions) {
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   EXPECT_EQ(a->op, KvmActionOp::kSub);
   EXPECT_DOUBLE_EQ(a->value, 64);
+  a = parse_action("max_chunk_tokens = 32");
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(a->param, "max_chunk_tokens");
+  EXPECT_EQ(a->op, KvmActionOp::kSet);
+  EXPECT_DOUBLE_EQ(a->value, 32);
   a = parse_action("migrate_to_shard = 32");
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->op, KvmActionOp::kSet);
@@ -122,6 +127,15 @@ TEST(KvmExprTest, ParameterKinds) {
   EXPECT_TRUE(param_is_global_only("max_num_seqs"));
   EXPECT_TRUE(param_is_global_only("spatial_min_context"));
   EXPECT_TRUE(param_is_global_only("migrate_to_shard"));
+  EXPECT_TRUE(is_param("max_chunk_tokens"));
+  EXPECT_TRUE(param_is_global_only("max_chunk_tokens"));
+  EXPECT_TRUE(param_is_integer("max_chunk_tokens"));
+  EXPECT_FALSE(param_needs_class("max_chunk_tokens"));
+  ASSERT_TRUE(param_range("max_chunk_tokens").has_value());
+  EXPECT_DOUBLE_EQ(param_range("max_chunk_tokens")->lo, 0);
+  EXPECT_DOUBLE_EQ(param_range("max_chunk_tokens")->hi, 1 << 20);
+  EXPECT_TRUE(param_range("max_chunk_tokens")->zero_is_off);
+  EXPECT_FALSE(param_range("semantic_threshold").has_value());
   EXPECT_FALSE(param_is_global_only("swap"));
   EXPECT_TRUE(param_is_integer("semantic_window"));
   EXPECT_TRUE(param_is_integer("temporal_step_size"));

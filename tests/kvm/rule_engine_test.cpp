@@ -188,6 +188,46 @@ TEST(RuleEngineTest, IntegerParametersAreRounded) {
   EXPECT_EQ(seen, (std::vector<double>{7, 5, 4, 3, 2, 1}));
 }
 
+// max_chunk_tokens (fair prefill's cap): an integer, engine-wide parameter whose results stay in
+// its own range [0, 2^20] whatever the rule's bounds, and whose shrinking rules keep min >= 1.
+TEST(RuleEngineTest, MaxChunkTokensMovesWithinItsRange) {
+  KvmRule halve =
+      rule("chunk", "ttft_p99_ms > 100", "ttft_p99_ms < 50", "max_chunk_tokens *= 0.5", 0);
+  halve.min = 8;
+  KvmRule grow = rule("grow", "queue_depth > 10", "queue_depth < 2", "max_chunk_tokens += 700000",
+                      0);  // no max: the parameter's range is the bound
+  RuleEngine engine({halve, grow});
+  ParamTable table;
+  table.set("max_chunk_tokens", "", 40);
+  KvmSnapshot s;
+  s.classes.push_back({});
+  s.classes[0].name = "default";
+  s.classes[0].ttft_p99_ms = 500;
+  std::vector<double> seen;
+  for (int i = 0; i < 4; ++i) {
+    s.time_ms = i * 100;
+    for (const auto& d : engine.evaluate(s, table)) {
+      EXPECT_EQ(d.param, "max_chunk_tokens");
+      table.set(d.param, d.sla_class, d.after);
+      seen.push_back(d.after);
+    }
+  }
+  // 40 -> 20 -> 10 -> 8 (5 clamped to min): stops.
+  EXPECT_EQ(seen, (std::vector<double>{20, 10, 8}));
+  s.classes[0].ttft_p99_ms = 80;  // in halve's band
+  s.classes[0].queue_depth = 20;
+  seen.clear();
+  for (int i = 4; i < 8; ++i) {
+    s.time_ms = i * 100;
+    for (const auto& d : engine.evaluate(s, table)) {
+      table.set(d.param, d.sla_class, d.after);
+      seen.push_back(d.after);
+    }
+  }
+  // 8 -> 700008 -> 1048576 (the range's top, not 1400008): stops.
+  EXPECT_EQ(seen, (std::vector<double>{700008, 1048576}));
+}
+
 TEST(RuleEngineTest, PerClassRuleMovesOnlyItsClass) {
   KvmRule r = rule("voice-slow", "ttft_p99_ms[voice] > 250", "ttft_p99_ms[voice] < 150",
                    "semantic_threshold += 0.1", 0);
@@ -507,6 +547,49 @@ TEST_F(ValidateRulesTest, NegativeHold) {
   KvmRule r = good();
   r.hold_ms = -5;
   expect_error(r, "kvm.rules[1] (r): hold_ms: must be a finite number >= 0, got -5");
+}
+
+TEST_F(ValidateRulesTest, MaxChunkTokensIsEngineWideAndBounded) {
+  KvmRule ok = rule("cap", "ttft_p99_ms[voice] > 250", "ttft_p99_ms[voice] < 150",
+                    "max_chunk_tokens *= 0.5");
+  ok.min = 16;
+  ok.max = 512;
+  EXPECT_TRUE(validate_rules({ok}, {"voice"}).ok());
+  KvmRule off = ok;
+  off.then = {"max_chunk_tokens", KvmActionOp::kSet, 0};  // '= 0' turns the cap off: allowed
+  off.min = -1e300;
+  EXPECT_TRUE(validate_rules({off}, {"voice"}).ok());
+
+  KvmRule r = ok;
+  r.name = "r";
+  r.sla_class = "voice";
+  expect_error(r, "kvm.rules[1] (r): class: max_chunk_tokens is engine-wide");
+  r = ok;
+  r.name = "r";
+  r.then = {"max_chunk_tokens", KvmActionOp::kSet, -4};
+  expect_error(r, "kvm.rules[1] (r): then: max_chunk_tokens must be in [0, 1048576], got -4");
+  r.then = {"max_chunk_tokens", KvmActionOp::kSet, 2e6};
+  expect_error(r, "kvm.rules[1] (r): then: max_chunk_tokens must be in [0, 1048576], got 2000000");
+  r = ok;
+  r.name = "r";
+  r.max = 4e6;
+  expect_error(r, "kvm.rules[1] (r): max: max_chunk_tokens must be in [0, 1048576], got 4000000");
+  r = ok;
+  r.name = "r";
+  r.min = -1;
+  expect_error(r, "kvm.rules[1] (r): min: max_chunk_tokens must be in [0, 1048576], got -1");
+  // Halving without a floor would reach 0, which means no cap at all.
+  r = ok;
+  r.name = "r";
+  r.min = -1e300;
+  expect_error(r,
+               "kvm.rules[1] (r): min: 'max_chunk_tokens *= 0.5' can take max_chunk_tokens "
+               "down to 0, which turns it off; give min >= 1");
+  r.then = {"max_chunk_tokens", KvmActionOp::kSub, 16};
+  r.min = 0;
+  expect_error(r, "kvm.rules[1] (r): min: 'max_chunk_tokens -= 16'");
+  r.then = {"max_chunk_tokens", KvmActionOp::kAdd, 16};  // raising only: no floor needed
+  EXPECT_TRUE(validate_rules({r}, {"voice"}).ok());
 }
 
 }  // namespace

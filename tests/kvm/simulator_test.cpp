@@ -239,5 +239,135 @@ TEST(Simulator, JsonShape) {
   EXPECT_NE(j.find("\"decisions\":[]"), std::string::npos);
 }
 
+// kv_quant_fraction: the semantic cut's device budget is split as the engine splits it
+// (SequenceCut::split_budget): 1 MiB of 20 KiB blocks (1280 B per token x 16) with a quarter for
+// the arenas gives 38 full blocks, 11 int8 pages (6400 B + a 1280 B key summary) and 25 int4 pages
+// (4480 B + two summaries). Pages demoted into the arenas free full blocks, so with a high
+// threshold more sequences decode at once than with the whole budget as full blocks and no cut;
+// with nothing demoted, fewer do (the arenas took a quarter of the budget).
+TEST(Simulator, QuantFractionSplitsTheBudgetAndDemotionAdmitsMore) {
+  EngineProfile p = test_profile();
+  p.kv_bytes_per_token_full = 1280;
+  p.kv_bytes_per_token_int8 = 400;
+  p.kv_bytes_per_token_int4 = 280;
+  EngineConfig full = test_config();
+  full.block_size = 16;
+  full.kv_blocks_per_worker = 0;
+  full.kv_capacity_bytes = 1 << 20;
+  EngineConfig split = full;
+  split.kv_policy = KvPolicy::kSemantic;
+  split.kv_quant_fraction = 0.25;
+  split.semantic.sink_tokens = 4;
+  split.semantic.recent_tokens = 16;
+  split.semantic.demote_after_steps = 1;
+  split.semantic.evict_after_steps = 1000000;
+  split.semantic.score_interval = 1;
+  split.semantic.evict_threshold = 0;
+  // 24 requests of 96 + 160 tokens at once: 16 pages each at the end, 384 in all.
+  const auto trace = uniform_trace(24, 0.01, 96, 160);
+
+  auto f = simulate(full, p, trace);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  EXPECT_EQ(f->kv_blocks_per_worker, 51);
+  EXPECT_EQ(f->int8_pages_per_worker, 0);
+
+  split.semantic.semantic_threshold = 0.9f;
+  auto demoting = simulate(split, p, trace);
+  ASSERT_TRUE(demoting.ok()) << demoting.status().to_string();
+  EXPECT_EQ(demoting->kv_blocks_per_worker, 38);
+  EXPECT_EQ(demoting->int8_pages_per_worker, 11);
+  EXPECT_EQ(demoting->int4_pages_per_worker, 25);
+  EXPECT_GT(demoting->peak_running, f->peak_running);
+  EXPECT_LT(demoting->preemptions, f->preemptions);
+
+  split.semantic.semantic_threshold = 0;  // nothing demoted: 38 blocks against 51
+  auto idle_cut = simulate(split, p, trace);
+  ASSERT_TRUE(idle_cut.ok());
+  EXPECT_LT(idle_cut->peak_running, f->peak_running);
+  for (const SimResult* r : {&*f, &*demoting, &*idle_cut}) {
+    EXPECT_EQ(cls(*r, "fast").finished + cls(*r, "slow").finished, 24);
+  }
+
+  // Without kv_quant_fraction the arenas come on top: the full pool keeps the whole budget.
+  split.kv_quant_fraction = 0;
+  auto on_top = simulate(split, p, trace);
+  ASSERT_TRUE(on_top.ok());
+  EXPECT_EQ(on_top->kv_blocks_per_worker, 51);
+  EXPECT_EQ(on_top->int8_pages_per_worker, 51);
+}
+
+// Fair prefill (common::plan_fair_prefill, the Scheduler's rule): a short prompt arriving behind a
+// long one is prefilled first (shortest remaining first), and with a max_chunk_tokens cap the
+// long prompt's chunk shrinks while the short one has a chunk, so the short prompt's first token
+// comes sooner and the long prompt's later, as the engine's cap does (docs/kv-cuts.md).
+TEST(Simulator, MaxChunkTokensCapShortensTheShortPromptsTtft) {
+  EngineProfile p = test_profile();
+  p.prefill_ms_per_kv_token = 0.0005;  // attention grows with the chunk's context
+  EngineConfig c = test_config();
+  c.block_size = 16;
+  c.max_batch_tokens = 512;
+  // Same class: the long prompt at 0, a short one while its first chunk runs.
+  std::vector<TraceRequest> t = {{0, 4000, 4, "slow"}, {1, 32, 4, "slow"}};
+  auto ttft = [&](const SimResult& r, bool short_one) {
+    // The class's p50 / p99 of two requests: the smaller is the short prompt's.
+    return short_one ? cls(r, "slow").ttft_p50_ms : cls(r, "slow").ttft_p99_ms;
+  };
+  c.max_chunk_tokens = 0;
+  auto uncapped = simulate(c, p, t);
+  ASSERT_TRUE(uncapped.ok()) << uncapped.status().to_string();
+  // Shortest remaining first: the short prompt finishes long before the 4000-token one.
+  EXPECT_LT(ttft(*uncapped, true), ttft(*uncapped, false) / 4);
+  c.max_chunk_tokens = 64;
+  auto capped = simulate(c, p, t);
+  ASSERT_TRUE(capped.ok());
+  EXPECT_LT(ttft(*capped, true), ttft(*uncapped, true));
+  EXPECT_GT(ttft(*capped, false), ttft(*uncapped, false));
+  EXPECT_GT(capped->steps, uncapped->steps);
+
+  // The KVM moves it too: a rule that sets the cap gives the capped run's latencies.
+  c.max_chunk_tokens = 0;
+  c.kvm.enabled = true;
+  c.kvm.interval_ms = 10;
+  KvmRule cap;
+  cap.name = "cap";
+  cap.when = {"device_kv_use", "", KvmCmp::kGreaterEqual, 0.0};
+  cap.exit = {"device_kv_use", "", KvmCmp::kLess, 0.0};
+  cap.then = {"max_chunk_tokens", KvmActionOp::kSet, 64};
+  c.kvm.rules = {cap};
+  std::vector<TraceRequest> later = t;
+  for (TraceRequest& r : later) r.arrival_ms += 20;  // after the first sample
+  auto ruled = simulate(c, p, later);
+  ASSERT_TRUE(ruled.ok()) << ruled.status().to_string();
+  ASSERT_FALSE(ruled->decisions.empty());
+  EXPECT_EQ(ruled->decisions[0].param, "max_chunk_tokens");
+  EXPECT_NEAR(ttft(*ruled, true), ttft(*capped, true), 1e-9);
+  EXPECT_NEAR(ttft(*ruled, false), ttft(*capped, false), 1e-9);
+}
+
+// A colocated step's decode rows come out of the prefill budget (decode_in_budget), and the
+// profile's step_overhead_ms is paid once per step.
+TEST(Simulator, DecodeRowsShareTheBudgetAndTheFixedCostIsPerStep) {
+  EngineConfig c = test_config();
+  EngineProfile p = test_profile();
+  // One request alone: its prefill step is its TTFT, plus the fixed cost.
+  p.step_overhead_ms = 0.25;
+  auto one = simulate(c, p, uniform_trace(1, 1, 64, 4));
+  ASSERT_TRUE(one.ok());
+  EXPECT_NEAR(cls(*one, "fast").ttft_p50_ms, 1.64 + 0.25, 1e-9);
+  EXPECT_NEAR(cls(*one, "fast").itl_p50_ms, (3 * 1.35 + 0.001 * (64 + 65 + 66)) / 3, 1e-9);
+  // 64 decoding sequences leave a budget of max(80 - 64, 16) = 16 tokens: a 256-token prompt
+  // takes 16 steps of at least 1 + 64 x 0.1 ms (80 tokens a step would take 4).
+  p.step_overhead_ms = 0;
+  c.max_batch_tokens = 80;
+  c.max_num_seqs = 128;
+  std::vector<TraceRequest> t = uniform_trace(64, 0.001, 16, 400);
+  for (TraceRequest& r : t) r.sla_class = "fast";
+  t.push_back({200, 256, 2, "slow"});
+  auto r = simulate(c, p, t);
+  ASSERT_TRUE(r.ok());
+  EXPECT_GE(r->peak_running, 64);
+  EXPECT_GT(cls(*r, "slow").ttft_p50_ms, 16 * 7.4);
+}
+
 }  // namespace
 }  // namespace kvsplit::kvm

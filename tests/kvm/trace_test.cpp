@@ -128,5 +128,31 @@ TEST(Profile, JsonRoundTripAndErrorsNameTheField) {
   EXPECT_NE(order.status().message().find("kv_bytes_per_token_int4"), std::string::npos);
 }
 
+// step_overhead_ms: written, read back, checked; a profile written before it existed (no such
+// field) reads as 0 and costs a step what it did.
+TEST(Profile, StepOverheadIsOptionalAndAddsToEveryStep) {
+  EngineProfile p = default_profile();
+  p.step_overhead_ms = 0.3;
+  auto back = parse_profile(profile_to_json(p));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_DOUBLE_EQ(back->step_overhead_ms, 0.3);
+  EXPECT_DOUBLE_EQ(back->step_ms(0, 0, 1, 0), p.step_base_ms + 0.3 + p.decode_ms_per_seq);
+  auto old = parse_profile(
+      "{\"model\": \"synthetic:stories260k\", \"backend\": \"cpu\", \"threads\": 1, "
+      "\"step_base_ms\": 0.25, \"prefill_ms_per_token\": 0.02, \"prefill_ms_per_kv_token\": "
+      "0.001, \"decode_ms_per_seq\": 0.02, \"decode_ms_per_kv_token\": 0.0008, "
+      "\"kv_bytes_per_token_full\": 1280, \"kv_bytes_per_token_int8\": 400, "
+      "\"kv_bytes_per_token_int4\": 280, \"copy_bytes_per_ms\": 4e6}",
+      "old.json");
+  ASSERT_TRUE(old.ok()) << old.status().to_string();
+  EXPECT_DOUBLE_EQ(old->step_overhead_ms, 0);
+  EXPECT_DOUBLE_EQ(old->step_ms(0, 0, 1, 0), 0.25 + 0.02);
+  auto neg = parse_profile("{\"step_overhead_ms\": -0.1}", "p.json");
+  ASSERT_FALSE(neg.ok());
+  EXPECT_NE(neg.status().message().find("p.json: step_overhead_ms: must be >= 0"),
+            std::string::npos)
+      << neg.status().message();
+}
+
 }  // namespace
 }  // namespace kvsplit::kvm

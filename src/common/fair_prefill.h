@@ -1,0 +1,35 @@
+// Fair chunked prefill: how one step's prefill token budget is shared among the prompts a worker
+// is prefilling. A pure function over plain structs, here at the bottom of the layers so that the
+// Scheduler (src/sched, which re-exports it from sched/policy.h) and the policy simulator
+// (src/kvm) plan with the same code.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace kvsplit::common {
+
+// Fair chunked prefill, the rule of the Scheduler (docs/kv-cuts.md "Fair time slicing"). Each
+// prompt has `remaining` tokens still to compute, its priority and the step that last gave it a
+// chunk (-1: never). The step's `budget` goes:
+//   1. progress: every prompt, higher priority first and within a priority the least recently
+//      served first, gets min(remaining, min_chunk) while the budget lasts, so a long prompt
+//      moves every step that has room for one chunk per prompt (and round robin otherwise);
+//   2. the rest, higher priority first and within a priority the least remaining first
+//      (shortest remaining prefill first; ties: the least recently served), each up to its limit,
+//      so short prompts finish within the budget before a long one's chunk grows;
+//   3. a long prompt (remaining > max_chunk > 0) gets at most max_chunk tokens in the step, and
+//      only its min chunk when a shorter prompt of at least its priority has a chunk in the step,
+//      so a long prompt cannot make the step, and the short requests sharing it, slow; the budget
+//      left over stays unused. max_chunk 0: no prompt is long (plain shortest-remaining-first).
+// Returns the chunk of each prompt (input order; 0 = none). sum(result) <= budget.
+struct PrefillDemand {
+  int remaining = 0;
+  int32_t priority = 0;
+  int64_t last_served = -1;
+};
+std::vector<int> plan_fair_prefill(std::span<const PrefillDemand> prompts, int budget,
+                                   int min_chunk, int max_chunk);
+
+}  // namespace kvsplit::common
