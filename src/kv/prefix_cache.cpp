@@ -344,11 +344,16 @@ bool PrefixCache::start_spill(Map::iterator it, bool make_room, BlockAllocator* 
   Entry& e = it->second;
   Spill& sp = spills_.emplace_back();
   auto undo = [&] {
+    free_bufs_.push_back(std::move(sp.buf));
     spills_.pop_back();
     ++stats_.spill_faults;
     return false;
   };
   const int64_t kv_bytes = pool_->bytes_per_block();
+  if (!free_bufs_.empty()) {
+    sp.buf = std::move(free_bufs_.back());
+    free_bufs_.pop_back();
+  }
   sp.buf.resize(static_cast<size_t>(disk_record_bytes()));
   if (!fill(sp.buf.data()).ok()) return undo();
   const RecordMeta m{kMetaMagic, e.salt, e.parent, it->first, e.depth, block_size_};
@@ -365,6 +370,7 @@ bool PrefixCache::start_spill(Map::iterator it, bool make_room, BlockAllocator* 
     release_storage(e, alloc);
     e.where = PageLocation::kDisk;
     e.record = sp.op.record();
+    free_bufs_.push_back(std::move(sp.buf));
     spills_.pop_back();
     ++pages_disk_;
     ++stats_.spilled_disk;
@@ -405,6 +411,8 @@ void PrefixCache::finish_spill(std::list<Spill>::iterator s) {
   } else {
     ++stats_.spill_faults;
   }
+  if (static_cast<int>(free_bufs_.size()) < kMaxSpillsInFlight)
+    free_bufs_.push_back(std::move(s->buf));
   spills_.erase(s);
 }
 

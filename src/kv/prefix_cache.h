@@ -213,6 +213,9 @@ class PrefixCache {
   PrefixCacheStats stats_;
   bool async_spills_ = true;
   std::list<Spill> spills_;  // in flight, oldest first
+  // Buffers of finished spills, reused (a fresh page-sized buffer costs a zero fill and page
+  // faults on the allocating path); at most kMaxSpillsInFlight kept.
+  std::vector<std::vector<std::byte>> free_bufs_;
 };
 
 }  // namespace kvsplit::kv
