@@ -149,8 +149,8 @@ int run_spill_alloc(const Options& o) {
   p.enable_prefix_cache();
   std::filesystem::remove_all(o.disk_path + "-spill");
   // Room for two rounds of pages: older records are dropped to make room as the cache's own.
-  const kvsplit::Status st = p.open_disk_tier(o.disk_path + "-spill",
-                                     int64_t{2} * o.pages * (p.bytes_per_block() + 8192));
+  const kvsplit::Status st =
+      p.open_disk_tier(o.disk_path + "-spill", int64_t{2} * o.pages * (p.bytes_per_block() + 8192));
   if (!st.ok()) return std::fprintf(stderr, "%s\n", st.to_string().c_str()), 1;
   kvsplit::kv::PrefixCache& cache = *p.prefix_cache();
   struct Result {

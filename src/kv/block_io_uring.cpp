@@ -22,7 +22,7 @@ namespace kvsplit::kv {
 #if KVSPLIT_HAVE_LIBURING
 namespace {
 
-constexpr uint64_t kStopTag = 0;  // user_data of the NOP that stops the reaper
+constexpr uint64_t kStopTag = 0;                     // user_data of the NOP that stops the reaper
 constexpr int64_t kAsyncBytes = int64_t{256} << 10;  // IOSQE_ASYNC from this request size
 
 class UringBlockIo final : public BlockIo {

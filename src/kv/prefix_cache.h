@@ -67,8 +67,9 @@ struct PrefixCacheStats {
   int64_t spill_faults = 0;    // stores that failed (copy or disk write): the page was dropped
   int64_t restore_faults = 0;  // restores that failed (read, checksum, record mismatch): dropped
   int64_t reclaimed = 0;       // host slots / disk records given up for swap or the semantic cut
-  int64_t hit_pages_spilling = 0;  // of hit_pages_host, served from a spill's buffer (write in flight)
-  int64_t spill_waits = 0;         // spills that had to wait for an older write (room, in-flight cap)
+  int64_t hit_pages_spilling =
+      0;                    // of hit_pages_host, served from a spill's buffer (write in flight)
+  int64_t spill_waits = 0;  // spills that had to wait for an older write (room, in-flight cap)
 
   int64_t hit_pages_device() const { return hit_pages - hit_pages_host - hit_pages_disk; }
 };
@@ -136,8 +137,8 @@ class PrefixCache {
   // True when the cache holds a reference on device block `block`.
   bool holds(int32_t block) const { return by_block_.count(block) > 0; }
   int size() const { return static_cast<int>(entries_.size()); }
-  int pages_host() const { return pages_host_; }  // in host slots
-  int pages_disk() const { return pages_disk_; }  // on disk, their write completed
+  int pages_host() const { return pages_host_; }          // in host slots
+  int pages_disk() const { return pages_disk_; }          // on disk, their write completed
   int pages_spilling() const { return pages_spilling_; }  // in a spill's buffer, write in flight
   int pages_device() const { return size() - pages_host_ - pages_disk_ - pages_spilling_; }
   // Drops every page (the cache's references, host slots and disk records).
@@ -151,8 +152,8 @@ class PrefixCache {
   struct Entry {
     // kHost with `spill` set: the page is in that spill's buffer, its disk write in flight.
     PageLocation where = PageLocation::kDevice;
-    int32_t block = -1;   // kDevice: the device block
-    int32_t slot = -1;    // kHost: the host-tier slot (-1 while spilling)
+    int32_t block = -1;  // kDevice: the device block
+    int32_t slot = -1;   // kHost: the host-tier slot (-1 while spilling)
     Spill* spill = nullptr;
     uint64_t record = 0;  // kDisk: the disk record
     uint64_t parent = 0;  // the previous page's hash (0 for the first page)

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <mutex>
 #include <numeric>
-#include <thread>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "kv/kv_pool.h"
