@@ -200,7 +200,9 @@ std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t
         failed = true;
         continue;
       }
-      (e.where == PageLocation::kHost ? stats_.hit_pages_host : stats_.hit_pages_disk)++;
+      // A page whose write was in flight counts with the disk tier's hits: it left the host tier.
+      (e.where == PageLocation::kHost && e.spill == nullptr ? stats_.hit_pages_host
+                                                            : stats_.hit_pages_disk)++;
       release_storage(e, &alloc);
       e.where = PageLocation::kDevice;
       e.block = job.block;  // the cache's reference: the new block's first

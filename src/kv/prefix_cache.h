@@ -67,9 +67,10 @@ struct PrefixCacheStats {
   int64_t spill_faults = 0;    // stores that failed (copy or disk write): the page was dropped
   int64_t restore_faults = 0;  // restores that failed (read, checksum, record mismatch): dropped
   int64_t reclaimed = 0;       // host slots / disk records given up for swap or the semantic cut
-  int64_t hit_pages_spilling =
-      0;                    // of hit_pages_host, served from a spill's buffer (write in flight)
-  int64_t spill_waits = 0;  // spills that had to wait for an older write (room, in-flight cap)
+  // Of hit_pages_disk, those served from a spill's buffer (its disk write still in flight).
+  int64_t hit_pages_spilling = 0;
+  // Spills that had to wait for an older one's write (disk room, the in-flight cap).
+  int64_t spill_waits = 0;
 
   int64_t hit_pages_device() const { return hit_pages - hit_pages_host - hit_pages_disk; }
 };
