@@ -208,6 +208,8 @@ int run_spill_alloc(const Options& o) {
         "every write completed\n",
         a ? "async" : "sync", mean(res[a].alloc_us), pct(res[a].alloc_us, 0.5),
         pct(res[a].alloc_us, 0.99), static_cast<double>(res[a].pages) / res[a].total_s);
+  std::printf("  spills that waited for an older write (the in-flight cap, disk room): %lld\n",
+              static_cast<long long>(cs.spill_waits));
   std::printf("  async/sync: allocation latency mean %.2fx, p50 %.2fx; throughput %.2fx\n",
               mean(res[1].alloc_us) / mean(res[0].alloc_us),
               pct(res[1].alloc_us, 0.5) / pct(res[0].alloc_us, 0.5),
