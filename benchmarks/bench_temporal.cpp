@@ -7,8 +7,14 @@
 //              request: between two requests another tenant's long prompt pushes the prefix out
 //              to the host tier (or, with `disk`, no host tier: the disk tier), so every later
 //              request swaps it back in from there.
+//   --spill-alloc  the allocation path when it evicts prefix-cache pages to the disk tier (no host
+//              tier): each allocation of one block spills the least recently used cached page.
+//              Synchronous spills (the write completes before the allocation returns) against
+//              asynchronous ones (the write is in flight when it returns), alternating in one run:
+//              allocation latency, and pages/s including the time until every write completed.
 //
 //   bench_temporal --model synthetic:llama-110m --restore --tokens 2048 --threads 2
+//   bench_temporal --model synthetic:llama-110m --spill-alloc --pages 64 --reps 5
 //   bench_temporal --model synthetic:llama-110m --prefix --prefix-tokens 400 --threads 2
 //   bench_temporal --model synthetic:llama-110m --prefix --prefix-tokens 400 --requests 8
 //       --threads 2 --prefix-spill host
@@ -41,7 +47,8 @@ double ms_since(Clock::time_point t0) {
 struct Options {
   std::string model = "synthetic:llama-110m";
   int threads = 2;
-  bool restore = false, prefix = false;
+  bool restore = false, prefix = false, spill_alloc = false;
+  int pages = 64;
   int tokens = 2048;
   int prefix_tokens = 400, requests = 8, suffix_tokens = 16;
   int reps = 3;
@@ -122,6 +129,94 @@ int run_restore(const Options& o) {
       o.model.c_str(), tokens, bytes / 1048576.0, o.threads, o.reps, recompute, host_out, host_in,
       bytes / host_in / 1e6, recompute / host_in, disk_out, disk_in, bytes / disk_in / 1e6,
       recompute / disk_in);
+  return 0;
+}
+
+int run_spill_alloc(const Options& o) {
+  kvsplit::model::LoadOptions lo;
+  auto loaded = kvsplit::model::load_model(o.model, lo);
+  if (!loaded.ok()) return std::fprintf(stderr, "%s\n", loaded.status().to_string().c_str()), 1;
+  auto be = kvsplit::backend::create_backend("cpu", o.threads);
+  if (!be.ok()) return 1;
+  auto model = kvsplit::model::LlamaModel::create(*loaded, **be);
+  if (!model.ok()) return std::fprintf(stderr, "%s\n", model.status().to_string().c_str()), 1;
+  kvsplit::kv::KvPoolConfig pc;
+  pc.block_size = 16;
+  pc.num_blocks = o.pages;
+  auto pool = kvsplit::kv::KvPool::create(**be, pc, (*model)->kv_shape());
+  if (!pool.ok()) return std::fprintf(stderr, "%s\n", pool.status().to_string().c_str()), 1;
+  kvsplit::kv::KvPool& p = **pool;
+  p.enable_prefix_cache();
+  std::filesystem::remove_all(o.disk_path + "-spill");
+  // Room for two rounds of pages: older records are dropped to make room as the cache's own.
+  const kvsplit::Status st =
+      p.open_disk_tier(o.disk_path + "-spill", int64_t{2} * o.pages * (p.bytes_per_block() + 8192));
+  if (!st.ok()) return std::fprintf(stderr, "%s\n", st.to_string().c_str()), 1;
+  kvsplit::kv::PrefixCache& cache = *p.prefix_cache();
+  struct Result {
+    std::vector<double> alloc_us;
+    double total_s = 0;  // allocations + waiting for the writes
+    int64_t pages = 0;
+  };
+  Result res[2];  // [0] synchronous, [1] asynchronous
+  int32_t next_token = 3;
+  for (int r = 0; r < 2 * o.reps; ++r) {
+    const bool async = r % 2 == 1;
+    cache.set_async_spills(async);
+    // Cache every block as one prompt's pages, then end the sequence: all evictable.
+    std::vector<int32_t> toks(static_cast<size_t>(o.pages) * 16);
+    for (int32_t& t : toks) t = next_token++;
+    kvsplit::kv::BlockTable table;
+    if (!p.reserve(table, static_cast<int>(toks.size()))) return 1;
+    p.cache_prefix(table, kvsplit::kv::PrefixCache::salt_of("bench"), toks, o.pages);
+    p.release(table);
+    Result& out = res[async];
+    std::vector<int32_t> held;
+    const auto t0 = Clock::now();
+    for (int i = 0; i < o.pages; ++i) {
+      const auto a0 = Clock::now();
+      auto b = p.allocate_blocks(1);  // evicts (spills) one cached page
+      out.alloc_us.push_back(ms_since(a0) * 1e3);
+      if (!b) return std::fprintf(stderr, "allocation refused\n"), 1;
+      held.push_back((*b)[0]);
+    }
+    cache.wait_spills();
+    out.total_s += ms_since(t0) / 1e3;
+    out.pages += o.pages;
+    for (int32_t b : held) p.allocator().decref(b);
+  }
+  const auto& cs = cache.stats();
+  if (cs.spill_faults != 0 || cs.spilled_disk == 0)
+    return std::fprintf(stderr, "spill faults %lld\n", static_cast<long long>(cs.spill_faults)), 1;
+  auto pct = [](std::vector<double> v, double q) {
+    std::sort(v.begin(), v.end());
+    return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
+  };
+  auto mean = [](const std::vector<double>& v) {
+    double t = 0;
+    for (double x : v) t += x;
+    return t / static_cast<double>(v.size());
+  };
+  std::printf(
+      "spill-alloc: %s, %d-block pool, %.2f MiB pages, disk tier only (backend %s), %d rounds "
+      "each, alternating\n",
+      o.model.c_str(), o.pages, p.bytes_per_block() / 1048576.0,
+      std::string(kvsplit::kv::io_backend_name(p.disk()->io_backend())).c_str(), o.reps);
+  for (int a = 0; a < 2; ++a)
+    std::printf(
+        "  %-5s allocation latency mean %8.1f us, p50 %8.1f, p99 %8.1f; %7.0f pages/s until "
+        "every write completed\n",
+        a ? "async" : "sync", mean(res[a].alloc_us), pct(res[a].alloc_us, 0.5),
+        pct(res[a].alloc_us, 0.99), static_cast<double>(res[a].pages) / res[a].total_s);
+  std::printf("  spills that waited for an older write (the in-flight cap, disk room): %lld\n",
+              static_cast<long long>(cs.spill_waits));
+  std::printf("  async/sync: allocation latency mean %.2fx, p50 %.2fx; throughput %.2fx\n",
+              mean(res[1].alloc_us) / mean(res[0].alloc_us),
+              pct(res[1].alloc_us, 0.5) / pct(res[0].alloc_us, 0.5),
+              (static_cast<double>(res[1].pages) / res[1].total_s) /
+                  (static_cast<double>(res[0].pages) / res[0].total_s));
+  pool->reset();
+  std::filesystem::remove_all(o.disk_path + "-spill");
   return 0;
 }
 
@@ -228,10 +323,14 @@ int main(int argc, char** argv) {
   app.add_option("--threads", o.threads, "CPU threads");
   app.add_flag("--restore", o.restore, "host / disk restore against recompute");
   app.add_flag("--prefix", o.prefix, "prefix cache TTFT");
+  app.add_flag("--spill-alloc", o.spill_alloc,
+               "allocation latency with prefix-cache spills to disk, sync against async");
+  app.add_option("--pages", o.pages, "--spill-alloc: device pages (all cached, all spilled)")
+      ->check(CLI::Range(2, 100000));
   app.add_option("--tokens", o.tokens, "--restore: sequence length");
   app.add_option("--prefix-tokens", o.prefix_tokens, "--prefix: shared prefix length");
   app.add_option("--requests", o.requests, "--prefix: requests")->check(CLI::Range(2, 10000));
-  app.add_option("--reps", o.reps, "--restore: repetitions (best of)");
+  app.add_option("--reps", o.reps, "--restore: repetitions (best of); --spill-alloc: rounds");
   app.add_option("--disk-path", o.disk_path,
                  "--restore: disk tier directory (--prefix-spill disk: "
                  "<path>-prefix)");
@@ -242,6 +341,8 @@ int main(int argc, char** argv) {
   int rc = 0;
   if (o.restore) rc |= run_restore(o);
   if (o.prefix) rc |= run_prefix(o);
-  if (!o.restore && !o.prefix) std::fprintf(stderr, "give --restore and/or --prefix\n");
+  if (o.spill_alloc) rc |= run_spill_alloc(o);
+  if (!o.restore && !o.prefix && !o.spill_alloc)
+    std::fprintf(stderr, "give --restore, --prefix and/or --spill-alloc\n");
   return rc;
 }

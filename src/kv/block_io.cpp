@@ -136,7 +136,8 @@ std::unique_ptr<BlockIo> make_thread_block_io(int threads) {
   return std::make_unique<ThreadBlockIo>(threads);
 }
 
-StatusOr<std::unique_ptr<BlockIo>> BlockIo::create(const IoOptions& options) {
+namespace {
+StatusOr<std::unique_ptr<BlockIo>> create_backend(const IoOptions& options) {
   if (options.queue_depth < 1 || options.queue_depth > 4096)
     return invalid_argument("I/O queue_depth " + std::to_string(options.queue_depth) +
                             ": expected 1..4096");
@@ -151,6 +152,13 @@ StatusOr<std::unique_ptr<BlockIo>> BlockIo::create(const IoOptions& options) {
     KVSPLIT_LOG_WARN("block I/O: io_uring not used ({}); using preadv/pwritev on {} threads",
                      ring.status().message(), options.threads);
   return make_thread_block_io(options.threads);
+}
+}  // namespace
+
+StatusOr<std::unique_ptr<BlockIo>> BlockIo::create(const IoOptions& options) {
+  StatusOr<std::unique_ptr<BlockIo>> io = create_backend(options);
+  if (io.ok() && options.wrap) return options.wrap(std::move(io).value());
+  return io;
 }
 
 }  // namespace kvsplit::kv

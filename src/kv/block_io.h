@@ -12,6 +12,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string_view>
@@ -30,10 +31,14 @@ std::string_view io_backend_name(IoBackend b);
 // "auto" | "uring" | "threads" -> the backend; kInvalidArgument otherwise.
 StatusOr<IoBackend> parse_io_backend(std::string_view name);
 
+class BlockIo;
+
 struct IoOptions {
   IoBackend backend = IoBackend::kAuto;
   int queue_depth = 64;  // io_uring submission queue entries; in-flight requests are capped at 2x
   int threads = 2;       // helper threads of the preadv/pwritev backend
+  // Tests: wraps the backend create() made (e.g. to hold requests in flight); unset: none.
+  std::function<std::unique_ptr<BlockIo>(std::unique_ptr<BlockIo>)> wrap;
 };
 
 // One request: `iov` (at most IOV_MAX entries, at most kMaxIoBytes in all) at `offset` of `fd`.

@@ -22,7 +22,8 @@ namespace kvsplit::kv {
 #if KVSPLIT_HAVE_LIBURING
 namespace {
 
-constexpr uint64_t kStopTag = 0;  // user_data of the NOP that stops the reaper
+constexpr uint64_t kStopTag = 0;                     // user_data of the NOP that stops the reaper
+constexpr int64_t kAsyncBytes = int64_t{256} << 10;  // IOSQE_ASYNC from this request size
 
 class UringBlockIo final : public BlockIo {
  public:
@@ -66,6 +67,12 @@ class UringBlockIo final : public BlockIo {
       io_uring_prep_readv(sqe, r.fd, r.iov.data(), n, static_cast<uint64_t>(r.offset));
     else
       io_uring_prep_writev(sqe, r.fd, r.iov.data(), n, static_cast<uint64_t>(r.offset));
+    // A buffered request the page cache can serve runs inline in io_uring_submit, on the
+    // submitting thread: for a large one that serializes its copy with whatever the submitter
+    // does next (the disk tier checksums the previous record). IOSQE_ASYNC hands it to the
+    // kernel's io-wq workers instead, so copies and checksums overlap; small requests stay
+    // inline, where the hand-off would cost more than the copy.
+    if (r.bytes() >= kAsyncBytes) sqe->flags |= IOSQE_ASYNC;
     io_uring_sqe_set_data64(sqe, id);
     const int rc = submit_locked();
     if (rc < 0) {  // the ring refused it: complete it here with the error

@@ -77,6 +77,10 @@ class KvPool {
   // Its evicted pages spill to this pool's host tier and disk tier when it has them.
   void enable_prefix_cache();
   PrefixCache* prefix_cache() const { return prefix_.get(); }
+  // Finishes the prefix cache's spill writes that completed (never blocks; a step boundary).
+  void poll_prefix_spills() {
+    if (prefix_) prefix_->poll_spills();
+  }
   // `table` must be empty: points it at the longest cached prefix of `tokens` (whole pages, at
   // most max_pages), taking a reference on each; spilled pages are swapped back into device
   // blocks first (PrefixCache::acquire). Returns the pages taken (0 without a cache).
@@ -177,7 +181,7 @@ class KvPool {
   backend::DeviceBuffer scratch_;     // [num_layers] full pages
   std::vector<std::byte> host_tier_;  // [host slots, num_layers, full page bytes]
   std::unique_ptr<DiskTier> disk_;
-  std::unique_ptr<PrefixCache> prefix_;
+  std::unique_ptr<PrefixCache> prefix_;  // after disk_: destroyed first (waits for its writes)
   struct Peer {
     std::unique_ptr<backend::Backend> backend;  // declared first: outlives the pool
     std::unique_ptr<KvPool> pool;

@@ -95,6 +95,7 @@ std::vector<PrefixCache::Map::iterator> PrefixCache::walk(uint64_t salt,
 
 std::vector<int32_t> PrefixCache::lookup(uint64_t salt, std::span<const int32_t> tokens,
                                          int max_pages) {
+  poll_spills();
   std::vector<int32_t> hits;
   for (Map::iterator it : walk(salt, tokens, max_pages)) {
     if (it->second.where != PageLocation::kDevice) break;
@@ -106,6 +107,7 @@ std::vector<int32_t> PrefixCache::lookup(uint64_t salt, std::span<const int32_t>
 
 std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t> tokens,
                                           int max_pages, BlockAllocator& alloc) {
+  poll_spills();
   const std::vector<Map::iterator> chain = walk(salt, tokens, max_pages);
   std::vector<int32_t> out;
   size_t k = 0;
@@ -169,7 +171,11 @@ std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t
       }
       Status st = job.started;
       if (e.where == PageLocation::kHost) {
-        st = page_to_device(*pool_, pool_->host_slot(e.slot), job.block);
+        // A page whose disk write is in flight is served from the spill's buffer, never the
+        // record (not readable before the write completes).
+        if (e.spill != nullptr) ++stats_.hit_pages_spilling;
+        st = page_to_device(
+            *pool_, e.spill != nullptr ? e.spill->buf.data() : pool_->host_slot(e.slot), job.block);
       } else {
         if (st.ok()) st = disk->wait(job.op);
         if (st.ok()) {
@@ -194,7 +200,9 @@ std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t
         failed = true;
         continue;
       }
-      (e.where == PageLocation::kHost ? stats_.hit_pages_host : stats_.hit_pages_disk)++;
+      // A page whose write was in flight counts with the disk tier's hits: it left the host tier.
+      (e.where == PageLocation::kHost && e.spill == nullptr ? stats_.hit_pages_host
+                                                            : stats_.hit_pages_disk)++;
       release_storage(e, &alloc);
       e.where = PageLocation::kDevice;
       e.block = job.block;  // the cache's reference: the new block's first
@@ -211,6 +219,7 @@ int PrefixCache::insert(uint64_t salt, std::span<const int32_t> tokens,
                         std::span<const int32_t> blocks, int num_pages, BlockAllocator& alloc) {
   num_pages = std::min<int>(
       {num_pages, static_cast<int>(tokens.size()) / block_size_, static_cast<int>(blocks.size())});
+  poll_spills();
   uint64_t parent = 0;
   int added = 0;
   ++tick_;
@@ -264,6 +273,12 @@ void PrefixCache::release_storage(Entry& e, BlockAllocator* alloc) {
       e.block = -1;
       break;
     case PageLocation::kHost:
+      if (e.spill != nullptr) {  // the write goes on; its record is freed when it completes
+        e.spill->hash = 0;
+        e.spill = nullptr;
+        --pages_spilling_;
+        break;
+      }
       pool_->host_allocator().decref(e.slot);
       e.slot = -1;
       --pages_host_;
@@ -288,7 +303,7 @@ PrefixCache::Map::iterator PrefixCache::lru(PageLocation where) {
   auto best = entries_.end();
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     const Entry& e = it->second;
-    if (e.where != where || e.pinned) continue;
+    if (e.where != where || e.pinned || e.spill != nullptr) continue;
     if (best == entries_.end() ||
         std::tie(e.last_use, best->second.depth) < std::tie(best->second.last_use, e.depth))
       best = it;
@@ -296,33 +311,142 @@ PrefixCache::Map::iterator PrefixCache::lru(PageLocation where) {
   return best;
 }
 
-uint64_t PrefixCache::write_record(uint64_t hash, const Entry& e, std::span<const std::byte> kv,
-                                   bool make_room) {
+bool PrefixCache::disk_room(bool make_room) {
   DiskTier* disk = pool_->disk();
-  if (disk == nullptr) return 0;
-  const RecordMeta m{kMetaMagic, e.salt, e.parent, hash, e.depth, block_size_};
-  const int64_t bytes = disk_record_bytes();
   DiskTierStats ds = disk->stats();
-  const int64_t extents = (DiskTier::kHeaderBytes + bytes + ds.extent_bytes - 1) / ds.extent_bytes;
-  if (ds.extents_total - ds.extents_used < extents) {
-    if (!make_room || extents > ds.extents_total) return 0;
-    // Older spilled pages make room for a newer one (the cache's own records only).
-    while (ds.extents_total - ds.extents_used < extents) {
-      auto it = lru(PageLocation::kDisk);
-      if (it == entries_.end()) return 0;
+  const int64_t extents =
+      (DiskTier::kHeaderBytes + disk_record_bytes() + ds.extent_bytes - 1) / ds.extent_bytes;
+  if (extents > ds.extents_total) return false;
+  while (ds.extents_total - ds.extents_used < extents) {
+    if (!make_room) return false;
+    // Older spilled pages make room for a newer one (the cache's own records only); pages whose
+    // write is still in flight are older too: wait for the oldest, then it is a disk page.
+    auto it = lru(PageLocation::kDisk);
+    if (it != entries_.end()) {
       drop(it, nullptr);
-      ds = disk->stats();
+    } else if (wait_oldest_spill()) {
+      ++stats_.spill_waits;
+    } else {
+      return false;
     }
+    ds = disk->stats();
   }
-  const std::span<const std::byte> payload[] = {
-      kv, std::as_bytes(std::span<const RecordMeta>(&m, 1)), std::as_bytes(std::span(e.tokens))};
-  auto id = disk->write_sync(payload, RecordKey{e.salt, hash});
-  if (!id.ok()) {
-    // The tier freed the failed write: nothing of it is visible.
+  return true;
+}
+
+bool PrefixCache::start_spill(Map::iterator it, bool make_room, BlockAllocator* alloc,
+                              const std::function<Status(std::byte*)>& fill) {
+  DiskTier* disk = pool_->disk();
+  if (disk == nullptr) return false;
+  poll_spills();
+  // Bounded: each spill in flight holds a page-sized buffer.
+  while (async_spills_ && spills_in_flight() >= kMaxSpillsInFlight && wait_oldest_spill())
+    ++stats_.spill_waits;
+  if (!disk_room(make_room)) return false;
+  Entry& e = it->second;
+  Spill& sp = spills_.emplace_back();
+  auto undo = [&] {
+    free_bufs_.push_back(std::move(sp.buf));
+    spills_.pop_back();
     ++stats_.spill_faults;
-    return 0;
+    return false;
+  };
+  const int64_t kv_bytes = pool_->bytes_per_block();
+  if (!free_bufs_.empty()) {
+    sp.buf = std::move(free_bufs_.back());
+    free_bufs_.pop_back();
   }
-  return *id;
+  sp.buf.resize(static_cast<size_t>(disk_record_bytes()));
+  if (!fill(sp.buf.data()).ok()) return undo();
+  const RecordMeta m{kMetaMagic, e.salt, e.parent, it->first, e.depth, block_size_};
+  std::memcpy(sp.buf.data() + kv_bytes, &m, sizeof m);
+  std::memcpy(sp.buf.data() + kv_bytes + sizeof m, e.tokens.data(),
+              e.tokens.size() * sizeof(int32_t));
+  const std::span<const std::byte> payload[] = {sp.buf};
+  auto op = disk->write(payload, RecordKey{e.salt, it->first});
+  if (!op.ok()) return undo();  // the tier allocated nothing
+  sp.op = std::move(op).value();
+  if (!async_spills_) {
+    // The synchronous path: the record is complete before the allocation goes on.
+    if (!disk->wait(sp.op).ok()) return undo();  // the tier freed the failed write
+    release_storage(e, alloc);
+    e.where = PageLocation::kDisk;
+    e.record = sp.op.record();
+    free_bufs_.push_back(std::move(sp.buf));
+    spills_.pop_back();
+    ++pages_disk_;
+    ++stats_.spilled_disk;
+    return true;
+  }
+  // In flight: the page lives in the spill's buffer until the write completes (poll_spills).
+  release_storage(e, alloc);
+  sp.hash = it->first;
+  e.where = PageLocation::kHost;
+  e.slot = -1;
+  e.spill = &sp;
+  ++pages_spilling_;
+  return true;
+}
+
+void PrefixCache::finish_spill(std::list<Spill>::iterator s) {
+  KVSPLIT_CHECK(s->result.has_value());
+  const bool ok = s->result->ok();
+  if (s->hash != 0) {
+    auto it = entries_.find(s->hash);
+    KVSPLIT_CHECK(it != entries_.end() && it->second.spill == &*s);
+    Entry& e = it->second;
+    e.spill = nullptr;
+    --pages_spilling_;
+    if (ok) {
+      e.where = PageLocation::kDisk;  // only now does the entry name the record
+      e.record = s->op.record();
+      ++pages_disk_;
+      ++stats_.spilled_disk;
+    } else {
+      // A failed store is never visible: the tier freed the record, the entry goes.
+      ++stats_.spill_faults;
+      ++stats_.evicted;
+      entries_.erase(it);
+    }
+  } else if (ok) {
+    (void)pool_->disk()->free(s->op.record());  // the entry left meanwhile: nobody reads it
+  } else {
+    ++stats_.spill_faults;
+  }
+  if (static_cast<int>(free_bufs_.size()) < kMaxSpillsInFlight)
+    free_bufs_.push_back(std::move(s->buf));
+  spills_.erase(s);
+}
+
+int PrefixCache::poll_spills() {
+  int n = 0;
+  for (auto s = spills_.begin(); s != spills_.end();) {
+    const auto next = std::next(s);
+    if (!s->result) s->result = pool_->disk()->poll(s->op);
+    // A pinned entry is being restored from the spill's buffer: finished after the restore.
+    if (s->result && (s->hash == 0 || !entries_.at(s->hash).pinned)) {
+      finish_spill(s);
+      ++n;
+    }
+    s = next;
+  }
+  return n;
+}
+
+bool PrefixCache::wait_oldest_spill() {
+  for (auto s = spills_.begin(); s != spills_.end(); ++s) {
+    if (s->hash != 0 && entries_.at(s->hash).pinned) continue;
+    if (!s->result) s->result = pool_->disk()->wait(s->op);
+    finish_spill(s);
+    return true;
+  }
+  return false;
+}
+
+void PrefixCache::wait_spills() {
+  for (Spill& s : spills_)
+    if (!s.result) s.result = pool_->disk()->wait(s.op);
+  poll_spills();
 }
 
 int32_t PrefixCache::host_slot_for_spill() {
@@ -338,21 +462,15 @@ int32_t PrefixCache::host_slot_for_spill() {
 }
 
 void PrefixCache::host_to_disk(Map::iterator it, bool make_room) {
-  Entry& e = it->second;
-  const uint64_t rec =
-      write_record(it->first, e,
-                   std::span<const std::byte>(pool_->host_slot(e.slot),
-                                              static_cast<size_t>(pool_->bytes_per_block())),
-                   make_room);
-  if (rec == 0) {
+  // The slot's bytes go into the spill's buffer, so the slot is free at once (for the page being
+  // evicted, or for swap), whatever the write's progress.
+  const std::byte* src = pool_->host_slot(it->second.slot);
+  const size_t bytes = static_cast<size_t>(pool_->bytes_per_block());
+  if (!start_spill(it, make_room, nullptr, [&](std::byte* dst) {
+        std::memcpy(dst, src, bytes);
+        return ok_status();
+      }))
     drop(it, nullptr);
-    return;
-  }
-  release_storage(e, nullptr);
-  e.where = PageLocation::kDisk;
-  e.record = rec;
-  ++pages_disk_;
-  ++stats_.spilled_disk;
 }
 
 void PrefixCache::spill(Map::iterator it, BlockAllocator& alloc) {
@@ -371,20 +489,10 @@ void PrefixCache::spill(Map::iterator it, BlockAllocator& alloc) {
       pool_->host_allocator().decref(slot);
       ++stats_.spill_faults;
     } else if (pool_->disk() != nullptr) {
-      std::vector<std::byte> staging(static_cast<size_t>(pool_->bytes_per_block()));
-      if (page_to_host(*pool_, e.block, staging.data()).ok()) {
-        const uint64_t rec = write_record(it->first, e, staging, /*make_room=*/true);
-        if (rec != 0) {
-          release_storage(e, &alloc);
-          e.where = PageLocation::kDisk;
-          e.record = rec;
-          ++pages_disk_;
-          ++stats_.spilled_disk;
-          return;
-        }
-      } else {
-        ++stats_.spill_faults;
-      }
+      const int32_t block = e.block;
+      if (start_spill(it, /*make_room=*/true, &alloc,
+                      [&](std::byte* dst) { return page_to_host(*pool_, block, dst); }))
+        return;
     }
   }
   drop(it, &alloc);
@@ -392,6 +500,7 @@ void PrefixCache::spill(Map::iterator it, BlockAllocator& alloc) {
 
 int PrefixCache::evict(int need, BlockAllocator& alloc) {
   if (need <= 0) return 0;
+  poll_spills();
   std::vector<std::tuple<uint64_t, int32_t, uint64_t>> cand;  // (last_use, -depth, hash)
   for (const auto& [h, e] : entries_)
     if (e.where == PageLocation::kDevice && !e.pinned && alloc.refcount(e.block) == 1)
@@ -415,11 +524,13 @@ int PrefixCache::evictable(const BlockAllocator& alloc) const {
 
 int PrefixCache::reclaimable_host() const {
   int n = 0;
-  for (const auto& [h, e] : entries_) n += e.where == PageLocation::kHost && !e.pinned;
+  for (const auto& [h, e] : entries_)
+    n += e.where == PageLocation::kHost && !e.pinned && e.spill == nullptr;
   return n;
 }
 
 int PrefixCache::reclaim_host(int need) {
+  poll_spills();
   int freed = 0;
   while (freed < need) {
     auto it = lru(PageLocation::kHost);
@@ -437,11 +548,15 @@ int PrefixCache::reclaim_disk(int64_t extents) {
   int freed = 0;
   DiskTierStats ds = disk->stats();
   if (extents > ds.extents_total) return 0;  // never fits: keep the cache's records
+  poll_spills();
   while (ds.extents_total - ds.extents_used < extents) {
     auto it = lru(PageLocation::kDisk);
-    if (it == entries_.end()) break;
-    drop(it, nullptr);
-    ++freed;
+    if (it != entries_.end()) {
+      drop(it, nullptr);
+      ++freed;
+    } else if (!wait_oldest_spill()) {  // then it is a disk page, dropped next
+      break;
+    }
     ds = disk->stats();
   }
   stats_.reclaimed += freed;
@@ -449,9 +564,20 @@ int PrefixCache::reclaim_disk(int64_t extents) {
 }
 
 void PrefixCache::clear(BlockAllocator& alloc) {
-  for (auto& [h, e] : entries_) release_storage(e, &alloc);
+  for (auto& [h, e] : entries_) release_storage(e, &alloc);  // detaches the spills
   entries_.clear();
   by_block_.clear();
+  wait_spills();  // every spill detached: their records are freed as they complete
+  KVSPLIT_CHECK(spills_.empty() && pages_spilling_ == 0);
+}
+
+PrefixCache::~PrefixCache() {
+  for (auto& [h, e] : entries_)
+    if (e.spill != nullptr) e.spill->hash = 0;
+  for (Spill& s : spills_)
+    if (!s.result) s.result = pool_->disk()->wait(s.op);
+  for (Spill& s : spills_)
+    if (s.result->ok()) (void)pool_->disk()->free(s.op.record());
 }
 
 }  // namespace kvsplit::kv

@@ -27,16 +27,28 @@
 // and is stored and compared with the tokens, so a lookup never matches another tenant's page,
 // even on a hash collision.
 //
+// Disk spills are asynchronous (docs/kv-tiers.md, "Prefix-cache spills"): a page bound for the
+// disk tier is copied into a buffer the spill owns (from its device block or host slot, which are
+// free again at once) and written through the tier's asynchronous I/O while the allocation that
+// evicted it goes on. Until the write completes the entry is a host page served from that buffer
+// (never from the record); completions are finished at the next cache operation or step boundary
+// (poll_spills), a failed one drops the entry, and clear() / the destructor wait for the writes
+// and free their records.
+//
 // Not thread-safe: one owner (the worker that owns the pool).
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <list>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include "kv/block_allocator.h"
+#include "kv/disk_tier.h"
 
 namespace kvsplit::kv {
 
@@ -55,6 +67,10 @@ struct PrefixCacheStats {
   int64_t spill_faults = 0;    // stores that failed (copy or disk write): the page was dropped
   int64_t restore_faults = 0;  // restores that failed (read, checksum, record mismatch): dropped
   int64_t reclaimed = 0;       // host slots / disk records given up for swap or the semantic cut
+  // Of hit_pages_disk, those served from a spill's buffer (its disk write still in flight).
+  int64_t hit_pages_spilling = 0;
+  // Spills that had to wait for an older one's write (disk room, the in-flight cap).
+  int64_t spill_waits = 0;
 
   int64_t hit_pages_device() const { return hit_pages - hit_pages_host - hit_pages_disk; }
 };
@@ -65,6 +81,26 @@ class PrefixCache {
   // tier and disk tier the cache uses; it must outlive the cache.
   explicit PrefixCache(int block_size, KvPool* pool = nullptr)
       : block_size_(block_size), pool_(pool) {}
+  // Waits for the spill writes in flight and frees their records (the pool's disk tier must still
+  // exist: KvPool destroys its cache first).
+  ~PrefixCache();
+  PrefixCache(const PrefixCache&) = delete;
+  PrefixCache& operator=(const PrefixCache&) = delete;
+
+  // Disk spills asynchronous (the default) or written before the evicting allocation goes on (the
+  // old path, kept for benchmarks: bench_temporal --spill-alloc compares them).
+  void set_async_spills(bool on) { async_spills_ = on; }
+  bool async_spills() const { return async_spills_; }
+  // Finishes the spill writes that have completed, never blocking: a completed one makes its entry
+  // a disk page, a failed one drops its entry. Every cache operation calls it first; the worker
+  // calls it at each step boundary. Returns how many it finished.
+  int poll_spills();
+  // Waits for every spill write in flight and finishes it.
+  void wait_spills();
+  // Spill writes in flight (their entries count as host pages of no slot: pages_spilling()).
+  int spills_in_flight() const { return static_cast<int>(spills_.size()); }
+  // At most this many spill writes in flight; a spill past it waits for the oldest first.
+  static constexpr int kMaxSpillsInFlight = 16;
 
   // The salt of a tenant (or a request's cache_salt): one 64-bit value mixed into every hash.
   static uint64_t salt_of(std::string_view tenant_or_salt);
@@ -102,9 +138,10 @@ class PrefixCache {
   // True when the cache holds a reference on device block `block`.
   bool holds(int32_t block) const { return by_block_.count(block) > 0; }
   int size() const { return static_cast<int>(entries_.size()); }
-  int pages_host() const { return pages_host_; }
-  int pages_disk() const { return pages_disk_; }
-  int pages_device() const { return size() - pages_host_ - pages_disk_; }
+  int pages_host() const { return pages_host_; }          // in host slots
+  int pages_disk() const { return pages_disk_; }          // on disk, their write completed
+  int pages_spilling() const { return pages_spilling_; }  // in a spill's buffer, write in flight
+  int pages_device() const { return size() - pages_host_ - pages_disk_ - pages_spilling_; }
   // Drops every page (the cache's references, host slots and disk records).
   void clear(BlockAllocator& alloc);
   const PrefixCacheStats& stats() const { return stats_; }
@@ -112,10 +149,13 @@ class PrefixCache {
   int64_t disk_record_bytes() const;
 
  private:
+  struct Spill;
   struct Entry {
+    // kHost with `spill` set: the page is in that spill's buffer, its disk write in flight.
     PageLocation where = PageLocation::kDevice;
-    int32_t block = -1;   // kDevice: the device block
-    int32_t slot = -1;    // kHost: the host-tier slot
+    int32_t block = -1;  // kDevice: the device block
+    int32_t slot = -1;   // kHost: the host-tier slot (-1 while spilling)
+    Spill* spill = nullptr;
     uint64_t record = 0;  // kDisk: the disk record
     uint64_t parent = 0;  // the previous page's hash (0 for the first page)
     uint64_t salt = 0;
@@ -125,6 +165,16 @@ class PrefixCache {
     bool pinned = false;  // being restored: never spilled or reclaimed meanwhile
   };
   using Map = std::unordered_map<uint64_t, Entry>;
+  // One disk write in flight. `buf` is the record's payload (the page's KV of every layer, as a
+  // host slot holds it, then its RecordMeta and tokens) and belongs to the spill until the write
+  // completes. `hash` is 0 once the entry left it (restored, recomputed, dropped): the record is
+  // then freed when the write completes.
+  struct Spill {
+    uint64_t hash = 0;
+    std::vector<std::byte> buf;
+    DiskOp op;
+    std::optional<Status> result;  // once the write ended
+  };
 
   uint64_t page_hash(uint64_t parent, uint64_t salt, std::span<const int32_t> page) const;
   // Entries of the longest chain of `tokens` (salt, parent and tokens checked), touched.
@@ -140,9 +190,20 @@ class PrefixCache {
   // Moves host page `it` to the disk tier (`make_room`: dropping older disk pages first); drops
   // it when that fails. Its host slot is free afterwards.
   void host_to_disk(Map::iterator it, bool make_room);
-  // Writes the page's record from `kv` (every layer, bytes_per_block bytes); 0 on failure.
-  uint64_t write_record(uint64_t hash, const Entry& e, std::span<const std::byte> kv,
-                        bool make_room);
+  // Makes room on the disk tier for one page record (`make_room`: dropping the cache's older disk
+  // pages, waiting for older spills when only they hold the space). False when it cannot.
+  bool disk_room(bool make_room);
+  // Writes entry `it`'s record from the KV that `fill` copies into the payload's first
+  // bytes_per_block bytes; asynchronously unless async spills are off. On success the entry is a
+  // spilling host page (or, synchronous, a disk page) and its previous storage is released; on
+  // failure nothing changed. `alloc`: for a device entry's block.
+  bool start_spill(Map::iterator it, bool make_room, BlockAllocator* alloc,
+                   const std::function<Status(std::byte*)>& fill);
+  // Finishes `s` (its result known): the entry becomes a disk page, or is dropped on a fault; a
+  // detached spill frees its record. Erases it from spills_.
+  void finish_spill(std::list<Spill>::iterator s);
+  // Waits for the oldest spill whose entry is not pinned and finishes it; false when none.
+  bool wait_oldest_spill();
   Map::iterator lru(PageLocation where);
 
   int block_size_;
@@ -150,8 +211,13 @@ class PrefixCache {
   uint64_t tick_ = 0;
   Map entries_;                                     // by chained hash
   std::unordered_map<int32_t, uint64_t> by_block_;  // device block -> hash
-  int pages_host_ = 0, pages_disk_ = 0;
+  int pages_host_ = 0, pages_disk_ = 0, pages_spilling_ = 0;
   PrefixCacheStats stats_;
+  bool async_spills_ = true;
+  std::list<Spill> spills_;  // in flight, oldest first
+  // Buffers of finished spills, reused (a fresh page-sized buffer costs a zero fill and page
+  // faults on the allocating path); at most kMaxSpillsInFlight kept.
+  std::vector<std::vector<std::byte>> free_bufs_;
 };
 
 }  // namespace kvsplit::kv

@@ -19,6 +19,7 @@ int64_t ns_between(Clock::time_point a, Clock::time_point b) {
 
 bool Worker::step() {
   const Clock::time_point t0 = Clock::now();
+  pool_->poll_prefix_spills();  // prefix-cache disk writes that completed since the last step
   drain_inbox(t0);
   reclaim_undelivered(t0);
   expire_queued(t0);

@@ -167,6 +167,15 @@ void cancel_storm(ServingMode mode, bool temporal, int shards = 1) {
     // The host tier holds only the prefix cache's spilled pages (none without the cache).
     if (p.kv_prefix_pages_host == 0) EXPECT_EQ(p.kv_host_bytes_used, 0) << p.name;
   }
+  // The prefix cache's disk spills are asynchronous: a record being written is a disk record
+  // but not yet a disk page; the workers finish the writes at their next (idle) steps.
+  auto settled = [&] {
+    for (const sched::WorkerSnapshot& w : (*engine)->worker_snapshots())
+      if (w.kv_disk_records != w.pool.kv_prefix_pages_disk) return false;
+    return true;
+  };
+  for (int k = 0; k < 200 && !settled(); ++k)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   for (const sched::WorkerSnapshot& w : (*engine)->worker_snapshots()) {
     EXPECT_EQ(w.kv_host_slots_used, w.pool.kv_prefix_pages_host) << w.pool.name;
     EXPECT_EQ(w.kv_disk_records, w.pool.kv_prefix_pages_disk) << w.pool.name;

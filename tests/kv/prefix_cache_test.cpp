@@ -2,9 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "kv/kv_pool.h"
@@ -182,12 +185,14 @@ std::vector<std::vector<float>> cache_and_end(KvPool& pool, uint64_t salt,
   return kv;
 }
 
-// Takes every device block (evicting the cache's pages) and scribbles over them, then frees them.
-void force_out(KvPool& pool) {
+// Takes every device block (evicting the cache's pages) and scribbles over them, then frees them;
+// then waits for the spills' disk writes (asynchronous) so the tiers are settled.
+void force_out(KvPool& pool, bool settle = true) {
   BlockTable c;
   ASSERT_TRUE(pool.reserve(c, pool.allocator().num_blocks() * kBlock));
   for (int32_t b : c.blocks) fill(pool, b, -7.f);
   pool.release(c);
+  if (settle) pool.prefix_cache()->wait_spills();
 }
 
 TEST(PrefixCacheSpill, EvictedPagesSpillToTheHostTierAndComeBackBitExact) {
@@ -352,6 +357,9 @@ TEST(PrefixCacheSpill, SwapAndSemanticOriginalsReclaimSpilledHostPagesFirst) {
   auto done = swap_out(pool, seq, &st);
   ASSERT_TRUE(done.ok() && *done);
   EXPECT_EQ(st.to_disk, 0);  // the host tier, not the disk
+  // The slots were free at once (the pages' bytes went into the spills' buffers).
+  EXPECT_EQ(pool.prefix_cache()->pages_spilling() + pool.prefix_cache()->pages_disk(), 3);
+  pool.prefix_cache()->wait_spills();
   EXPECT_EQ(pool.prefix_cache()->pages_host(), 0);
   EXPECT_EQ(pool.prefix_cache()->pages_disk(), 3);
   EXPECT_EQ(pool.prefix_cache()->stats().reclaimed, 3);
@@ -427,6 +435,251 @@ TEST(PrefixCacheSpill, RecomputingASpilledPageBringsItBackToTheDevice) {
   EXPECT_EQ(pool.prefix_cache()->size(), 3);
   pool.release(a);
   EXPECT_EQ(pool.available_blocks(), 4);
+}
+
+// ---- asynchronous spills: writes held in flight by a gate around the tier's I/O backend ----
+
+// Holds every write submitted while closed; open() runs them (on the opening thread) and
+// completes them.
+struct WriteGate {
+  std::mutex mu;
+  bool closed = false;
+  BlockIo* inner = nullptr;
+  std::vector<std::pair<IoRequest, std::shared_ptr<IoCompletion>>> held;
+
+  void close() {
+    std::lock_guard<std::mutex> lock(mu);
+    closed = true;
+  }
+  void open() {
+    std::vector<std::pair<IoRequest, std::shared_ptr<IoCompletion>>> run;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      closed = false;
+      run.swap(held);
+    }
+    for (auto& [req, c] : run) c->complete(inner->submit(std::move(req))->wait());
+  }
+  int num_held() {
+    std::lock_guard<std::mutex> lock(mu);
+    return static_cast<int>(held.size());
+  }
+};
+
+class GatedIo final : public BlockIo {
+ public:
+  GatedIo(std::unique_ptr<BlockIo> inner, std::shared_ptr<WriteGate> gate)
+      : inner_(std::move(inner)), gate_(std::move(gate)) {
+    gate_->inner = inner_.get();
+  }
+  std::shared_ptr<IoCompletion> submit(IoRequest r) override {
+    {
+      std::lock_guard<std::mutex> lock(gate_->mu);
+      if (gate_->closed && r.op == IoOp::kWrite) {
+        auto c = std::make_shared<IoCompletion>(r.bytes());
+        gate_->held.emplace_back(std::move(r), c);
+        return c;
+      }
+    }
+    return inner_->submit(std::move(r));
+  }
+  IoBackend backend() const override { return inner_->backend(); }
+
+ private:
+  std::unique_ptr<BlockIo> inner_;
+  std::shared_ptr<WriteGate> gate_;
+};
+
+// A pool as tiered() makes, whose disk tier's writes pass through `gate`.
+TieredPool gated(int blocks, int host_slots, const std::shared_ptr<WriteGate>& gate) {
+  TieredPool t = tiered(blocks, host_slots, false);
+  t.dir.emplace();
+  DiskTierConfig dc;
+  dc.path = t.dir->path().string();
+  dc.capacity_bytes = int64_t{4} << 20;
+  dc.extent_bytes = 4096;  // one page record (512 + 64 + key) per extent
+  dc.io.wrap = [gate](std::unique_ptr<BlockIo> io) -> std::unique_ptr<BlockIo> {
+    return std::make_unique<GatedIo>(std::move(io), gate);
+  };
+  auto disk = DiskTier::open(dc);
+  EXPECT_TRUE(disk.ok()) << disk.status().to_string();
+  t.pool->attach_disk(std::move(disk).value());
+  return t;
+}
+
+TEST(PrefixCacheSpillAsync, TheEvictingAllocationDoesNotWaitForTheWrite) {
+  auto gate = std::make_shared<WriteGate>();
+  TieredPool tp = gated(4, 0, gate);
+  KvPool& pool = *tp.pool;
+  const uint64_t s = PrefixCache::salt_of("a");
+  const std::vector<int32_t> t = tokens(13);
+  cache_and_end(pool, s, t, 3);
+  gate->close();
+  force_out(pool, /*settle=*/false);  // returns with the three writes held in flight
+  const PrefixCache& pc = *pool.prefix_cache();
+  EXPECT_EQ(gate->num_held(), 3);
+  EXPECT_EQ(pc.spills_in_flight(), 3);
+  EXPECT_EQ(pc.pages_spilling(), 3);
+  EXPECT_EQ(pc.pages_disk(), 0);  // no entry names a record before its write completed
+  EXPECT_EQ(pc.stats().spilled_disk, 0);
+  EXPECT_EQ(pool.disk()->stats().records, 3);  // being written
+  EXPECT_EQ(pool.allocator().num_used(), 0);   // the blocks were free at once
+  EXPECT_EQ(pool.prefix_cache()->poll_spills(), 0);
+  gate->open();
+  EXPECT_EQ(pool.prefix_cache()->poll_spills(), 3);
+  EXPECT_EQ(pc.pages_spilling(), 0);
+  EXPECT_EQ(pc.pages_disk(), 3);
+  EXPECT_EQ(pc.stats().spilled_disk, 3);
+  pool.prefix_cache()->clear(pool.allocator());
+  EXPECT_EQ(pool.disk()->stats().records, 0);
+}
+
+TEST(PrefixCacheSpillAsync, ALookupDuringTheWriteIsServedFromTheSpillsBufferNeverTheRecord) {
+  for (int host_slots : {0, 1}) {
+    auto gate = std::make_shared<WriteGate>();
+    TieredPool tp = gated(4, host_slots, gate);
+    KvPool& pool = *tp.pool;
+    const uint64_t s = PrefixCache::salt_of("a");
+    const std::vector<int32_t> t = tokens(13);
+    const auto kv = cache_and_end(pool, s, t, 3);
+    gate->close();
+    force_out(pool, /*settle=*/false);
+    const PrefixCache& pc = *pool.prefix_cache();
+    // With one host slot, pages 2 and 1 passed through it on their way to disk: the slot was
+    // free again at once (its bytes copied into the spill), so page 0 holds it.
+    EXPECT_EQ(pc.pages_host(), host_slots);
+    EXPECT_EQ(pc.pages_spilling(), 3 - host_slots);
+    EXPECT_EQ(pool.host_allocator().num_used(), host_slots);
+    BlockTable b;
+    ASSERT_EQ(pool.share_prefix(b, s, t, 3), 3);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(read(pool, b.blocks[i]), kv[i]) << "page " << i;
+    EXPECT_EQ(pool.disk()->stats().reads, 0);  // not one read of a record being written
+    EXPECT_EQ(pc.stats().hit_pages_spilling, 3 - host_slots);
+    EXPECT_EQ(pc.stats().hit_pages_host, host_slots);      // from the slot
+    EXPECT_EQ(pc.stats().hit_pages_disk, 3 - host_slots);  // on their way to disk
+    EXPECT_EQ(pc.pages_device(), 3);
+    // The writes go on for records nobody names; each is freed as it completes.
+    EXPECT_EQ(pc.spills_in_flight(), 3 - host_slots);
+    gate->open();
+    pool.prefix_cache()->poll_spills();
+    EXPECT_EQ(pc.spills_in_flight(), 0);
+    EXPECT_EQ(pool.disk()->stats().records, 0);
+    EXPECT_EQ(pool.disk()->stats().extents_used, 0);
+    EXPECT_EQ(pc.pages_disk(), 0);
+    pool.release(b);
+    pool.prefix_cache()->clear(pool.allocator());
+    EXPECT_EQ(pool.allocator().num_used(), 0);
+    EXPECT_EQ(pool.host_allocator().num_used(), 0);
+  }
+}
+
+TEST(PrefixCacheSpillAsync, AWriteThatFailsInFlightIsNeverVisibleAndFreesItsRecord) {
+  auto gate = std::make_shared<WriteGate>();
+  TieredPool tp = gated(4, 0, gate);
+  KvPool& pool = *tp.pool;
+  const uint64_t s = PrefixCache::salt_of("a");
+  const std::vector<int32_t> t = tokens(13);
+  const auto kv = cache_and_end(pool, s, t, 3);
+  // The first spill (page 2, the deepest) is cut short by the kernel, after the gate.
+  pool.disk()->set_fault_hook(inject_next(IoOp::kWrite, InjectedFault::kShortIo, 1));
+  gate->close();
+  force_out(pool, /*settle=*/false);
+  const PrefixCache& pc = *pool.prefix_cache();
+  EXPECT_EQ(pc.pages_spilling(), 3);
+  EXPECT_EQ(pc.stats().spill_faults, 0);  // not known yet
+  gate->open();
+  pool.prefix_cache()->poll_spills();
+  EXPECT_EQ(pc.stats().spill_faults, 1);
+  EXPECT_EQ(pc.stats().evicted, 1);
+  EXPECT_EQ(pc.size(), 2);
+  EXPECT_EQ(pc.pages_disk(), 2);
+  EXPECT_EQ(pool.disk()->stats().records, 2);  // the failed one left nothing
+  EXPECT_EQ(pool.disk()->stats().fault_count(DiskFault::kShortIo), 1);
+  BlockTable b;
+  EXPECT_EQ(pool.share_prefix(b, s, t, 3), 2);  // page 2 is not found, never read
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(read(pool, b.blocks[i]), kv[i]);
+  EXPECT_EQ(pc.stats().restore_faults, 0);
+  pool.release(b);
+}
+
+TEST(PrefixCacheSpillAsync, ClearAndDestructionWaitForTheWritesAndLeakNothing) {
+  for (bool destroy : {false, true}) {
+    auto gate = std::make_shared<WriteGate>();
+    TieredPool tp = gated(4, 1, gate);
+    KvPool& pool = *tp.pool;
+    cache_and_end(pool, PrefixCache::salt_of("a"), tokens(13), 3);
+    gate->close();
+    force_out(pool, /*settle=*/false);
+    ASSERT_EQ(pool.prefix_cache()->spills_in_flight(), 2);
+    // The writes complete a little later, on another thread, while clear() or the pool's
+    // destruction waits for them.
+    std::thread opener([gate] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      gate->open();
+    });
+    if (destroy) {
+      tp.pool.reset();  // the cache goes first and frees its records; the tier then checks that
+                        // no op is unfinished (it aborts otherwise)
+    } else {
+      pool.prefix_cache()->clear(pool.allocator());
+      EXPECT_EQ(pool.prefix_cache()->spills_in_flight(), 0);
+      EXPECT_EQ(pool.allocator().num_used(), 0);
+      EXPECT_EQ(pool.host_allocator().num_used(), 0);
+      EXPECT_EQ(pool.disk()->stats().records, 0);
+      EXPECT_EQ(pool.disk()->stats().extents_used, 0);
+    }
+    opener.join();
+    EXPECT_EQ(gate->num_held(), 0);
+  }
+}
+
+TEST(PrefixCacheSpillAsync, SynchronousSpillsNameTheRecordBeforeTheAllocationReturns) {
+  TieredPool tp = tiered(4, 0, true);
+  KvPool& pool = *tp.pool;
+  pool.prefix_cache()->set_async_spills(false);
+  const uint64_t s = PrefixCache::salt_of("a");
+  const std::vector<int32_t> t = tokens(13);
+  const auto kv = cache_and_end(pool, s, t, 3);
+  force_out(pool, /*settle=*/false);
+  const PrefixCache& pc = *pool.prefix_cache();
+  EXPECT_EQ(pc.spills_in_flight(), 0);
+  EXPECT_EQ(pc.pages_disk(), 3);
+  BlockTable b;
+  ASSERT_EQ(pool.share_prefix(b, s, t, 3), 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(read(pool, b.blocks[i]), kv[i]);
+  EXPECT_EQ(pc.stats().hit_pages_disk, 3);
+  pool.release(b);
+}
+
+TEST(PrefixCacheSpillAsync, SwapGetsSpilledHostSlotsAtOnceAndRoomTakenByWritesInFlight) {
+  auto gate = std::make_shared<WriteGate>();
+  TieredPool tp = gated(4, 3, gate);
+  KvPool& pool = *tp.pool;
+  const uint64_t s = PrefixCache::salt_of("a");
+  const std::vector<int32_t> t = tokens(13);
+  const auto kv = cache_and_end(pool, s, t, 3);
+  force_out(pool);
+  ASSERT_EQ(pool.prefix_cache()->pages_host(), 3);
+  gate->close();
+  // A sequence of 3 pages swaps out to the host tier: the cache's pages leave their slots for
+  // disk writes that are still held, and the swap does not wait for them.
+  BlockTable seq;
+  ASSERT_TRUE(pool.reserve(seq, 12));
+  SwapStats st;
+  auto done = swap_out(pool, seq, &st);
+  ASSERT_TRUE(done.ok() && *done);
+  EXPECT_EQ(st.to_disk, 0);
+  EXPECT_EQ(pool.prefix_cache()->pages_spilling(), 3);
+  EXPECT_EQ(gate->num_held(), 3);
+  gate->open();
+  BlockTable b;
+  ASSERT_EQ(pool.share_prefix(b, s, t, 3), 3);  // polls first: the pages are on disk now
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(read(pool, b.blocks[i]), kv[i]);
+  EXPECT_EQ(pool.prefix_cache()->stats().hit_pages_disk, 3);
+  pool.release(b);
+  pool.release(seq);
+  EXPECT_EQ(pool.host_allocator().num_used(), 0);
+  EXPECT_EQ(pool.disk()->stats().records, 0);
 }
 
 }  // namespace
