@@ -174,7 +174,7 @@ void cancel_storm(ServingMode mode, bool temporal, int shards = 1) {
       if (w.kv_disk_records != w.pool.kv_prefix_pages_disk) return false;
     return true;
   };
-  for (int k = 0; k < 200 && !settled(); ++k)
+  for (int k = 0; k < 1000 && !settled(); ++k)  // up to 10 s (sanitizer trees, loaded CI)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   for (const sched::WorkerSnapshot& w : (*engine)->worker_snapshots()) {
     EXPECT_EQ(w.kv_host_slots_used, w.pool.kv_prefix_pages_host) << w.pool.name;
