@@ -221,6 +221,47 @@ TEST_P(EngineSwap, DiskTierTakesTheSwapsWithoutAHostTierAndPrefetchesThem) {
 
 // Cancelling sequences whose swap-in was read ahead and not yet used: the reads are dropped and
 // every device block, host slot and disk record comes back.
+// Two sequences that each need the whole pool by their end, preempted by recompute (a recompute
+// samples nothing and ends on a block boundary, and a prefilling sequence is never a victim):
+// they take turns and both finish with their tokens alone, whatever the pool's slack.
+TEST(EngineSwapRecompute, TwoSequencesEachFillingThePoolTakeTurnsAndFinish) {
+  KVSPLIT_REQUIRE_MODELS();
+  for (int blocks : {8, 9, 10, 13}) {
+    SCOPED_TRACE("pool of " + std::to_string(blocks) + " blocks");
+    EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
+    cfg.block_size = 16;
+    cfg.kv_blocks_per_worker = blocks;
+    cfg.temporal.swap = SwapMode::kNever;
+    auto engine = EngineImpl::create(cfg);
+    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    const std::vector<int> initial = testing::free_blocks(**engine);
+    std::vector<Request> reqs(2);
+    for (int i = 0; i < 2; ++i) {
+      reqs[i].request_id = "fill" + std::to_string(i);
+      reqs[i].prompt_token_ids = std::vector<int32_t>(16, 40 + 7 * i);  // exactly one block
+      // 16 + 112 = 128 tokens: 8 blocks, the whole of the smallest pool.
+      reqs[i].sampling.max_tokens = 112;
+      reqs[i].sampling.ignore_eos = true;
+      reqs[i].sampling.temperature = 0;
+    }
+    std::vector<Collected> ref;
+    for (const Request& r : reqs) ref.push_back(collect(*(*engine)->submit(r)));
+    std::vector<RequestHandle> handles;
+    for (const Request& r : reqs) handles.push_back(*(*engine)->submit(r));
+    int preemptions = 0;
+    for (int i = 0; i < 2; ++i) {
+      const Collected got = collect(handles[i], std::chrono::seconds(120));
+      ASSERT_FALSE(got.timed_out) << "request " << i << " made no progress";
+      ASSERT_TRUE(got.final_event.status.ok()) << got.final_event.status.to_string();
+      EXPECT_EQ(got.tokens, ref[i].tokens) << "request " << i;
+      EXPECT_EQ(got.tokens.size(), 112u);
+      preemptions += got.final_event.timings.preemptions;
+    }
+    if (blocks < 16) EXPECT_GT(preemptions, 0);
+    EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+  }
+}
+
 TEST(EngineSwapPrefetch, CancelDuringAPrefetchReleasesEverything) {
   KVSPLIT_REQUIRE_MODELS();
   testing::TempDir dir;
