@@ -339,7 +339,20 @@ bool Sim::step(Worker& w) {
     }
     const int64_t need = std::max<int64_t>(0, blocks_for(r.target, c_.block_size) - r.pages());
     if (need > 0) {
-      if (!reserving || need > w.free_blocks) {
+      // A restart (recompute) also leaves room for the running requests served before it to
+      // reach their last position, as the Scheduler does.
+      int64_t room = need;
+      if (r.generated > 0) {
+        for (int j : w.running) {
+          const Req& a = reqs_[j];
+          if (a.st != St::kRunning || !serves_before(a, r)) continue;
+          const int64_t last =
+              blocks_for(a.prompt + std::max<int64_t>(0, a.output - 1), c_.block_size);
+          room += std::clamp<int64_t>(last - a.pages(), 0,
+                                      std::max<int64_t>(0, w.total_blocks - a.held));
+        }
+      }
+      if (!reserving || room > w.free_blocks) {
         reserving = false;
         continue;
       }

@@ -195,9 +195,12 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       v.held_blocks = pool.releasable_blocks(s.table);
       v.last_prefill_step = s.last_prefill_step;
       v.target = s.running ? 0 : s.target();
-      if (!s.running) {
+      if (s.running) {
+        v.final_positions = s.num_prompt + std::max(0, s.in->params.max_tokens - 1);
+      } else {
         v.swapped_pages = kv::swapped_pages(s.table);
         v.resume_step = s.resume_step;
+        v.restart = s.num_output() > 0 && v.swapped_pages == 0;
       }
       (s.running ? running : waiting).push_back(v);
     }

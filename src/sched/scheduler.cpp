@@ -228,6 +228,17 @@ bool Scheduler::make_room_by_slice(StepState& st, const SchedSeq& w, int need,
   return true;
 }
 
+int Scheduler::growth_ahead(const StepState& st, const SchedSeq& w) const {
+  int blocks = 0;
+  for (const StepState::Run& r : st.runs) {
+    if (r.preempted || r.seq->final_positions <= 0) continue;
+    if (!serves_before(key_of(*r.seq), key_of(w))) continue;
+    const int last = blocks_for(r.seq->final_positions, config_.block_size);
+    blocks += std::clamp(last - r.num_blocks, 0, std::max(0, st.in.total_blocks - r.held));
+  }
+  return blocks;
+}
+
 // 3. Prefill and recompute chunks under the token budget.
 void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
   const SchedulerInput& in = st.in;
@@ -269,8 +280,11 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
     }
     const int need = std::max(0, blocks_for(w->target, config_.block_size) - w->num_blocks);
     if (need > 0) {
-      if (reserving && need > st.free) make_room_by_slice(st, *w, need, out);
-      if (!reserving || need > st.free) {
+      // A restart also leaves room for the sequences served before it to reach their last
+      // position: their growth would otherwise preempt it again and its recompute be lost.
+      const int room = need + (w->restart ? growth_ahead(st, *w) : 0);
+      if (reserving && room > st.free) make_room_by_slice(st, *w, room, out);
+      if (!reserving || room > st.free) {
         reserving = false;
         continue;
       }

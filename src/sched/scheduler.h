@@ -60,6 +60,11 @@ struct SchedSeq {
   int target = 0;        // waiting only: positions whose KV must exist before it decodes
                          // (the prompt, or prompt + output[:-1] after a preemption)
   int num_blocks = 0;    // KV pages its block table holds now
+  // Running only: the most positions its KV can reach (prompt + max_tokens - 1); 0: unknown. A
+  // restart waits for the growth of the running sequences served before it (Scheduler, step 3).
+  int final_positions = 0;
+  // Waiting only: preempted by recompute before (its output is recomputed, not its prompt).
+  bool restart = false;
   // Full-pool blocks a release frees: num_blocks (-1) unless a KV cut moved pages out of the pool
   // (quantized into an arena, or evicted).
   int held_blocks = -1;
@@ -188,6 +193,9 @@ class Scheduler {
   // Pauses slice-expired running sequences of lower priority than `w` until `need` blocks are
   // free; false (nothing done) when they cannot free enough.
   bool make_room_by_slice(StepState& st, const SchedSeq& w, int need, SchedulerOutput& out) const;
+  // Blocks the running sequences served before `w` still need to reach their final_positions
+  // (each at most what the pool can give it).
+  int growth_ahead(const StepState& st, const SchedSeq& w) const;
 
   SchedulerConfig config_;
   std::shared_ptr<const SwapPredictor> predictor_;

@@ -233,6 +233,7 @@ SchedulerInput Worker::scheduler_input(bool with_handoffs) {
       s.slack_ms = target - std::chrono::duration<double, std::milli>(now - since).count();
     }
     s.step_interval_ewma_ms = seq.step_interval_ewma_ms;
+    s.final_positions = seq.num_prompt + std::max(0, seq.params.max_tokens - 1);
     sched_running_.push_back(s);
   }
   for (size_t i = 0; i < waiting_.size(); ++i) {
@@ -241,6 +242,7 @@ SchedulerInput Worker::scheduler_input(bool with_handoffs) {
     s.target = waiting_[i]->prefill_target();
     s.swapped_pages = kv::swapped_pages(waiting_[i]->table);
     s.resume_step = waiting_[i]->resume_step;
+    s.restart = waiting_[i]->num_output() > 0 && s.swapped_pages == 0;
     sched_waiting_.push_back(s);
   }
   if (with_handoffs) {

@@ -270,6 +270,54 @@ TEST(Scheduler, FairPrefillKeepsPriorities) {
   EXPECT_EQ(out.prefill[1].tokens, 8);
 }
 
+// A restart (preempted by recompute before) starts only when the running sequences served before
+// it can also grow to their final positions; a younger running sequence's growth, a first prompt
+// and an unknown final length do not hold it back.
+TEST(Scheduler, RestartWaitsForTheGrowthOfSequencesServedBeforeIt) {
+  // Block size 4. Sequence 0 (older) holds 2 blocks and may reach 24 positions: 4 more blocks.
+  std::vector<SchedSeq> run = {running(0, 7, 2)};
+  run[0].final_positions = 24;
+  SchedSeq restart = waiting(5, /*target=*/12);  // 3 blocks to recompute
+  restart.restart = true;
+  {
+    // 6 free: 3 for the restart + 4 for sequence 0's growth do not fit, so it waits, and so
+    // does the younger prompt behind it (no overtaking on reservation).
+    const std::vector<SchedSeq> wait = {restart, waiting(6, 4)};
+    SchedulerInput in{run, wait, {}, /*free=*/6, /*total=*/8, /*step=*/1};
+    const SchedulerOutput out = Scheduler(config(64, true)).schedule(in);
+    EXPECT_TRUE(out.prefill.empty());
+    EXPECT_EQ(out.free_blocks_after, 6);
+  }
+  {
+    // 7 free: it fits beside sequence 0's growth and starts.
+    const std::vector<SchedSeq> wait = {restart};
+    SchedulerInput in{run, wait, {}, /*free=*/7, /*total=*/9, /*step=*/1};
+    const SchedulerOutput out = Scheduler(config(64, true)).schedule(in);
+    ASSERT_EQ(out.prefill.size(), 1u);
+    EXPECT_EQ(out.prefill[0].id, 5);
+    EXPECT_EQ(out.free_blocks_after, 4);
+  }
+  {
+    // The same sequence on its first prompt is not held back.
+    SchedSeq first = restart;
+    first.restart = false;
+    const std::vector<SchedSeq> wait = {first};
+    SchedulerInput in{run, wait, {}, /*free=*/6, /*total=*/8, /*step=*/1};
+    EXPECT_EQ(Scheduler(config(64, true)).schedule(in).prefill.size(), 1u);
+  }
+  {
+    // A younger running sequence's growth is not reserved for; nor an unknown final length.
+    std::vector<SchedSeq> younger = {running(9, 7, 2)};
+    younger[0].final_positions = 24;
+    std::vector<SchedSeq> unknown = {running(0, 7, 2)};
+    const std::vector<SchedSeq> wait = {restart};
+    for (const auto* r : {&younger, &unknown}) {
+      SchedulerInput in{*r, wait, {}, /*free=*/3, /*total=*/5, /*step=*/1};
+      EXPECT_EQ(Scheduler(config(64, true)).schedule(in).prefill.size(), 1u);
+    }
+  }
+}
+
 TEST(Scheduler, CanAdmitPromptKeepsAWatermarkForGrowth) {
   const Scheduler s(config(64, true));
   EXPECT_TRUE(s.can_admit_prompt(16, 4, 400, /*running=*/0, /*owned=*/0));  // 4 blocks, no one runs
