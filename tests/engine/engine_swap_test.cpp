@@ -223,8 +223,8 @@ TEST_P(EngineSwap, DiskTierTakesTheSwapsWithoutAHostTierAndPrefetchesThem) {
 // every device block, host slot and disk record comes back.
 // Two sequences that each need the whole pool by their end, preempted by recompute (a recompute
 // samples nothing and ends on a block boundary, and a prefilling sequence is never a victim):
-// the younger is preempted once and restarts when the older can finish; both finish with their
-// tokens alone, whatever the pool's slack.
+// the lower-priority one is preempted once and restarts when the other can finish; both finish
+// with their tokens alone, whatever the pool's slack.
 TEST(EngineSwapRecompute, TwoSequencesEachFillingThePoolTakeTurnsAndFinish) {
   KVSPLIT_REQUIRE_MODELS();
   for (int blocks : {8, 9, 10, 13}) {
@@ -245,6 +245,9 @@ TEST(EngineSwapRecompute, TwoSequencesEachFillingThePoolTakeTurnsAndFinish) {
       reqs[i].sampling.ignore_eos = true;
       reqs[i].sampling.temperature = 0;
     }
+    // The first served first and preempted last whatever the machine's timing (the victim's
+    // predictor ranks priority before the step-interval EWMA).
+    reqs[0].priority = 1;
     std::vector<Collected> ref;
     for (const Request& r : reqs) ref.push_back(collect(*(*engine)->submit(r)));
     std::vector<RequestHandle> handles;
@@ -258,8 +261,8 @@ TEST(EngineSwapRecompute, TwoSequencesEachFillingThePoolTakeTurnsAndFinish) {
       EXPECT_EQ(got.tokens.size(), 112u);
       preemptions.push_back(got.final_event.timings.preemptions);
     }
-    // The younger one is preempted once, and its restart waits until the older one can reach its
-    // last position (without that rule it was preempted again at each of the older one's blocks).
+    // The lower-priority one is preempted once, and its restart waits until the other can reach
+    // its last position (without that rule it was preempted again at each of the other's blocks).
     EXPECT_EQ(preemptions[0], 0);
     EXPECT_EQ(preemptions[1], 1);
     EXPECT_TRUE(testing::pools_back_to(**engine, initial));
