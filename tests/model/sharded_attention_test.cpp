@@ -18,6 +18,7 @@
 #include "backend/split_plan.h"
 #include "kv/kv_pool.h"
 #include "kv/page_ops.h"
+#include "model/shard_test_util.h"
 
 namespace kvsplit::testing {
 namespace {
@@ -25,23 +26,6 @@ namespace {
 struct Shape {
   int heads, kv_heads, head_dim, block_size;
 };
-
-std::unique_ptr<backend::Backend> cpu(int device) {
-  backend::BackendOptions o;
-  o.threads = 2;
-  o.device = device;
-  o.spin_micros = 0;
-  auto be = backend::create_backend("cpu", o);
-  EXPECT_TRUE(be.ok()) << be.status().to_string();
-  return std::move(be).value();
-}
-
-std::vector<float> randn(std::mt19937& rng, size_t n) {
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
 
 // Exchange bytes of one step of sharded attention over one layer (sharded_attention.h): each of
 // the S - 1 peers gets every query row and sends back its partial (o and lse), and gets the K/V
@@ -75,8 +59,8 @@ void run_case(const Shape& sh, int num_shards, int chunk, const std::vector<int>
                std::to_string(num_shards) + " chunk " + std::to_string(chunk) + " seed " +
                std::to_string(seed));
   std::mt19937 rng(seed);
-  auto home = cpu(0);
-  auto ref_be = cpu(0);
+  auto home = shard_cpu(0);
+  auto ref_be = shard_cpu(0);
   kv::KvPoolConfig pc;
   pc.num_blocks = 256;
   pc.block_size = sh.block_size;
@@ -84,7 +68,7 @@ void run_case(const Shape& sh, int num_shards, int chunk, const std::vector<int>
   auto pool = kv::KvPool::create(*home, pc, shape);
   ASSERT_TRUE(pool.ok());
   std::vector<std::unique_ptr<backend::Backend>> peers;
-  for (int s = 1; s < num_shards; ++s) peers.push_back(cpu(s));
+  for (int s = 1; s < num_shards; ++s) peers.push_back(shard_cpu(s));
   ASSERT_TRUE((*pool)->add_shards(std::move(peers), chunk).ok());
   pc.num_blocks = 256 * num_shards;
   auto ref = kv::KvPool::create(*ref_be, pc, shape);
@@ -297,8 +281,8 @@ void run_scored_case(const Shape& sh, int num_shards, int chunk, const std::vect
   SCOPED_TRACE("shards " + std::to_string(num_shards) + " chunk " + std::to_string(chunk) +
                " seed " + std::to_string(seed));
   std::mt19937 rng(seed);
-  auto home = cpu(0);
-  auto ref_be = cpu(0);
+  auto home = shard_cpu(0);
+  auto ref_be = shard_cpu(0);
   const int bs = sh.block_size;
   kv::KvPoolConfig pc;
   pc.num_blocks = 64;
@@ -311,7 +295,7 @@ void run_scored_case(const Shape& sh, int num_shards, int chunk, const std::vect
   auto pool = kv::KvPool::create(*home, pc, shape);
   ASSERT_TRUE(pool.ok());
   std::vector<std::unique_ptr<backend::Backend>> peers;
-  for (int s = 1; s < num_shards; ++s) peers.push_back(cpu(s));
+  for (int s = 1; s < num_shards; ++s) peers.push_back(shard_cpu(s));
   ASSERT_TRUE((*pool)->add_shards(std::move(peers), chunk).ok());
   pc.num_blocks = 64 * num_shards;
   pc.int8_blocks = pc.int4_blocks = 16 * num_shards;
@@ -497,7 +481,7 @@ TEST(ShardedAttention, ScoringOverMixedPrecisionShardsEqualsUnsharded) {
 }
 
 TEST(ShardedAttention, RefusesAPoolWithoutShards) {
-  auto be = cpu(0);
+  auto be = shard_cpu(0);
   kv::KvPoolConfig pc;
   pc.num_blocks = 8;
   auto pool = kv::KvPool::create(*be, pc, kv::KvShape{1, 1, 8});

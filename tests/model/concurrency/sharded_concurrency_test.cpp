@@ -20,6 +20,7 @@
 #include "kv/kv_pool.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
+#include "model/shard_test_util.h"
 #include "model/sharded_attention.h"
 #include "sched/batch_generate.h"
 #include "test_util.h"
@@ -106,23 +107,6 @@ class FaultyBackend final : public backend::Backend {
   std::unique_ptr<backend::Backend> in_;
 };
 
-std::unique_ptr<backend::Backend> cpu(int device, int threads = 2) {
-  backend::BackendOptions o;
-  o.threads = threads;
-  o.device = device;
-  o.spin_micros = 0;
-  auto be = backend::create_backend("cpu", o);
-  EXPECT_TRUE(be.ok()) << be.status().to_string();
-  return std::move(be).value();
-}
-
-std::vector<float> randn(std::mt19937& rng, size_t n) {
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
 // A shard group: `shards` CPU backends (peers wrapped in FaultyBackend), `blocks` blocks each.
 struct Group {
   std::unique_ptr<backend::Backend> home;
@@ -133,7 +117,7 @@ struct Group {
 
 Group make_group(int shards, int blocks, int block_size, int chunk, const kv::KvShape& shape) {
   Group g;
-  g.home = cpu(0);
+  g.home = shard_cpu(0);
   kv::KvPoolConfig pc;
   pc.num_blocks = blocks;
   pc.block_size = block_size;
@@ -142,7 +126,7 @@ Group make_group(int shards, int blocks, int block_size, int chunk, const kv::Kv
   g.pool = std::move(pool).value();
   std::vector<std::unique_ptr<backend::Backend>> peers;
   for (int s = 1; s < shards; ++s) {
-    auto f = std::make_unique<FaultyBackend>(cpu(s));
+    auto f = std::make_unique<FaultyBackend>(shard_cpu(s));
     g.peers.push_back(f.get());
     peers.push_back(std::move(f));
   }
