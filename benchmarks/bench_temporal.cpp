@@ -25,6 +25,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -56,21 +58,39 @@ struct Options {
   std::string prefix_spill;  // "", "host" or "disk"
 };
 
-int run_restore(const Options& o) {
-  kvsplit::model::LoadOptions lo;
-  auto loaded = kvsplit::model::load_model(o.model, lo);
-  if (!loaded.ok()) return std::fprintf(stderr, "%s\n", loaded.status().to_string().c_str()), 1;
+// The model on a CPU backend of o.threads threads (the restore and spill-alloc modes).
+struct CpuModel {
+  std::optional<kvsplit::model::LoadedModel> loaded;
+  std::unique_ptr<kvsplit::backend::Backend> be;
+  std::unique_ptr<kvsplit::model::LlamaModel> model;
+};
+
+bool load_cpu_model(const Options& o, CpuModel* m) {
+  auto loaded = kvsplit::model::load_model(o.model);
+  if (!loaded.ok()) return std::fprintf(stderr, "%s\n", loaded.status().to_string().c_str()), false;
+  m->loaded.emplace(std::move(loaded).value());
   auto be = kvsplit::backend::create_backend("cpu", o.threads);
-  if (!be.ok()) return 1;
-  auto model = kvsplit::model::LlamaModel::create(*loaded, **be);
-  if (!model.ok()) return std::fprintf(stderr, "%s\n", model.status().to_string().c_str()), 1;
+  if (!be.ok()) return std::fprintf(stderr, "%s\n", be.status().to_string().c_str()), false;
+  m->be = std::move(be).value();
+  auto model = kvsplit::model::LlamaModel::create(*m->loaded, *m->be);
+  if (!model.ok()) return std::fprintf(stderr, "%s\n", model.status().to_string().c_str()), false;
+  m->model = std::move(model).value();
+  return true;
+}
+
+int run_restore(const Options& o) {
+  CpuModel m;
+  if (!load_cpu_model(o, &m)) return 1;
+  const kvsplit::model::LoadedModel* loaded = &*m.loaded;
+  kvsplit::backend::Backend* be = m.be.get();
+  kvsplit::model::LlamaModel* model = m.model.get();
   const int tokens = std::min(o.tokens, loaded->config.max_seq_len);
   kvsplit::kv::KvPoolConfig pc;
   pc.block_size = 16;
   pc.num_blocks = (tokens + 15) / 16 + 1;
-  const kvsplit::kv::KvShape shape = (*model)->kv_shape();
+  const kvsplit::kv::KvShape shape = model->kv_shape();
   pc.host_bytes = pc.num_blocks * kvsplit::kv::KvPool::block_bytes(pc, shape);
-  auto pool = kvsplit::kv::KvPool::create(**be, pc, shape);
+  auto pool = kvsplit::kv::KvPool::create(*be, pc, shape);
   if (!pool.ok()) return std::fprintf(stderr, "%s\n", pool.status().to_string().c_str()), 1;
   std::filesystem::create_directories(o.disk_path);
   kvsplit::kv::DiskTierConfig dc;
@@ -97,7 +117,7 @@ int run_restore(const Options& o) {
   for (int r = 0; r < o.reps; ++r) {
     auto t0 = Clock::now();
     const std::vector<kvsplit::model::SeqStep> steps = {step};
-    if (!(*model)->forward(steps, **pool, &logits).ok()) return 1;
+    if (!model->forward(steps, **pool, &logits).ok()) return 1;
     recompute = std::min(recompute, ms_since(t0));
     kvsplit::kv::SwapStats st;
     t0 = Clock::now();
@@ -133,17 +153,12 @@ int run_restore(const Options& o) {
 }
 
 int run_spill_alloc(const Options& o) {
-  kvsplit::model::LoadOptions lo;
-  auto loaded = kvsplit::model::load_model(o.model, lo);
-  if (!loaded.ok()) return std::fprintf(stderr, "%s\n", loaded.status().to_string().c_str()), 1;
-  auto be = kvsplit::backend::create_backend("cpu", o.threads);
-  if (!be.ok()) return 1;
-  auto model = kvsplit::model::LlamaModel::create(*loaded, **be);
-  if (!model.ok()) return std::fprintf(stderr, "%s\n", model.status().to_string().c_str()), 1;
+  CpuModel m;
+  if (!load_cpu_model(o, &m)) return 1;
   kvsplit::kv::KvPoolConfig pc;
   pc.block_size = 16;
   pc.num_blocks = o.pages;
-  auto pool = kvsplit::kv::KvPool::create(**be, pc, (*model)->kv_shape());
+  auto pool = kvsplit::kv::KvPool::create(*m.be, pc, m.model->kv_shape());
   if (!pool.ok()) return std::fprintf(stderr, "%s\n", pool.status().to_string().c_str()), 1;
   kvsplit::kv::KvPool& p = **pool;
   p.enable_prefix_cache();
