@@ -112,18 +112,22 @@ struct Row {
   DiskBandwidth disk;
   DiskBandwidth raw;
   double memcpy_bps;
+  double inline_share = 0;  // tier read requests served on the reading thread, over reads
 };
 
 // Best-of-`repeats` disk bandwidth with records of `record_bytes` (the extent fits one record
 // exactly, as a caller sizing extents to its pages would do).
 bool disk_bandwidth(const std::string& dir, IoBackend backend, int64_t record_bytes, int64_t total,
-                    int repeats, bool cold, bool direct, DiskBandwidth* out, std::string* ran) {
+                    int repeats, bool cold, bool direct, bool inline_reads, Row* row,
+                    std::string* ran) {
+  DiskBandwidth* out = &row->disk;
   DiskTierConfig c;
   c.path = dir;
   c.extent_bytes = (DiskTier::kHeaderBytes + record_bytes + 4095) / 4096 * 4096;
   c.capacity_bytes = (total / record_bytes + 1) * c.extent_bytes;
   c.io.backend = backend;
   c.direct_io = direct;
+  c.inline_reads = inline_reads;
   auto tier = DiskTier::open(c);
   if (!tier.ok()) {
     std::fprintf(stderr, "bench_tiers: %s\n", tier.status().to_string().c_str());
@@ -144,6 +148,9 @@ bool disk_bandwidth(const std::string& dir, IoBackend backend, int64_t record_by
     out->write_bytes_per_s = std::max(out->write_bytes_per_s, bw->write_bytes_per_s);
     out->read_bytes_per_s = std::max(out->read_bytes_per_s, bw->read_bytes_per_s);
   }
+  const auto st = tier.value()->stats();
+  row->inline_share = static_cast<double>(st.read_requests_inline) /
+                      static_cast<double>(std::max<int64_t>(1, st.reads));
   return true;
 }
 
@@ -162,7 +169,7 @@ int main(int argc, char** argv) {
   int64_t total_mb = 256;
   std::vector<int64_t> large_kb{1024, 4096, 8192}, small_kb{4, 16};
   int repeats = 3;
-  bool cold = false, direct = false;
+  bool cold = false, direct = false, no_inline = false;
   app.add_option("--dir", dir, "directory for the tier's data file (removed at the end)");
   app.add_option("--backend", backend_name, "auto | uring | threads | both");
   app.add_option("--total-mb", total_mb, "bytes moved per measurement");
@@ -171,6 +178,8 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "best of N");
   app.add_flag("--cold", cold, "drop the page cache between writing and reading");
   app.add_flag("--direct", direct, "O_DIRECT for the tier and the raw loop (the device itself)");
+  app.add_flag("--no-inline", no_inline,
+               "every tier read through the I/O backend (no page-cache reads on the caller)");
   CLI11_PARSE(app, argc, argv);
 
   std::vector<IoBackend> backends;
@@ -196,25 +205,28 @@ int main(int argc, char** argv) {
     for (int64_t size : sizes) {
       Row row{size, {}, {}, memcpy_bandwidth(size, total, repeats)};
       if (!raw_bandwidth(dir, size, total, repeats, cold, direct, &row.raw) ||
-          !disk_bandwidth(dir, backend, size, total, repeats, cold, direct, &row.disk, &ran)) {
+          !disk_bandwidth(dir, backend, size, total, repeats, cold, direct, !no_inline, &row,
+                          &ran)) {
         rc = 1;
         break;
       }
       rows.push_back(row);
     }
     if (rows.empty()) continue;
-    std::printf("\ndisk tier, backend %s, %lld MiB per measurement, %s, best of %d\n", ran.c_str(),
-                static_cast<long long>(total_mb),
-                direct ? "O_DIRECT" : (cold ? "cold reads" : "warm reads"), repeats);
-    std::printf("%-10s %10s %10s %10s %10s %10s %10s %10s %10s\n", "record", "write GB/s",
-                "read GB/s", "raw wr", "raw rd", "write/raw", "read/raw", "memcpy", "read/mcpy");
+    std::printf("\ndisk tier, backend %s, %lld MiB per measurement, %s%s, best of %d\n",
+                ran.c_str(), static_cast<long long>(total_mb),
+                direct ? "O_DIRECT" : (cold ? "cold reads" : "warm reads"),
+                no_inline ? ", no inline reads" : "", repeats);
+    std::printf("%-10s %10s %10s %10s %10s %10s %10s %10s %10s %10s\n", "record", "write GB/s",
+                "read GB/s", "raw wr", "raw rd", "write/raw", "read/raw", "memcpy", "read/mcpy",
+                "rd inline");
     for (const Row& r : rows)
-      std::printf("%-10s %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f\n",
+      std::printf("%-10s %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f\n",
                   size_name(r.record_bytes).c_str(), r.disk.write_bytes_per_s / 1e9,
                   r.disk.read_bytes_per_s / 1e9, r.raw.write_bytes_per_s / 1e9,
                   r.raw.read_bytes_per_s / 1e9, r.disk.write_bytes_per_s / r.raw.write_bytes_per_s,
                   r.disk.read_bytes_per_s / r.raw.read_bytes_per_s, r.memcpy_bps / 1e9,
-                  r.disk.read_bytes_per_s / r.memcpy_bps);
+                  r.disk.read_bytes_per_s / r.memcpy_bps, r.inline_share);
     // Large over small: what moving a sequence as whole pages buys over per-layer pieces.
     const size_t nl = std::min(large_kb.size(), rows.size());
     if (nl < rows.size()) {

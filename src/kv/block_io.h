@@ -47,6 +47,13 @@ struct IoRequest {
   int fd = -1;
   int64_t offset = 0;
   std::vector<iovec> iov;
+  // Reads only: the backend may first try the read on the submitting thread with
+  // preadv2(RWF_NOWAIT), which copies from the page cache and never waits for the device. When
+  // the page cache holds all of it, the completion is done before submit() returns, with no
+  // hand-off to a helper thread; otherwise the request runs as usual. Leave it off for O_DIRECT
+  // files (the device would be read on the caller) and for large reads whose copy should overlap
+  // the caller's work.
+  bool inline_if_cached = false;
 
   int64_t bytes() const;
 };
@@ -68,9 +75,13 @@ class IoCompletion {
   IoResult wait() const;  // blocks until done
   // Called exactly once, by the backend (or by the submitter for a request never submitted).
   void complete(IoResult result);
+  // True when the request was served on the submitting thread (IoRequest::inline_if_cached).
+  bool served_inline() const { return served_inline_; }
 
  private:
+  friend std::shared_ptr<IoCompletion> try_inline_read(const IoRequest& request);
   const int64_t requested_;
+  bool served_inline_ = false;  // set before the completion is shared
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   bool done_ = false;
@@ -90,6 +101,11 @@ class BlockIo {
   // kUring or kThreads: what actually runs.
   virtual IoBackend backend() const = 0;
 };
+
+// The backends' fast path for IoRequest::inline_if_cached: the completed request when the page
+// cache held every byte of it, else nullptr (the data is not all cached, the request is not an
+// eligible read, or the kernel lacks RWF_NOWAIT: the backend then runs it as usual).
+std::shared_ptr<IoCompletion> try_inline_read(const IoRequest& request);
 
 // True when this build has the io_uring backend (liburing found at build time).
 bool have_io_uring_support();

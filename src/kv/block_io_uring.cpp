@@ -53,6 +53,7 @@ class UringBlockIo final : public BlockIo {
 
   std::shared_ptr<IoCompletion> submit(IoRequest request) override {
     KVSPLIT_CHECK(request.iov.size() <= IOV_MAX && request.bytes() <= kMaxIoBytes);
+    if (auto done = try_inline_read(request)) return done;
     auto c = std::make_shared<IoCompletion>(request.bytes());
     std::unique_lock<std::mutex> lock(mu_);
     space_cv_.wait(lock, [&] { return inflight_.size() < max_inflight_; });

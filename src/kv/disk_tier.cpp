@@ -258,7 +258,13 @@ StatusOr<DiskOp> DiskTier::read(RecordId id, std::span<const std::span<std::byte
   }
   op.tier_ = this;
   op.finished_ = false;
-  submit_all(op, plan_io(IoOp::kRead, extents, stream));
+  std::vector<IoRequest> reqs = plan_io(IoOp::kRead, extents, stream);
+  // Small buffered reads the page cache holds are copied on this thread, without the hand-off to
+  // the I/O thread that costs them more than their copy; large ones stay asynchronous, so their
+  // copy overlaps the caller's checksum of the record before (docs/kv-tiers.md).
+  if (!direct_ && config_.inline_reads)
+    for (IoRequest& r : reqs) r.inline_if_cached = r.bytes() < kInlineReadBytes;
+  submit_all(op, std::move(reqs));
   return op;
 }
 
@@ -267,8 +273,10 @@ Status DiskTier::finish(DiskOp& op) {
   // 1. The kernel's verdict, then (reads) the record's own: header, then checksum.
   DiskFault fault = DiskFault::kNone;
   std::string detail;
+  int64_t served_inline = 0;
   for (size_t i = 0; i < op.io_.size(); ++i) {
     const IoResult res = op.io_[i]->wait();
+    served_inline += op.io_[i]->served_inline();
     if (fault != DiskFault::kNone) continue;
     if (res.error != 0) {
       fault =
@@ -341,6 +349,7 @@ Status DiskTier::finish(DiskOp& op) {
     }
   } else {
     --r->readers;
+    stats_.read_requests_inline += served_inline;
     if (fault == DiskFault::kNone) {
       ++stats_.reads;
       stats_.bytes_read += r->payload_bytes;

@@ -47,6 +47,10 @@ struct DiskTierConfig {
   // ones; tmpfs before Linux 6.6) falls back to buffered I/O, logged; DiskTierStats::direct_io says
   // which is in use.
   bool direct_io = false;
+  // Buffered reads smaller than DiskTier::kInlineReadBytes first try the page cache on the
+  // reading thread (IoRequest::inline_if_cached). Off: every read goes through the I/O backend
+  // (bench_tiers --no-inline compares the two).
+  bool inline_reads = true;
 };
 
 // Why an operation failed; each has its own counter and is logged once per tier.
@@ -91,6 +95,9 @@ struct DiskTierStats {
   int64_t records = 0;                        // being written or readable
   int64_t writes = 0, reads = 0, frees = 0;   // completed without a fault
   int64_t bytes_written = 0, bytes_read = 0;  // payload bytes of those
+  // I/O requests of reads the page cache served on the reading thread (IoRequest's
+  // inline_if_cached: buffered requests under DiskTier::kInlineReadBytes).
+  int64_t read_requests_inline = 0;
   // EWMA (weight 0.2) of the time from starting a write or read to finishing it (wait() or the
   // poll() that saw it done), in ms; 0 before the first. The KV cache manager's storage latency.
   double latency_ms_ewma = 0;
@@ -181,6 +188,8 @@ class DiskTier {
 
   static constexpr int64_t kHeaderBytes = 64;
   static constexpr uint32_t kFormatVersion = 1;
+  // Buffered read requests smaller than this try the page cache on the reading thread first.
+  static constexpr int64_t kInlineReadBytes = int64_t{256} << 10;
   static constexpr int64_t kDirectAlign = 4096;  // O_DIRECT buffer, offset and length alignment
 
  private:

@@ -3,11 +3,13 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "test_util.h"
@@ -97,6 +99,66 @@ TEST_P(BlockIoTest, ManyRequestsInFlightAllComplete) {
               4096);
     EXPECT_EQ(back, bufs[i]);
   }
+}
+
+// Whether preadv2(RWF_NOWAIT) works on `fd` (a file system without it answers EOPNOTSUPP).
+bool nowait_reads_work(int fd) {
+  char c;
+  iovec v{&c, 1};
+  return ::preadv2(fd, &v, 1, 0, RWF_NOWAIT) >= 0 || errno != EOPNOTSUPP;
+}
+
+TEST_P(BlockIoTest, CachedReadIsServedOnTheSubmitterWhenAsked) {
+  std::vector<char> a(12288);
+  std::iota(a.begin(), a.end(), 3);
+  ASSERT_EQ(io_->submit(IoRequest{IoOp::kWrite, fd_, 0, {{a.data(), a.size()}}})->wait().bytes,
+            12288);
+  if (!nowait_reads_work(fd_)) GTEST_SKIP() << "this file system has no RWF_NOWAIT reads";
+  // Just written through the page cache, so cached: done before submit() returns.
+  std::vector<char> back(a.size(), 0);
+  IoRequest r{IoOp::kRead, fd_, 0, {{back.data(), 4096}, {back.data() + 4096, 8192}}};
+  r.inline_if_cached = true;
+  auto c = io_->submit(r);
+  EXPECT_TRUE(c->done());
+  EXPECT_TRUE(c->served_inline());
+  EXPECT_EQ(c->wait().bytes, 12288);
+  EXPECT_EQ(back, a);
+  // Without the flag the same read goes to the backend's thread.
+  std::fill(back.begin(), back.end(), 0);
+  auto plain = io_->submit(IoRequest{IoOp::kRead, fd_, 0, {{back.data(), back.size()}}});
+  EXPECT_EQ(plain->wait().bytes, 12288);
+  EXPECT_FALSE(plain->served_inline());
+  EXPECT_EQ(back, a);
+  // Writes never take the inline path.
+  IoRequest w{IoOp::kWrite, fd_, 0, {{a.data(), a.size()}}};
+  w.inline_if_cached = true;
+  auto cw = io_->submit(w);
+  EXPECT_EQ(cw->wait().bytes, 12288);
+  EXPECT_FALSE(cw->served_inline());
+}
+
+TEST_P(BlockIoTest, InlineReadPastTheEndFallsBackAndIsShort) {
+  std::vector<char> a(1000, 'y');
+  ASSERT_EQ(io_->submit(IoRequest{IoOp::kWrite, fd_, 0, {{a.data(), a.size()}}})->wait().bytes,
+            1000);
+  std::vector<char> back(3000);
+  IoRequest r{IoOp::kRead, fd_, 500, {{back.data(), back.size()}}};
+  r.inline_if_cached = true;
+  auto c = io_->submit(r);
+  const IoResult res = c->wait();
+  EXPECT_FALSE(c->served_inline());  // a short inline copy is not a completion
+  EXPECT_EQ(res.error, 0);
+  EXPECT_EQ(res.bytes, 500);
+  EXPECT_EQ(std::string(back.data(), 500), std::string(500, 'y'));
+}
+
+TEST_P(BlockIoTest, InlineReadOfABadDescriptorReportsErrnoFromTheBackend) {
+  char c = 0;
+  IoRequest r{IoOp::kRead, -1, 0, {{&c, 1}}};
+  r.inline_if_cached = true;
+  auto done = io_->submit(r);
+  EXPECT_EQ(done->wait().error, EBADF);
+  EXPECT_FALSE(done->served_inline());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, BlockIoTest,

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -171,6 +172,54 @@ TEST_P(DiskTierTest, ChecksumMismatchAfterAByteFlipsOnDisk) {
   EXPECT_EQ(tier->stats().fault_count(DiskFault::kChecksum), 1);
   EXPECT_EQ(tier->stats().reads, 0);
   ASSERT_TRUE(tier->free(id).ok());
+  EXPECT_EQ(tier->stats().extents_used, 0);
+}
+
+// Whether preadv2(RWF_NOWAIT) works on the file at `path` (EOPNOTSUPP: a file system without it).
+bool nowait_reads_work(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return false;
+  char c;
+  iovec v{&c, 1};
+  const bool ok = ::preadv2(fd, &v, 1, 0, RWF_NOWAIT) >= 0 || errno != EOPNOTSUPP;
+  ::close(fd);
+  return ok;
+}
+
+TEST_P(DiskTierTest, SmallCachedReadsAreServedInlineAndStillChecked) {
+  auto tier = open_tier(16);
+  ASSERT_TRUE(tier);
+  const bool inline_reads = !direct() && nowait_reads_work(tier->data_file());
+  // A small record (below kInlineReadBytes) and a large one, both in the page cache when
+  // buffered (just written).
+  std::vector<Bytes> small{random_bytes(20000, 1), random_bytes(30000, 2)};
+  std::vector<Bytes> large{random_bytes(DiskTier::kInlineReadBytes + 4096, 3)};
+  const RecordId s_id = tier->write_sync(cspans(small), {5, 1}).value();
+  const RecordId l_id = tier->write_sync(cspans(large), {5, 2}).value();
+  std::vector<Bytes> back{Bytes(50000)};
+  ASSERT_TRUE(tier->read_sync(s_id, spans(back), {5, 1}).ok());
+  Bytes joined = small[0];
+  joined.insert(joined.end(), small[1].begin(), small[1].end());
+  EXPECT_EQ(back[0], joined);
+  EXPECT_EQ(tier->stats().read_requests_inline, inline_reads ? 1 : 0);
+  std::vector<Bytes> back_l{Bytes(large[0].size())};
+  ASSERT_TRUE(tier->read_sync(l_id, spans(back_l), {5, 2}).ok());
+  EXPECT_EQ(back_l[0], large[0]);
+  EXPECT_EQ(tier->stats().read_requests_inline, inline_reads ? 1 : 0);  // large: asynchronous
+
+  // A byte flipped behind the tier's back: the inline read is checked like any other.
+  const std::string disk = read_file(tier->data_file());
+  const std::string tail(reinterpret_cast<const char*>(small[1].data()) + 100, 64);
+  const size_t at = disk.find(tail);
+  ASSERT_NE(at, std::string::npos);
+  flip_byte(tier->data_file(), at + 7);
+  const Status bad = tier->read_sync(s_id, spans(back), {5, 1});
+  EXPECT_EQ(bad.code(), StatusCode::kDataLoss) << bad.to_string();
+  EXPECT_EQ(tier->stats().fault_count(DiskFault::kChecksum), 1);
+  EXPECT_EQ(tier->stats().read_requests_inline, inline_reads ? 2 : 0);
+  EXPECT_EQ(tier->stats().reads, 2);
+  ASSERT_TRUE(tier->free(s_id).ok());
+  ASSERT_TRUE(tier->free(l_id).ok());
   EXPECT_EQ(tier->stats().extents_used, 0);
 }
 
