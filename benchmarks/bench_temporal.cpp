@@ -7,6 +7,11 @@
 //              request: between two requests another tenant's long prompt pushes the prefix out
 //              to the host tier (or, with `disk`, no host tier: the disk tier), so every later
 //              request swaps it back in from there.
+//   --swap-bandwidth  swapping a sequence of --pages pages out to the host tier and back in,
+//   against
+//              one contiguous copy of the same bytes between device memory and host-tier memory
+//              (Backend::alloc_host: pinned on CUDA), per direction. On `--backend cuda` the
+//              contiguous copy is the PCIe link's bandwidth as the backend sees it.
 //   --spill-alloc  the allocation path when it evicts prefix-cache pages to the disk tier (no host
 //              tier): each allocation of one block spills the least recently used cached page.
 //              Synchronous spills (the write completes before the allocation returns) against
@@ -15,6 +20,7 @@
 //
 //   bench_temporal --model synthetic:llama-110m --restore --tokens 2048 --threads 2
 //   bench_temporal --model synthetic:llama-110m --spill-alloc --pages 64 --reps 5
+//   bench_temporal --model synthetic:llama-110m --swap-bandwidth --pages 128 --backend cuda
 //   bench_temporal --model synthetic:llama-110m --prefix --prefix-tokens 400 --threads 2
 //   bench_temporal --model synthetic:llama-110m --prefix --prefix-tokens 400 --requests 8
 //       --threads 2 --prefix-spill host
@@ -24,6 +30,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -49,7 +56,8 @@ double ms_since(Clock::time_point t0) {
 struct Options {
   std::string model = "synthetic:llama-110m";
   int threads = 2;
-  bool restore = false, prefix = false, spill_alloc = false;
+  bool restore = false, prefix = false, spill_alloc = false, swap_bandwidth = false;
+  std::string backend = "cpu";  // --swap-bandwidth
   int pages = 64;
   int tokens = 2048;
   int prefix_tokens = 400, requests = 8, suffix_tokens = 16;
@@ -95,8 +103,11 @@ int run_restore(const Options& o) {
   std::filesystem::create_directories(o.disk_path);
   kvsplit::kv::DiskTierConfig dc;
   dc.path = o.disk_path;
-  dc.capacity_bytes = int64_t{pc.num_blocks + 4} * kvsplit::kv::KvPool::block_bytes(pc, shape) * 2;
   dc.extent_bytes = 1 << 20;
+  // Room for the sequence twice over, in whole extents plus one for each record's rounding (a
+  // small model's sequence is less than one extent).
+  const int64_t want = int64_t{pc.num_blocks + 4} * kvsplit::kv::KvPool::block_bytes(pc, shape) * 2;
+  dc.capacity_bytes = (want / dc.extent_bytes + 2) * dc.extent_bytes;
   auto disk = kvsplit::kv::DiskTier::open(dc);
   if (!disk.ok()) return std::fprintf(stderr, "%s\n", disk.status().to_string().c_str()), 1;
   (*pool)->attach_disk(std::move(disk).value());
@@ -328,6 +339,77 @@ int run_prefix(const Options& o) {
   return 0;
 }
 
+// The time of one call of `fn` in milliseconds; -1 when it failed.
+template <class Fn>
+double time_ms(Fn&& fn) {
+  const auto t0 = Clock::now();
+  return fn() ? ms_since(t0) : -1;
+}
+
+int run_swap_bandwidth(const Options& o) {
+  auto loaded = kvsplit::model::load_model(o.model);
+  if (!loaded.ok()) return std::fprintf(stderr, "%s\n", loaded.status().to_string().c_str()), 1;
+  const auto& mc = loaded->config;
+  const kvsplit::kv::KvShape shape{mc.num_layers, mc.num_kv_heads, mc.head_dim};
+  auto be = kvsplit::backend::create_backend(o.backend, o.threads);
+  if (!be.ok()) return std::fprintf(stderr, "%s\n", be.status().to_string().c_str()), 1;
+  kvsplit::backend::Backend& b = **be;
+  kvsplit::kv::KvPoolConfig pc;
+  pc.block_size = 16;
+  pc.num_blocks = o.pages;
+  const int64_t page = kvsplit::kv::KvPool::block_bytes(pc, shape);  // all layers
+  pc.host_bytes = page * o.pages;
+  auto pool = kvsplit::kv::KvPool::create(b, pc, shape);
+  if (!pool.ok()) return std::fprintf(stderr, "%s\n", pool.status().to_string().c_str()), 1;
+  kvsplit::kv::BlockTable table;
+  if (!(*pool)->reserve(table, o.pages * pc.block_size)) return 1;
+  // The reference: one copy of the same bytes between a device buffer and alloc_host memory.
+  const size_t bytes = static_cast<size_t>(page) * static_cast<size_t>(o.pages);
+  auto dev = kvsplit::backend::DeviceBuffer::make(b, bytes);
+  auto host = b.alloc_host(bytes);
+  if (!dev.ok() || !host.ok()) return std::fprintf(stderr, "out of memory\n"), 1;
+  std::memset(*host, 1, bytes);
+  auto copy = [&](bool d2h) {
+    const kvsplit::Status st = d2h ? b.copy_d2h_async(*host, dev->get(), bytes)
+                                   : b.copy_h2d_async(dev->get(), *host, bytes);
+    return st.ok() && b.synchronize().ok();
+  };
+  kvsplit::kv::SwapStats st;
+  auto swap = [&](bool out) {
+    auto done =
+        out ? kvsplit::kv::swap_out(**pool, table, &st) : kvsplit::kv::swap_in(**pool, table, &st);
+    return done.ok() && *done;
+  };
+  double raw_d2h = 1e30, raw_h2d = 1e30, out_ms = 1e30, in_ms = 1e30;
+  bool ok = true;
+  for (int r = 0; r < o.reps && ok; ++r) {  // interleaved, so drift hits both alike
+    const double a = time_ms([&] { return copy(true); });
+    const double c = time_ms([&] { return swap(true); });
+    const double d = time_ms([&] { return swap(false); });
+    const double e = time_ms([&] { return copy(false); });
+    ok = a >= 0 && c >= 0 && d >= 0 && e >= 0;
+    raw_d2h = std::min(raw_d2h, a);
+    out_ms = std::min(out_ms, c);
+    in_ms = std::min(in_ms, d);
+    raw_h2d = std::min(raw_h2d, e);
+  }
+  b.free_host(*host);
+  if (!ok || st.to_disk != 0) return std::fprintf(stderr, "swap-bandwidth: a copy failed\n"), 1;
+  const double gb = static_cast<double>(bytes) / 1e6;  // bytes per ms -> GB/s
+  std::printf(
+      "swap-bandwidth: %s, %s, %d pages of %.1f KiB (%d layers x %.1f KiB per copy), host "
+      "memory %s, best of %d\n",
+      o.model.c_str(), b.name().c_str(), o.pages, static_cast<double>(page) / 1024, mc.num_layers,
+      static_cast<double>(page) / mc.num_layers / 1024,
+      b.host_memory_pinned() ? "pinned" : "pageable", o.reps);
+  std::printf("  device->host: swap out %.2f GB/s, one copy %.2f GB/s: %.2f of it\n", gb / out_ms,
+              gb / raw_d2h, raw_d2h / out_ms);
+  std::printf("  host->device: swap in  %.2f GB/s, one copy %.2f GB/s: %.2f of it\n", gb / in_ms,
+              gb / raw_h2d, raw_h2d / in_ms);
+  (*pool)->release(table);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -340,12 +422,18 @@ int main(int argc, char** argv) {
   app.add_flag("--prefix", o.prefix, "prefix cache TTFT");
   app.add_flag("--spill-alloc", o.spill_alloc,
                "allocation latency with prefix-cache spills to disk, sync against async");
-  app.add_option("--pages", o.pages, "--spill-alloc: device pages (all cached, all spilled)")
+  app.add_flag("--swap-bandwidth", o.swap_bandwidth,
+               "host-tier swap copies against one contiguous copy of the same bytes");
+  app.add_option("--backend", o.backend, "--swap-bandwidth: cpu | cuda");
+  app.add_option("--pages", o.pages,
+                 "--spill-alloc: device pages (all cached, all spilled); --swap-bandwidth: the "
+                 "sequence's pages")
       ->check(CLI::Range(2, 100000));
   app.add_option("--tokens", o.tokens, "--restore: sequence length");
   app.add_option("--prefix-tokens", o.prefix_tokens, "--prefix: shared prefix length");
   app.add_option("--requests", o.requests, "--prefix: requests")->check(CLI::Range(2, 10000));
-  app.add_option("--reps", o.reps, "--restore: repetitions (best of); --spill-alloc: rounds");
+  app.add_option("--reps", o.reps,
+                 "--restore, --swap-bandwidth: repetitions (best of); --spill-alloc: rounds");
   app.add_option("--disk-path", o.disk_path,
                  "--restore: disk tier directory (--prefix-spill disk: "
                  "<path>-prefix)");
@@ -357,7 +445,8 @@ int main(int argc, char** argv) {
   if (o.restore) rc |= run_restore(o);
   if (o.prefix) rc |= run_prefix(o);
   if (o.spill_alloc) rc |= run_spill_alloc(o);
-  if (!o.restore && !o.prefix && !o.spill_alloc)
-    std::fprintf(stderr, "give --restore, --prefix and/or --spill-alloc\n");
+  if (o.swap_bandwidth) rc |= run_swap_bandwidth(o);
+  if (!o.restore && !o.prefix && !o.spill_alloc && !o.swap_bandwidth)
+    std::fprintf(stderr, "give --restore, --prefix, --spill-alloc and/or --swap-bandwidth\n");
   return rc;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU and nvcc: configure + build with the CUDA backend, run the `gpu`
 # tests (real kernels vs the fp64 oracle and the CPU backend), bench_attention (all-full pages, then
-# mixed-precision pages), and the llama2.c goldens through `kvsplit generate --backend cuda` (when
+# mixed-precision pages), the host tier's swap bandwidth against PCIe, and the llama2.c goldens through `kvsplit generate --backend cuda` (when
 # ../shared/tools is present); print a summary.
 # Budget: < 8 minutes on one H200.   Usage: scripts/gpu-check.sh [build-dir]
 set -uo pipefail
@@ -32,8 +32,8 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSPLIT_BUILD_SERVE
   -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" > "$BUILD.configure.log" 2>&1 || { tail -30 "$BUILD.configure.log"; exit 1; }
 grep -q "CUDA backend ON" "$BUILD.configure.log" || { log "CUDA backend not enabled"; tail -20 "$BUILD.configure.log"; exit 1; }
 
-log "build gpu_tests kernels_emulated_tests bench_attention kvsplit"
-cmake --build "$BUILD" --target gpu_tests kernels_emulated_tests bench_attention kvsplit -j"$JOBS" \
+log "build gpu_tests kernels_emulated_tests bench_attention bench_temporal kvsplit"
+cmake --build "$BUILD" --target gpu_tests kernels_emulated_tests bench_attention bench_temporal kvsplit -j"$JOBS" \
   > "$BUILD.build.log" 2>&1 || { grep -E "error" "$BUILD.build.log" | head -40; exit 1; }
 
 log "ctest -L gpu"
@@ -50,6 +50,11 @@ log "bench_attention --mode mixed (semantic cut: full / int8 / int4 / evicted pa
 timeout 180 "$BUILD/benchmarks/bench_attention" --mode mixed --iters 20 --warmup 3 \
   | tee "$BUILD.bench-mixed.log"
 mixed_rc=${PIPESTATUS[0]}
+
+log "bench_temporal --swap-bandwidth (host tier: pinned swap copies against one PCIe copy)"
+timeout 120 "$BUILD/benchmarks/bench_temporal" --model synthetic:llama-110m --swap-bandwidth \
+  --backend cuda --pages 128 --reps 5 | tee "$BUILD.bench-swap.log"
+swap_rc=${PIPESTATUS[0]}
 
 golden="skipped (no shared/tools/golden_check.py)"
 golden_rc=0
@@ -72,8 +77,10 @@ echo "device:          $(nvidia-smi --query-gpu=name,driver_version --format=csv
 echo "gpu tests:       $([ $gpu_rc -eq 0 ] && echo PASS || echo FAIL) ($(grep -E 'tests passed|tests failed' "$BUILD.gpu-tests.log" | tail -1); skipped lines: $skipped)"
 echo "bench_attention: $([ $bench_rc -eq 0 ] && echo OK || echo FAIL)"
 echo "bench mixed:     $([ $mixed_rc -eq 0 ] && echo OK || echo FAIL)"
+echo "swap bandwidth:  $([ $swap_rc -eq 0 ] && echo OK || echo FAIL)"
 echo "goldens (cuda):  $golden"
 grep -E "^B=" "$BUILD.bench.log" || true
 grep -E "^B=" "$BUILD.bench-mixed.log" || true
+grep -E "device->host|host->device" "$BUILD.bench-swap.log" || true
 echo "elapsed:         $(( $(date +%s) - start ))s"
-[ $gpu_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $mixed_rc -eq 0 ] && [ $golden_rc -eq 0 ]
+[ $gpu_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $mixed_rc -eq 0 ] && [ $swap_rc -eq 0 ] && [ $golden_rc -eq 0 ]

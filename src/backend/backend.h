@@ -7,8 +7,10 @@
 // num_blocks, kv_len. Activations are f32 and row-major.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -151,6 +153,49 @@ class Backend {
   virtual Status memset_zero(void* dst_dev, size_t bytes) = 0;
   // Waits for all work queued on the backend's stream.
   virtual Status synchronize() = 0;
+
+  // ---- host memory (the KV host tier) ----
+  // Host memory for device<->host copies: page-locked on CUDA (cudaHostAlloc, portable to every
+  // device), so the copies run at the link's bandwidth and may be asynchronous; 4 KiB-aligned
+  // ordinary memory elsewhere (this default). Not zeroed. Free it with free_host.
+  virtual StatusOr<void*> alloc_host(size_t bytes) {
+    const size_t rounded = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
+    if (rounded < bytes) return resource_exhausted("alloc_host: size overflow");
+    void* p = std::aligned_alloc(4096, rounded);
+    if (!p) return resource_exhausted("alloc_host of " + std::to_string(bytes) + " bytes failed");
+    return p;
+  }
+  virtual void free_host(void* ptr) { std::free(ptr); }
+  // True when alloc_host returns page-locked memory.
+  virtual bool host_memory_pinned() const { return false; }
+  // Copies between device memory and host memory from alloc_host, queued on the backend's stream:
+  // the host side must not be read (d2h) or reused (h2d) before synchronize(). The default copies
+  // at once (the CPU backend's copies are synchronous anyway).
+  virtual Status copy_d2h_async(void* dst_host, const void* src_dev, size_t bytes) {
+    return copy_d2h(dst_host, src_dev, bytes);
+  }
+  virtual Status copy_h2d_async(void* dst_dev, const void* src_host, size_t bytes) {
+    return copy_h2d(dst_dev, src_host, bytes);
+  }
+  // Many such copies in one direction, queued as one batch (cudaMemcpyBatchAsync on CUDA: one
+  // call instead of one per page and layer, whose fixed cost would otherwise cap the link far
+  // below its bandwidth for pages of a few KB). Copies within a batch must not overlap. The same
+  // rule as above: the host side is done only after synchronize().
+  enum class CopyDir : uint8_t { kDeviceToHost, kHostToDevice };
+  struct CopyRange {
+    void* dst = nullptr;
+    const void* src = nullptr;
+    size_t bytes = 0;
+  };
+  virtual Status copy_batch_async(CopyDir dir, const CopyRange* copies, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      const CopyRange& c = copies[i];
+      Status st = dir == CopyDir::kDeviceToHost ? copy_d2h_async(c.dst, c.src, c.bytes)
+                                                : copy_h2d_async(c.dst, c.src, c.bytes);
+      if (!st.ok()) return st;
+    }
+    return ok_status();
+  }
 
   // ---- device ----
   // The device this backend runs on: the CUDA device index, or the CPU backend's virtual device

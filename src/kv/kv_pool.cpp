@@ -134,8 +134,14 @@ StatusOr<std::unique_ptr<KvPool>> KvPool::create(backend::Backend& backend,
   const int64_t host_slots = cfg.host_bytes / block_bytes;
   if (host_slots > 0) {
     const int n = static_cast<int>(std::min<int64_t>(host_slots, 1 << 30));
+    const size_t bytes = static_cast<size_t>(n) * static_cast<size_t>(block_bytes);
+    StatusOr<void*> mem = backend.alloc_host(bytes);
+    if (!mem.ok())
+      return mem.status().with_prefix("KvPool: allocating the " + std::to_string(bytes) +
+                                      "-byte host tier");
+    pool->host_tier_ =
+        std::unique_ptr<std::byte, HostFree>(static_cast<std::byte*>(*mem), HostFree{&backend});
     pool->host_alloc_ = BlockAllocator(n);
-    pool->host_tier_.resize(static_cast<size_t>(n) * static_cast<size_t>(block_bytes));
   }
   KVSPLIT_LOG_DEBUG("KvPool: {} blocks x {} tokens, {} bytes per block ({} layers, {})",
                     cfg.num_blocks, cfg.block_size, block_bytes, shape.num_layers,
@@ -441,7 +447,7 @@ float* KvPool::summaries(int layer) const {
 
 std::byte* KvPool::host_slot(int32_t slot) {
   KVSPLIT_CHECK_MSG(slot >= 0 && slot < host_alloc_.num_blocks(), "KvPool::host_slot out of range");
-  return host_tier_.data() + static_cast<size_t>(slot) * static_cast<size_t>(bytes_per_block());
+  return host_tier_.get() + static_cast<size_t>(slot) * static_cast<size_t>(bytes_per_block());
 }
 
 void* KvPool::scratch_page(int layer) const {

@@ -178,8 +178,14 @@ class KvPool {
   std::vector<backend::DeviceBuffer> layers_;  // one buffer per layer
   BlockAllocator int8_alloc_{0}, int4_alloc_{0}, summary_alloc_{0}, host_alloc_{0};
   std::vector<backend::DeviceBuffer> int8_layers_, int4_layers_, summary_layers_;
-  backend::DeviceBuffer scratch_;     // [num_layers] full pages
-  std::vector<std::byte> host_tier_;  // [host slots, num_layers, full page bytes]
+  backend::DeviceBuffer scratch_;  // [num_layers] full pages
+  // The host tier, [host slots, num_layers, full page bytes]: backend_.alloc_host memory (pinned
+  // on CUDA, so swaps copy asynchronously at the link's bandwidth).
+  struct HostFree {
+    backend::Backend* backend;  // no initializer: default-constructible inside the class
+    void operator()(std::byte* p) const { backend->free_host(p); }
+  };
+  std::unique_ptr<std::byte, HostFree> host_tier_;
   std::unique_ptr<DiskTier> disk_;
   std::unique_ptr<PrefixCache> prefix_;  // after disk_: destroyed first (waits for its writes)
   struct Peer {

@@ -75,9 +75,9 @@ StatusOr<int> migrate_pages(KvPool& pool, BlockTable& table, int first_page, int
     if (pe.location == PageLocation::kHost) {
       ++from_host;
       for (int l = 0; l < pool.shape().num_layers && st.ok(); ++l)
-        st = dst.backend().copy_h2d(page_of(dst, l, (*blocks)[k]),
-                                    pool.host_slot(pe.original) + l * page_bytes,
-                                    static_cast<size_t>(page_bytes));
+        st = dst.backend().copy_h2d_async(page_of(dst, l, (*blocks)[k]),
+                                          pool.host_slot(pe.original) + l * page_bytes,
+                                          static_cast<size_t>(page_bytes));
     } else {
       st = copy_page(pool.shard(pe.shard), table.blocks[i], dst, (*blocks)[k], staging);
     }

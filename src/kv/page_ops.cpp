@@ -103,9 +103,9 @@ class Executor {
     const int64_t full_bytes = to.page_layer_bytes(KvPrecision::kFull);
     Status st = ok_status();
     for (int l = 0; l < to.shape().num_layers && st.ok(); ++l) {
-      st = to.backend().copy_h2d(full_page(to, l, dst.block),
-                                 home_.host_slot(page.original) + l * full_bytes,
-                                 static_cast<size_t>(full_bytes));
+      st = to.backend().copy_h2d_async(full_page(to, l, dst.block),
+                                       home_.host_slot(page.original) + l * full_bytes,
+                                       static_cast<size_t>(full_bytes));
     }
     if (st.ok()) st = to.backend().synchronize();  // the host slot is released below
     if (!st.ok()) {

@@ -29,6 +29,19 @@ Status synchronize_shards(KvPool& pool, const BlockTable& table, const std::vect
   return ok_status();
 }
 
+using CopyDir = backend::Backend::CopyDir;
+using CopyRange = backend::Backend::CopyRange;
+
+// Queues batches[s] on shard s's backend, for every shard; the first error.
+Status run_batches(KvPool& pool, const std::vector<std::vector<CopyRange>>& batches, CopyDir dir) {
+  for (size_t s = 0; s < batches.size(); ++s)
+    if (!batches[s].empty())
+      KVSPLIT_RETURN_IF_ERROR(pool.shard(static_cast<int>(s))
+                                  .backend()
+                                  .copy_batch_async(dir, batches[s].data(), batches[s].size()));
+  return ok_status();
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -148,16 +161,21 @@ StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats) {
     return false;
   }
   const int64_t page_bytes = pool.page_layer_bytes(KvPrecision::kFull);
-  Status st = ok_status();
-  for (size_t k = 0; k < idx.size() && st.ok(); ++k) {
-    const KvPool& from = pool.shard(table.page(idx[k]).shard);
-    for (int l = 0; l < pool.shape().num_layers && st.ok(); ++l) {
-      st = from.backend().copy_d2h(pool.host_slot((*slots)[k]) + l * page_bytes,
-                                   device_page(from, l, table.blocks[idx[k]]),
-                                   static_cast<size_t>(page_bytes));
-    }
+  // One batch of copies per shard, queued on its stream (the host tier is pinned on CUDA), and
+  // one wait for them all.
+  std::vector<std::vector<CopyRange>> batches(static_cast<size_t>(pool.num_shards()));
+  for (size_t k = 0; k < idx.size(); ++k) {
+    const int s = table.page(idx[k]).shard;
+    for (int l = 0; l < pool.shape().num_layers; ++l)
+      batches[s].push_back(CopyRange{pool.host_slot((*slots)[k]) + l * page_bytes,
+                                     device_page(pool.shard(s), l, table.blocks[idx[k]]),
+                                     static_cast<size_t>(page_bytes)});
   }
-  if (st.ok()) st = synchronize_shards(pool, table, idx);  // the device blocks are freed below
+  Status st = run_batches(pool, batches, CopyDir::kDeviceToHost);
+  // The device blocks are freed below; on an error the slots are, so the copies queued before it
+  // must be done either way.
+  const Status synced = synchronize_shards(pool, table, idx);
+  if (st.ok()) st = synced;
   if (!st.ok()) {
     for (int32_t s : *slots) pool.host_allocator().decref(s);
     return st.with_prefix("swap out");
@@ -282,12 +300,16 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
                                static_cast<size_t>(page_bytes));
     }
   }
-  for (size_t k = 0; !from_disk && k < idx.size() && st.ok(); ++k) {
-    const int32_t slot = table.pages[idx[k]].original;
-    for (int l = 0; l < layers && st.ok(); ++l) {
-      st = be_of(k).copy_h2d(dev_page(k, l), pool.host_slot(slot) + l * page_bytes,
-                             static_cast<size_t>(page_bytes));
+  if (!from_disk) {
+    std::vector<std::vector<CopyRange>> batches(static_cast<size_t>(pool.num_shards()));
+    for (size_t k = 0; k < idx.size(); ++k) {
+      const int32_t slot = table.pages[idx[k]].original;
+      for (int l = 0; l < layers; ++l)
+        batches[(*blocks)[k].shard].push_back(CopyRange{dev_page(k, l),
+                                                        pool.host_slot(slot) + l * page_bytes,
+                                                        static_cast<size_t>(page_bytes)});
     }
+    st = run_batches(pool, batches, CopyDir::kHostToDevice);
   }
   for (int s = 0; s < pool.num_shards() && st.ok(); ++s)
     st = pool.shard(s).backend().synchronize();  // the host slots are freed below

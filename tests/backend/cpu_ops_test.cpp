@@ -54,6 +54,37 @@ TEST_P(CpuOps, IdentityAndMemory) {
   be_->free(*p);
 }
 
+TEST_P(CpuOps, HostMemoryIsAlignedAndTheAsyncCopiesCompleteBySynchronize) {
+  EXPECT_FALSE(be_->host_memory_pinned());
+  auto h = be_->alloc_host(10000);
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(*h) % 4096, 0u);
+  auto d = be_->alloc(10000);
+  ASSERT_TRUE(d.ok());
+  auto* host = static_cast<uint8_t*>(*h);
+  std::iota(host, host + 10000, 0);
+  ASSERT_TRUE(be_->copy_h2d_async(*d, host, 10000).ok());
+  ASSERT_TRUE(be_->synchronize().ok());
+  std::fill(host, host + 10000, 0);
+  ASSERT_TRUE(be_->copy_d2h_async(host, *d, 10000).ok());
+  ASSERT_TRUE(be_->synchronize().ok());
+  for (int i = 0; i < 10000; ++i) ASSERT_EQ(host[i], static_cast<uint8_t>(i)) << i;
+  // A batch: three ranges each way, the host side reordered.
+  std::vector<uint8_t> back(10000, 0);
+  const Backend::CopyRange out[] = {{back.data() + 6000, host + 6000, 4000},
+                                    {back.data(), host, 1000},
+                                    {back.data() + 1000, host + 1000, 5000}};
+  ASSERT_TRUE(be_->copy_batch_async(Backend::CopyDir::kHostToDevice, out, 3).ok());
+  std::fill(host, host + 10000, 0);
+  const Backend::CopyRange in[] = {{host, back.data(), 10000}};
+  ASSERT_TRUE(be_->copy_batch_async(Backend::CopyDir::kDeviceToHost, in, 1).ok());
+  ASSERT_TRUE(be_->synchronize().ok());
+  for (int i = 0; i < 10000; ++i) ASSERT_EQ(host[i], static_cast<uint8_t>(i)) << i;
+  EXPECT_EQ(be_->alloc_host(SIZE_MAX - 100).status().code(), StatusCode::kResourceExhausted);
+  be_->free(*d);
+  be_->free_host(*h);
+}
+
 TEST_P(CpuOps, EmbeddingPackedPlainAndBf16) {
   const int rows = 53, dim = 37;
   auto table = random_vec(rows * dim, 1);

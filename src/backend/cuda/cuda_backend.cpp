@@ -140,6 +140,71 @@ Status CudaBackend::synchronize() {
   return check_error_flag();
 }
 
+StatusOr<void*> CudaBackend::alloc_host(size_t bytes) {
+  void* p = nullptr;
+  // Portable: every device's copies see it as pinned (a shard group's pages share the home
+  // pool's host tier).
+  KVSPLIT_CUDA_RETURN(cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable),
+                      "cudaHostAlloc(host tier)");
+  return p;
+}
+
+void CudaBackend::free_host(void* ptr) {
+  if (ptr) cudaFreeHost(ptr);
+}
+
+Status CudaBackend::copy_d2h_async(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return ok_status();
+  // `dst` is pinned (alloc_host): the copy is truly asynchronous; synchronize() completes it and
+  // checks the kernels' error flag, as copy_d2h does.
+  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
+                      "copy_d2h_async");
+  return ok_status();
+}
+
+Status CudaBackend::copy_h2d_async(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return ok_status();
+  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_),
+                      "copy_h2d_async");
+  return ok_status();
+}
+
+Status CudaBackend::copy_batch_async(CopyDir dir, const CopyRange* copies, size_t n) {
+  if (n == 0) return ok_status();
+#if CUDART_VERSION >= 12080
+  if (batch_copies_) {
+    std::vector<void*> dsts(n);
+    std::vector<const void*> srcs(n);
+    std::vector<size_t> sizes(n);
+    for (size_t i = 0; i < n; ++i) {
+      dsts[i] = copies[i].dst;
+      srcs[i] = copies[i].src;
+      sizes[i] = copies[i].bytes;
+    }
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;  // after the kernels queued before it
+    size_t first = 0;
+    const cudaError_t e =
+        cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), n, &attr, &first, 1, stream_);
+    if (e == cudaSuccess) return ok_status();
+    // A driver older than the runtime's batch API refuses it: copy one by one from now on.
+    if (e != cudaErrorNotSupported && e != cudaErrorCallRequiresNewerDriver &&
+        e != cudaErrorInvalidValue)
+      KVSPLIT_CUDA_RETURN(e, "cudaMemcpyBatchAsync");
+    (void)cudaGetLastError();
+    batch_copies_ = false;
+  }
+#endif
+  const cudaMemcpyKind kind =
+      dir == CopyDir::kDeviceToHost ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+  for (size_t i = 0; i < n; ++i)
+    if (copies[i].bytes > 0)
+      KVSPLIT_CUDA_RETURN(
+          cudaMemcpyAsync(copies[i].dst, copies[i].src, copies[i].bytes, kind, stream_),
+          "copy_batch_async");
+  return ok_status();
+}
+
 Status CudaBackend::bind_thread() {
   KVSPLIT_CUDA_RETURN(cudaSetDevice(device_), "cudaSetDevice");
   return ok_status();

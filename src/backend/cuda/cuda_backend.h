@@ -42,6 +42,12 @@ class CudaBackend final : public Backend {
   Status copy_d2d(void* dst_dev, const void* src_dev, size_t bytes) override;
   Status memset_zero(void* dst_dev, size_t bytes) override;
   Status synchronize() override;
+  StatusOr<void*> alloc_host(size_t bytes) override;
+  void free_host(void* ptr) override;
+  bool host_memory_pinned() const override { return true; }
+  Status copy_d2h_async(void* dst_host, const void* src_dev, size_t bytes) override;
+  Status copy_h2d_async(void* dst_dev, const void* src_host, size_t bytes) override;
+  Status copy_batch_async(CopyDir dir, const CopyRange* copies, size_t n) override;
   int device() const override { return device_; }
   Status bind_thread() override;
   bool can_read_from(const Backend& src) override;
@@ -97,6 +103,7 @@ class CudaBackend final : public Backend {
   cudaEvent_t staging_done_ = nullptr;
   void* pinned_ = nullptr;
   size_t pinned_cap_ = 0;
+  bool batch_copies_ = true;       // cudaMemcpyBatchAsync works here (until the driver refuses it)
   int* error_flag_ = nullptr;      // device int, see the class comment
   const char* last_flag_op_ = "";  // op family most recently launched with the flag
   void* act16_ = nullptr;          // bf16/f16 copy of GEMM activations
