@@ -450,6 +450,27 @@ std::byte* KvPool::host_slot(int32_t slot) {
   return host_tier_.get() + static_cast<size_t>(slot) * static_cast<size_t>(bytes_per_block());
 }
 
+std::byte* KvPool::full_page(int layer, int32_t block) const {
+  KVSPLIT_CHECK_MSG(
+      layer >= 0 && layer < shape_.num_layers && block >= 0 && block < config_.num_blocks,
+      "KvPool::full_page out of range");
+  return static_cast<std::byte*>(layers_[layer].get()) +
+         int64_t{block} * layer_block_bytes(config_, shape_);
+}
+
+void KvPool::add_page_copies(int32_t block, std::byte* host, backend::Backend::CopyDir dir,
+                             std::vector<backend::Backend::CopyRange>* out) const {
+  const int64_t lb = layer_block_bytes(config_, shape_);
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    std::byte* dev = full_page(l, block);
+    std::byte* h = host + l * lb;
+    if (dir == backend::Backend::CopyDir::kDeviceToHost)
+      out->push_back({h, dev, static_cast<size_t>(lb)});
+    else
+      out->push_back({dev, h, static_cast<size_t>(lb)});
+  }
+}
+
 void* KvPool::scratch_page(int layer) const {
   KVSPLIT_CHECK_MSG(scratch_.get() != nullptr, "KvPool: no quantized arenas");
   return scratch_.get<std::byte>() + layer * layer_block_bytes(config_, shape_);

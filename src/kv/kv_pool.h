@@ -109,6 +109,13 @@ class KvPool {
   const BlockAllocator& summary_allocator() const { return summary_alloc_; }
   // Host tier: slot `slot` holds one full-precision page of every layer, layer after layer.
   std::byte* host_slot(int32_t slot);
+  // Device memory of full-precision block `block`, layer `layer`.
+  std::byte* full_page(int layer, int32_t block) const;
+  // Appends to `out` one copy per layer between device block `block` and `host`
+  // (bytes_per_block() bytes, layer after layer: a host slot's layout). Queue them with
+  // backend().copy_batch_async(dir, ...); they are done after backend().synchronize().
+  void add_page_copies(int32_t block, std::byte* host, backend::Backend::CopyDir dir,
+                       std::vector<backend::Backend::CopyRange>* out) const;
   BlockAllocator& host_allocator() { return host_alloc_; }
   // Host slots for the temporal or semantic cut: free slots plus the prefix cache's spilled host
   // pages, which give way first (moved to free disk space, else dropped). allocate_host_slots:

@@ -9,11 +9,6 @@ namespace {
 
 using kernels::KvPrecision;
 
-std::byte* page_of(const KvPool& pool, int layer, int32_t block) {
-  return static_cast<std::byte*>(pool.layer(layer).data) +
-         int64_t{block} * pool.page_layer_bytes(KvPrecision::kFull);
-}
-
 // Copies one page of every layer from shard `from` (block b) to `to` (block d).
 Status copy_page(KvPool& src, int32_t b, KvPool& dst, int32_t d, std::vector<std::byte>& staging) {
   backend::Backend& from = src.backend();
@@ -22,12 +17,12 @@ Status copy_page(KvPool& src, int32_t b, KvPool& dst, int32_t d, std::vector<std
   const bool direct = to.can_read_from(from);
   for (int l = 0; l < src.shape().num_layers; ++l) {
     if (direct) {
-      KVSPLIT_RETURN_IF_ERROR(to.copy_from(page_of(dst, l, d), from, page_of(src, l, b), bytes));
+      KVSPLIT_RETURN_IF_ERROR(to.copy_from(dst.full_page(l, d), from, src.full_page(l, b), bytes));
     } else {
       staging.resize(bytes);
-      KVSPLIT_RETURN_IF_ERROR(from.copy_d2h(staging.data(), page_of(src, l, b), bytes));
+      KVSPLIT_RETURN_IF_ERROR(from.copy_d2h(staging.data(), src.full_page(l, b), bytes));
       KVSPLIT_RETURN_IF_ERROR(from.synchronize());
-      KVSPLIT_RETURN_IF_ERROR(to.copy_h2d(page_of(dst, l, d), staging.data(), bytes));
+      KVSPLIT_RETURN_IF_ERROR(to.copy_h2d(dst.full_page(l, d), staging.data(), bytes));
       KVSPLIT_RETURN_IF_ERROR(to.synchronize());
     }
   }
@@ -69,20 +64,24 @@ StatusOr<int> migrate_pages(KvPool& pool, BlockTable& table, int first_page, int
   std::vector<std::byte> staging;
   const int64_t page_bytes = pool.page_layer_bytes(KvPrecision::kFull);
   int64_t from_host = 0;
+  std::vector<backend::Backend::CopyRange> from_host_copies;  // one batch, queued at the end
   for (size_t k = 0; k < idx.size() && st.ok(); ++k) {
     const int i = idx[k];
     const PageEntry pe = table.page(i);
     if (pe.location == PageLocation::kHost) {
       ++from_host;
-      for (int l = 0; l < pool.shape().num_layers && st.ok(); ++l)
-        st = dst.backend().copy_h2d_async(page_of(dst, l, (*blocks)[k]),
-                                          pool.host_slot(pe.original) + l * page_bytes,
-                                          static_cast<size_t>(page_bytes));
+      dst.add_page_copies((*blocks)[k], pool.host_slot(pe.original),
+                          backend::Backend::CopyDir::kHostToDevice, &from_host_copies);
     } else {
       st = copy_page(pool.shard(pe.shard), table.blocks[i], dst, (*blocks)[k], staging);
     }
   }
-  if (st.ok()) st = dst.backend().synchronize();
+  if (st.ok())
+    st = dst.backend().copy_batch_async(backend::Backend::CopyDir::kHostToDevice,
+                                        from_host_copies.data(), from_host_copies.size());
+  // The host slots are freed below (and the blocks on an error): every queued copy must be done.
+  const Status synced = dst.backend().synchronize();
+  if (st.ok()) st = synced;
   if (!st.ok()) {
     for (int32_t b : *blocks) pool.decref_block(to_shard, b);
     return st.with_prefix("migrate");

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "common/check.h"
 
@@ -47,7 +48,7 @@ class Executor {
     const kernels::QuantPageLayout layout = at.quant_layout();
     const int64_t full_bytes = at.page_layer_bytes(KvPrecision::kFull);
     for (int l = 0; l < at.shape().num_layers; ++l) {
-      const void* src = full_page(at, l, table_.blocks[i]);
+      const void* src = at.full_page(l, table_.blocks[i]);
       if (page.precision != KvPrecision::kFull) {
         // Requantize from the original, never from a lossy copy (errors do not compound).
         KVSPLIT_RETURN_IF_ERROR(be.copy_h2d(at.scratch_page(l),
@@ -100,14 +101,13 @@ class Executor {
       return ok_status();
     }
     KvPool& to = home_.shard(dst.shard);
-    const int64_t full_bytes = to.page_layer_bytes(KvPrecision::kFull);
-    Status st = ok_status();
-    for (int l = 0; l < to.shape().num_layers && st.ok(); ++l) {
-      st = to.backend().copy_h2d_async(full_page(to, l, dst.block),
-                                       home_.host_slot(page.original) + l * full_bytes,
-                                       static_cast<size_t>(full_bytes));
-    }
-    if (st.ok()) st = to.backend().synchronize();  // the host slot is released below
+    std::vector<backend::Backend::CopyRange> copies;
+    to.add_page_copies(dst.block, home_.host_slot(page.original),
+                       backend::Backend::CopyDir::kHostToDevice, &copies);
+    Status st = to.backend().copy_batch_async(backend::Backend::CopyDir::kHostToDevice,
+                                              copies.data(), copies.size());
+    const Status synced = to.backend().synchronize();  // the host slot is released below
+    if (st.ok()) st = synced;
     if (!st.ok()) {
       home_.decref_block(dst.shard, dst.block);
       return st;
@@ -125,10 +125,6 @@ class Executor {
   }
 
  private:
-  static void* full_page(const KvPool& at, int layer, int32_t block) {
-    return static_cast<std::byte*>(at.layer(layer).data) +
-           int64_t{block} * at.page_layer_bytes(KvPrecision::kFull);
-  }
   static void* arena_page(const KvPool& at, KvPrecision p, int layer, int32_t block) {
     return static_cast<std::byte*>(at.arena(p, layer)) + int64_t{block} * at.page_layer_bytes(p);
   }
@@ -160,22 +156,24 @@ class Executor {
       ++stats_.refused_host_full;
       return false;
     }
-    const int64_t full_bytes = at.page_layer_bytes(KvPrecision::kFull);
     const kernels::QuantPageLayout layout = at.quant_layout();
     const int64_t summary_floats = int64_t{2} * layout.num_kv_heads * layout.head_dim;
-    for (int l = 0; l < at.shape().num_layers; ++l) {
-      const void* src = full_page(at, l, table_.blocks[i]);
-      status_ = be.copy_d2h(home_.host_slot((*slot)[0]) + l * full_bytes, src,
-                            static_cast<size_t>(full_bytes));
-      if (status_.ok()) {
-        status_ = be.summarize_kv_page(src, at.config().dtype, layout,
-                                       at.summaries(l) + (*summary)[0] * summary_floats);
-      }
-      if (!status_.ok()) {
-        home_.host_allocator().decref((*slot)[0]);
-        at.summary_allocator().decref((*summary)[0]);
-        return false;
-      }
+    // Every layer's copy in one batch, the summaries beside them on the same stream, then one
+    // wait: the slot may be read next from another shard's stream (a restore elsewhere).
+    std::vector<backend::Backend::CopyRange> copies;
+    at.add_page_copies(table_.blocks[i], home_.host_slot((*slot)[0]),
+                       backend::Backend::CopyDir::kDeviceToHost, &copies);
+    status_ =
+        be.copy_batch_async(backend::Backend::CopyDir::kDeviceToHost, copies.data(), copies.size());
+    for (int l = 0; l < at.shape().num_layers && status_.ok(); ++l)
+      status_ = be.summarize_kv_page(at.full_page(l, table_.blocks[i]), at.config().dtype, layout,
+                                     at.summaries(l) + (*summary)[0] * summary_floats);
+    const Status synced = be.synchronize();
+    if (status_.ok()) status_ = synced;
+    if (!status_.ok()) {
+      home_.host_allocator().decref((*slot)[0]);
+      at.summary_allocator().decref((*summary)[0]);
+      return false;
     }
     page.original = (*slot)[0];
     page.summary = (*summary)[0];

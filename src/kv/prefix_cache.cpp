@@ -25,27 +25,23 @@ struct RecordMeta {
 };
 constexpr uint64_t kMetaMagic = 0x315846525053564bull;  // "KVSPRFX1"
 
-std::byte* device_page(const KvPool& pool, int layer, int32_t block) {
-  return static_cast<std::byte*>(pool.layer(layer).data) +
-         int64_t{block} * pool.page_layer_bytes(kernels::KvPrecision::kFull);
+// Every layer of device block `block` to or from `host` (bytes_per_block bytes, layer after
+// layer: the host tier's slot layout), as one batch of copies and one wait: the caller frees the
+// block, reuses the buffer or frees the source next.
+Status copy_page(KvPool& pool, int32_t block, std::byte* host, backend::Backend::CopyDir dir) {
+  std::vector<backend::Backend::CopyRange> copies;
+  pool.add_page_copies(block, host, dir, &copies);
+  KVSPLIT_RETURN_IF_ERROR(pool.backend().copy_batch_async(dir, copies.data(), copies.size()));
+  return pool.backend().synchronize();
 }
 
-// Every layer of device block `block` to `dst` (bytes_per_block bytes, layer after layer: the
-// host tier's slot layout). One copy per layer: the device pool is one buffer per layer.
 Status page_to_host(KvPool& pool, int32_t block, std::byte* dst) {
-  const int64_t lb = pool.page_layer_bytes(kernels::KvPrecision::kFull);
-  for (int l = 0; l < pool.shape().num_layers; ++l)
-    KVSPLIT_RETURN_IF_ERROR(pool.backend().copy_d2h(dst + l * lb, device_page(pool, l, block),
-                                                    static_cast<size_t>(lb)));
-  return pool.backend().synchronize();  // the caller frees the block or reuses the buffer next
+  return copy_page(pool, block, dst, backend::Backend::CopyDir::kDeviceToHost);
 }
 
 Status page_to_device(KvPool& pool, const std::byte* src, int32_t block) {
-  const int64_t lb = pool.page_layer_bytes(kernels::KvPrecision::kFull);
-  for (int l = 0; l < pool.shape().num_layers; ++l)
-    KVSPLIT_RETURN_IF_ERROR(pool.backend().copy_h2d(device_page(pool, l, block), src + l * lb,
-                                                    static_cast<size_t>(lb)));
-  return pool.backend().synchronize();  // the caller frees the source next
+  return copy_page(pool, block, const_cast<std::byte*>(src),
+                   backend::Backend::CopyDir::kHostToDevice);
 }
 
 }  // namespace

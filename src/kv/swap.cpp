@@ -15,11 +15,6 @@ bool on_device_full(const BlockTable& t, size_t i) {
   return t.pages[i].resident() && t.pages[i].precision == KvPrecision::kFull;
 }
 
-std::byte* device_page(const KvPool& pool, int layer, int32_t block) {
-  return static_cast<std::byte*>(pool.layer(layer).data) +
-         int64_t{block} * pool.page_layer_bytes(KvPrecision::kFull);
-}
-
 // Waits for the copies out of every shard that holds one of the pages `idx` of `table`.
 Status synchronize_shards(KvPool& pool, const BlockTable& table, const std::vector<int>& idx) {
   uint64_t seen = 0;
@@ -96,14 +91,16 @@ StatusOr<bool> swap_out_to_disk(KvPool& pool, BlockTable& table, const std::vect
   const int layers = pool.shape().num_layers;
   const int64_t per_page = page_bytes * layers;
   std::vector<std::byte> staging(static_cast<size_t>(per_page) * idx.size());
+  std::vector<std::vector<CopyRange>> batches(static_cast<size_t>(pool.num_shards()));
   for (size_t k = 0; k < idx.size(); ++k) {
-    const KvPool& from = pool.shard(table.page(idx[k]).shard);
-    for (int l = 0; l < layers; ++l)
-      KVSPLIT_RETURN_IF_ERROR(from.backend().copy_d2h(
-          staging.data() + k * per_page + l * page_bytes,
-          device_page(from, l, table.blocks[idx[k]]), static_cast<size_t>(page_bytes)));
+    const int s = table.page(idx[k]).shard;
+    pool.shard(s).add_page_copies(table.blocks[idx[k]], staging.data() + k * per_page,
+                                  CopyDir::kDeviceToHost, &batches[s]);
   }
-  KVSPLIT_RETURN_IF_ERROR(synchronize_shards(pool, table, idx));
+  const Status queued = run_batches(pool, batches, CopyDir::kDeviceToHost);
+  const Status synced = synchronize_shards(pool, table, idx);  // before `staging` can go
+  KVSPLIT_RETURN_IF_ERROR(queued);
+  KVSPLIT_RETURN_IF_ERROR(synced);
   const std::span<const std::byte> payload[] = {staging};
   pool.make_disk_room(static_cast<int64_t>(staging.size()));  // prefix-cache records give way
   auto id = disk.write_sync(payload, disk_key(idx.size()));
@@ -166,10 +163,8 @@ StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats) {
   std::vector<std::vector<CopyRange>> batches(static_cast<size_t>(pool.num_shards()));
   for (size_t k = 0; k < idx.size(); ++k) {
     const int s = table.page(idx[k]).shard;
-    for (int l = 0; l < pool.shape().num_layers; ++l)
-      batches[s].push_back(CopyRange{pool.host_slot((*slots)[k]) + l * page_bytes,
-                                     device_page(pool.shard(s), l, table.blocks[idx[k]]),
-                                     static_cast<size_t>(page_bytes)});
+    pool.shard(s).add_page_copies(table.blocks[idx[k]], pool.host_slot((*slots)[k]),
+                                  CopyDir::kDeviceToHost, &batches[s]);
   }
   Status st = run_batches(pool, batches, CopyDir::kDeviceToHost);
   // The device blocks are freed below; on an error the slots are, so the copies queued before it
@@ -266,12 +261,6 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
   }
   const int64_t page_bytes = pool.page_layer_bytes(KvPrecision::kFull);
   const int layers = pool.shape().num_layers;
-  auto dev_page = [&](size_t k, int l) {
-    return device_page(pool.shard((*blocks)[k].shard), l, (*blocks)[k].block);
-  };
-  auto be_of = [&](size_t k) -> backend::Backend& {
-    return pool.shard((*blocks)[k].shard).backend();
-  };
   Status st = ok_status();
   std::vector<std::byte> staging;
   if (from_disk) {
@@ -293,26 +282,25 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
       ++stats->prefetch_misses;
     }
     if (!st.ok()) ++stats->disk_faults;
-    for (size_t k = 0; k < idx.size() && st.ok(); ++k) {
-      const int32_t at = table.pages[idx[k]].original;
-      for (int l = 0; l < layers && st.ok(); ++l)
-        st = be_of(k).copy_h2d(dev_page(k, l), staging.data() + at * per_page + l * page_bytes,
-                               static_cast<size_t>(page_bytes));
-    }
   }
-  if (!from_disk) {
+  if (st.ok()) {
+    // One batch per shard: from the record's staging buffer (page `original` of the record) or
+    // from the page's host slot.
     std::vector<std::vector<CopyRange>> batches(static_cast<size_t>(pool.num_shards()));
     for (size_t k = 0; k < idx.size(); ++k) {
-      const int32_t slot = table.pages[idx[k]].original;
-      for (int l = 0; l < layers; ++l)
-        batches[(*blocks)[k].shard].push_back(CopyRange{dev_page(k, l),
-                                                        pool.host_slot(slot) + l * page_bytes,
-                                                        static_cast<size_t>(page_bytes)});
+      const KvPool::PlacedBlock& b = (*blocks)[k];
+      const int32_t at = table.pages[idx[k]].original;
+      std::byte* src = from_disk ? staging.data() + at * page_bytes * layers : pool.host_slot(at);
+      pool.shard(b.shard).add_page_copies(b.block, src, CopyDir::kHostToDevice, &batches[b.shard]);
     }
     st = run_batches(pool, batches, CopyDir::kHostToDevice);
   }
-  for (int s = 0; s < pool.num_shards() && st.ok(); ++s)
-    st = pool.shard(s).backend().synchronize();  // the host slots are freed below
+  // Every queued copy is done before the host slots or `staging` can go (or, on an error, the
+  // blocks are given back).
+  for (int s = 0; s < pool.num_shards(); ++s) {
+    const Status synced = pool.shard(s).backend().synchronize();
+    if (st.ok()) st = synced;
+  }
   if (!st.ok()) {
     for (const KvPool::PlacedBlock& b : *blocks) pool.decref_block(b.shard, b.block);
     return st.with_prefix("swap in");

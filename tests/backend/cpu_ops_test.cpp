@@ -85,6 +85,27 @@ TEST_P(CpuOps, HostMemoryIsAlignedAndTheAsyncCopiesCompleteBySynchronize) {
   be_->free_host(*h);
 }
 
+TEST_P(CpuOps, LargeCopyBatchesStreamTheirStoresAndStayExact) {
+  // Over the streaming threshold (8 MiB in all), with unaligned ends and odd sizes.
+  const size_t n = (size_t{12} << 20) + 777;
+  std::vector<uint8_t> src(n), dst(n + 64, 0xee);
+  std::mt19937 rng(3);
+  for (auto& x : src) x = static_cast<uint8_t>(rng());
+  const size_t cut1 = (size_t{5} << 20) + 13, cut2 = (size_t{9} << 20) + 1;
+  const Backend::CopyRange copies[] = {{dst.data() + 3, src.data(), cut1},
+                                       {dst.data() + 3 + cut1, src.data() + cut1, cut2 - cut1},
+                                       {dst.data() + 3 + cut2, src.data() + cut2, n - cut2}};
+  ASSERT_TRUE(be_->copy_batch_async(Backend::CopyDir::kDeviceToHost, copies, 3).ok());
+  ASSERT_TRUE(be_->synchronize().ok());
+  EXPECT_EQ(dst[0], 0xee);
+  EXPECT_EQ(dst[2], 0xee);
+  EXPECT_EQ(std::memcmp(dst.data() + 3, src.data(), n), 0);
+  EXPECT_EQ(dst[n + 3], 0xee);
+  const Backend::CopyRange bad[] = {{nullptr, src.data(), 8}};
+  EXPECT_EQ(be_->copy_batch_async(Backend::CopyDir::kHostToDevice, bad, 1).code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST_P(CpuOps, EmbeddingPackedPlainAndBf16) {
   const int rows = 53, dim = 37;
   auto table = random_vec(rows * dim, 1);

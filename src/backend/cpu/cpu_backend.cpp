@@ -2,6 +2,10 @@
 // Weights are packed once at upload (gemm.h); activations are plain row-major f32.
 #include "backend/cpu/cpu_backend.h"
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -28,6 +32,33 @@ constexpr size_t kAlign = 64;
 constexpr int64_t kMinElemsPerTask = 16384;
 
 std::string str(int64_t v) { return std::to_string(v); }
+
+// A batch of copies larger than this (in all) is copied with non-temporal stores: far beyond the
+// caches, a plain memcpy of page-sized pieces first reads every destination line
+// (read-for-ownership), which halves its bandwidth (bench_temporal --swap-bandwidth).
+constexpr size_t kStreamCopyBytes = size_t{8} << 20;
+
+// memcpy with non-temporal stores for the 64-byte-aligned body of the destination.
+void copy_streaming(std::byte* dst, const std::byte* src, size_t bytes) {
+#if defined(__AVX2__)
+  const size_t head = std::min(bytes, (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63);
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  bytes -= head;
+  const size_t body = bytes & ~size_t{63};
+  for (size_t i = 0; i < body; i += 64) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), a);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
+  }
+  std::memcpy(dst + body, src + body, bytes - body);
+  _mm_sfence();  // the streamed lines are visible before the copy counts as done
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
 
 class CpuBackend final : public Backend {
  public:
@@ -63,6 +94,33 @@ class CpuBackend final : public Backend {
   }
   Status copy_d2d(void* dst, const void* src, size_t bytes) override {
     return copy(dst, src, bytes, "copy_d2d");
+  }
+  // The copies of a batch spread over the backend's threads; a large batch streams its stores
+  // (copy_streaming). Synchronous, like every CPU op: done when it returns.
+  Status copy_batch_async(CopyDir dir, const CopyRange* copies, size_t n) override {
+    size_t total = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (copies[i].bytes > 0 && (copies[i].dst == nullptr || copies[i].src == nullptr))
+        return invalid_argument("copy_batch_async: null pointer in copy " + str(int64_t(i)));
+      total += copies[i].bytes;
+    }
+    const bool streaming = total >= kStreamCopyBytes;
+    auto run = [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        auto* dst = static_cast<std::byte*>(copies[i].dst);
+        const auto* src = static_cast<const std::byte*>(copies[i].src);
+        if (streaming)
+          copy_streaming(dst, src, copies[i].bytes);
+        else if (copies[i].bytes > 0)
+          std::memcpy(dst, src, copies[i].bytes);
+      }
+    };
+    const int64_t count = static_cast<int64_t>(n);
+    if (!streaming || count < 2 || pool_.num_threads() < 2)
+      run(0, count);
+    else
+      pool_.parallel_range(count, 1, run);
+    return ok_status();
   }
   Status memset_zero(void* dst, size_t bytes) override {
     if (bytes == 0) return ok_status();
