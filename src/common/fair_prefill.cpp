@@ -5,7 +5,7 @@
 namespace kvsplit::common {
 
 std::vector<int> plan_fair_prefill(std::span<const PrefillDemand> prompts, int budget,
-                                   int min_chunk, int max_chunk) {
+                                   int min_chunk, int max_chunk, int64_t step) {
   const size_t n = prompts.size();
   std::vector<int> chunk(n, 0);
   min_chunk = std::max(min_chunk, 1);
@@ -24,7 +24,11 @@ std::vector<int> plan_fair_prefill(std::span<const PrefillDemand> prompts, int b
       return prompts[a].priority > prompts[b].priority;
     return prompts[a].last_served < prompts[b].last_served;
   });
+  auto is_long = [&](size_t i) { return max_chunk > 0 && prompts[i].remaining > max_chunk; };
   for (size_t i : order) {
+    // A long prompt that was served within the last kMaxPrefillYieldSteps steps takes no part: it
+    // may yield to shorter prompts below.
+    if (is_long(i) && step >= 0 && step - prompts[i].last_served <= kMaxPrefillYieldSteps) continue;
     const int give = std::min({limit[i], min_chunk, left});
     chunk[i] += give;
     left -= give;
@@ -41,8 +45,9 @@ std::vector<int> plan_fair_prefill(std::span<const PrefillDemand> prompts, int b
   for (size_t k = 0; k < n; ++k) {
     const size_t i = order[k];
     // A long prompt yields to a shorter one of at least its priority that has a chunk in this
-    // step (listed before it): it keeps its min chunk only.
-    const bool long_prompt = max_chunk > 0 && prompts[i].remaining > max_chunk;
+    // step (listed before it): it keeps only what the progress pass gave it (its min chunk when
+    // starving, else nothing).
+    const bool long_prompt = is_long(i);
     bool yields = false;
     for (size_t j = 0; j < k && long_prompt && !yields; ++j) {
       yields = chunk[order[j]] > 0 && prompts[order[j]].priority >= prompts[i].priority;

@@ -20,16 +20,21 @@ namespace kvsplit::common {
 //      (shortest remaining prefill first; ties: the least recently served), each up to its limit,
 //      so short prompts finish within the budget before a long one's chunk grows;
 //   3. a long prompt (remaining > max_chunk > 0) gets at most max_chunk tokens in the step, and
-//      only its min chunk when a shorter prompt of at least its priority has a chunk in the step,
-//      so a long prompt cannot make the step, and the short requests sharing it, slow; the budget
-//      left over stays unused. max_chunk 0: no prompt is long (plain shortest-remaining-first).
+//      nothing when a shorter prompt of at least its priority has a chunk in the step, so a long
+//      prompt cannot make the step, and the short requests sharing it, slow; the budget left
+//      over stays unused. It yields so for at most kMaxPrefillYieldSteps steps after its last
+//      chunk: a long prompt that has waited longer ("starving"; every prompt when `step` < 0)
+//      gets its min chunk in the progress pass of 1 (only starving long prompts take part in it).
+//      max_chunk 0: no prompt is long (progress for every prompt, then shortest remaining first).
 // Returns the chunk of each prompt (input order; 0 = none). sum(result) <= budget.
 struct PrefillDemand {
   int remaining = 0;
   int32_t priority = 0;
-  int64_t last_served = -1;
+  int64_t last_served = -1;  // the step of its last chunk; -1: never
 };
+inline constexpr int64_t kMaxPrefillYieldSteps = 8;
+// `step`: the step being planned (the clock of last_served).
 std::vector<int> plan_fair_prefill(std::span<const PrefillDemand> prompts, int budget,
-                                   int min_chunk, int max_chunk);
+                                   int min_chunk, int max_chunk, int64_t step = -1);
 
 }  // namespace kvsplit::common

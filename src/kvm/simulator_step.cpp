@@ -377,7 +377,8 @@ bool Sim::step(Worker& w) {
   const bool shared = cands.size() > 1 || !decoding.empty() || !swap_ins.empty();
   const int max_chunk =
       shared ? std::max(0, static_cast<int>(std::lround(param("max_chunk_tokens", -1)))) : 0;
-  const std::vector<int> plan = common::plan_fair_prefill(demands, budget, min_chunk, max_chunk);
+  const std::vector<int> plan =
+      common::plan_fair_prefill(demands, budget, min_chunk, max_chunk, step_no);
   int64_t prefill_tokens = 0, kv_tokens = 0;
   double prefill_attended = 0;
   std::vector<std::pair<int, int64_t>> chunks;

@@ -28,6 +28,7 @@ std::vector<int> plan_prefill_chunks(std::span<const int> remaining, int budget,
 
 // Fair chunked prefill (plan_fair_prefill, PrefillDemand): in common/fair_prefill.h, so the
 // policy simulator (src/kvm, which may include only common) plans prefill with the same function.
+using common::kMaxPrefillYieldSteps;
 using common::plan_fair_prefill;
 using common::PrefillDemand;
 

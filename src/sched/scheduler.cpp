@@ -309,8 +309,8 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
   // rows, sequences waiting to resume): a prompt alone takes the whole budget (work-conserving;
   // small chunks with nothing else to carry would repeat the weight pass for few tokens).
   const bool shared = cands.size() > 1 || !out.decode.empty() || !out.swap_in.empty();
-  const std::vector<int> chunks = plan_fair_prefill(demands, budget, config_.min_chunk_tokens,
-                                                    shared ? config_.max_chunk_tokens : 0);
+  const std::vector<int> chunks = plan_fair_prefill(
+      demands, budget, config_.min_chunk_tokens, shared ? config_.max_chunk_tokens : 0, st.in.step);
   for (size_t i = 0; i < cands.size(); ++i) {
     if (chunks[i] == 0) {
       st.free += cands[i].new_blocks;  // not started this step: its reservation is not made

@@ -57,6 +57,42 @@ TEST(FairPrefill, ShortPromptsFinishBeforeTheLongOneGrowsAndTheCapHolds) {
   EXPECT_EQ(fair(d, 32, 4, 0), (std::vector<int>{4, 12, 4, 12}));
 }
 
+TEST(FairPrefill, ALongPromptYieldsToShorterOnesForABoundedNumberOfSteps) {
+  auto at = [](std::vector<PrefillDemand> d, int64_t step) {
+    return plan_fair_prefill(d, 128, 4, 16, step);
+  };
+  // Served at step 7: at steps 8..7+K it yields to the short prompts entirely (not even its min
+  // chunk), so their step carries no long chunk; the budget left over stays unused.
+  const std::vector<PrefillDemand> d = {{400, 0, 7}, {12, 0, -1}, {16, 0, -1}, {12, 0, -1}};
+  EXPECT_EQ(at(d, 8), (std::vector<int>{0, 12, 16, 12}));
+  EXPECT_EQ(at(d, 7 + kMaxPrefillYieldSteps), (std::vector<int>{0, 12, 16, 12}));
+  // Starving (no chunk for more than K steps): its min chunk again.
+  EXPECT_EQ(at(d, 8 + kMaxPrefillYieldSteps), (std::vector<int>{4, 12, 16, 12}));
+  // Alone, it takes the cap whatever the step.
+  EXPECT_EQ(at({{400, 0, 7}}, 8), (std::vector<int>{16}));
+  // Two long prompts: the shorter takes the cap, the longer waits (shortest remaining first).
+  EXPECT_EQ(at({{400, 0, 7}, {900, 0, 6}}, 8), (std::vector<int>{16, 0}));
+  // A higher-priority long prompt does not yield to a lower-priority short one.
+  EXPECT_EQ(at({{400, 5, 7}, {12, 0, 6}}, 8), (std::vector<int>{16, 12}));
+  // Without the cap no prompt is long: the step changes nothing (progress, then shortest first).
+  EXPECT_EQ(plan_fair_prefill(d, 128, 4, 0, 8), (std::vector<int>{88, 12, 16, 12}));
+  // Over many steps with short prompts always waiting, the long one still moves once every
+  // K + 1 steps.
+  int64_t last = 0;
+  int served = 0;
+  for (int64_t step = 1; step <= 10 * (kMaxPrefillYieldSteps + 1); ++step) {
+    const std::vector<int> c = at({{400, 0, last}, {12, 0, step - 1}}, step);
+    EXPECT_EQ(c[1], 12);
+    if (c[0] > 0) {
+      EXPECT_EQ(c[0], 4);
+      EXPECT_EQ(step - last, kMaxPrefillYieldSteps + 1);
+      last = step;
+      ++served;
+    }
+  }
+  EXPECT_EQ(served, 10);
+}
+
 TEST(FairPrefill, ALongPromptProgressesEveryStepItHasRoomFor) {
   // Eight short prompts would fill a 64-token budget on their own; the long one still gets its
   // min chunk, first or last in round robin order.

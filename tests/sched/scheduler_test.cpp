@@ -206,7 +206,7 @@ TEST(Scheduler, PrefillRoundRobinWithinPriorityAndNoOvertakingOnReservation) {
 
 TEST(Scheduler, FairPrefillAdmitsShortPromptsAheadOfALongOnesRemainingChunks) {
   // A long prompt in progress (served last step, its blocks held) and three short new prompts.
-  // The short ones get their whole prompt this step; the long one yields to them (a min chunk).
+  // The short ones get their whole prompt this step; the long one yields to them entirely.
   const std::vector<SchedSeq> run = {running(1, 9, 3), running(2, 9, 3)};
   const std::vector<SchedSeq> wait = {waiting(10, 400, 100, 100, 0, /*last_step=*/7),
                                       waiting(11, 12), waiting(12, 16), waiting(13, 12)};
@@ -215,17 +215,23 @@ TEST(Scheduler, FairPrefillAdmitsShortPromptsAheadOfALongOnesRemainingChunks) {
   c.max_chunk_tokens = 16;
   const SchedulerOutput out = Scheduler(c).schedule(in);
   ASSERT_EQ(out.decode.size(), 2u);  // decode rows first
-  ASSERT_EQ(out.prefill.size(), 4u);
+  ASSERT_EQ(out.prefill.size(), 3u);
   // Listed least remaining first; every short prompt completes.
   EXPECT_EQ(out.prefill[0].id, 11);
   EXPECT_EQ(out.prefill[1].id, 13);
   EXPECT_EQ(out.prefill[2].id, 12);
-  EXPECT_EQ(out.prefill[3].id, 10);
   for (int k = 0; k < 3; ++k) EXPECT_TRUE(out.prefill[k].last) << k;
   EXPECT_EQ(out.prefill[2].tokens, 16);
-  EXPECT_EQ(out.prefill[3].tokens, 4);  // 2 + 40 + 4 of 128 tokens used
-  EXPECT_EQ(out.prefill[3].start, 100);
-  EXPECT_EQ(out.num_tokens(), 2 + 12 + 12 + 16 + 4);
+  EXPECT_EQ(out.num_tokens(), 2 + 12 + 12 + 16);  // 42 of 128 tokens used
+  // The same long prompt after kMaxPrefillYieldSteps steps without a chunk: starving, it moves
+  // by its min chunk beside them.
+  const SchedulerOutput late =
+      Scheduler(c).schedule({run, wait, {}, 100, 300, 8 + kMaxPrefillYieldSteps});
+  ASSERT_EQ(late.prefill.size(), 4u);
+  EXPECT_EQ(late.prefill[3].id, 10);
+  EXPECT_EQ(late.prefill[3].tokens, 4);
+  EXPECT_EQ(late.prefill[3].start, 100);
+  EXPECT_EQ(late.num_tokens(), 2 + 12 + 12 + 16 + 4);
   // With only decode rows beside it, the long prompt gets max_chunk_tokens.
   const std::vector<SchedSeq> alone = {wait[0]};
   const SchedulerOutput out2 = Scheduler(c).schedule({run, alone, {}, 100, 300, 8});
@@ -239,19 +245,26 @@ TEST(Scheduler, FairPrefillAdmitsShortPromptsAheadOfALongOnesRemainingChunks) {
   EXPECT_EQ(out3.prefill[0].tokens, 128);
 
   // Short prompts that would fill the whole budget: the long prompt still moves by a min chunk
-  // (no starvation), whichever step served it last.
+  // once it is starving (no chunk for more than kMaxPrefillYieldSteps steps, or never served),
+  // and waits while it is not.
   std::vector<SchedSeq> many = {waiting(10, 400, 100, 100, 0, /*last_step=*/7)};
   for (int i = 0; i < 8; ++i) many.push_back(waiting(20 + i, 12));
   SchedulerConfig tight = config(40, /*colocated=*/false, /*min_chunk=*/4);
   tight.max_chunk_tokens = 16;
-  for (int64_t last : {-1, 7, 50}) {
+  const int64_t step = 51;
+  for (int64_t last : {int64_t{-1}, int64_t{7}, step - kMaxPrefillYieldSteps - 1, step - 1}) {
     many[0].last_prefill_step = last;
-    const SchedulerOutput o = Scheduler(tight).schedule({{}, many, {}, 100, 300, 51});
+    const SchedulerOutput o = Scheduler(tight).schedule({{}, many, {}, 100, 300, step});
     const auto it = std::find_if(o.prefill.begin(), o.prefill.end(),
                                  [](const PrefillChunk& p) { return p.id == 10; });
-    ASSERT_NE(it, o.prefill.end()) << last;
-    EXPECT_EQ(it->tokens, 4);
-    EXPECT_EQ(o.num_tokens(), 40);
+    const bool starving = step - last > kMaxPrefillYieldSteps;
+    if (starving) {
+      ASSERT_NE(it, o.prefill.end()) << last;
+      EXPECT_EQ(it->tokens, 4);
+    } else {
+      EXPECT_EQ(it, o.prefill.end()) << last;
+    }
+    EXPECT_EQ(o.num_tokens(), 40) << last;  // the short prompts take what it leaves
   }
 }
 
