@@ -373,10 +373,8 @@ bool Sim::step(Worker& w) {
     const Req& r = reqs_[cands[k].i];
     demands[k] = {static_cast<int>(r.target - r.kv), r.priority, r.last_prefill_step};
   }
-  // The cap applies only while other work shares the step (Scheduler::plan_prefill).
-  const bool shared = cands.size() > 1 || !decoding.empty() || !swap_ins.empty();
-  const int max_chunk =
-      shared ? std::max(0, static_cast<int>(std::lround(param("max_chunk_tokens", -1)))) : 0;
+  // The cap holds in every step, as in Scheduler::plan_prefill.
+  const int max_chunk = std::max(0, static_cast<int>(std::lround(param("max_chunk_tokens", -1))));
   const std::vector<int> plan =
       common::plan_fair_prefill(demands, budget, min_chunk, max_chunk, step_no);
   int64_t prefill_tokens = 0, kv_tokens = 0;

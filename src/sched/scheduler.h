@@ -15,14 +15,14 @@
 //   3. prefill: waiting sequences (new prompts and recomputes) in service order reserve the KV
 //      of their whole target when they start (the first that does not fit stops the rest), then
 //      share the token budget by plan_fair_prefill (policy.h): a min_chunk_tokens chunk each
-//      first (least recently served first within a priority: round robin), then the rest by
-//      priority, the least remaining prefill first, no prompt above max_chunk_tokens while other
-//      work shares the step (other prompts, decode rows, swap-ins; alone, a prompt takes the
-//      whole budget). Swapped-out sequences (the temporal cut) take their place in the same service
-//      order from their resume step on: they reserve the blocks of their swapped pages and are
-//      swapped in, using no token budget. A waiting sequence that does not fit may pause running
-//      sequences of strictly lower priority whose time slice expired (SchedSeq::slice_expired) when
-//      that frees enough.
+//      first (least recently served first within a priority: round robin; a long prompt only
+//      when starving), then the rest by priority, the least remaining prefill first, no prompt
+//      above max_chunk_tokens in any step, and a long prompt none while a shorter one of at
+//      least its priority is prefilled (for up to kMaxPrefillYieldSteps). Swapped-out sequences
+//      (the temporal cut) take their place in the same service order from their resume step on:
+//      they reserve the blocks of their swapped pages and are swapped in, using no token budget. A
+//      waiting sequence that does not fit may pause running sequences of strictly lower priority
+//      whose time slice expired (SchedSeq::slice_expired) when that frees enough.
 // Whenever a rule above allows several victims, the SwapPredictor (sched/swap_predictor.h) says
 // which goes first: by default the one needed last (lowest priority, most deadline slack, longest
 // step interval, youngest).

@@ -215,15 +215,15 @@ TEST_P(EngineTokens, ChunkCapKeepsTokens) {
     EXPECT_EQ(got.back().tokens, alone[i].tokens) << reqs[i].request_id;
   }
   // The short prompts' first tokens came before the long one's (they were admitted ahead of its
-  // remaining chunks). A prefill worker steps only for prefill: once the short prompts are done
-  // the long one is alone there and takes the whole budget (the cap applies only to shared
-  // steps), so it needs fewer steps than a 16-token cap throughout would (400 / 16).
+  // remaining chunks). A prefill worker steps only for prefill: the cap holds even once the long
+  // prompt is alone there, so it takes at least 400 / 16 steps (a request arriving meanwhile
+  // would wait for one 16-token chunk, not for the whole budget).
   for (size_t i = 1; i < reqs.size(); ++i) {
     EXPECT_LT(got[i].final_event.timings.ttft_ms, got[0].final_event.timings.ttft_ms)
         << reqs[i].request_id;
   }
   if (GetParam() == ServingMode::kDisaggregated) {
-    EXPECT_LT((*engine)->worker_snapshots().at(0).steps, 25);
+    EXPECT_GE((*engine)->worker_snapshots().at(0).steps, 25);
   }
   EXPECT_TRUE(testing::pools_back_to(**engine, initial));
 }

@@ -238,11 +238,13 @@ TEST(Scheduler, FairPrefillAdmitsShortPromptsAheadOfALongOnesRemainingChunks) {
   ASSERT_EQ(out2.prefill.size(), 1u);
   EXPECT_EQ(out2.prefill[0].tokens, 16);
   EXPECT_EQ(out2.num_tokens(), 2 + 16);
-  // Alone on the worker (no decode rows, no other prompt) the cap does not apply: the step is
-  // not shared, and small chunks would only repeat the weight pass for fewer tokens.
+  // Alone on the worker (no decode rows, no other prompt) the cap holds too: a request arriving
+  // during the step would wait for all of it.
   const SchedulerOutput out3 = Scheduler(c).schedule({{}, alone, {}, 100, 300, 8});
   ASSERT_EQ(out3.prefill.size(), 1u);
-  EXPECT_EQ(out3.prefill[0].tokens, 128);
+  EXPECT_EQ(out3.prefill[0].tokens, 16);
+  c.max_chunk_tokens = 0;  // no cap: the whole budget
+  EXPECT_EQ(Scheduler(c).schedule({{}, alone, {}, 100, 300, 8}).prefill[0].tokens, 128);
 
   // Short prompts that would fill the whole budget: the long prompt still moves by a min chunk
   // once it is starving (no chunk for more than kMaxPrefillYieldSteps steps, or never served),
