@@ -184,8 +184,14 @@ Status CudaBackend::copy_batch_async(CopyDir dir, const CopyRange* copies, size_
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;  // after the kernels queued before it
     size_t first = 0;
+#if CUDART_VERSION >= 13000
     const cudaError_t e =
         cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), n, &attr, &first, 1, stream_);
+#else  // CUDA 12.8-12.9: the same call with a failed-copy index
+    size_t failed = 0;
+    const cudaError_t e = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), n, &attr,
+                                               &first, 1, &failed, stream_);
+#endif
     if (e == cudaSuccess) return ok_status();
     // A driver older than the runtime's batch API refuses it: copy one by one from now on.
     if (e != cudaErrorNotSupported && e != cudaErrorCallRequiresNewerDriver &&
