@@ -122,11 +122,15 @@ Status CudaBackend::copy_d2h(void* dst, const void* src, size_t bytes) {
   return check_error_flag();
 }
 
-Status CudaBackend::copy_d2d(void* dst, const void* src, size_t bytes) {
+Status CudaBackend::enqueue_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                                 const char* what) {
   if (bytes == 0) return ok_status();
-  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_),
-                      "copy_d2d");
+  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, kind, stream_), what);
   return ok_status();
+}
+
+Status CudaBackend::copy_d2d(void* dst, const void* src, size_t bytes) {
+  return enqueue_copy(dst, src, bytes, cudaMemcpyDeviceToDevice, "copy_d2d");
 }
 
 Status CudaBackend::memset_zero(void* dst, size_t bytes) {
@@ -153,20 +157,14 @@ void CudaBackend::free_host(void* ptr) {
   if (ptr) cudaFreeHost(ptr);
 }
 
+// `dst` / `src` is pinned (alloc_host): the copy is truly asynchronous; synchronize() completes it
+// and checks the kernels' error flag, as copy_d2h does.
 Status CudaBackend::copy_d2h_async(void* dst, const void* src, size_t bytes) {
-  if (bytes == 0) return ok_status();
-  // `dst` is pinned (alloc_host): the copy is truly asynchronous; synchronize() completes it and
-  // checks the kernels' error flag, as copy_d2h does.
-  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
-                      "copy_d2h_async");
-  return ok_status();
+  return enqueue_copy(dst, src, bytes, cudaMemcpyDeviceToHost, "copy_d2h_async");
 }
 
 Status CudaBackend::copy_h2d_async(void* dst, const void* src, size_t bytes) {
-  if (bytes == 0) return ok_status();
-  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_),
-                      "copy_h2d_async");
-  return ok_status();
+  return enqueue_copy(dst, src, bytes, cudaMemcpyHostToDevice, "copy_h2d_async");
 }
 
 Status CudaBackend::copy_batch_async(CopyDir dir, const CopyRange* copies, size_t n) {
@@ -204,10 +202,8 @@ Status CudaBackend::copy_batch_async(CopyDir dir, const CopyRange* copies, size_
   const cudaMemcpyKind kind =
       dir == CopyDir::kDeviceToHost ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
   for (size_t i = 0; i < n; ++i)
-    if (copies[i].bytes > 0)
-      KVSPLIT_CUDA_RETURN(
-          cudaMemcpyAsync(copies[i].dst, copies[i].src, copies[i].bytes, kind, stream_),
-          "copy_batch_async");
+    KVSPLIT_RETURN_IF_ERROR(
+        enqueue_copy(copies[i].dst, copies[i].src, copies[i].bytes, kind, "copy_batch_async"));
   return ok_status();
 }
 

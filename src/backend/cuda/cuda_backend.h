@@ -93,6 +93,9 @@ class CudaBackend final : public Backend {
   // Pinned staging of at least `bytes`, free for reuse (waits for the last copy out of it).
   StatusOr<void*> staging(size_t bytes);
   Status check_error_flag();
+  // cudaMemcpyAsync on the stream, no wait; nothing for 0 bytes.
+  Status enqueue_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                      const char* what);
 
   int device_ = 0;
   int num_sms_ = 0;
