@@ -175,6 +175,7 @@ StreamResult run_stream(EngineImpl& engine, const std::vector<Item>& work, const
         r.ttft_ms = ev.timings.ttft_ms;
         r.e2e_ms = ev.timings.e2e_ms;
         r.mean_itl_ms = ev.timings.mean_itl_ms;
+        r.preemptions = ev.timings.preemptions;
       }
       if (!done[i] && refused[i]) {  // submit failed: counts as an error
         done[i] = true;
@@ -256,6 +257,27 @@ int run_mode(const Options& o, ServingMode mode) {
     good += met;
     cls_good[cls[i]] += met;
   }
+  if (!o.write_requests.empty()) {
+    std::vector<kvsplit::kvm::RequestOutcome> out(n);
+    for (int i = 0; i < n; ++i) {
+      const Outcome& r = res.outcomes[i];
+      kvsplit::kvm::RequestOutcome& w = out[i];
+      w.index = i;
+      w.arrival_ms = 1e3 * work[i].arrival_s;
+      w.sla_class = config.sla_classes[cls[i]].name;
+      w.prompt_tokens = static_cast<int>(work[i].request.prompt_token_ids.size());
+      w.output_tokens = work[i].request.sampling.max_tokens;
+      w.ok = r.ok;
+      w.ttft_ms = r.ttft_ms;
+      w.mean_itl_ms = r.mean_itl_ms;
+      w.e2e_ms = r.e2e_ms;
+      w.preemptions = r.preemptions;
+    }
+    if (auto st = kvsplit::kvm::write_outcomes_file(o.write_requests, out); !st.ok()) {
+      std::fprintf(stderr, "--write-requests: %s\n", st.to_string().c_str());
+      return 2;
+    }
+  }
   const kvsplit::EngineStats st = (*engine)->stats();
   double fwd = 0, book = 0, samp = 0;
   int64_t steps = 0;
@@ -287,6 +309,19 @@ int run_mode(const Options& o, ServingMode mode) {
   std::printf(
       "  (per class: ITL p99 over requests' mean inter-token latency; goodput: requests "
       "within the class's TTFT and ITL targets)\n");
+  // Effective KV (docs/kvm.md, "Effective-KV accounting"): the device bytes a class's KV held per
+  // token held, over the run (full precision: the pool's bytes per token; demoted pages lower it).
+  std::printf("  kv bytes per token held:");
+  for (size_t k = 0; k < nc; ++k) {
+    double bytes = 0, tokens = 0;
+    for (const kvsplit::KvAccounting& a : st.kv_accounting) {
+      if (a.sla_class != config.sla_classes[k].name) continue;
+      bytes += a.effective_kv_byte_seconds;
+      tokens += a.kv_token_seconds;
+    }
+    if (tokens > 0) std::printf(" %s %.1f", config.sla_classes[k].name.c_str(), bytes / tokens);
+  }
+  std::printf(" (effective KV byte-seconds / KV token-seconds)\n");
   const double step = std::max(fwd + samp + book, 1e-9);
   if (st.kvm_enabled) {
     std::printf("  kvm: %lld decisions\n", static_cast<long long>(st.kvm_decisions_total));
@@ -637,6 +672,9 @@ int main(int argc, char** argv) {
                  "replay this request trace (JSON lines, docs/kvm.md) instead of the synthetic "
                  "workload: synthetic prompts of its lengths, EOS ignored, its classes");
   app.add_option("--write-trace", o.write_trace, "write the workload as a request trace");
+  app.add_option("--write-requests", o.write_requests,
+                 "write each request's TTFT, mean ITL and preemptions (JSON lines, as "
+                 "kvsplit policy simulate --write-requests predicts them)");
   app.add_option("--config", o.config,
                  "server YAML config: its engine settings, SLA classes and kvm section (with "
                  "--mode both, its workers in each mode; otherwise the mode given)");

@@ -50,9 +50,10 @@ struct Options {
   int swap_seqs = 8, swap_prompt = 256, swap_output = 128;
   int64_t host_mb = 256;
   double sla_ttft_ms = 0, sla_itl_ms = 0;  // --swap-compare goodput targets (0: the class's)
-  std::string trace;        // replay this request trace instead of the synthetic workload
-  std::string write_trace;  // write the workload (generated or replayed) as a trace
-  std::string config;       // server YAML: engine settings, SLA classes and kvm
+  std::string trace;           // replay this request trace instead of the synthetic workload
+  std::string write_trace;     // write the workload (generated or replayed) as a trace
+  std::string write_requests;  // write each request's outcome (kvm::RequestOutcome JSON lines)
+  std::string config;          // server YAML: engine settings, SLA classes and kvm
   bool fairness = false;
   int fair_requests = 60;
   double fair_rate = 3;
@@ -79,6 +80,7 @@ struct Outcome {
   bool ok = false;
   double ttft_ms = 0, e2e_ms = 0, mean_itl_ms = 0;
   int64_t tokens = 0;
+  int32_t preemptions = 0;
 };
 
 struct StreamResult {

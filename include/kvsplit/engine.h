@@ -281,6 +281,7 @@ struct SlaClassStats {
   int64_t met_itl = 0;
   int64_t met_both = 0;
   int32_t queued = 0;
+  double oldest_queued_ms = 0;  // how long its oldest queued request has waited (0: none queued)
 };
 
 // Effective KV (Usage::effective_kv_byte_seconds, kv_token_seconds) of the finished requests of one

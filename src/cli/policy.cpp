@@ -35,6 +35,10 @@ int run_simulate(const PolicyFlags& f) {
   }
   auto res = kvm::simulate(cfg->engine, profile, *trace);
   if (!res.ok()) return policy_fail(res.status());
+  if (!f.write_requests.empty()) {
+    if (Status st = kvm::write_outcomes_file(f.write_requests, res->requests); !st.ok())
+      return policy_fail(st.with_prefix("--write-requests"));
+  }
   if (f.json) {
     std::cout << kvm::sim_result_json(*res) << "\n";
     return 0;
@@ -115,6 +119,9 @@ CLI::App* add_policy_command(CLI::App& app, PolicyFlags& f) {
   sim->add_option("--profile", f.profile,
                   "engine cost profile (bench_engine --write-profile); default: built in");
   sim->add_flag("--json", f.json, "print one JSON line: classes and decisions");
+  sim->add_option("--write-requests", f.write_requests,
+                  "write each request's predicted TTFT, mean ITL and preemptions (JSON lines, "
+                  "as bench_serving_offline --write-requests measures them)");
 
   CLI::App* mk = policy->add_subcommand("make-trace", "write a synthetic request trace");
   kvm::PhasedTraceOptions& p = f.phase;
@@ -144,6 +151,9 @@ CLI::App* add_policy_command(CLI::App& app, PolicyFlags& f) {
   mk->add_option("--spike-prompt", p.spike_prompt, "its median prompt tokens in the spike")
       ->capture_default_str();
   mk->add_option("--spike-output", p.spike_output, "its median output tokens in the spike")
+      ->capture_default_str();
+  mk->add_option("--rate-scale", p.rate_scale,
+                 "multiplies every rate: the same phases at a load scaled to the machine")
       ->capture_default_str();
   return policy;
 }

@@ -1,6 +1,7 @@
 // `kvsplit policy`: the KV cache manager's offline tools (docs/kvm.md, "Policy simulator").
-//   policy simulate --config C --trace T [--profile P] [--json]: replay a request trace against
-//     a server config's engine settings, SLA classes and kvm rules in the discrete-event model;
+//   policy simulate --config C --trace T [--profile P] [--json] [--write-requests F]: replay a
+//     request trace against a server config's engine settings, SLA classes and kvm rules in the
+//     discrete-event model;
 //   policy make-trace --phased [options] --out T: write the phased benchmark trace.
 #pragma once
 
@@ -17,6 +18,7 @@ struct PolicyFlags {
   std::string trace;
   std::string profile;
   bool json = false;
+  std::string write_requests;  // simulate: per-request predictions (JSON lines)
   // make-trace
   bool phased = false;
   std::string out;

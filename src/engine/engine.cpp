@@ -357,12 +357,15 @@ EngineStats EngineImpl::stats_without_kvm() const {
     s.num_waiting += s.pools.back().waiting;
   }
   const std::vector<int> queued = router_->queued_per_class();
+  const std::vector<double> waited = router_->oldest_wait_ms_per_class(sched::Clock::now());
   s.num_waiting += router_->num_queued();
   s.preemptions = shared_.preemptions.load();
   std::lock_guard<std::mutex> lock(mu_);
   s.classes = class_stats_;
   for (size_t i = 0; i < s.classes.size() && i < queued.size(); ++i)
     s.classes[i].queued = queued[i];
+  for (size_t i = 0; i < s.classes.size() && i < waited.size(); ++i)
+    s.classes[i].oldest_queued_ms = waited[i];
   s.requests_submitted = submitted_;
   s.requests_finished = finished_;
   s.requests_cancelled = cancelled_;

@@ -17,8 +17,8 @@ constexpr std::array<std::string_view, 9> kGlobalMetrics = {
     "device_kv_use", "host_kv_use",        "disk_kv_use",
     "link_use",      "storage_latency_ms", "prefix_hit_rate",
     "swap_rate",     "recall_rate",        "pages_evicted_fraction"};
-constexpr std::array<std::string_view, 5> kClassMetrics = {
-    "queue_depth", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"};
+constexpr std::array<std::string_view, 6> kClassMetrics = {
+    "queue_depth", "queue_wait_ms", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"};
 constexpr std::array<std::string_view, 13> kParams = {
     "semantic_threshold",  "evict_threshold", "recall_threshold",   "semantic_window",
     "recent_tokens",       "score_interval",  "temporal_step_size", "swap",
@@ -118,6 +118,7 @@ const char* op_text(KvmActionOp op) {
 // The worst (largest) value of a class-scoped metric, or the named class's.
 double class_metric(const KvmClassLatency& c, std::string_view metric) {
   if (metric == "queue_depth") return c.queue_depth;
+  if (metric == "queue_wait_ms") return c.queue_wait_ms;
   if (metric == "ttft_p50_ms") return c.ttft_p50_ms;
   if (metric == "ttft_p99_ms") return c.ttft_p99_ms;
   if (metric == "itl_p50_ms") return c.itl_p50_ms;

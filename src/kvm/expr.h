@@ -21,7 +21,7 @@ std::string to_string(const KvmCondition& c);
 std::string to_string(const KvmAction& a);
 
 bool is_metric(std::string_view name);
-bool is_class_metric(std::string_view name);  // queue_depth, ttft_*, itl_*
+bool is_class_metric(std::string_view name);  // queue_depth, queue_wait_ms, ttft_*, itl_*
 bool is_param(std::string_view name);
 // Parameters that only make sense per class (max_queue) or only globally (max_num_seqs,
 // max_chunk_tokens, spatial_min_context, migrate_to_shard).

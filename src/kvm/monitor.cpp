@@ -94,6 +94,7 @@ KvmSnapshot Monitor::sample(double now_ms, const EngineStats& stats, const Monit
     KvmClassLatency l;
     l.name = c.name;
     l.queue_depth = c.queued;
+    l.queue_wait_ms = c.oldest_queued_ms;
     latency_.fill(now_ms, &l);
     s.classes.push_back(l);
   }

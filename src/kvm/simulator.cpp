@@ -230,6 +230,25 @@ StatusOr<SimResult> Sim::run() {
     cr.attainment =
         cr.requests > 0 ? static_cast<double>(cr.met) / static_cast<double>(cr.requests) : 0;
   }
+  res_.requests.reserve(reqs_.size());
+  for (size_t k = 0; k < order_.size(); ++k) {  // arrival order, as bench_serving_offline's
+    const Req& r = reqs_[order_[k]];
+    RequestOutcome o;
+    o.index = static_cast<int64_t>(k);
+    o.arrival_ms = r.t->arrival_ms;
+    o.sla_class = c_.sla_classes[r.cls].name;
+    o.prompt_tokens = static_cast<int>(r.prompt);
+    o.output_tokens = static_cast<int>(r.output);
+    o.ok = r.st == St::kDone;
+    if (o.ok) {
+      o.ttft_ms = r.first_ms - r.t->arrival_ms;
+      o.mean_itl_ms =
+          r.generated > 1 ? (r.last_ms - r.first_ms) / static_cast<double>(r.generated - 1) : 0;
+      o.e2e_ms = r.last_ms - r.t->arrival_ms;
+    }
+    o.preemptions = r.preemptions;
+    res_.requests.push_back(std::move(o));
+  }
   res_.mean_device_kv_use =
       res_.samples > 0 ? mean_use_sum_ / static_cast<double>(res_.samples) : 0;
   double busy = 0;

@@ -45,6 +45,9 @@ struct SimResult {
   int64_t thrashed = 0;
   // Each decode worker's KV as modelled: full-pool blocks and the semantic cut's arena pages.
   int64_t kv_blocks_per_worker = 0, int8_pages_per_worker = 0, int4_pages_per_worker = 0;
+  // Every request of the trace in arrival order (ties: trace order), as the model predicts it
+  // (`policy simulate --write-requests`).
+  std::vector<RequestOutcome> requests;
 };
 
 // Replays `trace` (any order; sorted by arrival here) on the engine `config` describes: its

@@ -3,6 +3,8 @@
 // (simulator_step.cpp) and runs a trace against a policy (simulator.cpp). docs/kvm.md, "The model".
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -64,6 +66,7 @@ struct Req {
   int64_t held = 0, q8 = 0, q4 = 0, ev = 0;
   int64_t last_prefill_step = -1;  // the worker step that last gave it a chunk (fair prefill)
   int64_t stuck = 0;               // preemptions in a row without a token between them
+  int64_t preemptions = 0;         // in all
   int64_t generated_at_preemption = -1;
   int64_t swapped_pages = 0;  // swapped out: pages in the host tier
   int64_t resume_step = 0;    // swapped out: not back before this worker step

@@ -52,6 +52,7 @@ void Sim::preempt(Worker& w, int i, double* cost_ms) {
   w.running.erase(std::find(w.running.begin(), w.running.end(), i));
   Req& r = reqs_[i];
   res_.preemptions++;
+  r.preemptions++;
   // The pages on the device (full and quantized) go to the host tier as full blocks.
   const int64_t pages = r.held + r.q8 + r.q4;
   const double bytes = static_cast<double>(pages) * block_bytes();
@@ -510,6 +511,10 @@ void Sim::tick(double now) {
     KvmClassLatency cl;
     cl.name = c_.sla_classes[k].name;
     cl.queue_depth = queued_per_class_[k];
+    for (int i : queue_) {  // the oldest queued request's wait since it arrived (submit)
+      if (reqs_[i].cls == static_cast<int>(k))
+        cl.queue_wait_ms = std::max(cl.queue_wait_ms, now - reqs_[i].t->arrival_ms);
+    }
     window_.fill(now, &cl);
     s.classes.push_back(std::move(cl));
   }

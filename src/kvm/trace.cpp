@@ -107,14 +107,45 @@ std::string format_trace(const std::vector<TraceRequest>& trace) {
   return out;
 }
 
-Status write_trace_file(const std::string& path, const std::vector<TraceRequest>& trace) {
+namespace {
+
+Status write_text_file(const std::string& path, const std::string& text, const char* what) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) return not_found(path + ": cannot open the trace file for writing");
-  const std::string text = format_trace(trace);
+  if (!f) return not_found(path + ": cannot open the " + what + " file for writing");
   f.write(text.data(), static_cast<std::streamsize>(text.size()));
   f.close();
-  if (!f) return internal_error(path + ": writing the trace file failed");
+  if (!f) return internal_error(path + ": writing the " + what + " file failed");
   return ok_status();
+}
+
+}  // namespace
+
+Status write_trace_file(const std::string& path, const std::vector<TraceRequest>& trace) {
+  return write_text_file(path, format_trace(trace), "trace");
+}
+
+std::string format_outcomes(const std::vector<RequestOutcome>& outcomes) {
+  std::string out;
+  for (const RequestOutcome& r : outcomes) {
+    Json j;
+    j["index"] = r.index;
+    j["arrival_ms"] = r.arrival_ms;
+    j["class"] = r.sla_class;
+    j["prompt_tokens"] = r.prompt_tokens;
+    j["output_tokens"] = r.output_tokens;
+    j["ok"] = r.ok;
+    j["ttft_ms"] = r.ok ? r.ttft_ms : 0.0;
+    j["mean_itl_ms"] = r.ok ? r.mean_itl_ms : 0.0;
+    j["e2e_ms"] = r.ok ? r.e2e_ms : 0.0;
+    j["preemptions"] = r.preemptions;
+    out += j.dump(-1, ' ', false, Json::error_handler_t::replace);
+    out += '\n';
+  }
+  return out;
+}
+
+Status write_outcomes_file(const std::string& path, const std::vector<RequestOutcome>& outcomes) {
+  return write_text_file(path, format_outcomes(outcomes), "requests");
 }
 
 Status validate(const PhasedTraceOptions& o) {
@@ -124,6 +155,8 @@ Status validate(const PhasedTraceOptions& o) {
   if (!pos(o.interactive_rate)) return invalid_argument("interactive_rate: must be >= 0");
   if (!pos(o.batch_rate_calm)) return invalid_argument("batch_rate_calm: must be >= 0");
   if (!pos(o.batch_rate_spike)) return invalid_argument("batch_rate_spike: must be >= 0");
+  if (!std::isfinite(o.rate_scale) || o.rate_scale <= 0)
+    return invalid_argument("rate_scale: must be > 0");
   for (auto [name, v] : {std::pair{"interactive_prompt", o.interactive_prompt},
                          {"interactive_output", o.interactive_output},
                          {"batch_prompt", o.batch_prompt},
@@ -163,11 +196,12 @@ std::vector<TraceRequest> make_phased_trace(const PhasedTraceOptions& o) {
       out.push_back(std::move(r));
     }
   };
-  const double a = o.calm_ms, b = a + o.spike_ms, c = b + o.calm_ms;
-  phase(0, c, o.interactive_rate, o.interactive_class, o.interactive_prompt, o.interactive_output);
-  phase(0, a, o.batch_rate_calm, o.batch_class, o.batch_prompt, o.batch_output);
-  phase(a, b, o.batch_rate_spike, o.batch_class, o.spike_prompt, o.spike_output);
-  phase(b, c, o.batch_rate_calm, o.batch_class, o.batch_prompt, o.batch_output);
+  const double a = o.calm_ms, b = a + o.spike_ms, c = b + o.calm_ms, k = o.rate_scale;
+  phase(0, c, k * o.interactive_rate, o.interactive_class, o.interactive_prompt,
+        o.interactive_output);
+  phase(0, a, k * o.batch_rate_calm, o.batch_class, o.batch_prompt, o.batch_output);
+  phase(a, b, k * o.batch_rate_spike, o.batch_class, o.spike_prompt, o.spike_output);
+  phase(b, c, k * o.batch_rate_calm, o.batch_class, o.batch_prompt, o.batch_output);
   std::stable_sort(out.begin(), out.end(), [](const TraceRequest& x, const TraceRequest& y) {
     return x.arrival_ms < y.arrival_ms;
   });

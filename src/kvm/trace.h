@@ -49,8 +49,29 @@ struct PhasedTraceOptions {
   double batch_rate_calm = 0.5, batch_rate_spike = 6;
   int batch_prompt = 128, batch_output = 64;  // calm
   int spike_prompt = 384, spike_output = 96;  // spike: the long prompts
+  // Multiplies every rate above (> 0): the same phases and lengths at a load scaled to a faster
+  // or slower machine (scripts/bench_kvm.sh derives it from the machine's engine profile).
+  double rate_scale = 1;
 };
 Status validate(const PhasedTraceOptions& o);
+
+// What became of one request of a trace, as bench_serving_offline measures it (`--write-requests`)
+// and `kvsplit policy simulate --write-requests` predicts it, so that the two can be compared
+// request by request. One JSON line each, in arrival order (ties: trace order; `index` counts in
+// that order): {"index":…, "arrival_ms":…,
+// "class":…, "prompt_tokens":…, "output_tokens":…, "ok":…, "ttft_ms":…, "mean_itl_ms":…,
+// "e2e_ms":…, "preemptions":…} (`preemptions`: -1 where unknown; not ok: latencies are 0).
+struct RequestOutcome {
+  int64_t index = 0;  // 0-based position in arrival order
+  double arrival_ms = 0;
+  std::string sla_class;
+  int prompt_tokens = 0, output_tokens = 0;
+  bool ok = false;  // finished (false: rejected, failed or never run)
+  double ttft_ms = 0, mean_itl_ms = 0, e2e_ms = 0;
+  int64_t preemptions = -1;
+};
+std::string format_outcomes(const std::vector<RequestOutcome>& outcomes);
+Status write_outcomes_file(const std::string& path, const std::vector<RequestOutcome>& outcomes);
 std::vector<TraceRequest> make_phased_trace(const PhasedTraceOptions& o);
 
 }  // namespace kvsplit::kvm

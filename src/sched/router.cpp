@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
+
 #include "common/check.h"
 
 namespace kvsplit::sched {
@@ -82,6 +85,18 @@ int Router::num_queued() const {
 std::vector<int> Router::queued_per_class() const {
   std::lock_guard<std::mutex> lock(mu_);
   return queued_;
+}
+
+std::vector<double> Router::oldest_wait_ms_per_class(Clock::time_point now) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<double> wait(queued_.size(), 0.0);
+  for (const auto& [arrival, entry] : entries_) {
+    const size_t k = static_cast<size_t>(entry.seq->class_index);
+    if (k >= wait.size()) continue;
+    wait[k] = std::max(
+        wait[k], std::chrono::duration<double, std::milli>(now - entry.seq->submit_time).count());
+  }
+  return wait;
 }
 
 std::vector<SlaClass> Router::classes() const {

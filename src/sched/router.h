@@ -40,6 +40,8 @@ class Router {
 
   int num_queued() const;
   std::vector<int> queued_per_class() const;
+  // Per class: how long its oldest queued sequence has waited since submit, at `now` (0: none).
+  std::vector<double> oldest_wait_ms_per_class(Clock::time_point now) const;
   std::vector<SlaClass> classes() const;
   // Replaces the classes; queued sequences keep their settings (their counts are dropped when the
   // class list shrinks past their index).

@@ -302,6 +302,7 @@ void fill_kvm_stats(const EngineStats& stats, v1::GetServerStatsResponse* out) {
     oc->set_ttft_p99_ms(c.ttft_p99_ms);
     oc->set_itl_p50_ms(c.itl_p50_ms);
     oc->set_itl_p99_ms(c.itl_p99_ms);
+    oc->set_queue_wait_ms(c.queue_wait_ms);
   }
   for (const KvmDecision& d : stats.kvm_decisions) {
     v1::KvmDecision* od = out->add_kvm_decisions();

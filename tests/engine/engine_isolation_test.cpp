@@ -93,6 +93,12 @@ TEST(EngineIsolation, QueuedRequestOfAnotherTenantIsNotRemoved) {
   ASSERT_TRUE(queued.ok());
   EXPECT_FALSE(e.cancel("b", "queued"));
   EXPECT_EQ(e.stats().classes[0].queued, 1);  // still in the router queue
+  // The KVM's queue_wait_ms: the queued request's wait grows while it stays queued.
+  const double wait0 = e.stats().classes[0].oldest_queued_ms;
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const double wait1 = e.stats().classes[0].oldest_queued_ms;
+  EXPECT_GT(wait0, 0);
+  EXPECT_GE(wait1, wait0 + 19);
   e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
   for (auto* h : {&first, &queued}) {
     Collected c = collect(**h, std::chrono::seconds(60));

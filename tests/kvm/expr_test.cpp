@@ -154,10 +154,12 @@ KvmSnapshot snapshot() {
   voice.name = "voice";
   voice.ttft_p99_ms = 300;
   voice.queue_depth = 2;
+  voice.queue_wait_ms = 40;
   KvmClassLatency batch;
   batch.name = "batch";
   batch.ttft_p99_ms = 900;
   batch.queue_depth = 7;
+  batch.queue_wait_ms = 1500;
   s.classes = {voice, batch};
   return s;
 }
@@ -179,6 +181,9 @@ TEST(KvmExprTest, ReadsMetrics) {
   EXPECT_EQ(read_metric(s, cond("ttft_p99_ms > 0"), &cls), 900);
   EXPECT_EQ(cls, "batch");
   EXPECT_EQ(read_metric(s, cond("queue_depth > 0")), 7);
+  EXPECT_EQ(read_metric(s, cond("queue_wait_ms[voice] > 0")), 40);
+  EXPECT_EQ(read_metric(s, cond("queue_wait_ms > 0"), &cls), 1500);
+  EXPECT_EQ(cls, "batch");
   // A class the snapshot lacks, or no classes at all: no value.
   EXPECT_FALSE(read_metric(s, cond("ttft_p99_ms[chat] > 0")).has_value());
   EXPECT_FALSE(read_metric(KvmSnapshot{}, cond("queue_depth > 0")).has_value());

@@ -137,12 +137,16 @@ TEST(Monitor, RatesPercentilesAndWorstPools) {
   prefill.kv_blocks_free = 0;  // full, but prefill pools do not count for device use
   s.pools.push_back(prefill);
   for (int i = 1; i <= 100; ++i) mon.latency().add("default", 500, i, 2 * i);
+  s.classes[0].queued = 3;
+  s.classes[0].oldest_queued_ms = 250;
   KvmSnapshot a = mon.sample(1000, s, {});
   EXPECT_NEAR(a.device_kv_use, 0.30, 1e-9);
   ASSERT_EQ(a.workers.size(), 2u);
   EXPECT_EQ(a.workers[0].shard_use, (std::vector<double>{0.30, 0.0}));
   ASSERT_EQ(a.classes.size(), 1u);
   EXPECT_EQ(a.classes[0].samples, 100);
+  EXPECT_EQ(a.classes[0].queue_depth, 3);
+  EXPECT_DOUBLE_EQ(a.classes[0].queue_wait_ms, 250);
   EXPECT_DOUBLE_EQ(a.classes[0].ttft_p50_ms, 50);
   EXPECT_DOUBLE_EQ(a.classes[0].ttft_p99_ms, 99);
   EXPECT_DOUBLE_EQ(a.classes[0].itl_p99_ms, 198);

@@ -2,6 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "kvm/simulator_model.h"
+
 namespace kvsplit::kvm {
 namespace {
 
@@ -227,6 +233,86 @@ TEST(Simulator, MaxQueueRejects) {
   EXPECT_GT(cls(*r, "slow").rejected, 0);
   EXPECT_EQ(cls(*r, "fast").rejected, 0);
   EXPECT_LT(cls(*r, "slow").attainment, 1.0);
+}
+
+// The per-request predictions (policy simulate --write-requests) agree with the class summaries:
+// arrival order, every request once, rejected ones not ok, and the percentiles recomputed from
+// them; preemptions add up to the run's.
+TEST(Simulator, PerRequestOutcomesMatchTheClassSummaries) {
+  EngineConfig c = test_config();
+  c.kv_blocks_per_worker = 200;
+  c.sla_classes[1].max_queue = 8;
+  std::vector<TraceRequest> trace = uniform_trace(64, 1, 256, 256);
+  std::reverse(trace.begin(), trace.end());  // the file's order is not the arrival order
+  auto r = simulate(c, test_profile(), trace);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->requests.size(), trace.size());
+  EXPECT_GT(r->preemptions, 0);
+  EXPECT_GT(cls(*r, "slow").rejected, 0);
+  int64_t preemptions = 0;
+  std::map<std::string, std::vector<double>> ttft, itl;
+  std::map<std::string, int64_t> finished;
+  for (size_t k = 0; k < r->requests.size(); ++k) {
+    const RequestOutcome& o = r->requests[k];
+    EXPECT_EQ(o.index, static_cast<int64_t>(k));
+    if (k > 0) EXPECT_LE(r->requests[k - 1].arrival_ms, o.arrival_ms);
+    EXPECT_EQ(o.prompt_tokens, 256);
+    preemptions += o.preemptions;
+    if (!o.ok) continue;
+    finished[o.sla_class]++;
+    EXPECT_GE(o.e2e_ms, o.ttft_ms);
+    ttft[o.sla_class].push_back(o.ttft_ms);
+    itl[o.sla_class].push_back(o.mean_itl_ms);
+  }
+  EXPECT_EQ(preemptions, r->preemptions);
+  for (const char* name : {"fast", "slow"}) {
+    EXPECT_EQ(finished[name], cls(*r, name).finished) << name;
+    EXPECT_DOUBLE_EQ(sim_detail::percentile(ttft[name], 99), cls(*r, name).ttft_p99_ms) << name;
+    EXPECT_DOUBLE_EQ(sim_detail::percentile(itl[name], 50), cls(*r, name).itl_p50_ms) << name;
+  }
+  const std::string text = format_outcomes(r->requests);
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 64);
+  const auto first = nlohmann::json::parse(text.substr(0, text.find('\n')));
+  EXPECT_EQ(first.at("index"), 0);
+  EXPECT_EQ(first.at("arrival_ms"), 0.0);
+  EXPECT_EQ(first.at("class"), "fast");
+  EXPECT_EQ(first.at("prompt_tokens"), 256);
+  EXPECT_EQ(first.at("ok"), true);
+  EXPECT_DOUBLE_EQ(first.at("ttft_ms").get<double>(), r->requests[0].ttft_ms);
+  EXPECT_EQ(first.at("preemptions"), r->requests[0].preemptions);
+  EXPECT_NE(text.find("\"ok\":false"), std::string::npos);
+}
+
+// queue_wait_ms (the oldest queued request's wait) is sampled in the model as in the engine: a rule
+// on it caps the slow class's queue once its backlog has waited, so later slow requests are
+// rejected, where without the rule none is.
+TEST(Simulator, QueueWaitRuleCapsTheBacklog) {
+  EngineConfig c = test_config();
+  c.max_num_seqs = 1;
+  const auto trace = uniform_trace(40, 2, 64, 64);
+  auto off = simulate(c, test_profile(), trace);
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(cls(*off, "slow").rejected, 0);
+  KvmRule r;
+  r.name = "wait";
+  r.when = {"queue_wait_ms", "slow", KvmCmp::kGreater, 30};
+  r.exit = {"queue_wait_ms", "slow", KvmCmp::kLess, 1};
+  r.then = {"max_queue", KvmActionOp::kSet, 2};
+  r.sla_class = "slow";
+  r.cooldown_ms = 0;
+  c.kvm.enabled = true;
+  c.kvm.interval_ms = 10;
+  c.kvm.rules = {r};
+  auto on = simulate(c, test_profile(), trace);
+  ASSERT_TRUE(on.ok()) << on.status().to_string();
+  ASSERT_FALSE(on->decisions.empty());
+  EXPECT_EQ(on->decisions[0].action, "enter");
+  EXPECT_NE(on->decisions[0].monitors.find("queue_wait_ms[slow]="), std::string::npos)
+      << on->decisions[0].monitors;
+  // Entered once the oldest slow request had waited over 30 ms, on a 10 ms sample.
+  EXPECT_GE(on->decisions[0].time_ms, 30);
+  EXPECT_GT(cls(*on, "slow").rejected, 0);
+  EXPECT_EQ(cls(*on, "fast").rejected, 0);
 }
 
 TEST(Simulator, JsonShape) {

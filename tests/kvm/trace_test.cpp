@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 
 #include "kvm/profile.h"
@@ -108,6 +110,38 @@ TEST(Trace, PhasedGeneratorIsDeterministicAndPhased) {
   EXPECT_GT(spike_len / spike_batch, 2 * calm_len / calm_batch);
   o.spike_prompt = 0;
   EXPECT_NE(validate(o).message().find("spike_prompt"), std::string::npos);
+}
+
+TEST(Trace, RateScaleMultipliesEveryPhasesArrivals) {
+  PhasedTraceOptions o;
+  o.calm_ms = 20000;
+  o.spike_ms = 20000;
+  auto count = [](const std::vector<TraceRequest>& t, const std::string& cls, double t0,
+                  double t1) {
+    return std::count_if(t.begin(), t.end(), [&](const TraceRequest& r) {
+      return r.sla_class == cls && r.arrival_ms >= t0 && r.arrival_ms < t1;
+    });
+  };
+  const auto base = make_phased_trace(o);
+  o.rate_scale = 3;
+  ASSERT_TRUE(validate(o).ok());
+  const auto scaled = make_phased_trace(o);
+  // Poisson counts: 3x the expected arrivals of each class and phase, within a few sigma.
+  const struct {
+    const char* cls;
+    double t0, t1, rate;
+  } phases[] = {{"interactive", 0, 60000, 4}, {"batch", 0, 20000, 0.5}, {"batch", 20000, 40000, 6}};
+  for (const auto& p : phases) {
+    const double expect = 3 * p.rate * (p.t1 - p.t0) / 1000;
+    const double n = static_cast<double>(count(scaled, p.cls, p.t0, p.t1));
+    EXPECT_NEAR(n, expect, 4 * std::sqrt(expect)) << p.cls << " from " << p.t0;
+    const double n1 = static_cast<double>(count(base, p.cls, p.t0, p.t1));
+    EXPECT_NEAR(n1, expect / 3, 4 * std::sqrt(expect / 3)) << p.cls << " from " << p.t0;
+  }
+  for (double bad : {0.0, -1.0, std::nan("")}) {
+    o.rate_scale = bad;
+    EXPECT_NE(validate(o).message().find("rate_scale"), std::string::npos) << bad;
+  }
 }
 
 TEST(Profile, JsonRoundTripAndErrorsNameTheField) {

@@ -87,6 +87,36 @@ TEST(Router, BoundedPerClassExpiryAndRemove) {
   EXPECT_EQ(r.num_queued(), 0);
 }
 
+// The KVM's queue_wait_ms: per class, the wait of its oldest queued sequence since submit.
+TEST(Router, OldestWaitPerClass) {
+  SlaClass a, b;
+  a.name = "a";
+  b.name = "b";
+  Router r({a, b}, nullptr);
+  const auto now = Clock::now();
+  const auto far = now + std::chrono::hours(1);
+  EXPECT_EQ(r.oldest_wait_ms_per_class(now), (std::vector<double>{0, 0}));
+  auto s0 = make_seq("0", 0, 0, a, 0, far);
+  s0->submit_time = now - std::chrono::milliseconds(300);
+  auto s1 = make_seq("1", 1, 0, a, 0, far);
+  s1->submit_time = now - std::chrono::milliseconds(100);
+  auto s2 = make_seq("2", 2, 0, b, 1, far);
+  s2->submit_time = now - std::chrono::milliseconds(50);
+  ASSERT_TRUE(r.push(s0).ok());
+  ASSERT_TRUE(r.push(s1).ok());
+  ASSERT_TRUE(r.push(s2).ok());
+  std::vector<double> w = r.oldest_wait_ms_per_class(now);
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_DOUBLE_EQ(w[0], 300);
+  EXPECT_DOUBLE_EQ(w[1], 50);
+  // The oldest leaves: the next one's wait; a later `now` adds to it.
+  auto any = [](const Sequence&) { return true; };
+  ASSERT_NE(r.pop_if(any), nullptr);  // "0": first by arrival
+  w = r.oldest_wait_ms_per_class(now + std::chrono::milliseconds(20));
+  EXPECT_DOUBLE_EQ(w[0], 120);
+  EXPECT_DOUBLE_EQ(w[1], 70);
+}
+
 TEST(Router, RemoveSeesOnlyTheTenantsOwnRequest) {
   SlaClass c;
   Router r({c}, nullptr);
