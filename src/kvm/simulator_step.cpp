@@ -507,14 +507,17 @@ void Sim::tick(double now) {
   s.swap_rate = dt > 0 ? static_cast<double>(swaps_since_tick_) * 1000.0 / dt : 0;
   swaps_since_tick_ = 0;
   last_tick_ = now;
+  // Per class, the oldest queued request's wait since it arrived (submit), in one pass.
+  std::vector<double> waited(c_.sla_classes.size(), 0.0);
+  for (int i : queue_) {
+    double& w = waited[static_cast<size_t>(reqs_[i].cls)];
+    w = std::max(w, now - reqs_[i].t->arrival_ms);
+  }
   for (size_t k = 0; k < c_.sla_classes.size(); ++k) {
     KvmClassLatency cl;
     cl.name = c_.sla_classes[k].name;
     cl.queue_depth = queued_per_class_[k];
-    for (int i : queue_) {  // the oldest queued request's wait since it arrived (submit)
-      if (reqs_[i].cls == static_cast<int>(k))
-        cl.queue_wait_ms = std::max(cl.queue_wait_ms, now - reqs_[i].t->arrival_ms);
-    }
+    cl.queue_wait_ms = waited[k];
     window_.fill(now, &cl);
     s.classes.push_back(std::move(cl));
   }

@@ -93,6 +93,16 @@ StatusOr<std::vector<TraceRequest>> read_trace_file(const std::string& path) {
   return parse_trace(text, path);
 }
 
+namespace {
+
+// One JSON object as a line of a JSONL file (invalid UTF-8 replaced, not thrown).
+void append_json_line(std::string* out, const Json& j) {
+  *out += j.dump(-1, ' ', false, Json::error_handler_t::replace);
+  *out += '\n';
+}
+
+}  // namespace
+
 std::string format_trace(const std::vector<TraceRequest>& trace) {
   std::string out;
   for (const TraceRequest& r : trace) {
@@ -101,8 +111,7 @@ std::string format_trace(const std::vector<TraceRequest>& trace) {
     j["prompt_tokens"] = r.prompt_tokens;
     j["output_tokens"] = r.output_tokens;
     if (!r.sla_class.empty()) j["class"] = r.sla_class;
-    out += j.dump(-1, ' ', false, Json::error_handler_t::replace);
-    out += '\n';
+    append_json_line(&out, j);
   }
   return out;
 }
@@ -138,8 +147,7 @@ std::string format_outcomes(const std::vector<RequestOutcome>& outcomes) {
     j["mean_itl_ms"] = r.ok ? r.mean_itl_ms : 0.0;
     j["e2e_ms"] = r.ok ? r.e2e_ms : 0.0;
     j["preemptions"] = r.preemptions;
-    out += j.dump(-1, ' ', false, Json::error_handler_t::replace);
-    out += '\n';
+    append_json_line(&out, j);
   }
   return out;
 }
