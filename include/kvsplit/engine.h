@@ -62,6 +62,10 @@ struct EngineConfig {
   std::string tokenizer;                        // empty: beside the model
   std::string backend = "cpu";                  // "cpu" | "cuda"
   int32_t threads_per_worker = 0;               // CPU threads per worker; 0: hardware / workers
+  // CPU backend: the semantic cut's recalls and the prefix cache's spill-ahead copy on a copy
+  // thread beside each worker's compute threads, as on a GPU's copy stream (BackendOptions::
+  // async_copies; recalls then wait at most semantic.recall_wait_ms). Off: they copy at once.
+  bool async_copies = false;
   ServingMode mode = ServingMode::kDisaggregated;
   int32_t num_prefill_workers = 1;  // >= 1 (disaggregated)
   int32_t num_decode_workers = 1;   // >= 1 (colocated: the number of workers)
@@ -223,8 +227,11 @@ struct PoolStats {
   int64_t kv_refused_transitions = 0;  // planned but refused (a tier or the pool full; no
                                        // original to restore from); nothing changed
   double kv_recall_ms_mean = 0;        // mean wall time of one recall, copies included (0: none)
-  int64_t kv_host_bytes_used = 0;      // host tier: bytes of full-precision originals held
-  int64_t kv_host_bytes_total = 0;     // host tier size (0 without kSemantic)
+  // Recalls whose asynchronous copy had not landed within SemanticCutConfig::recall_wait_ms of
+  // the step that asked for the page: that step ran with the page as it was.
+  int64_t kv_recalls_late = 0;
+  int64_t kv_host_bytes_used = 0;   // host tier: bytes of full-precision originals held
+  int64_t kv_host_bytes_total = 0;  // host tier size (0 without kSemantic)
   // The temporal cut (EngineConfig::temporal): pages of paused sequences swapped out to the host
   // tier as of the last step, and counters since start. A preemption under memory pressure picks
   // swap or recompute (choices counted); a swap that cannot happen (host tier full, a copy

@@ -30,6 +30,12 @@ struct SemanticCutConfig {
   // (from its key summary, each scored step) reaches recall_threshold; a quantized page, which is
   // still read and scored, when its relevance does.
   float recall_threshold = 0.5f;
+  // A recall's copy from the host tier is asynchronous where the backend allows (a second CUDA
+  // stream): the next step waits at most recall_wait_ms for it, then runs with the page as it is
+  // (quantized, or left out when evicted) and takes it at full precision once it has landed.
+  // < 0: wait until it lands (results never depend on timing). Synchronous backends (the CPU
+  // backend by default) have every restore landed before the step.
+  double recall_wait_ms = 1.0;
   int32_t semantic_window = 4096;   // tokens scored: the most recent ones (older pages keep state)
   int32_t sink_tokens = 4;          // never degraded: the first tokens ...
   int32_t recent_tokens = 256;      // ... and the last ones

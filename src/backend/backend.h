@@ -197,6 +197,29 @@ class Backend {
     return ok_status();
   }
 
+  // ---- fenced copies (asynchronous restores) ----
+  // A batch like copy_batch_async, queued where it can run beside the backend's compute (a
+  // second stream on CUDA, ordered after the work already queued on the compute stream; the copy
+  // thread of a CPU backend created with BackendOptions::async_copies), and a fence that says
+  // when it has landed. 0: the copies are already done (this default copies and synchronizes).
+  // synchronize() does not wait for fenced copies. Until wait_fence says done, the destination
+  // must not be read and neither side reused or freed; a fence not yet reported done must be
+  // waited for (wait_fence with a timeout < 0) before the backend is destroyed.
+  virtual StatusOr<uint64_t> copy_batch_fenced(CopyDir dir, const CopyRange* copies, size_t n) {
+    KVSPLIT_RETURN_IF_ERROR(copy_batch_async(dir, copies, n));
+    KVSPLIT_RETURN_IF_ERROR(synchronize());
+    return uint64_t{0};
+  }
+  // Waits at most `timeout_us` microseconds (0: polls; < 0: until it lands) for `fence`: true
+  // when its copies have landed and are visible to work queued from now on, false on timeout. A
+  // fence reported done once is forgotten: later calls with it return true. A failed copy is
+  // its error.
+  virtual StatusOr<bool> wait_fence(uint64_t fence, int64_t timeout_us) {
+    (void)fence;
+    (void)timeout_us;
+    return true;
+  }
+
   // ---- device ----
   // The device this backend runs on: the CUDA device index, or the CPU backend's virtual device
   // id (BackendOptions::device; every CPU backend shares host memory).
@@ -319,6 +342,13 @@ struct BackendOptions {
   // CPU backend: how long idle pool threads poll for the next op before sleeping (microseconds);
   // < 0: ThreadPool::kDefaultSpinMicros, 0: never poll (every op wakes sleeping threads).
   int64_t spin_micros = -1;
+  // CPU backend: copy_batch_fenced runs on a copy thread beside the compute threads (the CUDA
+  // backend's second stream), so restores are asynchronous as on a GPU. Off: fenced copies are
+  // synchronous (fence 0), and results never depend on timing.
+  bool async_copies = false;
+  // CPU backend with async_copies, for tests: each fenced batch starts this many microseconds
+  // after it was queued (a slow link), so a bounded wait can be seen to expire.
+  int64_t fenced_copy_delay_us = 0;
 };
 
 // Creates the backend named `name` ("cpu", or "cuda" when built with CUDA). `threads` <= 0 picks

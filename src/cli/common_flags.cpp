@@ -16,6 +16,9 @@ void add_common(CLI::App* app, CommonFlags& f) {
   app->add_option("--tokenizer", f.tokenizer, "tokenizer file (default: beside the model)");
   app->add_option("--backend", f.backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app->add_option("--threads", f.threads, "CPU threads (0: all)")->check(CLI::NonNegativeNumber);
+  app->add_flag("--async-copies", f.async_copies,
+                "cpu backend: recalls copy on a copy thread beside the compute threads, as on a "
+                "GPU's second stream (bounded by --recall-wait-ms)");
   app->add_flag("-v,--verbose", f.verbose, "log progress to stderr");
 }
 
@@ -32,6 +35,7 @@ StatusOr<std::unique_ptr<RunModel>> load_run_model(CommonFlags& f) {
   KVSPLIT_ASSIGN_OR_RETURN(run->loaded, model::load_model(f.model, lo));
   backend::BackendOptions bopt;
   bopt.threads = f.threads;
+  bopt.async_copies = f.async_copies;
   if (f.weight_dtype == "f32") bopt.weight_dtype = backend::DType::kF32;
   if (f.weight_dtype == "bf16") bopt.weight_dtype = backend::DType::kBF16;
   if (f.weight_dtype == "f16") bopt.weight_dtype = backend::DType::kF16;

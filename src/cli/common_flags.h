@@ -18,6 +18,7 @@ struct CommonFlags {
   std::string backend = "cpu";
   int threads = 0;
   bool verbose = false;
+  bool async_copies = false;          // cpu backend: BackendOptions::async_copies
   std::string weight_dtype = "auto";  // auto, f32, bf16, f16 (only where the command offers it)
 };
 

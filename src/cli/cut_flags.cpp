@@ -20,6 +20,10 @@ void add_cut_options(CLI::App* app, CutFlags& f) {
   app->add_option("--recall-threshold", s.recall_threshold,
                   "restore a page when its summary bound reaches this, [0, 1]")
       ->capture_default_str();
+  app->add_option("--recall-wait-ms", s.recall_wait_ms,
+                  "how long a step waits for a recalled page's asynchronous copy before running "
+                  "without it (< 0: until it lands)")
+      ->capture_default_str();
   app->add_option("--demote-after-steps", s.demote_after_steps,
                   "scored steps below --semantic-threshold before a demotion")
       ->capture_default_str();

@@ -1,6 +1,7 @@
 #include "cli/perplexity.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -63,6 +64,8 @@ Status score_window(model::LlamaModel& llama, kv::KvPool& pool, std::span<const 
   for (int pos = p; pos + 1 < n; ++pos) {
     if (!pool.reserve(table, pos + 1))
       return resource_exhausted("KV pool too small for the window");
+    // Recalls queued after the last step: the landed ones join this step (a bounded wait).
+    KVSPLIT_RETURN_IF_ERROR(cut.settle(pool, table, std::chrono::steady_clock::now()));
     model::SeqStep d;
     d.tokens = w.subspan(pos, 1);
     d.start_pos = pos;
@@ -194,6 +197,7 @@ int run_perplexity(CommonFlags& common, const PerplexityFlags& f) {
   j["originals_written"] = cs.ops.originals_written;
   j["refused_host_full"] = cs.ops.refused_host_full;
   j["refused_no_space"] = cs.ops.refused_no_space;
+  j["recalls_late"] = cs.ops.restores_late;
   j["recall_ms_mean"] = cs.ops.restored > 0
                             ? 1e3 * cs.ops.restore_seconds / static_cast<double>(cs.ops.restored)
                             : 0.0;

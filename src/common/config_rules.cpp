@@ -88,6 +88,9 @@ Status validate_semantic_cut(const SemanticCutConfig& c, std::string_view path) 
     return error("evict_threshold", "must be below semantic_threshold (" +
                                         real(c.semantic_threshold) + ")" + got(c.evict_threshold));
   }
+  if (!(std::isfinite(c.recall_wait_ms) && c.recall_wait_ms <= 60000.0))
+    return error("recall_wait_ms",
+                 "must be <= 60000 (< 0: until the copy lands)" + got(c.recall_wait_ms));
   if (c.demote_after_steps < 1)
     return error("demote_after_steps", "must be >= 1" + got(c.demote_after_steps));
   if (c.evict_after_steps < 1)

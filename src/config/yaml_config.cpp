@@ -210,6 +210,7 @@ Status read_pools(const YAML::Node& n, EngineConfig* e) {
     }
   }
   KVSPLIT_RETURN_IF_ERROR(r.get("threads_per_worker", &e->threads_per_worker));
+  KVSPLIT_RETURN_IF_ERROR(r.get("async_copies", &e->async_copies));
   KVSPLIT_RETURN_IF_ERROR(r.get("max_num_seqs", &e->max_num_seqs));
   KVSPLIT_RETURN_IF_ERROR(r.get("max_batch_tokens", &e->max_batch_tokens));
   KVSPLIT_RETURN_IF_ERROR(r.get("max_chunk_tokens", &e->max_chunk_tokens));
@@ -225,6 +226,7 @@ Status read_semantic_keys(MapReader& r, SemanticCutConfig* c) {
   KVSPLIT_RETURN_IF_ERROR(r.get("demote_after_steps", &c->demote_after_steps));
   KVSPLIT_RETURN_IF_ERROR(r.get("evict_after_steps", &c->evict_after_steps));
   KVSPLIT_RETURN_IF_ERROR(r.get("recall_threshold", &c->recall_threshold));
+  KVSPLIT_RETURN_IF_ERROR(r.get("recall_wait_ms", &c->recall_wait_ms));
   KVSPLIT_RETURN_IF_ERROR(r.get("semantic_window", &c->semantic_window));
   KVSPLIT_RETURN_IF_ERROR(r.get("sink_tokens", &c->sink_tokens));
   KVSPLIT_RETURN_IF_ERROR(r.get("recent_tokens", &c->recent_tokens));

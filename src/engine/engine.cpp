@@ -109,6 +109,7 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     }
     backend::BackendOptions bo;
     bo.threads = threads;
+    bo.async_copies = config.async_copies;
     bo.device = devices[static_cast<size_t>(i) % devices.size()];
     auto created = backend::create_backend(config.backend, bo);
     if (!created.ok()) return created.status().with_prefix(wo.name);

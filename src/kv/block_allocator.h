@@ -37,9 +37,25 @@ class BlockAllocator {
 // `pages` is empty while every page is full precision and resident (the only state before a cut
 // acts), else it has one entry per block: blocks[i] is then the page's id in the arena of
 // pages[i].precision (the KvPool's full pool, int8 or int4 arena), or -1 when evicted.
+// A restore of one page to full precision whose copy is in flight (kv/page_ops.h): the block it
+// goes to, allocated on `shard`, and the copy's Backend fence. The page keeps its old state
+// (PageEntry::restoring) until complete_restores commits it.
+struct PendingRestore {
+  int32_t page = 0;
+  int32_t block = -1;
+  uint8_t shard = 0;
+  uint64_t fence = 0;
+  int64_t started_ns = 0;  // steady clock, when the copy was queued
+  bool late = false;       // a bounded wait already expired on it (counted once)
+};
+
 struct BlockTable {
   std::vector<int32_t> blocks;
   std::vector<PageEntry> pages;
+  // Restores in flight (the semantic cut's asynchronous recall). Whoever moves or frees the
+  // table's pages settles them first (complete_restores with no bound; KvPool::release waits and
+  // frees their blocks).
+  std::vector<PendingRestore> restoring;
   // The temporal cut's disk record holding the table's kDisk pages (page i at record index
   // pages[i].original); 0: none. Freed with the table (KvPool::release).
   uint64_t disk_record = 0;

@@ -387,6 +387,16 @@ void KvPool::cache_prefix(const BlockTable& table, uint64_t salt, std::span<cons
 
 void KvPool::release(BlockTable& table) {
   KVSPLIT_CHECK(table.pages.empty() || table.pages.size() == table.blocks.size());
+  // Restores in flight: their copies land (the host original is freed below, and the block may
+  // be handed out next), then their blocks go back. A failed copy changes nothing here: the
+  // block is freed unread either way.
+  for (const PendingRestore& r : table.restoring) {
+    KvPool& at = shard(r.shard);
+    (void)at.backend().wait_fence(r.fence, -1);
+    at.allocator_.decref(r.block);
+    if (static_cast<size_t>(r.page) < table.pages.size()) table.pages[r.page].restoring = false;
+  }
+  table.restoring.clear();
   for (size_t i = 0; i < table.blocks.size(); ++i) {
     const PageEntry page = table.page(i);
     KvPool& at = shard(page.shard);  // arenas and summaries of the shard holding the page

@@ -90,7 +90,8 @@ class KvPool {
   void cache_prefix(const BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
                     int num_pages);
   // Releases every block of `table` (decref) and every quantized page, summary and host slot its
-  // page entries hold, and clears it.
+  // page entries hold, and clears it. Restores in flight (BlockTable::restoring) are waited for
+  // and their blocks freed.
   void release(BlockTable& table);
 
   // ---- semantic-cut tiers (empty unless configured) ----

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "kv/page_ops.h"
+
 namespace kvsplit::kv {
 namespace {
 
@@ -44,6 +46,9 @@ StatusOr<int> migrate_pages(KvPool& pool, BlockTable& table, int first_page, int
                             std::to_string(n));
   if (!table.pages.empty() && table.pages.size() != table.blocks.size())
     return invalid_argument("migrate: the table's pages and blocks differ in length");
+  // Restores in flight land first (the owner usually settles them itself, where they count).
+  PageOpStats settled;
+  KVSPLIT_RETURN_IF_ERROR(complete_restores(pool, table, -1, &settled));
   std::vector<int> idx;
   for (int i = first_page; i < end_page; ++i) {
     const PageEntry pe = table.page(i);

@@ -32,6 +32,9 @@ struct PageEntry {
   // The spatial cut: the shard of the worker's shard group whose pool holds the page while it is
   // on a device (kv-cuts.md §1 "device(shard s, block b)"); 0 = the worker's own (home) pool.
   uint8_t shard = 0;
+  // A restore to full precision is in flight (BlockTable::restoring): the page keeps its state,
+  // and no other transition touches it, until complete_restores commits it.
+  bool restoring = false;
 
   bool resident() const { return location == PageLocation::kDevice; }
 };

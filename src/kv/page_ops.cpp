@@ -1,5 +1,6 @@
 #include "kv/page_ops.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -22,7 +23,8 @@ class Executor {
 
   Status demote(int i, KvPrecision to) {
     PageEntry& page = table_.pages[i];
-    if (!page.resident()) return ok_status();  // evicted: nothing to demote
+    // Evicted: nothing to demote; restoring: on its way back to full, left alone.
+    if (!page.resident() || page.restoring) return ok_status();
     if (rung(to) <= rung(page.precision)) {
       if (to == page.precision) return ok_status();
       return invalid_argument("page " + std::to_string(i) + ": kDemote cannot go up the ladder");
@@ -68,7 +70,7 @@ class Executor {
 
   Status evict(int i, bool keep_original) {
     PageEntry& page = table_.pages[i];
-    if (!page.resident()) return ok_status();
+    if (!page.resident() || page.restoring) return ok_status();
     if (keep_original && page.precision == KvPrecision::kFull && !write_original(i))
       return ok_status();
     drop_resident(i);
@@ -79,14 +81,18 @@ class Executor {
     return ok_status();
   }
 
+  // Queues the copy of page i's host original into a new full block as a fenced batch. A
+  // backend whose fenced copies are synchronous (fence 0) has it landed: committed at once.
+  // Otherwise the page is restoring until complete_restores commits it.
   Status restore(int i) {
     PageEntry& page = table_.pages[i];
+    if (page.restoring) return ok_status();  // already on its way
     if (page.resident() && page.precision == KvPrecision::kFull) return ok_status();
     if (page.original < 0) {
       ++stats_.refused_no_original;
       return ok_status();
     }
-    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t t0 = now_ns();
     // With a shard group the page comes back where reserve() would place it now (the placement
     // rule, or the next shard with room), not necessarily on the shard it left.
     KvPool::PlacedBlock dst;
@@ -104,24 +110,51 @@ class Executor {
     std::vector<backend::Backend::CopyRange> copies;
     to.add_page_copies(dst.block, home_.host_slot(page.original),
                        backend::Backend::CopyDir::kHostToDevice, &copies);
-    Status st = to.backend().copy_batch_async(backend::Backend::CopyDir::kHostToDevice,
-                                              copies.data(), copies.size());
-    const Status synced = to.backend().synchronize();  // the host slot is released below
-    if (st.ok()) st = synced;
-    if (!st.ok()) {
+    StatusOr<uint64_t> fence = to.backend().copy_batch_fenced(
+        backend::Backend::CopyDir::kHostToDevice, copies.data(), copies.size());
+    if (!fence.ok()) {
       home_.decref_block(dst.shard, dst.block);
-      return st;
+      return fence.status();
     }
-    if (page.resident()) drop_resident(i);
-    table_.blocks[i] = dst.block;
+    PendingRestore r;
+    r.page = i;
+    r.block = dst.block;
+    r.shard = static_cast<uint8_t>(dst.shard);
+    r.fence = *fence;
+    r.started_ns = t0;
+    if (r.fence == 0) {
+      commit(r);
+      return ok_status();
+    }
+    page.restoring = true;
+    table_.restoring.push_back(r);
+    return ok_status();
+  }
+
+  // A landed restore: the page now lives in r.block at full precision; its old resident copy,
+  // host original and summary are freed.
+  void commit(const PendingRestore& r) {
+    PageEntry& page = table_.pages[r.page];
+    if (page.resident()) drop_resident(r.page);
+    table_.blocks[r.page] = r.block;
     home_.host_allocator().decref(page.original);
     if (page.summary >= 0) home_.shard(page.shard).summary_allocator().decref(page.summary);
     page = PageEntry{};
-    page.shard = static_cast<uint8_t>(dst.shard);
+    page.shard = r.shard;
     ++stats_.restored;
-    stats_.restore_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return ok_status();
+    stats_.restore_seconds += static_cast<double>(now_ns() - r.started_ns) * 1e-9;
+  }
+
+  // Frees a restore's block whose copy failed; the page keeps its state.
+  void abandon(const PendingRestore& r) {
+    home_.decref_block(r.shard, r.block);
+    table_.pages[r.page].restoring = false;
+  }
+
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
   }
 
  private:
@@ -202,6 +235,7 @@ void PageOpStats::add(const PageOpStats& o) {
   refused_no_space += o.refused_no_space;
   refused_no_original += o.refused_no_original;
   restore_seconds += o.restore_seconds;
+  restores_late += o.restores_late;
 }
 
 Status apply_page_transitions(KvPool& pool, BlockTable& table, int num_tokens,
@@ -238,6 +272,40 @@ Status apply_page_transitions(KvPool& pool, BlockTable& table, int num_tokens,
   for (int sh = 0; sh < pool.num_shards(); ++sh)
     KVSPLIT_RETURN_IF_ERROR(pool.shard(sh).backend().synchronize());
   return ok_status();
+}
+
+Status complete_restores(KvPool& pool, BlockTable& table, int64_t wait_us, PageOpStats* stats) {
+  KVSPLIT_CHECK(stats != nullptr);
+  if (table.restoring.empty()) return ok_status();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(wait_us);
+  Executor ex(pool, table, *stats);
+  Status first_error = ok_status();
+  std::vector<PendingRestore> still;
+  // Moved out first: commit() and abandon() change the table, never this list.
+  std::vector<PendingRestore> pending = std::move(table.restoring);
+  table.restoring.clear();
+  for (PendingRestore& r : pending) {
+    int64_t timeout_us = -1;
+    if (wait_us >= 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+          deadline - std::chrono::steady_clock::now());
+      timeout_us = std::max<int64_t>(0, left.count());
+    }
+    StatusOr<bool> landed = pool.shard(r.shard).backend().wait_fence(r.fence, timeout_us);
+    if (!landed.ok()) {
+      ex.abandon(r);
+      if (first_error.ok())
+        first_error = landed.status().with_prefix("restore of page " + std::to_string(r.page));
+    } else if (*landed) {
+      ex.commit(r);
+    } else {
+      if (!r.late) ++stats->restores_late;
+      r.late = true;
+      still.push_back(r);
+    }
+  }
+  table.restoring = std::move(still);
+  return first_error;
 }
 
 int64_t resident_bytes(const KvPool& pool, const BlockTable& table) {

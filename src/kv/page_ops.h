@@ -37,7 +37,12 @@ struct PageOpStats {
   int64_t refused_host_full = 0;
   int64_t refused_no_space = 0;
   int64_t refused_no_original = 0;  // restore of a page whose original is gone
-  double restore_seconds = 0;       // wall time of the applied restores (copies included)
+  // Wall time of the applied restores, from queuing the copy to its commit (the recall
+  // latency; with asynchronous copies it includes the steps that ran while it landed).
+  double restore_seconds = 0;
+  // Asynchronous restores not landed when a bounded wait for them expired (complete_restores):
+  // the step that asked for the page ran with its resident copy (or without it, evicted).
+  int64_t restores_late = 0;
 
   void add(const PageOpStats& o);  // field by field
   int64_t refused() const { return refused_host_full + refused_no_space + refused_no_original; }
@@ -45,11 +50,19 @@ struct PageOpStats {
 
 // Applies `transitions` in order to `table`, whose first `num_tokens` tokens are written. A
 // transition that cannot be applied (tier full, no page free) is refused and counted; the page
-// keeps its state and nothing is lost. Pages that are not full (the partial last page) are never
-// demoted or evicted. Errors: kInvalidArgument for a page index out of range or a transition that
-// goes up the ladder by kDemote; backend errors as they come.
+// keeps its state and nothing is lost. A page with a restore in flight is left alone. Pages that
+// are not full (the partial last page) are never demoted or evicted. Errors: kInvalidArgument for a
+// page index out of range or a transition that goes up the ladder by kDemote; backend errors as
+// they come.
 Status apply_page_transitions(KvPool& pool, BlockTable& table, int num_tokens,
                               std::span<const PageTransition> transitions, PageOpStats* stats);
+
+// kRestore queues its copy as a fenced batch (Backend::copy_batch_fenced). Where the backend
+// copies asynchronously, the page keeps its resident copy and state (PageEntry::restoring) until
+// this commits it: waits at most `wait_us` microseconds in all (0: polls; < 0: until every copy
+// has landed) and commits the restores that landed; the rest stay pending (counted once in
+// restores_late). A failed copy frees its block, leaves the page as it was and is returned.
+Status complete_restores(KvPool& pool, BlockTable& table, int64_t wait_us, PageOpStats* stats);
 
 // Bytes of KV resident on the device for `table` (every layer, each page at its precision).
 int64_t resident_bytes(const KvPool& pool, const BlockTable& table);

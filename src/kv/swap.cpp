@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "kv/page_ops.h"
 
 namespace kvsplit::kv {
 namespace {
@@ -130,6 +131,10 @@ StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats) {
   KVSPLIT_CHECK(stats != nullptr);
   KVSPLIT_CHECK(table.pages.empty() || table.pages.size() == table.blocks.size());
   const auto t0 = std::chrono::steady_clock::now();
+  // Restores in flight land first: their pages move with the rest. (The owner usually settles
+  // them itself, where they are counted.)
+  PageOpStats settled;
+  KVSPLIT_RETURN_IF_ERROR(complete_restores(pool, table, -1, &settled));
   std::vector<int> idx;
   for (size_t i = 0; i < table.blocks.size(); ++i)
     if (on_device_full(table, i)) idx.push_back(static_cast<int>(i));

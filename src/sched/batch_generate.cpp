@@ -224,6 +224,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       SeqState& s = seqs[p.id];
       s.running = false;
       ++s.preemptions;
+      if (s.cut) KVSPLIT_RETURN_IF_ERROR(s.cut->settle_all(pool, s.table));  // recalls land first
       if (const int pages = swapping ? kv::swappable_pages(s.table) : 0; pages > 0) {
         const SwapChoice c =
             choose_swap(options.swap, costs, pages * pool.bytes_per_block(), s.target());
@@ -273,6 +274,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
 
     steps.clear();
     step_seq.clear();
+    const auto step_start = std::chrono::steady_clock::now();  // recalls' bounded wait
     for (const DecodeRow& d : plan.decode) {
       SeqState& s = seqs[d.id];
       KVSPLIT_CHECK(pool.reserve(s.table, s.computed + 1));
@@ -285,7 +287,10 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       const bool sample = s.computed + 1 >= s.num_prompt;
       st.logits = !sample ? SeqStep::Logits::kNone
                           : (s.greedy ? SeqStep::Logits::kArgmax : SeqStep::Logits::kLast);
-      if (s.cut) s.cut->prepare(st, pool.block_size());
+      if (s.cut) {
+        KVSPLIT_RETURN_IF_ERROR(s.cut->settle(pool, s.table, step_start));
+        s.cut->prepare(st, pool.block_size());
+      }
       steps.push_back(st);
       step_seq.push_back(d.id);
     }

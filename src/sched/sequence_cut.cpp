@@ -71,6 +71,34 @@ Status SequenceCut::finish(kv::KvPool& pool, kv::BlockTable& table, int kv_len,
   return ok_status();
 }
 
+Status SequenceCut::settle(kv::KvPool& pool, kv::BlockTable& table,
+                           std::chrono::steady_clock::time_point step_start,
+                           kv::PageOpStats* totals) {
+  if (table.restoring.empty()) return ok_status();
+  int64_t wait_us = -1;
+  if (config_.recall_wait_ms >= 0) {
+    const auto deadline =
+        step_start + std::chrono::microseconds(static_cast<int64_t>(config_.recall_wait_ms * 1e3));
+    wait_us = std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::microseconds>(
+                                       deadline - std::chrono::steady_clock::now())
+                                       .count());
+  }
+  kv::PageOpStats ops;
+  const Status st = kv::complete_restores(pool, table, wait_us, &ops);
+  stats_.ops.add(ops);
+  if (totals != nullptr) totals->add(ops);
+  return st;
+}
+
+Status SequenceCut::settle_all(kv::KvPool& pool, kv::BlockTable& table, kv::PageOpStats* totals) {
+  if (table.restoring.empty()) return ok_status();
+  kv::PageOpStats ops;
+  const Status st = kv::complete_restores(pool, table, -1, &ops);
+  stats_.ops.add(ops);
+  if (totals != nullptr) totals->add(ops);
+  return st;
+}
+
 Status SequenceCut::split_budget(const cuts::semantic::SemanticConfig& sc, int64_t capacity_bytes,
                                  double quant_fraction, const kv::KvShape& shape,
                                  kv::KvPoolConfig* config) {

@@ -4,6 +4,7 @@
 // `kvsplit perplexity`, `kvsplit generate` and a serving worker's sequences.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -42,6 +43,16 @@ class SequenceCut {
   // (e.g. a worker's counters over all its sequences).
   Status finish(kv::KvPool& pool, kv::BlockTable& table, int kv_len,
                 kv::PageOpStats* totals = nullptr);
+
+  // Before the step that reads `table`: commits the recalls queued by earlier finish() calls
+  // whose copies have landed, waiting for them until `step_start` + config.recall_wait_ms (< 0:
+  // until they land; kv::complete_restores). Late ones stay queued for a later step. Counted like
+  // finish()'s transitions.
+  Status settle(kv::KvPool& pool, kv::BlockTable& table,
+                std::chrono::steady_clock::time_point step_start,
+                kv::PageOpStats* totals = nullptr);
+  // Every queued recall lands and is committed (before the table's pages move or are freed).
+  Status settle_all(kv::KvPool& pool, kv::BlockTable& table, kv::PageOpStats* totals = nullptr);
 
   const SequenceCutStats& stats() const { return stats_; }
   // The table's KV level (sched/kv_account.h) after the last finish(), from the same pass over

@@ -127,6 +127,7 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_recalls = kv_stats_.kv_recalls;
   s.pool.kv_refused_transitions = kv_stats_.kv_refused_transitions;
   s.pool.kv_recall_ms_mean = kv_stats_.kv_recall_ms_mean;
+  s.pool.kv_recalls_late = kv_stats_.kv_recalls_late;
   s.pool.kv_host_bytes_used = kv_stats_.kv_host_bytes_used;
   s.pool.kv_host_bytes_total = kv_stats_.kv_host_bytes_total;
   s.pool.kv_pages_host = kv_stats_.kv_pages_host;
@@ -229,6 +230,7 @@ void Worker::publish_stats() {
   k.kv_demotions = cut_ops_.demoted_to_int8 + cut_ops_.demoted_to_int4;
   k.kv_evictions = cut_ops_.evicted;
   k.kv_recalls = cut_ops_.restored;
+  k.kv_recalls_late = cut_ops_.restores_late;
   k.kv_refused_transitions = cut_ops_.refused();
   k.kv_recall_ms_mean =
       cut_ops_.restored > 0 ? 1e3 * cut_ops_.restore_seconds / cut_ops_.restored : 0.0;

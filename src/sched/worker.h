@@ -176,6 +176,10 @@ class Worker {
   void publish_stats();
   // KV cut before / after the forward of a decode row (no-ops without a policy). After: a failed
   // cut finishes the sequence with kError and returns false.
+  // Before a decode step reads seq's pages: its recalls in flight that landed by
+  // step_start + recall_wait_ms are committed (SequenceCut::settle); `all`: every one, waited for
+  // (before its pages move). A failed recall copy is logged: the page stays as it was.
+  void settle_cut(Sequence& seq, Clock::time_point step_start, bool all = false);
   void prepare_cut(Sequence& seq, model::SeqStep& step);
   bool finish_cut(Sequence& seq, Clock::time_point now);
   // A preempted sequence waiting for blocks with priority >= `priority`.

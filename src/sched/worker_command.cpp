@@ -88,6 +88,7 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
           continue;
         const int end = m->end_page < 0 ? static_cast<int>(s->table.blocks.size()) : m->end_page;
         kv::MigrateStats st;
+        settle_cut(*s, now, /*all=*/true);
         KVSPLIT_ASSIGN_OR_RETURN(const int moved, kv::migrate_pages(*pool_, s->table, m->first_page,
                                                                     end, m->to_shard, &st));
         migrate_stats_.add(st);

@@ -101,6 +101,7 @@ bool Worker::try_swap_out(Sequence& seq, const Preemption& why) {
   const SwapMode mode = seq.sla.swap.value_or(options_.temporal.swap);
   if (!swapping() || mode == SwapMode::kNever || why.reason == PreemptReason::kCommand)
     return false;
+  settle_cut(seq, Clock::now(), /*all=*/true);  // recalls land first (counted here)
   const int pages = kv::swappable_pages(seq.table);
   if (pages == 0) return false;
   const int64_t bytes = int64_t{pages} * pool_->bytes_per_block();
@@ -288,6 +289,7 @@ void Worker::schedule(Clock::time_point now) {
   for (const DecodeRow& d : out.decode) {
     Sequence& seq = *running_[d.id];
     KVSPLIT_CHECK(pool_->reserve(seq.table, seq.num_computed + 1));
+    settle_cut(seq, now);
     model::SeqStep s;
     s.tokens = std::span<const int32_t>(seq.tokens.data() + seq.num_computed, 1);
     s.start_pos = seq.num_computed;
@@ -319,6 +321,16 @@ void Worker::schedule(Clock::time_point now) {
     batch_.seqs.push_back(&seq);
     batch_.samples.push_back(!sample ? kSampleNone : (argmax ? kSampleArgmax : kSampleRow));
     batch_.decode.push_back(0);
+  }
+}
+
+void Worker::settle_cut(Sequence& seq, Clock::time_point step_start, bool all) {
+  if (!seq.cut || seq.table.restoring.empty()) return;
+  const Status st = all ? seq.cut->settle_all(*pool_, seq.table, &cut_ops_)
+                        : seq.cut->settle(*pool_, seq.table, step_start, &cut_ops_);
+  if (!st.ok()) {
+    KVSPLIT_LOG_WARN("{}: a recall of request {} failed, its page stays as it was: {}",
+                     options_.name, seq.display_id(), st.to_string());
   }
 }
 

@@ -206,6 +206,7 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_kv_recalls(p.kv_recalls);
     o->set_kv_refused_transitions(p.kv_refused_transitions);
     o->set_kv_recall_ms_mean(p.kv_recall_ms_mean);
+    o->set_kv_recalls_late(p.kv_recalls_late);
     o->set_kv_host_bytes_used(p.kv_host_bytes_used);
     o->set_kv_host_bytes_total(p.kv_host_bytes_total);
     o->set_kv_pages_host(p.kv_pages_host);

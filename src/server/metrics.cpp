@@ -62,6 +62,10 @@ class EngineCollector : public pm::Collectable {
     auto& refused = family("kvsplit:kv_refused_transitions_total",
                            "KV page transitions planned but refused (a tier or the pool full)",
                            pm::MetricType::Counter);
+    auto& recalls_late =
+        family("kvsplit:kv_recalls_late_total",
+               "KV page recalls not landed within recall_wait_ms of the step that asked for them",
+               pm::MetricType::Counter);
     auto& recall_mean = family("kvsplit:kv_recall_latency_mean_seconds",
                                "Mean wall time of one KV page recall", pm::MetricType::Gauge);
     auto& host_used =
@@ -190,6 +194,8 @@ class EngineCollector : public pm::Collectable {
       refused.metric.push_back(
           counter(static_cast<double>(p.kv_refused_transitions), {{"pool", p.name}}));
       recall_mean.metric.push_back(gauge(p.kv_recall_ms_mean / 1e3, {{"pool", p.name}}));
+      recalls_late.metric.push_back(
+          counter(static_cast<double>(p.kv_recalls_late), {{"pool", p.name}}));
       host_used.metric.push_back(
           gauge(static_cast<double>(p.kv_host_bytes_used), {{"pool", p.name}}));
     }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <span>
 #include <string>
@@ -36,13 +37,15 @@ struct Recall {
   std::unique_ptr<kv::KvPool> pool;
 };
 
-std::unique_ptr<Recall> make_recall() {
+// `options`: the CPU backend's (async_copies: recalls copy on its copy thread, as on a GPU).
+std::unique_ptr<Recall> make_recall(backend::BackendOptions options = {}) {
   auto r = std::make_unique<Recall>();
   auto loaded = model::load_model(model_path("recall-llama"), {});
   EXPECT_TRUE(loaded.ok()) << loaded.status().to_string();
   if (!loaded.ok()) return nullptr;
   r->loaded = std::move(loaded).value();
-  r->backend = std::move(backend::create_backend("cpu", 1)).value();
+  options.threads = 1;
+  r->backend = std::move(backend::create_backend("cpu", options)).value();
   r->model = std::move(model::LlamaModel::create(r->loaded, *r->backend)).value();
   kv::KvPoolConfig pc;
   pc.block_size = kBlock;
@@ -67,12 +70,15 @@ struct Outcome {
   int32_t next = -1;  // greedy next token after the prompt
   bool page_back = false;
   int64_t restored = 0;
+  int64_t late = 0;  // recalls not landed within recall_wait_ms of the step that asked
 };
 
 // Prefills all but the last kQueryTail tokens, forces `page` out (kEvict keeps the original for
 // recall, kDrop keeps nothing), then feeds the tail one decode step at a time with the semantic
 // cut acting (recall only: thresholds 0 demote nothing), and returns the greedy next token.
-Outcome run_query(Recall& r, const std::vector<int32_t>& ids, int page, Force force) {
+// Before each step the recalls queued by the last one are settled with `recall_wait_ms`.
+Outcome run_query(Recall& r, const std::vector<int32_t>& ids, int page, Force force,
+                  double recall_wait_ms = -1) {
   Outcome o;
   kv::KvPool& pool = *r.pool;
   kv::BlockTable table;
@@ -81,6 +87,7 @@ Outcome run_query(Recall& r, const std::vector<int32_t>& ids, int page, Force fo
   sc.evict_threshold = 0.f;
   sc.recall_threshold = 0.5f;
   sc.score_interval = 1;
+  sc.recall_wait_ms = recall_wait_ms;
   sched::SequenceCut cut(KvPolicy::kSemantic, sc);
   const int n = static_cast<int>(ids.size());
   const int p = n - kQueryTail;
@@ -102,6 +109,7 @@ Outcome run_query(Recall& r, const std::vector<int32_t>& ids, int page, Force fo
   }
   for (int pos = p; pos < n; ++pos) {
     EXPECT_TRUE(pool.reserve(table, pos + 1));
+    EXPECT_TRUE(cut.settle(pool, table, std::chrono::steady_clock::now()).ok());
     model::SeqStep d;
     d.tokens = std::span(ids).subspan(pos, 1);
     d.start_pos = pos;
@@ -116,40 +124,98 @@ Outcome run_query(Recall& r, const std::vector<int32_t>& ids, int page, Force fo
   o.page_back = table.pages.empty() ||
                 (table.pages[page].resident() && table.pages[page].precision == KvPrecision::kFull);
   o.restored = cut.stats().ops.restored;
+  o.late = cut.stats().ops.restores_late;
   pool.release(table);
   expect_pool_empty(pool);
   return o;
+}
+
+struct Query {
+  std::vector<int32_t> ids;
+  int page = 0;         // the page holding the value of the repeated key
+  int32_t answer = -1;  // the greedy next token with full KV
+};
+
+// Queries of recall_eval.jsonl whose answer (right with full KV) is lost when the page of the
+// key's value is dropped for good: the answer needs that one page.
+std::vector<Query> page_dependent_queries(Recall& r, size_t want) {
+  std::vector<Query> out;
+  for (const auto& q : read_jsonl(data_path("recall_eval.jsonl"))) {
+    auto ids = r.loaded.tokenizer->encode(q["prompt"].get<std::string>(), /*add_bos=*/true);
+    EXPECT_TRUE(ids.ok());
+    if (!ids.ok()) break;
+    const int32_t key = ids->back();
+    const auto it = std::find(ids->begin() + 1, ids->end() - 1, key);
+    const int key_pos = static_cast<int>(it - ids->begin());
+    const int page = (key_pos + 1) / kBlock;
+    if (key_pos > 20 || (page + 1) * kBlock > static_cast<int>(ids->size()) - kQueryTail - 1)
+      continue;
+    const Outcome full = run_query(r, *ids, page, Force::kNone);
+    auto expect = r.loaded.tokenizer->encode(q["expect"].get<std::string>(), false);
+    if (!expect.ok() || expect->empty() || full.next != expect->back()) continue;
+    if (run_query(r, *ids, page, Force::kDrop).next == full.next) continue;
+    out.push_back(Query{*ids, page, full.next});
+    if (out.size() == want) break;
+  }
+  return out;
 }
 
 TEST(SemanticRecall, ForcedOutPairPageIsRecalledAndTheAnswerMatchesFullKv) {
   KVSPLIT_REQUIRE_MODELS();
   auto r = make_recall();
   ASSERT_TRUE(r);
-  const auto queries = read_jsonl(data_path("recall_eval.jsonl"));
-  int checked = 0;
-  for (const auto& q : queries) {
-    auto ids = r->loaded.tokenizer->encode(q["prompt"].get<std::string>(), /*add_bos=*/true);
-    ASSERT_TRUE(ids.ok());
-    // The page of the key's first occurrence (in the pairs at the start): its value follows it.
-    const int32_t key = ids->back();
-    const auto it = std::find(ids->begin() + 1, ids->end() - 1, key);
-    const int key_pos = static_cast<int>(it - ids->begin());
-    const int page = (key_pos + 1) / kBlock;  // the value's page
-    if (key_pos > 20 || (page + 1) * kBlock > static_cast<int>(ids->size()) - kQueryTail - 1)
-      continue;
-    const Outcome full = run_query(*r, *ids, page, Force::kNone);
-    auto expect = r->loaded.tokenizer->encode(q["expect"].get<std::string>(), false);
-    if (!expect.ok() || expect->empty() || full.next != expect->back()) continue;
-    const Outcome dropped = run_query(*r, *ids, page, Force::kDrop);
-    if (dropped.next == full.next) continue;  // the answer does not need this page
-    SCOPED_TRACE("query " + std::to_string(checked) + ", page " + std::to_string(page));
-    const Outcome recalled = run_query(*r, *ids, page, Force::kEvict);
+  const std::vector<Query> queries = page_dependent_queries(*r, 4);
+  EXPECT_GE(queries.size(), 2u) << "too few queries whose answer depends on one forced-out page";
+  for (const Query& q : queries) {
+    SCOPED_TRACE("page " + std::to_string(q.page));
+    const Outcome recalled = run_query(*r, q.ids, q.page, Force::kEvict);
     EXPECT_GE(recalled.restored, 1);
     EXPECT_TRUE(recalled.page_back);
-    EXPECT_EQ(recalled.next, full.next);
-    if (++checked == 4) break;
+    EXPECT_EQ(recalled.next, q.answer);
   }
-  EXPECT_GE(checked, 2) << "too few queries whose answer depends on one forced-out page";
+}
+
+// Recalls copied on the backend's copy thread (a GPU's second stream), 2 ms late each: waited for
+// without a bound, the answer is the synchronous recall's; nothing is ever late.
+TEST(SemanticRecall, AsynchronousRecallWaitedForMatchesFullKv) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto sync = make_recall();
+  ASSERT_TRUE(sync);
+  const std::vector<Query> queries = page_dependent_queries(*sync, 2);
+  ASSERT_FALSE(queries.empty());
+  backend::BackendOptions o;
+  o.async_copies = true;
+  o.fenced_copy_delay_us = 2000;
+  auto r = make_recall(o);
+  ASSERT_TRUE(r);
+  for (const Query& q : queries) {
+    const Outcome recalled = run_query(*r, q.ids, q.page, Force::kEvict, /*recall_wait_ms=*/-1);
+    EXPECT_GE(recalled.restored, 1);
+    EXPECT_EQ(recalled.late, 0);
+    EXPECT_TRUE(recalled.page_back);
+    EXPECT_EQ(recalled.next, q.answer);
+  }
+}
+
+// A recall whose copy takes far longer than the bound (300 ms against 0 ms): the steps run with
+// the page still evicted (counted late), the page is not back by the end of the query, and
+// releasing the table with the copy in flight leaves every tier empty (run_query checks).
+TEST(SemanticRecall, ABoundedWaitRunsTheStepWithoutTheLateRecallAndLeaksNothing) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto sync = make_recall();
+  ASSERT_TRUE(sync);
+  const std::vector<Query> queries = page_dependent_queries(*sync, 1);
+  ASSERT_FALSE(queries.empty());
+  backend::BackendOptions o;
+  o.async_copies = true;
+  o.fenced_copy_delay_us = 300'000;
+  auto r = make_recall(o);
+  ASSERT_TRUE(r);
+  const Query& q = queries[0];
+  const Outcome late = run_query(*r, q.ids, q.page, Force::kEvict, /*recall_wait_ms=*/0);
+  EXPECT_GE(late.late, 1);
+  EXPECT_EQ(late.restored, 0);
+  EXPECT_FALSE(late.page_back);
 }
 
 TEST(SemanticRecall, LadderOverAWholeDocumentLeavesNothingBehind) {

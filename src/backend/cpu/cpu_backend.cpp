@@ -7,11 +7,15 @@
 #endif
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -62,11 +66,15 @@ void copy_streaming(std::byte* dst, const std::byte* src, size_t bytes) {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int threads, int64_t spin_micros, int device, bool emulate_no_peer_access)
-      : pool_(std::max(1, threads), spin_micros < 0 ? ThreadPool::kDefaultSpinMicros : spin_micros),
-        device_(device),
-        no_peer_access_(emulate_no_peer_access) {}
+  explicit CpuBackend(const BackendOptions& o)
+      : pool_(std::max(1, o.threads),
+              o.spin_micros < 0 ? ThreadPool::kDefaultSpinMicros : o.spin_micros),
+        device_(o.device),
+        no_peer_access_(o.emulate_no_peer_access),
+        async_copies_(o.async_copies),
+        copy_delay_(std::chrono::microseconds(std::max<int64_t>(0, o.fenced_copy_delay_us))) {}
   ~CpuBackend() override {
+    stop_copy_thread();
     for (auto& [ptr, info] : packed_) std::free(const_cast<void*>(ptr));
   }
 
@@ -98,12 +106,49 @@ class CpuBackend final : public Backend {
   // The copies of a batch spread over the backend's threads; a large batch streams its stores
   // (copy_streaming). Synchronous, like every CPU op: done when it returns.
   Status copy_batch_async(CopyDir dir, const CopyRange* copies, size_t n) override {
-    size_t total = 0;
-    for (size_t i = 0; i < n; ++i) {
+    (void)dir;
+    KVSPLIT_RETURN_IF_ERROR(check_copies("copy_batch_async", copies, n));
+    copy_ranges(copies, n, &pool_);
+    return ok_status();
+  }
+  // With async_copies the batch goes to the copy thread (FIFO: fence f landed means every fence
+  // before it did too); otherwise the default (synchronous, fence 0).
+  StatusOr<uint64_t> copy_batch_fenced(CopyDir dir, const CopyRange* copies, size_t n) override {
+    if (!async_copies_) return Backend::copy_batch_fenced(dir, copies, n);
+    KVSPLIT_RETURN_IF_ERROR(check_copies("copy_batch_fenced", copies, n));
+    std::lock_guard<std::mutex> lock(copy_mu_);
+    if (!copy_thread_.joinable()) copy_thread_ = std::thread([this] { copy_loop(); });
+    const uint64_t fence = ++queued_fence_;
+    copy_queue_.push_back(
+        FencedBatch{fence, std::vector<CopyRange>(copies, copies + n), CopyClock::now()});
+    copy_cv_.notify_all();
+    return fence;
+  }
+  StatusOr<bool> wait_fence(uint64_t fence, int64_t timeout_us) override {
+    if (fence == 0) return true;
+    std::unique_lock<std::mutex> lock(copy_mu_);
+    if (fence > queued_fence_)
+      return invalid_argument("wait_fence: unknown fence " + std::to_string(fence));
+    auto landed = [&] { return landed_fence_ >= fence; };
+    if (timeout_us < 0)
+      copy_cv_.wait(lock, landed);
+    else if (timeout_us > 0)
+      copy_cv_.wait_for(lock, std::chrono::microseconds(timeout_us), landed);
+    return landed();
+  }
+
+ private:
+  static Status check_copies(const char* what, const CopyRange* copies, size_t n) {
+    for (size_t i = 0; i < n; ++i)
       if (copies[i].bytes > 0 && (copies[i].dst == nullptr || copies[i].src == nullptr))
-        return invalid_argument("copy_batch_async: null pointer in copy " + str(int64_t(i)));
-      total += copies[i].bytes;
-    }
+        return invalid_argument(std::string(what) + ": null pointer in copy " + str(int64_t(i)));
+    return ok_status();
+  }
+  // Copies a checked batch: spread over `pool`'s threads when it is large (streaming stores),
+  // on the calling thread otherwise or without a pool.
+  static void copy_ranges(const CopyRange* copies, size_t n, ThreadPool* pool) {
+    size_t total = 0;
+    for (size_t i = 0; i < n; ++i) total += copies[i].bytes;
     const bool streaming = total >= kStreamCopyBytes;
     auto run = [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
@@ -116,12 +161,37 @@ class CpuBackend final : public Backend {
       }
     };
     const int64_t count = static_cast<int64_t>(n);
-    if (!streaming || count < 2 || pool_.num_threads() < 2)
+    if (!streaming || count < 2 || pool == nullptr || pool->num_threads() < 2)
       run(0, count);
     else
-      pool_.parallel_range(count, 1, run);
-    return ok_status();
+      pool->parallel_range(count, 1, run);
   }
+  void copy_loop() {
+    std::unique_lock<std::mutex> lock(copy_mu_);
+    for (;;) {
+      copy_cv_.wait(lock, [&] { return copy_stop_ || !copy_queue_.empty(); });
+      if (copy_queue_.empty()) return;  // stopping, and every batch has landed
+      FencedBatch batch = std::move(copy_queue_.front());
+      copy_queue_.pop_front();
+      lock.unlock();
+      if (copy_delay_.count() > 0) std::this_thread::sleep_until(batch.queued + copy_delay_);
+      copy_ranges(batch.copies.data(), batch.copies.size(), nullptr);
+      lock.lock();
+      landed_fence_ = batch.fence;
+      copy_cv_.notify_all();
+    }
+  }
+  // Lands every queued batch, then ends the copy thread.
+  void stop_copy_thread() {
+    {
+      std::lock_guard<std::mutex> lock(copy_mu_);
+      copy_stop_ = true;
+      copy_cv_.notify_all();
+    }
+    if (copy_thread_.joinable()) copy_thread_.join();
+  }
+
+ public:
   Status memset_zero(void* dst, size_t bytes) override {
     if (bytes == 0) return ok_status();
     if (dst == nullptr) return invalid_argument("memset_zero: null destination");
@@ -212,6 +282,22 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   int device_ = 0;
   bool no_peer_access_ = false;
+  // Fenced copies (BackendOptions::async_copies): batches in order on the copy thread.
+  using CopyClock = std::chrono::steady_clock;
+  struct FencedBatch {
+    uint64_t fence = 0;
+    std::vector<CopyRange> copies;
+    CopyClock::time_point queued;
+  };
+  const bool async_copies_ = false;
+  const std::chrono::microseconds copy_delay_{0};
+  std::mutex copy_mu_;
+  std::condition_variable copy_cv_;     // a batch queued or landed; stop
+  std::deque<FencedBatch> copy_queue_;  // guarded by copy_mu_
+  uint64_t queued_fence_ = 0;           // the last fence handed out; guarded
+  uint64_t landed_fence_ = 0;           // every fence <= this has landed; guarded
+  bool copy_stop_ = false;              // guarded
+  std::thread copy_thread_;             // started by the first fenced batch
   mutable std::mutex mu_;
   std::unordered_map<const void*, PackedInfo> packed_;  // owned packed weights, freed with us
 };
@@ -470,7 +556,16 @@ Status CpuBackend::kv_append(const LayerKv& kv, const float* k, const float* v,
 
 std::unique_ptr<Backend> make_cpu_backend(int threads, int64_t spin_micros, int device,
                                           bool emulate_no_peer_access) {
-  return std::make_unique<CpuBackend>(threads, spin_micros, device, emulate_no_peer_access);
+  BackendOptions o;
+  o.threads = threads;
+  o.spin_micros = spin_micros;
+  o.device = device;
+  o.emulate_no_peer_access = emulate_no_peer_access;
+  return make_cpu_backend(o);
+}
+
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
+  return std::make_unique<CpuBackend>(options);
 }
 
 }  // namespace kvsplit::backend

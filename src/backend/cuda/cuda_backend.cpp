@@ -2,8 +2,10 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/kernel_args.h"
@@ -73,6 +75,10 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device,
                       "cudaStreamCreate");
   KVSPLIT_CUDA_RETURN(cudaEventCreateWithFlags(&b->staging_done_, cudaEventDisableTiming),
                       "cudaEventCreate");
+  KVSPLIT_CUDA_RETURN(cudaStreamCreateWithFlags(&b->copy_stream_, cudaStreamNonBlocking),
+                      "cudaStreamCreate(copy)");
+  KVSPLIT_CUDA_RETURN(cudaEventCreateWithFlags(&b->compute_mark_, cudaEventDisableTiming),
+                      "cudaEventCreate");
   KVSPLIT_CUBLAS_RETURN(cublasCreate(&b->cublas_), "cublasCreate");
   KVSPLIT_CUBLAS_RETURN(cublasSetStream(b->cublas_, b->stream_), "cublasSetStream");
   void* flag = nullptr;
@@ -84,7 +90,12 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device,
 }
 
 CudaBackend::~CudaBackend() {
+  if (copy_stream_) cudaStreamSynchronize(copy_stream_);
   if (stream_) cudaStreamSynchronize(stream_);
+  for (auto& [fence, ev] : fences_) cudaEventDestroy(ev);
+  for (cudaEvent_t ev : spare_events_) cudaEventDestroy(ev);
+  if (compute_mark_) cudaEventDestroy(compute_mark_);
+  if (copy_stream_) cudaStreamDestroy(copy_stream_);
   for (void* w : weights_) cudaFree(w);
   for (void* p :
        {act16_, plan_dev_, partials_, score_max_, sample_rows_, static_cast<void*>(error_flag_)})
@@ -124,8 +135,13 @@ Status CudaBackend::copy_d2h(void* dst, const void* src, size_t bytes) {
 
 Status CudaBackend::enqueue_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                                  const char* what) {
+  return enqueue_copy(dst, src, bytes, kind, what, stream_);
+}
+
+Status CudaBackend::enqueue_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                                 const char* what, cudaStream_t stream) {
   if (bytes == 0) return ok_status();
-  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, kind, stream_), what);
+  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, kind, stream), what);
   return ok_status();
 }
 
@@ -168,6 +184,60 @@ Status CudaBackend::copy_h2d_async(void* dst, const void* src, size_t bytes) {
 }
 
 Status CudaBackend::copy_batch_async(CopyDir dir, const CopyRange* copies, size_t n) {
+  return enqueue_batch(dir, copies, n, stream_);
+}
+
+StatusOr<uint64_t> CudaBackend::copy_batch_fenced(CopyDir dir, const CopyRange* copies, size_t n) {
+  // After the compute stream's work so far: the destination block may have been read or written
+  // by kernels queued before it was freed, and a d2h source is written by them.
+  KVSPLIT_CUDA_RETURN(cudaEventRecord(compute_mark_, stream_), "cudaEventRecord");
+  KVSPLIT_CUDA_RETURN(cudaStreamWaitEvent(copy_stream_, compute_mark_, 0), "cudaStreamWaitEvent");
+  KVSPLIT_RETURN_IF_ERROR(enqueue_batch(dir, copies, n, copy_stream_));
+  cudaEvent_t ev = nullptr;
+  if (!spare_events_.empty()) {
+    ev = spare_events_.back();
+    spare_events_.pop_back();
+  } else {
+    KVSPLIT_CUDA_RETURN(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  const cudaError_t e = cudaEventRecord(ev, copy_stream_);
+  if (e != cudaSuccess) {
+    spare_events_.push_back(ev);
+    KVSPLIT_CUDA_RETURN(e, "cudaEventRecord(fence)");
+  }
+  const uint64_t fence = ++next_fence_;
+  fences_.emplace(fence, ev);
+  return fence;
+}
+
+StatusOr<bool> CudaBackend::wait_fence(uint64_t fence, int64_t timeout_us) {
+  auto it = fences_.find(fence);
+  if (fence == 0 || it == fences_.end()) {
+    if (fence > next_fence_)
+      return invalid_argument("wait_fence: unknown fence " + std::to_string(fence));
+    return true;  // landed and reported before
+  }
+  cudaEvent_t ev = it->second;
+  cudaError_t e = cudaSuccess;
+  if (timeout_us < 0) {
+    e = cudaEventSynchronize(ev);
+  } else {
+    // Polled: a blocking event wait cannot time out. The poll interval stays far below the
+    // step times the bound is set against (a ms or more).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(timeout_us);
+    while ((e = cudaEventQuery(ev)) == cudaErrorNotReady) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  fences_.erase(it);
+  spare_events_.push_back(ev);
+  KVSPLIT_CUDA_RETURN(e, "fenced copy");
+  return true;
+}
+
+Status CudaBackend::enqueue_batch(CopyDir dir, const CopyRange* copies, size_t n,
+                                  cudaStream_t stream) {
   if (n == 0) return ok_status();
 #if CUDART_VERSION >= 12080
   if (batch_copies_) {
@@ -184,11 +254,11 @@ Status CudaBackend::copy_batch_async(CopyDir dir, const CopyRange* copies, size_
     size_t first = 0;
 #if CUDART_VERSION >= 13000
     const cudaError_t e =
-        cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), n, &attr, &first, 1, stream_);
+        cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), n, &attr, &first, 1, stream);
 #else  // CUDA 12.8-12.9: the same call with a failed-copy index
     size_t failed = 0;
     const cudaError_t e = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), n, &attr,
-                                               &first, 1, &failed, stream_);
+                                               &first, 1, &failed, stream);
 #endif
     if (e == cudaSuccess) return ok_status();
     // A driver older than the runtime's batch API refuses it: copy one by one from now on.
@@ -202,8 +272,8 @@ Status CudaBackend::copy_batch_async(CopyDir dir, const CopyRange* copies, size_
   const cudaMemcpyKind kind =
       dir == CopyDir::kDeviceToHost ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
   for (size_t i = 0; i < n; ++i)
-    KVSPLIT_RETURN_IF_ERROR(
-        enqueue_copy(copies[i].dst, copies[i].src, copies[i].bytes, kind, "copy_batch_async"));
+    KVSPLIT_RETURN_IF_ERROR(enqueue_copy(copies[i].dst, copies[i].src, copies[i].bytes, kind,
+                                         "copy_batch_async", stream));
   return ok_status();
 }
 

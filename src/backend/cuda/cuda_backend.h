@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
@@ -48,6 +49,10 @@ class CudaBackend final : public Backend {
   Status copy_d2h_async(void* dst_host, const void* src_dev, size_t bytes) override;
   Status copy_h2d_async(void* dst_dev, const void* src_host, size_t bytes) override;
   Status copy_batch_async(CopyDir dir, const CopyRange* copies, size_t n) override;
+  // On the copy stream, after the work queued so far on the compute stream; the fence is an event
+  // recorded behind the batch, polled by wait_fence (cudaEventQuery) until its timeout.
+  StatusOr<uint64_t> copy_batch_fenced(CopyDir dir, const CopyRange* copies, size_t n) override;
+  StatusOr<bool> wait_fence(uint64_t fence, int64_t timeout_us) override;
   int device() const override { return device_; }
   Status bind_thread() override;
   bool can_read_from(const Backend& src) override;
@@ -93,9 +98,13 @@ class CudaBackend final : public Backend {
   // Pinned staging of at least `bytes`, free for reuse (waits for the last copy out of it).
   StatusOr<void*> staging(size_t bytes);
   Status check_error_flag();
-  // cudaMemcpyAsync on the stream, no wait; nothing for 0 bytes.
+  // cudaMemcpyAsync on `stream` (the compute stream by default), no wait; nothing for 0 bytes.
   Status enqueue_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                       const char* what);
+  Status enqueue_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                      const char* what, cudaStream_t stream);
+  // A batch on `stream`: one cudaMemcpyBatchAsync where the driver takes it.
+  Status enqueue_batch(CopyDir dir, const CopyRange* copies, size_t n, cudaStream_t stream);
 
   int device_ = 0;
   int num_sms_ = 0;
@@ -104,6 +113,13 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   cudaEvent_t staging_done_ = nullptr;
+  // Fenced copies (asynchronous restores): their own stream, so they overlap the compute stream;
+  // compute_mark_ orders each batch after the compute work queued before it.
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t compute_mark_ = nullptr;
+  std::unordered_map<uint64_t, cudaEvent_t> fences_;  // in flight, by fence
+  std::vector<cudaEvent_t> spare_events_;             // landed fences' events, for reuse
+  uint64_t next_fence_ = 0;
   void* pinned_ = nullptr;
   size_t pinned_cap_ = 0;
   bool batch_copies_ = true;       // cudaMemcpyBatchAsync works here (until the driver refuses it)

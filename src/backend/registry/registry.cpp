@@ -26,10 +26,10 @@ StatusOr<std::unique_ptr<Backend>> create_backend(std::string_view name,
                               std::string(dtype_name(*options.weight_dtype)) +
                               " is a CUDA option (the CPU backend keeps f32 weights f32 and 16-bit "
                               "weights of the file 16-bit; use auto or f32)");
-    int threads = options.threads;
-    if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    return std::unique_ptr<Backend>(make_cpu_backend(threads, options.spin_micros, options.device,
-                                                     options.emulate_no_peer_access));
+    BackendOptions o = options;
+    if (o.threads <= 0)
+      o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    return std::unique_ptr<Backend>(make_cpu_backend(o));
   }
   if (name == "cuda") {
 #if defined(KVSPLIT_HAVE_CUDA_BACKEND)
