@@ -17,9 +17,16 @@
 //              Synchronous spills (the write completes before the allocation returns) against
 //              asynchronous ones (the write is in flight when it returns), alternating in one run:
 //              allocation latency, and pages/s including the time until every write completed.
+//   --spill-ahead  prefix-cache spills to the host tier as a worker makes them: each "step" reads
+//              a --step-mb buffer (memory-bound, like a decode step) and then allocates --alloc
+//              blocks out of a pool full of cached pages. Spills on the allocation path (the copy
+//              made when the block is needed) against spill-ahead (kv.prefix_spill_ahead_blocks:
+//              the copies started at the end of the previous step on the backend's copy thread,
+//              landing during the step), alternating in one run: allocation latency and step time.
 //
 //   bench_temporal --model synthetic:llama-110m --restore --tokens 2048 --threads 2
 //   bench_temporal --model synthetic:llama-110m --spill-alloc --pages 64 --reps 5
+//   bench_temporal --model synthetic:llama-110m --spill-ahead --pages 64 --alloc 2 --reps 5
 //   bench_temporal --model synthetic:llama-110m --swap-bandwidth --pages 128 --backend cuda
 //   bench_temporal --model synthetic:llama-110m --prefix --prefix-tokens 400 --threads 2
 //   bench_temporal --model synthetic:llama-110m --prefix --prefix-tokens 400 --requests 8
@@ -57,6 +64,9 @@ struct Options {
   std::string model = "synthetic:llama-110m";
   int threads = 2;
   bool restore = false, prefix = false, spill_alloc = false, swap_bandwidth = false;
+  bool spill_ahead = false;
+  int alloc = 2;                // --spill-ahead: blocks allocated per step
+  int step_mb = 64;             // --spill-ahead: bytes a step reads
   std::string backend = "cpu";  // --swap-bandwidth
   int pages = 64;
   int tokens = 2048;
@@ -243,6 +253,102 @@ int run_spill_alloc(const Options& o) {
                   (static_cast<double>(res[0].pages) / res[0].total_s));
   pool->reset();
   std::filesystem::remove_all(o.disk_path + "-spill");
+  return 0;
+}
+
+int run_spill_ahead(const Options& o) {
+  auto loaded = kvsplit::model::load_model(o.model);
+  if (!loaded.ok()) return std::fprintf(stderr, "%s\n", loaded.status().to_string().c_str()), 1;
+  const kvsplit::model::ModelConfig& mc = loaded->config;
+  const kvsplit::kv::KvShape shape{mc.num_layers, mc.num_kv_heads, mc.head_dim};
+  struct Side {
+    std::unique_ptr<kvsplit::backend::Backend> be;
+    std::unique_ptr<kvsplit::kv::KvPool> pool;
+    std::vector<double> alloc_us, step_us;
+  };
+  Side side[2];  // [0] on the allocation path, [1] spill-ahead
+  for (int a = 0; a < 2; ++a) {
+    kvsplit::backend::BackendOptions bo;
+    bo.threads = o.threads;
+    bo.async_copies = a == 1;
+    auto be = kvsplit::backend::create_backend("cpu", bo);
+    if (!be.ok()) return std::fprintf(stderr, "%s\n", be.status().to_string().c_str()), 1;
+    side[a].be = std::move(be).value();
+    kvsplit::kv::KvPoolConfig pc;
+    pc.block_size = 16;
+    pc.num_blocks = o.pages;
+    pc.host_bytes = int64_t{4} * o.pages * kvsplit::kv::KvPool::block_bytes(pc, shape);
+    pc.prefix_free_target = a == 1 ? o.alloc : 0;
+    auto pool = kvsplit::kv::KvPool::create(*side[a].be, pc, shape);
+    if (!pool.ok()) return std::fprintf(stderr, "%s\n", pool.status().to_string().c_str()), 1;
+    side[a].pool = std::move(pool).value();
+    side[a].pool->enable_prefix_cache();
+  }
+  // The step's own work: one pass over a buffer bigger than the caches.
+  std::vector<float> work(static_cast<size_t>(o.step_mb) << 18, 1.f);
+  volatile float sink = 0;
+  auto step_work = [&] {
+    float s = 0;
+    for (size_t i = 0; i < work.size(); i += 16) s += work[i];
+    sink = sink + s;
+  };
+  int32_t next_token = 3;
+  const int steps = o.pages / o.alloc;
+  for (int r = 0; r < 2 * o.reps; ++r) {
+    Side& sd = side[r % 2];
+    kvsplit::kv::KvPool& p = *sd.pool;
+    // Every block cached as one prompt's pages, the sequence ended: all evictable, none free.
+    std::vector<int32_t> toks(static_cast<size_t>(o.pages) * 16);
+    for (int32_t& t : toks) t = next_token++;
+    kvsplit::kv::BlockTable table;
+    if (!p.reserve(table, static_cast<int>(toks.size()))) return 1;
+    p.cache_prefix(table, kvsplit::kv::PrefixCache::salt_of("bench"), toks, o.pages);
+    p.release(table);
+    p.spill_prefix_ahead();  // the end of the step before the first
+    std::vector<int32_t> held;
+    for (int s = 0; s < steps; ++s) {
+      const auto s0 = Clock::now();
+      p.poll_prefix_spills();  // Worker::step's order: poll, the step's work, spill-ahead
+      step_work();
+      const auto a0 = Clock::now();
+      auto b = p.allocate_blocks(o.alloc);
+      sd.alloc_us.push_back(ms_since(a0) * 1e3);
+      if (!b) return std::fprintf(stderr, "allocation refused\n"), 1;
+      held.insert(held.end(), b->begin(), b->end());
+      p.spill_prefix_ahead();
+      sd.step_us.push_back(ms_since(s0) * 1e3);
+    }
+    for (int32_t b : held) p.allocator().decref(b);
+    p.prefix_cache()->poll_landings(p.allocator(), -1);
+    p.prefix_cache()->clear(p.allocator());
+  }
+  auto pct = [](std::vector<double> v, double q) {
+    std::sort(v.begin(), v.end());
+    return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
+  };
+  auto mean = [](const std::vector<double>& v) {
+    double t = 0;
+    for (double x : v) t += x;
+    return t / static_cast<double>(v.size());
+  };
+  const auto& st = side[1].pool->prefix_cache()->stats();
+  std::printf(
+      "spill-ahead: %s, %d-block pool, %.2f MiB pages, %d blocks per step, %d MiB read per step, "
+      "%d threads, %d rounds each, alternating\n",
+      o.model.c_str(), o.pages, side[0].pool->bytes_per_block() / 1048576.0, o.alloc, o.step_mb,
+      o.threads, o.reps);
+  for (int a = 0; a < 2; ++a)
+    std::printf(
+        "  %-11s allocation mean %8.1f us, p50 %8.1f, p99 %8.1f; step mean %8.1f us, p99 %8.1f\n",
+        a ? "spill-ahead" : "on-demand", mean(side[a].alloc_us), pct(side[a].alloc_us, 0.5),
+        pct(side[a].alloc_us, 0.99), mean(side[a].step_us), pct(side[a].step_us, 0.99));
+  std::printf("  spill-ahead copies started %lld, landed and freed %lld, kept on device %lld\n",
+              static_cast<long long>(st.ahead_started), static_cast<long long>(st.ahead_spilled),
+              static_cast<long long>(st.ahead_kept));
+  std::printf("  ahead/on-demand: allocation mean %.2fx, p99 %.2fx; step mean %.3fx\n",
+              mean(side[1].alloc_us) / mean(side[0].alloc_us),
+              pct(side[1].alloc_us, 0.99) / pct(side[0].alloc_us, 0.99),
+              mean(side[1].step_us) / mean(side[0].step_us));
   return 0;
 }
 
@@ -444,6 +550,12 @@ int main(int argc, char** argv) {
   app.add_flag("--prefix", o.prefix, "prefix cache TTFT");
   app.add_flag("--spill-alloc", o.spill_alloc,
                "allocation latency with prefix-cache spills to disk, sync against async");
+  app.add_flag("--spill-ahead", o.spill_ahead,
+               "prefix-cache host spills on the allocation path against spill-ahead");
+  app.add_option("--alloc", o.alloc, "--spill-ahead: blocks allocated per step")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--step-mb", o.step_mb, "--spill-ahead: MiB a step reads (its own work)")
+      ->check(CLI::Range(1, 4096));
   app.add_flag("--swap-bandwidth", o.swap_bandwidth,
                "host-tier swap copies against one contiguous copy of the same bytes");
   app.add_option("--backend", o.backend, "--swap-bandwidth: cpu | cuda");
@@ -468,7 +580,9 @@ int main(int argc, char** argv) {
   if (o.prefix) rc |= run_prefix(o);
   if (o.spill_alloc) rc |= run_spill_alloc(o);
   if (o.swap_bandwidth) rc |= run_swap_bandwidth(o);
-  if (!o.restore && !o.prefix && !o.spill_alloc && !o.swap_bandwidth)
-    std::fprintf(stderr, "give --restore, --prefix, --spill-alloc and/or --swap-bandwidth\n");
+  if (o.spill_ahead) rc |= run_spill_ahead(o);
+  if (!o.restore && !o.prefix && !o.spill_alloc && !o.swap_bandwidth && !o.spill_ahead)
+    std::fprintf(
+        stderr, "give --restore, --prefix, --spill-alloc, --spill-ahead and/or --swap-bandwidth\n");
   return rc;
 }

@@ -115,6 +115,11 @@ struct EngineConfig {
   // and disk tier (temporal.disk_path), which prefill workers then get too, and come back on a
   // hit.
   bool prefix_cache = false;
+  // Prefix cache spill-ahead: between steps, each prefilling worker keeps this many KV blocks
+  // free by copying its cache's least recently used pages to free host-tier slots ahead of need
+  // (asynchronously where the backend copies so), so an allocation rarely waits for a spill. 0:
+  // off (pages spill when an allocation needs their block). Needs a host tier. In [0, 16777216].
+  int32_t prefix_spill_ahead_blocks = 0;
   // The KV cache manager (docs/kvm.md): rules that move the cuts' parameters at run time.
   KvmConfig kvm;
   uint64_t seed = 0;                                 // draws per-request seeds when unset

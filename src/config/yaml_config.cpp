@@ -378,6 +378,11 @@ Status read_kv(const YAML::Node& n, EngineConfig* e) {
       return field_error("kv.prefix_cache", "must be 'on' or 'off', got " + quoted(prefix));
     e->prefix_cache = prefix == "on";
   }
+  KVSPLIT_RETURN_IF_ERROR(r.get("prefix_spill_ahead_blocks", &e->prefix_spill_ahead_blocks));
+  if (e->prefix_spill_ahead_blocks < 0 || e->prefix_spill_ahead_blocks > (1 << 24))
+    return field_error(
+        "kv.prefix_spill_ahead_blocks",
+        "must be in [0, 16777216], got " + std::to_string(e->prefix_spill_ahead_blocks));
   KVSPLIT_RETURN_IF_ERROR(r.get("host_capacity_mb", &e->temporal.host_capacity_mb));
   if (e->temporal.host_capacity_mb < 0 || e->temporal.host_capacity_mb > (int64_t{1} << 24))
     return field_error("kv.host_capacity_mb", "must be in [0, 16777216], got " +

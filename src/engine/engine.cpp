@@ -149,7 +149,10 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     if (tiers) pc.host_bytes += config.temporal.host_capacity_mb << 20;
     auto pool = kv::KvPool::create(*be, pc, shape);
     if (!pool.ok()) return pool.status().with_prefix(wo.name);
-    if (prefix) (*pool)->enable_prefix_cache();
+    if (prefix) {
+      (*pool)->enable_prefix_cache();
+      (*pool)->set_prefix_free_target(config.prefix_spill_ahead_blocks);
+    }
     if (tiers && !config.temporal.disk_path.empty()) {
       Status st = (*pool)->open_disk_tier(config.temporal.disk_path + "/" + wo.name,
                                           config.temporal.disk_capacity_mb << 20,

@@ -56,6 +56,8 @@ Status validate_engine_config(const EngineConfig& c) {
                "0 when kv_blocks_per_worker is set (it splits kv_capacity_bytes)");
   if (c.temporal.host_capacity_mb < 0 || c.temporal.host_capacity_mb > (int64_t{1} << 24))
     return bad("temporal.host_capacity_mb", c.temporal.host_capacity_mb, "in [0, 16777216]");
+  if (c.prefix_spill_ahead_blocks < 0 || c.prefix_spill_ahead_blocks > (1 << 24))
+    return bad("prefix_spill_ahead_blocks", c.prefix_spill_ahead_blocks, "in [0, 16777216]");
   if (c.temporal.swap != SwapMode::kAuto && c.temporal.swap != SwapMode::kAlways &&
       c.temporal.swap != SwapMode::kNever)
     return bad("temporal.swap", static_cast<int>(c.temporal.swap), "auto, always or never");

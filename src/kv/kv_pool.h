@@ -30,6 +30,10 @@ struct KvPoolConfig {
   // Host tier for the full-precision originals of demoted or evicted pages, in bytes (whole
   // pages of all layers; a page that cannot get a slot is not demoted).
   int64_t host_bytes = 0;
+  // Prefix cache spill-ahead (PrefixCache::spill_ahead): between steps, keep this many device
+  // blocks free by copying the cache's least recently used pages to free host slots ahead of
+  // need; 0: off (evicted pages spill on the allocation path only).
+  int prefix_free_target = 0;
 };
 
 struct KvShape {
@@ -77,9 +81,18 @@ class KvPool {
   // Its evicted pages spill to this pool's host tier and disk tier when it has them.
   void enable_prefix_cache();
   PrefixCache* prefix_cache() const { return prefix_.get(); }
-  // Finishes the prefix cache's spill writes that completed (never blocks; a step boundary).
+  // Finishes the prefix cache's spill writes and spill-ahead copies that completed (never
+  // blocks; a step boundary).
   void poll_prefix_spills() {
-    if (prefix_) prefix_->poll_spills();
+    if (!prefix_) return;
+    prefix_->poll_spills();
+    prefix_->poll_landings(allocator_, 0);
+  }
+  // Between steps: starts the prefix cache's spill-ahead toward config().prefix_free_target free
+  // blocks (PrefixCache::spill_ahead). Returns the copies started.
+  void set_prefix_free_target(int blocks) { config_.prefix_free_target = blocks; }
+  int spill_prefix_ahead() {
+    return prefix_ ? prefix_->spill_ahead(config_.prefix_free_target, allocator_) : 0;
   }
   // `table` must be empty: points it at the longest cached prefix of `tokens` (whole pages, at
   // most max_pages), taking a reference on each; spilled pages are swapped back into device

@@ -264,6 +264,15 @@ int PrefixCache::insert(uint64_t salt, std::span<const int32_t> tokens,
 void PrefixCache::release_storage(Entry& e, BlockAllocator* alloc) {
   switch (e.where) {
     case PageLocation::kDevice:
+      if (e.landing_slot >= 0) {
+        for (uint64_t h : landing_) {
+          auto it = entries_.find(h);
+          if (it != entries_.end() && &it->second == &e) {
+            cancel_landing(h, e);
+            break;
+          }
+        }
+      }
       by_block_.erase(e.block);
       if (alloc != nullptr) alloc->decref(e.block);
       e.block = -1;
@@ -497,18 +506,107 @@ void PrefixCache::spill(Map::iterator it, BlockAllocator& alloc) {
 int PrefixCache::evict(int need, BlockAllocator& alloc) {
   if (need <= 0) return 0;
   poll_spills();
+  // Spill-ahead copies already in flight are the cheapest blocks: they finish first.
+  int freed = 0;
+  while (freed < need && !landing_.empty()) {
+    const uint64_t h = landing_.front();
+    Entry& e = entries_.at(h);
+    auto landed = pool_->backend().wait_fence(e.landing_fence, -1);
+    freed += finish_landing(h, e, &alloc, landed.ok() && *landed);
+  }
   std::vector<std::tuple<uint64_t, int32_t, uint64_t>> cand;  // (last_use, -depth, hash)
   for (const auto& [h, e] : entries_)
-    if (e.where == PageLocation::kDevice && !e.pinned && alloc.refcount(e.block) == 1)
+    if (e.where == PageLocation::kDevice && !e.pinned && e.landing_slot < 0 &&
+        alloc.refcount(e.block) == 1)
       cand.emplace_back(e.last_use, -e.depth, h);
   std::sort(cand.begin(), cand.end());
-  int freed = 0;
   for (const auto& [use, depth, h] : cand) {
     if (freed >= need) break;
     spill(entries_.find(h), alloc);  // spills only touch host / disk entries: `h` is still here
     ++freed;
   }
   return freed;
+}
+
+int PrefixCache::spill_ahead(int free_target, BlockAllocator& alloc) {
+  if (pool_ == nullptr || free_target <= 0) return 0;
+  poll_landings(alloc, 0);
+  BlockAllocator& host = pool_->host_allocator();
+  const int short_by = free_target - alloc.num_free() - landings_in_flight();
+  if (short_by <= 0 || host.num_free() == 0) return 0;
+  std::vector<std::tuple<uint64_t, int32_t, uint64_t>> cand;  // (last_use, -depth, hash)
+  for (const auto& [h, e] : entries_)
+    if (e.where == PageLocation::kDevice && !e.pinned && e.landing_slot < 0 &&
+        alloc.refcount(e.block) == 1)
+      cand.emplace_back(e.last_use, -e.depth, h);
+  std::sort(cand.begin(), cand.end());
+  int started = 0;
+  std::vector<backend::Backend::CopyRange> copies;
+  for (const auto& [use, depth, h] : cand) {
+    if (started >= short_by || host.num_free() == 0) break;
+    Entry& e = entries_.at(h);
+    const int32_t slot = (*host.allocate(1))[0];
+    copies.clear();
+    pool_->add_page_copies(e.block, pool_->host_slot(slot),
+                           backend::Backend::CopyDir::kDeviceToHost, &copies);
+    auto fence = pool_->backend().copy_batch_fenced(backend::Backend::CopyDir::kDeviceToHost,
+                                                    copies.data(), copies.size());
+    if (!fence.ok()) {
+      host.decref(slot);
+      ++stats_.spill_faults;
+      break;  // a backend error: the allocation path spills as before
+    }
+    e.landing_slot = slot;
+    e.landing_fence = *fence;
+    landing_.push_back(h);
+    ++stats_.ahead_started;
+    ++started;
+  }
+  poll_landings(alloc, 0);  // synchronous backends: landed already
+  return started;
+}
+
+int PrefixCache::poll_landings(BlockAllocator& alloc, int64_t wait_us) {
+  int freed = 0;
+  const std::vector<uint64_t> in_flight = landing_;
+  for (uint64_t h : in_flight) {
+    Entry& e = entries_.at(h);
+    auto landed = pool_->backend().wait_fence(e.landing_fence, wait_us);
+    if (landed.ok() && !*landed) continue;
+    freed += finish_landing(h, e, &alloc, landed.ok());
+  }
+  return freed;
+}
+
+bool PrefixCache::finish_landing(uint64_t hash, Entry& e, BlockAllocator* alloc, bool landed) {
+  landing_.erase(std::find(landing_.begin(), landing_.end(), hash));
+  const int32_t slot = e.landing_slot;
+  e.landing_slot = -1;
+  e.landing_fence = 0;
+  if (!landed) ++stats_.spill_faults;
+  if (!landed || e.pinned || alloc == nullptr || alloc->refcount(e.block) != 1) {
+    // Failed, or a sequence holds the page again: it stays on the device.
+    pool_->host_allocator().decref(slot);
+    if (landed) ++stats_.ahead_kept;
+    return false;
+  }
+  by_block_.erase(e.block);
+  alloc->decref(e.block);
+  e.block = -1;
+  e.where = PageLocation::kHost;
+  e.slot = slot;
+  ++pages_host_;
+  ++stats_.spilled_host;
+  ++stats_.ahead_spilled;
+  return true;
+}
+
+void PrefixCache::cancel_landing(uint64_t hash, Entry& e) {
+  (void)pool_->backend().wait_fence(e.landing_fence, -1);  // the slot is written until then
+  landing_.erase(std::find(landing_.begin(), landing_.end(), hash));
+  pool_->host_allocator().decref(e.landing_slot);
+  e.landing_slot = -1;
+  e.landing_fence = 0;
 }
 
 int PrefixCache::evictable(const BlockAllocator& alloc) const {
@@ -519,7 +617,7 @@ int PrefixCache::evictable(const BlockAllocator& alloc) const {
 }
 
 int PrefixCache::reclaimable_host() const {
-  int n = 0;
+  int n = landings_in_flight();  // their slots can be given back (cancel_landing)
   for (const auto& [h, e] : entries_)
     n += e.where == PageLocation::kHost && !e.pinned && e.spill == nullptr;
   return n;
@@ -532,6 +630,12 @@ int PrefixCache::reclaim_host(int need) {
     auto it = lru(PageLocation::kHost);
     if (it == entries_.end()) break;
     host_to_disk(it, /*make_room=*/false);
+    ++freed;
+  }
+  // Spill-ahead copies in flight give their slots back too (their pages stay on the device).
+  while (freed < need && !landing_.empty()) {
+    const uint64_t h = landing_.front();
+    cancel_landing(h, entries_.at(h));
     ++freed;
   }
   stats_.reclaimed += freed;
@@ -568,6 +672,8 @@ void PrefixCache::clear(BlockAllocator& alloc) {
 }
 
 PrefixCache::~PrefixCache() {
+  for (uint64_t h : landing_)  // the host slots are written until then
+    (void)pool_->backend().wait_fence(entries_.at(h).landing_fence, -1);
   for (auto& [h, e] : entries_)
     if (e.spill != nullptr) e.spill->hash = 0;
   for (Spill& s : spills_)

@@ -71,6 +71,12 @@ struct PrefixCacheStats {
   int64_t hit_pages_spilling = 0;
   // Spills that had to wait for an older one's write (disk room, the in-flight cap).
   int64_t spill_waits = 0;
+  // Spill-ahead (spill_ahead): device->host copies started between steps, those that landed and
+  // freed their block (also counted in spilled_host), and those whose page was taken by a
+  // sequence meanwhile (the page stays on the device, its host slot is freed).
+  int64_t ahead_started = 0;
+  int64_t ahead_spilled = 0;
+  int64_t ahead_kept = 0;
 
   int64_t hit_pages_device() const { return hit_pages - hit_pages_host - hit_pages_disk; }
 };
@@ -125,6 +131,20 @@ class PrefixCache {
   // many as there are), spilling each down the tiers when it can (see above), else dropping it.
   // Returns how many blocks were freed.
   int evict(int need, BlockAllocator& alloc);
+  // Spill-ahead: takes the device->host copy of evicted pages off the allocation path. Between
+  // steps, while fewer than `free_target` device blocks are free (counting the copies in
+  // flight), device pages only the cache holds, least recently used first, start their copy to a
+  // free host slot as one fenced batch each (Backend::copy_batch_fenced: the CUDA copy stream,
+  // the CPU backend's copy thread, or at once). Meanwhile the page stays a device page (hits take
+  // it as usual). When the copy has landed (poll_landings) the page becomes a host page and its
+  // block is free, unless a sequence took it meanwhile: then it stays on the device and the slot
+  // is freed. Only free host slots are used (nothing is pushed to disk ahead of need). Returns
+  // the copies started.
+  int spill_ahead(int free_target, BlockAllocator& alloc);
+  // Finishes the spill-ahead copies that have landed, waiting for each at most `wait_us` (< 0:
+  // until it lands). Returns the blocks freed.
+  int poll_landings(BlockAllocator& alloc, int64_t wait_us = 0);
+  int landings_in_flight() const { return static_cast<int>(landing_.size()); }
   // Device pages only the cache holds (free for the asking).
   int evictable(const BlockAllocator& alloc) const;
   // Host slots the cache can give up (its host pages not being restored).
@@ -163,6 +183,10 @@ class PrefixCache {
     uint64_t last_use = 0;
     int32_t depth = 0;    // page index in its prompt
     bool pinned = false;  // being restored: never spilled or reclaimed meanwhile
+    // A device page whose spill-ahead copy to host slot `landing_slot` is in flight behind
+    // `landing_fence` (-1: none); still a device page until poll_landings finishes it.
+    int32_t landing_slot = -1;
+    uint64_t landing_fence = 0;
   };
   using Map = std::unordered_map<uint64_t, Entry>;
   // One disk write in flight. `buf` is the record's payload (the page's KV of every layer, as a
@@ -205,6 +229,11 @@ class PrefixCache {
   // Waits for the oldest spill whose entry is not pinned and finishes it; false when none.
   bool wait_oldest_spill();
   Map::iterator lru(PageLocation where);
+  // Ends entry `e`'s spill-ahead: its copy landed (`landed`), or is abandoned (failed, or the
+  // entry leaves). Landed and still only the cache's: a host page, its block freed (true).
+  bool finish_landing(uint64_t hash, Entry& e, BlockAllocator* alloc, bool landed);
+  // Waits for entry e's spill-ahead copy and frees its slot, keeping the page on the device.
+  void cancel_landing(uint64_t hash, Entry& e);
 
   int block_size_;
   KvPool* pool_;
@@ -214,7 +243,8 @@ class PrefixCache {
   int pages_host_ = 0, pages_disk_ = 0, pages_spilling_ = 0;
   PrefixCacheStats stats_;
   bool async_spills_ = true;
-  std::list<Spill> spills_;  // in flight, oldest first
+  std::list<Spill> spills_;        // in flight, oldest first
+  std::vector<uint64_t> landing_;  // hashes of the entries with a spill-ahead copy in flight
   // Buffers of finished spills, reused (a fresh page-sized buffer costs a zero fill and page
   // faults on the allocating path); at most kMaxSpillsInFlight kept.
   std::vector<std::vector<std::byte>> free_bufs_;

@@ -57,6 +57,7 @@ bool Worker::step() {
   }
   const Clock::time_point t3 = Clock::now();
   compact(t2);
+  pool_->spill_prefix_ahead();  // the next allocations find free blocks (kv.prefix_spill_ahead)
   publish_stats();
   const Clock::time_point t4 = Clock::now();
   steps_.fetch_add(1, std::memory_order_relaxed);
