@@ -70,9 +70,9 @@ struct EngineConfig {
   int32_t num_prefill_workers = 1;  // >= 1 (disaggregated)
   int32_t num_decode_workers = 1;   // >= 1 (colocated: the number of workers)
   // Device of each worker, prefill workers first, round-robin over this list: worker i runs on
-  // devices[i % size]. Empty: CUDA round-robins over the visible devices; the CPU backend uses
-  // virtual device 0 (CPU device ids only name workers; they share host memory). Each in
-  // [0, 1024); at most 64 entries.
+  // devices[i % size], its spatial shard s (CUDA) on devices[(i + s) % size]. Empty: CUDA
+  // round-robins over the visible devices; the CPU backend uses virtual device 0 (CPU device ids
+  // only name workers; they share host memory). Each in [0, 1024); at most 64 entries.
   std::vector<int32_t> devices;
   int32_t block_size = 16;                  // tokens per KV page
   int32_t kv_blocks_per_worker = 0;         // 0: derive from kv_capacity_bytes

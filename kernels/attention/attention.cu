@@ -112,6 +112,7 @@ bool attention_head_dim_supported(int head_dim) {
 
 Status launch_paged_prefill(const PagedAttentionParams& p, cudaStream_t stream) {
   KVSPLIT_RETURN_IF_ERROR(validate_paged_attention(p));
+  if (p.head_max) return invalid_argument("prefill attention: head_max is for decode only");
   if (p.num_seqs == 0 || p.max_query_len <= 0) return ok_status();
   return dispatch(p, stream, /*decode=*/false);
 }

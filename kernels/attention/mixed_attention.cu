@@ -9,23 +9,52 @@
 namespace kvsplit::kernels {
 namespace {
 
+// What one dispatch runs: prefill attention; decode attention (merge and scoring included); or
+// the scoring kernel alone, against given maxima.
+enum class MixedMode { kPrefill, kDecode, kScoreOnly };
+
 Status validate_mixed(const MixedAttentionParams& mp, bool decode) {
   KVSPLIT_RETURN_IF_ERROR(validate_paged_attention(mp.base));
   if (mp.num_int8_blocks < 0 || mp.num_int4_blocks < 0 || mp.num_summary_slots < 0)
     return invalid_argument("mixed attention: negative arena or summary slot count");
+  if (!decode && mp.base.head_max)
+    return invalid_argument("mixed attention: head_max is for decode only");
   if (!mp.score_seqs) return ok_status();
   if (!decode)
     return invalid_argument("mixed attention: score_seqs (scoring outputs) are for decode only");
   if (!mp.token_relevance || !mp.summary_slots || !mp.page_bound)
     return invalid_argument(
         "mixed attention: score_seqs needs token_relevance, summary_slots and page_bound");
-  if (!mp.score_max) return invalid_argument("mixed attention: score_seqs needs score_max");
+  return ok_status();
+}
+
+// The decode shape checks shared by launch_mixed_decode and launch_mixed_score.
+Status validate_mixed_decode_shape(const PagedAttentionParams& p) {
+  if (p.num_tokens != p.num_seqs)
+    return invalid_argument("mixed decode attention: num_tokens " + std::to_string(p.num_tokens) +
+                            " != num_seqs " + std::to_string(p.num_seqs) + " (one query each)");
+  if (p.max_splits < 1 || p.max_splits > 65535)
+    return invalid_argument("mixed decode attention: max_splits must be in [1, 65535]");
   return ok_status();
 }
 
 template <typename KT, int D>
-Status launch_mixed_typed(const MixedAttentionParams& mp, cudaStream_t stream, bool decode) {
+Status launch_mixed_score_kernel(const MixedAttentionParams& mp, const float* head_max, size_t smem,
+                                 cudaStream_t stream) {
   const PagedAttentionParams& p = mp.base;
+  const int64_t keys = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
+  const dim3 sgrid(static_cast<unsigned>((keys + kAttnTileKeys - 1) / kAttnTileKeys),
+                   static_cast<unsigned>(p.num_seqs));
+  return launch_status(
+      launch(mixed_score_kernel<KT, D>, sgrid, dim3(kAttnThreads), smem, stream, mp, head_max),
+      "mixed attention scoring");
+}
+
+template <typename KT, int D>
+Status launch_mixed_typed(const MixedAttentionParams& mp, const float* given_max,
+                          cudaStream_t stream, MixedMode mode) {
+  const PagedAttentionParams& p = mp.base;
+  const bool decode = mode != MixedMode::kPrefill;
   const int group = p.num_heads / p.num_kv_heads;
   int tokens_per_block = 1;
   unsigned grid_x = 1;
@@ -40,12 +69,15 @@ Status launch_mixed_typed(const MixedAttentionParams& mp, cudaStream_t stream, b
   const size_t smem =
       mixed_smem_layout(tokens_per_block * group, D, p.block_size, /*with_v=*/true).total;
   const size_t score_smem = mixed_smem_layout(group, D, p.block_size, /*with_v=*/false).total;
-  if (smem > limit || (mp.score_seqs && score_smem > limit)) {
+  const bool score_only = mode == MixedMode::kScoreOnly;
+  if ((!score_only && smem > limit) || ((score_only || mp.score_seqs) && score_smem > limit)) {
+    const size_t need = !score_only && smem > limit ? smem : score_smem;
     return unimplemented(
         "mixed attention: a GQA group of " + std::to_string(group) + " heads with head_dim " +
-        std::to_string(D) + " needs " + std::to_string(smem) +
+        std::to_string(D) + " needs " + std::to_string(need) +
         " B of shared memory per block; this device allows " + std::to_string(limit));
   }
+  if (score_only) return launch_mixed_score_kernel<KT, D>(mp, given_max, score_smem, stream);
   const dim3 grid(grid_x, static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_seqs));
   KVSPLIT_RETURN_IF_ERROR(
       launch_status(launch(mixed_attention_kernel<KT, D>, grid, dim3(kAttnThreads), smem, stream,
@@ -58,37 +90,34 @@ Status launch_mixed_typed(const MixedAttentionParams& mp, cudaStream_t stream, b
         launch(mixed_merge_kernel<D>, mgrid, dim3(D), 0, stream, mp), "mixed merge states"));
   }
   if (!mp.score_seqs) return ok_status();
-  const int64_t keys = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
-  const dim3 sgrid(static_cast<unsigned>((keys + kAttnTileKeys - 1) / kAttnTileKeys),
-                   static_cast<unsigned>(p.num_seqs));
-  return launch_status(
-      launch(mixed_score_kernel<KT, D>, sgrid, dim3(kAttnThreads), score_smem, stream, mp),
-      "mixed attention scoring");
+  return launch_mixed_score_kernel<KT, D>(mp, mp.score_max, score_smem, stream);
 }
 
 template <typename KT>
-Status dispatch_mixed_head_dim(const MixedAttentionParams& mp, cudaStream_t stream, bool decode) {
+Status dispatch_mixed_head_dim(const MixedAttentionParams& mp, const float* given_max,
+                               cudaStream_t stream, MixedMode mode) {
   switch (mp.base.head_dim) {
     case 8:
-      return launch_mixed_typed<KT, 8>(mp, stream, decode);  // stories260K
+      return launch_mixed_typed<KT, 8>(mp, given_max, stream, mode);  // stories260K
     case 64:
-      return launch_mixed_typed<KT, 64>(mp, stream, decode);
+      return launch_mixed_typed<KT, 64>(mp, given_max, stream, mode);
     case 128:
-      return launch_mixed_typed<KT, 128>(mp, stream, decode);
+      return launch_mixed_typed<KT, 128>(mp, given_max, stream, mode);
   }
   return unimplemented("mixed attention: head_dim " + std::to_string(mp.base.head_dim) +
                        " is not compiled");
 }
 
 // The one dispatch site of the mixed attention family.
-Status dispatch_mixed(const MixedAttentionParams& mp, cudaStream_t stream, bool decode) {
+Status dispatch_mixed(const MixedAttentionParams& mp, const float* given_max, cudaStream_t stream,
+                      MixedMode mode) {
   switch (mp.base.kv_dtype) {
     case ElemType::kF32:
-      return dispatch_mixed_head_dim<float>(mp, stream, decode);
+      return dispatch_mixed_head_dim<float>(mp, given_max, stream, mode);
     case ElemType::kF16:
-      return dispatch_mixed_head_dim<__half>(mp, stream, decode);
+      return dispatch_mixed_head_dim<__half>(mp, given_max, stream, mode);
     case ElemType::kBF16:
-      return dispatch_mixed_head_dim<__nv_bfloat16>(mp, stream, decode);
+      return dispatch_mixed_head_dim<__nv_bfloat16>(mp, given_max, stream, mode);
   }
   return invalid_argument("mixed attention: unknown KV dtype");
 }
@@ -98,18 +127,16 @@ Status dispatch_mixed(const MixedAttentionParams& mp, cudaStream_t stream, bool 
 Status launch_mixed_prefill(const MixedAttentionParams& mp, cudaStream_t stream) {
   KVSPLIT_RETURN_IF_ERROR(validate_mixed(mp, /*decode=*/false));
   if (mp.base.num_seqs == 0 || mp.base.max_query_len <= 0) return ok_status();
-  return dispatch_mixed(mp, stream, /*decode=*/false);
+  return dispatch_mixed(mp, nullptr, stream, MixedMode::kPrefill);
 }
 
 Status launch_mixed_decode(const MixedAttentionParams& mp, cudaStream_t stream) {
   KVSPLIT_RETURN_IF_ERROR(validate_mixed(mp, /*decode=*/true));
   const PagedAttentionParams& p = mp.base;
+  if (mp.score_seqs && !mp.score_max)
+    return invalid_argument("mixed attention: score_seqs needs score_max");
   if (p.num_seqs == 0) return ok_status();
-  if (p.num_tokens != p.num_seqs)
-    return invalid_argument("mixed decode attention: num_tokens " + std::to_string(p.num_tokens) +
-                            " != num_seqs " + std::to_string(p.num_seqs) + " (one query each)");
-  if (p.max_splits < 1 || p.max_splits > 65535)
-    return invalid_argument("mixed decode attention: max_splits must be in [1, 65535]");
+  KVSPLIT_RETURN_IF_ERROR(validate_mixed_decode_shape(p));
   if (p.max_splits > 1) {
     if (!p.num_splits || !p.split_offset || !p.part_o || !p.part_m || !p.part_l)
       return invalid_argument(
@@ -119,7 +146,19 @@ Status launch_mixed_decode(const MixedAttentionParams& mp, cudaStream_t stream) 
                               std::to_string(p.chunk_tokens) +
                               " is not a positive multiple of block_size");
   }
-  return dispatch_mixed(mp, stream, /*decode=*/true);
+  return dispatch_mixed(mp, nullptr, stream, MixedMode::kDecode);
+}
+
+Status launch_mixed_score(const MixedAttentionParams& mp, const float* head_max,
+                          cudaStream_t stream) {
+  KVSPLIT_RETURN_IF_ERROR(validate_mixed(mp, /*decode=*/true));
+  if (!mp.score_seqs || !head_max)
+    return invalid_argument("mixed attention scoring: needs score_seqs and head_max");
+  if (mp.base.head_max)
+    return invalid_argument("mixed attention scoring: a scoring-only call writes no head_max");
+  if (mp.base.num_seqs == 0) return ok_status();
+  KVSPLIT_RETURN_IF_ERROR(validate_mixed_decode_shape(mp.base));
+  return dispatch_mixed(mp, head_max, stream, MixedMode::kScoreOnly);
 }
 
 }  // namespace kvsplit::kernels

@@ -360,12 +360,14 @@ __global__ void __launch_bounds__(kAttnThreads)
         p.lse[row * p.num_heads + h] = softmax_state_lse(SoftmaxState{m_s[r], l});
       if (decode && d == 0 && mp.score_max)
         mp.score_max[static_cast<int64_t>(s) * p.num_heads + h] = m_s[r];
+      if (decode && d == 0 && p.head_max)
+        p.head_max[static_cast<int64_t>(s) * p.num_heads + h] = m_s[r];
     }
   }
 }
 
-// grid (num_heads, num_seqs), block head_dim threads: merge_states_kernel (lse included), plus
-// the merged max of each head into score_max (when set) for the scoring kernel.
+// grid (num_heads, num_seqs), block head_dim threads: merge_states_kernel (lse and head_max
+// included), plus the merged max of each head into score_max (when set) for the scoring kernel.
 template <int D>
 __global__ void __launch_bounds__(D) mixed_merge_kernel(MixedAttentionParams mp) {
   const PagedAttentionParams& p = mp.base;
@@ -385,18 +387,22 @@ __global__ void __launch_bounds__(D) mixed_merge_kernel(MixedAttentionParams mp)
   p.out[(row * p.num_heads + h) * D + d] = st.l > 0.f ? acc / st.l : 0.f;
   if (d == 0 && p.lse) p.lse[row * p.num_heads + h] = softmax_state_lse(st);
   if (d == 0 && mp.score_max) mp.score_max[static_cast<int64_t>(s) * p.num_heads + h] = st.m;
+  if (d == 0 && p.head_max) p.head_max[static_cast<int64_t>(s) * p.num_heads + h] = st.m;
 }
 
 // grid (ceil(max_blocks_per_seq * block_size / kAttnTileKeys), num_seqs), block kAttnThreads,
 // dynamic shared memory mixed_smem_layout(group, D, block_size, false). For a scored sequence s
 // and its keys [k0, k0 + kAttnTileKeys): loops over the kv heads, recomputes the scores of the
-// group's query heads (bit-identical to the attention pass, see the file comment) and
+// group's query heads (bit-identical to the attention pass, see the file comment) and, with
+// m_h = head_max[s, h] (score_max after the attention pass, or the maxima a scoring-only call is
+// given: launch_mixed_score),
 //   token_relevance[s, t] = max(token_relevance[s, t], max_h exp(z_h(t) - m_h)) (resident t),
 //   page_bound[s, i] = max(page_bound[s, i], max_h exp(sum_d max(q'_hd kmin_d, q'_hd kmax_d)
 //   - m_h)) for the pages i starting in the tile with a summary (q' = q * scale),
 // one writer per element (no atomics).
 template <typename KT, int D>
-__global__ void __launch_bounds__(kAttnThreads) mixed_score_kernel(MixedAttentionParams mp) {
+__global__ void __launch_bounds__(kAttnThreads)
+    mixed_score_kernel(MixedAttentionParams mp, const float* head_max) {
   const PagedAttentionParams& p = mp.base;
   const int s = blockIdx.y, k0 = blockIdx.x * kAttnTileKeys, tid = threadIdx.x;
   if (!mp.score_seqs[s]) return;
@@ -429,7 +435,7 @@ __global__ void __launch_bounds__(kAttnThreads) mixed_score_kernel(MixedAttentio
       q_s[i] = p.q[(row * p.num_heads + h) * D + d] * p.scale;  // as in mixed_attention_kernel
     }
     for (int r = tid; r < group; r += blockDim.x)
-      m_s[r] = mp.score_max[static_cast<int64_t>(s) * p.num_heads + kvh * group + r];
+      m_s[r] = head_max[static_cast<int64_t>(s) * p.num_heads + kvh * group + r];
     mixed_load_rows<KT, D>(mp, kvh, k0, n, first_page, pid, pprec, k_s, nullptr);
     __syncthreads();
     for (int i = tid; i < group * kAttnTileKeys; i += blockDim.x) {

@@ -53,4 +53,11 @@ Status launch_mixed_prefill(const MixedAttentionParams& p, cudaStream_t stream);
 // every score exactly as the attention pass did, see mixed_attention.cuh).
 Status launch_mixed_decode(const MixedAttentionParams& p, cudaStream_t stream);
 
+// The scoring kernel alone (spatial cut: backend::AttentionArgs::score_max): the side outputs of
+// the score_seqs sequences against the given maxima head_max [num_seqs, num_heads] (device
+// memory; -inf allowed) instead of the call's own. out, lse, score_max and the split-K fields
+// are not used (the decode shape checks still apply); base.head_max must be null.
+Status launch_mixed_score(const MixedAttentionParams& p, const float* head_max,
+                          cudaStream_t stream);
+
 }  // namespace kvsplit::kernels

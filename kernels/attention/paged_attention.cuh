@@ -262,12 +262,14 @@ __global__ void __launch_bounds__(kAttnThreads)
       p.out[(row * p.num_heads + h) * D + d] = l > 0.f ? o_s[i] / l : 0.f;
       if (d == 0 && p.lse)
         p.lse[row * p.num_heads + h] = softmax_state_lse(SoftmaxState{m_s[r], l});
+      if (decode && d == 0 && p.head_max)
+        p.head_max[static_cast<int64_t>(s) * p.num_heads + h] = m_s[r];
     }
   }
 }
 
 // grid (num_heads, num_seqs), block head_dim threads: merges the partial states of one
-// (sequence, head) in split order with softmax_state_merge; writes lse when set.
+// (sequence, head) in split order with softmax_state_merge; writes lse and head_max when set.
 template <int D>
 __global__ void __launch_bounds__(D) merge_states_kernel(PagedAttentionParams p) {
   const int h = blockIdx.x, s = blockIdx.y, d = threadIdx.x;
@@ -285,6 +287,7 @@ __global__ void __launch_bounds__(D) merge_states_kernel(PagedAttentionParams p)
   const int64_t row = p.query_start[s];
   p.out[(row * p.num_heads + h) * D + d] = st.l > 0.f ? acc / st.l : 0.f;
   if (d == 0 && p.lse) p.lse[row * p.num_heads + h] = softmax_state_lse(st);
+  if (d == 0 && p.head_max) p.head_max[static_cast<int64_t>(s) * p.num_heads + h] = st.m;
 }
 
 }  // namespace kvsplit::kernels

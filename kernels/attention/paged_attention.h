@@ -45,6 +45,11 @@ struct PagedAttentionParams {
   // row is then 0). backend::AttentionArgs::lse; merged across key sets by launch_merge_partials.
   // Decode with splits: written by the merge (launch_merge_states), else by the attention kernel.
   float* lse = nullptr;  // [num_tokens, num_heads]
+  // Decode only (nullptr: not written; the prefill launchers reject it): head_max[s, h] = the
+  // final max score m_h of sequence s, head h over the keys it attends (-inf: none), i.e. the m of
+  // its softmax state (backend::AttentionArgs::head_max). With splits: written by the merge
+  // (launch_merge_states), else by the attention kernel.
+  float* head_max = nullptr;  // [num_seqs, num_heads]
 
   // ---- split-K decode (FlashDecoding); used by launch_paged_decode only ----
   int chunk_tokens = 0;                   // keys per split, multiple of block_size
@@ -74,8 +79,8 @@ Status launch_paged_prefill(const PagedAttentionParams& p, cudaStream_t stream);
 // num_splits == nullptr means no split (max_splits must be 1).
 Status launch_paged_decode(const PagedAttentionParams& p, cudaStream_t stream);
 
-// out[s, h, :] (and lse[s, h] when set) = merge over the num_splits[s] partial states of
-// sequence s (skips s with one split).
+// out[s, h, :] (and lse[s, h], head_max[s, h] when set) = merge over the num_splits[s] partial
+// states of sequence s (skips s with one split).
 Status launch_merge_states(const PagedAttentionParams& p, cudaStream_t stream);
 
 }  // namespace kvsplit::kernels

@@ -108,9 +108,9 @@ struct AttentionArgs {
   int num_summary_slots = 0;
   float* page_bound = nullptr;  // [num_seqs, max_blocks_per_seq]
   // The scoring of a sequence split over shards (spatial cut, kv-cuts.md §4), decode only; the
-  // CPU backend implements them (others return kUnimplemented). head_max non-null: the call also
-  // writes m_h of every sequence, head_max[s, h] (-inf: no resident key). score_max non-null: a
-  // scoring-only call: out and lse are not computed, and the side outputs use
+  // CPU and CUDA backends implement them (others return kUnimplemented). head_max non-null: the
+  // call also writes m_h of every sequence, head_max[s, h] (-inf: no resident key). score_max
+  // non-null: a scoring-only call: out and lse are not computed, and the side outputs use
   // m_h = score_max[s, h] (the maximum over the whole sequence, every shard's head_max merged)
   // instead of the call's own maximum, so relevance is normalized over the whole sequence.
   float* head_max = nullptr;         // [num_seqs, num_heads]

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/shard_placement.h"
 #include "cli/common_flags.h"
 #include "cli/cut_flags.h"
 #include "cli/exit_codes.h"
@@ -125,10 +127,16 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   if (gf.prefix_cache == "on") (*pool)->enable_prefix_cache();
   if (gf.spatial_shards > 1) {  // the spatial cut: --kv-blocks pages on each shard
     std::vector<std::unique_ptr<backend::Backend>> peers;
+    // CUDA: shard s on visible device s mod count (the home runs on device 0); the CPU backend's
+    // shards get virtual device ids 1, 2, ...
+    std::vector<int32_t> devices;
+    if (cf.backend == "cuda")
+      for (int d = 0; d < std::max(1, backend::visible_devices("cuda")); ++d) devices.push_back(d);
     for (int s = 1; s < gf.spatial_shards; ++s) {
       backend::BackendOptions so;
       so.threads = cf.threads;
       so.device = s;
+      if (!devices.empty()) so.device = *backend::shard_device(devices, 0, s);
       so.spin_micros = 0;  // idle shard threads sleep (kv-cuts.md "Shards compute at once")
       auto be = backend::create_backend(cf.backend, so);
       if (!be.ok()) return fail(be.status().with_prefix("--spatial-shards"));
@@ -326,7 +334,8 @@ int main(int argc, char** argv) {
   gen->add_flag("--disk-direct-io", gf.disk_direct_io,
                 "disk tier with O_DIRECT (records bypass the page cache)");
   gen->add_option("--spatial-shards", gf.spatial_shards,
-                  "spatial cut: shards of the KV pool, each --kv-blocks pages (cpu backend)")
+                  "spatial cut: shards of the KV pool, each --kv-blocks pages (cuda: shard s on "
+                  "visible device s mod count)")
       ->check(CLI::Range(1, 16))
       ->capture_default_str();
   gen->add_option("--spatial-chunk-size", gf.spatial_chunk_size,

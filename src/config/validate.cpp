@@ -54,10 +54,6 @@ Status validate_config(const Config& config) {
         "kv.cuts.spatial.spatial_chunk_size: must be a multiple of "
         "kv.block_size " +
         std::to_string(e.block_size) + ", got " + std::to_string(e.spatial.spatial_chunk_size));
-  if (e.spatial.shards > 1 && e.backend != "cpu")
-    return invalid_argument("kv.cuts.spatial.shards: must be 1 on the '" + e.backend +
-                            "' backend (spatial shards run on the cpu backend so far), got " +
-                            std::to_string(e.spatial.shards));
   KVSPLIT_RETURN_IF_ERROR(validate_sla_classes(e.sla_classes));
   KVSPLIT_RETURN_IF_ERROR(check_range("kvm.interval_ms", e.kvm.interval_ms, 10, 60000));
   KVSPLIT_RETURN_IF_ERROR(check_range("kvm.window_ms", e.kvm.window_ms, 100, 3600000));

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "backend/backend.h"
+#include "backend/shard_placement.h"
 #include "common/check.h"
 #include "common/config_rules.h"
 #include "common/escape.h"
@@ -111,6 +112,7 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     bo.threads = threads;
     bo.async_copies = config.async_copies;
     bo.device = devices[static_cast<size_t>(i) % devices.size()];
+    bo.weight_dtype = internal.weight_dtype;
     auto created = backend::create_backend(config.backend, bo);
     if (!created.ok()) return created.status().with_prefix(wo.name);
     std::unique_ptr<backend::Backend> be = std::move(created).value();
@@ -167,6 +169,14 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
         // workers, model/sharded_attention.h). They run only during the step's attention and
         // must not poll the cores away from the home's GEMMs when idle.
         so.spin_micros = 0;
+        // CUDA: shard s of worker i on devices[(i + s) % size] (backend/shard_placement.h): one
+        // device gives virtual shards (a CudaBackend, so a stream, each), several one per shard.
+        // The CPU backend keeps the worker's virtual device id.
+        if (config.backend == "cuda") {
+          auto dev = backend::shard_device(devices, i, s);
+          if (!dev.ok()) return dev.status().with_prefix(wo.name + ": spatial shard");
+          so.device = *dev;
+        }
         auto shard_be = backend::create_backend(config.backend, so);
         if (!shard_be.ok()) return shard_be.status().with_prefix(wo.name + ": spatial shard");
         peers.push_back(std::move(shard_be).value());

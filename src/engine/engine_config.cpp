@@ -72,10 +72,10 @@ Status validate_engine_config(const EngineConfig& c) {
     return bad("spatial.spatial_chunk_size", c.spatial.spatial_chunk_size,
                "a positive multiple of the block size");
   if (c.spatial.min_context < 0) return bad("spatial.min_context", c.spatial.min_context, ">= 0");
-  if (c.spatial.shards > 1 && c.backend != "cpu")
+  if (c.spatial.shards > 1 && c.backend != "cpu" && c.backend != "cuda")
     return invalid_argument(fmt::format(
-        "EngineConfig.spatial.shards: must be 1 on the {} backend (spatial shards run on the CPU "
-        "backend so far), got {}",
+        "EngineConfig.spatial.shards: must be 1 on the {} backend (spatial shards run on the cpu "
+        "and cuda backends), got {}",
         c.backend, c.spatial.shards));
   KVSPLIT_RETURN_IF_ERROR(validate_sla_classes(c.sla_classes).with_prefix("EngineConfig"));
   if (!c.kvm.rules.empty()) {

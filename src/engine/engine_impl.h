@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <thread>
@@ -20,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/backend.h"
 #include "kvm/manager.h"
 #include "kvsplit/engine.h"
 #include "model/loader.h"
@@ -41,6 +43,9 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   // Knobs that are not part of the public config (benchmarks, tests).
   struct InternalOptions {
     int sampling_threads = 0;  // threads sampling a step's rows; 0: the worker's CPU threads
+    // Storage of the weights on the backend (BackendOptions::weight_dtype); unset: its default
+    // (CUDA: bf16). Tests set kF32 to compare a CUDA engine's tokens with the CPU engine's.
+    std::optional<backend::DType> weight_dtype;
   };
   static StatusOr<std::unique_ptr<EngineImpl>> create(const EngineConfig& config,
                                                       const InternalOptions& internal);

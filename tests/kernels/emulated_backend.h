@@ -112,6 +112,7 @@ class EmulatedKernelBackend final : public backend::Backend {
                                      nullptr);
   }
   Status attention_prefill(const backend::AttentionArgs& a) override {
+    KVSPLIT_RETURN_IF_ERROR(backend::cuda::check_sharded_scoring_args(a, /*decode=*/false));
     kernels::PagedAttentionParams p = params(a);
     if (backend::cuda::needs_mixed_attention(a)) {
       ++mixed_calls_;
@@ -121,9 +122,15 @@ class EmulatedKernelBackend final : public backend::Backend {
   }
   Status attention_decode(const backend::AttentionArgs& a,
                           const backend::SplitPlan& plan) override {
-    if (a.head_max != nullptr || a.score_max != nullptr)
-      return unimplemented("attention_decode: head_max / score_max under emulation");
+    KVSPLIT_RETURN_IF_ERROR(backend::cuda::check_sharded_scoring_args(a, /*decode=*/true));
     kernels::PagedAttentionParams p = params(a);
+    if (a.score_max != nullptr) {  // scoring only, as CudaBackend::attention_decode
+      ++decode_calls_;
+      ++mixed_calls_;
+      ++score_only_calls_;
+      return kernels::launch_mixed_score(backend::cuda::mixed_attention_params(a, p), a.score_max,
+                                         nullptr);
+    }
     p.max_splits = plan.max_splits > 1 ? plan.max_splits : 1;
     if (plan.has_splits()) {
       const size_t heads = static_cast<size_t>(plan.total_splits) * a.num_heads;
@@ -136,6 +143,7 @@ class EmulatedKernelBackend final : public backend::Backend {
       p.part_l = p.part_m + heads;
     }
     ++decode_calls_;
+    head_max_calls_ += a.head_max != nullptr;
     if (backend::cuda::needs_mixed_attention(a)) {
       ++mixed_calls_;
       kernels::MixedAttentionParams mp = backend::cuda::mixed_attention_params(a, p);
@@ -184,6 +192,9 @@ class EmulatedKernelBackend final : public backend::Backend {
   // Attention calls that ran the mixed-precision kernels, and page op calls (semantic cut).
   int mixed_calls() const { return mixed_calls_; }
   int page_op_calls() const { return page_op_calls_; }
+  // Decode calls that wrote head_max, and scoring-only calls (score_max): sharded scoring.
+  int head_max_calls() const { return head_max_calls_; }
+  int score_only_calls() const { return score_only_calls_; }
 
  private:
   kernels::PagedAttentionParams params(const backend::AttentionArgs& a) {
@@ -201,6 +212,8 @@ class EmulatedKernelBackend final : public backend::Backend {
   int decode_calls_ = 0;
   int mixed_calls_ = 0;
   int page_op_calls_ = 0;
+  int head_max_calls_ = 0;
+  int score_only_calls_ = 0;
 };
 
 }  // namespace kvsplit::testing

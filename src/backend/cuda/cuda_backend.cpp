@@ -453,6 +453,7 @@ Status CudaBackend::kv_append(const LayerKv& kv, const float* k, const float* v,
 
 Status CudaBackend::attention_prefill(const AttentionArgs& args) {
   KVSPLIT_RETURN_IF_ERROR(check_attention_shape(args));
+  KVSPLIT_RETURN_IF_ERROR(check_sharded_scoring_args(args, /*decode=*/false));
   kernels::PagedAttentionParams p = attention_params(args);
   p.error_flag = error_flag_;
   last_flag_op_ = "attention";
@@ -463,14 +464,15 @@ Status CudaBackend::attention_prefill(const AttentionArgs& args) {
 
 Status CudaBackend::attention_decode(const AttentionArgs& args, const backend::SplitPlan& plan) {
   KVSPLIT_RETURN_IF_ERROR(check_attention_shape(args));
-  if (args.head_max != nullptr || args.score_max != nullptr)
-    return unimplemented("attention_decode: head_max / score_max (sharded scoring) on CUDA");
+  KVSPLIT_RETURN_IF_ERROR(check_sharded_scoring_args(args, /*decode=*/true));
   if (plan.num_seqs() != args.num_seqs)
     return invalid_argument("attention_decode: plan has " + std::to_string(plan.num_seqs()) +
                             " sequences, call has " + std::to_string(args.num_seqs));
   kernels::PagedAttentionParams p = attention_params(args);
   p.error_flag = error_flag_;
   last_flag_op_ = "attention";
+  if (args.score_max != nullptr)  // scoring only, against the given maxima (no out, no lse)
+    return kernels::launch_mixed_score(mixed_attention_params(args, p), args.score_max, stream_);
   p.max_splits = std::max(plan.max_splits, 1);
   if (plan.has_splits()) {
     const size_t n = static_cast<size_t>(args.num_seqs);

@@ -34,7 +34,18 @@ inline kernels::PagedAttentionParams attention_params(const AttentionArgs& a) {
   p.max_blocks_per_seq = a.max_blocks_per_seq;
   p.max_query_len = a.max_query_len;
   p.lse = a.lse;
+  p.head_max = a.head_max;
   return p;
+}
+
+// The rules on AttentionArgs::head_max / score_max both backends check before launching (the
+// CPU backend's, same messages). decode: the call is attention_decode.
+inline Status check_sharded_scoring_args(const AttentionArgs& a, bool decode) {
+  if (!decode && (a.head_max != nullptr || a.score_max != nullptr))
+    return invalid_argument("attention_prefill: head_max and score_max are for decode only");
+  if (a.score_max != nullptr && (a.score_seqs == nullptr || a.head_max != nullptr))
+    return invalid_argument("attention_decode: score_max needs score_seqs and no head_max");
+  return ok_status();
 }
 
 static_assert(kernels::kMergeMaxParts == Backend::kMaxMergeParts);
