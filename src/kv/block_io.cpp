@@ -11,6 +11,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "kv/checksum.h"
 
 namespace kvsplit::kv {
 
@@ -60,6 +61,14 @@ void IoCompletion::complete(IoResult result) {
   cv_.notify_all();
 }
 
+IoResult with_digest(const IoRequest& r, IoResult result) {
+  if (r.op != IoOp::kRead || !r.digest || result.error != 0 || result.bytes != r.bytes())
+    return result;
+  result.digest = xxh3_64(r.iov, r.digest_seed, 0, r.digest_bytes);
+  result.digested = true;
+  return result;
+}
+
 std::shared_ptr<IoCompletion> try_inline_read(const IoRequest& r) {
 #ifdef RWF_NOWAIT
   if (r.op != IoOp::kRead || !r.inline_if_cached || r.iov.empty()) return nullptr;
@@ -73,7 +82,7 @@ std::shared_ptr<IoCompletion> try_inline_read(const IoRequest& r) {
   if (n != want) return nullptr;
   auto c = std::make_shared<IoCompletion>(want);
   c->served_inline_ = true;
-  c->complete(IoResult{static_cast<int64_t>(n), 0});
+  c->complete(with_digest(r, IoResult{static_cast<int64_t>(n), 0}));
   return c;
 #else
   (void)r;
@@ -141,7 +150,7 @@ class ThreadBlockIo final : public BlockIo {
         item = std::move(queue_.front());
         queue_.pop_front();
       }
-      item.completion->complete(run_vectored(item.request));
+      item.completion->complete(with_digest(item.request, run_vectored(item.request)));
     }
   }
 

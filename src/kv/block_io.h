@@ -54,6 +54,14 @@ struct IoRequest {
   // files (the device would be read on the caller) and for large reads whose copy should overlap
   // the caller's work.
   bool inline_if_cached = false;
+  // Reads only: when set, the backend computes xxh3_64 (kv/checksum.h) with `digest_seed` of the
+  // first `digest_bytes` bytes read (-1: all of them) on the thread that read them, right after
+  // the copy while they are still in its cache, and reports it in IoResult::digest. Only for a
+  // read that moved every byte it asked for. The disk tier verifies records this way: the
+  // checksum pass runs beside the caller instead of after it, over cache-hot data.
+  bool digest = false;
+  uint64_t digest_seed = 0;
+  int64_t digest_bytes = -1;
 
   int64_t bytes() const;
 };
@@ -64,7 +72,13 @@ inline constexpr int64_t kMaxIoBytes = int64_t{1} << 30;  // below Linux's MAX_R
 struct IoResult {
   int64_t bytes = 0;
   int error = 0;
+  bool digested = false;  // `digest` holds the request's digest (IoRequest::digest)
+  uint64_t digest = 0;
 };
+
+// Backends: `result` of `request` with its digest added when the request asks for one and the
+// read moved every byte. Call on the thread that did the read, right after it.
+IoResult with_digest(const IoRequest& request, IoResult result);
 
 // The completion of one request, shared by the submitter and the backend.
 class IoCompletion {

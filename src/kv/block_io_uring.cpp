@@ -130,7 +130,10 @@ class UringBlockIo final : public BlockIo {
         inflight_.erase(it);
       }
       space_cv_.notify_all();
-      item.completion->complete(res < 0 ? IoResult{0, -res} : IoResult{res, 0});
+      // The digest of a read (IoRequest::digest) is computed here, beside the submitter, which
+      // only compares it; the data was just copied by the kernel (shared cache).
+      item.completion->complete(res < 0 ? IoResult{0, -res}
+                                        : with_digest(item.request, IoResult{res, 0}));
     }
   }
 

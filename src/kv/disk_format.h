@@ -17,25 +17,10 @@ constexpr uint64_t magic8(const char (&s)[9]) {
   return v;
 }
 inline constexpr uint64_t kFileMagic = magic8("KVSPTIER");
-inline constexpr uint64_t kRecordMagic = magic8("KVSPREC1");
 inline constexpr int64_t kDataOffset =
     4096;  // the file header; extent i starts at 4096 + i * extent
 inline constexpr int64_t kRequestBytes = int64_t{8}
-                                         << 20;  // one request's cap (in-flight parallelism)
-
-// The first 64 bytes of every record, in host byte order.
-struct RecordHeader {
-  uint64_t magic;
-  uint32_t version;
-  uint32_t header_bytes;
-  uint64_t payload_bytes;
-  uint64_t checksum;  // XXH3-64 of the payload
-  uint64_t owner;
-  uint64_t tag;
-  uint64_t record_id;
-  uint64_t session;
-};
-static_assert(sizeof(RecordHeader) == DiskTier::kHeaderBytes);
+                                         << 20;  // one piece's cap (in-flight parallelism)
 
 struct FileHeader {
   uint64_t magic;
@@ -57,6 +42,9 @@ struct DiskTier::Record {
   int readers = 0;
   RecordKey key;
   int64_t payload_bytes = 0;
+  // Format 2: the record's checksum lives here, not on disk (docs/kv-tiers.md, "Record format");
+  // set when its write completes.
+  uint64_t checksum = 0;
   std::vector<int32_t> extents;  // ascending
 };
 

@@ -3,44 +3,34 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <unistd.h>
-// The checksum is inlined from the header (the same XXH3 values as the library's): Debian's
-// libxxhash is built for baseline x86-64, about 3x slower than the AVX2/AVX-512 code the
-// compiler generates here, and on warm reads it was most of the tier's cost (docs/kv-tiers.md).
-#define XXH_INLINE_ALL
-#if defined(__AVX2__)
-#define XXH_VECTOR XXH_AVX2  // not its AVX-512 loop: GCC 12 warns on it, and it gains little
-#endif
-#include <xxhash.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <utility>
 
 #include "common/check.h"
 #include "common/log.h"
+#include "kv/checksum.h"
 #include "kv/disk_format.h"
 
 namespace kvsplit::kv {
 
 using disk_format::kDataOffset;
-using disk_format::kRecordMagic;
 using disk_format::kRequestBytes;
-using disk_format::RecordHeader;
 
 namespace {
 
+constexpr size_t kFewPieces = 8;  // pieces whose digests finish() keeps on the stack
+
 std::string errno_text(int err) { return std::strerror(err); }
 
-uint64_t checksum(std::span<const std::span<const std::byte>> segs) {
-  if (segs.size() == 1) return XXH3_64bits(segs[0].data(), segs[0].size());
-  XXH3_state_t* st = XXH3_createState();
-  KVSPLIT_CHECK(st != nullptr);
-  XXH3_64bits_reset(st);
-  for (const auto& s : segs) XXH3_64bits_update(st, s.data(), s.size());
-  const uint64_t h = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  return h;
+// The seed of a record's checksum: XXH3-64 of its identity, so its bytes verify only as this
+// record (id: slot and generation), of this key, in this open, of this length.
+uint64_t record_seed(RecordKey key, RecordId id, uint64_t session, int64_t payload_bytes) {
+  const uint64_t words[5] = {key.owner, key.tag, id, session, static_cast<uint64_t>(payload_bytes)};
+  return xxh3_64(std::as_bytes(std::span<const uint64_t>(words)), 0);
 }
 
 StatusCode code_of(DiskFault f) {
@@ -90,39 +80,75 @@ Status DiskTier::fault_locked(DiskOp* op, DiskFault f, const std::string& detail
   return Status(code_of(f), std::move(msg));
 }
 
-std::vector<IoRequest> DiskTier::plan_io(IoOp op, const std::vector<int32_t>& extents,
-                                         std::span<const iovec> stream) const {
-  std::vector<IoRequest> reqs;
+std::vector<DiskOp::Piece> DiskTier::plan_pieces(const std::vector<int32_t>& extents,
+                                                 int64_t payload_bytes) const {
+  std::vector<DiskOp::Piece> pieces;
   const int64_t eb = config_.extent_bytes;
-  size_t si = 0;    // stream segment
-  size_t used = 0;  // bytes of stream[si] already planned
-  int64_t req_bytes = 0;
-  for (size_t i = 0; i < extents.size() && si < stream.size();) {
+  int64_t begin = 0;
+  for (size_t i = 0; i < extents.size() && begin < payload_bytes;) {
     size_t j = i + 1;  // [i, j): a run of consecutive extents
     while (j < extents.size() && extents[j] == extents[j - 1] + 1) ++j;
-    int64_t off = kDataOffset + int64_t{extents[i]} * eb;
-    int64_t room = static_cast<int64_t>(j - i) * eb;
-    bool fresh = true;  // the next bytes start a new request (a new run)
-    while (room > 0 && si < stream.size()) {
-      if (fresh || req_bytes == kRequestBytes || reqs.back().iov.size() == IOV_MAX) {
-        reqs.push_back(IoRequest{op, fd_, off, {}});
-        req_bytes = 0;
-        fresh = false;
-      }
-      const int64_t take = std::min(
-          {static_cast<int64_t>(stream[si].iov_len - used), room, kRequestBytes - req_bytes});
-      reqs.back().iov.push_back(
-          iovec{static_cast<std::byte*>(stream[si].iov_base) + used, static_cast<size_t>(take)});
-      req_bytes += take;
-      off += take;
+    int64_t offset = kDataOffset + int64_t{extents[i]} * eb;
+    int64_t room = std::min(static_cast<int64_t>(j - i) * eb, payload_bytes - begin);
+    while (room > 0) {
+      const int64_t take = std::min(room, kRequestBytes);
+      pieces.push_back(DiskOp::Piece{offset, begin, take});
+      offset += take;
+      begin += take;
       room -= take;
-      used += static_cast<size_t>(take);
-      if (used == stream[si].iov_len) ++si, used = 0;
     }
     i = j;
   }
-  KVSPLIT_CHECK_MSG(si == stream.size(), "record larger than its extents");
+  KVSPLIT_CHECK_MSG(begin == payload_bytes, "record larger than its extents");
+  return pieces;
+}
+
+std::vector<IoRequest> DiskTier::plan_io(DiskOp& op, std::span<const iovec> stream) const {
+  std::vector<IoRequest> reqs;
+  op.piece_of_.clear();
+  size_t si = 0;    // stream segment
+  size_t used = 0;  // bytes of stream[si] already planned
+  for (size_t k = 0; k < op.pieces_.size(); ++k) {
+    int64_t left = op.pieces_[k].bytes;
+    if (k + 1 == op.pieces_.size()) {  // the last piece takes the rest: O_DIRECT's zero padding
+      int64_t rest = -static_cast<int64_t>(used);
+      for (size_t i = si; i < stream.size(); ++i) rest += static_cast<int64_t>(stream[i].iov_len);
+      KVSPLIT_CHECK(rest >= left && rest < left + kDirectAlign);
+      left = rest;
+    }
+    int64_t offset = op.pieces_[k].offset;
+    const size_t first = reqs.size();
+    reqs.push_back(IoRequest{op.op_, fd_, offset, {}});
+    while (left > 0) {
+      KVSPLIT_CHECK_MSG(si < stream.size(), "record longer than its buffers");
+      if (reqs.back().iov.size() == IOV_MAX) reqs.push_back(IoRequest{op.op_, fd_, offset, {}});
+      const int64_t take = std::min(static_cast<int64_t>(stream[si].iov_len - used), left);
+      reqs.back().iov.push_back(
+          iovec{static_cast<std::byte*>(stream[si].iov_base) + used, static_cast<size_t>(take)});
+      offset += take;
+      left -= take;
+      used += static_cast<size_t>(take);
+      if (used == stream[si].iov_len) ++si, used = 0;
+    }
+    for (size_t r = first; r < reqs.size(); ++r)
+      op.piece_of_.push_back(reqs.size() - first == 1 ? static_cast<int32_t>(k) : -1);
+  }
+  KVSPLIT_CHECK_MSG(si == stream.size(), "record shorter than its buffers");
   return reqs;
+}
+
+uint64_t DiskTier::checksum(const DiskOp& op, std::span<const iovec> stream,
+                            std::span<std::optional<uint64_t>> digests) const {
+  KVSPLIT_CHECK(digests.size() == op.pieces_.size());
+  std::array<uint64_t, kFewPieces> few;
+  std::vector<uint64_t> many;
+  if (digests.size() > kFewPieces) many.resize(digests.size());
+  const std::span<uint64_t> all = many.empty() ? std::span(few).first(digests.size()) : many;
+  for (size_t k = 0; k < digests.size(); ++k) {
+    const DiskOp::Piece& p = op.pieces_[k];
+    all[k] = digests[k] ? *digests[k] : xxh3_64(stream, op.seed_ + k, p.begin, p.bytes);
+  }
+  return xxh3_64(std::as_bytes(std::span<const uint64_t>(all)), op.seed_);
 }
 
 StatusOr<DiskOp> DiskTier::write(std::span<const std::span<const std::byte>> payload,
@@ -130,8 +156,7 @@ StatusOr<DiskOp> DiskTier::write(std::span<const std::span<const std::byte>> pay
   int64_t bytes = 0;
   for (const auto& s : payload) bytes += static_cast<int64_t>(s.size());
   if (bytes == 0) return invalid_argument("disk tier " + file_ + ": empty record");
-  const int64_t need = (kHeaderBytes + bytes + config_.extent_bytes - 1) / config_.extent_bytes;
-  const uint64_t sum = checksum(payload);  // before the lock: CPU work over the payload
+  const int64_t need = extents_for(bytes, config_.extent_bytes);
 
   DiskOp op;
   op.started_ = std::chrono::steady_clock::now();
@@ -159,35 +184,33 @@ StatusOr<DiskOp> DiskTier::write(std::span<const std::span<const std::byte>> pay
     r.state = Record::State::kWriting;
     r.key = key;
     r.payload_bytes = bytes;
+    r.checksum = 0;  // set when the write completes
     r.extents = extents;
     ++stats_.records;
     op.id_ = uint64_t{r.generation} << 32 | slot;
     if (fault_hook_) op.injected_ = fault_hook_(IoOp::kWrite);
   }
-  RecordHeader h{kRecordMagic, kFormatVersion, kHeaderBytes, static_cast<uint64_t>(bytes),
-                 sum,          key.owner,      key.tag,      op.id_,
-                 session_};
-  if (op.injected_ == InjectedFault::kCorrupt) h.checksum ^= 1;  // seen by the next read
+  // Outside the lock: the checksum is CPU work over the payload (the record is not readable yet).
   std::vector<iovec> stream;
-  if (direct_) {  // one aligned copy: header, payload, zeros to the alignment
-    make_bounce(op, kHeaderBytes + bytes);
-    std::memcpy(op.bounce_.get(), &h, sizeof h);
-    std::byte* at = op.bounce_.get() + kHeaderBytes;
-    for (const auto& s : payload) {
-      if (!s.empty()) std::memcpy(at, s.data(), s.size());
-      at += s.size();
+  for (const auto& s : payload)
+    if (!s.empty()) stream.push_back(iovec{const_cast<std::byte*>(s.data()), s.size()});
+  op.seed_ = record_seed(key, op.id_, session_, bytes);
+  op.pieces_ = plan_pieces(extents, bytes);
+  std::vector<std::optional<uint64_t>> none(op.pieces_.size());
+  op.checksum_ = checksum(op, stream, none);
+  if (op.injected_ == InjectedFault::kCorrupt) op.checksum_ ^= 1;  // seen by the next read
+  if (direct_) {  // one aligned copy: payload, zeros to the alignment
+    make_bounce(op, bytes);
+    std::byte* at = op.bounce_.get();
+    for (const iovec& v : stream) {
+      std::memcpy(at, v.iov_base, v.iov_len);
+      at += v.iov_len;
     }
-    stream.push_back(iovec{op.bounce_.get(), static_cast<size_t>(op.bounce_bytes_)});
-  } else {
-    op.header_ = std::make_unique<std::byte[]>(kHeaderBytes);
-    std::memcpy(op.header_.get(), &h, sizeof h);
-    stream.push_back(iovec{op.header_.get(), kHeaderBytes});
-    for (const auto& s : payload)
-      if (!s.empty()) stream.push_back(iovec{const_cast<std::byte*>(s.data()), s.size()});
+    stream.assign(1, iovec{op.bounce_.get(), static_cast<size_t>(op.bounce_bytes_)});
   }
   op.tier_ = this;
   op.finished_ = false;
-  submit_all(op, plan_io(IoOp::kWrite, extents, stream));
+  submit_all(op, plan_io(op, stream));
   return op;
 }
 
@@ -214,6 +237,7 @@ void DiskTier::submit_all(DiskOp& op, std::vector<IoRequest> reqs) {
     // O_DIRECT lengths stay aligned (an unaligned one would be EINVAL, not a short transfer).
     const size_t unit = direct_ ? static_cast<size_t>(kDirectAlign) : 1;
     v.iov_len -= std::max(unit, v.iov_len / 2 / unit * unit);
+    reqs.back().digest = false;  // its piece is no longer all there
   }
   op.io_.reserve(reqs.size());
   for (IoRequest& r : reqs) op.io_.push_back(io_->submit(std::move(r)));
@@ -227,7 +251,9 @@ StatusOr<DiskOp> DiskTier::read(RecordId id, std::span<const std::span<std::byte
   op.started_ = std::chrono::steady_clock::now();
   op.op_ = IoOp::kRead;
   op.id_ = id;
-  std::vector<int32_t> extents;
+  // Seeded with the reader's key (the index's, checked below): the bytes verify only as this
+  // record of this key in this open.
+  op.seed_ = record_seed(key, id, session_, bytes);
   {
     std::lock_guard<std::mutex> lock(mu_);
     Record* r = find_locked(id);
@@ -242,41 +268,58 @@ StatusOr<DiskOp> DiskTier::read(RecordId id, std::span<const std::span<std::byte
                               std::to_string(r->payload_bytes) + " payload bytes, the buffers " +
                               std::to_string(bytes));
     ++r->readers;
-    extents = r->extents;
+    op.pieces_ = plan_pieces(r->extents, bytes);
+    op.checksum_ = r->checksum;  // fixed while the read holds the record (free() refuses)
     if (fault_hook_) op.injected_ = fault_hook_(IoOp::kRead);
   }
   op.dst_.assign(dst.begin(), dst.end());
   std::vector<iovec> stream;
   if (direct_) {  // into the aligned buffer; finish() checks it and copies the payload out
-    make_bounce(op, kHeaderBytes + bytes);
+    make_bounce(op, bytes);
     stream.push_back(iovec{op.bounce_.get(), static_cast<size_t>(op.bounce_bytes_)});
   } else {
-    op.header_ = std::make_unique<std::byte[]>(kHeaderBytes);
-    stream.push_back(iovec{op.header_.get(), kHeaderBytes});
     for (const auto& s : dst)
       if (!s.empty()) stream.push_back(iovec{s.data(), s.size()});
   }
   op.tier_ = this;
   op.finished_ = false;
-  std::vector<IoRequest> reqs = plan_io(IoOp::kRead, extents, stream);
-  // Small buffered reads the page cache holds are copied on this thread, without the hand-off to
-  // the I/O thread that costs them more than their copy; large ones stay asynchronous, so their
-  // copy overlaps the caller's checksum of the record before (docs/kv-tiers.md).
-  if (!direct_ && config_.inline_reads)
-    for (IoRequest& r : reqs) r.inline_if_cached = r.bytes() < kInlineReadBytes;
+  std::vector<IoRequest> reqs = plan_io(op, stream);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    IoRequest& r = reqs[i];
+    // Small buffered reads the page cache holds are copied on this thread, without the hand-off
+    // to the I/O thread that costs them more than their copy; large ones stay asynchronous
+    // (docs/kv-tiers.md).
+    r.inline_if_cached = !direct_ && config_.inline_reads && r.bytes() < kInlineReadBytes;
+    // A request that is a whole piece is hashed by the thread that reads it, as it lands (an
+    // injected corruption is applied after the read, so those ops hash in finish()).
+    const int32_t k = op.piece_of_[i];
+    if (k >= 0 && op.injected_ != InjectedFault::kCorrupt) {
+      r.digest = true;
+      r.digest_seed = op.seed_ + static_cast<uint64_t>(k);
+      r.digest_bytes = op.pieces_[k].bytes;
+    }
+  }
   submit_all(op, std::move(reqs));
   return op;
 }
 
 Status DiskTier::finish(DiskOp& op) {
   KVSPLIT_CHECK(op.tier_ == this && !op.finished_);
-  // 1. The kernel's verdict, then (reads) the record's own: header, then checksum.
+  // 1. The kernel's verdict, then (reads) the record's own: the checksum.
   DiskFault fault = DiskFault::kNone;
   std::string detail;
   int64_t served_inline = 0;
+  // The pieces' digests the backend computed (a record of a few pieces needs no allocation).
+  std::array<std::optional<uint64_t>, kFewPieces> few;
+  std::vector<std::optional<uint64_t>> many;
+  if (op.pieces_.size() > kFewPieces) many.resize(op.pieces_.size());
+  const std::span<std::optional<uint64_t>> digests =
+      many.empty() ? std::span(few).first(op.pieces_.size()) : std::span(many);
   for (size_t i = 0; i < op.io_.size(); ++i) {
     const IoResult res = op.io_[i]->wait();
     served_inline += op.io_[i]->served_inline();
+    if (res.digested && i < op.piece_of_.size() && op.piece_of_[i] >= 0)
+      digests[op.piece_of_[i]] = res.digest;
     if (fault != DiskFault::kNone) continue;
     if (res.error != 0) {
       fault =
@@ -288,44 +331,34 @@ Status DiskTier::finish(DiskOp& op) {
                " of " + std::to_string(op.expected_[i]) + " bytes";
     }
   }
-  if (op.op_ == IoOp::kRead && fault == DiskFault::kNone) {
+  int64_t pieces_digested = 0;
+  for (const auto& d : digests) pieces_digested += d.has_value();
+  const bool verify = op.op_ == IoOp::kRead && fault == DiskFault::kNone;
+  if (verify) {
     if (op.injected_ == InjectedFault::kCorrupt) {
       if (op.bounce_)
-        op.bounce_[kHeaderBytes] ^= std::byte{0x5a};
+        op.bounce_[0] ^= std::byte{0x5a};
       else if (!op.dst_.empty() && !op.dst_[0].empty())
         op.dst_[0][0] ^= std::byte{0x5a};
     }
-    RecordHeader h;
-    std::memcpy(&h, op.bounce_ ? op.bounce_.get() : op.header_.get(), sizeof h);
-    RecordKey key;
-    int64_t payload = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      const Record* r = find_locked(op.id_);
-      KVSPLIT_CHECK(r != nullptr);
-      key = r->key;
-      payload = r->payload_bytes;
+    std::vector<iovec> stream;  // only needed for pieces the backend did not hash
+    if (pieces_digested < static_cast<int64_t>(op.pieces_.size())) {
+      if (op.bounce_) {
+        stream.push_back(iovec{op.bounce_.get(), static_cast<size_t>(op.bounce_bytes_)});
+      } else {
+        for (const auto& d : op.dst_)
+          if (!d.empty()) stream.push_back(iovec{d.data(), d.size()});
+      }
     }
-    if (h.magic != kRecordMagic || h.version != kFormatVersion || h.header_bytes != kHeaderBytes ||
-        h.payload_bytes != static_cast<uint64_t>(payload) || h.owner != key.owner ||
-        h.tag != key.tag || h.record_id != op.id_ || h.session != session_) {
-      fault = DiskFault::kHeader;
-      detail = "record " + std::to_string(op.id_) + ": the header on disk is not this record's";
-    } else {
-      std::vector<std::span<const std::byte>> segs;
-      if (op.bounce_)
-        segs.emplace_back(op.bounce_.get() + kHeaderBytes, static_cast<size_t>(payload));
-      else
-        segs.assign(op.dst_.begin(), op.dst_.end());
-      if (checksum(segs) != h.checksum) {
-        fault = DiskFault::kChecksum;
-        detail = "record " + std::to_string(op.id_) + ": payload checksum mismatch";
-      } else if (op.bounce_) {  // checked: now the caller's buffers get the payload
-        const std::byte* at = op.bounce_.get() + kHeaderBytes;
-        for (const auto& d : op.dst_) {
-          if (!d.empty()) std::memcpy(d.data(), at, d.size());
-          at += d.size();
-        }
+    if (checksum(op, stream, digests) != op.checksum_) {
+      fault = DiskFault::kChecksum;
+      detail = "record " + std::to_string(op.id_) +
+               ": payload checksum mismatch (corrupted bytes, or another record's)";
+    } else if (op.bounce_) {  // checked: now the caller's buffers get the payload
+      const std::byte* at = op.bounce_.get();
+      for (const auto& d : op.dst_) {
+        if (!d.empty()) std::memcpy(d.data(), at, d.size());
+        at += d.size();
       }
     }
   }
@@ -343,6 +376,7 @@ Status DiskTier::finish(DiskOp& op) {
     if (fault != DiskFault::kNone) {
       release_locked(*r, slot);  // a failed store is never visible
     } else {
+      r->checksum = op.checksum_;
       r->state = Record::State::kReady;
       ++stats_.writes;
       stats_.bytes_written += r->payload_bytes;
@@ -350,6 +384,10 @@ Status DiskTier::finish(DiskOp& op) {
   } else {
     --r->readers;
     stats_.read_requests_inline += served_inline;
+    if (verify) {
+      stats_.read_pieces_digested += pieces_digested;
+      stats_.read_pieces_hashed += static_cast<int64_t>(op.pieces_.size()) - pieces_digested;
+    }
     if (fault == DiskFault::kNone) {
       ++stats_.reads;
       stats_.bytes_read += r->payload_bytes;
@@ -431,7 +469,10 @@ DiskOp& DiskOp::operator=(DiskOp&& o) noexcept {
   finished_ = std::exchange(o.finished_, true);
   fault_ = o.fault_;
   injected_ = o.injected_;
-  header_ = std::move(o.header_);
+  pieces_ = std::move(o.pieces_);
+  piece_of_ = std::move(o.piece_of_);
+  seed_ = o.seed_;
+  checksum_ = o.checksum_;
   bounce_ = std::move(o.bounce_);
   bounce_bytes_ = std::exchange(o.bounce_bytes_, 0);
   dst_ = std::move(o.dst_);

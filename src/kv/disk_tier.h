@@ -2,15 +2,17 @@
 // in one data file under a directory (`kv.disk.path`), bounded by `capacity_bytes`.
 //
 // A record is one caller payload (e.g. a run of pages, every layer of each, laid out as the caller
-// gives them) behind a 64-byte header: magic, format version, payload length, the caller's owner
-// and tag, the record id, the session nonce of this open, and the XXH3-64 of the payload. Space
-// is allocated in fixed-size extents; a record takes ceil((64 + payload) / extent_bytes) of
-// them, sorted, and contiguous extents go to the kernel as one request, so a sequence moves in
-// large transfers. The index lives in memory: records live as long as the DiskTier, and opening
-// a directory truncates what a previous process left there (never served).
+// gives them), stored as is from the start of its first extent: no header on disk (format 2).
+// Space is allocated in fixed-size extents; a record takes ceil(payload / extent_bytes) of them,
+// sorted, and contiguous extents go to the kernel as one request, so a sequence moves in large
+// transfers. The index lives in memory and holds each record's key, length and checksum: XXH3-64
+// of the payload, piece by piece, seeded by the record's key, id and this open's nonce, so bytes
+// verify only as the record, key and open they were written for. Records live as long as the
+// DiskTier, and opening a directory truncates what a previous process left there (never served).
 //
-// Faults (DiskFault) never return wrong data: every read checks the header and the checksum.
-// A failed write frees its space and its record never becomes readable.
+// Faults (DiskFault) never return wrong data: every read checks the checksum (computed by the I/O
+// backend as the data lands, IoRequest::digest, else by the reader). A failed write frees its
+// space and its record never becomes readable.
 //
 // Thread-safety: every method may be called from any thread (one mutex guards the index and the
 // counters); I/O completes on the BlockIo's helper thread. A DiskOp belongs to the thread that
@@ -60,10 +62,11 @@ enum class DiskFault : uint8_t {
   kNoSpace,   // the file system is full: ENOSPC/EDQUOT (kResourceExhausted)
   kIoError,   // any other errno, EIO above all (kUnavailable)
   kShortIo,   // the kernel moved fewer bytes than asked (kDataLoss)
-  kChecksum,  // the payload's XXH3-64 differs from the header's (kDataLoss)
-  kHeader,    // magic, version, length, owner, tag, record id or session differ (kDataLoss)
+  // The payload's seeded checksum differs from the index's: corrupted bytes, or bytes of another
+  // record, key or open at its place (kDataLoss).
+  kChecksum,
 };
-inline constexpr int kNumDiskFaults = 7;
+inline constexpr int kNumDiskFaults = 6;
 std::string_view disk_fault_name(DiskFault f);
 
 // Faults the hook can inject into the next record operations (tests): kNoSpace / kIoError fail
@@ -98,6 +101,10 @@ struct DiskTierStats {
   // I/O requests of reads the page cache served on the reading thread (IoRequest's
   // inline_if_cached: buffered requests under DiskTier::kInlineReadBytes).
   int64_t read_requests_inline = 0;
+  // Pieces of reads (one per run of extents, at most 8 MiB) whose checksum the I/O backend
+  // computed as the data landed (IoRequest::digest), and those the reader hashed itself (a
+  // piece split over several requests, an injected corruption, a backend wrapper without it).
+  int64_t read_pieces_digested = 0, read_pieces_hashed = 0;
   // EWMA (weight 0.2) of the time from starting a write or read to finishing it (wait() or the
   // poll() that saw it done), in ms; 0 before the first. The KV cache manager's storage latency.
   double latency_ms_ewma = 0;
@@ -131,9 +138,21 @@ class DiskOp {
   bool finished_ = true;
   DiskFault fault_ = DiskFault::kNone;
   std::optional<InjectedFault> injected_;
-  std::unique_ptr<std::byte[]> header_;  // the record header's bytes (a stable address)
-  // O_DIRECT: header + payload + zero padding, 4 KiB-aligned and a multiple of 4 KiB long; reads
-  // land here and are checked and copied to dst_ when the op finishes.
+  // The record's pieces: its payload cut at each run of consecutive extents and every 8 MiB
+  // within a run; each has its own digest (xxh3_64 with seed_ + its index) and is one request
+  // unless its iovecs pass IOV_MAX.
+  struct Piece {
+    int64_t offset = 0;  // in the data file
+    int64_t begin = 0;   // in the payload
+    int64_t bytes = 0;
+  };
+  std::vector<Piece> pieces_;
+  std::vector<int32_t> piece_of_;  // per request: the piece it covers whole, else -1
+  uint64_t seed_ = 0;              // the record's checksum seed (key, id, session, length)
+  // Writes: the checksum the index gets when the write completes; reads: the index's, to check.
+  uint64_t checksum_ = 0;
+  // O_DIRECT: payload + zero padding, 4 KiB-aligned and a multiple of 4 KiB long; reads land here
+  // and are checked and copied to dst_ when the op finishes.
   struct FreeDeleter {
     void operator()(std::byte* p) const { std::free(p); }
   };
@@ -159,9 +178,10 @@ class DiskTier {
   // Starts writing one record: the concatenation of `payload`. kResourceExhausted (kCapacity)
   // when the space is not free, kInvalidArgument for an empty payload; nothing is allocated then.
   StatusOr<DiskOp> write(std::span<const std::span<const std::byte>> payload, RecordKey key);
-  // Starts reading record `id` into `dst` (whose sizes must add up to its payload length), and
-  // checks its header against `key`. kNotFound for an unknown id or a record still being written,
-  // kPermissionDenied when `key` is not the record's, kInvalidArgument for a size mismatch.
+  // Starts reading record `id` into `dst` (whose sizes must add up to its payload length); its
+  // checksum is seeded with `key`, so it verifies only for the key it was written with. kNotFound
+  // for an unknown id or a record still being written, kPermissionDenied when `key` is not the
+  // record's, kInvalidArgument for a size mismatch.
   StatusOr<DiskOp> read(RecordId id, std::span<const std::span<std::byte>> dst, RecordKey key);
   // Waits for `op` and returns how it ended (the fault's Status; see DiskFault). A failed write
   // has freed its space; a failed read leaves the record (free it: its bytes cannot be trusted).
@@ -186,8 +206,12 @@ class DiskTier {
   // Writes back and drops the data file's page cache (measurements of the device itself).
   void drop_cache();
 
-  static constexpr int64_t kHeaderBytes = 64;
-  static constexpr uint32_t kFormatVersion = 1;
+  // Extents a record of `payload_bytes` takes.
+  static int64_t extents_for(int64_t payload_bytes, int64_t extent_bytes) {
+    return (payload_bytes + extent_bytes - 1) / extent_bytes;
+  }
+  // 2: no record header on disk; key, length and checksum in the index (docs/kv-tiers.md).
+  static constexpr uint32_t kFormatVersion = 2;
   // Buffered read requests smaller than this try the page cache on the reading thread first.
   static constexpr int64_t kInlineReadBytes = int64_t{256} << 10;
   static constexpr int64_t kDirectAlign = 4096;  // O_DIRECT buffer, offset and length alignment
@@ -203,9 +227,16 @@ class DiskTier {
   Record* find_locked(RecordId id);
   const Record* find_locked(RecordId id) const;
   void release_locked(Record& r, uint32_t slot);
-  // Splits the byte stream [header | segments...] over the record's extents into requests.
-  std::vector<IoRequest> plan_io(IoOp op, const std::vector<int32_t>& extents,
-                                 std::span<const iovec> stream) const;
+  // The pieces of a record of `payload_bytes` over `extents` (DiskOp::pieces_).
+  std::vector<DiskOp::Piece> plan_pieces(const std::vector<int32_t>& extents,
+                                         int64_t payload_bytes) const;
+  // Splits the byte stream (the payload, plus O_DIRECT's padding) over op's pieces into requests;
+  // fills op.piece_of_.
+  std::vector<IoRequest> plan_io(DiskOp& op, std::span<const iovec> stream) const;
+  // The record checksum over `stream` (the payload from its start), hashing each piece not
+  // already in `digests` (nullopt entries).
+  uint64_t checksum(const DiskOp& op, std::span<const iovec> stream,
+                    std::span<std::optional<uint64_t>> digests) const;
   // Submits `reqs` for `op` (which must be complete but for its I/O), applying op's injected fault.
   void submit_all(DiskOp& op, std::vector<IoRequest> reqs);
 

@@ -22,8 +22,6 @@ std::string_view disk_fault_name(DiskFault f) {
       return "short_io";
     case DiskFault::kChecksum:
       return "checksum";
-    case DiskFault::kHeader:
-      return "header";
   }
   return "?";
 }
@@ -43,8 +41,7 @@ StatusOr<DiskBandwidth> measure_disk_bandwidth(DiskTier& tier, int64_t record_by
   if (record_bytes <= 0 || total_bytes < record_bytes)
     return invalid_argument("measure_disk_bandwidth: need 0 < record_bytes <= total_bytes");
   const DiskTierStats st = tier.stats();
-  const int64_t per_record =
-      (DiskTier::kHeaderBytes + record_bytes + st.extent_bytes - 1) / st.extent_bytes;
+  const int64_t per_record = DiskTier::extents_for(record_bytes, st.extent_bytes);
   const int64_t n =
       std::min(total_bytes / record_bytes, (st.extents_total - st.extents_used) / per_record);
   if (n < 1) return resource_exhausted("measure_disk_bandwidth: no room for one record");

@@ -333,8 +333,10 @@ Status KvPool::open_disk_tier(const std::string& path, int64_t capacity_bytes, b
   dc.path = path;
   dc.capacity_bytes = capacity_bytes;
   dc.direct_io = direct_io;
+  // One extent holds a spilled prefix page (its KV and key); a swapped run of n pages takes at
+  // most n extents.
   dc.extent_bytes =
-      std::max<int64_t>(4096, (bytes_per_block() + DiskTier::kHeaderBytes + 4095) / 4096 * 4096);
+      (bytes_per_block() + PrefixCache::disk_key_bytes(config_.block_size) + 4095) / 4096 * 4096;
   KVSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<DiskTier> disk, DiskTier::open(dc));
   attach_disk(std::move(disk));
   return ok_status();
@@ -357,8 +359,7 @@ std::optional<std::vector<int32_t>> KvPool::allocate_host_slots(int n) {
 void KvPool::make_disk_room(int64_t payload_bytes) {
   if (!prefix_ || !disk_) return;
   const DiskTierStats ds = disk_->stats();
-  prefix_->reclaim_disk((DiskTier::kHeaderBytes + payload_bytes + ds.extent_bytes - 1) /
-                        ds.extent_bytes);
+  prefix_->reclaim_disk(DiskTier::extents_for(payload_bytes, ds.extent_bytes));
 }
 
 int KvPool::share_prefix(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,

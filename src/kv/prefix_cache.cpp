@@ -57,10 +57,14 @@ uint64_t PrefixCache::page_hash(uint64_t parent, uint64_t salt,
                               parent * 0x9E3779B97F4A7C15ull ^ salt);
 }
 
+int64_t PrefixCache::disk_key_bytes(int block_size) {
+  return static_cast<int64_t>(sizeof(RecordMeta)) +
+         int64_t{block_size} * static_cast<int64_t>(sizeof(int32_t));
+}
+
 int64_t PrefixCache::disk_record_bytes() const {
   KVSPLIT_CHECK(pool_ != nullptr);
-  return pool_->bytes_per_block() + static_cast<int64_t>(sizeof(RecordMeta)) +
-         int64_t{block_size_} * static_cast<int64_t>(sizeof(int32_t));
+  return pool_->bytes_per_block() + disk_key_bytes(block_size_);
 }
 
 std::vector<PrefixCache::Map::iterator> PrefixCache::walk(uint64_t salt,
@@ -319,8 +323,7 @@ PrefixCache::Map::iterator PrefixCache::lru(PageLocation where) {
 bool PrefixCache::disk_room(bool make_room) {
   DiskTier* disk = pool_->disk();
   DiskTierStats ds = disk->stats();
-  const int64_t extents =
-      (DiskTier::kHeaderBytes + disk_record_bytes() + ds.extent_bytes - 1) / ds.extent_bytes;
+  const int64_t extents = DiskTier::extents_for(disk_record_bytes(), ds.extent_bytes);
   if (extents > ds.extents_total) return false;
   while (ds.extents_total - ds.extents_used < extents) {
     if (!make_room) return false;

@@ -167,6 +167,8 @@ class PrefixCache {
   const PrefixCacheStats& stats() const { return stats_; }
   // Payload bytes of one spilled page's disk record (KV of every layer + the page's key).
   int64_t disk_record_bytes() const;
+  // The key that follows a spilled page's KV in its record, for pages of `block_size` tokens.
+  static int64_t disk_key_bytes(int block_size);
 
  private:
   struct Spill;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kv/checksum.h"
 #include "test_util.h"
 
 namespace kvsplit::kv {
@@ -98,6 +99,41 @@ TEST_P(BlockIoTest, ManyRequestsInFlightAllComplete) {
                   .bytes,
               4096);
     EXPECT_EQ(back, bufs[i]);
+  }
+}
+
+// IoRequest::digest: the backend hashes what it read (inline or on its helper thread), the
+// first digest_bytes of it, with the request's seed; a short read gets no digest.
+TEST_P(BlockIoTest, ReadsCarryTheDigestOfWhatTheyRead) {
+  std::vector<char> data(300000);
+  std::iota(data.begin(), data.end(), 3);
+  ASSERT_EQ(
+      io_->submit(IoRequest{IoOp::kWrite, fd_, 0, {{data.data(), data.size()}}})->wait().bytes,
+      300000);
+  const auto bytes = [&](size_t n) { return std::as_bytes(std::span(data.data(), n)); };
+  for (const bool inline_read : {false, true}) {
+    SCOPED_TRACE(inline_read ? "inline if cached" : "through the backend");
+    std::vector<char> a(1000), b(299000);
+    IoRequest r{IoOp::kRead, fd_, 0, {{a.data(), a.size()}, {b.data(), b.size()}}};
+    r.inline_if_cached = inline_read;
+    r.digest = true;
+    r.digest_seed = 77;
+    const IoResult whole = io_->submit(r)->wait();
+    ASSERT_EQ(whole.bytes, 300000);
+    EXPECT_TRUE(whole.digested);
+    EXPECT_EQ(whole.digest, xxh3_64(bytes(300000), 77));
+    EXPECT_NE(whole.digest, xxh3_64(bytes(300000), 78));
+    r.digest_bytes = 250000;  // a prefix (the disk tier's O_DIRECT padding is left out)
+    const IoResult prefix = io_->submit(r)->wait();
+    EXPECT_TRUE(prefix.digested);
+    EXPECT_EQ(prefix.digest, xxh3_64(bytes(250000), 77));
+    r.offset = 1000;  // 1000 bytes past the end: short, so no digest
+    const IoResult shorter = io_->submit(r)->wait();
+    EXPECT_EQ(shorter.bytes, 299000);
+    EXPECT_FALSE(shorter.digested);
+    r.offset = 0;
+    r.digest = false;
+    EXPECT_FALSE(io_->submit(r)->wait().digested);
   }
 }
 
