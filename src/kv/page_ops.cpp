@@ -316,6 +316,9 @@ int64_t resident_bytes(const KvPool& pool, const BlockTable& table) {
   int64_t bytes = 0;
   for (const PageEntry& p : table.pages)
     if (p.resident()) bytes += pool.page_layer_bytes(p.precision) * layers;
+  // A restore in flight holds its full block already.
+  bytes += static_cast<int64_t>(table.restoring.size()) *
+           pool.page_layer_bytes(kernels::KvPrecision::kFull) * layers;
   return bytes;
 }
 

@@ -41,6 +41,8 @@ KvLevel kv_level(const kv::KvPool& pool, const kv::BlockTable& table, int num_co
     }
     l.tokens += std::clamp<int64_t>(num_computed - i * bs, 0, bs);
   }
+  // Restores in flight hold their destination block already (beside the resident copy).
+  l.bytes += static_cast<int64_t>(table.restoring.size()) * full;
   return l;
 }
 

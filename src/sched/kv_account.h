@@ -16,7 +16,9 @@ namespace kvsplit::sched {
 
 // A sequence's KV on the device at one instant.
 struct KvLevel {
-  int64_t bytes = 0;   // device bytes of its pages at their precision (host / disk / evicted: 0)
+  // Device bytes of its pages at their precision (host / disk / evicted: 0), plus the full block
+  // each restore in flight holds.
+  int64_t bytes = 0;
   int64_t tokens = 0;  // computed tokens whose KV is on the device, at any precision
   int32_t pages_full = 0, pages_int8 = 0, pages_int4 = 0;  // device pages per rung
   bool operator==(const KvLevel&) const = default;
