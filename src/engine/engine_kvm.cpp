@@ -22,13 +22,15 @@ constexpr auto kCommandWait = std::chrono::seconds(5);
 
 bool is_semantic_param(const std::string& p) {
   return p == "semantic_threshold" || p == "evict_threshold" || p == "recall_threshold" ||
-         p == "semantic_window" || p == "recent_tokens" || p == "score_interval";
+         p == "recall_wait_ms" || p == "semantic_window" || p == "recent_tokens" ||
+         p == "score_interval";
 }
 
 double semantic_get(const SemanticCutConfig& c, const std::string& p) {
   if (p == "semantic_threshold") return c.semantic_threshold;
   if (p == "evict_threshold") return c.evict_threshold;
   if (p == "recall_threshold") return c.recall_threshold;
+  if (p == "recall_wait_ms") return c.recall_wait_ms;
   if (p == "semantic_window") return c.semantic_window;
   if (p == "recent_tokens") return c.recent_tokens;
   return c.score_interval;  // score_interval
@@ -38,6 +40,7 @@ void semantic_set(SemanticCutConfig* c, const std::string& p, double v) {
   if (p == "semantic_threshold") c->semantic_threshold = static_cast<float>(v);
   if (p == "evict_threshold") c->evict_threshold = static_cast<float>(v);
   if (p == "recall_threshold") c->recall_threshold = static_cast<float>(v);
+  if (p == "recall_wait_ms") c->recall_wait_ms = v;
   if (p == "semantic_window") c->semantic_window = static_cast<int32_t>(std::lround(v));
   if (p == "recent_tokens") c->recent_tokens = static_cast<int32_t>(std::lround(v));
   if (p == "score_interval") c->score_interval = static_cast<int32_t>(std::lround(v));
@@ -78,7 +81,8 @@ class EngineImpl::KvmActuator final : public kvm::Actuator {
 kvm::ParamTable EngineImpl::kvm_baseline() const {
   kvm::ParamTable t;
   static const char* kSemantic[] = {"semantic_threshold", "evict_threshold", "recall_threshold",
-                                    "semantic_window",    "recent_tokens",   "score_interval"};
+                                    "recall_wait_ms",     "semantic_window", "recent_tokens",
+                                    "score_interval"};
   for (const char* p : kSemantic) t.set(p, "", semantic_get(kvm_semantic_, p));
   t.set("swap", "", static_cast<double>(kvm_temporal_.swap));
   t.set("temporal_step_size", "", kvm_temporal_.temporal_step_size);

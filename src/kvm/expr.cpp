@@ -19,11 +19,12 @@ constexpr std::array<std::string_view, 9> kGlobalMetrics = {
     "swap_rate",     "recall_rate",        "pages_evicted_fraction"};
 constexpr std::array<std::string_view, 6> kClassMetrics = {
     "queue_depth", "queue_wait_ms", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"};
-constexpr std::array<std::string_view, 13> kParams = {
-    "semantic_threshold",  "evict_threshold", "recall_threshold",   "semantic_window",
-    "recent_tokens",       "score_interval",  "temporal_step_size", "swap",
-    "spatial_min_context", "max_num_seqs",    "max_chunk_tokens",   "max_queue",
-    "migrate_to_shard"};
+constexpr std::array<std::string_view, 14> kParams = {
+    "semantic_threshold",  "evict_threshold",    "recall_threshold",
+    "recall_wait_ms",      "semantic_window",    "recent_tokens",
+    "score_interval",      "temporal_step_size", "swap",
+    "spatial_min_context", "max_num_seqs",       "max_chunk_tokens",
+    "max_queue",           "migrate_to_shard"};
 constexpr std::array<std::string_view, 10> kIntegerParams = {"semantic_window",
                                                              "recent_tokens",
                                                              "score_interval",
@@ -140,6 +141,8 @@ bool param_is_global_only(std::string_view name) {
 std::optional<ParamRange> param_range(std::string_view name) {
   // pools.max_chunk_tokens' range (config/validate.cpp) and the worker's (SetSchedulerParams).
   if (name == "max_chunk_tokens") return ParamRange{0, 1 << 20, true};
+  // kv.cuts.semantic.recall_wait_ms's bounded range (a rule never sets "until it lands", < 0).
+  if (name == "recall_wait_ms") return ParamRange{0, 60000, false};
   return std::nullopt;
 }
 bool param_is_integer(std::string_view name) { return contains(kIntegerParams, name); }

@@ -75,6 +75,7 @@ StatusOr<SimResult> Sim::run() {
   params_.set("semantic_threshold", "", sem.semantic_threshold);
   params_.set("evict_threshold", "", sem.evict_threshold);
   params_.set("recall_threshold", "", sem.recall_threshold);
+  params_.set("recall_wait_ms", "", sem.recall_wait_ms);
   params_.set("semantic_window", "", sem.semantic_window);
   params_.set("recent_tokens", "", sem.recent_tokens);
   params_.set("score_interval", "", sem.score_interval);
@@ -93,6 +94,7 @@ StatusOr<SimResult> Sim::run() {
       params_.set("semantic_threshold", sc.name, sc.semantic->semantic_threshold);
       params_.set("evict_threshold", sc.name, sc.semantic->evict_threshold);
       params_.set("recall_threshold", sc.name, sc.semantic->recall_threshold);
+      params_.set("recall_wait_ms", sc.name, sc.semantic->recall_wait_ms);
       params_.set("semantic_window", sc.name, sc.semantic->semantic_window);
       params_.set("recent_tokens", sc.name, sc.semantic->recent_tokens);
       params_.set("score_interval", sc.name, sc.semantic->score_interval);

@@ -136,6 +136,14 @@ TEST(KvmExprTest, ParameterKinds) {
   EXPECT_DOUBLE_EQ(param_range("max_chunk_tokens")->hi, 1 << 20);
   EXPECT_TRUE(param_range("max_chunk_tokens")->zero_is_off);
   EXPECT_FALSE(param_range("semantic_threshold").has_value());
+  // recall_wait_ms: a rule moves it within [0, 60000] (never to "until it lands", < 0).
+  EXPECT_TRUE(is_param("recall_wait_ms"));
+  EXPECT_FALSE(param_is_global_only("recall_wait_ms"));
+  EXPECT_FALSE(param_is_integer("recall_wait_ms"));
+  ASSERT_TRUE(param_range("recall_wait_ms").has_value());
+  EXPECT_DOUBLE_EQ(param_range("recall_wait_ms")->lo, 0);
+  EXPECT_DOUBLE_EQ(param_range("recall_wait_ms")->hi, 60000);
+  EXPECT_FALSE(param_range("recall_wait_ms")->zero_is_off);
   EXPECT_FALSE(param_is_global_only("swap"));
   EXPECT_TRUE(param_is_integer("semantic_window"));
   EXPECT_TRUE(param_is_integer("temporal_step_size"));

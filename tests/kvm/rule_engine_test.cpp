@@ -549,6 +549,18 @@ TEST_F(ValidateRulesTest, NegativeHold) {
   expect_error(r, "kvm.rules[1] (r): hold_ms: must be a finite number >= 0, got -5");
 }
 
+TEST_F(ValidateRulesTest, RecallWaitIsBoundedPerClassOrGlobally) {
+  KvmRule ok =
+      rule("wait", "itl_p99_ms[voice] > 40", "itl_p99_ms[voice] < 20", "recall_wait_ms *= 0.5");
+  ok.sla_class = "voice";
+  ok.min = 0.1;
+  EXPECT_TRUE(validate_rules({ok}, {"voice"}).ok());
+  KvmRule r = ok;
+  r.name = "r";
+  r.then = {"recall_wait_ms", KvmActionOp::kSet, -1};  // "until it lands" is not a rule's
+  expect_error(r, "kvm.rules[1] (r): then: recall_wait_ms must be in [0, 60000], got -1");
+}
+
 TEST_F(ValidateRulesTest, MaxChunkTokensIsEngineWideAndBounded) {
   KvmRule ok = rule("cap", "ttft_p99_ms[voice] > 250", "ttft_p99_ms[voice] < 150",
                     "max_chunk_tokens *= 0.5");
