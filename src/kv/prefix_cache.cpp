@@ -517,18 +517,26 @@ int PrefixCache::evict(int need, BlockAllocator& alloc) {
     auto landed = pool_->backend().wait_fence(e.landing_fence, -1);
     freed += finish_landing(h, e, &alloc, landed.ok() && *landed);
   }
+  const std::vector<uint64_t> cand = spill_candidates(alloc);
+  for (uint64_t h : cand) {
+    if (freed >= need) break;
+    spill(entries_.find(h), alloc);  // spills only touch host / disk entries: `h` is still here
+    ++freed;
+  }
+  return freed;
+}
+
+std::vector<uint64_t> PrefixCache::spill_candidates(const BlockAllocator& alloc) const {
   std::vector<std::tuple<uint64_t, int32_t, uint64_t>> cand;  // (last_use, -depth, hash)
   for (const auto& [h, e] : entries_)
     if (e.where == PageLocation::kDevice && !e.pinned && e.landing_slot < 0 &&
         alloc.refcount(e.block) == 1)
       cand.emplace_back(e.last_use, -e.depth, h);
   std::sort(cand.begin(), cand.end());
-  for (const auto& [use, depth, h] : cand) {
-    if (freed >= need) break;
-    spill(entries_.find(h), alloc);  // spills only touch host / disk entries: `h` is still here
-    ++freed;
-  }
-  return freed;
+  std::vector<uint64_t> out;
+  out.reserve(cand.size());
+  for (const auto& c : cand) out.push_back(std::get<2>(c));
+  return out;
 }
 
 int PrefixCache::spill_ahead(int free_target, BlockAllocator& alloc) {
@@ -537,15 +545,10 @@ int PrefixCache::spill_ahead(int free_target, BlockAllocator& alloc) {
   BlockAllocator& host = pool_->host_allocator();
   const int short_by = free_target - alloc.num_free() - landings_in_flight();
   if (short_by <= 0 || host.num_free() == 0) return 0;
-  std::vector<std::tuple<uint64_t, int32_t, uint64_t>> cand;  // (last_use, -depth, hash)
-  for (const auto& [h, e] : entries_)
-    if (e.where == PageLocation::kDevice && !e.pinned && e.landing_slot < 0 &&
-        alloc.refcount(e.block) == 1)
-      cand.emplace_back(e.last_use, -e.depth, h);
-  std::sort(cand.begin(), cand.end());
+  const std::vector<uint64_t> cand = spill_candidates(alloc);
   int started = 0;
   std::vector<backend::Backend::CopyRange> copies;
-  for (const auto& [use, depth, h] : cand) {
+  for (uint64_t h : cand) {
     if (started >= short_by || host.num_free() == 0) break;
     Entry& e = entries_.at(h);
     const int32_t slot = (*host.allocate(1))[0];

@@ -231,6 +231,9 @@ class PrefixCache {
   // Waits for the oldest spill whose entry is not pinned and finishes it; false when none.
   bool wait_oldest_spill();
   Map::iterator lru(PageLocation where);
+  // Device pages only the cache holds, not pinned and not already landing: least recently used
+  // first, deepest first on a tie (evict and spill_ahead take them in this order).
+  std::vector<uint64_t> spill_candidates(const BlockAllocator& alloc) const;
   // Ends entry `e`'s spill-ahead: its copy landed (`landed`), or is abandoned (failed, or the
   // entry leaves). Landed and still only the cache's: a host page, its block freed (true).
   bool finish_landing(uint64_t hash, Entry& e, BlockAllocator* alloc, bool landed);

@@ -7,59 +7,16 @@
 #include <vector>
 
 #include "kv/kv_pool.h"
+#include "kv/page_pool_fixture.h"
 
 namespace kvsplit::kv {
 namespace {
 
 using kernels::KvPrecision;
 
-constexpr int kLayers = 2, kKvHeads = 2, kHeadDim = 8, kBlock = 4;
-
-struct Fixture {
-  std::unique_ptr<backend::Backend> be;
-  std::unique_ptr<KvPool> pool;
-
-  explicit Fixture(int host_pages = 8, int blocks = 8, int int8_blocks = 8, int int4_blocks = 8) {
-    be = std::move(backend::create_backend("cpu", 1)).value();
-    KvPoolConfig c;
-    c.num_blocks = blocks;
-    c.block_size = kBlock;
-    c.int8_blocks = int8_blocks;
-    c.int4_blocks = int4_blocks;
-    c.summary_slots = 8;
-    c.host_bytes = host_pages * KvPool::block_bytes(c, KvShape{kLayers, kKvHeads, kHeadDim});
-    pool = std::move(KvPool::create(*be, c, KvShape{kLayers, kKvHeads, kHeadDim})).value();
-  }
-
-  // Fills every page of `table` (all layers) with seeded random values.
-  void fill(const BlockTable& table, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> n(0.f, 1.f);
-    const int64_t floats = pool->page_layer_bytes(KvPrecision::kFull) / 4;
-    for (int l = 0; l < kLayers; ++l)
-      for (int32_t b : table.blocks) {
-        float* p = static_cast<float*>(pool->layer(l).data) + b * floats;
-        for (int64_t i = 0; i < floats; ++i) p[i] = n(rng);
-      }
-  }
-  // The page's full-precision bytes of every layer (the page must be kFull and resident).
-  std::vector<float> page(const BlockTable& table, int i) {
-    const int64_t floats = pool->page_layer_bytes(KvPrecision::kFull) / 4;
-    std::vector<float> out;
-    for (int l = 0; l < kLayers; ++l) {
-      const float* p = static_cast<const float*>(pool->layer(l).data) + table.blocks[i] * floats;
-      out.insert(out.end(), p, p + floats);
-    }
-    return out;
-  }
-  void expect_all_free() {
-    EXPECT_EQ(pool->allocator().num_used(), 0);
-    EXPECT_EQ(pool->arena_allocator(KvPrecision::kInt8).num_used(), 0);
-    EXPECT_EQ(pool->arena_allocator(KvPrecision::kInt4).num_used(), 0);
-    EXPECT_EQ(pool->summary_allocator().num_used(), 0);
-    EXPECT_EQ(pool->host_allocator().num_used(), 0);
-  }
-};
+using testing::kBlock;
+using testing::kLayers;
+using Fixture = testing::PagePoolFixture;
 
 Status apply(Fixture& f, BlockTable& t, int num_tokens, std::vector<PageTransition> plan,
              PageOpStats* stats) {

@@ -5,11 +5,11 @@
 // restore in flight leaks nothing.
 #include <gtest/gtest.h>
 
-#include <random>
 #include <vector>
 
 #include "kv/kv_pool.h"
 #include "kv/page_ops.h"
+#include "kv/page_pool_fixture.h"
 #include "kv/swap.h"
 
 namespace kvsplit::kv {
@@ -17,53 +17,20 @@ namespace {
 
 using kernels::KvPrecision;
 
-constexpr int kLayers = 2, kKvHeads = 2, kHeadDim = 8, kBlock = 4;
+using testing::kBlock;
+using testing::kLayers;
 constexpr int64_t kDelayUs = 100'000;  // each fenced copy starts 100 ms after it was queued
 
-struct Fixture {
-  std::unique_ptr<backend::Backend> be;
-  std::unique_ptr<KvPool> pool;
-
-  explicit Fixture(int64_t delay_us = kDelayUs) {
+// The fixture's pool (16 host slots) on a CPU backend whose fenced copies run on its copy thread,
+// each starting `delay_us` after it was queued.
+struct Fixture : testing::PagePoolFixture {
+  explicit Fixture(int64_t delay_us = kDelayUs)
+      : PagePoolFixture(/*host_pages=*/16, 8, 8, 8, async_options(delay_us)) {}
+  static backend::BackendOptions async_options(int64_t delay_us) {
     backend::BackendOptions o;
-    o.threads = 1;
     o.async_copies = true;
     o.fenced_copy_delay_us = delay_us;
-    be = std::move(backend::create_backend("cpu", o)).value();
-    KvPoolConfig c;
-    c.num_blocks = 8;
-    c.block_size = kBlock;
-    c.int8_blocks = 8;
-    c.int4_blocks = 8;
-    c.summary_slots = 8;
-    c.host_bytes = 16 * KvPool::block_bytes(c, KvShape{kLayers, kKvHeads, kHeadDim});
-    pool = std::move(KvPool::create(*be, c, KvShape{kLayers, kKvHeads, kHeadDim})).value();
-  }
-  void fill(const BlockTable& t, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> n(0.f, 1.f);
-    const int64_t floats = pool->page_layer_bytes(KvPrecision::kFull) / 4;
-    for (int l = 0; l < kLayers; ++l)
-      for (int32_t b : t.blocks) {
-        float* p = static_cast<float*>(pool->layer(l).data) + b * floats;
-        for (int64_t i = 0; i < floats; ++i) p[i] = n(rng);
-      }
-  }
-  std::vector<float> page(const BlockTable& t, int i) {
-    const int64_t floats = pool->page_layer_bytes(KvPrecision::kFull) / 4;
-    std::vector<float> out;
-    for (int l = 0; l < kLayers; ++l) {
-      const float* p = static_cast<const float*>(pool->layer(l).data) + t.blocks[i] * floats;
-      out.insert(out.end(), p, p + floats);
-    }
-    return out;
-  }
-  void expect_all_free() {
-    EXPECT_EQ(pool->allocator().num_used(), 0);
-    EXPECT_EQ(pool->arena_allocator(KvPrecision::kInt8).num_used(), 0);
-    EXPECT_EQ(pool->arena_allocator(KvPrecision::kInt4).num_used(), 0);
-    EXPECT_EQ(pool->summary_allocator().num_used(), 0);
-    EXPECT_EQ(pool->host_allocator().num_used(), 0);
+    return o;
   }
   Status apply(BlockTable& t, std::vector<PageTransition> plan, PageOpStats* st) {
     return apply_page_transitions(*pool, t, 4 * kBlock, plan, st);
