@@ -107,14 +107,15 @@ StatusOr<CommunicatorChoice> choose_communicator(SpatialCommunicator mode,
 struct ShardCommunicator {
   std::unique_ptr<Communicator> comm;  // never null on success
   std::string reason;                  // choose_communicator's reason (and a fallback's cause)
+  bool fell_back = false;              // auto chose NCCL, which could not be created
 };
 
 // The communicator of a shard group whose backends are `shards` (shard order, 0: home): the rule
 // above with nccl_communicator_built(), then make_in_process_communicator() or
 // make_nccl_communicator(shards). The backends are not owned and must outlive the communicator
 // (the group's owner destroys it first). Under kAuto a failure to create the NCCL communicator
-// (e.g. ncclCommInitAll) falls back to in-process with the error in `reason` (the caller logs
-// it); under kNccl it is returned. choose_communicator's errors.
+// (e.g. ncclCommInitAll) falls back to in-process with the error in `reason` and fell_back set
+// (the caller logs a warning); under kNccl it is returned. choose_communicator's errors.
 // Defined in kvsplit_backend_registry (it links the NCCL communicator when built).
 StatusOr<ShardCommunicator> make_shard_communicator(SpatialCommunicator mode,
                                                     std::span<Backend* const> shards);

@@ -151,7 +151,8 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
         parse_spatial_communicator(gf.spatial_communicator).value_or(SpatialCommunicator::kAuto);
     auto comm = backend::make_shard_communicator(mode, (*pool)->shard_backends());
     if (!comm.ok()) return fail(comm.status().with_prefix("--spatial-communicator"));
-    spdlog::info("spatial cut: {} shards, communicator {}", gf.spatial_shards, comm->reason);
+    spdlog::log(comm->fell_back ? spdlog::level::warn : spdlog::level::info,
+                "spatial cut: {} shards, communicator {}", gf.spatial_shards, comm->reason);
     (*pool)->set_communicator(std::move(comm->comm));
   }
   if (!gf.disk_path.empty()) {

@@ -188,8 +188,13 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
       auto comm =
           backend::make_shard_communicator(config.spatial.communicator, (*pool)->shard_backends());
       if (!comm.ok()) return comm.status().with_prefix(wo.name);
-      KVSPLIT_LOG_INFO("{}: spatial cut, {} shards, communicator {}", wo.name,
-                       config.spatial.shards, comm->reason);
+      if (comm->fell_back) {
+        KVSPLIT_LOG_WARN("{}: spatial cut, {} shards, communicator {}", wo.name,
+                         config.spatial.shards, comm->reason);
+      } else {
+        KVSPLIT_LOG_INFO("{}: spatial cut, {} shards, communicator {}", wo.name,
+                         config.spatial.shards, comm->reason);
+      }
       (*pool)->set_communicator(std::move(comm->comm));
     }
     const int blocks = (*pool)->total_blocks();

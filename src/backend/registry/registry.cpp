@@ -78,6 +78,7 @@ StatusOr<ShardCommunicator> make_shard_communicator(SpatialCommunicator mode,
   if (mode == SpatialCommunicator::kNccl)
     return nccl.status().with_prefix("kv.cuts.spatial.communicator: nccl");
   out.comm = make_in_process_communicator();
+  out.fell_back = true;
   out.reason =
       "in-process (auto: creating the NCCL communicator failed: " + nccl.status().to_string() + ")";
   return out;
