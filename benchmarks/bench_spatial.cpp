@@ -14,6 +14,9 @@
 //   bench_spatial --decode --contexts 8192 --batch 4 --steps 4 --json
 //   bench_spatial --decode --contexts 32768 --shards 1,2,4 --shard-compute both
 //                                       # shards at once against shards in turns, same run
+// --communicator auto|in_process|nccl picks the shard group's communicator as the engine does
+// (kv.cuts.spatial.communicator); every output names the one used. The shards here are CPU
+// backends, so auto and in_process exchange in-process and nccl is the rule's error.
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -28,6 +31,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/communicator.h"
 #include "kv/kv_pool.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
@@ -65,6 +69,7 @@ struct Options {
   int64_t peer_spin_us = 0;    // idle polling of the peer shards' threads (engine: 0)
   int peer_threads = 0;        // > 0: threads of each peer shard's backend (default: --threads)
   std::string shard_compute = "at-once";  // at-once | in-turns | both
+  std::string communicator = "auto";      // auto | in_process | nccl
   bool decode = false, capacity = false, json = false, quick = false;
 };
 
@@ -93,6 +98,7 @@ uint64_t splitmix64(uint64_t x) {
 struct Group {
   std::unique_ptr<kvsplit::backend::Backend> home;
   std::unique_ptr<kvsplit::kv::KvPool> pool;
+  std::string communicator = "-";  // the group's communicator's name ("-": one shard)
 };
 
 kvsplit::StatusOr<Group> make_group(const Options& o, const kvsplit::kv::KvShape& shape,
@@ -116,6 +122,12 @@ kvsplit::StatusOr<Group> make_group(const Options& o, const kvsplit::kv::KvShape
       peers.push_back(std::move(be));
     }
     KVSPLIT_RETURN_IF_ERROR(g.pool->add_shards(std::move(peers), o.chunk));
+    const auto mode = kvsplit::parse_spatial_communicator(o.communicator);  // CLI-checked
+    KVSPLIT_ASSIGN_OR_RETURN(auto comm, kvsplit::backend::make_shard_communicator(
+                                            mode.value_or(kvsplit::SpatialCommunicator::kAuto),
+                                            g.pool->shard_backends()));
+    g.communicator = comm.comm->name();
+    g.pool->set_communicator(std::move(comm.comm));
   }
   return g;
 }
@@ -147,7 +159,8 @@ Status fill_kv(kvsplit::kv::KvPool& pool, const kvsplit::kv::BlockTable& table, 
 
 struct DecodeResult {
   int context = 0, shards = 0, batch = 0, shards_used = 0;
-  bool at_once = true;  // the shards compute their partials at once (ForwardOptions)
+  bool at_once = true;       // the shards compute their partials at once (ForwardOptions)
+  std::string communicator;  // the group's ("-": one shard)
   double tokens_per_s = 0, ms_per_step = 0;
   double cpu_ms_per_step = 0;  // process CPU time (all threads) per step
   double exchange_bytes = 0, formula_bytes = 0, exchange_ms = 0;  // per step
@@ -196,6 +209,7 @@ class DecodeCase {
     dc->r_.shards = num_shards;
     dc->r_.batch = batch;
     dc->r_.at_once = at_once;
+    dc->r_.communicator = dc->g_.communicator;
     for (int b = 0; b < batch; ++b) {
       dc->tables_[b].spread = num_shards > 1;
       if (!dc->g_.pool->reserve(dc->tables_[b], total))
@@ -306,6 +320,7 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
         "Hq x (d+2) per layer, here d+1: o is sent normalized with its lse) are %lld B per peer "
         "and row.\n"
         "  merge share = merge / (shard attention + merge) time of the sharded layers.\n"
+        "  comm: the shard group's communicator (--communicator %s).\n"
         "  load average at the start: %s\n",
         m.source.c_str(), o.threads, o.block_size, o.chunk, o.reps, o.steps, o.warmup,
         static_cast<long long>(int64_t{c.num_layers} * 2 * c.num_kv_heads * c.head_dim * 4 / 1024),
@@ -313,11 +328,11 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
         static_cast<long long>(formula_bytes(c, 2, 1, 0) / c.num_layers),
         static_cast<long long>(int64_t{2} * c.num_kv_heads * c.head_dim * 4),
         static_cast<long long>(int64_t{c.num_layers} * c.num_heads * (c.head_dim + 1) * 4),
-        load_average().c_str());
-    std::printf("%7s %3s %2s %8s %9s %8s %7s %7s %6s %6s %12s %12s %12s %7s %9s %8s %7s %5s\n",
+        o.communicator.c_str(), load_average().c_str());
+    std::printf("%7s %3s %2s %8s %9s %8s %7s %7s %6s %6s %12s %12s %12s %7s %9s %8s %7s %5s %10s\n",
                 "context", "B", "S", "mode", "tok/shard", "tok/s", "ms/step", "cpu ms", "vs 1",
                 "/turns", "exch B/step", "formula B", "all-KV B", "exch ms", "attn ms", "merge ms",
-                "merge%", "same");
+                "merge%", "same", "comm");
   }
   int rc = 0;
   for (int ctx : o.contexts) {
@@ -373,21 +388,23 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
               "\"formula_kv_to_every_peer_bytes_per_step\":%.0f,"
               "\"exchange_ms_per_step\":%.4f,\"attention_ms_per_step\":%.3f,"
               "\"merge_ms_per_step\":%.4f,\"merge_share\":%.5f,\"same_tokens_as_1_shard\":%s,"
-              "\"load_average\":\"%s\"}\n",
+              "\"communicator\":\"%s\",\"load_average\":\"%s\"}\n",
               m.source.c_str(), ctx, batch, s, mode,
               vs_turns > 0 ? std::to_string(vs_turns).c_str() : "null", r->shards_used, o.chunk,
               per_shard, o.steps, o.reps, r->tokens_per_s, r->ms_per_step, r->cpu_ms_per_step,
               base ? std::to_string(vs1).c_str() : "null", r->exchange_bytes, r->formula_bytes,
               r->formula_all_bytes, r->exchange_ms, r->attention_ms, r->merge_ms, share,
-              base ? (same ? "true" : "false") : "null", load_average().c_str());
+              base ? (same ? "true" : "false") : "null", r->communicator.c_str(),
+              load_average().c_str());
         } else {
           std::printf(
               "%7d %3d %2d %8s %9d %8.2f %7.1f %7.1f %6.2f %6s %12.0f %12.0f %12.0f %7.3f %9.2f "
-              "%8.3f %6.2f%% %5s\n",
+              "%8.3f %6.2f%% %5s %10s\n",
               ctx, batch, s, mode, per_shard, r->tokens_per_s, r->ms_per_step, r->cpu_ms_per_step,
               vs1, vs_turns > 0 ? std::to_string(vs_turns).substr(0, 5).c_str() : "-",
               r->exchange_bytes, r->formula_bytes, r->formula_all_bytes, r->exchange_ms,
-              r->attention_ms, r->merge_ms, 100 * share, base ? (same ? "yes" : "NO") : "-");
+              r->attention_ms, r->merge_ms, 100 * share, base ? (same ? "yes" : "NO") : "-",
+              r->communicator.c_str());
         }
         std::fflush(stdout);
       }
@@ -437,9 +454,9 @@ int run_capacity(const Options& o, const kvsplit::model::LoadedModel& m) {
         "capacity: %d blocks of %d tokens per shard (%d tokens), spatial_chunk_size %d: the "
         "longest context that runs (its pages reserve and one decode step at its last position "
         "succeeds; one more token does not reserve)\n"
-        "%3s %10s %10s %16s %5s\n",
+        "%3s %10s %10s %16s %5s %10s\n",
         per_shard, o.block_size, per_shard * o.block_size, o.chunk, "S", "longest", "x 1 shard",
-        "goal N*U-chunk", "met");
+        "goal N*U-chunk", "met", "comm");
   int rc = 0;
   int unsharded = 0;
   for (int s : o.shards) {
@@ -469,12 +486,13 @@ int run_capacity(const Options& o, const kvsplit::model::LoadedModel& m) {
       std::printf(
           "{\"bench\":\"spatial_capacity\",\"model\":\"%s\",\"shards\":%d,\"blocks_per_shard\":%d,"
           "\"block_size\":%d,\"chunk\":%d,\"longest_context\":%d,\"unsharded_limit\":%d,"
-          "\"goal\":%d,\"met\":%s}\n",
+          "\"goal\":%d,\"met\":%s,\"communicator\":\"%s\"}\n",
           m.source.c_str(), s, per_shard, o.block_size, o.chunk, lo, unsharded, goal,
-          unsharded > 0 ? (met ? "true" : "false") : "null");
+          unsharded > 0 ? (met ? "true" : "false") : "null", g->communicator.c_str());
     } else {
-      std::printf("%3d %10d %10.2f %16d %5s\n", s, lo, unsharded > 0 ? double(lo) / unsharded : 0,
-                  goal, unsharded > 0 ? (met ? "yes" : "NO") : "-");
+      std::printf("%3d %10d %10.2f %16d %5s %10s\n", s, lo,
+                  unsharded > 0 ? double(lo) / unsharded : 0, goal,
+                  unsharded > 0 ? (met ? "yes" : "NO") : "-", g->communicator.c_str());
     }
     std::fflush(stdout);
   }
@@ -520,6 +538,10 @@ int main(int argc, char** argv) {
                  "threads, the engine's way), in-turns (one after another), or both (compared in "
                  "the same run)")
       ->check(CLI::IsMember({"at-once", "in-turns", "both"}));
+  app.add_option("--communicator", o.communicator,
+                 "the shard group's communicator, as kv.cuts.spatial.communicator: auto, "
+                 "in_process or nccl (nccl needs CUDA shards on distinct GPUs: an error here)")
+      ->check(CLI::IsMember({"auto", "in_process", "nccl"}));
   app.add_option("--capacity-tokens", o.capacity_tokens, "capacity: pool size per shard (tokens)");
   app.add_flag("--decode", o.decode, "run the decode sweep (default: both)");
   app.add_flag("--capacity", o.capacity, "run the capacity search (default: both)");

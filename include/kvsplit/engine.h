@@ -279,6 +279,10 @@ struct PoolStats {
   int32_t kv_pages_remote = 0;
   int64_t kv_shard_exchange_bytes = 0;
   int64_t kv_migrated_pages = 0;
+  // The group's communicator (kv.cuts.spatial.communicator): "in-process" or "nccl"; empty
+  // without a shard group. And the wall time spent in its exchanges since start (seconds).
+  std::string kv_shard_communicator;
+  double kv_shard_exchange_seconds = 0;
   // Per shard of the group (size kv_shards): full-pool blocks in use / total, as of the last step.
   std::vector<double> kv_shard_use;
   // Host-tier copy bandwidth into the device (bytes/s) the worker measured at start-up for the

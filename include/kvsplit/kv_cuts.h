@@ -82,10 +82,42 @@ struct TemporalCutConfig {
 // max_tokens; 0: every sequence) is placed across the group, chunk c of spatial_chunk_size
 // tokens on shard c mod shards; others fill the home shard first. Each shard computes partial
 // attention over its pages; the home merges them exactly (docs/kv-cuts.md, spatial section).
+// How a shard group's shards exchange queries, new K/V rows and partials (docs/kv-cuts.md
+// "Communicator"). kAuto: NCCL when the binary is built with it and every shard of the group is a
+// CUDA backend on a device of its own, else in-process. kNccl: NCCL or a start-up error (never a
+// silent fallback); virtual shards (two shards on one GPU) cannot use it: NCCL refuses two ranks
+// on one device.
+enum class SpatialCommunicator : uint8_t {
+  kAuto,
+  kInProcess,
+  kNccl,
+};
+
+// "auto" | "in_process" | "nccl"; nullopt for anything else.
+inline std::optional<SpatialCommunicator> parse_spatial_communicator(std::string_view name) {
+  if (name == "auto") return SpatialCommunicator::kAuto;
+  if (name == "in_process") return SpatialCommunicator::kInProcess;
+  if (name == "nccl") return SpatialCommunicator::kNccl;
+  return std::nullopt;
+}
+
+inline const char* spatial_communicator_name(SpatialCommunicator c) {
+  switch (c) {
+    case SpatialCommunicator::kAuto:
+      return "auto";
+    case SpatialCommunicator::kInProcess:
+      return "in_process";
+    case SpatialCommunicator::kNccl:
+      return "nccl";
+  }
+  return "?";
+}
+
 struct SpatialCutConfig {
   int32_t shards = 1;                 // 1: off; in [1, 16]
   int32_t spatial_chunk_size = 4096;  // tokens, a positive multiple of the block size
   int32_t min_context = 0;            // >= 0
+  SpatialCommunicator communicator = SpatialCommunicator::kAuto;
 };
 
 }  // namespace kvsplit

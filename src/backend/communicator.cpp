@@ -40,6 +40,53 @@ std::unique_ptr<Communicator> make_in_process_communicator() {
   return std::make_unique<InProcessCommunicator>();
 }
 
+bool nccl_communicator_built() {
+#if defined(KVSPLIT_WITH_NCCL)
+  return true;
+#else
+  return false;
+#endif
+}
+
+StatusOr<CommunicatorChoice> choose_communicator(SpatialCommunicator mode,
+                                                 std::span<const ShardDeviceInfo> shards,
+                                                 bool nccl_built) {
+  if (shards.empty()) return invalid_argument("communicator: a shard group has no shards");
+  if (mode == SpatialCommunicator::kInProcess)
+    return CommunicatorChoice{false, "in-process (kv.cuts.spatial.communicator: in_process)"};
+  const bool must = mode == SpatialCommunicator::kNccl;
+  // The first condition NCCL needs that fails, with its status code under kNccl.
+  StatusCode code = StatusCode::kOk;
+  std::string why;
+  if (!nccl_built) {
+    code = StatusCode::kUnimplemented;
+    why = "this binary is built without NCCL";
+  }
+  for (size_t i = 0; code == StatusCode::kOk && i < shards.size(); ++i) {
+    if (shards[i].kind != DeviceKind::kCuda) {
+      code = StatusCode::kInvalidArgument;
+      why = "shard " + std::to_string(i) + " is not a CUDA backend (NCCL connects GPUs)";
+      break;
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (shards[j].device == shards[i].device) {
+        code = StatusCode::kInvalidArgument;
+        why = "shards " + std::to_string(j) + " and " + std::to_string(i) +
+              " are both on CUDA device " + std::to_string(shards[i].device) +
+              " (virtual shards; NCCL takes one rank per GPU)";
+        break;
+      }
+    }
+  }
+  if (code == StatusCode::kOk) {
+    return CommunicatorChoice{
+        true, std::string("nccl (") + (must ? "kv.cuts.spatial.communicator: nccl" : "auto") +
+                  ": " + std::to_string(shards.size()) + " CUDA shards on distinct devices)"};
+  }
+  if (must) return Status(code, "kv.cuts.spatial.communicator: nccl: " + why);
+  return CommunicatorChoice{false, "in-process (auto: " + why + ")"};
+}
+
 #if !defined(KVSPLIT_WITH_NCCL)
 // Built without NCCL: the real one is src/backend/cuda/nccl_communicator.cpp.
 StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator(

@@ -9,15 +9,20 @@
 //
 // NcclCommunicator (make_nccl_communicator): one NCCL rank per GPU of one process, built only with
 // NCCL (KVSPLIT_WITH_NCCL, docs/cuda.md "NCCL communicator (spatial cut)").
+//
+// Which one a shard group uses (kv.cuts.spatial.communicator): choose_communicator, a pure rule,
+// and make_shard_communicator, which applies it to the group's backends.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "kvsplit/kv_cuts.h"
 #include "kvsplit/status.h"
 
 namespace kvsplit::backend {
@@ -70,5 +75,49 @@ struct NcclCommunicatorOptions {
 // Defined in kvsplit_cuda with NCCL: link kvsplit_backend_registry (or kvsplit_runtime).
 StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator(
     std::span<Backend* const> devices, const NcclCommunicatorOptions& options = {});
+
+// True when this binary has the NCCL communicator (KVSPLIT_WITH_NCCL): make_nccl_communicator
+// can succeed.
+bool nccl_communicator_built();
+
+// One shard of a group as the communicator rule sees it.
+struct ShardDeviceInfo {
+  DeviceKind kind = DeviceKind::kCpu;
+  int device = 0;  // Backend::device(): the CUDA device index (CPU: a virtual id)
+};
+
+struct CommunicatorChoice {
+  bool nccl = false;   // false: the in-process communicator
+  std::string reason;  // why, in words, for the start-up log
+};
+
+// The rule (docs/kv-cuts.md "Communicator"), a pure function of the group's shards in shard
+// order (0: home) and whether the binary has NCCL:
+//   kInProcess: in-process.
+//   kAuto: NCCL when nccl_built, every shard is a CUDA backend and their devices are pairwise
+//     distinct; else in-process, the reason naming the first condition that failed.
+//   kNccl: NCCL under the same conditions, else an error naming the condition: kUnimplemented
+//     when not built with NCCL, kInvalidArgument for a shard that is not a CUDA backend or two
+//     shards on one device (virtual shards: NCCL takes one rank per GPU). Never a fallback.
+// kInvalidArgument for an empty group.
+StatusOr<CommunicatorChoice> choose_communicator(SpatialCommunicator mode,
+                                                 std::span<const ShardDeviceInfo> shards,
+                                                 bool nccl_built);
+
+struct ShardCommunicator {
+  std::unique_ptr<Communicator> comm;  // never null on success
+  std::string reason;                  // choose_communicator's reason (and a fallback's cause)
+  bool fell_back = false;              // auto chose NCCL, which could not be created
+};
+
+// The communicator of a shard group whose backends are `shards` (shard order, 0: home): the rule
+// above with nccl_communicator_built(), then make_in_process_communicator() or
+// make_nccl_communicator(shards). The backends are not owned and must outlive the communicator
+// (the group's owner destroys it first). Under kAuto a failure to create the NCCL communicator
+// (e.g. ncclCommInitAll) falls back to in-process with the error in `reason` and fell_back set
+// (the caller logs a warning); under kNccl it is returned. choose_communicator's errors.
+// Defined in kvsplit_backend_registry (it links the NCCL communicator when built).
+StatusOr<ShardCommunicator> make_shard_communicator(SpatialCommunicator mode,
+                                                    std::span<Backend* const> shards);
 
 }  // namespace kvsplit::backend

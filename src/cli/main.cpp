@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/communicator.h"
 #include "backend/shard_placement.h"
 #include "cli/common_flags.h"
 #include "cli/cut_flags.h"
@@ -73,6 +74,7 @@ struct GenerateFlags {
   int spatial_shards = 1;
   int spatial_chunk_size = 4096;
   int spatial_min_context = 0;
+  std::string spatial_communicator = "auto";
 };
 
 int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
@@ -144,6 +146,14 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
     }
     Status st = (*pool)->add_shards(std::move(peers), gf.spatial_chunk_size);
     if (!st.ok()) return fail(st.with_prefix("--spatial-chunk-size"));
+    // CLI-checked value; the rule and its errors: backend/communicator.h.
+    const SpatialCommunicator mode =
+        parse_spatial_communicator(gf.spatial_communicator).value_or(SpatialCommunicator::kAuto);
+    auto comm = backend::make_shard_communicator(mode, (*pool)->shard_backends());
+    if (!comm.ok()) return fail(comm.status().with_prefix("--spatial-communicator"));
+    spdlog::log(comm->fell_back ? spdlog::level::warn : spdlog::level::info,
+                "spatial cut: {} shards, communicator {}", gf.spatial_shards, comm->reason);
+    (*pool)->set_communicator(std::move(comm->comm));
   }
   if (!gf.disk_path.empty()) {
     Status st = (*pool)->open_disk_tier(gf.disk_path, gf.disk_capacity_mb << 20, gf.disk_direct_io);
@@ -194,6 +204,8 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
       j["recomputed_tokens"] = o.recomputed_tokens;
       j["preemptions"] = o.preemptions;
       j["shards"] = o.shards;
+      // With a shard group: its communicator ("in-process" or "nccl").
+      if (const backend::Communicator* c = (*pool)->communicator()) j["communicator"] = c->name();
       std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else if (stream) {
       std::cout << "\n";
@@ -345,6 +357,12 @@ int main(int argc, char** argv) {
   gen->add_option("--spatial-min-context", gf.spatial_min_context,
                   "spatial cut: spread sequences whose prompt + max tokens exceed this (0 = all)")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  gen->add_option("--spatial-communicator", gf.spatial_communicator,
+                  "spatial cut: how shards exchange: nccl when every shard is a cuda backend on "
+                  "its own GPU and the binary has NCCL, else in-process (auto); in_process; nccl "
+                  "(or an error)")
+      ->check(CLI::IsMember({"auto", "in_process", "nccl"}))
       ->capture_default_str();
   gen->add_option(
       "--split-chunk", gf.split_chunk,

@@ -326,6 +326,15 @@ Status read_kv_policy(MapReader& r, EngineConfig* e) {
       if (e->spatial.min_context < 0)
         return field_error("kv.cuts.spatial.min_context",
                            "must be >= 0, got " + std::to_string(e->spatial.min_context));
+      std::string communicator;
+      KVSPLIT_RETURN_IF_ERROR(pr.get("communicator", &communicator));
+      if (pr.has("communicator")) {
+        const std::optional<SpatialCommunicator> comm = parse_spatial_communicator(communicator);
+        if (!comm)
+          return field_error("kv.cuts.spatial.communicator",
+                             "must be 'auto', 'in_process' or 'nccl', got " + quoted(communicator));
+        e->spatial.communicator = *comm;
+      }
       KVSPLIT_RETURN_IF_ERROR(pr.finish());
     }
     KVSPLIT_RETURN_IF_ERROR(c.finish());

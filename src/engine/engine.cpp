@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "backend/backend.h"
+#include "backend/communicator.h"
 #include "backend/shard_placement.h"
 #include "common/check.h"
 #include "common/config_rules.h"
@@ -183,6 +184,18 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
       }
       Status st = (*pool)->add_shards(std::move(peers), config.spatial.spatial_chunk_size);
       if (!st.ok()) return st.with_prefix(wo.name + ": kv.cuts.spatial");
+      // The group's communicator (kv.cuts.spatial.communicator; backend/communicator.h rule).
+      auto comm =
+          backend::make_shard_communicator(config.spatial.communicator, (*pool)->shard_backends());
+      if (!comm.ok()) return comm.status().with_prefix(wo.name);
+      if (comm->fell_back) {
+        KVSPLIT_LOG_WARN("{}: spatial cut, {} shards, communicator {}", wo.name,
+                         config.spatial.shards, comm->reason);
+      } else {
+        KVSPLIT_LOG_INFO("{}: spatial cut, {} shards, communicator {}", wo.name,
+                         config.spatial.shards, comm->reason);
+      }
+      (*pool)->set_communicator(std::move(comm->comm));
     }
     const int blocks = (*pool)->total_blocks();
     min_blocks = i == 0 ? blocks : std::min(min_blocks, blocks);

@@ -262,6 +262,12 @@ KvPool& KvPool::shard(int s) {
 
 const KvPool& KvPool::shard(int s) const { return const_cast<KvPool*>(this)->shard(s); }
 
+std::vector<backend::Backend*> KvPool::shard_backends() const {
+  std::vector<backend::Backend*> out{&backend_};
+  for (const Peer& p : peers_) out.push_back(p.backend.get());
+  return out;
+}
+
 int KvPool::total_blocks() const {
   int n = allocator_.num_blocks();
   for (const Peer& p : peers_) n += p.pool->allocator_.num_blocks();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/communicator.h"
 #include "kv/block_allocator.h"
 #include "kv/disk_tier.h"
 #include "kv/prefix_cache.h"
@@ -164,6 +165,15 @@ class KvPool {
   KvPool& shard(int s);
   const KvPool& shard(int s) const;
   int chunk_tokens() const { return chunk_tokens_; }
+  // The group's backends in shard order (0: this pool's), e.g. for make_shard_communicator.
+  std::vector<backend::Backend*> shard_backends() const;
+  // The group's communicator (backend/communicator.h), through which the model's sharded
+  // attention exchanges; null until set (the model then uses an in-process one of its own). Set
+  // once, after add_shards, by whoever assembles the group (the engine, the CLI). Owned by the
+  // pool and destroyed before the peers' backends; it may reference only the group's backends
+  // (this pool's backend outlives the pool).
+  void set_communicator(std::unique_ptr<backend::Communicator> comm) { comm_ = std::move(comm); }
+  backend::Communicator* communicator() const { return comm_.get(); }
   // Blocks of the full-precision pool over every shard (what a scheduler may ever reserve), and
   // those in use.
   int total_blocks() const;
@@ -214,6 +224,7 @@ class KvPool {
     std::unique_ptr<KvPool> pool;
   };
   std::vector<Peer> peers_;
+  std::unique_ptr<backend::Communicator> comm_;  // after peers_: destroyed before their backends
   std::vector<backend::DeviceBuffer> workspace_;
   int chunk_tokens_ = 0;
 

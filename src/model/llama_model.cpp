@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "common/check.h"
@@ -69,8 +70,38 @@ struct LlamaModel::Impl {
   size_t pages_bytes = 0;
   // The spatial cut: sequences spread over the pool's shard group.
   ShardedAttention sharded;
+  // The exchange goes through the pool's communicator (KvPool::communicator: the shard group's),
+  // else through this in-process one. `exchange` is what this model's steps moved, whichever it
+  // was; `comm_name` the name of the last one used.
   std::unique_ptr<backend::Communicator> comm;
+  backend::ExchangeStats exchange;
+  std::string comm_name;
 };
+
+namespace {
+
+// Adds what `comm` counted during its lifetime to *into: the model's own share of a communicator
+// that belongs to the pool (it is never read after the pool is gone).
+class ExchangeTally {
+ public:
+  ExchangeTally(const backend::Communicator& comm, backend::ExchangeStats* into)
+      : comm_(comm), before_(comm.stats()), into_(into) {}
+  ~ExchangeTally() {
+    const backend::ExchangeStats& now = comm_.stats();
+    into_->transfers += now.transfers - before_.transfers;
+    into_->bytes += now.bytes - before_.bytes;
+    into_->seconds += now.seconds - before_.seconds;
+  }
+  ExchangeTally(const ExchangeTally&) = delete;
+  ExchangeTally& operator=(const ExchangeTally&) = delete;
+
+ private:
+  const backend::Communicator& comm_;
+  backend::ExchangeStats before_;
+  backend::ExchangeStats* into_;
+};
+
+}  // namespace
 
 LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend)
     : config_(config), backend_(backend), impl_(std::make_unique<Impl>()) {}
@@ -79,7 +110,8 @@ LlamaModel::~LlamaModel() = default;
 
 LlamaModel::ShardingStats LlamaModel::sharding_stats() const {
   ShardingStats st;
-  if (impl_->comm) st.exchange = impl_->comm->stats();
+  st.exchange = impl_->exchange;
+  st.communicator = impl_->comm_name;
   st.merge_seconds = impl_->sharded.merge_seconds();
   st.attention_seconds = impl_->sharded.attention_seconds();
   return st;
@@ -508,6 +540,7 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   };
 
   // ---- the sharded sequences' attention plan (spatial cut) ----
+  std::optional<ExchangeTally> tally;  // counts this step's exchange, whatever path returns
   if (num_sharded_rows > 0) {
     std::vector<ShardedSeq> sh;
     for (int k = num_local; k < static_cast<int>(order.size()); ++k) {
@@ -515,10 +548,16 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
       sh.push_back(ShardedSeq{s.table, s.start_pos, static_cast<int>(s.tokens.size()), is_decode(s),
                               s.token_relevance, s.page_bound});
     }
-    if (!im.comm) im.comm = backend::make_in_process_communicator();
+    backend::Communicator* comm = pool.communicator();
+    if (comm == nullptr) {
+      if (!im.comm) im.comm = backend::make_in_process_communicator();
+      comm = im.comm.get();
+    }
+    im.comm_name = comm->name();
+    tally.emplace(*comm, &im.exchange);
     ShardedAttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, scale};
     im.sharded.set_concurrent(options.concurrent_shards);
-    KVSPLIT_RETURN_IF_ERROR(im.sharded.prepare(sh, pool, shape, options.split, *im.comm));
+    KVSPLIT_RETURN_IF_ERROR(im.sharded.prepare(sh, pool, shape, options.split, *comm));
   }
 
   const int nt = static_cast<int>(T);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -71,6 +72,7 @@ class LlamaModel {
   // bytes and time the shards exchanged, the merge's wall time and the shards' attention time.
   struct ShardingStats {
     backend::ExchangeStats exchange;
+    std::string communicator;  // the last sharded step's communicator's name ("" before any)
     double merge_seconds = 0;
     double attention_seconds = 0;
   };

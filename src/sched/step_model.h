@@ -22,6 +22,8 @@ class StepModel {
   virtual int vocab_size() const = 0;
   // The spatial cut: bytes the model's shards exchanged since start (0 without shards).
   virtual int64_t shard_exchange_bytes() const { return 0; }
+  // ... and the wall time of those exchanges (seconds).
+  virtual double shard_exchange_seconds() const { return 0; }
 };
 
 class LlamaStepModel final : public StepModel {
@@ -33,6 +35,9 @@ class LlamaStepModel final : public StepModel {
   }
   int vocab_size() const override { return model_->config().vocab_size; }
   int64_t shard_exchange_bytes() const override { return model_->sharding_stats().exchange.bytes; }
+  double shard_exchange_seconds() const override {
+    return model_->sharding_stats().exchange.seconds;
+  }
   model::LlamaModel& model() { return *model_; }
 
  private:

@@ -154,6 +154,8 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_shard_use = kv_stats_.kv_shard_use;
   s.pool.kv_link_bytes_per_s = kv_stats_.kv_link_bytes_per_s;
   s.pool.kv_shard_exchange_bytes = kv_stats_.kv_shard_exchange_bytes;
+  s.pool.kv_shard_exchange_seconds = kv_stats_.kv_shard_exchange_seconds;
+  s.pool.kv_shard_communicator = kv_stats_.kv_shard_communicator;
   s.pool.kv_migrated_pages = kv_stats_.kv_migrated_pages;
   s.pool.kv_prefetch_hits = kv_stats_.kv_prefetch_hits;
   s.pool.kv_prefetch_misses = kv_stats_.kv_prefetch_misses;
@@ -223,6 +225,8 @@ void Worker::publish_stats() {
     for (int s = 1; s < k.kv_shards; ++s)
       k.kv_pages_remote += pool_->shard(s).allocator().num_used();
     k.kv_shard_exchange_bytes = model_->shard_exchange_bytes();
+    k.kv_shard_exchange_seconds = model_->shard_exchange_seconds();
+    if (const backend::Communicator* c = pool_->communicator()) k.kv_shard_communicator = c->name();
   }
   k.kv_migrated_pages = migrate_stats_.pages;
   k.kv_prefetch_hits = swap_stats_.prefetch_hits;

@@ -168,6 +168,14 @@ class EngineCollector : public pm::Collectable {
     auto& migrated = family("kvsplit:kv_migrated_pages_total",
                             "KV pages moved between shards or from the host tier by migrations",
                             pm::MetricType::Counter);
+    auto& exchange_seconds =
+        family("kvsplit:kv_shard_exchange_seconds_total",
+               "Wall time inside the shard group's exchanges (kv.cuts.spatial.communicator)",
+               pm::MetricType::Counter);
+    auto& communicator =
+        family("kvsplit:kv_shard_communicator",
+               "1 for the communicator (in-process or nccl) the worker's shard group uses",
+               pm::MetricType::Gauge);
     for (const PoolStats& p : s.pools) {
       shards.metric.push_back(gauge(p.kv_shards, {{"pool", p.name}}));
       remote.metric.push_back(gauge(p.kv_pages_remote, {{"pool", p.name}}));
@@ -175,6 +183,10 @@ class EngineCollector : public pm::Collectable {
           counter(static_cast<double>(p.kv_shard_exchange_bytes), {{"pool", p.name}}));
       migrated.metric.push_back(
           counter(static_cast<double>(p.kv_migrated_pages), {{"pool", p.name}}));
+      exchange_seconds.metric.push_back(counter(p.kv_shard_exchange_seconds, {{"pool", p.name}}));
+      if (!p.kv_shard_communicator.empty())
+        communicator.metric.push_back(
+            gauge(1, {{"pool", p.name}, {"communicator", p.kv_shard_communicator}}));
     }
     for (const PoolStats& p : s.pools) {
       const double used = p.kv_blocks_total > 0

@@ -50,5 +50,122 @@ TEST(NcclCommunicator, FactoryErrorsClearlyWithoutCudaBackends) {
 #endif
 }
 
+// ---- the group's communicator rule (choose_communicator), on every case ----
+
+using backend::choose_communicator;
+using backend::DeviceKind;
+using backend::ShardDeviceInfo;
+
+std::vector<ShardDeviceInfo> cuda_on(std::vector<int> devices) {
+  std::vector<ShardDeviceInfo> out;
+  for (int d : devices) out.push_back({DeviceKind::kCuda, d});
+  return out;
+}
+
+std::vector<ShardDeviceInfo> cpu_shards(int n) {
+  std::vector<ShardDeviceInfo> out;
+  for (int s = 0; s < n; ++s) out.push_back({DeviceKind::kCpu, s});  // virtual device ids
+  return out;
+}
+
+TEST(CommunicatorRule, InProcessIsAlwaysInProcess) {
+  for (bool built : {false, true}) {
+    for (const auto& shards : {cpu_shards(2), cuda_on({0, 1}), cuda_on({0, 0})}) {
+      auto c = choose_communicator(SpatialCommunicator::kInProcess, shards, built);
+      ASSERT_TRUE(c.ok()) << c.status().to_string();
+      EXPECT_FALSE(c->nccl);
+      EXPECT_NE(c->reason.find("in_process"), std::string::npos) << c->reason;
+    }
+  }
+}
+
+TEST(CommunicatorRule, AutoPicksNcclOnlyForCudaShardsOnDistinctDevicesWithNccl) {
+  struct Case {
+    std::vector<ShardDeviceInfo> shards;
+    bool built;
+    bool nccl;
+    const char* why;  // in the reason
+  };
+  const Case cases[] = {
+      {cuda_on({0, 1}), true, true, "distinct devices"},
+      {cuda_on({2, 0, 1, 3}), true, true, "4 CUDA shards"},
+      {cuda_on({0}), true, true, "1 CUDA shards"},  // a one-rank group is legal
+      {cpu_shards(2), true, false, "shard 0 is not a CUDA backend"},
+      {cpu_shards(3), false, false, "built without NCCL"},
+      // A CPU shard among CUDA ones (not a configuration the engine builds; the rule still holds).
+      {{{DeviceKind::kCuda, 0}, {DeviceKind::kCpu, 1}}, true, false, "shard 1 is not a CUDA"},
+      // Virtual shards: two shards on one GPU.
+      {cuda_on({0, 0}), true, false, "shards 0 and 1 are both on CUDA device 0"},
+      {cuda_on({0, 1, 0, 1}), true, false, "shards 0 and 2 are both on CUDA device 0"},
+      {cuda_on({1, 2, 2}), true, false, "shards 1 and 2 are both on CUDA device 2"},
+      // Distinct GPUs but no NCCL in the binary.
+      {cuda_on({0, 1}), false, false, "built without NCCL"},
+  };
+  for (const Case& k : cases) {
+    auto c = choose_communicator(SpatialCommunicator::kAuto, k.shards, k.built);
+    ASSERT_TRUE(c.ok()) << k.why << ": " << c.status().to_string();
+    EXPECT_EQ(c->nccl, k.nccl) << k.why << ": " << c->reason;
+    EXPECT_NE(c->reason.find(k.why), std::string::npos) << c->reason;
+    EXPECT_NE(c->reason.find("auto"), std::string::npos) << c->reason;
+    EXPECT_NE(c->reason.find(k.nccl ? "nccl" : "in-process"), std::string::npos) << c->reason;
+  }
+}
+
+TEST(CommunicatorRule, NcclIsNcclOrAClearErrorNeverAFallback) {
+  auto ok = choose_communicator(SpatialCommunicator::kNccl, cuda_on({0, 1, 2}), true);
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_TRUE(ok->nccl);
+  struct Case {
+    std::vector<ShardDeviceInfo> shards;
+    bool built;
+    StatusCode code;
+    const char* why;
+  };
+  const Case cases[] = {
+      {cuda_on({0, 1}), false, StatusCode::kUnimplemented, "built without NCCL"},
+      {cpu_shards(2), false, StatusCode::kUnimplemented, "built without NCCL"},
+      {cpu_shards(2), true, StatusCode::kInvalidArgument, "shard 0 is not a CUDA backend"},
+      {cuda_on({0, 0}), true, StatusCode::kInvalidArgument, "both on CUDA device 0"},
+      {cuda_on({3, 1, 3}), true, StatusCode::kInvalidArgument, "shards 0 and 2"},
+  };
+  for (const Case& k : cases) {
+    auto c = choose_communicator(SpatialCommunicator::kNccl, k.shards, k.built);
+    ASSERT_FALSE(c.ok()) << k.why;
+    EXPECT_EQ(c.status().code(), k.code) << c.status().to_string();
+    const std::string msg = c.status().to_string();
+    EXPECT_NE(msg.find("kv.cuts.spatial.communicator"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(k.why), std::string::npos) << msg;
+  }
+  EXPECT_EQ(choose_communicator(SpatialCommunicator::kAuto, {}, true).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// make_shard_communicator applies the rule to real backends: on CPU backends auto and in_process
+// give the in-process communicator, nccl the rule's error for this build.
+TEST(CommunicatorRule, ShardCommunicatorOnCpuBackends) {
+  auto a = backend::make_cpu_backend(1, -1, 0);
+  auto b = backend::make_cpu_backend(1, -1, 1);
+  backend::Backend* shards[] = {a.get(), b.get()};
+  for (SpatialCommunicator mode : {SpatialCommunicator::kAuto, SpatialCommunicator::kInProcess}) {
+    auto c = backend::make_shard_communicator(mode, shards);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    ASSERT_NE(c->comm, nullptr);
+    EXPECT_STREQ(c->comm->name(), "in-process");
+    float x = 3, y = 0;
+    ASSERT_TRUE(c->comm->send(*b, &y, *a, &x, sizeof(x)).ok());
+    EXPECT_EQ(y, 3);
+  }
+  auto n = backend::make_shard_communicator(SpatialCommunicator::kNccl, shards);
+  ASSERT_FALSE(n.ok());
+  EXPECT_EQ(n.status().code(), backend::nccl_communicator_built() ? StatusCode::kInvalidArgument
+                                                                  : StatusCode::kUnimplemented)
+      << n.status().to_string();
+#if defined(KVSPLIT_WITH_NCCL)
+  EXPECT_TRUE(backend::nccl_communicator_built());
+#else
+  EXPECT_FALSE(backend::nccl_communicator_built());
+#endif
+}
+
 }  // namespace
 }  // namespace kvsplit::testing

@@ -1,5 +1,6 @@
-// `kvsplit generate` with the spatial cut: --spatial-shards, --spatial-chunk-size and
-// --spatial-min-context, and the --json field "shards" (the shards a sequence's KV used).
+// `kvsplit generate` with the spatial cut: --spatial-shards, --spatial-chunk-size,
+// --spatial-min-context and --spatial-communicator, and the --json fields "shards" (the shards a
+// sequence's KV used) and "communicator" (the shard group's).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -43,6 +44,35 @@ TEST(CliSpatial, ShardedKeepsTheTokensAndReportsShards) {
     EXPECT_EQ(home[i]["output_token_ids"], ref[i]["output_token_ids"]);
     EXPECT_EQ(home[i]["shards"], 1);
   }
+}
+
+TEST(CliSpatial, CommunicatorFlag) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::vector<nlohmann::json> ref = generate("");
+  ASSERT_EQ(ref.size(), 3u);
+  EXPECT_FALSE(ref[0].contains("communicator"));  // no shard group
+  // CPU shards: auto and in_process both exchange in-process, with the same tokens.
+  for (const char* mode : {"auto", "in_process"}) {
+    const std::vector<nlohmann::json> got = generate(
+        " --spatial-shards 2 --spatial-chunk-size 32 --spatial-communicator " + std::string(mode));
+    ASSERT_EQ(got.size(), ref.size()) << mode;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      EXPECT_EQ(got[i]["output_token_ids"], ref[i]["output_token_ids"]) << mode << " " << i;
+      EXPECT_EQ(got[i]["communicator"], "in-process") << mode;
+    }
+  }
+  // nccl on CPU shards: an error naming the flag and why, never a fallback.
+  RunResult r = run("generate " + stories_model_flags() + kBatch +
+                    " --spatial-shards 2 --spatial-communicator nccl");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--spatial-communicator"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.err.find("not a CUDA backend") != std::string::npos ||
+              r.err.find("built without NCCL") != std::string::npos)
+      << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  r = run("generate " + stories_model_flags() + kBatch + " --spatial-communicator mpi");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--spatial-communicator"), std::string::npos) << r.err;
 }
 
 TEST(CliSpatial, BadFlagsAreClearErrors) {

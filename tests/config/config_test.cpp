@@ -470,5 +470,31 @@ TEST(ConfigTest, SpatialCutKeys) {
   }
 }
 
+TEST(ConfigTest, SpatialCommunicatorKey) {
+  auto d = parse_config("kv:\n  cuts:\n    spatial: {shards: 2}\n");
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->engine.spatial.communicator, SpatialCommunicator::kAuto);  // the default
+  const std::pair<const char*, SpatialCommunicator> good[] = {
+      {"auto", SpatialCommunicator::kAuto},
+      {"in_process", SpatialCommunicator::kInProcess},
+      {"nccl", SpatialCommunicator::kNccl},
+  };
+  for (const auto& [name, want] : good) {
+    // Parsing never looks at the build or the devices: the engine decides at start-up.
+    auto c = parse_config(std::string("kv:\n  cuts:\n    spatial: {shards: 2, communicator: ") +
+                          name + "}\n");
+    ASSERT_TRUE(c.ok()) << name << ": " << c.status().to_string();
+    EXPECT_EQ(c->engine.spatial.communicator, want) << name;
+    EXPECT_STREQ(spatial_communicator_name(want), name);
+  }
+  for (const char* bad : {"mpi", "in-process", "NCCL", "\"\""}) {
+    auto r = parse_config(std::string("kv:\n  cuts:\n    spatial: {communicator: ") + bad + "}\n");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("kv.cuts.spatial.communicator"), std::string::npos)
+        << r.status().to_string();
+  }
+}
+
 }  // namespace
 }  // namespace kvsplit::config

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/communicator.h"
 #include "engine/engine_impl.h"
 #include "engine_test_util.h"
 
@@ -268,6 +269,68 @@ TEST(EngineSpatialConfig, BadValuesNameTheField) {
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("spatial.spatial_chunk_size"), std::string::npos)
       << e.status().to_string();
+}
+
+// ---- kv.cuts.spatial.communicator (backend/communicator.h's rule) on CPU shards ----
+
+// nccl on CPU shards: Engine creation fails with the reason (kInvalidArgument: not CUDA backends;
+// kUnimplemented in a build without NCCL), naming the field; never a silent fallback. Without a
+// shard group (shards 1) there is nothing to connect and the knob is not looked at.
+TEST(EngineSpatialCommunicator, NcclOnCpuShardsFailsAtCreation) {
+  KVSPLIT_REQUIRE_MODELS();
+  for (ServingMode mode : {ServingMode::kColocated, ServingMode::kDisaggregated}) {
+    EngineConfig cfg = testing::stories_config(mode);
+    cfg.spatial.shards = 2;
+    cfg.spatial.spatial_chunk_size = 16;
+    cfg.spatial.communicator = SpatialCommunicator::kNccl;
+    auto e = Engine::create(cfg);
+    ASSERT_FALSE(e.ok());
+    const std::string msg = e.status().to_string();
+    if (backend::nccl_communicator_built()) {
+      EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << msg;
+      EXPECT_NE(msg.find("not a CUDA backend"), std::string::npos) << msg;
+    } else {
+      EXPECT_EQ(e.status().code(), StatusCode::kUnimplemented) << msg;
+      EXPECT_NE(msg.find("built without NCCL"), std::string::npos) << msg;
+    }
+    EXPECT_NE(msg.find("kv.cuts.spatial.communicator: nccl"), std::string::npos) << msg;
+    cfg.spatial.shards = 1;
+    auto plain = Engine::create(cfg);
+    EXPECT_TRUE(plain.ok()) << plain.status().to_string();
+  }
+}
+
+// auto and in_process on CPU shards: the in-process communicator, reported per worker, with the
+// goldens token-exact (two blocks per shard: every golden is spread) and bytes exchanged.
+TEST(EngineSpatialCommunicator, AutoAndInProcessKeepTheGoldens) {
+  KVSPLIT_REQUIRE_MODELS();
+  for (SpatialCommunicator comm : {SpatialCommunicator::kAuto, SpatialCommunicator::kInProcess}) {
+    SCOPED_TRACE(spatial_communicator_name(comm));
+    EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
+    cfg.kv_blocks_per_worker = 2;
+    cfg.block_size = 16;
+    cfg.spatial.shards = 2;
+    cfg.spatial.spatial_chunk_size = 16;
+    cfg.spatial.communicator = comm;
+    auto engine = Engine::create(cfg);
+    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    const std::vector<int> initial = testing::free_blocks(**engine);
+    EXPECT_GT(testing::expect_greedy_goldens(**engine), 0);
+    EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+    int64_t exchanged = 0;
+    double seconds = 0;
+    for (const PoolStats& ps : (*engine)->stats().pools) {
+      EXPECT_EQ(ps.kv_shard_communicator, "in-process") << ps.name;
+      exchanged += ps.kv_shard_exchange_bytes;
+      seconds += ps.kv_shard_exchange_seconds;
+    }
+    EXPECT_GT(exchanged, 0);
+    EXPECT_GT(seconds, 0.0);
+  }
+  // No shard group: no communicator to report.
+  auto plain = Engine::create(testing::stories_config(ServingMode::kColocated));
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  for (const PoolStats& ps : (*plain)->stats().pools) EXPECT_EQ(ps.kv_shard_communicator, "");
 }
 
 // ---- the semantic cut on sharded sequences ----

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/communicator.h"
 #include "engine/engine_impl.h"
 #include "engine/engine_test_util.h"
 #include "kernel_test_util.h"
@@ -86,7 +87,13 @@ void expect_cuda_shards_match_cpu(const std::vector<int32_t>& devices) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i]) << "prompt " << i;
   EXPECT_GT(exchanged_bytes(**engine), 0);  // the sequences were spread
-  for (const PoolStats& p : (*engine)->stats().pools) EXPECT_EQ(p.kv_shards, 2) << p.name;
+  // kv.cuts.spatial.communicator auto: NCCL only for one GPU per shard in a build with NCCL.
+  const bool own_gpus = devices.size() != 1;
+  const std::string comm = own_gpus && backend::nccl_communicator_built() ? "nccl" : "in-process";
+  for (const PoolStats& p : (*engine)->stats().pools) {
+    EXPECT_EQ(p.kv_shards, 2) << p.name;
+    EXPECT_EQ(p.kv_shard_communicator, comm) << p.name;
+  }
 }
 
 TEST(CudaShardEngine, TwoVirtualShardsOnOneGpuMatchTheCpuEngine) {

@@ -181,6 +181,60 @@ TEST_F(AdminTest, BadConfigExitsNonZeroNamingTheField) {
   EXPECT_NE(out6.find("is a character device"), std::string::npos) << out6;
 }
 
+// kv.cuts.spatial.communicator through the binary: a bad value fails --check-config naming the
+// field; nccl on CPU shards fails the start with the reason (never a fallback); in_process serves
+// and GetServerStats and /metrics name the communicator and count the exchange.
+TEST_F(AdminTest, SpatialCommunicatorFromTheConfig) {
+  const std::string bad =
+      write("comm_bad.yaml", "kv:\n  cuts:\n    spatial: {communicator: mpi}\n");
+  auto [code, out] = run_command(std::string(KVSPLIT_SERVER_BIN) + " --check-config " + bad);
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("kv.cuts.spatial.communicator"), std::string::npos) << out;
+  const std::string nccl =
+      write("comm_nccl.yaml",
+            "kv:\n  capacity_mb: 16\n  cuts:\n    spatial: {shards: 2, communicator: nccl}\n");
+  auto [code2, out2] = run_command(std::string(KVSPLIT_SERVER_BIN) + " --port 0 --model " +
+                                   model_path("stories260K.bin") + " --config " + nccl);
+  EXPECT_NE(code2, 0);
+  EXPECT_NE(out2.find("kv.cuts.spatial.communicator: nccl"), std::string::npos) << out2;
+
+  auto server = start({"--config", write("comm_in_process.yaml",
+                                         "kv:\n  capacity_mb: 16\n  block_size: 16\n  cuts:\n"
+                                         "    spatial: {shards: 2, spatial_chunk_size: 16, "
+                                         "communicator: in_process}\n")});
+  ASSERT_TRUE(server->started());
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+  std::vector<int32_t> ids;
+  // 5 prompt tokens + 40 generated: pages 0-2, chunks of one page alternate over the 2 shards.
+  ASSERT_TRUE(generate_status(stub.get(), simple("Once upon a time", 40), &ids).ok());
+  EXPECT_EQ(ids.size(), 40u);
+  v1::GetServerStatsResponse stats;
+  bool counted = false;
+  for (int i = 0; i < 200 && !counted; ++i) {  // stats are published at the worker's next loop
+    grpc::ClientContext ctx;
+    stats.Clear();
+    ASSERT_TRUE(stub->GetServerStats(&ctx, {}, &stats).ok());
+    // Every pool (prefill and decode) names its group's communicator; the decode steps exchange.
+    bool named = stats.pools_size() > 0;
+    int64_t bytes = 0;
+    double seconds = 0;
+    for (const auto& p : stats.pools()) {
+      named = named && p.kv_shard_communicator() == "in-process";
+      bytes += p.kv_shard_exchange_bytes();
+      seconds += p.kv_shard_exchange_seconds();
+    }
+    counted = named && bytes > 0 && seconds > 0;
+    if (!counted) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  EXPECT_TRUE(counted) << stats.DebugString();
+  const std::string metrics = scrape_metrics(server->metrics_port());
+  for (const char* name : {"kvsplit:kv_shard_communicator{", "communicator=\"in-process\"} 1",
+                           "kvsplit:kv_shard_exchange_seconds_total{"}) {
+    EXPECT_NE(metrics.find(name), std::string::npos) << name << " missing from\n" << metrics;
+  }
+}
+
 TEST_F(AdminTest, TlsFilesAreBoundedRegularFiles) {
   // /dev/zero as the certificate used to be read until memory ran out.
   auto [code, out] = run_command(std::string(KVSPLIT_SERVER_BIN) +

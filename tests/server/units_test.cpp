@@ -39,6 +39,29 @@ TEST(ConvertTest, DefaultsAndClassNaming) {
   EXPECT_NE(r.status().message().find("known: gold, tin"), std::string::npos);
 }
 
+// The spatial cut's fields of a pool reach GetServerStats, the communicator's name included.
+TEST(ConvertTest, ServerStatsCarryTheShardGroupsCommunicator) {
+  EngineStats stats;
+  PoolStats sharded;
+  sharded.name = "worker-0";
+  sharded.kv_shards = 2;
+  sharded.kv_shard_exchange_bytes = 4096;
+  sharded.kv_shard_exchange_seconds = 0.25;
+  sharded.kv_shard_communicator = "nccl";
+  stats.pools.push_back(sharded);
+  PoolStats plain;
+  plain.name = "worker-1";
+  stats.pools.push_back(plain);
+  v1::GetServerStatsResponse out;
+  fill_server_stats(stats, {}, 0, &out);
+  ASSERT_EQ(out.pools_size(), 2);
+  EXPECT_EQ(out.pools(0).kv_shards(), 2);
+  EXPECT_EQ(out.pools(0).kv_shard_exchange_bytes(), 4096);
+  EXPECT_DOUBLE_EQ(out.pools(0).kv_shard_exchange_seconds(), 0.25);
+  EXPECT_EQ(out.pools(0).kv_shard_communicator(), "nccl");
+  EXPECT_EQ(out.pools(1).kv_shard_communicator(), "");  // no shard group
+}
+
 TEST(ConvertTest, ReservedIdPrefixAndEscapedClassNames) {
   RequestLimits l;
   l.vocab_size = 512;

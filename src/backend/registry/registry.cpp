@@ -1,10 +1,12 @@
 // create_backend(): the one place that knows every backend. Lives outside kvsplit_core so that
-// the CUDA backend (a separate library built by nvcc) can be linked in when it exists.
+// the CUDA backend (a separate library built by nvcc) can be linked in when it exists; so does
+// make_shard_communicator(), which may create the NCCL communicator (defined in kvsplit_cuda).
 #include <algorithm>
 #include <string>
 #include <thread>
 
 #include "backend/backend.h"
+#include "backend/communicator.h"
 #include "backend/cpu/cpu_backend.h"
 #if defined(KVSPLIT_HAVE_CUDA_BACKEND)
 #include "backend/cuda/cuda_backend_factory.h"
@@ -50,6 +52,36 @@ int visible_devices(std::string_view name) {
   if (name == "cuda") return cuda_device_count();
 #endif
   return 0;
+}
+
+StatusOr<ShardCommunicator> make_shard_communicator(SpatialCommunicator mode,
+                                                    std::span<Backend* const> shards) {
+  std::vector<ShardDeviceInfo> info;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    if (shards[i] == nullptr)
+      return invalid_argument("communicator: shard " + std::to_string(i) + " has no backend");
+    info.push_back(ShardDeviceInfo{shards[i]->kind(), shards[i]->device()});
+  }
+  auto choice = choose_communicator(mode, info, nccl_communicator_built());
+  if (!choice.ok()) return choice.status();
+  ShardCommunicator out;
+  out.reason = std::move(choice->reason);
+  if (!choice->nccl) {
+    out.comm = make_in_process_communicator();
+    return out;
+  }
+  auto nccl = make_nccl_communicator(shards);
+  if (nccl.ok()) {
+    out.comm = std::move(nccl).value();
+    return out;
+  }
+  if (mode == SpatialCommunicator::kNccl)
+    return nccl.status().with_prefix("kv.cuts.spatial.communicator: nccl");
+  out.comm = make_in_process_communicator();
+  out.fell_back = true;
+  out.reason =
+      "in-process (auto: creating the NCCL communicator failed: " + nccl.status().to_string() + ")";
+  return out;
 }
 
 }  // namespace kvsplit::backend
