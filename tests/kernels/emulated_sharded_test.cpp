@@ -4,7 +4,7 @@
 // sharded scoring (head_max, scoring-only calls) run the kernels CudaBackend launches. Mirrors the
 // CPU tests tests/e2e/spatial_golden_test.cpp (goldens token-exact over shards) and
 // tests/engine/engine_spatial_test.cpp EngineSpatialSemantic (scored goldens; a ladder that
-// demotes, evicts and recalls gives the unsharded tokens). Sized for the ASan build (slow fibers).
+// demotes, evicts and recalls gives the unsharded tokens).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,15 +24,6 @@
 
 namespace kvsplit::testing {
 namespace {
-
-// The emulator runs about 65x slower under AddressSanitizer than in a Release build: there the
-// runs below take fewer goldens and tokens (and the ladder 3 shards only), which keeps each test
-// well inside CTest's 600 s; the Release suite runs them in full.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSlowBuild = true;
-#else
-constexpr bool kSlowBuild = false;
-#endif
 
 // stories260K on an emulated home backend whose pool has `shards - 1` emulated peers (chunks of
 // `chunk` tokens). With `cut`, the pools get the semantic cut's tiers for `tier_pages` pages.
@@ -140,7 +131,7 @@ TEST(EmulatedSharded, GoldensTokenExactOverTwoAndThreeShards) {
     SCOPED_TRACE(std::to_string(shards) + " shards");
     auto m = load_sharded(shards, /*chunk=*/16, /*blocks_per_shard=*/12, nullptr);
     ASSERT_NE(m, nullptr);
-    const std::vector<Golden> cases = goldens(kSlowBuild ? 1 : 2, 1, 40);
+    const std::vector<Golden> cases = goldens(2, 1, 40);
     std::vector<sched::GenerationInput> inputs;
     for (const Golden& c : cases) inputs.push_back(c.input);
     sched::BatchOptions bo;
@@ -201,7 +192,7 @@ TEST(EmulatedSharded, ScoredGoldensTokenExactOverThreeShards) {
   sc.score_interval = 1;
   auto m = load_sharded(3, 16, 16, &sc);
   ASSERT_NE(m, nullptr);
-  const std::vector<Golden> cases = goldens(kSlowBuild ? 1 : 2, 0, 40);
+  const std::vector<Golden> cases = goldens(2, 0, 40);
   sched::SequenceCutStats stats;
   const auto ids = generate_cut(*m, sc, cases, &stats);
   ASSERT_EQ(ids.size(), cases.size());
@@ -228,7 +219,7 @@ TEST(EmulatedSharded, ForcedLadderSameTokensAsUnsharded) {
   sc.score_interval = 1;
   sc.sink_tokens = 4;
   sc.recent_tokens = 16;
-  std::vector<Golden> cases = goldens(kSlowBuild ? 1 : 2, 0, 64);
+  std::vector<Golden> cases = goldens(2, 0, 64);
   for (Golden& c : cases) c.input.params.max_tokens = 64;
   sched::SequenceCutStats want_stats;
   std::vector<std::vector<int32_t>> want;
@@ -252,7 +243,6 @@ TEST(EmulatedSharded, ForcedLadderSameTokensAsUnsharded) {
     return std::llabs(a - b) <= std::max<int64_t>(2, b / 50);
   };
   for (int shards : {2, 3}) {
-    if (kSlowBuild && shards == 2) continue;
     SCOPED_TRACE(std::to_string(shards) + " shards");
     auto m = load_sharded(shards, 16, 32, &sc);
     ASSERT_NE(m, nullptr);
