@@ -42,7 +42,7 @@ struct DiskTierConfig {
   std::string path;                         // kv.disk.path: a directory, created when missing
   int64_t capacity_bytes = 0;               // kv.disk.capacity_mb << 20; record space, > 0
   int64_t extent_bytes = int64_t{1} << 20;  // allocation unit: a multiple of 4096
-  IoOptions io;                             // backend: auto | uring | threads
+  IoOptions io;  // backend: auto (threads buffered, io_uring with O_DIRECT) | uring | threads
   // kv.disk.direct_io: O_DIRECT, so the tier bypasses the page cache (a large tier does not
   // fill it; reads measure the device). Records go through a 4 KiB-aligned bounce buffer (the
   // callers' pages are not aligned). A file system that refuses O_DIRECT (some FUSE and network

@@ -108,7 +108,13 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::open(const DiskTierConfig& config)
                        file, errno_text(errno));
     }
   }
-  StatusOr<std::unique_ptr<BlockIo>> io = BlockIo::create(config.io);
+  // IoBackend::kAuto, per tier (docs/kv-tiers.md "I/O backends"): a buffered tier takes the
+  // helper threads, which measured at or above io_uring for every record size against the page
+  // cache (io_uring punts buffered writes to its workers one by one and hashes a read's digest on
+  // its single reaper); an O_DIRECT tier takes io_uring when it runs, for its deep device queues.
+  IoOptions io_options = config.io;
+  if (io_options.backend == IoBackend::kAuto && !direct) io_options.backend = IoBackend::kThreads;
+  StatusOr<std::unique_ptr<BlockIo>> io = BlockIo::create(io_options);
   if (!io.ok()) return fail(io.status().code(), io.status().message());
   return std::unique_ptr<DiskTier>(
       new DiskTier(config, file, fd, std::move(io).value(), extents, session, direct));

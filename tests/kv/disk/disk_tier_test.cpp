@@ -609,5 +609,41 @@ INSTANTIATE_TEST_SUITE_P(Backends, DiskTierTest,
                                   (std::get<1>(info.param) ? "_direct" : "_buffered");
                          });
 
+// IoBackend::kAuto resolves per tier: a buffered tier runs on the helper threads (they measured at
+// or above io_uring against the page cache), an O_DIRECT tier on io_uring when it runs here, else
+// on the threads; a forced backend is kept either way.
+TEST(DiskTierAutoBackend, BufferedTakesThreadsDirectTakesUringWhereItRuns) {
+  testing::TempDir dir;
+  const bool ring_runs = BlockIo::create(IoOptions{IoBackend::kUring}).ok();
+  for (const bool direct : {false, true}) {
+    for (const IoBackend asked : {IoBackend::kAuto, IoBackend::kThreads, IoBackend::kUring}) {
+      if (asked == IoBackend::kUring && !ring_runs) continue;
+      SCOPED_TRACE(std::string(io_backend_name(asked)) + (direct ? " direct" : " buffered"));
+      DiskTierConfig c;
+      c.path = (dir.path() / "tier").string();
+      c.capacity_bytes = 4 << 20;
+      c.io.backend = asked;
+      c.direct_io = direct;
+      auto tier = DiskTier::open(c);
+      ASSERT_TRUE(tier.ok()) << tier.status().to_string();
+      const bool is_direct = tier.value()->stats().direct_io;
+      IoBackend want = asked;
+      if (asked == IoBackend::kAuto)
+        want = is_direct && ring_runs ? IoBackend::kUring : IoBackend::kThreads;
+      EXPECT_EQ(tier.value()->io_backend(), want);
+      // Either way the tier works: a record round-trips.
+      const Bytes page = random_bytes(12345, 9);
+      const std::vector<std::span<const std::byte>> src{page};
+      auto id = tier.value()->write_sync(src, RecordKey{1, 2});
+      ASSERT_TRUE(id.ok()) << id.status().to_string();
+      Bytes back(page.size());
+      std::vector<std::span<std::byte>> dst{back};
+      EXPECT_TRUE(tier.value()->read_sync(*id, dst, RecordKey{1, 2}).ok());
+      EXPECT_EQ(back, page);
+      EXPECT_TRUE(tier.value()->free(*id).ok());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvsplit::kv
