@@ -1,6 +1,8 @@
 #include "kv/swap.h"
 
 #include <chrono>
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "common/check.h"
@@ -36,6 +38,16 @@ Status run_batches(KvPool& pool, const std::vector<std::vector<CopyRange>>& batc
                                   .backend()
                                   .copy_batch_async(dir, batches[s].data(), batches[s].size()));
   return ok_status();
+}
+
+// The CPU backend's device memory is host memory: the disk tier then writes and reads a
+// record's pages in place, one span per page and layer in the record's layout (page after page,
+// layer after layer), with no staging buffer (its allocation, page faults and zeroing) and no
+// second copy. Other backends go through a host staging buffer.
+bool pages_in_host_memory(KvPool& pool) {
+  for (int s = 0; s < pool.num_shards(); ++s)
+    if (pool.shard(s).backend().kind() != backend::DeviceKind::kCpu) return false;
+  return true;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -91,19 +103,33 @@ StatusOr<bool> swap_out_to_disk(KvPool& pool, BlockTable& table, const std::vect
   const int64_t page_bytes = pool.page_layer_bytes(KvPrecision::kFull);
   const int layers = pool.shape().num_layers;
   const int64_t per_page = page_bytes * layers;
-  std::vector<std::byte> staging(static_cast<size_t>(per_page) * idx.size());
-  std::vector<std::vector<CopyRange>> batches(static_cast<size_t>(pool.num_shards()));
-  for (size_t k = 0; k < idx.size(); ++k) {
-    const int s = table.page(idx[k]).shard;
-    pool.shard(s).add_page_copies(table.blocks[idx[k]], staging.data() + k * per_page,
-                                  CopyDir::kDeviceToHost, &batches[s]);
+  const int64_t record_bytes = per_page * static_cast<int64_t>(idx.size());
+  std::unique_ptr<std::byte[]> staging;
+  std::vector<std::span<const std::byte>> payload;
+  if (pages_in_host_memory(pool)) {
+    // In place: copies still queued on the pages' shards finish first.
+    KVSPLIT_RETURN_IF_ERROR(synchronize_shards(pool, table, idx));
+    payload.reserve(idx.size() * static_cast<size_t>(layers));
+    for (int i : idx) {
+      const KvPool& shard = pool.shard(table.page(i).shard);
+      for (int l = 0; l < layers; ++l)
+        payload.emplace_back(shard.full_page(l, table.blocks[i]), static_cast<size_t>(page_bytes));
+    }
+  } else {
+    staging = std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(record_bytes));
+    std::vector<std::vector<CopyRange>> batches(static_cast<size_t>(pool.num_shards()));
+    for (size_t k = 0; k < idx.size(); ++k) {
+      const int s = table.page(idx[k]).shard;
+      pool.shard(s).add_page_copies(table.blocks[idx[k]], staging.get() + k * per_page,
+                                    CopyDir::kDeviceToHost, &batches[s]);
+    }
+    const Status queued = run_batches(pool, batches, CopyDir::kDeviceToHost);
+    const Status synced = synchronize_shards(pool, table, idx);  // before `staging` can go
+    KVSPLIT_RETURN_IF_ERROR(queued);
+    KVSPLIT_RETURN_IF_ERROR(synced);
+    payload.emplace_back(staging.get(), static_cast<size_t>(record_bytes));
   }
-  const Status queued = run_batches(pool, batches, CopyDir::kDeviceToHost);
-  const Status synced = synchronize_shards(pool, table, idx);  // before `staging` can go
-  KVSPLIT_RETURN_IF_ERROR(queued);
-  KVSPLIT_RETURN_IF_ERROR(synced);
-  const std::span<const std::byte> payload[] = {staging};
-  pool.make_disk_room(static_cast<int64_t>(staging.size()));  // prefix-cache records give way
+  pool.make_disk_room(record_bytes);  // prefix-cache records give way
   auto id = disk.write_sync(payload, disk_key(idx.size()));
   if (!id.ok()) {
     // Capacity, ENOSPC, EIO, short write: nothing was kept (the tier frees a failed write).
@@ -268,6 +294,7 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
   const int layers = pool.shape().num_layers;
   Status st = ok_status();
   std::vector<std::byte> staging;
+  bool in_place = false;  // the record was read straight into the blocks
   if (from_disk) {
     // One read of the whole record; the tier checks its header, key and checksum.
     const int64_t per_page = page_bytes * layers;
@@ -280,6 +307,20 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
       staging = std::move(prefetch->staging);
       prefetch->record = 0;
       prefetch->result.reset();
+    } else if (pages_in_host_memory(pool)) {
+      // In place, into the blocks just allocated (record page `original`, layer after layer).
+      std::vector<std::span<std::byte>> dst(idx.size() * static_cast<size_t>(layers));
+      for (size_t k = 0; k < idx.size(); ++k) {
+        const KvPool::PlacedBlock& b = (*blocks)[k];
+        const int32_t at = table.pages[idx[k]].original;
+        KVSPLIT_CHECK(at >= 0 && static_cast<size_t>(at) < idx.size());
+        for (int l = 0; l < layers; ++l)
+          dst[static_cast<size_t>(at) * layers + l] = {pool.shard(b.shard).full_page(l, b.block),
+                                                       static_cast<size_t>(page_bytes)};
+      }
+      st = pool.disk()->read_sync(table.disk_record, dst, disk_key(idx.size()));
+      in_place = true;
+      ++stats->prefetch_misses;
     } else {
       staging.resize(static_cast<size_t>(per_page) * idx.size());
       const std::span<std::byte> dst[] = {staging};
@@ -288,7 +329,7 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
     }
     if (!st.ok()) ++stats->disk_faults;
   }
-  if (st.ok()) {
+  if (st.ok() && !in_place) {
     // One batch per shard: from the record's staging buffer (page `original` of the record) or
     // from the page's host slot.
     std::vector<std::vector<CopyRange>> batches(static_cast<size_t>(pool.num_shards()));
