@@ -5,13 +5,15 @@
 // with 256 running sequences. --capacity measures how many sequences one fixed KV budget runs at
 // once with the semantic cut off and on. --swap-compare runs one over-committed KV budget with the
 // temporal cut's swap: never (recompute), always and auto, and reports time, throughput and
-// goodput (requests within the SLA targets). --fairness runs a stream of short requests without
+// goodput (requests within the SLA targets); --swap-reps N runs the three modes in turn N times
+// and prints medians and the rounds' ratios. --fairness runs a stream of short requests without
 // and with one long prompt among them and reports the short requests' TTFT (fair time slicing).
 //
 //   bench_serving_offline --model synthetic:stories260k --requests 200 --rate 50
 //   bench_serving_offline --model synthetic:llama-110m --bookkeeping
 //   bench_serving_offline --model ../shared/models/stories260K.bin --capacity --kv-capacity-mb 5
-//   bench_serving_offline --model synthetic:llama-110m --swap-compare --kv-capacity-mb 48
+//   bench_serving_offline --model synthetic:llama-110m --swap-compare --kv-capacity-mb 120 \
+//       --swap-seqs 6 --swap-prompt 768 --swap-output 128 --threads 2 --swap-reps 3
 //   bench_serving_offline --model synthetic:llama-110m@ctx=4608 --threads 2 --fairness \
 //       --mode colocated --write-trace fair.jsonl      # then --trace fair.jsonl replays it
 //   bench_serving_offline --config server.yaml --trace phased.jsonl   # replay a request trace
@@ -22,6 +24,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -536,48 +539,80 @@ int run_capacity_once(const Options& o, int seqs, kvsplit::KvPolicy policy, Capa
 }
 
 // The temporal cut against recompute: one over-committed budget, swap never / always / auto.
+// The three swap modes take turns, `--swap-reps` rounds of never, always, auto, so that a slow
+// spell of a shared machine falls on every mode; each round's ratios are against that round's
+// `never`, and the summary gives the median run of each mode and the range of the rounds' ratios.
 int run_swap_compare(const Options& o) {
   std::printf(
       "swap: %s, KV budget %.1f MiB, host tier %lld MiB, %d sequences of %d + %d tokens "
-      "submitted at once, 1 colocated worker, %d threads\n",
+      "submitted at once, 1 colocated worker, %d threads, %d round(s)\n",
       o.model.c_str(), o.kv_capacity_mb, static_cast<long long>(o.host_mb), o.swap_seqs,
-      o.swap_prompt, o.swap_output, o.threads);
-  double never_wall = 0, never_tok_s = 0, never_good = 0, never_good_tok = 0;
-  for (kvsplit::SwapMode mode :
-       {kvsplit::SwapMode::kNever, kvsplit::SwapMode::kAlways, kvsplit::SwapMode::kAuto}) {
-    kvsplit::TemporalCutConfig t;
-    t.host_capacity_mb = o.host_mb;
-    t.swap = mode;
-    CapacityResult r;
-    if (run_capacity_once(o, o.swap_seqs, kvsplit::KvPolicy::kFull, &r, t, o.swap_prompt,
-                          o.swap_output) != 0 ||
-        r.errors > 0)
-      return 1;
-    const double good_rps = r.good / r.wall_s, good_tok_s = r.good_tokens / r.wall_s;
-    if (mode == kvsplit::SwapMode::kNever) {
-      never_wall = r.wall_s;
-      never_tok_s = r.tokens / r.wall_s;
-      never_good = good_rps;
-      never_good_tok = good_tok_s;
+      o.swap_prompt, o.swap_output, o.threads, o.swap_reps);
+  constexpr std::array<kvsplit::SwapMode, 3> kModes = {
+      kvsplit::SwapMode::kNever, kvsplit::SwapMode::kAlways, kvsplit::SwapMode::kAuto};
+  constexpr std::array<const char*, 3> kNames = {"never", "always", "auto"};
+  auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+  // Per mode, per round: throughput and goodput (req/s, tok/s) relative to the round's never.
+  std::array<std::vector<double>, 3> walls, thr, good_req, good_tok;
+  for (int round = 0; round < o.swap_reps; ++round) {
+    double never_tok_s = 0, never_good = 0, never_good_tok = 0, never_wall = 0;
+    for (size_t m = 0; m < kModes.size(); ++m) {
+      kvsplit::TemporalCutConfig t;
+      t.host_capacity_mb = o.host_mb;
+      t.swap = kModes[m];
+      CapacityResult r;
+      if (run_capacity_once(o, o.swap_seqs, kvsplit::KvPolicy::kFull, &r, t, o.swap_prompt,
+                            o.swap_output) != 0 ||
+          r.errors > 0)
+        return 1;
+      const double tok_s = r.tokens / r.wall_s;
+      const double good_rps = r.good / r.wall_s, good_tok_s = r.good_tokens / r.wall_s;
+      if (m == 0) {
+        never_wall = r.wall_s;
+        never_tok_s = tok_s;
+        never_good = good_rps;
+        never_good_tok = good_tok_s;
+      }
+      walls[m].push_back(r.wall_s);
+      thr[m].push_back(ratio(tok_s, never_tok_s));
+      good_req[m].push_back(ratio(good_rps, never_good));
+      good_tok[m].push_back(ratio(good_tok_s, never_good_tok));
+      std::printf(
+          "  [%d] swap %-6s: %6.2f s (%.2fx the time of never), %6.0f output tok/s, preemptions "
+          "%4lld: swapped out %lld, in %lld (%.1f MiB copied), recompute choices %lld, fallbacks "
+          "%lld\n",
+          round + 1, kNames[m], r.wall_s, r.wall_s / never_wall, tok_s,
+          static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps_out),
+          static_cast<long long>(r.swaps_in), static_cast<double>(r.swap_bytes) / (1 << 20),
+          static_cast<long long>(r.recompute_choices), static_cast<long long>(r.fallbacks));
+      std::printf(
+          "              goodput (TTFT <= %.0f ms, mean ITL <= %.0f ms): %d of %d requests, %.3f "
+          "req/s, %.1f output tok/s; %s/never: throughput %.2fx, goodput %.2fx req/s, %.2fx "
+          "tok/s\n",
+          r.sla_ttft_ms, r.sla_itl_ms, r.good, o.swap_seqs, good_rps, good_tok_s, kNames[m],
+          thr[m].back(), good_req[m].back(), good_tok[m].back());
     }
-    const char* name = mode == kvsplit::SwapMode::kNever    ? "never"
-                       : mode == kvsplit::SwapMode::kAlways ? "always"
-                                                            : "auto";
-    std::printf(
-        "  swap %-6s: %6.2f s (%.2fx the time of never), %6.0f output tok/s, preemptions %4lld: "
-        "swapped out %lld, in %lld (%.1f MiB copied), recompute choices %lld, fallbacks %lld\n",
-        name, r.wall_s, r.wall_s / never_wall, r.tokens / r.wall_s,
-        static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps_out),
-        static_cast<long long>(r.swaps_in), static_cast<double>(r.swap_bytes) / (1 << 20),
-        static_cast<long long>(r.recompute_choices), static_cast<long long>(r.fallbacks));
-    auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
-    std::printf(
-        "              goodput (TTFT <= %.0f ms, mean ITL <= %.0f ms): %d of %d requests, %.3f "
-        "req/s, %.1f output tok/s; %s/never: throughput %.2fx, goodput %.2fx req/s, %.2fx "
-        "tok/s\n",
-        r.sla_ttft_ms, r.sla_itl_ms, r.good, o.swap_seqs, good_rps, good_tok_s, name,
-        ratio(r.tokens / r.wall_s, never_tok_s), ratio(good_rps, never_good),
-        ratio(good_tok_s, never_good_tok));
+  }
+  if (o.swap_reps > 1) {
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      const size_t n = v.size();
+      return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    };
+    auto range = [](const std::vector<double>& v) {
+      const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+      return std::pair<double, double>{*lo, *hi};
+    };
+    const double never_median = median(walls[0]);
+    for (size_t m = 1; m < kModes.size(); ++m) {
+      const auto [t_lo, t_hi] = range(thr[m]);
+      const auto [g_lo, g_hi] = range(good_tok[m]);
+      std::printf(
+          "  summary %-6s: median %.2f s vs never's %.2f s = throughput %.2fx; rounds: "
+          "throughput %.2f-%.2fx, goodput (tok/s) %.2f-%.2fx, median %.2fx\n",
+          kNames[m], median(walls[m]), never_median, ratio(never_median, median(walls[m])), t_lo,
+          t_hi, g_lo, g_hi, median(good_tok[m]));
+    }
   }
   return 0;
 }
@@ -662,6 +697,9 @@ int main(int argc, char** argv) {
   app.add_option("--swap-prompt", o.swap_prompt, "--swap-compare: prompt tokens");
   app.add_option("--swap-output", o.swap_output, "--swap-compare: tokens generated");
   app.add_option("--host-mb", o.host_mb, "--swap-compare: host tier per worker (MiB)");
+  app.add_option("--swap-reps", o.swap_reps,
+                 "--swap-compare: rounds of never, always, auto taking turns (median and range)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--sla-ttft-ms", o.sla_ttft_ms,
                  "--swap-compare: goodput's TTFT target (default: the default class's, 5000)")
       ->check(CLI::NonNegativeNumber);

@@ -47,7 +47,7 @@ struct Options {
   int recent_tokens = 16;
   int score_interval = 1;
   bool swap_compare = false;
-  int swap_seqs = 8, swap_prompt = 256, swap_output = 128;
+  int swap_seqs = 8, swap_prompt = 256, swap_output = 128, swap_reps = 1;
   int64_t host_mb = 256;
   double sla_ttft_ms = 0, sla_itl_ms = 0;  // --swap-compare goodput targets (0: the class's)
   std::string trace;           // replay this request trace instead of the synthetic workload
