@@ -1,4 +1,4 @@
-// Spatial cut benchmarks (issue 13, kv-cuts.md §4), on the CPU backend:
+// Spatial cut benchmarks (issue 13, kv-cuts.md §4), on the CPU backend (or --backend cuda):
 //   decode    long-context decode (default 8K, 16K, 32K tokens of context) of B sequences whose KV
 //             is spread over 1, 2 and 4 shards: tokens/s, exchange bytes per step against the
 //             formula, and the merge's share of the sharded attention time;
@@ -17,6 +17,10 @@
 // --communicator auto|in_process|nccl picks the shard group's communicator as the engine does
 // (kv.cuts.spatial.communicator); every output names the one used. The shards here are CPU
 // backends, so auto and in_process exchange in-process and nccl is the rule's error.
+// --backend cuda puts shard s on device s mod (visible devices), as the engine places a worker's
+// shards (backend/shard_placement.h): one GPU gives virtual shards (a stream each), several one
+// shard per GPU. Without a CUDA device it says it skipped and exits 0.
+//   bench_spatial --backend cuda --decode --contexts 131072 --shards 1,2,4 --steps 4 --reps 2
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -32,6 +36,7 @@
 
 #include "backend/backend.h"
 #include "backend/communicator.h"
+#include "backend/shard_placement.h"
 #include "kv/kv_pool.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
@@ -70,6 +75,7 @@ struct Options {
   int peer_threads = 0;        // > 0: threads of each peer shard's backend (default: --threads)
   std::string shard_compute = "at-once";  // at-once | in-turns | both
   std::string communicator = "auto";      // auto | in_process | nccl
+  std::string backend = "cpu";            // cpu | cuda (every shard)
   bool decode = false, capacity = false, json = false, quick = false;
 };
 
@@ -94,7 +100,8 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// A shard group of `num_shards` CPU backends (the home one is `home`), `blocks` blocks each.
+// A shard group of `num_shards` backends of o.backend (the home one is `home`), `blocks` blocks
+// each.
 struct Group {
   std::unique_ptr<kvsplit::backend::Backend> home;
   std::unique_ptr<kvsplit::kv::KvPool> pool;
@@ -106,19 +113,25 @@ kvsplit::StatusOr<Group> make_group(const Options& o, const kvsplit::kv::KvShape
   kvsplit::backend::BackendOptions bo;
   bo.threads = o.threads;
   Group g;
-  KVSPLIT_ASSIGN_OR_RETURN(g.home, kvsplit::backend::create_backend("cpu", bo));
+  KVSPLIT_ASSIGN_OR_RETURN(g.home, kvsplit::backend::create_backend(o.backend, bo));
   kvsplit::kv::KvPoolConfig pc;
   pc.num_blocks = blocks;
   pc.block_size = o.block_size;
   KVSPLIT_ASSIGN_OR_RETURN(g.pool, kvsplit::kv::KvPool::create(*g.home, pc, shape));
   if (num_shards > 1) {
     std::vector<std::unique_ptr<kvsplit::backend::Backend>> peers;
+    std::vector<int32_t> devices;  // CUDA: the visible devices, the home's (0) first
+    if (o.backend == "cuda")
+      for (int d = 0; d < kvsplit::backend::visible_devices("cuda"); ++d) devices.push_back(d);
     for (int s = 1; s < num_shards; ++s) {
       kvsplit::backend::BackendOptions so = bo;
-      so.device = s;
+      so.device = s;  // CPU: a virtual device id per shard
+      if (o.backend == "cuda") {
+        KVSPLIT_ASSIGN_OR_RETURN(so.device, kvsplit::backend::shard_device(devices, 0, s));
+      }
       so.spin_micros = o.peer_spin_us;  // 0 by default, as the engine sets them up
       if (o.peer_threads > 0) so.threads = o.peer_threads;
-      KVSPLIT_ASSIGN_OR_RETURN(auto be, kvsplit::backend::create_backend("cpu", so));
+      KVSPLIT_ASSIGN_OR_RETURN(auto be, kvsplit::backend::create_backend(o.backend, so));
       peers.push_back(std::move(be));
     }
     KVSPLIT_RETURN_IF_ERROR(g.pool->add_shards(std::move(peers), o.chunk));
@@ -154,7 +167,9 @@ Status fill_kv(kvsplit::kv::KvPool& pool, const kvsplit::kv::BlockTable& table, 
           shard.backend().copy_h2d(dst, page.data(), page_floats * sizeof(float)));
     }
   }
-  return pool.backend().synchronize();
+  for (int s = 0; s < pool.num_shards(); ++s)
+    KVSPLIT_RETURN_IF_ERROR(pool.shard(s).backend().synchronize());
+  return kvsplit::ok_status();
 }
 
 struct DecodeResult {
@@ -305,7 +320,7 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
   const kvsplit::model::ModelConfig& c = m.config;
   if (!o.json) {
     std::printf(
-        "decode: %s, CPU backend, %d threads per shard, block %d, spatial_chunk_size %d, the "
+        "decode: %s, %s backend, %d threads per shard, block %d, spatial_chunk_size %d, the "
         "best of %d blocks of %d steps (the shard counts of a context take turns) after %d "
         "warm-up, f32 KV (%lld KiB per token), peer shards %d threads each\n"
         "  mode: \"at-once\" = the shards compute their partials at the same time, each on its "
@@ -322,7 +337,8 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
         "  merge share = merge / (shard attention + merge) time of the sharded layers.\n"
         "  comm: the shard group's communicator (--communicator %s).\n"
         "  load average at the start: %s\n",
-        m.source.c_str(), o.threads, o.block_size, o.chunk, o.reps, o.steps, o.warmup,
+        m.source.c_str(), o.backend.c_str(), o.threads, o.block_size, o.chunk, o.reps, o.steps,
+        o.warmup,
         static_cast<long long>(int64_t{c.num_layers} * 2 * c.num_kv_heads * c.head_dim * 4 / 1024),
         o.peer_threads > 0 ? o.peer_threads : o.threads, c.num_layers,
         static_cast<long long>(formula_bytes(c, 2, 1, 0) / c.num_layers),
@@ -379,7 +395,8 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
         const char* mode = s == 1 ? "-" : r->at_once ? "at-once" : "in-turns";
         if (o.json) {
           std::printf(
-              "{\"bench\":\"spatial_decode\",\"model\":\"%s\",\"context\":%d,\"batch\":%d,"
+              "{\"bench\":\"spatial_decode\",\"backend\":\"%s\",\"model\":\"%s\",\"context\":%d,"
+              "\"batch\":%d,"
               "\"shards\":%d,\"mode\":\"%s\",\"at_once_over_in_turns\":%s,\"shards_used\":%d,"
               "\"chunk\":%d,\"tokens_per_shard\":%d,"
               "\"steps\":%d,\"reps\":%d,\"tokens_per_s\":%.3f,\"ms_per_step\":%.3f,\"cpu_ms_per_"
@@ -389,7 +406,7 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
               "\"exchange_ms_per_step\":%.4f,\"attention_ms_per_step\":%.3f,"
               "\"merge_ms_per_step\":%.4f,\"merge_share\":%.5f,\"same_tokens_as_1_shard\":%s,"
               "\"communicator\":\"%s\",\"load_average\":\"%s\"}\n",
-              m.source.c_str(), ctx, batch, s, mode,
+              o.backend.c_str(), m.source.c_str(), ctx, batch, s, mode,
               vs_turns > 0 ? std::to_string(vs_turns).c_str() : "null", r->shards_used, o.chunk,
               per_shard, o.steps, o.reps, r->tokens_per_s, r->ms_per_step, r->cpu_ms_per_step,
               base ? std::to_string(vs1).c_str() : "null", r->exchange_bytes, r->formula_bytes,
@@ -509,6 +526,9 @@ int main(int argc, char** argv) {
                  "synthetic:<preset> (its context length is raised as needed with @ctx=N) or a "
                  "model path with a long enough context");
   app.add_option("--threads", o.threads, "CPU threads of each shard's backend");
+  app.add_option("--backend", o.backend,
+                 "every shard's backend: cpu, or cuda (shard s on device s mod visible devices)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--contexts", o.contexts, "decode: context lengths (tokens)")->delimiter(',');
   app.add_option("--shards", o.shards, "shard counts (1 first for the baselines)")
       ->delimiter(',')
@@ -561,6 +581,10 @@ int main(int argc, char** argv) {
   if (o.block_size <= 0 || o.chunk <= 0 || o.chunk % o.block_size != 0 || o.capacity_tokens <= 0)
     return std::fprintf(stderr, "--chunk must be a positive multiple of --block-size\n"), 1;
   std::sort(o.shards.begin(), o.shards.end());
+  if (o.backend == "cuda" && kvsplit::backend::visible_devices("cuda") == 0) {
+    std::printf("bench_spatial: skipped (no CUDA device)\n");
+    return 0;
+  }
 
   // The context the runs need: the longest decode, and the largest group's capacity.
   int64_t need = 0;

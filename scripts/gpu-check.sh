@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU and nvcc: configure + build with the CUDA backend, run the `gpu`
 # tests (real kernels vs the fp64 oracle and the CPU backend), bench_attention (all-full pages, then
-# mixed-precision pages), the host tier's swap bandwidth against PCIe, and the llama2.c goldens through `kvsplit generate --backend cuda` (when
+# mixed-precision pages), the host tier's swap bandwidth against PCIe, the spatial cut's virtual
+# shards at 128K context (bench_spatial --backend cuda), and the llama2.c goldens through `kvsplit generate --backend cuda` (when
 # ../shared/tools is present); print a summary.
 # Budget: < 8 minutes on one H200.   Usage: scripts/gpu-check.sh [build-dir]
 set -uo pipefail
@@ -32,8 +33,8 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSPLIT_BUILD_SERVE
   -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" > "$BUILD.configure.log" 2>&1 || { tail -30 "$BUILD.configure.log"; exit 1; }
 grep -q "CUDA backend ON" "$BUILD.configure.log" || { log "CUDA backend not enabled"; tail -20 "$BUILD.configure.log"; exit 1; }
 
-log "build gpu_tests kernels_emulated_tests bench_attention bench_temporal kvsplit"
-cmake --build "$BUILD" --target gpu_tests kernels_emulated_tests bench_attention bench_temporal kvsplit -j"$JOBS" \
+log "build gpu_tests kernels_emulated_tests bench_attention bench_temporal bench_spatial kvsplit"
+cmake --build "$BUILD" --target gpu_tests kernels_emulated_tests bench_attention bench_temporal bench_spatial kvsplit -j"$JOBS" \
   > "$BUILD.build.log" 2>&1 || { grep -E "error" "$BUILD.build.log" | head -40; exit 1; }
 
 log "ctest -L gpu"
@@ -55,6 +56,11 @@ log "bench_temporal --swap-bandwidth (host tier: pinned swap copies against one 
 timeout 120 "$BUILD/benchmarks/bench_temporal" --model synthetic:llama-110m --swap-bandwidth \
   --backend cuda --pages 128 --reps 5 | tee "$BUILD.bench-swap.log"
 swap_rc=${PIPESTATUS[0]}
+
+log "bench_spatial --backend cuda (virtual shards on this GPU: merge share at 1 x 128K; issue 13)"
+timeout 240 "$BUILD/benchmarks/bench_spatial" --backend cuda --decode --contexts 131072 \
+  --shards 1,2,4 --steps 4 --reps 2 --warmup 1 | tee "$BUILD.bench-spatial.log"
+spatial_rc=${PIPESTATUS[0]}
 
 golden="skipped (no shared/tools/golden_check.py)"
 golden_rc=0
@@ -78,9 +84,11 @@ echo "gpu tests:       $([ $gpu_rc -eq 0 ] && echo PASS || echo FAIL) ($(grep -E
 echo "bench_attention: $([ $bench_rc -eq 0 ] && echo OK || echo FAIL)"
 echo "bench mixed:     $([ $mixed_rc -eq 0 ] && echo OK || echo FAIL)"
 echo "swap bandwidth:  $([ $swap_rc -eq 0 ] && echo OK || echo FAIL)"
+echo "spatial (cuda):  $([ $spatial_rc -eq 0 ] && echo OK || echo FAIL)"
 echo "goldens (cuda):  $golden"
 grep -E "^B=" "$BUILD.bench.log" || true
 grep -E "^B=" "$BUILD.bench-mixed.log" || true
 grep -E "device->host|host->device" "$BUILD.bench-swap.log" || true
+grep -E "^ +131072 " "$BUILD.bench-spatial.log" || true
 echo "elapsed:         $(( $(date +%s) - start ))s"
-[ $gpu_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $mixed_rc -eq 0 ] && [ $swap_rc -eq 0 ] && [ $golden_rc -eq 0 ]
+[ $gpu_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $mixed_rc -eq 0 ] && [ $swap_rc -eq 0 ] && [ $spatial_rc -eq 0 ] && [ $golden_rc -eq 0 ]
