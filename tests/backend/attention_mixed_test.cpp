@@ -172,6 +172,50 @@ TEST(CpuMixedAttention, PrefillMatchesTheMixedOracle) {
 
 // Sequence 0: every page evicted but the partial last one; sequence 1: evicted pages between
 // quantized ones; sequence 2: nothing resident at all (output 0, page bounds +inf).
+// MHA keys of int4 pages take the folded path (one query row per kv head: the key scale folded
+// into the query, the zero point into a per-page constant) for head_dim >= one channel group of
+// the SIMD width; head dims that leave a vector chunk or a scalar tail past the whole groups, pages
+// of one token and pages larger than a key tile, against the fp64 oracle on the same pages.
+TEST(CpuMixedAttention, MhaInt4PagesAtEveryHeadDimMatchTheOracle) {
+  ThreadPool pool(2);
+  std::unique_ptr<Backend> cpu = make_cpu_backend(1);
+  oracle::Rng rng(99);
+  int checked = 0;
+  for (const int hd : {8, 16, 32, 34, 40, 48, 72, 96, 130}) {
+    for (const int bs : {1, 16, 80}) {
+      CaseSpec spec;
+      spec.seed = 900 + static_cast<uint64_t>(hd * 7 + bs);
+      spec.num_heads = 3;
+      spec.num_kv_heads = 3;
+      spec.head_dim = hd;
+      spec.block_size = bs;
+      spec.kv_lens = {rng.range(1, 300), rng.range(100, 400)};
+      AttentionCase c = oracle::make_case(spec);
+      std::vector<std::vector<int>> force(spec.kv_lens.size());
+      for (size_t q = 0; q < force.size(); ++q) {
+        const int pages = (spec.kv_lens[q] + bs - 1) / bs;
+        // int4, a few full, the last page full (the cut never demotes the page being written)
+        for (int i = 0; i < pages; ++i) force[q].push_back(i % 7 == 3 || i == pages - 1 ? 0 : 2);
+      }
+      MixedCase m = oracle::make_mixed(c, *cpu, rng, oracle::MixSpec{0, 0, 0}, force);
+      ASSERT_TRUE(m.quantized_ok) << "hd " << hd << " bs " << bs;
+      AttentionArgs a = c.args();
+      m.apply(a);
+      const MixedResult want = oracle::mixed_attention(a);
+      for (const SplitPlan& plan : plans_for(c, rng)) {
+        std::fill(c.out.begin(), c.out.end(), std::numeric_limits<float>::quiet_NaN());
+        ASSERT_TRUE(cpu_attention_decode(a, plan, pool).ok());
+        const oracle::Comparison cmp =
+            oracle::compare(c.out.data(), want.out, kOracleTol, kOracleTol);
+        ASSERT_TRUE(cmp.ok) << "hd " << hd << " bs " << bs << " chunk " << plan.chunk_tokens << ": "
+                            << cmp.message;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 27);
+}
+
 TEST(CpuMixedAttention, EvictedRunsAndNothingResident) {
   ThreadPool pool(2);
   std::unique_ptr<Backend> cpu = make_cpu_backend(1);

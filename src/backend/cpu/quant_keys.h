@@ -193,6 +193,7 @@ struct Int4Keys {
   const float* k_scale[kKeyTile];  // per key: its page's decoded [head_dim] parameters,
   const float* k_zero[kKeyTile];   // deinterleaved (deinterleave_groups)
   float* q_scratch = nullptr;      // [kRowBlock, head_dim] per-thread scratch
+  float* fold_scratch = nullptr;   // [kKeyTile, head_dim] per-thread scratch (dots_folded)
   float v_scale[kKeyTile];
   float v_zero[kKeyTile];
   PrefetchQueue* prefetch = nullptr;  // the next tile's ranges, or null
@@ -205,6 +206,12 @@ struct Int4Keys {
     for (int r = 0; r < R; ++r) {
       deinterleave_groups(q[r], n, q_scratch + r * n);
       qd[r] = q_scratch + r * n;
+    }
+    if constexpr (R == 1) {
+      if (n >= 2 * kW) {
+        dots_folded(qd[0], num_keys, s[0]);
+        return;
+      }
     }
     const uint8_t* const* rows = k;
     const float* const* ks = k_scale;
@@ -252,6 +259,75 @@ struct Int4Keys {
         },
         num_keys, n, s);
   }
+  // One query row (MHA: a kv head's single query head): the key scale is folded into the query
+  // and the zero point into a per-page constant, q . k_t = (q * k_scale) . u_t + q . k_zero over
+  // the whole channel groups, so each key costs its unpack and one fma per vector instead of three
+  // (with several rows the per-page products cost more than they save: kv-quant.md). Channels
+  // past the whole groups are dequantized per key as in dots().
+  void dots_folded(const float* qd, int num_keys, float* s) const {
+    const int groups = n / (2 * kW);
+    const int gn = 2 * kW * groups;  // channels in whole groups
+    float* folded = fold_scratch;    // [pages of the tile, n]: q * k_scale of each page
+    const float* fq[kKeyTile];       // per key: its page's folded query
+    float bias[kKeyTile];            // per key: its page's q . k_zero over the groups
+    const float* page_scale = nullptr;
+    int pages = 0;
+    float page_bias = 0;
+    for (int t = 0; t < num_keys; ++t) {
+      if (k_scale[t] != page_scale) {  // a key of the next page (keys come page by page)
+        page_scale = k_scale[t];
+        float* f = folded + static_cast<size_t>(pages++) * n;
+        const float* kz = k_zero[t];
+        Vec b = Vec::zero();
+        for (int d = 0; d < gn; d += kW) {
+          const Vec qv = Vec::load(qd + d);
+          Vec::mul(qv, Vec::load(page_scale + d)).store(f + d);
+          b = Vec::fma(qv, Vec::load(kz + d), b);
+        }
+        page_bias = b.sum();
+      }
+      fq[t] = folded + static_cast<size_t>(pages - 1) * n;
+      bias[t] = page_bias;
+    }
+    const uint8_t* const* rows = k;
+    const float* const* ks = k_scale;
+    const float* const* kz = k_zero;
+    constexpr int kb = keys_per_block<1>();
+    PrefetchQueue* pf = prefetch;
+    const float* const qrow[1] = {qd};
+    float* const srow[1] = {s};
+    dot_block_rows_by<1>(
+        qrow,
+        [&](const int* tk, Vec* acc) {
+          if (pf) pf->issue(kPrefetchLinesPerKey * kb);
+          for (int g = 0; g < groups; ++g) {
+            const int c = 2 * kW * g;
+            for (int j = 0; j < kb; ++j) {
+              const int t = tk[j];
+              Vec ue, uo;
+              vec_u4_pair(rows[t] + kW * g, &ue, &uo);
+              acc[j] = Vec::fma(Vec::load(fq[t] + c), ue, acc[j]);
+              acc[j] = Vec::fma(Vec::load(fq[t] + c + kW), uo, acc[j]);
+            }
+          }
+          int d = gn;  // channels past the whole groups, in channel order
+          for (; d + kW <= n; d += kW) {
+            for (int j = 0; j < kb; ++j) {
+              const int t = tk[j];
+              const Vec kd =
+                  Vec::fma(Vec::load(ks[t] + d), vec_u4(rows[t], d), Vec::load(kz[t] + d));
+              acc[j] = Vec::fma(Vec::load(qd + d), kd, acc[j]);
+            }
+          }
+          return d;
+        },
+        [&](int t, int d) {
+          return kernels::int4_dequantize(kernels::int4_unpack(rows[t], d), ks[t][d], kz[t][d]);
+        },
+        num_keys, n, srow);
+    for (int t = 0; t < num_keys; ++t) s[t] += bias[t];
+  }
+
   template <int R>
   void pv(float* const* o, const float* const* p, int num_keys, int /*n*/) const {
     float ps[R][kKeyTile];
@@ -439,6 +515,14 @@ inline float* int4_query_scratch(int head_dim) {
   return p.data();
 }
 
+// Per-thread folded queries of Int4Keys::dots_folded ([kKeyTile pages, head_dim]).
+inline float* int4_fold_scratch(int head_dim) {
+  thread_local std::vector<float> p;
+  const size_t need = static_cast<size_t>(kKeyTile) * head_dim;
+  if (p.size() < need) p.resize(need);
+  return p.data();
+}
+
 // Appends slots [s0, s1) of kv head h of the int8 page `id` to `keys` as keys [at, at + s1 - s0)
 // (at + s1 - s0 <= kKeyTile).
 inline void append_int8(const AttentionArgs& a, int32_t id, int h, int s0, int s1, int at,
@@ -478,6 +562,7 @@ inline void append_int4(const AttentionArgs& a, int32_t id, int h, int s0, int s
   const uint8_t* v0 = values + ql.token_index(1, h, s0) * (hd / 2);
   keys.n = hd;
   keys.q_scratch = int4_query_scratch(hd);
+  keys.fold_scratch = int4_fold_scratch(hd);
   for (int i = 0; i < s1 - s0; ++i) {
     keys.k[at + i] = k0 + static_cast<int64_t>(i) * (hd / 2);
     keys.v[at + i] = v0 + static_cast<int64_t>(i) * (hd / 2);
