@@ -241,23 +241,32 @@ struct Int4Keys {
               }
             }
           }
-          int d = 2 * kW * groups;  // channels past the whole groups, in channel order
-          for (; d + kW <= n; d += kW) {
-            for (int j = 0; j < kb; ++j) {
-              const int t = tk[j];
-              const Vec kd =
-                  Vec::fma(Vec::load(ks[t] + d), vec_u4(rows[t], d), Vec::load(kz[t] + d));
-              for (int r = 0; r < R; ++r) {
-                acc[r * kb + j] = Vec::fma(Vec::load(qd[r] + d), kd, acc[r * kb + j]);
-              }
-            }
-          }
-          return d;
+          return accumulate_rest<R>(qd, tk, acc, 2 * kW * groups);
         },
-        [&](int t, int d) {
-          return kernels::int4_dequantize(kernels::int4_unpack(rows[t], d), ks[t][d], kz[t][d]);
-        },
-        num_keys, n, s);
+        [&](int t, int d) { return key_at(t, d); }, num_keys, n, s);
+  }
+
+  // Channels [d, n) past the whole groups, in channel order: whole vectors of dequantized keys
+  // into acc (as dots()); returns where they end (the scalar tail is key_at's).
+  template <int R>
+  KVSPLIT_ALWAYS_INLINE int accumulate_rest(const float* const* qd, const int* tk, Vec* acc,
+                                            int d) const {
+    constexpr int kb = keys_per_block<R>();
+    for (; d + kW <= n; d += kW) {
+      for (int j = 0; j < kb; ++j) {
+        const int t = tk[j];
+        const Vec kd =
+            Vec::fma(Vec::load(k_scale[t] + d), vec_u4(k[t], d), Vec::load(k_zero[t] + d));
+        for (int r = 0; r < R; ++r) {
+          acc[r * kb + j] = Vec::fma(Vec::load(qd[r] + d), kd, acc[r * kb + j]);
+        }
+      }
+    }
+    return d;
+  }
+  // Element d of key t, dequantized.
+  float key_at(int t, int d) const {
+    return kernels::int4_dequantize(kernels::int4_unpack(k[t], d), k_scale[t][d], k_zero[t][d]);
   }
   // One query row (MHA: a kv head's single query head): the key scale is folded into the query
   // and the zero point into a per-page constant, q . k_t = (q * k_scale) . u_t + q . k_zero over
@@ -290,8 +299,6 @@ struct Int4Keys {
       bias[t] = page_bias;
     }
     const uint8_t* const* rows = k;
-    const float* const* ks = k_scale;
-    const float* const* kz = k_zero;
     constexpr int kb = keys_per_block<1>();
     PrefetchQueue* pf = prefetch;
     const float* const qrow[1] = {qd};
@@ -310,21 +317,9 @@ struct Int4Keys {
               acc[j] = Vec::fma(Vec::load(fq[t] + c + kW), uo, acc[j]);
             }
           }
-          int d = gn;  // channels past the whole groups, in channel order
-          for (; d + kW <= n; d += kW) {
-            for (int j = 0; j < kb; ++j) {
-              const int t = tk[j];
-              const Vec kd =
-                  Vec::fma(Vec::load(ks[t] + d), vec_u4(rows[t], d), Vec::load(kz[t] + d));
-              acc[j] = Vec::fma(Vec::load(qd + d), kd, acc[j]);
-            }
-          }
-          return d;
+          return accumulate_rest<1>(qrow, tk, acc, gn);
         },
-        [&](int t, int d) {
-          return kernels::int4_dequantize(kernels::int4_unpack(rows[t], d), ks[t][d], kz[t][d]);
-        },
-        num_keys, n, srow);
+        [&](int t, int d) { return key_at(t, d); }, num_keys, n, srow);
     for (int t = 0; t < num_keys; ++t) s[t] += bias[t];
   }
 
