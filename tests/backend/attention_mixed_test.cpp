@@ -170,6 +170,65 @@ TEST(CpuMixedAttention, PrefillMatchesTheMixedOracle) {
   }
 }
 
+// A row's result does not depend on which rows share its block of the fold: the last query of a
+// prefill chunk (its rows blocked with the chunk's other tokens) equals, bit for bit, the decode of
+// that token over the same pages (its rows blocked with its own group only). MHA (where int4 keys
+// take the folded path), GQA with a group of 5 (a block of 4 and one of 1 in decode, other
+// blocks in prefill) and MQA; pages mostly int4, some full and int8, head dims with and without
+// channels past the whole groups.
+TEST(CpuMixedAttention, PrefillLastRowEqualsDecodeBitwise) {
+  ThreadPool pool(2);
+  std::unique_ptr<Backend> cpu = make_cpu_backend(1);
+  oracle::Rng rng(4242);
+  int checked = 0;
+  for (const auto& [heads, kv_heads] : std::vector<std::pair<int, int>>{{3, 3}, {10, 2}, {6, 1}}) {
+    for (const int hd : {8, 40, 64, 128}) {
+      for (const int q_len : {2, 3, 7}) {
+        CaseSpec spec;
+        spec.seed = 7000 + static_cast<uint64_t>(heads * 1000 + hd * 10 + q_len);
+        spec.num_heads = heads;
+        spec.num_kv_heads = kv_heads;
+        spec.head_dim = hd;
+        spec.block_size = 16;
+        const int kv_len = rng.range(40, 300);
+        spec.kv_lens = {kv_len};
+        spec.q_lens = {q_len};
+        AttentionCase c = oracle::make_case(spec);
+        const int pages = (kv_len + spec.block_size - 1) / spec.block_size;
+        std::vector<std::vector<int>> force(1);
+        for (int i = 0; i < pages; ++i) {
+          force[0].push_back(i == pages - 1 ? 0 : i % 5 == 1 ? 1 : i % 5 == 3 ? 0 : 2);
+        }
+        MixedCase m = oracle::make_mixed(c, *cpu, rng, oracle::MixSpec{0, 0, 0}, force);
+        ASSERT_TRUE(m.quantized_ok);
+        AttentionArgs a = c.args();
+        m.apply(a);
+        ASSERT_TRUE(cpu_attention_prefill(a, pool).ok());
+        const int64_t row = int64_t{heads} * hd;  // floats of one token's output
+        const std::vector<float> from_prefill(c.out.end() - row, c.out.end());
+
+        // The chunk's last token alone: one query, the same pages and kv_len.
+        AttentionArgs d = a;
+        std::vector<float> out(static_cast<size_t>(row), std::nanf(""));
+        const int32_t query_start[2] = {0, 1};
+        d.q = c.q.data() + (q_len - 1) * row;
+        d.out = out.data();
+        d.num_tokens = 1;
+        d.query_start = query_start;
+        d.max_query_len = 1;
+        const SplitPlan plan = make_split_plan(c.kv_lens.data(), 1, spec.block_size, 0);
+        ASSERT_TRUE(cpu_attention_decode(d, plan, pool).ok());
+        for (int64_t i = 0; i < row; ++i) {
+          ASSERT_EQ(out[i], from_prefill[i])
+              << heads << "/" << kv_heads << " hd " << hd << " q_len " << q_len << " element " << i;
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 36);
+}
+
 // Sequence 0: every page evicted but the partial last one; sequence 1: evicted pages between
 // quantized ones; sequence 2: nothing resident at all (output 0, page bounds +inf).
 // MHA keys of int4 pages take the folded path (one query row per kv head: the key scale folded

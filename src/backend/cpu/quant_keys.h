@@ -197,6 +197,7 @@ struct Int4Keys {
   float v_scale[kKeyTile];
   float v_zero[kKeyTile];
   PrefetchQueue* prefetch = nullptr;  // the next tile's ranges, or null
+  bool fold = false;  // one query head per kv head (MHA): the rows' dots take dots_folded
 
   template <int R>
   void dots(const float* const* q, int num_keys, int /*n*/, float* const* s) const {
@@ -207,11 +208,9 @@ struct Int4Keys {
       deinterleave_groups(q[r], n, q_scratch + r * n);
       qd[r] = q_scratch + r * n;
     }
-    if constexpr (R == 1) {
-      if (n >= 2 * kW) {
-        dots_folded(qd[0], num_keys, s[0]);
-        return;
-      }
+    if (fold && n >= 2 * kW) {  // MHA: every row on its own (the same bits in any row block)
+      for (int r = 0; r < R; ++r) dots_folded(qd[r], num_keys, s[r]);
+      return;
     }
     const uint8_t* const* rows = k;
     const float* const* ks = k_scale;
@@ -272,7 +271,9 @@ struct Int4Keys {
   // and the zero point into a per-page constant, q . k_t = (q * k_scale) . u_t + q . k_zero over
   // the whole channel groups, so each key costs its unpack and one fma per vector instead of three
   // (with several rows the per-page products cost more than they save: kv-quant.md). Channels
-  // past the whole groups are dequantized per key as in dots().
+  // past the whole groups are dequantized per key as in dots(). Taken by every row of an MHA
+  // layer (`fold`), whatever rows share its block: a prefill's rows of several tokens then get
+  // the bits a decode of each token gets (each row pays its own unpacking there).
   void dots_folded(const float* qd, int num_keys, float* s) const {
     const int groups = n / (2 * kW);
     const int gn = 2 * kW * groups;  // channels in whole groups
@@ -556,6 +557,7 @@ inline void append_int4(const AttentionArgs& a, int32_t id, int h, int s0, int s
   const uint8_t* k0 = values + ql.token_index(0, h, s0) * (hd / 2);
   const uint8_t* v0 = values + ql.token_index(1, h, s0) * (hd / 2);
   keys.n = hd;
+  keys.fold = a.num_heads == a.num_kv_heads;
   keys.q_scratch = int4_query_scratch(hd);
   keys.fold_scratch = int4_fold_scratch(hd);
   for (int i = 0; i < s1 - s0; ++i) {
