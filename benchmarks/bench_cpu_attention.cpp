@@ -1,26 +1,36 @@
 // bench_cpu_attention: CPU paged attention. Decode: no split vs the split-K planner on the same
 // data (the ratio is the split-K speedup), KV bytes streamed per second as a fraction of the
-// machine's read bandwidth measured in the same run. Prefill: causal FLOP/s as a fraction of the
+// machine's read bandwidth measured in the same run, and of a read loop over the same pages in
+// the same order (one load per cache line, no arithmetic: what memory gives this pattern).
+// Prefill: causal FLOP/s as a fraction of the
 // measured fp32 FMA peak. Quantized decode (semantic cut): the same decode over int8 and int4
 // pages (kernels/common/kv_quant.h) vs full f32 pages in the same run, time ratios and KV bytes
 // read per token and layer.
 //
 //   bench_cpu_attention [--threads N] [--heads 32] [--kv-heads 8] [--head-dim 128]
 //                       [--block-size 16] [--seconds S] [--quant-only] [--repeats N]
-//                       [--cpu-time | --best-call]
+//                       [--cpu-time | --best-call] [--cold] [--cold-mb M]
 //                       [--variant full|mixfl|int8|int4 --kv-len L --calls N]
 //
 // --cpu-time times the quantized cases by process CPU time / threads, --best-call by their
 // fastest single call (both for a busy machine; the default is the mean wall time per call).
 // --repeats N measures the quantized cases N times and prints the median of each ratio.
+// --cold reads a buffer of --cold-mb MiB (default 4x the L3 cache) on every thread before each
+// timed decode call, untimed, so that the call reads its KV from memory as a layer does in a
+// decode step (the other layers' KV and the weights pass through the caches between two reads of
+// one layer's KV); without it a KV that fits the L3 cache stays there between calls.
 // --variant runs only that quantized-decode variant on one sequence of --kv-len keys, --calls
 // times, without probes or timing: for instruction counts (valgrind --tool=callgrind).
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -83,23 +93,89 @@ struct Batch {
 // Seconds per call, timed over at least `seconds` after one warm-up call: the mean (wall time,
 // or with cpu_time the process CPU time over `threads`: what the threads do while they run, not
 // how often a shared machine deschedules them), or with best_call the fastest single call (wall
-// time; the least disturbed call on a shared machine).
+// time; the least disturbed call on a shared machine). With `flush`, it runs before every call
+// untimed, and the mean is of the calls' wall times (cpu_time does not apply).
 double time_call(double seconds, const std::function<void()>& fn, bool cpu_time = false,
-                 int threads = 1, bool best_call = false) {
+                 int threads = 1, bool best_call = false,
+                 const std::function<void()>* flush = nullptr) {
   fn();
   int64_t n = 0;
   const kvsplit::backend::cpu::ProbeTimer timer(cpu_time, threads);
   const auto t0 = Clock::now();
-  double elapsed = 0, best = 1e30;
+  double elapsed = 0, best = 1e30, timed = 0;
   do {
+    if (flush) (*flush)();
     const auto c0 = Clock::now();
     fn();
     ++n;
     const auto c1 = Clock::now();
-    best = std::min(best, std::chrono::duration<double>(c1 - c0).count());
+    const double call = std::chrono::duration<double>(c1 - c0).count();
+    best = std::min(best, call);
+    timed += call;
     elapsed = std::chrono::duration<double>(c1 - t0).count();
-  } while (elapsed < seconds);
-  return best_call ? best : timer.seconds() / static_cast<double>(n);
+  } while (flush ? timed < seconds && (n < 8 || elapsed < 4 * seconds) : elapsed < seconds);
+  if (best_call) return best;
+  return flush ? timed / static_cast<double>(n) : timer.seconds() / static_cast<double>(n);
+}
+
+// --cold: reads `bytes` (split over the pool's threads, so every core's own caches are passed
+// through too) and keeps a sum the compiler cannot drop.
+struct CacheFlush {
+  std::vector<uint64_t> buf;
+  ThreadPool& pool;
+  int threads;
+  volatile uint64_t sink = 0;
+
+  CacheFlush(size_t bytes, ThreadPool& p, int t)
+      : buf(bytes / sizeof(uint64_t), 1), pool(p), threads(t) {}
+  void operator()() {
+    std::vector<uint64_t> sums(static_cast<size_t>(threads), 0);
+    const int64_t per = static_cast<int64_t>(buf.size()) / threads;
+    pool.parallel_for(threads, [&](int64_t i) {
+      uint64_t x = 0;
+      const uint64_t* b = buf.data() + i * per;
+      for (int64_t j = 0; j < per; j += 8) x += b[j];  // one load per 64-byte line
+      sums[static_cast<size_t>(i)] = x;
+    });
+    for (uint64_t x : sums) sink = sink + x;
+  }
+};
+
+// The decode calls' memory traffic without their arithmetic: every cache line of the K and V rows
+// of every (sequence, kv head) in block-table order, one load per line, the items spread over the
+// pool as the decode spreads them. What the machine's memory delivers to this access pattern.
+uint64_t read_pages_in_order(const Batch& b, ThreadPool& pool) {
+  const AttentionArgs& a = b.args;
+  const int kv_heads = a.num_kv_heads, bs = a.kv.block_size, hd = a.head_dim;
+  const int64_t items = int64_t{a.num_seqs} * kv_heads;
+  std::vector<uint64_t> sums(static_cast<size_t>(items), 0);
+  pool.parallel_for(items, [&](int64_t item) {
+    const int s = static_cast<int>(item / kv_heads), h = static_cast<int>(item % kv_heads);
+    const int nb = (a.kv_lens[s] + bs - 1) / bs;
+    const int64_t row = int64_t{bs} * hd;  // floats of one page's K (or V) rows of one kv head
+    uint64_t x = 0;
+    for (int blk = 0; blk < nb; ++blk) {
+      const int64_t id = a.block_tables[int64_t{s} * a.max_blocks_per_seq + blk];
+      for (int kv = 0; kv < 2; ++kv) {
+        const float* p = b.pages.data() + ((id * 2 + kv) * kv_heads + h) * row;
+        uint32_t w;
+        for (int64_t i = 0; i < row; i += 16) {  // one load per 64-byte line
+          std::memcpy(&w, p + i, sizeof(w));
+          x += w;
+        }
+      }
+    }
+    sums[static_cast<size_t>(item)] = x;
+  });
+  uint64_t total = 0;
+  for (uint64_t x : sums) total += x;
+  return total;
+}
+
+// 4x the L3 cache the OS reports (glibc's sysconf), else 256 MiB.
+int default_cold_mb() {
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return l3 > 0 ? static_cast<int>(std::max<long>(64, 4 * (l3 >> 20))) : 256;
 }
 
 // The batch's pages quantized into an arena of precision p (same ids), and a precision table
@@ -184,6 +260,8 @@ int main(int argc, char** argv) {
   bool cpu_time = false, best_call = false;
   std::string variant;
   int kv_len_only = 4096, calls = 3;
+  bool cold = false;
+  int cold_mb = default_cold_mb();
   app.add_option("--threads", threads, "threads (default: hardware threads)")
       ->check(CLI::PositiveNumber);
   app.add_option("--heads", heads, "query heads")->check(CLI::PositiveNumber);
@@ -196,6 +274,10 @@ int main(int argc, char** argv) {
   app.add_flag("--cpu-time", cpu_time, "time the quantized cases by process CPU time / threads");
   app.add_flag("--best-call", best_call, "time the quantized cases by their fastest single call");
   app.add_option("--repeats", repeats, "measure the quantized cases N times, print median ratios")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--cold", cold,
+               "read --cold-mb MiB before each timed decode call (untimed): KV read from memory");
+  app.add_option("--cold-mb", cold_mb, "buffer --cold reads (MiB; default 4x the L3 cache)")
       ->check(CLI::PositiveNumber);
   app.add_option("--variant", variant, "run only this quantized-decode variant (no timing)")
       ->check(CLI::IsMember({"full", "mixfl", "int8", "int4"}));
@@ -211,10 +293,21 @@ int main(int argc, char** argv) {
   const double peak = kvsplit::backend::cpu::measure_fma_peak_gflops(pool);
   std::printf("threads %d, heads %d/%d, head_dim %d, block_size %d\n", threads, heads, kv_heads,
               head_dim, block_size);
-  std::printf("measured read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s\n\n", bw, peak);
+  std::printf("measured read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s\n", bw, peak);
+  std::optional<CacheFlush> flusher;
+  std::function<void()> flush_fn;
+  if (cold) {
+    flusher.emplace(static_cast<size_t>(cold_mb) << 20, pool, threads);
+    flush_fn = [&] { (*flusher)(); };
+  }
+  const std::function<void()>* flush = cold ? &flush_fn : nullptr;
+  std::printf("decode calls timed %s\n\n",
+              cold ? "cold (caches flushed before each call, untimed; --cold)"
+                   : "warm (a KV that fits the caches stays there between calls)");
 
-  std::printf("decode  %5s %7s | %10s %10s %8s | %6s %7s %7s\n", "seqs", "kv_len", "us nosplit",
-              "us split", "speedup", "splits", "KV GB/s", "of BW");
+  std::printf("decode  %5s %7s | %10s %10s %8s | %6s %7s %7s %8s %8s\n", "seqs", "kv_len",
+              "us nosplit", "us split", "speedup", "splits", "KV GB/s", "of BW", "read GB/s",
+              "of read");
   const int decode_cases[][2] = {{1, 1024}, {1, 4096},  {1, 16384},
                                  {4, 4096}, {16, 1024}, {64, 512}};
   for (const auto& dc : decode_cases) {
@@ -224,19 +317,25 @@ int main(int argc, char** argv) {
     const auto plan = kvsplit::backend::plan_decode_splits(b.kv_lens.data(), dc[0], kv_heads,
                                                            block_size, threads);
     kvsplit::Status st;
-    const double t_none =
-        time_call(seconds, [&] { st = cpu_attention_decode(b.args, none, pool); });
-    const double t_split =
-        time_call(seconds, [&] { st = cpu_attention_decode(b.args, plan, pool); });
+    const double t_none = time_call(
+        seconds, [&] { st = cpu_attention_decode(b.args, none, pool); }, false, threads, false,
+        flush);
+    const double t_split = time_call(
+        seconds, [&] { st = cpu_attention_decode(b.args, plan, pool); }, false, threads, false,
+        flush);
     if (!st.ok()) {
       std::fprintf(stderr, "%s\n", st.to_string().c_str());
       return 1;
     }
     const double bytes = 2.0 * dc[0] * dc[1] * kv_heads * head_dim * sizeof(float);
     const double gbs = bytes / std::min(t_none, t_split) / 1e9;
-    std::printf("decode  %5d %7d | %10.1f %10.1f %7.2fx | %6d %7.1f %6.0f%%\n", dc[0], dc[1],
-                t_none * 1e6, t_split * 1e6, t_none / t_split, plan.max_splits, gbs,
-                100 * gbs / bw);
+    volatile uint64_t sink = 0;
+    const double t_read = time_call(
+        seconds, [&] { sink = sink + read_pages_in_order(b, pool); }, false, threads, false, flush);
+    const double read_gbs = bytes / t_read / 1e9;
+    std::printf("decode  %5d %7d | %10.1f %10.1f %7.2fx | %6d %7.1f %6.0f%% %8.1f %7.0f%%\n", dc[0],
+                dc[1], t_none * 1e6, t_split * 1e6, t_none / t_split, plan.max_splits, gbs,
+                100 * gbs / bw, read_gbs, 100 * gbs / read_gbs);
   }
 
   // Quantized pages: the same decode (split-K planner) over full f32 pages (the plain path),
@@ -274,7 +373,7 @@ int main(int argc, char** argv) {
           t[i] = std::min(
               t[i], time_call(
                         seconds / kRounds, [&] { st = cpu_attention_decode(args[i], plan, pool); },
-                        cpu_time, threads, best_call));
+                        cpu_time, threads, best_call, flush));
         }
       }
       if (!st.ok()) {
