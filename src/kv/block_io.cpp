@@ -92,18 +92,42 @@ std::shared_ptr<IoCompletion> try_inline_read(const IoRequest& r) {
 
 namespace {
 
-// Runs one request to its end with preadv/pwritev: retries EINTR, stops at the first short
-// transfer (a regular file returns fewer bytes only at end of file or when the device is full;
-// the caller treats that as a fault, it does not resubmit the rest).
+// Runs one request with preadv/pwritev, retrying EINTR. A read stops at its first short
+// transfer (end of file: the caller treats it as a fault). A write the kernel takes only in part
+// goes on with the rest, so that a device that fills up mid-request reports ENOSPC (from the next
+// call) with the bytes written so far, not a short count the caller cannot tell from data loss.
 IoResult run_vectored(const IoRequest& r) {
-  ssize_t n;
-  do {
-    n = r.op == IoOp::kRead
-            ? ::preadv(r.fd, r.iov.data(), static_cast<int>(r.iov.size()), r.offset)
-            : ::pwritev(r.fd, r.iov.data(), static_cast<int>(r.iov.size()), r.offset);
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) return IoResult{0, errno};
-  return IoResult{static_cast<int64_t>(n), 0};
+  if (r.op == IoOp::kRead) {
+    ssize_t n;
+    do n = ::preadv(r.fd, r.iov.data(), static_cast<int>(r.iov.size()), r.offset);
+    while (n < 0 && errno == EINTR);
+    if (n < 0) return IoResult{0, errno};
+    return IoResult{static_cast<int64_t>(n), 0};
+  }
+  const int64_t total = r.bytes();
+  std::vector<iovec> rest;  // the iovecs not yet written, once a write fell short
+  const iovec* iov = r.iov.data();
+  int count = static_cast<int>(r.iov.size());
+  int64_t done = 0;
+  while (done < total) {
+    const ssize_t n = ::pwritev(r.fd, iov, count, r.offset + done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return IoResult{done, errno};
+    }
+    if (n == 0) break;  // no progress and no error: a short write for the caller
+    done += n;
+    if (done == total) break;
+    if (rest.empty()) rest.assign(iov, iov + count);
+    size_t skip = static_cast<size_t>(n);  // drop the written bytes from the front of rest
+    size_t first = static_cast<size_t>(rest.size()) - static_cast<size_t>(count);
+    while (skip >= rest[first].iov_len) skip -= rest[first++].iov_len;
+    rest[first].iov_base = static_cast<char*>(rest[first].iov_base) + skip;
+    rest[first].iov_len -= skip;
+    iov = rest.data() + first;
+    count = static_cast<int>(rest.size() - first);
+  }
+  return IoResult{done, 0};
 }
 
 // preadv/pwritev on `threads` helper threads fed by one FIFO queue.

@@ -114,6 +114,9 @@ class BlockIo {
   virtual std::shared_ptr<IoCompletion> submit(IoRequest request) = 0;
   // kUring or kThreads: what actually runs.
   virtual IoBackend backend() const = 0;
+  // Tests: the next n submissions to the kernel are refused as transient (EAGAIN) without calling
+  // it, as io_uring_enter can refuse them; false where the backend has no such step (threads).
+  virtual bool refuse_submits_for_testing(int /*n*/) { return false; }
 };
 
 // The backends' fast path for IoRequest::inline_if_cached: the completed request when the page

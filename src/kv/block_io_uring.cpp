@@ -5,8 +5,10 @@
 // kernel's side of the ring is invisible to it).
 #include <limits.h>
 
+#include <chrono>
 #include <cstring>
 #include <map>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -24,6 +26,7 @@ namespace {
 
 constexpr uint64_t kStopTag = 0;                     // user_data of the NOP that stops the reaper
 constexpr int64_t kAsyncBytes = int64_t{256} << 10;  // IOSQE_ASYNC from this request size
+constexpr std::chrono::seconds kSubmitRetry{10};     // how long a transient refusal is retried
 
 class UringBlockIo final : public BlockIo {
  public:
@@ -42,10 +45,10 @@ class UringBlockIo final : public BlockIo {
     {
       std::unique_lock<std::mutex> lock(mu_);
       space_cv_.wait(lock, [&] { return inflight_.empty(); });
-      io_uring_sqe* sqe = next_sqe();
+      io_uring_sqe* sqe = next_sqe(lock);
       io_uring_prep_nop(sqe);
       io_uring_sqe_set_data64(sqe, kStopTag);
-      KVSPLIT_CHECK(submit_locked() >= 0);
+      submit_locked(lock);
     }
     reaper_.join();
     io_uring_queue_exit(&ring_);
@@ -61,7 +64,7 @@ class UringBlockIo final : public BlockIo {
     Item& item = inflight_[id];
     item.request = std::move(request);
     item.completion = c;
-    io_uring_sqe* sqe = next_sqe();
+    io_uring_sqe* sqe = next_sqe(lock);
     const IoRequest& r = item.request;
     const unsigned n = static_cast<unsigned>(r.iov.size());
     if (r.op == IoOp::kRead)
@@ -75,15 +78,15 @@ class UringBlockIo final : public BlockIo {
     // inline, where the hand-off would cost more than the copy.
     if (r.bytes() >= kAsyncBytes) sqe->flags |= IOSQE_ASYNC;
     io_uring_sqe_set_data64(sqe, id);
-    const int rc = submit_locked();
-    if (rc < 0) {  // the ring refused it: complete it here with the error
-      inflight_.erase(id);
-      lock.unlock();
-      c->complete(IoResult{0, -rc});
-    }
+    submit_locked(lock);  // the reaper completes it (with the kernel's error, if any)
     return c;
   }
   IoBackend backend() const override { return IoBackend::kUring; }
+  bool refuse_submits_for_testing(int n) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    refuse_submits_ = n;
+    return true;
+  }
 
  private:
   struct Item {
@@ -93,21 +96,44 @@ class UringBlockIo final : public BlockIo {
 
   UringBlockIo() = default;
 
-  // Callers hold mu_. The queue has room after a submit (the kernel consumes SQEs at submit).
-  io_uring_sqe* next_sqe() {
-    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-    if (!sqe) {
-      submit_locked();
-      sqe = io_uring_get_sqe(&ring_);
-    }
-    KVSPLIT_CHECK(sqe != nullptr);
+  // A free SQE (callers hold `lock` on mu_); when the queue is full, its SQEs are submitted
+  // first (the kernel consumes SQEs at submit).
+  io_uring_sqe* next_sqe(std::unique_lock<std::mutex>& lock) {
+    io_uring_sqe* sqe;
+    while ((sqe = io_uring_get_sqe(&ring_)) == nullptr) submit_locked(lock);
     return sqe;
   }
-  int submit_locked() {
-    int rc;
-    do rc = io_uring_submit(&ring_);
-    while (rc == -EINTR);
-    return rc;
+  // Hands the queued SQEs to the kernel (callers hold `lock` on mu_). A queued SQE cannot be
+  // taken back: io_uring_submit makes it visible to the kernel before io_uring_enter, and an
+  // io_uring_enter that fails leaves it in the ring for the next one, where the kernel would
+  // still read its iovecs and write into its buffers. So a refusal the kernel documents as
+  // transient (EAGAIN: no memory for the request now; EBUSY: completions to reap first) is
+  // retried, mu_ released meanwhile so that the reaper can take completions, for up to
+  // kSubmitRetry; any other refusal, or one that lasts, stops the process: failing the requests
+  // would free memory the kernel may still use. refuse_submits_ (tests) stands in for EAGAIN
+  // without calling the kernel, which leaves the SQEs queued just as a failed enter does.
+  void submit_locked(std::unique_lock<std::mutex>& lock) {
+    const auto deadline = std::chrono::steady_clock::now() + kSubmitRetry;
+    for (;;) {
+      int rc;
+      if (refuse_submits_ > 0) {
+        --refuse_submits_;
+        rc = -EAGAIN;
+      } else {
+        rc = io_uring_submit(&ring_);
+      }
+      if (rc >= 0) return;
+      if (rc == -EINTR) continue;
+      if ((rc != -EAGAIN && rc != -EBUSY) || std::chrono::steady_clock::now() > deadline) {
+        const std::string msg =
+            "io_uring_submit refused queued requests: " + std::string(std::strerror(-rc)) +
+            " (they cannot be withdrawn; see block_io_uring.cpp)";
+        KVSPLIT_CHECK_MSG(false, msg.c_str());
+      }
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      lock.lock();
+    }
   }
 
   void reap() {
@@ -143,7 +169,8 @@ class UringBlockIo final : public BlockIo {
   std::mutex mu_;  // the submission queue, inflight_, next_id_
   std::condition_variable space_cv_;
   std::map<uint64_t, Item> inflight_;
-  uint64_t next_id_ = 1;  // 0 is kStopTag
+  uint64_t next_id_ = 1;    // 0 is kStopTag
+  int refuse_submits_ = 0;  // tests: submits to refuse with EAGAIN (refuse_submits_for_testing)
   std::thread reaper_;
 };
 

@@ -63,7 +63,7 @@ void DiskTier::release_locked(Record& r, uint32_t slot) {
   for (int32_t e : r.extents) extents_.decref(e);
   r.extents.clear();
   r.state = Record::State::kFree;
-  ++r.generation;
+  if (++r.generation == 0) r.generation = 1;  // id 0 means "no record" to the callers (swap.cpp)
   --stats_.records;
   free_slots_.push_back(slot);
 }

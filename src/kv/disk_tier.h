@@ -87,7 +87,8 @@ struct RecordKey {
   bool operator==(const RecordKey&) const = default;
 };
 
-// A record's handle: slot and generation, so a freed id never names a later record.
+// A record's handle: slot and generation, so a freed id never names a later record. Never 0
+// (generations start at 1 and skip 0 when they wrap), which callers use for "no record".
 using RecordId = uint64_t;
 
 struct DiskTierStats {

@@ -3,9 +3,12 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <numeric>
@@ -100,6 +103,61 @@ TEST_P(BlockIoTest, ManyRequestsInFlightAllComplete) {
               4096);
     EXPECT_EQ(back, bufs[i]);
   }
+}
+
+// A submission the kernel refuses as transient (io_uring_enter: EAGAIN) leaves the request in the
+// ring, where the kernel still reads its iovecs later: the backend retries the submit, and the
+// requests complete normally with their data. (Failing them instead freed their buffers under
+// the kernel, and the next submit's completion of the stale request aborted the reaper.)
+TEST_P(BlockIoTest, TransientSubmitRefusalsAreRetriedNotFailed) {
+  if (!io_->refuse_submits_for_testing(3)) GTEST_SKIP() << "no submit step to refuse (threads)";
+  std::vector<uint32_t> a(1024, 0xabcdu), b(1024, 0x1234u);
+  const IoResult ra = io_->submit(IoRequest{IoOp::kWrite, fd_, 0, {{a.data(), 4096}}})->wait();
+  EXPECT_EQ(ra.error, 0);
+  EXPECT_EQ(ra.bytes, 4096);
+  ASSERT_TRUE(io_->refuse_submits_for_testing(1));
+  const IoResult rb = io_->submit(IoRequest{IoOp::kWrite, fd_, 4096, {{b.data(), 4096}}})->wait();
+  EXPECT_EQ(rb.error, 0);
+  EXPECT_EQ(rb.bytes, 4096);
+  std::vector<uint32_t> back(2048, 0);
+  const IoResult rr = io_->submit(IoRequest{IoOp::kRead, fd_, 0, {{back.data(), 8192}}})->wait();
+  ASSERT_EQ(rr.bytes, 8192);
+  EXPECT_TRUE(std::equal(a.begin(), a.end(), back.begin()));
+  EXPECT_TRUE(std::equal(b.begin(), b.end(), back.begin() + 1024));
+}
+
+// A write the kernel takes only in part (here: the file size limit, as a device that fills up
+// mid-request) goes on with the rest on the helper threads, so the caller gets the error of the
+// next call (EFBIG here, ENOSPC on a full device) with the bytes written, not a bare short count.
+TEST(BlockIo, ThreadsWriteOnAfterAPartialWriteAndReportTheError) {
+  testing::TempDir dir;
+  const int fd = ::open(dir.file("f").c_str(), O_RDWR | O_CREAT, 0600);
+  ASSERT_GE(fd, 0);
+  StatusOr<std::unique_ptr<BlockIo>> io = BlockIo::create(IoOptions{IoBackend::kThreads, 8, 1});
+  ASSERT_TRUE(io.ok());
+  std::vector<char> a(3000, 'a'), b(5192, 'b');
+  struct sigaction ignore {
+  }, old_action{};
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(::sigaction(SIGXFSZ, &ignore, &old_action), 0);
+  rlimit old_limit{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  rlimit limit = old_limit;
+  limit.rlim_cur = 6000;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
+  const IoResult r =
+      io.value()
+          ->submit(IoRequest{IoOp::kWrite, fd, 0, {{a.data(), a.size()}, {b.data(), b.size()}}})
+          ->wait();
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  ::sigaction(SIGXFSZ, &old_action, nullptr);
+  EXPECT_EQ(r.bytes, 6000);
+  EXPECT_EQ(r.error, EFBIG);
+  std::vector<char> back(6000, 0);
+  ASSERT_EQ(::pread(fd, back.data(), back.size(), 0), 6000);
+  EXPECT_EQ(std::string(back.begin(), back.begin() + 3000), std::string(3000, 'a'));
+  EXPECT_EQ(std::string(back.begin() + 3000, back.end()), std::string(3000, 'b'));
+  ::close(fd);
 }
 
 // IoRequest::digest: the backend hashes what it read (inline or on its helper thread), the
