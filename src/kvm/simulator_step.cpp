@@ -321,9 +321,15 @@ bool Sim::step(Worker& w) {
   bool reserving = true;
   for (int i : by_service) {
     Req& r = reqs_[i];
+    // A resumption (swap-in or recompute) also needs its next token's block when its positions
+    // fill their last page, unless that exceeds the pool (Scheduler::next_token_room).
+    const auto next_token_room = [&](int64_t positions, int64_t blocks) -> int64_t {
+      const int64_t extra = std::max<int64_t>(0, blocks_for(positions + 1, c_.block_size) - blocks);
+      return blocks + extra <= w.total_blocks ? extra : 0;
+    };
     if (r.st == St::kSwapped) {
       if (step_no < r.resume_step && !w.running.empty()) continue;
-      if (!reserving || r.swapped_pages > w.free_blocks) {
+      if (!reserving || r.swapped_pages + next_token_room(r.kv, r.swapped_pages) > w.free_blocks) {
         reserving = false;
         continue;
       }
@@ -344,6 +350,7 @@ bool Sim::step(Worker& w) {
       // reach their last position, as the Scheduler does.
       int64_t room = need;
       if (r.generated > 0) {
+        room += next_token_room(r.target, blocks_for(r.target, c_.block_size));
         for (int j : w.running) {
           const Req& a = reqs_[j];
           if (a.st != St::kRunning || !serves_before(a, r)) continue;

@@ -228,6 +228,12 @@ bool Scheduler::make_room_by_slice(StepState& st, const SchedSeq& w, int need,
   return true;
 }
 
+int Scheduler::next_token_room(const SchedSeq& w, int blocks, int total_blocks) const {
+  const int positions = w.swapped_pages > 0 ? w.num_computed : w.target;
+  const int extra = std::max(0, blocks_for(positions + 1, config_.block_size) - blocks);
+  return blocks + extra <= total_blocks ? extra : 0;
+}
+
 int Scheduler::growth_ahead(const StepState& st, const SchedSeq& w) const {
   int blocks = 0;
   for (const StepState::Run& r : st.runs) {
@@ -263,9 +269,10 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
     if (w->swapped_pages > 0) {
       // Paused until its resume step, unless nothing runs (steps would not advance).
       if (in.step < w->resume_step && !in.running.empty()) continue;
-      if (reserving && w->swapped_pages > st.free)
-        make_room_by_slice(st, *w, w->swapped_pages, out);
-      if (!reserving || w->swapped_pages > st.free) {
+      // It resumes only with room for its next token too (next_token_room).
+      const int room = w->swapped_pages + next_token_room(*w, w->swapped_pages, in.total_blocks);
+      if (reserving && room > st.free) make_room_by_slice(st, *w, room, out);
+      if (!reserving || room > st.free) {
         reserving = false;
         continue;
       }
@@ -282,7 +289,11 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
     if (need > 0) {
       // A restart also leaves room for the sequences served before it to reach their last
       // position: their growth would otherwise preempt it again and its recompute be lost.
-      const int room = need + (w->restart ? growth_ahead(st, *w) : 0);
+      const int room =
+          need + (w->restart ? growth_ahead(st, *w) +
+                                   next_token_room(*w, blocks_for(w->target, config_.block_size),
+                                                   in.total_blocks)
+                             : 0);
       if (reserving && room > st.free) make_room_by_slice(st, *w, room, out);
       if (!reserving || room > st.free) {
         reserving = false;

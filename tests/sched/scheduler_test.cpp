@@ -304,13 +304,20 @@ TEST(Scheduler, RestartWaitsForTheGrowthOfSequencesServedBeforeIt) {
     EXPECT_EQ(out.free_blocks_after, 6);
   }
   {
-    // 7 free: it fits beside sequence 0's growth and starts.
+    // 7 free: 3 + 4 fit, but its 12 positions fill their last page, so the token it decodes
+    // next needs a 4th block of its own: it waits.
     const std::vector<SchedSeq> wait = {restart};
     SchedulerInput in{run, wait, {}, /*free=*/7, /*total=*/9, /*step=*/1};
+    EXPECT_TRUE(Scheduler(config(64, true)).schedule(in).prefill.empty());
+  }
+  {
+    // 8 free: it fits beside sequence 0's growth and its own next token, and starts.
+    const std::vector<SchedSeq> wait = {restart};
+    SchedulerInput in{run, wait, {}, /*free=*/8, /*total=*/10, /*step=*/1};
     const SchedulerOutput out = Scheduler(config(64, true)).schedule(in);
     ASSERT_EQ(out.prefill.size(), 1u);
     EXPECT_EQ(out.prefill[0].id, 5);
-    EXPECT_EQ(out.free_blocks_after, 4);
+    EXPECT_EQ(out.free_blocks_after, 5);
   }
   {
     // The same sequence on its first prompt is not held back.
@@ -321,13 +328,14 @@ TEST(Scheduler, RestartWaitsForTheGrowthOfSequencesServedBeforeIt) {
     EXPECT_EQ(Scheduler(config(64, true)).schedule(in).prefill.size(), 1u);
   }
   {
-    // A younger running sequence's growth is not reserved for; nor an unknown final length.
+    // A younger running sequence's growth is not reserved for; nor an unknown final length
+    // (4 free: its 3 blocks and its next token's).
     std::vector<SchedSeq> younger = {running(9, 7, 2)};
     younger[0].final_positions = 24;
     std::vector<SchedSeq> unknown = {running(0, 7, 2)};
     const std::vector<SchedSeq> wait = {restart};
     for (const auto* r : {&younger, &unknown}) {
-      SchedulerInput in{*r, wait, {}, /*free=*/3, /*total=*/5, /*step=*/1};
+      SchedulerInput in{*r, wait, {}, /*free=*/4, /*total=*/6, /*step=*/1};
       EXPECT_EQ(Scheduler(config(64, true)).schedule(in).prefill.size(), 1u);
     }
   }
@@ -392,6 +400,28 @@ TEST(Scheduler, SwappedSequenceResumesFromItsResumeStepWithoutPrefill) {
   EXPECT_TRUE(now.prefill.empty());  // its KV exists: no token budget used
   EXPECT_EQ(now.num_tokens(), 0);
   EXPECT_EQ(now.free_blocks_after, 5);
+}
+
+// A sequence paused at a page boundary (as one paused for its own growth always is) resumes only
+// when its next token's block is free too: coming back into a full pool, its first decode needed a
+// block, and it paused itself again, round after round, while the sequences ahead of it ran.
+TEST(Scheduler, SwappedSequenceResumesWithRoomForItsNextToken) {
+  const Scheduler sched(config(64, true));
+  const std::vector<SchedSeq> run = {running(0, 5, 2)};      // grows by no block this step
+  const std::vector<SchedSeq> full = {swapped(1, 8, 2, 0)};  // 8 positions: its 2 pages are full
+  const SchedulerOutput tight = sched.schedule({run, full, {}, /*free=*/2, 6, /*step=*/3});
+  EXPECT_TRUE(tight.swap_in.empty());
+  EXPECT_EQ(tight.free_blocks_after, 2);
+  const SchedulerOutput room = sched.schedule({run, full, {}, /*free=*/3, 6, /*step=*/3});
+  ASSERT_EQ(room.swap_in.size(), 1u);
+  EXPECT_EQ(room.swap_in[0].blocks, 2);  // the next token's block is left free, not reserved
+  EXPECT_EQ(room.free_blocks_after, 1);
+  // Its last page not full (7 positions): the 2 pages are all it needs.
+  const std::vector<SchedSeq> partial = {swapped(1, 7, 2, 0)};
+  EXPECT_EQ(sched.schedule({run, partial, {}, 2, 6, 3}).swap_in.size(), 1u);
+  // Its pages and the next token's block exceed the pool: it resumes with what the pool has (its
+  // growth is then refused as never_fit, not waited for forever).
+  EXPECT_EQ(sched.schedule({{}, full, {}, 2, 2, 3}).swap_in.size(), 1u);
 }
 
 TEST(Scheduler, SwappedSequenceIsNotOvertakenByYoungerPrompts) {
