@@ -195,7 +195,15 @@ void Sim::admit(Worker& w, double now) {
         reject(i);
         continue;
       }
-      if (need > w.free_blocks) break;  // no overtaking
+      // Beside the next-token growth of the running requests served before it, as the
+      // Scheduler admits handoffs.
+      int64_t room = need;
+      for (int j : w.running) {
+        const Req& a = reqs_[j];
+        if (a.st == St::kRunning && serves_before(a, r))
+          room += std::max<int64_t>(0, blocks_for(a.kv + 1, c_.block_size) - a.pages());
+      }
+      if (room > w.free_blocks) break;  // no overtaking
       handoff_.erase(handoff_.begin() + static_cast<std::ptrdiff_t>(k));
       w.free_blocks -= need;
       r.held = need;

@@ -142,7 +142,18 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
       out.handoff_wait = HandoffWait::kPreemptedFirst;
       break;
     }
-    if (need > st.free) {
+    // The sequences served before it decode this step after admission (grow_decodes): the
+    // blocks their next tokens need are not the handoff's. Otherwise the first of them to need
+    // one finds none and preempts the handoff just copied in (the worker schedules the step
+    // after admitting) or, where the handoff is protected, itself.
+    const PriorityKey hk{h.priority, h.arrival};
+    int room = need;
+    for (const StepState::Run& r : st.runs) {
+      if (!r.preempted && serves_before(key_of(*r.seq), hk)) {
+        room += std::max(0, blocks_for(r.seq->num_computed + 1, config_.block_size) - r.num_blocks);
+      }
+    }
+    if (room > st.free) {
       // Only strictly lower priorities, and only when that frees enough.
       int available = st.free;
       for (const StepState::Run& r : st.runs) {
@@ -150,11 +161,11 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
           available += r.held;
         }
       }
-      if (available < need) {
+      if (available < room) {
         out.handoff_wait = HandoffWait::kNoBlocks;
         break;
       }
-      while (st.free < need) {
+      while (st.free < room) {
         const int v =
             st.pick_victim([&](const StepState::Run& r) { return r.seq->priority < h.priority; });
         KVSPLIT_CHECK(v >= 0);

@@ -439,6 +439,31 @@ TEST(Scheduler, SwappedSequenceIsNotOvertakenByYoungerPrompts) {
   EXPECT_EQ(room.free_blocks_after, 0);
 }
 
+// A handoff is admitted only beside the next-token growth of the running sequences served before
+// it: admitted into the last free blocks, it was preempted again in the same step by the first of
+// them to need a block (or that sequence preempted itself), its copied KV thrown away.
+TEST(Scheduler, HandoffLeavesTheGrowthOfSequencesServedBeforeIt) {
+  const Scheduler sched(config(64, false));
+  // A (priority 2) fills its 2 blocks: its next token needs a 3rd. H (priority 1) needs 2.
+  const std::vector<SchedSeq> run = {running(1, 8, 2, /*priority=*/2)};
+  const std::vector<SchedHandoff> offer = {{50, /*priority=*/1, 60, 5}};
+  const SchedulerOutput tight = sched.schedule({run, {}, offer, /*free=*/2, /*total=*/4, 1});
+  EXPECT_TRUE(tight.admitted.empty());
+  EXPECT_EQ(tight.handoff_wait, HandoffWait::kNoBlocks);
+  EXPECT_TRUE(tight.preempted.empty());
+  ASSERT_EQ(tight.decode.size(), 1u);
+  EXPECT_EQ(tight.decode[0].id, 1);
+  EXPECT_EQ(sched.admit_handoffs({run, {}, offer, 2, 4, 1}).admitted.size(), 0u);
+  // With the 3rd block free too, both go: H is admitted and A grows.
+  const SchedulerOutput room = sched.schedule({run, {}, offer, /*free=*/3, /*total=*/5, 1});
+  ASSERT_EQ(room.admitted.size(), 1u);
+  EXPECT_TRUE(room.preempted.empty());
+  EXPECT_EQ(room.free_blocks_after, 0);
+  // A sequence H is served before keeps no room from it.
+  const std::vector<SchedHandoff> urgent = {{50, /*priority=*/3, 60, 5}};
+  EXPECT_EQ(sched.admit_handoffs({run, {}, urgent, 2, 4, 1}).admitted.size(), 1u);
+}
+
 TEST(Scheduler, HandoffWaitsForASwappedSequenceOfAtLeastItsPriority) {
   const std::vector<SchedSeq> wait = {swapped(1, 8, 2, 100, /*priority=*/1)};
   const std::vector<SchedHandoff> offers = {{50, /*priority=*/1, 60, 4}};
