@@ -88,7 +88,9 @@ TEST(SwapFaults, EveryDiskFaultFallsBackToRecomputeWithTheSameTokens) {
     // A read fault needs a record written first. After write faults the preempted sequences
     // restart by recompute, and the Scheduler holds a restart back until those ahead of it can
     // finish, so no later swap need follow them.
-    if (c.n == 0 || c.op == kv::IoOp::kRead) EXPECT_GT(got.swaps.to_disk, 0);
+    if (c.n == 0 || c.op == kv::IoOp::kRead) {
+      EXPECT_GT(got.swaps.to_disk, 0);
+    }
     if (c.n == 0) {
       EXPECT_EQ(got.swaps.disk_faults, 0);
       EXPECT_EQ(got.recomputed, 0);
