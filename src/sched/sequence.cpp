@@ -39,8 +39,14 @@ TokenLogprob make_logprob(const float* logits, int vocab, int32_t token, int k) 
 void Sequence::enter_phase(SeqPhase next, Clock::time_point now) {
   const int cur = static_cast<int>(phase);
   if (cur < 5) phase_ms[cur] += ms_between(phase_start, now);
+  if (phase == SeqPhase::kPreempted) interval_from += now - phase_start;  // not a step interval
   phase = next;
   phase_start = now;
+}
+
+void Sequence::note_step_interval(Clock::time_point now) {
+  step_interval_ewma_ms =
+      ewma(step_interval_ewma_ms, ms_between(interval_from, now), kStepIntervalAlpha);
 }
 
 namespace {
@@ -59,9 +65,10 @@ FinishReason push_token(Sequence& seq, int32_t token, const float* raw, int voca
     const double gap = ms_between(seq.last_token_time, now);
     seq.itl_sum_ms += gap;
     seq.itl_max_ms = std::max(seq.itl_max_ms, gap);
-    seq.step_interval_ewma_ms = ewma(seq.step_interval_ewma_ms, gap, Sequence::kStepIntervalAlpha);
+    seq.note_step_interval(now);
   }
   seq.last_token_time = now;
+  seq.interval_from = now;
 
   const std::string delta = seq.decoder->push(token);
   sampling::StopChecker::Step step = seq.stop->on_token(token, delta);

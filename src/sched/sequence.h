@@ -94,10 +94,15 @@ struct Sequence {
   double phase_ms[5] = {0, 0, 0, 0, 0};  // indexed by SeqPhase (queued..preempted)
   double itl_sum_ms = 0;
   double itl_max_ms = 0;
-  // EWMA (weight kStepIntervalAlpha) of the gaps between its tokens in ms; 0 before the second
-  // token. The SwapPredictor's "served least often".
+  // EWMA (weight kStepIntervalAlpha) of the gaps between its tokens in ms, less the time spent
+  // preempted (a pause is not how often it is served; counted, it made a sequence just resumed
+  // the SwapPredictor's first victim again); 0 before the second token. The SwapPredictor's
+  // "served least often". interval_from: the last token's time, moved later by each pause since.
   double step_interval_ewma_ms = 0;
   static constexpr double kStepIntervalAlpha = 0.2;
+  Clock::time_point interval_from;
+  // A token other than the first at `now`: folds its gap since interval_from into the EWMA.
+  void note_step_interval(Clock::time_point now);
   int32_t preemptions = 0;
   // The temporal cut: a sequence swapped out (pages on the host, kv/swap.h) is not resumed before
   // its worker's step resume_step.

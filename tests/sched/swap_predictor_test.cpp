@@ -5,11 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include "sched/policy.h"
+#include "sched/sequence.h"
 
 namespace kvsplit::sched {
 namespace {
@@ -112,6 +114,24 @@ TEST(SwapPredictor, PrefetchTakesDueSwappedSequencesInServiceOrderWhileTheyFit) 
   // The next to resume is taken even when it does not fit yet.
   EXPECT_EQ(p.prefetch(waiting, 11, 0), (std::vector<int>{3}));
   EXPECT_TRUE(p.prefetch(waiting, 8, 100).empty());
+}
+
+// The step-interval EWMA the predictor ranks by leaves out the time a sequence spent preempted:
+// counted, a 2 s pause made the sequence just resumed look served least often, and so the first
+// victim again.
+TEST(SwapPredictorInput, APauseIsNotAStepInterval) {
+  using std::chrono::milliseconds;
+  Sequence s;
+  const Clock::time_point t0 = Clock::now();
+  s.enter_phase(SeqPhase::kDecode, t0);
+  s.interval_from = t0;  // its first token
+  s.note_step_interval(t0 + milliseconds(10));
+  s.interval_from = t0 + milliseconds(10);
+  EXPECT_NEAR(s.step_interval_ewma_ms, 10.0, 1e-6);
+  s.enter_phase(SeqPhase::kPreempted, t0 + milliseconds(20));
+  s.enter_phase(SeqPhase::kDecode, t0 + milliseconds(2020));  // resumed after 2 s
+  s.note_step_interval(t0 + milliseconds(2030));              // 20 ms of it served, not 2020
+  EXPECT_NEAR(s.step_interval_ewma_ms, 0.8 * 10.0 + 0.2 * 20.0, 1e-6);
 }
 
 }  // namespace
