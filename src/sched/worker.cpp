@@ -110,14 +110,16 @@ WorkerSnapshot Worker::snapshot() const {
   WorkerSnapshot s;
   s.pool.name = options_.name;
   s.pool.kv_blocks_total = total_blocks_;
-  s.pool.kv_blocks_free = free_blocks_.load(std::memory_order_relaxed);
-  s.pool.running = running_count_.load(std::memory_order_relaxed);
-  s.pool.waiting = waiting_count_.load(std::memory_order_relaxed);
   s.steps = steps_.load(std::memory_order_relaxed);
   s.forward_ms = forward_ns_.load(std::memory_order_relaxed) / 1e6;
   s.bookkeeping_ms = bookkeeping_ns_.load(std::memory_order_relaxed) / 1e6;
   s.sampling_ms = sampling_ns_.load(std::memory_order_relaxed) / 1e6;
+  // One publication: the counts are stored under the same lock as the KV stats (publish_stats),
+  // so free blocks back to their start never come with the remote pages of before.
   std::lock_guard<std::mutex> lock(kv_stats_mu_);
+  s.pool.kv_blocks_free = free_blocks_.load(std::memory_order_relaxed);
+  s.pool.running = running_count_.load(std::memory_order_relaxed);
+  s.pool.waiting = waiting_count_.load(std::memory_order_relaxed);
   s.pool.kv_pages_full = kv_stats_.kv_pages_full;
   s.pool.kv_pages_int8 = kv_stats_.kv_pages_int8;
   s.pool.kv_pages_int4 = kv_stats_.kv_pages_int4;
@@ -171,10 +173,6 @@ WorkerSnapshot Worker::snapshot() const {
 }
 
 void Worker::publish_stats() {
-  free_blocks_.store(pool_->available_blocks(), std::memory_order_relaxed);
-  running_count_.store(static_cast<int>(running_.size()), std::memory_order_relaxed);
-  waiting_count_.store(static_cast<int>(waiting_.size() + pending_.size()),
-                       std::memory_order_relaxed);
   PoolStats k;
   k.kv_pages_full = pool_->used_blocks();
   int summaries_used = 0;  // every shard's arenas and summaries (the spatial cut)
@@ -258,6 +256,12 @@ void Worker::publish_stats() {
   for (const std::unique_ptr<Sequence>& seq : waiting_)
     kv_prefetch_pending_ += seq->prefetch != nullptr && seq->prefetch->record != 0;
   kv_prefetch_dropped_ = swap_stats_.prefetch_dropped;
+  // Last, under the lock, with the stats above (snapshot() reads them together; the router's
+  // load() reads the atomics alone).
+  free_blocks_.store(pool_->available_blocks(), std::memory_order_relaxed);
+  running_count_.store(static_cast<int>(running_.size()), std::memory_order_relaxed);
+  waiting_count_.store(static_cast<int>(waiting_.size() + pending_.size()),
+                       std::memory_order_relaxed);
 }
 
 void Worker::loop() {
