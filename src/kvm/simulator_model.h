@@ -46,6 +46,11 @@ inline int64_t blocks_for(int64_t tokens, int block_size) {
   return (tokens + block_size - 1) / block_size;
 }
 
+// Blocks a request holding `blocks` pages needs beyond them for `positions` + 1 (its next token).
+inline int64_t next_token_blocks(int64_t positions, int64_t blocks, int block_size) {
+  return std::max<int64_t>(0, blocks_for(positions + 1, block_size) - blocks);
+}
+
 struct Req {
   const TraceRequest* t = nullptr;
   int cls = 0;

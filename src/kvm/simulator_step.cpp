@@ -201,7 +201,7 @@ void Sim::admit(Worker& w, double now) {
       for (int j : w.running) {
         const Req& a = reqs_[j];
         if (a.st == St::kRunning && serves_before(a, r))
-          room += std::max<int64_t>(0, blocks_for(a.kv + 1, c_.block_size) - a.pages());
+          room += next_token_blocks(a.kv, a.pages(), c_.block_size);
       }
       if (room > w.free_blocks) break;  // no overtaking
       handoff_.erase(handoff_.begin() + static_cast<std::ptrdiff_t>(k));
@@ -279,7 +279,7 @@ bool Sim::step(Worker& w) {
     const int i = order[k];
     Req& r = reqs_[i];
     if (r.st != St::kRunning) continue;  // preempted meanwhile
-    const int64_t need = std::max<int64_t>(0, blocks_for(r.kv + 1, c_.block_size) - r.pages());
+    const int64_t need = next_token_blocks(r.kv, r.pages(), c_.block_size);
     if (r.held + need > w.total_blocks) {  // its next token needs more than the whole pool
       w.running.erase(std::find(w.running.begin(), w.running.end(), i));
       release(w, r);
@@ -327,14 +327,14 @@ bool Sim::step(Worker& w) {
   std::vector<Cand> cands;
   std::vector<int> swap_ins;
   bool reserving = true;
+  // A resumption (swap-in or recompute) also needs its next token's block when its positions
+  // fill their last page, unless that exceeds the pool (Scheduler::next_token_room).
+  const auto next_token_room = [&](int64_t positions, int64_t blocks) -> int64_t {
+    const int64_t extra = next_token_blocks(positions, blocks, c_.block_size);
+    return blocks + extra <= w.total_blocks ? extra : 0;
+  };
   for (int i : by_service) {
     Req& r = reqs_[i];
-    // A resumption (swap-in or recompute) also needs its next token's block when its positions
-    // fill their last page, unless that exceeds the pool (Scheduler::next_token_room).
-    const auto next_token_room = [&](int64_t positions, int64_t blocks) -> int64_t {
-      const int64_t extra = std::max<int64_t>(0, blocks_for(positions + 1, c_.block_size) - blocks);
-      return blocks + extra <= w.total_blocks ? extra : 0;
-    };
     if (r.st == St::kSwapped) {
       if (step_no < r.resume_step && !w.running.empty()) continue;
       if (!reserving || r.swapped_pages + next_token_room(r.kv, r.swapped_pages) > w.free_blocks) {

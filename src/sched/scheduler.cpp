@@ -11,6 +11,11 @@ namespace {
 
 int blocks_for(int tokens, int block_size) { return (tokens + block_size - 1) / block_size; }
 
+// Blocks a table of `blocks` pages needs beyond them to hold `positions` + 1 (its next token).
+int next_token_blocks(int positions, int blocks, int block_size) {
+  return std::max(0, blocks_for(positions + 1, block_size) - blocks);
+}
+
 PriorityKey key_of(const SchedSeq& s) { return {s.priority, s.arrival}; }
 
 }  // namespace
@@ -150,7 +155,7 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
     int room = need;
     for (const StepState::Run& r : st.runs) {
       if (!r.preempted && serves_before(key_of(*r.seq), hk)) {
-        room += std::max(0, blocks_for(r.seq->num_computed + 1, config_.block_size) - r.num_blocks);
+        room += next_token_blocks(r.seq->num_computed, r.num_blocks, config_.block_size);
       }
     }
     if (room > st.free) {
@@ -197,8 +202,7 @@ void Scheduler::grow_decodes(StepState& st, SchedulerOutput& out) const {
   for (size_t i = 0; i < order.size(); ++i) {
     StepState::Run& r = runs[order[i]];
     if (r.preempted) continue;
-    const int need =
-        std::max(0, blocks_for(r.seq->num_computed + 1, config_.block_size) - r.num_blocks);
+    const int need = next_token_blocks(r.seq->num_computed, r.num_blocks, config_.block_size);
     if (r.held + need > st.in.total_blocks) {
       out.never_fit.push_back(r.seq->id);  // its next token needs more than the whole pool
       continue;
@@ -239,9 +243,8 @@ bool Scheduler::make_room_by_slice(StepState& st, const SchedSeq& w, int need,
   return true;
 }
 
-int Scheduler::next_token_room(const SchedSeq& w, int blocks, int total_blocks) const {
-  const int positions = w.swapped_pages > 0 ? w.num_computed : w.target;
-  const int extra = std::max(0, blocks_for(positions + 1, config_.block_size) - blocks);
+int Scheduler::next_token_room(int positions, int blocks, int total_blocks) const {
+  const int extra = next_token_blocks(positions, blocks, config_.block_size);
   return blocks + extra <= total_blocks ? extra : 0;
 }
 
@@ -281,7 +284,8 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
       // Paused until its resume step, unless nothing runs (steps would not advance).
       if (in.step < w->resume_step && !in.running.empty()) continue;
       // It resumes only with room for its next token too (next_token_room).
-      const int room = w->swapped_pages + next_token_room(*w, w->swapped_pages, in.total_blocks);
+      const int room =
+          w->swapped_pages + next_token_room(w->num_computed, w->swapped_pages, in.total_blocks);
       if (reserving && room > st.free) make_room_by_slice(st, *w, room, out);
       if (!reserving || room > st.free) {
         reserving = false;
@@ -301,10 +305,11 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
       // A restart also leaves room for the sequences served before it to reach their last
       // position: their growth would otherwise preempt it again and its recompute be lost.
       const int room =
-          need + (w->restart ? growth_ahead(st, *w) +
-                                   next_token_room(*w, blocks_for(w->target, config_.block_size),
-                                                   in.total_blocks)
-                             : 0);
+          need + (w->restart
+                      ? growth_ahead(st, *w) +
+                            next_token_room(w->target, blocks_for(w->target, config_.block_size),
+                                            in.total_blocks)
+                      : 0);
       if (reserving && room > st.free) make_room_by_slice(st, *w, room, out);
       if (!reserving || room > st.free) {
         reserving = false;

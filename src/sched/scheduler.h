@@ -196,12 +196,12 @@ class Scheduler {
   // Blocks the running sequences served before `w` still need to reach their final_positions
   // (each at most what the pool can give it).
   int growth_ahead(const StepState& st, const SchedSeq& w) const;
-  // The block a resuming sequence `w` (swapped in, or restarted by recompute) needs beyond its
-  // `blocks` for the token it decodes next: 1 when its positions fill their last page (a
-  // sequence paused for its own growth always does), else 0; 0 too when that would exceed the
+  // The block a resuming sequence (swapped in, or restarted by recompute) of `positions` needs
+  // beyond its `blocks` for the token it decodes next: 1 when its positions fill their last page
+  // (a sequence paused for its own growth always does), else 0; 0 too when that would exceed the
   // pool (its growth is refused as never_fit instead). Without it the sequence came back into a
   // full pool, needed a block at its first decode and paused itself again, round after round.
-  int next_token_room(const SchedSeq& w, int blocks, int total_blocks) const;
+  int next_token_room(int positions, int blocks, int total_blocks) const;
 
   SchedulerConfig config_;
   std::shared_ptr<const SwapPredictor> predictor_;
