@@ -276,67 +276,100 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
   struct Cand {
     const SchedSeq* seq;
     int new_blocks;
+    bool sliced;  // running sequences were paused for it (make_room_by_slice)
   };
+  // Waiting prompts that get no chunk this step even with room: pausing a running sequence for
+  // one would free its blocks for nothing, so it does not fit (and stops the rest) instead.
+  std::vector<int> no_slice;
+  auto slice_for = [&](const SchedSeq& w, int room) {
+    return std::find(no_slice.begin(), no_slice.end(), w.id) == no_slice.end() &&
+           make_room_by_slice(st, w, room, out);
+  };
+  // Reservation in service order, then the fair prefill rule (policy.h): progress for every
+  // prompt, then the least remaining first within a priority, each under max_chunk_tokens. Chunks
+  // are listed in that order.
+  auto select = [&](std::vector<Cand>& cands) {
+    cands.clear();
+    bool reserving = true;  // the first that does not fit stops later ones from starting
+    for (const SchedSeq* w : by_service) {
+      if (w->swapped_pages > 0) {
+        // Paused until its resume step, unless nothing runs (steps would not advance).
+        if (in.step < w->resume_step && !in.running.empty()) continue;
+        // It resumes only with room for its next token too (next_token_room).
+        const int room =
+            w->swapped_pages + next_token_room(w->num_computed, w->swapped_pages, in.total_blocks);
+        if (reserving && room > st.free) make_room_by_slice(st, *w, room, out);
+        if (!reserving || room > st.free) {
+          reserving = false;
+          continue;
+        }
+        st.free -= w->swapped_pages;
+        out.swap_in.push_back({w->id, w->swapped_pages});
+        continue;
+      }
+      if (w->num_computed >= w->target) continue;
+      if (blocks_for(w->target, config_.block_size) > in.total_blocks) {
+        out.never_fit.push_back(w->id);
+        continue;
+      }
+      const int need = std::max(0, blocks_for(w->target, config_.block_size) - w->num_blocks);
+      bool sliced = false;
+      if (need > 0) {
+        // A restart also leaves room for the sequences served before it to reach their last
+        // position: their growth would otherwise preempt it again and its recompute be lost.
+        const int room =
+            need + (w->restart
+                        ? growth_ahead(st, *w) +
+                              next_token_room(w->target, blocks_for(w->target, config_.block_size),
+                                              in.total_blocks)
+                        : 0);
+        if (reserving && room > st.free) sliced = slice_for(*w, room);
+        if (!reserving || room > st.free) {
+          reserving = false;
+          continue;
+        }
+        st.free -= need;
+      }
+      cands.push_back({w, need, sliced});
+    }
+    std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
+      if (a.seq->priority != b.seq->priority) return a.seq->priority > b.seq->priority;
+      const int ra = a.seq->target - a.seq->num_computed, rb = b.seq->target - b.seq->num_computed;
+      if (ra != rb) return ra < rb;
+      return a.seq->last_prefill_step < b.seq->last_prefill_step;
+    });
+    std::vector<PrefillDemand> demands(cands.size());
+    for (size_t i = 0; i < cands.size(); ++i) {
+      const SchedSeq& s = *cands[i].seq;
+      demands[i] = {s.target - s.num_computed, s.priority, s.last_prefill_step};
+    }
+    // The cap holds even for a prompt alone on its worker: a request arriving during the step
+    // waits for it, and a whole-budget step of a long prompt late in its prefill (its chunk
+    // attends to every token before it) was what made short requests' TTFT p99 3-5x
+    // (docs/kv-cuts.md).
+    return plan_fair_prefill(demands, budget, config_.min_chunk_tokens, config_.max_chunk_tokens,
+                             in.step);
+  };
+  // A prompt that running sequences were paused for but that the budget then gives no chunk is
+  // planned again without that pause. Each round adds at least one prompt to no_slice, and
+  // leaving a prompt out only frees budget for the others, so the rounds end.
+  const int free0 = st.free;
+  const std::vector<StepState::Run> runs0 = st.runs;
+  const std::vector<int32_t> preempted_priorities0 = st.preempted_priorities;
+  const SchedulerOutput out0 = out;
   std::vector<Cand> cands;
-  bool reserving = true;  // the first that does not fit stops later ones from starting
-  for (const SchedSeq* w : by_service) {
-    if (w->swapped_pages > 0) {
-      // Paused until its resume step, unless nothing runs (steps would not advance).
-      if (in.step < w->resume_step && !in.running.empty()) continue;
-      // It resumes only with room for its next token too (next_token_room).
-      const int room =
-          w->swapped_pages + next_token_room(w->num_computed, w->swapped_pages, in.total_blocks);
-      if (reserving && room > st.free) make_room_by_slice(st, *w, room, out);
-      if (!reserving || room > st.free) {
-        reserving = false;
-        continue;
-      }
-      st.free -= w->swapped_pages;
-      out.swap_in.push_back({w->id, w->swapped_pages});
-      continue;
-    }
-    if (w->num_computed >= w->target) continue;
-    if (blocks_for(w->target, config_.block_size) > in.total_blocks) {
-      out.never_fit.push_back(w->id);
-      continue;
-    }
-    const int need = std::max(0, blocks_for(w->target, config_.block_size) - w->num_blocks);
-    if (need > 0) {
-      // A restart also leaves room for the sequences served before it to reach their last
-      // position: their growth would otherwise preempt it again and its recompute be lost.
-      const int room =
-          need + (w->restart
-                      ? growth_ahead(st, *w) +
-                            next_token_room(w->target, blocks_for(w->target, config_.block_size),
-                                            in.total_blocks)
-                      : 0);
-      if (reserving && room > st.free) make_room_by_slice(st, *w, room, out);
-      if (!reserving || room > st.free) {
-        reserving = false;
-        continue;
-      }
-      st.free -= need;
-    }
-    cands.push_back({w, need});
+  std::vector<int> chunks;
+  for (;;) {
+    chunks = select(cands);
+    const size_t wasted = no_slice.size();
+    for (size_t i = 0; i < cands.size(); ++i)
+      if (cands[i].sliced && chunks[i] == 0) no_slice.push_back(cands[i].seq->id);
+    if (no_slice.size() == wasted) break;
+    st.free = free0;
+    st.runs = runs0;
+    st.preempted_priorities = preempted_priorities0;
+    out = out0;
   }
-  // The fair prefill rule (policy.h): progress for every prompt, then the least remaining first
-  // within a priority, each under max_chunk_tokens. Chunks are listed in that order.
-  std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
-    if (a.seq->priority != b.seq->priority) return a.seq->priority > b.seq->priority;
-    const int ra = a.seq->target - a.seq->num_computed, rb = b.seq->target - b.seq->num_computed;
-    if (ra != rb) return ra < rb;
-    return a.seq->last_prefill_step < b.seq->last_prefill_step;
-  });
-  std::vector<PrefillDemand> demands(cands.size());
-  for (size_t i = 0; i < cands.size(); ++i) {
-    const SchedSeq& s = *cands[i].seq;
-    demands[i] = {s.target - s.num_computed, s.priority, s.last_prefill_step};
-  }
-  // The cap holds even for a prompt alone on its worker: a request arriving during the step
-  // waits for it, and a whole-budget step of a long prompt late in its prefill (its chunk attends
-  // to every token before it) was what made short requests' TTFT p99 3-5x (docs/kv-cuts.md).
-  const std::vector<int> chunks = plan_fair_prefill(demands, budget, config_.min_chunk_tokens,
-                                                    config_.max_chunk_tokens, st.in.step);
   for (size_t i = 0; i < cands.size(); ++i) {
     if (chunks[i] == 0) {
       st.free += cands[i].new_blocks;  // not started this step: its reservation is not made

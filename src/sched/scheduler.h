@@ -22,7 +22,8 @@
 //      (the temporal cut) take their place in the same service order from their resume step on:
 //      they reserve the blocks of their swapped pages and are swapped in, using no token budget. A
 //      waiting sequence that does not fit may pause running sequences of strictly lower priority
-//      whose time slice expired (SchedSeq::slice_expired) when that frees enough.
+//      whose time slice expired (SchedSeq::slice_expired) when that frees enough, and a prompt
+//      only when the budget then gives it a chunk.
 // Whenever a rule above allows several victims, the SwapPredictor (sched/swap_predictor.h) says
 // which goes first: by default the one needed last (lowest priority, most deadline slack, longest
 // step interval, youngest).

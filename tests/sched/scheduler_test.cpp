@@ -496,6 +496,41 @@ TEST(Scheduler, ExpiredSliceOfLowerPriorityIsPausedForWaitingWork) {
   EXPECT_EQ(out.decode[0].id, 2);
 }
 
+TEST(Scheduler, NoPauseForAPromptTheBudgetGivesNoChunk) {
+  // The pool is full with two low-priority sequences whose slices expired (2 blocks each). Two
+  // prompts of higher priority wait, 2 blocks each: 4 (priority 6) is served first, then 3.
+  SchedSeq a = running(1, 6, 2, /*priority=*/0), b = running(2, 6, 2, /*priority=*/0);
+  a.slice_expired = b.slice_expired = true;
+  const std::vector<SchedSeq> run = {a, b};
+  const std::vector<SchedSeq> wait = {waiting(3, 8, 0, 0, /*priority=*/5),
+                                      waiting(4, 8, 0, 0, /*priority=*/6)};
+  // A budget of one min chunk: 4 takes it, so 3 gets no chunk this step. Pausing the second
+  // sequence for 3 would free its blocks for nothing: only the one paused for 4 goes.
+  SchedulerConfig c = config(/*max_batch_tokens=*/4, /*colocated=*/false, /*min_chunk=*/4);
+  SchedulerOutput out = Scheduler(c).schedule({run, wait, {}, 0, 4, 1});
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0].for_id, 4);
+  ASSERT_EQ(out.prefill.size(), 1u);
+  EXPECT_EQ(out.prefill[0].id, 4);
+  ASSERT_EQ(out.decode.size(), 1u);  // the other still decodes
+  EXPECT_EQ(out.decode[0].id, out.preempted[0].id == 1 ? 2 : 1);
+  EXPECT_EQ(out.free_blocks_after, 0);
+  // A long prompt (3) yields to a shorter one of its priority (5, its block held): nothing is
+  // paused for 3, and 1 keeps decoding.
+  SchedSeq low2 = running(1, 14, 4, /*priority=*/0);
+  low2.slice_expired = true;
+  const std::vector<SchedSeq> run2 = {low2, running(2, 3, 1, /*priority=*/5)};
+  const std::vector<SchedSeq> wait2 = {waiting(3, 16, 0, 0, /*priority=*/5, /*last_step=*/0),
+                                       waiting(5, 4, 0, 1, /*priority=*/5)};
+  c.max_batch_tokens = 8;
+  c.max_chunk_tokens = 8;  // 3 (16 tokens, 4 blocks) is long; 5 (4 tokens, its block held) is short
+  out = Scheduler(c).schedule({run2, wait2, {}, 0, 5, 1});
+  EXPECT_TRUE(out.preempted.empty());
+  ASSERT_EQ(out.decode.size(), 2u);
+  ASSERT_EQ(out.prefill.size(), 1u);
+  EXPECT_EQ(out.prefill[0].id, 5);
+}
+
 TEST(Scheduler, UnexpiredOrEqualPriorityIsNotPaused) {
   SchedSeq low = running(1, 14, 4, 0);
   const std::vector<SchedSeq> wait = {waiting(3, 8, 0, 0, 5)};
