@@ -12,10 +12,10 @@
 //   bench_serving_offline --model synthetic:stories260k --requests 200 --rate 50
 //   bench_serving_offline --model synthetic:llama-110m --bookkeeping
 //   bench_serving_offline --model ../shared/models/stories260K.bin --capacity --kv-capacity-mb 5
-//   bench_serving_offline --model synthetic:llama-110m --swap-compare --kv-capacity-mb 120 \
-//       --swap-seqs 6 --swap-prompt 768 --swap-output 128 --threads 2 --swap-reps 3
-//   bench_serving_offline --model synthetic:llama-110m@ctx=4608 --threads 2 --fairness \
-//       --mode colocated --write-trace fair.jsonl      # then --trace fair.jsonl replays it
+//   bench_serving_offline --model synthetic:llama-110m --swap-compare --kv-capacity-mb 120
+//       --swap-seqs 6 --swap-prompt 768 --swap-output 128 --threads 2 --swap-reps 3 (one line)
+//   bench_serving_offline --model synthetic:llama-110m@ctx=4608 --threads 2 --fairness
+//       --mode colocated --write-trace fair.jsonl (one line; then --trace fair.jsonl replays it)
 //   bench_serving_offline --config server.yaml --trace phased.jsonl   # replay a request trace
 //                                                   # (docs/kvm.md) on the config's engine
 //   bench_serving_offline --requests 100 --write-trace work.jsonl     # save the workload
@@ -122,9 +122,18 @@ EngineConfig base_config(const Options& o, ServingMode mode) {
   c.max_batch_tokens = o.max_batch_tokens;
   if (o.max_chunk_tokens >= 0) c.max_chunk_tokens = o.max_chunk_tokens;
   c.kv_blocks_per_worker = o.kv_blocks;
-  kvsplit::SlaClass interactive{"interactive", 500.0, 100.0, 1, 100000, 600000.0};
-  kvsplit::SlaClass batch{"batch", 5000.0, 500.0, 0, 100000, 600000.0};
-  c.sla_classes = {batch, interactive};
+  // Two classes: interactive (TTFT 500 ms, ITL 100 ms, priority 1) and batch (5 s, 500 ms, 0).
+  const auto sla_class = [](const char* name, double ttft_ms, double itl_ms, int32_t priority) {
+    kvsplit::SlaClass k;
+    k.name = name;
+    k.max_ttft_ms = ttft_ms;
+    k.max_itl_ms = itl_ms;
+    k.priority = priority;
+    k.max_queue = 100000;
+    k.queue_timeout_ms = 600000.0;
+    return k;
+  };
+  c.sla_classes = {sla_class("batch", 5000.0, 500.0, 0), sla_class("interactive", 500.0, 100.0, 1)};
   return c;
 }
 

@@ -22,10 +22,10 @@ namespace kvsplit::sched {
 // [0, 2^20] (fair prefill's cap, 0: none); a value out of range is kInvalidArgument naming the
 // field and changes nothing.
 struct SetSchedulerParams {
-  std::optional<int> max_batch_tokens;
-  std::optional<int> min_chunk_tokens;
-  std::optional<int> max_num_seqs;
-  std::optional<int> max_chunk_tokens;
+  std::optional<int> max_batch_tokens = std::nullopt;
+  std::optional<int> min_chunk_tokens = std::nullopt;
+  std::optional<int> max_num_seqs = std::nullopt;
+  std::optional<int> max_chunk_tokens = std::nullopt;
 };
 
 // Drops the KV of one request the worker owns (running: preempted, recomputed when scheduled

@@ -335,7 +335,9 @@ TEST(ConfigTest, ShippedConfigsAreValid) {
     const Status st = validate_engine_config(c->engine);
     EXPECT_TRUE(st.ok()) << name << ": " << st.to_string();
     // The scenario configs express the seed's table with KVM rules (issue: scenario configs).
-    if (std::string(name) != "default.yaml") EXPECT_GE(c->engine.kvm.rules.size(), 3u) << name;
+    if (std::string(name) != "default.yaml") {
+      EXPECT_GE(c->engine.kvm.rules.size(), 3u) << name;
+    }
   }
   EXPECT_EQ(n, 4);
   auto voice = load_config_file((dir / "voice-assistant.yaml").string());

@@ -165,7 +165,9 @@ void cancel_storm(ServingMode mode, bool temporal, int shards = 1) {
   for (const PoolStats& p : s.pools) {
     EXPECT_EQ(p.kv_pages_host, 0) << p.name;  // nothing left swapped out
     // The host tier holds only the prefix cache's spilled pages (none without the cache).
-    if (p.kv_prefix_pages_host == 0) EXPECT_EQ(p.kv_host_bytes_used, 0) << p.name;
+    if (p.kv_prefix_pages_host == 0) {
+      EXPECT_EQ(p.kv_host_bytes_used, 0) << p.name;
+    }
   }
   // The prefix cache's disk spills are asynchronous: a record being written is a disk record
   // but not yet a disk page; the workers finish the writes at their next (idle) steps.

@@ -181,8 +181,12 @@ TEST(EngineDevices, RoundRobinAndHandoffRoutes) {
     const int64_t same = st.handoffs_by_route[static_cast<int>(sched::KvCopyRoute::kSameDevice)];
     const int64_t peer = st.handoffs_by_route[static_cast<int>(sched::KvCopyRoute::kPeer)];
     EXPECT_EQ(st.handoffs_by_route[static_cast<int>(sched::KvCopyRoute::kStaged)], 0);
-    if (st.device == 0) EXPECT_EQ(peer, 0) << st.worker;  // prefill-0 is on device 0 too
-    if (st.device == 1) EXPECT_EQ(same, 0) << st.worker;
+    if (st.device == 0) {
+      EXPECT_EQ(peer, 0) << st.worker;  // prefill-0 is on device 0 too
+    }
+    if (st.device == 1) {
+      EXPECT_EQ(same, 0) << st.worker;
+    }
     total += same + peer;
   }
   EXPECT_EQ(total, 8);

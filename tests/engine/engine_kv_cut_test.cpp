@@ -227,7 +227,9 @@ TEST_P(EngineKvCut, AsynchronousRecallsWaitedForKeepTheTokens) {
       ASSERT_FALSE(got[i].timed_out);
       EXPECT_TRUE(got[i].final_event.status.ok()) << got[i].final_event.status.to_string();
       EXPECT_EQ(got[i].tokens.size(), want[i].tokens.size());
-      if (wait_ms < 0) EXPECT_EQ(got[i].tokens, want[i].tokens) << reqs[i].request_id;
+      if (wait_ms < 0) {
+        EXPECT_EQ(got[i].tokens, want[i].tokens) << reqs[i].request_id;
+      }
     }
     if (wait_ms < 0) {
       EXPECT_EQ(late, 0);

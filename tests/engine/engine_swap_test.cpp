@@ -156,7 +156,9 @@ TEST_P(EngineSwap, ShardedSequencesSwapOutOfEveryShardAndResume) {
         EXPECT_EQ(run.results[i].tokens.size(), 90u);
         // Greedy rows are token-exact; sampled rows may differ in the last fp bits of the
         // sharded merge (docs/kv-cuts.md, spatial cut), so only their length is checked.
-        if (i % 2 == 0) EXPECT_EQ(run.results[i].tokens, ref[i].tokens) << "request " << i;
+        if (i % 2 == 0) {
+          EXPECT_EQ(run.results[i].tokens, ref[i].tokens) << "request " << i;
+        }
       }
       const PoolStats& p = run.pool;
       EXPECT_EQ(p.kv_shards, shards);
