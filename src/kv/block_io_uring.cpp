@@ -64,20 +64,7 @@ class UringBlockIo final : public BlockIo {
     Item& item = inflight_[id];
     item.request = std::move(request);
     item.completion = c;
-    io_uring_sqe* sqe = next_sqe(lock);
-    const IoRequest& r = item.request;
-    const unsigned n = static_cast<unsigned>(r.iov.size());
-    if (r.op == IoOp::kRead)
-      io_uring_prep_readv(sqe, r.fd, r.iov.data(), n, static_cast<uint64_t>(r.offset));
-    else
-      io_uring_prep_writev(sqe, r.fd, r.iov.data(), n, static_cast<uint64_t>(r.offset));
-    // A buffered request the page cache can serve runs inline in io_uring_submit, on the
-    // submitting thread: for a large one that serializes its copy with whatever the submitter
-    // does next (the disk tier checksums the previous record). IOSQE_ASYNC hands it to the
-    // kernel's io-wq workers instead, so copies and checksums overlap; small requests stay
-    // inline, where the hand-off would cost more than the copy.
-    if (r.bytes() >= kAsyncBytes) sqe->flags |= IOSQE_ASYNC;
-    io_uring_sqe_set_data64(sqe, id);
+    queue(lock, id, item, item.request.iov.data(), static_cast<int>(item.request.iov.size()));
     submit_locked(lock);  // the reaper completes it (with the kernel's error, if any)
     return c;
   }
@@ -92,9 +79,56 @@ class UringBlockIo final : public BlockIo {
   struct Item {
     IoRequest request;
     std::shared_ptr<IoCompletion> completion;
+    int64_t done = 0;         // bytes a write moved in its earlier parts (a short write goes on)
+    std::vector<iovec> rest;  // the iovecs of the part in flight, once a write fell short
   };
 
   UringBlockIo() = default;
+
+  // Queues the SQE of `item` (id `id`) for `count` iovecs at `iov`, `item.done` bytes into the
+  // request (callers hold `lock` on mu_).
+  void queue(std::unique_lock<std::mutex>& lock, uint64_t id, const Item& item, const iovec* iov,
+             int count) {
+    io_uring_sqe* sqe = next_sqe(lock);
+    const IoRequest& r = item.request;
+    const auto n = static_cast<unsigned>(count);
+    const auto offset = static_cast<uint64_t>(r.offset + item.done);
+    if (r.op == IoOp::kRead)
+      io_uring_prep_readv(sqe, r.fd, iov, n, offset);
+    else
+      io_uring_prep_writev(sqe, r.fd, iov, n, offset);
+    // A buffered request the page cache can serve runs inline in io_uring_submit, on the
+    // submitting thread: for a large one that serializes its copy with whatever the submitter
+    // does next (the disk tier checksums the previous record). IOSQE_ASYNC hands it to the
+    // kernel's io-wq workers instead, so copies and checksums overlap; small requests stay
+    // inline, where the hand-off would cost more than the copy.
+    if (r.bytes() - item.done >= kAsyncBytes) sqe->flags |= IOSQE_ASYNC;
+    io_uring_sqe_set_data64(sqe, id);
+  }
+
+  // A write the kernel took only in part (res > 0 bytes of what was left) goes on with the rest,
+  // as the threads backend's does: a device that fills up mid-request then reports the next
+  // part's error (ENOSPC) with the bytes written, not a bare short count the caller cannot tell
+  // from data loss. True when the rest was queued and submitted (the item stays in flight). A
+  // read stops at its first short transfer (end of file), as in the threads backend.
+  bool write_on(uint64_t id, int res) {
+    std::unique_lock<std::mutex> lock(mu_);
+    Item& item = inflight_.at(id);
+    const IoRequest& r = item.request;
+    if (r.op != IoOp::kWrite || res <= 0 || item.done + res >= r.bytes()) return false;
+    if (item.rest.empty()) item.rest = r.iov;
+    // Drop the bytes written from the front of the iovecs of the part just done.
+    auto first = item.rest.begin();
+    size_t skip = static_cast<size_t>(res);
+    while (skip >= first->iov_len) skip -= (first++)->iov_len;
+    first->iov_base = static_cast<char*>(first->iov_base) + skip;
+    first->iov_len -= skip;
+    item.rest.erase(item.rest.begin(), first);
+    item.done += res;
+    queue(lock, id, item, item.rest.data(), static_cast<int>(item.rest.size()));
+    submit_locked(lock);
+    return true;
+  }
 
   // A free SQE (callers hold `lock` on mu_); when the queue is full, its SQEs are submitted
   // first (the kernel consumes SQEs at submit).
@@ -147,6 +181,7 @@ class UringBlockIo final : public BlockIo {
       const int res = cqe->res;
       io_uring_cqe_seen(&ring_, cqe);
       if (id == kStopTag) return;
+      if (write_on(id, res)) continue;
       Item item;
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -158,8 +193,8 @@ class UringBlockIo final : public BlockIo {
       space_cv_.notify_all();
       // The digest of a read (IoRequest::digest) is computed here, beside the submitter, which
       // only compares it; the data was just copied by the kernel (shared cache).
-      item.completion->complete(res < 0 ? IoResult{0, -res}
-                                        : with_digest(item.request, IoResult{res, 0}));
+      item.completion->complete(res < 0 ? IoResult{item.done, -res}
+                                        : with_digest(item.request, IoResult{item.done + res, 0}));
     }
   }
 

@@ -127,15 +127,11 @@ TEST_P(BlockIoTest, TransientSubmitRefusalsAreRetriedNotFailed) {
 }
 
 // A write the kernel takes only in part (here: the file size limit, as a device that fills up
-// mid-request) goes on with the rest on the helper threads, so the caller gets the error of the
-// next call (EFBIG here, ENOSPC on a full device) with the bytes written, not a bare short count.
-TEST(BlockIo, ThreadsWriteOnAfterAPartialWriteAndReportTheError) {
-  testing::TempDir dir;
-  const int fd = ::open(dir.file("f").c_str(), O_RDWR | O_CREAT, 0600);
-  ASSERT_GE(fd, 0);
-  StatusOr<std::unique_ptr<BlockIo>> io = BlockIo::create(IoOptions{IoBackend::kThreads, 8, 1});
-  ASSERT_TRUE(io.ok());
-  std::vector<char> a(3000, 'a'), b(5192, 'b');
+// mid-request) goes on with the rest, on the helper threads or by a second SQE, so the caller
+// gets the error of the next part (EFBIG here, ENOSPC on a full device) with the bytes written,
+// not a bare short count.
+TEST_P(BlockIoTest, WriteOnAfterAPartialWriteAndReportTheError) {
+  std::vector<char> a(3000, 'a'), b(5192, 'b'), c(100, 'c');
   struct sigaction ignore {
   }, old_action{};
   ignore.sa_handler = SIG_IGN;
@@ -146,18 +142,42 @@ TEST(BlockIo, ThreadsWriteOnAfterAPartialWriteAndReportTheError) {
   limit.rlim_cur = 6000;
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
   const IoResult r =
-      io.value()
-          ->submit(IoRequest{IoOp::kWrite, fd, 0, {{a.data(), a.size()}, {b.data(), b.size()}}})
+      io_->submit(IoRequest{IoOp::kWrite, fd_, 0, {{a.data(), a.size()}, {b.data(), b.size()}}})
           ->wait();
+  // At the limit already: nothing written, the error at once.
+  const IoResult at_limit =
+      io_->submit(IoRequest{IoOp::kWrite, fd_, 6000, {{c.data(), c.size()}}})->wait();
   ::setrlimit(RLIMIT_FSIZE, &old_limit);
   ::sigaction(SIGXFSZ, &old_action, nullptr);
   EXPECT_EQ(r.bytes, 6000);
   EXPECT_EQ(r.error, EFBIG);
+  EXPECT_EQ(at_limit.bytes, 0);
+  EXPECT_EQ(at_limit.error, EFBIG);
   std::vector<char> back(6000, 0);
-  ASSERT_EQ(::pread(fd, back.data(), back.size(), 0), 6000);
+  ASSERT_EQ(::pread(fd_, back.data(), back.size(), 0), 6000);
   EXPECT_EQ(std::string(back.begin(), back.begin() + 3000), std::string(3000, 'a'));
   EXPECT_EQ(std::string(back.begin() + 3000, back.end()), std::string(3000, 'b'));
-  ::close(fd);
+  // Below the limit again, a write whose parts end mid-iovec goes on from there and completes.
+  std::vector<char> d(9000);
+  std::iota(d.begin(), d.end(), 1);
+  ASSERT_EQ(::ftruncate(fd_, 0), 0);
+  limit.rlim_cur = 4000;
+  ASSERT_EQ(::sigaction(SIGXFSZ, &ignore, &old_action), 0);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
+  const IoResult part =
+      io_->submit(IoRequest{IoOp::kWrite, fd_, 0, {{d.data(), 2500}, {d.data() + 2500, 6500}}})
+          ->wait();
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  ::sigaction(SIGXFSZ, &old_action, nullptr);
+  EXPECT_EQ(part.bytes, 4000);
+  EXPECT_EQ(part.error, EFBIG);
+  const IoResult rest =
+      io_->submit(IoRequest{IoOp::kWrite, fd_, 4000, {{d.data() + 4000, 5000}}})->wait();
+  EXPECT_EQ(rest.bytes, 5000);
+  EXPECT_EQ(rest.error, 0);
+  std::vector<char> all(9000, 0);
+  ASSERT_EQ(::pread(fd_, all.data(), all.size(), 0), 9000);
+  EXPECT_EQ(all, d);
 }
 
 // IoRequest::digest: the backend hashes what it read (inline or on its helper thread), the
