@@ -38,7 +38,7 @@ struct IoOptions {
   int queue_depth = 64;  // io_uring submission queue entries; in-flight requests are capped at 2x
   int threads = 2;       // helper threads of the preadv/pwritev backend
   // Tests: wraps the backend create() made (e.g. to hold requests in flight); unset: none.
-  std::function<std::unique_ptr<BlockIo>(std::unique_ptr<BlockIo>)> wrap;
+  std::function<std::unique_ptr<BlockIo>(std::unique_ptr<BlockIo>)> wrap = nullptr;
 };
 
 // One request: `iov` (at most IOV_MAX entries, at most kMaxIoBytes in all) at `offset` of `fd`.

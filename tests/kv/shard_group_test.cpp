@@ -39,7 +39,9 @@ struct Group {
       o.device = s;
       peers.push_back(std::move(backend::create_backend("cpu", o)).value());
     }
-    if (shards > 1) EXPECT_TRUE(pool->add_shards(std::move(peers), chunk).ok());
+    if (shards > 1) {
+      EXPECT_TRUE(pool->add_shards(std::move(peers), chunk).ok());
+    }
   }
   int64_t floats() const { return pool->page_layer_bytes(KvPrecision::kFull) / 4; }
   float* page(const BlockTable& t, size_t i, int l) {
