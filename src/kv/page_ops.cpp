@@ -43,23 +43,40 @@ class Executor {
       return ok_status();
     }
     const int32_t dst = (*id)[0];
-    if (page.precision == KvPrecision::kFull && !write_original(i)) {
+    const bool from_full = page.precision == KvPrecision::kFull;
+    const bool writes_original = from_full && page.original < 0;
+    if (from_full && !write_original(i)) {
       at.arena_allocator(to).decref(dst);
       return ok_status();
     }
     const kernels::QuantPageLayout layout = at.quant_layout();
     const int64_t full_bytes = at.page_layer_bytes(KvPrecision::kFull);
-    for (int l = 0; l < at.shape().num_layers; ++l) {
-      const void* src = at.full_page(l, table_.blocks[i]);
-      if (page.precision != KvPrecision::kFull) {
-        // Requantize from the original, never from a lossy copy (errors do not compound).
-        KVSPLIT_RETURN_IF_ERROR(be.copy_h2d(at.scratch_page(l),
-                                            home_.host_slot(page.original) + l * full_bytes,
-                                            static_cast<size_t>(full_bytes)));
+    Status st;
+    for (int l = 0; l < at.shape().num_layers && st.ok(); ++l) {
+      // A full page is read where it is. A quantized one is requantized from its original, never
+      // from a lossy copy (errors do not compound); its block is an arena slot, not a full block.
+      const void* src = nullptr;
+      if (from_full) {
+        src = at.full_page(l, table_.blocks[i]);
+      } else {
+        st = be.copy_h2d(at.scratch_page(l), home_.host_slot(page.original) + l * full_bytes,
+                         static_cast<size_t>(full_bytes));
         src = at.scratch_page(l);
       }
-      KVSPLIT_RETURN_IF_ERROR(
-          be.quantize_kv_page(src, at.config().dtype, layout, to, arena_page(at, to, l, dst)));
+      if (st.ok())
+        st = be.quantize_kv_page(src, at.config().dtype, layout, to, arena_page(at, to, l, dst));
+    }
+    if (!st.ok()) {
+      // The page stays as it was: the new slot goes back, and so do the original and summary
+      // this call wrote (a full page with them would look half demoted to swap and release).
+      at.arena_allocator(to).decref(dst);
+      if (writes_original) {
+        home_.host_allocator().decref(page.original);
+        at.summary_allocator().decref(page.summary);
+        page.original = -1;
+        page.summary = -1;
+      }
+      return st;
     }
     drop_resident(i);
     table_.blocks[i] = dst;

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "forwarding_backend.h"
 #include "kv/kv_pool.h"
 #include "kv/page_pool_fixture.h"
 
@@ -163,6 +164,89 @@ TEST(PageOps, FullInt8ArenaGoesToInt4AndARefusedDemotionTakesNothing) {
   EXPECT_EQ(t.pages[2].summary, -1);
   EXPECT_EQ(f.pool->host_allocator().num_used(), 2);
   EXPECT_EQ(f.pool->summary_allocator().num_used(), 2);
+  f.pool->release(t);
+  f.expect_all_free();
+}
+
+// With a split budget (SequenceCut::split_budget) the int8 arena can have more slots than the
+// full pool has blocks: a page in such a slot goes down to int4 from its original like any other
+// (its slot number is not a full block).
+TEST(PageOps, Int8PageInASlotBeyondTheFullPoolGoesDownToInt4) {
+  Fixture f(/*host_pages=*/8, /*blocks=*/2, /*int8_blocks=*/8, /*int4_blocks=*/8);
+  BlockTable t;
+  PageOpStats st;
+  std::vector<std::vector<float>> full;  // each page's bytes before it left full precision
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(f.pool->reserve(t, (i + 1) * kBlock));  // the full block page i's demotion freed
+    BlockTable one;  // fill page i only: the others' blocks are arena slots now
+    one.blocks = {t.blocks[i]};
+    f.fill(one, 100 + i);
+    full.push_back(f.page(t, i));
+    ASSERT_TRUE(
+        apply(f, t, (i + 1) * kBlock, {{i, PageOp::kDemote, KvPrecision::kInt8}}, &st).ok());
+    ASSERT_EQ(t.pages[i].precision, KvPrecision::kInt8);
+  }
+  ASSERT_GE(t.blocks[4], 2);  // an int8 slot number past the full pool's blocks
+  ASSERT_TRUE(apply(f, t, 5 * kBlock, {{4, PageOp::kDemote, KvPrecision::kInt4}}, &st).ok());
+  EXPECT_EQ(t.pages[4].precision, KvPrecision::kInt4);
+  EXPECT_EQ(st.demoted_to_int4, 1);
+  // Back to full from the original, bit-exact.
+  ASSERT_TRUE(apply(f, t, 5 * kBlock, {{0, PageOp::kRestore, KvPrecision::kFull}}, &st).ok());
+  ASSERT_TRUE(apply(f, t, 5 * kBlock, {{4, PageOp::kRestore, KvPrecision::kFull}}, &st).ok());
+  EXPECT_EQ(f.page(t, 4), full[4]);
+  f.pool->release(t);
+  f.expect_all_free();
+}
+
+// A backend error while a page is quantized leaves the page as it was and takes nothing: the new
+// arena slot goes back, and so do the host original and summary the demotion wrote.
+TEST(PageOps, BackendErrorInADemotionLeavesThePageAndTakesNothing) {
+  class FailingQuantize final : public kvsplit::testing::ForwardingBackend {
+   public:
+    using ForwardingBackend::ForwardingBackend;
+    bool fail = false;
+    Status quantize_kv_page(const void* s, backend::DType t, const kernels::QuantPageLayout& l,
+                            KvPrecision to, void* d) override {
+      if (fail) return internal_error("injected quantize failure");
+      return ForwardingBackend::quantize_kv_page(s, t, l, to, d);
+    }
+  };
+  FailingQuantize* be = nullptr;
+  Fixture f(8, 8, 8, 8, {}, [&](std::unique_ptr<backend::Backend> inner) {
+    auto w = std::make_unique<FailingQuantize>(std::move(inner));
+    be = w.get();
+    return std::unique_ptr<backend::Backend>(std::move(w));
+  });
+  BlockTable t;
+  ASSERT_TRUE(f.pool->reserve(t, 2 * kBlock));
+  f.fill(t, 9);
+  const std::vector<float> before = f.page(t, 0);
+  PageOpStats st;
+  be->fail = true;
+  // From full precision: the original and summary were written, then the quantize failed.
+  const Status from_full = apply(f, t, 2 * kBlock, {{0, PageOp::kDemote, KvPrecision::kInt8}}, &st);
+  EXPECT_EQ(from_full.code(), StatusCode::kInternal) << from_full.to_string();
+  EXPECT_EQ(t.pages[0].precision, KvPrecision::kFull);
+  EXPECT_EQ(t.pages[0].original, -1);
+  EXPECT_EQ(t.pages[0].summary, -1);
+  EXPECT_EQ(f.page(t, 0), before);
+  EXPECT_EQ(f.pool->arena_allocator(KvPrecision::kInt8).num_used(), 0);
+  EXPECT_EQ(f.pool->host_allocator().num_used(), 0);
+  EXPECT_EQ(f.pool->summary_allocator().num_used(), 0);
+  // From int8 down to int4: the page keeps its int8 slot and its original.
+  be->fail = false;
+  ASSERT_TRUE(apply(f, t, 2 * kBlock, {{0, PageOp::kDemote, KvPrecision::kInt8}}, &st).ok());
+  const int32_t slot = t.blocks[0];
+  be->fail = true;
+  EXPECT_FALSE(apply(f, t, 2 * kBlock, {{0, PageOp::kDemote, KvPrecision::kInt4}}, &st).ok());
+  EXPECT_EQ(t.pages[0].precision, KvPrecision::kInt8);
+  EXPECT_EQ(t.blocks[0], slot);
+  EXPECT_GE(t.pages[0].original, 0);
+  EXPECT_EQ(f.pool->arena_allocator(KvPrecision::kInt4).num_used(), 0);
+  EXPECT_EQ(f.pool->arena_allocator(KvPrecision::kInt8).num_used(), 1);
+  be->fail = false;
+  ASSERT_TRUE(apply(f, t, 2 * kBlock, {{0, PageOp::kRestore, KvPrecision::kFull}}, &st).ok());
+  EXPECT_EQ(f.page(t, 0), before);
   f.pool->release(t);
   f.expect_all_free();
 }

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
 #include <random>
 #include <vector>
@@ -19,10 +20,15 @@ struct PagePoolFixture {
   std::unique_ptr<KvPool> pool;
 
   // `options`: the CPU backend's (threads defaults to 1; async_copies for asynchronous restores).
-  explicit PagePoolFixture(int host_pages = 8, int blocks = 8, int int8_blocks = 8,
-                           int int4_blocks = 8, backend::BackendOptions options = {}) {
+  // `wrap`: wraps that backend (fault injection); unset: none.
+  explicit PagePoolFixture(
+      int host_pages = 8, int blocks = 8, int int8_blocks = 8, int int4_blocks = 8,
+      backend::BackendOptions options = {},
+      const std::function<std::unique_ptr<backend::Backend>(std::unique_ptr<backend::Backend>)>&
+          wrap = nullptr) {
     if (options.threads <= 0) options.threads = 1;
     be = std::move(backend::create_backend("cpu", options)).value();
+    if (wrap) be = wrap(std::move(be));
     KvPoolConfig c;
     c.num_blocks = blocks;
     c.block_size = kBlock;

@@ -17,6 +17,7 @@
 
 #include "backend/backend.h"
 #include "backend/communicator.h"
+#include "forwarding_backend.h"
 #include "kv/kv_pool.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
@@ -30,66 +31,19 @@ namespace {
 
 // A CPU backend whose attention calls can be made to fail or to take longer (to check that an
 // error on one shard is returned only after the others finished). Everything else forwards.
-class FaultyBackend final : public backend::Backend {
+class FaultyBackend final : public ForwardingBackend {
  public:
-  explicit FaultyBackend(std::unique_ptr<backend::Backend> inner) : in_(std::move(inner)) {}
+  using ForwardingBackend::ForwardingBackend;
   std::atomic<bool> fail{false};
   std::atomic<int> delay_ms{0};
   std::atomic<int> attention_calls{0}, attention_done{0};
 
-  backend::DeviceKind kind() const override { return in_->kind(); }
-  std::string name() const override { return "faulty " + in_->name(); }
-  int parallelism() const override { return in_->parallelism(); }
-  StatusOr<void*> alloc(size_t bytes) override { return in_->alloc(bytes); }
-  void free(void* p) override { in_->free(p); }
-  Status copy_h2d(void* d, const void* s, size_t n) override { return in_->copy_h2d(d, s, n); }
-  Status copy_d2h(void* d, const void* s, size_t n) override { return in_->copy_d2h(d, s, n); }
-  Status copy_d2d(void* d, const void* s, size_t n) override { return in_->copy_d2d(d, s, n); }
-  Status memset_zero(void* d, size_t n) override { return in_->memset_zero(d, n); }
-  Status synchronize() override { return in_->synchronize(); }
-  int device() const override { return in_->device(); }
-  bool can_read_from(const Backend& src) override { return src.kind() == kind(); }
-  Status copy_from(void* d, const Backend& src, const void* s, size_t n) override {
-    return in_->copy_from(d, src, s, n);
-  }
-  StatusOr<backend::MatrixView> upload_matrix(const void* h, backend::DType t, int64_t r,
-                                              int64_t c) override {
-    return in_->upload_matrix(h, t, r, c);
-  }
-  Status embedding(const int32_t* ids, int n, const backend::MatrixView& t, float* o) override {
-    return in_->embedding(ids, n, t, o);
-  }
-  Status rmsnorm(const float* x, const float* w, int n, int dim, float eps, float* o) override {
-    return in_->rmsnorm(x, w, n, dim, eps, o);
-  }
-  Status add_rmsnorm(float* r, const float* x, const float* w, int n, int dim, float eps,
-                     float* o) override {
-    return in_->add_rmsnorm(r, x, w, n, dim, eps, o);
-  }
-  Status gemm(const float* x, int m, const backend::MatrixView& w, const float* b, float* o,
-              bool acc) override {
-    return in_->gemm(x, m, w, b, o, acc);
-  }
-  Status rope(float* q, float* k, const int32_t* p, int n, int h, int hkv,
-              const backend::RopeArgs& a) override {
-    return in_->rope(q, k, p, n, h, hkv, a);
-  }
-  Status swiglu(const float* g, const float* u, int64_t n, float* o) override {
-    return in_->swiglu(g, u, n, o);
-  }
-  Status kv_append(const backend::LayerKv& kv, const float* k, const float* v, const int32_t* s,
-                   int n) override {
-    return in_->kv_append(kv, k, v, s, n);
-  }
+  std::string name() const override { return "faulty " + ForwardingBackend::name(); }
   Status attention_prefill(const backend::AttentionArgs& a) override {
-    return attention([&] { return in_->attention_prefill(a); });
+    return attention([&] { return ForwardingBackend::attention_prefill(a); });
   }
   Status attention_decode(const backend::AttentionArgs& a, const backend::SplitPlan& p) override {
-    return attention([&] { return in_->attention_decode(a, p); });
-  }
-  Status merge_attention_states(const float* const* o, const float* const* lse, int parts,
-                                int64_t rows, int d, float* out, float* lse_out) override {
-    return in_->merge_attention_states(o, lse, parts, rows, d, out, lse_out);
+    return attention([&] { return ForwardingBackend::attention_decode(a, p); });
   }
 
  private:
@@ -98,13 +52,13 @@ class FaultyBackend final : public backend::Backend {
     ++attention_calls;
     if (const int ms = delay_ms.load(); ms > 0)
       std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-    Status st = fail.load() ? internal_error("injected attention failure on device " +
-                                             std::to_string(in_->device()))
-                            : f();
+    Status st =
+        fail.load()
+            ? internal_error("injected attention failure on device " + std::to_string(device()))
+            : f();
     ++attention_done;
     return st;
   }
-  std::unique_ptr<backend::Backend> in_;
 };
 
 // A shard group: `shards` CPU backends (peers wrapped in FaultyBackend), `blocks` blocks each.
