@@ -208,6 +208,7 @@ class RequestHandle {
   void set_notifier(std::function<void()> notifier);
 
  private:
+  friend class EngineImpl;  // Engine::cancel(tenant, handle) compares streams
   std::shared_ptr<RequestStream> stream_;
 };
 
@@ -367,6 +368,11 @@ class Engine {
   // Aborts the request `request_id` of `tenant` at any stage; its KV blocks are freed. False when
   // the tenant has no such request in flight (unknown, finished, or another tenant's).
   virtual bool cancel(const std::string& tenant, const std::string& request_id) = 0;
+  // Aborts the request `handle` was returned for, as above, and never another: once it has
+  // ended, a later request of the tenant may reuse its id, and a cancel from the first one's
+  // consumer (a stream cancelled after its final event was queued) must not reach it. False
+  // when that request is no longer in flight.
+  virtual bool cancel(const std::string& tenant, const RequestHandle& handle) = 0;
   virtual EngineStats stats() const = 0;
   virtual ModelInfo model_info() const = 0;
   // Replaces the SLA classes (names may change; queued requests keep their class settings).

@@ -315,12 +315,21 @@ StatusOr<RequestHandle> EngineImpl::submit(Request request) {
 }
 
 bool EngineImpl::cancel(const std::string& tenant, const std::string& request_id) {
-  const sched::RequestKey key{tenant, request_id};
+  return cancel_key({tenant, request_id}, nullptr);
+}
+
+bool EngineImpl::cancel(const std::string& tenant, const RequestHandle& handle) {
+  if (!handle.stream_) return false;
+  return cancel_key({tenant, handle.request_id()}, handle.stream_.get());
+}
+
+bool EngineImpl::cancel_key(const sched::RequestKey& key, const RequestStream* only) {
   std::shared_ptr<sched::RequestControl> ctl;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = active_.find(key);
     if (it == active_.end()) return false;
+    if (only != nullptr && it->second->stream.get() != only) return false;  // the id reused
     ctl = it->second;
   }
   ctl->cancel_requested.store(true);

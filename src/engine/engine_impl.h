@@ -56,6 +56,7 @@ class EngineImpl final : public Engine, private sched::FinishSink {
 
   StatusOr<RequestHandle> submit(Request request) override;
   bool cancel(const std::string& tenant, const std::string& request_id) override;
+  bool cancel(const std::string& tenant, const RequestHandle& handle) override;
   EngineStats stats() const override;
   ModelInfo model_info() const override;
   Status update_sla_classes(std::vector<SlaClass> classes) override;
@@ -83,6 +84,8 @@ class EngineImpl final : public Engine, private sched::FinishSink {
 
  private:
   explicit EngineImpl(const EngineConfig& config);
+  // cancel(): the request in flight under `key`, and only when its stream is `only` (if set).
+  bool cancel_key(const sched::RequestKey& key, const RequestStream* only);
   class KvmActuator;
   // The KV cache manager (engine_kvm.cpp).
   kvm::ParamTable kvm_baseline() const;

@@ -164,16 +164,17 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     Finish(status);
   }
 
+  // Cancels this stream's own request only: by the time a cancel arrives its request may have
+  // ended (final event queued, not yet read) and the tenant may have reused the id.
   void abort_in_engine() {
-    std::string id, tenant;
+    std::string tenant;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!submitted_ || final_seen_ || aborted_) return;
       aborted_ = true;
-      id = request_id_;
       tenant = tenant_;
     }
-    service_->engine()->cancel(tenant, id);
+    service_->engine()->cancel(tenant, handle_);
   }
 
   bool deadline_passed() const {

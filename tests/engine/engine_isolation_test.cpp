@@ -73,6 +73,44 @@ TEST(EngineIsolation, RequestIdsAreScopedPerTenant) {
   EXPECT_EQ(s.requests_finished, 1);
 }
 
+// A cancel by handle reaches only the request that handle was returned for: once it has ended,
+// a new request of the same tenant may reuse its id, and a late cancel from the first stream's
+// consumer (the gRPC reactor's, when its client goes away after the final event was queued)
+// leaves the new one alone.
+TEST(EngineIsolation, CancelByHandleNeverReachesALaterRequestWithItsId) {
+  KVSPLIT_REQUIRE_MODELS();
+  std::unique_ptr<EngineImpl> e = held_engine();
+  ASSERT_NE(e, nullptr);
+  const std::vector<int> initial = testing::free_blocks(*e);
+  e->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+  auto first = e->submit(long_request("a", "x", 2));
+  ASSERT_TRUE(first.ok());
+  RequestHandle first_handle = *first;
+  Collected c1 = collect(*first, std::chrono::seconds(60));
+  ASSERT_FALSE(c1.timed_out);
+  EXPECT_EQ(c1.final_event.finish_reason, FinishReason::kLength);
+  e->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+  auto second = e->submit(long_request("a", "x"));  // the id is free again
+  ASSERT_TRUE(second.ok()) << second.status().to_string();
+  EXPECT_FALSE(e->cancel("a", first_handle));  // the first request's handle: not this one
+  EXPECT_FALSE(e->cancel("b", *second));       // another tenant, even with the handle
+  e->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+  Collected c2 = collect(*second, std::chrono::seconds(60));
+  ASSERT_FALSE(c2.timed_out);
+  EXPECT_EQ(c2.final_event.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(c2.tokens.size(), 12u);
+  // Its own handle cancels a request in flight.
+  e->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+  auto third = e->submit(long_request("a", "x"));
+  ASSERT_TRUE(third.ok());
+  EXPECT_TRUE(e->cancel("a", *third));
+  e->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+  Collected c3 = collect(*third, std::chrono::seconds(60));
+  ASSERT_FALSE(c3.timed_out);
+  EXPECT_EQ(c3.final_event.finish_reason, FinishReason::kCancelled);
+  EXPECT_TRUE(testing::pools_back_to(*e, initial));
+}
+
 TEST(EngineIsolation, QueuedRequestOfAnotherTenantIsNotRemoved) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
