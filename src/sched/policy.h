@@ -42,7 +42,6 @@ struct DecodeLoad {
   int kv_blocks_free = 0;
   int kv_blocks_incoming = 0;  // reserved by handoffs not yet admitted
   int running = 0;
-  int max_running = 0;
 };
 // Handoff destination: least KV load ((used + incoming) / total), ties to the fewest running, then
 // the lowest index. Returns -1 when empty.

@@ -102,7 +102,6 @@ DecodeLoad Worker::load() const {
   l.kv_blocks_free = free_blocks_.load(std::memory_order_relaxed);
   l.kv_blocks_incoming = incoming_blocks_.load(std::memory_order_relaxed);
   l.running = running_count_.load(std::memory_order_relaxed);
-  l.max_running = options_.max_num_seqs;
   return l;
 }
 
