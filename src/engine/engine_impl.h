@@ -140,6 +140,7 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   std::unique_ptr<kvm::KvCacheManager> kvm_;
   std::thread kvm_thread_;
   bool kvm_stop_ = false;
+  bool kvm_shut_down_ = false;  // shutdown() stopped it for good: no manager starts after
   SemanticCutConfig kvm_semantic_;
   TemporalCutConfig kvm_temporal_;
   std::atomic<int32_t> spatial_min_context_{0};

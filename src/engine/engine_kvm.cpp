@@ -288,6 +288,7 @@ void EngineImpl::stop_kvm() {
   {
     std::lock_guard<std::mutex> lock(kvm_mu_);
     kvm_stop_ = true;
+    kvm_shut_down_ = true;
   }
   kvm_cv_.notify_all();
   if (kvm_thread_.joinable()) kvm_thread_.join();
@@ -334,6 +335,8 @@ Status EngineImpl::update_kvm_policy(KvmConfig policy) {
     return ok_status();
   }
   if (policy.rules.empty()) return ok_status();
+  // After shutdown() a manager thread would drive stopped workers, and nothing would join it.
+  if (kvm_shut_down_) return unavailable("engine shut down: the KV cache manager cannot start");
   kvm_actuator_ = std::make_unique<KvmActuator>(this);
   kvm_ =
       std::make_unique<kvm::KvCacheManager>(std::move(policy), kvm_baseline(), kvm_actuator_.get());

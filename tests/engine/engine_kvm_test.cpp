@@ -260,6 +260,22 @@ TEST(EngineKvm, BadPolicyKeepsTheOldAndReloadUnderLoadDropsNothing) {
   EXPECT_EQ((*e)->stats().requests_failed, 0);
 }
 
+// A manager that was off cannot be started after shutdown(): its thread would drive stopped
+// workers and nothing would join it (std::terminate at destruction).
+TEST(EngineKvm, NoManagerStartsAfterShutdown) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig c = pressure_config(KvmMode::kEnforce, "");
+  const KvmConfig policy = c.kvm;
+  c.kvm = KvmConfig{};  // off at start
+  auto e = EngineImpl::create(c);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  (*e)->shutdown(std::chrono::milliseconds(0));
+  const Status st = (*e)->update_kvm_policy(policy);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+  EXPECT_EQ((*e)->update_kvm_policy(KvmConfig{}).code(), StatusCode::kOk);  // nothing to start
+  e->reset();  // destroyed without a thread left running
+}
+
 TEST(EngineKvm, SetCutParamsChecksItsInput) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig c = pressure_config(KvmMode::kEnforce, "");
