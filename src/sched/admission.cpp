@@ -44,7 +44,12 @@ StatusOr<std::vector<int32_t>> prompt_token_ids(const Request& request,
 
 Status check_admission(const Request& request, int num_prompt_tokens,
                        const AdmissionLimits& limits) {
-  KVSPLIT_RETURN_IF_ERROR(request.sampling.validate());
+  KVSPLIT_RETURN_IF_ERROR(request.sampling.validate(limits.vocab_size));
+  if (request.priority < -kMaxRequestPriority || request.priority > kMaxRequestPriority) {
+    return invalid_argument(fmt::format("priority: must be in [{}, {}], got {}",
+                                        -kMaxRequestPriority, kMaxRequestPriority,
+                                        request.priority));
+  }
   if (request.top_logprobs > kMaxTopLogprobs) {
     return invalid_argument(fmt::format("top_logprobs: must be in [0, {}], got {}", kMaxTopLogprobs,
                                         request.top_logprobs));

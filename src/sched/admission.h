@@ -20,6 +20,8 @@ struct AdmissionLimits {
 };
 
 inline constexpr uint32_t kMaxTopLogprobs = 20;
+// Request::priority is added to its class's: bounded so that the sum cannot overflow.
+inline constexpr int32_t kMaxRequestPriority = 1000;
 
 // Index of the class `name` (empty: 0, the default class), or -1 when unknown.
 int find_sla_class(const std::vector<SlaClass>& classes, const std::string& name);
@@ -29,8 +31,9 @@ int find_sla_class(const std::vector<SlaClass>& classes, const std::string& name
 StatusOr<std::vector<int32_t>> prompt_token_ids(const Request& request,
                                                 const model::Tokenizer& tokenizer, int vocab_size);
 
-// Field checks (sampling params, top_logprobs) and the fit check: the prompt + max_tokens - 1 KV
-// positions the request can need fit the context and one worker's KV pool.
+// Field checks (sampling params against the vocabulary, priority, top_logprobs) and the fit check:
+// the prompt + max_tokens - 1 KV positions the request can need fit the context and one worker's KV
+// pool.
 Status check_admission(const Request& request, int num_prompt_tokens,
                        const AdmissionLimits& limits);
 

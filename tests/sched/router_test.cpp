@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <limits>
 #include <thread>
 
 #include "sched/admission.h"
@@ -174,6 +175,41 @@ TEST(Admission, FindsSlaClasses) {
   EXPECT_EQ(find_sla_class(classes, ""), 0);
   EXPECT_EQ(find_sla_class(classes, "x"), 1);
   EXPECT_EQ(find_sla_class(classes, "y"), -1);
+}
+
+// The engine's own checks, for in-process callers (the gRPC server checks the same first):
+// sampling fields against the vocabulary, and a priority bounded so that the class's plus the
+// request's cannot overflow.
+TEST(Admission, FieldsAreCheckedAgainstTheVocabularyAndPriorityBounds) {
+  AdmissionLimits lim;
+  lim.vocab_size = 100;
+  lim.max_context = 256;
+  lim.block_size = 16;
+  lim.kv_blocks_per_worker = 64;
+  Request r;
+  r.sampling.max_tokens = 10;
+  EXPECT_TRUE(check_admission(r, 5, lim).ok());
+  Request top_k = r;
+  top_k.sampling.top_k = 101;
+  Status st = check_admission(top_k, 5, lim);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("top_k"), std::string::npos) << st.message();
+  top_k.sampling.top_k = 100;
+  EXPECT_TRUE(check_admission(top_k, 5, lim).ok());
+  Request stop = r;
+  stop.sampling.stop_token_ids = {100};
+  EXPECT_EQ(check_admission(stop, 5, lim).code(), StatusCode::kInvalidArgument);
+  for (const int32_t p : {1001, -1001, std::numeric_limits<int32_t>::max()}) {
+    Request high = r;
+    high.priority = p;
+    st = check_admission(high, 5, lim);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << p;
+    EXPECT_NE(st.message().find("priority: must be in [-1000, 1000]"), std::string::npos)
+        << st.message();
+  }
+  Request edge = r;
+  edge.priority = -1000;
+  EXPECT_TRUE(check_admission(edge, 5, lim).ok());
 }
 
 TEST(Admission, FitCheckCarriesTheNumbers) {
