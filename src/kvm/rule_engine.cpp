@@ -251,11 +251,15 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
     };
     std::string monitors;
     if (!st.active) {
+      // The cooldown counts from the last application, an enter before an exit included: a
+      // monitor swinging across both levels must not enter and exit at every sample.
+      if (now - st.last_applied_ms < r.cooldown_ms) continue;
       if (!fired(snap, r.when, &monitors)) continue;
       st.active = true;
       st.exit_since_ms = -1;
       st.value_at_enter = current;
       st.last_applied_ms = now;
+      st.entered = ++enters_;
       emit("enter", apply_action(r, current), std::move(monitors));
       continue;
     }
@@ -264,7 +268,24 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
       if (now - st.exit_since_ms < r.hold_ms) continue;  // dwell: not long enough yet
       st.active = false;
       st.exit_since_ms = -1;
-      const bool restore = r.restore_on_exit && !one_shot;
+      bool restore = r.restore_on_exit && !one_shot;
+      // Rules on one setting stack: a rule that entered after this one and is still active
+      // started from this one's value. It takes over this one's value at enter, and the setting
+      // keeps its value now; the last of them to exit restores the value before them all.
+      // Restoring here would undo its change too, and its own exit would then put back ours.
+      if (restore) {
+        RuleState* later = nullptr;
+        for (size_t k = 0; k < rules_.size(); ++k) {
+          RuleState& o = states_[k];
+          if (k == i || !o.active || !rules_[k].restore_on_exit || o.entered < st.entered) continue;
+          if (rules_[k].then.param != r.then.param || rules_[k].sla_class != r.sla_class) continue;
+          if (later == nullptr || o.entered < later->entered) later = &o;
+        }
+        if (later != nullptr) {
+          later->value_at_enter = st.value_at_enter;
+          restore = false;
+        }
+      }
       emit(restore ? "exit" : "exit-keep", restore ? st.value_at_enter : current,
            std::move(monitors));
       continue;

@@ -56,6 +56,7 @@ class RuleEngine {
     double last_applied_ms = -1e300;
     double value_at_enter = 0;  // restored on exit
     double exit_since_ms = -1;  // first sample of the current run where `exit` held; -1: none
+    int64_t entered = 0;        // order of its enter among all rules' (0: never entered)
   };
   const std::vector<KvmRule>& rules() const { return rules_; }
   const RuleState& state(size_t i) const { return states_[i]; }
@@ -63,6 +64,7 @@ class RuleEngine {
  private:
   std::vector<KvmRule> rules_;
   std::vector<RuleState> states_;
+  int64_t enters_ = 0;  // enters so far (RuleState::entered)
 };
 
 }  // namespace kvsplit::kvm

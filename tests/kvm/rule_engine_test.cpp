@@ -382,6 +382,62 @@ TEST(RuleEngineTest, LaterRulesSeeEarlierRulesAfterValues) {
   EXPECT_DOUBLE_EQ(table.get("semantic_window", ""), 4096);  // the caller's table is untouched
 }
 
+// The cooldown counts from the last application, an enter included: a monitor swinging across
+// both levels at every sample gives one enter and one exit per cooldown, not one per sample.
+TEST(RuleEngineTest, CooldownCountsFromAnEnterBeforeAnExit) {
+  KvmRule r = hot_rule();
+  r.max = 10;
+  r.cooldown_ms = 500;
+  RuleEngine engine({r});
+  ParamTable table;
+  table.set("semantic_threshold", "", 0.1);
+  const auto ds =
+      run_series(engine, &table, {0.95, 0.7, 0.95, 0.7, 0.95, 0.7, 0.95, 0.7, 0.95}, 100);
+  ASSERT_EQ(actions(ds), (std::vector<std::string>{"enter", "exit", "enter", "exit"}));
+  EXPECT_DOUBLE_EQ(ds[2].time_ms, 600);  // not at 200 or 400: 500 ms after the first enter
+  EXPECT_DOUBLE_EQ(table.get("semantic_threshold", ""), 0.1);
+}
+
+// Rules on one setting stack: whichever exits first, the setting ends where it was before them
+// all (a later rule started from the earlier one's value, so the earlier one's exit leaves the
+// value to it and hands it the value to restore).
+TEST(RuleEngineTest, StackedRulesOnOneSettingRestoreTheValueBeforeThemAll) {
+  const KvmRule a =
+      rule("a", "device_kv_use > 0.9", "device_kv_use < 0.88", "semantic_window = 100", 0);
+  const KvmRule b =
+      rule("b", "device_kv_use > 0.95", "device_kv_use < 0.5", "semantic_window *= 0.5", 0);
+  for (const bool first_in_first_out : {true, false}) {
+    RuleEngine engine({a, b});
+    ParamTable table;
+    table.set("semantic_window", "", 4096);
+    // a enters (100), b enters on top (50); then either a exits first (0.87) and b later (0.4),
+    // or both exit together (0.4: b after a in the same evaluation).
+    const std::vector<double> series = first_in_first_out
+                                           ? std::vector<double>{0.92, 0.97, 0.87, 0.4}
+                                           : std::vector<double>{0.92, 0.97, 0.4};
+    const auto ds = run_series(engine, &table, series, 100);
+    if (first_in_first_out) {
+      ASSERT_EQ(actions(ds), (std::vector<std::string>{"enter", "enter", "exit-keep", "exit"}));
+      EXPECT_DOUBLE_EQ(ds[2].after, 50);    // a leaves b's value in place
+      EXPECT_DOUBLE_EQ(ds[3].after, 4096);  // b restores the value before a
+    }
+    EXPECT_DOUBLE_EQ(table.get("semantic_window", ""), 4096) << first_in_first_out;
+  }
+  // The stack in the other order (b exits first) restores a's value, then a the first one (a's
+  // cooldown keeps it from applying "= 100" again while b holds the setting).
+  ParamTable table;
+  table.set("semantic_window", "", 4096);
+  KvmRule a2 = a;
+  a2.cooldown_ms = 10000;
+  const KvmRule b2 =
+      rule("b", "device_kv_use > 0.95", "device_kv_use < 0.93", "semantic_window *= 0.5", 0);
+  RuleEngine lifo({a2, b2});
+  const auto ds = run_series(lifo, &table, {0.92, 0.97, 0.92, 0.8}, 100);
+  ASSERT_EQ(actions(ds), (std::vector<std::string>{"enter", "enter", "exit", "exit"}));
+  EXPECT_DOUBLE_EQ(ds[2].after, 100);
+  EXPECT_DOUBLE_EQ(ds[3].after, 4096);
+}
+
 TEST(RuleEngineTest, ReloadKeepsTheStateOfUnchangedRules) {
   KvmRule r = hot_rule();
   r.max = 10;
