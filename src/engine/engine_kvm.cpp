@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "common/log.h"
@@ -118,6 +119,19 @@ Status EngineImpl::broadcast_command(const sched::WorkerCommand& command, bool d
   return first;
 }
 
+namespace {
+
+// A rule's value for an integer setting, rounded and checked against the setting's range before
+// it is narrowed: an unbounded "max_queue *= 2" must not wrap to a negative int32.
+StatusOr<int32_t> int_setting(const std::string& name, double v, int64_t lo, int64_t hi) {
+  const double r = std::round(v);
+  if (!std::isfinite(r) || r < static_cast<double>(lo) || r > static_cast<double>(hi))
+    return invalid_argument(fmt::format("{}: must be in [{}, {}], got {}", name, lo, hi, v));
+  return static_cast<int32_t>(r);
+}
+
+}  // namespace
+
 Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
   const std::string& p = d.param;
   std::vector<SlaClass> classes = router_->classes();
@@ -150,10 +164,12 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
   if (p == "swap" || p == "temporal_step_size") {
     sched::SetCutParams cmd;
     cmd.sla_class = d.sla_class;
-    if (p == "swap")
+    if (p == "swap") {
       cmd.swap = swap_of(d.after);
-    else
-      cmd.temporal_step_size = static_cast<int32_t>(std::lround(d.after));
+    } else {
+      KVSPLIT_ASSIGN_OR_RETURN(cmd.temporal_step_size,
+                               int_setting(p, d.after, 1, std::numeric_limits<int32_t>::max()));
+    }
     KVSPLIT_RETURN_IF_ERROR(broadcast_command(cmd));
     if (cls) {
       if (cmd.swap) cls->swap = *cmd.swap;
@@ -167,28 +183,25 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
   }
   if (p == "spatial_min_context") {
     if (config_.spatial.shards <= 1) return failed_precondition("no spatial shards (shards 1)");
-    spatial_min_context_.store(static_cast<int32_t>(std::lround(std::max(0.0, d.after))));
+    KVSPLIT_ASSIGN_OR_RETURN(const int32_t v,
+                             int_setting(p, d.after, 0, std::numeric_limits<int32_t>::max()));
+    spatial_min_context_.store(v);
     return ok_status();
   }
   if (p == "max_num_seqs") {
     sched::SetSchedulerParams cmd;
-    cmd.max_num_seqs = static_cast<int>(std::lround(d.after));
+    KVSPLIT_ASSIGN_OR_RETURN(cmd.max_num_seqs, int_setting(p, d.after, 1, 65536));
     return broadcast_command(cmd);
   }
   if (p == "max_chunk_tokens") {
     // Every worker that prefills: prefill and colocated workers, and decode workers (recomputes).
-    const long v = std::lround(d.after);
-    if (v < 0 || v > (1 << 20))
-      return invalid_argument(fmt::format("max_chunk_tokens: must be in [0, 1048576], got {}", v));
     sched::SetSchedulerParams cmd;
-    cmd.max_chunk_tokens = static_cast<int>(v);
+    KVSPLIT_ASSIGN_OR_RETURN(cmd.max_chunk_tokens, int_setting(p, d.after, 0, 1 << 20));
     return broadcast_command(cmd, /*decoders_only=*/false);
   }
   if (p == "max_queue") {
     if (!cls) return invalid_argument("max_queue needs a class");
-    const long q = std::lround(d.after);
-    if (q < 1) return invalid_argument(fmt::format("max_queue: must be >= 1, got {}", q));
-    cls->max_queue = static_cast<int32_t>(q);
+    KVSPLIT_ASSIGN_OR_RETURN(cls->max_queue, int_setting(p, d.after, 1, 1000000));
     router_->set_classes(std::move(classes));
     return ok_status();
   }

@@ -276,6 +276,33 @@ TEST(EngineKvm, NoManagerStartsAfterShutdown) {
   e->reset();  // destroyed without a thread left running
 }
 
+// An integer setting a rule moves is checked against its range before it is narrowed: an
+// unbounded "max_queue *= 1000" is refused (the class keeps its queue), not wrapped or taken.
+TEST(EngineKvm, IntegerSettingsOutOfRangeAreRefusedNotWrapped) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig c = testing::stories_config(ServingMode::kColocated);
+  c.kvm.enabled = true;
+  c.kvm.interval_ms = 10;
+  KvmRule grow;
+  grow.name = "grow";
+  grow.when = {"device_kv_use", "", KvmCmp::kGreaterEqual, 0.0};  // holds from the first sample
+  grow.exit = {"device_kv_use", "", KvmCmp::kLess, 0.0};          // never
+  grow.then = {"max_queue", KvmActionOp::kMul, 1000};
+  grow.sla_class = c.sla_classes[0].name;
+  grow.cooldown_ms = 1e9;
+  c.kvm.rules = {grow};
+  const int32_t queue0 = c.sla_classes[0].max_queue;
+  auto e = EngineImpl::create(c);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  ASSERT_TRUE(wait_for_decision(**e, [](const KvmDecision& d) { return d.param == "max_queue"; }));
+  const EngineStats s = (*e)->stats();
+  ASSERT_FALSE(s.kvm_decisions.empty());
+  const KvmDecision& d = s.kvm_decisions.front();
+  EXPECT_FALSE(d.applied);
+  EXPECT_NE(d.error.find("max_queue: must be in [1, 1000000]"), std::string::npos) << d.error;
+  EXPECT_DOUBLE_EQ(param_value(s, "max_queue", grow.sla_class), queue0);
+}
+
 TEST(EngineKvm, SetCutParamsChecksItsInput) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig c = pressure_config(KvmMode::kEnforce, "");
