@@ -5,6 +5,7 @@
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -220,6 +221,13 @@ Status read_pools(const YAML::Node& n, EngineConfig* e) {
 
 // The semantic cut's keys (kv.cuts.semantic and sla_classes.<name>.kv): each one present replaces
 // the field of *c; range checks are validate_semantic_cut's (validate_config).
+// The keys read_semantic_keys reads.
+constexpr const char* kSemanticKeys[] = {
+    "semantic_threshold", "evict_threshold", "demote_after_steps", "evict_after_steps",
+    "recall_threshold",   "recall_wait_ms",  "semantic_window",    "sink_tokens",
+    "recent_tokens",      "score_interval",  "smoothing",          "host_capacity_mb",
+    "heavy_tokens"};
+
 Status read_semantic_keys(MapReader& r, SemanticCutConfig* c) {
   KVSPLIT_RETURN_IF_ERROR(r.get("semantic_threshold", &c->semantic_threshold));
   KVSPLIT_RETURN_IF_ERROR(r.get("evict_threshold", &c->evict_threshold));
@@ -422,8 +430,14 @@ Status read_sla_classes(const YAML::Node& n, const SemanticCutConfig& defaults,
     if (YAML::Node kv_node = r.child("kv"); kv_node && !kv_node.IsNull()) {
       MapReader k(kv_node, join(path, "kv"));
       KVSPLIT_RETURN_IF_ERROR(k.check_is_map());
-      c.semantic = defaults;
-      KVSPLIT_RETURN_IF_ERROR(read_semantic_keys(k, &*c.semantic));
+      // A semantic override only when the block sets a semantic key: a class with only temporal
+      // or spatial keys keeps following the engine's semantic settings (and the KV cache
+      // manager's engine-wide changes to them).
+      if (std::any_of(std::begin(kSemanticKeys), std::end(kSemanticKeys),
+                      [&](const char* key) { return k.has(key); })) {
+        c.semantic = defaults;
+        KVSPLIT_RETURN_IF_ERROR(read_semantic_keys(k, &*c.semantic));
+      }
       // The temporal cut's per-class keys.
       std::string swap;
       KVSPLIT_RETURN_IF_ERROR(k.get("swap", &swap));

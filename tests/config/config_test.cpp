@@ -398,6 +398,14 @@ TEST(ConfigTest, TemporalCutKeys) {
   EXPECT_DOUBLE_EQ(cls->engine.sla_classes[0].max_hold_ms, 500);
   EXPECT_FALSE(cls->engine.sla_classes[1].swap.has_value());
   EXPECT_EQ(cls->engine.sla_classes[1].temporal_step_size, 8);
+  // Temporal keys only: no semantic override, so the class follows the engine's semantic
+  // settings (and the KV cache manager's engine-wide changes to them).
+  EXPECT_FALSE(cls->engine.sla_classes[0].semantic.has_value());
+  EXPECT_FALSE(cls->engine.sla_classes[1].semantic.has_value());
+  auto sem = parse_config("sla_classes:\n  voice: {kv: {evict_threshold: 0.01, swap: never}}\n");
+  ASSERT_TRUE(sem.ok()) << sem.status().to_string();
+  ASSERT_TRUE(sem->engine.sla_classes[0].semantic.has_value());
+  EXPECT_FLOAT_EQ(sem->engine.sla_classes[0].semantic->evict_threshold, 0.01f);
   const std::pair<const char*, const char*> bad[] = {
       {"kv:\n  host_capacity_mb: -1\n", "kv.host_capacity_mb"},
       {"kv:\n  disk: {capacity_mb: 5}\n", "kv.disk.path"},
