@@ -27,6 +27,7 @@ void KvCacheManager::reload(KvmConfig config) {
   const std::string old_log = config_.decision_log;
   config_ = std::move(config);
   rules_.reload(config_.rules);
+  monitor_.latency().set_window_ms(config_.window_ms);
   if (config_.decision_log != old_log) {
     log_file_.close();
     if (!config_.decision_log.empty()) log_file_.open(config_.decision_log, std::ios::app);

@@ -128,6 +128,21 @@ TEST(KvCacheManager, RefusedActionIsRecordedAndLeavesTheTable) {
   std::remove(log.c_str());
 }
 
+// A reload takes the new policy's latency window (the percentiles' span), not only its rules.
+TEST(KvCacheManager, ReloadTakesTheNewLatencyWindow) {
+  KvmConfig c = policy(KvmMode::kDryRun);
+  c.window_ms = 10000;
+  KvCacheManager m(c, baseline(), nullptr);
+  m.monitor().latency().add("default", 0, 100, 10);
+  m.tick(5000, stats_at(0), {});
+  ASSERT_EQ(m.last_snapshot().classes.size(), 1u);
+  EXPECT_EQ(m.last_snapshot().classes[0].samples, 1);  // 5 s old: inside 10 s
+  c.window_ms = 2000;
+  m.reload(c);
+  m.tick(5100, stats_at(0), {});
+  EXPECT_EQ(m.last_snapshot().classes[0].samples, 0);  // outside 2 s
+}
+
 TEST(Monitor, RatesPercentilesAndWorstPools) {
   Monitor mon(1000);
   EngineStats s = stats_at(30);
