@@ -69,6 +69,8 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   // Tests only: holds every worker of `role` at its step boundary (see sched::TestHold), e.g. to
   // keep a queue occupied without depending on how fast the machine runs.
   void set_test_hold(sched::WorkerRole role, sched::TestHold hold);
+  // Tests only: the SLA classes as the router holds them now (the KV cache manager's changes in).
+  std::vector<SlaClass> sla_classes() const { return router_->classes(); }
 
   // The command inbox of worker `index` (prefill workers first, then decode or colocated ones):
   // the reply once the worker processed the command at a step boundary. An index out of range

@@ -146,7 +146,10 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
     if (config_.kv_policy == KvPolicy::kFull) {
       return failed_precondition("the semantic cut is off (kv_policy full)");
     }
-    SemanticCutConfig sc = cls ? cls->semantic.value_or(kvm_semantic_) : kvm_semantic_;
+    // A class's first override starts from the configured settings, not the engine-wide ones of
+    // the moment: those may hold another rule's transient value, which the class would keep
+    // after that rule restored the engine-wide setting.
+    SemanticCutConfig sc = cls ? cls->semantic.value_or(config_.semantic) : kvm_semantic_;
     semantic_set(&sc, p, d.after);
     KVSPLIT_RETURN_IF_ERROR(cuts::semantic::validate(sc, "semantic"));
     sched::SetCutParams cmd;

@@ -218,6 +218,40 @@ TEST(EngineKvm, DryRunDecidesButChangesNothing) {
   for (const KvmDecision& d : s.kvm_decisions) EXPECT_FALSE(d.applied);
 }
 
+// A class's first semantic override starts from the configured settings: an engine-wide rule's
+// transient value (here semantic_threshold raised by "hot") is not copied into the class, where
+// it would stay after "hot" restored the engine-wide value.
+TEST(EngineKvm, ClassOverrideStartsFromTheConfiguredSettings) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig c = pressure_config(KvmMode::kEnforce, "");
+  SlaClass batch;
+  batch.name = "batch";
+  c.sla_classes.push_back(batch);
+  KvmRule hot;
+  hot.name = "hot";
+  hot.when = {"device_kv_use", "", KvmCmp::kGreaterEqual, 0.0};  // holds from the first sample
+  hot.exit = {"device_kv_use", "", KvmCmp::kLess, 0.0};          // never
+  hot.then = {"semantic_threshold", KvmActionOp::kAdd, 0.2};
+  hot.cooldown_ms = 1e9;
+  KvmRule evict = hot;
+  evict.name = "batch-evict";
+  evict.then = {"evict_threshold", KvmActionOp::kSet, 0.01};
+  evict.sla_class = "batch";
+  c.kvm.rules = {hot, evict};
+  auto e = EngineImpl::create(c);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  ASSERT_TRUE(wait_for_decision(
+      **e, [](const KvmDecision& d) { return d.rule == "batch-evict" && d.applied; }));
+  const EngineStats s = (*e)->stats();
+  EXPECT_NEAR(param_value(s, "semantic_threshold"), c.semantic.semantic_threshold + 0.2, 1e-6);
+  std::optional<SemanticCutConfig> sc;
+  for (const SlaClass& k : (*e)->sla_classes())
+    if (k.name == "batch") sc = k.semantic;
+  ASSERT_TRUE(sc.has_value());
+  EXPECT_FLOAT_EQ(sc->evict_threshold, 0.01f);
+  EXPECT_FLOAT_EQ(sc->semantic_threshold, c.semantic.semantic_threshold);
+}
+
 TEST(EngineKvm, ClassRuleMovesOnlyItsClass) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig c = pressure_config(KvmMode::kEnforce, "");
