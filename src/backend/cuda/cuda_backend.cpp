@@ -287,12 +287,18 @@ bool CudaBackend::can_read_from(const Backend& src) {
   if (src.device() == device_) return true;
   int ok = 0;
   if (cudaDeviceCanAccessPeer(&ok, device_, src.device()) != cudaSuccess || !ok) return false;
+  // Peer access is enabled from this backend's device; the calling thread (often another
+  // worker's, bound to its own device once: bind_thread) gets its current device back, or its
+  // next launches would go to a stream of another device and fail.
+  int prev = -1;
+  if (cudaGetDevice(&prev) != cudaSuccess) return false;
   if (cudaSetDevice(device_) != cudaSuccess) return false;
-  const cudaError_t e = cudaDeviceEnablePeerAccess(src.device(), 0);
+  cudaError_t e = cudaDeviceEnablePeerAccess(src.device(), 0);
   if (e == cudaErrorPeerAccessAlreadyEnabled) {
     (void)cudaGetLastError();  // clear the sticky "already enabled" error
-    return true;
+    e = cudaSuccess;
   }
+  if (prev != device_ && cudaSetDevice(prev) != cudaSuccess) return false;
   return e == cudaSuccess;
 }
 
