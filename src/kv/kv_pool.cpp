@@ -244,13 +244,18 @@ Status KvPool::add_shards(std::vector<std::unique_ptr<backend::Backend>> backend
   pc.int8_blocks = config_.int8_blocks;
   pc.int4_blocks = config_.int4_blocks;
   pc.summary_slots = config_.summary_slots;
-  for (auto& be : backends) {
+  // All or nothing: the group changes only once every peer's pool exists (a half-added group
+  // would count shards with no chunk size to place pages by).
+  for (const auto& be : backends)
     if (be == nullptr) return invalid_argument("KvPool::add_shards: null backend");
+  std::vector<Peer> added;
+  for (auto& be : backends) {
     Peer peer;
     peer.backend = std::move(be);
     KVSPLIT_ASSIGN_OR_RETURN(peer.pool, KvPool::create(*peer.backend, pc, shape_));
-    peers_.push_back(std::move(peer));
+    added.push_back(std::move(peer));
   }
+  for (Peer& p : added) peers_.push_back(std::move(p));
   chunk_tokens_ = chunk_tokens;
   return ok_status();
 }

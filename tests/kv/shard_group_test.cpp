@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "forwarding_backend.h"
 #include "kv/kv_pool.h"
 #include "kv/migrate.h"
 #include "kv/swap.h"
@@ -152,6 +153,26 @@ TEST(ShardGroup, AddShardsRefusesBadArguments) {
   more.push_back(std::move(backend::create_backend("cpu", 1)).value());
   EXPECT_EQ(g.pool->add_shards(std::move(more), kBlock).code(), StatusCode::kFailedPrecondition);
   g.pool->release(t);
+}
+
+// A peer whose pool cannot be made (its device memory runs out) leaves the group as it was: no
+// shard added half, so the pool can be grouped again.
+TEST(ShardGroup, AddShardsIsAllOrNothing) {
+  class NoMemory final : public kvsplit::testing::ForwardingBackend {
+   public:
+    using ForwardingBackend::ForwardingBackend;
+    StatusOr<void*> alloc(size_t) override { return resource_exhausted("no device memory"); }
+  };
+  Group g(1, 4, kBlock);
+  std::vector<std::unique_ptr<backend::Backend>> peers;
+  peers.push_back(std::move(backend::create_backend("cpu", 1)).value());
+  peers.push_back(std::make_unique<NoMemory>(std::move(backend::create_backend("cpu", 1)).value()));
+  EXPECT_EQ(g.pool->add_shards(std::move(peers), kBlock).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(g.pool->num_shards(), 1);
+  std::vector<std::unique_ptr<backend::Backend>> good;
+  good.push_back(std::move(backend::create_backend("cpu", 1)).value());
+  ASSERT_TRUE(g.pool->add_shards(std::move(good), kBlock).ok());
+  EXPECT_EQ(g.pool->num_shards(), 2);
 }
 
 TEST(ShardGroup, MigrateBetweenShardsIsByteExact) {
