@@ -458,6 +458,9 @@ Status EngineImpl::update_sla_classes(std::vector<SlaClass> classes) {
     class_stats_ = std::move(next);
   }
   router_->set_classes(std::move(classes));
+  // The manager's table and its rules' restore values follow the operator's new class settings
+  // (else its next decision starts from, and its exit restores, the old ones).
+  if (kvm_) kvm_->rebase_classes(kvm_baseline());
   return ok_status();
 }
 

@@ -34,6 +34,14 @@ void KvCacheManager::reload(KvmConfig config) {
   }
 }
 
+void KvCacheManager::rebase_classes(const ParamTable& classes) {
+  for (const auto& [key, value] : classes.values()) {
+    if (key.second.empty()) continue;
+    params_.set(key.first, key.second, value);
+    rules_.rebase(key.first, key.second, value);
+  }
+}
+
 std::vector<KvmDecision> KvCacheManager::tick(double now_ms, const EngineStats& stats,
                                               const MonitorInputs& in) {
   const auto t0 = std::chrono::steady_clock::now();

@@ -39,6 +39,10 @@ class KvCacheManager {
   // A new policy (validated by the caller): rules with unchanged names and text keep their state;
   // the parameter table keeps its values.
   void reload(KvmConfig config);
+  // The operator replaced the SLA classes (a config reload): their settings in `classes` (the
+  // table's entries with a class) become the current values, and the value an active rule on one
+  // of them restores at its exit. Rules keep their state; a repeat starts from the new value.
+  void rebase_classes(const ParamTable& classes);
 
   Monitor& monitor() { return monitor_; }
   const KvmConfig& config() const { return config_; }

@@ -226,6 +226,13 @@ void RuleEngine::reload(std::vector<KvmRule> rules) {
   states_ = std::move(states);
 }
 
+void RuleEngine::rebase(const std::string& param, const std::string& sla_class, double value) {
+  for (size_t i = 0; i < rules_.size(); ++i) {
+    if (states_[i].active && rules_[i].then.param == param && rules_[i].sla_class == sla_class)
+      states_[i].value_at_enter = value;
+  }
+}
+
 std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const ParamTable& params) {
   ParamTable local = params;  // later rules see earlier rules' `after`
   std::vector<KvmDecision> out;

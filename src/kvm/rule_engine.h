@@ -44,6 +44,9 @@ class RuleEngine {
   // Replaces the rules (a policy reload). A rule whose name and text are unchanged keeps its
   // state (active, cooldown); others start inactive.
   void reload(std::vector<KvmRule> rules);
+  // The setting (param, sla_class) was replaced from outside (a config reload): active rules on
+  // it restore `value` at their exit.
+  void rebase(const std::string& param, const std::string& sla_class, double value);
 
   // Evaluates every rule in order on `snap` (at snap.time_ms) against `params` and returns the
   // decisions, before/after filled and applied = false; rule states advance (a rule that enters

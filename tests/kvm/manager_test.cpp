@@ -128,6 +128,34 @@ TEST(KvCacheManager, RefusedActionIsRecordedAndLeavesTheTable) {
   std::remove(log.c_str());
 }
 
+// The operator's class reload: the table takes the new class settings, and an active rule on one
+// restores the new value at its exit (not the one from before the reload).
+TEST(KvCacheManager, ClassReloadRebasesTheTableAndTheRestoreValue) {
+  KvmConfig c = policy(KvmMode::kEnforce);
+  c.rules[0].then = {"max_queue", KvmActionOp::kMul, 0.5};
+  c.rules[0].sla_class = "batch";
+  c.rules[0].min = 1;
+  c.rules[0].max = 1e6;
+  ParamTable t = baseline();
+  t.set("max_queue", "batch", 1024);
+  FakeActuator act;
+  KvCacheManager m(c, t, &act);
+  m.tick(0, stats_at(95), {});  // enter: 1024 -> 512
+  EXPECT_DOUBLE_EQ(m.params().get("max_queue", "batch"), 512);
+  ParamTable reloaded;
+  reloaded.set("semantic_threshold", "", 0.3);  // engine-wide entries are not the classes'
+  reloaded.set("max_queue", "batch", 64);
+  m.rebase_classes(reloaded);
+  EXPECT_DOUBLE_EQ(m.params().get("max_queue", "batch"), 64);
+  EXPECT_DOUBLE_EQ(m.params().get("semantic_threshold", ""), 0.15);
+  const auto ds = m.tick(1000, stats_at(50), {});  // exit
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "exit");
+  EXPECT_DOUBLE_EQ(ds[0].before, 64);
+  EXPECT_DOUBLE_EQ(ds[0].after, 64);  // the operator's value, not the 1024 of before
+  EXPECT_DOUBLE_EQ(m.params().get("max_queue", "batch"), 64);
+}
+
 // A reload takes the new policy's latency window (the percentiles' span), not only its rules.
 TEST(KvCacheManager, ReloadTakesTheNewLatencyWindow) {
   KvmConfig c = policy(KvmMode::kDryRun);
