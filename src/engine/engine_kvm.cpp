@@ -107,19 +107,27 @@ Status EngineImpl::broadcast_command(const sched::WorkerCommand& command, bool d
     if (decoders_only && workers_[i]->role() == sched::WorkerRole::kPrefill) continue;
     replies.push_back(send_command(i, command));
   }
-  Status first = ok_status();
+  Status refused = ok_status();
+  Status late = ok_status();
   for (auto& r : replies) {
     if (r.wait_for(kCommandWait) != std::future_status::ready) {
-      if (first.ok()) first = deadline_exceeded("a worker did not apply the command in time");
-      continue;  // the promise outlives us (shared); the reply is dropped
+      // Still in its inbox: it applies the command when it reaches it (the promise outlives us).
+      if (late.ok())
+        late = deadline_exceeded(
+            "a worker did not apply the command in time; it applies it at its next step");
+      continue;
     }
     const sched::CommandReply reply = r.get();
-    if (!reply.status.ok() && first.ok()) first = reply.status;
+    if (!reply.status.ok() && refused.ok()) refused = reply.status;
   }
-  return first;
+  return refused.ok() ? late : refused;
 }
 
 namespace {
+
+// broadcast_command's result when every worker applied the command or will (kDeadlineExceeded:
+// one had not replied in time, and applies it at its next step): the engine's view follows.
+bool applies_late(const Status& s) { return s.ok() || s.code() == StatusCode::kDeadlineExceeded; }
 
 // A rule's value for an integer setting, rounded and checked against the setting's range before
 // it is narrowed: an unbounded "max_queue *= 2" must not wrap to a negative int32.
@@ -155,14 +163,15 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
     sched::SetCutParams cmd;
     cmd.sla_class = d.sla_class;
     cmd.semantic = sc;
-    KVSPLIT_RETURN_IF_ERROR(broadcast_command(cmd));
+    const Status sent = broadcast_command(cmd);
+    if (!applies_late(sent)) return sent;
     if (cls) {
       cls->semantic = sc;
       router_->set_classes(std::move(classes));
     } else {
       kvm_semantic_ = sc;
     }
-    return ok_status();
+    return sent;
   }
   if (p == "swap" || p == "temporal_step_size") {
     sched::SetCutParams cmd;
@@ -173,7 +182,8 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
       KVSPLIT_ASSIGN_OR_RETURN(cmd.temporal_step_size,
                                int_setting(p, d.after, 1, std::numeric_limits<int32_t>::max()));
     }
-    KVSPLIT_RETURN_IF_ERROR(broadcast_command(cmd));
+    const Status sent = broadcast_command(cmd);
+    if (!applies_late(sent)) return sent;
     if (cls) {
       if (cmd.swap) cls->swap = *cmd.swap;
       if (cmd.temporal_step_size) cls->temporal_step_size = *cmd.temporal_step_size;
@@ -182,7 +192,7 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
       if (cmd.swap) kvm_temporal_.swap = *cmd.swap;
       if (cmd.temporal_step_size) kvm_temporal_.temporal_step_size = *cmd.temporal_step_size;
     }
-    return ok_status();
+    return sent;
   }
   if (p == "spatial_min_context") {
     if (config_.spatial.shards <= 1) return failed_precondition("no spatial shards (shards 1)");

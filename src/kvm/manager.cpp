@@ -58,7 +58,10 @@ std::vector<KvmDecision> KvCacheManager::tick(double now_ms, const EngineStats& 
       const Status st = actuator_->apply(d);
       actuate_ms +=
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a0).count();
-      d.applied = st.ok();
+      // kDeadlineExceeded: a worker had not replied in time but has the command and applies it
+      // at its next step, so the setting moves (the table must say so, or the rule's exit would
+      // see nothing to restore).
+      d.applied = st.ok() || st.code() == StatusCode::kDeadlineExceeded;
       if (!st.ok()) d.error = st.message();
     }
     if (d.applied && !param_is_one_shot(d.param)) params_.set(d.param, d.sla_class, d.after);

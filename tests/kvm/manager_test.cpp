@@ -17,10 +17,12 @@ class FakeActuator : public Actuator {
  public:
   Status apply(const KvmDecision& d) override {
     applied.push_back(d);
+    if (late) return deadline_exceeded("a worker did not apply the command in time");
     return refuse ? failed_precondition("refused for the test") : ok_status();
   }
   std::vector<KvmDecision> applied;
   bool refuse = false;
+  bool late = false;  // a worker has the command but had not replied in time
 };
 
 // One decoding pool with `used` of 100 blocks in use.
@@ -126,6 +128,26 @@ TEST(KvCacheManager, RefusedActionIsRecordedAndLeavesTheTable) {
   EXPECT_NEAR(j["monitors"]["device_kv_use"].get<double>(), 0.95, 1e-9);
   EXPECT_FALSE(std::getline(in, line));
   std::remove(log.c_str());
+}
+
+// A command a worker had not acknowledged in time is still applied by it: the table moves (with
+// the delay recorded), so the rule's exit restores the value.
+TEST(KvCacheManager, ALateWorkerReplyStillMovesTheTable) {
+  FakeActuator act;
+  act.late = true;
+  KvCacheManager m(policy(KvmMode::kEnforce), baseline(), &act);
+  auto ds = m.tick(0, stats_at(95), {});
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_TRUE(ds[0].applied);
+  EXPECT_NE(ds[0].error.find("in time"), std::string::npos);
+  EXPECT_NEAR(m.params().get("semantic_threshold", ""), 0.20, 1e-12);
+  act.late = false;
+  ds = m.tick(1000, stats_at(50), {});
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "exit");
+  EXPECT_NEAR(ds[0].before, 0.20, 1e-12);
+  EXPECT_DOUBLE_EQ(ds[0].after, 0.15);
+  EXPECT_EQ(act.applied.size(), 2u);  // the restore was sent
 }
 
 // The operator's class reload: the table takes the new class settings, and an active rule on one
