@@ -252,18 +252,29 @@ Status EngineImpl::migrate_to_emptiest_shard(int max_pages) {
       }
     }
     if (best == nullptr) continue;
+    // The first max_pages of its pages that can move (full precision, on another shard or in
+    // the host tier), wherever they are in the table: its first pages may be on the target.
     sched::MigrateKv m;
     m.key = best->key;
-    m.first_page = 0;
-    m.end_page = std::min(best->num_blocks, max_pages);
     m.to_shard = to;
+    m.max_pages = max_pages;
+    const int on_target_before = best->pages_per_shard[static_cast<size_t>(to)];
     auto r = send_command(i, m);
     if (r.wait_for(kCommandWait) != std::future_status::ready) continue;
     const sched::CommandReply reply = r.get();
-    if (reply.status.ok()) {
+    if (!reply.status.ok()) {
+      why = reply.status.message();
+      continue;
+    }
+    // Done only when pages moved (the rest may be quantized, evicted or on disk).
+    int on_target_after = on_target_before;
+    for (const sched::SequenceState& s : reply.state.sequences)
+      if (s.key == m.key) on_target_after = s.pages_per_shard[static_cast<size_t>(to)];
+    if (on_target_after > on_target_before) {
       ++moved_any;
     } else {
-      why = reply.status.message();
+      why = "the sequence with the most pages off shard " + std::to_string(to) +
+            " has none that can move (quantized, evicted or on disk)";
     }
   }
   if (moved_any == 0) return failed_precondition("migrate_to_shard: " + why);

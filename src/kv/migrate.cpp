@@ -34,7 +34,7 @@ Status copy_page(KvPool& src, int32_t b, KvPool& dst, int32_t d, std::vector<std
 }  // namespace
 
 StatusOr<int> migrate_pages(KvPool& pool, BlockTable& table, int first_page, int end_page,
-                            int to_shard, MigrateStats* stats) {
+                            int to_shard, MigrateStats* stats, int max_pages) {
   const auto t0 = std::chrono::steady_clock::now();
   const int n = static_cast<int>(table.blocks.size());
   if (to_shard < 0 || to_shard >= pool.num_shards())
@@ -51,6 +51,7 @@ StatusOr<int> migrate_pages(KvPool& pool, BlockTable& table, int first_page, int
   KVSPLIT_RETURN_IF_ERROR(complete_restores(pool, table, -1, &settled));
   std::vector<int> idx;
   for (int i = first_page; i < end_page; ++i) {
+    if (max_pages > 0 && static_cast<int>(idx.size()) == max_pages) break;
     const PageEntry pe = table.page(i);
     if (pe.precision != KvPrecision::kFull) continue;
     if ((pe.location == PageLocation::kDevice && pe.shard != to_shard) ||

@@ -32,7 +32,8 @@ struct MigrateStats {
 // pages moved, or kResourceExhausted (nothing changed) when the shard has too few free blocks,
 // kInvalidArgument for a bad range or shard, a backend's error (nothing changed) when a copy
 // fails.
+// `max_pages` > 0: only the first that many of those pages (the others stay where they are).
 StatusOr<int> migrate_pages(KvPool& pool, BlockTable& table, int first_page, int end_page,
-                            int to_shard, MigrateStats* stats = nullptr);
+                            int to_shard, MigrateStats* stats = nullptr, int max_pages = 0);
 
 }  // namespace kvsplit::kv

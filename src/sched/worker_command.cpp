@@ -89,8 +89,9 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
         const int end = m->end_page < 0 ? static_cast<int>(s->table.blocks.size()) : m->end_page;
         kv::MigrateStats st;
         settle_cut(*s, now, /*all=*/true);
-        KVSPLIT_ASSIGN_OR_RETURN(const int moved, kv::migrate_pages(*pool_, s->table, m->first_page,
-                                                                    end, m->to_shard, &st));
+        KVSPLIT_ASSIGN_OR_RETURN(
+            const int moved, kv::migrate_pages(*pool_, s->table, m->first_page, end, m->to_shard,
+                                               &st, m->max_pages));
         migrate_stats_.add(st);
         account_kv(*s, now);  // pages brought back from the host tier are device bytes again
         KVSPLIT_LOG_INFO("{}: migrated {} pages of request {} to shard {} ({} from the host tier)",

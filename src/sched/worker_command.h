@@ -45,6 +45,7 @@ struct MigrateKv {
   int first_page = 0;
   int end_page = -1;
   int to_shard = 0;
+  int max_pages = 0;  // > 0: at most this many of the pages that can move (kv::migrate_pages)
 };
 
 // The KV cache manager's cut knobs (docs/kvm.md), applied from the worker's next step on; unset

@@ -200,6 +200,25 @@ TEST(ShardGroup, MigrateBetweenShardsIsByteExact) {
   EXPECT_EQ(g.pool->used_blocks(), 0);
 }
 
+// max_pages: the first pages that can move, wherever they are in the range (the KV cache
+// manager's migrate_to_shard asked for the table's first pages, which may already be there).
+TEST(ShardGroup, MigrateAtMostMaxPagesOfThoseThatCanMove) {
+  Group g(3, 8, kBlock);
+  BlockTable t;
+  t.spread = true;
+  ASSERT_TRUE(g.pool->reserve(t, 6 * kBlock));
+  ASSERT_EQ(g.shards_of(t), (std::vector<int>{0, 1, 2, 0, 1, 2}));
+  g.fill(t, 5);
+  const std::vector<float> before = g.read(t);
+  auto moved = migrate_pages(*g.pool, t, 0, 6, 0, nullptr, /*max_pages=*/2);
+  ASSERT_TRUE(moved.ok()) << moved.status().to_string();
+  EXPECT_EQ(*moved, 2);  // pages 1 and 2 (page 0 is on shard 0 already)
+  EXPECT_EQ(g.shards_of(t), (std::vector<int>{0, 0, 0, 0, 1, 2}));
+  EXPECT_EQ(g.read(t), before);
+  g.pool->release(t);
+  EXPECT_EQ(g.pool->used_blocks(), 0);
+}
+
 TEST(ShardGroup, MigrateFromTheHostTierAndSwapInOntoTheGroup) {
   Group g(2, 6, kBlock, /*host_pages=*/8);
   BlockTable t;  // home only: swappable
