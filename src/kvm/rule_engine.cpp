@@ -31,6 +31,15 @@ Status check_condition(const KvmCondition& c, const std::vector<std::string>& cl
     if (std::find(classes.begin(), classes.end(), c.sla_class) == classes.end())
       return invalid_argument("unknown class " + q(c.sla_class) + " (not in sla_classes)");
   }
+  // Fractions: a level outside [0, 1] (a percentage, "device_kv_use > 90") would never fire, or
+  // always.
+  static constexpr std::string_view kFractions[] = {"device_kv_use", "host_kv_use", "disk_kv_use",
+                                                    "prefix_hit_rate", "pages_evicted_fraction"};
+  if (std::find(std::begin(kFractions), std::end(kFractions), c.metric) != std::end(kFractions) &&
+      !(c.value >= 0 && c.value <= 1)) {
+    return invalid_argument(
+        fmt::format("{} is a fraction in [0, 1], compared with {}", c.metric, c.value));
+  }
   return ok_status();
 }
 

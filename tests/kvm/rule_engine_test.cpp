@@ -517,6 +517,19 @@ TEST_F(ValidateRulesTest, MissingExit) {
   expect_error(r, "kvm.rules[1] (r): exit: required");
 }
 
+// A fraction compared with a level outside [0, 1] (a percentage) would never fire, or always.
+TEST_F(ValidateRulesTest, FractionMetricWithALevelOutsideZeroToOne) {
+  KvmRule r = rule("r", "device_kv_use > 90", "device_kv_use < 0.8", "semantic_threshold += 0.05");
+  expect_error(r,
+               "kvm.rules[1] (r): when: device_kv_use is a fraction in [0, 1], compared with 90");
+  KvmRule hit =
+      rule("h", "prefix_hit_rate < 0.2", "prefix_hit_rate > 1.5", "semantic_threshold += 0.05");
+  EXPECT_FALSE(validate_rules({hit}, {"default"}).ok());
+  // Not a fraction: any level.
+  KvmRule ms = rule("m", "storage_latency_ms > 90", "storage_latency_ms < 20", "swap = never");
+  EXPECT_TRUE(validate_rules({ms}, {"default"}).ok());
+}
+
 TEST_F(ValidateRulesTest, UnknownMetric) {
   KvmRule r = good();
   r.when.metric = "devce_kv_use";
