@@ -60,6 +60,11 @@ StatusOr<ResolvedCut> resolve_cut(const CutFlags& f) {
     }
     r.policy = cuts::semantic::KvPolicy::kSemantic;
   }
+  // "none" asks for full KV, as kv.kv_cache_compression: none does in the YAML.
+  if (f.kv_cache_compression == "none" && r.policy != cuts::semantic::KvPolicy::kFull) {
+    return invalid_argument("--kv-cache-compression none conflicts with --kv-policy " +
+                            f.kv_policy);
+  }
   if (Status st = cuts::semantic::validate(f.semantic, "--"); !st.ok()) {
     // The field as its flag: --semantic_threshold -> --semantic-threshold.
     std::string msg = st.message();

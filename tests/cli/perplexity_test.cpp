@@ -109,6 +109,8 @@ TEST(PerplexityCli, BadInputIsAnErrorNamingIt) {
   expect_error(recall_args() + " --evict-threshold 0.3", "--evict-threshold");
   expect_error(recall_args() + " --recent-tokens -4", "--recent-tokens");
   expect_error(recall_args() + " --kv-cache-compression semantic_v2 --kv-policy h2o", "conflicts");
+  expect_error(recall_args() + " --kv-cache-compression none --kv-policy semantic",
+               "--kv-cache-compression none conflicts with --kv-policy semantic");
   expect_error(recall_args() + " --kv-policy lru", "--kv-policy");
   expect_error("perplexity --model " + quote(model_path("recall-llama")),
                "exactly one of --text FILE and --jsonl FILE");
