@@ -137,6 +137,35 @@ TEST(CpuAttentionLse, RowsThatAttendNoKeyAreZeroAndMinusInfinity) {
   }
 }
 
+// A hand-built split plan is checked before it is used: max_splits must be the largest
+// num_splits (the workspace and the merge follow it; a plan leaving it 0 wrote split outputs
+// through an unsized buffer), and split bounds must fit an int.
+TEST(CpuAttentionLse, InconsistentSplitPlansAreRefused) {
+  std::unique_ptr<Backend> cpu = make_cpu_backend(1);
+  CaseSpec spec;
+  spec.num_heads = 2;
+  spec.num_kv_heads = 1;
+  spec.head_dim = 16;
+  spec.kv_lens = {20};
+  AttentionCase c = oracle::make_case(spec);
+  SplitPlan plan = make_split_plan(c.kv_lens.data(), 1, 16, 16);
+  ASSERT_EQ(plan.max_splits, 2);
+  EXPECT_TRUE(run(*cpu, c.args(), &plan).status.ok());
+  SplitPlan unset = plan;
+  unset.max_splits = 0;
+  Result r = run(*cpu, c.args(), &unset);
+  EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status.message().find("max_splits 0 is not the largest num_splits 2"),
+            std::string::npos)
+      << r.status.message();
+  SplitPlan huge = plan;
+  huge.chunk_tokens = 1 << 30;
+  huge.num_splits = {4};
+  huge.total_splits = 4;
+  huge.max_splits = 4;
+  EXPECT_EQ(run(*cpu, c.args(), &huge).status.code(), StatusCode::kInvalidArgument);
+}
+
 // The sharded scoring fields: head_max is each head's maximum scaled score (between lse - log
 // kv_len and lse), and a scoring-only call against those maxima (score_max) gives the same
 // relevance as the ordinary scored call; misuse is refused.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -152,16 +153,25 @@ Status validate_plan(const AttentionArgs& a, const backend::SplitPlan& plan) {
                             std::to_string(a.kv.block_size));
   }
   int offset = 0;
+  int max_splits = 0;
   for (int s = 0; s < a.num_seqs; ++s) {
     const int64_t n = plan.num_splits[s];
-    if (n < 1 || plan.split_offset[s] != offset || n * plan.chunk_tokens < a.kv_lens[s]) {
+    // The split bounds (split * chunk_tokens) are computed in int by the decode.
+    if (n < 1 || plan.split_offset[s] != offset || n * plan.chunk_tokens < a.kv_lens[s] ||
+        n * plan.chunk_tokens > std::numeric_limits<int32_t>::max()) {
       return invalid_argument(where + "does not match kv_len " + std::to_string(a.kv_lens[s]) +
                               " of " + seq_str(s) + " (num_splits " + std::to_string(n) +
                               ", split_offset " + std::to_string(plan.split_offset[s]) + ")");
     }
     offset += static_cast<int>(n);
+    max_splits = std::max(max_splits, static_cast<int>(n));
   }
   if (offset != plan.total_splits) return invalid_argument(where + "total_splits is inconsistent");
+  // The workspace and the merge follow max_splits; each work item follows its num_splits.
+  if (plan.max_splits != max_splits) {
+    return invalid_argument(where + "max_splits " + std::to_string(plan.max_splits) +
+                            " is not the largest num_splits " + std::to_string(max_splits));
+  }
   return ok_status();
 }
 
