@@ -387,6 +387,13 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
   for (size_t i = 0; i < batch_.seqs.size(); ++i) {
     Sequence& seq = *batch_.seqs[i];
     if (seq.next == Sequence::Next::kRemove) continue;  // cancelled in 1.
+    const bool in_waiting = seq.phase == SeqPhase::kPrefill || seq.phase == SeqPhase::kPreempted;
+    // Full prompt pages join the prefix cache as soon as they are computed, before a finish
+    // releases the table (a request that ends on its first token still leaves its prompt).
+    if (in_waiting) {
+      pool_->cache_prefix(seq.table, seq.prefix_salt, seq.tokens,
+                          std::min(seq.num_computed, seq.num_prompt) / pool_->block_size());
+    }
     if (job < sample_jobs_.size() && sample_jobs_[job].seq == &seq) {
       const FinishReason reason = sample_reasons_[job++];
       if (reason != FinishReason::kNone) {
@@ -394,11 +401,7 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
         continue;
       }
     }
-    const bool in_waiting = seq.phase == SeqPhase::kPrefill || seq.phase == SeqPhase::kPreempted;
-    if (!in_waiting) continue;  // a decode step
-    // Full prompt pages join the prefix cache as soon as they are computed.
-    pool_->cache_prefix(seq.table, seq.prefix_salt, seq.tokens,
-                        std::min(seq.num_computed, seq.num_prompt) / pool_->block_size());
+    if (!in_waiting) continue;                              // a decode step
     if (seq.num_computed < seq.prefill_target()) continue;  // more chunks to go
     // Prompt (or recompute) complete.
     if (options_.role == WorkerRole::kPrefill) {

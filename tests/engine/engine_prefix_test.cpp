@@ -63,6 +63,16 @@ TEST_P(EnginePrefix, SameTenantSharesOtherTenantsDoNot) {
       EXPECT_EQ(salted.final_event.usage.cached_tokens, 0);  // another cache_salt
     }
   }
+  // A request that ends on its first token still leaves its prompt pages in the cache.
+  Request one = req("c", "", 0);
+  one.sampling.max_tokens = 1;
+  const Collected once = collect(*(*engine)->submit(one));
+  const Collected twice = collect(*(*engine)->submit(one));
+  ASSERT_TRUE(twice.final_event.status.ok());
+  EXPECT_EQ(once.final_event.usage.cached_tokens, 0);
+  EXPECT_EQ(twice.final_event.usage.cached_tokens,
+            (twice.final_event.usage.prompt_tokens - 1) / 16 * 16);
+  EXPECT_EQ(twice.tokens, once.tokens);
   const EngineStats s = (*engine)->stats();
   int64_t hits = 0, pages = 0;
   for (const PoolStats& p : s.pools) {
