@@ -57,6 +57,14 @@ uint64_t PrefixCache::page_hash(uint64_t parent, uint64_t salt,
                               parent * 0x9E3779B97F4A7C15ull ^ salt);
 }
 
+uint64_t PrefixCache::chain_check(uint64_t parent_check, uint64_t salt,
+                                  std::span<const int32_t> page) const {
+  // Seeded independently of page_hash: with it, a 128-bit key of the whole prefix.
+  const uint64_t seed =
+      (parent_check + 0x2545F4914F6CDD1Dull) * 0xD6E8FEB86659FD93ull ^ (salt << 29 | salt >> 35);
+  return XXH3_64bits_withSeed(page.data(), page.size_bytes(), seed);
+}
+
 int64_t PrefixCache::disk_key_bytes(int block_size) {
   return static_cast<int64_t>(sizeof(RecordMeta)) +
          int64_t{block_size} * static_cast<int64_t>(sizeof(int32_t));
@@ -74,7 +82,7 @@ std::vector<PrefixCache::Map::iterator> PrefixCache::walk(uint64_t salt,
   const int pages = std::min<int>(max_pages, static_cast<int>(tokens.size()) / block_size_);
   ++stats_.lookups;
   stats_.lookup_pages += std::max(0, pages);
-  uint64_t parent = 0;
+  uint64_t parent = 0, check = 0;
   ++tick_;
   for (int i = 0; i < pages; ++i) {
     const auto page = tokens.subspan(static_cast<size_t>(i) * block_size_, block_size_);
@@ -82,8 +90,11 @@ std::vector<PrefixCache::Map::iterator> PrefixCache::walk(uint64_t salt,
     auto it = entries_.find(h);
     if (it == entries_.end()) break;
     Entry& e = it->second;
-    // The hash is a key, not a proof: the tenant, the chain and the tokens must all match.
-    if (e.salt != salt || e.parent != parent ||
+    check = chain_check(check, salt, page);
+    // The hash is a key, not a proof: the tenant, the chain and the tokens must all match, and
+    // the second chained hash too: a page cached after a parent that was dropped since (a
+    // failed restore or spill) must not be served after another page of that parent's hash.
+    if (e.salt != salt || e.parent != parent || e.check != check ||
         !std::equal(page.begin(), page.end(), e.tokens.begin(), e.tokens.end()))
       break;
     e.last_use = tick_;
@@ -220,19 +231,20 @@ int PrefixCache::insert(uint64_t salt, std::span<const int32_t> tokens,
   num_pages = std::min<int>(
       {num_pages, static_cast<int>(tokens.size()) / block_size_, static_cast<int>(blocks.size())});
   poll_spills();
-  uint64_t parent = 0;
+  uint64_t parent = 0, check = 0;
   int added = 0;
   ++tick_;
   for (int i = 0; i < num_pages; ++i) {
     const auto page = tokens.subspan(static_cast<size_t>(i) * block_size_, block_size_);
     const uint64_t h = page_hash(parent, salt, page);
+    check = chain_check(check, salt, page);
     const int32_t b = blocks[static_cast<size_t>(i)];
     auto it = entries_.find(h);
     if (it != entries_.end()) {
       Entry& e = it->second;
       // A collision with a different page: keep the cached one, and cache nothing past it (its
       // chain would be unreachable).
-      if (e.salt != salt || e.parent != parent ||
+      if (e.salt != salt || e.parent != parent || e.check != check ||
           !std::equal(page.begin(), page.end(), e.tokens.begin(), e.tokens.end()))
         break;
       e.last_use = tick_;
@@ -251,6 +263,7 @@ int PrefixCache::insert(uint64_t salt, std::span<const int32_t> tokens,
       Entry e;
       e.block = b;
       e.parent = parent;
+      e.check = check;
       e.salt = salt;
       e.tokens.assign(page.begin(), page.end());
       e.last_use = tick_;

@@ -180,6 +180,7 @@ class PrefixCache {
     Spill* spill = nullptr;
     uint64_t record = 0;  // kDisk: the disk record
     uint64_t parent = 0;  // the previous page's hash (0 for the first page)
+    uint64_t check = 0;   // chain_check of the prefix up to this page
     uint64_t salt = 0;
     std::vector<int32_t> tokens;  // the page's tokens, compared on every hit
     uint64_t last_use = 0;
@@ -203,6 +204,8 @@ class PrefixCache {
   };
 
   uint64_t page_hash(uint64_t parent, uint64_t salt, std::span<const int32_t> page) const;
+  // A second chained hash of the prefix, seeded independently (page_hash and it: 128 bits).
+  uint64_t chain_check(uint64_t parent_check, uint64_t salt, std::span<const int32_t> page) const;
   // Entries of the longest chain of `tokens` (salt, parent and tokens checked), touched.
   std::vector<Map::iterator> walk(uint64_t salt, std::span<const int32_t> tokens, int max_pages);
   // Frees whatever the entry holds on its tier (device reference, host slot, disk record).
