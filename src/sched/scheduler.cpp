@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "common/check.h"
 #include "sched/swap_predictor.h"
@@ -353,22 +354,31 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
   // A prompt that running sequences were paused for but that the budget then gives no chunk is
   // planned again without that pause. Each round adds at least one prompt to no_slice, and
   // leaving a prompt out only frees budget for the others, so the rounds end.
-  const int free0 = st.free;
-  const std::vector<StepState::Run> runs0 = st.runs;
-  const std::vector<int32_t> preempted_priorities0 = st.preempted_priorities;
-  const SchedulerOutput out0 = out;
+  // Without an expired slice nothing can be paused: one round, and no state kept to go back to.
+  struct Saved {
+    int free;
+    std::vector<StepState::Run> runs;
+    std::vector<int32_t> preempted_priorities;
+    SchedulerOutput out;
+  };
+  std::optional<Saved> saved;
+  if (std::any_of(st.runs.begin(), st.runs.end(),
+                  [](const StepState::Run& r) { return r.seq->slice_expired; })) {
+    saved = Saved{st.free, st.runs, st.preempted_priorities, out};
+  }
   std::vector<Cand> cands;
   std::vector<int> chunks;
   for (;;) {
     chunks = select(cands);
+    if (!saved) break;
     const size_t wasted = no_slice.size();
     for (size_t i = 0; i < cands.size(); ++i)
       if (cands[i].sliced && chunks[i] == 0) no_slice.push_back(cands[i].seq->id);
     if (no_slice.size() == wasted) break;
-    st.free = free0;
-    st.runs = runs0;
-    st.preempted_priorities = preempted_priorities0;
-    out = out0;
+    st.free = saved->free;
+    st.runs = saved->runs;
+    st.preempted_priorities = saved->preempted_priorities;
+    out = saved->out;
   }
   for (size_t i = 0; i < cands.size(); ++i) {
     if (chunks[i] == 0) {

@@ -48,6 +48,18 @@ KvmRule pressure_rule(double enter, double exit) {
 }
 
 // Colocated, one worker with a small pool (40 blocks of 16 tokens) that the requests fill.
+// A rule that enters at the first sample and never exits or repeats: `then` applied once.
+KvmRule once_rule(const std::string& name, KvmAction then, const std::string& cls = "") {
+  KvmRule r;
+  r.name = name;
+  r.when = {"device_kv_use", "", KvmCmp::kGreaterEqual, 0.0};  // holds from the first sample
+  r.exit = {"device_kv_use", "", KvmCmp::kLess, 0.0};          // never
+  r.then = std::move(then);
+  r.sla_class = cls;
+  r.cooldown_ms = 1e9;
+  return r;
+}
+
 EngineConfig pressure_config(KvmMode mode, const std::string& log_path) {
   EngineConfig c = testing::stories_config(ServingMode::kColocated);
   c.block_size = 16;
@@ -227,17 +239,8 @@ TEST(EngineKvm, ClassOverrideStartsFromTheConfiguredSettings) {
   SlaClass batch;
   batch.name = "batch";
   c.sla_classes.push_back(batch);
-  KvmRule hot;
-  hot.name = "hot";
-  hot.when = {"device_kv_use", "", KvmCmp::kGreaterEqual, 0.0};  // holds from the first sample
-  hot.exit = {"device_kv_use", "", KvmCmp::kLess, 0.0};          // never
-  hot.then = {"semantic_threshold", KvmActionOp::kAdd, 0.2};
-  hot.cooldown_ms = 1e9;
-  KvmRule evict = hot;
-  evict.name = "batch-evict";
-  evict.then = {"evict_threshold", KvmActionOp::kSet, 0.01};
-  evict.sla_class = "batch";
-  c.kvm.rules = {hot, evict};
+  c.kvm.rules = {once_rule("hot", {"semantic_threshold", KvmActionOp::kAdd, 0.2}),
+                 once_rule("batch-evict", {"evict_threshold", KvmActionOp::kSet, 0.01}, "batch")};
   auto e = EngineImpl::create(c);
   ASSERT_TRUE(e.ok()) << e.status().to_string();
   ASSERT_TRUE(wait_for_decision(
@@ -317,13 +320,8 @@ TEST(EngineKvm, IntegerSettingsOutOfRangeAreRefusedNotWrapped) {
   EngineConfig c = testing::stories_config(ServingMode::kColocated);
   c.kvm.enabled = true;
   c.kvm.interval_ms = 10;
-  KvmRule grow;
-  grow.name = "grow";
-  grow.when = {"device_kv_use", "", KvmCmp::kGreaterEqual, 0.0};  // holds from the first sample
-  grow.exit = {"device_kv_use", "", KvmCmp::kLess, 0.0};          // never
-  grow.then = {"max_queue", KvmActionOp::kMul, 1000};
-  grow.sla_class = c.sla_classes[0].name;
-  grow.cooldown_ms = 1e9;
+  const KvmRule grow =
+      once_rule("grow", {"max_queue", KvmActionOp::kMul, 1000}, c.sla_classes[0].name);
   c.kvm.rules = {grow};
   const int32_t queue0 = c.sla_classes[0].max_queue;
   auto e = EngineImpl::create(c);
@@ -371,13 +369,7 @@ TEST(EngineKvm, MaxChunkTokensRuleReachesEveryWorkerAndBadValuesAreRefused) {
   ASSERT_EQ(c.max_chunk_tokens, 0);  // no cap to start with
   c.kvm.enabled = true;
   c.kvm.interval_ms = 10;
-  KvmRule cap;
-  cap.name = "chunk-cap";
-  cap.when = {"device_kv_use", "", KvmCmp::kGreaterEqual, 0.0};  // holds from the first sample
-  cap.exit = {"device_kv_use", "", KvmCmp::kLess, 0.0};          // never
-  cap.then = {"max_chunk_tokens", KvmActionOp::kSet, 24};
-  cap.cooldown_ms = 1e9;
-  c.kvm.rules = {cap};
+  c.kvm.rules = {once_rule("chunk-cap", {"max_chunk_tokens", KvmActionOp::kSet, 24})};
   auto e = EngineImpl::create(c);
   ASSERT_TRUE(e.ok()) << e.status().to_string();
   ASSERT_TRUE(wait_for_decision(

@@ -177,15 +177,21 @@ TEST(Admission, FindsSlaClasses) {
   EXPECT_EQ(find_sla_class(classes, "y"), -1);
 }
 
-// The engine's own checks, for in-process callers (the gRPC server checks the same first):
-// sampling fields against the vocabulary, and a priority bounded so that the class's plus the
-// request's cannot overflow.
-TEST(Admission, FieldsAreCheckedAgainstTheVocabularyAndPriorityBounds) {
+// A 100-token vocabulary, a context of 256 tokens, blocks of 16.
+AdmissionLimits limits(int kv_blocks_per_worker) {
   AdmissionLimits lim;
   lim.vocab_size = 100;
   lim.max_context = 256;
   lim.block_size = 16;
-  lim.kv_blocks_per_worker = 64;
+  lim.kv_blocks_per_worker = kv_blocks_per_worker;
+  return lim;
+}
+
+// The engine's own checks, for in-process callers (the gRPC server checks the same first):
+// sampling fields against the vocabulary, and a priority bounded so that the class's plus the
+// request's cannot overflow.
+TEST(Admission, FieldsAreCheckedAgainstTheVocabularyAndPriorityBounds) {
+  const AdmissionLimits lim = limits(/*kv_blocks_per_worker=*/64);
   Request r;
   r.sampling.max_tokens = 10;
   EXPECT_TRUE(check_admission(r, 5, lim).ok());
@@ -213,11 +219,7 @@ TEST(Admission, FieldsAreCheckedAgainstTheVocabularyAndPriorityBounds) {
 }
 
 TEST(Admission, FitCheckCarriesTheNumbers) {
-  AdmissionLimits lim;
-  lim.vocab_size = 100;
-  lim.max_context = 256;
-  lim.block_size = 16;
-  lim.kv_blocks_per_worker = 4;
+  AdmissionLimits lim = limits(/*kv_blocks_per_worker=*/4);
   Request r;
   r.sampling.max_tokens = 10;
   // 10 generated tokens: the last is never fed, so prompt + 9 KV positions.
