@@ -100,6 +100,12 @@ class KvPool {
   // blocks first (PrefixCache::acquire). Returns the pages taken (0 without a cache).
   int share_prefix(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
                    int max_pages);
+  // The most pages share_prefix may serve a sequence that must compute `target` positions, the
+  // first `num_prompt` its prompt (only prompt pages are cached): whole pages, leaving at least
+  // the last position to compute (a first prefill samples from its logits).
+  int shareable_prefix_pages(int target, int num_prompt) const {
+    return std::max(0, std::min(target - 1, num_prompt)) / block_size();
+  }
   // Caches pages [0, num_pages) of `table` (full precision on the device) holding `tokens`.
   void cache_prefix(const BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
                     int num_pages);

@@ -178,7 +178,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       ++admitted_now;
       // Cached prompt pages (never the page of the last prompt token: it is computed to sample).
       const int hits = pool.share_prefix(s.table, options.prefix_salt, s.tokens,
-                                         (std::min(s.prompt_target, s.num_prompt) - 1) / bs);
+                                         pool.shareable_prefix_pages(s.target(), s.num_prompt));
       s.computed = s.fed = s.cached_tokens = hits * bs;
       s.kv.update(std::chrono::steady_clock::now(), kv_level(pool, s.table, s.computed));
     }
@@ -296,15 +296,27 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     }
     for (const PrefillChunk& c : plan.prefill) {
       SeqState& s = seqs[c.id];
-      if (c.new_blocks > 0) KVSPLIT_CHECK(pool.reserve(s.table, s.target()));
+      if (c.new_blocks > 0) {
+        // A recompute starts from an empty table: its prompt pages may still be cached, and the
+        // chunk then starts after them (Worker::schedule does the same).
+        if (s.table.blocks.empty() && s.computed == 0) {
+          const int hits = pool.share_prefix(s.table, options.prefix_salt, s.tokens,
+                                             pool.shareable_prefix_pages(s.target(), s.num_prompt));
+          s.computed = hits * bs;
+          s.recomputed_tokens -= s.computed;  // counted when dropped; not computed again
+        }
+        KVSPLIT_CHECK(pool.reserve(s.table, s.target()));
+      }
       s.shards = std::max(s.shards, s.table.shards_used());
       s.last_prefill_step = step;
+      const int tokens = std::min(c.tokens, s.target() - s.computed);
       SeqStep st;
-      st.tokens = std::span<const int32_t>(s.tokens.data() + s.computed, c.tokens);
+      st.tokens = std::span<const int32_t>(s.tokens.data() + s.computed, tokens);
       st.start_pos = s.computed;
       st.table = &s.table;
       // The first token is sampled after the prompt's last chunk; a recompute samples nothing.
-      const bool sample = c.last && s.num_output() == 0 && s.target() == s.num_prompt;
+      const bool sample =
+          s.computed + tokens == s.target() && s.num_output() == 0 && s.target() == s.num_prompt;
       st.logits = !sample ? SeqStep::Logits::kNone
                           : (s.greedy ? SeqStep::Logits::kArgmax : SeqStep::Logits::kLast);
       steps.push_back(st);

@@ -388,8 +388,9 @@ void Worker::admit_from_router(Clock::time_point now) {
       continue;
     }
     // Cached prompt pages (never the page of the last prompt token, which is computed to sample).
-    const int hits = pool_->share_prefix(seq->table, seq->prefix_salt, seq->tokens,
-                                         (seq->num_prompt - 1) / pool_->block_size());
+    const int hits =
+        pool_->share_prefix(seq->table, seq->prefix_salt, seq->tokens,
+                            pool_->shareable_prefix_pages(seq->num_prompt, seq->num_prompt));
     seq->num_computed = seq->cached_tokens = hits * pool_->block_size();
     KVSPLIT_CHECK(pool_->reserve(seq->table, seq->num_prompt));
     account_kv(*seq, now);  // the prompt's pages are held from here

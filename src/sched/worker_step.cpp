@@ -306,15 +306,26 @@ void Worker::schedule(Clock::time_point now) {
   const int64_t step_no = steps_.load(std::memory_order_relaxed);
   for (const PrefillChunk& c : out.prefill) {
     Sequence& seq = *waiting_[c.id - kWaitingBase];
-    if (c.new_blocks > 0) KVSPLIT_CHECK(pool_->reserve(seq.table, seq.prefill_target()));
+    if (c.new_blocks > 0) {
+      // A recompute (or a prompt whose KV a command released) starts from an empty table: its
+      // prompt pages may still be cached, and the chunk then starts after them.
+      if (seq.table.blocks.empty() && seq.num_computed == 0) {
+        const int hits = pool_->share_prefix(
+            seq.table, seq.prefix_salt, seq.tokens,
+            pool_->shareable_prefix_pages(seq.prefill_target(), seq.num_prompt));
+        seq.num_computed = hits * pool_->block_size();
+      }
+      KVSPLIT_CHECK(pool_->reserve(seq.table, seq.prefill_target()));
+    }
     seq.last_prefill_step = step_no;
     if (seq.phase == SeqPhase::kQueued) seq.enter_phase(SeqPhase::kPrefill, now);
+    const int tokens = std::min(c.tokens, seq.prefill_target() - seq.num_computed);
     model::SeqStep s;
-    s.tokens = std::span<const int32_t>(seq.tokens.data() + seq.num_computed, c.tokens);
+    s.tokens = std::span<const int32_t>(seq.tokens.data() + seq.num_computed, tokens);
     s.start_pos = seq.num_computed;
     s.table = &seq.table;
     // The first token is sampled after the prompt's last chunk; a recompute samples nothing.
-    const bool sample = c.last && seq.num_output() == 0;
+    const bool sample = seq.num_computed + tokens == seq.prefill_target() && seq.num_output() == 0;
     const bool argmax = sample && greedy_without_logits(seq);
     s.logits = !sample ? model::SeqStep::Logits::kNone
                        : (argmax ? model::SeqStep::Logits::kArgmax : model::SeqStep::Logits::kLast);

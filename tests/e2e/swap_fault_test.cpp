@@ -109,5 +109,37 @@ TEST(SwapFaults, EveryDiskFaultFallsBackToRecomputeWithTheSameTokens) {
   }
 }
 
+// A sequence preempted by recompute (swap never) restarts from its prompt pages still in the
+// prefix cache: the batch's prompts share no page, so every hit is a restart's. The tokens are
+// those of an unbounded pool, with the cache and without it.
+TEST(PrefixRecompute, ARestartReusesItsCachedPromptPages) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto big = make_engine("llama2c", 1, 512);
+  ASSERT_NE(big, nullptr);
+  std::vector<sched::GenerationInput> inputs;
+  for (int i = 0; i < 4; ++i) {
+    sched::GenerationInput in;
+    for (int k = 0; k < 40; ++k) in.prompt_ids.push_back(5 + (97 * i + 13 * k) % 490);
+    in.params.max_tokens = 100;
+    in.params.ignore_eos = true;
+    in.params.temperature = i % 2 ? 0.8f : 0.f;
+    in.params.seed = 11 + i;
+    inputs.push_back(in);
+  }
+  const Outcome ref = run(*big, inputs, SwapMode::kNever);
+  ASSERT_EQ(ref.tokens.size(), 4u);
+  for (const bool cache : {false, true}) {
+    SCOPED_TRACE(cache ? "prefix cache" : "no cache");
+    auto small = make_engine("llama2c", 1, 14);  // 9 pages each, 36 for all four: preemptions
+    ASSERT_NE(small, nullptr);
+    if (cache) small->pool->enable_prefix_cache();
+    const Outcome got = run(*small, inputs, SwapMode::kNever);
+    EXPECT_EQ(got.tokens, ref.tokens);
+    EXPECT_GT(got.recomputed, 0);
+    if (cache) EXPECT_GT(small->pool->prefix_cache()->stats().hit_pages, 0);  // restarts' hits
+    EXPECT_EQ(small->pool->available_blocks(), 14);
+  }
+}
+
 }  // namespace
 }  // namespace kvsplit::testing

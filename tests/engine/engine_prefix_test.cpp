@@ -92,6 +92,49 @@ INSTANTIATE_TEST_SUITE_P(Modes, EnginePrefix,
                                                                         : "Disaggregated";
                          });
 
+// Sequences preempted by recompute (no host or disk tier: nothing to swap to) restart through
+// the prefix-cache lookup (Worker::schedule): the tokens are those of an engine without the cache,
+// and every block is available afterwards. Whether a restart finds its pages still cached depends
+// on the other sequences' growth meanwhile (thread timing); the deterministic check that it does
+// is PrefixRecompute.ARestartReusesItsCachedPromptPages (tests/e2e/swap_fault_test.cpp).
+TEST_P(EnginePrefix, RecomputesUnderPressureKeepTheTokens) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = testing::stories_config(GetParam());
+  cfg.prefix_cache = true;
+  cfg.block_size = 16;
+  cfg.kv_blocks_per_worker = 14;  // one request needs 9 pages; four at once preempt
+  auto engine = EngineImpl::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const std::vector<int> initial = testing::free_blocks(**engine);
+  auto ref_engine = Engine::create(testing::stories_config(GetParam()));
+  ASSERT_TRUE(ref_engine.ok());
+  auto make = [](int i) {
+    Request r;
+    r.tenant = "t";
+    for (int k = 0; k < 40; ++k) r.prompt_token_ids.push_back(5 + (97 * i + 13 * k) % 490);
+    r.sampling.max_tokens = 100;
+    r.sampling.ignore_eos = true;
+    r.sampling.temperature = i % 2 ? 0.8f : 0.f;
+    r.sampling.seed = 11 + i;
+    return r;
+  };
+  std::vector<RequestHandle> handles;
+  for (int i = 0; i < 4; ++i) {
+    auto h = (*engine)->submit(make(i));
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    handles.push_back(std::move(h).value());
+  }
+  for (int i = 0; i < 4; ++i) {
+    const Collected got = collect(std::move(handles[i]));
+    const Collected ref = collect(*(*ref_engine)->submit(make(i)));
+    ASSERT_TRUE(got.final_event.status.ok()) << got.final_event.status.to_string();
+    EXPECT_EQ(got.tokens, ref.tokens) << i;
+    EXPECT_EQ(got.final_event.usage.cached_tokens, 0) << i;  // nothing cached at admission
+  }
+  EXPECT_GT((*engine)->stats().preemptions, 0);
+  EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+}
+
 // Spilling: a device pool of 16 pages, so two other tenants' 200-token prompts push the shared
 // 64-token prefix out to the host tier (or, without one, the disk tier) between two requests of
 // the same tenant. The second request is swapped back in from that tier: the same tokens as with
