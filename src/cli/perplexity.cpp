@@ -34,7 +34,8 @@ double token_nll(const float* logits, int vocab, int32_t target) {
 }
 
 // Scores one window w (>= 2 tokens) from an empty KV cache: the first `prefill` tokens in one
-// chunk, then one token per decode step with the cut acting after each step.
+// chunk (0: all of them without a cut, one with a cut), then one token per decode step with the
+// cut acting after each step.
 Status score_window(model::LlamaModel& llama, kv::KvPool& pool, std::span<const int32_t> w,
                     int prefill, const ResolvedCut& rc, const model::ForwardOptions& fo,
                     Totals* totals) {
@@ -48,7 +49,10 @@ Status score_window(model::LlamaModel& llama, kv::KvPool& pool, std::span<const 
     ~Release() { pool.release(table); }
   } release{pool, table};
 
-  const int p = std::clamp(prefill > 0 ? prefill : n, 1, n);
+  // --prefill 0: the whole window in one chunk at full KV; with a cut on, every token is fed as
+  // generation (a window prefilled whole would leave the cut no decode step to act in).
+  const int whole = rc.policy == cuts::semantic::KvPolicy::kFull ? n : 1;
+  const int p = std::clamp(prefill > 0 ? prefill : whole, 1, n);
   if (!pool.reserve(table, p)) return resource_exhausted("KV pool too small for the window");
   std::vector<float> logits;
   model::SeqStep first;

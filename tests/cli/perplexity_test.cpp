@@ -77,6 +77,13 @@ TEST(PerplexityCli, PoliciesFreeKvAndCountWhatTheyDid) {
       ppl("--prefill 16 --kv-policy h2o --recent-tokens 32 --heavy-tokens 32");
   EXPECT_GT(h2o["evictions"].get<int>(), 0);
   EXPECT_EQ(h2o["demotions"].get<int>(), 0);
+  // Without --prefill a cut still acts: every token of a window is fed as generation.
+  const nlohmann::json plain = ppl("--kv-policy streaming --sink-tokens 4 --recent-tokens 32");
+  const nlohmann::json one =
+      ppl("--prefill 1 --kv-policy streaming --sink-tokens 4 --recent-tokens 32");
+  EXPECT_GT(plain["evictions"].get<int>(), 0);
+  EXPECT_EQ(plain["decode_steps"], one["decode_steps"]);
+  EXPECT_EQ(plain["nll"].get<double>(), one["nll"].get<double>());
 }
 
 TEST(PerplexityCli, GenerateWithTheCutAtZeroThresholdsMatchesTheGolden) {
