@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "common/log.h"
+
 namespace kvsplit::model {
 
 namespace {
@@ -102,11 +104,14 @@ StatusOr<std::vector<std::string>> parse_layer_types(const Json& j, const std::s
   return types;
 }
 
-// Sliding-window attention is not implemented: a window smaller than the context on any layer
-// that would use it is an error (a window >= the context never masks anything).
-Status check_sliding_window(const Json& j, const std::string& what, Arch arch,
-                            const std::vector<std::string>& layer_types, int context) {
-  if (arch == Arch::kLlama) return ok_status();
+// Sliding-window attention (key k masked for query q when k <= q - window) is plain causal
+// attention for every sequence of at most `window` positions. So a window smaller than the context
+// on any layer that would use it limits the context to the window: exact for every length the
+// engine then accepts (a prompt or generation past it is refused as too long). Returns the
+// context to use.
+StatusOr<int> sliding_window_context(const Json& j, const std::string& what, Arch arch,
+                                     const std::vector<std::string>& layer_types, int context) {
+  if (arch == Arch::kLlama) return context;
   bool enabled = true;  // Mistral: whenever sliding_window is not null
   std::string why = "sliding_window";
   if (arch == Arch::kQwen2) {
@@ -118,19 +123,19 @@ Status check_sliding_window(const Json& j, const std::string& what, Arch arch,
             " is " + kSliding + ", sliding_window";
     }
   }
-  if (!enabled) return ok_status();
+  if (!enabled) return context;
   auto w = j.find("sliding_window");
-  if (w != j.end() && w->is_null()) return ok_status();
+  if (w != j.end() && w->is_null()) return context;
   KVSPLIT_ASSIGN_OR_RETURN(
       int64_t window,
       common::json_int(j, "sliding_window", kHfDefaultSlidingWindow, what, 1, INT32_MAX));
-  if (window < context) {
-    return unimplemented(what + ": " + why + " = " + std::to_string(window) +
-                         (w == j.end() ? " (transformers' default)" : "") +
-                         " is smaller than the context (" + std::to_string(context) +
-                         "): sliding-window attention is not supported");
-  }
-  return ok_status();
+  if (window >= context) return context;
+  KVSPLIT_LOG_WARN(
+      "{}: {} = {}{} is smaller than the context ({}): the context is limited to {} "
+      "positions (sliding-window masking is not implemented; within the window it "
+      "masks nothing)",
+      what, why, window, w == j.end() ? " (transformers' default)" : "", context, window);
+  return static_cast<int>(window);
 }
 
 Status parse_special_ids(const Json& j, const std::string& dir, const std::string& what, bool qwen2,
@@ -204,7 +209,8 @@ StatusOr<ModelConfig> parse_hf_config(const std::string& dir) {
                            parse_layer_types(j, what, arch, c.num_layers));
   // RoPE last among the sizes: it may extend max_seq_len (linear, yarn).
   KVSPLIT_RETURN_IF_ERROR(parse_hf_rope(j, what, layer_types, &c));
-  KVSPLIT_RETURN_IF_ERROR(check_sliding_window(j, what, arch, layer_types, c.max_seq_len));
+  KVSPLIT_ASSIGN_OR_RETURN(c.max_seq_len,
+                           sliding_window_context(j, what, arch, layer_types, c.max_seq_len));
   c.rope_style = backend::RopeStyle::kHalf;
   c.qkv_bias = arch == Arch::kQwen2;
   KVSPLIT_RETURN_IF_ERROR(parse_special_ids(j, dir, what, arch == Arch::kQwen2, &c));

@@ -292,9 +292,6 @@ TEST(HfConfigFields, UnsupportedFieldsNameFieldAndValue) {
        "quantization_config",
        {{"quant_method", "gptq"}},
        "quantization_config = {\"quant_method\":\"gptq\"} is not supported"},
-      {"MistralForCausalLM", "sliding_window", 16,
-       "sliding_window = 16 is smaller than the context (32): sliding-window attention is not "
-       "supported"},
       {"LlamaForCausalLM",
        "layer_types",
        {"full_attention", "sliding_attention"},
@@ -336,13 +333,18 @@ TEST(HfConfigFields, SlidingWindow) {
   EXPECT_EQ(parse_ok(m).max_seq_len, 32);
   m.erase("sliding_window");
   EXPECT_EQ(parse_ok(m).max_seq_len, 32);
+  // A shorter window limits the context to it (exact up to the window).
+  m["sliding_window"] = 16;
+  EXPECT_EQ(parse_ok(m).max_seq_len, 16);
+  m.erase("sliding_window");
   m["max_position_embeddings"] = 8192;
-  expect_error(m, StatusCode::kUnimplemented,
-               "sliding_window = 4096 (transformers' default) is smaller than the context (8192)");
+  EXPECT_EQ(parse_ok(m).max_seq_len, 4096);  // transformers' default window
   // The context compared is the scaled one.
-  m["max_position_embeddings"] = 4096;
+  m["max_position_embeddings"] = 1024;
   m["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
-  expect_error(m, StatusCode::kUnimplemented, "is smaller than the context (8192)");
+  EXPECT_EQ(parse_ok(m).max_seq_len, 2048);
+  m["rope_scaling"] = {{"type", "linear"}, {"factor", 8.0}};
+  EXPECT_EQ(parse_ok(m).max_seq_len, 4096);
 
   // Qwen2: only with use_sliding_window, on layers from max_window_layers on (or layer_types).
   json q = base_config("Qwen2ForCausalLM");
@@ -353,13 +355,11 @@ TEST(HfConfigFields, SlidingWindow) {
   q["max_window_layers"] = 2;  // no layer slides
   EXPECT_EQ(parse_ok(q).max_seq_len, 32);
   q["max_window_layers"] = 1;
-  expect_error(q, StatusCode::kUnimplemented,
-               "use_sliding_window = true, layer 1 is sliding_attention, sliding_window = 16 is "
-               "smaller than the context (32)");
+  EXPECT_EQ(parse_ok(q).max_seq_len, 16);
   q["layer_types"] = {"full_attention", "full_attention"};  // explicit types win
   EXPECT_EQ(parse_ok(q).max_seq_len, 32);
   q["layer_types"] = {"sliding_attention", "full_attention"};
-  expect_error(q, StatusCode::kUnimplemented, "layer 0 is sliding_attention");
+  EXPECT_EQ(parse_ok(q).max_seq_len, 16);
   q["sliding_window"] = nullptr;
   EXPECT_EQ(parse_ok(q).max_seq_len, 32);
 }
