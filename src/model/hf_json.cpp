@@ -415,6 +415,10 @@ StatusOr<TokenizerConfig> read_tokenizer_config(const std::string& tokenizer_pat
       (k[4] == 'b' ? c.add_bos_token : c.add_eos_token) = v->get<bool>();
     }
   }
+  if (const json* v = get(root, "tokenizer_class")) {
+    if (!v->is_string()) return bad("field tokenizer_class: expected a string");
+    c.tokenizer_class = v->get<std::string>();
+  }
   for (const char* k : {"bos_token", "eos_token"}) {
     const json* v = get(root, k);
     if (!v) continue;
@@ -426,6 +430,23 @@ StatusOr<TokenizerConfig> read_tokenizer_config(const std::string& tokenizer_pat
     (k[0] == 'b' ? c.bos_token : c.eos_token) = s->get<std::string>();
   }
   return c;
+}
+
+bool TokenizerConfig::template_from_flags() const {
+  if (!tokenizer_class) return false;
+  for (const char* c : {"LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer",
+                        "CodeLlamaTokenizerFast", "GemmaTokenizer", "GemmaTokenizerFast"}) {
+    if (*tokenizer_class == c) return true;
+  }
+  return false;
+}
+
+void apply_template_flags(const TokenizerConfig& cfg, int32_t bos, int32_t eos, Template* tmpl) {
+  if (!cfg.template_from_flags()) return;
+  tmpl->prefix.clear();
+  tmpl->suffix.clear();
+  if (cfg.add_bos_token.value_or(true) && bos >= 0) tmpl->prefix = {bos};
+  if (cfg.add_eos_token.value_or(false) && eos >= 0) tmpl->suffix = {eos};
 }
 
 }  // namespace kvsplit::model::hf

@@ -136,7 +136,15 @@ struct TokenizerConfig {
   bool present = false;
   std::optional<bool> add_bos_token, add_eos_token;
   std::optional<std::string> bos_token, eos_token;  // absent or null: nullopt
+  std::optional<std::string> tokenizer_class;
+  // transformers' Llama, CodeLlama and Gemma tokenizers rebuild the post-processor from
+  // add_bos_token (default true) and add_eos_token (default false) when they load, whatever
+  // tokenizer.json holds: true for those classes.
+  bool template_from_flags() const;
 };
+// For a config whose template_from_flags(): sets `tmpl` to BOS and/or EOS as its flags say (an id
+// < 0 adds nothing). Otherwise leaves it.
+void apply_template_flags(const TokenizerConfig& cfg, int32_t bos, int32_t eos, Template* tmpl);
 // Reads the tokenizer_config.json in the directory of `tokenizer_path`; a missing file gives
 // present == false. Bad JSON or mistyped fields are kInvalidArgument naming that file.
 StatusOr<TokenizerConfig> read_tokenizer_config(const std::string& tokenizer_path);

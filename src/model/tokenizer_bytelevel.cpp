@@ -313,8 +313,9 @@ StatusOr<std::unique_ptr<Tokenizer>> load_bytelevel_tokenizer(const std::string&
     t->byte_ids_[b] = it == t->model_.vocab.end() ? -1 : it->second;
   }
 
-  // Special tokens around a text: the post-processor's; with none, tokenizer_config.json's
-  // add_bos_token / add_eos_token (what transformers builds). BOS / EOS ids: the config's
+  // Special tokens around a text: the post-processor's; with none, or for the tokenizer classes
+  // transformers rebuilds (hf::apply_template_flags), tokenizer_config.json's add_bos_token /
+  // add_eos_token (what transformers builds). BOS / EOS ids: the config's
   // bos_token / eos_token, else the post-processor's first / last token.
   auto find = [&](const std::string& s) -> int32_t {
     if (auto it = added_ids.find(s); it != added_ids.end()) return it->second;
@@ -343,6 +344,7 @@ StatusOr<std::unique_ptr<Tokenizer>> load_bytelevel_tokenizer(const std::string&
   }
   if (t->bos_id_ < 0 && !t->tmpl_.prefix.empty()) t->bos_id_ = t->tmpl_.prefix.front();
   if (t->eos_id_ < 0 && !t->tmpl_.suffix.empty()) t->eos_id_ = t->tmpl_.suffix.back();
+  hf::apply_template_flags(cfg, t->bos_id_, t->eos_id_, &t->tmpl_);
   return std::unique_ptr<Tokenizer>(std::move(t));
 }
 

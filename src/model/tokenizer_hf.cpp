@@ -283,7 +283,9 @@ StatusOr<std::unique_ptr<Tokenizer>> parse_hf(const std::string& path, const jso
   t->split_at_marker_ = can_split_at_marker(t->model_, t->metaspace_.replacement);
 
   // BOS / EOS: tokenizer_config.json's bos_token / eos_token, else the post-processor's first
-  // token / "<s>", and "</s>". What encode adds: the post-processor's template, else BOS.
+  // token / "<s>", and "</s>". What encode adds: the post-processor's template, else BOS; for
+  // the tokenizer classes transformers rebuilds (hf::apply_template_flags), the config's
+  // add_bos_token / add_eos_token.
   auto find = [&](const std::string& s) -> int32_t {
     if (auto it = added_ids.find(s); it != added_ids.end()) return it->second;
     auto it = t->model_.vocab.find(s);
@@ -307,6 +309,7 @@ StatusOr<std::unique_ptr<Tokenizer>> parse_hf(const std::string& path, const jso
     }
   }
   if (!pp && t->bos_id_ >= 0) t->tmpl_.prefix = {t->bos_id_};
+  hf::apply_template_flags(cfg, t->bos_id_, t->eos_id_, &t->tmpl_);
   if (t->bos_id_ >= 0) t->special_[t->bos_id_] = true;
   if (t->eos_id_ >= 0) t->special_[t->eos_id_] = true;
   return std::unique_ptr<Tokenizer>(std::move(t));

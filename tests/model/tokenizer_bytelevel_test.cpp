@@ -360,6 +360,26 @@ TEST_F(Llama3Style, TokenizerConfig) {
   ASSERT_TRUE(no_bos);
   EXPECT_EQ(encode(*no_bos, "I", kHfDefault), (Ids{'I'}));
   EXPECT_EQ(no_bos->bos_id(), kBeginOfText);
+  // A Llama tokenizer class: the flags replace the post-processor's template (transformers).
+  json_["post_processor"] = {{"type", "TemplateProcessing"},
+                             {"single",
+                              {{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+                               {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+                             {"special_tokens",
+                              {{"<|begin_of_text|>",
+                                {{"id", "<|begin_of_text|>"},
+                                 {"ids", {kBeginOfText}},
+                                 {"tokens", {"<|begin_of_text|>"}}}}}}};
+  write("tokenizer_config.json",
+        R"({"tokenizer_class": "LlamaTokenizerFast", "eos_token": "<|eot_id|>",
+            "add_bos_token": false, "add_eos_token": true})");
+  auto flags = load_json(json_);
+  ASSERT_TRUE(flags);
+  EXPECT_EQ(encode(*flags, "I", kHfDefault), (Ids{'I', kEotId}));
+  write("tokenizer_config.json", R"({"eos_token": "<|eot_id|>", "add_eos_token": true})");
+  auto file_template = load_json(json_);
+  ASSERT_TRUE(file_template);
+  EXPECT_EQ(encode(*file_template, "I", kHfDefault), (Ids{kBeginOfText, 'I'}));
 }
 
 // lstrip / rstrip take the whitespace around the token; single_word only matches between

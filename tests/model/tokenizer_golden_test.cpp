@@ -2,6 +2,7 @@
 // SentencePiece / HF (Llama-2 encode_shared.jsonl), and naive quadratic merge loops.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -186,6 +187,43 @@ std::vector<int32_t> naive_merge(
     ids[best_i] = best_id;
     ids.erase(ids.begin() + best_i + 1);
   }
+}
+
+// transformers' LlamaTokenizerFast rebuilds its post-processor from tokenizer_config.json's
+// add_bos_token / add_eos_token at load, whatever tokenizer.json's template says; other classes
+// keep the file's template.
+TEST(Llama2Tokenizer, LlamaClassesTakeBosAndEosFromTheConfigFlags) {
+  KVSPLIT_REQUIRE_MODELS();
+  kvsplit::testing::TempDir dir;
+  std::filesystem::copy_file(model_path("tokenizers/llama2/tokenizer.json"),
+                             dir.path() / "tokenizer.json");
+  auto encode_with = [&](const std::string& config) {
+    std::ofstream(dir.path() / "tokenizer_config.json") << config;
+    auto t = load_tokenizer((dir.path() / "tokenizer.json").string(), 32000);
+    EXPECT_TRUE(t.ok()) << t.status().to_string();
+    if (!t.ok()) return std::vector<int32_t>{};
+    auto ids = (*t)->encode("Hello", true);
+    EXPECT_TRUE(ids.ok());
+    return ids.ok() ? *ids : std::vector<int32_t>{};
+  };
+  const std::vector<int32_t> plain = encode_with("{}");  // the file's template: BOS
+  ASSERT_GE(plain.size(), 2u);
+  ASSERT_EQ(plain.front(), 1);
+  const std::vector<int32_t> text(plain.begin() + 1, plain.end());
+  auto with = [&](std::vector<int32_t> pre, std::vector<int32_t> post) {
+    pre.insert(pre.end(), text.begin(), text.end());
+    pre.insert(pre.end(), post.begin(), post.end());
+    return pre;
+  };
+  const std::string llama = R"("tokenizer_class": "LlamaTokenizerFast")";
+  EXPECT_EQ(encode_with("{" + llama + R"(, "add_eos_token": true})"), with({1}, {2}));
+  EXPECT_EQ(encode_with("{" + llama + R"(, "add_bos_token": false})"), with({}, {}));
+  EXPECT_EQ(encode_with("{" + llama + R"(, "add_bos_token": false, "add_eos_token": true})"),
+            with({}, {2}));
+  EXPECT_EQ(encode_with("{" + llama + "}"), with({1}, {}));  // defaults: BOS, no EOS
+  // Another class keeps tokenizer.json's template.
+  EXPECT_EQ(encode_with(R"({"tokenizer_class": "PreTrainedTokenizerFast", "add_eos_token": true})"),
+            plain);
 }
 
 TEST(TokenizerMerges, HeapMergeEqualsNaiveLoopOnRandomText) {
