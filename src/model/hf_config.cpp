@@ -151,7 +151,13 @@ Status parse_special_ids(const Json& j, const std::string& dir, const std::strin
   if (fs::exists(gen_path, ec)) {
     KVSPLIT_ASSIGN_OR_RETURN(Json g, common::read_json_file(gen_path));
     if (!g.is_object()) return invalid_argument(gen_path + ": not a JSON object");
-    KVSPLIT_RETURN_IF_ERROR(append_ids(g, "eos_token_id", gen_path, &c->eos_token_ids));
+    // transformers' generate() stops on the generation config's eos_token_id: it replaces
+    // config.json's when the key is there.
+    if (g.contains("eos_token_id")) {
+      std::vector<int32_t> eos;
+      KVSPLIT_RETURN_IF_ERROR(append_ids(g, "eos_token_id", gen_path, &eos));
+      c->eos_token_ids = std::move(eos);
+    }
     if (bos.empty()) KVSPLIT_RETURN_IF_ERROR(append_ids(g, "bos_token_id", gen_path, &bos));
   }
   c->bos_token_id = bos.empty() ? -1 : bos[0];

@@ -79,8 +79,9 @@ StatusOr<LoadedModel> load_llama2c(const std::string& path, const LoadOptions& o
   c.rope_style = backend::RopeStyle::kInterleaved;
   c.tie_word_embeddings = shared_classifier;
   c.bos_token_id = 1;
-  // run.c stops when the model samples BOS (1): these models end every story with BOS, never EOS.
-  c.eos_token_ids = {2, 1};
+  // run.c stops when the model samples BOS (1), and only then: these models end every story with
+  // BOS; a sampled EOS (2) is fed on, as run.c does.
+  c.eos_token_ids = {1};
   KVSPLIT_RETURN_IF_ERROR(validate_model_config(c, path + ": bad llama2.c header"));
 
   // Sizes in floats; validate_model_config's bounds keep all of this far from int64 overflow.

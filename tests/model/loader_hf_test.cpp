@@ -415,7 +415,8 @@ TEST(LoaderHf, RopeScaling) {
   // tests/model/hf_config_test.cpp covers both config forms, every type and every error.
 }
 
-TEST(LoaderHf, EosMergedWithGenerationConfig) {
+// transformers' generate() stops on the generation config's eos_token_id when the file has one.
+TEST(LoaderHf, GenerationConfigEosReplacesTheConfigs) {
   TempDir dir;
   json cfg = tiny_config();
   cfg["eos_token_id"] = {2, 5};
@@ -423,7 +424,15 @@ TEST(LoaderHf, EosMergedWithGenerationConfig) {
   write_json(dir.file("generation_config.json"), {{"eos_token_id", {5, 7}}, {"bos_token_id", 1}});
   auto m = load(dir);
   ASSERT_TRUE(m.ok()) << m.status().to_string();
-  EXPECT_EQ(m->config.eos_token_ids, (std::vector<int32_t>{2, 5, 7}));
+  EXPECT_EQ(m->config.eos_token_ids, (std::vector<int32_t>{5, 7}));
+  write_json(dir.file("generation_config.json"), {{"bos_token_id", 1}});  // no key: config's
+  m = load(dir);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->config.eos_token_ids, (std::vector<int32_t>{2, 5}));
+  write_json(dir.file("generation_config.json"), {{"eos_token_id", nullptr}});  // none
+  m = load(dir);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_TRUE(m->config.eos_token_ids.empty());
   std::ofstream(dir.file("generation_config.json")) << "[";
   expect_error(load(dir), StatusCode::kInvalidArgument,
                {dir.file("generation_config.json"), "bad JSON"});

@@ -69,7 +69,7 @@ TEST(LoaderLlama2c, ViewsPointAtTheRightArrays) {
   EXPECT_EQ(c.max_seq_len, 4);
   EXPECT_EQ(c.rope_style, backend::RopeStyle::kInterleaved);
   EXPECT_TRUE(c.tie_word_embeddings);
-  EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{2, 1}));
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{1}));  // run.c stops on BOS only
   EXPECT_EQ(c.bos_token_id, 1);
   EXPECT_EQ(m->tokenizer, nullptr);
   // Offsets in floats: emb 128, rms_att 16, wq 128, wk 64, wv 64, wo 128, rms_ffn 16,

@@ -57,7 +57,7 @@ TEST(LoaderReal, Llama2cConfigAndTokenizer) {
   EXPECT_FLOAT_EQ(c.rope_theta, 10000.0f);
   EXPECT_EQ(c.rope_style, backend::RopeStyle::kInterleaved);
   EXPECT_TRUE(c.tie_word_embeddings);
-  EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{2, 1}));
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{1}));
   ASSERT_NE(m->tokenizer, nullptr);  // tok512.bin found beside the model
   EXPECT_EQ(m->tokenizer->vocab_size(), 512);
   EXPECT_EQ(m->weights.lm_head.data, m->weights.embedding.data);
@@ -84,7 +84,8 @@ TEST(LoaderReal, HfConfig) {
   EXPECT_FALSE(c.qkv_bias);
   EXPECT_TRUE(c.tie_word_embeddings);
   EXPECT_EQ(c.bos_token_id, 1);
-  EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{2, 1}));  // config 2 + generation_config [2, 1]
+  EXPECT_EQ(c.eos_token_ids,
+            (std::vector<int32_t>{2, 1}));  // generation_config's [2, 1] (config: 2)
   ASSERT_NE(m->tokenizer, nullptr);
   EXPECT_EQ(m->tokenizer->vocab_size(), 512);
   // Tied: lm_head.weight is in the file, but the embedding is used.
