@@ -171,12 +171,26 @@ StatusOr<ModelConfig> parse_hf_config(const std::string& dir) {
   KVSPLIT_ASSIGN_OR_RETURN(Json j, common::read_json_file(what));
   if (!j.is_object()) return invalid_argument(what + ": not a JSON object");
   auto archs = j.find("architectures");
-  if (archs == j.end() || !archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
-    return invalid_argument(
-        what + ": missing 'architectures' (supported: " + std::string(kSupportedArchs) + ")");
-  }
   ModelConfig c;
-  c.architecture = (*archs)[0].get<std::string>();
+  if (archs != j.end() && !archs->is_null()) {
+    if (!archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
+      return invalid_argument(what + ": 'architectures' must be a list of strings (supported: " +
+                              std::string(kSupportedArchs) + ")");
+    }
+    c.architecture = (*archs)[0].get<std::string>();
+  } else {
+    // A config saved from a bare config class (LlamaConfig().save_pretrained) names no
+    // architecture; its model_type says which causal LM transformers would build.
+    KVSPLIT_ASSIGN_OR_RETURN(std::string type, common::json_string(j, "model_type", "", what));
+    if (type == "llama") c.architecture = "LlamaForCausalLM";
+    if (type == "mistral") c.architecture = "MistralForCausalLM";
+    if (type == "qwen2") c.architecture = "Qwen2ForCausalLM";
+    if (c.architecture.empty()) {
+      return invalid_argument(
+          what + ": no 'architectures', and model_type '" + type +
+          "' is none of llama, mistral, qwen2 (supported: " + std::string(kSupportedArchs) + ")");
+    }
+  }
   Arch arch;
   if (c.architecture == "LlamaForCausalLM") {
     arch = Arch::kLlama;

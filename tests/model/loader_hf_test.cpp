@@ -366,6 +366,28 @@ TEST(LoaderHf, UnknownArchitecture) {
       {dir.file("config.json"), "unknown architecture GPT2LMHeadModel", "LlamaForCausalLM"});
 }
 
+// No `architectures` (a config saved from LlamaConfig): model_type names the causal LM.
+TEST(LoaderHf, ModelTypeStandsInForMissingArchitectures) {
+  TempDir dir;
+  json cfg = tiny_config();
+  cfg.erase("architectures");
+  cfg["model_type"] = "llama";
+  write_model(dir, cfg, tiny_tensors("F32", false, true));
+  auto m = load(dir);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->config.architecture, "LlamaForCausalLM");
+  cfg["model_type"] = "gpt2";
+  write_model(dir, cfg, tiny_tensors("F32", false, true));
+  expect_error(load(dir), StatusCode::kInvalidArgument,
+               {dir.file("config.json"), "no 'architectures', and model_type 'gpt2'"});
+  cfg.erase("model_type");
+  write_model(dir, cfg, tiny_tensors("F32", false, true));
+  expect_error(load(dir), StatusCode::kInvalidArgument, {"model_type ''", "LlamaForCausalLM"});
+  cfg["architectures"] = "LlamaForCausalLM";  // not a list
+  write_model(dir, cfg, tiny_tensors("F32", false, true));
+  expect_error(load(dir), StatusCode::kInvalidArgument, {"'architectures' must be a list"});
+}
+
 TEST(LoaderHf, BadJsonConfig) {
   TempDir dir;
   write_safetensors(dir.file("model.safetensors"), tiny_tensors("F32", false, true));
