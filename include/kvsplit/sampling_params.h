@@ -13,7 +13,7 @@ namespace kvsplit {
 struct SamplingParams {
   float temperature = 1.0f;         // [0, 100]; 0 = greedy (argmax, lowest id on ties)
   float top_p = 1.0f;               // (0, 1]; 1 = off
-  int32_t top_k = 0;                // [0, vocab]; 0 = off
+  int32_t top_k = 0;                // [-1, vocab]; 0 or -1 (vLLM's "off") = off
   float min_p = 0.0f;               // [0, 1]; 0 = off
   float repetition_penalty = 1.0f;  // (0, 10]; 1 = off (HF/vLLM semantics, over prompt + output)
   float presence_penalty = 0.0f;    // [-2, 2] (OpenAI semantics, over output tokens)

@@ -309,7 +309,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   gen->add_option("-t,--temperature", gf.temperature, "0 = greedy");
   gen->add_option("--top-p", gf.top_p, "nucleus sampling threshold, (0, 1]");
-  gen->add_option("--top-k", gf.top_k, "keep the k most likely tokens (0 = off)");
+  gen->add_option("--top-k", gf.top_k, "keep the k most likely tokens (0 or -1 = off)");
   gen->add_option("--min-p", gf.min_p, "drop tokens below min-p * max probability");
   gen->add_option("--repetition-penalty", gf.repetition_penalty, "HF repetition penalty (1 = off)");
   gen->add_option("--presence-penalty", gf.presence_penalty, "OpenAI presence penalty");

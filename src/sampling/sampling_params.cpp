@@ -36,11 +36,11 @@ Status in_range(const char* field, float v, float lo, float hi, bool lo_open) {
 Status SamplingParams::validate(int32_t vocab_size) const {
   KVSPLIT_RETURN_IF_ERROR(in_range("temperature", temperature, 0.0f, kMaxTemperature, false));
   KVSPLIT_RETURN_IF_ERROR(in_range("top_p", top_p, 0.0f, 1.0f, true));
-  if (top_k < 0 || (vocab_size > 0 && top_k > vocab_size)) {
-    return field_error("top_k",
-                       vocab_size > 0
-                           ? fmt::format("must be in [0, {}] (0 = off), got {}", vocab_size, top_k)
-                           : fmt::format("must be >= 0 (0 = off), got {}", top_k));
+  if (top_k < -1 || (vocab_size > 0 && top_k > vocab_size)) {
+    return field_error(
+        "top_k", vocab_size > 0
+                     ? fmt::format("must be in [-1, {}] (0 or -1 = off), got {}", vocab_size, top_k)
+                     : fmt::format("must be >= -1 (0 or -1 = off), got {}", top_k));
   }
   KVSPLIT_RETURN_IF_ERROR(in_range("min_p", min_p, 0.0f, 1.0f, false));
   KVSPLIT_RETURN_IF_ERROR(

@@ -169,6 +169,7 @@ TEST(SamplerTest, TopKKeepsTheKMostProbable) {
   expect_candidates(params_with(1.0f, 1.0f, 3), {3, 1, 4});
   expect_candidates(params_with(1.0f, 1.0f, 5), {0, 1, 2, 3, 4});
   expect_candidates(params_with(1.0f, 1.0f, 50), {0, 1, 2, 3, 4});
+  expect_candidates(params_with(1.0f, 1.0f, -1), {0, 1, 2, 3, 4});  // vLLM's "off"
 }
 
 TEST(SamplerTest, TopKTiesKeepLowerIds) {

@@ -50,8 +50,8 @@ TEST(SamplingParamsTest, Temperature) {
 TEST(SamplingParamsTest, VocabularyBoundsAndStopLimits) {
   SamplingParams p;
   p.top_k = 513;
-  EXPECT_TRUE(p.validate().ok());  // no vocabulary given: only >= 0
-  EXPECT_EQ(p.validate(512).message(), "top_k: must be in [0, 512] (0 = off), got 513");
+  EXPECT_TRUE(p.validate().ok());  // no vocabulary given: only >= -1
+  EXPECT_EQ(p.validate(512).message(), "top_k: must be in [-1, 512] (0 or -1 = off), got 513");
   p = {};
   p.stop_token_ids = {3, 512};
   EXPECT_EQ(p.validate(512).message(),
@@ -76,7 +76,8 @@ TEST(SamplingParamsTest, TopP) {
 }
 
 TEST(SamplingParamsTest, TopK) {
-  expect_invalid([](SamplingParams& p) { p.top_k = -1; }, "top_k");
+  expect_invalid([](SamplingParams& p) { p.top_k = -2; }, "top_k");
+  expect_valid([](SamplingParams& p) { p.top_k = -1; });  // vLLM's "off"
   expect_valid([](SamplingParams& p) { p.top_k = 0; });
   expect_valid([](SamplingParams& p) { p.top_k = 50; });
 }

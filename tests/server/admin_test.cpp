@@ -66,7 +66,7 @@ TEST_F(AdminTest, InvalidRequestsNameTheField) {
        [](auto* r) { r->mutable_sampling()->set_temperature(std::nanf("")); }},
       {"sampling.top_p", [](auto* r) { r->mutable_sampling()->set_top_p(0); }},
       {"sampling.top_p", [](auto* r) { r->mutable_sampling()->set_top_p(1.5f); }},
-      {"sampling.top_k", [](auto* r) { r->mutable_sampling()->set_top_k(-1); }},
+      {"sampling.top_k", [](auto* r) { r->mutable_sampling()->set_top_k(-2); }},
       {"sampling.min_p", [](auto* r) { r->mutable_sampling()->set_min_p(2); }},
       {"sampling.repetition_penalty",
        [](auto* r) { r->mutable_sampling()->set_repetition_penalty(0); }},

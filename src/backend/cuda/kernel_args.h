@@ -120,7 +120,7 @@ inline kernels::SampleRowParams sample_row_params(const SamplingRow& r) {
   p.temperature = r.temperature;
   p.top_p = r.top_p;
   p.min_p = r.min_p;
-  p.top_k = r.top_k;
+  p.top_k = r.top_k < 0 ? 0 : r.top_k;  // -1: off, as 0
   p.seed = r.seed;
   p.step = r.step;
   return p;
