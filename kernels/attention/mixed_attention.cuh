@@ -126,18 +126,20 @@ __device__ __forceinline__ float mixed_dot(const float* q, const float* k) {
 }
 
 // Precision and arena id of pages [first_page, first_page + num_pages) of sequence s (pid -1:
-// nothing to read). A precision value > 3, an id outside its arena or a missing arena is flagged
-// and the page skipped.
+// nothing to read). A precision value > 3, an id outside its arena, a missing arena or a page past
+// the table row is flagged and the page skipped.
 __device__ __forceinline__ void mixed_load_page_info(const MixedAttentionParams& mp, int s,
                                                      int first_page, int num_pages, int* pid,
                                                      int* pprec) {
   const PagedAttentionParams& p = mp.base;
   for (int j = threadIdx.x; j < num_pages; j += blockDim.x) {
     const int64_t row = static_cast<int64_t>(s) * p.max_blocks_per_seq + first_page + j;
-    const int prec = mp.page_precision ? mp.page_precision[row] : 0;
+    // A kv_len longer than the table row is flagged, never read from the next row.
+    const bool in_row = first_page + j < p.max_blocks_per_seq;
+    const int prec = in_row && mp.page_precision ? mp.page_precision[row] : 0;
     int id = -1;
-    bool bad = false;
-    switch (static_cast<KvPrecision>(prec)) {
+    bool bad = !in_row;
+    if (in_row) switch (static_cast<KvPrecision>(prec)) {
       case KvPrecision::kFull:
         id = p.block_tables[row];
         bad = id < 0 || id >= p.num_blocks;

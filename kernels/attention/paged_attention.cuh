@@ -129,7 +129,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int lane = tid % 32, warp = tid / 32, num_warps = blockDim.x / 32;
 
   // Stage `st` of the tile starting at key k0: its block ids (read once from the table), then its
-  // K and V rows by cp.async; a page whose id is out of range is flagged and reads as zeros.
+  // K and V rows by cp.async; a page whose id is out of range (or past the table row) is flagged
+  // and reads as zeros.
   auto tile_len = [&](int k0) {
     return key_end - k0 < kAttnTileKeys ? key_end - k0 : kAttnTileKeys;
   };
@@ -138,7 +139,9 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int first_page = k0 / p.block_size;
     const int num_pages = (k0 + n - 1) / p.block_size - first_page + 1;
     if (tid < num_pages) {
-      int32_t b = table[first_page + tid];
+      // A kv_len longer than the table row (device data the host cannot check) is flagged too,
+      // never read from the next row or past the table.
+      int32_t b = first_page + tid < p.max_blocks_per_seq ? table[first_page + tid] : -1;
       if (b < 0 || b >= p.num_blocks) {
         if (p.error_flag) atomicMax(p.error_flag, 1);
         b = -1;

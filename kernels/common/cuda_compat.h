@@ -28,6 +28,8 @@ inline std::string launch_error_detail() { return ::kvsplit::emu::last_error_mes
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -39,15 +41,45 @@ inline std::string launch_error_detail() { return ::kvsplit::emu::last_error_mes
 namespace kvsplit::kernels {
 inline constexpr size_t kDefaultDynamicSmemBytes = 48 * 1024;
 
+// Dynamic shared memory one block of the current device may opt into (227 KiB on sm_90 and
+// 163 KiB on sm_80, 99 KiB on sm_86/89); 48 KiB when it cannot be queried.
+inline size_t max_dynamic_smem_per_block() {
+  int dev = 0, bytes = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+      bytes <= 0) {
+    (void)cudaGetLastError();  // a failed query is not the caller's error
+    return kDefaultDynamicSmemBytes;
+  }
+  return static_cast<size_t>(bytes);
+}
+
 // Launches `kernel` and returns the launch error (configuration errors surface here; faults during
 // execution surface at the next synchronizing call). Opts into > 48 KiB of dynamic shared memory.
 template <typename... KArgs, typename... Args>
 cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem_bytes,
                    cudaStream_t stream, Args&&... args) {
+  // An earlier failed runtime call on this thread (already reported as a Status, or tolerated)
+  // must not come back as this launch's error. A sticky error stays and is reported below.
+  (void)cudaGetLastError();
   if (smem_bytes > kDefaultDynamicSmemBytes) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem_bytes));
-    if (e != cudaSuccess) return e;
+    // The attribute belongs to the kernel on the device, shared by every host thread launching it
+    // there: it is set once, to the device's limit, never to one launch's size (threads setting
+    // different sizes would fail each other's larger launches). Devices 0..63 are remembered.
+    static std::atomic<uint64_t> set_on_devices{0};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return cudaGetLastError();
+    const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+    if (bit == 0 || (set_on_devices.load(std::memory_order_acquire) & bit) == 0) {
+      const cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(max_dynamic_smem_per_block()));
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return e;
+      }
+      set_on_devices.fetch_or(bit, std::memory_order_acq_rel);
+    }
   }
   // A .h is formatted as C++, which would split the launch brackets.
   // clang-format off
@@ -56,18 +88,6 @@ cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem_
   return cudaGetLastError();
 }
 inline std::string launch_error_detail() { return {}; }
-
-// Dynamic shared memory one block of the current device may opt into (227 KiB on sm_90 and
-// 163 KiB on sm_80, 99 KiB on sm_86/89); 48 KiB when it cannot be queried.
-inline size_t max_dynamic_smem_per_block() {
-  int dev = 0, bytes = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-      bytes <= 0) {
-    return kDefaultDynamicSmemBytes;
-  }
-  return static_cast<size_t>(bytes);
-}
 }  // namespace kvsplit::kernels
 
 #else

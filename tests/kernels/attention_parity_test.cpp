@@ -328,5 +328,21 @@ TEST(AttentionLaunch, BadBlockIdIsFlaggedNotRead) {
   EXPECT_EQ(d.error_flag.to_host()[0], 1);
 }
 
+// A kv_len that needs more pages than the table row holds: flagged, never read from past the row.
+TEST(AttentionLaunch, KvLenPastTheTableRowIsFlagged) {
+  KVSPLIT_REQUIRE_DEVICE();
+  oracle::CaseSpec spec;
+  spec.kv_lens = {40};  // three pages of 16
+  oracle::AttentionCase c = oracle::make_case(spec);
+  DeviceCase d = upload(c, ElemType::kF32);
+  ASSERT_TRUE(kernels::launch_paged_decode(d.params, nullptr).ok());
+  ASSERT_EQ(device_sync(), "");
+  ASSERT_EQ(d.error_flag.to_host()[0], 0);
+  d.params.max_blocks_per_seq = 2;  // the row is two pages: the third is past it
+  ASSERT_TRUE(kernels::launch_paged_decode(d.params, nullptr).ok());
+  ASSERT_EQ(device_sync(), "");
+  EXPECT_EQ(d.error_flag.to_host()[0], 1);
+}
+
 }  // namespace
 }  // namespace kvsplit::testing

@@ -364,6 +364,25 @@ TEST(MixedAttentionLaunch, BadArgumentsAreRejectedOrFlagged) {
   EXPECT_EQ(run([](auto&, auto&, Scoring& ss) { ss.slots[0] = ss.num_slots; }), flagged);
   // An evicted page's id is ignored, whatever it is.
   EXPECT_EQ(run([](auto&, MixedCase& mm, auto&) { mm.tables[2] = -12345; }), ok);
+  // Rows of 4 pages (the first sequence's first 4 of its 5): its fifth page is past its row,
+  // where the next row's first (a valid page) lies. Flagged, not read.
+  EXPECT_EQ(run([](backend::AttentionArgs& a, MixedCase& mm, Scoring& ss) {
+              const int w = a.max_blocks_per_seq, keep = 4;
+              auto narrow = [&](auto& v) {
+                auto out = v;
+                out.clear();
+                for (int s = 0; s < a.num_seqs; ++s)
+                  out.insert(out.end(), v.begin() + s * w, v.begin() + s * w + keep);
+                v = out;
+              };
+              narrow(mm.tables);
+              narrow(mm.precision);
+              narrow(ss.slots);
+              mm.apply(a);
+              ss.apply(a);
+              a.max_blocks_per_seq = keep;
+            }),
+            flagged);
   // Host-visible: missing outputs, the score_max workspace, scoring on prefill, shapes.
   backend::AttentionArgs a = c.args();
   m.apply(a);

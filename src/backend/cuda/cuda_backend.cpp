@@ -84,12 +84,13 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device,
   void* flag = nullptr;
   KVSPLIT_CUDA_RETURN(cudaMalloc(&flag, sizeof(int)), "cudaMalloc(error flag)");
   b->error_flag_ = static_cast<int*>(flag);
-  KVSPLIT_CUDA_RETURN(cudaMemset(b->error_flag_, 0, sizeof(int)), "cudaMemset");
+  KVSPLIT_CUDA_RETURN(cudaMemsetAsync(b->error_flag_, 0, sizeof(int), b->stream_), "cudaMemset");
   KVSPLIT_LOG_INFO("created backend {}", b->name_);
   return std::unique_ptr<Backend>(std::move(b));
 }
 
 CudaBackend::~CudaBackend() {
+  const DeviceScope on_device(device_);
   if (copy_stream_) cudaStreamSynchronize(copy_stream_);
   if (stream_) cudaStreamSynchronize(stream_);
   for (auto& [fence, ev] : fences_) cudaEventDestroy(ev);
@@ -107,16 +108,19 @@ CudaBackend::~CudaBackend() {
 }
 
 StatusOr<void*> CudaBackend::alloc(size_t bytes) {
+  const DeviceScope on_device(device_);
   void* p = nullptr;
   KVSPLIT_CUDA_RETURN(cudaMallocAsync(&p, bytes ? bytes : 1, stream_), "cudaMallocAsync");
   return p;
 }
 
 void CudaBackend::free(void* ptr) {
+  const DeviceScope on_device(device_);
   if (ptr) cudaFreeAsync(ptr, stream_);
 }
 
 Status CudaBackend::copy_h2d(void* dst, const void* src, size_t bytes) {
+  const DeviceScope on_device(device_);
   if (bytes == 0) return ok_status();
   KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_),
                       "copy_h2d");
@@ -126,6 +130,7 @@ Status CudaBackend::copy_h2d(void* dst, const void* src, size_t bytes) {
 }
 
 Status CudaBackend::copy_d2h(void* dst, const void* src, size_t bytes) {
+  const DeviceScope on_device(device_);
   if (bytes == 0) return check_error_flag();
   KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
                       "copy_d2h");
@@ -146,21 +151,25 @@ Status CudaBackend::enqueue_copy(void* dst, const void* src, size_t bytes, cudaM
 }
 
 Status CudaBackend::copy_d2d(void* dst, const void* src, size_t bytes) {
+  const DeviceScope on_device(device_);
   return enqueue_copy(dst, src, bytes, cudaMemcpyDeviceToDevice, "copy_d2d");
 }
 
 Status CudaBackend::memset_zero(void* dst, size_t bytes) {
+  const DeviceScope on_device(device_);
   if (bytes == 0) return ok_status();
   KVSPLIT_CUDA_RETURN(cudaMemsetAsync(dst, 0, bytes, stream_), "memset");
   return ok_status();
 }
 
 Status CudaBackend::synchronize() {
+  const DeviceScope on_device(device_);
   KVSPLIT_CUDA_RETURN(cudaStreamSynchronize(stream_), "synchronize");
   return check_error_flag();
 }
 
 StatusOr<void*> CudaBackend::alloc_host(size_t bytes) {
+  const DeviceScope on_device(device_);
   void* p = nullptr;
   // Portable: every device's copies see it as pinned (a shard group's pages share the home
   // pool's host tier).
@@ -170,24 +179,29 @@ StatusOr<void*> CudaBackend::alloc_host(size_t bytes) {
 }
 
 void CudaBackend::free_host(void* ptr) {
+  const DeviceScope on_device(device_);
   if (ptr) cudaFreeHost(ptr);
 }
 
 // `dst` / `src` is pinned (alloc_host): the copy is truly asynchronous; synchronize() completes it
 // and checks the kernels' error flag, as copy_d2h does.
 Status CudaBackend::copy_d2h_async(void* dst, const void* src, size_t bytes) {
+  const DeviceScope on_device(device_);
   return enqueue_copy(dst, src, bytes, cudaMemcpyDeviceToHost, "copy_d2h_async");
 }
 
 Status CudaBackend::copy_h2d_async(void* dst, const void* src, size_t bytes) {
+  const DeviceScope on_device(device_);
   return enqueue_copy(dst, src, bytes, cudaMemcpyHostToDevice, "copy_h2d_async");
 }
 
 Status CudaBackend::copy_batch_async(CopyDir dir, const CopyRange* copies, size_t n) {
+  const DeviceScope on_device(device_);
   return enqueue_batch(dir, copies, n, stream_);
 }
 
 StatusOr<uint64_t> CudaBackend::copy_batch_fenced(CopyDir dir, const CopyRange* copies, size_t n) {
+  const DeviceScope on_device(device_);
   // After the compute stream's work so far: the destination block may have been read or written
   // by kernels queued before it was freed, and a d2h source is written by them.
   KVSPLIT_CUDA_RETURN(cudaEventRecord(compute_mark_, stream_), "cudaEventRecord");
@@ -202,7 +216,10 @@ StatusOr<uint64_t> CudaBackend::copy_batch_fenced(CopyDir dir, const CopyRange* 
   }
   const cudaError_t e = cudaEventRecord(ev, copy_stream_);
   if (e != cudaSuccess) {
-    spare_events_.push_back(ev);
+    // The copies were queued: let them land before the caller frees or reuses their blocks.
+    // The event is not reused (its state after a failed record is not to be trusted).
+    (void)cudaStreamSynchronize(copy_stream_);
+    (void)cudaEventDestroy(ev);
     KVSPLIT_CUDA_RETURN(e, "cudaEventRecord(fence)");
   }
   const uint64_t fence = ++next_fence_;
@@ -211,6 +228,7 @@ StatusOr<uint64_t> CudaBackend::copy_batch_fenced(CopyDir dir, const CopyRange* 
 }
 
 StatusOr<bool> CudaBackend::wait_fence(uint64_t fence, int64_t timeout_us) {
+  const DeviceScope on_device(device_);
   auto it = fences_.find(fence);
   if (fence == 0 || it == fences_.end()) {
     if (fence > next_fence_)
@@ -303,6 +321,7 @@ bool CudaBackend::can_read_from(const Backend& src) {
 }
 
 Status CudaBackend::copy_from(void* dst, const Backend& src, const void* src_ptr, size_t bytes) {
+  const DeviceScope on_device(device_);
   if (bytes == 0) return ok_status();
   if (src.kind() != DeviceKind::kCuda) return invalid_argument("copy_from: not a CUDA backend");
   if (src.device() == device_) {
@@ -316,11 +335,15 @@ Status CudaBackend::copy_from(void* dst, const Backend& src, const void* src_ptr
 }
 
 Status CudaBackend::check_error_flag() {
+  // In the compute stream's order: read after everything queued so far, and reset before anything
+  // queued later (the legacy default stream does not order against the non-blocking stream_).
   int flag = 0;
-  KVSPLIT_CUDA_RETURN(cudaMemcpy(&flag, error_flag_, sizeof(int), cudaMemcpyDeviceToHost),
-                      "error flag");
+  KVSPLIT_CUDA_RETURN(
+      cudaMemcpyAsync(&flag, error_flag_, sizeof(int), cudaMemcpyDeviceToHost, stream_),
+      "error flag");
+  KVSPLIT_CUDA_RETURN(cudaStreamSynchronize(stream_), "error flag sync");
   if (flag == 0) return ok_status();
-  KVSPLIT_CUDA_RETURN(cudaMemset(error_flag_, 0, sizeof(int)), "error flag reset");
+  KVSPLIT_CUDA_RETURN(cudaMemsetAsync(error_flag_, 0, sizeof(int), stream_), "error flag reset");
   return invalid_argument(std::string("cuda: an index input was out of range in a recent ") +
                           last_flag_op_ +
                           " call (block id, slot or token id); that item was skipped");
@@ -328,10 +351,11 @@ Status CudaBackend::check_error_flag() {
 
 Status CudaBackend::reserve(void** buf, size_t* cap, size_t bytes) {
   if (*cap >= bytes) return ok_status();
+  const size_t grown =
+      std::max(bytes, *cap * 2);  // geometric: a slowly growing need reallocates rarely
   if (*buf) KVSPLIT_CUDA_RETURN(cudaFreeAsync(*buf, stream_), "cudaFreeAsync");
   *buf = nullptr;
   *cap = 0;
-  const size_t grown = std::max(bytes, *cap * 2);
   KVSPLIT_CUDA_RETURN(cudaMallocAsync(buf, grown, stream_), "cudaMallocAsync(scratch)");
   *cap = grown;
   return ok_status();
@@ -351,6 +375,7 @@ StatusOr<void*> CudaBackend::staging(size_t bytes) {
 
 StatusOr<MatrixView> CudaBackend::upload_matrix(const void* host, DType dtype, int64_t rows,
                                                 int64_t cols) {
+  const DeviceScope on_device(device_);
   if (!host || rows <= 0 || cols <= 0)
     return invalid_argument("upload_matrix: empty or null matrix");
   const DType target = options_.weight_dtype;
@@ -388,6 +413,7 @@ StatusOr<MatrixView> CudaBackend::upload_matrix(const void* host, DType dtype, i
 
 Status CudaBackend::embedding(const int32_t* ids, int num_tokens, const MatrixView& table,
                               float* out) {
+  const DeviceScope on_device(device_);
   last_flag_op_ = "embedding";
   return kernels::launch_embedding(ids, num_tokens, table.data, table.dtype, table.rows, table.cols,
                                    out, error_flag_, stream_);
@@ -395,17 +421,20 @@ Status CudaBackend::embedding(const int32_t* ids, int num_tokens, const MatrixVi
 
 Status CudaBackend::rmsnorm(const float* x, const float* weight, int num_tokens, int dim, float eps,
                             float* out) {
+  const DeviceScope on_device(device_);
   return kernels::launch_rmsnorm(x, weight, num_tokens, dim, eps, out, nullptr, stream_);
 }
 
 Status CudaBackend::add_rmsnorm(float* residual, const float* x, const float* weight,
                                 int num_tokens, int dim, float eps, float* out) {
+  const DeviceScope on_device(device_);
   if (num_tokens > 0 && !residual) return invalid_argument("add_rmsnorm: null residual");
   return kernels::launch_rmsnorm(x, weight, num_tokens, dim, eps, out, residual, stream_);
 }
 
 Status CudaBackend::gemm(const float* x, int m, const MatrixView& w, const float* bias, float* out,
                          bool accumulate) {
+  const DeviceScope on_device(device_);
   if (m < 0 || w.rows <= 0 || w.cols <= 0) return invalid_argument("gemm: bad shape");
   if (m == 0) return ok_status();
   if (!x || !out || !w.data) return invalid_argument("gemm: null pointer");
@@ -431,6 +460,7 @@ Status CudaBackend::gemm(const float* x, int m, const MatrixView& w, const float
 
 Status CudaBackend::rope(float* q, float* k, const int32_t* positions, int num_tokens,
                          int num_heads, int num_kv_heads, const RopeArgs& args) {
+  const DeviceScope on_device(device_);
   kernels::RopeParams p;
   p.q = q;
   p.k = k;
@@ -447,17 +477,20 @@ Status CudaBackend::rope(float* q, float* k, const int32_t* positions, int num_t
 }
 
 Status CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {
+  const DeviceScope on_device(device_);
   return kernels::launch_swiglu(gate, up, n, out, stream_);
 }
 
 Status CudaBackend::kv_append(const LayerKv& kv, const float* k, const float* v,
                               const int32_t* slot_mapping, int num_tokens) {
+  const DeviceScope on_device(device_);
   last_flag_op_ = "kv_append";
   return kernels::launch_kv_append(
       kv_append_params(kv, k, v, slot_mapping, num_tokens, error_flag_), stream_);
 }
 
 Status CudaBackend::attention_prefill(const AttentionArgs& args) {
+  const DeviceScope on_device(device_);
   KVSPLIT_RETURN_IF_ERROR(check_attention_shape(args));
   KVSPLIT_RETURN_IF_ERROR(check_sharded_scoring_args(args, /*decode=*/false));
   kernels::PagedAttentionParams p = attention_params(args);
@@ -469,6 +502,7 @@ Status CudaBackend::attention_prefill(const AttentionArgs& args) {
 }
 
 Status CudaBackend::attention_decode(const AttentionArgs& args, const backend::SplitPlan& plan) {
+  const DeviceScope on_device(device_);
   KVSPLIT_RETURN_IF_ERROR(check_attention_shape(args));
   KVSPLIT_RETURN_IF_ERROR(check_sharded_scoring_args(args, /*decode=*/true));
   if (plan.num_seqs() != args.num_seqs)
@@ -517,6 +551,7 @@ Status CudaBackend::attention_decode(const AttentionArgs& args, const backend::S
 Status CudaBackend::merge_attention_states(const float* const* o, const float* const* lse,
                                            int num_parts, int64_t rows, int head_dim, float* out,
                                            float* lse_out) {
+  const DeviceScope on_device(device_);
   return kernels::launch_merge_partials(
       merge_partials_params(o, lse, num_parts, rows, head_dim, out, lse_out), stream_);
 }
@@ -524,22 +559,26 @@ Status CudaBackend::merge_attention_states(const float* const* o, const float* c
 Status CudaBackend::quantize_kv_page(const void* src, DType src_dtype,
                                      const kernels::QuantPageLayout& layout,
                                      kernels::KvPrecision to, void* dst) {
+  const DeviceScope on_device(device_);
   return kernels::launch_quantize_kv_page(src, src_dtype, layout, to, dst, stream_);
 }
 
 Status CudaBackend::dequantize_kv_page(const void* src, kernels::KvPrecision from,
                                        const kernels::QuantPageLayout& layout, void* dst,
                                        DType dst_dtype) {
+  const DeviceScope on_device(device_);
   return kernels::launch_dequantize_kv_page(src, from, layout, dst, dst_dtype, stream_);
 }
 
 Status CudaBackend::summarize_kv_page(const void* src, DType src_dtype,
                                       const kernels::QuantPageLayout& layout, float* dst) {
+  const DeviceScope on_device(device_);
   return kernels::launch_summarize_kv_page(src, src_dtype, layout, dst, stream_);
 }
 
 Status CudaBackend::sample_tokens(const float* logits, int num_rows, int vocab,
                                   const SamplingRow* rows, int32_t* ids) {
+  const DeviceScope on_device(device_);
   if (num_rows < 0) return invalid_argument("sample_tokens: negative num_rows");
   if (num_rows == 0) return ok_status();
   if (!rows) return invalid_argument("sample_tokens: null rows");

@@ -12,12 +12,40 @@ namespace kvsplit::backend::cuda {
 
 inline Status cuda_status(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return ok_status();
+  // Reported here: clear it from the thread's last-error slot, so that a later launch's
+  // cudaGetLastError does not report it again (a sticky error stays regardless).
+  (void)cudaGetLastError();
   const std::string msg = std::string("cuda: ") + what + ": " + cudaGetErrorName(e) + " (" +
                           cudaGetErrorString(e) + ")";
   if (e == cudaErrorMemoryAllocation) return resource_exhausted(msg);
   if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) return unavailable(msg);
   return internal_error(msg);
 }
+
+// Makes the backend's device current on the calling thread for one call and restores the
+// thread's device after. A backend is also called from threads bound to another device (the home
+// worker drives a peer shard's page ops and copies; a decode worker reads a prefill worker's
+// pages): its streams, events and kernels belong to its own device, and a launch or record there
+// from another current device fails. Costs a cudaGetDevice when the device is already current.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&prev_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      prev_ = -1;
+    }
+    if (prev_ != device && cudaSetDevice(device) == cudaSuccess) switched_ = true;
+  }
+  ~DeviceScope() {
+    if (switched_ && prev_ >= 0) (void)cudaSetDevice(prev_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = -1;
+  bool switched_ = false;
+};
 
 inline Status cublas_status(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return ok_status();
