@@ -52,7 +52,23 @@ bool measure_copy_bandwidth(const kv::KvPool& pool, SwapCosts* costs) {
       std::clamp<int64_t>(pool.bytes_per_block() * 16, int64_t{1} << 20, int64_t{16} << 20));
   auto dev = backend::DeviceBuffer::make(backend, bytes);
   if (!dev.ok()) return false;
-  std::vector<std::byte> host(bytes);
+  // Host memory and copies as a swap has them: alloc_host (pinned on CUDA; pageable memory would
+  // measure the driver's staged copy, well below what the host tier gets) and copy_batch_async.
+  auto host_mem = backend.alloc_host(bytes);
+  if (!host_mem.ok()) return false;
+  struct FreeHost {
+    backend::Backend& b;
+    void* p;
+    ~FreeHost() { b.free_host(p); }
+  } free_host{backend, *host_mem};
+  auto copy = [&](backend::Backend::CopyDir dir) {
+    backend::Backend::CopyRange r;
+    const bool d2h = dir == backend::Backend::CopyDir::kDeviceToHost;
+    r.dst = d2h ? *host_mem : dev->get();
+    r.src = d2h ? dev->get() : *host_mem;
+    r.bytes = bytes;
+    return backend.copy_batch_async(dir, &r, 1).ok() && backend.synchronize().ok();
+  };
   double best_d2h = 0, best_h2d = 0;
   auto rate = [&](Clock::time_point a, Clock::time_point b) {
     return static_cast<double>(bytes) /
@@ -60,11 +76,9 @@ bool measure_copy_bandwidth(const kv::KvPool& pool, SwapCosts* costs) {
   };
   for (int rep = 0; rep < 3; ++rep) {
     const Clock::time_point t0 = Clock::now();
-    if (!backend.copy_d2h(host.data(), dev->get(), bytes).ok() || !backend.synchronize().ok())
-      return false;
+    if (!copy(backend::Backend::CopyDir::kDeviceToHost)) return false;
     const Clock::time_point t1 = Clock::now();
-    if (!backend.copy_h2d(dev->get(), host.data(), bytes).ok() || !backend.synchronize().ok())
-      return false;
+    if (!copy(backend::Backend::CopyDir::kHostToDevice)) return false;
     const Clock::time_point t2 = Clock::now();
     best_d2h = std::max(best_d2h, rate(t0, t1));
     best_h2d = std::max(best_h2d, rate(t1, t2));
