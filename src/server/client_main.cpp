@@ -72,7 +72,13 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "print one JSON object with ids, text, usage and timings");
   app.add_flag("--info", info, "print GetModelInfo as JSON and exit");
   app.add_flag("--stats", stats, "print GetServerStats as JSON and exit");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help prints and exits 0; a bad flag or value exits 2 (CLI11_PARSE would return CLI11's
+    // own codes, 104-109), as every kvsplit binary does.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
 
   auto channel = kvsplit::server::make_channel(copt);
   if (!channel.ok()) {

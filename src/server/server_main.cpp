@@ -317,7 +317,13 @@ int main(int argc, char** argv) {
                  "accepted bearer key (repeatable; replaces server.api_keys)");
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help prints and exits 0; a bad flag or value exits 2 (CLI11_PARSE would return CLI11's
+    // own codes, 104-109), as every kvsplit binary does.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   // The log goes to stderr; stdout carries only the "listening on" lines scripts read.
   spdlog::set_default_logger(spdlog::stderr_color_mt("kvsplit-server"));
   spdlog::set_level(spdlog::level::from_str(f.log_level));
