@@ -41,9 +41,23 @@ StatusOr<std::string> ApiKeyAuth::authenticate(const grpc::ServerContextBase& co
   if (it == md.end()) {
     return Status(StatusCode::kUnauthenticated, "missing 'authorization: Bearer <key>' metadata");
   }
+  // Exactly one: with two (a proxy that appends its own), which one is meant is ambiguous, and
+  // the first is not necessarily the caller's.
+  if (md.count("authorization") != 1) {
+    return Status(StatusCode::kUnauthenticated, "more than one 'authorization' metadata entry");
+  }
   const std::string_view value(it->second.data(), it->second.size());
-  constexpr std::string_view kPrefix = "Bearer ";
-  if (value.substr(0, kPrefix.size()) == kPrefix) {
+  // The scheme is case-insensitive (RFC 9110 11.1); one space, then the key.
+  constexpr std::string_view kPrefix = "bearer ";
+  auto scheme_matches = [&] {
+    if (value.size() < kPrefix.size()) return false;
+    for (size_t i = 0; i < kPrefix.size(); ++i) {
+      const char c = value[i];
+      if ((c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c) != kPrefix[i]) return false;
+    }
+    return true;
+  };
+  if (scheme_matches()) {
     const std::string_view key = value.substr(kPrefix.size());
     const Key* match = nullptr;
     for (const Key& k : keys_) {

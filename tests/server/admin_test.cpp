@@ -504,6 +504,16 @@ TEST_F(AdminTest, TlsAndApiKeys) {
   EXPECT_EQ(call(tls.get(), "Bearer wrong-key-123"), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(call(tls.get(), "sekrit-key-1"), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(call(tls.get(), ""), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(call(tls.get(), "bearer sekrit-key-1"), grpc::StatusCode::OK);  // any case (RFC 9110)
+  EXPECT_EQ(call(tls.get(), "BEARER sekrit-key-2"), grpc::StatusCode::OK);
+  {
+    // Two authorization entries (a proxy appending its own): refused, whichever is valid.
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer sekrit-key-1");
+    ctx.AddMetadata("authorization", "Bearer wrong-key-123");
+    EXPECT_EQ(generate_status(tls.get(), simple(), nullptr, &ctx).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
   grpc::ClientContext sctx;
   v1::GetServerStatsResponse stats;
   EXPECT_EQ(tls->GetServerStats(&sctx, {}, &stats).error_code(), grpc::StatusCode::UNAUTHENTICATED);
