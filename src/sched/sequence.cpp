@@ -108,8 +108,10 @@ void finish_sequence(Sequence& seq, FinishReason reason, Status status, Clock::t
                      FinishSink& sink) {
   KVSPLIT_CHECK(seq.table.blocks.empty());
   seq.enter_phase(SeqPhase::kDone, now);
-  // Text still held back: flushed unless generation ended on a stop string (then it is dropped).
-  if (reason == FinishReason::kLength || (reason == FinishReason::kStop && seq.num_output() > 0)) {
+  // Text still held back (a possible stop string's start, an incomplete UTF-8 character): flushed
+  // unless generation ended on a stop string (then it is dropped). A cancel or an error after
+  // some tokens flushes it too, so the stream's text is always that of the ids it delivered.
+  if (seq.num_output() > 0 && seq.stop && seq.decoder) {
     const int32_t last = seq.tokens.back();
     const bool stop_string =
         reason == FinishReason::kStop &&
