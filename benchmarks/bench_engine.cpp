@@ -49,11 +49,13 @@ struct Costs {
   double matmul_flops_per_token = 0;
 };
 
-Costs model_costs(const model::ModelConfig& c, const model::ModelWeights& w) {
+Costs model_costs(const model::ModelConfig& c, const model::ModelWeights& w,
+                  const model::LlamaModel& llama) {
   Costs k;
+  // What a decode step streams: the matrices at the dtype the backend holds them in (the CPU
+  // backend keeps bf16/f16 as 16-bit, CUDA converts to its weight dtype).
+  k.weight_bytes = llama.matmul_weight_bytes();
   auto mat = [&](const model::WeightTensor& t) {
-    // The CPU backend computes in f32 from f32 copies of f16/bf16 weights.
-    k.weight_bytes += static_cast<double>(t.numel()) * 4.0;
     k.matmul_flops_per_token += 2.0 * static_cast<double>(t.numel());
   };
   for (const auto& l : w.layers) {
@@ -386,7 +388,7 @@ int main(int argc, char** argv) {
     return write_profile(profile_path, model_path, backend_name, (*be)->parallelism(), block_size,
                          cfg, **llama, **be);
   }
-  const Costs costs = model_costs(cfg, loaded->weights);
+  const Costs costs = model_costs(cfg, loaded->weights, **llama);
   const int nthreads = (*be)->parallelism();
 
   double bw_gbs = 0, peak_gflops = 0;
@@ -396,7 +398,8 @@ int main(int argc, char** argv) {
     peak_gflops = backend::cpu::measure_fma_peak_gflops(pool);
   }
   std::printf(
-      "model %s: %d layers, dim %d, hidden %d, heads %d/%d, vocab %d; weights %.1f MB (f32)\n",
+      "model %s: %d layers, dim %d, hidden %d, heads %d/%d, vocab %d; matmul weights %.1f MB as "
+      "held\n",
       loaded->source.c_str(), cfg.num_layers, cfg.dim, cfg.hidden_dim, cfg.num_heads,
       cfg.num_kv_heads, cfg.vocab_size, costs.weight_bytes / 1e6);
   std::printf("backend %s; measured read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s\n",

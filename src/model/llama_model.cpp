@@ -108,6 +108,19 @@ LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend)
 
 LlamaModel::~LlamaModel() = default;
 
+double LlamaModel::matmul_weight_bytes() const {
+  auto bytes = [](const MatrixView& m) {
+    return static_cast<double>(m.rows) * static_cast<double>(m.cols) *
+           static_cast<double>(backend::dtype_size(m.dtype));
+  };
+  double total = bytes(impl_->lm_head);
+  for (const Impl::Layer& l : impl_->layers) {
+    for (const MatrixView* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      total += bytes(*m);
+  }
+  return total;
+}
+
 LlamaModel::ShardingStats LlamaModel::sharding_stats() const {
   ShardingStats st;
   st.exchange = impl_->exchange;

@@ -67,6 +67,9 @@ class LlamaModel {
 
   const ModelConfig& config() const { return config_; }
   backend::Backend& backend() const { return backend_; }
+  // Bytes of the matrices one token's forward pass reads (every layer's projections and the
+  // LM head), at the dtype the backend holds them in: what a decode step streams.
+  double matmul_weight_bytes() const;
 
   // The spatial cut's cost so far (sequences spread over a shard group, sharded_attention.h):
   // bytes and time the shards exchanged, the merge's wall time and the shards' attention time.
