@@ -120,9 +120,11 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   sched::SequenceCut::size_tiers(rc->policy, rc->semantic, pc.num_blocks, (*llama)->kv_shape(),
                                  &pc);
   if (pc.num_blocks < needed && swap != SwapMode::kNever) {
-    // The temporal cut's host tier: at most --host-capacity-mb, never more than the whole batch.
+    // The temporal cut's room in the host tier, never more than the whole batch; the one tier
+    // (with the semantic cut's originals) is at most --host-capacity-mb.
     const int64_t block_bytes = kv::KvPool::block_bytes(pc, (*llama)->kv_shape());
-    pc.host_bytes += std::min(rc->semantic.host_capacity_mb << 20, needed * block_bytes);
+    const int64_t cap = rc->semantic.host_capacity_mb << 20;
+    pc.host_bytes = std::min(cap, pc.host_bytes + std::min(cap, needed * block_bytes));
   }
   auto pool = kv::KvPool::create(**backend, pc, (*llama)->kv_shape());
   if (!pool.ok()) return fail(pool.status());

@@ -102,8 +102,10 @@ Status validate_semantic_cut(const SemanticCutConfig& c, std::string_view path) 
   if (c.score_interval < 1) return error("score_interval", "must be >= 1" + got(c.score_interval));
   if (!(std::isfinite(c.smoothing) && c.smoothing > 0.f && c.smoothing <= 1.f))
     return error("smoothing", "must be in (0, 1]" + got(c.smoothing));
-  if (c.host_capacity_mb < 0)
-    return error("host_capacity_mb", "must be >= 0" + got(static_cast<double>(c.host_capacity_mb)));
+  // The upper bound of the engine's temporal host tier: MiB << 20 stays far from overflow.
+  if (c.host_capacity_mb < 0 || c.host_capacity_mb > (int64_t{1} << 24))
+    return error("host_capacity_mb",
+                 "must be in [0, 16777216]" + got(static_cast<double>(c.host_capacity_mb)));
   if (c.heavy_tokens < 0) return error("heavy_tokens", "must be >= 0" + got(c.heavy_tokens));
   return ok_status();
 }

@@ -293,7 +293,9 @@ TEST(ConfigTest, KvCutErrorsNameTheField) {
   expect_error("kv: {cuts: {semantic: {recent_tokens: 2.5}}}\n",
                "kv.cuts.semantic.recent_tokens: must be an integer");
   expect_error("kv: {cuts: {semantic: {host_capacity_mb: -1}}}\n",
-               "kv.cuts.semantic.host_capacity_mb: must be >= 0");
+               "kv.cuts.semantic.host_capacity_mb: must be in [0, 16777216]");
+  expect_error("kv: {cuts: {semantic: {host_capacity_mb: 9000000000000}}}\n",
+               "kv.cuts.semantic.host_capacity_mb: must be in [0, 16777216]");
   expect_error("kv: {cuts: [1]}\n", "kv.cuts: must be a mapping");
   expect_error("sla_classes:\n  voice: {kv: {semantic_threshold: -0.2}}\n",
                "sla_classes.voice.kv.semantic_threshold: must be in [0, 1]");
