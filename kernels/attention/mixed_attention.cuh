@@ -139,23 +139,25 @@ __device__ __forceinline__ void mixed_load_page_info(const MixedAttentionParams&
     const int prec = in_row && mp.page_precision ? mp.page_precision[row] : 0;
     int id = -1;
     bool bad = !in_row;
-    if (in_row) switch (static_cast<KvPrecision>(prec)) {
-      case KvPrecision::kFull:
-        id = p.block_tables[row];
-        bad = id < 0 || id >= p.num_blocks;
-        break;
-      case KvPrecision::kInt8:
-        id = p.block_tables[row];
-        bad = !mp.int8_pages || id < 0 || id >= mp.num_int8_blocks;
-        break;
-      case KvPrecision::kInt4:
-        id = p.block_tables[row];
-        bad = !mp.int4_pages || id < 0 || id >= mp.num_int4_blocks;
-        break;
-      case KvPrecision::kEvicted:
-        break;
-      default:
-        bad = true;
+    if (in_row) {
+      switch (static_cast<KvPrecision>(prec)) {
+        case KvPrecision::kFull:
+          id = p.block_tables[row];
+          bad = id < 0 || id >= p.num_blocks;
+          break;
+        case KvPrecision::kInt8:
+          id = p.block_tables[row];
+          bad = !mp.int8_pages || id < 0 || id >= mp.num_int8_blocks;
+          break;
+        case KvPrecision::kInt4:
+          id = p.block_tables[row];
+          bad = !mp.int4_pages || id < 0 || id >= mp.num_int4_blocks;
+          break;
+        case KvPrecision::kEvicted:
+          break;
+        default:
+          bad = true;
+      }
     }
     if (bad) {
       if (p.error_flag) atomicMax(p.error_flag, 1);
