@@ -115,6 +115,9 @@ EngineConfig base_config(const Options& o, ServingMode mode) {
   }
   EngineConfig c;
   c.model = o.model;
+  // The engine's speed is measured, not its consumers': some modes read their handles only at
+  // the end (--bookkeeping), which the slow-reader back-pressure would hold back.
+  c.max_unread_events = 0;
   c.mode = mode;
   c.threads_per_worker = o.threads;
   c.num_prefill_workers = o.prefill_workers;

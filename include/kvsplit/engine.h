@@ -83,6 +83,12 @@ struct EngineConfig {
   // prefilled in chunks that keep every step (and the short requests sharing it) short; 0: no
   // cap but max_batch_tokens. In [0, 2^20] (docs/kv-cuts.md "Fair time slicing").
   int32_t max_chunk_tokens = 0;
+  // Back-pressure from a slow reader: a decoding sequence whose stream holds this many events its
+  // consumer has not read yet (a gRPC client not reading: flow control holds the writes) gets no
+  // decode step until the consumer catches up; its KV stays and it can still be preempted, so a
+  // slow client slows only its own request and its buffered events stay bounded. 0: no bound.
+  // In [0, 2^20].
+  int32_t max_unread_events = 1024;
   // > 0; bound on the delivery of a KV handoff (a decode worker must take the offer within it,
   // else the prefill side reclaims it and the request fails DEADLINE_EXCEEDED). Waiting for room
   // in a full decode pool is back-pressure, bounded by the class queue timeout instead.
@@ -250,10 +256,13 @@ struct PoolStats {
   int64_t kv_recompute_choices = 0;  // preemptions sent to recompute (swap: never, or cheaper)
   int64_t kv_swap_fallbacks = 0;     // swaps that fell back to recompute
   int64_t kv_swaps_to_disk = 0;      // swap-outs that went to the disk tier (host tier full)
-  int64_t kv_disk_faults = 0;        // disk tier writes / reads that failed (then recomputed)
-  int64_t kv_disk_bytes_used = 0;    // disk tier: bytes of records held, and its capacity
-  int64_t kv_disk_bytes_total = 0;   // (0 without a disk tier)
-  double kv_disk_latency_ms = 0;     // EWMA of the disk tier's record writes and reads (0: none)
+  // Decode rows skipped because the sequence's consumer had not read max_unread_events events
+  // (back-pressure from a slow reader; EngineConfig::max_unread_events).
+  int64_t decode_rows_stalled = 0;
+  int64_t kv_disk_faults = 0;       // disk tier writes / reads that failed (then recomputed)
+  int64_t kv_disk_bytes_used = 0;   // disk tier: bytes of records held, and its capacity
+  int64_t kv_disk_bytes_total = 0;  // (0 without a disk tier)
+  double kv_disk_latency_ms = 0;    // EWMA of the disk tier's record writes and reads (0: none)
   // Prefetch (docs/kv-tiers.md): swap-ins from the disk tier whose read, started a step ahead,
   // had completed when they ran (hits), and those that read or waited then (misses).
   int64_t kv_prefetch_hits = 0;

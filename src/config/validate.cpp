@@ -44,6 +44,7 @@ Status validate_config(const Config& config) {
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_num_seqs", e.max_num_seqs, 1, 65536));
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_batch_tokens", e.max_batch_tokens, 1, 1 << 20));
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_chunk_tokens", e.max_chunk_tokens, 0, 1 << 20));
+  KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_unread_events", e.max_unread_events, 0, 1 << 20));
   KVSPLIT_RETURN_IF_ERROR(
       check_range("pools.handoff_timeout_ms", e.handoff_timeout_ms, 1, 3600000));
   KVSPLIT_RETURN_IF_ERROR(validate_block_size(e.block_size, "kv.block_size"));

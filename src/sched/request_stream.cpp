@@ -43,6 +43,11 @@ void RequestStream::set_notifier(std::function<void()> notifier) {
   if (pending && notifier) notifier();
 }
 
+size_t RequestStream::unread() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return events_.size();
+}
+
 bool RequestStream::final_pushed() const {
   std::lock_guard<std::mutex> lock(mu_);
   return final_pushed_;

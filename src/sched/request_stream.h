@@ -28,6 +28,8 @@ class RequestStream {
   void set_notifier(std::function<void()> notifier);
   // True once the final event has been pushed.
   bool final_pushed() const;
+  // Events pushed and not yet taken by the consumer.
+  size_t unread() const;
 
  private:
   const std::string request_id_;

@@ -49,8 +49,11 @@ struct WorkerOptions {
                                // colocated; prefill always gets at least min_chunk_tokens
   int min_chunk_tokens = 16;   // smallest prefill chunk a prompt gets in a step
   int max_chunk_tokens = 0;    // most prefill tokens one prompt gets in a step; 0: no cap
-  int max_prefill_seqs = 16;   // prompts pulled from the router and not yet prefilled; the
-                               // rest stay queued for other workers
+  // A running sequence whose stream holds this many unread events gets no decode row until its
+  // consumer reads (EngineConfig::max_unread_events); 0: no bound.
+  int max_unread_events = 0;
+  int max_prefill_seqs = 16;  // prompts pulled from the router and not yet prefilled; the
+                              // rest stay queued for other workers
   // Delivery bound of a KV handoff: the destination must receive the offer (at its next step
   // boundary) within this, else the source takes the request back and fails it. Waiting for a
   // free slot / free blocks at the destination is back-pressure and is not bounded by this.
@@ -252,7 +255,8 @@ class Worker {
   kv::SwapStats swap_stats_;
   kv::MigrateStats migrate_stats_;  // the spatial cut's migrations (MigrateKv)
   int64_t swap_choices_ = 0, recompute_choices_ = 0, swap_fallbacks_ = 0;
-  std::atomic<uint8_t> hold_{0};  // TestHold
+  int64_t stalled_decode_rows_ = 0;  // decode rows skipped for a consumer's unread backlog
+  std::atomic<uint8_t> hold_{0};     // TestHold
 
   // Published for other threads.
   std::atomic<int> free_blocks_{0};

@@ -289,6 +289,13 @@ void Worker::schedule(Clock::time_point now) {
   }
   for (const DecodeRow& d : out.decode) {
     Sequence& seq = *running_[d.id];
+    // Back-pressure: a consumer that has not read its events holds its own sequence back (the
+    // row's blocks stay free this step; it decodes again once the backlog is read).
+    if (options_.max_unread_events > 0 &&
+        seq.ctl->stream->unread() >= static_cast<size_t>(options_.max_unread_events)) {
+      ++stalled_decode_rows_;
+      continue;
+    }
     KVSPLIT_CHECK(pool_->reserve(seq.table, seq.num_computed + 1));
     settle_cut(seq, now);
     model::SeqStep s;

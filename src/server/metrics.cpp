@@ -106,11 +106,17 @@ class EngineCollector : public pm::Collectable {
                pm::MetricType::Counter);
     auto& prefix_pages = family("kvsplit:prefix_cache_pages",
                                 "Pages the prefix cache holds, by tier", pm::MetricType::Gauge);
+    auto& stalled = family("kvsplit:decode_rows_stalled_total",
+                           "Decode steps skipped because the request's client had not read "
+                           "pools.max_unread_events events (back-pressure from a slow reader)",
+                           pm::MetricType::Counter);
     auto& prefetch = family("kvsplit:kv_prefetch_total",
                             "Swap-ins from the disk tier whose read, started a step ahead, had "
                             "completed (hit) or had to be read or waited for then (miss)",
                             pm::MetricType::Counter);
     for (const PoolStats& p : s.pools) {
+      stalled.metric.push_back(
+          counter(static_cast<double>(p.decode_rows_stalled), {{"pool", p.name}}));
       prefetch.metric.push_back(
           counter(static_cast<double>(p.kv_prefetch_hits), {{"pool", p.name}, {"result", "hit"}}));
       prefetch.metric.push_back(counter(static_cast<double>(p.kv_prefetch_misses),

@@ -91,6 +91,17 @@ TEST(ConfigTest, MaxChunkTokens) {
   EXPECT_EQ(c->engine.max_chunk_tokens, 256);
 }
 
+TEST(ConfigTest, MaxUnreadEvents) {
+  auto c = parse_config("");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->engine.max_unread_events, 1024);
+  c = parse_config("pools: {max_unread_events: 0}\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->engine.max_unread_events, 0);
+  expect_error("pools: {max_unread_events: -1}\n", "pools.max_unread_events");
+  expect_error("pools: {max_unread_events: 2000000}\n", "pools.max_unread_events");
+}
+
 TEST(ConfigTest, BadValuesNameTheField) {
   expect_error("sla_classes:\n  voice: {max_ttft_ms: 300, max_itl_ms: 0}\n",
                "sla_classes.voice.max_itl_ms: must be > 0");

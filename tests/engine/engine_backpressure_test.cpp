@@ -346,5 +346,66 @@ TEST(EngineHandoff, CancelInFlightToAHungDestination) {
   EXPECT_EQ(e.stats().requests_cancelled, 1);
 }
 
+// Back-pressure from a slow reader (EngineConfig::max_unread_events): a consumer that stops
+// reading holds back only its own sequence. While it does not read, at most the bound (plus the
+// events of the step in flight when the bound was reached) wait unread, the skipped decode steps
+// are counted, and another request runs to its end meanwhile; once it reads again the request
+// finishes with the tokens of an unhindered run.
+class EngineSlowReader : public ::testing::TestWithParam<ServingMode> {};
+
+TEST_P(EngineSlowReader, AnUnreadStreamStallsOnlyItsOwnSequence) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = testing::stories_config(GetParam());
+  cfg.max_unread_events = 8;
+  auto engine = Engine::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  auto ref_engine = Engine::create(testing::stories_config(GetParam()));
+  ASSERT_TRUE(ref_engine.ok());
+  Request r;
+  r.prompt = "Once upon a time";
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = 120;
+  r.sampling.ignore_eos = true;
+  auto slow = (*engine)->submit(r);
+  ASSERT_TRUE(slow.ok()) << slow.status().to_string();
+  ASSERT_TRUE(wait_for_stats(**engine, [](const EngineStats& s) {
+    int64_t stalled = 0;
+    for (const PoolStats& p : s.pools) stalled += p.decode_rows_stalled;
+    return stalled >= 5;
+  }));
+  // Meanwhile another request is served in full.
+  Request other = r;
+  other.prompt = "The dog";
+  other.sampling.max_tokens = 40;
+  const Collected fast = collect(*(*engine)->submit(other), std::chrono::seconds(30));
+  ASSERT_FALSE(fast.timed_out);
+  EXPECT_EQ(fast.final_event.finish_reason, FinishReason::kLength);
+  // The stalled stream holds the bound's events, not the request's 120.
+  int unread = 0;
+  std::vector<int32_t> tokens;
+  TokenEvent ev;
+  while (slow->try_next(&ev)) {
+    ++unread;
+    tokens.insert(tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
+    ASSERT_FALSE(ev.final);
+  }
+  EXPECT_GE(unread, 8);
+  EXPECT_LE(unread, 9);
+  // Reading again lets it finish, with the tokens of an unhindered run.
+  const Collected rest = collect(std::move(*slow), std::chrono::seconds(60));
+  ASSERT_FALSE(rest.timed_out);
+  tokens.insert(tokens.end(), rest.tokens.begin(), rest.tokens.end());
+  const Collected ref = collect(*(*ref_engine)->submit(r));
+  EXPECT_EQ(tokens, ref.tokens);
+  EXPECT_EQ(rest.final_event.finish_reason, FinishReason::kLength);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, EngineSlowReader,
+                         ::testing::Values(ServingMode::kColocated, ServingMode::kDisaggregated),
+                         [](const auto& info) {
+                           return info.param == ServingMode::kColocated ? "Colocated"
+                                                                        : "Disaggregated";
+                         });
+
 }  // namespace
 }  // namespace kvsplit
