@@ -202,7 +202,7 @@ void Scheduler::grow_decodes(StepState& st, SchedulerOutput& out) const {
   });
   for (size_t i = 0; i < order.size(); ++i) {
     StepState::Run& r = runs[order[i]];
-    if (r.preempted) continue;
+    if (r.preempted || r.seq->stalled) continue;
     const int need = next_token_blocks(r.seq->num_computed, r.num_blocks, config_.block_size);
     if (r.held + need > st.in.total_blocks) {
       out.never_fit.push_back(r.seq->id);  // its next token needs more than the whole pool

@@ -78,6 +78,10 @@ struct SchedSeq {
   // Running only, fair time slicing: it has held the pool for its class's slice, so waiting work
   // of a higher priority without room may pause it.
   bool slice_expired = false;
+  // Running only: its consumer has not read its events (WorkerOptions::max_unread_events). It
+  // gets no decode row and so no growth this step (nobody is preempted for it); it keeps its
+  // blocks and may itself be preempted.
+  bool stalled = false;
   // Running only, for the SwapPredictor: ms until its class's latency target is missed (max_itl_ms
   // since its last token; may be negative), infinite without a deadline; and the EWMA of the
   // interval between its tokens in ms (0: none yet).

@@ -222,6 +222,10 @@ SchedulerInput Worker::scheduler_input(bool with_handoffs) {
     const Sequence& seq = *running_[i];
     if (seq.next != Sequence::Next::kStay) continue;
     SchedSeq s = view(seq, static_cast<int>(i));
+    // Back-pressure: a consumer that has not read its events holds its own sequence back (no
+    // decode row, no growth; it decodes again once the backlog is read).
+    s.stalled = options_.max_unread_events > 0 &&
+                seq.ctl->stream->unread() >= static_cast<size_t>(options_.max_unread_events);
     // Fair time slicing: decoding for the class's max_hold_ms since it last (re)started.
     s.slice_expired = seq.sla.max_hold_ms > 0 &&
                       std::chrono::duration<double, std::milli>(now - seq.phase_start).count() >=
@@ -274,6 +278,7 @@ void Worker::apply_preemptions(const SchedulerOutput& out, Clock::time_point now
 void Worker::schedule(Clock::time_point now) {
   batch_.clear();
   const SchedulerOutput out = scheduler_.schedule(scheduler_input(/*with_handoffs=*/false));
+  for (const SchedSeq& s : sched_running_) stalled_decode_rows_ += s.stalled;
   apply_preemptions(out, now);
   apply_swap_ins(out, now);
   start_prefetches(out);
@@ -289,13 +294,6 @@ void Worker::schedule(Clock::time_point now) {
   }
   for (const DecodeRow& d : out.decode) {
     Sequence& seq = *running_[d.id];
-    // Back-pressure: a consumer that has not read its events holds its own sequence back (the
-    // row's blocks stay free this step; it decodes again once the backlog is read).
-    if (options_.max_unread_events > 0 &&
-        seq.ctl->stream->unread() >= static_cast<size_t>(options_.max_unread_events)) {
-      ++stalled_decode_rows_;
-      continue;
-    }
     KVSPLIT_CHECK(pool_->reserve(seq.table, seq.num_computed + 1));
     settle_cut(seq, now);
     model::SeqStep s;

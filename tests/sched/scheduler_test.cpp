@@ -92,6 +92,35 @@ TEST(Scheduler, DecodeGrowthPreemptsLowestPriorityThenYoungest) {
   EXPECT_STREQ(preempt_reason_name(out.preempted[0].reason), "decode growth");
 }
 
+// A stalled sequence (its consumer has not read its events) gets no decode row: nobody is
+// preempted for its growth, and it stays a victim for others' growth.
+TEST(Scheduler, AStalledSequenceGrowsNotAndCanBePreempted) {
+  std::vector<SchedSeq> run = {running(0, 4, 1, /*priority=*/9), running(1, 4, 1, 0)};
+  run[0].stalled = true;
+  SchedulerInput in{run, {}, {}, /*free=*/0, /*total=*/2, 1};
+  SchedulerOutput out = Scheduler(config(64, true)).schedule(in);
+  // 1 needs a block and none is free: 0 is served first but stalled, so 1 preempts itself.
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0].id, 1);
+  EXPECT_TRUE(out.decode.empty());
+  // Not stalled, 0 would take 1's block for its own growth.
+  run[0].stalled = false;
+  out = Scheduler(config(64, true)).schedule(in);
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0].id, 1);
+  ASSERT_EQ(out.decode.size(), 1u);
+  EXPECT_EQ(out.decode[0].id, 0);
+  // A stalled lower-priority sequence is the victim of a higher one's growth.
+  run = {running(0, 4, 1, /*priority=*/9), running(1, 4, 1, 0)};
+  run[1].stalled = true;
+  in.running = run;
+  out = Scheduler(config(64, true)).schedule(in);
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0].id, 1);
+  ASSERT_EQ(out.decode.size(), 1u);
+  EXPECT_EQ(out.decode[0].id, 0);
+}
+
 TEST(Scheduler, OlderSequencesNeverGiveWayToYoungerOnes) {
   // Equal priority: the older (smaller arrival) keeps its blocks, the younger is preempted.
   const std::vector<SchedSeq> run = {running(0, 8, 2, 0, 2), running(1, 8, 2, 0, 1)};
