@@ -461,7 +461,10 @@ Status EngineImpl::update_sla_classes(std::vector<SlaClass> classes) {
   router_->set_classes(std::move(classes));
   // The manager's table and its rules' restore values follow the operator's new class settings
   // (else its next decision starts from, and its exit restores, the old ones).
-  if (kvm_) kvm_->rebase_classes(kvm_baseline());
+  if (kvm_) {
+    kvm_->rebase_classes(kvm_baseline());
+    publish_kvm_stats_locked();
+  }
   return ok_status();
 }
 

@@ -97,6 +97,9 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   Status broadcast_command(const sched::WorkerCommand& command, bool decoders_only = true);
   Status migrate_to_emptiest_shard(int max_pages);
   void start_kvm_locked();
+  // Copies the manager's state for stats() into kvm_published_ (kvm_mu_ held): stats() reads it
+  // under kvm_pub_mu_ only, never waiting for a tick whose actuator waits on worker replies.
+  void publish_kvm_stats_locked();
   void kvm_loop();
   void stop_kvm();
   void kvm_record_latency(const std::string& sla_class, double ttft_ms, double mean_itl_ms);
@@ -137,6 +140,9 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   // (kvm_semantic_, kvm_temporal_); it is never held while taking mu_ (the thread samples stats
   // first) and the actuator only waits on worker replies under it.
   mutable std::mutex kvm_mu_;
+  // The manager's fields of EngineStats as of its last tick, policy load or class reload.
+  mutable std::mutex kvm_pub_mu_;
+  EngineStats kvm_published_;  // guarded by kvm_pub_mu_
   std::condition_variable kvm_cv_;
   std::unique_ptr<kvm::Actuator> kvm_actuator_;
   std::unique_ptr<kvm::KvCacheManager> kvm_;

@@ -318,6 +318,7 @@ void EngineImpl::kvm_loop() {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     for (const auto& [cls, v] : lat) kvm_->monitor().latency().add(cls, now_ms, v.first, v.second);
     kvm_->tick(now_ms, stats, in);
+    publish_kvm_stats_locked();
   }
 }
 
@@ -338,21 +339,39 @@ void EngineImpl::kvm_record_latency(const std::string& sla_class, double ttft_ms
   kvm_latencies_.push_back({sla_class, {ttft_ms, mean_itl_ms}});
 }
 
+void EngineImpl::publish_kvm_stats_locked() {
+  EngineStats p;
+  if (kvm_) {
+    p.kvm_enabled = true;
+    p.kvm = kvm_->last_snapshot();
+    p.kvm_decisions.assign(kvm_->recent().begin(), kvm_->recent().end());
+    p.kvm_decisions_total = kvm_->decisions_total();
+    for (const auto& [key, n] : kvm_->counts()) {
+      p.kvm_decision_counts.push_back({key.first, key.second, n});
+    }
+    for (const auto& [key, v] : kvm_->params().values()) {
+      p.kvm_params.push_back({key.first, key.second, v});
+    }
+    p.kvm_tick_ms_mean = kvm_->ticks() > 0 ? kvm_->tick_ms_total() / kvm_->ticks() : 0;
+    p.kvm_actuate_ms_mean = kvm_->ticks() > 0 ? kvm_->actuate_ms_total() / kvm_->ticks() : 0;
+  }
+  std::lock_guard<std::mutex> lock(kvm_pub_mu_);
+  kvm_published_ = std::move(p);
+}
+
 void EngineImpl::fill_kvm_stats(EngineStats* s) const {
-  std::lock_guard<std::mutex> lock(kvm_mu_);
-  if (!kvm_) return;
+  // Not kvm_mu_: a tick holds it while its actuator waits (up to kCommandWait) on the workers.
+  std::lock_guard<std::mutex> lock(kvm_pub_mu_);
+  const EngineStats& p = kvm_published_;
+  if (!p.kvm_enabled) return;
   s->kvm_enabled = true;
-  s->kvm = kvm_->last_snapshot();
-  s->kvm_decisions.assign(kvm_->recent().begin(), kvm_->recent().end());
-  s->kvm_decisions_total = kvm_->decisions_total();
-  for (const auto& [key, n] : kvm_->counts()) {
-    s->kvm_decision_counts.push_back({key.first, key.second, n});
-  }
-  for (const auto& [key, v] : kvm_->params().values()) {
-    s->kvm_params.push_back({key.first, key.second, v});
-  }
-  s->kvm_tick_ms_mean = kvm_->ticks() > 0 ? kvm_->tick_ms_total() / kvm_->ticks() : 0;
-  s->kvm_actuate_ms_mean = kvm_->ticks() > 0 ? kvm_->actuate_ms_total() / kvm_->ticks() : 0;
+  s->kvm = p.kvm;
+  s->kvm_decisions = p.kvm_decisions;
+  s->kvm_decisions_total = p.kvm_decisions_total;
+  s->kvm_decision_counts = p.kvm_decision_counts;
+  s->kvm_params = p.kvm_params;
+  s->kvm_tick_ms_mean = p.kvm_tick_ms_mean;
+  s->kvm_actuate_ms_mean = p.kvm_actuate_ms_mean;
 }
 
 Status EngineImpl::update_kvm_policy(KvmConfig policy) {
@@ -367,6 +386,7 @@ Status EngineImpl::update_kvm_policy(KvmConfig policy) {
   std::lock_guard<std::mutex> lock(kvm_mu_);
   if (kvm_) {
     kvm_->reload(std::move(policy));
+    publish_kvm_stats_locked();
     KVSPLIT_LOG_INFO("kvm: policy reloaded ({} rules, {})", kvm_->config().rules.size(),
                      kvm_->config().mode == KvmMode::kEnforce ? "enforce" : "dry-run");
     return ok_status();
@@ -381,6 +401,7 @@ Status EngineImpl::update_kvm_policy(KvmConfig policy) {
     std::lock_guard<std::mutex> l(kvm_lat_mu_);
     kvm_enabled_.store(true);
   }
+  publish_kvm_stats_locked();
   start_kvm_locked();
   KVSPLIT_LOG_INFO("kvm: started ({} rules, every {} ms)", kvm_->config().rules.size(),
                    kvm_->config().interval_ms);

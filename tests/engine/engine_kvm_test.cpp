@@ -297,6 +297,33 @@ TEST(EngineKvm, BadPolicyKeepsTheOldAndReloadUnderLoadDropsNothing) {
   EXPECT_EQ((*e)->stats().requests_failed, 0);
 }
 
+// stats() never waits for the manager: a tick whose command waits on workers that do not step
+// (held here; up to 5 s for a reply) holds the manager's lock, and stats() reads what the last
+// tick published instead.
+TEST(EngineKvm, StatsDoNotWaitForATickWaitingOnWorkers) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig c = pressure_config(KvmMode::kEnforce, "");
+  c.kvm.interval_ms = 200;
+  c.kvm.rules = {once_rule("hot", {"semantic_threshold", KvmActionOp::kAdd, 0.1})};
+  auto e = EngineImpl::create(c);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  (*e)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kAll);
+  double slowest_ms = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2500);
+  while (std::chrono::steady_clock::now() < until) {
+    const auto t0 = std::chrono::steady_clock::now();
+    (void)(*e)->stats();
+    slowest_ms = std::max(
+        slowest_ms,
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  (*e)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+  EXPECT_LT(slowest_ms, 1000);
+  // The rule did fire meanwhile (its command reached the workers once they stepped again).
+  EXPECT_TRUE(wait_for_decision(**e, [](const KvmDecision& d) { return d.rule == "hot"; }));
+}
+
 // A manager that was off cannot be started after shutdown(): its thread would drive stopped
 // workers and nothing would join it (std::terminate at destruction).
 TEST(EngineKvm, NoManagerStartsAfterShutdown) {
