@@ -145,7 +145,7 @@ struct Request {
   std::vector<int32_t> prompt_token_ids;  // when set, used as is (no BOS added)
   SamplingParams sampling;
   std::string sla_class;      // empty: the default class
-  int32_t priority = 0;       // added to the class priority
+  int32_t priority = 0;       // orders requests within classes of equal priority
   uint32_t top_logprobs = 0;  // 0..20 alternatives per generated token
   // Prefix cache scope (EngineConfig::prefix_cache): cached prompt pages are shared only between
   // requests of the same tenant and the same cache_salt. At most 256 bytes.

@@ -232,7 +232,7 @@ std::unique_ptr<sched::Sequence> EngineImpl::make_sequence(const Request& reques
   auto seq = std::make_unique<sched::Sequence>();
   seq->ctl = std::make_shared<sched::RequestControl>(std::move(id), request.tenant);
   seq->arrival = arrival;
-  seq->priority = cls.priority + request.priority;
+  seq->priority = sched::effective_priority(cls.priority, request.priority);
   seq->class_index = class_index;
   seq->sla = cls;
   seq->params = request.sampling;

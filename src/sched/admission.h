@@ -22,6 +22,14 @@ struct AdmissionLimits {
 inline constexpr uint32_t kMaxTopLogprobs = 20;
 // Request::priority is added to its class's: bounded so that the sum cannot overflow.
 inline constexpr int32_t kMaxRequestPriority = 1000;
+// The scheduling priority of a request: its class's priority first, its own priority (in
+// [-kMaxRequestPriority, kMaxRequestPriority]) only orders requests of classes of equal priority.
+// So no request priority lifts a request above a class of higher priority (a client picks its
+// request priority; the operator orders the classes). Class priorities are in [-1000, 1000]:
+// the result stays within +-2,002,000.
+inline int32_t effective_priority(int32_t class_priority, int32_t request_priority) {
+  return class_priority * (2 * kMaxRequestPriority + 1) + request_priority;
+}
 
 // Index of the class `name` (empty: 0, the default class), or -1 when unknown.
 int find_sla_class(const std::vector<SlaClass>& classes, const std::string& name);

@@ -63,7 +63,7 @@ enum class SeqPhase : uint8_t { kQueued, kPrefill, kHandoff, kDecode, kPreempted
 struct Sequence {
   std::shared_ptr<RequestControl> ctl;
   int64_t arrival = 0;   // submission order (age: larger = younger)
-  int32_t priority = 0;  // class priority + request priority
+  int32_t priority = 0;  // sched::effective_priority: class priority, then request priority
   int class_index = 0;
   SlaClass sla;  // the class settings at submit
   SamplingParams params;

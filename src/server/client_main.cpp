@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   app.add_option("--stop", stop, "stop string (repeatable)");
   app.add_flag("--ignore-eos", ignore_eos, "do not stop on EOS");
   app.add_option("--sla-class", sla_class, "SLA class name (default: the server's first)");
-  app.add_option("--priority", priority, "[-1000, 1000], added to the class priority");
+  app.add_option("--priority", priority, "[-1000, 1000]; orders requests within classes of equal priority");
   app.add_option("--top-logprobs", top_logprobs, "[0, 20] alternatives per token (with --json)");
   app.add_option("--request-id", request_id, "client-chosen request id");
   app.add_option("--timeout", timeout_s, "call deadline in seconds (default 600)");

@@ -254,6 +254,9 @@ TEST(EngineAdmission, PriorityOrder) {
   low.sampling.max_tokens = 2;
   Request high = low;
   high.sla_class = "vip";
+  // The class decides: a request priority never lifts a request above a higher class.
+  low.priority = sched::kMaxRequestPriority;
+  high.priority = -sched::kMaxRequestPriority;
   auto hlow = e.submit(low);
   auto hhigh = e.submit(high);
   ASSERT_TRUE(hlow.ok() && hhigh.ok());
