@@ -301,6 +301,18 @@ TEST(CpuMergeAttentionStates, EmptyPartsAndBadCounts) {
                                           lse_out.data())
                   .ok());
   EXPECT_NEAR(lse_out[0], 0.5 + std::log(2.0), 1e-6);
+  // A bad partial (NaN or +inf lse) makes its row NaN, never a row that leaves it out.
+  for (const float bad : {kNan, std::numeric_limits<float>::infinity()}) {
+    const std::vector<float> lb = {bad, 0.5f};
+    std::vector<const float*> bo = {o0.data(), o0.data()}, bl = {l0.data(), lb.data()};
+    ASSERT_TRUE(
+        cpu->merge_attention_states(bo.data(), bl.data(), 2, 2, hd, out.data(), lse_out.data())
+            .ok());
+    for (int d = 0; d < hd; ++d) EXPECT_TRUE(std::isnan(out[d])) << bad << " " << d;
+    EXPECT_TRUE(std::isnan(lse_out[0])) << bad;
+    EXPECT_EQ(out[3], 4.f);  // row 1: part 0 empty, part 1 alone
+    EXPECT_EQ(lse_out[1], 0.5f);
+  }
   for (int n : {0, -3, Backend::kMaxMergeParts + 1}) {
     EXPECT_EQ(
         cpu->merge_attention_states(o.data(), lse.data(), n, 2, hd, out.data(), nullptr).code(),
