@@ -146,6 +146,11 @@ bool same(const KvmRule& a, const KvmRule& b) {
 // op(before), clamped to [min, max] and to the parameter's own range (param_range); integer
 // parameters rounded (staying within the bounds).
 double apply_action(const KvmRule& r, double before) {
+  // A setting that 0 turns off (max_chunk_tokens: no cap) stays off under +=, -= and *=: no cap
+  // is above every value, so a relative step from it is still no cap. Only `=` turns it on.
+  if (const std::optional<ParamRange> range = param_range(r.then.param);
+      range && range->zero_is_off && before == 0 && r.then.op != KvmActionOp::kSet)
+    return 0;
   double v = before;
   switch (r.then.op) {
     case KvmActionOp::kSet:

@@ -228,6 +228,32 @@ TEST(RuleEngineTest, MaxChunkTokensMovesWithinItsRange) {
   EXPECT_EQ(seen, (std::vector<double>{700008, 1048576}));
 }
 
+// max_chunk_tokens 0 is "no cap": += and *= from it would impose one; it stays off, and only
+// `=` sets a cap.
+TEST(RuleEngineTest, NoCapStaysOffUnderRelativeActions) {
+  KvmSnapshot s;
+  s.classes.push_back({});
+  s.classes[0].name = "default";
+  s.classes[0].ttft_p99_ms = 500;
+  for (const char* action : {"max_chunk_tokens += 16", "max_chunk_tokens *= 2"}) {
+    RuleEngine engine({rule("r", "ttft_p99_ms > 100", "ttft_p99_ms < 50", action, 0)});
+    ParamTable table;
+    table.set("max_chunk_tokens", "", 0);
+    s.time_ms = 0;
+    const auto d = engine.evaluate(s, table);  // the enter: the setting stays as it was
+    ASSERT_EQ(d.size(), 1u) << action;
+    EXPECT_EQ(d[0].after, 0) << action;
+    s.time_ms = 100;
+    EXPECT_TRUE(engine.evaluate(s, table).empty()) << action;  // no repeat: nothing moves
+  }
+  RuleEngine set({rule("r", "ttft_p99_ms > 100", "ttft_p99_ms < 50", "max_chunk_tokens = 32", 0)});
+  ParamTable table;
+  table.set("max_chunk_tokens", "", 0);
+  const auto d = set.evaluate(s, table);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].after, 32);
+}
+
 TEST(RuleEngineTest, PerClassRuleMovesOnlyItsClass) {
   KvmRule r = rule("voice-slow", "ttft_p99_ms[voice] > 250", "ttft_p99_ms[voice] < 150",
                    "semantic_threshold += 0.1", 0);
