@@ -24,6 +24,9 @@ class ForwardingBackend : public backend::Backend {
   Status copy_d2d(void* d, const void* s, size_t n) override { return in_->copy_d2d(d, s, n); }
   Status memset_zero(void* d, size_t n) override { return in_->memset_zero(d, n); }
   Status synchronize() override { return in_->synchronize(); }
+  Status read_for_peer(void* d, const void* s, size_t n) override {
+    return in_->read_for_peer(d, s, n);
+  }
   StatusOr<void*> alloc_host(size_t bytes) override { return in_->alloc_host(bytes); }
   void free_host(void* p) override { in_->free_host(p); }
   bool host_memory_pinned() const override { return in_->host_memory_pinned(); }

@@ -234,6 +234,14 @@ class Backend {
   // (requires can_read_from(src)): a device copy, or cudaMemcpyPeerAsync between devices.
   virtual Status copy_from(void* dst_dev, const Backend& src, const void* src_dev,
                            size_t bytes) = 0;
+  // Reads `bytes` of this backend's device memory into host memory for a caller on another
+  // worker's thread (the staged KV handoff: the destination reads the source's pages): ordered
+  // after the work queued so far, returned when done, and touching no state the owning thread
+  // uses (the CUDA backend's index-error flag is left for its owner's next synchronize).
+  virtual Status read_for_peer(void* dst_host, const void* src_dev, size_t bytes) {
+    KVSPLIT_RETURN_IF_ERROR(copy_d2h(dst_host, src_dev, bytes));
+    return synchronize();
+  }
 
   // Makes a weight usable by gemm/embedding on this device. `host` may point into a memory-mapped
   // file that outlives the backend; the CPU backend returns views of f32 data without copying.

@@ -88,8 +88,8 @@ StatusOr<KvCopyRoute> copy_kv_blocks(const kv::KvPool& src, std::span<const int3
       const size_t bytes = run * block_bytes;
       if (route == KvCopyRoute::kStaged) {
         staging.resize(std::max(staging.size(), bytes));
-        KVSPLIT_RETURN_IF_ERROR(from.copy_d2h(staging.data(), from_ptr, bytes));
-        KVSPLIT_RETURN_IF_ERROR(from.synchronize());
+        // `from` belongs to another worker's thread: read_for_peer leaves its state alone.
+        KVSPLIT_RETURN_IF_ERROR(from.read_for_peer(staging.data(), from_ptr, bytes));
         KVSPLIT_RETURN_IF_ERROR(to.copy_h2d(to_ptr, staging.data(), bytes));
         KVSPLIT_RETURN_IF_ERROR(to.synchronize());  // the buffer is reused by the next run
       } else {

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "backend/backend.h"
+#include "forwarding_backend.h"
 
 namespace kvsplit::sched {
 namespace {
@@ -84,6 +85,50 @@ TEST(KvHandoff, CopiesEveryLayerOfTheListedPagesByEachRoute) {
       EXPECT_EQ(std::memcmp(d + 1 * block_bytes, zero.data(), block_bytes), 0);
     }
   }
+}
+
+// The staged route runs on the destination's thread: it reads the source (another worker's
+// backend) through read_for_peer, never through the source's own copy_d2h / synchronize (which
+// read and reset the CUDA backend's error flag, state of the source's thread).
+TEST(KvHandoff, StagedCopiesReadTheSourceThroughReadForPeer) {
+  struct Counting : testing::ForwardingBackend {
+    using ForwardingBackend::ForwardingBackend;
+    Status read_for_peer(void* d, const void* s, size_t n) override {
+      ++peer_reads;
+      return ForwardingBackend::read_for_peer(d, s, n);
+    }
+    Status copy_d2h(void* d, const void* s, size_t n) override {
+      ++own_calls;
+      return ForwardingBackend::copy_d2h(d, s, n);
+    }
+    Status synchronize() override {
+      ++own_calls;
+      return ForwardingBackend::synchronize();
+    }
+    int peer_reads = 0, own_calls = 0;
+  };
+  auto cpu = backend::create_backend("cpu", 1);
+  ASSERT_TRUE(cpu.ok());
+  Counting src_be(std::move(cpu).value());
+  backend::BackendOptions o;
+  o.threads = 1;
+  o.device = 1;
+  o.emulate_no_peer_access = true;
+  auto dst_be = backend::create_backend("cpu", o);
+  ASSERT_TRUE(dst_be.ok());
+  auto a = kv::KvPool::create(src_be, kv::KvPoolConfig{8, 4}, kv::KvShape{2, 2, 8});
+  auto b = kv::KvPool::create(**dst_be, kv::KvPoolConfig{8, 4}, kv::KvShape{2, 2, 8});
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto* d0 = static_cast<float*>((*a)->layer(0).data);
+  d0[0] = 42.f;
+  src_be.peer_reads = src_be.own_calls = 0;
+  const std::vector<int32_t> blocks = {0, 1};
+  auto route = copy_kv_blocks(**a, blocks, **b, blocks);
+  ASSERT_TRUE(route.ok()) << route.status().to_string();
+  EXPECT_EQ(*route, KvCopyRoute::kStaged);
+  EXPECT_EQ(src_be.peer_reads, 2);  // one run of two blocks per layer
+  EXPECT_EQ(src_be.own_calls, 0);
+  EXPECT_EQ(static_cast<const float*>((*b)->layer(0).data)[0], 42.f);
 }
 
 TEST(KvHandoff, MismatchesAreErrors) {

@@ -334,6 +334,17 @@ Status CudaBackend::copy_from(void* dst, const Backend& src, const void* src_ptr
   return ok_status();
 }
 
+Status CudaBackend::read_for_peer(void* dst_host, const void* src_dev, size_t bytes) {
+  const DeviceScope on_device(device_);
+  if (bytes == 0) return ok_status();
+  // Enqueueing on and waiting for stream_ are thread-safe; the error flag (and last_flag_op_)
+  // stay the owner's: its next synchronize reports what its own kernels flagged.
+  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, stream_),
+                      "read_for_peer");
+  KVSPLIT_CUDA_RETURN(cudaStreamSynchronize(stream_), "read_for_peer sync");
+  return ok_status();
+}
+
 Status CudaBackend::check_error_flag() {
   // In the compute stream's order: read after everything queued so far, and reset before anything
   // queued later (the legacy default stream does not order against the non-blocking stream_).

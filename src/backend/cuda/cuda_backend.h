@@ -56,6 +56,7 @@ class CudaBackend final : public Backend {
   int device() const override { return device_; }
   Status bind_thread() override;
   bool can_read_from(const Backend& src) override;
+  Status read_for_peer(void* dst_host, const void* src_dev, size_t bytes) override;
   Status copy_from(void* dst_dev, const Backend& src, const void* src_dev, size_t bytes) override;
   StatusOr<MatrixView> upload_matrix(const void* host, DType dtype, int64_t rows,
                                      int64_t cols) override;
