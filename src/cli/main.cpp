@@ -21,6 +21,7 @@
 #include "cli/perplexity.h"
 #include "cli/policy.h"
 #include "cli/tokenize.h"
+#include "common/cli_integers.h"
 #include "kernels/common/kv_quant.h"
 #include "kv/kv_pool.h"
 #include "model/default_model.h"
@@ -395,6 +396,7 @@ int main(int argc, char** argv) {
   cli::PolicyFlags polf;
   CLI::App* policy = cli::add_policy_command(app, polf);
 
+  kvsplit::decimal_integer_options(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "common/cli_integers.h"
 #include "kvsplit/v1/generation.grpc.pb.h"
 #include "server/client_channel.h"
 
@@ -62,7 +63,8 @@ int main(int argc, char** argv) {
   app.add_option("--stop", stop, "stop string (repeatable)");
   app.add_flag("--ignore-eos", ignore_eos, "do not stop on EOS");
   app.add_option("--sla-class", sla_class, "SLA class name (default: the server's first)");
-  app.add_option("--priority", priority, "[-1000, 1000]; orders requests within classes of equal priority");
+  app.add_option("--priority", priority,
+                 "[-1000, 1000]; orders requests within classes of equal priority");
   app.add_option("--top-logprobs", top_logprobs, "[0, 20] alternatives per token (with --json)");
   app.add_option("--request-id", request_id, "client-chosen request id");
   app.add_option("--timeout", timeout_s, "call deadline in seconds (default 600)");
@@ -72,6 +74,7 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "print one JSON object with ids, text, usage and timings");
   app.add_flag("--info", info, "print GetModelInfo as JSON and exit");
   app.add_flag("--stats", stats, "print GetServerStats as JSON and exit");
+  kvsplit::decimal_integer_options(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -21,6 +21,7 @@
 #include <iostream>
 #include <thread>
 
+#include "common/cli_integers.h"
 #include "common/log.h"
 #include "config/config.h"
 #include "engine/engine_impl.h"
@@ -317,6 +318,7 @@ int main(int argc, char** argv) {
                  "accepted bearer key (repeatable; replaces server.api_keys)");
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  kvsplit::decimal_integer_options(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -157,5 +157,24 @@ TEST(CliTest, BadInputsFailClearlyWithExitTwo) {
   EXPECT_NE(r.err.find("longer than the context"), std::string::npos) << r.err;
 }
 
+// Integer flags are decimal (CLI11 alone read "010" as 8 and "0x20" as 32, and refused "08").
+TEST(CliTest, IntegerFlagsAreDecimal) {
+  KVSPLIT_REQUIRE_MODELS();
+  for (const auto& [value, tokens] :
+       {std::pair{"010", 10}, std::pair{"08", 8}, std::pair{"+3", 3}}) {
+    RunResult r = run("generate " + model_args(false) + " --prompt Once --temperature 0 --json " +
+                      "--ignore-eos --max-tokens " + value);
+    ASSERT_EQ(r.exit_code, 0) << value << ": " << r.err;
+    const auto lines = json_lines(r.out);
+    ASSERT_EQ(lines.size(), 1u) << r.out;
+    EXPECT_EQ(lines[0]["output_token_ids"].size(), static_cast<size_t>(tokens)) << value;
+  }
+  for (const char* bad : {"--kv-blocks 0x20", "--max-tokens 1e3", "--max-tokens 12abc"}) {
+    RunResult r = run("generate " + model_args(false) + " --prompt Once " + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad;
+    EXPECT_NE(r.err.find("must be a decimal integer"), std::string::npos) << bad << ": " << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace kvsplit::testing
