@@ -18,6 +18,12 @@ StatusOr<std::string> read_file(const std::string& path, const std::string& fiel
 
 }  // namespace
 
+Status check_tls_files(const config::ServerConfig& config) {
+  if (!config.tls.enabled()) return ok_status();
+  KVSPLIT_RETURN_IF_ERROR(read_file(config.tls.cert_file, "server.tls.cert_file").status());
+  return read_file(config.tls.key_file, "server.tls.key_file").status();
+}
+
 StatusOr<RunningServer> start_grpc_server(const config::ServerConfig& config,
                                           GenerationService* service) {
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();

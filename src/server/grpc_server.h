@@ -20,6 +20,10 @@ struct RunningServer {
 
 // kInvalidArgument naming server.tls.* when the cert/key cannot be read, kUnavailable when the
 // address cannot be bound. `service` must outlive the returned server.
+// The TLS certificate and key files exist and are readable PEM-sized regular files: checked
+// before the engine starts (loading a model can take minutes), so a typo fails at once.
+Status check_tls_files(const config::ServerConfig& config);
+
 StatusOr<RunningServer> start_grpc_server(const config::ServerConfig& config,
                                           GenerationService* service);
 

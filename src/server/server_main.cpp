@@ -205,6 +205,10 @@ int run(const Flags& flags) {
     KVSPLIT_LOG_INFO("no model given: {}", def.note);
   }
   KVSPLIT_LOG_INFO("config: {}", config::describe(cfg));
+  if (Status st = server::check_tls_files(cfg.server); !st.ok()) {
+    std::cerr << "kvsplit-server: " << st.message() << "\n";
+    return 2;  // a bad config value
+  }
 
   auto engine_or = kvsplit::Engine::create(cfg.engine);
   if (!engine_or.ok()) {
