@@ -86,7 +86,10 @@ class TensorSource {
   }
 
   void keep_alive(ModelWeights* w) const {
-    for (const auto& f : files_) w->storage.push_back(f.mapping());
+    for (const auto& f : files_) {
+      w->storage.push_back(f.mapping());
+      w->storage.push_back(f.copies());
+    }
   }
 
  private:

@@ -177,12 +177,20 @@ StatusOr<WeightTensor> SafetensorsFile::tensor(std::string_view name) const {
                          " (supported: F32, F16, BF16)");
   }
   const size_t align = backend::dtype_size(*dt);
-  if (reinterpret_cast<uintptr_t>(e.data) % align != 0) {
-    return unimplemented(path() + ": tensor " + std::string(name) + " data is not aligned to " +
-                         std::to_string(align) + " bytes (header not padded?)");
+  const void* data = e.data;
+  if (reinterpret_cast<uintptr_t>(data) % align != 0) {
+    // new[] memory is aligned for every fundamental type.
+    auto c = copies_->find(name);
+    if (c == copies_->end()) {
+      const size_t bytes = static_cast<size_t>(e.nbytes);
+      auto buf = std::make_unique<std::byte[]>(std::max<size_t>(bytes, 1));
+      std::memcpy(buf.get(), e.data, bytes);
+      c = copies_->emplace(std::string(name), std::move(buf)).first;
+    }
+    data = c->second.get();
   }
   WeightTensor t;
-  t.data = e.data;
+  t.data = data;
   t.dtype = *dt;
   t.shape = e.shape;
   t.name = std::string(name);

@@ -3,6 +3,7 @@
 // section), then the raw little-endian data. Tensors are views; nothing is copied.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -37,14 +38,18 @@ class SafetensorsFile {
                                                const std::string& name);
 
   // The tensor `name` as a weight view. kNotFound "<file>: no tensor <name>" when absent;
-  // kUnimplemented naming the tensor and dtype when it is not F32/F16/BF16 (or misaligned).
+  // kUnimplemented naming the tensor and dtype when it is not F32/F16/BF16. A tensor whose data
+  // is not aligned to its element size (a header not padded: the format does not require it) is
+  // copied once into aligned memory the file keeps (copies()); others are views of the mapping.
+  // Not thread-safe.
   StatusOr<WeightTensor> tensor(std::string_view name) const;
   bool contains(std::string_view name) const { return entries_.find(name) != entries_.end(); }
 
   const std::map<std::string, SafetensorsEntry, std::less<>>& entries() const { return entries_; }
   const std::string& path() const { return path_; }
-  // Keep-alive for the views handed out by tensor().
+  // Keep-alive for the views handed out by tensor(): the mapping, and the aligned copies.
   const std::shared_ptr<const common::MmapFile>& mapping() const { return mapping_; }
+  std::shared_ptr<const void> copies() const { return copies_; }
 
  private:
   Status parse(const uint8_t* base, uint64_t size, const std::string& path);
@@ -52,6 +57,9 @@ class SafetensorsFile {
   std::string path_;
   std::shared_ptr<const common::MmapFile> mapping_;  // null for parse_bytes
   std::map<std::string, SafetensorsEntry, std::less<>> entries_;
+  // Aligned copies of misaligned tensors, by name (shared: views stay valid when the file moves).
+  std::shared_ptr<std::map<std::string, std::unique_ptr<std::byte[]>, std::less<>>> copies_ =
+      std::make_shared<std::map<std::string, std::unique_ptr<std::byte[]>, std::less<>>>();
 };
 
 }  // namespace kvsplit::model

@@ -88,7 +88,8 @@ TEST(InputFiles, SizeCapsNameTheCap) {
 // A copy of stories260K-hf whose safetensors header is rewritten by `edit`; returns the dir.
 std::string hf_copy_with_header(
     const TempDir& dir, const std::function<void(nlohmann::json&)>& edit,
-    const std::function<void(std::string&, const nlohmann::json&)>& patch_data = nullptr) {
+    const std::function<void(std::string&, const nlohmann::json&)>& patch_data = nullptr,
+    bool misalign = false) {
   const fs::path src = model_path("stories260K-hf");
   const fs::path dst = dir.path() / "model";
   fs::create_directory(dst);
@@ -105,6 +106,7 @@ std::string hf_copy_with_header(
   if (patch_data) patch_data(data, h);
   std::string header = h.dump();
   header.append((8 - header.size() % 8) % 8, ' ');
+  if (misalign) header.append(1, ' ');  // the data section then starts at 1 mod 8
   uint64_t len = header.size();
   std::string out(8, '\0');
   std::memcpy(out.data(), &len, 8);
@@ -145,6 +147,28 @@ TEST(Safetensors, TensorsMustTileTheDataSection) {
     auto r = load_model(m);
     expect_error(r.status(), StatusCode::kInvalidArgument, {"belong to no tensor"});
   }
+}
+
+// The format does not require the header to be padded: with the data section at an odd offset
+// every F32 tensor is misaligned. It loads (aligned copies) with the weights of the padded file.
+TEST(Safetensors, AnUnpaddedHeaderLoadsTheSameWeights) {
+  KVSPLIT_REQUIRE_MODELS();
+  TempDir dir;
+  const std::string m = hf_copy_with_header(
+      dir, [](nlohmann::json&) {}, nullptr, /*misalign=*/true);
+  auto odd = load_model(m);
+  ASSERT_TRUE(odd.ok()) << odd.status().to_string();
+  auto ref = load_model(model_path("stories260K-hf"));
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  const WeightTensor& a = odd->weights.layers.at(0).wq;
+  const WeightTensor& b = ref->weights.layers.at(0).wq;
+  ASSERT_EQ(a.numel(), b.numel());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data) % 4, 0u);
+  EXPECT_EQ(std::memcmp(a.data, b.data, static_cast<size_t>(a.numel()) * 4), 0);
+  EXPECT_EQ(odd->weights.embedding.numel(), ref->weights.embedding.numel());
+  EXPECT_EQ(std::memcmp(odd->weights.embedding.data, ref->weights.embedding.data,
+                        static_cast<size_t>(ref->weights.embedding.numel()) * 4),
+            0);
 }
 
 TEST(WeightCheck, NonFiniteWeightsAreNamedAtLoad) {
