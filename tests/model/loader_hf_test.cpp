@@ -273,7 +273,7 @@ TEST(LoaderHf, ShardedF16Bf16RoundTrip) {
   EXPECT_EQ(m->weights.embedding.dtype, backend::DType::kBF16);
   EXPECT_EQ(m->weights.layers[0].attn_norm.dtype, backend::DType::kF16);
   expect_values(m->weights, ts);
-  EXPECT_EQ(m->weights.storage.size(), 2u);  // both shard mappings kept alive
+  EXPECT_EQ(m->weights.storage.size(), 4u);  // both shard mappings and their aligned copies
 }
 
 TEST(LoaderHf, Qwen2Biases) {
