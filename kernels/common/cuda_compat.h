@@ -28,8 +28,8 @@ inline std::string launch_error_detail() { return ::kvsplit::emu::last_error_mes
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
-#include <cstdint>
+#include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -64,13 +64,16 @@ cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem_
   (void)cudaGetLastError();
   if (smem_bytes > kDefaultDynamicSmemBytes) {
     // The attribute belongs to the kernel on the device, shared by every host thread launching it
-    // there: it is set once, to the device's limit, never to one launch's size (threads setting
-    // different sizes would fail each other's larger launches). Devices 0..63 are remembered.
-    static std::atomic<uint64_t> set_on_devices{0};
+    // there: it is set once per (kernel, device), to the device's limit, never to one launch's
+    // size (threads setting different sizes would fail each other's larger launches). Kernels of
+    // one signature share this template instance, so the key is the kernel's address.
+    static std::mutex mu;
+    static std::set<std::pair<const void*, int> > done;
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return cudaGetLastError();
-    const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
-    if (bit == 0 || (set_on_devices.load(std::memory_order_acquire) & bit) == 0) {
+    const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), dev};
+    std::lock_guard<std::mutex> lock(mu);
+    if (done.count(key) == 0) {
       const cudaError_t e =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(max_dynamic_smem_per_block()));
@@ -78,7 +81,7 @@ cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem_
         (void)cudaGetLastError();
         return e;
       }
-      set_on_devices.fetch_or(bit, std::memory_order_acq_rel);
+      done.insert(key);
     }
   }
   // A .h is formatted as C++, which would split the launch brackets.
