@@ -42,6 +42,7 @@ struct SeqState {
   int swapped_out_pages = 0;
   int recomputed_tokens = 0;
   int cached_tokens = 0;
+  bool dropped = false;     // its KV was dropped for a recompute: the next chunk looks the cache up
   KvAccount kv;             // effective-KV accounting (docs/kvm.md)
   int64_t resume_step = 0;  // swapped out: not resumed before this step while others run
   int shards = 0;           // most shards of the pool's shard group its KV used at once
@@ -242,6 +243,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       s.recomputed_tokens += s.computed;
       pool.release(s.table);
       s.computed = 0;
+      s.dropped = true;
       s.kv.close(std::chrono::steady_clock::now());
     }
     for (const SwapIn& r : plan.swap_in) {
@@ -258,6 +260,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       s.recomputed_tokens += s.computed;
       pool.release(s.table);  // swap_in consumed its prefetch
       s.computed = 0;
+      s.dropped = true;
       s.kv.close(std::chrono::steady_clock::now());
     }
     // Read ahead the disk records of the sequences expected to resume next step (the worker's
@@ -299,7 +302,8 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       if (c.new_blocks > 0) {
         // A recompute starts from an empty table: its prompt pages may still be cached, and the
         // chunk then starts after them (Worker::schedule does the same).
-        if (s.table.blocks.empty() && s.computed == 0) {
+        if (s.dropped) {
+          s.dropped = false;
           const int hits = pool.share_prefix(s.table, options.prefix_salt, s.tokens,
                                              pool.shareable_prefix_pages(s.target(), s.num_prompt));
           s.computed = hits * bs;
