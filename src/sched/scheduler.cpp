@@ -81,6 +81,13 @@ struct Scheduler::StepState {
 
   // Victim among the running sequences that may still be preempted and satisfy `eligible`: the
   // predictor's first choice (the one rule everywhere). -1 when none is eligible.
+  // pick_victim, but a stalled run (its reader far behind: SchedSeq::stalled) first whenever
+  // one is eligible: it holds blocks and will not decode.
+  template <typename Eligible>
+  int pick_victim_stalled_first(Eligible eligible) {
+    const int v = pick_victim([&](const Run& r) { return r.seq->stalled && eligible(r); });
+    return v >= 0 ? v : pick_victim(eligible);
+  }
   template <typename Eligible>
   int pick_victim(Eligible eligible) {
     cands.clear();
@@ -155,25 +162,26 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
     const PriorityKey hk{h.priority, h.arrival};
     int room = need;
     for (const StepState::Run& r : st.runs) {
-      if (!r.preempted && serves_before(key_of(*r.seq), hk)) {
+      if (!r.preempted && !r.seq->stalled && serves_before(key_of(*r.seq), hk)) {
         room += next_token_blocks(r.seq->num_computed, r.num_blocks, config_.block_size);
       }
     }
+    // Strictly lower priorities, and stalled runs of any priority (they hold blocks and will not
+    // decode), only when that frees enough.
+    auto may_yield = [&](const StepState::Run& r) {
+      return r.seq->stalled || r.seq->priority < h.priority;
+    };
     if (room > st.free) {
-      // Only strictly lower priorities, and only when that frees enough.
       int available = st.free;
       for (const StepState::Run& r : st.runs) {
-        if (!r.preempted && !r.admitted_now && r.seq->priority < h.priority) {
-          available += r.held;
-        }
+        if (!r.preempted && !r.admitted_now && may_yield(r)) available += r.held;
       }
       if (available < room) {
         out.handoff_wait = HandoffWait::kNoBlocks;
         break;
       }
       while (st.free < room) {
-        const int v =
-            st.pick_victim([&](const StepState::Run& r) { return r.seq->priority < h.priority; });
+        const int v = st.pick_victim_stalled_first(may_yield);
         KVSPLIT_CHECK(v >= 0);
         st.preempt(st.runs[v], PreemptReason::kHandoff, h.id, h.priority, out);
       }
@@ -210,8 +218,9 @@ void Scheduler::grow_decodes(StepState& st, SchedulerOutput& out) const {
     }
     while (need > st.free && !r.preempted) {
       // The sequence served last among those not yet grown this step (possibly r itself).
-      const int v = st.pick_victim([&](const StepState::Run& c) {
-        return !serves_before(key_of(*c.seq), key_of(*r.seq)) || &c == &r;
+      // A stalled run yields whatever its service order (it will not decode).
+      const int v = st.pick_victim_stalled_first([&](const StepState::Run& c) {
+        return c.seq->stalled || !serves_before(key_of(*c.seq), key_of(*r.seq)) || &c == &r;
       });
       if (v < 0) break;  // only handoffs admitted this step are left: r waits a step
       st.preempt(runs[v], PreemptReason::kDecodeGrowth, r.seq->id, r.seq->priority, out);
@@ -226,15 +235,16 @@ void Scheduler::grow_decodes(StepState& st, SchedulerOutput& out) const {
 
 bool Scheduler::make_room_by_slice(StepState& st, const SchedSeq& w, int need,
                                    SchedulerOutput& out) const {
+  // A stalled run (its reader far behind) yields to any waiting work: it will not decode.
   auto eligible = [&](const StepState::Run& r) {
-    return r.seq->slice_expired && r.seq->priority < w.priority;
+    return r.seq->stalled || (r.seq->slice_expired && r.seq->priority < w.priority);
   };
   int available = st.free;
   for (const StepState::Run& r : st.runs)
     if (!r.preempted && !r.admitted_now && eligible(r)) available += r.held;
   if (available < need) return false;
   while (st.free < need) {
-    const int v = st.pick_victim(eligible);
+    const int v = st.pick_victim_stalled_first(eligible);
     KVSPLIT_CHECK(v >= 0);
     StepState::Run& run = st.runs[v];
     st.preempt(run, PreemptReason::kTimeSlice, w.id, w.priority, out);
@@ -252,7 +262,7 @@ int Scheduler::next_token_room(int positions, int blocks, int total_blocks) cons
 int Scheduler::growth_ahead(const StepState& st, const SchedSeq& w) const {
   int blocks = 0;
   for (const StepState::Run& r : st.runs) {
-    if (r.preempted || r.seq->final_positions <= 0) continue;
+    if (r.preempted || r.seq->stalled || r.seq->final_positions <= 0) continue;
     if (!serves_before(key_of(*r.seq), key_of(w))) continue;
     const int last = blocks_for(r.seq->final_positions, config_.block_size);
     blocks += std::clamp(last - r.num_blocks, 0, std::max(0, st.in.total_blocks - r.held));

@@ -79,8 +79,9 @@ struct SchedSeq {
   // of a higher priority without room may pause it.
   bool slice_expired = false;
   // Running only: its consumer has not read its events (WorkerOptions::max_unread_events). It
-  // gets no decode row and so no growth this step (nobody is preempted for it); it keeps its
-  // blocks and may itself be preempted.
+  // gets no decode row and so no growth this step (nobody is preempted for it), and it is the
+  // first victim of any growth, handoff or waiting work that needs blocks, whatever its priority
+  // or age: it holds blocks and will not decode.
   bool stalled = false;
   // Running only, for the SwapPredictor: ms until its class's latency target is missed (max_itl_ms
   // since its last token; may be negative), infinite without a deadline; and the EWMA of the

@@ -255,8 +255,13 @@ class Worker {
   kv::SwapStats swap_stats_;
   kv::MigrateStats migrate_stats_;  // the spatial cut's migrations (MigrateKv)
   int64_t swap_choices_ = 0, recompute_choices_ = 0, swap_fallbacks_ = 0;
-  int64_t stalled_decode_rows_ = 0;  // decode rows skipped for a consumer's unread backlog
-  std::atomic<uint8_t> hold_{0};     // TestHold
+  // Decode rows skipped for a consumer's unread backlog, in steps that ran (written by the worker
+  // thread, read by snapshots).
+  std::atomic<int64_t> stalled_decode_rows_{0};
+  int stalled_this_step_ = 0;  // running sequences held back in the step being planned
+  // Its consumer has max_unread_events events unread (WorkerOptions::max_unread_events).
+  bool reader_behind(const Sequence& seq) const;
+  std::atomic<uint8_t> hold_{0};  // TestHold
 
   // Published for other threads.
   std::atomic<int> free_blocks_{0};

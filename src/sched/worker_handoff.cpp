@@ -171,6 +171,7 @@ void Worker::admit_offers(Clock::time_point now) {
 
 bool Worker::has_unreserved_waiting(int32_t priority) const {
   for (const auto& seq : waiting_) {
+    if (seq->num_output() > 0 && reader_behind(*seq)) continue;  // not resumed while behind
     if ((seq->table.blocks.empty() || kv::swapped_pages(seq->table) > 0) &&
         seq->priority >= priority)
       return true;

@@ -38,6 +38,8 @@ bool Worker::step() {
     publish_stats();
     return false;
   }
+  // Counted in steps that run (an idle worker polling a stalled sequence skips nothing).
+  stalled_decode_rows_.fetch_add(stalled_this_step_, std::memory_order_relaxed);
   const Clock::time_point t1 = Clock::now();
   logits_.clear();
   argmax_ids_.clear();
@@ -223,9 +225,9 @@ SchedulerInput Worker::scheduler_input(bool with_handoffs) {
     if (seq.next != Sequence::Next::kStay) continue;
     SchedSeq s = view(seq, static_cast<int>(i));
     // Back-pressure: a consumer that has not read its events holds its own sequence back (no
-    // decode row, no growth; it decodes again once the backlog is read).
-    s.stalled = options_.max_unread_events > 0 &&
-                seq.ctl->stream->unread() >= static_cast<size_t>(options_.max_unread_events);
+    // decode row, no growth; the first victim of others' needs; it decodes again once the
+    // backlog is read).
+    s.stalled = reader_behind(seq);
     // Fair time slicing: decoding for the class's max_hold_ms since it last (re)started.
     s.slice_expired = seq.sla.max_hold_ms > 0 &&
                       std::chrono::duration<double, std::milli>(now - seq.phase_start).count() >=
@@ -244,6 +246,9 @@ SchedulerInput Worker::scheduler_input(bool with_handoffs) {
   }
   for (size_t i = 0; i < waiting_.size(); ++i) {
     if (waiting_[i]->next != Sequence::Next::kStay) continue;
+    // A preempted sequence whose reader is still behind is not resumed: it would only stall
+    // again holding blocks.
+    if (waiting_[i]->num_output() > 0 && reader_behind(*waiting_[i])) continue;
     SchedSeq s = view(*waiting_[i], kWaitingBase + static_cast<int>(i));
     s.target = waiting_[i]->prefill_target();
     s.swapped_pages = kv::swapped_pages(waiting_[i]->table);
@@ -278,7 +283,8 @@ void Worker::apply_preemptions(const SchedulerOutput& out, Clock::time_point now
 void Worker::schedule(Clock::time_point now) {
   batch_.clear();
   const SchedulerOutput out = scheduler_.schedule(scheduler_input(/*with_handoffs=*/false));
-  for (const SchedSeq& s : sched_running_) stalled_decode_rows_ += s.stalled;
+  stalled_this_step_ = 0;
+  for (const SchedSeq& s : sched_running_) stalled_this_step_ += s.stalled;
   apply_preemptions(out, now);
   apply_swap_ins(out, now);
   start_prefetches(out);
@@ -339,6 +345,11 @@ void Worker::schedule(Clock::time_point now) {
     batch_.samples.push_back(!sample ? kSampleNone : (argmax ? kSampleArgmax : kSampleRow));
     batch_.decode.push_back(0);
   }
+}
+
+bool Worker::reader_behind(const Sequence& seq) const {
+  return options_.max_unread_events > 0 &&
+         seq.ctl->stream->unread() >= static_cast<size_t>(options_.max_unread_events);
 }
 
 void Worker::settle_cut(Sequence& seq, Clock::time_point step_start, bool all) {

@@ -357,6 +357,7 @@ TEST_P(EngineSlowReader, AnUnreadStreamStallsOnlyItsOwnSequence) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig cfg = testing::stories_config(GetParam());
   cfg.max_unread_events = 8;
+  cfg.num_decode_workers = 1;  // both requests decode on one worker: its steps count the skips
   auto engine = Engine::create(cfg);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   auto ref_engine = Engine::create(testing::stories_config(GetParam()));
@@ -368,18 +369,21 @@ TEST_P(EngineSlowReader, AnUnreadStreamStallsOnlyItsOwnSequence) {
   r.sampling.ignore_eos = true;
   auto slow = (*engine)->submit(r);
   ASSERT_TRUE(slow.ok()) << slow.status().to_string();
-  ASSERT_TRUE(wait_for_stats(**engine, [](const EngineStats& s) {
-    int64_t stalled = 0;
-    for (const PoolStats& p : s.pools) stalled += p.decode_rows_stalled;
-    return stalled >= 5;
-  }));
-  // Meanwhile another request is served in full.
+  // Its first 8 events come within milliseconds; then it stalls.
+  ASSERT_TRUE(wait_for_stats(**engine, [](const EngineStats& s) { return s.num_running >= 1; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // Meanwhile another request is served in full, and its steps count the stalled one's skips.
   Request other = r;
   other.prompt = "The dog";
   other.sampling.max_tokens = 40;
   const Collected fast = collect(*(*engine)->submit(other), std::chrono::seconds(30));
   ASSERT_FALSE(fast.timed_out);
   EXPECT_EQ(fast.final_event.finish_reason, FinishReason::kLength);
+  EXPECT_TRUE(wait_for_stats(**engine, [](const EngineStats& s) {
+    int64_t stalled = 0;
+    for (const PoolStats& p : s.pools) stalled += p.decode_rows_stalled;
+    return stalled >= 5;
+  }));
   // The stalled stream holds the bound's events, not the request's 120.
   int unread = 0;
   std::vector<int32_t> tokens;
@@ -398,6 +402,46 @@ TEST_P(EngineSlowReader, AnUnreadStreamStallsOnlyItsOwnSequence) {
   const Collected ref = collect(*(*ref_engine)->submit(r));
   EXPECT_EQ(tokens, ref.tokens);
   EXPECT_EQ(rest.final_event.finish_reason, FinishReason::kLength);
+}
+
+// A stalled sequence holds blocks it will not use: another request that needs them takes them
+// (the stalled one is preempted, whatever its age), instead of waiting until the slow client
+// reads. Once read, the stalled request resumes and finishes with the tokens of an unhindered
+// run, and every block is back.
+TEST_P(EngineSlowReader, AStalledSequenceYieldsItsBlocks) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = testing::stories_config(GetParam());
+  cfg.max_unread_events = 8;
+  cfg.num_decode_workers = 1;
+  cfg.kv_blocks_per_worker = 6;  // 96 tokens: the second request needs the first's blocks
+  cfg.sla_classes[0].queue_timeout_ms = 600000;
+  auto engine = EngineImpl::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const std::vector<int> initial = testing::free_blocks(**engine);
+  auto ref_engine = Engine::create(testing::stories_config(GetParam()));
+  ASSERT_TRUE(ref_engine.ok());
+  Request a;
+  a.prompt_token_ids.assign(30, 7);
+  a.sampling.temperature = 0;
+  a.sampling.max_tokens = 60;
+  a.sampling.ignore_eos = true;
+  auto slow = (*engine)->submit(a);
+  ASSERT_TRUE(slow.ok()) << slow.status().to_string();
+  ASSERT_TRUE(wait_for_stats(**engine, [](const EngineStats& s) { return s.num_running >= 1; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // it stalls after 8 events
+  Request b = a;
+  b.prompt_token_ids.assign(30, 9);
+  b.sampling.max_tokens = 60;  // 90 positions: 6 blocks, the whole pool
+  const Collected fast = collect(*(*engine)->submit(b), std::chrono::seconds(30));
+  ASSERT_FALSE(fast.timed_out) << "the stalled sequence kept its blocks";
+  EXPECT_EQ(fast.final_event.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(fast.tokens, collect(*(*ref_engine)->submit(b)).tokens);
+  const Collected rest = collect(std::move(*slow), std::chrono::seconds(60));
+  ASSERT_FALSE(rest.timed_out);
+  EXPECT_EQ(rest.final_event.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(rest.tokens, collect(*(*ref_engine)->submit(a)).tokens);
+  EXPECT_GT((*engine)->stats().preemptions, 0);
+  EXPECT_TRUE(testing::pools_back_to(**engine, initial));
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, EngineSlowReader,

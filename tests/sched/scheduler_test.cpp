@@ -93,16 +93,28 @@ TEST(Scheduler, DecodeGrowthPreemptsLowestPriorityThenYoungest) {
 }
 
 // A stalled sequence (its consumer has not read its events) gets no decode row: nobody is
-// preempted for its growth, and it stays a victim for others' growth.
-TEST(Scheduler, AStalledSequenceGrowsNotAndCanBePreempted) {
+// preempted for its growth, and it is the first victim of others' needs whatever its priority
+// or age (it holds blocks and will not decode).
+TEST(Scheduler, AStalledSequenceGrowsNotAndYieldsItsBlocks) {
   std::vector<SchedSeq> run = {running(0, 4, 1, /*priority=*/9), running(1, 4, 1, 0)};
   run[0].stalled = true;
   SchedulerInput in{run, {}, {}, /*free=*/0, /*total=*/2, 1};
   SchedulerOutput out = Scheduler(config(64, true)).schedule(in);
-  // 1 needs a block and none is free: 0 is served first but stalled, so 1 preempts itself.
+  // 1 needs a block and none is free: 0 is served first but stalled, so it yields its block.
   ASSERT_EQ(out.preempted.size(), 1u);
-  EXPECT_EQ(out.preempted[0].id, 1);
-  EXPECT_TRUE(out.decode.empty());
+  EXPECT_EQ(out.preempted[0].id, 0);
+  ASSERT_EQ(out.decode.size(), 1u);
+  EXPECT_EQ(out.decode[0].id, 1);
+  // Waiting work of equal priority, no time slice: a stalled run still yields to it.
+  run = {running(0, 4, 1, 0)};
+  run[0].stalled = true;
+  const std::vector<SchedSeq> wait = {waiting(10, 4)};
+  SchedulerInput win{run, wait, {}, /*free=*/0, /*total=*/1, 1};
+  out = Scheduler(config(64, true)).schedule(win);
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0].id, 0);
+  ASSERT_EQ(out.prefill.size(), 1u);
+  EXPECT_EQ(out.prefill[0].id, 10);
   // Not stalled, 0 would take 1's block for its own growth.
   run[0].stalled = false;
   out = Scheduler(config(64, true)).schedule(in);
