@@ -50,7 +50,15 @@ StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer_from_bytes(std::string_view 
     return invalid_argument("tokenizer " + path + ": expected_vocab " +
                             std::to_string(expected_vocab) + " is negative");
   }
-  if (looks_like_json(data)) return internal::load_hf_tokenizer(path, data, expected_vocab);
+  if (looks_like_json(data)) {
+    auto hf = internal::load_hf_tokenizer(path, data, expected_vocab);
+    if (hf.ok()) return hf;
+    // A llama2.c tokenizer.bin whose max_token_length has '{' (0x7B) as its low byte, e.g. 123,
+    // starts with '{' too: it is one when it parses as one. Otherwise the JSON error stands.
+    auto bin = internal::load_llama2c_tokenizer(path, data, expected_vocab);
+    if (bin.ok()) return bin;
+    return hf.status();
+  }
   return internal::load_llama2c_tokenizer(path, data, expected_vocab);
 }
 

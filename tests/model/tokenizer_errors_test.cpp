@@ -78,6 +78,25 @@ TEST_F(TokenizerErrors, Llama2cTruncatedAndMismatched) {
   EXPECT_EQ((*all)->vocab_size(), 512);
 }
 
+// A llama2.c tokenizer.bin whose max_token_length is 123 starts with '{' like a tokenizer.json:
+// it loads as what it is (it used to fail as "bad JSON").
+TEST_F(TokenizerErrors, Llama2cFileStartingWithABraceLoads) {
+  KVSPLIT_REQUIRE_MODELS();
+  std::string bytes = read(model_path("tok512.bin"));
+  ASSERT_GE(bytes.size(), 4u);
+  const std::string h = header(123);  // low byte 0x7B = '{'
+  ASSERT_EQ(h[0], '{');
+  bytes.replace(0, 4, h);
+  const std::string path = write("brace.bin", bytes);
+  auto t = load_tokenizer(path, 512);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  auto ref = load_tokenizer(model_path("tok512.bin"), 512);
+  ASSERT_TRUE(ref.ok());
+  EXPECT_EQ(*(*t)->encode("Once upon a time", true), *(*ref)->encode("Once upon a time", true));
+  // A broken tokenizer.json still reports its JSON error.
+  expect_error(write("bad.json", "{\"model\": "), 0, StatusCode::kInvalidArgument, "bad JSON");
+}
+
 TEST_F(TokenizerErrors, Llama2cBadLengths) {
   const std::string three = entry(0, 1, "a") + entry(0, 1, "b") + entry(0, 1, "c");
   ASSERT_TRUE(load_tokenizer(write("ok.bin", header(4) + three), 3).ok());
