@@ -131,10 +131,8 @@ Status CudaBackend::copy_h2d(void* dst, const void* src, size_t bytes) {
 
 Status CudaBackend::copy_d2h(void* dst, const void* src, size_t bytes) {
   const DeviceScope on_device(device_);
-  if (bytes == 0) return check_error_flag();
-  KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
-                      "copy_d2h");
-  KVSPLIT_CUDA_RETURN(cudaStreamSynchronize(stream_), "copy_d2h sync");
+  // The owner's read: read_for_peer's ordered copy, then this thread's error flag.
+  KVSPLIT_RETURN_IF_ERROR(read_for_peer(dst, src, bytes));
   return check_error_flag();
 }
 
