@@ -76,14 +76,11 @@ class StreamCall : public grpc::ClientReadReactor<v1::GenerateResponse> {
   }
   void OnReadDone(bool ok) override {
     if (!ok) return;
-    const auto now = Clock::now();
     if (resp_.token_ids_size() > 0) {
-      if (out_->tokens == 0)
-        out_->ttft_ms = since(start_, now) * 1e3;
-      else
-        out_->itl_ms.push_back(since(last_, now) * 1e3 / resp_.token_ids_size());
-      out_->tokens += resp_.token_ids_size();
-      last_ = now;
+      const Clock::time_point previous = last_;
+      last_ = Clock::now();
+      out_->record_message(since(start_, last_) * 1e3, since(previous, last_) * 1e3,
+                           resp_.token_ids_size());
     }
     StartRead(&resp_);
   }
@@ -125,11 +122,8 @@ void run_in_engine(kvsplit::Engine* engine, const Work& w, Outcome* out) {
   while (h->next(&ev, std::chrono::minutes(10))) {
     const auto now = Clock::now();
     if (!ev.token_ids.empty()) {
-      if (out->tokens == 0)
-        out->ttft_ms = since(start, now) * 1e3;
-      else
-        out->itl_ms.push_back(since(last, now) * 1e3 / ev.token_ids.size());
-      out->tokens += static_cast<int>(ev.token_ids.size());
+      out->record_message(since(start, now) * 1e3, since(last, now) * 1e3,
+                          static_cast<int>(ev.token_ids.size()));
       last = now;
     }
     if (ev.final) {

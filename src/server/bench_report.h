@@ -36,6 +36,15 @@ struct Outcome {
   int tokens = 0;
   double ttft_ms = 0, e2e_ms = 0;
   std::vector<double> itl_ms;  // one per message after the first (gap / tokens in it)
+  // From the first token to the last: the request's mean inter-token latency is
+  // itl_total_ms / itl_tokens, as the server's mean_itl_ms (Timings).
+  double itl_total_ms = 0;
+  int itl_tokens = 0;
+
+  // A message carrying `n` > 0 tokens arrived `ms` after the request was sent, `gap_ms` after
+  // the previous one.
+  void record_message(double ms, double gap_ms, int n);
+  double mean_itl_ms() const { return itl_tokens > 0 ? itl_total_ms / itl_tokens : 0; }
 };
 
 // Parses "MIN:MAX" lengths and "name:weight,..." class mixes into `spec` (kInvalidArgument
@@ -44,8 +53,9 @@ Status parse_spec(const std::string& prompt_len, const std::string& output_len,
                   const std::string& class_mix, Spec* spec);
 // Deterministic for a given spec; prompt + max_tokens is clipped to `max_context`.
 std::vector<Work> make_workload(const Spec& spec, int32_t vocab_size, int32_t max_context);
-// p50/p90/p99/mean of TTFT, ITL, E2E; tokens/s, requests/s, goodput (requests meeting their
-// class's max_ttft_ms and max_itl_ms per second); per-request samples for plotting.
+// p50/p90/p99/mean of TTFT, ITL, E2E; tokens/s, requests/s, goodput (requests per second whose
+// TTFT met their class's max_ttft_ms and whose mean ITL met its max_itl_ms: the server's SLO
+// definition); per-request samples for plotting.
 nlohmann::json summarize(const std::string& mode, const Spec& spec,
                          const std::vector<Outcome>& outcomes, double seconds,
                          const std::map<std::string, std::pair<double, double>>& targets);

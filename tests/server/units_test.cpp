@@ -164,6 +164,33 @@ TEST(BenchReportTest, QuantilesAndGoodput) {
   EXPECT_DOUBLE_EQ(j["ttft_ms"]["p50"].get<double>(), 275);
 }
 
+// Goodput counts a request whose TTFT and mean ITL meet its class's targets, as the server's SLO
+// counters do: one long gap (a preemption) over max_itl_ms does not fail a request whose mean
+// ITL meets it; a mean over it does.
+TEST(BenchReportTest, GoodputUsesTheMeanInterTokenLatency) {
+  bench::Spec s;
+  std::vector<bench::Outcome> o(2);
+  for (bench::Outcome& r : o) {
+    r.ok = true;
+    r.sla_class = "v";
+    r.record_message(50, 50, 1);  // first token at 50 ms
+  }
+  // 1 + 2 + 6 tokens after the first: gaps 45 ms, 10 ms, 30 ms: mean 85 / 9 ms; largest 45 ms.
+  o[0].record_message(95, 45, 1);
+  o[0].record_message(105, 10, 2);
+  o[0].record_message(135, 30, 6);
+  // Mean 25 ms per token.
+  o[1].record_message(100, 50, 2);
+  EXPECT_EQ(o[0].tokens, 10);
+  EXPECT_DOUBLE_EQ(o[0].ttft_ms, 50);
+  EXPECT_DOUBLE_EQ(o[0].mean_itl_ms(), 85.0 / 9);
+  ASSERT_EQ(o[0].itl_ms.size(), 3u);
+  EXPECT_DOUBLE_EQ(o[0].itl_ms[1], 5);
+  EXPECT_DOUBLE_EQ(o[1].mean_itl_ms(), 25);
+  auto j = bench::summarize("grpc", s, o, 1.0, {{"v", {100, 20}}});
+  EXPECT_DOUBLE_EQ(j["goodput_rps"].get<double>(), 1);
+}
+
 TEST(BenchReportTest, ErrorsGroupByKindIgnoringNumbers) {
   EXPECT_EQ(bench::error_kind("request grpc-2738 waited 30158 ms"), "request grpc-# waited # ms");
   EXPECT_EQ(bench::error_kind("request grpc-3fa80b21c9d4e5f60718293a4b5c6d7e waited 30158 ms"),
