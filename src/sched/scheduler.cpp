@@ -299,13 +299,17 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
   // Reservation in service order, then the fair prefill rule (policy.h): progress for every
   // prompt, then the least remaining first within a priority, each under max_chunk_tokens. Chunks
   // are listed in that order.
+  // Steps advance only while some running sequence decodes: none may be running, or every one
+  // may be stalled behind its reader (no decode row).
+  const bool steps_advance = std::any_of(in.running.begin(), in.running.end(),
+                                         [](const SchedSeq& r) { return !r.stalled; });
   auto select = [&](std::vector<Cand>& cands) {
     cands.clear();
     bool reserving = true;  // the first that does not fit stops later ones from starting
     for (const SchedSeq* w : by_service) {
       if (w->swapped_pages > 0) {
-        // Paused until its resume step, unless nothing runs (steps would not advance).
-        if (in.step < w->resume_step && !in.running.empty()) continue;
+        // Paused until its resume step, unless steps would not advance.
+        if (in.step < w->resume_step && steps_advance) continue;
         // It resumes only with room for its next token too (next_token_room).
         const int room =
             w->swapped_pages + next_token_room(w->num_computed, w->swapped_pages, in.total_blocks);

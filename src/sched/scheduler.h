@@ -72,7 +72,7 @@ struct SchedSeq {
   int64_t last_prefill_step = -1;  // the step that last gave it a chunk (round robin)
   // Waiting only, the temporal cut: pages swapped out to the host tier (kv/swap.h). Such a
   // sequence has its KV (num_computed == target) and resumes by a swap-in of this many blocks,
-  // not before step resume_step while other sequences run.
+  // not before step resume_step while other sequences decode (any running one not stalled).
   int swapped_pages = 0;
   int64_t resume_step = 0;
   // Running only, fair time slicing: it has held the pool for its class's slice, so waiting work

@@ -115,8 +115,9 @@ TEST(Scheduler, AStalledSequenceGrowsNotAndYieldsItsBlocks) {
   EXPECT_EQ(out.preempted[0].id, 0);
   ASSERT_EQ(out.prefill.size(), 1u);
   EXPECT_EQ(out.prefill[0].id, 10);
-  // Not stalled, 0 would take 1's block for its own growth.
-  run[0].stalled = false;
+  // Not stalled, 0 (priority 9, served first) takes 1's block for its own growth.
+  run = {running(0, 4, 1, /*priority=*/9), running(1, 4, 1, 0)};
+  in.running = run;
   out = Scheduler(config(64, true)).schedule(in);
   ASSERT_EQ(out.preempted.size(), 1u);
   EXPECT_EQ(out.preempted[0].id, 1);
@@ -434,6 +435,13 @@ TEST(Scheduler, SwappedSequenceResumesFromItsResumeStepWithoutPrefill) {
   // Nothing else runs: steps would not advance, so it resumes at once.
   const SchedulerOutput idle = sched.schedule({{}, wait, {}, 8, 16, /*step=*/4});
   ASSERT_EQ(idle.swap_in.size(), 1u);
+  // Nor do they when every running sequence is stalled behind its reader (no decode row): it
+  // resumes at once, or it would wait for a step that never comes.
+  std::vector<SchedSeq> stalled = run;
+  stalled[0].stalled = true;
+  const SchedulerOutput behind = sched.schedule({stalled, wait, {}, 8, 16, /*step=*/4});
+  ASSERT_EQ(behind.swap_in.size(), 1u);
+  EXPECT_EQ(behind.swap_in[0].id, 1);
   const SchedulerOutput now = sched.schedule({{}, wait, {}, 8, 8, /*step=*/5});
   ASSERT_EQ(now.swap_in.size(), 1u);
   EXPECT_EQ(now.swap_in[0].id, 1);
