@@ -164,7 +164,10 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
                         (pool.host_allocator().num_blocks() > 0 || pool.disk() != nullptr);
   SwapCosts costs;
   kv::SwapStats swap_stats;
-  if (swapping && options.swap == SwapMode::kAuto) measure_copy_bandwidth(pool, &costs);
+  if (swapping && options.swap == SwapMode::kAuto) {
+    measure_copy_bandwidth(pool, &costs);
+    measure_disk_swap_bandwidth(pool, &costs);
+  }
   std::vector<SchedSeq> running, waiting;
   std::vector<SeqStep> steps;
   std::vector<int> step_seq;  // seqs index of each step
@@ -227,8 +230,8 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       ++s.preemptions;
       if (s.cut) KVSPLIT_RETURN_IF_ERROR(s.cut->settle_all(pool, s.table));  // recalls land first
       if (const int pages = swapping ? kv::swappable_pages(s.table) : 0; pages > 0) {
-        const SwapChoice c =
-            choose_swap(options.swap, costs, pages * pool.bytes_per_block(), s.target());
+        const SwapChoice c = choose_swap(options.swap, costs, pages * pool.bytes_per_block(),
+                                         s.target(), swap_tier(pool, pages));
         if (c.swap) {
           auto done = kv::swap_out(pool, s.table, &swap_stats);
           if (!done.ok()) return done.status();

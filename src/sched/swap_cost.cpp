@@ -4,15 +4,29 @@
 #include <chrono>
 #include <vector>
 
+#include "kv/disk_tier.h"
+
 namespace kvsplit::sched {
 
 SwapChoice choose_swap(SwapMode mode, const SwapCosts& costs, int64_t swap_bytes,
-                       int recompute_tokens) {
+                       int recompute_tokens, SwapTier tier) {
   SwapChoice c;
+  c.tier = tier;
   const double bytes = static_cast<double>(swap_bytes);
-  const bool copies_known = costs.d2h_bytes_per_s > 0 && costs.h2d_bytes_per_s > 0;
-  if (copies_known)
-    c.swap_ms = 1e3 * (bytes / costs.d2h_bytes_per_s + bytes / costs.h2d_bytes_per_s);
+  const bool host_known = costs.d2h_bytes_per_s > 0 && costs.h2d_bytes_per_s > 0;
+  const double host_ms =
+      host_known ? 1e3 * (bytes / costs.d2h_bytes_per_s + bytes / costs.h2d_bytes_per_s) : 0;
+  bool copies_known = host_known;
+  c.swap_ms = host_ms;
+  if (tier == SwapTier::kDisk) {
+    const bool disk_known = costs.disk_write_bytes_per_s > 0 && costs.disk_read_bytes_per_s > 0;
+    copies_known = disk_known && (host_known || !costs.disk_stages_through_host);
+    if (disk_known) {
+      c.swap_ms =
+          1e3 * (bytes / costs.disk_write_bytes_per_s + bytes / costs.disk_read_bytes_per_s) +
+          (costs.disk_stages_through_host ? host_ms : 0);
+    }
+  }
   if (costs.prefill_tokens_per_s > 0)
     c.recompute_ms = 1e3 * recompute_tokens / costs.prefill_tokens_per_s;
   switch (mode) {
@@ -27,6 +41,11 @@ SwapChoice choose_swap(SwapMode mode, const SwapCosts& costs, int64_t swap_bytes
       break;
   }
   return c;
+}
+
+SwapTier swap_tier(const kv::KvPool& pool, int pages) {
+  return pool.available_host_slots() < pages && pool.disk() != nullptr ? SwapTier::kDisk
+                                                                       : SwapTier::kHost;
 }
 
 double ewma(double mean, double sample, double alpha) {
@@ -85,6 +104,22 @@ bool measure_copy_bandwidth(const kv::KvPool& pool, SwapCosts* costs) {
   }
   costs->d2h_bytes_per_s = best_d2h;
   costs->h2d_bytes_per_s = best_h2d;
+  return true;
+}
+
+bool measure_disk_swap_bandwidth(kv::KvPool& pool, SwapCosts* costs) {
+  kv::DiskTier* disk = pool.disk();
+  if (disk == nullptr) return false;
+  const int64_t record =
+      std::clamp<int64_t>(pool.bytes_per_block() * 16, int64_t{1} << 20, int64_t{8} << 20);
+  StatusOr<kv::DiskBandwidth> bw = kv::measure_disk_bandwidth(*disk, record, record * 4);
+  if (!bw.ok() || bw->write_bytes_per_s <= 0 || bw->read_bytes_per_s <= 0) return false;
+  costs->disk_write_bytes_per_s = bw->write_bytes_per_s;
+  costs->disk_read_bytes_per_s = bw->read_bytes_per_s;
+  costs->disk_stages_through_host = false;
+  for (int s = 0; s < pool.num_shards(); ++s)
+    if (pool.shard(s).backend().kind() != backend::DeviceKind::kCpu)
+      costs->disk_stages_through_host = true;
   return true;
 }
 

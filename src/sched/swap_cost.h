@@ -10,25 +10,40 @@
 
 namespace kvsplit::sched {
 
-// Measured on a worker: copy bandwidths between its device and the host tier (bytes/s, at
-// start-up) and its prefill speed (tokens/s; an EWMA over its prefill steps). 0: not measured.
+// Measured on a worker: copy bandwidths between its device and the host tier and the disk
+// tier's record write and read bandwidths (bytes/s, at start-up), and its prefill speed
+// (tokens/s; an EWMA over its prefill steps). 0: not measured (or no disk tier).
 struct SwapCosts {
   double d2h_bytes_per_s = 0;
   double h2d_bytes_per_s = 0;
+  double disk_write_bytes_per_s = 0;
+  double disk_read_bytes_per_s = 0;
+  // A disk swap goes through a host staging buffer (device memory that is not host memory):
+  // it also crosses the host link both ways. On the CPU backend the record is written and read
+  // in place (kv/swap.cpp).
+  bool disk_stages_through_host = false;
   double prefill_tokens_per_s = 0;
 };
 
+// Where a swap-out goes (kv::swap_out): the host tier while it has room, else the disk tier.
+enum class SwapTier : uint8_t { kHost, kDisk };
+
 struct SwapChoice {
   bool swap = false;
-  double swap_ms = 0;       // predicted: copy out now + copy in at resume
+  SwapTier tier = SwapTier::kHost;
+  double swap_ms = 0;       // predicted: copy out now + copy in at resume, to and from `tier`
   double recompute_ms = 0;  // predicted: prefill of the tokens again
 };
 
 // kAlways: swap; kNever: recompute; kAuto: the cheaper prediction (swap while a cost is not
 // measured yet: recompute always redoes work). swap_bytes: the pages' bytes (all layers);
-// recompute_tokens: the positions a recompute prefills.
+// recompute_tokens: the positions a recompute prefills; tier: where the swap would go
+// (swap_tier), priced with that tier's bandwidths.
 SwapChoice choose_swap(SwapMode mode, const SwapCosts& costs, int64_t swap_bytes,
-                       int recompute_tokens);
+                       int recompute_tokens, SwapTier tier = SwapTier::kHost);
+
+// The tier kv::swap_out would put `pages` full pages of `pool` in now.
+SwapTier swap_tier(const kv::KvPool& pool, int pages);
 
 // Updates an exponentially weighted mean (weight `alpha` for the new sample; `mean` 0: first).
 double ewma(double mean, double sample, double alpha);
@@ -39,5 +54,11 @@ const char* swap_mode_name(SwapMode mode);
 // of sixteen of its pages (1 to 16 MiB; best of 3, a few ms). Fills the two copy fields of
 // *costs; false (unchanged) on an error.
 bool measure_copy_bandwidth(const kv::KvPool& pool, SwapCosts* costs);
+
+// Measures `pool`'s disk tier as a swap uses it: four records of sixteen pages (1 to 8 MiB)
+// written, then read back (warm), then freed. Fills the disk fields of *costs (and
+// disk_stages_through_host from the backend); false (unchanged) without a disk tier or on an
+// error (e.g. no room for a record).
+bool measure_disk_swap_bandwidth(kv::KvPool& pool, SwapCosts* costs);
 
 }  // namespace kvsplit::sched

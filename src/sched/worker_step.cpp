@@ -108,13 +108,15 @@ bool Worker::try_swap_out(Sequence& seq, const Preemption& why) {
   const int pages = kv::swappable_pages(seq.table);
   if (pages == 0) return false;
   const int64_t bytes = int64_t{pages} * pool_->bytes_per_block();
-  const SwapChoice c = choose_swap(mode, swap_costs_, bytes, seq.prefill_target());
+  const SwapChoice c =
+      choose_swap(mode, swap_costs_, bytes, seq.prefill_target(), swap_tier(*pool_, pages));
   KVSPLIT_LOG_INFO(
       "{}: preempting request {} ({} of a request of priority {}): {} ({} pages, {:.1f} KiB; "
-      "predicted swap {:.3f} ms, recompute of {} tokens {:.3f} ms; swap: {})",
+      "predicted swap via the {} tier {:.3f} ms, recompute of {} tokens {:.3f} ms; swap: {})",
       options_.name, seq.display_id(), preempt_reason_name(why.reason), why.for_priority,
-      c.swap ? "swap out" : "recompute", pages, bytes / 1024.0, c.swap_ms, seq.prefill_target(),
-      c.recompute_ms, swap_mode_name(mode));
+      c.swap ? "swap out" : "recompute", pages, bytes / 1024.0,
+      c.tier == SwapTier::kDisk ? "disk" : "host", c.swap_ms, seq.prefill_target(), c.recompute_ms,
+      swap_mode_name(mode));
   if (!c.swap) {
     ++recompute_choices_;
     return false;
@@ -198,10 +200,21 @@ void Worker::note_prefill_speed(int prefill_tokens, double seconds) {
 
 void Worker::measure_swap_costs() {
   if (!swapping()) return;
-  if (!measure_copy_bandwidth(*pool_, &swap_costs_)) return;
-  KVSPLIT_LOG_INFO("{}: host tier copies measured at {:.2f} GB/s out, {:.2f} GB/s in (swap: {})",
-                   options_.name, swap_costs_.d2h_bytes_per_s / 1e9,
-                   swap_costs_.h2d_bytes_per_s / 1e9, swap_mode_name(options_.temporal.swap));
+  if (measure_copy_bandwidth(*pool_, &swap_costs_)) {
+    KVSPLIT_LOG_INFO("{}: host tier copies measured at {:.2f} GB/s out, {:.2f} GB/s in (swap: {})",
+                     options_.name, swap_costs_.d2h_bytes_per_s / 1e9,
+                     swap_costs_.h2d_bytes_per_s / 1e9, swap_mode_name(options_.temporal.swap));
+  }
+  if (measure_disk_swap_bandwidth(*pool_, &swap_costs_)) {
+    KVSPLIT_LOG_INFO("{}: disk tier records measured at {:.2f} GB/s written, {:.2f} GB/s read",
+                     options_.name, swap_costs_.disk_write_bytes_per_s / 1e9,
+                     swap_costs_.disk_read_bytes_per_s / 1e9);
+  } else if (pool_->disk() != nullptr) {
+    KVSPLIT_LOG_WARN(
+        "{}: the disk tier's bandwidth could not be measured: a swap to disk is chosen as if it "
+        "cost nothing",
+        options_.name);
+  }
 }
 
 SchedulerInput Worker::scheduler_input(bool with_handoffs) {

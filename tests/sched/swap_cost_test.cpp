@@ -5,7 +5,9 @@
 #include <memory>
 
 #include "forwarding_backend.h"
+#include "kv/disk_tier.h"
 #include "kv/kv_pool.h"
+#include "test_util.h"
 
 namespace kvsplit::sched {
 namespace {
@@ -34,6 +36,76 @@ TEST(SwapCost, OverridesAndUnmeasuredCosts) {
   EXPECT_FALSE(choose_swap(SwapMode::kNever, c, 1, 1'000'000).swap);
   // Nothing measured yet: swap (recompute always redoes the work).
   EXPECT_TRUE(choose_swap(SwapMode::kAuto, SwapCosts{}, 1 << 20, 16).swap);
+}
+
+// A swap that goes to the disk tier is priced with the disk's bandwidths (plus the host link
+// where the backend stages through host memory), not as a host-tier copy.
+TEST(SwapCost, ADiskSwapIsPricedWithTheDiskBandwidth) {
+  SwapCosts c;
+  c.d2h_bytes_per_s = c.h2d_bytes_per_s = 10e9;
+  c.disk_write_bytes_per_s = 100e6;
+  c.disk_read_bytes_per_s = 200e6;
+  c.prefill_tokens_per_s = 1000;
+  // 10 MB: host 1 + 1 ms; disk 100 + 50 ms. Recompute of 50 tokens: 50 ms.
+  SwapChoice host = choose_swap(SwapMode::kAuto, c, 10'000'000, 50, SwapTier::kHost);
+  EXPECT_TRUE(host.swap);
+  EXPECT_EQ(host.tier, SwapTier::kHost);
+  EXPECT_NEAR(host.swap_ms, 2.0, 1e-9);
+  SwapChoice disk = choose_swap(SwapMode::kAuto, c, 10'000'000, 50, SwapTier::kDisk);
+  EXPECT_FALSE(disk.swap);
+  EXPECT_EQ(disk.tier, SwapTier::kDisk);
+  EXPECT_NEAR(disk.swap_ms, 150.0, 1e-9);
+  // 200 tokens (200 ms) make the disk worth it.
+  EXPECT_TRUE(choose_swap(SwapMode::kAuto, c, 10'000'000, 200, SwapTier::kDisk).swap);
+  // Staged through host memory: the host copies add to the disk's.
+  c.disk_stages_through_host = true;
+  EXPECT_NEAR(choose_swap(SwapMode::kAuto, c, 10'000'000, 200, SwapTier::kDisk).swap_ms, 152.0,
+              1e-9);
+  // The disk unmeasured: swap (as for any unmeasured cost).
+  SwapCosts no_disk = c;
+  no_disk.disk_write_bytes_per_s = no_disk.disk_read_bytes_per_s = 0;
+  EXPECT_TRUE(choose_swap(SwapMode::kAuto, no_disk, 10'000'000, 1, SwapTier::kDisk).swap);
+  // kAlways / kNever are not priced away.
+  EXPECT_TRUE(choose_swap(SwapMode::kAlways, c, 10'000'000, 1, SwapTier::kDisk).swap);
+  EXPECT_FALSE(choose_swap(SwapMode::kNever, c, 1, 1'000'000, SwapTier::kDisk).swap);
+}
+
+// swap_tier follows kv::swap_out: the host tier while it has room for the pages, else the disk
+// tier when there is one; the disk probe measures it and leaves it empty.
+TEST(SwapCost, SwapTierAndTheDiskProbe) {
+  auto cpu = backend::create_backend("cpu", 1);
+  ASSERT_TRUE(cpu.ok());
+  kv::KvPoolConfig cfg;
+  cfg.num_blocks = 8;
+  cfg.block_size = 16;
+  const kv::KvShape shape{2, 2, 8};
+  cfg.host_bytes = 4 * kv::KvPool::block_bytes(cfg, shape);  // 4 host slots
+  auto pool = kv::KvPool::create(**cpu, cfg, shape);
+  ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+  EXPECT_EQ(swap_tier(**pool, 4), SwapTier::kHost);
+  EXPECT_EQ(swap_tier(**pool, 5), SwapTier::kHost);  // no disk: swap_out refuses, host it is
+  SwapCosts costs;
+  EXPECT_FALSE(measure_disk_swap_bandwidth(**pool, &costs));  // no disk tier
+  EXPECT_EQ(costs.disk_write_bytes_per_s, 0);
+  testing::TempDir dir;
+  kv::DiskTierConfig dc;
+  dc.path = dir.path().string();
+  dc.capacity_bytes = 64 << 20;
+  dc.extent_bytes = 1 << 20;
+  auto disk = kv::DiskTier::open(dc);
+  ASSERT_TRUE(disk.ok()) << disk.status().to_string();
+  (*pool)->attach_disk(std::move(disk).value());
+  EXPECT_EQ(swap_tier(**pool, 4), SwapTier::kHost);
+  EXPECT_EQ(swap_tier(**pool, 5), SwapTier::kDisk);
+  ASSERT_TRUE(measure_disk_swap_bandwidth(**pool, &costs));
+  EXPECT_GT(costs.disk_write_bytes_per_s, 0);
+  EXPECT_GT(costs.disk_read_bytes_per_s, 0);
+  EXPECT_FALSE(costs.disk_stages_through_host);  // the CPU backend swaps to disk in place
+  const kv::DiskTierStats st = (*pool)->disk()->stats();
+  EXPECT_EQ(st.writes, 4);
+  EXPECT_EQ(st.reads, 4);
+  EXPECT_EQ(st.records, 0);
+  EXPECT_EQ(st.extents_used, 0);
 }
 
 // Counts the calls measure_copy_bandwidth makes.
