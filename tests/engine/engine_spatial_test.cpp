@@ -141,13 +141,22 @@ TEST(EngineSpatialCapacity, MinContextSpreadsOnlyLongSequences) {
   auto engine = Engine::create(cfg);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   const std::vector<int> initial = testing::free_blocks(**engine);
+  // Bytes the shards exchanged (only spread sequences exchange anything).
+  auto exchanged = [&] {
+    int64_t b = 0;
+    for (const PoolStats& p : (*engine)->stats().pools) b += p.kv_shard_exchange_bytes;
+    return b;
+  };
   EXPECT_GT(testing::expect_greedy_goldens(**engine), 0);
+  ASSERT_TRUE(testing::pools_back_to(**engine, initial));
+  EXPECT_EQ(exchanged(), 0);  // the goldens stayed on the home shard
   auto h = (*engine)->submit(long_request());
   ASSERT_TRUE(h.ok()) << h.status().to_string();
   Collected c = collect(*h);
   EXPECT_TRUE(c.final_event.status.ok()) << c.final_event.status.to_string();
   EXPECT_EQ(c.tokens.size(), 30u);
   EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+  EXPECT_GT(exchanged(), 0);  // the long request was spread
 }
 
 // The migration hook through the worker inbox: a held sequence's pages move to one shard, and

@@ -550,16 +550,14 @@ TEST_P(DiskTierTest, CreatesAMissingDirectory) {
   EXPECT_TRUE(std::filesystem::is_regular_file(c.path + "/kvsplit-kv-tier.data"));
 }
 
-TEST_P(DiskTierTest, BandwidthProbeIsQuickAndLeavesNothing) {
+// What the probe costs is measured by bench_tiers, not here.
+TEST_P(DiskTierTest, BandwidthProbeLeavesNothing) {
   auto tier = open_tier(64, 1 << 20);
   ASSERT_TRUE(tier);
-  const auto t0 = std::chrono::steady_clock::now();
   StatusOr<DiskBandwidth> bw = measure_disk_bandwidth(*tier, 4 << 20, 32 << 20);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(bw.ok()) << bw.status().to_string();
   EXPECT_GT(bw->write_bytes_per_s, 0);
   EXPECT_GT(bw->read_bytes_per_s, 0);
-  EXPECT_LT(s, 5.0);  // generous for sanitizer builds; ~0.05 s in Release
   const DiskTierStats st = tier->stats();
   EXPECT_EQ(st.writes, 8);
   EXPECT_EQ(st.reads, 8);
