@@ -32,7 +32,7 @@ struct SlaClass {
   double max_itl_ms = 200.0;          // > 0; target inter-token latency
   int32_t priority = 0;               // higher runs first and is preempted last
   int32_t max_queue = 1024;           // >= 1; queued requests beyond this -> RESOURCE_EXHAUSTED
-  double queue_timeout_ms = 30000.0;  // > 0; still queued after this -> DEADLINE_EXCEEDED
+  double queue_timeout_ms = 30000.0;  // (0, 1e9]; still queued after this -> DEADLINE_EXCEEDED
   // The KV cut settings of this class's requests (YAML `sla_classes.<name>.kv`), in place of
   // EngineConfig::semantic; unset: the engine's. Only the policy's thresholds, windows and steps
   // apply per request: the policy itself (EngineConfig::kv_policy) and the host tier's size

@@ -59,7 +59,11 @@ Status validate_sla_classes(const std::vector<SlaClass>& classes) {
     KVSPLIT_RETURN_IF_ERROR(check_positive(p + "max_itl_ms", c.max_itl_ms));
     KVSPLIT_RETURN_IF_ERROR(check_range(p + "priority", c.priority, -1000, 1000));
     KVSPLIT_RETURN_IF_ERROR(check_range(p + "max_queue", c.max_queue, 1, 1000000));
-    KVSPLIT_RETURN_IF_ERROR(check_positive(p + "queue_timeout_ms", c.queue_timeout_ms));
+    // Bounded: a deadline of submit + 1e13 ms or more overflows the clock (every request of the
+    // class would expire at once).
+    if (!(c.queue_timeout_ms > 0 && c.queue_timeout_ms <= 1e9))
+      return invalid_argument(p + "queue_timeout_ms: must be in (0, 1e9], got " +
+                              real(c.queue_timeout_ms));
     if (c.temporal_step_size < 0)
       return invalid_argument(p + "kv.temporal_step_size: must be >= 1 (0: the engine's), got " +
                               std::to_string(c.temporal_step_size));

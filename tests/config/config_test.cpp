@@ -59,17 +59,28 @@ sla_classes:
   EXPECT_EQ(c->server.api_keys.size(), 2u);
   EXPECT_EQ(c->server.max_concurrent_streams, 64);
   EXPECT_EQ(c->server.default_max_tokens, 32);
+  EXPECT_EQ(c->server.max_tokens_limit, 512);
+  EXPECT_EQ(c->server.drain_timeout_ms, 500);
+  EXPECT_EQ(c->server.tls.cert_file, "c.pem");
+  EXPECT_EQ(c->server.tls.key_file, "k.pem");
   EXPECT_EQ(c->engine.mode, ServingMode::kColocated);
+  EXPECT_EQ(c->engine.backend, "cpu");
   EXPECT_EQ(c->engine.num_prefill_workers, 2);
   EXPECT_EQ(c->engine.num_decode_workers, 3);
+  EXPECT_EQ(c->engine.max_num_seqs, 32);
   EXPECT_EQ(c->engine.block_size, 32);
   EXPECT_EQ(c->engine.kv_capacity_bytes, 64ll << 20);
   EXPECT_EQ(c->engine.seed, 42u);
   ASSERT_EQ(c->engine.sla_classes.size(), 2u);
   EXPECT_EQ(c->engine.sla_classes[0].name, "voice");  // document order; the first is the default
+  EXPECT_EQ(c->engine.sla_classes[0].max_ttft_ms, 300);
   EXPECT_EQ(c->engine.sla_classes[0].max_itl_ms, 100);
   EXPECT_EQ(c->engine.sla_classes[0].priority, 10);
+  EXPECT_EQ(c->engine.sla_classes[0].max_queue, 50);
+  EXPECT_EQ(c->engine.sla_classes[0].queue_timeout_ms, 1000);
   EXPECT_EQ(c->engine.sla_classes[1].name, "batch");
+  EXPECT_EQ(c->engine.sla_classes[1].max_ttft_ms, 60000);
+  EXPECT_EQ(c->engine.sla_classes[1].max_itl_ms, 2000);
   EXPECT_EQ(c->engine.sla_classes[1].max_queue, SlaClass{}.max_queue);
 }
 
@@ -107,6 +118,9 @@ TEST(ConfigTest, BadValuesNameTheField) {
                "sla_classes.voice.max_itl_ms: must be > 0");
   expect_error("sla_classes:\n  voice: {max_ttft_ms: -5}\n", "sla_classes.voice.max_ttft_ms");
   expect_error("sla_classes:\n  voice: {max_queue: 0}\n", "sla_classes.voice.max_queue");
+  // "Forever" as a huge number would overflow the deadline and expire every request at once.
+  expect_error("sla_classes:\n  voice: {queue_timeout_ms: 1e15}\n",
+               "sla_classes.voice.queue_timeout_ms: must be in (0, 1e9]");
   expect_error("server: {port: 70000}\n", "server.port");
   expect_error("server: {port: 12abc}\n", "server.port: must be an integer");
   expect_error("server: {port: 99999999999999999999}\n", "server.port: out of range");
