@@ -290,6 +290,7 @@ StatusOr<RequestHandle> EngineImpl::submit(Request request) {
   std::unique_ptr<sched::Sequence> seq =
       make_sequence(request, std::move(id), arrival, std::move(ids), classes[ci], ci);
   std::shared_ptr<sched::RequestControl> ctl = seq->ctl;
+  const int num_prompt = seq->num_prompt;
   {
     std::lock_guard<std::mutex> lock(mu_);
     // An assigned id clashes only with a client's own "req-" id of the same 128 random bits.
@@ -301,17 +302,16 @@ StatusOr<RequestHandle> EngineImpl::submit(Request request) {
       ctl = std::make_shared<sched::RequestControl>(random_id(kAssignedIdPrefix), request.tenant);
       seq->ctl = ctl;
     }
+    // Queued under the same lock: a cancel never sees a request whose push then fails (it would
+    // answer true for a request that never runs nor ends). The router's lock is a leaf.
+    if (Status st = router_->push(seq, /*notify=*/false); !st.ok()) {
+      active_.erase(ctl->key());
+      return st;
+    }
     ++submitted_;
-    prompt_tokens_ += seq->num_prompt;
+    prompt_tokens_ += num_prompt;
   }
-  Status st = router_->push(seq);
-  if (!st.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    active_.erase(ctl->key());
-    --submitted_;
-    prompt_tokens_ -= seq->num_prompt;
-    return st;
-  }
+  router_->notify_pushed();
   return RequestHandle(ctl->stream);
 }
 
@@ -335,7 +335,8 @@ bool EngineImpl::cancel_key(const sched::RequestKey& key, const RequestStream* o
   }
   ctl->cancel_requested.store(true);
   shared_.cancel_epoch.fetch_add(1, std::memory_order_acq_rel);
-  if (std::unique_ptr<sched::Sequence> seq = router_->remove(key)) {
+  // Only this request: once the lock is released it may finish and a new one take its id.
+  if (std::unique_ptr<sched::Sequence> seq = router_->remove(key, ctl.get())) {
     const auto now = sched::Clock::now();
     sched::finish_sequence(*seq, FinishReason::kCancelled, cancelled_error("cancelled"), now,
                            *this);

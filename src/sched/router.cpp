@@ -12,7 +12,7 @@ namespace kvsplit::sched {
 Router::Router(std::vector<SlaClass> classes, std::function<void()> on_push)
     : classes_(std::move(classes)), queued_(classes_.size(), 0), on_push_(std::move(on_push)) {}
 
-Status Router::push(std::unique_ptr<Sequence>& seq) {
+Status Router::push(std::unique_ptr<Sequence>& seq, bool notify) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     const int c = seq->class_index;
@@ -30,8 +30,12 @@ Status Router::push(std::unique_ptr<Sequence>& seq) {
     const Clock::time_point deadline = seq->queue_deadline;
     entries_.emplace(arrival, Entry{std::move(seq), deadline});
   }
-  if (on_push_) on_push_();
+  if (notify) notify_pushed();
   return ok_status();
+}
+
+void Router::notify_pushed() const {
+  if (on_push_) on_push_();
 }
 
 std::unique_ptr<Sequence> Router::erase_locked(int64_t arrival) {
@@ -63,10 +67,11 @@ std::vector<std::unique_ptr<Sequence>> Router::take_expired(Clock::time_point no
   return out;
 }
 
-std::unique_ptr<Sequence> Router::remove(const RequestKey& key) {
+std::unique_ptr<Sequence> Router::remove(const RequestKey& key, const RequestControl* only) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = by_key_.find(key);
   if (it == by_key_.end()) return nullptr;
+  if (only != nullptr && entries_.at(it->second).seq->ctl.get() != only) return nullptr;
   return erase_locked(it->second);
 }
 

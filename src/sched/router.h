@@ -26,7 +26,10 @@ class Router {
 
   // Queues `seq` (its class_index and queue_deadline set by the caller). kResourceExhausted
   // naming the class and its limit when the class queue is full; `seq` is then left untouched.
-  Status push(std::unique_ptr<Sequence>& seq);
+  // `notify` false skips the on_push wake-up (a caller holding a lock of its own calls
+  // notify_pushed() once it has released it).
+  Status push(std::unique_ptr<Sequence>& seq, bool notify = true);
+  void notify_pushed() const;
 
   // Pops the best queued sequence if `fits(best)` is true; nullptr otherwise (no skipping past the
   // best one, so large requests are not starved by small ones).
@@ -35,7 +38,9 @@ class Router {
   // Removes and returns every sequence whose queue deadline is <= now.
   std::vector<std::unique_ptr<Sequence>> take_expired(Clock::time_point now);
   // Removes the sequence `key` (tenant and request id) if it is still queued (cancellation).
-  std::unique_ptr<Sequence> remove(const RequestKey& key);
+  // With `only`, only if it is that request (its RequestControl), not a later one that reuses
+  // the id after it finished.
+  std::unique_ptr<Sequence> remove(const RequestKey& key, const RequestControl* only = nullptr);
   std::vector<std::unique_ptr<Sequence>> take_all();
 
   int num_queued() const;

@@ -227,6 +227,54 @@ TEST(EngineAdmission, QueueLimitAndTimeout) {
   EXPECT_EQ(s.requests_cancelled, 1);
 }
 
+// A cancel racing a submit whose class queue is full never answers true: the request is never
+// queued, runs and ends with no final event, so "cancelled" would be a lie. (The submit used to
+// publish its id before pushing it to the router and take it back when the push failed.)
+TEST(EngineAdmission, ACancelNeverFindsASubmitThatFails) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
+  cfg.max_num_seqs = 1;
+  cfg.sla_classes[0].max_queue = 1;
+  auto engine = EngineImpl::create(cfg);
+  ASSERT_TRUE(engine.ok());
+  EngineImpl& e = **engine;
+  e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+  Request r;
+  r.prompt = "Once upon a time";
+  r.sampling.max_tokens = 8;
+  r.request_id = "running";
+  auto running = e.submit(r);
+  ASSERT_TRUE(running.ok());
+  ASSERT_TRUE(wait_for_stats(e, [](const EngineStats& s) {
+    return s.pools[0].running + s.pools[0].waiting == 1 && s.num_waiting == 1;
+  }));
+  r.request_id = "queued";  // fills the class queue (the held worker owns its only slot)
+  auto queued = e.submit(r);
+  ASSERT_TRUE(queued.ok());
+  const int64_t submitted = e.stats().requests_submitted;
+  std::atomic<bool> done{false};
+  std::atomic<int> found{0};
+  std::thread canceller([&] {
+    while (!done.load()) found += e.cancel("", "x");
+  });
+  r.request_id = "x";
+  int refused = 0;
+  for (int i = 0; i < 20000; ++i) {
+    auto h = e.submit(r);
+    refused += !h.ok() && h.status().code() == StatusCode::kResourceExhausted;
+  }
+  done = true;
+  canceller.join();
+  EXPECT_EQ(refused, 20000);
+  EXPECT_EQ(found.load(), 0);
+  EXPECT_EQ(e.stats().requests_submitted, submitted);
+  e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+  for (auto* h : {&running, &queued}) {
+    Collected c = collect(**h, std::chrono::seconds(30));
+    EXPECT_EQ(c.final_event.finish_reason, FinishReason::kLength);
+  }
+}
+
 // Higher priority is served first when requests compete for one slot. Both wait in the router
 // while the held worker's only slot is taken, so the order cannot depend on timing.
 TEST(EngineAdmission, PriorityOrder) {

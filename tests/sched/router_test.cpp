@@ -41,6 +41,44 @@ TEST(Router, PriorityThenArrival) {
   EXPECT_EQ(order, "bdac");
 }
 
+// A cancel that looked its request up before it finished must not remove a later request that
+// reuses the id (remove with the control it found); without one, remove takes whatever holds
+// the key.
+TEST(Router, RemoveOfAFinishedRequestLeavesALaterOneWithItsId) {
+  SlaClass c;
+  Router r({c}, nullptr);
+  const auto far = Clock::now() + std::chrono::hours(1);
+  auto a = make_seq("x", 0, 0, c, 0, far);
+  const std::shared_ptr<RequestControl> a_ctl = a->ctl;
+  ASSERT_TRUE(r.push(a).ok());
+  auto popped = r.pop_if([](const Sequence&) { return true; });
+  ASSERT_NE(popped, nullptr);
+  auto later = make_seq("x", 1, 0, c, 0, far);
+  const RequestControl* later_ctl = later->ctl.get();
+  ASSERT_TRUE(r.push(later).ok());
+  EXPECT_EQ(r.remove(a_ctl->key(), a_ctl.get()), nullptr);
+  EXPECT_EQ(r.num_queued(), 1);
+  auto removed = r.remove(a_ctl->key(), later_ctl);
+  ASSERT_NE(removed, nullptr);
+  EXPECT_EQ(removed->ctl.get(), later_ctl);
+  EXPECT_EQ(r.num_queued(), 0);
+}
+
+// notify false leaves the wake-up to the caller's notify_pushed().
+TEST(Router, PushWithoutNotifyWakesOnlyOnNotifyPushed) {
+  SlaClass c;
+  int wakes = 0;
+  Router r({c}, [&] { ++wakes; });
+  auto s = make_seq("q", 0, 0, c, 0, Clock::now() + std::chrono::hours(1));
+  ASSERT_TRUE(r.push(s, /*notify=*/false).ok());
+  EXPECT_EQ(wakes, 0);
+  r.notify_pushed();
+  EXPECT_EQ(wakes, 1);
+  auto t = make_seq("t", 1, 0, c, 0, Clock::now() + std::chrono::hours(1));
+  ASSERT_TRUE(r.push(t).ok());
+  EXPECT_EQ(wakes, 2);
+}
+
 TEST(Router, PopIfDoesNotSkipTheBest) {
   SlaClass c;
   Router r({c}, nullptr);
