@@ -271,6 +271,85 @@ TEST(EngineSwapRecompute, TwoSequencesEachFillingThePoolTakeTurnsAndFinish) {
   }
 }
 
+// MigrateKv of a swapped-out sequence's pages from the host tier back to the device (the KV
+// cache manager's migrate_to_emptiest_shard prefers such sequences): with every page back, it
+// resumes decoding (it used to stay waiting with all its KV, which no rule resumes: it never
+// finished). Three sequences in 12 blocks of 16 tokens, 16-token prompts: at the 5th block each,
+// C (the lowest priority) is swapped out with 4 pages; A ends at position 79 and frees 5, so C's
+// pages fit until B takes its 9th block (about 33 steps later). The swapped sequence waits far
+// longer than that (temporal_step_size), so the test catches it at a held step boundary.
+TEST(EngineSwapMigrate, ASequenceMigratedBackFromTheHostTierResumes) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
+  cfg.block_size = 16;
+  cfg.kv_blocks_per_worker = 12;
+  cfg.temporal.swap = SwapMode::kAlways;
+  cfg.temporal.host_capacity_mb = 16;
+  cfg.temporal.temporal_step_size = 100000;
+  auto engine = EngineImpl::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  EngineImpl& e = **engine;
+  const std::vector<int> initial = testing::free_blocks(e);
+  std::vector<Request> reqs(3);
+  const int max_tokens[] = {64, 176, 112};  // B needs the whole pool by its end
+  for (int i = 0; i < 3; ++i) {
+    reqs[i].request_id = std::string(1, static_cast<char>('A' + i));
+    reqs[i].prompt_token_ids = std::vector<int32_t>(16, 40 + 7 * i);
+    reqs[i].sampling.max_tokens = max_tokens[i];
+    reqs[i].sampling.ignore_eos = true;
+    reqs[i].sampling.temperature = 0;
+    reqs[i].priority = 2 - i;
+  }
+  std::vector<Collected> ref;
+  for (const Request& r : reqs) ref.push_back(collect(*e.submit(r)));
+  auto send = [&](sched::WorkerCommand c) {
+    auto f = e.send_command(0, std::move(c));
+    EXPECT_EQ(f.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+    return f.get();
+  };
+  e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+  std::vector<RequestHandle> handles;
+  for (const Request& r : reqs) handles.push_back(*e.submit(r));
+  bool migrated = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!migrated && std::chrono::steady_clock::now() < deadline) {
+    const sched::CommandReply rep = send(sched::SnapshotState{});
+    bool a_done = true;
+    const sched::SequenceState* c = nullptr;
+    for (const sched::SequenceState& q : rep.state.sequences) {
+      a_done = a_done && q.key.request_id != "A";
+      int device_pages = 0;
+      for (int n : q.pages_per_shard) device_pages += n;
+      if (q.key.request_id == "C" && !q.running && q.preemptions > 0 && q.num_blocks > 0 &&
+          device_pages == 0)
+        c = &q;
+    }
+    if (c != nullptr && a_done) {
+      const sched::CommandReply m = send(sched::MigrateKv{c->key, 0, -1, 0});
+      migrated = m.status.ok();
+      if (!migrated) {
+        EXPECT_EQ(m.status.code(), StatusCode::kResourceExhausted) << m.status.to_string();
+      }
+    }
+    if (migrated) break;
+    e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+  }
+  e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+  ASSERT_TRUE(migrated) << "C was never caught swapped out with room to bring it back";
+  for (int i = 0; i < 3; ++i) {
+    const Collected got = collect(handles[i], std::chrono::seconds(30));
+    ASSERT_FALSE(got.timed_out) << "request " << reqs[i].request_id << " never finished";
+    ASSERT_TRUE(got.final_event.status.ok()) << got.final_event.status.to_string();
+    EXPECT_EQ(got.tokens, ref[i].tokens) << "request " << reqs[i].request_id;
+  }
+  EXPECT_TRUE(testing::pools_back_to(e, initial));
+  const PoolStats p = e.stats().pools[0];
+  EXPECT_EQ(p.kv_pages_host, 0);
+  EXPECT_EQ(p.kv_host_bytes_used, 0);
+}
+
 TEST(EngineSwapPrefetch, CancelDuringAPrefetchReleasesEverything) {
   KVSPLIT_REQUIRE_MODELS();
   testing::TempDir dir;
