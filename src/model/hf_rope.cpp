@@ -52,14 +52,15 @@ Status add_dict(const std::string& what, const Json& dict, const std::string& pr
   return ok_status();
 }
 
-// `rope_parameters` keyed by layer type ({"full_attention": {...}, ...}): every layer type the
-// model uses needs an entry, and they must all be the same (one RoPE for all layers runs here).
-// Entries for layer types the model does not use are ignored. Adds the chosen entry's fields.
-Status add_per_layer_type(const std::string& what, const Json& rp,
+// `rope_parameters` (or the legacy `rope_scaling`, `name`) keyed by layer type ({"full_attention":
+// {...}, ...}): every layer type the model uses needs an entry, and they must all be the same (one
+// RoPE for all layers runs here). Entries for layer types the model does not use are ignored. Adds
+// the chosen entry's fields.
+Status add_per_layer_type(const std::string& what, const std::string& name, const Json& rp,
                           const std::vector<std::string>& layer_types, Fields* fields) {
   for (auto it = rp.begin(); it != rp.end(); ++it) {
     if (!it->is_object() && !it->is_null()) {
-      return invalid_argument(what + ": rope_parameters mixes per-layer-type entries with the " +
+      return invalid_argument(what + ": " + name + " mixes per-layer-type entries with the " +
                               "plain field '" + it.key() + "'");
     }
   }
@@ -68,24 +69,33 @@ Status add_per_layer_type(const std::string& what, const Json& rp,
   for (const std::string& t : std::set<std::string>(layer_types.begin(), layer_types.end())) {
     auto e = rp.find(t);
     if (e == rp.end()) {
-      return invalid_argument(what + ": rope_parameters is keyed by layer type but has no entry " +
+      return invalid_argument(what + ": " + name + " is keyed by layer type but has no entry " +
                               "for '" + t + "', which this model's layers use");
     }
     if (e->is_null()) {
-      return unimplemented(what + ": rope_parameters." + t +
+      return unimplemented(what + ": " + name + "." + t +
                            " = null (layers without RoPE) is not supported");
     }
     if (chosen == nullptr) {
       chosen = &*e;
       chosen_type = t;
     } else if (*chosen != *e) {
-      return unimplemented(what + ": rope_parameters." + chosen_type + " = " + chosen->dump() +
-                           " and rope_parameters." + t + " = " + e->dump() +
+      return unimplemented(what + ": " + name + "." + chosen_type + " = " + chosen->dump() +
+                           " and " + name + "." + t + " = " + e->dump() +
                            " differ: one RoPE for all layers is supported");
     }
   }
   if (chosen == nullptr) return ok_status();
-  return add_dict(what, *chosen, "rope_parameters." + chosen_type, fields);
+  return add_dict(what, *chosen, name + "." + chosen_type, fields);
+}
+
+// A RoPE dict: plain fields, or entries keyed by layer type (any value an object).
+Status add_rope_dict(const std::string& what, const std::string& name, const Json& dict,
+                     const std::vector<std::string>& layer_types, Fields* fields) {
+  bool per_layer_type = false;
+  for (const auto& v : dict) per_layer_type = per_layer_type || v.is_object();
+  return per_layer_type ? add_per_layer_type(what, name, dict, layer_types, fields)
+                        : add_dict(what, dict, name, fields);
 }
 
 // Typed reads from the merged fields; errors name the config.json path.
@@ -203,10 +213,7 @@ Status parse_hf_rope(const Json& j, const std::string& what,
       return invalid_argument(what + ": 'rope_parameters' must be an object or null, got " +
                               rp->dump());
     }
-    bool per_layer_type = false;
-    for (const auto& v : *rp) per_layer_type = per_layer_type || v.is_object();
-    KVSPLIT_RETURN_IF_ERROR(per_layer_type ? add_per_layer_type(what, *rp, layer_types, &fields)
-                                           : add_dict(what, *rp, "rope_parameters", &fields));
+    KVSPLIT_RETURN_IF_ERROR(add_rope_dict(what, "rope_parameters", *rp, layer_types, &fields));
   }
   auto rs = j.find("rope_scaling");
   if (rs != j.end() && !rs->is_null()) {
@@ -214,7 +221,8 @@ Status parse_hf_rope(const Json& j, const std::string& what,
       return invalid_argument(what + ": 'rope_scaling' must be an object or null, got " +
                               rs->dump());
     }
-    KVSPLIT_RETURN_IF_ERROR(add_dict(what, *rs, "rope_scaling", &fields));
+    // transformers reads a legacy rope_scaling as rope_parameters, per layer type included.
+    KVSPLIT_RETURN_IF_ERROR(add_rope_dict(what, "rope_scaling", *rs, layer_types, &fields));
   }
   for (const char* key :
        {"rope_theta", "partial_rotary_factor", "original_max_position_embeddings"}) {

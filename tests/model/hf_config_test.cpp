@@ -134,6 +134,20 @@ TEST(HfConfigRope, PerLayerTypeParameters) {
                "rope_parameters mixes per-layer-type entries with the plain field 'rope_theta'");
 }
 
+// transformers reads a legacy rope_scaling keyed by layer type as rope_parameters: its scaling
+// applies (it was stored as unknown fields and plain RoPE ran, silently).
+TEST(HfConfigRope, PerLayerTypeRopeScaling) {
+  json cfg = base_config();
+  cfg["rope_scaling"] = {{"full_attention", {{"rope_type", "linear"}, {"factor", 2.0}}}};
+  const ModelConfig c = parse_ok(cfg);
+  ASSERT_TRUE(c.rope_scaling.has_value());
+  EXPECT_EQ(c.rope_scaling->type, RopeType::kLinear);
+  EXPECT_EQ(c.rope_scaling->factor, 2.0);
+  cfg["rope_scaling"] = {{"sliding_attention", {{"rope_type", "linear"}, {"factor", 2.0}}}};
+  expect_error(cfg, StatusCode::kInvalidArgument,
+               "rope_scaling is keyed by layer type but has no entry for 'full_attention'");
+}
+
 TEST(HfConfigRope, EveryTypeAndItsContext) {
   json cfg = base_config();
   cfg["rope_parameters"] = {{"rope_type", "linear"}, {"rope_theta", 10000.0}, {"factor", 2.5}};
@@ -322,6 +336,19 @@ TEST(HfConfigFields, UnsupportedFieldsNameFieldAndValue) {
   cfg = base_config("Qwen2ForCausalLM");
   cfg["attention_bias"] = true;
   EXPECT_TRUE(parse_ok(cfg).qkv_bias);
+}
+
+// A config without num_key_value_heads takes transformers' default for its class: MistralConfig
+// 8, LlamaConfig num_attention_heads.
+TEST(HfConfigFields, MissingKvHeadsTakeTheClassDefault) {
+  json m = base_config("MistralForCausalLM");
+  m["num_attention_heads"] = 16;
+  m["hidden_size"] = 64;
+  m.erase("num_key_value_heads");
+  EXPECT_EQ(parse_ok(m).num_kv_heads, 8);
+  json l = base_config();
+  l.erase("num_key_value_heads");
+  EXPECT_EQ(parse_ok(l).num_kv_heads, l["num_attention_heads"].get<int>());
 }
 
 TEST(HfConfigFields, SlidingWindow) {
