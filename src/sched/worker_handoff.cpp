@@ -40,6 +40,7 @@ void Worker::handoff(std::unique_ptr<Sequence> seq, Clock::time_point now) {
   for (const kv::PageEntry& p : seq->table.pages) offer.source_shards.push_back(p.shard);
   offer.num_tokens = seq->num_computed;
   offer.ticket = std::make_shared<HandoffTicket>();
+  const bool spread = seq->table.spread;  // a property of the sequence (the spatial cut)
   Pinned pin;
   pin.table = std::move(seq->table);
   pin.ticket = offer.ticket;
@@ -48,7 +49,6 @@ void Worker::handoff(std::unique_ptr<Sequence> seq, Clock::time_point now) {
   pin.ctl = seq->ctl;
   pinned_.emplace(offer.handoff_id, std::move(pin));
   ++undelivered_;
-  const bool spread = pin.table.spread;
   seq->table = {};
   seq->table.spread = spread;  // the destination places its pages the same way
   seq->enter_phase(SeqPhase::kHandoff, now);
