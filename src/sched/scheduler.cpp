@@ -307,12 +307,16 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
     cands.clear();
     bool reserving = true;  // the first that does not fit stops later ones from starting
     for (const SchedSeq* w : by_service) {
-      if (w->swapped_pages > 0) {
+      // A paused sequence whose KV is all on the device again (MigrateKv brought its swapped
+      // pages back) resumes like a swap-in of no pages: it has nothing to prefill.
+      const bool resident = w->swapped_pages == 0 && w->restart && w->num_computed >= w->target;
+      if (w->swapped_pages > 0 || resident) {
         // Paused until its resume step, unless steps would not advance.
-        if (in.step < w->resume_step && steps_advance) continue;
+        if (w->swapped_pages > 0 && in.step < w->resume_step && steps_advance) continue;
         // It resumes only with room for its next token too (next_token_room).
+        const int blocks = w->swapped_pages > 0 ? w->swapped_pages : w->num_blocks;
         const int room =
-            w->swapped_pages + next_token_room(w->num_computed, w->swapped_pages, in.total_blocks);
+            w->swapped_pages + next_token_room(w->num_computed, blocks, in.total_blocks);
         if (reserving && room > st.free) make_room_by_slice(st, *w, room, out);
         if (!reserving || room > st.free) {
           reserving = false;

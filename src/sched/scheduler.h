@@ -134,7 +134,8 @@ struct DecodeRow {
 };
 
 // A swapped-out sequence brought back: reserve `blocks` and swap its pages in; it decodes from
-// the next step.
+// the next step. `blocks` 0: a paused sequence whose KV is all on the device already (MigrateKv
+// brought its pages back) simply resumes.
 struct SwapIn {
   int id = 0;
   int blocks = 0;

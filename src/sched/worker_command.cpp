@@ -4,7 +4,6 @@
 #include "common/log.h"
 #include "cuts/semantic/semantic.h"
 #include "kv/migrate.h"
-#include "kv/swap.h"
 #include "sched/worker.h"
 
 namespace kvsplit::sched {
@@ -97,17 +96,9 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
         account_kv(*s, now);  // pages brought back from the host tier are device bytes again
         KVSPLIT_LOG_INFO("{}: migrated {} pages of request {} to shard {} ({} from the host tier)",
                          options_.name, moved, s->display_id(), m->to_shard, st.from_host);
-        // A swapped-out sequence whose every page came back from the host tier has all its KV
-        // on the device: it decodes from the next step, as after a swap-in (the Scheduler
-        // resumes only sequences with swapped pages or positions to prefill, so left waiting it
-        // would never run again). It already owns its slot.
-        if (list == &waiting_ && s->num_output() > 0 && kv::swapped_pages(s->table) == 0 &&
-            s->num_computed >= s->prefill_target()) {
-          if (s->prefetch) s->prefetch.reset();  // nothing left to read ahead
-          s->enter_phase(SeqPhase::kDecode, now);
-          s->next = Sequence::Next::kToRunning;
-          compact(now);
-        }
+        // A swapped-out sequence whose every page came back waits with all its KV on the
+        // device; the Scheduler resumes it (a swap-in of no pages) once its next token has room
+        // and its reader keeps up.
         return ok_status();
       }
     }

@@ -235,6 +235,7 @@ TEST(EngineAdmission, ACancelNeverFindsASubmitThatFails) {
   EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
   cfg.max_num_seqs = 1;
   cfg.sla_classes[0].max_queue = 1;
+  cfg.sla_classes[0].queue_timeout_ms = 1e9;  // "queued" must not expire however slow the run
   auto engine = EngineImpl::create(cfg);
   ASSERT_TRUE(engine.ok());
   EngineImpl& e = **engine;

@@ -272,12 +272,13 @@ TEST(EngineSwapRecompute, TwoSequencesEachFillingThePoolTakeTurnsAndFinish) {
 }
 
 // MigrateKv of a swapped-out sequence's pages from the host tier back to the device (the KV
-// cache manager's migrate_to_emptiest_shard prefers such sequences): with every page back, it
-// resumes decoding (it used to stay waiting with all its KV, which no rule resumes: it never
-// finished). Three sequences in 12 blocks of 16 tokens, 16-token prompts: at the 5th block each,
-// C (the lowest priority) is swapped out with 4 pages; A ends at position 79 and frees 5, so C's
-// pages fit until B takes its 9th block (about 33 steps later). The swapped sequence waits far
-// longer than that (temporal_step_size), so the test catches it at a held step boundary.
+// cache manager's migrate_to_emptiest_shard prefers such sequences): with every page back, the
+// Scheduler resumes it once its next token has room (it used to stay waiting with all its KV,
+// which no rule resumed: it never finished). Three sequences in 12 blocks of 16 tokens, 16-token
+// prompts: at the 5th block each, C (the lowest priority) is swapped out with 4 pages; A ends at
+// position 79 and frees 5, so C's pages fit until B takes its 9th block (about 33 steps later).
+// The swapped sequence waits far longer than that (temporal_step_size); the test lets the worker
+// through a step at a time and catches it at a held step boundary.
 TEST(EngineSwapMigrate, ASequenceMigratedBackFromTheHostTierResumes) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
@@ -332,8 +333,12 @@ TEST(EngineSwapMigrate, ASequenceMigratedBackFromTheHostTierResumes) {
       }
     }
     if (migrated) break;
+    // One step at a time (a few at most): release the hold until the step counter moves.
+    const int64_t steps = rep.state.steps;
     e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    while (send(sched::SnapshotState{}).state.steps == steps &&
+           std::chrono::steady_clock::now() < deadline) {
+    }
     e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
   }
   e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);

@@ -451,6 +451,25 @@ TEST(Scheduler, SwappedSequenceResumesFromItsResumeStepWithoutPrefill) {
   EXPECT_EQ(now.free_blocks_after, 5);
 }
 
+// A paused sequence whose swapped pages all came back to the device (MigrateKv) has nothing to
+// prefill or swap in: it resumes as a swap-in of no pages, with room for its next token.
+TEST(Scheduler, APausedSequenceWithAllItsKvResidentResumes) {
+  const Scheduler sched(config(64, true));
+  SchedSeq w = waiting(1, /*target=*/8, /*computed=*/8, /*blocks=*/2);  // 8 positions: 2 full pages
+  w.restart = true;
+  const std::vector<SchedSeq> wait = {w};
+  const std::vector<SchedSeq> run = {running(0, 5, 2)};  // grows by no block this step
+  const SchedulerOutput tight = sched.schedule({run, wait, {}, /*free=*/0, 6, /*step=*/3});
+  EXPECT_TRUE(tight.swap_in.empty());  // no block for its next token
+  EXPECT_TRUE(tight.prefill.empty());
+  const SchedulerOutput room = sched.schedule({run, wait, {}, /*free=*/1, 6, /*step=*/3});
+  ASSERT_EQ(room.swap_in.size(), 1u);
+  EXPECT_EQ(room.swap_in[0].id, 1);
+  EXPECT_EQ(room.swap_in[0].blocks, 0);
+  EXPECT_TRUE(room.prefill.empty());
+  EXPECT_EQ(room.free_blocks_after, 1);  // the next token's block is left free, not reserved
+}
+
 // A sequence paused at a page boundary (as one paused for its own growth always is) resumes only
 // when its next token's block is free too: coming back into a full pool, its first decode needed a
 // block, and it paused itself again, round after round, while the sequences ahead of it ran.
