@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <vector>
 
 #include "kv/disk_tier.h"
@@ -19,16 +20,20 @@ SwapChoice choose_swap(SwapMode mode, const SwapCosts& costs, int64_t swap_bytes
   bool copies_known = host_known;
   c.swap_ms = host_ms;
   if (tier == SwapTier::kDisk) {
-    const bool disk_known = costs.disk_write_bytes_per_s > 0 && costs.disk_read_bytes_per_s > 0;
-    copies_known = disk_known && (host_known || !costs.disk_stages_through_host);
-    if (disk_known) {
+    copies_known = costs.disk_write_bytes_per_s > 0 && costs.disk_read_bytes_per_s > 0;
+    c.swap_ms = 0;
+    if (copies_known) {
       c.swap_ms =
-          1e3 * (bytes / costs.disk_write_bytes_per_s + bytes / costs.disk_read_bytes_per_s) +
-          (costs.disk_stages_through_host ? host_ms : 0);
+          1e3 * (bytes / costs.disk_write_bytes_per_s + bytes / costs.disk_read_bytes_per_s);
+      if (costs.disk_staging_d2h_bytes_per_s > 0 && costs.disk_staging_h2d_bytes_per_s > 0) {
+        c.swap_ms += 1e3 * (bytes / costs.disk_staging_d2h_bytes_per_s +
+                            bytes / costs.disk_staging_h2d_bytes_per_s);
+      }
     }
   }
   if (costs.prefill_tokens_per_s > 0)
     c.recompute_ms = 1e3 * recompute_tokens / costs.prefill_tokens_per_s;
+  c.priced = copies_known && costs.prefill_tokens_per_s > 0;
   switch (mode) {
     case SwapMode::kAlways:
       c.swap = true;
@@ -37,7 +42,7 @@ SwapChoice choose_swap(SwapMode mode, const SwapCosts& costs, int64_t swap_bytes
       c.swap = false;
       break;
     case SwapMode::kAuto:
-      c.swap = !copies_known || costs.prefill_tokens_per_s <= 0 || c.swap_ms < c.recompute_ms;
+      c.swap = !c.priced || c.swap_ms < c.recompute_ms;
       break;
   }
   return c;
@@ -114,12 +119,39 @@ bool measure_disk_swap_bandwidth(kv::KvPool& pool, SwapCosts* costs) {
       std::clamp<int64_t>(pool.bytes_per_block() * 16, int64_t{1} << 20, int64_t{8} << 20);
   StatusOr<kv::DiskBandwidth> bw = kv::measure_disk_bandwidth(*disk, record, record * 4);
   if (!bw.ok() || bw->write_bytes_per_s <= 0 || bw->read_bytes_per_s <= 0) return false;
+  double staging_d2h = 0, staging_h2d = 0;
+  bool stages = false;
+  for (int s = 0; s < pool.num_shards(); ++s)
+    stages = stages || pool.shard(s).backend().kind() != backend::DeviceKind::kCpu;
+  if (stages) {
+    // As kv/swap.cpp stages a record: a new pageable buffer each time, plain copies.
+    using Clock = std::chrono::steady_clock;
+    backend::Backend& be = pool.backend();
+    auto dev = backend::DeviceBuffer::make(be, static_cast<size_t>(record));
+    if (!dev.ok()) return false;
+    const double bytes = static_cast<double>(record);
+    for (int rep = 0; rep < 2; ++rep) {
+      auto buf = std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(record));
+      const Clock::time_point t0 = Clock::now();
+      if (!be.copy_d2h(buf.get(), dev->get(), static_cast<size_t>(record)).ok() ||
+          !be.synchronize().ok())
+        return false;
+      const Clock::time_point t1 = Clock::now();
+      if (!be.copy_h2d(dev->get(), buf.get(), static_cast<size_t>(record)).ok() ||
+          !be.synchronize().ok())
+        return false;
+      const Clock::time_point t2 = Clock::now();
+      auto rate = [&](Clock::time_point a, Clock::time_point b) {
+        return bytes / std::max(1e-9, std::chrono::duration<double>(b - a).count());
+      };
+      staging_d2h = std::max(staging_d2h, rate(t0, t1));
+      staging_h2d = std::max(staging_h2d, rate(t1, t2));
+    }
+  }
   costs->disk_write_bytes_per_s = bw->write_bytes_per_s;
   costs->disk_read_bytes_per_s = bw->read_bytes_per_s;
-  costs->disk_stages_through_host = false;
-  for (int s = 0; s < pool.num_shards(); ++s)
-    if (pool.shard(s).backend().kind() != backend::DeviceKind::kCpu)
-      costs->disk_stages_through_host = true;
+  costs->disk_staging_d2h_bytes_per_s = staging_d2h;
+  costs->disk_staging_h2d_bytes_per_s = staging_h2d;
   return true;
 }
 

@@ -18,10 +18,12 @@ struct SwapCosts {
   double h2d_bytes_per_s = 0;
   double disk_write_bytes_per_s = 0;
   double disk_read_bytes_per_s = 0;
-  // A disk swap goes through a host staging buffer (device memory that is not host memory):
-  // it also crosses the host link both ways. On the CPU backend the record is written and read
-  // in place (kv/swap.cpp).
-  bool disk_stages_through_host = false;
+  // A disk swap on a backend whose device memory is not host memory goes through a freshly
+  // allocated, pageable host staging buffer (kv/swap.cpp): these are its copy bandwidths, the
+  // buffer's allocation and page faults included. 0: no staging (the CPU backend writes and
+  // reads the record in place).
+  double disk_staging_d2h_bytes_per_s = 0;
+  double disk_staging_h2d_bytes_per_s = 0;
   double prefill_tokens_per_s = 0;
 };
 
@@ -33,6 +35,7 @@ struct SwapChoice {
   SwapTier tier = SwapTier::kHost;
   double swap_ms = 0;       // predicted: copy out now + copy in at resume, to and from `tier`
   double recompute_ms = 0;  // predicted: prefill of the tokens again
+  bool priced = false;      // both predictions come from measured costs
 };
 
 // kAlways: swap; kNever: recompute; kAuto: the cheaper prediction (swap while a cost is not
@@ -56,9 +59,10 @@ const char* swap_mode_name(SwapMode mode);
 bool measure_copy_bandwidth(const kv::KvPool& pool, SwapCosts* costs);
 
 // Measures `pool`'s disk tier as a swap uses it: four records of sixteen pages (1 to 8 MiB)
-// written, then read back (warm), then freed. Fills the disk fields of *costs (and
-// disk_stages_through_host from the backend); false (unchanged) without a disk tier or on an
-// error (e.g. no room for a record).
+// written, then read back (warm), then freed; and, where the pool's device memory is not host
+// memory, the staging copies through a freshly allocated pageable buffer of one record. Fills
+// the disk fields of *costs; false (unchanged) without a disk tier or on an error (e.g. no room
+// for a record).
 bool measure_disk_swap_bandwidth(kv::KvPool& pool, SwapCosts* costs);
 
 }  // namespace kvsplit::sched

@@ -112,11 +112,11 @@ bool Worker::try_swap_out(Sequence& seq, const Preemption& why) {
       choose_swap(mode, swap_costs_, bytes, seq.prefill_target(), swap_tier(*pool_, pages));
   KVSPLIT_LOG_INFO(
       "{}: preempting request {} ({} of a request of priority {}): {} ({} pages, {:.1f} KiB; "
-      "predicted swap via the {} tier {:.3f} ms, recompute of {} tokens {:.3f} ms; swap: {})",
+      "predicted swap via the {} tier {:.3f} ms, recompute of {} tokens {:.3f} ms{}; swap: {})",
       options_.name, seq.display_id(), preempt_reason_name(why.reason), why.for_priority,
       c.swap ? "swap out" : "recompute", pages, bytes / 1024.0,
       c.tier == SwapTier::kDisk ? "disk" : "host", c.swap_ms, seq.prefill_target(), c.recompute_ms,
-      swap_mode_name(mode));
+      c.priced ? "" : " (a cost not measured yet: 0)", swap_mode_name(mode));
   if (!c.swap) {
     ++recompute_choices_;
     return false;

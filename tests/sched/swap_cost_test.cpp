@@ -57,14 +57,18 @@ TEST(SwapCost, ADiskSwapIsPricedWithTheDiskBandwidth) {
   EXPECT_NEAR(disk.swap_ms, 150.0, 1e-9);
   // 200 tokens (200 ms) make the disk worth it.
   EXPECT_TRUE(choose_swap(SwapMode::kAuto, c, 10'000'000, 200, SwapTier::kDisk).swap);
-  // Staged through host memory: the host copies add to the disk's.
-  c.disk_stages_through_host = true;
-  EXPECT_NEAR(choose_swap(SwapMode::kAuto, c, 10'000'000, 200, SwapTier::kDisk).swap_ms, 152.0,
+  // Staged through a pageable host buffer: its measured copies add to the disk's.
+  c.disk_staging_d2h_bytes_per_s = c.disk_staging_h2d_bytes_per_s = 1e9;
+  EXPECT_NEAR(choose_swap(SwapMode::kAuto, c, 10'000'000, 200, SwapTier::kDisk).swap_ms, 170.0,
               1e-9);
   // The disk unmeasured: swap (as for any unmeasured cost).
   SwapCosts no_disk = c;
   no_disk.disk_write_bytes_per_s = no_disk.disk_read_bytes_per_s = 0;
-  EXPECT_TRUE(choose_swap(SwapMode::kAuto, no_disk, 10'000'000, 1, SwapTier::kDisk).swap);
+  const SwapChoice unpriced = choose_swap(SwapMode::kAuto, no_disk, 10'000'000, 1, SwapTier::kDisk);
+  EXPECT_TRUE(unpriced.swap);
+  EXPECT_FALSE(unpriced.priced);
+  EXPECT_EQ(unpriced.swap_ms, 0);  // not the host tier's figure
+  EXPECT_TRUE(disk.priced);
   // kAlways / kNever are not priced away.
   EXPECT_TRUE(choose_swap(SwapMode::kAlways, c, 10'000'000, 1, SwapTier::kDisk).swap);
   EXPECT_FALSE(choose_swap(SwapMode::kNever, c, 1, 1'000'000, SwapTier::kDisk).swap);
@@ -100,7 +104,8 @@ TEST(SwapCost, SwapTierAndTheDiskProbe) {
   ASSERT_TRUE(measure_disk_swap_bandwidth(**pool, &costs));
   EXPECT_GT(costs.disk_write_bytes_per_s, 0);
   EXPECT_GT(costs.disk_read_bytes_per_s, 0);
-  EXPECT_FALSE(costs.disk_stages_through_host);  // the CPU backend swaps to disk in place
+  EXPECT_EQ(costs.disk_staging_d2h_bytes_per_s, 0);  // the CPU backend swaps to disk in place
+  EXPECT_EQ(costs.disk_staging_h2d_bytes_per_s, 0);
   const kv::DiskTierStats st = (*pool)->disk()->stats();
   EXPECT_EQ(st.writes, 4);
   EXPECT_EQ(st.reads, 4);
