@@ -346,6 +346,8 @@ TEST(HfConfigFields, MissingKvHeadsTakeTheClassDefault) {
   m["hidden_size"] = 64;
   m.erase("num_key_value_heads");
   EXPECT_EQ(parse_ok(m).num_kv_heads, 8);
+  m["num_key_value_heads"] = nullptr;  // None: num_attention_heads
+  EXPECT_EQ(parse_ok(m).num_kv_heads, 16);
   json l = base_config();
   l.erase("num_key_value_heads");
   EXPECT_EQ(parse_ok(l).num_kv_heads, l["num_attention_heads"].get<int>());
