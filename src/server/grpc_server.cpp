@@ -49,6 +49,9 @@ StatusOr<RunningServer> start_grpc_server(const config::ServerConfig& config,
   builder.SetMaxReceiveMessageSize(config.max_message_bytes);
   builder.SetMaxSendMessageSize(64 << 20);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, config.max_concurrent_streams);
+  // gRPC sets SO_REUSEPORT by default on Linux: a second server on the same port would bind
+  // beside the first and take half its new connections instead of failing.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   out.server = builder.BuildAndStart();
   if (!out.server || out.port == 0)
     return unavailable("server: cannot listen on " + address + " (port in use or bad host?)");

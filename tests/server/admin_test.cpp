@@ -235,6 +235,21 @@ TEST_F(AdminTest, SpatialCommunicatorFromTheConfig) {
   }
 }
 
+// A second server on a port in use exits 1 (docs/server.md). gRPC's default SO_REUSEPORT let it
+// bind beside the first and split the clients between them.
+TEST_F(AdminTest, APortInUseExitsOne) {
+  auto first = start({});
+  ASSERT_TRUE(first->started());
+  auto [code, out] = run_command("timeout 60 " + std::string(KVSPLIT_SERVER_BIN) +
+                                 " --host 127.0.0.1 --port " + std::to_string(first->port()) +
+                                 " --metrics-port -1 --model " + model_path("stories260K.bin"));
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("cannot listen on 127.0.0.1:" + std::to_string(first->port())),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("listening on"), std::string::npos) << out;
+}
+
 TEST_F(AdminTest, TlsFilesAreBoundedRegularFiles) {
   // /dev/zero as the certificate used to be read until memory ran out.
   auto [code, out] = run_command(std::string(KVSPLIT_SERVER_BIN) +
