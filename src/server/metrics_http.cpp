@@ -151,13 +151,24 @@ void MetricsHttpServer::run() {
   std::vector<std::unique_ptr<Connection>> conns;
   std::vector<pollfd> fds;
   const auto io_timeout = std::chrono::milliseconds(options_.io_timeout_ms);
+  // Out of file descriptors (or memory), accept4 fails while the listener stays readable: poll
+  // would return at once forever. Accepting pauses a while instead.
+  constexpr auto kAcceptPause = std::chrono::milliseconds(100);
+  Clock::time_point accept_paused_until{};
+  bool pause_logged = false;
   while (!stopping_.load(std::memory_order_acquire)) {
-    const bool accepting = static_cast<int32_t>(conns.size()) < options_.max_connections;
+    auto now = Clock::now();
+    const bool paused = now < accept_paused_until;
+    const bool accepting = !paused && static_cast<int32_t>(conns.size()) < options_.max_connections;
     fds.clear();
     fds.push_back({wake_fd_, POLLIN, 0});
     fds.push_back({accepting ? listen_fd_ : -1, POLLIN, 0});  // fd -1: ignored by poll()
-    auto now = Clock::now();
     auto wait = std::chrono::milliseconds(options_.poll_interval_ms);
+    if (paused) {
+      wait = std::min(
+          wait, std::chrono::duration_cast<std::chrono::milliseconds>(accept_paused_until - now) +
+                    std::chrono::milliseconds(1));
+    }
     for (const auto& c : conns) {
       fds.push_back({c->fd, static_cast<short>(c->writing ? POLLOUT : POLLIN), 0});
       wait =
@@ -202,7 +213,18 @@ void MetricsHttpServer::run() {
     if (accepting && (fds[1].revents & POLLIN)) {
       while (static_cast<int32_t>(conns.size()) < options_.max_connections) {
         const int cfd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (cfd < 0) break;  // EAGAIN, or a connection reset before accept
+        if (cfd < 0) {
+          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            accept_paused_until = now + kAcceptPause;
+            if (!pause_logged) {
+              KVSPLIT_LOG_WARN("metrics: cannot accept connections ({}): retrying every {} ms",
+                               std::strerror(errno), kAcceptPause.count());
+              pause_logged = true;
+            }
+          }
+          break;  // else EAGAIN, or a connection reset before accept
+        }
+        pause_logged = false;
         auto c = std::make_unique<Connection>();
         c->fd = cfd;
         c->deadline = now + io_timeout;

@@ -224,8 +224,8 @@ int run(const Flags& flags) {
   opts.max_tokens_limit = cfg.server.max_tokens_limit;
   opts.default_max_tokens = cfg.server.default_max_tokens;
   opts.api_keys = cfg.server.api_keys;
-  // The metrics collector reads the service's stream counter, so the service comes first and the
-  // metrics pointer is patched in before the server starts.
+  // The metrics collector reads the service's stream counter: the counter is patched in once the
+  // service exists (before the server starts), and the listener stops before the service goes.
   std::unique_ptr<server::ServerMetrics> metrics;
   if (cfg.server.metrics_port >= 0) {
     auto m = server::ServerMetrics::create(cfg.server.metrics_bind_host(), cfg.server.metrics_port,
@@ -281,6 +281,9 @@ int run(const Flags& flags) {
   // Every request has its final event now; give the reactors a moment to flush them.
   running->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   running->server->Wait();
+  // The metrics listener reads the service's stream counter: it stops before the service (declared
+  // after it) goes out of scope.
+  metrics.reset();
   if (const int forced = force.finish(); forced != 0) {
     KVSPLIT_LOG_WARN("stopped by a second signal ({}): exit {}", strsignal(forced), 128 + forced);
     return 128 + forced;
