@@ -15,7 +15,8 @@ void add_common(CLI::App* app, CommonFlags& f) {
                   "(default: stories260K from $KVSPLIT_MODELS, ./models or ../shared/models)");
   app->add_option("--tokenizer", f.tokenizer, "tokenizer file (default: beside the model)");
   app->add_option("--backend", f.backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  app->add_option("--threads", f.threads, "CPU threads (0: all)")->check(CLI::NonNegativeNumber);
+  app->add_option("--threads", f.threads, "CPU threads (0: all; at most 1024)")
+      ->check(CLI::Range(0, 1024));
   app->add_flag("--async-copies", f.async_copies,
                 "cpu backend: recalls copy on a copy thread beside the compute threads, as on a "
                 "GPU's second stream (bounded by --recall-wait-ms)");

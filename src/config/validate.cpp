@@ -1,4 +1,5 @@
 // Range checks of a Config with field-path errors (YAML-free: also used after flag overrides).
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <sstream>
@@ -41,6 +42,20 @@ Status validate_config(const Config& config) {
         check_range("pools.devices[" + std::to_string(i) + "]", e.devices[i], 0, 1023));
   }
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.threads_per_worker", e.threads_per_worker, 0, 1024));
+  {
+    // Each worker's shards (the spatial cut) compute on their own threads: bound the total, or
+    // creating them would throw and abort the server.
+    constexpr int64_t kMaxThreads = 16384;
+    const int64_t total = int64_t{e.num_prefill_workers + e.num_decode_workers} *
+                          std::max(1, e.threads_per_worker) * std::max(1, e.spatial.shards);
+    if (total > kMaxThreads) {
+      return invalid_argument(
+          "pools.threads_per_worker: " + std::to_string(e.threads_per_worker) + " threads x " +
+          std::to_string(e.num_prefill_workers + e.num_decode_workers) + " workers x " +
+          std::to_string(e.spatial.shards) + " shards is " + std::to_string(total) +
+          " compute threads, more than " + std::to_string(kMaxThreads));
+    }
+  }
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_num_seqs", e.max_num_seqs, 1, 65536));
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_batch_tokens", e.max_batch_tokens, 1, 1 << 20));
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_chunk_tokens", e.max_chunk_tokens, 0, 1 << 20));

@@ -33,6 +33,11 @@ Status validate(const KvPoolConfig& config, const KvShape& shape) {
   if (config.num_blocks == 0 && config.capacity_bytes <= 0) {
     return invalid_argument("KvPool: set num_blocks or a positive capacity_bytes");
   }
+  if (config.num_blocks > KvPool::kMaxBlocks) {
+    return invalid_argument("KvPool: num_blocks " + std::to_string(config.num_blocks) +
+                            " is more than " + std::to_string(KvPool::kMaxBlocks) +
+                            " blocks per pool");
+  }
   if (config.int8_blocks < 0 || config.int4_blocks < 0 || config.summary_slots < 0 ||
       config.host_bytes < 0) {
     return invalid_argument(
@@ -89,7 +94,15 @@ StatusOr<std::unique_ptr<KvPool>> KvPool::create(backend::Backend& backend,
                               " is smaller than one block (" + std::to_string(block_bytes) +
                               " bytes over " + std::to_string(shape.num_layers) + " layers)");
     }
-    cfg.num_blocks = static_cast<int>(std::min<int64_t>(n, std::numeric_limits<int32_t>::max()));
+    // Checked before anything is allocated: the block allocator's bookkeeping alone for 2^31
+    // blocks is gigabytes, allocated before the pool's memory could fail cleanly.
+    if (n > kMaxBlocks) {
+      return invalid_argument("KvPool: capacity_bytes " + std::to_string(cfg.capacity_bytes) +
+                              " (kv.capacity_mb) gives " + std::to_string(n) + " blocks of " +
+                              std::to_string(block_bytes) + " bytes, more than " +
+                              std::to_string(kMaxBlocks) + " per pool");
+    }
+    cfg.num_blocks = static_cast<int>(n);
   }
   const int64_t per_layer = layer_bytes * cfg.num_blocks;
   if (per_layer / cfg.num_blocks != layer_bytes ||

@@ -45,6 +45,10 @@ struct KvShape {
 
 class KvPool {
  public:
+  // Full-precision blocks per pool at most (kv.blocks_per_worker's bound; a 140 GB pool of the
+  // smallest real model's blocks is far below it).
+  static constexpr int kMaxBlocks = 1 << 26;
+
   // Allocates the pages on `backend` (which must outlive the pool). kInvalidArgument for a bad
   // config, kResourceExhausted when the device cannot hold it.
   static StatusOr<std::unique_ptr<KvPool>> create(backend::Backend& backend,

@@ -118,6 +118,11 @@ TEST(ConfigTest, BadValuesNameTheField) {
                "sla_classes.voice.max_itl_ms: must be > 0");
   expect_error("sla_classes:\n  voice: {max_ttft_ms: -5}\n", "sla_classes.voice.max_ttft_ms");
   expect_error("sla_classes:\n  voice: {max_queue: 0}\n", "sla_classes.voice.max_queue");
+  // Every value in range, but two million compute threads in all: refused, not an abort.
+  expect_error(
+      "pools: {mode: disaggregated, prefill_workers: 64, decode_workers: 64, "
+      "threads_per_worker: 1024}\n",
+      "pools.threads_per_worker: 1024 threads x 128 workers x 1 shards is 131072 compute threads");
   // "Forever" as a huge number would overflow the deadline and expire every request at once.
   expect_error("sla_classes:\n  voice: {queue_timeout_ms: 1e15}\n",
                "sla_classes.voice.queue_timeout_ms: must be in (0, 1e9]");

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <set>
 
 namespace kvsplit::kv {
@@ -84,6 +85,15 @@ TEST(KvPool, BadConfigIsInvalidArgument) {
   expect_invalid(c, shape(), "neither num_blocks nor capacity");
   c.capacity_bytes = 100;  // less than one block
   expect_invalid(c, shape(), "capacity below one block");
+  // More blocks than a pool may have: refused before anything is allocated (2^31 blocks of
+  // allocator bookkeeping alone used to abort the process).
+  c.capacity_bytes = int64_t{16777216} << 20;  // kv.capacity_mb's largest value
+  expect_invalid(c, shape(), "capacity of more than kMaxBlocks blocks");
+  c = ok_cfg;
+  c.num_blocks = KvPool::kMaxBlocks + 1;
+  expect_invalid(c, shape(), "num_blocks above kMaxBlocks");
+  c.num_blocks = std::numeric_limits<int32_t>::max();
+  expect_invalid(c, shape(), "num_blocks INT32_MAX");
 }
 
 TEST(KvPool, ReserveIsAllOrNothingAndReleaseFreesEverything) {
