@@ -37,16 +37,6 @@ double semantic_get(const SemanticCutConfig& c, const std::string& p) {
   return c.score_interval;  // score_interval
 }
 
-void semantic_set(SemanticCutConfig* c, const std::string& p, double v) {
-  if (p == "semantic_threshold") c->semantic_threshold = static_cast<float>(v);
-  if (p == "evict_threshold") c->evict_threshold = static_cast<float>(v);
-  if (p == "recall_threshold") c->recall_threshold = static_cast<float>(v);
-  if (p == "recall_wait_ms") c->recall_wait_ms = v;
-  if (p == "semantic_window") c->semantic_window = static_cast<int32_t>(std::lround(v));
-  if (p == "recent_tokens") c->recent_tokens = static_cast<int32_t>(std::lround(v));
-  if (p == "score_interval") c->score_interval = static_cast<int32_t>(std::lround(v));
-}
-
 SwapMode swap_of(double v) {
   const long i = std::lround(v);
   return i == 1 ? SwapMode::kAlways : (i == 2 ? SwapMode::kNever : SwapMode::kAuto);
@@ -138,6 +128,26 @@ StatusOr<int32_t> int_setting(const std::string& name, double v, int64_t lo, int
   return static_cast<int32_t>(r);
 }
 
+// Sets one semantic-cut parameter; an integer one out of int32 range is an error (a cast would
+// wrap it to a value that then passes validation, and the decision would report another).
+Status semantic_set(SemanticCutConfig* c, const std::string& p, double v) {
+  if (p == "semantic_threshold") c->semantic_threshold = static_cast<float>(v);
+  if (p == "evict_threshold") c->evict_threshold = static_cast<float>(v);
+  if (p == "recall_threshold") c->recall_threshold = static_cast<float>(v);
+  if (p == "recall_wait_ms") c->recall_wait_ms = v;
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (p == "semantic_window") {
+    KVSPLIT_ASSIGN_OR_RETURN(c->semantic_window, int_setting(p, v, 0, kMax));
+  }
+  if (p == "recent_tokens") {
+    KVSPLIT_ASSIGN_OR_RETURN(c->recent_tokens, int_setting(p, v, 0, kMax));
+  }
+  if (p == "score_interval") {
+    KVSPLIT_ASSIGN_OR_RETURN(c->score_interval, int_setting(p, v, 1, kMax));
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
@@ -158,7 +168,7 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
     // the moment: those may hold another rule's transient value, which the class would keep
     // after that rule restored the engine-wide setting.
     SemanticCutConfig sc = cls ? cls->semantic.value_or(config_.semantic) : kvm_semantic_;
-    semantic_set(&sc, p, d.after);
+    KVSPLIT_RETURN_IF_ERROR(semantic_set(&sc, p, d.after));
     KVSPLIT_RETURN_IF_ERROR(cuts::semantic::validate(sc, "semantic"));
     sched::SetCutParams cmd;
     cmd.sla_class = d.sla_class;
@@ -218,7 +228,11 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
     router_->set_classes(std::move(classes));
     return ok_status();
   }
-  if (p == "migrate_to_shard") return migrate_to_emptiest_shard(static_cast<int>(d.after));
+  if (p == "migrate_to_shard") {
+    KVSPLIT_ASSIGN_OR_RETURN(const int32_t pages,
+                             int_setting(p, d.after, 1, std::numeric_limits<int32_t>::max()));
+    return migrate_to_emptiest_shard(pages);
+  }
   return invalid_argument("unknown parameter '" + p + "'");
 }
 

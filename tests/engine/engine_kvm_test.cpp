@@ -362,6 +362,26 @@ TEST(EngineKvm, IntegerSettingsOutOfRangeAreRefusedNotWrapped) {
   EXPECT_DOUBLE_EQ(param_value(s, "max_queue", grow.sla_class), queue0);
 }
 
+// The semantic cut's integer knobs too: recent_tokens = 2^32 used to wrap to 0 (which passes
+// the cut's validation) while the decision reported 2^32 as applied.
+TEST(EngineKvm, SemanticIntegerSettingsOutOfRangeAreRefusedNotWrapped) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig c = pressure_config(KvmMode::kEnforce, "");
+  c.kvm.interval_ms = 10;
+  c.kvm.rules = {once_rule("wide", {"recent_tokens", KvmActionOp::kSet, 4294967296.0})};
+  auto e = EngineImpl::create(c);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  ASSERT_TRUE(
+      wait_for_decision(**e, [](const KvmDecision& d) { return d.param == "recent_tokens"; }));
+  const EngineStats s = (*e)->stats();
+  ASSERT_FALSE(s.kvm_decisions.empty());
+  const KvmDecision& d = s.kvm_decisions.front();
+  EXPECT_FALSE(d.applied);
+  EXPECT_NE(d.error.find("recent_tokens: must be in [0, 2147483647]"), std::string::npos)
+      << d.error;
+  EXPECT_DOUBLE_EQ(param_value(s, "recent_tokens", ""), c.semantic.recent_tokens);
+}
+
 TEST(EngineKvm, SetCutParamsChecksItsInput) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig c = pressure_config(KvmMode::kEnforce, "");
