@@ -197,7 +197,8 @@ TEST(SemanticRecall, AsynchronousRecallWaitedForMatchesFullKv) {
   }
 }
 
-// A recall whose copy takes far longer than the bound (300 ms against 0 ms): the steps run with
+// A recall whose copy takes far longer than the bound (3 s against 0 ms, and than the query's
+// steps even under a sanitizer on a loaded machine): the steps run with
 // the page still evicted (counted late), the page is not back by the end of the query, and
 // releasing the table with the copy in flight leaves every tier empty (run_query checks).
 TEST(SemanticRecall, ABoundedWaitRunsTheStepWithoutTheLateRecallAndLeaksNothing) {
@@ -208,7 +209,7 @@ TEST(SemanticRecall, ABoundedWaitRunsTheStepWithoutTheLateRecallAndLeaksNothing)
   ASSERT_FALSE(queries.empty());
   backend::BackendOptions o;
   o.async_copies = true;
-  o.fenced_copy_delay_us = 300'000;
+  o.fenced_copy_delay_us = 3'000'000;
   auto r = make_recall(o);
   ASSERT_TRUE(r);
   const Query& q = queries[0];

@@ -136,7 +136,9 @@ TEST(PrefixRecompute, ARestartReusesItsCachedPromptPages) {
     const Outcome got = run(*small, inputs, SwapMode::kNever);
     EXPECT_EQ(got.tokens, ref.tokens);
     EXPECT_GT(got.recomputed, 0);
-    if (cache) EXPECT_GT(small->pool->prefix_cache()->stats().hit_pages, 0);  // restarts' hits
+    if (cache) {
+      EXPECT_GT(small->pool->prefix_cache()->stats().hit_pages, 0);  // restarts' hits
+    }
     EXPECT_EQ(small->pool->available_blocks(), 14);
   }
 }

@@ -19,7 +19,9 @@ using kernels::KvPrecision;
 
 using testing::kBlock;
 using testing::kLayers;
-constexpr int64_t kDelayUs = 100'000;  // each fenced copy starts 100 ms after it was queued
+// Each fenced copy starts 1 s after it was queued: the "not landed yet" checks hold however
+// loaded the machine (a bounded wait is 1 ms).
+constexpr int64_t kDelayUs = 1'000'000;
 
 // The fixture's pool (16 host slots) on a CPU backend whose fenced copies run on its copy thread,
 // each starting `delay_us` after it was queued.

@@ -38,8 +38,9 @@ TEST(CopyFence, SynchronousByDefault) {
 }
 
 TEST(CopyFence, AsyncCopiesLandInOrderAndABoundedWaitExpiresBeforeThat) {
-  // Each batch starts 200 ms after it was queued: far longer than the bounded waits below.
-  auto be = cpu(true, 200'000);
+  // Each batch starts 1 s after it was queued: far longer than the bounded waits below, and than
+  // a loaded machine's scheduling delays between the queueing and the polls.
+  auto be = cpu(true, 1'000'000);
   std::vector<float> a(4096), b(4096), da(4096, 0.f), db(4096, 0.f);
   std::iota(a.begin(), a.end(), 0.5f);
   std::iota(b.begin(), b.end(), -7.f);
@@ -54,7 +55,7 @@ TEST(CopyFence, AsyncCopiesLandInOrderAndABoundedWaitExpiresBeforeThat) {
   auto polled = be->wait_fence(*fa, 0);
   ASSERT_TRUE(polled.ok());
   EXPECT_FALSE(*polled);
-  auto bounded = be->wait_fence(*fa, 2000);  // 2 ms: the copy starts only after 200 ms
+  auto bounded = be->wait_fence(*fa, 2000);  // 2 ms: the copy starts only after 1 s
   ASSERT_TRUE(bounded.ok());
   EXPECT_FALSE(*bounded);
   auto until = be->wait_fence(*fb, -1);  // the later fence landed means the earlier did too
