@@ -210,7 +210,32 @@ int run(const Flags& flags) {
     return 2;  // a bad config value
   }
 
-  auto engine_or = kvsplit::Engine::create(cfg.engine);
+  // The model loads on its own thread (it can take minutes) while this one watches for
+  // SIGTERM / SIGINT: a stop asked for during start-up exits at once (nothing to drain yet)
+  // instead of waiting for the load and then briefly serving.
+  kvsplit::StatusOr<std::unique_ptr<kvsplit::Engine>> engine_or =
+      kvsplit::unavailable("not started");
+  {
+    std::atomic<bool> loaded{false};
+    std::thread loader([&] {
+      engine_or = kvsplit::Engine::create(cfg.engine);
+      loaded.store(true, std::memory_order_release);
+    });
+    sigset_t stop_set;
+    sigemptyset(&stop_set);
+    for (int s : {SIGTERM, SIGINT}) sigaddset(&stop_set, s);
+    while (!loaded.load(std::memory_order_acquire)) {
+      const timespec tick{0, 50'000'000};
+      const int sig = sigtimedwait(&stop_set, nullptr, &tick);
+      if (sig == SIGTERM || sig == SIGINT) {
+        KVSPLIT_LOG_WARN("{} during start-up: exit {} without serving", strsignal(sig), 128 + sig);
+        spdlog::shutdown();
+        std::fflush(nullptr);
+        std::_Exit(128 + sig);  // the loader thread cannot be stopped mid-load
+      }
+    }
+    loader.join();
+  }
   if (!engine_or.ok()) {
     std::cerr << "kvsplit-server: cannot start the engine: " << engine_or.status().to_string()
               << "\n";

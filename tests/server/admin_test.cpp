@@ -250,6 +250,19 @@ TEST_F(AdminTest, APortInUseExitsOne) {
   EXPECT_EQ(out.find("listening on"), std::string::npos) << out;
 }
 
+// SIGTERM while the model still loads (llama-110m's synthetic weights take about a second):
+// the process exits 143 at once and never listens. It used to finish the load, listen, report
+// SERVING and only then drain.
+TEST_F(AdminTest, SigtermDuringStartupExitsWithoutServing) {
+  auto [code, out] = run_command(
+      "sh -c '" + std::string(KVSPLIT_SERVER_BIN) +
+      " --host 127.0.0.1 --port 0 --metrics-port -1 --model synthetic:llama-110m & pid=$!; "
+      "sleep 0.3; kill -TERM $pid; wait $pid; echo exit=$?'");
+  EXPECT_NE(out.find("exit=143"), std::string::npos) << out;
+  EXPECT_EQ(out.find("listening on"), std::string::npos) << out;
+  EXPECT_NE(out.find("during start-up"), std::string::npos) << out;
+}
+
 TEST_F(AdminTest, TlsFilesAreBoundedRegularFiles) {
   // /dev/zero as the certificate used to be read until memory ran out.
   auto [code, out] = run_command(std::string(KVSPLIT_SERVER_BIN) +
