@@ -67,7 +67,8 @@ int main(int argc, char** argv) {
                  "[-1000, 1000]; orders requests within classes of equal priority");
   app.add_option("--top-logprobs", top_logprobs, "[0, 20] alternatives per token (with --json)");
   app.add_option("--request-id", request_id, "client-chosen request id");
-  app.add_option("--timeout", timeout_s, "call deadline in seconds (default 600)");
+  app.add_option("--timeout", timeout_s, "call deadline in seconds (default 600; at most 1e6)")
+      ->check(CLI::Range(0.001, 1e6));
   app.add_option("--tls-ca", copt.tls_ca, "PEM CA / server cert: use TLS");
   app.add_option("--tls-server-name", copt.tls_server_name, "name to verify in the server cert");
   app.add_option("--api-key", copt.api_key, "bearer API key");
