@@ -450,12 +450,20 @@ Status EngineImpl::update_sla_classes(std::vector<SlaClass> classes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<SlaClassStats> next;
+    std::vector<SlaClassStats> known = std::move(class_stats_);
+    known.insert(known.end(), retired_class_stats_.begin(), retired_class_stats_.end());
+    retired_class_stats_.clear();
     for (const SlaClass& c : classes) {
       SlaClassStats st{c.name};
-      for (const SlaClassStats& old : class_stats_) {
+      for (const SlaClassStats& old : known) {
         if (old.name == c.name) st = old;
       }
       next.push_back(st);
+    }
+    for (const SlaClassStats& old : known) {
+      const bool kept = std::any_of(next.begin(), next.end(),
+                                    [&](const SlaClassStats& n) { return n.name == old.name; });
+      if (!kept && old.finished > 0) retired_class_stats_.push_back(old);
     }
     class_stats_ = std::move(next);
   }

@@ -130,6 +130,9 @@ class EngineImpl final : public Engine, private sched::FinishSink {
                      sched::RequestKeyHash>
       active_;
   std::vector<SlaClassStats> class_stats_;
+  // Counters of classes a reload removed, by name: a class added back continues them (its
+  // Prometheus counters must not go backwards).
+  std::vector<SlaClassStats> retired_class_stats_;
   int64_t submitted_ = 0, finished_ = 0, cancelled_ = 0, failed_ = 0;
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0;
   // Effective KV summed per (SLA class, tenant) (EngineStats::kv_accounting); guarded by mu_.

@@ -380,6 +380,15 @@ TEST(EngineAdmission, UpdateSlaClasses) {
   EXPECT_EQ(s.classes[1].name, "fast");
   EXPECT_EQ(s.classes[1].finished, 1);
   EXPECT_EQ(s.classes[1].met_ttft, 1);
+  // A reload that drops the class and one that brings it back: its counters continue (they are
+  // Prometheus counters, which must never go backwards).
+  ASSERT_TRUE((*engine)->update_sla_classes({SlaClass{}}).ok());
+  EXPECT_EQ((*engine)->stats().classes.size(), 1u);
+  ASSERT_TRUE((*engine)->update_sla_classes({SlaClass{}, fast}).ok());
+  const EngineStats back = (*engine)->stats();
+  ASSERT_EQ(back.classes.size(), 2u);
+  EXPECT_EQ(back.classes[1].finished, 1);
+  EXPECT_EQ(back.classes[1].met_ttft, 1);
   const ModelInfo info = (*engine)->model_info();
   EXPECT_EQ(info.vocab_size, 512);
   EXPECT_EQ(info.max_context, 512);
