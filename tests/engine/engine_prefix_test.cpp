@@ -118,12 +118,23 @@ TEST_P(EnginePrefix, RecomputesUnderPressureKeepTheTokens) {
     r.sampling.seed = 11 + i;
     return r;
   };
+  // The four are pulled before any runs (held), so they grow together on every machine: in the
+  // disaggregated mode a slow prefill worker could otherwise hand them over one at a time, each
+  // finishing before the next arrived, and nothing was preempted.
+  const sched::WorkerRole puller = GetParam() == ServingMode::kColocated
+                                       ? sched::WorkerRole::kColocated
+                                       : sched::WorkerRole::kPrefill;
+  (*engine)->set_test_hold(puller, sched::TestHold::kForward);
   std::vector<RequestHandle> handles;
   for (int i = 0; i < 4; ++i) {
     auto h = (*engine)->submit(make(i));
     ASSERT_TRUE(h.ok()) << h.status().to_string();
     handles.push_back(std::move(h).value());
   }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((*engine)->stats().pools[0].waiting < 4 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  (*engine)->set_test_hold(puller, sched::TestHold::kNone);
   for (int i = 0; i < 4; ++i) {
     const Collected got = collect(std::move(handles[i]));
     const Collected ref = collect(*(*ref_engine)->submit(make(i)));
