@@ -159,7 +159,16 @@ void MetricsHttpServer::run() {
   while (!stopping_.load(std::memory_order_acquire)) {
     auto now = Clock::now();
     const bool paused = now < accept_paused_until;
-    const bool accepting = !paused && static_cast<int32_t>(conns.size()) < options_.max_connections;
+    // At the connection limit a new client still gets in by closing the oldest one that has not
+    // sent its whole request yet (idle, slow or garbage clients cannot hold every slot for
+    // io_timeout_ms); only clients taking their responses are never closed for it.
+    const auto evictable = [&] {
+      for (const auto& c : conns)
+        if (!c->writing) return true;
+      return false;
+    };
+    const bool accepting =
+        !paused && (static_cast<int32_t>(conns.size()) < options_.max_connections || evictable());
     fds.clear();
     fds.push_back({wake_fd_, POLLIN, 0});
     fds.push_back({accepting ? listen_fd_ : -1, POLLIN, 0});  // fd -1: ignored by poll()
@@ -211,7 +220,14 @@ void MetricsHttpServer::run() {
       (void)!::read(wake_fd_, &v, sizeof(v));
     }
     if (accepting && (fds[1].revents & POLLIN)) {
-      while (static_cast<int32_t>(conns.size()) < options_.max_connections) {
+      for (;;) {
+        if (static_cast<int32_t>(conns.size()) >= options_.max_connections) {
+          auto oldest =
+              std::find_if(conns.begin(), conns.end(), [](const auto& c) { return !c->writing; });
+          if (oldest == conns.end()) break;  // every slot is sending a response
+          close_fd((*oldest)->fd);
+          conns.erase(oldest);
+        }
         const int cfd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (cfd < 0) {
           if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {

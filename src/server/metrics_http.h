@@ -26,8 +26,10 @@ namespace kvsplit::server {
 struct MetricsHttpOptions {
   int32_t max_request_bytes = 8192;  // request line + headers; more -> 431 and close
   int32_t io_timeout_ms = 5000;      // accept -> response fully written; then the socket is closed
-  int32_t max_connections = 64;      // open connections; more wait in the listen backlog
-  int32_t poll_interval_ms = 200;    // upper bound on one poll() wait (timeouts are checked after)
+  // Open connections; at the limit a new one closes the oldest that has not sent its whole
+  // request yet (more wait in the listen backlog only while every slot is sending a response).
+  int32_t max_connections = 64;
+  int32_t poll_interval_ms = 200;  // upper bound on one poll() wait (timeouts are checked after)
 };
 
 class MetricsHttpServer {
