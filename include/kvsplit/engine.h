@@ -390,6 +390,10 @@ class Engine {
   // kInvalidArgument naming the rule and field, and the old one stays. Enabling a manager that
   // was off starts it; rules unchanged by name keep their state.
   virtual Status update_kvm_policy(KvmConfig policy) = 0;
+  // What update_kvm_policy would say of `policy` once `classes` are the SLA classes, without
+  // applying anything: a reload checks both before it swaps either.
+  virtual Status check_kvm_policy(const KvmConfig& policy,
+                                  const std::vector<SlaClass>& classes) const = 0;
   // Stops admitting; waits up to `drain` for running requests, then cancels the rest (their final
   // event: kCancelled with a kUnavailable status).
   virtual void shutdown(std::chrono::milliseconds drain) = 0;

@@ -61,6 +61,8 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   ModelInfo model_info() const override;
   Status update_sla_classes(std::vector<SlaClass> classes) override;
   Status update_kvm_policy(KvmConfig policy) override;
+  Status check_kvm_policy(const KvmConfig& policy,
+                          const std::vector<SlaClass>& classes) const override;
   void shutdown(std::chrono::milliseconds drain) override;
   void end_drain() override;
 

@@ -388,15 +388,21 @@ void EngineImpl::fill_kvm_stats(EngineStats* s) const {
   s->kvm_actuate_ms_mean = p.kvm_actuate_ms_mean;
 }
 
-Status EngineImpl::update_kvm_policy(KvmConfig policy) {
+Status EngineImpl::check_kvm_policy(const KvmConfig& policy,
+                                    const std::vector<SlaClass>& classes) const {
   std::vector<std::string> names;
-  for (const SlaClass& c : router_->classes()) names.push_back(c.name);
+  for (const SlaClass& c : classes) names.push_back(c.name);
   KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules(policy.rules, names));
   KVSPLIT_RETURN_IF_ERROR(validate_kvm_for_engine(policy, config_));
   if (policy.interval_ms < 10 || policy.interval_ms > 60000) {
     return invalid_argument(
         fmt::format("kvm.interval_ms: must be in [10, 60000], got {}", policy.interval_ms));
   }
+  return ok_status();
+}
+
+Status EngineImpl::update_kvm_policy(KvmConfig policy) {
+  KVSPLIT_RETURN_IF_ERROR(check_kvm_policy(policy, router_->classes()));
   std::lock_guard<std::mutex> lock(kvm_mu_);
   if (kvm_) {
     kvm_->reload(std::move(policy));

@@ -62,8 +62,9 @@ void apply_flags(const Flags& f, config::Config* c) {
   if (!f.api_keys.empty()) c->server.api_keys = f.api_keys;
 }
 
-// SIGHUP: re-read the SLA classes and the kvm policy of `path`; the engine validates and swaps
-// each atomically (classes first: the policy's rules name them).
+// SIGHUP: re-read the SLA classes and the kvm policy of `path`. Both are checked before either
+// is applied (the policy against the new classes), so a rejected policy never leaves new classes
+// beside old rules naming a class that is gone; then classes first (the rules name them).
 void reload_sla_classes(const std::string& path, kvsplit::Engine* engine,
                         server::GenerationService* svc) {
   if (path.empty()) {
@@ -74,6 +75,13 @@ void reload_sla_classes(const std::string& path, kvsplit::Engine* engine,
   if (!fresh.ok()) {
     KVSPLIT_LOG_ERROR("SIGHUP: reload rejected, old SLA policy stays in force: {}",
                       fresh.status().message());
+    return;
+  }
+  if (Status pre = engine->check_kvm_policy(fresh->engine.kvm, fresh->engine.sla_classes);
+      !pre.ok()) {
+    KVSPLIT_LOG_ERROR(
+        "SIGHUP: engine rejected the new kvm policy, old SLA classes and policy stay: {}",
+        pre.to_string());
     return;
   }
   Status st = engine->update_sla_classes(fresh->engine.sla_classes);

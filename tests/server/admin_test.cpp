@@ -328,6 +328,17 @@ TEST_F(AdminTest, SighupReloadsClassesAndBadReloadKeepsOldPolicy) {
     ASSERT_TRUE(stub->GetServerStats(&ctx, {}, &stats).ok());
     EXPECT_FALSE(stats.kvm_enabled());
   }
+  // A reload whose policy the engine rejects changes nothing, its classes included: dropping
+  // bronze alongside a rejected rule used to apply the classes and then refuse the rules.
+  write("live.yaml",
+        "kv: {capacity_mb: 16}\nsla_classes:\n  gold: {max_ttft_ms: 100}\nkvm:\n  rules:\n    - "
+        "{name: hot2, when: \"device_kv_use > 0.9\", exit: \"device_kv_use < 0.8\", then: "
+        "\"semantic_threshold += 0.05\"}\n");
+  server->signal(SIGHUP);
+  ASSERT_TRUE(wait_for_log("kvm.rules[0] (hot2)")) << server->log();
+  EXPECT_NE(server->log().find("old SLA classes and policy stay"), std::string::npos)
+      << server->log();
+  EXPECT_EQ(with_class("bronze"), grpc::StatusCode::OK);
   write("live.yaml", classes +
                          "kvm:\n  interval_ms: 10\n  rules:\n    - {name: calm, when: "
                          "\"device_kv_use < 0.5\", exit: \"device_kv_use > 0.6\", then: \"swap = "
