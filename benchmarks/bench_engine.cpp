@@ -352,7 +352,7 @@ int main(int argc, char** argv) {
   app.add_option("--decode-steps", decode_steps, "timed decode steps per batch size")
       ->check(CLI::PositiveNumber);
   app.add_option("--threads", threads, "CPU threads (0: all)");
-  app.add_option("--block-size", block_size, "KV page size");
+  app.add_option("--block-size", block_size, "KV page size")->check(CLI::Range(1, 1024));
   app.add_flag("--skip-probe", skip_probe, "do not measure bandwidth / FMA peak");
   app.add_option("--spin-us", spin_micros,
                  "CPU: how long idle pool threads poll before sleeping (-1: default, 0: never)");

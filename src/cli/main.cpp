@@ -368,8 +368,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "in_process", "nccl"}))
       ->capture_default_str();
   gen->add_option(
-      "--split-chunk", gf.split_chunk,
-      "force decode split-K chunks of this many tokens (0 = no split; default: planner)");
+         "--split-chunk", gf.split_chunk,
+         "force decode split-K chunks of this many tokens (0 = no split; default: planner)")
+      ->check(CLI::Range(0, 1 << 24));
   cli::add_cut_options(gen, gf.cut);
   gen->add_option(
          "--weight-dtype", gen_common.weight_dtype,

@@ -132,7 +132,8 @@ void add_perplexity_options(CLI::App* app, CommonFlags& common, PerplexityFlags&
       ->check(CLI::Range(1, 1024));
   app->add_option("--split-chunk", f.split_chunk,
                   "force decode split-K chunks of this many tokens (0 = no split; default: "
-                  "planner)");
+                  "planner)")
+      ->check(CLI::Range(0, 1 << 24));
   app->add_flag("--json", f.json, "print one JSON line");
   add_cut_options(app, f.cut);
 }

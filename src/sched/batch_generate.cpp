@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <span>
 
@@ -102,7 +103,7 @@ Status validate_inputs(const std::vector<GenerationInput>& inputs, const model::
 }  // namespace
 
 int blocks_needed(const std::vector<GenerationInput>& inputs, int block_size, int max_seq_len) {
-  int total = 0;
+  int64_t total = 0;
   for (const GenerationInput& in : inputs) {
     // The last generated token is never fed: prompt + max_tokens - 1 positions at most.
     const int positions =
@@ -110,7 +111,8 @@ int blocks_needed(const std::vector<GenerationInput>& inputs, int block_size, in
                                                             std::max(0, in.params.max_tokens - 1)));
     total += kv::BlockTable::blocks_for(std::max(positions, 1), block_size);
   }
-  return total;
+  // Saturated, never wrapped: more than a pool may have is refused by KvPool::create.
+  return static_cast<int>(std::min<int64_t>(total, std::numeric_limits<int32_t>::max()));
 }
 
 StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model, kv::KvPool& pool,

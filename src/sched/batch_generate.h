@@ -86,7 +86,8 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
                                                        const std::vector<GenerationInput>& inputs,
                                                        const BatchOptions& options = {});
 
-// KV blocks a batch needs to run without preemption (prompt + max_tokens - 1 positions each).
+// KV blocks a batch needs to run without preemption (prompt + max_tokens - 1 positions each),
+// saturated at INT32_MAX.
 int blocks_needed(const std::vector<GenerationInput>& inputs, int block_size, int max_seq_len);
 
 }  // namespace kvsplit::sched

@@ -176,5 +176,19 @@ TEST(CliTest, IntegerFlagsAreDecimal) {
   }
 }
 
+// Values whose arithmetic would overflow are refused with a clear error, never an abort or a
+// wrapped value: a pool of more blocks than KvPool takes (its bookkeeping alone aborted on
+// bad_alloc), a split-K chunk near INT32_MAX, more threads than the bound.
+TEST(CliTest, HugeSizesAreClearErrors) {
+  KVSPLIT_REQUIRE_MODELS();
+  RunResult r = run("generate " + model_args(false) + " --prompt Once --kv-blocks 2147483647");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("num_blocks 2147483647 is more than 67108864"), std::string::npos) << r.err;
+  for (const char* bad : {"--split-chunk 2147483647", "--threads 100000"}) {
+    r = run("generate " + model_args(false) + " --prompt Once " + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace kvsplit::testing
