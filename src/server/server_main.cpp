@@ -237,7 +237,8 @@ int run(const Flags& flags) {
       const int sig = sigtimedwait(&stop_set, nullptr, &tick);
       if (sig == SIGTERM || sig == SIGINT) {
         KVSPLIT_LOG_WARN("{} during start-up: exit {} without serving", strsignal(sig), 128 + sig);
-        spdlog::shutdown();
+        // Flushed, not shut down: the loader's threads may still log through the logger.
+        spdlog::default_logger()->flush();
         std::fflush(nullptr);
         std::_Exit(128 + sig);  // the loader thread cannot be stopped mid-load
       }
@@ -272,6 +273,12 @@ int run(const Flags& flags) {
   }
   server::GenerationService service(engine.get(), opts, cfg.engine.sla_classes);
   if (metrics) metrics->set_active_streams(service.active_streams_counter());
+  // Destroyed before `service` on every return from here: the listener stops before the stream
+  // counter it reads goes away.
+  struct StopMetrics {
+    std::unique_ptr<server::ServerMetrics>& metrics;
+    ~StopMetrics() { metrics.reset(); }
+  } stop_metrics{metrics};
   auto running = server::start_grpc_server(cfg.server, &service);
   if (!running.ok()) {
     std::cerr << "kvsplit-server: " << running.status().message() << "\n";
@@ -314,9 +321,6 @@ int run(const Flags& flags) {
   // Every request has its final event now; give the reactors a moment to flush them.
   running->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   running->server->Wait();
-  // The metrics listener reads the service's stream counter: it stops before the service (declared
-  // after it) goes out of scope.
-  metrics.reset();
   if (const int forced = force.finish(); forced != 0) {
     KVSPLIT_LOG_WARN("stopped by a second signal ({}): exit {}", strsignal(forced), 128 + forced);
     return 128 + forced;

@@ -254,10 +254,14 @@ TEST_F(AdminTest, APortInUseExitsOne) {
 // the process exits 143 at once and never listens. It used to finish the load, listen, report
 // SERVING and only then drain.
 TEST_F(AdminTest, SigtermDuringStartupExitsWithoutServing) {
+  // The signal is sent once the config line is logged (the signals are blocked by then, and the
+  // model load starts right after).
+  const std::string log = dir_.file("startup.log");
   auto [code, out] = run_command(
       "sh -c '" + std::string(KVSPLIT_SERVER_BIN) +
-      " --host 127.0.0.1 --port 0 --metrics-port -1 --model synthetic:llama-110m & pid=$!; "
-      "sleep 0.3; kill -TERM $pid; wait $pid; echo exit=$?'");
+      " --host 127.0.0.1 --port 0 --metrics-port -1 --model synthetic:llama-110m 2>" + log +
+      " & pid=$!; for i in $(seq 1 1000); do grep -q \"config:\" " + log +
+      " && break; sleep 0.01; done; kill -TERM $pid; wait $pid; echo exit=$?; cat " + log + "'");
   EXPECT_NE(out.find("exit=143"), std::string::npos) << out;
   EXPECT_EQ(out.find("listening on"), std::string::npos) << out;
   EXPECT_NE(out.find("during start-up"), std::string::npos) << out;
