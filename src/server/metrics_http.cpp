@@ -29,6 +29,7 @@ struct MetricsHttpServer::Connection {
   std::string out;  // the response, once prepared
   size_t out_offset = 0;
   bool writing = false;  // response prepared; reading is over
+  bool polled = false;   // was in a poll round (its bytes so far have been read)
 };
 
 namespace {
@@ -162,11 +163,10 @@ void MetricsHttpServer::run() {
     // At the connection limit a new client still gets in by closing the oldest one that has not
     // sent its whole request yet (idle, slow or garbage clients cannot hold every slot for
     // io_timeout_ms); only clients taking their responses are never closed for it.
-    const auto evictable = [&] {
-      for (const auto& c : conns)
-        if (!c->writing) return true;
-      return false;
+    const auto is_evictable = [](const std::unique_ptr<Connection>& c) {
+      return c->polled && !c->writing;
     };
+    const auto evictable = [&] { return std::any_of(conns.begin(), conns.end(), is_evictable); };
     const bool accepting =
         !paused && (static_cast<int32_t>(conns.size()) < options_.max_connections || evictable());
     fds.clear();
@@ -215,19 +215,18 @@ void MetricsHttpServer::run() {
       }
     }
     conns.erase(std::remove(conns.begin(), conns.end(), nullptr), conns.end());
+    for (auto& c : conns) c->polled = true;  // every one left was in this poll round
     if (fds[0].revents & POLLIN) {
       uint64_t v;
       (void)!::read(wake_fd_, &v, sizeof(v));
     }
     if (accepting && (fds[1].revents & POLLIN)) {
       for (;;) {
-        if (static_cast<int32_t>(conns.size()) >= options_.max_connections) {
-          auto oldest =
-              std::find_if(conns.begin(), conns.end(), [](const auto& c) { return !c->writing; });
-          if (oldest == conns.end()) break;  // every slot is sending a response
-          close_fd((*oldest)->fd);
-          conns.erase(oldest);
-        }
+        // At the limit: the oldest connection that has been read without a complete request
+        // makes room, once a newcomer is actually accepted (never one accepted this round).
+        const bool full = static_cast<int32_t>(conns.size()) >= options_.max_connections;
+        auto oldest = full ? std::find_if(conns.begin(), conns.end(), is_evictable) : conns.end();
+        if (full && oldest == conns.end()) break;  // every slot is busy: the backlog waits
         const int cfd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (cfd < 0) {
           if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
@@ -241,6 +240,10 @@ void MetricsHttpServer::run() {
           break;  // else EAGAIN, or a connection reset before accept
         }
         pause_logged = false;
+        if (full) {
+          close_fd((*oldest)->fd);
+          conns.erase(oldest);
+        }
         auto c = std::make_unique<Connection>();
         c->fd = cfd;
         c->deadline = now + io_timeout;
