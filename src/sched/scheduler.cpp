@@ -147,7 +147,9 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
     // Waiting sequences without blocks (preempted earlier) get blocks before a handoff of no
     // higher priority, so a stream of handoffs cannot starve them.
     bool blocked = std::any_of(in.waiting.begin(), in.waiting.end(), [&](const SchedSeq& w) {
-      return (w.num_blocks == 0 || w.swapped_pages > 0) && w.priority >= h.priority;
+      const bool paused = w.num_blocks == 0 || w.swapped_pages > 0 ||
+                          (w.restart && w.num_computed >= w.target);  // resident, paused
+      return paused && w.priority >= h.priority;
     });
     blocked = blocked || std::any_of(st.preempted_priorities.begin(), st.preempted_priorities.end(),
                                      [&](int32_t p) { return p >= h.priority; });

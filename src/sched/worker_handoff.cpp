@@ -172,7 +172,11 @@ void Worker::admit_offers(Clock::time_point now) {
 bool Worker::has_unreserved_waiting(int32_t priority) const {
   for (const auto& seq : waiting_) {
     if (seq->num_output() > 0 && reader_behind(*seq)) continue;  // not resumed while behind
-    if ((seq->table.blocks.empty() || kv::swapped_pages(seq->table) > 0) &&
+    // Preempted without blocks, swapped out, or paused with all its KV resident (MigrateKv
+    // brought it back): each resumes before new work of no higher priority takes the room.
+    const bool resident_paused =
+        seq->num_output() > 0 && seq->num_computed >= seq->prefill_target();
+    if ((seq->table.blocks.empty() || kv::swapped_pages(seq->table) > 0 || resident_paused) &&
         seq->priority >= priority)
       return true;
   }
