@@ -43,17 +43,22 @@ Status validate_config(const Config& config) {
   }
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.threads_per_worker", e.threads_per_worker, 0, 1024));
   {
-    // Each worker's shards (the spatial cut) compute on their own threads: bound the total, or
+    // Threads the workers start (Engine::create): per worker a sampling pool of
+    // threads_per_worker, and on the CPU backend as many compute threads per shard. Bounded, or
     // creating them would throw and abort the server.
     constexpr int64_t kMaxThreads = 16384;
-    const int64_t total = int64_t{e.num_prefill_workers + e.num_decode_workers} *
-                          std::max(1, e.threads_per_worker) * std::max(1, e.spatial.shards);
+    const bool disagg = e.mode == ServingMode::kDisaggregated;
+    const int64_t workers = (disagg ? e.num_prefill_workers : 0) + e.num_decode_workers;
+    const int64_t per = std::max(1, e.threads_per_worker);
+    const int64_t compute = e.backend == "cpu" ? per * std::max(1, e.spatial.shards) : 0;
+    const int64_t total = workers * (per + compute);
     if (total > kMaxThreads) {
-      return invalid_argument(
-          "pools.threads_per_worker: " + std::to_string(e.threads_per_worker) + " threads x " +
-          std::to_string(e.num_prefill_workers + e.num_decode_workers) + " workers x " +
-          std::to_string(e.spatial.shards) + " shards is " + std::to_string(total) +
-          " compute threads, more than " + std::to_string(kMaxThreads));
+      return invalid_argument("pools.threads_per_worker: " + std::to_string(e.threads_per_worker) +
+                              " threads per worker start " + std::to_string(total) +
+                              " threads over " + std::to_string(workers) +
+                              " workers (sampling, and compute per shard on the CPU backend), "
+                              "more than " +
+                              std::to_string(kMaxThreads));
     }
   }
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_num_seqs", e.max_num_seqs, 1, 65536));

@@ -122,7 +122,11 @@ TEST(ConfigTest, BadValuesNameTheField) {
   expect_error(
       "pools: {mode: disaggregated, prefill_workers: 64, decode_workers: 64, "
       "threads_per_worker: 1024}\n",
-      "pools.threads_per_worker: 1024 threads x 128 workers x 1 shards is 131072 compute threads");
+      "pools.threads_per_worker: 1024 threads per worker start 262144 threads over 128 workers");
+  // The same numbers on CUDA start only the sampling pools (the backend ignores the count):
+  // 8 decode workers x 1024 is allowed.
+  EXPECT_TRUE(
+      parse_config("pools: {backend: cuda, decode_workers: 8, threads_per_worker: 1024}\n").ok());
   // "Forever" as a huge number would overflow the deadline and expire every request at once.
   expect_error("sla_classes:\n  voice: {queue_timeout_ms: 1e15}\n",
                "sla_classes.voice.queue_timeout_ms: must be in (0, 1e9]");
