@@ -123,29 +123,36 @@ bool measure_disk_swap_bandwidth(kv::KvPool& pool, SwapCosts* costs) {
   bool stages = false;
   for (int s = 0; s < pool.num_shards(); ++s)
     stages = stages || pool.shard(s).backend().kind() != backend::DeviceKind::kCpu;
+  // Where the staging copies cannot be measured (no device memory left for the probe), the
+  // host tier's rates stand in: a low estimate of the cost, not none.
   if (stages) {
+    staging_d2h = costs->d2h_bytes_per_s;
+    staging_h2d = costs->h2d_bytes_per_s;
     // As kv/swap.cpp stages a record: a new pageable buffer each time, plain copies.
     using Clock = std::chrono::steady_clock;
     backend::Backend& be = pool.backend();
     auto dev = backend::DeviceBuffer::make(be, static_cast<size_t>(record));
-    if (!dev.ok()) return false;
+    double d2h = 0, h2d = 0;
+    bool measured = dev.ok();
     const double bytes = static_cast<double>(record);
-    for (int rep = 0; rep < 2; ++rep) {
+    for (int rep = 0; rep < 2 && measured; ++rep) {
       auto buf = std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(record));
       const Clock::time_point t0 = Clock::now();
-      if (!be.copy_d2h(buf.get(), dev->get(), static_cast<size_t>(record)).ok() ||
-          !be.synchronize().ok())
-        return false;
+      measured = be.copy_d2h(buf.get(), dev->get(), static_cast<size_t>(record)).ok() &&
+                 be.synchronize().ok();
       const Clock::time_point t1 = Clock::now();
-      if (!be.copy_h2d(dev->get(), buf.get(), static_cast<size_t>(record)).ok() ||
-          !be.synchronize().ok())
-        return false;
+      measured = measured && be.copy_h2d(dev->get(), buf.get(), static_cast<size_t>(record)).ok() &&
+                 be.synchronize().ok();
       const Clock::time_point t2 = Clock::now();
       auto rate = [&](Clock::time_point a, Clock::time_point b) {
         return bytes / std::max(1e-9, std::chrono::duration<double>(b - a).count());
       };
-      staging_d2h = std::max(staging_d2h, rate(t0, t1));
-      staging_h2d = std::max(staging_h2d, rate(t1, t2));
+      d2h = std::max(d2h, rate(t0, t1));
+      h2d = std::max(h2d, rate(t1, t2));
+    }
+    if (measured) {
+      staging_d2h = d2h;
+      staging_h2d = h2d;
     }
   }
   costs->disk_write_bytes_per_s = bw->write_bytes_per_s;

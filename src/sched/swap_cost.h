@@ -60,9 +60,9 @@ bool measure_copy_bandwidth(const kv::KvPool& pool, SwapCosts* costs);
 
 // Measures `pool`'s disk tier as a swap uses it: four records of sixteen pages (1 to 8 MiB)
 // written, then read back (warm), then freed; and, where the pool's device memory is not host
-// memory, the staging copies through a freshly allocated pageable buffer of one record. Fills
-// the disk fields of *costs; false (unchanged) without a disk tier or on an error (e.g. no room
-// for a record).
+// memory, the staging copies through a freshly allocated pageable buffer of one record (the
+// host tier's rates of *costs stand in when that probe cannot run). Fills the disk fields of
+// *costs; false (unchanged) without a disk tier or on a disk error (e.g. no room for a record).
 bool measure_disk_swap_bandwidth(kv::KvPool& pool, SwapCosts* costs);
 
 }  // namespace kvsplit::sched
