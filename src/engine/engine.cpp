@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 #include <thread>
 
 #include "backend/backend.h"
@@ -359,15 +360,25 @@ void EngineImpl::on_final(const sched::Sequence& seq, const TokenEvent& ev) {
     case FinishReason::kStop:
     case FinishReason::kLength: {
       ++finished_;
-      for (SlaClassStats& c : class_stats_) {
-        if (c.name != seq.sla.name) continue;
-        const bool ttft = ev.timings.ttft_ms <= seq.sla.max_ttft_ms;
-        const bool itl = ev.timings.mean_itl_ms <= seq.sla.max_itl_ms;
-        ++c.finished;
-        c.met_ttft += ttft;
-        c.met_itl += itl;
-        c.met_both += ttft && itl;
+      // Its class, or (a reload removed it meanwhile) the retired counters a class of that name
+      // continues if it comes back.
+      auto same = [&](const SlaClassStats& c) { return c.name == seq.sla.name; };
+      auto it = std::find_if(class_stats_.begin(), class_stats_.end(), same);
+      SlaClassStats* c = it != class_stats_.end() ? &*it : nullptr;
+      if (c == nullptr) {
+        auto r = std::find_if(retired_class_stats_.begin(), retired_class_stats_.end(), same);
+        if (r == retired_class_stats_.end()) {
+          retired_class_stats_.push_back(SlaClassStats{seq.sla.name});
+          r = std::prev(retired_class_stats_.end());
+        }
+        c = &*r;
       }
+      const bool ttft = ev.timings.ttft_ms <= seq.sla.max_ttft_ms;
+      const bool itl = ev.timings.mean_itl_ms <= seq.sla.max_itl_ms;
+      ++c->finished;
+      c->met_ttft += ttft;
+      c->met_itl += itl;
+      c->met_both += ttft && itl;
       kvm_record_latency(seq.sla.name, ev.timings.ttft_ms, ev.timings.mean_itl_ms);
       break;
     }
@@ -463,7 +474,7 @@ Status EngineImpl::update_sla_classes(std::vector<SlaClass> classes) {
     for (const SlaClassStats& old : known) {
       const bool kept = std::any_of(next.begin(), next.end(),
                                     [&](const SlaClassStats& n) { return n.name == old.name; });
-      if (!kept && old.finished > 0) retired_class_stats_.push_back(old);
+      if (!kept) retired_class_stats_.push_back(old);
     }
     class_stats_ = std::move(next);
   }
