@@ -134,7 +134,9 @@ TEST_P(EnginePrefix, RecomputesUnderPressureKeepTheTokens) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while ((*engine)->stats().pools[0].waiting < 4 && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const int pulled = (*engine)->stats().pools[0].waiting;
   (*engine)->set_test_hold(puller, sched::TestHold::kNone);
+  ASSERT_EQ(pulled, 4) << "the held worker did not pull all four";
   for (int i = 0; i < 4; ++i) {
     const Collected got = collect(std::move(handles[i]));
     const Collected ref = collect(*(*ref_engine)->submit(make(i)));
