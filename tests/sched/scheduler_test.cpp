@@ -542,6 +542,14 @@ TEST(Scheduler, HandoffWaitsForASwappedSequenceOfAtLeastItsPriority) {
   const std::vector<SchedHandoff> urgent = {{50, /*priority=*/2, 60, 4}};
   const SchedulerOutput out2 = Scheduler(config(64, true)).schedule({{}, wait, urgent, 8, 8, 1});
   ASSERT_EQ(out2.admitted.size(), 1u);
+  // So does a paused sequence whose KV is all resident again (MigrateKv): the handoff could
+  // otherwise take the block its next token needs, again and again.
+  SchedSeq resident = waiting(2, /*target=*/8, /*computed=*/8, /*blocks=*/2, /*priority=*/1);
+  resident.restart = true;
+  const std::vector<SchedSeq> paused = {resident};
+  const SchedulerOutput out3 = Scheduler(config(64, true)).schedule({{}, paused, offers, 8, 8, 1});
+  EXPECT_TRUE(out3.admitted.empty());
+  EXPECT_EQ(out3.handoff_wait, HandoffWait::kPreemptedFirst);
 }
 
 TEST(Scheduler, ExpiredSliceOfLowerPriorityIsPausedForWaitingWork) {
