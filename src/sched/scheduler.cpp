@@ -147,8 +147,7 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
     // Waiting sequences without blocks (preempted earlier) get blocks before a handoff of no
     // higher priority, so a stream of handoffs cannot starve them.
     bool blocked = std::any_of(in.waiting.begin(), in.waiting.end(), [&](const SchedSeq& w) {
-      const bool paused = w.num_blocks == 0 || w.swapped_pages > 0 ||
-                          (w.restart && w.num_computed >= w.target);  // resident, paused
+      const bool paused = w.num_blocks == 0 || w.swapped_pages > 0 || w.resident_paused();
       return paused && w.priority >= h.priority;
     });
     blocked = blocked || std::any_of(st.preempted_priorities.begin(), st.preempted_priorities.end(),
@@ -309,10 +308,8 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
     cands.clear();
     bool reserving = true;  // the first that does not fit stops later ones from starting
     for (const SchedSeq* w : by_service) {
-      // A paused sequence whose KV is all on the device again (MigrateKv brought its swapped
-      // pages back) resumes like a swap-in of no pages: it has nothing to prefill.
-      const bool resident = w->swapped_pages == 0 && w->restart && w->num_computed >= w->target;
-      if (w->swapped_pages > 0 || resident) {
+      // A resident paused sequence has nothing to prefill: a swap-in of no pages.
+      if (w->swapped_pages > 0 || w->resident_paused()) {
         // Paused until its resume step, unless steps would not advance.
         if (w->swapped_pages > 0 && in.step < w->resume_step && steps_advance) continue;
         // It resumes only with room for its next token too (next_token_room).

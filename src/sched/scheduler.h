@@ -75,6 +75,9 @@ struct SchedSeq {
   // not before step resume_step while other sequences decode (any running one not stalled).
   int swapped_pages = 0;
   int64_t resume_step = 0;
+  // Waiting only: paused with all its KV on the device (MigrateKv brought its swapped pages
+  // back); it resumes like a swap-in of no pages.
+  bool resident_paused() const { return swapped_pages == 0 && restart && num_computed >= target; }
   // Running only, fair time slicing: it has held the pool for its class's slice, so waiting work
   // of a higher priority without room may pause it.
   bool slice_expired = false;

@@ -8,6 +8,33 @@
 #include "kv/disk_tier.h"
 
 namespace kvsplit::sched {
+namespace {
+
+// The best rates (bytes/s) of `reps` rounds of a device -> host copy then a host -> device copy
+// of `bytes` each; the copies return false on an error (then so does this, *d2h / *h2d unset).
+template <typename D2h, typename H2d>
+bool best_round_trip(int reps, size_t bytes, D2h d2h, H2d h2d, double* best_d2h, double* best_h2d) {
+  using Clock = std::chrono::steady_clock;
+  auto rate = [&](Clock::time_point a, Clock::time_point b) {
+    return static_cast<double>(bytes) /
+           std::max(1e-9, std::chrono::duration<double>(b - a).count());
+  };
+  double out = 0, in = 0;
+  for (int rep = 0; rep < reps; ++rep) {
+    const Clock::time_point t0 = Clock::now();
+    if (!d2h()) return false;
+    const Clock::time_point t1 = Clock::now();
+    if (!h2d()) return false;
+    const Clock::time_point t2 = Clock::now();
+    out = std::max(out, rate(t0, t1));
+    in = std::max(in, rate(t1, t2));
+  }
+  *best_d2h = out;
+  *best_h2d = in;
+  return true;
+}
+
+}  // namespace
 
 SwapChoice choose_swap(SwapMode mode, const SwapCosts& costs, int64_t swap_bytes,
                        int recompute_tokens, SwapTier tier) {
@@ -70,7 +97,6 @@ const char* swap_mode_name(SwapMode mode) {
 }
 
 bool measure_copy_bandwidth(const kv::KvPool& pool, SwapCosts* costs) {
-  using Clock = std::chrono::steady_clock;
   backend::Backend& backend = pool.backend();
   const size_t bytes = static_cast<size_t>(
       std::clamp<int64_t>(pool.bytes_per_block() * 16, int64_t{1} << 20, int64_t{16} << 20));
@@ -94,19 +120,10 @@ bool measure_copy_bandwidth(const kv::KvPool& pool, SwapCosts* costs) {
     return backend.copy_batch_async(dir, &r, 1).ok() && backend.synchronize().ok();
   };
   double best_d2h = 0, best_h2d = 0;
-  auto rate = [&](Clock::time_point a, Clock::time_point b) {
-    return static_cast<double>(bytes) /
-           std::max(1e-9, std::chrono::duration<double>(b - a).count());
-  };
-  for (int rep = 0; rep < 3; ++rep) {
-    const Clock::time_point t0 = Clock::now();
-    if (!copy(backend::Backend::CopyDir::kDeviceToHost)) return false;
-    const Clock::time_point t1 = Clock::now();
-    if (!copy(backend::Backend::CopyDir::kHostToDevice)) return false;
-    const Clock::time_point t2 = Clock::now();
-    best_d2h = std::max(best_d2h, rate(t0, t1));
-    best_h2d = std::max(best_h2d, rate(t1, t2));
-  }
+  if (!best_round_trip(
+          3, bytes, [&] { return copy(backend::Backend::CopyDir::kDeviceToHost); },
+          [&] { return copy(backend::Backend::CopyDir::kHostToDevice); }, &best_d2h, &best_h2d))
+    return false;
   costs->d2h_bytes_per_s = best_d2h;
   costs->h2d_bytes_per_s = best_h2d;
   return true;
@@ -129,27 +146,21 @@ bool measure_disk_swap_bandwidth(kv::KvPool& pool, SwapCosts* costs) {
     staging_d2h = costs->d2h_bytes_per_s;
     staging_h2d = costs->h2d_bytes_per_s;
     // As kv/swap.cpp stages a record: a new pageable buffer each time, plain copies.
-    using Clock = std::chrono::steady_clock;
     backend::Backend& be = pool.backend();
-    auto dev = backend::DeviceBuffer::make(be, static_cast<size_t>(record));
+    const size_t bytes = static_cast<size_t>(record);
+    auto dev = backend::DeviceBuffer::make(be, bytes);
+    std::unique_ptr<std::byte[]> buf;
     double d2h = 0, h2d = 0;
-    bool measured = dev.ok();
-    const double bytes = static_cast<double>(record);
-    for (int rep = 0; rep < 2 && measured; ++rep) {
-      auto buf = std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(record));
-      const Clock::time_point t0 = Clock::now();
-      measured = be.copy_d2h(buf.get(), dev->get(), static_cast<size_t>(record)).ok() &&
-                 be.synchronize().ok();
-      const Clock::time_point t1 = Clock::now();
-      measured = measured && be.copy_h2d(dev->get(), buf.get(), static_cast<size_t>(record)).ok() &&
-                 be.synchronize().ok();
-      const Clock::time_point t2 = Clock::now();
-      auto rate = [&](Clock::time_point a, Clock::time_point b) {
-        return bytes / std::max(1e-9, std::chrono::duration<double>(b - a).count());
-      };
-      d2h = std::max(d2h, rate(t0, t1));
-      h2d = std::max(h2d, rate(t1, t2));
-    }
+    const bool measured =
+        dev.ok() &&
+        best_round_trip(
+            2, bytes,
+            [&] {
+              buf = std::make_unique_for_overwrite<std::byte[]>(bytes);
+              return be.copy_d2h(buf.get(), dev->get(), bytes).ok() && be.synchronize().ok();
+            },
+            [&] { return be.copy_h2d(dev->get(), buf.get(), bytes).ok() && be.synchronize().ok(); },
+            &d2h, &h2d);
     if (measured) {
       staging_d2h = d2h;
       staging_h2d = h2d;
