@@ -2,7 +2,9 @@
 // source ("…/config.json") and the field. No exception leaves these helpers.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -69,6 +71,18 @@ inline StatusOr<double> json_number(const Json& obj, const char* key,
     return invalid_argument(what + ": field '" + key + "' must be a number, got " + it->dump());
   }
   return it->get<double>();
+}
+
+// `v` (a field read as a double) as a float: an error naming `field` when it is outside float's
+// finite range (the conversion is undefined behaviour there, and the value is meaningless).
+inline StatusOr<float> to_float_field(double v, const std::string& field, const std::string& what) {
+  if (std::isfinite(v) && std::fabs(v) > static_cast<double>(std::numeric_limits<float>::max())) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.10g", v);
+    return invalid_argument(what + ": " + field + " = " + text +
+                            " is outside the range of a float");
+  }
+  return static_cast<float>(v);
 }
 
 // `obj[key]` as a bool. Absent or null: `fallback`.

@@ -228,7 +228,7 @@ StatusOr<ModelConfig> parse_hf_config(const std::string& dir) {
       arch == Arch::kLlama ? 2048 : (arch == Arch::kMistral ? 131072 : 32768);
   KVSPLIT_ASSIGN_OR_RETURN(c.max_seq_len, get_int(j, "max_position_embeddings", default_ctx, what));
   KVSPLIT_ASSIGN_OR_RETURN(double eps, common::json_number(j, "rms_norm_eps", 1e-6, what));
-  c.norm_eps = static_cast<float>(eps);
+  KVSPLIT_ASSIGN_OR_RETURN(c.norm_eps, common::to_float_field(eps, "rms_norm_eps", what));
   KVSPLIT_ASSIGN_OR_RETURN(c.tie_word_embeddings,
                            common::json_bool(j, "tie_word_embeddings", false, what));
   KVSPLIT_ASSIGN_OR_RETURN(std::vector<std::string> layer_types,

@@ -245,7 +245,10 @@ Status parse_hf_rope(const Json& j, const std::string& what,
   const RopeFields f(what, std::move(fields), prefix);
 
   KVSPLIT_ASSIGN_OR_RETURN(double theta, f.number("rope_theta", 10000.0));
-  c->rope_theta = static_cast<float>(theta);
+  KVSPLIT_ASSIGN_OR_RETURN(
+      c->rope_theta,
+      common::to_float_field(
+          theta, f.find("rope_theta") ? f.find("rope_theta")->path : "rope_theta", what));
   KVSPLIT_ASSIGN_OR_RETURN(double partial, f.number("partial_rotary_factor", 1.0));
   if (partial != 1.0) {
     return unimplemented(what + ": " + f.find("partial_rotary_factor")->path + " = " +

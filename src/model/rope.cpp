@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <numbers>
 #include <string>
 
@@ -108,6 +109,23 @@ RopeScaling RopeScaling::llama3(double factor, double low_freq_factor, double hi
   return s;
 }
 
+namespace {
+
+// HF `_compute_dynamic_ntk_parameters` at seq_len L = max(max_seq_len, original):
+// base = theta * (factor * L / original - (factor - 1))^(d / (d - 2)). At L = original (the
+// context the HF loader sets) the base is theta itself. Written as 1 + factor * (L / original - 1)
+// so that a huge factor still gives exactly 1 there (factor - (factor - 1) rounds to 0).
+double dynamic_rope_base(const ModelConfig& config) {
+  const RopeScaling& s = *config.rope_scaling;
+  const double original = s.original_max_position_embeddings;
+  const double len = std::max(static_cast<double>(config.max_seq_len), original);
+  const int d = config.head_dim;
+  return config.rope_theta *
+         std::pow(1.0 + s.factor * (len / original - 1.0), static_cast<double>(d) / (d - 2));
+}
+
+}  // namespace
+
 std::vector<float> rope_inv_freq(const ModelConfig& config) {
   const int half = config.head_dim / 2;
   const int d = config.head_dim;
@@ -116,12 +134,7 @@ std::vector<float> rope_inv_freq(const ModelConfig& config) {
     // HF `_compute_dynamic_ntk_parameters` at seq_len L = max(max_seq_len, original):
     // base = theta * (factor * L / original - (factor - 1))^(d / (d - 2)). At L = original (the
     // context the HF loader sets) the base is theta itself.
-    const RopeScaling& s = *config.rope_scaling;
-    const double original = s.original_max_position_embeddings;
-    const double len = std::max(static_cast<double>(config.max_seq_len), original);
-    const double base = theta * std::pow(s.factor * len / original - (s.factor - 1.0),
-                                         static_cast<double>(d) / (d - 2));
-    theta = static_cast<float>(base);
+    theta = static_cast<float>(dynamic_rope_base(config));
   }
   std::vector<float> inv_freq(half);
   for (int i = 0; i < half; ++i) inv_freq[i] = plain_inv_freq(theta, i, d);
@@ -178,6 +191,12 @@ Status validate_rope_scaling(const ModelConfig& c, const std::string& source) {
     case RopeType::kDynamic:
       if (c.head_dim <= 2) {
         return bad("head_dim", c.head_dim, "must be > 2 (the base exponent is d / (d - 2))");
+      }
+      if (const double base = dynamic_rope_base(c);
+          !(std::isfinite(base) && base <= std::numeric_limits<float>::max())) {
+        return bad("factor", s.factor,
+                   "gives a rope base of " + num(base) + " at a context of " +
+                       std::to_string(c.max_seq_len) + ", outside the range of a float");
       }
       break;
     case RopeType::kLlama3:

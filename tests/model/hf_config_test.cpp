@@ -274,6 +274,11 @@ TEST(HfConfigRope, Errors) {
       {"theta", nullptr, invalid, "'rope_parameters' must be an object or null, got \"theta\""},
       {nullptr, {1, 2}, invalid, "'rope_scaling' must be an object or null, got [1,2]"},
       {{{"rope_theta", 0.5}}, nullptr, invalid, "rope_theta = 0.500000 must be finite and > 1"},
+      // Beyond a float: the conversion was undefined behaviour before the range check.
+      {{{"rope_theta", 1e300}},
+       nullptr,
+       invalid,
+       "rope_parameters.rope_theta = 1e+300 is outside the range of a float"},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.needle);
@@ -287,6 +292,8 @@ TEST(HfConfigRope, Errors) {
   expect_error(cfg, unimpl, "partial_rotary_factor = 0.25: partial rotary embedding");
   cfg["partial_rotary_factor"] = 1.0;
   parse_ok(cfg);
+  cfg["rms_norm_eps"] = -1e39;
+  expect_error(cfg, invalid, "rms_norm_eps = -1e+39 is outside the range of a float");
 }
 
 TEST(HfConfigFields, UnsupportedFieldsNameFieldAndValue) {

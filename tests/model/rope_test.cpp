@@ -150,6 +150,9 @@ TEST(RopeHf, DefaultIsBitExactRunC) {
   for (int i = 0; i < 8; ++i) EXPECT_EQ(plain[i], 1.0f / std::pow(10000.0f, (2.0f * i) / 16.0f));
   c.rope_scaling = scaling(RopeType::kDynamic, 4.0, 64);  // at its original length
   EXPECT_EQ(rope_inv_freq(c), plain);
+  // A huge factor too: factor * 1 - (factor - 1) rounded to 0 and gave a base of 0 (inf freqs).
+  c.rope_scaling = scaling(RopeType::kDynamic, 1e17, 64);
+  EXPECT_EQ(rope_inv_freq(c), plain);
   c.rope_scaling = scaling(RopeType::kLinear, 1.0, 0);
   EXPECT_EQ(rope_inv_freq(c), plain);
   EXPECT_EQ(rope_attention_factor(c), 1.0f);
@@ -188,6 +191,9 @@ TEST(RopeHf, ValidationNamesTheField) {
       {llama3_bad, "rope llama3: high_freq_factor = 1 must be finite and > low_freq_factor (4)"},
       {yarn_af, "rope yarn: attention_factor = -1 must be finite and > 0"},
       {yarn_beta, "rope yarn: beta_fast = nan"},
+      // Past its original length (64 > 32) the base grows with the factor, here beyond a float.
+      {scaling(RopeType::kDynamic, 1e300, 32),
+       "rope dynamic: factor = 1e+300 gives a rope base of"},
   };
   for (const Case& k : cases) {
     c.rope_scaling = k.s;
