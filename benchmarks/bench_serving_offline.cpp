@@ -61,8 +61,9 @@ std::vector<Item> make_workload(const Options& o, int vocab, int context) {
   double t = 0;
   for (int i = 0; i < o.requests; ++i) {
     t += gap(rng);
-    const int p = std::clamp(static_cast<int>(plen(rng)), 1, context / 2);
-    const int n = std::clamp(static_cast<int>(olen(rng)), 1, context / 2 - 1);
+    // Clamped as doubles: a draw beyond int (a huge median or sigma) must not be cast first.
+    const int p = static_cast<int>(std::clamp(plen(rng), 1.0, context / 2.0));
+    const int n = static_cast<int>(std::clamp(olen(rng), 1.0, context / 2.0 - 1.0));
     const char* cls = u(rng) < o.interactive_share ? "interactive" : "batch";
     out.push_back(synthetic_item("b" + std::to_string(i), t, p, n, cls, vocab, rng));
   }
@@ -670,10 +671,14 @@ int main(int argc, char** argv) {
   app.add_option("--requests", o.requests, "number of requests")->check(CLI::PositiveNumber);
   app.add_option("--rate", o.rate, "Poisson arrival rate (requests/s)")->check(CLI::PositiveNumber);
   app.add_option("--seed", o.seed, "workload seed");
-  app.add_option("--prompt-median", o.prompt_median, "lognormal prompt length median (tokens)");
-  app.add_option("--prompt-sigma", o.prompt_sigma, "lognormal prompt length sigma");
-  app.add_option("--output-median", o.output_median, "lognormal output length median (tokens)");
-  app.add_option("--output-sigma", o.output_sigma, "lognormal output length sigma");
+  app.add_option("--prompt-median", o.prompt_median, "lognormal prompt length median (tokens)")
+      ->check(CLI::Range(1.0, 1e9));
+  app.add_option("--prompt-sigma", o.prompt_sigma, "lognormal prompt length sigma")
+      ->check(CLI::Range(0.0, 10.0));
+  app.add_option("--output-median", o.output_median, "lognormal output length median (tokens)")
+      ->check(CLI::Range(1.0, 1e9));
+  app.add_option("--output-sigma", o.output_sigma, "lognormal output length sigma")
+      ->check(CLI::Range(0.0, 10.0));
   app.add_option("--interactive-share", o.interactive_share, "share of the interactive class")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--prefill-workers", o.prefill_workers, "disaggregated prefill workers");
