@@ -281,7 +281,12 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
     if (table.pages[i].location == PageLocation::kHost ||
         table.pages[i].location == PageLocation::kDisk)
       idx.push_back(static_cast<int>(i));
-  if (idx.empty()) return true;
+  if (idx.empty()) {
+    // Every page is on the device already (MigrateKv brought them back): the sequence resumes
+    // all the same, and counts as swapped in so that swaps in keep pace with swaps out.
+    ++stats->swaps_in;
+    return true;
+  }
   const bool from_disk = table.disk_record != 0;
   // With a shard group the pages come back wherever reserve() would place them now (each page's
   // preferred shard, or the next with room), not necessarily where they were.

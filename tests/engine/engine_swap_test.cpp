@@ -353,6 +353,9 @@ TEST(EngineSwapMigrate, ASequenceMigratedBackFromTheHostTierResumes) {
   const PoolStats p = e.stats().pools[0];
   EXPECT_EQ(p.kv_pages_host, 0);
   EXPECT_EQ(p.kv_host_bytes_used, 0);
+  // Every sequence swapped out came back in, C by the resume of no pages after its migration.
+  EXPECT_GT(p.kv_swaps_out, 0);
+  EXPECT_EQ(p.kv_swaps_in, p.kv_swaps_out);
 }
 
 TEST(EngineSwapPrefetch, CancelDuringAPrefetchReleasesEverything) {
