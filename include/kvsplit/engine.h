@@ -259,10 +259,11 @@ struct PoolStats {
   // Decode rows skipped because the sequence's consumer had not read max_unread_events events
   // (back-pressure from a slow reader; EngineConfig::max_unread_events).
   int64_t decode_rows_stalled = 0;
-  int64_t kv_disk_faults = 0;       // disk tier writes / reads that failed (then recomputed)
-  int64_t kv_disk_bytes_used = 0;   // disk tier: bytes of records held, and its capacity
-  int64_t kv_disk_bytes_total = 0;  // (0 without a disk tier)
-  double kv_disk_latency_ms = 0;    // EWMA of the disk tier's record writes and reads (0: none)
+  int64_t kv_disk_faults = 0;         // disk tier writes / reads that failed (then recomputed)
+  int64_t kv_disk_bytes_used = 0;     // disk tier: bytes of records held, and its capacity
+  int64_t kv_disk_bytes_total = 0;    // (0 without a disk tier)
+  double kv_disk_latency_ms = 0;      // EWMA of the disk tier's record writes and reads (0: none)
+  double kv_disk_latency_age_ms = 0;  // how long ago the last of those finished (0: none yet)
   // Prefetch (docs/kv-tiers.md): swap-ins from the disk tier whose read, started a step ahead,
   // had completed when they ran (hits), and those that read or waited then (misses).
   int64_t kv_prefetch_hits = 0;

@@ -393,9 +393,9 @@ Status DiskTier::finish(DiskOp& op) {
       stats_.bytes_read += r->payload_bytes;
     }
   }
+  stats_.latency_at = std::chrono::steady_clock::now();
   const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - op.started_)
-          .count();
+      std::chrono::duration<double, std::milli>(stats_.latency_at - op.started_).count();
   stats_.latency_ms_ewma =
       stats_.writes + stats_.reads <= 1 ? ms : 0.8 * stats_.latency_ms_ewma + 0.2 * ms;
   if (fault != DiskFault::kNone) status = fault_locked(&op, fault, detail);

@@ -109,6 +109,9 @@ struct DiskTierStats {
   // EWMA (weight 0.2) of the time from starting a write or read to finishing it (wait() or the
   // poll() that saw it done), in ms; 0 before the first. The KV cache manager's storage latency.
   double latency_ms_ewma = 0;
+  // When the last of those finished (the epoch before the first): a monitor reads the EWMA as
+  // current only while operations keep coming.
+  std::chrono::steady_clock::time_point latency_at{};
   bool direct_io = false;  // O_DIRECT in use (asked for and accepted by the file system)
   std::array<int64_t, kNumDiskFaults> faults{};  // by DiskFault (kNone unused)
   int64_t fault_count(DiskFault f) const { return faults[static_cast<int>(f)]; }

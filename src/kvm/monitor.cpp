@@ -63,7 +63,10 @@ KvmSnapshot Monitor::sample(double now_ms, const EngineStats& stats, const Monit
       s.device_kv_use = std::max(s.device_kv_use, w.device_kv_use);
       s.host_kv_use = std::max(s.host_kv_use, w.host_kv_use);
       s.disk_kv_use = std::max(s.disk_kv_use, w.disk_kv_use);
-      s.storage_latency_ms = std::max(s.storage_latency_ms, p.kv_disk_latency_ms);
+      // Only while the disk is in use: a rule that stopped its use (swap = never) must be able
+      // to see the latency it reacted to go, or it never exits.
+      if (p.kv_disk_latency_age_ms <= latency_.window_ms())
+        s.storage_latency_ms = std::max(s.storage_latency_ms, p.kv_disk_latency_ms);
     }
     s.pages_full += p.kv_pages_full;
     s.pages_int8 += p.kv_pages_int8;

@@ -17,6 +17,7 @@ class LatencyWindow {
  public:
   explicit LatencyWindow(double window_ms) : window_ms_(window_ms) {}
   void set_window_ms(double window_ms) { window_ms_ = window_ms; }  // a policy reload
+  double window_ms() const { return window_ms_; }
   void add(const std::string& sla_class, double now_ms, double ttft_ms, double mean_itl_ms);
   // Drops samples older than now_ms - window; fills samples and the p50 / p99 (nearest rank).
   void fill(double now_ms, KvmClassLatency* out);

@@ -164,6 +164,10 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_disk_bytes_used = kv_stats_.kv_disk_bytes_used;
   s.pool.kv_disk_bytes_total = kv_stats_.kv_disk_bytes_total;
   s.pool.kv_disk_latency_ms = kv_stats_.kv_disk_latency_ms;
+  if (kv_disk_latency_at_ != Clock::time_point{}) {
+    s.pool.kv_disk_latency_age_ms =
+        std::chrono::duration<double, std::milli>(Clock::now() - kv_disk_latency_at_).count();
+  }
   s.kv_summary_slots_used = kv_summary_used_;
   s.kv_host_slots_used = kv_host_used_;
   s.kv_disk_records = kv_disk_records_;
@@ -251,6 +255,7 @@ void Worker::publish_stats() {
     kv_stats_.kv_disk_bytes_used = d.extents_used * d.extent_bytes;
     kv_stats_.kv_disk_bytes_total = d.capacity_bytes;
     kv_stats_.kv_disk_latency_ms = d.latency_ms_ewma;
+    kv_disk_latency_at_ = d.latency_at;
   }
   kv_prefetch_pending_ = 0;
   for (const std::unique_ptr<Sequence>& seq : waiting_)

@@ -276,6 +276,7 @@ class Worker {
   // publish_stats, read by snapshot()).
   mutable std::mutex kv_stats_mu_;
   PoolStats kv_stats_;
+  Clock::time_point kv_disk_latency_at_{};  // DiskTierStats::latency_at, under kv_stats_mu_
   int kv_summary_used_ = 0, kv_host_used_ = 0, kv_prefetch_pending_ = 0;
   int64_t kv_disk_records_ = 0, kv_prefetch_dropped_ = 0;
 

@@ -224,5 +224,17 @@ TEST(Monitor, RatesPercentilesAndWorstPools) {
   EXPECT_EQ(c.classes[0].samples, 0);
 }
 
+// storage_latency_ms is the disk's EWMA only while operations keep finishing: a rule that stopped
+// the disk's use (swap = never on high latency) would otherwise read the old value for good.
+TEST(Monitor, StorageLatencyGoesWhenTheDiskIsIdle) {
+  Monitor mon(1000);
+  EngineStats s = stats_at(30);
+  s.pools[0].kv_disk_latency_ms = 40;
+  s.pools[0].kv_disk_latency_age_ms = 200;  // inside the 1 s window
+  EXPECT_DOUBLE_EQ(mon.sample(1000, s, {}).storage_latency_ms, 40);
+  s.pools[0].kv_disk_latency_age_ms = 1500;  // no operation for longer than the window
+  EXPECT_DOUBLE_EQ(mon.sample(2000, s, {}).storage_latency_ms, 0);
+}
+
 }  // namespace
 }  // namespace kvsplit::kvm
