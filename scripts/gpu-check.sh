@@ -1,94 +1,347 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU and nvcc: configure + build with the CUDA backend, run the `gpu`
-# tests (real kernels vs the fp64 oracle and the CPU backend), bench_attention (all-full pages, then
-# mixed-precision pages), the host tier's swap bandwidth against PCIe, the spatial cut's virtual
-# shards at 128K context (bench_spatial --backend cuda), and the llama2.c goldens through `kvsplit generate --backend cuda` (when
-# ../shared/tools is present); print a summary.
-# Budget: < 8 minutes on one H200.   Usage: scripts/gpu-check.sh [build-dir]
+# The prepared first run on a GPU (H100/H200), in ONE device call of well under 8 minutes:
+#
+#   here first:   scripts/gpu-kit.sh          # builds the binaries for sm_90 into .gpu-kit/ (no GPU)
+#   then the device tool's run call:
+#       command   scripts/gpu-check.sh
+#       carry     [".gpu-kit"]
+#       timeout_s 540
+#
+# Stages, most valuable first, each under its own timeout (140+50+50+40+70+75 = 425 s), all of them
+# also under one deadline (GPU_CHECK_BUDGET, default 480 s from the start, a device build included):
+#   a. nvidia-smi -L, then the `gpu`-labelled tests (gpu_tests: real kernels against the fp64
+#      oracle, the CPU backend and the llama2.c goldens), GPU_TEST_SHARDS (4) gtest shards at once
+#   b. bench_attention, plain and --mode mixed, at reduced iterations
+#   c. bench_temporal --swap-bandwidth --backend cuda (host tier against one PCIe copy)
+#   d. bench_spatial --backend cuda at 1 x 128K (virtual shards on this GPU), if time remains
+#   e. the llama2.c goldens through `kvsplit generate --backend cuda --weight-dtype f32`
+# Binaries come from .gpu-kit/ (with its models and libraries); without a kit this script builds
+# them here (slow, device time; the device image may also lack the build's dependencies).
+# Every log goes under ${OUT:-./gpu-check-logs} (at most 8 files: the device tool returns no more):
+#   gpu-check.log (this transcript and the summary), env.log, gpu-tests.log, bench-attention.log,
+#   bench-temporal.log, bench-spatial.log, golden.log, build.log (device build only).
+# Exits 0 whatever failed: the summary at the end says what did.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-BUILD=${1:-build-gpu}
-JOBS=$(nproc)
+cd "$(dirname "$0")/.." || exit 0
+ROOT=$(pwd)
+LOGS=${OUT:-$ROOT/gpu-check-logs}
+mkdir -p "$LOGS"
+LOGS=$(cd "$LOGS" && pwd)
+KIT=${GPU_KIT:-$ROOT/.gpu-kit}
+BUILD=$ROOT/build-gpu
+SHARDS=${GPU_TEST_SHARDS:-4}
 start=$(date +%s)
+DEADLINE=$(( start + ${GPU_CHECK_BUDGET:-480} ))
+TMP=$(mktemp -d /tmp/gpu-check.XXXXXX)
+
 log() { echo "[gpu-check $(( $(date +%s) - start ))s] $*"; }
+loud() { echo; echo "!!!!!!!! $* !!!!!!!!"; echo; }
+# Seconds a stage may run: its own limit, cut to what is left before the deadline; 0 when < 15 s.
+allow() {
+  local lim=$1 left=$(( DEADLINE - $(date +%s) ))
+  (( left < lim )) && lim=$left
+  (( lim < 15 )) && lim=0
+  echo "$lim"
+}
 
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-  log "no NVIDIA GPU visible (nvidia-smi); nothing to check"; exit 0
-fi
-nvidia-smi -L
-NVCC=${CUDACXX:-/usr/local/cuda/bin/nvcc}
-[ -x "$NVCC" ] || NVCC=$(command -v nvcc || true)
-if [ -z "$NVCC" ]; then log "nvcc not found"; exit 1; fi
+declare -a ST_NAME=() ST_RES=() ST_NOTE=()
+record() { ST_NAME+=("$1"); ST_RES+=("$2"); ST_NOTE+=("$3"); log "$1: $2 $3"; }
 
-# Models and tools: ../shared beside the checkout, or shared/ inside it.
-SHARED=""
-for d in ../shared shared; do [ -d "$d/models" ] && { SHARED=$(cd "$d" && pwd); break; }; done
-if [ -z "${KVSPLIT_MODELS:-}" ] && [ -n "$SHARED" ]; then export KVSPLIT_MODELS="$SHARED/models"; fi
+# Runs "$@" under `timeout` with the kit's library path, output appended to $LOG; returns its status.
+run_logged() {
+  local log_file=$1 lim=$2; shift 2
+  echo "\$ $* (timeout ${lim}s)" >> "$log_file"
+  local t0; t0=$(date +%s)
+  LD_LIBRARY_PATH=$LIBPATH timeout -k 5 "$lim" "$@" >> "$log_file" 2>&1
+  local rc=$?
+  echo "[exit $rc after $(( $(date +%s) - t0 ))s]" >> "$log_file"
+  return $rc
+}
+# PASS / SKIP (the binary printed "skipped") / TIMEOUT / FAIL for one benchmark run.
+bench_result() {
+  local rc=$1 log_file=$2
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then echo TIMEOUT
+  elif [ "$rc" -ne 0 ]; then echo "FAIL"
+  elif tail -5 "$log_file" | grep -q "skipped"; then echo SKIP
+  else echo PASS; fi
+}
 
-# Only this device's architecture (e.g. 9.0 -> 90): half the nvcc time of the default "80-real;90".
-ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
-ARCH=${ARCH:-90}
-log "configure ($BUILD, sm_$ARCH)"
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSPLIT_BUILD_SERVER=OFF \
-  -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" > "$BUILD.configure.log" 2>&1 || { tail -30 "$BUILD.configure.log"; exit 1; }
-grep -q "CUDA backend ON" "$BUILD.configure.log" || { log "CUDA backend not enabled"; tail -20 "$BUILD.configure.log"; exit 1; }
+main() {
+  log "start; logs under $LOGS"
+  if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    log "no NVIDIA GPU visible (nvidia-smi); nothing to check"
+    return 0
+  fi
+  nvidia-smi -L
 
-log "build gpu_tests kernels_emulated_tests bench_attention bench_temporal bench_spatial kvsplit"
-cmake --build "$BUILD" --target gpu_tests kernels_emulated_tests bench_attention bench_temporal bench_spatial kvsplit -j"$JOBS" \
-  > "$BUILD.build.log" 2>&1 || { grep -E "error" "$BUILD.build.log" | head -40; exit 1; }
+  # ---- binaries: the kit, or a build here --------------------------------------------------
+  declare -gA BIN=()
+  local mode
+  if [ -x "$KIT/bin/gpu_tests" ]; then
+    mode=kit
+    for t in gpu_tests bench_attention bench_temporal bench_spatial kvsplit; do BIN[$t]=$KIT/bin/$t; done
+    export KVSPLIT_MODELS=$KIT/shared/models
+    GOLDEN_PY=$KIT/shared/tools/golden_check.py
+    log "using the kit $KIT ($(grep -m1 '^commit:' "$KIT/MANIFEST" 2>/dev/null))"
+  else
+    mode=build
+    loud "NO .gpu-kit/ (run scripts/gpu-kit.sh before the device call, carry [\".gpu-kit\"]): BUILDING ON THE DEVICE, spending device time"
+    BIN=([gpu_tests]=$BUILD/tests/gpu/gpu_tests [bench_attention]=$BUILD/benchmarks/bench_attention
+         [bench_temporal]=$BUILD/benchmarks/bench_temporal [bench_spatial]=$BUILD/benchmarks/bench_spatial
+         [kvsplit]=$BUILD/kvsplit)
+    local d
+    for d in "$ROOT/shared" "$ROOT/../shared"; do
+      if [ -z "${KVSPLIT_MODELS:-}" ] && [ -d "$d/models" ]; then export KVSPLIT_MODELS=$d/models; fi
+      if [ -z "${GOLDEN_PY:-}" ] && [ -f "$d/tools/golden_check.py" ]; then GOLDEN_PY=$d/tools/golden_check.py; fi
+    done
+    local nvcc=${CUDACXX:-/usr/local/cuda/bin/nvcc}
+    [ -x "$nvcc" ] || nvcc=$(command -v nvcc || echo nvcc)
+    local arch; arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+    local lim; lim=$(allow 300)
+    log "configure + build (sm_${arch:-90}, -j$(nproc), at most ${lim}s; log build.log)"
+    { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSPLIT_BUILD_SERVER=OFF \
+        -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" &&
+      timeout -k 5 "$lim" cmake --build "$BUILD" --target gpu_tests bench_attention bench_temporal \
+        bench_spatial kvsplit -j"$(nproc)"; } > "$LOGS/build.log" 2>&1
+    local rc=$?
+    if [ $rc -ne 0 ]; then
+      loud "device build failed (exit $rc): see build.log"
+      grep -E "error|Could not find|FAILED" "$LOGS/build.log" | head -15
+    fi
+  fi
+  GOLDEN_PY=${GOLDEN_PY:-}
 
-log "ctest -L gpu"
-ctest --test-dir "$BUILD" -L gpu --output-on-failure -j4 > "$BUILD.gpu-tests.log" 2>&1
-gpu_rc=$?
-tail -5 "$BUILD.gpu-tests.log"
-skipped=$(grep -c "Skipped" "$BUILD.gpu-tests.log" || true)
+  # ---- libraries and environment (env.log) -------------------------------------------------
+  resolve_libs > "$LOGS/env.log" 2>&1
+  {
+    echo "== nvidia-smi"; nvidia-smi
+    nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total,clocks.max.sm,clocks.max.mem --format=csv
+    echo "== host"; grep -m1 "model name" /proc/cpuinfo
+    echo "cpu flags: $(grep -m1 -o -w -E 'avx2|fma' /proc/cpuinfo | sort -u | tr '\n' ' ')$(grep -m1 -o -w avx512f /proc/cpuinfo)"
+    echo "cores $(nproc); $(grep -m1 PRETTY_NAME /etc/os-release 2>/dev/null); $(ldd --version 2>&1 | head -1)"
+    echo "KVSPLIT_MODELS=${KVSPLIT_MODELS:-}"; echo "LD_LIBRARY_PATH (the kit's binaries)=$LIBPATH"
+    if [ "$mode" = kit ]; then echo "== MANIFEST"; cat "$KIT/MANIFEST"; fi
+  } >> "$LOGS/env.log" 2>&1
+  if [ "$mode" = kit ]; then kit_freshness; fi
+  if grep -q "STILL MISSING" "$LOGS/env.log"; then
+    loud "shared libraries missing for the binaries: $(grep 'STILL MISSING' "$LOGS/env.log" | head -3 | tr '\n' ' ')"
+  fi
 
-log "bench_attention"
-timeout 240 "$BUILD/benchmarks/bench_attention" --iters 20 --warmup 3 | tee "$BUILD.bench.log"
-bench_rc=${PIPESTATUS[0]}
+  # ---- a. gpu tests ------------------------------------------------------------------------
+  local lim; lim=$(allow 140)
+  if [ ! -x "${BIN[gpu_tests]}" ]; then record "gpu tests" SKIP "(no gpu_tests binary)"
+  elif [ "$lim" -eq 0 ]; then record "gpu tests" SKIP "(no time left)"
+  else
+    log "a. gpu tests: ${BIN[gpu_tests]##*/}, $SHARDS shards at once, ${lim}s (gpu-tests.log)"
+    local i pids=() rcs=()
+    for (( i = 0; i < SHARDS; i++ )); do
+      GTEST_TOTAL_SHARDS=$SHARDS GTEST_SHARD_INDEX=$i \
+        run_logged "$LOGS/gpu-tests-shard$i.log" "$lim" "${BIN[gpu_tests]}" --gtest_color=no &
+      pids+=($!)
+    done
+    for i in "${!pids[@]}"; do wait "${pids[$i]}"; rcs+=($?); done
+    local f passed=0 failed=0 skipped=0 timeouts=0 n
+    : > "$LOGS/gpu-tests.log"
+    for (( i = 0; i < SHARDS; i++ )); do
+      f=$LOGS/gpu-tests-shard$i.log
+      { echo "######## shard $i of $SHARDS (exit ${rcs[$i]})"; cat "$f"; } >> "$LOGS/gpu-tests.log"
+      n=$(grep -oE '^\[  PASSED  \] [0-9]+' "$f" | grep -oE '[0-9]+$'); passed=$(( passed + ${n:-0} ))
+      n=$(grep -oE '^\[  SKIPPED \] [0-9]+ test' "$f" | grep -oE '[0-9]+' | head -1); skipped=$(( skipped + ${n:-0} ))
+      n=$(grep -oE '^\[  FAILED  \] [0-9]+ test' "$f" | grep -oE '[0-9]+' | head -1); failed=$(( failed + ${n:-0} ))
+      if [ "${rcs[$i]}" -eq 124 ] || [ "${rcs[$i]}" -eq 137 ]; then
+        timeouts=$(( timeouts + 1 ))
+        echo "shard $i TIMED OUT while running: $(grep '^\[ RUN      \]' "$f" | tail -1)"
+      elif [ "${rcs[$i]}" -ne 0 ] && ! grep -q '^\[  FAILED  \]' "$f"; then
+        failed=$(( failed + 1 )); echo "shard $i exited ${rcs[$i]} with no gtest verdict: $(tail -2 "$f" | tr '\n' ' ')"
+      fi
+      rm -f "$f"
+    done
+    grep -E '^\[  FAILED  \] [A-Za-z]' "$LOGS/gpu-tests.log" | sed 's/ ([0-9]* ms)$//' | sort -u | head -20
+    local res=PASS
+    (( failed > 0 )) && res=FAIL
+    (( timeouts > 0 )) && res=TIMEOUT
+    (( passed == 0 && failed == 0 && timeouts == 0 )) && res=SKIP
+    record "gpu tests" "$res" "(passed $passed, failed $failed, skipped $skipped, shards timed out $timeouts)"
+    if (( skipped > 0 )); then
+      echo "most common skip reasons:"
+      grep -A1 ': Skipped$' "$LOGS/gpu-tests.log" | grep -vE ': Skipped$|^--$' | sort | uniq -c \
+        | sort -rn | head -3
+    fi
+  fi
 
-log "bench_attention --mode mixed (semantic cut: full / int8 / int4 / evicted pages)"
-timeout 180 "$BUILD/benchmarks/bench_attention" --mode mixed --iters 20 --warmup 3 \
-  | tee "$BUILD.bench-mixed.log"
-mixed_rc=${PIPESTATUS[0]}
+  # ---- b. bench_attention plain + mixed ----------------------------------------------------
+  local blog=$LOGS/bench-attention.log rc
+  : > "$blog"
+  for m in plain mixed; do
+    lim=$(allow 50)
+    if [ ! -x "${BIN[bench_attention]}" ]; then record "bench_attention $m" SKIP "(no binary)"; continue; fi
+    if [ "$lim" -eq 0 ]; then record "bench_attention $m" SKIP "(no time left)"; continue; fi
+    log "b. bench_attention --mode $m, ${lim}s"
+    echo "######## bench_attention --mode $m" >> "$blog"
+    run_logged "$blog" "$lim" "${BIN[bench_attention]}" --mode "$m" --iters 10 --warmup 2; rc=$?
+    record "bench_attention $m" "$(bench_result $rc "$blog")" "(exit $rc)"
+  done
 
-log "bench_temporal --swap-bandwidth (host tier: pinned swap copies against one PCIe copy)"
-timeout 120 "$BUILD/benchmarks/bench_temporal" --model synthetic:llama-110m --swap-bandwidth \
-  --backend cuda --pages 128 --reps 5 | tee "$BUILD.bench-swap.log"
-swap_rc=${PIPESTATUS[0]}
+  # ---- c. bench_temporal --swap-bandwidth ---------------------------------------------------
+  local tlog=$LOGS/bench-temporal.log
+  : > "$tlog"
+  lim=$(allow 40)
+  if [ ! -x "${BIN[bench_temporal]}" ]; then record "swap bandwidth" SKIP "(no binary)"
+  elif [ "$lim" -eq 0 ]; then record "swap bandwidth" SKIP "(no time left)"
+  else
+    log "c. bench_temporal --swap-bandwidth --backend cuda, ${lim}s"
+    run_logged "$tlog" "$lim" "${BIN[bench_temporal]}" --model synthetic:llama-110m --swap-bandwidth \
+      --backend cuda --pages 128 --reps 3; rc=$?
+    record "swap bandwidth" "$(bench_result $rc "$tlog")" "(exit $rc)"
+  fi
 
-log "bench_spatial --backend cuda (virtual shards on this GPU: merge share at 1 x 128K; issue 13)"
-timeout 240 "$BUILD/benchmarks/bench_spatial" --backend cuda --decode --contexts 131072 \
-  --shards 1,2,4 --steps 4 --reps 2 --warmup 1 | tee "$BUILD.bench-spatial.log"
-spatial_rc=${PIPESTATUS[0]}
+  # ---- d. bench_spatial --backend cuda at 128K ----------------------------------------------
+  local slog=$LOGS/bench-spatial.log
+  : > "$slog"
+  lim=$(allow 70)
+  if [ ! -x "${BIN[bench_spatial]}" ]; then record "spatial 128K" SKIP "(no binary)"
+  elif [ "$lim" -lt 30 ]; then record "spatial 128K" SKIP "(no time left)"
+  else
+    log "d. bench_spatial --backend cuda --decode 1 x 128K, shards 1,2,4, ${lim}s"
+    run_logged "$slog" "$lim" "${BIN[bench_spatial]}" --backend cuda --decode --contexts 131072 \
+      --shards 1,2,4 --steps 4 --reps 2 --warmup 1; rc=$?
+    record "spatial 128K" "$(bench_result $rc "$slog")" "(exit $rc)"
+  fi
 
-golden="skipped (no shared/tools/golden_check.py)"
-golden_rc=0
-if [ -n "$SHARED" ] && [ -f "$SHARED/tools/golden_check.py" ]; then
-  log "golden_check through kvsplit generate --backend cuda --weight-dtype f32"
-  wrap="$BUILD/kvsplit-cuda-f32"
-  printf '#!/usr/bin/env bash\nexec "%s" "$@" --backend cuda --weight-dtype f32\n' \
-    "$(cd "$BUILD" && pwd)/kvsplit" > "$wrap"
-  chmod +x "$wrap"
-  timeout 180 python3 "$SHARED/tools/golden_check.py" "$wrap" --models "$KVSPLIT_MODELS" \
-    > "$BUILD.golden.log" 2>&1
-  golden_rc=$?
-  tail -3 "$BUILD.golden.log"
-  golden="$([ $golden_rc -eq 0 ] && echo PASS || echo FAIL) ($(tail -1 "$BUILD.golden.log"))"
-fi
+  # ---- e. goldens through kvsplit generate --backend cuda -----------------------------------
+  local glog=$LOGS/golden.log
+  lim=$(allow 75)
+  if [ -z "$GOLDEN_PY" ] || [ ! -f "$GOLDEN_PY" ] || [ -z "${KVSPLIT_MODELS:-}" ]; then
+    record "goldens (cuda)" SKIP "(no golden_check.py or models)"
+  elif [ ! -x "${BIN[kvsplit]}" ]; then record "goldens (cuda)" SKIP "(no kvsplit binary)"
+  elif ! command -v python3 >/dev/null; then record "goldens (cuda)" SKIP "(no python3)"
+  elif [ "$lim" -eq 0 ]; then record "goldens (cuda)" SKIP "(no time left)"
+  else
+    log "e. golden_check.py through kvsplit generate --backend cuda --weight-dtype f32, ${lim}s"
+    # The kit's library path for kvsplit alone (python3 keeps the machine's own libraries).
+    local wrap=$TMP/kvsplit-cuda-f32
+    printf '#!/usr/bin/env bash\nexport LD_LIBRARY_PATH=%q\nexec %q "$@" --backend cuda --weight-dtype f32\n' \
+      "$LIBPATH" "${BIN[kvsplit]}" > "$wrap"
+    chmod +x "$wrap"
+    echo "\$ golden_check.py $wrap (timeout ${lim}s)" > "$glog"
+    timeout -k 5 "$lim" env PYTHONUNBUFFERED=1 python3 "$GOLDEN_PY" "$wrap" --models "$KVSPLIT_MODELS" \
+      >> "$glog" 2>&1; rc=$?
+    echo "[exit $rc]" >> "$glog"
+    local verdict; verdict=$(grep -E 'golden cases match' "$glog" | tail -1)
+    local ok=${verdict%%/*} total; total=${verdict#*/}; total=${total%% *}
+    local res; res=$(bench_result $rc "$glog")
+    if [ -n "$verdict" ]; then
+      record "goldens (cuda)" "$res" "(pass ${ok:-0}, fail $(( ${total:-0} - ${ok:-0} )); $verdict)"
+    else
+      record "goldens (cuda)" "$res" "(exit $rc, no verdict line)"
+    fi
+  fi
 
-echo
-echo "==== gpu-check summary ===="
-echo "device:          $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
-echo "gpu tests:       $([ $gpu_rc -eq 0 ] && echo PASS || echo FAIL) ($(grep -E 'tests passed|tests failed' "$BUILD.gpu-tests.log" | tail -1); skipped lines: $skipped)"
-echo "bench_attention: $([ $bench_rc -eq 0 ] && echo OK || echo FAIL)"
-echo "bench mixed:     $([ $mixed_rc -eq 0 ] && echo OK || echo FAIL)"
-echo "swap bandwidth:  $([ $swap_rc -eq 0 ] && echo OK || echo FAIL)"
-echo "spatial (cuda):  $([ $spatial_rc -eq 0 ] && echo OK || echo FAIL)"
-echo "goldens (cuda):  $golden"
-grep -E "^B=" "$BUILD.bench.log" || true
-grep -E "^B=" "$BUILD.bench-mixed.log" || true
-grep -E "device->host|host->device" "$BUILD.bench-swap.log" || true
-grep -E "^ +131072 " "$BUILD.bench-spatial.log" || true
-echo "elapsed:         $(( $(date +%s) - start ))s"
-[ $gpu_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $mixed_rc -eq 0 ] && [ $swap_rc -eq 0 ] && [ $spatial_rc -eq 0 ] && [ $golden_rc -eq 0 ]
+  summary "$mode"
+}
+
+# LD_LIBRARY_PATH for the kit's binaries: the kit's lib/ first, then wherever this machine keeps
+# what ldd still cannot find (cudart, cuBLAS, NCCL: the CUDA toolkit, or the nvidia-* Python
+# packages beside PyTorch), then the caller's LD_LIBRARY_PATH. Prints what it did (env.log).
+resolve_libs() {
+  LIBPATH=""
+  [ -d "$KIT/lib" ] && [ "$mode" = kit ] && LIBPATH=$KIT/lib
+  local cands=() d p
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
+           /usr/local/cuda-*/lib64 /usr/local/cuda-*/targets/x86_64-linux/lib \
+           /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu; do
+    [ -d "$d" ] && cands+=("$d")
+  done
+  if command -v python3 >/dev/null; then
+    while read -r p; do
+      for d in "$p"/*/lib "$p"/cu*/lib; do [ -d "$d" ] && cands+=("$d"); done
+    done < <(timeout 20 python3 -c 'import nvidia; print("\n".join(nvidia.__path__))' 2>/dev/null)
+  fi
+  echo "== libraries (candidates: ${cands[*]})"
+  local with_caller name found missing bins=()
+  for name in "${!BIN[@]}"; do [ -x "${BIN[$name]}" ] && bins+=("${BIN[$name]}"); done
+  [ ${#bins[@]} -gt 0 ] || { echo "no binaries"; return; }
+  for _ in 1 2 3 4 5 6; do
+    with_caller=$LIBPATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    missing=$(for b in "${bins[@]}"; do LD_LIBRARY_PATH=$with_caller ldd "$b" 2>&1; done \
+              | awk '/=> not found/ {print $1}' | sort -u)
+    if LD_LIBRARY_PATH=$with_caller ldd "${bins[0]}" 2>&1 | grep -q "GLIBCXX.*not found\|CXXABI.*not found" \
+       && [ -d "$KIT/lib/fallback" ] && [[ ":$LIBPATH:" != *":$KIT/lib/fallback:"* ]]; then
+      echo "the system libstdc++ is too old: adding the kit's lib/fallback"
+      LIBPATH=$LIBPATH:$KIT/lib/fallback; continue
+    fi
+    [ -n "$missing" ] || break
+    for name in $missing; do
+      found=""
+      for d in "${cands[@]}"; do [ -e "$d/$name" ] && { found=$d; break; }; done
+      [ -n "$found" ] || found=$(timeout 30 find /usr /opt /lib -name "$name" -print -quit 2>/dev/null | xargs -r dirname)
+      if [ -n "$found" ] && [[ ":$LIBPATH:" != *":$found:"* ]]; then
+        echo "$name: from $found"; LIBPATH=$LIBPATH${LIBPATH:+:}$found
+      elif [ -z "$found" ]; then
+        echo "$name: STILL MISSING (not in the candidates, nor under /usr /opt /lib)"
+      fi
+    done
+  done
+  LIBPATH=${LIBPATH#:}
+  LIBPATH=$LIBPATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then
+    for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/cuda/compat; do
+      if [ -e "$d/libcuda.so.1" ]; then
+        [[ ":$LIBPATH:" == *":$d:"* ]] || LIBPATH=$LIBPATH:$d
+        echo "libcuda.so.1 (the driver, loaded by cudart): from $d"; break
+      fi
+    done
+  fi
+  for b in "${bins[@]}"; do echo "== ldd ${b##*/}"; LD_LIBRARY_PATH=$LIBPATH ldd "$b" 2>&1; done
+  # The glibc / libstdc++ the binaries need that this machine does not have.
+  for b in "${bins[@]}"; do LD_LIBRARY_PATH=$LIBPATH ldd "$b" 2>&1; done | grep -E "version .* not found" \
+    | sort -u | sed 's/^/STILL MISSING: /'
+}
+
+# Whether the device's tree still holds the sources the kit was built from (the kit may be stale).
+kit_freshness() {
+  local sums=$KIT/SOURCES.sha256 changed added
+  [ -f "$sums" ] || { log "kit: no SOURCES.sha256, cannot tell whether it matches this tree"; return; }
+  changed=$(sha256sum -c "$sums" 2>/dev/null | grep -v ': OK$' | cut -d: -f1)
+  added=$(LC_ALL=C comm -13 <(awk '{print $2}' "$sums" | LC_ALL=C sort) \
+            <({ find src include kernels tests benchmarks -type f 2>/dev/null; echo CMakeLists.txt; } | LC_ALL=C sort) \
+          | grep -vE '(^|/)(__pycache__|\.)|\.pyc$')
+  {
+    echo "== kit freshness"
+    echo "changed since the kit: ${changed:-none}"; echo "new since the kit: ${added:-none}"
+  } >> "$LOGS/env.log"
+  if [ -z "$changed" ] && [ -z "$added" ]; then
+    log "kit matches this tree (every source file as when it was built)"
+  else
+    loud "KIT IS STALE: $(echo "$changed" "$added" | wc -w) source files differ from when it was built (env.log lists them): the results are for the kit's build ($(grep -m1 '^commit:' "$KIT/MANIFEST"))"
+    echo "$changed $added" | tr ' ' '\n' | grep . | head -8
+  fi
+  if command -v git >/dev/null && git rev-parse HEAD >/dev/null 2>&1; then
+    local head; head=$(git rev-parse HEAD)
+    grep -q "^commit: $head" "$KIT/MANIFEST" || log "kit: built at $(grep -m1 '^commit:' "$KIT/MANIFEST" | cut -c9-20), HEAD here is ${head:0:12}"
+  fi
+}
+
+summary() {
+  local i npass=0 nfail=0 nskip=0
+  echo
+  echo "==================== gpu-check summary ($1 binaries) ===================="
+  echo "device:  $(nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader 2>/dev/null | head -1)"
+  for i in "${!ST_NAME[@]}"; do
+    printf '%-22s %-8s %s\n' "${ST_NAME[$i]}" "${ST_RES[$i]}" "${ST_NOTE[$i]}"
+    case "${ST_RES[$i]}" in PASS) npass=$((npass+1));; SKIP) nskip=$((nskip+1));; *) nfail=$((nfail+1));; esac
+  done
+  echo "stages:  $npass PASS, $nfail FAIL/TIMEOUT, $nskip SKIP"
+  echo "---- headline figures"
+  grep -E "^device:" "$LOGS/bench-attention.log" 2>/dev/null | head -1
+  grep -E "^B=" "$LOGS/bench-attention.log" 2>/dev/null | head -14
+  grep -E "device->host|host->device" "$LOGS/bench-temporal.log" 2>/dev/null
+  grep -E "^ +131072 " "$LOGS/bench-spatial.log" 2>/dev/null | head -4
+  grep -E "golden cases match" "$LOGS/golden.log" 2>/dev/null | tail -1
+  echo "logs:    $LOGS: $(cd "$LOGS" && printf "%s " *)"
+  echo "elapsed: $(( $(date +%s) - start ))s"
+}
+
+main 2>&1 | tee "$LOGS/gpu-check.log"
+rm -rf "$TMP"
+exit 0

@@ -135,7 +135,7 @@ StatusOr<std::unique_ptr<KvPool>> KvPool::create(backend::Backend& backend,
                                         "the int4 arena", &pool->int4_layers_));
   }
   if (cfg.summary_slots > 0) {
-    const int64_t per_slot = int64_t{2} * shape.num_kv_heads * shape.head_dim * sizeof(float);
+    const int64_t per_slot = pool->summary_layer_bytes();
     KVSPLIT_RETURN_IF_ERROR(
         make_layers(backend, L, per_slot * cfg.summary_slots, "summaries", &pool->summary_layers_));
   }
@@ -442,6 +442,10 @@ void KvPool::release(BlockTable& table) {
   }
   table.blocks.clear();
   table.pages.clear();
+}
+
+int64_t KvPool::summary_layer_bytes() const {
+  return int64_t{2} * shape_.num_kv_heads * shape_.head_dim * static_cast<int64_t>(sizeof(float));
 }
 
 int64_t KvPool::page_layer_bytes(kernels::KvPrecision p) const {

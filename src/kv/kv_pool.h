@@ -124,6 +124,9 @@ class KvPool {
   }
   // Bytes of one page of one layer at `p` (kFull: the pool's dtype; kEvicted: 0).
   int64_t page_layer_bytes(kernels::KvPrecision p) const;
+  // One layer of one page's key summary (f32 min and max per kv head and channel): device memory
+  // a page holds beside its quantized copy while it is not full precision, evicted ones included.
+  int64_t summary_layer_bytes() const;
   // Base of layer `layer`'s int8 / int4 arena: [num_blocks, quant_layout().bytes(p)] bytes.
   void* arena(kernels::KvPrecision p, int layer) const;
   BlockAllocator& arena_allocator(kernels::KvPrecision p);

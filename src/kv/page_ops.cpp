@@ -331,8 +331,10 @@ int64_t resident_bytes(const KvPool& pool, const BlockTable& table) {
     return static_cast<int64_t>(table.blocks.size()) *
            pool.page_layer_bytes(kernels::KvPrecision::kFull) * layers;
   int64_t bytes = 0;
-  for (const PageEntry& p : table.pages)
+  for (const PageEntry& p : table.pages) {
     if (p.resident()) bytes += pool.page_layer_bytes(p.precision) * layers;
+    if (p.summary >= 0) bytes += pool.summary_layer_bytes() * layers;  // on the device too
+  }
   // A restore in flight holds its full block already.
   bytes += static_cast<int64_t>(table.restoring.size()) *
            pool.page_layer_bytes(kernels::KvPrecision::kFull) * layers;

@@ -64,8 +64,8 @@ Status apply_page_transitions(KvPool& pool, BlockTable& table, int num_tokens,
 // restores_late). A failed copy frees its block, leaves the page as it was and is returned.
 Status complete_restores(KvPool& pool, BlockTable& table, int64_t wait_us, PageOpStats* stats);
 
-// Bytes of KV resident on the device for `table` (every layer, each page at its precision, and
-// the full block of each restore in flight).
+// Bytes of KV resident on the device for `table` (every layer, each page at its precision, the
+// key summary of each page that has one, and the full block of each restore in flight).
 int64_t resident_bytes(const KvPool& pool, const BlockTable& table);
 
 }  // namespace kvsplit::kv

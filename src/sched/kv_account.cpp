@@ -19,9 +19,11 @@ KvLevel kv_level(const kv::KvPool& pool, const kv::BlockTable& table, int num_co
   const int64_t full = pool.page_layer_bytes(kernels::KvPrecision::kFull) * layers;
   const int64_t b8 = pool.page_layer_bytes(kernels::KvPrecision::kInt8) * layers;
   const int64_t b4 = pool.page_layer_bytes(kernels::KvPrecision::kInt4) * layers;
+  const int64_t summary = pool.summary_layer_bytes() * layers;
   const int64_t pages = std::min<int64_t>(n, static_cast<int64_t>(table.pages.size()));
   for (int64_t i = 0; i < pages; ++i) {
     const kv::PageEntry& p = table.pages[i];
+    if (p.summary >= 0) l.bytes += summary;  // device memory, beside any resident copy
     if (!p.resident()) continue;
     switch (p.precision) {
       case kernels::KvPrecision::kFull:

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "backend/backend.h"
+#include "kv/page_ops.h"
 
 namespace kvsplit::sched {
 namespace {
@@ -61,6 +62,15 @@ TEST(KvLevel, CountsEachResidentPageAtItsRungAndNothingElse) {
   l = kv_level(*pool, t, 5 * kBlock + 2);
   EXPECT_EQ(l.bytes, full + b8 + b4);
   EXPECT_EQ(l.tokens, 3 * kBlock);
+  // The key summaries of the quantized and evicted pages are device bytes too (f32 min and max).
+  const int64_t summary = int64_t{2} * kKvHeads * kHeadDim * 4 * kLayers;
+  t.pages[1].summary = 0;
+  t.pages[2].summary = 1;
+  t.pages[3].summary = 2;
+  l = kv_level(*pool, t, 5 * kBlock + 2);
+  EXPECT_EQ(l.bytes, full + b8 + b4 + 3 * summary);
+  EXPECT_EQ(l.pages_int8 + l.pages_int4, 2);
+  EXPECT_EQ(kv::resident_bytes(*pool, t), l.bytes);
 
   EXPECT_EQ(kv_level(*pool, kv::BlockTable{}, 0), KvLevel{});
 }
