@@ -36,9 +36,10 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       : service_(service), context_(context) {}
 
   static GenerateReactor* start(GenerationService* service, grpc::CallbackServerContext* context,
-                                StatusOr<Request> engine_request) {
+                                StatusOr<Request> engine_request, bool counted) {
     auto r = std::make_shared<GenerateReactor>(service, context);
     r->self_ = r;
+    r->counted_ = counted;
     if (!engine_request.ok()) {
       r->finish_now(to_grpc(engine_request.status()));
       return r.get();
@@ -85,7 +86,10 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   void OnDone() override {
-    service_->stream_closed();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      release_slot_locked();  // every path finishes first; this only makes sure
+    }
     if (service_->metrics()) service_->metrics()->count_call(code_name(final_code_));
     auto keep = std::move(self_);  // destroyed when this returns
   }
@@ -97,6 +101,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (write_in_flight_ || finish_called_ || !submitted_) return;
     if (broken_) {
       finish_called_ = true;
+      release_slot_locked();
       const bool deadline = deadline_passed();
       final_code_ = deadline ? grpc::StatusCode::DEADLINE_EXCEEDED : grpc::StatusCode::CANCELLED;
       lock.unlock();
@@ -145,6 +150,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     write_in_flight_ = true;
     if (final_seen_) {
       finish_called_ = true;
+      release_slot_locked();
       final_code_ = final_status.error_code();
       lock.unlock();
       StartWriteAndFinish(&out_, grpc::WriteOptions(), final_status);
@@ -160,8 +166,18 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       std::lock_guard<std::mutex> lock(mu_);
       final_code_ = status.error_code();
       finish_called_ = true;
+      release_slot_locked();
     }
     Finish(status);
+  }
+
+  // The call's stream slot goes back as it finishes, not at OnDone, which gRPC may run after the
+  // client has its status: a client calling one request at a time would otherwise find its
+  // previous call still counted against server.max_concurrent_streams.
+  void release_slot_locked() {
+    if (!counted_) return;
+    counted_ = false;
+    service_->stream_closed();
   }
 
   // Cancels this stream's own request only: by the time a cancel arrives its request may have
@@ -197,6 +213,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   GenerationService* const service_;
   grpc::CallbackServerContext* const context_;
+  bool counted_ = false;  // holds a stream slot: set before gRPC can call OnDone, then under mu_
   std::shared_ptr<GenerateReactor> self_;
   std::mutex mu_;
   RequestHandle handle_;  // guarded by mu_ until submitted_, then read-only
@@ -262,8 +279,9 @@ void PumpThread::run() {
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* start_generate(GenerationService* service,
                                                            grpc::CallbackServerContext* context,
-                                                           StatusOr<Request> engine_request) {
-  return GenerateReactor::start(service, context, std::move(engine_request));
+                                                           StatusOr<Request> engine_request,
+                                                           bool counted) {
+  return GenerateReactor::start(service, context, std::move(engine_request), counted);
 }
 
 }  // namespace kvsplit::server

@@ -42,9 +42,11 @@ class PumpThread {
 
 // Starts the reactor of one Generate call: it finishes at once with `engine_request`'s error, or
 // submits the request to the engine and streams its events as serialized GenerateResponse
-// messages. The reactor owns itself until gRPC calls OnDone.
+// messages. The reactor owns itself until gRPC calls OnDone, which releases the call's stream
+// slot when `counted` (the call took one: GenerationService::Generate).
 grpc::ServerWriteReactor<grpc::ByteBuffer>* start_generate(GenerationService* service,
                                                            grpc::CallbackServerContext* context,
-                                                           StatusOr<Request> engine_request);
+                                                           StatusOr<Request> engine_request,
+                                                           bool counted);
 
 }  // namespace kvsplit::server

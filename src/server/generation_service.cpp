@@ -69,9 +69,12 @@ grpc::ServerUnaryReactor* GenerationService::finish_unary(
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes) {
-  const int32_t open = active_streams_.fetch_add(1) + 1;  // released in OnDone
   v1::GenerateRequest request;
   StatusOr<std::string> tenant = accept(context, "Generate", *bytes, &request);
+  // Only an authenticated call takes a stream slot (released in OnDone): calls refused by
+  // authentication must not push other tenants' calls over the limit.
+  const bool counted = tenant.ok();
+  const int32_t open = counted ? active_streams_.fetch_add(1) + 1 : 0;
   StatusOr<Request> engine_request = unavailable("unreachable");
   if (!tenant.ok()) {
     engine_request = tenant.status();
@@ -90,7 +93,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(
         engine_request->request_id = random_id(kServerIdPrefix);
     }
   }
-  return start_generate(this, context, std::move(engine_request));
+  return start_generate(this, context, std::move(engine_request), counted);
 }
 
 grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* context,

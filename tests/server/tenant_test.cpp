@@ -4,7 +4,9 @@
 // and use a prefix clients may not. The model is synthetic llama-110m (tens of ms per token on a
 // CPU), so A's request is still running while B acts; A's own duplicate submission afterwards
 // (ALREADY_EXISTS) proves it.
+#include <atomic>
 #include <bitset>
+#include <map>
 #include <set>
 
 #include "server/server_harness.h"
@@ -234,6 +236,69 @@ TEST_F(TenantTest, KeysAreNeverLogged) {
   for (const char* key : {kKeyA, kKeyB, "wrong-key-zz9999"})
     EXPECT_EQ(log.find(key), std::string::npos) << key << " in:\n" << log;
   EXPECT_TRUE(all_kv_free());
+}
+
+// Calls refused by authentication take no stream slot, and a call gives its slot back as it
+// finishes: with a limit of one stream, a keyed client calling one request at a time is never told
+// the server is at its limit, while keyless calls flood it (each of them used to count until it
+// finished) and its own previous call's OnDone may still be to come (the slot went back there).
+TEST(TenantStreamLimit, KeylessCallsDoNotCountAgainstTheLimit) {
+  TempDir dir;
+  std::ofstream(dir.file("t.yaml")) << "server: {max_concurrent_streams: 1}\n";
+  ServerProcess server(
+      {"--config", dir.file("t.yaml"), "--model", "synthetic:stories260k", "--api-key", kKeyA},
+      dir.file("server.log"));
+  ASSERT_TRUE(server.started()) << server.log();
+  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Generation::NewStub(channel);
+  std::atomic<bool> stop{false};
+  std::atomic<int> keyless_unauthenticated{0};
+  std::vector<std::thread> flood;
+  for (int t = 0; t < 4; ++t) {
+    flood.emplace_back([&] {
+      // Each thread keeps calls in flight on its own channel, without a key.
+      auto ch = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
+      auto st = v1::Generation::NewStub(ch);
+      while (!stop.load()) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+        v1::GenerateRequest r;
+        r.set_prompt("Once");
+        r.set_max_tokens(1);
+        auto reader = st->Generate(&ctx, r);
+        v1::GenerateResponse msg;
+        while (reader->Read(&msg)) {
+        }
+        if (reader->Finish().error_code() == grpc::StatusCode::UNAUTHENTICATED)
+          keyless_unauthenticated.fetch_add(1);
+      }
+    });
+  }
+  std::map<grpc::StatusCode, int> codes;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (std::chrono::steady_clock::now() < end) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", std::string("Bearer ") + kKeyA);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::GenerateRequest r;
+    r.set_prompt("Once");
+    r.set_max_tokens(1);
+    auto reader = stub->Generate(&ctx, r);
+    v1::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+    }
+    ++codes[reader->Finish().error_code()];
+  }
+  stop = true;
+  for (std::thread& t : flood) t.join();
+  EXPECT_GT(keyless_unauthenticated.load(), 100) << "the flood did not run";
+  EXPECT_GT(codes[grpc::StatusCode::OK], 10);
+  for (const auto& [code, n] : codes) {
+    if (code != grpc::StatusCode::OK) {
+      EXPECT_EQ(n, 0) << "keyed calls ended with code " << code << " (RESOURCE_EXHAUSTED = 8: "
+                      << "refused at the stream limit); OK " << codes[grpc::StatusCode::OK];
+    }
+  }
 }
 
 }  // namespace
