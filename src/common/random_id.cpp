@@ -26,6 +26,8 @@ void fill_random(unsigned char* out, size_t n) {
 
 }  // namespace
 
+void random_bytes(void* out, size_t n) { fill_random(static_cast<unsigned char*>(out), n); }
+
 std::string random_id(std::string_view prefix) {
   unsigned char bytes[16];
   fill_random(bytes, sizeof(bytes));

@@ -1,6 +1,7 @@
 // Unguessable identifiers from the kernel's CSPRNG.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -10,5 +11,8 @@ namespace kvsplit {
 // when getrandom is unavailable). Thread-safe. Request ids made this way cannot be predicted
 // from earlier ones, so a client cannot aim at another client's request (docs/server.md).
 std::string random_id(std::string_view prefix);
+
+// `n` bytes from the same source (secret keys). Thread-safe.
+void random_bytes(void* out, size_t n);
 
 }  // namespace kvsplit

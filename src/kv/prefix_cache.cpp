@@ -1,12 +1,12 @@
 #include "kv/prefix_cache.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstring>
 #include <tuple>
 
 #include "common/check.h"
+#include "common/random_id.h"
+#include "common/siphash.h"
 #include "kv/disk_tier.h"
 #include "kv/kv_pool.h"
 
@@ -46,23 +46,46 @@ Status page_to_device(KvPool& pool, const std::byte* src, int32_t block) {
 
 }  // namespace
 
+namespace {
+
+// The process's secret keys (SipHash-2-4: salts, page hashes, chain checks), drawn once. Keyed,
+// the hashes cannot be computed nor collided by a client: a tenant cannot choose a cache_salt
+// that lands on another tenant's salt, nor craft a page whose hash takes the map slot of another
+// tenant's page (an unkeyed hash of public inputs allows both, in principle). Records never
+// outlive the process (the disk tier starts empty), so no key needs to persist.
+struct Keys {
+  uint64_t k[6];
+  Keys() { random_bytes(k, sizeof(k)); }
+};
+const Keys& keys() {
+  static const Keys k;
+  return k;
+}
+
+}  // namespace
+
 uint64_t PrefixCache::salt_of(std::string_view s) {
   // Never 0, so "no salt" and a salt never collide by construction.
-  return XXH3_64bits_withSeed(s.data(), s.size(), 0x6b76737061726b31ull) | 1u;
+  return SipHasher(keys().k[0], keys().k[1]).update(s.data(), s.size()).finish() | 1u;
 }
 
 uint64_t PrefixCache::page_hash(uint64_t parent, uint64_t salt,
                                 std::span<const int32_t> page) const {
-  return XXH3_64bits_withSeed(page.data(), page.size_bytes(),
-                              parent * 0x9E3779B97F4A7C15ull ^ salt);
+  return SipHasher(keys().k[2], keys().k[3])
+      .update_u64(parent)
+      .update_u64(salt)
+      .update(page.data(), page.size_bytes())
+      .finish();
 }
 
 uint64_t PrefixCache::chain_check(uint64_t parent_check, uint64_t salt,
                                   std::span<const int32_t> page) const {
-  // Seeded independently of page_hash: with it, a 128-bit key of the whole prefix.
-  const uint64_t seed =
-      (parent_check + 0x2545F4914F6CDD1Dull) * 0xD6E8FEB86659FD93ull ^ (salt << 29 | salt >> 35);
-  return XXH3_64bits_withSeed(page.data(), page.size_bytes(), seed);
+  // Keyed independently of page_hash: with it, a 128-bit key of the whole prefix.
+  return SipHasher(keys().k[4], keys().k[5])
+      .update_u64(parent_check)
+      .update_u64(salt)
+      .update(page.data(), page.size_bytes())
+      .finish();
 }
 
 int64_t PrefixCache::disk_key_bytes(int block_size) {

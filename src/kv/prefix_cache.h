@@ -109,6 +109,7 @@ class PrefixCache {
   static constexpr int kMaxSpillsInFlight = 16;
 
   // The salt of a tenant (or a request's cache_salt): one 64-bit value mixed into every hash.
+  // Keyed with the process's secret (SipHash), so clients can neither compute nor collide it.
   static uint64_t salt_of(std::string_view tenant_or_salt);
 
   // Device blocks of the longest cached prefix of `tokens` in whole pages, at most `max_pages`,
