@@ -17,6 +17,9 @@ constexpr size_t kMaxStopTokenIds = 64;
 constexpr int32_t kMaxMaxTokens = 1 << 30;
 constexpr float kMaxTemperature = 100.0f;
 constexpr float kMaxRepetitionPenalty = 10.0f;
+// Below it, a seen token's positive logit divided by the penalty overflows float for logits
+// models produce (1e-40 made it +inf and the softmax NaN): refused rather than sampled wrongly.
+constexpr float kMinRepetitionPenalty = 0.01f;
 
 Status field_error(const char* field, const std::string& what) {
   return invalid_argument(fmt::format("{}: {}", field, what));
@@ -43,8 +46,8 @@ Status SamplingParams::validate(int32_t vocab_size) const {
                      : fmt::format("must be >= -1 (0 or -1 = off), got {}", top_k));
   }
   KVSPLIT_RETURN_IF_ERROR(in_range("min_p", min_p, 0.0f, 1.0f, false));
-  KVSPLIT_RETURN_IF_ERROR(
-      in_range("repetition_penalty", repetition_penalty, 0.0f, kMaxRepetitionPenalty, true));
+  KVSPLIT_RETURN_IF_ERROR(in_range("repetition_penalty", repetition_penalty, kMinRepetitionPenalty,
+                                   kMaxRepetitionPenalty, false));
   KVSPLIT_RETURN_IF_ERROR(in_range("presence_penalty", presence_penalty, -2.0f, 2.0f, false));
   KVSPLIT_RETURN_IF_ERROR(in_range("frequency_penalty", frequency_penalty, -2.0f, 2.0f, false));
   // max_tokens counts generated tokens (see the header); the cap keeps prompt + max_tokens

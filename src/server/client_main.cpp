@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   app.add_option("--top-p", top_p, "nucleus sampling, (0, 1]");
   app.add_option("--top-k", top_k, "keep the k most likely tokens (0 = off)");
   app.add_option("--min-p", min_p, "[0, 1]");
-  app.add_option("--repetition-penalty", rep, "(0, 10], 1 = off");
+  app.add_option("--repetition-penalty", rep, "[0.01, 10], 1 = off");
   app.add_option("--seed", seed, "sampling seed");
   app.add_option("--stop", stop, "stop string (repeatable)");
   app.add_flag("--ignore-eos", ignore_eos, "do not stop on EOS");
@@ -135,8 +135,16 @@ int main(int argc, char** argv) {
   std::string text;
   while (reader->Read(&msg)) {
     for (int32_t id : msg.token_ids()) ids.push_back(id);
-    for (const auto& lp : msg.logprobs())
-      logprobs.push_back({{"token_id", lp.token_id()}, {"logprob", lp.logprob()}});
+    for (const auto& lp : msg.logprobs()) {
+      nlohmann::json one = {{"token_id", lp.token_id()}, {"logprob", lp.logprob()}};
+      if (lp.top_size() > 0) {  // --top-logprobs N: the N alternatives, most likely first
+        nlohmann::json top = nlohmann::json::array();
+        for (const auto& t : lp.top())
+          top.push_back({{"token_id", t.token_id()}, {"logprob", t.logprob()}});
+        one["top"] = std::move(top);
+      }
+      logprobs.push_back(std::move(one));
+    }
     text += msg.text();
     if (!json) {
       std::fwrite(msg.text().data(), 1, msg.text().size(), stdout);

@@ -63,7 +63,9 @@ TEST(SamplingParamsTest, VocabularyBoundsAndStopLimits) {
   EXPECT_EQ(p.validate().message(), "stop: stop[1] is not valid UTF-8");
   p = {};
   p.repetition_penalty = 10.5f;
-  EXPECT_EQ(p.validate().message(), "repetition_penalty: must be in (0, 10], got 10.5");
+  EXPECT_EQ(p.validate().message(), "repetition_penalty: must be in [0.01, 10], got 10.5");
+  p.repetition_penalty = 1e-40f;  // a seen token's logit / 1e-40 was +inf: a NaN softmax
+  EXPECT_EQ(p.validate().message(), "repetition_penalty: must be in [0.01, 10], got 1e-40");
 }
 
 TEST(SamplingParamsTest, TopP) {

@@ -1,5 +1,6 @@
 // The server's edges against the real binary: invalid requests, bad configs, SIGHUP reload,
 // SIGTERM drain, TLS + API keys (self-signed cert made here with openssl), and a fuzz pass.
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "server/server_harness.h"
@@ -570,9 +571,20 @@ TEST_F(AdminTest, TlsAndApiKeys) {
   auto [ccode, cout] =
       run_command(std::string(KVSPLIT_BINARY_DIR) + "/kvsplit-client --server " +
                   server->address() + " --tls-ca " + cert +
-                  " --api-key sekrit-key-1 --temperature 0 --max-tokens 5 --json 'The dog'");
+                  " --api-key sekrit-key-1 --temperature 0 --max-tokens 5 --top-logprobs 3 --json "
+                  "'The dog'");
   EXPECT_EQ(ccode, 0) << cout;
   EXPECT_NE(cout.find("\"finish_reason\""), std::string::npos) << cout;
+  // --top-logprobs: each token's alternatives, most likely first (they were dropped).
+  const nlohmann::json reply = nlohmann::json::parse(cout, nullptr, false);
+  ASSERT_TRUE(reply.is_object() && reply.contains("logprobs")) << cout;
+  ASSERT_EQ(reply["logprobs"].size(), 5u) << cout;
+  for (const nlohmann::json& lp : reply["logprobs"]) {
+    ASSERT_TRUE(lp.contains("top")) << lp.dump();
+    ASSERT_EQ(lp["top"].size(), 3u) << lp.dump();
+    EXPECT_GE(lp["top"][0]["logprob"].get<double>(), lp["top"][1]["logprob"].get<double>());
+    EXPECT_GE(lp["top"][0]["logprob"].get<double>(), lp["logprob"].get<double>());  // greedy
+  }
 }
 
 TEST_F(AdminTest, FuzzedRequestsNeverCrashTheServer) {
