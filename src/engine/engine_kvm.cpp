@@ -169,7 +169,7 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
     // after that rule restored the engine-wide setting.
     SemanticCutConfig sc = cls ? cls->semantic.value_or(config_.semantic) : kvm_semantic_;
     KVSPLIT_RETURN_IF_ERROR(semantic_set(&sc, p, d.after));
-    KVSPLIT_RETURN_IF_ERROR(cuts::semantic::validate(sc, "semantic"));
+    KVSPLIT_RETURN_IF_ERROR(cuts::semantic::validate(sc, "semantic."));
     sched::SetCutParams cmd;
     cmd.sla_class = d.sla_class;
     cmd.semantic = sc;

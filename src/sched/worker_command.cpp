@@ -119,7 +119,7 @@ Status Worker::apply_cut_params(const SetCutParams& c) {
       return failed_precondition(options_.name +
                                  ": no semantic cut on this worker (kv_policy full)");
     }
-    KVSPLIT_RETURN_IF_ERROR(cuts::semantic::validate(*c.semantic, "semantic"));
+    KVSPLIT_RETURN_IF_ERROR(cuts::semantic::validate(*c.semantic, "semantic."));
   }
   const bool global = c.sla_class.empty();
   if (global) {

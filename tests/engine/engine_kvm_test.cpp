@@ -362,6 +362,22 @@ TEST(EngineKvm, IntegerSettingsOutOfRangeAreRefusedNotWrapped) {
   EXPECT_DOUBLE_EQ(param_value(s, "max_queue", grow.sla_class), queue0);
 }
 
+// A semantic setting the cut's validation refuses names the field (semantic.<field>).
+TEST(EngineKvm, RefusedSemanticSettingsNameTheField) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig c = pressure_config(KvmMode::kEnforce, "");
+  c.kvm.interval_ms = 10;
+  c.kvm.rules = {once_rule("high", {"semantic_threshold", KvmActionOp::kSet, 1.5})};
+  auto e = EngineImpl::create(c);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  ASSERT_TRUE(
+      wait_for_decision(**e, [](const KvmDecision& d) { return d.param == "semantic_threshold"; }));
+  const KvmDecision d = (*e)->stats().kvm_decisions.front();
+  EXPECT_FALSE(d.applied);
+  EXPECT_NE(d.error.find("semantic.semantic_threshold: must be in [0, 1]"), std::string::npos)
+      << d.error;
+}
+
 // The semantic cut's integer knobs too: recent_tokens = 2^32 used to wrap to 0 (which passes
 // the cut's validation) while the decision reported 2^32 as applied.
 TEST(EngineKvm, SemanticIntegerSettingsOutOfRangeAreRefusedNotWrapped) {
@@ -391,7 +407,10 @@ TEST(EngineKvm, SetCutParamsChecksItsInput) {
   sched::SetCutParams bad;
   bad.semantic = quiet_semantic();
   bad.semantic->semantic_threshold = 2.f;
-  EXPECT_EQ((*e)->send_command(0, bad).get().status.code(), StatusCode::kInvalidArgument);
+  const Status refused = (*e)->send_command(0, bad).get().status;
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.message().rfind("semantic.semantic_threshold: must be in [0, 1]", 0), 0u)
+      << refused.message();  // the field's name, not "semanticsemantic_threshold"
   sched::SetCutParams step;
   step.temporal_step_size = 0;
   EXPECT_EQ((*e)->send_command(0, step).get().status.code(), StatusCode::kInvalidArgument);
