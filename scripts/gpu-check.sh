@@ -76,12 +76,18 @@ main() {
 
   # ---- binaries: the kit, or a build here --------------------------------------------------
   declare -gA BIN=()
+  NOBIN="(no binary)"
   local mode
-  if [ -x "$KIT/bin/gpu_tests" ]; then
+  KITX=$TMP/kit   # the kit unpacked: bin/ lib/ shared/
+  if [ -f "$KIT/kit.tar.gz" ]; then
+    mkdir -p "$KITX"
+    tar -xzf "$KIT/kit.tar.gz" -C "$KITX" || loud "could not unpack $KIT/kit.tar.gz"
+  fi
+  if [ -x "$KITX/bin/gpu_tests" ]; then
     mode=kit
-    for t in gpu_tests bench_attention bench_temporal bench_spatial kvsplit; do BIN[$t]=$KIT/bin/$t; done
-    export KVSPLIT_MODELS=$KIT/shared/models
-    GOLDEN_PY=$KIT/shared/tools/golden_check.py
+    for t in gpu_tests bench_attention bench_temporal bench_spatial kvsplit; do BIN[$t]=$KITX/bin/$t; done
+    export KVSPLIT_MODELS=$KITX/shared/models
+    GOLDEN_PY=$KITX/shared/tools/golden_check.py
     log "using the kit $KIT ($(grep -m1 '^commit:' "$KIT/MANIFEST" 2>/dev/null))"
   else
     mode=build
@@ -105,6 +111,7 @@ main() {
         bench_spatial kvsplit -j"$(nproc)"; } > "$LOGS/build.log" 2>&1
     local rc=$?
     if [ $rc -ne 0 ]; then
+      NOBIN="(no binary: the device build failed, see build.log)"
       loud "device build failed (exit $rc): see build.log"
       grep -E "error|Could not find|FAILED" "$LOGS/build.log" | head -15
     fi
@@ -129,7 +136,7 @@ main() {
 
   # ---- a. gpu tests ------------------------------------------------------------------------
   local lim; lim=$(allow 140)
-  if [ ! -x "${BIN[gpu_tests]}" ]; then record "gpu tests" SKIP "(no gpu_tests binary)"
+  if [ ! -x "${BIN[gpu_tests]}" ]; then record "gpu tests" SKIP "$NOBIN"
   elif [ "$lim" -eq 0 ]; then record "gpu tests" SKIP "(no time left)"
   else
     log "a. gpu tests: ${BIN[gpu_tests]##*/}, $SHARDS shards at once, ${lim}s (gpu-tests.log)"
@@ -174,7 +181,7 @@ main() {
   : > "$blog"
   for m in plain mixed; do
     lim=$(allow 50)
-    if [ ! -x "${BIN[bench_attention]}" ]; then record "bench_attention $m" SKIP "(no binary)"; continue; fi
+    if [ ! -x "${BIN[bench_attention]}" ]; then record "bench_attention $m" SKIP "$NOBIN"; continue; fi
     if [ "$lim" -eq 0 ]; then record "bench_attention $m" SKIP "(no time left)"; continue; fi
     log "b. bench_attention --mode $m, ${lim}s"
     echo "######## bench_attention --mode $m" >> "$blog"
@@ -186,7 +193,7 @@ main() {
   local tlog=$LOGS/bench-temporal.log
   : > "$tlog"
   lim=$(allow 40)
-  if [ ! -x "${BIN[bench_temporal]}" ]; then record "swap bandwidth" SKIP "(no binary)"
+  if [ ! -x "${BIN[bench_temporal]}" ]; then record "swap bandwidth" SKIP "$NOBIN"
   elif [ "$lim" -eq 0 ]; then record "swap bandwidth" SKIP "(no time left)"
   else
     log "c. bench_temporal --swap-bandwidth --backend cuda, ${lim}s"
@@ -199,7 +206,7 @@ main() {
   local slog=$LOGS/bench-spatial.log
   : > "$slog"
   lim=$(allow 70)
-  if [ ! -x "${BIN[bench_spatial]}" ]; then record "spatial 128K" SKIP "(no binary)"
+  if [ ! -x "${BIN[bench_spatial]}" ]; then record "spatial 128K" SKIP "$NOBIN"
   elif [ "$lim" -lt 30 ]; then record "spatial 128K" SKIP "(no time left)"
   else
     log "d. bench_spatial --backend cuda --decode 1 x 128K, shards 1,2,4, ${lim}s"
@@ -213,7 +220,7 @@ main() {
   lim=$(allow 75)
   if [ -z "$GOLDEN_PY" ] || [ ! -f "$GOLDEN_PY" ] || [ -z "${KVSPLIT_MODELS:-}" ]; then
     record "goldens (cuda)" SKIP "(no golden_check.py or models)"
-  elif [ ! -x "${BIN[kvsplit]}" ]; then record "goldens (cuda)" SKIP "(no kvsplit binary)"
+  elif [ ! -x "${BIN[kvsplit]}" ]; then record "goldens (cuda)" SKIP "$NOBIN"
   elif ! command -v python3 >/dev/null; then record "goldens (cuda)" SKIP "(no python3)"
   elif [ "$lim" -eq 0 ]; then record "goldens (cuda)" SKIP "(no time left)"
   else
@@ -245,7 +252,7 @@ main() {
 # packages beside PyTorch), then the caller's LD_LIBRARY_PATH. Prints what it did (env.log).
 resolve_libs() {
   LIBPATH=""
-  [ -d "$KIT/lib" ] && [ "$mode" = kit ] && LIBPATH=$KIT/lib
+  [ -d "$KITX/lib" ] && [ "$mode" = kit ] && LIBPATH=$KITX/lib
   local cands=() d p
   for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
            /usr/local/cuda-*/lib64 /usr/local/cuda-*/targets/x86_64-linux/lib \
@@ -266,21 +273,31 @@ resolve_libs() {
     missing=$(for b in "${bins[@]}"; do LD_LIBRARY_PATH=$with_caller ldd "$b" 2>&1; done \
               | awk '/=> not found/ {print $1}' | sort -u)
     if LD_LIBRARY_PATH=$with_caller ldd "${bins[0]}" 2>&1 | grep -q "GLIBCXX.*not found\|CXXABI.*not found" \
-       && [ -d "$KIT/lib/fallback" ] && [[ ":$LIBPATH:" != *":$KIT/lib/fallback:"* ]]; then
+       && [ -d "$KITX/lib/fallback" ] && [[ ":$LIBPATH:" != *":$KITX/lib/fallback:"* ]]; then
       echo "the system libstdc++ is too old: adding the kit's lib/fallback"
-      LIBPATH=$LIBPATH:$KIT/lib/fallback; continue
+      LIBPATH=$LIBPATH:$KITX/lib/fallback; continue
     fi
     [ -n "$missing" ] || break
+    local before=$LIBPATH rest=() expr=() f
+    declare -A where=()
     for name in $missing; do
-      found=""
-      for d in "${cands[@]}"; do [ -e "$d/$name" ] && { found=$d; break; }; done
-      [ -n "$found" ] || found=$(timeout 30 find /usr /opt /lib -name "$name" -print -quit 2>/dev/null | xargs -r dirname)
+      for d in "${cands[@]}"; do [ -e "$d/$name" ] && { where[$name]=$d; break; }; done
+      [ -n "${where[$name]:-}" ] || { rest+=("$name"); expr+=(-o -name "$name"); }
+    done
+    if [ ${#rest[@]} -gt 0 ]; then   # one search for all the others, 30 s at most
+      echo "searching /usr /opt /lib for ${rest[*]}"
+      while read -r f; do [ -n "${where[${f##*/}]:-}" ] || where[${f##*/}]=${f%/*}; done \
+        < <(timeout 30 find /usr /opt /lib \( "${expr[@]:1}" \) -print 2>/dev/null)
+    fi
+    for name in $missing; do
+      found=${where[$name]:-}
       if [ -n "$found" ] && [[ ":$LIBPATH:" != *":$found:"* ]]; then
         echo "$name: from $found"; LIBPATH=$LIBPATH${LIBPATH:+:}$found
       elif [ -z "$found" ]; then
         echo "$name: STILL MISSING (not in the candidates, nor under /usr /opt /lib)"
       fi
     done
+    [ "$LIBPATH" != "$before" ] || break   # nothing more to find
   done
   LIBPATH=${LIBPATH#:}
   LIBPATH=$LIBPATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

@@ -174,8 +174,11 @@ int run_perplexity(CommonFlags& common, const PerplexityFlags& f) {
     }
   }
   if (totals.tokens == 0) return fail(invalid_argument("no window of at least 2 tokens to score"));
-  if ((*pool)->allocator().num_used() != 0 || (*pool)->host_allocator().num_used() != 0 ||
-      (*pool)->summary_allocator().num_used() != 0) {
+  const kv::KvPool& kvp = **pool;
+  if (kvp.allocator().num_used() != 0 || kvp.host_allocator().num_used() != 0 ||
+      kvp.summary_allocator().num_used() != 0 ||
+      kvp.arena_allocator(kernels::KvPrecision::kInt8).num_used() != 0 ||
+      kvp.arena_allocator(kernels::KvPrecision::kInt4).num_used() != 0) {
     return fail(internal_error("KV pages left after the run"));
   }
 
@@ -193,6 +196,14 @@ int run_perplexity(CommonFlags& common, const PerplexityFlags& f) {
   j["demotions"] = cs.ops.demoted_to_int8 + cs.ops.demoted_to_int4;
   j["evictions"] = cs.ops.evicted;
   j["recalls"] = cs.ops.restored;
+  // Pages per rung: the average over the decode steps of each window's pages at each rung.
+  const char* kRungs[] = {"full", "int8", "int4", "evicted"};
+  double avg_pages[4] = {};
+  for (int r = 0; r < 4; ++r) {
+    avg_pages[r] =
+        cs.steps > 0 ? static_cast<double>(cs.page_steps[r]) / static_cast<double>(cs.steps) : 0.0;
+    j["avg_pages"][kRungs[r]] = avg_pages[r];
+  }
   j["policy"] = cuts::semantic::kv_policy_name(rc->policy);
   j["windows"] = windows;
   j["decode_steps"] = cs.steps;
@@ -221,6 +232,10 @@ int run_perplexity(CommonFlags& common, const PerplexityFlags& f) {
           static_cast<long long>(cs.ops.demoted_to_int8),
           static_cast<long long>(cs.ops.demoted_to_int4), static_cast<long long>(cs.ops.evicted),
           static_cast<long long>(cs.ops.restored));
+      std::printf(
+          "pages per rung (average over the decode steps): full %.2f, int8 %.2f, int4 %.2f, "
+          "evicted %.2f\n",
+          avg_pages[0], avg_pages[1], avg_pages[2], avg_pages[3]);
     }
   }
   return 0;

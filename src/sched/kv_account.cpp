@@ -24,6 +24,7 @@ KvLevel kv_level(const kv::KvPool& pool, const kv::BlockTable& table, int num_co
   for (int64_t i = 0; i < pages; ++i) {
     const kv::PageEntry& p = table.pages[i];
     if (p.summary >= 0) l.bytes += summary;  // device memory, beside any resident copy
+    l.pages_evicted += p.location == kv::PageLocation::kEvicted ? 1 : 0;
     if (!p.resident()) continue;
     switch (p.precision) {
       case kernels::KvPrecision::kFull:

@@ -16,11 +16,13 @@ namespace kvsplit::sched {
 
 // A sequence's KV on the device at one instant.
 struct KvLevel {
-  // Device bytes of its pages at their precision (host / disk / evicted: 0), plus the full block
-  // each restore in flight holds.
+  // Device bytes of its pages at their precision (host / disk / evicted: 0), the key summary of
+  // each page that has one (quantized and evicted pages), plus the full block each restore in
+  // flight holds.
   int64_t bytes = 0;
   int64_t tokens = 0;  // computed tokens whose KV is on the device, at any precision
   int32_t pages_full = 0, pages_int8 = 0, pages_int4 = 0;  // device pages per rung
+  int32_t pages_evicted = 0;  // pages evicted by the semantic cut (a summary at most)
   bool operator==(const KvLevel&) const = default;
 };
 

@@ -15,6 +15,7 @@ void SequenceCutStats::add(const SequenceCutStats& o) {
   scored_steps += o.scored_steps;
   resident_fraction_sum += o.resident_fraction_sum;
   peak_resident_fraction = std::max(peak_resident_fraction, o.peak_resident_fraction);
+  for (int r = 0; r < 4; ++r) page_steps[r] += o.page_steps[r];
 }
 
 SequenceCut::SequenceCut(KvPolicy policy, const cuts::semantic::SemanticConfig& config,
@@ -67,6 +68,10 @@ Status SequenceCut::finish(kv::KvPool& pool, kv::BlockTable& table, int kv_len,
   const double fraction =
       full > 0 ? static_cast<double>(level_.bytes) / static_cast<double>(full) : 1.0;
   stats_.resident_fraction_sum += fraction;
+  stats_.page_steps[0] += level_.pages_full;
+  stats_.page_steps[1] += level_.pages_int8;
+  stats_.page_steps[2] += level_.pages_int4;
+  stats_.page_steps[3] += level_.pages_evicted;
   stats_.peak_resident_fraction = std::max(stats_.peak_resident_fraction, fraction);
   return ok_status();
 }

@@ -25,6 +25,9 @@ struct SequenceCutStats {
   // Resident KV bytes over the bytes the same tokens take at full precision, after each step.
   double resident_fraction_sum = 0;
   double peak_resident_fraction = 0;
+  // Pages at each rung after each step, summed over the steps (full, int8, int4, evicted): over
+  // `steps`, the average number of pages per rung.
+  int64_t page_steps[4] = {};
   void add(const SequenceCutStats& o);
 };
 

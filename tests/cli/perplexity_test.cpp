@@ -71,6 +71,13 @@ TEST(PerplexityCli, PoliciesFreeKvAndCountWhatTheyDid) {
   EXPECT_GT(streaming["nll"].get<double>(), full);  // the pairs are gone when the keys repeat
   const nlohmann::json semantic = ppl("--prefill 16 --kv-policy semantic --recent-tokens 32");
   EXPECT_GT(semantic["demotions"].get<int>(), 0);
+  // Pages per rung (averages over the decode steps): some below full; streaming's dropped pages
+  // count as evicted; full KV holds full pages only.
+  const nlohmann::json& rungs = semantic["avg_pages"];
+  EXPECT_GT(rungs["full"].get<double>(), 0.0);
+  EXPECT_GT(rungs["int8"].get<double>() + rungs["int4"].get<double>(), 0.0);
+  EXPECT_GT(streaming["avg_pages"]["evicted"].get<double>(), 0.0);
+  EXPECT_EQ(ppl("--prefill 16")["avg_pages"]["int8"].get<double>(), 0.0);
   EXPECT_LT(semantic["avg_resident_kv_fraction"].get<double>(), 1.0);
   EXPECT_LE(semantic["peak_resident_kv_fraction"].get<double>(), 1.0);
   const nlohmann::json h2o =
