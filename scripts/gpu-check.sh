@@ -57,6 +57,13 @@ run_logged() {
   echo "[exit $rc after $(( $(date +%s) - t0 ))s]" >> "$log_file"
   return $rc
 }
+# Records a benchmark stage from its exit status and log; a failure shows the log's last lines.
+record_bench() {
+  local name=$1 rc=$2 log_file=$3 res
+  res=$(bench_result "$rc" "$log_file")
+  record "$name" "$res" "(exit $rc)"
+  case "$res" in FAIL|TIMEOUT) grep -v '^\[exit' "$log_file" | tail -3 | sed 's/^/    | /';; esac
+}
 # PASS / SKIP (the binary printed "skipped") / TIMEOUT / FAIL for one benchmark run.
 bench_result() {
   local rc=$1 log_file=$2
@@ -68,11 +75,11 @@ bench_result() {
 
 main() {
   log "start; logs under $LOGS"
-  if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  if ! command -v nvidia-smi >/dev/null 2>&1 || ! timeout 30 nvidia-smi -L >/dev/null 2>&1; then
     log "no NVIDIA GPU visible (nvidia-smi); nothing to check"
     return 0
   fi
-  nvidia-smi -L
+  timeout 30 nvidia-smi -L
 
   # ---- binaries: the kit, or a build here --------------------------------------------------
   declare -gA BIN=()
@@ -102,7 +109,7 @@ main() {
     done
     local nvcc=${CUDACXX:-/usr/local/cuda/bin/nvcc}
     [ -x "$nvcc" ] || nvcc=$(command -v nvcc || echo nvcc)
-    local arch; arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+    local arch; arch=$(timeout 30 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
     local lim; lim=$(allow 300)
     log "configure + build (sm_${arch:-90}, -j$(nproc), at most ${lim}s; log build.log)"
     { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSPLIT_BUILD_SERVER=OFF \
@@ -121,15 +128,18 @@ main() {
   # ---- libraries and environment (env.log) -------------------------------------------------
   resolve_libs > "$LOGS/env.log" 2>&1
   {
-    echo "== nvidia-smi"; nvidia-smi
-    nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total,clocks.max.sm,clocks.max.mem --format=csv
+    echo "== nvidia-smi"; timeout 30 nvidia-smi
+    timeout 30 nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total,clocks.max.sm,clocks.max.mem --format=csv
     echo "== host"; grep -m1 "model name" /proc/cpuinfo
     echo "cpu flags: $(grep -m1 -o -w -E 'avx2|fma' /proc/cpuinfo | sort -u | tr '\n' ' ')$(grep -m1 -o -w avx512f /proc/cpuinfo)"
     echo "cores $(nproc); $(grep -m1 PRETTY_NAME /etc/os-release 2>/dev/null); $(ldd --version 2>&1 | head -1)"
     echo "KVSPLIT_MODELS=${KVSPLIT_MODELS:-}"; echo "LD_LIBRARY_PATH (the kit's binaries)=$LIBPATH"
     if [ "$mode" = kit ]; then echo "== MANIFEST"; cat "$KIT/MANIFEST"; fi
   } >> "$LOGS/env.log" 2>&1
-  if [ "$mode" = kit ]; then kit_freshness; fi
+  if [ "$mode" = kit ]; then
+    kit_freshness
+    grep -qw avx2 /proc/cpuinfo || loud "this CPU shows no AVX2: the kit's host code is x86-64-v3 and may die on an illegal instruction"
+  fi
   if grep -q "STILL MISSING" "$LOGS/env.log"; then
     loud "shared libraries missing for the binaries: $(grep 'STILL MISSING' "$LOGS/env.log" | head -3 | tr '\n' ' ')"
   fi
@@ -186,7 +196,7 @@ main() {
     log "b. bench_attention --mode $m, ${lim}s"
     echo "######## bench_attention --mode $m" >> "$blog"
     run_logged "$blog" "$lim" "${BIN[bench_attention]}" --mode "$m" --iters 10 --warmup 2; rc=$?
-    record "bench_attention $m" "$(bench_result $rc "$blog")" "(exit $rc)"
+    record_bench "bench_attention $m" $rc "$blog"
   done
 
   # ---- c. bench_temporal --swap-bandwidth ---------------------------------------------------
@@ -199,7 +209,7 @@ main() {
     log "c. bench_temporal --swap-bandwidth --backend cuda, ${lim}s"
     run_logged "$tlog" "$lim" "${BIN[bench_temporal]}" --model synthetic:llama-110m --swap-bandwidth \
       --backend cuda --pages 128 --reps 3; rc=$?
-    record "swap bandwidth" "$(bench_result $rc "$tlog")" "(exit $rc)"
+    record_bench "swap bandwidth" $rc "$tlog"
   fi
 
   # ---- d. bench_spatial --backend cuda at 128K ----------------------------------------------
@@ -212,7 +222,7 @@ main() {
     log "d. bench_spatial --backend cuda --decode 1 x 128K, shards 1,2,4, ${lim}s"
     run_logged "$slog" "$lim" "${BIN[bench_spatial]}" --backend cuda --decode --contexts 131072 \
       --shards 1,2,4 --steps 4 --reps 2 --warmup 1; rc=$?
-    record "spatial 128K" "$(bench_result $rc "$slog")" "(exit $rc)"
+    record_bench "spatial 128K" $rc "$slog"
   fi
 
   # ---- e. goldens through kvsplit generate --backend cuda -----------------------------------
@@ -343,7 +353,7 @@ summary() {
   local i npass=0 nfail=0 nskip=0
   echo
   echo "==================== gpu-check summary ($1 binaries) ===================="
-  echo "device:  $(nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader 2>/dev/null | head -1)"
+  echo "device:  $(timeout 30 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader 2>/dev/null | head -1)"
   for i in "${!ST_NAME[@]}"; do
     printf '%-22s %-8s %s\n' "${ST_NAME[$i]}" "${ST_RES[$i]}" "${ST_NOTE[$i]}"
     case "${ST_RES[$i]}" in PASS) npass=$((npass+1));; SKIP) nskip=$((nskip+1));; *) nfail=$((nfail+1));; esac

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Prepares the GPU check kit HERE (no GPU needed): builds only what scripts/gpu-check.sh runs, for
+# sm_90 (H100/H200), in build-gpu/, and packs it into .gpu-kit/kit.tar.gz (.gpu-kit/ is ignored
+# through .git/info/exclude) so a device session spends no device time compiling. The tarball:
+#   bin/            gpu_tests bench_attention bench_temporal bench_spatial kvsplit (stripped)
+#   lib/            the non-system, non-CUDA shared libraries they load (Debian 12's fmt, spdlog,
+#                   yaml-cpp, ICU 72, pcre2, xxhash, liburing), which the device image may lack
+#   lib/fallback/   libstdc++ and libgcc_s, used there only if the device's are too old
+#   shared/models/  stories260K (both formats), tok512 and the goldens the tests read
+#   shared/tools/golden_check.py
+# and beside it .gpu-kit/MANIFEST (commit, git-status hash, flags, files) and SOURCES.sha256 (per
+# source file), from which gpu-check.sh says whether the kit still matches the tree it runs in.
+# CUDA's own libraries (cudart, cuBLAS, NCCL) are NOT carried (hundreds of MB): gpu-check.sh finds
+# them on the device (its CUDA 13.0 toolkit, or the nvidia-* Python packages beside PyTorch).
+# CPU code is built for x86-64-v3 (AVX2/FMA), not -march=native: the device's CPU is not this one.
+#
+# Usage: scripts/gpu-kit.sh [-jN]      (default -j1 under nice -n 19: leaves the CPUs to others)
+# Then, with the device tool: run  command "scripts/gpu-check.sh"  carry [".gpu-kit"]  timeout_s 540
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+JOBS=${1:--j1}
+BUILD=build-gpu
+KIT=.gpu-kit
+TARGETS=(gpu_tests bench_attention bench_temporal bench_spatial kvsplit)
+MODELS_SRC=${KVSPLIT_MODELS:-$ROOT/../shared/models}
+TOOLS_SRC=$ROOT/../shared/tools
+start=$(date +%s)
+log() { echo "[gpu-kit $(( $(date +%s) - start ))s] $*"; }
+
+NVCC=${CUDACXX:-/usr/local/cuda/bin/nvcc}
+[ -x "$NVCC" ] || NVCC=$(command -v nvcc || true)
+[ -n "$NVCC" ] || { echo "gpu-kit: nvcc not found (set CUDACXX)"; exit 1; }
+
+# ccache (the top CMakeLists uses it as the launcher when found): paths relative to the repo root
+# and no build-dir hashing, so a rebuild or another tree's identical compile hits the cache.
+export CCACHE_BASEDIR=$ROOT CCACHE_NOHASHDIR=1
+
+# .gpu-kit/ and build-gpu/ never travel as untracked files: only through `carry`.
+exclude="$(git rev-parse --git-path info/exclude)"
+mkdir -p "$(dirname "$exclude")"
+grep -qxF "/$KIT/" "$exclude" 2>/dev/null || echo "/$KIT/" >> "$exclude"
+
+mkdir -p "$BUILD"
+log "configure $BUILD (Release, sm_90, no server, x86-64-v3)"
+nice -n 19 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSPLIT_BUILD_SERVER=OFF \
+  -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=90 -DKVSPLIT_NATIVE=OFF \
+  -DCMAKE_CXX_FLAGS=-march=x86-64-v3 -DCMAKE_C_FLAGS=-march=x86-64-v3 > "$BUILD/kit-configure.log" 2>&1 \
+  || { tail -30 "$BUILD/kit-configure.log"; exit 1; }
+grep -q "CUDA backend ON" "$BUILD/kit-configure.log" || { echo "gpu-kit: CUDA backend not enabled"; tail -20 "$BUILD/kit-configure.log"; exit 1; }
+nccl=$(grep -o "NCCL communicator [A-Z]*" "$BUILD/kit-configure.log" | head -1)
+
+log "build ${TARGETS[*]} ($JOBS, nice 19; log: $BUILD/kit-build.log)"
+if ! nice -n 19 cmake --build "$BUILD" --target "${TARGETS[@]}" -- "$JOBS" > "$BUILD/kit-build.log" 2>&1; then
+  grep -E "error|FAILED" "$BUILD/kit-build.log" | head -40; exit 1
+fi
+log "built"
+
+# Where ninja put each target.
+declare -A BIN=(
+  [gpu_tests]=$BUILD/tests/gpu/gpu_tests
+  [bench_attention]=$BUILD/benchmarks/bench_attention
+  [bench_temporal]=$BUILD/benchmarks/bench_temporal
+  [bench_spatial]=$BUILD/benchmarks/bench_spatial
+  [kvsplit]=$BUILD/kvsplit
+)
+for t in "${TARGETS[@]}"; do [ -x "${BIN[$t]}" ] || { echo "gpu-kit: ${BIN[$t]} missing"; exit 1; }; done
+
+# Staged in build-gpu/kit/ (ignored), then packed: .gpu-kit/ holds kit.tar.gz, MANIFEST and
+# SOURCES.sha256 only. Unpacked it is ~60 MiB (ICU's data alone is 31 MiB) and the tree that
+# travels, carried paths included, may not pass 64 MiB; gzip halves it and every image has gzip.
+STAGE=$BUILD/kit
+rm -rf "$STAGE" "$KIT"
+mkdir -p "$KIT" "$STAGE/bin" "$STAGE/lib/fallback" "$STAGE/shared/models/golden" "$STAGE/shared/tools"
+for t in "${TARGETS[@]}"; do
+  cp "${BIN[$t]}" "$STAGE/bin/$t"
+  strip --strip-unneeded "$STAGE/bin/$t"   # symbol tables only: the .nv_fatbin (sm_90 code) stays
+done
+
+# Shared libraries: carry every resolved one except glibc's, the C++ runtime (-> fallback/, used
+# on the device only when its own is too old) and CUDA's (found on the device). Copied under
+# their soname, links resolved.
+is_cuda_lib() { case "$1" in libcuda.so*|libcudart.so*|libcublas*|libnccl.so*|libnvidia-*|libnvrtc*|libnvJitLink*|libcudnn*) return 0;; esac; return 1; }
+is_glibc_lib() { case "$1" in ld-linux*|libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|libresolv.so*|libutil.so*) return 0;; esac; return 1; }
+declare -A CUDA_LIBS=()
+for t in "${TARGETS[@]}"; do
+  while read -r name path; do
+    if is_glibc_lib "$name"; then continue; fi
+    if is_cuda_lib "$name"; then CUDA_LIBS[$name]=1; continue; fi
+    [ -f "$path" ] || { echo "gpu-kit: $t needs $name, not found here ($path)"; exit 1; }
+    case "$name" in
+      libstdc++.so*|libgcc_s.so*) dest=$STAGE/lib/fallback ;;
+      *) dest=$STAGE/lib ;;
+    esac
+    [ -f "$dest/$name" ] || cp -L "$path" "$dest/$name"
+  done < <(ldd "$STAGE/bin/$t" | awk '/=>/ {print $1, $3}')
+done
+
+# Models: only what the gpu tests (tests/kernels/model_golden_check.h, semantic_cut_check.h,
+# tests/engine/engine_test_util.h) and golden_check.py read.
+M=$STAGE/shared/models
+cp "$MODELS_SRC/stories260K.bin" "$MODELS_SRC/tok512.bin" "$MODELS_SRC/LICENSE-llama2.c.txt" "$M/"
+cp "$MODELS_SRC/golden/stories260K_greedy.jsonl" "$MODELS_SRC/golden/stories260K_logits.jsonl" "$M/golden/"
+cp -r "$MODELS_SRC/stories260K-hf" "$M/"
+if [ -f "$TOOLS_SRC/golden_check.py" ]; then cp "$TOOLS_SRC/golden_check.py" "$STAGE/shared/tools/"; fi
+
+# What the kit was built from: gpu-check.sh says whether the device's tree still matches.
+# Per-file hashes of the sources: the device may have no .git, and this names the changed files.
+{ git ls-files; git ls-files --others --exclude-standard; } \
+  | grep -E '^(src|include|kernels|tests|benchmarks)/|^CMakeLists.txt$' \
+  | while read -r f; do [ -f "$f" ] && echo "$f"; done | LC_ALL=C sort -u \
+  | xargs -d '\n' sha256sum > "$KIT/SOURCES.sha256"
+glibc_max=$(objdump -T "$STAGE"/bin/* 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
+glibcxx_max=$(objdump -T "$STAGE"/bin/* 2>/dev/null | grep -o 'GLIBCXX_[0-9.]*' | sort -uV | tail -1)
+log "pack $KIT/kit.tar.gz"
+tar -C "$STAGE" -cf - bin lib shared | gzip -6 > "$KIT/kit.tar.gz"
+raw_k=$(du -sk "$STAGE" | cut -f1)
+{
+  echo "commit: $(git rev-parse HEAD)"
+  echo "status_porcelain_sha256: $(git status --porcelain | sha256sum | cut -c1-16) ($(git status --porcelain | wc -l) lines)"
+  echo "tree_sha256: $({ git rev-parse HEAD; git status --porcelain; git diff HEAD; } | sha256sum | cut -c1-16) (HEAD + status + diff)"
+  echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), nvcc $("$NVCC" --version | grep -o 'release [0-9.]*' | cut -c9-)"
+  echo "flags: Release, CMAKE_CUDA_ARCHITECTURES=90, KVSPLIT_NATIVE=OFF -march=x86-64-v3, KVSPLIT_BUILD_SERVER=OFF, $nccl"
+  echo "needs: $glibc_max $glibcxx_max; CUDA libraries from the device: ${!CUDA_LIBS[*]}"
+  echo "kit.tar.gz: $(( $(stat -c %s "$KIT/kit.tar.gz") / 1024 )) KiB packed, $raw_k KiB unpacked:"
+  (cd "$STAGE" && find . -type f | LC_ALL=C sort | xargs -d '\n' du -k | sed 's/^/  /')
+} > "$KIT/MANIFEST"
+
+size_k=$(du -sk "$KIT" | cut -f1)
+tree_k=$({ git ls-files -z; git ls-files -z --others --exclude-standard; } | du -ck --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+log "kit ready: $KIT $(( size_k / 1024 )) MiB ($(( raw_k / 1024 )) MiB unpacked); with the tree ($(( tree_k / 1024 )) MiB) $(( (size_k + tree_k) / 1024 )) MiB of the 64 that travel"
+log "CUDA libraries left to the device: ${!CUDA_LIBS[*]}"
+if [ $(( size_k + tree_k )) -gt $(( 60 * 1024 )) ]; then
+  echo "gpu-kit: WARNING: kit + tree is over 60 MiB, close to the 64 MiB that may travel"
+fi
+echo "Device run:  command \"scripts/gpu-check.sh\"  carry [\".gpu-kit\"]  timeout_s 540"
