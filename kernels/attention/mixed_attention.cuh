@@ -452,7 +452,9 @@ __global__ void __launch_bounds__(kAttnThreads)
     for (int i = tid; i < num_pages * group; i += blockDim.x) {
       const int j = i / group, r = i % group, page = first_page + j;
       float b = -1.f;
-      if (page * bs >= k0 && page < seq_pages) {  // each page is bounded by the tile it starts in
+      // Each page is bounded by the tile it starts in; a page past the table row (a kv_len longer
+      // than the row, flagged by mixed_load_page_info) has no slot to read nor bound to write.
+      if (page * bs >= k0 && page < seq_pages && page < p.max_blocks_per_seq) {
         const int32_t slot =
             mp.summary_slots[static_cast<int64_t>(s) * p.max_blocks_per_seq + page];
         if (slot >= 0 && (slot >= mp.num_summary_slots || !mp.summaries)) {

@@ -35,11 +35,15 @@ inline void* dev_alloc(size_t bytes) {
   return p;
 }
 inline void dev_free(void* p) { cudaFree(p); }
+// A failed copy (a device fault earlier, a bad pointer) fails the test here, not later on data
+// that was never copied.
 inline void h2d(void* dst, const void* src, size_t bytes) {
-  cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+  const cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+  if (e != cudaSuccess) ADD_FAILURE() << "cudaMemcpy host to device: " << cudaGetErrorString(e);
 }
 inline void d2h(void* dst, const void* src, size_t bytes) {
-  cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+  const cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+  if (e != cudaSuccess) ADD_FAILURE() << "cudaMemcpy device to host: " << cudaGetErrorString(e);
 }
 inline std::string device_sync() {
   const cudaError_t e = cudaDeviceSynchronize();

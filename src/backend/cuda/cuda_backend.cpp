@@ -322,6 +322,25 @@ Status CudaBackend::copy_from(void* dst, const Backend& src, const void* src_ptr
   const DeviceScope on_device(device_);
   if (bytes == 0) return ok_status();
   if (src.kind() != DeviceKind::kCuda) return invalid_argument("copy_from: not a CUDA backend");
+  const auto& from = static_cast<const CudaBackend&>(src);
+  if (&from != this) {
+    // The copy reads what the source's stream writes (a kv_append, a restore): it waits for
+    // everything queued there so far, as a copy on the source's own stream would.
+    cudaEvent_t ready = nullptr;
+    {
+      const DeviceScope on_source(from.device_);
+      KVSPLIT_CUDA_RETURN(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming),
+                          "copy_from: cudaEventCreate");
+      const cudaError_t rec = cudaEventRecord(ready, from.stream_);
+      if (rec != cudaSuccess) {
+        (void)cudaEventDestroy(ready);
+        KVSPLIT_CUDA_RETURN(rec, "copy_from: cudaEventRecord");
+      }
+    }
+    const cudaError_t wait = cudaStreamWaitEvent(stream_, ready, 0);
+    (void)cudaEventDestroy(ready);  // released once it completes
+    KVSPLIT_CUDA_RETURN(wait, "copy_from: cudaStreamWaitEvent");
+  }
   if (src.device() == device_) {
     KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(dst, src_ptr, bytes, cudaMemcpyDeviceToDevice, stream_),
                         "copy_from");
