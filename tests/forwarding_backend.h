@@ -95,7 +95,7 @@ class ForwardingBackend : public backend::Backend {
     return in_->dequantize_kv_page(s, from, l, d, t);
   }
   Status summarize_kv_page(const void* s, backend::DType t, const kernels::QuantPageLayout& l,
-                           float* d) override {
+                           kernels::KvSummaryElem* d) override {
     return in_->summarize_kv_page(s, t, l, d);
   }
   Status merge_attention_states(const float* const* o, const float* const* lse, int parts,

@@ -460,12 +460,14 @@ __global__ void __launch_bounds__(kAttnThreads)
         if (slot >= 0 && (slot >= mp.num_summary_slots || !mp.summaries)) {
           if (p.error_flag) atomicMax(p.error_flag, 1);
         } else if (slot >= 0) {
-          const float* kmin =
+          const KvSummaryElem* kmin =
               mp.summaries + (static_cast<int64_t>(slot) * 2 * p.num_kv_heads + kvh) * D;
-          const float* kmax = kmin + static_cast<int64_t>(p.num_kv_heads) * D;
+          const KvSummaryElem* kmax = kmin + static_cast<int64_t>(p.num_kv_heads) * D;
           const float* qr = q_s + r * D;
           float ub = 0.f;
-          for (int d = 0; d < D; ++d) ub += fmaxf(qr[d] * kmin[d], qr[d] * kmax[d]);
+          for (int d = 0; d < D; ++d) {
+            ub += fmaxf(qr[d] * kvq_half_float(kmin[d]), qr[d] * kvq_half_float(kmax[d]));
+          }
           b = expf(ub - m_s[r]);
         }
       }

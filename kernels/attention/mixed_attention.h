@@ -32,7 +32,8 @@ struct MixedAttentionParams {
   const uint8_t* score_seqs = nullptr;     // [num_seqs]; nullptr: none
   float* token_relevance = nullptr;        // [num_seqs, max_blocks_per_seq * block_size]
   const int32_t* summary_slots = nullptr;  // [num_seqs, max_blocks_per_seq], -1: none
-  const float* summaries = nullptr;        // [num_summary_slots, 2, num_kv_heads, head_dim]
+  // f16 bits [num_summary_slots, 2, num_kv_heads, head_dim] (kv_quant.h "key summaries")
+  const KvSummaryElem* summaries = nullptr;
   int num_summary_slots = 0;
   float* page_bound = nullptr;  // [num_seqs, max_blocks_per_seq]
   // Workspace [num_seqs, num_heads] f32 (needed with score_seqs): the final max score m_h of each

@@ -75,6 +75,28 @@ KVSPLIT_HOST_DEVICE uint16_t kvq_half_at_most(float x) {
 
 KVSPLIT_HOST_DEVICE int64_t kvq_align16(int64_t n) { return (n + 15) & ~int64_t{15}; }
 
+// ---- key summaries (recall bounds) ----
+// A page's key summary, per layer: f16 bits [2 (min, max), num_kv_heads, head_dim], the min of
+// each channel rounded down and the max rounded up, so the stored range still covers every key
+// and sum_d max(q_d kmin_d, q_d kmax_d) stays an upper bound of q.k. Half the bytes of f32.
+using KvSummaryElem = uint16_t;
+constexpr uint16_t kHalfInfBits = 0x7c00, kHalfNegInfBits = 0xfc00;
+// The largest f16 <= x (-inf below -65504; +inf stays +inf; NaN: NaN).
+KVSPLIT_HOST_DEVICE uint16_t kvq_summary_min_bits(float x) {
+  if (!(x == x)) return kHalfNanBits;
+  if (x > kHalfMax) return x == INFINITY ? kHalfInfBits : kHalfMaxBits;
+  if (x < -kHalfMax) return kHalfNegInfBits;
+  return kvq_half_at_most(x);
+}
+// The smallest f16 >= x (+inf above 65504; -inf stays -inf; NaN: NaN).
+KVSPLIT_HOST_DEVICE uint16_t kvq_summary_max_bits(float x) {
+  if (!(x == x)) return kHalfNanBits;
+  if (x < -kHalfMax)
+    return x == -INFINITY ? kHalfNegInfBits : static_cast<uint16_t>(0x8000u | kHalfMaxBits);
+  if (x > kHalfMax) return kHalfInfBits;
+  return kvq_half_at_least(x);
+}
+
 // Byte layout of one quantized page of one layer. Every section starts 16-byte aligned, and
 // bytes() is a multiple of 16, so pages packed back to back in an arena stay aligned.
 //   int8: values int8 [2 (K, V), num_kv_heads, block_size, head_dim] at int8_values_offset(),

@@ -59,7 +59,8 @@ Status dequantize_typed(const void* src, const QuantPageLayout& l, KvPrecision f
 }
 
 template <typename T>
-Status summarize_typed(const void* src, const QuantPageLayout& l, float* dst, cudaStream_t stream) {
+Status summarize_typed(const void* src, const QuantPageLayout& l, KvSummaryElem* dst,
+                       cudaStream_t stream) {
   return launch_status(
       launch(summarize_kv_page_kernel<T>, dim3(static_cast<unsigned>(l.num_kv_heads)),
              dim3(kPageOpThreads), 0, stream, static_cast<const T*>(src), l, dst),
@@ -110,7 +111,7 @@ Status launch_dequantize_kv_page(const void* src, KvPrecision from, const QuantP
 }
 
 Status launch_summarize_kv_page(const void* src, ElemType src_dtype, const QuantPageLayout& layout,
-                                float* dst, cudaStream_t stream) {
+                                KvSummaryElem* dst, cudaStream_t stream) {
   constexpr const char* kOp = "summarize_kv_page";
   KVSPLIT_RETURN_IF_ERROR(validate_layout(layout, kOp));
   if (!src || !dst) return invalid_argument(std::string(kOp) + ": null src or dst");

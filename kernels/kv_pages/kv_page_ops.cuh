@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kPageOpThreads)
 // grid num_kv_heads, block kPageOpThreads: channel d of kv head blockIdx.x per thread.
 template <typename T>
 __global__ void __launch_bounds__(kPageOpThreads)
-    summarize_kv_page_kernel(const T* src, QuantPageLayout l, float* dst) {
+    summarize_kv_page_kernel(const T* src, QuantPageLayout l, KvSummaryElem* dst) {
   const int h = blockIdx.x, hd = l.head_dim;
   const T* keys = src + l.token_index(0, h, 0) * hd;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
@@ -112,8 +112,8 @@ __global__ void __launch_bounds__(kPageOpThreads)
       mn = k < mn ? k : mn;  // std::min(mn, k): a NaN key keeps the running value
       mx = mx < k ? k : mx;  // std::max(mx, k)
     }
-    dst[int64_t{h} * hd + d] = mn;
-    dst[int64_t{l.num_kv_heads + h} * hd + d] = mx;
+    dst[int64_t{h} * hd + d] = kvq_summary_min_bits(mn);  // f16, rounded outwards
+    dst[int64_t{l.num_kv_heads + h} * hd + d] = kvq_summary_max_bits(mx);
   }
 }
 

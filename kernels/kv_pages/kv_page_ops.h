@@ -25,9 +25,10 @@ Status launch_quantize_kv_page(const void* src, ElemType src_dtype, const QuantP
 Status launch_dequantize_kv_page(const void* src, KvPrecision from, const QuantPageLayout& layout,
                                  void* dst, ElemType dst_dtype, cudaStream_t stream);
 
-// dst: f32 [2 (min, max), num_kv_heads, head_dim], per-channel min and max of the page's keys over
-// its block_size slots (NaN keys ignored, as std::min / std::max with the running value first).
+// dst: f16 bits [2 (min, max), num_kv_heads, head_dim], per-channel min and max of the page's keys
+// over its block_size slots (NaN keys ignored, as std::min / std::max with the running value
+// first), the min rounded down and the max up (kvq_summary_min_bits / _max_bits).
 Status launch_summarize_kv_page(const void* src, ElemType src_dtype, const QuantPageLayout& layout,
-                                float* dst, cudaStream_t stream);
+                                KvSummaryElem* dst, cudaStream_t stream);
 
 }  // namespace kvsplit::kernels

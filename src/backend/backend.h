@@ -104,7 +104,8 @@ struct AttentionArgs {
   const uint8_t* score_seqs = nullptr;     // [num_seqs]; nullptr: no side outputs
   float* token_relevance = nullptr;        // [num_seqs, max_blocks_per_seq * block_size]
   const int32_t* summary_slots = nullptr;  // [num_seqs, max_blocks_per_seq], -1: no summary
-  const float* summaries = nullptr;  // [num_summary_slots, 2 (min, max), num_kv_heads, head_dim]
+  // f16 bits [num_summary_slots, 2 (min, max), num_kv_heads, head_dim] (kv_quant.h)
+  const kernels::KvSummaryElem* summaries = nullptr;
   int num_summary_slots = 0;
   float* page_bound = nullptr;  // [num_seqs, max_blocks_per_seq]
   // The scoring of a sequence split over shards (spatial cut, kv-cuts.md §4), decode only; the
@@ -296,10 +297,12 @@ class Backend {
     (void)src, (void)from, (void)layout, (void)dst, (void)dst_dtype;
     return unimplemented("backend " + name() + ": dequantize_kv_page is not implemented");
   }
-  // Per-channel min and max of the page's keys: dst f32 [2 (min, max), num_kv_heads, head_dim].
-  // src as quantize_kv_page.
+  // Per-channel min and max of the page's keys: dst f16 bits [2 (min, max), num_kv_heads,
+  // head_dim], the min rounded down and the max up (kv_quant.h "key summaries"). src as
+  // quantize_kv_page.
   virtual Status summarize_kv_page(const void* src, DType src_dtype,
-                                   const kernels::QuantPageLayout& layout, float* dst) {
+                                   const kernels::QuantPageLayout& layout,
+                                   kernels::KvSummaryElem* dst) {
     (void)src, (void)src_dtype, (void)layout, (void)dst;
     return unimplemented("backend " + name() + ": summarize_kv_page is not implemented");
   }

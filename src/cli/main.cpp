@@ -285,6 +285,9 @@ int run_info(CommonFlags& cf) {
     b["full_f16"] = full_elems * 2;
     b["int8"] = static_cast<double>(ql.bytes(kernels::KvPrecision::kInt8)) * c.num_layers / 16;
     b["int4"] = static_cast<double>(ql.bytes(kernels::KvPrecision::kInt4)) * c.num_layers / 16;
+    // The key summary a page below full keeps beside it (and alone once evicted).
+    b["summary"] = 2.0 * c.num_kv_heads * c.head_dim *
+                   static_cast<double>(sizeof(kernels::KvSummaryElem)) * c.num_layers / 16;
     j["kv_bytes_per_token"] = b;
   }
   std::cout << j.dump(2) << "\n";

@@ -445,7 +445,8 @@ void KvPool::release(BlockTable& table) {
 }
 
 int64_t KvPool::summary_layer_bytes() const {
-  return int64_t{2} * shape_.num_kv_heads * shape_.head_dim * static_cast<int64_t>(sizeof(float));
+  return int64_t{2} * shape_.num_kv_heads * shape_.head_dim *
+         static_cast<int64_t>(sizeof(kernels::KvSummaryElem));
 }
 
 int64_t KvPool::page_layer_bytes(kernels::KvPrecision p) const {
@@ -479,9 +480,9 @@ const BlockAllocator& KvPool::arena_allocator(kernels::KvPrecision p) const {
   return const_cast<KvPool*>(this)->arena_allocator(p);
 }
 
-float* KvPool::summaries(int layer) const {
+kernels::KvSummaryElem* KvPool::summaries(int layer) const {
   KVSPLIT_CHECK_MSG(layer >= 0 && layer < shape_.num_layers, "KvPool::summaries out of range");
-  return summary_layers_.empty() ? nullptr : summary_layers_[layer].get<float>();
+  return summary_layers_.empty() ? nullptr : summary_layers_[layer].get<kernels::KvSummaryElem>();
 }
 
 std::byte* KvPool::host_slot(int32_t slot) {

@@ -124,15 +124,15 @@ class KvPool {
   }
   // Bytes of one page of one layer at `p` (kFull: the pool's dtype; kEvicted: 0).
   int64_t page_layer_bytes(kernels::KvPrecision p) const;
-  // One layer of one page's key summary (f32 min and max per kv head and channel): device memory
+  // One layer of one page's key summary (f16 min and max per kv head and channel): device memory
   // a page holds beside its quantized copy while it is not full precision, evicted ones included.
   int64_t summary_layer_bytes() const;
   // Base of layer `layer`'s int8 / int4 arena: [num_blocks, quant_layout().bytes(p)] bytes.
   void* arena(kernels::KvPrecision p, int layer) const;
   BlockAllocator& arena_allocator(kernels::KvPrecision p);
   const BlockAllocator& arena_allocator(kernels::KvPrecision p) const;
-  // Layer `layer`'s summaries: [summary_slots, 2 (min, max), num_kv_heads, head_dim] f32.
-  float* summaries(int layer) const;
+  // Layer `layer`'s summaries: f16 bits [summary_slots, 2 (min, max), num_kv_heads, head_dim].
+  kernels::KvSummaryElem* summaries(int layer) const;
   BlockAllocator& summary_allocator() { return summary_alloc_; }
   const BlockAllocator& summary_allocator() const { return summary_alloc_; }
   // Host tier: slot `slot` holds one full-precision page of every layer, layer after layer.

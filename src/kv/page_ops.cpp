@@ -207,7 +207,7 @@ class Executor {
       return false;
     }
     const kernels::QuantPageLayout layout = at.quant_layout();
-    const int64_t summary_floats = int64_t{2} * layout.num_kv_heads * layout.head_dim;
+    const int64_t summary_elems = int64_t{2} * layout.num_kv_heads * layout.head_dim;
     // Every layer's copy in one batch, the summaries beside them on the same stream, then one
     // wait: the slot may be read next from another shard's stream (a restore elsewhere).
     std::vector<backend::Backend::CopyRange> copies;
@@ -217,7 +217,7 @@ class Executor {
         be.copy_batch_async(backend::Backend::CopyDir::kDeviceToHost, copies.data(), copies.size());
     for (int l = 0; l < at.shape().num_layers && status_.ok(); ++l)
       status_ = be.summarize_kv_page(at.full_page(l, table_.blocks[i]), at.config().dtype, layout,
-                                     at.summaries(l) + (*summary)[0] * summary_floats);
+                                     at.summaries(l) + (*summary)[0] * summary_elems);
     const Status synced = be.synchronize();
     if (status_.ok()) status_ = synced;
     if (!status_.ok()) {

@@ -113,7 +113,8 @@ Status SequenceCut::split_budget(const cuts::semantic::SemanticConfig& sc, int64
   const int64_t full = kv::KvPool::block_bytes(*config, shape);
   const kernels::QuantPageLayout ql{shape.num_kv_heads, config->block_size, shape.head_dim};
   const int64_t layers = shape.num_layers;
-  const int64_t summary = int64_t{2} * shape.num_kv_heads * shape.head_dim * 4 * layers;
+  const int64_t summary = int64_t{2} * shape.num_kv_heads * shape.head_dim *
+                          static_cast<int64_t>(sizeof(kernels::KvSummaryElem)) * layers;
   const int64_t b8 = ql.bytes(kernels::KvPrecision::kInt8) * layers;
   const int64_t b4 = ql.bytes(kernels::KvPrecision::kInt4) * layers;
   const auto quant = static_cast<int64_t>(static_cast<double>(capacity_bytes) * quant_fraction);

@@ -246,31 +246,52 @@ TEST_F(KvQuant, SummaryBoundsEveryKeyTightly) {
   for (int seed = 0; seed < 8; ++seed) {
     const QuantPageLayout l{1 + seed % 3, 16, seed % 2 ? 64 : 8};
     const std::vector<float> src = random_page(l, 300 + seed, seed % 4);
-    std::vector<float> sum(static_cast<size_t>(2 * l.num_kv_heads * l.head_dim));
+    std::vector<kernels::KvSummaryElem> sum(static_cast<size_t>(2 * l.num_kv_heads * l.head_dim));
     ASSERT_TRUE(cpu_->summarize_kv_page(src.data(), DType::kF32, l, sum.data()).ok());
     for (int h = 0; h < l.num_kv_heads; ++h) {
       for (int d = 0; d < l.head_dim; ++d) {
-        const float mn = sum[h * l.head_dim + d];
-        const float mx = sum[(l.num_kv_heads + h) * l.head_dim + d];
-        bool hit_min = false, hit_max = false;
+        const uint16_t mn_bits = sum[h * l.head_dim + d];
+        const uint16_t mx_bits = sum[(l.num_kv_heads + h) * l.head_dim + d];
+        const float mn = kernels::kvq_half_float(mn_bits), mx = kernels::kvq_half_float(mx_bits);
+        float kmin = INFINITY, kmax = -INFINITY;
         for (int slot = 0; slot < l.block_size; ++slot) {
           const float k = src[l.token_index(0, h, slot) * l.head_dim + d];
           ASSERT_LE(mn, k);
           ASSERT_GE(mx, k);
-          hit_min |= k == mn;
-          hit_max |= k == mx;
+          kmin = std::min(kmin, k);
+          kmax = std::max(kmax, k);
         }
-        EXPECT_TRUE(hit_min && hit_max) << "the summary is the keys' own min and max";
+        // Tight: the f16 next to each bound, inwards, is past the keys' own min / max.
+        EXPECT_GT(kernels::kvq_half_float(kernels::kvq_half_next_up(mn_bits)), kmin);
+        EXPECT_LT(kernels::kvq_half_float(kernels::kvq_half_next_down(mx_bits)), kmax);
       }
     }
   }
+}
+
+// f16 bounds outside the f16 range: still bounds (inf, or the largest finite f16 inwards).
+TEST(KvSummaryBits, RoundOutwardsAndStayBoundsBeyondTheF16Range) {
+  using kernels::kvq_half_float;
+  using kernels::kvq_summary_max_bits;
+  using kernels::kvq_summary_min_bits;
+  for (float x : {0.f, -0.f, 1.f, 0.1f, -0.1f, 1e-7f, -1e-7f, 65504.f, -65504.f, 3.14159f}) {
+    EXPECT_LE(kvq_half_float(kvq_summary_min_bits(x)), x) << x;
+    EXPECT_GE(kvq_half_float(kvq_summary_max_bits(x)), x) << x;
+  }
+  EXPECT_EQ(kvq_half_float(kvq_summary_min_bits(1e6f)), 65504.f);
+  EXPECT_EQ(kvq_half_float(kvq_summary_max_bits(1e6f)), INFINITY);
+  EXPECT_EQ(kvq_half_float(kvq_summary_min_bits(-1e6f)), -INFINITY);
+  EXPECT_EQ(kvq_half_float(kvq_summary_max_bits(-1e6f)), -65504.f);
+  EXPECT_EQ(kvq_half_float(kvq_summary_min_bits(INFINITY)), INFINITY);  // an all-NaN page's start
+  EXPECT_EQ(kvq_half_float(kvq_summary_max_bits(-INFINITY)), -INFINITY);
+  EXPECT_TRUE(std::isnan(kvq_half_float(kvq_summary_min_bits(NAN))));
 }
 
 TEST_F(KvQuant, OpsRejectBadArguments) {
   const QuantPageLayout l{1, 16, 8};
   std::vector<float> src(256, 1.f);
   std::vector<uint8_t> q(static_cast<size_t>(l.bytes(KvPrecision::kInt8)));
-  std::vector<float> sum(16);
+  std::vector<kernels::KvSummaryElem> sum(16);
   EXPECT_EQ(
       cpu_->quantize_kv_page(src.data(), DType::kBF16, l, KvPrecision::kInt8, q.data()).code(),
       StatusCode::kUnimplemented);

@@ -220,12 +220,12 @@ TEST(EngineAccountingMix, SemanticCutIntegratesEachRungAtItsPageBytes) {
   const int64_t b4 = page_bytes(shape, kernels::KvPrecision::kInt4);
   ASSERT_LT(b8, full);
   ASSERT_LT(b4, b8);
-  const int64_t summary = int64_t{2} * shape.kv_heads * shape.head_dim * 4 * shape.layers;
+  const int64_t summary = int64_t{2} * shape.kv_heads * shape.head_dim * 2 * shape.layers;
   int mixed_points = 0, quantized_rungs = 0;
   double byte_seconds = 0, token_seconds = 0;
   for (size_t i = 0; i < trace.size(); ++i) {
     const sched::KvLevel& l = trace[i].level;
-    // Every quantized page also holds its key summary on the device (f32 min and max).
+    // Every quantized page also holds its key summary on the device (f16 min and max).
     EXPECT_EQ(l.bytes,
               l.pages_full * full + l.pages_int8 * (b8 + summary) + l.pages_int4 * (b4 + summary))
         << i;

@@ -176,7 +176,8 @@ class EmulatedKernelBackend final : public backend::Backend {
     return kernels::launch_dequantize_kv_page(src, from, layout, dst, dst_dtype, nullptr);
   }
   Status summarize_kv_page(const void* src, backend::DType src_dtype,
-                           const kernels::QuantPageLayout& layout, float* dst) override {
+                           const kernels::QuantPageLayout& layout,
+                           kernels::KvSummaryElem* dst) override {
     ++page_op_calls_;
     return kernels::launch_summarize_kv_page(src, src_dtype, layout, dst, nullptr);
   }

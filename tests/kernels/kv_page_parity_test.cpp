@@ -73,14 +73,16 @@ TEST_P(KvPageParity, QuantizeDequantizeSummarizeMatchTheCpuBackendBitForBit) {
                                std::to_string(sh.head_dim) + " variant " + std::to_string(variant);
       DevArray<unsigned char> src(encode(page, dtype));
       // Summary.
-      std::vector<float> want_sum(static_cast<size_t>(2 * l.num_kv_heads * l.head_dim));
+      std::vector<kernels::KvSummaryElem> want_sum(
+          static_cast<size_t>(2 * l.num_kv_heads * l.head_dim));
       ASSERT_TRUE(
           backend::cpu_summarize_kv_page(page.data(), ElemType::kF32, l, want_sum.data()).ok());
-      DevArray<float> sum(std::vector<float>(want_sum.size(), -7.f));
+      DevArray<kernels::KvSummaryElem> sum(
+          std::vector<kernels::KvSummaryElem>(want_sum.size(), 0x1234));
       ASSERT_TRUE(kernels::launch_summarize_kv_page(src.get(), dtype, l, sum.get(), nullptr).ok());
       ASSERT_EQ(device_sync(), "");
-      const std::vector<float> got_sum = sum.to_host();
-      ASSERT_EQ(std::memcmp(got_sum.data(), want_sum.data(), want_sum.size() * 4), 0) << what;
+      const std::vector<kernels::KvSummaryElem> got_sum = sum.to_host();
+      ASSERT_EQ(got_sum, want_sum) << what;  // f16 bits, rounded outwards alike
       for (KvPrecision p : {KvPrecision::kInt8, KvPrecision::kInt4}) {
         SCOPED_TRACE(what + (p == KvPrecision::kInt8 ? " int8" : " int4"));
         const size_t bytes = static_cast<size_t>(l.bytes(p));
@@ -147,9 +149,9 @@ TEST(KvPageLaunch, BadArgumentsAreRejected) {
   const QuantPageLayout l{2, 16, 8};
   std::vector<float> page_buf(static_cast<size_t>(2 * l.values_per_kv()));
   std::vector<uint8_t> q_buf(static_cast<size_t>(l.bytes(KvPrecision::kInt8)));
-  std::vector<float> sum_buf(static_cast<size_t>(2 * 2 * 8));
+  std::vector<kernels::KvSummaryElem> sum_buf(static_cast<size_t>(2 * 2 * 8));
   float* page = page_buf.data();
-  float* sum = sum_buf.data();
+  kernels::KvSummaryElem* sum = sum_buf.data();
   uint8_t* q = q_buf.data();
   const auto code = [](const Status& s) { return s.code(); };
   EXPECT_EQ(code(kernels::launch_quantize_kv_page(page, ElemType::kF32, l, KvPrecision::kFull, q,

@@ -37,7 +37,8 @@ constexpr int kEvict = static_cast<int>(KvPrecision::kEvicted);
 
 // Device copies of one mixed call (host args `a`, pages encoded as `dtype`) and its parameters.
 struct DeviceMixed {
-  DevArray<float> q, out, part_o, part_m, part_l, relevance, bound, summaries, score_max;
+  DevArray<float> q, out, part_o, part_m, part_l, relevance, bound, score_max;
+  DevArray<kernels::KvSummaryElem> summaries;
   DevArray<unsigned char> pages;
   DevArray<uint8_t> precision, int8_pages, int4_pages, score_seqs;
   DevArray<int32_t> query_start, kv_lens, tables, num_splits, split_offset, slots;
@@ -113,7 +114,7 @@ std::unique_ptr<DeviceMixed> upload(const backend::AttentionArgs& a,
     d->relevance = DevArray<float>(sc->relevance);
     d->bound = DevArray<float>(sc->bound);
     d->slots = DevArray<int32_t>(sc->slots);
-    d->summaries = DevArray<float>(sc->summaries);
+    d->summaries = DevArray<kernels::KvSummaryElem>(sc->summaries);
     d->score_max = DevArray<float>(static_cast<size_t>(a.num_seqs) * a.num_heads);
     mp.score_seqs = d->score_seqs.get();
     mp.token_relevance = d->relevance.get();

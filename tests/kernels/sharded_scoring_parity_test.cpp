@@ -43,8 +43,9 @@ constexpr double kAtol = 2e-5, kRtol = 2e-4;
 
 // Device copies of one decode call (host args `a`, pages encoded as `dtype`) and its parameters.
 struct DeviceCall {
-  DevArray<float> q, out, lse, head_max, part_o, part_m, part_l, relevance, bound, summaries,
-      score_max, given_max;
+  DevArray<float> q, out, lse, head_max, part_o, part_m, part_l, relevance, bound, score_max,
+      given_max;
+  DevArray<kernels::KvSummaryElem> summaries;
   DevArray<unsigned char> pages;
   DevArray<uint8_t> precision, int8_pages, int4_pages, score_seqs;
   DevArray<int32_t> query_start, kv_lens, tables, num_splits, split_offset, slots;
@@ -124,7 +125,7 @@ std::unique_ptr<DeviceCall> upload(const backend::AttentionArgs& a, const std::v
     d->relevance = DevArray<float>(sc->relevance);
     d->bound = DevArray<float>(sc->bound);
     d->slots = DevArray<int32_t>(sc->slots);
-    d->summaries = DevArray<float>(sc->summaries);
+    d->summaries = DevArray<kernels::KvSummaryElem>(sc->summaries);
     d->score_max = DevArray<float>(heads);
     mp.score_seqs = d->score_seqs.get();
     mp.token_relevance = d->relevance.get();

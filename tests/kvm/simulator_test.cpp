@@ -327,8 +327,8 @@ TEST(Simulator, JsonShape) {
 
 // kv_quant_fraction: the semantic cut's device budget is split as the engine splits it
 // (SequenceCut::split_budget): 1 MiB of 20 KiB blocks (1280 B per token x 16) with a quarter for
-// the arenas gives 38 full blocks, 11 int8 pages (6400 B + a 1280 B key summary) and 25 int4 pages
-// (4480 B + two summaries). Pages demoted into the arenas free full blocks, so with a high
+// the arenas gives 38 full blocks, 12 int8 pages (6400 B + a 640 B f16 key summary) and 30 int4
+// pages (4480 B + two summaries). Pages demoted into the arenas free full blocks, so with a high
 // threshold more sequences decode at once than with the whole budget as full blocks and no cut;
 // with nothing demoted, fewer do (the arenas took a quarter of the budget).
 TEST(Simulator, QuantFractionSplitsTheBudgetAndDemotionAdmitsMore) {
@@ -361,8 +361,8 @@ TEST(Simulator, QuantFractionSplitsTheBudgetAndDemotionAdmitsMore) {
   auto demoting = simulate(split, p, trace);
   ASSERT_TRUE(demoting.ok()) << demoting.status().to_string();
   EXPECT_EQ(demoting->kv_blocks_per_worker, 38);
-  EXPECT_EQ(demoting->int8_pages_per_worker, 11);
-  EXPECT_EQ(demoting->int4_pages_per_worker, 25);
+  EXPECT_EQ(demoting->int8_pages_per_worker, 12);
+  EXPECT_EQ(demoting->int4_pages_per_worker, 30);
   EXPECT_GT(demoting->peak_running, f->peak_running);
   EXPECT_LT(demoting->preemptions, f->preemptions);
 

@@ -124,12 +124,15 @@ inline MixedResult mixed_attention(const backend::AttentionArgs& a) {
         double best = 0.0;
         for (int h = 0; h < a.num_heads; ++h) {
           const int kvh = kv_head_of(h, a.num_heads, a.num_kv_heads);
-          const float* kmin = a.summaries + (int64_t{slot} * 2 * a.num_kv_heads + kvh) * hd;
-          const float* kmax = kmin + int64_t{a.num_kv_heads} * hd;
+          const kernels::KvSummaryElem* kmin =
+              a.summaries + (int64_t{slot} * 2 * a.num_kv_heads + kvh) * hd;
+          const kernels::KvSummaryElem* kmax = kmin + int64_t{a.num_kv_heads} * hd;
           const float* q = a.q + (int64_t{q0} * a.num_heads + h) * hd;
           double ub = 0.0;
           for (int d = 0; d < hd; ++d) {
-            ub += std::max(double{q[d]} * kmin[d], double{q[d]} * kmax[d]);
+            const double lo = kernels::kvq_half_float(kmin[d]);
+            const double hi = kernels::kvq_half_float(kmax[d]);
+            ub += std::max(double{q[d]} * lo, double{q[d]} * hi);
           }
           best = std::max(best, std::exp(ub * a.scale - r.max_score[int64_t{s} * a.num_heads + h]));
         }

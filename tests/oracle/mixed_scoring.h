@@ -27,7 +27,7 @@ namespace kvsplit::oracle {
 struct Scoring {
   std::vector<uint8_t> score_seqs;
   std::vector<int32_t> slots;
-  std::vector<float> summaries;
+  std::vector<kernels::KvSummaryElem> summaries;  // f16 bits
   std::vector<float> relevance0, bound0, relevance, bound;
   int num_slots = 0;
 

@@ -62,8 +62,8 @@ TEST(KvLevel, CountsEachResidentPageAtItsRungAndNothingElse) {
   l = kv_level(*pool, t, 5 * kBlock + 2);
   EXPECT_EQ(l.bytes, full + b8 + b4);
   EXPECT_EQ(l.tokens, 3 * kBlock);
-  // The key summaries of the quantized and evicted pages are device bytes too (f32 min and max).
-  const int64_t summary = int64_t{2} * kKvHeads * kHeadDim * 4 * kLayers;
+  // The key summaries of the quantized and evicted pages are device bytes too (f16 min and max).
+  const int64_t summary = int64_t{2} * kKvHeads * kHeadDim * 2 * kLayers;
   t.pages[1].summary = 0;
   t.pages[2].summary = 1;
   t.pages[3].summary = 2;

@@ -18,7 +18,7 @@ TEST(SequenceCutBudget, SplitsOneBudgetBetweenTheRungs) {
   const kernels::QuantPageLayout ql{12, 16, 64};
   const int64_t b8 = ql.bytes(kernels::KvPrecision::kInt8) * 12;
   const int64_t b4 = ql.bytes(kernels::KvPrecision::kInt4) * 12;
-  const int64_t summary = int64_t{2} * 12 * 64 * 4 * 12;
+  const int64_t summary = int64_t{2} * 12 * 64 * 2 * 12;  // f16 min and max
   const int64_t used = pc.num_blocks * full + pc.int8_blocks * b8 + pc.int4_blocks * b4 +
                        int64_t{pc.summary_slots} * summary;
   EXPECT_LE(used, budget);

@@ -237,16 +237,17 @@ void score_side_outputs(const AttentionArgs& a, const float* m, ThreadPool& pool
     const float* q0 = a.q + static_cast<int64_t>(a.query_start[s]) * a.num_heads * hd;
     const float* mh = m + static_cast<int64_t>(s) * a.num_heads;
     if (a.page_bound && a.summary_slots[row] >= 0) {
-      const float* summary =
+      const kernels::KvSummaryElem* summary =
           a.summaries + static_cast<int64_t>(a.summary_slots[row]) * 2 * nkv * hd;
       float best = 0.f;
       for (int h = 0; h < a.num_heads; ++h) {
-        const float* kmin = summary + static_cast<int64_t>(h / group) * hd;
-        const float* kmax = kmin + static_cast<int64_t>(nkv) * hd;
+        const kernels::KvSummaryElem* kmin = summary + static_cast<int64_t>(h / group) * hd;
+        const kernels::KvSummaryElem* kmax = kmin + static_cast<int64_t>(nkv) * hd;
         const float* q = q0 + static_cast<int64_t>(h) * hd;
         double ub = 0.0;
         for (int d = 0; d < hd; ++d) {
-          ub += std::max(static_cast<double>(q[d]) * kmin[d], static_cast<double>(q[d]) * kmax[d]);
+          const double lo = kernels::kvq_half_float(kmin[d]), hi = kernels::kvq_half_float(kmax[d]);
+          ub += std::max(static_cast<double>(q[d]) * lo, static_cast<double>(q[d]) * hi);
         }
         best = std::max(best, expf(static_cast<float>(a.scale * ub) - mh[h]));
       }

@@ -242,7 +242,7 @@ class CpuBackend final : public Backend {
     return cpu_dequantize_kv_page(src, from, layout, dst, dst_dtype);
   }
   Status summarize_kv_page(const void* src, DType src_dtype, const kernels::QuantPageLayout& layout,
-                           float* dst) override {
+                           kernels::KvSummaryElem* dst) override {
     return cpu_summarize_kv_page(src, src_dtype, layout, dst);
   }
 

@@ -139,7 +139,7 @@ Status cpu_dequantize_kv_page(const void* src, KvPrecision from, const QuantPage
 }
 
 Status cpu_summarize_kv_page(const void* src, DType src_dtype, const QuantPageLayout& layout,
-                             float* dst) {
+                             kernels::KvSummaryElem* dst) {
   constexpr const char* kOp = "summarize_kv_page";
   KVSPLIT_RETURN_IF_ERROR(check_f32(src_dtype, kOp));
   KVSPLIT_RETURN_IF_ERROR(validate_quant_layout(layout, kOp));
@@ -147,17 +147,21 @@ Status cpu_summarize_kv_page(const void* src, DType src_dtype, const QuantPageLa
   const float* keys = static_cast<const float*>(src);  // K section: [num_kv_heads, bs, hd]
   const int hd = layout.head_dim;
   const int64_t per_kv = int64_t{layout.num_kv_heads} * hd;
+  std::vector<float> mn(static_cast<size_t>(hd)), mx(static_cast<size_t>(hd));
   for (int h = 0; h < layout.num_kv_heads; ++h) {
-    float* mn = dst + int64_t{h} * hd;
-    float* mx = dst + per_kv + int64_t{h} * hd;
-    std::fill(mn, mn + hd, INFINITY);
-    std::fill(mx, mx + hd, -INFINITY);
+    std::fill(mn.begin(), mn.end(), INFINITY);
+    std::fill(mx.begin(), mx.end(), -INFINITY);
     for (int slot = 0; slot < layout.block_size; ++slot) {
       const float* k = keys + layout.token_index(0, h, slot) * hd;
       for (int d = 0; d < hd; ++d) {
         mn[d] = std::min(mn[d], k[d]);
         mx[d] = std::max(mx[d], k[d]);
       }
+    }
+    // f16, rounded outwards: the stored range still covers every key.
+    for (int d = 0; d < hd; ++d) {
+      dst[int64_t{h} * hd + d] = kernels::kvq_summary_min_bits(mn[d]);
+      dst[per_kv + int64_t{h} * hd + d] = kernels::kvq_summary_max_bits(mx[d]);
     }
   }
   return ok_status();

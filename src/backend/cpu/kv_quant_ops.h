@@ -16,7 +16,7 @@ Status cpu_quantize_kv_page(const void* src, DType src_dtype,
 Status cpu_dequantize_kv_page(const void* src, kernels::KvPrecision from,
                               const kernels::QuantPageLayout& layout, void* dst, DType dst_dtype);
 Status cpu_summarize_kv_page(const void* src, DType src_dtype,
-                             const kernels::QuantPageLayout& layout, float* dst);
+                             const kernels::QuantPageLayout& layout, kernels::KvSummaryElem* dst);
 
 // kInvalidArgument unless the layout is usable (positive dims, even head_dim).
 Status validate_quant_layout(const kernels::QuantPageLayout& layout, const char* op);

@@ -599,7 +599,8 @@ Status CudaBackend::dequantize_kv_page(const void* src, kernels::KvPrecision fro
 }
 
 Status CudaBackend::summarize_kv_page(const void* src, DType src_dtype,
-                                      const kernels::QuantPageLayout& layout, float* dst) {
+                                      const kernels::QuantPageLayout& layout,
+                                      kernels::KvSummaryElem* dst) {
   const DeviceScope on_device(device_);
   return kernels::launch_summarize_kv_page(src, src_dtype, layout, dst, stream_);
 }

@@ -87,7 +87,7 @@ class CudaBackend final : public Backend {
                             const kernels::QuantPageLayout& layout, void* dst,
                             DType dst_dtype) override;
   Status summarize_kv_page(const void* src, DType src_dtype, const kernels::QuantPageLayout& layout,
-                           float* dst) override;
+                           kernels::KvSummaryElem* dst) override;
   bool has_sample_tokens() const override { return true; }
   Status sample_tokens(const float* logits, int num_rows, int vocab, const SamplingRow* rows,
                        int32_t* ids) override;
