@@ -13,6 +13,9 @@ namespace kvsplit::kvm {
 
 namespace sim_detail {
 
+// The most KVM samples a trace's arrivals may span (simulate's bound).
+constexpr double kMaxTicks = 1e7;
+
 StatusOr<SimResult> Sim::run() {
   const size_t nc = c_.sla_classes.size();
   if (nc == 0) return invalid_argument("sla_classes: at least one class is needed");
@@ -175,6 +178,17 @@ StatusOr<SimResult> Sim::run() {
   for (Worker& w : workers_) w.now = trace_.empty() ? 0 : trace_[order_[0]].arrival_ms;
 
   const double interval = std::max(1, c_.kvm.interval_ms);
+  // The manager samples from time 0 on, as the engine's does from its start, idle or not: the
+  // samples up to the last arrival are bounded, so that a trace with a far-off arrival is a
+  // clear error rather than hours of idle samples.
+  const double last = trace_.empty() ? 0 : trace_[order_.back()].arrival_ms;
+  if (last / interval > kMaxTicks) {
+    return invalid_argument("trace: its last arrival at " + std::to_string(last) + " ms is " +
+                            std::to_string(last / interval) + " samples of kvm.interval_ms " +
+                            std::to_string(c_.kvm.interval_ms) + ", more than " +
+                            std::to_string(kMaxTicks) +
+                            " (raise interval_ms or shorten the trace)");
+  }
   double next_tick = interval;
   int64_t guard = 0;
   while (remaining_ > 0) {

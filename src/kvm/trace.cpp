@@ -54,8 +54,10 @@ StatusOr<TraceRequest> parse_line(std::string_view line) {
   TraceRequest r;
   auto a = obj.find("arrival_ms");
   if (a == obj.end()) return invalid_argument("arrival_ms: missing");
-  if (!a->is_number() || !std::isfinite(a->get<double>()) || a->get<double>() < 0)
-    return invalid_argument("arrival_ms: must be a number >= 0, got " + a->dump());
+  if (!a->is_number() || !std::isfinite(a->get<double>()) || a->get<double>() < 0 ||
+      a->get<double>() > kMaxTraceMs)
+    return invalid_argument("arrival_ms: must be a number in [0, 1e9] (11.6 days), got " +
+                            a->dump());
   r.arrival_ms = a->get<double>();
   KVSPLIT_ASSIGN_OR_RETURN(r.prompt_tokens, token_count(obj, "prompt_tokens"));
   KVSPLIT_ASSIGN_OR_RETURN(r.output_tokens, token_count(obj, "output_tokens"));
@@ -165,13 +167,30 @@ Status validate(const PhasedTraceOptions& o) {
   if (!pos(o.batch_rate_spike)) return invalid_argument("batch_rate_spike: must be >= 0");
   if (!std::isfinite(o.rate_scale) || o.rate_scale <= 0)
     return invalid_argument("rate_scale: must be > 0");
+  // Bounded so that a trace fits in memory and its arrivals in the trace reader's range.
+  if (2 * o.calm_ms + o.spike_ms > kMaxTraceMs)
+    return invalid_argument(
+        "calm_ms, spike_ms: the trace (2 x calm_ms + spike_ms) must span at "
+        "most 1e9 ms, got " +
+        std::to_string(2 * o.calm_ms + o.spike_ms));
+  const double expected =  // requests, on average
+      o.rate_scale *
+      (o.interactive_rate * (2 * o.calm_ms + o.spike_ms) + o.batch_rate_calm * 2 * o.calm_ms +
+       o.batch_rate_spike * o.spike_ms) /
+      1000.0;
+  if (!(expected <= kMaxTraceRequests))
+    return invalid_argument("rates x rate_scale x phase lengths: about " +
+                            std::to_string(expected) + " requests, more than " +
+                            std::to_string(kMaxTraceRequests));
   for (auto [name, v] : {std::pair{"interactive_prompt", o.interactive_prompt},
                          {"interactive_output", o.interactive_output},
                          {"batch_prompt", o.batch_prompt},
                          {"batch_output", o.batch_output},
                          {"spike_prompt", o.spike_prompt},
                          {"spike_output", o.spike_output}}) {
-    if (v < 1) return invalid_argument(std::string(name) + ": must be >= 1");
+    // At most 1e8: a length drawn up to 1.5 x the median stays an int.
+    if (v < 1 || v > 100000000)
+      return invalid_argument(std::string(name) + ": must be in [1, 1e8]");
   }
   if (o.interactive_class == o.batch_class)
     return invalid_argument("batch_class: must differ from interactive_class");

@@ -33,6 +33,11 @@ StatusOr<std::vector<TraceRequest>> read_trace_file(const std::string& path);
 std::string format_trace(const std::vector<TraceRequest>& trace);
 Status write_trace_file(const std::string& path, const std::vector<TraceRequest>& trace);
 
+// Bounds of a trace: arrivals within 1e9 ms (11.6 days), and at most this many requests made by
+// make_phased_trace.
+inline constexpr double kMaxTraceMs = 1e9;
+inline constexpr double kMaxTraceRequests = 1e7;
+
 // The phased trace of issue 15's benchmark: calm, then a memory spike of long prompts, then calm
 // again, with two SLA classes. Poisson arrivals per class and phase; lengths uniform in
 // [median / 2, median * 3 / 2] (at least 1). Deterministic for a seed.

@@ -202,6 +202,23 @@ TEST(Simulator, BadTraceClassAndBadRuleAreNamed) {
   EXPECT_NE(rr.status().message().find("hot"), std::string::npos) << rr.status().message();
 }
 
+// A far-off arrival (1e12 ms hung: every sample up to it was replayed) is a clear error when
+// it is more than 1e7 samples away; at a coarser interval the same trace runs.
+TEST(Simulator, SamplesUpToTheLastArrivalAreBounded) {
+  std::vector<TraceRequest> t = uniform_trace(2, 1, 8, 8);
+  t[1].arrival_ms = 9e8;
+  EngineConfig c = test_config();
+  c.kvm.interval_ms = 1;
+  auto far = simulate(c, test_profile(), t);
+  ASSERT_FALSE(far.ok());
+  EXPECT_EQ(far.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(far.status().message().find("more than 10000000"), std::string::npos)
+      << far.status().message();
+  c.kvm.interval_ms = 1000;  // 9e5 samples
+  auto r = simulate(c, test_profile(), t);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+}
+
 TEST(Simulator, DisaggregatedFinishesEveryRequestAndPaysTheHandoff) {
   EngineConfig c = test_config();
   c.mode = ServingMode::kDisaggregated;

@@ -38,6 +38,8 @@ TEST(Trace, ErrorsNameTheLineAndTheField) {
       {"{\"arrival_ms\": 1, \"prompt_tokens\": 0, \"output_tokens\": 1}", "t:2: prompt_tokens"},
       {"{\"arrival_ms\": 1, \"prompt_tokens\": 2.5, \"output_tokens\": 1}", "t:2: prompt_tokens"},
       {"{\"arrival_ms\": -1, \"prompt_tokens\": 2, \"output_tokens\": 1}", "t:2: arrival_ms"},
+      {"{\"arrival_ms\": 1e12, \"prompt_tokens\": 2, \"output_tokens\": 1}",
+       "t:2: arrival_ms: must be a number in [0, 1e9]"},
       {"{\"prompt_tokens\": 2, \"output_tokens\": 1}", "t:2: arrival_ms: missing"},
       {"{\"arrival_ms\": 1, \"prompt_tokens\": 2}", "t:2: output_tokens: missing"},
       {"{\"arrival_ms\": 1, \"prompt_tokens\": 2, \"output_tokens\": 1, \"class\": 3}",
@@ -110,6 +112,29 @@ TEST(Trace, PhasedGeneratorIsDeterministicAndPhased) {
   EXPECT_GT(spike_len / spike_batch, 2 * calm_len / calm_batch);
   o.spike_prompt = 0;
   EXPECT_NE(validate(o).message().find("spike_prompt"), std::string::npos);
+}
+
+// Sizes that ran out of memory (1e9 ms of calm at 1e4/s), looped for ever (two finite factors
+// whose product is inf gave a step of 0) or overflowed an int (a length of 1.5 x 2e9) are errors.
+TEST(Trace, PhasedGeneratorSizesAreBounded) {
+  PhasedTraceOptions o;
+  o.calm_ms = 4e8;
+  o.interactive_rate = 1e4;
+  EXPECT_NE(validate(o).message().find("requests, more than 10000000"), std::string::npos)
+      << validate(o).message();
+  o = PhasedTraceOptions{};
+  o.rate_scale = 1e300;
+  o.interactive_rate = 1e300;
+  EXPECT_NE(validate(o).message().find("requests, more than"), std::string::npos)
+      << validate(o).message();
+  o = PhasedTraceOptions{};
+  o.calm_ms = 6e8;
+  EXPECT_NE(validate(o).message().find("must span at most 1e9 ms"), std::string::npos);
+  o = PhasedTraceOptions{};
+  o.interactive_prompt = 2000000000;
+  EXPECT_EQ(validate(o).message(), "interactive_prompt: must be in [1, 1e8]");
+  o.interactive_prompt = 100000000;
+  EXPECT_TRUE(validate(o).ok());
 }
 
 TEST(Trace, RateScaleMultipliesEveryPhasesArrivals) {
