@@ -21,12 +21,6 @@ namespace {
 
 constexpr auto kCommandWait = std::chrono::seconds(5);
 
-bool is_semantic_param(const std::string& p) {
-  return p == "semantic_threshold" || p == "evict_threshold" || p == "recall_threshold" ||
-         p == "recall_wait_ms" || p == "semantic_window" || p == "recent_tokens" ||
-         p == "score_interval";
-}
-
 double semantic_get(const SemanticCutConfig& c, const std::string& p) {
   if (p == "semantic_threshold") return c.semantic_threshold;
   if (p == "evict_threshold") return c.evict_threshold;
@@ -160,7 +154,10 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
     }
     if (cls == nullptr) return not_found("no SLA class '" + d.sla_class + "'");
   }
-  if (is_semantic_param(p)) {
+  // Every setting's own range (kvm::check_setting, shared with `kvsplit policy simulate`); the
+  // semantic ones are checked with the configuration they land in, below.
+  if (!kvm::param_is_semantic(p)) KVSPLIT_RETURN_IF_ERROR(kvm::check_setting(p, d.after));
+  if (kvm::param_is_semantic(p)) {
     if (config_.kv_policy == KvPolicy::kFull) {
       return failed_precondition("the semantic cut is off (kv_policy full)");
     }
@@ -432,7 +429,7 @@ Status validate_kvm_for_engine(const KvmConfig& policy, const EngineConfig& conf
   for (size_t i = 0; i < policy.rules.size(); ++i) {
     const KvmRule& r = policy.rules[i];
     const std::string where = fmt::format("kvm.rules[{}] ({}): then", i, r.name);
-    if (is_semantic_param(r.then.param) && config.kv_policy != KvPolicy::kSemantic &&
+    if (kvm::param_is_semantic(r.then.param) && config.kv_policy != KvPolicy::kSemantic &&
         config.kv_policy != KvPolicy::kH2O) {
       return invalid_argument(where + ": " + r.then.param +
                               " needs kv.kv_cache_compression semantic (the semantic cut is off)");

@@ -146,6 +146,39 @@ std::optional<ParamRange> param_range(std::string_view name) {
   return std::nullopt;
 }
 bool param_is_integer(std::string_view name) { return contains(kIntegerParams, name); }
+
+bool param_is_semantic(std::string_view p) {
+  return p == "semantic_threshold" || p == "evict_threshold" || p == "recall_threshold" ||
+         p == "recall_wait_ms" || p == "semantic_window" || p == "recent_tokens" ||
+         p == "score_interval";
+}
+
+Status check_setting(std::string_view param, double value) {
+  constexpr double kInt32Max = 2147483647.0;
+  double lo = 0, hi = kInt32Max;
+  if (param == "semantic_threshold" || param == "evict_threshold" || param == "recall_threshold") {
+    hi = 1;
+  } else if (param == "recall_wait_ms") {
+    hi = 60000;
+  } else if (param == "max_num_seqs") {
+    lo = 1, hi = 65536;
+  } else if (param == "max_chunk_tokens") {
+    hi = 1 << 20;
+  } else if (param == "max_queue") {
+    lo = 1, hi = 1000000;
+  } else if (param == "swap") {
+    hi = 2;
+  } else if (param == "score_interval" || param == "temporal_step_size" ||
+             param == "migrate_to_shard") {
+    lo = 1;
+  } else if (!is_param(param)) {
+    return invalid_argument(fmt::format("unknown parameter '{}'", param));
+  }
+  const double v = param_is_integer(param) ? std::round(value) : value;
+  if (!(std::isfinite(v) && v >= lo && v <= hi))
+    return invalid_argument(fmt::format("{}: must be in [{}, {}], got {}", param, lo, hi, value));
+  return ok_status();
+}
 bool param_is_one_shot(std::string_view name) { return name == "migrate_to_shard"; }
 
 std::optional<double> swap_value(std::string_view name) {

@@ -37,6 +37,15 @@ struct ParamRange {
   bool zero_is_off = false;
 };
 std::optional<ParamRange> param_range(std::string_view name);
+// The values the engine accepts for a setting, whatever the rule (the worker's and the config's
+// own ranges): semantic thresholds [0, 1], recall_wait_ms [0, 60000], max_num_seqs [1, 65536],
+// max_chunk_tokens [0, 2^20], max_queue [1, 1e6], swap {0, 1, 2}, the other integers [0 or 1,
+// 2^31 - 1]. A decision outside it is refused ("<param>: must be in [lo, hi], got v"), by the
+// engine (apply_kvm_decision) and by `kvsplit policy simulate` alike.
+Status check_setting(std::string_view param, double value);
+// The semantic cut's settings (semantic_threshold, evict_threshold, recall_threshold,
+// recall_wait_ms, semantic_window, recent_tokens, score_interval).
+bool param_is_semantic(std::string_view name);
 // Integer parameters are rounded after every action (semantic_window, recent_tokens, ...).
 bool param_is_integer(std::string_view name);
 // migrate_to_shard: an action, not a setting (no value to restore).

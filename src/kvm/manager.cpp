@@ -47,8 +47,10 @@ std::vector<KvmDecision> KvCacheManager::tick(double now_ms, const EngineStats& 
   const auto t0 = std::chrono::steady_clock::now();
   double actuate_ms = 0;
   last_ = monitor_.sample(now_ms, stats, in);
-  std::vector<KvmDecision> decisions = rules_.evaluate(last_, params_);
-  for (KvmDecision& d : decisions) {
+  // Each decision is applied as it is made: a later rule of this tick starts from what a refused
+  // one left in place, not from its `after`. Dry-run: later rules see the values as if applied
+  // (what enforce would do), though nothing moves.
+  auto apply = [&](KvmDecision& d) {
     // An exit that keeps the value (exit-keep, a one-shot action's exit) changes nothing.
     const bool no_op = d.action == "exit-keep" || (d.before == d.after && d.action == "exit");
     if (config_.mode == KvmMode::kEnforce && no_op) {
@@ -65,6 +67,10 @@ std::vector<KvmDecision> KvCacheManager::tick(double now_ms, const EngineStats& 
       if (!st.ok()) d.error = st.message();
     }
     if (d.applied && !param_is_one_shot(d.param)) params_.set(d.param, d.sla_class, d.after);
+    return d.applied || config_.mode != KvmMode::kEnforce;
+  };
+  std::vector<KvmDecision> decisions = rules_.evaluate(last_, params_, apply);
+  for (KvmDecision& d : decisions) {
     log_decision(d);
     ++counts_[{d.rule, d.action}];
     ++total_;

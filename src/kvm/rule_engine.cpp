@@ -247,8 +247,9 @@ void RuleEngine::rebase(const std::string& param, const std::string& sla_class, 
   }
 }
 
-std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const ParamTable& params) {
-  ParamTable local = params;  // later rules see earlier rules' `after`
+std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const ParamTable& params,
+                                              const std::function<bool(KvmDecision&)>& apply) {
+  ParamTable local = params;  // later rules see earlier rules' `after` (when it holds)
   std::vector<KvmDecision> out;
   const double now = snap.time_ms;
   for (size_t i = 0; i < rules_.size(); ++i) {
@@ -268,7 +269,8 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
       d.after = after;
       d.monitors = std::move(monitors);
       out.push_back(std::move(d));
-      if (!one_shot) local.set(r.then.param, r.sla_class, after);
+      const bool holds = !apply || apply(out.back());
+      if (!one_shot && holds) local.set(r.then.param, r.sla_class, after);
     };
     std::string monitors;
     if (!st.active) {

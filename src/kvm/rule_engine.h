@@ -4,6 +4,7 @@
 // so nothing moves and an active rule repeats the same decision every cooldown).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -49,10 +50,14 @@ class RuleEngine {
   void rebase(const std::string& param, const std::string& sla_class, double value);
 
   // Evaluates every rule in order on `snap` (at snap.time_ms) against `params` and returns the
-  // decisions, before/after filled and applied = false; rule states advance (a rule that enters
-  // is active whether or not the caller applies its decision, so a refused action is not retried
-  // faster than its cooldown). Later rules see earlier rules' `after` values of this call.
-  std::vector<KvmDecision> evaluate(const KvmSnapshot& snap, const ParamTable& params);
+  // decisions, before/after filled; rule states advance (a rule that enters is active whether or
+  // not the caller applies its decision, so a refused action is not retried faster than its
+  // cooldown). `apply`, when given, is called with each decision as it is made, before the later
+  // rules are evaluated, and returns whether the setting now holds d.after: later rules see
+  // earlier rules' `after` values of this call only for those (a refused decision's value never
+  // took effect). Without it every decision counts as holding and applied stays false.
+  std::vector<KvmDecision> evaluate(const KvmSnapshot& snap, const ParamTable& params,
+                                    const std::function<bool(KvmDecision&)>& apply = nullptr);
 
   struct RuleState {
     bool active = false;

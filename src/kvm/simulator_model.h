@@ -129,6 +129,8 @@ class Sim {
   void admit(Worker& w, double now);
   bool step(Worker& w);  // false: nothing to do at w.now
   void tick(double now);
+  // The engine's checks of a rule's decision (range, semantic configuration): refused or ok.
+  Status check_decision(const KvmDecision& d) const;
   double next_wake(const Worker& w) const;
 
   const EngineConfig& c_;

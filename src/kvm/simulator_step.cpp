@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/config_rules.h"
 #include "common/fair_prefill.h"
+#include "kvm/expr.h"
 #include "kvm/simulator_model.h"
 
 namespace kvsplit::kvm::sim_detail {
@@ -540,15 +542,36 @@ void Sim::tick(double now) {
   res_.peak_device_kv_use = std::max(res_.peak_device_kv_use, s.device_kv_use);
   mean_use_sum_ += s.device_kv_use;
   if (!rules_) return;
-  for (KvmDecision& d : rules_->evaluate(s, params_)) {
-    if (c_.kvm.mode == KvmMode::kEnforce && d.param != "migrate_to_shard") {
-      params_.set(d.param, d.sla_class, d.after);
-      d.applied = true;
-    } else if (c_.kvm.mode == KvmMode::kEnforce) {
-      d.applied = true;  // one-shot: no capacity effect in this model
+  // As the engine applies them (KvCacheManager::tick, EngineImpl::apply_kvm_decision): a value
+  // the engine refuses is refused here too, and later rules of the tick do not start from it.
+  auto apply = [&](KvmDecision& d) {
+    if (c_.kvm.mode != KvmMode::kEnforce) return true;
+    const Status st = check_decision(d);
+    if (!st.ok()) {
+      d.error = st.message();
+      return false;
     }
-    res_.decisions.push_back(std::move(d));
-  }
+    if (d.param != "migrate_to_shard") params_.set(d.param, d.sla_class, d.after);
+    d.applied = true;  // migrate_to_shard: one-shot, no capacity effect in this model
+    return true;
+  };
+  for (KvmDecision& d : rules_->evaluate(s, params_, apply)) res_.decisions.push_back(std::move(d));
+}
+
+Status Sim::check_decision(const KvmDecision& d) const {
+  const bool semantic = param_is_semantic(d.param);
+  // The engine checks an integer's range before narrowing it, the others' ranges as it applies.
+  if (!semantic || param_is_integer(d.param))
+    KVSPLIT_RETURN_IF_ERROR(check_setting(d.param, d.after));
+  if (!semantic) return ok_status();
+  // Then the whole semantic configuration the value lands in (thresholds in order, ranges).
+  auto get = [&](const char* p) { return p == d.param ? d.after : params_.get(p, d.sla_class); };
+  SemanticCutConfig sc = c_.semantic;
+  sc.semantic_threshold = static_cast<float>(get("semantic_threshold"));
+  sc.evict_threshold = static_cast<float>(get("evict_threshold"));
+  sc.recall_threshold = static_cast<float>(get("recall_threshold"));
+  sc.recall_wait_ms = get("recall_wait_ms");
+  return validate_semantic_cut(sc, "semantic.");
 }
 
 double Sim::next_wake(const Worker& w) const {

@@ -130,6 +130,42 @@ TEST(KvCacheManager, RefusedActionIsRecordedAndLeavesTheTable) {
   std::remove(log.c_str());
 }
 
+// A refused decision's value never took effect: a later rule of the same tick on the same
+// setting starts from the value in place (a "*= 0.5" after a refused "= 2000000" halved the
+// refused value, 1e6, instead of the table's 1024).
+TEST(KvCacheManager, ALaterRuleStartsFromTheValueARefusedOneLeft) {
+  class RefuseFirst : public Actuator {
+   public:
+    Status apply(const KvmDecision& d) override {
+      seen.push_back(d);
+      return seen.size() == 1 ? invalid_argument("max_queue: must be in [1, 1000000]")
+                              : ok_status();
+    }
+    std::vector<KvmDecision> seen;
+  } act;
+  KvmConfig c = policy(KvmMode::kEnforce);
+  KvmRule set = c.rules[0], halve = c.rules[0];
+  set.name = "set";
+  set.then = {"max_queue", KvmActionOp::kSet, 2000000};
+  set.sla_class = "default";
+  set.max = 1e9;
+  halve.name = "halve";
+  halve.then = {"max_queue", KvmActionOp::kMul, 0.5};
+  halve.sla_class = "default";
+  halve.max = 1e9;
+  c.rules = {set, halve};
+  ParamTable t = baseline();
+  t.set("max_queue", "default", 1024);
+  KvCacheManager m(c, t, &act);
+  const auto ds = m.tick(0, stats_at(95), {});
+  ASSERT_EQ(ds.size(), 2u);
+  EXPECT_FALSE(ds[0].applied);
+  EXPECT_TRUE(ds[1].applied);
+  EXPECT_DOUBLE_EQ(ds[1].before, 1024);
+  EXPECT_DOUBLE_EQ(ds[1].after, 512);
+  EXPECT_DOUBLE_EQ(m.params().get("max_queue", "default"), 512);
+}
+
 // A command a worker had not acknowledged in time is still applied by it: the table moves (with
 // the delay recorded), so the rule's exit restores the value.
 TEST(KvCacheManager, ALateWorkerReplyStillMovesTheTable) {
