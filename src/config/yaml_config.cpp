@@ -106,12 +106,16 @@ class MapReader {
       return field_error(path_.empty() ? "(top level)" : path_, "must be a mapping");
     return ok_status();
   }
-  // Leaves *out untouched when the key is absent.
+  // Leaves *out untouched when the key is absent. A key given with no value (`mode:`, `~`,
+  // `null`) is an error: read as absent it silently took the default (kvm.mode: enforce).
   template <typename T>
   Status get(const std::string& key, T* out) {
     seen_.insert(key);
     const YAML::Node n = cnode()[key];
-    if (!n || n.IsNull()) return ok_status();
+    if (!n) return ok_status();
+    if (n.IsNull())
+      return field_error(join(path_, key),
+                         "has no value (remove the key to take the default, or give one)");
     return parse_scalar(n, join(path_, key), out);
   }
   bool has(const std::string& key) const {

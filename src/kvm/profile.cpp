@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "common/file_read.h"
@@ -83,8 +84,14 @@ StatusOr<EngineProfile> parse_profile(std::string_view text, const std::string& 
       continue;
     }
     if (k == "threads" || k == "max_context") {
-      if (!v.is_number_integer()) return invalid_argument(what + ": " + k + ": must be an integer");
-      (k == "threads" ? p.threads : p.max_context) = v.get<int>();
+      // Read as 64 bits and range-checked: get<int>() wrapped 4294967306 to 10.
+      const bool in_range = v.is_number_integer() && v.get<int64_t>() >= 0 &&
+                            v.get<int64_t>() <= std::numeric_limits<int32_t>::max();
+      if (!in_range) {
+        return invalid_argument(what + ": " + k + ": must be an integer in [0, 2147483647], got " +
+                                v.dump());
+      }
+      (k == "threads" ? p.threads : p.max_context) = static_cast<int>(v.get<int64_t>());
       continue;
     }
     const NumField* f = nullptr;

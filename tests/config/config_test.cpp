@@ -154,6 +154,10 @@ TEST(ConfigTest, BadValuesNameTheField) {
   expect_error("sla_classes:\n  'bad name!': {max_ttft_ms: 1}\n", "sla_classes.bad name!");
   expect_error("server: [1, 2]\n", "server: must be a mapping");
   expect_error("sla_classes:\n  voice: {max_itl_ms: fast}\n", "sla_classes.voice.max_itl_ms");
+  // A key with no value is not the default (kvm.mode: read as absent, it meant enforce).
+  expect_error("kvm: {mode: }\n", "kvm.mode: has no value");
+  expect_error("sla_classes:\n  voice: {max_ttft_ms: ~}\n",
+               "sla_classes.voice.max_ttft_ms: has no value");
 }
 
 TEST(ConfigTest, UnknownKeysAreErrors) {

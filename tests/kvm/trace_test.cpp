@@ -185,6 +185,12 @@ TEST(Profile, JsonRoundTripAndErrorsNameTheField) {
   EXPECT_NE(unknown.status().message().find("decode_ms: unknown field"), std::string::npos);
   auto order = parse_profile("{\"kv_bytes_per_token_int4\": 5000}");
   EXPECT_NE(order.status().message().find("kv_bytes_per_token_int4"), std::string::npos);
+  // Beyond an int: an error, not the value wrapped (4294967306 read as 10 cut every prompt).
+  auto wide = parse_profile("{\"max_context\": 4294967306}", "p.json");
+  ASSERT_FALSE(wide.ok());
+  EXPECT_NE(wide.status().message().find("max_context: must be an integer in [0, 2147483647]"),
+            std::string::npos)
+      << wide.status().message();
 }
 
 // step_overhead_ms: written, read back, checked; a profile written before it existed (no such
