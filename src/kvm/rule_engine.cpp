@@ -44,9 +44,19 @@ Status check_condition(const KvmCondition& c, const std::vector<std::string>& cl
 }
 
 // `exit` on the metric of `when` must leave a band between the two levels: both holding at
-// once would enter and exit on alternate samples.
-Status check_hysteresis(const KvmCondition& when, const KvmCondition& exit) {
-  if (when.metric != exit.metric || when.sla_class != exit.sla_class) return ok_status();
+// once would enter and exit on alternate samples. An exit on another metric (or class) can hold
+// together with `when`, which no level check can rule out: such a rule needs a cooldown or a hold
+// to pace it.
+Status check_hysteresis(const KvmRule& r) {
+  const KvmCondition& when = r.when;
+  const KvmCondition& exit = r.exit;
+  if (when.metric != exit.metric || when.sla_class != exit.sla_class) {
+    if (r.cooldown_ms > 0 || r.hold_ms > 0) return ok_status();
+    return invalid_argument(fmt::format(
+        "'{}' reads another metric than when '{}', so both can hold at once: give cooldown_ms or "
+        "hold_ms > 0, or it enters and exits on alternate samples",
+        to_string(exit), to_string(when)));
+  }
   if (is_up(when.cmp) == is_up(exit.cmp))
     return invalid_argument(fmt::format(
         "'{}' compares the same way as when '{}'; the exit level must be on the other side "
@@ -102,7 +112,7 @@ Status check_rule(const KvmRule& r, const std::vector<std::string>& classes) {
   if (r.exit.metric.empty())
     return invalid_argument("exit: required (the level at which the rule stops: hysteresis)");
   KVSPLIT_RETURN_IF_ERROR(field("exit", check_condition(r.exit, classes)));
-  KVSPLIT_RETURN_IF_ERROR(field("exit", check_hysteresis(r.when, r.exit)));
+  KVSPLIT_RETURN_IF_ERROR(field("exit", check_hysteresis(r)));
   const std::string& p = r.then.param;
   if (p.empty()) return invalid_argument("then: required");
   if (!is_param(p)) return invalid_argument("then: unknown parameter " + q(p));

@@ -592,6 +592,15 @@ TEST_F(ValidateRulesTest, ExitOverlapsWhen) {
   EXPECT_TRUE(validate_rules({edge}, {}).ok());
   KvmRule down = rule("d", "link_use < 0.3", "link_use > 0.2", "swap = never");
   expect_error(down, "overlaps");
+  // An exit on another metric can hold with `when` (it flapped at every sample): it needs a
+  // cooldown or a hold to pace it.
+  KvmRule other = rule("o", "ttft_p99_ms > 10", "ttft_p99_ms[default] < 100", "swap = never", 0);
+  expect_error(other, "kvm.rules[1] (o): exit: 'ttft_p99_ms[default] < 100' reads another metric");
+  other.cooldown_ms = 50;
+  EXPECT_TRUE(validate_rules({other}, {"default"}).ok());
+  other.cooldown_ms = 0;
+  other.hold_ms = 20;
+  EXPECT_TRUE(validate_rules({other}, {"default"}).ok());
 }
 
 TEST_F(ValidateRulesTest, UnknownParameter) {
