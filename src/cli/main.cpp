@@ -120,6 +120,11 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   pc.num_blocks = gf.kv_blocks > 0 ? gf.kv_blocks : needed;
   sched::SequenceCut::size_tiers(rc->policy, rc->semantic, pc.num_blocks, (*llama)->kv_shape(),
                                  &pc);
+  // With shards every shard's pages keep their originals in this (home) host tier, as the
+  // engine sizes it: sized for one shard, demotions were refused once it filled.
+  if (rc->policy != cuts::semantic::KvPolicy::kFull && gf.spatial_shards > 1)
+    pc.host_bytes =
+        std::min<int64_t>(pc.host_bytes * gf.spatial_shards, rc->semantic.host_capacity_mb << 20);
   if (pc.num_blocks < needed && swap != SwapMode::kNever) {
     // The temporal cut's room in the host tier, never more than the whole batch; the one tier
     // (with the semantic cut's originals) is at most --host-capacity-mb.

@@ -46,6 +46,30 @@ TEST(CliSpatial, ShardedKeepsTheTokensAndReportsShards) {
   }
 }
 
+// The semantic cut over shards: every shard's originals go to the home host tier, so it is sized
+// for the whole group (sized for one shard, demotions were refused once it filled: 8 instead of
+// the unsharded run's 18 here).
+TEST(CliSpatial, SemanticCutDemotesAsMuchOverShards) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto demotions = [](const std::string& extra) {
+    RunResult r = run("generate " + stories_model_flags() +
+                      " --prompt 'Once upon a time' --max-tokens 180 --temperature 0"
+                      " --block-size 16 --swap never --kv-policy semantic --semantic-threshold 0.99"
+                      " --recent-tokens 16 --score-interval 1 --demote-after-steps 1"
+                      " --recall-threshold 1" +
+                      extra);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const size_t at = r.err.find("demotions ");
+    EXPECT_NE(at, std::string::npos) << r.err;
+    return at == std::string::npos ? -1 : std::atoi(r.err.c_str() + at + 10);
+  };
+  const int alone = demotions(" --kv-blocks 12");
+  EXPECT_GT(alone, 0);
+  EXPECT_EQ(demotions(" --spatial-shards 3 --spatial-chunk-size 16 --kv-blocks 4"
+                      " --spatial-min-context 0"),
+            alone);
+}
+
 TEST(CliSpatial, CommunicatorFlag) {
   KVSPLIT_REQUIRE_MODELS();
   const std::vector<nlohmann::json> ref = generate("");
