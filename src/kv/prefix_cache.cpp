@@ -691,6 +691,11 @@ int PrefixCache::reclaim_disk(int64_t extents) {
   DiskTierStats ds = disk->stats();
   if (extents > ds.extents_total) return 0;  // never fits: keep the cache's records
   poll_spills();
+  // Nor when dropping every record of the cache (and its spills in flight) would still leave too
+  // little room: the caller's write fails all the same, and the cache would be lost for nothing.
+  const int64_t per_record = DiskTier::extents_for(disk_record_bytes(), ds.extent_bytes);
+  const int64_t cache_extents = int64_t{pages_disk_ + pages_spilling_} * per_record;
+  if (ds.extents_total - ds.extents_used + cache_extents < extents) return 0;
   while (ds.extents_total - ds.extents_used < extents) {
     auto it = lru(PageLocation::kDisk);
     if (it != entries_.end()) {

@@ -262,6 +262,31 @@ TEST(PrefixCacheSpill, WithoutAHostTierPagesGoStraightToDisk) {
   pool.release(b);
 }
 
+// Making room for a record the disk cannot take even without the cache's records keeps them (they
+// were all dropped, and the write failed anyway); room the cache can give is taken from it.
+TEST(PrefixCacheSpill, DiskRoomDropsTheCachesRecordsOnlyWhenThatMakesEnoughRoom) {
+  TieredPool tp = tiered(4, 0, true);
+  KvPool& pool = *tp.pool;
+  const uint64_t s = PrefixCache::salt_of("a");
+  cache_and_end(pool, s, tokens(13), 3);
+  force_out(pool);
+  ASSERT_EQ(pool.prefix_cache()->pages_disk(), 3);
+  DiskTier& disk = *pool.disk();
+  const int64_t extent = disk.stats().extent_bytes;
+  const int64_t total = disk.stats().extents_total;
+  ASSERT_EQ(disk.stats().extents_used, 3);  // one extent per page record
+  // Another record takes every free extent.
+  std::vector<std::byte> other(static_cast<size_t>((total - 3) * extent), std::byte{1});
+  const std::span<const std::byte> one(other);
+  ASSERT_TRUE(disk.write_sync({&one, 1}, RecordKey{9, 9}).ok());
+  ASSERT_EQ(disk.stats().extents_used, total);
+  pool.make_disk_room(4 * extent);  // 4 extents: the cache's 3 are not enough
+  EXPECT_EQ(pool.prefix_cache()->pages_disk(), 3);
+  pool.make_disk_room(2 * extent);  // 2: two of the cache's records go, least recently used first
+  EXPECT_EQ(pool.prefix_cache()->pages_disk(), 1);
+  EXPECT_EQ(disk.stats().extents_total - disk.stats().extents_used, 2);
+}
+
 TEST(PrefixCacheSpill, AnotherTenantNeverReadsASpilledPage) {
   TieredPool tp = tiered(4, 1, true);
   KvPool& pool = *tp.pool;
