@@ -92,30 +92,26 @@ std::shared_ptr<IoCompletion> try_inline_read(const IoRequest& r) {
 
 namespace {
 
-// Runs one request with preadv/pwritev, retrying EINTR. A read stops at its first short
-// transfer (end of file: the caller treats it as a fault). A write the kernel takes only in part
-// goes on with the rest, so that a device that fills up mid-request reports ENOSPC (from the next
-// call) with the bytes written so far, not a short count the caller cannot tell from data loss.
+// Runs one request with preadv/pwritev, retrying EINTR. A transfer the kernel does only in part
+// goes on with the rest: a device that fills up mid-write reports ENOSPC (from the next call)
+// with the bytes written so far, not a short count the caller cannot tell from data loss, and a
+// read served in part is not a fault. A read stops at 0 bytes (end of file: the caller treats the
+// short count as a fault).
 IoResult run_vectored(const IoRequest& r) {
-  if (r.op == IoOp::kRead) {
-    ssize_t n;
-    do n = ::preadv(r.fd, r.iov.data(), static_cast<int>(r.iov.size()), r.offset);
-    while (n < 0 && errno == EINTR);
-    if (n < 0) return IoResult{0, errno};
-    return IoResult{static_cast<int64_t>(n), 0};
-  }
+  const bool read = r.op == IoOp::kRead;
   const int64_t total = r.bytes();
-  std::vector<iovec> rest;  // the iovecs not yet written, once a write fell short
+  std::vector<iovec> rest;  // the iovecs not yet moved, once a transfer fell short
   const iovec* iov = r.iov.data();
   int count = static_cast<int>(r.iov.size());
   int64_t done = 0;
   while (done < total) {
-    const ssize_t n = ::pwritev(r.fd, iov, count, r.offset + done);
+    const ssize_t n = read ? ::preadv(r.fd, iov, count, r.offset + done)
+                           : ::pwritev(r.fd, iov, count, r.offset + done);
     if (n < 0) {
       if (errno == EINTR) continue;
       return IoResult{done, errno};
     }
-    if (n == 0) break;  // no progress and no error: a short write for the caller
+    if (n == 0) break;  // end of file, or no progress and no error: short for the caller
     done += n;
     if (done == total) break;
     if (rest.empty()) rest.assign(iov, iov + count);

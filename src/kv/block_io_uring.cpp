@@ -27,6 +27,7 @@ namespace {
 constexpr uint64_t kStopTag = 0;                     // user_data of the NOP that stops the reaper
 constexpr int64_t kAsyncBytes = int64_t{256} << 10;  // IOSQE_ASYNC from this request size
 constexpr std::chrono::seconds kSubmitRetry{10};     // how long a transient refusal is retried
+constexpr int kMaxRetries = 64;  // EAGAIN / EINTR completions of one request requeued
 
 class UringBlockIo final : public BlockIo {
  public:
@@ -79,8 +80,9 @@ class UringBlockIo final : public BlockIo {
   struct Item {
     IoRequest request;
     std::shared_ptr<IoCompletion> completion;
-    int64_t done = 0;         // bytes a write moved in its earlier parts (a short write goes on)
-    std::vector<iovec> rest;  // the iovecs of the part in flight, once a write fell short
+    int64_t done = 0;         // bytes moved by its earlier parts (a short transfer goes on)
+    std::vector<iovec> rest;  // the iovecs of the part in flight, once a transfer fell short
+    int retries = 0;          // EAGAIN / EINTR completions requeued
   };
 
   UringBlockIo() = default;
@@ -106,25 +108,31 @@ class UringBlockIo final : public BlockIo {
     io_uring_sqe_set_data64(sqe, id);
   }
 
-  // A write the kernel took only in part (res > 0 bytes of what was left) goes on with the rest,
-  // as the threads backend's does: a device that fills up mid-request then reports the next
-  // part's error (ENOSPC) with the bytes written, not a bare short count the caller cannot tell
-  // from data loss. True when the rest was queued and submitted (the item stays in flight). A
-  // read stops at its first short transfer (end of file), as in the threads backend.
-  bool write_on(uint64_t id, int res) {
+  // A transfer the kernel did only in part (res > 0 bytes of what was left) goes on with the
+  // rest, as the threads backend's does: a device that fills up mid-write then reports the next
+  // part's error (ENOSPC) with the bytes written, and a read the page cache served in part is not
+  // a fault. A read stops at 0 bytes (end of file). A completion of -EAGAIN or -EINTR (nothing
+  // moved) is queued again, a bounded number of times. True when the rest was queued and
+  // submitted (the item stays in flight).
+  bool continue_on(uint64_t id, int res) {
     std::unique_lock<std::mutex> lock(mu_);
     Item& item = inflight_.at(id);
     const IoRequest& r = item.request;
-    if (r.op != IoOp::kWrite || res <= 0 || item.done + res >= r.bytes()) return false;
+    const bool again = (res == -EAGAIN || res == -EINTR) && item.retries < kMaxRetries;
+    if (!again && (res <= 0 || item.done + res >= r.bytes())) return false;
     if (item.rest.empty()) item.rest = r.iov;
-    // Drop the bytes written from the front of the iovecs of the part just done.
-    auto first = item.rest.begin();
-    size_t skip = static_cast<size_t>(res);
-    while (skip >= first->iov_len) skip -= (first++)->iov_len;
-    first->iov_base = static_cast<char*>(first->iov_base) + skip;
-    first->iov_len -= skip;
-    item.rest.erase(item.rest.begin(), first);
-    item.done += res;
+    if (again) {
+      ++item.retries;
+    } else {
+      // Drop the bytes moved from the front of the iovecs of the part just done.
+      auto first = item.rest.begin();
+      size_t skip = static_cast<size_t>(res);
+      while (skip >= first->iov_len) skip -= (first++)->iov_len;
+      first->iov_base = static_cast<char*>(first->iov_base) + skip;
+      first->iov_len -= skip;
+      item.rest.erase(item.rest.begin(), first);
+      item.done += res;
+    }
     queue(lock, id, item, item.rest.data(), static_cast<int>(item.rest.size()));
     submit_locked(lock);
     return true;
@@ -181,7 +189,7 @@ class UringBlockIo final : public BlockIo {
       const int res = cqe->res;
       io_uring_cqe_seen(&ring_, cqe);
       if (id == kStopTag) return;
-      if (write_on(id, res)) continue;
+      if (continue_on(id, res)) continue;
       Item item;
       {
         std::lock_guard<std::mutex> lock(mu_);

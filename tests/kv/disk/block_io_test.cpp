@@ -77,6 +77,33 @@ TEST_P(BlockIoTest, ReadPastTheEndIsShort) {
   EXPECT_EQ(r.bytes, 500);
 }
 
+// A read the kernel serves in part (procfs' seq_files give about a page per call) goes on with the
+// rest instead of ending short: a short read is a fault to the disk tier (recompute), which a
+// partial transfer of a record that is all there is not.
+TEST_P(BlockIoTest, APartialReadGoesOnWithTheRest) {
+  const int fd = ::open("/proc/self/smaps", O_RDONLY);
+  if (fd < 0) GTEST_SKIP() << "no /proc/self/smaps";
+  std::vector<char> probe(1 << 20);
+  const ssize_t first = ::pread(fd, probe.data(), probe.size(), 0);
+  if (first <= 0 || first >= 16384) {
+    ::close(fd);
+    GTEST_SKIP() << "/proc/self/smaps served " << first << " bytes at once: nothing partial";
+  }
+  int64_t size = 0;  // the whole file, read piece by piece
+  for (ssize_t n; (n = ::pread(fd, probe.data(), probe.size(), size)) > 0;) size += n;
+  if (size < 2 * 16384) {
+    ::close(fd);
+    GTEST_SKIP() << "/proc/self/smaps holds " << size << " bytes, too few to read in parts";
+  }
+  std::vector<char> back(16384, 0);  // well inside the file, several of its pieces
+  const IoResult r =
+      io_->submit(IoRequest{IoOp::kRead, fd, 0, {{back.data(), 5000}, {back.data() + 5000, 11384}}})
+          ->wait();
+  ::close(fd);
+  EXPECT_EQ(r.error, 0);
+  EXPECT_EQ(r.bytes, 16384);
+}
+
 TEST_P(BlockIoTest, BadDescriptorReportsErrno) {
   char c = 0;
   const IoResult r = io_->submit(IoRequest{IoOp::kRead, -1, 0, {{&c, 1}}})->wait();
