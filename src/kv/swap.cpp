@@ -132,9 +132,9 @@ StatusOr<bool> swap_out_to_disk(KvPool& pool, BlockTable& table, const std::vect
   pool.make_disk_room(record_bytes);  // prefix-cache records give way
   auto id = disk.write_sync(payload, disk_key(idx.size()));
   if (!id.ok()) {
-    // Capacity, ENOSPC, EIO, short write: nothing was kept (the tier frees a failed write).
+    // Capacity, ENOSPC, EIO, short write: nothing was kept (the tier frees a failed write). A disk
+    // fault, not a full host tier: counted once, as what it is.
     ++stats->disk_faults;
-    ++stats->refused_host_full;
     return false;
   }
   if (table.pages.empty()) table.pages.resize(table.blocks.size());

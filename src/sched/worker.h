@@ -255,6 +255,7 @@ class Worker {
   kv::SwapStats swap_stats_;
   kv::MigrateStats migrate_stats_;  // the spatial cut's migrations (MigrateKv)
   int64_t swap_choices_ = 0, recompute_choices_ = 0, swap_fallbacks_ = 0;
+  bool disk_fallback_logged_ = false;  // a swap out that met a disk fault, logged once
   // Decode rows skipped for a consumer's unread backlog, in steps that ran (written by the worker
   // thread, read by snapshots).
   std::atomic<int64_t> stalled_decode_rows_{0};

@@ -122,12 +122,23 @@ bool Worker::try_swap_out(Sequence& seq, const Preemption& why) {
     return false;
   }
   ++swap_choices_;
+  const int64_t disk_faults = swap_stats_.disk_faults;
   auto done = kv::swap_out(*pool_, seq.table, &swap_stats_);
   if (done.ok() && *done) return true;
   ++swap_fallbacks_;
   if (!done.ok()) {
     KVSPLIT_LOG_WARN("{}: swap out of request {} failed, recomputing instead: {}", options_.name,
                      seq.display_id(), done.status().to_string());
+  } else if (swap_stats_.disk_faults > disk_faults) {
+    // The disk tier logs the first fault of each cause and counts them all (kv_disk_faults);
+    // the fallback is logged once too, not once per request a failing disk sends to recompute.
+    if (!disk_fallback_logged_) {
+      disk_fallback_logged_ = true;
+      KVSPLIT_LOG_WARN(
+          "{}: the swap out of request {} to the disk tier failed (see the disk tier's log): "
+          "recomputing it instead; later such fallbacks are only counted (kv_swap_fallbacks)",
+          options_.name, seq.display_id());
+    }
   } else {
     KVSPLIT_LOG_WARN(
         "{}: host tier full ({} of {} slots free, {} pages needed): recomputing "

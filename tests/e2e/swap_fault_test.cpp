@@ -101,6 +101,9 @@ TEST(SwapFaults, EveryDiskFaultFallsBackToRecomputeWithTheSameTokens) {
     } else {
       EXPECT_EQ(got.swaps.disk_faults, c.n);
       EXPECT_GT(got.recomputed, 0);  // slower, never wrong
+      // No host tier here: every swap goes to disk, so a refusal can only be a fault, and a
+      // fault is counted as one, not as a full host tier too.
+      EXPECT_EQ(got.swaps.refused_host_full, 0);
     }
     // Nothing left: device blocks, host slots, disk records and extents.
     EXPECT_EQ(small->pool->allocator().num_used(), 0);
