@@ -291,6 +291,7 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
       st.active = true;
       st.exit_since_ms = -1;
       st.value_at_enter = current;
+      st.inherited = !one_shot && !r.sla_class.empty() && !local.has(r.then.param, r.sla_class);
       st.last_applied_ms = now;
       st.entered = ++enters_;
       emit("enter", apply_action(r, current), std::move(monitors));
@@ -316,11 +317,13 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
         }
         if (later != nullptr) {
           later->value_at_enter = st.value_at_enter;
+          later->inherited = st.inherited;
           restore = false;
         }
       }
-      emit(restore ? "exit" : "exit-keep", restore ? st.value_at_enter : current,
-           std::move(monitors));
+      const double restored =
+          st.inherited ? local.get(r.then.param, std::string()) : st.value_at_enter;
+      emit(restore ? "exit" : "exit-keep", restore ? restored : current, std::move(monitors));
       continue;
     }
     st.exit_since_ms = -1;  // the exit run is broken

@@ -63,6 +63,10 @@ class RuleEngine {
     bool active = false;
     double last_applied_ms = -1e300;
     double value_at_enter = 0;  // restored on exit
+    // A class rule that entered while its class had no value of its own (it read the engine-wide
+    // one): its exit restores the engine-wide value of that moment, not the one it read, which
+    // may have been another rule's transient change since undone.
+    bool inherited = false;
     double exit_since_ms = -1;  // first sample of the current run where `exit` held; -1: none
     int64_t entered = 0;        // order of its enter among all rules' (0: never entered)
   };

@@ -464,6 +464,27 @@ TEST(RuleEngineTest, StackedRulesOnOneSettingRestoreTheValueBeforeThemAll) {
   EXPECT_DOUBLE_EQ(ds[3].after, 4096);
 }
 
+// A class rule stacked on an engine-wide rule's transient value: the class had no value of its
+// own, so its exit restores the engine-wide value of that moment (0.15, the engine-wide rule
+// having exited), not the transient 0.3 it read at enter (which the class then kept for good).
+TEST(RuleEngineTest, AClassRuleOnAnInheritedValueRestoresTheEngineWideOne) {
+  KvmRule global =
+      rule("global", "device_kv_use > 0.9", "device_kv_use < 0.8", "semantic_threshold = 0.3", 0);
+  KvmRule cls =
+      rule("cls", "device_kv_use > 0.95", "device_kv_use < 0.5", "semantic_threshold += 0.05", 0);
+  cls.sla_class = "batch";
+  RuleEngine engine({global, cls});
+  ParamTable table;
+  table.set("semantic_threshold", "", 0.15);
+  const auto ds = run_series(engine, &table, {0.92, 0.97, 0.7, 0.4}, 100);
+  ASSERT_EQ(actions(ds), (std::vector<std::string>{"enter", "enter", "exit", "exit"}));
+  EXPECT_DOUBLE_EQ(ds[1].after, 0.35);  // batch: 0.3 (inherited) + 0.05
+  EXPECT_DOUBLE_EQ(ds[2].after, 0.15);  // the engine-wide rule restores its value
+  EXPECT_EQ(ds[3].sla_class, "batch");
+  EXPECT_DOUBLE_EQ(ds[3].after, 0.15);  // the class follows the engine-wide value again
+  EXPECT_DOUBLE_EQ(table.get("semantic_threshold", "batch"), 0.15);
+}
+
 TEST(RuleEngineTest, ReloadKeepsTheStateOfUnchangedRules) {
   KvmRule r = hot_rule();
   r.max = 10;
