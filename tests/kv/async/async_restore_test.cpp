@@ -57,10 +57,12 @@ TEST(AsyncRestore, PageKeepsItsResidentCopyUntilTheCopyLandsThenIsBitExact) {
   EXPECT_EQ(f.pool->allocator().num_used(), 4);  // 3 full pages + the restore's block
   EXPECT_EQ(f.pool->host_allocator().num_used(), 1);
   EXPECT_EQ(st.restored, 0);
-  // Device bytes: 3 full pages, the int4 copy still read, and the restore's block.
+  // Device bytes: 3 full pages, the int4 copy still read with its key summary, and the restore's
+  // block.
   const int64_t full = f.pool->page_layer_bytes(KvPrecision::kFull) * kLayers;
   const int64_t int4 = f.pool->page_layer_bytes(KvPrecision::kInt4) * kLayers;
-  EXPECT_EQ(resident_bytes(*f.pool, t), 4 * full + int4);
+  const int64_t summary = f.pool->summary_layer_bytes() * kLayers;
+  EXPECT_EQ(resident_bytes(*f.pool, t), 4 * full + int4 + summary);
   // Further transitions leave a restoring page alone (no second restore, no demotion).
   ASSERT_TRUE(f.apply(t,
                       {{1, PageOp::kRestore, KvPrecision::kFull},
