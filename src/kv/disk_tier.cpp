@@ -393,11 +393,12 @@ Status DiskTier::finish(DiskOp& op) {
       stats_.bytes_read += r->payload_bytes;
     }
   }
-  stats_.latency_at = std::chrono::steady_clock::now();
-  const double ms =
-      std::chrono::duration<double, std::milli>(stats_.latency_at - op.started_).count();
+  const auto now = std::chrono::steady_clock::now();
+  const double ms = std::chrono::duration<double, std::milli>(now - op.started_).count();
+  const double since_s = std::chrono::duration<double>(now - stats_.latency_at).count();
   stats_.latency_ms_ewma =
-      stats_.writes + stats_.reads <= 1 ? ms : 0.8 * stats_.latency_ms_ewma + 0.2 * ms;
+      next_latency_ewma(stats_.latency_ms_ewma, ms, since_s, stats_.writes + stats_.reads <= 1);
+  stats_.latency_at = now;
   if (fault != DiskFault::kNone) status = fault_locked(&op, fault, detail);
   return status;
 }

@@ -19,8 +19,10 @@
 // started it. Buffers handed to write()/read() belong to the tier until the op is finished.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -116,6 +118,17 @@ struct DiskTierStats {
   std::array<int64_t, kNumDiskFaults> faults{};  // by DiskFault (kNone unused)
   int64_t fault_count(DiskFault f) const { return faults[static_cast<int>(f)]; }
 };
+
+// The latency EWMA after an operation of `ms` that finished `since_s` seconds after the previous
+// one (`first`: none before): the old average keeps weight 0.8 decayed by e^-since_s, so a disk
+// idle for seconds starts afresh instead of its old latency returning with the next operation
+// (a rule that stopped using a slow disk would enter again at once); under load it is the plain
+// EWMA of weight 0.2.
+inline double next_latency_ewma(double ewma, double ms, double since_s, bool first) {
+  if (first) return ms;
+  const double keep = 0.8 * std::exp(-std::max(0.0, since_s));
+  return keep * ewma + (1.0 - keep) * ms;
+}
 
 class DiskTier;
 

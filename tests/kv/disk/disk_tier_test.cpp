@@ -88,6 +88,16 @@ class DiskTierTest : public ::testing::TestWithParam<std::tuple<IoBackend, bool>
   testing::TempDir dir_;
 };
 
+// The latency average fades over idle time: after seconds without an operation the next one
+// starts it afresh (a slow disk's old 50 ms came back with the first 1 ms read: 40.2 ms).
+TEST(DiskLatency, TheOldAverageFadesOverIdleTime) {
+  EXPECT_DOUBLE_EQ(next_latency_ewma(0, 7, 0, /*first=*/true), 7);
+  EXPECT_NEAR(next_latency_ewma(50, 1, 0, false), 40.2, 1e-9);    // back to back: weight 0.8
+  EXPECT_NEAR(next_latency_ewma(50, 1, 0.01, false), 39.8, 0.1);  // under load: about the same
+  EXPECT_LT(next_latency_ewma(50, 1, 5, false), 1.3);             // after 5 s idle: the new op
+  EXPECT_DOUBLE_EQ(next_latency_ewma(50, 1, -1, false), 40.2);    // a clock step back: no gain
+}
+
 TEST_P(DiskTierTest, MultiPageRecordsRoundTrip) {
   auto tier = open_tier(64);
   ASSERT_TRUE(tier);
