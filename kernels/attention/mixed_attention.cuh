@@ -466,6 +466,7 @@ __global__ void __launch_bounds__(kAttnThreads)
           const float* qr = q_s + r * D;
           float ub = 0.f;
           for (int d = 0; d < D; ++d) {
+            if (qr[d] == 0.f) continue;  // no term, whatever the range (0 x inf would be NaN)
             ub += fmaxf(qr[d] * kvq_half_float(kmin[d]), qr[d] * kvq_half_float(kmax[d]));
           }
           b = expf(ub - m_s[r]);

@@ -122,6 +122,8 @@ class MapReader {
     const YAML::Node n = cnode()[key];
     return n && !n.IsNull();
   }
+  // The key is written, with a value or without one (get() then names it).
+  bool present(const std::string& key) const { return static_cast<bool>(cnode()[key]); }
   YAML::Node child(const std::string& key) {
     seen_.insert(key);
     return cnode()[key];
@@ -439,7 +441,7 @@ Status read_sla_classes(const YAML::Node& n, const SemanticCutConfig& defaults,
       // or spatial keys keeps following the engine's semantic settings (and the KV cache
       // manager's engine-wide changes to them).
       if (std::any_of(std::begin(kSemanticKeys), std::end(kSemanticKeys),
-                      [&](const char* key) { return k.has(key); })) {
+                      [&](const char* key) { return k.present(key); })) {
         c.semantic = defaults;
         KVSPLIT_RETURN_IF_ERROR(read_semantic_keys(k, &*c.semantic));
       }

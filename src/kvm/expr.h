@@ -38,7 +38,8 @@ struct ParamRange {
 };
 std::optional<ParamRange> param_range(std::string_view name);
 // The values the engine accepts for a setting, whatever the rule (the worker's and the config's
-// own ranges): semantic thresholds [0, 1], recall_wait_ms [0, 60000], max_num_seqs [1, 65536],
+// own ranges): semantic thresholds [0, 1], recall_wait_ms [0, 60000] (what a rule may set:
+// param_range; the config's "< 0: until it lands" is not a rule's), max_num_seqs [1, 65536],
 // max_chunk_tokens [0, 2^20], max_queue [1, 1e6], swap {0, 1, 2}, the other integers [0 or 1,
 // 2^31 - 1]. A decision outside it is refused ("<param>: must be in [lo, hi], got v"), by the
 // engine (apply_kvm_decision) and by `kvsplit policy simulate` alike.

@@ -252,8 +252,10 @@ void RuleEngine::reload(std::vector<KvmRule> rules) {
 
 void RuleEngine::rebase(const std::string& param, const std::string& sla_class, double value) {
   for (size_t i = 0; i < rules_.size(); ++i) {
-    if (states_[i].active && rules_[i].then.param == param && rules_[i].sla_class == sla_class)
+    if (states_[i].active && rules_[i].then.param == param && rules_[i].sla_class == sla_class) {
       states_[i].value_at_enter = value;
+      states_[i].inherited = false;  // the setting has a value of its own now: the one to restore
+    }
   }
 }
 

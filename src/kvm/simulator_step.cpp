@@ -564,13 +564,23 @@ Status Sim::check_decision(const KvmDecision& d) const {
   if (!semantic || param_is_integer(d.param))
     KVSPLIT_RETURN_IF_ERROR(check_setting(d.param, d.after));
   if (!semantic) return ok_status();
-  // Then the whole semantic configuration the value lands in (thresholds in order, ranges).
-  auto get = [&](const char* p) { return p == d.param ? d.after : params_.get(p, d.sla_class); };
+  // Then the whole semantic configuration the value lands in (thresholds in order, ranges), built
+  // as the engine builds it: the engine-wide settings of the moment, or for a class its own
+  // configured block (else the engine's configured settings) with the class's own moves on it.
   SemanticCutConfig sc = c_.semantic;
-  sc.semantic_threshold = static_cast<float>(get("semantic_threshold"));
-  sc.evict_threshold = static_cast<float>(get("evict_threshold"));
-  sc.recall_threshold = static_cast<float>(get("recall_threshold"));
-  sc.recall_wait_ms = get("recall_wait_ms");
+  const bool cls = !d.sla_class.empty();
+  for (const SlaClass& k : c_.sla_classes) {
+    if (cls && k.name == d.sla_class && k.semantic) sc = *k.semantic;
+  }
+  auto get = [&](const char* p, double base) {
+    if (p == d.param) return d.after;
+    if (!cls) return params_.get(p, "");
+    return params_.has(p, d.sla_class) ? params_.get(p, d.sla_class) : base;
+  };
+  sc.semantic_threshold = static_cast<float>(get("semantic_threshold", sc.semantic_threshold));
+  sc.evict_threshold = static_cast<float>(get("evict_threshold", sc.evict_threshold));
+  sc.recall_threshold = static_cast<float>(get("recall_threshold", sc.recall_threshold));
+  sc.recall_wait_ms = get("recall_wait_ms", sc.recall_wait_ms);
   return validate_semantic_cut(sc, "semantic.");
 }
 

@@ -71,8 +71,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes) {
   v1::GenerateRequest request;
   StatusOr<std::string> tenant = accept(context, "Generate", *bytes, &request);
-  // Only an authenticated call takes a stream slot (released in OnDone): calls refused by
-  // authentication must not push other tenants' calls over the limit.
+  // Only an authenticated call takes a stream slot (released as the call finishes): calls refused
+  // by authentication must not push other tenants' calls over the limit.
   const bool counted = tenant.ok();
   const int32_t open = counted ? active_streams_.fetch_add(1) + 1 : 0;
   StatusOr<Request> engine_request = unavailable("unreachable");

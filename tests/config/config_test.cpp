@@ -156,6 +156,8 @@ TEST(ConfigTest, BadValuesNameTheField) {
   expect_error("sla_classes:\n  voice: {max_itl_ms: fast}\n", "sla_classes.voice.max_itl_ms");
   // A key with no value is not the default (kvm.mode: read as absent, it meant enforce).
   expect_error("kvm: {mode: }\n", "kvm.mode: has no value");
+  expect_error("sla_classes:\n  voice: {kv: {semantic_threshold: }}\n",
+               "sla_classes.voice.kv.semantic_threshold: has no value");
   expect_error("sla_classes:\n  voice: {max_ttft_ms: ~}\n",
                "sla_classes.voice.max_ttft_ms: has no value");
 }

@@ -159,6 +159,30 @@ TEST(Simulator, DecisionsTheEngineRefusesAreRefused) {
   }
 }
 
+// A class's semantic values start from the configured settings, as in the engine, not from the
+// engine-wide values of the moment: an engine-wide evict_threshold raised to 0.04 does not make
+// a class's semantic_threshold of 0.03 a refused order (the class keeps its configured 0).
+TEST(Simulator, AClassSemanticDecisionStartsFromTheConfiguredSettings) {
+  EngineConfig on = pressure_config();  // semantic 0.05, evict 0
+  on.kvm.enabled = true;
+  on.kvm.interval_ms = 10;
+  KvmRule global = raise_threshold_rule();
+  global.name = "evict";
+  global.then = {"evict_threshold", KvmActionOp::kSet, 0.04};
+  KvmRule cls = raise_threshold_rule();
+  cls.name = "cls";
+  cls.sla_class = "slow";
+  cls.then = {"semantic_threshold", KvmActionOp::kSet, 0.03};
+  on.kvm.rules = {global, cls};
+  auto got = simulate(on, test_profile(), uniform_trace(48, 2, 512, 192));
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  ASSERT_GE(got->decisions.size(), 2u);
+  EXPECT_EQ(got->decisions[0].rule, "evict");
+  EXPECT_TRUE(got->decisions[0].applied);
+  EXPECT_EQ(got->decisions[1].rule, "cls");
+  EXPECT_TRUE(got->decisions[1].applied) << got->decisions[1].error;
+}
+
 TEST(Simulator, DeviceUseRuleRaisesSemanticThresholdAndFreesCapacity) {
   const auto trace = uniform_trace(48, 2, 512, 192);
   EngineConfig off = pressure_config();

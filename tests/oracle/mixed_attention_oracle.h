@@ -130,6 +130,7 @@ inline MixedResult mixed_attention(const backend::AttentionArgs& a) {
           const float* q = a.q + (int64_t{q0} * a.num_heads + h) * hd;
           double ub = 0.0;
           for (int d = 0; d < hd; ++d) {
+            if (q[d] == 0.f) continue;  // no term (0 x inf would be NaN)
             const double lo = kernels::kvq_half_float(kmin[d]);
             const double hi = kernels::kvq_half_float(kmax[d]);
             ub += std::max(double{q[d]} * lo, double{q[d]} * hi);

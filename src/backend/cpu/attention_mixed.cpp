@@ -246,6 +246,7 @@ void score_side_outputs(const AttentionArgs& a, const float* m, ThreadPool& pool
         const float* q = q0 + static_cast<int64_t>(h) * hd;
         double ub = 0.0;
         for (int d = 0; d < hd; ++d) {
+          if (q[d] == 0.f) continue;  // no term, whatever the range (0 x inf would be NaN)
           const double lo = kernels::kvq_half_float(kmin[d]), hi = kernels::kvq_half_float(kmax[d]);
           ub += std::max(static_cast<double>(q[d]) * lo, static_cast<double>(q[d]) * hi);
         }
