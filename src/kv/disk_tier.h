@@ -179,6 +179,9 @@ class DiskOp {
   std::vector<std::shared_ptr<IoCompletion>> io_;
   std::vector<int64_t> expected_;  // bytes each request must move
   std::chrono::steady_clock::time_point started_{};
+  // The read was done and checked on the caller (DiskTier::read_cached; fault_ holds the
+  // verdict): finishing it only updates the index and the counters.
+  bool cached_ = false;
 };
 
 class DiskTier {
@@ -232,6 +235,8 @@ class DiskTier {
   // Buffered read requests smaller than this try the page cache on the reading thread first.
   static constexpr int64_t kInlineReadBytes = int64_t{256} << 10;
   static constexpr int64_t kDirectAlign = 4096;  // O_DIRECT buffer, offset and length alignment
+  // Destination spans a read may have to take the fast path on the caller (read_cached).
+  static constexpr size_t kCachedReadSpans = 16;
 
  private:
   struct Record;
@@ -256,6 +261,14 @@ class DiskTier {
                     std::span<std::optional<uint64_t>> digests) const;
   // Submits `reqs` for `op` (which must be complete but for its I/O), applying op's injected fault.
   void submit_all(DiskOp& op, std::vector<IoRequest> reqs);
+  // The small-read fast path: reads `bytes` at `offset` (one piece) into `dst` on this thread with
+  // preadv2(RWF_NOWAIT) and checks it (op.cached_ set; finish() settles the index and counters).
+  // False, with nothing changed, when the page cache does not hold all of it (the caller then
+  // goes the asynchronous way).
+  bool read_cached(DiskOp& op, std::span<const std::span<std::byte>> dst, int64_t offset,
+                   int64_t bytes);
+  // The latency EWMA and its time after an operation started at `started` finished now.
+  void note_latency_locked(std::chrono::steady_clock::time_point started);
 
   const DiskTierConfig config_;
   const std::string file_;

@@ -233,6 +233,35 @@ TEST_P(DiskTierTest, SmallCachedReadsAreServedInlineAndStillChecked) {
   EXPECT_EQ(tier->stats().extents_used, 0);
 }
 
+// The fast path of small reads (DiskTier::read_cached) holds the record like any read until the
+// op is finished, and a read the page cache cannot serve (dropped: on a file system that can drop
+// it) takes the asynchronous way with the same bytes and checks.
+TEST_P(DiskTierTest, SmallReadsHoldTheRecordAndMissTheCacheSafely) {
+  auto tier = open_tier(16);
+  ASSERT_TRUE(tier);
+  const Bytes page = random_bytes(6000, 11);
+  const std::span<const std::byte> src(page);
+  const RecordId id = tier->write_sync({&src, 1}, {8, 1}).value();
+  Bytes back(page.size());
+  const std::span<std::byte> dst(back);
+  DiskOp op = tier->read(id, {&dst, 1}, {8, 1}).value();
+  EXPECT_EQ(tier->free(id).code(), StatusCode::kFailedPrecondition);  // held until finished
+  ASSERT_TRUE(tier->poll(op).value_or(ok_status()).ok());
+  if (!op.finished()) ASSERT_TRUE(tier->wait(op).ok());
+  EXPECT_EQ(back, page);
+  EXPECT_EQ(tier->stats().reads, 1);
+  EXPECT_EQ(tier->stats().bytes_read, 6000);
+  EXPECT_GT(tier->stats().latency_ms_ewma, 0.0);
+  tier->drop_cache();
+  std::fill(back.begin(), back.end(), std::byte{0});
+  ASSERT_TRUE(tier->read_sync(id, {&dst, 1}, {8, 1}).ok());
+  EXPECT_EQ(back, page);
+  EXPECT_EQ(tier->stats().reads, 2);
+  EXPECT_EQ(tier->stats().fault_count(DiskFault::kChecksum), 0);
+  ASSERT_TRUE(tier->free(id).ok());
+  EXPECT_EQ(tier->stats().extents_used, 0);
+}
+
 // Records carry no header on disk (format 2): their checksum's seed (key, record id, this open's
 // nonce, length) binds their bytes to the record. Another record's bytes at its place fail the
 // check, though they are a valid record's; a read with another key is refused before any I/O.
