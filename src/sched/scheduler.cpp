@@ -133,7 +133,8 @@ SchedulerOutput Scheduler::schedule(const SchedulerInput& in) const {
 // 1. Handoffs, in arrival order, no overtaking.
 void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
   const SchedulerInput& in = st.in;
-  int slots = config_.max_num_seqs - static_cast<int>(in.running.size() + in.waiting.size());
+  int slots = config_.max_num_seqs -
+              static_cast<int>(in.running.size() + in.waiting.size()) - in.unlisted;
   for (const SchedHandoff& h : in.handoffs) {
     const int need = blocks_for(h.num_tokens, config_.block_size);
     if (need > in.total_blocks) {
@@ -160,8 +161,11 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
     // blocks their next tokens need are not the handoff's. Otherwise the first of them to need
     // one finds none and preempts the handoff just copied in (the worker schedules the step
     // after admitting) or, where the handoff is protected, itself.
+    // Its own first decode comes in this step too: without the block its next token needs, it
+    // would be copied in only to preempt itself at once (grow_decodes) when no one else may
+    // yield.
     const PriorityKey hk{h.priority, h.arrival};
-    int room = need;
+    int room = need + next_token_room(h.num_tokens, need, in.total_blocks);
     for (const StepState::Run& r : st.runs) {
       if (!r.preempted && !r.seq->stalled && serves_before(key_of(*r.seq), hk)) {
         room += next_token_blocks(r.seq->num_computed, r.num_blocks, config_.block_size);
@@ -312,10 +316,11 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
       if (w->swapped_pages > 0 || w->resident_paused()) {
         // Paused until its resume step, unless steps would not advance.
         if (w->swapped_pages > 0 && in.step < w->resume_step && steps_advance) continue;
-        // It resumes only with room for its next token too (next_token_room).
-        const int blocks = w->swapped_pages > 0 ? w->swapped_pages : w->num_blocks;
+        // It resumes only with room for its next token too (next_token_room), which needs a
+        // block only beyond its whole table: a table a KV cut changed swaps in fewer pages than
+        // it has (quantized pages stay in their arenas, evicted ones hold none).
         const int room =
-            w->swapped_pages + next_token_room(w->num_computed, blocks, in.total_blocks);
+            w->swapped_pages + next_token_room(w->num_computed, w->num_blocks, in.total_blocks);
         if (reserving && room > st.free) make_room_by_slice(st, *w, room, out);
         if (!reserving || room > st.free) {
           reserving = false;

@@ -108,6 +108,9 @@ struct SchedulerInput {
   int free_blocks = 0;                     // free blocks of the worker's pool
   int total_blocks = 0;                    // blocks of the whole pool
   int64_t step = 0;                        // the worker's step number
+  // Sequences the worker owns that are not listed above (waiting ones left out this step, e.g.
+  // behind their reader): they count against max_num_seqs.
+  int unlisted = 0;
 };
 
 enum class PreemptReason : uint8_t {

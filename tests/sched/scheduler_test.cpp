@@ -160,20 +160,46 @@ TEST(Scheduler, HandoffWaitsForBlocksAndPreemptsOnlyLowerPriorities) {
   out = Scheduler(config(64, false)).schedule(in);
   ASSERT_EQ(out.admitted.size(), 1u);
   EXPECT_EQ(out.admitted[0].blocks, 2);
-  ASSERT_EQ(out.preempted.size(), 2u);
-  EXPECT_EQ(out.preempted[0].id, 1);  // the younger of the two
-  EXPECT_EQ(out.preempted[0].reason, PreemptReason::kHandoff);
-  EXPECT_EQ(out.preempted[0].for_id, 20);
-  EXPECT_EQ(out.preempted[0].for_priority, 5);
   // The admitted handoff decodes in the same step, served first (priority 5): 8 tokens in 2
-  // blocks, it needs a third, which the lower-priority 0 gives up.
+  // blocks, it needs a third for its next token, so admission makes room for 3 and both
+  // lower-priority sequences give theirs up, the younger first.
+  ASSERT_EQ(out.preempted.size(), 2u);
+  EXPECT_EQ(out.preempted[0].id, 1);
   EXPECT_EQ(out.preempted[1].id, 0);
-  EXPECT_EQ(out.preempted[1].reason, PreemptReason::kDecodeGrowth);
-  EXPECT_EQ(out.preempted[1].for_id, 20);
+  for (const auto& p : out.preempted) {
+    EXPECT_EQ(p.reason, PreemptReason::kHandoff);
+    EXPECT_EQ(p.for_id, 20);
+    EXPECT_EQ(p.for_priority, 5);
+  }
   ASSERT_EQ(out.decode.size(), 1u);
   EXPECT_EQ(out.decode[0].id, 20);
   EXPECT_EQ(out.decode[0].new_blocks, 1);
   EXPECT_EQ(out.free_blocks_after, 0);
+}
+
+// A handoff is admitted only with the block its own first decode needs: with exactly its pages
+// free and nobody who may yield (equal priority), it waits instead of being copied in and then
+// preempting itself for its next token in the same step.
+TEST(Scheduler, HandoffWaitsForItsOwnNextTokensBlock) {
+  const std::vector<SchedSeq> run = {running(0, 3, 1, /*priority=*/0)};
+  const std::vector<SchedHandoff> h = {{20, 0, 30, /*num_tokens=*/8}};  // 2 full pages
+  SchedulerInput in{run, {}, h, /*free=*/2, /*total=*/8, 1};
+  SchedulerOutput out = Scheduler(config(64, false)).schedule(in);
+  EXPECT_TRUE(out.admitted.empty());
+  EXPECT_EQ(out.handoff_wait, HandoffWait::kNoBlocks);
+  EXPECT_TRUE(out.preempted.empty());
+  in.free_blocks = 3;
+  out = Scheduler(config(64, false)).schedule(in);
+  ASSERT_EQ(out.admitted.size(), 1u);
+  EXPECT_TRUE(out.preempted.empty());
+  ASSERT_EQ(out.decode.size(), 2u);
+  // 7 positions (a partial last page): the 2 pages are all it needs.
+  const std::vector<SchedHandoff> partial = {{20, 0, 30, 7}};
+  in.handoffs = partial;
+  in.free_blocks = 2;
+  out = Scheduler(config(64, false)).schedule(in);
+  ASSERT_EQ(out.admitted.size(), 1u);
+  EXPECT_TRUE(out.preempted.empty());
 }
 
 TEST(Scheduler, HandoffWaitsBehindPreemptedSequencesAndForASlot) {
@@ -187,6 +213,17 @@ TEST(Scheduler, HandoffWaitsBehindPreemptedSequencesAndForASlot) {
   SchedulerConfig one_slot = config(64, false);
   one_slot.max_num_seqs = 1;
   out = Scheduler(one_slot).schedule(in);
+  EXPECT_EQ(out.handoff_wait, HandoffWait::kNoSlot);
+  EXPECT_TRUE(out.admitted.empty());
+
+  // Sequences the worker owns but does not list (waiting behind their readers) take slots too.
+  SchedulerConfig two_slots = config(64, false);
+  two_slots.max_num_seqs = 2;
+  const std::vector<SchedHandoff> one = {{21, 9, 31, 4}};
+  SchedulerInput listed{{}, {}, one, 10, 10, 1};
+  EXPECT_EQ(Scheduler(two_slots).schedule(listed).admitted.size(), 1u);
+  listed.unlisted = 2;
+  out = Scheduler(two_slots).schedule(listed);
   EXPECT_EQ(out.handoff_wait, HandoffWait::kNoSlot);
   EXPECT_TRUE(out.admitted.empty());
 }
@@ -490,6 +527,23 @@ TEST(Scheduler, SwappedSequenceResumesWithRoomForItsNextToken) {
   // Its pages and the next token's block exceed the pool: it resumes with what the pool has (its
   // growth is then refused as never_fit, not waited for forever).
   EXPECT_EQ(sched.schedule({{}, full, {}, 2, 2, 3}).swap_in.size(), 1u);
+}
+
+// A table a KV cut changed swaps out only its full device pages: quantized pages stay in their
+// arenas and evicted ones hold nothing, so it swaps in fewer pages than its table has. Its next
+// token needs a block only beyond the whole table (10 pages, 40 positions: one block), not beyond
+// the swapped pages (which asked for 8 more and kept it waiting while 4 blocks were free).
+TEST(Scheduler, SwapInOfACutTableNeedsRoomBeyondItsTableOnly) {
+  const Scheduler sched(config(64, true));
+  SchedSeq w = swapped(1, /*computed=*/40, /*pages=*/3, /*resume_step=*/0);
+  w.num_blocks = 10;  // 7 of them quantized into an arena or evicted
+  const std::vector<SchedSeq> wait = {w};
+  const SchedulerOutput out = sched.schedule({{}, wait, {}, /*free=*/4, 20, /*step=*/1});
+  ASSERT_EQ(out.swap_in.size(), 1u);
+  EXPECT_EQ(out.swap_in[0].blocks, 3);
+  EXPECT_EQ(out.free_blocks_after, 1);  // its next token's block
+  const SchedulerOutput tight = sched.schedule({{}, wait, {}, /*free=*/3, 20, /*step=*/1});
+  EXPECT_TRUE(tight.swap_in.empty());  // no block for the next token
 }
 
 TEST(Scheduler, SwappedSequenceIsNotOvertakenByYoungerPrompts) {
