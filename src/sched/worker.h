@@ -187,6 +187,9 @@ class Worker {
   bool finish_cut(Sequence& seq, Clock::time_point now);
   // A preempted sequence waiting for blocks with priority >= `priority`.
   bool has_unreserved_waiting(int32_t priority) const;
+  // Fair time slicing: running `seq` has decoded for its class's max_hold_ms since it last
+  // (re)started, so waiting work of a higher priority without room may pause it.
+  static bool slice_expired(const Sequence& seq, Clock::time_point now);
   // The temporal cut: swaps `seq` out (true) when the cost model and the host tier allow.
   bool try_swap_out(Sequence& seq, const Preemption& why);
   void apply_swap_ins(const SchedulerOutput& out, Clock::time_point now);

@@ -228,6 +228,12 @@ void Worker::measure_swap_costs() {
   }
 }
 
+bool Worker::slice_expired(const Sequence& seq, Clock::time_point now) {
+  return seq.sla.max_hold_ms > 0 &&
+         std::chrono::duration<double, std::milli>(now - seq.phase_start).count() >=
+             seq.sla.max_hold_ms;
+}
+
 SchedulerInput Worker::scheduler_input(bool with_handoffs) {
   sched_running_.clear();
   sched_waiting_.clear();
@@ -253,9 +259,7 @@ SchedulerInput Worker::scheduler_input(bool with_handoffs) {
     // backlog is read).
     s.stalled = reader_behind(seq);
     // Fair time slicing: decoding for the class's max_hold_ms since it last (re)started.
-    s.slice_expired = seq.sla.max_hold_ms > 0 &&
-                      std::chrono::duration<double, std::milli>(now - seq.phase_start).count() >=
-                          seq.sla.max_hold_ms;
+    s.slice_expired = slice_expired(seq, now);
     // The SwapPredictor's view: time left before the class's latency target is missed (ITL
     // since its last token; TTFT since submission before its first), and its token interval.
     const bool started = seq.num_output() > 0;
@@ -268,11 +272,15 @@ SchedulerInput Worker::scheduler_input(bool with_handoffs) {
     s.final_positions = seq.num_prompt + std::max(0, seq.params.max_tokens - 1);
     sched_running_.push_back(s);
   }
+  int unlisted = 0;
   for (size_t i = 0; i < waiting_.size(); ++i) {
     if (waiting_[i]->next != Sequence::Next::kStay) continue;
     // A preempted sequence whose reader is still behind is not resumed: it would only stall
-    // again holding blocks.
-    if (waiting_[i]->num_output() > 0 && reader_behind(*waiting_[i])) continue;
+    // again holding blocks. It is still the worker's (max_num_seqs).
+    if (waiting_[i]->num_output() > 0 && reader_behind(*waiting_[i])) {
+      ++unlisted;
+      continue;
+    }
     SchedSeq s = view(*waiting_[i], kWaitingBase + static_cast<int>(i));
     s.target = waiting_[i]->prefill_target();
     s.swapped_pages = kv::swapped_pages(waiting_[i]->table);
@@ -294,6 +302,7 @@ SchedulerInput Worker::scheduler_input(bool with_handoffs) {
   in.free_blocks = pool_->available_blocks();
   in.total_blocks = total_blocks_;
   in.step = steps_.load(std::memory_order_relaxed);
+  in.unlisted = unlisted;
   return in;
 }
 
@@ -349,6 +358,9 @@ void Worker::schedule(Clock::time_point now) {
             seq.table, seq.prefix_salt, seq.tokens,
             pool_->shareable_prefix_pages(seq.prefill_target(), seq.num_prompt));
         seq.num_computed = hits * pool_->block_size();
+        // A prompt's usage reports the hits of the prefill that runs (a recompute keeps those
+        // of its first prefill: its prompt was served then).
+        if (seq.num_output() == 0) seq.cached_tokens = seq.num_computed;
       }
       KVSPLIT_CHECK(pool_->reserve(seq.table, seq.prefill_target()));
     }

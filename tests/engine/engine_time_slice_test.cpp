@@ -1,0 +1,199 @@
+// Fair time slicing in the engine (docs/kv-cuts.md, "Time slices"): a running request of a
+// low-priority class cannot hold the pool against a new prompt of a higher-priority class for
+// longer than its class's max_hold_ms. The prompt, which does not fit, is taken from the router
+// without pages and the running one is paused for it; both finish with their tokens alone, and
+// every block comes back.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "engine/engine_impl.h"
+#include "engine_test_util.h"
+
+namespace kvsplit {
+namespace {
+
+using testing::collect;
+using testing::Collected;
+
+EngineConfig slice_config(double batch_hold_ms, SwapMode swap) {
+  EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
+  cfg.block_size = 16;
+  cfg.kv_blocks_per_worker = 32;  // 512 positions
+  cfg.temporal.swap = swap;
+  cfg.temporal.host_capacity_mb = swap == SwapMode::kNever ? 0 : 16;
+  SlaClass batch;
+  batch.name = "batch";
+  batch.priority = 0;
+  batch.max_hold_ms = batch_hold_ms;
+  SlaClass voice;
+  voice.name = "voice";
+  voice.priority = 5;
+  cfg.sla_classes = {batch, voice};
+  return cfg;
+}
+
+// The long request: a 400-token prompt (25 of the 32 blocks) and 100 tokens to generate.
+Request long_request() {
+  Request r;
+  r.request_id = "long";
+  r.sla_class = "batch";
+  r.prompt_token_ids = std::vector<int32_t>(400, 0);
+  for (size_t i = 0; i < r.prompt_token_ids.size(); ++i)
+    r.prompt_token_ids[i] = static_cast<int32_t>(100 + i % 37);
+  r.sampling.max_tokens = 100;
+  r.sampling.ignore_eos = true;
+  r.sampling.temperature = 0;
+  return r;
+}
+
+// The urgent one: 200 prompt tokens (13 blocks; 7 are free while the long one runs).
+Request urgent_request() {
+  Request r;
+  r.request_id = "urgent";
+  r.sla_class = "voice";
+  r.prompt_token_ids = std::vector<int32_t>(200, 0);
+  for (size_t i = 0; i < r.prompt_token_ids.size(); ++i)
+    r.prompt_token_ids[i] = static_cast<int32_t>(60 + i % 29);
+  r.sampling.max_tokens = 8;
+  r.sampling.ignore_eos = true;
+  r.sampling.temperature = 0;
+  return r;
+}
+
+struct Order {
+  Collected long_run, urgent;
+  bool urgent_first = false;
+};
+
+// Starts the long request, waits for its first token, then submits the urgent one, and reports
+// which finished first.
+Order run_both(Engine& engine) {
+  Order o;
+  auto submitted = engine.submit(long_request());
+  EXPECT_TRUE(submitted.ok()) << submitted.status().to_string();
+  if (!submitted.ok()) return o;
+  RequestHandle l = *submitted;
+  TokenEvent first;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!l.next(&first, std::chrono::milliseconds(50))) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      o.long_run.timed_out = o.urgent.timed_out = true;
+      return o;
+    }
+  }
+  EXPECT_FALSE(first.final);
+  auto urgent = engine.submit(urgent_request());
+  EXPECT_TRUE(urgent.ok()) << urgent.status().to_string();
+  if (!urgent.ok()) return o;
+  RequestHandle u = *urgent;
+  o.urgent = collect(u, std::chrono::seconds(120));
+  // The long one's events so far: if it had finished before the urgent one, its final event is
+  // already queued.
+  TokenEvent ev;
+  bool long_done = first.final;
+  o.long_run.tokens = first.token_ids;
+  while (!long_done && l.try_next(&ev)) {
+    o.long_run.tokens.insert(o.long_run.tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
+    long_done = ev.final;
+    if (ev.final) o.long_run.final_event = ev;
+  }
+  o.urgent_first = !long_done;
+  if (!long_done) {
+    const Collected rest = collect(l, std::chrono::seconds(120));
+    o.long_run.tokens.insert(o.long_run.tokens.end(), rest.tokens.begin(), rest.tokens.end());
+    o.long_run.final_event = rest.final_event;
+    o.long_run.timed_out = rest.timed_out;
+  }
+  return o;
+}
+
+class EngineTimeSlice : public ::testing::TestWithParam<SwapMode> {};
+
+TEST_P(EngineTimeSlice, AHigherPriorityPromptPausesARequestPastItsSlice) {
+  KVSPLIT_REQUIRE_MODELS();
+  std::vector<int32_t> long_alone, urgent_alone;
+  {
+    auto ref = Engine::create(testing::stories_config(ServingMode::kColocated));
+    ASSERT_TRUE(ref.ok());
+    Request l = long_request(), u = urgent_request();
+    l.sla_class = u.sla_class = "";  // the reference engine has the default class only
+    auto hl = (*ref)->submit(l);
+    auto hu = (*ref)->submit(u);
+    ASSERT_TRUE(hl.ok() && hu.ok());
+    long_alone = collect(*hl).tokens;
+    urgent_alone = collect(*hu).tokens;
+  }
+  auto engine = EngineImpl::create(slice_config(/*batch_hold_ms=*/1, GetParam()));
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const std::vector<int> initial = testing::free_blocks(**engine);
+  const Order o = run_both(**engine);
+  ASSERT_FALSE(o.urgent.timed_out);
+  ASSERT_FALSE(o.long_run.timed_out);
+  ASSERT_TRUE(o.urgent.final_event.status.ok()) << o.urgent.final_event.status.to_string();
+  ASSERT_TRUE(o.long_run.final_event.status.ok()) << o.long_run.final_event.status.to_string();
+  // Before, the urgent prompt waited in the router until the long one had generated all its
+  // tokens.
+  EXPECT_TRUE(o.urgent_first);
+  EXPECT_GE(o.long_run.final_event.timings.preemptions, 1);
+  EXPECT_EQ(o.urgent.tokens, urgent_alone);
+  EXPECT_EQ(o.long_run.tokens, long_alone);
+  EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+}
+
+// With the prefix cache on and the urgent prompt's pages cached by an earlier run, the prompt
+// taken without pages finds them when its pages come (its first chunk), and its usage reports
+// them: up to 12 full pages of its 200 tokens (never the page of its last token).
+TEST_P(EngineTimeSlice, APromptTakenWithoutPagesReportsItsCacheHits) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = slice_config(/*batch_hold_ms=*/1, GetParam());
+  cfg.prefix_cache = true;
+  auto engine = EngineImpl::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  auto warm = (*engine)->submit(urgent_request());
+  ASSERT_TRUE(warm.ok());
+  const Collected first = collect(*warm);
+  ASSERT_TRUE(first.final_event.status.ok());
+  EXPECT_EQ(first.final_event.usage.cached_tokens, 0);
+  const Order o = run_both(**engine);
+  ASSERT_TRUE(o.urgent.final_event.status.ok()) << o.urgent.final_event.status.to_string();
+  ASSERT_TRUE(o.long_run.final_event.status.ok()) << o.long_run.final_event.status.to_string();
+  EXPECT_TRUE(o.urgent_first);
+  // With a host tier the pages the long prompt pushed out were spilled there and are hit too;
+  // without one they were dropped, and the rest are hit.
+  const int32_t cached = o.urgent.final_event.usage.cached_tokens;
+  if (GetParam() == SwapMode::kNever) {
+    EXPECT_GT(cached, 0);
+    EXPECT_LE(cached, 192);
+    EXPECT_EQ(cached % 16, 0);
+  } else {
+    EXPECT_EQ(cached, 192);
+  }
+  EXPECT_EQ(o.urgent.tokens, first.tokens);
+}
+
+// max_hold_ms 0 (the default): never paused for a slice; the urgent prompt waits its turn.
+TEST_P(EngineTimeSlice, NoSliceNoPause) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto engine = EngineImpl::create(slice_config(/*batch_hold_ms=*/0, GetParam()));
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const std::vector<int> initial = testing::free_blocks(**engine);
+  const Order o = run_both(**engine);
+  ASSERT_TRUE(o.urgent.final_event.status.ok()) << o.urgent.final_event.status.to_string();
+  ASSERT_TRUE(o.long_run.final_event.status.ok()) << o.long_run.final_event.status.to_string();
+  EXPECT_FALSE(o.urgent_first);
+  EXPECT_EQ(o.long_run.final_event.timings.preemptions, 0);
+  EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+}
+
+INSTANTIATE_TEST_SUITE_P(Swap, EngineTimeSlice,
+                         ::testing::Values(SwapMode::kNever, SwapMode::kAlways),
+                         [](const auto& info) {
+                           return info.param == SwapMode::kNever ? std::string("recompute")
+                                                                 : std::string("swap");
+                         });
+
+}  // namespace
+}  // namespace kvsplit
