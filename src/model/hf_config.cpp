@@ -107,8 +107,9 @@ StatusOr<std::vector<std::string>> parse_layer_types(const Json& j, const std::s
 // Sliding-window attention (key k masked for query q when k <= q - window) is plain causal
 // attention for every sequence of at most `window` positions. So a window smaller than the context
 // on any layer that would use it limits the context to the window: exact for every length the
-// engine then accepts (a prompt or generation past it is refused as too long). Returns the
-// context to use.
+// engine then accepts (a prompt past it is refused as too long, and a generation stops at it with
+// finish_reason "length", as at the end of any context; transformers would go on with the window
+// sliding). Returns the context to use.
 StatusOr<int> sliding_window_context(const Json& j, const std::string& what, Arch arch,
                                      const std::vector<std::string>& layer_types, int context) {
   if (arch == Arch::kLlama) return context;

@@ -54,6 +54,7 @@ StopChecker::Step StopChecker::on_token(int32_t token, std::string_view text_del
     for (const std::string& s : params_.stop) match = std::min(match, held_.find(s));
     if (match != std::string::npos) {
       step.reason = FinishReason::kStop;
+      step.stop_string = true;
       step.text = held_.substr(0, match);
       held_.clear();
       finished_ = true;

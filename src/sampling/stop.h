@@ -20,6 +20,9 @@ class StopChecker {
   struct Step {
     FinishReason reason = FinishReason::kNone;  // kStop or kLength when generation ends here
     std::string text;                           // text that may be emitted now
+    // kStop on a stop string: nothing generated from it on is emitted, not even bytes a
+    // detokenizer still holds (an incomplete UTF-8 character after the match).
+    bool stop_string = false;
   };
   // Feeds one generated token (already appended to the output) and its decoded text delta.
   // - EOS (unless ignore_eos) or a stop_token_id: kStop; the token's own text is not emitted,

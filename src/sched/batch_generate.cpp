@@ -380,9 +380,10 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       }
       if (r.reason != FinishReason::kNone) {
         s.reason = r.reason;
-        // Held-back text (a possible stop-string prefix) is released unless a stop string cut it.
+        // Held-back text (a possible stop-string prefix, an incomplete UTF-8 character) is
+        // released unless a stop string cut it (as the server does: finish_sequence).
         std::string rest = s.stop->flush();
-        if (s.decoder) rest += s.decoder->flush();
+        if (s.decoder && !r.stop_string) rest += s.decoder->flush();
         if (!rest.empty()) {
           s.text += rest;
           if (options.on_text) options.on_text(step_seq[k], rest);

@@ -49,6 +49,24 @@ TEST(StopCheckerTest, EosStopsAndItsTextIsNotEmitted) {
   EXPECT_TRUE(c.finished());
 }
 
+// Only a stop string says so (its caller then drops what its detokenizer still holds).
+TEST(StopCheckerTest, OnlyAStopStringReportsStopString) {
+  StopChecker strings(with_stop({"END"}), {2}, 100);
+  EXPECT_FALSE(strings.on_token(10, "ab").stop_string);
+  const StopChecker::Step s = strings.on_token(11, "cEND\xe2");
+  EXPECT_EQ(s.reason, FinishReason::kStop);
+  EXPECT_TRUE(s.stop_string);
+  EXPECT_EQ(s.text, "c");  // "ab" went out with the first token
+  StopChecker eos(with_stop({"END"}), {2}, 100);
+  const StopChecker::Step e = eos.on_token(2, "");
+  EXPECT_EQ(e.reason, FinishReason::kStop);
+  EXPECT_FALSE(e.stop_string);
+  StopChecker length(with_stop({"END"}), {2}, 1);
+  const StopChecker::Step l = length.on_token(10, "x");
+  EXPECT_EQ(l.reason, FinishReason::kLength);
+  EXPECT_FALSE(l.stop_string);
+}
+
 TEST(StopCheckerTest, IgnoreEosRunsToLength) {
   SamplingParams p;
   p.ignore_eos = true;
