@@ -133,8 +133,8 @@ SchedulerOutput Scheduler::schedule(const SchedulerInput& in) const {
 // 1. Handoffs, in arrival order, no overtaking.
 void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
   const SchedulerInput& in = st.in;
-  int slots = config_.max_num_seqs -
-              static_cast<int>(in.running.size() + in.waiting.size()) - in.unlisted;
+  int slots =
+      config_.max_num_seqs - static_cast<int>(in.running.size() + in.waiting.size()) - in.unlisted;
   for (const SchedHandoff& h : in.handoffs) {
     const int need = blocks_for(h.num_tokens, config_.block_size);
     if (need > in.total_blocks) {
