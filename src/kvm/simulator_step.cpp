@@ -560,6 +560,11 @@ void Sim::tick(double now) {
 
 Status Sim::check_decision(const KvmDecision& d) const {
   const bool semantic = param_is_semantic(d.param);
+  // What the engine refuses whatever the value (EngineImpl::apply_kvm_decision): a cut that is off.
+  if (semantic && c_.kv_policy == KvPolicy::kFull)
+    return failed_precondition("the semantic cut is off (kv_policy full)");
+  if ((d.param == "spatial_min_context" || d.param == "migrate_to_shard") && c_.spatial.shards <= 1)
+    return failed_precondition("no spatial shards (shards 1)");
   // The engine checks an integer's range before narrowing it, the others' ranges as it applies.
   if (!semantic || param_is_integer(d.param))
     KVSPLIT_RETURN_IF_ERROR(check_setting(d.param, d.after));

@@ -159,6 +159,47 @@ TEST(Simulator, DecisionsTheEngineRefusesAreRefused) {
   }
 }
 
+// Rules on a cut that is off are refused as the engine refuses them, whatever the value: a
+// semantic threshold under kv_policy full, spatial_min_context or migrate_to_shard without
+// shards. The outcome is the rule-less one.
+TEST(Simulator, DecisionsOnACutThatIsOffAreRefused) {
+  const auto trace = uniform_trace(48, 2, 512, 192);
+  struct Case {
+    KvPolicy policy;
+    KvmAction then;
+    std::string error;
+  } cases[] = {
+      {KvPolicy::kFull,
+       {"semantic_threshold", KvmActionOp::kSet, 0.5},
+       "the semantic cut is off (kv_policy full)"},
+      {KvPolicy::kSemantic,
+       {"spatial_min_context", KvmActionOp::kSet, 64},
+       "no spatial shards (shards 1)"},
+      {KvPolicy::kSemantic, {"migrate_to_shard", KvmActionOp::kSet, 4}, "no spatial shards"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.error);
+    EngineConfig off = pressure_config();
+    off.kv_policy = c.policy;
+    auto base = simulate(off, test_profile(), trace);
+    ASSERT_TRUE(base.ok()) << base.status().to_string();
+    EngineConfig on = off;
+    on.kvm.enabled = true;
+    on.kvm.interval_ms = 10;
+    KvmRule r = raise_threshold_rule();
+    r.then = c.then;
+    r.max = 1e9;
+    on.kvm.rules = {r};
+    auto got = simulate(on, test_profile(), trace);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    ASSERT_FALSE(got->decisions.empty());
+    const KvmDecision& d = got->decisions.front();
+    EXPECT_FALSE(d.applied);
+    EXPECT_NE(d.error.find(c.error), std::string::npos) << d.error;
+    EXPECT_EQ(got->preemptions, base->preemptions);
+    EXPECT_DOUBLE_EQ(got->end_ms, base->end_ms);
+  }
+}
+
 // A class's semantic values start from the configured settings, as in the engine, not from the
 // engine-wide values of the moment: an engine-wide evict_threshold raised to 0.04 does not make
 // a class's semantic_threshold of 0.03 a refused order (the class keeps its configured 0).
