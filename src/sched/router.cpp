@@ -15,12 +15,19 @@ Router::Router(std::vector<SlaClass> classes, std::function<void()> on_push)
 Status Router::push(std::unique_ptr<Sequence>& seq, bool notify) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const int c = seq->class_index;
-    KVSPLIT_CHECK(c >= 0);
-    if (c < static_cast<int>(queued_.size()) && queued_[c] >= seq->sla.max_queue) {
+    // The class by name in the list of now: a reload (set_classes) between the caller's look-up
+    // and this push may have reordered or shortened it, and its index would count the request
+    // against another class's max_queue. A class gone since is counted nowhere (as set_classes
+    // does with those queued).
+    int c = static_cast<int>(classes_.size());
+    for (size_t i = 0; i < classes_.size(); ++i) {
+      if (classes_[i].name == seq->sla.name) c = static_cast<int>(i);
+    }
+    seq->class_index = c;
+    if (c < static_cast<int>(queued_.size()) && queued_[c] >= classes_[c].max_queue) {
       return resource_exhausted(
           fmt::format("SLA class '{}' queue is full ({} queued, max_queue {})", seq->sla.name,
-                      queued_[c], seq->sla.max_queue));
+                      queued_[c], classes_[c].max_queue));
     }
     if (c < static_cast<int>(queued_.size())) ++queued_[c];
     const int64_t arrival = seq->arrival;

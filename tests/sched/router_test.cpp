@@ -25,6 +25,33 @@ std::unique_ptr<Sequence> make_seq(const std::string& id, int64_t arrival, int p
   return s;
 }
 
+// A push counts its request against its class by name in the list of now: a reload between the
+// caller's look-up of the class index and the push (here: classes reordered, the index stale)
+// must not count it against another class's max_queue, and the class's max_queue of now holds.
+TEST(Router, PushCountsTheClassByNameAfterAReload) {
+  SlaClass a, b;
+  a.name = "a";
+  a.max_queue = 1;
+  b.name = "b";
+  b.max_queue = 100;
+  const auto far = Clock::now() + std::chrono::hours(1);
+  Router r({a, b}, nullptr);
+  r.set_classes({b, a});  // reordered: "a" is index 1 now
+  auto bs = make_seq("x", 0, 0, b, /*index of b now=*/0, far);
+  ASSERT_TRUE(r.push(bs).ok());
+  // "a" requests whose index was looked up before the reload (0: b's now). The first was refused
+  // as if b's queued request were a's.
+  auto first = make_seq("y", 1, 0, a, 0, far);
+  EXPECT_TRUE(r.push(first).ok());
+  auto second = make_seq("z", 2, 0, a, 0, far);
+  EXPECT_EQ(r.push(second).code(), StatusCode::kResourceExhausted);  // a's max_queue 1
+  EXPECT_EQ(r.num_queued(), 2);
+  while (r.pop_if([](const Sequence&) { return true; })) {
+  }
+  auto again = make_seq("w", 3, 0, a, 0, far);
+  EXPECT_TRUE(r.push(again).ok());  // a's count went back to 0
+}
+
 TEST(Router, PriorityThenArrival) {
   SlaClass c;
   const auto far = Clock::now() + std::chrono::hours(1);
