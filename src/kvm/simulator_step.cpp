@@ -197,9 +197,10 @@ void Sim::admit(Worker& w, double now) {
         reject(i);
         continue;
       }
-      // Beside the next-token growth of the running requests served before it, as the
-      // Scheduler admits handoffs.
-      int64_t room = need;
+      // With its own next token's block, beside the next-token growth of the running requests
+      // served before it, as the Scheduler admits handoffs.
+      const int64_t own = next_token_blocks(r.kv, need, c_.block_size);
+      int64_t room = need + (need + own <= w.total_blocks ? own : 0);
       for (int j : w.running) {
         const Req& a = reqs_[j];
         if (a.st == St::kRunning && serves_before(a, r))

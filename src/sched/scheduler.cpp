@@ -316,11 +316,14 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
       if (w->swapped_pages > 0 || w->resident_paused()) {
         // Paused until its resume step, unless steps would not advance.
         if (w->swapped_pages > 0 && in.step < w->resume_step && steps_advance) continue;
-        // It resumes only with room for its next token too (next_token_room), which needs a
-        // block only beyond its whole table: a table a KV cut changed swaps in fewer pages than
-        // it has (quantized pages stay in their arenas, evicted ones hold none).
-        const int room =
-            w->swapped_pages + next_token_room(w->num_computed, w->num_blocks, in.total_blocks);
+        // It resumes only with room for its next token too, which needs a block only beyond its
+        // whole table, and which the pool can hold beside the full-pool blocks the table will
+        // hold: a table a KV cut changed swaps in fewer pages than it has (quantized pages stay
+        // in their arenas, evicted ones hold none).
+        const int extra = next_token_blocks(w->num_computed, w->num_blocks, config_.block_size);
+        const int held = (w->held_blocks >= 0 ? w->held_blocks : w->num_blocks - w->swapped_pages) +
+                         w->swapped_pages;
+        const int room = w->swapped_pages + (held + extra <= in.total_blocks ? extra : 0);
         if (reserving && room > st.free) make_room_by_slice(st, *w, room, out);
         if (!reserving || room > st.free) {
           reserving = false;

@@ -544,6 +544,10 @@ TEST(Scheduler, SwapInOfACutTableNeedsRoomBeyondItsTableOnly) {
   EXPECT_EQ(out.free_blocks_after, 1);  // its next token's block
   const SchedulerOutput tight = sched.schedule({{}, wait, {}, /*free=*/3, 20, /*step=*/1});
   EXPECT_TRUE(tight.swap_in.empty());  // no block for the next token
+  // A pool smaller than the table's entries (10) but not than the full-pool blocks it will hold
+  // (3) and its next token's: that block is still waited for.
+  EXPECT_TRUE(sched.schedule({{}, wait, {}, /*free=*/3, /*total=*/4, 1}).swap_in.empty());
+  EXPECT_EQ(sched.schedule({{}, wait, {}, /*free=*/4, /*total=*/4, 1}).swap_in.size(), 1u);
 }
 
 TEST(Scheduler, SwappedSequenceIsNotOvertakenByYoungerPrompts) {
