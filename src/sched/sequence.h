@@ -113,6 +113,9 @@ struct Sequence {
   // Prefix cache: the tenant's (and cache_salt's) salt, and the prompt tokens served from it.
   uint64_t prefix_salt = 0;
   int32_t cached_tokens = 0;
+  // Taken from the router without pages (a time slice, Worker::admit_from_router): its cached
+  // prompt pages are looked up when its pages come (its first chunk), and cached_tokens then.
+  bool pages_deferred = false;
   // Effective-KV accounting (sched/kv_account.h): updated by the owner at its accounting points
   // (docs/kvm.md), carried with the sequence through a handoff, closed by finish_sequence.
   KvAccount kv_account;

@@ -402,32 +402,44 @@ void Worker::admit_from_router(Clock::time_point now) {
     account_kv(*seq, now);  // the prompt's pages are held from here
     waiting_.push_back(std::move(seq));
   }
-  // Fair time slicing (docs/kv-cuts.md, "Time slices"): a prompt that does not fit is
-  // taken without blocks when running sequences of a lower priority that have held the pool for
-  // their class's max_hold_ms (or whose readers are behind) hold enough to make its room. The
-  // Scheduler then pauses them for it (make_room_by_slice) and its blocks come with its first
-  // chunk. Left in the router it would wait behind them for as long as they run. One at a time:
-  // it counts as unreserved waiting work (the check at the top).
+  // Fair time slicing (docs/kv-cuts.md, "Time slices"): a prompt that does not fit in the free
+  // blocks is taken without pages when running sequences of a lower priority that have held the
+  // pool for their class's max_hold_ms hold enough to make its room. The Scheduler then pauses
+  // them for it (make_room_by_slice) and its pages come with its first chunk; left in the router
+  // it would wait behind them for as long as they run. Only on the second pass that finds it so
+  // at the router's head: another worker of the router with room for it has had a step to take
+  // it. One at a time: it counts as unreserved waiting work (the check at the top).
   if (waiting_.size() >= static_cast<size_t>(options_.max_prefill_seqs)) return;
   const int owned = static_cast<int>(running_.size() + waiting_.size());
   if (owned >= scheduler_.config().max_num_seqs) return;
   std::unique_ptr<Sequence> seq = shared_->router->pop_if([&](const Sequence& s) {
     const int need = (s.num_prompt + pool_->block_size() - 1) / pool_->block_size();
-    if (need > total_blocks_) return false;
-    int room = pool_->available_blocks();
-    for (const std::unique_ptr<Sequence>& r : running_) {
-      if (r->next != Sequence::Next::kStay) continue;
-      if ((r->priority < s.priority && slice_expired(*r, now)) || reader_behind(*r))
-        room += pool_->releasable_blocks(r->table);
+    const int available = pool_->available_blocks();
+    int yielding = 0;
+    if (need > available && need <= total_blocks_) {
+      for (const std::unique_ptr<Sequence>& r : running_) {
+        if (r->next == Sequence::Next::kStay && r->priority < s.priority && slice_expired(*r, now))
+          yielding += pool_->releasable_blocks(r->table);
+      }
     }
-    return need <= room;
+    if (yielding == 0 || need > available + yielding) {
+      slice_head_ = -1;
+      return false;
+    }
+    if (slice_head_ != s.arrival) {
+      slice_head_ = s.arrival;
+      return false;
+    }
+    return true;
   });
   if (!seq) return;
+  slice_head_ = -1;
   seq->enter_phase(SeqPhase::kPrefill, now);
   if (seq->cancelled()) {
     finish(*seq, FinishReason::kCancelled, cancelled_error("cancelled"), now);
     return;
   }
+  seq->pages_deferred = true;
   waiting_.push_back(std::move(seq));
 }
 

@@ -190,6 +190,9 @@ class Worker {
   // Fair time slicing: running `seq` has decoded for its class's max_hold_ms since it last
   // (re)started, so waiting work of a higher priority without room may pause it.
   static bool slice_expired(const Sequence& seq, Clock::time_point now);
+  // Arrival of the router's head that admit_from_router last found could be served by pausing
+  // slice-expired sequences (-1: none); it is taken without pages on the next pass only.
+  int64_t slice_head_ = -1;
   // The temporal cut: swaps `seq` out (true) when the cost model and the host tier allow.
   bool try_swap_out(Sequence& seq, const Preemption& why);
   void apply_swap_ins(const SchedulerOutput& out, Clock::time_point now);

@@ -358,9 +358,9 @@ void Worker::schedule(Clock::time_point now) {
             seq.table, seq.prefix_salt, seq.tokens,
             pool_->shareable_prefix_pages(seq.prefill_target(), seq.num_prompt));
         seq.num_computed = hits * pool_->block_size();
-        // A prompt's usage reports the hits of the prefill that runs (a recompute keeps those
-        // of its first prefill: its prompt was served then).
-        if (seq.num_output() == 0) seq.cached_tokens = seq.num_computed;
+        // A prompt taken without pages (a time slice) looks its cached pages up only now.
+        if (seq.pages_deferred) seq.cached_tokens = seq.num_computed;
+        seq.pages_deferred = false;
       }
       KVSPLIT_CHECK(pool_->reserve(seq.table, seq.prefill_target()));
     }

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/engine_impl.h"
@@ -68,9 +69,11 @@ struct Order {
   bool urgent_first = false;
 };
 
-// Starts the long request, waits for its first token, then submits the urgent one, and reports
-// which finished first.
-Order run_both(Engine& engine) {
+// Starts the long request and waits for its first token; then, with the worker's forward passes
+// held (the long one cannot finish meanwhile, whatever the machine's timing), submits the urgent
+// one and, when `pulled`, waits until the worker has taken it from the router (else a moment);
+// then lets the worker run and reports which finished first.
+Order run_both(EngineImpl& engine, bool pulled) {
   Order o;
   auto submitted = engine.submit(long_request());
   EXPECT_TRUE(submitted.ok()) << submitted.status().to_string();
@@ -85,10 +88,22 @@ Order run_both(Engine& engine) {
     }
   }
   EXPECT_FALSE(first.final);
+  engine.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
   auto urgent = engine.submit(urgent_request());
   EXPECT_TRUE(urgent.ok()) << urgent.status().to_string();
-  if (!urgent.ok()) return o;
+  if (!urgent.ok()) {
+    engine.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+    return o;
+  }
   RequestHandle u = *urgent;
+  if (pulled) {
+    while (engine.stats().pools[0].waiting < 1 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(engine.stats().pools[0].waiting, 1);
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  engine.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
   o.urgent = collect(u, std::chrono::seconds(120));
   // The long one's events so far: if it had finished before the urgent one, its final event is
   // already queued.
@@ -129,7 +144,7 @@ TEST_P(EngineTimeSlice, AHigherPriorityPromptPausesARequestPastItsSlice) {
   auto engine = EngineImpl::create(slice_config(/*batch_hold_ms=*/1, GetParam()));
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   const std::vector<int> initial = testing::free_blocks(**engine);
-  const Order o = run_both(**engine);
+  const Order o = run_both(**engine, /*pulled=*/true);
   ASSERT_FALSE(o.urgent.timed_out);
   ASSERT_FALSE(o.long_run.timed_out);
   ASSERT_TRUE(o.urgent.final_event.status.ok()) << o.urgent.final_event.status.to_string();
@@ -157,7 +172,7 @@ TEST_P(EngineTimeSlice, APromptTakenWithoutPagesReportsItsCacheHits) {
   const Collected first = collect(*warm);
   ASSERT_TRUE(first.final_event.status.ok());
   EXPECT_EQ(first.final_event.usage.cached_tokens, 0);
-  const Order o = run_both(**engine);
+  const Order o = run_both(**engine, /*pulled=*/true);
   ASSERT_TRUE(o.urgent.final_event.status.ok()) << o.urgent.final_event.status.to_string();
   ASSERT_TRUE(o.long_run.final_event.status.ok()) << o.long_run.final_event.status.to_string();
   EXPECT_TRUE(o.urgent_first);
@@ -180,7 +195,7 @@ TEST_P(EngineTimeSlice, NoSliceNoPause) {
   auto engine = EngineImpl::create(slice_config(/*batch_hold_ms=*/0, GetParam()));
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   const std::vector<int> initial = testing::free_blocks(**engine);
-  const Order o = run_both(**engine);
+  const Order o = run_both(**engine, /*pulled=*/false);
   ASSERT_TRUE(o.urgent.final_event.status.ok()) << o.urgent.final_event.status.to_string();
   ASSERT_TRUE(o.long_run.final_event.status.ok()) << o.long_run.final_event.status.to_string();
   EXPECT_FALSE(o.urgent_first);
