@@ -413,7 +413,7 @@ void Worker::admit_from_router(Clock::time_point now) {
   const int owned = static_cast<int>(running_.size() + waiting_.size());
   if (owned >= scheduler_.config().max_num_seqs) return;
   std::unique_ptr<Sequence> seq = shared_->router->pop_if([&](const Sequence& s) {
-    const int need = (s.num_prompt + pool_->block_size() - 1) / pool_->block_size();
+    const int need = kv::BlockTable::blocks_for(s.num_prompt, pool_->block_size());
     const int available = pool_->available_blocks();
     int yielding = 0;
     if (need > available && need <= total_blocks_) {

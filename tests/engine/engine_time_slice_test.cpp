@@ -36,33 +36,26 @@ EngineConfig slice_config(double batch_hold_ms, SwapMode swap) {
   return cfg;
 }
 
-// The long request: a 400-token prompt (25 of the 32 blocks) and 100 tokens to generate.
-Request long_request() {
+// A greedy request of class `cls`: `tokens` prompt ids cycling from `first` with `period`, and
+// `max_tokens` to generate.
+Request slice_request(const char* id, const char* cls, int tokens, int first, int period,
+                      int max_tokens) {
   Request r;
-  r.request_id = "long";
-  r.sla_class = "batch";
-  r.prompt_token_ids = std::vector<int32_t>(400, 0);
-  for (size_t i = 0; i < r.prompt_token_ids.size(); ++i)
-    r.prompt_token_ids[i] = static_cast<int32_t>(100 + i % 37);
-  r.sampling.max_tokens = 100;
+  r.request_id = id;
+  r.sla_class = cls;
+  r.prompt_token_ids.resize(static_cast<size_t>(tokens));
+  for (int i = 0; i < tokens; ++i) r.prompt_token_ids[i] = first + i % period;
+  r.sampling.max_tokens = max_tokens;
   r.sampling.ignore_eos = true;
   r.sampling.temperature = 0;
   return r;
 }
 
+// The long request: a 400-token prompt (25 of the 32 blocks) and 100 tokens to generate.
+Request long_request() { return slice_request("long", "batch", 400, 100, 37, 100); }
+
 // The urgent one: 200 prompt tokens (13 blocks; 7 are free while the long one runs).
-Request urgent_request() {
-  Request r;
-  r.request_id = "urgent";
-  r.sla_class = "voice";
-  r.prompt_token_ids = std::vector<int32_t>(200, 0);
-  for (size_t i = 0; i < r.prompt_token_ids.size(); ++i)
-    r.prompt_token_ids[i] = static_cast<int32_t>(60 + i % 29);
-  r.sampling.max_tokens = 8;
-  r.sampling.ignore_eos = true;
-  r.sampling.temperature = 0;
-  return r;
-}
+Request urgent_request() { return slice_request("urgent", "voice", 200, 60, 29, 8); }
 
 struct Order {
   Collected long_run, urgent;

@@ -125,13 +125,33 @@ KvmRule raise_threshold_rule() {
   return r;
 }
 
+// `off` with one rule doing `then` (enforce, every 10 ms): its first decision is refused with
+// `error`, and the run's outcome is `base`'s (the rule-less run of `off`).
+void expect_refused(EngineConfig off, const SimResult& base, const KvmAction& then,
+                    const std::string& error, const std::vector<TraceRequest>& trace) {
+  EngineConfig& on = off;
+  on.kvm.enabled = true;
+  on.kvm.interval_ms = 10;
+  KvmRule r = raise_threshold_rule();
+  r.then = then;
+  r.max = 1e9;
+  on.kvm.rules = {r};
+  auto got = simulate(on, test_profile(), trace);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  ASSERT_FALSE(got->decisions.empty());
+  const KvmDecision& d = got->decisions.front();
+  EXPECT_FALSE(d.applied);
+  EXPECT_NE(d.error.find(error), std::string::npos) << d.error;
+  EXPECT_EQ(got->preemptions, base.preemptions);
+  EXPECT_DOUBLE_EQ(got->end_ms, base.end_ms);
+}
+
 // Decisions the engine refuses are refused here too (they were applied and reported applied):
 // max_num_seqs beyond the worker's [1, 65536], and a semantic threshold the cut's validation
 // refuses (evict_threshold at or above semantic_threshold). The outcome is the rule-less one.
 TEST(Simulator, DecisionsTheEngineRefusesAreRefused) {
   const auto trace = uniform_trace(48, 2, 512, 192);
-  EngineConfig off = pressure_config();
-  auto base = simulate(off, test_profile(), trace);
+  auto base = simulate(pressure_config(), test_profile(), trace);
   ASSERT_TRUE(base.ok()) << base.status().to_string();
   struct Case {
     KvmAction then;
@@ -141,21 +161,7 @@ TEST(Simulator, DecisionsTheEngineRefusesAreRefused) {
                 "semantic.evict_threshold: must be below semantic_threshold"}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.error);
-    EngineConfig on = pressure_config();
-    on.kvm.enabled = true;
-    on.kvm.interval_ms = 10;
-    KvmRule r = raise_threshold_rule();
-    r.then = c.then;
-    r.max = 1e9;
-    on.kvm.rules = {r};
-    auto got = simulate(on, test_profile(), trace);
-    ASSERT_TRUE(got.ok()) << got.status().to_string();
-    ASSERT_FALSE(got->decisions.empty());
-    const KvmDecision& d = got->decisions.front();
-    EXPECT_FALSE(d.applied);
-    EXPECT_NE(d.error.find(c.error), std::string::npos) << d.error;
-    EXPECT_EQ(got->preemptions, base->preemptions);
-    EXPECT_DOUBLE_EQ(got->end_ms, base->end_ms);
+    expect_refused(pressure_config(), *base, c.then, c.error, trace);
   }
 }
 
@@ -182,21 +188,7 @@ TEST(Simulator, DecisionsOnACutThatIsOffAreRefused) {
     off.kv_policy = c.policy;
     auto base = simulate(off, test_profile(), trace);
     ASSERT_TRUE(base.ok()) << base.status().to_string();
-    EngineConfig on = off;
-    on.kvm.enabled = true;
-    on.kvm.interval_ms = 10;
-    KvmRule r = raise_threshold_rule();
-    r.then = c.then;
-    r.max = 1e9;
-    on.kvm.rules = {r};
-    auto got = simulate(on, test_profile(), trace);
-    ASSERT_TRUE(got.ok()) << got.status().to_string();
-    ASSERT_FALSE(got->decisions.empty());
-    const KvmDecision& d = got->decisions.front();
-    EXPECT_FALSE(d.applied);
-    EXPECT_NE(d.error.find(c.error), std::string::npos) << d.error;
-    EXPECT_EQ(got->preemptions, base->preemptions);
-    EXPECT_DOUBLE_EQ(got->end_ms, base->end_ms);
+    expect_refused(off, *base, c.then, c.error, trace);
   }
 }
 
