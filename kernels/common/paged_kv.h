@@ -30,4 +30,19 @@ KVSPLIT_HOST_DEVICE int64_t slot_of(const int32_t* block_table_row, int block_si
   return int64_t{block_table_row[pos / block_size]} * block_size + pos % block_size;
 }
 
+// Sliding-window attention (backend::AttentionArgs::window): the first key position a query at
+// `pos` attends, max(0, pos - window + 1) (transformers masks key k for query q when
+// k <= q - window); window 0 means full causal attention (0).
+KVSPLIT_HOST_DEVICE int window_first_key(int pos, int window) {
+  return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
+// Where the split-K decode of a sequence of kv_len keys starts: the first key its query (at
+// position kv_len - 1) attends, rounded down to a page boundary so that splits stay whole pages
+// (backend::SplitPlan). 0 without a window.
+KVSPLIT_HOST_DEVICE int window_decode_base(int kv_len, int window, int block_size) {
+  const int first = window_first_key(kv_len - 1, window);
+  return first - first % block_size;
+}
+
 }  // namespace kvsplit::kernels

@@ -61,7 +61,8 @@ struct LayerKv {
 
 // Sequences of one attention call. Queries of sequence s are rows
 // [query_start[s], query_start[s+1]) of q; they sit at positions kv_len[s] - q_len .. kv_len[s]-1
-// and attend causally to KV positions [0, their own position]. All arrays are device memory.
+// and attend causally to KV positions [0, their own position], or with a sliding window W > 0 to
+// [max(0, position - W + 1), position] (kernels::window_first_key). All arrays are device memory.
 struct AttentionArgs {
   const float* q = nullptr;  // [num_tokens, num_heads, head_dim]
   float* out = nullptr;      // [num_tokens, num_heads, head_dim]
@@ -78,6 +79,10 @@ struct AttentionArgs {
   int max_blocks_per_seq = 0;
   int max_query_len = 0;
   int max_kv_len = 0;
+  // Sliding window (Mistral, Qwen2 sliding layers): each query attends its last `window` positions
+  // (itself included). 0: full causal attention. A decode call's SplitPlan must be made for the
+  // same window (it splits only the keys the query attends).
+  int window = 0;
 
   // ---- Mixed-precision pages (semantic cut, kernels/common/kv_quant.h). ----
   // nullptr: every page is full precision in `kv` (the fast path). Otherwise page (s, i) is read at

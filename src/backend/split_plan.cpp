@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/check.h"
+#include "kernels/common/paged_kv.h"
 
 namespace kvsplit::backend {
 namespace {
@@ -12,22 +13,29 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-SplitPlan make_split_plan(const int32_t* kv_lens, int num_seqs, int block_size, int chunk_tokens) {
-  KVSPLIT_CHECK(block_size > 0 && num_seqs >= 0);
+int split_span(int kv_len, int window, int block_size) {
+  return kv_len - kernels::window_decode_base(kv_len, window, block_size);
+}
+
+SplitPlan make_split_plan(const int32_t* kv_lens, int num_seqs, int block_size, int chunk_tokens,
+                          int window) {
+  KVSPLIT_CHECK(block_size > 0 && num_seqs >= 0 && window >= 0);
   KVSPLIT_CHECK(num_seqs == 0 || kv_lens != nullptr);
   int max_kv_len = 0;
   for (int s = 0; s < num_seqs; ++s) {
     KVSPLIT_CHECK(kv_lens[s] >= 0);
-    max_kv_len = std::max(max_kv_len, kv_lens[s]);
+    max_kv_len = std::max(max_kv_len, split_span(kv_lens[s], window, block_size));
   }
   SplitPlan plan;
+  plan.window = window;
   // "No split": one chunk covers the longest sequence.
   const int64_t chunk = chunk_tokens <= 0 ? std::max<int64_t>(max_kv_len, 1) : chunk_tokens;
   plan.chunk_tokens = static_cast<int>(round_up(chunk, block_size));
   plan.num_splits.resize(num_seqs);
   plan.split_offset.resize(num_seqs);
   for (int s = 0; s < num_seqs; ++s) {
-    const int n = static_cast<int>(std::max<int64_t>(1, ceil_div(kv_lens[s], plan.chunk_tokens)));
+    const int span = split_span(kv_lens[s], window, block_size);
+    const int n = static_cast<int>(std::max<int64_t>(1, ceil_div(span, plan.chunk_tokens)));
     plan.num_splits[s] = n;
     plan.split_offset[s] = plan.total_splits;
     plan.total_splits += n;
@@ -37,19 +45,20 @@ SplitPlan make_split_plan(const int32_t* kv_lens, int num_seqs, int block_size, 
 }
 
 SplitPlan plan_decode_splits(const int32_t* kv_lens, int num_seqs, int num_kv_heads, int block_size,
-                             int parallelism, const SplitPlanConfig& config) {
+                             int parallelism, const SplitPlanConfig& config, int window) {
   KVSPLIT_CHECK(num_kv_heads > 0 && block_size > 0);
   const int64_t target =
       int64_t{std::max(parallelism, 1)} * std::max(config.work_items_per_unit, 1);
   const int64_t base_items = int64_t{num_seqs} * num_kv_heads;
   if (num_seqs == 0 || base_items >= target)
-    return make_split_plan(kv_lens, num_seqs, block_size, 0);
+    return make_split_plan(kv_lens, num_seqs, block_size, 0, window);
 
   int64_t total_tokens = 0;
   int max_kv_len = 0;
   for (int s = 0; s < num_seqs; ++s) {
-    total_tokens += kv_lens[s];
-    max_kv_len = std::max(max_kv_len, kv_lens[s]);
+    const int span = split_span(kv_lens[s], window, block_size);
+    total_tokens += span;
+    max_kv_len = std::max(max_kv_len, span);
   }
   // Equal-sized work items: spread the batch's (token, kv_head) pairs over `target` items...
   int64_t chunk = ceil_div(total_tokens * num_kv_heads, target);
@@ -57,8 +66,8 @@ SplitPlan plan_decode_splits(const int32_t* kv_lens, int num_seqs, int num_kv_he
   chunk = std::max(chunk, int64_t{config.min_chunk_tokens});
   chunk = std::max(chunk, ceil_div(max_kv_len, std::max(config.max_splits_per_seq, 1)));
   chunk = round_up(std::max<int64_t>(chunk, 1), block_size);
-  if (chunk >= max_kv_len) return make_split_plan(kv_lens, num_seqs, block_size, 0);
-  return make_split_plan(kv_lens, num_seqs, block_size, static_cast<int>(chunk));
+  if (chunk >= max_kv_len) return make_split_plan(kv_lens, num_seqs, block_size, 0, window);
+  return make_split_plan(kv_lens, num_seqs, block_size, static_cast<int>(chunk), window);
 }
 
 }  // namespace kvsplit::backend

@@ -3,9 +3,11 @@
 //
 // Sequence s (kv_len tokens) is cut into num_splits[s] contiguous chunks of `chunk_tokens` tokens
 // (the last one shorter); chunk_tokens is a multiple of block_size so a split never shares a page
-// with another. Partial states of sequence s occupy split slots
-// [split_offset[s], split_offset[s] + num_splits[s]) of the backend's partial workspace
-// (o [total_splits, num_heads, head_dim], m and l [total_splits, num_heads]).
+// with another. With a sliding window (AttentionArgs::window, which must equal the plan's) the
+// chunks start at kernels::window_decode_base(kv_len, window, block_size), the page of the first
+// key the query attends, instead of 0: the pages before it get no work item. Partial states of
+// sequence s occupy split slots [split_offset[s], split_offset[s] + num_splits[s]) of the backend's
+// partial workspace (o [total_splits, num_heads, head_dim], m and l [total_splits, num_heads]).
 #pragma once
 
 #include <cstdint>
@@ -30,18 +32,25 @@ struct SplitPlan {
   std::vector<int32_t> split_offset;  // [num_seqs], prefix sum of num_splits
   int total_splits = 0;
   int max_splits = 0;  // max over sequences
+  int window = 0;      // the sliding window planned for (AttentionArgs::window); 0: none
 
   int num_seqs() const { return static_cast<int>(num_splits.size()); }
   bool has_splits() const { return max_splits > 1; }
 };
 
 // Plan with an explicit chunk size (tests, benchmarks). chunk_tokens <= 0 means "no split".
-// chunk_tokens is rounded up to a multiple of block_size.
-SplitPlan make_split_plan(const int32_t* kv_lens, int num_seqs, int block_size, int chunk_tokens);
+// chunk_tokens is rounded up to a multiple of block_size. window: the attention's sliding window
+// (0: none).
+SplitPlan make_split_plan(const int32_t* kv_lens, int num_seqs, int block_size, int chunk_tokens,
+                          int window = 0);
 
 // The heuristic planner: picks chunk_tokens from the batch shape and the device's parallelism
-// (threads or SMs). No split when the batch already fills the device (it would not pay).
+// (threads or SMs), counting only the keys each query attends. No split when the batch already
+// fills the device (it would not pay).
 SplitPlan plan_decode_splits(const int32_t* kv_lens, int num_seqs, int num_kv_heads, int block_size,
-                             int parallelism, const SplitPlanConfig& config = {});
+                             int parallelism, const SplitPlanConfig& config = {}, int window = 0);
+
+// Keys [window_decode_base, kv_len) the splits of a sequence cover.
+int split_span(int kv_len, int window, int block_size);
 
 }  // namespace kvsplit::backend

@@ -68,7 +68,8 @@ TEST(CpuMixedAttention, DecodeMatchesTheMixedOracleWithAndWithoutSplits) {
     const int num_seqs = rng.range(1, 5);
     for (int s = 0; s < num_seqs; ++s)
       spec.kv_lens.push_back(random_len(rng, iter % 5 ? 500 : 1500));
-    if (iter % 6 == 0) spec.q_range = 8.0;  // peaked softmax
+    if (iter % 6 == 0) spec.q_range = 8.0;               // peaked softmax
+    if (iter % 4 == 2) spec.window = rng.range(1, 400);  // sliding window (earlier pages poisoned)
     AttentionCase c = oracle::make_case(spec);
     Scoring sc(c, *cpu, rng);
     const bool all_full = iter % 10 == 9;  // side outputs on the plain path (page_precision null)
@@ -88,7 +89,7 @@ TEST(CpuMixedAttention, DecodeMatchesTheMixedOracleWithAndWithoutSplits) {
     const std::string what =
         "iter " + std::to_string(iter) + " heads " + std::to_string(spec.num_heads) + "/" +
         std::to_string(spec.num_kv_heads) + " hd " + std::to_string(spec.head_dim) + " bs " +
-        std::to_string(spec.block_size);
+        std::to_string(spec.block_size) + " window " + std::to_string(spec.window);
     for (const SplitPlan& plan : plans_for(c, rng)) {
       const std::string w = what + " chunk " + std::to_string(plan.chunk_tokens);
       std::fill(c.out.begin(), c.out.end(), std::numeric_limits<float>::quiet_NaN());

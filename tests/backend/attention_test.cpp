@@ -156,6 +156,93 @@ TEST(CpuAttentionPrefill, MatchesTheOracleIncludingChunkedPrefill) {
   }
 }
 
+// A sliding window: 1, just under / at a page, random, or past kv_len (masks nothing).
+int random_window(oracle::Rng& rng, int block_size, int max_len) {
+  switch (rng.range(0, 4)) {
+    case 0:
+      return 1;
+    case 1:
+      return std::max(1, block_size - 1);
+    case 2:
+      return block_size;
+    case 3:
+      return max_len + rng.range(0, 5);
+    default:
+      return rng.range(1, max_len);
+  }
+}
+
+// Windowed decode: every plan (no split, one page per split, random, the heuristic) matches the
+// oracle, which attends only [kv_len - W, kv_len); the pages wholly before the window are NaN
+// (make_case poisons them), so reading one would show. And the window does change the output.
+TEST(CpuAttentionDecode, SlidingWindowReadsOnlyTheWindow) {
+  ThreadPool pool(3);
+  oracle::Rng rng(4242);
+  int differs = 0, skipped_pages = 0;
+  for (int iter = 0; iter < 80; ++iter) {
+    CaseSpec spec = random_shape(rng, 9000 + iter);
+    const int num_seqs = rng.range(1, 8);
+    const int max_len = iter % 4 == 0 ? 1500 : 300;
+    for (int s = 0; s < num_seqs; ++s) spec.kv_lens.push_back(random_len(rng, max_len));
+    spec.window = random_window(rng, spec.block_size, max_len);
+    AttentionCase c = oracle::make_case(spec);
+    const AttentionArgs args = c.args();
+    const std::string what = describe(spec) + " window " + std::to_string(spec.window);
+    const std::vector<double> want = oracle::attention_f32(args);
+    for (int s = 0; s < num_seqs; ++s) skipped_pages += c.unread_pages(s);
+
+    const int32_t* kvl = c.kv_lens.data();
+    const int bs = spec.block_size, W = spec.window;
+    backend::SplitPlanConfig cfg;
+    cfg.min_chunk_tokens = 16;
+    const backend::SplitPlan plans[] = {
+        backend::make_split_plan(kvl, num_seqs, bs, 0, W),
+        backend::make_split_plan(kvl, num_seqs, bs, bs, W),
+        backend::make_split_plan(kvl, num_seqs, bs, rng.range(1, 200), W),
+        backend::plan_decode_splits(kvl, num_seqs, spec.num_kv_heads, bs, 32, cfg, W)};
+    for (const backend::SplitPlan& plan : plans) {
+      std::fill(c.out.begin(), c.out.end(), std::numeric_limits<float>::quiet_NaN());
+      ASSERT_TRUE(cpu_attention_decode(args, plan, pool).ok()) << what;
+      expect_matches_oracle(c, want, what + " chunk " + std::to_string(plan.chunk_tokens));
+    }
+    AttentionArgs full = args;
+    full.window = 0;
+    const std::vector<double> unwindowed = oracle::attention_f32(full);
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (std::abs(want[i] - unwindowed[i]) > 1e-3) {
+        ++differs;
+        break;
+      }
+    }
+    if (HasFailure()) FAIL() << "stopping at iteration " << iter;
+  }
+  EXPECT_GT(differs, 20);         // the window did mask keys
+  EXPECT_GT(skipped_pages, 100);  // and whole pages were left unread (poisoned)
+}
+
+// Windowed prefill, chunked prefill over a cached prefix and single-token rows: each row attends
+// its own window.
+TEST(CpuAttentionPrefill, SlidingWindowPerRow) {
+  ThreadPool pool(3);
+  oracle::Rng rng(99);
+  for (int iter = 0; iter < 50; ++iter) {
+    CaseSpec spec = random_shape(rng, 12000 + iter);
+    const int num_seqs = rng.range(1, 5);
+    for (int s = 0; s < num_seqs; ++s) {
+      const int kv_len = random_len(rng, 300);
+      spec.kv_lens.push_back(kv_len);
+      spec.q_lens.push_back(rng.range(0, 2) == 0 ? kv_len : rng.range(1, kv_len));
+    }
+    spec.window = random_window(rng, spec.block_size, 300);
+    AttentionCase c = oracle::make_case(spec);
+    const AttentionArgs args = c.args();
+    const std::string what = describe(spec) + " window " + std::to_string(spec.window);
+    ASSERT_TRUE(cpu_attention_prefill(args, pool).ok()) << what;
+    expect_matches_oracle(c, oracle::attention_f32(args), what);
+    if (HasFailure()) FAIL() << "stopping at iteration " << iter;
+  }
+}
+
 TEST(CpuAttentionPrefill, SingleTokenRowsEqualDecode) {
   ThreadPool pool(2);
   CaseSpec spec;
@@ -305,6 +392,19 @@ TEST_F(CpuAttentionBadArgs, DecodeRejectsMismatchedPlansAndMultiTokenQueries) {
   const Status m = cpu_attention_decode(multi.args(), plan_, pool_);
   EXPECT_EQ(m.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(m.message().find("exactly one query"), std::string::npos) << m.to_string();
+}
+
+TEST_F(CpuAttentionBadArgs, WindowMustBeNonNegativeAndMatchThePlan) {
+  AttentionArgs a = c_.args();
+  a.window = -1;
+  expect_rejected(a, StatusCode::kInvalidArgument, "negative window");
+  a.window = 4;  // plan_ was made without a window
+  const Status st = cpu_attention_decode(a, plan_, pool_);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("window"), std::string::npos) << st.to_string();
+  const backend::SplitPlan windowed =
+      backend::make_split_plan(c_.kv_lens.data(), 2, c_.spec.block_size, 4, 4);
+  EXPECT_TRUE(cpu_attention_decode(a, windowed, pool_).ok());
 }
 
 TEST_F(CpuAttentionBadArgs, EmptyBatchIsANoOp) {

@@ -23,6 +23,10 @@ namespace kvsplit::oracle {
 
 // ---- index math (kept independent of kernels/common/paged_kv.h on purpose) ----
 
+// The first key a query at `pos` attends: with a sliding window W > 0 (AttentionArgs::window),
+// transformers masks key k when k <= pos - W; 0 without one.
+inline int first_key(int pos, int window) { return window > 0 ? std::max(0, pos - window + 1) : 0; }
+
 // Element offset of (block, kv_sel 0 = K / 1 = V, kv_head, slot, dim 0) in a layer's pages.
 inline int64_t page_offset(const backend::LayerKv& kv, int32_t block, int kv_sel, int kv_head,
                            int slot) {
@@ -75,7 +79,7 @@ PartialState partial_state(const backend::AttentionArgs& a, LoadFn&& load, int s
 
 // Causal attention of every query token: returns out [num_tokens, num_heads, head_dim] in fp64.
 // Query i of sequence s (q_len = query_start[s+1] - query_start[s]) sits at position
-// kv_lens[s] - q_len + i and attends to keys [0, position].
+// kv_lens[s] - q_len + i and attends to keys [first_key(position, a.window), position].
 template <typename LoadFn>
 std::vector<double> attention(const backend::AttentionArgs& a, LoadFn&& load) {
   const int hd = a.head_dim;
@@ -86,7 +90,8 @@ std::vector<double> attention(const backend::AttentionArgs& a, LoadFn&& load) {
     for (int i = 0; i < q_len; ++i) {
       const int pos = a.kv_lens[s] - q_len + i;
       for (int h = 0; h < a.num_heads; ++h) {
-        PartialState st = partial_state(a, load, s, q_begin + i, h, 0, pos + 1);
+        PartialState st =
+            partial_state(a, load, s, q_begin + i, h, first_key(pos, a.window), pos + 1);
         double* o = out.data() + (int64_t{q_begin + i} * a.num_heads + h) * hd;
         for (int d = 0; d < hd; ++d) o[d] = st.l > 0 ? st.o[d] / st.l : 0.0;
       }
@@ -107,7 +112,8 @@ std::vector<double> attention_lse(const backend::AttentionArgs& a, LoadFn&& load
     for (int i = 0; i < q_len; ++i) {
       const int pos = a.kv_lens[s] - q_len + i;
       for (int h = 0; h < a.num_heads; ++h) {
-        const PartialState st = partial_state(a, load, s, q_begin + i, h, 0, pos + 1);
+        const PartialState st =
+            partial_state(a, load, s, q_begin + i, h, first_key(pos, a.window), pos + 1);
         if (st.l > 0) lse[int64_t{q_begin + i} * a.num_heads + h] = st.m + std::log(st.l);
       }
     }
@@ -164,6 +170,10 @@ struct CaseSpec {
   // NaN / -1, so a kernel that reads memory it does not own produces NaN (or fails validation).
   // Turn off for kernels that deliberately load whole pages and mask afterwards.
   bool poison_unused = true;
+  // Sliding window of the call (AttentionArgs::window; 0: none). With poison_unused, the pages
+  // wholly before the window of a sequence's first query row are poisoned too: no kernel may read
+  // them.
+  int window = 0;
 };
 
 // Host arrays of one attention call with f32 pages. args() points into this object, so keep it
@@ -192,6 +202,13 @@ struct AttentionCase {
     return kv;
   }
 
+  // Pages of sequence s that no query row attends: those wholly before the sliding window of its
+  // first query row (0 without a window).
+  int unread_pages(int s) const {
+    const int q_len = query_start[s + 1] - query_start[s];
+    return first_key(kv_lens[s] - q_len, spec.window) / spec.block_size;
+  }
+
   backend::AttentionArgs args() {
     backend::AttentionArgs a;
     a.q = q.data();
@@ -209,6 +226,7 @@ struct AttentionCase {
     a.max_blocks_per_seq = max_blocks_per_seq;
     a.max_query_len = 0;
     a.max_kv_len = 0;
+    a.window = spec.window;
     for (int s = 0; s < num_seqs; ++s) {
       a.max_query_len = std::max(a.max_query_len, query_start[s + 1] - query_start[s]);
       a.max_kv_len = std::max(a.max_kv_len, kv_lens[s]);
@@ -250,9 +268,11 @@ inline AttentionCase make_case(const CaseSpec& spec) {
   backend::LayerKv kv = c.layer_kv();
   int next = 0;
   for (int s = 0; s < c.num_seqs; ++s) {
+    const int unread = spec.poison_unused ? c.unread_pages(s) : 0;
     for (int b = 0; b < blocks_needed[s]; ++b) {
       const int32_t id = ids[next++];
       c.block_tables[static_cast<size_t>(s) * c.max_blocks_per_seq + b] = id;
+      if (b < unread) continue;  // stays NaN
       const int valid = std::min(bs, spec.kv_lens[s] - b * bs);
       for (int sel = 0; sel < 2; ++sel)
         for (int h = 0; h < spec.num_kv_heads; ++h)

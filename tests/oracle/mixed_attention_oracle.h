@@ -56,16 +56,18 @@ struct MixedResult {
   std::vector<double> relevance;   // [num_seqs, max_blocks * block_size] max_h exp(z - m); -1
                                    // where not resident
   std::vector<double> page_bound;  // [num_seqs, max_blocks], needs summaries; NaN: no slot
+                                   // or before the window
 };
 
-// Scores of one query row against resident keys [0, key_end) (NaN where not resident).
+// Scores of one query row against resident keys [key_begin, key_end) (NaN where not resident or
+// before key_begin).
 inline std::vector<double> mixed_scores(const backend::AttentionArgs& a, int s, int token, int h,
-                                        int key_end) {
+                                        int key_begin, int key_end) {
   const int hd = a.head_dim;
   const int kvh = kv_head_of(h, a.num_heads, a.num_kv_heads);
   const float* q = a.q + (int64_t{token} * a.num_heads + h) * hd;
   std::vector<double> z(key_end, std::numeric_limits<double>::quiet_NaN());
-  for (int j = 0; j < key_end; ++j) {
+  for (int j = key_begin; j < key_end; ++j) {
     if (!mixed_resident(a, s, j)) continue;
     double dot = 0.0;
     for (int d = 0; d < hd; ++d) dot += static_cast<double>(q[d]) * mixed_elem(a, s, j, 0, kvh, d);
@@ -93,7 +95,8 @@ inline MixedResult mixed_attention(const backend::AttentionArgs& a) {
       const int pos = kv_len - q_len + i;
       for (int h = 0; h < a.num_heads; ++h) {
         const int kvh = kv_head_of(h, a.num_heads, a.num_kv_heads);
-        const std::vector<double> z = mixed_scores(a, s, q0 + i, h, pos + 1);
+        const std::vector<double> z =
+            mixed_scores(a, s, q0 + i, h, first_key(pos, a.window), pos + 1);
         double m = -inf;
         for (double x : z) m = std::isnan(x) ? m : std::max(m, x);
         if (m == -inf) continue;  // nothing resident: output 0
@@ -118,7 +121,8 @@ inline MixedResult mixed_attention(const backend::AttentionArgs& a) {
       }
       if (q_len != 1 || !a.summaries) continue;
       const int nb = (kv_len + bs - 1) / bs;
-      for (int b = 0; b < nb; ++b) {
+      // With a window, pages wholly before it are not scored (NaN: untouched).
+      for (int b = first_key(kv_len - 1, a.window) / bs; b < nb; ++b) {
         const int32_t slot = a.summary_slots[int64_t{s} * a.max_blocks_per_seq + b];
         if (slot < 0) continue;
         double best = 0.0;
@@ -196,7 +200,8 @@ inline MixedCase make_mixed(AttentionCase& c, backend::Backend& backend, Rng& rn
     for (int b = 0; b < nb; ++b) {
       const size_t row = static_cast<size_t>(s) * c.max_blocks_per_seq + b;
       KvPrecision p = KvPrecision::kFull;
-      const bool full_page = (b + 1) * bs <= c.kv_lens[s];
+      // Pages before the window stay full (and poisoned: make_case), never quantized.
+      const bool full_page = (b + 1) * bs <= c.kv_lens[s] && b >= c.unread_pages(s);
       const double u = rng.uniform(0.0, 1.0);
       if (full_page) {
         if (u < mix.p_int8) {

@@ -42,6 +42,7 @@ struct Scoring {
     for (int s = 0; s < c.num_seqs; ++s) {
       for (int b = 0; (b + 1) * bs <= c.kv_lens[s]; ++b) {  // full pages only
         if (rng.range(0, 4) == 0) continue;                 // some pages have no summary
+        if (b < c.unread_pages(s)) continue;                // before the window: poisoned
         const size_t row = static_cast<size_t>(s) * c.max_blocks_per_seq + b;
         slots[row] = num_slots++;
         summaries.resize(static_cast<size_t>(num_slots) * 2 * nkv * hd);
@@ -109,7 +110,8 @@ inline void expect_side_outputs(const backend::AttentionArgs& a, const MixedResu
     }
     for (int b = 0; b < a.max_blocks_per_seq; ++b) {
       const float got = sc.bound[b0 + b], init = sc.bound0[b0 + b];
-      if (!sc.score_seqs[s] || b >= nb || sc.slots[b0 + b] < 0) {
+      if (!sc.score_seqs[s] || b >= nb || sc.slots[b0 + b] < 0 ||
+          std::isnan(want.page_bound[b0 + b])) {  // NaN: before the window
         ASSERT_EQ(got, init) << what << ": bound of seq " << s << " page " << b << " untouched";
         continue;
       }
@@ -144,9 +146,11 @@ inline int random_len(Rng& rng, int max_len) {
 inline std::vector<backend::SplitPlan> plans_for(const AttentionCase& c, Rng& rng) {
   const int bs = c.spec.block_size;
   std::vector<backend::SplitPlan> plans;
-  plans.push_back(backend::make_split_plan(c.kv_lens.data(), c.num_seqs, bs, 0));
-  plans.push_back(backend::make_split_plan(c.kv_lens.data(), c.num_seqs, bs, bs));
-  plans.push_back(backend::make_split_plan(c.kv_lens.data(), c.num_seqs, bs, bs * rng.range(2, 5)));
+  const int w = c.spec.window;
+  plans.push_back(backend::make_split_plan(c.kv_lens.data(), c.num_seqs, bs, 0, w));
+  plans.push_back(backend::make_split_plan(c.kv_lens.data(), c.num_seqs, bs, bs, w));
+  plans.push_back(
+      backend::make_split_plan(c.kv_lens.data(), c.num_seqs, bs, bs * rng.range(2, 5), w));
   return plans;
 }
 

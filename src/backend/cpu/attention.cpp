@@ -104,6 +104,7 @@ Status validate(const AttentionArgs& a, const char* op) {
                             std::to_string(a.kv.num_blocks) + ")");
   }
   if (!std::isfinite(a.scale)) return invalid_argument(where + "scale is not finite");
+  if (a.window < 0) return invalid_argument(where + "negative window " + std::to_string(a.window));
   if (a.num_seqs == 0) return ok_status();
   if (!a.query_start || !a.kv_lens || !a.block_tables) {
     return invalid_argument(where + "null query_start, kv_lens or block_tables");
@@ -152,12 +153,17 @@ Status validate_plan(const AttentionArgs& a, const backend::SplitPlan& plan) {
                             " is not a positive multiple of block_size " +
                             std::to_string(a.kv.block_size));
   }
+  if (plan.window != a.window) {
+    return invalid_argument(where + "was made for window " + std::to_string(plan.window) +
+                            ", the call's window is " + std::to_string(a.window));
+  }
   int offset = 0;
   int max_splits = 0;
   for (int s = 0; s < a.num_seqs; ++s) {
     const int64_t n = plan.num_splits[s];
-    // The split bounds (split * chunk_tokens) are computed in int by the decode.
-    if (n < 1 || plan.split_offset[s] != offset || n * plan.chunk_tokens < a.kv_lens[s] ||
+    const int span = backend::split_span(a.kv_lens[s], a.window, a.kv.block_size);
+    // The split bounds (base + split * chunk_tokens) are computed in int by the decode.
+    if (n < 1 || plan.split_offset[s] != offset || n * plan.chunk_tokens < span ||
         n * plan.chunk_tokens > std::numeric_limits<int32_t>::max()) {
       return invalid_argument(where + "does not match kv_len " + std::to_string(a.kv_lens[s]) +
                               " of " + seq_str(s) + " (num_splits " + std::to_string(n) +
@@ -253,8 +259,10 @@ Status cpu_attention_decode(const AttentionArgs& a, const backend::SplitPlan& pl
     const int kvh = static_cast<int>(item % nkv);
     const auto [s, sp] = ws.items[item / nkv];
     const int kv_len = a.kv_lens[s];
-    const int key_begin = sp * plan.chunk_tokens;
+    const int key_begin =
+        kernels::window_decode_base(kv_len, a.window, a.kv.block_size) + sp * plan.chunk_tokens;
     const int key_end = std::min(kv_len, key_begin + plan.chunk_tokens);
+    const int first = kernels::window_first_key(kv_len - 1, a.window);
     const int32_t* table = a.block_tables + static_cast<int64_t>(s) * a.max_blocks_per_seq;
     const int64_t head0 = static_cast<int64_t>(a.query_start[s]) * a.num_heads + kvh * group;
 
@@ -262,6 +270,7 @@ Status cpu_attention_decode(const AttentionArgs& a, const backend::SplitPlan& pl
     for (int g = 0; g < group; ++g) {
       r.q[g] = a.q + (head0 + g) * hd;
       r.limit[g] = key_end;
+      r.first[g] = first;
     }
     if (a.page_precision) {
       attend_mixed(a, s, kvh, key_begin, key_end, r);
@@ -308,8 +317,9 @@ Status cpu_attention_prefill(const AttentionArgs& a, ThreadPool& pool) {
   }
   std::stable_sort(items.begin(), items.end(), [&](const auto& x, const auto& y) {
     const auto keys = [&](const std::pair<int, int>& it) {
-      return a.kv_lens[it.first] - (a.query_start[it.first + 1] - a.query_start[it.first]) +
-             it.second;
+      const int pos =
+          a.kv_lens[it.first] - (a.query_start[it.first + 1] - a.query_start[it.first]) + it.second;
+      return pos - kernels::window_first_key(pos, a.window);
     };
     return keys(x) > keys(y);
   });
@@ -329,12 +339,14 @@ Status cpu_attention_prefill(const AttentionArgs& a, ThreadPool& pool) {
       for (int g = 0; g < group; ++g) {
         r.q[i * group + g] = a.q + (head0 + g) * hd;
         r.limit[i * group + g] = pos0 + i + 1;
+        r.first[i * group + g] = kernels::window_first_key(pos0 + i, a.window);
       }
     }
+    const int key_begin = kernels::window_first_key(pos0, a.window);  // the first row's window
     if (a.page_precision) {
-      attend_mixed(a, s, kvh, 0, pos0 + num_rows, r);
+      attend_mixed(a, s, kvh, key_begin, pos0 + num_rows, r);
     } else {
-      attend(a, table, kvh, 0, pos0 + num_rows, r);
+      attend(a, table, kvh, key_begin, pos0 + num_rows, r);
     }
     for (int i = 0; i < num_rows; ++i) {
       const int64_t head0 =

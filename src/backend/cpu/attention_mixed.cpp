@@ -229,7 +229,10 @@ void score_side_outputs(const AttentionArgs& a, const float* m, ThreadPool& pool
   for (int s = 0; s < a.num_seqs; ++s) {
     if (!a.score_seqs[s]) continue;
     const int nb = (a.kv_lens[s] + bs - 1) / bs;
-    for (int i = 0; i < nb; ++i) items.emplace_back(s, i);
+    // With a sliding window only the keys the query attends are scored (pages before its window
+    // keep their values: this layer never reads them again).
+    const int first = kernels::window_first_key(a.kv_lens[s] - 1, a.window);
+    for (int i = first / bs; i < nb; ++i) items.emplace_back(s, i);
   }
   pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t item) {
     const auto [s, i] = items[item];
@@ -258,11 +261,12 @@ void score_side_outputs(const AttentionArgs& a, const float* m, ThreadPool& pool
     if (!a.token_relevance || p == KvPrecision::kEvicted) return;
     const int32_t id = a.block_tables[row];
     const int n = std::min(bs, a.kv_lens[s] - i * bs);
+    const int lo = std::max(0, kernels::window_first_key(a.kv_lens[s] - 1, a.window) - i * bs);
     float* out = a.token_relevance + static_cast<int64_t>(s) * a.max_blocks_per_seq * bs + i * bs;
     float rel[kKeyTile];
     const float* kp[kKeyTile];
     const float* vp[kKeyTile];
-    for (int t0 = 0; t0 < n; t0 += kKeyTile) {
+    for (int t0 = lo; t0 < n; t0 += kKeyTile) {
       const int t1 = std::min(n, t0 + kKeyTile);
       std::fill(rel, rel + (t1 - t0), 0.f);
       for (int g = 0; g < nkv; ++g) {

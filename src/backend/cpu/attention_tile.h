@@ -157,6 +157,7 @@ struct Rows {
   int n = 0;
   const float** q = nullptr;   // [n] -> [head_dim]
   int* limit = nullptr;        // [n] exclusive causal key bound of each row
+  int* first = nullptr;        // [n] first key of each row's sliding window (0: none)
   float* o = nullptr;          // [n, head_dim] unnormalized accumulators
   SoftmaxState* st = nullptr;  // [n]
   float* scores = nullptr;     // [n, kKeyTile] scratch (scores, then softmax weights)
@@ -166,6 +167,7 @@ struct Rows {
 struct Scratch {
   std::vector<const float*> q;
   std::vector<int> limit;
+  std::vector<int> first;
   std::vector<float> o;
   std::vector<SoftmaxState> st;
   std::vector<float> scores;
@@ -173,10 +175,11 @@ struct Scratch {
   Rows rows(int n, int head_dim) {
     q.resize(n);
     limit.resize(n);
+    first.assign(n, 0);
     o.assign(static_cast<size_t>(n) * head_dim, 0.f);
     st.assign(n, kernels::softmax_state_empty());
     scores.resize(static_cast<size_t>(n) * kKeyTile);
-    return Rows{n, q.data(), limit.data(), o.data(), st.data(), scores.data()};
+    return Rows{n, q.data(), limit.data(), first.data(), o.data(), st.data(), scores.data()};
   }
 };
 
@@ -210,26 +213,31 @@ struct PtrKeys {
 };
 
 // One row of a tile's scores s[0, num_keys) (unscaled dot products in, softmax weights out), of
-// which the row may see the first nv: raises the row's running max to cover scale * s[0, nv),
-// rescales o [head_dim] if it rose, then s[t] = exp(scale * s[t] - m) for t < nv, 0 up to
-// num_keys, and adds them to l. Reads and writes s in whole vectors (up to kKeyTile).
-KVSPLIT_ALWAYS_INLINE void softmax_row(float* s, int nv, int num_keys, float scale,
+// which the row may see [lo, nv) (its sliding window starts at lo, its causal limit ends at nv):
+// raises the row's running max to cover scale * s[lo, nv), rescales o [head_dim] if it rose, then
+// s[t] = exp(scale * s[t] - m) for t in [lo, nv), 0 elsewhere up to num_keys, and adds them to l.
+// Reads and writes s in whole vectors (up to kKeyTile).
+KVSPLIT_ALWAYS_INLINE void softmax_row(float* s, int lo, int nv, int num_keys, float scale,
                                        SoftmaxState& st, float* o, int head_dim) {
+  if (lo >= nv) lo = nv = 0;    // sees no key of this tile
+  const int t0 = lo - lo % kW;  // whole vectors before it are all masked
   const Vec vscale = Vec::set1(scale);
   const Vec ninf = Vec::set1(-INFINITY);
   Vec mx = ninf;
-  for (int t = 0; t < nv; t += kW) {
+  for (int t = t0; t < nv; t += kW) {
     const Vec x = Vec::mul(Vec::load(s + t), vscale);
     x.store(s + t);
-    mx = Vec::max(mx, Vec::first(nv - t, x, ninf));
+    mx = Vec::max(mx, Vec::first(nv - t, Vec::first(lo - t, ninf, x), ninf));
   }
   const float c = kernels::softmax_state_raise_max(&st, mx.max_lane());
   if (c != 1.f) scale_in_place(o, c, head_dim);
   const Vec m = Vec::set1(st.m);
   Vec l = Vec::zero();
-  int t = 0;
+  for (int t = 0; t < t0; ++t) s[t] = 0.f;  // masked by the window: weight 0
+  int t = t0;
   for (; t < nv; t += kW) {
-    const Vec p = Vec::first(nv - t, Vec::exp(Vec::sub(Vec::load(s + t), m)), Vec::zero());
+    Vec p = Vec::first(nv - t, Vec::exp(Vec::sub(Vec::load(s + t), m)), Vec::zero());
+    p = Vec::first(lo - t, Vec::zero(), p);
     p.store(s + t);
     l = Vec::add(l, p);
   }
@@ -242,22 +250,26 @@ KVSPLIT_ALWAYS_INLINE void softmax_row(float* s, int nv, int num_keys, float sca
 template <int R, typename Keys>
 inline void fold_rows(Rows& r, int i0, const Keys& keys, int j0, int num_keys, int head_dim,
                       float scale) {
-  int valid[R];  // keys of the tile each row may see (causal)
+  int valid[R];  // keys of the tile each row may see: [lo, valid) (window, causal)
+  int lo[R];
   int max_valid = 0;
+  bool any = false;
   const float* q[R];
   float* s[R];
   float* o[R];
   for (int k = 0; k < R; ++k) {
     valid[k] = std::clamp(r.limit[i0 + k] - j0, 0, num_keys);
+    lo[k] = std::clamp(r.first[i0 + k] - j0, 0, num_keys);
+    any = any || lo[k] < valid[k];
     max_valid = std::max(max_valid, valid[k]);
     q[k] = r.q[i0 + k];
     s[k] = r.scores + static_cast<size_t>(i0 + k) * kKeyTile;
     o[k] = r.o + static_cast<size_t>(i0 + k) * head_dim;
   }
-  if (max_valid == 0) return;
+  if (!any) return;  // no row sees a key of this tile
   keys.template dots<R>(q, max_valid, head_dim, s);
   for (int k = 0; k < R; ++k) {
-    softmax_row(s[k], valid[k], max_valid, scale, r.st[i0 + k], o[k], head_dim);
+    softmax_row(s[k], lo[k], valid[k], max_valid, scale, r.st[i0 + k], o[k], head_dim);
   }
   keys.template pv<R>(o, s, max_valid, head_dim);
 }
