@@ -34,6 +34,7 @@ Status validate_paged_attention(const PagedAttentionParams& p) {
   if (p.num_blocks <= 0 || p.max_blocks_per_seq <= 0)
     return invalid_argument("attention: num_blocks and max_blocks_per_seq must be positive");
   if (!(p.scale > 0.f)) return invalid_argument("attention: scale must be positive");
+  if (p.window < 0) return invalid_argument("attention: negative window");
   if (p.pipeline_stages < 0 || p.pipeline_stages > 2)
     return invalid_argument("attention: pipeline_stages must be 0 (auto), 1 or 2");
   return ok_status();
@@ -53,7 +54,7 @@ Status launch_typed(const PagedAttentionParams& p, cudaStream_t stream, bool dec
     grid_x = static_cast<unsigned>((p.max_query_len + tokens_per_block - 1) / tokens_per_block);
     if (grid_x == 0) return ok_status();
   }
-  // Two pipeline stages where the device's shared memory per block allows, else one.
+  // Pipeline stages: attention_stages (paged_attention.cuh).
   const int rows = tokens_per_block * group;
   const size_t limit = max_dynamic_smem_per_block();
   const size_t two = attn_smem_layout(rows, D, sizeof(KT), 2).total;
@@ -69,8 +70,15 @@ Status launch_typed(const PagedAttentionParams& p, cudaStream_t stream, bool dec
         std::to_string(D) + " needs " + std::to_string(one) +
         " B of shared memory per block; this device allows " + std::to_string(limit));
   }
+  if (pv_combos(rows, D) > kAttnThreads) {
+    return unimplemented(
+        "attention: a GQA group of " + std::to_string(group) + " heads with head_dim " +
+        std::to_string(D) + " is not compiled (at most " +
+        std::to_string(kAttnThreads * kPvRows * kPvChunk / D) + " query rows per block)");
+  }
   const dim3 grid(grid_x, static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_seqs));
-  const cudaError_t e = two <= limit && p.pipeline_stages != 1
+  const long long blocks = static_cast<long long>(grid.x) * grid.y * grid.z;
+  const cudaError_t e = attention_stages(blocks, one, two, limit, p.pipeline_stages) == 2
                             ? launch(paged_attention_kernel<KT, D, 2>, grid, dim3(kAttnThreads),
                                      two, stream, p, tokens_per_block, decode ? 1 : 0)
                             : launch(paged_attention_kernel<KT, D, 1>, grid, dim3(kAttnThreads),

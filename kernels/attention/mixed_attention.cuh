@@ -72,7 +72,7 @@ KVSPLIT_HOST_DEVICE MixedSmemLayout mixed_smem_layout(int rows, int head_dim, in
   L.k = at;
   at = align16(at + kAttnTileKeys * (head_dim + 4) * 4);  // f32 K rows, padded
   L.v = at;
-  at = align16(at + (with_v ? kAttnTileKeys * head_dim * 4 : 0));  // f32 V rows
+  at = align16(at + (with_v ? kAttnTileKeys * (head_dim + 4) * 4 : 0));  // f32 V rows, padded
   L.total = at;
   return L;
 }
@@ -168,8 +168,8 @@ __device__ __forceinline__ void mixed_load_page_info(const MixedAttentionParams&
   }
 }
 
-// Rows [k0, k0 + n) of kv head kvh as f32: K into ks (row stride D + 4), and V into vs (stride D)
-// unless vs is null. One thread per (K or V, row, 8 channels).
+// Rows [k0, k0 + n) of kv head kvh as f32: K into ks and V into vs (row stride D + 4 both) unless
+// vs is null. One thread per (K or V, row, 8 channels).
 template <typename KT, int D>
 __device__ __forceinline__ void mixed_load_rows(const MixedAttentionParams& mp, int kvh, int k0,
                                                 int n, int first_page, const int* pid,
@@ -231,7 +231,7 @@ __device__ __forceinline__ void mixed_load_rows(const MixedAttentionParams& mp, 
           x[e] = int4_dequantize(static_cast<uint8_t>((nib >> (4 * e)) & 0xfu), scale, zero);
       }
     }
-    mixed_store8(sel == 0 ? ks + t * (D + 4) + c * 8 : vs + t * D + c * 8, x);
+    mixed_store8((sel == 0 ? ks : vs) + t * (D + 4) + c * 8, x);
   }
 }
 
@@ -256,9 +256,11 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int n_split = p.num_splits ? p.num_splits[s] : 1;
     if (bx >= n_split || q_len < 1) return;
     tok_count = 1;
+    // With a sliding window the splits start at the page of the first key the query attends.
+    key_begin = window_decode_base(kv_len, p.window, p.block_size);
     key_end = kv_len;
     if (n_split > 1) {
-      key_begin = bx * p.chunk_tokens;
+      key_begin += bx * p.chunk_tokens;
       key_end = key_begin + p.chunk_tokens < kv_len ? key_begin + p.chunk_tokens : kv_len;
       split_slot = p.split_offset[s] + bx;
     }
@@ -266,6 +268,9 @@ __global__ void __launch_bounds__(kAttnThreads)
     tok_begin = bx * tokens_per_block;
     if (tok_begin >= q_len) return;
     tok_count = q_len - tok_begin < tokens_per_block ? q_len - tok_begin : tokens_per_block;
+    // From the page of the first row's first key (a split's keys start on a page too).
+    key_begin = window_first_key(kv_len - q_len + tok_begin, p.window);
+    key_begin -= key_begin % p.block_size;
     key_end = kv_len - q_len + tok_begin + tok_count;  // last row's position + 1
   }
   const int rows = tok_count * group;
@@ -287,13 +292,14 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int h = kvh * group + r % group;
     const int64_t row = q_begin + tok_begin + r / group;
     q_s[i] = p.q[(row * p.num_heads + h) * D + d] * p.scale;  // as in mixed_score_kernel
-    o_s[i] = 0.f;
   }
   for (int r = tid; r < rows; r += blockDim.x) {
     const SoftmaxState empty = softmax_state_empty();
     m_s[r] = empty.m;
     l_s[r] = empty.l;
   }
+  PvAccum<D> pv;  // o, in registers until the end
+  pv.init(rows, tid);
 
   const int lane = tid % 32, warp = tid / 32, num_warps = blockDim.x / 32;
   for (int k0 = key_begin; k0 < key_end; k0 += kAttnTileKeys) {
@@ -308,8 +314,9 @@ __global__ void __launch_bounds__(kAttnThreads)
     for (int i = tid; i < rows * kAttnTileKeys; i += blockDim.x) {
       const int r = i / kAttnTileKeys, t = i % kAttnTileKeys;
       const int limit = decode ? kv_len : kv_len - q_len + tok_begin + r / group + 1;
+      const int first = window_first_key(limit - 1, p.window);
       float score = -INFINITY;
-      if (t < n && k0 + t < limit && pid[(k0 + t) / bs - first_page] >= 0)
+      if (t < n && k0 + t < limit && k0 + t >= first && pid[(k0 + t) / bs - first_page] >= 0)
         score = mixed_dot<D>(q_s + r * D, k_s + t * (D + 4));
       s_s[i] = score;
     }
@@ -337,14 +344,14 @@ __global__ void __launch_bounds__(kAttnThreads)
       }
     }
     __syncthreads();
-    for (int i = tid; i < rows * D; i += blockDim.x) {
-      const int r = i / D, d = i % D;
-      const float* pr = s_s + r * kAttnTileKeys;
-      float acc = o_s[i] * alpha_s[r];
-      for (int t = 0; t < n; ++t) acc += pr[t] * v_s[t * D + d];
-      o_s[i] = acc;
-    }
+    pv.add_tile(s_s, alpha_s, n, [&](int t, int c0, float* v) {
+      const float* src = v_s + t * (D + 4) + c0;
+      const uint4 a = load16(src), b = load16(src + 4);
+      memcpy(v, &a, 16);
+      memcpy(v + 4, &b, 16);
+    });
   }
+  pv.finish(o_s);
   __syncthreads();
   for (int i = tid; i < rows * D; i += blockDim.x) {
     const int r = i / D, d = i % D;
@@ -411,7 +418,9 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int s = blockIdx.y, k0 = blockIdx.x * kAttnTileKeys, tid = threadIdx.x;
   if (!mp.score_seqs[s]) return;
   const int kv_len = p.kv_lens[s];
-  if (k0 >= kv_len) return;
+  // With a sliding window only the keys the query attends are scored, and the pages they are in.
+  const int first = window_first_key(kv_len - 1, p.window);
+  if (k0 >= kv_len || k0 + kAttnTileKeys <= first - first % p.block_size) return;
   const int n = kv_len - k0 < kAttnTileKeys ? kv_len - k0 : kAttnTileKeys;
   const int bs = p.block_size, group = p.num_heads / p.num_kv_heads;
   const int first_page = k0 / bs;
@@ -445,7 +454,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     for (int i = tid; i < group * kAttnTileKeys; i += blockDim.x) {
       const int r = i / kAttnTileKeys, t = i % kAttnTileKeys;
       float e = -1.f;
-      if (t < n && pid[(k0 + t) / bs - first_page] >= 0)
+      if (t < n && k0 + t >= first && pid[(k0 + t) / bs - first_page] >= 0)
         e = expf(mixed_dot<D>(q_s + r * D, k_s + t * (D + 4)) - m_s[r]);
       s_s[i] = e;
     }
@@ -454,7 +463,8 @@ __global__ void __launch_bounds__(kAttnThreads)
       float b = -1.f;
       // Each page is bounded by the tile it starts in; a page past the table row (a kv_len longer
       // than the row, flagged by mixed_load_page_info) has no slot to read nor bound to write.
-      if (page * bs >= k0 && page < seq_pages && page < p.max_blocks_per_seq) {
+      if (page * bs >= k0 && page >= first / bs && page < seq_pages &&
+          page < p.max_blocks_per_seq) {
         const int32_t slot =
             mp.summary_slots[static_cast<int64_t>(s) * p.max_blocks_per_seq + page];
         if (slot >= 0 && (slot >= mp.num_summary_slots || !mp.summaries)) {

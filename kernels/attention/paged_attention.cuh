@@ -6,9 +6,10 @@
 // the GQA group. Keys are walked in tiles of kAttnTileKeys: the block table entries of the tile's
 // pages are read once into shared memory, K and V are staged with 16-byte asynchronous copies
 // (cp.async) into one of two shared-memory stages, then scores, an online-softmax update
-// (kernels/common/softmax_state.h) and the P·V accumulation run from shared memory in fp32. The
-// pipeline is two deep: the copies of tile i+1 are in flight while tile i is computed, so a block
-// keeps HBM busy instead of alternating between loading and computing.
+// (kernels/common/softmax_state.h) and the P·V accumulation (into registers: PvAccum) run in fp32.
+// With two stages the copies of tile i+1 are in flight while tile i is computed; with one, a block
+// alternates, and the smaller footprint fits more blocks per SM to hide each other's loads (the
+// launcher picks: paged_attention_stages).
 #pragma once
 
 #include "kernels/attention/paged_attention.h"
@@ -23,6 +24,8 @@ namespace kvsplit::kernels {
 
 inline constexpr int kAttnThreads = 128;
 inline constexpr int kAttnTileKeys = 64;
+// Score items of one row block, two per key, are one per thread (paged_attention_kernel).
+static_assert(2 * kAttnTileKeys == kAttnThreads);
 // Prefill: query rows per block (tokens x GQA group), at least one token.
 inline constexpr int kPrefillMaxRows = 16;
 
@@ -57,10 +60,117 @@ KVSPLIT_HOST_DEVICE AttnSmemLayout attn_smem_layout(int rows, int head_dim, int 
   L.k = at;
   at = align16(at + stages * kAttnTileKeys * (head_dim * elem_bytes + 16));  // padded
   L.v = at;
-  at = align16(at + stages * kAttnTileKeys * head_dim * elem_bytes);
+  at = align16(at + stages * kAttnTileKeys * (head_dim * elem_bytes + 16));  // padded as K
   L.total = at;
   return L;
 }
+
+// Pipeline stages of a launch of `blocks` blocks needing `one` / `two` bytes of shared memory with
+// one / two stages, on a device allowing `limit` per block: `requested` when 1 or 2 (2 only where
+// it fits: the caller reports that), else (0, auto) two stages only where every block of the grid
+// is resident at once with them (no other block would hide a block's loads) or where one stage fits
+// no more blocks per multiprocessor; otherwise one stage, whose smaller footprint fits more blocks
+// to hide each other's loads (measured on an H200, 64 x 8K bf16 decode: 1.41x faster than two).
+inline int attention_stages(long long blocks, size_t one, size_t two, size_t limit, int requested) {
+  if (two > limit || requested == 1) return 1;
+  if (requested == 2) return 2;
+  const size_t per_sm = smem_per_multiprocessor();
+  auto resident = [&](size_t bytes) {  // blocks per multiprocessor (1 KiB reserved per block)
+    const size_t by_smem = per_sm / (bytes + 1024);
+    const size_t by_threads = 2048 / kAttnThreads;
+    return static_cast<long long>(by_smem < by_threads ? by_smem : by_threads);
+  };
+  const long long with_two = resident(two);
+  if (blocks <= with_two * multiprocessor_count() || resident(one) <= with_two) return 2;
+  return 1;
+}
+
+// ---- P·V with the accumulators in registers (both attention kernels) ----
+// A thread owns kPvRows query rows [r0, r0 + kPvRows) x kPvChunk channels [c0, c0 + kPvChunk) (a
+// "combo") and one of `slices` key slices (keys t = slice, slice + slices, ... of each tile):
+// thread tid is slice tid % slices of combo tid / slices. So each V vector read from shared memory
+// feeds kPvRows rows, o stays in registers across tiles (rescaled by each tile's alpha), and the
+// slices of a combo are consecutive lanes of one warp, summed by shuffles once at the end. V rows
+// are padded like K rows (one 16-byte vector), so the lanes of a phase (consecutive keys) hit
+// distinct banks.
+inline constexpr int kPvRows = 4;
+inline constexpr int kPvChunk = 8;
+KVSPLIT_HOST_DEVICE int pv_combos(int rows, int head_dim) {
+  return (rows + kPvRows - 1) / kPvRows * (head_dim / kPvChunk);
+}
+// Key slices per combo: the largest power of two (at most a warp) with every combo's slices in
+// the block; 1 when combos fill it (pv_combos must not exceed kAttnThreads: the launchers check).
+KVSPLIT_HOST_DEVICE int pv_slices(int rows, int head_dim) {
+  const int combos = pv_combos(rows, head_dim);
+  int s = 1;
+  while (s < 32 && 2 * s * combos <= kAttnThreads) s *= 2;
+  return s;
+}
+
+template <int D>
+struct PvAccum {
+  float acc[kPvRows][kPvChunk];
+  int rows, r0, c0, slice, slices;
+  bool active;
+
+  __device__ __forceinline__ void init(int num_rows, int tid) {
+    rows = num_rows;
+    slices = pv_slices(rows, D);
+    const int combo = tid / slices;
+    slice = tid % slices;
+    active = combo < pv_combos(rows, D);
+    r0 = combo / (D / kPvChunk) * kPvRows;
+    c0 = combo % (D / kPvChunk) * kPvChunk;
+#pragma unroll
+    for (int j = 0; j < kPvRows; ++j)
+#pragma unroll
+      for (int e = 0; e < kPvChunk; ++e) acc[j][e] = 0.f;
+  }
+  // One tile of n keys: acc = acc * alpha[r] + sum over the slice's keys t of p[r][t] * V[t].
+  // p: [rows, kAttnTileKeys] probabilities; load_v(t, c0, float[kPvChunk]) reads V row t.
+  template <typename LoadV>
+  __device__ __forceinline__ void add_tile(const float* p, const float* alpha, int n,
+                                           const LoadV& load_v) {
+    if (!active) return;
+    const float* pr[kPvRows];
+#pragma unroll
+    for (int j = 0; j < kPvRows; ++j) {
+      const int r = r0 + j < rows ? r0 + j : rows - 1;  // rows past the end: computed, not stored
+      pr[j] = p + r * kAttnTileKeys;
+      const float a = alpha[r];
+#pragma unroll
+      for (int e = 0; e < kPvChunk; ++e) acc[j][e] *= a;
+    }
+    for (int t = slice; t < n; t += slices) {
+      float v[kPvChunk];
+      load_v(t, c0, v);
+#pragma unroll
+      for (int j = 0; j < kPvRows; ++j) {
+        const float pj = pr[j][t];
+#pragma unroll
+        for (int e = 0; e < kPvChunk; ++e) acc[j][e] = fmaf(pj, v[e], acc[j][e]);
+      }
+    }
+  }
+  // Sums the slices and writes the rows' accumulators to o [rows, D]. Every thread of the block
+  // calls it (the shuffles take whole warps).
+  __device__ __forceinline__ void finish(float* o) {
+    for (int off = slices / 2; off > 0; off /= 2) {
+#pragma unroll
+      for (int j = 0; j < kPvRows; ++j)
+#pragma unroll
+        for (int e = 0; e < kPvChunk; ++e)
+          acc[j][e] += __shfl_xor_sync(kFullWarpMask, acc[j][e], off);
+    }
+    if (!active || slice != 0) return;
+#pragma unroll
+    for (int j = 0; j < kPvRows; ++j) {
+      if (r0 + j >= rows) break;
+#pragma unroll
+      for (int e = 0; e < kPvChunk; ++e) o[(r0 + j) * D + c0 + e] = acc[j][e];
+    }
+  }
+};
 
 // grid (x: split for decode / query tile for prefill, y: kv head, z: sequence), block kAttnThreads.
 // S: pipeline stages (1 or 2).
@@ -84,9 +194,11 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int n_split = p.num_splits ? p.num_splits[s] : 1;
     if (bx >= n_split || q_len < 1) return;
     tok_count = 1;
+    // With a sliding window the splits start at the page of the first key the query attends.
+    key_begin = window_decode_base(kv_len, p.window, p.block_size);
     key_end = kv_len;
     if (n_split > 1) {
-      key_begin = bx * p.chunk_tokens;
+      key_begin += bx * p.chunk_tokens;
       key_end = key_begin + p.chunk_tokens < kv_len ? key_begin + p.chunk_tokens : kv_len;
       split_slot = p.split_offset[s] + bx;
     }
@@ -94,6 +206,9 @@ __global__ void __launch_bounds__(kAttnThreads)
     tok_begin = bx * tokens_per_block;
     if (tok_begin >= q_len) return;
     tok_count = q_len - tok_begin < tokens_per_block ? q_len - tok_begin : tokens_per_block;
+    // From the page of the first row's first key (a split's keys start on a page too).
+    key_begin = window_first_key(kv_len - q_len + tok_begin, p.window);
+    key_begin -= key_begin % p.block_size;
     key_end = kv_len - q_len + tok_begin + tok_count;  // last row's position + 1
   }
   const int rows = tok_count * group;
@@ -115,13 +230,18 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int h = kvh * group + r % group;
     const int64_t row = q_begin + tok_begin + r / group;
     q_s[i] = p.q[(row * p.num_heads + h) * D + d] * p.scale;
-    o_s[i] = 0.f;
   }
   for (int r = tid; r < rows; r += blockDim.x) {
     const SoftmaxState empty = softmax_state_empty();
     m_s[r] = empty.m;
     l_s[r] = empty.l;
   }
+  PvAccum<D> pv;  // o, in registers until the end
+  pv.init(rows, tid);
+  // Score items per tile (below): two parts of D when one row block leaves threads free.
+  const int row_blocks = (rows + kPvRows - 1) / kPvRows;
+  const int qk_parts = row_blocks == 1 && kVecsPerRow % 2 == 0 && D >= 64 ? 2 : 1;
+  const int qk_items = row_blocks * kAttnTileKeys * qk_parts;
 
   const PagedKvLayout layout{p.num_kv_heads, p.block_size, D};
   const int32_t* table = p.block_tables + static_cast<int64_t>(s) * p.max_blocks_per_seq;
@@ -153,7 +273,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int n = tile_len(k0);
     const int first_page = k0 / p.block_size;
     KT* kd = k_s + st * kAttnTileKeys * kKStride;
-    KT* vd = v_s + st * kAttnTileKeys * D;
+    KT* vd = v_s + st * kAttnTileKeys * kKStride;
     for (int i = tid; i < n * kVecsPerRow; i += blockDim.x) {
       const int t = i / kVecsPerRow, c = i % kVecsPerRow;
       const int key = k0 + t;
@@ -161,10 +281,10 @@ __global__ void __launch_bounds__(kAttnThreads)
       if (b >= 0) {
         const int slot = key % p.block_size;
         cp_async16(kd + t * kKStride + c * kVec, kv + layout.offset(b, 0, kvh, slot) + c * kVec);
-        cp_async16(vd + t * D + c * kVec, kv + layout.offset(b, 1, kvh, slot) + c * kVec);
+        cp_async16(vd + t * kKStride + c * kVec, kv + layout.offset(b, 1, kvh, slot) + c * kVec);
       } else {
         store16(kd + t * kKStride + c * kVec, make_uint4(0, 0, 0, 0));
-        store16(vd + t * D + c * kVec, make_uint4(0, 0, 0, 0));
+        store16(vd + t * kKStride + c * kVec, make_uint4(0, 0, 0, 0));
       }
     }
     cp_async_commit();
@@ -174,7 +294,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       key_end > key_begin ? (key_end - key_begin + kAttnTileKeys - 1) / kAttnTileKeys : 0;
   if (num_tiles > 0) {
     load_page_ids(key_begin, 0);
-    __syncthreads();  // also: q_s, o_s, m_s, l_s are initialised
+    __syncthreads();  // also: q_s, m_s, l_s are initialised
     issue_tile(key_begin, 0);
   }
   for (int it = 0; it < num_tiles; ++it) {
@@ -190,25 +310,47 @@ __global__ void __launch_bounds__(kAttnThreads)
     if (S == 2 && more) issue_tile(k0 + kAttnTileKeys, nxt);  // in flight while tile it is computed
     const int* blk = blk_s + cur * kAttnTileKeys;
     const KT* kt = k_s + cur * kAttnTileKeys * kKStride;
-    const KT* vt = v_s + cur * kAttnTileKeys * D;
-    for (int i = tid; i < rows * kAttnTileKeys; i += blockDim.x) {
-      const int r = i / kAttnTileKeys, t = i % kAttnTileKeys;
-      const int limit = decode ? kv_len : kv_len - q_len + tok_begin + r / group + 1;
-      float score = -INFINITY;
-      if (t < n && k0 + t < limit && blk[(k0 + t) / p.block_size - first_page] >= 0) {
-        const float* qr = q_s + r * D;
+    const KT* vt = v_s + cur * kAttnTileKeys * kKStride;
+    // Scores. Item (row block of kPvRows rows, key t, part of D): each K vector read from shared
+    // memory feeds the block's rows; with one row block the two halves of D are two lanes, summed
+    // by a shuffle (then every thread has exactly one item, so whole warps shuffle).
+    for (int i = tid; i < qk_items; i += blockDim.x) {
+      const int part = i % qk_parts, t = i / qk_parts % kAttnTileKeys;
+      const int r0 = i / (qk_parts * kAttnTileKeys) * kPvRows;
+      const bool key_ok = t < n && blk[(k0 + t) / p.block_size - first_page] >= 0;
+      float acc[kPvRows];
+#pragma unroll
+      for (int j = 0; j < kPvRows; ++j) acc[j] = 0.f;
+      if (key_ok) {
+        const int c_begin = part * (kVecsPerRow / qk_parts);
         const KT* kr = kt + t * kKStride;
-        float acc = 0.f;
+        const float* qr[kPvRows];
+#pragma unroll
+        for (int j = 0; j < kPvRows; ++j) qr[j] = q_s + (r0 + j < rows ? r0 + j : rows - 1) * D;
 #pragma unroll 4
-        for (int c = 0; c < kVecsPerRow; ++c) {
+        for (int c = c_begin; c < c_begin + kVecsPerRow / qk_parts; ++c) {
           float kf[kVec];
           Vec16<KT>::to_floats(load16(kr + c * kVec), kf);
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) acc += qr[c * kVec + e] * kf[e];
+          for (int j = 0; j < kPvRows; ++j)
+#pragma unroll
+            for (int e = 0; e < kVec; ++e) acc[j] += qr[j][c * kVec + e] * kf[e];
         }
-        score = acc;
       }
-      s_s[i] = score;
+      if (qk_parts == 2) {
+#pragma unroll
+        for (int j = 0; j < kPvRows; ++j) acc[j] += __shfl_xor_sync(kFullWarpMask, acc[j], 1);
+      }
+      if (part != 0) continue;
+#pragma unroll
+      for (int j = 0; j < kPvRows; ++j) {
+        const int r = r0 + j;
+        if (r >= rows) break;
+        const int limit = decode ? kv_len : kv_len - q_len + tok_begin + r / group + 1;
+        const int first = window_first_key(limit - 1, p.window);
+        s_s[r * kAttnTileKeys + t] =
+            key_ok && k0 + t < limit && k0 + t >= first ? acc[j] : -INFINITY;
+      }
     }
     __syncthreads();
     // Online softmax: fold this tile's (max, sum) into the row state; probs overwrite scores.
@@ -234,13 +376,12 @@ __global__ void __launch_bounds__(kAttnThreads)
       }
     }
     __syncthreads();
-    for (int i = tid; i < rows * D; i += blockDim.x) {
-      const int r = i / D, d = i % D;
-      const float* pr = s_s + r * kAttnTileKeys;
-      float acc = o_s[i] * alpha_s[r];
-      for (int t = 0; t < n; ++t) acc += pr[t] * Elem<KT>::to_float(vt[t * D + d]);
-      o_s[i] = acc;
-    }
+    pv.add_tile(s_s, alpha_s, n, [&](int t, int c0, float* v) {
+      const KT* src = vt + t * kKStride + c0;
+#pragma unroll
+      for (int u = 0; u < kPvChunk / kVec; ++u)
+        Vec16<KT>::to_floats(load16(src + u * kVec), v + u * kVec);
+    });
     if (S == 1 && more) {  // one stage: the next tile's loads start once this one is consumed
       __syncthreads();
       load_page_ids(k0 + kAttnTileKeys, 0);
@@ -248,6 +389,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       issue_tile(k0 + kAttnTileKeys, 0);
     }
   }
+  pv.finish(o_s);
   __syncthreads();
   for (int i = tid; i < rows * D; i += blockDim.x) {
     const int r = i / D, d = i % D;

@@ -15,7 +15,8 @@
 namespace kvsplit::kernels {
 
 // Sequences of one call. Queries of sequence s are rows [query_start[s], query_start[s+1]) of q,
-// at positions kv_lens[s] - q_len .. kv_lens[s] - 1, attending causally to keys [0, position].
+// at positions kv_lens[s] - q_len .. kv_lens[s] - 1, attending causally to keys [0, position], or
+// with a sliding window to [window_first_key(position, window), position] (paged_kv.h).
 struct PagedAttentionParams {
   const float* q = nullptr;  // [num_tokens, num_heads, head_dim]
   float* out = nullptr;      // [num_tokens, num_heads, head_dim]
@@ -34,11 +35,13 @@ struct PagedAttentionParams {
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
   int max_blocks_per_seq = 0;
   int max_query_len = 0;
+  int window = 0;  // sliding window (backend::AttentionArgs::window); 0: full causal attention
   // Set by the kernel to 1 when a block table names a block outside [0, num_blocks) (the keys of
   // that page are then ignored). Optional (nullptr); the caller zeroes and checks it.
   int* error_flag = nullptr;
-  // K/V pipeline stages: 0 picks two when they fit in the device's shared memory per block, else
-  // one; 1 or 2 forces that many (kUnimplemented when it does not fit). For benchmarks.
+  // K/V pipeline stages: 0 (auto) picks by occupancy (attention_stages in paged_attention.cuh:
+  // two only where the whole grid is resident at once with them); 1 or 2 forces that many
+  // (kUnimplemented when two do not fit). For benchmarks.
   int pipeline_stages = 0;
   // Optional (nullptr: not written): lse[t, h] = log sum_j exp(scale * q_th . k_j) over the keys
   // row t, head h attends (m + log l of its softmax state), -inf when it attends none (its `out`
@@ -52,6 +55,8 @@ struct PagedAttentionParams {
   float* head_max = nullptr;  // [num_seqs, num_heads]
 
   // ---- split-K decode (FlashDecoding); used by launch_paged_decode only ----
+  // Split j of sequence s covers keys window_decode_base(kv_len, window, block_size) +
+  // [j * chunk_tokens, (j + 1) * chunk_tokens) (backend::SplitPlan).
   int chunk_tokens = 0;                   // keys per split, multiple of block_size
   int max_splits = 1;                     // grid extent; max over num_splits
   const int32_t* num_splits = nullptr;    // [num_seqs] (backend::SplitPlan::num_splits)

@@ -18,6 +18,9 @@ using ::kvsplit::emu::launch;
 // The emulated device's opt-in dynamic shared memory per block (227 KiB unless a test lowers it
 // with emu::set_max_dynamic_smem_bytes to stand in for a smaller GPU).
 inline size_t max_dynamic_smem_per_block() { return ::kvsplit::emu::max_dynamic_smem_bytes(); }
+// The emulated device's multiprocessors and shared memory per multiprocessor: an H100/H200's.
+inline int multiprocessor_count() { return 132; }
+inline size_t smem_per_multiprocessor() { return 228 * 1024; }
 // Message of the last failed emulated launch (the device has no equivalent: "" there).
 inline std::string launch_error_detail() { return ::kvsplit::emu::last_error_message(); }
 }  // namespace kvsplit::kernels
@@ -49,6 +52,29 @@ inline size_t max_dynamic_smem_per_block() {
       cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
       bytes <= 0) {
     (void)cudaGetLastError();  // a failed query is not the caller's error
+    return kDefaultDynamicSmemBytes;
+  }
+  return static_cast<size_t>(bytes);
+}
+
+// Multiprocessors of the current device, and shared memory per multiprocessor (1 and 48 KiB when
+// they cannot be queried).
+inline int multiprocessor_count() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+    (void)cudaGetLastError();
+    return 1;
+  }
+  return n;
+}
+inline size_t smem_per_multiprocessor() {
+  int dev = 0, bytes = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) !=
+          cudaSuccess ||
+      bytes <= 0) {
+    (void)cudaGetLastError();
     return kDefaultDynamicSmemBytes;
   }
   return static_cast<size_t>(bytes);

@@ -46,6 +46,7 @@ struct AttnCase {
   std::vector<int> kv_lens;
   std::vector<int> q_lens;        // empty: decode
   std::vector<int> chunk_tokens;  // decode: split chunk sizes to try (0 = no split)
+  int window = 0;                 // sliding window (0: none); pages before it are NaN-poisoned
 };
 
 void PrintTo(const AttnCase& c, std::ostream* os) { *os << c.name; }
@@ -87,6 +88,7 @@ DeviceCase upload(oracle::AttentionCase& c, ElemType dtype) {
   p.block_tables = d.block_tables.get();
   p.max_blocks_per_seq = a.max_blocks_per_seq;
   p.max_query_len = a.max_query_len;
+  p.window = a.window;
   p.error_flag = d.error_flag.get();
   return d;
 }
@@ -106,6 +108,7 @@ void check_case(const AttnCase& tc) {
   spec.head_dim = tc.head_dim;
   spec.kv_lens = tc.kv_lens;
   spec.q_lens = tc.q_lens;
+  spec.window = tc.window;
   spec.seed = 1234 + tc.head_dim + tc.num_heads * 7 + static_cast<int>(tc.dtype);
   oracle::AttentionCase c = oracle::make_case(spec);
   const std::vector<double> want = reference(c, tc.dtype);
@@ -133,7 +136,7 @@ void check_case(const AttnCase& tc) {
   for (int chunk : tc.chunk_tokens) {
     SCOPED_TRACE("chunk_tokens " + std::to_string(chunk));
     const backend::SplitPlan plan =
-        backend::make_split_plan(c.kv_lens.data(), c.num_seqs, spec.block_size, chunk);
+        backend::make_split_plan(c.kv_lens.data(), c.num_seqs, spec.block_size, chunk, tc.window);
     DeviceCase d = upload(c, tc.dtype);
     DevArray<int32_t> num_splits(plan.num_splits), split_offset(plan.split_offset);
     const size_t total = static_cast<size_t>(std::max(plan.total_splits, 1));
@@ -200,6 +203,16 @@ std::vector<AttnCase> cases() {
   std::vector<int> many(24);
   for (int i = 0; i < 24; ++i) many[i] = 1 + (i * 37) % 90;
   out.push_back({"decode_many_seqs_gqa_d64_f16", 8, 2, 64, ElemType::kF16, many, {}, {0, 32}});
+  // Sliding windows (block 16): one key, under a page, unaligned, and wider than some sequences.
+  for (int w : {1, 15, 37, 200}) {
+    const std::string ws = "_w" + std::to_string(w);
+    out.push_back({"decode_gqa_d64_f16" + ws, 8, 2, 64, ElemType::kF16, skewed, {}, chunks, w});
+    out.push_back(
+        {"prefill_gqa_d64_bf16" + ws, 8, 2, 64, ElemType::kBF16, {5, 40, 97}, {5, 23, 33}, {}, w});
+  }
+  out.push_back({"decode_mha_d128_f32_w50", 4, 4, 128, ElemType::kF32, skewed, {}, chunks, 50});
+  out.push_back(
+      {"prefill_mqa_d128_f32_w20", 8, 1, 128, ElemType::kF32, {5, 40, 97}, {5, 23, 33}, {}, 20});
 #if defined(KVSPLIT_TEST_GPU)
   // Device-sized shapes (too slow for the fiber emulator): kv_len up to 16K with partial last
   // blocks, 64 sequences of skewed lengths, up to 64 splits per sequence, a long cached prefix.
@@ -212,6 +225,24 @@ std::vector<AttnCase> cases() {
       {"decode_large_gqa_d128_bf16", 8, 2, 128, ElemType::kBF16, skew64, {}, {0, 256, 2048}});
   out.push_back({"decode_long_mqa_d64_f16", 8, 1, 64, ElemType::kF16, {16383, 5000}, {}, {0, 256}});
   out.push_back({"decode_long_mha_d128_f32", 4, 4, 128, ElemType::kF32, {9001, 17}, {}, {0, 1024}});
+  out.push_back({"decode_large_gqa_d128_bf16_w4096",
+                 8,
+                 2,
+                 128,
+                 ElemType::kBF16,
+                 skew64,
+                 {},
+                 {0, 256, 2048},
+                 4096});
+  out.push_back({"prefill_long_prefix_gqa_d128_bf16_w1000",
+                 8,
+                 2,
+                 128,
+                 ElemType::kBF16,
+                 {3000, 1000},
+                 {1000, 1000},
+                 {},
+                 1000});
   out.push_back({"prefill_long_prefix_gqa_d128_bf16",
                  8,
                  2,

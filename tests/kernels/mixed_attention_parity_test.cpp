@@ -81,6 +81,7 @@ std::unique_ptr<DeviceMixed> upload(const backend::AttentionArgs& a,
   p.block_tables = d->tables.get();
   p.max_blocks_per_seq = a.max_blocks_per_seq;
   p.max_query_len = a.max_query_len;
+  p.window = a.window;
   p.error_flag = d->error_flag.get();
   if (plan) {
     p.max_splits = std::max(plan->max_splits, 1);
@@ -176,7 +177,8 @@ TEST(MixedAttentionParity, DecodeMatchesTheMixedOracleWithAndWithoutSplits) {
     CaseSpec spec = random_shape(rng, 8100 + iter);
     const int num_seqs = rng.range(1, 4);
     for (int s = 0; s < num_seqs; ++s) spec.kv_lens.push_back(oracle::random_len(rng, max_len));
-    if (iter % 6 == 0) spec.q_range = 8.0;  // peaked softmax
+    if (iter % 6 == 0) spec.q_range = 8.0;                       // peaked softmax
+    if (iter % 3 == 1) spec.window = rng.range(1, max_len / 2);  // sliding window (pages poisoned)
     const ElemType dtype = dtype_of(iter);
     AttentionCase c = oracle::make_case(spec);
     round_pages(c, dtype);
@@ -250,6 +252,7 @@ TEST(MixedAttentionParity, PrefillMatchesTheMixedOracle) {
       spec.kv_lens.push_back(kv_len);
       spec.q_lens.push_back(rng.range(0, 1) ? kv_len : rng.range(1, kv_len));  // chunked prefill
     }
+    if (iter % 3 == 1) spec.window = rng.range(1, max_len / 2);  // sliding window
     const ElemType dtype = dtype_of(iter);
     AttentionCase c = oracle::make_case(spec);
     round_pages(c, dtype);

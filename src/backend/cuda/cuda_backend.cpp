@@ -536,6 +536,10 @@ Status CudaBackend::attention_decode(const AttentionArgs& args, const backend::S
   if (plan.num_seqs() != args.num_seqs)
     return invalid_argument("attention_decode: plan has " + std::to_string(plan.num_seqs()) +
                             " sequences, call has " + std::to_string(args.num_seqs));
+  if (plan.window != args.window)
+    return invalid_argument("attention_decode: plan was made for window " +
+                            std::to_string(plan.window) + ", the call's window is " +
+                            std::to_string(args.window));
   kernels::PagedAttentionParams p = attention_params(args);
   p.error_flag = error_flag_;
   last_flag_op_ = "attention";

@@ -33,6 +33,7 @@ inline kernels::PagedAttentionParams attention_params(const AttentionArgs& a) {
   p.block_tables = a.block_tables;
   p.max_blocks_per_seq = a.max_blocks_per_seq;
   p.max_query_len = a.max_query_len;
+  p.window = a.window;
   p.lse = a.lse;
   p.head_max = a.head_max;
   return p;
