@@ -59,6 +59,11 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
   if (!loaded.tokenizer) return failed_precondition("Engine: the model has no tokenizer");
   e->loaded_ = std::make_unique<model::LoadedModel>(std::move(loaded));
   const model::ModelConfig& mc = e->loaded_->config;
+  if (config.spatial.shards > 1 &&
+      std::ranges::any_of(mc.layer_window, [](int w) { return w > 0; }))
+    return unimplemented(
+        "kv.cuts.spatial.shards > 1: the spatial cut does not support sliding-window attention, "
+        "and the model has windowed layers (sliding_window)");
 
   const bool disagg = config.mode == ServingMode::kDisaggregated;
   const int num_prefill = disagg ? config.num_prefill_workers : 0;

@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "common/log.h"
-
 namespace kvsplit::model {
 
 namespace {
@@ -104,39 +102,30 @@ StatusOr<std::vector<std::string>> parse_layer_types(const Json& j, const std::s
   return types;
 }
 
-// Sliding-window attention (key k masked for query q when k <= q - window) is plain causal
-// attention for every sequence of at most `window` positions. So a window smaller than the context
-// on any layer that would use it limits the context to the window: exact for every length the
-// engine then accepts (a prompt past it is refused as too long, and a generation stops at it with
-// finish_reason "length", as at the end of any context; transformers would go on with the window
-// sliding). Returns the context to use.
-StatusOr<int> sliding_window_context(const Json& j, const std::string& what, Arch arch,
-                                     const std::vector<std::string>& layer_types, int context) {
-  if (arch == Arch::kLlama) return context;
-  bool enabled = true;  // Mistral: whenever sliding_window is not null
-  std::string why = "sliding_window";
+// The sliding window of each layer (ModelConfig::layer_window; empty when none), as transformers
+// applies it: Mistral on every layer whenever sliding_window is not null; Qwen2 on the layers
+// typed sliding_attention, and only with use_sliding_window = true (transformers sets the window
+// to None otherwise); Llama never. A window of at least the context masks nothing: dropped.
+StatusOr<std::vector<int>> parse_layer_windows(const Json& j, const std::string& what, Arch arch,
+                                               const std::vector<std::string>& layer_types,
+                                               int context) {
+  if (arch == Arch::kLlama) return std::vector<int>{};
+  bool use = true;  // Mistral: whenever sliding_window is not null
   if (arch == Arch::kQwen2) {
-    KVSPLIT_ASSIGN_OR_RETURN(enabled, common::json_bool(j, "use_sliding_window", false, what));
-    auto first = std::find(layer_types.begin(), layer_types.end(), kSliding);
-    enabled = enabled && first != layer_types.end();
-    if (enabled) {
-      why = "use_sliding_window = true, layer " + std::to_string(first - layer_types.begin()) +
-            " is " + kSliding + ", sliding_window";
-    }
+    KVSPLIT_ASSIGN_OR_RETURN(use, common::json_bool(j, "use_sliding_window", false, what));
   }
-  if (!enabled) return context;
   auto w = j.find("sliding_window");
-  if (w != j.end() && w->is_null()) return context;
+  if (!use || (w != j.end() && w->is_null())) return std::vector<int>{};
   KVSPLIT_ASSIGN_OR_RETURN(
       int64_t window,
       common::json_int(j, "sliding_window", kHfDefaultSlidingWindow, what, 1, INT32_MAX));
-  if (window >= context) return context;
-  KVSPLIT_LOG_WARN(
-      "{}: {} = {}{} is smaller than the context ({}): the context is limited to {} "
-      "positions (sliding-window masking is not implemented; within the window it "
-      "masks nothing)",
-      what, why, window, w == j.end() ? " (transformers' default)" : "", context, window);
-  return static_cast<int>(window);
+  if (window >= context) return std::vector<int>{};
+  std::vector<int> windows(layer_types.size(), 0);
+  for (size_t l = 0; l < layer_types.size(); ++l) {
+    if (arch == Arch::kMistral || layer_types[l] == kSliding) windows[l] = static_cast<int>(window);
+  }
+  if (std::ranges::none_of(windows, [](int x) { return x > 0; })) return std::vector<int>{};
+  return windows;
 }
 
 Status parse_special_ids(const Json& j, const std::string& dir, const std::string& what, bool qwen2,
@@ -236,8 +225,8 @@ StatusOr<ModelConfig> parse_hf_config(const std::string& dir) {
                            parse_layer_types(j, what, arch, c.num_layers));
   // RoPE last among the sizes: it may extend max_seq_len (linear, yarn).
   KVSPLIT_RETURN_IF_ERROR(parse_hf_rope(j, what, layer_types, &c));
-  KVSPLIT_ASSIGN_OR_RETURN(c.max_seq_len,
-                           sliding_window_context(j, what, arch, layer_types, c.max_seq_len));
+  KVSPLIT_ASSIGN_OR_RETURN(c.layer_window,
+                           parse_layer_windows(j, what, arch, layer_types, c.max_seq_len));
   c.rope_style = backend::RopeStyle::kHalf;
   c.qkv_bias = arch == Arch::kQwen2;
   KVSPLIT_RETURN_IF_ERROR(parse_special_ids(j, dir, what, arch == Arch::kQwen2, &c));

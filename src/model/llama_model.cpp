@@ -496,15 +496,24 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   float* xrn = carve(R * dim);          // their final norm [R, dim]
   float* lg = carve(R * c.vocab_size);  // logits [R, vocab]
 
-  // ---- split-K plan for the decode part ----
-  backend::SplitPlan plan;
+  // ---- split-K plans for the decode part: one per distinct sliding window of the layers ----
+  std::vector<backend::SplitPlan> plans;  // plans[i].window is its window
   if (num_decode > 0) {
     const int32_t* kvl = &meta.ints[meta.dec_kvlens];
-    plan = options.force_chunk_tokens >= 0
-               ? backend::make_split_plan(kvl, num_decode, block_size, options.force_chunk_tokens)
-               : backend::plan_decode_splits(kvl, num_decode, c.num_kv_heads, block_size,
-                                             be.parallelism(), options.split);
+    for (int l = 0; l < c.num_layers; ++l) {
+      const int w = c.window_of(l);
+      if (std::ranges::any_of(plans, [&](const backend::SplitPlan& p) { return p.window == w; }))
+        continue;
+      plans.push_back(
+          options.force_chunk_tokens >= 0
+              ? backend::make_split_plan(kvl, num_decode, block_size, options.force_chunk_tokens, w)
+              : backend::plan_decode_splits(kvl, num_decode, c.num_kv_heads, block_size,
+                                            be.parallelism(), options.split, w));
+    }
   }
+  auto plan_of = [&](int layer) -> const backend::SplitPlan& {
+    return *std::ranges::find(plans, c.window_of(layer), &backend::SplitPlan::window);
+  };
 
   backend::RopeArgs rope;
   rope.style = c.rope_style;
@@ -532,6 +541,7 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     a.max_blocks_per_seq = max_blocks;
     a.max_query_len = dec ? 1 : pre_max_q;
     a.max_kv_len = dec ? dec_max_kv : pre_max_kv;
+    a.window = c.window_of(layer);
     if (dec ? dec_mixed : pre_mixed) {
       a.page_precision = reinterpret_cast<const uint8_t*>(dpages + (dec ? o_dec_prec : o_pre_prec));
       a.int8_pages =
@@ -555,6 +565,10 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   // ---- the sharded sequences' attention plan (spatial cut) ----
   std::optional<ExchangeTally> tally;  // counts this step's exchange, whatever path returns
   if (num_sharded_rows > 0) {
+    if (std::ranges::any_of(c.layer_window, [](int w) { return w > 0; }))
+      return unimplemented(
+          "the spatial cut does not support sliding-window attention (the model has windowed "
+          "layers): run without spatial shards");
     std::vector<ShardedSeq> sh;
     for (int k = num_local; k < static_cast<int>(order.size()); ++k) {
       const SeqStep& s = seqs[order[k]];
@@ -586,7 +600,7 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
         be.rope(q, k, dmeta + meta.positions, nt, c.num_heads, c.num_kv_heads, rope));
     KVSPLIT_RETURN_IF_ERROR(be.kv_append(pool.layer(l), k, v, dmeta + meta.slots, nt));
     if (num_decode > 0)
-      KVSPLIT_RETURN_IF_ERROR(be.attention_decode(attn_args(pool, l, true), plan));
+      KVSPLIT_RETURN_IF_ERROR(be.attention_decode(attn_args(pool, l, true), plan_of(l)));
     if (num_prefill > 0) KVSPLIT_RETURN_IF_ERROR(be.attention_prefill(attn_args(pool, l, false)));
     if (num_sharded_rows > 0) {
       KVSPLIT_RETURN_IF_ERROR(im.sharded.run_layer(l, q + local_tokens * qd, k + local_tokens * kvd,

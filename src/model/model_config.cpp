@@ -52,6 +52,16 @@ Status validate_model_config(const ModelConfig& c, const std::string& source) {
                             " must be finite and > 1");
   }
   KVSPLIT_RETURN_IF_ERROR(validate_rope_scaling(c, source));
+  if (!c.layer_window.empty() && std::ssize(c.layer_window) != c.num_layers) {
+    return invalid_argument(source + ": layer_window has " + std::to_string(c.layer_window.size()) +
+                            " entries for " + std::to_string(c.num_layers) + " layers");
+  }
+  for (size_t l = 0; l < c.layer_window.size(); ++l) {
+    if (c.layer_window[l] < 0) {
+      return invalid_argument(source + ": sliding window of layer " + std::to_string(l) + " = " +
+                              std::to_string(c.layer_window[l]) + " must be >= 0 (0: none)");
+    }
+  }
   for (int32_t id : c.eos_token_ids) {
     if (id < 0 || id >= c.vocab_size) {
       return invalid_argument(source + ": eos token id " + std::to_string(id) +

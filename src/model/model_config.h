@@ -66,8 +66,13 @@ struct ModelConfig {
   bool qkv_bias = false;  // Qwen2
   int32_t bos_token_id = 1;
   std::vector<int32_t> eos_token_ids;  // generation stops on any of these
+  // Sliding-window attention (Mistral, Qwen2's sliding layers): layer_window[l] > 0 means layer l's
+  // query at position p attends keys [max(0, p - W + 1), p] (backend::AttentionArgs::window); 0
+  // means full causal attention. Empty: every layer full. Otherwise num_layers entries.
+  std::vector<int> layer_window;
 
   int q_dim() const { return num_heads * head_dim; }
+  int window_of(int layer) const { return layer_window.empty() ? 0 : layer_window[layer]; }
   int kv_dim() const { return num_kv_heads * head_dim; }
 };
 

@@ -34,6 +34,14 @@ TEST(CudaModel, Stories260KGreedyGoldensWithF32Weights) {
   expect_greedy_goldens(*g, /*max_steps=*/256, /*max_cases=*/12, /*chunk=*/16);  // split-K
 }
 
+// Sliding-window layers (per-layer windows, one split plan per window) against the CPU backend.
+TEST(CudaModel, SlidingWindowLayersMatchTheCpuBackend) {
+  KVSPLIT_REQUIRE_DEVICE();
+  auto be = cuda_backend(backend::DType::kF32);
+  ASSERT_NE(be, nullptr);
+  expect_sliding_window_logits_match_cpu(*be, 1e-3);  // fp32 cuBLAS GEMM sums in its own order
+}
+
 // Greedy ids from the sampling kernel equal the host argmax of the logits rows they replace.
 TEST(CudaModel, DeviceArgmaxRowsMatchLogitsRows) {
   KVSPLIT_REQUIRE_DEVICE();

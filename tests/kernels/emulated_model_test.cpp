@@ -58,5 +58,13 @@ TEST(EmulatedModel, Stories260KBf16WeightsWithinTolerance) {
   EXPECT_LE(e.argmax_mismatches, 2);
 }
 
+// Sliding-window layers through the model on the kernels against the CPU backend
+// (model_golden_check.h).
+TEST(EmulatedModel, SlidingWindowLayersMatchTheCpuBackend) {
+  EmulatedKernelBackend be;
+  expect_sliding_window_logits_match_cpu(be, 1e-4);
+  EXPECT_GT(be.decode_calls(), 0);
+}
+
 }  // namespace
 }  // namespace kvsplit::testing

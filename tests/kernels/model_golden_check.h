@@ -9,10 +9,12 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "kv/kv_pool.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
@@ -206,6 +208,61 @@ inline void expect_argmax_rows_match_logits(GoldenModel& g, int num_prompts) {
     EXPECT_EQ(all_ids[i], sampling::argmax_lowest(last.data() + i * vocab, vocab))
         << "prompt " << i;
   EXPECT_EQ(pool.allocator().num_free(), pool.allocator().num_blocks());
+}
+
+// Sliding windows through LlamaModel on `be` against the CPU backend's logits for the same seeded
+// synthetic stories260K-shaped model: a mix of full and windowed layers (windows of 1 key, under a
+// page, over one), logits at every position of a 24-token prompt by one prefill and by token-by-
+// token decode split one page (16 tokens) per split, so two splits from position 16 on and one
+// split plan per distinct window. Max |logit - CPU| within `tol`; every block returned.
+inline void expect_sliding_window_logits_match_cpu(backend::Backend& be, double tol) {
+  model::LoadOptions lo;
+  lo.load_tokenizer = false;
+  auto loaded = model::load_model("synthetic:stories260k@seed=9", lo);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  loaded->config.layer_window = {3, 0, 19, 1, 3};
+  std::vector<int32_t> prompt(24);
+  for (int i = 0; i < 24; ++i) prompt[i] = (i * 131 + 7) % loaded->config.vocab_size;
+  auto run = [&](backend::Backend& b, bool decode) {
+    std::vector<float> all;
+    auto m = model::LlamaModel::create(*loaded, b);
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    if (!m.ok()) return all;
+    kv::KvPoolConfig pc;
+    pc.num_blocks = 4;
+    pc.block_size = 16;  // the kernels' compiled page size
+    auto pool = kv::KvPool::create(b, pc, (*m)->kv_shape());
+    EXPECT_TRUE(pool.ok());
+    if (!pool.ok()) return all;
+    kv::BlockTable table;
+    EXPECT_TRUE((*pool)->reserve(table, static_cast<int>(prompt.size())));
+    model::ForwardOptions fo;
+    fo.force_chunk_tokens = 16;
+    const std::span<const int32_t> p(prompt);
+    for (size_t i = 0; i < (decode ? prompt.size() : 1); ++i) {
+      model::SeqStep st;
+      st.tokens = decode ? p.subspan(i, 1) : p;
+      st.start_pos = static_cast<int>(i);
+      st.table = &table;
+      st.logits = decode ? model::SeqStep::Logits::kLast : model::SeqStep::Logits::kAll;
+      std::vector<float> logits;
+      const Status s = (*m)->forward({&st, 1}, **pool, &logits, fo);
+      EXPECT_TRUE(s.ok()) << s.to_string();
+      all.insert(all.end(), logits.begin(), logits.end());
+    }
+    (*pool)->release(table);
+    EXPECT_EQ((*pool)->allocator().num_free(), (*pool)->allocator().num_blocks());
+    return all;
+  };
+  std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend(1);
+  const std::vector<float> want = run(*cpu, false);
+  for (bool decode : {false, true}) {
+    const std::vector<float> got = run(be, decode);
+    ASSERT_EQ(got.size(), want.size());
+    double d = 0;
+    for (size_t i = 0; i < got.size(); ++i) d = std::max(d, std::fabs(double(got[i]) - want[i]));
+    EXPECT_LT(d, tol) << (decode ? "decode" : "prefill");
+  }
 }
 
 }  // namespace kvsplit::testing

@@ -361,43 +361,67 @@ TEST(HfConfigFields, MissingKvHeadsTakeTheClassDefault) {
 }
 
 TEST(HfConfigFields, SlidingWindow) {
-  // Mistral: sliding attention whenever sliding_window is not null; transformers' default 4096.
+  using W = std::vector<int>;
+  // Mistral: every layer slides whenever sliding_window is not null; transformers' default 4096.
+  // The context is never cut to the window.
   json m = base_config("MistralForCausalLM");
   m["sliding_window"] = nullptr;
-  EXPECT_EQ(parse_ok(m).max_seq_len, 32);
+  EXPECT_EQ(parse_ok(m).layer_window, W{});
   m["sliding_window"] = 32;  // a window as long as the context masks nothing
-  EXPECT_EQ(parse_ok(m).max_seq_len, 32);
-  m.erase("sliding_window");
-  EXPECT_EQ(parse_ok(m).max_seq_len, 32);
-  // A shorter window limits the context to it (exact up to the window).
+  EXPECT_EQ(parse_ok(m).layer_window, W{});
+  m.erase("sliding_window");  // 4096 against a context of 32
+  EXPECT_EQ(parse_ok(m).layer_window, W{});
   m["sliding_window"] = 16;
-  EXPECT_EQ(parse_ok(m).max_seq_len, 16);
+  ModelConfig c = parse_ok(m);
+  EXPECT_EQ(c.layer_window, (W{16, 16}));
+  EXPECT_EQ(c.max_seq_len, 32);
+  EXPECT_EQ(c.window_of(1), 16);
   m.erase("sliding_window");
   m["max_position_embeddings"] = 8192;
-  EXPECT_EQ(parse_ok(m).max_seq_len, 4096);  // transformers' default window
+  EXPECT_EQ(parse_ok(m).layer_window, (W{4096, 4096}));  // transformers' default window
+  EXPECT_EQ(parse_ok(m).max_seq_len, 8192);
   // The context compared is the scaled one.
   m["max_position_embeddings"] = 1024;
   m["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
-  EXPECT_EQ(parse_ok(m).max_seq_len, 2048);
+  EXPECT_EQ(parse_ok(m).layer_window, W{});
   m["rope_scaling"] = {{"type", "linear"}, {"factor", 8.0}};
-  EXPECT_EQ(parse_ok(m).max_seq_len, 4096);
+  EXPECT_EQ(parse_ok(m).layer_window, (W{4096, 4096}));
+  m.erase("rope_scaling");
+  m["sliding_window"] = 0;
+  expect_error(m, StatusCode::kInvalidArgument, "sliding_window");
 
   // Qwen2: only with use_sliding_window, on layers from max_window_layers on (or layer_types).
   json q = base_config("Qwen2ForCausalLM");
   q["sliding_window"] = 16;
   q["use_sliding_window"] = false;
-  EXPECT_EQ(parse_ok(q).max_seq_len, 32);
+  EXPECT_EQ(parse_ok(q).layer_window, W{});
   q["use_sliding_window"] = true;
   q["max_window_layers"] = 2;  // no layer slides
-  EXPECT_EQ(parse_ok(q).max_seq_len, 32);
+  EXPECT_EQ(parse_ok(q).layer_window, W{});
   q["max_window_layers"] = 1;
-  EXPECT_EQ(parse_ok(q).max_seq_len, 16);
+  EXPECT_EQ(parse_ok(q).layer_window, (W{0, 16}));
   q["layer_types"] = {"full_attention", "full_attention"};  // explicit types win
-  EXPECT_EQ(parse_ok(q).max_seq_len, 32);
+  EXPECT_EQ(parse_ok(q).layer_window, W{});
   q["layer_types"] = {"sliding_attention", "full_attention"};
-  EXPECT_EQ(parse_ok(q).max_seq_len, 16);
+  EXPECT_EQ(parse_ok(q).layer_window, (W{16, 0}));
   q["sliding_window"] = nullptr;
-  EXPECT_EQ(parse_ok(q).max_seq_len, 32);
+  EXPECT_EQ(parse_ok(q).layer_window, W{});
+  // Llama has no sliding attention in transformers: the field is ignored.
+  json l = base_config();
+  l["sliding_window"] = 4;
+  EXPECT_EQ(parse_ok(l).layer_window, W{});
+}
+
+TEST(ModelConfigValidate, LayerWindows) {
+  ModelConfig c = parse_ok(base_config());
+  c.layer_window = {4};  // one entry for two layers
+  EXPECT_FALSE(validate_model_config(c, "t").ok());
+  c.layer_window = {4, -1};
+  const Status st = validate_model_config(c, "t");
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("layer 1"), std::string::npos) << st.message();
+  c.layer_window = {4, 0};
+  EXPECT_TRUE(validate_model_config(c, "t").ok());
 }
 
 }  // namespace
