@@ -168,70 +168,110 @@ __device__ __forceinline__ void mixed_load_page_info(const MixedAttentionParams&
   }
 }
 
+// The raw bytes of one load unit (8 channels of one K or V row at its page's precision): full
+// pages 16 bytes (two loads for f32), int8 8 code bytes + the token's f16 scale, int4 4 nibble
+// bytes + the f16 scale and zero point (per channel for K: 16 bytes each; per token for V).
+struct MixedRaw {
+  uint4 a, b;  // full: the values; int8: a.x, a.y codes; int4 K: a scales, b zero points
+  uint32_t c;  // int8: the scale; int4: the nibbles
+  uint32_t d;  // int4 V: scale | zero << 16
+};
+
 // Rows [k0, k0 + n) of kv head kvh as f32: K into ks and V into vs (row stride D + 4 both) unless
-// vs is null. One thread per (K or V, row, 8 channels).
+// vs is null. One unit per (K or V, row, 8 channels); a thread fetches kMixedBatch units (their
+// loads all in flight), then decodes and stores them: global latency is paid once per batch.
 template <typename KT, int D>
 __device__ __forceinline__ void mixed_load_rows(const MixedAttentionParams& mp, int kvh, int k0,
                                                 int n, int first_page, const int* pid,
                                                 const int* pprec, float* ks, float* vs) {
   constexpr int kChunks = D / kMixedChunk;
   constexpr int kVec = Vec16<KT>::kElems;
+  constexpr int kMixedBatch = 4;
   const PagedAttentionParams& p = mp.base;
   const int bs = p.block_size;
   const PagedKvLayout full{p.num_kv_heads, bs, D};
   const QuantPageLayout ql{p.num_kv_heads, bs, D};
   const int per_sel = n * kChunks;
   const int units = vs ? 2 * per_sel : per_sel;
-  for (int i = threadIdx.x; i < units; i += blockDim.x) {
-    const int sel = i / per_sel, rem = i % per_sel, t = rem / kChunks, c = rem % kChunks;
-    const int key = k0 + t, j = key / bs - first_page, slot = key % bs;
-    const int id = pid[j];
-    float x[kMixedChunk];
-    if (id < 0) {
+  const int stride = static_cast<int>(blockDim.x);
+  for (int base = threadIdx.x; base < units; base += kMixedBatch * stride) {
+    MixedRaw raw[kMixedBatch] = {};
+    // 1. Issue every load of the batch.
 #pragma unroll
-      for (int e = 0; e < kMixedChunk; ++e) x[e] = 0.f;
-    } else if (pprec[j] == static_cast<int>(KvPrecision::kFull)) {
-      const KT* src = static_cast<const KT*>(p.kv) + full.offset(id, sel, kvh, slot) + c * 8;
-#pragma unroll
-      for (int v = 0; v < kMixedChunk / kVec; ++v)
-        Vec16<KT>::to_floats(load16(src + v * kVec), x + v * kVec);
-    } else if (pprec[j] == static_cast<int>(KvPrecision::kInt8)) {
-      const uint8_t* page =
-          static_cast<const uint8_t*>(mp.int8_pages) + id * ql.bytes(KvPrecision::kInt8);
-      const int64_t tok = ql.token_index(sel, kvh, slot);
-      const uint2 raw = mixed_load8(page + ql.int8_values_offset() + tok * D + c * 8);
-      int8_t codes[8];
-      memcpy(codes, &raw, 8);
-      const float scale = kvq_half_float(kvq_f16_at(page, ql.int8_scales_offset())[tok]);
-#pragma unroll
-      for (int e = 0; e < kMixedChunk; ++e) x[e] = int8_dequantize(codes[e], scale);
-    } else {  // int4
-      const uint8_t* page =
-          static_cast<const uint8_t*>(mp.int4_pages) + id * ql.bytes(KvPrecision::kInt4);
-      const int64_t tok = ql.token_index(sel, kvh, slot);
-      const uint32_t nib = mixed_load4(page + ql.int4_values_offset() + tok * (D / 2) + c * 4);
-      if (sel == 0) {  // keys: scale and zero point per channel
-        const int64_t ch = static_cast<int64_t>(kvh) * D + c * 8;
-        const uint4 sr = load16(kvq_f16_at(page, ql.int4_k_scale_offset()) + ch);
-        const uint4 zr = load16(kvq_f16_at(page, ql.int4_k_zero_offset()) + ch);
-        uint16_t sb[8], zb[8];
-        memcpy(sb, &sr, 16);
-        memcpy(zb, &zr, 16);
-#pragma unroll
-        for (int e = 0; e < kMixedChunk; ++e) {
-          x[e] = int4_dequantize(static_cast<uint8_t>((nib >> (4 * e)) & 0xfu),
-                                 kvq_half_float(sb[e]), kvq_half_float(zb[e]));
+    for (int u = 0; u < kMixedBatch; ++u) {
+      const int i = base + u * stride;
+      if (i >= units) break;
+      const int sel = i / per_sel, rem = i % per_sel, t = rem / kChunks, c = rem % kChunks;
+      const int key = k0 + t, j = key / bs - first_page, slot = key % bs;
+      const int id = pid[j];
+      if (id < 0) continue;
+      if (pprec[j] == static_cast<int>(KvPrecision::kFull)) {
+        const KT* src = static_cast<const KT*>(p.kv) + full.offset(id, sel, kvh, slot) + c * 8;
+        raw[u].a = load16(src);
+        if (kMixedChunk / kVec > 1) raw[u].b = load16(src + kVec);
+      } else if (pprec[j] == static_cast<int>(KvPrecision::kInt8)) {
+        const uint8_t* page =
+            static_cast<const uint8_t*>(mp.int8_pages) + id * ql.bytes(KvPrecision::kInt8);
+        const int64_t tok = ql.token_index(sel, kvh, slot);
+        const uint2 codes = mixed_load8(page + ql.int8_values_offset() + tok * D + c * 8);
+        raw[u].a.x = codes.x;
+        raw[u].a.y = codes.y;
+        raw[u].c = kvq_f16_at(page, ql.int8_scales_offset())[tok];
+      } else {  // int4
+        const uint8_t* page =
+            static_cast<const uint8_t*>(mp.int4_pages) + id * ql.bytes(KvPrecision::kInt4);
+        const int64_t tok = ql.token_index(sel, kvh, slot);
+        raw[u].c = mixed_load4(page + ql.int4_values_offset() + tok * (D / 2) + c * 4);
+        if (sel == 0) {  // keys: scale and zero point per channel
+          const int64_t ch = static_cast<int64_t>(kvh) * D + c * 8;
+          raw[u].a = load16(kvq_f16_at(page, ql.int4_k_scale_offset()) + ch);
+          raw[u].b = load16(kvq_f16_at(page, ql.int4_k_zero_offset()) + ch);
+        } else {  // values: scale and zero point per token
+          const int64_t tv = static_cast<int64_t>(kvh) * bs + slot;
+          raw[u].d = kvq_f16_at(page, ql.int4_v_scale_offset())[tv] |
+                     uint32_t{kvq_f16_at(page, ql.int4_v_zero_offset())[tv]} << 16;
         }
-      } else {  // values: scale and zero point per token
-        const int64_t tv = static_cast<int64_t>(kvh) * bs + slot;
-        const float scale = kvq_half_float(kvq_f16_at(page, ql.int4_v_scale_offset())[tv]);
-        const float zero = kvq_half_float(kvq_f16_at(page, ql.int4_v_zero_offset())[tv]);
-#pragma unroll
-        for (int e = 0; e < kMixedChunk; ++e)
-          x[e] = int4_dequantize(static_cast<uint8_t>((nib >> (4 * e)) & 0xfu), scale, zero);
       }
     }
-    mixed_store8((sel == 0 ? ks : vs) + t * (D + 4) + c * 8, x);
+    // 2. Decode and store them.
+#pragma unroll
+    for (int u = 0; u < kMixedBatch; ++u) {
+      const int i = base + u * stride;
+      if (i >= units) break;
+      const int sel = i / per_sel, rem = i % per_sel, t = rem / kChunks, c = rem % kChunks;
+      const int j = (k0 + t) / bs - first_page;
+      float x[kMixedChunk];
+      if (pid[j] < 0) {
+#pragma unroll
+        for (int e = 0; e < kMixedChunk; ++e) x[e] = 0.f;
+      } else if (pprec[j] == static_cast<int>(KvPrecision::kFull)) {
+        Vec16<KT>::to_floats(raw[u].a, x);
+        if (kMixedChunk / kVec > 1) Vec16<KT>::to_floats(raw[u].b, x + kVec);
+      } else if (pprec[j] == static_cast<int>(KvPrecision::kInt8)) {
+        int8_t codes[8];
+        memcpy(codes, &raw[u].a.x, 4);
+        memcpy(codes + 4, &raw[u].a.y, 4);
+        const float scale = kvq_half_float(static_cast<uint16_t>(raw[u].c));
+#pragma unroll
+        for (int e = 0; e < kMixedChunk; ++e) x[e] = int8_dequantize(codes[e], scale);
+      } else if (sel == 0) {  // int4 keys
+        uint16_t sb[8], zb[8];
+        memcpy(sb, &raw[u].a, 16);
+        memcpy(zb, &raw[u].b, 16);
+#pragma unroll
+        for (int e = 0; e < kMixedChunk; ++e) {
+          x[e] = int4_dequantize(static_cast<uint8_t>((raw[u].c >> (4 * e)) & 0xfu),
+                                 kvq_half_float(sb[e]), kvq_half_float(zb[e]));
+        }
+      } else {  // int4 values
+        const float scale = kvq_half_float(static_cast<uint16_t>(raw[u].d & 0xffffu));
+        const float zero = kvq_half_float(static_cast<uint16_t>(raw[u].d >> 16));
+#pragma unroll
+        for (int e = 0; e < kMixedChunk; ++e)
+          x[e] = int4_dequantize(static_cast<uint8_t>((raw[u].c >> (4 * e)) & 0xfu), scale, zero);
+      }
+      mixed_store8((sel == 0 ? ks : vs) + t * (D + 4) + c * 8, x);
+    }
   }
 }
 
