@@ -287,7 +287,7 @@ int main(int argc, char** argv) {
     cudaStreamDestroy(stream);
     return 0;
   }
-  std::printf("%-12s %-9s %6s %7s %10s %10s %10s %9s\n", "shape", "split", "stages", "splits",
+  std::printf("%-14s %-9s %6s %7s %10s %10s %10s %9s\n", "shape", "split", "stages", "splits",
               "time_us", "GB/s", "stream", "of_stream");
   std::vector<Shape> plain(std::begin(shapes), std::end(shapes));
   plain.insert(plain.end(), std::begin(windowed), std::end(windowed));
@@ -390,7 +390,7 @@ int main(int argc, char** argv) {
             &ok);
         CHECK_CUDA(cudaStreamSynchronize(stream));
         const double gbs = mandatory / (ms * 1e-3) / 1e9;
-        std::printf("%-12s %-9s %6s %7d %10.1f %10.1f %10.1f %8.1f%%\n", sh.name,
+        std::printf("%-14s %-9s %6s %7d %10.1f %10.1f %10.1f %8.1f%%\n", sh.name,
                     split ? "split-K" : "none",
                     stages == 0   ? "auto"
                     : stages == 2 ? "2"

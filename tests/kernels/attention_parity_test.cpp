@@ -200,6 +200,10 @@ std::vector<AttnCase> cases() {
   // Wide MQA group (32 query heads on one KV head), and many short sequences.
   out.push_back({"decode_mqa32_d128_bf16", 32, 1, 128, ElemType::kBF16, {70, 9}, {}, {0, 32}});
   out.push_back({"prefill_mqa32_d64_f16", 32, 1, 64, ElemType::kF16, {20, 3}, {20, 2}, {}});
+  // Groups past 32 heads at d128 (64 at d64): P.V accumulates in shared memory (PvAccum's wide
+  // mode), decode split and not, and prefill.
+  out.push_back({"decode_mqa64_d128_bf16", 64, 1, 128, ElemType::kBF16, {40, 9}, {}, {0, 16}});
+  out.push_back({"prefill_mqa80_d64_f32", 80, 1, 64, ElemType::kF32, {20, 3}, {20, 2}, {}});
   std::vector<int> many(24);
   for (int i = 0; i < 24; ++i) many[i] = 1 + (i * 37) % 90;
   out.push_back({"decode_many_seqs_gqa_d64_f16", 8, 2, 64, ElemType::kF16, many, {}, {0, 32}});

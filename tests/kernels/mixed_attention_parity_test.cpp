@@ -324,6 +324,45 @@ TEST(MixedAttentionParity, EvictedRunsAndNothingResident) {
   }
 }
 
+// A GQA group of 64 heads at d128 (more 4-row x 8-channel combos than threads: P.V accumulates
+// in shared memory, PvAccum's wide mode), decode with and without splits and prefill, on mixed
+// pages.
+TEST(MixedAttentionParity, WideGqaGroupAccumulatesInSharedMemory) {
+  KVSPLIT_REQUIRE_DEVICE();
+  std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend(1);
+  oracle::Rng rng(64);
+  for (bool prefill : {false, true}) {
+    CaseSpec spec;
+    spec.num_heads = 64;
+    spec.num_kv_heads = 1;
+    spec.head_dim = 128;
+    spec.block_size = 16;
+    spec.kv_lens = {70, 9};
+    if (prefill) spec.q_lens = {3, 9};
+    spec.seed = prefill ? 2 : 1;
+    AttentionCase c = oracle::make_case(spec);
+    MixedCase m = oracle::make_mixed(c, *cpu, rng, oracle::MixSpec{});
+    ASSERT_TRUE(m.quantized_ok);
+    backend::AttentionArgs a = c.args();
+    m.apply(a);
+    const MixedResult want = oracle::mixed_attention(a);
+    std::vector<backend::SplitPlan> plans;
+    if (!prefill) plans = oracle::plans_for(c, rng);
+    for (size_t i = 0; i < (prefill ? 1 : plans.size()); ++i) {
+      auto d = upload(a, c.pages, ElemType::kF32, &m, nullptr, prefill ? nullptr : &plans[i]);
+      const Status st = prefill ? kernels::launch_mixed_prefill(d->mp, nullptr)
+                                : kernels::launch_mixed_decode(d->mp, nullptr);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      ASSERT_EQ(device_sync(), "");
+      const std::vector<float> got = d->out.to_host();
+      const oracle::Comparison cmp = oracle::compare(got.data(), want.out, kAtol, kRtol);
+      EXPECT_TRUE(cmp.ok) << (prefill ? "prefill" : "decode plan " + std::to_string(i)) << ": "
+                          << cmp.message;
+      EXPECT_EQ(d->error_flag.to_host()[0], 0);
+    }
+  }
+}
+
 // Host-visible errors are Status; bad values inside device arrays set the error flag and the
 // page (or bound) is skipped.
 TEST(MixedAttentionLaunch, BadArgumentsAreRejectedOrFlagged) {
