@@ -70,6 +70,12 @@ Status launch_typed(const PagedAttentionParams& p, cudaStream_t stream, bool dec
         std::to_string(D) + " needs " + std::to_string(one) +
         " B of shared memory per block; this device allows " + std::to_string(limit));
   }
+  if (pv_combos(rows, D) > kAttnThreads) {
+    return unimplemented(
+        "attention: a GQA group of " + std::to_string(group) + " heads with head_dim " +
+        std::to_string(D) + " is not compiled (at most " +
+        std::to_string(kAttnThreads * kPvRows * kPvChunk / D) + " query rows per block)");
+  }
   const dim3 grid(grid_x, static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_seqs));
   const long long blocks = static_cast<long long>(grid.x) * grid.y * grid.z;
   const cudaError_t e = attention_stages(blocks, one, two, limit, p.pipeline_stages) == 2

@@ -77,6 +77,12 @@ Status launch_mixed_typed(const MixedAttentionParams& mp, const float* given_max
         std::to_string(D) + " needs " + std::to_string(need) +
         " B of shared memory per block; this device allows " + std::to_string(limit));
   }
+  if (!score_only && pv_combos(tokens_per_block * group, D) > kAttnThreads) {
+    return unimplemented(
+        "mixed attention: a GQA group of " + std::to_string(group) + " heads with head_dim " +
+        std::to_string(D) + " is not compiled (at most " +
+        std::to_string(kAttnThreads * kPvRows * kPvChunk / D) + " query rows per block)");
+  }
   if (score_only) return launch_mixed_score_kernel<KT, D>(mp, given_max, score_smem, stream);
   const dim3 grid(grid_x, static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_seqs));
   KVSPLIT_RETURN_IF_ERROR(

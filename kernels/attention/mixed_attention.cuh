@@ -338,8 +338,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     m_s[r] = empty.m;
     l_s[r] = empty.l;
   }
-  PvAccum<D> pv;  // o, in registers until the end (in o_s for a wide block)
-  pv.init(rows, tid, o_s);
+  PvAccum<D> pv;  // o, in registers until the end
+  pv.init(rows, tid);
 
   const int lane = tid % 32, warp = tid / 32, num_warps = blockDim.x / 32;
   for (int k0 = key_begin; k0 < key_end; k0 += kAttnTileKeys) {
@@ -391,7 +391,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       memcpy(v + 4, &b, 16);
     });
   }
-  pv.finish();
+  pv.finish(o_s);
   __syncthreads();
   for (int i = tid; i < rows * D; i += blockDim.x) {
     const int r = i / D, d = i % D;

@@ -99,7 +99,7 @@ KVSPLIT_HOST_DEVICE int pv_combos(int rows, int head_dim) {
   return (rows + kPvRows - 1) / kPvRows * (head_dim / kPvChunk);
 }
 // Key slices per combo: the largest power of two (at most a warp) with every combo's slices in
-// the block; 1 when combos fill it or exceed it (PvAccum's wide mode).
+// the block; 1 when combos fill it (pv_combos must not exceed kAttnThreads: the launchers check).
 KVSPLIT_HOST_DEVICE int pv_slices(int rows, int head_dim) {
   const int combos = pv_combos(rows, head_dim);
   int s = 1;
@@ -107,65 +107,54 @@ KVSPLIT_HOST_DEVICE int pv_slices(int rows, int head_dim) {
   return s;
 }
 
-// A block with more combos than threads (a GQA group over 32 heads at d128, over 64 at d64) keeps
-// its accumulators in o [rows, D] in shared memory instead: each thread walks combos
-// tid, tid + kAttnThreads, ... over every key of the tile, loading and storing them per tile.
 template <int D>
 struct PvAccum {
   float acc[kPvRows][kPvChunk];
-  int rows, r0, c0, slice, slices, combos;
-  bool active, wide;
-  float* o;  // [rows, D]: the output of finish(); the accumulators themselves when wide
+  int rows, r0, c0, slice, slices;
+  bool active;
 
-  __device__ __forceinline__ void init(int num_rows, int tid, float* o_smem) {
+  __device__ __forceinline__ void init(int num_rows, int tid) {
     rows = num_rows;
-    o = o_smem;
-    combos = pv_combos(rows, D);
-    wide = combos > kAttnThreads;
     slices = pv_slices(rows, D);
     const int combo = tid / slices;
     slice = tid % slices;
-    active = combo < combos;
+    active = combo < pv_combos(rows, D);
     r0 = combo / (D / kPvChunk) * kPvRows;
     c0 = combo % (D / kPvChunk) * kPvChunk;
 #pragma unroll
     for (int j = 0; j < kPvRows; ++j)
 #pragma unroll
       for (int e = 0; e < kPvChunk; ++e) acc[j][e] = 0.f;
-    if (wide) {
-      for (int i = tid; i < rows * D; i += kAttnThreads) o[i] = 0.f;
-    }
   }
   // One tile of n keys: acc = acc * alpha[r] + sum over the slice's keys t of p[r][t] * V[t].
   // p: [rows, kAttnTileKeys] probabilities; load_v(t, c0, float[kPvChunk]) reads V row t.
   template <typename LoadV>
   __device__ __forceinline__ void add_tile(const float* p, const float* alpha, int n,
                                            const LoadV& load_v) {
-    if (wide) {
-      for (int combo = threadIdx.x; combo < combos; combo += kAttnThreads) {
-        const int wr0 = combo / (D / kPvChunk) * kPvRows, wc0 = combo % (D / kPvChunk) * kPvChunk;
+    if (!active) return;
+    const float* pr[kPvRows];
 #pragma unroll
-        for (int j = 0; j < kPvRows; ++j) {
-          const int r = wr0 + j < rows ? wr0 + j : rows - 1;
+    for (int j = 0; j < kPvRows; ++j) {
+      const int r = r0 + j < rows ? r0 + j : rows - 1;  // rows past the end: computed, not stored
+      pr[j] = p + r * kAttnTileKeys;
+      const float a = alpha[r];
 #pragma unroll
-          for (int e = 0; e < kPvChunk; ++e) acc[j][e] = o[r * D + wc0 + e];
-        }
-        accumulate(p, alpha, n, load_v, wr0, wc0, 0, 1);
-#pragma unroll
-        for (int j = 0; j < kPvRows; ++j) {
-          if (wr0 + j >= rows) break;
-#pragma unroll
-          for (int e = 0; e < kPvChunk; ++e) o[(wr0 + j) * D + wc0 + e] = acc[j][e];
-        }
-      }
-      return;
+      for (int e = 0; e < kPvChunk; ++e) acc[j][e] *= a;
     }
-    if (active) accumulate(p, alpha, n, load_v, r0, c0, slice, slices);
+    for (int t = slice; t < n; t += slices) {
+      float v[kPvChunk];
+      load_v(t, c0, v);
+#pragma unroll
+      for (int j = 0; j < kPvRows; ++j) {
+        const float pj = pr[j][t];
+#pragma unroll
+        for (int e = 0; e < kPvChunk; ++e) acc[j][e] = fmaf(pj, v[e], acc[j][e]);
+      }
+    }
   }
-  // Sums the slices and writes the rows' accumulators to o. Every thread of the block calls it
-  // (the shuffles take whole warps).
-  __device__ __forceinline__ void finish() {
-    if (wide) return;  // already in o
+  // Sums the slices and writes the rows' accumulators to o [rows, D]. Every thread of the block
+  // calls it (the shuffles take whole warps).
+  __device__ __forceinline__ void finish(float* o) {
     for (int off = slices / 2; off > 0; off /= 2) {
 #pragma unroll
       for (int j = 0; j < kPvRows; ++j)
@@ -179,32 +168,6 @@ struct PvAccum {
       if (r0 + j >= rows) break;
 #pragma unroll
       for (int e = 0; e < kPvChunk; ++e) o[(r0 + j) * D + c0 + e] = acc[j][e];
-    }
-  }
-
- private:
-  template <typename LoadV>
-  __device__ __forceinline__ void accumulate(const float* p, const float* alpha, int n,
-                                             const LoadV& load_v, int row0, int col0, int first,
-                                             int step) {
-    const float* pr[kPvRows];
-#pragma unroll
-    for (int j = 0; j < kPvRows; ++j) {
-      const int r = row0 + j < rows ? row0 + j : rows - 1;  // rows past the end: not stored
-      pr[j] = p + r * kAttnTileKeys;
-      const float a = alpha[r];
-#pragma unroll
-      for (int e = 0; e < kPvChunk; ++e) acc[j][e] *= a;
-    }
-    for (int t = first; t < n; t += step) {
-      float v[kPvChunk];
-      load_v(t, col0, v);
-#pragma unroll
-      for (int j = 0; j < kPvRows; ++j) {
-        const float pj = pr[j][t];
-#pragma unroll
-        for (int e = 0; e < kPvChunk; ++e) acc[j][e] = fmaf(pj, v[e], acc[j][e]);
-      }
     }
   }
 };
@@ -273,8 +236,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     m_s[r] = empty.m;
     l_s[r] = empty.l;
   }
-  PvAccum<D> pv;  // o, in registers until the end (in o_s for a wide block)
-  pv.init(rows, tid, o_s);
+  PvAccum<D> pv;  // o, in registers until the end
+  pv.init(rows, tid);
   // Score items per tile (below): two parts of D when one row block leaves threads free.
   const int row_blocks = (rows + kPvRows - 1) / kPvRows;
   const int qk_parts = row_blocks == 1 && kVecsPerRow % 2 == 0 && D >= 64 ? 2 : 1;
@@ -426,7 +389,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       issue_tile(k0 + kAttnTileKeys, 0);
     }
   }
-  pv.finish();
+  pv.finish(o_s);
   __syncthreads();
   for (int i = tid; i < rows * D; i += blockDim.x) {
     const int r = i / D, d = i % D;
