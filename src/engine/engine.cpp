@@ -59,8 +59,7 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
   if (!loaded.tokenizer) return failed_precondition("Engine: the model has no tokenizer");
   e->loaded_ = std::make_unique<model::LoadedModel>(std::move(loaded));
   const model::ModelConfig& mc = e->loaded_->config;
-  if (config.spatial.shards > 1 &&
-      std::ranges::any_of(mc.layer_window, [](int w) { return w > 0; }))
+  if (config.spatial.shards > 1 && mc.has_sliding_window())
     return unimplemented(
         "kv.cuts.spatial.shards > 1: the spatial cut does not support sliding-window attention, "
         "and the model has windowed layers (sliding_window)");

@@ -565,7 +565,7 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   // ---- the sharded sequences' attention plan (spatial cut) ----
   std::optional<ExchangeTally> tally;  // counts this step's exchange, whatever path returns
   if (num_sharded_rows > 0) {
-    if (std::ranges::any_of(c.layer_window, [](int w) { return w > 0; }))
+    if (c.has_sliding_window())
       return unimplemented(
           "the spatial cut does not support sliding-window attention (the model has windowed "
           "layers): run without spatial shards");

@@ -73,6 +73,11 @@ struct ModelConfig {
 
   int q_dim() const { return num_heads * head_dim; }
   int window_of(int layer) const { return layer_window.empty() ? 0 : layer_window[layer]; }
+  bool has_sliding_window() const {
+    for (int w : layer_window)
+      if (w > 0) return true;
+    return false;
+  }
   int kv_dim() const { return num_kv_heads * head_dim; }
 };
 
