@@ -22,6 +22,7 @@
 #define __forceinline__
 #define __noinline__
 #define __launch_bounds__(...)
+#define __grid_constant__
 #define __restrict__ __restrict
 #define __align__(n) __attribute__((aligned(n)))
 #define __constant__ inline
