@@ -334,7 +334,10 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
         "sent every K/V row to every peer (P = (S-1) x B). The partials alone (kv-cuts.md §4's B x "
         "Hq x (d+2) per layer, here d+1: o is sent normalized with its lse) are %lld B per peer "
         "and row.\n"
-        "  merge share = merge / (shard attention + merge) time of the sharded layers.\n"
+        "  merge share = merge / (shard attention + merge) time of the sharded layers, both on "
+        "the device's clock (CUDA events; the host clock on the CPU backend): the merge kernel's "
+        "time, and per layer the longest shard's span from its K/V append to the end of its "
+        "partial; no host wait inside either.\n"
         "  comm: the shard group's communicator (--communicator %s).\n"
         "  load average at the start: %s\n",
         m.source.c_str(), o.backend.c_str(), o.threads, o.block_size, o.chunk, o.reps, o.steps,

@@ -36,6 +36,12 @@ class ForwardingBackend : public backend::Backend {
   Status copy_h2d_async(void* d, const void* s, size_t n) override {
     return in_->copy_h2d_async(d, s, n);
   }
+  void set_batch_copy_method(BatchCopyMethod m) override { in_->set_batch_copy_method(m); }
+  StatusOr<int> mark_time() override { return in_->mark_time(); }
+  StatusOr<double> seconds_between(int from, int to) override {
+    return in_->seconds_between(from, to);
+  }
+  void release_time_marks() override { in_->release_time_marks(); }
   Status copy_batch_async(CopyDir dir, const CopyRange* c, size_t n) override {
     return in_->copy_batch_async(dir, c, n);
   }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "backend/dtype.h"
 #include "backend/split_plan.h"
@@ -193,6 +195,16 @@ class Backend {
     const void* src = nullptr;
     size_t bytes = 0;
   };
+  // How a batch moves, where a backend has more than one way (CUDA: a copy kernel whose threads
+  // read and write the pinned host tier directly, kernels/kv_pages/copy_pieces.h, or the copy
+  // engines, one cudaMemcpyBatchAsync transfer per range). kAuto: the backend's choice (CUDA: the
+  // kernel when every range of the batch allows it, else the copy engines). kKernel: the kernel
+  // only; a batch it cannot take (a range not 16-byte aligned, host memory not from alloc_host)
+  // is kInvalidArgument. kDma: the copy engines only. A backend with one way (the CPU backend's
+  // memcpy) accepts every method and copies as before. For same-run A/B measurements
+  // (bench_temporal --swap-bandwidth) and as the escape hatch should one way misbehave.
+  enum class BatchCopyMethod : uint8_t { kAuto, kKernel, kDma };
+  virtual void set_batch_copy_method(BatchCopyMethod method) { (void)method; }
   virtual Status copy_batch_async(CopyDir dir, const CopyRange* copies, size_t n) {
     for (size_t i = 0; i < n; ++i) {
       const CopyRange& c = copies[i];
@@ -225,6 +237,27 @@ class Backend {
     (void)timeout_us;
     return true;
   }
+
+  // ---- timing on the device's clock ----
+  // mark_time(): a point on the backend's stream after the work queued so far (CUDA: an event
+  // recorded with timing), as a handle for seconds_between. seconds_between(from, to): waits
+  // until `to` is reached, then the time from `from` to `to`, in seconds: the device time of the
+  // work queued between them, with no host round trip in it, so spans can be measured without
+  // synchronizing the stream inside them. Handles stay valid until release_time_marks() (no wait;
+  // marks not yet reached may be released). This default reads the host clock at the call, which
+  // is exact for a backend whose calls finish their work before returning (the CPU backend's).
+  // A backend is driven by one thread at a time, its marks too.
+  virtual StatusOr<int> mark_time() {
+    host_marks_.push_back(std::chrono::steady_clock::now());
+    return static_cast<int>(host_marks_.size()) - 1;
+  }
+  virtual StatusOr<double> seconds_between(int from, int to) {
+    const int n = static_cast<int>(host_marks_.size());
+    if (from < 0 || to < 0 || from >= n || to >= n)
+      return invalid_argument("seconds_between: unknown time mark");
+    return std::chrono::duration<double>(host_marks_[to] - host_marks_[from]).count();
+  }
+  virtual void release_time_marks() { host_marks_.clear(); }
 
   // ---- device ----
   // The device this backend runs on: the CUDA device index, or the CPU backend's virtual device
@@ -342,6 +375,9 @@ class Backend {
     return unimplemented("backend " + name() +
                          ": sample_tokens is not implemented (sample on the host)");
   }
+
+ private:
+  std::vector<std::chrono::steady_clock::time_point> host_marks_;  // the default mark_time's
 };
 
 // Options of create_backend(). Fields a backend does not use are ignored unless noted.

@@ -615,7 +615,7 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     KVSPLIT_RETURN_IF_ERROR(be.swiglu(hb, hb2, T * hidden, hb));
     KVSPLIT_RETURN_IF_ERROR(be.gemm(hb, nt, L.w_down, nullptr, x, /*accumulate=*/true));
   }
-  if (num_sharded_rows > 0) KVSPLIT_RETURN_IF_ERROR(im.sharded.collect_scores());
+  if (num_sharded_rows > 0) KVSPLIT_RETURN_IF_ERROR(im.sharded.finish_step());
   if (scoring) {
     std::vector<float> rel(nd * mb * block_size), bound(nd * mb);
     KVSPLIT_RETURN_IF_ERROR(be.copy_d2h(rel.data(), dpages + o_rel, rel.size() * sizeof(float)));

@@ -1,7 +1,6 @@
 #include "model/sharded_attention.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -49,10 +48,6 @@ Status take(kv::KvPool& pool, int slot, size_t bytes, T** out) {
   return ok_status();
 }
 
-double since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 }  // namespace
 
 Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& pool,
@@ -67,6 +62,8 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
                             std::to_string(S));
   pool_ = &pool;
   home_ = &pool.backend();
+  phase_ = 0;
+  merge_spans_.clear();
   comm_ = &comm;
   shape_ = shape;
   const int bs = pool.block_size();
@@ -131,6 +128,7 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
     z.pool = &pool.shard(sh);
     z.be = &z.pool->backend();
     z.runs.clear();
+    z.spans.clear();
     z.max_blocks = max_blocks;
     if (sh > 0) {
       KVSPLIT_RETURN_IF_ERROR(take(*z.pool, kQ, q_bytes, &z.q));
@@ -299,8 +297,19 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
   return ok_status();
 }
 
-Status ShardedAttention::on_shards(const std::function<Status(int)>& fn) {
+Status ShardedAttention::timed(int sh, int phase, const std::function<Status(int)>& fn) {
+  backend::Backend& be = *shards_[sh].be;
+  KVSPLIT_ASSIGN_OR_RETURN(const int from, be.mark_time());
+  KVSPLIT_RETURN_IF_ERROR(fn(sh));
+  KVSPLIT_ASSIGN_OR_RETURN(const int to, be.mark_time());
+  shards_[sh].spans.push_back(Span{phase, from, to});
+  return ok_status();
+}
+
+Status ShardedAttention::on_shards(const std::function<Status(int)>& body) {
   const int S = static_cast<int>(shards_.size());
+  const int phase = phase_++;
+  const auto fn = [&](int sh) { return timed(sh, phase, body); };
   if (!concurrent_) {
     for (int sh = 0; sh < S; ++sh) KVSPLIT_RETURN_IF_ERROR(fn(sh));
     return ok_status();
@@ -361,7 +370,9 @@ Status ShardedAttention::partial(int sh, int layer, const float* q, const float*
     set_arenas(z, layer, a);
     KVSPLIT_RETURN_IF_ERROR(be.attention_prefill(a));
   }
-  return be.synchronize();
+  // No wait here: the partial's sends back to the home are ordered after it (the communicator's
+  // contract), and its time is taken by device marks (timed).
+  return ok_status();
 }
 
 Status ShardedAttention::run_layer(int layer, const float* q, const float* k, const float* v,
@@ -398,9 +409,7 @@ Status ShardedAttention::run_layer(int layer, const float* q, const float* k, co
     KVSPLIT_RETURN_IF_ERROR(comm_->send(be, z.v, *home_, sv, bytes));
   }
   // 2. Every shard's partial: at once (peers on their job threads) or one after another.
-  const auto t0 = std::chrono::steady_clock::now();
   KVSPLIT_RETURN_IF_ERROR(on_shards([&](int sh) { return partial(sh, layer, q, k, v); }));
-  attention_seconds_ += since(t0);
   // 3. The partials back to the home, merged in shard order (the same sums whatever ran first).
   const float* parts_o[backend::Backend::kMaxMergeParts];
   const float* parts_lse[backend::Backend::kMaxMergeParts];
@@ -413,11 +422,13 @@ Status ShardedAttention::run_layer(int layer, const float* q, const float* k, co
     parts_o[sh] = z.recv_o;
     parts_lse[sh] = z.recv_lse;
   }
-  const auto t1 = std::chrono::steady_clock::now();
+  // The merge is timed on the home's stream (after the partials arrived, before the work that
+  // reads `out`) and not waited for: the layer's next op is queued behind it.
+  KVSPLIT_ASSIGN_OR_RETURN(const int m0, home_->mark_time());
   KVSPLIT_RETURN_IF_ERROR(
       home_->merge_attention_states(parts_o, parts_lse, S, int64_t{rows_} * H, d, out, nullptr));
-  KVSPLIT_RETURN_IF_ERROR(home_->synchronize());
-  merge_seconds_ += since(t1);
+  KVSPLIT_ASSIGN_OR_RETURN(const int m1, home_->mark_time());
+  merge_spans_.emplace_back(m0, m1);
   if (scoring_) KVSPLIT_RETURN_IF_ERROR(score_layer(layer, q));
   return ok_status();
 }
@@ -493,7 +504,6 @@ Status ShardedAttention::score_layer(int layer, const float* q) {
       KVSPLIT_RETURN_IF_ERROR(home_->copy_d2d(z.seq_max, seq_max_, bytes));
   }
   // Each shard scores its pages (at once, or one after another, as the partials).
-  const auto t0 = std::chrono::steady_clock::now();
   KVSPLIT_RETURN_IF_ERROR(on_shards([&](int sh) -> Status {
     Shard& z = shards_[sh];
     if (z.runs.empty()) return ok_status();
@@ -510,9 +520,47 @@ Status ShardedAttention::score_layer(int layer, const float* q) {
       a.score_max = z.seq_max + r0 * H;
       KVSPLIT_RETURN_IF_ERROR(z.be->attention_decode(a, run.plan));
     }
-    return z.be->synchronize();
+    return ok_status();  // collect_scores reads the outputs after a wait
   }));
-  attention_seconds_ += since(t0);
+  return ok_status();
+}
+
+Status ShardedAttention::finish_step() {
+  if (rows_ == 0) return ok_status();
+  KVSPLIT_RETURN_IF_ERROR(collect_scores());
+  // Each phase's time is its longest shard's (they run at once, or that is the bound when they
+  // run in turns on one device); the marks are released whatever happens.
+  std::vector<double> phase(static_cast<size_t>(phase_), 0.0);
+  Status st = ok_status();
+  for (Shard& z : shards_) {
+    for (const Span& sp : z.spans) {
+      if (!st.ok()) break;
+      StatusOr<double> t = z.be->seconds_between(sp.from, sp.to);
+      if (!t.ok())
+        st = t.status();
+      else
+        phase[static_cast<size_t>(sp.phase)] = std::max(phase[size_t(sp.phase)], *t);
+    }
+  }
+  double merge = 0;
+  for (const auto& [from, to] : merge_spans_) {
+    if (!st.ok()) break;
+    StatusOr<double> t = home_->seconds_between(from, to);
+    if (!t.ok())
+      st = t.status();
+    else
+      merge += *t;
+  }
+  for (Shard& z : shards_) {
+    z.be->release_time_marks();
+    z.spans.clear();
+  }
+  home_->release_time_marks();
+  merge_spans_.clear();
+  phase_ = 0;
+  KVSPLIT_RETURN_IF_ERROR(st);
+  for (double t : phase) attention_seconds_ += t;
+  merge_seconds_ += merge;
   return ok_status();
 }
 

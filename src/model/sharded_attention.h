@@ -94,12 +94,17 @@ class ShardedAttention {
   // head_dim]), all home memory.
   Status run_layer(int layer, const float* q, const float* k, const float* v, float* out);
   // After the last layer: writes the scored sequences' token_relevance and page_bound (each
-  // shard's, from its compact page order back to the sequence's pages). No-op without scoring.
-  Status collect_scores();
+  // shard's, from its compact page order back to the sequence's pages; nothing without scoring)
+  // and adds the step's times to merge_seconds / attention_seconds (waiting for the last layer's
+  // work on every shard). Call it once per prepared step that ran its layers.
+  Status finish_step();
 
-  // Merge wall time summed over run_layer calls (the spatial cut's added cost), and the shards'
-  // attention time (the kernels that run anyway: the wall time from the first shard's start to the
-  // last shard's end, the exchange excluded), for benchmarks.
+  // For benchmarks, summed over finished steps, on the device's clock (Backend::mark_time; the
+  // host clock on the CPU backend, whose calls finish their work before returning): the merge's
+  // time (its kernel on the home's stream, per layer: the spatial cut's added cost), and the
+  // shards' attention time (per layer, and per scoring pass, the longest shard's span from its
+  // K/V append to the end of its partial attention: the kernels that run anyway). The exchange is
+  // excluded from both (ExchangeStats). No host wait is inside either span.
   double merge_seconds() const { return merge_seconds_; }
   double attention_seconds() const { return attention_seconds_; }
 
@@ -110,6 +115,10 @@ class ShardedAttention {
     size_t meta = 0;  // offset (ints) of qstart[rows + 1], kvlens[rows], tables[rows, max_blocks]
     backend::SplitPlan plan;
     std::vector<int32_t> pages;  // [rows, max_blocks]: the sequence's page of each table entry
+  };
+  // One shard's timed work in phase `phase` (an on_shards call): its backend's marks.
+  struct Span {
+    int phase = 0, from = 0, to = 0;
   };
   // Buffers are the shards' pools' workspaces (KvPool::workspace), so none outlives its device.
   struct Shard {
@@ -136,18 +145,23 @@ class ShardedAttention {
     size_t slots = 0, pre_meta = 0;
     std::vector<DecodeRun> runs;
     int max_blocks = 1;
+    std::vector<Span> spans;  // this step's timed work on this shard's backend
   };
 
   backend::AttentionArgs base_args(const Shard& z, int layer) const;
   void set_arenas(const Shard& z, int layer, backend::AttentionArgs& a) const;
   backend::AttentionArgs decode_args(const Shard& z, int layer, const DecodeRun& run,
                                      const float* zq) const;
-  // Runs fn(shard) for every shard: the peers on their job threads while the home runs on this
-  // thread (concurrent_), or in shard order on this thread. Returns after every shard finished:
-  // the first error in shard order (home first).
+  // Runs fn(shard) for every shard, each timed (a span of this call's phase): the peers on their
+  // job threads while the home runs on this thread (concurrent_), or in shard order on this
+  // thread. Returns after every shard's fn returned: the first error in shard order (home first).
   Status on_shards(const std::function<Status(int)>& fn);
-  // Shard `sh`'s part of layer `layer`: appends its K/V rows, computes its partial (o, lse) and
-  // waits for its backend. Touches only shard `sh`'s buffers and backend (and reads q, k, v: home
+  // fn(sh) between two time marks on shard sh's backend, recorded as a span of `phase`.
+  Status timed(int sh, int phase, const std::function<Status(int)>& fn);
+  // Writes the scored rows' outputs (finish_step's first half).
+  Status collect_scores();
+  // Shard `sh`'s part of layer `layer`: appends its K/V rows and queues its partial (o, lse),
+  // without waiting. Touches only shard `sh`'s buffers and backend (and reads q, k, v: home
   // memory, the home's rows, for sh == 0).
   Status partial(int sh, int layer, const float* q, const float* k, const float* v);
   // The scoring pass of layer `layer` (after its attention): merges every shard's head maxima
@@ -166,6 +180,8 @@ class ShardedAttention {
   float *all_max_ = nullptr, *seq_max_ = nullptr;  // home: every shard's head maxima, merged
   std::vector<Shard> shards_;
   double merge_seconds_ = 0, attention_seconds_ = 0;
+  int phase_ = 0;                                 // on_shards calls this step
+  std::vector<std::pair<int, int>> merge_spans_;  // the home's marks around each merge
   bool concurrent_ = true;
   // runners_[s - 1] drives peer shard s (created on first use, kept across steps). Last member:
   // destroyed (joined) first.

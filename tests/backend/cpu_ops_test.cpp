@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "backend/backend.h"
@@ -308,3 +310,35 @@ INSTANTIATE_TEST_SUITE_P(Threads, CpuOps, ::testing::Values(1, 2, 3));
 
 }  // namespace
 }  // namespace kvsplit::backend
+
+namespace kvsplit::testing {
+namespace {
+
+// The default time marks (host clock; the CPU backend's calls finish their work before
+// returning): the span between two marks covers what ran between them, handles are checked, and
+// release_time_marks forgets them.
+TEST(CpuBackend, TimeMarksSpanTheWorkBetweenThem) {
+  auto be = backend::make_cpu_backend(1);
+  auto a = be->mark_time();
+  ASSERT_TRUE(a.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  auto b = be->mark_time();
+  ASSERT_TRUE(b.ok());
+  EXPECT_NE(*a, *b);
+  auto t = be->seconds_between(*a, *b);
+  ASSERT_TRUE(t.ok());
+  EXPECT_GE(*t, 0.003);
+  auto back = be->seconds_between(*b, *a);
+  ASSERT_TRUE(back.ok());
+  EXPECT_LE(*back, -0.003);
+  EXPECT_EQ(be->seconds_between(*a, *b + 1).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(be->seconds_between(-1, *b).status().code(), StatusCode::kInvalidArgument);
+  be->release_time_marks();
+  EXPECT_EQ(be->seconds_between(*a, *b).status().code(), StatusCode::kInvalidArgument);
+  auto c = be->mark_time();
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(*c, 0);  // handles start again
+}
+
+}  // namespace
+}  // namespace kvsplit::testing

@@ -27,6 +27,37 @@ TEST(CudaBackend, NoDeviceIsUnavailableElseCreates) {
   EXPECT_EQ(backend::create_cuda_backend(1000).status().code(), StatusCode::kInvalidArgument);
 }
 
+// Time marks are CUDA events on the stream: the span between two marks is the device time of the
+// work queued between them, read without synchronizing the stream in between.
+TEST(CudaBackend, TimeMarksTimeTheQueuedWork) {
+  KVSPLIT_REQUIRE_DEVICE();
+  auto b = backend::create_cuda_backend(0);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  backend::Backend& be = **b;
+  auto buf = backend::DeviceBuffer::make(be, size_t{1} << 30);
+  ASSERT_TRUE(buf.ok());
+  auto a = be.mark_time();
+  auto m = be.mark_time();  // nothing between a and m
+  ASSERT_TRUE(a.ok() && m.ok());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(be.memset_zero(buf->get(), buf->bytes()).ok());
+  auto z = be.mark_time();
+  ASSERT_TRUE(z.ok());
+  auto empty = be.seconds_between(*a, *m);
+  auto work = be.seconds_between(*m, *z);  // waits for z
+  ASSERT_TRUE(empty.ok() && work.ok()) << work.status().to_string();
+  EXPECT_GE(*empty, 0.0);
+  // 4 GiB written: well over 0.1 ms at any HBM bandwidth, well under 1 s.
+  EXPECT_GT(*work, 1e-4);
+  EXPECT_LT(*work, 1.0);
+  EXPECT_GT(*work, 10 * *empty);
+  EXPECT_EQ(be.seconds_between(*a, *z + 1).status().code(), StatusCode::kInvalidArgument);
+  be.release_time_marks();
+  EXPECT_EQ(be.seconds_between(*a, *z).status().code(), StatusCode::kInvalidArgument);
+  auto again = be.mark_time();  // events are reused
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, 0);
+}
+
 TEST(CudaBackend, GemmMatchesCpuForEachWeightType) {
   KVSPLIT_REQUIRE_DEVICE();
   const int m = 7, n = 96, k = 288;

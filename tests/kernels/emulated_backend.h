@@ -18,6 +18,7 @@
 #include "kernels/attention/mixed_attention.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/common/float_bits.h"
+#include "kernels/kv_pages/copy_pieces.h"
 #include "kernels/kv_pages/kv_page_ops.h"
 #include "kernels/ops/ops.h"
 #include "kernels/sampling/sampling.h"
@@ -44,6 +45,27 @@ class EmulatedKernelBackend final : public backend::Backend {
   Status synchronize() override {
     return error_ ? invalid_argument("kernel error flag set") : ok_status();
   }
+  // A batch goes to the copy kernel where it can take it, as on CudaBackend (host memory is
+  // "device" memory here, so only the alignment rule applies); else range by range. A few thread
+  // blocks, so a batch's chunks are strided over.
+  Status copy_batch_async(CopyDir dir, const CopyRange* copies, size_t n) override {
+    std::vector<kernels::CopyPiece> pieces(n);
+    bool kernel = method_ != BatchCopyMethod::kDma;
+    for (size_t i = 0; i < n && kernel; ++i) {
+      pieces[i] = {copies[i].dst, copies[i].src, copies[i].bytes};
+      kernel = kernels::copy_piece_supported(pieces[i]);
+    }
+    if (!kernel) {
+      if (method_ == BatchCopyMethod::kKernel)
+        return invalid_argument("copy batch: the copy kernel cannot take this batch");
+      return Backend::copy_batch_async(dir, copies, n);
+    }
+    ++kernel_batches_;
+    return kernels::launch_copy_pieces(pieces.data(), n, 3, nullptr);
+  }
+  void set_batch_copy_method(BatchCopyMethod m) override { method_ = m; }
+  int kernel_batches() const { return kernel_batches_; }
+
   // One emulated device (host memory): every copy is a device copy.
   int device() const override { return 0; }
   bool can_read_from(const backend::Backend& src) override { return src.device() == 0; }
@@ -209,6 +231,8 @@ class EmulatedKernelBackend final : public backend::Backend {
   std::vector<std::vector<unsigned char>> weights_;
   std::vector<float> partials_;
   int error_ = 0;
+  BatchCopyMethod method_ = BatchCopyMethod::kAuto;
+  int kernel_batches_ = 0;
   std::vector<float> score_max_;
   int decode_calls_ = 0;
   int mixed_calls_ = 0;

@@ -109,9 +109,15 @@ void run_case(const Shape& sh, int num_shards, int chunk, const std::vector<int>
       for (int t = 0; t < feed[i]; ++t)
         peer_rows += tables[i].page((len[i] + t) / sh.block_size).shard != 0;
     const int64_t before = comm->stats().bytes;
+    const double attn0 = sa.attention_seconds(), merge0 = sa.merge_seconds();
     ASSERT_TRUE(sa.prepare(seqs, **pool, {H, Hkv, d, scale}, {}, *comm).ok());
     auto st = sa.run_layer(0, q.data(), k.data(), v.data(), out.data());
     ASSERT_TRUE(st.ok()) << st.to_string();
+    // The step's times (the CPU backend's marks: host clock) are added at its end.
+    EXPECT_EQ(sa.attention_seconds(), attn0);
+    ASSERT_TRUE(sa.finish_step().ok());
+    EXPECT_GT(sa.attention_seconds(), attn0);
+    EXPECT_GT(sa.merge_seconds(), merge0);
     StepExchange ex;
     ex.prefill = static_cast<int>(order.size()) > num_dec;
     ex.rows = rows;
@@ -384,7 +390,7 @@ void run_scored_case(const Shape& sh, int num_shards, int chunk, const std::vect
     ASSERT_TRUE(st.ok()) << st.to_string();
     st = sa.run_layer(0, q.data(), k.data(), v.data(), out.data());
     ASSERT_TRUE(st.ok()) << st.to_string();
-    ASSERT_TRUE(sa.collect_scores().ok());
+    ASSERT_TRUE(sa.finish_step().ok());
 
     // Reference: one mixed-precision scored decode call over the single pool.
     std::vector<int32_t> slots, qs{0}, lens, tab(size_t(n) * mb, 0), sum(size_t(n) * mb, -1);

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -13,6 +15,7 @@
 #include "kernels/attention/merge_partials.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/common/float_bits.h"
+#include "kernels/kv_pages/copy_pieces.h"
 #include "kernels/kv_pages/kv_page_ops.h"
 #include "kernels/ops/ops.h"
 #include "kernels/sampling/sampling.h"
@@ -47,6 +50,45 @@ Status check_attention_shape(const AttentionArgs& a) {
         ", head_dim " + std::to_string(a.kv.head_dim) + " vs " + std::to_string(a.head_dim) + ")");
   return ok_status();
 }
+
+// Pinned host allocations (alloc_host) of every CudaBackend of the process that are mapped into
+// the devices' address space at their host address (unified addressing): the only host memory the
+// copy kernel may touch. Process-wide, as the memory is portable: a shard group's backends copy
+// into the home pool's host tier.
+class MappedHostRanges {
+ public:
+  void add(const void* p, size_t bytes) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    ranges_[reinterpret_cast<uintptr_t>(p)] = bytes;
+  }
+  void remove(const void* p) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    ranges_.erase(reinterpret_cast<uintptr_t>(p));
+  }
+  // [p, p + bytes) lies inside one registered allocation.
+  bool contains(const void* p, size_t bytes) const {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    const std::lock_guard<std::mutex> lock(mu_);
+    auto it = ranges_.upper_bound(a);
+    if (it == ranges_.begin()) return false;
+    --it;
+    return a - it->first <= it->second && bytes <= it->second - (a - it->first);
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<uintptr_t, size_t> ranges_;  // start -> bytes
+};
+
+MappedHostRanges& mapped_host_ranges() {
+  static MappedHostRanges* r = new MappedHostRanges();  // never destroyed (static order)
+  return *r;
+}
+
+// Thread blocks of one copy-kernel launch: 32 blocks keep 1 MiB of loads in flight, far more
+// than the link's bandwidth-delay product (55 GB/s x ~2 us), and leave the rest of the device to
+// the work that runs beside a fenced copy.
+constexpr int kCopyKernelBlocks = 32;
 
 }  // namespace
 
@@ -95,6 +137,7 @@ CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
   for (auto& [fence, ev] : fences_) cudaEventDestroy(ev);
   for (cudaEvent_t ev : spare_events_) cudaEventDestroy(ev);
+  for (cudaEvent_t ev : time_marks_) cudaEventDestroy(ev);
   if (compute_mark_) cudaEventDestroy(compute_mark_);
   if (copy_stream_) cudaStreamDestroy(copy_stream_);
   for (void* w : weights_) cudaFree(w);
@@ -171,14 +214,25 @@ StatusOr<void*> CudaBackend::alloc_host(size_t bytes) {
   void* p = nullptr;
   // Portable: every device's copies see it as pinned (a shard group's pages share the home
   // pool's host tier).
-  KVSPLIT_CUDA_RETURN(cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable),
-                      "cudaHostAlloc(host tier)");
+  // Mapped: the copy kernel reads and writes it in place (copy_batch_*).
+  KVSPLIT_CUDA_RETURN(
+      cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable | cudaHostAllocMapped),
+      "cudaHostAlloc(host tier)");
+  // Under unified addressing the device address is the host address; only then may the kernel
+  // take the host pointers it is given as they are.
+  void* dev = nullptr;
+  if (cudaHostGetDevicePointer(&dev, p, 0) == cudaSuccess && dev == p)
+    mapped_host_ranges().add(p, bytes ? bytes : 1);
+  else
+    (void)cudaGetLastError();
   return p;
 }
 
 void CudaBackend::free_host(void* ptr) {
   const DeviceScope on_device(device_);
-  if (ptr) cudaFreeHost(ptr);
+  if (!ptr) return;
+  mapped_host_ranges().remove(ptr);
+  cudaFreeHost(ptr);
 }
 
 // `dst` / `src` is pinned (alloc_host): the copy is truly asynchronous; synchronize() completes it
@@ -252,9 +306,56 @@ StatusOr<bool> CudaBackend::wait_fence(uint64_t fence, int64_t timeout_us) {
   return true;
 }
 
+bool CudaBackend::kernel_can_copy(CopyDir dir, const CopyRange* copies, size_t n) const {
+  const MappedHostRanges& host = mapped_host_ranges();
+  for (size_t i = 0; i < n; ++i) {
+    const CopyRange& c = copies[i];
+    if (!kernels::copy_piece_supported({c.dst, c.src, c.bytes})) return false;
+    const void* h = dir == CopyDir::kDeviceToHost ? c.dst : c.src;
+    if (c.bytes > 0 && !host.contains(h, c.bytes)) return false;
+  }
+  return true;
+}
+
+StatusOr<int> CudaBackend::mark_time() {
+  const DeviceScope on_device(device_);
+  if (time_marks_used_ == time_marks_.size()) {
+    cudaEvent_t ev = nullptr;
+    KVSPLIT_CUDA_RETURN(cudaEventCreate(&ev), "cudaEventCreate(time mark)");
+    time_marks_.push_back(ev);
+  }
+  KVSPLIT_CUDA_RETURN(cudaEventRecord(time_marks_[time_marks_used_], stream_),
+                      "cudaEventRecord(time mark)");
+  return static_cast<int>(time_marks_used_++);
+}
+
+StatusOr<double> CudaBackend::seconds_between(int from, int to) {
+  const DeviceScope on_device(device_);
+  const auto n = static_cast<int>(time_marks_used_);
+  if (from < 0 || to < 0 || from >= n || to >= n)
+    return invalid_argument("seconds_between: unknown time mark");
+  KVSPLIT_CUDA_RETURN(cudaEventSynchronize(time_marks_[to]), "time mark wait");
+  KVSPLIT_CUDA_RETURN(cudaEventSynchronize(time_marks_[from]), "time mark wait");
+  float ms = 0.f;
+  KVSPLIT_CUDA_RETURN(cudaEventElapsedTime(&ms, time_marks_[from], time_marks_[to]),
+                      "cudaEventElapsedTime");
+  return 1e-3 * static_cast<double>(ms);
+}
+
 Status CudaBackend::enqueue_batch(CopyDir dir, const CopyRange* copies, size_t n,
                                   cudaStream_t stream) {
   if (n == 0) return ok_status();
+  if (copy_method_ != BatchCopyMethod::kDma) {
+    if (kernel_can_copy(dir, copies, n)) {
+      std::vector<kernels::CopyPiece> pieces(n);
+      for (size_t i = 0; i < n; ++i) pieces[i] = {copies[i].dst, copies[i].src, copies[i].bytes};
+      return kernels::launch_copy_pieces(pieces.data(), n, kCopyKernelBlocks, stream);
+    }
+    if (copy_method_ == BatchCopyMethod::kKernel)
+      return invalid_argument(
+          "copy batch: the copy kernel cannot take this batch (a range not 16-byte aligned, or "
+          "host memory not from alloc_host) and the method is kernel-only");
+  }
 #if CUDART_VERSION >= 12080
   if (batch_copies_) {
     std::vector<void*> dsts(n);

@@ -48,11 +48,19 @@ class CudaBackend final : public Backend {
   bool host_memory_pinned() const override { return true; }
   Status copy_d2h_async(void* dst_host, const void* src_dev, size_t bytes) override;
   Status copy_h2d_async(void* dst_dev, const void* src_host, size_t bytes) override;
+  // A batch goes to the copy kernel (kernels/kv_pages/copy_pieces.h) when every range is
+  // 16-byte aligned and its host side lies in alloc_host memory (of any CudaBackend), else to
+  // one cudaMemcpyBatchAsync; set_batch_copy_method forces either (backend.h).
+  void set_batch_copy_method(BatchCopyMethod method) override { copy_method_ = method; }
   Status copy_batch_async(CopyDir dir, const CopyRange* copies, size_t n) override;
   // On the copy stream, after the work queued so far on the compute stream; the fence is an event
   // recorded behind the batch, polled by wait_fence (cudaEventQuery) until its timeout.
   StatusOr<uint64_t> copy_batch_fenced(CopyDir dir, const CopyRange* copies, size_t n) override;
   StatusOr<bool> wait_fence(uint64_t fence, int64_t timeout_us) override;
+  // Events with timing on the compute stream, reused after release_time_marks.
+  StatusOr<int> mark_time() override;
+  StatusOr<double> seconds_between(int from, int to) override;
+  void release_time_marks() override { time_marks_used_ = 0; }
   int device() const override { return device_; }
   Status bind_thread() override;
   bool can_read_from(const Backend& src) override;
@@ -104,8 +112,10 @@ class CudaBackend final : public Backend {
                       const char* what);
   Status enqueue_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                       const char* what, cudaStream_t stream);
-  // A batch on `stream`: one cudaMemcpyBatchAsync where the driver takes it.
+  // A batch on `stream`: the copy kernel where it can take it (and the method allows), else one
+  // cudaMemcpyBatchAsync where the driver takes it, else a copy per range.
   Status enqueue_batch(CopyDir dir, const CopyRange* copies, size_t n, cudaStream_t stream);
+  bool kernel_can_copy(CopyDir dir, const CopyRange* copies, size_t n) const;
 
   int device_ = 0;
   int num_sms_ = 0;
@@ -123,7 +133,10 @@ class CudaBackend final : public Backend {
   uint64_t next_fence_ = 0;
   void* pinned_ = nullptr;
   size_t pinned_cap_ = 0;
-  bool batch_copies_ = true;       // cudaMemcpyBatchAsync works here (until the driver refuses it)
+  bool batch_copies_ = true;  // cudaMemcpyBatchAsync works here (until the driver refuses it)
+  BatchCopyMethod copy_method_ = BatchCopyMethod::kAuto;
+  std::vector<cudaEvent_t> time_marks_;  // mark_time's events; [0, time_marks_used_) in use
+  size_t time_marks_used_ = 0;
   int* error_flag_ = nullptr;      // device int, see the class comment
   const char* last_flag_op_ = "";  // op family most recently launched with the flag
   void* act16_ = nullptr;          // bf16/f16 copy of GEMM activations
