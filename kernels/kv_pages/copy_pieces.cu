@@ -23,13 +23,15 @@ Status launch_copy_pieces(const CopyPiece* pieces, size_t n, int max_blocks, cud
     return invalid_argument("copy_pieces: max_blocks " + std::to_string(max_blocks) + " < 1");
   if (n > 0 && pieces == nullptr) return invalid_argument("copy_pieces: null pieces");
   for (size_t i = 0; i < n; ++i) {
+    if (pieces[i].bytes / kCopyChunkBytes >= 0xffffffffull)
+      return invalid_argument("copy_pieces: piece " + std::to_string(i) + " is too large");
     if (!copy_piece_supported(pieces[i]))
       return invalid_argument("copy_pieces: piece " + std::to_string(i) +
                               " is not 16-byte aligned in its addresses and size, or overlaps "
                               "itself (" +
                               std::to_string(pieces[i].bytes) + " bytes)");
   }
-  // Heap: the batch is 20 KiB, too much for the caller's stack in every context.
+  // Heap: the batch is 14 KiB, more than a caller's stack should carry in every context.
   auto batch = std::make_unique<CopyPieceBatch>();
   size_t i = 0;
   while (i < n) {
@@ -41,9 +43,7 @@ Status launch_copy_pieces(const CopyPiece* pieces, size_t n, int max_blocks, cud
       const CopyPiece& p = pieces[i];
       if (p.bytes == 0) continue;
       const uint64_t c = (p.bytes + kCopyChunkBytes - 1) / kCopyChunkBytes;
-      if (b.n > 0 && chunks + c > 0xffffffffull) break;
-      if (c > 0xffffffffull)
-        return invalid_argument("copy_pieces: piece " + std::to_string(i) + " is too large");
+      if (b.n > 0 && chunks + c > 0xffffffffull) break;  // the next launch takes it
       b.first_chunk[b.n] = static_cast<uint32_t>(chunks);
       b.piece[b.n++] = p;
       chunks += c;

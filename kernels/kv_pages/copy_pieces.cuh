@@ -29,7 +29,7 @@ struct CopyPieceBatch {
 __global__ void __launch_bounds__(kCopyThreads)
     copy_pieces_kernel(const __grid_constant__ CopyPieceBatch b) {
   const uint32_t total = b.first_chunk[b.n];
-  for (uint32_t c = blockIdx.x; c < total; c += gridDim.x) {
+  for (uint64_t c = blockIdx.x; c < total; c += gridDim.x) {  // 64-bit: no wrap
     int lo = 0, hi = b.n - 1;  // the last piece whose first chunk is <= c
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kCopyThreads)
         hi = mid - 1;
     }
     const CopyPiece& p = b.piece[lo];
-    const uint64_t base = uint64_t(c - b.first_chunk[lo]) * kCopyChunkBytes;
+    const uint64_t base = (c - b.first_chunk[lo]) * kCopyChunkBytes;
     const uint64_t end =
         p.bytes - base < uint64_t(kCopyChunkBytes) ? p.bytes : base + kCopyChunkBytes;
     const unsigned char* src = static_cast<const unsigned char*>(p.src);

@@ -22,7 +22,7 @@ struct CopyPiece {
 };
 
 // Pieces per launch: their descriptors travel as the kernel's parameters (no descriptor buffer
-// whose lifetime would outlast the call), 16 KiB of the 32 KiB CUDA allows from sm_70 on.
+// whose lifetime would outlast the call): 14 KiB of the 32 KiB CUDA allows from sm_70 on.
 inline constexpr int kCopyPiecesPerLaunch = 512;
 // Bytes one thread block copies per grid-stride step (its threads x 8 vectors of 16 bytes).
 inline constexpr int kCopyChunkBytes = 32 * 1024;

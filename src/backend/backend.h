@@ -246,7 +246,8 @@ class Backend {
   // synchronizing the stream inside them. Handles stay valid until release_time_marks() (no wait;
   // marks not yet reached may be released). This default reads the host clock at the call, which
   // is exact for a backend whose calls finish their work before returning (the CPU backend's).
-  // A backend is driven by one thread at a time, its marks too.
+  // A backend is driven by one thread at a time, its marks too; release_time_marks releases all
+  // of them, so one user at a time times with a backend (the spatial cut's ShardedAttention).
   virtual StatusOr<int> mark_time() {
     host_marks_.push_back(std::chrono::steady_clock::now());
     return static_cast<int>(host_marks_.size()) - 1;

@@ -564,6 +564,14 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
 
   // ---- the sharded sequences' attention plan (spatial cut) ----
   std::optional<ExchangeTally> tally;  // counts this step's exchange, whatever path returns
+  // A step that fails once its sharded attention is prepared leaves no peer shard running on the
+  // home's buffers and no time mark held (ShardedAttention::abandon_step).
+  struct AbandonGuard {
+    ShardedAttention* sa = nullptr;
+    ~AbandonGuard() {
+      if (sa != nullptr) sa->abandon_step();
+    }
+  } sharded_guard;
   if (num_sharded_rows > 0) {
     if (c.has_sliding_window())
       return unimplemented(
@@ -585,6 +593,7 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     ShardedAttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, scale};
     im.sharded.set_concurrent(options.concurrent_shards);
     KVSPLIT_RETURN_IF_ERROR(im.sharded.prepare(sh, pool, shape, options.split, *comm));
+    sharded_guard.sa = &im.sharded;
   }
 
   const int nt = static_cast<int>(T);
@@ -615,7 +624,10 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     KVSPLIT_RETURN_IF_ERROR(be.swiglu(hb, hb2, T * hidden, hb));
     KVSPLIT_RETURN_IF_ERROR(be.gemm(hb, nt, L.w_down, nullptr, x, /*accumulate=*/true));
   }
-  if (num_sharded_rows > 0) KVSPLIT_RETURN_IF_ERROR(im.sharded.finish_step());
+  if (num_sharded_rows > 0) {
+    sharded_guard.sa = nullptr;  // finish_step cleans up after itself, error or not
+    KVSPLIT_RETURN_IF_ERROR(im.sharded.finish_step());
+  }
   if (scoring) {
     std::vector<float> rel(nd * mb * block_size), bound(nd * mb);
     KVSPLIT_RETURN_IF_ERROR(be.copy_d2h(rel.data(), dpages + o_rel, rel.size() * sizeof(float)));

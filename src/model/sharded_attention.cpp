@@ -527,11 +527,19 @@ Status ShardedAttention::score_layer(int layer, const float* q) {
 
 Status ShardedAttention::finish_step() {
   if (rows_ == 0) return ok_status();
-  KVSPLIT_RETURN_IF_ERROR(collect_scores());
-  // Each phase's time is its longest shard's (they run at once, or that is the bound when they
-  // run in turns on one device); the marks are released whatever happens.
-  std::vector<double> phase(static_cast<size_t>(phase_), 0.0);
+  // Each peer's kernels flag index errors on its own backend: wait for it and read its flag (the
+  // in-process communicator's sends did; NCCL's do not). Its last work is done by now anyway:
+  // the home merged its partials.
   Status st = ok_status();
+  for (size_t sh = 1; sh < shards_.size(); ++sh) {
+    Status peer = shards_[sh].be->synchronize();
+    if (st.ok() && !peer.ok()) st = std::move(peer);
+  }
+  if (st.ok()) st = collect_scores();
+  // Each phase's time is its longest shard's (they run at once, or that is the bound when they
+  // run in turns on one device).
+  std::vector<double> phase(static_cast<size_t>(phase_), 0.0);
+  double merge = 0;
   for (Shard& z : shards_) {
     for (const Span& sp : z.spans) {
       if (!st.ok()) break;
@@ -542,7 +550,6 @@ Status ShardedAttention::finish_step() {
         phase[static_cast<size_t>(sp.phase)] = std::max(phase[size_t(sp.phase)], *t);
     }
   }
-  double merge = 0;
   for (const auto& [from, to] : merge_spans_) {
     if (!st.ok()) break;
     StatusOr<double> t = home_->seconds_between(from, to);
@@ -551,17 +558,28 @@ Status ShardedAttention::finish_step() {
     else
       merge += *t;
   }
-  for (Shard& z : shards_) {
-    z.be->release_time_marks();
-    z.spans.clear();
-  }
-  home_->release_time_marks();
-  merge_spans_.clear();
-  phase_ = 0;
+  release_marks();  // whatever happened
   KVSPLIT_RETURN_IF_ERROR(st);
   for (double t : phase) attention_seconds_ += t;
   merge_seconds_ += merge;
   return ok_status();
+}
+
+void ShardedAttention::abandon_step() {
+  // Peer streams may still be reading the home's buffers (their copies of q, k, v): they finish
+  // before the caller reuses or frees them. Their errors are the failed step's, already reported.
+  for (size_t sh = 1; sh < shards_.size(); ++sh) (void)shards_[sh].be->synchronize();
+  release_marks();
+}
+
+void ShardedAttention::release_marks() {
+  for (Shard& z : shards_) {
+    z.be->release_time_marks();
+    z.spans.clear();
+  }
+  if (home_ != nullptr) home_->release_time_marks();
+  merge_spans_.clear();
+  phase_ = 0;
 }
 
 Status ShardedAttention::collect_scores() {

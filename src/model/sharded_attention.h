@@ -96,8 +96,13 @@ class ShardedAttention {
   // After the last layer: writes the scored sequences' token_relevance and page_bound (each
   // shard's, from its compact page order back to the sequence's pages; nothing without scoring)
   // and adds the step's times to merge_seconds / attention_seconds (waiting for the last layer's
-  // work on every shard). Call it once per prepared step that ran its layers.
+  // work on every shard, and reporting a peer's kernel errors). Call it once per prepared step
+  // that ran its layers; error or not, it leaves no time mark held.
   Status finish_step();
+  // Instead of finish_step, for a step that failed after prepare: waits for every peer shard (its
+  // stream may still read the home's buffers) and releases the time marks. Errors are ignored
+  // (the step's own error is what the caller reports).
+  void abandon_step();
 
   // For benchmarks, summed over finished steps, on the device's clock (Backend::mark_time; the
   // host clock on the CPU backend, whose calls finish their work before returning): the merge's
@@ -158,8 +163,11 @@ class ShardedAttention {
   Status on_shards(const std::function<Status(int)>& fn);
   // fn(sh) between two time marks on shard sh's backend, recorded as a span of `phase`.
   Status timed(int sh, int phase, const std::function<Status(int)>& fn);
-  // Writes the scored rows' outputs (finish_step's first half).
+  // Writes the scored rows' outputs (part of finish_step).
   Status collect_scores();
+  // Releases every shard's time marks (and the home's) and forgets this step's spans. The marks
+  // of a backend are all this object's: one ShardedAttention per backend times with them.
+  void release_marks();
   // Shard `sh`'s part of layer `layer`: appends its K/V rows and queues its partial (o, lse),
   // without waiting. Touches only shard `sh`'s buffers and backend (and reads q, k, v: home
   // memory, the home's rows, for sh == 0).

@@ -486,6 +486,52 @@ TEST(ShardedAttention, ScoringOverMixedPrecisionShardsEqualsUnsharded) {
   run_scored_case({8, 8, 8, 16}, 4, 64, {20, 200}, 8);
 }
 
+// A step's time marks are released by finish_step, and by abandon_step when a step fails after
+// prepare (LlamaModel::forward's guard): none is left held on any shard's backend.
+TEST(ShardedAttention, FinishedAndAbandonedStepsHoldNoTimeMark) {
+  auto home = shard_cpu(0);
+  kv::KvPoolConfig pc;
+  pc.num_blocks = 16;
+  pc.block_size = 8;
+  auto pool = kv::KvPool::create(*home, pc, kv::KvShape{1, 2, 8});
+  ASSERT_TRUE(pool.ok());
+  std::vector<std::unique_ptr<backend::Backend>> peers;
+  for (int s = 1; s < 3; ++s) peers.push_back(shard_cpu(s));
+  ASSERT_TRUE((*pool)->add_shards(std::move(peers), 8).ok());
+  auto comm = backend::make_in_process_communicator();
+  kv::BlockTable t;
+  t.spread = true;
+  ASSERT_TRUE((*pool)->reserve(t, 40));  // 5 pages over the 3 shards
+  std::mt19937 rng(3);
+  const std::vector<float> q = randn(rng, size_t(40) * 4 * 8);
+  const std::vector<float> k = randn(rng, size_t(40) * 2 * 8);
+  const std::vector<float> v = randn(rng, size_t(40) * 2 * 8);
+  std::vector<float> out(q.size());
+  model::ShardedAttention sa;
+  const std::vector<model::ShardedSeq> seqs{{&t, 0, 40, false}};
+  auto next_mark_is_first = [&] {
+    for (int s = 0; s < 3; ++s) {
+      backend::Backend& be = (*pool)->shard(s).backend();
+      auto m = be.mark_time();
+      ASSERT_TRUE(m.ok());
+      EXPECT_EQ(*m, 0) << "shard " << s << " still holds marks";
+      be.release_time_marks();
+    }
+  };
+  for (const bool abandon : {false, true}) {
+    SCOPED_TRACE(abandon ? "abandoned" : "finished");
+    ASSERT_TRUE(sa.prepare(seqs, **pool, {4, 2, 8, 0.35f}, {}, *comm).ok());
+    ASSERT_TRUE(sa.run_layer(0, q.data(), k.data(), v.data(), out.data()).ok());
+    if (abandon)
+      sa.abandon_step();
+    else
+      ASSERT_TRUE(sa.finish_step().ok());
+    next_mark_is_first();
+  }
+  (*pool)->release(t);
+  EXPECT_EQ((*pool)->used_blocks(), 0);
+}
+
 TEST(ShardedAttention, RefusesAPoolWithoutShards) {
   auto be = shard_cpu(0);
   kv::KvPoolConfig pc;

@@ -65,14 +65,20 @@ class MappedHostRanges {
     const std::lock_guard<std::mutex> lock(mu_);
     ranges_.erase(reinterpret_cast<uintptr_t>(p));
   }
-  // [p, p + bytes) lies inside one registered allocation.
-  bool contains(const void* p, size_t bytes) const {
-    const auto a = reinterpret_cast<uintptr_t>(p);
+  // Every range's host side (dst for d2h, src for h2d) lies inside one registered allocation.
+  bool contains_host_sides(Backend::CopyDir dir, const Backend::CopyRange* copies, size_t n) const {
     const std::lock_guard<std::mutex> lock(mu_);
-    auto it = ranges_.upper_bound(a);
-    if (it == ranges_.begin()) return false;
-    --it;
-    return a - it->first <= it->second && bytes <= it->second - (a - it->first);
+    for (size_t i = 0; i < n; ++i) {
+      const Backend::CopyRange& c = copies[i];
+      if (c.bytes == 0) continue;
+      const auto a =
+          reinterpret_cast<uintptr_t>(dir == Backend::CopyDir::kDeviceToHost ? c.dst : c.src);
+      auto it = ranges_.upper_bound(a);
+      if (it == ranges_.begin()) return false;
+      --it;
+      if (a - it->first > it->second || c.bytes > it->second - (a - it->first)) return false;
+    }
+    return true;
   }
 
  private:
@@ -214,15 +220,20 @@ StatusOr<void*> CudaBackend::alloc_host(size_t bytes) {
   void* p = nullptr;
   // Portable: every device's copies see it as pinned (a shard group's pages share the home
   // pool's host tier).
-  // Mapped: the copy kernel reads and writes it in place (copy_batch_*).
-  KVSPLIT_CUDA_RETURN(
-      cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable | cudaHostAllocMapped),
-      "cudaHostAlloc(host tier)");
+  // Mapped: the copy kernel reads and writes it in place (copy_batch_*). Where mapping is refused
+  // (a platform without it), the memory is still pinned and only the copy engines move it.
+  const size_t n = bytes ? bytes : 1;
+  if (cudaHostAlloc(&p, n, cudaHostAllocPortable | cudaHostAllocMapped) != cudaSuccess) {
+    (void)cudaGetLastError();
+    p = nullptr;
+    KVSPLIT_CUDA_RETURN(cudaHostAlloc(&p, n, cudaHostAllocPortable), "cudaHostAlloc(host tier)");
+    return p;
+  }
   // Under unified addressing the device address is the host address; only then may the kernel
   // take the host pointers it is given as they are.
   void* dev = nullptr;
   if (cudaHostGetDevicePointer(&dev, p, 0) == cudaSuccess && dev == p)
-    mapped_host_ranges().add(p, bytes ? bytes : 1);
+    mapped_host_ranges().add(p, n);
   else
     (void)cudaGetLastError();
   return p;
@@ -307,14 +318,10 @@ StatusOr<bool> CudaBackend::wait_fence(uint64_t fence, int64_t timeout_us) {
 }
 
 bool CudaBackend::kernel_can_copy(CopyDir dir, const CopyRange* copies, size_t n) const {
-  const MappedHostRanges& host = mapped_host_ranges();
-  for (size_t i = 0; i < n; ++i) {
-    const CopyRange& c = copies[i];
-    if (!kernels::copy_piece_supported({c.dst, c.src, c.bytes})) return false;
-    const void* h = dir == CopyDir::kDeviceToHost ? c.dst : c.src;
-    if (c.bytes > 0 && !host.contains(h, c.bytes)) return false;
-  }
-  return true;
+  for (size_t i = 0; i < n; ++i)
+    if (!kernels::copy_piece_supported({copies[i].dst, copies[i].src, copies[i].bytes}))
+      return false;
+  return mapped_host_ranges().contains_host_sides(dir, copies, n);
 }
 
 StatusOr<int> CudaBackend::mark_time() {
