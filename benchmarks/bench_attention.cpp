@@ -2,7 +2,7 @@
 // for the shapes of issue 5, with and without split-K, against a read-only streaming kernel timed
 // in the same run. Without CUDA (or without a device) it says so and exits 0.
 //
-//   bench_attention [--iters N] [--warmup N] [--mode plain|mixed]
+//   bench_attention [--iters N] [--warmup N] [--mode plain|mixed] [--probe]
 // plain: the all-full kernels. Mandatory bytes = every KV byte of every sequence once + q + out;
 // the `w4K` shapes decode with a 4096-key sliding window (only the window's pages are read and
 // counted), to compare with the same context's full attention.
@@ -11,7 +11,10 @@
 // actually read = each resident page once at its own size (bf16 page, or
 // QuantPageLayout::bytes(p)) + q + out + tables, against the same streaming kernel. The `scored`
 // rows add the scoring side outputs (every sequence scored: a second read of the resident K rows,
-// counted in the bytes). Quote ratios, not absolutes.
+// counted in the bytes). --probe (with --mode mixed): all-full and all-int8 pages with each stage
+// of the attention kernel left out in turn (MixedAttentionParams::probe: page info loaded once
+// per block, no K/V row loads, no q.k, no P.V, and combinations): the time a stage costs is the
+// difference from the full kernel's (outputs meaningless). Quote ratios, not absolutes.
 #include <cstdio>
 
 #if !defined(KVSPLIT_WITH_CUDA)
@@ -29,6 +32,7 @@ int main() {
 #include <iterator>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -94,7 +98,9 @@ struct Mix {
 };
 
 // The mixed-precision kernels over `sh`: bytes actually read / time against the streaming read.
-int run_mixed(const Shape& sh, int sms, cudaStream_t stream, int warmup, int iters) {
+// probe: instead of every mix, all-full and all-int8 pages with each stage of the attention kernel
+// left out in turn (MixedAttentionParams::probe): the time each stage costs is the difference.
+int run_mixed(const Shape& sh, int sms, cudaStream_t stream, int warmup, int iters, bool probe) {
   const kvsplit::kernels::QuantPageLayout ql{kKvHeads, kBlockSize, kHeadDim};
   const int blocks_per_seq = (sh.kv_len + kBlockSize - 1) / kBlockSize;
   const int num_pages = blocks_per_seq * sh.num_seqs;
@@ -169,7 +175,23 @@ int run_mixed(const Shape& sh, int sms, cudaStream_t stream, int warmup, int ite
                           cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMalloc(&part, size_t(plan.total_splits) * kHeads * (kHeadDim + 2) * 4));
   }
+  struct Probe {
+    const char* name;
+    int bits;
+  };
+  namespace k = kvsplit::kernels;
+  const Probe all_stages[] = {{"-", 0}};
+  const Probe probes[] = {
+      {"-", 0},
+      {"no-pageinfo", k::kMixedProbeNoPageInfo},
+      {"no-rows", k::kMixedProbeNoRows},
+      {"no-scores", k::kMixedProbeNoScores},
+      {"no-pv", k::kMixedProbeNoPv},
+      {"no-rows+scores+pv", k::kMixedProbeNoRows | k::kMixedProbeNoScores | k::kMixedProbeNoPv},
+      {"none", k::kMixedProbeNoRows | k::kMixedProbeNoScores | k::kMixedProbeNoPv |
+                   k::kMixedProbeNoPageInfo}};
   for (const Mix& mix : mixes) {
+    if (probe && (mix.scored || mix.pattern.size() != 1 || mix.pattern[0] == I4)) continue;
     std::vector<uint8_t> prec(ids.size());
     double read = 2.0 * q_elems * 4 + ids.size() * 5.0;  // q, out, tables, precisions
     for (int s = 0; s < sh.num_seqs; ++s) {
@@ -225,14 +247,18 @@ int run_mixed(const Shape& sh, int sms, cudaStream_t stream, int warmup, int ite
       mp.page_bound = bound;
       mp.score_max = score_max;
     }
-    const float ms = time_ms(
-        stream, warmup, iters,
-        [&] { return kvsplit::kernels::launch_mixed_decode(mp, stream).ok(); }, &ok);
-    CHECK_CUDA(cudaStreamSynchronize(stream));
-    const double gbs = read / (ms * 1e-3) / 1e9;
-    std::printf("%-12s %-12s %-6s %7d %10.1f %10.1f %10.1f %10.1f %8.1f%%\n", sh.name, mix.name,
-                mix.scored ? "scored" : "-", plan.max_splits, read / 1e6, ms * 1e3, gbs, stream_gbs,
-                100.0 * gbs / stream_gbs);
+    for (const Probe& pr :
+         probe ? std::span<const Probe>(probes) : std::span<const Probe>(all_stages)) {
+      mp.probe = pr.bits;
+      const float ms = time_ms(
+          stream, warmup, iters,
+          [&] { return kvsplit::kernels::launch_mixed_decode(mp, stream).ok(); }, &ok);
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      const double gbs = read / (ms * 1e-3) / 1e9;
+      std::printf("%-12s %-12s %-6s %-18s %7d %10.1f %10.1f %10.1f %10.1f %8.1f%%\n", sh.name,
+                  mix.name, mix.scored ? "scored" : "-", pr.name, plan.max_splits, read / 1e6,
+                  ms * 1e3, gbs, stream_gbs, 100.0 * gbs / stream_gbs);
+    }
   }
   if (!ok) {
     std::fprintf(stderr, "a mixed launch failed for %s\n", sh.name);
@@ -258,6 +284,10 @@ int main(int argc, char** argv) {
   std::string mode = "plain";
   app.add_option("--mode", mode, "plain: the all-full kernels; mixed: mixed-precision pages")
       ->check(CLI::IsMember({"plain", "mixed"}));
+  bool probe = false;
+  app.add_flag("--probe", probe,
+               "--mode mixed: all-full and all-int8 pages with each kernel stage left out in turn "
+               "(the stage's cost is the difference; outputs meaningless)");
   CLI11_PARSE(app, argc, argv);
 
   int count = 0;
@@ -280,10 +310,10 @@ int main(int argc, char** argv) {
   const Shape windowed[] = {{"B=1 x 128K w4K", 1, 131072, 4096}, {"B=64 x 8K w4K", 64, 8192, 4096}};
   if (mode == "mixed") {
     std::printf("mixed-precision decode (split-K by the planner); MB = bytes actually read\n");
-    std::printf("%-12s %-12s %-6s %7s %10s %10s %10s %10s %9s\n", "shape", "pages", "score",
-                "splits", "MB", "time_us", "GB/s", "stream", "of_stream");
+    std::printf("%-12s %-12s %-6s %-18s %7s %10s %10s %10s %10s %9s\n", "shape", "pages", "score",
+                "left out", "splits", "MB", "time_us", "GB/s", "stream", "of_stream");
     for (const Shape& sh : shapes)
-      if (run_mixed(sh, sms, stream, warmup, iters) != 0) return 1;
+      if (run_mixed(sh, sms, stream, warmup, iters, probe) != 0) return 1;
     cudaStreamDestroy(stream);
     return 0;
   }

@@ -347,9 +347,11 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int first_page = k0 / bs;
     const int num_pages = (k0 + n - 1) / bs - first_page + 1;
     __syncthreads();  // the previous tile's readers are done (first tile: q_s, m_s, l_s written)
-    mixed_load_page_info(mp, s, first_page, num_pages, pid, pprec);
+    if (!(mp.probe & kMixedProbeNoPageInfo) || k0 == key_begin)
+      mixed_load_page_info(mp, s, first_page, num_pages, pid, pprec);
     __syncthreads();
-    mixed_load_rows<KT, D>(mp, kvh, k0, n, first_page, pid, pprec, k_s, v_s);
+    if (!(mp.probe & kMixedProbeNoRows))
+      mixed_load_rows<KT, D>(mp, kvh, k0, n, first_page, pid, pprec, k_s, v_s);
     __syncthreads();
     for (int i = tid; i < rows * kAttnTileKeys; i += blockDim.x) {
       const int r = i / kAttnTileKeys, t = i % kAttnTileKeys;
@@ -357,7 +359,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       const int first = window_first_key(limit - 1, p.window);
       float score = -INFINITY;
       if (t < n && k0 + t < limit && k0 + t >= first && pid[(k0 + t) / bs - first_page] >= 0)
-        score = mixed_dot<D>(q_s + r * D, k_s + t * (D + 4));
+        score = mp.probe & kMixedProbeNoScores ? 0.f : mixed_dot<D>(q_s + r * D, k_s + t * (D + 4));
       s_s[i] = score;
     }
     __syncthreads();
@@ -384,6 +386,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       }
     }
     __syncthreads();
+    if (mp.probe & kMixedProbeNoPv) continue;
     pv.add_tile(s_s, alpha_s, n, [&](int t, int c0, float* v) {
       const float* src = v_s + t * (D + 4) + c0;
       const uint4 a = load16(src), b = load16(src + 4);

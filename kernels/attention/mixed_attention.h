@@ -39,7 +39,18 @@ struct MixedAttentionParams {
   // Workspace [num_seqs, num_heads] f32 (needed with score_seqs): the final max score m_h of each
   // decode query head, written by the attention kernel (one split) or the merge (several).
   float* score_max = nullptr;
+
+  // ---- benchmarks only: stages of the attention kernel left out (kMixedProbe*) ----
+  // To time a stage, time the kernel without it (METHOD.md: no hardware counters on every
+  // device machine). The outputs are then meaningless. 0 (the default) runs every stage.
+  int probe = 0;
 };
+
+// MixedAttentionParams::probe bits (bench_attention --mode mixed --probe).
+inline constexpr int kMixedProbeNoRows = 1;      // no K/V row loads (the tile is not staged)
+inline constexpr int kMixedProbeNoScores = 2;    // no q.k products (every valid score 0)
+inline constexpr int kMixedProbeNoPv = 4;        // no P.V accumulation
+inline constexpr int kMixedProbeNoPageInfo = 8;  // page ids and precisions loaded once per block
 
 // Page ids outside their arena, precision values > 3 and summary slots outside
 // [0, num_summary_slots) cannot be checked on the host (device arrays): the kernels skip that

@@ -324,6 +324,50 @@ TEST(MixedAttentionParity, EvictedRunsAndNothingResident) {
   }
 }
 
+// The benchmark's stage probes (MixedAttentionParams::probe, bench_attention --probe) leave out
+// exactly the stage they name: without P.V every output is 0; without q.k every score is 0, so
+// the output is what q = 0 gives (the uniform average of the attended V rows); page info loaded
+// once changes nothing when every sequence fits one tile; without row loads it still runs (its
+// outputs are not defined).
+TEST(MixedAttentionLaunch, StageProbesLeaveOutTheirStage) {
+  KVSPLIT_REQUIRE_DEVICE();
+  std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend(1);
+  oracle::Rng rng(77);
+  CaseSpec spec;
+  spec.num_heads = 8;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 64;
+  spec.block_size = 16;
+  spec.kv_lens = {3 * 16 + 5, 40};  // each within one tile of 64 keys
+  AttentionCase c = oracle::make_case(spec);
+  MixedCase m = oracle::make_mixed(c, *cpu, rng, oracle::MixSpec{0.3, 0.3, 0.0});
+  ASSERT_TRUE(m.quantized_ok);
+  backend::AttentionArgs a = c.args();
+  m.apply(a);
+  const backend::SplitPlan none;
+  auto run = [&](int probe) {
+    auto d = upload(a, c.pages, ElemType::kF32, &m, nullptr, &none);
+    d->mp.probe = probe;
+    EXPECT_TRUE(kernels::launch_mixed_decode(d->mp, nullptr).ok()) << "probe " << probe;
+    EXPECT_EQ(device_sync(), "") << "probe " << probe;
+    EXPECT_EQ(d->error_flag.to_host()[0], 0) << "probe " << probe;
+    return d->out.to_host();
+  };
+  const std::vector<float> every_stage = run(0);
+  const MixedResult want = oracle::mixed_attention(a);
+  ASSERT_TRUE(oracle::compare(every_stage.data(), want.out, kAtol, kRtol).ok);
+  EXPECT_EQ(run(kernels::kMixedProbeNoPageInfo), every_stage);
+  for (float x : run(kernels::kMixedProbeNoPv)) ASSERT_EQ(x, 0.f);
+  std::vector<float> zero_q(c.q.size(), 0.f);
+  backend::AttentionArgs az = a;
+  az.q = zero_q.data();
+  const MixedResult uniform = oracle::mixed_attention(az);
+  const std::vector<float> no_scores = run(kernels::kMixedProbeNoScores);
+  const oracle::Comparison cmp = oracle::compare(no_scores.data(), uniform.out, kAtol, kRtol);
+  EXPECT_TRUE(cmp.ok) << cmp.message;
+  (void)run(kernels::kMixedProbeNoRows);
+}
+
 // A GQA group past what the register P.V covers (32 query rows per block at d128) is refused with
 // the limit named, never computed wrongly.
 TEST(MixedAttentionLaunch, GqaGroupsPastTheRegisterTileAreUnimplemented) {
