@@ -65,11 +65,19 @@ Status launch_mixed_typed(const MixedAttentionParams& mp, const float* given_max
     grid_x = static_cast<unsigned>((p.max_query_len + tokens_per_block - 1) / tokens_per_block);
     if (grid_x == 0) return ok_status();
   }
+  // Pipeline stages: attention_stages (paged_attention.cuh), as the all-full kernel.
+  const int rows = tokens_per_block * group;
+  const int eb = static_cast<int>(sizeof(KT));
   const size_t limit = max_dynamic_smem_per_block();
-  const size_t smem =
-      mixed_smem_layout(tokens_per_block * group, D, p.block_size, /*with_v=*/true).total;
-  const size_t score_smem = mixed_smem_layout(group, D, p.block_size, /*with_v=*/false).total;
+  const size_t smem = mixed_smem_layout(rows, D, eb, /*with_v=*/true, 1).total;
+  const size_t two = mixed_smem_layout(rows, D, eb, /*with_v=*/true, 2).total;
+  const size_t score_smem = mixed_smem_layout(group, D, eb, /*with_v=*/false, 1).total;
   const bool score_only = mode == MixedMode::kScoreOnly;
+  if (!score_only && p.pipeline_stages == 2 && two > limit) {
+    return unimplemented("mixed attention: two pipeline stages need " + std::to_string(two) +
+                         " B of shared memory per block; this device allows " +
+                         std::to_string(limit));
+  }
   if ((!score_only && smem > limit) || ((score_only || mp.score_seqs) && score_smem > limit)) {
     const size_t need = !score_only && smem > limit ? smem : score_smem;
     return unimplemented(
@@ -77,7 +85,7 @@ Status launch_mixed_typed(const MixedAttentionParams& mp, const float* given_max
         std::to_string(D) + " needs " + std::to_string(need) +
         " B of shared memory per block; this device allows " + std::to_string(limit));
   }
-  if (!score_only && pv_combos(tokens_per_block * group, D) > kAttnThreads) {
+  if (!score_only && pv_combos(rows, D) > kAttnThreads) {
     return unimplemented(
         "mixed attention: a GQA group of " + std::to_string(group) + " heads with head_dim " +
         std::to_string(D) + " is not compiled (at most " +
@@ -85,10 +93,14 @@ Status launch_mixed_typed(const MixedAttentionParams& mp, const float* given_max
   }
   if (score_only) return launch_mixed_score_kernel<KT, D>(mp, given_max, score_smem, stream);
   const dim3 grid(grid_x, static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_seqs));
+  const long long blocks = static_cast<long long>(grid.x) * grid.y * grid.z;
+  const cudaError_t e = attention_stages(blocks, smem, two, limit, p.pipeline_stages) == 2
+                            ? launch(mixed_attention_kernel<KT, D, 2>, grid, dim3(kAttnThreads),
+                                     two, stream, mp, tokens_per_block, decode ? 1 : 0)
+                            : launch(mixed_attention_kernel<KT, D, 1>, grid, dim3(kAttnThreads),
+                                     smem, stream, mp, tokens_per_block, decode ? 1 : 0);
   KVSPLIT_RETURN_IF_ERROR(
-      launch_status(launch(mixed_attention_kernel<KT, D>, grid, dim3(kAttnThreads), smem, stream,
-                           mp, tokens_per_block, decode ? 1 : 0),
-                    decode ? "mixed decode attention" : "mixed prefill attention"));
+      launch_status(e, decode ? "mixed decode attention" : "mixed prefill attention"));
   if (!decode) return ok_status();
   if (p.max_splits > 1) {
     const dim3 mgrid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.num_seqs));

@@ -1,29 +1,36 @@
 // Mixed-precision paged attention kernel bodies (nvcc in mixed_attention.cu; g++ under the
 // emulation harness). Host API: kernels/attention/mixed_attention.h.
 //
-// Same thread mapping as paged_attention.cuh (one block per (query tile or split, kv head,
-// sequence), tiles of kAttnTileKeys keys, online softmax from kernels/common/softmax_state.h), but
-// each tile is staged in shared memory as f32: every thread loads 8 channels of one K or V row at
-// the precision of its page (f32/f16/bf16 full pages, int8 codes + f16 scale, int4 nibbles + f16
-// scale and zero point), converts them in registers with the functions of kv_quant.h and stores
-// f32. Rows of evicted pages are not read (V rows become zeros, their scores -inf). Loads are
-// synchronous (no cp.async pipeline): the formats differ per page, and this path only runs when
-// a cut changed some page or a step is scored.
+// Same thread mapping and pipeline as paged_attention.cuh: one block per (query tile or split, kv
+// head, sequence), tiles of kAttnTileKeys keys (whole pages: kMixedTilePages of
+// kAttentionBlockSize), an online softmax (kernels/common/softmax_state.h), K/V staged by
+// cp.async into one of one or two shared-memory stages while the previous tile is computed
+// (attention_stages picks). What differs is what is staged: the RAW bytes of every row at the
+// precision of its page. A row slot holds D full-precision elements (f32/f16/bf16), or D int8
+// codes, or D / 2 int4 nibble bytes at its start; each page of the tile also stages its
+// quantization parameters (int8: the f16 scale of each token; int4: the per-channel f16 scale and
+// zero point of the keys and the per-token ones of the values) in a small "meta" slot. The
+// scores and P.V then decode 8 channels at a time in registers (mixed_for_chunks) with the
+// functions of kv_quant.h, so shared memory and the bytes moved are those of the stored format,
+// and every load is asynchronous. Rows of evicted pages are not read (their scores are -inf and
+// their V rows decode as zeros).
 //
 // Scoring side outputs. The relevance of a token needs the final per-head max m_h, which a split
 // only knows after the merge. Chosen method: a second kernel after the merge. The attention
 // kernel (one split) or the merge (several) writes m_h to `score_max`; mixed_score_kernel then
-// re-reads the scored sequences' K rows (no V) and recomputes every score with the very same
-// code: the same q * scale in shared memory, the same loader, and mixed_dot, a fixed chain of
-// fmaf in channel order (no contraction freedom left to the compiler). So each recomputed score
-// equals the one the softmax saw bit for bit, m_h is exactly the max of those scores, and the
-// most attended token of each head gets exp(0) = 1. Cost: one extra read of the K rows of the
-// scored sequences' resident pages (half of their KV bytes) on scored steps only, and no
-// sequence-sized workspace (writing raw scores instead would need num_heads floats per token).
+// re-stages the scored sequences' K rows (no V) and recomputes every score with the very same
+// code: the same q * scale in shared memory and mixed_tile_scores with the same rows (the GQA
+// group) and threads, so every score is the same fixed chain of fmaf in channel order (no
+// contraction freedom left to the compiler) whichever tile or split it falls in. So each
+// recomputed score equals the one the softmax saw bit for bit, m_h is exactly the max of those
+// scores, and the most attended token of each head gets exp(0) = 1. Cost: one extra read of the K
+// rows of the scored sequences' resident pages (half of their KV bytes) on scored steps only, and
+// no sequence-sized workspace (writing raw scores instead would need num_heads floats per token).
 #pragma once
 
 #include "kernels/attention/mixed_attention.h"
 #include "kernels/attention/paged_attention.cuh"
+#include "kernels/common/async_copy.cuh"
 #include "kernels/common/cuda_compat.h"
 #include "kernels/common/elem_type.h"
 #include "kernels/common/kv_quant.h"
@@ -33,22 +40,38 @@
 
 namespace kvsplit::kernels {
 
-inline constexpr int kMixedChunk = 8;  // channels one thread loads and converts at a time
+inline constexpr int kMixedChunk = 8;  // channels decoded at a time (one P.V chunk: kPvChunk)
+static_assert(kMixedChunk == kPvChunk);
+inline constexpr int kMixedBs = kAttentionBlockSize;
+static_assert(kAttnTileKeys % kMixedBs == 0, "tiles are whole pages");
+inline constexpr int kMixedTilePages = kAttnTileKeys / kMixedBs;
 
-// Pages a tile of kAttnTileKeys keys can touch.
-KVSPLIT_HOST_DEVICE int mixed_tile_pages(int block_size) {
-  const int n = kAttnTileKeys / block_size + 1;
-  return n < kAttnTileKeys ? n : kAttnTileKeys;
+// Bytes of one staged row slot: D full-precision elements plus 16 of padding (rows of
+// consecutive keys then start in different banks); int8 / int4 rows use its first D / D / 2.
+KVSPLIT_HOST_DEVICE constexpr int mixed_row_bytes(int head_dim, int elem_bytes) {
+  return head_dim * elem_bytes + 16;
+}
+// One page's parameter slot: key parameters at 0 (int8: f16 scale [kMixedBs]; int4: f16 scale
+// [D] then zero point [D]), value parameters at mixed_meta_v (int8: f16 scale [kMixedBs]; int4:
+// f16 scale [kMixedBs] then zero point [kMixedBs]).
+KVSPLIT_HOST_DEVICE constexpr int mixed_meta_v(int head_dim) {
+  return 4 * head_dim > 2 * kMixedBs ? 4 * head_dim : 2 * kMixedBs;
+}
+KVSPLIT_HOST_DEVICE constexpr int mixed_meta_bytes(int head_dim) {
+  return mixed_meta_v(head_dim) + 4 * kMixedBs;
 }
 
 // Byte offsets of one block's shared memory (16-byte aligned). with_v: the attention kernel (V
-// rows, o accumulators); bound_rows: the scoring kernel's page-bound scratch rows.
+// rows, o accumulators); otherwise the scoring kernel (its page-bound scratch). info: the page
+// ids and precisions of kMixedInfoSlots tiles (a tile's P.V still reads its own while the ids of
+// the tile after next are loaded). `stages` stages of stage_bytes each start at `stage`; within
+// one: the pages' parameter slots (meta), the K row slots (k) and the V row slots (v).
+inline constexpr int kMixedInfoSlots = 3;
 struct MixedSmemLayout {
-  int q, o, s, m, l, alpha, pid, pprec, bnd, k, v, total;
+  int q, o, s, m, l, alpha, bnd, info, stage, stage_bytes, meta, k, v, total;
 };
-KVSPLIT_HOST_DEVICE MixedSmemLayout mixed_smem_layout(int rows, int head_dim, int block_size,
-                                                      bool with_v) {
-  const int pages = mixed_tile_pages(block_size);
+KVSPLIT_HOST_DEVICE MixedSmemLayout mixed_smem_layout(int rows, int head_dim, int elem_bytes,
+                                                      bool with_v, int stages) {
   MixedSmemLayout L;
   int at = 0;
   L.q = at;
@@ -63,17 +86,21 @@ KVSPLIT_HOST_DEVICE MixedSmemLayout mixed_smem_layout(int rows, int head_dim, in
   at = align16(at + rows * 4);
   L.alpha = at;
   at = align16(at + rows * 4);
-  L.pid = at;
-  at = align16(at + pages * 4);  // arena id per page of the tile (-1: skip)
-  L.pprec = at;
-  at = align16(at + pages * 4);  // KvPrecision per page of the tile
   L.bnd = at;
-  at = align16(at + (with_v ? 0 : pages * rows * 4));  // page bounds [pages, rows]
-  L.k = at;
-  at = align16(at + kAttnTileKeys * (head_dim + 4) * 4);  // f32 K rows, padded
-  L.v = at;
-  at = align16(at + (with_v ? kAttnTileKeys * (head_dim + 4) * 4 : 0));  // f32 V rows, padded
-  L.total = at;
+  at = align16(at + (with_v ? 0 : kMixedTilePages * rows * 4));  // page bounds [pages, rows]
+  L.info = at;  // per slot: arena id (-1: skip) of each page, then its precision
+  at = align16(at + kMixedInfoSlots * 2 * kMixedTilePages * 4);
+  L.stage = at;
+  const int row = mixed_row_bytes(head_dim, elem_bytes);
+  int in = 0;
+  L.meta = in;
+  in = align16(in + kMixedTilePages * mixed_meta_bytes(head_dim));
+  L.k = in;
+  in = align16(in + kAttnTileKeys * row);
+  L.v = in;
+  in = align16(in + (with_v ? kAttnTileKeys * row : 0));
+  L.stage_bytes = in;
+  L.total = at + stages * in;
   return L;
 }
 
@@ -95,34 +122,14 @@ __device__ __forceinline__ uint32_t mixed_load4(const void* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 #endif
 }
-// 8 f32 to 16-byte aligned shared memory.
-__device__ __forceinline__ void mixed_store8(float* dst, const float* x) {
-  uint4 a, b;
-  memcpy(&a, x, 16);
-  memcpy(&b, x + 4, 16);
-  store16(dst, a);
-  store16(dst + 4, b);
-}
-
-// q . k over D channels as one fmaf chain in channel order: the attention and the scoring kernel
-// both score through it, so their scores are equal bit for bit. q, k 16-byte aligned.
-template <int D>
-__device__ __forceinline__ float mixed_dot(const float* q, const float* k) {
-  float acc = 0.f;
-#if defined(__CUDACC__)
-#pragma unroll
-  for (int c = 0; c < D / 4; ++c) {
-    const float4 a = reinterpret_cast<const float4*>(q)[c];
-    const float4 b = reinterpret_cast<const float4*>(k)[c];
-    acc = fmaf(a.x, b.x, acc);
-    acc = fmaf(a.y, b.y, acc);
-    acc = fmaf(a.z, b.z, acc);
-    acc = fmaf(a.w, b.w, acc);
-  }
+__device__ __forceinline__ uint16_t mixed_load2(const void* p) {
+#if defined(KVSPLIT_EMULATE_CUDA)
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
 #else
-  for (int d = 0; d < D; ++d) acc = fmaf(q[d], k[d], acc);
+  return *reinterpret_cast<const uint16_t*>(p);
 #endif
-  return acc;
 }
 
 // Precision and arena id of pages [first_page, first_page + num_pages) of sequence s (pid -1:
@@ -168,118 +175,234 @@ __device__ __forceinline__ void mixed_load_page_info(const MixedAttentionParams&
   }
 }
 
-// The raw bytes of one load unit (8 channels of one K or V row at its page's precision): full
-// pages 16 bytes (two loads for f32), int8 8 code bytes + the token's f16 scale, int4 4 nibble
-// bytes + the f16 scale and zero point (per channel for K: 16 bytes each; per token for V).
-struct MixedRaw {
-  uint4 a, b;  // full: the values; int8: a.x, a.y codes; int4 K: a scales, b zero points
-  uint32_t c;  // int8: the scale; int4: the nibbles
-  uint32_t d;  // int4 V: scale | zero << 16
-};
-
-// Rows [k0, k0 + n) of kv head kvh as f32: K into ks and V into vs (row stride D + 4 both) unless
-// vs is null. One unit per (K or V, row, 8 channels); a thread fetches kMixedBatch units (their
-// loads all in flight), then decodes and stores them: global latency is paid once per batch.
+// Stages the raw rows of the n keys of a tile (whole pages from its first) of kv head kvh (K into
+// krows, and V into vrows unless it is null) and the parameters of their quantized pages into
+// `meta`, by cp.async (the caller commits and waits). Page j of the tile is pid[j] / pprec[j];
+// pages with pid -1 are not read. A full row is D * sizeof(KT) / 16 copies of 16 bytes; an int8 row
+// D bytes and an int4 row D / 2 (one copy of 8 / 4 bytes at head_dim 8). Consecutive threads copy
+// consecutive 16-byte pieces of a row, then the next row: a page's rows are contiguous in its
+// arena.
 template <typename KT, int D>
-__device__ __forceinline__ void mixed_load_rows(const MixedAttentionParams& mp, int kvh, int k0,
-                                                int n, int first_page, const int* pid,
-                                                const int* pprec, float* ks, float* vs) {
-  constexpr int kChunks = D / kMixedChunk;
+__device__ __forceinline__ void mixed_issue_tile(const MixedAttentionParams& mp, int kvh, int n,
+                                                 const int* pid, const int* pprec,
+                                                 unsigned char* meta, unsigned char* krows,
+                                                 unsigned char* vrows) {
+  constexpr int kRow = mixed_row_bytes(D, static_cast<int>(sizeof(KT)));
+  constexpr int kUnits = D * static_cast<int>(sizeof(KT)) / 16;  // 16-byte pieces per full row
   constexpr int kVec = Vec16<KT>::kElems;
-  constexpr int kMixedBatch = 4;
+  constexpr int kInt8Units = D >= 16 ? D / 16 : 1;
+  constexpr int kInt4Units = D >= 32 ? D / 32 : 1;
+  constexpr int kMetaBytes = mixed_meta_bytes(D);
+  static_assert(kMetaBytes % 16 == 0 && kUnits >= 1);
   const PagedAttentionParams& p = mp.base;
-  const int bs = p.block_size;
-  const PagedKvLayout full{p.num_kv_heads, bs, D};
-  const QuantPageLayout ql{p.num_kv_heads, bs, D};
-  const int per_sel = n * kChunks;
-  const int units = vs ? 2 * per_sel : per_sel;
-  const int stride = static_cast<int>(blockDim.x);
-  for (int base = threadIdx.x; base < units; base += kMixedBatch * stride) {
-    MixedRaw raw[kMixedBatch] = {};
-    // 1. Issue every load of the batch.
-#pragma unroll
-    for (int u = 0; u < kMixedBatch; ++u) {
-      const int i = base + u * stride;
-      if (i >= units) break;
-      const int sel = i / per_sel, rem = i % per_sel, t = rem / kChunks, c = rem % kChunks;
-      const int key = k0 + t, j = key / bs - first_page, slot = key % bs;
+  const PagedKvLayout full{p.num_kv_heads, kMixedBs, D};
+  const QuantPageLayout ql{p.num_kv_heads, kMixedBs, D};
+  const int sels = vrows ? 2 : 1;
+  for (int sel = 0; sel < sels; ++sel) {
+    for (int i = threadIdx.x; i < n * kUnits; i += blockDim.x) {
+      const int c = i % kUnits, t = i / kUnits;
+      const int j = t / kMixedBs, slot = t % kMixedBs;
       const int id = pid[j];
       if (id < 0) continue;
-      if (pprec[j] == static_cast<int>(KvPrecision::kFull)) {
-        const KT* src = static_cast<const KT*>(p.kv) + full.offset(id, sel, kvh, slot) + c * 8;
-        raw[u].a = load16(src);
-        if (kMixedChunk / kVec > 1) raw[u].b = load16(src + kVec);
-      } else if (pprec[j] == static_cast<int>(KvPrecision::kInt8)) {
-        const uint8_t* page =
-            static_cast<const uint8_t*>(mp.int8_pages) + id * ql.bytes(KvPrecision::kInt8);
-        const int64_t tok = ql.token_index(sel, kvh, slot);
-        const uint2 codes = mixed_load8(page + ql.int8_values_offset() + tok * D + c * 8);
-        raw[u].a.x = codes.x;
-        raw[u].a.y = codes.y;
-        raw[u].c = kvq_f16_at(page, ql.int8_scales_offset())[tok];
-      } else {  // int4
-        const uint8_t* page =
-            static_cast<const uint8_t*>(mp.int4_pages) + id * ql.bytes(KvPrecision::kInt4);
-        const int64_t tok = ql.token_index(sel, kvh, slot);
-        raw[u].c = mixed_load4(page + ql.int4_values_offset() + tok * (D / 2) + c * 4);
-        if (sel == 0) {  // keys: scale and zero point per channel
-          const int64_t ch = static_cast<int64_t>(kvh) * D + c * 8;
-          raw[u].a = load16(kvq_f16_at(page, ql.int4_k_scale_offset()) + ch);
-          raw[u].b = load16(kvq_f16_at(page, ql.int4_k_zero_offset()) + ch);
-        } else {  // values: scale and zero point per token
-          const int64_t tv = static_cast<int64_t>(kvh) * bs + slot;
-          raw[u].d = kvq_f16_at(page, ql.int4_v_scale_offset())[tv] |
-                     uint32_t{kvq_f16_at(page, ql.int4_v_zero_offset())[tv]} << 16;
+      unsigned char* dst = (sel == 0 ? krows : vrows) + t * kRow + c * 16;
+      const int prec = pprec[j];
+      if (prec == static_cast<int>(KvPrecision::kFull)) {
+        cp_async16(dst, static_cast<const KT*>(p.kv) + full.offset(id, sel, kvh, slot) + c * kVec);
+      } else if (prec == static_cast<int>(KvPrecision::kInt8)) {
+        if (c >= kInt8Units) continue;
+        const uint8_t* src = static_cast<const uint8_t*>(mp.int8_pages) +
+                             id * ql.bytes(KvPrecision::kInt8) + ql.int8_values_offset() +
+                             ql.token_index(sel, kvh, slot) * D + c * 16;
+        if (D >= 16) {
+          cp_async16(dst, src);
+        } else {
+          cp_async8(dst, src);
+        }
+      } else {  // int4 (an id >= 0 is full, int8 or int4: mixed_load_page_info)
+        if (c >= kInt4Units) continue;
+        const uint8_t* src = static_cast<const uint8_t*>(mp.int4_pages) +
+                             id * ql.bytes(KvPrecision::kInt4) + ql.int4_values_offset() +
+                             ql.token_index(sel, kvh, slot) * (D / 2) + c * 16;
+        if (D >= 32) {
+          cp_async16(dst, src);
+        } else {
+          cp_async4(dst, src);
         }
       }
     }
-    // 2. Decode and store them.
-#pragma unroll
-    for (int u = 0; u < kMixedBatch; ++u) {
-      const int i = base + u * stride;
-      if (i >= units) break;
-      const int sel = i / per_sel, rem = i % per_sel, t = rem / kChunks, c = rem % kChunks;
-      const int j = (k0 + t) / bs - first_page;
-      float x[kMixedChunk];
-      if (pid[j] < 0) {
-#pragma unroll
-        for (int e = 0; e < kMixedChunk; ++e) x[e] = 0.f;
-      } else if (pprec[j] == static_cast<int>(KvPrecision::kFull)) {
-        Vec16<KT>::to_floats(raw[u].a, x);
-        if (kMixedChunk / kVec > 1) Vec16<KT>::to_floats(raw[u].b, x + kVec);
-      } else if (pprec[j] == static_cast<int>(KvPrecision::kInt8)) {
-        int8_t codes[8];
-        memcpy(codes, &raw[u].a.x, 4);
-        memcpy(codes + 4, &raw[u].a.y, 4);
-        const float scale = kvq_half_float(static_cast<uint16_t>(raw[u].c));
-#pragma unroll
-        for (int e = 0; e < kMixedChunk; ++e) x[e] = int8_dequantize(codes[e], scale);
-      } else if (sel == 0) {  // int4 keys
-        uint16_t sb[8], zb[8];
-        memcpy(sb, &raw[u].a, 16);
-        memcpy(zb, &raw[u].b, 16);
-#pragma unroll
-        for (int e = 0; e < kMixedChunk; ++e) {
-          x[e] = int4_dequantize(static_cast<uint8_t>((raw[u].c >> (4 * e)) & 0xfu),
-                                 kvq_half_float(sb[e]), kvq_half_float(zb[e]));
-        }
-      } else {  // int4 values
-        const float scale = kvq_half_float(static_cast<uint16_t>(raw[u].d & 0xffffu));
-        const float zero = kvq_half_float(static_cast<uint16_t>(raw[u].d >> 16));
-#pragma unroll
-        for (int e = 0; e < kMixedChunk; ++e)
-          x[e] = int4_dequantize(static_cast<uint8_t>((raw[u].c >> (4 * e)) & 0xfu), scale, zero);
+  }
+  // Parameters, 16-byte pieces per page: int8 K scales (2), V scales (2); int4 K scales and zero
+  // points (D / 8 each), V scales and zero points (2 each). Every section of a quantized page and
+  // every (head, K or V) run in it starts 16-byte aligned (kv_quant.h, kMixedBs = 16).
+  constexpr int kMaxPieces = 2 * (D / 8) + 4;
+  for (int i = threadIdx.x; i < kMixedTilePages * kMaxPieces; i += blockDim.x) {
+    const int j = i / kMaxPieces, u = i % kMaxPieces;
+    if (j * kMixedBs >= n) break;
+    const int id = pid[j];
+    if (id < 0) continue;
+    unsigned char* m = meta + j * kMetaBytes;
+    const int prec = pprec[j];
+    if (prec == static_cast<int>(KvPrecision::kInt8)) {
+      const uint8_t* page =
+          static_cast<const uint8_t*>(mp.int8_pages) + id * ql.bytes(KvPrecision::kInt8);
+      if (u < 2) {
+        cp_async16(m + u * 16,
+                   page + ql.int8_scales_offset() + ql.token_index(0, kvh, 0) * 2 + u * 16);
+      } else if (vrows && u < 4) {
+        cp_async16(m + mixed_meta_v(D) + (u - 2) * 16,
+                   page + ql.int8_scales_offset() + ql.token_index(1, kvh, 0) * 2 + (u - 2) * 16);
       }
-      mixed_store8((sel == 0 ? ks : vs) + t * (D + 4) + c * 8, x);
+    } else if (prec == static_cast<int>(KvPrecision::kInt4)) {
+      const uint8_t* page =
+          static_cast<const uint8_t*>(mp.int4_pages) + id * ql.bytes(KvPrecision::kInt4);
+      const int64_t kpar = static_cast<int64_t>(kvh) * D * 2;
+      const int64_t vpar = static_cast<int64_t>(kvh) * kMixedBs * 2;
+      if (u < D / 8) {
+        cp_async16(m + u * 16, page + ql.int4_k_scale_offset() + kpar + u * 16);
+      } else if (u < D / 4) {
+        cp_async16(m + u * 16, page + ql.int4_k_zero_offset() + kpar + (u - D / 8) * 16);
+      } else if (vrows && u < D / 4 + 2) {
+        cp_async16(m + mixed_meta_v(D) + (u - D / 4) * 16,
+                   page + ql.int4_v_scale_offset() + vpar + (u - D / 4) * 16);
+      } else if (vrows) {
+        cp_async16(m + mixed_meta_v(D) + 32 + (u - D / 4 - 2) * 16,
+                   page + ql.int4_v_zero_offset() + vpar + (u - D / 4 - 2) * 16);
+      }
+    }
+  }
+}
+
+// What a staged key of the tile decodes as: its page's KvPrecision, kEvicted for a page not read.
+__device__ __forceinline__ int mixed_kind(const int* pid, const int* pprec, int t) {
+  const int j = t / kMixedBs;
+  return pid[j] < 0 ? static_cast<int>(KvPrecision::kEvicted) : pprec[j];
+}
+
+// Calls f(c, x) for the 8-channel chunks c in [c_begin, c_end) of staged row `row` (slot `slot`
+// of its page; sel 0 = K, 1 = V) with x the chunk as f32, decoded at precision `kind` with
+// `pmeta` (its page's parameter slot). kind is kFull, kInt8 or kInt4 (the callers skip kEvicted).
+template <typename KT, int D, typename F>
+__device__ __forceinline__ void mixed_for_chunks(int kind, const unsigned char* row,
+                                                 const unsigned char* pmeta, int sel, int slot,
+                                                 int c_begin, int c_end, const F& f) {
+  constexpr int kVec = Vec16<KT>::kElems;
+  float x[kMixedChunk];
+  if (kind == static_cast<int>(KvPrecision::kFull)) {
+    const KT* r = reinterpret_cast<const KT*>(row);
+#pragma unroll 4
+    for (int c = c_begin; c < c_end; ++c) {
+#pragma unroll
+      for (int u = 0; u < kMixedChunk / kVec; ++u)
+        Vec16<KT>::to_floats(load16(r + c * kMixedChunk + u * kVec), x + u * kVec);
+      f(c, x);
+    }
+  } else if (kind == static_cast<int>(KvPrecision::kInt8)) {
+    const float scale =
+        kvq_half_float(mixed_load2(pmeta + (sel == 0 ? 0 : mixed_meta_v(D)) + slot * 2));
+#pragma unroll 4
+    for (int c = c_begin; c < c_end; ++c) {
+      const uint2 w = mixed_load8(row + c * kMixedChunk);
+      int8_t codes[kMixedChunk];
+      memcpy(codes, &w, kMixedChunk);
+#pragma unroll
+      for (int e = 0; e < kMixedChunk; ++e) x[e] = int8_dequantize(codes[e], scale);
+      f(c, x);
+    }
+  } else if (sel == 0) {
+    // Keys: scale and zero point per channel.
+#pragma unroll 4
+    for (int c = c_begin; c < c_end; ++c) {
+      const uint32_t w = mixed_load4(row + c * (kMixedChunk / 2));
+      uint16_t sb[kMixedChunk], zb[kMixedChunk];
+      const uint4 sv = load16(pmeta + c * 16), zv = load16(pmeta + 2 * D + c * 16);
+      memcpy(sb, &sv, 16);
+      memcpy(zb, &zv, 16);
+#pragma unroll
+      for (int e = 0; e < kMixedChunk; ++e) {
+        x[e] = int4_dequantize(static_cast<uint8_t>((w >> (4 * e)) & 0xfu), kvq_half_float(sb[e]),
+                               kvq_half_float(zb[e]));
+      }
+      f(c, x);
+    }
+  } else {
+    // Values: scale and zero point per token.
+    const float scale = kvq_half_float(mixed_load2(pmeta + mixed_meta_v(D) + slot * 2));
+    const float zero = kvq_half_float(mixed_load2(pmeta + mixed_meta_v(D) + 32 + slot * 2));
+#pragma unroll 4
+    for (int c = c_begin; c < c_end; ++c) {
+      const uint32_t w = mixed_load4(row + c * (kMixedChunk / 2));
+#pragma unroll
+      for (int e = 0; e < kMixedChunk; ++e)
+        x[e] = int4_dequantize(static_cast<uint8_t>((w >> (4 * e)) & 0xfu), scale, zero);
+      f(c, x);
+    }
+  }
+}
+
+// Scores of one staged tile of n keys into s_s [rows, kAttnTileKeys]: q . k for every (row, key)
+// with valid(r, t) and a resident page, -inf otherwise (0 with no_products: the stage probe).
+// Item (row block of kPvRows rows, key t, part of D) as in paged_attention_kernel: each K chunk
+// decoded feeds the block's rows; with one row block the two halves of D are two lanes, summed by
+// a shuffle (every thread then has exactly one item, so whole warps shuffle). Each score is the
+// fixed fmaf chain of its part in channel order, then the two parts' sum: the attention and the
+// scoring kernel call this with the same rows, so their scores are equal bit for bit.
+template <typename KT, int D, typename Valid>
+__device__ __forceinline__ void mixed_tile_scores(const float* q_s, int rows, int n, const int* pid,
+                                                  const int* pprec, const unsigned char* meta,
+                                                  const unsigned char* krows, float* s_s,
+                                                  bool no_products, const Valid& valid) {
+  constexpr int kChunks = D / kMixedChunk;
+  constexpr int kRow = mixed_row_bytes(D, static_cast<int>(sizeof(KT)));
+  constexpr int kMetaBytes = mixed_meta_bytes(D);
+  const int row_blocks = (rows + kPvRows - 1) / kPvRows;
+  const int parts = row_blocks == 1 && kChunks % 2 == 0 && D >= 64 ? 2 : 1;
+  const int items = row_blocks * kAttnTileKeys * parts;
+  for (int i = threadIdx.x; i < items; i += blockDim.x) {
+    const int part = i % parts, t = i / parts % kAttnTileKeys;
+    const int r0 = i / (parts * kAttnTileKeys) * kPvRows;
+    const int kind = t < n ? mixed_kind(pid, pprec, t) : static_cast<int>(KvPrecision::kEvicted);
+    float acc[kPvRows];
+#pragma unroll
+    for (int j = 0; j < kPvRows; ++j) acc[j] = 0.f;
+    if (!no_products && kind != static_cast<int>(KvPrecision::kEvicted)) {
+      const float* qr[kPvRows];
+#pragma unroll
+      for (int j = 0; j < kPvRows; ++j) qr[j] = q_s + (r0 + j < rows ? r0 + j : rows - 1) * D;
+      const int c_begin = part * (kChunks / parts);
+      mixed_for_chunks<KT, D>(kind, krows + t * kRow, meta + t / kMixedBs * kMetaBytes, 0,
+                              t % kMixedBs, c_begin, c_begin + kChunks / parts,
+                              [&](int c, const float* x) {
+#pragma unroll
+                                for (int j = 0; j < kPvRows; ++j)
+#pragma unroll
+                                  for (int e = 0; e < kMixedChunk; ++e)
+                                    acc[j] = fmaf(qr[j][c * kMixedChunk + e], x[e], acc[j]);
+                              });
+    }
+    if (parts == 2) {
+#pragma unroll
+      for (int j = 0; j < kPvRows; ++j) acc[j] += __shfl_xor_sync(kFullWarpMask, acc[j], 1);
+    }
+    if (part != 0) continue;
+#pragma unroll
+    for (int j = 0; j < kPvRows; ++j) {
+      const int r = r0 + j;
+      if (r >= rows) break;
+      const bool ok = kind != static_cast<int>(KvPrecision::kEvicted) && valid(r, t);
+      s_s[r * kAttnTileKeys + t] = ok ? acc[j] : -INFINITY;
     }
   }
 }
 
 // grid (x: split for decode / query tile for prefill, y: kv head, z: sequence), block
-// kAttnThreads, dynamic shared memory mixed_smem_layout(rows, D, block_size, true).
-template <typename KT, int D>
+// kAttnThreads, dynamic shared memory mixed_smem_layout(rows, D, sizeof(KT), true, S).
+// S: pipeline stages (1 or 2), as paged_attention_kernel.
+template <typename KT, int D, int S>
 __global__ void __launch_bounds__(kAttnThreads)
     mixed_attention_kernel(MixedAttentionParams mp, int tokens_per_block, int decode) {
+  static_assert(S == 1 || S == 2, "one or two pipeline stages");
+  constexpr int kRow = mixed_row_bytes(D, static_cast<int>(sizeof(KT)));
+  constexpr int kMetaBytes = mixed_meta_bytes(D);
   const PagedAttentionParams& p = mp.base;
   const int s = blockIdx.z;
   const int kvh = blockIdx.y;
@@ -289,7 +412,6 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int q_begin = p.query_start[s];
   const int q_len = p.query_start[s + 1] - q_begin;
   const int kv_len = p.kv_lens[s];
-  const int bs = p.block_size;
 
   int tok_begin = 0, tok_count = 0, key_begin = 0, key_end = 0, split_slot = -1;
   if (decode) {
@@ -314,7 +436,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     key_end = kv_len - q_len + tok_begin + tok_count;  // last row's position + 1
   }
   const int rows = tok_count * group;
-  const MixedSmemLayout L = mixed_smem_layout(rows, D, bs, true);
+  const MixedSmemLayout L = mixed_smem_layout(rows, D, static_cast<int>(sizeof(KT)), true, S);
   KVSPLIT_DYNAMIC_SMEM(unsigned char, smem);
   float* q_s = reinterpret_cast<float*>(smem + L.q);
   float* o_s = reinterpret_cast<float*>(smem + L.o);
@@ -322,10 +444,13 @@ __global__ void __launch_bounds__(kAttnThreads)
   float* m_s = reinterpret_cast<float*>(smem + L.m);
   float* l_s = reinterpret_cast<float*>(smem + L.l);
   float* alpha_s = reinterpret_cast<float*>(smem + L.alpha);
-  int* pid = reinterpret_cast<int*>(smem + L.pid);
-  int* pprec = reinterpret_cast<int*>(smem + L.pprec);
-  float* k_s = reinterpret_cast<float*>(smem + L.k);
-  float* v_s = reinterpret_cast<float*>(smem + L.v);
+  auto stage = [&](int st) { return smem + L.stage + st * L.stage_bytes; };
+  // Page info of tile `it` (slot it % kMixedInfoSlots): loaded before the barrier that ends
+  // tile it - 1 with two stages, while tile it - 1's P.V still reads its own slot.
+  auto pid_of = [&](int it) {
+    return reinterpret_cast<int*>(smem + L.info) + it % kMixedInfoSlots * 2 * kMixedTilePages;
+  };
+  auto prec_of = [&](int it) { return pid_of(it) + kMixedTilePages; };
 
   for (int i = tid; i < rows * D; i += blockDim.x) {
     const int r = i / D, d = i % D;
@@ -342,26 +467,54 @@ __global__ void __launch_bounds__(kAttnThreads)
   pv.init(rows, tid);
 
   const int lane = tid % 32, warp = tid / 32, num_warps = blockDim.x / 32;
-  for (int k0 = key_begin; k0 < key_end; k0 += kAttnTileKeys) {
-    const int n = key_end - k0 < kAttnTileKeys ? key_end - k0 : kAttnTileKeys;
-    const int first_page = k0 / bs;
-    const int num_pages = (k0 + n - 1) / bs - first_page + 1;
-    __syncthreads();  // the previous tile's readers are done (first tile: q_s, m_s, l_s written)
-    if (!(mp.probe & kMixedProbeNoPageInfo) || k0 == key_begin)
-      mixed_load_page_info(mp, s, first_page, num_pages, pid, pprec);
-    __syncthreads();
-    if (!(mp.probe & kMixedProbeNoRows))
-      mixed_load_rows<KT, D>(mp, kvh, k0, n, first_page, pid, pprec, k_s, v_s);
-    __syncthreads();
-    for (int i = tid; i < rows * kAttnTileKeys; i += blockDim.x) {
-      const int r = i / kAttnTileKeys, t = i % kAttnTileKeys;
-      const int limit = decode ? kv_len : kv_len - q_len + tok_begin + r / group + 1;
-      const int first = window_first_key(limit - 1, p.window);
-      float score = -INFINITY;
-      if (t < n && k0 + t < limit && k0 + t >= first && pid[(k0 + t) / bs - first_page] >= 0)
-        score = mp.probe & kMixedProbeNoScores ? 0.f : mixed_dot<D>(q_s + r * D, k_s + t * (D + 4));
-      s_s[i] = score;
+  auto tile_len = [&](int k0) {
+    return key_end - k0 < kAttnTileKeys ? key_end - k0 : kAttnTileKeys;
+  };
+  auto tile_start = [&](int it) { return key_begin + it * kAttnTileKeys; };
+  auto load_info = [&](int it) {
+    // The page-info probe reads each slot's ids once (its first tile) and reuses them.
+    if ((mp.probe & kMixedProbeNoPageInfo) && it >= kMixedInfoSlots) return;
+    const int k0 = tile_start(it);
+    mixed_load_page_info(mp, s, k0 / kMixedBs, (tile_len(k0) + kMixedBs - 1) / kMixedBs, pid_of(it),
+                         prec_of(it));
+  };
+  auto issue_tile = [&](int it, int st) {
+    if (!(mp.probe & kMixedProbeNoRows)) {
+      mixed_issue_tile<KT, D>(mp, kvh, tile_len(tile_start(it)), pid_of(it), prec_of(it),
+                              stage(st) + L.meta, stage(st) + L.k, stage(st) + L.v);
     }
+    cp_async_commit();
+  };
+
+  const int num_tiles =
+      key_end > key_begin ? (key_end - key_begin + kAttnTileKeys - 1) / kAttnTileKeys : 0;
+  if (num_tiles > 0) {
+    load_info(0);
+    __syncthreads();  // also: q_s, m_s, l_s are initialised
+    issue_tile(0, 0);
+  }
+  for (int it = 0; it < num_tiles; ++it) {
+    const int cur = it % S, nxt = (it + 1) % S;
+    const int k0 = tile_start(it);
+    const int n = tile_len(k0);
+    const bool more = it + 1 < num_tiles;
+    // Two stages: info slot it + 1 was last read by tile it - 2 (ended at a barrier); stage nxt
+    // was last read by tile it - 1, whose readers are done at the barrier below.
+    if (S == 2 && more) load_info(it + 1);
+    cp_async_wait<0>();  // this thread's copies of tile it have landed ...
+    __syncthreads();     // ... and everyone's; tile it-1's readers of stage nxt are done
+    if (S == 2 && more) issue_tile(it + 1, nxt);  // in flight while tile it is computed
+    const int* pid = pid_of(it);
+    const int* pprec = prec_of(it);
+    const unsigned char* meta = stage(cur) + L.meta;
+    const unsigned char* vrows = stage(cur) + L.v;
+    mixed_tile_scores<KT, D>(q_s, rows, n, pid, pprec, meta, stage(cur) + L.k, s_s,
+                             (mp.probe & kMixedProbeNoScores) != 0, [&](int r, int t) {
+                               const int limit =
+                                   decode ? kv_len : kv_len - q_len + tok_begin + r / group + 1;
+                               const int first = window_first_key(limit - 1, p.window);
+                               return k0 + t < limit && k0 + t >= first;
+                             });
     __syncthreads();
     // Online softmax: fold this tile's (max, sum) into the row state; probs overwrite scores.
     for (int r = warp; r < rows; r += num_warps) {
@@ -386,13 +539,28 @@ __global__ void __launch_bounds__(kAttnThreads)
       }
     }
     __syncthreads();
-    if (mp.probe & kMixedProbeNoPv) continue;
-    pv.add_tile(s_s, alpha_s, n, [&](int t, int c0, float* v) {
-      const float* src = v_s + t * (D + 4) + c0;
-      const uint4 a = load16(src), b = load16(src + 4);
-      memcpy(v, &a, 16);
-      memcpy(v + 4, &b, 16);
-    });
+    if (!(mp.probe & kMixedProbeNoPv)) {
+      pv.add_tile(s_s, alpha_s, n, [&](int t, int c0, float* v) {
+        const int kind = mixed_kind(pid, pprec, t);
+        if (kind == static_cast<int>(KvPrecision::kEvicted)) {
+#pragma unroll
+          for (int e = 0; e < kMixedChunk; ++e) v[e] = 0.f;
+          return;
+        }
+        mixed_for_chunks<KT, D>(kind, vrows + t * kRow, meta + t / kMixedBs * kMetaBytes, 1,
+                                t % kMixedBs, c0 / kMixedChunk, c0 / kMixedChunk + 1,
+                                [&](int, const float* x) {
+#pragma unroll
+                                  for (int e = 0; e < kMixedChunk; ++e) v[e] = x[e];
+                                });
+      });
+    }
+    if (S == 1 && more) {  // one stage: the next tile's loads start once this one is consumed
+      __syncthreads();
+      load_info(it + 1);
+      __syncthreads();
+      issue_tile(it + 1, 0);
+    }
   }
   pv.finish(o_s);
   __syncthreads();
@@ -445,9 +613,10 @@ __global__ void __launch_bounds__(D) mixed_merge_kernel(MixedAttentionParams mp)
 }
 
 // grid (ceil(max_blocks_per_seq * block_size / kAttnTileKeys), num_seqs), block kAttnThreads,
-// dynamic shared memory mixed_smem_layout(group, D, block_size, false). For a scored sequence s
-// and its keys [k0, k0 + kAttnTileKeys): loops over the kv heads, recomputes the scores of the
-// group's query heads (bit-identical to the attention pass, see the file comment) and, with
+// dynamic shared memory mixed_smem_layout(group, D, sizeof(KT), false, 1). For a scored sequence
+// s and its keys [k0, k0 + kAttnTileKeys): loops over the kv heads, stages the tile's K rows,
+// recomputes the scores of the group's query heads (bit-identical to the attention pass, see the
+// file comment) and, with
 // m_h = head_max[s, h] (score_max after the attention pass, or the maxima a scoring-only call is
 // given: launch_mixed_score),
 //   token_relevance[s, t] = max(token_relevance[s, t], max_h exp(z_h(t) - m_h)) (resident t),
@@ -470,15 +639,16 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int num_pages = (k0 + n - 1) / bs - first_page + 1;
   const int seq_pages = (kv_len + bs - 1) / bs;
   const int64_t row = p.query_start[s];
-  const MixedSmemLayout L = mixed_smem_layout(group, D, bs, false);
+  const MixedSmemLayout L = mixed_smem_layout(group, D, static_cast<int>(sizeof(KT)), false, 1);
   KVSPLIT_DYNAMIC_SMEM(unsigned char, smem);
   float* q_s = reinterpret_cast<float*>(smem + L.q);
   float* s_s = reinterpret_cast<float*>(smem + L.s);
   float* m_s = reinterpret_cast<float*>(smem + L.m);
-  int* pid = reinterpret_cast<int*>(smem + L.pid);
-  int* pprec = reinterpret_cast<int*>(smem + L.pprec);
+  int* pid = reinterpret_cast<int*>(smem + L.info);
+  int* pprec = pid + kMixedTilePages;
   float* bnd = reinterpret_cast<float*>(smem + L.bnd);
-  float* k_s = reinterpret_cast<float*>(smem + L.k);
+  unsigned char* meta = smem + L.stage + L.meta;
+  unsigned char* krows = smem + L.stage + L.k;
 
   mixed_load_page_info(mp, s, first_page, num_pages, pid, pprec);
   float best = -1.f;       // thread t < n: relevance of key k0 + t so far (-1: not resident)
@@ -492,15 +662,13 @@ __global__ void __launch_bounds__(kAttnThreads)
     }
     for (int r = tid; r < group; r += blockDim.x)
       m_s[r] = head_max[static_cast<int64_t>(s) * p.num_heads + kvh * group + r];
-    mixed_load_rows<KT, D>(mp, kvh, k0, n, first_page, pid, pprec, k_s, nullptr);
+    mixed_issue_tile<KT, D>(mp, kvh, n, pid, pprec, meta, krows, nullptr);
+    cp_async_commit();
+    cp_async_wait<0>();
     __syncthreads();
-    for (int i = tid; i < group * kAttnTileKeys; i += blockDim.x) {
-      const int r = i / kAttnTileKeys, t = i % kAttnTileKeys;
-      float e = -1.f;
-      if (t < n && k0 + t >= first && pid[(k0 + t) / bs - first_page] >= 0)
-        e = expf(mixed_dot<D>(q_s + r * D, k_s + t * (D + 4)) - m_s[r]);
-      s_s[i] = e;
-    }
+    // Raw scores (-inf: not resident or before the window), as the attention pass computed them.
+    mixed_tile_scores<KT, D>(q_s, group, n, pid, pprec, meta, krows, s_s, false,
+                             [&](int, int t) { return k0 + t >= first; });
     for (int i = tid; i < num_pages * group; i += blockDim.x) {
       const int j = i / group, r = i % group, page = first_page + j;
       float b = -1.f;
@@ -530,7 +698,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     __syncthreads();
     if (tid < n) {
       for (int r = 0; r < group; ++r) {
-        const float e = s_s[r * kAttnTileKeys + tid];
+        const float z = s_s[r * kAttnTileKeys + tid];
+        const float e = z == -INFINITY ? -1.f : expf(z - m_s[r]);
         best = e > best ? e : best;
       }
     }

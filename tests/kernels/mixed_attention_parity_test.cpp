@@ -17,6 +17,9 @@
 #include "common/thread_pool.h"
 #include "kernel_test_util.h"
 #include "kernels/attention/mixed_attention.h"
+#if defined(KVSPLIT_EMULATE_CUDA)
+#include "kernels/attention/mixed_attention.cuh"  // mixed_smem_layout
+#endif
 #include "oracle/attention_oracle.h"
 #include "oracle/mixed_attention_oracle.h"
 #include "oracle/mixed_scoring.h"
@@ -367,6 +370,137 @@ TEST(MixedAttentionLaunch, StageProbesLeaveOutTheirStage) {
   EXPECT_TRUE(cmp.ok) << cmp.message;
   (void)run(kernels::kMixedProbeNoRows);
 }
+
+#if defined(KVSPLIT_EMULATE_CUDA)
+// The cp.async pipeline of the mixed kernel (raw rows and page parameters staged per tile) with
+// one and with two stages forced, each under both copy timings (copies landing at their wait, and
+// at their issue: an issue into a stage, or a page-info slot, that other threads still read would
+// corrupt it). Every run matches the fp64 oracle, the outputs are bit-identical whatever the
+// stages and timing (the pipeline moves bytes, never arithmetic), and so are the scoring side
+// outputs. Two stages where only one fits are refused with the sizes named.
+TEST(MixedAttentionPipeline, OneAndTwoStagesUnderBothCopyTimings) {
+  struct Restore {
+    ~Restore() {
+      emu::set_async_copy_mode(emu::AsyncCopyMode::kDeferred);
+      emu::set_max_dynamic_smem_bytes(emu::kMaxDynamicSmemBytes);
+    }
+  } restore;
+  std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend(1);
+  oracle::Rng rng(4242);
+  int runs = 0;
+  for (const int head_dim : {128, 8}) {
+    {
+      // bf16 at d128 (16-byte row pieces), f32 at d8 (8- and 4-byte code pieces).
+      const ElemType dtype = head_dim == 128 ? ElemType::kBF16 : ElemType::kF32;
+      CaseSpec spec;
+      spec.seed = 31 + head_dim;
+      spec.num_heads = 8;
+      spec.num_kv_heads = 2;
+      spec.head_dim = head_dim;
+      spec.block_size = 16;
+      spec.kv_lens = {5 * 64 + 21, 64, 3};  // several tiles, one whole tile, a partial page
+      AttentionCase c = oracle::make_case(spec);
+      round_pages(c, dtype);
+      Scoring sc(c, *cpu, rng);
+      std::fill(sc.score_seqs.begin(), sc.score_seqs.end(), 1);
+      MixedCase m = oracle::make_mixed(c, *cpu, rng, oracle::MixSpec{0.3, 0.3, 0.2});
+      ASSERT_TRUE(m.quantized_ok);
+      backend::AttentionArgs a = c.args();
+      m.apply(a);
+      sc.apply(a);
+      const MixedResult want = oracle::mixed_attention(a);
+      for (const backend::SplitPlan& plan : oracle::plans_for(c, rng)) {
+        std::vector<float> first_out, first_rel, first_bound;
+        for (const int stages : {1, 2}) {
+          for (const auto mode : {emu::AsyncCopyMode::kDeferred, emu::AsyncCopyMode::kEager}) {
+            const std::string w = std::string(kernels::elem_name(dtype)) + " hd " +
+                                  std::to_string(head_dim) + " chunk " +
+                                  std::to_string(plan.chunk_tokens) + " stages " +
+                                  std::to_string(stages) +
+                                  (mode == emu::AsyncCopyMode::kEager ? " eager" : " deferred");
+            emu::set_async_copy_mode(mode);
+            auto d = upload(a, c.pages, dtype, &m, &sc, &plan);
+            d->mp.base.pipeline_stages = stages;
+            const Status st = kernels::launch_mixed_decode(d->mp, nullptr);
+            ASSERT_TRUE(st.ok()) << w << ": " << st.to_string();
+            ASSERT_EQ(device_sync(), "") << w;
+            const std::vector<float> got = d->out.to_host();
+            const oracle::Comparison cmp = oracle::compare(got.data(), want.out, kAtol, kRtol);
+            ASSERT_TRUE(cmp.ok) << w << ": " << cmp.message;
+            Scoring got_sc = sc;
+            got_sc.relevance = d->relevance.to_host();
+            got_sc.bound = d->bound.to_host();
+            oracle::expect_side_outputs(a, want, got_sc, w, {2e-5, 2e-5});
+            if (first_out.empty()) {
+              first_out = got;
+              first_rel = got_sc.relevance;
+              first_bound = got_sc.bound;
+            } else {
+              EXPECT_EQ(got, first_out) << w << ": outputs depend on the pipeline";
+              EXPECT_EQ(got_sc.relevance, first_rel) << w;
+              EXPECT_EQ(got_sc.bound, first_bound) << w;
+            }
+            ++runs;
+          }
+        }
+      }
+      // Chunked prefill: the last 40 rows of each sequence (all of the shorter ones).
+      CaseSpec pspec = spec;
+      pspec.q_lens = {40, 40, 3};
+      AttentionCase pc = oracle::make_case(pspec);
+      round_pages(pc, dtype);
+      MixedCase pm = oracle::make_mixed(pc, *cpu, rng, oracle::MixSpec{0.3, 0.3, 0.0});
+      ASSERT_TRUE(pm.quantized_ok);
+      backend::AttentionArgs pa = pc.args();
+      pm.apply(pa);
+      const MixedResult pwant = oracle::mixed_attention(pa);
+      std::vector<float> first;
+      for (const int stages : {1, 2}) {
+        for (const auto mode : {emu::AsyncCopyMode::kDeferred, emu::AsyncCopyMode::kEager}) {
+          emu::set_async_copy_mode(mode);
+          auto d = upload(pa, pc.pages, dtype, &pm, nullptr, nullptr);
+          d->mp.base.pipeline_stages = stages;
+          ASSERT_TRUE(kernels::launch_mixed_prefill(d->mp, nullptr).ok());
+          ASSERT_EQ(device_sync(), "");
+          const std::vector<float> got = d->out.to_host();
+          ASSERT_TRUE(oracle::compare(got.data(), pwant.out, kAtol, kRtol).ok)
+              << "prefill stages " << stages;
+          if (first.empty()) first = got;
+          EXPECT_EQ(got, first) << "prefill stages " << stages;
+          ++runs;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(runs, 2 * (3 * 4 + 4));
+  // Two stages forced where only one fits: kUnimplemented with the sizes; one stage runs.
+  emu::set_async_copy_mode(emu::AsyncCopyMode::kDeferred);
+  CaseSpec spec;
+  spec.num_heads = 8;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 128;
+  spec.block_size = 16;
+  spec.kv_lens = {200};
+  AttentionCase c = oracle::make_case(spec);
+  MixedCase m = oracle::make_mixed(c, *cpu, rng, oracle::MixSpec{0.3, 0.3, 0.0});
+  ASSERT_TRUE(m.quantized_ok);
+  backend::AttentionArgs a = c.args();
+  m.apply(a);
+  const backend::SplitPlan none;
+  auto d = upload(a, c.pages, ElemType::kF32, &m, nullptr, &none);
+  emu::set_max_dynamic_smem_bytes(
+      kernels::mixed_smem_layout(kernels::kPrefillMaxRows, 128, 4, true, 1).total);
+  d->mp.base.pipeline_stages = 2;
+  const Status st = kernels::launch_mixed_decode(d->mp, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << st.to_string();
+  EXPECT_NE(st.message().find("two pipeline stages"), std::string::npos) << st.message();
+  d->mp.base.pipeline_stages = 1;
+  ASSERT_TRUE(kernels::launch_mixed_decode(d->mp, nullptr).ok());
+  ASSERT_EQ(device_sync(), "");
+  const std::vector<float> got = d->out.to_host();
+  EXPECT_TRUE(oracle::compare(got.data(), oracle::mixed_attention(a).out, kAtol, kRtol).ok);
+}
+#endif
 
 // A GQA group past what the register P.V covers (32 query rows per block at d128) is refused with
 // the limit named, never computed wrongly.
