@@ -175,12 +175,17 @@ int run_mixed(const Shape& sh, int sms, cudaStream_t stream, int warmup, int ite
                           cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMalloc(&part, size_t(plan.total_splits) * kHeads * (kHeadDim + 2) * 4));
   }
+  // A probe leaves stages of the kernel out (bits), or forces its pipeline depth (stages; 0: the
+  // launcher's choice by occupancy).
   struct Probe {
     const char* name;
     int bits;
+    int stages = 0;
   };
   namespace k = kvsplit::kernels;
   const Probe all_stages[] = {{"-", 0}};
+  // Unscored all-full and all-int8 pages also with the pipeline depth forced, as plain mode does.
+  const Probe depths[] = {{"-", 0}, {"(2 stages)", 0, 2}, {"(1 stage)", 0, 1}};
   const Probe probes[] = {
       {"-", 0},
       {"no-pageinfo", k::kMixedProbeNoPageInfo},
@@ -247,9 +252,12 @@ int run_mixed(const Shape& sh, int sms, cudaStream_t stream, int warmup, int ite
       mp.page_bound = bound;
       mp.score_max = score_max;
     }
-    for (const Probe& pr :
-         probe ? std::span<const Probe>(probes) : std::span<const Probe>(all_stages)) {
+    const bool single = !mix.scored && mix.pattern.size() == 1 && mix.pattern[0] != I4;
+    for (const Probe& pr : probe    ? std::span<const Probe>(probes)
+                           : single ? std::span<const Probe>(depths)
+                                    : std::span<const Probe>(all_stages)) {
       mp.probe = pr.bits;
+      p.pipeline_stages = pr.stages;
       const float ms = time_ms(
           stream, warmup, iters,
           [&] { return kvsplit::kernels::launch_mixed_decode(mp, stream).ok(); }, &ok);
@@ -311,7 +319,7 @@ int main(int argc, char** argv) {
   if (mode == "mixed") {
     std::printf("mixed-precision decode (split-K by the planner); MB = bytes actually read\n");
     std::printf("%-12s %-12s %-6s %-18s %7s %10s %10s %10s %10s %9s\n", "shape", "pages", "score",
-                "left out", "splits", "MB", "time_us", "GB/s", "stream", "of_stream");
+                "left out/depth", "splits", "MB", "time_us", "GB/s", "stream", "of_stream");
     for (const Shape& sh : shapes)
       if (run_mixed(sh, sms, stream, warmup, iters, probe) != 0) return 1;
     cudaStreamDestroy(stream);
