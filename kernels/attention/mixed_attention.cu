@@ -1,6 +1,7 @@
 // Launchers of the mixed-precision attention kernels: validation, the one dispatch site over
 // (KV dtype x head_dim), grid shapes. Compiled by nvcc (kvsplit_cuda) and by g++ under the
 // emulation harness (kernels/emulation/emulated_kernels.cpp).
+#include <cstdint>
 #include <string>
 
 #include "kernels/attention/mixed_attention.cuh"
@@ -17,6 +18,12 @@ Status validate_mixed(const MixedAttentionParams& mp, bool decode) {
   KVSPLIT_RETURN_IF_ERROR(validate_paged_attention(mp.base));
   if (mp.num_int8_blocks < 0 || mp.num_int4_blocks < 0 || mp.num_summary_slots < 0)
     return invalid_argument("mixed attention: negative arena or summary slot count");
+  // The kernels stage rows by cp.async: every page array must start 16-byte aligned (cudaMalloc
+  // and the pools' arenas are).
+  auto misaligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; };
+  if (misaligned(mp.base.kv) || misaligned(mp.int8_pages) || misaligned(mp.int4_pages))
+    return invalid_argument(
+        "mixed attention: kv, int8_pages and int4_pages must be 16-byte aligned");
   if (!decode && mp.base.head_max)
     return invalid_argument("mixed attention: head_max is for decode only");
   if (!mp.score_seqs) return ok_status();

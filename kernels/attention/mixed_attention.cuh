@@ -134,13 +134,19 @@ __device__ __forceinline__ uint16_t mixed_load2(const void* p) {
 
 // Precision and arena id of pages [first_page, first_page + num_pages) of sequence s (pid -1:
 // nothing to read). A precision value > 3, an id outside its arena, a missing arena or a page past
-// the table row is flagged and the page skipped.
+// the table row is flagged and the page skipped. Pages before `first_read` (before a sliding
+// window) are skipped without reading their entries: they may have been freed.
 __device__ __forceinline__ void mixed_load_page_info(const MixedAttentionParams& mp, int s,
-                                                     int first_page, int num_pages, int* pid,
-                                                     int* pprec) {
+                                                     int first_page, int num_pages, int first_read,
+                                                     int* pid, int* pprec) {
   const PagedAttentionParams& p = mp.base;
   for (int j = threadIdx.x; j < num_pages; j += blockDim.x) {
     const int64_t row = static_cast<int64_t>(s) * p.max_blocks_per_seq + first_page + j;
+    if (first_page + j < first_read) {
+      pid[j] = -1;
+      pprec[j] = static_cast<int>(KvPrecision::kEvicted);
+      continue;
+    }
     // A kv_len longer than the table row is flagged, never read from the next row.
     const bool in_row = first_page + j < p.max_blocks_per_seq;
     const int prec = in_row && mp.page_precision ? mp.page_precision[row] : 0;
@@ -180,8 +186,7 @@ __device__ __forceinline__ void mixed_load_page_info(const MixedAttentionParams&
 // `meta`, by cp.async (the caller commits and waits). Page j of the tile is pid[j] / pprec[j];
 // pages with pid -1 are not read. A full row is D * sizeof(KT) / 16 copies of 16 bytes; an int8 row
 // D bytes and an int4 row D / 2 (one copy of 8 / 4 bytes at head_dim 8). Consecutive threads copy
-// consecutive 16-byte pieces of a row, then the next row: a page's rows are contiguous in its
-// arena.
+// consecutive pieces of a row, then the next row: a page's rows are contiguous in its arena.
 template <typename KT, int D>
 __device__ __forceinline__ void mixed_issue_tile(const MixedAttentionParams& mp, int kvh, int n,
                                                  const int* pid, const int* pprec,
@@ -198,6 +203,9 @@ __device__ __forceinline__ void mixed_issue_tile(const MixedAttentionParams& mp,
   const PagedKvLayout full{p.num_kv_heads, kMixedBs, D};
   const QuantPageLayout ql{p.num_kv_heads, kMixedBs, D};
   const int sels = vrows ? 2 : 1;
+  // One flat loop over full-row pieces: a quantized page's threads past its row skip. A loop per
+  // page with a piece count per precision took the attention kernel from 112 registers to 128
+  // with spills (ptxas, sm_90).
   for (int sel = 0; sel < sels; ++sel) {
     for (int i = threadIdx.x; i < n * kUnits; i += blockDim.x) {
       const int c = i % kUnits, t = i / kUnits;
@@ -272,10 +280,20 @@ __device__ __forceinline__ void mixed_issue_tile(const MixedAttentionParams& mp,
   }
 }
 
-// What a staged key of the tile decodes as: its page's KvPrecision, kEvicted for a page not read.
-__device__ __forceinline__ int mixed_kind(const int* pid, const int* pprec, int t) {
-  const int j = t / kMixedBs;
-  return pid[j] < 0 ? static_cast<int>(KvPrecision::kEvicted) : pprec[j];
+// What each page of a tile decodes as (byte j: page j's KvPrecision, kEvicted for a page not
+// read), read once per tile into a register; pages past the tile's keys are never asked for.
+__device__ __forceinline__ uint32_t mixed_tile_kinds(const int* pid, const int* pprec) {
+  uint32_t kinds = 0;
+#pragma unroll
+  for (int j = 0; j < kMixedTilePages; ++j) {
+    const int k = pid[j] < 0 ? static_cast<int>(KvPrecision::kEvicted) : pprec[j];
+    kinds |= static_cast<uint32_t>(k & 0xff) << (8 * j);
+  }
+  return kinds;
+}
+// The kind of key t of the tile.
+__device__ __forceinline__ int mixed_kind(uint32_t kinds, int t) {
+  return static_cast<int>((kinds >> (8 * (t / kMixedBs))) & 0xffu);
 }
 
 // Calls f(c, x) for the 8-channel chunks c in [c_begin, c_end) of staged row `row` (slot `slot`
@@ -347,8 +365,8 @@ __device__ __forceinline__ void mixed_for_chunks(int kind, const unsigned char* 
 // fixed fmaf chain of its part in channel order, then the two parts' sum: the attention and the
 // scoring kernel call this with the same rows, so their scores are equal bit for bit.
 template <typename KT, int D, typename Valid>
-__device__ __forceinline__ void mixed_tile_scores(const float* q_s, int rows, int n, const int* pid,
-                                                  const int* pprec, const unsigned char* meta,
+__device__ __forceinline__ void mixed_tile_scores(const float* q_s, int rows, int n, uint32_t kinds,
+                                                  const unsigned char* meta,
                                                   const unsigned char* krows, float* s_s,
                                                   bool no_products, const Valid& valid) {
   constexpr int kChunks = D / kMixedChunk;
@@ -360,7 +378,7 @@ __device__ __forceinline__ void mixed_tile_scores(const float* q_s, int rows, in
   for (int i = threadIdx.x; i < items; i += blockDim.x) {
     const int part = i % parts, t = i / parts % kAttnTileKeys;
     const int r0 = i / (parts * kAttnTileKeys) * kPvRows;
-    const int kind = t < n ? mixed_kind(pid, pprec, t) : static_cast<int>(KvPrecision::kEvicted);
+    const int kind = t < n ? mixed_kind(kinds, t) : static_cast<int>(KvPrecision::kEvicted);
     float acc[kPvRows];
 #pragma unroll
     for (int j = 0; j < kPvRows; ++j) acc[j] = 0.f;
@@ -445,8 +463,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   float* l_s = reinterpret_cast<float*>(smem + L.l);
   float* alpha_s = reinterpret_cast<float*>(smem + L.alpha);
   auto stage = [&](int st) { return smem + L.stage + st * L.stage_bytes; };
-  // Page info of tile `it` (slot it % kMixedInfoSlots): loaded before the barrier that ends
-  // tile it - 1 with two stages, while tile it - 1's P.V still reads its own slot.
+  // Page info of tile `it` (slot it % kMixedInfoSlots): with two stages it is loaded during tile
+  // it - 1, before the barrier that ends tile it - 2's P.V, which still reads its own slot.
   auto pid_of = [&](int it) {
     return reinterpret_cast<int*>(smem + L.info) + it % kMixedInfoSlots * 2 * kMixedTilePages;
   };
@@ -475,8 +493,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     // The page-info probe reads each slot's ids once (its first tile) and reuses them.
     if ((mp.probe & kMixedProbeNoPageInfo) && it >= kMixedInfoSlots) return;
     const int k0 = tile_start(it);
-    mixed_load_page_info(mp, s, k0 / kMixedBs, (tile_len(k0) + kMixedBs - 1) / kMixedBs, pid_of(it),
-                         prec_of(it));
+    mixed_load_page_info(mp, s, k0 / kMixedBs, (tile_len(k0) + kMixedBs - 1) / kMixedBs, 0,
+                         pid_of(it), prec_of(it));
   };
   auto issue_tile = [&](int it, int st) {
     if (!(mp.probe & kMixedProbeNoRows)) {
@@ -504,11 +522,10 @@ __global__ void __launch_bounds__(kAttnThreads)
     cp_async_wait<0>();  // this thread's copies of tile it have landed ...
     __syncthreads();     // ... and everyone's; tile it-1's readers of stage nxt are done
     if (S == 2 && more) issue_tile(it + 1, nxt);  // in flight while tile it is computed
-    const int* pid = pid_of(it);
-    const int* pprec = prec_of(it);
+    const uint32_t kinds = mixed_tile_kinds(pid_of(it), prec_of(it));
     const unsigned char* meta = stage(cur) + L.meta;
     const unsigned char* vrows = stage(cur) + L.v;
-    mixed_tile_scores<KT, D>(q_s, rows, n, pid, pprec, meta, stage(cur) + L.k, s_s,
+    mixed_tile_scores<KT, D>(q_s, rows, n, kinds, meta, stage(cur) + L.k, s_s,
                              (mp.probe & kMixedProbeNoScores) != 0, [&](int r, int t) {
                                const int limit =
                                    decode ? kv_len : kv_len - q_len + tok_begin + r / group + 1;
@@ -541,7 +558,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     __syncthreads();
     if (!(mp.probe & kMixedProbeNoPv)) {
       pv.add_tile(s_s, alpha_s, n, [&](int t, int c0, float* v) {
-        const int kind = mixed_kind(pid, pprec, t);
+        const int kind = mixed_kind(kinds, t);
         if (kind == static_cast<int>(KvPrecision::kEvicted)) {
 #pragma unroll
           for (int e = 0; e < kMixedChunk; ++e) v[e] = 0.f;
@@ -650,7 +667,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   unsigned char* meta = smem + L.stage + L.meta;
   unsigned char* krows = smem + L.stage + L.k;
 
-  mixed_load_page_info(mp, s, first_page, num_pages, pid, pprec);
+  // Pages before the window are neither read nor scored (whole tiles before it returned above).
+  mixed_load_page_info(mp, s, first_page, num_pages, first / bs, pid, pprec);
   float best = -1.f;       // thread t < n: relevance of key k0 + t so far (-1: not resident)
   float page_best = -1.f;  // thread j < num_pages: bound of page first_page + j (-1: none)
   for (int kvh = 0; kvh < p.num_kv_heads; ++kvh) {
@@ -667,7 +685,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     cp_async_wait<0>();
     __syncthreads();
     // Raw scores (-inf: not resident or before the window), as the attention pass computed them.
-    mixed_tile_scores<KT, D>(q_s, group, n, pid, pprec, meta, krows, s_s, false,
+    const uint32_t kinds = mixed_tile_kinds(pid, pprec);
+    mixed_tile_scores<KT, D>(q_s, group, n, kinds, meta, krows, s_s, false,
                              [&](int, int t) { return k0 + t >= first; });
     for (int i = tid; i < num_pages * group; i += blockDim.x) {
       const int j = i / group, r = i % group, page = first_page + j;
@@ -696,10 +715,11 @@ __global__ void __launch_bounds__(kAttnThreads)
       bnd[i] = b;
     }
     __syncthreads();
-    if (tid < n) {
+    // A resident key in the window has a relevance even when its score is -inf (e = 0).
+    if (tid < n && mixed_kind(kinds, tid) != static_cast<int>(KvPrecision::kEvicted) &&
+        k0 + tid >= first) {
       for (int r = 0; r < group; ++r) {
-        const float z = s_s[r * kAttnTileKeys + tid];
-        const float e = z == -INFINITY ? -1.f : expf(z - m_s[r]);
+        const float e = expf(s_s[r * kAttnTileKeys + tid] - m_s[r]);
         best = e > best ? e : best;
       }
     }

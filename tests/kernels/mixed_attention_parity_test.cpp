@@ -388,10 +388,13 @@ TEST(MixedAttentionPipeline, OneAndTwoStagesUnderBothCopyTimings) {
   std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend(1);
   oracle::Rng rng(4242);
   int runs = 0;
-  for (const int head_dim : {128, 8}) {
+  for (const int head_dim : {128, 64, 8}) {
     {
-      // bf16 at d128 (16-byte row pieces), f32 at d8 (8- and 4-byte code pieces).
-      const ElemType dtype = head_dim == 128 ? ElemType::kBF16 : ElemType::kF32;
+      // bf16 at d128 (16-byte row pieces), f16 at d64 (two 16-byte int4 pieces per row), f32 at
+      // d8 (8- and 4-byte code pieces).
+      const ElemType dtype = head_dim == 128  ? ElemType::kBF16
+                             : head_dim == 64 ? ElemType::kF16
+                                              : ElemType::kF32;
       CaseSpec spec;
       spec.seed = 31 + head_dim;
       spec.num_heads = 8;
@@ -472,7 +475,7 @@ TEST(MixedAttentionPipeline, OneAndTwoStagesUnderBothCopyTimings) {
       }
     }
   }
-  EXPECT_EQ(runs, 2 * (3 * 4 + 4));
+  EXPECT_EQ(runs, 3 * (3 * 4 + 4));
   // Two stages forced where only one fits: kUnimplemented with the sizes; one stage runs.
   emu::set_async_copy_mode(emu::AsyncCopyMode::kDeferred);
   CaseSpec spec;
@@ -607,6 +610,15 @@ TEST(MixedAttentionLaunch, BadArgumentsAreRejectedOrFlagged) {
   EXPECT_EQ(kernels::launch_mixed_prefill(mp, nullptr).code(), StatusCode::kOk);
   mp.base.head_dim = 96;
   EXPECT_EQ(kernels::launch_mixed_decode(mp, nullptr).code(), StatusCode::kUnimplemented);
+  // Page arrays not 16-byte aligned (the rows are staged by 16-byte copies): refused, naming them.
+  for (int which = 0; which < 3; ++which) {
+    mp = d->mp;
+    const void** arr = which == 0 ? &mp.base.kv : which == 1 ? &mp.int8_pages : &mp.int4_pages;
+    *arr = static_cast<const unsigned char*>(*arr) + 4;
+    const Status st = kernels::launch_mixed_decode(mp, nullptr);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << which;
+    EXPECT_NE(st.message().find("16-byte aligned"), std::string::npos) << st.message();
+  }
   EXPECT_EQ(device_sync(), "");
 }
 
