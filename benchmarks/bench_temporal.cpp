@@ -25,8 +25,15 @@
 //              made when the block is needed) against spill-ahead (kv.prefix_spill_ahead_blocks:
 //              the copies started at the end of the previous step on the backend's copy thread,
 //              landing during the step), alternating in one run: allocation latency and step time.
+//   --resume-step  the step that resumes a sequence swapped out to the host tier (its swap-in,
+//              then a decode step of another sequence of the same context), with the host
+//              prefetch (kv::start_host_prefetch: blocks reserved and the copy queued on the
+//              CPU backend's copy thread before the previous step's forward pass) against
+//              without (the swap-in copies), alternating in one run on one backend
+//              (async_copies on).
 //
 //   bench_temporal --model synthetic:llama-110m --restore --tokens 2048 --threads 2
+//   bench_temporal --model synthetic:llama-110m --resume-step --tokens 1024 --threads 2 --reps 9
 //   bench_temporal --model synthetic:llama-110m --spill-alloc --pages 64 --reps 5
 //   bench_temporal --model synthetic:llama-110m --spill-ahead --pages 64 --alloc 2 --reps 5
 //   bench_temporal --model synthetic:llama-110m --swap-bandwidth --pages 128 --backend cuda
@@ -66,7 +73,7 @@ struct Options {
   std::string model = "synthetic:llama-110m";
   int threads = 2;
   bool restore = false, prefix = false, spill_alloc = false, swap_bandwidth = false;
-  bool spill_ahead = false;
+  bool spill_ahead = false, resume_step = false;
   int alloc = 2;                // --spill-ahead: blocks allocated per step
   int step_mb = 64;             // --spill-ahead: bytes a step reads
   std::string backend = "cpu";  // --swap-bandwidth
@@ -555,6 +562,94 @@ int run_swap_bandwidth(const Options& o) {
   return 0;
 }
 
+int run_resume_step(const Options& o) {
+  auto loaded = kvsplit::model::load_model(o.model);
+  if (!loaded.ok()) return std::fprintf(stderr, "%s\n", loaded.status().to_string().c_str()), 1;
+  kvsplit::backend::BackendOptions bo;
+  bo.threads = o.threads;
+  bo.async_copies = true;
+  auto be = kvsplit::backend::create_backend("cpu", bo);
+  if (!be.ok()) return std::fprintf(stderr, "%s\n", be.status().to_string().c_str()), 1;
+  auto model = kvsplit::model::LlamaModel::create(*loaded, **be);
+  if (!model.ok()) return std::fprintf(stderr, "%s\n", model.status().to_string().c_str()), 1;
+  // Two sequences of `tokens` positions: A is swapped out and resumed, B decodes every step
+  // (its context grows by four tokens a round).
+  const int tokens = std::min(o.tokens, loaded->config.max_seq_len - 4 * o.reps - 2);
+  const int pages = (tokens + 15) / 16;
+  kvsplit::kv::KvPoolConfig pc;
+  pc.block_size = 16;
+  pc.num_blocks = 2 * pages + 4 * o.reps / 16 + 4;
+  const kvsplit::kv::KvShape shape = (*model)->kv_shape();
+  pc.host_bytes = int64_t{pages} * kvsplit::kv::KvPool::block_bytes(pc, shape);
+  auto pool = kvsplit::kv::KvPool::create(**be, pc, shape);
+  if (!pool.ok()) return std::fprintf(stderr, "%s\n", pool.status().to_string().c_str()), 1;
+  std::mt19937 rng(3);
+  std::vector<int32_t> ids(tokens + 4 * o.reps + 2);
+  for (int32_t& t : ids) t = 3 + static_cast<int32_t>(rng() % (loaded->config.vocab_size - 3));
+  kvsplit::kv::BlockTable a, b;
+  std::vector<float> logits;
+  for (kvsplit::kv::BlockTable* t : {&a, &b}) {
+    (*pool)->reserve(*t, tokens);
+    kvsplit::model::SeqStep step;
+    step.tokens = std::span<const int32_t>(ids.data(), tokens);
+    step.table = t;
+    step.logits = kvsplit::model::SeqStep::Logits::kNone;
+    const auto st = (*model)->forward(std::vector<kvsplit::model::SeqStep>{step}, **pool, &logits);
+    if (!st.ok()) return std::fprintf(stderr, "resume-step: %s\n", st.to_string().c_str()), 1;
+  }
+  int b_pos = tokens;
+  auto decode_b = [&]() {
+    (*pool)->reserve(b, b_pos + 1);
+    kvsplit::model::SeqStep step;
+    step.tokens = std::span<const int32_t>(ids.data() + b_pos, 1);
+    step.start_pos = b_pos++;
+    step.table = &b;
+    step.logits = kvsplit::model::SeqStep::Logits::kNone;
+    const auto st = (*model)->forward(std::vector<kvsplit::model::SeqStep>{step}, **pool, &logits);
+    if (!st.ok()) std::fprintf(stderr, "resume-step: %s\n", st.to_string().c_str());
+    return st.ok();
+  };
+  kvsplit::kv::SwapStats st;
+  std::vector<double> resume[2], before[2];  // [without, with host prefetch]
+  for (int r = 0; r < o.reps; ++r) {
+    for (int with = 0; with < 2; ++with) {
+      if (!*kvsplit::kv::swap_out(**pool, a, &st))
+        return std::fprintf(stderr, "resume-step: the swap out was refused\n"), 1;
+      // The step before: the prefetch is started before its forward pass (Worker::schedule).
+      auto t0 = Clock::now();
+      if (with && !*kvsplit::kv::start_host_prefetch(**pool, a, pages, &st))
+        return std::fprintf(stderr, "resume-step: the host prefetch was refused\n"), 1;
+      if (!decode_b()) return std::fprintf(stderr, "resume-step: decode failed\n"), 1;
+      before[with].push_back(ms_since(t0));
+      // The resuming step: its swap-ins, then its forward pass.
+      t0 = Clock::now();
+      auto in = kvsplit::kv::swap_in(**pool, a, &st);
+      if (!in.ok() || !*in) return std::fprintf(stderr, "resume-step: the swap in failed\n"), 1;
+      if (!decode_b()) return std::fprintf(stderr, "resume-step: decode failed\n"), 1;
+      resume[with].push_back(ms_since(t0));
+    }
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double mib = double(pages) * (*pool)->bytes_per_block() / 1048576.0;
+  std::printf(
+      "resume step: %s, a %d-token sequence (%.1f MiB of KV) resumed from the host tier beside a "
+      "decode step of a %d-token one, %d threads, CPU backend with async_copies, %d rounds "
+      "(median)\n"
+      "  without host prefetch: resume step %8.2f ms (step before %8.2f ms)\n"
+      "  with host prefetch:    resume step %8.2f ms (step before %8.2f ms)\n"
+      "  resume step with / without: %.2fx; host prefetch hits %lld, misses %lld\n",
+      o.model.c_str(), tokens, mib, tokens, o.threads, o.reps, median(resume[0]), median(before[0]),
+      median(resume[1]), median(before[1]), median(resume[1]) / median(resume[0]),
+      static_cast<long long>(st.host_prefetch_hits),
+      static_cast<long long>(st.host_prefetch_misses));
+  (*pool)->release(a);
+  (*pool)->release(b);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -573,6 +668,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   app.add_option("--step-mb", o.step_mb, "--spill-ahead: MiB a step reads (its own work)")
       ->check(CLI::Range(1, 4096));
+  app.add_flag("--resume-step", o.resume_step,
+               "the resuming step with and without the host-tier prefetch (async copies)");
   app.add_flag("--swap-bandwidth", o.swap_bandwidth,
                "host-tier swap copies against one contiguous copy of the same bytes");
   app.add_option("--backend", o.backend, "--swap-bandwidth: cpu | cuda");
@@ -580,7 +677,7 @@ int main(int argc, char** argv) {
                  "--spill-alloc: device pages (all cached, all spilled); --swap-bandwidth: the "
                  "sequence's pages")
       ->check(CLI::Range(2, 100000));
-  app.add_option("--tokens", o.tokens, "--restore: sequence length");
+  app.add_option("--tokens", o.tokens, "--restore, --resume-step: sequence length");
   app.add_option("--prefix-tokens", o.prefix_tokens, "--prefix: shared prefix length");
   app.add_option("--requests", o.requests, "--prefix: requests")->check(CLI::Range(2, 10000));
   app.add_option("--reps", o.reps,
@@ -598,8 +695,11 @@ int main(int argc, char** argv) {
   if (o.spill_alloc) rc |= run_spill_alloc(o);
   if (o.swap_bandwidth) rc |= run_swap_bandwidth(o);
   if (o.spill_ahead) rc |= run_spill_ahead(o);
-  if (!o.restore && !o.prefix && !o.spill_alloc && !o.swap_bandwidth && !o.spill_ahead)
-    std::fprintf(
-        stderr, "give --restore, --prefix, --spill-alloc, --spill-ahead and/or --swap-bandwidth\n");
+  if (o.resume_step) rc |= run_resume_step(o);
+  if (!o.restore && !o.prefix && !o.spill_alloc && !o.swap_bandwidth && !o.spill_ahead &&
+      !o.resume_step)
+    std::fprintf(stderr,
+                 "give --restore, --prefix, --spill-alloc, --spill-ahead, --resume-step and/or "
+                 "--swap-bandwidth\n");
   return rc;
 }

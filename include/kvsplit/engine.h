@@ -268,6 +268,15 @@ struct PoolStats {
   // had completed when they ran (hits), and those that read or waited then (misses).
   int64_t kv_prefetch_hits = 0;
   int64_t kv_prefetch_misses = 0;
+  // Host-tier prefetch (docs/kv-cuts.md, "Swap predictor and prefetch"): device blocks reserved
+  // and the host -> device copy started a step before the swap-in (started); of the swap-ins from
+  // the host tier, those whose copy had landed when they ran (hits) and those that waited for it,
+  // had none or redid a failed one (misses: hits + misses = host-tier swap-ins); prefetches given
+  // up unused (the sequence ended or was not resumed, or other work needed the blocks).
+  int64_t kv_host_prefetches = 0;
+  int64_t kv_host_prefetch_hits = 0;
+  int64_t kv_host_prefetch_misses = 0;
+  int64_t kv_host_prefetch_dropped = 0;
   // Prefix cache (EngineConfig::prefix_cache): pages it holds now, and since start the prompt
   // tokens looked up (whole pages) and the tokens served from it (hit rate = hits / queries).
   int32_t kv_prefix_cache_pages = 0;

@@ -67,6 +67,14 @@ struct TemporalCutConfig {
   // A swapped-out sequence is considered for resumption every temporal_step_size steps of its
   // worker (the seed's name; 1: at every step boundary). >= 1.
   int32_t temporal_step_size = 1;
+  // Host-tier prefetch (kv.cuts.temporal.host_prefetch): a swapped-out sequence on the host tier
+  // that the swap predictor expects to resume at the next step gets its device blocks a step
+  // early, from blocks free beyond what that step needs, and its host -> device copy starts
+  // then (Backend::copy_batch_fenced: a copy stream on CUDA, a copy thread on the CPU backend
+  // with async_copies); the blocks are given back whenever other work needs them
+  // (docs/kv-cuts.md, "Swap predictor and prefetch"). Off: the copy is made by the resuming
+  // step. The disk tier's read-ahead is not affected.
+  bool host_prefetch = true;
   // Disk tier below the host tier (kv.disk): swapped-out sequences go there when the host tier is
   // full, one checksummed record each. Empty path: none. Each decoding worker uses its own
   // sub-directory <disk_path>/<worker name>, wiped when it opens (records never outlive it).

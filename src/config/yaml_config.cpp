@@ -323,6 +323,7 @@ Status read_kv_policy(MapReader& r, EngineConfig* e) {
                              "must be 'auto', 'always' or 'never', got " + quoted(swap));
         e->temporal.swap = *mode;
       }
+      KVSPLIT_RETURN_IF_ERROR(tr.get("host_prefetch", &e->temporal.host_prefetch));
       KVSPLIT_RETURN_IF_ERROR(tr.finish());
     }
     if (YAML::Node spa = c.child("spatial"); spa && !spa.IsNull()) {

@@ -118,6 +118,7 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     backend::BackendOptions bo;
     bo.threads = threads;
     bo.async_copies = config.async_copies;
+    bo.fenced_copy_delay_us = internal.fenced_copy_delay_us;
     bo.device = devices[static_cast<size_t>(i) % devices.size()];
     bo.weight_dtype = internal.weight_dtype;
     auto created = backend::create_backend(config.backend, bo);

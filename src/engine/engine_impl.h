@@ -46,6 +46,10 @@ class EngineImpl final : public Engine, private sched::FinishSink {
     // Storage of the weights on the backend (BackendOptions::weight_dtype); unset: its default
     // (CUDA: bf16). Tests set kF32 to compare a CUDA engine's tokens with the CPU engine's.
     std::optional<backend::DType> weight_dtype;
+    // CPU backend with EngineConfig::async_copies (BackendOptions::fenced_copy_delay_us): each
+    // fenced copy batch starts this many microseconds after it is queued, so a test sees copies
+    // still in flight (a host prefetch's miss, a late recall). 0: none.
+    int64_t fenced_copy_delay_us = 0;
   };
   static StatusOr<std::unique_ptr<EngineImpl>> create(const EngineConfig& config,
                                                       const InternalOptions& internal);

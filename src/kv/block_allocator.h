@@ -47,6 +47,7 @@ struct PendingRestore {
   uint64_t fence = 0;
   int64_t started_ns = 0;  // steady clock, when the copy was queued
   bool late = false;       // a bounded wait already expired on it (counted once)
+  bool failed = false;     // its copy failed (a host prefetch's: swap_in copies it again)
 };
 
 struct BlockTable {
@@ -56,6 +57,12 @@ struct BlockTable {
   // table's pages settles them first (complete_restores with no bound; KvPool::release waits and
   // frees their blocks).
   std::vector<PendingRestore> restoring;
+  // The temporal cut's host-tier prefetch (kv/swap.h, start_host_prefetch): for each kHost page
+  // of a swapped-out table, the device block reserved for it a step before its swap-in and the
+  // fence of the copy of its host slot into that block (one fenced batch per shard). The pages
+  // keep their host state (the slot is their copy) until swap_in commits them; dropping the
+  // prefetch (drop_host_prefetch, KvPool::release) waits for the fences and frees the blocks.
+  std::vector<PendingRestore> swap_prefetch;
   // The temporal cut's disk record holding the table's kDisk pages (page i at record index
   // pages[i].original); 0: none. Freed with the table (KvPool::release).
   uint64_t disk_record = 0;

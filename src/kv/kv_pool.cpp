@@ -422,6 +422,14 @@ void KvPool::release(BlockTable& table) {
     if (static_cast<size_t>(r.page) < table.pages.size()) table.pages[r.page].restoring = false;
   }
   table.restoring.clear();
+  // A host-tier swap-in prefetch (kv/swap.h): its copies land first (they read the host slots
+  // freed below and write blocks that may be handed out next), then its blocks go back.
+  for (const PendingRestore& r : table.swap_prefetch) {
+    KvPool& at = shard(r.shard);
+    (void)at.backend().wait_fence(r.fence, -1);
+    at.allocator_.decref(r.block);
+  }
+  table.swap_prefetch.clear();
   for (size_t i = 0; i < table.blocks.size(); ++i) {
     const PageEntry page = table.page(i);
     KvPool& at = shard(page.shard);  // arenas and summaries of the shard holding the page

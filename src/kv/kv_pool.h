@@ -115,7 +115,7 @@ class KvPool {
                     int num_pages);
   // Releases every block of `table` (decref) and every quantized page, summary and host slot its
   // page entries hold, and clears it. Restores in flight (BlockTable::restoring) are waited for
-  // and their blocks freed.
+  // and their blocks freed; so is a host-tier swap-in prefetch (BlockTable::swap_prefetch).
   void release(BlockTable& table);
 
   // ---- semantic-cut tiers (empty unless configured) ----

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kv/page_ops.h"
+#include "kv/swap.h"
 
 namespace kvsplit::kv {
 namespace {
@@ -49,6 +50,9 @@ StatusOr<int> migrate_pages(KvPool& pool, BlockTable& table, int first_page, int
   // Restores in flight land first (the owner usually settles them itself, where they count).
   PageOpStats settled;
   KVSPLIT_RETURN_IF_ERROR(complete_restores(pool, table, -1, &settled));
+  // A host-tier swap-in prefetch reads the host slots this may free: given up first (the owner
+  // usually drops it itself, where it counts).
+  drop_host_prefetch(pool, table, nullptr);
   std::vector<int> idx;
   for (int i = first_page; i < end_page; ++i) {
     if (max_pages > 0 && static_cast<int>(idx.size()) == max_pages) break;

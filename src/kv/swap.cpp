@@ -73,6 +73,11 @@ void SwapStats::add(const SwapStats& o) {
   prefetch_hits += o.prefetch_hits;
   prefetch_misses += o.prefetch_misses;
   prefetch_dropped += o.prefetch_dropped;
+  host_prefetches += o.host_prefetches;
+  host_prefetch_hits += o.host_prefetch_hits;
+  host_prefetch_misses += o.host_prefetch_misses;
+  host_prefetch_dropped += o.host_prefetch_dropped;
+  host_prefetch_faults += o.host_prefetch_faults;
   out_seconds += o.out_seconds;
   in_seconds += o.in_seconds;
 }
@@ -270,7 +275,108 @@ std::optional<std::vector<KvPool::PlacedBlock>> allocate_pages(KvPool& pool,
   return out;
 }
 
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Marks every entry of `table`'s host prefetch whose copy sits behind fence `fence` of shard
+// `shard` as landed (fence 0), and failed when `ok` is false.
+void settle_fence(BlockTable& table, uint8_t shard, uint64_t fence, bool ok) {
+  for (PendingRestore& r : table.swap_prefetch) {
+    if (r.shard != shard || r.fence != fence) continue;
+    r.fence = 0;
+    r.failed = r.failed || !ok;
+  }
+}
+
+// Waits at most `timeout_us` (0: polls; < 0: until it lands) for each copy of `table`'s host
+// prefetch still in flight; true when none is left in flight (landed or failed).
+bool wait_host_prefetch(KvPool& pool, BlockTable& table, int64_t timeout_us) {
+  bool all = true;
+  for (size_t k = 0; k < table.swap_prefetch.size(); ++k) {
+    const PendingRestore r = table.swap_prefetch[k];
+    if (r.fence == 0) continue;
+    StatusOr<bool> landed = pool.shard(r.shard).backend().wait_fence(r.fence, timeout_us);
+    if (!landed.ok()) {
+      settle_fence(table, r.shard, r.fence, false);
+    } else if (*landed) {
+      settle_fence(table, r.shard, r.fence, true);
+    } else {
+      all = false;
+    }
+  }
+  return all;
+}
+
 }  // namespace
+
+StatusOr<bool> start_host_prefetch(KvPool& pool, BlockTable& table, int max_blocks,
+                                   SwapStats* stats) {
+  KVSPLIT_CHECK(stats != nullptr);
+  KVSPLIT_CHECK(table.pages.empty() || table.pages.size() == table.blocks.size());
+  if (!table.swap_prefetch.empty() || table.disk_record != 0) return false;
+  std::vector<int> idx;
+  for (size_t i = 0; i < table.pages.size(); ++i)
+    if (table.pages[i].location == PageLocation::kHost) idx.push_back(static_cast<int>(i));
+  if (idx.empty() || static_cast<int>(idx.size()) > max_blocks) return false;
+  const int64_t t0 = now_ns();
+  auto blocks = allocate_pages(pool, idx, table.spread);
+  if (!blocks) return false;
+  std::vector<std::vector<CopyRange>> batches(static_cast<size_t>(pool.num_shards()));
+  for (size_t k = 0; k < idx.size(); ++k) {
+    const KvPool::PlacedBlock& b = (*blocks)[k];
+    pool.shard(b.shard).add_page_copies(b.block, pool.host_slot(table.pages[idx[k]].original),
+                                        CopyDir::kHostToDevice, &batches[b.shard]);
+  }
+  std::vector<uint64_t> fences(batches.size(), 0);
+  Status st = ok_status();
+  for (size_t s = 0; s < batches.size() && st.ok(); ++s) {
+    if (batches[s].empty()) continue;
+    StatusOr<uint64_t> f =
+        pool.shard(static_cast<int>(s))
+            .backend()
+            .copy_batch_fenced(CopyDir::kHostToDevice, batches[s].data(), batches[s].size());
+    if (f.ok())
+      fences[s] = *f;
+    else
+      st = f.status();
+  }
+  if (!st.ok()) {
+    // What was queued lands before its blocks go back.
+    for (size_t s = 0; s < fences.size(); ++s)
+      if (fences[s] != 0) (void)pool.shard(static_cast<int>(s)).backend().wait_fence(fences[s], -1);
+    for (const KvPool::PlacedBlock& b : *blocks) pool.decref_block(b.shard, b.block);
+    return st.with_prefix("host prefetch");
+  }
+  table.swap_prefetch.reserve(idx.size());
+  for (size_t k = 0; k < idx.size(); ++k) {
+    const KvPool::PlacedBlock& b = (*blocks)[k];
+    PendingRestore r;
+    r.page = idx[k];
+    r.block = b.block;
+    r.shard = static_cast<uint8_t>(b.shard);
+    r.fence = fences[static_cast<size_t>(b.shard)];
+    r.started_ns = t0;
+    table.swap_prefetch.push_back(r);
+  }
+  ++stats->host_prefetches;
+  return true;
+}
+
+bool host_prefetch_landed(KvPool& pool, BlockTable& table) {
+  if (table.swap_prefetch.empty()) return false;
+  return wait_host_prefetch(pool, table, 0);
+}
+
+void drop_host_prefetch(KvPool& pool, BlockTable& table, SwapStats* stats) {
+  if (table.swap_prefetch.empty()) return;
+  (void)wait_host_prefetch(pool, table, -1);  // a failed copy wrote nothing anyone reads
+  for (const PendingRestore& r : table.swap_prefetch) pool.decref_block(r.shard, r.block);
+  table.swap_prefetch.clear();
+  if (stats != nullptr) ++stats->host_prefetch_dropped;
+}
 
 StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPrefetch* prefetch) {
   KVSPLIT_CHECK(stats != nullptr);
@@ -288,18 +394,45 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
     return true;
   }
   const bool from_disk = table.disk_record != 0;
-  // With a shard group the pages come back wherever reserve() would place them now (each page's
-  // preferred shard, or the next with room), not necessarily where they were.
-  auto blocks = allocate_pages(pool, idx, table.spread);
-  if (!blocks) {
-    ++stats->refused_no_blocks;
-    return false;
+  // A host prefetch names the same pages in the same order unless the table changed since (it
+  // cannot: every owner drops it first); otherwise it is of no use.
+  bool prefetched =
+      !table.swap_prefetch.empty() && !from_disk && table.swap_prefetch.size() == idx.size();
+  for (size_t k = 0; prefetched && k < idx.size(); ++k)
+    prefetched = table.swap_prefetch[k].page == idx[k];
+  if (!prefetched) drop_host_prefetch(pool, table, stats);
+  std::optional<std::vector<KvPool::PlacedBlock>> blocks;
+  Status st = ok_status();
+  bool copied = false;  // the pages are in their blocks already (a landed host prefetch)
+  if (prefetched) {
+    // Its blocks are the pages' (placed when it started). A hit when every copy had landed; a
+    // copy that failed is redone below, synchronously, into the same blocks (a miss).
+    const bool landed = wait_host_prefetch(pool, table, 0);
+    (void)wait_host_prefetch(pool, table, -1);
+    bool failed = false;
+    blocks.emplace();
+    for (const PendingRestore& r : table.swap_prefetch) {
+      failed = failed || r.failed;
+      blocks->push_back(KvPool::PlacedBlock{r.shard, r.block});
+    }
+    table.swap_prefetch.clear();
+    ++(landed && !failed ? stats->host_prefetch_hits : stats->host_prefetch_misses);
+    if (failed) ++stats->host_prefetch_faults;
+    copied = !failed;
+  } else {
+    // With a shard group the pages come back wherever reserve() would place them now (each
+    // page's preferred shard, or the next with room), not necessarily where they were.
+    blocks = allocate_pages(pool, idx, table.spread);
+    if (!blocks) {
+      ++stats->refused_no_blocks;
+      return false;
+    }
+    if (!from_disk) ++stats->host_prefetch_misses;  // copied now, waited for below
   }
   const int64_t page_bytes = pool.page_layer_bytes(KvPrecision::kFull);
   const int layers = pool.shape().num_layers;
-  Status st = ok_status();
   std::vector<std::byte> staging;
-  bool in_place = false;  // the record was read straight into the blocks
+  bool in_place = copied;  // the record was read straight into the blocks, or prefetched
   if (from_disk) {
     // One read of the whole record; the tier checks its header, key and checksum.
     const int64_t per_page = page_bytes * layers;

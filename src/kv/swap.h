@@ -45,8 +45,19 @@ struct SwapStats {
   int64_t prefetch_hits = 0;
   int64_t prefetch_misses = 0;
   int64_t prefetch_dropped = 0;  // prefetches dropped unused (the sequence ended; callers count)
-  double out_seconds = 0;        // wall time of the swap-outs (copies included)
-  double in_seconds = 0;         // wall time of the swap-ins
+  // Host-tier prefetch (start_host_prefetch): device blocks reserved and the host -> device copy
+  // started a step ahead of a swap-in from the host tier. Of the swap-ins from the host tier
+  // (with pages to copy), hits found their copy landed, misses waited for it, had none (copied
+  // at the swap-in) or redid a copy that failed (host_prefetch_faults). So hits + misses = those
+  // swap-ins. Dropped: prefetches given up unused (the sequence ended, was not resumed, or its
+  // blocks were needed); the host copy stays.
+  int64_t host_prefetches = 0;
+  int64_t host_prefetch_hits = 0;
+  int64_t host_prefetch_misses = 0;
+  int64_t host_prefetch_dropped = 0;
+  int64_t host_prefetch_faults = 0;
+  double out_seconds = 0;  // wall time of the swap-outs (copies included)
+  double in_seconds = 0;   // wall time of the swap-ins
 
   void add(const SwapStats& o);
 };
@@ -83,12 +94,41 @@ StatusOr<bool> start_prefetch(KvPool& pool, const BlockTable& table, SwapPrefetc
 // True once `pf`'s read has ended (ok or not); never blocks.
 bool prefetch_ready(KvPool& pool, SwapPrefetch& pf);
 
+// The host tier's prefetch: one step before the swap-in that resumes `table` (its pages on the
+// host tier), reserves a device block for each kHost page, placed as swap_in would place it
+// (KvPool::allocate_placed: the spatial cut's shards), and queues the copies of the host slots
+// into them as one fenced batch per shard (Backend::copy_batch_fenced: the CUDA backend's copy
+// stream, the CPU backend's copy thread with async_copies, else copied at once). It lives in
+// BlockTable::swap_prefetch; the pages stay kHost until swap_in commits them. Pages the semantic
+// cut quantized or evicted hold no host slot and are not touched. Takes at most `max_blocks`
+// blocks: false (nothing changed) when the pages need more, fewer are available, there is
+// nothing on the host tier (a disk record, or no swapped pages) or a prefetch is already held.
+// A backend error queuing a batch is returned with nothing held (what was queued landed first).
+StatusOr<bool> start_host_prefetch(KvPool& pool, BlockTable& table, int max_blocks,
+                                   SwapStats* stats);
+// Blocks `table`'s host prefetch holds (0: none).
+inline int host_prefetch_blocks(const BlockTable& table) {
+  return static_cast<int>(table.swap_prefetch.size());
+}
+// True once every copy of `table`'s host prefetch has landed (or failed); never blocks. False
+// without one.
+bool host_prefetch_landed(KvPool& pool, BlockTable& table);
+// Gives up `table`'s host prefetch: waits for its copies (the blocks may be handed out next, and
+// the host slots must not be freed under a copy), frees its blocks and keeps the host copy (the
+// pages stay kHost). Counted in host_prefetch_dropped when one was held. KvPool::release does
+// the same, uncounted.
+void drop_host_prefetch(KvPool& pool, BlockTable& table, SwapStats* stats);
+
 // Inverse of swap_out: allocates a device block for every swapped-out page, copies it back and
 // frees its host slot or disk record. All or nothing: false (counted, the table unchanged) when
 // the pool has too few free blocks. A backend error, or a disk fault (checksum, I/O: counted),
 // returns its Status with the table unchanged: the caller releases it and recomputes.
 // `prefetch` (may be null): a prefetch of this table's record; its data is used (waiting for the
 // read if it is still in flight) and it is left unused (record 0) once the swap-in ran.
+// A host prefetch (BlockTable::swap_prefetch) is used the same way: its blocks are the pages'
+// (none allocated), its fences are waited for (a hit when all had landed), a failed copy is
+// redone synchronously into the same blocks (an error there: its blocks freed, the Status
+// returned, the host copy kept), and the host slots are freed only once the copies landed.
 StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats,
                        SwapPrefetch* prefetch = nullptr);
 

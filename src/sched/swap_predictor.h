@@ -6,8 +6,10 @@
 //   rank_victims  the Scheduler pauses (swap out or recompute) running sequences under memory
 //                 pressure, for a higher-priority handoff, or at the end of a time slice; among the
 //                 ones its rules allow, the predictor says which goes first;
-//   prefetch      the worker starts the disk reads of swapped-out sequences one step ahead, so the
-//                 step that resumes them does not wait; the predictor says which.
+//   prefetch      the worker starts the disk reads of swapped-out sequences one step ahead, and
+//                 for those on the host tier reserves their blocks and starts their copies (a
+//                 host prefetch, kv::start_host_prefetch), so the step that resumes them does
+//                 not wait; the predictor says which.
 // Thread-safety: const methods, no state: safe from any thread.
 #pragma once
 

@@ -161,6 +161,10 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_migrated_pages = kv_stats_.kv_migrated_pages;
   s.pool.kv_prefetch_hits = kv_stats_.kv_prefetch_hits;
   s.pool.kv_prefetch_misses = kv_stats_.kv_prefetch_misses;
+  s.pool.kv_host_prefetches = kv_stats_.kv_host_prefetches;
+  s.pool.kv_host_prefetch_hits = kv_stats_.kv_host_prefetch_hits;
+  s.pool.kv_host_prefetch_misses = kv_stats_.kv_host_prefetch_misses;
+  s.pool.kv_host_prefetch_dropped = kv_stats_.kv_host_prefetch_dropped;
   s.pool.kv_disk_bytes_used = kv_stats_.kv_disk_bytes_used;
   s.pool.kv_disk_bytes_total = kv_stats_.kv_disk_bytes_total;
   s.pool.kv_disk_latency_ms = kv_stats_.kv_disk_latency_ms;
@@ -173,6 +177,8 @@ WorkerSnapshot Worker::snapshot() const {
   s.kv_disk_records = kv_disk_records_;
   s.kv_prefetch_pending = kv_prefetch_pending_;
   s.kv_prefetch_dropped = kv_prefetch_dropped_;
+  s.kv_host_prefetch_pending = kv_host_prefetch_pending_;
+  s.kv_host_prefetch_blocks = kv_host_prefetch_blocks_;
   return s;
 }
 
@@ -233,6 +239,10 @@ void Worker::publish_stats() {
   k.kv_migrated_pages = migrate_stats_.pages;
   k.kv_prefetch_hits = swap_stats_.prefetch_hits;
   k.kv_prefetch_misses = swap_stats_.prefetch_misses;
+  k.kv_host_prefetches = swap_stats_.host_prefetches;
+  k.kv_host_prefetch_hits = swap_stats_.host_prefetch_hits;
+  k.kv_host_prefetch_misses = swap_stats_.host_prefetch_misses;
+  k.kv_host_prefetch_dropped = swap_stats_.host_prefetch_dropped;
   k.kv_demotions = cut_ops_.demoted_to_int8 + cut_ops_.demoted_to_int4;
   k.kv_evictions = cut_ops_.evicted;
   k.kv_recalls = cut_ops_.restored;
@@ -261,9 +271,15 @@ void Worker::publish_stats() {
   for (const std::unique_ptr<Sequence>& seq : waiting_)
     kv_prefetch_pending_ += seq->prefetch != nullptr && seq->prefetch->record != 0;
   kv_prefetch_dropped_ = swap_stats_.prefetch_dropped;
+  kv_host_prefetch_pending_ = 0;
+  kv_host_prefetch_blocks_ = 0;
+  for (const std::unique_ptr<Sequence>& seq : waiting_) {
+    kv_host_prefetch_pending_ += !seq->table.swap_prefetch.empty();
+    kv_host_prefetch_blocks_ += kv::host_prefetch_blocks(seq->table);
+  }
   // Last, under the lock, with the stats above (snapshot() reads them together; the router's
-  // load() reads the atomics alone).
-  free_blocks_.store(pool_->available_blocks(), std::memory_order_relaxed);
+  // load() reads the atomics alone). Blocks held by host prefetches are free to new work.
+  free_blocks_.store(plannable_blocks(), std::memory_order_relaxed);
   running_count_.store(static_cast<int>(running_.size()), std::memory_order_relaxed);
   waiting_count_.store(static_cast<int>(waiting_.size() + pending_.size()),
                        std::memory_order_relaxed);
@@ -381,7 +397,7 @@ void Worker::admit_from_router(Clock::time_point now) {
   if (has_unreserved_waiting(std::numeric_limits<int32_t>::min())) return;
   // Scheduler::can_admit_prompt keeps a watermark free for the running sequences' growth.
   while (waiting_.size() < static_cast<size_t>(options_.max_prefill_seqs)) {
-    const int free_blocks = pool_->available_blocks();
+    const int free_blocks = plannable_blocks();  // host prefetches give way (make_room)
     const int owned = static_cast<int>(running_.size() + waiting_.size());
     std::unique_ptr<Sequence> seq = shared_->router->pop_if([&](const Sequence& s) {
       return scheduler_.can_admit_prompt(s.num_prompt, free_blocks, total_blocks_,
@@ -393,12 +409,13 @@ void Worker::admit_from_router(Clock::time_point now) {
       finish(*seq, FinishReason::kCancelled, cancelled_error("cancelled"), now);
       continue;
     }
+    make_room(kv::BlockTable::blocks_for(seq->num_prompt, pool_->block_size()));
     // Cached prompt pages (never the page of the last prompt token, which is computed to sample).
     const int hits =
         pool_->share_prefix(seq->table, seq->prefix_salt, seq->tokens,
                             pool_->shareable_prefix_pages(seq->num_prompt, seq->num_prompt));
     seq->num_computed = seq->cached_tokens = hits * pool_->block_size();
-    KVSPLIT_CHECK(pool_->reserve(seq->table, seq->num_prompt));
+    KVSPLIT_CHECK(reserve_kv(seq->table, seq->num_prompt));
     account_kv(*seq, now);  // the prompt's pages are held from here
     waiting_.push_back(std::move(seq));
   }
@@ -414,7 +431,7 @@ void Worker::admit_from_router(Clock::time_point now) {
   if (owned >= scheduler_.config().max_num_seqs) return;
   std::unique_ptr<Sequence> seq = shared_->router->pop_if([&](const Sequence& s) {
     const int need = kv::BlockTable::blocks_for(s.num_prompt, pool_->block_size());
-    const int available = pool_->available_blocks();
+    const int available = plannable_blocks();
     int yielding = 0;
     if (need > available && need <= total_blocks_) {
       for (const std::unique_ptr<Sequence>& r : running_) {

@@ -98,8 +98,12 @@ struct WorkerSnapshot {
   int kv_summary_slots_used = 0;
   int kv_host_slots_used = 0;
   int64_t kv_disk_records = 0;      // records in the pool's disk tier (0 without one)
-  int kv_prefetch_pending = 0;      // sequences holding a prefetch not yet consumed
-  int64_t kv_prefetch_dropped = 0;  // prefetches dropped unused (their sequence ended)
+  int kv_prefetch_pending = 0;      // sequences holding a disk prefetch not yet consumed
+  int64_t kv_prefetch_dropped = 0;  // disk prefetches dropped unused (their sequence ended)
+  // Host-tier prefetch (kv::start_host_prefetch): sequences holding one now, the device blocks
+  // they hold, and those dropped unused since start (also PoolStats::kv_host_prefetch_dropped).
+  int kv_host_prefetch_pending = 0;
+  int kv_host_prefetch_blocks = 0;
 };
 
 class Worker {
@@ -197,10 +201,30 @@ class Worker {
   bool try_swap_out(Sequence& seq, const Preemption& why);
   void apply_swap_ins(const SchedulerOutput& out, Clock::time_point now);
   // Starts the disk reads of the swapped-out sequences the predictor expects to resume next
-  // (the step after this one), so their swap-in does not wait.
-  void start_prefetches(const SchedulerOutput& out);
-  // Drops `seq`'s prefetch (waiting for its read) and releases its KV; the table is left empty.
+  // (the step after this one), so their swap-in does not wait, and the host-tier prefetches
+  // (blocks reserved, copies queued) of those on the host tier, from the blocks free beyond
+  // what the next step's growth needs; drops the host prefetches it no longer names. Called
+  // once the step's own reservations are made (before its forward pass: the copies run beside
+  // it), and again after the step (`after_forward`, host prefetches only, over the blocks its
+  // finished sequences freed). `free_blocks_after`: the predictor's bound, the blocks free for
+  // the next step; sched_waiting_ must be current.
+  void start_prefetches(int free_blocks_after, bool after_forward);
+  // Drops `seq`'s prefetches (waiting for its read or copies) and releases its KV; the table is
+  // left empty.
   void release_kv(Sequence& seq);
+  // Device blocks held by host-tier prefetches: free for every decision (admission, handoffs,
+  // the Scheduler), taken back by make_room when a reservation needs them.
+  int prefetch_blocks() const;
+  int plannable_blocks() const { return pool_->available_blocks() + prefetch_blocks(); }
+  // Drops host prefetches, the one served last first, until `blocks` are available in the pool
+  // (or none is left). Before every reservation the plan counted those blocks free for.
+  void make_room(int blocks);
+  // make_room for the blocks `table` lacks to hold `tokens` tokens, then KvPool::reserve.
+  bool reserve_kv(kv::BlockTable& table, int tokens);
+  // Blocks the running sequences need for their next position: what the next step's decode
+  // rows may grow by. Before the forward pass, those of the step being planned (batch_) and
+  // those it swaps in; `after_forward` (the lists compacted), those in running_.
+  int next_step_growth(bool after_forward) const;
   // Effective-KV accounting point of `seq` (docs/kvm.md): its level from now on.
   void account_kv(Sequence& seq, Clock::time_point now);
   bool swapping() const;      // a host or disk tier to swap to
@@ -285,6 +309,7 @@ class Worker {
   PoolStats kv_stats_;
   Clock::time_point kv_disk_latency_at_{};  // DiskTierStats::latency_at, under kv_stats_mu_
   int kv_summary_used_ = 0, kv_host_used_ = 0, kv_prefetch_pending_ = 0;
+  int kv_host_prefetch_pending_ = 0, kv_host_prefetch_blocks_ = 0;
   int64_t kv_disk_records_ = 0, kv_prefetch_dropped_ = 0;
 
   std::thread thread_;

@@ -89,6 +89,8 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
         const int end = m->end_page < 0 ? static_cast<int>(s->table.blocks.size()) : m->end_page;
         kv::MigrateStats st;
         settle_cut(*s, now, /*all=*/true);
+        // A host prefetch reads the slots this may free; it is given up (counted) first.
+        kv::drop_host_prefetch(*pool_, s->table, &swap_stats_);
         KVSPLIT_ASSIGN_OR_RETURN(
             const int moved, kv::migrate_pages(*pool_, s->table, m->first_page, end, m->to_shard,
                                                &st, m->max_pages));

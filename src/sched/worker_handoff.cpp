@@ -111,8 +111,8 @@ void Worker::admit_offers(Clock::time_point now) {
                        "request {} waited {:.0f} ms for room on {} (queue_timeout_ms {} of SLA "
                        "class '{}'): {} blocks needed, {} free, {} running, max_num_seqs {}",
                        it->seq->display_id(), ms_since(it->seq->phase_start, now), options_.name,
-                       it->seq->sla.queue_timeout_ms, it->seq->sla.name, need,
-                       pool_->available_blocks(), running_.size(), options_.max_num_seqs)),
+                       it->seq->sla.queue_timeout_ms, it->seq->sla.name, need, plannable_blocks(),
+                       running_.size(), options_.max_num_seqs)),
                    now);
     } else {
       ++it;
@@ -139,7 +139,7 @@ void Worker::admit_offers(Clock::time_point now) {
     leaves[a.id - kHandoffBase] = true;
     kv::BlockTable table;
     table.spread = o.seq->table.spread;
-    KVSPLIT_CHECK(pool_->reserve(table, o.num_tokens));
+    KVSPLIT_CHECK(reserve_kv(table, o.num_tokens));
     StatusOr<KvCopyRoute> route =
         copy_kv_pages(*o.source_pool, o.source_blocks, o.source_shards, *pool_, table);
     const Status st = route.status();

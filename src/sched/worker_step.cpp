@@ -59,6 +59,13 @@ bool Worker::step() {
   }
   const Clock::time_point t3 = Clock::now();
   compact(t2);
+  // Blocks the step's finished sequences freed: host prefetches for the next step may take them
+  // now (the copies run while the next step is planned).
+  if (options_.temporal.host_prefetch && pool_->host_allocator().num_blocks() > 0 &&
+      !waiting_.empty()) {
+    scheduler_input(/*with_handoffs=*/false);
+    start_prefetches(plannable_blocks(), /*after_forward=*/true);
+  }
   pool_->spill_prefix_ahead();  // the next allocations find free blocks (kv.prefix_spill_ahead)
   publish_stats();
   const Clock::time_point t4 = Clock::now();
@@ -150,8 +157,17 @@ bool Worker::try_swap_out(Sequence& seq, const Preemption& why) {
 }
 
 void Worker::apply_swap_ins(const SchedulerOutput& out, Clock::time_point now) {
-  for (const SwapIn& r : out.swap_in) {
-    Sequence& seq = *waiting_[r.id - kWaitingBase];
+  // Those with a host prefetch first: they hold their blocks already, and the plan counted the
+  // blocks of the other prefetches free, which the others' swap-ins may then take (make_room).
+  std::vector<const SwapIn*> order;
+  order.reserve(out.swap_in.size());
+  for (int pass = 0; pass < 2; ++pass)
+    for (const SwapIn& r : out.swap_in)
+      if (waiting_[r.id - kWaitingBase]->table.swap_prefetch.empty() == (pass == 1))
+        order.push_back(&r);
+  for (const SwapIn* r : order) {
+    Sequence& seq = *waiting_[r->id - kWaitingBase];
+    if (seq.table.swap_prefetch.empty()) make_room(kv::swapped_pages(seq.table));
     auto done = kv::swap_in(*pool_, seq.table, &swap_stats_, seq.prefetch.get());
     if (done.ok() && *done) {
       seq.enter_phase(SeqPhase::kDecode, now);
@@ -170,14 +186,48 @@ void Worker::apply_swap_ins(const SchedulerOutput& out, Clock::time_point now) {
   }
 }
 
-void Worker::start_prefetches(const SchedulerOutput& out) {
-  if (pool_->disk() == nullptr || sched_waiting_.empty()) return;
+void Worker::start_prefetches(int free_blocks_after, bool after_forward) {
+  const bool host = options_.temporal.host_prefetch && pool_->host_allocator().num_blocks() > 0;
+  if ((pool_->disk() == nullptr && !host) || sched_waiting_.empty()) {
+    for (const std::unique_ptr<Sequence>& w : waiting_)
+      kv::drop_host_prefetch(*pool_, w->table, &swap_stats_);
+    return;
+  }
   const int64_t next_step = steps_.load(std::memory_order_relaxed) + 1;
-  for (int k : scheduler_.predictor().prefetch(sched_waiting_, next_step, out.free_blocks_after)) {
+  const std::vector<int> due =
+      scheduler_.predictor().prefetch(sched_waiting_, next_step, free_blocks_after);
+  // A host prefetch lasts while the predictor names its sequence; the others give their blocks
+  // back now.
+  std::vector<uint8_t> named(waiting_.size(), 0);
+  for (int k : due) named[sched_waiting_[k].id - kWaitingBase] = 1;
+  for (size_t i = 0; i < waiting_.size(); ++i)
+    if (!named[i] || waiting_[i]->next != Sequence::Next::kStay)
+      kv::drop_host_prefetch(*pool_, waiting_[i]->table, &swap_stats_);
+  // Host prefetches take only blocks free now (the step's own reservations are made; no
+  // prefix-cache page is evicted for them) beyond the next step's growth, in service order;
+  // one that does not fit ends them (nothing overtakes it).
+  int budget = -next_step_growth(after_forward);
+  for (int s = 0; s < pool_->num_shards(); ++s) budget += pool_->shard(s).allocator().num_free();
+  bool host_open = host;
+  for (int k : due) {
     Sequence& seq = *waiting_[sched_waiting_[k].id - kWaitingBase];
-    // Swapped in (or finished) by this step, on the host tier, or already being read.
-    if (seq.next != Sequence::Next::kStay || seq.table.disk_record == 0) continue;
-    if (seq.prefetch && seq.prefetch->record != 0) continue;
+    // Swapped in (or finished) by this step, or already being read or copied.
+    if (seq.next != Sequence::Next::kStay || !seq.table.swap_prefetch.empty()) continue;
+    if (seq.table.disk_record == 0) {
+      if (!host_open) continue;
+      auto started = kv::start_host_prefetch(*pool_, seq.table, budget, &swap_stats_);
+      if (!started.ok()) {  // the swap-in copies the pages itself (and meets the error there)
+        KVSPLIT_LOG_WARN("{}: host prefetch of request {} not started: {}", options_.name,
+                         seq.display_id(), started.status().to_string());
+      }
+      if (started.ok() && *started)
+        budget -= kv::host_prefetch_blocks(seq.table);
+      else
+        host_open = false;
+      continue;
+    }
+    if (pool_->disk() == nullptr || (seq.prefetch && seq.prefetch->record != 0) || after_forward)
+      continue;
     if (!seq.prefetch) seq.prefetch = std::make_unique<kv::SwapPrefetch>();
     auto started = kv::start_prefetch(*pool_, seq.table, seq.prefetch.get(), &swap_stats_);
     if (!started.ok()) {  // the swap-in reads the record itself (and meets the fault there)
@@ -187,11 +237,59 @@ void Worker::start_prefetches(const SchedulerOutput& out) {
   }
 }
 
+int Worker::prefetch_blocks() const {
+  int n = 0;
+  for (const std::unique_ptr<Sequence>& w : waiting_) n += kv::host_prefetch_blocks(w->table);
+  return n;
+}
+
+void Worker::make_room(int blocks) {
+  while (pool_->available_blocks() < blocks) {
+    Sequence* last = nullptr;
+    for (const std::unique_ptr<Sequence>& w : waiting_) {
+      if (w->table.swap_prefetch.empty()) continue;
+      if (last == nullptr ||
+          serves_before({last->priority, last->arrival}, {w->priority, w->arrival}))
+        last = w.get();
+    }
+    if (last == nullptr) return;
+    kv::drop_host_prefetch(*pool_, last->table, &swap_stats_);
+  }
+}
+
+bool Worker::reserve_kv(kv::BlockTable& table, int tokens) {
+  const int need = kv::BlockTable::blocks_for(tokens, pool_->block_size()) -
+                   static_cast<int>(table.blocks.size());
+  if (need > 0) make_room(need);
+  return pool_->reserve(table, tokens);
+}
+
+int Worker::next_step_growth(bool after_forward) const {
+  int n = 0;
+  auto grow = [&](const kv::BlockTable& t, int positions) {
+    n += std::max(0, kv::BlockTable::blocks_for(positions, pool_->block_size()) -
+                         static_cast<int>(t.blocks.size()));
+  };
+  if (after_forward) {
+    // The step is done and its sequences in their lists: each running one decodes position
+    // num_computed next.
+    for (const std::unique_ptr<Sequence>& r : running_) grow(r->table, r->num_computed + 1);
+    return n;
+  }
+  // Planned, not run: each row of the batch computes its tokens, then decodes the next position.
+  for (const model::SeqStep& s : batch_.steps)
+    grow(*s.table, s.start_pos + static_cast<int>(s.tokens.size()) + 1);
+  for (const std::unique_ptr<Sequence>& w : waiting_)
+    if (w->next == Sequence::Next::kToRunning) grow(w->table, w->num_computed + 1);
+  return n;
+}
+
 void Worker::release_kv(Sequence& seq) {
   if (seq.prefetch) {
     if (seq.prefetch->record != 0) ++swap_stats_.prefetch_dropped;
     seq.prefetch.reset();  // waits for its read: the record can be freed below
   }
+  kv::drop_host_prefetch(*pool_, seq.table, &swap_stats_);  // its copies land first
   if (!seq.table.blocks.empty()) pool_->release(seq.table);
   const bool spread = seq.table.spread;  // a property of the sequence (the spatial cut)
   seq.table = {};
@@ -299,7 +397,7 @@ SchedulerInput Worker::scheduler_input(bool with_handoffs) {
   in.running = sched_running_;
   in.waiting = sched_waiting_;
   in.handoffs = sched_handoffs_;
-  in.free_blocks = pool_->available_blocks();
+  in.free_blocks = plannable_blocks();  // host prefetches give their blocks back on demand
   in.total_blocks = total_blocks_;
   in.step = steps_.load(std::memory_order_relaxed);
   in.unlisted = unlisted;
@@ -320,7 +418,6 @@ void Worker::schedule(Clock::time_point now) {
   for (const SchedSeq& s : sched_running_) stalled_this_step_ += s.stalled;
   apply_preemptions(out, now);
   apply_swap_ins(out, now);
-  start_prefetches(out);
   for (int id : out.never_fit) {  // admission checks the pool size; a smaller pool is a bug
     Sequence& seq = id < kWaitingBase ? *running_[id] : *waiting_[id - kWaitingBase];
     finish(seq, FinishReason::kError,
@@ -333,7 +430,7 @@ void Worker::schedule(Clock::time_point now) {
   }
   for (const DecodeRow& d : out.decode) {
     Sequence& seq = *running_[d.id];
-    KVSPLIT_CHECK(pool_->reserve(seq.table, seq.num_computed + 1));
+    KVSPLIT_CHECK(reserve_kv(seq.table, seq.num_computed + 1));
     settle_cut(seq, now);
     model::SeqStep s;
     s.tokens = std::span<const int32_t>(seq.tokens.data() + seq.num_computed, 1);
@@ -354,6 +451,8 @@ void Worker::schedule(Clock::time_point now) {
       // A recompute (or a prompt whose KV a command released) starts from an empty table: its
       // prompt pages may still be cached, and the chunk then starts after them.
       if (seq.table.blocks.empty() && seq.num_computed == 0) {
+        // Its spilled cached pages come back into blocks the plan counted free.
+        make_room(kv::BlockTable::blocks_for(seq.prefill_target(), pool_->block_size()));
         const int hits = pool_->share_prefix(
             seq.table, seq.prefix_salt, seq.tokens,
             pool_->shareable_prefix_pages(seq.prefill_target(), seq.num_prompt));
@@ -362,7 +461,7 @@ void Worker::schedule(Clock::time_point now) {
         if (seq.pages_deferred) seq.cached_tokens = seq.num_computed;
         seq.pages_deferred = false;
       }
-      KVSPLIT_CHECK(pool_->reserve(seq.table, seq.prefill_target()));
+      KVSPLIT_CHECK(reserve_kv(seq.table, seq.prefill_target()));
     }
     seq.last_prefill_step = step_no;
     if (seq.phase == SeqPhase::kQueued) seq.enter_phase(SeqPhase::kPrefill, now);
@@ -381,6 +480,8 @@ void Worker::schedule(Clock::time_point now) {
     batch_.samples.push_back(!sample ? kSampleNone : (argmax ? kSampleArgmax : kSampleRow));
     batch_.decode.push_back(0);
   }
+  // After the step's reservations, before its forward pass: the copies run beside it.
+  start_prefetches(out.free_blocks_after, /*after_forward=*/false);
 }
 
 bool Worker::reader_behind(const Sequence& seq) const {

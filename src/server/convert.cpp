@@ -237,6 +237,10 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_kv_migrated_pages(p.kv_migrated_pages);
     o->set_kv_prefetch_hits(p.kv_prefetch_hits);
     o->set_kv_prefetch_misses(p.kv_prefetch_misses);
+    o->set_kv_host_prefetches(p.kv_host_prefetches);
+    o->set_kv_host_prefetch_hits(p.kv_host_prefetch_hits);
+    o->set_kv_host_prefetch_misses(p.kv_host_prefetch_misses);
+    o->set_kv_host_prefetch_dropped(p.kv_host_prefetch_dropped);
     o->set_kv_disk_bytes_used(p.kv_disk_bytes_used);
     o->set_kv_disk_bytes_total(p.kv_disk_bytes_total);
     o->set_kv_disk_latency_ms(p.kv_disk_latency_ms);

@@ -114,7 +114,20 @@ class EngineCollector : public pm::Collectable {
                             "Swap-ins from the disk tier whose read, started a step ahead, had "
                             "completed (hit) or had to be read or waited for then (miss)",
                             pm::MetricType::Counter);
+    auto& host_prefetch =
+        family("kvsplit:kv_host_prefetch_total",
+               "Host-tier prefetches: started a step ahead (started); swap-ins from the host tier "
+               "whose copy had landed (hit) or that waited for it or had none (miss); dropped "
+               "unused (dropped)",
+               pm::MetricType::Counter);
     for (const PoolStats& p : s.pools) {
+      for (const auto& [result, n] :
+           {std::pair<const char*, int64_t>{"started", p.kv_host_prefetches},
+            {"hit", p.kv_host_prefetch_hits},
+            {"miss", p.kv_host_prefetch_misses},
+            {"dropped", p.kv_host_prefetch_dropped}})
+        host_prefetch.metric.push_back(
+            counter(static_cast<double>(n), {{"pool", p.name}, {"result", result}}));
       stalled.metric.push_back(
           counter(static_cast<double>(p.decode_rows_stalled), {{"pool", p.name}}));
       prefetch.metric.push_back(

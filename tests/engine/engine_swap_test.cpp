@@ -27,7 +27,8 @@ struct SwapRun {
   EngineStats stats;
   PoolStats pool;
   bool back_to_initial = false;
-  int64_t disk_records = -1;  // left in the decoding worker's disk tier at the end
+  int64_t disk_records = -1;      // left in the decoding worker's disk tier at the end
+  int host_prefetch_blocks = -1;  // held by host prefetches in the decoding worker at the end
 };
 
 std::vector<Request> swap_requests() {
@@ -45,12 +46,25 @@ std::vector<Request> swap_requests() {
   return reqs;
 }
 
+// How a run copies: the host-tier prefetch on or off, the CPU backend's copy thread
+// (EngineConfig::async_copies) and the delay before each fenced batch starts (a slow link).
+struct CopySetup {
+  bool host_prefetch = true;
+  bool async_copies = false;
+  int64_t delay_us = 0;
+};
+
 // Eight sequences pulled together into a colocated pool of 12 blocks (192 tokens): they outgrow
 // it and are preempted.
 SwapRun run_under_pressure(ServingMode serving, SwapMode mode, int64_t host_mb, int step_size = 1,
                            const std::string& disk_path = "",
-                           std::optional<SwapMode> class_swap = std::nullopt, int shards = 1) {
+                           std::optional<SwapMode> class_swap = std::nullopt, int shards = 1,
+                           CopySetup copies = {}) {
   EngineConfig cfg = testing::stories_config(serving);
+  cfg.temporal.host_prefetch = copies.host_prefetch;
+  cfg.async_copies = copies.async_copies;
+  EngineImpl::InternalOptions io;
+  io.fenced_copy_delay_us = copies.delay_us;
   cfg.sla_classes[0].swap = class_swap;
   cfg.temporal.disk_path = disk_path;
   cfg.temporal.disk_capacity_mb = 64;
@@ -64,7 +78,7 @@ SwapRun run_under_pressure(ServingMode serving, SwapMode mode, int64_t host_mb, 
   cfg.temporal.swap = mode;
   cfg.temporal.temporal_step_size = step_size;
   SwapRun run;
-  auto engine = EngineImpl::create(cfg);
+  auto engine = EngineImpl::create(cfg, io);
   EXPECT_TRUE(engine.ok()) << engine.status().to_string();
   if (!engine.ok()) return run;
   const std::vector<int> initial = testing::free_blocks(**engine);
@@ -88,6 +102,7 @@ SwapRun run_under_pressure(ServingMode serving, SwapMode mode, int64_t host_mb, 
   for (RequestHandle& h : handles) run.results.push_back(collect(h));
   run.back_to_initial = testing::pools_back_to(**engine, initial);
   run.disk_records = (*engine)->worker_snapshots().back().kv_disk_records;
+  run.host_prefetch_blocks = (*engine)->worker_snapshots().back().kv_host_prefetch_blocks;
   run.stats = (*engine)->stats();
   // The decoding pool's counters (the last pool: colocated-0, or decode-0 after prefill-0).
   run.pool = run.stats.pools.back();
@@ -417,6 +432,241 @@ TEST(EngineSwapPrefetch, CancelDuringAPrefetchReleasesEverything) {
   EXPECT_EQ(w.pool.kv_pages_host, 0);
   e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
 }
+
+// The host tier's prefetch (docs/kv-cuts.md, "Swap predictor and prefetch"): a sequence about
+// to resume gets its blocks and its host -> device copy a step early, on the worker's copy thread
+// (async_copies). Every request gets the tokens it gets alone (greedy and seeded sampling) with
+// the prefetch off, on with its copies made at once (hits), on the copy thread, and on with each
+// copy held 50 ms on a slow link, still in flight when that step runs (misses); every swap-in
+// from the host tier is a hit or a miss; every block, slot and prefetch comes back.
+class EngineSwapHostPrefetch : public ::testing::TestWithParam<ServingMode> {};
+
+TEST_P(EngineSwapHostPrefetch, SameTokensOffLandedAndInFlight) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::vector<Collected> ref = alone();
+  struct Case {
+    const char* name;
+    CopySetup copies;
+  };
+  // Copied at once (no copy thread): every prefetch a swap-in uses has landed, so hits are
+  // certain. On the copy thread they depend on timing (the loaded sanitizer runs), so only the
+  // accounting is asserted there.
+  const Case cases[] = {{"off", {false, true, 0}},
+                        {"on, copied at once", {true, false, 0}},
+                        {"on, copy thread", {true, true, 0}},
+                        {"on, in flight", {true, true, 50000}}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const SwapRun run =
+        run_under_pressure(GetParam(), SwapMode::kAlways, 16, 1, "", std::nullopt, 1, c.copies);
+    expect_tokens_alone(run, ref);
+    const PoolStats& p = run.pool;
+    EXPECT_GT(p.kv_swaps_out, 0);
+    EXPECT_EQ(p.kv_swaps_in, p.kv_swaps_out);
+    EXPECT_EQ(p.kv_swap_fallbacks, 0);
+    EXPECT_EQ(p.kv_host_prefetch_hits + p.kv_host_prefetch_misses, p.kv_swaps_in);
+    // A prefetch is used by one swap-in or dropped.
+    EXPECT_LE(p.kv_host_prefetches - p.kv_host_prefetch_dropped, p.kv_swaps_in);
+    EXPECT_GE(p.kv_host_prefetches, p.kv_host_prefetch_dropped);
+    if (!c.copies.host_prefetch) {
+      EXPECT_EQ(p.kv_host_prefetches, 0);
+      EXPECT_EQ(p.kv_host_prefetch_hits, 0);
+      EXPECT_EQ(p.kv_host_prefetch_dropped, 0);
+    } else {
+      EXPECT_GT(p.kv_host_prefetches, 0);
+      if (!c.copies.async_copies) {
+        EXPECT_GT(p.kv_host_prefetch_hits, 0);
+      } else if (c.copies.delay_us > 0) {
+        EXPECT_GT(p.kv_host_prefetch_misses, 0);
+      }
+    }
+    std::printf("%s: %lld host prefetches, %lld hits, %lld misses, %lld dropped, %lld swap-ins\n",
+                c.name, static_cast<long long>(p.kv_host_prefetches),
+                static_cast<long long>(p.kv_host_prefetch_hits),
+                static_cast<long long>(p.kv_host_prefetch_misses),
+                static_cast<long long>(p.kv_host_prefetch_dropped),
+                static_cast<long long>(p.kv_swaps_in));
+    EXPECT_TRUE(run.back_to_initial);
+    EXPECT_EQ(run.host_prefetch_blocks, 0);
+    EXPECT_EQ(p.kv_pages_full, 0);
+    EXPECT_EQ(p.kv_pages_host, 0);
+    EXPECT_EQ(p.kv_host_bytes_used, 0);
+  }
+}
+
+// The spatial cut: sharded sequences' host prefetches place their blocks over the group; the
+// greedy tokens are those alone, and every shard's blocks come back.
+TEST_P(EngineSwapHostPrefetch, ShardedSequencesPrefetchOntoTheGroup) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::vector<Collected> ref = alone();
+  const SwapRun run = run_under_pressure(GetParam(), SwapMode::kAlways, 16, 1, "", std::nullopt, 2,
+                                         CopySetup{true, true, 0});
+  ASSERT_EQ(run.results.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_TRUE(run.results[i].final_event.status.ok());
+    if (i % 2 == 0) {
+      EXPECT_EQ(run.results[i].tokens, ref[i].tokens) << "request " << i;
+    }
+  }
+  EXPECT_GT(run.pool.kv_host_prefetches, 0);
+  EXPECT_EQ(run.pool.kv_host_prefetch_hits + run.pool.kv_host_prefetch_misses,
+            run.pool.kv_swaps_in);
+  EXPECT_TRUE(run.back_to_initial);
+  EXPECT_EQ(run.host_prefetch_blocks, 0);
+  EXPECT_EQ(run.pool.kv_pages_full, 0);
+}
+
+// Holds the forward pass of the workers of `role` at a step boundary where `ready` holds for the
+// last worker's snapshot three times 20 ms apart with no step in between; true once caught (the
+// hold is then on).
+template <typename Ready>
+bool hold_when(EngineImpl& e, sched::WorkerRole role, Ready ready) {
+  auto held = [&] {
+    // A command is answered at the worker's next step boundary: a step that was past its hold
+    // check when the hold was set has ended by then, and the next one holds.
+    auto reply = e.send_command(e.worker_snapshots().size() - 1, sched::SnapshotState{});
+    if (reply.wait_for(std::chrono::seconds(30)) != std::future_status::ready) return false;
+    int64_t steps = -1;
+    for (int k = 0; k < 3; ++k) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const sched::WorkerSnapshot w = e.worker_snapshots().back();
+      if (!ready(w) || (steps >= 0 && w.steps != steps)) return false;
+      steps = w.steps;
+    }
+    return true;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    e.set_test_hold(role, sched::TestHold::kForward);
+    if (held()) return true;
+    e.set_test_hold(role, sched::TestHold::kNone);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
+EngineConfig host_prefetch_config(ServingMode mode) {
+  EngineConfig cfg = testing::stories_config(mode);
+  cfg.num_decode_workers = 1;
+  cfg.handoff_timeout_ms = 60000;
+  cfg.kv_blocks_per_worker = 12;
+  cfg.block_size = 16;
+  cfg.temporal.swap = SwapMode::kAlways;
+  cfg.temporal.host_capacity_mb = 16;
+  cfg.async_copies = true;
+  return cfg;
+}
+
+// Requests cancelled while their host prefetch's copy is in flight (each held 200 ms): the
+// copies are waited for, the reserved blocks and the host slots come back, nothing is held.
+TEST(EngineSwapHostPrefetch, CancelDuringAHostPrefetchLeavesEveryPoolEmpty) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineImpl::InternalOptions io;
+  io.fenced_copy_delay_us = 200000;
+  auto engine = EngineImpl::create(host_prefetch_config(ServingMode::kColocated), io);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  EngineImpl& e = **engine;
+  const std::vector<int> initial = testing::free_blocks(e);
+  std::vector<RequestHandle> handles;
+  const std::vector<Request> reqs = swap_requests();
+  for (const Request& r : reqs) handles.push_back(*e.submit(r));
+  ASSERT_TRUE(hold_when(e, sched::WorkerRole::kColocated, [](const sched::WorkerSnapshot& w) {
+    return w.kv_host_prefetch_pending > 0;
+  })) << "no host prefetch seen pending";
+  const sched::WorkerSnapshot caught = e.worker_snapshots().back();
+  EXPECT_GT(caught.kv_host_prefetch_blocks, 0);
+  for (const Request& r : reqs) e.cancel(r.tenant, r.request_id);
+  for (RequestHandle& h : handles) EXPECT_FALSE(collect(h).timed_out);
+  EXPECT_TRUE(testing::pools_back_to(e, initial));
+  const sched::WorkerSnapshot w = e.worker_snapshots().back();
+  EXPECT_GE(w.pool.kv_host_prefetch_dropped,
+            caught.pool.kv_host_prefetch_dropped + caught.kv_host_prefetch_pending);
+  EXPECT_EQ(w.kv_host_prefetch_pending, 0);
+  EXPECT_EQ(w.kv_host_prefetch_blocks, 0);
+  EXPECT_EQ(w.pool.kv_pages_full, 0);
+  EXPECT_EQ(w.kv_host_slots_used, 0);
+  EXPECT_EQ(w.pool.kv_pages_host, 0);
+  e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+}
+
+// Memory pressure: a higher-priority handoff that fits only with the blocks a host prefetch
+// holds is admitted at once (the prefetch is dropped, counted; its sequence keeps its host copy
+// and resumes later): it neither waits nor preempts anyone. Every request gets its tokens alone;
+// every block comes back.
+TEST(EngineSwapHostPrefetch, AHandoffThatNeedsThePrefetchedBlocksTakesThem) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::vector<Collected> ref = alone();
+  // Copies held 200 ms: a prefetch started at a step boundary is still held at the next one.
+  EngineImpl::InternalOptions io;
+  io.fenced_copy_delay_us = 200000;
+  auto engine = EngineImpl::create(host_prefetch_config(ServingMode::kDisaggregated), io);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  EngineImpl& e = **engine;
+  const std::vector<int> initial = testing::free_blocks(e);
+  const std::vector<Request> reqs = swap_requests();
+  std::vector<RequestHandle> handles;
+  for (const Request& r : reqs) handles.push_back(*e.submit(r));
+  // The decode worker holds the rest of the eight (none still to be handed off), one swapped out
+  // with a host prefetch: its published free blocks count the prefetched ones.
+  ASSERT_TRUE(hold_when(e, sched::WorkerRole::kDecode, [&e](const sched::WorkerSnapshot& w) {
+    const PoolStats prefill = e.worker_snapshots().front().pool;
+    return w.kv_host_prefetch_blocks >= 1 && prefill.running + prefill.waiting == 0;
+  })) << "no host prefetch seen held";
+  const sched::WorkerSnapshot caught = e.worker_snapshots().back();
+  const int owned = caught.pool.running + caught.pool.waiting;
+  const int64_t preemptions = e.stats().preemptions;
+  const int really_free = caught.pool.kv_blocks_free - caught.kv_host_prefetch_blocks;
+  const int need = really_free + 1;  // its pages fit only with a prefetched block
+  ASSERT_LE(need, caught.pool.kv_blocks_free);
+  Request big;
+  big.request_id = "big";
+  big.priority = 5;
+  big.prompt_token_ids = std::vector<int32_t>(need * 16 - 8, 57);
+  big.sampling.max_tokens = 8;
+  big.sampling.ignore_eos = true;
+  big.sampling.temperature = 0;
+  RequestHandle big_handle = *e.submit(big);
+  // Admitted while the decode worker's forward pass is still held: the prefetch gave way.
+  const auto admitted_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  sched::WorkerSnapshot w = e.worker_snapshots().back();
+  while (w.pool.running + w.pool.waiting == owned &&
+         std::chrono::steady_clock::now() < admitted_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    w = e.worker_snapshots().back();
+  }
+  EXPECT_EQ(w.pool.running + w.pool.waiting, owned + 1)
+      << "caught: " << caught.pool.kv_blocks_free << " free (" << caught.kv_host_prefetch_blocks
+      << " prefetched), " << need << " needed";
+  EXPECT_EQ(w.steps, caught.steps);  // no step ran: the admission took the blocks
+  EXPECT_GT(w.pool.kv_host_prefetch_dropped, caught.pool.kv_host_prefetch_dropped);
+  EXPECT_LT(w.kv_host_prefetch_blocks, caught.kv_host_prefetch_blocks);
+  EXPECT_EQ(e.stats().preemptions, preemptions);  // nobody paused for it
+  e.set_test_hold(sched::WorkerRole::kDecode, sched::TestHold::kNone);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Collected got = collect(handles[i]);
+    ASSERT_FALSE(got.timed_out);
+    ASSERT_TRUE(got.final_event.status.ok()) << got.final_event.status.to_string();
+    EXPECT_EQ(got.tokens, ref[i].tokens) << "request " << i;
+  }
+  const Collected big_got = collect(big_handle);
+  ASSERT_TRUE(big_got.final_event.status.ok()) << big_got.final_event.status.to_string();
+  EXPECT_TRUE(testing::pools_back_to(e, initial));
+  const Collected big_alone = collect(*e.submit(big));
+  EXPECT_EQ(big_got.tokens, big_alone.tokens);
+  EXPECT_EQ(big_got.tokens.size(), 8u);
+  EXPECT_TRUE(testing::pools_back_to(e, initial));
+  const sched::WorkerSnapshot end = e.worker_snapshots().back();
+  EXPECT_EQ(end.kv_host_prefetch_blocks, 0);
+  EXPECT_EQ(end.pool.kv_pages_full, 0);
+  EXPECT_EQ(end.kv_host_slots_used, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, EngineSwapHostPrefetch,
+                         ::testing::Values(ServingMode::kColocated, ServingMode::kDisaggregated),
+                         [](const auto& info) {
+                           return info.param == ServingMode::kColocated ? "Colocated"
+                                                                        : "Disaggregated";
+                         });
 
 TEST_P(EngineSwap, ClassOverridesTheEngineSwapMode) {
   KVSPLIT_REQUIRE_MODELS();

@@ -26,8 +26,10 @@ struct Group {
   std::unique_ptr<backend::Backend> be;
   std::unique_ptr<KvPool> pool;
 
-  Group(int shards, int blocks, int chunk, int host_pages = 0) {
-    be = std::move(backend::create_backend("cpu", 1)).value();
+  // `base`: every shard's CPU backend options (threads 1; async_copies for host prefetches).
+  Group(int shards, int blocks, int chunk, int host_pages = 0, backend::BackendOptions base = {}) {
+    base.threads = 1;
+    be = std::move(backend::create_backend("cpu", base)).value();
     KvPoolConfig c;
     c.num_blocks = blocks;
     c.block_size = kBlock;
@@ -35,8 +37,7 @@ struct Group {
     pool = std::move(KvPool::create(*be, c, KvShape{kLayers, kKvHeads, kHeadDim})).value();
     std::vector<std::unique_ptr<backend::Backend>> peers;
     for (int s = 1; s < shards; ++s) {
-      backend::BackendOptions o;
-      o.threads = 1;
+      backend::BackendOptions o = base;
       o.device = s;
       peers.push_back(std::move(backend::create_backend("cpu", o)).value());
     }
@@ -359,6 +360,53 @@ TEST(ShardedSwap, RoundTripThroughTheDiskTierWithAndWithoutPrefetch) {
     EXPECT_EQ(ss.prefetch_hits + ss.prefetch_misses, 1);
     EXPECT_EQ(pf.record, 0u);
     EXPECT_EQ(t.shards_used(), 4);
+    g.pool->release(t);
+    g.expect_all_free();
+  }
+}
+
+// The host tier's prefetch of a sharded table: its blocks are placed over the group as the
+// swap-in places them (each page's preferred shard, or the next with room), one fenced batch per
+// shard on that shard's copy thread, and the swap-in that uses them is bit-exact and places the
+// pages there; a dropped one gives every shard its blocks back.
+TEST(ShardedSwap, HostPrefetchPlacesOnTheGroupAndIsBitExact) {
+  backend::BackendOptions async;
+  async.async_copies = true;
+  async.fenced_copy_delay_us = 20000;  // in flight when the swap-in comes: a miss
+  for (bool drop : {false, true}) {
+    SCOPED_TRACE(drop ? "dropped, then swapped in without it" : "used by the swap-in");
+    Group g(3, 4, kBlock, /*host_pages=*/8, async);
+    BlockTable t;
+    t.spread = true;
+    ASSERT_TRUE(g.pool->reserve(t, 6 * kBlock - 1));
+    g.fill(t, 31);
+    const std::vector<float> before = g.read(t);
+    SwapStats ss;
+    ASSERT_TRUE(*swap_out(*g.pool, t, &ss));
+    EXPECT_EQ(g.pool->used_blocks(), 0);
+    auto started = start_host_prefetch(*g.pool, t, 12, &ss);
+    ASSERT_TRUE(started.ok()) << started.status().to_string();
+    ASSERT_TRUE(*started);
+    std::vector<int> shards;
+    for (const PendingRestore& r : t.swap_prefetch) shards.push_back(r.shard);
+    EXPECT_EQ(shards, (std::vector<int>{0, 1, 2, 0, 1, 2}));
+    for (int s = 0; s < 3; ++s) EXPECT_EQ(g.pool->shard(s).allocator().num_used(), 2);
+    if (drop) {
+      drop_host_prefetch(*g.pool, t, &ss);
+      EXPECT_EQ(ss.host_prefetch_dropped, 1);
+      EXPECT_EQ(g.pool->used_blocks(), 0);
+      EXPECT_EQ(g.pool->host_allocator().num_used(), 6);
+    }
+    auto in = swap_in(*g.pool, t, &ss);
+    ASSERT_TRUE(in.ok()) << in.status().to_string();
+    ASSERT_TRUE(*in);
+    EXPECT_EQ(g.read(t), before);
+    EXPECT_EQ(g.shards_of(t), (std::vector<int>{0, 1, 2, 0, 1, 2}));
+    EXPECT_EQ(ss.host_prefetch_hits + ss.host_prefetch_misses, 1);
+    if (!drop) {
+      EXPECT_EQ(ss.host_prefetch_misses, 1);  // waited for the delayed copies
+    }
+    EXPECT_EQ(g.pool->host_allocator().num_used(), 0);
     g.pool->release(t);
     g.expect_all_free();
   }

@@ -2,12 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "forwarding_backend.h"
 #include "kv/kv_pool.h"
 #include "kv/page_ops.h"
 #include "test_util.h"
@@ -23,8 +26,14 @@ struct Pool {
   std::unique_ptr<backend::Backend> be;
   std::unique_ptr<KvPool> pool;
 
-  Pool(int blocks, int host_pages, int quant_blocks = 0) {
-    be = std::move(backend::create_backend("cpu", 1)).value();
+  // `options`: the CPU backend's (threads defaults to 1; async_copies and fenced_copy_delay_us
+  // for host prefetches in flight). `wrap`: wraps that backend (fault injection); unset: none.
+  Pool(int blocks, int host_pages, int quant_blocks = 0, backend::BackendOptions options = {},
+       const std::function<std::unique_ptr<backend::Backend>(std::unique_ptr<backend::Backend>)>&
+           wrap = nullptr) {
+    if (options.threads <= 0) options.threads = 1;
+    be = std::move(backend::create_backend("cpu", options)).value();
+    if (wrap) be = wrap(std::move(be));
     KvPoolConfig c;
     c.num_blocks = blocks;
     c.block_size = kBlock;
@@ -103,6 +112,9 @@ TEST(Swap, OutAndInIsBitExactAndFreesTheDeviceBlocks) {
   EXPECT_EQ(st.pages_in, 4);
   EXPECT_EQ(st.bytes_out, 4 * kLayers * p.pool->page_layer_bytes(KvPrecision::kFull));
   EXPECT_EQ(st.bytes_in, st.bytes_out);
+  // A host-tier swap-in without a prefetch copies at the swap-in: a miss.
+  EXPECT_EQ(st.host_prefetch_misses, 1);
+  EXPECT_EQ(st.host_prefetch_hits, 0);
   p.pool->release(t);
   p.expect_all_free();
 }
@@ -403,6 +415,241 @@ TEST(SwapPrefetch, CancelDuringAPrefetchReleasesEverythingOnlyOnceTheReadIsDropp
     EXPECT_TRUE(p.disk->free(record).ok());  // (cleanup)
     EXPECT_EQ(p.disk->stats().records, 0);
   }
+}
+
+// ---- The host tier's prefetch (start_host_prefetch): blocks reserved and the copy started a
+// step ahead on the backend's copy thread (BackendOptions::async_copies). ----
+
+backend::BackendOptions async_copies(int64_t delay_us = 0) {
+  backend::BackendOptions o;
+  o.async_copies = true;
+  o.fenced_copy_delay_us = delay_us;
+  return o;
+}
+
+// Swaps `t` (4 pages, the last partial, filled) out to the host tier of `p` and lets another
+// table overwrite every freed block; returns the pages' bytes.
+std::vector<float> swap_to_host(Pool& p, BlockTable& t, SwapStats* st) {
+  EXPECT_TRUE(p.pool->reserve(t, 3 * kBlock + 1));
+  p.fill(t, 61);
+  std::vector<float> before = p.read(t);
+  auto out = swap_out(*p.pool, t, st);
+  EXPECT_TRUE(out.ok() && *out);
+  EXPECT_EQ(t.disk_record, 0u);
+  BlockTable other;
+  EXPECT_TRUE(p.pool->reserve(other, p.pool->allocator().num_free() * kBlock));
+  p.fill(other, 62);
+  p.pool->release(other);
+  return before;
+}
+
+TEST(SwapHostPrefetch, ALandedCopyIsAHitAndBitExact) {
+  Pool p(8, 8, 0, async_copies());
+  BlockTable t;
+  SwapStats st;
+  const std::vector<float> before = swap_to_host(p, t, &st);
+  auto started = start_host_prefetch(*p.pool, t, 8, &st);
+  ASSERT_TRUE(started.ok()) << started.status().to_string();
+  ASSERT_TRUE(*started);
+  EXPECT_EQ(st.host_prefetches, 1);
+  EXPECT_EQ(host_prefetch_blocks(t), 4);
+  EXPECT_EQ(p.pool->allocator().num_used(), 4);  // reserved a step early
+  EXPECT_EQ(swapped_pages(t), 4);                // still on the host until the swap-in
+  EXPECT_EQ(p.pool->host_allocator().num_used(), 4);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!host_prefetch_landed(*p.pool, t) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  ASSERT_TRUE(host_prefetch_landed(*p.pool, t));
+  auto in = swap_in(*p.pool, t, &st);
+  ASSERT_TRUE(in.ok()) << in.status().to_string();
+  ASSERT_TRUE(*in);
+  EXPECT_EQ(p.read(t), before);
+  EXPECT_EQ(st.host_prefetch_hits, 1);
+  EXPECT_EQ(st.host_prefetch_misses, 0);
+  EXPECT_EQ(st.refused_no_blocks, 0);
+  EXPECT_EQ(host_prefetch_blocks(t), 0);  // consumed
+  EXPECT_EQ(p.pool->allocator().num_used(), 4);
+  EXPECT_EQ(p.pool->host_allocator().num_used(), 0);
+  p.pool->release(t);
+  p.expect_all_free();
+}
+
+// The copy is still in flight when the swap-in runs (a slow link: each fenced batch starts
+// 200 ms after it was queued): the swap-in waits for it (a miss), the host slots are kept until
+// it landed, and the pages are bit-exact.
+TEST(SwapHostPrefetch, ACopyInFlightIsWaitedForAMissAndTheSlotsOutliveIt) {
+  Pool p(8, 8, 0, async_copies(200000));
+  BlockTable t;
+  SwapStats st;
+  const std::vector<float> before = swap_to_host(p, t, &st);
+  ASSERT_TRUE(*start_host_prefetch(*p.pool, t, 8, &st));
+  EXPECT_FALSE(host_prefetch_landed(*p.pool, t));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto in = swap_in(*p.pool, t, &st);
+  ASSERT_TRUE(in.ok() && *in);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(100));
+  EXPECT_EQ(p.read(t), before);
+  EXPECT_EQ(st.host_prefetch_hits, 0);
+  EXPECT_EQ(st.host_prefetch_misses, 1);
+  EXPECT_EQ(p.pool->host_allocator().num_used(), 0);
+  p.pool->release(t);
+  p.expect_all_free();
+}
+
+// Dropping (the sequence was not resumed, or its blocks are needed): the copy is waited for, the
+// blocks come back, the host copy stays and a later swap-in without a prefetch is bit-exact.
+TEST(SwapHostPrefetch, DropFreesTheBlocksAndKeepsTheHostCopy) {
+  Pool p(8, 8, 0, async_copies(50000));
+  BlockTable t;
+  SwapStats st;
+  const std::vector<float> before = swap_to_host(p, t, &st);
+  const std::vector<PageEntry> pages = t.pages;
+  ASSERT_TRUE(*start_host_prefetch(*p.pool, t, 8, &st));
+  EXPECT_EQ(p.pool->allocator().num_used(), 4);
+  drop_host_prefetch(*p.pool, t, &st);
+  EXPECT_EQ(st.host_prefetch_dropped, 1);
+  EXPECT_EQ(host_prefetch_blocks(t), 0);
+  EXPECT_EQ(p.pool->allocator().num_used(), 0);
+  EXPECT_EQ(p.pool->host_allocator().num_used(), 4);
+  ASSERT_EQ(t.pages.size(), pages.size());
+  for (size_t i = 0; i < pages.size(); ++i) {
+    EXPECT_EQ(t.pages[i].location, PageLocation::kHost);
+    EXPECT_EQ(t.pages[i].original, pages[i].original);
+  }
+  drop_host_prefetch(*p.pool, t, &st);  // none held: nothing happens, nothing counted
+  EXPECT_EQ(st.host_prefetch_dropped, 1);
+  // The freed blocks are overwritten before the swap-in copies the host pages back.
+  BlockTable other;
+  ASSERT_TRUE(p.pool->reserve(other, 8 * kBlock));
+  p.fill(other, 63);
+  p.pool->release(other);
+  ASSERT_TRUE(*swap_in(*p.pool, t, &st));
+  EXPECT_EQ(p.read(t), before);
+  EXPECT_EQ(st.host_prefetch_misses, 1);
+  p.pool->release(t);
+  p.expect_all_free();
+}
+
+// A request cancelled with its prefetch in flight: KvPool::release waits for the copy and frees
+// the reserved blocks and the host slots.
+TEST(SwapHostPrefetch, ReleaseWithACopyInFlightLeavesNothing) {
+  Pool p(8, 8, 0, async_copies(50000));
+  BlockTable t;
+  SwapStats st;
+  swap_to_host(p, t, &st);
+  ASSERT_TRUE(*start_host_prefetch(*p.pool, t, 8, &st));
+  EXPECT_FALSE(host_prefetch_landed(*p.pool, t));
+  p.pool->release(t);
+  EXPECT_TRUE(t.swap_prefetch.empty());
+  p.expect_all_free();
+}
+
+// Refusals change nothing: more pages than the blocks it may take, more than the pool has free,
+// a prefetch already held, nothing on the host tier.
+TEST(SwapHostPrefetch, RefusalsChangeNothing) {
+  Pool p(6, 8, 0, async_copies());
+  BlockTable t;
+  SwapStats st;
+  swap_to_host(p, t, &st);
+  EXPECT_FALSE(*start_host_prefetch(*p.pool, t, 3, &st));  // 4 pages, 3 allowed
+  BlockTable hog;
+  ASSERT_TRUE(p.pool->reserve(hog, 3 * kBlock));  // 3 of 6 free
+  EXPECT_FALSE(*start_host_prefetch(*p.pool, t, 8, &st));
+  EXPECT_EQ(p.pool->allocator().num_used(), 3);
+  p.pool->release(hog);
+  ASSERT_TRUE(*start_host_prefetch(*p.pool, t, 8, &st));
+  EXPECT_FALSE(*start_host_prefetch(*p.pool, t, 8, &st));  // already held
+  EXPECT_EQ(st.host_prefetches, 1);
+  EXPECT_EQ(p.pool->allocator().num_used(), 4);
+  ASSERT_TRUE(*swap_in(*p.pool, t, &st));
+  EXPECT_FALSE(*start_host_prefetch(*p.pool, t, 8, &st));  // nothing on the host tier
+  EXPECT_EQ(p.pool->allocator().num_used(), 4);
+  p.pool->release(t);
+  p.expect_all_free();
+}
+
+// The semantic cut's pages: quantized and evicted pages stay in their arenas / evicted; only the
+// full-precision pages on the host tier are prefetched.
+TEST(SwapHostPrefetch, QuantizedAndEvictedPagesStayPut) {
+  Pool p(8, 8, 8, async_copies(20000));
+  BlockTable t;
+  ASSERT_TRUE(p.pool->reserve(t, 4 * kBlock));
+  p.fill(t, 17);
+  PageOpStats ops;
+  ASSERT_TRUE(apply_page_transitions(*p.pool, t, 4 * kBlock,
+                                     std::vector<PageTransition>{
+                                         {0, PageOp::kDemote, KvPrecision::kInt8},
+                                         {1, PageOp::kEvict, KvPrecision::kInt8},
+                                     },
+                                     &ops)
+                  .ok());
+  const int32_t int8_block = t.blocks[0];
+  const std::vector<float> full_before = p.read(t);  // pages 2 and 3
+  SwapStats st;
+  ASSERT_TRUE(*swap_out(*p.pool, t, &st));
+  ASSERT_TRUE(*start_host_prefetch(*p.pool, t, 8, &st));
+  ASSERT_EQ(host_prefetch_blocks(t), 2);
+  EXPECT_EQ(t.swap_prefetch[0].page, 2);
+  EXPECT_EQ(t.swap_prefetch[1].page, 3);
+  EXPECT_EQ(p.pool->allocator().num_used(), 2);
+  ASSERT_TRUE(*swap_in(*p.pool, t, &st));
+  EXPECT_EQ(p.read(t), full_before);
+  EXPECT_EQ(st.host_prefetch_hits + st.host_prefetch_misses, 1);
+  EXPECT_EQ(t.pages[0].precision, KvPrecision::kInt8);
+  EXPECT_EQ(t.blocks[0], int8_block);
+  EXPECT_EQ(t.pages[1].location, PageLocation::kEvicted);
+  p.pool->release(t);
+  p.expect_all_free();
+}
+
+// A backend whose first fence wait reports a failed copy (a CUDA copy-stream error), after the
+// copy has in fact run; `on_fail` then lets the test spoil what it wrote.
+class FailFirstFence : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  StatusOr<bool> wait_fence(uint64_t fence, int64_t timeout_us) override {
+    if (fence == 0 || failed_) return ForwardingBackend::wait_fence(fence, timeout_us);
+    failed_ = true;
+    (void)ForwardingBackend::wait_fence(fence, -1);  // never left in flight
+    if (on_fail) on_fail();
+    return internal_error("injected: fenced copy failed");
+  }
+  std::function<void()> on_fail;
+
+ private:
+  bool failed_ = false;
+};
+
+// The swap-in copies the pages again, synchronously, into the same blocks: bit-exact although
+// the failed copy's blocks hold garbage, a miss and a fault; nothing leaks.
+TEST(SwapHostPrefetch, AFailedCopyIsRedoneAtTheSwapInNeverWrong) {
+  FailFirstFence* ff = nullptr;
+  Pool p(8, 8, 0, async_copies(), [&ff](std::unique_ptr<backend::Backend> in) {
+    auto w = std::make_unique<FailFirstFence>(std::move(in));
+    ff = w.get();
+    return std::unique_ptr<backend::Backend>(std::move(w));
+  });
+  BlockTable t;
+  SwapStats st;
+  const std::vector<float> before = swap_to_host(p, t, &st);
+  ASSERT_TRUE(*start_host_prefetch(*p.pool, t, 8, &st));
+  ff->on_fail = [&] {
+    for (const PendingRestore& r : t.swap_prefetch)
+      for (int l = 0; l < kLayers; ++l) {
+        float* d = static_cast<float*>(p.pool->layer(l).data) + r.block * p.floats();
+        std::fill(d, d + p.floats(), -7.f);
+      }
+  };
+  auto in = swap_in(*p.pool, t, &st);
+  ASSERT_TRUE(in.ok()) << in.status().to_string();
+  ASSERT_TRUE(*in);
+  EXPECT_EQ(p.read(t), before);
+  EXPECT_EQ(st.host_prefetch_faults, 1);
+  EXPECT_EQ(st.host_prefetch_misses, 1);
+  EXPECT_EQ(st.host_prefetch_hits, 0);
+  EXPECT_EQ(p.pool->host_allocator().num_used(), 0);
+  p.pool->release(t);
+  p.expect_all_free();
 }
 
 }  // namespace
