@@ -106,63 +106,74 @@ TEST(EmulatedSwapDisk, StagedRoundTripIsBitExactAndAFaultGivesTheBlocksBack) {
 // CudaBackend, where the tier is pinned and mapped), byte-exact both ways, partial last page
 // included; the copy engines' path (kDma) gives the same bytes.
 TEST(EmulatedSwapHost, CopyKernelRoundTripIsBitExact) {
-  for (const auto method :
-       {backend::Backend::BatchCopyMethod::kAuto, backend::Backend::BatchCopyMethod::kKernel,
-        backend::Backend::BatchCopyMethod::kDma}) {
-    SCOPED_TRACE(static_cast<int>(method));
-    EmulatedKernelBackend be;
-    be.set_batch_copy_method(method);
-    kv::KvPoolConfig c;
-    c.num_blocks = 8;
-    c.block_size = kBlock;
-    const kv::KvShape shape{kLayers, kKvHeads, kHeadDim};
-    c.host_bytes = 6 * kv::KvPool::block_bytes(c, shape);
-    auto pool = std::move(kv::KvPool::create(be, c, shape)).value();
-    const int64_t floats = pool->page_layer_bytes(KvPrecision::kFull) / 4;
-    ASSERT_EQ(pool->page_layer_bytes(KvPrecision::kFull) % 16, 0);
-    auto fill = [&](const kv::BlockTable& t, uint32_t seed) {
-      std::mt19937 rng(seed);
-      std::normal_distribution<float> n(0.f, 1.f);
-      for (int l = 0; l < kLayers; ++l)
-        for (int32_t b : t.blocks) {
-          float* p = reinterpret_cast<float*>(pool->full_page(l, b));
-          for (int64_t i = 0; i < floats; ++i) p[i] = n(rng);
-        }
-    };
-    auto read = [&](const kv::BlockTable& t) {
-      std::vector<float> out;
-      for (int32_t b : t.blocks)
-        for (int l = 0; l < kLayers; ++l) {
-          const float* p = reinterpret_cast<const float*>(pool->full_page(l, b));
-          out.insert(out.end(), p, p + floats);
-        }
-      return out;
-    };
-    kv::BlockTable t;
-    ASSERT_TRUE(pool->reserve(t, 4 * kBlock + 3));  // 5 pages, the last partial
-    fill(t, 5);
-    const std::vector<float> before = read(t);
-    kv::SwapStats st;
-    auto out = kv::swap_out(*pool, t, &st);
-    ASSERT_TRUE(out.ok()) << out.status().to_string();
-    ASSERT_TRUE(*out);
-    EXPECT_EQ(kv::swapped_pages(t), 5);
-    EXPECT_EQ(pool->allocator().num_used(), 0);
-    kv::BlockTable other;  // the freed blocks are overwritten meanwhile
-    ASSERT_TRUE(pool->reserve(other, 8 * kBlock));
-    fill(other, 6);
-    pool->release(other);
-    auto in = kv::swap_in(*pool, t, &st);
-    ASSERT_TRUE(in.ok()) << in.status().to_string();
-    ASSERT_TRUE(*in);
-    EXPECT_EQ(read(t), before);
-    EXPECT_EQ(st.swaps_out, 1);
-    EXPECT_EQ(st.swaps_in, 1);
-    EXPECT_EQ(be.kernel_batches(), method == backend::Backend::BatchCopyMethod::kDma ? 0 : 2);
-    pool->release(t);
-    EXPECT_EQ(pool->allocator().num_used(), 0);
-    EXPECT_EQ(pool->host_allocator().num_used(), 0);
-  }
+  for (const bool prefetch : {false, true})
+    for (const auto method :
+         {backend::Backend::BatchCopyMethod::kAuto, backend::Backend::BatchCopyMethod::kKernel,
+          backend::Backend::BatchCopyMethod::kDma}) {
+      SCOPED_TRACE(static_cast<int>(method));
+      SCOPED_TRACE(prefetch ? "host prefetch" : "swap-in copies");
+      EmulatedKernelBackend be;
+      be.set_batch_copy_method(method);
+      kv::KvPoolConfig c;
+      c.num_blocks = 8;
+      c.block_size = kBlock;
+      const kv::KvShape shape{kLayers, kKvHeads, kHeadDim};
+      c.host_bytes = 6 * kv::KvPool::block_bytes(c, shape);
+      auto pool = std::move(kv::KvPool::create(be, c, shape)).value();
+      const int64_t floats = pool->page_layer_bytes(KvPrecision::kFull) / 4;
+      ASSERT_EQ(pool->page_layer_bytes(KvPrecision::kFull) % 16, 0);
+      auto fill = [&](const kv::BlockTable& t, uint32_t seed) {
+        std::mt19937 rng(seed);
+        std::normal_distribution<float> n(0.f, 1.f);
+        for (int l = 0; l < kLayers; ++l)
+          for (int32_t b : t.blocks) {
+            float* p = reinterpret_cast<float*>(pool->full_page(l, b));
+            for (int64_t i = 0; i < floats; ++i) p[i] = n(rng);
+          }
+      };
+      auto read = [&](const kv::BlockTable& t) {
+        std::vector<float> out;
+        for (int32_t b : t.blocks)
+          for (int l = 0; l < kLayers; ++l) {
+            const float* p = reinterpret_cast<const float*>(pool->full_page(l, b));
+            out.insert(out.end(), p, p + floats);
+          }
+        return out;
+      };
+      kv::BlockTable t;
+      ASSERT_TRUE(pool->reserve(t, 4 * kBlock + 3));  // 5 pages, the last partial
+      fill(t, 5);
+      const std::vector<float> before = read(t);
+      kv::SwapStats st;
+      auto out = kv::swap_out(*pool, t, &st);
+      ASSERT_TRUE(out.ok()) << out.status().to_string();
+      ASSERT_TRUE(*out);
+      EXPECT_EQ(kv::swapped_pages(t), 5);
+      EXPECT_EQ(pool->allocator().num_used(), 0);
+      kv::BlockTable other;  // the freed blocks are overwritten meanwhile
+      ASSERT_TRUE(pool->reserve(other, 8 * kBlock));
+      fill(other, 6);
+      pool->release(other);
+      if (prefetch) {  // the host tier's prefetch: blocks reserved, the copy queued (fenced) ahead
+        auto started = kv::start_host_prefetch(*pool, t, 8, &st);
+        ASSERT_TRUE(started.ok()) << started.status().to_string();
+        ASSERT_TRUE(*started);
+        EXPECT_EQ(kv::host_prefetch_blocks(t), 5);
+        EXPECT_EQ(pool->allocator().num_used(), 5);
+      }
+      auto in = kv::swap_in(*pool, t, &st);
+      ASSERT_TRUE(in.ok()) << in.status().to_string();
+      ASSERT_TRUE(*in);
+      EXPECT_EQ(read(t), before);
+      EXPECT_EQ(st.swaps_out, 1);
+      EXPECT_EQ(st.swaps_in, 1);
+      EXPECT_EQ(st.host_prefetch_hits, prefetch ? 1 : 0);  // the copy had landed (fence 0)
+      EXPECT_EQ(kv::host_prefetch_blocks(t), 0);
+      EXPECT_EQ(be.kernel_batches(), method == backend::Backend::BatchCopyMethod::kDma ? 0 : 2);
+      pool->release(t);
+      EXPECT_EQ(pool->allocator().num_used(), 0);
+      EXPECT_EQ(pool->host_allocator().num_used(), 0);
+    }
 }
 
 }  // namespace
