@@ -65,10 +65,11 @@ KVSPLIT_HOST_DEVICE constexpr int mixed_meta_bytes(int head_dim) {
 // rows, o accumulators); otherwise the scoring kernel (its page-bound scratch). info: the page
 // ids and precisions of kMixedInfoSlots tiles (a tile's P.V still reads its own while the ids of
 // the tile after next are loaded). `stages` stages of stage_bytes each start at `stage`; within
-// one: the pages' parameter slots (meta), the K row slots (k) and the V row slots (v).
+// one: the pages' parameter slots (meta), the K row slots (k) and the V row slots (v). kpar: the
+// current tile's int4 key parameters as f32 (mixed_convert_key_params).
 inline constexpr int kMixedInfoSlots = 3;
 struct MixedSmemLayout {
-  int q, o, s, m, l, alpha, bnd, info, stage, stage_bytes, meta, k, v, total;
+  int q, o, s, m, l, alpha, bnd, info, kpar, stage, stage_bytes, meta, k, v, total;
 };
 KVSPLIT_HOST_DEVICE MixedSmemLayout mixed_smem_layout(int rows, int head_dim, int elem_bytes,
                                                       bool with_v, int stages) {
@@ -90,6 +91,8 @@ KVSPLIT_HOST_DEVICE MixedSmemLayout mixed_smem_layout(int rows, int head_dim, in
   at = align16(at + (with_v ? 0 : kMixedTilePages * rows * 4));  // page bounds [pages, rows]
   L.info = at;  // per slot: arena id (-1: skip) of each page, then its precision
   at = align16(at + kMixedInfoSlots * 2 * kMixedTilePages * 4);
+  L.kpar = at;
+  at = align16(at + kMixedTilePages * 2 * head_dim * 4);
   L.stage = at;
   const int row = mixed_row_bytes(head_dim, elem_bytes);
   int in = 0;
@@ -299,10 +302,17 @@ __device__ __forceinline__ int mixed_kind(uint32_t kinds, int t) {
 // Calls f(c, x) for the 8-channel chunks c in [c_begin, c_end) of staged row `row` (slot `slot`
 // of its page; sel 0 = K, 1 = V) with x the chunk as f32, decoded at precision `kind` with
 // `pmeta` (its page's parameter slot). kind is kFull, kInt8 or kInt4 (the callers skip kEvicted).
+// The exact float of an integer b in [0, 2^23): its bits under 2^23's exponent, minus 2^23. One
+// logic op and one add, where an int-to-float conversion runs at a quarter of the FMA rate.
+__device__ __forceinline__ float mixed_small_float(uint32_t b) {
+  return __uint_as_float(0x4B000000u | b) - 8388608.f;
+}
+
 template <typename KT, int D, typename F>
 __device__ __forceinline__ void mixed_for_chunks(int kind, const unsigned char* row,
-                                                 const unsigned char* pmeta, int sel, int slot,
-                                                 int c_begin, int c_end, const F& f) {
+                                                 const unsigned char* pmeta, const float* pkpar,
+                                                 int sel, int slot, int c_begin, int c_end,
+                                                 const F& f) {
   constexpr int kVec = Vec16<KT>::kElems;
   float x[kMixedChunk];
   if (kind == static_cast<int>(KvPrecision::kFull)) {
@@ -320,26 +330,30 @@ __device__ __forceinline__ void mixed_for_chunks(int kind, const unsigned char* 
 #pragma unroll 4
     for (int c = c_begin; c < c_end; ++c) {
       const uint2 w = mixed_load8(row + c * kMixedChunk);
-      int8_t codes[kMixedChunk];
-      memcpy(codes, &w, kMixedChunk);
 #pragma unroll
-      for (int e = 0; e < kMixedChunk; ++e) x[e] = int8_dequantize(codes[e], scale);
+      for (int e = 0; e < kMixedChunk; ++e) {
+        // Code q (byte e, two's complement) biased to q + 128 in [0, 255]: float(q) exactly.
+        const uint32_t b = (((e < 4 ? w.x : w.y) >> (8 * (e & 3))) & 0xffu) ^ 0x80u;
+        x[e] = (__uint_as_float(0x4B000000u | b) - 8388736.f) * scale;  // int8_dequantize
+      }
       f(c, x);
     }
   } else if (sel == 0) {
-    // Keys: scale and zero point per channel.
+    // Keys: scale and zero point per channel, as f32 (mixed_convert_key_params).
 #pragma unroll 4
     for (int c = c_begin; c < c_end; ++c) {
       const uint32_t w = mixed_load4(row + c * (kMixedChunk / 2));
-      uint16_t sb[kMixedChunk], zb[kMixedChunk];
-      const uint4 sv = load16(pmeta + c * 16), zv = load16(pmeta + 2 * D + c * 16);
-      memcpy(sb, &sv, 16);
-      memcpy(zb, &zv, 16);
+      float sc[kMixedChunk], zp[kMixedChunk];
+      const uint4 s0 = load16(pkpar + c * kMixedChunk), s1 = load16(pkpar + c * kMixedChunk + 4);
+      const uint4 z0 = load16(pkpar + D + c * kMixedChunk);
+      const uint4 z1 = load16(pkpar + D + c * kMixedChunk + 4);
+      memcpy(sc, &s0, 16);
+      memcpy(sc + 4, &s1, 16);
+      memcpy(zp, &z0, 16);
+      memcpy(zp + 4, &z1, 16);
 #pragma unroll
-      for (int e = 0; e < kMixedChunk; ++e) {
-        x[e] = int4_dequantize(static_cast<uint8_t>((w >> (4 * e)) & 0xfu), kvq_half_float(sb[e]),
-                               kvq_half_float(zb[e]));
-      }
+      for (int e = 0; e < kMixedChunk; ++e)  // int4_dequantize(u, scale, zero)
+        x[e] = fmaf(sc[e], mixed_small_float((w >> (4 * e)) & 0xfu), zp[e]);
       f(c, x);
     }
   } else {
@@ -351,10 +365,31 @@ __device__ __forceinline__ void mixed_for_chunks(int kind, const unsigned char* 
       const uint32_t w = mixed_load4(row + c * (kMixedChunk / 2));
 #pragma unroll
       for (int e = 0; e < kMixedChunk; ++e)
-        x[e] = int4_dequantize(static_cast<uint8_t>((w >> (4 * e)) & 0xfu), scale, zero);
+        x[e] = fmaf(scale, mixed_small_float((w >> (4 * e)) & 0xfu), zero);
       f(c, x);
     }
   }
+}
+
+// The int4 pages' key parameters of a staged tile as f32 (kpar [kMixedTilePages, 2 (scale, zero),
+// D]), converted once per tile instead of once per key: exact (every f16 is an f32). Call between
+// the barrier that makes the tile's meta visible and one before the scores.
+template <int D>
+__device__ __forceinline__ void mixed_convert_key_params(uint32_t kinds, int n,
+                                                         const unsigned char* meta, float* kpar) {
+  for (int i = threadIdx.x; i < kMixedTilePages * 2 * D; i += blockDim.x) {
+    const int j = i / (2 * D), e = i % (2 * D);
+    if (j * kMixedBs >= n ||
+        mixed_kind(kinds, j * kMixedBs) != static_cast<int>(KvPrecision::kInt4))
+      continue;
+    kpar[i] = kvq_half_float(mixed_load2(meta + j * mixed_meta_bytes(D) + e * 2));
+  }
+}
+// True when a page of the tile's n keys is int4 (the same for every thread of the block).
+__device__ __forceinline__ bool mixed_tile_has_int4(uint32_t kinds, int n) {
+  for (int j = 0; j * kMixedBs < n; ++j)
+    if (mixed_kind(kinds, j * kMixedBs) == static_cast<int>(KvPrecision::kInt4)) return true;
+  return false;
 }
 
 // Scores of one staged tile of n keys into s_s [rows, kAttnTileKeys]: q . k for every (row, key)
@@ -366,7 +401,7 @@ __device__ __forceinline__ void mixed_for_chunks(int kind, const unsigned char* 
 // scoring kernel call this with the same rows, so their scores are equal bit for bit.
 template <typename KT, int D, typename Valid>
 __device__ __forceinline__ void mixed_tile_scores(const float* q_s, int rows, int n, uint32_t kinds,
-                                                  const unsigned char* meta,
+                                                  const unsigned char* meta, const float* kpar,
                                                   const unsigned char* krows, float* s_s,
                                                   bool no_products, const Valid& valid) {
   constexpr int kChunks = D / kMixedChunk;
@@ -387,9 +422,9 @@ __device__ __forceinline__ void mixed_tile_scores(const float* q_s, int rows, in
 #pragma unroll
       for (int j = 0; j < kPvRows; ++j) qr[j] = q_s + (r0 + j < rows ? r0 + j : rows - 1) * D;
       const int c_begin = part * (kChunks / parts);
-      mixed_for_chunks<KT, D>(kind, krows + t * kRow, meta + t / kMixedBs * kMetaBytes, 0,
-                              t % kMixedBs, c_begin, c_begin + kChunks / parts,
-                              [&](int c, const float* x) {
+      mixed_for_chunks<KT, D>(kind, krows + t * kRow, meta + t / kMixedBs * kMetaBytes,
+                              kpar + t / kMixedBs * 2 * D, 0, t % kMixedBs, c_begin,
+                              c_begin + kChunks / parts, [&](int c, const float* x) {
 #pragma unroll
                                 for (int j = 0; j < kPvRows; ++j)
 #pragma unroll
@@ -462,6 +497,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   float* m_s = reinterpret_cast<float*>(smem + L.m);
   float* l_s = reinterpret_cast<float*>(smem + L.l);
   float* alpha_s = reinterpret_cast<float*>(smem + L.alpha);
+  float* kpar = reinterpret_cast<float*>(smem + L.kpar);
   auto stage = [&](int st) { return smem + L.stage + st * L.stage_bytes; };
   // Page info of tile `it` (slot it % kMixedInfoSlots): with two stages it is loaded during tile
   // it - 1, before the barrier that ends tile it - 2's P.V, which still reads its own slot.
@@ -525,7 +561,11 @@ __global__ void __launch_bounds__(kAttnThreads)
     const uint32_t kinds = mixed_tile_kinds(pid_of(it), prec_of(it));
     const unsigned char* meta = stage(cur) + L.meta;
     const unsigned char* vrows = stage(cur) + L.v;
-    mixed_tile_scores<KT, D>(q_s, rows, n, kinds, meta, stage(cur) + L.k, s_s,
+    if (mixed_tile_has_int4(kinds, n)) {  // block-uniform
+      mixed_convert_key_params<D>(kinds, n, meta, kpar);
+      __syncthreads();
+    }
+    mixed_tile_scores<KT, D>(q_s, rows, n, kinds, meta, kpar, stage(cur) + L.k, s_s,
                              (mp.probe & kMixedProbeNoScores) != 0, [&](int r, int t) {
                                const int limit =
                                    decode ? kv_len : kv_len - q_len + tok_begin + r / group + 1;
@@ -564,8 +604,8 @@ __global__ void __launch_bounds__(kAttnThreads)
           for (int e = 0; e < kMixedChunk; ++e) v[e] = 0.f;
           return;
         }
-        mixed_for_chunks<KT, D>(kind, vrows + t * kRow, meta + t / kMixedBs * kMetaBytes, 1,
-                                t % kMixedBs, c0 / kMixedChunk, c0 / kMixedChunk + 1,
+        mixed_for_chunks<KT, D>(kind, vrows + t * kRow, meta + t / kMixedBs * kMetaBytes, nullptr,
+                                1, t % kMixedBs, c0 / kMixedChunk, c0 / kMixedChunk + 1,
                                 [&](int, const float* x) {
 #pragma unroll
                                   for (int e = 0; e < kMixedChunk; ++e) v[e] = x[e];
@@ -666,6 +706,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   float* bnd = reinterpret_cast<float*>(smem + L.bnd);
   unsigned char* meta = smem + L.stage + L.meta;
   unsigned char* krows = smem + L.stage + L.k;
+  float* kpar = reinterpret_cast<float*>(smem + L.kpar);
 
   // Pages before the window are neither read nor scored (whole tiles before it returned above).
   mixed_load_page_info(mp, s, first_page, num_pages, first / bs, pid, pprec);
@@ -686,7 +727,11 @@ __global__ void __launch_bounds__(kAttnThreads)
     __syncthreads();
     // Raw scores (-inf: not resident or before the window), as the attention pass computed them.
     const uint32_t kinds = mixed_tile_kinds(pid, pprec);
-    mixed_tile_scores<KT, D>(q_s, group, n, kinds, meta, krows, s_s, false,
+    if (mixed_tile_has_int4(kinds, n)) {  // block-uniform
+      mixed_convert_key_params<D>(kinds, n, meta, kpar);
+      __syncthreads();
+    }
+    mixed_tile_scores<KT, D>(q_s, group, n, kinds, meta, kpar, krows, s_s, false,
                              [&](int, int t) { return k0 + t >= first; });
     for (int i = tid; i < num_pages * group; i += blockDim.x) {
       const int j = i / group, r = i % group, page = first_page + j;
