@@ -275,12 +275,6 @@ std::optional<std::vector<KvPool::PlacedBlock>> allocate_pages(KvPool& pool,
   return out;
 }
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // Marks every entry of `table`'s host prefetch whose copy sits behind fence `fence` of shard
 // `shard` as landed (fence 0), and failed when `ok` is false.
 void settle_fence(BlockTable& table, uint8_t shard, uint64_t fence, bool ok) {
@@ -321,7 +315,6 @@ StatusOr<bool> start_host_prefetch(KvPool& pool, BlockTable& table, int max_bloc
   for (size_t i = 0; i < table.pages.size(); ++i)
     if (table.pages[i].location == PageLocation::kHost) idx.push_back(static_cast<int>(i));
   if (idx.empty() || static_cast<int>(idx.size()) > max_blocks) return false;
-  const int64_t t0 = now_ns();
   auto blocks = allocate_pages(pool, idx, table.spread);
   if (!blocks) return false;
   std::vector<std::vector<CopyRange>> batches(static_cast<size_t>(pool.num_shards()));
@@ -358,7 +351,6 @@ StatusOr<bool> start_host_prefetch(KvPool& pool, BlockTable& table, int max_bloc
     r.block = b.block;
     r.shard = static_cast<uint8_t>(b.shard);
     r.fence = fences[static_cast<size_t>(b.shard)];
-    r.started_ns = t0;
     table.swap_prefetch.push_back(r);
   }
   ++stats->host_prefetches;
