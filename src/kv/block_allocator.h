@@ -10,6 +10,16 @@
 
 namespace kvsplit::kv {
 
+// Told when a watched block's reference count crosses 1 (becomes shared, or sole again): the
+// prefix cache keeps the pages only it holds (its evictable ones) in order without scanning.
+class BlockWatcher {
+ public:
+  virtual void on_sharing_changed(int32_t block) = 0;
+
+ protected:
+  ~BlockWatcher() = default;
+};
+
 class BlockAllocator {
  public:
   explicit BlockAllocator(int num_blocks);
@@ -20,6 +30,10 @@ class BlockAllocator {
   // Drops one reference; the block is free again when its count reaches 0.
   void decref(int32_t block);
   int refcount(int32_t block) const;
+  // One watcher at most (null: none). A watched block's count going 1 -> 2 or 2 -> 1 calls
+  // `watcher->on_sharing_changed(block)` after the change; other blocks cost one flag test.
+  void set_watcher(BlockWatcher* watcher) { watcher_ = watcher; }
+  void watch(int32_t block, bool on);
 
   int num_blocks() const { return static_cast<int>(refcount_.size()); }
   int num_free() const { return static_cast<int>(free_.size()); }
@@ -28,6 +42,8 @@ class BlockAllocator {
  private:
   std::vector<int32_t> free_;      // stack of free ids
   std::vector<int32_t> refcount_;  // [num_blocks]
+  std::vector<uint8_t> watched_;   // [num_blocks]
+  BlockWatcher* watcher_ = nullptr;
 };
 
 // Logical -> physical block ids of one sequence (block i holds its tokens

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <tuple>
 
 #include "common/check.h"
 #include "common/random_id.h"
@@ -121,6 +120,7 @@ std::vector<PrefixCache::Map::iterator> PrefixCache::walk(uint64_t salt,
         !std::equal(page.begin(), page.end(), e.tokens.begin(), e.tokens.end()))
       break;
     e.last_use = tick_;
+    reindex(h, e);
     chain.push_back(it);
     parent = h;
   }
@@ -162,7 +162,10 @@ std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t
       Status started = ok_status();
     };
     std::vector<Job> jobs;
-    for (size_t j = k; j < chain.size(); ++j) chain[j]->second.pinned = true;
+    for (size_t j = k; j < chain.size(); ++j) {
+      chain[j]->second.pinned = true;
+      reindex(chain[j]->first, chain[j]->second);
+    }
     DiskTier* disk = pool_->disk();
     for (size_t j = k; j < chain.size(); ++j) {
       Entry& e = chain[j]->second;
@@ -189,11 +192,15 @@ std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t
       }
       jobs.push_back(std::move(job));
     }
-    for (size_t j = k + jobs.size(); j < chain.size(); ++j) chain[j]->second.pinned = false;
+    for (size_t j = k + jobs.size(); j < chain.size(); ++j) {
+      chain[j]->second.pinned = false;
+      reindex(chain[j]->first, chain[j]->second);
+    }
     bool failed = false;
     for (Job& job : jobs) {
       Entry& e = job.it->second;
       e.pinned = false;
+      reindex(job.it->first, e);
       if (failed) {
         if (job.restore && !job.op.finished()) (void)disk->wait(job.op);
         alloc.decref(job.block);  // the caller's reference, or the unused new block
@@ -237,11 +244,12 @@ std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t
       // A page whose write was in flight counts with the disk tier's hits: it left the host tier.
       (e.where == PageLocation::kHost && e.spill == nullptr ? stats_.hit_pages_host
                                                             : stats_.hit_pages_disk)++;
-      release_storage(e, &alloc);
+      release_storage(job.it->first, e, &alloc);
       e.where = PageLocation::kDevice;
-      e.block = job.block;  // the cache's reference: the new block's first
-      by_block_.emplace(job.block, job.it->first);
+      e.block = job.block;      // the cache's reference: the new block's first
       alloc.incref(job.block);  // the caller's
+      bind_block(job.block, job.it->first, alloc);
+      reindex(job.it->first, e);
       out.push_back(job.block);
     }
   }
@@ -273,13 +281,14 @@ int PrefixCache::insert(uint64_t salt, std::span<const int32_t> tokens,
       e.last_use = tick_;
       if (e.where != PageLocation::kDevice && !e.pinned && b >= 0 && !by_block_.count(b)) {
         // Computed again while spilled: the device copy replaces the lower tier's.
-        release_storage(e, &alloc);
+        release_storage(h, e, &alloc);
         alloc.incref(b);
         e.where = PageLocation::kDevice;
         e.block = b;
-        by_block_.emplace(b, h);
+        bind_block(b, h, alloc);
         ++added;
       }
+      reindex(h, e);
     } else {
       if (b < 0 || by_block_.count(b)) break;  // not on the device, or cached as another page
       alloc.incref(b);
@@ -291,8 +300,9 @@ int PrefixCache::insert(uint64_t salt, std::span<const int32_t> tokens,
       e.tokens.assign(page.begin(), page.end());
       e.last_use = tick_;
       e.depth = i;
-      entries_.emplace(h, std::move(e));
-      by_block_.emplace(b, h);
+      Entry& added_entry = entries_.emplace(h, std::move(e)).first->second;
+      bind_block(b, h, alloc);
+      reindex(h, added_entry);
       ++added;
     }
     parent = h;
@@ -301,19 +311,12 @@ int PrefixCache::insert(uint64_t salt, std::span<const int32_t> tokens,
   return added;
 }
 
-void PrefixCache::release_storage(Entry& e, BlockAllocator* alloc) {
+void PrefixCache::release_storage(uint64_t hash, Entry& e, BlockAllocator* alloc) {
+  unindex(hash, e);
   switch (e.where) {
     case PageLocation::kDevice:
-      if (e.landing_slot >= 0) {
-        for (uint64_t h : landing_) {
-          auto it = entries_.find(h);
-          if (it != entries_.end() && &it->second == &e) {
-            cancel_landing(h, e);
-            break;
-          }
-        }
-      }
-      by_block_.erase(e.block);
+      if (e.landing_slot >= 0) cancel_landing(hash, e);
+      unbind_block(e.block);
       if (alloc != nullptr) alloc->decref(e.block);
       e.block = -1;
       break;
@@ -339,21 +342,106 @@ void PrefixCache::release_storage(Entry& e, BlockAllocator* alloc) {
 }
 
 void PrefixCache::drop(Map::iterator it, BlockAllocator* alloc) {
-  release_storage(it->second, alloc);
+  release_storage(it->first, it->second, alloc);
   entries_.erase(it);
   ++stats_.evicted;
 }
 
 PrefixCache::Map::iterator PrefixCache::lru(PageLocation where) {
-  auto best = entries_.end();
-  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    const Entry& e = it->second;
-    if (e.where != where || e.pinned || e.spill != nullptr) continue;
-    if (best == entries_.end() ||
-        std::tie(e.last_use, best->second.depth) < std::tie(best->second.last_use, e.depth))
-      best = it;
+  KVSPLIT_CHECK(where == PageLocation::kHost || where == PageLocation::kDisk);
+  const std::set<OrderKey>& order = where == PageLocation::kHost ? host_lru_ : disk_lru_;
+  return order.empty() ? entries_.end() : entries_.find(order.begin()->hash);
+}
+
+PrefixCache::Index PrefixCache::index_for(const Entry& e) const {
+  if (e.pinned) return Index::kNone;
+  switch (e.where) {
+    case PageLocation::kDevice:
+      return e.landing_slot < 0 && watched_ != nullptr && watched_->refcount(e.block) == 1
+                 ? Index::kIdleDevice
+                 : Index::kNone;
+    case PageLocation::kHost:
+      return e.spill == nullptr ? Index::kHost : Index::kNone;
+    case PageLocation::kDisk:
+      return Index::kDisk;
+    case PageLocation::kEvicted:
+      break;
   }
-  return best;
+  return Index::kNone;
+}
+
+std::set<PrefixCache::OrderKey>* PrefixCache::index_set(Index i) {
+  switch (i) {
+    case Index::kIdleDevice:
+      return &idle_;
+    case Index::kHost:
+      return &host_lru_;
+    case Index::kDisk:
+      return &disk_lru_;
+    case Index::kNone:
+      break;
+  }
+  return nullptr;
+}
+
+void PrefixCache::unindex(uint64_t hash, Entry& e) {
+  if (std::set<OrderKey>* set = index_set(e.index))
+    KVSPLIT_CHECK(set->erase(OrderKey{e.indexed_use, -e.depth, hash}) == 1);
+  e.index = Index::kNone;
+}
+
+void PrefixCache::reindex(uint64_t hash, Entry& e) {
+  const Index want = index_for(e);
+  if (want == e.index && e.indexed_use == e.last_use) return;
+  unindex(hash, e);
+  if (std::set<OrderKey>* set = index_set(want)) set->insert(OrderKey{e.last_use, -e.depth, hash});
+  e.index = want;
+  e.indexed_use = e.last_use;
+}
+
+void PrefixCache::bind_block(int32_t block, uint64_t hash, BlockAllocator& alloc) {
+  if (watched_ == nullptr) {
+    watched_ = &alloc;
+    alloc.set_watcher(this);
+  }
+  KVSPLIT_CHECK_MSG(watched_ == &alloc, "prefix cache: one device allocator per cache");
+  by_block_.emplace(block, hash);
+  alloc.watch(block, true);
+}
+
+void PrefixCache::unbind_block(int32_t block) {
+  by_block_.erase(block);
+  watched_->watch(block, false);
+}
+
+void PrefixCache::on_sharing_changed(int32_t block) {
+  auto b = by_block_.find(block);
+  if (b == by_block_.end()) return;
+  auto it = entries_.find(b->second);
+  if (it != entries_.end()) reindex(it->first, it->second);
+}
+
+bool PrefixCache::index_consistent() const {
+  size_t idle = 0, host = 0, disk = 0;
+  for (const auto& [h, e] : entries_) {
+    const Index want = index_for(e);
+    if (want != e.index || (want != Index::kNone && e.indexed_use != e.last_use)) return false;
+    const OrderKey key{e.last_use, -e.depth, h};
+    switch (want) {
+      case Index::kIdleDevice:
+        idle += idle_.count(key);
+        break;
+      case Index::kHost:
+        host += host_lru_.count(key);
+        break;
+      case Index::kDisk:
+        disk += disk_lru_.count(key);
+        break;
+      case Index::kNone:
+        break;
+    }
+  }
+  return idle == idle_.size() && host == host_lru_.size() && disk == disk_lru_.size();
 }
 
 bool PrefixCache::disk_room(bool make_room) {
@@ -413,9 +501,10 @@ bool PrefixCache::start_spill(Map::iterator it, bool make_room, BlockAllocator* 
   if (!async_spills_) {
     // The synchronous path: the record is complete before the allocation goes on.
     if (!disk->wait(sp.op).ok()) return undo();  // the tier freed the failed write
-    release_storage(e, alloc);
+    release_storage(it->first, e, alloc);
     e.where = PageLocation::kDisk;
     e.record = sp.op.record();
+    reindex(it->first, e);
     free_bufs_.push_back(std::move(sp.buf));
     spills_.pop_back();
     ++pages_disk_;
@@ -423,7 +512,7 @@ bool PrefixCache::start_spill(Map::iterator it, bool make_room, BlockAllocator* 
     return true;
   }
   // In flight: the page lives in the spill's buffer until the write completes (poll_spills).
-  release_storage(e, alloc);
+  release_storage(it->first, e, alloc);
   sp.hash = it->first;
   e.where = PageLocation::kHost;
   e.slot = -1;
@@ -444,12 +533,14 @@ void PrefixCache::finish_spill(std::list<Spill>::iterator s) {
     if (ok) {
       e.where = PageLocation::kDisk;  // only now does the entry name the record
       e.record = s->op.record();
+      reindex(it->first, e);
       ++pages_disk_;
       ++stats_.spilled_disk;
     } else {
       // A failed store is never visible: the tier freed the record, the entry goes.
       ++stats_.spill_faults;
       ++stats_.evicted;
+      unindex(it->first, e);
       entries_.erase(it);
     }
   } else if (ok) {
@@ -523,9 +614,10 @@ void PrefixCache::spill(Map::iterator it, BlockAllocator& alloc) {
     const int32_t slot = host_slot_for_spill();
     if (slot >= 0) {
       if (page_to_host(*pool_, e.block, pool_->host_slot(slot)).ok()) {
-        release_storage(e, &alloc);
+        release_storage(it->first, e, &alloc);
         e.where = PageLocation::kHost;
         e.slot = slot;
+        reindex(it->first, e);
         ++pages_host_;
         ++stats_.spilled_host;
         return;
@@ -553,26 +645,14 @@ int PrefixCache::evict(int need, BlockAllocator& alloc) {
     auto landed = pool_->backend().wait_fence(e.landing_fence, -1);
     freed += finish_landing(h, e, &alloc, landed.ok() && *landed);
   }
-  const std::vector<uint64_t> cand = spill_candidates(alloc);
-  for (uint64_t h : cand) {
-    if (freed >= need) break;
-    spill(entries_.find(h), alloc);  // spills only touch host / disk entries: `h` is still here
+  // Then the least recently used device pages only the cache holds: each spill takes its page
+  // off the device (down a tier, or dropped), so it leaves the index.
+  KVSPLIT_CHECK(idle_.empty() || watched_ == &alloc);
+  while (freed < need && !idle_.empty()) {
+    spill(entries_.find(idle_.begin()->hash), alloc);
     ++freed;
   }
   return freed;
-}
-
-std::vector<uint64_t> PrefixCache::spill_candidates(const BlockAllocator& alloc) const {
-  std::vector<std::tuple<uint64_t, int32_t, uint64_t>> cand;  // (last_use, -depth, hash)
-  for (const auto& [h, e] : entries_)
-    if (e.where == PageLocation::kDevice && !e.pinned && e.landing_slot < 0 &&
-        alloc.refcount(e.block) == 1)
-      cand.emplace_back(e.last_use, -e.depth, h);
-  std::sort(cand.begin(), cand.end());
-  std::vector<uint64_t> out;
-  out.reserve(cand.size());
-  for (const auto& c : cand) out.push_back(std::get<2>(c));
-  return out;
 }
 
 int PrefixCache::spill_ahead(int free_target, BlockAllocator& alloc) {
@@ -581,11 +661,12 @@ int PrefixCache::spill_ahead(int free_target, BlockAllocator& alloc) {
   BlockAllocator& host = pool_->host_allocator();
   const int short_by = free_target - alloc.num_free() - landings_in_flight();
   if (short_by <= 0 || host.num_free() == 0) return 0;
-  const std::vector<uint64_t> cand = spill_candidates(alloc);
+  KVSPLIT_CHECK(idle_.empty() || watched_ == &alloc);
   int started = 0;
   std::vector<backend::Backend::CopyRange> copies;
-  for (uint64_t h : cand) {
-    if (started >= short_by || host.num_free() == 0) break;
+  while (started < short_by && host.num_free() > 0 && !idle_.empty()) {
+    // The least recently used device page only the cache holds; landing, it leaves the index.
+    const uint64_t h = idle_.begin()->hash;
     Entry& e = entries_.at(h);
     const int32_t slot = (*host.allocate(1))[0];
     copies.clear();
@@ -600,6 +681,7 @@ int PrefixCache::spill_ahead(int free_target, BlockAllocator& alloc) {
     }
     e.landing_slot = slot;
     e.landing_fence = *fence;
+    reindex(h, e);
     landing_.push_back(h);
     ++stats_.ahead_started;
     ++started;
@@ -630,19 +712,23 @@ bool PrefixCache::finish_landing(uint64_t hash, Entry& e, BlockAllocator* alloc,
     // Failed, or a sequence holds the page again: it stays on the device.
     pool_->host_allocator().decref(slot);
     if (landed) ++stats_.ahead_kept;
+    reindex(hash, e);
     return false;
   }
-  by_block_.erase(e.block);
+  unindex(hash, e);
+  unbind_block(e.block);
   alloc->decref(e.block);
   e.block = -1;
   e.where = PageLocation::kHost;
   e.slot = slot;
+  reindex(hash, e);
   ++pages_host_;
   ++stats_.spilled_host;
   ++stats_.ahead_spilled;
   return true;
 }
 
+// The caller reindexes the entry (or releases its block).
 void PrefixCache::cancel_landing(uint64_t hash, Entry& e) {
   (void)pool_->backend().wait_fence(e.landing_fence, -1);  // the slot is written until then
   landing_.erase(std::find(landing_.begin(), landing_.end(), hash));
@@ -652,17 +738,20 @@ void PrefixCache::cancel_landing(uint64_t hash, Entry& e) {
 }
 
 int PrefixCache::evictable(const BlockAllocator& alloc) const {
-  int n = 0;
-  for (const auto& [h, e] : entries_)
-    n += e.where == PageLocation::kDevice && !e.pinned && alloc.refcount(e.block) == 1;
+  KVSPLIT_CHECK(entries_.empty() || watched_ == nullptr || watched_ == &alloc);
+  // The idle index, and the pages landing on the host (out of the index, evictable all the same:
+  // evict finishes them first).
+  int n = static_cast<int>(idle_.size());
+  for (uint64_t h : landing_) {
+    const Entry& e = entries_.at(h);
+    n += !e.pinned && alloc.refcount(e.block) == 1;
+  }
   return n;
 }
 
 int PrefixCache::reclaimable_host() const {
-  int n = landings_in_flight();  // their slots can be given back (cancel_landing)
-  for (const auto& [h, e] : entries_)
-    n += e.where == PageLocation::kHost && !e.pinned && e.spill == nullptr;
-  return n;
+  // Spill-ahead slots can be given back too (cancel_landing).
+  return landings_in_flight() + static_cast<int>(host_lru_.size());
 }
 
 int PrefixCache::reclaim_host(int need) {
@@ -677,7 +766,9 @@ int PrefixCache::reclaim_host(int need) {
   // Spill-ahead copies in flight give their slots back too (their pages stay on the device).
   while (freed < need && !landing_.empty()) {
     const uint64_t h = landing_.front();
-    cancel_landing(h, entries_.at(h));
+    Entry& e = entries_.at(h);
+    cancel_landing(h, e);
+    reindex(h, e);
     ++freed;
   }
   stats_.reclaimed += freed;
@@ -711,14 +802,19 @@ int PrefixCache::reclaim_disk(int64_t extents) {
 }
 
 void PrefixCache::clear(BlockAllocator& alloc) {
-  for (auto& [h, e] : entries_) release_storage(e, &alloc);  // detaches the spills
+  for (auto& [h, e] : entries_) release_storage(h, e, &alloc);  // detaches the spills
   entries_.clear();
   by_block_.clear();
+  KVSPLIT_CHECK(idle_.empty() && host_lru_.empty() && disk_lru_.empty());
   wait_spills();  // every spill detached: their records are freed as they complete
   KVSPLIT_CHECK(spills_.empty() && pages_spilling_ == 0);
 }
 
 PrefixCache::~PrefixCache() {
+  if (watched_ != nullptr) {  // the allocator outlives the cache (KvPool destroys it first)
+    for (const auto& [b, h] : by_block_) watched_->watch(b, false);
+    watched_->set_watcher(nullptr);
+  }
   for (uint64_t h : landing_)  // the host slots are written until then
     (void)pool_->backend().wait_fence(entries_.at(h).landing_fence, -1);
   for (auto& [h, e] : entries_)

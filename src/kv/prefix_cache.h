@@ -38,10 +38,12 @@
 // Not thread-safe: one owner (the worker that owns the pool).
 #pragma once
 
+#include <compare>
 #include <cstdint>
 #include <functional>
 #include <list>
 #include <optional>
+#include <set>
 #include <span>
 #include <string_view>
 #include <unordered_map>
@@ -81,7 +83,13 @@ struct PrefixCacheStats {
   int64_t hit_pages_device() const { return hit_pages - hit_pages_host - hit_pages_disk; }
 };
 
-class PrefixCache {
+// Bookkeeping is indexed, never a scan of the cache: a server with a large host or disk tier
+// caches hundreds of thousands of pages, and the pool asks for the evictable count several times
+// per step. Three ordered indices (least recently used first, deepest first on a tie) hold the
+// device pages only the cache holds (the allocator tells the cache when a page's count crosses
+// 1: BlockWatcher), the host pages and the disk pages that may be moved; evictable(), lru(),
+// evict() and spill_ahead() read them (bench_prefix_cache measures it).
+class PrefixCache final : private BlockWatcher {
  public:
   // `pool` (may be null: device only, evicted pages are dropped) is the pool whose blocks, host
   // tier and disk tier the cache uses; it must outlive the cache.
@@ -146,10 +154,12 @@ class PrefixCache {
   // until it lands). Returns the blocks freed.
   int poll_landings(BlockAllocator& alloc, int64_t wait_us = 0);
   int landings_in_flight() const { return static_cast<int>(landing_.size()); }
-  // Device pages only the cache holds (free for the asking).
+  // Device pages only the cache holds (free for the asking). O(spill-ahead copies in flight).
   int evictable(const BlockAllocator& alloc) const;
-  // Host slots the cache can give up (its host pages not being restored).
+  // Host slots the cache can give up (its host pages not being restored). O(1).
   int reclaimable_host() const;
+  // Tests: the indices hold exactly the entries a scan would pick, in their order.
+  bool index_consistent() const;
   // Frees `need` host slots by moving the cache's least recently used host pages to free disk
   // space (never making room there) or dropping them. Returns how many slots were freed.
   int reclaim_host(int need);
@@ -172,6 +182,15 @@ class PrefixCache {
   static int64_t disk_key_bytes(int block_size);
 
  private:
+  // Ordering of the indices: least recently used first, deepest first on a tie (a chain shrinks
+  // from its tail), then the hash (unique).
+  struct OrderKey {
+    uint64_t last_use = 0;
+    int32_t neg_depth = 0;
+    uint64_t hash = 0;
+    auto operator<=>(const OrderKey&) const = default;
+  };
+  enum class Index : uint8_t { kNone, kIdleDevice, kHost, kDisk };
   struct Spill;
   struct Entry {
     // kHost with `spill` set: the page is in that spill's buffer, its disk write in flight.
@@ -191,6 +210,9 @@ class PrefixCache {
     // `landing_fence` (-1: none); still a device page until poll_landings finishes it.
     int32_t landing_slot = -1;
     uint64_t landing_fence = 0;
+    // The index holding the entry, under the key of `indexed_use` (its last_use then).
+    Index index = Index::kNone;
+    uint64_t indexed_use = 0;
   };
   using Map = std::unordered_map<uint64_t, Entry>;
   // One disk write in flight. `buf` is the record's payload (the page's KV of every layer, as a
@@ -209,8 +231,9 @@ class PrefixCache {
   uint64_t chain_check(uint64_t parent_check, uint64_t salt, std::span<const int32_t> page) const;
   // Entries of the longest chain of `tokens` (salt, parent and tokens checked), touched.
   std::vector<Map::iterator> walk(uint64_t salt, std::span<const int32_t> tokens, int max_pages);
-  // Frees whatever the entry holds on its tier (device reference, host slot, disk record).
-  void release_storage(Entry& e, BlockAllocator* alloc);
+  // Frees whatever entry (`hash`, `e`) holds on its tier (device reference, host slot, disk
+  // record) and takes it out of its index.
+  void release_storage(uint64_t hash, Entry& e, BlockAllocator* alloc);
   void drop(Map::iterator it, BlockAllocator* alloc);
   // Spills device page `it` (refcount 1) down the tiers, or drops it; its block is freed.
   void spill(Map::iterator it, BlockAllocator& alloc);
@@ -234,10 +257,22 @@ class PrefixCache {
   void finish_spill(std::list<Spill>::iterator s);
   // Waits for the oldest spill whose entry is not pinned and finishes it; false when none.
   bool wait_oldest_spill();
+  // The least recently used host page (not spilling) or disk page that is not pinned; end() when
+  // none.
   Map::iterator lru(PageLocation where);
-  // Device pages only the cache holds, not pinned and not already landing: least recently used
-  // first, deepest first on a tie (evict and spill_ahead take them in this order).
-  std::vector<uint64_t> spill_candidates(const BlockAllocator& alloc) const;
+  // The index entry `e` belongs in now: device pages only the cache holds, not pinned and not
+  // landing (evict and spill_ahead take them in order); host pages not spilling and not pinned;
+  // disk pages not pinned.
+  Index index_for(const Entry& e) const;
+  std::set<OrderKey>* index_set(Index i);
+  // Puts entry (`hash`, `e`) in the index its state calls for, under its last_use. Every change
+  // of an entry's tier, spill, pin, landing, last_use or sharing is followed by it.
+  void reindex(uint64_t hash, Entry& e);
+  void unindex(uint64_t hash, Entry& e);
+  // A device block the cache holds (by_block_, watched on the allocator) or lets go.
+  void bind_block(int32_t block, uint64_t hash, BlockAllocator& alloc);
+  void unbind_block(int32_t block);
+  void on_sharing_changed(int32_t block) override;
   // Ends entry `e`'s spill-ahead: its copy landed (`landed`), or is abandoned (failed, or the
   // entry leaves). Landed and still only the cache's: a host page, its block freed (true).
   bool finish_landing(uint64_t hash, Entry& e, BlockAllocator* alloc, bool landed);
@@ -249,6 +284,8 @@ class PrefixCache {
   uint64_t tick_ = 0;
   Map entries_;                                     // by chained hash
   std::unordered_map<int32_t, uint64_t> by_block_;  // device block -> hash
+  BlockAllocator* watched_ = nullptr;               // the device allocator (set at first bind)
+  std::set<OrderKey> idle_, host_lru_, disk_lru_;   // the indices (Index)
   int pages_host_ = 0, pages_disk_ = 0, pages_spilling_ = 0;
   PrefixCacheStats stats_;
   bool async_spills_ = true;

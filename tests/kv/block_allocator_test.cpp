@@ -27,6 +27,40 @@ TEST(BlockAllocator, AllocatesDistinctIdsUntilExhausted) {
   EXPECT_EQ(a.num_used(), 8);
 }
 
+// The prefix cache's index of the pages only it holds rests on this: a watched block's count
+// crossing 1 is reported (after the change), and nothing else is.
+TEST(BlockAllocator, AWatchedBlockReportsEachCrossingOfOneAndNothingElse) {
+  struct Log final : BlockWatcher {
+    const BlockAllocator* a = nullptr;
+    std::vector<std::pair<int32_t, int>> calls;  // (block, refcount seen)
+    void on_sharing_changed(int32_t block) override {
+      calls.emplace_back(block, a->refcount(block));
+    }
+  } log;
+  BlockAllocator a(4);
+  log.a = &a;
+  a.set_watcher(&log);
+  auto x = *a.allocate(2);
+  a.watch(x[0], true);
+  a.incref(x[0]);  // 1 -> 2
+  a.incref(x[0]);  // 2 -> 3: no crossing
+  a.incref(x[1]);  // not watched
+  a.decref(x[0]);  // 3 -> 2
+  a.decref(x[0]);  // 2 -> 1
+  a.decref(x[1]);
+  using Calls = std::vector<std::pair<int32_t, int>>;
+  EXPECT_EQ(log.calls, (Calls{{x[0], 2}, {x[0], 1}}));
+  a.watch(x[0], false);
+  a.incref(x[0]);
+  a.decref(x[0]);
+  EXPECT_EQ(log.calls.size(), 2u);
+  a.decref(x[0]);  // unwatched, it may be freed
+  EXPECT_EQ(a.num_free(), 3);
+  // A watched block freed is a bookkeeping bug: its watcher still names it.
+  a.watch(x[1], true);
+  EXPECT_DEATH(a.decref(x[1]), "watched block was freed");
+}
+
 TEST(BlockAllocator, ExhaustionReturnsNulloptAndChangesNothing) {
   BlockAllocator a(4);
   auto x = a.allocate(3);

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -117,6 +118,42 @@ TEST(PrefixCache, PoolCountsEvictablePagesAsAvailableAndEvictsOnReserve) {
   EXPECT_EQ(pool->prefix_cache()->size(), 0);
   pool->release(c2);
   EXPECT_EQ(pool->allocator().num_used(), 0);
+}
+
+// A page shared by a sequence leaves the evictable pages and comes back to them, at its own
+// recency, when the sequence lets it go (the allocator reports the count crossing 1).
+TEST(PrefixCache, APageSharedAndLetGoReturnsToTheEvictableOrderAtItsRecency) {
+  BlockAllocator alloc(8);
+  PrefixCache cache(kBlock);
+  const uint64_t s = PrefixCache::salt_of("");
+  const std::vector<int32_t> t1 = tokens(4, 1), t2 = tokens(4, 100), t3 = tokens(4, 200);
+  auto b1 = *alloc.allocate(1), b2 = *alloc.allocate(1), b3 = *alloc.allocate(1);
+  cache.insert(s, t1, b1, 1, alloc);
+  cache.insert(s, t2, b2, 1, alloc);
+  cache.insert(s, t3, b3, 1, alloc);
+  EXPECT_EQ(cache.evictable(alloc), 0);  // each owner holds its page
+  alloc.decref(b1[0]);
+  alloc.decref(b2[0]);
+  alloc.decref(b3[0]);
+  EXPECT_EQ(cache.evictable(alloc), 3);
+  EXPECT_TRUE(cache.index_consistent());
+  // A sequence shares t1 (the oldest): t2 is now the least recently used evictable page; t1,
+  // touched by the lookup, is the most recent one.
+  auto shared = cache.lookup(s, t1, 1);
+  ASSERT_EQ(shared, b1);
+  alloc.incref(b1[0]);
+  EXPECT_EQ(cache.evictable(alloc), 2);
+  EXPECT_TRUE(cache.index_consistent());
+  EXPECT_EQ(cache.evict(1, alloc), 1);
+  EXPECT_FALSE(cache.holds(b2[0]));
+  alloc.decref(b1[0]);  // the sequence ends
+  EXPECT_EQ(cache.evictable(alloc), 2);
+  EXPECT_TRUE(cache.index_consistent());
+  EXPECT_EQ(cache.evict(1, alloc), 1);
+  EXPECT_FALSE(cache.holds(b3[0]));  // older than t1's lookup
+  EXPECT_TRUE(cache.holds(b1[0]));
+  cache.clear(alloc);
+  EXPECT_EQ(alloc.num_used(), 0);
 }
 
 // ---- spilling down the tiers (a pool with a host tier and / or a disk tier) ----
@@ -703,6 +740,108 @@ TEST(PrefixCacheSpillAsync, SwapGetsSpilledHostSlotsAtOnceAndRoomTakenByWritesIn
   EXPECT_EQ(pool.prefix_cache()->stats().hit_pages_disk, 3);
   pool.release(b);
   pool.release(seq);
+  EXPECT_EQ(pool.host_allocator().num_used(), 0);
+  EXPECT_EQ(pool.disk()->stats().records, 0);
+}
+
+// Random traffic over every tier (sequences caching, sharing and holding prompts with common
+// prefixes for two tenants, allocations that evict, spill-ahead, swap and disk reclaiming): after
+// every operation the indices hold exactly what a scan of the cache would pick, the evictable
+// count is the cached blocks no one else holds, the reclaimable host slots are the cache's host
+// pages, and at the end nothing is left on any tier.
+TEST(PrefixCacheIndex, RandomTrafficKeepsTheIndicesEqualToAScan) {
+  TieredPool tp = tiered(12, 5, true);
+  KvPool& pool = *tp.pool;
+  PrefixCache& pc = *pool.prefix_cache();
+  pool.set_prefix_free_target(3);
+  std::mt19937 gen(20261204);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); };
+  const uint64_t salts[2] = {PrefixCache::salt_of("a"), PrefixCache::salt_of("b")};
+  // Prompts of 1-4 pages over a few shared stems, so chains share and diverge.
+  auto prompt = [&](int pages) {
+    std::vector<int32_t> t(static_cast<size_t>(pages) * kBlock + 1);
+    const int stem = uniform(0, 3);
+    const int branch = uniform(0, 2);
+    for (size_t i = 0; i < t.size(); ++i)
+      t[i] = static_cast<int32_t>(i < kBlock ? stem * 100 + i : stem * 100 + branch * 10000 + i);
+    return t;
+  };
+  std::vector<BlockTable> held;
+  auto check = [&](int op, const char* what) {
+    ASSERT_TRUE(pc.index_consistent()) << "op " << op << " " << what;
+    int sole = 0;
+    for (int32_t b = 0; b < pool.allocator().num_blocks(); ++b)
+      sole += pc.holds(b) && pool.allocator().refcount(b) == 1;
+    ASSERT_EQ(pc.evictable(pool.allocator()), sole) << "op " << op << " " << what;
+    ASSERT_EQ(pc.reclaimable_host(), pc.pages_host() + pc.landings_in_flight())
+        << "op " << op << " " << what;
+  };
+  for (int op = 0; op < 3000; ++op) {
+    const uint64_t salt = salts[uniform(0, 1)];
+    switch (uniform(0, 7)) {
+      case 0:
+      case 1: {  // a sequence shares what is cached, computes the rest, caches it, maybe holds on
+        const std::vector<int32_t> t = prompt(uniform(1, 4));
+        BlockTable a;
+        const int pages = static_cast<int>(t.size()) / kBlock;
+        pool.share_prefix(a, salt, t, pages);
+        if (!pool.reserve(a, static_cast<int>(t.size()))) {
+          pool.release(a);
+          check(op, "refused reserve");
+          break;
+        }
+        pool.cache_prefix(a, salt, t, pages);
+        if (held.size() < 3 && uniform(0, 1) == 0)
+          held.push_back(std::move(a));
+        else
+          pool.release(a);
+        check(op, "cache");
+        break;
+      }
+      case 2:  // a held sequence ends
+        if (!held.empty()) {
+          const size_t i = static_cast<size_t>(uniform(0, static_cast<int>(held.size()) - 1));
+          pool.release(held[i]);
+          held.erase(held.begin() + static_cast<std::ptrdiff_t>(i));
+        }
+        check(op, "release");
+        break;
+      case 3: {  // a large allocation evicts (and spills)
+        BlockTable c;
+        if (pool.reserve(c, uniform(1, 10) * kBlock)) pool.release(c);
+        check(op, "evicting reserve");
+        break;
+      }
+      case 4:
+        pool.spill_prefix_ahead();
+        check(op, "spill ahead");
+        break;
+      case 5:
+        pool.poll_prefix_spills();
+        check(op, "poll");
+        break;
+      case 6: {  // swap or a semantic original wants host slots
+        auto slots = pool.allocate_host_slots(uniform(1, 3));
+        if (slots)
+          for (int32_t sl : *slots) pool.host_allocator().decref(sl);
+        check(op, "host slots");
+        break;
+      }
+      case 7:
+        pool.make_disk_room(static_cast<int64_t>(uniform(1, 4)) *
+                            pool.disk()->stats().extent_bytes);
+        check(op, "disk room");
+        break;
+    }
+  }
+  EXPECT_GT(pc.stats().spilled_host, 0);
+  EXPECT_GT(pc.stats().spilled_disk, 0);
+  EXPECT_GT(pc.stats().hit_pages_host + pc.stats().hit_pages_disk, 0);
+  EXPECT_GT(pc.stats().ahead_started, 0);
+  EXPECT_GT(pc.stats().reclaimed, 0);
+  for (BlockTable& t : held) pool.release(t);
+  pc.clear(pool.allocator());
+  EXPECT_EQ(pool.allocator().num_used(), 0);
   EXPECT_EQ(pool.host_allocator().num_used(), 0);
   EXPECT_EQ(pool.disk()->stats().records, 0);
 }
