@@ -74,8 +74,10 @@ Status DiskTier::fault_locked(DiskOp* op, DiskFault f, const std::string& detail
   std::string msg = "disk tier " + file_ + ": " + std::string(disk_fault_name(f)) + ": " + detail;
   if (!logged_[static_cast<int>(f)]) {
     logged_[static_cast<int>(f)] = true;
-    KVSPLIT_LOG_WARN("{} (the caller falls back to recompute; later {} faults are only counted)",
-                     msg, disk_fault_name(f));
+    KVSPLIT_LOG_WARN(
+        "{} (the caller falls back: recompute, or a write-behind's staged copy; later {} faults "
+        "are only counted)",
+        msg, disk_fault_name(f));
   }
   return Status(code_of(f), std::move(msg));
 }
@@ -155,7 +157,13 @@ StatusOr<DiskOp> DiskTier::write(std::span<const std::span<const std::byte>> pay
                                  RecordKey key) {
   int64_t bytes = 0;
   for (const auto& s : payload) bytes += static_cast<int64_t>(s.size());
-  if (bytes == 0) return invalid_argument("disk tier " + file_ + ": empty record");
+  KVSPLIT_ASSIGN_OR_RETURN(DiskOp op, begin_write(bytes, key));
+  submit_write(op, payload);
+  return op;
+}
+
+StatusOr<DiskOp> DiskTier::begin_write(int64_t bytes, RecordKey key) {
+  if (bytes <= 0) return invalid_argument("disk tier " + file_ + ": empty record");
   const int64_t need = extents_for(bytes, config_.extent_bytes);
 
   DiskOp op;
@@ -190,12 +198,24 @@ StatusOr<DiskOp> DiskTier::write(std::span<const std::span<const std::byte>> pay
     op.id_ = uint64_t{r.generation} << 32 | slot;
     if (fault_hook_) op.injected_ = fault_hook_(IoOp::kWrite);
   }
+  op.seed_ = record_seed(key, op.id_, session_, bytes);
+  op.pieces_ = plan_pieces(extents, bytes);
+  op.reserved_bytes_ = bytes;
+  return op;
+}
+
+void DiskTier::submit_write(DiskOp& op, std::span<const std::span<const std::byte>> payload) {
+  KVSPLIT_CHECK_MSG(op.op_ == IoOp::kWrite && op.tier_ == nullptr && op.reserved_bytes_ > 0,
+                    "disk tier: submit_write of an op begin_write did not start");
+  const int64_t bytes = op.reserved_bytes_;
+  int64_t given = 0;
+  for (const auto& s : payload) given += static_cast<int64_t>(s.size());
+  KVSPLIT_CHECK_MSG(given == bytes, "disk tier: submit_write's payload is not the reserved size");
+  op.reserved_bytes_ = 0;
   // Outside the lock: the checksum is CPU work over the payload (the record is not readable yet).
   std::vector<iovec> stream;
   for (const auto& s : payload)
     if (!s.empty()) stream.push_back(iovec{const_cast<std::byte*>(s.data()), s.size()});
-  op.seed_ = record_seed(key, op.id_, session_, bytes);
-  op.pieces_ = plan_pieces(extents, bytes);
   std::vector<std::optional<uint64_t>> none(op.pieces_.size());
   op.checksum_ = checksum(op, stream, none);
   if (op.injected_ == InjectedFault::kCorrupt) op.checksum_ ^= 1;  // seen by the next read
@@ -211,7 +231,6 @@ StatusOr<DiskOp> DiskTier::write(std::span<const std::span<const std::byte>> pay
   op.tier_ = this;
   op.finished_ = false;
   submit_all(op, plan_io(op, stream));
-  return op;
 }
 
 void DiskTier::make_bounce(DiskOp& op, int64_t bytes) const {
@@ -546,6 +565,7 @@ DiskOp& DiskOp::operator=(DiskOp&& o) noexcept {
   expected_ = std::move(o.expected_);
   started_ = o.started_;
   cached_ = std::exchange(o.cached_, false);
+  reserved_bytes_ = std::exchange(o.reserved_bytes_, 0);
   return *this;
 }
 

@@ -182,6 +182,8 @@ class DiskOp {
   // The read was done and checked on the caller (DiskTier::read_cached; fault_ holds the
   // verdict): finishing it only updates the index and the counters.
   bool cached_ = false;
+  // A write begin_write reserved and submit_write has not started: its payload's bytes.
+  int64_t reserved_bytes_ = 0;
 };
 
 class DiskTier {
@@ -198,6 +200,13 @@ class DiskTier {
   // Starts writing one record: the concatenation of `payload`. kResourceExhausted (kCapacity)
   // when the space is not free, kInvalidArgument for an empty payload; nothing is allocated then.
   StatusOr<DiskOp> write(std::span<const std::span<const std::byte>> payload, RecordKey key);
+  // write() in two halves, for a caller that hands the second to another thread (the swap
+  // write-behind): begin_write reserves the record (its id is op.record(); kCapacity, kInvalid-
+  // Argument as write()) and submit_write, on any thread, checksums `payload` (exactly the
+  // reserved bytes), copies it for O_DIRECT and submits it. The op then belongs to that thread.
+  // A reserved op must be submitted (until then its record is neither readable nor freeable).
+  StatusOr<DiskOp> begin_write(int64_t bytes, RecordKey key);
+  void submit_write(DiskOp& op, std::span<const std::span<const std::byte>> payload);
   // Starts reading record `id` into `dst` (whose sizes must add up to its payload length); its
   // checksum is seeded with `key`, so it verifies only for the key it was written with. kNotFound
   // for an unknown id or a record still being written, kPermissionDenied when `key` is not the
