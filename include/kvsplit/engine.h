@@ -277,6 +277,13 @@ struct PoolStats {
   int64_t kv_host_prefetch_hits = 0;
   int64_t kv_host_prefetch_misses = 0;
   int64_t kv_host_prefetch_dropped = 0;
+  // Disk swap write-behind (kv.disk.write_behind, docs/kv-tiers.md): disk swap-outs that returned
+  // before their record was written (started); swap-ins and read-aheads that had to wait for such
+  // a write (waited); swap-ins served from the staging of a write that failed, so the sequence
+  // resumed without recompute (rescued; the fault is also in kv_disk_faults).
+  int64_t kv_disk_write_behind = 0;
+  int64_t kv_disk_write_behind_waits = 0;
+  int64_t kv_disk_write_behind_rescues = 0;
   // Prefix cache (EngineConfig::prefix_cache): pages it holds now, and since start the prompt
   // tokens looked up (whole pages) and the tokens served from it (hit rate = hits / queries).
   int32_t kv_prefix_cache_pages = 0;

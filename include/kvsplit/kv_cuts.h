@@ -82,6 +82,11 @@ struct TemporalCutConfig {
   int64_t disk_capacity_mb = 1024;  // per worker, >= 1
   // kv.disk.direct_io: O_DIRECT (records bypass the page cache; docs/kv-tiers.md). Off: buffered.
   bool disk_direct_io = false;
+  // kv.disk.write_behind: a disk swap-out frees its device blocks once the pages are copied to a
+  // staging buffer and returns while the record is written (kv/swap.h, swap_out; at most
+  // KvPool::kMaxSwapWrites at once; a write that fails keeps the staging as the copy). Off: the
+  // swap-out returns once the record is written.
+  bool disk_write_behind = true;
 };
 
 // The spatial cut (kv-cuts.md §4): each worker's KV pool is a shard group of `shards` pools, one

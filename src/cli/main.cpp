@@ -71,6 +71,7 @@ struct GenerateFlags {
   std::string disk_path;
   int64_t disk_capacity_mb = 1024;
   bool disk_direct_io = false;
+  std::string disk_write_behind = "on";
   // Spatial cut.
   int spatial_shards = 1;
   int spatial_chunk_size = 4096;
@@ -166,6 +167,7 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   if (!gf.disk_path.empty()) {
     Status st = (*pool)->open_disk_tier(gf.disk_path, gf.disk_capacity_mb << 20, gf.disk_direct_io);
     if (!st.ok()) return fail(st.with_prefix("--disk-path"));
+    (*pool)->set_disk_write_behind(gf.disk_write_behind == "on");
   }
 
   sched::BatchOptions bo;
@@ -356,6 +358,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   gen->add_flag("--disk-direct-io", gf.disk_direct_io,
                 "disk tier with O_DIRECT (records bypass the page cache)");
+  gen->add_option("--disk-write-behind", gf.disk_write_behind,
+                  "a disk swap-out returns while its record is written (staged copy kept)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   gen->add_option("--spatial-shards", gf.spatial_shards,
                   "spatial cut: shards of the KV pool, each --kv-blocks pages (cuda: shard s on "
                   "visible device s mod count)")

@@ -394,6 +394,7 @@ Status read_kv(const YAML::Node& n, EngineConfig* e) {
       return field_error("kv.disk.capacity_mb", "must be in [1, 1073741824], got " +
                                                     std::to_string(e->temporal.disk_capacity_mb));
     KVSPLIT_RETURN_IF_ERROR(dr.get("direct_io", &e->temporal.disk_direct_io));
+    KVSPLIT_RETURN_IF_ERROR(dr.get("write_behind", &e->temporal.disk_write_behind));
     KVSPLIT_RETURN_IF_ERROR(dr.finish());
   }
   std::string prefix;

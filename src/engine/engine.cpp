@@ -168,6 +168,7 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
                                           config.temporal.disk_capacity_mb << 20,
                                           config.temporal.disk_direct_io);
       if (!st.ok()) return st.with_prefix(wo.name + ": kv.disk");
+      (*pool)->set_disk_write_behind(config.temporal.disk_write_behind);
     }
     if (config.spatial.shards > 1) {  // the spatial cut: the worker's pool is shard 0
       std::vector<std::unique_ptr<backend::Backend>> peers;

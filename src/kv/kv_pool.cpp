@@ -79,7 +79,58 @@ KvPool::KvPool(backend::Backend& backend, const KvPoolConfig& config, const KvSh
       summary_alloc_(config.summary_slots),
       host_alloc_(0) {}
 
-KvPool::~KvPool() = default;
+KvPool::~KvPool() {
+  // Swap writes still staged: the writes end before their buffers and the tier go, and a record
+  // a write completed is freed (no table names it any more).
+  for (SwapWrite& w : swap_writes_) {
+    wait_swap_write(w);
+    if (w.result->ok()) (void)disk_->free(w.record);
+  }
+  swap_writes_.clear();
+}
+
+KvPool::SwapWrite* KvPool::swap_write(uint64_t record) {
+  for (SwapWrite& w : swap_writes_)
+    if (w.record == record && !w.detached) return &w;
+  return nullptr;
+}
+
+bool KvPool::poll_swap_write(SwapWrite& w) {
+  if (w.result) return true;
+  if (!w.ended.load(std::memory_order_acquire)) return false;
+  if (w.writer.joinable()) w.writer.join();
+  w.result = w.status;
+  return true;
+}
+
+void KvPool::wait_swap_write(SwapWrite& w) {
+  if (w.result) return;
+  if (w.writer.joinable()) w.writer.join();
+  w.result = w.status;
+}
+
+void KvPool::drop_swap_write(SwapWrite* w) {
+  KVSPLIT_CHECK(w->result.has_value());  // the write no longer reads the staging
+  give_staging(std::move(w->staging), w->capacity);
+  swap_writes_.remove_if([w](const SwapWrite& x) { return &x == w; });
+}
+
+void KvPool::give_staging(HostBuffer buf, int64_t capacity) {
+  if (buf && capacity > spare_capacity_) {
+    spare_staging_ = std::move(buf);
+    spare_capacity_ = capacity;
+  }
+}
+
+StatusOr<std::pair<KvPool::HostBuffer, int64_t>> KvPool::take_staging(int64_t bytes) {
+  if (spare_staging_ && spare_capacity_ >= bytes) {
+    const int64_t capacity = spare_capacity_;
+    spare_capacity_ = 0;
+    return std::pair{std::move(spare_staging_), capacity};
+  }
+  KVSPLIT_ASSIGN_OR_RETURN(void* mem, backend_.alloc_host(static_cast<size_t>(bytes)));
+  return std::pair{HostBuffer(static_cast<std::byte*>(mem), HostFree{&backend_}), bytes};
+}
 
 StatusOr<std::unique_ptr<KvPool>> KvPool::create(backend::Backend& backend,
                                                  const KvPoolConfig& config, const KvShape& shape) {
@@ -152,8 +203,7 @@ StatusOr<std::unique_ptr<KvPool>> KvPool::create(backend::Backend& backend,
     if (!mem.ok())
       return mem.status().with_prefix("KvPool: allocating the " + std::to_string(bytes) +
                                       "-byte host tier");
-    pool->host_tier_ =
-        std::unique_ptr<std::byte, HostFree>(static_cast<std::byte*>(*mem), HostFree{&backend});
+    pool->host_tier_ = HostBuffer(static_cast<std::byte*>(*mem), HostFree{&backend});
     pool->host_alloc_ = BlockAllocator(n);
   }
   KVSPLIT_LOG_DEBUG("KvPool: {} blocks x {} tokens, {} bytes per block ({} layers, {})",
@@ -445,7 +495,14 @@ void KvPool::release(BlockTable& table) {
   }
   if (table.disk_record != 0) {
     KVSPLIT_CHECK(disk_ != nullptr);
-    (void)disk_->free(table.disk_record);  // kNotFound only if already freed: nothing to leak
+    SwapWrite* w = swap_write(table.disk_record);
+    if (w != nullptr && !poll_swap_write(*w)) {
+      w->detached = true;  // still being written: the record is freed when the write ends
+    } else {
+      // kNotFound only if already freed (a failed write's record, freed by the tier).
+      (void)disk_->free(table.disk_record);
+      if (w != nullptr) drop_swap_write(w);
+    }
     table.disk_record = 0;
   }
   table.blocks.clear();

@@ -3,10 +3,13 @@
 // A block id names the same page in every layer. Not thread-safe: one owner (a worker).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <list>
 #include <memory>
 #include <optional>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "backend/backend.h"
@@ -165,6 +168,54 @@ class KvPool {
   Status open_disk_tier(const std::string& path, int64_t capacity_bytes, bool direct_io = false);
   DiskTier* disk() const { return disk_.get(); }
 
+  // ---- disk swap write-behind (kv/swap.h, swap_out; docs/kv-tiers.md) ----
+  // A disk swap-out's record being written after swap_out returned: the pages' bytes in `staging`
+  // (a host buffer the write reads), their device blocks already free. The staging is freed once
+  // the write has succeeded (the record is then the copy); a failed write keeps it as the only
+  // copy until the swap-in or release. `detached`: the table was released meanwhile, and the
+  // record is freed when the write ends.
+  struct HostFree {
+    backend::Backend* backend;  // no initializer: default-constructible inside the class
+    void operator()(std::byte* p) const { backend->free_host(p); }
+  };
+  using HostBuffer = std::unique_ptr<std::byte, HostFree>;
+  struct SwapWrite {
+    uint64_t record = 0;
+    HostBuffer staging;    // backend alloc_host memory (pinned on CUDA)
+    int64_t capacity = 0;  // its size (at least the record's payload)
+    DiskOp op;             // reserved by swap_out, then the writer's until it ended
+    // Checksums the staging, submits the write and waits for it (DiskTier::submit_write), so
+    // the swap-out itself only copies the pages; `status` is its verdict once `ended`.
+    std::thread writer;
+    std::atomic<bool> ended{false};
+    Status status = ok_status();
+    std::optional<Status> result;  // once the write ended and the writer was joined
+    bool fault_counted = false;
+    bool detached = false;
+  };
+  // Off by default (the swap-out returns once its record is written); the engine turns it on
+  // (kv.disk.write_behind).
+  void set_disk_write_behind(bool on) { disk_write_behind_ = on; }
+  bool disk_write_behind() const { return disk_write_behind_; }
+  // Swap writes staged at once at most (in flight or failed): a swap-out past it is written
+  // before it returns.
+  static constexpr int kMaxSwapWrites = 4;
+  std::list<SwapWrite>& swap_writes() { return swap_writes_; }
+  // The staged write of record `record`, or null.
+  SwapWrite* swap_write(uint64_t record);
+  // Whether `w`'s write has ended, never blocking (then its writer is joined and w.result set);
+  // wait_swap_write blocks until it has.
+  bool poll_swap_write(SwapWrite& w);
+  void wait_swap_write(SwapWrite& w);
+  // Ends staged write `w` (its write must have ended): its staging is kept as the spare for the
+  // next swap write when it is the larger one (one spare at most: a fresh buffer of a record's size
+  // costs its page faults, and on CUDA a pinned allocation), and it leaves the list.
+  void drop_swap_write(SwapWrite* w);
+  // A staging buffer of at least `bytes` and its size: the spare when it is big enough, else a
+  // new one (backend alloc_host). give_staging keeps `buf` as the spare when it is the larger.
+  StatusOr<std::pair<HostBuffer, int64_t>> take_staging(int64_t bytes);
+  void give_staging(HostBuffer buf, int64_t capacity);
+
   // ---- the spatial cut's shard group (kv-cuts.md §4; none unless added) ----
   // Adds one peer shard per backend: a KvPool of this pool's num_blocks, block_size, dtype,
   // int8 / int4 arenas and summary slots (no host tier, disk or prefix cache: those are the
@@ -225,13 +276,13 @@ class KvPool {
   backend::DeviceBuffer scratch_;  // [num_layers] full pages
   // The host tier, [host slots, num_layers, full page bytes]: backend_.alloc_host memory (pinned
   // on CUDA, so swaps copy asynchronously at the link's bandwidth).
-  struct HostFree {
-    backend::Backend* backend;  // no initializer: default-constructible inside the class
-    void operator()(std::byte* p) const { backend->free_host(p); }
-  };
-  std::unique_ptr<std::byte, HostFree> host_tier_;
+  HostBuffer host_tier_;
   std::unique_ptr<DiskTier> disk_;
   std::unique_ptr<PrefixCache> prefix_;  // after disk_: destroyed first (waits for its writes)
+  bool disk_write_behind_ = false;
+  std::list<SwapWrite> swap_writes_;  // oldest first; ~KvPool waits for them before disk_ goes
+  HostBuffer spare_staging_;
+  int64_t spare_capacity_ = 0;
   struct Peer {
     std::unique_ptr<backend::Backend> backend;  // declared first: outlives the pool
     std::unique_ptr<KvPool> pool;

@@ -3,6 +3,9 @@
 #include <chrono>
 #include <memory>
 #include <span>
+#include <system_error>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/check.h"
@@ -78,6 +81,9 @@ void SwapStats::add(const SwapStats& o) {
   host_prefetch_misses += o.host_prefetch_misses;
   host_prefetch_dropped += o.host_prefetch_dropped;
   host_prefetch_faults += o.host_prefetch_faults;
+  write_behind += o.write_behind;
+  write_behind_waits += o.write_behind_waits;
+  write_behind_rescues += o.write_behind_rescues;
   out_seconds += o.out_seconds;
   in_seconds += o.in_seconds;
 }
@@ -101,47 +107,32 @@ namespace {
 // outlive their DiskTier (docs/kv-tiers.md); the page count guards the layout.
 RecordKey disk_key(size_t pages) { return RecordKey{0x6b7673706c6974ull, pages}; }
 
-// swap_out's second choice: every page of `idx` in one record, through a host staging buffer.
-StatusOr<bool> swap_out_to_disk(KvPool& pool, BlockTable& table, const std::vector<int>& idx,
-                                SwapStats* stats) {
-  DiskTier& disk = *pool.disk();
-  const int64_t page_bytes = pool.page_layer_bytes(KvPrecision::kFull);
-  const int layers = pool.shape().num_layers;
-  const int64_t per_page = page_bytes * layers;
-  const int64_t record_bytes = per_page * static_cast<int64_t>(idx.size());
-  std::unique_ptr<std::byte[]> staging;
-  std::vector<std::span<const std::byte>> payload;
-  if (pages_in_host_memory(pool)) {
-    // In place: copies still queued on the pages' shards finish first.
-    KVSPLIT_RETURN_IF_ERROR(synchronize_shards(pool, table, idx));
-    payload.reserve(idx.size() * static_cast<size_t>(layers));
-    for (int i : idx) {
-      const KvPool& shard = pool.shard(table.page(i).shard);
-      for (int l = 0; l < layers; ++l)
-        payload.emplace_back(shard.full_page(l, table.blocks[i]), static_cast<size_t>(page_bytes));
-    }
-  } else {
-    staging = std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(record_bytes));
-    std::vector<std::vector<CopyRange>> batches(static_cast<size_t>(pool.num_shards()));
-    for (size_t k = 0; k < idx.size(); ++k) {
-      const int s = table.page(idx[k]).shard;
-      pool.shard(s).add_page_copies(table.blocks[idx[k]], staging.get() + k * per_page,
-                                    CopyDir::kDeviceToHost, &batches[s]);
-    }
-    const Status queued = run_batches(pool, batches, CopyDir::kDeviceToHost);
-    const Status synced = synchronize_shards(pool, table, idx);  // before `staging` can go
-    KVSPLIT_RETURN_IF_ERROR(queued);
-    KVSPLIT_RETURN_IF_ERROR(synced);
-    payload.emplace_back(staging.get(), static_cast<size_t>(record_bytes));
-  }
-  pool.make_disk_room(record_bytes);  // prefix-cache records give way
-  auto id = disk.write_sync(payload, disk_key(idx.size()));
-  if (!id.ok()) {
-    // Capacity, ENOSPC, EIO, short write: nothing was kept (the tier frees a failed write). A disk
-    // fault, not a full host tier: counted once, as what it is.
+// Counts a staged write's failure once.
+void note_write_result(KvPool::SwapWrite& w, SwapStats* stats) {
+  if (w.result && !w.result->ok() && !w.fault_counted) {
+    w.fault_counted = true;
     ++stats->disk_faults;
-    return false;
   }
+}
+
+// Room for one more staged write: finishes the ended ones, then waits for the oldest in flight
+// while at the cap. False when the staged writes that remain are all failed ones (their staging
+// is a table's only copy): the swap-out then writes synchronously.
+bool room_for_swap_write(KvPool& pool, SwapStats* stats) {
+  poll_swap_writes(pool, stats);
+  std::list<KvPool::SwapWrite>& writes = pool.swap_writes();
+  while (static_cast<int>(writes.size()) >= KvPool::kMaxSwapWrites) {
+    auto oldest = std::find_if(writes.begin(), writes.end(),
+                               [](const KvPool::SwapWrite& w) { return !w.result; });
+    if (oldest == writes.end()) return false;
+    pool.wait_swap_write(*oldest);
+    poll_swap_writes(pool, stats);
+  }
+  return true;
+}
+
+// The pages of `idx` leave the device for record `record` (page k at record index k).
+void pages_to_disk(KvPool& pool, BlockTable& table, const std::vector<int>& idx, uint64_t record) {
   if (table.pages.empty()) table.pages.resize(table.blocks.size());
   for (size_t k = 0; k < idx.size(); ++k) {
     const int i = idx[k];
@@ -151,7 +142,88 @@ StatusOr<bool> swap_out_to_disk(KvPool& pool, BlockTable& table, const std::vect
     table.pages[i].original = static_cast<int32_t>(k);
     table.pages[i].shard = 0;  // swap_in places it again
   }
-  table.disk_record = *id;
+  table.disk_record = record;
+}
+
+// swap_out's second choice: every page of `idx` in one record, through a host staging buffer.
+StatusOr<bool> swap_out_to_disk(KvPool& pool, BlockTable& table, const std::vector<int>& idx,
+                                SwapStats* stats) {
+  DiskTier& disk = *pool.disk();
+  const int64_t page_bytes = pool.page_layer_bytes(KvPrecision::kFull);
+  const int layers = pool.shape().num_layers;
+  const int64_t per_page = page_bytes * layers;
+  const int64_t record_bytes = per_page * static_cast<int64_t>(idx.size());
+  KvPool::HostBuffer staging;
+  int64_t staging_capacity = 0;
+  std::vector<std::span<const std::byte>> payload;
+  const bool behind = pool.disk_write_behind() && room_for_swap_write(pool, stats);
+  if (pages_in_host_memory(pool) && !behind) {
+    // In place: copies still queued on the pages' shards finish first.
+    KVSPLIT_RETURN_IF_ERROR(synchronize_shards(pool, table, idx));
+    payload.reserve(idx.size() * static_cast<size_t>(layers));
+    for (int i : idx) {
+      const KvPool& shard = pool.shard(table.page(i).shard);
+      for (int l = 0; l < layers; ++l)
+        payload.emplace_back(shard.full_page(l, table.blocks[i]), static_cast<size_t>(page_bytes));
+    }
+  } else {
+    // alloc_host memory (pinned on CUDA: the copies run at the link's rate), the pool's spare
+    // when it is big enough (no page faults, no pinning).
+    KVSPLIT_ASSIGN_OR_RETURN(std::tie(staging, staging_capacity), pool.take_staging(record_bytes));
+    std::vector<std::vector<CopyRange>> batches(static_cast<size_t>(pool.num_shards()));
+    for (size_t k = 0; k < idx.size(); ++k) {
+      const int s = table.page(idx[k]).shard;
+      pool.shard(s).add_page_copies(table.blocks[idx[k]], staging.get() + k * per_page,
+                                    CopyDir::kDeviceToHost, &batches[s]);
+    }
+    const Status queued = run_batches(pool, batches, CopyDir::kDeviceToHost);
+    const Status synced = synchronize_shards(pool, table, idx);  // before `staging` can go
+    if (!queued.ok() || !synced.ok()) pool.give_staging(std::move(staging), staging_capacity);
+    KVSPLIT_RETURN_IF_ERROR(queued);
+    KVSPLIT_RETURN_IF_ERROR(synced);
+    payload.emplace_back(staging.get(), static_cast<size_t>(record_bytes));
+  }
+  pool.make_disk_room(record_bytes);  // prefix-cache records give way
+  if (behind) {
+    // Write-behind: the pages are in `staging` now, so their blocks are free at once; the
+    // record is written on the tier's I/O thread. Refused at the start (capacity, a submit
+    // error): nothing was allocated, the table is unchanged.
+    auto op = disk.begin_write(record_bytes, disk_key(idx.size()));
+    if (!op.ok()) {
+      pool.give_staging(std::move(staging), staging_capacity);
+      ++stats->disk_faults;
+      return false;
+    }
+    KvPool::SwapWrite& w = pool.swap_writes().emplace_back();
+    w.record = op->record();
+    w.staging = std::move(staging);
+    w.capacity = staging_capacity;
+    w.op = std::move(op).value();
+    // The checksum, the O_DIRECT copy and the wait run on the writer; the list never moves `w`.
+    auto write = [&disk, &w, payload] {
+      disk.submit_write(w.op, payload);
+      w.status = disk.wait(w.op);
+      w.ended.store(true, std::memory_order_release);
+    };
+    try {
+      w.writer = std::thread(write);
+    } catch (const std::system_error&) {
+      write();  // no thread to be had: written here, as without write-behind
+    }
+    pages_to_disk(pool, table, idx, w.record);
+    ++stats->to_disk;
+    ++stats->write_behind;
+    return true;
+  }
+  auto id = disk.write_sync(payload, disk_key(idx.size()));
+  if (staging) pool.give_staging(std::move(staging), staging_capacity);
+  if (!id.ok()) {
+    // Capacity, ENOSPC, EIO, short write: nothing was kept (the tier frees a failed write). A disk
+    // fault, not a full host tier: counted once, as what it is.
+    ++stats->disk_faults;
+    return false;
+  }
+  pages_to_disk(pool, table, idx, *id);
   ++stats->to_disk;
   return true;
 }
@@ -228,11 +300,64 @@ StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats) {
   return true;
 }
 
+int poll_swap_writes(KvPool& pool, SwapStats* stats) {
+  KVSPLIT_CHECK(stats != nullptr);
+  int ended = 0;
+  std::list<KvPool::SwapWrite>& writes = pool.swap_writes();
+  for (auto w = writes.begin(); w != writes.end();) {
+    if (!w->result) {
+      if (!pool.poll_swap_write(*w)) {
+        ++w;
+        continue;
+      }
+      ++ended;
+    }
+    note_write_result(*w, stats);
+    // Succeeded: the record is the copy (a released table's is freed). Failed: the staging is
+    // the copy until the swap-in or release, unless the table is gone.
+    if (w->result->ok() && w->detached) (void)pool.disk()->free(w->record);
+    const auto next = std::next(w);
+    if (w->result->ok() || w->detached) pool.drop_swap_write(&*w);
+    w = next;
+  }
+  return ended;
+}
+
+namespace {
+
+enum class StagedWrite { kNone, kInFlight, kFailed };
+
+// `table`'s staged write (write-behind), if any: still in flight (waited for with `wait`,
+// counted), failed (its staging is the copy: `*failed`), or succeeded and erased (the record is
+// read as any other: kNone).
+StagedWrite settle_swap_write(KvPool& pool, const BlockTable& table, bool wait, SwapStats* stats,
+                              KvPool::SwapWrite** failed = nullptr) {
+  KvPool::SwapWrite* w = pool.swap_write(table.disk_record);
+  if (w == nullptr) return StagedWrite::kNone;
+  if (!pool.poll_swap_write(*w)) {
+    if (!wait) return StagedWrite::kInFlight;
+    ++stats->write_behind_waits;
+    pool.wait_swap_write(*w);
+  }
+  note_write_result(*w, stats);
+  if (!w->result->ok()) {
+    if (failed != nullptr) *failed = w;
+    return StagedWrite::kFailed;
+  }
+  pool.drop_swap_write(w);
+  return StagedWrite::kNone;
+}
+
+}  // namespace
+
 StatusOr<bool> start_prefetch(KvPool& pool, const BlockTable& table, SwapPrefetch* pf,
                               SwapStats* stats) {
   KVSPLIT_CHECK(pf != nullptr && stats != nullptr && pf->record == 0);
   if (table.disk_record == 0) return false;
   KVSPLIT_CHECK(pool.disk() != nullptr);
+  // A write still going on is read once it ended (a later step); a failed one's staging is the
+  // copy: nothing to read.
+  if (settle_swap_write(pool, table, /*wait=*/false, stats) != StagedWrite::kNone) return false;
   const int pages = swapped_pages(table);
   const int64_t bytes =
       int64_t{pages} * pool.page_layer_bytes(KvPrecision::kFull) * pool.shape().num_layers;
@@ -385,7 +510,14 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
     ++stats->swaps_in;
     return true;
   }
-  const bool from_disk = table.disk_record != 0;
+  bool from_disk = table.disk_record != 0;
+  // Write-behind: a record still being written is waited for; when its write failed, the pages
+  // come from its staging, the only copy (a rescue: no disk read, no recompute).
+  KvPool::SwapWrite* rescue = nullptr;
+  if (from_disk &&
+      settle_swap_write(pool, table, /*wait=*/true, stats, &rescue) == StagedWrite::kFailed) {
+    from_disk = false;
+  }
   // A host prefetch names the same pages in the same order unless the table changed since (it
   // cannot: every owner drops it first); otherwise it is of no use.
   bool prefetched =
@@ -419,7 +551,7 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
       ++stats->refused_no_blocks;
       return false;
     }
-    if (!from_disk) ++stats->host_prefetch_misses;  // copied now, waited for below
+    if (!from_disk && rescue == nullptr) ++stats->host_prefetch_misses;  // copied now, waited for
   }
   const int64_t page_bytes = pool.page_layer_bytes(KvPrecision::kFull);
   const int layers = pool.shape().num_layers;
@@ -466,7 +598,9 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
     for (size_t k = 0; k < idx.size(); ++k) {
       const KvPool::PlacedBlock& b = (*blocks)[k];
       const int32_t at = table.pages[idx[k]].original;
-      std::byte* src = from_disk ? staging.data() + at * page_bytes * layers : pool.host_slot(at);
+      std::byte* src = from_disk           ? staging.data() + at * page_bytes * layers
+                       : rescue != nullptr ? rescue->staging.get() + at * page_bytes * layers
+                                           : pool.host_slot(at);
       pool.shard(b.shard).add_page_copies(b.block, src, CopyDir::kHostToDevice, &batches[b.shard]);
     }
     st = run_batches(pool, batches, CopyDir::kHostToDevice);
@@ -484,7 +618,7 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
   for (size_t k = 0; k < idx.size(); ++k) {
     const int i = idx[k];
     PageEntry& p = table.pages[i];
-    if (!from_disk) pool.host_allocator().decref(p.original);
+    if (!from_disk && rescue == nullptr) pool.host_allocator().decref(p.original);
     table.blocks[i] = (*blocks)[k].block;
     p.shard = static_cast<uint8_t>((*blocks)[k].shard);
     p.location = PageLocation::kDevice;
@@ -494,6 +628,12 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
     (void)pool.disk()->free(table.disk_record);
     table.disk_record = 0;
     ++stats->from_disk;
+  }
+  if (rescue != nullptr) {
+    // The failed write's record was freed by the tier; its staging goes now.
+    pool.drop_swap_write(rescue);
+    table.disk_record = 0;
+    ++stats->write_behind_rescues;
   }
   ++stats->swaps_in;
   stats->pages_in += static_cast<int64_t>(idx.size());

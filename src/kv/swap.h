@@ -56,6 +56,13 @@ struct SwapStats {
   int64_t host_prefetch_misses = 0;
   int64_t host_prefetch_dropped = 0;
   int64_t host_prefetch_faults = 0;
+  // Disk write-behind (KvPool::set_disk_write_behind): disk swap-outs that returned with their
+  // record still being written; swap-ins and read-aheads that had to wait for such a write; and
+  // swap-ins served from the staging of a write that failed (its fault is in disk_faults: the
+  // sequence resumed without recompute).
+  int64_t write_behind = 0;
+  int64_t write_behind_waits = 0;
+  int64_t write_behind_rescues = 0;
   double out_seconds = 0;  // wall time of the swap-outs (copies included)
   double in_seconds = 0;   // wall time of the swap-ins
 
@@ -72,7 +79,17 @@ int swapped_pages(const BlockTable& table);
 // record instead (one large write; pages kDisk). All or nothing: false (counted, the table
 // unchanged) when neither has room or the disk write fails (a fault, counted: the caller
 // recomputes). A backend error leaves the table unchanged too.
+// With write-behind on (KvPool::set_disk_write_behind), a disk swap-out copies the pages into a
+// staging buffer, frees their blocks and returns while the record is written on the tier's I/O
+// thread (KvPool::SwapWrite; at most KvPool::kMaxSwapWrites staged, else written before
+// returning). A write that fails later loses nothing: its staging stays the copy (swap_in takes
+// it), and the fault is counted once.
 StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats);
+
+// Finishes the staged swap writes that have ended, never blocking (a step boundary): a
+// successful one frees its staging (the record is the copy now; a released table's record is
+// freed), a failed one is counted in disk_faults and keeps its staging. Returns how many ended.
+int poll_swap_writes(KvPool& pool, SwapStats* stats);
 
 // A swap-in's disk read started ahead of the step that resumes the table (the temporal cut's
 // prefetch, docs/kv-tiers.md): the table's disk record is read into `staging` on the tier's I/O
@@ -87,8 +104,10 @@ struct SwapPrefetch {
 };
 
 // Starts reading `table`'s disk record into `*pf` (which must be unused: record 0). false:
-// nothing to read (no disk record). An error starting the read is returned (pf left unused):
-// the swap-in reads the record itself then, and meets the same fault there.
+// nothing to read (no disk record, or its write-behind failed: the swap-in takes the staging).
+// A record still being written is waited for first (counted in write_behind_waits). An error
+// starting the read is returned (pf left unused): the swap-in reads the record itself then, and
+// meets the same fault there.
 StatusOr<bool> start_prefetch(KvPool& pool, const BlockTable& table, SwapPrefetch* pf,
                               SwapStats* stats);
 // True once `pf`'s read has ended (ok or not); never blocks.
@@ -123,6 +142,8 @@ void drop_host_prefetch(KvPool& pool, BlockTable& table, SwapStats* stats);
 // frees its host slot or disk record. All or nothing: false (counted, the table unchanged) when
 // the pool has too few free blocks. A backend error, or a disk fault (checksum, I/O: counted),
 // returns its Status with the table unchanged: the caller releases it and recomputes.
+// A record still being written (write-behind) is waited for and then read as any other; when
+// that write failed, the pages come from its staging instead (write_behind_rescues).
 // `prefetch` (may be null): a prefetch of this table's record; its data is used (waiting for the
 // read if it is still in flight) and it is left unused (record 0) once the swap-in ran.
 // A host prefetch (BlockTable::swap_prefetch) is used the same way: its blocks are the pages'

@@ -176,6 +176,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
   std::vector<float> logits;
   std::vector<int32_t> ids;
   for (int64_t step = 0;; ++step) {
+    if (pool.disk() != nullptr) kv::poll_swap_writes(pool, &swap_stats);  // write-behind
     int admitted_now = 0;
     const int max_new = pool.prefix_cache() ? 1 : options.max_new_prompts_per_step;
     for (SeqState& s : seqs) {

@@ -47,15 +47,21 @@ SwapChoice choose_swap(SwapMode mode, const SwapCosts& costs, int64_t swap_bytes
   bool copies_known = host_known;
   c.swap_ms = host_ms;
   if (tier == SwapTier::kDisk) {
-    copies_known = costs.disk_write_bytes_per_s > 0 && costs.disk_read_bytes_per_s > 0;
+    // Out: the disk write (and a staging copy), or with write-behind only the copy into the
+    // staging buffer. In: the disk read (and a staging copy).
+    const bool behind = costs.disk_write_behind && costs.d2h_bytes_per_s > 0;
+    copies_known = (behind || costs.disk_write_bytes_per_s > 0) && costs.disk_read_bytes_per_s > 0;
     c.swap_ms = 0;
     if (copies_known) {
-      c.swap_ms =
-          1e3 * (bytes / costs.disk_write_bytes_per_s + bytes / costs.disk_read_bytes_per_s);
-      if (costs.disk_staging_d2h_bytes_per_s > 0 && costs.disk_staging_h2d_bytes_per_s > 0) {
-        c.swap_ms += 1e3 * (bytes / costs.disk_staging_d2h_bytes_per_s +
-                            bytes / costs.disk_staging_h2d_bytes_per_s);
-      }
+      const bool staged =
+          costs.disk_staging_d2h_bytes_per_s > 0 && costs.disk_staging_h2d_bytes_per_s > 0;
+      const double out_ms =
+          behind ? 1e3 * bytes / costs.d2h_bytes_per_s
+                 : 1e3 * bytes / costs.disk_write_bytes_per_s +
+                       (staged ? 1e3 * bytes / costs.disk_staging_d2h_bytes_per_s : 0);
+      const double in_ms = 1e3 * bytes / costs.disk_read_bytes_per_s +
+                           (staged ? 1e3 * bytes / costs.disk_staging_h2d_bytes_per_s : 0);
+      c.swap_ms = out_ms + in_ms;
     }
   }
   if (costs.prefill_tokens_per_s > 0)
@@ -170,6 +176,7 @@ bool measure_disk_swap_bandwidth(kv::KvPool& pool, SwapCosts* costs) {
   costs->disk_read_bytes_per_s = bw->read_bytes_per_s;
   costs->disk_staging_d2h_bytes_per_s = staging_d2h;
   costs->disk_staging_h2d_bytes_per_s = staging_h2d;
+  costs->disk_write_behind = pool.disk_write_behind();
   return true;
 }
 

@@ -24,6 +24,10 @@ struct SwapCosts {
   // reads the record in place).
   double disk_staging_d2h_bytes_per_s = 0;
   double disk_staging_h2d_bytes_per_s = 0;
+  // The pool's disk swap-outs are written behind (KvPool::disk_write_behind): the swap-out costs
+  // the copy into its staging buffer (alloc_host memory, as the host tier: d2h_bytes_per_s), not
+  // the disk write, which goes on while the worker does.
+  bool disk_write_behind = false;
   double prefill_tokens_per_s = 0;
 };
 

@@ -165,6 +165,9 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_host_prefetch_hits = kv_stats_.kv_host_prefetch_hits;
   s.pool.kv_host_prefetch_misses = kv_stats_.kv_host_prefetch_misses;
   s.pool.kv_host_prefetch_dropped = kv_stats_.kv_host_prefetch_dropped;
+  s.pool.kv_disk_write_behind = kv_stats_.kv_disk_write_behind;
+  s.pool.kv_disk_write_behind_waits = kv_stats_.kv_disk_write_behind_waits;
+  s.pool.kv_disk_write_behind_rescues = kv_stats_.kv_disk_write_behind_rescues;
   s.pool.kv_disk_bytes_used = kv_stats_.kv_disk_bytes_used;
   s.pool.kv_disk_bytes_total = kv_stats_.kv_disk_bytes_total;
   s.pool.kv_disk_latency_ms = kv_stats_.kv_disk_latency_ms;
@@ -243,6 +246,9 @@ void Worker::publish_stats() {
   k.kv_host_prefetch_hits = swap_stats_.host_prefetch_hits;
   k.kv_host_prefetch_misses = swap_stats_.host_prefetch_misses;
   k.kv_host_prefetch_dropped = swap_stats_.host_prefetch_dropped;
+  k.kv_disk_write_behind = swap_stats_.write_behind;
+  k.kv_disk_write_behind_waits = swap_stats_.write_behind_waits;
+  k.kv_disk_write_behind_rescues = swap_stats_.write_behind_rescues;
   k.kv_demotions = cut_ops_.demoted_to_int8 + cut_ops_.demoted_to_int4;
   k.kv_evictions = cut_ops_.evicted;
   k.kv_recalls = cut_ops_.restored;

@@ -20,6 +20,7 @@ int64_t ns_between(Clock::time_point a, Clock::time_point b) {
 bool Worker::step() {
   const Clock::time_point t0 = Clock::now();
   pool_->poll_prefix_spills();  // prefix-cache disk writes that completed since the last step
+  if (pool_->disk() != nullptr) kv::poll_swap_writes(*pool_, &swap_stats_);  // write-behind
   drain_inbox(t0);
   reclaim_undelivered(t0);
   expire_queued(t0);

@@ -120,7 +120,19 @@ class EngineCollector : public pm::Collectable {
                "whose copy had landed (hit) or that waited for it or had none (miss); dropped "
                "unused (dropped)",
                pm::MetricType::Counter);
+    auto& write_behind =
+        family("kvsplit:kv_disk_write_behind_total",
+               "Disk swap write-behind: swap-outs that returned before their record was written "
+               "(started); swap-ins or read-aheads that waited for such a write (waited); swap-ins "
+               "served from a failed write's staging, without recompute (rescued)",
+               pm::MetricType::Counter);
     for (const PoolStats& p : s.pools) {
+      for (const auto& [result, n] :
+           {std::pair<const char*, int64_t>{"started", p.kv_disk_write_behind},
+            {"waited", p.kv_disk_write_behind_waits},
+            {"rescued", p.kv_disk_write_behind_rescues}})
+        write_behind.metric.push_back(
+            counter(static_cast<double>(n), {{"pool", p.name}, {"result", result}}));
       for (const auto& [result, n] :
            {std::pair<const char*, int64_t>{"started", p.kv_host_prefetches},
             {"hit", p.kv_host_prefetch_hits},

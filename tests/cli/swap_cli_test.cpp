@@ -89,6 +89,20 @@ TEST(CliSwap, DiskTierBelowTheHostTierKeepsTheTokens) {
     EXPECT_EQ(direct[i]["output_token_ids"], ref[i]["output_token_ids"]) << i;
     EXPECT_EQ(direct[i]["recomputed_tokens"], 0);
   }
+  // Written before each swap-out returns (--disk-write-behind off): the same tokens.
+  const std::vector<nlohmann::json> sync = generate(
+      " --kv-blocks 20 --swap always --host-capacity-mb 0 --disk-write-behind off "
+      "--disk-path " +
+      quote(dir.path().string()));
+  ASSERT_EQ(sync.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_EQ(sync[i]["output_token_ids"], ref[i]["output_token_ids"]) << i;
+    EXPECT_EQ(sync[i]["recomputed_tokens"], 0);
+  }
+  RunResult bad =
+      run("generate " + stories_model_flags() + " -p hi -n 4 --disk-write-behind maybe");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--disk-write-behind"), std::string::npos) << bad.err;
   RunResult r = run("generate " + stories_model_flags() + " -p hi -n 4 --disk-path /proc/nope");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--disk-path"), std::string::npos) << r.err;

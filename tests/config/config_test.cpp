@@ -427,8 +427,16 @@ TEST(ConfigTest, TemporalCutKeys) {
   EXPECT_EQ(c->engine.temporal.disk_path, "/var/tmp/kv");
   EXPECT_EQ(c->engine.temporal.disk_capacity_mb, 2048);
   EXPECT_TRUE(c->engine.temporal.disk_direct_io);
+  EXPECT_TRUE(c->engine.temporal.disk_write_behind);  // the default
   EXPECT_TRUE(c->engine.prefix_cache);
   EXPECT_FALSE(parse_config("kv: {disk: {path: /tmp/kv, direct_io: maybe}}\n").ok());
+  auto sync = parse_config("kv: {disk: {path: /tmp/kv, write_behind: false}}\n");
+  ASSERT_TRUE(sync.ok()) << sync.status().to_string();
+  EXPECT_FALSE(sync->engine.temporal.disk_write_behind);
+  auto odd = parse_config("kv: {disk: {path: /tmp/kv, write_behind: sometimes}}\n");
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.status().message().find("kv.disk.write_behind"), std::string::npos)
+      << odd.status().to_string();
   auto cls = parse_config(
       "sla_classes:\n"
       "  voice: {max_hold_ms: 500, kv: {swap: never, temporal_step_size: 1}}\n"

@@ -112,6 +112,49 @@ TEST(SwapFaults, EveryDiskFaultFallsBackToRecomputeWithTheSameTokens) {
   }
 }
 
+// With write-behind (kv.disk.write_behind, the engine's default) a disk swap-out returns while
+// its record is written. Clean, every record is read back as before; a write that fails (an I/O
+// error, no space) loses nothing: the sequence resumes from the staged copy, without recompute.
+// The tokens are those of an unbounded pool every time, and nothing is left on any tier.
+TEST(SwapFaults, WriteBehindRescuesAFailedWriteWithTheSameTokensAndNoRecompute) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto big = make_engine("llama2c", 1, 512);
+  ASSERT_NE(big, nullptr);
+  const auto inputs = batch(*big->loaded.tokenizer);
+  const Outcome ref = run(*big, inputs, SwapMode::kNever);
+  ASSERT_EQ(ref.tokens.size(), 4u);
+  for (const kv::InjectedFault fault :
+       {kv::InjectedFault::kCorrupt, kv::InjectedFault::kIoError, kv::InjectedFault::kNoSpace}) {
+    const bool clean = fault == kv::InjectedFault::kCorrupt;  // on a read: none injected here
+    SCOPED_TRACE(static_cast<int>(fault));
+    auto small = make_engine("llama2c", 1, 20);
+    ASSERT_NE(small, nullptr);
+    TempDir dir;
+    kv::DiskTierConfig dc;
+    dc.path = dir.path().string();
+    dc.capacity_bytes = 64 << 20;
+    dc.extent_bytes = 16 << 10;
+    auto disk = kv::DiskTier::open(dc);
+    ASSERT_TRUE(disk.ok()) << disk.status().to_string();
+    kv::DiskTier* tier = disk->get();
+    if (!clean) tier->set_fault_hook(kv::inject_next(kv::IoOp::kWrite, fault, 2));
+    small->pool->attach_disk(std::move(disk).value());
+    small->pool->set_disk_write_behind(true);
+    const Outcome got = run(*small, inputs, SwapMode::kAlways);
+    EXPECT_EQ(got.tokens, ref.tokens);
+    EXPECT_GT(got.swaps.to_disk, 0);
+    EXPECT_EQ(got.swaps.write_behind, got.swaps.to_disk);
+    EXPECT_EQ(got.recomputed, 0);  // a failed write is rescued from its staging
+    EXPECT_EQ(got.swaps.disk_faults, clean ? 0 : 2);
+    EXPECT_EQ(got.swaps.write_behind_rescues, clean ? 0 : 2);
+    EXPECT_EQ(got.swaps.from_disk + got.swaps.write_behind_rescues, got.swaps.to_disk);
+    EXPECT_EQ(small->pool->allocator().num_used(), 0);
+    EXPECT_TRUE(small->pool->swap_writes().empty());
+    EXPECT_EQ(tier->stats().records, 0);
+    EXPECT_EQ(tier->stats().extents_used, 0);
+  }
+}
+
 // A sequence preempted by recompute (swap never) restarts from its prompt pages still in the
 // prefix cache: the batch's prompts share no page, so every hit is a restart's. The tokens are
 // those of an unbounded pool, with the cache and without it.

@@ -226,6 +226,9 @@ TEST_P(EngineSwap, DiskTierTakesTheSwapsWithoutAHostTierAndPrefetchesThem) {
   EXPECT_EQ(run.pool.kv_swaps_to_disk, run.pool.kv_swaps_out);
   EXPECT_EQ(run.pool.kv_swaps_in, run.pool.kv_swaps_out);
   EXPECT_EQ(run.pool.kv_disk_faults, 0);
+  // kv.disk.write_behind is on by default: every disk swap-out returned before its write.
+  EXPECT_EQ(run.pool.kv_disk_write_behind, run.pool.kv_swaps_to_disk);
+  EXPECT_EQ(run.pool.kv_disk_write_behind_rescues, 0);
   // Every resume read from disk is a prefetch hit or a miss; sequences that wait for room are
   // read a step ahead, so some resume without waiting.
   EXPECT_EQ(run.pool.kv_prefetch_hits + run.pool.kv_prefetch_misses, run.pool.kv_swaps_in);

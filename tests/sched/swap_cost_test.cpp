@@ -61,6 +61,14 @@ TEST(SwapCost, ADiskSwapIsPricedWithTheDiskBandwidth) {
   c.disk_staging_d2h_bytes_per_s = c.disk_staging_h2d_bytes_per_s = 1e9;
   EXPECT_NEAR(choose_swap(SwapMode::kAuto, c, 10'000'000, 200, SwapTier::kDisk).swap_ms, 170.0,
               1e-9);
+  // Written behind: the swap-out costs the copy into the staging buffer (the host tier's rate,
+  // 1 ms), not the disk write (100 + 10 ms); the swap-in still reads the disk (50 + 10 ms).
+  SwapCosts behind = c;
+  behind.disk_write_behind = true;
+  EXPECT_NEAR(choose_swap(SwapMode::kAuto, behind, 10'000'000, 200, SwapTier::kDisk).swap_ms, 61.0,
+              1e-9);
+  EXPECT_TRUE(choose_swap(SwapMode::kAuto, behind, 10'000'000, 62, SwapTier::kDisk).swap);
+  EXPECT_FALSE(choose_swap(SwapMode::kAuto, c, 10'000'000, 62, SwapTier::kDisk).swap);
   // The disk unmeasured: swap (as for any unmeasured cost).
   SwapCosts no_disk = c;
   no_disk.disk_write_bytes_per_s = no_disk.disk_read_bytes_per_s = 0;
@@ -106,9 +114,13 @@ TEST(SwapCost, SwapTierAndTheDiskProbe) {
   EXPECT_GT(costs.disk_read_bytes_per_s, 0);
   EXPECT_EQ(costs.disk_staging_d2h_bytes_per_s, 0);  // the CPU backend swaps to disk in place
   EXPECT_EQ(costs.disk_staging_h2d_bytes_per_s, 0);
+  EXPECT_FALSE(costs.disk_write_behind);  // the pool's own setting, off by default
+  (*pool)->set_disk_write_behind(true);
+  ASSERT_TRUE(measure_disk_swap_bandwidth(**pool, &costs));
+  EXPECT_TRUE(costs.disk_write_behind);
   const kv::DiskTierStats st = (*pool)->disk()->stats();
-  EXPECT_EQ(st.writes, 4);
-  EXPECT_EQ(st.reads, 4);
+  EXPECT_EQ(st.writes, 8);  // two probes
+  EXPECT_EQ(st.reads, 8);
   EXPECT_EQ(st.records, 0);
   EXPECT_EQ(st.extents_used, 0);
 }
