@@ -185,9 +185,9 @@ StatusOr<bool> swap_out_to_disk(KvPool& pool, BlockTable& table, const std::vect
   }
   pool.make_disk_room(record_bytes);  // prefix-cache records give way
   if (behind) {
-    // Write-behind: the pages are in `staging` now, so their blocks are free at once; the
-    // record is written on the tier's I/O thread. Refused at the start (capacity, a submit
-    // error): nothing was allocated, the table is unchanged.
+    // Write-behind: the pages are in `staging` now, so their blocks are free at once, and a
+    // writer thread checksums and writes the record. A full tier refuses at begin_write:
+    // nothing was allocated, the table is unchanged.
     auto op = disk.begin_write(record_bytes, disk_key(idx.size()));
     if (!op.ok()) {
       pool.give_staging(std::move(staging), staging_capacity);
