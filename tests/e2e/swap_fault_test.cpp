@@ -4,6 +4,7 @@
 // unbounded pool every time, the fault counters move, and nothing is left on any tier.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,17 @@ Outcome run(Engine260K& e, const std::vector<sched::GenerationInput>& in, SwapMo
   return o;
 }
 
+// A 64 MiB disk tier under `dir` (null, with the error reported, when it cannot open).
+std::unique_ptr<kv::DiskTier> open_disk(const TempDir& dir) {
+  kv::DiskTierConfig dc;
+  dc.path = dir.path().string();
+  dc.capacity_bytes = 64 << 20;
+  dc.extent_bytes = 16 << 10;
+  auto disk = kv::DiskTier::open(dc);
+  EXPECT_TRUE(disk.ok()) << disk.status().to_string();
+  return disk.ok() ? std::move(disk).value() : nullptr;
+}
+
 TEST(SwapFaults, EveryDiskFaultFallsBackToRecomputeWithTheSameTokens) {
   KVSPLIT_REQUIRE_MODELS();
   auto big = make_engine("llama2c", 1, 512);
@@ -74,15 +86,11 @@ TEST(SwapFaults, EveryDiskFaultFallsBackToRecomputeWithTheSameTokens) {
     auto small = make_engine("llama2c", 1, 20);  // 20 pages for 32: preemptions
     ASSERT_NE(small, nullptr);
     TempDir dir;
-    kv::DiskTierConfig dc;
-    dc.path = dir.path().string();
-    dc.capacity_bytes = 64 << 20;
-    dc.extent_bytes = 16 << 10;
-    auto disk = kv::DiskTier::open(dc);
-    ASSERT_TRUE(disk.ok()) << disk.status().to_string();
-    kv::DiskTier* tier = disk->get();
+    std::unique_ptr<kv::DiskTier> disk = open_disk(dir);
+    ASSERT_NE(disk, nullptr);
+    kv::DiskTier* tier = disk.get();
     if (c.n > 0) tier->set_fault_hook(kv::inject_next(c.op, c.fault, c.n));
-    small->pool->attach_disk(std::move(disk).value());
+    small->pool->attach_disk(std::move(disk));
     const Outcome got = run(*small, inputs, SwapMode::kAlways);
     EXPECT_EQ(got.tokens, ref.tokens);
     // A read fault needs a record written first. After write faults the preempted sequences
@@ -130,15 +138,11 @@ TEST(SwapFaults, WriteBehindRescuesAFailedWriteWithTheSameTokensAndNoRecompute) 
     auto small = make_engine("llama2c", 1, 20);
     ASSERT_NE(small, nullptr);
     TempDir dir;
-    kv::DiskTierConfig dc;
-    dc.path = dir.path().string();
-    dc.capacity_bytes = 64 << 20;
-    dc.extent_bytes = 16 << 10;
-    auto disk = kv::DiskTier::open(dc);
-    ASSERT_TRUE(disk.ok()) << disk.status().to_string();
-    kv::DiskTier* tier = disk->get();
+    std::unique_ptr<kv::DiskTier> disk = open_disk(dir);
+    ASSERT_NE(disk, nullptr);
+    kv::DiskTier* tier = disk.get();
     if (!clean) tier->set_fault_hook(kv::inject_next(kv::IoOp::kWrite, fault, 2));
-    small->pool->attach_disk(std::move(disk).value());
+    small->pool->attach_disk(std::move(disk));
     small->pool->set_disk_write_behind(true);
     const Outcome got = run(*small, inputs, SwapMode::kAlways);
     EXPECT_EQ(got.tokens, ref.tokens);

@@ -7,35 +7,28 @@
 
 #include <chrono>
 #include <memory>
-#include <random>
 #include <thread>
 #include <vector>
 
 #include "disk_write_gate.h"
 #include "kv/kv_pool.h"
+#include "kv/page_pool_fixture.h"
 #include "kv/swap.h"
 #include "test_util.h"
 
 namespace kvsplit::kv {
 namespace {
 
-using kernels::KvPrecision;
+using testing::kBlock;
 
-constexpr int kLayers = 2, kKvHeads = 2, kHeadDim = 8, kBlock = 4;
-
-struct GatedDiskPool {
+// A pool of `blocks` device pages and no host tier (every swap goes to disk), whose disk tier's
+// writes pass through `gate`, with write-behind on.
+struct GatedDiskPool : testing::PagePoolFixture {
   std::shared_ptr<WriteGate> gate = std::make_shared<WriteGate>();
-  std::unique_ptr<backend::Backend> be;
-  testing::TempDir dir;
-  std::unique_ptr<KvPool> pool;
+  kvsplit::testing::TempDir dir;
   DiskTier* disk = nullptr;
 
-  explicit GatedDiskPool(int blocks) {
-    be = std::move(backend::create_backend("cpu", 1)).value();
-    KvPoolConfig c;
-    c.num_blocks = blocks;
-    c.block_size = kBlock;
-    pool = std::move(KvPool::create(*be, c, KvShape{kLayers, kKvHeads, kHeadDim})).value();
+  explicit GatedDiskPool(int blocks) : PagePoolFixture(/*host_pages=*/0, blocks, 0, 0) {
     DiskTierConfig dc;
     dc.path = dir.path().string();
     dc.extent_bytes = 4096;
@@ -49,23 +42,13 @@ struct GatedDiskPool {
     pool->attach_disk(std::move(t).value());
     pool->set_disk_write_behind(true);
   }
-  int64_t floats() const { return pool->page_layer_bytes(KvPrecision::kFull) / 4; }
-  void fill(const BlockTable& t, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> n(0.f, 1.f);
-    for (int l = 0; l < kLayers; ++l)
-      for (int32_t b : t.blocks) {
-        float* p = static_cast<float*>(pool->layer(l).data) + b * floats();
-        for (int64_t i = 0; i < floats(); ++i) p[i] = n(rng);
-      }
-  }
+  // Every page's bytes, in page order.
   std::vector<float> read(const BlockTable& t) {
     std::vector<float> out;
-    for (int32_t b : t.blocks)
-      for (int l = 0; l < kLayers; ++l) {
-        const float* p = static_cast<const float*>(pool->layer(l).data) + b * floats();
-        out.insert(out.end(), p, p + floats());
-      }
+    for (size_t i = 0; i < t.blocks.size(); ++i) {
+      const std::vector<float> p = page(t, static_cast<int>(i));
+      out.insert(out.end(), p.begin(), p.end());
+    }
     return out;
   }
   // A table of 4 pages (the last partial), filled from `seed`, swapped out; returns its bytes.

@@ -1,0 +1,108 @@
+// The prefix cache's indices (kv/prefix_cache.h): which of the three ordered sets an entry
+// belongs in, keeping them in step with the entries and the allocator's sharing reports, and the
+// scan that checks them in tests. The tiers' operations live in prefix_cache.cpp.
+#include <set>
+
+#include "common/check.h"
+#include "kv/prefix_cache.h"
+
+namespace kvsplit::kv {
+
+PrefixCache::Map::iterator PrefixCache::lru(PageLocation where) {
+  KVSPLIT_CHECK(where == PageLocation::kHost || where == PageLocation::kDisk);
+  const std::set<OrderKey>& order = where == PageLocation::kHost ? host_lru_ : disk_lru_;
+  return order.empty() ? entries_.end() : entries_.find(order.begin()->hash);
+}
+
+PrefixCache::Index PrefixCache::index_for(const Entry& e) const {
+  if (e.pinned) return Index::kNone;
+  switch (e.where) {
+    case PageLocation::kDevice:
+      return e.landing_slot < 0 && watched_ != nullptr && watched_->refcount(e.block) == 1
+                 ? Index::kIdleDevice
+                 : Index::kNone;
+    case PageLocation::kHost:
+      return e.spill == nullptr ? Index::kHost : Index::kNone;
+    case PageLocation::kDisk:
+      return Index::kDisk;
+    case PageLocation::kEvicted:
+      break;
+  }
+  return Index::kNone;
+}
+
+std::set<PrefixCache::OrderKey>* PrefixCache::index_set(Index i) {
+  switch (i) {
+    case Index::kIdleDevice:
+      return &idle_;
+    case Index::kHost:
+      return &host_lru_;
+    case Index::kDisk:
+      return &disk_lru_;
+    case Index::kNone:
+      break;
+  }
+  return nullptr;
+}
+
+void PrefixCache::unindex(uint64_t hash, Entry& e) {
+  if (std::set<OrderKey>* set = index_set(e.index))
+    KVSPLIT_CHECK(set->erase(OrderKey{e.indexed_use, -e.depth, hash}) == 1);
+  e.index = Index::kNone;
+}
+
+void PrefixCache::reindex(uint64_t hash, Entry& e) {
+  const Index want = index_for(e);
+  if (want == e.index && e.indexed_use == e.last_use) return;
+  unindex(hash, e);
+  if (std::set<OrderKey>* set = index_set(want)) set->insert(OrderKey{e.last_use, -e.depth, hash});
+  e.index = want;
+  e.indexed_use = e.last_use;
+}
+
+void PrefixCache::bind_block(int32_t block, uint64_t hash, BlockAllocator& alloc) {
+  if (watched_ == nullptr) {
+    watched_ = &alloc;
+    alloc.set_watcher(this);
+  }
+  KVSPLIT_CHECK_MSG(watched_ == &alloc, "prefix cache: one device allocator per cache");
+  by_block_.emplace(block, hash);
+  alloc.watch(block, true);
+}
+
+void PrefixCache::unbind_block(int32_t block) {
+  by_block_.erase(block);
+  watched_->watch(block, false);
+}
+
+void PrefixCache::on_sharing_changed(int32_t block) {
+  auto b = by_block_.find(block);
+  if (b == by_block_.end()) return;
+  auto it = entries_.find(b->second);
+  if (it != entries_.end()) reindex(it->first, it->second);
+}
+
+bool PrefixCache::index_consistent() const {
+  size_t idle = 0, host = 0, disk = 0;
+  for (const auto& [h, e] : entries_) {
+    const Index want = index_for(e);
+    if (want != e.index || (want != Index::kNone && e.indexed_use != e.last_use)) return false;
+    const OrderKey key{e.last_use, -e.depth, h};
+    switch (want) {
+      case Index::kIdleDevice:
+        idle += idle_.count(key);
+        break;
+      case Index::kHost:
+        host += host_lru_.count(key);
+        break;
+      case Index::kDisk:
+        disk += disk_lru_.count(key);
+        break;
+      case Index::kNone:
+        break;
+    }
+  }
+  return idle == idle_.size() && host == host_lru_.size() && disk == disk_lru_.size();
+}
+
+}  // namespace kvsplit::kv
