@@ -31,6 +31,7 @@
 #include <random>
 #include <thread>
 
+#include "burst.h"
 #include "config/config.h"
 #include "serving_offline.h"
 
@@ -484,36 +485,15 @@ int run_capacity_once(const Options& o, int seqs, kvsplit::KvPolicy policy, Capa
     std::fprintf(stderr, "%s\n", engine.status().to_string().c_str());
     return 1;
   }
-  std::mt19937_64 rng(o.seed);
-  const int vocab = (*engine)->model_info().vocab_size;
   std::vector<kvsplit::RequestHandle> hs;
   const auto t0 = Clock::now();
-  for (int i = 0; i < seqs; ++i) {
-    Request r;
-    r.prompt_token_ids.resize(prompt);
-    for (int32_t& id : r.prompt_token_ids) id = 3 + static_cast<int32_t>(rng() % (vocab - 3));
-    r.sampling.max_tokens = output;
-    r.sampling.ignore_eos = true;
-    r.sampling.temperature = 0;
-    auto h = (*engine)->submit(r);
-    if (!h.ok()) {
-      std::fprintf(stderr, "%s\n", h.status().to_string().c_str());
-      return 1;
-    }
-    hs.push_back(*h);
+  const Status submitted =
+      kvsplit::bench::submit_burst(**engine, seqs, prompt, output, o.seed, &hs);
+  if (!submitted.ok()) {
+    std::fprintf(stderr, "%s\n", submitted.to_string().c_str());
+    return 1;
   }
-  double running_sum = 0;
-  int64_t samples = 0;
-  for (;;) {
-    const kvsplit::EngineStats st = (*engine)->stats();
-    if (st.requests_finished + st.requests_failed >= seqs) break;
-    if (st.requests_finished == 0) {  // until the first finish: the steady state
-      running_sum += st.num_running;
-      ++samples;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  res->mean_running = samples > 0 ? running_sum / static_cast<double>(samples) : 0;
+  res->mean_running = kvsplit::bench::mean_running_until_done(**engine, seqs);
   // The SLA targets: --sla-ttft-ms / --sla-itl-ms, else the default class's (the first).
   res->sla_ttft_ms = o.sla_ttft_ms > 0 ? o.sla_ttft_ms : c.sla_classes.at(0).max_ttft_ms;
   res->sla_itl_ms = o.sla_itl_ms > 0 ? o.sla_itl_ms : c.sla_classes.at(0).max_itl_ms;

@@ -233,8 +233,11 @@ struct PoolStats {
   int32_t kv_pages_int4 = 0;
   int32_t kv_pages_evicted = 0;
   // Page transitions applied on this pool since start (monotonic counters).
-  int64_t kv_demotions = 0;            // pages moved down the ladder (to int8 or int4)
-  int64_t kv_evictions = 0;            // resident copies dropped (evicted or dropped)
+  int64_t kv_demotions = 0;  // pages moved down the ladder (to int8 or int4)
+  int64_t kv_evictions = 0;  // resident copies dropped (evicted or dropped)
+  // Pages freed because every layer's sliding window had passed them (models whose layers all
+  // slide, e.g. Mistral-7B-v0.1; decode and colocated pools). Not in kv_evictions.
+  int64_t kv_window_dropped_pages = 0;
   int64_t kv_recalls = 0;              // pages restored to full precision from the host tier
   int64_t kv_refused_transitions = 0;  // planned but refused (a tier or the pool full; no
                                        // original to restore from); nothing changed

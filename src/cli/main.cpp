@@ -214,6 +214,7 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
       j["recomputed_tokens"] = o.recomputed_tokens;
       j["preemptions"] = o.preemptions;
       j["shards"] = o.shards;
+      j["window_dropped_pages"] = o.window_dropped_pages;
       // With a shard group: its communicator ("in-process" or "nccl").
       if (const backend::Communicator* c = (*pool)->communicator()) j["communicator"] = c->name();
       std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";

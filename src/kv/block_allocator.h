@@ -86,6 +86,10 @@ struct BlockTable {
   // KvPool::reserve) rather than on its home shard first. A property of the sequence, kept by
   // KvPool::release.
   bool spread = false;
+  // Sliding windows: pages [0, window_dropped) were dropped because every layer's window had
+  // passed them (kv::drop_behind_window): no copy of them is left anywhere and no query reads
+  // them again. Their blocks are -1 and their entries evicted. Reset by KvPool::release.
+  int window_dropped = 0;
 
   // The entry of page i: `pages[i]`, or the default (full precision on the home device) while
   // `pages` is empty.
@@ -114,10 +118,11 @@ struct BlockTable {
       n += p.resident() && p.precision == kernels::KvPrecision::kFull;
     return n;
   }
-  // True when every page is full precision and resident (pages empty or all kFull on device).
+  // True when every page is full precision and resident (pages empty or all kFull on device),
+  // those dropped behind the window aside (never read).
   bool all_full() const {
-    for (const PageEntry& p : pages)
-      if (p.precision != kernels::KvPrecision::kFull || !p.resident()) return false;
+    for (size_t i = static_cast<size_t>(window_dropped); i < pages.size(); ++i)
+      if (pages[i].precision != kernels::KvPrecision::kFull || !pages[i].resident()) return false;
     return true;
   }
 

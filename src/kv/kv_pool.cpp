@@ -451,9 +451,11 @@ void KvPool::cache_prefix(const BlockTable& table, uint64_t salt, std::span<cons
   if (!prefix_) return;
   num_pages = std::min<int>(num_pages, static_cast<int>(table.blocks.size()));
   int n = 0;
-  // Only the leading pages that are full precision on the home shard's device.
+  // Only the leading pages that are full precision on the home shard's device. Pages dropped
+  // behind a sliding window were offered when they were computed: the cache touches those it
+  // still holds and stops at the first it does not (PrefixCache::insert, block -1).
   while (n < num_pages &&
-         (table.pages.empty() ||
+         (table.pages.empty() || n < table.window_dropped ||
           (table.pages[n].resident() && table.pages[n].precision == kernels::KvPrecision::kFull &&
            table.pages[n].shard == 0)))
     ++n;
@@ -507,6 +509,7 @@ void KvPool::release(BlockTable& table) {
   }
   table.blocks.clear();
   table.pages.clear();
+  table.window_dropped = 0;
 }
 
 int64_t KvPool::summary_layer_bytes() const {

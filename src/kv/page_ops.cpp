@@ -162,6 +162,20 @@ class Executor {
     stats_.restore_seconds += static_cast<double>(now_ns() - r.started_ns) * 1e-9;
   }
 
+  // Frees everything page i holds (resident copy, host original, summary): it is never read again.
+  void forget(int i) {
+    PageEntry& page = table_.pages[i];
+    if (page.resident()) drop_resident(i);
+    if (page.original >= 0) home_.host_allocator().decref(page.original);
+    if (page.summary >= 0) home_.shard(page.shard).summary_allocator().decref(page.summary);
+    table_.blocks[i] = -1;
+    const uint8_t shard = page.shard;
+    page = PageEntry{};
+    page.shard = shard;
+    page.location = PageLocation::kEvicted;
+    page.precision = KvPrecision::kEvicted;
+  }
+
   // Frees a restore's block whose copy failed; the page keeps its state.
   void abandon(const PendingRestore& r) {
     home_.decref_block(r.shard, r.block);
@@ -253,6 +267,7 @@ void PageOpStats::add(const PageOpStats& o) {
   refused_no_original += o.refused_no_original;
   restore_seconds += o.restore_seconds;
   restores_late += o.restores_late;
+  window_dropped += o.window_dropped;
 }
 
 Status apply_page_transitions(KvPool& pool, BlockTable& table, int num_tokens,
@@ -323,6 +338,32 @@ Status complete_restores(KvPool& pool, BlockTable& table, int64_t wait_us, PageO
   }
   table.restoring = std::move(still);
   return first_error;
+}
+
+int drop_behind_window(KvPool& pool, BlockTable& table, int num_tokens, int window,
+                       PageOpStats* stats) {
+  KVSPLIT_CHECK(stats != nullptr);
+  if (window <= 0) return 0;
+  const int bs = pool.block_size();
+  // The next query (position num_tokens) reads keys [num_tokens - window + 1, num_tokens].
+  const int first_key = num_tokens - window + 1;
+  const int dead =
+      std::min(first_key > 0 ? first_key / bs : 0, static_cast<int>(table.blocks.size()));
+  if (dead <= table.window_dropped) return 0;
+  if (table.pages.empty()) table.pages.resize(table.blocks.size());
+  Executor ex(pool, table, *stats);
+  const int before = table.window_dropped;
+  for (int i = table.window_dropped; i < dead; ++i) {
+    const PageEntry& page = table.pages[i];
+    // In flight or off the device: left for a later call (the prefix stays contiguous).
+    if (page.restoring || page.location == PageLocation::kHost ||
+        page.location == PageLocation::kDisk)
+      break;
+    ex.forget(i);
+    table.window_dropped = i + 1;
+    ++stats->window_dropped;
+  }
+  return table.window_dropped - before;
 }
 
 int64_t resident_bytes(const KvPool& pool, const BlockTable& table) {

@@ -43,6 +43,8 @@ struct PageOpStats {
   // Asynchronous restores not landed when a bounded wait for them expired (complete_restores):
   // the step that asked for the page ran with its resident copy (or without it, evicted).
   int64_t restores_late = 0;
+  // Pages freed because every layer's sliding window had passed them (drop_behind_window).
+  int64_t window_dropped = 0;
 
   void add(const PageOpStats& o);  // field by field
   int64_t refused() const { return refused_host_full + refused_no_space + refused_no_original; }
@@ -63,6 +65,17 @@ Status apply_page_transitions(KvPool& pool, BlockTable& table, int num_tokens,
 // has landed) and commits the restores that landed; the rest stay pending (counted once in
 // restores_late). A failed copy frees its block, leaves the page as it was and is returned.
 Status complete_restores(KvPool& pool, BlockTable& table, int64_t wait_us, PageOpStats* stats);
+
+// Sliding windows: frees the pages of `table` (num_tokens written) that no query will read again
+// because every layer's window has passed them: with `window` the largest layer window
+// (ModelConfig::kv_window; 0 does nothing), the next query sits at position num_tokens and reads
+// keys from num_tokens - window + 1 on, so pages ending at or before that key go. Each one's
+// resident copy, host original and summary are freed (nothing is kept: unlike kEvict this is not
+// reversible, nor needs to be), its block becomes -1 and table.window_dropped grows. Pages with a
+// restore in flight, or swapped out of the device, wait for a later call. Counted in
+// stats->window_dropped; returns how many went.
+int drop_behind_window(KvPool& pool, BlockTable& table, int num_tokens, int window,
+                       PageOpStats* stats);
 
 // Bytes of KV resident on the device for `table` (every layer, each page at its precision, the
 // key summary of each page that has one, and the full block of each restore in flight).

@@ -288,6 +288,19 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
                                   " is written this step but is not full precision on the device");
       }
     }
+    if (s.table->window_dropped > 0) {
+      // Pages dropped behind the window must lie before every layer's window of this step's
+      // first query.
+      int needed = s.start_pos;  // the first key any layer reads for the first query
+      for (int l = 0; l < c.num_layers; ++l)
+        needed = std::min(needed, kernels::window_first_key(s.start_pos, c.window_of(l)));
+      if (int64_t{s.table->window_dropped} * block_size > needed ||
+          s.table->window_dropped >= kv::BlockTable::blocks_for(kv_len, block_size)) {
+        return invalid_argument("page " + std::to_string(s.table->window_dropped - 1) +
+                                " was dropped behind the sliding window, and position " +
+                                std::to_string(s.start_pos) + " still reads it");
+      }
+    }
     if (s.table->sharded()) {
       if (pool.num_shards() < 2)
         return invalid_argument("a block table names shards but the pool has no shard group");
@@ -357,8 +370,12 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
       qstart[j + 1] = t - row0 + n;
       kvlens[j] = kv_len;
       const int nb = kv::BlockTable::blocks_for(kv_len, block_size);
+      // Pages dropped behind the window are never read (every layer's window starts after
+      // them, checked above); the all-full kernels still want valid ids there.
+      const int dropped = s.table->window_dropped;
       for (int b = 0; b < nb; ++b)
-        tables[static_cast<size_t>(j) * max_blocks + b] = s.table->blocks[b];
+        tables[static_cast<size_t>(j) * max_blocks + b] =
+            s.table->blocks[b < dropped ? dropped : b];
       for (int i = 0; i < n; ++i, ++t) {
         const int pos = s.start_pos + i;
         meta.ints[meta.token_ids + t] = s.tokens[i];

@@ -1,6 +1,7 @@
 // Hyperparameters of a Llama-family model, filled by the loaders.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -77,6 +78,17 @@ struct ModelConfig {
     for (int w : layer_window)
       if (w > 0) return true;
     return false;
+  }
+  // How far back any query reads once every layer slides: the largest window (keys more than
+  // that behind the next position are never read again, kv::drop_behind_window), or 0 when some
+  // layer attends the whole context.
+  int kv_window() const {
+    int w = 0;
+    for (int lw : layer_window) {
+      if (lw <= 0) return 0;
+      w = std::max(w, lw);
+    }
+    return w;
   }
   int kv_dim() const { return num_kv_heads * head_dim; }
 };

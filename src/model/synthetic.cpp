@@ -1,6 +1,7 @@
-// synthetic:<preset>[@seed=N][,ctx=N]: Llama-shaped models with seeded random weights, for
-// benchmarks ("@seed=N", "@ctx=N" or "@seed=N,ctx=N"; ctx overrides the preset's context length,
-// e.g. for long-context benchmarks; the weights do not depend on it).
+// synthetic:<preset>[@seed=N][,ctx=N][,window=N]: Llama-shaped models with seeded random weights,
+// for benchmarks (options after "@", comma-separated, each at most once; ctx overrides the
+// preset's context length, e.g. for long-context benchmarks; window makes every layer slide over
+// N keys, as Mistral's sliding_window; the weights depend on neither).
 // Values are a counter-based hash of (seed, tensor, index), so generation is parallel and the
 // result does not depend on the thread count.
 #include <algorithm>
@@ -74,7 +75,8 @@ void fill(T* dst, int64_t b, int64_t e, uint64_t key, float bias, float scale) {
 struct Parsed {
   const Preset* preset = nullptr;
   uint64_t seed = 0;
-  int ctx = 0;  // > 0: overrides the preset's max_seq_len
+  int ctx = 0;     // > 0: overrides the preset's max_seq_len
+  int window = 0;  // > 0: every layer slides over this many keys (Mistral's sliding_window)
 };
 
 // A decimal integer of at most 19 digits: true and *out, or false.
@@ -106,7 +108,7 @@ StatusOr<Parsed> parse_spec(const std::string& spec) {
   }
   if (!has_opts) return p;
   // Options: comma-separated key=value, each key at most once.
-  bool seen_seed = false, seen_ctx = false;
+  bool seen_seed = false, seen_ctx = false, seen_window = false;
   size_t b = 0;
   while (true) {
     const size_t e = std::min(opts.find(',', b), opts.size());
@@ -118,14 +120,18 @@ StatusOr<Parsed> parse_spec(const std::string& spec) {
     if (key == "seed" && !seen_seed && number) {
       seen_seed = true;
       p.seed = value;
+    } else if (key == "window" && !seen_window && number && value >= 1 &&
+               value <= static_cast<uint64_t>(kMaxContextLength)) {
+      seen_window = true;
+      p.window = static_cast<int>(value);
     } else if (key == "ctx" && !seen_ctx && number && value >= 1 &&
                value <= static_cast<uint64_t>(kMaxContextLength)) {
       seen_ctx = true;
       p.ctx = static_cast<int>(value);
     } else {
       return invalid_argument(spec + ": bad option '" + opt +
-                              "' (expected @seed=N, @ctx=N or @seed=N,ctx=N: N a decimal integer, "
-                              "ctx in [1, " +
+                              "' (expected comma-separated seed=N, ctx=N, window=N after @: N a "
+                              "decimal integer, ctx and window in [1, " +
                               std::to_string(kMaxContextLength) + "], each at most once)");
     }
     if (e == opts.size()) break;
@@ -134,7 +140,7 @@ StatusOr<Parsed> parse_spec(const std::string& spec) {
   return p;
 }
 
-ModelConfig make_config(const Preset& p, int ctx) {
+ModelConfig make_config(const Preset& p, int ctx, int window) {
   ModelConfig c;
   c.architecture = "synthetic";
   c.dim = p.dim;
@@ -152,6 +158,8 @@ ModelConfig make_config(const Preset& p, int ctx) {
   c.tie_word_embeddings = p.tied;
   c.bos_token_id = 1;
   c.eos_token_ids = {2};
+  // A window of at least the context masks nothing (as for HF configs, docs/models.md).
+  if (window > 0 && window < c.max_seq_len) c.layer_window.assign(c.num_layers, window);
   return c;
 }
 
@@ -169,13 +177,13 @@ struct Job {
 
 StatusOr<ModelConfig> synthetic_config(const std::string& spec) {
   KVSPLIT_ASSIGN_OR_RETURN(Parsed p, parse_spec(spec));
-  return make_config(*p.preset, p.ctx);
+  return make_config(*p.preset, p.ctx, p.window);
 }
 
 StatusOr<LoadedModel> load_synthetic(const std::string& spec, const LoadOptions& options) {
   KVSPLIT_ASSIGN_OR_RETURN(Parsed parsed, parse_spec(spec));
   LoadedModel m;
-  m.config = make_config(*parsed.preset, parsed.ctx);
+  m.config = make_config(*parsed.preset, parsed.ctx, parsed.window);
   const ModelConfig& c = m.config;
   KVSPLIT_RETURN_IF_ERROR(validate_model_config(c, spec));
   const int64_t dim = c.dim, hid = c.hidden_dim, q = c.q_dim(), kv = c.kv_dim(), V = c.vocab_size;
@@ -261,7 +269,8 @@ StatusOr<LoadedModel> load_synthetic(const std::string& spec, const LoadOptions&
   if (options.load_tokenizer) m.tokenizer = make_byte_tokenizer(c.vocab_size);
   m.source = "synthetic:" + std::string(parsed.preset->name) +
              "@seed=" + std::to_string(parsed.seed) +
-             (parsed.ctx > 0 ? ",ctx=" + std::to_string(parsed.ctx) : "");
+             (parsed.ctx > 0 ? ",ctx=" + std::to_string(parsed.ctx) : "") +
+             (parsed.window > 0 ? ",window=" + std::to_string(parsed.window) : "");
   KVSPLIT_LOG_INFO("generated {}: {} parameters, {} MiB of {}{}", m.source, total, bytes >> 20,
                    bf16 ? "bf16" : "f32", shared_layers ? " (layers share one buffer set)" : "");
   return m;

@@ -47,6 +47,7 @@ struct SeqState {
   KvAccount kv;             // effective-KV accounting (docs/kvm.md)
   int64_t resume_step = 0;  // swapped out: not resumed before this step while others run
   int shards = 0;           // most shards of the pool's shard group its KV used at once
+  int window_dropped = 0;   // pages freed behind the sliding window
   // The disk read of its swapped-out pages started a step ahead (kv::SwapPrefetch); dropped
   // before the table is released (a record being read cannot be freed).
   std::unique_ptr<kv::SwapPrefetch> prefetch;
@@ -166,6 +167,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
                         (pool.host_allocator().num_blocks() > 0 || pool.disk() != nullptr);
   SwapCosts costs;
   kv::SwapStats swap_stats;
+  kv::PageOpStats window_ops;  // drop_behind_window's count (each sequence keeps its own)
   if (swapping && options.swap == SwapMode::kAuto) {
     measure_copy_bandwidth(pool, &costs);
     measure_disk_swap_bandwidth(pool, &costs);
@@ -360,6 +362,10 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       if (!decode)
         pool.cache_prefix(s.table, options.prefix_salt, s.tokens,
                           std::min(s.computed, s.num_prompt) / bs);
+      // Pages every layer's window has passed go back to the pool (after the prefix cache took
+      // its pages; before the cut measures the table).
+      s.window_dropped +=
+          kv::drop_behind_window(pool, s.table, s.computed, cfg.kv_window(), &window_ops);
       if (!s.running && s.computed == s.target()) s.running = true;  // prompt or recompute done
       if (decode && s.cut) KVSPLIT_RETURN_IF_ERROR(s.cut->finish(pool, s.table, s.computed));
       int32_t tok = -1;
@@ -424,6 +430,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     out[i].effective_kv_byte_seconds = seqs[i].kv.byte_seconds();
     out[i].kv_token_seconds = seqs[i].kv.token_seconds();
     out[i].shards = seqs[i].shards;
+    out[i].window_dropped_pages = seqs[i].window_dropped;
   }
   if (options.swap_stats != nullptr) options.swap_stats->add(swap_stats);
   return out;

@@ -41,6 +41,8 @@ struct GenerationOutput {
   double effective_kv_byte_seconds = 0;
   double kv_token_seconds = 0;
   int shards = 0;  // shards of the pool's shard group its KV used (spatial cut)
+  // Pages freed as every layer's sliding window passed them (kv::drop_behind_window).
+  int window_dropped_pages = 0;
 };
 
 struct BatchOptions {

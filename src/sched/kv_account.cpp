@@ -21,7 +21,8 @@ KvLevel kv_level(const kv::KvPool& pool, const kv::BlockTable& table, int num_co
   const int64_t b4 = pool.page_layer_bytes(kernels::KvPrecision::kInt4) * layers;
   const int64_t summary = pool.summary_layer_bytes() * layers;
   const int64_t pages = std::min<int64_t>(n, static_cast<int64_t>(table.pages.size()));
-  for (int64_t i = 0; i < pages; ++i) {
+  // Pages dropped behind a sliding window hold nothing anywhere (and are not the cut's evictions).
+  for (int64_t i = table.window_dropped; i < pages; ++i) {
     const kv::PageEntry& p = table.pages[i];
     if (p.summary >= 0) l.bytes += summary;  // device memory, beside any resident copy
     l.pages_evicted += p.location == kv::PageLocation::kEvicted ? 1 : 0;

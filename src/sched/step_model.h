@@ -20,6 +20,9 @@ class StepModel {
   virtual Status forward(std::span<const model::SeqStep> seqs, kv::KvPool& pool,
                          std::vector<float>* logits, std::vector<int32_t>* ids) = 0;
   virtual int vocab_size() const = 0;
+  // Sliding windows: keys further back than this from the next position are never read again
+  // (model::ModelConfig::kv_window); 0: some layer reads the whole context.
+  virtual int kv_window() const { return 0; }
   // The spatial cut: bytes the model's shards exchanged since start (0 without shards).
   virtual int64_t shard_exchange_bytes() const { return 0; }
   // ... and the wall time of those exchanges (seconds).
@@ -34,6 +37,7 @@ class LlamaStepModel final : public StepModel {
     return model_->forward(seqs, pool, logits, {}, ids);
   }
   int vocab_size() const override { return model_->config().vocab_size; }
+  int kv_window() const override { return model_->config().kv_window(); }
   int64_t shard_exchange_bytes() const override { return model_->sharding_stats().exchange.bytes; }
   double shard_exchange_seconds() const override {
     return model_->sharding_stats().exchange.seconds;

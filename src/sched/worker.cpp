@@ -125,6 +125,7 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_pages_evicted = kv_stats_.kv_pages_evicted;
   s.pool.kv_demotions = kv_stats_.kv_demotions;
   s.pool.kv_evictions = kv_stats_.kv_evictions;
+  s.pool.kv_window_dropped_pages = kv_stats_.kv_window_dropped_pages;
   s.pool.kv_recalls = kv_stats_.kv_recalls;
   s.pool.kv_refused_transitions = kv_stats_.kv_refused_transitions;
   s.pool.kv_recall_ms_mean = kv_stats_.kv_recall_ms_mean;
@@ -251,6 +252,7 @@ void Worker::publish_stats() {
   k.kv_disk_write_behind_rescues = swap_stats_.write_behind_rescues;
   k.kv_demotions = cut_ops_.demoted_to_int8 + cut_ops_.demoted_to_int4;
   k.kv_evictions = cut_ops_.evicted;
+  k.kv_window_dropped_pages = cut_ops_.window_dropped;
   k.kv_recalls = cut_ops_.restored;
   k.kv_recalls_late = cut_ops_.restores_late;
   k.kv_refused_transitions = cut_ops_.refused();

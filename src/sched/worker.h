@@ -189,6 +189,10 @@ class Worker {
   void settle_cut(Sequence& seq, Clock::time_point step_start, bool all = false);
   void prepare_cut(Sequence& seq, model::SeqStep& step);
   bool finish_cut(Sequence& seq, Clock::time_point now);
+  // Sliding windows, after a step of seq on a decode or colocated worker: the pages every layer's
+  // window has passed go back to the pool (kv::drop_behind_window). Prefill workers keep the
+  // whole prompt: a handoff moves full pages only.
+  void drop_behind_window(Sequence& seq);
   // A preempted sequence waiting for blocks with priority >= `priority`.
   bool has_unreserved_waiting(int32_t priority) const;
   // Fair time slicing: running `seq` has decoded for its class's max_hold_ms since it last

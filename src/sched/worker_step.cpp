@@ -509,6 +509,12 @@ void Worker::prepare_cut(Sequence& seq, model::SeqStep& step) {
   seq.cut->prepare(step, pool_->block_size());
 }
 
+void Worker::drop_behind_window(Sequence& seq) {
+  const int window = model_->kv_window();
+  if (window <= 0 || options_.role == WorkerRole::kPrefill) return;
+  kv::drop_behind_window(*pool_, seq.table, seq.num_computed, window, &cut_ops_);
+}
+
 bool Worker::finish_cut(Sequence& seq, Clock::time_point now) {
   if (!seq.cut) return true;
   const Status st = seq.cut->finish(*pool_, seq.table, seq.num_computed, &cut_ops_);
@@ -538,6 +544,7 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
       KVSPLIT_CHECK(id < ids.size());
       job.token = ids[id++];
     }
+    if (batch_.decode[i]) drop_behind_window(seq);
     if (batch_.decode[i] && !finish_cut(seq, now)) continue;
     if (seq.cancelled()) {
       finish(seq, FinishReason::kCancelled, cancelled_error("cancelled"), now);
@@ -558,6 +565,7 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
     if (in_waiting) {
       pool_->cache_prefix(seq.table, seq.prefix_salt, seq.tokens,
                           std::min(seq.num_computed, seq.num_prompt) / pool_->block_size());
+      drop_behind_window(seq);  // after the prefix cache took its pages
     }
     if (job < sample_jobs_.size() && sample_jobs_[job].seq == &seq) {
       const FinishReason reason = sample_reasons_[job++];

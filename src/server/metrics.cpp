@@ -56,6 +56,10 @@ class EngineCollector : public pm::Collectable {
                              "KV pages moved down the precision ladder", pm::MetricType::Counter);
     auto& evictions = family("kvsplit:kv_evictions_total", "KV pages evicted or dropped",
                              pm::MetricType::Counter);
+    auto& window_dropped =
+        family("kvsplit:kv_window_dropped_pages_total",
+               "KV pages freed because every layer's sliding window had passed them",
+               pm::MetricType::Counter);
     auto& recalls =
         family("kvsplit:kv_recalls_total", "KV pages restored to full precision from the host tier",
                pm::MetricType::Counter);
@@ -233,6 +237,8 @@ class EngineCollector : public pm::Collectable {
         pages.metric.push_back(gauge(n, {{"pool", p.name}, {"rung", rung}}));
       demotions.metric.push_back(counter(static_cast<double>(p.kv_demotions), {{"pool", p.name}}));
       evictions.metric.push_back(counter(static_cast<double>(p.kv_evictions), {{"pool", p.name}}));
+      window_dropped.metric.push_back(
+          counter(static_cast<double>(p.kv_window_dropped_pages), {{"pool", p.name}}));
       recalls.metric.push_back(counter(static_cast<double>(p.kv_recalls), {{"pool", p.name}}));
       refused.metric.push_back(
           counter(static_cast<double>(p.kv_refused_transitions), {{"pool", p.name}}));

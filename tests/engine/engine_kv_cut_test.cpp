@@ -16,6 +16,7 @@ namespace {
 
 using testing::collect;
 using testing::Collected;
+using testing::run_all;
 
 const char* kPrompts[] = {"Once upon a time", "Lily wanted to", "The dog",
                           "Tom and his mom",  "The sun was",    "A big red ball"};
@@ -62,19 +63,6 @@ std::vector<Request> long_greedy(int n, int max_tokens, const std::string& cls =
     r.sla_class = cls;
     out.push_back(r);
   }
-  return out;
-}
-
-std::vector<Collected> run_all(Engine& engine, const std::vector<Request>& reqs) {
-  std::vector<RequestHandle> handles;
-  for (const Request& r : reqs) {
-    auto h = engine.submit(r);
-    EXPECT_TRUE(h.ok()) << h.status().to_string();
-    if (!h.ok()) return {};
-    handles.push_back(*h);
-  }
-  std::vector<Collected> out;
-  for (RequestHandle& h : handles) out.push_back(collect(h, std::chrono::seconds(300)));
   return out;
 }
 

@@ -61,6 +61,22 @@ inline Collected collect(RequestHandle handle,
   return r;
 }
 
+// Submits every request, then collects each one's events (at most `timeout` each).
+inline std::vector<Collected> run_all(
+    Engine& engine, const std::vector<Request>& reqs,
+    std::chrono::milliseconds timeout = std::chrono::seconds(300)) {
+  std::vector<RequestHandle> handles;
+  for (const Request& r : reqs) {
+    auto h = engine.submit(r);
+    EXPECT_TRUE(h.ok()) << h.status().to_string();
+    if (!h.ok()) return {};
+    handles.push_back(*h);
+  }
+  std::vector<Collected> out;
+  for (RequestHandle& h : handles) out.push_back(collect(h, timeout));
+  return out;
+}
+
 // Waits until every pool reports `expected` free blocks and nothing running or waiting. Pool
 // stats are published after each step, i.e. after that step's final events: a snapshot read just
 // after the last final event can be one step old (e.g. a preempted sequence that held no blocks

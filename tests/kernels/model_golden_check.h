@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "kv/kv_pool.h"
+#include "kv/page_ops.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
 #include "sampling/sampler.h"
@@ -211,19 +212,22 @@ inline void expect_argmax_rows_match_logits(GoldenModel& g, int num_prompts) {
 }
 
 // Sliding windows through LlamaModel on `be` against the CPU backend's logits for the same seeded
-// synthetic stories260K-shaped model: a mix of full and windowed layers (windows of 1 key, under a
-// page, over one), logits at every position of a 24-token prompt by one prefill and by token-by-
-// token decode split one page (16 tokens) per split, so two splits from position 16 on and one
-// split plan per distinct window. Max |logit - CPU| within `tol`; every block returned.
+// synthetic stories260K-shaped model, logits at every position of a 48-token prompt by one prefill
+// and by token-by-token decode split one page (16 tokens) per split (so several splits, and one
+// split plan per distinct window):
+// - a mix of full and windowed layers (windows of 1 key, under a page, over one);
+// - every layer windowed (largest window 17), with the decode dropping the pages behind the
+//   window after each step (kv::drop_behind_window): two of its three pages go, and no logit moves.
+// Max |logit - CPU| within `tol`; every block returned.
 inline void expect_sliding_window_logits_match_cpu(backend::Backend& be, double tol) {
   model::LoadOptions lo;
   lo.load_tokenizer = false;
   auto loaded = model::load_model("synthetic:stories260k@seed=9", lo);
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
-  loaded->config.layer_window = {3, 0, 19, 1, 3};
-  std::vector<int32_t> prompt(24);
-  for (int i = 0; i < 24; ++i) prompt[i] = (i * 131 + 7) % loaded->config.vocab_size;
-  auto run = [&](backend::Backend& b, bool decode) {
+  constexpr int kLen = 48;
+  std::vector<int32_t> prompt(kLen);
+  for (int i = 0; i < kLen; ++i) prompt[i] = (i * 131 + 7) % loaded->config.vocab_size;
+  auto run = [&](backend::Backend& b, bool decode, int* dropped) {
     std::vector<float> all;
     auto m = model::LlamaModel::create(*loaded, b);
     EXPECT_TRUE(m.ok()) << m.status().to_string();
@@ -235,10 +239,11 @@ inline void expect_sliding_window_logits_match_cpu(backend::Backend& be, double 
     EXPECT_TRUE(pool.ok());
     if (!pool.ok()) return all;
     kv::BlockTable table;
-    EXPECT_TRUE((*pool)->reserve(table, static_cast<int>(prompt.size())));
+    EXPECT_TRUE((*pool)->reserve(table, kLen));
     model::ForwardOptions fo;
     fo.force_chunk_tokens = 16;
     const std::span<const int32_t> p(prompt);
+    kv::PageOpStats ops;
     for (size_t i = 0; i < (decode ? prompt.size() : 1); ++i) {
       model::SeqStep st;
       st.tokens = decode ? p.subspan(i, 1) : p;
@@ -249,19 +254,32 @@ inline void expect_sliding_window_logits_match_cpu(backend::Backend& be, double 
       const Status s = (*m)->forward({&st, 1}, **pool, &logits, fo);
       EXPECT_TRUE(s.ok()) << s.to_string();
       all.insert(all.end(), logits.begin(), logits.end());
+      if (decode)
+        kv::drop_behind_window(**pool, table, static_cast<int>(i) + 1, loaded->config.kv_window(),
+                               &ops);
     }
+    if (dropped != nullptr) *dropped = table.window_dropped;
     (*pool)->release(table);
     EXPECT_EQ((*pool)->allocator().num_free(), (*pool)->allocator().num_blocks());
     return all;
   };
   std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend(1);
-  const std::vector<float> want = run(*cpu, false);
-  for (bool decode : {false, true}) {
-    const std::vector<float> got = run(be, decode);
-    ASSERT_EQ(got.size(), want.size());
-    double d = 0;
-    for (size_t i = 0; i < got.size(); ++i) d = std::max(d, std::fabs(double(got[i]) - want[i]));
-    EXPECT_LT(d, tol) << (decode ? "decode" : "prefill");
+  for (const std::vector<int>& windows :
+       {std::vector<int>{3, 0, 19, 1, 3}, std::vector<int>{3, 17, 5, 1, 9}}) {
+    loaded->config.layer_window = windows;
+    const bool slides = loaded->config.kv_window() > 0;
+    const std::vector<float> want = run(*cpu, false, nullptr);
+    for (bool decode : {false, true}) {
+      int dropped = 0;
+      const std::vector<float> got = run(be, decode, &dropped);
+      ASSERT_EQ(got.size(), want.size());
+      double d = 0;
+      for (size_t i = 0; i < got.size(); ++i) d = std::max(d, std::fabs(double(got[i]) - want[i]));
+      EXPECT_LT(d, tol) << (decode ? "decode" : "prefill")
+                        << (slides ? ", every layer sliding" : "");
+      // At 48 positions the next query reads keys from 48 - 17 + 1 = 32 on: pages 0 and 1 go.
+      EXPECT_EQ(dropped, decode && slides ? 2 : 0);
+    }
   }
 }
 

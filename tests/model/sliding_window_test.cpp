@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "kv/kv_pool.h"
+#include "kv/page_ops.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
 #include "sched/batch_generate.h"
@@ -183,6 +184,80 @@ TEST(SlidingWindowModel, GeneratesPastTheWindow) {
   EXPECT_TRUE(std::equal((*ref)[0].output_ids.begin(), (*ref)[0].output_ids.begin() + 6,
                          (*out)[0].output_ids.begin()));
   EXPECT_EQ(s->pool->allocator().num_free(), s->pool->allocator().num_blocks());
+}
+
+// Pages dropped behind the window as it passes them (kv::drop_behind_window after every step)
+// change no logit: decode token by token, and prefill in chunks, equal one prefill of the whole
+// prompt on a table that keeps everything; only the window's pages stay in the pool.
+TEST(SlidingWindowModel, DroppingPagesBehindTheWindowChangesNoLogit) {
+  const int W = 12;  // blocks of 8: the window spans two or three pages
+  auto s = make(std::vector<int>(5, W));
+  ASSERT_NE(s, nullptr);
+  ASSERT_EQ(s->loaded.config.kv_window(), W);
+  const std::vector<int32_t> prompt = random_tokens(61, 512, 9);
+  const std::vector<float> want = prefill(*s, prompt, true);
+  for (int chunk : {1, 5, 16}) {
+    kv::BlockTable table;
+    kv::PageOpStats st;
+    std::vector<float> got;
+    int peak_used = 0;
+    for (int pos = 0; pos < static_cast<int>(prompt.size()); pos += chunk) {
+      const int n = std::min<int>(chunk, static_cast<int>(prompt.size()) - pos);
+      ASSERT_TRUE(s->pool->reserve(table, pos + n));
+      SeqStep step;
+      step.tokens = std::span<const int32_t>(prompt).subspan(pos, n);
+      step.start_pos = pos;
+      step.table = &table;
+      step.logits = SeqStep::Logits::kAll;
+      std::vector<float> logits;
+      const Status fs = s->model->forward({&step, 1}, *s->pool, &logits);
+      ASSERT_TRUE(fs.ok()) << fs.to_string();
+      got.insert(got.end(), logits.begin(), logits.end());
+      peak_used = std::max(peak_used, s->pool->allocator().num_used());
+      kv::drop_behind_window(*s->pool, table, pos + n, W, &st);
+      // Left: the pages from the one holding the next query's first key on.
+      const int first = std::max(0, pos + n - W + 1) / 8;
+      EXPECT_EQ(table.window_dropped, first) << "chunk " << chunk << " at " << pos;
+    }
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_LT(max_diff(got, want), 1e-4) << "chunk " << chunk;
+    EXPECT_EQ(st.window_dropped, (61 - W + 1) / 8);
+    // A chunk of c tokens needs the window's pages plus its own: never the whole prompt's 8.
+    EXPECT_LE(peak_used, (W + chunk + 2 * 8 - 2) / 8) << "chunk " << chunk;
+    s->pool->release(table);
+    EXPECT_EQ(s->pool->allocator().num_free(), s->pool->allocator().num_blocks());
+  }
+}
+
+// The forward refuses a step whose queries would read a page dropped behind the window (named),
+// and a model with one full layer never drops (kv_window 0).
+TEST(SlidingWindowModel, AStepThatWouldReadADroppedPageIsRefused) {
+  auto s = make(std::vector<int>(5, 12));
+  ASSERT_NE(s, nullptr);
+  const std::vector<int32_t> prompt = random_tokens(40, 512, 4);
+  kv::BlockTable table;
+  ASSERT_TRUE(s->pool->reserve(table, 40));
+  kv::PageOpStats st;
+  ASSERT_EQ(kv::drop_behind_window(*s->pool, table, 40, 12, &st), 3);  // first key 29: pages 0-2
+  SeqStep step;
+  // Writes pages 3-4 only, but its first query (24) reads from key 13, on page 1.
+  step.tokens = std::span<const int32_t>(prompt).subspan(24, 16);
+  step.start_pos = 24;
+  step.table = &table;
+  std::vector<float> logits;
+  const Status fs = s->model->forward({&step, 1}, *s->pool, &logits);
+  EXPECT_EQ(fs.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(fs.message().find("dropped behind the sliding window"), std::string::npos)
+      << fs.to_string();
+  s->pool->release(table);
+
+  ModelConfig c = s->loaded.config;
+  c.layer_window = {12, 12, 0, 12, 12};  // Qwen2's mix: the full layer reads everything
+  EXPECT_EQ(c.kv_window(), 0);
+  c.layer_window = {12, 20, 12, 12, 12};
+  EXPECT_EQ(c.kv_window(), 20);
+  c.layer_window.clear();
+  EXPECT_EQ(c.kv_window(), 0);
 }
 
 }  // namespace

@@ -1,0 +1,136 @@
+// Sliding windows in the serving engine: on a model whose layers all slide (a synthetic
+// stories260K shape with window=32), decode and colocated workers give the pages the window has
+// passed back to the pool after each step, so long generations that would not fit the pool
+// together run without a preemption, with the tokens of an unconstrained pool; prefill workers
+// keep the whole prompt (the handoff moves full pages); cancel releases everything.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine_test_util.h"
+#include "kvsplit/engine.h"
+
+namespace kvsplit {
+namespace {
+
+using testing::collect;
+using testing::Collected;
+using testing::run_all;
+
+constexpr int kWindow = 32;
+
+EngineConfig window_config(ServingMode mode, int blocks) {
+  EngineConfig c;
+  c.model = fmt::format("synthetic:stories260k@seed=3,window={}", kWindow);
+  c.mode = mode;
+  c.threads_per_worker = 1;
+  c.num_prefill_workers = 1;
+  c.num_decode_workers = 1;
+  c.block_size = 8;
+  c.kv_blocks_per_worker = blocks;
+  c.max_batch_tokens = 64;
+  c.handoff_timeout_ms = 60000;
+  return c;
+}
+
+// Six greedy generations of 40-token prompts and `max_tokens` tokens (200: 30 pages each with the
+// whole KV kept, at most 6 each with only the window's).
+std::vector<Request> requests(int max_tokens = 200) {
+  std::vector<Request> out;
+  for (int i = 0; i < 6; ++i) {
+    Request r;
+    r.request_id = fmt::format("w{}", i);
+    r.prompt_token_ids.resize(40);
+    for (int t = 0; t < 40; ++t) r.prompt_token_ids[t] = 3 + (i * 37 + t * 11) % 500;
+    r.sampling.temperature = 0.f;
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = true;
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<int> totals(const Engine& engine) {
+  std::vector<int> t;
+  for (const PoolStats& p : engine.stats().pools) t.push_back(p.kv_blocks_total);
+  return t;
+}
+
+class EngineWindow : public ::testing::TestWithParam<ServingMode> {};
+
+TEST_P(EngineWindow, PagesBehindTheWindowAreFreedAndTheTokensStayTheSame) {
+  const std::vector<Request> reqs = requests();
+  auto roomy = Engine::create(window_config(GetParam(), 1024));
+  ASSERT_TRUE(roomy.ok()) << roomy.status().to_string();
+  const std::vector<Collected> want = run_all(**roomy, reqs);
+  // 64 blocks: the six sequences need 180 pages with everything kept, about 36 with the window.
+  auto tight = Engine::create(window_config(GetParam(), 64));
+  ASSERT_TRUE(tight.ok()) << tight.status().to_string();
+  const std::vector<Collected> got = run_all(**tight, reqs);
+  ASSERT_EQ(got.size(), reqs.size());
+  ASSERT_EQ(want.size(), reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_FALSE(got[i].timed_out) << reqs[i].request_id;
+    EXPECT_TRUE(got[i].final_event.status.ok()) << got[i].final_event.status.to_string();
+    EXPECT_EQ(got[i].tokens.size(), 200u) << reqs[i].request_id;
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << reqs[i].request_id;
+  }
+  const EngineStats s = (*tight)->stats();
+  EXPECT_EQ(s.preemptions, 0) << "the window's pages alone fit the pool";
+  int64_t dropped = 0;
+  for (const PoolStats& p : s.pools) {
+    dropped += p.kv_window_dropped_pages;
+    EXPECT_EQ(p.kv_evictions, 0) << p.name;
+    // Prefill workers keep whole prompts for the handoff.
+    if (GetParam() == ServingMode::kDisaggregated && p.name.rfind("prefill", 0) == 0)
+      EXPECT_EQ(p.kv_window_dropped_pages, 0) << p.name;
+  }
+  // Each sequence ends at 239 positions: pages up to the one holding position 239 - 32 go, 26.
+  EXPECT_GE(dropped, 6 * 25);
+  EXPECT_TRUE(testing::pools_back_to(**tight, totals(**tight)));
+}
+
+TEST_P(EngineWindow, CancelMidGenerationReleasesEverything) {
+  auto engine = Engine::create(window_config(GetParam(), 64));
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const std::vector<Request> reqs = requests(440);  // the context is 512
+  std::vector<RequestHandle> handles;
+  for (const Request& r : reqs) {
+    auto h = (*engine)->submit(r);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    handles.push_back(*h);
+  }
+  auto dropped = [&] {
+    int64_t n = 0;
+    for (const PoolStats& p : (*engine)->stats().pools) n += p.kv_window_dropped_pages;
+    return n;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (dropped() < 12 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_GE(dropped(), 12);
+  for (const Request& r : reqs) (*engine)->cancel(r.tenant, r.request_id);
+  int cancelled = 0;
+  for (RequestHandle& h : handles) {
+    const Collected c = collect(h);
+    ASSERT_FALSE(c.timed_out);
+    EXPECT_EQ(c.finals, 1);
+    cancelled += c.final_event.finish_reason == FinishReason::kCancelled;
+  }
+  EXPECT_GT(cancelled, 0);
+  EXPECT_TRUE(testing::pools_back_to(**engine, totals(**engine)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, EngineWindow,
+                         ::testing::Values(ServingMode::kColocated, ServingMode::kDisaggregated),
+                         [](const ::testing::TestParamInfo<ServingMode>& i) {
+                           return i.param == ServingMode::kColocated ? "Colocated"
+                                                                     : "Disaggregated";
+                         });
+
+}  // namespace
+}  // namespace kvsplit
