@@ -219,6 +219,13 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
   e->limits_.max_context = mc.max_seq_len;
   e->limits_.block_size = config.block_size;
   e->limits_.kv_blocks_per_worker = min_blocks;
+  if (config.spatial.shards <= 1) {  // the spatial cut refuses windowed models anyway
+    e->limits_.kv_window = mc.kv_window();
+    e->limits_.chunk_tokens = config.max_chunk_tokens > 0
+                                  ? std::min(config.max_chunk_tokens, config.max_batch_tokens)
+                                  : config.max_batch_tokens;
+    e->limits_.whole_prompt = disagg;
+  }
   for (auto& w : e->workers_) w->start();
   if (config.kvm.enabled) KVSPLIT_RETURN_IF_ERROR(e->update_kvm_policy(config.kvm));
   KVSPLIT_LOG_INFO(

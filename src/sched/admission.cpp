@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <set>
+#include <string>
 
 #include "kv/block_allocator.h"
 
@@ -62,15 +64,34 @@ Status check_admission(const Request& request, int num_prompt_tokens,
         "tokens",
         num_prompt_tokens, request.sampling.max_tokens, total, limits.max_context));
   }
-  const int64_t blocks = (total + limits.block_size - 1) / limits.block_size;
+  const auto blocks_for = [&](int64_t tokens) {
+    return (tokens + limits.block_size - 1) / limits.block_size;
+  };
+  int64_t blocks = blocks_for(total);
+  std::string at_once;
+  if (limits.kv_window > 0) {
+    // Held at once: the pages a chunk's first query reads back to, through the chunk's last
+    // (one more when neither end is page-aligned).
+    const int64_t peak =
+        blocks_for(int64_t{limits.kv_window} - 1 + std::max(1, limits.chunk_tokens)) + 1;
+    if (peak < blocks) {
+      blocks = peak;
+      at_once = fmt::format(" at once (a sliding window of {} keys and a chunk of {} tokens)",
+                            limits.kv_window, limits.chunk_tokens);
+    }
+    if (limits.whole_prompt && blocks_for(num_prompt_tokens) > blocks) {
+      blocks = blocks_for(num_prompt_tokens);
+      at_once = " for the whole prompt (prefill workers hand it off whole)";
+    }
+  }
   if (blocks > limits.kv_blocks_per_worker) {
     // The request is valid; this deployment lacks the memory (more spatial shards would add it).
     return resource_exhausted(
         fmt::format("prompt ({} tokens) + max_tokens ({}) - 1 = {} positions need {} KV blocks of "
-                    "{} tokens, more than a worker's KV pool holds ({} blocks over all its "
+                    "{} tokens{}, more than a worker's KV pool holds ({} blocks over all its "
                     "spatial shards)",
                     num_prompt_tokens, request.sampling.max_tokens, total, blocks,
-                    limits.block_size, limits.kv_blocks_per_worker));
+                    limits.block_size, at_once, limits.kv_blocks_per_worker));
   }
   return ok_status();
 }

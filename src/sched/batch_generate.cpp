@@ -160,6 +160,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
   sc.min_chunk_tokens = std::max(1, options.min_chunk_tokens);
   sc.max_num_seqs = std::max<int>(1, static_cast<int>(inputs.size()));
   sc.decode_in_budget = true;
+  sc.kv_window = cfg.kv_window();  // pages behind the window are freed after each step
   const Scheduler scheduler(sc);
 
   // The temporal cut: swapping needs the pool's host tier.
@@ -186,8 +187,11 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       s.admitted = true;
       ++admitted_now;
       // Cached prompt pages (never the page of the last prompt token: it is computed to sample).
-      const int hits = pool.share_prefix(s.table, options.prefix_salt, s.tokens,
-                                         pool.shareable_prefix_pages(s.target(), s.num_prompt));
+      const int hits =
+          scheduler.config().shares_prefix(s.target())
+              ? pool.share_prefix(s.table, options.prefix_salt, s.tokens,
+                                  pool.shareable_prefix_pages(s.target(), s.num_prompt))
+              : 0;
       s.computed = s.fed = s.cached_tokens = hits * bs;
       s.kv.update(std::chrono::steady_clock::now(), kv_level(pool, s.table, s.computed));
     }
@@ -312,12 +316,17 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
         // chunk then starts after them (Worker::schedule does the same).
         if (s.dropped) {
           s.dropped = false;
-          const int hits = pool.share_prefix(s.table, options.prefix_salt, s.tokens,
-                                             pool.shareable_prefix_pages(s.target(), s.num_prompt));
+          const int hits =
+              sc.shares_prefix(s.target())
+                  ? pool.share_prefix(s.table, options.prefix_salt, s.tokens,
+                                      pool.shareable_prefix_pages(s.target(), s.num_prompt))
+                  : 0;
           s.computed = hits * bs;
           s.recomputed_tokens -= s.computed;  // counted when dropped; not computed again
         }
-        KVSPLIT_CHECK(pool.reserve(s.table, s.target()));
+        // The whole target, or with a sliding window as far as this chunk reaches.
+        KVSPLIT_CHECK(pool.reserve(
+            s.table, sc.kv_window > 0 ? std::min(s.target(), s.computed + c.tokens) : s.target()));
       }
       s.shards = std::max(s.shards, s.table.shards_used());
       s.last_prefill_step = step;
@@ -365,7 +374,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       // Pages every layer's window has passed go back to the pool (after the prefix cache took
       // its pages; before the cut measures the table).
       s.window_dropped +=
-          kv::drop_behind_window(pool, s.table, s.computed, cfg.kv_window(), &window_ops);
+          kv::drop_behind_window(pool, s.table, s.computed, sc.kv_window, &window_ops);
       if (!s.running && s.computed == s.target()) s.running = true;  // prompt or recompute done
       if (decode && s.cut) KVSPLIT_RETURN_IF_ERROR(s.cut->finish(pool, s.table, s.computed));
       int32_t tok = -1;

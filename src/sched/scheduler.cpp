@@ -48,7 +48,8 @@ bool Scheduler::can_admit_prompt(int num_prompt, int free_blocks, int total_bloc
                                  int num_owned) const {
   if (num_owned >= config_.max_num_seqs) return false;
   const int watermark = num_running == 0 ? 0 : std::max(1, total_blocks / 100);
-  return blocks_for(num_prompt, config_.block_size) + watermark <= free_blocks;
+  return blocks_for(config_.prefill_reach(0, num_prompt), config_.block_size) + watermark <=
+         free_blocks;
 }
 
 // The step's mutable view: free blocks, the running set (admitted handoffs join it), victims.
@@ -334,20 +335,35 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
         continue;
       }
       if (w->num_computed >= w->target) continue;
-      if (blocks_for(w->target, config_.block_size) > in.total_blocks) {
+      // Blocks its table must have for this step's chunk: the whole target's, or with a window
+      // as far as the chunk can reach (the pages behind the window went after earlier steps).
+      const int reach_blocks =
+          blocks_for(config_.prefill_reach(w->num_computed, w->target), config_.block_size);
+      int need = std::max(0, reach_blocks - w->num_blocks);
+      if (config_.kv_window > 0) {
+        // Whatever of it the pool can hold beside the pages it keeps; its chunk is cut to that
+        // below. None at all: its window and a page do not fit.
+        const int room_left =
+            in.total_blocks - (w->held_blocks >= 0 ? w->held_blocks : w->num_blocks);
+        if (need > 0 && room_left <= 0) {
+          out.never_fit.push_back(w->id);
+          continue;
+        }
+        need = std::min(need, room_left);
+      } else if (reach_blocks > in.total_blocks) {
         out.never_fit.push_back(w->id);
         continue;
       }
-      const int need = std::max(0, blocks_for(w->target, config_.block_size) - w->num_blocks);
       bool sliced = false;
       if (need > 0) {
         // A restart also leaves room for the sequences served before it to reach their last
         // position: their growth would otherwise preempt it again and its recompute be lost.
+        // (With a window, the next token's page is counted once the chunk reaches the target.)
+        const bool last = blocks_for(w->target, config_.block_size) == reach_blocks;
         const int room =
             need + (w->restart
                         ? growth_ahead(st, *w) +
-                              next_token_room(w->target, blocks_for(w->target, config_.block_size),
-                                              in.total_blocks)
+                              (last ? next_token_room(w->target, reach_blocks, in.total_blocks) : 0)
                         : 0);
         if (reserving && room > st.free) sliced = slice_for(*w, room);
         if (!reserving || room > st.free) {
@@ -406,13 +422,25 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
     out = saved->out;
   }
   for (size_t i = 0; i < cands.size(); ++i) {
-    if (chunks[i] == 0) {
-      st.free += cands[i].new_blocks;  // not started this step: its reservation is not made
+    const SchedSeq& s = *cands[i].seq;
+    int new_blocks = cands[i].new_blocks;
+    if (config_.kv_window > 0 && chunks[i] > 0) {
+      // Reserved for the largest chunk its table could take: the chunk stays within it, and the
+      // blocks the chunk it got does not reach stay free.
+      chunks[i] =
+          std::min(chunks[i], (s.num_blocks + new_blocks) * config_.block_size - s.num_computed);
+      const int used = std::max(
+          0, blocks_for(std::min(s.target, s.num_computed + chunks[i]), config_.block_size) -
+                 s.num_blocks);
+      st.free += new_blocks - used;
+      new_blocks = used;
+    }
+    if (chunks[i] <= 0) {
+      st.free += new_blocks;  // not started this step: its reservation is not made
       continue;
     }
-    const SchedSeq& s = *cands[i].seq;
-    out.prefill.push_back({s.id, s.num_computed, chunks[i], cands[i].new_blocks,
-                           s.num_computed + chunks[i] == s.target});
+    out.prefill.push_back(
+        {s.id, s.num_computed, chunks[i], new_blocks, s.num_computed + chunks[i] == s.target});
   }
 }
 

@@ -31,6 +31,7 @@
 // max(0, blocks_for(tokens) - b) more to hold `tokens` positions.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -49,6 +50,26 @@ struct SchedulerConfig {
   int max_chunk_tokens = 0;       // most prefill tokens one prompt gets in a step; 0: no cap
   int max_num_seqs = 256;         // sequences a worker owns (running + waiting), >= 1
   bool decode_in_budget = false;  // colocated: decode tokens count against max_batch_tokens
+  // Sliding windows (model::ModelConfig::kv_window): > 0 when every layer reads at most this many
+  // keys back and the worker frees the pages behind the window after each step
+  // (kv::drop_behind_window). A prompt's pages are then reserved chunk by chunk, as far as
+  // prefill_reach, rather than for the whole prompt at once, so a prompt or a recompute longer
+  // than the pool runs while its window's pages fit.
+  int kv_window = 0;
+
+  // The most prompt tokens one sequence computes in a step.
+  int chunk_cap() const {
+    return max_chunk_tokens > 0 ? std::min(max_chunk_tokens, max_batch_tokens) : max_batch_tokens;
+  }
+  // The positions a waiting sequence's table must hold before its next chunk: its whole target,
+  // or with a window only what this step's chunk can reach.
+  int prefill_reach(int num_computed, int target) const {
+    return kv_window > 0 ? std::min(target, num_computed + chunk_cap()) : target;
+  }
+  // Whether a sequence of `target` positions may take cached prompt pages (KvPool::share_prefix)
+  // when it starts from an empty table: not when a window makes it reserve chunk by chunk, since
+  // cached pages spilled off the device would take blocks beyond its first chunk's.
+  bool shares_prefix(int target) const { return prefill_reach(0, target) >= target; }
 };
 
 // One sequence the worker owns. `id` is the caller's handle, echoed in the output; ids are unique

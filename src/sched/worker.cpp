@@ -29,10 +29,12 @@ Worker::Worker(WorkerOptions options, std::unique_ptr<backend::Backend> backend,
       pool_(std::move(pool)),
       shared_(shared),
       total_blocks_(pool_->total_blocks()),
-      scheduler_(SchedulerConfig{pool_->block_size(), options_.max_batch_tokens,
-                                 options_.min_chunk_tokens, options_.max_chunk_tokens,
-                                 options_.max_num_seqs,
-                                 /*decode_in_budget=*/options_.role == WorkerRole::kColocated}) {
+      scheduler_(SchedulerConfig{
+          pool_->block_size(), options_.max_batch_tokens, options_.min_chunk_tokens,
+          options_.max_chunk_tokens, options_.max_num_seqs,
+          /*decode_in_budget=*/options_.role == WorkerRole::kColocated,
+          // Prefill workers keep whole prompts (drop_behind_window).
+          /*kv_window=*/options_.role == WorkerRole::kPrefill ? 0 : model_->kv_window()}) {
   KVSPLIT_CHECK(shared_ != nullptr && shared_->sink != nullptr);
   KVSPLIT_CHECK(options_.max_num_seqs >= 1 && options_.max_batch_tokens >= 1);
   free_blocks_.store(pool_->available_blocks());
@@ -417,13 +419,18 @@ void Worker::admit_from_router(Clock::time_point now) {
       finish(*seq, FinishReason::kCancelled, cancelled_error("cancelled"), now);
       continue;
     }
-    make_room(kv::BlockTable::blocks_for(seq->num_prompt, pool_->block_size()));
+    const SchedulerConfig& sc = scheduler_.config();
+    make_room(kv::BlockTable::blocks_for(sc.prefill_reach(0, seq->num_prompt), sc.block_size));
     // Cached prompt pages (never the page of the last prompt token, which is computed to sample).
     const int hits =
-        pool_->share_prefix(seq->table, seq->prefix_salt, seq->tokens,
-                            pool_->shareable_prefix_pages(seq->num_prompt, seq->num_prompt));
+        sc.shares_prefix(seq->num_prompt)
+            ? pool_->share_prefix(seq->table, seq->prefix_salt, seq->tokens,
+                                  pool_->shareable_prefix_pages(seq->num_prompt, seq->num_prompt))
+            : 0;
     seq->num_computed = seq->cached_tokens = hits * pool_->block_size();
-    KVSPLIT_CHECK(reserve_kv(seq->table, seq->num_prompt));
+    // The whole prompt's pages, or with a sliding window its first chunk's (the rest come chunk
+    // by chunk, Scheduler::plan_prefill).
+    KVSPLIT_CHECK(reserve_kv(seq->table, sc.prefill_reach(seq->num_computed, seq->num_prompt)));
     account_kv(*seq, now);  // the prompt's pages are held from here
     waiting_.push_back(std::move(seq));
   }
@@ -438,7 +445,8 @@ void Worker::admit_from_router(Clock::time_point now) {
   const int owned = static_cast<int>(running_.size() + waiting_.size());
   if (owned >= scheduler_.config().max_num_seqs) return;
   std::unique_ptr<Sequence> seq = shared_->router->pop_if([&](const Sequence& s) {
-    const int need = kv::BlockTable::blocks_for(s.num_prompt, pool_->block_size());
+    const int need = kv::BlockTable::blocks_for(scheduler_.config().prefill_reach(0, s.num_prompt),
+                                                pool_->block_size());
     const int available = plannable_blocks();
     int yielding = 0;
     if (need > available && need <= total_blocks_) {

@@ -451,18 +451,25 @@ void Worker::schedule(Clock::time_point now) {
     if (c.new_blocks > 0) {
       // A recompute (or a prompt whose KV a command released) starts from an empty table: its
       // prompt pages may still be cached, and the chunk then starts after them.
+      const SchedulerConfig& sc = scheduler_.config();
       if (seq.table.blocks.empty() && seq.num_computed == 0) {
         // Its spilled cached pages come back into blocks the plan counted free.
-        make_room(kv::BlockTable::blocks_for(seq.prefill_target(), pool_->block_size()));
-        const int hits = pool_->share_prefix(
-            seq.table, seq.prefix_salt, seq.tokens,
-            pool_->shareable_prefix_pages(seq.prefill_target(), seq.num_prompt));
+        make_room(kv::BlockTable::blocks_for(sc.prefill_reach(0, seq.prefill_target()),
+                                             pool_->block_size()));
+        const int hits = sc.shares_prefix(seq.prefill_target())
+                             ? pool_->share_prefix(seq.table, seq.prefix_salt, seq.tokens,
+                                                   pool_->shareable_prefix_pages(
+                                                       seq.prefill_target(), seq.num_prompt))
+                             : 0;
         seq.num_computed = hits * pool_->block_size();
         // A prompt taken without pages (a time slice) looks its cached pages up only now.
         if (seq.pages_deferred) seq.cached_tokens = seq.num_computed;
         seq.pages_deferred = false;
       }
-      KVSPLIT_CHECK(reserve_kv(seq.table, seq.prefill_target()));
+      // The whole target, or with a sliding window as far as this chunk reaches.
+      KVSPLIT_CHECK(reserve_kv(
+          seq.table, sc.kv_window > 0 ? std::min(seq.prefill_target(), seq.num_computed + c.tokens)
+                                      : seq.prefill_target()));
     }
     seq.last_prefill_step = step_no;
     if (seq.phase == SeqPhase::kQueued) seq.enter_phase(SeqPhase::kPrefill, now);
@@ -510,8 +517,8 @@ void Worker::prepare_cut(Sequence& seq, model::SeqStep& step) {
 }
 
 void Worker::drop_behind_window(Sequence& seq) {
-  const int window = model_->kv_window();
-  if (window <= 0 || options_.role == WorkerRole::kPrefill) return;
+  const int window = scheduler_.config().kv_window;  // 0 on prefill workers
+  if (window <= 0) return;
   kv::drop_behind_window(*pool_, seq.table, seq.num_computed, window, &cut_ops_);
 }
 

@@ -125,6 +125,45 @@ TEST_P(EngineWindow, CancelMidGenerationReleasesEverything) {
   EXPECT_TRUE(testing::pools_back_to(**engine, totals(**engine)));
 }
 
+// A request longer than the pool (a 300-token prompt and 150 tokens: 57 pages of 8 in a pool of
+// 32) runs colocated, prefilled chunk by chunk while only the window's pages stay, with the
+// tokens of a pool that holds it all. Disaggregated, the prefill worker keeps the whole prompt
+// (38 pages): refused with the numbers. Full attention: refused either way.
+TEST_P(EngineWindow, ARequestLongerThanThePoolRunsWhileItsWindowFits) {
+  Request r = requests().front();
+  r.prompt_token_ids.resize(300);
+  for (int t = 0; t < 300; ++t) r.prompt_token_ids[t] = 3 + (t * 29) % 500;
+  r.sampling.max_tokens = 150;
+  auto tight = Engine::create(window_config(GetParam(), 32));
+  ASSERT_TRUE(tight.ok()) << tight.status().to_string();
+  EngineConfig full_attention = window_config(GetParam(), 32);
+  full_attention.model = "synthetic:stories260k@seed=3";
+  auto unwindowed = Engine::create(full_attention);
+  ASSERT_TRUE(unwindowed.ok()) << unwindowed.status().to_string();
+  auto refused = (*unwindowed)->submit(r);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  if (GetParam() == ServingMode::kDisaggregated) {
+    auto h = (*tight)->submit(r);
+    ASSERT_FALSE(h.ok());
+    EXPECT_EQ(h.status().code(), StatusCode::kResourceExhausted);
+    EXPECT_NE(h.status().message().find("for the whole prompt"), std::string::npos)
+        << h.status().to_string();
+    return;
+  }
+  auto roomy = Engine::create(window_config(GetParam(), 1024));
+  ASSERT_TRUE(roomy.ok()) << roomy.status().to_string();
+  const std::vector<Collected> want = run_all(**roomy, {r});
+  const std::vector<Collected> got = run_all(**tight, {r});
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(want.size(), 1u);
+  ASSERT_FALSE(got[0].timed_out);
+  EXPECT_TRUE(got[0].final_event.status.ok()) << got[0].final_event.status.to_string();
+  EXPECT_EQ(got[0].tokens.size(), 150u);
+  EXPECT_EQ(got[0].tokens, want[0].tokens);
+  EXPECT_TRUE(testing::pools_back_to(**tight, totals(**tight)));
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, EngineWindow,
                          ::testing::Values(ServingMode::kColocated, ServingMode::kDisaggregated),
                          [](const ::testing::TestParamInfo<ServingMode>& i) {

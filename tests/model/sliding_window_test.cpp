@@ -229,6 +229,46 @@ TEST(SlidingWindowModel, DroppingPagesBehindTheWindowChangesNoLogit) {
   }
 }
 
+// generate_batch on a pool smaller than a sequence (10 pages of 8 tokens; a 100-token prompt and
+// 60 tokens: 20 pages): the prompt is prefilled chunk by chunk as the window frees pages, and the
+// tokens are those of a pool that holds everything (a chunk that does not fit is cut to the pages
+// left). In a pool smaller than the window's pages (2: a query's 12 keys can span 3) it is
+// RESOURCE_EXHAUSTED. Nothing is left held either way.
+TEST(SlidingWindowModel, ASequenceLongerThanThePoolRunsChunkByChunk) {
+  auto s = make(std::vector<int>(5, 12));
+  ASSERT_NE(s, nullptr);
+  std::vector<sched::GenerationInput> inputs(2);
+  inputs[0].prompt_ids = random_tokens(100, 512, 21);
+  inputs[1].prompt_ids = random_tokens(37, 512, 22);
+  for (auto& in : inputs) {
+    in.params.temperature = 0.f;
+    in.params.max_tokens = 60;
+    in.params.ignore_eos = true;
+  }
+  auto want = sched::generate_batch(*s->model, *s->pool, nullptr, inputs, {});
+  ASSERT_TRUE(want.ok()) << want.status().to_string();
+  sched::BatchOptions bo;
+  bo.max_batch_tokens = 16;  // held at once: blocks_for(11 + 16) + 1 = 5 pages, each sequence
+  for (int blocks : {10, 2}) {
+    kv::KvPoolConfig pc;
+    pc.num_blocks = blocks;
+    pc.block_size = 8;
+    auto small = kv::KvPool::create(*s->be, pc, s->model->kv_shape());
+    ASSERT_TRUE(small.ok()) << small.status().to_string();
+    auto got = sched::generate_batch(*s->model, **small, nullptr, inputs, bo);
+    if (blocks == 2) {
+      EXPECT_EQ(got.status().code(), StatusCode::kResourceExhausted) << got.status().to_string();
+    } else {
+      ASSERT_TRUE(got.ok()) << got.status().to_string();
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        EXPECT_EQ((*got)[i].output_ids, (*want)[i].output_ids) << "sequence " << i;
+        EXPECT_GT((*got)[i].window_dropped_pages, 0) << "sequence " << i;
+      }
+    }
+    EXPECT_EQ((*small)->allocator().num_free(), blocks);
+  }
+}
+
 // The forward refuses a step whose queries would read a page dropped behind the window (named),
 // and a model with one full layer never drops (kv_window 0).
 TEST(SlidingWindowModel, AStepThatWouldReadADroppedPageIsRefused) {

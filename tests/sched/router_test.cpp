@@ -283,6 +283,40 @@ TEST(Admission, FieldsAreCheckedAgainstTheVocabularyAndPriorityBounds) {
   EXPECT_TRUE(check_admission(edge, 5, lim).ok());
 }
 
+// With a sliding window a sequence holds the window's pages and a chunk's at most: a request
+// longer than the pool fits where those do, except that disaggregated prefill workers hold (and
+// hand off) the whole prompt.
+TEST(Admission, ASlidingWindowCountsThePagesHeldAtOnce) {
+  AdmissionLimits lim = limits(/*kv_blocks_per_worker=*/8);
+  Request r;
+  r.sampling.max_tokens = 150;
+  EXPECT_EQ(check_admission(r, 100, lim).code(), StatusCode::kResourceExhausted);  // 16 blocks
+  lim.kv_window = 48;
+  lim.chunk_tokens = 64;
+  // Held at once: blocks_for(47 + 64) + 1 = 8.
+  EXPECT_TRUE(check_admission(r, 100, lim).ok());
+  lim.chunk_tokens = 66;  // blocks_for(47 + 66) + 1 = 9
+  Status st = check_admission(r, 100, lim);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("need 9 KV blocks of 16 tokens at once (a sliding window of 48 keys "
+                              "and a chunk of 66 tokens)"),
+            std::string::npos)
+      << st.message();
+  lim.chunk_tokens = 64;
+  lim.whole_prompt = true;  // disaggregated: the 100-token prompt's 7 blocks fit, 130's 9 do not
+  EXPECT_TRUE(check_admission(r, 100, lim).ok());
+  r.sampling.max_tokens = 100;
+  st = check_admission(r, 130, lim);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("need 9 KV blocks of 16 tokens for the whole prompt"),
+            std::string::npos)
+      << st.message();
+  // A short request needs what it needs, window or not.
+  r.sampling.max_tokens = 10;
+  lim.kv_blocks_per_worker = 2;
+  EXPECT_TRUE(check_admission(r, 20, lim).ok());  // 29 positions: 2 blocks
+}
+
 TEST(Admission, FitCheckCarriesTheNumbers) {
   AdmissionLimits lim = limits(/*kv_blocks_per_worker=*/4);
   Request r;

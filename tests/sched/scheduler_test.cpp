@@ -8,43 +8,11 @@
 #include <memory>
 #include <vector>
 
+#include "sched/scheduler_test_util.h"
 #include "sched/swap_predictor.h"
 
 namespace kvsplit::sched {
 namespace {
-
-SchedSeq running(int id, int computed, int blocks, int32_t priority = 0, int64_t arrival = 0) {
-  SchedSeq s;
-  s.id = id;
-  s.num_computed = computed;
-  s.num_blocks = blocks;
-  s.priority = priority;
-  s.arrival = arrival == 0 ? id : arrival;
-  return s;
-}
-
-SchedSeq waiting(int id, int target, int computed = 0, int blocks = 0, int32_t priority = 0,
-                 int64_t last_step = -1) {
-  SchedSeq s;
-  s.id = id;
-  s.target = target;
-  s.num_computed = computed;
-  s.num_blocks = blocks;
-  s.priority = priority;
-  s.arrival = id;
-  s.last_prefill_step = last_step;
-  return s;
-}
-
-SchedulerConfig config(int max_batch_tokens, bool colocated, int min_chunk = 4) {
-  SchedulerConfig c;
-  c.block_size = 4;
-  c.max_batch_tokens = max_batch_tokens;
-  c.min_chunk_tokens = min_chunk;
-  c.max_num_seqs = 16;
-  c.decode_in_budget = colocated;
-  return c;
-}
 
 TEST(Scheduler, ColocatedDecodeTokensCountAgainstTheBudget) {
   const std::vector<SchedSeq> run = {running(0, 5, 2), running(1, 6, 2), running(2, 7, 2)};
