@@ -291,9 +291,8 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     if (s.table->window_dropped > 0) {
       // Pages dropped behind the window must lie before every layer's window of this step's
       // first query.
-      int needed = s.start_pos;  // the first key any layer reads for the first query
-      for (int l = 0; l < c.num_layers; ++l)
-        needed = std::min(needed, kernels::window_first_key(s.start_pos, c.window_of(l)));
+      // The first key any layer reads for the first query (0 when a layer reads everything).
+      const int needed = kernels::window_first_key(s.start_pos, c.kv_window());
       if (int64_t{s.table->window_dropped} * block_size > needed ||
           s.table->window_dropped >= kv::BlockTable::blocks_for(kv_len, block_size)) {
         return invalid_argument("page " + std::to_string(s.table->window_dropped - 1) +

@@ -187,11 +187,9 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       s.admitted = true;
       ++admitted_now;
       // Cached prompt pages (never the page of the last prompt token: it is computed to sample).
-      const int hits =
-          scheduler.config().shares_prefix(s.target())
-              ? pool.share_prefix(s.table, options.prefix_salt, s.tokens,
-                                  pool.shareable_prefix_pages(s.target(), s.num_prompt))
-              : 0;
+      const int hits = pool.share_prefix(
+          s.table, options.prefix_salt, s.tokens,
+          sc.shares_prefix(s.target()) ? pool.shareable_prefix_pages(s.target(), s.num_prompt) : 0);
       s.computed = s.fed = s.cached_tokens = hits * bs;
       s.kv.update(std::chrono::steady_clock::now(), kv_level(pool, s.table, s.computed));
     }
@@ -316,17 +314,15 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
         // chunk then starts after them (Worker::schedule does the same).
         if (s.dropped) {
           s.dropped = false;
-          const int hits =
-              sc.shares_prefix(s.target())
-                  ? pool.share_prefix(s.table, options.prefix_salt, s.tokens,
-                                      pool.shareable_prefix_pages(s.target(), s.num_prompt))
-                  : 0;
+          const int hits = pool.share_prefix(
+              s.table, options.prefix_salt, s.tokens,
+              sc.shares_prefix(s.target()) ? pool.shareable_prefix_pages(s.target(), s.num_prompt)
+                                           : 0);
           s.computed = hits * bs;
           s.recomputed_tokens -= s.computed;  // counted when dropped; not computed again
         }
         // The whole target, or with a sliding window as far as this chunk reaches.
-        KVSPLIT_CHECK(pool.reserve(
-            s.table, sc.kv_window > 0 ? std::min(s.target(), s.computed + c.tokens) : s.target()));
+        KVSPLIT_CHECK(pool.reserve(s.table, sc.chunk_reach(s.computed, c.tokens, s.target())));
       }
       s.shards = std::max(s.shards, s.table.shards_used());
       s.last_prefill_step = step;

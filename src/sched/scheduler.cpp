@@ -430,8 +430,9 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
       chunks[i] =
           std::min(chunks[i], (s.num_blocks + new_blocks) * config_.block_size - s.num_computed);
       const int used = std::max(
-          0, blocks_for(std::min(s.target, s.num_computed + chunks[i]), config_.block_size) -
-                 s.num_blocks);
+          0,
+          blocks_for(config_.chunk_reach(s.num_computed, chunks[i], s.target), config_.block_size) -
+              s.num_blocks);
       st.free += new_blocks - used;
       new_blocks = used;
     }

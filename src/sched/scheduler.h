@@ -64,7 +64,11 @@ struct SchedulerConfig {
   // The positions a waiting sequence's table must hold before its next chunk: its whole target,
   // or with a window only what this step's chunk can reach.
   int prefill_reach(int num_computed, int target) const {
-    return kv_window > 0 ? std::min(target, num_computed + chunk_cap()) : target;
+    return chunk_reach(num_computed, chunk_cap(), target);
+  }
+  // The same for a chunk of `chunk` tokens.
+  int chunk_reach(int num_computed, int chunk, int target) const {
+    return kv_window > 0 ? std::min(target, num_computed + chunk) : target;
   }
   // Whether a sequence of `target` positions may take cached prompt pages (KvPool::share_prefix)
   // when it starts from an empty table: not when a window makes it reserve chunk by chunk, since

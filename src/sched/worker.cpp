@@ -423,10 +423,10 @@ void Worker::admit_from_router(Clock::time_point now) {
     make_room(kv::BlockTable::blocks_for(sc.prefill_reach(0, seq->num_prompt), sc.block_size));
     // Cached prompt pages (never the page of the last prompt token, which is computed to sample).
     const int hits =
-        sc.shares_prefix(seq->num_prompt)
-            ? pool_->share_prefix(seq->table, seq->prefix_salt, seq->tokens,
-                                  pool_->shareable_prefix_pages(seq->num_prompt, seq->num_prompt))
-            : 0;
+        pool_->share_prefix(seq->table, seq->prefix_salt, seq->tokens,
+                            sc.shares_prefix(seq->num_prompt)
+                                ? pool_->shareable_prefix_pages(seq->num_prompt, seq->num_prompt)
+                                : 0);
     seq->num_computed = seq->cached_tokens = hits * pool_->block_size();
     // The whole prompt's pages, or with a sliding window its first chunk's (the rest come chunk
     // by chunk, Scheduler::plan_prefill).

@@ -456,20 +456,19 @@ void Worker::schedule(Clock::time_point now) {
         // Its spilled cached pages come back into blocks the plan counted free.
         make_room(kv::BlockTable::blocks_for(sc.prefill_reach(0, seq.prefill_target()),
                                              pool_->block_size()));
-        const int hits = sc.shares_prefix(seq.prefill_target())
-                             ? pool_->share_prefix(seq.table, seq.prefix_salt, seq.tokens,
-                                                   pool_->shareable_prefix_pages(
-                                                       seq.prefill_target(), seq.num_prompt))
-                             : 0;
+        const int hits = pool_->share_prefix(
+            seq.table, seq.prefix_salt, seq.tokens,
+            sc.shares_prefix(seq.prefill_target())
+                ? pool_->shareable_prefix_pages(seq.prefill_target(), seq.num_prompt)
+                : 0);
         seq.num_computed = hits * pool_->block_size();
         // A prompt taken without pages (a time slice) looks its cached pages up only now.
         if (seq.pages_deferred) seq.cached_tokens = seq.num_computed;
         seq.pages_deferred = false;
       }
       // The whole target, or with a sliding window as far as this chunk reaches.
-      KVSPLIT_CHECK(reserve_kv(
-          seq.table, sc.kv_window > 0 ? std::min(seq.prefill_target(), seq.num_computed + c.tokens)
-                                      : seq.prefill_target()));
+      KVSPLIT_CHECK(
+          reserve_kv(seq.table, sc.chunk_reach(seq.num_computed, c.tokens, seq.prefill_target())));
     }
     seq.last_prefill_step = step_no;
     if (seq.phase == SeqPhase::kQueued) seq.enter_phase(SeqPhase::kPrefill, now);
