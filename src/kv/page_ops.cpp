@@ -49,22 +49,15 @@ class Executor {
       at.arena_allocator(to).decref(dst);
       return ok_status();
     }
-    const kernels::QuantPageLayout layout = at.quant_layout();
-    const int64_t full_bytes = at.page_layer_bytes(KvPrecision::kFull);
+    // A full page is read where it is. A quantized one is requantized from its original, never
+    // from a lossy copy (errors do not compound); its block is an arena slot, not a full block.
     Status st;
-    for (int l = 0; l < at.shape().num_layers && st.ok(); ++l) {
-      // A full page is read where it is. A quantized one is requantized from its original, never
-      // from a lossy copy (errors do not compound); its block is an arena slot, not a full block.
-      const void* src = nullptr;
-      if (from_full) {
-        src = at.full_page(l, table_.blocks[i]);
-      } else {
-        st = be.copy_h2d(at.scratch_page(l), home_.host_slot(page.original) + l * full_bytes,
-                         static_cast<size_t>(full_bytes));
-        src = at.scratch_page(l);
-      }
-      if (st.ok())
-        st = be.quantize_kv_page(src, at.config().dtype, layout, to, arena_page(at, to, l, dst));
+    if (from_full) {
+      for (int l = 0; l < at.shape().num_layers && st.ok(); ++l)
+        st = be.quantize_kv_page(at.full_page(l, table_.blocks[i]), at.config().dtype,
+                                 at.quant_layout(), to, arena_page(at, to, l, dst));
+    } else {
+      st = requantize(at, page.original, to, dst);
     }
     if (!st.ok()) {
       // The page stays as it was: the new slot goes back, and so do the original and summary
@@ -82,6 +75,41 @@ class Executor {
     table_.blocks[i] = dst;
     page.precision = to;
     (to == KvPrecision::kInt8 ? stats_.demoted_to_int8 : stats_.demoted_to_int4)++;
+    return ok_status();
+  }
+
+  // Brings evicted page i back at quantized rung `to`, requantized from its host original
+  // (synchronously, as a step down from int8 to int4 is); the original and summary stay, and the
+  // page re-enters the ladder with fresh step counters and its relevance so far. An arena with
+  // no free page passes the recall to the next rung, and int4's to a full restore.
+  Status recall_quantized(int i, KvPrecision to) {
+    PageEntry& page = table_.pages[i];
+    if (page.resident() || page.restoring) return ok_status();
+    if (page.original < 0) {
+      ++stats_.refused_no_original;
+      return ok_status();
+    }
+    const int64_t t0 = now_ns();
+    KvPool& at = home_.shard(page.shard);
+    auto id = at.arena_allocator(to).allocate(1);
+    if (!id && to == KvPrecision::kInt8) {
+      to = KvPrecision::kInt4;
+      id = at.arena_allocator(to).allocate(1);
+    }
+    if (!id) return restore(i);
+    const int32_t dst = (*id)[0];
+    if (Status st = requantize(at, page.original, to, dst); !st.ok()) {
+      at.arena_allocator(to).decref(dst);
+      return st;
+    }
+    table_.blocks[i] = dst;
+    page.location = PageLocation::kDevice;
+    page.precision = to;
+    page.low_steps = 0;
+    page.very_low_steps = 0;
+    ++stats_.restored;
+    ++stats_.restored_quantized;
+    stats_.restore_seconds += static_cast<double>(now_ns() - t0) * 1e-9;
     return ok_status();
   }
 
@@ -193,6 +221,22 @@ class Executor {
     return static_cast<std::byte*>(at.arena(p, layer)) + int64_t{block} * at.page_layer_bytes(p);
   }
 
+  // Quantizes the full-precision original in host slot `original` into arena page `dst` of rung
+  // `to` on shard pool `at`, layer by layer through the shard's scratch page.
+  Status requantize(KvPool& at, int32_t original, KvPrecision to, int32_t dst) {
+    backend::Backend& be = at.backend();
+    const int64_t full_bytes = at.page_layer_bytes(KvPrecision::kFull);
+    Status st;
+    for (int l = 0; l < at.shape().num_layers && st.ok(); ++l) {
+      st = be.copy_h2d(at.scratch_page(l), home_.host_slot(original) + l * full_bytes,
+                       static_cast<size_t>(full_bytes));
+      if (st.ok())
+        st = be.quantize_kv_page(at.scratch_page(l), at.config().dtype, at.quant_layout(), to,
+                                 arena_page(at, to, l, dst));
+    }
+    return st;
+  }
+
   // Frees the page's resident copy (its full block or arena page) on its shard.
   void drop_resident(int i) {
     const PageEntry& page = table_.pages[i];
@@ -261,6 +305,7 @@ void PageOpStats::add(const PageOpStats& o) {
   demoted_to_int4 += o.demoted_to_int4;
   evicted += o.evicted;
   restored += o.restored;
+  restored_quantized += o.restored_quantized;
   originals_written += o.originals_written;
   refused_host_full += o.refused_host_full;
   refused_no_space += o.refused_no_space;
@@ -296,7 +341,12 @@ Status apply_page_transitions(KvPool& pool, BlockTable& table, int num_tokens,
         KVSPLIT_RETURN_IF_ERROR(ex.evict(t.page, t.op == PageOp::kEvict));
         break;
       case PageOp::kRestore:
-        KVSPLIT_RETURN_IF_ERROR(ex.restore(t.page));
+        if (t.to == KvPrecision::kEvicted)
+          return invalid_argument("kRestore goes to full, int8 or int4");
+        if (t.to == KvPrecision::kFull)
+          KVSPLIT_RETURN_IF_ERROR(ex.restore(t.page));
+        else
+          KVSPLIT_RETURN_IF_ERROR(ex.recall_quantized(t.page, t.to));
         break;
     }
     KVSPLIT_RETURN_IF_ERROR(ex.status_);

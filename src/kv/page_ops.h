@@ -13,25 +13,31 @@
 namespace kvsplit::kv {
 
 enum class PageOp : uint8_t {
-  kDemote,   // down the ladder to `to` (full -> int8 -> int4); to int4 when int8 has no page
-  kEvict,    // drop the resident copy; the summary and the host original stay (reversible)
-  kDrop,     // drop the resident copy and keep nothing: irreversible (the baselines' eviction)
-  kRestore,  // back to full precision on the device, from the host original
+  kDemote,  // down the ladder to `to` (full -> int8 -> int4); to int4 when int8 has no page
+  kEvict,   // drop the resident copy; the summary and the host original stay (reversible)
+  kDrop,    // drop the resident copy and keep nothing: irreversible (the baselines' eviction)
+  // Back on the device from the host original at `to`: kFull copies it back (a quantized or
+  // evicted page); kInt8 / kInt4 (an evicted page only; a resident one is left as it is)
+  // requantize it into that arena, keeping the original and the summary, and fall back to the
+  // next rung, then to kFull, when the arena has no free page.
+  kRestore,
 };
 
 struct PageTransition {
   int32_t page = 0;  // logical page index in the block table
   PageOp op = PageOp::kDemote;
-  kernels::KvPrecision to = kernels::KvPrecision::kInt8;  // kDemote only: kInt8 or kInt4
+  // kDemote: kInt8 or kInt4; kRestore: kFull, kInt8 or kInt4.
+  kernels::KvPrecision to = kernels::KvPrecision::kInt8;
 };
 
 // Counters of applied (and refused) transitions; add up over calls.
 struct PageOpStats {
   int64_t demoted_to_int8 = 0;
   int64_t demoted_to_int4 = 0;
-  int64_t evicted = 0;  // kEvict and kDrop
-  int64_t restored = 0;
-  int64_t originals_written = 0;  // full-precision copies written to the host tier
+  int64_t evicted = 0;             // kEvict and kDrop
+  int64_t restored = 0;            // recalls, at any rung
+  int64_t restored_quantized = 0;  // of which evicted pages brought back at int8 or int4
+  int64_t originals_written = 0;   // full-precision copies written to the host tier
   // Refused, nothing changed: the host tier or the summary slots are full (a page leaving kFull
   // needs both), or the destination arena / the full pool has no free page.
   int64_t refused_host_full = 0;
@@ -54,8 +60,8 @@ struct PageOpStats {
 // transition that cannot be applied (tier full, no page free) is refused and counted; the page
 // keeps its state and nothing is lost. A page with a restore in flight is left alone. Pages that
 // are not full (the partial last page) are never demoted or evicted. Errors: kInvalidArgument for a
-// page index out of range or a transition that goes up the ladder by kDemote; backend errors as
-// they come.
+// page index out of range, a transition that goes up the ladder by kDemote, or a kRestore to
+// kEvicted; backend errors as they come.
 Status apply_page_transitions(KvPool& pool, BlockTable& table, int num_tokens,
                               std::span<const PageTransition> transitions, PageOpStats* stats);
 

@@ -77,6 +77,88 @@ TEST(PageOps, Int4DirectlyFromFullAndRestoreAreBitExact) {
   f.expect_all_free();
 }
 
+// Page i's bytes in the arena of rung p, every layer (the page must be resident at p).
+std::vector<uint8_t> arena_bytes(Fixture& f, const BlockTable& t, int i, KvPrecision p) {
+  const int64_t n = f.pool->page_layer_bytes(p);
+  std::vector<uint8_t> out;
+  for (int l = 0; l < kLayers; ++l) {
+    const auto* at = static_cast<const uint8_t*>(f.pool->arena(p, l)) + t.blocks[i] * n;
+    out.insert(out.end(), at, at + n);
+  }
+  return out;
+}
+
+// An evicted page recalled at int4 is the page the demotion to int4 made (quantized from the
+// same original), keeps its original and summary, and re-enters the ladder with fresh step
+// counters; from there a restore to full is still bit-exact.
+TEST(PageOps, EvictedPageRecalledAtInt4IsTheDemotedPageAndKeepsItsOriginal) {
+  Fixture f;
+  BlockTable t;
+  ASSERT_TRUE(f.pool->reserve(t, 3 * kBlock));
+  f.fill(t, 11);
+  const std::vector<float> before = f.page(t, 1);
+  PageOpStats st;
+  ASSERT_TRUE(apply(f, t, 3 * kBlock, {{1, PageOp::kDemote, KvPrecision::kInt4}}, &st).ok());
+  const std::vector<uint8_t> demoted = arena_bytes(f, t, 1, KvPrecision::kInt4);
+  const int32_t original = t.pages[1].original, summary = t.pages[1].summary;
+  ASSERT_TRUE(apply(f, t, 3 * kBlock, {{1, PageOp::kEvict, KvPrecision::kEvicted}}, &st).ok());
+  t.pages[1].low_steps = 5;
+  t.pages[1].very_low_steps = 7;
+  t.pages[1].relevance = 0.25f;
+  ASSERT_TRUE(apply(f, t, 3 * kBlock, {{1, PageOp::kRestore, KvPrecision::kInt4}}, &st).ok());
+  EXPECT_TRUE(t.pages[1].resident());
+  EXPECT_EQ(t.pages[1].precision, KvPrecision::kInt4);
+  EXPECT_EQ(arena_bytes(f, t, 1, KvPrecision::kInt4), demoted);
+  EXPECT_EQ(t.pages[1].original, original);
+  EXPECT_EQ(t.pages[1].summary, summary);
+  EXPECT_EQ(t.pages[1].low_steps, 0);
+  EXPECT_EQ(t.pages[1].very_low_steps, 0);
+  EXPECT_EQ(t.pages[1].relevance, 0.25f);  // its history so far
+  EXPECT_EQ(st.restored, 1);
+  EXPECT_EQ(st.restored_quantized, 1);
+  EXPECT_EQ(f.pool->arena_allocator(KvPrecision::kInt4).num_used(), 1);
+  EXPECT_EQ(f.pool->allocator().num_used(), 2);  // no full block taken
+  ASSERT_TRUE(apply(f, t, 3 * kBlock, {{1, PageOp::kRestore, KvPrecision::kFull}}, &st).ok());
+  EXPECT_EQ(f.page(t, 1), before);
+  EXPECT_EQ(st.restored, 2);
+  EXPECT_EQ(st.restored_quantized, 1);
+  EXPECT_EQ(f.pool->host_allocator().num_used(), 0);
+  EXPECT_EQ(f.pool->summary_allocator().num_used(), 0);
+  f.pool->release(t);
+  f.expect_all_free();
+}
+
+// A quantized recall whose arena is full takes the next rung, and int4's the full pool; a
+// resident page is left as it is; kRestore to kEvicted is an error.
+TEST(PageOps, QuantizedRecallFallsBackToTheNextRungThenToFull) {
+  Fixture f(/*host_pages=*/8, /*blocks=*/8, /*int8_blocks=*/1, /*int4_blocks=*/1);
+  BlockTable t;
+  ASSERT_TRUE(f.pool->reserve(t, 4 * kBlock));
+  f.fill(t, 12);
+  const std::vector<float> p1 = f.page(t, 1);
+  PageOpStats st;
+  ASSERT_TRUE(apply(f, t, 4 * kBlock,
+                    {{0, PageOp::kEvict, KvPrecision::kEvicted},
+                     {1, PageOp::kEvict, KvPrecision::kEvicted},
+                     {3, PageOp::kDemote, KvPrecision::kInt8}},  // takes the only int8 slot
+                    &st)
+                  .ok());
+  ASSERT_TRUE(apply(f, t, 4 * kBlock, {{0, PageOp::kRestore, KvPrecision::kInt8}}, &st).ok());
+  EXPECT_EQ(t.pages[0].precision, KvPrecision::kInt4);  // int8 full: int4
+  ASSERT_TRUE(apply(f, t, 4 * kBlock, {{1, PageOp::kRestore, KvPrecision::kInt4}}, &st).ok());
+  EXPECT_EQ(t.pages[1].precision, KvPrecision::kFull);  // int4 full too: the original copied back
+  EXPECT_EQ(f.page(t, 1), p1);
+  EXPECT_EQ(st.restored, 2);
+  EXPECT_EQ(st.restored_quantized, 1);
+  ASSERT_TRUE(apply(f, t, 4 * kBlock, {{3, PageOp::kRestore, KvPrecision::kInt4}}, &st).ok());
+  EXPECT_EQ(t.pages[3].precision, KvPrecision::kInt8);  // resident: left alone
+  EXPECT_EQ(st.restored, 2);
+  EXPECT_EQ(apply(f, t, 4 * kBlock, {{3, PageOp::kRestore, KvPrecision::kEvicted}}, &st).code(),
+            StatusCode::kInvalidArgument);
+  f.pool->release(t);
+  f.expect_all_free();
+}
+
 TEST(PageOps, HostTierFullStopsTheDescentAndLosesNothing) {
   Fixture f(/*host_pages=*/1);
   BlockTable t;
@@ -244,6 +326,17 @@ TEST(PageOps, BackendErrorInADemotionLeavesThePageAndTakesNothing) {
   EXPECT_GE(t.pages[0].original, 0);
   EXPECT_EQ(f.pool->arena_allocator(KvPrecision::kInt4).num_used(), 0);
   EXPECT_EQ(f.pool->arena_allocator(KvPrecision::kInt8).num_used(), 1);
+  be->fail = false;
+  ASSERT_TRUE(apply(f, t, 2 * kBlock, {{0, PageOp::kRestore, KvPrecision::kFull}}, &st).ok());
+  EXPECT_EQ(f.page(t, 0), before);
+  // A recall at int4 that fails leaves the page evicted with its original, and takes no slot.
+  ASSERT_TRUE(apply(f, t, 2 * kBlock, {{0, PageOp::kEvict, KvPrecision::kEvicted}}, &st).ok());
+  be->fail = true;
+  EXPECT_FALSE(apply(f, t, 2 * kBlock, {{0, PageOp::kRestore, KvPrecision::kInt4}}, &st).ok());
+  EXPECT_FALSE(t.pages[0].resident());
+  EXPECT_EQ(t.blocks[0], -1);
+  EXPECT_GE(t.pages[0].original, 0);
+  EXPECT_EQ(f.pool->arena_allocator(KvPrecision::kInt4).num_used(), 0);
   be->fail = false;
   ASSERT_TRUE(apply(f, t, 2 * kBlock, {{0, PageOp::kRestore, KvPrecision::kFull}}, &st).ok());
   EXPECT_EQ(f.page(t, 0), before);
