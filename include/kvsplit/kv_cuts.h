@@ -17,6 +17,25 @@ enum class KvPolicy : uint8_t {
   kH2O,        // H2O: sinks + recent + the heavy_tokens most relevant, rest dropped (no quant)
 };
 
+// The rung an evicted page comes back at when its key summary's bound calls it back.
+enum class RecallPrecision : uint8_t {
+  kFull,  // the host original copied back (asynchronous where the backend allows)
+  kInt8,  // requantized from the host original, which stays with the summary
+  kInt4,
+};
+
+// "full" | "int8" | "int4"; nullopt for anything else.
+inline std::optional<RecallPrecision> parse_recall_precision(std::string_view name) {
+  if (name == "full") return RecallPrecision::kFull;
+  if (name == "int8") return RecallPrecision::kInt8;
+  if (name == "int4") return RecallPrecision::kInt4;
+  return std::nullopt;
+}
+
+inline const char* recall_precision_name(RecallPrecision p) {
+  return p == RecallPrecision::kFull ? "full" : p == RecallPrecision::kInt8 ? "int8" : "int4";
+}
+
 // The semantic cut (kv-cuts.md §2). Relevance is defined in docs/kv-cuts.md.
 struct SemanticCutConfig {
   // Relevance below semantic_threshold for demote_after_steps consecutive scored steps: one rung
@@ -30,6 +49,14 @@ struct SemanticCutConfig {
   // (from its key summary, each scored step) reaches recall_threshold; a quantized page, which is
   // still read and scored, when its relevance does.
   float recall_threshold = 0.5f;
+  // The rung an evicted page is recalled at. The bound is loose (most pages it calls back turn
+  // out cold: docs/kv-cuts.md "Recall at a quantized rung"), so int4 makes each call a cheap
+  // probe: the page is read at int4, and goes on to full when its measured relevance reaches
+  // recall_threshold, or back down when it stays cold.
+  RecallPrecision recall_precision = RecallPrecision::kFull;
+  // At most this many evicted pages recalled per sequence and scored step, the highest bounds
+  // first (Quest's top-k selection); 0: every page whose bound reaches recall_threshold.
+  int32_t max_recalls_per_step = 0;
   // A recall's copy from the host tier is asynchronous where the backend allows (a second CUDA
   // stream): the next step waits at most recall_wait_ms for it, then runs with the page as it is
   // (quantized, or left out when evicted) and takes it at full precision once it has landed.

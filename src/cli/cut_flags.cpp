@@ -20,6 +20,16 @@ void add_cut_options(CLI::App* app, CutFlags& f) {
   app->add_option("--recall-threshold", s.recall_threshold,
                   "restore a page when its summary bound reaches this, [0, 1]")
       ->capture_default_str();
+  app->add_option("--recall-precision", f.recall_precision,
+                  "rung an evicted page comes back at when its bound calls it: full, or int8 / "
+                  "int4 (requantized from the host original; full once its relevance reaches "
+                  "--recall-threshold)")
+      ->check(CLI::IsMember({"full", "int8", "int4"}))
+      ->capture_default_str();
+  app->add_option("--max-recalls-per-step", s.max_recalls_per_step,
+                  "evicted pages recalled per sequence and scored step, highest bound first "
+                  "(0: no limit)")
+      ->capture_default_str();
   app->add_option("--recall-wait-ms", s.recall_wait_ms,
                   "how long a step waits for a recalled page's asynchronous copy before running "
                   "without it (< 0: until it lands)")
@@ -73,6 +83,9 @@ StatusOr<ResolvedCut> resolve_cut(const CutFlags& f) {
     return invalid_argument(msg);
   }
   r.semantic = f.semantic;
+  const std::optional<RecallPrecision> rung = parse_recall_precision(f.recall_precision);
+  if (!rung) return invalid_argument("--recall-precision must be full, int8 or int4");
+  r.semantic.recall_precision = *rung;
   r.prefill = f.prefill;
   return r;
 }

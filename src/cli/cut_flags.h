@@ -16,6 +16,7 @@ struct CutFlags {
   std::string kv_policy = "full";
   std::string kv_cache_compression;  // "" or semantic_v2
   cuts::semantic::SemanticConfig semantic;
+  std::string recall_precision = "full";  // CLI-checked: full | int8 | int4
   int prefill = 0;  // > 0: prefill this many tokens, feed the rest one per decode step
 };
 

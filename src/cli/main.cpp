@@ -248,12 +248,13 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
       const kv::PageOpStats& o = cut_stats.ops;
       std::fprintf(stderr,
                    "kv policy %s: resident KV vs full avg %.3f, peak %.3f; demotions %lld, "
-                   "evictions %lld, recalls %lld\n",
+                   "evictions %lld, recalls %lld (%lld at int8/int4)\n",
                    cuts::semantic::kv_policy_name(rc->policy),
                    cut_stats.steps > 0 ? cut_stats.resident_fraction_sum / cut_stats.steps : 1.0,
                    cut_stats.steps > 0 ? cut_stats.peak_resident_fraction : 1.0,
                    static_cast<long long>(o.demoted_to_int8 + o.demoted_to_int4),
-                   static_cast<long long>(o.evicted), static_cast<long long>(o.restored));
+                   static_cast<long long>(o.evicted), static_cast<long long>(o.restored),
+                   static_cast<long long>(o.restored_quantized));
     }
   }
   return 0;

@@ -196,6 +196,7 @@ int run_perplexity(CommonFlags& common, const PerplexityFlags& f) {
   j["demotions"] = cs.ops.demoted_to_int8 + cs.ops.demoted_to_int4;
   j["evictions"] = cs.ops.evicted;
   j["recalls"] = cs.ops.restored;
+  j["recalls_quantized"] = cs.ops.restored_quantized;  // evicted pages back at int8 / int4
   // Pages per rung: the average over the decode steps of each window's pages at each rung.
   const char* kRungs[] = {"full", "int8", "int4", "evicted"};
   double avg_pages[4] = {};

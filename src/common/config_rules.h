@@ -21,8 +21,8 @@ Status validate_sla_classes(const std::vector<SlaClass>& classes);
 // The semantic cut's settings (kv-cuts.md §2); kInvalidArgument naming the field, prefixed by
 // `path` (e.g. "kv.cuts.semantic.", "sla_classes.voice.kv."): thresholds outside [0, 1],
 // evict_threshold >= semantic_threshold (when both > 0), demote/evict_after_steps < 1, negative
-// windows, score_interval < 1, smoothing outside (0, 1], host_capacity_mb or heavy_tokens < 0,
-// recall_wait_ms not finite or above 60000.
+// windows, score_interval < 1, smoothing outside (0, 1], host_capacity_mb, heavy_tokens or
+// max_recalls_per_step < 0, recall_wait_ms not finite or above 60000.
 // cuts::semantic::validate is this function.
 Status validate_semantic_cut(const SemanticCutConfig& config, std::string_view path);
 

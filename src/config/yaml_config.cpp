@@ -230,10 +230,10 @@ Status read_pools(const YAML::Node& n, EngineConfig* e) {
 // the field of *c; range checks are validate_semantic_cut's (validate_config).
 // The keys read_semantic_keys reads.
 constexpr const char* kSemanticKeys[] = {
-    "semantic_threshold", "evict_threshold", "demote_after_steps", "evict_after_steps",
-    "recall_threshold",   "recall_wait_ms",  "semantic_window",    "sink_tokens",
-    "recent_tokens",      "score_interval",  "smoothing",          "host_capacity_mb",
-    "heavy_tokens"};
+    "semantic_threshold", "evict_threshold",  "demote_after_steps",  "evict_after_steps",
+    "recall_threshold",   "recall_wait_ms",   "semantic_window",     "sink_tokens",
+    "recent_tokens",      "score_interval",   "smoothing",           "host_capacity_mb",
+    "heavy_tokens",       "recall_precision", "max_recalls_per_step"};
 
 Status read_semantic_keys(MapReader& r, SemanticCutConfig* c) {
   KVSPLIT_RETURN_IF_ERROR(r.get("semantic_threshold", &c->semantic_threshold));
@@ -249,6 +249,16 @@ Status read_semantic_keys(MapReader& r, SemanticCutConfig* c) {
   KVSPLIT_RETURN_IF_ERROR(r.get("smoothing", &c->smoothing));
   KVSPLIT_RETURN_IF_ERROR(r.get("host_capacity_mb", &c->host_capacity_mb));
   KVSPLIT_RETURN_IF_ERROR(r.get("heavy_tokens", &c->heavy_tokens));
+  KVSPLIT_RETURN_IF_ERROR(r.get("max_recalls_per_step", &c->max_recalls_per_step));
+  std::string rung;
+  KVSPLIT_RETURN_IF_ERROR(r.get("recall_precision", &rung));
+  if (r.has("recall_precision")) {
+    const std::optional<RecallPrecision> p = parse_recall_precision(rung);
+    if (!p)
+      return field_error(join(r.path(), "recall_precision"),
+                         "must be 'full', 'int8' or 'int4', got " + quoted(rung));
+    c->recall_precision = *p;
+  }
   return ok_status();
 }
 

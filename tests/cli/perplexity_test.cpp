@@ -93,6 +93,29 @@ TEST(PerplexityCli, PoliciesFreeKvAndCountWhatTheyDid) {
   EXPECT_EQ(plain["nll"].get<double>(), one["nll"].get<double>());
 }
 
+// Evictions that the loose bound keeps calling back (evict threshold 0.8 on recall-llama): recalled
+// at int4, and at most one per step by the highest bound, they hold less KV than recalled at
+// full precision without a limit.
+TEST(PerplexityCli, QuantizedAndTopKRecallsHoldLessKv) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::string ladder =
+      "--prefill 16 --block-size 8 --kv-policy semantic --recent-tokens 8 --semantic-threshold "
+      "0.99 --evict-threshold 0.8 --recall-threshold 1 --score-interval 1 --demote-after-steps 1";
+  const nlohmann::json full = ppl(ladder);
+  const nlohmann::json int4 = ppl(ladder + " --recall-precision int4");
+  const nlohmann::json top1 = ppl(ladder + " --recall-precision int4 --max-recalls-per-step 1");
+  EXPECT_GT(full["recalls"].get<int>(), 0);
+  EXPECT_EQ(full["recalls_quantized"].get<int>(), 0);
+  EXPECT_GT(int4["recalls_quantized"].get<int>(), 0);
+  EXPECT_LE(int4["recalls_quantized"].get<int>(), int4["recalls"].get<int>());
+  EXPECT_LT(top1["recalls"].get<int>(), int4["recalls"].get<int>());
+  EXPECT_LT(int4["avg_resident_kv_fraction"].get<double>(),
+            full["avg_resident_kv_fraction"].get<double>());
+  EXPECT_LT(top1["avg_resident_kv_fraction"].get<double>(),
+            int4["avg_resident_kv_fraction"].get<double>());
+  EXPECT_GT(top1["avg_pages"]["evicted"].get<double>(), full["avg_pages"]["evicted"].get<double>());
+}
+
 TEST(PerplexityCli, GenerateWithTheCutAtZeroThresholdsMatchesTheGolden) {
   KVSPLIT_REQUIRE_MODELS();
   const auto cases = read_jsonl(model_path("golden/stories260K_greedy.jsonl"));
@@ -122,6 +145,9 @@ TEST(PerplexityCli, BadInputIsAnErrorNamingIt) {
   expect_error(recall_args() + " --semantic-threshold 1.5", "--semantic-threshold");
   expect_error(recall_args() + " --evict-threshold 0.3", "--evict-threshold");
   expect_error(recall_args() + " --recent-tokens -4", "--recent-tokens");
+  expect_error(recall_args() + " --recall-precision int2", "--recall-precision");
+  expect_error(recall_args() + " --kv-policy semantic --max-recalls-per-step -1",
+               "--max-recalls-per-step");
   expect_error(recall_args() + " --kv-cache-compression semantic_v2 --kv-policy h2o", "conflicts");
   expect_error(recall_args() + " --kv-cache-compression none --kv-policy semantic",
                "--kv-cache-compression none conflicts with --kv-policy semantic");

@@ -260,9 +260,10 @@ TEST(ConfigTest, KvCutKeys) {
       "    semantic: {semantic_threshold: 0.15, evict_threshold: 0.05, demote_after_steps: 2,\n"
       "               evict_after_steps: 3, recall_threshold: 0.4, semantic_window: 4096,\n"
       "               sink_tokens: 4, recent_tokens: 256, score_interval: 2, smoothing: 0.6,\n"
-      "               host_capacity_mb: 2048, heavy_tokens: 32}\n"
+      "               host_capacity_mb: 2048, heavy_tokens: 32, recall_precision: int4,\n"
+      "               max_recalls_per_step: 2}\n"
       "sla_classes:\n"
-      "  voice: {max_ttft_ms: 300, kv: {semantic_threshold: 0.2}}\n"
+      "  voice: {max_ttft_ms: 300, kv: {semantic_threshold: 0.2, recall_precision: full}}\n"
       "  coding: {kv: {semantic_threshold: 0.1, recent_tokens: 512}}\n"
       "  batch: {priority: -1}\n");
   ASSERT_TRUE(c.ok()) << c.status().to_string();
@@ -281,11 +282,16 @@ TEST(ConfigTest, KvCutKeys) {
   EXPECT_FLOAT_EQ(e.semantic.smoothing, 0.6f);
   EXPECT_EQ(e.semantic.host_capacity_mb, 2048);
   EXPECT_EQ(e.semantic.heavy_tokens, 32);
+  EXPECT_EQ(e.semantic.recall_precision, RecallPrecision::kInt4);
+  EXPECT_EQ(e.semantic.max_recalls_per_step, 2);
   ASSERT_EQ(e.sla_classes.size(), 3u);
   // A class's kv keys override the engine's settings one by one.
   ASSERT_TRUE(e.sla_classes[0].semantic.has_value());
   EXPECT_FLOAT_EQ(e.sla_classes[0].semantic->semantic_threshold, 0.2f);
   EXPECT_EQ(e.sla_classes[0].semantic->score_interval, 2);
+  EXPECT_EQ(e.sla_classes[0].semantic->recall_precision, RecallPrecision::kFull);
+  EXPECT_EQ(e.sla_classes[0].semantic->max_recalls_per_step, 2);
+  EXPECT_EQ(e.sla_classes[1].semantic->recall_precision, RecallPrecision::kInt4);
   ASSERT_TRUE(e.sla_classes[1].semantic.has_value());
   EXPECT_FLOAT_EQ(e.sla_classes[1].semantic->semantic_threshold, 0.1f);
   EXPECT_EQ(e.sla_classes[1].semantic->recent_tokens, 512);
@@ -337,6 +343,12 @@ TEST(ConfigTest, KvCutErrorsNameTheField) {
   expect_error("kv: {cuts: {semantic: {host_capacity_mb: 9000000000000}}}\n",
                "kv.cuts.semantic.host_capacity_mb: must be in [0, 16777216]");
   expect_error("kv: {cuts: [1]}\n", "kv.cuts: must be a mapping");
+  expect_error("kv: {cuts: {semantic: {recall_precision: int2}}}\n",
+               "kv.cuts.semantic.recall_precision: must be 'full', 'int8' or 'int4', got 'int2'");
+  expect_error("kv: {cuts: {semantic: {max_recalls_per_step: -1}}}\n",
+               "kv.cuts.semantic.max_recalls_per_step: must be >= 0");
+  expect_error("sla_classes:\n  voice: {kv: {recall_precision: fp8}}\n",
+               "sla_classes.voice.kv.recall_precision: must be 'full', 'int8' or 'int4'");
   expect_error("sla_classes:\n  voice: {kv: {semantic_threshold: -0.2}}\n",
                "sla_classes.voice.kv.semantic_threshold: must be in [0, 1]");
   expect_error("sla_classes:\n  voice: {kv: {demote_after_steps: 0}}\n",

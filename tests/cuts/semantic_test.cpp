@@ -82,6 +82,9 @@ TEST(SemanticConfig, ValidationNamesTheField) {
   c.recall_threshold = std::nanf("");
   expect_field(c, "recall_threshold");
   c = {};
+  c.max_recalls_per_step = -1;
+  expect_field(c, "max_recalls_per_step");
+  c = {};
   c.semantic_threshold = 0.f;  // thresholds at 0: the cut is on but never acts
   c.evict_threshold = 0.f;
   EXPECT_TRUE(validate(c).ok());
@@ -94,6 +97,13 @@ TEST(SemanticPolicy, ParsesTheNamesOfTheCommandLine) {
     EXPECT_STREQ(kv_policy_name(*p), n);
   }
   EXPECT_FALSE(parse_kv_policy("quest").ok());
+  for (const char* n : {"full", "int8", "int4"}) {
+    auto p = parse_recall_precision(n);
+    ASSERT_TRUE(p.has_value()) << n;
+    EXPECT_STREQ(recall_precision_name(*p), n);
+  }
+  EXPECT_FALSE(parse_recall_precision("int2").has_value());
+  EXPECT_FALSE(parse_recall_precision("").has_value());
 }
 
 TEST(SemanticPlanner, SinksRecentAndThePartialPageAreProtected) {
@@ -176,13 +186,57 @@ TEST(SemanticPlanner, RecallByTheBoundForEvictedAndByRelevanceForQuantizedPages)
   o.bound[5] = 0.9f;
   auto plan = plan_step(KvPolicy::kSemantic, c, o.get(kv_len, bs), pages);
   ASSERT_EQ(plan.size(), 2u);
-  EXPECT_EQ(plan[0].page, 2);
+  // The quantized page in the pass over the pages, the evicted ones after it.
+  EXPECT_EQ(plan[0].page, 3);
   EXPECT_EQ(plan[0].op, PageOp::kRestore);
-  EXPECT_EQ(plan[1].page, 3);
+  EXPECT_EQ(plan[0].to, KvPrecision::kFull);
+  EXPECT_EQ(plan[1].page, 2);
   EXPECT_EQ(plan[1].op, PageOp::kRestore);
+  EXPECT_EQ(plan[1].to, KvPrecision::kFull);
   o.bound[2] = 0.4f;  // below recall_threshold
   pages[3].relevance = 0.3f;
   EXPECT_TRUE(plan_step(KvPolicy::kSemantic, c, o.get(kv_len, bs), pages).empty());
+}
+
+// Evicted pages whose bound reaches the threshold: recalled at recall_precision (a quantized
+// page's recall by relevance still goes to full), and with max_recalls_per_step only the highest
+// bounds, newer pages first among equals, planned in page order.
+TEST(SemanticPlanner, EvictedPagesAreRecalledAtTheirRungAndTheHighestBoundsFirst) {
+  SemanticConfig c = small_config();  // recall_threshold 0.5
+  const int bs = 4, kv_len = 40;
+  std::vector<PageEntry> pages(10);
+  const float bounds[] = {0.6f, 2.f, 1.5f, 2.f, 0.3f};  // pages 1..5
+  Obs o = uniform(kv_len, bs, 1.f);
+  for (int i = 1; i <= 5; ++i) {
+    pages[i].location = kv::PageLocation::kEvicted;
+    pages[i].precision = KvPrecision::kEvicted;
+    pages[i].summary = i;
+    o.bound[i] = bounds[i - 1];
+  }
+  pages[6].precision = KvPrecision::kInt8;  // recalled by relevance: to full whatever the rung
+  pages[6].summary = 6;
+  pages[6].relevance = 0.9f;
+  auto recalled = [&](const SemanticConfig& cfg, KvPrecision evicted_to) {
+    std::vector<int> out;
+    for (const PageTransition& t : plan_step(KvPolicy::kSemantic, cfg, o.get(kv_len, bs), pages)) {
+      EXPECT_EQ(t.op, PageOp::kRestore);
+      EXPECT_EQ(t.to, t.page == 6 ? KvPrecision::kFull : evicted_to) << "page " << t.page;
+      out.push_back(t.page);
+    }
+    return out;
+  };
+  EXPECT_EQ(recalled(c, KvPrecision::kFull), (std::vector<int>{6, 1, 2, 3, 4}));
+  c.recall_precision = RecallPrecision::kInt4;
+  EXPECT_EQ(recalled(c, KvPrecision::kInt4), (std::vector<int>{6, 1, 2, 3, 4}));
+  c.recall_precision = RecallPrecision::kInt8;
+  c.max_recalls_per_step = 2;  // bounds 2.0 (pages 2 and 4) beat 1.5 and 0.6
+  EXPECT_EQ(recalled(c, KvPrecision::kInt8), (std::vector<int>{6, 2, 4}));
+  c.max_recalls_per_step = 1;  // a tie: the newer page
+  EXPECT_EQ(recalled(c, KvPrecision::kInt8), (std::vector<int>{6, 4}));
+  c.max_recalls_per_step = 3;
+  EXPECT_EQ(recalled(c, KvPrecision::kInt8), (std::vector<int>{6, 2, 3, 4}));
+  c.max_recalls_per_step = 9;  // more than are called: all of them
+  EXPECT_EQ(recalled(c, KvPrecision::kInt8), (std::vector<int>{6, 1, 2, 3, 4}));
 }
 
 TEST(SemanticPlanner, StreamingKeepsOnlySinksAndRecent) {

@@ -71,6 +71,8 @@ struct Outcome {
   bool page_back = false;
   int64_t restored = 0;
   int64_t late = 0;  // recalls not landed within recall_wait_ms of the step that asked
+  int64_t restored_quantized = 0;  // of `restored`, back at int8 / int4
+  bool page_resident = false;      // at any rung
 };
 
 // Prefills all but the last kQueryTail tokens, forces `page` out (kEvict keeps the original for
@@ -78,7 +80,7 @@ struct Outcome {
 // cut acting (recall only: thresholds 0 demote nothing), and returns the greedy next token.
 // Before each step the recalls queued by the last one are settled with `recall_wait_ms`.
 Outcome run_query(Recall& r, const std::vector<int32_t>& ids, int page, Force force,
-                  double recall_wait_ms = -1) {
+                  double recall_wait_ms = -1, RecallPrecision rung = RecallPrecision::kFull) {
   Outcome o;
   kv::KvPool& pool = *r.pool;
   kv::BlockTable table;
@@ -88,6 +90,7 @@ Outcome run_query(Recall& r, const std::vector<int32_t>& ids, int page, Force fo
   sc.recall_threshold = 0.5f;
   sc.score_interval = 1;
   sc.recall_wait_ms = recall_wait_ms;
+  sc.recall_precision = rung;
   sched::SequenceCut cut(KvPolicy::kSemantic, sc);
   const int n = static_cast<int>(ids.size());
   const int p = n - kQueryTail;
@@ -123,7 +126,9 @@ Outcome run_query(Recall& r, const std::vector<int32_t>& ids, int page, Force fo
   o.next = sampling::argmax_lowest(logits.data(), r.model->config().vocab_size);
   o.page_back = table.pages.empty() ||
                 (table.pages[page].resident() && table.pages[page].precision == KvPrecision::kFull);
+  o.page_resident = table.pages.empty() || table.pages[page].resident();
   o.restored = cut.stats().ops.restored;
+  o.restored_quantized = cut.stats().ops.restored_quantized;
   o.late = cut.stats().ops.restores_late;
   pool.release(table);
   expect_pool_empty(pool);
@@ -172,6 +177,30 @@ TEST(SemanticRecall, ForcedOutPairPageIsRecalledAndTheAnswerMatchesFullKv) {
     EXPECT_GE(recalled.restored, 1);
     EXPECT_TRUE(recalled.page_back);
     EXPECT_EQ(recalled.next, q.answer);
+  }
+}
+
+// Recalled at a quantized rung (requantized from the host original), the page is read at that
+// rung on the next step and goes on to full once its measured relevance reaches the threshold.
+// At int8 the answer is still full KV's. At int4 it is not always: the tail tokens whose KV was
+// computed while the pair page was read at int4 can tip the answer (1 of these 4 queries), so
+// there only the path is checked: recalled at int4, promoted to full, nothing left behind.
+TEST(SemanticRecall, APageRecalledQuantizedIsReadThenPromotedToFull) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto r = make_recall();
+  ASSERT_TRUE(r);
+  const std::vector<Query> queries = page_dependent_queries(*r, 4);
+  ASSERT_GE(queries.size(), 2u);
+  for (const Query& q : queries) {
+    SCOPED_TRACE("page " + std::to_string(q.page));
+    for (RecallPrecision rung : {RecallPrecision::kInt8, RecallPrecision::kInt4}) {
+      SCOPED_TRACE(recall_precision_name(rung));
+      const Outcome o = run_query(*r, q.ids, q.page, Force::kEvict, -1, rung);
+      EXPECT_GE(o.restored_quantized, 1);
+      EXPECT_GE(o.restored, o.restored_quantized + 1);  // then to full, by its relevance
+      EXPECT_TRUE(o.page_back);
+      if (rung == RecallPrecision::kInt8) EXPECT_EQ(o.next, q.answer);
+    }
   }
 }
 

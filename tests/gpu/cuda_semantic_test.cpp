@@ -35,5 +35,13 @@ TEST(CudaSemanticCut, ForcedDemotionMatchesTheCpuBackend) {
   expect_forced_demotion_matches_cpu(*be, /*same_counts=*/false);
 }
 
+TEST(CudaSemanticCut, QuantizedRecallMatchesTheCpuBackend) {
+  KVSPLIT_REQUIRE_DEVICE();
+  KVSPLIT_REQUIRE_MODELS();
+  auto be = cuda_f32();
+  ASSERT_NE(be, nullptr);
+  expect_quantized_recall_matches_cpu(*be, /*same_counts=*/false);
+}
+
 }  // namespace
 }  // namespace kvsplit::testing

@@ -27,5 +27,12 @@ TEST(EmulatedSemanticCut, ForcedDemotionMatchesTheCpuBackend) {
   EXPECT_GT(be.mixed_calls(), 0);
 }
 
+TEST(EmulatedSemanticCut, QuantizedRecallMatchesTheCpuBackend) {
+  KVSPLIT_REQUIRE_MODELS();
+  EmulatedKernelBackend be;
+  expect_quantized_recall_matches_cpu(be, /*same_counts=*/true);
+  EXPECT_GT(be.page_op_calls(), 0);
+}
+
 }  // namespace
 }  // namespace kvsplit::testing

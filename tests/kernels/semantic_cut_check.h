@@ -113,39 +113,56 @@ inline sched::SequenceCutStats expect_never_degrading_cut_keeps_goldens(backend:
   return stats;
 }
 
-// An aggressive ladder (every page outside the sink page and the last 16 tokens goes down after
-// one low step, and stays down): pages are quantized by `be`'s page ops and read at int8 / int4 by
-// its mixed attention; the tokens equal those of the CPU backend running the same cut (and, with
-// same_counts, so do the demotion counts: the relevance the ladder sees must agree too).
-inline sched::SequenceCutStats expect_forced_demotion_matches_cpu(backend::Backend& be,
-                                                                  bool same_counts) {
-  SemanticCutConfig sc;
-  sc.semantic_threshold = 0.99f;
-  sc.evict_threshold = 0.f;
-  sc.demote_after_steps = 1;
-  sc.recall_threshold = 1.f;  // demoted pages stay down: int8, then int4
-  sc.score_interval = 1;
-  sc.sink_tokens = 4;
-  sc.recent_tokens = 16;
-  // One sequence of 61 positions (sized for the ASan build): page 1 (tokens 16..31) is outside
-  // the sink page and the last 16 tokens from position 48 on, and goes to int8, then int4.
-  const int max_new = 56;
-  sched::SequenceCutStats cpu_stats, stats;
+// Greedy generation of one golden prompt (max_new tokens) with cut `sc` on `be` and on the CPU
+// backend: the tokens must be equal. Fills *stats (be's) and *cpu_stats; false if a model failed
+// to load.
+inline bool generate_against_cpu(backend::Backend& be, const SemanticCutConfig& sc, int max_new,
+                                 sched::SequenceCutStats* stats, sched::SequenceCutStats* cpu_stats,
+                                 std::unique_ptr<CutModel>* model) {
   std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend(1);
   auto cpu_model = load_cut_model(*cpu, sc);
   EXPECT_NE(cpu_model, nullptr);
-  if (!cpu_model) return stats;
-  const auto want = generate_with_cut(*cpu_model, sc, max_new, 1, &cpu_stats);
+  if (!cpu_model) return false;
+  const auto want = generate_with_cut(*cpu_model, sc, max_new, 1, cpu_stats);
   EXPECT_EQ(want.size(), 1u);
-  auto m = load_cut_model(be, sc);
-  EXPECT_NE(m, nullptr);
-  if (!m) return stats;
-  const auto got = generate_with_cut(*m, sc, max_new, 1, &stats);
+  *model = load_cut_model(be, sc);
+  EXPECT_NE(*model, nullptr);
+  if (!*model) return false;
+  const auto got = generate_with_cut(**model, sc, max_new, 1, stats);
   EXPECT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
     EXPECT_EQ(got[i].size(), static_cast<size_t>(max_new));
     EXPECT_EQ(got[i], want[i]) << "sequence " << i;
   }
+  return true;
+}
+
+// An aggressive ladder: every page outside the sink page and the last 16 tokens goes down after
+// one low step, and stays down (int8, then int4).
+inline SemanticCutConfig aggressive_ladder() {
+  SemanticCutConfig sc;
+  sc.semantic_threshold = 0.99f;
+  sc.evict_threshold = 0.f;
+  sc.demote_after_steps = 1;
+  sc.recall_threshold = 1.f;
+  sc.score_interval = 1;
+  sc.sink_tokens = 4;
+  sc.recent_tokens = 16;
+  return sc;
+}
+
+// The aggressive ladder: pages are quantized by `be`'s page ops and read at int8 / int4 by its
+// mixed attention; the tokens equal those of the CPU backend running the same cut (and, with
+// same_counts, so do the demotion counts: the relevance the ladder sees must agree too).
+inline sched::SequenceCutStats expect_forced_demotion_matches_cpu(backend::Backend& be,
+                                                                  bool same_counts) {
+  const SemanticCutConfig sc = aggressive_ladder();
+  // One sequence of 61 positions (sized for the ASan build): page 1 (tokens 16..31) is outside
+  // the sink page and the last 16 tokens from position 48 on, and goes to int8, then int4.
+  const int max_new = 56;
+  sched::SequenceCutStats cpu_stats, stats;
+  std::unique_ptr<CutModel> m;
+  if (!generate_against_cpu(be, sc, max_new, &stats, &cpu_stats, &m)) return stats;
   EXPECT_GT(stats.ops.demoted_to_int8, 0);
   EXPECT_GT(stats.ops.demoted_to_int4, 0);
   if (same_counts) {
@@ -159,6 +176,36 @@ inline sched::SequenceCutStats expect_forced_demotion_matches_cpu(backend::Backe
   EXPECT_GT(stats.steps, 0);
   EXPECT_LT(stats.resident_fraction_sum / std::max<int64_t>(stats.steps, 1),
             0.99);  // 1: none moved
+  expect_cut_pool_empty(*m->pool);
+  return stats;
+}
+
+// Evictions that the bound calls back at int4 (recall_precision int4, at most one per step): the
+// recalls requantize the host original with `be`'s copy and quantize ops, and the recalled pages
+// are read by its mixed attention; the tokens equal the CPU backend's (with same_counts, so do
+// the evictions and recalls).
+inline sched::SequenceCutStats expect_quantized_recall_matches_cpu(backend::Backend& be,
+                                                                   bool same_counts) {
+  SemanticCutConfig sc = aggressive_ladder();
+  sc.evict_threshold = 0.9f;
+  sc.evict_after_steps = 1;
+  sc.recall_threshold = 0.9f;
+  sc.recall_precision = RecallPrecision::kInt4;
+  sc.max_recalls_per_step = 1;
+  const int max_new = 56;
+  sched::SequenceCutStats cpu_stats, stats;
+  std::unique_ptr<CutModel> m;
+  if (!generate_against_cpu(be, sc, max_new, &stats, &cpu_stats, &m)) return stats;
+  EXPECT_GT(stats.ops.evicted, 0);
+  EXPECT_GT(stats.ops.restored_quantized, 0);
+  if (same_counts) {
+    EXPECT_EQ(stats.ops.evicted, cpu_stats.ops.evicted);
+    EXPECT_EQ(stats.ops.restored, cpu_stats.ops.restored);
+    EXPECT_EQ(stats.ops.restored_quantized, cpu_stats.ops.restored_quantized);
+  }
+  std::printf("%s cut: %lld evictions, %lld recalls (%lld at int4)\n", be.name().c_str(),
+              static_cast<long long>(stats.ops.evicted), static_cast<long long>(stats.ops.restored),
+              static_cast<long long>(stats.ops.restored_quantized));
   expect_cut_pool_empty(*m->pool);
   return stats;
 }

@@ -12,6 +12,39 @@ namespace {
 using kernels::KvPrecision;
 using kv::PageOp;
 using kv::PageTransition;
+using kvsplit::RecallPrecision;
+
+float bound_of(const StepObservation& obs, int page) {
+  return static_cast<size_t>(page) < obs.page_bound.size() ? obs.page_bound[page] : 0.f;
+}
+
+KvPrecision rung_of(RecallPrecision p) {
+  switch (p) {
+    case RecallPrecision::kFull:
+      return KvPrecision::kFull;
+    case RecallPrecision::kInt8:
+      return KvPrecision::kInt8;
+    case RecallPrecision::kInt4:
+      return KvPrecision::kInt4;
+  }
+  return KvPrecision::kFull;
+}
+
+// Recalls the evicted pages `called` (ascending) at config.recall_precision; with
+// max_recalls_per_step, only that many: the highest bounds, newer pages first among equals.
+void recall_called(const SemanticConfig& c, const StepObservation& obs, std::vector<int> called,
+                   std::vector<PageTransition>* out) {
+  const size_t cap = static_cast<size_t>(c.max_recalls_per_step);
+  if (cap > 0 && called.size() > cap) {
+    std::stable_sort(called.begin(), called.end(), [&](int a, int b) {
+      const float ba = bound_of(obs, a), bb = bound_of(obs, b);
+      return ba != bb ? ba > bb : a > b;
+    });
+    called.resize(cap);
+    std::sort(called.begin(), called.end());
+  }
+  for (int i : called) out->push_back({i, PageOp::kRestore, rung_of(c.recall_precision)});
+}
 
 }  // namespace
 
@@ -79,14 +112,12 @@ std::vector<PageTransition> plan_step(KvPolicy policy, const SemanticConfig& c,
     }
     case KvPolicy::kSemantic: {
       const int window_begin = std::max(0, obs.kv_len - c.semantic_window);
+      std::vector<int> called;  // evicted pages whose bound reaches the recall threshold
       for (int i = 0; i < n; ++i) {
         kv::PageEntry& p = pages[i];
         if (!p.resident()) {
-          // Recall of an evicted page: its summary's bound says a query could attend to it.
-          const float bound =
-              static_cast<size_t>(i) < obs.page_bound.size() ? obs.page_bound[i] : 0.f;
-          if (p.summary >= 0 && bound >= c.recall_threshold)
-            out.push_back({i, PageOp::kRestore, KvPrecision::kFull});
+          // An evicted page: its summary's bound says a query could attend to it.
+          if (p.summary >= 0 && bound_of(obs, i) >= c.recall_threshold) called.push_back(i);
           continue;
         }
         if (p.precision != KvPrecision::kFull && p.relevance >= c.recall_threshold) {
@@ -108,6 +139,7 @@ std::vector<PageTransition> plan_step(KvPolicy policy, const SemanticConfig& c,
           p.low_steps = 0;
         }
       }
+      recall_called(c, obs, std::move(called), &out);
       break;
     }
   }
