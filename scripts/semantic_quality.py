@@ -51,16 +51,24 @@ def main():
             settings.append((f"h2o recent {recent} heavy {heavy}",
                              ["--kv-policy", "h2o", "--recent-tokens", str(recent),
                               "--heavy-tokens", str(heavy), "--score-interval", "1"]))
-        for sem, ev in ([(0.9, 0.0), (0.99, 0.0), (0.99, 0.5)] if not args.quick else [(0.99, 0.0)]):
-            settings.append((f"semantic recent {recent} thr {sem} evict {ev}",
+        # (demote threshold, evict threshold, recall rung, max recalls per step)
+        ladders = [(0.9, 0.0, "full", 0), (0.99, 0.0, "full", 0), (0.99, 0.5, "full", 0),
+                   (0.99, 0.8, "full", 0), (0.99, 0.8, "full", 1), (0.99, 0.8, "int4", 0),
+                   (0.99, 0.8, "int4", 1), (0.99, 0.8, "int4", 2)]
+        for sem, ev, rung, k in (ladders if not args.quick else [(0.99, 0.0, "full", 0)]):
+            name = f"semantic recent {recent} thr {sem} evict {ev}"
+            if ev > 0:
+                name += f" {rung}" + (f" top{k}" if k else "")
+            settings.append((name,
                              ["--kv-policy", "semantic", "--recent-tokens", str(recent),
                               "--semantic-threshold", str(sem), "--evict-threshold", str(ev),
                               "--recall-threshold", "1", "--score-interval", "1",
-                              "--demote-after-steps", "1"]))
+                              "--demote-after-steps", "1", "--recall-precision", rung,
+                              "--max-recalls-per-step", str(k)]))
 
     print(f"recall-llama, block size {bs}, prefill {args.prefill}; NLL over "
           f"{os.path.basename(docs)}, accuracy over {len(queries)} queries")
-    print(f"{'setting':44s} {'resident':>8s} {'nll':>8s} {'dNLL%':>7s} {'acc':>7s} "
+    print(f"{'setting':56s} {'resident':>8s} {'nll':>8s} {'dNLL%':>7s} {'acc':>7s} "
           f"{'demote':>7s} {'evict':>7s} {'recall':>7s}")
     base_nll = None
     for name, flags in settings:
@@ -74,7 +82,7 @@ def main():
         if base_nll is None:
             base_nll = ppl["nll"]
         d = 100.0 * (ppl["nll"] - base_nll) / base_nll
-        print(f"{name:44s} {ppl['avg_resident_kv_fraction']:8.3f} {ppl['nll']:8.4f} {d:+7.1f} "
+        print(f"{name:56s} {ppl['avg_resident_kv_fraction']:8.3f} {ppl['nll']:8.4f} {d:+7.1f} "
               f"{hits:3d}/{len(queries)} {ppl['demotions']:7d} {ppl['evictions']:7d} "
               f"{ppl['recalls']:7d}", flush=True)
 
