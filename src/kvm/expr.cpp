@@ -19,22 +19,16 @@ constexpr std::array<std::string_view, 9> kGlobalMetrics = {
     "swap_rate",     "recall_rate",        "pages_evicted_fraction"};
 constexpr std::array<std::string_view, 6> kClassMetrics = {
     "queue_depth", "queue_wait_ms", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"};
-constexpr std::array<std::string_view, 14> kParams = {
+constexpr std::array<std::string_view, 15> kParams = {
     "semantic_threshold",  "evict_threshold",    "recall_threshold",
     "recall_wait_ms",      "semantic_window",    "recent_tokens",
     "score_interval",      "temporal_step_size", "swap",
     "spatial_min_context", "max_num_seqs",       "max_chunk_tokens",
-    "max_queue",           "migrate_to_shard"};
-constexpr std::array<std::string_view, 10> kIntegerParams = {"semantic_window",
-                                                             "recent_tokens",
-                                                             "score_interval",
-                                                             "temporal_step_size",
-                                                             "swap",
-                                                             "spatial_min_context",
-                                                             "max_num_seqs",
-                                                             "max_chunk_tokens",
-                                                             "max_queue",
-                                                             "migrate_to_shard"};
+    "max_queue",           "migrate_to_shard",   "max_recalls_per_step"};
+constexpr std::array<std::string_view, 11> kIntegerParams = {
+    "semantic_window",    "recent_tokens", "score_interval",      "max_recalls_per_step",
+    "temporal_step_size", "swap",          "spatial_min_context", "max_num_seqs",
+    "max_chunk_tokens",   "max_queue",     "migrate_to_shard"};
 constexpr std::array<std::string_view, 3> kSwapNames = {"auto", "always", "never"};
 
 template <size_t N>
@@ -141,6 +135,9 @@ bool param_is_global_only(std::string_view name) {
 std::optional<ParamRange> param_range(std::string_view name) {
   // pools.max_chunk_tokens' range (config/validate.cpp) and the worker's (SetSchedulerParams).
   if (name == "max_chunk_tokens") return ParamRange{0, 1 << 20, true};
+  // kv.cuts.semantic.max_recalls_per_step: 0 lifts the limit, so a rule that lowers it must stop
+  // at 1.
+  if (name == "max_recalls_per_step") return ParamRange{0, 2147483647.0, true};
   // kv.cuts.semantic.recall_wait_ms's bounded range (a rule never sets "until it lands", < 0).
   if (name == "recall_wait_ms") return ParamRange{0, 60000, false};
   return std::nullopt;
@@ -150,7 +147,7 @@ bool param_is_integer(std::string_view name) { return contains(kIntegerParams, n
 bool param_is_semantic(std::string_view p) {
   return p == "semantic_threshold" || p == "evict_threshold" || p == "recall_threshold" ||
          p == "recall_wait_ms" || p == "semantic_window" || p == "recent_tokens" ||
-         p == "score_interval";
+         p == "score_interval" || p == "max_recalls_per_step";
 }
 
 Status check_setting(std::string_view param, double value) {

@@ -45,7 +45,7 @@ std::optional<ParamRange> param_range(std::string_view name);
 // engine (apply_kvm_decision) and by `kvsplit policy simulate` alike.
 Status check_setting(std::string_view param, double value);
 // The semantic cut's settings (semantic_threshold, evict_threshold, recall_threshold,
-// recall_wait_ms, semantic_window, recent_tokens, score_interval).
+// recall_wait_ms, semantic_window, recent_tokens, score_interval, max_recalls_per_step).
 bool param_is_semantic(std::string_view name);
 // Integer parameters are rounded after every action (semantic_window, recent_tokens, ...).
 bool param_is_integer(std::string_view name);

@@ -82,6 +82,7 @@ StatusOr<SimResult> Sim::run() {
   params_.set("semantic_window", "", sem.semantic_window);
   params_.set("recent_tokens", "", sem.recent_tokens);
   params_.set("score_interval", "", sem.score_interval);
+  params_.set("max_recalls_per_step", "", sem.max_recalls_per_step);
   params_.set("temporal_step_size", "", c_.temporal.temporal_step_size);
   params_.set("swap", "",
               static_cast<double>(c_.temporal.swap == SwapMode::kAuto     ? 0
@@ -101,6 +102,7 @@ StatusOr<SimResult> Sim::run() {
       params_.set("semantic_window", sc.name, sc.semantic->semantic_window);
       params_.set("recent_tokens", sc.name, sc.semantic->recent_tokens);
       params_.set("score_interval", sc.name, sc.semantic->score_interval);
+      params_.set("max_recalls_per_step", sc.name, sc.semantic->max_recalls_per_step);
     }
     if (sc.swap) {
       params_.set("swap", sc.name,

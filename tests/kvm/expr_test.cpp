@@ -144,6 +144,12 @@ TEST(KvmExprTest, ParameterKinds) {
   EXPECT_DOUBLE_EQ(param_range("recall_wait_ms")->lo, 0);
   EXPECT_DOUBLE_EQ(param_range("recall_wait_ms")->hi, 60000);
   EXPECT_FALSE(param_range("recall_wait_ms")->zero_is_off);
+  EXPECT_TRUE(is_param("max_recalls_per_step"));
+  EXPECT_TRUE(param_is_semantic("max_recalls_per_step"));
+  EXPECT_TRUE(param_is_integer("max_recalls_per_step"));
+  EXPECT_FALSE(param_is_global_only("max_recalls_per_step"));
+  EXPECT_TRUE(check_setting("max_recalls_per_step", 0).ok());
+  EXPECT_FALSE(check_setting("max_recalls_per_step", -1).ok());
   EXPECT_FALSE(param_is_global_only("swap"));
   EXPECT_TRUE(param_is_integer("semantic_window"));
   EXPECT_TRUE(param_is_integer("temporal_step_size"));

@@ -686,6 +686,23 @@ TEST_F(ValidateRulesTest, RecallWaitIsBoundedPerClassOrGlobally) {
   expect_error(r, "kvm.rules[1] (r): then: recall_wait_ms must be in [0, 60000], got -1");
 }
 
+TEST_F(ValidateRulesTest, MaxRecallsPerStepIsPerClassOrGlobalAndNotNegative) {
+  KvmRule ok =
+      rule("recalls", "device_kv_use > 0.9", "device_kv_use < 0.7", "max_recalls_per_step = 1");
+  ok.sla_class = "voice";
+  EXPECT_TRUE(validate_rules({ok}, {"voice"}).ok());
+  KvmRule r = ok;
+  r.name = "r";
+  r.then = {"max_recalls_per_step", KvmActionOp::kSet, -1};
+  expect_error(r,
+               "kvm.rules[1] (r): then: max_recalls_per_step must be in [0, 2147483647], got -1");
+  // Halving it can reach 0, which lifts the limit: such a rule needs min >= 1.
+  r.then = {"max_recalls_per_step", KvmActionOp::kMul, 0.5};
+  expect_error(r, "kvm.rules[1] (r): min: 'max_recalls_per_step *= 0.5' can take");
+  r.min = 1;
+  EXPECT_TRUE(validate_rules({r}, {"voice"}).ok());
+}
+
 TEST_F(ValidateRulesTest, MaxChunkTokensIsEngineWideAndBounded) {
   KvmRule ok = rule("cap", "ttft_p99_ms[voice] > 250", "ttft_p99_ms[voice] < 150",
                     "max_chunk_tokens *= 0.5");
