@@ -29,6 +29,7 @@ double semantic_get(const SemanticCutConfig& c, const std::string& p) {
   if (p == "semantic_window") return c.semantic_window;
   if (p == "recent_tokens") return c.recent_tokens;
   if (p == "max_recalls_per_step") return c.max_recalls_per_step;
+  if (p == "recall_precision") return static_cast<double>(c.recall_precision);
   return c.score_interval;  // score_interval
 }
 
@@ -66,9 +67,10 @@ class EngineImpl::KvmActuator final : public kvm::Actuator {
 
 kvm::ParamTable EngineImpl::kvm_baseline() const {
   kvm::ParamTable t;
-  static const char* kSemantic[] = {"semantic_threshold", "evict_threshold",     "recall_threshold",
-                                    "recall_wait_ms",     "semantic_window",     "recent_tokens",
-                                    "score_interval",     "max_recalls_per_step"};
+  static const char* kSemantic[] = {
+      "semantic_threshold", "evict_threshold",      "recall_threshold",
+      "recall_wait_ms",     "semantic_window",      "recent_tokens",
+      "score_interval",     "max_recalls_per_step", "recall_precision"};
   for (const char* p : kSemantic) t.set(p, "", semantic_get(kvm_semantic_, p));
   t.set("swap", "", static_cast<double>(kvm_temporal_.swap));
   t.set("temporal_step_size", "", kvm_temporal_.temporal_step_size);
@@ -136,6 +138,11 @@ Status semantic_set(SemanticCutConfig* c, const std::string& p, double v) {
   }
   if (p == "recent_tokens") {
     KVSPLIT_ASSIGN_OR_RETURN(c->recent_tokens, int_setting(p, v, 0, kMax));
+  }
+  if (p == "recall_precision") {
+    int32_t rung = 0;
+    KVSPLIT_ASSIGN_OR_RETURN(rung, int_setting(p, v, 0, 2));
+    c->recall_precision = static_cast<RecallPrecision>(rung);
   }
   if (p == "max_recalls_per_step") {
     KVSPLIT_ASSIGN_OR_RETURN(c->max_recalls_per_step, int_setting(p, v, 0, kMax));

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <span>
 
 #include "common/escape.h"
 
@@ -19,17 +20,35 @@ constexpr std::array<std::string_view, 9> kGlobalMetrics = {
     "swap_rate",     "recall_rate",        "pages_evicted_fraction"};
 constexpr std::array<std::string_view, 6> kClassMetrics = {
     "queue_depth", "queue_wait_ms", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"};
-constexpr std::array<std::string_view, 15> kParams = {
+constexpr std::array<std::string_view, 16> kParams = {
     "semantic_threshold",  "evict_threshold",    "recall_threshold",
     "recall_wait_ms",      "semantic_window",    "recent_tokens",
     "score_interval",      "temporal_step_size", "swap",
     "spatial_min_context", "max_num_seqs",       "max_chunk_tokens",
-    "max_queue",           "migrate_to_shard",   "max_recalls_per_step"};
-constexpr std::array<std::string_view, 11> kIntegerParams = {
-    "semantic_window",    "recent_tokens", "score_interval",      "max_recalls_per_step",
-    "temporal_step_size", "swap",          "spatial_min_context", "max_num_seqs",
-    "max_chunk_tokens",   "max_queue",     "migrate_to_shard"};
+    "max_queue",           "migrate_to_shard",   "max_recalls_per_step",
+    "recall_precision"};
+constexpr std::array<std::string_view, 12> kIntegerParams = {
+    "recall_precision",     "semantic_window",    "recent_tokens", "score_interval",
+    "max_recalls_per_step", "temporal_step_size", "swap",          "spatial_min_context",
+    "max_num_seqs",         "max_chunk_tokens",   "max_queue",     "migrate_to_shard"};
 constexpr std::array<std::string_view, 3> kSwapNames = {"auto", "always", "never"};
+// In RecallPrecision's order (kFull, kInt8, kInt4).
+constexpr std::array<std::string_view, 3> kRecallNames = {"full", "int8", "int4"};
+
+// The names of a parameter set by name (swap, recall_precision), value i = names[i]; empty for
+// a numeric one.
+std::span<const std::string_view> value_names(std::string_view param) {
+  if (param == "swap") return kSwapNames;
+  if (param == "recall_precision") return kRecallNames;
+  return {};
+}
+
+std::string names_text(std::span<const std::string_view> names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + std::string(names[i]);
+  return out;
+}
 
 template <size_t N>
 bool contains(const std::array<std::string_view, N>& a, std::string_view s) {
@@ -147,7 +166,7 @@ bool param_is_integer(std::string_view name) { return contains(kIntegerParams, n
 bool param_is_semantic(std::string_view p) {
   return p == "semantic_threshold" || p == "evict_threshold" || p == "recall_threshold" ||
          p == "recall_wait_ms" || p == "semantic_window" || p == "recent_tokens" ||
-         p == "score_interval" || p == "max_recalls_per_step";
+         p == "score_interval" || p == "max_recalls_per_step" || p == "recall_precision";
 }
 
 Status check_setting(std::string_view param, double value) {
@@ -163,8 +182,8 @@ Status check_setting(std::string_view param, double value) {
     hi = 1 << 20;
   } else if (param == "max_queue") {
     lo = 1, hi = 1000000;
-  } else if (param == "swap") {
-    hi = 2;
+  } else if (!value_names(param).empty()) {
+    hi = static_cast<double>(value_names(param).size() - 1);
   } else if (param == "score_interval" || param == "temporal_step_size" ||
              param == "migrate_to_shard") {
     lo = 1;
@@ -178,12 +197,16 @@ Status check_setting(std::string_view param, double value) {
 }
 bool param_is_one_shot(std::string_view name) { return name == "migrate_to_shard"; }
 
-std::optional<double> swap_value(std::string_view name) {
-  for (size_t i = 0; i < kSwapNames.size(); ++i) {
-    if (kSwapNames[i] == name) return static_cast<double>(i);
+std::optional<double> named_value(std::string_view param, std::string_view name) {
+  const std::span<const std::string_view> names = value_names(param);
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == name) return static_cast<double>(i);
   }
   return std::nullopt;
 }
+std::optional<double> swap_value(std::string_view name) { return named_value("swap", name); }
+bool param_is_named(std::string_view name) { return !value_names(name).empty(); }
+std::string param_names_text(std::string_view name) { return names_text(value_names(name)); }
 
 StatusOr<KvmCondition> parse_condition(std::string_view text) {
   std::string_view s = trim(text);
@@ -251,11 +274,16 @@ StatusOr<KvmAction> parse_action(std::string_view text) {
                             " (an action assigns with =, +=, -= or *=)");
   }
   s = trim(s);
-  if (a.param == "swap") {
-    if (a.op != KvmActionOp::kSet)
-      return invalid_argument("swap takes '=' (swap = auto|always|never), got " + q(text));
-    const std::optional<double> v = swap_value(s);
-    if (!v) return invalid_argument("swap must be auto, always or never, got " + q(s));
+  if (param_is_named(a.param)) {
+    const std::span<const std::string_view> names = value_names(a.param);
+    if (a.op != KvmActionOp::kSet) {
+      std::string alts;
+      for (std::string_view n : names) alts += (alts.empty() ? "" : "|") + std::string(n);
+      return invalid_argument(a.param + " takes '=' (" + a.param + " = " + alts + "), got " +
+                              q(text));
+    }
+    const std::optional<double> v = named_value(a.param, s);
+    if (!v) return invalid_argument(a.param + " must be " + names_text(names) + ", got " + q(s));
     a.value = *v;
     return a;
   }
@@ -274,10 +302,11 @@ std::string to_string(const KvmCondition& c) {
 
 std::string to_string(const KvmAction& a) {
   std::string value = fmt::format("{}", a.value);
-  if (a.param == "swap") {
+  const std::span<const std::string_view> names = value_names(a.param);
+  if (!names.empty()) {
     const auto i = static_cast<size_t>(a.value);
-    if (a.value >= 0 && i < kSwapNames.size() && static_cast<double>(i) == a.value)
-      value = std::string(kSwapNames[i]);
+    if (a.value >= 0 && i < names.size() && static_cast<double>(i) == a.value)
+      value = std::string(names[i]);
   }
   return a.param + " " + op_text(a.op) + " " + value;
 }

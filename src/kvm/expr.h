@@ -45,7 +45,8 @@ std::optional<ParamRange> param_range(std::string_view name);
 // engine (apply_kvm_decision) and by `kvsplit policy simulate` alike.
 Status check_setting(std::string_view param, double value);
 // The semantic cut's settings (semantic_threshold, evict_threshold, recall_threshold,
-// recall_wait_ms, semantic_window, recent_tokens, score_interval, max_recalls_per_step).
+// recall_wait_ms, semantic_window, recent_tokens, score_interval, max_recalls_per_step,
+// recall_precision).
 bool param_is_semantic(std::string_view name);
 // Integer parameters are rounded after every action (semantic_window, recent_tokens, ...).
 bool param_is_integer(std::string_view name);
@@ -53,6 +54,11 @@ bool param_is_integer(std::string_view name);
 bool param_is_one_shot(std::string_view name);
 // swap: 0 auto, 1 always, 2 never.
 std::optional<double> swap_value(std::string_view name);
+// Parameters set by name, value i being the i-th name: swap (auto, always, never) and
+// recall_precision (full, int8, int4). param_names_text: "auto, always or never".
+bool param_is_named(std::string_view name);
+std::optional<double> named_value(std::string_view param, std::string_view name);
+std::string param_names_text(std::string_view name);
 
 // The value of `c.metric` in `snap` (a class-scoped metric without a class: the worst class, the
 // largest value; with a class the snapshot lacks, or no class at all: nullopt, so the condition

@@ -83,6 +83,7 @@ StatusOr<SimResult> Sim::run() {
   params_.set("recent_tokens", "", sem.recent_tokens);
   params_.set("score_interval", "", sem.score_interval);
   params_.set("max_recalls_per_step", "", sem.max_recalls_per_step);
+  params_.set("recall_precision", "", static_cast<double>(sem.recall_precision));
   params_.set("temporal_step_size", "", c_.temporal.temporal_step_size);
   params_.set("swap", "",
               static_cast<double>(c_.temporal.swap == SwapMode::kAuto     ? 0
@@ -103,6 +104,7 @@ StatusOr<SimResult> Sim::run() {
       params_.set("recent_tokens", sc.name, sc.semantic->recent_tokens);
       params_.set("score_interval", sc.name, sc.semantic->score_interval);
       params_.set("max_recalls_per_step", sc.name, sc.semantic->max_recalls_per_step);
+      params_.set("recall_precision", sc.name, static_cast<double>(sc.semantic->recall_precision));
     }
     if (sc.swap) {
       params_.set("swap", sc.name,

@@ -188,6 +188,7 @@ TEST(EngineKvm, PressureRaisesThresholdDemotesAndExits) {
   EXPECT_DOUBLE_EQ(param_value(s, "semantic_threshold"), 0.0);
   EXPECT_DOUBLE_EQ(param_value(s, "recall_wait_ms"), c.semantic.recall_wait_ms);  // a rule target
   EXPECT_DOUBLE_EQ(param_value(s, "max_recalls_per_step"), c.semantic.max_recalls_per_step);
+  EXPECT_DOUBLE_EQ(param_value(s, "recall_precision"), 0.0);  // full
   // The decisions: enter (0 -> 0.5), maybe a repeat (-> 0.99), then exit (back to 0), in order.
   std::vector<KvmDecision> ds(s.kvm_decisions.begin(), s.kvm_decisions.end());
   ASSERT_GE(ds.size(), 2u);

@@ -87,6 +87,11 @@ TEST(KvmExprTest, ParsesActions) {
     EXPECT_EQ(a->param, "swap");
     EXPECT_DOUBLE_EQ(a->value, v);
   }
+  for (const auto& [name, v] : {std::pair{"full", 0.0}, {"int8", 1.0}, {"int4", 2.0}}) {
+    a = parse_action(std::string("recall_precision = ") + name);
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    EXPECT_DOUBLE_EQ(a->value, v);
+  }
 }
 
 TEST(KvmExprTest, ActionErrors) {
@@ -96,6 +101,10 @@ TEST(KvmExprTest, ActionErrors) {
   expect_bad_action("semantic_threshold += abc", "must be a finite number");
   expect_bad_action("swap = sometimes", "swap must be auto, always or never");
   expect_bad_action("swap += 1", "swap takes '='");
+  expect_bad_action("recall_precision = int2", "recall_precision must be full, int8 or int4");
+  expect_bad_action("recall_precision += 1",
+                    "recall_precision takes '=' (recall_precision = "
+                    "full|int8|int4)");
   expect_bad_action("migrate_to_shard += 4", "one-shot");
   expect_bad_action("max_queue[voice] = 3", "give the rule a `class:`");
   expect_bad_action("", "empty action");
@@ -108,8 +117,9 @@ TEST(KvmExprTest, ToStringRoundTrips) {
     ASSERT_TRUE(c.ok());
     EXPECT_EQ(to_string(*c), text);
   }
-  for (const char* text : {"semantic_threshold += 0.05", "swap = never", "max_num_seqs *= 0.5",
-                           "recent_tokens -= 64", "temporal_step_size = 8"}) {
+  for (const char* text :
+       {"semantic_threshold += 0.05", "swap = never", "max_num_seqs *= 0.5", "recent_tokens -= 64",
+        "temporal_step_size = 8", "recall_precision = int4"}) {
     auto a = parse_action(text);
     ASSERT_TRUE(a.ok());
     EXPECT_EQ(to_string(*a), text);
@@ -158,6 +168,14 @@ TEST(KvmExprTest, ParameterKinds) {
   EXPECT_FALSE(param_is_one_shot("swap"));
   EXPECT_EQ(swap_value("never"), 2.0);
   EXPECT_FALSE(swap_value("maybe").has_value());
+  EXPECT_EQ(named_value("recall_precision", "full"), 0.0);
+  EXPECT_EQ(named_value("recall_precision", "int4"), 2.0);
+  EXPECT_FALSE(named_value("recall_precision", "never").has_value());
+  EXPECT_TRUE(param_is_named("recall_precision"));
+  EXPECT_FALSE(param_is_named("max_recalls_per_step"));
+  EXPECT_TRUE(param_is_semantic("recall_precision"));
+  EXPECT_TRUE(check_setting("recall_precision", 2).ok());
+  EXPECT_FALSE(check_setting("recall_precision", 3).ok());
 }
 
 KvmSnapshot snapshot() {

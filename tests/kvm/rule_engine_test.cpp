@@ -686,6 +686,16 @@ TEST_F(ValidateRulesTest, RecallWaitIsBoundedPerClassOrGlobally) {
   expect_error(r, "kvm.rules[1] (r): then: recall_wait_ms must be in [0, 60000], got -1");
 }
 
+TEST_F(ValidateRulesTest, RecallPrecisionIsSetByName) {
+  KvmRule ok =
+      rule("rung", "device_kv_use > 0.9", "device_kv_use < 0.7", "recall_precision = int4");
+  EXPECT_TRUE(validate_rules({ok}, {"voice"}).ok());
+  KvmRule r = ok;
+  r.name = "r";
+  r.then = {"recall_precision", KvmActionOp::kAdd, 1};
+  expect_error(r, "kvm.rules[1] (r): then: recall_precision must be set to full, int8 or int4");
+}
+
 TEST_F(ValidateRulesTest, MaxRecallsPerStepIsPerClassOrGlobalAndNotNegative) {
   KvmRule ok =
       rule("recalls", "device_kv_use > 0.9", "device_kv_use < 0.7", "max_recalls_per_step = 1");
