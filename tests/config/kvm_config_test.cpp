@@ -303,8 +303,10 @@ TEST(KvmConfigTest, DocExamplesParse) {
   InDir in(dir.path());
   auto c = parse_config(kvm_doc[0]);
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  EXPECT_EQ(c->engine.kvm.rules.size(), 4u);
-  EXPECT_EQ(c->engine.kvm.rules[2].sla_class, "voice");
+  EXPECT_EQ(c->engine.kvm.rules.size(), 5u);
+  EXPECT_EQ(c->engine.kvm.rules[1].then.param, "recall_precision");
+  EXPECT_EQ(c->engine.kvm.rules[1].then.value, 2.0);  // int4
+  EXPECT_EQ(c->engine.kvm.rules[3].sla_class, "voice");
 
   const auto conf_doc = yaml_blocks("docs/configuration.md");
   ASSERT_FALSE(conf_doc.empty());
