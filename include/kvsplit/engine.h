@@ -238,7 +238,11 @@ struct PoolStats {
   // Pages freed because every layer's sliding window had passed them (models whose layers all
   // slide, e.g. Mistral-7B-v0.1; decode and colocated pools). Not in kv_evictions.
   int64_t kv_window_dropped_pages = 0;
-  int64_t kv_recalls = 0;              // pages restored to full precision from the host tier
+  int64_t kv_recalls = 0;  // pages recalled from the host tier (at full precision, or int8 / int4)
+  // Of those, evicted pages recalled at int8 / int4 (SemanticCutConfig::recall_precision), and of
+  // these the ones evicted again before their relevance took them to full: the bound's cold calls.
+  int64_t kv_recalls_quantized = 0;
+  int64_t kv_recalls_cold = 0;
   int64_t kv_refused_transitions = 0;  // planned but refused (a tier or the pool full; no
                                        // original to restore from); nothing changed
   double kv_recall_ms_mean = 0;        // mean wall time of one recall, copies included (0: none)

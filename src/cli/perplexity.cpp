@@ -197,6 +197,8 @@ int run_perplexity(CommonFlags& common, const PerplexityFlags& f) {
   j["evictions"] = cs.ops.evicted;
   j["recalls"] = cs.ops.restored;
   j["recalls_quantized"] = cs.ops.restored_quantized;  // evicted pages back at int8 / int4
+  j["recalls_confirmed"] = cs.ops.recalls_confirmed;   // of those, then taken on to full
+  j["recalls_cold"] = cs.ops.recalls_cold;             // of those, evicted again first
   // Pages per rung: the average over the decode steps of each window's pages at each rung.
   const char* kRungs[] = {"full", "int8", "int4", "evicted"};
   double avg_pages[4] = {};

@@ -35,6 +35,10 @@ struct PageEntry {
   // A restore to full precision is in flight (BlockTable::restoring): the page keeps its state,
   // and no other transition touches it, until complete_restores commits it.
   bool restoring = false;
+  // Recalled at int8 / int4 on its summary's bound and not yet judged: its next full restore
+  // confirms the call, its next eviction shows it was cold (PageOpStats::recalls_confirmed /
+  // _cold).
+  bool probed = false;
 
   bool resident() const { return location == PageLocation::kDevice; }
 };

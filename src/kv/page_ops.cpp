@@ -107,6 +107,7 @@ class Executor {
     page.precision = to;
     page.low_steps = 0;
     page.very_low_steps = 0;
+    page.probed = true;
     ++stats_.restored;
     ++stats_.restored_quantized;
     stats_.restore_seconds += static_cast<double>(now_ns() - t0) * 1e-9;
@@ -120,6 +121,8 @@ class Executor {
       return ok_status();
     drop_resident(i);
     table_.blocks[i] = -1;
+    if (page.probed) ++stats_.recalls_cold;
+    page.probed = false;
     page.location = PageLocation::kEvicted;  // keeps its shard: its summary lives there
     page.precision = KvPrecision::kEvicted;
     ++stats_.evicted;
@@ -184,6 +187,7 @@ class Executor {
     table_.blocks[r.page] = r.block;
     home_.host_allocator().decref(page.original);
     if (page.summary >= 0) home_.shard(page.shard).summary_allocator().decref(page.summary);
+    if (page.probed) ++stats_.recalls_confirmed;
     page = PageEntry{};
     page.shard = r.shard;
     ++stats_.restored;
@@ -306,6 +310,8 @@ void PageOpStats::add(const PageOpStats& o) {
   evicted += o.evicted;
   restored += o.restored;
   restored_quantized += o.restored_quantized;
+  recalls_confirmed += o.recalls_confirmed;
+  recalls_cold += o.recalls_cold;
   originals_written += o.originals_written;
   refused_host_full += o.refused_host_full;
   refused_no_space += o.refused_no_space;

@@ -37,7 +37,11 @@ struct PageOpStats {
   int64_t evicted = 0;             // kEvict and kDrop
   int64_t restored = 0;            // recalls, at any rung
   int64_t restored_quantized = 0;  // of which evicted pages brought back at int8 or int4
-  int64_t originals_written = 0;   // full-precision copies written to the host tier
+  // Of those, judged since: taken on to full by their measured relevance (the bound's call was
+  // right), or evicted again first (it was not). The rest were still undecided at release.
+  int64_t recalls_confirmed = 0;
+  int64_t recalls_cold = 0;
+  int64_t originals_written = 0;  // full-precision copies written to the host tier
   // Refused, nothing changed: the host tier or the summary slots are full (a page leaving kFull
   // needs both), or the destination arena / the full pool has no free page.
   int64_t refused_host_full = 0;

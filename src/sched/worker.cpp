@@ -129,6 +129,8 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_evictions = kv_stats_.kv_evictions;
   s.pool.kv_window_dropped_pages = kv_stats_.kv_window_dropped_pages;
   s.pool.kv_recalls = kv_stats_.kv_recalls;
+  s.pool.kv_recalls_quantized = kv_stats_.kv_recalls_quantized;
+  s.pool.kv_recalls_cold = kv_stats_.kv_recalls_cold;
   s.pool.kv_refused_transitions = kv_stats_.kv_refused_transitions;
   s.pool.kv_recall_ms_mean = kv_stats_.kv_recall_ms_mean;
   s.pool.kv_recalls_late = kv_stats_.kv_recalls_late;
@@ -256,6 +258,8 @@ void Worker::publish_stats() {
   k.kv_evictions = cut_ops_.evicted;
   k.kv_window_dropped_pages = cut_ops_.window_dropped;
   k.kv_recalls = cut_ops_.restored;
+  k.kv_recalls_quantized = cut_ops_.restored_quantized;
+  k.kv_recalls_cold = cut_ops_.recalls_cold;
   k.kv_recalls_late = cut_ops_.restores_late;
   k.kv_refused_transitions = cut_ops_.refused();
   k.kv_recall_ms_mean =

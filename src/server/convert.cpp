@@ -245,6 +245,8 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_kv_disk_write_behind_waits(p.kv_disk_write_behind_waits);
     o->set_kv_disk_write_behind_rescues(p.kv_disk_write_behind_rescues);
     o->set_kv_window_dropped_pages(p.kv_window_dropped_pages);
+    o->set_kv_recalls_quantized(p.kv_recalls_quantized);
+    o->set_kv_recalls_cold(p.kv_recalls_cold);
     o->set_kv_disk_bytes_used(p.kv_disk_bytes_used);
     o->set_kv_disk_bytes_total(p.kv_disk_bytes_total);
     o->set_kv_disk_latency_ms(p.kv_disk_latency_ms);

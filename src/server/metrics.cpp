@@ -61,7 +61,14 @@ class EngineCollector : public pm::Collectable {
                "KV pages freed because every layer's sliding window had passed them",
                pm::MetricType::Counter);
     auto& recalls =
-        family("kvsplit:kv_recalls_total", "KV pages restored to full precision from the host tier",
+        family("kvsplit:kv_recalls_total", "KV pages recalled from the host tier (any rung)",
+               pm::MetricType::Counter);
+    auto& recalls_quantized = family("kvsplit:kv_recalls_quantized_total",
+                                     "Evicted KV pages recalled at int8 or int4 (recall_precision)",
+                                     pm::MetricType::Counter);
+    auto& recalls_cold =
+        family("kvsplit:kv_recalls_cold_total",
+               "KV pages recalled at int8 or int4 and evicted again before reaching full",
                pm::MetricType::Counter);
     auto& refused = family("kvsplit:kv_refused_transitions_total",
                            "KV page transitions planned but refused (a tier or the pool full)",
@@ -240,6 +247,10 @@ class EngineCollector : public pm::Collectable {
       window_dropped.metric.push_back(
           counter(static_cast<double>(p.kv_window_dropped_pages), {{"pool", p.name}}));
       recalls.metric.push_back(counter(static_cast<double>(p.kv_recalls), {{"pool", p.name}}));
+      recalls_quantized.metric.push_back(
+          counter(static_cast<double>(p.kv_recalls_quantized), {{"pool", p.name}}));
+      recalls_cold.metric.push_back(
+          counter(static_cast<double>(p.kv_recalls_cold), {{"pool", p.name}}));
       refused.metric.push_back(
           counter(static_cast<double>(p.kv_refused_transitions), {{"pool", p.name}}));
       recall_mean.metric.push_back(gauge(p.kv_recall_ms_mean / 1e3, {{"pool", p.name}}));

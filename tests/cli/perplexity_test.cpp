@@ -108,6 +108,10 @@ TEST(PerplexityCli, QuantizedAndTopKRecallsHoldLessKv) {
   EXPECT_EQ(full["recalls_quantized"].get<int>(), 0);
   EXPECT_GT(int4["recalls_quantized"].get<int>(), 0);
   EXPECT_LE(int4["recalls_quantized"].get<int>(), int4["recalls"].get<int>());
+  // Each quantized recall is judged at most once: on to full (confirmed) or evicted again (cold).
+  EXPECT_GT(int4["recalls_cold"].get<int>(), 0);
+  EXPECT_LE(int4["recalls_confirmed"].get<int>() + int4["recalls_cold"].get<int>(),
+            int4["recalls_quantized"].get<int>());
   EXPECT_LT(top1["recalls"].get<int>(), int4["recalls"].get<int>());
   EXPECT_LT(int4["avg_resident_kv_fraction"].get<double>(),
             full["avg_resident_kv_fraction"].get<double>());

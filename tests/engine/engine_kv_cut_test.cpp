@@ -180,6 +180,38 @@ TEST_P(EngineKvCut, EvictingSemanticCutReleasesEverything) {
   expect_all_allocators_free(**engine);
 }
 
+// Evicted pages recalled at int4, at most one per sequence and step: the pool stats count them
+// (and the cold ones among them), every request finishes and nothing is left held.
+TEST_P(EngineKvCut, RecallsAtInt4AreCountedAndReleaseEverything) {
+  KVSPLIT_REQUIRE_MODELS();
+  SemanticCutConfig sc = aggressive();
+  sc.evict_threshold = 0.5f;
+  sc.evict_after_steps = 1;
+  sc.recall_threshold = 0.6f;
+  sc.recall_precision = RecallPrecision::kInt4;
+  sc.max_recalls_per_step = 1;
+  auto engine = EngineImpl::create(cut_config(GetParam(), KvPolicy::kSemantic, sc));
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const std::vector<Request> reqs = long_greedy(4, 200);
+  const std::vector<Collected> got = run_all(**engine, reqs);
+  ASSERT_EQ(got.size(), reqs.size());
+  for (const Collected& c : got) {
+    ASSERT_FALSE(c.timed_out);
+    EXPECT_TRUE(c.final_event.status.ok()) << c.final_event.status.to_string();
+    EXPECT_FALSE(c.tokens.empty());
+  }
+  int64_t recalls = 0, quantized = 0, cold = 0;
+  for (const PoolStats& p : (*engine)->stats().pools) {
+    recalls += p.kv_recalls;
+    quantized += p.kv_recalls_quantized;
+    cold += p.kv_recalls_cold;
+  }
+  EXPECT_GT(quantized, 0);
+  EXPECT_LE(quantized, recalls);
+  EXPECT_LE(cold, quantized);
+  expect_all_allocators_free(**engine);
+}
+
 // Recalls copied on each worker's copy thread (EngineConfig::async_copies) and waited for without
 // a bound give the synchronous engine's tokens; with a 0 ms bound some steps may run without a
 // late recall, and every request still finishes and nothing is left held either way.

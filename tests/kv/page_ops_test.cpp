@@ -118,12 +118,26 @@ TEST(PageOps, EvictedPageRecalledAtInt4IsTheDemotedPageAndKeepsItsOriginal) {
   EXPECT_EQ(st.restored_quantized, 1);
   EXPECT_EQ(f.pool->arena_allocator(KvPrecision::kInt4).num_used(), 1);
   EXPECT_EQ(f.pool->allocator().num_used(), 2);  // no full block taken
+  EXPECT_TRUE(t.pages[1].probed);
+  EXPECT_EQ(st.recalls_confirmed, 0);
   ASSERT_TRUE(apply(f, t, 3 * kBlock, {{1, PageOp::kRestore, KvPrecision::kFull}}, &st).ok());
   EXPECT_EQ(f.page(t, 1), before);
   EXPECT_EQ(st.restored, 2);
   EXPECT_EQ(st.restored_quantized, 1);
+  EXPECT_EQ(st.recalls_confirmed, 1);  // the call was right: on to full
+  EXPECT_FALSE(t.pages[1].probed);
   EXPECT_EQ(f.pool->host_allocator().num_used(), 0);
   EXPECT_EQ(f.pool->summary_allocator().num_used(), 0);
+  // A page recalled at int4 that is evicted again before reaching full: the call was cold.
+  ASSERT_TRUE(apply(f, t, 3 * kBlock,
+                    {{0, PageOp::kEvict, KvPrecision::kEvicted},
+                     {0, PageOp::kRestore, KvPrecision::kInt4},
+                     {0, PageOp::kEvict, KvPrecision::kEvicted}},
+                    &st)
+                  .ok());
+  EXPECT_EQ(st.recalls_cold, 1);
+  EXPECT_EQ(st.recalls_confirmed, 1);
+  EXPECT_FALSE(t.pages[0].probed);
   f.pool->release(t);
   f.expect_all_free();
 }

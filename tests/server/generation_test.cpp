@@ -316,7 +316,8 @@ TEST_F(GenerationTest, PrometheusMetrics) {
         // KV cut families (zeros with kv.policy full).
         "kvsplit:kv_pages{pool=", "rung=\"int8\"", "rung=\"evicted\"",
         "kvsplit:kv_demotions_total{pool=", "kvsplit:kv_evictions_total{pool=",
-        "kvsplit:kv_recalls_total{pool=", "kvsplit:kv_refused_transitions_total{pool=",
+        "kvsplit:kv_recalls_total{pool=", "kvsplit:kv_recalls_quantized_total{pool=",
+        "kvsplit:kv_recalls_cold_total{pool=", "kvsplit:kv_refused_transitions_total{pool=",
         "kvsplit:kv_recall_latency_mean_seconds{pool=", "kvsplit:kv_host_tier_used_bytes{pool=",
         // Temporal cut families.
         "kvsplit:kv_pages_host{pool=", "kvsplit:kv_swaps_total{pool=", "direction=\"in\"",
