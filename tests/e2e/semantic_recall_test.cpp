@@ -199,7 +199,9 @@ TEST(SemanticRecall, APageRecalledQuantizedIsReadThenPromotedToFull) {
       EXPECT_GE(o.restored_quantized, 1);
       EXPECT_GE(o.restored, o.restored_quantized + 1);  // then to full, by its relevance
       EXPECT_TRUE(o.page_back);
-      if (rung == RecallPrecision::kInt8) EXPECT_EQ(o.next, q.answer);
+      if (rung == RecallPrecision::kInt8) {
+        EXPECT_EQ(o.next, q.answer);
+      }
     }
   }
 }
