@@ -20,10 +20,64 @@
 #define KVSPLIT_EMU_ASAN 1
 #endif
 #endif
-#if defined(KVSPLIT_EMU_ASAN)
+// The fibers switch with a few instructions of our own on x86-64 (callee-saved registers, the
+// stack pointer, MXCSR and the x87 control word), like boost.context's fcontext: glibc's
+// swapcontext also saves the signal mask, a system call per switch that was ~85% of the emulated
+// tests' time. Elsewhere, and under ThreadSanitizer (which must see fiber switches), ucontext.
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+#define KVSPLIT_EMU_OWN_SWITCH 1
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#undef KVSPLIT_EMU_OWN_SWITCH
+#endif
+#endif
+#endif
+#if defined(KVSPLIT_EMU_ASAN) && !defined(KVSPLIT_EMU_OWN_SWITCH)
 #include <dlfcn.h>
+#endif
+#if defined(KVSPLIT_EMU_ASAN)
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
+#endif
+
+#if defined(KVSPLIT_EMU_OWN_SWITCH)
+// kvsplit_emu_switch(from, to): pushes the callee-saved state on the current stack, stores the
+// stack pointer in *from, loads `to` and pops the state saved there. A new fiber's stack is laid
+// out by init_fiber() so that the first switch "returns" into its entry function.
+extern "C" void kvsplit_emu_switch(void** from, void* to);
+asm(R"(
+  .pushsection .text
+  .p2align 4
+  .globl kvsplit_emu_switch
+  .hidden kvsplit_emu_switch
+  .type kvsplit_emu_switch, @function
+kvsplit_emu_switch:
+  .cfi_startproc
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .cfi_endproc
+  .size kvsplit_emu_switch, .-kvsplit_emu_switch
+  .popsection
+)");
 #endif
 
 namespace kvsplit::emu {
@@ -43,9 +97,18 @@ struct AsyncCopy {
   size_t bytes;
 };
 
+// A suspended execution context: a saved stack pointer with our own switch, else a ucontext.
+struct Context {
+#if defined(KVSPLIT_EMU_OWN_SWITCH)
+  void* sp = nullptr;
+#else
+  ucontext_t uc{};
+#endif
+};
+
 struct Fiber {
   ThreadState ts{};
-  ucontext_t uc{};
+  Context context;
   unsigned char* map = nullptr;  // guard page + stack
   size_t map_bytes = 0;
   FiberState state = FiberState::kRunnable;
@@ -68,7 +131,7 @@ struct Fiber {
 struct Scheduler {
   std::vector<std::unique_ptr<Fiber>> fibers;
   int num_threads = 0;
-  ucontext_t main_uc{};
+  Context main_context;
   const void* main_stack_bottom = nullptr;
   size_t main_stack_size = 0;
   Fiber* cur = nullptr;
@@ -82,12 +145,17 @@ struct Scheduler {
 
 thread_local size_t t_max_smem = kMaxDynamicSmemBytes;
 thread_local AsyncCopyMode t_copy_mode = AsyncCopyMode::kDeferred;
-thread_local std::unique_ptr<Scheduler> t_sched;  // fibers are reused by every later launch
+// The scheduler is owned by t_sched_owner (fibers are reused by every later launch) and read
+// through a plain pointer: a thread_local with a destructor is reached through a TLS init call on
+// every access, which took ~15% of the emulated tests' time under ASan.
+thread_local std::unique_ptr<Scheduler> t_sched_owner;
+thread_local Scheduler* t_sched = nullptr;
 thread_local std::string t_last_message;
 
 Scheduler& sched() {
   if (!t_sched) {
-    t_sched = std::make_unique<Scheduler>();
+    t_sched_owner = std::make_unique<Scheduler>();
+    t_sched = t_sched_owner.get();
 #if defined(KVSPLIT_EMU_ASAN)
     pthread_attr_t attr;
     pthread_getattr_np(pthread_self(), &attr);
@@ -102,7 +170,7 @@ Scheduler& sched() {
   return *t_sched;
 }
 
-#if defined(KVSPLIT_EMU_ASAN)
+#if defined(KVSPLIT_EMU_ASAN) && !defined(KVSPLIT_EMU_OWN_SWITCH)
 // ASan's swapcontext interceptor clears the shadow of the target context's whole stack on every
 // switch: an mmap and a madvise of the fiber stack's shadow per switch, ~90% of the emulated
 // tests' time under ASan, and it forgets the redzones of the frames suspended on that stack. The
@@ -121,7 +189,7 @@ SwapContextFn libc_swapcontext() {
 #endif
 
 // Switches from context `from` to fiber `to` (nullptr: back to the scheduler's main context).
-void switch_to(ucontext_t* from, Fiber* to) {
+void switch_to(Context* from, Fiber* to) {
   Scheduler& s = sched();
 #if defined(KVSPLIT_EMU_ASAN)
   void* fake = nullptr;
@@ -132,10 +200,13 @@ void switch_to(ucontext_t* from, Fiber* to) {
   }
 #endif
   s.cur = to;
-#if defined(KVSPLIT_EMU_ASAN)
-  libc_swapcontext()(from, to ? &to->uc : &s.main_uc);
+  Context* target = to ? &to->context : &s.main_context;
+#if defined(KVSPLIT_EMU_OWN_SWITCH)
+  kvsplit_emu_switch(&from->sp, target->sp);
+#elif defined(KVSPLIT_EMU_ASAN)
+  libc_swapcontext()(&from->uc, &target->uc);
 #else
-  swapcontext(from, to ? &to->uc : &s.main_uc);
+  swapcontext(&from->uc, &target->uc);
 #endif
 #if defined(KVSPLIT_EMU_ASAN)
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
@@ -159,7 +230,7 @@ void fiber_entry() {
         break;
       }
     }
-    switch_to(&f->uc, next);
+    switch_to(&f->context, next);
   }
 }
 
@@ -179,7 +250,7 @@ void block_current(FiberState state) {
       break;
     }
   }
-  switch_to(&f->uc, next);
+  switch_to(&f->context, next);
 }
 
 void init_fiber(Fiber& f) {
@@ -201,11 +272,31 @@ void init_fiber(Fiber& f) {
     __asan_unpoison_memory_region(f.map + getpagesize(), f.map_bytes - getpagesize());
 #endif
   }
-  getcontext(&f.uc);
-  f.uc.uc_stack.ss_sp = f.map + getpagesize();
-  f.uc.uc_stack.ss_size = f.map_bytes - getpagesize();
-  f.uc.uc_link = nullptr;
-  makecontext(&f.uc, fiber_entry, 0);
+  unsigned char* stack = f.map + getpagesize();
+  const size_t stack_bytes = f.map_bytes - getpagesize();
+#if defined(KVSPLIT_EMU_OWN_SWITCH)
+  // What kvsplit_emu_switch pops, from the top of a 16-byte aligned stack down: the entry
+  // function's own return address (0: it never returns), the address the switch returns to (the
+  // entry, reached with rsp = 8 mod 16 as after a call), rbp, rbx, r12-r15 (zero), then MXCSR and
+  // the x87 control word of the launching thread.
+  auto* top = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(stack + stack_bytes) &
+                                          ~uintptr_t{15});
+  top[-1] = 0;
+  top[-2] = reinterpret_cast<uint64_t>(&fiber_entry);
+  for (int i = 3; i <= 8; ++i) top[-i] = 0;
+  uint32_t mxcsr = 0;
+  uint16_t fpcw = 0;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(fpcw));
+  top[-9] = uint64_t{mxcsr} | (uint64_t{fpcw} << 32);
+  f.context.sp = &top[-9];
+#else
+  getcontext(&f.context.uc);
+  f.context.uc.uc_stack.ss_sp = stack;
+  f.context.uc.uc_stack.ss_size = stack_bytes;
+  f.context.uc.uc_link = nullptr;
+  makecontext(&f.context.uc, fiber_entry, 0);
+#endif
   f.needs_init = false;
 }
 
@@ -284,7 +375,7 @@ cudaError_t fail(Scheduler& s, cudaError_t code, std::string message) {
 }  // namespace
 
 ThreadState* current() {
-  Scheduler* s = t_sched.get();
+  Scheduler* s = t_sched;
   return (s && s->cur) ? &s->cur->ts : nullptr;
 }
 
@@ -389,7 +480,7 @@ void abandon() {
   s.faulted = true;
   Fiber* f = s.cur;
   f->needs_init = true;
-  switch_to(&f->uc, nullptr);
+  switch_to(&f->context, nullptr);
   std::abort();  // never resumed
 }
 
@@ -453,7 +544,7 @@ cudaError_t run_grid(KernelThunk thunk, const void* ctx, dim3 grid, dim3 block, 
           Fiber* first = nullptr;
           for (int i = 0; i < n && !first; ++i)
             if (s.fibers[i]->state == FiberState::kRunnable) first = s.fibers[i].get();
-          if (first) switch_to(&s.main_uc, first);
+          if (first) switch_to(&s.main_context, first);
           if (s.faulted) break;
           if (!resolve(s)) break;
         }
