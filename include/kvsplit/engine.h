@@ -279,11 +279,14 @@ struct PoolStats {
   // and the host -> device copy started a step before the swap-in (started); of the swap-ins from
   // the host tier, those whose copy had landed when they ran (hits) and those that waited for it,
   // had none or redid a failed one (misses: hits + misses = host-tier swap-ins); prefetches given
-  // up unused (the sequence ended or was not resumed, or other work needed the blocks).
+  // up unused (the sequence ended or was not resumed, or other work needed the blocks); swap-ins
+  // put off a step because their copy was still in flight while the step had other rows (deferred:
+  // the step does not wait for the copy).
   int64_t kv_host_prefetches = 0;
   int64_t kv_host_prefetch_hits = 0;
   int64_t kv_host_prefetch_misses = 0;
   int64_t kv_host_prefetch_dropped = 0;
+  int64_t kv_host_prefetch_deferred = 0;
   // Disk swap write-behind (kv.disk.write_behind, docs/kv-tiers.md): disk swap-outs that returned
   // before their record was written (started); swap-ins and read-aheads that had to wait for such
   // a write (waited); swap-ins served from the staging of a write that failed, so the sequence

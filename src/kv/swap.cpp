@@ -81,6 +81,7 @@ void SwapStats::add(const SwapStats& o) {
   host_prefetch_misses += o.host_prefetch_misses;
   host_prefetch_dropped += o.host_prefetch_dropped;
   host_prefetch_faults += o.host_prefetch_faults;
+  host_prefetch_deferred += o.host_prefetch_deferred;
   write_behind += o.write_behind;
   write_behind_waits += o.write_behind_waits;
   write_behind_rescues += o.write_behind_rescues;

@@ -50,12 +50,15 @@ struct SwapStats {
   // (with pages to copy), hits found their copy landed, misses waited for it, had none (copied
   // at the swap-in) or redid a copy that failed (host_prefetch_faults). So hits + misses = those
   // swap-ins. Dropped: prefetches given up unused (the sequence ended, was not resumed, or its
-  // blocks were needed); the host copy stays.
+  // blocks were needed); the host copy stays. Deferred (the worker counts): swap-ins put off to
+  // the next step because their prefetch's copy was still in flight while the step had other
+  // rows to run; the step runs without waiting for the copy, and the sequence resumes a step later.
   int64_t host_prefetches = 0;
   int64_t host_prefetch_hits = 0;
   int64_t host_prefetch_misses = 0;
   int64_t host_prefetch_dropped = 0;
   int64_t host_prefetch_faults = 0;
+  int64_t host_prefetch_deferred = 0;
   // Disk write-behind (KvPool::set_disk_write_behind): disk swap-outs that returned with their
   // record still being written; swap-ins and read-aheads that had to wait for such a write; and
   // swap-ins served from the staging of a write that failed (its fault is in disk_faults: the

@@ -170,6 +170,7 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_host_prefetch_hits = kv_stats_.kv_host_prefetch_hits;
   s.pool.kv_host_prefetch_misses = kv_stats_.kv_host_prefetch_misses;
   s.pool.kv_host_prefetch_dropped = kv_stats_.kv_host_prefetch_dropped;
+  s.pool.kv_host_prefetch_deferred = kv_stats_.kv_host_prefetch_deferred;
   s.pool.kv_disk_write_behind = kv_stats_.kv_disk_write_behind;
   s.pool.kv_disk_write_behind_waits = kv_stats_.kv_disk_write_behind_waits;
   s.pool.kv_disk_write_behind_rescues = kv_stats_.kv_disk_write_behind_rescues;
@@ -251,6 +252,7 @@ void Worker::publish_stats() {
   k.kv_host_prefetch_hits = swap_stats_.host_prefetch_hits;
   k.kv_host_prefetch_misses = swap_stats_.host_prefetch_misses;
   k.kv_host_prefetch_dropped = swap_stats_.host_prefetch_dropped;
+  k.kv_host_prefetch_deferred = swap_stats_.host_prefetch_deferred;
   k.kv_disk_write_behind = swap_stats_.write_behind;
   k.kv_disk_write_behind_waits = swap_stats_.write_behind_waits;
   k.kv_disk_write_behind_rescues = swap_stats_.write_behind_rescues;

@@ -166,8 +166,18 @@ void Worker::apply_swap_ins(const SchedulerOutput& out, Clock::time_point now) {
     for (const SwapIn& r : out.swap_in)
       if (waiting_[r.id - kWaitingBase]->table.swap_prefetch.empty() == (pass == 1))
         order.push_back(&r);
+  // A prefetch whose copy is still in flight is not waited for when the step has rows to run: its
+  // sequence would decode only from the next step anyway, so it resumes a step later and the rows
+  // (and their inter-token latency) never wait for another sequence's copy. Its blocks stay with
+  // the prefetch, which the next step uses (or drops, as any prefetch).
+  const bool other_rows = !out.decode.empty() || !out.prefill.empty();
   for (const SwapIn* r : order) {
     Sequence& seq = *waiting_[r->id - kWaitingBase];
+    if (other_rows && !seq.table.swap_prefetch.empty() &&
+        !kv::host_prefetch_landed(*pool_, seq.table)) {
+      ++swap_stats_.host_prefetch_deferred;
+      continue;
+    }
     if (seq.table.swap_prefetch.empty()) make_room(kv::swapped_pages(seq.table));
     auto done = kv::swap_in(*pool_, seq.table, &swap_stats_, seq.prefetch.get());
     if (done.ok() && *done) {

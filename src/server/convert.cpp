@@ -241,6 +241,7 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_kv_host_prefetch_hits(p.kv_host_prefetch_hits);
     o->set_kv_host_prefetch_misses(p.kv_host_prefetch_misses);
     o->set_kv_host_prefetch_dropped(p.kv_host_prefetch_dropped);
+    o->set_kv_host_prefetch_deferred(p.kv_host_prefetch_deferred);
     o->set_kv_disk_write_behind(p.kv_disk_write_behind);
     o->set_kv_disk_write_behind_waits(p.kv_disk_write_behind_waits);
     o->set_kv_disk_write_behind_rescues(p.kv_disk_write_behind_rescues);

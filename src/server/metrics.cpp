@@ -148,7 +148,8 @@ class EngineCollector : public pm::Collectable {
            {std::pair<const char*, int64_t>{"started", p.kv_host_prefetches},
             {"hit", p.kv_host_prefetch_hits},
             {"miss", p.kv_host_prefetch_misses},
-            {"dropped", p.kv_host_prefetch_dropped}})
+            {"dropped", p.kv_host_prefetch_dropped},
+            {"deferred", p.kv_host_prefetch_deferred}})
         host_prefetch.metric.push_back(
             counter(static_cast<double>(n), {{"pool", p.name}, {"result", result}}));
       stalled.metric.push_back(
