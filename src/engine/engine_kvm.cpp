@@ -141,7 +141,7 @@ Status semantic_set(SemanticCutConfig* c, const std::string& p, double v) {
   }
   if (p == "recall_precision") {
     int32_t rung = 0;
-    KVSPLIT_ASSIGN_OR_RETURN(rung, int_setting(p, v, 0, 2));
+    KVSPLIT_ASSIGN_OR_RETURN(rung, int_setting(p, v, 0, kvm::param_name_count(p) - 1));
     c->recall_precision = static_cast<RecallPrecision>(rung);
   }
   if (p == "max_recalls_per_step") {

@@ -206,6 +206,7 @@ std::optional<double> named_value(std::string_view param, std::string_view name)
 }
 std::optional<double> swap_value(std::string_view name) { return named_value("swap", name); }
 bool param_is_named(std::string_view name) { return !value_names(name).empty(); }
+int param_name_count(std::string_view name) { return static_cast<int>(value_names(name).size()); }
 std::string param_names_text(std::string_view name) { return names_text(value_names(name)); }
 
 StatusOr<KvmCondition> parse_condition(std::string_view text) {

@@ -55,8 +55,10 @@ bool param_is_one_shot(std::string_view name);
 // swap: 0 auto, 1 always, 2 never.
 std::optional<double> swap_value(std::string_view name);
 // Parameters set by name, value i being the i-th name: swap (auto, always, never) and
-// recall_precision (full, int8, int4). param_names_text: "auto, always or never".
+// recall_precision (full, int8, int4). param_names_text: "auto, always or never";
+// param_name_count: how many names (values 0 .. count - 1), 0 for a numeric parameter.
 bool param_is_named(std::string_view name);
+int param_name_count(std::string_view name);
 std::optional<double> named_value(std::string_view param, std::string_view name);
 std::string param_names_text(std::string_view name);
 

@@ -116,8 +116,9 @@ Status check_rule(const KvmRule& r, const std::vector<std::string>& classes) {
   const std::string& p = r.then.param;
   if (p.empty()) return invalid_argument("then: required");
   if (!is_param(p)) return invalid_argument("then: unknown parameter " + q(p));
-  if (param_is_named(p) && (r.then.op != KvmActionOp::kSet ||
-                            !(r.then.value == 0 || r.then.value == 1 || r.then.value == 2)))
+  if (param_is_named(p) &&
+      (r.then.op != KvmActionOp::kSet || !(r.then.value >= 0) ||
+       r.then.value > param_name_count(p) - 1 || r.then.value != std::floor(r.then.value)))
     return invalid_argument("then: " + p + " must be set to " + param_names_text(p));
   if (!std::isfinite(r.then.value)) return invalid_argument("then: value must be finite");
   if (r.sla_class.empty() && param_needs_class(p))

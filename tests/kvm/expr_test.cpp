@@ -173,6 +173,9 @@ TEST(KvmExprTest, ParameterKinds) {
   EXPECT_FALSE(named_value("recall_precision", "never").has_value());
   EXPECT_TRUE(param_is_named("recall_precision"));
   EXPECT_FALSE(param_is_named("max_recalls_per_step"));
+  EXPECT_EQ(param_name_count("recall_precision"), 3);
+  EXPECT_EQ(param_name_count("swap"), 3);
+  EXPECT_EQ(param_name_count("max_recalls_per_step"), 0);
   EXPECT_TRUE(param_is_semantic("recall_precision"));
   EXPECT_TRUE(check_setting("recall_precision", 2).ok());
   EXPECT_FALSE(check_setting("recall_precision", 3).ok());

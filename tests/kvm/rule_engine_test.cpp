@@ -694,6 +694,10 @@ TEST_F(ValidateRulesTest, RecallPrecisionIsSetByName) {
   r.name = "r";
   r.then = {"recall_precision", KvmActionOp::kAdd, 1};
   expect_error(r, "kvm.rules[1] (r): then: recall_precision must be set to full, int8 or int4");
+  for (double v : {3.0, -1.0, 1.5}) {  // a value past the names, or between two
+    r.then = {"recall_precision", KvmActionOp::kSet, v};
+    expect_error(r, "kvm.rules[1] (r): then: recall_precision must be set to full, int8 or int4");
+  }
 }
 
 TEST_F(ValidateRulesTest, MaxRecallsPerStepIsPerClassOrGlobalAndNotNegative) {
