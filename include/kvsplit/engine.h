@@ -236,7 +236,7 @@ struct PoolStats {
   int64_t kv_demotions = 0;  // pages moved down the ladder (to int8 or int4)
   int64_t kv_evictions = 0;  // resident copies dropped (evicted or dropped)
   // Pages freed because every layer's sliding window had passed them (models whose layers all
-  // slide, e.g. Mistral-7B-v0.1; decode and colocated pools). Not in kv_evictions.
+  // slide, e.g. Mistral-7B-v0.1; every pool, prefill ones included). Not in kv_evictions.
   int64_t kv_window_dropped_pages = 0;
   int64_t kv_recalls = 0;  // pages recalled from the host tier (at full precision, or int8 / int4)
   // Of those, evicted pages recalled at int8 / int4 (SemanticCutConfig::recall_precision), and of

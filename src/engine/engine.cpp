@@ -224,7 +224,6 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     e->limits_.chunk_tokens = config.max_chunk_tokens > 0
                                   ? std::min(config.max_chunk_tokens, config.max_batch_tokens)
                                   : config.max_batch_tokens;
-    e->limits_.whole_prompt = disagg;
   }
   for (auto& w : e->workers_) w->start();
   if (config.kvm.enabled) KVSPLIT_RETURN_IF_ERROR(e->update_kvm_policy(config.kvm));

@@ -79,10 +79,6 @@ Status check_admission(const Request& request, int num_prompt_tokens,
       at_once = fmt::format(" at once (a sliding window of {} keys and a chunk of {} tokens)",
                             limits.kv_window, limits.chunk_tokens);
     }
-    if (limits.whole_prompt && blocks_for(num_prompt_tokens) > blocks) {
-      blocks = blocks_for(num_prompt_tokens);
-      at_once = " for the whole prompt (prefill workers hand it off whole)";
-    }
   }
   if (blocks > limits.kv_blocks_per_worker) {
     // The request is valid; this deployment lacks the memory (more spatial shards would add it).

@@ -19,11 +19,10 @@ struct AdmissionLimits {
   int kv_blocks_per_worker = 0;  // the smallest KvPool a request may have to fit in
   // Sliding windows (model::ModelConfig::kv_window; 0: none): a sequence then holds at most the
   // window's pages plus those of the chunk it computes (chunk_tokens, SchedulerConfig::chunk_cap),
-  // since the pages behind the window are freed after each step. Disaggregated
-  // (whole_prompt): prefill workers keep, and hand off, the whole prompt.
+  // since the pages behind the window are freed after each step (on prefill workers too: a
+  // handoff moves only the pages inside the window).
   int kv_window = 0;
   int chunk_tokens = 0;
-  bool whole_prompt = false;
 };
 
 inline constexpr uint32_t kMaxTopLogprobs = 20;

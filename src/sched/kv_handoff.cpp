@@ -12,7 +12,7 @@ Status check_handoff_table(const kv::BlockTable& table) {
     return internal_error(fmt::format("KV handoff: the table has {} page entries for {} blocks",
                                       table.pages.size(), table.blocks.size()));
   }
-  for (size_t i = 0; i < table.pages.size(); ++i) {
+  for (size_t i = static_cast<size_t>(table.window_dropped); i < table.pages.size(); ++i) {
     const kv::PageEntry& p = table.pages[i];
     if (!p.resident() || p.precision != kernels::KvPrecision::kFull) {
       return internal_error(fmt::format(
@@ -109,14 +109,20 @@ StatusOr<KvCopyRoute> copy_kv_pages(const kv::KvPool& src, std::span<const int32
       (!src_shards.empty() && src_shards.size() != src_blocks.size()))
     return invalid_argument(fmt::format("copy_kv_pages: {} source pages, {} destination pages",
                                         src_blocks.size(), dst_table.blocks.size()));
+  const size_t first = static_cast<size_t>(dst_table.window_dropped);
+  if (first > src_blocks.size())
+    return invalid_argument(
+        fmt::format("copy_kv_pages: {} pages dropped of {}", first, src_blocks.size()));
   const bool src_flat = src_shards.empty() || src.num_shards() == 1;
-  if (src_flat && dst_table.pages.empty())
-    return copy_kv_blocks(src, src_blocks, dst, dst_table.blocks);
+  if (src_flat && dst.num_shards() == 1) {
+    return copy_kv_blocks(src, src_blocks.subspan(first), dst,
+                          std::span<const int32_t>(dst_table.blocks).subspan(first));
+  }
   KvCopyRoute route = plan_kv_copy(src.backend().device(), dst.backend().device(), true);
   for (int a = 0; a < src.num_shards(); ++a) {
     for (int b = 0; b < dst.num_shards(); ++b) {
       std::vector<int32_t> from, to;
-      for (size_t i = 0; i < src_blocks.size(); ++i) {
+      for (size_t i = first; i < src_blocks.size(); ++i) {
         const int sa = src_shards.empty() ? 0 : src_shards[i];
         const int sb = dst_table.page(i).shard;
         if (sa >= src.num_shards() || sb >= dst.num_shards())

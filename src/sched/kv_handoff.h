@@ -61,11 +61,22 @@ struct HandoffOffer {
   // The shard of each source block in the source pool's shard group (spatial cut); empty: all
   // on the home shard.
   std::vector<uint8_t> source_shards;
-  int num_tokens = 0;                     // tokens of KV in those blocks
+  int num_tokens = 0;  // tokens of KV in those blocks
+  // Sliding windows: the first pages, which every layer's window had passed, were dropped on the
+  // source (kv::drop_behind_window): their source_blocks are -1 and nothing of them is copied.
+  int window_dropped = 0;
   std::shared_ptr<HandoffTicket> ticket;  // holds the Sequence until the destination receives it
   // Set by the destination on receipt:
   std::unique_ptr<Sequence> seq;    // the request itself (its table is empty in flight)
   Clock::time_point wait_deadline;  // receipt + the class's queue_timeout_ms (waiting for room)
+
+  // Blocks the destination needs for the pages it receives, and with its first decode token.
+  int blocks(int block_size) const {
+    return kv::BlockTable::blocks_for(num_tokens, block_size) - window_dropped;
+  }
+  int incoming_blocks(int block_size) const {
+    return kv::BlockTable::blocks_for(num_tokens + 1, block_size) - window_dropped;
+  }
 };
 
 struct HandoffDone {
@@ -75,7 +86,8 @@ struct HandoffDone {
 // A handoff moves full-precision resident pages only (copy_kv_blocks copies block ids of the full
 // pool): pages are demoted or evicted only on the workers that decode, never before a handoff.
 // kInternal (naming the first such page) when `table` has a page that is quantized or not
-// resident, so that such a table is never copied as if it were full precision.
+// resident, so that such a table is never copied as if it were full precision. The pages dropped
+// behind a sliding window (the first table.window_dropped) are not handed off and not checked.
 Status check_handoff_table(const kv::BlockTable& table);
 
 // How a KV handoff's pages travel between two workers' pools (a pure plan, unit-tested without
@@ -96,7 +108,8 @@ StatusOr<KvCopyRoute> copy_kv_blocks(const kv::KvPool& src, std::span<const int3
 
 // copy_kv_blocks between two shard groups (the spatial cut): source page i is block
 // src_blocks[i] of shard src_shards[i] (empty: every page on the home shard) of `src`; it goes to
-// page i of `dst_table` (reserved in `dst`, on the shard its page entry names). One
+// page i of `dst_table` (reserved in `dst`, on the shard its page entry names). Pages before
+// dst_table.window_dropped (dropped behind a sliding window on both sides) are skipped. One
 // copy_kv_blocks per (source shard, destination shard) pair. Returns the route of the home pair.
 StatusOr<KvCopyRoute> copy_kv_pages(const kv::KvPool& src, std::span<const int32_t> src_blocks,
                                     std::span<const uint8_t> src_shards, kv::KvPool& dst,

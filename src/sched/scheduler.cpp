@@ -137,7 +137,8 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
   int slots =
       config_.max_num_seqs - static_cast<int>(in.running.size() + in.waiting.size()) - in.unlisted;
   for (const SchedHandoff& h : in.handoffs) {
-    const int need = blocks_for(h.num_tokens, config_.block_size);
+    const int pages = blocks_for(h.num_tokens, config_.block_size);
+    const int need = pages - h.dropped_pages;  // the pages it brings; dropped ones need none
     if (need > in.total_blocks) {
       out.never_fit.push_back(h.id);
       continue;
@@ -166,7 +167,8 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
     // would be copied in only to preempt itself at once (grow_decodes) when no one else may
     // yield.
     const PriorityKey hk{h.priority, h.arrival};
-    int room = need + next_token_room(h.num_tokens, need, in.total_blocks);
+    const int next = next_token_blocks(h.num_tokens, pages, config_.block_size);
+    int room = need + (need + next <= in.total_blocks ? next : 0);
     for (const StepState::Run& r : st.runs) {
       if (!r.preempted && !r.seq->stalled && serves_before(key_of(*r.seq), hk)) {
         room += next_token_blocks(r.seq->num_computed, r.num_blocks, config_.block_size);
@@ -200,9 +202,10 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
     s.priority = h.priority;
     s.arrival = h.arrival;
     s.num_computed = h.num_tokens;
-    s.num_blocks = need;
+    s.num_blocks = pages;
+    s.held_blocks = need;
     st.admitted_seqs.push_back(s);
-    st.runs.push_back({&st.admitted_seqs.back(), need, need, false, true});
+    st.runs.push_back({&st.admitted_seqs.back(), pages, need, false, true});
   }
 }
 

@@ -124,6 +124,8 @@ struct SchedHandoff {
   int32_t priority = 0;
   int64_t arrival = 0;
   int num_tokens = 0;  // positions of KV it brings
+  // Its first pages, dropped behind a sliding window on the source: no blocks here.
+  int dropped_pages = 0;
 };
 
 struct SchedulerInput {

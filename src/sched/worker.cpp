@@ -29,12 +29,11 @@ Worker::Worker(WorkerOptions options, std::unique_ptr<backend::Backend> backend,
       pool_(std::move(pool)),
       shared_(shared),
       total_blocks_(pool_->total_blocks()),
-      scheduler_(SchedulerConfig{
-          pool_->block_size(), options_.max_batch_tokens, options_.min_chunk_tokens,
-          options_.max_chunk_tokens, options_.max_num_seqs,
-          /*decode_in_budget=*/options_.role == WorkerRole::kColocated,
-          // Prefill workers keep whole prompts (drop_behind_window).
-          /*kv_window=*/options_.role == WorkerRole::kPrefill ? 0 : model_->kv_window()}) {
+      scheduler_(SchedulerConfig{pool_->block_size(), options_.max_batch_tokens,
+                                 options_.min_chunk_tokens, options_.max_chunk_tokens,
+                                 options_.max_num_seqs,
+                                 /*decode_in_budget=*/options_.role == WorkerRole::kColocated,
+                                 /*kv_window=*/model_->kv_window()}) {
   KVSPLIT_CHECK(shared_ != nullptr && shared_->sink != nullptr);
   KVSPLIT_CHECK(options_.max_num_seqs >= 1 && options_.max_batch_tokens >= 1);
   free_blocks_.store(pool_->available_blocks());
@@ -81,8 +80,7 @@ void Worker::set_test_hold(TestHold hold) {
 }
 
 void Worker::post_offer(HandoffOffer offer) {
-  incoming_blocks_.fetch_add(kv::BlockTable::blocks_for(offer.num_tokens + 1, pool_->block_size()),
-                             std::memory_order_relaxed);
+  incoming_blocks_.fetch_add(offer.incoming_blocks(pool_->block_size()), std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(mu_);
     inbox_offers_.push_back(std::move(offer));
@@ -351,8 +349,7 @@ void Worker::drain_inbox(Clock::time_point now) {
   for (HandoffOffer& o : offers) {
     if (!o.ticket->receive()) {
       // The source gave up on delivery and already failed the request and freed its pages.
-      incoming_blocks_.fetch_sub(kv::BlockTable::blocks_for(o.num_tokens + 1, pool_->block_size()),
-                                 std::memory_order_relaxed);
+      incoming_blocks_.fetch_sub(o.incoming_blocks(pool_->block_size()), std::memory_order_relaxed);
       continue;
     }
     o.seq = std::move(o.ticket->seq);
@@ -377,8 +374,7 @@ void Worker::finish(Sequence& seq, FinishReason reason, Status status, Clock::ti
 void Worker::finish_offer(HandoffOffer& offer, FinishReason reason, Status status,
                           Clock::time_point now) {
   offer.source->post_done(HandoffDone{offer.handoff_id});
-  incoming_blocks_.fetch_sub(kv::BlockTable::blocks_for(offer.num_tokens + 1, pool_->block_size()),
-                             std::memory_order_relaxed);
+  incoming_blocks_.fetch_sub(offer.incoming_blocks(pool_->block_size()), std::memory_order_relaxed);
   finish(*offer.seq, reason, std::move(status), now);
 }
 

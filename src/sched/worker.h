@@ -189,9 +189,9 @@ class Worker {
   void settle_cut(Sequence& seq, Clock::time_point step_start, bool all = false);
   void prepare_cut(Sequence& seq, model::SeqStep& step);
   bool finish_cut(Sequence& seq, Clock::time_point now);
-  // Sliding windows, after a step of seq on a decode or colocated worker: the pages every layer's
-  // window has passed go back to the pool (kv::drop_behind_window). Prefill workers keep the
-  // whole prompt: a handoff moves full pages only.
+  // Sliding windows, after a step of seq: the pages every layer's window has passed go back to
+  // the pool (kv::drop_behind_window). On a prefill worker too: the handoff then moves only the
+  // pages still inside the window (HandoffOffer::window_dropped).
   void drop_behind_window(Sequence& seq);
   // A preempted sequence waiting for blocks with priority >= `priority`.
   bool has_unreserved_waiting(int32_t priority) const;

@@ -39,6 +39,7 @@ void Worker::handoff(std::unique_ptr<Sequence> seq, Clock::time_point now) {
   offer.source_blocks = seq->table.blocks;
   for (const kv::PageEntry& p : seq->table.pages) offer.source_shards.push_back(p.shard);
   offer.num_tokens = seq->num_computed;
+  offer.window_dropped = seq->table.window_dropped;
   offer.ticket = std::make_shared<HandoffTicket>();
   const bool spread = seq->table.spread;  // a property of the sequence (the spatial cut)
   Pinned pin;
@@ -105,7 +106,7 @@ void Worker::admit_offers(Clock::time_point now) {
     if (it->seq->cancelled()) {
       finish_offer(*it, FinishReason::kCancelled, cancelled_error("cancelled"), now);
     } else if (now >= it->wait_deadline) {
-      const int need = kv::BlockTable::blocks_for(it->num_tokens, pool_->block_size());
+      const int need = it->blocks(pool_->block_size());
       finish_offer(*it, FinishReason::kError,
                    deadline_exceeded(fmt::format(
                        "request {} waited {:.0f} ms for room on {} (queue_timeout_ms {} of SLA "
@@ -139,6 +140,16 @@ void Worker::admit_offers(Clock::time_point now) {
     leaves[a.id - kHandoffBase] = true;
     kv::BlockTable table;
     table.spread = o.seq->table.spread;
+    if (o.window_dropped > 0) {
+      // The pages the source dropped behind the window stay dropped here (never read again).
+      table.blocks.assign(static_cast<size_t>(o.window_dropped), -1);
+      table.pages.resize(table.blocks.size());
+      for (kv::PageEntry& p : table.pages) {
+        p.location = kv::PageLocation::kEvicted;
+        p.precision = kernels::KvPrecision::kEvicted;
+      }
+      table.window_dropped = o.window_dropped;
+    }
     KVSPLIT_CHECK(reserve_kv(table, o.num_tokens));
     StatusOr<KvCopyRoute> route =
         copy_kv_pages(*o.source_pool, o.source_blocks, o.source_shards, *pool_, table);
@@ -150,8 +161,7 @@ void Worker::admit_offers(Clock::time_point now) {
     }
     std::unique_ptr<Sequence> seq = std::move(o.seq);
     o.source->post_done(HandoffDone{o.handoff_id});
-    incoming_blocks_.fetch_sub(kv::BlockTable::blocks_for(o.num_tokens + 1, pool_->block_size()),
-                               std::memory_order_relaxed);
+    incoming_blocks_.fetch_sub(o.incoming_blocks(pool_->block_size()), std::memory_order_relaxed);
     if (!st.ok()) {
       pool_->release(table);
       finish(*seq, FinishReason::kError, st.with_prefix("KV handoff"), now);

@@ -400,8 +400,8 @@ SchedulerInput Worker::scheduler_input(bool with_handoffs) {
   if (with_handoffs) {
     for (size_t i = 0; i < pending_.size(); ++i) {
       const Sequence& seq = *pending_[i].seq;
-      sched_handoffs_.push_back(
-          {kHandoffBase + static_cast<int>(i), seq.priority, seq.arrival, pending_[i].num_tokens});
+      sched_handoffs_.push_back({kHandoffBase + static_cast<int>(i), seq.priority, seq.arrival,
+                                 pending_[i].num_tokens, pending_[i].window_dropped});
     }
   }
   SchedulerInput in;
@@ -526,7 +526,7 @@ void Worker::prepare_cut(Sequence& seq, model::SeqStep& step) {
 }
 
 void Worker::drop_behind_window(Sequence& seq) {
-  const int window = scheduler_.config().kv_window;  // 0 on prefill workers
+  const int window = scheduler_.config().kv_window;
   if (window <= 0) return;
   kv::drop_behind_window(*pool_, seq.table, seq.num_computed, window, &cut_ops_);
 }

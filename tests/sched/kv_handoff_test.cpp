@@ -165,6 +165,49 @@ TEST(KvHandoff, OnlyFullPrecisionTablesAreHandedOff) {
   EXPECT_EQ(check_handoff_table(table).code(), StatusCode::kInternal);
 }
 
+// A sliding window: the pages dropped behind it (block -1, entry evicted) are not handed off, so
+// they are neither checked nor copied; the pages after them are copied to the destination table
+// that marks the same prefix dropped.
+TEST(KvHandoff, PagesDroppedBehindTheWindowAreNotHandedOff) {
+  kv::BlockTable src;
+  src.blocks = {-1, -1, 6, 2};
+  src.pages.resize(4);
+  for (int i = 0; i < 2; ++i) {
+    src.pages[i].location = kv::PageLocation::kEvicted;
+    src.pages[i].precision = kernels::KvPrecision::kEvicted;
+  }
+  EXPECT_EQ(check_handoff_table(src).code(), StatusCode::kInternal);  // not marked dropped
+  src.window_dropped = 2;
+  EXPECT_TRUE(check_handoff_table(src).ok());
+  src.window_dropped = 1;  // an evicted page after the dropped prefix is still refused
+  EXPECT_EQ(check_handoff_table(src).code(), StatusCode::kInternal);
+  src.window_dropped = 2;
+
+  Pools p = make_pools(8, 8);
+  const size_t block_bytes = p.a->bytes_per_block() / 3;
+  for (int l = 0; l < 3; ++l) {
+    auto* d = static_cast<unsigned char*>(p.a->layer(l).data);
+    for (size_t i = 0; i < 8 * block_bytes; ++i) d[i] = static_cast<unsigned char>(i * 7 + l + 1);
+  }
+  kv::BlockTable dst = src;
+  dst.blocks = {-1, -1, 0, 5};
+  auto route = copy_kv_pages(*p.a, src.blocks, {}, *p.b, dst);
+  ASSERT_TRUE(route.ok()) << route.status().to_string();
+  const std::vector<char> zero(block_bytes, 0);
+  for (int l = 0; l < 3; ++l) {
+    const auto* s = static_cast<const char*>(p.a->layer(l).data);
+    const auto* d = static_cast<const char*>(p.b->layer(l).data);
+    EXPECT_EQ(std::memcmp(s + 6 * block_bytes, d + 0 * block_bytes, block_bytes), 0) << l;
+    EXPECT_EQ(std::memcmp(s + 2 * block_bytes, d + 5 * block_bytes, block_bytes), 0) << l;
+    for (int b : {1, 2, 3, 4, 6, 7})
+      EXPECT_EQ(std::memcmp(d + b * block_bytes, zero.data(), block_bytes), 0) << l << " " << b;
+  }
+  // Without the dropped prefix marked on the destination, block -1 is refused, not copied.
+  dst.window_dropped = 0;
+  EXPECT_EQ(copy_kv_pages(*p.a, src.blocks, {}, *p.b, dst).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST(KvHandoff, TicketHasExactlyOneOwner) {
   constexpr int kTickets = 2000;
   std::vector<std::shared_ptr<HandoffTicket>> tickets(kTickets);

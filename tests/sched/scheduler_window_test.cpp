@@ -75,6 +75,31 @@ TEST(SchedulerWindow, AChunkStaysWithinTheRoomLeftAndNoRoomAtAllNeverFits) {
   EXPECT_TRUE(none.prefill.empty());
 }
 
+// A handoff from a prefill worker that dropped its prompt's first pages behind the window needs
+// blocks for the pages it brings only: 100 tokens (25 pages of 4) of which 22 were dropped take
+// 3 blocks, and 1 more for its first decode token (position 100 opens page 25).
+TEST(SchedulerWindow, AHandoffNeedsBlocksOnlyForThePagesInsideTheWindow) {
+  SchedulerConfig c = windowed(16, 8);
+  c.decode_in_budget = false;
+  const std::vector<SchedHandoff> whole = {{1000, 0, 0, /*num_tokens=*/100}};
+  SchedulerInput in{{}, {}, whole, /*free=*/10, /*total=*/10, 1};
+  const SchedulerOutput refused = Scheduler(c).admit_handoffs(in);
+  ASSERT_EQ(refused.never_fit.size(), 1u);  // 25 pages in a pool of 10
+  EXPECT_TRUE(refused.admitted.empty());
+  const std::vector<SchedHandoff> windowed_off = {{1000, 0, 0, 100, /*dropped=*/22}};
+  in.handoffs = windowed_off;
+  const SchedulerOutput out = Scheduler(c).admit_handoffs(in);
+  EXPECT_TRUE(out.never_fit.empty());
+  ASSERT_EQ(out.admitted.size(), 1u);
+  EXPECT_EQ(out.admitted[0].blocks, 3);
+  EXPECT_EQ(out.free_blocks_after, 7);
+  // With 3 free it waits: its first decode token needs a fourth.
+  in.free_blocks = 3;
+  const SchedulerOutput wait = Scheduler(c).admit_handoffs(in);
+  EXPECT_TRUE(wait.admitted.empty());
+  EXPECT_EQ(wait.handoff_wait, HandoffWait::kNoBlocks);
+}
+
 TEST(SchedulerWindow, ChunkCapAndPromptAdmission) {
   const SchedulerConfig c = windowed(64, 8, /*max_chunk=*/24);
   EXPECT_EQ(c.chunk_cap(), 24);
