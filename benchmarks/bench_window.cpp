@@ -3,8 +3,8 @@
 // back to the pool, against the same synthetic shape with full attention, which must keep them.
 // Both engines run in the same process, taking turns (--reps rounds), on one colocated worker.
 //
-//   bench_window --model synthetic:llama-110m --window 256 --kv-blocks 256 --block-size 16 \
-//       --prompt 128 --output 896 --seqs 4,8,16 --threads 2
+//   bench_window --model synthetic:llama-110m --window 256 --kv-blocks 256 --block-size 16
+//       --prompt 128 --output 896 --seqs 4,8,16 --threads 2   (one command line)
 //
 // Per sequence count and model: preemptions, sequences decoding at once (mean until the first
 // finish), wall time, output tokens/s and pages freed behind the window. The capacity figures are

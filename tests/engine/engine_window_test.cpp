@@ -87,8 +87,9 @@ TEST_P(EngineWindow, PagesBehindTheWindowAreFreedAndTheTokensStayTheSame) {
     EXPECT_EQ(p.kv_evictions, 0) << p.name;
     // A 40-token prompt's first page is behind the window of the query after it (keys 9-40):
     // dropped on the prefill worker, not handed off.
-    if (GetParam() == ServingMode::kDisaggregated && p.name.rfind("prefill", 0) == 0)
+    if (GetParam() == ServingMode::kDisaggregated && p.name.rfind("prefill", 0) == 0) {
       EXPECT_EQ(p.kv_window_dropped_pages, 6) << p.name;
+    }
   }
   // Each sequence ends at 239 positions: pages up to the one holding position 239 - 32 go, 26.
   EXPECT_GE(dropped, 6 * 25);

@@ -34,8 +34,18 @@ EngineConfig test_config() {
   c.max_num_seqs = 64;
   c.max_batch_tokens = 256;
   c.kv_blocks_per_worker = 4096;
-  SlaClass fast{"fast", 200.0, 20.0, 1, 100000, 600000.0};
-  SlaClass slow{"slow", 5000.0, 100.0, 0, 100000, 600000.0};
+  SlaClass fast;
+  fast.name = "fast";
+  fast.max_ttft_ms = 200.0;
+  fast.max_itl_ms = 20.0;
+  fast.priority = 1;
+  fast.max_queue = 100000;
+  fast.queue_timeout_ms = 600000.0;
+  SlaClass slow = fast;
+  slow.name = "slow";
+  slow.max_ttft_ms = 5000.0;
+  slow.max_itl_ms = 100.0;
+  slow.priority = 0;
   c.sla_classes = {fast, slow};
   return c;
 }
@@ -363,7 +373,9 @@ TEST(Simulator, PerRequestOutcomesMatchTheClassSummaries) {
   for (size_t k = 0; k < r->requests.size(); ++k) {
     const RequestOutcome& o = r->requests[k];
     EXPECT_EQ(o.index, static_cast<int64_t>(k));
-    if (k > 0) EXPECT_LE(r->requests[k - 1].arrival_ms, o.arrival_ms);
+    if (k > 0) {
+      EXPECT_LE(r->requests[k - 1].arrival_ms, o.arrival_ms);
+    }
     EXPECT_EQ(o.prompt_tokens, 256);
     preemptions += o.preemptions;
     if (!o.ok) continue;

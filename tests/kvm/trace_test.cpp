@@ -93,7 +93,9 @@ TEST(Trace, PhasedGeneratorIsDeterministicAndPhased) {
   int64_t calm_batch = 0, spike_batch = 0, interactive = 0;
   double calm_len = 0, spike_len = 0;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (i > 0) EXPECT_LE(a[i - 1].arrival_ms, a[i].arrival_ms);
+    if (i > 0) {
+      EXPECT_LE(a[i - 1].arrival_ms, a[i].arrival_ms);
+    }
     EXPECT_LT(a[i].arrival_ms, 60000);
     if (a[i].sla_class == "interactive") {
       ++interactive;

@@ -128,9 +128,13 @@ TEST(FairPrefill, NeverExceedsRemainingBudgetOrCap) {
         EXPECT_LE(sum(c), budget);
         for (size_t i = 0; i < c.size(); ++i) {
           EXPECT_LE(c[i], d[i].remaining);
-          if (cap > 0 && d[i].remaining > cap) EXPECT_LE(c[i], std::max(cap, min_chunk));
+          if (cap > 0 && d[i].remaining > cap) {
+            EXPECT_LE(c[i], std::max(cap, min_chunk));
+          }
         }
-        if (cap == 0) EXPECT_EQ(sum(c), std::min(budget, 5 + 300 + 17 + 64));  // work-conserving
+        if (cap == 0) {
+          EXPECT_EQ(sum(c), std::min(budget, 5 + 300 + 17 + 64));  // work-conserving
+        }
       }
     }
   }

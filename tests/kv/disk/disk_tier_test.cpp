@@ -247,7 +247,9 @@ TEST_P(DiskTierTest, SmallReadsHoldTheRecordAndMissTheCacheSafely) {
   DiskOp op = tier->read(id, {&dst, 1}, {8, 1}).value();
   EXPECT_EQ(tier->free(id).code(), StatusCode::kFailedPrecondition);  // held until finished
   ASSERT_TRUE(tier->poll(op).value_or(ok_status()).ok());
-  if (!op.finished()) ASSERT_TRUE(tier->wait(op).ok());
+  if (!op.finished()) {
+    ASSERT_TRUE(tier->wait(op).ok());
+  }
   EXPECT_EQ(back, page);
   EXPECT_EQ(tier->stats().reads, 1);
   EXPECT_EQ(tier->stats().bytes_read, 6000);
