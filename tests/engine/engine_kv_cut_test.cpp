@@ -42,6 +42,23 @@ SemanticCutConfig aggressive() {
   return c;
 }
 
+// aggressive(), and pages evicted from relevance 0.5 after one scored step.
+SemanticCutConfig evicting() {
+  SemanticCutConfig c = aggressive();
+  c.evict_threshold = 0.5f;
+  c.evict_after_steps = 1;
+  return c;
+}
+
+// Every request of `got` (the results of `reqs`) finished without error.
+void expect_all_finished(const std::vector<Collected>& got, const std::vector<Request>& reqs) {
+  ASSERT_EQ(got.size(), reqs.size());
+  for (const Collected& c : got) {
+    ASSERT_FALSE(c.timed_out);
+    EXPECT_TRUE(c.final_event.status.ok()) << c.final_event.status.to_string();
+  }
+}
+
 EngineConfig cut_config(ServingMode mode, KvPolicy policy, const SemanticCutConfig& sc) {
   EngineConfig c = testing::stories_config(mode);
   c.block_size = 16;
@@ -161,18 +178,11 @@ TEST_P(EngineKvCut, AggressiveSemanticCutDemotesAndReleasesEverything) {
 // page again; every request still finishes and nothing is left held.
 TEST_P(EngineKvCut, EvictingSemanticCutReleasesEverything) {
   KVSPLIT_REQUIRE_MODELS();
-  SemanticCutConfig sc = aggressive();
-  sc.evict_threshold = 0.5f;
-  sc.evict_after_steps = 1;
-  auto engine = EngineImpl::create(cut_config(GetParam(), KvPolicy::kSemantic, sc));
+  auto engine = EngineImpl::create(cut_config(GetParam(), KvPolicy::kSemantic, evicting()));
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   const std::vector<Request> reqs = long_greedy(6, 250);
   const std::vector<Collected> got = run_all(**engine, reqs);
-  ASSERT_EQ(got.size(), reqs.size());
-  for (const Collected& c : got) {
-    ASSERT_FALSE(c.timed_out);
-    EXPECT_TRUE(c.final_event.status.ok()) << c.final_event.status.to_string();
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_all_finished(got, reqs));
   const EngineStats s = (*engine)->stats();
   int64_t evictions = 0;
   for (const PoolStats& p : s.pools) evictions += p.kv_evictions;
@@ -184,9 +194,7 @@ TEST_P(EngineKvCut, EvictingSemanticCutReleasesEverything) {
 // (and the cold ones among them), every request finishes and nothing is left held.
 TEST_P(EngineKvCut, RecallsAtInt4AreCountedAndReleaseEverything) {
   KVSPLIT_REQUIRE_MODELS();
-  SemanticCutConfig sc = aggressive();
-  sc.evict_threshold = 0.5f;
-  sc.evict_after_steps = 1;
+  SemanticCutConfig sc = evicting();
   sc.recall_threshold = 0.6f;
   sc.recall_precision = RecallPrecision::kInt4;
   sc.max_recalls_per_step = 1;
@@ -194,12 +202,8 @@ TEST_P(EngineKvCut, RecallsAtInt4AreCountedAndReleaseEverything) {
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   const std::vector<Request> reqs = long_greedy(4, 200);
   const std::vector<Collected> got = run_all(**engine, reqs);
-  ASSERT_EQ(got.size(), reqs.size());
-  for (const Collected& c : got) {
-    ASSERT_FALSE(c.timed_out);
-    EXPECT_TRUE(c.final_event.status.ok()) << c.final_event.status.to_string();
-    EXPECT_FALSE(c.tokens.empty());
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_all_finished(got, reqs));
+  for (const Collected& c : got) EXPECT_FALSE(c.tokens.empty());
   int64_t recalls = 0, quantized = 0, cold = 0;
   for (const PoolStats& p : (*engine)->stats().pools) {
     recalls += p.kv_recalls;
@@ -217,9 +221,7 @@ TEST_P(EngineKvCut, RecallsAtInt4AreCountedAndReleaseEverything) {
 // late recall, and every request still finishes and nothing is left held either way.
 TEST_P(EngineKvCut, AsynchronousRecallsWaitedForKeepTheTokens) {
   KVSPLIT_REQUIRE_MODELS();
-  SemanticCutConfig sc = aggressive();
-  sc.evict_threshold = 0.5f;
-  sc.evict_after_steps = 1;
+  SemanticCutConfig sc = evicting();
   sc.recall_threshold = 0.6f;
   sc.recall_wait_ms = -1;
   const std::vector<Request> reqs = long_greedy(4, 200);
