@@ -261,8 +261,7 @@ std::optional<std::vector<KvPool::PlacedBlock>> KvPool::allocate_placed(int firs
   // Place every page first, then allocate per shard (all or nothing).
   const int S = num_shards();
   std::vector<int> avail(S), count(S, 0), where(n);
-  avail[0] = local_available();
-  for (int s = 1; s < S; ++s) avail[s] = peers_[s - 1].pool->allocator_.num_free();
+  for (int s = 0; s < S; ++s) avail[s] = shard(s).local_available();
   for (int k = 0; k < n; ++k) {
     int s = preferred_shard(first_page + k, spread);
     int tries = 0;
@@ -275,8 +274,7 @@ std::optional<std::vector<KvPool::PlacedBlock>> KvPool::allocate_placed(int firs
   std::vector<std::vector<int32_t>> ids(S);
   for (int s = 0; s < S; ++s) {
     if (count[s] == 0) continue;
-    auto got =
-        s == 0 ? allocate_blocks(count[s]) : peers_[s - 1].pool->allocator_.allocate(count[s]);
+    auto got = shard(s).allocate_blocks(count[s]);  // evicts the shard's cached pages
     KVSPLIT_CHECK_MSG(got.has_value(), "KvPool: a shard lost the blocks it counted");
     ids[s] = std::move(*got);
   }
@@ -320,6 +318,7 @@ Status KvPool::add_shards(std::vector<std::unique_ptr<backend::Backend>> backend
   }
   for (Peer& p : added) peers_.push_back(std::move(p));
   chunk_tokens_ = chunk_tokens;
+  if (prefix_) enable_prefix_cache();  // the peers' caches
   return ok_status();
 }
 
@@ -380,7 +379,7 @@ int KvPool::local_available() const {
 
 int KvPool::available_blocks() const {
   int n = local_available();
-  for (const Peer& p : peers_) n += p.pool->allocator_.num_free();
+  for (const Peer& p : peers_) n += p.pool->local_available();
   return n;
 }
 
@@ -392,11 +391,8 @@ int KvPool::releasable_blocks(const BlockTable& table) const {
         (!table.pages[i].resident() || table.pages[i].precision != kernels::KvPrecision::kFull))
       continue;
     const int32_t b = table.blocks[i];
-    if (s != 0) {
-      n += shard(s).allocator_.refcount(b) == 1;
-      continue;
-    }
-    const int others = allocator_.refcount(b) - 1 - (prefix_ && prefix_->holds(b) ? 1 : 0);
+    const KvPool& at = shard(s);
+    const int others = at.allocator_.refcount(b) - 1 - (at.prefix_ && at.prefix_->holds(b) ? 1 : 0);
     n += others == 0;
   }
   return n;
@@ -418,32 +414,118 @@ Status KvPool::open_disk_tier(const std::string& path, int64_t capacity_bytes, b
 
 void KvPool::enable_prefix_cache() {
   if (!prefix_) prefix_ = std::make_unique<PrefixCache>(config_.block_size, this);
+  // A peer shard's cache holds the pages on its device and spills them to this (home) pool's
+  // host and disk tiers; the home cache counts the lookups.
+  for (Peer& p : peers_) {
+    if (p.pool->prefix_) continue;
+    p.pool->prefix_ = std::make_unique<PrefixCache>(config_.block_size, p.pool.get(), this);
+    p.pool->prefix_->set_counts_lookups(false);
+  }
+}
+
+PrefixCache* KvPool::shard_prefix_cache(int s) const { return shard(s).prefix_.get(); }
+
+PrefixCacheStats KvPool::prefix_stats() const {
+  PrefixCacheStats sum;
+  for (int s = 0; s < num_shards(); ++s)
+    if (const PrefixCache* pc = shard(s).prefix_.get()) sum += pc->stats();
+  return sum;
+}
+
+KvPool::PrefixPages KvPool::prefix_pages() const {
+  PrefixPages n;
+  for (int s = 0; s < num_shards(); ++s) {
+    const PrefixCache* pc = shard(s).prefix_.get();
+    if (pc == nullptr) continue;
+    n.total += pc->size();
+    n.device += pc->pages_device();
+    n.host += pc->pages_host();
+    n.disk += pc->pages_disk();
+    n.spilling += pc->pages_spilling();
+  }
+  return n;
 }
 
 int KvPool::available_host_slots() const {
-  return host_alloc_.num_free() + (prefix_ ? prefix_->reclaimable_host() : 0);
+  int n = host_alloc_.num_free();
+  for (int s = 0; s < num_shards(); ++s)
+    if (const PrefixCache* pc = shard(s).prefix_.get()) n += pc->reclaimable_host();
+  return n;
 }
 
 std::optional<std::vector<int32_t>> KvPool::allocate_host_slots(int n) {
+  // Every shard's cache spills to this host tier: the home cache gives way first, then the
+  // peers' in order.
   if (prefix_ && host_alloc_.num_free() < n && available_host_slots() >= n)
-    prefix_->reclaim_host(n - host_alloc_.num_free());
+    for (int s = 0; s < num_shards() && host_alloc_.num_free() < n; ++s)
+      if (PrefixCache* pc = shard(s).prefix_.get()) pc->reclaim_host(n - host_alloc_.num_free());
   return host_alloc_.allocate(n);
 }
 
 void KvPool::make_disk_room(int64_t payload_bytes) {
   if (!prefix_ || !disk_) return;
-  const DiskTierStats ds = disk_->stats();
-  prefix_->reclaim_disk(DiskTier::extents_for(payload_bytes, ds.extent_bytes));
+  if (peers_.empty()) {
+    prefix_->reclaim_disk(DiskTier::extents_for(payload_bytes, disk_->stats().extent_bytes));
+    return;
+  }
+  // Every shard's cache spills here: nothing is given up unless their records together can make
+  // the room (the write would fail all the same), then the home cache's go first.
+  prefix_->poll_spills();
+  DiskTierStats ds = disk_->stats();
+  const int64_t extents = DiskTier::extents_for(payload_bytes, ds.extent_bytes);
+  int64_t held = 0;
+  for (int s = 0; s < num_shards(); ++s) held += shard(s).prefix_->disk_extents_held();
+  if (extents > ds.extents_total || ds.extents_total - ds.extents_used + held < extents) return;
+  for (int s = 0; s < num_shards() && ds.extents_total - ds.extents_used < extents; ++s) {
+    shard(s).prefix_->reclaim_disk(extents, /*whole_group=*/true);
+    ds = disk_->stats();
+  }
+}
+
+void KvPool::poll_prefix_spills() {
+  for (int s = 0; s < num_shards(); ++s) {
+    KvPool& at = shard(s);
+    if (!at.prefix_) continue;
+    at.prefix_->poll_spills();
+    at.prefix_->poll_landings(at.allocator_, 0);
+  }
 }
 
 int KvPool::share_prefix(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
                          int max_pages) {
   KVSPLIT_CHECK(table.blocks.empty());
-  if (!prefix_ || max_pages <= 0) return 0;
-  table.blocks = prefix_->acquire(salt, tokens, max_pages, allocator_);
-  const int hits = static_cast<int>(table.blocks.size());
   table.pages.clear();
-  return hits;
+  if (!prefix_ || max_pages <= 0) return 0;
+  if (peers_.empty()) {
+    table.blocks = prefix_->acquire(salt, tokens, max_pages, allocator_);
+    return static_cast<int>(table.blocks.size());
+  }
+  // A shard group: each page is cached by the shard whose device holds it. Walk the prompt from
+  // cache to cache, taking from each the run of pages it holds next (the home cache first: it
+  // counts the lookup).
+  const int pages = std::min<int>(max_pages, static_cast<int>(tokens.size()) / block_size());
+  PrefixCache::ChainPos pos;
+  bool spread_over = false;
+  for (int s = 0; pos.page < pages;) {
+    PrefixCache& pc = *shard(s).prefix_;
+    for (int32_t b : pc.acquire(salt, tokens, pages, shard(s).allocator_, &pos)) {
+      table.blocks.push_back(b);
+      PageEntry pe;
+      pe.shard = static_cast<uint8_t>(s);
+      table.pages.push_back(pe);
+      spread_over |= s != 0;
+    }
+    // Held here still, it could not come back (no block, a failed restore): the rest is
+    // recomputed. Else the shard whose cache holds the next page goes on, if any.
+    if (pos.page >= pages || pc.contains(salt, tokens, pos)) break;
+    int next = -1;
+    for (int t = 0; t < num_shards() && next < 0; ++t)
+      if (t != s && shard(t).prefix_->contains(salt, tokens, pos)) next = t;
+    if (next < 0) break;
+    s = next;
+  }
+  if (!spread_over) table.pages.clear();  // every hit on the home shard: the default entries
+  return static_cast<int>(table.blocks.size());
 }
 
 void KvPool::cache_prefix(const BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
@@ -451,15 +533,43 @@ void KvPool::cache_prefix(const BlockTable& table, uint64_t salt, std::span<cons
   if (!prefix_) return;
   num_pages = std::min<int>(num_pages, static_cast<int>(table.blocks.size()));
   int n = 0;
-  // Only the leading pages that are full precision on the home shard's device. Pages dropped
-  // behind a sliding window were offered when they were computed: the cache touches those it
-  // still holds and stops at the first it does not (PrefixCache::insert, block -1).
+  // Only the leading pages that are full precision on a device. Pages dropped behind a sliding
+  // window were offered when they were computed: the cache touches those it still holds and
+  // stops at the first it does not (PrefixCache::insert, block -1).
   while (n < num_pages &&
          (table.pages.empty() || n < table.window_dropped ||
-          (table.pages[n].resident() && table.pages[n].precision == kernels::KvPrecision::kFull &&
-           table.pages[n].shard == 0)))
+          (table.pages[n].resident() && table.pages[n].precision == kernels::KvPrecision::kFull)))
     ++n;
-  prefix_->insert(salt, tokens, table.blocks, n, allocator_);
+  if (peers_.empty()) {
+    prefix_->insert(salt, tokens, table.blocks, n, allocator_);
+    return;
+  }
+  // A shard group: each page goes to the cache of the shard whose device holds it, in runs of
+  // pages on one shard. A page some shard's cache holds already is touched there (its block, on
+  // another shard maybe, is not offered: -1).
+  n = std::min<int>(n, static_cast<int>(tokens.size()) / block_size());
+  std::vector<int32_t> offered(static_cast<size_t>(n), -1);
+  PrefixCache::ChainPos pos;
+  while (pos.page < n) {
+    const int i = pos.page;
+    int t = -1;
+    for (int u = 0; u < num_shards() && t < 0; ++u)
+      if (shard(u).prefix_->contains(salt, tokens, pos)) t = u;
+    const bool held = t >= 0;
+    if (!held) t = table.page(static_cast<size_t>(i)).shard;
+    int j = i;
+    while (j < n && table.blocks[j] >= 0 && table.page(static_cast<size_t>(j)).shard == t) {
+      offered[j] = table.blocks[j];
+      ++j;
+    }
+    if (j == i) {
+      if (!held) break;  // not on a device and not cached: nothing past it is reachable
+      j = i + 1;         // touched where it is cached
+    }
+    shard(t).prefix_->insert(salt, tokens, offered, j, shard(t).allocator_, &pos);
+    std::fill(offered.begin() + i, offered.begin() + j, -1);
+    if (pos.page == i) break;  // a collision, or a page it could not take
+  }
 }
 
 void KvPool::release(BlockTable& table) {

@@ -86,16 +86,23 @@ class KvPool {
   int releasable_blocks(const BlockTable& table) const;
 
   // ---- prefix cache (kv/prefix_cache.h; off unless enabled) ----
-  // Its evicted pages spill to this pool's host tier and disk tier when it has them.
+  // Its evicted pages spill to this pool's host tier and disk tier when it has them. With a
+  // shard group (before or after add_shards) every shard has a cache of the pages on its device,
+  // and the peers' caches spill to this (home) pool's tiers.
   void enable_prefix_cache();
+  // The home shard's cache (null when off); shard_prefix_cache(s): shard s's.
   PrefixCache* prefix_cache() const { return prefix_.get(); }
-  // Finishes the prefix cache's spill writes and spill-ahead copies that completed (never
+  PrefixCache* shard_prefix_cache(int s) const;
+  // The caches of every shard together: their stats summed (lookups are the home's), and their
+  // pages by tier.
+  PrefixCacheStats prefix_stats() const;
+  struct PrefixPages {
+    int total = 0, device = 0, host = 0, disk = 0, spilling = 0;
+  };
+  PrefixPages prefix_pages() const;
+  // Finishes the prefix caches' spill writes and spill-ahead copies that completed (never
   // blocks; a step boundary).
-  void poll_prefix_spills() {
-    if (!prefix_) return;
-    prefix_->poll_spills();
-    prefix_->poll_landings(allocator_, 0);
-  }
+  void poll_prefix_spills();
   // Between steps: starts the prefix cache's spill-ahead toward config().prefix_free_target free
   // blocks (PrefixCache::spill_ahead). Returns the copies started.
   void set_prefix_free_target(int blocks) { config_.prefix_free_target = blocks; }
@@ -104,7 +111,9 @@ class KvPool {
   }
   // `table` must be empty: points it at the longest cached prefix of `tokens` (whole pages, at
   // most max_pages), taking a reference on each; spilled pages are swapped back into device
-  // blocks first (PrefixCache::acquire). Returns the pages taken (0 without a cache).
+  // blocks first (PrefixCache::acquire). With a shard group each page stays on the shard that
+  // cached it (its page entry names it), whatever the sequence's placement would choose.
+  // Returns the pages taken (0 without a cache).
   int share_prefix(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
                    int max_pages);
   // The most pages share_prefix may serve a sequence that must compute `target` positions, the
@@ -113,7 +122,8 @@ class KvPool {
   int shareable_prefix_pages(int target, int num_prompt) const {
     return std::max(0, std::min(target - 1, num_prompt)) / block_size();
   }
-  // Caches pages [0, num_pages) of `table` (full precision on the device) holding `tokens`.
+  // Caches pages [0, num_pages) of `table` (full precision on the device) holding `tokens`, each
+  // in the cache of the shard that holds it.
   void cache_prefix(const BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
                     int num_pages);
   // Releases every block of `table` (decref) and every quantized page, summary and host slot its

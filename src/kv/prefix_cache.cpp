@@ -97,32 +97,59 @@ int64_t PrefixCache::disk_record_bytes() const {
   return pool_->bytes_per_block() + disk_key_bytes(block_size_);
 }
 
+PrefixCache::Map::const_iterator PrefixCache::find_page(uint64_t salt,
+                                                        std::span<const int32_t> page, ChainPos pos,
+                                                        uint64_t* hash, uint64_t* check) const {
+  *hash = page_hash(pos.parent, salt, page);
+  auto it = entries_.find(*hash);
+  if (it == entries_.end()) return it;
+  const Entry& e = it->second;
+  *check = chain_check(pos.check, salt, page);
+  // The hash is a key, not a proof: the tenant, the chain and the tokens must all match, and
+  // the second chained hash too: a page cached after a parent that was dropped since (a failed
+  // restore or spill) must not be served after another page of that parent's hash.
+  if (e.salt != salt || e.parent != pos.parent || e.check != *check ||
+      !std::equal(page.begin(), page.end(), e.tokens.begin(), e.tokens.end()))
+    return entries_.end();
+  return it;
+}
+
+PrefixCache::ChainPos PrefixCache::next(uint64_t salt, std::span<const int32_t> tokens,
+                                        ChainPos pos) const {
+  const auto page = tokens.subspan(static_cast<size_t>(pos.page) * block_size_, block_size_);
+  return ChainPos{pos.page + 1, page_hash(pos.parent, salt, page),
+                  chain_check(pos.check, salt, page)};
+}
+
+bool PrefixCache::contains(uint64_t salt, std::span<const int32_t> tokens, ChainPos pos) const {
+  if (static_cast<int64_t>(pos.page + 1) * block_size_ > static_cast<int64_t>(tokens.size()))
+    return false;
+  uint64_t hash = 0, check = 0;
+  const auto page = tokens.subspan(static_cast<size_t>(pos.page) * block_size_, block_size_);
+  return find_page(salt, page, pos, &hash, &check) != entries_.end();
+}
+
 std::vector<PrefixCache::Map::iterator> PrefixCache::walk(uint64_t salt,
                                                           std::span<const int32_t> tokens,
-                                                          int max_pages) {
+                                                          int max_pages, ChainPos from) {
   std::vector<Map::iterator> chain;
   const int pages = std::min<int>(max_pages, static_cast<int>(tokens.size()) / block_size_);
-  ++stats_.lookups;
-  stats_.lookup_pages += std::max(0, pages);
-  uint64_t parent = 0, check = 0;
+  if (counts_lookups_ && from.page == 0) {
+    ++stats_.lookups;
+    stats_.lookup_pages += std::max(0, pages);
+  }
   ++tick_;
-  for (int i = 0; i < pages; ++i) {
+  ChainPos pos = from;
+  for (int i = from.page; i < pages; ++i) {
     const auto page = tokens.subspan(static_cast<size_t>(i) * block_size_, block_size_);
-    const uint64_t h = page_hash(parent, salt, page);
-    auto it = entries_.find(h);
-    if (it == entries_.end()) break;
-    Entry& e = it->second;
-    check = chain_check(check, salt, page);
-    // The hash is a key, not a proof: the tenant, the chain and the tokens must all match, and
-    // the second chained hash too: a page cached after a parent that was dropped since (a
-    // failed restore or spill) must not be served after another page of that parent's hash.
-    if (e.salt != salt || e.parent != parent || e.check != check ||
-        !std::equal(page.begin(), page.end(), e.tokens.begin(), e.tokens.end()))
-      break;
-    e.last_use = tick_;
-    reindex(h, e);
+    uint64_t h = 0, check = 0;
+    auto found = find_page(salt, page, pos, &h, &check);
+    if (found == entries_.end()) break;
+    auto it = entries_.find(h);  // the same entry, mutable
+    it->second.last_use = tick_;
+    reindex(h, it->second);
     chain.push_back(it);
-    parent = h;
+    pos = ChainPos{i + 1, h, check};
   }
   return chain;
 }
@@ -131,7 +158,7 @@ std::vector<int32_t> PrefixCache::lookup(uint64_t salt, std::span<const int32_t>
                                          int max_pages) {
   poll_spills();
   std::vector<int32_t> hits;
-  for (Map::iterator it : walk(salt, tokens, max_pages)) {
+  for (Map::iterator it : walk(salt, tokens, max_pages, ChainPos{})) {
     if (it->second.where != PageLocation::kDevice) break;
     hits.push_back(it->second.block);
   }
@@ -140,9 +167,10 @@ std::vector<int32_t> PrefixCache::lookup(uint64_t salt, std::span<const int32_t>
 }
 
 std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t> tokens,
-                                          int max_pages, BlockAllocator& alloc) {
+                                          int max_pages, BlockAllocator& alloc, ChainPos* at) {
   poll_spills();
-  const std::vector<Map::iterator> chain = walk(salt, tokens, max_pages);
+  const ChainPos from = at != nullptr ? *at : ChainPos{};
+  const std::vector<Map::iterator> chain = walk(salt, tokens, max_pages, from);
   std::vector<int32_t> out;
   size_t k = 0;
   for (; k < chain.size() && chain[k]->second.where == PageLocation::kDevice; ++k) {
@@ -166,7 +194,7 @@ std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t
       chain[j]->second.pinned = true;
       reindex(chain[j]->first, chain[j]->second);
     }
-    DiskTier* disk = pool_->disk();
+    DiskTier* disk = tiers_->disk();
     for (size_t j = k; j < chain.size(); ++j) {
       Entry& e = chain[j]->second;
       Job job;
@@ -215,8 +243,9 @@ std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t
         // A page whose disk write is in flight is served from the spill's buffer, never the
         // record (not readable before the write completes).
         if (e.spill != nullptr) ++stats_.hit_pages_spilling;
-        st = page_to_device(
-            *pool_, e.spill != nullptr ? e.spill->buf.data() : pool_->host_slot(e.slot), job.block);
+        st = page_to_device(*pool_,
+                            e.spill != nullptr ? e.spill->buf.data() : tiers_->host_slot(e.slot),
+                            job.block);
       } else {
         if (st.ok()) st = disk->wait(job.op);
         if (st.ok()) {
@@ -254,28 +283,35 @@ std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t
     }
   }
   stats_.hit_pages += static_cast<int64_t>(out.size());
+  if (at != nullptr && !out.empty()) {
+    const auto& last = *chain[out.size() - 1];
+    *at = ChainPos{from.page + static_cast<int>(out.size()), last.first, last.second.check};
+  }
   return out;
 }
 
 int PrefixCache::insert(uint64_t salt, std::span<const int32_t> tokens,
-                        std::span<const int32_t> blocks, int num_pages, BlockAllocator& alloc) {
+                        std::span<const int32_t> blocks, int num_pages, BlockAllocator& alloc,
+                        ChainPos* at) {
   num_pages = std::min<int>(
       {num_pages, static_cast<int>(tokens.size()) / block_size_, static_cast<int>(blocks.size())});
   poll_spills();
-  uint64_t parent = 0, check = 0;
+  const ChainPos from = at != nullptr ? *at : ChainPos{};
+  uint64_t parent = from.parent, check = from.check;
   int added = 0;
   ++tick_;
-  for (int i = 0; i < num_pages; ++i) {
+  int i = from.page;
+  for (; i < num_pages; ++i) {
     const auto page = tokens.subspan(static_cast<size_t>(i) * block_size_, block_size_);
     const uint64_t h = page_hash(parent, salt, page);
-    check = chain_check(check, salt, page);
+    const uint64_t page_check = chain_check(check, salt, page);
     const int32_t b = blocks[static_cast<size_t>(i)];
     auto it = entries_.find(h);
     if (it != entries_.end()) {
       Entry& e = it->second;
       // A collision with a different page: keep the cached one, and cache nothing past it (its
       // chain would be unreachable).
-      if (e.salt != salt || e.parent != parent || e.check != check ||
+      if (e.salt != salt || e.parent != parent || e.check != page_check ||
           !std::equal(page.begin(), page.end(), e.tokens.begin(), e.tokens.end()))
         break;
       e.last_use = tick_;
@@ -295,7 +331,7 @@ int PrefixCache::insert(uint64_t salt, std::span<const int32_t> tokens,
       Entry e;
       e.block = b;
       e.parent = parent;
-      e.check = check;
+      e.check = page_check;
       e.salt = salt;
       e.tokens.assign(page.begin(), page.end());
       e.last_use = tick_;
@@ -306,7 +342,9 @@ int PrefixCache::insert(uint64_t salt, std::span<const int32_t> tokens,
       ++added;
     }
     parent = h;
+    check = page_check;
   }
+  if (at != nullptr) *at = ChainPos{i, parent, check};  // where it stopped
   stats_.inserted += added;
   return added;
 }
@@ -327,12 +365,12 @@ void PrefixCache::release_storage(uint64_t hash, Entry& e, BlockAllocator* alloc
         --pages_spilling_;
         break;
       }
-      pool_->host_allocator().decref(e.slot);
+      tiers_->host_allocator().decref(e.slot);
       e.slot = -1;
       --pages_host_;
       break;
     case PageLocation::kDisk:
-      (void)pool_->disk()->free(e.record);  // kNotFound only if already gone: nothing to leak
+      (void)tiers_->disk()->free(e.record);  // kNotFound only if already gone: nothing to leak
       e.record = 0;
       --pages_disk_;
       break;
@@ -348,7 +386,7 @@ void PrefixCache::drop(Map::iterator it, BlockAllocator* alloc) {
 }
 
 bool PrefixCache::disk_room(bool make_room) {
-  DiskTier* disk = pool_->disk();
+  DiskTier* disk = tiers_->disk();
   DiskTierStats ds = disk->stats();
   const int64_t extents = DiskTier::extents_for(disk_record_bytes(), ds.extent_bytes);
   if (extents > ds.extents_total) return false;
@@ -371,7 +409,7 @@ bool PrefixCache::disk_room(bool make_room) {
 
 bool PrefixCache::start_spill(Map::iterator it, bool make_room, BlockAllocator* alloc,
                               const std::function<Status(std::byte*)>& fill) {
-  DiskTier* disk = pool_->disk();
+  DiskTier* disk = tiers_->disk();
   if (disk == nullptr) return false;
   poll_spills();
   // Bounded: each spill in flight holds a page-sized buffer.
@@ -447,7 +485,7 @@ void PrefixCache::finish_spill(std::list<Spill>::iterator s) {
       entries_.erase(it);
     }
   } else if (ok) {
-    (void)pool_->disk()->free(s->op.record());  // the entry left meanwhile: nobody reads it
+    (void)tiers_->disk()->free(s->op.record());  // the entry left meanwhile: nobody reads it
   } else {
     ++stats_.spill_faults;
   }
@@ -460,7 +498,7 @@ int PrefixCache::poll_spills() {
   int n = 0;
   for (auto s = spills_.begin(); s != spills_.end();) {
     const auto next = std::next(s);
-    if (!s->result) s->result = pool_->disk()->poll(s->op);
+    if (!s->result) s->result = tiers_->disk()->poll(s->op);
     // A pinned entry is being restored from the spill's buffer: finished after the restore.
     if (s->result && (s->hash == 0 || !entries_.at(s->hash).pinned)) {
       finish_spill(s);
@@ -474,7 +512,7 @@ int PrefixCache::poll_spills() {
 bool PrefixCache::wait_oldest_spill() {
   for (auto s = spills_.begin(); s != spills_.end(); ++s) {
     if (s->hash != 0 && entries_.at(s->hash).pinned) continue;
-    if (!s->result) s->result = pool_->disk()->wait(s->op);
+    if (!s->result) s->result = tiers_->disk()->wait(s->op);
     finish_spill(s);
     return true;
   }
@@ -483,12 +521,12 @@ bool PrefixCache::wait_oldest_spill() {
 
 void PrefixCache::wait_spills() {
   for (Spill& s : spills_)
-    if (!s.result) s.result = pool_->disk()->wait(s.op);
+    if (!s.result) s.result = tiers_->disk()->wait(s.op);
   poll_spills();
 }
 
 int32_t PrefixCache::host_slot_for_spill() {
-  BlockAllocator& host = pool_->host_allocator();
+  BlockAllocator& host = tiers_->host_allocator();
   if (host.num_blocks() == 0) return -1;
   if (host.num_free() == 0) {
     auto it = lru(PageLocation::kHost);
@@ -502,7 +540,7 @@ int32_t PrefixCache::host_slot_for_spill() {
 void PrefixCache::host_to_disk(Map::iterator it, bool make_room) {
   // The slot's bytes go into the spill's buffer, so the slot is free at once (for the page being
   // evicted, or for swap), whatever the write's progress.
-  const std::byte* src = pool_->host_slot(it->second.slot);
+  const std::byte* src = tiers_->host_slot(it->second.slot);
   const size_t bytes = static_cast<size_t>(pool_->bytes_per_block());
   if (!start_spill(it, make_room, nullptr, [&](std::byte* dst) {
         std::memcpy(dst, src, bytes);
@@ -516,7 +554,7 @@ void PrefixCache::spill(Map::iterator it, BlockAllocator& alloc) {
   if (pool_ != nullptr) {
     const int32_t slot = host_slot_for_spill();
     if (slot >= 0) {
-      if (page_to_host(*pool_, e.block, pool_->host_slot(slot)).ok()) {
+      if (page_to_host(*pool_, e.block, tiers_->host_slot(slot)).ok()) {
         release_storage(it->first, e, &alloc);
         e.where = PageLocation::kHost;
         e.slot = slot;
@@ -525,9 +563,9 @@ void PrefixCache::spill(Map::iterator it, BlockAllocator& alloc) {
         ++stats_.spilled_host;
         return;
       }
-      pool_->host_allocator().decref(slot);
+      tiers_->host_allocator().decref(slot);
       ++stats_.spill_faults;
-    } else if (pool_->disk() != nullptr) {
+    } else if (tiers_->disk() != nullptr) {
       const int32_t block = e.block;
       if (start_spill(it, /*make_room=*/true, &alloc,
                       [&](std::byte* dst) { return page_to_host(*pool_, block, dst); }))
@@ -561,7 +599,7 @@ int PrefixCache::evict(int need, BlockAllocator& alloc) {
 int PrefixCache::spill_ahead(int free_target, BlockAllocator& alloc) {
   if (pool_ == nullptr || free_target <= 0) return 0;
   poll_landings(alloc, 0);
-  BlockAllocator& host = pool_->host_allocator();
+  BlockAllocator& host = tiers_->host_allocator();
   const int short_by = free_target - alloc.num_free() - landings_in_flight();
   if (short_by <= 0 || host.num_free() == 0) return 0;
   KVSPLIT_CHECK(idle_.empty() || watched_ == &alloc);
@@ -573,7 +611,7 @@ int PrefixCache::spill_ahead(int free_target, BlockAllocator& alloc) {
     Entry& e = entries_.at(h);
     const int32_t slot = (*host.allocate(1))[0];
     copies.clear();
-    pool_->add_page_copies(e.block, pool_->host_slot(slot),
+    pool_->add_page_copies(e.block, tiers_->host_slot(slot),
                            backend::Backend::CopyDir::kDeviceToHost, &copies);
     auto fence = pool_->backend().copy_batch_fenced(backend::Backend::CopyDir::kDeviceToHost,
                                                     copies.data(), copies.size());
@@ -613,7 +651,7 @@ bool PrefixCache::finish_landing(uint64_t hash, Entry& e, BlockAllocator* alloc,
   if (!landed) ++stats_.spill_faults;
   if (!landed || e.pinned || alloc == nullptr || alloc->refcount(e.block) != 1) {
     // Failed, or a sequence holds the page again: it stays on the device.
-    pool_->host_allocator().decref(slot);
+    tiers_->host_allocator().decref(slot);
     if (landed) ++stats_.ahead_kept;
     reindex(hash, e);
     return false;
@@ -635,7 +673,7 @@ bool PrefixCache::finish_landing(uint64_t hash, Entry& e, BlockAllocator* alloc,
 void PrefixCache::cancel_landing(uint64_t hash, Entry& e) {
   (void)pool_->backend().wait_fence(e.landing_fence, -1);  // the slot is written until then
   landing_.erase(std::find(landing_.begin(), landing_.end(), hash));
-  pool_->host_allocator().decref(e.landing_slot);
+  tiers_->host_allocator().decref(e.landing_slot);
   e.landing_slot = -1;
   e.landing_fence = 0;
 }
@@ -678,8 +716,15 @@ int PrefixCache::reclaim_host(int need) {
   return freed;
 }
 
-int PrefixCache::reclaim_disk(int64_t extents) {
-  DiskTier* disk = pool_ != nullptr ? pool_->disk() : nullptr;
+int64_t PrefixCache::disk_extents_held() const {
+  const DiskTier* disk = tiers_ != nullptr ? tiers_->disk() : nullptr;
+  if (disk == nullptr) return 0;
+  return int64_t{pages_disk_ + pages_spilling_} *
+         DiskTier::extents_for(disk_record_bytes(), disk->stats().extent_bytes);
+}
+
+int PrefixCache::reclaim_disk(int64_t extents, bool whole_group) {
+  DiskTier* disk = tiers_ != nullptr ? tiers_->disk() : nullptr;
   if (disk == nullptr) return 0;
   int freed = 0;
   DiskTierStats ds = disk->stats();
@@ -687,9 +732,7 @@ int PrefixCache::reclaim_disk(int64_t extents) {
   poll_spills();
   // Nor when dropping every record of the cache (and its spills in flight) would still leave too
   // little room: the caller's write fails all the same, and the cache would be lost for nothing.
-  const int64_t per_record = DiskTier::extents_for(disk_record_bytes(), ds.extent_bytes);
-  const int64_t cache_extents = int64_t{pages_disk_ + pages_spilling_} * per_record;
-  if (ds.extents_total - ds.extents_used + cache_extents < extents) return 0;
+  if (!whole_group && ds.extents_total - ds.extents_used + disk_extents_held() < extents) return 0;
   while (ds.extents_total - ds.extents_used < extents) {
     auto it = lru(PageLocation::kDisk);
     if (it != entries_.end()) {
@@ -723,9 +766,9 @@ PrefixCache::~PrefixCache() {
   for (auto& [h, e] : entries_)
     if (e.spill != nullptr) e.spill->hash = 0;
   for (Spill& s : spills_)
-    if (!s.result) s.result = pool_->disk()->wait(s.op);
+    if (!s.result) s.result = tiers_->disk()->wait(s.op);
   for (Spill& s : spills_)
-    if (s.result->ok()) (void)pool_->disk()->free(s.op.record());
+    if (s.result->ok()) (void)tiers_->disk()->free(s.op.record());
 }
 
 }  // namespace kvsplit::kv

@@ -35,6 +35,10 @@
 // (poll_spills), a failed one drops the entry, and clear() / the destructor wait for the writes
 // and free their records.
 //
+// Shard groups (kv-cuts.md, the spatial cut's "Prefix cache"): every shard's pool has a cache of
+// the pages on its device, and a prompt's chain is walked from cache to cache (ChainPos); a peer's
+// cache spills to the home pool's host and disk tiers.
+//
 // Not thread-safe: one owner (the worker that owns the pool).
 #pragma once
 
@@ -81,6 +85,7 @@ struct PrefixCacheStats {
   int64_t ahead_kept = 0;
 
   int64_t hit_pages_device() const { return hit_pages - hit_pages_host - hit_pages_disk; }
+  PrefixCacheStats& operator+=(const PrefixCacheStats& o);
 };
 
 // Bookkeeping is indexed, never a scan of the cache: a server with a large host or disk tier
@@ -91,10 +96,12 @@ struct PrefixCacheStats {
 // evict() and spill_ahead() read them (bench_prefix_cache measures it).
 class PrefixCache final : private BlockWatcher {
  public:
-  // `pool` (may be null: device only, evicted pages are dropped) is the pool whose blocks, host
-  // tier and disk tier the cache uses; it must outlive the cache.
-  explicit PrefixCache(int block_size, KvPool* pool = nullptr)
-      : block_size_(block_size), pool_(pool) {}
+  // `pool` (may be null: device only, evicted pages are dropped) is the pool whose blocks the
+  // cache holds; `tiers` (default: `pool`) the pool whose host tier and disk tier its evicted
+  // pages spill to: a peer shard's cache spills to the home shard's tiers (KvPool::add_shards).
+  // Both must outlive the cache.
+  explicit PrefixCache(int block_size, KvPool* pool = nullptr, KvPool* tiers = nullptr)
+      : block_size_(block_size), pool_(pool), tiers_(tiers != nullptr ? tiers : pool) {}
   // Waits for the spill writes in flight and frees their records (the pool's disk tier must still
   // exist: KvPool destroys its cache first).
   ~PrefixCache();
@@ -120,6 +127,23 @@ class PrefixCache final : private BlockWatcher {
   // Keyed with the process's secret (SipHash), so clients can neither compute nor collide it.
   static uint64_t salt_of(std::string_view tenant_or_salt);
 
+  // A position in the hash chain of a prompt: page `page` comes next, after the page of hash
+  // `parent` whose chain check is `check` (all 0 at the start). A shard group keeps one cache per
+  // shard, each holding the pages on its shard's device, and walks a prompt across them:
+  // acquire and insert start at a position and leave it where they stopped.
+  struct ChainPos {
+    int page = 0;
+    uint64_t parent = 0;
+    uint64_t check = 0;
+  };
+  // The position after `pos`'s page of `tokens` (which must hold that whole page).
+  ChainPos next(uint64_t salt, std::span<const int32_t> tokens, ChainPos pos) const;
+  // True when the cache holds `pos`'s page of `tokens` for `salt` (any tier, tokens checked).
+  bool contains(uint64_t salt, std::span<const int32_t> tokens, ChainPos pos) const;
+  // A peer shard's cache: the home shard's cache counts the lookups (one per prompt), so this
+  // one counts only the pages it serves.
+  void set_counts_lookups(bool on) { counts_lookups_ = on; }
+
   // Device blocks of the longest cached prefix of `tokens` in whole pages, at most `max_pages`,
   // in page order (each touched as most recently used); it stops at the first page that is not
   // on the device. The caller increfs the ones it keeps.
@@ -128,14 +152,18 @@ class PrefixCache final : private BlockWatcher {
   // device: spilled pages are swapped back in (host: copied; disk: read, checksum and record
   // checked). Takes one reference on each returned block for the caller. Stops at the first page
   // that is not cached, cannot get a device block, or fails to come back (that entry is dropped).
+  // With `at`: pages from at->page on (of tokens, max_pages counted from page 0), and `at` is
+  // left after the last page returned.
   std::vector<int32_t> acquire(uint64_t salt, std::span<const int32_t> tokens, int max_pages,
-                               BlockAllocator& alloc);
+                               BlockAllocator& alloc, ChainPos* at = nullptr);
   // Registers pages [0, num_pages) of `tokens`, held in `blocks`, taking a reference on each page
   // newly cached. Pages already cached on the device are left as they are; a page cached on a
   // lower tier moves to the given block (its host slot or disk record is freed). Returns the
-  // number of pages newly cached or brought back to the device.
+  // number of pages newly cached or brought back to the device. With `at`: pages
+  // [at->page, num_pages) (blocks and tokens indexed from page 0), and `at` is left at the first
+  // page not registered (num_pages when all were).
   int insert(uint64_t salt, std::span<const int32_t> tokens, std::span<const int32_t> blocks,
-             int num_pages, BlockAllocator& alloc);
+             int num_pages, BlockAllocator& alloc, ChainPos* at = nullptr);
   // Frees `need` device blocks from least recently used pages that only the cache holds (or as
   // many as there are), spilling each down the tiers when it can (see above), else dropping it.
   // Returns how many blocks were freed.
@@ -165,7 +193,12 @@ class PrefixCache final : private BlockWatcher {
   int reclaim_host(int need);
   // Drops the cache's least recently used disk records until the disk tier has `extents` free
   // extents or the cache has none left. Returns how many records were freed.
-  int reclaim_disk(int64_t extents);
+  // `whole_group`: the caller (KvPool::make_disk_room over a shard group's caches) has checked
+  // that the caches' records together can make the room; else this cache gives up none of its
+  // records when dropping all of them would still leave too little.
+  int reclaim_disk(int64_t extents, bool whole_group = false);
+  // Disk extents the cache's records hold (those being written included).
+  int64_t disk_extents_held() const;
   // True when the cache holds a reference on device block `block`.
   bool holds(int32_t block) const { return by_block_.count(block) > 0; }
   int size() const { return static_cast<int>(entries_.size()); }
@@ -230,7 +263,13 @@ class PrefixCache final : private BlockWatcher {
   // A second chained hash of the prefix, seeded independently (page_hash and it: 128 bits).
   uint64_t chain_check(uint64_t parent_check, uint64_t salt, std::span<const int32_t> page) const;
   // Entries of the longest chain of `tokens` (salt, parent and tokens checked), touched.
-  std::vector<Map::iterator> walk(uint64_t salt, std::span<const int32_t> tokens, int max_pages);
+  // From `from` on (its page .. max_pages - 1).
+  std::vector<Map::iterator> walk(uint64_t salt, std::span<const int32_t> tokens, int max_pages,
+                                  ChainPos from);
+  // The entry of `pos`'s page when the cache holds it (salt, chain and tokens checked), else
+  // end().
+  Map::const_iterator find_page(uint64_t salt, std::span<const int32_t> page, ChainPos pos,
+                                uint64_t* hash, uint64_t* check) const;
   // Frees whatever entry (`hash`, `e`) holds on its tier (device reference, host slot, disk
   // record) and takes it out of its index.
   void release_storage(uint64_t hash, Entry& e, BlockAllocator* alloc);
@@ -280,7 +319,9 @@ class PrefixCache final : private BlockWatcher {
   void cancel_landing(uint64_t hash, Entry& e);
 
   int block_size_;
-  KvPool* pool_;
+  KvPool* pool_;   // the device blocks
+  KvPool* tiers_;  // the host tier and disk tier (pool_'s, or the home shard's)
+  bool counts_lookups_ = true;
   uint64_t tick_ = 0;
   Map entries_;                                     // by chained hash
   std::unordered_map<int32_t, uint64_t> by_block_;  // device block -> hash

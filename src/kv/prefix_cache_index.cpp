@@ -1,12 +1,39 @@
 // The prefix cache's indices (kv/prefix_cache.h): which of the three ordered sets an entry
 // belongs in, keeping them in step with the entries and the allocator's sharing reports, and the
-// scan that checks them in tests. The tiers' operations live in prefix_cache.cpp.
+// scan that checks them in tests, and the stats' sum over a shard group's caches. The tiers'
+// operations live in prefix_cache.cpp.
 #include <set>
+#include <utility>
 
 #include "common/check.h"
 #include "kv/prefix_cache.h"
 
 namespace kvsplit::kv {
+
+static_assert(sizeof(PrefixCacheStats) == 17 * sizeof(int64_t),
+              "PrefixCacheStats::operator+= adds every field");
+
+PrefixCacheStats& PrefixCacheStats::operator+=(const PrefixCacheStats& o) {
+  for (auto [mine, theirs] : {std::pair{&lookups, o.lookups},
+                              {&lookup_pages, o.lookup_pages},
+                              {&hit_pages, o.hit_pages},
+                              {&hit_pages_host, o.hit_pages_host},
+                              {&hit_pages_disk, o.hit_pages_disk},
+                              {&inserted, o.inserted},
+                              {&evicted, o.evicted},
+                              {&spilled_host, o.spilled_host},
+                              {&spilled_disk, o.spilled_disk},
+                              {&spill_faults, o.spill_faults},
+                              {&restore_faults, o.restore_faults},
+                              {&reclaimed, o.reclaimed},
+                              {&hit_pages_spilling, o.hit_pages_spilling},
+                              {&spill_waits, o.spill_waits},
+                              {&ahead_started, o.ahead_started},
+                              {&ahead_spilled, o.ahead_spilled},
+                              {&ahead_kept, o.ahead_kept}})
+    *mine += theirs;
+  return *this;
+}
 
 PrefixCache::Map::iterator PrefixCache::lru(PageLocation where) {
   KVSPLIT_CHECK(where == PageLocation::kHost || where == PageLocation::kDisk);

@@ -99,6 +99,41 @@ TEST(CliSpatial, CommunicatorFlag) {
   EXPECT_NE(r.err.find("--spatial-communicator"), std::string::npos) << r.err;
 }
 
+// The prefix cache over shards: a shared prompt prefix spread over two shards in chunks of one
+// page is reused whole, as many cached tokens as without shards (before every shard cached its
+// own pages, only the first chunk's were), with the same tokens.
+TEST(CliSpatial, PrefixCacheReusesThePagesOfEveryShard) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::string shared =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "sunshine. One day, she saw a big dog in the park and";
+  const std::string batch = " --prompt '" + shared + " run' --prompt '" + shared +
+                            " sing' --prompt '" + shared +
+                            " swim' --max-tokens 20 --temperature 0.8 --seed 3 --json"
+                            " --block-size 16 --prefix-cache on";
+  auto cached = [&](const std::string& extra, std::vector<nlohmann::json>* lines) {
+    RunResult r = run("generate " + stories_model_flags() + batch + extra);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    *lines = json_lines(r.out);
+    std::vector<int> c;
+    for (const auto& l : *lines) c.push_back(l["cached_tokens"].get<int>());
+    return c;
+  };
+  std::vector<nlohmann::json> ref, got;
+  const std::vector<int> alone = cached("", &ref);
+  const std::vector<int> sharded =
+      cached(" --spatial-shards 2 --spatial-chunk-size 16 --spatial-min-context 0", &got);
+  ASSERT_EQ(ref.size(), 3u);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(alone[0], 0);
+  EXPECT_GE(alone[1], 48);  // three pages or more: on both shards below
+  EXPECT_EQ(sharded, alone);
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_EQ(got[i]["output_token_ids"], ref[i]["output_token_ids"]) << i;
+    EXPECT_EQ(got[i]["shards"], 2) << i;
+  }
+}
+
 TEST(CliSpatial, BadFlagsAreClearErrors) {
   KVSPLIT_REQUIRE_MODELS();
   RunResult r = run("generate " + stories_model_flags() + kBatch +
