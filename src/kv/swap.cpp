@@ -6,6 +6,7 @@
 #include <system_error>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/check.h"
@@ -362,8 +363,12 @@ StatusOr<bool> start_prefetch(KvPool& pool, const BlockTable& table, SwapPrefetc
   const int pages = swapped_pages(table);
   const int64_t bytes =
       int64_t{pages} * pool.page_layer_bytes(KvPrecision::kFull) * pool.shape().num_layers;
-  pf->staging.resize(static_cast<size_t>(bytes));
-  const std::span<std::byte> dst[] = {pf->staging};
+  if (!pf->staging || pf->capacity < bytes) {
+    pool.give_staging(std::move(pf->staging), pf->capacity);
+    pf->capacity = 0;
+    KVSPLIT_ASSIGN_OR_RETURN(std::tie(pf->staging, pf->capacity), pool.take_staging(bytes));
+  }
+  const std::span<std::byte> dst[] = {{pf->staging.get(), static_cast<size_t>(bytes)}};
   KVSPLIT_ASSIGN_OR_RETURN(
       pf->op, pool.disk()->read(table.disk_record, dst, disk_key(static_cast<size_t>(pages))));
   pf->record = table.disk_record;
@@ -556,7 +561,9 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
   }
   const int64_t page_bytes = pool.page_layer_bytes(KvPrecision::kFull);
   const int layers = pool.shape().num_layers;
-  std::vector<std::byte> staging;
+  // The record's bytes on their way to the device: the pool's staging memory (pinned on CUDA).
+  KvPool::HostBuffer staging;
+  int64_t staging_capacity = 0;
   bool in_place = copied;  // the record was read straight into the blocks, or prefetched
   if (from_disk) {
     // One read of the whole record; the tier checks its header, key and checksum.
@@ -568,6 +575,7 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
       st = *prefetch->result;
       ++(ready && st.ok() ? stats->prefetch_hits : stats->prefetch_misses);
       staging = std::move(prefetch->staging);
+      staging_capacity = std::exchange(prefetch->capacity, 0);
       prefetch->record = 0;
       prefetch->result.reset();
     } else if (pages_in_host_memory(pool)) {
@@ -585,9 +593,15 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
       in_place = true;
       ++stats->prefetch_misses;
     } else {
-      staging.resize(static_cast<size_t>(per_page) * idx.size());
-      const std::span<std::byte> dst[] = {staging};
-      st = pool.disk()->read_sync(table.disk_record, dst, disk_key(idx.size()));
+      const int64_t bytes = per_page * static_cast<int64_t>(idx.size());
+      auto taken = pool.take_staging(bytes);
+      if (taken.ok()) {
+        std::tie(staging, staging_capacity) = std::move(taken).value();
+        const std::span<std::byte> dst[] = {{staging.get(), static_cast<size_t>(bytes)}};
+        st = pool.disk()->read_sync(table.disk_record, dst, disk_key(idx.size()));
+      } else {
+        st = taken.status();
+      }
       ++stats->prefetch_misses;
     }
     if (!st.ok()) ++stats->disk_faults;
@@ -599,7 +613,7 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
     for (size_t k = 0; k < idx.size(); ++k) {
       const KvPool::PlacedBlock& b = (*blocks)[k];
       const int32_t at = table.pages[idx[k]].original;
-      std::byte* src = from_disk           ? staging.data() + at * page_bytes * layers
+      std::byte* src = from_disk           ? staging.get() + at * page_bytes * layers
                        : rescue != nullptr ? rescue->staging.get() + at * page_bytes * layers
                                            : pool.host_slot(at);
       pool.shard(b.shard).add_page_copies(b.block, src, CopyDir::kHostToDevice, &batches[b.shard]);
@@ -612,6 +626,7 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
     const Status synced = pool.shard(s).backend().synchronize();
     if (st.ok()) st = synced;
   }
+  pool.give_staging(std::move(staging), staging_capacity);  // kept as the spare if the larger
   if (!st.ok()) {
     for (const KvPool::PlacedBlock& b : *blocks) pool.decref_block(b.shard, b.block);
     return st.with_prefix("swap in");

@@ -100,10 +100,14 @@ int poll_swap_writes(KvPool& pool, SwapStats* stats);
 // Owned with the table (one per table). Destroying it waits for its read; a record with a read
 // in flight cannot be freed, so drop the prefetch before releasing the table.
 struct SwapPrefetch {
-  uint64_t record = 0;             // the disk record being read (the table's disk_record)
-  std::vector<std::byte> staging;  // its payload (every page, every layer)
-  DiskOp op;                       // the read
-  std::optional<Status> result;    // how the read ended, once polled
+  uint64_t record = 0;  // the disk record being read (the table's disk_record)
+  // Its payload (every page, every layer): the pool's backend's host memory (KvPool::take_staging:
+  // pinned on CUDA, so the swap-in's copies to the device run at the link's speed, queued
+  // asynchronously), `capacity` bytes; swap_in hands it back to the pool as its spare.
+  KvPool::HostBuffer staging;
+  int64_t capacity = 0;
+  DiskOp op;                     // the read (declared after staging: destroyed, so waited, first)
+  std::optional<Status> result;  // how the read ended, once polled
 };
 
 // Starts reading `table`'s disk record into `*pf` (which must be unused: record 0). false:

@@ -142,36 +142,14 @@ bool measure_disk_swap_bandwidth(kv::KvPool& pool, SwapCosts* costs) {
       std::clamp<int64_t>(pool.bytes_per_block() * 16, int64_t{1} << 20, int64_t{8} << 20);
   StatusOr<kv::DiskBandwidth> bw = kv::measure_disk_bandwidth(*disk, record, record * 4);
   if (!bw.ok() || bw->write_bytes_per_s <= 0 || bw->read_bytes_per_s <= 0) return false;
-  double staging_d2h = 0, staging_h2d = 0;
   bool stages = false;
   for (int s = 0; s < pool.num_shards(); ++s)
     stages = stages || pool.shard(s).backend().kind() != backend::DeviceKind::kCpu;
-  // Where the staging copies cannot be measured (no device memory left for the probe), the
-  // host tier's rates stand in: a low estimate of the cost, not none.
-  if (stages) {
-    staging_d2h = costs->d2h_bytes_per_s;
-    staging_h2d = costs->h2d_bytes_per_s;
-    // As kv/swap.cpp stages a record: a new pageable buffer each time, plain copies.
-    backend::Backend& be = pool.backend();
-    const size_t bytes = static_cast<size_t>(record);
-    auto dev = backend::DeviceBuffer::make(be, bytes);
-    std::unique_ptr<std::byte[]> buf;
-    double d2h = 0, h2d = 0;
-    const bool measured =
-        dev.ok() &&
-        best_round_trip(
-            2, bytes,
-            [&] {
-              buf = std::make_unique_for_overwrite<std::byte[]>(bytes);
-              return be.copy_d2h(buf.get(), dev->get(), bytes).ok() && be.synchronize().ok();
-            },
-            [&] { return be.copy_h2d(dev->get(), buf.get(), bytes).ok() && be.synchronize().ok(); },
-            &d2h, &h2d);
-    if (measured) {
-      staging_d2h = d2h;
-      staging_h2d = h2d;
-    }
-  }
+  // A staged record goes through the pool's staging memory (KvPool::take_staging: alloc_host
+  // memory, pinned on CUDA, the spare reused) by batches of copies, as the host tier's pages do:
+  // its copies cost what measure_copy_bandwidth measured.
+  const double staging_d2h = stages ? costs->d2h_bytes_per_s : 0;
+  const double staging_h2d = stages ? costs->h2d_bytes_per_s : 0;
   costs->disk_write_bytes_per_s = bw->write_bytes_per_s;
   costs->disk_read_bytes_per_s = bw->read_bytes_per_s;
   costs->disk_staging_d2h_bytes_per_s = staging_d2h;

@@ -18,9 +18,9 @@ struct SwapCosts {
   double h2d_bytes_per_s = 0;
   double disk_write_bytes_per_s = 0;
   double disk_read_bytes_per_s = 0;
-  // A disk swap on a backend whose device memory is not host memory goes through a freshly
-  // allocated, pageable host staging buffer (kv/swap.cpp): these are its copy bandwidths, the
-  // buffer's allocation and page faults included. 0: no staging (the CPU backend writes and
+  // A disk swap on a backend whose device memory is not host memory goes through a host
+  // staging buffer (kv/swap.cpp: KvPool::take_staging, alloc_host memory as the host tier's):
+  // these are its copy bandwidths, the host tier's. 0: no staging (the CPU backend writes and
   // reads the record in place).
   double disk_staging_d2h_bytes_per_s = 0;
   double disk_staging_h2d_bytes_per_s = 0;
@@ -63,10 +63,10 @@ const char* swap_mode_name(SwapMode mode);
 bool measure_copy_bandwidth(const kv::KvPool& pool, SwapCosts* costs);
 
 // Measures `pool`'s disk tier as a swap uses it: four records of sixteen pages (1 to 8 MiB)
-// written, then read back (warm), then freed; and, where the pool's device memory is not host
-// memory, the staging copies through a freshly allocated pageable buffer of one record (the
-// host tier's rates of *costs stand in when that probe cannot run). Fills the disk fields of
-// *costs; false (unchanged) without a disk tier or on a disk error (e.g. no room for a record).
+// written, then read back (warm), then freed; where the pool's device memory is not host
+// memory, the staging copies cost the host tier's rates of *costs (measure_copy_bandwidth first).
+// Fills the disk fields of *costs; false (unchanged) without a disk tier or on a disk error
+// (e.g. no room for a record).
 bool measure_disk_swap_bandwidth(kv::KvPool& pool, SwapCosts* costs);
 
 }  // namespace kvsplit::sched

@@ -4,10 +4,14 @@
 // runs the same round trip and the same fault through the staging copies.
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <optional>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "emulated_backend.h"
+#include "forwarding_backend.h"
 #include "kv/disk_tier.h"
 #include "kv/kv_pool.h"
 #include "kv/swap.h"
@@ -100,6 +104,80 @@ TEST(EmulatedSwapDisk, StagedRoundTripIsBitExactAndAFaultGivesTheBlocksBack) {
   p.pool->release(t);
   EXPECT_EQ(p.disk->stats().records, 0);
   EXPECT_EQ(p.disk->stats().extents_used, 0);
+}
+
+// The staged disk swap-in, with and without a read started ahead: the record is read into the
+// backend's host memory (Backend::alloc_host: pinned on CUDA, so the copies to the device run at
+// the link's speed) and that buffer is kept as the pool's spare, so the next swap-in allocates
+// nothing. Bit-exact either way.
+TEST(EmulatedSwapDisk, SwapInStagesInTheBackendsHostMemoryAndReusesIt) {
+  class CountingHost final : public ForwardingBackend {
+   public:
+    using ForwardingBackend::ForwardingBackend;
+    StatusOr<void*> alloc_host(size_t bytes) override {
+      ++allocs;
+      return ForwardingBackend::alloc_host(bytes);
+    }
+    int allocs = 0;
+  };
+  CountingHost be(std::make_unique<EmulatedKernelBackend>());
+  kv::KvPoolConfig c;
+  c.num_blocks = 8;
+  c.block_size = kBlock;
+  auto pool =
+      std::move(kv::KvPool::create(be, c, kv::KvShape{kLayers, kKvHeads, kHeadDim})).value();
+  TempDir dir;
+  kv::DiskTierConfig d;
+  d.path = dir.path().string();
+  d.extent_bytes = 4096;
+  d.capacity_bytes = 64 * d.extent_bytes;
+  pool->attach_disk(std::move(kv::DiskTier::open(d)).value());
+  kv::BlockTable t;
+  ASSERT_TRUE(pool->reserve(t, 4 * kBlock));
+  const int64_t floats = pool->page_layer_bytes(KvPrecision::kFull) / 4;
+  std::vector<float> want;
+  for (int32_t b : t.blocks)
+    for (int l = 0; l < kLayers; ++l) {
+      float* p = reinterpret_cast<float*>(pool->full_page(l, b));
+      for (int64_t i = 0; i < floats; ++i) p[i] = static_cast<float>(b * 1000 + l * 100 + i);
+      want.insert(want.end(), p, p + floats);
+    }
+  auto read = [&] {
+    std::vector<float> out;
+    for (int32_t b : t.blocks)
+      for (int l = 0; l < kLayers; ++l) {
+        const float* p = reinterpret_cast<const float*>(pool->full_page(l, b));
+        out.insert(out.end(), p, p + floats);
+      }
+    return out;
+  };
+  kv::SwapStats st;
+  for (bool ahead : {false, true}) {
+    for (bool spare : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "ahead " << ahead << " spare " << spare);
+      ASSERT_TRUE(*kv::swap_out(*pool, t, &st));  // no host tier: to disk, staged
+      // Without the spare (held here), the swap-in takes host memory from the backend; with it,
+      // none.
+      std::optional<std::pair<kv::KvPool::HostBuffer, int64_t>> held;
+      if (!spare) {
+        auto h = pool->take_staging(1);
+        ASSERT_TRUE(h.ok());
+        held = std::move(h).value();
+      }
+      const int before = be.allocs;
+      kv::SwapPrefetch pf;
+      if (ahead) {
+        auto started = kv::start_prefetch(*pool, t, &pf, &st);
+        ASSERT_TRUE(started.ok() && *started) << started.status().to_string();
+      }
+      auto in = kv::swap_in(*pool, t, &st, ahead ? &pf : nullptr);
+      ASSERT_TRUE(in.ok() && *in) << in.status().to_string();
+      EXPECT_EQ(read(), want);
+      EXPECT_EQ(be.allocs, before + (spare ? 0 : 1));
+    }
+  }
+  EXPECT_EQ(st.from_disk, 4);
+  pool->release(t);
 }
 
 // Swapping to the host tier: the batches of page copies go through the copy kernel (as on
