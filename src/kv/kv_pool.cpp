@@ -415,11 +415,10 @@ Status KvPool::open_disk_tier(const std::string& path, int64_t capacity_bytes, b
 void KvPool::enable_prefix_cache() {
   if (!prefix_) prefix_ = std::make_unique<PrefixCache>(config_.block_size, this);
   // A peer shard's cache holds the pages on its device and spills them to this (home) pool's
-  // host and disk tiers; the home cache counts the lookups.
+  // host and disk tiers; the home cache counts the lookups (share_prefix).
   for (Peer& p : peers_) {
     if (p.pool->prefix_) continue;
     p.pool->prefix_ = std::make_unique<PrefixCache>(config_.block_size, p.pool.get(), this);
-    p.pool->prefix_->set_counts_lookups(false);
   }
 }
 
@@ -492,40 +491,87 @@ void KvPool::poll_prefix_spills() {
 }
 
 int KvPool::share_prefix(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
-                         int max_pages) {
+                         int max_pages, int window) {
   KVSPLIT_CHECK(table.blocks.empty());
   table.pages.clear();
   if (!prefix_ || max_pages <= 0) return 0;
+  const int pages = std::min<int>(max_pages, static_cast<int>(tokens.size()) / block_size());
+  if (window > 0) return share_windowed_prefix(table, salt, tokens, pages, window);
   if (peers_.empty()) {
-    table.blocks = prefix_->acquire(salt, tokens, max_pages, allocator_);
+    table.blocks = prefix_->acquire(salt, tokens, pages, allocator_);
     return static_cast<int>(table.blocks.size());
   }
-  // A shard group: each page is cached by the shard whose device holds it. Walk the prompt from
-  // cache to cache, taking from each the run of pages it holds next (the home cache first: it
-  // counts the lookup).
-  const int pages = std::min<int>(max_pages, static_cast<int>(tokens.size()) / block_size());
-  PrefixCache::ChainPos pos;
-  bool spread_over = false;
-  for (int s = 0; pos.page < pages;) {
+  prefix_->note_lookup(pages);  // one lookup, counted by the home cache
+  take_cached(table, salt, tokens, pages, PrefixCache::ChainPos{}, 0);
+  if (!table.sharded()) table.pages.clear();  // every hit on the home shard: the default entries
+  return static_cast<int>(table.blocks.size());
+}
+
+int KvPool::take_cached(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
+                        int pages, PrefixCache::ChainPos pos, int s) {
+  // Each page is cached by the shard whose device holds it: walk the prompt from cache to cache,
+  // taking from each the run of pages it holds next.
+  int taken = 0;
+  while (pos.page < pages) {
     PrefixCache& pc = *shard(s).prefix_;
     for (int32_t b : pc.acquire(salt, tokens, pages, shard(s).allocator_, &pos)) {
       table.blocks.push_back(b);
       PageEntry pe;
       pe.shard = static_cast<uint8_t>(s);
       table.pages.push_back(pe);
-      spread_over |= s != 0;
+      ++taken;
     }
     // Held here still, it could not come back (no block, a failed restore): the rest is
     // recomputed. Else the shard whose cache holds the next page goes on, if any.
     if (pos.page >= pages || pc.contains(salt, tokens, pos)) break;
-    int next = -1;
-    for (int t = 0; t < num_shards() && next < 0; ++t)
-      if (t != s && shard(t).prefix_->contains(salt, tokens, pos)) next = t;
-    if (next < 0) break;
-    s = next;
+    s = cache_holding(salt, tokens, pos, s);
+    if (s < 0) break;
   }
-  if (!spread_over) table.pages.clear();  // every hit on the home shard: the default entries
-  return static_cast<int>(table.blocks.size());
+  return taken;
+}
+
+int KvPool::cache_holding(uint64_t salt, std::span<const int32_t> tokens, PrefixCache::ChainPos pos,
+                          int except) const {
+  for (int t = 0; t < num_shards(); ++t)
+    if (t != except && shard(t).prefix_->contains(salt, tokens, pos)) return t;
+  return -1;
+}
+
+int KvPool::share_windowed_prefix(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
+                                  int pages, int window) {
+  // How far the chain goes (nothing taken yet), then the pages the next query still reads: those
+  // behind every layer's window (kv::drop_behind_window's rule at the hit's end) are skipped,
+  // never brought to the device, exactly as if they had been computed and dropped.
+  std::vector<PrefixCache::ChainPos> at{PrefixCache::ChainPos{}};
+  for (int s = 0; at.back().page < pages;) {
+    if (!shard(s).prefix_->contains(salt, tokens, at.back()))
+      s = cache_holding(salt, tokens, at.back(), s);
+    if (s < 0) break;
+    at.push_back(prefix_->next(salt, tokens, at.back()));
+  }
+  const int hits = at.back().page;
+  const int first_key = hits * block_size() - window + 1;
+  const int skip = std::min(hits, first_key > 0 ? first_key / block_size() : 0);
+  prefix_->note_lookup(pages);  // one lookup, counted by the home cache
+  if (hits == 0) return 0;
+  table.blocks.assign(static_cast<size_t>(skip), -1);
+  PageEntry dropped;
+  dropped.location = PageLocation::kEvicted;
+  dropped.precision = kernels::KvPrecision::kEvicted;
+  table.pages.assign(static_cast<size_t>(skip), dropped);
+  table.window_dropped = skip;
+  const int start = cache_holding(salt, tokens, at[static_cast<size_t>(skip)], -1);
+  const int taken =
+      start < 0 ? 0 : take_cached(table, salt, tokens, hits, at[static_cast<size_t>(skip)], start);
+  if (skip + taken < hits) {
+    // A page the window still reads did not come back: the skipped ones are of no use without
+    // it. Nothing is taken (the pages stay cached); the prompt is computed.
+    release(table);
+    return 0;
+  }
+  prefix_->note_hits(skip);  // served by the cache too: never computed
+  if (peers_.empty() && skip == 0) table.pages.clear();
+  return hits;
 }
 
 void KvPool::cache_prefix(const BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,

@@ -114,8 +114,12 @@ class KvPool {
   // blocks first (PrefixCache::acquire). With a shard group each page stays on the shard that
   // cached it (its page entry names it), whatever the sequence's placement would choose.
   // Returns the pages taken (0 without a cache).
-  int share_prefix(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
-                   int max_pages);
+  // With `window` > 0 (every layer reads at most that many keys back): the cached pages behind
+  // the window of the hit's end are not taken (blocks -1, evicted entries, window_dropped: as
+  // kv::drop_behind_window leaves a table), so a hit holds about a window's pages however long
+  // the prompt; all or nothing when one the window reads cannot come back.
+  int share_prefix(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens, int max_pages,
+                   int window = 0);
   // The most pages share_prefix may serve a sequence that must compute `target` positions, the
   // first `num_prompt` its prompt (only prompt pages are cached): whole pages, leaving at least
   // the last position to compute (a first prefill samples from its logits).
@@ -304,6 +308,15 @@ class KvPool {
 
   // This pool's own free blocks plus its evictable prefix-cache pages (no peers).
   int local_available() const;
+  // share_prefix's walks: appends to `table` the cached pages from `pos` (on shard s's cache)
+  // on, cache after cache, at most up to page `pages`; returns how many.
+  int take_cached(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens, int pages,
+                  PrefixCache::ChainPos pos, int s);
+  // The first shard other than `except` whose cache holds `pos`'s page; -1 when none.
+  int cache_holding(uint64_t salt, std::span<const int32_t> tokens, PrefixCache::ChainPos pos,
+                    int except) const;
+  int share_windowed_prefix(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
+                            int pages, int window);
   BlockAllocator& shard_alloc(int s) { return shard(s).allocator_; }
 };
 

@@ -134,10 +134,6 @@ std::vector<PrefixCache::Map::iterator> PrefixCache::walk(uint64_t salt,
                                                           int max_pages, ChainPos from) {
   std::vector<Map::iterator> chain;
   const int pages = std::min<int>(max_pages, static_cast<int>(tokens.size()) / block_size_);
-  if (counts_lookups_ && from.page == 0) {
-    ++stats_.lookups;
-    stats_.lookup_pages += std::max(0, pages);
-  }
   ++tick_;
   ChainPos pos = from;
   for (int i = from.page; i < pages; ++i) {
@@ -158,6 +154,7 @@ std::vector<int32_t> PrefixCache::lookup(uint64_t salt, std::span<const int32_t>
                                          int max_pages) {
   poll_spills();
   std::vector<int32_t> hits;
+  note_lookup(std::min<int>(max_pages, static_cast<int>(tokens.size()) / block_size_));
   for (Map::iterator it : walk(salt, tokens, max_pages, ChainPos{})) {
     if (it->second.where != PageLocation::kDevice) break;
     hits.push_back(it->second.block);
@@ -170,6 +167,8 @@ std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t
                                           int max_pages, BlockAllocator& alloc, ChainPos* at) {
   poll_spills();
   const ChainPos from = at != nullptr ? *at : ChainPos{};
+  if (at == nullptr)
+    note_lookup(std::min<int>(max_pages, static_cast<int>(tokens.size()) / block_size_));
   const std::vector<Map::iterator> chain = walk(salt, tokens, max_pages, from);
   std::vector<int32_t> out;
   size_t k = 0;

@@ -42,6 +42,7 @@
 // Not thread-safe: one owner (the worker that owns the pool).
 #pragma once
 
+#include <algorithm>
 #include <compare>
 #include <cstdint>
 #include <functional>
@@ -140,9 +141,14 @@ class PrefixCache final : private BlockWatcher {
   ChainPos next(uint64_t salt, std::span<const int32_t> tokens, ChainPos pos) const;
   // True when the cache holds `pos`'s page of `tokens` for `salt` (any tier, tokens checked).
   bool contains(uint64_t salt, std::span<const int32_t> tokens, ChainPos pos) const;
-  // A peer shard's cache: the home shard's cache counts the lookups (one per prompt), so this
-  // one counts only the pages it serves.
-  void set_counts_lookups(bool on) { counts_lookups_ = on; }
+  // Counts one lookup of `pages` pages (lookup() and acquire() without a position do; a shard
+  // group's walk counts it once, on the home cache), and `pages` hit pages served without being
+  // taken (a windowed prompt's pages behind the window, KvPool::share_prefix).
+  void note_lookup(int pages) {
+    ++stats_.lookups;
+    stats_.lookup_pages += std::max(0, pages);
+  }
+  void note_hits(int pages) { stats_.hit_pages += pages; }
 
   // Device blocks of the longest cached prefix of `tokens` in whole pages, at most `max_pages`,
   // in page order (each touched as most recently used); it stops at the first page that is not
@@ -152,8 +158,8 @@ class PrefixCache final : private BlockWatcher {
   // device: spilled pages are swapped back in (host: copied; disk: read, checksum and record
   // checked). Takes one reference on each returned block for the caller. Stops at the first page
   // that is not cached, cannot get a device block, or fails to come back (that entry is dropped).
-  // With `at`: pages from at->page on (of tokens, max_pages counted from page 0), and `at` is
-  // left after the last page returned.
+  // With `at`: pages from at->page on (of tokens, max_pages counted from page 0), `at` is left
+  // after the last page returned, and no lookup is counted (the caller counts it: note_lookup).
   std::vector<int32_t> acquire(uint64_t salt, std::span<const int32_t> tokens, int max_pages,
                                BlockAllocator& alloc, ChainPos* at = nullptr);
   // Registers pages [0, num_pages) of `tokens`, held in `blocks`, taking a reference on each page
@@ -321,7 +327,6 @@ class PrefixCache final : private BlockWatcher {
   int block_size_;
   KvPool* pool_;   // the device blocks
   KvPool* tiers_;  // the host tier and disk tier (pool_'s, or the home shard's)
-  bool counts_lookups_ = true;
   uint64_t tick_ = 0;
   Map entries_;                                     // by chained hash
   std::unordered_map<int32_t, uint64_t> by_block_;  // device block -> hash

@@ -60,6 +60,15 @@ std::vector<int> totals(const Engine& engine) {
   return t;
 }
 
+// A greedy request of a 300-token prompt (token t: 3 + t * step mod 500) and `max_tokens`.
+Request long_request(int step, int max_tokens) {
+  Request r = requests().front();
+  r.prompt_token_ids.resize(300);
+  for (int t = 0; t < 300; ++t) r.prompt_token_ids[t] = 3 + (t * step) % 500;
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
+
 class EngineWindow : public ::testing::TestWithParam<ServingMode> {};
 
 TEST_P(EngineWindow, PagesBehindTheWindowAreFreedAndTheTokensStayTheSame) {
@@ -132,10 +141,7 @@ TEST_P(EngineWindow, CancelMidGenerationReleasesEverything) {
 // worker hands off those alone), with the tokens of a pool that holds it all. Full attention:
 // refused.
 TEST_P(EngineWindow, ARequestLongerThanThePoolRunsWhileItsWindowFits) {
-  Request r = requests().front();
-  r.prompt_token_ids.resize(300);
-  for (int t = 0; t < 300; ++t) r.prompt_token_ids[t] = 3 + (t * 29) % 500;
-  r.sampling.max_tokens = 150;
+  const Request r = long_request(29, 150);
   auto tight = Engine::create(window_config(GetParam(), 32));
   ASSERT_TRUE(tight.ok()) << tight.status().to_string();
   EngineConfig full_attention = window_config(GetParam(), 32);
@@ -163,6 +169,45 @@ TEST_P(EngineWindow, ARequestLongerThanThePoolRunsWhileItsWindowFits) {
     const PoolStats& prefill = stats.pools.front();
     EXPECT_EQ(prefill.name.rfind("prefill", 0), 0u) << prefill.name;
     EXPECT_EQ(prefill.kv_window_dropped_pages, 33);
+  }
+}
+
+// The prefix cache on a windowed model: a prompt longer than a prefill chunk (300 tokens, chunks
+// of 64) reuses every whole cached page of the prompt, holding only the window's pages, with the
+// tokens of an engine without the cache. Before, such a prompt took no cached page at all. With a
+// pool smaller than the prompt, its cached pages spill to the host tier, and only the window's come
+// back from there.
+TEST_P(EngineWindow, ALongPromptReusesItsCachedPagesHoldingOnlyTheWindow) {
+  const Request r = long_request(13, 20);
+  auto roomy = Engine::create(window_config(GetParam(), 1024));
+  ASSERT_TRUE(roomy.ok()) << roomy.status().to_string();
+  const std::vector<Collected> want = run_all(**roomy, {r});
+  ASSERT_EQ(want.size(), 1u);
+  for (bool host : {false, true}) {
+    SCOPED_TRACE(host ? "host tier" : "device");
+    EngineConfig c = window_config(GetParam(), host ? 32 : 64);
+    c.prefix_cache = true;
+    if (host) c.temporal.host_capacity_mb = 1;
+    auto engine = Engine::create(c);
+    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    const std::vector<Collected> first = run_all(**engine, {r});
+    const std::vector<Collected> again = run_all(**engine, {r});
+    ASSERT_EQ(first.size(), 1u);
+    ASSERT_EQ(again.size(), 1u);
+    EXPECT_EQ(first[0].tokens, want[0].tokens);
+    EXPECT_EQ(again[0].tokens, want[0].tokens);
+    EXPECT_EQ(first[0].final_event.usage.cached_tokens, 0);
+    // Every whole page but the one of the last prompt token: 37 of 8 tokens.
+    EXPECT_EQ(again[0].final_event.usage.cached_tokens, 296);
+    EXPECT_TRUE(testing::pools_back_to(**engine, totals(**engine)));
+    int64_t from_host = 0, pages_host = 0;
+    for (const PoolStats& p : (*engine)->stats().pools) {
+      from_host += p.kv_prefix_hits_host;
+      pages_host += p.kv_prefix_pages_host;
+    }
+    // Position 296's window reads keys 265-296: pages 33-36 at most came back from the host.
+    EXPECT_LE(from_host, 4 * 8);
+    if (host) EXPECT_GT(pages_host, 0);  // the pages behind stayed there
   }
 }
 

@@ -1,7 +1,8 @@
 // kv::drop_behind_window: the pages every layer's sliding window has passed go back to their pools
 // with everything they hold (resident copy, host original, key summary), the prefix stays
 // contiguous (a page in flight or off the device stops it), a page shared with the prefix cache
-// stays cached, and the pool is whole again after release.
+// stays cached, a windowed cache hit takes only the window's pages, and the pool is whole again
+// after release.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -132,6 +133,69 @@ TEST(WindowDrop, APageSharedWithThePrefixCacheStaysCached) {
   pool->release(u);
   pool->release(t);
   EXPECT_EQ(pool->available_blocks(), 8);
+}
+
+// A windowed prompt's cache hit takes only the pages the window of its end still reads: those
+// behind are left where they are cached (on the host tier here, never brought back) and the table
+// holds them as dropped. All or nothing: when a page the window reads cannot come back, nothing
+// is taken.
+TEST(WindowDrop, AWindowedHitTakesOnlyThePagesTheWindowReads) {
+  Fixture f(/*host_pages=*/16, /*blocks=*/16);
+  f.pool->enable_prefix_cache();
+  std::vector<int32_t> tokens(10 * kBlock + 1);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(3 * i + 1);
+  BlockTable t;
+  ASSERT_TRUE(f.pool->reserve(t, 10 * kBlock));
+  f.fill(t, 5);
+  std::vector<std::vector<float>> want;
+  for (int i = 0; i < 10; ++i) want.push_back(f.page(t, i));
+  f.pool->cache_prefix(t, 0, tokens, 10);
+  f.pool->release(t);
+  const int window = 2 * kBlock + 1;  // the query at position 40 reads keys 32-40: pages 8, 9
+  BlockTable u;
+  EXPECT_EQ(f.pool->share_prefix(u, 0, tokens, 10, window), 10);
+  ASSERT_EQ(u.blocks.size(), 10u);
+  EXPECT_EQ(u.window_dropped, 8);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(u.blocks[i], -1) << i;
+    EXPECT_EQ(u.pages[i].location, PageLocation::kEvicted) << i;
+  }
+  EXPECT_EQ(f.page(u, 8), want[8]);
+  EXPECT_EQ(f.page(u, 9), want[9]);
+  EXPECT_EQ(f.pool->prefix_stats().hit_pages, 10);  // every page is served, none computed
+  EXPECT_EQ(f.pool->prefix_stats().lookups, 1);
+  f.pool->release(u);
+  EXPECT_EQ(f.pool->available_blocks(), 16);
+
+  // Push every cached page to the host tier: a windowed hit brings back the window's two alone.
+  BlockTable x;
+  ASSERT_TRUE(f.pool->reserve(x, 16 * kBlock));
+  ASSERT_EQ(f.pool->prefix_cache()->pages_host(), 10);
+  f.pool->release(x);
+  EXPECT_EQ(f.pool->share_prefix(u, 0, tokens, 10, window), 10);
+  EXPECT_EQ(f.pool->prefix_stats().hit_pages_host, 2);
+  EXPECT_EQ(f.pool->prefix_cache()->pages_host(), 8);  // the skipped pages stay where they were
+  EXPECT_EQ(f.page(u, 8), want[8]);
+  EXPECT_EQ(f.page(u, 9), want[9]);
+  EXPECT_EQ(f.pool->allocator().num_used(), 2);
+  f.pool->release(u);
+
+  // Back on the host, and no free block for a restore: nothing is taken at all.
+  ASSERT_TRUE(f.pool->reserve(x, 16 * kBlock));
+  ASSERT_EQ(f.pool->prefix_cache()->pages_host(), 10);
+  EXPECT_EQ(f.pool->share_prefix(u, 0, tokens, 10, window), 0);
+  EXPECT_TRUE(u.blocks.empty());
+  EXPECT_EQ(u.window_dropped, 0);
+  EXPECT_EQ(f.pool->prefix_cache()->pages_host(), 10);
+  f.pool->release(x);
+  // A window wider than the hit takes every page, as without one.
+  EXPECT_EQ(f.pool->share_prefix(u, 0, tokens, 10, 100 * kBlock), 10);
+  EXPECT_EQ(u.window_dropped, 0);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(f.page(u, i), want[i]) << i;
+  f.pool->release(u);
+  f.pool->prefix_cache()->clear(f.pool->allocator());
+  EXPECT_EQ(f.pool->available_blocks(), 16);
+  EXPECT_EQ(f.pool->host_allocator().num_used(), 0);
 }
 
 }  // namespace
