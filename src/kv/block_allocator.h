@@ -64,6 +64,11 @@ struct PendingRestore {
   int64_t started_ns = 0;  // steady clock, when the copy was queued
   bool late = false;       // a bounded wait already expired on it (counted once)
   bool failed = false;     // its copy failed (a host prefetch's: swap_in copies it again)
+  // A recall at a quantized rung (the semantic cut's recall_precision): `block` is a full block
+  // the original lands in, quantized into page `arena` of that rung's arena on `shard` once it
+  // has landed, then freed. kFull: `block` is the page's new home.
+  kernels::KvPrecision precision = kernels::KvPrecision::kFull;
+  int32_t arena = -1;
 };
 
 struct BlockTable {

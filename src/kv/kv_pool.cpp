@@ -627,6 +627,7 @@ void KvPool::release(BlockTable& table) {
     KvPool& at = shard(r.shard);
     (void)at.backend().wait_fence(r.fence, -1);
     at.allocator_.decref(r.block);
+    if (r.arena >= 0) at.arena_allocator(r.precision).decref(r.arena);  // a quantized recall's
     if (static_cast<size_t>(r.page) < table.pages.size()) table.pages[r.page].restoring = false;
   }
   table.restoring.clear();

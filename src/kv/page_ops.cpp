@@ -78,10 +78,14 @@ class Executor {
     return ok_status();
   }
 
-  // Brings evicted page i back at quantized rung `to`, requantized from its host original
-  // (synchronously, as a step down from int8 to int4 is); the original and summary stay, and the
-  // page re-enters the ladder with fresh step counters and its relevance so far. An arena with
-  // no free page passes the recall to the next rung, and int4's to a full restore.
+  // Brings evicted page i back at quantized rung `to`, requantized from its host original; the
+  // original and summary stay, and the page re-enters the ladder with fresh step counters and
+  // its relevance so far. An arena with no free page passes the recall to the next rung, and
+  // int4's to a full restore. The original's copy is asynchronous, as a full restore's is: it
+  // lands in a full block of the page's shard (a fenced batch on the copy stream) and is
+  // quantized from there once landed (commit_quantized, from complete_restores; at once on a
+  // backend whose fenced copies are synchronous). With no full block free, it is requantized
+  // synchronously through the shard's scratch page instead.
   Status recall_quantized(int i, KvPrecision to) {
     PageEntry& page = table_.pages[i];
     if (page.resident() || page.restoring) return ok_status();
@@ -97,21 +101,69 @@ class Executor {
       id = at.arena_allocator(to).allocate(1);
     }
     if (!id) return restore(i);
-    const int32_t dst = (*id)[0];
-    if (Status st = requantize(at, page.original, to, dst); !st.ok()) {
-      at.arena_allocator(to).decref(dst);
+    PendingRestore r;
+    r.page = i;
+    r.shard = page.shard;
+    r.started_ns = t0;
+    r.precision = to;
+    r.arena = (*id)[0];
+    if (auto staging = at.allocate_blocks(1)) {
+      r.block = (*staging)[0];
+      StatusOr<uint64_t> fence = copy_original(at, page.original, r.block);
+      if (!fence.ok()) {
+        at.arena_allocator(to).decref(r.arena);
+        home_.decref_block(r.shard, r.block);
+        return fence.status();
+      }
+      r.fence = *fence;
+      if (r.fence != 0) {
+        page.restoring = true;
+        table_.restoring.push_back(r);
+        return ok_status();
+      }
+      return commit_quantized(r);
+    }
+    if (Status st = requantize(at, page.original, to, r.arena); !st.ok()) {
+      at.arena_allocator(to).decref(r.arena);
       return st;
     }
-    table_.blocks[i] = dst;
+    place_quantized(r);
+    return ok_status();
+  }
+
+  // A quantized recall whose original has landed in r.block: quantized into its arena page,
+  // the full block freed, the page placed. On an error the page stays evicted (nothing kept).
+  Status commit_quantized(const PendingRestore& r) {
+    KvPool& at = home_.shard(r.shard);
+    backend::Backend& be = at.backend();
+    Status st;
+    for (int l = 0; l < at.shape().num_layers && st.ok(); ++l)
+      st = be.quantize_kv_page(at.full_page(l, r.block), at.config().dtype, at.quant_layout(),
+                               r.precision, arena_page(at, r.precision, l, r.arena));
+    // The block is handed out next (a copy on another stream may write it): read first.
+    const Status synced = be.synchronize();
+    if (st.ok()) st = synced;
+    home_.decref_block(r.shard, r.block);
+    table_.pages[r.page].restoring = false;
+    if (!st.ok()) {
+      at.arena_allocator(r.precision).decref(r.arena);
+      return st;
+    }
+    place_quantized(r);
+    return ok_status();
+  }
+
+  void place_quantized(const PendingRestore& r) {
+    PageEntry& page = table_.pages[r.page];
+    table_.blocks[r.page] = r.arena;
     page.location = PageLocation::kDevice;
-    page.precision = to;
+    page.precision = r.precision;
     page.low_steps = 0;
     page.very_low_steps = 0;
     page.probed = true;
     ++stats_.restored;
     ++stats_.restored_quantized;
-    stats_.restore_seconds += static_cast<double>(now_ns() - t0) * 1e-9;
-    return ok_status();
+    stats_.restore_seconds += static_cast<double>(now_ns() - r.started_ns) * 1e-9;
   }
 
   Status evict(int i, bool keep_original) {
@@ -154,12 +206,7 @@ class Executor {
       ++stats_.refused_no_space;
       return ok_status();
     }
-    KvPool& to = home_.shard(dst.shard);
-    std::vector<backend::Backend::CopyRange> copies;
-    to.add_page_copies(dst.block, home_.host_slot(page.original),
-                       backend::Backend::CopyDir::kHostToDevice, &copies);
-    StatusOr<uint64_t> fence = to.backend().copy_batch_fenced(
-        backend::Backend::CopyDir::kHostToDevice, copies.data(), copies.size());
+    StatusOr<uint64_t> fence = copy_original(home_.shard(dst.shard), page.original, dst.block);
     if (!fence.ok()) {
       home_.decref_block(dst.shard, dst.block);
       return fence.status();
@@ -208,9 +255,11 @@ class Executor {
     page.precision = KvPrecision::kEvicted;
   }
 
-  // Frees a restore's block whose copy failed; the page keeps its state.
+  // Frees a restore's block (and a quantized recall's arena page) whose copy failed; the page
+  // keeps its state.
   void abandon(const PendingRestore& r) {
     home_.decref_block(r.shard, r.block);
+    if (r.arena >= 0) home_.shard(r.shard).arena_allocator(r.precision).decref(r.arena);
     table_.pages[r.page].restoring = false;
   }
 
@@ -223,6 +272,16 @@ class Executor {
  private:
   static void* arena_page(const KvPool& at, KvPrecision p, int layer, int32_t block) {
     return static_cast<std::byte*>(at.arena(p, layer)) + int64_t{block} * at.page_layer_bytes(p);
+  }
+
+  // Queues the copy of host slot `original` (every layer) into full block `block` of shard pool
+  // `at` as one fenced batch (the copy stream on CUDA); its fence, 0 when it has landed already.
+  StatusOr<uint64_t> copy_original(KvPool& at, int32_t original, int32_t block) {
+    std::vector<backend::Backend::CopyRange> copies;
+    at.add_page_copies(block, home_.host_slot(original), backend::Backend::CopyDir::kHostToDevice,
+                       &copies);
+    return at.backend().copy_batch_fenced(backend::Backend::CopyDir::kHostToDevice, copies.data(),
+                                          copies.size());
   }
 
   // Quantizes the full-precision original in host slot `original` into arena page `dst` of rung
@@ -384,6 +443,10 @@ Status complete_restores(KvPool& pool, BlockTable& table, int64_t wait_us, PageO
       ex.abandon(r);
       if (first_error.ok())
         first_error = landed.status().with_prefix("restore of page " + std::to_string(r.page));
+    } else if (*landed && r.precision != KvPrecision::kFull) {
+      const Status st = ex.commit_quantized(r);
+      if (!st.ok() && first_error.ok())
+        first_error = st.with_prefix("quantized recall of page " + std::to_string(r.page));
     } else if (*landed) {
       ex.commit(r);
     } else {
@@ -432,9 +495,11 @@ int64_t resident_bytes(const KvPool& pool, const BlockTable& table) {
     if (p.resident()) bytes += pool.page_layer_bytes(p.precision) * layers;
     if (p.summary >= 0) bytes += pool.summary_layer_bytes() * layers;  // on the device too
   }
-  // A restore in flight holds its full block already.
-  bytes += static_cast<int64_t>(table.restoring.size()) *
-           pool.page_layer_bytes(kernels::KvPrecision::kFull) * layers;
+  // A restore in flight holds its full block already (a quantized recall its arena page too).
+  for (const PendingRestore& r : table.restoring) {
+    bytes += pool.page_layer_bytes(kernels::KvPrecision::kFull) * layers;
+    if (r.arena >= 0) bytes += pool.page_layer_bytes(r.precision) * layers;
+  }
   return bytes;
 }
 

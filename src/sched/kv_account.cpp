@@ -45,8 +45,12 @@ KvLevel kv_level(const kv::KvPool& pool, const kv::BlockTable& table, int num_co
     }
     l.tokens += std::clamp<int64_t>(num_computed - i * bs, 0, bs);
   }
-  // Restores in flight hold their destination block already (beside the resident copy).
-  l.bytes += static_cast<int64_t>(table.restoring.size()) * full;
+  // Restores in flight hold their destination block already (beside the resident copy); a
+  // quantized recall its arena page too.
+  for (const kv::PendingRestore& r : table.restoring)
+    l.bytes += full + (r.precision == kernels::KvPrecision::kInt8   ? b8
+                       : r.precision == kernels::KvPrecision::kInt4 ? b4
+                                                                    : 0);
   return l;
 }
 

@@ -217,49 +217,60 @@ TEST_P(EngineKvCut, RecallsAtInt4AreCountedAndReleaseEverything) {
 }
 
 // Recalls copied on each worker's copy thread (EngineConfig::async_copies) and waited for without
-// a bound give the synchronous engine's tokens; with a 0 ms bound some steps may run without a
-// late recall, and every request still finishes and nothing is left held either way.
+// a bound give the synchronous engine's tokens, at full precision and at int4 (a quantized
+// recall's original lands in a full block first, then is quantized); with a 0 ms bound some
+// steps may run without a late recall, and every request still finishes and nothing is left
+// held either way.
 TEST_P(EngineKvCut, AsynchronousRecallsWaitedForKeepTheTokens) {
   KVSPLIT_REQUIRE_MODELS();
-  SemanticCutConfig sc = evicting();
-  sc.recall_threshold = 0.6f;
-  sc.recall_wait_ms = -1;
-  const std::vector<Request> reqs = long_greedy(4, 200);
-  auto sync = EngineImpl::create(cut_config(GetParam(), KvPolicy::kSemantic, sc));
-  ASSERT_TRUE(sync.ok()) << sync.status().to_string();
-  const std::vector<Collected> want = run_all(**sync, reqs);
-  int64_t recalls = 0;
-  for (const PoolStats& p : (*sync)->stats().pools) recalls += p.kv_recalls;
-  EXPECT_GT(recalls, 0) << "the workload must recall pages";
-  for (double wait_ms : {-1.0, 0.0}) {
-    SCOPED_TRACE(wait_ms);
-    EngineConfig cfg = cut_config(GetParam(), KvPolicy::kSemantic, sc);
-    cfg.async_copies = true;
-    cfg.semantic.recall_wait_ms = wait_ms;
-    auto engine = EngineImpl::create(cfg);
-    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
-    const std::vector<Collected> got = run_all(**engine, reqs);
-    ASSERT_EQ(got.size(), reqs.size());
-    int64_t late = 0, async_recalls = 0;
-    for (const PoolStats& p : (*engine)->stats().pools) {
-      late += p.kv_recalls_late;
-      async_recalls += p.kv_recalls;
-    }
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      ASSERT_FALSE(got[i].timed_out);
-      EXPECT_TRUE(got[i].final_event.status.ok()) << got[i].final_event.status.to_string();
-      EXPECT_EQ(got[i].tokens.size(), want[i].tokens.size());
-      if (wait_ms < 0) {
-        EXPECT_EQ(got[i].tokens, want[i].tokens) << reqs[i].request_id;
+  for (RecallPrecision rung : {RecallPrecision::kFull, RecallPrecision::kInt4}) {
+    SCOPED_TRACE(rung == RecallPrecision::kFull ? "full" : "int4");
+    SemanticCutConfig sc = evicting();
+    sc.recall_threshold = 0.6f;
+    sc.recall_wait_ms = -1;
+    sc.recall_precision = rung;
+    const std::vector<Request> reqs = long_greedy(4, 200);
+    auto sync = EngineImpl::create(cut_config(GetParam(), KvPolicy::kSemantic, sc));
+    ASSERT_TRUE(sync.ok()) << sync.status().to_string();
+    const std::vector<Collected> want = run_all(**sync, reqs);
+    int64_t recalls = 0;
+    for (const PoolStats& p : (*sync)->stats().pools) recalls += p.kv_recalls;
+    EXPECT_GT(recalls, 0) << "the workload must recall pages";
+    for (double wait_ms : {-1.0, 0.0}) {
+      SCOPED_TRACE(wait_ms);
+      EngineConfig cfg = cut_config(GetParam(), KvPolicy::kSemantic, sc);
+      cfg.async_copies = true;
+      cfg.semantic.recall_wait_ms = wait_ms;
+      auto engine = EngineImpl::create(cfg);
+      ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+      const std::vector<Collected> got = run_all(**engine, reqs);
+      ASSERT_EQ(got.size(), reqs.size());
+      int64_t late = 0, async_recalls = 0, quantized = 0;
+      for (const PoolStats& p : (*engine)->stats().pools) {
+        late += p.kv_recalls_late;
+        async_recalls += p.kv_recalls;
+        quantized += p.kv_recalls_quantized;
       }
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        ASSERT_FALSE(got[i].timed_out);
+        EXPECT_TRUE(got[i].final_event.status.ok()) << got[i].final_event.status.to_string();
+        EXPECT_EQ(got[i].tokens.size(), want[i].tokens.size());
+        if (wait_ms < 0) {
+          EXPECT_EQ(got[i].tokens, want[i].tokens) << reqs[i].request_id;
+        }
+      }
+      if (wait_ms < 0) {
+        EXPECT_EQ(late, 0);
+        // The same recalls, less those queued after a sequence's last step (released
+        // unapplied).
+        EXPECT_GT(async_recalls, 0);
+        EXPECT_LE(async_recalls, recalls);
+        if (rung == RecallPrecision::kInt4) {
+          EXPECT_GT(quantized, 0);
+        }
+      }
+      expect_all_allocators_free(**engine);
     }
-    if (wait_ms < 0) {
-      EXPECT_EQ(late, 0);
-      // The same recalls, less those queued after a sequence's last step (released unapplied).
-      EXPECT_GT(async_recalls, 0);
-      EXPECT_LE(async_recalls, recalls);
-    }
-    expect_all_allocators_free(**engine);
   }
 }
 

@@ -78,16 +78,6 @@ TEST(PageOps, Int4DirectlyFromFullAndRestoreAreBitExact) {
 }
 
 // Page i's bytes in the arena of rung p, every layer (the page must be resident at p).
-std::vector<uint8_t> arena_bytes(Fixture& f, const BlockTable& t, int i, KvPrecision p) {
-  const int64_t n = f.pool->page_layer_bytes(p);
-  std::vector<uint8_t> out;
-  for (int l = 0; l < kLayers; ++l) {
-    const auto* at = static_cast<const uint8_t*>(f.pool->arena(p, l)) + t.blocks[i] * n;
-    out.insert(out.end(), at, at + n);
-  }
-  return out;
-}
-
 // An evicted page recalled at int4 is the page the demotion to int4 made (quantized from the
 // same original), keeps its original and summary, and re-enters the ladder with fresh step
 // counters; from there a restore to full is still bit-exact.
@@ -99,7 +89,7 @@ TEST(PageOps, EvictedPageRecalledAtInt4IsTheDemotedPageAndKeepsItsOriginal) {
   const std::vector<float> before = f.page(t, 1);
   PageOpStats st;
   ASSERT_TRUE(apply(f, t, 3 * kBlock, {{1, PageOp::kDemote, KvPrecision::kInt4}}, &st).ok());
-  const std::vector<uint8_t> demoted = arena_bytes(f, t, 1, KvPrecision::kInt4);
+  const std::vector<uint8_t> demoted = f.arena_bytes(t, 1, KvPrecision::kInt4);
   const int32_t original = t.pages[1].original, summary = t.pages[1].summary;
   ASSERT_TRUE(apply(f, t, 3 * kBlock, {{1, PageOp::kEvict, KvPrecision::kEvicted}}, &st).ok());
   t.pages[1].low_steps = 5;
@@ -108,7 +98,7 @@ TEST(PageOps, EvictedPageRecalledAtInt4IsTheDemotedPageAndKeepsItsOriginal) {
   ASSERT_TRUE(apply(f, t, 3 * kBlock, {{1, PageOp::kRestore, KvPrecision::kInt4}}, &st).ok());
   EXPECT_TRUE(t.pages[1].resident());
   EXPECT_EQ(t.pages[1].precision, KvPrecision::kInt4);
-  EXPECT_EQ(arena_bytes(f, t, 1, KvPrecision::kInt4), demoted);
+  EXPECT_EQ(f.arena_bytes(t, 1, KvPrecision::kInt4), demoted);
   EXPECT_EQ(t.pages[1].original, original);
   EXPECT_EQ(t.pages[1].summary, summary);
   EXPECT_EQ(t.pages[1].low_steps, 0);

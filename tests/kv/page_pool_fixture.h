@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <random>
@@ -57,6 +58,16 @@ struct PagePoolFixture {
     for (int l = 0; l < kLayers; ++l) {
       const float* p = static_cast<const float*>(pool->layer(l).data) + table.blocks[i] * floats;
       out.insert(out.end(), p, p + floats);
+    }
+    return out;
+  }
+  // The bytes of page i's copy in the arena of rung `p` (the page must be resident at `p`).
+  std::vector<uint8_t> arena_bytes(const BlockTable& table, int i, kernels::KvPrecision p) {
+    const int64_t n = pool->page_layer_bytes(p);
+    std::vector<uint8_t> out;
+    for (int l = 0; l < kLayers; ++l) {
+      const auto* at = static_cast<const uint8_t*>(pool->arena(p, l)) + table.blocks[i] * n;
+      out.insert(out.end(), at, at + n);
     }
     return out;
   }

@@ -1,8 +1,8 @@
 // Asynchronous recall (kv/page_ops.h: kRestore as a fenced copy, complete_restores): on a CPU
 // backend whose fenced copies run on its copy thread, with a delay standing in for a slow link,
 // a restored page keeps its resident copy until the copy lands, a bounded wait expires and is
-// counted once, the committed page is bit-exact, and releasing or swapping a table with a
-// restore in flight leaks nothing.
+// counted once, the committed page is bit-exact (a quantized recall's is the demoted page), and
+// releasing or swapping a table with a restore in flight leaks nothing.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -106,6 +106,57 @@ TEST(AsyncRestore, AnEvictedPageComesBackOnceLanded) {
   ASSERT_TRUE(complete_restores(*f.pool, t, -1, &st).ok());
   ASSERT_TRUE(t.pages[0].resident());
   EXPECT_EQ(f.page(t, 0), before);
+  f.pool->release(t);
+  f.expect_all_free();
+}
+
+// A recall at a quantized rung copies its original asynchronously too: the page stays evicted
+// (its arena page and a full block for the copy taken) until the copy lands, then it is exactly
+// the page the demotion to that rung made, and the full block is free again. Released in
+// flight, it leaks nothing.
+TEST(AsyncRestore, AQuantizedRecallLandsThenIsTheDemotedPage) {
+  Fixture f(200'000);
+  BlockTable t;
+  ASSERT_TRUE(f.pool->reserve(t, 4 * kBlock));
+  f.fill(t, 12);
+  PageOpStats st;
+  ASSERT_TRUE(f.apply(t, {{1, PageOp::kDemote, KvPrecision::kInt4}}, &st).ok());
+  const std::vector<uint8_t> demoted = f.arena_bytes(t, 1, KvPrecision::kInt4);
+  ASSERT_TRUE(f.apply(t,
+                      {{1, PageOp::kEvict, KvPrecision::kEvicted},
+                       {1, PageOp::kRestore, KvPrecision::kInt4}},
+                      &st)
+                  .ok());
+  ASSERT_EQ(t.restoring.size(), 1u);
+  EXPECT_TRUE(t.pages[1].restoring);
+  EXPECT_FALSE(t.pages[1].resident());
+  EXPECT_EQ(f.pool->allocator().num_used(), 4);  // 3 full pages + the copy's block
+  EXPECT_EQ(f.pool->arena_allocator(KvPrecision::kInt4).num_used(), 1);
+  const int64_t full = f.pool->page_layer_bytes(KvPrecision::kFull) * kLayers;
+  const int64_t int4 = f.pool->page_layer_bytes(KvPrecision::kInt4) * kLayers;
+  const int64_t summary = f.pool->summary_layer_bytes() * kLayers;
+  EXPECT_EQ(resident_bytes(*f.pool, t), 4 * full + int4 + summary);
+  EXPECT_EQ(st.restored, 0);
+  ASSERT_TRUE(complete_restores(*f.pool, t, 1000, &st).ok());
+  EXPECT_EQ(st.restores_late, 1);
+  ASSERT_TRUE(complete_restores(*f.pool, t, -1, &st).ok());
+  EXPECT_TRUE(t.restoring.empty());
+  ASSERT_TRUE(t.pages[1].resident());
+  EXPECT_FALSE(t.pages[1].restoring);
+  EXPECT_EQ(t.pages[1].precision, KvPrecision::kInt4);
+  EXPECT_EQ(f.arena_bytes(t, 1, KvPrecision::kInt4), demoted);
+  EXPECT_EQ(st.restored_quantized, 1);
+  EXPECT_GE(st.restore_seconds, 0.2 * 0.9);
+  EXPECT_EQ(f.pool->allocator().num_used(), 3);       // the copy's block is free again
+  EXPECT_EQ(f.pool->host_allocator().num_used(), 1);  // the original stays
+  // Another one released in flight: its block and arena page go back.
+  ASSERT_TRUE(f.apply(t,
+                      {{2, PageOp::kEvict, KvPrecision::kEvicted},
+                       {2, PageOp::kRestore, KvPrecision::kInt8}},
+                      &st)
+                  .ok());
+  ASSERT_EQ(t.restoring.size(), 1u);
+  EXPECT_EQ(f.pool->arena_allocator(KvPrecision::kInt8).num_used(), 1);
   f.pool->release(t);
   f.expect_all_free();
 }
