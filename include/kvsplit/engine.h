@@ -266,6 +266,9 @@ struct PoolStats {
   // Decode rows skipped because the sequence's consumer had not read max_unread_events events
   // (back-pressure from a slow reader; EngineConfig::max_unread_events).
   int64_t decode_rows_stalled = 0;
+  // Disaggregated mode, prefill pools: KV handoffs whose decode worker had not taken the offer
+  // within handoff_timeout_ms, offered again to another decode worker (one that had not had it).
+  int64_t handoffs_rerouted = 0;
   int64_t kv_disk_faults = 0;         // disk tier writes / reads that failed (then recomputed)
   int64_t kv_disk_bytes_used = 0;     // disk tier: bytes of records held, and its capacity
   int64_t kv_disk_bytes_total = 0;    // (0 without a disk tier)

@@ -448,6 +448,11 @@ void EngineImpl::set_test_hold(sched::WorkerRole role, sched::TestHold hold) {
   }
 }
 
+void EngineImpl::set_test_hold_worker(size_t index, sched::TestHold hold) {
+  KVSPLIT_CHECK(index < workers_.size());
+  workers_[index]->set_test_hold(hold);
+}
+
 std::vector<sched::WorkerSnapshot> EngineImpl::worker_snapshots() const {
   std::vector<sched::WorkerSnapshot> out;
   for (const auto& w : workers_) out.push_back(w->snapshot());

@@ -75,6 +75,8 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   // Tests only: holds every worker of `role` at its step boundary (see sched::TestHold), e.g. to
   // keep a queue occupied without depending on how fast the machine runs.
   void set_test_hold(sched::WorkerRole role, sched::TestHold hold);
+  // Tests only: the same for worker `index` alone (prefill workers first, as send_command).
+  void set_test_hold_worker(size_t index, sched::TestHold hold);
   // Tests only: the SLA classes as the router holds them now (the KV cache manager's changes in).
   std::vector<SlaClass> sla_classes() const { return router_->classes(); }
 

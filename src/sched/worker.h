@@ -271,7 +271,14 @@ class Worker {
     Clock::time_point deliver_by;  // reclaimed if not received by then
     const Worker* dest = nullptr;
     std::shared_ptr<RequestControl> ctl;  // the request's cancel flag (the Sequence is not ours)
+    std::vector<const Worker*> tried;     // decode workers offered it so far (dest the last)
   };
+  // The least loaded decode worker not in `tried` (choose_decode_worker); null when none is left.
+  Worker* pick_decode_worker(const std::vector<const Worker*>& tried) const;
+  // Offers pinned handoff `id` (its pages in pin.table) with `seq` to `to`: a new ticket, the
+  // delivery deadline from `now`.
+  void post_handoff(uint64_t id, Pinned& pin, std::unique_ptr<Sequence> seq, Worker* to,
+                    Clock::time_point now);
   std::unordered_map<uint64_t, Pinned> pinned_;  // handed-off pages awaiting HandoffDone
   int undelivered_ = 0;                          // pinned_ entries not yet seen as received
   uint64_t next_handoff_id_ = 1;
@@ -297,6 +304,7 @@ class Worker {
   // Decode rows skipped for a consumer's unread backlog, in steps that ran (written by the worker
   // thread, read by snapshots).
   std::atomic<int64_t> stalled_decode_rows_{0};
+  std::atomic<int64_t> handoffs_rerouted_{0};
   int stalled_this_step_ = 0;  // running sequences held back in the step being planned
   // Its consumer has max_unread_events events unread (WorkerOptions::max_unread_events).
   bool reader_behind(const Sequence& seq) const;

@@ -26,33 +26,47 @@ void Worker::handoff(std::unique_ptr<Sequence> seq, Clock::time_point now) {
     finish(*seq, FinishReason::kError, std::move(st), now);
     return;
   }
-  std::vector<DecodeLoad> loads;
-  loads.reserve(shared_->decode_workers.size());
-  for (const Worker* w : shared_->decode_workers) loads.push_back(w->load());
-  const int dest = choose_decode_worker(loads);
-  KVSPLIT_CHECK(dest >= 0);
-  Worker* to = shared_->decode_workers[dest];
-  HandoffOffer offer;
-  offer.handoff_id = next_handoff_id_++;
-  offer.source = this;
-  offer.source_pool = pool_.get();
-  offer.source_blocks = seq->table.blocks;
-  for (const kv::PageEntry& p : seq->table.pages) offer.source_shards.push_back(p.shard);
-  offer.num_tokens = seq->num_computed;
-  offer.window_dropped = seq->table.window_dropped;
-  offer.ticket = std::make_shared<HandoffTicket>();
-  const bool spread = seq->table.spread;  // a property of the sequence (the spatial cut)
+  Worker* to = pick_decode_worker({});
+  KVSPLIT_CHECK(to != nullptr);
   Pinned pin;
   pin.table = std::move(seq->table);
+  pin.ctl = seq->ctl;
+  seq->table = {};
+  seq->table.spread = pin.table.spread;  // the destination places its pages the same way
+  seq->enter_phase(SeqPhase::kHandoff, now);
+  const uint64_t id = next_handoff_id_++;
+  Pinned& pinned = pinned_.emplace(id, std::move(pin)).first->second;
+  ++undelivered_;
+  post_handoff(id, pinned, std::move(seq), to, now);
+}
+
+Worker* Worker::pick_decode_worker(const std::vector<const Worker*>& tried) const {
+  std::vector<DecodeLoad> loads;
+  std::vector<Worker*> candidates;
+  for (Worker* w : shared_->decode_workers) {
+    if (std::find(tried.begin(), tried.end(), w) != tried.end()) continue;
+    loads.push_back(w->load());
+    candidates.push_back(w);
+  }
+  const int i = choose_decode_worker(loads);
+  return i < 0 ? nullptr : candidates[static_cast<size_t>(i)];
+}
+
+void Worker::post_handoff(uint64_t id, Pinned& pin, std::unique_ptr<Sequence> seq, Worker* to,
+                          Clock::time_point now) {
+  HandoffOffer offer;
+  offer.handoff_id = id;
+  offer.source = this;
+  offer.source_pool = pool_.get();
+  offer.source_blocks = pin.table.blocks;
+  for (const kv::PageEntry& p : pin.table.pages) offer.source_shards.push_back(p.shard);
+  offer.num_tokens = seq->num_computed;
+  offer.window_dropped = pin.table.window_dropped;
+  offer.ticket = std::make_shared<HandoffTicket>();
   pin.ticket = offer.ticket;
   pin.deliver_by = now + options_.handoff_timeout;
   pin.dest = to;
-  pin.ctl = seq->ctl;
-  pinned_.emplace(offer.handoff_id, std::move(pin));
-  ++undelivered_;
-  seq->table = {};
-  seq->table.spread = spread;  // the destination places its pages the same way
-  seq->enter_phase(SeqPhase::kHandoff, now);
+  pin.tried.push_back(to);
   offer.ticket->seq = std::move(seq);
   to->post_offer(std::move(offer));
 }
@@ -85,8 +99,22 @@ void Worker::reclaim_undelivered(Clock::time_point now) {
       continue;
     }
     // The destination did not take the offer in time (hung or dead): the request is ours again.
-    KVSPLIT_LOG_ERROR("{}: KV handoff of request {} to {} not received within {} ms", options_.name,
-                      seq->display_id(), p.dest->name(), options_.handoff_timeout.count());
+    // A decode worker that has not had it yet is offered it, under the same id (the dead offer
+    // is dropped by its destination without a HandoffDone) and the same pinned pages.
+    if (Worker* next = pick_decode_worker(p.tried)) {
+      KVSPLIT_LOG_WARN(
+          "{}: KV handoff of request {} to {} not received within {} ms; offered to {}",
+          options_.name, seq->display_id(), p.dest->name(), options_.handoff_timeout.count(),
+          next->name());
+      handoffs_rerouted_.fetch_add(1, std::memory_order_relaxed);
+      post_handoff(it->first, p, std::move(seq), next, now);
+      ++it;
+      continue;
+    }
+    KVSPLIT_LOG_ERROR(
+        "{}: KV handoff of request {} to {} not received within {} ms (no other "
+        "decode worker left to offer it to)",
+        options_.name, seq->display_id(), p.dest->name(), options_.handoff_timeout.count());
     pool_->release(p.table);
     --undelivered_;
     finish(*seq, FinishReason::kError,

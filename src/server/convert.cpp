@@ -234,6 +234,7 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_kv_shard_communicator(p.kv_shard_communicator);
     o->set_kv_shard_exchange_seconds(p.kv_shard_exchange_seconds);
     o->set_decode_rows_stalled(p.decode_rows_stalled);
+    o->set_handoffs_rerouted(p.handoffs_rerouted);
     o->set_kv_migrated_pages(p.kv_migrated_pages);
     o->set_kv_prefetch_hits(p.kv_prefetch_hits);
     o->set_kv_prefetch_misses(p.kv_prefetch_misses);

@@ -117,6 +117,10 @@ class EngineCollector : public pm::Collectable {
                pm::MetricType::Counter);
     auto& prefix_pages = family("kvsplit:prefix_cache_pages",
                                 "Pages the prefix cache holds, by tier", pm::MetricType::Gauge);
+    auto& rerouted = family("kvsplit:handoffs_rerouted_total",
+                            "KV handoffs a decode worker did not take within handoff_timeout_ms, "
+                            "offered to another decode worker",
+                            pm::MetricType::Counter);
     auto& stalled = family("kvsplit:decode_rows_stalled_total",
                            "Decode steps skipped because the request's client had not read "
                            "pools.max_unread_events events (back-pressure from a slow reader)",
@@ -154,6 +158,8 @@ class EngineCollector : public pm::Collectable {
             counter(static_cast<double>(n), {{"pool", p.name}, {"result", result}}));
       stalled.metric.push_back(
           counter(static_cast<double>(p.decode_rows_stalled), {{"pool", p.name}}));
+      rerouted.metric.push_back(
+          counter(static_cast<double>(p.handoffs_rerouted), {{"pool", p.name}}));
       prefetch.metric.push_back(
           counter(static_cast<double>(p.kv_prefetch_hits), {{"pool", p.name}, {"result", "hit"}}));
       prefetch.metric.push_back(counter(static_cast<double>(p.kv_prefetch_misses),

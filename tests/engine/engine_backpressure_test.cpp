@@ -315,6 +315,47 @@ TEST(EngineHandoff, UndeliveredOfferIsAnExplicitError) {
   EXPECT_EQ(e.stats().requests_failed, 1);
 }
 
+// With two decode workers, an offer the first (hung) does not take within handoff_timeout_ms is
+// offered to the second, with the same pinned pages: the request finishes with the tokens of an
+// engine where nothing hangs, and the re-route is counted on the prefill pool. The dead offer is
+// dropped when the hung worker recovers; nothing is left held.
+TEST(EngineHandoff, AnOfferAHungDecodeWorkerDoesNotTakeGoesToAnother) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = testing::stories_config(ServingMode::kDisaggregated);
+  cfg.num_decode_workers = 2;
+  cfg.handoff_timeout_ms = 300;
+  auto ref = Engine::create(cfg);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  Request r;
+  r.prompt = "Once upon a time";
+  r.sampling.max_tokens = 12;
+  r.sampling.temperature = 0.8f;
+  r.sampling.seed = 4;
+  const Collected want = collect(*(*ref)->submit(r), std::chrono::seconds(30));
+  ASSERT_TRUE(want.final_event.status.ok()) << want.final_event.status.to_string();
+  auto engine = EngineImpl::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  EngineImpl& e = **engine;
+  const std::vector<int> initial = testing::free_blocks(e);
+  // Workers: prefill-0, decode-0, decode-1. Both decode workers are idle, so the offer goes to
+  // decode-0 (the lowest index on a tie), which hangs.
+  e.set_test_hold_worker(1, TestHold::kAll);
+  Collected c = collect(*e.submit(r), std::chrono::seconds(30));
+  ASSERT_FALSE(c.timed_out);
+  EXPECT_TRUE(c.final_event.status.ok()) << c.final_event.status.to_string();
+  EXPECT_EQ(c.tokens, want.tokens);
+  const EngineStats s = e.stats();
+  ASSERT_EQ(s.pools.size(), 3u);
+  EXPECT_EQ(s.pools[0].handoffs_rerouted, 1) << s.pools[0].name;
+  EXPECT_EQ(s.requests_failed, 0);
+  e.set_test_hold_worker(1, TestHold::kNone);
+  EXPECT_TRUE(testing::pools_back_to(e, initial));
+  Collected again = collect(*e.submit(r), std::chrono::seconds(30));
+  EXPECT_TRUE(again.final_event.status.ok()) << again.final_event.status.to_string();
+  EXPECT_EQ(again.tokens, want.tokens);
+  EXPECT_TRUE(testing::pools_back_to(e, initial));
+}
+
 // A request cancelled while its offer sits undelivered at a hung destination: the source takes it
 // back at its next step (no waiting for the delivery deadline) and frees the pinned pages.
 TEST(EngineHandoff, CancelInFlightToAHungDestination) {
