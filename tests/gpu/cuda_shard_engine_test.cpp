@@ -3,7 +3,7 @@
 // over one GPU per shard where several are visible, against the CPU engine with the same shards.
 // Weights are stored in f32 (EngineImpl::InternalOptions::weight_dtype), so the tokens can be
 // compared with the CPU engine's and the llama2.c goldens. The same paths run under emulation in
-// tests/kernels/emulated_sharded_test.cpp.
+// tests/kernels/emulated_sharded_test.cpp (the prefix cache over shards too).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -129,6 +129,54 @@ TEST(CudaShardEngine, ScoredGoldensTokenExactOverTwoVirtualShards) {
   for (const PoolStats& p : (*engine)->stats().pools) moved += p.kv_demotions + p.kv_evictions;
   EXPECT_EQ(moved, 0);
   EXPECT_GT(exchanged_bytes(**engine), 0);
+}
+
+// The prefix cache over 2 virtual shards on one GPU: a 200-token prompt spread in chunks of one
+// page is cached on both shards; three other tenants' prompts push its pages into the pinned home
+// host tier (the peer's through its own CudaBackend: the copy kernel across backends); the prompt
+// again takes its 12 whole pages back onto the shards, with the CPU engine's tokens.
+TEST(CudaShardEngine, PrefixCacheOverTwoVirtualShardsMatchesTheCpuEngine) {
+  KVSPLIT_REQUIRE_DEVICE();
+  KVSPLIT_REQUIRE_MODELS();
+  auto request = [](const std::string& tenant, int salt) {
+    Request r;
+    r.tenant = tenant;
+    for (int k = 0; k < 200; ++k) r.prompt_token_ids.push_back(3 + (k * 7 + salt * 131) % 480);
+    r.sampling.temperature = 0.f;
+    r.sampling.max_tokens = 16;
+    r.sampling.ignore_eos = true;
+    return r;
+  };
+  auto run = [&](const std::string& backend_name, int64_t* cached, int64_t* from_host) {
+    EngineConfig cfg = sharded_config(backend_name, 2);
+    cfg.devices = {0};
+    cfg.kv_blocks_per_worker = 16;
+    cfg.prefix_cache = true;
+    cfg.temporal.host_capacity_mb = 4;
+    auto engine = make_engine(cfg);
+    EXPECT_TRUE(engine.ok()) << engine.status().to_string();
+    std::vector<int32_t> tokens;
+    if (!engine.ok()) return tokens;
+    for (const Request& r :
+         {request("t", 0), request("a", 1), request("b", 2), request("c", 3), request("t", 0)}) {
+      Collected c = collect(*(*engine)->submit(r), std::chrono::seconds(120));
+      EXPECT_TRUE(c.final_event.status.ok()) << c.final_event.status.to_string();
+      if (r.tenant == "t") {
+        tokens.insert(tokens.end(), c.tokens.begin(), c.tokens.end());
+        *cached = c.final_event.usage.cached_tokens;
+      }
+    }
+    *from_host = 0;
+    for (const PoolStats& p : (*engine)->stats().pools) *from_host += p.kv_prefix_hits_host;
+    return tokens;
+  };
+  int64_t cpu_cached = 0, cpu_host = 0, cached = 0, from_host = 0;
+  const std::vector<int32_t> want = run("cpu", &cpu_cached, &cpu_host);
+  const std::vector<int32_t> got = run("cuda", &cached, &from_host);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(cpu_cached, 192);
+  EXPECT_EQ(cached, 192);
+  EXPECT_GT(from_host, 0);
 }
 
 }  // namespace

@@ -52,7 +52,7 @@ struct ShardedModel {
 };
 
 std::unique_ptr<ShardedModel> load_sharded(int shards, int chunk, int blocks_per_shard,
-                                           const SemanticCutConfig* cut) {
+                                           const SemanticCutConfig* cut, int host_pages = 0) {
   auto m = std::make_unique<ShardedModel>();
   model::LoadOptions lo;
   lo.tokenizer_path = model_path("tok512.bin");
@@ -72,6 +72,8 @@ std::unique_ptr<ShardedModel> load_sharded(int shards, int chunk, int blocks_per
                                    m->model->kv_shape(), &pc);
     pc.host_bytes *= shards;  // every shard's originals go to the home host tier (as the engine)
   }
+  if (host_pages > 0)
+    pc.host_bytes = host_pages * kv::KvPool::block_bytes(pc, m->model->kv_shape());
   auto pool = kv::KvPool::create(m->home, pc, m->model->kv_shape());
   EXPECT_TRUE(pool.ok()) << pool.status().to_string();
   if (!pool.ok()) return nullptr;
@@ -179,6 +181,51 @@ void expect_every_shard_free(const kv::KvPool& pool) {
     EXPECT_EQ(z.summary_allocator().num_used(), 0) << "shard " << s;
   }
   EXPECT_EQ(pool.host_allocator().num_used(), 0);
+}
+
+// The prefix cache over two emulated shards: a 64-token prompt spread in chunks of one page is
+// cached on both shards; three other prompts then push its pages off the devices, the peer's into
+// the home host tier through the peer's backend (the copy kernel, across backends); the prompt
+// again takes every whole page but the last, back onto the shards that cached them, with the
+// tokens of the first run.
+TEST(EmulatedSharded, PrefixCacheServesAPromptSpilledFromEveryShard) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto m = load_sharded(2, /*chunk=*/16, /*blocks_per_shard=*/8, nullptr, /*host_pages=*/32);
+  ASSERT_NE(m, nullptr);
+  m->pool->enable_prefix_cache();
+  auto prompt = [](int salt) {
+    sched::GenerationInput in;
+    for (int t = 0; t < 64; ++t) in.prompt_ids.push_back(3 + (t * 7 + salt * 131) % 480);
+    in.params.temperature = 0.f;
+    in.params.max_tokens = 8;
+    in.params.ignore_eos = true;
+    return in;
+  };
+  auto run = [&](std::vector<sched::GenerationInput> inputs) {
+    sched::BatchOptions bo;
+    bo.max_batch_tokens = 32;
+    auto out = sched::generate_batch(*m->model, *m->pool, m->loaded.tokenizer.get(), inputs, bo);
+    EXPECT_TRUE(out.ok()) << out.status().to_string();
+    return out.ok() ? std::move(out).value() : std::vector<sched::GenerationOutput>{};
+  };
+  const auto first = run({prompt(0)});
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].cached_tokens, 0);
+  EXPECT_EQ(first[0].shards, 2);
+  ASSERT_GT(m->pool->shard_prefix_cache(1)->size(), 0);
+  // 15 pages for three other prompts, 12 free beside the cached ones: both shards evict.
+  const auto others = run({prompt(1), prompt(2), prompt(3)});
+  ASSERT_EQ(others.size(), 3u);
+  EXPECT_GT(m->pool->shard_prefix_cache(1)->stats().spilled_host, 0);  // the peer's, to home
+  const auto again = run({prompt(0)});
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].output_ids, first[0].output_ids);
+  EXPECT_EQ(again[0].cached_tokens, 48);  // 3 of the prompt's 4 pages (not its last token's)
+  EXPECT_GT(m->pool->shard_prefix_cache(1)->stats().hit_pages_host, 0);
+  EXPECT_EQ(m->pool->prefix_stats().spill_faults + m->pool->prefix_stats().restore_faults, 0);
+  m->pool->shard_prefix_cache(0)->clear(m->pool->shard(0).allocator());
+  m->pool->shard_prefix_cache(1)->clear(m->pool->shard(1).allocator());
+  expect_every_shard_free(*m->pool);
 }
 
 // Every decode step scored (thresholds 0: no page moves) over 3 shards: the goldens stay
