@@ -184,7 +184,7 @@ std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t
       Map::iterator it;
       int32_t block = -1;
       bool restore = false;  // a spilled page (else on the device: the caller's reference taken)
-      std::vector<std::byte> staging;
+      Buffer staging;
       DiskOp op;
       Status started = ok_status();
     };
@@ -209,9 +209,12 @@ std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t
       job.block = (*b)[0];
       job.restore = true;
       if (e.where == PageLocation::kDisk) {
-        job.staging.resize(static_cast<size_t>(disk_record_bytes()));
-        const std::span<std::byte> dst[] = {job.staging};
-        auto op = disk->read(e.record, dst, RecordKey{e.salt, chain[j]->first});
+        job.staging = take_buffer();
+        const std::span<std::byte> dst[] = {
+            {job.staging.get(), static_cast<size_t>(disk_record_bytes())}};
+        auto op = job.staging
+                      ? disk->read(e.record, dst, RecordKey{e.salt, chain[j]->first})
+                      : StatusOr<DiskOp>(resource_exhausted("prefix cache: no staging buffer"));
         if (op.ok())
           job.op = std::move(op).value();
         else
@@ -242,15 +245,14 @@ std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t
         // A page whose disk write is in flight is served from the spill's buffer, never the
         // record (not readable before the write completes).
         if (e.spill != nullptr) ++stats_.hit_pages_spilling;
-        st = page_to_device(*pool_,
-                            e.spill != nullptr ? e.spill->buf.data() : tiers_->host_slot(e.slot),
-                            job.block);
+        st = page_to_device(
+            *pool_, e.spill != nullptr ? e.spill->buf.get() : tiers_->host_slot(e.slot), job.block);
       } else {
         if (st.ok()) st = disk->wait(job.op);
         if (st.ok()) {
           // The record must be this page of this tenant's prefix: key, chain and tokens.
           RecordMeta m;
-          const std::byte* meta = job.staging.data() + pool_->bytes_per_block();
+          const std::byte* meta = job.staging.get() + pool_->bytes_per_block();
           std::memcpy(&m, meta, sizeof(m));
           const bool same =
               m.magic == kMetaMagic && m.salt == e.salt && m.parent == e.parent &&
@@ -259,7 +261,8 @@ std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t
                   0;
           if (!same) st = data_loss("prefix cache: disk record does not match its page");
         }
-        if (st.ok()) st = page_to_device(*pool_, job.staging.data(), job.block);
+        if (st.ok()) st = page_to_device(*pool_, job.staging.get(), job.block);
+        give_buffer(std::move(job.staging));
       }
       if (!st.ok()) {
         // Slower, never wrong: the entry goes, the lookup ends here, the rest is recomputed.
@@ -418,23 +421,20 @@ bool PrefixCache::start_spill(Map::iterator it, bool make_room, BlockAllocator* 
   Entry& e = it->second;
   Spill& sp = spills_.emplace_back();
   auto undo = [&] {
-    free_bufs_.push_back(std::move(sp.buf));
+    give_buffer(std::move(sp.buf));
     spills_.pop_back();
     ++stats_.spill_faults;
     return false;
   };
   const int64_t kv_bytes = pool_->bytes_per_block();
-  if (!free_bufs_.empty()) {
-    sp.buf = std::move(free_bufs_.back());
-    free_bufs_.pop_back();
-  }
-  sp.buf.resize(static_cast<size_t>(disk_record_bytes()));
-  if (!fill(sp.buf.data()).ok()) return undo();
+  sp.buf = take_buffer();
+  if (!sp.buf || !fill(sp.buf.get()).ok()) return undo();
   const RecordMeta m{kMetaMagic, e.salt, e.parent, it->first, e.depth, block_size_};
-  std::memcpy(sp.buf.data() + kv_bytes, &m, sizeof m);
-  std::memcpy(sp.buf.data() + kv_bytes + sizeof m, e.tokens.data(),
+  std::memcpy(sp.buf.get() + kv_bytes, &m, sizeof m);
+  std::memcpy(sp.buf.get() + kv_bytes + sizeof m, e.tokens.data(),
               e.tokens.size() * sizeof(int32_t));
-  const std::span<const std::byte> payload[] = {sp.buf};
+  const std::span<const std::byte> payload[] = {
+      {sp.buf.get(), static_cast<size_t>(disk_record_bytes())}};
   auto op = disk->write(payload, RecordKey{e.salt, it->first});
   if (!op.ok()) return undo();  // the tier allocated nothing
   sp.op = std::move(op).value();
@@ -445,7 +445,7 @@ bool PrefixCache::start_spill(Map::iterator it, bool make_room, BlockAllocator* 
     e.where = PageLocation::kDisk;
     e.record = sp.op.record();
     reindex(it->first, e);
-    free_bufs_.push_back(std::move(sp.buf));
+    give_buffer(std::move(sp.buf));
     spills_.pop_back();
     ++pages_disk_;
     ++stats_.spilled_disk;
@@ -488,9 +488,24 @@ void PrefixCache::finish_spill(std::list<Spill>::iterator s) {
   } else {
     ++stats_.spill_faults;
   }
-  if (static_cast<int>(free_bufs_.size()) < kMaxSpillsInFlight)
-    free_bufs_.push_back(std::move(s->buf));
+  give_buffer(std::move(s->buf));
   spills_.erase(s);
+}
+
+PrefixCache::Buffer PrefixCache::take_buffer() {
+  if (!free_bufs_.empty()) {
+    Buffer b = std::move(free_bufs_.back());
+    free_bufs_.pop_back();
+    return b;
+  }
+  backend::Backend& be = tiers_->backend();
+  auto mem = be.alloc_host(static_cast<size_t>(disk_record_bytes()));
+  return mem.ok() ? Buffer(static_cast<std::byte*>(*mem), FreeHost{&be}) : Buffer();
+}
+
+void PrefixCache::give_buffer(Buffer buf) {
+  if (buf && static_cast<int>(free_bufs_.size()) < kMaxSpillsInFlight)
+    free_bufs_.push_back(std::move(buf));
 }
 
 int PrefixCache::poll_spills() {

@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <memory>
 #include <optional>
 #include <set>
 #include <span>
@@ -54,6 +55,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/backend.h"
 #include "kv/block_allocator.h"
 #include "kv/disk_tier.h"
 
@@ -258,9 +260,17 @@ class PrefixCache final : private BlockWatcher {
   // host slot holds it, then its RecordMeta and tokens) and belongs to the spill until the write
   // completes. `hash` is 0 once the entry left it (restored, recomputed, dropped): the record is
   // then freed when the write completes.
+  // A record-sized buffer of the tiers pool's backend's host memory (alloc_host: pinned on CUDA,
+  // so a spill's device-to-host copy and a restore's host-to-device copy run at the link's speed,
+  // by the copy kernel).
+  struct FreeHost {
+    backend::Backend* backend;  // no initializer: default-constructible inside the class
+    void operator()(std::byte* p) const { backend->free_host(p); }
+  };
+  using Buffer = std::unique_ptr<std::byte, FreeHost>;
   struct Spill {
     uint64_t hash = 0;
-    std::vector<std::byte> buf;
+    Buffer buf;
     DiskOp op;
     std::optional<Status> result;  // once the write ended
   };
@@ -337,9 +347,12 @@ class PrefixCache final : private BlockWatcher {
   bool async_spills_ = true;
   std::list<Spill> spills_;        // in flight, oldest first
   std::vector<uint64_t> landing_;  // hashes of the entries with a spill-ahead copy in flight
-  // Buffers of finished spills, reused (a fresh page-sized buffer costs a zero fill and page
-  // faults on the allocating path); at most kMaxSpillsInFlight kept.
-  std::vector<std::vector<std::byte>> free_bufs_;
+  // Buffers of finished spills and restores, reused (a fresh one costs an allocation, pinned on
+  // CUDA, and page faults on the allocating path); at most kMaxSpillsInFlight kept.
+  std::vector<Buffer> free_bufs_;
+  // A buffer of disk_record_bytes(): a kept one, else a new one (null when the allocation fails).
+  Buffer take_buffer();
+  void give_buffer(Buffer buf);
 };
 
 }  // namespace kvsplit::kv

@@ -1,5 +1,6 @@
 // Swapping to the disk tier through a host staging buffer: the path of backends whose device
 // memory the tier cannot address (CUDA; here the emulated kernel backend, which reports kCuda).
+// The staging (a swap's, a prefix-cache spill's) is the backend's host memory, reused.
 // The CPU backend's pages are written and read in place (tests/kv/swap_test.cpp SwapDisk.*); this
 // runs the same round trip and the same fault through the staging copies.
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include "forwarding_backend.h"
 #include "kv/disk_tier.h"
 #include "kv/kv_pool.h"
+#include "kv/prefix_cache.h"
 #include "kv/swap.h"
 #include "test_util.h"
 
@@ -106,32 +108,40 @@ TEST(EmulatedSwapDisk, StagedRoundTripIsBitExactAndAFaultGivesTheBlocksBack) {
   EXPECT_EQ(p.disk->stats().extents_used, 0);
 }
 
-// The staged disk swap-in, with and without a read started ahead: the record is read into the
-// backend's host memory (Backend::alloc_host: pinned on CUDA, so the copies to the device run at
-// the link's speed) and that buffer is kept as the pool's spare, so the next swap-in allocates
-// nothing. Bit-exact either way.
-TEST(EmulatedSwapDisk, SwapInStagesInTheBackendsHostMemoryAndReusesIt) {
-  class CountingHost final : public ForwardingBackend {
-   public:
-    using ForwardingBackend::ForwardingBackend;
-    StatusOr<void*> alloc_host(size_t bytes) override {
-      ++allocs;
-      return ForwardingBackend::alloc_host(bytes);
-    }
-    int allocs = 0;
-  };
-  CountingHost be(std::make_unique<EmulatedKernelBackend>());
+// An emulated kernel backend that counts its host allocations (Backend::alloc_host).
+class CountingHost final : public ForwardingBackend {
+ public:
+  CountingHost() : ForwardingBackend(std::make_unique<EmulatedKernelBackend>()) {}
+  StatusOr<void*> alloc_host(size_t bytes) override {
+    ++allocs;
+    return ForwardingBackend::alloc_host(bytes);
+  }
+  int allocs = 0;
+};
+
+// A pool of `blocks` pages on `be` with no host tier and a disk tier of 64 extents under `dir`.
+std::unique_ptr<kv::KvPool> disk_pool(backend::Backend& be, int blocks, const TempDir& dir) {
   kv::KvPoolConfig c;
-  c.num_blocks = 8;
+  c.num_blocks = blocks;
   c.block_size = kBlock;
   auto pool =
       std::move(kv::KvPool::create(be, c, kv::KvShape{kLayers, kKvHeads, kHeadDim})).value();
-  TempDir dir;
   kv::DiskTierConfig d;
   d.path = dir.path().string();
   d.extent_bytes = 4096;
   d.capacity_bytes = 64 * d.extent_bytes;
   pool->attach_disk(std::move(kv::DiskTier::open(d)).value());
+  return pool;
+}
+
+// The staged disk swap-in, with and without a read started ahead: the record is read into the
+// backend's host memory (Backend::alloc_host: pinned on CUDA, so the copies to the device run at
+// the link's speed) and that buffer is kept as the pool's spare, so the next swap-in allocates
+// nothing. Bit-exact either way.
+TEST(EmulatedSwapDisk, SwapInStagesInTheBackendsHostMemoryAndReusesIt) {
+  CountingHost be;
+  TempDir dir;
+  std::unique_ptr<kv::KvPool> pool = disk_pool(be, 8, dir);
   kv::BlockTable t;
   ASSERT_TRUE(pool->reserve(t, 4 * kBlock));
   const int64_t floats = pool->page_layer_bytes(KvPrecision::kFull) / 4;
@@ -178,6 +188,61 @@ TEST(EmulatedSwapDisk, SwapInStagesInTheBackendsHostMemoryAndReusesIt) {
   }
   EXPECT_EQ(st.from_disk, 4);
   pool->release(t);
+}
+
+// The prefix cache's disk spills and their restores stage a page in the backend's host memory
+// too (pinned on CUDA: the copy kernel takes it), one buffer reused from spill to spill; the page
+// comes back byte-exact.
+TEST(EmulatedPrefixSpill, DiskSpillsStageInTheBackendsHostMemoryAndReuseIt) {
+  CountingHost be;
+  TempDir dir;
+  std::unique_ptr<kv::KvPool> pool = disk_pool(be, 2, dir);
+  pool->enable_prefix_cache();
+  kv::PrefixCache& cache = *pool->prefix_cache();
+  std::vector<int32_t> tokens(kBlock + 1);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i + 2);
+  kv::BlockTable t;
+  ASSERT_TRUE(pool->reserve(t, kBlock));
+  const int64_t floats = pool->page_layer_bytes(KvPrecision::kFull) / 4;
+  std::vector<float> want;
+  for (int l = 0; l < kLayers; ++l) {
+    float* p = reinterpret_cast<float*>(pool->full_page(l, t.blocks[0]));
+    for (int64_t i = 0; i < floats; ++i) p[i] = static_cast<float>(l * 1000 + i);
+    want.insert(want.end(), p, p + floats);
+  }
+  pool->cache_prefix(t, 0, tokens, 1);
+  pool->release(t);
+  const int before = be.allocs;
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(round);
+    kv::BlockTable x;  // both blocks: the cached page goes to disk (no host tier)
+    ASSERT_TRUE(pool->reserve(x, 2 * kBlock));
+    cache.wait_spills();
+    ASSERT_EQ(cache.pages_disk(), 1);
+    pool->release(x);
+    kv::BlockTable u;
+    ASSERT_EQ(pool->share_prefix(u, 0, tokens, 1), 1);
+    std::vector<float> got;
+    for (int l = 0; l < kLayers; ++l) {
+      const float* p = reinterpret_cast<const float*>(pool->full_page(l, u.blocks[0]));
+      got.insert(got.end(), p, p + floats);
+    }
+    EXPECT_EQ(got, want);
+    pool->release(u);
+  }
+  EXPECT_EQ(cache.stats().spilled_disk, 3);
+  EXPECT_EQ(cache.stats().hit_pages_disk, 3);
+  // The spill's buffer, and the restore's read buffer (taken while the spill's is in flight
+  // or kept): backend host memory, allocated in the first round only.
+  EXPECT_GE(be.allocs, before + 1);
+  EXPECT_LE(be.allocs, before + 2);
+  const int after = be.allocs;
+  kv::BlockTable x;
+  ASSERT_TRUE(pool->reserve(x, 2 * kBlock));
+  cache.wait_spills();
+  EXPECT_EQ(be.allocs, after);
+  pool->release(x);
+  cache.clear(pool->allocator());
 }
 
 // Swapping to the host tier: the batches of page copies go through the copy kernel (as on
