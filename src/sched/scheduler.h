@@ -70,9 +70,10 @@ struct SchedulerConfig {
   int chunk_reach(int num_computed, int chunk, int target) const {
     return kv_window > 0 ? std::min(target, num_computed + chunk) : target;
   }
-  // Whether a sequence of `target` positions may take cached prompt pages (KvPool::share_prefix)
-  // when it starts from an empty table: not when a window makes it reserve chunk by chunk, since
-  // cached pages spilled off the device would take blocks beyond its first chunk's.
+  // Whether a restart (a recompute, or a prompt taken without pages) of `target` positions may
+  // take cached prompt pages (KvPool::share_prefix) inside the step's plan: not when a window makes
+  // it reserve chunk by chunk, since the window's cached pages it would pin were counted free for
+  // others. At admission a windowed prompt takes them anyway (Worker::share_prompt_prefix).
   bool shares_prefix(int target) const { return prefill_reach(0, target) >= target; }
 };
 
