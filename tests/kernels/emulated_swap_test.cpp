@@ -26,6 +26,18 @@ using kernels::KvPrecision;
 
 constexpr int kLayers = 3, kKvHeads = 2, kHeadDim = 8, kBlock = 4;
 
+// Every page of `t` (all layers, page after page) as f32 values: the pool's full pages.
+std::vector<float> read_pages(const kv::KvPool& pool, const kv::BlockTable& t) {
+  const int64_t floats = pool.page_layer_bytes(KvPrecision::kFull) / 4;
+  std::vector<float> out;
+  for (int32_t b : t.blocks)
+    for (int l = 0; l < kLayers; ++l) {
+      const float* p = reinterpret_cast<const float*>(pool.full_page(l, b));
+      out.insert(out.end(), p, p + floats);
+    }
+  return out;
+}
+
 struct StagedPool {
   EmulatedKernelBackend be;
   std::unique_ptr<kv::KvPool> pool;
@@ -58,15 +70,7 @@ struct StagedPool {
         for (int64_t i = 0; i < floats(); ++i) p[i] = n(rng);
       }
   }
-  std::vector<float> read(const kv::BlockTable& t) {
-    std::vector<float> out;
-    for (int32_t b : t.blocks)
-      for (int l = 0; l < kLayers; ++l) {
-        const float* p = reinterpret_cast<const float*>(pool->full_page(l, b));
-        out.insert(out.end(), p, p + floats());
-      }
-    return out;
-  }
+  std::vector<float> read(const kv::BlockTable& t) { return read_pages(*pool, t); }
 };
 
 TEST(EmulatedSwapDisk, StagedRoundTripIsBitExactAndAFaultGivesTheBlocksBack) {
@@ -152,15 +156,7 @@ TEST(EmulatedSwapDisk, SwapInStagesInTheBackendsHostMemoryAndReusesIt) {
       for (int64_t i = 0; i < floats; ++i) p[i] = static_cast<float>(b * 1000 + l * 100 + i);
       want.insert(want.end(), p, p + floats);
     }
-  auto read = [&] {
-    std::vector<float> out;
-    for (int32_t b : t.blocks)
-      for (int l = 0; l < kLayers; ++l) {
-        const float* p = reinterpret_cast<const float*>(pool->full_page(l, b));
-        out.insert(out.end(), p, p + floats);
-      }
-    return out;
-  };
+  auto read = [&] { return read_pages(*pool, t); };
   kv::SwapStats st;
   for (bool ahead : {false, true}) {
     for (bool spare : {false, true}) {
@@ -222,12 +218,7 @@ TEST(EmulatedPrefixSpill, DiskSpillsStageInTheBackendsHostMemoryAndReuseIt) {
     pool->release(x);
     kv::BlockTable u;
     ASSERT_EQ(pool->share_prefix(u, 0, tokens, 1), 1);
-    std::vector<float> got;
-    for (int l = 0; l < kLayers; ++l) {
-      const float* p = reinterpret_cast<const float*>(pool->full_page(l, u.blocks[0]));
-      got.insert(got.end(), p, p + floats);
-    }
-    EXPECT_EQ(got, want);
+    EXPECT_EQ(read_pages(*pool, u), want);
     pool->release(u);
   }
   EXPECT_EQ(cache.stats().spilled_disk, 3);
@@ -274,15 +265,7 @@ TEST(EmulatedSwapHost, CopyKernelRoundTripIsBitExact) {
             for (int64_t i = 0; i < floats; ++i) p[i] = n(rng);
           }
       };
-      auto read = [&](const kv::BlockTable& t) {
-        std::vector<float> out;
-        for (int32_t b : t.blocks)
-          for (int l = 0; l < kLayers; ++l) {
-            const float* p = reinterpret_cast<const float*>(pool->full_page(l, b));
-            out.insert(out.end(), p, p + floats);
-          }
-        return out;
-      };
+      auto read = [&](const kv::BlockTable& t) { return read_pages(*pool, t); };
       kv::BlockTable t;
       ASSERT_TRUE(pool->reserve(t, 4 * kBlock + 3));  // 5 pages, the last partial
       fill(t, 5);
