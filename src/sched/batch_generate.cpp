@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "sampling/sampler.h"
 #include "sampling/stop.h"
+#include "sched/prefix_share.h"
 #include "sched/scheduler.h"
 #include "sched/swap_cost.h"
 #include "sched/swap_predictor.h"
@@ -186,19 +187,8 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       if (s.admitted || admitted_now >= max_new) continue;
       s.admitted = true;
       ++admitted_now;
-      // Cached prompt pages (never the page of the last prompt token: it is computed to sample);
-      // with a sliding window only those the window still reads, kept when the pool has room
-      // for the first chunk beside them (as Worker::share_prompt_prefix).
-      int hits =
-          pool.share_prefix(s.table, options.prefix_salt, s.tokens,
-                            pool.shareable_prefix_pages(s.target(), s.num_prompt), sc.kv_window);
-      if (hits > 0 && sc.kv_window > 0 &&
-          kv::BlockTable::blocks_for(sc.prefill_reach(hits * bs, s.target()), bs) -
-                  static_cast<int>(s.table.blocks.size()) >
-              pool.available_blocks()) {
-        pool.release(s.table);
-        hits = 0;
-      }
+      const int hits = share_prompt_pages(pool, sc, s.table, options.prefix_salt, s.tokens,
+                                          s.target(), s.num_prompt);
       s.computed = s.fed = s.cached_tokens = hits * bs;
       s.kv.update(std::chrono::steady_clock::now(), kv_level(pool, s.table, s.computed));
     }

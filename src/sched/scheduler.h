@@ -73,7 +73,7 @@ struct SchedulerConfig {
   // Whether a restart (a recompute, or a prompt taken without pages) of `target` positions may
   // take cached prompt pages (KvPool::share_prefix) inside the step's plan: not when a window makes
   // it reserve chunk by chunk, since the window's cached pages it would pin were counted free for
-  // others. At admission a windowed prompt takes them anyway (Worker::share_prompt_prefix).
+  // others. At admission a windowed prompt takes them anyway (sched::share_prompt_pages).
   bool shares_prefix(int target) const { return prefill_reach(0, target) >= target; }
 };
 

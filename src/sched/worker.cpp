@@ -10,6 +10,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "sched/prefix_share.h"
 
 namespace kvsplit::sched {
 namespace {
@@ -407,22 +408,6 @@ void Worker::reap_cancelled(Clock::time_point now) {
   // Offers are checked on every admit_offers pass.
 }
 
-int Worker::share_prompt_prefix(Sequence& seq, int target) {
-  const SchedulerConfig& sc = scheduler_.config();
-  const int hits =
-      pool_->share_prefix(seq.table, seq.prefix_salt, seq.tokens,
-                          pool_->shareable_prefix_pages(target, seq.num_prompt), sc.kv_window);
-  if (hits == 0 || sc.kv_window <= 0) return hits;
-  // A windowed hit holds its window's pages beside the first chunk's, more than the admission
-  // counted (the chunk's alone): kept only when the pool has room for the chunk now.
-  const int need =
-      kv::BlockTable::blocks_for(sc.prefill_reach(hits * sc.block_size, target), sc.block_size) -
-      static_cast<int>(seq.table.blocks.size());
-  if (need <= pool_->available_blocks()) return hits;
-  pool_->release(seq.table);  // the pages stay cached; the prompt is computed
-  return 0;
-}
-
 void Worker::admit_from_router(Clock::time_point now) {
   if (options_.role == WorkerRole::kDecode || shared_->router == nullptr) return;
   if (has_unreserved_waiting(std::numeric_limits<int32_t>::min())) return;
@@ -444,7 +429,8 @@ void Worker::admit_from_router(Clock::time_point now) {
     make_room(kv::BlockTable::blocks_for(sc.prefill_reach(0, seq->num_prompt), sc.block_size));
     // Cached prompt pages (never the page of the last prompt token, which is computed to sample);
     // with a sliding window only those the window still reads (docs/models.md).
-    const int hits = share_prompt_prefix(*seq, seq->num_prompt);
+    const int hits = share_prompt_pages(*pool_, sc, seq->table, seq->prefix_salt, seq->tokens,
+                                        seq->num_prompt, seq->num_prompt);
     seq->num_computed = seq->cached_tokens = hits * pool_->block_size();
     // The whole prompt's pages, or with a sliding window its first chunk's (the rest come chunk
     // by chunk, Scheduler::plan_prefill).

@@ -193,10 +193,6 @@ class Worker {
   // the pool (kv::drop_behind_window). On a prefill worker too: the handoff then moves only the
   // pages still inside the window (HandoffOffer::window_dropped).
   void drop_behind_window(Sequence& seq);
-  // At admission: points seq's empty table at its cached prompt pages for a first chunk toward
-  // `target` (KvPool::share_prefix; with a sliding window only the pages the window reads, kept
-  // when the pool has room for the chunk beside them). Returns the pages served.
-  int share_prompt_prefix(Sequence& seq, int target);
   // A preempted sequence waiting for blocks with priority >= `priority`.
   bool has_unreserved_waiting(int32_t priority) const;
   // Fair time slicing: running `seq` has decoded for its class's max_hold_ms since it last
