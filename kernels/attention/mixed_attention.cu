@@ -32,6 +32,10 @@ Status validate_mixed(const MixedAttentionParams& mp, bool decode) {
   if (!mp.token_relevance || !mp.summary_slots || !mp.page_bound)
     return invalid_argument(
         "mixed attention: score_seqs needs token_relevance, summary_slots and page_bound");
+  if (mp.summary_parts < 1 || mp.base.block_size % mp.summary_parts != 0)
+    return invalid_argument("mixed attention: summary_parts " + std::to_string(mp.summary_parts) +
+                            " must be >= 1 and divide block_size " +
+                            std::to_string(mp.base.block_size));
   return ok_status();
 }
 

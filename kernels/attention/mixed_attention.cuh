@@ -745,16 +745,23 @@ __global__ void __launch_bounds__(kAttnThreads)
         if (slot >= 0 && (slot >= mp.num_summary_slots || !mp.summaries)) {
           if (p.error_flag) atomicMax(p.error_flag, 1);
         } else if (slot >= 0) {
-          const KvSummaryElem* kmin =
-              mp.summaries + (static_cast<int64_t>(slot) * 2 * p.num_kv_heads + kvh) * D;
-          const KvSummaryElem* kmax = kmin + static_cast<int64_t>(p.num_kv_heads) * D;
+          // The page's bound is the largest of its parts' (kv_quant.h "key summaries").
           const float* qr = q_s + r * D;
-          float ub = 0.f;
-          for (int d = 0; d < D; ++d) {
-            if (qr[d] == 0.f) continue;  // no term, whatever the range (0 x inf would be NaN)
-            ub += fmaxf(qr[d] * kvq_half_float(kmin[d]), qr[d] * kvq_half_float(kmax[d]));
+          for (int part = 0; part < mp.summary_parts; ++part) {
+            const KvSummaryElem* kmin =
+                mp.summaries +
+                ((static_cast<int64_t>(slot) * mp.summary_parts + part) * 2 * p.num_kv_heads +
+                 kvh) *
+                    D;
+            const KvSummaryElem* kmax = kmin + static_cast<int64_t>(p.num_kv_heads) * D;
+            float ub = 0.f;
+            for (int d = 0; d < D; ++d) {
+              if (qr[d] == 0.f) continue;  // no term, whatever the range (0 x inf would be NaN)
+              ub += fmaxf(qr[d] * kvq_half_float(kmin[d]), qr[d] * kvq_half_float(kmax[d]));
+            }
+            const float e = expf(ub - m_s[r]);
+            b = e > b ? e : b;
           }
-          b = expf(ub - m_s[r]);
         }
       }
       bnd[i] = b;

@@ -32,9 +32,11 @@ struct MixedAttentionParams {
   const uint8_t* score_seqs = nullptr;     // [num_seqs]; nullptr: none
   float* token_relevance = nullptr;        // [num_seqs, max_blocks_per_seq * block_size]
   const int32_t* summary_slots = nullptr;  // [num_seqs, max_blocks_per_seq], -1: none
-  // f16 bits [num_summary_slots, 2, num_kv_heads, head_dim] (kv_quant.h "key summaries")
+  // f16 bits [num_summary_slots, summary_parts, 2, num_kv_heads, head_dim] (kv_quant.h "key
+  // summaries")
   const KvSummaryElem* summaries = nullptr;
   int num_summary_slots = 0;
+  int summary_parts = 1;        // >= 1, divides block_size
   float* page_bound = nullptr;  // [num_seqs, max_blocks_per_seq]
   // Workspace [num_seqs, num_heads] f32 (needed with score_seqs): the final max score m_h of each
   // decode query head, written by the attention kernel (one split) or the merge (several).

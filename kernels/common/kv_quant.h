@@ -76,9 +76,12 @@ KVSPLIT_HOST_DEVICE uint16_t kvq_half_at_most(float x) {
 KVSPLIT_HOST_DEVICE int64_t kvq_align16(int64_t n) { return (n + 15) & ~int64_t{15}; }
 
 // ---- key summaries (recall bounds) ----
-// A page's key summary, per layer: f16 bits [2 (min, max), num_kv_heads, head_dim], the min of
-// each channel rounded down and the max rounded up, so the stored range still covers every key
-// and sum_d max(q_d kmin_d, q_d kmax_d) stays an upper bound of q.k. Half the bytes of f32.
+// A page's key summary, per layer: f16 bits [summary_parts, 2 (min, max), num_kv_heads, head_dim]
+// (QuantPageLayout::summary_elems), part p the min and max of each channel over the page's slots
+// [p * block_size / summary_parts, (p + 1) * block_size / summary_parts), the min rounded down and
+// the max rounded up, so each part's range still covers its keys and
+// max_p sum_d max(q_d kmin_pd, q_d kmax_pd) stays an upper bound of q.k over the page. More parts
+// give a tighter bound for proportionally more bytes. Half the bytes of f32.
 using KvSummaryElem = uint16_t;
 constexpr uint16_t kHalfInfBits = 0x7c00, kHalfNegInfBits = 0xfc00;
 // The largest f16 <= x (-inf below -65504; +inf stays +inf; NaN: NaN).
@@ -110,6 +113,18 @@ struct QuantPageLayout {
   int num_kv_heads = 0;
   int block_size = 0;
   int head_dim = 0;
+  // Key summaries only ("key summaries" above; the quantized bytes do not depend on it): the page
+  // is summarized in this many equal parts, >= 1 and dividing block_size.
+  int summary_parts = 1;
+
+  // f16 elements of one page's key summary of one layer: [summary_parts, 2, num_kv_heads,
+  // head_dim].
+  KVSPLIT_HOST_DEVICE int64_t summary_elems() const {
+    return int64_t{summary_parts} * 2 * num_kv_heads * head_dim;
+  }
+  KVSPLIT_HOST_DEVICE bool valid_summary_parts() const {
+    return summary_parts >= 1 && block_size > 0 && block_size % summary_parts == 0;
+  }
 
   // Values per (K or V) section: num_kv_heads * block_size * head_dim.
   KVSPLIT_HOST_DEVICE int64_t values_per_kv() const {

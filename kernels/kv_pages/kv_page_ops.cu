@@ -62,7 +62,8 @@ template <typename T>
 Status summarize_typed(const void* src, const QuantPageLayout& l, KvSummaryElem* dst,
                        cudaStream_t stream) {
   return launch_status(
-      launch(summarize_kv_page_kernel<T>, dim3(static_cast<unsigned>(l.num_kv_heads)),
+      launch(summarize_kv_page_kernel<T>,
+             dim3(static_cast<unsigned>(l.num_kv_heads), static_cast<unsigned>(l.summary_parts)),
              dim3(kPageOpThreads), 0, stream, static_cast<const T*>(src), l, dst),
       "summarize_kv_page");
 }
@@ -114,6 +115,11 @@ Status launch_summarize_kv_page(const void* src, ElemType src_dtype, const Quant
                                 KvSummaryElem* dst, cudaStream_t stream) {
   constexpr const char* kOp = "summarize_kv_page";
   KVSPLIT_RETURN_IF_ERROR(validate_layout(layout, kOp));
+  if (!layout.valid_summary_parts() || layout.summary_parts > 65535) {
+    return invalid_argument(std::string(kOp) + ": summary_parts " +
+                            std::to_string(layout.summary_parts) + " must be >= 1 and divide " +
+                            "block_size " + std::to_string(layout.block_size));
+  }
   if (!src || !dst) return invalid_argument(std::string(kOp) + ": null src or dst");
   switch (src_dtype) {
     case ElemType::kF32:

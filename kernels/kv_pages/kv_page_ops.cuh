@@ -99,21 +99,24 @@ __global__ void __launch_bounds__(kPageOpThreads)
   dst[i] = Elem<T>::from_float(v);
 }
 
-// grid num_kv_heads, block kPageOpThreads: channel d of kv head blockIdx.x per thread.
+// grid (num_kv_heads, summary_parts), block kPageOpThreads: channel d of kv head blockIdx.x over
+// part blockIdx.y's slots per thread (kv_quant.h "key summaries").
 template <typename T>
 __global__ void __launch_bounds__(kPageOpThreads)
     summarize_kv_page_kernel(const T* src, QuantPageLayout l, KvSummaryElem* dst) {
-  const int h = blockIdx.x, hd = l.head_dim;
-  const T* keys = src + l.token_index(0, h, 0) * hd;
+  const int h = blockIdx.x, part = blockIdx.y, hd = l.head_dim;
+  const int part_slots = l.block_size / l.summary_parts;
+  const T* keys = src + l.token_index(0, h, part * part_slots) * hd;
+  KvSummaryElem* out = dst + int64_t{part} * 2 * l.num_kv_heads * hd;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float mn = INFINITY, mx = -INFINITY;
-    for (int slot = 0; slot < l.block_size; ++slot) {
+    for (int slot = 0; slot < part_slots; ++slot) {
       const float k = Elem<T>::to_float(keys[slot * hd + d]);
       mn = k < mn ? k : mn;  // std::min(mn, k): a NaN key keeps the running value
       mx = mx < k ? k : mx;  // std::max(mx, k)
     }
-    dst[int64_t{h} * hd + d] = kvq_summary_min_bits(mn);  // f16, rounded outwards
-    dst[int64_t{l.num_kv_heads + h} * hd + d] = kvq_summary_max_bits(mx);
+    out[int64_t{h} * hd + d] = kvq_summary_min_bits(mn);  // f16, rounded outwards
+    out[int64_t{l.num_kv_heads + h} * hd + d] = kvq_summary_max_bits(mx);
   }
 }
 

@@ -102,18 +102,21 @@ struct AttentionArgs {
   // With z_h(t) = scale * q_h . k_t over the resident tokens t < kv_len and m_h = max_t z_h(t):
   //   token_relevance[s, t] = max(token_relevance[s, t], max_h exp(z_h(t) - m_h)), resident t;
   //   page_bound[s, i] = max(page_bound[s, i],
-  //       max_h exp(scale * sum_d max(q_hd * kmin_gd, q_hd * kmax_gd) - m_h))
+  //       max_{h,p} exp(scale * sum_d max(q_hd * kmin_pgd, q_hd * kmax_pgd) - m_h))
   //   for pages i < ceil(kv_len / block_size) with summary_slots[s, i] >= 0 (any precision), kmin
-  //   and kmax read from summaries[summary_slots[s, i]] (g: the kv head of h). scale must be > 0.
+  //   and kmax read from part p < summary_parts of summaries[summary_slots[s, i]] (g: the kv head
+  //   of h). scale must be > 0.
   // A sequence with no resident token has m_h = -inf: its page bounds become +inf. Summaries come
   // from full-precision pages (summarize_kv_page), so the bound covers a page's original keys; a
   // quantized page's attended (dequantized) keys may exceed it by the quantization error.
   const uint8_t* score_seqs = nullptr;     // [num_seqs]; nullptr: no side outputs
   float* token_relevance = nullptr;        // [num_seqs, max_blocks_per_seq * block_size]
   const int32_t* summary_slots = nullptr;  // [num_seqs, max_blocks_per_seq], -1: no summary
-  // f16 bits [num_summary_slots, 2 (min, max), num_kv_heads, head_dim] (kv_quant.h)
+  // f16 bits [num_summary_slots, summary_parts, 2 (min, max), num_kv_heads, head_dim]
+  // (kv_quant.h "key summaries"); summary_parts >= 1 and divides block_size.
   const kernels::KvSummaryElem* summaries = nullptr;
   int num_summary_slots = 0;
+  int summary_parts = 1;
   float* page_bound = nullptr;  // [num_seqs, max_blocks_per_seq]
   // The scoring of a sequence split over shards (spatial cut, kv-cuts.md §4), decode only; the
   // CPU and CUDA backends implement them (others return kUnimplemented). head_max non-null: the
@@ -336,9 +339,9 @@ class Backend {
     (void)src, (void)from, (void)layout, (void)dst, (void)dst_dtype;
     return unimplemented("backend " + name() + ": dequantize_kv_page is not implemented");
   }
-  // Per-channel min and max of the page's keys: dst f16 bits [2 (min, max), num_kv_heads,
-  // head_dim], the min rounded down and the max up (kv_quant.h "key summaries"). src as
-  // quantize_kv_page.
+  // Per-channel min and max of the keys of each of the page's layout.summary_parts parts: dst f16
+  // bits [summary_parts, 2 (min, max), num_kv_heads, head_dim], the min rounded down and the max
+  // up (kv_quant.h "key summaries"). src as quantize_kv_page.
   virtual Status summarize_kv_page(const void* src, DType src_dtype,
                                    const kernels::QuantPageLayout& layout,
                                    kernels::KvSummaryElem* dst) {

@@ -71,7 +71,8 @@ TEST(CpuMixedAttention, DecodeMatchesTheMixedOracleWithAndWithoutSplits) {
     if (iter % 6 == 0) spec.q_range = 8.0;               // peaked softmax
     if (iter % 4 == 2) spec.window = rng.range(1, 400);  // sliding window (earlier pages poisoned)
     AttentionCase c = oracle::make_case(spec);
-    Scoring sc(c, *cpu, rng);
+    const int parts = 1 << (iter % 4);  // summaries of 1, 2, 4 or 8 parts (blocks 8, 16, 32)
+    Scoring sc(c, *cpu, rng, parts);
     const bool all_full = iter % 10 == 9;  // side outputs on the plain path (page_precision null)
     oracle::MixSpec mix;
     if (all_full) mix = {0.0, 0.0, 0.0};
@@ -89,7 +90,8 @@ TEST(CpuMixedAttention, DecodeMatchesTheMixedOracleWithAndWithoutSplits) {
     const std::string what =
         "iter " + std::to_string(iter) + " heads " + std::to_string(spec.num_heads) + "/" +
         std::to_string(spec.num_kv_heads) + " hd " + std::to_string(spec.head_dim) + " bs " +
-        std::to_string(spec.block_size) + " window " + std::to_string(spec.window);
+        std::to_string(spec.block_size) + " window " + std::to_string(spec.window) +
+        " summary parts " + std::to_string(parts);
     for (const SplitPlan& plan : plans_for(c, rng)) {
       const std::string w = what + " chunk " + std::to_string(plan.chunk_tokens);
       std::fill(c.out.begin(), c.out.end(), std::numeric_limits<float>::quiet_NaN());
@@ -320,6 +322,56 @@ TEST(CpuMixedAttention, EvictedRunsAndNothingResident) {
   }
 }
 
+// A page summarized in more parts is bounded no higher than in fewer (each part's range lies
+// inside the page's) and, on random keys, mostly lower; every bound still covers the page's keys
+// (expect_side_outputs: >= the relevance of each full-precision token).
+TEST(CpuMixedAttention, MorePartsGiveATighterBoundThatStillCoversTheKeys) {
+  ThreadPool pool(2);
+  std::unique_ptr<Backend> cpu = make_cpu_backend(1);
+  int pages = 0, tighter = 0;
+  for (int iter = 0; iter < 6; ++iter) {
+    CaseSpec spec;
+    spec.seed = 900 + iter;
+    spec.num_heads = 8;
+    spec.num_kv_heads = iter % 2 ? 2 : 8;
+    spec.head_dim = iter % 3 ? 64 : 128;
+    spec.block_size = 16;
+    spec.kv_lens = {16 * 20 + 3, 16 * 9};
+    std::vector<std::vector<float>> bounds;
+    for (int parts : {1, 4}) {
+      // The same case, summary slots and precisions for both (make_mixed poisons the case's
+      // demoted pages: a fresh case each time).
+      AttentionCase c = oracle::make_case(spec);
+      oracle::Rng rng(77 + iter);
+      Scoring sc(c, *cpu, rng, parts);
+      std::fill(sc.score_seqs.begin(), sc.score_seqs.end(), 1);
+      std::fill(sc.bound0.begin(), sc.bound0.end(), 0.f);
+      sc.reset();
+      MixedCase m = oracle::make_mixed(c, *cpu, rng, oracle::MixSpec{});
+      ASSERT_TRUE(m.quantized_ok);
+      AttentionArgs a = c.args();
+      m.apply(a);
+      sc.apply(a);
+      const MixedResult want = oracle::mixed_attention(a);
+      const SplitPlan plan = make_split_plan(c.kv_lens.data(), c.num_seqs, spec.block_size, 0);
+      ASSERT_TRUE(cpu_attention_decode(a, plan, pool).ok());
+      oracle::expect_side_outputs(a, want, sc, "parts " + std::to_string(parts));
+      bounds.push_back(sc.bound);
+      if (parts == 4) {
+        for (size_t row = 0; row < sc.slots.size(); ++row) {
+          if (sc.slots[row] < 0) continue;
+          ++pages;
+          ASSERT_LE(bounds[1][row], bounds[0][row] * (1 + 1e-6f))
+              << "iter " << iter << " row " << row;
+          tighter += bounds[1][row] < bounds[0][row] * 0.99f;
+        }
+      }
+    }
+  }
+  EXPECT_GT(pages, 100);
+  EXPECT_GT(tighter, pages / 2) << "four parts should tighten most bounds of random keys";
+}
+
 TEST(CpuMixedAttention, RejectsBadMixedArguments) {
   ThreadPool pool(1);
   std::unique_ptr<Backend> cpu = make_cpu_backend(1);
@@ -372,6 +424,14 @@ TEST(CpuMixedAttention, RejectsBadMixedArguments) {
               a.summaries = nullptr;
             }),
             StatusCode::kInvalidArgument);
+  for (int parts : {0, 3}) {  // summary_parts must be >= 1 and divide the block size (8)
+    EXPECT_EQ(run([&](AttentionArgs& a, MixedCase&, Scoring& ss) {
+                ss.score_seqs[0] = 1;
+                a.summary_parts = parts;
+              }),
+              StatusCode::kInvalidArgument)
+        << parts;
+  }
   // An evicted page's id is ignored, whatever it is.
   EXPECT_EQ(run([](AttentionArgs&, MixedCase& mm, Scoring&) { mm.tables[2] = -12345; }),
             StatusCode::kOk);

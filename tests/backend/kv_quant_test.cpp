@@ -242,28 +242,36 @@ TEST_F(KvQuant, NanPropagatesToItsGroupOnly) {
   }
 }
 
-TEST_F(KvQuant, SummaryBoundsEveryKeyTightly) {
-  for (int seed = 0; seed < 8; ++seed) {
-    const QuantPageLayout l{1 + seed % 3, 16, seed % 2 ? 64 : 8};
+// Each part of a summary bounds the keys of its slots, tightly (kv_quant.h "key summaries").
+TEST_F(KvQuant, SummaryBoundsEveryKeyOfItsPartTightly) {
+  for (int seed = 0; seed < 16; ++seed) {
+    const int parts = 1 << (seed % 5);  // 1, 2, 4, 8, 16 (one slot per part)
+    const QuantPageLayout l{1 + seed % 3, 16, seed % 2 ? 64 : 8, parts};
     const std::vector<float> src = random_page(l, 300 + seed, seed % 4);
-    std::vector<kernels::KvSummaryElem> sum(static_cast<size_t>(2 * l.num_kv_heads * l.head_dim));
+    std::vector<kernels::KvSummaryElem> sum(static_cast<size_t>(l.summary_elems()) + 1, 0xbeef);
     ASSERT_TRUE(cpu_->summarize_kv_page(src.data(), DType::kF32, l, sum.data()).ok());
-    for (int h = 0; h < l.num_kv_heads; ++h) {
-      for (int d = 0; d < l.head_dim; ++d) {
-        const uint16_t mn_bits = sum[h * l.head_dim + d];
-        const uint16_t mx_bits = sum[(l.num_kv_heads + h) * l.head_dim + d];
-        const float mn = kernels::kvq_half_float(mn_bits), mx = kernels::kvq_half_float(mx_bits);
-        float kmin = INFINITY, kmax = -INFINITY;
-        for (int slot = 0; slot < l.block_size; ++slot) {
-          const float k = src[l.token_index(0, h, slot) * l.head_dim + d];
-          ASSERT_LE(mn, k);
-          ASSERT_GE(mx, k);
-          kmin = std::min(kmin, k);
-          kmax = std::max(kmax, k);
+    ASSERT_EQ(sum.back(), 0xbeef) << "wrote past summary_elems()";
+    const int part_slots = l.block_size / parts;
+    for (int part = 0; part < parts; ++part) {
+      const kernels::KvSummaryElem* ps =
+          sum.data() + int64_t{part} * 2 * l.num_kv_heads * l.head_dim;
+      for (int h = 0; h < l.num_kv_heads; ++h) {
+        for (int d = 0; d < l.head_dim; ++d) {
+          const uint16_t mn_bits = ps[h * l.head_dim + d];
+          const uint16_t mx_bits = ps[(l.num_kv_heads + h) * l.head_dim + d];
+          const float mn = kernels::kvq_half_float(mn_bits), mx = kernels::kvq_half_float(mx_bits);
+          float kmin = INFINITY, kmax = -INFINITY;
+          for (int slot = part * part_slots; slot < (part + 1) * part_slots; ++slot) {
+            const float k = src[l.token_index(0, h, slot) * l.head_dim + d];
+            ASSERT_LE(mn, k) << "parts " << parts << " part " << part;
+            ASSERT_GE(mx, k) << "parts " << parts << " part " << part;
+            kmin = std::min(kmin, k);
+            kmax = std::max(kmax, k);
+          }
+          // Tight: the f16 next to each bound, inwards, is past the part's own min / max.
+          EXPECT_GT(kernels::kvq_half_float(kernels::kvq_half_next_up(mn_bits)), kmin);
+          EXPECT_LT(kernels::kvq_half_float(kernels::kvq_half_next_down(mx_bits)), kmax);
         }
-        // Tight: the f16 next to each bound, inwards, is past the keys' own min / max.
-        EXPECT_GT(kernels::kvq_half_float(kernels::kvq_half_next_up(mn_bits)), kmin);
-        EXPECT_LT(kernels::kvq_half_float(kernels::kvq_half_next_down(mx_bits)), kmax);
       }
     }
   }
@@ -316,6 +324,14 @@ TEST_F(KvQuant, OpsRejectBadArguments) {
   EXPECT_EQ(cpu_->summarize_kv_page(src.data(), DType::kF32, QuantPageLayout{0, 16, 8}, sum.data())
                 .code(),
             StatusCode::kInvalidArgument);
+  // summary_parts must be >= 1 and divide block_size.
+  for (int parts : {0, -1, 3, 32}) {
+    EXPECT_EQ(cpu_->summarize_kv_page(src.data(), DType::kF32, QuantPageLayout{1, 16, 8, parts},
+                                      sum.data())
+                  .code(),
+              StatusCode::kInvalidArgument)
+        << parts;
+  }
 }
 
 }  // namespace

@@ -65,16 +65,21 @@ TEST_P(KvPageParity, QuantizeDequantizeSummarizeMatchTheCpuBackendBitForBit) {
   int compared = 0;
   for (const PageShape& sh : shapes) {
     for (int variant = 0; variant < 3; ++variant) {
-      const QuantPageLayout l{sh.num_kv_heads, sh.block_size, sh.head_dim};
+      // Summaries in 1 part, and in the block size's next divisors (5: 1 and 5 parts).
+      std::vector<int> divisors;
+      for (int d = 1; d <= sh.block_size; ++d)
+        if (sh.block_size % d == 0) divisors.push_back(d);
+      const int parts = divisors[static_cast<size_t>(variant) % divisors.size()];
+      const QuantPageLayout l{sh.num_kv_heads, sh.block_size, sh.head_dim, parts};
       const double range = variant == 2 ? 60000.0 : (variant == 1 ? 1e-3 : 4.0);
       const std::vector<float> page = make_page(l, dtype, rng, range, variant == 0);
       const std::string what = "kv heads " + std::to_string(sh.num_kv_heads) + " block " +
                                std::to_string(sh.block_size) + " head_dim " +
-                               std::to_string(sh.head_dim) + " variant " + std::to_string(variant);
+                               std::to_string(sh.head_dim) + " variant " + std::to_string(variant) +
+                               " summary parts " + std::to_string(parts);
       DevArray<unsigned char> src(encode(page, dtype));
       // Summary.
-      std::vector<kernels::KvSummaryElem> want_sum(
-          static_cast<size_t>(2 * l.num_kv_heads * l.head_dim));
+      std::vector<kernels::KvSummaryElem> want_sum(static_cast<size_t>(l.summary_elems()));
       ASSERT_TRUE(
           backend::cpu_summarize_kv_page(page.data(), ElemType::kF32, l, want_sum.data()).ok());
       DevArray<kernels::KvSummaryElem> sum(
@@ -170,6 +175,12 @@ TEST(KvPageLaunch, BadArgumentsAreRejected) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(code(kernels::launch_summarize_kv_page(page, ElemType::kF32, l, nullptr, nullptr)),
             StatusCode::kInvalidArgument);
+  for (int parts : {0, 3, 32}) {  // summary_parts must be >= 1 and divide the block size
+    EXPECT_EQ(code(kernels::launch_summarize_kv_page(page, ElemType::kF32, {2, 16, 8, parts}, sum,
+                                                     nullptr)),
+              StatusCode::kInvalidArgument)
+        << parts;
+  }
 }
 
 }  // namespace

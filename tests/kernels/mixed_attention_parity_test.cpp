@@ -125,6 +125,7 @@ std::unique_ptr<DeviceMixed> upload(const backend::AttentionArgs& a,
     mp.summary_slots = d->slots.get();
     mp.summaries = a.summaries ? d->summaries.get() : nullptr;
     mp.num_summary_slots = a.num_summary_slots;
+    mp.summary_parts = a.summary_parts;
     mp.page_bound = d->bound.get();
     mp.score_max = d->score_max.get();
   }
@@ -185,7 +186,8 @@ TEST(MixedAttentionParity, DecodeMatchesTheMixedOracleWithAndWithoutSplits) {
     const ElemType dtype = dtype_of(iter);
     AttentionCase c = oracle::make_case(spec);
     round_pages(c, dtype);
-    Scoring sc(c, *cpu, rng);
+    const int parts = 1 << (iter % 3);  // summaries of 1, 2 or 4 parts (block 16)
+    Scoring sc(c, *cpu, rng, parts);
     const bool all_full = iter % 6 == 5;  // side outputs with page_precision null
     oracle::MixSpec mix;
     if (all_full) mix = {0.0, 0.0, 0.0};
@@ -200,10 +202,10 @@ TEST(MixedAttentionParity, DecodeMatchesTheMixedOracleWithAndWithoutSplits) {
     sc.apply(a);
     const MixedResult want = oracle::mixed_attention(a);
     if (all_full) a.page_precision = nullptr;
-    const std::string what = "iter " + std::to_string(iter) + " " + kernels::elem_name(dtype) +
-                             " heads " + std::to_string(spec.num_heads) + "/" +
-                             std::to_string(spec.num_kv_heads) + " hd " +
-                             std::to_string(spec.head_dim);
+    const std::string what =
+        "iter " + std::to_string(iter) + " " + kernels::elem_name(dtype) + " heads " +
+        std::to_string(spec.num_heads) + "/" + std::to_string(spec.num_kv_heads) + " hd " +
+        std::to_string(spec.head_dim) + " summary parts " + std::to_string(parts);
     for (const backend::SplitPlan& plan : oracle::plans_for(c, rng)) {
       const std::string w = what + " chunk " + std::to_string(plan.chunk_tokens);
       auto d = upload(a, c.pages, dtype, &m, &sc, &plan);

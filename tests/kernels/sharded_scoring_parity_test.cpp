@@ -132,6 +132,7 @@ std::unique_ptr<DeviceCall> upload(const backend::AttentionArgs& a, const std::v
     mp.summary_slots = d->slots.get();
     mp.summaries = a.summaries ? d->summaries.get() : nullptr;
     mp.num_summary_slots = a.num_summary_slots;
+    mp.summary_parts = a.summary_parts;
     mp.page_bound = d->bound.get();
     mp.score_max = d->score_max.get();
   }

@@ -126,20 +126,25 @@ inline MixedResult mixed_attention(const backend::AttentionArgs& a) {
         const int32_t slot = a.summary_slots[int64_t{s} * a.max_blocks_per_seq + b];
         if (slot < 0) continue;
         double best = 0.0;
-        for (int h = 0; h < a.num_heads; ++h) {
-          const int kvh = kv_head_of(h, a.num_heads, a.num_kv_heads);
-          const kernels::KvSummaryElem* kmin =
-              a.summaries + (int64_t{slot} * 2 * a.num_kv_heads + kvh) * hd;
-          const kernels::KvSummaryElem* kmax = kmin + int64_t{a.num_kv_heads} * hd;
-          const float* q = a.q + (int64_t{q0} * a.num_heads + h) * hd;
-          double ub = 0.0;
-          for (int d = 0; d < hd; ++d) {
-            if (q[d] == 0.f) continue;  // no term (0 x inf would be NaN)
-            const double lo = kernels::kvq_half_float(kmin[d]);
-            const double hi = kernels::kvq_half_float(kmax[d]);
-            ub += std::max(double{q[d]} * lo, double{q[d]} * hi);
+        // Summary layout [slots, summary_parts, 2, num_kv_heads, head_dim]: the largest part's.
+        for (int part = 0; part < a.summary_parts; ++part) {
+          for (int h = 0; h < a.num_heads; ++h) {
+            const int kvh = kv_head_of(h, a.num_heads, a.num_kv_heads);
+            const kernels::KvSummaryElem* kmin =
+                a.summaries +
+                ((int64_t{slot} * a.summary_parts + part) * 2 * a.num_kv_heads + kvh) * hd;
+            const kernels::KvSummaryElem* kmax = kmin + int64_t{a.num_kv_heads} * hd;
+            const float* q = a.q + (int64_t{q0} * a.num_heads + h) * hd;
+            double ub = 0.0;
+            for (int d = 0; d < hd; ++d) {
+              if (q[d] == 0.f) continue;  // no term (0 x inf would be NaN)
+              const double lo = kernels::kvq_half_float(kmin[d]);
+              const double hi = kernels::kvq_half_float(kmax[d]);
+              ub += std::max(double{q[d]} * lo, double{q[d]} * hi);
+            }
+            best =
+                std::max(best, std::exp(ub * a.scale - r.max_score[int64_t{s} * a.num_heads + h]));
           }
-          best = std::max(best, std::exp(ub * a.scale - r.max_score[int64_t{s} * a.num_heads + h]));
         }
         r.page_bound[int64_t{s} * a.max_blocks_per_seq + b] = best;
       }

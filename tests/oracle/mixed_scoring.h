@@ -30,10 +30,13 @@ struct Scoring {
   std::vector<kernels::KvSummaryElem> summaries;  // f16 bits
   std::vector<float> relevance0, bound0, relevance, bound;
   int num_slots = 0;
+  int parts = 1;  // summary_parts: each summary covers its page in this many parts
 
-  Scoring(AttentionCase& c, backend::Backend& summarizer, Rng& rng) {
+  // summary_parts must divide the case's block size.
+  Scoring(AttentionCase& c, backend::Backend& summarizer, Rng& rng, int summary_parts = 1)
+      : parts(summary_parts) {
     const int bs = c.spec.block_size, hd = c.spec.head_dim, nkv = c.spec.num_kv_heads;
-    const kernels::QuantPageLayout ql{nkv, bs, hd};
+    const kernels::QuantPageLayout ql{nkv, bs, hd, parts};
     const int64_t block_elems = int64_t{2} * nkv * bs * hd;
     score_seqs.assign(c.num_seqs, 0);
     for (auto& x : score_seqs) x = rng.range(0, 3) != 0;
@@ -45,10 +48,11 @@ struct Scoring {
         if (b < c.unread_pages(s)) continue;                // before the window: poisoned
         const size_t row = static_cast<size_t>(s) * c.max_blocks_per_seq + b;
         slots[row] = num_slots++;
-        summaries.resize(static_cast<size_t>(num_slots) * 2 * nkv * hd);
+        const auto per_slot = static_cast<size_t>(ql.summary_elems());
+        summaries.resize(static_cast<size_t>(num_slots) * per_slot);
         const Status st = summarizer.summarize_kv_page(
             c.pages.data() + c.block_tables[row] * block_elems, backend::DType::kF32, ql,
-            summaries.data() + static_cast<size_t>(slots[row]) * 2 * nkv * hd);
+            summaries.data() + static_cast<size_t>(slots[row]) * per_slot);
         EXPECT_TRUE(st.ok()) << st.to_string();
       }
     }
@@ -68,6 +72,7 @@ struct Scoring {
     a.summary_slots = slots.data();
     a.summaries = summaries.empty() ? nullptr : summaries.data();
     a.num_summary_slots = num_slots;
+    a.summary_parts = parts;
     a.page_bound = bound.data();
   }
 };

@@ -53,6 +53,11 @@ Status validate_mixed(const AttentionArgs& a, const char* op, bool decode) {
     return invalid_argument(where + "page_bound needs summary_slots and summaries");
   }
   if (a.num_summary_slots < 0) return invalid_argument(where + "negative num_summary_slots");
+  if (bound && (a.summary_parts < 1 || a.kv.block_size % a.summary_parts != 0)) {
+    return invalid_argument(where + "summary_parts " + std::to_string(a.summary_parts) +
+                            " must be >= 1 and divide block_size " +
+                            std::to_string(a.kv.block_size));
+  }
   if (bound && !(a.scale > 0.f)) return invalid_argument(where + "page_bound needs scale > 0");
   for (int s = 0; s < a.num_seqs; ++s) {
     const int nb = (a.kv_lens[s] + a.kv.block_size - 1) / a.kv.block_size;
@@ -240,20 +245,25 @@ void score_side_outputs(const AttentionArgs& a, const float* m, ThreadPool& pool
     const float* q0 = a.q + static_cast<int64_t>(a.query_start[s]) * a.num_heads * hd;
     const float* mh = m + static_cast<int64_t>(s) * a.num_heads;
     if (a.page_bound && a.summary_slots[row] >= 0) {
+      const int64_t part_elems = int64_t{2} * nkv * hd;
       const kernels::KvSummaryElem* summary =
-          a.summaries + static_cast<int64_t>(a.summary_slots[row]) * 2 * nkv * hd;
+          a.summaries + static_cast<int64_t>(a.summary_slots[row]) * a.summary_parts * part_elems;
       float best = 0.f;
-      for (int h = 0; h < a.num_heads; ++h) {
-        const kernels::KvSummaryElem* kmin = summary + static_cast<int64_t>(h / group) * hd;
-        const kernels::KvSummaryElem* kmax = kmin + static_cast<int64_t>(nkv) * hd;
-        const float* q = q0 + static_cast<int64_t>(h) * hd;
-        double ub = 0.0;
-        for (int d = 0; d < hd; ++d) {
-          if (q[d] == 0.f) continue;  // no term, whatever the range (0 x inf would be NaN)
-          const double lo = kernels::kvq_half_float(kmin[d]), hi = kernels::kvq_half_float(kmax[d]);
-          ub += std::max(static_cast<double>(q[d]) * lo, static_cast<double>(q[d]) * hi);
+      for (int part = 0; part < a.summary_parts; ++part) {
+        for (int h = 0; h < a.num_heads; ++h) {
+          const kernels::KvSummaryElem* kmin =
+              summary + part * part_elems + static_cast<int64_t>(h / group) * hd;
+          const kernels::KvSummaryElem* kmax = kmin + static_cast<int64_t>(nkv) * hd;
+          const float* q = q0 + static_cast<int64_t>(h) * hd;
+          double ub = 0.0;
+          for (int d = 0; d < hd; ++d) {
+            if (q[d] == 0.f) continue;  // no term, whatever the range (0 x inf would be NaN)
+            const double lo = kernels::kvq_half_float(kmin[d]);
+            const double hi = kernels::kvq_half_float(kmax[d]);
+            ub += std::max(static_cast<double>(q[d]) * lo, static_cast<double>(q[d]) * hi);
+          }
+          best = std::max(best, expf(static_cast<float>(a.scale * ub) - mh[h]));
         }
-        best = std::max(best, expf(static_cast<float>(a.scale * ub) - mh[h]));
       }
       a.page_bound[row] = std::max(a.page_bound[row], best);
     }

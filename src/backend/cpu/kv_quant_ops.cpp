@@ -144,24 +144,33 @@ Status cpu_summarize_kv_page(const void* src, DType src_dtype, const QuantPageLa
   KVSPLIT_RETURN_IF_ERROR(check_f32(src_dtype, kOp));
   KVSPLIT_RETURN_IF_ERROR(validate_quant_layout(layout, kOp));
   if (!src || !dst) return invalid_argument(std::string(kOp) + ": null src or dst");
+  if (!layout.valid_summary_parts()) {
+    return invalid_argument(std::string(kOp) + ": summary_parts " +
+                            std::to_string(layout.summary_parts) + " must be >= 1 and divide " +
+                            "block_size " + std::to_string(layout.block_size));
+  }
   const float* keys = static_cast<const float*>(src);  // K section: [num_kv_heads, bs, hd]
   const int hd = layout.head_dim;
+  const int part_slots = layout.block_size / layout.summary_parts;
   const int64_t per_kv = int64_t{layout.num_kv_heads} * hd;
   std::vector<float> mn(static_cast<size_t>(hd)), mx(static_cast<size_t>(hd));
-  for (int h = 0; h < layout.num_kv_heads; ++h) {
-    std::fill(mn.begin(), mn.end(), INFINITY);
-    std::fill(mx.begin(), mx.end(), -INFINITY);
-    for (int slot = 0; slot < layout.block_size; ++slot) {
-      const float* k = keys + layout.token_index(0, h, slot) * hd;
-      for (int d = 0; d < hd; ++d) {
-        mn[d] = std::min(mn[d], k[d]);
-        mx[d] = std::max(mx[d], k[d]);
+  for (int part = 0; part < layout.summary_parts; ++part) {
+    kernels::KvSummaryElem* out = dst + 2 * per_kv * part;
+    for (int h = 0; h < layout.num_kv_heads; ++h) {
+      std::fill(mn.begin(), mn.end(), INFINITY);
+      std::fill(mx.begin(), mx.end(), -INFINITY);
+      for (int slot = part * part_slots; slot < (part + 1) * part_slots; ++slot) {
+        const float* k = keys + layout.token_index(0, h, slot) * hd;
+        for (int d = 0; d < hd; ++d) {
+          mn[d] = std::min(mn[d], k[d]);
+          mx[d] = std::max(mx[d], k[d]);
+        }
       }
-    }
-    // f16, rounded outwards: the stored range still covers every key.
-    for (int d = 0; d < hd; ++d) {
-      dst[int64_t{h} * hd + d] = kernels::kvq_summary_min_bits(mn[d]);
-      dst[per_kv + int64_t{h} * hd + d] = kernels::kvq_summary_max_bits(mx[d]);
+      // f16, rounded outwards: the stored range still covers every key of the part.
+      for (int d = 0; d < hd; ++d) {
+        out[int64_t{h} * hd + d] = kernels::kvq_summary_min_bits(mn[d]);
+        out[per_kv + int64_t{h} * hd + d] = kernels::kvq_summary_max_bits(mx[d]);
+      }
     }
   }
   return ok_status();

@@ -89,6 +89,7 @@ inline kernels::MixedAttentionParams mixed_attention_params(
   mp.summary_slots = a.summary_slots;
   mp.summaries = a.summaries;
   mp.num_summary_slots = a.num_summary_slots;
+  mp.summary_parts = a.summary_parts;
   mp.page_bound = a.page_bound;
   return mp;
 }
