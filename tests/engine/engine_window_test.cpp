@@ -207,7 +207,9 @@ TEST_P(EngineWindow, ALongPromptReusesItsCachedPagesHoldingOnlyTheWindow) {
     }
     // Position 296's window reads keys 265-296: pages 33-36 at most came back from the host.
     EXPECT_LE(from_host, 4 * 8);
-    if (host) EXPECT_GT(pages_host, 0);  // the pages behind stayed there
+    if (host) {
+      EXPECT_GT(pages_host, 0);  // the pages behind stayed there
+    }
   }
 }
 
