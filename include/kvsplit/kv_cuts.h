@@ -69,7 +69,11 @@ struct SemanticCutConfig {
   int32_t score_interval = 4;       // decode steps between scorings (1: every step)
   float smoothing = 0.5f;           // weight of a new score in a page's relevance (EMA), (0, 1]
   int64_t host_capacity_mb = 1024;  // host tier for full-precision originals, per worker
-  int32_t heavy_tokens = 64;        // kH2O only: tokens kept beyond sinks and recent ones
+  // Each page's key summary covers it in this many equal parts, the recall bound taking the
+  // largest part's: a tighter bound (fewer recalls of pages that prove cold) for summary_parts
+  // times the summary bytes. Per pool (as host_capacity_mb); divides the block size; [1, 1024].
+  int32_t summary_parts = 1;
+  int32_t heavy_tokens = 64;  // kH2O only: tokens kept beyond sinks and recent ones
 };
 
 // The temporal cut (kv-cuts.md §3): how a sequence preempted under memory pressure keeps its KV.

@@ -51,6 +51,10 @@ void add_cut_options(CLI::App* app, CutFlags& f) {
   app->add_option("--host-capacity-mb", s.host_capacity_mb,
                   "host tier for full-precision originals (MiB)")
       ->capture_default_str();
+  app->add_option("--summary-parts", s.summary_parts,
+                  "parts each page's key summary covers it in (a tighter recall bound for that "
+                  "many times the summary bytes); divides --block-size")
+      ->capture_default_str();
   app->add_option("--heavy-tokens", s.heavy_tokens,
                   "h2o: tokens kept beyond sinks and recent ones (the most relevant pages)")
       ->capture_default_str();
@@ -59,7 +63,7 @@ void add_cut_options(CLI::App* app, CutFlags& f) {
       ->check(CLI::NonNegativeNumber);
 }
 
-StatusOr<ResolvedCut> resolve_cut(const CutFlags& f) {
+StatusOr<ResolvedCut> resolve_cut(const CutFlags& f, int block_size) {
   ResolvedCut r;
   KVSPLIT_ASSIGN_OR_RETURN(r.policy, cuts::semantic::parse_kv_policy(f.kv_policy));
   if (f.kv_cache_compression == "semantic_v2") {
@@ -81,6 +85,10 @@ StatusOr<ResolvedCut> resolve_cut(const CutFlags& f) {
     for (size_t i = 0; i < msg.size() && msg[i] != ':'; ++i)
       if (msg[i] == '_') msg[i] = '-';
     return invalid_argument(msg);
+  }
+  if (block_size > 0 && block_size % f.semantic.summary_parts != 0) {
+    return invalid_argument("--summary-parts " + std::to_string(f.semantic.summary_parts) +
+                            " must divide --block-size " + std::to_string(block_size));
   }
   r.semantic = f.semantic;
   const std::optional<RecallPrecision> rung = parse_recall_precision(f.recall_precision);

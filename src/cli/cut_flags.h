@@ -28,7 +28,8 @@ struct ResolvedCut {
   int prefill = 0;
 };
 
-// kInvalidArgument naming the flag for a bad value or a conflicting pair.
-StatusOr<ResolvedCut> resolve_cut(const CutFlags& flags);
+// kInvalidArgument naming the flag for a bad value or a conflicting pair (--summary-parts must
+// divide block_size, the command's --block-size).
+StatusOr<ResolvedCut> resolve_cut(const CutFlags& flags, int block_size);
 
 }  // namespace kvsplit::cli

@@ -80,7 +80,7 @@ struct GenerateFlags {
 };
 
 int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
-  auto rc = cli::resolve_cut(gf.cut);
+  auto rc = cli::resolve_cut(gf.cut, gf.block_size);
   if (!rc.ok()) return fail(rc.status());
   auto run = cli::load_run_model(cf);
   if (!run.ok()) return fail(run.status());

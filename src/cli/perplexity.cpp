@@ -139,7 +139,7 @@ void add_perplexity_options(CLI::App* app, CommonFlags& common, PerplexityFlags&
 }
 
 int run_perplexity(CommonFlags& common, const PerplexityFlags& f) {
-  auto rc = resolve_cut(f.cut);
+  auto rc = resolve_cut(f.cut, f.block_size);
   if (!rc.ok()) return fail(rc.status());
   auto run = load_run_model(common);
   if (!run.ok()) return fail(run.status());

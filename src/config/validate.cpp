@@ -70,6 +70,10 @@ Status validate_config(const Config& config) {
   KVSPLIT_RETURN_IF_ERROR(validate_block_size(e.block_size, "kv.block_size"));
   KVSPLIT_RETURN_IF_ERROR(check_range("kv.blocks_per_worker", e.kv_blocks_per_worker, 0, 1 << 26));
   KVSPLIT_RETURN_IF_ERROR(validate_semantic_cut(e.semantic, "kv.cuts.semantic."));
+  if (e.block_size % e.semantic.summary_parts != 0)
+    return invalid_argument("kv.cuts.semantic.summary_parts: must divide kv.block_size " +
+                            std::to_string(e.block_size) + ", got " +
+                            std::to_string(e.semantic.summary_parts));
   if (e.spatial.spatial_chunk_size % e.block_size != 0)
     return invalid_argument(
         "kv.cuts.spatial.spatial_chunk_size: must be a multiple of "

@@ -230,10 +230,12 @@ Status read_pools(const YAML::Node& n, EngineConfig* e) {
 // the field of *c; range checks are validate_semantic_cut's (validate_config).
 // The keys read_semantic_keys reads.
 constexpr const char* kSemanticKeys[] = {
-    "semantic_threshold", "evict_threshold",  "demote_after_steps",  "evict_after_steps",
-    "recall_threshold",   "recall_wait_ms",   "semantic_window",     "sink_tokens",
-    "recent_tokens",      "score_interval",   "smoothing",           "host_capacity_mb",
-    "heavy_tokens",       "recall_precision", "max_recalls_per_step"};
+    "semantic_threshold", "evict_threshold",  "demote_after_steps",
+    "evict_after_steps",  "recall_threshold", "recall_wait_ms",
+    "semantic_window",    "sink_tokens",      "recent_tokens",
+    "score_interval",     "smoothing",        "host_capacity_mb",
+    "heavy_tokens",       "recall_precision", "max_recalls_per_step",
+    "summary_parts"};
 
 Status read_semantic_keys(MapReader& r, SemanticCutConfig* c) {
   KVSPLIT_RETURN_IF_ERROR(r.get("semantic_threshold", &c->semantic_threshold));
@@ -250,6 +252,7 @@ Status read_semantic_keys(MapReader& r, SemanticCutConfig* c) {
   KVSPLIT_RETURN_IF_ERROR(r.get("host_capacity_mb", &c->host_capacity_mb));
   KVSPLIT_RETURN_IF_ERROR(r.get("heavy_tokens", &c->heavy_tokens));
   KVSPLIT_RETURN_IF_ERROR(r.get("max_recalls_per_step", &c->max_recalls_per_step));
+  KVSPLIT_RETURN_IF_ERROR(r.get("summary_parts", &c->summary_parts));
   std::string rung;
   KVSPLIT_RETURN_IF_ERROR(r.get("recall_precision", &rung));
   if (r.has("recall_precision")) {

@@ -51,6 +51,9 @@ Status validate_engine_config(const EngineConfig& c) {
     return bad("kv_policy", static_cast<int>(c.kv_policy), "full, semantic, streaming or h2o");
   }
   KVSPLIT_RETURN_IF_ERROR(cuts::semantic::validate(c.semantic, "EngineConfig.semantic."));
+  if (c.block_size % c.semantic.summary_parts != 0)
+    return bad("semantic.summary_parts", c.semantic.summary_parts,
+               ("a divisor of block_size " + std::to_string(c.block_size)).c_str());
   if (!(c.kv_quant_fraction >= 0.0 && c.kv_quant_fraction <= 0.9))
     return bad("kv_quant_fraction", c.kv_quant_fraction, "in [0, 0.9]");
   if (c.kv_quant_fraction > 0.0 && c.kv_blocks_per_worker > 0)

@@ -44,6 +44,11 @@ Status validate(const KvPoolConfig& config, const KvShape& shape) {
         "KvPool: int8_blocks, int4_blocks, summary_slots and host_bytes must "
         "be >= 0");
   }
+  if (config.summary_parts < 1 || config.block_size % config.summary_parts != 0) {
+    return invalid_argument("KvPool: summary_parts " + std::to_string(config.summary_parts) +
+                            " must be >= 1 and divide block_size " +
+                            std::to_string(config.block_size));
+  }
   if ((config.int8_blocks > 0 || config.int4_blocks > 0) && shape.head_dim % 2 != 0) {
     return invalid_argument("KvPool: quantized pages need an even head_dim, got " +
                             std::to_string(shape.head_dim));
@@ -305,6 +310,7 @@ Status KvPool::add_shards(std::vector<std::unique_ptr<backend::Backend>> backend
   pc.int8_blocks = config_.int8_blocks;
   pc.int4_blocks = config_.int4_blocks;
   pc.summary_slots = config_.summary_slots;
+  pc.summary_parts = config_.summary_parts;
   // All or nothing: the group changes only once every peer's pool exists (a half-added group
   // would count shards with no chunk size to place pages by).
   for (const auto& be : backends)
@@ -670,8 +676,7 @@ void KvPool::release(BlockTable& table) {
 }
 
 int64_t KvPool::summary_layer_bytes() const {
-  return int64_t{2} * shape_.num_kv_heads * shape_.head_dim *
-         static_cast<int64_t>(sizeof(kernels::KvSummaryElem));
+  return quant_layout().summary_elems() * static_cast<int64_t>(sizeof(kernels::KvSummaryElem));
 }
 
 int64_t KvPool::page_layer_bytes(kernels::KvPrecision p) const {

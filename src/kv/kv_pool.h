@@ -31,6 +31,9 @@ struct KvPoolConfig {
   int int4_blocks = 0;
   // Key summaries (per-channel min/max of every layer) of pages that are not full precision.
   int summary_slots = 0;
+  // Each summary covers its page in this many equal parts (kv_quant.h "key summaries"): a tighter
+  // recall bound for summary_parts times the bytes. >= 1, divides block_size.
+  int summary_parts = 1;
   // Host tier for the full-precision originals of demoted or evicted pages, in bytes (whole
   // pages of all layers; a page that cannot get a slot is not demoted).
   int64_t host_bytes = 0;
@@ -137,7 +140,8 @@ class KvPool {
 
   // ---- semantic-cut tiers (empty unless configured) ----
   kernels::QuantPageLayout quant_layout() const {
-    return kernels::QuantPageLayout{shape_.num_kv_heads, config_.block_size, shape_.head_dim};
+    return kernels::QuantPageLayout{shape_.num_kv_heads, config_.block_size, shape_.head_dim,
+                                    config_.summary_parts};
   }
   // Bytes of one page of one layer at `p` (kFull: the pool's dtype; kEvicted: 0).
   int64_t page_layer_bytes(kernels::KvPrecision p) const;

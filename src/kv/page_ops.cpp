@@ -328,7 +328,7 @@ class Executor {
       return false;
     }
     const kernels::QuantPageLayout layout = at.quant_layout();
-    const int64_t summary_elems = int64_t{2} * layout.num_kv_heads * layout.head_dim;
+    const int64_t summary_elems = layout.summary_elems();
     // Every layer's copy in one batch, the summaries beside them on the same stream, then one
     // wait: the slot may be read next from another shard's stream (a restore elsewhere).
     std::vector<backend::Backend::CopyRange> copies;

@@ -573,6 +573,7 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
       a.summary_slots = reinterpret_cast<const int32_t*>(dpages + o_slots);
       a.summaries = kvp.config().summary_slots > 0 ? kvp.summaries(layer) : nullptr;
       a.num_summary_slots = kvp.config().summary_slots;
+      a.summary_parts = kvp.config().summary_parts;
       a.page_bound = reinterpret_cast<float*>(dpages + o_bound);
     }
     return a;

@@ -516,6 +516,7 @@ Status ShardedAttention::score_layer(int layer, const float* q) {
       a.summary_slots = z.summary_slots + r0 * z.max_blocks;
       a.summaries = z.pool->config().summary_slots > 0 ? z.pool->summaries(layer) : nullptr;
       a.num_summary_slots = z.pool->config().summary_slots;
+      a.summary_parts = z.pool->config().summary_parts;
       a.page_bound = z.bound + r0 * z.max_blocks;
       a.score_max = z.seq_max + r0 * H;
       KVSPLIT_RETURN_IF_ERROR(z.be->attention_decode(a, run.plan));

@@ -111,10 +111,11 @@ Status SequenceCut::split_budget(const cuts::semantic::SemanticConfig& sc, int64
   if (!(quant_fraction > 0.0 && quant_fraction < 1.0))
     return invalid_argument("kv_quant_fraction must be in (0, 1)");
   const int64_t full = kv::KvPool::block_bytes(*config, shape);
-  const kernels::QuantPageLayout ql{shape.num_kv_heads, config->block_size, shape.head_dim};
+  const kernels::QuantPageLayout ql{shape.num_kv_heads, config->block_size, shape.head_dim,
+                                    sc.summary_parts};
   const int64_t layers = shape.num_layers;
-  const int64_t summary = int64_t{2} * shape.num_kv_heads * shape.head_dim *
-                          static_cast<int64_t>(sizeof(kernels::KvSummaryElem)) * layers;
+  const int64_t summary =
+      ql.summary_elems() * static_cast<int64_t>(sizeof(kernels::KvSummaryElem)) * layers;
   const int64_t b8 = ql.bytes(kernels::KvPrecision::kInt8) * layers;
   const int64_t b4 = ql.bytes(kernels::KvPrecision::kInt4) * layers;
   const auto quant = static_cast<int64_t>(static_cast<double>(capacity_bytes) * quant_fraction);
@@ -132,6 +133,7 @@ Status SequenceCut::split_budget(const cuts::semantic::SemanticConfig& sc, int64
   config->int8_blocks = static_cast<int>(n8);
   config->int4_blocks = static_cast<int>(n4);
   config->summary_slots = static_cast<int>(n8 + 2 * n4);
+  config->summary_parts = sc.summary_parts;
   // Host memory is not the device budget: originals for every page that can leave full.
   config->host_bytes = std::min<int64_t>(sc.host_capacity_mb << 20, (n8 + 2 * n4) * full);
   return ok_status();
@@ -143,6 +145,7 @@ void SequenceCut::size_tiers(KvPolicy policy, const cuts::semantic::SemanticConf
   const int64_t full_page_bytes = kv::KvPool::block_bytes(*config, shape);
   if (policy != KvPolicy::kSemantic) return;  // the baselines drop pages and keep nothing
   config->summary_slots = max_pages;
+  config->summary_parts = sc.summary_parts;
   const int64_t host =
       std::min<int64_t>(sc.host_capacity_mb << 20, int64_t{max_pages} * full_page_bytes);
   config->host_bytes = host;

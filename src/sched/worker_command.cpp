@@ -127,8 +127,10 @@ Status Worker::apply_cut_params(const SetCutParams& c) {
   if (global) {
     if (c.semantic) {
       const int64_t host_mb = options_.semantic.host_capacity_mb;
+      const int32_t parts = options_.semantic.summary_parts;
       options_.semantic = *c.semantic;
       options_.semantic.host_capacity_mb = host_mb;
+      options_.semantic.summary_parts = parts;
     }
     if (c.swap) options_.temporal.swap = *c.swap;
     if (c.temporal_step_size) options_.temporal.temporal_step_size = *c.temporal_step_size;
@@ -147,6 +149,7 @@ Status Worker::apply_cut_params(const SetCutParams& c) {
       if (c.semantic) {
         SemanticCutConfig sc = *c.semantic;
         sc.host_capacity_mb = options_.semantic.host_capacity_mb;
+        sc.summary_parts = options_.semantic.summary_parts;
         s->sla.semantic = sc;
         if (s->cut) s->cut->set_config(sc);
       }

@@ -52,7 +52,8 @@ struct MigrateKv {
 // fields keep their value. Empty sla_class: the worker's own settings, which sequences without a
 // class override (and sequences admitted later) use. A class name: the override of that class's
 // sequences on this worker. `semantic` replaces the thresholds, windows and steps (its
-// host_capacity_mb is ignored: tiers keep their size) and is checked like the YAML
+// host_capacity_mb and summary_parts are ignored: tiers keep their size and layout) and is
+// checked like the YAML
 // (kInvalidArgument naming the field, nothing changed); it needs a worker with a KV policy other
 // than full (kFailedPrecondition otherwise).
 struct SetCutParams {

@@ -26,6 +26,14 @@ nlohmann::json ppl(const std::string& extra) {
   return lines.empty() ? nlohmann::json::object() : lines[0];
 }
 
+// The aggressive ladder of docs/kv-cuts.md "Recall at a quantized rung" (block 8, recent 8, T
+// 0.99, recall threshold 1) evicting below `evict`.
+std::string evicting_ladder(const std::string& evict) {
+  return "--prefill 16 --block-size 8 --kv-policy semantic --recent-tokens 8 --semantic-threshold "
+         "0.99 --recall-threshold 1 --score-interval 1 --demote-after-steps 1 --evict-threshold " +
+         evict;
+}
+
 TEST(PerplexityCli, FullKvMatchesTheReferenceAndDecodeMatchesPrefill) {
   KVSPLIT_REQUIRE_MODELS();
   const nlohmann::json whole = ppl("");
@@ -98,9 +106,7 @@ TEST(PerplexityCli, PoliciesFreeKvAndCountWhatTheyDid) {
 // full precision without a limit.
 TEST(PerplexityCli, QuantizedAndTopKRecallsHoldLessKv) {
   KVSPLIT_REQUIRE_MODELS();
-  const std::string ladder =
-      "--prefill 16 --block-size 8 --kv-policy semantic --recent-tokens 8 --semantic-threshold "
-      "0.99 --evict-threshold 0.8 --recall-threshold 1 --score-interval 1 --demote-after-steps 1";
+  const std::string ladder = evicting_ladder("0.8");
   const nlohmann::json full = ppl(ladder);
   const nlohmann::json int4 = ppl(ladder + " --recall-precision int4");
   const nlohmann::json top1 = ppl(ladder + " --recall-precision int4 --max-recalls-per-step 1");
@@ -118,6 +124,23 @@ TEST(PerplexityCli, QuantizedAndTopKRecallsHoldLessKv) {
   EXPECT_LT(top1["avg_resident_kv_fraction"].get<double>(),
             int4["avg_resident_kv_fraction"].get<double>());
   EXPECT_GT(top1["avg_pages"]["evicted"].get<double>(), full["avg_pages"]["evicted"].get<double>());
+}
+
+// Key summaries in parts (--summary-parts): each part's bound is at most the whole page's, so
+// fewer evicted pages clear the recall threshold and are called back for nothing, at the same NLL.
+TEST(PerplexityCli, SummariesInPartsRecallLess) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::string ladder = evicting_ladder("0.5");
+  const nlohmann::json one = ppl(ladder);
+  const nlohmann::json two = ppl(ladder + " --summary-parts 2");
+  const nlohmann::json four = ppl(ladder + " --summary-parts 4");
+  ASSERT_GT(one["recalls"].get<int>(), 100);
+  EXPECT_LT(two["recalls"].get<int>(), one["recalls"].get<int>() * 3 / 4);
+  EXPECT_LT(four["recalls"].get<int>(), two["recalls"].get<int>());
+  EXPECT_GT(four["avg_pages"]["evicted"].get<double>(), one["avg_pages"]["evicted"].get<double>());
+  for (const nlohmann::json* j : {&two, &four}) {
+    EXPECT_NEAR((*j)["nll"].get<double>(), one["nll"].get<double>(), 0.005);
+  }
 }
 
 TEST(PerplexityCli, GenerateWithTheCutAtZeroThresholdsMatchesTheGolden) {
@@ -156,6 +179,9 @@ TEST(PerplexityCli, BadInputIsAnErrorNamingIt) {
   expect_error(recall_args() + " --kv-cache-compression none --kv-policy semantic",
                "--kv-cache-compression none conflicts with --kv-policy semantic");
   expect_error(recall_args() + " --kv-policy lru", "--kv-policy");
+  expect_error(recall_args() + " --kv-policy semantic --block-size 8 --summary-parts 3",
+               "--summary-parts 3 must divide --block-size 8");
+  expect_error(recall_args() + " --kv-policy semantic --summary-parts 0", "--summary-parts");
   expect_error("perplexity --model " + quote(model_path("recall-llama")),
                "exactly one of --text FILE and --jsonl FILE");
   TempDir tmp;

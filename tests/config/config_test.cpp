@@ -261,7 +261,7 @@ TEST(ConfigTest, KvCutKeys) {
       "               evict_after_steps: 3, recall_threshold: 0.4, semantic_window: 4096,\n"
       "               sink_tokens: 4, recent_tokens: 256, score_interval: 2, smoothing: 0.6,\n"
       "               host_capacity_mb: 2048, heavy_tokens: 32, recall_precision: int4,\n"
-      "               max_recalls_per_step: 2}\n"
+      "               max_recalls_per_step: 2, summary_parts: 4}\n"
       "sla_classes:\n"
       "  voice: {max_ttft_ms: 300, kv: {semantic_threshold: 0.2, recall_precision: full}}\n"
       "  coding: {kv: {semantic_threshold: 0.1, recent_tokens: 512}}\n"
@@ -284,6 +284,7 @@ TEST(ConfigTest, KvCutKeys) {
   EXPECT_EQ(e.semantic.heavy_tokens, 32);
   EXPECT_EQ(e.semantic.recall_precision, RecallPrecision::kInt4);
   EXPECT_EQ(e.semantic.max_recalls_per_step, 2);
+  EXPECT_EQ(e.semantic.summary_parts, 4);
   ASSERT_EQ(e.sla_classes.size(), 3u);
   // A class's kv keys override the engine's settings one by one.
   ASSERT_TRUE(e.sla_classes[0].semantic.has_value());
@@ -347,6 +348,10 @@ TEST(ConfigTest, KvCutErrorsNameTheField) {
                "kv.cuts.semantic.recall_precision: must be 'full', 'int8' or 'int4', got 'int2'");
   expect_error("kv: {cuts: {semantic: {max_recalls_per_step: -1}}}\n",
                "kv.cuts.semantic.max_recalls_per_step: must be >= 0");
+  expect_error("kv: {cuts: {semantic: {summary_parts: 0}}}\n",
+               "kv.cuts.semantic.summary_parts: must be in [1, 1024]");
+  expect_error("kv: {block_size: 16, cuts: {semantic: {summary_parts: 3}}}\n",
+               "kv.cuts.semantic.summary_parts: must divide kv.block_size 16, got 3");
   expect_error("sla_classes:\n  voice: {kv: {recall_precision: fp8}}\n",
                "sla_classes.voice.kv.recall_precision: must be 'full', 'int8' or 'int4'");
   expect_error("sla_classes:\n  voice: {kv: {semantic_threshold: -0.2}}\n",

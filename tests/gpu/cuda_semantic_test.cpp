@@ -43,5 +43,12 @@ TEST(CudaSemanticCut, QuantizedRecallMatchesTheCpuBackend) {
   expect_quantized_recall_matches_cpu(*be, /*same_counts=*/false);
 }
 
+TEST(CudaSemanticCut, RecallsFromSummariesInPartsMatchTheCpuBackend) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto be = cuda_f32();
+  ASSERT_NE(be, nullptr);
+  expect_quantized_recall_matches_cpu(*be, /*same_counts=*/false, /*summary_parts=*/4);
+}
+
 }  // namespace
 }  // namespace kvsplit::testing

@@ -34,5 +34,14 @@ TEST(EmulatedSemanticCut, QuantizedRecallMatchesTheCpuBackend) {
   EXPECT_GT(be.page_op_calls(), 0);
 }
 
+// Key summaries in 4 parts: summarized by the emulated page kernel, bounded by the emulated
+// scoring kernel; the same evictions, recalls and tokens as the CPU backend.
+TEST(EmulatedSemanticCut, RecallsFromSummariesInPartsMatchTheCpuBackend) {
+  KVSPLIT_REQUIRE_MODELS();
+  EmulatedKernelBackend be;
+  expect_quantized_recall_matches_cpu(be, /*same_counts=*/true, /*summary_parts=*/4);
+  EXPECT_GT(be.page_op_calls(), 0);
+}
+
 }  // namespace
 }  // namespace kvsplit::testing

@@ -183,10 +183,13 @@ inline sched::SequenceCutStats expect_forced_demotion_matches_cpu(backend::Backe
 // Evictions that the bound calls back at int4 (recall_precision int4, at most one per step): the
 // recalls requantize the host original with `be`'s copy and quantize ops, and the recalled pages
 // are read by its mixed attention; the tokens equal the CPU backend's (with same_counts, so do
-// the evictions and recalls).
+// the evictions and recalls). summary_parts: the pools' key summaries are in that many parts
+// (summarized by `be`'s page op, bounded by its mixed attention).
 inline sched::SequenceCutStats expect_quantized_recall_matches_cpu(backend::Backend& be,
-                                                                   bool same_counts) {
+                                                                   bool same_counts,
+                                                                   int summary_parts = 1) {
   SemanticCutConfig sc = aggressive_ladder();
+  sc.summary_parts = summary_parts;
   sc.evict_threshold = 0.9f;
   sc.evict_after_steps = 1;
   sc.recall_threshold = 0.9f;
@@ -203,6 +206,7 @@ inline sched::SequenceCutStats expect_quantized_recall_matches_cpu(backend::Back
     EXPECT_EQ(stats.ops.restored, cpu_stats.ops.restored);
     EXPECT_EQ(stats.ops.restored_quantized, cpu_stats.ops.restored_quantized);
   }
+  EXPECT_EQ(m->pool->config().summary_parts, summary_parts);
   std::printf("%s cut: %lld evictions, %lld recalls (%lld at int4)\n", be.name().c_str(),
               static_cast<long long>(stats.ops.evicted), static_cast<long long>(stats.ops.restored),
               static_cast<long long>(stats.ops.restored_quantized));

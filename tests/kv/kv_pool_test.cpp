@@ -94,6 +94,29 @@ TEST(KvPool, BadConfigIsInvalidArgument) {
   expect_invalid(c, shape(), "num_blocks above kMaxBlocks");
   c.num_blocks = std::numeric_limits<int32_t>::max();
   expect_invalid(c, shape(), "num_blocks INT32_MAX");
+  c = ok_cfg;
+  c.summary_parts = 0;
+  expect_invalid(c, shape(), "summary_parts 0");
+  c.summary_parts = 3;  // does not divide block_size 16
+  expect_invalid(c, shape(), "summary_parts 3");
+}
+
+// Key summaries in parts: each summary slot holds summary_parts times the one-part bytes, and
+// the pool's layout says so (the page ops and the attention read it from there).
+TEST(KvPool, SummariesInPartsTakeThatManyTimesTheBytes) {
+  auto be = cpu();
+  KvPoolConfig c;
+  c.num_blocks = 4;
+  c.summary_slots = 3;
+  auto one = KvPool::create(*be, c, shape());
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  c.summary_parts = 4;
+  auto four = KvPool::create(*be, c, shape());
+  ASSERT_TRUE(four.ok()) << four.status().to_string();
+  EXPECT_EQ((*four)->summary_layer_bytes(), 4 * (*one)->summary_layer_bytes());
+  EXPECT_EQ((*four)->quant_layout().summary_parts, 4);
+  EXPECT_EQ((*one)->summary_layer_bytes(),
+            int64_t{2} * shape().num_kv_heads * shape().head_dim * 2);  // f16 min and max
 }
 
 TEST(KvPool, ReserveIsAllOrNothingAndReleaseFreesEverything) {

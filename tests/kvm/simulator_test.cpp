@@ -500,6 +500,16 @@ TEST(Simulator, QuantFractionSplitsTheBudgetAndDemotionAdmitsMore) {
   ASSERT_TRUE(on_top.ok());
   EXPECT_EQ(on_top->kv_blocks_per_worker, 51);
   EXPECT_EQ(on_top->int8_pages_per_worker, 51);
+
+  // Summaries in 2 parts: 1280 B each, so the quarter holds 11 int8 pages (6400 + 1280 B) and 25
+  // int4 pages (4480 + 2 x 1280 B), as SequenceCut::split_budget sizes them.
+  split.kv_quant_fraction = 0.25;
+  split.semantic.summary_parts = 2;
+  auto parts = simulate(split, p, trace);
+  ASSERT_TRUE(parts.ok()) << parts.status().to_string();
+  EXPECT_EQ(parts->kv_blocks_per_worker, 38);
+  EXPECT_EQ(parts->int8_pages_per_worker, 11);
+  EXPECT_EQ(parts->int4_pages_per_worker, 25);
 }
 
 // Fair prefill (common::plan_fair_prefill, the Scheduler's rule): a short prompt arriving behind a

@@ -30,6 +30,24 @@ TEST(SequenceCutBudget, SplitsOneBudgetBetweenTheRungs) {
   // In pages of tokens, the same budget holds more once pages are quantized.
   EXPECT_GT(pc.num_blocks + pc.int8_blocks + pc.int4_blocks, budget / full);
 
+  EXPECT_EQ(pc.summary_parts, 1);
+
+  // Summaries in 4 parts take 4 times the bytes: the arenas hold fewer pages, the budget still
+  // holds, and the pool is told the layout.
+  SemanticCutConfig parts = sc;
+  parts.summary_parts = 4;
+  kv::KvPoolConfig pc4;
+  pc4.block_size = 16;
+  ASSERT_TRUE(SequenceCut::split_budget(parts, budget, 0.4, shape, &pc4).ok());
+  EXPECT_EQ(pc4.summary_parts, 4);
+  EXPECT_EQ(pc4.num_blocks, pc.num_blocks);
+  EXPECT_LT(pc4.int8_blocks, pc.int8_blocks);
+  EXPECT_LT(pc4.int4_blocks, pc.int4_blocks);
+  const int64_t used4 = pc4.num_blocks * full + pc4.int8_blocks * b8 + pc4.int4_blocks * b4 +
+                        int64_t{pc4.summary_slots} * summary * 4;
+  EXPECT_LE(used4, budget);
+  EXPECT_GT(used4, budget * 95 / 100);
+
   EXPECT_FALSE(SequenceCut::split_budget(sc, budget, 0.0, shape, &pc).ok());
   EXPECT_FALSE(SequenceCut::split_budget(sc, budget, 1.0, shape, &pc).ok());
   EXPECT_FALSE(SequenceCut::split_budget(sc, full, 0.5, shape, &pc).ok());  // under one page each
