@@ -44,6 +44,7 @@ TEST(CudaSemanticCut, QuantizedRecallMatchesTheCpuBackend) {
 }
 
 TEST(CudaSemanticCut, RecallsFromSummariesInPartsMatchTheCpuBackend) {
+  KVSPLIT_REQUIRE_DEVICE();
   KVSPLIT_REQUIRE_MODELS();
   auto be = cuda_f32();
   ASSERT_NE(be, nullptr);
