@@ -123,9 +123,10 @@ class KvPool {
   // the prompt; all or nothing when one the window reads cannot come back.
   int share_prefix(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens, int max_pages,
                    int window = 0);
-  // The most pages share_prefix may serve a sequence that must compute `target` positions, the
-  // first `num_prompt` its prompt (only prompt pages are cached): whole pages, leaving at least
-  // the last position to compute (a first prefill samples from its logits).
+  // The most pages share_prefix may serve a sequence that must compute `target` positions, of
+  // which the first `num_prompt` may be cached (a prompt's; a restart after a recompute
+  // preemption under full KV passes its target, sched::cacheable_tokens): whole pages, leaving
+  // at least the last position to compute (a first prefill samples from its logits).
   int shareable_prefix_pages(int target, int num_prompt) const {
     return std::max(0, std::min(target - 1, num_prompt)) / block_size();
   }

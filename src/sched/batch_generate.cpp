@@ -250,6 +250,9 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
         }
       }
       s.recomputed_tokens += s.computed;
+      // Its full pages stay cached for the restart (Worker::preempt).
+      pool.cache_prefix(s.table, options.prefix_salt, s.tokens,
+                        cacheable_tokens(options.kv_policy, s.computed, s.num_prompt) / bs);
       pool.release(s.table);
       s.computed = 0;
       s.dropped = true;
@@ -315,8 +318,10 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
           s.dropped = false;
           const int hits = pool.share_prefix(
               s.table, options.prefix_salt, s.tokens,
-              sc.shares_prefix(s.target()) ? pool.shareable_prefix_pages(s.target(), s.num_prompt)
-                                           : 0);
+              sc.shares_prefix(s.target())
+                  ? pool.shareable_prefix_pages(
+                        s.target(), cacheable_tokens(options.kv_policy, s.target(), s.num_prompt))
+                  : 0);
           s.computed = hits * bs;
           s.recomputed_tokens -= s.computed;  // counted when dropped; not computed again
         }

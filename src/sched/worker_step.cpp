@@ -5,6 +5,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "sched/prefix_share.h"
 #include "sched/swap_predictor.h"
 #include "sched/worker.h"
 
@@ -94,6 +95,11 @@ void Worker::preempt(Sequence& seq, const Preemption& why, Clock::time_point now
       "priority {}): {} tokens of KV dropped",
       options_.name, seq.display_id(), seq.priority, preempt_reason_name(why.reason),
       why.for_priority, seq.num_computed);
+  // Its full pages join the prefix cache (evictable, so they free the room the preemption is
+  // for): the restart takes back those still cached instead of computing them again.
+  pool_->cache_prefix(
+      seq.table, seq.prefix_salt, seq.tokens,
+      cacheable_tokens(options_.kv_policy, seq.num_computed, seq.num_prompt) / pool_->block_size());
   release_kv(seq);
   seq.num_computed = 0;
   account_kv(seq, now);
@@ -469,7 +475,9 @@ void Worker::schedule(Clock::time_point now) {
         const int hits = pool_->share_prefix(
             seq.table, seq.prefix_salt, seq.tokens,
             sc.shares_prefix(seq.prefill_target())
-                ? pool_->shareable_prefix_pages(seq.prefill_target(), seq.num_prompt)
+                ? pool_->shareable_prefix_pages(
+                      seq.prefill_target(),
+                      cacheable_tokens(options_.kv_policy, seq.prefill_target(), seq.num_prompt))
                 : 0);
         seq.num_computed = hits * pool_->block_size();
         // A prompt taken without pages (a time slice) looks its cached pages up only now.

@@ -64,6 +64,31 @@ TEST(CliSwap, SwappingAndRecomputingKeepTheTokensOfAnUnboundedPool) {
   EXPECT_GT(recomputed, 0);
 }
 
+// Recompute preemptions with the prefix cache on: each preempted sequence's full pages, the
+// generated ones too, stay cached, and its restart takes back those still there. The tokens are
+// the unbounded pool's; fewer positions are computed again than with the cache off (measured 110
+// against 176).
+TEST(CliSwap, ARecomputedSequenceTakesBackItsCachedPages) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::vector<nlohmann::json> ref = generate("");
+  int recomputed[2] = {0, 0};
+  for (int cache = 0; cache < 2; ++cache) {
+    const std::vector<nlohmann::json> got = generate(
+        std::string(" --kv-blocks 20 --swap never --prefix-cache ") + (cache ? "on" : "off"));
+    ASSERT_EQ(got.size(), ref.size());
+    int preemptions = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      EXPECT_EQ(got[i]["output_token_ids"], ref[i]["output_token_ids"]) << cache << " " << i;
+      EXPECT_EQ(got[i]["cached_tokens"], 0);  // distinct prompts: no hit at admission
+      recomputed[cache] += got[i]["recomputed_tokens"].get<int>();
+      preemptions += got[i]["preemptions"].get<int>();
+    }
+    EXPECT_GT(preemptions, 0) << cache;
+  }
+  EXPECT_GT(recomputed[0], 0);
+  EXPECT_LT(recomputed[1], recomputed[0] * 3 / 4);
+}
+
 TEST(CliSwap, DiskTierBelowTheHostTierKeepsTheTokens) {
   KVSPLIT_REQUIRE_MODELS();
   const std::vector<nlohmann::json> ref = generate("");
