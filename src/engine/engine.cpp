@@ -153,8 +153,9 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
       pc.host_bytes = std::min<int64_t>(pc.host_bytes * config.spatial.shards,
                                         config.semantic.host_capacity_mb << 20);
     // The temporal cut's host tier for swapped-out pages, beside the semantic cut's originals;
-    // a prefill worker's prefix cache spills to a host and disk tier of the same sizes.
-    const bool prefix = config.prefix_cache && wo.role != sched::WorkerRole::kDecode;
+    // a prefill worker's prefix cache spills to a host and disk tier of the same sizes. A decode
+    // worker's cache holds what its recompute preemptions leave (Worker::preempt).
+    const bool prefix = config.prefix_cache;
     const bool tiers = decodes || prefix;
     if (tiers) pc.host_bytes += config.temporal.host_capacity_mb << 20;
     auto pool = kv::KvPool::create(*be, pc, shape);

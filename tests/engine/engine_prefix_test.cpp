@@ -93,10 +93,11 @@ INSTANTIATE_TEST_SUITE_P(Modes, EnginePrefix,
                          });
 
 // Sequences preempted by recompute (no host or disk tier: nothing to swap to) restart through
-// the prefix-cache lookup (Worker::schedule): the tokens are those of an engine without the cache,
-// and every block is available afterwards. Whether a restart finds its pages still cached depends
-// on the other sequences' growth meanwhile (thread timing); the deterministic check that it does
-// is PrefixRecompute.ARestartReusesItsCachedPromptPages (tests/e2e/swap_fault_test.cpp).
+// the prefix-cache lookup (Worker::schedule), on a colocated worker or a decode worker alike: the
+// tokens are those of an engine without the cache, and every block is available afterwards. Whether
+// a restart finds its pages still cached depends on the other sequences' growth meanwhile (thread
+// timing); the deterministic check that it does is PrefixRecompute.ARestartReusesItsCachedPages
+// (tests/e2e/swap_fault_test.cpp).
 TEST_P(EnginePrefix, RecomputesUnderPressureKeepTheTokens) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig cfg = testing::stories_config(GetParam());
@@ -144,7 +145,15 @@ TEST_P(EnginePrefix, RecomputesUnderPressureKeepTheTokens) {
     EXPECT_EQ(got.tokens, ref.tokens) << i;
     EXPECT_EQ(got.final_event.usage.cached_tokens, 0) << i;  // nothing cached at admission
   }
-  EXPECT_GT((*engine)->stats().preemptions, 0);
+  const EngineStats st = (*engine)->stats();
+  EXPECT_GT(st.preemptions, 0);
+  // Every worker has a prefix cache, a decode worker too: there the preempted sequences' pages
+  // (prompt and generated) were cached and their restarts looked them up.
+  for (const PoolStats& p : st.pools) {
+    if (p.name.find("decode") != std::string::npos || GetParam() == ServingMode::kColocated) {
+      EXPECT_GT(p.kv_prefix_queries, 0) << p.name;
+    }
+  }
   EXPECT_TRUE(testing::pools_back_to(**engine, initial));
 }
 
