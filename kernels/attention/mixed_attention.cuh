@@ -677,8 +677,9 @@ __global__ void __launch_bounds__(D) mixed_merge_kernel(MixedAttentionParams mp)
 // m_h = head_max[s, h] (score_max after the attention pass, or the maxima a scoring-only call is
 // given: launch_mixed_score),
 //   token_relevance[s, t] = max(token_relevance[s, t], max_h exp(z_h(t) - m_h)) (resident t),
-//   page_bound[s, i] = max(page_bound[s, i], max_h exp(sum_d max(q'_hd kmin_d, q'_hd kmax_d)
-//   - m_h)) for the pages i starting in the tile with a summary (q' = q * scale),
+//   page_bound[s, i] = max(page_bound[s, i], max_{h,p} exp(sum_d max(q'_hd kmin_pd, q'_hd kmax_pd)
+//   - m_h)) for the pages i starting in the tile with a summary, p over its summary_parts parts
+//   (q' = q * scale),
 // one writer per element (no atomics).
 template <typename KT, int D>
 __global__ void __launch_bounds__(kAttnThreads)

@@ -22,7 +22,8 @@ Status validate_sla_classes(const std::vector<SlaClass>& classes);
 // `path` (e.g. "kv.cuts.semantic.", "sla_classes.voice.kv."): thresholds outside [0, 1],
 // evict_threshold >= semantic_threshold (when both > 0), demote/evict_after_steps < 1, negative
 // windows, score_interval < 1, smoothing outside (0, 1], host_capacity_mb, heavy_tokens or
-// max_recalls_per_step < 0, recall_wait_ms not finite or above 60000.
+// max_recalls_per_step < 0, recall_wait_ms not finite or above 60000, summary_parts outside
+// [1, 1024] (that it divides the block size is checked where the block size is known).
 // cuts::semantic::validate is this function.
 Status validate_semantic_cut(const SemanticCutConfig& config, std::string_view path);
 

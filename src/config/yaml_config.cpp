@@ -452,6 +452,12 @@ Status read_sla_classes(const YAML::Node& n, const SemanticCutConfig& defaults,
     if (YAML::Node kv_node = r.child("kv"); kv_node && !kv_node.IsNull()) {
       MapReader k(kv_node, join(path, "kv"));
       KVSPLIT_RETURN_IF_ERROR(k.check_is_map());
+      // Sizes and layouts of the worker's pool are not per class: refused rather than ignored.
+      for (const char* key : {"host_capacity_mb", "summary_parts"}) {
+        if (k.present(key))
+          return field_error(join(join(path, "kv"), key),
+                             "is a per-worker pool setting: set it in kv.cuts.semantic");
+      }
       // A semantic override only when the block sets a semantic key: a class with only temporal
       // or spatial keys keeps following the engine's semantic settings (and the KV cache
       // manager's engine-wide changes to them).

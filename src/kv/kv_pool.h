@@ -153,7 +153,8 @@ class KvPool {
   void* arena(kernels::KvPrecision p, int layer) const;
   BlockAllocator& arena_allocator(kernels::KvPrecision p);
   const BlockAllocator& arena_allocator(kernels::KvPrecision p) const;
-  // Layer `layer`'s summaries: f16 bits [summary_slots, 2 (min, max), num_kv_heads, head_dim].
+  // Layer `layer`'s summaries: f16 bits [summary_slots, summary_parts, 2 (min, max),
+  // num_kv_heads, head_dim].
   kernels::KvSummaryElem* summaries(int layer) const;
   BlockAllocator& summary_allocator() { return summary_alloc_; }
   const BlockAllocator& summary_allocator() const { return summary_alloc_; }

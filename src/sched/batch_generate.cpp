@@ -251,8 +251,10 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       }
       s.recomputed_tokens += s.computed;
       // Its full pages stay cached for the restart (Worker::preempt).
+      // (Under a degrading policy only the prefilled part: prompt tokens fed by decode steps, with
+      // --prefill N, were computed attending to degraded KV.)
       pool.cache_prefix(s.table, options.prefix_salt, s.tokens,
-                        cacheable_tokens(options.kv_policy, s.computed, s.num_prompt) / bs);
+                        cacheable_tokens(options.kv_policy, s.computed, s.prompt_target) / bs);
       pool.release(s.table);
       s.computed = 0;
       s.dropped = true;
@@ -320,7 +322,8 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
               s.table, options.prefix_salt, s.tokens,
               sc.shares_prefix(s.target())
                   ? pool.shareable_prefix_pages(
-                        s.target(), cacheable_tokens(options.kv_policy, s.target(), s.num_prompt))
+                        s.target(),
+                        cacheable_tokens(options.kv_policy, s.target(), s.prompt_target))
                   : 0);
           s.computed = hits * bs;
           s.recomputed_tokens -= s.computed;  // counted when dropped; not computed again

@@ -96,10 +96,13 @@ void Worker::preempt(Sequence& seq, const Preemption& why, Clock::time_point now
       options_.name, seq.display_id(), seq.priority, preempt_reason_name(why.reason),
       why.for_priority, seq.num_computed);
   // Its full pages join the prefix cache (evictable, so they free the room the preemption is
-  // for): the restart takes back those still cached instead of computing them again.
-  pool_->cache_prefix(
-      seq.table, seq.prefix_salt, seq.tokens,
-      cacheable_tokens(options_.kv_policy, seq.num_computed, seq.num_prompt) / pool_->block_size());
+  // for): the restart takes back those still cached instead of computing them again. Not for a
+  // ReleaseKv command, which asks for the KV to be dropped and recomputed.
+  if (why.reason != PreemptReason::kCommand) {
+    pool_->cache_prefix(seq.table, seq.prefix_salt, seq.tokens,
+                        cacheable_tokens(options_.kv_policy, seq.num_computed, seq.num_prompt) /
+                            pool_->block_size());
+  }
   release_kv(seq);
   seq.num_computed = 0;
   account_kv(seq, now);

@@ -349,9 +349,14 @@ TEST(ConfigTest, KvCutErrorsNameTheField) {
   expect_error("kv: {cuts: {semantic: {max_recalls_per_step: -1}}}\n",
                "kv.cuts.semantic.max_recalls_per_step: must be >= 0");
   expect_error("kv: {cuts: {semantic: {summary_parts: 0}}}\n",
-               "kv.cuts.semantic.summary_parts: must be in [1, 1024]");
+               "kv.cuts.semantic.summary_parts: must be in [1, 1024], got 0");
   expect_error("kv: {block_size: 16, cuts: {semantic: {summary_parts: 3}}}\n",
                "kv.cuts.semantic.summary_parts: must divide kv.block_size 16, got 3");
+  // Pool sizes and layouts are per worker: a class may not set them (they were ignored before).
+  expect_error("sla_classes:\n  voice: {kv: {summary_parts: 2}}\n",
+               "sla_classes.voice.kv.summary_parts: is a per-worker pool setting");
+  expect_error("sla_classes:\n  voice: {kv: {host_capacity_mb: 64}}\n",
+               "sla_classes.voice.kv.host_capacity_mb: is a per-worker pool setting");
   expect_error("sla_classes:\n  voice: {kv: {recall_precision: fp8}}\n",
                "sla_classes.voice.kv.recall_precision: must be 'full', 'int8' or 'int4'");
   expect_error("sla_classes:\n  voice: {kv: {semantic_threshold: -0.2}}\n",

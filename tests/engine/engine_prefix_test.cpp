@@ -148,12 +148,13 @@ TEST_P(EnginePrefix, RecomputesUnderPressureKeepTheTokens) {
   const EngineStats st = (*engine)->stats();
   EXPECT_GT(st.preemptions, 0);
   // Every worker has a prefix cache, a decode worker too: there the preempted sequences' pages
-  // (prompt and generated) were cached and their restarts looked them up.
+  // (prompt and generated) were cached and their restarts looked them up (on whichever decode
+  // workers preempted).
+  int64_t queries = 0;
   for (const PoolStats& p : st.pools) {
-    if (p.name.find("decode") != std::string::npos || GetParam() == ServingMode::kColocated) {
-      EXPECT_GT(p.kv_prefix_queries, 0) << p.name;
-    }
+    if (p.name.find("prefill") == std::string::npos) queries += p.kv_prefix_queries;
   }
+  EXPECT_GT(queries, 0);
   EXPECT_TRUE(testing::pools_back_to(**engine, initial));
 }
 

@@ -320,7 +320,8 @@ void attend_mixed(const AttentionArgs& a, int seq, int kv_head, int key_begin, i
 // The scoring side outputs of AttentionArgs for the scored sequences, after the decode (m:
 // [num_seqs, num_heads], the final running max of every head; entries of unscored sequences are
 // not read). Cost: a second read of the keys of the scored sequences' resident pages (one K row
-// per token and kv head, no V), and head_dim multiply-adds per summarized page and query head.
+// per token and kv head, no V), and head_dim multiply-adds per summarized page, summary part and
+// query head.
 void score_side_outputs(const AttentionArgs& a, const float* m, ThreadPool& pool);
 
 }  // namespace kvsplit::backend::cpu_attention

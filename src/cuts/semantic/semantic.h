@@ -25,7 +25,7 @@ using kvsplit::KvPolicy;
 // kInvalidArgument naming the field (prefixed by `path`, e.g. "cuts.semantic.") for: thresholds
 // outside [0, 1], evict_threshold >= semantic_threshold (when both > 0), negative windows or step
 // counts, score_interval < 1, smoothing outside (0, 1], host_capacity_mb, heavy_tokens or
-// max_recalls_per_step < 0.
+// max_recalls_per_step < 0, summary_parts outside [1, 1024].
 Status validate(const SemanticConfig& config, const std::string& path = "");
 
 StatusOr<KvPolicy> parse_kv_policy(const std::string& name);  // full|semantic|streaming|h2o
