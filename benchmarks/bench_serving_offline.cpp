@@ -126,6 +126,7 @@ EngineConfig base_config(const Options& o, ServingMode mode) {
   c.num_decode_workers = mode == ServingMode::kColocated ? o.colocated_workers : o.decode_workers;
   c.max_batch_tokens = o.max_batch_tokens;
   if (o.max_chunk_tokens >= 0) c.max_chunk_tokens = o.max_chunk_tokens;
+  c.max_chunk_ms = o.max_chunk_ms;
   c.kv_blocks_per_worker = o.kv_blocks;
   // Two classes: interactive (TTFT 500 ms, ITL 100 ms, priority 1) and batch (5 s, 500 ms, 0).
   const auto sla_class = [](const char* name, double ttft_ms, double itl_ms, int32_t priority) {
@@ -669,6 +670,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-chunk-tokens", o.max_chunk_tokens,
                  "most prefill tokens one prompt gets in a step (0: no cap; default: the "
                  "engine's)");
+  app.add_option("--max-chunk-ms", o.max_chunk_ms,
+                 "time-based prefill cap: a prompt's chunk keeps the step within this many ms by "
+                 "the worker's measured step cost (0: off)");
   app.add_option("--kv-blocks", o.kv_blocks, "KV blocks per worker (0: from capacity)");
   app.add_flag("--bookkeeping", o.bookkeeping, "measure bookkeeping at 256 running sequences");
   app.add_option("--bookkeeping-seqs", o.bookkeeping_seqs, "sequences for --bookkeeping");

@@ -34,6 +34,7 @@ struct Options {
   int threads = 1;
   int max_batch_tokens = 512;
   int max_chunk_tokens = -1;  // -1: the engine's default
+  double max_chunk_ms = 0;    // EngineConfig::max_chunk_ms (0: off)
   int kv_blocks = 0;
   bool bookkeeping = false;
   int bookkeeping_seqs = 256, bookkeeping_tokens = 8;

@@ -64,6 +64,9 @@ Status validate_config(const Config& config) {
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_num_seqs", e.max_num_seqs, 1, 65536));
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_batch_tokens", e.max_batch_tokens, 1, 1 << 20));
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_chunk_tokens", e.max_chunk_tokens, 0, 1 << 20));
+  if (!(e.max_chunk_ms >= 0 && e.max_chunk_ms <= 1e6))
+    return invalid_argument("pools.max_chunk_ms: must be in [0, 1e6] (0: off), got " +
+                            std::to_string(e.max_chunk_ms));
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_unread_events", e.max_unread_events, 0, 1 << 20));
   KVSPLIT_RETURN_IF_ERROR(
       check_range("pools.handoff_timeout_ms", e.handoff_timeout_ms, 1, 3600000));

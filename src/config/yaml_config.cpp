@@ -221,6 +221,7 @@ Status read_pools(const YAML::Node& n, EngineConfig* e) {
   KVSPLIT_RETURN_IF_ERROR(r.get("max_num_seqs", &e->max_num_seqs));
   KVSPLIT_RETURN_IF_ERROR(r.get("max_batch_tokens", &e->max_batch_tokens));
   KVSPLIT_RETURN_IF_ERROR(r.get("max_chunk_tokens", &e->max_chunk_tokens));
+  KVSPLIT_RETURN_IF_ERROR(r.get("max_chunk_ms", &e->max_chunk_ms));
   KVSPLIT_RETURN_IF_ERROR(r.get("max_unread_events", &e->max_unread_events));
   KVSPLIT_RETURN_IF_ERROR(r.get("handoff_timeout_ms", &e->handoff_timeout_ms));
   return r.finish();

@@ -43,6 +43,8 @@ Status validate_engine_config(const EngineConfig& c) {
   if (c.max_batch_tokens < 1) return bad("max_batch_tokens", c.max_batch_tokens, ">= 1");
   if (c.max_chunk_tokens < 0 || c.max_chunk_tokens > (1 << 20))
     return bad("max_chunk_tokens", c.max_chunk_tokens, "in [0, 1048576] (0: no cap)");
+  if (!(c.max_chunk_ms >= 0 && c.max_chunk_ms <= 1e6))
+    return bad("max_chunk_ms", c.max_chunk_ms, "in [0, 1e6] (0: off)");
   if (c.max_unread_events < 0 || c.max_unread_events > (1 << 20))
     return bad("max_unread_events", c.max_unread_events, "in [0, 1048576] (0: no bound)");
   if (c.handoff_timeout_ms < 1) return bad("handoff_timeout_ms", c.handoff_timeout_ms, ">= 1");

@@ -225,6 +225,8 @@ class Scheduler {
 
   const SchedulerConfig& config() const { return config_; }
   const SwapPredictor& predictor() const { return *predictor_; }
+  // The per-step chunk cap (the worker's time-based cap, max_chunk_ms), from the next plan on.
+  void set_max_chunk_tokens(int tokens) { config_.max_chunk_tokens = tokens; }
 
  private:
   struct StepState;

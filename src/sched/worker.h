@@ -33,6 +33,7 @@
 #include "sched/router.h"
 #include "sched/scheduler.h"
 #include "sched/sequence.h"
+#include "sched/step_cost.h"
 #include "sched/step_model.h"
 #include "sched/swap_cost.h"
 #include "sched/worker_command.h"
@@ -49,6 +50,9 @@ struct WorkerOptions {
                                // colocated; prefill always gets at least min_chunk_tokens
   int min_chunk_tokens = 16;   // smallest prefill chunk a prompt gets in a step
   int max_chunk_tokens = 0;    // most prefill tokens one prompt gets in a step; 0: no cap
+  // Time-based cap on a prompt's chunk (EngineConfig::max_chunk_ms): the step is predicted, from
+  // step_cost_, to last at most this; 0: off.
+  double max_chunk_ms = 0;
   // A running sequence whose stream holds this many unread events gets no decode row until its
   // consumer reads (EngineConfig::max_unread_events); 0: no bound.
   int max_unread_events = 0;
@@ -234,6 +238,10 @@ class Worker {
   bool swapping() const;      // a host or disk tier to swap to
   void measure_swap_costs();  // copy bandwidths, at start-up (worker thread)
   void note_prefill_speed(int prefill_tokens, double seconds);
+  // This step's cap on a prompt's chunk: max_chunk_tokens, and with max_chunk_ms the tokens a
+  // step may carry within it by step_cost_ (rounded down to a block, at least min_chunk_tokens),
+  // less the running sequences' decode rows; the smaller of the two (0: no cap).
+  int step_chunk_cap() const;
 
   WorkerOptions options_;
   std::unique_ptr<backend::Backend> backend_;  // declared first: destroyed last
@@ -293,6 +301,7 @@ class Worker {
   std::unique_ptr<ThreadPool> sampling_pool_;  // when sampling_threads > 1
   kv::PageOpStats cut_ops_;                    // KV cut transitions on this pool, all sequences
   SwapCosts swap_costs_;                       // the temporal cut's cost model inputs
+  StepCostModel step_cost_;                    // forward time against tokens (max_chunk_ms)
   kv::SwapStats swap_stats_;
   kv::MigrateStats migrate_stats_;  // the spatial cut's migrations (MigrateKv)
   int64_t swap_choices_ = 0, recompute_choices_ = 0, swap_fallbacks_ = 0;

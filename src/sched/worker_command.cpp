@@ -42,7 +42,8 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
     c.max_batch_tokens = batch;
     c.min_chunk_tokens = p->min_chunk_tokens.value_or(std::min(c.min_chunk_tokens, batch));
     c.max_num_seqs = p->max_num_seqs.value_or(c.max_num_seqs);
-    c.max_chunk_tokens = p->max_chunk_tokens.value_or(c.max_chunk_tokens);
+    // The worker's own cap, not the scheduler's (which holds the step's time-based cap).
+    c.max_chunk_tokens = p->max_chunk_tokens.value_or(options_.max_chunk_tokens);
     scheduler_ = Scheduler(c);
     options_.max_batch_tokens = c.max_batch_tokens;
     options_.min_chunk_tokens = c.min_chunk_tokens;

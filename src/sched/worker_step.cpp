@@ -20,6 +20,8 @@ int64_t ns_between(Clock::time_point a, Clock::time_point b) {
 
 bool Worker::step() {
   const Clock::time_point t0 = Clock::now();
+  // The chunk cap of this step's admissions and plan (time-based with max_chunk_ms).
+  scheduler_.set_max_chunk_tokens(step_chunk_cap());
   pool_->poll_prefix_spills();  // prefix-cache disk writes that completed since the last step
   if (pool_->disk() != nullptr) kv::poll_swap_writes(*pool_, &swap_stats_);  // write-behind
   drain_inbox(t0);
@@ -50,7 +52,12 @@ bool Worker::step() {
   int prefill_tokens = 0;
   for (size_t i = 0; i < batch_.steps.size(); ++i)
     if (!batch_.decode[i]) prefill_tokens += static_cast<int>(batch_.steps[i].tokens.size());
-  if (st.ok()) note_prefill_speed(prefill_tokens, std::chrono::duration<double>(t2 - t1).count());
+  if (st.ok()) {
+    note_prefill_speed(prefill_tokens, std::chrono::duration<double>(t2 - t1).count());
+    int tokens = 0;
+    for (const model::SeqStep& s : batch_.steps) tokens += static_cast<int>(s.tokens.size());
+    step_cost_.observe(tokens, std::chrono::duration<double, std::milli>(t2 - t1).count());
+  }
   if (!st.ok()) {
     KVSPLIT_LOG_ERROR("{}: forward failed: {}", options_.name, st.to_string());
     for (Sequence* seq : batch_.seqs) {
@@ -429,6 +436,22 @@ void Worker::apply_preemptions(const SchedulerOutput& out, Clock::time_point now
     KVSPLIT_CHECK(p.id < kWaitingBase);
     preempt(*running_[p.id], p, now);
   }
+}
+
+int Worker::step_chunk_cap() const {
+  const int fixed = options_.max_chunk_tokens;  // 0: none
+  if (options_.max_chunk_ms <= 0) return fixed;
+  int cap = 4 * options_.min_chunk_tokens;  // until kMinSteps steps are timed
+  if (step_cost_.ready()) {
+    // The step's decode rows (colocated) come first and take their share of the time.
+    const int64_t fit = static_cast<int64_t>(step_cost_.tokens_within(options_.max_chunk_ms)) -
+                        static_cast<int64_t>(running_.size());
+    const int bs = pool_->block_size();
+    cap = static_cast<int>(std::min<int64_t>(fit, options_.max_batch_tokens) / bs * bs);
+  }
+  // A prompt always progresses by at least min_chunk_tokens (0 would mean no cap at all).
+  cap = std::clamp(cap, options_.min_chunk_tokens, options_.max_batch_tokens);
+  return fixed > 0 ? std::min(fixed, cap) : cap;
 }
 
 void Worker::schedule(Clock::time_point now) {

@@ -228,6 +228,46 @@ TEST_P(EngineTokens, ChunkCapKeepsTokens) {
   EXPECT_TRUE(testing::pools_back_to(**engine, initial));
 }
 
+// Time-based fair prefill (max_chunk_ms): a 400-token prompt on a worker whose steps are timed.
+// Within a budget far below any step's time the chunk is min_chunk_tokens (16) once 4 steps of
+// 4 x 16 tokens are timed, so the prompt takes at least 4 + (400 - 256) / 16 = 13 steps; within
+// a budget far above it the whole rest goes in one step (5 steps). The tokens are those of one
+// chunk either way.
+TEST_P(EngineTokens, TimeBasedChunkCapFollowsTheBudgetAndKeepsTokens) {
+  KVSPLIT_REQUIRE_MODELS();
+  Request l;
+  l.request_id = "long";
+  for (int i = 0; i < 400; ++i) l.prompt_token_ids.push_back(3 + (i * 37) % 500);
+  l.sampling.max_tokens = 12;
+  l.sampling.ignore_eos = true;
+  l.sampling.temperature = 0.7f;
+  l.sampling.seed = 5;
+  std::vector<int32_t> alone;
+  {
+    auto engine = Engine::create(testing::stories_config(GetParam()));
+    ASSERT_TRUE(engine.ok());
+    alone = collect(*(*engine)->submit(l)).tokens;
+  }
+  for (const double budget_ms : {1e-6, 1e5}) {
+    EngineConfig cfg = testing::stories_config(GetParam());
+    cfg.max_batch_tokens = 512;
+    cfg.max_chunk_ms = budget_ms;
+    auto engine = EngineImpl::create(cfg);
+    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    const Collected got = collect(*(*engine)->submit(l));
+    ASSERT_TRUE(got.final_event.status.ok()) << got.final_event.status.to_string();
+    EXPECT_EQ(got.tokens, alone) << budget_ms;
+    if (GetParam() == ServingMode::kDisaggregated) {  // the prefill worker steps only to prefill
+      const int64_t steps = (*engine)->worker_snapshots().at(0).steps;
+      if (budget_ms < 1) {
+        EXPECT_GE(steps, 13);
+      } else {
+        EXPECT_EQ(steps, 5);
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, EngineTokens,
                          ::testing::Values(ServingMode::kColocated, ServingMode::kDisaggregated),
                          [](const auto& info) {
