@@ -393,7 +393,20 @@ bool Sim::step(Worker& w) {
     demands[k] = {static_cast<int>(r.target - r.kv), r.priority, r.last_prefill_step};
   }
   // The cap holds in every step, as in Scheduler::plan_prefill.
-  const int max_chunk = std::max(0, static_cast<int>(std::lround(param("max_chunk_tokens", -1))));
+  int max_chunk = std::max(0, static_cast<int>(std::lround(param("max_chunk_tokens", -1))));
+  if (c_.max_chunk_ms > 0) {
+    // The time-based cap (Worker::step_chunk_cap), from the profile where the engine uses its
+    // measured steps: the prompt tokens whose prefill fits in max_chunk_ms beside the step's
+    // fixed cost and its decode rows (their attention included), rounded down to a block, at
+    // least min_chunk. A chunk's own attention to the tokens before it is left out here.
+    double fixed = p_.step_base_ms + p_.step_overhead_ms;
+    for (int i : decoding) fixed += p_.decode_ms_per_seq + reqs_[i].kv * p_.decode_ms_per_kv_token;
+    const double fit = (c_.max_chunk_ms - fixed) / std::max(p_.prefill_ms_per_token, 1e-12);
+    int cap =
+        fit >= budget ? budget : std::max(0, static_cast<int>(fit)) / c_.block_size * c_.block_size;
+    cap = std::clamp(cap, min_chunk, std::max(min_chunk, budget));
+    max_chunk = max_chunk > 0 ? std::min(max_chunk, cap) : cap;
+  }
   const std::vector<int> plan =
       common::plan_fair_prefill(demands, budget, min_chunk, max_chunk, step_no);
   int64_t prefill_tokens = 0, kv_tokens = 0;

@@ -558,6 +558,25 @@ TEST(Simulator, MaxChunkTokensCapShortensTheShortPromptsTtft) {
   EXPECT_EQ(ruled->decisions[0].param, "max_chunk_tokens");
   EXPECT_NEAR(ttft(*ruled, true), ttft(*capped, true), 1e-9);
   EXPECT_NEAR(ttft(*ruled, false), ttft(*capped, false), 1e-9);
+
+  // The time-based cap: 1 ms of fixed cost and 0.01 ms a prompt token, so a 1.64 ms budget fits
+  // 64 tokens when nothing decodes (fewer beside the short request's decode rows): it caps as the
+  // token cap does, the long prompt's first chunk alike.
+  c.kvm.enabled = false;
+  c.kvm.rules.clear();
+  c.max_chunk_ms = 1.0 + 0.01 * 64 + 0.001;
+  auto timed = simulate(c, p, t);
+  ASSERT_TRUE(timed.ok()) << timed.status().to_string();
+  EXPECT_NEAR(ttft(*timed, true), ttft(*capped, true), 1e-9);
+  EXPECT_GE(ttft(*timed, false), ttft(*capped, false));
+  EXPECT_GE(timed->steps, capped->steps);
+  // A budget above any step's cost caps nothing; fair prefill's yield still holds (the long prompt
+  // sits out the short one's step: one step's fixed cost later than uncapped).
+  c.max_chunk_ms = 1e5;
+  auto loose = simulate(c, p, t);
+  ASSERT_TRUE(loose.ok());
+  EXPECT_LT(ttft(*loose, false), ttft(*timed, false));
+  EXPECT_NEAR(ttft(*loose, false), ttft(*uncapped, false), 1.0 + 1e-9);
 }
 
 // A colocated step's decode rows come out of the prefill budget (decode_in_budget), and the
