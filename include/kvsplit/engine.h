@@ -83,12 +83,13 @@ struct EngineConfig {
   // prefilled in chunks that keep every step (and the short requests sharing it) short; 0: no
   // cap but max_batch_tokens. In [0, 2^20] (docs/kv-cuts.md "Fair time slicing").
   int32_t max_chunk_tokens = 0;
-  // Time-based fair prefill: a long prompt's chunk is also capped so that the step carrying it is
-  // predicted to last at most this many ms, from the worker's measured step cost (a fit of step
-  // time against tokens over its recent steps, sched::StepCostModel), so the cap follows the
-  // backend (a GPU step's time hardly grows with a few hundred tokens; a CPU step's is linear).
-  // With max_chunk_tokens too, the smaller cap holds. 0: off. In [0, 1e6]. Set it from the
-  // strictest SLA class's max_itl_ms (every decode row waits for the step).
+  // Time-based fair prefill: a long prompt's chunk is also capped at the tokens that a step of the
+  // worker's (with its decode rows) is predicted to carry within this many ms, from its measured
+  // step cost (a fit of step time against tokens over its recent steps, sched::StepCostModel), so
+  // the cap follows the backend (a GPU step's time hardly grows with a few hundred tokens; a CPU
+  // step's is linear). Like max_chunk_tokens it caps each prompt's chunk, not the step: several
+  // prompts' chunks (short prompts whole) may share a step up to max_batch_tokens. With
+  // max_chunk_tokens too, the smaller cap holds. 0: off. In [0, 1e6].
   double max_chunk_ms = 0;
   // Back-pressure from a slow reader: a decoding sequence whose stream holds this many events its
   // consumer has not read yet (a gRPC client not reading: flow control holds the writes) gets no

@@ -13,7 +13,7 @@ void StepCostModel::observe(int tokens, double ms) {
   y_ = kDecay * y_ + ms;
   xx_ = kDecay * xx_ + x * x;
   xy_ = kDecay * xy_ + x * ms;
-  ++steps_;
+  if (steps_ < kMinSteps) ++steps_;  // only ready() reads it
 }
 
 void StepCostModel::fit(double* fixed, double* per_token) const {

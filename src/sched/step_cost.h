@@ -21,7 +21,9 @@ class StepCostModel {
   bool ready() const { return steps_ >= kMinSteps; }
   // The fit. Without spread in the steps' token counts (or a fit with a negative slope or
   // intercept) the whole time is taken as per-token: fixed 0, ms_per_token = mean time / mean
-  // tokens, which overestimates a larger step and so errs towards smaller chunks.
+  // tokens. That overestimates a step larger than the observed ones (smaller chunks), and
+  // underestimates a smaller one where the backend has a large fixed cost: with a budget below
+  // the observed steps' time it may promise tokens that do not fit.
   double fixed_ms() const;
   double ms_per_token() const;
   // The most tokens a step may carry to be predicted to last at most budget_ms; 0 when not
@@ -32,7 +34,7 @@ class StepCostModel {
   void fit(double* fixed, double* per_token) const;
 
   double w_ = 0, x_ = 0, y_ = 0, xx_ = 0, xy_ = 0;  // decayed sums of 1, x, y, x^2, xy
-  int steps_ = 0;
+  int steps_ = 0;                                   // observed, counted up to kMinSteps
 };
 
 }  // namespace kvsplit::sched

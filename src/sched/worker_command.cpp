@@ -170,6 +170,7 @@ WorkerState Worker::state() const {
   st.device = backend_->device();
   for (int r = 0; r < 3; ++r) st.handoffs_by_route[r] = handoffs_by_route_[r];
   st.scheduler = scheduler_.config();
+  st.scheduler.max_chunk_tokens = options_.max_chunk_tokens;  // configured, not this step's cap
   st.free_blocks = pool_->available_blocks();
   st.total_blocks = total_blocks_;
   st.num_shards = pool_->num_shards();

@@ -20,11 +20,12 @@ int64_t ns_between(Clock::time_point a, Clock::time_point b) {
 
 bool Worker::step() {
   const Clock::time_point t0 = Clock::now();
-  // The chunk cap of this step's admissions and plan (time-based with max_chunk_ms).
-  scheduler_.set_max_chunk_tokens(step_chunk_cap());
   pool_->poll_prefix_spills();  // prefix-cache disk writes that completed since the last step
   if (pool_->disk() != nullptr) kv::poll_swap_writes(*pool_, &swap_stats_);  // write-behind
   drain_inbox(t0);
+  // The chunk cap of this step's admissions and plan (time-based with max_chunk_ms); after the
+  // commands, since SetSchedulerParams rebuilds the Scheduler with the configured cap.
+  scheduler_.set_max_chunk_tokens(step_chunk_cap());
   reclaim_undelivered(t0);
   expire_queued(t0);
   reap_cancelled(t0);
@@ -104,7 +105,8 @@ void Worker::preempt(Sequence& seq, const Preemption& why, Clock::time_point now
       why.for_priority, seq.num_computed);
   // Its full pages join the prefix cache (evictable, so they free the room the preemption is
   // for): the restart takes back those still cached instead of computing them again. Not for a
-  // ReleaseKv command, which asks for the KV to be dropped and recomputed.
+  // ReleaseKv command, which asks for the KV to be dropped (the prompt pages its prefill cached
+  // may still serve the restart).
   if (why.reason != PreemptReason::kCommand) {
     pool_->cache_prefix(seq.table, seq.prefix_salt, seq.tokens,
                         cacheable_tokens(options_.kv_policy, seq.num_computed, seq.num_prompt) /

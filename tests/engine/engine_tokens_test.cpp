@@ -258,6 +258,14 @@ TEST_P(EngineTokens, TimeBasedChunkCapFollowsTheBudgetAndKeepsTokens) {
     ASSERT_TRUE(got.final_event.status.ok()) << got.final_event.status.to_string();
     EXPECT_EQ(got.tokens, alone) << budget_ms;
     if (GetParam() == ServingMode::kDisaggregated) {  // the prefill worker steps only to prefill
+      // Its step counter moves at the end of the step that handed the sequence off, which may
+      // come after the decode worker finished it: wait for the count to settle.
+      const int64_t want = budget_ms < 1 ? 13 : 5;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while ((*engine)->worker_snapshots().at(0).steps < want &&
+             std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
       const int64_t steps = (*engine)->worker_snapshots().at(0).steps;
       if (budget_ms < 1) {
         EXPECT_GE(steps, 13);
