@@ -4,6 +4,7 @@
 // (src/kvm) plan with the same code.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -33,6 +34,18 @@ struct PrefillDemand {
   int64_t last_served = -1;  // the step of its last chunk; -1: never
 };
 inline constexpr int64_t kMaxPrefillYieldSteps = 8;
+
+// The per-prompt chunk cap of a step under a time budget (pools.max_chunk_ms), given that `fit`
+// prompt tokens fit in it (<= 0: none): the smaller of `fit` and `budget`, rounded down to a
+// block, at least `min_chunk` (0 would mean no cap); with a token cap `token_cap` > 0 too, the
+// smaller of the two. The worker's fit comes from its measured steps (Worker::step_chunk_cap),
+// the policy simulator's from its profile.
+inline int time_chunk_cap(double fit, int budget, int block_size, int min_chunk, int token_cap) {
+  const int tokens = fit <= 0 ? 0 : static_cast<int>(std::min<double>(fit, budget));
+  const int cap =
+      std::clamp(tokens / block_size * block_size, min_chunk, std::max(min_chunk, budget));
+  return token_cap > 0 ? std::min(token_cap, cap) : cap;
+}
 // `step`: the step being planned (the clock of last_served).
 std::vector<int> plan_fair_prefill(std::span<const PrefillDemand> prompts, int budget,
                                    int min_chunk, int max_chunk, int64_t step = -1);

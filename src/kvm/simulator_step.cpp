@@ -402,11 +402,7 @@ bool Sim::step(Worker& w) {
     double fixed = p_.step_base_ms + p_.step_overhead_ms;
     for (int i : decoding) fixed += p_.decode_ms_per_seq + reqs_[i].kv * p_.decode_ms_per_kv_token;
     const double fit = (c_.max_chunk_ms - fixed) / std::max(p_.prefill_ms_per_token, 1e-12);
-    // As the engine rounds: the fit or the budget, whichever is smaller, down to a block.
-    const int tokens = fit <= 0 ? 0 : static_cast<int>(std::min<double>(fit, budget));
-    int cap = tokens / c_.block_size * c_.block_size;
-    cap = std::clamp(cap, min_chunk, std::max(min_chunk, budget));
-    max_chunk = max_chunk > 0 ? std::min(max_chunk, cap) : cap;
+    max_chunk = common::time_chunk_cap(fit, budget, c_.block_size, min_chunk, max_chunk);
   }
   const std::vector<int> plan =
       common::plan_fair_prefill(demands, budget, min_chunk, max_chunk, step_no);

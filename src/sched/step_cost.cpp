@@ -16,41 +16,22 @@ void StepCostModel::observe(int tokens, double ms) {
   if (steps_ < kMinSteps) ++steps_;  // only ready() reads it
 }
 
-void StepCostModel::fit(double* fixed, double* per_token) const {
-  *fixed = 0;
-  *per_token = 0;
-  if (w_ <= 0 || x_ <= 0) return;
+StepCostModel::Fit StepCostModel::fit() const {
+  if (w_ <= 0 || x_ <= 0) return {};
   const double mx = x_ / w_, my = y_ / w_;
   const double var = xx_ / w_ - mx * mx;
   // Spread below 1 token (relative to the mean's square: rounding) is no spread.
   if (var > 1e-9 * mx * mx && var > 0.25) {
     const double b = (xy_ / w_ - mx * my) / var;
     const double a = my - b * mx;
-    if (b > 0 && a >= 0) {
-      *fixed = a;
-      *per_token = b;
-      return;
-    }
+    if (b > 0 && a >= 0) return {a, b};
   }
-  *per_token = my / mx;
-}
-
-double StepCostModel::fixed_ms() const {
-  double a = 0, b = 0;
-  fit(&a, &b);
-  return a;
-}
-
-double StepCostModel::ms_per_token() const {
-  double a = 0, b = 0;
-  fit(&a, &b);
-  return b;
+  return {0, my / mx};
 }
 
 int StepCostModel::tokens_within(double budget_ms) const {
   if (!ready()) return 0;
-  double a = 0, b = 0;
-  fit(&a, &b);
+  const auto [a, b] = fit();
   if (budget_ms <= a) return 0;
   if (b <= 0) return std::numeric_limits<int>::max();
   const double n = std::floor((budget_ms - a) / b);

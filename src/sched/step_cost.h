@@ -24,14 +24,17 @@ class StepCostModel {
   // tokens. That overestimates a step larger than the observed ones (smaller chunks), and
   // underestimates a smaller one where the backend has a large fixed cost: with a budget below
   // the observed steps' time it may promise tokens that do not fit.
-  double fixed_ms() const;
-  double ms_per_token() const;
+  double fixed_ms() const { return fit().fixed_ms; }
+  double ms_per_token() const { return fit().ms_per_token; }
   // The most tokens a step may carry to be predicted to last at most budget_ms; 0 when not
   // even the fixed part fits (and before ready()).
   int tokens_within(double budget_ms) const;
 
  private:
-  void fit(double* fixed, double* per_token) const;
+  struct Fit {
+    double fixed_ms = 0, ms_per_token = 0;
+  };
+  Fit fit() const;
 
   double w_ = 0, x_ = 0, y_ = 0, xx_ = 0, xy_ = 0;  // decayed sums of 1, x, y, x^2, xy
   int steps_ = 0;                                   // observed, counted up to kMinSteps

@@ -50,13 +50,14 @@ bool Worker::step() {
   argmax_ids_.clear();
   Status st = model_->forward(batch_.steps, *pool_, &logits_, &argmax_ids_);
   const Clock::time_point t2 = Clock::now();
-  int prefill_tokens = 0;
-  for (size_t i = 0; i < batch_.steps.size(); ++i)
-    if (!batch_.decode[i]) prefill_tokens += static_cast<int>(batch_.steps[i].tokens.size());
+  int prefill_tokens = 0, tokens = 0;
+  for (size_t i = 0; i < batch_.steps.size(); ++i) {
+    const int n = static_cast<int>(batch_.steps[i].tokens.size());
+    tokens += n;
+    if (!batch_.decode[i]) prefill_tokens += n;
+  }
   if (st.ok()) {
     note_prefill_speed(prefill_tokens, std::chrono::duration<double>(t2 - t1).count());
-    int tokens = 0;
-    for (const model::SeqStep& s : batch_.steps) tokens += static_cast<int>(s.tokens.size());
     step_cost_.observe(tokens, std::chrono::duration<double, std::milli>(t2 - t1).count());
   }
   if (!st.ok()) {
@@ -441,19 +442,15 @@ void Worker::apply_preemptions(const SchedulerOutput& out, Clock::time_point now
 }
 
 int Worker::step_chunk_cap() const {
-  const int fixed = options_.max_chunk_tokens;  // 0: none
-  if (options_.max_chunk_ms <= 0) return fixed;
-  int cap = 4 * options_.min_chunk_tokens;  // until kMinSteps steps are timed
-  if (step_cost_.ready()) {
-    // The step's decode rows (colocated) come first and take their share of the time.
-    const int64_t fit = static_cast<int64_t>(step_cost_.tokens_within(options_.max_chunk_ms)) -
-                        static_cast<int64_t>(running_.size());
-    const int bs = pool_->block_size();
-    cap = static_cast<int>(std::min<int64_t>(fit, options_.max_batch_tokens) / bs * bs);
-  }
-  // A prompt always progresses by at least min_chunk_tokens (0 would mean no cap at all).
-  cap = std::clamp(cap, options_.min_chunk_tokens, options_.max_batch_tokens);
-  return fixed > 0 ? std::min(fixed, cap) : cap;
+  if (options_.max_chunk_ms <= 0) return options_.max_chunk_tokens;
+  // Until kMinSteps steps are timed, 4 min chunks; then what fits, the step's decode rows
+  // (colocated) coming first and taking their share of the time.
+  const double fit = step_cost_.ready()
+                         ? static_cast<double>(step_cost_.tokens_within(options_.max_chunk_ms)) -
+                               static_cast<double>(running_.size())
+                         : 4.0 * options_.min_chunk_tokens;
+  return common::time_chunk_cap(fit, options_.max_batch_tokens, pool_->block_size(),
+                                options_.min_chunk_tokens, options_.max_chunk_tokens);
 }
 
 void Worker::schedule(Clock::time_point now) {
