@@ -18,16 +18,7 @@ using testing::Collected;
 
 std::string message_of(const StatusOr<RequestHandle>& h) { return h.status().message(); }
 
-// Polls stats until `pred` holds (false after 60 s).
-template <typename Pred>
-bool wait_for_stats(const Engine& e, Pred pred) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!pred(e.stats())) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
+using testing::wait_for_stats;
 
 TEST(EngineAdmission, ErrorCodesAndMessages) {
   KVSPLIT_REQUIRE_MODELS();

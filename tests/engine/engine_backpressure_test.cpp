@@ -18,17 +18,7 @@ using sched::WorkerRole;
 using testing::collect;
 using testing::Collected;
 
-// Polls stats until `pred` holds; false after `timeout`.
-template <typename Pred>
-bool wait_for_stats(const Engine& e, Pred pred,
-                    std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred(e.stats())) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
-}
+using testing::wait_for_stats;
 
 // Sequences owned by decode workers: running plus waiting (preempted or offers waiting for room).
 int decode_owned(const EngineStats& s) {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvsplit/engine.h"
@@ -95,6 +96,18 @@ inline bool pools_back_to(const Engine& engine, const std::vector<int>& expected
     if (std::chrono::steady_clock::now() > deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+}
+
+// Polls stats until `pred` holds; false after `timeout`.
+template <typename Pred>
+bool wait_for_stats(const Engine& e, Pred pred,
+                    std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred(e.stats())) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
 }
 
 inline std::vector<int> free_blocks(const Engine& engine) {
