@@ -101,6 +101,10 @@ struct EngineConfig {
   // else the prefill side reclaims it and the request fails DEADLINE_EXCEEDED). Waiting for room
   // in a full decode pool is back-pressure, bounded by the class queue timeout instead.
   int32_t handoff_timeout_ms = 5000;
+  // With prefix_cache, in disaggregated mode: a prefill worker sends a KV handoff to the decode
+  // worker it sent the prompt's pages to before, unless that one is more loaded by more than
+  // the pages it would share (docs/serving.md "Cache-aware routing"). false: by load alone.
+  bool cache_aware_handoffs = true;
   // The KV cut acting on decoding sequences' pages between decode steps (docs/kv-cuts.md). Pages
   // change state only on the workers that decode (decode and colocated workers); a prefill
   // worker hands off full-precision pages. kSemantic sizes each decode pool's int8 / int4 arenas
@@ -184,7 +188,7 @@ struct Timings {
   double max_itl_ms = 0;
   double e2e_ms = 0;
   double prefill_ms = 0;
-  double handoff_ms = 0;
+  double handoff_ms = 0;  // disaggregated: the offer posted -> its pages copied in (room waited)
   double decode_ms = 0;
   double preempted_ms = 0;
   int32_t preemptions = 0;
@@ -277,6 +281,14 @@ struct PoolStats {
   // Disaggregated mode, prefill pools: KV handoffs whose decode worker had not taken the offer
   // within handoff_timeout_ms, offered again to another decode worker (one that had not had it).
   int64_t handoffs_rerouted = 0;
+  // Disaggregated mode, decode pools: pages of the KV handoffs received, copied from the prefill
+  // worker, and taken from this pool's prefix cache instead, on the device (prefix_cache: a
+  // prompt's pages another sequence left here are shared, not copied again; docs/serving.md).
+  int64_t handoff_pages_copied = 0;
+  int64_t handoff_pages_cached = 0;
+  // Disaggregated mode, prefill pools: KV handoffs routed to a decode worker this pool had sent
+  // pages of the same prompt before (prefix_cache: cache-aware routing, docs/serving.md).
+  int64_t handoffs_to_cached = 0;
   int64_t kv_disk_faults = 0;         // disk tier writes / reads that failed (then recomputed)
   int64_t kv_disk_bytes_used = 0;     // disk tier: bytes of records held, and its capacity
   int64_t kv_disk_bytes_total = 0;    // (0 without a disk tier)

@@ -513,6 +513,22 @@ int KvPool::share_prefix(BlockTable& table, uint64_t salt, std::span<const int32
   return static_cast<int>(table.blocks.size());
 }
 
+int KvPool::share_device_prefix(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
+                                int max_pages) {
+  KVSPLIT_CHECK(table.blocks.empty());
+  table.pages.clear();
+  if (!prefix_ || !peers_.empty() || max_pages <= 0) return 0;
+  table.blocks = prefix_->lookup(salt, tokens, max_pages);
+  for (int32_t b : table.blocks) allocator_.incref(b);
+  return static_cast<int>(table.blocks.size());
+}
+
+int KvPool::shared_device_prefix_pages(uint64_t salt, std::span<const int32_t> tokens,
+                                       int max_pages) const {
+  if (!prefix_ || !peers_.empty() || max_pages <= 0) return 0;
+  return prefix_->shared_device_pages(salt, tokens, max_pages, allocator_);
+}
+
 int KvPool::take_cached(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
                         int pages, PrefixCache::ChainPos pos, int s) {
   // Each page is cached by the shard whose device holds it: walk the prompt from cache to cache,

@@ -123,6 +123,17 @@ class KvPool {
   // the prompt; all or nothing when one the window reads cannot come back.
   int share_prefix(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens, int max_pages,
                    int window = 0);
+  // For a KV handoff's destination: `table` must be empty; points it at the leading pages of
+  // `tokens` (at most max_pages) that the cache holds on the device, taking a reference on each;
+  // nothing is swapped back in, since the handoff's source copies a page at least as fast as a
+  // lower tier restores it. Counted as a lookup. 0 without a cache, and on a shard group (a
+  // handoff into one takes no cached pages).
+  int share_device_prefix(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
+                          int max_pages);
+  // The leading pages share_device_prefix would take now that a sequence already holds: they need
+  // no block (PrefixCache::shared_device_pages). 0 where share_device_prefix takes none.
+  int shared_device_prefix_pages(uint64_t salt, std::span<const int32_t> tokens,
+                                 int max_pages) const;
   // The most pages share_prefix may serve a sequence that must compute `target` positions, of
   // which the first `num_prompt` may be cached (a prompt's; a restart after a recompute
   // preemption under full KV passes its target, sched::cacheable_tokens): whole pages, leaving

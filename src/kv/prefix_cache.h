@@ -156,6 +156,13 @@ class PrefixCache final : private BlockWatcher {
   // in page order (each touched as most recently used); it stops at the first page that is not
   // on the device. The caller increfs the ones it keeps.
   std::vector<int32_t> lookup(uint64_t salt, std::span<const int32_t> tokens, int max_pages);
+  // The leading run of `tokens`' cached device pages (at most `max_pages`) that a sequence holds
+  // too (refcount above the cache's one): lookup() returns them, and taking them costs no block,
+  // where an idle one costs one the pool could free. The run ends at the first idle page: an
+  // allocation may evict that one, and lookup() would then stop there. Touches nothing and counts
+  // nothing.
+  int shared_device_pages(uint64_t salt, std::span<const int32_t> tokens, int max_pages,
+                          const BlockAllocator& alloc) const;
   // The longest cached prefix of `tokens` (at most `max_pages`), every page brought to the
   // device: spilled pages are swapped back in (host: copied; disk: read, checksum and record
   // checked). Takes one reference on each returned block for the caller. Stops at the first page

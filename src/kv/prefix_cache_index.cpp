@@ -1,7 +1,9 @@
 // The prefix cache's indices (kv/prefix_cache.h): which of the three ordered sets an entry
 // belongs in, keeping them in step with the entries and the allocator's sharing reports, and the
-// scan that checks them in tests, and the stats' sum over a shard group's caches. The tiers'
-// operations live in prefix_cache.cpp.
+// scan that checks them in tests, the stats' sum over a shard group's caches, and the read-only
+// walk a handoff's admission counts its shared pages with. The tiers' operations live in
+// prefix_cache.cpp.
+#include <algorithm>
 #include <set>
 #include <utility>
 
@@ -130,6 +132,25 @@ bool PrefixCache::index_consistent() const {
     }
   }
   return idle == idle_.size() && host == host_lru_.size() && disk == disk_lru_.size();
+}
+
+int PrefixCache::shared_device_pages(uint64_t salt, std::span<const int32_t> tokens, int max_pages,
+                                     const BlockAllocator& alloc) const {
+  const int pages = std::min<int>(max_pages, static_cast<int>(tokens.size()) / block_size_);
+  int shared = 0;
+  ChainPos pos;
+  for (; pos.page < pages; ++pos.page) {
+    const auto page = tokens.subspan(static_cast<size_t>(pos.page) * block_size_, block_size_);
+    uint64_t h = 0, check = 0;
+    const auto it = find_page(salt, page, pos, &h, &check);
+    if (it == entries_.end() || it->second.where != PageLocation::kDevice ||
+        alloc.refcount(it->second.block) <= 1)
+      break;
+    ++shared;
+    pos.parent = h;
+    pos.check = check;
+  }
+  return shared;
 }
 
 }  // namespace kvsplit::kv

@@ -104,15 +104,15 @@ StatusOr<KvCopyRoute> copy_kv_blocks(const kv::KvPool& src, std::span<const int3
 
 StatusOr<KvCopyRoute> copy_kv_pages(const kv::KvPool& src, std::span<const int32_t> src_blocks,
                                     std::span<const uint8_t> src_shards, kv::KvPool& dst,
-                                    const kv::BlockTable& dst_table) {
+                                    const kv::BlockTable& dst_table, int first_page) {
   if (src_blocks.size() != dst_table.blocks.size() ||
       (!src_shards.empty() && src_shards.size() != src_blocks.size()))
     return invalid_argument(fmt::format("copy_kv_pages: {} source pages, {} destination pages",
                                         src_blocks.size(), dst_table.blocks.size()));
-  const size_t first = static_cast<size_t>(dst_table.window_dropped);
-  if (first > src_blocks.size())
+  const size_t first = static_cast<size_t>(std::max(dst_table.window_dropped, first_page));
+  if (first_page < 0 || first > src_blocks.size())
     return invalid_argument(
-        fmt::format("copy_kv_pages: {} pages dropped of {}", first, src_blocks.size()));
+        fmt::format("copy_kv_pages: {} pages dropped or cached of {}", first, src_blocks.size()));
   const bool src_flat = src_shards.empty() || src.num_shards() == 1;
   if (src_flat && dst.num_shards() == 1) {
     return copy_kv_blocks(src, src_blocks.subspan(first), dst,

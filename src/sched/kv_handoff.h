@@ -109,10 +109,12 @@ StatusOr<KvCopyRoute> copy_kv_blocks(const kv::KvPool& src, std::span<const int3
 // copy_kv_blocks between two shard groups (the spatial cut): source page i is block
 // src_blocks[i] of shard src_shards[i] (empty: every page on the home shard) of `src`; it goes to
 // page i of `dst_table` (reserved in `dst`, on the shard its page entry names). Pages before
-// dst_table.window_dropped (dropped behind a sliding window on both sides) are skipped. One
-// copy_kv_blocks per (source shard, destination shard) pair. Returns the route of the home pair.
+// dst_table.window_dropped (dropped behind a sliding window on both sides) are skipped, and so
+// are those before `first_page` (the destination's prefix cache served them:
+// KvPool::share_device_prefix). One copy_kv_blocks per (source shard, destination shard) pair.
+// Returns the route of the home pair.
 StatusOr<KvCopyRoute> copy_kv_pages(const kv::KvPool& src, std::span<const int32_t> src_blocks,
                                     std::span<const uint8_t> src_shards, kv::KvPool& dst,
-                                    const kv::BlockTable& dst_table);
+                                    const kv::BlockTable& dst_table, int first_page = 0);
 
 }  // namespace kvsplit::sched

@@ -32,14 +32,21 @@ int choose_preemption_victim(std::span<const PriorityKey> candidates) {
   return victim;
 }
 
-int choose_decode_worker(std::span<const DecodeLoad> workers) {
+int choose_decode_worker(std::span<const DecodeLoad> workers, std::span<const int> cached,
+                         int need) {
   int best = -1;
   double best_load = 0;
+  const bool aware = cached.size() == workers.size();
   for (int i = 0; i < static_cast<int>(workers.size()); ++i) {
     const DecodeLoad& w = workers[i];
     const int total = std::max(w.kv_blocks_total, 1);
+    // The pages it would share count only where the offer fits whole: an idle cached page (free
+    // here) still takes a block when shared.
+    const bool fits = w.kv_blocks_free - w.kv_blocks_incoming >= need;
+    const int shared = aware && fits ? std::min(std::max(0, cached[i]), need) : 0;
     const double load =
-        static_cast<double>(w.kv_blocks_total - w.kv_blocks_free + w.kv_blocks_incoming) / total;
+        static_cast<double>(w.kv_blocks_total - w.kv_blocks_free + w.kv_blocks_incoming - shared) /
+        total;
     if (best < 0 || load < best_load || (load == best_load && w.running < workers[best].running)) {
       best = i;
       best_load = load;

@@ -45,6 +45,14 @@ struct DecodeLoad {
 };
 // Handoff destination: least KV load ((used + incoming) / total), ties to the fewest running, then
 // the lowest index. Returns -1 when empty.
-int choose_decode_worker(std::span<const DecodeLoad> workers);
+// Cache-aware (`cached`, one per worker; ignored unless its size is the workers'): cached[i] is
+// the pages of the offer worker i is expected to hold in its prefix cache (shared there, not
+// copied), and its load counts (used + incoming - cached[i]) / total, the pages capped at `need`
+// (the offer's blocks) and counted only where the offer fits whole (free - incoming >= need: an
+// idle cached page counts as free, and sharing it takes a block). A worker that holds the prompt
+// takes it unless it is more loaded than another by more than those pages (as fractions of each
+// pool). With no pages cached anywhere the choice is the load-only one.
+int choose_decode_worker(std::span<const DecodeLoad> workers, std::span<const int> cached = {},
+                         int need = 0);
 
 }  // namespace kvsplit::sched

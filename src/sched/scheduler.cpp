@@ -136,10 +136,12 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
   const SchedulerInput& in = st.in;
   int slots =
       config_.max_num_seqs - static_cast<int>(in.running.size() + in.waiting.size()) - in.unlisted;
+  bool discounted = false;  // an offer admitted this pass without blocks for its shared pages
   for (const SchedHandoff& h : in.handoffs) {
     const int pages = blocks_for(h.num_tokens, config_.block_size);
-    const int need = pages - h.dropped_pages;  // the pages it brings; dropped ones need none
-    if (need > in.total_blocks) {
+    // The pages it brings; dropped ones need none.
+    const int full_need = pages - h.dropped_pages;
+    if (full_need > in.total_blocks) {
       out.never_fit.push_back(h.id);
       continue;
     }
@@ -168,18 +170,36 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
     // yield.
     const PriorityKey hk{h.priority, h.arrival};
     const int next = next_token_blocks(h.num_tokens, pages, config_.block_size);
-    int room = need + (need + next <= in.total_blocks ? next : 0);
+    int others = 0;
     for (const StepState::Run& r : st.runs) {
       if (!r.preempted && !r.seq->stalled && serves_before(key_of(*r.seq), hk)) {
-        room += next_token_blocks(r.seq->num_computed, r.num_blocks, config_.block_size);
+        others += next_token_blocks(r.seq->num_computed, r.num_blocks, config_.block_size);
       }
     }
+    auto room_for = [&](int need) {
+      return need + (need + next <= in.total_blocks ? next : 0) + others;
+    };
+    // Pages it shares with running sequences need no block. Not in a pass that preempts: a
+    // victim's held blocks count the pages it shares with the cache alone, which then become
+    // idle cached pages that a handoff takes at one block each. So a discount is taken only
+    // before any preemption of the pass, and a preemption only before any discount (the offer
+    // waits a step, when the shares are counted again).
+    int need = out.preempted.empty() ? full_need - h.shared_pages : full_need;
+    int room = room_for(need);
     // Strictly lower priorities, and stalled runs of any priority (they hold blocks and will not
     // decode), only when that frees enough.
     auto may_yield = [&](const StepState::Run& r) {
       return r.seq->stalled || r.seq->priority < h.priority;
     };
+    if (room > st.free && need < full_need) {
+      need = full_need;
+      room = room_for(need);
+    }
     if (room > st.free) {
+      if (discounted) {
+        out.handoff_wait = HandoffWait::kNoBlocks;
+        break;
+      }
       int available = st.free;
       for (const StepState::Run& r : st.runs) {
         if (!r.preempted && !r.admitted_now && may_yield(r)) available += r.held;
@@ -195,6 +215,7 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
       }
     }
     st.free -= need;
+    discounted = discounted || need < full_need;
     --slots;
     out.admitted.push_back({h.id, need});
     SchedSeq s;

@@ -127,6 +127,9 @@ struct SchedHandoff {
   int num_tokens = 0;  // positions of KV it brings
   // Its first pages, dropped behind a sliding window on the source: no blocks here.
   int dropped_pages = 0;
+  // Of the rest, pages this worker's prefix cache holds on the device that a running sequence
+  // holds too: the handoff shares them (KvPool::share_device_prefix) and needs no block for them.
+  int shared_pages = 0;
 };
 
 struct SchedulerInput {

@@ -145,6 +145,9 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_swaps_to_disk = kv_stats_.kv_swaps_to_disk;
   s.pool.decode_rows_stalled = stalled_decode_rows_.load(std::memory_order_relaxed);
   s.pool.handoffs_rerouted = handoffs_rerouted_.load(std::memory_order_relaxed);
+  s.pool.handoff_pages_copied = handoff_pages_copied_.load(std::memory_order_relaxed);
+  s.pool.handoff_pages_cached = handoff_pages_cached_.load(std::memory_order_relaxed);
+  s.pool.handoffs_to_cached = handoffs_to_cached_.load(std::memory_order_relaxed);
   s.pool.kv_prefix_cache_pages = kv_stats_.kv_prefix_cache_pages;
   s.pool.kv_prefix_queries = kv_stats_.kv_prefix_queries;
   s.pool.kv_prefix_hits = kv_stats_.kv_prefix_hits;

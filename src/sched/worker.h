@@ -30,6 +30,7 @@
 #include "model/llama_model.h"
 #include "sched/kv_handoff.h"
 #include "sched/policy.h"
+#include "sched/prefix_routes.h"
 #include "sched/router.h"
 #include "sched/scheduler.h"
 #include "sched/sequence.h"
@@ -62,6 +63,9 @@ struct WorkerOptions {
   // boundary) within this, else the source takes the request back and fails it. Waiting for a
   // free slot / free blocks at the destination is back-pressure and is not bounded by this.
   std::chrono::milliseconds handoff_timeout{5000};
+  // A prefill worker with a prefix cache routes its handoffs by the pages it sent each decode
+  // worker before (EngineConfig::cache_aware_handoffs); false: by load alone.
+  bool cache_aware_handoffs = true;
   std::chrono::milliseconds idle_wait{2};  // sleep when idle (bounds queue-timeout latency)
   // Sampling + token events of a step run on this many threads (the worker's thread included)
   // when the step samples at least parallel_sampling_min_rows rows; 1: always on the worker.
@@ -169,6 +173,10 @@ class Worker {
   void reap_cancelled(Clock::time_point now);
   void reclaim_undelivered(Clock::time_point now);  // source side of the delivery bound
   void admit_offers(Clock::time_point now);
+  // The most leading pages of `offer` this worker's prefix cache may serve (taken on the device
+  // instead of copied, KvPool::share_device_prefix): its cacheable pages (cacheable_tokens);
+  // 0 without a cache, with a sliding window, for pages dropped behind one, or on a shard group.
+  int handoff_cacheable_pages(const HandoffOffer& offer) const;
   void admit_from_router(Clock::time_point now);
   void schedule(Clock::time_point now);
   // logits [rows, vocab] of the kSampleRow entries, ids of the kSampleArgmax ones, in batch order.
@@ -276,9 +284,23 @@ class Worker {
     const Worker* dest = nullptr;
     std::shared_ptr<RequestControl> ctl;  // the request's cancel flag (the Sequence is not ours)
     std::vector<const Worker*> tried;     // decode workers offered it so far (dest the last)
+    // Chained hashes of its cacheable pages (route_hashes; empty without a prefix cache).
+    std::vector<uint64_t> hashes;
+    int incoming = 0;  // blocks it needs on its destination (HandoffOffer::incoming_blocks)
   };
-  // The least loaded decode worker not in `tried` (choose_decode_worker); null when none is left.
-  Worker* pick_decode_worker(const std::vector<const Worker*>& tried) const;
+  // The decode worker not in `tried` that `pin`'s offer loads least (choose_decode_worker; with
+  // a prefix cache, cache-aware: the pages routes_ says each worker was sent already count as
+  // shared there); null when none is left.
+  Worker* pick_decode_worker(const Pinned& pin) const;
+  // The chained hashes (PrefixCache::next) of the pages of `seq` a decode worker's prefix cache
+  // may serve (cacheable_tokens); empty without a prefix cache, with cache_aware_handoffs off,
+  // with a sliding window, on a shard group, or with one decode worker.
+  std::vector<uint64_t> route_hashes(const Sequence& seq) const;
+  int decode_index(const Worker* w) const;  // its index in shared_->decode_workers
+  // Cache-aware routing: which decode worker this (prefill) worker sent which pages to.
+  static constexpr size_t kRouteMemoryPages = size_t{1} << 16;
+  PrefixRoutes routes_{kRouteMemoryPages};
+  std::atomic<int64_t> handoffs_to_cached_{0};  // routed where routes_ expected cached pages
   // Offers pinned handoff `id` (its pages in pin.table) with `seq` to `to`: a new ticket, the
   // delivery deadline from `now`.
   void post_handoff(uint64_t id, Pinned& pin, std::unique_ptr<Sequence> seq, Worker* to,
@@ -287,6 +309,9 @@ class Worker {
   int undelivered_ = 0;                          // pinned_ entries not yet seen as received
   uint64_t next_handoff_id_ = 1;
   int64_t handoffs_by_route_[3] = {0, 0, 0};  // received, by KvCopyRoute
+  // Pages of the handoffs received: copied from the source, and taken from this worker's prefix
+  // cache instead (read by snapshots).
+  std::atomic<int64_t> handoff_pages_copied_{0}, handoff_pages_cached_{0};
   uint64_t seen_cancel_epoch_ = 0;
   Batch batch_;
   std::vector<float> logits_;

@@ -9,6 +9,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "sched/prefix_share.h"
 #include "sched/worker.h"
 
 namespace kvsplit::sched {
@@ -26,9 +27,12 @@ void Worker::handoff(std::unique_ptr<Sequence> seq, Clock::time_point now) {
     finish(*seq, FinishReason::kError, std::move(st), now);
     return;
   }
-  Worker* to = pick_decode_worker({});
-  KVSPLIT_CHECK(to != nullptr);
   Pinned pin;
+  pin.hashes = route_hashes(*seq);
+  pin.incoming = kv::BlockTable::blocks_for(seq->num_computed + 1, pool_->block_size()) -
+                 seq->table.window_dropped;
+  Worker* to = pick_decode_worker(pin);
+  KVSPLIT_CHECK(to != nullptr);
   pin.table = std::move(seq->table);
   pin.ctl = seq->ctl;
   seq->table = {};
@@ -40,16 +44,47 @@ void Worker::handoff(std::unique_ptr<Sequence> seq, Clock::time_point now) {
   post_handoff(id, pinned, std::move(seq), to, now);
 }
 
-Worker* Worker::pick_decode_worker(const std::vector<const Worker*>& tried) const {
+Worker* Worker::pick_decode_worker(const Pinned& pin) const {
+  const std::vector<Worker*>& all = shared_->decode_workers;
+  const std::vector<int> sent =
+      pin.hashes.empty() ? std::vector<int>{}
+                         : routes_.leading_pages(pin.hashes, static_cast<int>(all.size()));
   std::vector<DecodeLoad> loads;
+  std::vector<int> cached;
   std::vector<Worker*> candidates;
-  for (Worker* w : shared_->decode_workers) {
-    if (std::find(tried.begin(), tried.end(), w) != tried.end()) continue;
-    loads.push_back(w->load());
-    candidates.push_back(w);
+  for (size_t k = 0; k < all.size(); ++k) {
+    if (std::find(pin.tried.begin(), pin.tried.end(), all[k]) != pin.tried.end()) continue;
+    loads.push_back(all[k]->load());
+    if (!sent.empty()) cached.push_back(sent[k]);
+    candidates.push_back(all[k]);
   }
-  const int i = choose_decode_worker(loads);
+  const int i = choose_decode_worker(loads, cached, pin.incoming);
   return i < 0 ? nullptr : candidates[static_cast<size_t>(i)];
+}
+
+int Worker::decode_index(const Worker* w) const {
+  const std::vector<Worker*>& all = shared_->decode_workers;
+  return static_cast<int>(std::find(all.begin(), all.end(), w) - all.begin());
+}
+
+std::vector<uint64_t> Worker::route_hashes(const Sequence& seq) const {
+  const kv::PrefixCache* pc = pool_->prefix_cache();
+  // Not where decode workers take no cached pages (a sliding window; shard groups, which every
+  // worker has alike), nor with one decode worker (no choice to make).
+  if (pc == nullptr || !options_.cache_aware_handoffs || scheduler_.config().kv_window > 0 ||
+      pool_->num_shards() > 1 || shared_->decode_workers.size() < 2)
+    return {};
+  const int pages = std::min<int>(
+      cacheable_tokens(options_.kv_policy, seq.num_computed, seq.num_prompt) / pool_->block_size(),
+      static_cast<int>(seq.tokens.size()) / pool_->block_size());
+  std::vector<uint64_t> out;
+  out.reserve(static_cast<size_t>(std::max(0, pages)));
+  kv::PrefixCache::ChainPos pos;
+  for (int k = 0; k < pages; ++k) {
+    pos = pc->next(seq.prefix_salt, seq.tokens, pos);
+    out.push_back(pos.parent);  // the hash of page k
+  }
+  return out;
 }
 
 void Worker::post_handoff(uint64_t id, Pinned& pin, std::unique_ptr<Sequence> seq, Worker* to,
@@ -67,6 +102,13 @@ void Worker::post_handoff(uint64_t id, Pinned& pin, std::unique_ptr<Sequence> se
   pin.deliver_by = now + options_.handoff_timeout;
   pin.dest = to;
   pin.tried.push_back(to);
+  if (!pin.hashes.empty()) {
+    const int k = decode_index(to);
+    if (pin.tried.size() == 1 &&
+        routes_.leading_pages(pin.hashes, k + 1)[static_cast<size_t>(k)] > 0)
+      handoffs_to_cached_.fetch_add(1, std::memory_order_relaxed);
+    routes_.record(pin.hashes, k);
+  }
   offer.ticket->seq = std::move(seq);
   to->post_offer(std::move(offer));
 }
@@ -101,12 +143,13 @@ void Worker::reclaim_undelivered(Clock::time_point now) {
     // The destination did not take the offer in time (hung or dead): the request is ours again.
     // A decode worker that has not had it yet is offered it, under the same id (the dead offer
     // is dropped by its destination without a HandoffDone) and the same pinned pages.
-    if (Worker* next = pick_decode_worker(p.tried)) {
+    if (Worker* next = pick_decode_worker(p)) {
       KVSPLIT_LOG_WARN(
           "{}: KV handoff of request {} to {} not received within {} ms; offered to {}",
           options_.name, seq->display_id(), p.dest->name(), options_.handoff_timeout.count(),
           next->name());
       handoffs_rerouted_.fetch_add(1, std::memory_order_relaxed);
+      routes_.forget(p.hashes, decode_index(p.dest));  // it never got the pages
       post_handoff(it->first, p, std::move(seq), next, now);
       ++it;
       continue;
@@ -165,7 +208,6 @@ void Worker::admit_offers(Clock::time_point now) {
   }
   for (const HandoffAdmission& a : out.admitted) {
     HandoffOffer& o = pending_[a.id - kHandoffBase];
-    leaves[a.id - kHandoffBase] = true;
     kv::BlockTable table;
     table.spread = o.seq->table.spread;
     if (o.window_dropped > 0) {
@@ -178,14 +220,35 @@ void Worker::admit_offers(Clock::time_point now) {
       }
       table.window_dropped = o.window_dropped;
     }
-    KVSPLIT_CHECK(reserve_kv(table, o.num_tokens));
+    // Leading pages this worker's prefix cache holds on the device are shared, not copied.
+    const int cacheable = handoff_cacheable_pages(o);
+    const int cached = cacheable > 0 ? pool_->share_device_prefix(table, o.seq->prefix_salt,
+                                                                  o.seq->tokens, cacheable)
+                                     : 0;
+    if (!reserve_kv(table, o.num_tokens)) {
+      // The plan counted on blocks the pool does not have (never expected: a page it counted
+      // as shared was not). This offer and those after it wait for the next pass, whose plan
+      // counts the shares again; nothing was copied or posted.
+      pool_->release(table);
+      KVSPLIT_LOG_WARN(
+          "{}: KV handoff of request {} ({} tokens) admitted without the room: "
+          "{} pages from the cache, {} blocks available; it waits a step",
+          options_.name, o.seq->display_id(), o.num_tokens, cached, pool_->available_blocks());
+      break;
+    }
+    leaves[a.id - kHandoffBase] = true;
     StatusOr<KvCopyRoute> route =
-        copy_kv_pages(*o.source_pool, o.source_blocks, o.source_shards, *pool_, table);
+        copy_kv_pages(*o.source_pool, o.source_blocks, o.source_shards, *pool_, table, cached);
     const Status st = route.status();
     if (route.ok()) {
       ++handoffs_by_route_[static_cast<int>(*route)];
-      KVSPLIT_LOG_DEBUG("{}: KV handoff of {} tokens ({})", options_.name, o.num_tokens,
-                        kv_copy_route_name(*route));
+      const int copied = static_cast<int>(table.blocks.size()) - table.window_dropped - cached;
+      handoff_pages_copied_.fetch_add(copied, std::memory_order_relaxed);
+      handoff_pages_cached_.fetch_add(cached, std::memory_order_relaxed);
+      KVSPLIT_LOG_DEBUG("{}: KV handoff of {} tokens ({}; {} pages copied, {} from the cache)",
+                        options_.name, o.num_tokens, kv_copy_route_name(*route), copied, cached);
+      // Its pages serve the next handoff of the same prefix (and a restart here).
+      pool_->cache_prefix(table, o.seq->prefix_salt, o.seq->tokens, cacheable);
     }
     std::unique_ptr<Sequence> seq = std::move(o.seq);
     o.source->post_done(HandoffDone{o.handoff_id});
@@ -197,14 +260,24 @@ void Worker::admit_offers(Clock::time_point now) {
     }
     seq->table = std::move(table);
     seq->num_computed = o.num_tokens;
-    account_kv(*seq, now);  // until now: the source's pinned copy, at the same level
-    seq->enter_phase(SeqPhase::kDecode, now);
+    // The copy is part of the handoff (Timings::handoff_ms), not of decode.
+    const Clock::time_point landed = Clock::now();
+    account_kv(*seq, landed);  // until now: the source's pinned copy, at the same level
+    seq->enter_phase(SeqPhase::kDecode, landed);
     running_.push_back(std::move(seq));
   }
   size_t k = 0;
   for (auto it = pending_.begin(); it != pending_.end(); ++k) {
     it = leaves[k] ? pending_.erase(it) : std::next(it);
   }
+}
+
+int Worker::handoff_cacheable_pages(const HandoffOffer& offer) const {
+  if (pool_->prefix_cache() == nullptr || offer.window_dropped > 0 ||
+      scheduler_.config().kv_window > 0 || pool_->num_shards() > 1)
+    return 0;
+  return cacheable_tokens(options_.kv_policy, offer.num_tokens, offer.seq->num_prompt) /
+         pool_->block_size();
 }
 
 bool Worker::has_unreserved_waiting(int32_t priority) const {

@@ -417,10 +417,18 @@ SchedulerInput Worker::scheduler_input(bool with_handoffs) {
     sched_waiting_.push_back(s);
   }
   if (with_handoffs) {
+    // The shared pages of the offers the free blocks can admit without a preemption (a pass that
+    // preempts takes no discount: Scheduler::admit), each a walk of its cached chain.
+    int budget = plannable_blocks();
     for (size_t i = 0; i < pending_.size(); ++i) {
       const Sequence& seq = *pending_[i].seq;
+      const int shared =
+          budget < 0 ? 0
+                     : pool_->shared_device_prefix_pages(seq.prefix_salt, seq.tokens,
+                                                         handoff_cacheable_pages(pending_[i]));
+      budget -= pending_[i].blocks(pool_->block_size()) - shared;
       sched_handoffs_.push_back({kHandoffBase + static_cast<int>(i), seq.priority, seq.arrival,
-                                 pending_[i].num_tokens, pending_[i].window_dropped});
+                                 pending_[i].num_tokens, pending_[i].window_dropped, shared});
     }
   }
   SchedulerInput in;

@@ -235,6 +235,9 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_kv_shard_exchange_seconds(p.kv_shard_exchange_seconds);
     o->set_decode_rows_stalled(p.decode_rows_stalled);
     o->set_handoffs_rerouted(p.handoffs_rerouted);
+    o->set_handoff_pages_copied(p.handoff_pages_copied);
+    o->set_handoff_pages_cached(p.handoff_pages_cached);
+    o->set_handoffs_to_cached(p.handoffs_to_cached);
     o->set_kv_migrated_pages(p.kv_migrated_pages);
     o->set_kv_prefetch_hits(p.kv_prefetch_hits);
     o->set_kv_prefetch_misses(p.kv_prefetch_misses);

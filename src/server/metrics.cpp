@@ -121,6 +121,14 @@ class EngineCollector : public pm::Collectable {
                             "KV handoffs a decode worker did not take within handoff_timeout_ms, "
                             "offered to another decode worker",
                             pm::MetricType::Counter);
+    auto& handoff_pages = family("kvsplit:handoff_pages_total",
+                                 "Pages of the KV handoffs a decode pool received, copied from the "
+                                 "prefill worker or taken from its prefix cache (cached)",
+                                 pm::MetricType::Counter);
+    auto& to_cached = family("kvsplit:handoffs_to_cached_total",
+                             "KV handoffs a prefill pool routed to a decode worker it had sent "
+                             "pages of the same prompt before (cache-aware routing)",
+                             pm::MetricType::Counter);
     auto& stalled = family("kvsplit:decode_rows_stalled_total",
                            "Decode steps skipped because the request's client had not read "
                            "pools.max_unread_events events (back-pressure from a slow reader)",
@@ -160,6 +168,12 @@ class EngineCollector : public pm::Collectable {
           counter(static_cast<double>(p.decode_rows_stalled), {{"pool", p.name}}));
       rerouted.metric.push_back(
           counter(static_cast<double>(p.handoffs_rerouted), {{"pool", p.name}}));
+      to_cached.metric.push_back(
+          counter(static_cast<double>(p.handoffs_to_cached), {{"pool", p.name}}));
+      handoff_pages.metric.push_back(counter(static_cast<double>(p.handoff_pages_copied),
+                                             {{"pool", p.name}, {"source", "copied"}}));
+      handoff_pages.metric.push_back(counter(static_cast<double>(p.handoff_pages_cached),
+                                             {{"pool", p.name}, {"source", "cached"}}));
       prefetch.metric.push_back(
           counter(static_cast<double>(p.kv_prefetch_hits), {{"pool", p.name}, {"result", "hit"}}));
       prefetch.metric.push_back(counter(static_cast<double>(p.kv_prefetch_misses),

@@ -113,6 +113,16 @@ TEST(ConfigTest, MaxUnreadEvents) {
   expect_error("pools: {max_unread_events: 2000000}\n", "pools.max_unread_events");
 }
 
+TEST(ConfigTest, CacheAwareHandoffs) {
+  auto c = parse_config("");
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->engine.cache_aware_handoffs);
+  c = parse_config("pools: {cache_aware_handoffs: false}\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_FALSE(c->engine.cache_aware_handoffs);
+  expect_error("pools: {cache_aware_handoffs: sometimes}\n", "pools.cache_aware_handoffs");
+}
+
 TEST(ConfigTest, BadValuesNameTheField) {
   expect_error("sla_classes:\n  voice: {max_ttft_ms: 300, max_itl_ms: 0}\n",
                "sla_classes.voice.max_itl_ms: must be > 0");

@@ -178,5 +178,55 @@ TEST(KvPool, SharedBlocksSurviveUntilTheLastRelease) {
   EXPECT_EQ(pool.allocator().num_free(), 4);
 }
 
+// A KV handoff's destination takes only the cached pages on its device (a lower tier's would be
+// restored no faster than the source copies them), and knows beforehand which of them cost no
+// block (a sequence holds them too).
+TEST(KvPool, ShareDevicePrefixTakesDevicePagesOnlyAndCountsTheSharedOnes) {
+  auto be = cpu();
+  KvPoolConfig cfg;
+  cfg.num_blocks = 10;
+  cfg.block_size = 4;
+  cfg.host_bytes = 4 * (3 * 2 * 2 * 4 * 8 * 4);  // 4 host slots
+  auto pool = KvPool::create(*be, cfg, shape());
+  ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+  KvPool& p = **pool;
+  p.enable_prefix_cache();
+  const std::vector<int32_t> tokens = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18};
+  const uint64_t salt = PrefixCache::salt_of("t");
+  BlockTable first;
+  ASSERT_TRUE(p.reserve(first, 14));
+  p.cache_prefix(first, salt, tokens, 3);
+  EXPECT_EQ(p.shared_device_prefix_pages(salt, tokens, 3), 3);  // the first sequence holds them
+  const std::vector<int32_t> blocks = first.blocks;
+  p.release(first);
+  EXPECT_EQ(p.shared_device_prefix_pages(salt, tokens, 3), 0);  // only the cache: idle
+  BlockTable a;
+  EXPECT_EQ(p.share_device_prefix(a, salt, tokens, 3), 3);
+  EXPECT_EQ(a.blocks, std::vector<int32_t>(blocks.begin(), blocks.begin() + 3));
+  EXPECT_EQ(p.shared_device_prefix_pages(salt, tokens, 3), 3);
+  EXPECT_EQ(p.shared_device_prefix_pages(salt, tokens, 2), 2);
+  EXPECT_EQ(p.shared_device_prefix_pages(PrefixCache::salt_of("u"), tokens, 3), 0);
+  BlockTable other;
+  EXPECT_EQ(p.share_device_prefix(other, PrefixCache::salt_of("u"), tokens, 3), 0);
+  EXPECT_TRUE(other.blocks.empty());
+  p.release(a);
+  // The run of shared pages ends at the first idle one (an allocation may evict it).
+  BlockTable one;
+  EXPECT_EQ(p.share_device_prefix(one, salt, tokens, 1), 1);
+  EXPECT_EQ(p.shared_device_prefix_pages(salt, tokens, 3), 1);
+  p.release(one);
+  // The deepest page spills to the host tier: a handoff takes the two before it and leaves it
+  // there (nothing is restored).
+  EXPECT_EQ(p.prefix_cache()->evict(1, p.allocator()), 1);
+  ASSERT_EQ(p.prefix_cache()->pages_host(), 1);
+  BlockTable b;
+  EXPECT_EQ(p.share_device_prefix(b, salt, tokens, 3), 2);
+  EXPECT_EQ(p.prefix_cache()->pages_host(), 1);
+  EXPECT_EQ(p.shared_device_prefix_pages(salt, tokens, 3), 2);
+  p.release(b);
+  p.prefix_cache()->clear(p.allocator());
+  EXPECT_EQ(p.allocator().num_free(), 10);
+}
+
 }  // namespace
 }  // namespace kvsplit::kv

@@ -168,7 +168,7 @@ TEST(KvHandoff, OnlyFullPrecisionTablesAreHandedOff) {
 // A sliding window: the pages dropped behind it (block -1, entry evicted) are not handed off, so
 // they are neither checked nor copied; the pages after them are copied to the destination table
 // that marks the same prefix dropped.
-TEST(KvHandoff, PagesDroppedBehindTheWindowAreNotHandedOff) {
+TEST(KvHandoff, PagesDroppedBehindTheWindowOrCachedAreNotCopied) {
   kv::BlockTable src;
   src.blocks = {-1, -1, 6, 2};
   src.pages.resize(4);
@@ -205,6 +205,25 @@ TEST(KvHandoff, PagesDroppedBehindTheWindowAreNotHandedOff) {
   // Without the dropped prefix marked on the destination, block -1 is refused, not copied.
   dst.window_dropped = 0;
   EXPECT_EQ(copy_kv_pages(*p.a, src.blocks, {}, *p.b, dst).status().code(),
+            StatusCode::kInvalidArgument);
+  // Pages the destination's prefix cache served (first_page) are not copied either: pages 0-2
+  // (blocks 3, 4 and 0) keep what they hold, page 3 is copied.
+  Pools q = make_pools(8, 8);
+  for (int l = 0; l < 3; ++l) {
+    auto* d = static_cast<unsigned char*>(q.a->layer(l).data);
+    for (size_t i = 0; i < 8 * block_bytes; ++i) d[i] = static_cast<unsigned char>(i * 5 + l + 2);
+  }
+  dst.blocks = {3, 4, 0, 5};
+  const std::vector<int32_t> from = {7, 1, 6, 2};
+  ASSERT_TRUE(copy_kv_pages(*q.a, from, {}, *q.b, dst, /*first_page=*/3).ok());
+  for (int l = 0; l < 3; ++l) {
+    const auto* s = static_cast<const char*>(q.a->layer(l).data);
+    const auto* d = static_cast<const char*>(q.b->layer(l).data);
+    EXPECT_EQ(std::memcmp(s + 2 * block_bytes, d + 5 * block_bytes, block_bytes), 0) << l;
+    for (int b : {0, 1, 2, 3, 4, 6, 7})
+      EXPECT_EQ(std::memcmp(d + b * block_bytes, zero.data(), block_bytes), 0) << l << " " << b;
+  }
+  EXPECT_EQ(copy_kv_pages(*q.a, from, {}, *q.b, dst, 5).status().code(),
             StatusCode::kInvalidArgument);
 }
 

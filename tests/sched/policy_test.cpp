@@ -171,5 +171,41 @@ TEST(DecodeWorker, LeastKvLoadIncludingIncoming) {
   EXPECT_EQ(choose_decode_worker({}), -1);
 }
 
+// Cache-aware: a worker's load less the pages of the offer it is expected to share.
+TEST(DecodeWorker, HoldingThePromptTakesItUnlessMoreLoadedThanItSaves) {
+  std::vector<DecodeLoad> w(2);
+  for (DecodeLoad& d : w) d.kv_blocks_total = 100;
+  w[0].kv_blocks_free = 90;  // 10 used
+  w[1].kv_blocks_free = 95;  // 5 used
+  const std::vector<int> none = {0, 0};
+  EXPECT_EQ(choose_decode_worker(w, none, 20), 1);  // no pages cached: plain least load
+  const std::vector<int> on0 = {16, 0};             // worker 0 holds 16 of the offer's 20 pages
+  EXPECT_EQ(choose_decode_worker(w, on0, 20), 0);   // 10 - 16 < 5
+  w[0].kv_blocks_free = 70;                         // 30 used: 30 - 16 > 5
+  EXPECT_EQ(choose_decode_worker(w, on0, 20), 1);
+  w[0].kv_blocks_free = 79;  // 21 used: 21 - 16 = 5, a tie: fewer running, then index
+  w[0].running = 2;
+  w[1].running = 1;
+  EXPECT_EQ(choose_decode_worker(w, on0, 20), 1);
+  w[1].running = 2;
+  EXPECT_EQ(choose_decode_worker(w, on0, 20), 0);
+  // More cached than the offer needs counts as the offer's blocks only.
+  const std::vector<int> over = {40, 0};
+  w[0].kv_blocks_free = 70;
+  EXPECT_EQ(choose_decode_worker(w, over, 20), 1);  // 30 - 20 > 5
+  // Only where the offer fits whole: 19 free (the cached pages among them, idle) is short of 20.
+  w[0].kv_blocks_free = 19;
+  w[1].kv_blocks_free = 30;
+  EXPECT_EQ(choose_decode_worker(w, on0, 20), 1);  // 81 used > 70: no discount on worker 0
+  w[0].kv_blocks_free = 25;
+  w[0].kv_blocks_incoming = 6;  // blocks promised to offers in flight count against the room
+  EXPECT_EQ(choose_decode_worker(w, on0, 20), 1);  // 75 + 6 > 70
+  w[0].kv_blocks_incoming = 0;
+  EXPECT_EQ(choose_decode_worker(w, on0, 20), 0);  // 75 - 16 < 70
+  // A `cached` of another size than the workers' is ignored (load only).
+  const std::vector<int> bad = {16};
+  EXPECT_EQ(choose_decode_worker(w, bad, 20), 1);
+}
+
 }  // namespace
 }  // namespace kvsplit::sched

@@ -170,6 +170,53 @@ TEST(Scheduler, HandoffWaitsForItsOwnNextTokensBlock) {
   EXPECT_TRUE(out.preempted.empty());
 }
 
+// Pages a handoff shares with running sequences (the destination's prefix cache holds them on
+// the device) need no room: admitted with only its own pages free. Whether it fits the pool at
+// all still counts every page.
+TEST(Scheduler, AHandoffsSharedPagesNeedNoRoom) {
+  // 14 positions: 3 full pages and a partial one; its next token fits the partial page.
+  std::vector<SchedHandoff> h = {{20, 0, 30, /*num_tokens=*/14}};
+  SchedulerInput in{{}, {}, h, /*free=*/1, /*total=*/8, 1};
+  SchedulerOutput out = Scheduler(config(64, false)).schedule(in);
+  EXPECT_TRUE(out.admitted.empty());
+  EXPECT_EQ(out.handoff_wait, HandoffWait::kNoBlocks);
+  h[0].shared_pages = 3;
+  out = Scheduler(config(64, false)).schedule(in);
+  ASSERT_EQ(out.admitted.size(), 1u);
+  EXPECT_EQ(out.admitted[0].blocks, 1);
+  EXPECT_EQ(out.free_blocks_after, 0);
+  // 40 positions are 10 pages: more than the pool, however many of them are shared.
+  h[0] = {20, 0, 30, 40, 0, /*shared_pages=*/5};
+  out = Scheduler(config(64, false)).schedule(in);
+  EXPECT_EQ(out.never_fit, (std::vector<int>{20}));
+}
+
+// A pass discounts shared pages or preempts, never both: a victim's held blocks count the pages
+// it shares with the cache alone, which an offer admitted with a discount then pays for.
+TEST(Scheduler, AHandoffPassDiscountsSharedPagesOrPreemptsNotBoth) {
+  // A (priority 0) holds 2 blocks; 2 are free. Offer 20 shares 3 of its 4 pages; offer 21 brings
+  // 2 full pages and needs a third for its next token, which only preempting A can give.
+  const std::vector<SchedSeq> run = {running(0, 7, 2, /*priority=*/0)};
+  std::vector<SchedHandoff> h = {{20, 5, 30, 14, 0, /*shared_pages=*/3}, {21, 5, 31, 8}};
+  SchedulerInput in{run, {}, h, /*free=*/2, /*total=*/12, 1};
+  SchedulerOutput out = Scheduler(config(64, false)).schedule(in);
+  ASSERT_EQ(out.admitted.size(), 1u);
+  EXPECT_EQ(out.admitted[0].id, 20);
+  EXPECT_EQ(out.admitted[0].blocks, 1);
+  EXPECT_TRUE(out.preempted.empty());  // 21 waits a step rather than preempt after a discount
+  EXPECT_EQ(out.handoff_wait, HandoffWait::kNoBlocks);
+  // The other order: 21 preempts A, and then 20 gets no discount (it would need 4 blocks, 2
+  // are left, and no one else may yield): it waits.
+  std::swap(h[0], h[1]);
+  out = Scheduler(config(64, false)).schedule(in);
+  ASSERT_EQ(out.admitted.size(), 1u);
+  EXPECT_EQ(out.admitted[0].id, 21);
+  EXPECT_EQ(out.admitted[0].blocks, 2);
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0].id, 0);
+  EXPECT_EQ(out.handoff_wait, HandoffWait::kNoBlocks);
+}
+
 TEST(Scheduler, HandoffWaitsBehindPreemptedSequencesAndForASlot) {
   const std::vector<SchedSeq> wait = {waiting(0, 12, 0, /*blocks=*/0, /*priority=*/3)};
   const std::vector<SchedHandoff> h = {{20, 3, 30, 4}, {21, 9, 31, 4}};
