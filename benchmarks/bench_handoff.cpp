@@ -1,0 +1,253 @@
+// KV handoff with the decode pool's prefix cache (disaggregated mode, docs/serving.md "Handoffs
+// and the decode pool's prefix cache"). Requests share a system prompt of --prefix-tokens tokens
+// and add --suffix-tokens of their own (--prompts such prompts, one tenant each; each request's
+// drawn at random). Three
+// engines run the same requests: the prefix cache off; on with handoffs routed by load alone
+// (pools.cache_aware_handoffs false); on with cache-aware routing (the default). Each has one
+// prefill and --decode-workers decode workers:
+//   sequential  --requests requests one after another: the decode pools' handoff pages copied
+//               and taken from their caches, and the median handoff time (Timings::handoff_ms:
+//               offer posted -> pages in the decode pool) of the later requests.
+//   concurrent  --concurrent requests submitted at once, each generating --max-tokens, into
+//               pools of --kv-blocks blocks per worker: the most sequences the decode pools ran
+//               at once, their blocks in use per running sequence then (stats sampled every ms),
+//               and the handoff pages copied and taken from the caches.
+// Ratios are against the cache off, in the same run.
+//
+// The defaults (llama-110m, 512 + 16 prompt tokens, 8 at once generating 128 tokens, 128 blocks
+// per worker) make the decode pool the limit without the cache: about three sequences of 41
+// pages fit; sharing their 32 prefix pages, all eight do.
+//
+//   bench_handoff --model synthetic:llama-110m --threads 1
+//   bench_handoff --model synthetic:llama-110m --threads 1 --decode-workers 2 --prompts 4
+//       --prefix-tokens 256 --requests 8 --concurrent 16 --max-tokens 32 --kv-blocks 256
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvsplit/engine.h"
+
+namespace {
+
+struct Options {
+  std::string model = "synthetic:llama-110m";
+  int threads = 1;
+  int prefix_tokens = 512;
+  int suffix_tokens = 16;
+  int requests = 6;
+  int concurrent = 8;
+  int max_tokens = 128;
+  int kv_blocks = 128;
+  int decode_workers = 1;
+  int prompts = 1;  // distinct system prompts (tenants), each request's drawn at random
+};
+
+struct Result {
+  double first_handoff_ms = 0, later_handoff_ms = 0;  // median of the later requests
+  int64_t copied = 0, cached = 0;                     // handoff pages, sequential part
+  int64_t to_cached = 0;  // handoffs routed to a decode worker sent the prompt before
+  int64_t copied_at_once = 0, cached_at_once = 0;  // handoff pages, concurrent part
+  int peak_running = 0;
+  double blocks_per_seq = 0;  // decode blocks in use per running sequence at the peak
+};
+
+// The decode pools together: running sequences, blocks in use, handoff pages.
+struct DecodeTotals {
+  int pools = 0, running = 0, used = 0;
+  int64_t copied = 0, cached = 0;
+};
+DecodeTotals decode_totals(const kvsplit::EngineStats& s) {
+  DecodeTotals t;
+  for (const kvsplit::PoolStats& p : s.pools) {
+    if (p.name.rfind("decode-", 0) != 0) continue;
+    ++t.pools;
+    t.running += p.running;
+    t.used += p.kv_blocks_total - p.kv_blocks_free;
+    t.copied += p.handoff_pages_copied;
+    t.cached += p.handoff_pages_cached;
+  }
+  return t;
+}
+
+// Run 0: no prefix cache; 1: the cache, handoffs routed by load alone; 2: the cache with
+// cache-aware routing (the default).
+int run(const Options& o, int variant, Result* out) {
+  const bool cache = variant > 0;
+  kvsplit::EngineConfig c;
+  c.model = o.model;
+  c.mode = kvsplit::ServingMode::kDisaggregated;
+  c.num_prefill_workers = 1;
+  c.num_decode_workers = o.decode_workers;
+  c.threads_per_worker = o.threads;
+  c.block_size = 16;
+  c.max_batch_tokens = 2048;
+  c.kv_blocks_per_worker = o.kv_blocks;
+  c.prefix_cache = cache;
+  c.cache_aware_handoffs = variant == 2;
+  auto engine = kvsplit::Engine::create(c);
+  if (!engine.ok()) return std::fprintf(stderr, "%s\n", engine.status().to_string().c_str()), 1;
+  kvsplit::Engine& e = **engine;
+  const int vocab = e.model_info().vocab_size;
+  std::mt19937 rng(7);
+  auto random_ids = [&](int n) {
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (int32_t& t : ids) t = 3 + static_cast<int32_t>(rng() % (vocab - 3));
+    return ids;
+  };
+  std::vector<std::vector<int32_t>> systems;
+  for (int k = 0; k < o.prompts; ++k) systems.push_back(random_ids(o.prefix_tokens));
+  // Each request's prompt drawn at random (the same draws in every run), so that no fixed
+  // pattern of prompts lines up with the workers' turns.
+  std::mt19937 pick(13);
+  auto request = [&](int max_tokens) {
+    const int k = static_cast<int>(pick() % static_cast<unsigned>(o.prompts));
+    kvsplit::Request r;
+    r.tenant = "bench-" + std::to_string(k);
+    r.prompt_token_ids = systems[static_cast<size_t>(k)];
+    for (int32_t t : random_ids(o.suffix_tokens)) r.prompt_token_ids.push_back(t);
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.temperature = 0;
+    return r;
+  };
+  auto drain = [](kvsplit::RequestHandle& h, kvsplit::TokenEvent* last) {
+    kvsplit::TokenEvent ev;
+    while (h.next(&ev, std::chrono::minutes(10)))
+      if (ev.final) break;
+    *last = ev;
+    if (!ev.final || !ev.status.ok())
+      return std::fprintf(stderr, "request failed: %s\n", ev.status.to_string().c_str()), 1;
+    return 0;
+  };
+  // 1. Sequential.
+  std::vector<double> handoff;
+  for (int i = 0; i < o.requests; ++i) {
+    auto h = e.submit(request(2));
+    if (!h.ok()) return std::fprintf(stderr, "%s\n", h.status().to_string().c_str()), 1;
+    kvsplit::TokenEvent ev;
+    if (drain(*h, &ev) != 0) return 1;
+    handoff.push_back(ev.timings.handoff_ms);
+  }
+  std::vector<double> later(handoff.begin() + 1, handoff.end());
+  std::sort(later.begin(), later.end());
+  out->first_handoff_ms = handoff[0];
+  out->later_handoff_ms = later[later.size() / 2];
+  const kvsplit::EngineStats s = e.stats();
+  const DecodeTotals d = decode_totals(s);
+  if (d.pools == 0) return std::fprintf(stderr, "no decode pool\n"), 1;
+  out->copied = d.copied;
+  out->cached = d.cached;
+  const int64_t to_cached_before = s.pools[0].handoffs_to_cached;
+  // 2. Concurrent: a poller samples the decode pool while the requests run.
+  std::vector<kvsplit::RequestHandle> handles;
+  for (int i = 0; i < o.concurrent; ++i) {
+    auto h = e.submit(request(o.max_tokens));
+    if (!h.ok()) return std::fprintf(stderr, "%s\n", h.status().to_string().c_str()), 1;
+    handles.push_back(std::move(*h));
+  }
+  std::atomic<bool> done{false};
+  int peak = 0;
+  double used_at_peak = 0;
+  int samples_at_peak = 0;
+  std::thread poller([&] {
+    while (!done.load()) {
+      const DecodeTotals t = decode_totals(e.stats());
+      if (t.running > 0) {
+        const double per = double(t.used) / t.running;
+        if (t.running > peak) {
+          peak = t.running;
+          used_at_peak = 0;
+          samples_at_peak = 0;
+        }
+        if (t.running == peak) {
+          used_at_peak += per;
+          ++samples_at_peak;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  int rc = 0;
+  for (kvsplit::RequestHandle& h : handles) {
+    kvsplit::TokenEvent ev;
+    rc |= drain(h, &ev);
+  }
+  done = true;
+  poller.join();
+  out->peak_running = peak;
+  const DecodeTotals end = decode_totals(e.stats());
+  out->copied_at_once = end.copied - out->copied;
+  out->cached_at_once = end.cached - out->cached;
+  // prefill-0's count, of the concurrent requests' handoffs
+  out->to_cached = e.stats().pools[0].handoffs_to_cached - to_cached_before;
+  out->blocks_per_seq = samples_at_peak > 0 ? used_at_peak / samples_at_peak : 0;
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spdlog::set_level(spdlog::level::warn);
+  Options o;
+  CLI::App app{"KV handoff with the decode pool's prefix cache: off, on by load, on cache-aware"};
+  app.add_option("--model", o.model, "model path or synthetic:<preset>");
+  app.add_option("--threads", o.threads, "CPU threads per worker")->check(CLI::Range(1, 256));
+  app.add_option("--prefix-tokens", o.prefix_tokens, "shared system prompt length")
+      ->check(CLI::Range(16, 1 << 20));
+  app.add_option("--suffix-tokens", o.suffix_tokens, "each request's own tokens after it")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--requests", o.requests, "sequential requests")->check(CLI::Range(2, 10000));
+  app.add_option("--concurrent", o.concurrent, "requests submitted at once")
+      ->check(CLI::Range(1, 10000));
+  app.add_option("--max-tokens", o.max_tokens, "tokens each concurrent request generates")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--kv-blocks", o.kv_blocks, "KV blocks per worker (16 tokens each)")
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_option("--decode-workers", o.decode_workers, "decode workers")->check(CLI::Range(1, 64));
+  app.add_option("--prompts", o.prompts,
+                 "distinct system prompts, one tenant each; each request's drawn at random")
+      ->check(CLI::Range(1, 10000));
+  CLI11_PARSE(app, argc, argv);
+  Result r[3];
+  for (int v = 0; v < 3; ++v)
+    if (run(o, v, &r[v]) != 0) return 1;
+  const int pages = (o.prefix_tokens + o.suffix_tokens + 15) / 16;
+  std::printf(
+      "handoff: %s, %d shared prefix(es) of %d tokens + %d, one prefill and %d decode "
+      "worker(s), %d threads each, %d blocks per worker\n",
+      o.model.c_str(), o.prompts, o.prefix_tokens, o.suffix_tokens, o.decode_workers, o.threads,
+      o.kv_blocks);
+  const char* names[3] = {"off", "on, by load", "on"};
+  for (int v = 0; v < 3; ++v) {
+    std::printf(
+        "  prefix cache %-11s: %d requests in turn: pages copied %lld, from the decode cache "
+        "%lld (of %d per request); handoff first %.2f ms, later median %.2f ms; %d at once: "
+        "decode ran at most %d, %.1f blocks per running sequence, pages copied %lld, from the "
+        "decode cache %lld, %lld of its handoffs routed to a decode worker sent the prompt "
+        "before\n",
+        names[v], o.requests, static_cast<long long>(r[v].copied),
+        static_cast<long long>(r[v].cached), pages, r[v].first_handoff_ms, r[v].later_handoff_ms,
+        o.concurrent, r[v].peak_running, r[v].blocks_per_seq,
+        static_cast<long long>(r[v].copied_at_once), static_cast<long long>(r[v].cached_at_once),
+        static_cast<long long>(r[v].to_cached));
+  }
+  auto ratio = [](double a, double b) { return a / std::max(1e-9, b); };
+  for (int v = 1; v < 3; ++v) {
+    std::printf(
+        "  %s / off: later handoff time %.2fx, pages copied in turn %.2fx, at once %.2fx, decode "
+        "blocks per sequence %.2fx, most running %.2fx\n",
+        names[v], ratio(r[v].later_handoff_ms, r[0].later_handoff_ms),
+        ratio(double(r[v].copied), double(r[0].copied)),
+        ratio(double(r[v].copied_at_once), double(r[0].copied_at_once)),
+        ratio(r[v].blocks_per_seq, r[0].blocks_per_seq),
+        ratio(double(r[v].peak_running), double(r[0].peak_running)));
+  }
+  return 0;
+}
