@@ -48,11 +48,12 @@ EngineConfig config(bool prefix_cache) {
   return cfg;
 }
 
-const PoolStats& decode_pool(const EngineStats& s) {
+// A copy: callers pass a temporary EngineStats.
+PoolStats decode_pool(const EngineStats& s) {
   for (const PoolStats& p : s.pools)
     if (p.name == "decode-0") return p;
   ADD_FAILURE() << "no decode-0 pool";
-  return s.pools.front();
+  return {};
 }
 
 TEST(EngineHandoffCache, ARepeatedPromptIsCopiedOnceAndKeepsTheTokens) {
@@ -77,16 +78,16 @@ TEST(EngineHandoffCache, ARepeatedPromptIsCopiedOnceAndKeepsTheTokens) {
       const bool first_of_tenant = i == 0 && (tenant == std::string("b") || want_copied == 0);
       want_cached += first_of_tenant ? 0 : full;
       want_copied += first_of_tenant ? pages : pages - full;
-      const PoolStats& d = decode_pool(e.stats());
+      const PoolStats d = decode_pool(e.stats());
       EXPECT_EQ(d.handoff_pages_cached, want_cached) << tenant << " " << i;
       EXPECT_EQ(d.handoff_pages_copied, want_copied) << tenant << " " << i;
     }
   }
-  const PoolStats& d = decode_pool(e.stats());
+  const PoolStats d = decode_pool(e.stats());
   EXPECT_GE(d.kv_prefix_hits, want_cached * kBlock);  // the lookups count on the decode pool
   EXPECT_GT(d.kv_prefix_cache_pages, 0);
   // The reference engine copies every page.
-  const PoolStats& rd = decode_pool((*ref)->stats());
+  const PoolStats rd = decode_pool((*ref)->stats());
   EXPECT_EQ(rd.handoff_pages_cached, 0);
   EXPECT_EQ(rd.handoff_pages_copied, 2 * pages);
   EXPECT_TRUE(testing::pools_back_to(e, initial));
@@ -104,7 +105,7 @@ int decode_blocks_used(EngineImpl& e, int n, int running, std::vector<RequestHan
     if (h.ok()) handles->push_back(std::move(*h));
   }
   const bool there = wait_for_stats(e, [&](const EngineStats& s) {
-    const PoolStats& d = decode_pool(s);
+    const PoolStats d = decode_pool(s);
     return d.running == running && d.waiting == n - running;
   });
   const PoolStats d = decode_pool(e.stats());
@@ -163,7 +164,7 @@ TEST(EngineHandoffCache, AnOfferGoesToTheDecodeWorkerThatHoldsItsPrompt) {
     ASSERT_TRUE(first.final_event.status.ok()) << first.final_event.status.to_string();
     // decode-0 has published its state after the request (idle, every block available).
     ASSERT_TRUE(wait_for_stats(e, [](const EngineStats& s) {
-      const PoolStats& d = decode_pool(s);
+      const PoolStats d = decode_pool(s);
       return d.running == 0 && d.kv_blocks_free == d.kv_blocks_total;
     }));
     // Another tenant's request now runs on decode-0, held before its forward pass (3 blocks).
