@@ -77,6 +77,7 @@ kvm::ParamTable EngineImpl::kvm_baseline() const {
   t.set("spatial_min_context", "", spatial_min_context_.load());
   t.set("max_num_seqs", "", config_.max_num_seqs);
   t.set("max_chunk_tokens", "", config_.max_chunk_tokens);
+  t.set("max_chunk_ms", "", config_.max_chunk_ms);
   for (const SlaClass& c : router_->classes()) {
     if (c.semantic) {
       for (const char* p : kSemantic) t.set(p, c.name, semantic_get(*c.semantic, p));
@@ -228,6 +229,13 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
     // Every worker that prefills: prefill and colocated workers, and decode workers (recomputes).
     sched::SetSchedulerParams cmd;
     KVSPLIT_ASSIGN_OR_RETURN(cmd.max_chunk_tokens, int_setting(p, d.after, 0, 1 << 20));
+    return broadcast_command(cmd, /*decoders_only=*/false);
+  }
+  if (p == "max_chunk_ms") {  // the same workers as max_chunk_tokens
+    if (!(d.after >= 0 && d.after <= 1e6))
+      return invalid_argument(fmt::format("max_chunk_ms: must be in [0, 1e6], got {}", d.after));
+    sched::SetSchedulerParams cmd;
+    cmd.max_chunk_ms = d.after;
     return broadcast_command(cmd, /*decoders_only=*/false);
   }
   if (p == "max_queue") {

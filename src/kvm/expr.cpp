@@ -20,13 +20,13 @@ constexpr std::array<std::string_view, 9> kGlobalMetrics = {
     "swap_rate",     "recall_rate",        "pages_evicted_fraction"};
 constexpr std::array<std::string_view, 6> kClassMetrics = {
     "queue_depth", "queue_wait_ms", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"};
-constexpr std::array<std::string_view, 16> kParams = {
-    "semantic_threshold",  "evict_threshold",    "recall_threshold",
-    "recall_wait_ms",      "semantic_window",    "recent_tokens",
-    "score_interval",      "temporal_step_size", "swap",
-    "spatial_min_context", "max_num_seqs",       "max_chunk_tokens",
-    "max_queue",           "migrate_to_shard",   "max_recalls_per_step",
-    "recall_precision"};
+constexpr std::array<std::string_view, 17> kParams = {
+    "semantic_threshold",   "evict_threshold",    "recall_threshold",
+    "recall_wait_ms",       "semantic_window",    "recent_tokens",
+    "score_interval",       "temporal_step_size", "swap",
+    "spatial_min_context",  "max_num_seqs",       "max_chunk_tokens",
+    "max_chunk_ms",         "max_queue",          "migrate_to_shard",
+    "max_recalls_per_step", "recall_precision"};
 constexpr std::array<std::string_view, 12> kIntegerParams = {
     "recall_precision",     "semantic_window",    "recent_tokens", "score_interval",
     "max_recalls_per_step", "temporal_step_size", "swap",          "spatial_min_context",
@@ -148,12 +148,14 @@ bool is_class_metric(std::string_view name) { return contains(kClassMetrics, nam
 bool is_param(std::string_view name) { return contains(kParams, name); }
 bool param_needs_class(std::string_view name) { return name == "max_queue"; }
 bool param_is_global_only(std::string_view name) {
-  return name == "max_num_seqs" || name == "max_chunk_tokens" || name == "spatial_min_context" ||
-         name == "migrate_to_shard";
+  return name == "max_num_seqs" || name == "max_chunk_tokens" || name == "max_chunk_ms" ||
+         name == "spatial_min_context" || name == "migrate_to_shard";
 }
 std::optional<ParamRange> param_range(std::string_view name) {
   // pools.max_chunk_tokens' range (config/validate.cpp) and the worker's (SetSchedulerParams).
   if (name == "max_chunk_tokens") return ParamRange{0, 1 << 20, true};
+  // pools.max_chunk_ms' range: 0 turns the time-based cap off, as for max_chunk_tokens.
+  if (name == "max_chunk_ms") return ParamRange{0, 1e6, true};
   // kv.cuts.semantic.max_recalls_per_step: 0 lifts the limit, so a rule that lowers it must stop
   // at 1.
   if (name == "max_recalls_per_step") return ParamRange{0, 2147483647.0, true};
@@ -180,6 +182,8 @@ Status check_setting(std::string_view param, double value) {
     lo = 1, hi = 65536;
   } else if (param == "max_chunk_tokens") {
     hi = 1 << 20;
+  } else if (param == "max_chunk_ms") {
+    hi = 1e6;
   } else if (param == "max_queue") {
     lo = 1, hi = 1000000;
   } else if (!value_names(param).empty()) {

@@ -24,11 +24,12 @@ bool is_metric(std::string_view name);
 bool is_class_metric(std::string_view name);  // queue_depth, queue_wait_ms, ttft_*, itl_*
 bool is_param(std::string_view name);
 // Parameters that only make sense per class (max_queue) or only globally (max_num_seqs,
-// max_chunk_tokens, spatial_min_context, migrate_to_shard).
+// max_chunk_tokens, max_chunk_ms, spatial_min_context, migrate_to_shard).
 bool param_needs_class(std::string_view name);
 bool param_is_global_only(std::string_view name);
 // The values a parameter can take whatever the rule's bounds (its setting's own range), for the
-// parameters that have one: max_chunk_tokens [0, 2^20] (0: no cap). validate_rules checks a rule's
+// parameters that have one: max_chunk_tokens [0, 2^20] and max_chunk_ms [0, 1e6] (0: no cap),
+// max_recalls_per_step (0: no limit), recall_wait_ms [0, 60000]. validate_rules checks a rule's
 // min, max and `=` value against it, and every action's result is clamped into it.
 // zero_is_off: 0 turns the setting off (the opposite of a small value), so a rule that can lower
 // it needs min >= 1.
@@ -40,7 +41,8 @@ std::optional<ParamRange> param_range(std::string_view name);
 // The values the engine accepts for a setting, whatever the rule (the worker's and the config's
 // own ranges): semantic thresholds [0, 1], recall_wait_ms [0, 60000] (what a rule may set:
 // param_range; the config's "< 0: until it lands" is not a rule's), max_num_seqs [1, 65536],
-// max_chunk_tokens [0, 2^20], max_queue [1, 1e6], swap {0, 1, 2}, the other integers [0 or 1,
+// max_chunk_tokens [0, 2^20], max_chunk_ms [0, 1e6], max_queue [1, 1e6], swap {0, 1, 2}, the
+// other integers [0 or 1,
 // 2^31 - 1]. A decision outside it is refused ("<param>: must be in [lo, hi], got v"), by the
 // engine (apply_kvm_decision) and by `kvsplit policy simulate` alike.
 Status check_setting(std::string_view param, double value);

@@ -92,6 +92,7 @@ StatusOr<SimResult> Sim::run() {
   params_.set("spatial_min_context", "", c_.spatial.min_context);
   params_.set("max_num_seqs", "", c_.max_num_seqs);
   params_.set("max_chunk_tokens", "", c_.max_chunk_tokens);
+  params_.set("max_chunk_ms", "", c_.max_chunk_ms);
   params_.set("migrate_to_shard", "", 0);
   for (const SlaClass& sc : c_.sla_classes) {
     params_.set("max_queue", sc.name, sc.max_queue);

@@ -394,14 +394,16 @@ bool Sim::step(Worker& w) {
   }
   // The cap holds in every step, as in Scheduler::plan_prefill.
   int max_chunk = std::max(0, static_cast<int>(std::lround(param("max_chunk_tokens", -1))));
-  if (c_.max_chunk_ms > 0) {
+  // As a rule has set it (the KV cache manager may move it), like max_chunk_tokens.
+  const double max_chunk_ms = param("max_chunk_ms", -1);
+  if (max_chunk_ms > 0) {
     // The time-based cap (Worker::step_chunk_cap), from the profile where the engine uses its
     // measured steps: the prompt tokens whose prefill fits in max_chunk_ms beside the step's
     // fixed cost and its decode rows (their attention included), rounded down to a block, at
     // least min_chunk. A chunk's own attention to the tokens before it is left out here.
     double fixed = p_.step_base_ms + p_.step_overhead_ms;
     for (int i : decoding) fixed += p_.decode_ms_per_seq + reqs_[i].kv * p_.decode_ms_per_kv_token;
-    const double fit = (c_.max_chunk_ms - fixed) / std::max(p_.prefill_ms_per_token, 1e-12);
+    const double fit = (max_chunk_ms - fixed) / std::max(p_.prefill_ms_per_token, 1e-12);
     max_chunk = common::time_chunk_cap(fit, budget, c_.block_size, min_chunk, max_chunk);
   }
   const std::vector<int> plan =

@@ -39,6 +39,9 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
     KVSPLIT_RETURN_IF_ERROR(check_range("min_chunk_tokens", p->min_chunk_tokens, 1, batch));
     KVSPLIT_RETURN_IF_ERROR(check_range("max_num_seqs", p->max_num_seqs, 1, 65536));
     KVSPLIT_RETURN_IF_ERROR(check_range("max_chunk_tokens", p->max_chunk_tokens, 0, 1 << 20));
+    if (p->max_chunk_ms && !(*p->max_chunk_ms >= 0 && *p->max_chunk_ms <= 1e6))
+      return invalid_argument(
+          fmt::format("max_chunk_ms: must be in [0, 1e6], got {}", *p->max_chunk_ms));
     c.max_batch_tokens = batch;
     c.min_chunk_tokens = p->min_chunk_tokens.value_or(std::min(c.min_chunk_tokens, batch));
     c.max_num_seqs = p->max_num_seqs.value_or(c.max_num_seqs);
@@ -49,10 +52,12 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
     options_.min_chunk_tokens = c.min_chunk_tokens;
     options_.max_num_seqs = c.max_num_seqs;
     options_.max_chunk_tokens = c.max_chunk_tokens;
+    options_.max_chunk_ms = p->max_chunk_ms.value_or(options_.max_chunk_ms);
     KVSPLIT_LOG_INFO(
         "{}: scheduler set to max_batch_tokens {}, min_chunk_tokens {}, max_num_seqs {}, "
-        "max_chunk_tokens {}",
-        options_.name, c.max_batch_tokens, c.min_chunk_tokens, c.max_num_seqs, c.max_chunk_tokens);
+        "max_chunk_tokens {}, max_chunk_ms {}",
+        options_.name, c.max_batch_tokens, c.min_chunk_tokens, c.max_num_seqs, c.max_chunk_tokens,
+        options_.max_chunk_ms);
     return ok_status();
   }
   if (const auto* r = std::get_if<ReleaseKv>(&command)) {
@@ -171,6 +176,7 @@ WorkerState Worker::state() const {
   for (int r = 0; r < 3; ++r) st.handoffs_by_route[r] = handoffs_by_route_[r];
   st.scheduler = scheduler_.config();
   st.scheduler.max_chunk_tokens = options_.max_chunk_tokens;  // configured, not this step's cap
+  st.max_chunk_ms = options_.max_chunk_ms;
   st.free_blocks = pool_->available_blocks();
   st.total_blocks = total_blocks_;
   st.num_shards = pool_->num_shards();

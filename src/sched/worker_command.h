@@ -19,13 +19,15 @@ namespace kvsplit::sched {
 
 // Changes the worker's Scheduler; unset fields keep their value. Ranges: max_batch_tokens
 // [1, 2^20], min_chunk_tokens [1, max_batch_tokens], max_num_seqs [1, 65536], max_chunk_tokens
-// [0, 2^20] (fair prefill's cap, 0: none); a value out of range is kInvalidArgument naming the
+// [0, 2^20] (fair prefill's cap, 0: none), max_chunk_ms [0, 1e6] (its time-based cap,
+// EngineConfig::max_chunk_ms, 0: none); a value out of range is kInvalidArgument naming the
 // field and changes nothing.
 struct SetSchedulerParams {
   std::optional<int> max_batch_tokens = std::nullopt;
   std::optional<int> min_chunk_tokens = std::nullopt;
   std::optional<int> max_num_seqs = std::nullopt;
   std::optional<int> max_chunk_tokens = std::nullopt;
+  std::optional<double> max_chunk_ms = std::nullopt;
 };
 
 // Drops the KV of one request the worker owns (running: preempted, recomputed when scheduled
@@ -91,6 +93,7 @@ struct WorkerState {
   // KV handoffs this worker received, by route (KvCopyRoute: same device, peer, staged).
   int64_t handoffs_by_route[3] = {0, 0, 0};
   SchedulerConfig scheduler;
+  double max_chunk_ms = 0;  // the configured time-based chunk cap (0: none)
   int free_blocks = 0;
   int total_blocks = 0;
   int num_shards = 1;          // the spatial cut's shard group (1: the worker's pool alone)

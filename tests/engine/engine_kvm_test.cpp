@@ -493,6 +493,46 @@ TEST(EngineKvm, MaxChunkTokensRuleReachesEveryWorkerAndBadValuesAreRefused) {
   EXPECT_EQ((*e)->stats().requests_failed, 0);
 }
 
+// max_chunk_ms (fair prefill's time-based cap): a rule sets it on every worker that prefills, the
+// gauge follows, the workers run with it; out of range it is refused by the worker's command.
+TEST(EngineKvm, MaxChunkMsRuleReachesEveryWorker) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig c = testing::stories_config(ServingMode::kDisaggregated);
+  ASSERT_EQ(c.max_chunk_ms, 0);  // off to start with
+  c.kvm.enabled = true;
+  c.kvm.interval_ms = 10;
+  c.kvm.rules = {once_rule("time-cap", {"max_chunk_ms", KvmActionOp::kSet, 2.5})};
+  auto e = EngineImpl::create(c);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  ASSERT_TRUE(wait_for_decision(
+      **e, [](const KvmDecision& d) { return d.param == "max_chunk_ms" && d.applied; }));
+  auto time_caps = [&] {
+    std::vector<double> caps;
+    for (size_t i = 0; i < (*e)->num_workers(); ++i) {
+      const sched::CommandReply r = (*e)->send_command(i, sched::SnapshotState{}).get();
+      EXPECT_TRUE(r.status.ok()) << r.status.to_string();
+      caps.push_back(r.state.max_chunk_ms);
+    }
+    return caps;
+  };
+  EXPECT_EQ(time_caps(), (std::vector<double>{2.5, 2.5, 2.5}));
+  EXPECT_DOUBLE_EQ(param_value((*e)->stats(), "max_chunk_ms"), 2.5);
+  const std::vector<int> free0 = testing::free_blocks(**e);
+  auto hs = submit_long(**e, 4, 40);
+  expect_all_finished(hs);
+  EXPECT_TRUE(testing::pools_back_to(**e, free0));
+  for (double bad : {-1.0, 2e6}) {
+    sched::SetSchedulerParams cmd;
+    cmd.max_chunk_ms = bad;
+    const sched::CommandReply r = (*e)->send_command(0, cmd).get();
+    EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status.message().find("max_chunk_ms: must be in [0, 1e6]"), std::string::npos)
+        << r.status.message();
+  }
+  EXPECT_EQ(time_caps(), (std::vector<double>{2.5, 2.5, 2.5}));
+  EXPECT_EQ((*e)->stats().requests_failed, 0);
+}
+
 TEST(EngineKvm, RulesNeedTheirCut) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig c = testing::stories_config(ServingMode::kColocated);

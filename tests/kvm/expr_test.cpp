@@ -145,6 +145,15 @@ TEST(KvmExprTest, ParameterKinds) {
   EXPECT_DOUBLE_EQ(param_range("max_chunk_tokens")->lo, 0);
   EXPECT_DOUBLE_EQ(param_range("max_chunk_tokens")->hi, 1 << 20);
   EXPECT_TRUE(param_range("max_chunk_tokens")->zero_is_off);
+  EXPECT_TRUE(is_param("max_chunk_ms"));
+  EXPECT_TRUE(param_is_global_only("max_chunk_ms"));
+  EXPECT_FALSE(param_is_integer("max_chunk_ms"));  // milliseconds, not rounded
+  ASSERT_TRUE(param_range("max_chunk_ms").has_value());
+  EXPECT_DOUBLE_EQ(param_range("max_chunk_ms")->hi, 1e6);
+  EXPECT_TRUE(param_range("max_chunk_ms")->zero_is_off);
+  EXPECT_TRUE(check_setting("max_chunk_ms", 12.5).ok());
+  EXPECT_EQ(check_setting("max_chunk_ms", -1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(check_setting("max_chunk_ms", 2e6).code(), StatusCode::kInvalidArgument);
   EXPECT_FALSE(param_range("semantic_threshold").has_value());
   // recall_wait_ms: a rule moves it within [0, 60000] (never to "until it lands", < 0).
   EXPECT_TRUE(is_param("recall_wait_ms"));

@@ -570,6 +570,27 @@ TEST(Simulator, MaxChunkTokensCapShortensTheShortPromptsTtft) {
   EXPECT_NEAR(ttft(*timed, true), ttft(*capped, true), 1e-9);
   EXPECT_GE(ttft(*timed, false), ttft(*capped, false));
   EXPECT_GE(timed->steps, capped->steps);
+  // A rule that sets the time cap plans as the configured one.
+  const double budget_ms = c.max_chunk_ms;
+  c.max_chunk_ms = 0;
+  c.kvm.enabled = true;
+  cap.then = {"max_chunk_ms", KvmActionOp::kSet, budget_ms};
+  c.kvm.rules = {cap};
+  auto timed_rule = simulate(c, p, later);
+  auto timed_later = [&] {
+    EngineConfig fixed = c;
+    fixed.kvm.enabled = false;
+    fixed.kvm.rules.clear();
+    fixed.max_chunk_ms = budget_ms;
+    return simulate(fixed, p, later);
+  }();
+  ASSERT_TRUE(timed_rule.ok() && timed_later.ok()) << timed_rule.status().to_string();
+  ASSERT_FALSE(timed_rule->decisions.empty());
+  EXPECT_EQ(timed_rule->decisions[0].param, "max_chunk_ms");
+  EXPECT_NEAR(ttft(*timed_rule, true), ttft(*timed_later, true), 1e-9);
+  EXPECT_NEAR(ttft(*timed_rule, false), ttft(*timed_later, false), 1e-9);
+  c.kvm.enabled = false;
+  c.kvm.rules.clear();
   // A budget above any step's cost caps nothing; fair prefill's yield still holds (the long prompt
   // sits out the short one's step: one step's fixed cost later than uncapped).
   c.max_chunk_ms = 1e5;
