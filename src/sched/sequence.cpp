@@ -38,9 +38,7 @@ TokenLogprob make_logprob(const float* logits, int vocab, int32_t token, int k) 
 
 void Sequence::enter_phase(SeqPhase next, Clock::time_point now) {
   const int cur = static_cast<int>(phase);
-  // A phase entered at a later instant than the caller's step time (a handoff's copy landed after
-  // its step began) lasted 0, not a negative time.
-  if (cur < 5) phase_ms[cur] += std::max(0.0, ms_between(phase_start, now));
+  if (cur < 5) phase_ms[cur] += ms_between(phase_start, now);
   if (phase == SeqPhase::kPreempted) interval_from += now - phase_start;  // not a step interval
   phase = next;
   phase_start = now;

@@ -260,10 +260,11 @@ void Worker::admit_offers(Clock::time_point now) {
     }
     seq->table = std::move(table);
     seq->num_computed = o.num_tokens;
-    // The copy is part of the handoff (Timings::handoff_ms), not of decode.
-    const Clock::time_point landed = Clock::now();
-    account_kv(*seq, landed);  // until now: the source's pinned copy, at the same level
-    seq->enter_phase(SeqPhase::kDecode, landed);
+    account_kv(*seq, now);  // until now: the source's pinned copy, at the same level
+    // The copy is part of the handoff (Timings::handoff_ms), not of decode. Like every phase
+    // time, a later transition at this step's `now` takes back what it overlaps: the phases
+    // still sum to the request's time.
+    seq->enter_phase(SeqPhase::kDecode, Clock::now());
     running_.push_back(std::move(seq));
   }
   size_t k = 0;
