@@ -75,6 +75,10 @@ struct HandoffOffer {
     return kv::BlockTable::blocks_for(num_tokens, block_size) - window_dropped;
   }
   int incoming_blocks(int block_size) const {
+    return incoming_blocks_for(num_tokens, window_dropped, block_size);
+  }
+  // The same for a sequence about to be offered (its offer not built yet).
+  static int incoming_blocks_for(int num_tokens, int window_dropped, int block_size) {
     return kv::BlockTable::blocks_for(num_tokens + 1, block_size) - window_dropped;
   }
 };

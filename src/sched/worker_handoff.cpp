@@ -29,8 +29,8 @@ void Worker::handoff(std::unique_ptr<Sequence> seq, Clock::time_point now) {
   }
   Pinned pin;
   pin.hashes = route_hashes(*seq);
-  pin.incoming = kv::BlockTable::blocks_for(seq->num_computed + 1, pool_->block_size()) -
-                 seq->table.window_dropped;
+  pin.incoming = HandoffOffer::incoming_blocks_for(seq->num_computed, seq->table.window_dropped,
+                                                   pool_->block_size());
   Worker* to = pick_decode_worker(pin);
   KVSPLIT_CHECK(to != nullptr);
   pin.table = std::move(seq->table);

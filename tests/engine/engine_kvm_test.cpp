@@ -427,6 +427,17 @@ TEST(EngineKvm, SetCutParamsChecksItsInput) {
   EXPECT_EQ((*f)->send_command(0, good).get().status.code(), StatusCode::kFailedPrecondition);
 }
 
+// Every worker's state, by a SnapshotState command each.
+std::vector<sched::WorkerState> worker_states(EngineImpl& e) {
+  std::vector<sched::WorkerState> out;
+  for (size_t i = 0; i < e.num_workers(); ++i) {
+    const sched::CommandReply r = e.send_command(i, sched::SnapshotState{}).get();
+    EXPECT_TRUE(r.status.ok()) << r.status.to_string();
+    out.push_back(r.state);
+  }
+  return out;
+}
+
 // max_chunk_tokens (fair prefill's cap): a rule sets it on every worker that prefills (prefill,
 // and decode workers for their recomputes), the gauge follows, the workers run with it, and values
 // outside [0, 2^20] are refused by the rules' check (naming the rule and the field) and by the
@@ -444,11 +455,8 @@ TEST(EngineKvm, MaxChunkTokensRuleReachesEveryWorkerAndBadValuesAreRefused) {
       **e, [](const KvmDecision& d) { return d.param == "max_chunk_tokens" && d.applied; }));
   auto chunk_caps = [&] {
     std::vector<int> caps;
-    for (size_t i = 0; i < (*e)->num_workers(); ++i) {
-      const sched::CommandReply r = (*e)->send_command(i, sched::SnapshotState{}).get();
-      EXPECT_TRUE(r.status.ok()) << r.status.to_string();
-      caps.push_back(r.state.scheduler.max_chunk_tokens);
-    }
+    for (const sched::WorkerState& w : worker_states(**e))
+      caps.push_back(w.scheduler.max_chunk_tokens);
     return caps;
   };
   ASSERT_EQ((*e)->num_workers(), 3u);  // prefill-0, decode-0, decode-1
@@ -508,11 +516,7 @@ TEST(EngineKvm, MaxChunkMsRuleReachesEveryWorker) {
       **e, [](const KvmDecision& d) { return d.param == "max_chunk_ms" && d.applied; }));
   auto time_caps = [&] {
     std::vector<double> caps;
-    for (size_t i = 0; i < (*e)->num_workers(); ++i) {
-      const sched::CommandReply r = (*e)->send_command(i, sched::SnapshotState{}).get();
-      EXPECT_TRUE(r.status.ok()) << r.status.to_string();
-      caps.push_back(r.state.max_chunk_ms);
-    }
+    for (const sched::WorkerState& w : worker_states(**e)) caps.push_back(w.max_chunk_ms);
     return caps;
   };
   EXPECT_EQ(time_caps(), (std::vector<double>{2.5, 2.5, 2.5}));
