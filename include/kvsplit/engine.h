@@ -105,6 +105,10 @@ struct EngineConfig {
   // worker it sent the prompt's pages to before, unless that one is more loaded by more than
   // the pages it would share (docs/serving.md "Cache-aware routing"). false: by load alone.
   bool cache_aware_handoffs = true;
+  // Disaggregated mode: a decode worker passes a received KV handoff that waits for room there to
+  // another decode worker that has room for it now (docs/serving.md "KV handoff"). false: it
+  // waits where it was sent.
+  bool forward_waiting_handoffs = true;
   // The KV cut acting on decoding sequences' pages between decode steps (docs/kv-cuts.md). Pages
   // change state only on the workers that decode (decode and colocated workers); a prefill
   // worker hands off full-precision pages. kSemantic sizes each decode pool's int8 / int4 arenas
@@ -289,6 +293,13 @@ struct PoolStats {
   // Disaggregated mode, prefill pools: KV handoffs routed to a decode worker this pool had sent
   // pages of the same prompt before (prefix_cache: cache-aware routing, docs/serving.md).
   int64_t handoffs_to_cached = 0;
+  // Disaggregated mode, decode pools: KV handoffs this worker had received and passed on, while
+  // they waited for room here, to another decode worker with room for them then (docs/serving.md).
+  int64_t handoffs_forwarded = 0;
+  // Disaggregated mode, decode pools: a KV handoff sent here was not taken within
+  // handoff_timeout_ms, and the worker has not drained its inbox since (hung, or a step longer
+  // than the timeout): new handoffs go to other decode workers while any is not marked down.
+  bool marked_down = false;
   int64_t kv_disk_faults = 0;         // disk tier writes / reads that failed (then recomputed)
   int64_t kv_disk_bytes_used = 0;     // disk tier: bytes of records held, and its capacity
   int64_t kv_disk_bytes_total = 0;    // (0 without a disk tier)

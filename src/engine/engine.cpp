@@ -106,6 +106,8 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     wo.max_prefill_seqs = std::max(16, config.max_batch_tokens / wo.min_chunk_tokens);
     wo.handoff_timeout = std::chrono::milliseconds(config.handoff_timeout_ms);
     wo.cache_aware_handoffs = config.cache_aware_handoffs;
+    wo.forward_waiting_handoffs = config.forward_waiting_handoffs;
+    wo.slot_aware_handoffs = internal.slot_aware_handoffs;
     // The backend's threads are idle while a step samples: as many sampling threads by default.
     wo.sampling_threads = internal.sampling_threads > 0 ? internal.sampling_threads : threads;
     // Pages change state only where sequences decode.

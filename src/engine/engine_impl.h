@@ -50,6 +50,9 @@ class EngineImpl final : public Engine, private sched::FinishSink {
     // fenced copy batch starts this many microseconds after it is queued, so a test sees copies
     // still in flight (a host prefetch's miss, a late recall). 0: none.
     int64_t fenced_copy_delay_us = 0;
+    // Benchmarks: false routes KV handoffs by KV load alone, a decode worker's free sequence
+    // slots unseen (the routing before 2026-12-05; sched::DecodeLoad::slots_full).
+    bool slot_aware_handoffs = true;
   };
   static StatusOr<std::unique_ptr<EngineImpl>> create(const EngineConfig& config,
                                                       const InternalOptions& internal);

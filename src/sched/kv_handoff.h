@@ -13,7 +13,11 @@
 //  3. Waiting for room (back-pressure, not an error): once received, the offer waits in D's
 //     queue until D has a free sequence slot and enough free blocks, however long decode is busy
 //     (a higher-priority offer may preempt lower-priority running sequences). The wait ends with
-//     admission, a cancel, the request's SLA-class queue timeout, or engine shutdown.
+//     admission, a cancel, the request's SLA-class queue timeout, or engine shutdown. While it
+//     waits, D passes it on to another decode worker E that has room for it now
+//     (Worker::forward_offers): a new ticket, with D in E's place of P for delivery (D takes
+//     it back into its queue if E has not received it within handoff_timeout_ms, and marks E
+//     down). Whoever finally admits or finishes it posts the one HandoffDone to P.
 //  4. On admission D reserves blocks in its own pool and copies the pages (copy_kv_blocks); in
 //     every case after receipt (admitted, copy error, cancelled, timed out, shutdown) D posts
 //     exactly one HandoffDone to P, which then releases the pinned pages.
@@ -66,9 +70,28 @@ struct HandoffOffer {
   // source (kv::drop_behind_window): their source_blocks are -1 and nothing of them is copied.
   int window_dropped = 0;
   std::shared_ptr<HandoffTicket> ticket;  // holds the Sequence until the destination receives it
+  // Times decode workers passed it on for want of room (Worker::forward_offers): at most twice
+  // the number of decode workers, so it cannot move for ever.
+  int hops = 0;
   // Set by the destination on receipt:
-  std::unique_ptr<Sequence> seq;    // the request itself (its table is empty in flight)
-  Clock::time_point wait_deadline;  // receipt + the class's queue_timeout_ms (waiting for room)
+  std::unique_ptr<Sequence> seq;  // the request itself (its table is empty in flight)
+  // The first receipt + the class's queue_timeout_ms (waiting for room; kept when passed on).
+  Clock::time_point wait_deadline;
+
+  // A copy of everything but the request and the ticket (a forwarded offer's way back).
+  HandoffOffer without_request() const {
+    HandoffOffer o;
+    o.handoff_id = handoff_id;
+    o.source = source;
+    o.source_pool = source_pool;
+    o.source_blocks = source_blocks;
+    o.source_shards = source_shards;
+    o.num_tokens = num_tokens;
+    o.window_dropped = window_dropped;
+    o.hops = hops;
+    o.wait_deadline = wait_deadline;
+    return o;
+  }
 
   // Blocks the destination needs for the pages it receives, and with its first decode token.
   int blocks(int block_size) const {

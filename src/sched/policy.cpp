@@ -47,7 +47,11 @@ int choose_decode_worker(std::span<const DecodeLoad> workers, std::span<const in
     const double load =
         static_cast<double>(w.kv_blocks_total - w.kv_blocks_free + w.kv_blocks_incoming - shared) /
         total;
-    if (best < 0 || load < best_load || (load == best_load && w.running < workers[best].running)) {
+    const bool full = w.slots_full();
+    const bool best_full = best >= 0 && workers[best].slots_full();
+    if (best < 0 || (!full && best_full) ||
+        (full == best_full &&
+         (load < best_load || (load == best_load && w.running < workers[best].running)))) {
       best = i;
       best_load = load;
     }

@@ -42,9 +42,19 @@ struct DecodeLoad {
   int kv_blocks_free = 0;
   int kv_blocks_incoming = 0;  // reserved by handoffs not yet admitted
   int running = 0;
+  int waiting = 0;  // sequences and received handoffs not running yet (slots they will take)
+  int offers_incoming = 0;  // handoffs posted to it and not yet counted in `waiting`
+  int max_seqs = 0;         // its sequence slots (max_num_seqs); 0: not known, never full
+
+  // Every slot is taken or promised: an offer sent now waits for a sequence to end.
+  bool slots_full() const {
+    return max_seqs > 0 && running + waiting + offers_incoming >= max_seqs;
+  }
 };
-// Handoff destination: least KV load ((used + incoming) / total), ties to the fewest running, then
-// the lowest index. Returns -1 when empty.
+// Handoff destination: a worker with a free sequence slot (DecodeLoad::slots_full) before any
+// without one (an offer sent there would wait for a sequence to end, however light its KV); then
+// least KV load ((used + incoming) / total), ties to the fewest running, then the lowest index.
+// Returns -1 when empty.
 // Cache-aware (`cached`, one per worker; ignored unless its size is the workers'): cached[i] is
 // the pages of the offer worker i is expected to hold in its prefix cache (shared there, not
 // copied), and its load counts (used + incoming - cached[i]) / total, the pages capped at `need`

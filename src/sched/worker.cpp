@@ -19,6 +19,11 @@ double ms_since(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
 
 Worker::Worker(WorkerOptions options, std::unique_ptr<backend::Backend> backend,
@@ -82,6 +87,7 @@ void Worker::set_test_hold(TestHold hold) {
 
 void Worker::post_offer(HandoffOffer offer) {
   incoming_blocks_.fetch_add(offer.incoming_blocks(pool_->block_size()), std::memory_order_relaxed);
+  offers_incoming_.fetch_add(1, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(mu_);
     inbox_offers_.push_back(std::move(offer));
@@ -103,7 +109,24 @@ DecodeLoad Worker::load() const {
   l.kv_blocks_free = free_blocks_.load(std::memory_order_relaxed);
   l.kv_blocks_incoming = incoming_blocks_.load(std::memory_order_relaxed);
   l.running = running_count_.load(std::memory_order_relaxed);
+  l.waiting = waiting_count_.load(std::memory_order_relaxed);
+  l.offers_incoming = offers_incoming_.load(std::memory_order_relaxed);
+  l.max_seqs = options_.max_num_seqs;
   return l;
+}
+
+bool Worker::mark_down() {
+  const bool was_down = marked_down();
+  const int64_t t = now_ns();
+  int64_t prev = down_since_ns_.load(std::memory_order_relaxed);
+  while (prev < t && !down_since_ns_.compare_exchange_weak(prev, t, std::memory_order_relaxed)) {
+  }
+  return !was_down;
+}
+
+bool Worker::marked_down() const {
+  return down_since_ns_.load(std::memory_order_relaxed) >
+         drained_ns_.load(std::memory_order_relaxed);
 }
 
 WorkerSnapshot Worker::snapshot() const {
@@ -145,6 +168,8 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_swaps_to_disk = kv_stats_.kv_swaps_to_disk;
   s.pool.decode_rows_stalled = stalled_decode_rows_.load(std::memory_order_relaxed);
   s.pool.handoffs_rerouted = handoffs_rerouted_.load(std::memory_order_relaxed);
+  s.pool.handoffs_forwarded = handoffs_forwarded_.load(std::memory_order_relaxed);
+  s.pool.marked_down = marked_down();
   s.pool.handoff_pages_copied = handoff_pages_copied_.load(std::memory_order_relaxed);
   s.pool.handoff_pages_cached = handoff_pages_cached_.load(std::memory_order_relaxed);
   s.pool.handoffs_to_cached = handoffs_to_cached_.load(std::memory_order_relaxed);
@@ -304,6 +329,8 @@ void Worker::publish_stats() {
   running_count_.store(static_cast<int>(running_.size()), std::memory_order_relaxed);
   waiting_count_.store(static_cast<int>(waiting_.size() + pending_.size()),
                        std::memory_order_relaxed);
+  offers_incoming_.fetch_sub(offers_drained_, std::memory_order_relaxed);  // now in the count
+  offers_drained_ = 0;
 }
 
 void Worker::loop() {
@@ -339,6 +366,14 @@ void Worker::drain_inbox(Clock::time_point now) {
     done.swap(inbox_done_);
     commands.swap(inbox_commands_);
   }
+  // Alive: whatever marked this worker down before now is cleared (mark_down).
+  if (marked_down()) {
+    KVSPLIT_LOG_INFO(
+        "{}: draining its inbox again after it was marked down; KV handoffs may "
+        "come here again",
+        options_.name);
+  }
+  drained_ns_.store(now_ns(), std::memory_order_relaxed);
   for (auto& [command, reply] : commands) {
     CommandReply r;
     r.status = apply(command, now);
@@ -353,6 +388,7 @@ void Worker::drain_inbox(Clock::time_point now) {
     pinned_.erase(it);
   }
   if (offers.empty()) return;
+  offers_drained_ += static_cast<int>(offers.size());
   for (HandoffOffer& o : offers) {
     if (!o.ticket->receive()) {
       // The source gave up on delivery and already failed the request and freed its pages.
@@ -360,11 +396,17 @@ void Worker::drain_inbox(Clock::time_point now) {
       continue;
     }
     o.seq = std::move(o.ticket->seq);
-    o.wait_deadline =
-        now + std::chrono::duration_cast<Clock::duration>(
-                  std::chrono::duration<double, std::milli>(o.seq->sla.queue_timeout_ms));
+    if (o.wait_deadline == Clock::time_point{}) {  // not set by a decode worker that forwarded it
+      o.wait_deadline =
+          now + std::chrono::duration_cast<Clock::duration>(
+                    std::chrono::duration<double, std::milli>(o.seq->sla.queue_timeout_ms));
+    }
     pending_.push_back(std::move(o));
   }
+  sort_pending();
+}
+
+void Worker::sort_pending() {
   // Admitted by priority, then age (stable: ties keep their arrival order).
   std::stable_sort(
       pending_.begin(), pending_.end(), [](const HandoffOffer& a, const HandoffOffer& b) {
@@ -496,6 +538,7 @@ void Worker::finalize_after_stop() {
     reply(CommandReply{unavailable(options_.name + " stopped"), state()});
   }
   drain_inbox(now);
+  reclaim_forwarded(now, /*all=*/true);  // those their destination did not take before it stopped
   const Status why = unavailable("engine shut down");
   for (HandoffOffer& o : pending_) finish_offer(o, FinishReason::kCancelled, why, now);
   pending_.clear();

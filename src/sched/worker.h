@@ -66,6 +66,12 @@ struct WorkerOptions {
   // A prefill worker with a prefix cache routes its handoffs by the pages it sent each decode
   // worker before (EngineConfig::cache_aware_handoffs); false: by load alone.
   bool cache_aware_handoffs = true;
+  // A decode worker passes offers waiting for room here to another decode worker with room
+  // (EngineConfig::forward_waiting_handoffs, Worker::forward_offers).
+  bool forward_waiting_handoffs = true;
+  // A prefill worker routes handoffs to decode workers with a free sequence slot first
+  // (DecodeLoad::slots_full); false (benchmarks): by KV load alone.
+  bool slot_aware_handoffs = true;
   std::chrono::milliseconds idle_wait{2};  // sleep when idle (bounds queue-timeout latency)
   // Sampling + token events of a step run on this many threads (the worker's thread included)
   // when the step samples at least parallel_sampling_min_rows rows; 1: always on the worker.
@@ -139,6 +145,13 @@ class Worker {
   void set_test_hold(TestHold hold);  // tests only
 
   DecodeLoad load() const;
+  // Handoff destinations: a worker that let an offer pass its delivery deadline (handoff_timeout)
+  // is marked down by the worker that had sent it, and is down until it next drains its inbox
+  // (a live worker does at every step, and every idle_wait when idle). New offers and forwarded
+  // ones go to a worker that is not down while one is left. mark_down returns true when it was
+  // not down before. Thread-safe.
+  bool mark_down();
+  bool marked_down() const;
   WorkerSnapshot snapshot() const;
   const std::string& name() const { return options_.name; }
   WorkerRole role() const { return options_.role; }
@@ -173,6 +186,16 @@ class Worker {
   void reap_cancelled(Clock::time_point now);
   void reclaim_undelivered(Clock::time_point now);  // source side of the delivery bound
   void admit_offers(Clock::time_point now);
+  // Destination side, after an admission pass: each offer it left waiting (marked false in
+  // `leaves`) that another decode worker has room for now (free - incoming blocks >= its blocks,
+  // a free slot counting the offers posted to it; not down; the offer's hops under twice the
+  // decode workers) is posted there with a new ticket, watched in
+  // forwarded_, and marked in `leaves`.
+  void forward_offers(std::vector<bool>& leaves, Clock::time_point now);
+  // Offers forwarded and not received by their deadline (or cancelled meanwhile) come back into
+  // pending_ (their destination marked down); `all`: every one not received (shutdown).
+  void reclaim_forwarded(Clock::time_point now, bool all = false);
+  void sort_pending();  // by priority, then age (stable)
   // The most leading pages of `offer` this worker's prefix cache may serve (taken on the device
   // instead of copied, KvPool::share_device_prefix): its cacheable pages (cacheable_tokens);
   // 0 without a cache, with a sliding window, for pages dropped behind one, or on a shard group.
@@ -277,6 +300,22 @@ class Worker {
   std::vector<std::unique_ptr<Sequence>> running_;  // decoding
   std::vector<std::unique_ptr<Sequence>> scratch_waiting_, scratch_running_;
   std::deque<HandoffOffer> pending_;  // offers not yet admitted (kDecode/kColocated)
+  struct Forwarded {
+    std::shared_ptr<HandoffTicket> ticket;
+    HandoffOffer offer;  // without the request: the Sequence is in the ticket
+    std::shared_ptr<RequestControl> ctl;
+    Worker* to = nullptr;
+    Clock::time_point deliver_by;
+  };
+  std::vector<Forwarded> forwarded_;  // offers passed on, not yet seen as received
+  std::atomic<int64_t> handoffs_forwarded_{0};
+  // Offers posted here and not yet in the published waiting count (post_offer adds one; the
+  // publication after the inbox drained them takes them off): a slot they will take.
+  std::atomic<int> offers_incoming_{0};
+  int offers_drained_ = 0;  // drained since the last publish_stats (worker thread)
+  // mark_down / marked_down: steady-clock nanoseconds of the last inbox drain and of the latest
+  // mark.
+  std::atomic<int64_t> drained_ns_{0}, down_since_ns_{0};
   struct Pinned {
     kv::BlockTable table;  // the handed-off pages
     std::shared_ptr<HandoffTicket> ticket;

@@ -52,11 +52,17 @@ Worker* Worker::pick_decode_worker(const Pinned& pin) const {
   std::vector<DecodeLoad> loads;
   std::vector<int> cached;
   std::vector<Worker*> candidates;
-  for (size_t k = 0; k < all.size(); ++k) {
-    if (std::find(pin.tried.begin(), pin.tried.end(), all[k]) != pin.tried.end()) continue;
-    loads.push_back(all[k]->load());
-    if (!sent.empty()) cached.push_back(sent[k]);
-    candidates.push_back(all[k]);
+  // Workers marked down only when no other is left.
+  for (const bool down_too : {false, true}) {
+    for (size_t k = 0; k < all.size(); ++k) {
+      if (std::find(pin.tried.begin(), pin.tried.end(), all[k]) != pin.tried.end()) continue;
+      if (!down_too && all[k]->marked_down()) continue;
+      loads.push_back(all[k]->load());
+      if (!options_.slot_aware_handoffs) loads.back().max_seqs = 0;
+      if (!sent.empty()) cached.push_back(sent[k]);
+      candidates.push_back(all[k]);
+    }
+    if (!candidates.empty()) break;
   }
   const int i = choose_decode_worker(loads, cached, pin.incoming);
   return i < 0 ? nullptr : candidates[static_cast<size_t>(i)];
@@ -140,9 +146,17 @@ void Worker::reclaim_undelivered(Clock::time_point now) {
       it = pinned_.erase(it);
       continue;
     }
-    // The destination did not take the offer in time (hung or dead): the request is ours again.
-    // A decode worker that has not had it yet is offered it, under the same id (the dead offer
-    // is dropped by its destination without a HandoffDone) and the same pinned pages.
+    // The destination did not take the offer in time (hung or dead): the request is ours again,
+    // and the destination is marked down until it drains its inbox again. A decode worker that
+    // has not had it yet is offered it, under the same id (the dead offer is dropped by its
+    // destination without a HandoffDone) and the same pinned pages.
+    Worker* dest = shared_->decode_workers[static_cast<size_t>(decode_index(p.dest))];
+    if (dest->mark_down()) {
+      KVSPLIT_LOG_WARN(
+          "{}: {} marked down: it did not take a KV handoff within {} ms; new handoffs go to "
+          "other decode workers until it drains its inbox again",
+          options_.name, dest->name(), options_.handoff_timeout.count());
+    }
     if (Worker* next = pick_decode_worker(p)) {
       KVSPLIT_LOG_WARN(
           "{}: KV handoff of request {} to {} not received within {} ms; offered to {}",
@@ -267,10 +281,85 @@ void Worker::admit_offers(Clock::time_point now) {
     seq->enter_phase(SeqPhase::kDecode, Clock::now());
     running_.push_back(std::move(seq));
   }
+  forward_offers(leaves, now);
   size_t k = 0;
   for (auto it = pending_.begin(); it != pending_.end(); ++k) {
     it = leaves[k] ? pending_.erase(it) : std::next(it);
   }
+}
+
+void Worker::forward_offers(std::vector<bool>& leaves, Clock::time_point now) {
+  const std::vector<Worker*>& all = shared_->decode_workers;
+  if (options_.role != WorkerRole::kDecode || !options_.forward_waiting_handoffs || all.size() < 2)
+    return;
+  const int bs = pool_->block_size();
+  for (size_t k = 0; k < pending_.size(); ++k) {
+    HandoffOffer& o = pending_[k];
+    if (leaves[k] || o.seq->cancelled()) continue;  // a cancel is finished on the next pass
+    const int need = o.incoming_blocks(bs);
+    std::vector<DecodeLoad> loads;
+    std::vector<Worker*> candidates;
+    if (o.hops >= 2 * static_cast<int>(all.size())) continue;
+    for (Worker* w : all) {
+      if (w == this || w->marked_down()) continue;
+      // Its incoming blocks and offers include those posted to it a moment ago (this pass's too).
+      const DecodeLoad l = w->load();
+      if (l.kv_blocks_free - l.kv_blocks_incoming < need || l.slots_full()) continue;
+      loads.push_back(l);
+      candidates.push_back(w);
+    }
+    const int i = choose_decode_worker(loads);
+    if (i < 0) continue;
+    Worker* to = candidates[static_cast<size_t>(i)];
+    KVSPLIT_LOG_DEBUG(
+        "{}: KV handoff of request {} ({} blocks) waits for room here; passed on to "
+        "{}, which has room for it",
+        options_.name, o.seq->display_id(), need, to->name());
+    ++o.hops;
+    Forwarded f;
+    f.ticket = std::make_shared<HandoffTicket>();
+    f.offer = o.without_request();
+    f.ctl = o.seq->ctl;
+    f.to = to;
+    f.deliver_by = now + options_.handoff_timeout;
+    f.ticket->seq = std::move(o.seq);
+    HandoffOffer sent = f.offer.without_request();
+    sent.ticket = f.ticket;
+    incoming_blocks_.fetch_sub(need, std::memory_order_relaxed);
+    forwarded_.push_back(std::move(f));
+    handoffs_forwarded_.fetch_add(1, std::memory_order_relaxed);
+    leaves[k] = true;
+    to->post_offer(std::move(sent));
+  }
+}
+
+void Worker::reclaim_forwarded(Clock::time_point now, bool all) {
+  bool back = false;
+  for (auto it = forwarded_.begin(); it != forwarded_.end();) {
+    if (it->ticket->state.load(std::memory_order_acquire) == HandoffTicket::kReceived) {
+      it = forwarded_.erase(it);  // its new destination owns it (and posts the HandoffDone)
+      continue;
+    }
+    const bool cancelled = it->ctl->cancel_requested.load(std::memory_order_relaxed);
+    if ((!all && !cancelled && now < it->deliver_by) || !it->ticket->reclaim()) {
+      ++it;
+      continue;
+    }
+    if (!all && !cancelled && it->to->mark_down()) {
+      KVSPLIT_LOG_WARN(
+          "{}: {} marked down: it did not take a KV handoff passed on to it within {} ms; the "
+          "handoff waits here again",
+          options_.name, it->to->name(), options_.handoff_timeout.count());
+    }
+    // Back in the queue (a cancel is finished by the next admission pass), as it was.
+    HandoffOffer o = std::move(it->offer);
+    o.seq = std::move(it->ticket->seq);
+    incoming_blocks_.fetch_add(o.incoming_blocks(pool_->block_size()), std::memory_order_relaxed);
+    pending_.push_back(std::move(o));
+    back = true;
+    it = forwarded_.erase(it);
+  }
+  if (back) sort_pending();
 }
 
 int Worker::handoff_cacheable_pages(const HandoffOffer& offer) const {

@@ -27,6 +27,7 @@ bool Worker::step() {
   // commands, since SetSchedulerParams rebuilds the Scheduler with the configured cap.
   scheduler_.set_max_chunk_tokens(step_chunk_cap());
   reclaim_undelivered(t0);
+  reclaim_forwarded(t0);
   expire_queued(t0);
   reap_cancelled(t0);
   compact(t0);

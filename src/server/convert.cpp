@@ -238,6 +238,8 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_handoff_pages_copied(p.handoff_pages_copied);
     o->set_handoff_pages_cached(p.handoff_pages_cached);
     o->set_handoffs_to_cached(p.handoffs_to_cached);
+    o->set_handoffs_forwarded(p.handoffs_forwarded);
+    o->set_marked_down(p.marked_down);
     o->set_kv_migrated_pages(p.kv_migrated_pages);
     o->set_kv_prefetch_hits(p.kv_prefetch_hits);
     o->set_kv_prefetch_misses(p.kv_prefetch_misses);

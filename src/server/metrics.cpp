@@ -121,6 +121,14 @@ class EngineCollector : public pm::Collectable {
                             "KV handoffs a decode worker did not take within handoff_timeout_ms, "
                             "offered to another decode worker",
                             pm::MetricType::Counter);
+    auto& forwarded = family("kvsplit:handoffs_forwarded_total",
+                             "KV handoffs a decode worker received and passed on, while they "
+                             "waited for room there, to another decode worker with room",
+                             pm::MetricType::Counter);
+    auto& down = family("kvsplit:worker_marked_down",
+                        "1 while a decode worker is marked down: a KV handoff sent to it was not "
+                        "taken within handoff_timeout_ms, and it has not drained its inbox since",
+                        pm::MetricType::Gauge);
     auto& handoff_pages = family("kvsplit:handoff_pages_total",
                                  "Pages of the KV handoffs a decode pool received, copied from the "
                                  "prefill worker or taken from its prefix cache (cached)",
@@ -170,6 +178,9 @@ class EngineCollector : public pm::Collectable {
           counter(static_cast<double>(p.handoffs_rerouted), {{"pool", p.name}}));
       to_cached.metric.push_back(
           counter(static_cast<double>(p.handoffs_to_cached), {{"pool", p.name}}));
+      forwarded.metric.push_back(
+          counter(static_cast<double>(p.handoffs_forwarded), {{"pool", p.name}}));
+      down.metric.push_back(gauge(p.marked_down ? 1.0 : 0.0, {{"pool", p.name}}));
       handoff_pages.metric.push_back(counter(static_cast<double>(p.handoff_pages_copied),
                                              {{"pool", p.name}, {"source", "copied"}}));
       handoff_pages.metric.push_back(counter(static_cast<double>(p.handoff_pages_cached),

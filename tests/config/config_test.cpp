@@ -123,6 +123,16 @@ TEST(ConfigTest, CacheAwareHandoffs) {
   expect_error("pools: {cache_aware_handoffs: sometimes}\n", "pools.cache_aware_handoffs");
 }
 
+TEST(ConfigTest, ForwardWaitingHandoffs) {
+  auto c = parse_config("");
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->engine.forward_waiting_handoffs);
+  c = parse_config("pools: {forward_waiting_handoffs: false}\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_FALSE(c->engine.forward_waiting_handoffs);
+  expect_error("pools: {forward_waiting_handoffs: 2}\n", "pools.forward_waiting_handoffs");
+}
+
 TEST(ConfigTest, BadValuesNameTheField) {
   expect_error("sla_classes:\n  voice: {max_ttft_ms: 300, max_itl_ms: 0}\n",
                "sla_classes.voice.max_itl_ms: must be > 0");

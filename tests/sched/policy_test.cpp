@@ -171,6 +171,39 @@ TEST(DecodeWorker, LeastKvLoadIncludingIncoming) {
   EXPECT_EQ(choose_decode_worker({}), -1);
 }
 
+// A worker whose sequence slots are all taken (running, waiting, or promised to offers posted to
+// it) gets an offer only when every worker's are: however light its KV, the offer would wait for
+// a sequence to end there.
+TEST(DecodeWorker, AFreeSlotComesBeforeTheLightestKv) {
+  std::vector<DecodeLoad> w(2);
+  for (DecodeLoad& d : w) {
+    d.kv_blocks_total = 100;
+    d.max_seqs = 4;
+  }
+  w[0].kv_blocks_free = 95;  // lighter KV, but 4 slots taken
+  w[0].running = 4;
+  w[1].kv_blocks_free = 40;
+  w[1].running = 2;
+  EXPECT_EQ(choose_decode_worker(w), 1);
+  w[1].waiting = 1;
+  w[1].offers_incoming = 1;  // 4 of 4 now too: both full, by load
+  EXPECT_TRUE(w[1].slots_full());
+  EXPECT_EQ(choose_decode_worker(w), 0);
+  w[0].running = 3;  // a free slot on 0 again
+  EXPECT_EQ(choose_decode_worker(w), 0);
+  w[1].max_seqs = 0;  // unknown: never full
+  EXPECT_FALSE(w[1].slots_full());
+  w[0].running = 4;
+  EXPECT_EQ(choose_decode_worker(w), 1);
+  // Cache-aware discounts apply among workers with slots alike.
+  w[0].running = 3;
+  w[0].kv_blocks_free = 60;  // 40 used
+  w[1].max_seqs = 8;         // 60 used, 30 of the offer's 30 pages cached: 60 - 30 < 40
+  const std::vector<int> on1 = {0, 30};
+  EXPECT_EQ(choose_decode_worker(w, on1, 30), 1);
+  EXPECT_EQ(choose_decode_worker(w), 0);  // by load alone
+}
+
 // Cache-aware: a worker's load less the pages of the offer it is expected to share.
 TEST(DecodeWorker, HoldingThePromptTakesItUnlessMoreLoadedThanItSaves) {
   std::vector<DecodeLoad> w(2);

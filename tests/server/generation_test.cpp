@@ -323,7 +323,9 @@ TEST_F(GenerationTest, PrometheusMetrics) {
         "kvsplit:kv_pages_host{pool=", "kvsplit:kv_swaps_total{pool=", "direction=\"in\"",
         "kvsplit:kv_swap_bytes_total{pool=", "kvsplit:kv_preemption_choices_total{pool=",
         "choice=\"fallback\"", "kvsplit:kv_prefetch_total{pool=", "result=\"hit\"",
-        "result=\"miss\""}) {
+        "result=\"miss\"",
+        // Handoff health (every pool; zeros here).
+        "kvsplit:handoffs_forwarded_total{pool=", "kvsplit:worker_marked_down{pool="}) {
     EXPECT_NE(text.find(name), std::string::npos) << name << " missing from:\n"
                                                   << text.substr(0, 3000);
   }
