@@ -21,6 +21,22 @@
 //   bench_handoff --model synthetic:llama-110m --threads 1
 //   bench_handoff --model synthetic:llama-110m --threads 1 --decode-workers 2 --prompts 4
 //       --prefix-tokens 256 --requests 8 --concurrent 16 --max-tokens 32 --kv-blocks 256
+//
+// --forwarding instead compares three ways of placing handoffs, alternating, --reps times each:
+// routed by KV load alone, waiting for room where they were sent (the engine before 2026-12-05:
+// EngineImpl::InternalOptions::slot_aware_handoffs false, pools.forward_waiting_handoffs false);
+// routed to a decode worker with a free sequence slot first; and that with handoffs waiting for
+// room passed on to a decode worker with room (the default). --fwd-requests requests arriving at
+// --fwd-rate per second (Poisson), alternately a long prompt with a short answer
+// (--fwd-long-prompt tokens, 8 generated) and a short prompt with a long answer (16 tokens,
+// --fwd-long-output generated), on --decode-workers decode workers of --fwd-slots sequences
+// each. A decode worker's KV in use is then no guide to when its slots free up, so a handoff
+// routed by load can wait for a slot while another worker has one. Reported: the handoff time
+// (Timings::handoff_ms: offer posted -> decoding, the wait for room included) mean / p90 / max,
+// end-to-end p50 / p90, the wall time, and the handoffs passed on.
+//
+//   bench_handoff --forwarding --model synthetic:llama-110m --threads 1 --decode-workers 2
+//       --kv-blocks 512
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -33,6 +49,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/engine_impl.h"
 #include "kvsplit/engine.h"
 
 namespace {
@@ -48,6 +65,9 @@ struct Options {
   int kv_blocks = 128;
   int decode_workers = 1;
   int prompts = 1;  // distinct system prompts (tenants), each request's drawn at random
+  bool forwarding = false;
+  int fwd_requests = 48, fwd_slots = 4, fwd_long_prompt = 768, fwd_long_output = 160, reps = 2;
+  double fwd_rate = 2;
 };
 
 struct Result {
@@ -77,10 +97,8 @@ DecodeTotals decode_totals(const kvsplit::EngineStats& s) {
   return t;
 }
 
-// Run 0: no prefix cache; 1: the cache, handoffs routed by load alone; 2: the cache with
-// cache-aware routing (the default).
-int run(const Options& o, int variant, Result* out) {
-  const bool cache = variant > 0;
+// One prefill worker and --decode-workers decode workers, blocks of 16 tokens.
+kvsplit::EngineConfig disaggregated_config(const Options& o) {
   kvsplit::EngineConfig c;
   c.model = o.model;
   c.mode = kvsplit::ServingMode::kDisaggregated;
@@ -90,6 +108,14 @@ int run(const Options& o, int variant, Result* out) {
   c.block_size = 16;
   c.max_batch_tokens = 2048;
   c.kv_blocks_per_worker = o.kv_blocks;
+  return c;
+}
+
+// Run 0: no prefix cache; 1: the cache, handoffs routed by load alone; 2: the cache with
+// cache-aware routing (the default).
+int run(const Options& o, int variant, Result* out) {
+  const bool cache = variant > 0;
+  kvsplit::EngineConfig c = disaggregated_config(o);
   c.prefix_cache = cache;
   c.cache_aware_handoffs = variant == 2;
   auto engine = kvsplit::Engine::create(c);
@@ -191,6 +217,107 @@ int run(const Options& o, int variant, Result* out) {
   return rc;
 }
 
+struct ForwardResult {
+  std::vector<double> handoff_ms, e2e_ms;
+  double wall_s = 0;
+  int64_t forwarded = 0;
+};
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(std::min<double>(v.size() - 1, p / 100.0 * v.size()))];
+}
+
+// variant 0: by KV load, in place; 1: free slots first, in place; 2: free slots first, passed on.
+int run_forwarding(const Options& o, int variant, ForwardResult* out) {
+  kvsplit::EngineConfig c = disaggregated_config(o);
+  c.max_num_seqs = o.fwd_slots;
+  c.max_unread_events = 0;  // handles are read at the end
+  c.forward_waiting_handoffs = variant == 2;
+  for (kvsplit::SlaClass& k : c.sla_classes) {
+    k.queue_timeout_ms = 600000;
+    k.max_queue = 100000;
+  }
+  kvsplit::EngineImpl::InternalOptions internal;
+  internal.slot_aware_handoffs = variant > 0;
+  auto engine = kvsplit::EngineImpl::create(c, internal);
+  if (!engine.ok()) return std::fprintf(stderr, "%s\n", engine.status().to_string().c_str()), 1;
+  kvsplit::Engine& e = **engine;
+  const int vocab = e.model_info().vocab_size;
+  std::mt19937 rng(21);  // the same workload in every run
+  std::exponential_distribution<double> gap(o.fwd_rate);
+  std::vector<kvsplit::RequestHandle> handles;
+  const auto t0 = std::chrono::steady_clock::now();
+  double at = 0;
+  for (int i = 0; i < o.fwd_requests; ++i) {
+    const bool rag = i % 2 == 0;
+    kvsplit::Request r;
+    r.prompt_token_ids.resize(static_cast<size_t>(rag ? o.fwd_long_prompt : 16));
+    for (int32_t& t : r.prompt_token_ids) t = 3 + static_cast<int32_t>(rng() % (vocab - 3));
+    r.sampling.max_tokens = rag ? 8 : o.fwd_long_output;
+    r.sampling.ignore_eos = true;
+    r.sampling.temperature = 0;
+    std::this_thread::sleep_until(t0 + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                           std::chrono::duration<double>(at)));
+    at += gap(rng);
+    auto h = e.submit(r);
+    if (!h.ok()) return std::fprintf(stderr, "%s\n", h.status().to_string().c_str()), 1;
+    handles.push_back(std::move(*h));
+  }
+  for (kvsplit::RequestHandle& h : handles) {
+    kvsplit::TokenEvent ev;
+    while (h.next(&ev, std::chrono::minutes(10)))
+      if (ev.final) break;
+    if (!ev.final || !ev.status.ok())
+      return std::fprintf(stderr, "request failed: %s\n", ev.status.to_string().c_str()), 1;
+    out->handoff_ms.push_back(ev.timings.handoff_ms);
+    out->e2e_ms.push_back(ev.timings.e2e_ms);
+  }
+  out->wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const kvsplit::PoolStats& p : e.stats().pools) out->forwarded += p.handoffs_forwarded;
+  return 0;
+}
+
+int forwarding_main(const Options& o) {
+  if (o.decode_workers < 2) {
+    std::fprintf(stderr, "--forwarding needs --decode-workers 2 or more\n");
+    return 2;
+  }
+  std::printf(
+      "handoff forwarding: %s, %d requests at %.2f/s (long prompt %d + 8 out, 16 + %d out, "
+      "alternating), one prefill and %d decode workers of %d slots, %d threads each, %d blocks "
+      "per worker\n",
+      o.model.c_str(), o.fwd_requests, o.fwd_rate, o.fwd_long_prompt, o.fwd_long_output,
+      o.decode_workers, o.fwd_slots, o.threads, o.kv_blocks);
+  const char* names[3] = {"by KV load", "slots first", "slots, passed on"};
+  double sum_mean[3] = {0, 0, 0}, sum_p90[3] = {0, 0, 0}, sum_e2e[3] = {0, 0, 0};
+  for (int rep = 0; rep < o.reps; ++rep) {
+    for (int v = 0; v < 3; ++v) {
+      ForwardResult r;
+      if (run_forwarding(o, v, &r) != 0) return 1;
+      double mean = 0;
+      for (double x : r.handoff_ms) mean += x / static_cast<double>(r.handoff_ms.size());
+      sum_mean[v] += mean;
+      sum_p90[v] += percentile(r.handoff_ms, 90);
+      sum_e2e[v] += percentile(r.e2e_ms, 90);
+      std::printf(
+          "  rep %d %-16s: handoff ms mean %8.1f p90 %8.1f max %8.1f; e2e ms p50 %8.1f p90 "
+          "%8.1f; wall %.2f s; passed on %lld\n",
+          rep, names[v], mean, percentile(r.handoff_ms, 90), percentile(r.handoff_ms, 100),
+          percentile(r.e2e_ms, 50), percentile(r.e2e_ms, 90), r.wall_s,
+          static_cast<long long>(r.forwarded));
+    }
+  }
+  for (int v = 1; v < 3; ++v) {
+    std::printf(
+        "  %s / by KV load (sums over reps): handoff time mean %.2fx, p90 %.2fx; e2e p90 %.2fx\n",
+        names[v], sum_mean[v] / std::max(1e-9, sum_mean[0]),
+        sum_p90[v] / std::max(1e-9, sum_p90[0]), sum_e2e[v] / std::max(1e-9, sum_e2e[0]));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -214,7 +341,22 @@ int main(int argc, char** argv) {
   app.add_option("--prompts", o.prompts,
                  "distinct system prompts, one tenant each; each request's drawn at random")
       ->check(CLI::Range(1, 10000));
+  app.add_flag("--forwarding", o.forwarding,
+               "compare handoffs waiting in place with handoffs passed on to a decode worker "
+               "with room");
+  app.add_option("--fwd-requests", o.fwd_requests, "--forwarding: requests")
+      ->check(CLI::Range(2, 100000));
+  app.add_option("--fwd-rate", o.fwd_rate, "--forwarding: arrivals per second")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--fwd-slots", o.fwd_slots, "--forwarding: sequences per worker")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--fwd-long-prompt", o.fwd_long_prompt, "--forwarding: the long prompt")
+      ->check(CLI::Range(16, 1 << 20));
+  app.add_option("--fwd-long-output", o.fwd_long_output, "--forwarding: the long answer")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--reps", o.reps, "--forwarding: runs of each variant")->check(CLI::Range(1, 100));
   CLI11_PARSE(app, argc, argv);
+  if (o.forwarding) return forwarding_main(o);
   Result r[3];
   for (int v = 0; v < 3; ++v)
     if (run(o, v, &r[v]) != 0) return 1;

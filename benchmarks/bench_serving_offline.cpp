@@ -127,7 +127,10 @@ EngineConfig base_config(const Options& o, ServingMode mode) {
   c.max_batch_tokens = o.max_batch_tokens;
   if (o.max_chunk_tokens >= 0) c.max_chunk_tokens = o.max_chunk_tokens;
   c.max_chunk_ms = o.max_chunk_ms;
+  c.max_chunk_ms_auto = o.max_chunk_ms_auto;
   c.kv_blocks_per_worker = o.kv_blocks;
+  if (o.max_num_seqs > 0) c.max_num_seqs = o.max_num_seqs;
+  c.forward_waiting_handoffs = o.forward_handoffs;
   // Two classes: interactive (TTFT 500 ms, ITL 100 ms, priority 1) and batch (5 s, 500 ms, 0).
   const auto sla_class = [](const char* name, double ttft_ms, double itl_ms, int32_t priority) {
     kvsplit::SlaClass k;
@@ -315,6 +318,11 @@ int run_mode(const Options& o, ServingMode mode) {
               pct(e2e, 99));
   std::printf("  preemptions %lld, goodput %.1f%% (TTFT and mean ITL within the class targets)\n",
               static_cast<long long>(st.preemptions), 100.0 * good / std::max(1, n));
+  int64_t forwarded = 0;
+  for (const kvsplit::PoolStats& p : st.pools) forwarded += p.handoffs_forwarded;
+  if (mode == ServingMode::kDisaggregated)
+    std::printf("  handoffs passed on by decode workers (waiting for room): %lld\n",
+                static_cast<long long>(forwarded));
   std::printf("  %-14s %8s %6s %10s %10s %10s %12s %9s\n", "class", "requests", "errors",
               "ttft p50", "ttft p99", "itl p99", "goodput r/s", "goodput");
   for (size_t k = 0; k < nc; ++k) {
@@ -673,7 +681,12 @@ int main(int argc, char** argv) {
   app.add_option("--max-chunk-ms", o.max_chunk_ms,
                  "time-based prefill cap: a prompt's chunk keeps the step within this many ms by "
                  "the worker's measured step cost (0: off)");
+  app.add_flag("--max-chunk-ms-auto", o.max_chunk_ms_auto,
+               "pools.max_chunk_ms: auto: a step's budget is its decoding classes' max_itl_ms");
   app.add_option("--kv-blocks", o.kv_blocks, "KV blocks per worker (0: from capacity)");
+  app.add_option("--max-num-seqs", o.max_num_seqs, "sequences per worker (0: the engine's)");
+  app.add_option("--forward-handoffs", o.forward_handoffs,
+                 "pass handoffs waiting for room to a decode worker with room (true|false)");
   app.add_flag("--bookkeeping", o.bookkeeping, "measure bookkeeping at 256 running sequences");
   app.add_option("--bookkeeping-seqs", o.bookkeeping_seqs, "sequences for --bookkeeping");
   app.add_option("--bookkeeping-tokens", o.bookkeeping_tokens, "max_tokens for --bookkeeping");

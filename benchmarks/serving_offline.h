@@ -33,9 +33,12 @@ struct Options {
   int prefill_workers = 1, decode_workers = 1, colocated_workers = 2;
   int threads = 1;
   int max_batch_tokens = 512;
-  int max_chunk_tokens = -1;  // -1: the engine's default
-  double max_chunk_ms = 0;    // EngineConfig::max_chunk_ms (0: off)
+  int max_chunk_tokens = -1;       // -1: the engine's default
+  double max_chunk_ms = 0;         // EngineConfig::max_chunk_ms (0: off)
+  bool max_chunk_ms_auto = false;  // EngineConfig::max_chunk_ms_auto (the classes' max_itl_ms)
   int kv_blocks = 0;
+  int max_num_seqs = 0;          // sequences per worker (0: the engine's default)
+  bool forward_handoffs = true;  // EngineConfig::forward_waiting_handoffs
   bool bookkeeping = false;
   int bookkeeping_seqs = 256, bookkeeping_tokens = 8;
   int sampling_threads = 0;  // --bookkeeping: 0 runs 1 and then --threads sampling threads

@@ -55,12 +55,13 @@ int run_fairness(const Options& o) {
     }
     std::printf(
         "fairness: %s, %s (1 worker per role, %d threads), max_batch_tokens %d, "
-        "max_chunk_tokens %d, max_chunk_ms %g; %d short "
+        "max_chunk_tokens %d, max_chunk_ms %g%s; %d short "
         "requests (prompt %d-%d, output %d-%d tokens, Poisson %.1f/s), one %d-token prompt "
         "(+%d output) at %.2f s; each run on a fresh engine, same process\n",
         o.model.c_str(), name, c.threads_per_worker, c.max_batch_tokens, c.max_chunk_tokens,
-        c.max_chunk_ms, o.fair_requests, o.fair_prompt_min, o.fair_prompt_max, o.fair_output_min,
-        o.fair_output_max, o.fair_rate, o.long_prompt, o.long_output, o.long_at_s);
+        c.max_chunk_ms, c.max_chunk_ms_auto ? " (auto: the classes' max_itl_ms)" : "",
+        o.fair_requests, o.fair_prompt_min, o.fair_prompt_max, o.fair_output_min, o.fair_output_max,
+        o.fair_rate, o.long_prompt, o.long_output, o.long_at_s);
     struct Run {
       std::vector<double> ttft, arrival;  // short requests, in workload order
       double long_ttft = 0, long_start = 0, tok_s = 0, itl_p99 = 0;

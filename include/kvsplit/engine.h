@@ -91,6 +91,13 @@ struct EngineConfig {
   // prompts' chunks (short prompts whole) may share a step up to max_batch_tokens. With
   // max_chunk_tokens too, the smaller cap holds. 0: off. In [0, 1e6].
   double max_chunk_ms = 0;
+  // pools.max_chunk_ms: auto. A step's time budget is also the tightest max_itl_ms among the SLA
+  // classes of the sequences it serves (decoding, and prompts being prefilled), so a long
+  // prompt's chunk keeps every decoding sequence's inter-token latency within its class's target,
+  // and no step lasts longer than its own sequences' classes allow a gap between tokens (a
+  // prompt arriving during it waits for it). With max_chunk_ms > 0 too (a KV cache manager rule
+  // may set it), the smaller budget holds.
+  bool max_chunk_ms_auto = false;
   // Back-pressure from a slow reader: a decoding sequence whose stream holds this many events its
   // consumer has not read yet (a gRPC client not reading: flow control holds the writes) gets no
   // decode step until the consumer catches up; its KV stays and it can still be preempted, so a

@@ -35,6 +35,17 @@ struct PrefillDemand {
 };
 inline constexpr int64_t kMaxPrefillYieldSteps = 8;
 
+// The time budget of a step's prefill in ms (0: none): `max_chunk_ms` when > 0 and, with
+// pools.max_chunk_ms: auto (`from_itl`), `tightest_itl_ms` when > 0: the smallest max_itl_ms
+// among the SLA classes of the sequences the step serves (those it decodes wait for the whole
+// step; a prompt arriving meanwhile waits for it too); the smaller of those that apply.
+inline double step_time_budget_ms(double max_chunk_ms, bool from_itl, double tightest_itl_ms) {
+  double budget = max_chunk_ms > 0 ? max_chunk_ms : 0;
+  if (from_itl && tightest_itl_ms > 0)
+    budget = budget > 0 ? std::min(budget, tightest_itl_ms) : tightest_itl_ms;
+  return budget;
+}
+
 // The per-prompt chunk cap of a step under a time budget (pools.max_chunk_ms), given that `fit`
 // prompt tokens fit in it (<= 0: none): the smaller of `fit` and `budget`, rounded down to a
 // block, at least `min_chunk` (0 would mean no cap); with a token cap `token_cap` > 0 too, the

@@ -221,7 +221,20 @@ Status read_pools(const YAML::Node& n, EngineConfig* e) {
   KVSPLIT_RETURN_IF_ERROR(r.get("max_num_seqs", &e->max_num_seqs));
   KVSPLIT_RETURN_IF_ERROR(r.get("max_batch_tokens", &e->max_batch_tokens));
   KVSPLIT_RETURN_IF_ERROR(r.get("max_chunk_tokens", &e->max_chunk_tokens));
-  KVSPLIT_RETURN_IF_ERROR(r.get("max_chunk_ms", &e->max_chunk_ms));
+  // A number of ms, or `auto` (EngineConfig::max_chunk_ms_auto: from the SLA classes' ITL).
+  if (YAML::Node n = r.child("max_chunk_ms"); n && n.IsScalar() && n.Scalar() == "auto") {
+    e->max_chunk_ms_auto = true;
+    e->max_chunk_ms = 0;
+  } else if (n && n.IsScalar() && !n.IsNull()) {
+    double ms = 0;
+    if (!parse_scalar(n, "pools.max_chunk_ms", &ms).ok())
+      return field_error("pools.max_chunk_ms",
+                         "must be a number of milliseconds or 'auto', got " + quoted(n.Scalar()));
+    e->max_chunk_ms = ms;
+    e->max_chunk_ms_auto = false;
+  } else {
+    KVSPLIT_RETURN_IF_ERROR(r.get("max_chunk_ms", &e->max_chunk_ms));
+  }
   KVSPLIT_RETURN_IF_ERROR(r.get("max_unread_events", &e->max_unread_events));
   KVSPLIT_RETURN_IF_ERROR(r.get("handoff_timeout_ms", &e->handoff_timeout_ms));
   KVSPLIT_RETURN_IF_ERROR(r.get("cache_aware_handoffs", &e->cache_aware_handoffs));

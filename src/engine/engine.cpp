@@ -101,6 +101,7 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     wo.min_chunk_tokens = std::min(config.block_size, config.max_batch_tokens);
     wo.max_chunk_tokens = config.max_chunk_tokens;
     wo.max_chunk_ms = config.max_chunk_ms;
+    wo.max_chunk_ms_auto = config.max_chunk_ms_auto;
     wo.max_unread_events = config.max_unread_events;
     // Enough prompts in progress to fill a step's budget at the smallest chunk.
     wo.max_prefill_seqs = std::max(16, config.max_batch_tokens / wo.min_chunk_tokens);

@@ -395,7 +395,17 @@ bool Sim::step(Worker& w) {
   // The cap holds in every step, as in Scheduler::plan_prefill.
   int max_chunk = std::max(0, static_cast<int>(std::lround(param("max_chunk_tokens", -1))));
   // As a rule has set it (the KV cache manager may move it), like max_chunk_tokens.
-  const double max_chunk_ms = param("max_chunk_ms", -1);
+  double tightest_itl = 0;     // pools.max_chunk_ms: auto (common::step_time_budget_ms)
+  if (c_.max_chunk_ms_auto) {  // the sequences the step decodes and the prompts it may prefill
+    const auto tighten = [&](int i) {
+      const double itl = c_.sla_classes[static_cast<size_t>(reqs_[i].cls)].max_itl_ms;
+      if (itl > 0 && (tightest_itl == 0 || itl < tightest_itl)) tightest_itl = itl;
+    };
+    for (int i : decoding) tighten(i);
+    for (const Cand& k : cands) tighten(k.i);
+  }
+  const double max_chunk_ms =
+      common::step_time_budget_ms(param("max_chunk_ms", -1), c_.max_chunk_ms_auto, tightest_itl);
   if (max_chunk_ms > 0) {
     // The time-based cap (Worker::step_chunk_cap), from the profile where the engine uses its
     // measured steps: the prompt tokens whose prefill fits in max_chunk_ms beside the step's

@@ -7,9 +7,11 @@
 //     HandoffOffer to D.
 //  2. Delivery (bounded by handoff_timeout_ms): D takes the ticket (kPosted -> kReceived) when it
 //     drains its inbox, at its next step boundary. If D has not taken it by the deadline (a
-//     destination that hangs or died), P takes it back (kPosted -> kReclaimed), releases the
-//     pinned pages and fails the request with DEADLINE_EXCEEDED; D later drops the dead offer.
-//     Exactly one side wins the compare-exchange, so exactly one side owns the Sequence.
+//     destination that hangs or died), P takes it back (kPosted -> kReclaimed), marks D down
+//     (Worker::mark_down) and offers it to another decode worker that has not had it (a new
+//     ticket, the same pinned pages); when every one has had it, P releases the pinned pages and
+//     fails the request with DEADLINE_EXCEEDED. D later drops the dead offer. Exactly one side
+//     wins the compare-exchange, so exactly one side owns the Sequence.
 //  3. Waiting for room (back-pressure, not an error): once received, the offer waits in D's
 //     queue until D has a free sequence slot and enough free blocks, however long decode is busy
 //     (a higher-priority offer may preempt lower-priority running sequences). The wait ends with
@@ -70,9 +72,9 @@ struct HandoffOffer {
   // source (kv::drop_behind_window): their source_blocks are -1 and nothing of them is copied.
   int window_dropped = 0;
   std::shared_ptr<HandoffTicket> ticket;  // holds the Sequence until the destination receives it
-  // Times decode workers passed it on for want of room (Worker::forward_offers): at most twice
-  // the number of decode workers, so it cannot move for ever.
-  int hops = 0;
+  // Decode workers that received it and passed it on for want of room (Worker::forward_offers):
+  // it is not passed to them again, so it moves at most once per decode worker.
+  std::vector<const Worker*> visited;
   // Set by the destination on receipt:
   std::unique_ptr<Sequence> seq;  // the request itself (its table is empty in flight)
   // The first receipt + the class's queue_timeout_ms (waiting for room; kept when passed on).
@@ -88,7 +90,7 @@ struct HandoffOffer {
     o.source_shards = source_shards;
     o.num_tokens = num_tokens;
     o.window_dropped = window_dropped;
-    o.hops = hops;
+    o.visited = visited;
     o.wait_deadline = wait_deadline;
     return o;
   }

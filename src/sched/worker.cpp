@@ -43,6 +43,7 @@ Worker::Worker(WorkerOptions options, std::unique_ptr<backend::Backend> backend,
   KVSPLIT_CHECK(shared_ != nullptr && shared_->sink != nullptr);
   KVSPLIT_CHECK(options_.max_num_seqs >= 1 && options_.max_batch_tokens >= 1);
   free_blocks_.store(pool_->available_blocks());
+  max_seqs_.store(options_.max_num_seqs);
   if (options_.sampling_threads > 1) {
     // One sampling job per step: a wake-up costs nothing next to a step, and polling after it
     // would take a core from the backend's threads during the next forward pass.
@@ -82,7 +83,13 @@ void Worker::wake() {
 
 void Worker::set_test_hold(TestHold hold) {
   hold_.store(static_cast<uint8_t>(hold), std::memory_order_release);
+  const uint64_t gen = hold_gen_.fetch_add(1, std::memory_order_acq_rel) + 1;
   wake();
+  // Returns once the worker's loop has seen it (the step in progress, if any, has ended), so a
+  // test that holds a worker knows it does nothing more; bounded, for a worker not running.
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  while (hold_seen_gen_.load(std::memory_order_acquire) < gen && Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
 }
 
 void Worker::post_offer(HandoffOffer offer) {
@@ -111,7 +118,7 @@ DecodeLoad Worker::load() const {
   l.running = running_count_.load(std::memory_order_relaxed);
   l.waiting = waiting_count_.load(std::memory_order_relaxed);
   l.offers_incoming = offers_incoming_.load(std::memory_order_relaxed);
-  l.max_seqs = options_.max_num_seqs;
+  l.max_seqs = max_seqs_.load(std::memory_order_relaxed);
   return l;
 }
 
@@ -325,12 +332,15 @@ void Worker::publish_stats() {
   }
   // Last, under the lock, with the stats above (snapshot() reads them together; the router's
   // load() reads the atomics alone). Blocks held by host prefetches are free to new work.
+  // The offers drained since the last publication leave offers_incoming_ as they enter the
+  // waiting count, just before it (a reader may count a slot free a moment early, never one that
+  // a reader of the counts below would not).
+  offers_incoming_.fetch_sub(offers_drained_, std::memory_order_relaxed);
+  offers_drained_ = 0;
   free_blocks_.store(plannable_blocks(), std::memory_order_relaxed);
   running_count_.store(static_cast<int>(running_.size()), std::memory_order_relaxed);
   waiting_count_.store(static_cast<int>(waiting_.size() + pending_.size()),
                        std::memory_order_relaxed);
-  offers_incoming_.fetch_sub(offers_drained_, std::memory_order_relaxed);  // now in the count
-  offers_drained_ = 0;
 }
 
 void Worker::loop() {
@@ -340,7 +350,10 @@ void Worker::loop() {
   }
   measure_swap_costs();
   while (true) {
+    // The generation first: a loop that sees a set_test_hold's generation sees its hold.
+    const uint64_t gen = hold_gen_.load(std::memory_order_acquire);
     const bool dead = hold_.load(std::memory_order_acquire) == static_cast<uint8_t>(TestHold::kAll);
+    hold_seen_gen_.store(gen, std::memory_order_release);
     const bool worked = !dead && step();
     std::unique_lock<std::mutex> lock(mu_);
     if (stop_) break;
@@ -391,7 +404,7 @@ void Worker::drain_inbox(Clock::time_point now) {
   offers_drained_ += static_cast<int>(offers.size());
   for (HandoffOffer& o : offers) {
     if (!o.ticket->receive()) {
-      // The source gave up on delivery and already failed the request and freed its pages.
+      // Its sender took it back (the delivery deadline, a cancel, shutdown): not ours.
       incoming_blocks_.fetch_sub(o.incoming_blocks(pool_->block_size()), std::memory_order_relaxed);
       continue;
     }

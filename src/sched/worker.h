@@ -54,6 +54,9 @@ struct WorkerOptions {
   // Time-based cap on a prompt's chunk (EngineConfig::max_chunk_ms): the step is predicted, from
   // step_cost_, to last at most this; 0: off.
   double max_chunk_ms = 0;
+  // EngineConfig::max_chunk_ms_auto: the budget is also the tightest max_itl_ms of the classes
+  // of the sequences the step serves, running or waiting (common::step_time_budget_ms).
+  bool max_chunk_ms_auto = false;
   // A running sequence whose stream holds this many unread events gets no decode row until its
   // consumer reads (EngineConfig::max_unread_events); 0: no bound.
   int max_unread_events = 0;
@@ -142,7 +145,8 @@ class Worker {
   // boundary (worker_command.h). Thread-safe.
   void post_command(WorkerCommand command, CommandDone done);
   void wake();
-  void set_test_hold(TestHold hold);  // tests only
+  // Tests only; returns once the worker's loop has seen it (its step in progress ended).
+  void set_test_hold(TestHold hold);
 
   DecodeLoad load() const;
   // Handoff destinations: a worker that let an offer pass its delivery deadline (handoff_timeout)
@@ -187,11 +191,14 @@ class Worker {
   void reclaim_undelivered(Clock::time_point now);  // source side of the delivery bound
   void admit_offers(Clock::time_point now);
   // Destination side, after an admission pass: each offer it left waiting (marked false in
-  // `leaves`) that another decode worker has room for now (free - incoming blocks >= its blocks,
-  // a free slot counting the offers posted to it; not down; the offer's hops under twice the
-  // decode workers) is posted there with a new ticket, watched in
+  // `leaves`, not admitted: `admitted`) that another decode worker has room for now (free -
+  // incoming blocks >= its blocks
+  // plus the next-token blocks of it and of the other's running sequences; a free slot counting
+  // the offers posted to it; not down; not in offer.visited) is posted there with a new ticket,
+  // watched in
   // forwarded_, and marked in `leaves`.
-  void forward_offers(std::vector<bool>& leaves, Clock::time_point now);
+  void forward_offers(std::vector<bool>& leaves, const std::vector<bool>& admitted,
+                      Clock::time_point now);
   // Offers forwarded and not received by their deadline (or cancelled meanwhile) come back into
   // pending_ (their destination marked down); `all`: every one not received (shutdown).
   void reclaim_forwarded(Clock::time_point now, bool all = false);
@@ -269,9 +276,11 @@ class Worker {
   bool swapping() const;      // a host or disk tier to swap to
   void measure_swap_costs();  // copy bandwidths, at start-up (worker thread)
   void note_prefill_speed(int prefill_tokens, double seconds);
-  // This step's cap on a prompt's chunk: max_chunk_tokens, and with max_chunk_ms the tokens a
-  // step may carry within it by step_cost_ (rounded down to a block, at least min_chunk_tokens),
-  // less the running sequences' decode rows; the smaller of the two (0: no cap).
+  // This step's cap on a prompt's chunk: max_chunk_tokens, and with a time budget
+  // (max_chunk_ms, and with max_chunk_ms_auto its sequences' tightest max_itl_ms) the
+  // tokens a step may carry within it by step_cost_ (rounded down to a block, at least
+  // min_chunk_tokens), less the running sequences' decode rows; the smaller of the two (0: no
+  // cap).
   int step_chunk_cap() const;
 
   WorkerOptions options_;
@@ -312,7 +321,8 @@ class Worker {
   // Offers posted here and not yet in the published waiting count (post_offer adds one; the
   // publication after the inbox drained them takes them off): a slot they will take.
   std::atomic<int> offers_incoming_{0};
-  int offers_drained_ = 0;  // drained since the last publish_stats (worker thread)
+  std::atomic<int> max_seqs_{0};  // options_.max_num_seqs, for load() on other threads
+  int offers_drained_ = 0;        // drained since the last publish_stats (worker thread)
   // mark_down / marked_down: steady-clock nanoseconds of the last inbox drain and of the latest
   // mark.
   std::atomic<int64_t> drained_ns_{0}, down_since_ns_{0};
@@ -320,7 +330,7 @@ class Worker {
     kv::BlockTable table;  // the handed-off pages
     std::shared_ptr<HandoffTicket> ticket;
     Clock::time_point deliver_by;  // reclaimed if not received by then
-    const Worker* dest = nullptr;
+    Worker* dest = nullptr;
     std::shared_ptr<RequestControl> ctl;  // the request's cancel flag (the Sequence is not ours)
     std::vector<const Worker*> tried;     // decode workers offered it so far (dest the last)
     // Chained hashes of its cacheable pages (route_hashes; empty without a prefix cache).
@@ -377,7 +387,9 @@ class Worker {
   int stalled_this_step_ = 0;  // running sequences held back in the step being planned
   // Its consumer has max_unread_events events unread (WorkerOptions::max_unread_events).
   bool reader_behind(const Sequence& seq) const;
-  std::atomic<uint8_t> hold_{0};  // TestHold
+  std::atomic<uint8_t> hold_{0};            // TestHold
+  std::atomic<uint64_t> hold_gen_{0};       // set_test_hold calls
+  std::atomic<uint64_t> hold_seen_gen_{0};  // the last of them the loop has seen
 
   // Published for other threads.
   std::atomic<int> free_blocks_{0};

@@ -51,6 +51,7 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
     options_.max_batch_tokens = c.max_batch_tokens;
     options_.min_chunk_tokens = c.min_chunk_tokens;
     options_.max_num_seqs = c.max_num_seqs;
+    max_seqs_.store(c.max_num_seqs, std::memory_order_relaxed);
     options_.max_chunk_tokens = c.max_chunk_tokens;
     options_.max_chunk_ms = p->max_chunk_ms.value_or(options_.max_chunk_ms);
     KVSPLIT_LOG_INFO(

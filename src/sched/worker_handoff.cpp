@@ -150,7 +150,7 @@ void Worker::reclaim_undelivered(Clock::time_point now) {
     // and the destination is marked down until it drains its inbox again. A decode worker that
     // has not had it yet is offered it, under the same id (the dead offer is dropped by its
     // destination without a HandoffDone) and the same pinned pages.
-    Worker* dest = shared_->decode_workers[static_cast<size_t>(decode_index(p.dest))];
+    Worker* dest = p.dest;
     if (dest->mark_down()) {
       KVSPLIT_LOG_WARN(
           "{}: {} marked down: it did not take a KV handoff within {} ms; new handoffs go to "
@@ -220,6 +220,8 @@ void Worker::admit_offers(Clock::time_point now) {
                                             o.num_tokens, total_blocks_, options_.name)),
                  now);
   }
+  std::vector<bool> admitted(pending_.size(), false);
+  for (const HandoffAdmission& a : out.admitted) admitted[a.id - kHandoffBase] = true;
   for (const HandoffAdmission& a : out.admitted) {
     HandoffOffer& o = pending_[a.id - kHandoffBase];
     kv::BlockTable table;
@@ -281,30 +283,37 @@ void Worker::admit_offers(Clock::time_point now) {
     seq->enter_phase(SeqPhase::kDecode, Clock::now());
     running_.push_back(std::move(seq));
   }
-  forward_offers(leaves, now);
+  forward_offers(leaves, admitted, now);
   size_t k = 0;
   for (auto it = pending_.begin(); it != pending_.end(); ++k) {
     it = leaves[k] ? pending_.erase(it) : std::next(it);
   }
 }
 
-void Worker::forward_offers(std::vector<bool>& leaves, Clock::time_point now) {
+void Worker::forward_offers(std::vector<bool>& leaves, const std::vector<bool>& admitted,
+                            Clock::time_point now) {
   const std::vector<Worker*>& all = shared_->decode_workers;
   if (options_.role != WorkerRole::kDecode || !options_.forward_waiting_handoffs || all.size() < 2)
     return;
   const int bs = pool_->block_size();
   for (size_t k = 0; k < pending_.size(); ++k) {
     HandoffOffer& o = pending_[k];
-    if (leaves[k] || o.seq->cancelled()) continue;  // a cancel is finished on the next pass
+    // Admitted with preemptions but not taken (a reservation short of its plan) stays: its
+    // victims made room for it here. A cancel is finished on the next pass.
+    if (leaves[k] || admitted[k] || o.seq->cancelled()) continue;
     const int need = o.incoming_blocks(bs);
     std::vector<DecodeLoad> loads;
     std::vector<Worker*> candidates;
-    if (o.hops >= 2 * static_cast<int>(all.size())) continue;
     for (Worker* w : all) {
-      if (w == this || w->marked_down()) continue;
-      // Its incoming blocks and offers include those posted to it a moment ago (this pass's too).
+      if (w == this || w->marked_down() ||
+          std::find(o.visited.begin(), o.visited.end(), w) != o.visited.end())
+        continue;
+      // Its incoming blocks and offers include those posted to it a moment ago (this pass's
+      // too). Room as the Scheduler admits a handoff: its blocks, the block its first decode
+      // may need, and one for each running sequence's next token (at most).
       const DecodeLoad l = w->load();
-      if (l.kv_blocks_free - l.kv_blocks_incoming < need || l.slots_full()) continue;
+      if (l.kv_blocks_free - l.kv_blocks_incoming < need + 1 + l.running || l.slots_full())
+        continue;
       loads.push_back(l);
       candidates.push_back(w);
     }
@@ -315,7 +324,7 @@ void Worker::forward_offers(std::vector<bool>& leaves, Clock::time_point now) {
         "{}: KV handoff of request {} ({} blocks) waits for room here; passed on to "
         "{}, which has room for it",
         options_.name, o.seq->display_id(), need, to->name());
-    ++o.hops;
+    o.visited.push_back(this);
     Forwarded f;
     f.ticket = std::make_shared<HandoffTicket>();
     f.offer = o.without_request();

@@ -33,6 +33,9 @@ bool Worker::step() {
   compact(t0);
   admit_offers(t0);
   admit_from_router(t0);
+  // max_chunk_ms: auto counts the classes of the prompts just admitted too (a long prompt's
+  // first chunk is capped like the others).
+  if (options_.max_chunk_ms_auto) scheduler_.set_max_chunk_tokens(step_chunk_cap());
   if (hold_.load(std::memory_order_acquire) == static_cast<uint8_t>(TestHold::kForward)) {
     compact(t0);  // preemptions by admission
     publish_stats();
@@ -451,13 +454,25 @@ void Worker::apply_preemptions(const SchedulerOutput& out, Clock::time_point now
 }
 
 int Worker::step_chunk_cap() const {
-  if (options_.max_chunk_ms <= 0) return options_.max_chunk_tokens;
+  // max_chunk_ms: auto: the sequences this step may serve, decoding (running) or prefilling
+  // (waiting: prompts, restarts).
+  double tightest_itl = 0;
+  if (options_.max_chunk_ms_auto) {
+    for (const auto* list : {&running_, &waiting_}) {
+      for (const std::unique_ptr<Sequence>& seq : *list) {
+        const double itl = seq->sla.max_itl_ms;
+        if (itl > 0 && (tightest_itl == 0 || itl < tightest_itl)) tightest_itl = itl;
+      }
+    }
+  }
+  const double budget_ms =
+      common::step_time_budget_ms(options_.max_chunk_ms, options_.max_chunk_ms_auto, tightest_itl);
+  if (budget_ms <= 0) return options_.max_chunk_tokens;
   // Until kMinSteps steps are timed, 4 min chunks; then what fits, the step's decode rows
   // (colocated) coming first and taking their share of the time.
-  const double fit = step_cost_.ready()
-                         ? static_cast<double>(step_cost_.tokens_within(options_.max_chunk_ms)) -
-                               static_cast<double>(running_.size())
-                         : 4.0 * options_.min_chunk_tokens;
+  const double fit = step_cost_.ready() ? static_cast<double>(step_cost_.tokens_within(budget_ms)) -
+                                              static_cast<double>(running_.size())
+                                        : 4.0 * options_.min_chunk_tokens;
   return common::time_chunk_cap(fit, options_.max_batch_tokens, pool_->block_size(),
                                 options_.min_chunk_tokens, options_.max_chunk_tokens);
 }

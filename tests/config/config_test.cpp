@@ -123,6 +123,25 @@ TEST(ConfigTest, CacheAwareHandoffs) {
   expect_error("pools: {cache_aware_handoffs: sometimes}\n", "pools.cache_aware_handoffs");
 }
 
+TEST(ConfigTest, MaxChunkMsIsANumberOrAuto) {
+  auto c = parse_config("");
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->engine.max_chunk_ms_auto);
+  EXPECT_EQ(c->engine.max_chunk_ms, 0);
+  c = parse_config("pools: {max_chunk_ms: auto}\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_TRUE(c->engine.max_chunk_ms_auto);
+  EXPECT_EQ(c->engine.max_chunk_ms, 0);
+  c = parse_config("pools: {max_chunk_ms: 12.5}\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_FALSE(c->engine.max_chunk_ms_auto);
+  EXPECT_DOUBLE_EQ(c->engine.max_chunk_ms, 12.5);
+  expect_error("pools: {max_chunk_ms: soon}\n",
+               "pools.max_chunk_ms: must be a number of milliseconds or 'auto', got 'soon'");
+  expect_error("pools: {max_chunk_ms: [1]}\n", "pools.max_chunk_ms");
+  expect_error("pools: {max_chunk_ms: -3}\n", "pools.max_chunk_ms: must be in [0, 1e6]");
+}
+
 TEST(ConfigTest, ForwardWaitingHandoffs) {
   auto c = parse_config("");
   ASSERT_TRUE(c.ok());

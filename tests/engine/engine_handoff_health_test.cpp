@@ -105,10 +105,13 @@ TEST(EngineHandoffHealth, AnOfferWaitingForRoomGoesToADecodeWorkerThatHasRoom) {
     cfg.max_num_seqs = 1;
     cfg.forward_waiting_handoffs = forward;
     const Request moved = short_request("The dog");
-    auto ref = Engine::create(cfg);
-    ASSERT_TRUE(ref.ok()) << ref.status().to_string();
-    const Collected want = collect(*(*ref)->submit(moved));
-    ASSERT_TRUE(want.final_event.status.ok()) << want.final_event.status.to_string();
+    Collected want;
+    {
+      auto ref = Engine::create(cfg);
+      ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+      want = collect(*(*ref)->submit(moved));
+      ASSERT_TRUE(want.final_event.status.ok()) << want.final_event.status.to_string();
+    }
 
     auto engine = EngineImpl::create(cfg);
     ASSERT_TRUE(engine.ok()) << engine.status().to_string();

@@ -276,6 +276,69 @@ TEST_P(EngineTokens, TimeBasedChunkCapFollowsTheBudgetAndKeepsTokens) {
   }
 }
 
+// pools.max_chunk_ms: auto (colocated). A request of a class with a tight max_itl_ms decodes
+// while a 400-token prompt arrives: every step carries its decode row, so the prompt's chunks are
+// cut to the minimum (a block) and it takes about 25 steps, each giving the decoding request a
+// token. With a loose max_itl_ms the prompt goes in ~4 steps of the token budget. Tokens unchanged.
+TEST(EngineChunkAuto, TheTightestDecodingClassSetsTheStepBudget) {
+  KVSPLIT_REQUIRE_MODELS();
+  Request l;
+  for (int i = 0; i < 400; ++i) l.prompt_token_ids.push_back(3 + (i * 37) % 500);
+  l.sampling.max_tokens = 4;
+  l.sampling.temperature = 0;
+  Request d;
+  d.prompt = "Once upon a time";
+  d.sla_class = "chat";
+  d.sampling.max_tokens = 300;
+  d.sampling.ignore_eos = true;
+  d.sampling.temperature = 0;
+  std::vector<int32_t> alone;
+  for (const double itl_ms : {1e-3, 1e5}) {
+    EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
+    cfg.max_chunk_ms_auto = true;
+    SlaClass chat;
+    chat.name = "chat";
+    chat.max_itl_ms = itl_ms;
+    cfg.sla_classes = {SlaClass{}, chat};
+    auto engine = EngineImpl::create(cfg);
+    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    auto dh = (*engine)->submit(d);
+    ASSERT_TRUE(dh.ok());
+    TokenEvent first;
+    ASSERT_TRUE(dh->next(&first, std::chrono::seconds(30)));
+    const auto submitted = std::chrono::steady_clock::now();
+    auto lh = (*engine)->submit(l);
+    ASSERT_TRUE(lh.ok());
+    TokenEvent ev;
+    ASSERT_TRUE(lh->next(&ev, std::chrono::seconds(30)));
+    ASSERT_FALSE(ev.token_ids.empty());
+    const auto first_long = ev.time;
+    Collected rest = collect(std::move(*lh));
+    ASSERT_TRUE(rest.final_event.status.ok()) << rest.final_event.status.to_string();
+    std::vector<int32_t> tokens = ev.token_ids;
+    tokens.insert(tokens.end(), rest.tokens.begin(), rest.tokens.end());
+    if (alone.empty()) {
+      alone = tokens;
+    } else {
+      EXPECT_EQ(tokens, alone);
+    }
+    int during = 0;  // the decoding request's tokens while the prompt was prefilled
+    while (dh->next(&ev, std::chrono::seconds(30))) {
+      if (ev.time > submitted && ev.time <= first_long)
+        during += static_cast<int>(ev.token_ids.size());
+      if (ev.final) break;
+    }
+    ASSERT_TRUE(ev.final && ev.status.ok()) << ev.status.to_string();
+    // Tight: 25 steps of one block, fewer while the worker's step cost is not yet fitted (4
+    // blocks a chunk until 4 steps are timed).
+    if (itl_ms < 1) {
+      EXPECT_GE(during, 12) << "the prompt's chunks were not cut to the tight class's budget";
+    } else {
+      EXPECT_LE(during, 6);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, EngineTokens,
                          ::testing::Values(ServingMode::kColocated, ServingMode::kDisaggregated),
                          [](const auto& info) {

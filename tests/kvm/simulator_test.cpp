@@ -598,6 +598,21 @@ TEST(Simulator, MaxChunkTokensCapShortensTheShortPromptsTtft) {
   ASSERT_TRUE(loose.ok());
   EXPECT_LT(ttft(*loose, false), ttft(*timed, false));
   EXPECT_NEAR(ttft(*loose, false), ttft(*uncapped, false), 1.0 + 1e-9);
+  // pools.max_chunk_ms: auto: a step's budget is the tightest max_itl_ms of the classes of the
+  // requests it serves. With their class's at the budget above, the plan is the configured
+  // budget's.
+  c.max_chunk_ms = 0;
+  c.max_chunk_ms_auto = true;
+  c.sla_classes[1].max_itl_ms = budget_ms;  // "slow", both requests' class
+  auto itl_capped = simulate(c, p, t);
+  ASSERT_TRUE(itl_capped.ok()) << itl_capped.status().to_string();
+  EXPECT_EQ(itl_capped->steps, timed->steps);
+  EXPECT_NEAR(ttft(*itl_capped, true), ttft(*timed, true), 1e-9);
+  EXPECT_NEAR(ttft(*itl_capped, false), ttft(*timed, false), 1e-9);
+  c.sla_classes[1].max_itl_ms = 1e5;
+  auto itl_loose = simulate(c, p, t);
+  ASSERT_TRUE(itl_loose.ok());
+  EXPECT_NEAR(ttft(*itl_loose, false), ttft(*uncapped, false), 1.0 + 1e-9);
 }
 
 // A colocated step's decode rows come out of the prefill budget (decode_in_budget), and the
