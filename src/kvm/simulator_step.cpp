@@ -396,13 +396,13 @@ bool Sim::step(Worker& w) {
   int max_chunk = std::max(0, static_cast<int>(std::lround(param("max_chunk_tokens", -1))));
   // As a rule has set it (the KV cache manager may move it), like max_chunk_tokens.
   double tightest_itl = 0;     // pools.max_chunk_ms: auto (common::step_time_budget_ms)
-  if (c_.max_chunk_ms_auto) {  // the sequences the step decodes and the prompts it may prefill
+  if (c_.max_chunk_ms_auto) {  // the worker's running and waiting requests, as the engine's
     const auto tighten = [&](int i) {
       const double itl = c_.sla_classes[static_cast<size_t>(reqs_[i].cls)].max_itl_ms;
       if (itl > 0 && (tightest_itl == 0 || itl < tightest_itl)) tightest_itl = itl;
     };
-    for (int i : decoding) tighten(i);
-    for (const Cand& k : cands) tighten(k.i);
+    for (int i : w.running) tighten(i);
+    for (int i : w.waiting) tighten(i);
   }
   const double max_chunk_ms =
       common::step_time_budget_ms(param("max_chunk_ms", -1), c_.max_chunk_ms_auto, tightest_itl);

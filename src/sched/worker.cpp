@@ -88,8 +88,14 @@ void Worker::set_test_hold(TestHold hold) {
   // Returns once the worker's loop has seen it (the step in progress, if any, has ended), so a
   // test that holds a worker knows it does nothing more; bounded, for a worker not running.
   const auto until = Clock::now() + std::chrono::seconds(10);
-  while (hold_seen_gen_.load(std::memory_order_acquire) < gen && Clock::now() < until)
+  while (hold_seen_gen_.load(std::memory_order_acquire) < gen &&
+         !loop_exited_.load(std::memory_order_acquire)) {
+    if (Clock::now() > until) {
+      KVSPLIT_LOG_WARN("{}: test hold not seen by the worker loop within 10 s", options_.name);
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
 }
 
 void Worker::post_offer(HandoffOffer offer) {
@@ -332,9 +338,9 @@ void Worker::publish_stats() {
   }
   // Last, under the lock, with the stats above (snapshot() reads them together; the router's
   // load() reads the atomics alone). Blocks held by host prefetches are free to new work.
-  // The offers drained since the last publication leave offers_incoming_ as they enter the
-  // waiting count, just before it (a reader may count a slot free a moment early, never one that
-  // a reader of the counts below would not).
+  // The offers drained since the last publication leave offers_incoming_ just before they enter
+  // the waiting count: between the two a reader may see a slot free that is not (an offer sent
+  // there then waits, or is passed on), and once it sees the new counts it sees this too.
   offers_incoming_.fetch_sub(offers_drained_, std::memory_order_relaxed);
   offers_drained_ = 0;
   free_blocks_.store(plannable_blocks(), std::memory_order_relaxed);
@@ -367,6 +373,7 @@ void Worker::loop() {
     }
     wake_ = false;
   }
+  loop_exited_.store(true, std::memory_order_release);
 }
 
 void Worker::drain_inbox(Clock::time_point now) {

@@ -390,6 +390,7 @@ class Worker {
   std::atomic<uint8_t> hold_{0};            // TestHold
   std::atomic<uint64_t> hold_gen_{0};       // set_test_hold calls
   std::atomic<uint64_t> hold_seen_gen_{0};  // the last of them the loop has seen
+  std::atomic<bool> loop_exited_{false};    // loop() returned (stopped)
 
   // Published for other threads.
   std::atomic<int> free_blocks_{0};

@@ -279,7 +279,8 @@ TEST_P(EngineTokens, TimeBasedChunkCapFollowsTheBudgetAndKeepsTokens) {
 // pools.max_chunk_ms: auto (colocated). A request of a class with a tight max_itl_ms decodes
 // while a 400-token prompt arrives: every step carries its decode row, so the prompt's chunks are
 // cut to the minimum (a block) and it takes about 25 steps, each giving the decoding request a
-// token. With a loose max_itl_ms the prompt goes in ~4 steps of the token budget. Tokens unchanged.
+// token. With a loose max_itl_ms the prompt goes in ~4 steps of the token budget (its own default
+// class's 200 ms caps nothing on this model). Tokens unchanged.
 TEST(EngineChunkAuto, TheTightestDecodingClassSetsTheStepBudget) {
   KVSPLIT_REQUIRE_MODELS();
   Request l;

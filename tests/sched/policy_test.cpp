@@ -152,13 +152,13 @@ TEST(Preemption, LowestPriorityThenYoungest) {
   EXPECT_FALSE(serves_before({0, 2}, {0, 2}));
 }
 
-// pools.max_chunk_ms and its `auto` (the tightest max_itl_ms of the classes a step decodes):
+// pools.max_chunk_ms and its `auto` (the tightest max_itl_ms of the classes a step serves):
 // whichever apply, the smaller; neither, no budget.
-TEST(StepTimeBudget, TheSmallerOfTheConfiguredAndTheDecodingClassesItl) {
+TEST(StepTimeBudget, TheSmallerOfTheConfiguredAndTheServedClassesItl) {
   EXPECT_EQ(common::step_time_budget_ms(0, false, 50), 0);    // off: the classes do not count
   EXPECT_EQ(common::step_time_budget_ms(80, false, 50), 80);  // a number alone
   EXPECT_EQ(common::step_time_budget_ms(0, true, 50), 50);    // auto alone
-  EXPECT_EQ(common::step_time_budget_ms(0, true, 0), 0);      // auto, nothing decoding
+  EXPECT_EQ(common::step_time_budget_ms(0, true, 0), 0);      // auto, nothing served
   EXPECT_EQ(common::step_time_budget_ms(80, true, 50), 50);   // both: the smaller
   EXPECT_EQ(common::step_time_budget_ms(30, true, 50), 30);
   EXPECT_EQ(common::step_time_budget_ms(30, true, 0), 30);
