@@ -39,6 +39,12 @@ inline constexpr int64_t kMaxPrefillYieldSteps = 8;
 // pools.max_chunk_ms: auto (`from_itl`), `tightest_itl_ms` when > 0: the smallest max_itl_ms
 // among the SLA classes of the sequences the step serves (those it decodes wait for the whole
 // step; a prompt arriving meanwhile waits for it too); the smaller of those that apply.
+// The tighter of two ITL targets, `itl` counting only when > 0 (`tightest` 0: none yet): folds
+// the max_itl_ms of a worker's sequences into the `tightest_itl_ms` of step_time_budget_ms.
+inline double tighter_itl(double tightest, double itl) {
+  return itl > 0 && (tightest == 0 || itl < tightest) ? itl : tightest;
+}
+
 inline double step_time_budget_ms(double max_chunk_ms, bool from_itl, double tightest_itl_ms) {
   double budget = max_chunk_ms > 0 ? max_chunk_ms : 0;
   if (from_itl && tightest_itl_ms > 0)

@@ -398,8 +398,8 @@ bool Sim::step(Worker& w) {
   double tightest_itl = 0;     // pools.max_chunk_ms: auto (common::step_time_budget_ms)
   if (c_.max_chunk_ms_auto) {  // the worker's running and waiting requests, as the engine's
     const auto tighten = [&](int i) {
-      const double itl = c_.sla_classes[static_cast<size_t>(reqs_[i].cls)].max_itl_ms;
-      if (itl > 0 && (tightest_itl == 0 || itl < tightest_itl)) tightest_itl = itl;
+      tightest_itl = common::tighter_itl(
+          tightest_itl, c_.sla_classes[static_cast<size_t>(reqs_[i].cls)].max_itl_ms);
     };
     for (int i : w.running) tighten(i);
     for (int i : w.waiting) tighten(i);

@@ -459,10 +459,8 @@ int Worker::step_chunk_cap() const {
   double tightest_itl = 0;
   if (options_.max_chunk_ms_auto) {
     for (const auto* list : {&running_, &waiting_}) {
-      for (const std::unique_ptr<Sequence>& seq : *list) {
-        const double itl = seq->sla.max_itl_ms;
-        if (itl > 0 && (tightest_itl == 0 || itl < tightest_itl)) tightest_itl = itl;
-      }
+      for (const std::unique_ptr<Sequence>& seq : *list)
+        tightest_itl = common::tighter_itl(tightest_itl, seq->sla.max_itl_ms);
     }
   }
   const double budget_ms =
