@@ -11,7 +11,9 @@
 //     (Worker::mark_down) and offers it to another decode worker that has not had it (a new
 //     ticket, the same pinned pages); when every one has had it, P releases the pinned pages and
 //     fails the request with DEADLINE_EXCEEDED. D later drops the dead offer. Exactly one side
-//     wins the compare-exchange, so exactly one side owns the Sequence.
+//     wins the compare-exchange, so exactly one side owns the Sequence. P also takes back, before
+//     their deadlines, its other offers in flight to a D marked down (by any worker), as long as a
+//     decode worker that is up has not had them.
 //  3. Waiting for room (back-pressure, not an error): once received, the offer waits in D's
 //     queue until D has a free sequence slot and enough free blocks, however long decode is busy
 //     (a higher-priority offer may preempt lower-priority running sequences). The wait ends with
@@ -19,7 +21,8 @@
 //     waits, D passes it on to another decode worker E that has room for it now
 //     (Worker::forward_offers): a new ticket, with D in E's place of P for delivery (D takes
 //     it back into its queue if E has not received it within handoff_timeout_ms, and marks E
-//     down). Whoever finally admits or finishes it posts the one HandoffDone to P.
+//     down; or sooner, once E is marked down). Whoever finally admits or finishes it posts the one
+//     HandoffDone to P.
 //  4. On admission D reserves blocks in its own pool and copies the pages (copy_kv_blocks); in
 //     every case after receipt (admitted, copy error, cancelled, timed out, shutdown) D posts
 //     exactly one HandoffDone to P, which then releases the pinned pages.

@@ -341,6 +341,8 @@ class Worker {
   // a prefix cache, cache-aware: the pages routes_ says each worker was sent already count as
   // shared there); null when none is left.
   Worker* pick_decode_worker(const Pinned& pin) const;
+  // True when `pin`'s destination is marked down and pick_decode_worker finds one that is not.
+  bool dest_down_and_another_up(const Pinned& pin) const;
   // The chained hashes (PrefixCache::next) of the pages of `seq` a decode worker's prefix cache
   // may serve (cacheable_tokens); empty without a prefix cache, with cache_aware_handoffs off,
   // with a sliding window, on a shard group, or with one decode worker.

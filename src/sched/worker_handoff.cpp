@@ -68,6 +68,12 @@ Worker* Worker::pick_decode_worker(const Pinned& pin) const {
   return i < 0 ? nullptr : candidates[static_cast<size_t>(i)];
 }
 
+bool Worker::dest_down_and_another_up(const Pinned& pin) const {
+  if (!pin.dest->marked_down()) return false;
+  const Worker* next = pick_decode_worker(pin);
+  return next != nullptr && !next->marked_down();
+}
+
 int Worker::decode_index(const Worker* w) const {
   const std::vector<Worker*>& all = shared_->decode_workers;
   return static_cast<int>(std::find(all.begin(), all.end(), w) - all.begin());
@@ -134,7 +140,12 @@ void Worker::reclaim_undelivered(Clock::time_point now) {
       continue;
     }
     const bool cancelled = p.ctl->cancel_requested.load(std::memory_order_relaxed);
-    if ((now < p.deliver_by && !cancelled) || !p.ticket->reclaim()) {
+    // Before its deadline, an offer is also taken back when its destination has been marked down
+    // (another offer to it missed its deadline, here or on another prefill worker) and a decode
+    // worker that is up has not had it: a hung worker costs the offers in flight to it one
+    // handoff_timeout_ms in all, not one each.
+    const bool due = now >= p.deliver_by || cancelled || dest_down_and_another_up(p);
+    if (!due || !p.ticket->reclaim()) {
       ++it;
       continue;
     }
@@ -151,17 +162,25 @@ void Worker::reclaim_undelivered(Clock::time_point now) {
     // has not had it yet is offered it, under the same id (the dead offer is dropped by its
     // destination without a HandoffDone) and the same pinned pages.
     Worker* dest = p.dest;
-    if (dest->mark_down()) {
+    const bool late = now >= p.deliver_by;
+    if (late && dest->mark_down()) {
       KVSPLIT_LOG_WARN(
           "{}: {} marked down: it did not take a KV handoff within {} ms; new handoffs go to "
           "other decode workers until it drains its inbox again",
           options_.name, dest->name(), options_.handoff_timeout.count());
     }
     if (Worker* next = pick_decode_worker(p)) {
-      KVSPLIT_LOG_WARN(
-          "{}: KV handoff of request {} to {} not received within {} ms; offered to {}",
-          options_.name, seq->display_id(), p.dest->name(), options_.handoff_timeout.count(),
-          next->name());
+      if (late) {
+        KVSPLIT_LOG_WARN(
+            "{}: KV handoff of request {} to {} not received within {} ms; offered to {}",
+            options_.name, seq->display_id(), p.dest->name(), options_.handoff_timeout.count(),
+            next->name());
+      } else {
+        KVSPLIT_LOG_WARN(
+            "{}: KV handoff of request {} to {} taken back: {} is marked down; "
+            "offered to {}",
+            options_.name, seq->display_id(), p.dest->name(), p.dest->name(), next->name());
+      }
       handoffs_rerouted_.fetch_add(1, std::memory_order_relaxed);
       routes_.forget(p.hashes, decode_index(p.dest));  // it never got the pages
       post_handoff(it->first, p, std::move(seq), next, now);
@@ -350,15 +369,21 @@ void Worker::reclaim_forwarded(Clock::time_point now, bool all) {
       continue;
     }
     const bool cancelled = it->ctl->cancel_requested.load(std::memory_order_relaxed);
-    if ((!all && !cancelled && now < it->deliver_by) || !it->ticket->reclaim()) {
+    // Before its deadline too once its target has been marked down (by another offer's missed
+    // deadline): it waits here again, and may be passed on to a worker that is up.
+    const bool late = now >= it->deliver_by;
+    if ((!all && !cancelled && !late && !it->to->marked_down()) || !it->ticket->reclaim()) {
       ++it;
       continue;
     }
-    if (!all && !cancelled && it->to->mark_down()) {
+    if (!all && !cancelled && late && it->to->mark_down()) {
       KVSPLIT_LOG_WARN(
           "{}: {} marked down: it did not take a KV handoff passed on to it within {} ms; the "
           "handoff waits here again",
           options_.name, it->to->name(), options_.handoff_timeout.count());
+    } else if (!all && !cancelled && !late) {
+      KVSPLIT_LOG_INFO("{}: {} is marked down; the KV handoff passed on to it waits here again",
+                       options_.name, it->to->name());
     }
     // Back in the queue (a cancel is finished by the next admission pass), as it was.
     HandoffOffer o = std::move(it->offer);

@@ -1,8 +1,9 @@
 // Decode workers in disaggregated mode that cannot take a KV handoff: one that hangs is marked
-// down, and new offers go to the others until it drains its inbox again; an offer waiting for
-// room on one decode worker is passed on to another that has room (and taken back, the other
-// marked down, when that one does not receive it in time). Made deterministic with the workers'
-// test holds. Workers: prefill-0, decode-0, decode-1 (indices 0, 1, 2).
+// down, the offers in flight to it are taken back at once, and new offers go to the others until
+// it drains its inbox again; an offer waiting for room on one decode worker is passed on to
+// another that has room (and taken back, the other marked down, when that one does not receive it
+// in time, or once it is marked down). Made deterministic with the workers' test holds. Workers:
+// prefill-0, decode-0, decode-1 (indices 0, 1, 2).
 #include <gtest/gtest.h>
 
 #include <random>
@@ -92,6 +93,126 @@ TEST(EngineHandoffHealth, AHungDecodeWorkerIsMarkedDownAndNewOffersAvoidIt) {
   })) << "decode-0 drains its inbox and is up again";
   EXPECT_TRUE(testing::pools_back_to(e, initial));
   EXPECT_EQ(e.stats().requests_failed, 0);
+}
+
+// Two offers in flight to a hung decode-0, posted 500 ms apart (decode-1 is busier: a held
+// sequence of 7 blocks). When the first passes its deadline, decode-0 is marked down and the
+// second is taken back at once, in the same pass, not at its own deadline 500 ms later; both
+// finish on decode-1.
+TEST(EngineHandoffHealth, OffersInFlightToAWorkerMarkedDownAreTakenBackAtOnce) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = two_decode_workers();
+  cfg.handoff_timeout_ms = 1000;
+  auto engine = EngineImpl::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  EngineImpl& e = **engine;
+  const std::vector<int> initial = testing::free_blocks(e);
+  e.set_test_hold(sched::WorkerRole::kDecode, TestHold::kForward);
+  auto on_0 = e.submit(short_request("Once upon a time"));  // both idle: decode-0 (1 block)
+  ASSERT_TRUE(on_0.ok());
+  ASSERT_TRUE(
+      wait_for_stats(e, [](const EngineStats& st) { return st.pools[kDecode0].running == 1; }));
+  auto busy = e.submit(long_request(100));  // the lighter decode-1 (7 blocks)
+  ASSERT_TRUE(busy.ok());
+  ASSERT_TRUE(
+      wait_for_stats(e, [](const EngineStats& st) { return st.pools[kDecode1].running == 1; }));
+  e.set_test_hold_worker(kDecode0, TestHold::kAll);  // hung: takes no offer
+  auto first = e.submit(short_request("Lily wanted to"));
+  ASSERT_TRUE(first.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto second_at = std::chrono::steady_clock::now();
+  auto second = e.submit(short_request("The dog"));  // decode-0 is not down yet
+  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE(
+      wait_for_stats(e, [](const EngineStats& st) { return st.pools[0].handoffs_rerouted == 2; }));
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - second_at)
+          .count();
+  // Its own deadline is handoff_timeout_ms after it was posted, later than second_at.
+  EXPECT_LT(ms, 1000.0) << "the second offer waited out its own deadline";
+  EXPECT_TRUE(e.stats().pools[kDecode0].marked_down);
+  ASSERT_TRUE(
+      wait_for_stats(e, [](const EngineStats& st) { return st.pools[kDecode1].running == 3; }));
+  e.set_test_hold_worker(kDecode1, TestHold::kNone);
+  EXPECT_TRUE(collect(std::move(*first)).final_event.status.ok());
+  EXPECT_TRUE(collect(std::move(*second)).final_event.status.ok());
+  EXPECT_TRUE(collect(std::move(*busy)).final_event.status.ok());
+  e.set_test_hold_worker(kDecode0, TestHold::kNone);
+  EXPECT_TRUE(collect(std::move(*on_0)).final_event.status.ok());
+  EXPECT_TRUE(testing::pools_back_to(e, initial));
+  const EngineStats s = e.stats();
+  EXPECT_EQ(s.pools[0].handoffs_rerouted, 2);
+  EXPECT_EQ(s.requests_failed, 0);
+}
+
+// An offer passed on to decode-1 comes back to decode-0 as soon as decode-1 is marked down by
+// another offer's missed deadline, not at its own. Two slots per decode worker: the offer waits
+// on decode-0 (both full); decode-1 frees its slots and hangs; a new request goes to decode-1's
+// free slot; 500 ms later decode-0 passes the waiting offer on to decode-1 too. When the new
+// request's offer passes its deadline it goes to decode-0, and so does the passed-on one.
+TEST(EngineHandoffHealth, AnOfferPassedOnComesBackOnceItsTargetIsMarkedDown) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = two_decode_workers();
+  cfg.max_num_seqs = 2;
+  cfg.handoff_timeout_ms = 1000;
+  auto engine = EngineImpl::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  EngineImpl& e = **engine;
+  const std::vector<int> initial = testing::free_blocks(e);
+  e.set_test_hold(sched::WorkerRole::kDecode, TestHold::kForward);
+  std::vector<RequestHandle> handles;
+  const char* prompts[] = {"Once upon a time", "Lily wanted to", "The dog", "Tom and his mom"};
+  for (int i = 0; i < 4; ++i) {  // two on each decode worker
+    auto h = e.submit(short_request(prompts[i]));
+    ASSERT_TRUE(h.ok());
+    handles.push_back(*h);
+    ASSERT_TRUE(wait_for_stats(e, [&](const EngineStats& st) {
+      return st.pools[kDecode0].running + st.pools[kDecode1].running == i + 1;
+    }));
+  }
+  ASSERT_EQ(e.stats().pools[kDecode0].running, 2);
+  auto waits = e.submit(short_request("The cat sat"));  // no slot anywhere: decode-0 (a tie)
+  ASSERT_TRUE(waits.ok());
+  ASSERT_TRUE(
+      wait_for_stats(e, [](const EngineStats& st) { return st.pools[kDecode0].waiting == 1; }));
+  e.set_test_hold_worker(kDecode0, TestHold::kAll);
+  e.set_test_hold_worker(kDecode1, TestHold::kNone);
+  EXPECT_TRUE(collect(std::move(handles[1])).final_event.status.ok());
+  EXPECT_TRUE(collect(std::move(handles[3])).final_event.status.ok());
+  ASSERT_TRUE(wait_for_stats(e, [](const EngineStats& st) {
+    return st.pools[kDecode1].running == 0 && st.pools[kDecode1].waiting == 0;
+  }));
+  e.set_test_hold_worker(kDecode1, TestHold::kAll);  // looks free, takes nothing
+  const auto x_at = std::chrono::steady_clock::now();
+  auto x = e.submit(short_request("A bird"));  // decode-1's free slot
+  ASSERT_TRUE(x.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  e.set_test_hold_worker(kDecode0, TestHold::kForward);  // passes `waits` on to decode-1
+  ASSERT_TRUE(wait_for_stats(
+      e, [](const EngineStats& st) { return st.pools[kDecode0].handoffs_forwarded == 1; }));
+  // Back on decode-0: `x` rerouted there, `waits` taken back.
+  ASSERT_TRUE(wait_for_stats(e, [](const EngineStats& st) {
+    return st.pools[kDecode1].marked_down && st.pools[kDecode0].waiting == 2;
+  }));
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - x_at).count();
+  // Without the early take-back: not before 500 ms (the hold) + handoff_timeout_ms after x_at.
+  EXPECT_LT(ms, 1400.0) << "the passed-on offer waited out its own deadline";
+  EngineStats s = e.stats();
+  EXPECT_EQ(s.pools[0].handoffs_rerouted, 1);
+  EXPECT_EQ(s.pools[kDecode0].handoffs_forwarded, 1);
+  e.set_test_hold_worker(kDecode0, TestHold::kNone);
+  EXPECT_TRUE(collect(std::move(*waits)).final_event.status.ok());
+  EXPECT_TRUE(collect(std::move(*x)).final_event.status.ok());
+  EXPECT_TRUE(collect(std::move(handles[0])).final_event.status.ok());
+  EXPECT_TRUE(collect(std::move(handles[2])).final_event.status.ok());
+  e.set_test_hold_worker(kDecode1, TestHold::kNone);
+  EXPECT_TRUE(
+      wait_for_stats(e, [](const EngineStats& st) { return !st.pools[kDecode1].marked_down; }));
+  EXPECT_TRUE(testing::pools_back_to(e, initial));
+  s = e.stats();
+  EXPECT_EQ(s.requests_failed, 0);
+  EXPECT_EQ(s.pools[kDecode0].handoffs_forwarded, 1);
 }
 
 // One sequence slot per decode worker, both held before their forward pass. An offer that lands
