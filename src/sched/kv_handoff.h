@@ -25,7 +25,8 @@
 //     HandoffDone to P.
 //  4. On admission D reserves blocks in its own pool and copies the pages (copy_kv_blocks); in
 //     every case after receipt (admitted, copy error, cancelled, timed out, shutdown) D posts
-//     exactly one HandoffDone to P, which then releases the pinned pages.
+//     exactly one HandoffDone to P, which then releases the pinned pages (and, when D passed the
+//     offer on, learns from it which worker took the pages, for its cache-aware routing).
 // Within one worker (colocated) there is no handoff: ownership stays, nothing is copied.
 #pragma once
 
@@ -113,6 +114,10 @@ struct HandoffOffer {
 
 struct HandoffDone {
   uint64_t handoff_id = 0;
+  // The decode worker whose pool took the pages (and caches them), when they were copied; null
+  // when the offer ended otherwise. It differs from where the source sent the offer when a decode
+  // worker passed it on: the source's cache-aware routing then learns where the pages went.
+  const Worker* admitted_by = nullptr;
 };
 
 // A handoff moves full-precision resident pages only (copy_kv_blocks copies block ids of the full

@@ -111,7 +111,7 @@ void Worker::post_offer(HandoffOffer offer) {
 void Worker::post_done(HandoffDone done) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    inbox_done_.push_back(done.handoff_id);
+    inbox_done_.push_back(done);
   }
   cv_.notify_all();
 }
@@ -378,7 +378,7 @@ void Worker::loop() {
 
 void Worker::drain_inbox(Clock::time_point now) {
   std::deque<HandoffOffer> offers;
-  std::vector<uint64_t> done;
+  std::vector<HandoffDone> done;
   std::vector<std::pair<WorkerCommand, CommandDone>> commands;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -400,9 +400,12 @@ void Worker::drain_inbox(Clock::time_point now) {
     r.state = state();
     reply(std::move(r));
   }
-  for (uint64_t id : done) {
-    auto it = pinned_.find(id);
+  for (const HandoffDone& d : done) {
+    auto it = pinned_.find(d.handoff_id);
     KVSPLIT_CHECK_MSG(it != pinned_.end(), "HandoffDone for an unknown handoff");
+    if (d.admitted_by != nullptr && d.admitted_by != it->second.dest) {
+      routes_moved(it->second, d.admitted_by);
+    }
     if (it->second.ticket) --undelivered_;
     pool_->release(it->second.table);
     pinned_.erase(it);

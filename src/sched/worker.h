@@ -298,7 +298,7 @@ class Worker {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<HandoffOffer> inbox_offers_;
-  std::vector<uint64_t> inbox_done_;
+  std::vector<HandoffDone> inbox_done_;
   std::vector<std::pair<WorkerCommand, CommandDone>> inbox_commands_;
   bool stop_ = false;
   bool stopped_ = false;  // finalize_after_stop ran: commands are answered at once
@@ -336,6 +336,8 @@ class Worker {
     // Chained hashes of its cacheable pages (route_hashes; empty without a prefix cache).
     std::vector<uint64_t> hashes;
     int incoming = 0;  // blocks it needs on its destination (HandoffOffer::incoming_blocks)
+    // The leading pages of `hashes` routes_ had for `dest` before this offer was sent there.
+    int dest_had_pages = 0;
   };
   // The decode worker not in `tried` that `pin`'s offer loads least (choose_decode_worker; with
   // a prefix cache, cache-aware: the pages routes_ says each worker was sent already count as
@@ -348,6 +350,9 @@ class Worker {
   // with a sliding window, on a shard group, or with one decode worker.
   std::vector<uint64_t> route_hashes(const Sequence& seq) const;
   int decode_index(const Worker* w) const;  // its index in shared_->decode_workers
+  // routes_: `pin`'s pages did not go to pin.dest after all (taken back, or passed on to
+  // `now_at`, which took them; null: nowhere yet). Forgets those pin.dest did not have before.
+  void routes_moved(const Pinned& pin, const Worker* now_at);
   // Cache-aware routing: which decode worker this (prefill) worker sent which pages to.
   static constexpr size_t kRouteMemoryPages = size_t{1} << 16;
   PrefixRoutes routes_{kRouteMemoryPages};

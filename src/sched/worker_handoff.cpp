@@ -74,6 +74,14 @@ bool Worker::dest_down_and_another_up(const Pinned& pin) const {
   return next != nullptr && !next->marked_down();
 }
 
+void Worker::routes_moved(const Pinned& pin, const Worker* now_at) {
+  if (pin.hashes.empty()) return;
+  const std::span<const uint64_t> hashes(pin.hashes);
+  routes_.forget(hashes.subspan(std::min(hashes.size(), static_cast<size_t>(pin.dest_had_pages))),
+                 decode_index(pin.dest));
+  if (now_at != nullptr) routes_.record(hashes, decode_index(now_at));
+}
+
 int Worker::decode_index(const Worker* w) const {
   const std::vector<Worker*>& all = shared_->decode_workers;
   return static_cast<int>(std::find(all.begin(), all.end(), w) - all.begin());
@@ -116,8 +124,8 @@ void Worker::post_handoff(uint64_t id, Pinned& pin, std::unique_ptr<Sequence> se
   pin.tried.push_back(to);
   if (!pin.hashes.empty()) {
     const int k = decode_index(to);
-    if (pin.tried.size() == 1 &&
-        routes_.leading_pages(pin.hashes, k + 1)[static_cast<size_t>(k)] > 0)
+    pin.dest_had_pages = routes_.leading_pages(pin.hashes, k + 1)[static_cast<size_t>(k)];
+    if (pin.tried.size() == 1 && pin.dest_had_pages > 0)
       handoffs_to_cached_.fetch_add(1, std::memory_order_relaxed);
     routes_.record(pin.hashes, k);
   }
@@ -182,7 +190,7 @@ void Worker::reclaim_undelivered(Clock::time_point now) {
             options_.name, seq->display_id(), p.dest->name(), p.dest->name(), next->name());
       }
       handoffs_rerouted_.fetch_add(1, std::memory_order_relaxed);
-      routes_.forget(p.hashes, decode_index(p.dest));  // it never got the pages
+      routes_moved(p, nullptr);  // it never got the pages
       post_handoff(it->first, p, std::move(seq), next, now);
       ++it;
       continue;
@@ -286,7 +294,7 @@ void Worker::admit_offers(Clock::time_point now) {
       pool_->cache_prefix(table, o.seq->prefix_salt, o.seq->tokens, cacheable);
     }
     std::unique_ptr<Sequence> seq = std::move(o.seq);
-    o.source->post_done(HandoffDone{o.handoff_id});
+    o.source->post_done(HandoffDone{o.handoff_id, route.ok() ? this : nullptr});
     incoming_blocks_.fetch_sub(o.incoming_blocks(pool_->block_size()), std::memory_order_relaxed);
     if (!st.ok()) {
       pool_->release(table);

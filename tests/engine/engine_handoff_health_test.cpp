@@ -34,8 +34,8 @@ Request short_request(const char* prompt) {
 }
 
 // A prompt of `n` token ids (100: 6 full pages of 16 and 4 tokens).
-Request long_request(int n) {
-  std::mt19937 rng(11);
+Request long_request(int n, unsigned seed = 11) {
+  std::mt19937 rng(seed);
   Request r;
   r.prompt_token_ids.resize(static_cast<size_t>(n));
   for (int32_t& t : r.prompt_token_ids) t = 3 + static_cast<int32_t>(rng() % 500);
@@ -285,6 +285,56 @@ TEST(EngineHandoffHealth, AnOfferWaitingForRoomGoesToADecodeWorkerThatHasRoom) {
     EXPECT_EQ(s.requests_failed, 0);
     EXPECT_EQ(s.pools[kDecode1].handoffs_forwarded, 0);
   }
+}
+
+// An offer passed on is cached where it was admitted, and the prefill worker's cache-aware
+// routing learns that: the same prompt, sent again with both decode workers idle, goes to
+// decode-1 (which took the pages when decode-0 passed the offer on) and reuses its pages there.
+// One slot per decode worker; the prefix cache on.
+TEST(EngineHandoffHealth, RoutingLearnsWhereAPassedOnOfferWasCached) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = two_decode_workers();
+  cfg.max_num_seqs = 1;
+  cfg.prefix_cache = true;
+  auto engine = EngineImpl::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  EngineImpl& e = **engine;
+  const std::vector<int> initial = testing::free_blocks(e);
+  e.set_test_hold(sched::WorkerRole::kDecode, TestHold::kForward);
+  auto on_0 = e.submit(short_request("Once upon a time"));  // both idle: decode-0 (1 block)
+  ASSERT_TRUE(on_0.ok());
+  ASSERT_TRUE(
+      wait_for_stats(e, [](const EngineStats& st) { return st.pools[kDecode0].running == 1; }));
+  auto on_1 = e.submit(long_request(40));  // the idle decode-1 (3 blocks)
+  ASSERT_TRUE(on_1.ok());
+  ASSERT_TRUE(
+      wait_for_stats(e, [](const EngineStats& st) { return st.pools[kDecode1].running == 1; }));
+  const Request cached = long_request(100, 23);  // 6 full pages, none shared with on_1's
+  auto h = e.submit(cached);                     // no slot anywhere: the lighter decode-0
+  ASSERT_TRUE(h.ok());
+  ASSERT_TRUE(
+      wait_for_stats(e, [](const EngineStats& st) { return st.pools[kDecode0].waiting == 1; }));
+  e.set_test_hold_worker(kDecode1, TestHold::kNone);  // on_1 ends; decode-0 passes `h` on
+  const Collected first = collect(std::move(*h), std::chrono::seconds(30));
+  ASSERT_FALSE(first.timed_out);
+  ASSERT_TRUE(first.final_event.status.ok()) << first.final_event.status.to_string();
+  EXPECT_EQ(e.stats().pools[kDecode0].handoffs_forwarded, 1);
+  e.set_test_hold_worker(kDecode0, TestHold::kNone);
+  EXPECT_TRUE(collect(std::move(*on_0)).final_event.status.ok());
+  EXPECT_TRUE(collect(std::move(*on_1)).final_event.status.ok());
+  ASSERT_TRUE(wait_for_stats(e, [](const EngineStats& st) {
+    return st.pools[kDecode0].running == 0 && st.pools[kDecode1].running == 0;
+  }));
+  const int64_t cached_before = e.stats().pools[kDecode1].handoff_pages_cached;
+  const Collected again = collect(*e.submit(cached));
+  ASSERT_TRUE(again.final_event.status.ok()) << again.final_event.status.to_string();
+  EXPECT_EQ(again.tokens, first.tokens);
+  const EngineStats s = e.stats();
+  EXPECT_EQ(s.pools[kDecode1].handoff_pages_cached - cached_before, 6)
+      << "the prompt went to decode-0, where the prefill worker had first sent it";
+  EXPECT_EQ(s.pools[0].handoffs_to_cached, 1);
+  EXPECT_TRUE(testing::pools_back_to(e, initial));
+  EXPECT_EQ(s.requests_failed, 0);
 }
 
 // Two slots per decode worker, both held before their forward pass: decode-1 runs two short
