@@ -37,6 +37,16 @@
 //
 //   bench_handoff --forwarding --model synthetic:llama-110m --threads 1 --decode-workers 2
 //       --kv-blocks 512
+//
+// --hung-worker instead holds decode-0 hung (it takes no offer) while --fwd-requests short
+// requests (16 prompt tokens, 16 generated) arrive at --fwd-rate per second, with
+// handoff_timeout_ms --hung-timeout-ms and --fwd-slots sequences per decode worker. The offers
+// routed to decode-0 before its first missed deadline marks it down are taken back either at
+// their own deadlines (the engine before 2026-12-05:
+// EngineImpl::InternalOptions::take_back_from_down false) or at once (the default). Reported:
+// the offers re-routed and the handoff time (mean / p90 / max, and the sum over the re-routed).
+//
+//   bench_handoff --hung-worker --model synthetic:llama-110m --threads 1 --decode-workers 2
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -66,6 +76,8 @@ struct Options {
   int decode_workers = 1;
   int prompts = 1;  // distinct system prompts (tenants), each request's drawn at random
   bool forwarding = false;
+  bool hung_worker = false;
+  int hung_timeout_ms = 1000;
   int fwd_requests = 48, fwd_slots = 4, fwd_long_prompt = 768, fwd_long_output = 160, reps = 2;
   double fwd_rate = 2;
 };
@@ -318,6 +330,108 @@ int forwarding_main(const Options& o) {
   return 0;
 }
 
+// decode-0 hung from the start; early: offers in flight to it taken back once it is marked down.
+int run_hung(const Options& o, bool early, ForwardResult* out, int64_t* rerouted) {
+  kvsplit::EngineConfig c = disaggregated_config(o);
+  c.max_num_seqs = o.fwd_slots;
+  c.max_unread_events = 0;  // handles are read at the end
+  c.handoff_timeout_ms = o.hung_timeout_ms;
+  for (kvsplit::SlaClass& k : c.sla_classes) {
+    k.queue_timeout_ms = 600000;
+    k.max_queue = 100000;
+  }
+  kvsplit::EngineImpl::InternalOptions internal;
+  internal.take_back_from_down = early;
+  auto engine = kvsplit::EngineImpl::create(c, internal);
+  if (!engine.ok()) return std::fprintf(stderr, "%s\n", engine.status().to_string().c_str()), 1;
+  kvsplit::EngineImpl& e = **engine;
+  e.set_test_hold_worker(1, kvsplit::sched::TestHold::kAll);  // workers: prefill-0, decode-0, ...
+  const int vocab = e.model_info().vocab_size;
+  std::mt19937 rng(33);  // the same workload in every run
+  std::exponential_distribution<double> gap(o.fwd_rate);
+  std::vector<kvsplit::RequestHandle> handles;
+  const auto t0 = std::chrono::steady_clock::now();
+  double at = 0;
+  for (int i = 0; i < o.fwd_requests; ++i) {
+    kvsplit::Request r;
+    r.prompt_token_ids.resize(16);
+    for (int32_t& t : r.prompt_token_ids) t = 3 + static_cast<int32_t>(rng() % (vocab - 3));
+    r.sampling.max_tokens = 16;
+    r.sampling.ignore_eos = true;
+    r.sampling.temperature = 0;
+    std::this_thread::sleep_until(t0 + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                           std::chrono::duration<double>(at)));
+    at += gap(rng);
+    auto h = e.submit(r);
+    if (!h.ok()) return std::fprintf(stderr, "%s\n", h.status().to_string().c_str()), 1;
+    handles.push_back(std::move(*h));
+  }
+  int rc = 0;
+  for (kvsplit::RequestHandle& h : handles) {
+    kvsplit::TokenEvent ev;
+    while (h.next(&ev, std::chrono::minutes(10)))
+      if (ev.final) break;
+    if (!ev.final || !ev.status.ok()) {
+      std::fprintf(stderr, "request failed: %s\n", ev.status.to_string().c_str());
+      rc = 1;
+      break;
+    }
+    out->handoff_ms.push_back(ev.timings.handoff_ms);
+  }
+  out->wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  *rerouted = e.stats().pools[0].handoffs_rerouted;
+  e.set_test_hold_worker(1, kvsplit::sched::TestHold::kNone);
+  return rc;
+}
+
+int hung_main(const Options& o) {
+  if (o.decode_workers < 2) {
+    std::fprintf(stderr, "--hung-worker needs --decode-workers 2 or more\n");
+    return 2;
+  }
+  std::printf(
+      "hung decode worker: %s, %d requests (16 + 16 out) at %.2f/s, one prefill and %d decode "
+      "workers of %d slots (decode-0 hung), handoff_timeout_ms %d, %d threads each\n",
+      o.model.c_str(), o.fwd_requests, o.fwd_rate, o.decode_workers, o.fwd_slots, o.hung_timeout_ms,
+      o.threads);
+  const char* names[2] = {"at own deadlines", "at once"};
+  double sum_rerouted_ms[2] = {0, 0}, sum_mean[2] = {0, 0};
+  int64_t sum_rerouted[2] = {0, 0};
+  for (int rep = 0; rep < o.reps; ++rep) {
+    for (int v = 0; v < 2; ++v) {
+      ForwardResult r;
+      int64_t rerouted = 0;
+      if (run_hung(o, v == 1, &r, &rerouted) != 0) return 1;
+      double mean = 0;
+      for (double x : r.handoff_ms) mean += x / static_cast<double>(r.handoff_ms.size());
+      // The re-routed offers are the ones that waited for a deadline: the slowest handoffs.
+      std::vector<double> sorted = r.handoff_ms;
+      std::sort(sorted.rbegin(), sorted.rend());
+      double slowest = 0;
+      for (int64_t k = 0; k < rerouted && k < static_cast<int64_t>(sorted.size()); ++k)
+        slowest += sorted[static_cast<size_t>(k)];
+      sum_rerouted_ms[v] += slowest;
+      sum_rerouted[v] += rerouted;
+      sum_mean[v] += mean;
+      std::printf(
+          "  rep %d %-16s: re-routed %lld, their handoff ms sum %8.1f (%6.1f each); all: mean "
+          "%7.1f p90 %7.1f max %7.1f; wall %.2f s\n",
+          rep, names[v], static_cast<long long>(rerouted), slowest,
+          rerouted > 0 ? slowest / static_cast<double>(rerouted) : 0.0, mean,
+          percentile(r.handoff_ms, 90), percentile(r.handoff_ms, 100), r.wall_s);
+    }
+  }
+  double each[2];
+  for (int v = 0; v < 2; ++v)
+    each[v] = sum_rerouted_ms[v] / static_cast<double>(std::max<int64_t>(1, sum_rerouted[v]));
+  std::printf(
+      "  at once / at own deadlines (over reps): a re-routed offer's handoff time %.2fx (%.1f / "
+      "%.1f ms), mean handoff time %.2fx\n",
+      each[1] / std::max(1e-9, each[0]), each[1], each[0],
+      sum_mean[1] / std::max(1e-9, sum_mean[0]));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -344,19 +458,27 @@ int main(int argc, char** argv) {
   app.add_flag("--forwarding", o.forwarding,
                "compare handoffs waiting in place with handoffs passed on to a decode worker "
                "with room");
-  app.add_option("--fwd-requests", o.fwd_requests, "--forwarding: requests")
+  app.add_option("--fwd-requests", o.fwd_requests, "--forwarding, --hung-worker: requests")
       ->check(CLI::Range(2, 100000));
-  app.add_option("--fwd-rate", o.fwd_rate, "--forwarding: arrivals per second")
+  app.add_option("--fwd-rate", o.fwd_rate, "--forwarding, --hung-worker: arrivals per second")
       ->check(CLI::PositiveNumber);
-  app.add_option("--fwd-slots", o.fwd_slots, "--forwarding: sequences per worker")
+  app.add_option("--fwd-slots", o.fwd_slots,
+                 "--forwarding, --hung-worker: sequences per decode worker")
       ->check(CLI::Range(1, 4096));
   app.add_option("--fwd-long-prompt", o.fwd_long_prompt, "--forwarding: the long prompt")
       ->check(CLI::Range(16, 1 << 20));
   app.add_option("--fwd-long-output", o.fwd_long_output, "--forwarding: the long answer")
       ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--reps", o.reps, "--forwarding: runs of each variant")->check(CLI::Range(1, 100));
+  app.add_option("--reps", o.reps, "--forwarding, --hung-worker: runs of each variant")
+      ->check(CLI::Range(1, 100));
+  app.add_flag("--hung-worker", o.hung_worker,
+               "offers in flight to a hung decode worker: taken back at their deadlines or at "
+               "once when it is marked down");
+  app.add_option("--hung-timeout-ms", o.hung_timeout_ms, "--hung-worker: handoff_timeout_ms")
+      ->check(CLI::Range(1, 3600000));
   CLI11_PARSE(app, argc, argv);
   if (o.forwarding) return forwarding_main(o);
+  if (o.hung_worker) return hung_main(o);
   Result r[3];
   for (int v = 0; v < 3; ++v)
     if (run(o, v, &r[v]) != 0) return 1;

@@ -53,6 +53,9 @@ class EngineImpl final : public Engine, private sched::FinishSink {
     // Benchmarks: false routes KV handoffs by KV load alone, a decode worker's free sequence
     // slots unseen (the routing before 2026-12-05; sched::DecodeLoad::slots_full).
     bool slot_aware_handoffs = true;
+    // Benchmarks: false leaves offers in flight to a decode worker marked down there until their
+    // own deadlines (the engine before 2026-12-05; sched::WorkerOptions::take_back_from_down).
+    bool take_back_from_down = true;
   };
   static StatusOr<std::unique_ptr<EngineImpl>> create(const EngineConfig& config,
                                                       const InternalOptions& internal);

@@ -403,9 +403,9 @@ void Worker::drain_inbox(Clock::time_point now) {
   for (const HandoffDone& d : done) {
     auto it = pinned_.find(d.handoff_id);
     KVSPLIT_CHECK_MSG(it != pinned_.end(), "HandoffDone for an unknown handoff");
-    if (d.admitted_by != nullptr && d.admitted_by != it->second.dest) {
-      routes_moved(it->second, d.admitted_by);
-    }
+    // Where the pages went: not to the worker it was sent to when another took them (a decode
+    // worker passed it on), or when none did (cancelled, timed out or failed while it waited).
+    if (d.admitted_by != it->second.dest) routes_moved(it->second, d.admitted_by);
     if (it->second.ticket) --undelivered_;
     pool_->release(it->second.table);
     pinned_.erase(it);

@@ -75,6 +75,9 @@ struct WorkerOptions {
   // A prefill worker routes handoffs to decode workers with a free sequence slot first
   // (DecodeLoad::slots_full); false (benchmarks): by KV load alone.
   bool slot_aware_handoffs = true;
+  // Offers in flight to a decode worker marked down are taken back before their deadlines
+  // (Worker::dest_down_and_another_up, reclaim_forwarded); false (benchmarks): at them.
+  bool take_back_from_down = true;
   std::chrono::milliseconds idle_wait{2};  // sleep when idle (bounds queue-timeout latency)
   // Sampling + token events of a step run on this many threads (the worker's thread included)
   // when the step samples at least parallel_sampling_min_rows rows; 1: always on the worker.
@@ -332,12 +335,15 @@ class Worker {
     Clock::time_point deliver_by;  // reclaimed if not received by then
     Worker* dest = nullptr;
     std::shared_ptr<RequestControl> ctl;  // the request's cancel flag (the Sequence is not ours)
-    std::vector<const Worker*> tried;     // decode workers offered it so far (dest the last)
+    // Decode workers offered it so far (dest the last), less those it was taken back from
+    // before its deadline (early_moves).
+    std::vector<const Worker*> tried;
     // Chained hashes of its cacheable pages (route_hashes; empty without a prefix cache).
     std::vector<uint64_t> hashes;
     int incoming = 0;  // blocks it needs on its destination (HandoffOffer::incoming_blocks)
     // The leading pages of `hashes` routes_ had for `dest` before this offer was sent there.
     int dest_had_pages = 0;
+    int early_moves = 0;  // taken back from a worker marked down before the deadline
   };
   // The decode worker not in `tried` that `pin`'s offer loads least (choose_decode_worker; with
   // a prefix cache, cache-aware: the pages routes_ says each worker was sent already count as

@@ -69,7 +69,11 @@ Worker* Worker::pick_decode_worker(const Pinned& pin) const {
 }
 
 bool Worker::dest_down_and_another_up(const Pinned& pin) const {
-  if (!pin.dest->marked_down()) return false;
+  // Bounded: each early move gives its worker back its try (below), so workers that keep being
+  // marked down and coming back could otherwise pass an offer between them for ever.
+  if (!options_.take_back_from_down || !pin.dest->marked_down() ||
+      pin.early_moves >= static_cast<int>(shared_->decode_workers.size()))
+    return false;
   const Worker* next = pick_decode_worker(pin);
   return next != nullptr && !next->marked_down();
 }
@@ -125,7 +129,7 @@ void Worker::post_handoff(uint64_t id, Pinned& pin, std::unique_ptr<Sequence> se
   if (!pin.hashes.empty()) {
     const int k = decode_index(to);
     pin.dest_had_pages = routes_.leading_pages(pin.hashes, k + 1)[static_cast<size_t>(k)];
-    if (pin.tried.size() == 1 && pin.dest_had_pages > 0)
+    if (pin.tried.size() == 1 && pin.early_moves == 0 && pin.dest_had_pages > 0)
       handoffs_to_cached_.fetch_add(1, std::memory_order_relaxed);
     routes_.record(pin.hashes, k);
   }
@@ -185,12 +189,18 @@ void Worker::reclaim_undelivered(Clock::time_point now) {
             next->name());
       } else {
         KVSPLIT_LOG_WARN(
-            "{}: KV handoff of request {} to {} taken back: {} is marked down; "
+            "{}: KV handoff of request {} taken back from {}, which is marked down; "
             "offered to {}",
-            options_.name, seq->display_id(), p.dest->name(), p.dest->name(), next->name());
+            options_.name, seq->display_id(), p.dest->name(), next->name());
       }
       handoffs_rerouted_.fetch_add(1, std::memory_order_relaxed);
       routes_moved(p, nullptr);  // it never got the pages
+      if (!late) {
+        // Left before its deadline, the worker keeps its try: once it drains its inbox again
+        // it may still be offered this one if the others miss it.
+        ++p.early_moves;
+        p.tried.erase(std::find(p.tried.begin(), p.tried.end(), dest));
+      }
       post_handoff(it->first, p, std::move(seq), next, now);
       ++it;
       continue;
@@ -380,7 +390,8 @@ void Worker::reclaim_forwarded(Clock::time_point now, bool all) {
     // Before its deadline too once its target has been marked down (by another offer's missed
     // deadline): it waits here again, and may be passed on to a worker that is up.
     const bool late = now >= it->deliver_by;
-    if ((!all && !cancelled && !late && !it->to->marked_down()) || !it->ticket->reclaim()) {
+    const bool down = options_.take_back_from_down && it->to->marked_down();
+    if ((!all && !cancelled && !late && !down) || !it->ticket->reclaim()) {
       ++it;
       continue;
     }

@@ -95,66 +95,127 @@ TEST(EngineHandoffHealth, AHungDecodeWorkerIsMarkedDownAndNewOffersAvoidIt) {
   EXPECT_EQ(e.stats().requests_failed, 0);
 }
 
-// Two offers in flight to a hung decode-0, posted 500 ms apart (decode-1 is busier: a held
-// sequence of 7 blocks). When the first passes its deadline, decode-0 is marked down and the
-// second is taken back at once, in the same pass, not at its own deadline 500 ms later; both
-// finish on decode-1.
+// Waits for the first token event of `h` (the prefill worker posts the offer at once after it).
+void first_token(RequestHandle& h) {
+  TokenEvent ev;
+  ASSERT_TRUE(h.next(&ev, std::chrono::seconds(60)));
+  ASSERT_FALSE(ev.final) << ev.status.to_string();
+}
+
+// Three held workers: decode-0 runs one short sequence, decode-1 a long prompt (7 blocks), both
+// before their forward passes; then decode-0 hangs (takes no offer). `busy` waits on decode-1.
+struct HungDecode0 {
+  RequestHandle on_0, busy;
+};
+HungDecode0 hang_decode_0(EngineImpl& e) {
+  HungDecode0 h;
+  e.set_test_hold(sched::WorkerRole::kDecode, TestHold::kForward);
+  h.on_0 = *e.submit(short_request("Once upon a time"));  // both idle: decode-0 (1 block)
+  EXPECT_TRUE(
+      wait_for_stats(e, [](const EngineStats& st) { return st.pools[kDecode0].running == 1; }));
+  h.busy = *e.submit(long_request(100));  // the lighter decode-1 (7 blocks)
+  EXPECT_TRUE(
+      wait_for_stats(e, [](const EngineStats& st) { return st.pools[kDecode1].running == 1; }));
+  e.set_test_hold_worker(kDecode0, TestHold::kAll);
+  return h;
+}
+
+// Two offers in flight to a hung decode-0 (decode-1 is busier), posted 1 s apart. When the first
+// passes its deadline, decode-0 is marked down and the second is taken back at once, in the same
+// pass, not at its own deadline 1 s later; both finish on decode-1.
 TEST(EngineHandoffHealth, OffersInFlightToAWorkerMarkedDownAreTakenBackAtOnce) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig cfg = two_decode_workers();
-  cfg.handoff_timeout_ms = 1000;
+  cfg.handoff_timeout_ms = 2000;
   auto engine = EngineImpl::create(cfg);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   EngineImpl& e = **engine;
   const std::vector<int> initial = testing::free_blocks(e);
-  e.set_test_hold(sched::WorkerRole::kDecode, TestHold::kForward);
-  auto on_0 = e.submit(short_request("Once upon a time"));  // both idle: decode-0 (1 block)
-  ASSERT_TRUE(on_0.ok());
-  ASSERT_TRUE(
-      wait_for_stats(e, [](const EngineStats& st) { return st.pools[kDecode0].running == 1; }));
-  auto busy = e.submit(long_request(100));  // the lighter decode-1 (7 blocks)
-  ASSERT_TRUE(busy.ok());
-  ASSERT_TRUE(
-      wait_for_stats(e, [](const EngineStats& st) { return st.pools[kDecode1].running == 1; }));
-  e.set_test_hold_worker(kDecode0, TestHold::kAll);  // hung: takes no offer
+  HungDecode0 held = hang_decode_0(e);
   auto first = e.submit(short_request("Lily wanted to"));
   ASSERT_TRUE(first.ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  const auto second_at = std::chrono::steady_clock::now();
+  first_token(*first);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   auto second = e.submit(short_request("The dog"));  // decode-0 is not down yet
   ASSERT_TRUE(second.ok());
+  first_token(*second);
+  const auto second_at = std::chrono::steady_clock::now();  // its offer is posted after this
   ASSERT_TRUE(
       wait_for_stats(e, [](const EngineStats& st) { return st.pools[0].handoffs_rerouted == 2; }));
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - second_at)
           .count();
-  // Its own deadline is handoff_timeout_ms after it was posted, later than second_at.
-  EXPECT_LT(ms, 1000.0) << "the second offer waited out its own deadline";
+  // Its own deadline is handoff_timeout_ms after its offer was posted, later than second_at.
+  EXPECT_LT(ms, 2000.0) << "the second offer waited out its own deadline";
   EXPECT_TRUE(e.stats().pools[kDecode0].marked_down);
   ASSERT_TRUE(
       wait_for_stats(e, [](const EngineStats& st) { return st.pools[kDecode1].running == 3; }));
   e.set_test_hold_worker(kDecode1, TestHold::kNone);
   EXPECT_TRUE(collect(std::move(*first)).final_event.status.ok());
   EXPECT_TRUE(collect(std::move(*second)).final_event.status.ok());
-  EXPECT_TRUE(collect(std::move(*busy)).final_event.status.ok());
+  EXPECT_TRUE(collect(std::move(held.busy)).final_event.status.ok());
   e.set_test_hold_worker(kDecode0, TestHold::kNone);
-  EXPECT_TRUE(collect(std::move(*on_0)).final_event.status.ok());
+  EXPECT_TRUE(collect(std::move(held.on_0)).final_event.status.ok());
   EXPECT_TRUE(testing::pools_back_to(e, initial));
   const EngineStats s = e.stats();
   EXPECT_EQ(s.pools[0].handoffs_rerouted, 2);
   EXPECT_EQ(s.requests_failed, 0);
 }
 
+// A worker an offer left before its deadline keeps its try. As above, but decode-1 hangs too,
+// and decode-0 comes back once it is marked down: when decode-1 misses both offers, the one that
+// missed decode-0's deadline fails (every worker had it), and the one taken back early is
+// offered to decode-0 again and finishes there.
+TEST(EngineHandoffHealth, AWorkerAnOfferLeftEarlyKeepsItsTry) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = two_decode_workers();
+  cfg.handoff_timeout_ms = 2000;
+  auto engine = EngineImpl::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  EngineImpl& e = **engine;
+  const std::vector<int> initial = testing::free_blocks(e);
+  HungDecode0 held = hang_decode_0(e);
+  e.set_test_hold_worker(kDecode1, TestHold::kAll);
+  auto first = e.submit(short_request("Lily wanted to"));
+  ASSERT_TRUE(first.ok());
+  first_token(*first);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  auto second = e.submit(short_request("The dog"));
+  ASSERT_TRUE(second.ok());
+  first_token(*second);
+  ASSERT_TRUE(
+      wait_for_stats(e, [](const EngineStats& st) { return st.pools[0].handoffs_rerouted == 2; }));
+  e.set_test_hold_worker(kDecode0, TestHold::kForward);  // drains its inbox: up again
+  ASSERT_TRUE(
+      wait_for_stats(e, [](const EngineStats& st) { return !st.pools[kDecode0].marked_down; }));
+  const Collected c1 = collect(std::move(*first), std::chrono::seconds(30));
+  ASSERT_FALSE(c1.timed_out);
+  EXPECT_EQ(c1.final_event.status.code(), StatusCode::kDeadlineExceeded)
+      << c1.final_event.status.to_string();
+  ASSERT_TRUE(wait_for_stats(e, [](const EngineStats& st) {
+    return st.pools[kDecode0].running == 2;
+  })) << "the second offer did not come back to decode-0";
+  e.set_test_hold(sched::WorkerRole::kDecode, TestHold::kNone);
+  const Collected c2 = collect(std::move(*second), std::chrono::seconds(30));
+  EXPECT_TRUE(c2.final_event.status.ok()) << c2.final_event.status.to_string();
+  EXPECT_TRUE(collect(std::move(held.busy)).final_event.status.ok());
+  EXPECT_TRUE(collect(std::move(held.on_0)).final_event.status.ok());
+  EXPECT_TRUE(testing::pools_back_to(e, initial));
+  const EngineStats s = e.stats();
+  EXPECT_EQ(s.pools[0].handoffs_rerouted, 3);
+  EXPECT_EQ(s.requests_failed, 1);
+}
+
 // An offer passed on to decode-1 comes back to decode-0 as soon as decode-1 is marked down by
 // another offer's missed deadline, not at its own. Two slots per decode worker: the offer waits
 // on decode-0 (both full); decode-1 frees its slots and hangs; a new request goes to decode-1's
-// free slot; 500 ms later decode-0 passes the waiting offer on to decode-1 too. When the new
+// free slot; 1 s later decode-0 passes the waiting offer on to decode-1 too. When the new
 // request's offer passes its deadline it goes to decode-0, and so does the passed-on one.
 TEST(EngineHandoffHealth, AnOfferPassedOnComesBackOnceItsTargetIsMarkedDown) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig cfg = two_decode_workers();
   cfg.max_num_seqs = 2;
-  cfg.handoff_timeout_ms = 1000;
+  cfg.handoff_timeout_ms = 2000;
   auto engine = EngineImpl::create(cfg);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   EngineImpl& e = **engine;
@@ -182,11 +243,11 @@ TEST(EngineHandoffHealth, AnOfferPassedOnComesBackOnceItsTargetIsMarkedDown) {
   ASSERT_TRUE(wait_for_stats(e, [](const EngineStats& st) {
     return st.pools[kDecode1].running == 0 && st.pools[kDecode1].waiting == 0;
   }));
-  e.set_test_hold_worker(kDecode1, TestHold::kAll);  // looks free, takes nothing
-  const auto x_at = std::chrono::steady_clock::now();
-  auto x = e.submit(short_request("A bird"));  // decode-1's free slot
+  e.set_test_hold_worker(kDecode1, TestHold::kAll);    // looks free, takes nothing
+  const auto x_at = std::chrono::steady_clock::now();  // x's offer is posted after this
+  auto x = e.submit(short_request("A bird"));          // decode-1's free slot
   ASSERT_TRUE(x.ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   e.set_test_hold_worker(kDecode0, TestHold::kForward);  // passes `waits` on to decode-1
   ASSERT_TRUE(wait_for_stats(
       e, [](const EngineStats& st) { return st.pools[kDecode0].handoffs_forwarded == 1; }));
@@ -196,8 +257,9 @@ TEST(EngineHandoffHealth, AnOfferPassedOnComesBackOnceItsTargetIsMarkedDown) {
   }));
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - x_at).count();
-  // Without the early take-back: not before 500 ms (the hold) + handoff_timeout_ms after x_at.
-  EXPECT_LT(ms, 1400.0) << "the passed-on offer waited out its own deadline";
+  // Without the early take-back: not before 1 s (the hold) + handoff_timeout_ms after x_at; with
+  // it, x's deadline (handoff_timeout_ms after its offer was posted, a few ms after x_at).
+  EXPECT_LT(ms, 2600.0) << "the passed-on offer waited out its own deadline";
   EngineStats s = e.stats();
   EXPECT_EQ(s.pools[0].handoffs_rerouted, 1);
   EXPECT_EQ(s.pools[kDecode0].handoffs_forwarded, 1);
@@ -294,6 +356,7 @@ TEST(EngineHandoffHealth, AnOfferWaitingForRoomGoesToADecodeWorkerThatHasRoom) {
 TEST(EngineHandoffHealth, RoutingLearnsWhereAPassedOnOfferWasCached) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig cfg = two_decode_workers();
+  cfg.handoff_timeout_ms = 5000;  // no missed delivery under a slow sanitizer build
   cfg.max_num_seqs = 1;
   cfg.prefix_cache = true;
   auto engine = EngineImpl::create(cfg);
