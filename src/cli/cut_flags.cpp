@@ -1,5 +1,7 @@
 #include "cli/cut_flags.h"
 
+#include "common/cli_options.h"
+
 namespace kvsplit::cli {
 
 void add_cut_options(CLI::App* app, CutFlags& f) {
@@ -60,7 +62,7 @@ void add_cut_options(CLI::App* app, CutFlags& f) {
       ->capture_default_str();
   app->add_option("--prefill", f.prefill,
                   "prefill the first N tokens, then feed the rest one per decode step (0: all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kvsplit::kNonNegative);
 }
 
 StatusOr<ResolvedCut> resolve_cut(const CutFlags& f, int block_size) {

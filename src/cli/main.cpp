@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,7 +22,7 @@
 #include "cli/perplexity.h"
 #include "cli/policy.h"
 #include "cli/tokenize.h"
-#include "common/cli_integers.h"
+#include "common/cli_options.h"
 #include "kernels/common/kv_quant.h"
 #include "kv/kv_pool.h"
 #include "model/default_model.h"
@@ -55,7 +56,7 @@ struct GenerateFlags {
   float repetition_penalty = 1.0f;
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
-  int64_t seed = -1;
+  std::optional<uint64_t> seed;  // unset: from the clock
   bool ignore_eos = false;
   std::vector<std::string> stop;
   bool json = false;
@@ -92,9 +93,8 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   std::vector<std::string> prompts = gf.prompts;
   if (prompts.empty()) prompts.emplace_back("");
   const uint64_t base_seed =
-      gf.seed >= 0
-          ? static_cast<uint64_t>(gf.seed)
-          : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+      gf.seed ? *gf.seed
+              : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   std::vector<sched::GenerationInput> inputs(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto ids = loaded->tokenizer->encode(prompts[i], /*add_bos=*/true);
@@ -321,7 +321,7 @@ int main(int argc, char** argv) {
   gen->add_option("-p,--prompt", gf.prompts, "prompt (repeatable; several run as one batch)");
   gen->add_option("-n,--max-tokens", gf.max_tokens,
                   "tokens to generate (the prefill's token counts as the first), >= 1")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
   gen->add_option("-t,--temperature", gf.temperature, "0 = greedy");
   gen->add_option("--top-p", gf.top_p, "nucleus sampling threshold, (0, 1]");
   gen->add_option("--top-k", gf.top_k, "keep the k most likely tokens (0 or -1 = off)");
@@ -337,10 +337,10 @@ int main(int argc, char** argv) {
   gen->add_option("--block-size", gf.block_size, "KV page size in tokens")
       ->check(CLI::Range(1, 1024));
   gen->add_option("--max-batch-tokens", gf.max_batch_tokens, "token budget per step")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
   gen->add_option("--kv-blocks", gf.kv_blocks,
                   "device KV pages (0: as many as the batch needs; fewer: preemption)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kvsplit::kNonNegative);
   gen->add_option("--swap", gf.swap,
                   "preempted sequences: swap to the host tier (always), recompute (never), or "
                   "whichever the cost model predicts is cheaper (auto)")
@@ -348,7 +348,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   gen->add_option("--temporal-step-size", gf.temporal_step_size,
                   "steps a swapped-out sequence waits before it is considered again")
-      ->check(CLI::PositiveNumber)
+      ->check(kvsplit::kPositive)
       ->capture_default_str();
   gen->add_option("--prefix-cache", gf.prefix_cache,
                   "share full prompt pages between the prompts (admitted one per step)")
@@ -371,11 +371,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   gen->add_option("--spatial-chunk-size", gf.spatial_chunk_size,
                   "spatial cut: tokens per chunk placed on one shard (a multiple of --block-size)")
-      ->check(CLI::PositiveNumber)
+      ->check(kvsplit::kPositive)
       ->capture_default_str();
   gen->add_option("--spatial-min-context", gf.spatial_min_context,
                   "spatial cut: spread sequences whose prompt + max tokens exceed this (0 = all)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kvsplit::kNonNegative)
       ->capture_default_str();
   gen->add_option("--spatial-communicator", gf.spatial_communicator,
                   "spatial cut: how shards exchange: nccl when every shard is a cuda backend on "
@@ -413,7 +413,7 @@ int main(int argc, char** argv) {
   cli::PolicyFlags polf;
   CLI::App* policy = cli::add_policy_command(app, polf);
 
-  kvsplit::decimal_integer_options(app);
+  kvsplit::strict_options(app, {"--prompt"});
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

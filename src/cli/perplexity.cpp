@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "common/cli_options.h"
 #include "common/file_read.h"
 #include "kv/page_ops.h"
 #include "sched/sequence_cut.h"
@@ -127,7 +128,7 @@ void add_perplexity_options(CLI::App* app, CommonFlags& common, PerplexityFlags&
   app->add_option("--text", f.text, "text file, scored as one stream in windows of --ctx");
   app->add_option("--jsonl", f.jsonl, "JSONL of {\"text\": ...}, each line its own sequence");
   app->add_option("--ctx", f.ctx, "window in tokens (0: the model's context length)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kvsplit::kNonNegative);
   app->add_option("--block-size", f.block_size, "KV page size in tokens")
       ->check(CLI::Range(1, 1024));
   app->add_option("--split-chunk", f.split_chunk,

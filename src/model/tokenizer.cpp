@@ -50,6 +50,10 @@ StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer_from_bytes(std::string_view 
     return invalid_argument("tokenizer " + path + ": expected_vocab " +
                             std::to_string(expected_vocab) + " is negative");
   }
+  // A file named *.json is an HF tokenizer whatever it holds (an empty or broken one is reported
+  // as such, not as a llama2.c tokenizer.bin).
+  const bool json_name = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
+  if (json_name) return internal::load_hf_tokenizer(path, data, expected_vocab);
   if (looks_like_json(data)) {
     auto hf = internal::load_hf_tokenizer(path, data, expected_vocab);
     if (hf.ok()) return hf;

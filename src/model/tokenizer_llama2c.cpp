@@ -5,6 +5,7 @@
 // score, int32 byte length, the piece bytes (no terminator). The file does not store the vocab
 // size; run.c takes it from the model, so `expected_vocab` (when > 0) says how many entries to
 // read, and leftover bytes are an error.
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -169,6 +170,10 @@ StatusOr<std::unique_ptr<Tokenizer>> load_llama2c_tokenizer(const std::string& p
     const float score = read_le<float>(data.data() + off);
     const int32_t len = read_le<int32_t>(data.data() + off + 4);
     off += 8;
+    if (!std::isfinite(score)) {
+      return fail("entry " + id + " has a non-finite score (" + std::to_string(score) +
+                  "): BPE merges are ranked by score");
+    }
     if (len < 0) return fail("entry " + id + " has negative length " + std::to_string(len));
     if (uint32_t(len) > max_len) {
       return fail("entry " + id + " has length " + std::to_string(len) + " > max_token_length " +

@@ -11,7 +11,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "common/cli_integers.h"
+#include "common/cli_options.h"
 #include "kvsplit/v1/generation.grpc.pb.h"
 #include "server/client_channel.h"
 
@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "print one JSON object with ids, text, usage and timings");
   app.add_flag("--info", info, "print GetModelInfo as JSON and exit");
   app.add_flag("--stats", stats, "print GetServerStats as JSON and exit");
-  kvsplit::decimal_integer_options(app);
+  kvsplit::strict_options(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -21,7 +21,7 @@
 #include <iostream>
 #include <thread>
 
-#include "common/cli_integers.h"
+#include "common/cli_options.h"
 #include "common/log.h"
 #include "config/config.h"
 #include "engine/engine_impl.h"
@@ -40,7 +40,8 @@ struct Flags {
   std::string config_file, check_config, model, tokenizer, host, backend, tls_cert, tls_key,
       log_level = "info";
   std::string metrics_host;
-  int port = -2, metrics_port = -2;
+  int port = 0, metrics_port = 0;
+  bool port_given = false, metrics_port_given = false;  // a value given is checked as the config's
   std::vector<std::string> api_keys;
 };
 
@@ -53,8 +54,8 @@ void apply_flags(const Flags& f, config::Config* c) {
     c->engine.tokenizer = f.tokenizer;
   }
   if (!f.host.empty()) c->server.host = f.host;
-  if (f.port != -2) c->server.port = f.port;
-  if (f.metrics_port != -2) c->server.metrics_port = f.metrics_port;
+  if (f.port_given) c->server.port = f.port;
+  if (f.metrics_port_given) c->server.metrics_port = f.metrics_port;
   if (!f.metrics_host.empty()) c->server.metrics_host = f.metrics_host;
   if (!f.backend.empty()) c->engine.backend = f.backend;
   if (!f.tls_cert.empty()) c->server.tls.cert_file = f.tls_cert;
@@ -362,7 +363,7 @@ int main(int argc, char** argv) {
                  "accepted bearer key (repeatable; replaces server.api_keys)");
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
-  kvsplit::decimal_integer_options(app);
+  kvsplit::strict_options(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -370,6 +371,8 @@ int main(int argc, char** argv) {
     // own codes, 104-109), as every kvsplit binary does.
     return app.exit(e) == 0 ? 0 : 2;
   }
+  f.port_given = app.count("--port") > 0;
+  f.metrics_port_given = app.count("--metrics-port") > 0;
   // The log goes to stderr; stdout carries only the "listening on" lines scripts read.
   spdlog::set_default_logger(spdlog::stderr_color_mt("kvsplit-server"));
   spdlog::set_level(spdlog::level::from_str(f.log_level));

@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include "model/tokenizer.h"
@@ -112,6 +113,30 @@ TEST_F(TokenizerErrors, Llama2cBadLengths) {
                "bad max_token_length");
   expect_error(write("few.bin", header(4) + entry(0, 1, "a")), 0, StatusCode::kInvalidArgument,
                "at least 3 entries");
+}
+
+// Scores rank the BPE merges: a NaN or infinite one would make every merge lose (one token per
+// character, no error), so the file is refused naming the entry.
+TEST_F(TokenizerErrors, Llama2cNonFiniteScore) {
+  const std::string three = entry(0, 1, "a") + entry(0, 1, "b") + entry(0, 1, "c");
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity()}) {
+    expect_error(write("nan.bin", header(4) + three + entry(bad, 2, "ab")), 0,
+                 StatusCode::kInvalidArgument, "entry 3 has a non-finite score");
+  }
+}
+
+// A file named *.json is reported as the HF tokenizer it claims to be, whatever it holds (an
+// empty or random one used to read as a llama2.c tokenizer.bin: "bad max_token_length").
+TEST_F(TokenizerErrors, ABrokenTokenizerJsonIsReportedAsJson) {
+  for (const std::string& bytes : {std::string(), std::string("\x93\x01garbage\xff", 11)}) {
+    auto t = load_tokenizer(write("tokenizer.json", bytes), 0);
+    ASSERT_FALSE(t.ok());
+    EXPECT_EQ(t.status().message().find("llama2.c"), std::string::npos) << t.status().to_string();
+    EXPECT_NE(t.status().message().find("tokenizer.json"), std::string::npos)
+        << t.status().to_string();
+  }
 }
 
 // A tokenizer.bin without byte tokens still loads; text needing byte fallback is an error.
