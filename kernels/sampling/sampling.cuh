@@ -83,8 +83,9 @@ __device__ __forceinline__ bool sample_argmax_better(float v, int i, float best_
   return v > best_v || (v == best_v && i < best_i);
 }
 
-// Argmax of logits[0, vocab); every thread gets it.
-__device__ __forceinline__ int sample_block_argmax(const float* logits, int vocab, SampleSmem* sm) {
+// Argmax of logits[0, vocab); every thread gets it, and its value in *best_value.
+__device__ __forceinline__ int sample_block_argmax(const float* logits, int vocab, SampleSmem* sm,
+                                                   float* best_value) {
   float best_v = NAN;
   int best_i = 0;
   for (int i = threadIdx.x; i < vocab; i += blockDim.x)
@@ -115,6 +116,7 @@ __device__ __forceinline__ int sample_block_argmax(const float* logits, int voca
       best_v = sm->scratch_f[w];
       best_i = sm->scratch_i[w];
     }
+  *best_value = best_v;
   return best_i;
 }
 
@@ -212,8 +214,11 @@ __global__ void __launch_bounds__(kSampleThreads)
     greedy = !(max_s > -INFINITY && max_s < INFINITY);  // degenerate: all NaN / -inf, or +inf
   }
   if (greedy) {
-    const int best = sample_block_argmax(row, vocab, &sm);
-    if (tid == 0) ids[row_id] = best;
+    float best_v;
+    const int best = sample_block_argmax(row, vocab, &sm, &best_v);
+    // No usable logit (all NaN, or the maximum infinite): -1, as sampling::logits_usable.
+    const bool usable = best_v == best_v && best_v > -INFINITY && best_v < INFINITY;
+    if (tid == 0) ids[row_id] = usable ? best : -1;
     return;
   }
 

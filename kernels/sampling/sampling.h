@@ -4,9 +4,11 @@
 // Semantics of one row (the host reference in tests/kernels/sampling_parity_test.cpp implements
 // the same steps with sorting):
 //   1. temperature < kSampleGreedyTemperature (or NaN): argmax of the logits (lowest id on exact
-//      ties, NaN never wins) — as launch_argmax. No draw.
+//      ties, NaN never wins) — as launch_argmax — or -1 when that maximum is NaN (all NaN) or
+//      infinite: no usable logit (sampling::logits_usable; a model whose activations overflow).
+//      No draw.
 //   2. s_i = logit_i / temperature; NaN entries are excluded. If max s is not finite (all
-//      excluded / -inf, or +inf present) the row falls back to step 1's argmax.
+//      excluded / -inf, or +inf present) the row falls back to step 1 (so its id is -1).
 //   3. w_i = expf(s_i - max s), mass q_i = floor(w_i * 2^40) (kernels/sampling/sampling_math.h).
 //   4. Candidates: w_i >= min_p (min_p in (0, 1]; otherwise off), then the top_k of them by
 //      (descending s, ascending id) when 0 < top_k < #candidates.

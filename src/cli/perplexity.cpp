@@ -12,6 +12,7 @@
 #include "common/cli_options.h"
 #include "common/file_read.h"
 #include "kv/page_ops.h"
+#include "sampling/sampler.h"
 #include "sched/sequence_cut.h"
 
 namespace kvsplit::cli {
@@ -25,8 +26,14 @@ struct Totals {
   sched::SequenceCutStats cut;
 };
 
-// -log softmax(logits)[target], in double.
-double token_nll(const float* logits, int vocab, int32_t target) {
+// -log softmax(logits)[target], in double. Logits with no usable value (NaN, infinities: a model
+// whose activations overflow) are an error rather than a NaN perplexity.
+StatusOr<double> token_nll(const float* logits, int vocab, int32_t target, int pos) {
+  if (!sampling::logits_usable(logits, vocab)) {
+    return internal_error("the model produced no usable logits (NaN or infinite) at position " +
+                          std::to_string(pos) +
+                          ": its activations overflow float32 (check the weights)");
+  }
   double m = logits[0];
   for (int i = 1; i < vocab; ++i) m = std::max<double>(m, logits[i]);
   double sum = 0;
@@ -63,7 +70,10 @@ Status score_window(model::LlamaModel& llama, kv::KvPool& pool, std::span<const 
   first.logits = model::SeqStep::Logits::kAll;
   KVSPLIT_RETURN_IF_ERROR(llama.forward(std::span(&first, 1), pool, &logits, fo));
   for (int r = 0; r + 1 < n && r < p; ++r) {
-    totals->nll += token_nll(logits.data() + static_cast<size_t>(r) * vocab, vocab, w[r + 1]);
+    KVSPLIT_ASSIGN_OR_RETURN(
+        const double nll,
+        token_nll(logits.data() + static_cast<size_t>(r) * vocab, vocab, w[r + 1], r));
+    totals->nll += nll;
     ++totals->tokens;
   }
   for (int pos = p; pos + 1 < n; ++pos) {
@@ -79,7 +89,8 @@ Status score_window(model::LlamaModel& llama, kv::KvPool& pool, std::span<const 
     cut.prepare(d, pool.block_size());
     logits.clear();
     KVSPLIT_RETURN_IF_ERROR(llama.forward(std::span(&d, 1), pool, &logits, fo));
-    totals->nll += token_nll(logits.data(), vocab, w[pos + 1]);
+    KVSPLIT_ASSIGN_OR_RETURN(const double nll, token_nll(logits.data(), vocab, w[pos + 1], pos));
+    totals->nll += nll;
     ++totals->tokens;
     KVSPLIT_RETURN_IF_ERROR(cut.finish(pool, table, pos + 1));
   }

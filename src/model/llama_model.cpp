@@ -701,12 +701,14 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     std::vector<float> row(static_cast<size_t>(vocab));
     for (int r = 0; r < num_argmax; ++r) {
       KVSPLIT_RETURN_IF_ERROR(be.copy_d2h(row.data(), lg + r * vocab, row_bytes));
-      row_ids[r] = sampling::argmax_lowest(row.data(), c.vocab_size);
+      row_ids[r] = sampling::logits_usable(row.data(), c.vocab_size)
+                       ? sampling::argmax_lowest(row.data(), c.vocab_size)
+                       : -1;
     }
   }
   KVSPLIT_RETURN_IF_ERROR(be.synchronize());
   for (int32_t id : row_ids) {
-    if (id < 0 || id >= c.vocab_size) {
+    if (id < -1 || id >= c.vocab_size) {
       return internal_error("greedy id " + std::to_string(id) + " outside the vocabulary");
     }
   }

@@ -26,7 +26,8 @@ struct SeqStep {
   const kv::BlockTable* table = nullptr;  // must already hold start_pos + tokens.size() tokens
   // Which rows of logits to return: kLast (sampling), kAll (teacher-forced scoring), kNone
   // (a chunk of a prompt that is not finished yet), kArgmax (greedy decoding: not the last row's
-  // logits but its argmax, lowest id on exact ties, NaN never wins, as sampling::argmax_lowest).
+  // logits but its argmax, lowest id on exact ties, NaN never wins, as sampling::argmax_lowest;
+  // -1 when the row's logits are not usable, sampling::logits_usable: NaN or infinite).
   enum class Logits : uint8_t { kNone, kLast, kAll, kArgmax } logits = Logits::kLast;
   // Semantic scoring, decode steps only (host outputs, both or neither). With pages =
   // blocks_for(kv_len), token_relevance[0, pages * block_size) receives each token's attention

@@ -40,6 +40,11 @@ bool candidate_before(const Sampler::Candidate& a, const Sampler::Candidate& b) 
 
 }  // namespace
 
+bool logits_usable(const float* x, int n) {
+  const int32_t best = argmax_lowest(x, n);
+  return n > 0 && std::isfinite(x[best]);
+}
+
 int32_t argmax_lowest(const float* x, int n) {
   int32_t best = -1;
   for (int i = 0; i < n; ++i) {

@@ -28,6 +28,12 @@ inline constexpr uint64_t kZeroSeedState = 0x9E3779B97F4A7C15ull;
 // 0). The same rule as the CUDA argmax / greedy sampling kernels.
 int32_t argmax_lowest(const float* x, int n);
 
+// True when the largest non-NaN value of x[0, n) exists and is finite: logits a token can be
+// picked from. A model whose activations overflow gives rows of NaN or infinities; every picker
+// would return some id anyway (argmax_lowest: 0), a silent wrong answer, so the engine fails the
+// sequence instead. The same rule as the CUDA greedy sampling kernel's id -1.
+bool logits_usable(const float* x, int n);
+
 // True when Sampler::sample is exactly argmax_lowest of the raw logits for these parameters
 // (greedy, no penalties): a model may then return the argmax instead of the logits.
 inline bool is_plain_greedy(const SamplingParams& p) {

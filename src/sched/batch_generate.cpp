@@ -382,13 +382,21 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       if (decode && s.cut) KVSPLIT_RETURN_IF_ERROR(s.cut->finish(pool, s.table, s.computed));
       int32_t tok = -1;
       if (steps[k].logits == SeqStep::Logits::kArgmax) {
-        tok = ids[id++];  // greedy: picked by the model (on the device where it can)
+        tok = ids[id++];  // greedy: picked by the model (on the device where it can); -1: unusable
       } else if (steps[k].logits == SeqStep::Logits::kLast) {
         float* lg = logits.data() + row * cfg.vocab_size;
         ++row;
-        tok = s.sampler->sample(lg, cfg.vocab_size, s.prompt(), s.output());
+        if (sampling::logits_usable(lg, cfg.vocab_size))
+          tok = s.sampler->sample(lg, cfg.vocab_size, s.prompt(), s.output());
       } else {
         continue;
+      }
+      if (tok < 0) {
+        return internal_error("prompt " + std::to_string(step_seq[k]) +
+                              ": the model produced no usable logits (NaN or infinite) at "
+                              "position " +
+                              std::to_string(s.computed - 1) +
+                              ": its activations overflow float32 (check the model's weights)");
       }
       s.tokens.push_back(tok);
       const std::string delta = s.decoder ? s.decoder->push(tok) : std::string();

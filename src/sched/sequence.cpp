@@ -1,5 +1,7 @@
 #include "sched/sequence.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <span>
@@ -88,11 +90,19 @@ FinishReason sample_and_append(Sequence& seq, float* logits, int vocab, Clock::t
   const std::span<const int32_t> prompt(seq.tokens.data(), seq.num_prompt);
   const std::span<const int32_t> output(seq.tokens.data() + seq.num_prompt, seq.num_output());
   // The logprob of the chosen token is read before the sampler rewrites the logits.
+  if (!sampling::logits_usable(logits, vocab)) return FinishReason::kError;  // nothing pushed
   std::vector<float> raw;
   if (seq.top_logprobs > 0) raw.assign(logits, logits + vocab);
   const int32_t token = seq.sampler->sample(logits, vocab, prompt, output);
   KVSPLIT_CHECK(token >= 0 && token < vocab);
   return push_token(seq, token, raw.empty() ? nullptr : raw.data(), vocab, now);
+}
+
+Status unusable_logits_error(const Sequence& seq) {
+  return internal_error(fmt::format(
+      "request {}: the model produced no usable logits (NaN or infinite) at position {}: its "
+      "activations overflow float32 (check the model's weights) or the backend failed",
+      seq.display_id(), seq.num_computed - 1));
 }
 
 bool greedy_without_logits(const Sequence& seq) {
@@ -101,6 +111,7 @@ bool greedy_without_logits(const Sequence& seq) {
 
 FinishReason append_token(Sequence& seq, int32_t token, Clock::time_point now) {
   KVSPLIT_CHECK(greedy_without_logits(seq));
+  if (token < 0) return FinishReason::kError;  // the model's logits were not usable
   return push_token(seq, token, nullptr, 0, now);
 }
 

@@ -146,15 +146,21 @@ class FinishSink {
 
 // Samples the next token from `logits` ([vocab] f32, modified in place by the sampler), appends it
 // to `seq`, pushes one non-final event (id, text delta, logprobs when top_logprobs > 0) and returns
-// the finish reason (kNone while generation continues).
+// the finish reason (kNone while generation continues). kError, with nothing appended, when the
+// logits have no usable value (sampling::logits_usable): the caller fails the sequence
+// (unusable_logits_error).
 FinishReason sample_and_append(Sequence& seq, float* logits, int vocab, Clock::time_point now);
 
 // True when the next token is the plain argmax of the logits (greedy, no penalties, no
 // logprobs), so the model may pick it on the device (SeqStep::Logits::kArgmax).
 bool greedy_without_logits(const Sequence& seq);
 
-// Appends a token chosen by the model (kArgmax) as sample_and_append would have chosen it.
+// Appends a token chosen by the model (kArgmax) as sample_and_append would have chosen it; the
+// model's -1 (no usable logit) is kError with nothing appended, as there.
 FinishReason append_token(Sequence& seq, int32_t token, Clock::time_point now);
+
+// The error of a sequence whose logits had no usable value at its current position.
+Status unusable_logits_error(const Sequence& seq);
 
 // Pushes the final event (after any text still held back) and calls sink.on_final. The caller
 // must have released the sequence's KV blocks.

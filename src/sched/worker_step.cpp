@@ -640,6 +640,12 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
     }
     if (job < sample_jobs_.size() && sample_jobs_[job].seq == &seq) {
       const FinishReason reason = sample_reasons_[job++];
+      if (reason == FinishReason::kError) {
+        const Status st = unusable_logits_error(seq);
+        KVSPLIT_LOG_ERROR("{}: {}", options_.name, st.message());
+        finish(seq, reason, st, now);
+        continue;
+      }
       if (reason != FinishReason::kNone) {
         finish(seq, reason, ok_status(), now);
         continue;

@@ -4,8 +4,10 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -155,6 +157,34 @@ TEST(CliTest, BadInputsFailClearlyWithExitTwo) {
   r = run("generate " + model_args(false) + " --prompt " + quote(long_prompt));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("longer than the context"), std::string::npos) << r.err;
+}
+
+// A model whose activations overflow float32 (every weight finite: stories260K with its first
+// attention norms at 1e30) gives NaN logits: generate (greedy and sampled) and perplexity fail
+// naming the position (exit 1), never print token 0s or a NaN perplexity.
+TEST(CliTest, NonFiniteLogitsAreAnError) {
+  KVSPLIT_REQUIRE_MODELS();
+  TempDir dir;
+  std::ifstream in(model_path("stories260K.bin"), std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  const size_t first = 28 + size_t{512} * 64 * 4;  // rms_att, after the header and embedding
+  ASSERT_GE(bytes.size(), first + 320 * 4);
+  const float huge = 1e30f;
+  for (size_t k = 0; k < 320; ++k) std::memcpy(bytes.data() + first + k * 4, &huge, 4);
+  std::ofstream(dir.file("m.bin"), std::ios::binary) << bytes;
+  std::ofstream(dir.file("t.txt")) << "Once upon a time there was a little dog.";
+  const std::string model =
+      " --model " + quote(dir.file("m.bin")) + " --tokenizer " + quote(model_path("tok512.bin"));
+  for (const char* args : {"generate --prompt Once --temperature 0",
+                           "generate --prompt Once --temperature 0.8 --seed 1"}) {
+    const RunResult r = run(std::string(args) + model);
+    EXPECT_EQ(r.exit_code, 1) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("no usable logits (NaN or infinite) at position 1"), std::string::npos)
+        << args << ": " << r.err;
+  }
+  const RunResult p = run("perplexity --text " + quote(dir.file("t.txt")) + model);
+  EXPECT_EQ(p.exit_code, 1) << p.err;
+  EXPECT_NE(p.err.find("no usable logits"), std::string::npos) << p.err;
 }
 
 // Integer flags are decimal (CLI11 alone read "010" as 8 and "0x20" as 32, and refused "08").

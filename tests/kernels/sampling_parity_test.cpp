@@ -161,22 +161,24 @@ TEST(SamplingParity, TiesAtTheCutKeepTheLowestIds) {
   }
 }
 
-TEST(SamplingParity, GreedyAndDegenerateRowsTakeTheArgmax) {
+// Degenerate rows have no usable logit: -1 (the engine fails such a sequence, never picks a token
+// from NaN or infinite logits).
+TEST(SamplingParity, GreedyTakesTheArgmaxAndDegenerateRowsGiveMinusOne) {
   KVSPLIT_REQUIRE_DEVICE();
   const float inf = INFINITY, nan = std::numeric_limits<float>::quiet_NaN();
   const int vocab = 6;
   const std::vector<float> logits = {
       1,    5,    3,    5,    0,    2,     // greedy: lowest id of the tie
-      -inf, -inf, -inf, -inf, -inf, -inf,  // all masked: 0
-      1,    2,    inf,  0,    inf,  3,     // +inf: the first +inf
-      nan,  nan,  nan,  nan,  nan,  nan,   // all NaN: 0
+      -inf, -inf, -inf, -inf, -inf, -inf,  // all masked: -1
+      1,    2,    inf,  0,    inf,  3,     // +inf present: -1
+      nan,  nan,  nan,  nan,  nan,  nan,   // all NaN: -1
       nan,  1,    nan,  4,    4,    nan,   // sampled, top-1: NaN never kept
   };
   std::vector<SampleRowParams> params(5);
   params[0].temperature = 0.f;
   params[4].top_k = 1;
   const std::vector<int32_t> got = run_sample(logits, vocab, params);
-  EXPECT_EQ(got, (std::vector<int32_t>{1, 0, 2, 0, 3}));
+  EXPECT_EQ(got, (std::vector<int32_t>{1, -1, -1, -1, 3}));
 }
 
 TEST(SamplingParity, RejectsBadShapesAndParams) {

@@ -69,7 +69,10 @@ inline std::vector<ReferenceCandidate> reference_kept(const float* logits, int v
 // The token the GPU sampler must pick for this row.
 inline int32_t reference_sample(const float* logits, int vocab, const kernels::SampleRowParams& p) {
   const std::vector<ReferenceCandidate> kept = reference_kept(logits, vocab, p);
-  if (kept.empty()) return reference_argmax(logits, vocab);
+  if (kept.empty()) {  // greedy or degenerate: the argmax, or -1 when it is not finite
+    const int32_t best = reference_argmax(logits, vocab);
+    return std::isfinite(logits[best]) ? best : -1;
+  }
   uint64_t total = 0;
   for (const auto& e : kept) total += e.mass;
   const uint64_t pick = kernels::mul_hi_u64(kernels::sampling_random_bits(p.seed, p.step), total);

@@ -85,6 +85,22 @@ TEST(SamplerTest, GreedyPicksLowestIdOnTies) {
   EXPECT_EQ(s.sample(last.data(), 3, {}, {}), 2);
 }
 
+// A row a token can be picked from: its largest non-NaN value exists and is finite (the CUDA
+// greedy sampling kernel's -1 otherwise).
+TEST(SamplerTest, LogitsUsable) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> some_nan = {nan, -1.0f, 2.0f, -inf};
+  EXPECT_TRUE(logits_usable(some_nan.data(), 4));
+  const std::vector<float> all_nan(4, nan), all_neg_inf(3, -inf);
+  EXPECT_FALSE(logits_usable(all_nan.data(), 4));
+  EXPECT_FALSE(logits_usable(all_neg_inf.data(), 3));
+  const std::vector<float> with_inf = {1.0f, inf, 0.0f};
+  EXPECT_FALSE(logits_usable(with_inf.data(), 3));
+  EXPECT_FALSE(logits_usable(with_inf.data(), 0));
+  EXPECT_TRUE(logits_usable(with_inf.data(), 1));
+}
+
 // The rule the CUDA argmax / greedy kernels follow too: NaN never wins, lowest id on ties.
 TEST(SamplerTest, ArgmaxLowestSkipsNaN) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
