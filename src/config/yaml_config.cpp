@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <type_traits>
 #include <vector>
 
 #include "common/config_rules.h"
@@ -48,8 +49,11 @@ Status parse_int(const YAML::Node& n, const std::string& path, Int* out) {
   Int v{};
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec == std::errc::result_out_of_range) return field_error(path, "out of range: " + quoted(s));
-  if (ec != std::errc() || end != s.data() + s.size() || s.empty())
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty()) {
+    if (std::is_unsigned_v<Int> && !s.empty() && s[0] == '-')
+      return field_error(path, "must be a non-negative integer, got " + quoted(s));
     return field_error(path, "must be an integer, got " + quoted(s));
+  }
   *out = v;
   return ok_status();
 }

@@ -20,8 +20,21 @@ StatusOr<std::string> read_file(const std::string& path, const std::string& fiel
 
 Status check_tls_files(const config::ServerConfig& config) {
   if (!config.tls.enabled()) return ok_status();
-  KVSPLIT_RETURN_IF_ERROR(read_file(config.tls.cert_file, "server.tls.cert_file").status());
-  return read_file(config.tls.key_file, "server.tls.key_file").status();
+  // The PEM blocks gRPC needs, so that a wrong file is named here: gRPC itself only fails the
+  // listening port, which reads like a port in use.
+  KVSPLIT_ASSIGN_OR_RETURN(std::string cert,
+                           read_file(config.tls.cert_file, "server.tls.cert_file"));
+  if (cert.find("-----BEGIN CERTIFICATE-----") == std::string::npos) {
+    return invalid_argument("server.tls.cert_file: " + config.tls.cert_file +
+                            " holds no PEM certificate (-----BEGIN CERTIFICATE-----)");
+  }
+  KVSPLIT_ASSIGN_OR_RETURN(std::string key, read_file(config.tls.key_file, "server.tls.key_file"));
+  if (key.find("-----BEGIN ") == std::string::npos ||
+      key.find("PRIVATE KEY-----") == std::string::npos) {
+    return invalid_argument("server.tls.key_file: " + config.tls.key_file +
+                            " holds no PEM private key (-----BEGIN ... PRIVATE KEY-----)");
+  }
+  return ok_status();
 }
 
 StatusOr<RunningServer> start_grpc_server(const config::ServerConfig& config,
@@ -54,7 +67,11 @@ StatusOr<RunningServer> start_grpc_server(const config::ServerConfig& config,
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   out.server = builder.BuildAndStart();
   if (!out.server || out.port == 0)
-    return unavailable("server: cannot listen on " + address + " (port in use or bad host?)");
+    return unavailable("server: cannot listen on " + address +
+                       (config.tls.enabled()
+                            ? " (port in use, bad host, or a certificate and key TLS refused: "
+                              "see gRPC's log above)"
+                            : " (port in use or bad host?)"));
   set_serving(out.server.get(), true);
   return out;
 }

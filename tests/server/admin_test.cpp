@@ -2,6 +2,8 @@
 // SIGTERM drain, TLS + API keys (self-signed cert made here with openssl), and a fuzz pass.
 #include <nlohmann/json.hpp>
 #include <random>
+#include <string>
+#include <tuple>
 
 #include "server/server_harness.h"
 
@@ -277,6 +279,25 @@ TEST_F(AdminTest, TlsFilesAreBoundedRegularFiles) {
   EXPECT_EQ(code, 2);  // a bad config value, found before the engine starts
   EXPECT_EQ(out.find("Engine:"), std::string::npos) << out;
   EXPECT_NE(out.find("server.tls.cert_file: PEM file /dev/zero: is a character device"),
+            std::string::npos)
+      << out;
+  // A file that is not PEM (a tokenizer) is named as such, not as a port that cannot listen.
+  write("tok.bin", std::string("\x01\x02\x03not pem", 10));
+  write("cert.pem", "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n");
+  std::tie(code, out) =
+      run_command(std::string(KVSPLIT_SERVER_BIN) +
+                  " --port 0 --metrics-port -1 --model synthetic:stories260k --tls-cert " +
+                  dir_.file("tok.bin") + " --tls-key " + dir_.file("tok.bin"));
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("server.tls.cert_file: " + dir_.file("tok.bin") + " holds no PEM certificate"),
+            std::string::npos)
+      << out;
+  std::tie(code, out) =
+      run_command(std::string(KVSPLIT_SERVER_BIN) +
+                  " --port 0 --metrics-port -1 --model synthetic:stories260k --tls-cert " +
+                  dir_.file("cert.pem") + " --tls-key " + dir_.file("tok.bin"));
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("server.tls.key_file: " + dir_.file("tok.bin") + " holds no PEM private key"),
             std::string::npos)
       << out;
 }
