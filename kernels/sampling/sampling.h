@@ -8,7 +8,9 @@
 //      infinite: no usable logit (sampling::logits_usable; a model whose activations overflow).
 //      No draw.
 //   2. s_i = logit_i / temperature; NaN entries are excluded. If max s is not finite (all
-//      excluded / -inf, or +inf present) the row falls back to step 1 (so its id is -1).
+//      excluded / -inf, or +inf present) the row falls back to step 1: its argmax, which is -1 when
+//      the raw logits have no finite maximum (a finite row whose scaled maximum overflows keeps
+//      its finite argmax).
 //   3. w_i = expf(s_i - max s), mass q_i = floor(w_i * 2^40) (kernels/sampling/sampling_math.h).
 //   4. Candidates: w_i >= min_p (min_p in (0, 1]; otherwise off), then the top_k of them by
 //      (descending s, ascending id) when 0 < top_k < #candidates.

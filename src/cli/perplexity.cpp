@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <vector>
@@ -12,7 +13,6 @@
 #include "common/cli_options.h"
 #include "common/file_read.h"
 #include "kv/page_ops.h"
-#include "sampling/sampler.h"
 #include "sched/sequence_cut.h"
 
 namespace kvsplit::cli {
@@ -26,16 +26,21 @@ struct Totals {
   sched::SequenceCutStats cut;
 };
 
-// -log softmax(logits)[target], in double. Logits with no usable value (NaN, infinities: a model
-// whose activations overflow) are an error rather than a NaN perplexity.
+// -log softmax(logits)[target], in double. A row with a NaN or +inf entry, or no finite one (a
+// model whose activations overflow) is an error rather than a NaN perplexity: every entry enters
+// the softmax here, not just the largest.
 StatusOr<double> token_nll(const float* logits, int vocab, int32_t target, int pos) {
-  if (!sampling::logits_usable(logits, vocab)) {
+  double m = -std::numeric_limits<double>::infinity();
+  bool bad = false;
+  for (int i = 0; i < vocab; ++i) {
+    bad = bad || std::isnan(logits[i]) || logits[i] == std::numeric_limits<float>::infinity();
+    m = std::max<double>(m, logits[i]);
+  }
+  if (bad || !std::isfinite(m)) {
     return internal_error("the model produced no usable logits (NaN or infinite) at position " +
                           std::to_string(pos) +
                           ": its activations overflow float32 (check the weights)");
   }
-  double m = logits[0];
-  for (int i = 1; i < vocab; ++i) m = std::max<double>(m, logits[i]);
   double sum = 0;
   for (int i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - m);
   return -(static_cast<double>(logits[target]) - m - std::log(sum));

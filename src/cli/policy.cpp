@@ -66,16 +66,12 @@ int run_simulate(const PolicyFlags& f) {
   std::printf("; mean step %.3f ms (step_overhead_ms %.4f), at most %lld decoding at once\n",
               res->mean_step_ms, profile.step_overhead_ms,
               static_cast<long long>(res->peak_running));
-  if (res->prompts_cut > 0)
+  if (res->over_context > 0)
     std::printf(
-        "warning: %lld request(s) with a prompt of max_context (%d) tokens or more, simulated cut "
-        "to %d tokens: a server refuses them (INVALID_ARGUMENT)\n",
-        static_cast<long long>(res->prompts_cut), profile.max_context, profile.max_context - 1);
-  if (res->outputs_cut > 0)
-    std::printf(
-        "note: %lld request(s) whose prompt + output exceed max_context (%d): output cut to what "
-        "the context leaves, where a server stops them\n",
-        static_cast<long long>(res->outputs_cut), profile.max_context);
+        "warning: %lld request(s) need more than the model context (prompt + output - 1 > "
+        "max_context %d): a server refuses them (INVALID_ARGUMENT); simulated here fitted to the "
+        "context, as bench_serving_offline --trace fits them\n",
+        static_cast<long long>(res->over_context), profile.max_context);
   if (res->thrashed > 0)
     std::printf(
         "warning: %lld request(s) preempted more than 20 times in a row without a token (thrashing "

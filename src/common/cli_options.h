@@ -5,7 +5,8 @@
 //    ("--seed 99999999999999999999" was 2^63 - 1): leading zeros are dropped, anything but an
 //    optional sign and digits is refused, and so is a value outside the 64-bit range of the
 //    option's type (a sign on an unsigned option included; narrower types CLI11 checks itself).
-//  - Floating-point values must be finite: CLI11's Range lets NaN through (every comparison
+//  - Floating-point values must be finite and within float's range (most such flags are float,
+//    where CLI11 would turn 1e39 into infinity): CLI11's Range lets NaN through (every comparison
 //    with it is false).
 //  - A text option given an empty value is refused ("--host ''" would otherwise mean "not
 //    given" and fall back to a default), except the names in `may_be_empty` and positionals.
@@ -18,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <string>
 
 namespace kvsplit {
@@ -84,7 +86,8 @@ inline void strict_options(CLI::App& app, std::initializer_list<const char*> may
       [](std::string& s) -> std::string {
         std::string error;
         const double v = cli_detail::parse_double(s, &error);
-        if (error.empty() && !std::isfinite(v)) error = "must be a finite number, got '" + s + "'";
+        if (error.empty() && !(std::fabs(v) <= std::numeric_limits<float>::max()))
+          error = "must be a finite number (within float range), got '" + s + "'";
         return error;
       },
       "");
@@ -98,7 +101,7 @@ inline void strict_options(CLI::App& app, std::initializer_list<const char*> may
       o->transform(decimal);
     } else if (t.rfind("FLOAT", 0) == 0) {
       o->transform(finite);
-    } else if (t.rfind("TEXT", 0) == 0 && !o->get_lnames().empty()) {
+    } else if (t.rfind("TEXT", 0) == 0 && !o->get_positional()) {
       bool exempt = false;
       for (const char* name : may_be_empty) exempt = exempt || o->check_name(name);
       if (!exempt) o->transform(non_empty);

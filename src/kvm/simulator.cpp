@@ -61,11 +61,9 @@ StatusOr<SimResult> Sim::run() {
     r.prompt = t.prompt_tokens;
     r.output = t.output_tokens;
     if (p_.max_context > 1) {  // as bench_serving_offline fits a trace to the model's context
-      const int64_t prompt = r.prompt, output = r.output;
+      res_.over_context += r.prompt + r.output - 1 > p_.max_context;
       r.prompt = std::clamp<int64_t>(r.prompt, 1, p_.max_context - 1);
       r.output = std::clamp<int64_t>(r.output, 1, std::max<int64_t>(1, p_.max_context - r.prompt));
-      res_.prompts_cut += r.prompt < prompt;
-      res_.outputs_cut += r.prompt == prompt && r.output < output;
     }
     r.target = r.prompt;
     res_.classes[cls].requests++;
@@ -319,8 +317,7 @@ std::string sim_result_json(const SimResult& r) {
   j["mean_step_ms"] = r.mean_step_ms;
   j["preemptions"] = r.preemptions;
   j["thrashed"] = r.thrashed;
-  j["prompts_cut"] = r.prompts_cut;
-  j["outputs_cut"] = r.outputs_cut;
+  j["over_context"] = r.over_context;
   j["kv_blocks_per_worker"] = r.kv_blocks_per_worker;
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }

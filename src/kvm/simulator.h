@@ -43,10 +43,10 @@ struct SimResult {
   // other at every block boundary in a pool they fill between them): counted as rejected so that
   // the run ends.
   int64_t thrashed = 0;
-  // Requests fitted to the profile's max_context (as bench_serving_offline fits a trace): prompts
-  // of max_context tokens or more, cut to max_context - 1 (a server refuses them:
-  // INVALID_ARGUMENT), and outputs cut to what the context leaves (a server stops them there).
-  int64_t prompts_cut = 0, outputs_cut = 0;
+  // Requests a server refuses with INVALID_ARGUMENT, prompt + output - 1 > the profile's
+  // max_context (sched::check_request's rule), which the simulator fits to the context instead,
+  // as bench_serving_offline fits a trace.
+  int64_t over_context = 0;
   // Each decode worker's KV as modelled: full-pool blocks and the semantic cut's arena pages.
   int64_t kv_blocks_per_worker = 0, int8_pages_per_worker = 0, int4_pages_per_worker = 0;
   // Every request of the trace in arrival order (ties: trace order), as the model predicts it

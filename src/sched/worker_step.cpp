@@ -631,14 +631,16 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
     Sequence& seq = *batch_.seqs[i];
     if (seq.next == Sequence::Next::kRemove) continue;  // cancelled in 1.
     const bool in_waiting = seq.phase == SeqPhase::kPrefill || seq.phase == SeqPhase::kPreempted;
+    const bool sampled = job < sample_jobs_.size() && sample_jobs_[job].seq == &seq;
     // Full prompt pages join the prefix cache as soon as they are computed, before a finish
-    // releases the table (a request that ends on its first token still leaves its prompt).
-    if (in_waiting) {
+    // releases the table (a request that ends on its first token still leaves its prompt); not
+    // the pages of a step whose logits were unusable (they may hold a backend's fault).
+    if (in_waiting && !(sampled && sample_reasons_[job] == FinishReason::kError)) {
       pool_->cache_prefix(seq.table, seq.prefix_salt, seq.tokens,
                           std::min(seq.num_computed, seq.num_prompt) / pool_->block_size());
       drop_behind_window(seq);  // after the prefix cache took its pages
     }
-    if (job < sample_jobs_.size() && sample_jobs_[job].seq == &seq) {
+    if (sampled) {
       const FinishReason reason = sample_reasons_[job++];
       if (reason == FinishReason::kError) {
         const Status st = unusable_logits_error(seq);

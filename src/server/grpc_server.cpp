@@ -24,7 +24,8 @@ Status check_tls_files(const config::ServerConfig& config) {
   // listening port, which reads like a port in use.
   KVSPLIT_ASSIGN_OR_RETURN(std::string cert,
                            read_file(config.tls.cert_file, "server.tls.cert_file"));
-  if (cert.find("-----BEGIN CERTIFICATE-----") == std::string::npos) {
+  const size_t begin = cert.find("-----BEGIN ");
+  if (begin == std::string::npos || cert.find("CERTIFICATE-----", begin) == std::string::npos) {
     return invalid_argument("server.tls.cert_file: " + config.tls.cert_file +
                             " holds no PEM certificate (-----BEGIN CERTIFICATE-----)");
   }

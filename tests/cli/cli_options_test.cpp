@@ -71,7 +71,7 @@ TEST(CliOptions, FloatsMustBeFiniteAndBoundsNameThemselves) {
   Flags f;
   EXPECT_EQ(parse({"--temperature", "0.5"}, &f), "");
   EXPECT_EQ(f.temperature, 0.5);
-  for (const char* bad : {"nan", "NaN", "inf", "-inf"}) {
+  for (const char* bad : {"nan", "NaN", "inf", "-inf", "1e39", "-4e38"}) {
     const std::string err = parse({"--temperature", bad}, &f);  // NaN passed CLI::Range
     EXPECT_NE(err.find("--temperature: must be a finite number"), std::string::npos)
         << bad << ": " << err;

@@ -79,27 +79,26 @@ TEST(Simulator, IdleEngineMeetsTargetsAndCountsEveryRequest) {
 }
 
 // With the profile's max_context a trace is fitted to the model (as bench_serving_offline
-// does), and the fitted requests are counted: a prompt a server would refuse, and an output it
-// would stop at the context. The cut prompt is priced at its cut length.
-TEST(Simulator, RequestsFittedToTheContextAreCounted) {
+// does), and the requests a server refuses (prompt + output - 1 > max_context) are counted. A cut
+// prompt is priced at its cut length.
+TEST(Simulator, RequestsOverTheContextAreCounted) {
   EngineProfile p = test_profile();
   p.max_context = 512;
   const std::vector<TraceRequest> trace = {{0, 1000, 8, "fast"},     // prompt cut to 511
                                            {100, 500, 100, "fast"},  // output cut to 12
-                                           {200, 64, 16, "fast"}};   // fits
+                                           {200, 500, 13, "fast"},   // 512 positions: served
+                                           {300, 64, 16, "fast"}};
   auto r = simulate(test_config(), p, trace);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
-  EXPECT_EQ(r->prompts_cut, 1);
-  EXPECT_EQ(r->outputs_cut, 1);
-  EXPECT_EQ(cls(*r, "fast").finished, 3);
+  EXPECT_EQ(r->over_context, 2);
+  EXPECT_EQ(cls(*r, "fast").finished, 4);
   EXPECT_NEAR(r->requests[0].ttft_ms, 2 * 1 + 511 * 0.01, 1e-9);  // two chunks (256 a step)
   const nlohmann::json j = nlohmann::json::parse(sim_result_json(*r));
-  EXPECT_EQ(j["prompts_cut"], 1);
-  EXPECT_EQ(j["outputs_cut"], 1);
+  EXPECT_EQ(j["over_context"], 2);
   p.max_context = 0;  // unknown: nothing fitted
   auto whole = simulate(test_config(), p, trace);
   ASSERT_TRUE(whole.ok());
-  EXPECT_EQ(whole->prompts_cut + whole->outputs_cut, 0);
+  EXPECT_EQ(whole->over_context, 0);
 }
 
 TEST(Simulator, MoreLoadMeansHigherTtft) {
