@@ -37,6 +37,7 @@ int main() {
 #include <vector>
 
 #include "backend/split_plan.h"
+#include "common/cli_options.h"
 #include "kernels/attention/mixed_attention.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/bench/stream_read.h"
@@ -296,6 +297,7 @@ int main(int argc, char** argv) {
   app.add_flag("--probe", probe,
                "--mode mixed: all-full and all-int8 pages with each kernel stage left out in turn "
                "(the stage's cost is the difference; outputs meaningless)");
+  kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
   CLI11_PARSE(app, argc, argv);
 
   int count = 0;

@@ -41,6 +41,7 @@
 #include "backend/cpu/kv_quant_ops.h"
 #include "backend/cpu/machine_probe.h"
 #include "backend/split_plan.h"
+#include "common/cli_options.h"
 #include "common/thread_pool.h"
 #include "kernels/common/kv_quant.h"
 
@@ -263,26 +264,26 @@ int main(int argc, char** argv) {
   bool cold = false;
   int cold_mb = default_cold_mb();
   app.add_option("--threads", threads, "threads (default: hardware threads)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--heads", heads, "query heads")->check(CLI::PositiveNumber);
-  app.add_option("--kv-heads", kv_heads, "kv heads (divides --heads)")->check(CLI::PositiveNumber);
-  app.add_option("--head-dim", head_dim, "head_dim")->check(CLI::PositiveNumber);
-  app.add_option("--block-size", block_size, "tokens per page")->check(CLI::PositiveNumber);
-  app.add_option("--seconds", seconds, "minimum timed seconds per case")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
+  app.add_option("--heads", heads, "query heads")->check(kvsplit::kPositive);
+  app.add_option("--kv-heads", kv_heads, "kv heads (divides --heads)")->check(kvsplit::kPositive);
+  app.add_option("--head-dim", head_dim, "head_dim")->check(kvsplit::kPositive);
+  app.add_option("--block-size", block_size, "tokens per page")->check(kvsplit::kPositive);
+  app.add_option("--seconds", seconds, "minimum timed seconds per case")->check(kvsplit::kPositive);
   app.add_flag("--quant-only", quant_only, "run only the quantized-page decode cases");
   app.add_flag("--cpu-time", cpu_time, "time the quantized cases by process CPU time / threads");
   app.add_flag("--best-call", best_call, "time the quantized cases by their fastest single call");
   app.add_option("--repeats", repeats, "measure the quantized cases N times, print median ratios")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
   app.add_flag("--cold", cold,
                "read --cold-mb MiB before each timed decode call (untimed): KV read from memory");
   app.add_option("--cold-mb", cold_mb, "buffer --cold reads (MiB; default 4x the L3 cache)")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
   app.add_option("--variant", variant, "run only this quantized-decode variant (no timing)")
       ->check(CLI::IsMember({"full", "mixfl", "int8", "int4"}));
-  app.add_option("--kv-len", kv_len_only, "kv_len of --variant")->check(CLI::PositiveNumber);
-  app.add_option("--calls", calls, "decode calls of --variant")->check(CLI::PositiveNumber);
+  app.add_option("--kv-len", kv_len_only, "kv_len of --variant")->check(kvsplit::kPositive);
+  app.add_option("--calls", calls, "decode calls of --variant")->check(kvsplit::kPositive);
+  kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
   CLI11_PARSE(app, argc, argv);
   if (!variant.empty()) {
     return run_variant(variant, kv_len_only, calls, threads, heads, kv_heads, head_dim, block_size);

@@ -24,6 +24,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/machine_probe.h"
+#include "common/cli_options.h"
 #include "common/thread_pool.h"
 #include "engine/engine_impl.h"
 #include "kernels/common/kv_quant.h"
@@ -348,9 +349,9 @@ int main(int argc, char** argv) {
   app.add_option("--backend", backend_name, "cpu or cuda");
   app.add_option("--batches", batches, "batch sizes")->delimiter(',');
   app.add_option("--prompt-len", prompt_len, "prompt tokens per sequence (prefill)")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
   app.add_option("--decode-steps", decode_steps, "timed decode steps per batch size")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
   app.add_option("--threads", threads, "CPU threads (0: all)");
   app.add_option("--block-size", block_size, "KV page size")->check(CLI::Range(1, 1024));
   app.add_flag("--skip-probe", skip_probe, "do not measure bandwidth / FMA peak");
@@ -366,6 +367,7 @@ int main(int argc, char** argv) {
   app.add_option("--write-profile", profile_path,
                  "measure the policy simulator's cost profile (docs/kvm.md), write it as JSON "
                  "to this file, and exit");
+  kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
   CLI11_PARSE(app, argc, argv);
   auto policy = cuts::semantic::parse_kv_policy(kv_policy);
   if (!policy.ok()) return fail(policy.status());

@@ -22,6 +22,7 @@
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/machine_probe.h"
 #include "backend/cpu/simd.h"
+#include "common/cli_options.h"
 #include "common/thread_pool.h"
 
 namespace {
@@ -44,15 +45,15 @@ int main(int argc, char** argv) {
   bool warm = false;
   int64_t cold_mib = 1024;
   app.add_option("--threads", threads, "threads (default: hardware threads)")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
   app.add_option("--m", ms, "batch sizes (rows of x)")->delimiter(',');
-  app.add_option("--seconds", seconds, "minimum timed seconds per case")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--seconds", seconds, "minimum timed seconds per case")->check(kvsplit::kPositive);
   app.add_flag("--warm", warm, "reuse one copy of W (may be cache resident)");
   bool cpu_time = false;
   app.add_flag("--cpu-time", cpu_time, "time by process CPU seconds / threads (busy machine)");
   app.add_option("--cold-mib", cold_mib, "MiB of W copies to rotate through when cold")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
+  kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
   CLI11_PARSE(app, argc, argv);
 
   ThreadPool pool(threads);

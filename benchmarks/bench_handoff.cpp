@@ -59,6 +59,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/cli_options.h"
 #include "engine/engine_impl.h"
 #include "kvsplit/engine.h"
 
@@ -461,7 +462,7 @@ int main(int argc, char** argv) {
   app.add_option("--fwd-requests", o.fwd_requests, "--forwarding, --hung-worker: requests")
       ->check(CLI::Range(2, 100000));
   app.add_option("--fwd-rate", o.fwd_rate, "--forwarding, --hung-worker: arrivals per second")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
   app.add_option("--fwd-slots", o.fwd_slots,
                  "--forwarding, --hung-worker: sequences per decode worker")
       ->check(CLI::Range(1, 4096));
@@ -476,6 +477,7 @@ int main(int argc, char** argv) {
                "once when it is marked down");
   app.add_option("--hung-timeout-ms", o.hung_timeout_ms, "--hung-worker: handoff_timeout_ms")
       ->check(CLI::Range(1, 3600000));
+  kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
   CLI11_PARSE(app, argc, argv);
   if (o.forwarding) return forwarding_main(o);
   if (o.hung_worker) return hung_main(o);

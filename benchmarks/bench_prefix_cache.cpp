@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "common/cli_options.h"
 #include "kv/kv_pool.h"
 
 namespace {
@@ -115,6 +116,7 @@ int main(int argc, char** argv) {
   app.add_option("--device-blocks", device_blocks, "device pages of the pool")
       ->check(CLI::Range(16, 1 << 20));
   app.add_option("--ops", ops, "timed operations of each kind")->check(CLI::Range(1, 1 << 24));
+  kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
   CLI11_PARSE(app, argc, argv);
   std::sort(sizes.begin(), sizes.end());
   auto be = std::move(kvsplit::backend::create_backend("cpu", 1)).value();

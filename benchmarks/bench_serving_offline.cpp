@@ -32,6 +32,7 @@
 #include <thread>
 
 #include "burst.h"
+#include "common/cli_options.h"
 #include "config/config.h"
 #include "serving_offline.h"
 
@@ -657,8 +658,8 @@ int main(int argc, char** argv) {
   app.add_option("--model", o.model, "model path or synthetic:<preset>");
   app.add_option("--mode", o.mode, "both | colocated | disaggregated")
       ->check(CLI::IsMember({"both", "colocated", "disaggregated"}));
-  app.add_option("--requests", o.requests, "number of requests")->check(CLI::PositiveNumber);
-  app.add_option("--rate", o.rate, "Poisson arrival rate (requests/s)")->check(CLI::PositiveNumber);
+  app.add_option("--requests", o.requests, "number of requests")->check(kvsplit::kPositive);
+  app.add_option("--rate", o.rate, "Poisson arrival rate (requests/s)")->check(kvsplit::kPositive);
   app.add_option("--seed", o.seed, "workload seed");
   app.add_option("--prompt-median", o.prompt_median, "lognormal prompt length median (tokens)")
       ->check(CLI::Range(1.0, 1e9));
@@ -704,7 +705,7 @@ int main(int argc, char** argv) {
   app.add_option("--semantic-threshold", o.semantic_threshold, "--capacity: ladder threshold");
   app.add_option("--recent-tokens", o.recent_tokens, "--capacity: recent tokens kept full");
   app.add_option("--score-interval", o.score_interval, "--capacity: decode steps between scorings")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
   app.add_flag("--swap-compare", o.swap_compare,
                "temporal cut: swap never / always / auto on one over-committed KV budget");
   app.add_option("--swap-seqs", o.swap_seqs, "--swap-compare: sequences submitted at once");
@@ -713,13 +714,13 @@ int main(int argc, char** argv) {
   app.add_option("--host-mb", o.host_mb, "--swap-compare: host tier per worker (MiB)");
   app.add_option("--swap-reps", o.swap_reps,
                  "--swap-compare: rounds of never, always, auto taking turns (median and range)")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
   app.add_option("--sla-ttft-ms", o.sla_ttft_ms,
                  "--swap-compare: goodput's TTFT target (default: the default class's, 5000)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kvsplit::kNonNegative);
   app.add_option("--sla-itl-ms", o.sla_itl_ms,
                  "--swap-compare: goodput's mean ITL target (default: the default class's, 500)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kvsplit::kNonNegative);
   app.add_option("--trace", o.trace,
                  "replay this request trace (JSON lines, docs/kvm.md) instead of the synthetic "
                  "workload: synthetic prompts of its lengths, EOS ignored, its classes");
@@ -734,23 +735,24 @@ int main(int argc, char** argv) {
                "fair time slicing: short requests' TTFT without and with one long prompt among "
                "them (--write-trace writes the run with it)");
   app.add_option("--fair-requests", o.fair_requests, "--fairness: short requests")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
   app.add_option("--fair-rate", o.fair_rate, "--fairness: short requests' Poisson rate (1/s)")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
   app.add_option("--fair-prompt-min", o.fair_prompt_min, "--fairness: shortest short prompt")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
   app.add_option("--fair-prompt-max", o.fair_prompt_max, "--fairness: longest short prompt")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
   app.add_option("--fair-output-min", o.fair_output_min, "--fairness: shortest short output")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
   app.add_option("--fair-output-max", o.fair_output_max, "--fairness: longest short output")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
   app.add_option("--long-prompt", o.long_prompt, "--fairness: the long prompt's tokens")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
   app.add_option("--long-output", o.long_output, "--fairness: the long request's output tokens")
-      ->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
   app.add_option("--long-at", o.long_at_s, "--fairness: the long prompt's arrival (s)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kvsplit::kNonNegative);
+  kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
   CLI11_PARSE(app, argc, argv);
   if (o.fair_prompt_min > o.fair_prompt_max || o.fair_output_min > o.fair_output_max) {
     std::fprintf(stderr, "--fair-*-min must not exceed --fair-*-max\n");

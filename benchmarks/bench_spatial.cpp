@@ -37,6 +37,7 @@
 #include "backend/backend.h"
 #include "backend/communicator.h"
 #include "backend/shard_placement.h"
+#include "common/cli_options.h"
 #include "kv/kv_pool.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
@@ -572,6 +573,7 @@ int main(int argc, char** argv) {
   app.add_flag(
       "--quick", o.quick,
       "a fast sanity run: contexts 1024,2048, chunk 256, 1 x 3 steps, 512 tokens per shard");
+  kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
   CLI11_PARSE(app, argc, argv);
   if (o.quick) {
     o.contexts = {1024, 2048};

@@ -59,6 +59,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "common/cli_options.h"
 #include "kv/disk_tier.h"
 #include "kv/kv_pool.h"
 #include "kv/swap.h"
@@ -715,6 +716,7 @@ int main(int argc, char** argv) {
   app.add_option("--prefix-spill", o.prefix_spill,
                  "--prefix: also a run whose prefix is pushed out to this tier between requests")
       ->check(CLI::IsMember({"host", "disk"}));
+  kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
   CLI11_PARSE(app, argc, argv);
   int rc = 0;
   if (o.restore) rc |= run_restore(o);

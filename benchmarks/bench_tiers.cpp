@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cli_options.h"
 #include "kv/disk_tier.h"
 
 namespace {
@@ -236,6 +237,7 @@ int main(int argc, char** argv) {
   app.add_flag("--direct", direct, "O_DIRECT for the tier and the raw loop (the device itself)");
   app.add_flag("--no-inline", no_inline,
                "every tier read through the I/O backend (no page-cache reads on the caller)");
+  kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
   CLI11_PARSE(app, argc, argv);
 
   std::vector<IoBackend> backends;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cli_options.h"
 #include "model/tokenizer.h"
 
 namespace {
@@ -79,6 +80,7 @@ int main(int argc, char** argv) {
                  "../shared/models)");
   app.add_option("--data", data, "text sample (default <models>/../data/tinystories_sample.txt)");
   app.add_option("--min-seconds", min_seconds, "time spent per (tokenizer, size)");
+  kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
   CLI11_PARSE(app, argc, argv);
   if (data.empty()) data = models + "/../data/tinystories_sample.txt";
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "burst.h"
+#include "common/cli_options.h"
 #include "kvsplit/engine.h"
 
 namespace {
@@ -98,16 +99,16 @@ int main(int argc, char** argv) {
   CLI::App app{"kvsplit sliding-window KV freeing benchmark"};
   app.add_option("--model", o.model, "synthetic:<preset>[@seed=N,ctx=N] (no window)");
   app.add_option("--window", o.window, "the windowed model's sliding window (keys)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--kv-blocks", o.kv_blocks, "KV pages of the worker")->check(CLI::PositiveNumber);
-  app.add_option("--block-size", o.block_size, "tokens per page")->check(CLI::PositiveNumber);
-  app.add_option("--prompt", o.prompt, "prompt tokens")->check(CLI::PositiveNumber);
-  app.add_option("--output", o.output, "tokens generated")->check(CLI::PositiveNumber);
+      ->check(kvsplit::kPositive);
+  app.add_option("--kv-blocks", o.kv_blocks, "KV pages of the worker")->check(kvsplit::kPositive);
+  app.add_option("--block-size", o.block_size, "tokens per page")->check(kvsplit::kPositive);
+  app.add_option("--prompt", o.prompt, "prompt tokens")->check(kvsplit::kPositive);
+  app.add_option("--output", o.output, "tokens generated")->check(kvsplit::kPositive);
   app.add_option("--seqs", o.seqs, "sequence counts, submitted at once")->delimiter(',');
-  app.add_option("--threads", o.threads, "CPU threads of the worker")->check(CLI::PositiveNumber);
-  app.add_option("--reps", o.reps, "rounds (the two models take turns)")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--threads", o.threads, "CPU threads of the worker")->check(kvsplit::kPositive);
+  app.add_option("--reps", o.reps, "rounds (the two models take turns)")->check(kvsplit::kPositive);
   app.add_option("--seed", o.seed, "prompt seed");
+  kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::err);  // preemption warnings are counted, not printed
   if (o.model.rfind("synthetic:", 0) != 0 || o.model.find("window=") != std::string::npos) {

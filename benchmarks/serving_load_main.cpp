@@ -27,6 +27,7 @@
 #include <random>
 #include <thread>
 
+#include "common/cli_options.h"
 #include "config/config.h"
 #include "kvm/trace.h"
 #include "server/bench_report.h"
@@ -226,6 +227,7 @@ int main(int argc, char** argv) {
                  "in-process engine: running sequences per decode worker");
   app.add_option("--threads-per-worker", threads_per_worker,
                  "in-process engine: CPU threads per worker");
+  kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
   if (auto st = kvsplit::server::bench::parse_spec(prompt_len, output_len, class_mix, &spec);
