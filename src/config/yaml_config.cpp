@@ -47,6 +47,10 @@ Status parse_int(const YAML::Node& n, const std::string& path, Int* out) {
   if (!n.IsScalar()) return field_error(path, "must be an integer");
   const std::string& s = n.Scalar();
   Int v{};
+  if (std::is_unsigned_v<Int> && s == "-0") {  // zero, as the command-line flags read it
+    *out = 0;
+    return ok_status();
+  }
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec == std::errc::result_out_of_range) return field_error(path, "out of range: " + quoted(s));
   if (ec != std::errc() || end != s.data() + s.size() || s.empty()) {

@@ -188,6 +188,9 @@ TEST(ConfigTest, BadValuesNameTheField) {
   expect_error("kv: {dtype: int3}\n", "kv.dtype");
   expect_error("kv: {capacity_mb: 0}\n", "kv.capacity_mb");
   expect_error("seed: -1\n", "seed: must be a non-negative integer, got '-1'");
+  auto zero = parse_config("seed: -0\n");
+  ASSERT_TRUE(zero.ok()) << zero.status().to_string();
+  EXPECT_EQ(zero->engine.seed, 0u);
   expect_error("sla_classes: {}\n", "sla_classes");
   expect_error("sla_classes: [a, b]\n", "sla_classes");
   expect_error("sla_classes:\n  'bad name!': {max_ttft_ms: 1}\n", "sla_classes.bad name!");
