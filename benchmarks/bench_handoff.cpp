@@ -57,6 +57,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/cli_options.h"
@@ -242,33 +243,38 @@ double percentile(std::vector<double> v, double p) {
   return v[static_cast<size_t>(std::min<double>(v.size() - 1, p / 100.0 * v.size()))];
 }
 
-// variant 0: by KV load, in place; 1: free slots first, in place; 2: free slots first, passed on.
-int run_forwarding(const Options& o, int variant, ForwardResult* out) {
+// --forwarding and --hung-worker: --fwd-slots sequences per worker, and classes that never
+// refuse or expire a request (the handles are read at the end).
+kvsplit::EngineConfig arrivals_config(const Options& o) {
   kvsplit::EngineConfig c = disaggregated_config(o);
   c.max_num_seqs = o.fwd_slots;
-  c.max_unread_events = 0;  // handles are read at the end
-  c.forward_waiting_handoffs = variant == 2;
+  c.max_unread_events = 0;
   for (kvsplit::SlaClass& k : c.sla_classes) {
     k.queue_timeout_ms = 600000;
     k.max_queue = 100000;
   }
-  kvsplit::EngineImpl::InternalOptions internal;
-  internal.slot_aware_handoffs = variant > 0;
-  auto engine = kvsplit::EngineImpl::create(c, internal);
-  if (!engine.ok()) return std::fprintf(stderr, "%s\n", engine.status().to_string().c_str()), 1;
-  kvsplit::Engine& e = **engine;
+  return c;
+}
+
+// Submits --fwd-requests requests at Poisson arrivals of --fwd-rate per second (seeded: the same
+// workload in every run); request i has shape(i) = {prompt tokens, tokens to generate}, random
+// ids. Then reads every handle to its end: the handoff and end-to-end times into `out`, and the
+// wall time from the first arrival. 1 (with a message) when a request fails.
+template <typename Shape>
+int run_arrivals(kvsplit::Engine& e, const Options& o, uint32_t seed, Shape shape,
+                 ForwardResult* out) {
   const int vocab = e.model_info().vocab_size;
-  std::mt19937 rng(21);  // the same workload in every run
+  std::mt19937 rng(seed);
   std::exponential_distribution<double> gap(o.fwd_rate);
   std::vector<kvsplit::RequestHandle> handles;
   const auto t0 = std::chrono::steady_clock::now();
   double at = 0;
   for (int i = 0; i < o.fwd_requests; ++i) {
-    const bool rag = i % 2 == 0;
+    const auto [prompt, generated] = shape(i);
     kvsplit::Request r;
-    r.prompt_token_ids.resize(static_cast<size_t>(rag ? o.fwd_long_prompt : 16));
+    r.prompt_token_ids.resize(static_cast<size_t>(prompt));
     for (int32_t& t : r.prompt_token_ids) t = 3 + static_cast<int32_t>(rng() % (vocab - 3));
-    r.sampling.max_tokens = rag ? 8 : o.fwd_long_output;
+    r.sampling.max_tokens = generated;
     r.sampling.ignore_eos = true;
     r.sampling.temperature = 0;
     std::this_thread::sleep_until(t0 + std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -288,6 +294,23 @@ int run_forwarding(const Options& o, int variant, ForwardResult* out) {
     out->e2e_ms.push_back(ev.timings.e2e_ms);
   }
   out->wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return 0;
+}
+
+// variant 0: by KV load, in place; 1: free slots first, in place; 2: free slots first, passed on.
+int run_forwarding(const Options& o, int variant, ForwardResult* out) {
+  kvsplit::EngineConfig c = arrivals_config(o);
+  c.forward_waiting_handoffs = variant == 2;
+  kvsplit::EngineImpl::InternalOptions internal;
+  internal.slot_aware_handoffs = variant > 0;
+  auto engine = kvsplit::EngineImpl::create(c, internal);
+  if (!engine.ok()) return std::fprintf(stderr, "%s\n", engine.status().to_string().c_str()), 1;
+  kvsplit::Engine& e = **engine;
+  // Alternately a long prompt with a short answer and a short prompt with a long answer.
+  const auto shape = [&](int i) {
+    return i % 2 == 0 ? std::pair{o.fwd_long_prompt, 8} : std::pair{16, o.fwd_long_output};
+  };
+  if (run_arrivals(e, o, 21, shape, out) != 0) return 1;
   for (const kvsplit::PoolStats& p : e.stats().pools) out->forwarded += p.handoffs_forwarded;
   return 0;
 }
@@ -333,53 +356,20 @@ int forwarding_main(const Options& o) {
 
 // decode-0 hung from the start; early: offers in flight to it taken back once it is marked down.
 int run_hung(const Options& o, bool early, ForwardResult* out, int64_t* rerouted) {
-  kvsplit::EngineConfig c = disaggregated_config(o);
-  c.max_num_seqs = o.fwd_slots;
-  c.max_unread_events = 0;  // handles are read at the end
+  kvsplit::EngineConfig c = arrivals_config(o);
   c.handoff_timeout_ms = o.hung_timeout_ms;
-  for (kvsplit::SlaClass& k : c.sla_classes) {
-    k.queue_timeout_ms = 600000;
-    k.max_queue = 100000;
-  }
   kvsplit::EngineImpl::InternalOptions internal;
   internal.take_back_from_down = early;
   auto engine = kvsplit::EngineImpl::create(c, internal);
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", engine.status().to_string().c_str()), 1;
   kvsplit::EngineImpl& e = **engine;
   e.set_test_hold_worker(1, kvsplit::sched::TestHold::kAll);  // workers: prefill-0, decode-0, ...
-  const int vocab = e.model_info().vocab_size;
-  std::mt19937 rng(33);  // the same workload in every run
-  std::exponential_distribution<double> gap(o.fwd_rate);
-  std::vector<kvsplit::RequestHandle> handles;
-  const auto t0 = std::chrono::steady_clock::now();
-  double at = 0;
-  for (int i = 0; i < o.fwd_requests; ++i) {
-    kvsplit::Request r;
-    r.prompt_token_ids.resize(16);
-    for (int32_t& t : r.prompt_token_ids) t = 3 + static_cast<int32_t>(rng() % (vocab - 3));
-    r.sampling.max_tokens = 16;
-    r.sampling.ignore_eos = true;
-    r.sampling.temperature = 0;
-    std::this_thread::sleep_until(t0 + std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                           std::chrono::duration<double>(at)));
-    at += gap(rng);
-    auto h = e.submit(r);
-    if (!h.ok()) return std::fprintf(stderr, "%s\n", h.status().to_string().c_str()), 1;
-    handles.push_back(std::move(*h));
-  }
-  int rc = 0;
-  for (kvsplit::RequestHandle& h : handles) {
-    kvsplit::TokenEvent ev;
-    while (h.next(&ev, std::chrono::minutes(10)))
-      if (ev.final) break;
-    if (!ev.final || !ev.status.ok()) {
-      std::fprintf(stderr, "request failed: %s\n", ev.status.to_string().c_str());
-      rc = 1;
-      break;
-    }
-    out->handoff_ms.push_back(ev.timings.handoff_ms);
-  }
-  out->wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int rc = run_arrivals(
+      e, o, 33,
+      [](int) {
+        return std::pair{16, 16};
+      },
+      out);
   *rerouted = e.stats().pools[0].handoffs_rerouted;
   e.set_test_hold_worker(1, kvsplit::sched::TestHold::kNone);
   return rc;

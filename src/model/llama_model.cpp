@@ -701,9 +701,9 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     std::vector<float> row(static_cast<size_t>(vocab));
     for (int r = 0; r < num_argmax; ++r) {
       KVSPLIT_RETURN_IF_ERROR(be.copy_d2h(row.data(), lg + r * vocab, row_bytes));
-      row_ids[r] = sampling::logits_usable(row.data(), c.vocab_size)
-                       ? sampling::argmax_lowest(row.data(), c.vocab_size)
-                       : -1;
+      // -1 when the row has no usable logit (sampling::logits_usable, from the same argmax).
+      const int32_t id = sampling::argmax_lowest(row.data(), c.vocab_size);
+      row_ids[r] = std::isfinite(row[id]) ? id : -1;
     }
   }
   KVSPLIT_RETURN_IF_ERROR(be.synchronize());

@@ -76,7 +76,7 @@ struct WorkerOptions {
   // (DecodeLoad::slots_full); false (benchmarks): by KV load alone.
   bool slot_aware_handoffs = true;
   // Offers in flight to a decode worker marked down are taken back before their deadlines
-  // (Worker::dest_down_and_another_up, reclaim_forwarded); false (benchmarks): at them.
+  // (Worker::up_instead_of_down_dest, reclaim_forwarded); false (benchmarks): at them.
   bool take_back_from_down = true;
   std::chrono::milliseconds idle_wait{2};  // sleep when idle (bounds queue-timeout latency)
   // Sampling + token events of a step run on this many threads (the worker's thread included)
@@ -349,8 +349,9 @@ class Worker {
   // a prefix cache, cache-aware: the pages routes_ says each worker was sent already count as
   // shared there); null when none is left.
   Worker* pick_decode_worker(const Pinned& pin) const;
-  // True when `pin`'s destination is marked down and pick_decode_worker finds one that is not.
-  bool dest_down_and_another_up(const Pinned& pin) const;
+  // When `pin`'s destination is marked down: the worker pick_decode_worker finds for it if that
+  // one is up (an early move, at most one per decode worker); otherwise null.
+  Worker* up_instead_of_down_dest(const Pinned& pin) const;
   // The chained hashes (PrefixCache::next) of the pages of `seq` a decode worker's prefix cache
   // may serve (cacheable_tokens); empty without a prefix cache, with cache_aware_handoffs off,
   // with a sliding window, on a shard group, or with one decode worker.

@@ -68,14 +68,14 @@ Worker* Worker::pick_decode_worker(const Pinned& pin) const {
   return i < 0 ? nullptr : candidates[static_cast<size_t>(i)];
 }
 
-bool Worker::dest_down_and_another_up(const Pinned& pin) const {
+Worker* Worker::up_instead_of_down_dest(const Pinned& pin) const {
   // Bounded: each early move gives its worker back its try (below), so workers that keep being
   // marked down and coming back could otherwise pass an offer between them for ever.
   if (!options_.take_back_from_down || !pin.dest->marked_down() ||
       pin.early_moves >= static_cast<int>(shared_->decode_workers.size()))
-    return false;
-  const Worker* next = pick_decode_worker(pin);
-  return next != nullptr && !next->marked_down();
+    return nullptr;
+  Worker* next = pick_decode_worker(pin);
+  return next != nullptr && !next->marked_down() ? next : nullptr;
 }
 
 void Worker::routes_moved(const Pinned& pin, const Worker* now_at) {
@@ -156,8 +156,9 @@ void Worker::reclaim_undelivered(Clock::time_point now) {
     // (another offer to it missed its deadline, here or on another prefill worker) and a decode
     // worker that is up has not had it: a hung worker costs the offers in flight to it one
     // handoff_timeout_ms in all, not one each.
-    const bool due = now >= p.deliver_by || cancelled || dest_down_and_another_up(p);
-    if (!due || !p.ticket->reclaim()) {
+    const bool late = now >= p.deliver_by;
+    Worker* instead = late || cancelled ? nullptr : up_instead_of_down_dest(p);
+    if ((!late && !cancelled && instead == nullptr) || !p.ticket->reclaim()) {
       ++it;
       continue;
     }
@@ -174,14 +175,13 @@ void Worker::reclaim_undelivered(Clock::time_point now) {
     // has not had it yet is offered it, under the same id (the dead offer is dropped by its
     // destination without a HandoffDone) and the same pinned pages.
     Worker* dest = p.dest;
-    const bool late = now >= p.deliver_by;
     if (late && dest->mark_down()) {
       KVSPLIT_LOG_WARN(
           "{}: {} marked down: it did not take a KV handoff within {} ms; new handoffs go to "
           "other decode workers until it drains its inbox again",
           options_.name, dest->name(), options_.handoff_timeout.count());
     }
-    if (Worker* next = pick_decode_worker(p)) {
+    if (Worker* next = late ? pick_decode_worker(p) : instead) {
       if (late) {
         KVSPLIT_LOG_WARN(
             "{}: KV handoff of request {} to {} not received within {} ms; offered to {}",

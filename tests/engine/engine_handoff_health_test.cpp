@@ -104,8 +104,11 @@ void first_token(RequestHandle& h) {
 
 // Three held workers: decode-0 runs one short sequence, decode-1 a long prompt (7 blocks), both
 // before their forward passes; then decode-0 hangs (takes no offer). `busy` waits on decode-1.
+// send_two_offers then submits `first` and, 1 s after its offer, `second`, while decode-0 is not
+// down yet; second_at is taken at second's first token (its offer is posted just after).
 struct HungDecode0 {
-  RequestHandle on_0, busy;
+  RequestHandle on_0, busy, first, second;
+  std::chrono::steady_clock::time_point second_at;
 };
 HungDecode0 hang_decode_0(EngineImpl& e) {
   HungDecode0 h;
@@ -120,6 +123,21 @@ HungDecode0 hang_decode_0(EngineImpl& e) {
   return h;
 }
 
+void send_two_offers(EngineImpl& e, HungDecode0* h) {
+  auto first = e.submit(short_request("Lily wanted to"));
+  ASSERT_TRUE(first.ok());
+  h->first = *first;
+  first_token(h->first);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  auto second = e.submit(short_request("The dog"));
+  ASSERT_TRUE(second.ok());
+  h->second = *second;
+  first_token(h->second);
+  h->second_at = std::chrono::steady_clock::now();
+  ASSERT_TRUE(
+      wait_for_stats(e, [](const EngineStats& st) { return st.pools[0].handoffs_rerouted == 2; }));
+}
+
 // Two offers in flight to a hung decode-0 (decode-1 is busier), posted 1 s apart. When the first
 // passes its deadline, decode-0 is marked down and the second is taken back at once, in the same
 // pass, not at its own deadline 1 s later; both finish on decode-1.
@@ -132,18 +150,9 @@ TEST(EngineHandoffHealth, OffersInFlightToAWorkerMarkedDownAreTakenBackAtOnce) {
   EngineImpl& e = **engine;
   const std::vector<int> initial = testing::free_blocks(e);
   HungDecode0 held = hang_decode_0(e);
-  auto first = e.submit(short_request("Lily wanted to"));
-  ASSERT_TRUE(first.ok());
-  first_token(*first);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
-  auto second = e.submit(short_request("The dog"));  // decode-0 is not down yet
-  ASSERT_TRUE(second.ok());
-  first_token(*second);
-  const auto second_at = std::chrono::steady_clock::now();  // its offer is posted after this
-  ASSERT_TRUE(
-      wait_for_stats(e, [](const EngineStats& st) { return st.pools[0].handoffs_rerouted == 2; }));
+  ASSERT_NO_FATAL_FAILURE(send_two_offers(e, &held));
   const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - second_at)
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - held.second_at)
           .count();
   // Its own deadline is handoff_timeout_ms after its offer was posted, later than second_at.
   EXPECT_LT(ms, 2000.0) << "the second offer waited out its own deadline";
@@ -151,8 +160,8 @@ TEST(EngineHandoffHealth, OffersInFlightToAWorkerMarkedDownAreTakenBackAtOnce) {
   ASSERT_TRUE(
       wait_for_stats(e, [](const EngineStats& st) { return st.pools[kDecode1].running == 3; }));
   e.set_test_hold_worker(kDecode1, TestHold::kNone);
-  EXPECT_TRUE(collect(std::move(*first)).final_event.status.ok());
-  EXPECT_TRUE(collect(std::move(*second)).final_event.status.ok());
+  EXPECT_TRUE(collect(std::move(held.first)).final_event.status.ok());
+  EXPECT_TRUE(collect(std::move(held.second)).final_event.status.ok());
   EXPECT_TRUE(collect(std::move(held.busy)).final_event.status.ok());
   e.set_test_hold_worker(kDecode0, TestHold::kNone);
   EXPECT_TRUE(collect(std::move(held.on_0)).final_event.status.ok());
@@ -176,19 +185,11 @@ TEST(EngineHandoffHealth, AWorkerAnOfferLeftEarlyKeepsItsTry) {
   const std::vector<int> initial = testing::free_blocks(e);
   HungDecode0 held = hang_decode_0(e);
   e.set_test_hold_worker(kDecode1, TestHold::kAll);
-  auto first = e.submit(short_request("Lily wanted to"));
-  ASSERT_TRUE(first.ok());
-  first_token(*first);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
-  auto second = e.submit(short_request("The dog"));
-  ASSERT_TRUE(second.ok());
-  first_token(*second);
-  ASSERT_TRUE(
-      wait_for_stats(e, [](const EngineStats& st) { return st.pools[0].handoffs_rerouted == 2; }));
+  ASSERT_NO_FATAL_FAILURE(send_two_offers(e, &held));
   e.set_test_hold_worker(kDecode0, TestHold::kForward);  // drains its inbox: up again
   ASSERT_TRUE(
       wait_for_stats(e, [](const EngineStats& st) { return !st.pools[kDecode0].marked_down; }));
-  const Collected c1 = collect(std::move(*first), std::chrono::seconds(30));
+  const Collected c1 = collect(std::move(held.first), std::chrono::seconds(30));
   ASSERT_FALSE(c1.timed_out);
   EXPECT_EQ(c1.final_event.status.code(), StatusCode::kDeadlineExceeded)
       << c1.final_event.status.to_string();
@@ -196,7 +197,7 @@ TEST(EngineHandoffHealth, AWorkerAnOfferLeftEarlyKeepsItsTry) {
     return st.pools[kDecode0].running == 2;
   })) << "the second offer did not come back to decode-0";
   e.set_test_hold(sched::WorkerRole::kDecode, TestHold::kNone);
-  const Collected c2 = collect(std::move(*second), std::chrono::seconds(30));
+  const Collected c2 = collect(std::move(held.second), std::chrono::seconds(30));
   EXPECT_TRUE(c2.final_event.status.ok()) << c2.final_event.status.to_string();
   EXPECT_TRUE(collect(std::move(held.busy)).final_event.status.ok());
   EXPECT_TRUE(collect(std::move(held.on_0)).final_event.status.ok());

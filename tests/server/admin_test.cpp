@@ -4,6 +4,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "server/server_harness.h"
 
@@ -284,22 +285,17 @@ TEST_F(AdminTest, TlsFilesAreBoundedRegularFiles) {
   // A file that is not PEM (a tokenizer) is named as such, not as a port that cannot listen.
   write("tok.bin", std::string("\x01\x02\x03not pem", 10));
   write("cert.pem", "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n");
-  std::tie(code, out) =
-      run_command(std::string(KVSPLIT_SERVER_BIN) +
-                  " --port 0 --metrics-port -1 --model synthetic:stories260k --tls-cert " +
-                  dir_.file("tok.bin") + " --tls-key " + dir_.file("tok.bin"));
-  EXPECT_EQ(code, 2) << out;
-  EXPECT_NE(out.find("server.tls.cert_file: " + dir_.file("tok.bin") + " holds no PEM certificate"),
-            std::string::npos)
-      << out;
-  std::tie(code, out) =
-      run_command(std::string(KVSPLIT_SERVER_BIN) +
-                  " --port 0 --metrics-port -1 --model synthetic:stories260k --tls-cert " +
-                  dir_.file("cert.pem") + " --tls-key " + dir_.file("tok.bin"));
-  EXPECT_EQ(code, 2) << out;
-  EXPECT_NE(out.find("server.tls.key_file: " + dir_.file("tok.bin") + " holds no PEM private key"),
-            std::string::npos)
-      << out;
+  const std::string tok = dir_.file("tok.bin"), pem = dir_.file("cert.pem");
+  for (const auto& [cert, want] :
+       {std::pair{tok, "server.tls.cert_file: " + tok + " holds no PEM certificate"},
+        std::pair{pem, "server.tls.key_file: " + tok + " holds no PEM private key"}}) {
+    std::tie(code, out) = run_command(std::string(KVSPLIT_SERVER_BIN) +
+                                      " --port 0 --metrics-port -1 --model synthetic:stories260k "
+                                      "--tls-cert " +
+                                      cert + " --tls-key " + tok);
+    EXPECT_EQ(code, 2) << out;
+    EXPECT_NE(out.find(want), std::string::npos) << out;
+  }
 }
 
 TEST_F(AdminTest, SighupReloadsClassesAndBadReloadKeepsOldPolicy) {
