@@ -41,10 +41,12 @@
 // --hung-worker instead holds decode-0 hung (it takes no offer) while --fwd-requests short
 // requests (16 prompt tokens, 16 generated) arrive at --fwd-rate per second, with
 // handoff_timeout_ms --hung-timeout-ms and --fwd-slots sequences per decode worker. The offers
-// routed to decode-0 before its first missed deadline marks it down are taken back either at
-// their own deadlines (the engine before 2026-12-05:
-// EngineImpl::InternalOptions::take_back_from_down false) or at once (the default). Reported:
-// the offers re-routed and the handoff time (mean / p90 / max, and the sum over the re-routed).
+// routed to decode-0 before it is marked down are taken back either at their own deadlines (the
+// engine before 2026-12-05: EngineImpl::InternalOptions::take_back_from_down false, and
+// handoff_stall_ms 0), at once when the first deadline marks it down (handoff_stall_ms 0), or at
+// once when the stall bound does (handoff_stall_ms --hung-stall-ms, the default since
+// 2026-12-06). Reported: the offers re-routed and the handoff time (mean / p90 / max, and the sum
+// over the re-routed).
 //
 //   bench_handoff --hung-worker --model synthetic:llama-110m --threads 1 --decode-workers 2
 #include <spdlog/spdlog.h>
@@ -80,6 +82,7 @@ struct Options {
   bool forwarding = false;
   bool hung_worker = false;
   int hung_timeout_ms = 1000;
+  int hung_stall_ms = 1000;
   int fwd_requests = 48, fwd_slots = 4, fwd_long_prompt = 768, fwd_long_output = 160, reps = 2;
   double fwd_rate = 2;
 };
@@ -354,12 +357,14 @@ int forwarding_main(const Options& o) {
   return 0;
 }
 
-// decode-0 hung from the start; early: offers in flight to it taken back once it is marked down.
-int run_hung(const Options& o, bool early, ForwardResult* out, int64_t* rerouted) {
+// decode-0 hung from the start. Variant 0: offers in flight to it are taken back at their own
+// deadlines; 1: once a deadline marks it down; 2: once the stall bound or a deadline does.
+int run_hung(const Options& o, int variant, ForwardResult* out, int64_t* rerouted) {
   kvsplit::EngineConfig c = arrivals_config(o);
   c.handoff_timeout_ms = o.hung_timeout_ms;
+  c.handoff_stall_ms = variant == 2 ? o.hung_stall_ms : 0;
   kvsplit::EngineImpl::InternalOptions internal;
-  internal.take_back_from_down = early;
+  internal.take_back_from_down = variant > 0;
   auto engine = kvsplit::EngineImpl::create(c, internal);
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", engine.status().to_string().c_str()), 1;
   kvsplit::EngineImpl& e = **engine;
@@ -382,17 +387,19 @@ int hung_main(const Options& o) {
   }
   std::printf(
       "hung decode worker: %s, %d requests (16 + 16 out) at %.2f/s, one prefill and %d decode "
-      "workers of %d slots (decode-0 hung), handoff_timeout_ms %d, %d threads each\n",
+      "workers of %d slots (decode-0 hung), handoff_timeout_ms %d, handoff_stall_ms %d, %d "
+      "threads each\n",
       o.model.c_str(), o.fwd_requests, o.fwd_rate, o.decode_workers, o.fwd_slots, o.hung_timeout_ms,
-      o.threads);
-  const char* names[2] = {"at own deadlines", "at once"};
-  double sum_rerouted_ms[2] = {0, 0}, sum_mean[2] = {0, 0};
-  int64_t sum_rerouted[2] = {0, 0};
+      o.hung_stall_ms, o.threads);
+  constexpr int kVariants = 3;
+  const char* names[kVariants] = {"at own deadlines", "at first deadline", "at stall bound"};
+  double sum_rerouted_ms[kVariants] = {}, sum_mean[kVariants] = {};
+  int64_t sum_rerouted[kVariants] = {};
   for (int rep = 0; rep < o.reps; ++rep) {
-    for (int v = 0; v < 2; ++v) {
+    for (int v = 0; v < kVariants; ++v) {
       ForwardResult r;
       int64_t rerouted = 0;
-      if (run_hung(o, v == 1, &r, &rerouted) != 0) return 1;
+      if (run_hung(o, v, &r, &rerouted) != 0) return 1;
       double mean = 0;
       for (double x : r.handoff_ms) mean += x / static_cast<double>(r.handoff_ms.size());
       // The re-routed offers are the ones that waited for a deadline: the slowest handoffs.
@@ -405,21 +412,23 @@ int hung_main(const Options& o) {
       sum_rerouted[v] += rerouted;
       sum_mean[v] += mean;
       std::printf(
-          "  rep %d %-16s: re-routed %lld, their handoff ms sum %8.1f (%6.1f each); all: mean "
+          "  rep %d %-17s: re-routed %lld, their handoff ms sum %8.1f (%6.1f each); all: mean "
           "%7.1f p90 %7.1f max %7.1f; wall %.2f s\n",
           rep, names[v], static_cast<long long>(rerouted), slowest,
           rerouted > 0 ? slowest / static_cast<double>(rerouted) : 0.0, mean,
           percentile(r.handoff_ms, 90), percentile(r.handoff_ms, 100), r.wall_s);
     }
   }
-  double each[2];
-  for (int v = 0; v < 2; ++v)
+  double each[kVariants];
+  for (int v = 0; v < kVariants; ++v)
     each[v] = sum_rerouted_ms[v] / static_cast<double>(std::max<int64_t>(1, sum_rerouted[v]));
-  std::printf(
-      "  at once / at own deadlines (over reps): a re-routed offer's handoff time %.2fx (%.1f / "
-      "%.1f ms), mean handoff time %.2fx\n",
-      each[1] / std::max(1e-9, each[0]), each[1], each[0],
-      sum_mean[1] / std::max(1e-9, sum_mean[0]));
+  for (int v = 1; v < kVariants; ++v) {
+    std::printf(
+        "  %s / %s (over reps): a re-routed offer's handoff time %.2fx (%.1f / %.1f ms), mean "
+        "handoff time %.2fx\n",
+        names[v], names[0], each[v] / std::max(1e-9, each[0]), each[v], each[0],
+        sum_mean[v] / std::max(1e-9, sum_mean[0]));
+  }
   return 0;
 }
 
@@ -463,9 +472,12 @@ int main(int argc, char** argv) {
   app.add_option("--reps", o.reps, "--forwarding, --hung-worker: runs of each variant")
       ->check(CLI::Range(1, 100));
   app.add_flag("--hung-worker", o.hung_worker,
-               "offers in flight to a hung decode worker: taken back at their deadlines or at "
-               "once when it is marked down");
+               "offers in flight to a hung decode worker: taken back at their deadlines, at "
+               "once when a deadline marks it down, or at once when the stall bound does");
   app.add_option("--hung-timeout-ms", o.hung_timeout_ms, "--hung-worker: handoff_timeout_ms")
+      ->check(CLI::Range(1, 3600000));
+  app.add_option("--hung-stall-ms", o.hung_stall_ms,
+                 "--hung-worker: handoff_stall_ms of the third variant")
       ->check(CLI::Range(1, 3600000));
   kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
   CLI11_PARSE(app, argc, argv);

@@ -108,6 +108,12 @@ struct EngineConfig {
   // else the prefill side reclaims it and the request fails DEADLINE_EXCEEDED). Waiting for room
   // in a full decode pool is back-pressure, bounded by the class queue timeout instead.
   int32_t handoff_timeout_ms = 5000;
+  // Liveness before that deadline: an offer a decode worker has not taken within
+  // max(handoff_stall_ms, 4 x its slowest step of the last 64), while it has not drained its
+  // inbox since the offer was posted, marks it down (offers in flight to it are taken back when
+  // another is up; docs/serving.md "Delivery"). 0: only handoff_timeout_ms marks a worker down.
+  // In [0, 3600000].
+  int32_t handoff_stall_ms = 1000;
   // With prefix_cache, in disaggregated mode: a prefill worker sends a KV handoff to the decode
   // worker it sent the prompt's pages to before, unless that one is more loaded by more than
   // the pages it would share (docs/serving.md "Cache-aware routing"). false: by load alone.
@@ -290,7 +296,8 @@ struct PoolStats {
   // (back-pressure from a slow reader; EngineConfig::max_unread_events).
   int64_t decode_rows_stalled = 0;
   // Disaggregated mode, prefill pools: KV handoffs whose decode worker had not taken the offer
-  // within handoff_timeout_ms, offered again to another decode worker (one that had not had it).
+  // within handoff_timeout_ms, or was marked down before (handoff_stall_ms, another offer's
+  // deadline), offered again to another decode worker (one that had not had it).
   int64_t handoffs_rerouted = 0;
   // Disaggregated mode, decode pools: pages of the KV handoffs received, copied from the prefill
   // worker, and taken from this pool's prefix cache instead, on the device (prefix_cache: a
@@ -304,8 +311,9 @@ struct PoolStats {
   // they waited for room here, to another decode worker with room for them then (docs/serving.md).
   int64_t handoffs_forwarded = 0;
   // Disaggregated mode, decode pools: a KV handoff sent here was not taken within
-  // handoff_timeout_ms, and the worker has not drained its inbox since (hung, or a step longer
-  // than the timeout): new handoffs go to other decode workers while any is not marked down.
+  // handoff_timeout_ms, or within the stall bound (handoff_stall_ms), and the worker has not
+  // drained its inbox since (hung, or a step far longer than its recent ones): new handoffs go to
+  // other decode workers while any is not marked down.
   bool marked_down = false;
   int64_t kv_disk_faults = 0;         // disk tier writes / reads that failed (then recomputed)
   int64_t kv_disk_bytes_used = 0;     // disk tier: bytes of records held, and its capacity

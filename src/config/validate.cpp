@@ -70,6 +70,7 @@ Status validate_config(const Config& config) {
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_unread_events", e.max_unread_events, 0, 1 << 20));
   KVSPLIT_RETURN_IF_ERROR(
       check_range("pools.handoff_timeout_ms", e.handoff_timeout_ms, 1, 3600000));
+  KVSPLIT_RETURN_IF_ERROR(check_range("pools.handoff_stall_ms", e.handoff_stall_ms, 0, 3600000));
   KVSPLIT_RETURN_IF_ERROR(validate_block_size(e.block_size, "kv.block_size"));
   KVSPLIT_RETURN_IF_ERROR(check_range("kv.blocks_per_worker", e.kv_blocks_per_worker, 0, 1 << 26));
   KVSPLIT_RETURN_IF_ERROR(validate_semantic_cut(e.semantic, "kv.cuts.semantic."));

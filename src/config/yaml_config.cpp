@@ -245,6 +245,7 @@ Status read_pools(const YAML::Node& n, EngineConfig* e) {
   }
   KVSPLIT_RETURN_IF_ERROR(r.get("max_unread_events", &e->max_unread_events));
   KVSPLIT_RETURN_IF_ERROR(r.get("handoff_timeout_ms", &e->handoff_timeout_ms));
+  KVSPLIT_RETURN_IF_ERROR(r.get("handoff_stall_ms", &e->handoff_stall_ms));
   KVSPLIT_RETURN_IF_ERROR(r.get("cache_aware_handoffs", &e->cache_aware_handoffs));
   KVSPLIT_RETURN_IF_ERROR(r.get("forward_waiting_handoffs", &e->forward_waiting_handoffs));
   return r.finish();

@@ -106,6 +106,7 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     // Enough prompts in progress to fill a step's budget at the smallest chunk.
     wo.max_prefill_seqs = std::max(16, config.max_batch_tokens / wo.min_chunk_tokens);
     wo.handoff_timeout = std::chrono::milliseconds(config.handoff_timeout_ms);
+    wo.handoff_stall = std::chrono::milliseconds(config.handoff_stall_ms);
     wo.cache_aware_handoffs = config.cache_aware_handoffs;
     wo.forward_waiting_handoffs = config.forward_waiting_handoffs;
     wo.slot_aware_handoffs = internal.slot_aware_handoffs;

@@ -48,6 +48,8 @@ Status validate_engine_config(const EngineConfig& c) {
   if (c.max_unread_events < 0 || c.max_unread_events > (1 << 20))
     return bad("max_unread_events", c.max_unread_events, "in [0, 1048576] (0: no bound)");
   if (c.handoff_timeout_ms < 1) return bad("handoff_timeout_ms", c.handoff_timeout_ms, ">= 1");
+  if (c.handoff_stall_ms < 0 || c.handoff_stall_ms > 3600000)
+    return bad("handoff_stall_ms", c.handoff_stall_ms, "in [0, 3600000] (0: off)");
   if (c.kv_policy != KvPolicy::kFull && c.kv_policy != KvPolicy::kSemantic &&
       c.kv_policy != KvPolicy::kStreaming && c.kv_policy != KvPolicy::kH2O) {
     return bad("kv_policy", static_cast<int>(c.kv_policy), "full, semantic, streaming or h2o");
@@ -89,7 +91,7 @@ Status validate_engine_config(const EngineConfig& c) {
     std::vector<std::string> names;
     for (const SlaClass& k : c.sla_classes) names.push_back(k.name);
     KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules(c.kvm.rules, names));
-    KVSPLIT_RETURN_IF_ERROR(validate_kvm_for_engine(c.kvm, c));
+    KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules_for_engine(c.kvm, c));
   }
   return ok_status();
 }

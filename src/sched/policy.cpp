@@ -59,4 +59,10 @@ int choose_decode_worker(std::span<const DecodeLoad> workers, std::span<const in
   return best;
 }
 
+void RecentMax::add(int64_t v) {
+  values_[next_] = v;
+  next_ = (next_ + 1) % kWindow;
+  max_ = *std::max_element(values_.begin(), values_.end());
+}
+
 }  // namespace kvsplit::sched

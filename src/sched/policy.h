@@ -1,6 +1,7 @@
 // Scheduling policies as small pure functions over plain structs (unit-tested without a model).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -64,5 +65,33 @@ struct DecodeLoad {
 // pool). With no pages cached anywhere the choice is the load-only one.
 int choose_decode_worker(std::span<const DecodeLoad> workers, std::span<const int> cached = {},
                          int need = 0);
+
+// Handoff liveness (EngineConfig::handoff_stall_ms): a live decode worker drains its inbox at
+// every step boundary (and every idle_wait when idle), so it takes an offer within one step of
+// its posting. An offer not taken within handoff_stall_bound_ns of its posting, by a worker that
+// has not drained its inbox since, marks that worker down before the offer's deadline
+// (Worker::stalled_since). The bound is `floor_ns` or kStallStepFactor times the worker's slowest
+// recent step, whichever is longer, so a worker whose steps are long is given as many times that.
+// floor_ns <= 0: never (only the delivery deadline marks a worker down).
+inline constexpr int64_t kStallStepFactor = 4;
+inline int64_t handoff_stall_bound_ns(int64_t floor_ns, int64_t slowest_step_ns) {
+  if (floor_ns <= 0) return 0;
+  return slowest_step_ns > floor_ns / kStallStepFactor ? kStallStepFactor * slowest_step_ns
+                                                       : floor_ns;
+}
+
+// The longest of the last kWindow values added (0 before the first): a worker's slowest recent
+// step, for handoff_stall_bound_ns. An outlier step is forgotten kWindow steps later.
+class RecentMax {
+ public:
+  static constexpr size_t kWindow = 64;
+  void add(int64_t v);
+  int64_t max() const { return max_; }
+
+ private:
+  std::array<int64_t, kWindow> values_{};
+  size_t next_ = 0;
+  int64_t max_ = 0;
+};
 
 }  // namespace kvsplit::sched

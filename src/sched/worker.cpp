@@ -142,6 +142,18 @@ bool Worker::marked_down() const {
          drained_ns_.load(std::memory_order_relaxed);
 }
 
+bool Worker::stalled_since(Clock::time_point sent_at, Clock::time_point now,
+                           std::chrono::milliseconds floor) const {
+  const int64_t drained = drained_ns_.load(std::memory_order_relaxed);
+  const int64_t bound =
+      handoff_stall_bound_ns(std::chrono::duration_cast<std::chrono::nanoseconds>(floor).count(),
+                             slowest_step_ns_.load(std::memory_order_relaxed));
+  const int64_t sent =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(sent_at.time_since_epoch()).count();
+  return bound > 0 && drained > 0 && drained < sent &&
+         std::chrono::duration_cast<std::chrono::nanoseconds>(now - sent_at).count() > bound;
+}
+
 WorkerSnapshot Worker::snapshot() const {
   WorkerSnapshot s;
   s.pool.name = options_.name;
@@ -355,12 +367,21 @@ void Worker::loop() {
                       st.to_string());
   }
   measure_swap_costs();
+  // Up from here: an offer that waits on a loop that never drains is judged from now on
+  // (stalled_since), not from the first drain.
+  drained_ns_.store(now_ns(), std::memory_order_relaxed);
   while (true) {
     // The generation first: a loop that sees a set_test_hold's generation sees its hold.
     const uint64_t gen = hold_gen_.load(std::memory_order_acquire);
     const bool dead = hold_.load(std::memory_order_acquire) == static_cast<uint8_t>(TestHold::kAll);
     hold_seen_gen_.store(gen, std::memory_order_release);
+    const Clock::time_point step_start = Clock::now();
     const bool worked = !dead && step();
+    if (worked) {  // how long this worker may go between drains (stalled_since)
+      step_ns_.add(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - step_start).count());
+      slowest_step_ns_.store(step_ns_.max(), std::memory_order_relaxed);
+    }
     std::unique_lock<std::mutex> lock(mu_);
     if (stop_) break;
     if (!worked) {

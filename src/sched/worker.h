@@ -66,6 +66,11 @@ struct WorkerOptions {
   // boundary) within this, else the source takes the request back and fails it. Waiting for a
   // free slot / free blocks at the destination is back-pressure and is not bounded by this.
   std::chrono::milliseconds handoff_timeout{5000};
+  // Liveness before the deadline (EngineConfig::handoff_stall_ms): an offer a destination has
+  // not taken within max(this, kStallStepFactor x its slowest recent step), while it has not
+  // drained its inbox since the offer was posted, marks it down (handoff_stall_bound_ns,
+  // Worker::stalled_since); 0: only the deadline does.
+  std::chrono::milliseconds handoff_stall{1000};
   // A prefill worker with a prefix cache routes its handoffs by the pages it sent each decode
   // worker before (EngineConfig::cache_aware_handoffs); false: by load alone.
   bool cache_aware_handoffs = true;
@@ -159,6 +164,11 @@ class Worker {
   // not down before. Thread-safe.
   bool mark_down();
   bool marked_down() const;
+  // This worker has not drained its inbox since `sent_at`, and `now` is past sent_at plus
+  // handoff_stall_bound_ns(floor, its slowest recent step): hung, or in a step far longer than
+  // its recent ones. False before its loop started (still measuring at start-up). Thread-safe.
+  bool stalled_since(Clock::time_point sent_at, Clock::time_point now,
+                     std::chrono::milliseconds floor) const;
   WorkerSnapshot snapshot() const;
   const std::string& name() const { return options_.name; }
   WorkerRole role() const { return options_.role; }
@@ -192,6 +202,9 @@ class Worker {
   void expire_queued(Clock::time_point now);
   void reap_cancelled(Clock::time_point now);
   void reclaim_undelivered(Clock::time_point now);  // source side of the delivery bound
+  // Marks `dest` down (and logs it once) when it has stalled on an offer posted at sent_at
+  // (WorkerOptions::handoff_stall, stalled_since).
+  void mark_if_stalled(Worker* dest, Clock::time_point sent_at, Clock::time_point now);
   void admit_offers(Clock::time_point now);
   // Destination side, after an admission pass: each offer it left waiting (marked false in
   // `leaves`, not admitted: `admitted`) that another decode worker has room for now (free -
@@ -317,7 +330,7 @@ class Worker {
     HandoffOffer offer;  // without the request: the Sequence is in the ticket
     std::shared_ptr<RequestControl> ctl;
     Worker* to = nullptr;
-    Clock::time_point deliver_by;
+    Clock::time_point sent_at, deliver_by;
   };
   std::vector<Forwarded> forwarded_;  // offers passed on, not yet seen as received
   std::atomic<int64_t> handoffs_forwarded_{0};
@@ -326,12 +339,15 @@ class Worker {
   std::atomic<int> offers_incoming_{0};
   std::atomic<int> max_seqs_{0};  // options_.max_num_seqs, for load() on other threads
   int offers_drained_ = 0;        // drained since the last publish_stats (worker thread)
-  // mark_down / marked_down: steady-clock nanoseconds of the last inbox drain and of the latest
-  // mark.
+  // mark_down / marked_down: steady-clock nanoseconds of the last inbox drain (or of the loop's
+  // start, after the start-up measurements) and of the latest mark.
   std::atomic<int64_t> drained_ns_{0}, down_since_ns_{0};
+  RecentMax step_ns_;                        // the loop's steps that worked (worker thread)
+  std::atomic<int64_t> slowest_step_ns_{0};  // step_ns_.max(), for stalled_since
   struct Pinned {
     kv::BlockTable table;  // the handed-off pages
     std::shared_ptr<HandoffTicket> ticket;
+    Clock::time_point sent_at;     // posted to dest
     Clock::time_point deliver_by;  // reclaimed if not received by then
     Worker* dest = nullptr;
     std::shared_ptr<RequestControl> ctl;  // the request's cancel flag (the Sequence is not ours)

@@ -123,6 +123,7 @@ void Worker::post_handoff(uint64_t id, Pinned& pin, std::unique_ptr<Sequence> se
   offer.window_dropped = pin.table.window_dropped;
   offer.ticket = std::make_shared<HandoffTicket>();
   pin.ticket = offer.ticket;
+  pin.sent_at = now;
   pin.deliver_by = now + options_.handoff_timeout;
   pin.dest = to;
   pin.tried.push_back(to);
@@ -135,6 +136,18 @@ void Worker::post_handoff(uint64_t id, Pinned& pin, std::unique_ptr<Sequence> se
   }
   offer.ticket->seq = std::move(seq);
   to->post_offer(std::move(offer));
+}
+
+void Worker::mark_if_stalled(Worker* dest, Clock::time_point sent_at, Clock::time_point now) {
+  if (options_.handoff_stall.count() <= 0 || dest->marked_down() ||
+      !dest->stalled_since(sent_at, now, options_.handoff_stall) || !dest->mark_down())
+    return;
+  KVSPLIT_LOG_WARN(
+      "{}: {} marked down: it has not taken a KV handoff posted {:.0f} ms ago, nor drained its "
+      "inbox since (handoff_stall_ms {}, or {}x its slowest recent step); new handoffs go to "
+      "other decode workers until it drains its inbox again",
+      options_.name, dest->name(), ms_since(sent_at, now), options_.handoff_stall.count(),
+      kStallStepFactor);
 }
 
 void Worker::reclaim_undelivered(Clock::time_point now) {
@@ -157,6 +170,7 @@ void Worker::reclaim_undelivered(Clock::time_point now) {
     // worker that is up has not had it: a hung worker costs the offers in flight to it one
     // handoff_timeout_ms in all, not one each.
     const bool late = now >= p.deliver_by;
+    if (!late && !cancelled) mark_if_stalled(p.dest, p.sent_at, now);
     Worker* instead = late || cancelled ? nullptr : up_instead_of_down_dest(p);
     if ((!late && !cancelled && instead == nullptr) || !p.ticket->reclaim()) {
       ++it;
@@ -367,6 +381,7 @@ void Worker::forward_offers(std::vector<bool>& leaves, const std::vector<bool>& 
     f.offer = o.without_request();
     f.ctl = o.seq->ctl;
     f.to = to;
+    f.sent_at = now;
     f.deliver_by = now + options_.handoff_timeout;
     f.ticket->seq = std::move(o.seq);
     HandoffOffer sent = f.offer.without_request();
@@ -390,6 +405,7 @@ void Worker::reclaim_forwarded(Clock::time_point now, bool all) {
     // Before its deadline too once its target has been marked down (by another offer's missed
     // deadline): it waits here again, and may be passed on to a worker that is up.
     const bool late = now >= it->deliver_by;
+    if (!all && !cancelled && !late) mark_if_stalled(it->to, it->sent_at, now);
     const bool down = options_.take_back_from_down && it->to->marked_down();
     if ((!all && !cancelled && !late && !down) || !it->ticket->reclaim()) {
       ++it;

@@ -119,7 +119,7 @@ class EngineCollector : public pm::Collectable {
                                 "Pages the prefix cache holds, by tier", pm::MetricType::Gauge);
     auto& rerouted = family("kvsplit:handoffs_rerouted_total",
                             "KV handoffs a decode worker did not take within handoff_timeout_ms, "
-                            "offered to another decode worker",
+                            "or taken back from one marked down, offered to another decode worker",
                             pm::MetricType::Counter);
     auto& forwarded = family("kvsplit:handoffs_forwarded_total",
                              "KV handoffs a decode worker received and passed on, while they "
@@ -127,7 +127,8 @@ class EngineCollector : public pm::Collectable {
                              pm::MetricType::Counter);
     auto& down = family("kvsplit:worker_marked_down",
                         "1 while a decode worker is marked down: a KV handoff sent to it was not "
-                        "taken within handoff_timeout_ms, and it has not drained its inbox since",
+                        "taken within handoff_timeout_ms or the stall bound (handoff_stall_ms), "
+                        "and it has not drained its inbox since",
                         pm::MetricType::Gauge);
     auto& handoff_pages = family("kvsplit:handoff_pages_total",
                                  "Pages of the KV handoffs a decode pool received, copied from the "

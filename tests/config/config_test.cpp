@@ -113,6 +113,17 @@ TEST(ConfigTest, MaxUnreadEvents) {
   expect_error("pools: {max_unread_events: 2000000}\n", "pools.max_unread_events");
 }
 
+TEST(ConfigTest, HandoffStallMs) {
+  auto c = parse_config("");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->engine.handoff_stall_ms, 1000);
+  c = parse_config("pools: {handoff_stall_ms: 0}\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->engine.handoff_stall_ms, 0);
+  expect_error("pools: {handoff_stall_ms: -1}\n", "pools.handoff_stall_ms");
+  expect_error("pools: {handoff_stall_ms: 3600001}\n", "pools.handoff_stall_ms");
+}
+
 TEST(ConfigTest, CacheAwareHandoffs) {
   auto c = parse_config("");
   ASSERT_TRUE(c.ok());

@@ -49,6 +49,7 @@ EngineConfig two_decode_workers() {
   cfg.num_decode_workers = 2;
   cfg.block_size = 16;
   cfg.handoff_timeout_ms = 300;
+  cfg.handoff_stall_ms = 0;  // the deadlines mark workers down (on for the stall tests)
   return cfg;
 }
 
@@ -433,14 +434,54 @@ TEST(EngineHandoffHealth, AnOfferGoesToAFreeSlotBeforeLighterKv) {
   EXPECT_TRUE(testing::pools_back_to(e, initial));
 }
 
-// The worker an offer is passed on to hangs: the one that passed it takes it back after
-// handoff_timeout_ms and marks it down; the offer is admitted there once it has room, with the
-// tokens it would have had, and nothing is left held. One slot per decode worker: the offer
-// lands on decode-0 while both slots are taken (decode-0 holds its prompt in its prefix cache);
-// decode-1 then frees its slot and hangs before decode-0 looks for room elsewhere.
-TEST(EngineHandoffHealth, AnOfferPassedOnToAHungWorkerComesBack) {
+// A hung decode worker is marked down by the stall bound (handoff_stall_ms; its steps are short,
+// so the floor is the bound), long before the offer's delivery deadline: the offer in flight to
+// it goes to the other decode worker then.
+TEST(EngineHandoffHealth, AStalledDecodeWorkerIsMarkedDownLongBeforeTheDeadline) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig cfg = two_decode_workers();
+  cfg.handoff_timeout_ms = 60000;
+  cfg.handoff_stall_ms = 500;
+  auto engine = EngineImpl::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  EngineImpl& e = **engine;
+  const std::vector<int> initial = testing::free_blocks(e);
+  HungDecode0 held = hang_decode_0(e);
+  auto first = e.submit(short_request("Lily wanted to"));  // the lighter, hung decode-0
+  ASSERT_TRUE(first.ok());
+  first_token(*first);
+  const auto sent_at = std::chrono::steady_clock::now();
+  ASSERT_TRUE(wait_for_stats(
+      e, [](const EngineStats& st) { return st.pools[0].handoffs_rerouted == 1; },
+      std::chrono::seconds(20)))
+      << "the offer waited for its deadline";
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - sent_at).count();
+  EXPECT_GT(ms, 300.0) << "taken back before the stall bound";
+  EXPECT_LT(ms, 10000.0);
+  EXPECT_TRUE(e.stats().pools[kDecode0].marked_down);
+  ASSERT_TRUE(
+      wait_for_stats(e, [](const EngineStats& st) { return st.pools[kDecode1].running == 2; }));
+  e.set_test_hold_worker(kDecode1, TestHold::kNone);
+  EXPECT_TRUE(collect(std::move(*first)).final_event.status.ok());
+  EXPECT_TRUE(collect(std::move(held.busy)).final_event.status.ok());
+  e.set_test_hold_worker(kDecode0, TestHold::kNone);
+  EXPECT_TRUE(collect(std::move(held.on_0)).final_event.status.ok());
+  EXPECT_TRUE(
+      wait_for_stats(e, [](const EngineStats& st) { return !st.pools[kDecode0].marked_down; }));
+  EXPECT_TRUE(testing::pools_back_to(e, initial));
+  const EngineStats s = e.stats();
+  EXPECT_EQ(s.pools[0].handoffs_rerouted, 1);
+  EXPECT_EQ(s.requests_failed, 0);
+}
+
+// The worker an offer is passed on to hangs: the one that passed it takes it back (after
+// handoff_timeout_ms, or the stall bound) and marks it down; the offer is admitted there once it
+// has room, with the tokens it would have had, and nothing is left held. One slot per decode
+// worker: the offer lands on decode-0 while both slots are taken (decode-0 holds its prompt in
+// its prefix cache); decode-1 then frees its slot and hangs before decode-0 looks for room
+// elsewhere. `back_ms`: from decode-0's release to the offer back on it.
+void passed_on_to_a_hung_worker(EngineConfig cfg, double* back_ms) {
   cfg.max_num_seqs = 1;
   cfg.prefix_cache = true;
   auto engine = EngineImpl::create(cfg);
@@ -474,10 +515,18 @@ TEST(EngineHandoffHealth, AnOfferPassedOnToAHungWorkerComesBack) {
     return st.pools[kDecode1].running == 0 && st.pools[kDecode1].waiting == 0;
   }));
   e.set_test_hold_worker(kDecode1, TestHold::kAll);  // looks free, takes nothing
+  const auto released_at = std::chrono::steady_clock::now();
   e.set_test_hold_worker(kDecode0, TestHold::kForward);
-  ASSERT_TRUE(wait_for_stats(e, [](const EngineStats& st) {
-    return st.pools[kDecode1].marked_down && st.pools[kDecode0].waiting == 1;
-  })) << "decode-0 took the offer back from the hung decode-1";
+  ASSERT_TRUE(wait_for_stats(
+      e,
+      [](const EngineStats& st) {
+        return st.pools[kDecode1].marked_down && st.pools[kDecode0].waiting == 1;
+      },
+      std::chrono::seconds(20)))
+      << "decode-0 took the offer back from the hung decode-1";
+  *back_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - released_at)
+          .count();
   EngineStats s = e.stats();
   EXPECT_EQ(s.pools[0].handoffs_to_cached, 1);
   EXPECT_EQ(s.pools[0].handoffs_rerouted, 0);
@@ -495,6 +544,24 @@ TEST(EngineHandoffHealth, AnOfferPassedOnToAHungWorkerComesBack) {
       wait_for_stats(e, [](const EngineStats& st) { return !st.pools[kDecode1].marked_down; }));
   EXPECT_TRUE(testing::pools_back_to(e, initial));
   EXPECT_EQ(e.stats().requests_failed, 0);
+}
+
+TEST(EngineHandoffHealth, AnOfferPassedOnToAHungWorkerComesBack) {
+  KVSPLIT_REQUIRE_MODELS();
+  double ms = 0;
+  ASSERT_NO_FATAL_FAILURE(passed_on_to_a_hung_worker(two_decode_workers(), &ms));
+}
+
+// As above with a delivery deadline of a minute: the stall bound brings the offer back.
+TEST(EngineHandoffHealth, AnOfferPassedOnToAStalledWorkerComesBackBeforeItsDeadline) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = two_decode_workers();
+  cfg.handoff_timeout_ms = 60000;
+  cfg.handoff_stall_ms = 500;
+  double ms = 0;
+  ASSERT_NO_FATAL_FAILURE(passed_on_to_a_hung_worker(cfg, &ms));
+  EXPECT_GT(ms, 300.0) << "taken back before the stall bound";
+  EXPECT_LT(ms, 10000.0);
 }
 
 // A cancel storm while offers are passed between decode workers that hold their slots: every

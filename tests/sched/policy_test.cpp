@@ -252,5 +252,34 @@ TEST(DecodeWorker, HoldingThePromptTakesItUnlessMoreLoadedThanItSaves) {
   EXPECT_EQ(choose_decode_worker(w, bad, 20), 1);
 }
 
+// The stall bound is the floor until a worker's steps are long enough that kStallStepFactor of
+// them exceed it; a floor of 0 turns it off whatever the steps.
+TEST(HandoffStall, BoundIsTheFloorOrFourSlowestSteps) {
+  constexpr int64_t kMs = 1000000;
+  EXPECT_EQ(handoff_stall_bound_ns(1000 * kMs, 0), 1000 * kMs);  // no step measured yet
+  EXPECT_EQ(handoff_stall_bound_ns(1000 * kMs, 20 * kMs), 1000 * kMs);
+  EXPECT_EQ(handoff_stall_bound_ns(1000 * kMs, 250 * kMs), 1000 * kMs);
+  EXPECT_EQ(handoff_stall_bound_ns(1000 * kMs, 300 * kMs), kStallStepFactor * 300 * kMs);
+  EXPECT_EQ(handoff_stall_bound_ns(0, 300 * kMs), 0);
+  EXPECT_EQ(handoff_stall_bound_ns(-5, 0), 0);
+}
+
+// The slowest of the last kWindow steps: an outlier counts until kWindow newer steps pushed it
+// out, and then the window's own maximum takes over.
+TEST(HandoffStall, RecentMaxForgetsAnOutlierAfterItsWindow) {
+  RecentMax r;
+  EXPECT_EQ(r.max(), 0);
+  r.add(5);
+  r.add(900);
+  r.add(7);
+  EXPECT_EQ(r.max(), 900);
+  for (size_t k = 0; k + 2 < RecentMax::kWindow; ++k) r.add(10);
+  EXPECT_EQ(r.max(), 900);  // 900 is now the oldest in the window
+  r.add(10);
+  EXPECT_EQ(r.max(), 10);  // 900 left the window
+  r.add(11);
+  EXPECT_EQ(r.max(), 11);
+}
+
 }  // namespace
 }  // namespace kvsplit::sched
