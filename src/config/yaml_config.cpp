@@ -209,7 +209,7 @@ Status read_pools(const YAML::Node& n, EngineConfig* e) {
     e->mode = ServingMode::kColocated;
   else if (mode == "disaggregated")
     e->mode = ServingMode::kDisaggregated;
-  else if (!mode.empty())
+  else if (r.has("mode"))
     return field_error("pools.mode", "must be 'colocated' or 'disaggregated', got " + quoted(mode));
   KVSPLIT_RETURN_IF_ERROR(r.get("backend", &e->backend));
   KVSPLIT_RETURN_IF_ERROR(r.get("prefill_workers", &e->num_prefill_workers));
@@ -324,6 +324,8 @@ Status read_kv_policy(MapReader& r, EngineConfig* e) {
     } else if (chosen == KvPolicy::kSemantic) {
       return field_error("kv.kv_cache_compression",
                          "is 'none' but " + chosen_by + " asks for the semantic cut");
+    } else {  // full KV, as --kv-cache-compression none asks
+      KVSPLIT_RETURN_IF_ERROR(choose(KvPolicy::kFull, "kv.kv_cache_compression"));
     }
   }
   if (YAML::Node cuts = r.child("cuts"); cuts && !cuts.IsNull()) {
@@ -402,9 +404,9 @@ Status read_kv(const YAML::Node& n, EngineConfig* e) {
   KVSPLIT_RETURN_IF_ERROR(r.check_is_map());
   KVSPLIT_RETURN_IF_ERROR(r.get("block_size", &e->block_size));
   KVSPLIT_RETURN_IF_ERROR(r.get("blocks_per_worker", &e->kv_blocks_per_worker));
-  int64_t capacity_mb = -1;
+  int64_t capacity_mb = 0;
   KVSPLIT_RETURN_IF_ERROR(r.get("capacity_mb", &capacity_mb));
-  if (capacity_mb != -1) {
+  if (r.has("capacity_mb")) {
     if (capacity_mb < 1 || capacity_mb > (int64_t{1} << 24))
       return field_error("kv.capacity_mb",
                          "must be in [1, 16777216], got " + std::to_string(capacity_mb));
@@ -412,7 +414,7 @@ Status read_kv(const YAML::Node& n, EngineConfig* e) {
   }
   std::string dtype;
   KVSPLIT_RETURN_IF_ERROR(r.get("dtype", &dtype));
-  if (!dtype.empty() && dtype != "auto" && dtype != "fp32")
+  if (r.has("dtype") && dtype != "auto" && dtype != "fp32")
     return field_error("kv.dtype",
                        "must be 'auto' or 'fp32' (the engine stores KV in the model's "
                        "compute dtype), got " +

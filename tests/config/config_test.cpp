@@ -198,6 +198,10 @@ TEST(ConfigTest, BadValuesNameTheField) {
   expect_error("kv: {block_size: 7}\n", "kv.block_size");
   expect_error("kv: {dtype: int3}\n", "kv.dtype");
   expect_error("kv: {capacity_mb: 0}\n", "kv.capacity_mb");
+  // Values that once stood for "not given": refused like any other out of range.
+  expect_error("kv: {capacity_mb: -1}\n", "kv.capacity_mb: must be in [1, 16777216], got -1");
+  expect_error("pools: {mode: ''}\n", "pools.mode: must be 'colocated' or 'disaggregated'");
+  expect_error("kv: {dtype: ''}\n", "kv.dtype: must be 'auto' or 'fp32'");
   expect_error("seed: -1\n", "seed: must be a non-negative integer, got '-1'");
   auto zero = parse_config("seed: -0\n");
   ASSERT_TRUE(zero.ok()) << zero.status().to_string();
@@ -379,6 +383,13 @@ TEST(ConfigTest, KvCutErrorsNameTheField) {
                "kv.kv_cache_compression: asks for KV policy 'semantic' but kv.policy");
   expect_error("kv: {policy: semantic, cuts: {semantic: {enabled: false}}}\n",
                "kv.cuts.semantic.enabled: is false");
+  // none is full KV, as --kv-cache-compression none is, whichever field comes later.
+  expect_error("kv: {kv_cache_compression: none, cuts: {semantic: {enabled: true}}}\n",
+               "kv.cuts.semantic.enabled: asks for KV policy 'semantic' but "
+               "kv.kv_cache_compression asks for 'full'");
+  expect_error("kv: {policy: streaming, kv_cache_compression: none}\n",
+               "kv.kv_cache_compression: asks for KV policy 'full' but kv.policy asks for "
+               "'streaming'");
   expect_error("kv: {cuts: {semantic: {enabled: maybe}}}\n",
                "kv.cuts.semantic.enabled: must be true or false");
   expect_error("kv: {cuts: {semantic: {semantic_threshold: 1.5}}}\n",
