@@ -8,9 +8,12 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "common/escape.h"
 #include "common/file_read.h"
 #include "kvsplit/status.h"
 
@@ -18,12 +21,34 @@ namespace kvsplit::common {
 
 using Json = nlohmann::json;
 
-// Parses `text`; `what` names the source in errors: "<what>: bad JSON: <parser message>".
+// Parses `text`; `what` names the source in errors: "<what>: bad JSON: <parser message>". A key
+// given twice in one object is refused ("<what>: duplicate key 'k'"): the parser would keep the
+// last silently (two safetensors entries for one tensor, two arrival times in a trace line).
+// Without `what` the message starts at "bad JSON" / "duplicate key".
 inline StatusOr<Json> parse_json(std::string_view text, const std::string& what) {
+  const std::string prefix = what.empty() ? std::string() : what + ": ";
+  std::vector<std::set<std::string>> keys;  // one set per object being read
+  std::string duplicate;
+  bool found = false;
+  auto check = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start) {
+      keys.emplace_back();
+    } else if (event == Json::parse_event_t::object_end) {
+      keys.pop_back();
+    } else if (event == Json::parse_event_t::key && !found &&
+               !keys.back().insert(parsed.get<std::string>()).second) {
+      found = true;
+      duplicate = parsed.get<std::string>();
+    }
+    return true;
+  };
   try {
-    return Json::parse(text.begin(), text.end());
+    Json j = Json::parse(text.begin(), text.end(), check);
+    if (found)
+      return invalid_argument(prefix + "duplicate key '" + escape_for_message(duplicate) + "'");
+    return j;
   } catch (const Json::exception& e) {
-    return invalid_argument(what + ": bad JSON: " + e.what());
+    return invalid_argument(prefix + "bad JSON: " + e.what());
   }
 }
 

@@ -34,9 +34,6 @@ namespace kvsplit {
 
 // Checks an EngineConfig; kInvalidArgument naming the field.
 Status validate_engine_config(const EngineConfig& config);
-// Checks that the KVM rules' actions have a cut to act on (engine_kvm.cpp); kInvalidArgument
-// naming the rule.
-Status validate_kvm_for_engine(const KvmConfig& policy, const EngineConfig& config);
 
 class EngineImpl final : public Engine, private sched::FinishSink {
  public:

@@ -409,7 +409,7 @@ Status EngineImpl::check_kvm_policy(const KvmConfig& policy,
   std::vector<std::string> names;
   for (const SlaClass& c : classes) names.push_back(c.name);
   KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules(policy.rules, names));
-  KVSPLIT_RETURN_IF_ERROR(validate_kvm_for_engine(policy, config_));
+  KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules_for_engine(policy, config_));
   if (policy.interval_ms < 10 || policy.interval_ms > 60000) {
     return invalid_argument(
         fmt::format("kvm.interval_ms: must be in [10, 60000], got {}", policy.interval_ms));
@@ -441,23 +441,6 @@ Status EngineImpl::update_kvm_policy(KvmConfig policy) {
   start_kvm_locked();
   KVSPLIT_LOG_INFO("kvm: started ({} rules, every {} ms)", kvm_->config().rules.size(),
                    kvm_->config().interval_ms);
-  return ok_status();
-}
-
-Status validate_kvm_for_engine(const KvmConfig& policy, const EngineConfig& config) {
-  for (size_t i = 0; i < policy.rules.size(); ++i) {
-    const KvmRule& r = policy.rules[i];
-    const std::string where = fmt::format("kvm.rules[{}] ({}): then", i, r.name);
-    if (kvm::param_is_semantic(r.then.param) && config.kv_policy != KvPolicy::kSemantic &&
-        config.kv_policy != KvPolicy::kH2O) {
-      return invalid_argument(where + ": " + r.then.param +
-                              " needs kv.kv_cache_compression semantic (the semantic cut is off)");
-    }
-    if ((r.then.param == "spatial_min_context" || r.then.param == "migrate_to_shard") &&
-        config.spatial.shards <= 1) {
-      return invalid_argument(where + ": " + r.then.param + " needs kv.cuts.spatial.shards > 1");
-    }
-  }
   return ok_status();
 }
 

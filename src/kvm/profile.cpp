@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_read.h"
+#include "common/json_util.h"
 
 namespace kvsplit::kvm {
 
@@ -67,12 +68,7 @@ std::string profile_to_json(const EngineProfile& p) {
 }
 
 StatusOr<EngineProfile> parse_profile(std::string_view text, const std::string& what) {
-  Json j;
-  try {
-    j = Json::parse(text.begin(), text.end());
-  } catch (const Json::exception& e) {
-    return invalid_argument(what + ": bad JSON: " + e.what());
-  }
+  KVSPLIT_ASSIGN_OR_RETURN(Json j, common::parse_json(text, what));
   if (!j.is_object()) return invalid_argument(what + ": must be a JSON object");
   EngineProfile p;
   for (auto it = j.begin(); it != j.end(); ++it) {

@@ -133,6 +133,10 @@ Status check_rule(const KvmRule& r, const std::vector<std::string>& classes) {
   if (std::isnan(r.min) || std::isnan(r.max) || r.min > r.max)
     return invalid_argument("min: must be <= max, got min " + fmt::format("{}", r.min) +
                             " and max " + fmt::format("{}", r.max));
+  // An integer setting is rounded within [min, max] (apply_action): there must be one to land on.
+  if (param_is_integer(p) && std::ceil(r.min) > std::floor(r.max))
+    return invalid_argument("min: " + p + " is an integer and no integer lies in [" +
+                            fmt::format("{}", r.min) + ", " + fmt::format("{}", r.max) + "]");
   KVSPLIT_RETURN_IF_ERROR(check_range(r));
   if (!(r.hold_ms >= 0) || !std::isfinite(r.hold_ms))
     return invalid_argument("hold_ms: must be a finite number >= 0, got " +
@@ -338,6 +342,23 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
     emit("repeat", after, std::move(monitors));
   }
   return out;
+}
+
+Status validate_rules_for_engine(const KvmConfig& policy, const EngineConfig& config) {
+  for (size_t i = 0; i < policy.rules.size(); ++i) {
+    const KvmRule& r = policy.rules[i];
+    const std::string where = fmt::format("kvm.rules[{}] ({}): then", i, r.name);
+    if (param_is_semantic(r.then.param) && config.kv_policy != KvPolicy::kSemantic &&
+        config.kv_policy != KvPolicy::kH2O) {
+      return invalid_argument(where + ": " + r.then.param +
+                              " needs kv.kv_cache_compression semantic (the semantic cut is off)");
+    }
+    if ((r.then.param == "spatial_min_context" || r.then.param == "migrate_to_shard") &&
+        config.spatial.shards <= 1) {
+      return invalid_argument(where + ": " + r.then.param + " needs kv.cuts.spatial.shards > 1");
+    }
+  }
+  return ok_status();
 }
 
 }  // namespace kvsplit::kvm

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvsplit/engine.h"
 #include "kvsplit/kvm.h"
 #include "kvsplit/status.h"
 
@@ -37,6 +38,11 @@ class ParamTable {
 // setting whose 0 means off. Errors (kInvalidArgument) name the rule and the field, e.g.
 // "kvm.rules[2] (hot): then: unknown parameter 'semantic_treshold' (known: ...)".
 Status validate_rules(const std::vector<KvmRule>& rules, const std::vector<std::string>& classes);
+// Checks that the rules' actions have a cut to act on in `config` (a semantic parameter needs
+// kv_policy semantic or h2o; spatial_min_context and migrate_to_shard need spatial shards > 1);
+// kInvalidArgument naming the rule. The engine checks this at start and on a policy reload, and
+// `kvsplit policy simulate` before it runs.
+Status validate_rules_for_engine(const KvmConfig& policy, const EngineConfig& config);
 
 class RuleEngine {
  public:

@@ -120,6 +120,7 @@ StatusOr<SimResult> Sim::run() {
   const bool kvm_on = c_.kvm.enabled && !c_.kvm.rules.empty();
   if (kvm_on) {
     KVSPLIT_RETURN_IF_ERROR(validate_rules(c_.kvm.rules, names));
+    KVSPLIT_RETURN_IF_ERROR(validate_rules_for_engine(c_.kvm, c_));
     rules_ = std::make_unique<RuleEngine>(c_.kvm.rules);
   }
 

@@ -107,8 +107,11 @@ void Sim::preempt(Worker& w, int i, double* cost_ms) {
 void Sim::apply_cut(Worker& w, Req& r) {
   if (c_.kv_policy == KvPolicy::kFull) return;
   const int bs = c_.block_size;
-  const int64_t keep =
-      c_.semantic.sink_tokens + static_cast<int64_t>(param("recent_tokens", r.cls));
+  // The request's class settings where it has its own (SlaClass::semantic), as the engine's
+  // SequenceCut reads them; the rule-set parameters through param().
+  const std::optional<SemanticCutConfig>& own = c_.sla_classes[static_cast<size_t>(r.cls)].semantic;
+  const SemanticCutConfig& sem = own ? *own : c_.semantic;
+  const int64_t keep = sem.sink_tokens + static_cast<int64_t>(param("recent_tokens", r.cls));
   // Whole pages outside the sinks and the recent window.
   int64_t old = std::max<int64_t>(0, r.kv - keep) / bs;
   auto evict_to = [&](int64_t want) {
@@ -129,16 +132,14 @@ void Sim::apply_cut(Worker& w, Req& r) {
     }
   };
   if (c_.kv_policy == KvPolicy::kStreaming || c_.kv_policy == KvPolicy::kH2O) {
-    if (c_.kv_policy == KvPolicy::kH2O)
-      old = std::max<int64_t>(0, old - c_.semantic.heavy_tokens / bs);
+    if (c_.kv_policy == KvPolicy::kH2O) old = std::max<int64_t>(0, old - sem.heavy_tokens / bs);
     evict_to(old);
     return;
   }
   const int64_t interval =
       std::max<int64_t>(1, static_cast<int64_t>(param("score_interval", r.cls)));
-  const int64_t demote_after = std::max<int64_t>(1, c_.semantic.demote_after_steps * interval);
-  const int64_t evict_after =
-      demote_after + std::max<int64_t>(1, c_.semantic.evict_after_steps * interval);
+  const int64_t demote_after = std::max<int64_t>(1, sem.demote_after_steps * interval);
+  const int64_t evict_after = demote_after + std::max<int64_t>(1, sem.evict_after_steps * interval);
   if (r.decode_steps < demote_after) return;
   r.share = std::max(r.share, std::clamp(param("semantic_threshold", r.cls), 0.0, 1.0));
   if (r.decode_steps >= evict_after) {
@@ -582,12 +583,8 @@ void Sim::tick(double now) {
 }
 
 Status Sim::check_decision(const KvmDecision& d) const {
+  // A rule on a cut that is off was refused before the run (validate_rules_for_engine).
   const bool semantic = param_is_semantic(d.param);
-  // What the engine refuses whatever the value (EngineImpl::apply_kvm_decision): a cut that is off.
-  if (semantic && c_.kv_policy == KvPolicy::kFull)
-    return failed_precondition("the semantic cut is off (kv_policy full)");
-  if ((d.param == "spatial_min_context" || d.param == "migrate_to_shard") && c_.spatial.shards <= 1)
-    return failed_precondition("no spatial shards (shards 1)");
   // The engine checks an integer's range before narrowing it, the others' ranges as it applies.
   if (!semantic || param_is_integer(d.param))
     KVSPLIT_RETURN_IF_ERROR(check_setting(d.param, d.after));

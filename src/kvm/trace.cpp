@@ -7,6 +7,7 @@
 #include <random>
 
 #include "common/file_read.h"
+#include "common/json_util.h"
 
 namespace kvsplit::kvm {
 
@@ -39,12 +40,7 @@ StatusOr<int> token_count(const Json& obj, const char* key) {
 }
 
 StatusOr<TraceRequest> parse_line(std::string_view line) {
-  Json obj;
-  try {
-    obj = Json::parse(line.begin(), line.end());
-  } catch (const Json::exception& e) {
-    return invalid_argument(std::string("bad JSON: ") + e.what());
-  }
+  KVSPLIT_ASSIGN_OR_RETURN(Json obj, common::parse_json(line, ""));
   if (!obj.is_object()) return invalid_argument("must be a JSON object");
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     const std::string& k = it.key();

@@ -662,6 +662,20 @@ TEST_F(ValidateRulesTest, MinAboveMax) {
   expect_error(r, "kvm.rules[1] (r): min: must be <= max, got min 0.5 and max 0.4");
 }
 
+// An integer setting is rounded inside [min, max]: bounds with no integer between them are
+// refused (the setting once landed outside them, rounded to the nearest integer); one integer
+// between them is enough.
+TEST_F(ValidateRulesTest, IntegerParameterNeedsAnIntegerWithinItsBounds) {
+  KvmRule r = rule("r", "queue_depth[voice] > 50", "queue_depth[voice] < 10", "max_queue = 3");
+  r.sla_class = "voice";
+  r.min = 2.2;
+  r.max = 2.4;
+  expect_error(r,
+               "kvm.rules[1] (r): min: max_queue is an integer and no integer lies in [2.2, 2.4]");
+  r.max = 3;
+  EXPECT_TRUE(validate_rules({r}, {"voice"}).ok());
+}
+
 TEST_F(ValidateRulesTest, NegativeCooldown) {
   KvmRule r = good();
   r.cooldown_ms = -1;

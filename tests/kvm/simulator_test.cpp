@@ -198,10 +198,10 @@ TEST(Simulator, DecisionsTheEngineRefusesAreRefused) {
   }
 }
 
-// Rules on a cut that is off are refused as the engine refuses them, whatever the value: a
-// semantic threshold under kv_policy full, spatial_min_context or migrate_to_shard without
-// shards. The outcome is the rule-less one.
-TEST(Simulator, DecisionsOnACutThatIsOffAreRefused) {
+// Rules on a cut that is off are refused before the run, with the engine's start-up error,
+// whatever the value: a semantic parameter under kv_policy full or streaming, spatial_min_context
+// or migrate_to_shard without shards.
+TEST(Simulator, RulesOnACutThatIsOffAreRefusedBeforeTheRun) {
   const auto trace = uniform_trace(48, 2, 512, 192);
   struct Case {
     KvPolicy policy;
@@ -210,18 +210,30 @@ TEST(Simulator, DecisionsOnACutThatIsOffAreRefused) {
   } cases[] = {
       {KvPolicy::kFull,
        {"semantic_threshold", KvmActionOp::kSet, 0.5},
-       "the semantic cut is off (kv_policy full)"},
+       "kvm.rules[0] (hot): then: semantic_threshold needs kv.kv_cache_compression semantic"},
+      {KvPolicy::kStreaming,
+       {"recent_tokens", KvmActionOp::kSet, 16},
+       "recent_tokens needs kv.kv_cache_compression semantic"},
       {KvPolicy::kSemantic,
        {"spatial_min_context", KvmActionOp::kSet, 64},
-       "no spatial shards (shards 1)"},
-      {KvPolicy::kSemantic, {"migrate_to_shard", KvmActionOp::kSet, 4}, "no spatial shards"}};
+       "spatial_min_context needs kv.cuts.spatial.shards > 1"},
+      {KvPolicy::kSemantic,
+       {"migrate_to_shard", KvmActionOp::kSet, 4},
+       "migrate_to_shard needs kv.cuts.spatial.shards > 1"}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.error);
     EngineConfig off = pressure_config();
     off.kv_policy = c.policy;
-    auto base = simulate(off, test_profile(), trace);
-    ASSERT_TRUE(base.ok()) << base.status().to_string();
-    expect_refused(off, *base, c.then, c.error, trace);
+    ASSERT_TRUE(simulate(off, test_profile(), trace).ok());
+    off.kvm.enabled = true;
+    KvmRule r = raise_threshold_rule();
+    r.then = c.then;
+    r.max = 1e9;
+    off.kvm.rules = {r};
+    auto got = simulate(off, test_profile(), trace);
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(got.status().message().find(c.error), std::string::npos) << got.status().message();
   }
 }
 
@@ -247,6 +259,25 @@ TEST(Simulator, AClassSemanticDecisionStartsFromTheConfiguredSettings) {
   EXPECT_TRUE(got->decisions[0].applied);
   EXPECT_EQ(got->decisions[1].rule, "cls");
   EXPECT_TRUE(got->decisions[1].applied) << got->decisions[1].error;
+}
+
+// A class's own semantic settings (SlaClass::semantic) are the ones its requests' pages follow,
+// the steps before demotion and the sinks included: every class holding off demotion runs as an
+// engine-wide hold-off does, not as the engine-wide settings would.
+TEST(Simulator, AClassOwnSemanticSettingsApplyToItsRequests) {
+  const auto trace = uniform_trace(48, 2, 512, 192);
+  EngineConfig engine_wide = pressure_config();
+  auto base = simulate(engine_wide, test_profile(), trace);
+  engine_wide.semantic.demote_after_steps = 100000;
+  engine_wide.semantic.sink_tokens = 10000;
+  auto held = simulate(engine_wide, test_profile(), trace);
+  EngineConfig per_class = pressure_config();
+  for (SlaClass& sc : per_class.sla_classes) sc.semantic = engine_wide.semantic;
+  auto got = simulate(per_class, test_profile(), trace);
+  ASSERT_TRUE(base.ok() && held.ok() && got.ok());
+  EXPECT_NE(held->preemptions, base->preemptions) << "the hold-off changes nothing here";
+  EXPECT_EQ(got->preemptions, held->preemptions);
+  EXPECT_DOUBLE_EQ(got->end_ms, held->end_ms);
 }
 
 TEST(Simulator, DeviceUseRuleRaisesSemanticThresholdAndFreesCapacity) {

@@ -47,6 +47,8 @@ TEST(Trace, ErrorsNameTheLineAndTheField) {
       {"{\"arrival_ms\": 1, \"prompt_tokens\": 2, \"output_tokens\": 1, \"clas\": \"x\"}",
        "t:2: clas: unknown field"},
       {"{\"arrival_ms\": 1,", "t:2: bad JSON"},
+      {"{\"arrival_ms\": 5, \"prompt_tokens\": 3, \"output_tokens\": 2, \"arrival_ms\": 7}",
+       "t:2: duplicate key 'arrival_ms'"},
       {"[1, 2]", "t:2: must be a JSON object"},
   };
   for (const Case& c : cases) {
@@ -183,6 +185,10 @@ TEST(Profile, JsonRoundTripAndErrorsNameTheField) {
   auto bad = parse_profile("{\"decode_ms_per_seq\": -1}", "p.json");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("p.json: decode_ms_per_seq"), std::string::npos);
+  auto twice = parse_profile("{\"decode_ms_per_seq\": 1, \"decode_ms_per_seq\": 2}", "p.json");
+  EXPECT_NE(twice.status().message().find("p.json: duplicate key 'decode_ms_per_seq'"),
+            std::string::npos)
+      << twice.status().message();
   auto unknown = parse_profile("{\"decode_ms\": 1}", "p.json");
   EXPECT_NE(unknown.status().message().find("decode_ms: unknown field"), std::string::npos);
   auto order = parse_profile("{\"kv_bytes_per_token_int4\": 5000}");

@@ -466,6 +466,12 @@ TEST(LoaderHf, BadSafetensorsHeaderJson) {
   write_raw(dir.file("model.safetensors"), "{\"a\": {\"dtype\": ", std::string(64, '\0'));
   expect_error(load(dir), StatusCode::kInvalidArgument,
                {dir.file("model.safetensors"), "bad JSON"});
+  // One tensor named twice: refused, not the last entry taken.
+  const std::string entry = R"({"dtype": "F32", "shape": [1], "data_offsets": [0, 4]})";
+  write_raw(dir.file("model.safetensors"), "{\"a\": " + entry + ", \"a\": " + entry + "}",
+            std::string(4, '\0'));
+  expect_error(load(dir), StatusCode::kInvalidArgument,
+               {dir.file("model.safetensors"), "duplicate key 'a'"});
 }
 
 TEST(LoaderHf, HeaderLengthPastEof) {
