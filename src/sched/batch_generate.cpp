@@ -102,6 +102,27 @@ Status validate_inputs(const std::vector<GenerationInput>& inputs, const model::
   return ok_status();
 }
 
+// The last of `waiting` (service order: the batch's order) that holds blocks, after the first
+// waiting sequence: its full pages are cached (as a preemption's are) and its blocks released;
+// it starts again from what the cache still holds. False when there is none.
+bool release_youngest_waiting(const std::vector<SchedSeq>& waiting, std::vector<SeqState>& seqs,
+                              kv::KvPool& pool, const BatchOptions& options) {
+  for (size_t k = waiting.size(); k-- > 1;) {
+    SeqState& s = seqs[static_cast<size_t>(waiting[k].id)];
+    if (s.table.blocks.empty() || kv::swapped_pages(s.table) > 0) continue;
+    s.recomputed_tokens += s.computed;
+    pool.cache_prefix(
+        s.table, options.prefix_salt, s.tokens,
+        cacheable_tokens(options.kv_policy, s.computed, s.prompt_target) / pool.block_size());
+    pool.release(s.table);
+    s.computed = 0;
+    s.dropped = true;
+    s.kv.close(std::chrono::steady_clock::now());
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 int blocks_needed(const std::vector<GenerationInput>& inputs, int block_size, int max_seq_len) {
@@ -349,6 +370,10 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     if (steps.empty()) {
       // A step of preemptions or swap-ins only (they wait or decode next step) is progress.
       if (!plan.preempted.empty() || !plan.swap_in.empty()) continue;
+      // Waiting sequences do not overtake: a younger one holding pages (its prompt's cached
+      // pages, shared when it was admitted) can keep an older one that needs them from ever
+      // starting. The youngest such one lets its pages go (still cached for its own start).
+      if (release_youngest_waiting(waiting, seqs, pool, options)) continue;
       return internal_error("generate_batch: the scheduler planned an empty step with work left");
     }
 

@@ -159,6 +159,38 @@ TEST(SwapFaults, WriteBehindRescuesAFailedWriteWithTheSameTokensAndNoRecompute) 
   }
 }
 
+// A waiting prompt holding cached pages (shared at its admission) does not keep an older
+// sequence preempted for a recompute from ever starting: with nothing else to run, it lets them
+// go (the batch once stopped with "the scheduler planned an empty step with work left"). Block
+// size 8, 10 blocks: the long prompt's two copies share three cached pages, and each sequence
+// fits alone.
+TEST(PrefixRecompute, AWaitingPromptsCachedPagesDoNotBlockAnOlderRestart) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto big = make_engine("llama2c", 1, 512, 8);
+  ASSERT_NE(big, nullptr);
+  const model::Tokenizer& tok = *big->loaded.tokenizer;
+  const std::string lily =
+      "Once upon a time there was a little girl named Lily. She loved to play outside";
+  std::vector<sched::GenerationInput> inputs;
+  for (const char* p : {lily.c_str(), "The cat sat on", "Tom had a red ball", "A bird flew",
+                        "The sun was hot", "Ben and Mia", "The dog ran", lily.c_str()}) {
+    sched::GenerationInput in;
+    in.prompt_ids = *tok.encode(p, true);
+    in.params.max_tokens = 50;
+    in.params.ignore_eos = true;
+    inputs.push_back(in);
+  }
+  const Outcome ref = run(*big, inputs, SwapMode::kNever);
+  ASSERT_EQ(ref.tokens.size(), inputs.size());
+  auto small = make_engine("llama2c", 1, 10, 8);
+  ASSERT_NE(small, nullptr);
+  small->pool->enable_prefix_cache();
+  const Outcome got = run(*small, inputs, SwapMode::kNever);
+  EXPECT_EQ(got.tokens, ref.tokens);
+  EXPECT_GT(got.recomputed, 0);  // the pool was under pressure
+  EXPECT_EQ(small->pool->available_blocks(), 10);
+}
+
 // A sequence preempted by recompute (swap never) restarts from its pages still in the prefix
 // cache, prompt and generated ones: the batch's prompts share no page, so every hit is a
 // restart's. The tokens are those of an unbounded pool, with the cache and without it.
