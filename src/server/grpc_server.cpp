@@ -62,7 +62,11 @@ StatusOr<RunningServer> start_grpc_server(const config::ServerConfig& config,
   builder.RegisterService(service);
   builder.SetMaxReceiveMessageSize(config.max_message_bytes);
   builder.SetMaxSendMessageSize(64 << 20);
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, config.max_concurrent_streams);
+  // Per connection, room beyond the Generate limit: one channel holding every Generate call the
+  // server allows must still reach Abort, the stats and health, and get RESOURCE_EXHAUSTED from
+  // the server's own count for one call more (not wait, client-side, for a stream to free).
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             config.max_concurrent_streams + kStreamHeadroom);
   // gRPC sets SO_REUSEPORT by default on Linux: a second server on the same port would bind
   // beside the first and take half its new connections instead of failing.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

@@ -13,6 +13,10 @@
 
 namespace kvsplit::server {
 
+// HTTP/2 streams one connection may open beyond server.max_concurrent_streams (Abort, stats and
+// health calls, and Generate calls the server refuses itself with RESOURCE_EXHAUSTED).
+inline constexpr int32_t kStreamHeadroom = 64;
+
 struct RunningServer {
   std::unique_ptr<grpc::Server> server;
   int port = 0;  // the bound port (resolves port 0)

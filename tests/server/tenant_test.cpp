@@ -304,5 +304,61 @@ TEST(TenantStreamLimit, KeylessCallsDoNotCountAgainstTheLimit) {
   }
 }
 
+// One connection holding every Generate call the server allows still reaches the server: a call
+// more is refused at once with RESOURCE_EXHAUSTED (not left waiting, client-side, for an HTTP/2
+// stream until its deadline), and Abort on the same connection ends one of the held calls.
+TEST(TenantStreamLimit, OneConnectionAtTheLimitIsAnsweredAtOnce) {
+  TempDir dir;
+  std::ofstream(dir.file("t.yaml")) << "server: {max_concurrent_streams: 2}\n";
+  ServerProcess server(
+      {"--config", dir.file("t.yaml"), "--model", "synthetic:llama-110m", "--api-key", kKeyA},
+      dir.file("server.log"));
+  ASSERT_TRUE(server.started()) << server.log();
+  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Generation::NewStub(channel);
+  auto call = [&](grpc::ClientContext* ctx, const std::string& id) {
+    ctx->AddMetadata("authorization", std::string("Bearer ") + kKeyA);
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::GenerateRequest r;
+    r.set_request_id(id);
+    r.set_prompt("Once upon a time");
+    r.set_max_tokens(1000);
+    r.set_ignore_eos(true);
+    return stub->Generate(ctx, r);
+  };
+  grpc::ClientContext held_ctx[2];
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> held[2];
+  for (int i = 0; i < 2; ++i) {
+    held[i] = call(&held_ctx[i], "held-" + std::to_string(i));
+    v1::GenerateResponse first;
+    ASSERT_TRUE(held[i]->Read(&first)) << "held call " << i << " did not start";
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  grpc::ClientContext more_ctx;
+  auto more = call(&more_ctx, "one-more");
+  v1::GenerateResponse msg;
+  while (more->Read(&msg)) {
+  }
+  EXPECT_EQ(more->Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  v1::AbortRequest abort;
+  abort.set_request_id("held-0");
+  std::string resp;
+  const grpc::Status st =
+      raw_unary(channel, "/kvsplit.v1.Generation/Abort", abort.SerializeAsString(), &resp,
+                std::chrono::seconds(30), kKeyA);
+  EXPECT_TRUE(st.ok()) << st.error_code() << " " << st.error_message();
+  v1::AbortResponse aborted;
+  EXPECT_TRUE(aborted.ParseFromString(resp) && aborted.aborted());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 20.0) << "the calls waited for a stream";
+  while (held[0]->Read(&msg)) {
+  }
+  EXPECT_TRUE(held[0]->Finish().ok());  // aborted: a final event, FINISH_REASON_CANCELLED
+  held_ctx[1].TryCancel();
+  while (held[1]->Read(&msg)) {
+  }
+  EXPECT_EQ(held[1]->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
 }  // namespace
 }  // namespace kvsplit::testing
