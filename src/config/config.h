@@ -19,6 +19,10 @@ struct TlsConfig {
   bool enabled() const { return !cert_file.empty(); }
 };
 
+// Bytes of a request message kept for its fields other than the prompt (ids, stop strings,
+// sampling): a prompt of max_prompt_bytes always fits in max_message_bytes.
+inline constexpr int32_t kRequestFieldsBytes = 4096;
+
 struct ServerConfig {
   std::string host = "0.0.0.0";
   int32_t port = 50051;         // [0, 65535]; 0 = pick a free port (logged)
@@ -30,11 +34,12 @@ struct ServerConfig {
   std::vector<std::string> api_keys;  // empty: no authentication
   int32_t max_concurrent_streams =
       1024;  // [1, 100000]; more open Generate calls -> RESOURCE_EXHAUSTED
-  int32_t max_message_bytes = 4 << 20;  // [1024, 1 GiB]; receive limit of one request
-  int32_t max_prompt_bytes = 1 << 20;  // [1, max_message_bytes]; longer prompts -> INVALID_ARGUMENT
-  int32_t max_tokens_limit = 8192;     // [1, 1 << 20]; GenerateRequest.max_tokens upper bound
-  int32_t default_max_tokens = 16;     // [1, max_tokens_limit]; when max_tokens is 0
-  int32_t drain_timeout_ms = 10000;    // [0, 3600000]; SIGTERM: wait this long, then cancel
+  int32_t max_message_bytes = 4 << 20;  // [8192, 1 GiB]; receive limit of one request
+  // [1, max_message_bytes - kRequestFieldsBytes]; longer prompts -> INVALID_ARGUMENT
+  int32_t max_prompt_bytes = 1 << 20;
+  int32_t max_tokens_limit = 8192;   // [1, 1 << 20]; GenerateRequest.max_tokens upper bound
+  int32_t default_max_tokens = 16;   // [1, max_tokens_limit]; when max_tokens is 0
+  int32_t drain_timeout_ms = 10000;  // [0, 3600000]; SIGTERM: wait this long, then cancel
 
   // metrics_host when set; else loopback (127.0.0.1) when API keys are set, so that a server that
   // asks for keys does not expose its metrics, and `host` otherwise.

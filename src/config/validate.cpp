@@ -113,10 +113,12 @@ Status validate_config(const Config& config) {
   }
   KVSPLIT_RETURN_IF_ERROR(
       check_range("server.max_concurrent_streams", s.max_concurrent_streams, 1, 100000));
-  KVSPLIT_RETURN_IF_ERROR(
-      check_range("server.max_message_bytes", s.max_message_bytes, 1024, 1 << 30));
-  KVSPLIT_RETURN_IF_ERROR(
-      check_range("server.max_prompt_bytes", s.max_prompt_bytes, 1, s.max_message_bytes));
+  KVSPLIT_RETURN_IF_ERROR(check_range("server.max_message_bytes", s.max_message_bytes,
+                                      2 * kRequestFieldsBytes, 1 << 30));
+  // A prompt of max_prompt_bytes and the request's other fields fit in one message (else gRPC
+  // refuses it, RESOURCE_EXHAUSTED, before the server sees it).
+  KVSPLIT_RETURN_IF_ERROR(check_range("server.max_prompt_bytes", s.max_prompt_bytes, 1,
+                                      s.max_message_bytes - kRequestFieldsBytes));
   KVSPLIT_RETURN_IF_ERROR(check_range("server.max_tokens_limit", s.max_tokens_limit, 1, 1 << 20));
   KVSPLIT_RETURN_IF_ERROR(
       check_range("server.default_max_tokens", s.default_max_tokens, 1, s.max_tokens_limit));

@@ -198,6 +198,10 @@ TEST(ConfigTest, BadValuesNameTheField) {
   expect_error("kv: {block_size: 7}\n", "kv.block_size");
   expect_error("kv: {dtype: int3}\n", "kv.dtype");
   expect_error("kv: {capacity_mb: 0}\n", "kv.capacity_mb");
+  // A prompt of max_prompt_bytes and the request's other fields fit in one message.
+  expect_error("server: {max_message_bytes: 8192, max_prompt_bytes: 8192}\n",
+               "server.max_prompt_bytes: must be in [1, 4096], got 8192");
+  expect_error("server: {max_message_bytes: 4096}\n", "server.max_message_bytes");
   // Values that once stood for "not given": refused like any other out of range.
   expect_error("kv: {capacity_mb: -1}\n", "kv.capacity_mb: must be in [1, 16777216], got -1");
   expect_error("pools: {mode: ''}\n", "pools.mode: must be 'colocated' or 'disaggregated'");
