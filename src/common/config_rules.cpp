@@ -31,7 +31,9 @@ Status check_range(const std::string& field, int64_t v, int64_t lo, int64_t hi) 
   return ok_status();
 }
 
-bool valid_class_name(const std::string& name) {
+}  // namespace
+
+bool valid_config_name(std::string_view name) {
   if (name.empty() || name.size() > 64) return false;
   for (char ch : name) {
     const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
@@ -41,13 +43,11 @@ bool valid_class_name(const std::string& name) {
   return true;
 }
 
-}  // namespace
-
 Status validate_sla_classes(const std::vector<SlaClass>& classes) {
   if (classes.empty()) return invalid_argument("sla_classes: at least one class is required");
   std::set<std::string> names;
   for (const SlaClass& c : classes) {
-    if (!valid_class_name(c.name)) {
+    if (!valid_config_name(c.name)) {
       return invalid_argument("sla_classes." + escape_for_message(c.name, 64) +
                               ": class names are 1..64 characters of [A-Za-z0-9_.-]");
     }

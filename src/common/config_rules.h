@@ -13,7 +13,11 @@
 
 namespace kvsplit {
 
-// At least one class; names 1..64 characters of [A-Za-z0-9_.-], unique; max_ttft_ms,
+// 1..64 characters of [A-Za-z0-9_.-]: SLA class and KVM rule names (they travel in metric
+// labels, proto string fields and log lines as they are).
+bool valid_config_name(std::string_view name);
+
+// At least one class; names valid_config_name, unique; max_ttft_ms,
 // max_itl_ms and queue_timeout_ms finite and > 0; priority in [-1000, 1000]; max_queue in
 // [1, 1000000]; a `semantic` override passes validate_semantic_cut ("sla_classes.<name>.kv.").
 Status validate_sla_classes(const std::vector<SlaClass>& classes);

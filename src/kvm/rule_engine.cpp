@@ -6,6 +6,7 @@
 #include <cmath>
 #include <set>
 
+#include "common/config_rules.h"
 #include "common/escape.h"
 #include "kvm/expr.h"
 
@@ -230,6 +231,8 @@ Status validate_rules(const std::vector<KvmRule>& rules, const std::vector<std::
     const std::string where =
         "kvm.rules[" + std::to_string(i) + "] (" + escape_for_message(r.name, 64) + "): ";
     if (r.name.empty()) return invalid_argument(where + "name: must not be empty");
+    if (!valid_config_name(r.name))
+      return invalid_argument(where + "name: must be 1..64 characters of [A-Za-z0-9_.-]");
     if (!names.insert(r.name).second)
       return invalid_argument(where + "name: duplicate rule name " + q(r.name));
     const Status s = check_rule(r, classes);

@@ -177,7 +177,10 @@ grpc::Status to_grpc(const Status& status) {
 
 void fill_model_info(const ModelInfo& info, const RequestLimits& limits,
                      v1::GetModelInfoResponse* out) {
-  out->set_source(info.source);
+  // A path is bytes; the proto field is a string, and invalid UTF-8 there fails the whole reply.
+  std::string source;
+  utf8::append_valid(info.source, /*final=*/true, source);
+  out->set_source(source);
   out->set_architecture(info.architecture);
   out->set_vocab_size(info.vocab_size);
   out->set_max_context(info.max_context);

@@ -540,6 +540,21 @@ TEST_F(ValidateRulesTest, AcceptsGoodRules) {
   EXPECT_TRUE(validate_rules({q}, {"voice"}).ok());
 }
 
+// Rule names travel in metric labels, GetServerStats' string fields and log lines: the class
+// names' characters only (a name with a byte of invalid UTF-8 once broke every stats reply).
+TEST_F(ValidateRulesTest, NameCharacters) {
+  for (const char* bad : {"bad\xffname", "two words", "a\"b", "x{y}"}) {
+    KvmRule r = good();
+    r.name = bad;
+    expect_error(r, "name: must be 1..64 characters of [A-Za-z0-9_.-]");
+  }
+  KvmRule r = good();
+  r.name = std::string(65, 'a');
+  expect_error(r, "name: must be 1..64 characters");
+  r.name = "ok_name-1.2";
+  EXPECT_TRUE(validate_rules({r}, {"default", "voice"}).ok());
+}
+
 TEST_F(ValidateRulesTest, DuplicateName) {
   KvmRule r = good();
   r.name = "hot";

@@ -62,6 +62,18 @@ TEST(ConvertTest, ServerStatsCarryTheShardGroupsCommunicator) {
   EXPECT_EQ(out.pools(1).kv_shard_communicator(), "");  // no shard group
 }
 
+// A model path is bytes, the reply's `source` a proto string: a byte of invalid UTF-8 becomes
+// U+FFFD (it once failed every GetModelInfo reply), the rest is kept.
+TEST(ConvertTest, ModelSourceIsValidUtf8) {
+  ModelInfo info;
+  info.source = "/models/m\xff.bin";
+  v1::GetModelInfoResponse out;
+  fill_model_info(info, {}, &out);
+  EXPECT_EQ(out.source(), "/models/m\xef\xbf\xbd.bin");
+  std::string wire;
+  EXPECT_TRUE(out.SerializeToString(&wire));
+}
+
 TEST(ConvertTest, ReservedIdPrefixAndEscapedClassNames) {
   RequestLimits l;
   l.vocab_size = 512;
