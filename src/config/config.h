@@ -40,6 +40,13 @@ struct ServerConfig {
   int32_t max_tokens_limit = 8192;   // [1, 1 << 20]; GenerateRequest.max_tokens upper bound
   int32_t default_max_tokens = 16;   // [1, max_tokens_limit]; when max_tokens is 0
   int32_t drain_timeout_ms = 10000;  // [0, 3600000]; SIGTERM: wait this long, then cancel
+  // HTTP/2 keepalive of connections with calls open: a ping after this long without one, and
+  // the connection is closed (its calls cancelled, their KV freed) when the peer does not answer
+  // within keepalive_timeout_ms: a client that vanished without closing its connection (a
+  // dropped network, a powered-off host) holds nothing for long. [0, 86400000]; 0: gRPC's
+  // default (2 hours). keepalive_timeout_ms: [100, 3600000].
+  int32_t keepalive_ms = 30000;
+  int32_t keepalive_timeout_ms = 10000;
 
   // metrics_host when set; else loopback (127.0.0.1) when API keys are set, so that a server that
   // asks for keys does not expose its metrics, and `host` otherwise.

@@ -123,6 +123,9 @@ Status validate_config(const Config& config) {
   KVSPLIT_RETURN_IF_ERROR(
       check_range("server.default_max_tokens", s.default_max_tokens, 1, s.max_tokens_limit));
   KVSPLIT_RETURN_IF_ERROR(check_range("server.drain_timeout_ms", s.drain_timeout_ms, 0, 3600000));
+  KVSPLIT_RETURN_IF_ERROR(check_range("server.keepalive_ms", s.keepalive_ms, 0, 86400000));
+  KVSPLIT_RETURN_IF_ERROR(
+      check_range("server.keepalive_timeout_ms", s.keepalive_timeout_ms, 100, 3600000));
   return ok_status();
 }
 

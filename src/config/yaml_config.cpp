@@ -197,6 +197,8 @@ Status read_server(const YAML::Node& n, ServerConfig* s) {
   KVSPLIT_RETURN_IF_ERROR(r.get("max_tokens_limit", &s->max_tokens_limit));
   KVSPLIT_RETURN_IF_ERROR(r.get("default_max_tokens", &s->default_max_tokens));
   KVSPLIT_RETURN_IF_ERROR(r.get("drain_timeout_ms", &s->drain_timeout_ms));
+  KVSPLIT_RETURN_IF_ERROR(r.get("keepalive_ms", &s->keepalive_ms));
+  KVSPLIT_RETURN_IF_ERROR(r.get("keepalive_timeout_ms", &s->keepalive_timeout_ms));
   return r.finish();
 }
 

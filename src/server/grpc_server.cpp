@@ -67,6 +67,15 @@ StatusOr<RunningServer> start_grpc_server(const config::ServerConfig& config,
   // the server's own count for one call more (not wait, client-side, for a stream to free).
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                              config.max_concurrent_streams + kStreamHeadroom);
+  if (config.keepalive_ms > 0) {
+    // Pings only while calls are open, and without limit between data frames: a call held by
+    // back-pressure (its client reads nothing) sends no data, and gRPC would otherwise stop
+    // pinging after two pings.
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, config.keepalive_ms);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, config.keepalive_timeout_ms);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  }
   // gRPC sets SO_REUSEPORT by default on Linux: a second server on the same port would bind
   // beside the first and take half its new connections instead of failing.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

@@ -198,6 +198,9 @@ TEST(ConfigTest, BadValuesNameTheField) {
   expect_error("kv: {block_size: 7}\n", "kv.block_size");
   expect_error("kv: {dtype: int3}\n", "kv.dtype");
   expect_error("kv: {capacity_mb: 0}\n", "kv.capacity_mb");
+  expect_error("server: {keepalive_ms: -1}\n", "server.keepalive_ms: must be in [0, 86400000]");
+  expect_error("server: {keepalive_timeout_ms: 50}\n",
+               "server.keepalive_timeout_ms: must be in [100, 3600000]");
   // A prompt of max_prompt_bytes and the request's other fields fit in one message.
   expect_error("server: {max_message_bytes: 8192, max_prompt_bytes: 8192}\n",
                "server.max_prompt_bytes: must be in [1, 4096], got 8192");
