@@ -145,7 +145,11 @@ DiskTier::~DiskTier() {
       KVSPLIT_CHECK_MSG(r.state != Record::State::kWriting && r.readers == 0,
                         "DiskTier destroyed with an unfinished DiskOp");
   }
-  ::close(fd_);  // releases the lock; the file stays for the next open to reuse
+  // Records never outlive the tier: their bytes (tenants' KV) do not stay at rest, and the space
+  // goes back to the file system. The header stays, so the next open knows the file is ours.
+  if (::ftruncate(fd_, kDataOffset) != 0)
+    KVSPLIT_LOG_WARN("disk tier {}: cannot truncate on close: {}", file_, errno_text(errno));
+  ::close(fd_);  // releases the lock
 }
 
 void DiskTier::drop_cache() {

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "kv/disk_format.h"
 #include "test_util.h"
 
 namespace kvsplit::kv {
@@ -519,15 +520,20 @@ TEST_P(DiskTierTest, ReopeningNeverServesAPreviousOpensRecords) {
   Bytes page = random_bytes(5000, 3);
   const std::span<const std::byte> src(page);
   RecordId id;
+  std::string file;
   {
     auto tier = open_tier(8);
     ASSERT_TRUE(tier);
     id = tier->write_sync({&src, 1}, {1, 1}).value();
+    file = tier->data_file();
     // A second tier on the same directory is refused while this one holds it.
     auto second = DiskTier::open(config(8));
     EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
     EXPECT_NE(second.status().message().find("kvsplit-kv-tier.data"), std::string::npos);
   }
+  // Closed, the tier leaves its header only: no KV of its records (tenants' prompts) stays at
+  // rest, and the space goes back to the file system.
+  EXPECT_EQ(std::filesystem::file_size(file), static_cast<uintmax_t>(disk_format::kDataOffset));
   auto tier = open_tier(8);
   ASSERT_TRUE(tier);
   EXPECT_EQ(tier->payload_bytes(id).status().code(), StatusCode::kNotFound);
