@@ -12,18 +12,14 @@ namespace {
 
 // Float softmax exactly as llama2.c run.c (max, expf(x - max), sequential float sum, divide), in
 // place. Also returns the lowest index of the maximum and the sum (for degenerate-input checks).
+// A NaN entry is no number: it is not the maximum (argmax_lowest, wherever it is; from x[0]
+// run.c's scan kept a leading NaN as the maximum) and gets probability 0.
 float softmax_runc(float* x, int n, int32_t* max_index) {
-  float max_val = x[0];
-  int32_t max_i = 0;
-  for (int i = 1; i < n; ++i) {
-    if (x[i] > max_val) {
-      max_val = x[i];
-      max_i = i;
-    }
-  }
+  const int32_t max_i = argmax_lowest(x, n);
+  const float max_val = x[max_i];
   float sum = 0.0f;
   for (int i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - max_val);  // float overload: expf, as run.c
+    x[i] = std::isnan(x[i]) ? 0.0f : std::exp(x[i] - max_val);  // float overload: expf, as run.c
     sum += x[i];
   }
   for (int i = 0; i < n; ++i) x[i] /= sum;

@@ -446,6 +446,12 @@ TEST(SamplerTest, DegenerateLogitsDoNotCrash) {
     std::vector<float> with_nan = {0.0f, nan, 1.0f};
     const int32_t u = s.sample(with_nan.data(), 3, {}, {});
     EXPECT_TRUE(u >= 0 && u < 3);
+    // A NaN entry never wins and is never drawn, first in the row as anywhere else.
+    for (int k = 0; k < 20; ++k) {
+      std::vector<float> nan_first = {nan, 1.0f, 2.0f, 0.0f};
+      const int32_t v = s.sample(nan_first.data(), 4, {}, {});
+      EXPECT_TRUE(v >= 1 && v < 4) << v;
+    }
     std::vector<float> masked = {-inf, 0.0f, -inf, -inf};  // -inf masks are legitimate
     EXPECT_EQ(s.sample(masked.data(), 4, {}, {}), 1);
     std::vector<float> one = {3.0f};
