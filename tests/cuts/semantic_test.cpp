@@ -237,6 +237,12 @@ TEST(SemanticPlanner, EvictedPagesAreRecalledAtTheirRungAndTheHighestBoundsFirst
   EXPECT_EQ(recalled(c, KvPrecision::kInt8), (std::vector<int>{6, 2, 3, 4}));
   c.max_recalls_per_step = 9;  // more than are called: all of them
   EXPECT_EQ(recalled(c, KvPrecision::kInt8), (std::vector<int>{6, 1, 2, 3, 4}));
+  // A page whose recall is in flight (an asynchronous restore) is not called again, and takes
+  // no place under the cap: page 3 (bound 1.5) comes in after page 2's.
+  pages[4].restoring = true;
+  EXPECT_EQ(recalled(c, KvPrecision::kInt8), (std::vector<int>{6, 1, 2, 3}));
+  c.max_recalls_per_step = 2;
+  EXPECT_EQ(recalled(c, KvPrecision::kInt8), (std::vector<int>{6, 2, 3}));
 }
 
 TEST(SemanticPlanner, StreamingKeepsOnlySinksAndRecent) {

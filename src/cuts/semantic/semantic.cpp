@@ -116,8 +116,10 @@ std::vector<PageTransition> plan_step(KvPolicy policy, const SemanticConfig& c,
       for (int i = 0; i < n; ++i) {
         kv::PageEntry& p = pages[i];
         if (!p.resident()) {
-          // An evicted page: its summary's bound says a query could attend to it.
-          if (p.summary >= 0 && bound_of(obs, i) >= c.recall_threshold) called.push_back(i);
+          // An evicted page: its summary's bound says a query could attend to it. One whose
+          // recall is in flight is on its way: it takes none of max_recalls_per_step's places.
+          if (p.summary >= 0 && !p.restoring && bound_of(obs, i) >= c.recall_threshold)
+            called.push_back(i);
           continue;
         }
         if (p.precision != KvPrecision::kFull && p.relevance >= c.recall_threshold) {
