@@ -84,7 +84,9 @@ Status validate_inputs(const std::vector<GenerationInput>& inputs, const model::
   for (size_t i = 0; i < inputs.size(); ++i) {
     const GenerationInput& in = inputs[i];
     const std::string where = "prompt " + std::to_string(i) + ": ";
-    KVSPLIT_RETURN_IF_ERROR(in.params.validate().with_prefix("prompt " + std::to_string(i)));
+    // Against the vocabulary too (top_k, stop_token_ids), as the engine and the server check.
+    KVSPLIT_RETURN_IF_ERROR(
+        in.params.validate(cfg.vocab_size).with_prefix("prompt " + std::to_string(i)));
     const int n = static_cast<int>(in.prompt_ids.size());
     if (n == 0) return invalid_argument(where + "empty prompt (no tokens)");
     if (n > cfg.max_seq_len) {

@@ -130,6 +130,11 @@ TEST(CliTest, BadInputsFailClearlyWithExitTwo) {
   r = run("generate --model synthetic:stories260k --max-tokens 0");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("max-tokens"), std::string::npos) << r.err;
+  // top_k beyond the vocabulary (512): refused as the engine and the server refuse it, not run
+  // as if top-k were off.
+  r = run("generate --model synthetic:stories260k --prompt x --temperature 1 --top-k 600");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("top_k"), std::string::npos) << r.err;
 
   // Not a regular file: refused at once (a FIFO used to hang, /dev/zero to grow without bound).
   r = run("generate --model /dev/zero --prompt x");
