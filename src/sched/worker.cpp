@@ -377,7 +377,11 @@ void Worker::loop() {
     hold_seen_gen_.store(gen, std::memory_order_release);
     const Clock::time_point step_start = Clock::now();
     const bool worked = !dead && step();
-    if (worked) {  // how long this worker may go between drains (stalled_since)
+    if (worked) {
+      uint8_t one = static_cast<uint8_t>(TestHold::kOneStep);
+      hold_.compare_exchange_strong(one, static_cast<uint8_t>(TestHold::kForward),
+                                    std::memory_order_acq_rel);
+      // How long this worker may go between drains (stalled_since).
       step_ns_.add(
           std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - step_start).count());
       slowest_step_ns_.store(step_ns_.max(), std::memory_order_relaxed);

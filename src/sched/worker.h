@@ -101,8 +101,10 @@ struct WorkerOptions {
 // Test hook: holds a worker at its step boundary.
 //   kForward  housekeeping goes on (inbox, queue timeouts, cancels, admission) but no forward
 //             pass runs, so nothing it owns makes progress;
-//   kAll      the worker does nothing at all (a hung or dead worker); only stop ends it.
-enum class TestHold : uint8_t { kNone, kForward, kAll };
+//   kAll      the worker does nothing at all (a hung or dead worker); only stop ends it;
+//   kOneStep  one step that runs a forward pass, then kForward (set by the worker itself, so a
+//             test walks a worker a step at a time however slowly its own thread runs).
+enum class TestHold : uint8_t { kNone, kForward, kAll, kOneStep };
 
 // Engine-owned state every worker sees; outlives the workers.
 struct WorkerShared {

@@ -351,13 +351,14 @@ TEST(EngineSwapMigrate, ASequenceMigratedBackFromTheHostTierResumes) {
       }
     }
     if (migrated) break;
-    // One step at a time (a few at most): release the hold until the step counter moves.
+    // One step at a time: the worker holds again by itself after one step (a hold released and
+    // set again from here let it run many steps when this thread was slow, and C's window of
+    // about 33 steps could pass unseen).
     const int64_t steps = rep.state.steps;
-    e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+    e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kOneStep);
     while (send(sched::SnapshotState{}).state.steps == steps &&
            std::chrono::steady_clock::now() < deadline) {
     }
-    e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
   }
   e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
   ASSERT_TRUE(migrated) << "C was never caught swapped out with room to bring it back";
