@@ -503,13 +503,16 @@ void Worker::reap_cancelled(Clock::time_point now) {
 
 void Worker::admit_from_router(Clock::time_point now) {
   if (options_.role == WorkerRole::kDecode || shared_->router == nullptr) return;
-  if (has_unreserved_waiting(std::numeric_limits<int32_t>::min())) return;
+  // No prompt of no higher priority than a sequence waiting here without its blocks (preempted,
+  // swapped out, or taken for a time slice): it would take the room that one waits for, and the
+  // sequence would starve. A prompt of higher priority is served first, as it would have been.
   // Scheduler::can_admit_prompt keeps a watermark free for the running sequences' growth.
   while (waiting_.size() < static_cast<size_t>(options_.max_prefill_seqs)) {
     const int free_blocks = plannable_blocks();  // host prefetches give way (make_room)
     const int owned = static_cast<int>(running_.size() + waiting_.size());
     std::unique_ptr<Sequence> seq = shared_->router->pop_if([&](const Sequence& s) {
-      return scheduler_.can_admit_prompt(s.num_prompt, free_blocks, total_blocks_,
+      return !has_unreserved_waiting(s.priority) &&
+             scheduler_.can_admit_prompt(s.num_prompt, free_blocks, total_blocks_,
                                          static_cast<int>(running_.size()), owned);
     });
     if (!seq) break;
@@ -537,11 +540,15 @@ void Worker::admit_from_router(Clock::time_point now) {
   // them for it (make_room_by_slice) and its pages come with its first chunk; left in the router
   // it would wait behind them for as long as they run. Only on the second pass that finds it so
   // at the router's head: another worker of the router with room for it has had a step to take
-  // it. One at a time: it counts as unreserved waiting work (the check at the top).
+  // it. It counts as unreserved waiting work: no prompt of no higher priority comes after it.
   if (waiting_.size() >= static_cast<size_t>(options_.max_prefill_seqs)) return;
   const int owned = static_cast<int>(running_.size() + waiting_.size());
   if (owned >= scheduler_.config().max_num_seqs) return;
   std::unique_ptr<Sequence> seq = shared_->router->pop_if([&](const Sequence& s) {
+    if (has_unreserved_waiting(s.priority)) {
+      slice_head_ = -1;
+      return false;
+    }
     const int need = kv::BlockTable::blocks_for(scheduler_.config().prefill_reach(0, s.num_prompt),
                                                 pool_->block_size());
     const int available = plannable_blocks();

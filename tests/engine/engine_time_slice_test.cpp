@@ -196,6 +196,40 @@ TEST_P(EngineTimeSlice, NoSliceNoPause) {
   EXPECT_TRUE(testing::pools_back_to(**engine, initial));
 }
 
+// A preempted (or swapped-out) request waiting for its blocks holds back new prompts of no
+// higher priority only: a prompt of a higher class that fits is pulled from the router at once
+// and finishes first. Two batch requests that need 40 of the 32 blocks by their end: the younger
+// is preempted when the pool fills and waits for the older to finish. (Every pull used to stop
+// while any preempted sequence waited: the urgent prompt then waited for the batch request.)
+TEST_P(EngineTimeSlice, AHigherPriorityPromptIsPulledPastAPreemptedLowerOne) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto engine = EngineImpl::create(slice_config(/*batch_hold_ms=*/0, GetParam()));
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  EngineImpl& e = **engine;
+  const std::vector<int> initial = testing::free_blocks(e);
+  auto older = e.submit(slice_request("older", "batch", 16, 100, 37, 300));
+  auto younger = e.submit(slice_request("younger", "batch", 16, 200, 31, 300));
+  ASSERT_TRUE(older.ok() && younger.ok());
+  ASSERT_TRUE(testing::wait_for_stats(e, [](const EngineStats& s) { return s.preemptions >= 1; }));
+  e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+  ASSERT_EQ(e.stats().pools[0].running, 1) << "the older one finished before the hold";
+  auto urgent = e.submit(slice_request("urgent", "voice", 16, 60, 29, 4));  // 2 blocks: fits
+  ASSERT_TRUE(urgent.ok());
+  EXPECT_TRUE(testing::wait_for_stats(
+      e, [](const EngineStats& s) { return s.pools[0].waiting == 2; }, std::chrono::seconds(10)))
+      << "the urgent prompt stayed in the router behind the preempted batch request";
+  e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+  const Collected u = collect(*urgent, std::chrono::seconds(60));
+  ASSERT_TRUE(u.final_event.status.ok()) << u.final_event.status.to_string();
+  TokenEvent ev;
+  bool older_done = false;
+  while (!older_done && older->try_next(&ev)) older_done = ev.final;
+  EXPECT_FALSE(older_done) << "the urgent request finished after the batch one";
+  EXPECT_TRUE(collect(*older, std::chrono::seconds(60)).final_event.status.ok());
+  EXPECT_TRUE(collect(*younger, std::chrono::seconds(60)).final_event.status.ok());
+  EXPECT_TRUE(testing::pools_back_to(e, initial));
+}
+
 INSTANTIATE_TEST_SUITE_P(Swap, EngineTimeSlice,
                          ::testing::Values(SwapMode::kNever, SwapMode::kAlways),
                          [](const auto& info) {
