@@ -353,6 +353,8 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
         }
         // The whole target, or with a sliding window as far as this chunk reaches.
         KVSPLIT_CHECK(pool.reserve(s.table, sc.chunk_reach(s.computed, c.tokens, s.target())));
+        // Held from here, this step included (as Worker::admit_from_router accounts them).
+        s.kv.update(std::chrono::steady_clock::now(), kv_level(pool, s.table, s.computed));
       }
       s.shards = std::max(s.shards, s.table.shards_used());
       s.last_prefill_step = step;

@@ -33,6 +33,14 @@ TEST(CliSwap, SwappingAndRecomputingKeepTheTokensOfAnUnboundedPool) {
     EXPECT_GT(l["effective_kv_byte_seconds"].get<double>(), 0);
     EXPECT_GT(l["kv_token_seconds"].get<double>(), 0);
   }
+  // One step (the prompt and its only token): the pages it reserved count for that step (they
+  // used to be accounted only after it, so a one-step request reported 0 bytes).
+  RunResult one = run("generate " + stories_model_flags() +
+                      " --prompt 'Once upon a time there was a little girl' --max-tokens 1 --json");
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const std::vector<nlohmann::json> lines = json_lines(one.out);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_GT(lines[0]["effective_kv_byte_seconds"].get<double>(), 0);
   // 20 pages of 16 tokens for four sequences of up to 124 positions (32 pages): preemptions.
   int swapped = 0, recomputed = 0;
   for (const char* mode : {"always", "never"}) {
