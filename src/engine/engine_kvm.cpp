@@ -159,6 +159,7 @@ Status semantic_set(SemanticCutConfig* c, const std::string& p, double v) {
 Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
   const std::string& p = d.param;
   std::vector<SlaClass> classes = router_->classes();
+  const std::vector<SlaClass> configured = classes;
   SlaClass* cls = nullptr;
   if (!d.sla_class.empty()) {
     for (SlaClass& c : classes) {
@@ -166,6 +167,16 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
     }
     if (cls == nullptr) return not_found("no SLA class '" + d.sla_class + "'");
   }
+  // A class's new cut settings reach the router before the workers: a request pulled after this
+  // carries them (Router::set_classes gives them to the queued ones, and a decode worker takes
+  // them when it admits a handoff), and one pulled before is on a worker the command reaches. A
+  // command refused puts the router's classes back.
+  auto send_class_command = [&](const sched::WorkerCommand& cmd) {
+    router_->set_classes(classes);
+    const Status sent = broadcast_command(cmd);
+    if (!applies_late(sent)) router_->set_classes(configured);
+    return sent;
+  };
   // Every setting's own range (kvm::check_setting, shared with `kvsplit policy simulate`); the
   // semantic ones are checked with the configuration they land in, below.
   if (!kvm::param_is_semantic(p)) KVSPLIT_RETURN_IF_ERROR(kvm::check_setting(p, d.after));
@@ -182,14 +193,12 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
     sched::SetCutParams cmd;
     cmd.sla_class = d.sla_class;
     cmd.semantic = sc;
-    const Status sent = broadcast_command(cmd);
-    if (!applies_late(sent)) return sent;
     if (cls) {
       cls->semantic = sc;
-      router_->set_classes(std::move(classes));
-    } else {
-      kvm_semantic_ = sc;
+      return send_class_command(cmd);
     }
+    const Status sent = broadcast_command(cmd);
+    if (applies_late(sent)) kvm_semantic_ = sc;
     return sent;
   }
   if (p == "swap" || p == "temporal_step_size") {
@@ -201,16 +210,15 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
       KVSPLIT_ASSIGN_OR_RETURN(cmd.temporal_step_size,
                                int_setting(p, d.after, 1, std::numeric_limits<int32_t>::max()));
     }
-    const Status sent = broadcast_command(cmd);
-    if (!applies_late(sent)) return sent;
     if (cls) {
       if (cmd.swap) cls->swap = *cmd.swap;
       if (cmd.temporal_step_size) cls->temporal_step_size = *cmd.temporal_step_size;
-      router_->set_classes(std::move(classes));
-    } else {
-      if (cmd.swap) kvm_temporal_.swap = *cmd.swap;
-      if (cmd.temporal_step_size) kvm_temporal_.temporal_step_size = *cmd.temporal_step_size;
+      return send_class_command(cmd);
     }
+    const Status sent = broadcast_command(cmd);
+    if (!applies_late(sent)) return sent;
+    if (cmd.swap) kvm_temporal_.swap = *cmd.swap;
+    if (cmd.temporal_step_size) kvm_temporal_.temporal_step_size = *cmd.temporal_step_size;
     return sent;
   }
   if (p == "spatial_min_context") {

@@ -8,6 +8,15 @@
 #include "common/check.h"
 
 namespace kvsplit::sched {
+namespace {
+
+void copy_cut_settings(const SlaClass& from, SlaClass* to) {
+  to->semantic = from.semantic;
+  to->swap = from.swap;
+  to->temporal_step_size = from.temporal_step_size;
+}
+
+}  // namespace
 
 Router::Router(std::vector<SlaClass> classes, std::function<void()> on_push)
     : classes_(std::move(classes)), queued_(classes_.size(), 0), on_push_(std::move(on_push)) {}
@@ -116,6 +125,16 @@ std::vector<SlaClass> Router::classes() const {
   return classes_;
 }
 
+bool Router::refresh_cut_settings(SlaClass* sla) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const SlaClass& c : classes_) {
+    if (c.name != sla->name) continue;
+    copy_cut_settings(c, sla);
+    return true;
+  }
+  return false;
+}
+
 void Router::set_classes(std::vector<SlaClass> classes) {
   std::lock_guard<std::mutex> lock(mu_);
   // Re-count queued sequences by class name under the new list.
@@ -126,7 +145,10 @@ void Router::set_classes(std::vector<SlaClass> classes) {
       if (classes[i].name == entry.seq->sla.name) idx = static_cast<int>(i);
     }
     entry.seq->class_index = idx >= 0 ? idx : static_cast<int>(classes.size());
-    if (idx >= 0) ++queued[idx];
+    if (idx >= 0) {
+      ++queued[idx];
+      copy_cut_settings(classes[static_cast<size_t>(idx)], &entry.seq->sla);
+    }
   }
   classes_ = std::move(classes);
   queued_ = std::move(queued);

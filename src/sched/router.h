@@ -48,9 +48,14 @@ class Router {
   // Per class: how long its oldest queued sequence has waited since submit, at `now` (0: none).
   std::vector<double> oldest_wait_ms_per_class(Clock::time_point now) const;
   std::vector<SlaClass> classes() const;
-  // Replaces the classes; queued sequences keep their settings (their counts are dropped when the
-  // class list shrinks past their index).
+  // Replaces the classes; queued sequences keep their other settings (their counts are dropped
+  // when the class list shrinks past their index) and take their class's cut settings (semantic,
+  // swap, temporal_step_size: what the KV cache manager moves per class).
   void set_classes(std::vector<SlaClass> classes);
+  // Copies the current cut settings of `sla`'s class (by name) into it; false when the class is
+  // gone. A handoff admitted on a decode worker takes them (a class-scoped change reaches a
+  // request wherever it was when the change came: queued, prefilling or in flight).
+  bool refresh_cut_settings(SlaClass* sla) const;
 
  private:
   struct Key {

@@ -327,6 +327,9 @@ void Worker::admit_offers(Clock::time_point now) {
     }
     seq->table = std::move(table);
     seq->num_computed = o.num_tokens;
+    // Its class's cut settings of now: a class-scoped change (the KV cache manager's) made while
+    // it was queued, prefilling or in flight reached only the workers' own sequences.
+    if (shared_->router != nullptr) shared_->router->refresh_cut_settings(&seq->sla);
     account_kv(*seq, now);  // until now: the source's pinned copy, at the same level
     // The copy is part of the handoff (Timings::handoff_ms), not of decode. Like every phase
     // time, a later transition at this step's `now` takes back what it overlaps: the phases

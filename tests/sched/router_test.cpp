@@ -52,6 +52,47 @@ TEST(Router, PushCountsTheClassByNameAfterAReload) {
   EXPECT_TRUE(r.push(again).ok());  // a's count went back to 0
 }
 
+// A class's cut settings changed (the KV cache manager's class-scoped swap, temporal_step_size or
+// semantic settings) reach its queued requests, and a request taken before the change takes them
+// where it is admitted (refresh_cut_settings); other classes and other fields are left alone.
+TEST(Router, ClassCutSettingsReachQueuedRequests) {
+  SlaClass batch, voice;
+  batch.name = "batch";
+  batch.swap = SwapMode::kAlways;
+  batch.max_ttft_ms = 5000;
+  voice.name = "voice";
+  const auto far = Clock::now() + std::chrono::hours(1);
+  Router r({batch, voice}, nullptr);
+  auto queued = make_seq("q", 0, 0, batch, 0, far);
+  Sequence* q = queued.get();
+  ASSERT_TRUE(r.push(queued).ok());
+  auto other = make_seq("o", 1, 0, voice, 1, far);
+  Sequence* o = other.get();
+  ASSERT_TRUE(r.push(other).ok());
+  SlaClass in_flight = batch;  // a request already on its way to a decode worker
+  SlaClass changed = batch;
+  changed.swap = SwapMode::kNever;
+  changed.temporal_step_size = 7;
+  changed.semantic = SemanticCutConfig{};
+  changed.semantic->semantic_threshold = 0.3f;
+  changed.max_ttft_ms = 1;  // not a cut setting: the queued request keeps its own
+  r.set_classes({changed, voice});
+  EXPECT_EQ(q->sla.swap, SwapMode::kNever);
+  EXPECT_EQ(q->sla.temporal_step_size, 7);
+  ASSERT_TRUE(q->sla.semantic.has_value());
+  EXPECT_FLOAT_EQ(q->sla.semantic->semantic_threshold, 0.3f);
+  EXPECT_EQ(q->sla.max_ttft_ms, 5000);
+  EXPECT_FALSE(o->sla.swap.has_value());
+  EXPECT_TRUE(r.refresh_cut_settings(&in_flight));
+  EXPECT_EQ(in_flight.swap, SwapMode::kNever);
+  EXPECT_EQ(in_flight.temporal_step_size, 7);
+  SlaClass gone;
+  gone.name = "gone";
+  gone.swap = SwapMode::kAlways;
+  EXPECT_FALSE(r.refresh_cut_settings(&gone));
+  EXPECT_EQ(gone.swap, SwapMode::kAlways);
+}
+
 TEST(Router, PriorityThenArrival) {
   SlaClass c;
   const auto far = Clock::now() + std::chrono::hours(1);
