@@ -381,7 +381,10 @@ void Worker::loop() {
       uint8_t one = static_cast<uint8_t>(TestHold::kOneStep);
       hold_.compare_exchange_strong(one, static_cast<uint8_t>(TestHold::kForward),
                                     std::memory_order_acq_rel);
-      // How long this worker may go between drains (stalled_since).
+    }
+    if (!dead) {
+      // How long this worker may go between drains (stalled_since): every step counts, those
+      // without a forward pass too (a large handoff copy while every reader is behind).
       step_ns_.add(
           std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - step_start).count());
       slowest_step_ns_.store(step_ns_.max(), std::memory_order_relaxed);

@@ -344,7 +344,7 @@ class Worker {
   // mark_down / marked_down: steady-clock nanoseconds of the last inbox drain (or of the loop's
   // start, after the start-up measurements) and of the latest mark.
   std::atomic<int64_t> drained_ns_{0}, down_since_ns_{0};
-  RecentMax step_ns_;                        // the loop's steps that worked (worker thread)
+  RecentMax step_ns_;                        // the loop's steps (worker thread)
   std::atomic<int64_t> slowest_step_ns_{0};  // step_ns_.max(), for stalled_since
   struct Pinned {
     kv::BlockTable table;  // the handed-off pages

@@ -123,7 +123,7 @@ void Worker::post_handoff(uint64_t id, Pinned& pin, std::unique_ptr<Sequence> se
   offer.window_dropped = pin.table.window_dropped;
   offer.ticket = std::make_shared<HandoffTicket>();
   pin.ticket = offer.ticket;
-  pin.sent_at = now;
+  pin.sent_at = Clock::now();  // as it is posted: `now` began the step, a drain since is not one
   pin.deliver_by = now + options_.handoff_timeout;
   pin.dest = to;
   pin.tried.push_back(to);
@@ -384,7 +384,7 @@ void Worker::forward_offers(std::vector<bool>& leaves, const std::vector<bool>& 
     f.offer = o.without_request();
     f.ctl = o.seq->ctl;
     f.to = to;
-    f.sent_at = now;
+    f.sent_at = Clock::now();  // as it is posted (see post_handoff)
     f.deliver_by = now + options_.handoff_timeout;
     f.ticket->seq = std::move(o.seq);
     HandoffOffer sent = f.offer.without_request();
