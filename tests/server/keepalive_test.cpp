@@ -100,24 +100,6 @@ class FreezingProxy {
   std::vector<std::thread> pumps_;
 };
 
-// Whether, within `within`, the server shows no open call and no running request, and every
-// pool's blocks free.
-bool server_idle(const std::shared_ptr<grpc::Channel>& channel, std::chrono::seconds within) {
-  auto stub = v1::Generation::NewStub(channel);
-  const auto deadline = std::chrono::steady_clock::now() + within;
-  do {
-    grpc::ClientContext ctx;
-    v1::GetServerStatsResponse s;
-    if (stub->GetServerStats(&ctx, {}, &s).ok()) {
-      bool idle = s.pools_size() > 0 && s.active_streams() == 0 && s.num_running() == 0;
-      for (const auto& p : s.pools()) idle = idle && p.kv_blocks_free() == p.kv_blocks_total();
-      if (idle) return true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  } while (std::chrono::steady_clock::now() < deadline);
-  return false;
-}
-
 TEST(Keepalive, AClientThatVanishesWithoutClosingIsCutOffAndItsKvFreed) {
   TempDir dir;
   std::ofstream(dir.file("k.yaml")) << "server: {keepalive_ms: 500, keepalive_timeout_ms: 500}\n";
@@ -141,7 +123,8 @@ TEST(Keepalive, AClientThatVanishesWithoutClosingIsCutOffAndItsKvFreed) {
   proxy.freeze();
   auto direct = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
   // The request needs tens of seconds of decoding; the keepalive ends it within about a second.
-  EXPECT_TRUE(server_idle(direct, std::chrono::seconds(15)))
+  auto direct_stub = v1::Generation::NewStub(direct);
+  EXPECT_TRUE(wait_server_idle(direct_stub.get(), std::chrono::seconds(15)))
       << "the vanished client's call still holds the server\n"
       << server.log();
   ctx.TryCancel();

@@ -87,19 +87,7 @@ class ProtocolTest : public ::testing::Test {
     return v;
   }
   static bool all_kv_free(v1::Generation::Stub* stub, const std::string& bearer) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    do {
-      grpc::ClientContext ctx;
-      if (!bearer.empty()) ctx.AddMetadata("authorization", "Bearer " + bearer);
-      v1::GetServerStatsResponse s;
-      if (stub->GetServerStats(&ctx, {}, &s).ok()) {
-        bool free = s.pools_size() > 0 && s.num_running() == 0 && s.active_streams() == 0;
-        for (const auto& p : s.pools()) free = free && p.kv_blocks_free() == p.kv_blocks_total();
-        if (free) return true;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    } while (std::chrono::steady_clock::now() < deadline);
-    return false;
+    return wait_server_idle(stub, std::chrono::seconds(30), bearer);
   }
   TempDir dir_;
   int n_ = 0;

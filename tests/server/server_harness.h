@@ -228,4 +228,23 @@ inline int count_lines_with(const std::string& text, const std::string& needle) 
   return n;
 }
 
+// Whether, within `within`, the server shows no open call and no running request, and every
+// pool's blocks free (GetServerStats, as `bearer` when set).
+inline bool wait_server_idle(kvsplit::v1::Generation::Stub* stub, std::chrono::milliseconds within,
+                             const std::string& bearer = "") {
+  const auto deadline = std::chrono::steady_clock::now() + within;
+  do {
+    grpc::ClientContext ctx;
+    if (!bearer.empty()) ctx.AddMetadata("authorization", "Bearer " + bearer);
+    kvsplit::v1::GetServerStatsResponse s;
+    if (stub->GetServerStats(&ctx, {}, &s).ok()) {
+      bool idle = s.pools_size() > 0 && s.num_running() == 0 && s.active_streams() == 0;
+      for (const auto& p : s.pools()) idle = idle && p.kv_blocks_free() == p.kv_blocks_total();
+      if (idle) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } while (std::chrono::steady_clock::now() < deadline);
+  return false;
+}
+
 }  // namespace kvsplit::testing
