@@ -21,18 +21,6 @@ namespace {
 
 constexpr auto kCommandWait = std::chrono::seconds(5);
 
-double semantic_get(const SemanticCutConfig& c, const std::string& p) {
-  if (p == "semantic_threshold") return c.semantic_threshold;
-  if (p == "evict_threshold") return c.evict_threshold;
-  if (p == "recall_threshold") return c.recall_threshold;
-  if (p == "recall_wait_ms") return c.recall_wait_ms;
-  if (p == "semantic_window") return c.semantic_window;
-  if (p == "recent_tokens") return c.recent_tokens;
-  if (p == "max_recalls_per_step") return c.max_recalls_per_step;
-  if (p == "recall_precision") return static_cast<double>(c.recall_precision);
-  return c.score_interval;  // score_interval
-}
-
 SwapMode swap_of(double v) {
   const long i = std::lround(v);
   return i == 1 ? SwapMode::kAlways : (i == 2 ? SwapMode::kNever : SwapMode::kAuto);
@@ -60,6 +48,7 @@ class EngineImpl::KvmActuator final : public kvm::Actuator {
  public:
   explicit KvmActuator(EngineImpl* e) : e_(e) {}
   Status apply(const KvmDecision& d) override { return e_->apply_kvm_decision(d); }
+  kvm::ParamTable settings() override { return e_->kvm_baseline(); }
 
  private:
   EngineImpl* e_;
@@ -67,11 +56,7 @@ class EngineImpl::KvmActuator final : public kvm::Actuator {
 
 kvm::ParamTable EngineImpl::kvm_baseline() const {
   kvm::ParamTable t;
-  static const char* kSemantic[] = {
-      "semantic_threshold", "evict_threshold",      "recall_threshold",
-      "recall_wait_ms",     "semantic_window",      "recent_tokens",
-      "score_interval",     "max_recalls_per_step", "recall_precision"};
-  for (const char* p : kSemantic) t.set(p, "", semantic_get(kvm_semantic_, p));
+  kvm::set_semantic_params(&t, "", kvm_semantic_);
   t.set("swap", "", static_cast<double>(kvm_temporal_.swap));
   t.set("temporal_step_size", "", kvm_temporal_.temporal_step_size);
   t.set("spatial_min_context", "", spatial_min_context_.load());
@@ -79,9 +64,7 @@ kvm::ParamTable EngineImpl::kvm_baseline() const {
   t.set("max_chunk_tokens", "", config_.max_chunk_tokens);
   t.set("max_chunk_ms", "", config_.max_chunk_ms);
   for (const SlaClass& c : router_->classes()) {
-    if (c.semantic) {
-      for (const char* p : kSemantic) t.set(p, c.name, semantic_get(*c.semantic, p));
-    }
+    if (c.semantic) kvm::set_semantic_params(&t, c.name, *c.semantic);
     if (c.swap) t.set("swap", c.name, static_cast<double>(*c.swap));
     if (c.temporal_step_size > 0) t.set("temporal_step_size", c.name, c.temporal_step_size);
     t.set("max_queue", c.name, c.max_queue);

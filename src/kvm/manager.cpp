@@ -35,10 +35,31 @@ void KvCacheManager::reload(KvmConfig config) {
 }
 
 void KvCacheManager::rebase_classes(const ParamTable& classes) {
+  std::vector<std::pair<std::string, std::string>> gone;
+  for (const auto& entry : params_.values()) {
+    const auto& key = entry.first;
+    if (!key.second.empty() && !classes.has(key.first, key.second)) gone.push_back(key);
+  }
+  for (const auto& [param, sla_class] : gone) {
+    params_.erase(param, sla_class);
+    rules_.rebase(param, sla_class, params_.get(param, ""), /*inherited=*/true);
+  }
   for (const auto& [key, value] : classes.values()) {
     if (key.second.empty()) continue;
     params_.set(key.first, key.second, value);
     rules_.rebase(key.first, key.second, value);
+  }
+}
+
+// A class's first semantic setting gave it a whole semantic block of its own (the engine copies
+// the configured one): from then on engine-wide semantic rules no longer reach it, so the table
+// lists every semantic parameter of the class, and later decisions start from what it runs.
+void KvCacheManager::adopt_class_settings(const std::string& sla_class) {
+  const ParamTable in_force = actuator_->settings();
+  for (const auto& [key, value] : in_force.values()) {
+    if (key.second == sla_class && param_is_semantic(key.first) &&
+        !params_.has(key.first, key.second))
+      params_.set(key.first, key.second, value);
   }
 }
 
@@ -51,8 +72,7 @@ std::vector<KvmDecision> KvCacheManager::tick(double now_ms, const EngineStats& 
   // one left in place, not from its `after`. Dry-run: later rules see the values as if applied
   // (what enforce would do), though nothing moves.
   auto apply = [&](KvmDecision& d) {
-    // An exit that keeps the value (exit-keep, a one-shot action's exit) changes nothing.
-    const bool no_op = d.action == "exit-keep" || (d.before == d.after && d.action == "exit");
+    const bool no_op = decision_is_no_op(d);
     if (config_.mode == KvmMode::kEnforce && no_op) {
       d.applied = true;
     } else if (config_.mode == KvmMode::kEnforce && actuator_ != nullptr) {
@@ -67,6 +87,8 @@ std::vector<KvmDecision> KvCacheManager::tick(double now_ms, const EngineStats& 
       if (!st.ok()) d.error = st.message();
     }
     if (d.applied && !param_is_one_shot(d.param)) params_.set(d.param, d.sla_class, d.after);
+    if (d.applied && actuator_ != nullptr && !d.sla_class.empty() && param_is_semantic(d.param))
+      adopt_class_settings(d.sla_class);
     return d.applied || config_.mode != KvmMode::kEnforce;
   };
   std::vector<KvmDecision> decisions = rules_.evaluate(last_, params_, apply);

@@ -27,6 +27,10 @@ class Actuator {
  public:
   virtual ~Actuator() = default;
   virtual Status apply(const KvmDecision& decision) = 0;
+  // The settings in force (the baseline's shape: engine-wide and each class's own values). Read
+  // after a class's first semantic setting, which gives the class a whole semantic block of its
+  // own.
+  virtual ParamTable settings() { return {}; }
 };
 
 class KvCacheManager {
@@ -41,7 +45,10 @@ class KvCacheManager {
   void reload(KvmConfig config);
   // The operator replaced the SLA classes (a config reload): their settings in `classes` (the
   // table's entries with a class) become the current values, and the value an active rule on one
-  // of them restores at its exit. Rules keep their state; a repeat starts from the new value.
+  // of them restores at its exit. A class setting the table has and `classes` lacks (the KVM had
+  // given the class its own value; the file gives it none) goes: the class reads the engine-wide
+  // value again, as its requests do, and an active rule on it restores the engine-wide value at
+  // its exit. Rules keep their state; a repeat starts from the new value.
   void rebase_classes(const ParamTable& classes);
 
   Monitor& monitor() { return monitor_; }
@@ -61,6 +68,7 @@ class KvCacheManager {
 
  private:
   void log_decision(const KvmDecision& d);
+  void adopt_class_settings(const std::string& sla_class);
 
   KvmConfig config_;
   ParamTable params_;

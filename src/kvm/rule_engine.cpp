@@ -224,6 +224,33 @@ bool ParamTable::has(const std::string& param, const std::string& sla_class) con
   return values_.count({param, sla_class}) > 0;
 }
 
+void ParamTable::erase(const std::string& param, const std::string& sla_class) {
+  values_.erase({param, sla_class});
+}
+
+namespace {
+constexpr const char* kSemanticParams[] = {
+    "semantic_threshold", "evict_threshold",      "recall_threshold",
+    "recall_wait_ms",     "semantic_window",      "recent_tokens",
+    "score_interval",     "max_recalls_per_step", "recall_precision"};
+}  // namespace
+
+double semantic_param(const SemanticCutConfig& c, const std::string& p) {
+  if (p == "semantic_threshold") return c.semantic_threshold;
+  if (p == "evict_threshold") return c.evict_threshold;
+  if (p == "recall_threshold") return c.recall_threshold;
+  if (p == "recall_wait_ms") return c.recall_wait_ms;
+  if (p == "semantic_window") return c.semantic_window;
+  if (p == "recent_tokens") return c.recent_tokens;
+  if (p == "max_recalls_per_step") return c.max_recalls_per_step;
+  if (p == "recall_precision") return static_cast<double>(c.recall_precision);
+  return c.score_interval;  // score_interval
+}
+
+void set_semantic_params(ParamTable* t, const std::string& sla_class, const SemanticCutConfig& c) {
+  for (const char* p : kSemanticParams) t->set(p, sla_class, semantic_param(c, p));
+}
+
 Status validate_rules(const std::vector<KvmRule>& rules, const std::vector<std::string>& classes) {
   std::set<std::string> names;
   for (size_t i = 0; i < rules.size(); ++i) {
@@ -258,11 +285,12 @@ void RuleEngine::reload(std::vector<KvmRule> rules) {
   states_ = std::move(states);
 }
 
-void RuleEngine::rebase(const std::string& param, const std::string& sla_class, double value) {
+void RuleEngine::rebase(const std::string& param, const std::string& sla_class, double value,
+                        bool inherited) {
   for (size_t i = 0; i < rules_.size(); ++i) {
     if (states_[i].active && rules_[i].then.param == param && rules_[i].sla_class == sla_class) {
       states_[i].value_at_enter = value;
-      states_[i].inherited = false;  // the setting has a value of its own now: the one to restore
+      states_[i].inherited = inherited;
     }
   }
 }
@@ -278,6 +306,7 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
     const bool one_shot = param_is_one_shot(r.then.param);
     // A one-shot action has no setting: it starts from 0 each time and nothing is stored.
     const double current = one_shot ? 0 : local.get(r.then.param, r.sla_class);
+    // Returns whether the setting now holds `after` (see `apply`).
     auto emit = [&](const char* action, double after, std::string monitors) {
       KvmDecision d;
       d.time_ms = now;
@@ -291,6 +320,14 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
       out.push_back(std::move(d));
       const bool holds = !apply || apply(out.back());
       if (!one_shot && holds) local.set(r.then.param, r.sla_class, after);
+      // Settings `apply` added to `params` (a class's first semantic setting lists the class's
+      // whole block) are what later rules start from.
+      if (apply && holds) {
+        for (const auto& [key, value] : params.values()) {
+          if (!local.has(key.first, key.second)) local.set(key.first, key.second, value);
+        }
+      }
+      return holds;
     };
     std::string monitors;
     if (!st.active) {
@@ -300,6 +337,7 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
       if (!fired(snap, r.when, &monitors)) continue;
       st.active = true;
       st.exit_since_ms = -1;
+      st.exit_refused = false;
       st.value_at_enter = current;
       st.inherited = !one_shot && !r.sla_class.empty() && !local.has(r.then.param, r.sla_class);
       st.last_applied_ms = now;
@@ -310,6 +348,8 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
     if (fired(snap, r.exit, &monitors)) {
       if (st.exit_since_ms < 0) st.exit_since_ms = now;
       if (now - st.exit_since_ms < r.hold_ms) continue;  // dwell: not long enough yet
+      // A refused exit is tried again, no faster than the cooldown.
+      if (st.exit_refused && now - st.last_applied_ms < r.cooldown_ms) continue;
       st.active = false;
       st.exit_since_ms = -1;
       bool restore = r.restore_on_exit && !one_shot;
@@ -333,10 +373,21 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
       }
       const double restored =
           st.inherited ? local.get(r.then.param, std::string()) : st.value_at_enter;
-      emit(restore ? "exit" : "exit-keep", restore ? restored : current, std::move(monitors));
+      const bool restored_holds =
+          emit(restore ? "exit" : "exit-keep", restore ? restored : current, std::move(monitors));
+      // Refused (another rule's value makes the restore invalid, a worker refused it): the rule
+      // stays active with its change in place, else nothing would ever restore it and its next
+      // enter would stack on it. exit-keep changes nothing, so it always holds.
+      if (!restored_holds) {
+        st.active = true;
+        st.exit_since_ms = now - r.hold_ms;  // the dwell is served
+        st.exit_refused = true;
+        st.last_applied_ms = now;
+      }
       continue;
     }
     st.exit_since_ms = -1;  // the exit run is broken
+    st.exit_refused = false;
     if (now - st.last_applied_ms < r.cooldown_ms) continue;
     if (!fired(snap, r.when, &monitors)) continue;  // in the band: hold
     const double after = apply_action(r, current);

@@ -23,11 +23,17 @@ class ParamTable {
   void set(const std::string& param, const std::string& sla_class, double value);
   double get(const std::string& param, const std::string& sla_class) const;
   bool has(const std::string& param, const std::string& sla_class) const;
+  void erase(const std::string& param, const std::string& sla_class);
   const std::map<std::pair<std::string, std::string>, double>& values() const { return values_; }
 
  private:
   std::map<std::pair<std::string, std::string>, double> values_;
 };
+
+// The semantic cut's parameters the rules move (kvm::param_is_semantic), read from `c`.
+double semantic_param(const SemanticCutConfig& c, const std::string& param);
+// Sets every one of them at (param, sla_class) from `c`.
+void set_semantic_params(ParamTable* t, const std::string& sla_class, const SemanticCutConfig& c);
 
 // Checks rules: non-empty unique names, `when` and `exit` present with known metrics (a class
 // only on a per-class metric, and one of `classes`), `exit` on the same metric as `when` compares
@@ -44,6 +50,12 @@ Status validate_rules(const std::vector<KvmRule>& rules, const std::vector<std::
 // `kvsplit policy simulate` before it runs.
 Status validate_rules_for_engine(const KvmConfig& policy, const EngineConfig& config);
 
+// An exit that keeps the value (exit-keep, a one-shot action's exit, an exit to the value in
+// place): it changes nothing, so the engine and the simulator count it applied without acting.
+inline bool decision_is_no_op(const KvmDecision& d) {
+  return d.action == "exit-keep" || (d.action == "exit" && d.before == d.after);
+}
+
 class RuleEngine {
  public:
   explicit RuleEngine(std::vector<KvmRule> rules);
@@ -52,16 +64,21 @@ class RuleEngine {
   // state (active, cooldown); others start inactive.
   void reload(std::vector<KvmRule> rules);
   // The setting (param, sla_class) was replaced from outside (a config reload): active rules on
-  // it restore `value` at their exit.
-  void rebase(const std::string& param, const std::string& sla_class, double value);
+  // it restore `value` at their exit, or with `inherited` (the class lost its own value and reads
+  // the engine-wide one again) the engine-wide value of their exit's moment.
+  void rebase(const std::string& param, const std::string& sla_class, double value,
+              bool inherited = false);
 
   // Evaluates every rule in order on `snap` (at snap.time_ms) against `params` and returns the
   // decisions, before/after filled; rule states advance (a rule that enters is active whether or
   // not the caller applies its decision, so a refused action is not retried faster than its
-  // cooldown). `apply`, when given, is called with each decision as it is made, before the later
-  // rules are evaluated, and returns whether the setting now holds d.after: later rules see
-  // earlier rules' `after` values of this call only for those (a refused decision's value never
-  // took effect). Without it every decision counts as holding and applied stays false.
+  // cooldown; a rule whose exit is refused stays active and tries the exit again once its cooldown
+  // has passed, while `exit` holds). `apply`, when given, is called with each decision as it is
+  // made, before the later rules are evaluated, and returns whether the setting now holds d.after:
+  // later rules see earlier rules' `after` values of this call only for those (a refused decision's
+  // value never took effect). `apply` may add entries to `params` (a class's adopted semantic
+  // block): later rules of this call see those too. Without it every decision counts as holding and
+  // applied stays false.
   std::vector<KvmDecision> evaluate(const KvmSnapshot& snap, const ParamTable& params,
                                     const std::function<bool(KvmDecision&)>& apply = nullptr);
 
@@ -74,6 +91,7 @@ class RuleEngine {
     // may have been another rule's transient change since undone.
     bool inherited = false;
     double exit_since_ms = -1;  // first sample of the current run where `exit` held; -1: none
+    bool exit_refused = false;  // its last exit was refused: it stays active and tries again
     int64_t entered = 0;        // order of its enter among all rules' (0: never entered)
   };
   const std::vector<KvmRule>& rules() const { return rules_; }

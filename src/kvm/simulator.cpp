@@ -75,16 +75,7 @@ StatusOr<SimResult> Sim::run() {
   remaining_ = static_cast<int64_t>(trace_.size());
 
   // The parameters the rules move, at their configured values.
-  const SemanticCutConfig& sem = c_.semantic;
-  params_.set("semantic_threshold", "", sem.semantic_threshold);
-  params_.set("evict_threshold", "", sem.evict_threshold);
-  params_.set("recall_threshold", "", sem.recall_threshold);
-  params_.set("recall_wait_ms", "", sem.recall_wait_ms);
-  params_.set("semantic_window", "", sem.semantic_window);
-  params_.set("recent_tokens", "", sem.recent_tokens);
-  params_.set("score_interval", "", sem.score_interval);
-  params_.set("max_recalls_per_step", "", sem.max_recalls_per_step);
-  params_.set("recall_precision", "", static_cast<double>(sem.recall_precision));
+  set_semantic_params(&params_, "", c_.semantic);
   params_.set("temporal_step_size", "", c_.temporal.temporal_step_size);
   params_.set("swap", "",
               static_cast<double>(c_.temporal.swap == SwapMode::kAuto     ? 0
@@ -97,17 +88,7 @@ StatusOr<SimResult> Sim::run() {
   params_.set("migrate_to_shard", "", 0);
   for (const SlaClass& sc : c_.sla_classes) {
     params_.set("max_queue", sc.name, sc.max_queue);
-    if (sc.semantic) {
-      params_.set("semantic_threshold", sc.name, sc.semantic->semantic_threshold);
-      params_.set("evict_threshold", sc.name, sc.semantic->evict_threshold);
-      params_.set("recall_threshold", sc.name, sc.semantic->recall_threshold);
-      params_.set("recall_wait_ms", sc.name, sc.semantic->recall_wait_ms);
-      params_.set("semantic_window", sc.name, sc.semantic->semantic_window);
-      params_.set("recent_tokens", sc.name, sc.semantic->recent_tokens);
-      params_.set("score_interval", sc.name, sc.semantic->score_interval);
-      params_.set("max_recalls_per_step", sc.name, sc.semantic->max_recalls_per_step);
-      params_.set("recall_precision", sc.name, static_cast<double>(sc.semantic->recall_precision));
-    }
+    if (sc.semantic) set_semantic_params(&params_, sc.name, *sc.semantic);
     if (sc.swap) {
       params_.set("swap", sc.name,
                   *sc.swap == SwapMode::kAuto     ? 0

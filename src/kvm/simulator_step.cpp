@@ -570,11 +570,21 @@ void Sim::tick(double now) {
   // the engine refuses is refused here too, and later rules of the tick do not start from it.
   auto apply = [&](KvmDecision& d) {
     if (c_.kvm.mode != KvmMode::kEnforce) return true;
+    if (decision_is_no_op(d)) {
+      d.applied = true;
+      return true;
+    }
     const Status st = check_decision(d);
     if (!st.ok()) {
       d.error = st.message();
       return false;
     }
+    // As the engine: a class's first semantic setting gives it a whole block of its own, a copy
+    // of the configured one, which engine-wide rules no longer reach (KvCacheManager's table
+    // lists it the same way).
+    const bool own_block = d.sla_class.empty() || !param_is_semantic(d.param) ||
+                           params_.has("semantic_threshold", d.sla_class);
+    if (!own_block) set_semantic_params(&params_, d.sla_class, c_.semantic);
     if (d.param != "migrate_to_shard") params_.set(d.param, d.sla_class, d.after);
     d.applied = true;  // migrate_to_shard: one-shot, no capacity effect in this model
     return true;

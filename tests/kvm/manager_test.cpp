@@ -214,6 +214,67 @@ TEST(KvCacheManager, ClassReloadRebasesTheTableAndTheRestoreValue) {
   EXPECT_DOUBLE_EQ(m.params().get("max_queue", "batch"), 64);
 }
 
+// A class setting the KVM gave a class that the reloaded file gives none: the class reads the
+// engine-wide value again (as its requests do, the router's override being the file's), so an
+// active `=` rule re-applies its value at its next repeat, and its exit restores the engine-wide
+// value. Before, the table kept the KVM's value and the rule never re-applied it.
+TEST(KvCacheManager, ClassReloadDropsAClassSettingTheFileDoesNotGive) {
+  KvmConfig c = policy(KvmMode::kEnforce);
+  c.rules[0].then = {"semantic_threshold", KvmActionOp::kSet, 0.3};
+  c.rules[0].sla_class = "batch";
+  FakeActuator act;
+  KvCacheManager m(c, baseline(), &act);
+  m.tick(0, stats_at(95), {});  // enter: batch 0.15 (engine-wide) -> 0.3
+  EXPECT_DOUBLE_EQ(m.params().get("semantic_threshold", "batch"), 0.3);
+  ParamTable reloaded;
+  reloaded.set("max_queue", "batch", 64);  // no semantic block for batch in the file
+  m.rebase_classes(reloaded);
+  EXPECT_FALSE(m.params().has("semantic_threshold", "batch"));
+  EXPECT_DOUBLE_EQ(m.params().get("semantic_threshold", "batch"), 0.15);
+  auto ds = m.tick(200, stats_at(95), {});  // past the cooldown, still hot: the value again
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "repeat");
+  EXPECT_DOUBLE_EQ(ds[0].before, 0.15);
+  EXPECT_DOUBLE_EQ(ds[0].after, 0.3);
+  ds = m.tick(400, stats_at(50), {});
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "exit");
+  EXPECT_DOUBLE_EQ(ds[0].after, 0.15);  // the engine-wide value
+}
+
+// The engine gives a class its own semantic block (a copy of the configured one) at the class's
+// first semantic setting: the table then lists every semantic parameter of the class at the value
+// the class runs, not the engine-wide value that no longer reaches it.
+TEST(KvCacheManager, AClassFirstSemanticSettingListsTheClassBlock) {
+  class BlockActuator : public FakeActuator {
+   public:
+    ParamTable settings() override {
+      ParamTable t;
+      t.set("semantic_threshold", "", 0.4);  // an engine-wide rule's transient value
+      t.set("semantic_threshold", "batch", 0.15);
+      t.set("evict_threshold", "batch", 0.01);
+      return t;
+    }
+  };
+  KvmConfig c = policy(KvmMode::kEnforce);
+  c.rules[0].then = {"evict_threshold", KvmActionOp::kSet, 0.05};
+  c.rules[0].sla_class = "batch";
+  ParamTable t = baseline();
+  t.set("semantic_threshold", "", 0.4);
+  BlockActuator act;
+  KvCacheManager m(c, t, &act);
+  m.tick(0, stats_at(95), {});
+  EXPECT_DOUBLE_EQ(m.params().get("evict_threshold", "batch"), 0.05);  // the decision's value
+  EXPECT_TRUE(m.params().has("semantic_threshold", "batch"));
+  EXPECT_DOUBLE_EQ(m.params().get("semantic_threshold", "batch"), 0.15);
+  act.refuse = true;  // a refused class decision adopts nothing
+  KvmConfig other = c;
+  other.rules[0].sla_class = "default";
+  KvCacheManager n(other, t, &act);
+  n.tick(0, stats_at(95), {});
+  EXPECT_FALSE(n.params().has("semantic_threshold", "default"));
+}
+
 // A reload takes the new policy's latency window (the percentiles' span), not only its rules.
 TEST(KvCacheManager, ReloadTakesTheNewLatencyWindow) {
   KvmConfig c = policy(KvmMode::kDryRun);

@@ -261,6 +261,56 @@ TEST(Simulator, AClassSemanticDecisionStartsFromTheConfiguredSettings) {
   EXPECT_TRUE(got->decisions[1].applied) << got->decisions[1].error;
 }
 
+// As in the engine (KvCacheManager::adopt_class_settings): a class's first semantic setting gives
+// it a block of its own, a copy of the configured one, and engine-wide rules no longer reach it, so
+// a later class rule on another parameter starts from the configured value (0.05), not from the
+// engine-wide 0.9 an engine-wide rule had set.
+TEST(Simulator, AClassFirstSemanticSettingCopiesTheConfiguredBlock) {
+  EngineConfig on = pressure_config();  // semantic 0.05, evict 0
+  on.kvm.enabled = true;
+  on.kvm.interval_ms = 10;
+  KvmRule global = raise_threshold_rule();  // engine-wide semantic_threshold = 0.9
+  global.name = "global";
+  KvmRule evict = raise_threshold_rule();
+  evict.name = "evict";
+  evict.sla_class = "slow";
+  evict.then = {"evict_threshold", KvmActionOp::kSet, 0.01};
+  KvmRule raise = raise_threshold_rule();
+  raise.name = "raise";
+  raise.sla_class = "slow";
+  raise.then = {"semantic_threshold", KvmActionOp::kAdd, 0.1};
+  on.kvm.rules = {global, evict, raise};
+  auto got = simulate(on, test_profile(), uniform_trace(48, 2, 512, 192));
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  ASSERT_GE(got->decisions.size(), 3u);
+  const KvmDecision& d = got->decisions[2];
+  EXPECT_EQ(d.rule, "raise");
+  EXPECT_NEAR(d.before, 0.05, 1e-6);
+  EXPECT_NEAR(d.after, 0.15, 1e-6);
+  EXPECT_TRUE(d.applied) << d.error;
+}
+
+// An exit that changes nothing (a one-shot action's exit-keep) is applied, as the engine counts
+// it, not refused against the action's own range (migrate_to_shard's 0 at exit).
+TEST(Simulator, AOneShotExitIsApplied) {
+  EngineConfig on = pressure_config();
+  on.spatial.shards = 2;
+  on.kvm.enabled = true;
+  on.kvm.interval_ms = 10;
+  KvmRule r = raise_threshold_rule();
+  r.then = {"migrate_to_shard", KvmActionOp::kSet, 4};
+  on.kvm.rules = {r};
+  auto got = simulate(on, test_profile(), uniform_trace(48, 2, 512, 192));
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  int exits = 0;
+  for (const KvmDecision& d : got->decisions) {
+    if (d.action != "exit-keep") continue;
+    ++exits;
+    EXPECT_TRUE(d.applied) << d.error;
+  }
+  EXPECT_GT(exits, 0);
+}
+
 // A class's own semantic settings (SlaClass::semantic) are the ones its requests' pages follow,
 // the steps before demotion and the sinks included: every class holding off demotion runs as an
 // engine-wide hold-off does, not as the engine-wide settings would.

@@ -1,0 +1,111 @@
+// RuleEngine: an exit the caller refuses leaves the rule active, and it tries the exit again.
+#include <gtest/gtest.h>
+
+#include "kvm/expr.h"
+#include "kvm/rule_engine.h"
+
+namespace kvsplit::kvm {
+namespace {
+
+KvmRule raise_rule(double cooldown_ms) {
+  KvmRule r;
+  r.name = "raise";
+  r.when = *parse_condition("device_kv_use > 0.9");
+  r.exit = *parse_condition("device_kv_use < 0.8");
+  r.then = *parse_action("semantic_threshold = 0.45");
+  r.cooldown_ms = cooldown_ms;
+  return r;
+}
+
+KvmSnapshot use_at(double t_ms, double device_kv_use) {
+  KvmSnapshot s;
+  s.time_ms = t_ms;
+  s.device_kv_use = device_kv_use;
+  return s;
+}
+
+// The restore is refused while `refuse` is set (as the engine refuses a threshold that another
+// rule's evict_threshold makes invalid): the rule keeps its change in place and stays active, tries
+// the exit again once its cooldown has passed, and restores the value at enter once allowed.
+// Without the retry the setting kept 0.45 for good and the next enter started from it.
+TEST(RuleEngineRetry, ARefusedExitIsTriedAgainUntilTheValueIsRestored) {
+  RuleEngine engine({raise_rule(/*cooldown_ms=*/500)});
+  ParamTable table;
+  table.set("semantic_threshold", "", 0.15);
+  bool refuse = false;
+  auto apply = [&](KvmDecision& d) {
+    if (refuse && d.action == "exit") return false;
+    table.set(d.param, d.sla_class, d.after);
+    d.applied = true;
+    return true;
+  };
+  auto ds = engine.evaluate(use_at(0, 0.95), table, apply);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "enter");
+  EXPECT_DOUBLE_EQ(table.get("semantic_threshold", ""), 0.45);
+
+  refuse = true;
+  ds = engine.evaluate(use_at(1000, 0.5), table, apply);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "exit");
+  EXPECT_FALSE(ds[0].applied);
+  EXPECT_TRUE(engine.state(0).active) << "a refused exit must leave the rule active";
+  // Within the cooldown: no retry.
+  EXPECT_TRUE(engine.evaluate(use_at(1200, 0.5), table, apply).empty());
+  // After it: the retry, refused again.
+  ds = engine.evaluate(use_at(1600, 0.5), table, apply);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "exit");
+  EXPECT_TRUE(engine.state(0).active);
+  EXPECT_DOUBLE_EQ(table.get("semantic_threshold", ""), 0.45);
+
+  refuse = false;
+  ds = engine.evaluate(use_at(2200, 0.5), table, apply);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "exit");
+  EXPECT_DOUBLE_EQ(ds[0].before, 0.45);
+  EXPECT_DOUBLE_EQ(ds[0].after, 0.15);
+  EXPECT_TRUE(ds[0].applied);
+  EXPECT_FALSE(engine.state(0).active);
+  EXPECT_DOUBLE_EQ(table.get("semantic_threshold", ""), 0.15);
+
+  // The next enter starts from the restored value, not from a stranded one.
+  ds = engine.evaluate(use_at(3000, 0.95), table, apply);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "enter");
+  EXPECT_DOUBLE_EQ(ds[0].before, 0.15);
+}
+
+// A refused exit whose exit level stops holding: the rule is active as before (it may repeat on
+// its `when`), and a later exit run restores the value at enter.
+TEST(RuleEngineRetry, ARefusedExitThenPressureAgainKeepsTheValueAtEnter) {
+  KvmRule r = raise_rule(/*cooldown_ms=*/0);
+  r.then = *parse_action("semantic_threshold += 0.1");
+  r.max = 0.6;
+  RuleEngine engine({r});
+  ParamTable table;
+  table.set("semantic_threshold", "", 0.15);
+  bool refuse = false;
+  auto apply = [&](KvmDecision& d) {
+    if (refuse && d.action == "exit") return false;
+    table.set(d.param, d.sla_class, d.after);
+    d.applied = true;
+    return true;
+  };
+  engine.evaluate(use_at(0, 0.95), table, apply);  // 0.25
+  refuse = true;
+  engine.evaluate(use_at(100, 0.5), table, apply);  // refused
+  refuse = false;
+  auto ds = engine.evaluate(use_at(200, 0.95), table, apply);  // pressure again: a repeat
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "repeat");
+  EXPECT_NEAR(table.get("semantic_threshold", ""), 0.35, 1e-12);
+  ds = engine.evaluate(use_at(300, 0.5), table, apply);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "exit");
+  EXPECT_DOUBLE_EQ(ds[0].after, 0.15);
+  EXPECT_DOUBLE_EQ(table.get("semantic_threshold", ""), 0.15);
+}
+
+}  // namespace
+}  // namespace kvsplit::kvm
