@@ -382,6 +382,9 @@ struct SlaClassStats {
   int64_t met_ttft = 0;
   int64_t met_itl = 0;
   int64_t met_both = 0;
+  // Ended in an error the engine gave it (timed out in the queue, a failed handoff, KV it could
+  // never hold): an SLO miss. Cancelled requests count in neither.
+  int64_t failed = 0;
   int32_t queued = 0;
   double oldest_queued_ms = 0;  // how long its oldest queued request has waited (0: none queued)
 };

@@ -95,7 +95,7 @@ struct KvmClassLatency {
   // How long the class's oldest queued request (not yet admitted by a worker) has waited, at the
   // sample: a leading signal of its TTFT, where the percentiles lag by the requests' own latency.
   double queue_wait_ms = 0;
-  int64_t samples = 0;  // finished requests in the window
+  int64_t samples = 0;  // finished and failed requests in the window
   double ttft_p50_ms = 0, ttft_p99_ms = 0;
   double itl_p50_ms = 0, itl_p99_ms = 0;  // over requests' mean inter-token latency
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <limits>
 #include <thread>
 
 #include "backend/backend.h"
@@ -376,38 +377,49 @@ void EngineImpl::on_final(const sched::Sequence& seq, const TokenEvent& ev) {
   ++kv.requests;
   kv.effective_kv_byte_seconds += ev.usage.effective_kv_byte_seconds;
   kv.kv_token_seconds += ev.usage.kv_token_seconds;
+  // Its class, or (a reload removed it meanwhile) the retired counters a class of that name
+  // continues if it comes back.
+  auto class_stats = [&]() -> SlaClassStats& {
+    auto same = [&](const SlaClassStats& c) { return c.name == seq.sla.name; };
+    auto it = std::find_if(class_stats_.begin(), class_stats_.end(), same);
+    if (it != class_stats_.end()) return *it;
+    auto r = std::find_if(retired_class_stats_.begin(), retired_class_stats_.end(), same);
+    if (r != retired_class_stats_.end()) return *r;
+    retired_class_stats_.push_back(SlaClassStats{seq.sla.name});
+    return retired_class_stats_.back();
+  };
+  // A request with one token has no inter-token latency: it is no ITL sample (NaN), not a 0.
+  const double itl_sample = ev.usage.completion_tokens > 1
+                                ? ev.timings.mean_itl_ms
+                                : std::numeric_limits<double>::quiet_NaN();
   switch (ev.finish_reason) {
     case FinishReason::kStop:
     case FinishReason::kLength: {
       ++finished_;
-      // Its class, or (a reload removed it meanwhile) the retired counters a class of that name
-      // continues if it comes back.
-      auto same = [&](const SlaClassStats& c) { return c.name == seq.sla.name; };
-      auto it = std::find_if(class_stats_.begin(), class_stats_.end(), same);
-      SlaClassStats* c = it != class_stats_.end() ? &*it : nullptr;
-      if (c == nullptr) {
-        auto r = std::find_if(retired_class_stats_.begin(), retired_class_stats_.end(), same);
-        if (r == retired_class_stats_.end()) {
-          retired_class_stats_.push_back(SlaClassStats{seq.sla.name});
-          r = std::prev(retired_class_stats_.end());
-        }
-        c = &*r;
-      }
+      SlaClassStats& c = class_stats();
       const bool ttft = ev.timings.ttft_ms <= seq.sla.max_ttft_ms;
       const bool itl = ev.timings.mean_itl_ms <= seq.sla.max_itl_ms;
-      ++c->finished;
-      c->met_ttft += ttft;
-      c->met_itl += itl;
-      c->met_both += ttft && itl;
-      kvm_record_latency(seq.sla.name, ev.timings.ttft_ms, ev.timings.mean_itl_ms);
+      ++c.finished;
+      c.met_ttft += ttft;
+      c.met_itl += itl;
+      c.met_both += ttft && itl;
+      kvm_record_latency(seq.sla.name, ev.timings.ttft_ms, itl_sample);
       break;
     }
     case FinishReason::kCancelled:
-      ++cancelled_;
+      ++cancelled_;  // the client's choice: no SLO outcome
       break;
-    default:
+    default: {
+      // The engine failed it (timed out in its class's queue, a handoff no decode worker took,
+      // KV it could never hold): an SLO miss of its class. Its TTFT sample is the time to its
+      // first token, or without one the time it waited until it failed (a lower bound), so the
+      // class's TTFT percentiles see a class that sheds load.
       ++failed_;
+      ++class_stats().failed;
+      const double ttft = ev.usage.completion_tokens > 0 ? ev.timings.ttft_ms : ev.timings.e2e_ms;
+      kvm_record_latency(seq.sla.name, ttft, itl_sample);
       break;
+    }
   }
   if (active_.empty()) idle_cv_.notify_all();
 }

@@ -309,11 +309,12 @@ void EngineImpl::start_kvm_locked() {
 
 void EngineImpl::kvm_loop() {
   const auto start = std::chrono::steady_clock::now();
-  // The link: the slowest host-tier bandwidth the workers measured for their swap cost model
-  // (the real device link on CUDA; each sample), else a host memory copy measured here once (what
-  // CPU shards and tiers move over).
-  const double host_copy_bytes_per_s = measure_copy_bandwidth();
+  // Each worker's link is the host-tier bandwidth it measured for its swap cost model (the real
+  // device link on CUDA; PoolStats::kv_link_bytes_per_s, read by the monitor); a worker that
+  // measured none is taken to move over a host memory copy, measured here once (what CPU shards
+  // and tiers move over).
   kvm::MonitorInputs in;
+  in.link_bytes_per_s = measure_copy_bandwidth();
   std::unique_lock<std::mutex> lock(kvm_mu_);
   while (!kvm_stop_) {
     const auto interval = std::chrono::milliseconds(kvm_->config().interval_ms);
@@ -321,13 +322,6 @@ void EngineImpl::kvm_loop() {
     if (kvm_stop_) break;
     lock.unlock();
     const EngineStats stats = stats_without_kvm();
-    in.link_bytes_per_s = 0;
-    for (const PoolStats& p : stats.pools) {
-      if (p.kv_link_bytes_per_s > 0 &&
-          (in.link_bytes_per_s == 0 || p.kv_link_bytes_per_s < in.link_bytes_per_s))
-        in.link_bytes_per_s = p.kv_link_bytes_per_s;
-    }
-    if (in.link_bytes_per_s == 0) in.link_bytes_per_s = host_copy_bytes_per_s;
     std::vector<std::pair<std::string, std::pair<double, double>>> lat;
     {
       std::lock_guard<std::mutex> l(kvm_lat_mu_);

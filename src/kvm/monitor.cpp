@@ -31,9 +31,9 @@ void LatencyWindow::fill(double now_ms, KvmClassLatency* out) {
   std::vector<double> ttft, itl;
   ttft.reserve(q.size());
   itl.reserve(q.size());
-  for (const Sample& s : q) {
-    ttft.push_back(s.ttft_ms);
-    itl.push_back(s.itl_ms);
+  for (const Sample& s : q) {  // NaN: no sample of that kind (a one-token request has no ITL)
+    if (!std::isnan(s.ttft_ms)) ttft.push_back(s.ttft_ms);
+    if (!std::isnan(s.itl_ms)) itl.push_back(s.itl_ms);
   }
   out->samples = static_cast<int64_t>(q.size());
   out->ttft_p50_ms = percentile(ttft, 50);
@@ -45,7 +45,9 @@ void LatencyWindow::fill(double now_ms, KvmClassLatency* out) {
 KvmSnapshot Monitor::sample(double now_ms, const EngineStats& stats, const MonitorInputs& in) {
   KvmSnapshot s;
   s.time_ms = now_ms;
-  int64_t swaps = 0, recalls = 0, link_bytes = 0, prefix_q = 0, prefix_h = 0;
+  int64_t swaps = 0, recalls = 0, prefix_q = 0, prefix_h = 0;
+  const double dt_s = have_prev_ && now_ms > prev_ms_ ? (now_ms - prev_ms_) / 1000.0 : 0;
+  std::map<std::string, int64_t> link_bytes;
   for (const PoolStats& p : stats.pools) {
     KvmWorkerUse w;
     w.name = p.name;
@@ -74,25 +76,33 @@ KvmSnapshot Monitor::sample(double now_ms, const EngineStats& stats, const Monit
     s.pages_evicted += p.kv_pages_evicted;
     swaps += p.kv_swaps_out + p.kv_swaps_in;
     recalls += p.kv_recalls;
-    link_bytes += p.kv_swap_bytes + p.kv_shard_exchange_bytes;
+    // link_use: the busiest worker's link, its bytes moved over its own measured bandwidth
+    // (each GPU has its own link; a sum over workers divided by one link's bandwidth read N
+    // workers' traffic as N times the load).
+    const int64_t moved = p.kv_swap_bytes + p.kv_shard_exchange_bytes;
+    link_bytes[p.name] = moved;
+    auto prev = prev_link_bytes_.find(p.name);
+    const double bandwidth =
+        p.kv_link_bytes_per_s > 0 ? p.kv_link_bytes_per_s : in.link_bytes_per_s;
+    if (dt_s > 0 && prev != prev_link_bytes_.end()) {
+      s.link_use =
+          std::max(s.link_use, ratio(static_cast<double>(moved - prev->second) / dt_s, bandwidth));
+    }
     prefix_q += p.kv_prefix_queries;
     prefix_h += p.kv_prefix_hits;
   }
   const int64_t all_pages = s.pages_full + s.pages_int8 + s.pages_int4 + s.pages_evicted;
   s.pages_evicted_fraction = ratio(static_cast<double>(s.pages_evicted), all_pages);
   s.prefix_hit_rate = ratio(static_cast<double>(prefix_h), static_cast<double>(prefix_q));
-  if (have_prev_ && now_ms > prev_ms_) {
-    const double dt_s = (now_ms - prev_ms_) / 1000.0;
+  if (dt_s > 0) {
     s.swap_rate = static_cast<double>(swaps - prev_swaps_) / dt_s;
     s.recall_rate = static_cast<double>(recalls - prev_recalls_) / dt_s;
-    s.link_use =
-        ratio(static_cast<double>(link_bytes - prev_link_bytes_) / dt_s, in.link_bytes_per_s);
   }
   have_prev_ = true;
   prev_ms_ = now_ms;
   prev_swaps_ = swaps;
   prev_recalls_ = recalls;
-  prev_link_bytes_ = link_bytes;
+  prev_link_bytes_ = std::move(link_bytes);
   for (const SlaClassStats& c : stats.classes) {
     KvmClassLatency l;
     l.name = c.name;

@@ -12,7 +12,9 @@
 
 namespace kvsplit::kvm {
 
-// Finished requests' TTFT and mean ITL per class, over a sliding window of time.
+// Requests' TTFT and mean ITL per class, over a sliding window of time: finished requests, and
+// failed ones (their TTFT, or the time they waited). A NaN is no sample: a one-token request has
+// no ITL.
 class LatencyWindow {
  public:
   explicit LatencyWindow(double window_ms) : window_ms_(window_ms) {}
@@ -32,7 +34,9 @@ class LatencyWindow {
 
 // Inputs beyond EngineStats that only the engine knows.
 struct MonitorInputs {
-  double link_bytes_per_s = 0;  // measured link bandwidth (0: link_use stays 0)
+  // The link bandwidth of a worker that measured none of its own (PoolStats::kv_link_bytes_per_s
+  // 0); 0: such a worker's link_use stays 0.
+  double link_bytes_per_s = 0;
 };
 
 class Monitor {
@@ -46,7 +50,8 @@ class Monitor {
   LatencyWindow latency_;
   bool have_prev_ = false;
   double prev_ms_ = 0;
-  int64_t prev_swaps_ = 0, prev_recalls_ = 0, prev_link_bytes_ = 0;
+  int64_t prev_swaps_ = 0, prev_recalls_ = 0;
+  std::map<std::string, int64_t> prev_link_bytes_;  // per worker (PoolStats::name)
 };
 
 }  // namespace kvsplit::kvm

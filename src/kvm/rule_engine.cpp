@@ -34,7 +34,8 @@ Status check_condition(const KvmCondition& c, const std::vector<std::string>& cl
   }
   // Fractions: a level outside [0, 1] (a percentage, "device_kv_use > 90") would never fire, or
   // always.
-  static constexpr std::string_view kFractions[] = {"device_kv_use", "host_kv_use", "disk_kv_use",
+  static constexpr std::string_view kFractions[] = {"device_kv_use",   "host_kv_use",
+                                                    "disk_kv_use",     "link_use",
                                                     "prefix_hit_rate", "pages_evicted_fraction"};
   if (std::find(std::begin(kFractions), std::end(kFractions), c.metric) != std::end(kFractions) &&
       !(c.value >= 0 && c.value <= 1)) {

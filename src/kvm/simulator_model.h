@@ -120,6 +120,9 @@ class Sim {
     remaining_--;
     progress_step_ = res_.steps;
   }
+  // Rejected by the engine's failure (a queue timeout, KV it could never hold): the latency
+  // window takes it as the engine's does (KvmClassLatency).
+  void fail(int i, double now);
   void finish(int i, double now);
   void release(Worker& w, Req& r);  // frees every page it holds on w
   // Preempts `i`, running on `w`: swapped out or dropped for a recompute; onto w's waiting list.

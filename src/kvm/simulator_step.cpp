@@ -2,6 +2,7 @@
 // recompute, fair prefill chunks), the KV cuts after a decode step, and the KVM's ticks.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "common/config_rules.h"
 #include "common/fair_prefill.h"
@@ -34,13 +35,23 @@ void Sim::finish(int i, double now) {
   const double ttft = r.first_ms - r.t->arrival_ms;
   const double itl =
       r.generated > 1 ? (r.last_ms - r.first_ms) / static_cast<double>(r.generated - 1) : 0;
-  window_.add(c_.sla_classes[r.cls].name, now, ttft, itl);
+  // As the engine's window: a one-token request has no ITL sample.
+  window_.add(c_.sla_classes[r.cls].name, now, ttft,
+              r.generated > 1 ? itl : std::numeric_limits<double>::quiet_NaN());
   ttft_[r.cls].push_back(ttft);
   itl_[r.cls].push_back(itl);
   SimClassResult& cr = res_.classes[r.cls];
   cr.finished++;
   if (ttft <= cr.max_ttft_ms && itl <= cr.max_itl_ms) cr.met++;
   res_.end_ms = std::max(res_.end_ms, now);
+}
+
+void Sim::fail(int i, double now) {
+  const Req& r = reqs_[i];
+  // As the engine's window: its TTFT, or without a first token the time it waited until it failed.
+  const double ttft = r.generated > 0 ? r.first_ms - r.t->arrival_ms : now - r.t->arrival_ms;
+  window_.add(c_.sla_classes[r.cls].name, now, ttft, std::numeric_limits<double>::quiet_NaN());
+  reject(i);
 }
 
 void Sim::release(Worker& w, Req& r) {
@@ -195,7 +206,7 @@ void Sim::admit(Worker& w, double now) {
       const int64_t need = blocks_for(r.kv, c_.block_size);
       if (need > w.total_blocks) {
         handoff_.erase(handoff_.begin() + static_cast<std::ptrdiff_t>(k));
-        reject(i);
+        fail(i, now);
         continue;
       }
       // With its own next token's block, beside the next-token growth of the running requests
@@ -233,7 +244,7 @@ void Sim::admit(Worker& w, double now) {
     if (need > w.total_blocks) {  // larger than the whole worker: never fits
       queue_.erase(queue_.begin());
       queued_per_class_[r.cls]--;
-      reject(i);
+      fail(i, now);
       continue;
     }
     const int64_t watermark = w.running.empty() ? 0 : std::max<int64_t>(1, w.total_blocks / 100);
@@ -265,7 +276,7 @@ bool Sim::step(Worker& w) {
       if (!r.started && now - r.t->arrival_ms > c_.sla_classes[r.cls].queue_timeout_ms) {
         queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(k));
         queued_per_class_[r.cls]--;
-        reject(i);
+        fail(i, now);
       } else {
         ++k;
       }
@@ -287,7 +298,7 @@ bool Sim::step(Worker& w) {
     if (r.held + need > w.total_blocks) {  // its next token needs more than the whole pool
       w.running.erase(std::find(w.running.begin(), w.running.end(), i));
       release(w, r);
-      reject(i);
+      fail(i, now);
       continue;
     }
     while (need > w.free_blocks && r.st == St::kRunning) {
@@ -353,7 +364,7 @@ bool Sim::step(Worker& w) {
     if (blocks_for(r.target, c_.block_size) > w.total_blocks) {
       w.waiting.erase(std::find(w.waiting.begin(), w.waiting.end(), i));
       release(w, r);
-      reject(i);
+      fail(i, now);
       continue;
     }
     const int64_t need = std::max<int64_t>(0, blocks_for(r.target, c_.block_size) - r.pages());

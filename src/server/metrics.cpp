@@ -321,6 +321,10 @@ class EngineCollector : public pm::Collectable {
                            "Requests that met their class's max_itl_ms", pm::MetricType::Counter);
     auto& cls_both = family("kvsplit:sla_slo_met_total", "Requests that met both targets (goodput)",
                             pm::MetricType::Counter);
+    auto& cls_failed = family("kvsplit:sla_requests_failed_total",
+                              "Requests per SLA class the engine failed (queue timeout, failed "
+                              "handoff, KV it could never hold): SLO misses",
+                              pm::MetricType::Counter);
     auto& cls_queued = family("kvsplit:sla_queued_requests", "Requests queued per SLA class",
                               pm::MetricType::Gauge);
     for (const SlaClassStats& c : s.classes) {
@@ -329,6 +333,7 @@ class EngineCollector : public pm::Collectable {
       cls_ttft.metric.push_back(counter(static_cast<double>(c.met_ttft), l));
       cls_itl.metric.push_back(counter(static_cast<double>(c.met_itl), l));
       cls_both.metric.push_back(counter(static_cast<double>(c.met_both), l));
+      cls_failed.metric.push_back(counter(static_cast<double>(c.failed), l));
       cls_queued.metric.push_back(gauge(c.queued, l));
     }
     // Effective KV per SLA class and tenant (docs/kvm.md "Effective-KV accounting"); label values

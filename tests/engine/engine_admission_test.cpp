@@ -209,9 +209,14 @@ TEST(EngineAdmission, QueueLimitAndTimeout) {
     EXPECT_GE(c.final_event.timings.queue_ms, 10);
     EXPECT_TRUE(c.tokens.empty());
   }
+  // The timed-out requests are SLO misses of their class (sla_requests_failed_total), not
+  // requests that count nowhere; the one refused at submit never entered the engine.
+  EXPECT_TRUE(wait_for_stats(e, [](const EngineStats& s) { return s.classes[1].failed == 2; }));
+  EXPECT_EQ(e.stats().classes[1].finished, 0);
   EXPECT_TRUE(e.cancel("", "long"));  // it cannot have finished while held
   Collected cl = collect(*hl, std::chrono::seconds(30));
   EXPECT_EQ(cl.final_event.finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(e.stats().classes[0].failed, 0) << "a cancelled request is no SLO outcome";
   e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
   const EngineStats s = e.stats();
   EXPECT_EQ(s.requests_failed, 2);

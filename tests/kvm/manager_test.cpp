@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 namespace kvsplit::kvm {
@@ -319,6 +320,35 @@ TEST(Monitor, RatesPercentilesAndWorstPools) {
   EXPECT_NEAR(b.link_use, 0.5, 1e-9);       // 2000 B/s of 4000
   KvmSnapshot c = mon.sample(2600, s, {});  // the samples at 500 ms left the 1 s window
   EXPECT_EQ(c.classes[0].samples, 0);
+}
+
+// link_use is the busiest worker's: each worker's bytes over its own measured link (one GPU
+// each), not every worker's bytes summed over one link, which read two workers moving half
+// their link each as a full link.
+TEST(Monitor, LinkUseIsTheBusiestWorkersOwnLink) {
+  Monitor mon(1000);
+  EngineStats s = stats_at(30);
+  s.pools[0].kv_link_bytes_per_s = 4000;
+  PoolStats other = s.pools[0];
+  other.name = "colocated-1";
+  s.pools.push_back(other);
+  mon.sample(1000, s, {.link_bytes_per_s = 1e9});
+  s.pools[0].kv_swap_bytes = 2000;            // 0.5 of its link in 1 s
+  s.pools[1].kv_shard_exchange_bytes = 1000;  // 0.25 of its link
+  EXPECT_NEAR(mon.sample(2000, s, {.link_bytes_per_s = 1e9}).link_use, 0.5, 1e-9);
+}
+
+// A one-token request has no ITL: it is no sample of the ITL percentiles (it read as 0).
+TEST(Monitor, ANaNLatencyIsNoSample) {
+  Monitor mon(1000);
+  EngineStats s = stats_at(30);
+  mon.latency().add("default", 900, 40, std::numeric_limits<double>::quiet_NaN());
+  mon.latency().add("default", 900, 60, 20);
+  const KvmSnapshot a = mon.sample(1000, s, {});
+  ASSERT_EQ(a.classes.size(), 1u);
+  EXPECT_DOUBLE_EQ(a.classes[0].itl_p50_ms, 20);
+  EXPECT_DOUBLE_EQ(a.classes[0].ttft_p50_ms, 40);
+  EXPECT_DOUBLE_EQ(a.classes[0].ttft_p99_ms, 60);
 }
 
 // storage_latency_ms is the disk's EWMA only while operations keep finishing: a rule that stopped

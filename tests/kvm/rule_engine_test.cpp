@@ -587,6 +587,9 @@ TEST_F(ValidateRulesTest, FractionMetricWithALevelOutsideZeroToOne) {
   KvmRule hit =
       rule("h", "prefix_hit_rate < 0.2", "prefix_hit_rate > 1.5", "semantic_threshold += 0.05");
   EXPECT_FALSE(validate_rules({hit}, {"default"}).ok());
+  // The design's "link use < 30%" written as a percentage: always true, so refused.
+  KvmRule link = rule("l", "link_use < 30", "link_use > 50", "migrate_to_shard = 1");
+  expect_error(link, "link_use is a fraction in [0, 1], compared with 30");
   // Not a fraction: any level.
   KvmRule ms = rule("m", "storage_latency_ms > 90", "storage_latency_ms < 20", "swap = never");
   EXPECT_TRUE(validate_rules({ms}, {"default"}).ok());
