@@ -173,6 +173,10 @@ struct Request {
   std::string prompt;                     // used when prompt_token_ids is empty
   std::vector<int32_t> prompt_token_ids;  // when set, used as is (no BOS added)
   SamplingParams sampling;
+  // sampling.max_tokens is a default (the server's default_max_tokens: the client gave none), not
+  // the client's own value: lowered to what the model context leaves after the prompt, as
+  // vLLM's default is, where an explicit max_tokens that does not fit is refused.
+  bool max_tokens_is_default = false;
   std::string sla_class;      // empty: the default class
   int32_t priority = 0;       // orders requests within classes of equal priority
   uint32_t top_logprobs = 0;  // 0..20 alternatives per generated token

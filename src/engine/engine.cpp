@@ -304,6 +304,13 @@ StatusOr<RequestHandle> EngineImpl::submit(Request request) {
   KVSPLIT_ASSIGN_OR_RETURN(
       std::vector<int32_t> ids,
       sched::prompt_token_ids(request, *loaded_->tokenizer, loaded_->config.vocab_size));
+  if (request.max_tokens_is_default) {
+    // Positions left after the prompt (the last generated token is never fed); a prompt that
+    // leaves none is refused by check_admission as too long.
+    const int64_t room = int64_t{limits_.max_context} - static_cast<int64_t>(ids.size()) + 1;
+    request.sampling.max_tokens = static_cast<int32_t>(
+        std::clamp<int64_t>(room, 1, std::max(1, request.sampling.max_tokens)));
+  }
   KVSPLIT_RETURN_IF_ERROR(sched::check_admission(request, static_cast<int>(ids.size()), limits_));
   const int64_t arrival = next_arrival_.fetch_add(1, std::memory_order_relaxed);
   // Assigned ids are random, so that nobody can predict (and cancel) another caller's request.

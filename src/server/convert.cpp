@@ -68,6 +68,7 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
     return invalid_argument("max_tokens: " + std::to_string(max_tokens) + " exceeds the limit of " +
                             std::to_string(limits.max_tokens_limit));
   s.max_tokens = static_cast<int32_t>(max_tokens);
+  r.max_tokens_is_default = in.max_tokens() == 0;  // the engine fits it to the prompt's room
 
   // Fields are copied as given; SamplingParams::validate is the one set of rules (the engine
   // checks the same again). Its errors name the field; those under `sampling` get that prefix.

@@ -94,6 +94,32 @@ TEST(EngineAdmission, ErrorCodesAndMessages) {
 // Ids assigned by the engine are unique however many threads submit at once (regression: the
 // id was read from the arrival counter before it was incremented, so two submits could share it
 // and one failed with ALREADY_EXISTS).
+// A default max_tokens (the server's, the client gave none) is lowered to what the context
+// leaves after the prompt, as vLLM's; the same value given by the client is refused. Before, the
+// default failed a long prompt with an error naming a max_tokens the client never sent.
+TEST(EngineAdmission, ADefaultMaxTokensFitsTheContext) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto engine = Engine::create(testing::stories_config(ServingMode::kColocated));
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  Engine& e = **engine;
+  Request r;
+  r.prompt_token_ids = std::vector<int32_t>(505, 5);  // 512 - 505 + 1 = 8 tokens of room
+  r.sampling.max_tokens = 16;
+  r.sampling.ignore_eos = true;
+  r.sampling.temperature = 0;
+  EXPECT_EQ(e.submit(r).status().code(), StatusCode::kInvalidArgument);
+  r.max_tokens_is_default = true;
+  auto h = e.submit(r);
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  Collected c = collect(*h, std::chrono::seconds(60));
+  ASSERT_FALSE(c.timed_out);
+  EXPECT_EQ(c.final_event.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(c.tokens.size(), 8u);
+  // A prompt that leaves no room is still refused as too long.
+  r.prompt_token_ids = std::vector<int32_t>(513, 5);
+  EXPECT_EQ(e.submit(r).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(EngineAdmission, ConcurrentSubmitsGetUniqueIds) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
