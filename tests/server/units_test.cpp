@@ -22,14 +22,17 @@ TEST(ConvertTest, DefaultsAndClassNaming) {
   auto r = to_engine_request(in, l);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->sampling.max_tokens, 7);
-  EXPECT_EQ(r->sla_class, "gold");  // empty -> the default class, named
+  EXPECT_TRUE(r->max_tokens_is_default);  // the engine fits it to the prompt's room
+  EXPECT_EQ(r->sla_class, "gold");        // empty -> the default class, named
   EXPECT_EQ(r->sampling.temperature, SamplingParams{}.temperature);  // unset is not zero
   EXPECT_FALSE(r->sampling.seed.has_value());
   in.mutable_sampling()->set_temperature(0.0f);
   in.mutable_sampling()->set_seed(0);
   in.set_sla_class("tin");
+  in.set_max_tokens(7);
   r = to_engine_request(in, l);
   ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->max_tokens_is_default);  // the client's own 7: refused if it does not fit
   EXPECT_EQ(r->sampling.temperature, 0.0f);
   ASSERT_TRUE(r->sampling.seed.has_value());
   EXPECT_EQ(r->sla_class, "tin");
