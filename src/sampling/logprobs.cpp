@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "common/check.h"
 
@@ -13,11 +14,17 @@ void compute_logprobs(const float* logits, int vocab, int32_t token, int top_n,
   KVSPLIT_CHECK(logits != nullptr && vocab >= 1);
   KVSPLIT_CHECK(token >= 0 && token < vocab);
   KVSPLIT_CHECK(top_n >= 0);
-  double max_val = logits[0];
-  for (int i = 1; i < vocab; ++i) max_val = std::max(max_val, static_cast<double>(logits[i]));
+  // NaN entries are left out of the normalizer, as the sampler gives them probability 0; a row
+  // of NaN only has no distribution (NaN throughout).
+  double max_val = -std::numeric_limits<double>::infinity();
+  for (int i = 0; i < vocab; ++i) {
+    if (!std::isnan(logits[i])) max_val = std::max(max_val, static_cast<double>(logits[i]));
+  }
   double sum = 0.0;
-  for (int i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - max_val);
-  const double log_z = max_val + std::log(sum);
+  for (int i = 0; i < vocab; ++i) {
+    if (!std::isnan(logits[i])) sum += std::exp(static_cast<double>(logits[i]) - max_val);
+  }
+  const double log_z = sum > 0 ? max_val + std::log(sum) : std::numeric_limits<double>::quiet_NaN();
   if (token_logprob != nullptr) {
     *token_logprob = static_cast<float>(static_cast<double>(logits[token]) - log_z);
   }

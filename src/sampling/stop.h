@@ -37,9 +37,12 @@ class StopChecker {
   std::string flush();
   int num_generated() const { return num_generated_; }
   bool finished() const { return finished_; }
+  // EOS (unless ignore_eos) or a stop_token_id. Its text is not emitted, so a caller does not feed
+  // it to the detokenizer either: a byte-fallback stop token would leave a stray byte there (a
+  // U+FFFD at the end), or complete a character and take the earlier tokens' bytes with it.
+  bool is_stop_token(int32_t token) const;
 
  private:
-  bool is_stop_token(int32_t token) const;
   size_t hold_back_length() const;  // bytes at the end of held_ that may start a stop string
 
   SamplingParams params_;

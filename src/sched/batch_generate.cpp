@@ -428,7 +428,8 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
                               ": its activations overflow float32 (check the model's weights)");
       }
       s.tokens.push_back(tok);
-      const std::string delta = s.decoder ? s.decoder->push(tok) : std::string();
+      const std::string delta =
+          s.decoder && !s.stop->is_stop_token(tok) ? s.decoder->push(tok) : std::string();
       sampling::StopChecker::Step r = s.stop->on_token(tok, delta);
       if (!r.text.empty()) {
         s.text += r.text;

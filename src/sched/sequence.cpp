@@ -7,6 +7,7 @@
 #include <span>
 
 #include "common/check.h"
+#include "sampling/logprobs.h"
 #include "sched/swap_cost.h"
 
 namespace kvsplit::sched {
@@ -14,26 +15,6 @@ namespace {
 
 double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
-// log-softmax of the raw logits: the chosen token's logprob and the `k` best alternatives.
-TokenLogprob make_logprob(const float* logits, int vocab, int32_t token, int k) {
-  float max_logit = logits[0];
-  for (int i = 1; i < vocab; ++i) max_logit = std::max(max_logit, logits[i]);
-  double sum = 0;
-  for (int i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - max_logit));
-  const float log_z = max_logit + static_cast<float>(std::log(sum));
-  TokenLogprob lp;
-  lp.token_id = token;
-  lp.logprob = logits[token] - log_z;
-  std::vector<int32_t> idx(vocab);
-  for (int i = 0; i < vocab; ++i) idx[i] = i;
-  k = std::min(k, vocab);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
-    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
-  });
-  for (int i = 0; i < k; ++i) lp.top.emplace_back(idx[i], logits[idx[i]] - log_z);
-  return lp;
 }
 
 }  // namespace
@@ -72,12 +53,18 @@ FinishReason push_token(Sequence& seq, int32_t token, const float* raw, int voca
   seq.last_token_time = now;
   seq.interval_from = now;
 
-  const std::string delta = seq.decoder->push(token);
+  // A stop token's text is not emitted: it does not reach the detokenizer (StopChecker).
+  const std::string delta =
+      seq.stop->is_stop_token(token) ? std::string() : seq.decoder->push(token);
   sampling::StopChecker::Step step = seq.stop->on_token(token, delta);
   ev.token_ids.push_back(token);
   ev.text = std::move(step.text);
   if (raw != nullptr) {
-    ev.logprobs.push_back(make_logprob(raw, vocab, token, static_cast<int>(seq.top_logprobs)));
+    TokenLogprob lp;
+    lp.token_id = token;
+    sampling::compute_logprobs(raw, vocab, token, static_cast<int>(seq.top_logprobs), &lp.logprob,
+                               &lp.top);
+    ev.logprobs.push_back(std::move(lp));
   }
   ev.time = now;
   seq.ctl->stream->push(std::move(ev));

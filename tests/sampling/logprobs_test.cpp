@@ -102,5 +102,34 @@ TEST(LogprobsTest, NonFiniteLogitsDoNotCrash) {
   EXPECT_EQ(lp, 0.0f);
 }
 
+// A NaN entry has probability 0 (as in the sampler): the others still form a distribution
+// (before, one NaN made every log-probability of the row NaN).
+TEST(LogprobsTest, NaNEntriesAreLeftOutOfTheNormalizer) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> logits = {0.0f, nan, 0.0f};
+  std::vector<std::pair<int32_t, float>> top;
+  float lp = 0.0f;
+  compute_logprobs(logits.data(), 3, 2, 2, &lp, &top);
+  EXPECT_NEAR(lp, std::log(0.5), 1e-6);
+  ASSERT_EQ(top.size(), 2u);
+  EXPECT_EQ(top[0].first, 0);
+  EXPECT_NEAR(top[0].second, std::log(0.5), 1e-6);
+  EXPECT_EQ(top[1].first, 2);
+  std::vector<float> all_nan = {nan, nan};
+  compute_logprobs(all_nan.data(), 2, 0, 0, &lp, nullptr);
+  EXPECT_TRUE(std::isnan(lp));
+}
+
+// The log-normalizer is kept in double: a token at probability 1 - 5e-11 reads its tiny negative
+// logprob, not a float-rounded 0 (the engine's old copy of this function summed to a float).
+TEST(LogprobsTest, ANearCertainTokenKeepsItsTinyLogprob) {
+  std::vector<float> logits(512, 0.0f);
+  logits[0] = 30.0f;
+  float lp = 0.0f;
+  compute_logprobs(logits.data(), 512, 0, 0, &lp, nullptr);
+  EXPECT_LT(lp, 0.0f);
+  EXPECT_GT(lp, -1e-10f);
+}
+
 }  // namespace
 }  // namespace kvsplit::sampling
