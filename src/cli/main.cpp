@@ -332,7 +332,9 @@ int main(int argc, char** argv) {
   gen->add_option("-s,--seed", gf.seed,
                   "RNG seed (prompt i uses seed + i; default: from the clock)");
   gen->add_flag("--ignore-eos", gf.ignore_eos, "do not stop on the model's EOS ids");
-  gen->add_option("--stop", gf.stop, "stop string (repeatable)");
+  // One value per --stop: `--stop X text` must not read `text` as a second stop string.
+  gen->add_option("--stop", gf.stop, "stop string (repeatable: --stop a --stop b)")
+      ->allow_extra_args(false);
   gen->add_flag("--json", gf.json, "print one JSON line per prompt");
   gen->add_option("--block-size", gf.block_size, "KV page size in tokens")
       ->check(CLI::Range(1, 1024));

@@ -60,7 +60,10 @@ int main(int argc, char** argv) {
   app.add_option("--min-p", min_p, "[0, 1]");
   app.add_option("--repetition-penalty", rep, "[0.01, 10], 1 = off");
   app.add_option("--seed", seed, "sampling seed");
-  app.add_option("--stop", stop, "stop string (repeatable)");
+  // One value per --stop: a vector option would otherwise take the prompt after it as a second
+  // stop string and send an empty prompt.
+  app.add_option("--stop", stop, "stop string (repeatable: --stop a --stop b)")
+      ->allow_extra_args(false);
   app.add_flag("--ignore-eos", ignore_eos, "do not stop on EOS");
   app.add_option("--sla-class", sla_class, "SLA class name (default: the server's first)");
   app.add_option("--priority", priority,

@@ -127,6 +127,10 @@ TEST(CliTest, BadInputsFailClearlyWithExitTwo) {
 
   r = run("generate --no-such-flag");  // CLI11 would exit 109
   EXPECT_EQ(r.exit_code, 2) << r.err;
+  // One value per --stop: a stray word after it is an error, not a second stop string (which
+  // ran an empty prompt, BOS alone, with exit 0).
+  r = run("generate --model synthetic:stories260k --stop Lily 'Once upon a time'");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
   r = run("generate --model synthetic:stories260k --max-tokens 0");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("max-tokens"), std::string::npos) << r.err;

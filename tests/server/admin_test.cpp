@@ -589,12 +589,15 @@ TEST_F(AdminTest, TlsAndApiKeys) {
       run_command(std::string(KVSPLIT_BINARY_DIR) + "/kvsplit-client --server " +
                   server->address() + " --tls-ca " + cert +
                   " --api-key sekrit-key-1 --temperature 0 --max-tokens 5 --top-logprobs 3 --json "
-                  "'The dog'");
+                  "--stop QQQQ 'The dog'");
   EXPECT_EQ(ccode, 0) << cout;
   EXPECT_NE(cout.find("\"finish_reason\""), std::string::npos) << cout;
   // --top-logprobs: each token's alternatives, most likely first (they were dropped).
   const nlohmann::json reply = nlohmann::json::parse(cout, nullptr, false);
   ASSERT_TRUE(reply.is_object() && reply.contains("logprobs")) << cout;
+  // The prompt after --stop is the prompt, not a second stop string (it was, and an empty prompt,
+  // BOS alone, ran in its place).
+  EXPECT_GT(reply["usage"]["prompt_tokens"].get<int>(), 1) << cout;
   ASSERT_EQ(reply["logprobs"].size(), 5u) << cout;
   for (const nlohmann::json& lp : reply["logprobs"]) {
     ASSERT_TRUE(lp.contains("top")) << lp.dump();
