@@ -21,12 +21,46 @@ namespace kvsplit::common {
 
 using Json = nlohmann::json;
 
+// Deepest nesting of arrays and objects any JSON input may have: the parser builds every level
+// (about 90 bytes each), so a file of '[' would take ~90x its size in memory. serde_json, which HF
+// tokenizers and safetensors parse with, stops at 128 as well.
+inline constexpr int kMaxJsonDepth = 128;
+
+// Whether `text`'s arrays and objects nest at most `limit` deep (brackets inside strings do not
+// count). A linear scan, run before the parser allocates anything.
+inline bool json_depth_within(std::string_view text, int limit) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+
 // Parses `text`; `what` names the source in errors: "<what>: bad JSON: <parser message>". A key
 // given twice in one object is refused ("<what>: duplicate key 'k'"): the parser would keep the
 // last silently (two safetensors entries for one tensor, two arrival times in a trace line).
 // Without `what` the message starts at "bad JSON" / "duplicate key".
 inline StatusOr<Json> parse_json(std::string_view text, const std::string& what) {
   const std::string prefix = what.empty() ? std::string() : what + ": ";
+  if (!json_depth_within(text, kMaxJsonDepth)) {
+    return invalid_argument(prefix + "bad JSON: nested deeper than " +
+                            std::to_string(kMaxJsonDepth) + " levels");
+  }
   std::vector<std::set<std::string>> keys;  // one set per object being read
   std::string duplicate;
   bool found = false;

@@ -1,10 +1,13 @@
 #include "model/hf_json.h"
 
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <unordered_set>
 
+#include "common/json_util.h"
 #include "model/unicode.h"
 
 namespace kvsplit::model::hf {
@@ -107,11 +110,18 @@ Status parse_bpe_model(const Errors& err, const json& root, BpeModel& m) {
   if (!vocab || !vocab->is_object()) return err.bad("model.vocab", "missing or not an object");
   std::vector<bool> seen;
   m.vocab.reserve(vocab->size());
+  const int64_t dense_bound = kDenseIdFactor * static_cast<int64_t>(vocab->size()) + kDenseIdSlack;
   for (auto it = vocab->begin(); it != vocab->end(); ++it) {
     const json& v = it.value();
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= kMaxId) {
       return err.bad("model.vocab[\"" + it.key() + "\"]",
                      "expected an id in [0, 2^24), got " + quoted(v));
+    }
+    if (v.get<int64_t>() >= dense_bound) {
+      return err.bad("model.vocab[\"" + it.key() + "\"]",
+                     fmt::format("id {} is far beyond the vocabulary's {} entries (ids must be "
+                                 "dense: below {})",
+                                 v.get<int64_t>(), vocab->size(), dense_bound));
     }
     const auto id = static_cast<int32_t>(v.get<int64_t>());
     if (id >= static_cast<int32_t>(m.pieces.size())) {
@@ -147,10 +157,13 @@ Status parse_bpe_model(const Errors& err, const json& root, BpeModel& m) {
   return parse_merges(err, *merges, m);
 }
 
-Status parse_added_tokens(const Errors& err, const json& root, std::vector<AddedToken>& out) {
+Status parse_added_tokens(const Errors& err, const json& root, std::vector<AddedToken>& out,
+                          size_t vocab_ids) {
   const json* added = get(root, "added_tokens");
   if (!added) return ok_status();
   if (!added->is_array()) return err.bad("added_tokens", "expected an array");
+  const int64_t dense_bound =
+      kDenseIdFactor * static_cast<int64_t>(vocab_ids + added->size()) + kDenseIdSlack;
   std::unordered_set<int32_t> ids;
   std::unordered_set<std::string> contents;
   for (size_t i = 0; i < added->size(); ++i) {
@@ -163,6 +176,12 @@ Status parse_added_tokens(const Errors& err, const json& root, std::vector<Added
     }
     if (!content || !content->is_string() || content->get<std::string>().empty()) {
       return err.bad(f + ".content", "expected a non-empty string");
+    }
+    if (id->get<int64_t>() >= dense_bound) {
+      return err.bad(f + ".id",
+                     fmt::format("id {} is far beyond the {} vocabulary and added ids "
+                                 "(ids must be dense: below {})",
+                                 id->get<int64_t>(), vocab_ids + added->size(), dense_bound));
     }
     AddedToken t;
     t.id = static_cast<int32_t>(id->get<int64_t>());
@@ -393,20 +412,16 @@ StatusOr<TokenizerConfig> read_tokenizer_config(const std::string& tokenizer_pat
   const std::string path =
       (std::filesystem::path(tokenizer_path).parent_path() / "tokenizer_config.json").string();
   TokenizerConfig c;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return c;
-  std::ostringstream ss;
-  ss << in.rdbuf();
   auto bad = [&](const std::string& what) {
     return invalid_argument("tokenizer_config.json " + path + " (read for " + tokenizer_path +
                             "): " + what);
   };
-  json root;
-  try {
-    root = json::parse(ss.str());
-  } catch (const json::exception& e) {
-    return bad(std::string("bad JSON: ") + e.what());
-  }
+  // A regular file of bounded size, parsed strictly (as config.json): a FIFO here used to hang
+  // the load and /dev/zero to grow without bound. Absent is fine.
+  auto read = common::read_json_file(path);
+  if (!read.ok() && read.status().code() == StatusCode::kNotFound) return c;
+  if (!read.ok()) return bad(read.status().message());
+  const json root = std::move(*read);
   if (!root.is_object()) return bad("expected a JSON object");
   c.present = true;
   for (const char* k : {"add_bos_token", "add_eos_token"}) {

@@ -85,7 +85,13 @@ struct AddedToken {
 };
 // Reads root["added_tokens"] (absent = none). Ids in [0, 2^24), no id or content twice, content
 // not empty.
-Status parse_added_tokens(const Errors& err, const json& root, std::vector<AddedToken>& out);
+// `vocab_ids`: the model vocabulary's id count. Ids must be nearly dense (below
+// kDenseIdFactor x (vocab_ids + added tokens) + kDenseIdSlack): a few bytes of JSON must not make
+// the loader allocate tables for 2^24 ids.
+Status parse_added_tokens(const Errors& err, const json& root, std::vector<AddedToken>& out,
+                          size_t vocab_ids);
+inline constexpr int64_t kDenseIdFactor = 2;
+inline constexpr int64_t kDenseIdSlack = 1024;
 
 // One normalization step, applied to the whole text in order.
 struct NormOp {

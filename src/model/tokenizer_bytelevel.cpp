@@ -290,7 +290,7 @@ StatusOr<std::unique_ptr<Tokenizer>> load_bytelevel_tokenizer(const std::string&
 
   // Ids: the model's vocab, then the added tokens (which may reuse a vocab id).
   std::vector<hf::AddedToken> added;
-  KVSPLIT_RETURN_IF_ERROR(hf::parse_added_tokens(err, root, added));
+  KVSPLIT_RETURN_IF_ERROR(hf::parse_added_tokens(err, root, added, t->model_.pieces.size()));
   std::vector<std::string>& pieces = t->model_.pieces;
   t->decoded_.resize(pieces.size());
   for (size_t i = 0; i < pieces.size(); ++i) t->decoded_[i] = byte_level_decode(pieces[i]);

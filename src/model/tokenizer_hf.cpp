@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/json_util.h"
 #include "model/bpe.h"
 #include "model/hf_json.h"
 #include "model/tokenizer.h"
@@ -37,6 +38,13 @@ struct Metaspace {
   std::string replacement = std::string(utf8::kSpaceMarker);
   enum Prepend { kAlways, kFirst, kNever } prepend = kAlways;
   bool split = true;  // split into words, each starting at the replacement
+};
+
+// The decoder: what becomes of the space marker, and how many leading spaces the text loses
+// (HF's Strip step after Fuse, or a Metaspace decoder's prepend scheme).
+struct Decoder {
+  std::string marker = std::string(utf8::kSpaceMarker);  // decodes to " "
+  int strip_leading = 1;  // leading spaces dropped from the text's first token
 };
 
 std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
@@ -73,18 +81,22 @@ class HfBpeTokenizer final : public Tokenizer {
   }
 
   // HF's Llama decoder, one token at a time: "▁" -> " ", "<0xNN>" -> the byte, special tokens
-  // -> "" (skip_special_tokens), and the first token of the text (prev -1 or BOS) loses one
-  // leading space (the Strip decoder).
+  // -> "" (skip_special_tokens), and the first token of the text (prev -1 or BOS) loses the
+  // leading spaces the file's decoder strips (Strip after Fuse, or a Metaspace decoder: one;
+  // none without either, as transformers' add_prefix_space=False files).
   std::string decode_token(int32_t prev, int32_t id) const override {
     if (id < 0 || id >= vocab_size() || special_[id]) return {};
     std::string text;
     if (const int b = utf8::parse_byte_piece(pieces_[id]); b >= 0 && !added_id_[id]) {
       text.assign(1, static_cast<char>(b));
     } else {
-      text = replace_all(pieces_[id], metaspace_.replacement, " ");
+      text = replace_all(pieces_[id], decoder_.marker, " ");
     }
-    if ((prev == -1 || (prev >= 0 && prev == bos_id_)) && !text.empty() && text[0] == ' ') {
-      text.erase(0, 1);
+    if (prev == -1 || (prev >= 0 && prev == bos_id_)) {
+      size_t n = 0;
+      while (n < text.size() && n < static_cast<size_t>(decoder_.strip_leading) && text[n] == ' ')
+        ++n;
+      text.erase(0, n);
     }
     return text;
   }
@@ -184,6 +196,7 @@ class HfBpeTokenizer final : public Tokenizer {
   std::vector<hf::NormOp> ops_;
   hf::AddedVocab added_;
   Metaspace metaspace_;
+  Decoder decoder_;
   hf::Template tmpl_;
   int32_t bos_id_ = -1, eos_id_ = -1;
   // The text may be cut into words before each space marker that follows another character:
@@ -203,6 +216,73 @@ bool can_split_at_marker(const hf::BpeModel& m, const std::string& marker) {
 }
 
 // ---- loading ----
+
+// The decoders transformers writes for SentencePiece-kind files: Sequence[Replace marker -> " ",
+// ByteFallback, Fuse, Strip " " (start n, stop 0)] (Strip absent with add_prefix_space=False),
+// or Metaspace (its prepend scheme: "never" strips nothing, else one space). Absent: the Llama
+// decoder (one space stripped). Anything else is refused rather than decoded another way.
+Status parse_decoder(const hf::Errors& err, const json* d, Decoder& out) {
+  if (d == nullptr) return ok_status();
+  const std::string type = type_of(d);
+  if (type == "Metaspace") {
+    if (const json* r = get(*d, "replacement")) {
+      if (!r->is_string() || r->get<std::string>().empty())
+        return err.bad("decoder.replacement", "expected a non-empty string");
+      out.marker = r->get<std::string>();
+    }
+    bool prepend = true;
+    if (const json* a = get(*d, "add_prefix_space"); a && a->is_boolean()) prepend = a->get<bool>();
+    if (const json* s = get(*d, "prepend_scheme"); s && s->is_string())
+      prepend = s->get<std::string>() != "never";
+    out.strip_leading = prepend ? 1 : 0;
+    return ok_status();
+  }
+  if (type != "Sequence") {
+    return err.unsupported("decoder.type", "decoder type '" + type + "' is not supported");
+  }
+  const json* steps = get(*d, "decoders");
+  if (steps == nullptr || !steps->is_array())
+    return err.bad("decoder.decoders", "expected an array");
+  out.strip_leading = 0;
+  bool fused = false;
+  for (size_t i = 0; i < steps->size(); ++i) {
+    const json& st = (*steps)[i];
+    const std::string f = "decoder.decoders[" + std::to_string(i) + "]";
+    const std::string t = type_of(&st);
+    if (t == "ByteFallback") continue;
+    if (t == "Fuse") {
+      fused = true;
+      continue;
+    }
+    if (t == "Replace") {
+      const json* pat = get(st, "pattern");
+      const json* str = pat ? get(*pat, "String") : nullptr;
+      const json* content = get(st, "content");
+      if (str == nullptr || !str->is_string() || str->get<std::string>().empty() ||
+          content == nullptr || !content->is_string() || content->get<std::string>() != " ") {
+        return err.unsupported(f, "only Replace of a string marker by \" \" is supported");
+      }
+      out.marker = str->get<std::string>();
+      continue;
+    }
+    if (t == "Strip") {
+      const json* content = get(st, "content");
+      const json* start = get(st, "start");
+      const json* stop = get(st, "stop");
+      // Before Fuse, Strip cuts every token; after it, the start of the whole text.
+      if (!fused || content == nullptr || !content->is_string() ||
+          content->get<std::string>() != " " || start == nullptr || !start->is_number_unsigned() ||
+          start->get<uint64_t>() > 64 ||
+          (stop != nullptr && !(stop->is_number_integer() && stop->get<int64_t>() == 0))) {
+        return err.unsupported(f, "only Strip \" \" (start n, stop 0) after Fuse is supported");
+      }
+      out.strip_leading = static_cast<int>(start->get<uint64_t>());
+      continue;
+    }
+    return err.unsupported(f + ".type", "decoder step '" + t + "' is not supported");
+  }
+  return ok_status();
+}
 
 Status parse_pre_tokenizer(const hf::Errors& err, const json& p, Metaspace& ms) {
   const std::string type = type_of(&p);
@@ -249,7 +329,7 @@ StatusOr<std::unique_ptr<Tokenizer>> parse_hf(const std::string& path, const jso
   auto t = std::make_unique<HfBpeTokenizer>();
   KVSPLIT_RETURN_IF_ERROR(hf::parse_bpe_model(err, root, t->model_));
   std::vector<hf::AddedToken> added;
-  KVSPLIT_RETURN_IF_ERROR(hf::parse_added_tokens(err, root, added));
+  KVSPLIT_RETURN_IF_ERROR(hf::parse_added_tokens(err, root, added, t->model_.pieces.size()));
   t->pieces_ = t->model_.pieces;
   std::unordered_map<std::string, int32_t> added_ids;
   for (const hf::AddedToken& a : added) {
@@ -279,6 +359,8 @@ StatusOr<std::unique_ptr<Tokenizer>> parse_hf(const std::string& path, const jso
   if (const json* p = get(root, "pre_tokenizer")) {
     KVSPLIT_RETURN_IF_ERROR(parse_pre_tokenizer(err, *p, t->metaspace_));
   }
+  t->decoder_.marker = t->metaspace_.replacement;
+  KVSPLIT_RETURN_IF_ERROR(parse_decoder(err, get(root, "decoder"), t->decoder_));
   t->added_ = hf::AddedVocab(added, t->ops_);
   t->split_at_marker_ = can_split_at_marker(t->model_, t->metaspace_.replacement);
 
@@ -320,6 +402,10 @@ StatusOr<std::unique_ptr<Tokenizer>> parse_hf(const std::string& path, const jso
 // `data` is the whole file. Errors name `path` and the fault.
 StatusOr<std::unique_ptr<Tokenizer>> load_hf_tokenizer(const std::string& path,
                                                        std::string_view data, int expected_vocab) {
+  if (!common::json_depth_within(data, common::kMaxJsonDepth)) {
+    return invalid_argument("tokenizer.json " + path + ": bad JSON: nested deeper than " +
+                            std::to_string(common::kMaxJsonDepth) + " levels");
+  }
   try {
     const json root = json::parse(data);
     return parse_hf(path, root, expected_vocab);

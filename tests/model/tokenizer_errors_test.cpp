@@ -1,11 +1,13 @@
 // Malformed tokenizer files: each returns a Status naming the file and the fault, never a crash.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <fstream>
 #include <limits>
 #include <string>
 
+#include "common/json_util.h"
 #include "model/tokenizer.h"
 #include "test_util.h"
 
@@ -272,6 +274,63 @@ TEST_F(HfErrors, TokenizerConfigBesideTheFile) {
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   EXPECT_EQ((*t)->eos_id(), 0);
   EXPECT_EQ((*t)->bos_id(), 1);  // from the post-processor
+  // Not a regular file: refused at once (a FIFO hung the load, as /dev/zero grew without bound).
+  const std::string config = write("tokenizer_config.json", "");
+  std::filesystem::remove(config);
+  ASSERT_EQ(mkfifo(config.c_str(), 0600), 0);
+  expect_error(path, 0, StatusCode::kInvalidArgument, "tokenizer_config.json");
+  std::filesystem::remove(config);
+  write("tokenizer_config.json", "{\"eos_token\": \"<unk>\", \"eos_token\": \"<s>\"}");
+  expect_error(path, 0, StatusCode::kInvalidArgument, "duplicate key 'eos_token'");
+}
+
+// The decoder decides the leading space: transformers' add_prefix_space=False file has no Strip
+// step, and HF keeps the space (it was always dropped); a decoder this loader cannot follow is
+// refused rather than decoded the Llama way.
+TEST_F(HfErrors, TheDecoderDecidesTheLeadingSpace) {
+  auto j = base_;
+  auto with = load_tokenizer(write_json("strip.json", j), 0);
+  ASSERT_TRUE(with.ok()) << with.status().to_string();
+  const int32_t once = (*with)->encode("Once", false)->front();  // "▁Once"
+  EXPECT_EQ((*with)->decode_token(1, once), "Once");
+  j["decoder"]["decoders"].erase(3);  // the Strip step
+  auto without = load_tokenizer(write_json("nostrip.json", j), 0);
+  ASSERT_TRUE(without.ok()) << without.status().to_string();
+  EXPECT_EQ((*without)->decode_token(1, once), " Once");
+  EXPECT_EQ((*without)->decode_token(once, once), " Once");
+  j["decoder"] = {{"type", "WordPiece"}};
+  expect_error(write_json("wp.json", j), 0, StatusCode::kUnimplemented, "decoder.type");
+  j = base_;
+  std::swap(j["decoder"]["decoders"][2], j["decoder"]["decoders"][3]);  // Strip before Fuse
+  expect_error(write_json("sf.json", j), 0, StatusCode::kUnimplemented, "decoder.decoders[2]");
+}
+
+// A few bytes of JSON must not make the loader allocate tables for 2^24 ids (1.2 GB): ids far
+// beyond the number of entries are refused, in the vocabulary and in the added tokens.
+TEST_F(HfErrors, SparseIdsAreRefused) {
+  auto j = base_;
+  j["model"]["vocab"]["far"] = 16777215;
+  expect_error(write_json("v.json", j), 0, StatusCode::kInvalidArgument,
+               "id 16777215 is far beyond");
+  j = base_;
+  j["added_tokens"][2]["id"] = 16777214;
+  expect_error(write_json("a.json", j), 0, StatusCode::kInvalidArgument,
+               "field added_tokens[2].id: id 16777214 is far beyond");
+  j = base_;
+  j["added_tokens"][2]["id"] = 600;  // a gap above the vocabulary is fine
+  EXPECT_TRUE(load_tokenizer(write_json("gap.json", j), 0).ok());
+}
+
+// Nesting past 128 levels is refused before the parser builds it (each level ~90 bytes: a
+// tokenizer.json of '[' took ~90x its size).
+TEST_F(HfErrors, DeepNestingIsRefused) {
+  expect_error(write("deep.json", std::string(100000, '[')), 0, StatusCode::kInvalidArgument,
+               "nested deeper than 128 levels");
+  // Brackets inside strings do not count, an escaped quote does not end one.
+  EXPECT_TRUE(common::json_depth_within(R"([{"a": "[[[[{{"}])", 2));
+  EXPECT_TRUE(common::json_depth_within(R"(["\"[[[["])", 1));
+  EXPECT_FALSE(common::json_depth_within(R"([{"a": [1]}])", 2));
+  EXPECT_TRUE(common::json_depth_within("[[],[],[]]", 2));
 }
 
 TEST_F(HfErrors, NoByteFallbackUsesUnkOrFails) {
