@@ -262,11 +262,12 @@ bool KvPool::reserve(BlockTable& table, int new_num_tokens) {
 }
 
 std::optional<std::vector<KvPool::PlacedBlock>> KvPool::allocate_placed(int first_page, int n,
-                                                                        bool spread) {
+                                                                        bool spread, bool evict) {
   // Place every page first, then allocate per shard (all or nothing).
   const int S = num_shards();
   std::vector<int> avail(S), count(S, 0), where(n);
-  for (int s = 0; s < S; ++s) avail[s] = shard(s).local_available();
+  for (int s = 0; s < S; ++s)
+    avail[s] = evict ? shard(s).local_available() : shard(s).allocator().num_free();
   for (int k = 0; k < n; ++k) {
     int s = preferred_shard(first_page + k, spread);
     int tries = 0;
@@ -279,7 +280,8 @@ std::optional<std::vector<KvPool::PlacedBlock>> KvPool::allocate_placed(int firs
   std::vector<std::vector<int32_t>> ids(S);
   for (int s = 0; s < S; ++s) {
     if (count[s] == 0) continue;
-    auto got = shard(s).allocate_blocks(count[s]);  // evicts the shard's cached pages
+    // With `evict`: the shard's cached pages make room.
+    auto got = evict ? shard(s).allocate_blocks(count[s]) : shard(s).allocator().allocate(count[s]);
     KVSPLIT_CHECK_MSG(got.has_value(), "KvPool: a shard lost the blocks it counted");
     ids[s] = std::move(*got);
   }
@@ -625,10 +627,19 @@ void KvPool::cache_prefix(const BlockTable& table, uint64_t salt, std::span<cons
       if (shard(u).prefix_->contains(salt, tokens, pos)) t = u;
     const bool held = t >= 0;
     if (!held) t = table.page(static_cast<size_t>(i)).shard;
+    // The run ends before a page another shard's cache holds: that one is touched there, never
+    // cached a second time here.
+    auto held_elsewhere = [&](const PrefixCache::ChainPos& q) {
+      for (int u = 0; u < num_shards(); ++u)
+        if (u != t && shard(u).prefix_->contains(salt, tokens, q)) return true;
+      return false;
+    };
     int j = i;
+    PrefixCache::ChainPos q = pos;
     while (j < n && table.blocks[j] >= 0 && table.page(static_cast<size_t>(j)).shard == t) {
+      if (j > i && held_elsewhere(q)) break;
       offered[j] = table.blocks[j];
-      ++j;
+      if (++j < n) q = prefix_->next(salt, tokens, q);
     }
     if (j == i) {
       if (!held) break;  // not on a device and not cached: nothing past it is reachable

@@ -81,6 +81,8 @@ class KvPool {
   // n fresh blocks (refcount 1), evicting unshared prefix-cache pages if needed; nullopt (nothing
   // changed) when fewer are available.
   std::optional<std::vector<int32_t>> allocate_blocks(int n);
+  // This pool's own free blocks plus its evictable prefix-cache pages (no peers).
+  int local_available() const;
   // Free blocks plus the prefix-cache pages only the cache holds: what a scheduler may reserve
   // (over every shard of a shard group).
   int available_blocks() const;
@@ -285,8 +287,11 @@ class KvPool {
   };
   // n fresh blocks for pages first_page .. first_page + n - 1 of a table, each on its
   // preferred_shard or the next shard with room (reserve()'s placement); nullopt (nothing
-  // allocated) when the group has fewer than n available.
-  std::optional<std::vector<PlacedBlock>> allocate_placed(int first_page, int n, bool spread);
+  // allocated) when the group has fewer than n available. `evict` false: only free blocks count
+  // and no shard's prefix-cache page is evicted (a host prefetch, which must not push cached
+  // prompts out for a sequence that has not resumed yet).
+  std::optional<std::vector<PlacedBlock>> allocate_placed(int first_page, int n, bool spread,
+                                                          bool evict = true);
   // Drops one reference on `block` of shard `shard`'s full pool.
   void decref_block(int shard, int32_t block) { shard_alloc(shard).decref(block); }
   // Step scratch on this pool's backend, numbered by the caller (slot >= 0), grown to at least
@@ -323,8 +328,6 @@ class KvPool {
   std::vector<backend::DeviceBuffer> workspace_;
   int chunk_tokens_ = 0;
 
-  // This pool's own free blocks plus its evictable prefix-cache pages (no peers).
-  int local_available() const;
   // share_prefix's walks: appends to `table` the cached pages from `pos` (on shard s's cache)
   // on, cache after cache, at most up to page `pages`; returns how many.
   int take_cached(BlockTable& table, uint64_t salt, std::span<const int32_t> tokens, int pages,

@@ -64,12 +64,13 @@ StatusOr<int> migrate_pages(KvPool& pool, BlockTable& table, int first_page, int
   }
   if (idx.empty()) return 0;
   KvPool& dst = pool.shard(to_shard);
-  auto blocks = to_shard == 0 ? dst.allocate_blocks(static_cast<int>(idx.size()))
-                              : dst.allocator().allocate(static_cast<int>(idx.size()));
+  // As placement does (KvPool::allocate_placed): the shard's idle cached pages make room.
+  auto blocks = dst.allocate_blocks(static_cast<int>(idx.size()));
   if (!blocks)
     return resource_exhausted("migrate: shard " + std::to_string(to_shard) + " has " +
-                              std::to_string(dst.allocator().num_free()) + " free blocks, " +
-                              std::to_string(idx.size()) + " pages to move");
+                              std::to_string(dst.local_available()) +
+                              " free or evictable blocks, " + std::to_string(idx.size()) +
+                              " pages to move");
   Status st = ok_status();
   std::vector<std::byte> staging;
   const int64_t page_bytes = pool.page_layer_bytes(KvPrecision::kFull);

@@ -387,15 +387,16 @@ namespace {
 
 // A block for each page of `idx` (ascending), placed as reserve() places those pages: one
 // placement per run of consecutive pages. nullopt (nothing kept) when the group is short.
+// `evict`: KvPool::allocate_placed's (false: free blocks only).
 std::optional<std::vector<KvPool::PlacedBlock>> allocate_pages(KvPool& pool,
                                                                const std::vector<int>& idx,
-                                                               bool spread) {
+                                                               bool spread, bool evict = true) {
   std::vector<KvPool::PlacedBlock> out;
   out.reserve(idx.size());
   for (size_t k = 0; k < idx.size();) {
     size_t e = k + 1;
     while (e < idx.size() && idx[e] == idx[e - 1] + 1) ++e;
-    auto run = pool.allocate_placed(idx[k], static_cast<int>(e - k), spread);
+    auto run = pool.allocate_placed(idx[k], static_cast<int>(e - k), spread, evict);
     if (!run) {
       for (const KvPool::PlacedBlock& b : out) pool.decref_block(b.shard, b.block);
       return std::nullopt;
@@ -446,7 +447,8 @@ StatusOr<bool> start_host_prefetch(KvPool& pool, BlockTable& table, int max_bloc
   for (size_t i = 0; i < table.pages.size(); ++i)
     if (table.pages[i].location == PageLocation::kHost) idx.push_back(static_cast<int>(i));
   if (idx.empty() || static_cast<int>(idx.size()) > max_blocks) return false;
-  auto blocks = allocate_pages(pool, idx, table.spread);
+  // Free blocks only: a prefetch for a sequence not yet resumed evicts no cached prompt page.
+  auto blocks = allocate_pages(pool, idx, table.spread, /*evict=*/false);
   if (!blocks) return false;
   std::vector<std::vector<CopyRange>> batches(static_cast<size_t>(pool.num_shards()));
   for (size_t k = 0; k < idx.size(); ++k) {

@@ -127,7 +127,8 @@ bool prefetch_ready(KvPool& pool, SwapPrefetch& pf);
 // stream, the CPU backend's copy thread with async_copies, else copied at once). It lives in
 // BlockTable::swap_prefetch; the pages stay kHost until swap_in commits them. Pages the semantic
 // cut quantized or evicted hold no host slot and are not touched. Takes at most `max_blocks`
-// blocks: false (nothing changed) when the pages need more, fewer are available, there is
+// free blocks (no shard's prefix-cache page is evicted for a prefetch): false (nothing changed)
+// when the pages need more, fewer are free, there is
 // nothing on the host tier (a disk record, or no swapped pages) or a prefetch is already held.
 // A backend error queuing a batch is returned with nothing held (what was queued landed first).
 StatusOr<bool> start_host_prefetch(KvPool& pool, BlockTable& table, int max_blocks,

@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "kv/kv_pool.h"
+#include "kv/migrate.h"
 #include "kv/prefix_cache.h"
+#include "kv/swap.h"
 #include "shard_group_fixture.h"
 
 namespace kvsplit::kv {
@@ -207,6 +209,90 @@ TEST(PrefixShard, APeersPagesGoOnToTheDiskTierAndComeBack) {
   g.pool->shard_prefix_cache(0)->clear(g.pool->shard(0).allocator());
   g.pool->shard_prefix_cache(1)->clear(g.pool->shard(1).allocator());
   g.expect_all_free();
+}
+
+// Migrating onto a peer whose blocks are all held by its prefix cache (idle, evictable) evicts
+// them as placing a page there does; it was refused with "shard 1 has 0 free blocks" although the
+// group counted them available.
+TEST(PrefixShard, MigratingOntoAPeerEvictsItsIdleCachedPages) {
+  Group g(2, 4, kBlock);  // chunks of one page
+  g.pool->enable_prefix_cache();
+  const uint64_t salt = PrefixCache::salt_of("tenant");
+  const std::vector<int32_t> tokens = prompt(8);
+  BlockTable a;
+  a.spread = true;
+  ASSERT_TRUE(g.pool->reserve(a, 8 * kBlock));
+  g.fill(a, 3);
+  g.pool->cache_prefix(a, salt, tokens, 8);
+  g.pool->release(a);
+  ASSERT_EQ(g.pool->shard(1).allocator().num_free(), 0);  // all cached
+  BlockTable t;                                           // home only
+  ASSERT_TRUE(g.pool->reserve(t, kBlock));  // evicts one of the home shard's cached pages
+  g.fill(t, 9);
+  const std::vector<float> before = g.read(t);
+  auto moved = migrate_pages(*g.pool, t, 0, 1, 1);
+  ASSERT_TRUE(moved.ok()) << moved.status().to_string();
+  EXPECT_EQ(*moved, 1);
+  EXPECT_EQ(g.shards_of(t), (std::vector<int>{1}));
+  EXPECT_EQ(g.read(t), before);
+  g.pool->release(t);
+}
+
+// A prompt computed again on the home shard alone (no lookup: all its pages on shard 0) while the
+// group's caches hold it spread: each page stays cached once, where it is (the home cache took
+// the pages the peer holds a second time, wasting blocks and double-counting them).
+TEST(PrefixShard, APageAnotherShardCachesIsNotCachedTwice) {
+  Group g(2, 16, kBlock);  // chunks of one page
+  g.pool->enable_prefix_cache();
+  const uint64_t salt = PrefixCache::salt_of("tenant");
+  const std::vector<int32_t> tokens = prompt(8);
+  BlockTable a;
+  a.spread = true;
+  ASSERT_TRUE(g.pool->reserve(a, 8 * kBlock));
+  g.fill(a, 5);
+  g.pool->cache_prefix(a, salt, tokens, 8);
+  BlockTable b;  // home only, computed without a lookup
+  ASSERT_TRUE(g.pool->reserve(b, 8 * kBlock));
+  ASSERT_EQ(g.shards_of(b), std::vector<int>(8, 0));
+  g.fill(b, 5);
+  g.pool->cache_prefix(b, salt, tokens, 8);
+  EXPECT_EQ(g.pool->shard_prefix_cache(0)->size(), 4);
+  EXPECT_EQ(g.pool->shard_prefix_cache(1)->size(), 4);
+  g.pool->release(a);
+  g.pool->release(b);
+  EXPECT_EQ(g.pool->used_blocks(), 8);  // one block per cached page
+}
+
+// A host prefetch takes free blocks only (its budget counts those): with the home shard's blocks
+// all held by idle cached pages and the peer's free, its pages go to the peer and the home cache
+// keeps every prompt page (they were evicted for a sequence that had not resumed yet).
+TEST(PrefixShard, AHostPrefetchEvictsNoCachedPage) {
+  Group g(2, 4, kBlock, /*host_pages=*/8);
+  g.pool->enable_prefix_cache();
+  BlockTable t;  // home only, swapped out to the host tier
+  ASSERT_TRUE(g.pool->reserve(t, 2 * kBlock));
+  g.fill(t, 4);
+  const std::vector<float> before = g.read(t);
+  SwapStats ss;
+  ASSERT_TRUE(*swap_out(*g.pool, t, &ss));
+  BlockTable c;  // fills the home shard with a cached prompt
+  ASSERT_TRUE(g.pool->reserve(c, 4 * kBlock));
+  ASSERT_EQ(g.shards_of(c), std::vector<int>(4, 0));
+  g.fill(c, 6);
+  g.pool->cache_prefix(c, PrefixCache::salt_of("tenant"), prompt(4), 4);
+  g.pool->release(c);
+  ASSERT_EQ(g.pool->shard_prefix_cache(0)->size(), 4);
+  const int budget =
+      g.pool->shard(0).allocator().num_free() + g.pool->shard(1).allocator().num_free();
+  auto started = start_host_prefetch(*g.pool, t, budget, &ss);
+  ASSERT_TRUE(started.ok()) << started.status().to_string();
+  ASSERT_TRUE(*started);
+  EXPECT_EQ(g.pool->shard_prefix_cache(0)->size(), 4);
+  auto in = swap_in(*g.pool, t, &ss);
+  ASSERT_TRUE(in.ok() && *in);
+  EXPECT_EQ(g.shards_of(t), (std::vector<int>{1, 1}));
+  EXPECT_EQ(g.read(t), before);
+  g.pool->release(t);
 }
 
 }  // namespace
