@@ -405,8 +405,10 @@ Status validate_rules_for_engine(const KvmConfig& policy, const EngineConfig& co
     const std::string where = fmt::format("kvm.rules[{}] ({}): then", i, r.name);
     if (param_is_semantic(r.then.param) && config.kv_policy != KvPolicy::kSemantic &&
         config.kv_policy != KvPolicy::kH2O) {
-      return invalid_argument(where + ": " + r.then.param +
-                              " needs kv.kv_cache_compression semantic (the semantic cut is off)");
+      return invalid_argument(
+          where + ": " + r.then.param +
+          " needs the semantic cut on (kv.kv_cache_compression semantic_v2, or kv.policy "
+          "semantic or h2o); it is off");
     }
     if ((r.then.param == "spatial_min_context" || r.then.param == "migrate_to_shard") &&
         config.spatial.shards <= 1) {

@@ -83,7 +83,8 @@ class EngineCollector : public pm::Collectable {
         family("kvsplit:kv_host_tier_used_bytes",
                "Host tier bytes holding full-precision KV originals", pm::MetricType::Gauge);
     auto& host_pages =
-        family("kvsplit:kv_pages_host", "KV pages of paused sequences swapped out to the host tier",
+        family("kvsplit:kv_pages_host",
+               "KV pages of paused sequences swapped out of the device (host or disk tier)",
                pm::MetricType::Gauge);
     auto& swaps = family("kvsplit:kv_swaps_total",
                          "Sequences swapped between the device and the host tier, by direction",
@@ -150,7 +151,7 @@ class EngineCollector : public pm::Collectable {
         family("kvsplit:kv_host_prefetch_total",
                "Host-tier prefetches: started a step ahead (started); swap-ins from the host tier "
                "whose copy had landed (hit) or that waited for it or had none (miss); dropped "
-               "unused (dropped)",
+               "unused (dropped); put off (deferred)",
                pm::MetricType::Counter);
     auto& write_behind =
         family("kvsplit:kv_disk_write_behind_total",

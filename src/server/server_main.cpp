@@ -383,6 +383,13 @@ int main(int argc, char** argv) {
       std::cerr << "kvsplit-server: " << c.status().message() << "\n";
       return 2;
     }
+    // The flags given beside it override the file as they would at start (--backend cpu for a
+    // CUDA file, --port ...), so the check is of the configuration the server would run.
+    apply_flags(f, &*c);
+    if (Status st = config::validate_config(*c); !st.ok()) {
+      std::cerr << "kvsplit-server: " << st.message() << "\n";
+      return 2;
+    }
     // What the engine checks at start beyond the file's own rules (e.g. a KVM rule whose cut is
     // off), without loading a model.
     if (Status st = validate_engine_config(c->engine); !st.ok()) {

@@ -207,19 +207,19 @@ TEST(Simulator, RulesOnACutThatIsOffAreRefusedBeforeTheRun) {
     KvPolicy policy;
     KvmAction then;
     std::string error;
-  } cases[] = {
-      {KvPolicy::kFull,
-       {"semantic_threshold", KvmActionOp::kSet, 0.5},
-       "kvm.rules[0] (hot): then: semantic_threshold needs kv.kv_cache_compression semantic"},
-      {KvPolicy::kStreaming,
-       {"recent_tokens", KvmActionOp::kSet, 16},
-       "recent_tokens needs kv.kv_cache_compression semantic"},
-      {KvPolicy::kSemantic,
-       {"spatial_min_context", KvmActionOp::kSet, 64},
-       "spatial_min_context needs kv.cuts.spatial.shards > 1"},
-      {KvPolicy::kSemantic,
-       {"migrate_to_shard", KvmActionOp::kSet, 4},
-       "migrate_to_shard needs kv.cuts.spatial.shards > 1"}};
+  } cases[] = {{KvPolicy::kFull,
+                {"semantic_threshold", KvmActionOp::kSet, 0.5},
+                "kvm.rules[0] (hot): then: semantic_threshold needs the semantic cut on "
+                "(kv.kv_cache_compression semantic_v2, or kv.policy semantic or h2o)"},
+               {KvPolicy::kStreaming,
+                {"recent_tokens", KvmActionOp::kSet, 16},
+                "recent_tokens needs the semantic cut on"},
+               {KvPolicy::kSemantic,
+                {"spatial_min_context", KvmActionOp::kSet, 64},
+                "spatial_min_context needs kv.cuts.spatial.shards > 1"},
+               {KvPolicy::kSemantic,
+                {"migrate_to_shard", KvmActionOp::kSet, 4},
+                "migrate_to_shard needs kv.cuts.spatial.shards > 1"}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.error);
     EngineConfig off = pressure_config();

@@ -183,6 +183,13 @@ TEST_F(AdminTest, BadConfigExitsNonZeroNamingTheField) {
   auto [code6, out6] = run_command(std::string(KVSPLIT_SERVER_BIN) + " --check-config /dev/zero");
   EXPECT_EQ(code6, 2);
   EXPECT_NE(out6.find("is a character device"), std::string::npos) << out6;
+  // The flags beside --check-config are checked with the file, as at start (they were ignored:
+  // --port 70000 passed).
+  const std::string voice = std::string(KVSPLIT_SOURCE_DIR) + "/configs/voice-assistant.yaml";
+  auto [code7, out7] =
+      run_command(std::string(KVSPLIT_SERVER_BIN) + " --port 70000 --check-config " + voice);
+  EXPECT_EQ(code7, 2) << out7;
+  EXPECT_NE(out7.find("server.port"), std::string::npos) << out7;
 }
 
 // kv.cuts.spatial.communicator through the binary: a bad value fails --check-config naming the
