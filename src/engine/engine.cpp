@@ -323,7 +323,16 @@ StatusOr<RequestHandle> EngineImpl::submit(Request request) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     // An assigned id clashes only with a client's own "req-" id of the same 128 random bits.
-    while (!active_.emplace(ctl->key(), ctl).second) {
+    while (true) {
+      auto [it, inserted] = active_.try_emplace(ctl->key(), ctl);
+      if (inserted) break;
+      if (!assigned && it->second->cancel_requested.load(std::memory_order_relaxed)) {
+        // Cancelled (the client has its CANCELLED or DEADLINE_EXCEEDED): the id is free for a
+        // retry at once, though the old request may still be ending on its worker (cancel_key
+        // took it out of the router under this lock, so the router holds one of that id).
+        it->second = ctl;
+        break;
+      }
       if (!assigned) {
         return Status(StatusCode::kAlreadyExists,
                       fmt::format("request_id '{}' is already in flight", ctl->display_id));
@@ -355,17 +364,21 @@ bool EngineImpl::cancel(const std::string& tenant, const RequestHandle& handle) 
 
 bool EngineImpl::cancel_key(const sched::RequestKey& key, const RequestStream* only) {
   std::shared_ptr<sched::RequestControl> ctl;
+  std::unique_ptr<sched::Sequence> seq;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = active_.find(key);
     if (it == active_.end()) return false;
     if (only != nullptr && it->second->stream.get() != only) return false;  // the id reused
     ctl = it->second;
+    // Flagged and out of the router under the lock: a submit that reuses the id once it sees
+    // the flag never meets this request in the router (Router keys are unique). Only this
+    // request: a new one may take its id as soon as the lock is released.
+    ctl->cancel_requested.store(true);
+    seq = router_->remove(key, ctl.get());
   }
-  ctl->cancel_requested.store(true);
   shared_.cancel_epoch.fetch_add(1, std::memory_order_acq_rel);
-  // Only this request: once the lock is released it may finish and a new one take its id.
-  if (std::unique_ptr<sched::Sequence> seq = router_->remove(key, ctl.get())) {
+  if (seq) {
     const auto now = sched::Clock::now();
     sched::finish_sequence(*seq, FinishReason::kCancelled, cancelled_error("cancelled"), now,
                            *this);
@@ -378,7 +391,9 @@ bool EngineImpl::cancel_key(const sched::RequestKey& key, const RequestStream* o
 void EngineImpl::on_final(const sched::Sequence& seq, const TokenEvent& ev) {
   if (final_observer_) final_observer_(seq, ev);
   std::lock_guard<std::mutex> lock(mu_);
-  active_.erase(seq.ctl->key());
+  // Its own entry only: a retry may have taken the id of a cancelled request (submit).
+  if (auto it = active_.find(seq.ctl->key()); it != active_.end() && it->second == seq.ctl)
+    active_.erase(it);
   generated_tokens_ += ev.usage.completion_tokens;
   KvAccounting& kv = kv_accounting_[{seq.sla.name, seq.ctl->tenant}];
   ++kv.requests;

@@ -252,6 +252,40 @@ TEST(EngineAdmission, QueueLimitAndTimeout) {
 // A cancel racing a submit whose class queue is full never answers true: the request is never
 // queued, runs and ends with no final event, so "cancelled" would be a lie. (The submit used to
 // publish its id before pushing it to the router and take it back when the push failed.)
+// A client that cancelled (or whose deadline passed) may retry with the same request_id at once,
+// while the old request is still ending on its worker: it got ALREADY_EXISTS until the worker's
+// next step. The retry is the request in flight under that id; a third submit is refused.
+TEST(EngineAdmission, ACancelledIdCanBeRetriedAtOnce) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto engine = EngineImpl::create(testing::stories_config(ServingMode::kColocated));
+  ASSERT_TRUE(engine.ok());
+  EngineImpl& e = **engine;
+  const std::vector<int> initial = testing::free_blocks(e);
+  e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+  Request r;
+  r.prompt = "Once upon a time";
+  r.sampling.max_tokens = 8;
+  r.sampling.ignore_eos = true;
+  r.request_id = "r1";
+  auto first = e.submit(r);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(wait_for_stats(
+      e, [](const EngineStats& s) { return s.pools[0].running + s.pools[0].waiting == 1; }));
+  EXPECT_TRUE(e.cancel("", "r1"));
+  auto retry = e.submit(r);
+  ASSERT_TRUE(retry.ok()) << retry.status().to_string();
+  auto third = e.submit(r);
+  EXPECT_EQ(third.status().code(), StatusCode::kAlreadyExists);
+  e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+  EXPECT_EQ(collect(*first, std::chrono::seconds(30)).final_event.finish_reason,
+            FinishReason::kCancelled);
+  const Collected c = collect(*retry, std::chrono::seconds(30));
+  EXPECT_EQ(c.final_event.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(c.tokens.size(), 8u);
+  EXPECT_FALSE(e.cancel("", "r1"));  // both ended: nothing of that id is in flight
+  EXPECT_TRUE(testing::pools_back_to(e, initial));
+}
+
 TEST(EngineAdmission, ACancelNeverFindsASubmitThatFails) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
