@@ -47,7 +47,7 @@ StatusOr<std::string> ApiKeyAuth::authenticate(const grpc::ServerContextBase& co
     return Status(StatusCode::kUnauthenticated, "more than one 'authorization' metadata entry");
   }
   const std::string_view value(it->second.data(), it->second.size());
-  // The scheme is case-insensitive (RFC 9110 11.1); one space, then the key.
+  // The scheme is case-insensitive (RFC 9110 11.1); one or more spaces (11.4), then the key.
   constexpr std::string_view kPrefix = "bearer ";
   auto scheme_matches = [&] {
     if (value.size() < kPrefix.size()) return false;
@@ -58,7 +58,8 @@ StatusOr<std::string> ApiKeyAuth::authenticate(const grpc::ServerContextBase& co
     return true;
   };
   if (scheme_matches()) {
-    const std::string_view key = value.substr(kPrefix.size());
+    std::string_view key = value.substr(kPrefix.size());
+    while (!key.empty() && key.front() == ' ') key.remove_prefix(1);
     const Key* match = nullptr;
     for (const Key& k : keys_) {
       if (constant_time_equal(key, k.secret)) match = &k;  // no early exit: same time for all

@@ -87,6 +87,21 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
 
+  // Flags that would be silently dropped are errors: a server name to verify without TLS (the
+  // call would go in plaintext), --info with --stats (one answer), no prompt (a BOS-only prompt
+  // is asked for with "").
+  auto usage_error = [](const std::string& what) {
+    std::cerr << "kvsplit-client: " << what << "\n";
+    return 2;
+  };
+  if (!copt.tls_server_name.empty() && copt.tls_ca.empty())
+    return usage_error("--tls-server-name needs --tls-ca (without it the call is not TLS)");
+  if (info && stats) return usage_error("--info and --stats: give one");
+  if ((info || stats) && app.count("prompt") > 0)
+    return usage_error("--info / --stats take no prompt");
+  if (!info && !stats && app.count("prompt") == 0)
+    return usage_error("a prompt is required (\"\" for the BOS-only prompt)");
+
   auto channel = kvsplit::server::make_channel(copt);
   if (!channel.ok()) {
     std::cerr << "kvsplit-client: " << channel.status().message() << "\n";

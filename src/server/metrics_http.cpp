@@ -302,8 +302,14 @@ void MetricsHttpServer::prepare_response(Connection* c) {
     c->out = plain_error(431, "Request Header Fields Too Large");
     return;
   }
-  // Request line: METHOD SP target SP HTTP/1.x
-  const std::string_view all(c->in);
+  // Request line: METHOD SP target SP HTTP/1.x. One empty line before it is ignored (RFC 9112
+  // 2.2: a client may send a CRLF after a previous request's body).
+  std::string_view all(c->in);
+  if (all.starts_with("\r\n")) {
+    all.remove_prefix(2);
+  } else if (all.starts_with("\n")) {
+    all.remove_prefix(1);
+  }
   const std::string_view line = all.substr(0, all.find_first_of("\r\n"));
   const size_t sp1 = line.find(' ');
   const size_t sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
@@ -315,6 +321,14 @@ void MetricsHttpServer::prepare_response(Connection* c) {
   }
   const std::string_view method = line.substr(0, sp1);
   std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+  // The absolute form (RFC 9112 3.2.2, "http://host:port/metrics", which a server must accept):
+  // its path.
+  for (std::string_view scheme : {"http://", "https://"}) {
+    if (target.size() > scheme.size() && target.substr(0, scheme.size()) == scheme) {
+      const size_t slash = target.find('/', scheme.size());
+      target = slash == std::string_view::npos ? std::string_view("/") : target.substr(slash);
+    }
+  }
   target = target.substr(0, target.find('?'));
   const bool head = method == "HEAD";
   if (method != "GET" && !head) {

@@ -106,14 +106,20 @@ void reload_sla_classes(const std::string& path, kvsplit::Engine* engine,
   KVSPLIT_LOG_INFO("SIGHUP: kvm policy reloaded ({} rules)", fresh->engine.kvm.rules.size());
 }
 
+// host:port with an IPv6 literal bracketed ([::1]:50051), as a URL or a gRPC target needs it.
+std::string host_port(const std::string& host, int port) {
+  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
+         std::to_string(port);
+}
+
 // Startup lines about what is exposed: API keys over plaintext, and the metrics listener (which
-// has no authentication).
-void warn_about_exposure(const config::ServerConfig& c, int metrics_port) {
+// has no authentication). The ports are the bound ones (a configured 0 picks one).
+void warn_about_exposure(const config::ServerConfig& c, int grpc_port, int metrics_port) {
   if (!c.api_keys.empty() && !c.tls.enabled()) {
     KVSPLIT_LOG_WARN(
-        "API keys are set but TLS is off: bearer keys travel in clear text on {}:{}; set "
+        "API keys are set but TLS is off: bearer keys travel in clear text on {}; set "
         "server.tls (or --tls-cert/--tls-key) or terminate TLS in front of the server",
-        c.host, c.port);
+        host_port(c.host, grpc_port));
   }
   if (metrics_port < 0) {
     KVSPLIT_LOG_INFO("metrics: off (server.metrics_port -1)");
@@ -122,9 +128,9 @@ void warn_about_exposure(const config::ServerConfig& c, int metrics_port) {
   const std::string host = c.metrics_bind_host();
   const bool loopback = host == "127.0.0.1" || host == "::1" || host == "localhost";
   const std::string line = fmt::format(
-      "metrics: http://{}:{}/metrics has no authentication; anyone who can reach {} can read "
+      "metrics: http://{}/metrics has no authentication; anyone who can reach {} can read "
       "them (server.metrics_host{})",
-      host, metrics_port, host,
+      host_port(host, metrics_port), host,
       c.metrics_host.empty() ? (c.api_keys.empty() ? " unset: server.host"
                                                    : " unset: loopback, since API keys are set")
                              : "");
@@ -288,14 +294,15 @@ int run(const Flags& flags) {
   const auto info = engine->model_info();
   KVSPLIT_LOG_INFO("model {} ({}, vocab {}, context {})", info.source, info.architecture,
                    info.vocab_size, info.max_context);
-  warn_about_exposure(cfg.server, metrics ? metrics->port() : -1);  // before "listening on"
+  // before "listening on"
+  warn_about_exposure(cfg.server, running->port, metrics ? metrics->port() : -1);
   // Machine-readable lines for scripts and tests (stdout, flushed).
-  std::printf("kvsplit-server listening on %s:%d%s\n", cfg.server.host.c_str(), running->port,
+  std::printf("kvsplit-server listening on %s%s\n",
+              host_port(cfg.server.host, running->port).c_str(),
               cfg.server.tls.enabled() ? " (TLS)" : "");
-  const std::string metrics_host = cfg.server.metrics_bind_host();
   if (metrics)
-    std::printf("kvsplit-server metrics on http://%s:%d/metrics\n", metrics_host.c_str(),
-                metrics->port());
+    std::printf("kvsplit-server metrics on http://%s/metrics\n",
+                host_port(cfg.server.metrics_bind_host(), metrics->port()).c_str());
   std::fflush(stdout);
 
   sigset_t set;

@@ -303,6 +303,34 @@ TEST_F(AdminTest, TlsFilesAreBoundedRegularFiles) {
     EXPECT_EQ(code, 2) << out;
     EXPECT_NE(out.find(want), std::string::npos) << out;
   }
+  // A key that is not the certificate's, and an encrypted key: refused before the model loads,
+  // naming the field (both waited for the model, then failed as "cannot listen").
+  const std::string a_cert = dir_.file("a.pem"), a_key = dir_.file("a.key");
+  const std::string b_cert = dir_.file("b.pem"), b_key = dir_.file("b.key");
+  const std::string enc_key = dir_.file("enc.key");
+  for (const auto& [c, k] : {std::pair{a_cert, a_key}, std::pair{b_cert, b_key}}) {
+    std::tie(code, out) = run_command(
+        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 "
+        "-subj /CN=localhost -keyout " +
+        k + " -out " + c);
+    ASSERT_EQ(code, 0) << out;
+  }
+  std::tie(code, out) =
+      run_command("openssl pkey -in " + a_key + " -aes256 -passout pass:x -out " + enc_key);
+  ASSERT_EQ(code, 0) << out;
+  for (const auto& [k, want] :
+       {std::pair{b_key, "server.tls.key_file: " + b_key + " does not match the certificate"},
+        std::pair{enc_key, "server.tls.key_file: " + enc_key +
+                               ": the PEM private key does not "
+                               "parse or is encrypted"}}) {
+    std::tie(code, out) = run_command(std::string(KVSPLIT_SERVER_BIN) +
+                                      " --port 0 --metrics-port -1 --model synthetic:stories260k "
+                                      "--tls-cert " +
+                                      a_cert + " --tls-key " + k + " < /dev/null");
+    EXPECT_EQ(code, 2) << out;
+    EXPECT_NE(out.find(want), std::string::npos) << out;
+    EXPECT_EQ(out.find("Engine:"), std::string::npos) << out;
+  }
 }
 
 TEST_F(AdminTest, SighupReloadsClassesAndBadReloadKeepsOldPolicy) {
@@ -576,6 +604,8 @@ TEST_F(AdminTest, TlsAndApiKeys) {
   EXPECT_EQ(call(tls.get(), ""), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(call(tls.get(), "bearer sekrit-key-1"), grpc::StatusCode::OK);  // any case (RFC 9110)
   EXPECT_EQ(call(tls.get(), "BEARER sekrit-key-2"), grpc::StatusCode::OK);
+  EXPECT_EQ(call(tls.get(), "Bearer   sekrit-key-1"), grpc::StatusCode::OK);  // 1*SP (RFC 9110)
+  EXPECT_EQ(call(tls.get(), "Bearer "), grpc::StatusCode::UNAUTHENTICATED);
   {
     // Two authorization entries (a proxy appending its own): refused, whichever is valid.
     grpc::ClientContext ctx;
@@ -611,6 +641,22 @@ TEST_F(AdminTest, TlsAndApiKeys) {
     ASSERT_EQ(lp["top"].size(), 3u) << lp.dump();
     EXPECT_GE(lp["top"][0]["logprob"].get<double>(), lp["top"][1]["logprob"].get<double>());
     EXPECT_GE(lp["top"][0]["logprob"].get<double>(), lp["logprob"].get<double>());  // greedy
+  }
+}
+
+// kvsplit-client refuses flags it would drop (exit 2, before connecting): a server name to verify
+// without TLS (the call went in plaintext), --info with --stats, no prompt (it ran BOS alone).
+TEST_F(AdminTest, TheClientRefusesFlagsItWouldDrop) {
+  const std::string client =
+      std::string(KVSPLIT_BINARY_DIR) + "/kvsplit-client --server 127.0.0.1:1 ";
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--tls-server-name x 'The dog'", "--tls-server-name needs --tls-ca"},
+           {"--info --stats", "give one"},
+           {"--info 'The dog'", "take no prompt"},
+           {"--max-tokens 4", "a prompt is required"}}) {
+    auto [code, out] = run_command(client + args);
+    EXPECT_EQ(code, 2) << args << ": " << out;
+    EXPECT_NE(out.find(says), std::string::npos) << args << ": " << out;
   }
 }
 

@@ -110,7 +110,16 @@ TEST_F(MetricsHttpTest, ScrapeReturnsTextExposition) {
   const std::string head = http_exchange(server_->port(), "HEAD /metrics HTTP/1.1\r\n\r\n");
   EXPECT_EQ(status_line(head), "HTTP/1.1 200 OK");
   EXPECT_EQ(body_of(head), "");
-  EXPECT_EQ(scrapes_.load(), 3);
+  // The absolute form, which a server must accept (RFC 9112 3.2.2), and one empty line before the
+  // request line, which it should ignore (2.2); both were refused (404, 400).
+  EXPECT_EQ(status_line(http_exchange(server_->port(),
+                                      "GET http://127.0.0.1:" + std::to_string(server_->port()) +
+                                          "/metrics HTTP/1.1\r\nHost: x\r\n\r\n")),
+            "HTTP/1.1 200 OK");
+  EXPECT_EQ(status_line(http_exchange(server_->port(), "\r\nGET /metrics HTTP/1.1\r\n\r\n")),
+            "HTTP/1.1 200 OK");
+  EXPECT_EQ(status_line(get(server_->port(), "http://x/other")), "HTTP/1.1 404 Not Found");
+  EXPECT_EQ(scrapes_.load(), 5);
 }
 
 TEST_F(MetricsHttpTest, LargeBodyIsWrittenCompletely) {

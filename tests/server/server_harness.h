@@ -62,7 +62,8 @@ class ServerProcess {
       ssize_t n = read(out_fd_, chunk, sizeof(chunk));
       if (n <= 0) break;  // exited
       buf.append(chunk, static_cast<size_t>(n));
-      port_ = parse_port(buf, "listening on " + host + ":");
+      const std::string shown = host.find(':') != std::string::npos ? "[" + host + "]" : host;
+      port_ = parse_port(buf, "listening on " + shown + ":");
       parse_metrics_line(buf);
       if (port_ > 0 && metrics_port_ > 0) return;
     }
@@ -126,6 +127,8 @@ class ServerProcess {
     const auto colon = hostport.rfind(':');
     if (colon == std::string::npos) return;
     metrics_host_ = hostport.substr(0, colon);
+    if (metrics_host_.size() > 2 && metrics_host_.front() == '[')  // an IPv6 literal
+      metrics_host_ = metrics_host_.substr(1, metrics_host_.size() - 2);
     metrics_port_ = std::atoi(hostport.substr(colon + 1).c_str());
   }
   static int parse_port(const std::string& buf, const std::string& key) {
