@@ -39,6 +39,11 @@ struct PageEntry {
   // confirms the call, its next eviction shows it was cold (PageOpStats::recalls_confirmed /
   // _cold).
   bool probed = false;
+  // Brought back by a restore (a recall on its bound, or a quantized page's relevance): scored
+  // and planned even once it is behind the scoring window (semantic_window), so a recall of an
+  // old page never pins it at full precision for good (pages behind the window are otherwise
+  // left as they are).
+  bool recalled = false;
 
   bool resident() const { return location == PageLocation::kDevice; }
 };

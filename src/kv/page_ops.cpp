@@ -161,6 +161,7 @@ class Executor {
     page.low_steps = 0;
     page.very_low_steps = 0;
     page.probed = true;
+    page.recalled = true;
     ++stats_.restored;
     ++stats_.restored_quantized;
     stats_.restore_seconds += static_cast<double>(now_ns() - r.started_ns) * 1e-9;
@@ -237,6 +238,7 @@ class Executor {
     if (page.probed) ++stats_.recalls_confirmed;
     page = PageEntry{};
     page.shard = r.shard;
+    page.recalled = true;
     ++stats_.restored;
     stats_.restore_seconds += static_cast<double>(now_ns() - r.started_ns) * 1e-9;
   }

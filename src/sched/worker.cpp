@@ -257,8 +257,11 @@ void Worker::publish_stats() {
   if (options_.kv_policy != KvPolicy::kFull) {
     for (const auto* list : {&waiting_, &running_}) {
       for (const std::unique_ptr<Sequence>& seq : *list) {
-        for (const kv::PageEntry& p : seq->table.pages)
-          k.kv_pages_evicted += p.location == kv::PageLocation::kEvicted;
+        // The pages dropped behind a sliding window are no cut's (kv_window_dropped_pages).
+        const auto& pages = seq->table.pages;
+        for (size_t i = std::min<size_t>(seq->table.window_dropped, pages.size()); i < pages.size();
+             ++i)
+          k.kv_pages_evicted += pages[i].location == kv::PageLocation::kEvicted;
       }
     }
   }

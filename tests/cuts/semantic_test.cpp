@@ -198,6 +198,33 @@ TEST(SemanticPlanner, RecallByTheBoundForEvictedAndByRelevanceForQuantizedPages)
   EXPECT_TRUE(plan_step(KvPolicy::kSemantic, c, o.get(kv_len, bs), pages).empty());
 }
 
+// A page a restore brought back (PageEntry::recalled) is scored and planned behind the scoring
+// window too, so it goes down the ladder again when it stays cold; before, a recall of an old
+// page pinned it at full precision until the sequence ended. Other pages behind the window keep
+// their state.
+TEST(SemanticPlanner, ARecalledPageBehindTheWindowGoesDownAgain) {
+  SemanticConfig c = small_config();
+  c.semantic_window = 16;  // tokens 24..39 of 40: pages 6..9
+  const int bs = 4, kv_len = 40;
+  std::vector<PageEntry> pages(10);
+  pages[2].recalled = true;  // recalled, now full again
+  Obs o = uniform(kv_len, bs, 0.f);
+  AttentionScorer scorer;
+  for (int step = 0; step < 3; ++step) scorer.score(o.get(kv_len, bs), c, pages);
+  EXPECT_FLOAT_EQ(pages[2].relevance, 0.f);  // scored although behind the window
+  EXPECT_FLOAT_EQ(pages[1].relevance, 1.f);  // not scored
+  std::vector<PageTransition> plan;
+  for (int step = 0; step < 3 && plan.empty(); ++step)
+    plan = plan_step(KvPolicy::kSemantic, c, o.get(kv_len, bs), pages);
+  ASSERT_FALSE(plan.empty());
+  for (const PageTransition& t : plan) {
+    EXPECT_TRUE(t.page == 2 || t.page >= 6) << t.page;  // pages 1, 3..5 are left as they are
+  }
+  bool page2 = false;
+  for (const PageTransition& t : plan) page2 = page2 || t.page == 2;
+  EXPECT_TRUE(page2) << "the recalled page stayed at full precision behind the window";
+}
+
 // Evicted pages whose bound reaches the threshold: recalled at recall_precision (a quantized
 // page's recall by relevance still goes to full), and with max_recalls_per_step only the highest
 // bounds, newer pages first among equals, planned in page order.

@@ -136,6 +136,36 @@ TEST_P(EngineWindow, CancelMidGenerationReleasesEverything) {
   EXPECT_TRUE(testing::pools_back_to(**engine, totals(**engine)));
 }
 
+// The semantic cut's evicted-pages gauge (kv_pages_evicted) counts its own evictions, not the
+// pages dropped behind the sliding window (kv_window_dropped_pages counts those): with thresholds
+// that evict nothing it reads 0 while the window drops pages. It counted them.
+TEST_P(EngineWindow, TheEvictedPagesGaugeLeavesOutPagesBehindTheWindow) {
+  EngineConfig c = window_config(GetParam(), 64);
+  c.kv_policy = KvPolicy::kSemantic;
+  c.semantic.semantic_threshold = 1e-4f;
+  c.semantic.evict_threshold = 0.f;  // relevance is never below 0: nothing is evicted
+  auto engine = Engine::create(c);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const std::vector<Request> reqs = requests(440);
+  std::vector<RequestHandle> handles;
+  for (const Request& r : reqs) handles.push_back(*(*engine)->submit(r));
+  auto sum = [&](auto field) {
+    int64_t n = 0;
+    for (const PoolStats& p : (*engine)->stats().pools) n += p.*field;
+    return n;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (sum(&PoolStats::kv_window_dropped_pages) < 12 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_GE(sum(&PoolStats::kv_window_dropped_pages), 12);
+  EXPECT_EQ(sum(&PoolStats::kv_evictions), 0);
+  EXPECT_EQ(sum(&PoolStats::kv_pages_evicted), 0);
+  for (const Request& r : reqs) (*engine)->cancel(r.tenant, r.request_id);
+  for (RequestHandle& h : handles) EXPECT_FALSE(collect(h).timed_out);
+  EXPECT_TRUE(testing::pools_back_to(**engine, totals(**engine)));
+}
+
 // A request longer than the pool (a 300-token prompt and 150 tokens: 57 pages of 8 in a pool of
 // 32) runs in either mode, prefilled chunk by chunk while only the window's pages stay (a prefill
 // worker hands off those alone), with the tokens of a pool that holds it all. Full attention:

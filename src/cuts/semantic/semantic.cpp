@@ -72,7 +72,8 @@ void AttentionScorer::score(const StepObservation& obs, const SemanticConfig& co
   const int window_begin = std::max(0, obs.kv_len - config.semantic_window);
   for (size_t i = 0; i < pages.size(); ++i) {
     kv::PageEntry& p = pages[i];
-    const int begin = std::max(static_cast<int>(i) * bs, window_begin);
+    // A recalled page is scored wherever it is (PageEntry::recalled).
+    const int begin = std::max(static_cast<int>(i) * bs, p.recalled ? 0 : window_begin);
     const int end = std::min(static_cast<int>(i + 1) * bs, obs.kv_len);
     if (!p.resident() || begin >= end) continue;
     float raw = 0.f;
@@ -129,7 +130,7 @@ std::vector<PageTransition> plan_step(KvPolicy policy, const SemanticConfig& c,
           continue;
         }
         if (protected_page(i, obs.kv_len, bs, c)) continue;
-        if ((i + 1) * bs <= window_begin) continue;  // not scored this step
+        if ((i + 1) * bs <= window_begin && !p.recalled) continue;  // not scored this step
         p.very_low_steps = p.relevance < c.evict_threshold ? p.very_low_steps + 1 : 0;
         p.low_steps = p.relevance < c.semantic_threshold ? p.low_steps + 1 : 0;
         if (p.very_low_steps >= c.evict_after_steps) {
