@@ -188,7 +188,8 @@ class DiskOp {
 
 class DiskTier {
  public:
-  // Opens (creates) `config.path`/kvsplit-kv-tier.data, locked against other openers.
+  // Opens (creates) `config.path`/kvsplit-kv-tier.data, locked against other openers; it holds
+  // the header, and the records go to a file with no name in the same directory (lock_fd_, fd_).
   // Errors name the path and the errno text: kInvalidArgument (bad config, a path that is not a
   // directory), kPermissionDenied, kFailedPrecondition (the data file exists and is not ours;
   // it is left untouched), kUnavailable (locked by another tier, or no usable I/O backend).
@@ -229,7 +230,11 @@ class DiskTier {
   StatusOr<int64_t> payload_bytes(RecordId id) const;
   DiskTierStats stats() const;
   IoBackend io_backend() const { return io_->backend(); }
+  // The named file (header and lock; errors name it).
   const std::string& data_file() const { return file_; }
+  // A path to the records' unnamed file while the tier is open, in this process
+  // (/proc/self/fd/N; tests that read or corrupt records through it).
+  std::string records_path() const { return "/proc/self/fd/" + std::to_string(fd_); }
   // Tests: replace (or with nullptr clear) the fault hook.
   void set_fault_hook(DiskFaultHook hook);
   // Writes back and drops the data file's page cache (measurements of the device itself).
@@ -249,8 +254,8 @@ class DiskTier {
 
  private:
   struct Record;
-  DiskTier(DiskTierConfig config, std::string file, int fd, std::unique_ptr<BlockIo> io,
-           int64_t extents, uint64_t session, bool direct);
+  DiskTier(DiskTierConfig config, std::string file, int lock_fd, int fd,
+           std::unique_ptr<BlockIo> io, int64_t extents, uint64_t session, bool direct);
   // O_DIRECT: a zeroed, aligned buffer of `bytes` rounded up to kDirectAlign, in `op`.
   void make_bounce(DiskOp& op, int64_t bytes) const;
   Status finish(DiskOp& op);  // op's I/O is done: check it, update the index and counters
@@ -281,6 +286,10 @@ class DiskTier {
 
   const DiskTierConfig config_;
   const std::string file_;
+  // The named file: the header and the lock, no record. The records live in fd_, a file with no
+  // name in the same directory (O_TMPFILE, or created and unlinked at once): the kernel frees it
+  // when the process ends, however it ends, so tenants' KV never stays at rest after a crash.
+  const int lock_fd_;
   const int fd_;
   const std::unique_ptr<BlockIo> io_;
   const uint64_t session_;  // random per open: records of another open never match

@@ -87,10 +87,26 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::open(const DiskTierConfig& config)
       static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   const FileHeader fh{kFileMagic, kFormatVersion, 0, config.extent_bytes, session};
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, &fh, sizeof fh, 0) != sizeof fh ||
-      ::ftruncate(fd, kDataOffset + extents * config.extent_bytes) != 0)
+      ::ftruncate(fd, kDataOffset) != 0)
     return fail(StatusCode::kUnavailable, "cannot initialize: " + errno_text(errno));
+  // The records: a file with no name beside it (DiskTier::fd_), laid out as the named one was.
+  int data = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (data < 0) {  // a file system without O_TMPFILE: create it and take its name away at once
+    std::string name = (std::filesystem::path(dir) / ".kvsplit-kv-tier-XXXXXX").string();
+    data = ::mkostemp(name.data(), O_CLOEXEC);
+    if (data >= 0) ::unlink(name.c_str());
+  }
+  if (data < 0)
+    return fail(StatusCode::kUnavailable, "cannot create its data file: " + errno_text(errno));
+  auto fail_data = [&](StatusCode code, const std::string& what) {
+    ::close(data);
+    return fail(code, what);
+  };
+  if (::pwrite(data, &fh, sizeof fh, 0) != sizeof fh ||
+      ::ftruncate(data, kDataOffset + extents * config.extent_bytes) != 0)
+    return fail_data(StatusCode::kUnavailable, "cannot initialize: " + errno_text(errno));
   struct statvfs vfs {};
-  if (::fstatvfs(fd, &vfs) == 0 &&
+  if (::fstatvfs(data, &vfs) == 0 &&
       static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize) <
           config.capacity_bytes)
     KVSPLIT_LOG_WARN(
@@ -100,8 +116,8 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::open(const DiskTierConfig& config)
   // O_DIRECT after the (unaligned) header write: every record I/O from here on is aligned.
   bool direct = false;
   if (config.direct_io) {
-    const int flags = ::fcntl(fd, F_GETFL);
-    if (flags >= 0 && ::fcntl(fd, F_SETFL, flags | O_DIRECT) == 0) {
+    const int flags = ::fcntl(data, F_GETFL);
+    if (flags >= 0 && ::fcntl(data, F_SETFL, flags | O_DIRECT) == 0) {
       direct = true;
     } else {
       KVSPLIT_LOG_WARN("disk tier {}: the file system refuses O_DIRECT ({}); using buffered I/O",
@@ -115,15 +131,16 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::open(const DiskTierConfig& config)
   IoOptions io_options = config.io;
   if (io_options.backend == IoBackend::kAuto && !direct) io_options.backend = IoBackend::kThreads;
   StatusOr<std::unique_ptr<BlockIo>> io = BlockIo::create(io_options);
-  if (!io.ok()) return fail(io.status().code(), io.status().message());
+  if (!io.ok()) return fail_data(io.status().code(), io.status().message());
   return std::unique_ptr<DiskTier>(
-      new DiskTier(config, file, fd, std::move(io).value(), extents, session, direct));
+      new DiskTier(config, file, fd, data, std::move(io).value(), extents, session, direct));
 }
 
-DiskTier::DiskTier(DiskTierConfig config, std::string file, int fd, std::unique_ptr<BlockIo> io,
-                   int64_t extents, uint64_t session, bool direct)
+DiskTier::DiskTier(DiskTierConfig config, std::string file, int lock_fd, int fd,
+                   std::unique_ptr<BlockIo> io, int64_t extents, uint64_t session, bool direct)
     : config_(std::move(config)),
       file_(std::move(file)),
+      lock_fd_(lock_fd),
       fd_(fd),
       io_(std::move(io)),
       session_(session),
@@ -145,11 +162,10 @@ DiskTier::~DiskTier() {
       KVSPLIT_CHECK_MSG(r.state != Record::State::kWriting && r.readers == 0,
                         "DiskTier destroyed with an unfinished DiskOp");
   }
-  // Records never outlive the tier: their bytes (tenants' KV) do not stay at rest, and the space
-  // goes back to the file system. The header stays, so the next open knows the file is ours.
-  if (::ftruncate(fd_, kDataOffset) != 0)
-    KVSPLIT_LOG_WARN("disk tier {}: cannot truncate on close: {}", file_, errno_text(errno));
-  ::close(fd_);  // releases the lock
+  // Records never outlive the tier: their file has no name, so closing it gives its space back
+  // (as a crash would). The named file keeps the header, so the next open knows it is ours.
+  ::close(fd_);
+  ::close(lock_fd_);  // releases the lock
 }
 
 void DiskTier::drop_cache() {

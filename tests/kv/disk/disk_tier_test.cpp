@@ -170,10 +170,10 @@ TEST_P(DiskTierTest, ChecksumMismatchAfterAByteFlipsOnDisk) {
   std::memcpy(payload.data() + 20000, marker.data(), marker.size());
   const std::span<const std::byte> src(payload);
   RecordId id = tier->write_sync({&src, 1}, {3, 4}).value();
-  const std::string disk = read_file(tier->data_file());
+  const std::string disk = read_file(tier->records_path());
   const size_t at = disk.find(marker);
   ASSERT_NE(at, std::string::npos);
-  flip_byte(tier->data_file(), at + 3);
+  flip_byte(tier->records_path(), at + 3);
 
   Bytes back(payload.size());
   const std::span<std::byte> dst(back);
@@ -200,7 +200,7 @@ bool nowait_reads_work(const std::string& path) {
 TEST_P(DiskTierTest, SmallCachedReadsAreServedInlineAndStillChecked) {
   auto tier = open_tier(16);
   ASSERT_TRUE(tier);
-  const bool inline_reads = !direct() && nowait_reads_work(tier->data_file());
+  const bool inline_reads = !direct() && nowait_reads_work(tier->records_path());
   // A small record (below kInlineReadBytes) and a large one, both in the page cache when
   // buffered (just written).
   std::vector<Bytes> small{random_bytes(20000, 1), random_bytes(30000, 2)};
@@ -219,11 +219,11 @@ TEST_P(DiskTierTest, SmallCachedReadsAreServedInlineAndStillChecked) {
   EXPECT_EQ(tier->stats().read_requests_inline, inline_reads ? 1 : 0);  // large: asynchronous
 
   // A byte flipped behind the tier's back: the inline read is checked like any other.
-  const std::string disk = read_file(tier->data_file());
+  const std::string disk = read_file(tier->records_path());
   const std::string tail(reinterpret_cast<const char*>(small[1].data()) + 100, 64);
   const size_t at = disk.find(tail);
   ASSERT_NE(at, std::string::npos);
-  flip_byte(tier->data_file(), at + 7);
+  flip_byte(tier->records_path(), at + 7);
   const Status bad = tier->read_sync(s_id, spans(back), {5, 1});
   EXPECT_EQ(bad.code(), StatusCode::kDataLoss) << bad.to_string();
   EXPECT_EQ(tier->stats().fault_count(DiskFault::kChecksum), 1);
@@ -275,12 +275,12 @@ TEST_P(DiskTierTest, AnotherRecordsBytesAtItsPlaceFailTheCheck) {
   const std::span<const std::byte> sa(a), sb(b);
   const RecordId ia = tier->write_sync({&sa, 1}, {3, 4}).value();
   const RecordId ib = tier->write_sync({&sb, 1}, {3, 5}).value();
-  const std::string disk = read_file(tier->data_file());
+  const std::string disk = read_file(tier->records_path());
   const size_t at = disk.find(std::string(reinterpret_cast<const char*>(a.data()), a.size()));
   ASSERT_NE(at, std::string::npos);
   EXPECT_EQ(at % 4096, 0u);  // the payload starts its extent
   {
-    const int fd = ::open(tier->data_file().c_str(), O_WRONLY);
+    const int fd = ::open(tier->records_path().c_str(), O_WRONLY);
     ASSERT_GE(fd, 0);
     ASSERT_EQ(::pwrite(fd, b.data(), b.size(), static_cast<off_t>(at)),
               static_cast<ssize_t>(b.size()));
@@ -343,11 +343,11 @@ TEST_P(DiskTierTest, ReadsAreCheckedAsTheyLandOrByTheReader) {
   EXPECT_EQ(tier->stats().read_pieces_digested - before.read_pieces_digested, direct() ? 2 : 1);
 
   // A byte flipped in the second piece: caught from the backend's digest and by the reader.
-  const std::string disk = read_file(tier->data_file());
+  const std::string disk = read_file(tier->records_path());
   const std::string tail(reinterpret_cast<const char*>(rec.data()) + 150000, 64);
   const size_t at = disk.find(tail);
   ASSERT_NE(at, std::string::npos);
-  flip_byte(tier->data_file(), at + 5);
+  flip_byte(tier->records_path(), at + 5);
   before = tier->stats();
   EXPECT_EQ(tier->read_sync(id, {&whole, 1}, {8, 8}).code(), StatusCode::kDataLoss);
   EXPECT_EQ(tier->stats().read_pieces_digested - before.read_pieces_digested, 2);
@@ -526,6 +526,17 @@ TEST_P(DiskTierTest, ReopeningNeverServesAPreviousOpensRecords) {
     ASSERT_TRUE(tier);
     id = tier->write_sync({&src, 1}, {1, 1}).value();
     file = tier->data_file();
+    // Even while it is open, no file with a name holds a record: the named one is the header
+    // and the lock, and the records' file has no name, so a crash (kill -9) leaves no tenant's KV
+    // in kv.disk.path (the records were in the named file until the next open wiped them).
+    EXPECT_EQ(std::filesystem::file_size(file), static_cast<uintmax_t>(disk_format::kDataOffset));
+    int entries = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(config(8).path))
+      ++entries;
+    EXPECT_EQ(entries, 1);
+    EXPECT_NE(read_file(tier->records_path())
+                  .find(std::string(reinterpret_cast<const char*>(page.data()), 64)),
+              std::string::npos);
     // A second tier on the same directory is refused while this one holds it.
     auto second = DiskTier::open(config(8));
     EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
@@ -623,7 +634,7 @@ TEST_P(DiskTierTest, DirectIoBypassesThePageCache) {
   std::vector<Bytes> back{Bytes(3 << 20), Bytes(1000001)};
   ASSERT_TRUE(tier->read_sync(id, spans(back), {4, 2}).ok());
   EXPECT_EQ(back, pages);
-  const int fd = ::open(tier->data_file().c_str(), O_RDONLY);
+  const int fd = ::open(tier->records_path().c_str(), O_RDONLY);
   ASSERT_GE(fd, 0);
   struct stat st {};
   ASSERT_EQ(::fstat(fd, &st), 0);
