@@ -9,6 +9,7 @@
 #include <span>
 
 #include "common/check.h"
+#include "common/log.h"
 #include "sampling/sampler.h"
 #include "sampling/stop.h"
 #include "sched/prefix_share.h"
@@ -259,12 +260,17 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       ++s.preemptions;
       if (s.cut) KVSPLIT_RETURN_IF_ERROR(s.cut->settle_all(pool, s.table));  // recalls land first
       if (const int pages = swapping ? kv::swappable_pages(s.table) : 0; pages > 0) {
+        // What a recompute redoes (as the worker prices it): the positions computed so far.
         const SwapChoice c = choose_swap(options.swap, costs, pages * pool.bytes_per_block(),
-                                         s.target(), swap_tier(pool, pages));
+                                         std::min(s.target(), s.computed), swap_tier(pool, pages));
         if (c.swap) {
           auto done = kv::swap_out(pool, s.table, &swap_stats);
-          if (!done.ok()) return done.status();
-          if (*done) {
+          // A failed swap-out (a staging allocation, a copy) is recomputed, as the server's
+          // worker does (Worker::try_swap_out): slower, never the whole batch lost.
+          if (!done.ok()) {
+            KVSPLIT_LOG_WARN("swap out of prompt {} failed, recomputing instead: {}", p.id,
+                             done.status().to_string());
+          } else if (*done) {
             s.swapped_out_pages += pages;
             s.resume_step = step + std::max(1, options.temporal_step_size);
             s.kv.update(std::chrono::steady_clock::now(), kv_level(pool, s.table, s.computed));
@@ -303,6 +309,9 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     // Read ahead the disk records of the sequences expected to resume next step (the worker's
     // rule: Worker::start_prefetches).
     if (pool.disk() != nullptr) {
+      // Those swapped in this step are not waiting any more (their pages are in the free count).
+      for (SchedSeq& w : waiting)
+        if (seqs[w.id].running) w.swapped_pages = 0;
       for (int k : scheduler.predictor().prefetch(waiting, step + 1, plan.free_blocks_after)) {
         SeqState& s = seqs[waiting[k].id];
         if (s.running || s.table.disk_record == 0 || (s.prefetch && s.prefetch->record != 0))

@@ -348,13 +348,17 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
         const int extra = next_token_blocks(w->num_computed, w->num_blocks, config_.block_size);
         const int held = (w->held_blocks >= 0 ? w->held_blocks : w->num_blocks - w->swapped_pages) +
                          w->swapped_pages;
-        const int room = w->swapped_pages + (held + extra <= in.total_blocks ? extra : 0);
+        const int own = w->swapped_pages + (held + extra <= in.total_blocks ? extra : 0);
+        // As a restart does: room too for the sequences served before it to reach their last
+        // position, or their growth pauses it again at once (it is served after them), before it
+        // decodes a token, for two copies each round.
+        const int room = own + growth_ahead(st, *w);
         if (reserving && room > st.free) make_room_by_slice(st, *w, room, out);
         if (!reserving || room > st.free) {
           reserving = false;
           continue;
         }
-        st.free -= w->swapped_pages;
+        st.free -= w->swapped_pages;  // the next token's block stays free (taken at its decode)
         out.swap_in.push_back({w->id, w->swapped_pages});
         continue;
       }

@@ -113,6 +113,10 @@ struct WorkerShared {
   FinishSink* sink = nullptr;
   std::atomic<uint64_t> cancel_epoch{0};  // bumped by every Engine::cancel
   std::atomic<int64_t> preemptions{0};
+  // Prompt tokens per second of the workers that prefill (their EWMA, the latest published): the
+  // recompute price of a worker that has measured none of its own (a disaggregated decode worker
+  // before its first recompute), or swap: auto swapped there whatever recompute cost.
+  std::atomic<double> prefill_tokens_per_s{0};
 };
 
 struct WorkerSnapshot {

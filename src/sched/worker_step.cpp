@@ -139,14 +139,19 @@ bool Worker::try_swap_out(Sequence& seq, const Preemption& why) {
   const int pages = kv::swappable_pages(seq.table);
   if (pages == 0) return false;
   const int64_t bytes = int64_t{pages} * pool_->bytes_per_block();
-  const SwapChoice c =
-      choose_swap(mode, swap_costs_, bytes, seq.prefill_target(), swap_tier(*pool_, pages));
+  SwapCosts costs = swap_costs_;
+  if (costs.prefill_tokens_per_s <= 0)  // none of its own yet: the prefilling workers' speed
+    costs.prefill_tokens_per_s = shared_->prefill_tokens_per_s.load(std::memory_order_relaxed);
+  // What a recompute redoes: the positions computed so far (a prompt preempted partway through its
+  // prefill has the rest to compute either way), not the whole target.
+  const int redo = std::min(seq.prefill_target(), seq.num_computed);
+  const SwapChoice c = choose_swap(mode, costs, bytes, redo, swap_tier(*pool_, pages));
   KVSPLIT_LOG_INFO(
       "{}: preempting request {} ({} of a request of priority {}): {} ({} pages, {:.1f} KiB; "
       "predicted swap via the {} tier {:.3f} ms, recompute of {} tokens {:.3f} ms{}; swap: {})",
       options_.name, seq.display_id(), preempt_reason_name(why.reason), why.for_priority,
       c.swap ? "swap out" : "recompute", pages, bytes / 1024.0,
-      c.tier == SwapTier::kDisk ? "disk" : "host", c.swap_ms, seq.prefill_target(), c.recompute_ms,
+      c.tier == SwapTier::kDisk ? "disk" : "host", c.swap_ms, redo, c.recompute_ms,
       c.priced ? "" : " (a cost not measured yet: 0)", swap_mode_name(mode));
   if (!c.swap) {
     ++recompute_choices_;
@@ -228,8 +233,13 @@ void Worker::start_prefetches(int free_blocks_after, bool after_forward) {
     return;
   }
   const int64_t next_step = steps_.load(std::memory_order_relaxed) + 1;
-  const std::vector<int> due =
-      scheduler_.predictor().prefetch(sched_waiting_, next_step, free_blocks_after);
+  // The list was made before this step's swap-ins: those swapped in (or finished) are no longer
+  // waiting, and their pages are in free_blocks_after already. Counted again, they crowded out a
+  // deferred swap-in's prefetch (dropped, waited for, and copied again).
+  std::vector<SchedSeq> still = sched_waiting_;
+  for (SchedSeq& w : still)
+    if (waiting_[w.id - kWaitingBase]->next != Sequence::Next::kStay) w.swapped_pages = 0;
+  const std::vector<int> due = scheduler_.predictor().prefetch(still, next_step, free_blocks_after);
   // A host prefetch lasts while the predictor names its sequence; the others give their blocks
   // back now.
   std::vector<uint8_t> named(waiting_.size(), 0);
@@ -339,6 +349,9 @@ void Worker::note_prefill_speed(int prefill_tokens, double seconds) {
   if (prefill_tokens < pool_->block_size() || seconds <= 0) return;
   swap_costs_.prefill_tokens_per_s =
       ewma(swap_costs_.prefill_tokens_per_s, prefill_tokens / seconds, 0.2);
+  if (options_.role != WorkerRole::kDecode)
+    shared_->prefill_tokens_per_s.store(swap_costs_.prefill_tokens_per_s,
+                                        std::memory_order_relaxed);
 }
 
 void Worker::measure_swap_costs() {
