@@ -557,11 +557,13 @@ void EngineImpl::end_drain() {
 
 void EngineImpl::shutdown(std::chrono::milliseconds drain) {
   std::call_once(shutdown_once_, [&] {
-    stop_kvm();
     {
+      // Before the KVM stops (it may be in a tick waiting on stalled workers): no submit is
+      // accepted meanwhile.
       std::unique_lock<std::shared_mutex> admit(submit_mu_);
       accepting_ = false;
     }
+    stop_kvm();
     size_t left = 0;
     {
       std::unique_lock<std::mutex> lock(mu_);

@@ -80,8 +80,11 @@ Status EngineImpl::broadcast_command(const sched::WorkerCommand& command, bool d
   }
   Status refused = ok_status();
   Status late = ok_status();
+  // One deadline for the whole broadcast: N stalled workers cost kCommandWait, not N times it
+  // (the tick holds kvm_mu_, which shutdown and a reload wait for).
+  const auto deadline = std::chrono::steady_clock::now() + kCommandWait;
   for (auto& r : replies) {
-    if (r.wait_for(kCommandWait) != std::future_status::ready) {
+    if (r.wait_until(deadline) != std::future_status::ready) {
       // Still in its inbox: it applies the command when it reaches it (the promise outlives us).
       if (late.ok())
         late = deadline_exceeded(

@@ -38,7 +38,12 @@ Status Router::push(std::unique_ptr<Sequence>& seq, bool notify) {
           fmt::format("SLA class '{}' queue is full ({} queued, max_queue {})", seq->sla.name,
                       queued_[c], classes_[c].max_queue));
     }
-    if (c < static_cast<int>(queued_.size())) ++queued_[c];
+    if (c < static_cast<int>(queued_.size())) {
+      ++queued_[c];
+      // The class's cut settings of now: a KV cache manager change between the caller's look-up
+      // and this push (set_classes) reached only the requests already queued.
+      copy_cut_settings(classes_[c], &seq->sla);
+    }
     const int64_t arrival = seq->arrival;
     by_priority_.emplace(Key{{seq->priority, arrival}}, arrival);
     by_deadline_.emplace(seq->queue_deadline, arrival);

@@ -91,6 +91,14 @@ TEST(Router, ClassCutSettingsReachQueuedRequests) {
   gone.swap = SwapMode::kAlways;
   EXPECT_FALSE(r.refresh_cut_settings(&gone));
   EXPECT_EQ(gone.swap, SwapMode::kAlways);
+  // A request made from the class list of before the change and pushed after it (a submit racing
+  // the KV cache manager) takes the class's settings of now at the push.
+  auto late = make_seq("l", 2, 0, batch, 2, far);
+  Sequence* l = late.get();
+  ASSERT_TRUE(r.push(late).ok());
+  EXPECT_EQ(l->sla.swap, SwapMode::kNever);
+  EXPECT_EQ(l->sla.temporal_step_size, 7);
+  EXPECT_EQ(l->sla.max_ttft_ms, 5000);
 }
 
 TEST(Router, PriorityThenArrival) {
