@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
+#include <tuple>
 
 #include "common/check.h"
 #include "common/log.h"
@@ -297,8 +299,20 @@ void Worker::publish_stats() {
                                                 : 0.0);
   }
   if (k.kv_shards > 1) {
-    for (int s = 1; s < k.kv_shards; ++s)
-      k.kv_pages_remote += pool_->shard(s).allocator().num_used();
+    // The sequences' pages resident on a peer shard, at any precision, each once (a page two
+    // sequences share is one); not the peers' used blocks, which count idle prefix-cache pages
+    // and host prefetches and leave out the quantized arenas.
+    std::set<std::tuple<int, int, int32_t>> remote;  // (shard, precision, block or arena slot)
+    for (const auto* list : {&waiting_, &running_}) {
+      for (const std::unique_ptr<Sequence>& seq : *list) {
+        const kv::BlockTable& t = seq->table;
+        for (size_t i = 0; i < t.pages.size() && i < t.blocks.size(); ++i) {
+          if (t.pages[i].resident() && t.pages[i].shard > 0)
+            remote.emplace(t.pages[i].shard, static_cast<int>(t.pages[i].precision), t.blocks[i]);
+        }
+      }
+    }
+    k.kv_pages_remote = static_cast<int32_t>(remote.size());
     k.kv_shard_exchange_bytes = model_->shard_exchange_bytes();
     k.kv_shard_exchange_seconds = model_->shard_exchange_seconds();
     if (const backend::Communicator* c = pool_->communicator()) k.kv_shard_communicator = c->name();

@@ -55,6 +55,40 @@ TEST_P(EngineSpatial, GoldensTokenExactWithSmallShards) {
   EXPECT_GT(exchanged, 0);
 }
 
+// kv_pages_remote counts the sequences' pages on peer shards: once they are released it is 0,
+// though the peers' prefix caches still hold pages of the prompts (it counted the peers' used
+// blocks).
+TEST(EngineSpatialStats, RemotePagesLeaveOutIdleCachedPages) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
+  cfg.kv_blocks_per_worker = 64;
+  cfg.block_size = 8;
+  cfg.spatial.shards = 2;
+  cfg.spatial.spatial_chunk_size = 8;
+  cfg.prefix_cache = true;
+  auto engine = Engine::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  Request r;  // 41 prompt tokens: 5 full pages over the two shards, all cached
+  for (int t = 0; t < 41; ++t) r.prompt_token_ids.push_back(3 + (t * 7) % 500);
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = 4;
+  auto h = (*engine)->submit(r);
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  EXPECT_FALSE(testing::collect(*h).timed_out);
+  // The stats of after the last step (a final event comes before its step's stats).
+  ASSERT_TRUE(testing::wait_for_stats(**engine, [](const EngineStats& s) {
+    for (const PoolStats& p : s.pools)
+      if (p.running + p.waiting > 0) return false;
+    return true;
+  }));
+  int cached = 0;
+  for (const PoolStats& ps : (*engine)->stats().pools) {
+    EXPECT_EQ(ps.kv_pages_remote, 0) << ps.name;
+    cached += ps.kv_prefix_cache_pages;
+  }
+  EXPECT_GT(cached, 0) << "no prompt page stayed cached: the test shows nothing";
+}
+
 INSTANTIATE_TEST_SUITE_P(ShardsAndChunks, EngineSpatial,
                          ::testing::Values(SpatialCase{ServingMode::kColocated, 2, 16},
                                            SpatialCase{ServingMode::kColocated, 3, 32},
