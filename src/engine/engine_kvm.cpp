@@ -246,59 +246,59 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
   return invalid_argument("unknown parameter '" + p + "'");
 }
 
-// One-shot: on each decoding worker with shards, moves up to `max_pages` pages of the sequence
-// holding the most pages on the fullest shard (or in the host tier) to the emptiest shard.
+// One-shot: on each decoding worker with shards, moves up to `max_pages` pages to the shard with
+// the most room (free blocks and idle prefix-cache pages), from the sequence with the most pages
+// that can move there (full precision on another shard, or in the host tier), else the next.
 Status EngineImpl::migrate_to_emptiest_shard(int max_pages) {
   if (config_.spatial.shards <= 1) return failed_precondition("no spatial shards (shards 1)");
   if (max_pages < 1) return invalid_argument("migrate_to_shard: needs a page count >= 1");
   int moved_any = 0;
-  std::string why = "no decoding worker holds a sequence with pages off its emptiest shard";
+  std::string why =
+      "no decoding worker holds a sequence with pages that can move to its emptiest "
+      "shard (full precision elsewhere, or in the host tier)";
   for (size_t i = 0; i < workers_.size(); ++i) {
     if (workers_[i]->role() == sched::WorkerRole::kPrefill) continue;
     auto f = send_command(i, sched::SnapshotState{});
     if (f.wait_for(kCommandWait) != std::future_status::ready) continue;
     const sched::WorkerState st = f.get().state;
-    std::vector<int> load(static_cast<size_t>(st.num_shards), 0);
-    for (const sched::SequenceState& s : st.sequences) {
-      for (size_t k = 0; k < s.pages_per_shard.size() && k < load.size(); ++k)
-        load[k] += s.pages_per_shard[k];
-    }
-    if (load.size() < 2) continue;
-    const int to = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-    // The sequence with the most pages off the target shard (on other shards, or not resident).
-    const sched::SequenceState* best = nullptr;
-    int best_off = 0;
-    for (const sched::SequenceState& s : st.sequences) {
-      const int off = s.num_blocks - s.pages_per_shard[static_cast<size_t>(to)];
-      if (off > best_off) {
-        best = &s;
-        best_off = off;
+    if (st.num_shards < 2 || st.shard_available.size() < 2) continue;
+    const int to =
+        static_cast<int>(std::max_element(st.shard_available.begin(), st.shard_available.end()) -
+                         st.shard_available.begin());
+    auto movable = [&](const sched::SequenceState& s) {
+      int n = s.host_pages;
+      for (size_t k = 0; k < s.full_pages_per_shard.size(); ++k)
+        if (static_cast<int>(k) != to) n += s.full_pages_per_shard[k];
+      return n;
+    };
+    std::vector<const sched::SequenceState*> order;
+    for (const sched::SequenceState& s : st.sequences)
+      if (movable(s) > 0) order.push_back(&s);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](const auto* a, const auto* b) { return movable(*a) > movable(*b); });
+    // The first max_pages of its pages that can move, wherever they are in the table (its first
+    // pages may be on the target). The decision is done only when pages moved.
+    for (const sched::SequenceState* cand : order) {
+      sched::MigrateKv m;
+      m.key = cand->key;
+      m.to_shard = to;
+      m.max_pages = max_pages;
+      const int on_target_before = cand->pages_per_shard[static_cast<size_t>(to)];
+      auto r = send_command(i, m);
+      if (r.wait_for(kCommandWait) != std::future_status::ready) break;
+      const sched::CommandReply reply = r.get();
+      if (!reply.status.ok()) {
+        why = reply.status.message();
+        continue;
       }
-    }
-    if (best == nullptr) continue;
-    // The first max_pages of its pages that can move (full precision, on another shard or in
-    // the host tier), wherever they are in the table: its first pages may be on the target.
-    sched::MigrateKv m;
-    m.key = best->key;
-    m.to_shard = to;
-    m.max_pages = max_pages;
-    const int on_target_before = best->pages_per_shard[static_cast<size_t>(to)];
-    auto r = send_command(i, m);
-    if (r.wait_for(kCommandWait) != std::future_status::ready) continue;
-    const sched::CommandReply reply = r.get();
-    if (!reply.status.ok()) {
-      why = reply.status.message();
-      continue;
-    }
-    // Done only when pages moved (the rest may be quantized, evicted or on disk).
-    int on_target_after = on_target_before;
-    for (const sched::SequenceState& s : reply.state.sequences)
-      if (s.key == m.key) on_target_after = s.pages_per_shard[static_cast<size_t>(to)];
-    if (on_target_after > on_target_before) {
-      ++moved_any;
-    } else {
-      why = "the sequence with the most pages off shard " + std::to_string(to) +
-            " has none that can move (quantized, evicted or on disk)";
+      int on_target_after = on_target_before;
+      for (const sched::SequenceState& s : reply.state.sequences)
+        if (s.key == m.key) on_target_after = s.pages_per_shard[static_cast<size_t>(to)];
+      if (on_target_after > on_target_before) {
+        ++moved_any;
+        break;
+      }
+      why = "no page of the candidates could move to shard " + std::to_string(to);
     }
   }
   if (moved_any == 0) return failed_precondition("migrate_to_shard: " + why);

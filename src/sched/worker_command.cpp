@@ -181,6 +181,8 @@ WorkerState Worker::state() const {
   st.free_blocks = pool_->available_blocks();
   st.total_blocks = total_blocks_;
   st.num_shards = pool_->num_shards();
+  for (int sh = 0; sh < st.num_shards; ++sh)
+    st.shard_available.push_back(pool_->shard(sh).local_available());
   st.migrated_pages = migrate_stats_.pages;
   st.pending_handoffs = static_cast<int>(pending_.size());
   st.steps = steps_.load(std::memory_order_relaxed);
@@ -198,9 +200,13 @@ WorkerState Worker::state() const {
       q.num_blocks = static_cast<int>(s->table.blocks.size());
       q.preemptions = s->preemptions;
       q.pages_per_shard.assign(pool_->num_shards(), 0);
+      q.full_pages_per_shard.assign(pool_->num_shards(), 0);
       for (size_t i = 0; i < s->table.blocks.size(); ++i) {
         const kv::PageEntry pe = s->table.page(i);
         if (pe.resident()) ++q.pages_per_shard[pe.shard];
+        if (pe.resident() && pe.precision == kernels::KvPrecision::kFull)
+          ++q.full_pages_per_shard[pe.shard];
+        if (pe.location == kv::PageLocation::kHost) ++q.host_pages;
       }
       st.sequences.push_back(std::move(q));
     }

@@ -82,8 +82,12 @@ struct SequenceState {
   int num_computed = 0;  // positions with KV in the pool
   int num_blocks = 0;
   int32_t preemptions = 0;
-  // The spatial cut: device pages on each shard of the worker's shard group (size: its shards).
+  // The spatial cut: device pages on each shard of the worker's shard group (size: its shards),
+  // and of those the full-precision ones (what MigrateKv can move); pages in the host tier (it
+  // can move those too).
   std::vector<int> pages_per_shard;
+  std::vector<int> full_pages_per_shard;
+  int host_pages = 0;
 };
 
 // The worker's state after the command was applied.
@@ -96,7 +100,9 @@ struct WorkerState {
   double max_chunk_ms = 0;  // the configured time-based chunk cap (0: none)
   int free_blocks = 0;
   int total_blocks = 0;
-  int num_shards = 1;          // the spatial cut's shard group (1: the worker's pool alone)
+  int num_shards = 1;  // the spatial cut's shard group (1: the worker's pool alone)
+  // Each shard's free blocks plus its idle prefix-cache pages (what a migration there can take).
+  std::vector<int> shard_available;
   int64_t migrated_pages = 0;  // moved by MigrateKv since start
   int pending_handoffs = 0;    // received, waiting for admission
   int64_t steps = 0;
