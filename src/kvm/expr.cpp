@@ -166,9 +166,8 @@ std::optional<ParamRange> param_range(std::string_view name) {
 bool param_is_integer(std::string_view name) { return contains(kIntegerParams, name); }
 
 bool param_is_semantic(std::string_view p) {
-  return p == "semantic_threshold" || p == "evict_threshold" || p == "recall_threshold" ||
-         p == "recall_wait_ms" || p == "semantic_window" || p == "recent_tokens" ||
-         p == "score_interval" || p == "max_recalls_per_step" || p == "recall_precision";
+  return std::find(std::begin(kSemanticParams), std::end(kSemanticParams), p) !=
+         std::end(kSemanticParams);
 }
 
 Status check_setting(std::string_view param, double value) {

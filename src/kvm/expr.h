@@ -49,6 +49,11 @@ Status check_setting(std::string_view param, double value);
 // The semantic cut's settings (semantic_threshold, evict_threshold, recall_threshold,
 // recall_wait_ms, semantic_window, recent_tokens, score_interval, max_recalls_per_step,
 // recall_precision).
+// The semantic cut's parameters the rules move.
+inline constexpr std::string_view kSemanticParams[] = {
+    "semantic_threshold", "evict_threshold",      "recall_threshold",
+    "recall_wait_ms",     "semantic_window",      "recent_tokens",
+    "score_interval",     "max_recalls_per_step", "recall_precision"};
 bool param_is_semantic(std::string_view name);
 // Integer parameters are rounded after every action (semantic_window, recent_tokens, ...).
 bool param_is_integer(std::string_view name);

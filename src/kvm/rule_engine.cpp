@@ -229,13 +229,6 @@ void ParamTable::erase(const std::string& param, const std::string& sla_class) {
   values_.erase({param, sla_class});
 }
 
-namespace {
-constexpr const char* kSemanticParams[] = {
-    "semantic_threshold", "evict_threshold",      "recall_threshold",
-    "recall_wait_ms",     "semantic_window",      "recent_tokens",
-    "score_interval",     "max_recalls_per_step", "recall_precision"};
-}  // namespace
-
 double semantic_param(const SemanticCutConfig& c, const std::string& p) {
   if (p == "semantic_threshold") return c.semantic_threshold;
   if (p == "evict_threshold") return c.evict_threshold;
@@ -249,7 +242,10 @@ double semantic_param(const SemanticCutConfig& c, const std::string& p) {
 }
 
 void set_semantic_params(ParamTable* t, const std::string& sla_class, const SemanticCutConfig& c) {
-  for (const char* p : kSemanticParams) t->set(p, sla_class, semantic_param(c, p));
+  for (std::string_view p : kSemanticParams) {
+    const std::string name(p);
+    t->set(name, sla_class, semantic_param(c, name));
+  }
 }
 
 Status validate_rules(const std::vector<KvmRule>& rules, const std::vector<std::string>& classes) {

@@ -7,8 +7,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <set>
-#include <tuple>
 
 #include "common/check.h"
 #include "common/log.h"
@@ -299,20 +297,30 @@ void Worker::publish_stats() {
                                                 : 0.0);
   }
   if (k.kv_shards > 1) {
-    // The sequences' pages resident on a peer shard, at any precision, each once (a page two
-    // sequences share is one); not the peers' used blocks, which count idle prefix-cache pages
-    // and host prefetches and leave out the quantized arenas.
-    std::set<std::tuple<int, int, int32_t>> remote;  // (shard, precision, block or arena slot)
+    // The sequences' pages resident on a peer shard, at any precision, each once; not the peers'
+    // used blocks, which count idle prefix-cache pages and host prefetches and leave out the
+    // quantized arenas. Full pages may be shared between sequences (a bitmap of each peer's
+    // blocks counts one once); an arena slot belongs to one sequence (a demotion copies).
+    std::vector<std::vector<bool>> seen(static_cast<size_t>(k.kv_shards));
+    for (int s = 1; s < k.kv_shards; ++s)
+      seen[s].assign(static_cast<size_t>(pool_->shard(s).allocator().num_blocks()), false);
     for (const auto* list : {&waiting_, &running_}) {
       for (const std::unique_ptr<Sequence>& seq : *list) {
         const kv::BlockTable& t = seq->table;
         for (size_t i = 0; i < t.pages.size() && i < t.blocks.size(); ++i) {
-          if (t.pages[i].resident() && t.pages[i].shard > 0)
-            remote.emplace(t.pages[i].shard, static_cast<int>(t.pages[i].precision), t.blocks[i]);
+          const kv::PageEntry& pe = t.pages[i];
+          if (!pe.resident() || pe.shard == 0) continue;
+          if (pe.precision != kernels::KvPrecision::kFull) {
+            ++k.kv_pages_remote;
+          } else if (std::vector<bool>& bits = seen[pe.shard];
+                     t.blocks[i] >= 0 && static_cast<size_t>(t.blocks[i]) < bits.size() &&
+                     !bits[t.blocks[i]]) {
+            bits[t.blocks[i]] = true;
+            ++k.kv_pages_remote;
+          }
         }
       }
     }
-    k.kv_pages_remote = static_cast<int32_t>(remote.size());
     k.kv_shard_exchange_bytes = model_->shard_exchange_bytes();
     k.kv_shard_exchange_seconds = model_->shard_exchange_seconds();
     if (const backend::Communicator* c = pool_->communicator()) k.kv_shard_communicator = c->name();

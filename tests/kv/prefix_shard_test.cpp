@@ -211,19 +211,26 @@ TEST(PrefixShard, APeersPagesGoOnToTheDiskTierAndComeBack) {
   g.expect_all_free();
 }
 
+// A spread table `a` of the prompt's `pages` full pages, filled from `seed` and cached; false when
+// the group had no room for it.
+[[nodiscard]] bool cache_spread_prompt(Group& g, BlockTable* a, uint64_t salt,
+                                       const std::vector<int32_t>& tokens, int pages,
+                                       uint32_t seed) {
+  a->spread = true;
+  if (!g.pool->reserve(*a, pages * kBlock)) return false;
+  g.fill(*a, seed);
+  g.pool->cache_prefix(*a, salt, tokens, pages);
+  return true;
+}
+
 // Migrating onto a peer whose blocks are all held by its prefix cache (idle, evictable) evicts
 // them as placing a page there does; it was refused with "shard 1 has 0 free blocks" although the
 // group counted them available.
 TEST(PrefixShard, MigratingOntoAPeerEvictsItsIdleCachedPages) {
   Group g(2, 4, kBlock);  // chunks of one page
   g.pool->enable_prefix_cache();
-  const uint64_t salt = PrefixCache::salt_of("tenant");
-  const std::vector<int32_t> tokens = prompt(8);
   BlockTable a;
-  a.spread = true;
-  ASSERT_TRUE(g.pool->reserve(a, 8 * kBlock));
-  g.fill(a, 3);
-  g.pool->cache_prefix(a, salt, tokens, 8);
+  ASSERT_TRUE(cache_spread_prompt(g, &a, PrefixCache::salt_of("tenant"), prompt(8), 8, 3));
   g.pool->release(a);
   ASSERT_EQ(g.pool->shard(1).allocator().num_free(), 0);  // all cached
   BlockTable t;                                           // home only
@@ -247,10 +254,7 @@ TEST(PrefixShard, APageAnotherShardCachesIsNotCachedTwice) {
   const uint64_t salt = PrefixCache::salt_of("tenant");
   const std::vector<int32_t> tokens = prompt(8);
   BlockTable a;
-  a.spread = true;
-  ASSERT_TRUE(g.pool->reserve(a, 8 * kBlock));
-  g.fill(a, 5);
-  g.pool->cache_prefix(a, salt, tokens, 8);
+  ASSERT_TRUE(cache_spread_prompt(g, &a, salt, tokens, 8, 5));
   BlockTable b;  // home only, computed without a lookup
   ASSERT_TRUE(g.pool->reserve(b, 8 * kBlock));
   ASSERT_EQ(g.shards_of(b), std::vector<int>(8, 0));

@@ -1,8 +1,11 @@
 // RuleEngine: an exit the caller refuses leaves the rule active, and it tries the exit again.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "kvm/expr.h"
 #include "kvm/rule_engine.h"
+#include "rule_test_util.h"
 
 namespace kvsplit::kvm {
 namespace {
@@ -17,11 +20,14 @@ KvmRule raise_rule(double cooldown_ms) {
   return r;
 }
 
-KvmSnapshot use_at(double t_ms, double device_kv_use) {
-  KvmSnapshot s;
-  s.time_ms = t_ms;
-  s.device_kv_use = device_kv_use;
-  return s;
+// An apply callback that moves `table`, and refuses exits while *refuse is set.
+std::function<bool(KvmDecision&)> refusing_exits(ParamTable* table, const bool* refuse) {
+  return [table, refuse](KvmDecision& d) {
+    if (*refuse && d.action == "exit") return false;
+    table->set(d.param, d.sla_class, d.after);
+    d.applied = true;
+    return true;
+  };
 }
 
 // The restore is refused while `refuse` is set (as the engine refuses a threshold that another
@@ -33,12 +39,7 @@ TEST(RuleEngineRetry, ARefusedExitIsTriedAgainUntilTheValueIsRestored) {
   ParamTable table;
   table.set("semantic_threshold", "", 0.15);
   bool refuse = false;
-  auto apply = [&](KvmDecision& d) {
-    if (refuse && d.action == "exit") return false;
-    table.set(d.param, d.sla_class, d.after);
-    d.applied = true;
-    return true;
-  };
+  const auto apply = refusing_exits(&table, &refuse);
   auto ds = engine.evaluate(use_at(0, 0.95), table, apply);
   ASSERT_EQ(ds.size(), 1u);
   EXPECT_EQ(ds[0].action, "enter");
@@ -86,12 +87,7 @@ TEST(RuleEngineRetry, ARefusedExitThenPressureAgainKeepsTheValueAtEnter) {
   ParamTable table;
   table.set("semantic_threshold", "", 0.15);
   bool refuse = false;
-  auto apply = [&](KvmDecision& d) {
-    if (refuse && d.action == "exit") return false;
-    table.set(d.param, d.sla_class, d.after);
-    d.applied = true;
-    return true;
-  };
+  const auto apply = refusing_exits(&table, &refuse);
   engine.evaluate(use_at(0, 0.95), table, apply);  // 0.25
   refuse = true;
   engine.evaluate(use_at(100, 0.5), table, apply);  // refused

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "kvm/expr.h"
+#include "rule_test_util.h"
 
 namespace kvsplit::kvm {
 namespace {
@@ -28,13 +29,6 @@ KvmRule hot_rule() {
                    "semantic_threshold += 0.05", 2000);
   r.max = 0.4;
   return r;
-}
-
-KvmSnapshot use_at(double t_ms, double device_kv_use) {
-  KvmSnapshot s;
-  s.time_ms = t_ms;
-  s.device_kv_use = device_kv_use;
-  return s;
 }
 
 // Feeds a recorded series of device_kv_use, one sample every `step_ms`, applying the decisions
