@@ -468,17 +468,9 @@ __global__ void __launch_bounds__(kAttnThreads)
 
   int tok_begin = 0, tok_count = 0, key_begin = 0, key_end = 0, split_slot = -1;
   if (decode) {
-    const int n_split = p.num_splits ? p.num_splits[s] : 1;
-    if (bx >= n_split || q_len < 1) return;
+    if (q_len < 1 || !decode_split_keys(p, s, bx, kv_len, &key_begin, &key_end, &split_slot))
+      return;
     tok_count = 1;
-    // With a sliding window the splits start at the page of the first key the query attends.
-    key_begin = window_decode_base(kv_len, p.window, p.block_size);
-    key_end = kv_len;
-    if (n_split > 1) {
-      key_begin += bx * p.chunk_tokens;
-      key_end = key_begin + p.chunk_tokens < kv_len ? key_begin + p.chunk_tokens : kv_len;
-      split_slot = p.split_offset[s] + bx;
-    }
   } else {
     tok_begin = bx * tokens_per_block;
     if (tok_begin >= q_len) return;

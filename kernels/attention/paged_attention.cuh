@@ -172,6 +172,33 @@ struct PvAccum {
   }
 };
 
+// Keys [key_begin, key_end) and partial slot (-1: the sequence is not split) of split bx of
+// decode sequence s; false when bx is past the sequence's splits. With a sliding window the splits
+// start at the page of the first key the query attends. A plan that leaves keys out (made for
+// other kv_lens, or with more splits than the grid runs) is flagged, as the host checks a plan
+// against host kv_lens: those keys would be skipped silently. Bounds are taken in 64 bits.
+__device__ __forceinline__ bool decode_split_keys(const PagedAttentionParams& p, int s, int bx,
+                                                  int kv_len, int* key_begin, int* key_end,
+                                                  int* split_slot) {
+  const int n_split = p.num_splits ? p.num_splits[s] : 1;
+  if (bx >= n_split) return false;
+  const int base = window_decode_base(kv_len, p.window, p.block_size);
+  *key_begin = base;
+  *key_end = kv_len;
+  *split_slot = -1;
+  if (n_split > 1) {
+    const int64_t begin = base + static_cast<int64_t>(bx) * p.chunk_tokens;
+    const int64_t end = begin + p.chunk_tokens;
+    const int last = n_split < static_cast<int>(gridDim.x) ? n_split : gridDim.x;
+    if (bx == last - 1 && (end < kv_len || last < n_split) && p.error_flag)
+      atomicMax(p.error_flag, 1);
+    *key_begin = begin < kv_len ? static_cast<int>(begin) : kv_len;
+    *key_end = end < kv_len ? static_cast<int>(end) : kv_len;
+    *split_slot = p.split_offset[s] + bx;
+  }
+  return true;
+}
+
 // grid (x: split for decode / query tile for prefill, y: kv head, z: sequence), block kAttnThreads.
 // S: pipeline stages (1 or 2).
 template <typename KT, int D, int S>
@@ -191,17 +218,9 @@ __global__ void __launch_bounds__(kAttnThreads)
 
   int tok_begin = 0, tok_count = 0, key_begin = 0, key_end = 0, split_slot = -1;
   if (decode) {
-    const int n_split = p.num_splits ? p.num_splits[s] : 1;
-    if (bx >= n_split || q_len < 1) return;
+    if (q_len < 1 || !decode_split_keys(p, s, bx, kv_len, &key_begin, &key_end, &split_slot))
+      return;
     tok_count = 1;
-    // With a sliding window the splits start at the page of the first key the query attends.
-    key_begin = window_decode_base(kv_len, p.window, p.block_size);
-    key_end = kv_len;
-    if (n_split > 1) {
-      key_begin += bx * p.chunk_tokens;
-      key_end = key_begin + p.chunk_tokens < kv_len ? key_begin + p.chunk_tokens : kv_len;
-      split_slot = p.split_offset[s] + bx;
-    }
   } else {
     tok_begin = bx * tokens_per_block;
     if (tok_begin >= q_len) return;

@@ -1,6 +1,8 @@
 #include "backend/split_plan.h"
 
 #include <algorithm>
+#include <limits>
+#include <string>
 
 #include "common/check.h"
 #include "kernels/common/paged_kv.h"
@@ -68,6 +70,52 @@ SplitPlan plan_decode_splits(const int32_t* kv_lens, int num_seqs, int num_kv_he
   chunk = round_up(std::max<int64_t>(chunk, 1), block_size);
   if (chunk >= max_kv_len) return make_split_plan(kv_lens, num_seqs, block_size, 0, window);
   return make_split_plan(kv_lens, num_seqs, block_size, static_cast<int>(chunk), window);
+}
+
+Status check_split_plan(const SplitPlan& plan, int num_seqs, int block_size, int window,
+                        const int32_t* host_kv_lens) {
+  const std::string where = "attention_decode: split plan ";
+  if (plan.num_seqs() != num_seqs || static_cast<int>(plan.split_offset.size()) != num_seqs) {
+    return invalid_argument(where + "covers " + std::to_string(plan.num_seqs()) +
+                            " sequences, the batch has " + std::to_string(num_seqs));
+  }
+  if (plan.chunk_tokens <= 0 || block_size <= 0 || plan.chunk_tokens % block_size != 0) {
+    return invalid_argument(where + "chunk_tokens " + std::to_string(plan.chunk_tokens) +
+                            " is not a positive multiple of block_size " +
+                            std::to_string(block_size));
+  }
+  if (plan.window != window) {
+    return invalid_argument(where + "was made for window " + std::to_string(plan.window) +
+                            ", the call's window is " + std::to_string(window));
+  }
+  int64_t offset = 0;
+  int max_splits = 0;
+  for (int s = 0; s < num_seqs; ++s) {
+    const int64_t n = plan.num_splits[s];
+    bool ok = n >= 1 && plan.split_offset[s] == offset;
+    if (ok && host_kv_lens != nullptr) {
+      const int span = split_span(host_kv_lens[s], window, block_size);
+      const int64_t base = host_kv_lens[s] - span;  // the window's first page boundary
+      ok = n * plan.chunk_tokens >= span &&
+           base + n * plan.chunk_tokens <= std::numeric_limits<int32_t>::max();
+    }
+    if (!ok) {
+      return invalid_argument(
+          where + "does not match " +
+          (host_kv_lens ? "kv_len " + std::to_string(host_kv_lens[s]) + " of " : std::string()) +
+          "sequence " + std::to_string(s) + " (num_splits " + std::to_string(n) +
+          ", split_offset " + std::to_string(plan.split_offset[s]) + ")");
+    }
+    offset += n;
+    max_splits = std::max(max_splits, static_cast<int>(n));
+  }
+  if (offset != plan.total_splits) return invalid_argument(where + "total_splits is inconsistent");
+  // The workspace and the merge follow max_splits; each work item follows its num_splits.
+  if (plan.max_splits != max_splits) {
+    return invalid_argument(where + "max_splits " + std::to_string(plan.max_splits) +
+                            " is not the largest num_splits " + std::to_string(max_splits));
+  }
+  return ok_status();
 }
 
 }  // namespace kvsplit::backend

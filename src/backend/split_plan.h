@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kvsplit/status.h"
+
 namespace kvsplit::backend {
 
 struct SplitPlanConfig {
@@ -52,5 +54,14 @@ SplitPlan plan_decode_splits(const int32_t* kv_lens, int num_seqs, int num_kv_he
 
 // Keys [window_decode_base, kv_len) the splits of a sequence cover.
 int split_span(int kv_len, int window, int block_size);
+
+// Checks a plan (made here or by hand) against a decode call: one entry per sequence, at least
+// one split each, offsets the prefix sum of the splits, total_splits and max_splits consistent
+// with them (the partial workspace and the merge follow those), chunk_tokens a positive multiple
+// of block_size, the call's window. With host kv_lens (null where they live on a device: the
+// kernels flag a plan that leaves keys out) each sequence's splits must also cover its span and
+// keep every split bound, base + n * chunk_tokens, within an int.
+Status check_split_plan(const SplitPlan& plan, int num_seqs, int block_size, int window,
+                        const int32_t* host_kv_lens);
 
 }  // namespace kvsplit::backend

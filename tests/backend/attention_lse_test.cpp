@@ -139,7 +139,7 @@ TEST(CpuAttentionLse, RowsThatAttendNoKeyAreZeroAndMinusInfinity) {
 
 // A hand-built split plan is checked before it is used: max_splits must be the largest
 // num_splits (the workspace and the merge follow it; a plan leaving it 0 wrote split outputs
-// through an unsized buffer), and split bounds must fit an int.
+// through an unsized buffer), and split bounds must fit an int, counted from the window's start.
 TEST(CpuAttentionLse, InconsistentSplitPlansAreRefused) {
   std::unique_ptr<Backend> cpu = make_cpu_backend(1);
   CaseSpec spec;
@@ -164,6 +164,26 @@ TEST(CpuAttentionLse, InconsistentSplitPlansAreRefused) {
   huge.total_splits = 4;
   huge.max_splits = 4;
   EXPECT_EQ(run(*cpu, c.args(), &huge).status.code(), StatusCode::kInvalidArgument);
+
+  // With a sliding window the splits start at the window's first page: a plan whose splits fit
+  // an int from 0 can still run past it from there (the key bounds wrapped negative and the
+  // decode read outside the pages).
+  AttentionArgs far = c.args();
+  const int bs = 1 << 24;
+  std::vector<int32_t> far_len = {std::numeric_limits<int32_t>::max() - 8};
+  std::vector<int32_t> far_table(128, 0);
+  far.kv_lens = far_len.data();
+  far.block_tables = far_table.data();
+  far.max_blocks_per_seq = 128;
+  far.kv.block_size = bs;
+  far.kv.num_blocks = 1;
+  far.window = bs;
+  SplitPlan wrap = make_split_plan(far_len.data(), 1, bs, bs, bs);
+  ASSERT_EQ(wrap.num_splits[0], 2);
+  Result wr = run(*cpu, far, &wrap);
+  EXPECT_EQ(wr.status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wr.status.message().find("does not match kv_len"), std::string::npos)
+      << wr.status.message();
 }
 
 // The sharded scoring fields: head_max is each head's maximum scaled score (between lse - log

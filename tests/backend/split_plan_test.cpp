@@ -128,12 +128,47 @@ TEST(PlanDecodeSplits, RandomShapesAreWellFormed) {
     const SplitPlan p =
         plan_decode_splits(kv_lens.data(), num_seqs, 1 + next(8), block_size, 1 + next(200), cfg);
     expect_well_formed(p, kv_lens, block_size);
+    EXPECT_TRUE(check_split_plan(p, num_seqs, block_size, 0, kv_lens.data()).ok());
     EXPECT_LE(p.max_splits, std::max(1, cfg.max_splits_per_seq));
     if (p.has_splits()) {
       EXPECT_GE(p.chunk_tokens, cfg.min_chunk_tokens);
     }
     if (HasFailure()) FAIL() << "iteration " << iter;
   }
+}
+
+// check_split_plan without host kv_lens (the CUDA backend's case) still refuses a plan whose
+// offsets, totals or max_splits disagree with its splits (the partial workspace, the grid and the
+// merge follow them); with kv_lens it also refuses splits that leave keys out.
+TEST(CheckSplitPlan, RefusesInconsistentPlans) {
+  const std::vector<int32_t> kv_lens = {40, 20};
+  const SplitPlan good = make_split_plan(kv_lens.data(), 2, 16, 16);
+  ASSERT_EQ(good.max_splits, 3);
+  EXPECT_TRUE(check_split_plan(good, 2, 16, 0, nullptr).ok());
+  EXPECT_TRUE(check_split_plan(good, 2, 16, 0, kv_lens.data()).ok());
+  auto refused = [&](SplitPlan p, const int32_t* lens) {
+    return check_split_plan(p, 2, 16, 0, lens).code() == StatusCode::kInvalidArgument;
+  };
+  SplitPlan p = good;
+  p.split_offset[1] = 5;
+  EXPECT_TRUE(refused(p, nullptr));
+  p = good;
+  p.total_splits = 9;
+  EXPECT_TRUE(refused(p, nullptr));
+  p = good;
+  p.max_splits = 2;
+  EXPECT_TRUE(refused(p, nullptr));
+  p = good;
+  p.num_splits[1] = 0;
+  EXPECT_TRUE(refused(p, nullptr));
+  p = good;
+  p.chunk_tokens = 24;
+  EXPECT_TRUE(refused(p, nullptr));
+  EXPECT_EQ(check_split_plan(good, 3, 16, 0, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(check_split_plan(good, 2, 16, 32, nullptr).code(), StatusCode::kInvalidArgument);
+  const std::vector<int32_t> longer = {60, 20};  // 48 tokens of splits for 60 keys
+  EXPECT_TRUE(check_split_plan(good, 2, 16, 0, nullptr).ok());
+  EXPECT_EQ(check_split_plan(good, 2, 16, 0, longer.data()).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

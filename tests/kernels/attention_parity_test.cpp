@@ -396,5 +396,48 @@ TEST(AttentionLaunch, KvLenPastTheTableRowIsFlagged) {
   EXPECT_EQ(d.error_flag.to_host()[0], 1);
 }
 
+// A split plan that leaves keys out is flagged, never a silently shorter attention: the device
+// kv_lens outgrew the plan's (made for 20 keys, the sequence has 40), or the plan has more splits
+// than the grid runs (max_splits below num_splits).
+TEST(AttentionLaunch, SplitPlanThatLeavesKeysOutIsFlagged) {
+  KVSPLIT_REQUIRE_DEVICE();
+  oracle::CaseSpec spec;
+  spec.num_heads = 2;
+  spec.num_kv_heads = 1;
+  spec.kv_lens = {40};
+  oracle::AttentionCase c = oracle::make_case(spec);
+  const int32_t short_len = 20;
+  struct Variant {
+    const char* name;
+    backend::SplitPlan plan;
+    int flag;
+  };
+  backend::SplitPlan fits = backend::make_split_plan(c.kv_lens.data(), 1, 16, 16);
+  backend::SplitPlan narrow = fits;
+  narrow.max_splits = 2;  // three splits of 16, a grid of two
+  for (const Variant& v :
+       {Variant{"fits", fits, 0},
+        Variant{"made for 20 keys", backend::make_split_plan(&short_len, 1, 16, 16), 1},
+        Variant{"grid narrower than the plan", narrow, 1}}) {
+    SCOPED_TRACE(v.name);
+    ASSERT_GT(v.plan.max_splits, 1);
+    DeviceCase d = upload(c, ElemType::kF32);
+    DevArray<int32_t> num_splits(v.plan.num_splits), split_offset(v.plan.split_offset);
+    const size_t parts = static_cast<size_t>(v.plan.total_splits) * spec.num_heads;
+    DevArray<float> part_o(parts * spec.head_dim), part_m(parts), part_l(parts);
+    kernels::PagedAttentionParams p = d.params;
+    p.chunk_tokens = v.plan.chunk_tokens;
+    p.max_splits = v.plan.max_splits;
+    p.num_splits = num_splits.get();
+    p.split_offset = split_offset.get();
+    p.part_o = part_o.get();
+    p.part_m = part_m.get();
+    p.part_l = part_l.get();
+    ASSERT_TRUE(kernels::launch_paged_decode(p, nullptr).ok());
+    ASSERT_EQ(device_sync(), "");
+    EXPECT_EQ(d.error_flag.to_host()[0], v.flag);
+  }
+}
+
 }  // namespace
 }  // namespace kvsplit::testing

@@ -145,6 +145,8 @@ class EmulatedKernelBackend final : public backend::Backend {
   Status attention_decode(const backend::AttentionArgs& a,
                           const backend::SplitPlan& plan) override {
     KVSPLIT_RETURN_IF_ERROR(backend::cuda::check_sharded_scoring_args(a, /*decode=*/true));
+    KVSPLIT_RETURN_IF_ERROR(
+        backend::check_split_plan(plan, a.num_seqs, a.kv.block_size, a.window, nullptr));
     kernels::PagedAttentionParams p = params(a);
     if (a.score_max != nullptr) {  // scoring only, as CudaBackend::attention_decode
       ++decode_calls_;

@@ -142,45 +142,6 @@ Status validate(const AttentionArgs& a, const char* op) {
   return cpu_attention::validate_mixed(a, op, std::string(op) == "attention_decode");
 }
 
-Status validate_plan(const AttentionArgs& a, const backend::SplitPlan& plan) {
-  const std::string where = "attention_decode: split plan ";
-  if (plan.num_seqs() != a.num_seqs || static_cast<int>(plan.split_offset.size()) != a.num_seqs) {
-    return invalid_argument(where + "covers " + std::to_string(plan.num_seqs()) +
-                            " sequences, the batch has " + std::to_string(a.num_seqs));
-  }
-  if (plan.chunk_tokens <= 0 || plan.chunk_tokens % a.kv.block_size != 0) {
-    return invalid_argument(where + "chunk_tokens " + std::to_string(plan.chunk_tokens) +
-                            " is not a positive multiple of block_size " +
-                            std::to_string(a.kv.block_size));
-  }
-  if (plan.window != a.window) {
-    return invalid_argument(where + "was made for window " + std::to_string(plan.window) +
-                            ", the call's window is " + std::to_string(a.window));
-  }
-  int offset = 0;
-  int max_splits = 0;
-  for (int s = 0; s < a.num_seqs; ++s) {
-    const int64_t n = plan.num_splits[s];
-    const int span = backend::split_span(a.kv_lens[s], a.window, a.kv.block_size);
-    // The split bounds (base + split * chunk_tokens) are computed in int by the decode.
-    if (n < 1 || plan.split_offset[s] != offset || n * plan.chunk_tokens < span ||
-        n * plan.chunk_tokens > std::numeric_limits<int32_t>::max()) {
-      return invalid_argument(where + "does not match kv_len " + std::to_string(a.kv_lens[s]) +
-                              " of " + seq_str(s) + " (num_splits " + std::to_string(n) +
-                              ", split_offset " + std::to_string(plan.split_offset[s]) + ")");
-    }
-    offset += static_cast<int>(n);
-    max_splits = std::max(max_splits, static_cast<int>(n));
-  }
-  if (offset != plan.total_splits) return invalid_argument(where + "total_splits is inconsistent");
-  // The workspace and the merge follow max_splits; each work item follows its num_splits.
-  if (plan.max_splits != max_splits) {
-    return invalid_argument(where + "max_splits " + std::to_string(plan.max_splits) +
-                            " is not the largest num_splits " + std::to_string(max_splits));
-  }
-  return ok_status();
-}
-
 // Split-K workspace of one calling thread: partial o [total_splits, num_heads, head_dim] and
 // states [total_splits, num_heads]; work list [(seq, split)].
 struct DecodeWorkspace {
@@ -228,7 +189,8 @@ Status cpu_attention_decode(const AttentionArgs& a, const backend::SplitPlan& pl
                               " must have exactly one query token");
     }
   }
-  KVSPLIT_RETURN_IF_ERROR(validate_plan(a, plan));
+  KVSPLIT_RETURN_IF_ERROR(
+      backend::check_split_plan(plan, a.num_seqs, a.kv.block_size, a.window, a.kv_lens));
   if (a.num_seqs == 0) return ok_status();
   if (a.score_max != nullptr) {  // scoring only, against the given maxima
     if (a.score_seqs == nullptr || a.head_max != nullptr)

@@ -480,9 +480,10 @@ Status CudaBackend::check_error_flag() {
   KVSPLIT_CUDA_RETURN(cudaStreamSynchronize(stream_), "error flag sync");
   if (flag == 0) return ok_status();
   KVSPLIT_CUDA_RETURN(cudaMemsetAsync(error_flag_, 0, sizeof(int), stream_), "error flag reset");
-  return invalid_argument(std::string("cuda: an index input was out of range in a recent ") +
-                          last_flag_op_ +
-                          " call (block id, slot or token id); that item was skipped");
+  return invalid_argument(
+      std::string("cuda: an index input was out of range in a recent ") + last_flag_op_ +
+      " call (block id, slot, token id or a split plan that leaves keys out); that item was "
+      "skipped");
 }
 
 Status CudaBackend::reserve(void** buf, size_t* cap, size_t bytes) {
@@ -641,13 +642,9 @@ Status CudaBackend::attention_decode(const AttentionArgs& args, const backend::S
   const DeviceScope on_device(device_);
   KVSPLIT_RETURN_IF_ERROR(check_attention_shape(args));
   KVSPLIT_RETURN_IF_ERROR(check_sharded_scoring_args(args, /*decode=*/true));
-  if (plan.num_seqs() != args.num_seqs)
-    return invalid_argument("attention_decode: plan has " + std::to_string(plan.num_seqs()) +
-                            " sequences, call has " + std::to_string(args.num_seqs));
-  if (plan.window != args.window)
-    return invalid_argument("attention_decode: plan was made for window " +
-                            std::to_string(plan.window) + ", the call's window is " +
-                            std::to_string(args.window));
+  // kv_lens live on the device: the kernels flag a plan that leaves keys out.
+  KVSPLIT_RETURN_IF_ERROR(backend::check_split_plan(plan, args.num_seqs, args.kv.block_size,
+                                                    args.window, /*host_kv_lens=*/nullptr));
   kernels::PagedAttentionParams p = attention_params(args);
   p.error_flag = error_flag_;
   last_flag_op_ = "attention";
