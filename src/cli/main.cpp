@@ -28,6 +28,7 @@
 #include "model/default_model.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
+#include "sampling/sampler.h"
 #include "sched/batch_generate.h"
 #include "sched/swap_cost.h"
 
@@ -111,7 +112,7 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
     p.max_tokens = gf.max_tokens;
     p.ignore_eos = gf.ignore_eos;
     p.stop = gf.stop;
-    p.seed = base_seed + i;
+    p.seed = sampling::stream_seed(base_seed, i);
   }
 
   const SwapMode swap = parse_swap_mode(gf.swap).value_or(SwapMode::kAuto);  // CLI-checked
@@ -329,8 +330,10 @@ int main(int argc, char** argv) {
   gen->add_option("--repetition-penalty", gf.repetition_penalty, "HF repetition penalty (1 = off)");
   gen->add_option("--presence-penalty", gf.presence_penalty, "OpenAI presence penalty");
   gen->add_option("--frequency-penalty", gf.frequency_penalty, "OpenAI frequency penalty");
-  gen->add_option("-s,--seed", gf.seed,
-                  "RNG seed (prompt i uses seed + i; default: from the clock)");
+  gen->add_option(
+      "-s,--seed", gf.seed,
+      "RNG seed of the first prompt (as run.c's -s); the others get seeds derived from it "
+      "(sampling::stream_seed); default: from the clock");
   gen->add_flag("--ignore-eos", gf.ignore_eos, "do not stop on the model's EOS ids");
   // One value per --stop: `--stop X text` must not read `text` as a second stop string.
   gen->add_option("--stop", gf.stop, "stop string (repeatable: --stop a --stop b)")

@@ -13,6 +13,7 @@
 #include "common/escape.h"
 #include "common/log.h"
 #include "common/random_id.h"
+#include "common/splitmix.h"
 #include "engine/engine_impl.h"
 #include "kv/kv_pool.h"
 #include "model/llama_model.h"
@@ -22,13 +23,6 @@ namespace kvsplit {
 namespace {
 
 constexpr std::string_view kAssignedIdPrefix = "req-";  // + 32 random hex digits
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 std::string class_names(const std::vector<SlaClass>& classes) {
   std::string out;

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "common/splitmix.h"
 #include "common/thread_pool.h"
 #include "model/loader.h"
 
@@ -40,13 +41,6 @@ std::string preset_names() {
   std::string s;
   for (const auto& p : kPresets) s += (s.empty() ? "" : ", ") + std::string(p.name);
   return s;
-}
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
 }
 
 // Uniform in [-1, 1) from the top 24 bits.

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "common/check.h"
+#include "common/splitmix.h"
 
 namespace kvsplit::sampling {
 namespace {
@@ -48,6 +49,10 @@ int32_t argmax_lowest(const float* x, int n) {
     if (best < 0 || x[i] > x[best]) best = i;
   }
   return best < 0 ? 0 : best;
+}
+
+uint64_t stream_seed(uint64_t base, uint64_t index) {
+  return index == 0 ? base : splitmix64(base ^ splitmix64(index));
 }
 
 Sampler::Sampler(const SamplingParams& params, uint64_t seed)
@@ -130,13 +135,17 @@ int32_t Sampler::sample(float* logits, int vocab, std::span<const int32_t> promp
   if (params_.top_p > 0.0f && params_.top_p < 1.0f) {
     return sample_top_p_runc(logits, vocab, coin);
   }
-  // run.c sample_mult: multinomial over the cumulative distribution in id order.
+  // run.c sample_mult: multinomial over the cumulative distribution in id order. Rounding can
+  // leave the float sum short of the coin; run.c then returns vocab - 1 whatever its probability,
+  // this returns the last id that has any (the same token unless run.c's has probability 0).
   float cdf = 0.0f;
+  int32_t last = max_index;
   for (int i = 0; i < vocab; ++i) {
     cdf += logits[i];
     if (coin < cdf) return i;
+    if (logits[i] > 0.0f) last = i;
   }
-  return vocab - 1;
+  return last;
 }
 
 int Sampler::presort_prefix(int n, float limit) {

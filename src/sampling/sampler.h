@@ -41,6 +41,12 @@ inline bool is_plain_greedy(const SamplingParams& p) {
          p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
 }
 
+// The seed of stream `index` of a run seeded `base` (the CLI's prompt `index`). Stream 0 takes
+// `base` itself, so one stream matches run.c's `-s base`; the others take splitmix64-derived
+// seeds. The state is the seed, and xorshift's first draws from nearby states are close (seeds
+// 1, 2, 3 draw 0.28, 0.56, 0.84 first), so consecutive seeds would give correlated first tokens.
+uint64_t stream_seed(uint64_t base, uint64_t index);
+
 class Sampler {
  public:
   // `params` must have passed validate(). `seed` is the request's RNG seed (the initial xorshift
