@@ -15,7 +15,9 @@
 # CPU code is built for x86-64-v3 (AVX2/FMA), not -march=native: the device's CPU is not this one.
 #
 # Usage: scripts/gpu-kit.sh [-jN]      (default -j1 under nice -n 19: leaves the CPUs to others)
-# Then, with the device tool: run  command "scripts/gpu-check.sh"  carry [".gpu-kit"]  timeout_s 540
+# Then, with the device tool: run  command "scripts/gpu-check.sh"  carry [".gpu-kit"]  timeout_s 480
+# NCCL is left out (GPU_KIT_NCCL=ON puts it in): its tests need two GPUs, and a kit built with it
+# cannot start on a machine where libnccl.so.2 is not found.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -45,7 +47,7 @@ mkdir -p "$BUILD"
 log "configure $BUILD (Release, sm_90, no server, x86-64-v3)"
 nice -n 19 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSPLIT_BUILD_SERVER=OFF \
   -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=90 -DKVSPLIT_NATIVE=OFF \
-  -DCMAKE_CXX_FLAGS=-march=x86-64-v3 -DCMAKE_C_FLAGS=-march=x86-64-v3 > "$BUILD/kit-configure.log" 2>&1 \
+  -DKVSPLIT_NCCL="${GPU_KIT_NCCL:-OFF}" -DCMAKE_CXX_FLAGS=-march=x86-64-v3 -DCMAKE_C_FLAGS=-march=x86-64-v3 > "$BUILD/kit-configure.log" 2>&1 \
   || { tail -30 "$BUILD/kit-configure.log"; exit 1; }
 grep -q "CUDA backend ON" "$BUILD/kit-configure.log" || { echo "gpu-kit: CUDA backend not enabled"; tail -20 "$BUILD/kit-configure.log"; exit 1; }
 nccl=$(grep -o "NCCL communicator [A-Z]*" "$BUILD/kit-configure.log" | head -1)
@@ -108,7 +110,7 @@ if [ -f "$TOOLS_SRC/golden_check.py" ]; then cp "$TOOLS_SRC/golden_check.py" "$S
 # Per-file hashes of the sources: the device may have no .git, and this names the changed files.
 { git ls-files; git ls-files --others --exclude-standard; } \
   | grep -E '^(src|include|kernels|tests|benchmarks)/|^CMakeLists.txt$' \
-  | while read -r f; do [ -f "$f" ] && echo "$f"; done | LC_ALL=C sort -u \
+  | while read -r f; do [ ! -f "$f" ] || echo "$f"; done | LC_ALL=C sort -u \
   | xargs -d '\n' sha256sum > "$KIT/SOURCES.sha256"
 glibc_max=$(objdump -T "$STAGE"/bin/* 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
 glibcxx_max=$(objdump -T "$STAGE"/bin/* 2>/dev/null | grep -o 'GLIBCXX_[0-9.]*' | sort -uV | tail -1)
@@ -127,10 +129,10 @@ raw_k=$(du -sk "$STAGE" | cut -f1)
 } > "$KIT/MANIFEST"
 
 size_k=$(du -sk "$KIT" | cut -f1)
-tree_k=$({ git ls-files -z; git ls-files -z --others --exclude-standard; } | du -ck --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+tree_k=$({ git ls-files -z; git ls-files -z --others --exclude-standard; } | du -ck --files0-from=- 2>/dev/null | tail -1 | cut -f1 || true)
 log "kit ready: $KIT $(( size_k / 1024 )) MiB ($(( raw_k / 1024 )) MiB unpacked); with the tree ($(( tree_k / 1024 )) MiB) $(( (size_k + tree_k) / 1024 )) MiB of the 64 that travel"
 log "CUDA libraries left to the device: ${!CUDA_LIBS[*]}"
 if [ $(( size_k + tree_k )) -gt $(( 60 * 1024 )) ]; then
   echo "gpu-kit: WARNING: kit + tree is over 60 MiB, close to the 64 MiB that may travel"
 fi
-echo "Device run:  command \"scripts/gpu-check.sh\"  carry [\".gpu-kit\"]  timeout_s 540"
+echo "Device run:  command \"scripts/gpu-check.sh\"  carry [\".gpu-kit\"]  timeout_s 480"

@@ -112,6 +112,7 @@ StatusOr<std::unique_ptr<Backend>> CudaBackend::create(int device,
   std::unique_ptr<CudaBackend> b(new CudaBackend());
   b->device_ = device;
   b->options_ = options;
+  const DeviceScope on_device(device);  // the caller's thread keeps its own device afterwards
   KVSPLIT_CUDA_RETURN(cudaSetDevice(device), "cudaSetDevice");
   cudaDeviceProp prop{};
   KVSPLIT_CUDA_RETURN(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
@@ -307,6 +308,7 @@ StatusOr<bool> CudaBackend::wait_fence(uint64_t fence, int64_t timeout_us) {
     // step times the bound is set against (a ms or more).
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(timeout_us);
     while ((e = cudaEventQuery(ev)) == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // "not ready" is no error: leave nothing for the next check
       if (std::chrono::steady_clock::now() >= deadline) return false;
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
@@ -653,14 +655,24 @@ Status CudaBackend::attention_decode(const AttentionArgs& args, const backend::S
   p.max_splits = std::max(plan.max_splits, 1);
   if (plan.has_splits()) {
     const size_t n = static_cast<size_t>(args.num_seqs);
-    KVSPLIT_ASSIGN_OR_RETURN(void* stage, staging(2 * n * sizeof(int32_t)));
-    std::memcpy(stage, plan.num_splits.data(), n * sizeof(int32_t));
-    std::memcpy(static_cast<int32_t*>(stage) + n, plan.split_offset.data(), n * sizeof(int32_t));
-    KVSPLIT_RETURN_IF_ERROR(reserve(&plan_dev_, &plan_cap_, 2 * n * sizeof(int32_t)));
-    KVSPLIT_CUDA_RETURN(
-        cudaMemcpyAsync(plan_dev_, stage, 2 * n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
-        "split plan upload");
-    KVSPLIT_CUDA_RETURN(cudaEventRecord(staging_done_, stream_), "cudaEventRecord");
+    const bool uploaded =
+        plan_uploaded_.size() == 2 * n &&
+        std::equal(plan.num_splits.begin(), plan.num_splits.end(), plan_uploaded_.begin()) &&
+        std::equal(plan.split_offset.begin(), plan.split_offset.end(), plan_uploaded_.begin() + n);
+    if (!uploaded) {
+      plan_uploaded_.clear();
+      KVSPLIT_ASSIGN_OR_RETURN(void* stage, staging(2 * n * sizeof(int32_t)));
+      std::memcpy(stage, plan.num_splits.data(), n * sizeof(int32_t));
+      std::memcpy(static_cast<int32_t*>(stage) + n, plan.split_offset.data(), n * sizeof(int32_t));
+      KVSPLIT_RETURN_IF_ERROR(reserve(&plan_dev_, &plan_cap_, 2 * n * sizeof(int32_t)));
+      KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(plan_dev_, stage, 2 * n * sizeof(int32_t),
+                                          cudaMemcpyHostToDevice, stream_),
+                          "split plan upload");
+      KVSPLIT_CUDA_RETURN(cudaEventRecord(staging_done_, stream_), "cudaEventRecord");
+      plan_uploaded_.assign(plan.num_splits.begin(), plan.num_splits.end());
+      plan_uploaded_.insert(plan_uploaded_.end(), plan.split_offset.begin(),
+                            plan.split_offset.end());
+    }
     const size_t heads = static_cast<size_t>(plan.total_splits) * args.num_heads;
     KVSPLIT_RETURN_IF_ERROR(
         reserve(&partials_, &partials_cap_, heads * (args.head_dim + 2) * sizeof(float)));

@@ -143,6 +143,9 @@ class CudaBackend final : public Backend {
   size_t act16_cap_ = 0;
   void* plan_dev_ = nullptr;  // split plan arrays [2, num_seqs] int32
   size_t plan_cap_ = 0;
+  // What plan_dev_ holds (num_splits then split_offset): every layer of a step decodes with the
+  // same plan, and uploading it again would make the host wait for the last upload's staging.
+  std::vector<int32_t> plan_uploaded_;
   void* partials_ = nullptr;  // split-K partial (o, m, l)
   size_t partials_cap_ = 0;
   void* score_max_ = nullptr;  // mixed attention scoring: per-head max score [num_seqs, num_heads]
