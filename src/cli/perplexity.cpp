@@ -12,6 +12,7 @@
 
 #include "common/cli_options.h"
 #include "common/file_read.h"
+#include "common/json_util.h"
 #include "kv/page_ops.h"
 #include "sched/sequence_cut.h"
 
@@ -126,8 +127,10 @@ StatusOr<std::vector<std::vector<int32_t>>> read_sequences(const PerplexityFlags
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = f.jsonl + ":" + std::to_string(line_no) + ": ";
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("text") || !j["text"].is_string())
+    // The shared parser: nesting depth capped, a key given twice refused (not the last kept).
+    KVSPLIT_ASSIGN_OR_RETURN(common::Json j,
+                             common::parse_json(line, f.jsonl + ":" + std::to_string(line_no)));
+    if (!j.is_object() || !j.contains("text") || !j["text"].is_string())
       return invalid_argument(where + "expected a JSON object with a string \"text\"");
     auto ids = tok.encode(j["text"].get<std::string>(), /*add_bos=*/true);
     if (!ids.ok()) return ids.status().with_prefix(where);

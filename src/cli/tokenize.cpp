@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/exit_codes.h"
+#include "common/json_util.h"
 #include "model/tokenizer.h"
 
 namespace kvsplit::cli {
@@ -28,6 +29,27 @@ std::string resolve(const std::string& path) {
     if (std::filesystem::exists(dir / name, ec)) return (dir / name).string();
   }
   return (dir / "tokenizer.json").string();  // load_tokenizer reports it missing
+}
+
+// A JSONL line longer than this is refused (a file with no newline, /dev/zero), as
+// `kvsplit perplexity` caps its input.
+constexpr size_t kMaxLineBytes = size_t{256} << 20;
+
+// The next line of `in` (without its '\n') into *line; false at the end of the input. A line
+// over kMaxLineBytes stops there with *too_long set.
+bool next_line(std::istream& in, std::string* line, bool* too_long) {
+  std::streambuf* sb = in.rdbuf();
+  line->clear();
+  for (bool any = false;; any = true) {
+    const int c = sb->sbumpc();
+    if (c == std::char_traits<char>::eof()) return any;
+    if (c == '\n') return true;
+    if (line->size() >= kMaxLineBytes) {
+      *too_long = true;
+      return true;
+    }
+    line->push_back(static_cast<char>(c));
+  }
 }
 
 std::string dump(const ordered_json& j) {
@@ -91,9 +113,18 @@ int run_tokenize(const TokenizeFlags& f) {
   }
   std::istream& in = f.input_jsonl == "-" ? std::cin : file;
   std::string line;
-  for (size_t n = 1; std::getline(in, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
+  bool too_long = false;
+  for (size_t n = 1; next_line(in, &line, &too_long); ++n) {
     const std::string where = f.input_jsonl + ":" + std::to_string(n) + ": ";
+    if (too_long) {
+      return fail(invalid_argument(where + "line longer than " +
+                                   std::to_string(kMaxLineBytes >> 20) + " MiB"));
+    }
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
+    // The shared parser's limits first (nesting depth, duplicate keys: writing a deeply nested
+    // object back recursed until the stack ran out), then the order-keeping parse for output.
+    const StatusOr<common::Json> checked = common::parse_json(line, "");
+    if (!checked.ok()) return fail(invalid_argument(where + checked.status().message()));
     ordered_json j = ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return fail(invalid_argument(where + "not a JSON value"));
     if (!j.is_object()) return fail(invalid_argument(where + "expected a JSON object"));

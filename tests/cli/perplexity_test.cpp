@@ -189,6 +189,10 @@ TEST(PerplexityCli, BadInputIsAnErrorNamingIt) {
   { std::ofstream(bad) << "{\"text\": \"one two\"}\n{\"txt\": 3}\n"; }
   expect_error("perplexity --model " + quote(model_path("recall-llama")) + " --jsonl " + quote(bad),
                "bad.jsonl:2:");
+  // A key given twice is refused (the last "text" was scored, silently).
+  { std::ofstream(bad) << "{\"text\": \"one two\", \"text\": \"three\"}\n"; }
+  expect_error("perplexity --model " + quote(model_path("recall-llama")) + " --jsonl " + quote(bad),
+               "bad.jsonl:1: duplicate key 'text'");
   expect_error("perplexity --model " + quote(model_path("recall-llama")) + " --text /nonexistent",
                "/nonexistent");
 }

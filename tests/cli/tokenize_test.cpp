@@ -100,6 +100,17 @@ TEST(CliTokenize, BadInputExitsWithTwo) {
   EXPECT_NE(r.err.find(":1: expected a string field \"text\""), std::string::npos) << r.err;
   r = run("tokenize --tokenizer " + quote(gpt2) + " --input-jsonl " + quote(dir.file("none")));
   EXPECT_EQ(r.exit_code, 2);
+  // A line nested past the JSON depth limit (writing it back recursed until the stack ran out:
+  // SIGSEGV) and a key given twice (the last was kept) are refused, naming the line.
+  in = write("deep.jsonl", "{\"text\": \"a\", \"x\": " + std::string(100000, '[') +
+                               std::string(100000, ']') + "}\n");
+  r = run("tokenize --tokenizer " + quote(gpt2) + " --input-jsonl " + quote(in));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find(":1: bad JSON: nested deeper than"), std::string::npos) << r.err;
+  in = write("dup.jsonl", "{\"text\": \"a\", \"text\": \"b\"}\n");
+  r = run("tokenize --tokenizer " + quote(gpt2) + " --input-jsonl " + quote(in));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find(":1: duplicate key 'text'"), std::string::npos) << r.err;
 
   // A missing or malformed tokenizer names the file (and the field).
   r = run("tokenize --tokenizer " + quote(dir.file("nope.json")) + " x");
