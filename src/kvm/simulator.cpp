@@ -100,7 +100,7 @@ StatusOr<SimResult> Sim::run() {
   }
   const bool kvm_on = c_.kvm.enabled && !c_.kvm.rules.empty();
   if (kvm_on) {
-    KVSPLIT_RETURN_IF_ERROR(validate_rules(c_.kvm.rules, names));
+    KVSPLIT_RETURN_IF_ERROR(validate_rules(c_.kvm, names));
     KVSPLIT_RETURN_IF_ERROR(validate_rules_for_engine(c_.kvm, c_));
     rules_ = std::make_unique<RuleEngine>(c_.kvm.rules);
   }
@@ -180,6 +180,7 @@ StatusOr<SimResult> Sim::run() {
   }
   double next_tick = interval;
   int64_t guard = 0;
+  double ticks = 0;
   while (remaining_ > 0) {
     if (++guard > 500000000 || res_.steps - progress_step_ > 2000000)
       return internal_error(
@@ -204,6 +205,15 @@ StatusOr<SimResult> Sim::run() {
       }
     }
     while (next_tick <= t && remaining_ > 0) {
+      // Steps the profile prices in hours (or an infinite clock) would sample without end.
+      if (++ticks > kMaxTicks) {
+        return invalid_argument(
+            "simulator: the simulated run passed " + std::to_string(kMaxTicks) +
+            " samples of kvm.interval_ms " + std::to_string(c_.kvm.interval_ms) +
+            " (its clock at " + std::to_string(t) +
+            " ms: a profile's costs too large for the trace? raise interval_ms or check the "
+            "profile)");
+      }
       tick(next_tick);
       next_tick += interval;
     }

@@ -424,6 +424,22 @@ TEST(Simulator, SamplesUpToTheLastArrivalAreBounded) {
   ASSERT_TRUE(r.ok()) << r.status().to_string();
 }
 
+// The samples while the run lasts are bounded too: a profile pricing a step in days (or at an
+// infinite cost) is a clear error, not a loop that samples without end.
+TEST(Simulator, SamplesWhileTheRunLastsAreBounded) {
+  for (const double base_ms : {1e12, 1e308}) {
+    EngineProfile p = test_profile();
+    p.step_base_ms = base_ms;
+    EngineConfig c = test_config();
+    c.kvm.interval_ms = 1;
+    auto r = simulate(c, p, uniform_trace(2, 1, 8, 8));
+    ASSERT_FALSE(r.ok()) << base_ms;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("samples of kvm.interval_ms"), std::string::npos)
+        << r.status().message();
+  }
+}
+
 TEST(Simulator, DisaggregatedFinishesEveryRequestAndPaysTheHandoff) {
   EngineConfig c = test_config();
   c.mode = ServingMode::kDisaggregated;
