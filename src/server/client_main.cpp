@@ -88,8 +88,9 @@ int main(int argc, char** argv) {
   }
 
   // Flags that would be silently dropped are errors: a server name to verify without TLS (the
-  // call would go in plaintext), --info with --stats (one answer), no prompt (a BOS-only prompt
-  // is asked for with "").
+  // call would go in plaintext), --info with --stats (one answer), generation flags with either,
+  // --top-logprobs without --json (nowhere to print them), no prompt (a BOS-only prompt is asked
+  // for with "").
   auto usage_error = [](const std::string& what) {
     std::cerr << "kvsplit-client: " << what << "\n";
     return 2;
@@ -99,6 +100,17 @@ int main(int argc, char** argv) {
   if (info && stats) return usage_error("--info and --stats: give one");
   if ((info || stats) && app.count("prompt") > 0)
     return usage_error("--info / --stats take no prompt");
+  if (info || stats) {
+    for (const char* flag :
+         {"--max-tokens", "--temperature", "--top-p", "--top-k", "--min-p", "--repetition-penalty",
+          "--seed", "--stop", "--ignore-eos", "--sla-class", "--priority", "--top-logprobs",
+          "--request-id", "--json"}) {
+      if (app.count(flag) > 0)
+        return usage_error(std::string(flag) + " is for a generation, not --info / --stats");
+    }
+  }
+  if (top_logprobs > 0 && !json)
+    return usage_error("--top-logprobs needs --json (the text output has no place for them)");
   if (!info && !stats && app.count("prompt") == 0)
     return usage_error("a prompt is required (\"\" for the BOS-only prompt)");
 

@@ -66,13 +66,15 @@ void apply_flags(const Flags& f, config::Config* c) {
 // SIGHUP: re-read the SLA classes and the kvm policy of `path`. Both are checked before either
 // is applied (the policy against the new classes), so a rejected policy never leaves new classes
 // beside old rules naming a class that is gone; then classes first (the rules name them).
-void reload_sla_classes(const std::string& path, kvsplit::Engine* engine,
-                        server::GenerationService* svc) {
+// `running`: the kv.cuts.semantic the engine started with, which the classes' kv blocks are read
+// over (a changed kv.cuts.semantic needs a restart).
+void reload_sla_classes(const std::string& path, const kvsplit::SemanticCutConfig& running,
+                        kvsplit::Engine* engine, server::GenerationService* svc) {
   if (path.empty()) {
     KVSPLIT_LOG_WARN("SIGHUP: no --config file to reload; SLA classes unchanged");
     return;
   }
-  auto fresh = config::load_config_file(path);
+  auto fresh = config::load_config_file(path, running);
   if (!fresh.ok()) {
     KVSPLIT_LOG_ERROR("SIGHUP: reload rejected, old SLA policy stays in force: {}",
                       fresh.status().message());
@@ -198,6 +200,15 @@ class ForceExitWatch {
   std::thread thread_;  // last: starts after the fields above
 };
 
+// What start-up refuses as a bad configuration (exit 2), and so --check-config too: the file's
+// own rules, what the engine checks at start beyond them (a KVM rule whose cut is off, a quant
+// fraction without a quantized pool...) without loading a model, and the TLS files.
+Status check_config(const config::Config& c) {
+  KVSPLIT_RETURN_IF_ERROR(config::validate_config(c));
+  KVSPLIT_RETURN_IF_ERROR(validate_engine_config(c.engine));
+  return server::check_tls_files(c.server);
+}
+
 int run(const Flags& flags) {
   config::Config cfg;
   if (!flags.config_file.empty()) {
@@ -209,9 +220,9 @@ int run(const Flags& flags) {
     cfg = std::move(loaded).value();
   }
   apply_flags(flags, &cfg);
-  if (Status st = config::validate_config(cfg); !st.ok()) {
+  if (Status st = check_config(cfg); !st.ok()) {
     std::cerr << "kvsplit-server: " << st.message() << "\n";
-    return 2;
+    return 2;  // a bad config value
   }
   if (!cfg.model_given) {
     const auto def = kvsplit::model::resolve_default_model();
@@ -220,10 +231,6 @@ int run(const Flags& flags) {
     KVSPLIT_LOG_INFO("no model given: {}", def.note);
   }
   KVSPLIT_LOG_INFO("config: {}", config::describe(cfg));
-  if (Status st = server::check_tls_files(cfg.server); !st.ok()) {
-    std::cerr << "kvsplit-server: " << st.message() << "\n";
-    return 2;  // a bad config value
-  }
 
   // The model loads on its own thread (it can take minutes) while this one watches for
   // SIGTERM / SIGINT: a stop asked for during start-up exits at once (nothing to drain yet)
@@ -312,7 +319,7 @@ int run(const Flags& flags) {
     int sig = 0;
     if (sigwait(&set, &sig) != 0) continue;
     if (sig == SIGHUP) {
-      reload_sla_classes(flags.config_file, engine.get(), &service);
+      reload_sla_classes(flags.config_file, cfg.engine.semantic, engine.get(), &service);
       continue;
     }
     break;
@@ -393,13 +400,7 @@ int main(int argc, char** argv) {
     // The flags given beside it override the file as they would at start (--backend cpu for a
     // CUDA file, --port ...), so the check is of the configuration the server would run.
     apply_flags(f, &*c);
-    if (Status st = config::validate_config(*c); !st.ok()) {
-      std::cerr << "kvsplit-server: " << st.message() << "\n";
-      return 2;
-    }
-    // What the engine checks at start beyond the file's own rules (e.g. a KVM rule whose cut is
-    // off), without loading a model.
-    if (Status st = validate_engine_config(c->engine); !st.ok()) {
+    if (Status st = check_config(*c); !st.ok()) {
       std::cerr << "kvsplit-server: " << f.check_config << ": " << st.message() << "\n";
       return 2;
     }

@@ -190,6 +190,21 @@ TEST_F(AdminTest, BadConfigExitsNonZeroNamingTheField) {
       run_command(std::string(KVSPLIT_SERVER_BIN) + " --port 70000 --check-config " + voice);
   EXPECT_EQ(code7, 2) << out7;
   EXPECT_NE(out7.find("server.port"), std::string::npos) << out7;
+  // What the engine refuses at start beyond the file's rules, and TLS files that do not exist:
+  // exit 2 from both --check-config and --config (the first passed the check and failed the
+  // start with 1, the second passed the check).
+  for (const auto& [file, says] : std::vector<std::pair<std::string, std::string>>{
+           {write("quant.yaml", "kv: {quant_fraction: 0.5, blocks_per_worker: 100}\n"),
+            "quant_fraction"},
+           {write("tls.yaml",
+                  "server: {tls: {cert_file: /nonexistent.pem, key_file: " + voice + "}}\n"),
+            "/nonexistent.pem"}}) {
+    for (const std::string mode : {" --check-config ", " --port 0 --config "}) {
+      auto [c, o] = run_command(std::string(KVSPLIT_SERVER_BIN) + mode + file);
+      EXPECT_EQ(c, 2) << mode << file << ": " << o;
+      EXPECT_NE(o.find(says), std::string::npos) << o;
+    }
+  }
 }
 
 // kv.cuts.spatial.communicator through the binary: a bad value fails --check-config naming the
@@ -645,7 +660,9 @@ TEST_F(AdminTest, TlsAndApiKeys) {
 }
 
 // kvsplit-client refuses flags it would drop (exit 2, before connecting): a server name to verify
-// without TLS (the call went in plaintext), --info with --stats, no prompt (it ran BOS alone).
+// without TLS (the call went in plaintext), --info with --stats, generation flags with either
+// (ignored), --top-logprobs without --json (asked for, never printed), no prompt (it ran BOS
+// alone).
 TEST_F(AdminTest, TheClientRefusesFlagsItWouldDrop) {
   const std::string client =
       std::string(KVSPLIT_BINARY_DIR) + "/kvsplit-client --server 127.0.0.1:1 ";
@@ -653,6 +670,9 @@ TEST_F(AdminTest, TheClientRefusesFlagsItWouldDrop) {
            {"--tls-server-name x 'The dog'", "--tls-server-name needs --tls-ca"},
            {"--info --stats", "give one"},
            {"--info 'The dog'", "take no prompt"},
+           {"--info --max-tokens 5", "--max-tokens is for a generation"},
+           {"--stats --sla-class x", "--sla-class is for a generation"},
+           {"'The dog' --top-logprobs 3", "--top-logprobs needs --json"},
            {"--max-tokens 4", "a prompt is required"}}) {
     auto [code, out] = run_command(client + args);
     EXPECT_EQ(code, 2) << args << ": " << out;
