@@ -78,6 +78,8 @@ struct KvmConfig {
   std::string rules_file;     // YAML file with a `rules:` list, read after the inline rules
   std::string decision_log;   // JSON-lines file the decisions are appended to; empty: log only
   std::vector<KvmRule> rules;
+  // rules[file_rules_begin, end) were read from rules_file (errors name them by the file).
+  size_t file_rules_begin = 0;
 };
 
 // What the monitors saw at one sample (KvmConfig::interval_ms).

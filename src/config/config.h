@@ -67,6 +67,11 @@ struct Config {
 StatusOr<Config> parse_config(std::string_view yaml_text);
 // Same, from a file (kNotFound when it cannot be read). Error messages start with the path.
 StatusOr<Config> load_config_file(const std::string& path);
+// The same for a reload (SIGHUP), which applies only the SLA classes and the kvm policy: a class's
+// kv block is read over `running`, the kv.cuts.semantic the engine started with, not over the
+// file's (a changed kv.cuts.semantic needs a restart, and would otherwise reach only the classes
+// with a kv block of their own).
+StatusOr<Config> load_config_file(const std::string& path, const SemanticCutConfig& running);
 
 // The rules of a KVM rules file (kvm.rules_file, docs/kvm.md): a YAML file whose top level holds
 // one `rules:` list, read from `path` as given (relative: to the current directory). Parsed, not

@@ -89,7 +89,7 @@ Status validate_config(const Config& config) {
   {
     std::vector<std::string> classes;
     for (const SlaClass& c : e.sla_classes) classes.push_back(c.name);
-    KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules(e.kvm.rules, classes));
+    KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules(e.kvm, classes));
   }
 
   const ServerConfig& s = config.server;

@@ -588,13 +588,15 @@ Status read_kvm(const YAML::Node& n, KvmConfig* k) {
   if (!k->rules_file.empty()) {
     KVSPLIT_ASSIGN_OR_RETURN(std::vector<KvmRule> more,
                              load_rules_file(k->rules_file, k->rules.size()));
+    k->file_rules_begin = k->rules.size();
     for (KvmRule& rule : more) k->rules.push_back(std::move(rule));
   }
   k->enabled = !k->rules.empty();
   return ok_status();
 }
 
-Status parse_into(const YAML::Node& root, Config* c) {
+// class_base: what a class's kv block is read over (null: the file's kv.cuts.semantic).
+Status parse_into(const YAML::Node& root, Config* c, const SemanticCutConfig* class_base) {
   if (!root || root.IsNull()) return ok_status();  // an empty file: all defaults
   MapReader r(root, "");
   KVSPLIT_RETURN_IF_ERROR(r.check_is_map());
@@ -606,7 +608,8 @@ Status parse_into(const YAML::Node& root, Config* c) {
   if (YAML::Node n = r.child("kv"); n && !n.IsNull())
     KVSPLIT_RETURN_IF_ERROR(read_kv(n, &c->engine));
   if (YAML::Node n = r.child("sla_classes"); n && !n.IsNull())
-    KVSPLIT_RETURN_IF_ERROR(read_sla_classes(n, c->engine.semantic, &c->engine.sla_classes));
+    KVSPLIT_RETURN_IF_ERROR(
+        read_sla_classes(n, class_base ? *class_base : c->engine.semantic, &c->engine.sla_classes));
   if (YAML::Node n = r.child("kvm"); n && !n.IsNull())
     KVSPLIT_RETURN_IF_ERROR(read_kvm(n, &c->engine.kvm));
   KVSPLIT_RETURN_IF_ERROR(r.get("seed", &c->engine.seed));
@@ -627,9 +630,10 @@ Status with_strict_yaml(const std::string& text, Body&& body) {
                             std::to_string(e.mark.line + 1));
   } catch (const YAML::Exception& e) {
     return invalid_argument("YAML error at line " + std::to_string(e.mark.line + 1) + ", column " +
-                            std::to_string(e.mark.column + 1) + ": " + e.msg);
+                            std::to_string(e.mark.column + 1) + ": " +
+                            escape_for_message(e.msg));  // it may quote the file's bytes
   } catch (const std::exception& e) {
-    return invalid_argument(std::string("YAML error: ") + e.what());
+    return invalid_argument(std::string("YAML error: ") + escape_for_message(e.what()));
   }
 }
 
@@ -659,20 +663,38 @@ StatusOr<std::vector<KvmRule>> load_kvm_rules_file(const std::string& path) {
   return load_rules_file(path, 0);
 }
 
-StatusOr<Config> parse_config(std::string_view yaml_text) {
+namespace {
+
+StatusOr<Config> parse_config_over(std::string_view yaml_text,
+                                   const SemanticCutConfig* class_base) {
   Config config;
-  KVSPLIT_RETURN_IF_ERROR(with_strict_yaml(
-      std::string(yaml_text), [&](const YAML::Node& root) { return parse_into(root, &config); }));
+  KVSPLIT_RETURN_IF_ERROR(with_strict_yaml(std::string(yaml_text), [&](const YAML::Node& root) {
+    return parse_into(root, &config, class_base);
+  }));
   KVSPLIT_RETURN_IF_ERROR(validate_config(config));
   return config;
 }
 
-StatusOr<Config> load_config_file(const std::string& path) {
+StatusOr<Config> load_config_over(const std::string& path, const SemanticCutConfig* class_base) {
   KVSPLIT_ASSIGN_OR_RETURN(std::string text,
                            common::read_regular_file(path, common::kMaxConfigFileBytes, "config"));
-  auto config = parse_config(text);
+  auto config = parse_config_over(text, class_base);
   if (!config.ok()) return config.status().with_prefix(path);
   return config;
+}
+
+}  // namespace
+
+StatusOr<Config> parse_config(std::string_view yaml_text) {
+  return parse_config_over(yaml_text, nullptr);
+}
+
+StatusOr<Config> load_config_file(const std::string& path) {
+  return load_config_over(path, nullptr);
+}
+
+StatusOr<Config> load_config_file(const std::string& path, const SemanticCutConfig& running) {
+  return load_config_over(path, &running);
 }
 
 }  // namespace kvsplit::config

@@ -90,7 +90,7 @@ Status validate_engine_config(const EngineConfig& c) {
   if (!c.kvm.rules.empty()) {
     std::vector<std::string> names;
     for (const SlaClass& k : c.sla_classes) names.push_back(k.name);
-    KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules(c.kvm.rules, names));
+    KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules(c.kvm, names));
     KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules_for_engine(c.kvm, c));
   }
   return ok_status();

@@ -396,7 +396,7 @@ Status EngineImpl::check_kvm_policy(const KvmConfig& policy,
                                     const std::vector<SlaClass>& classes) const {
   std::vector<std::string> names;
   for (const SlaClass& c : classes) names.push_back(c.name);
-  KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules(policy.rules, names));
+  KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules(policy, names));
   KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules_for_engine(policy, config_));
   if (policy.interval_ms < 10 || policy.interval_ms > 60000) {
     return invalid_argument(

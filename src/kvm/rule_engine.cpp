@@ -248,12 +248,27 @@ void set_semantic_params(ParamTable* t, const std::string& sla_class, const Sema
   }
 }
 
+std::string rule_where(const KvmConfig& policy, size_t i) {
+  const std::string name = " (" + escape_for_message(policy.rules[i].name, 64) + ")";
+  if (!policy.rules_file.empty() && i >= policy.file_rules_begin) {
+    return "kvm.rules_file " + escape_for_message(policy.rules_file) + ": rules[" +
+           std::to_string(i - policy.file_rules_begin) + "]" + name;
+  }
+  return "kvm.rules[" + std::to_string(i) + "]" + name;
+}
+
 Status validate_rules(const std::vector<KvmRule>& rules, const std::vector<std::string>& classes) {
+  KvmConfig policy;
+  policy.rules = rules;
+  return validate_rules(policy, classes);
+}
+
+Status validate_rules(const KvmConfig& policy, const std::vector<std::string>& classes) {
+  const std::vector<KvmRule>& rules = policy.rules;
   std::set<std::string> names;
   for (size_t i = 0; i < rules.size(); ++i) {
     const KvmRule& r = rules[i];
-    const std::string where =
-        "kvm.rules[" + std::to_string(i) + "] (" + escape_for_message(r.name, 64) + "): ";
+    const std::string where = rule_where(policy, i) + ": ";
     if (r.name.empty()) return invalid_argument(where + "name: must not be empty");
     if (!valid_config_name(r.name))
       return invalid_argument(where + "name: must be 1..64 characters of [A-Za-z0-9_.-]");
@@ -398,7 +413,7 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
 Status validate_rules_for_engine(const KvmConfig& policy, const EngineConfig& config) {
   for (size_t i = 0; i < policy.rules.size(); ++i) {
     const KvmRule& r = policy.rules[i];
-    const std::string where = fmt::format("kvm.rules[{}] ({}): then", i, r.name);
+    const std::string where = rule_where(policy, i) + ": then";
     if (param_is_semantic(r.then.param) && config.kv_policy != KvPolicy::kSemantic &&
         config.kv_policy != KvPolicy::kH2O) {
       return invalid_argument(

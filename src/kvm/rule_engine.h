@@ -44,6 +44,12 @@ void set_semantic_params(ParamTable* t, const std::string& sla_class, const Sema
 // setting whose 0 means off. Errors (kInvalidArgument) name the rule and the field, e.g.
 // "kvm.rules[2] (hot): then: unknown parameter 'semantic_treshold' (known: ...)".
 Status validate_rules(const std::vector<KvmRule>& rules, const std::vector<std::string>& classes);
+// The same for a policy's rules, naming those read from its rules_file by the file and their index
+// there: "kvm.rules_file r.yaml: rules[0] (hot): ...".
+Status validate_rules(const KvmConfig& policy, const std::vector<std::string>& classes);
+// How errors name rule i of `policy`: "kvm.rules[i] (name)", or for a rule of its rules_file
+// "kvm.rules_file <path>: rules[j] (name)".
+std::string rule_where(const KvmConfig& policy, size_t i);
 // Checks that the rules' actions have a cut to act on in `config` (a semantic parameter needs
 // kv_policy semantic or h2o; spatial_min_context and migrate_to_shard need spatial shards > 1);
 // kInvalidArgument naming the rule. The engine checks this at start and on a policy reload, and

@@ -265,6 +265,14 @@ TEST(ConfigTest, OneDocumentNoTagsBoundedDepth) {
   expect_error(deeper + "\n", "YAML nested deeper than 32 levels (the limit)");
   // yaml-cpp's LoadAll loops forever on this (found by the fuzz target): a syntax error here.
   expect_error("   ,", "YAML error at line 1, column 4: unexpected ','");
+  // The parser's message may quote the file's bytes: escaped, never a raw control byte (an ESC
+  // reached the terminal).
+  {
+    auto bad = parse_config("model: \"\\\x1b[2J\"\n");
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.status().message().find('\x1b'), std::string::npos) << bad.status().message();
+    EXPECT_NE(bad.status().message().find("\\x1b"), std::string::npos) << bad.status().message();
+  }
   for (const char* ok : {"", "# only a comment\n", "---\n", "---\nseed: 3\n", "seed: 3\n...\n"}) {
     auto c = parse_config(ok);
     EXPECT_TRUE(c.ok()) << "'" << ok << "': " << c.status().to_string();
@@ -312,6 +320,31 @@ TEST(ConfigTest, FileErrorsStartWithThePath) {
   auto missing = load_config_file(dir.file("nope.yaml"));
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+// A reload reads a class's kv block over the running kv.cuts.semantic, not the file's (which needs
+// a restart): an edited engine section reached only the classes with a kv block of their own.
+TEST(ConfigTest, AReloadReadsClassKvBlocksOverTheRunningSettings) {
+  kvsplit::testing::TempDir dir;
+  const std::string path = dir.file("c.yaml");
+  std::ofstream(path) << "kv:\n  kv_cache_compression: semantic_v2\n"
+                         "  cuts: {semantic: {evict_threshold: 0.1, recent_tokens: 8}}\n"
+                         "sla_classes:\n  voice: {kv: {semantic_threshold: 0.2}}\n  bg: {}\n";
+  SemanticCutConfig running;
+  running.evict_threshold = 0.05f;
+  running.recent_tokens = 256;
+  auto reload = load_config_file(path, running);
+  ASSERT_TRUE(reload.ok()) << reload.status().to_string();
+  ASSERT_TRUE(reload->engine.sla_classes[0].semantic.has_value());
+  const SemanticCutConfig& voice = *reload->engine.sla_classes[0].semantic;
+  EXPECT_FLOAT_EQ(voice.semantic_threshold, 0.2f);
+  EXPECT_FLOAT_EQ(voice.evict_threshold, 0.05f);
+  EXPECT_EQ(voice.recent_tokens, 256);
+  EXPECT_FALSE(reload->engine.sla_classes[1].semantic.has_value());
+  auto start = load_config_file(path);  // at start the file's section is the base
+  ASSERT_TRUE(start.ok()) << start.status().to_string();
+  EXPECT_FLOAT_EQ(start->engine.sla_classes[0].semantic->evict_threshold, 0.1f);
+  EXPECT_EQ(start->engine.sla_classes[0].semantic->recent_tokens, 8);
 }
 
 // Every shipped config parses and validates (CI also runs kvsplit-server --check-config on them).

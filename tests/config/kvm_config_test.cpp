@@ -260,6 +260,15 @@ TEST(KvmConfigTest, RulesFileErrorsNameTheFile) {
   write("syntax.yaml", "rules: [\n");
   expect_error("kvm: {rules_file: syntax.yaml}\n", "kvm.rules_file syntax.yaml: YAML error");
   expect_error("kvm: {rules_file: \"\"}\n", "kvm.rules_file: must be a file path");
+
+  // What validation finds in a file's rule (a class the config lacks) names the file and the
+  // rule's index there, not its place in the merged list (it said "kvm.rules[1]", which the
+  // config does not have).
+  write("cls.yaml",
+        "rules:\n  - {when: \"device_kv_use > 0.9\", exit: \"device_kv_use < 0.8\",\n"
+        "     then: \"semantic_threshold += 0.05\", class: nope}\n");
+  expect_error(std::string("kvm:\n  rules_file: cls.yaml\n  rules:\n    - ") + kRule + "\n",
+               "kvm.rules_file cls.yaml: rules[0] (rule-1): class: unknown class 'nope'");
 }
 
 TEST(KvmConfigTest, LoadConfigFileValidatesAPolicy) {
