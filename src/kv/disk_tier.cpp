@@ -220,7 +220,7 @@ void DiskTier::submit_write(DiskOp& op, std::span<const std::span<const std::byt
   op.checksum_ = checksum(op, stream, none);
   if (op.injected_ == InjectedFault::kCorrupt) op.checksum_ ^= 1;  // seen by the next read
   if (direct_) {  // one aligned copy: payload, zeros to the alignment
-    make_bounce(op, bytes);
+    if (!make_bounce(op, bytes)) return fail_without_io(op, bytes, ENOMEM);
     std::byte* at = op.bounce_.get();
     for (const iovec& v : stream) {
       std::memcpy(at, v.iov_base, v.iov_len);
@@ -233,12 +233,26 @@ void DiskTier::submit_write(DiskOp& op, std::span<const std::span<const std::byt
   submit_all(op, plan_io(op, stream));
 }
 
-void DiskTier::make_bounce(DiskOp& op, int64_t bytes) const {
-  op.bounce_bytes_ = (bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-  void* p = std::aligned_alloc(kDirectAlign, static_cast<size_t>(op.bounce_bytes_));
-  KVSPLIT_CHECK_MSG(p != nullptr, "disk tier: out of memory for an O_DIRECT buffer");
+bool DiskTier::make_bounce(DiskOp& op, int64_t bytes) const {
+  const int64_t aligned = (bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  // Under memory pressure (the time swaps happen) the buffer may not be there: the op fails as a
+  // disk fault would, and its caller keeps its copy or recomputes.
+  void* p = op.injected_ == InjectedFault::kNoBuffer ? nullptr
+                                                     : std::aligned_alloc(kDirectAlign, aligned);
+  if (p == nullptr) return false;
+  op.bounce_bytes_ = aligned;
   op.bounce_.reset(static_cast<std::byte*>(p));
-  std::memset(op.bounce_.get() + bytes, 0, static_cast<size_t>(op.bounce_bytes_ - bytes));
+  std::memset(op.bounce_.get() + bytes, 0, static_cast<size_t>(aligned - bytes));
+  return true;
+}
+
+void DiskTier::fail_without_io(DiskOp& op, int64_t bytes, int error) {
+  op.expected_.assign(1, bytes);
+  auto c = std::make_shared<IoCompletion>(bytes);
+  c->complete(IoResult{0, error});
+  op.io_.push_back(std::move(c));
+  op.tier_ = this;
+  op.finished_ = false;
 }
 
 void DiskTier::submit_all(DiskOp& op, std::vector<IoRequest> reqs) {
@@ -308,7 +322,10 @@ StatusOr<DiskOp> DiskTier::read(RecordId id, std::span<const std::span<std::byte
   op.dst_.assign(dst.begin(), dst.end());
   std::vector<iovec> stream;
   if (direct_) {  // into the aligned buffer; finish() checks it and copies the payload out
-    make_bounce(op, bytes);
+    if (!make_bounce(op, bytes)) {
+      fail_without_io(op, bytes, ENOMEM);
+      return op;
+    }
     stream.push_back(iovec{op.bounce_.get(), static_cast<size_t>(op.bounce_bytes_)});
   } else {
     for (const auto& s : dst)

@@ -74,7 +74,9 @@ std::string_view disk_fault_name(DiskFault f);
 // Faults the hook can inject into the next record operations (tests): kNoSpace / kIoError fail
 // the operation's first request without I/O, kShortIo truncates its last request, kCorrupt flips
 // a payload byte after a read (or stores a wrong checksum on a write, seen by the next read).
-enum class InjectedFault : uint8_t { kNoSpace, kIoError, kShortIo, kCorrupt };
+// kNoBuffer: an O_DIRECT tier cannot allocate the op's aligned buffer (memory pressure); no
+// effect on a buffered tier.
+enum class InjectedFault : uint8_t { kNoSpace, kIoError, kShortIo, kCorrupt, kNoBuffer };
 // Asked once per record operation (on the thread that starts it, under the tier's lock);
 // nullopt = no fault. Unset (the default) costs one branch.
 using DiskFaultHook = std::function<std::optional<InjectedFault>(IoOp op)>;
@@ -257,7 +259,10 @@ class DiskTier {
   DiskTier(DiskTierConfig config, std::string file, int lock_fd, int fd,
            std::unique_ptr<BlockIo> io, int64_t extents, uint64_t session, bool direct);
   // O_DIRECT: a zeroed, aligned buffer of `bytes` rounded up to kDirectAlign, in `op`.
-  void make_bounce(DiskOp& op, int64_t bytes) const;
+  // False when the buffer cannot be allocated (then fail_without_io fails the op).
+  bool make_bounce(DiskOp& op, int64_t bytes) const;
+  // Completes `op` with errno `error` and no I/O (finish() reports it as any failed I/O).
+  void fail_without_io(DiskOp& op, int64_t bytes, int error);
   Status finish(DiskOp& op);  // op's I/O is done: check it, update the index and counters
   Status fault_locked(DiskOp* op, DiskFault f, const std::string& detail);
   Record* find_locked(RecordId id);

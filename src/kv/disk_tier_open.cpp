@@ -75,33 +75,42 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::open(const DiskTierConfig& config)
   }
   if (st.st_size > 0) {
     uint64_t magic = 0;
-    if (::pread(fd, &magic, sizeof magic, 0) != static_cast<ssize_t>(sizeof magic) ||
-        magic != kFileMagic)
+    const bool read = ::pread(fd, &magic, sizeof magic, 0) == static_cast<ssize_t>(sizeof magic);
+    // A header that never reached the disk (a crash or power loss while a tier was being set up)
+    // reads back as zeros over at most the header page: ours, to set up again.
+    const bool unwritten = read && magic == 0 && st.st_size <= kDataOffset;
+    if (!read || (magic != kFileMagic && !unwritten))
       return fail(StatusCode::kFailedPrecondition,
                   "exists and is not a kvsplit disk tier file; left untouched");
   }
-  // Records never outlive the tier that wrote them: drop whatever a previous process left.
-  std::random_device rd;
-  const uint64_t session =
-      (uint64_t{rd()} << 32 | rd()) ^
-      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  const FileHeader fh{kFileMagic, kFormatVersion, 0, config.extent_bytes, session};
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, &fh, sizeof fh, 0) != sizeof fh ||
-      ::ftruncate(fd, kDataOffset) != 0)
-    return fail(StatusCode::kUnavailable, "cannot initialize: " + errno_text(errno));
   // The records: a file with no name beside it (DiskTier::fd_), laid out as the named one was.
+  // Made before the named file is touched, so a directory it cannot be made in changes nothing.
   int data = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   if (data < 0) {  // a file system without O_TMPFILE: create it and take its name away at once
     std::string name = (std::filesystem::path(dir) / ".kvsplit-kv-tier-XXXXXX").string();
     data = ::mkostemp(name.data(), O_CLOEXEC);
     if (data >= 0) ::unlink(name.c_str());
   }
-  if (data < 0)
-    return fail(StatusCode::kUnavailable, "cannot create its data file: " + errno_text(errno));
+  if (data < 0) {
+    const int err = errno;
+    return fail(err == EACCES || err == EPERM || err == EROFS ? StatusCode::kPermissionDenied
+                                                              : StatusCode::kUnavailable,
+                "cannot create its data file in " + dir + ": " + errno_text(err));
+  }
   auto fail_data = [&](StatusCode code, const std::string& what) {
     ::close(data);
     return fail(code, what);
   };
+  // Records never outlive the tier that wrote them: drop whatever a previous process left. The
+  // header is synced once: a power loss must not leave a file every later open refuses.
+  std::random_device rd;
+  const uint64_t session =
+      (uint64_t{rd()} << 32 | rd()) ^
+      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  const FileHeader fh{kFileMagic, kFormatVersion, 0, config.extent_bytes, session};
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, &fh, sizeof fh, 0) != sizeof fh ||
+      ::ftruncate(fd, kDataOffset) != 0 || ::fdatasync(fd) != 0)
+    return fail_data(StatusCode::kUnavailable, "cannot initialize: " + errno_text(errno));
   if (::pwrite(data, &fh, sizeof fh, 0) != sizeof fh ||
       ::ftruncate(data, kDataOffset + extents * config.extent_bytes) != 0)
     return fail_data(StatusCode::kUnavailable, "cannot initialize: " + errno_text(errno));
