@@ -349,7 +349,9 @@ int main(int argc, char** argv) {
   std::printf(
       "\nKV bytes read per token and layer: full %.0f, int8 %.0f (%.3fx), int4 %.0f (%.3fx)\n",
       full_bpt, int8_bpt, int8_bpt / full_bpt, int4_bpt, int4_bpt / full_bpt);
+  // --cold times the mean wall time of the calls after each flush (cpu_time does not apply).
   std::printf("quant cases timed by %s\n", best_call  ? "the fastest single call (wall)"
+                                           : cold     ? "the mean wall time of the cold calls"
                                            : cpu_time ? "process CPU time / threads"
                                                       : "wall time");
   std::printf("quant   %5s %7s | %9s %9s %9s %9s | %9s %9s %9s\n", "seqs", "kv_len", "us full",

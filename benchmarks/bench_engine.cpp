@@ -47,7 +47,10 @@ double seconds_since(Clock::time_point t0) {
 
 struct Costs {
   double weight_bytes = 0;  // all matmul weights (embedding lookup excluded)
+  // The layers' matmuls, run for every token; the LM head runs only for rows that produce
+  // logits (a prefill's last token per sequence, every decode token).
   double matmul_flops_per_token = 0;
+  double lm_head_flops_per_row = 0;
 };
 
 Costs model_costs(const model::ModelConfig& c, const model::ModelWeights& w,
@@ -56,9 +59,8 @@ Costs model_costs(const model::ModelConfig& c, const model::ModelWeights& w,
   // What a decode step streams: the matrices at the dtype the backend holds them in (the CPU
   // backend keeps bf16/f16 as 16-bit, CUDA converts to its weight dtype).
   k.weight_bytes = llama.matmul_weight_bytes();
-  auto mat = [&](const model::WeightTensor& t) {
-    k.matmul_flops_per_token += 2.0 * static_cast<double>(t.numel());
-  };
+  auto flops = [](const model::WeightTensor& t) { return 2.0 * static_cast<double>(t.numel()); };
+  auto mat = [&](const model::WeightTensor& t) { k.matmul_flops_per_token += flops(t); };
   for (const auto& l : w.layers) {
     mat(l.wq);
     mat(l.wk);
@@ -68,7 +70,7 @@ Costs model_costs(const model::ModelConfig& c, const model::ModelWeights& w,
     mat(l.w_up);
     mat(l.w_down);
   }
-  mat(w.lm_head.present() ? w.lm_head : w.embedding);
+  k.lm_head_flops_per_row = flops(w.lm_head.present() ? w.lm_head : w.embedding);
   return k;
 }
 
@@ -449,8 +451,10 @@ int main(int argc, char** argv) {
     const double tokens = static_cast<double>(b) * prompt_len;
     const double attn_flops = static_cast<double>(b) * cfg.num_layers * 2.0 * 2.0 * cfg.num_heads *
                               cfg.head_dim * (prompt_len * (prompt_len + 1) / 2.0);
+    // The LM head runs once per sequence (Logits::kLast), not per prompt token.
     const double prefill_gflops =
-        (tokens * costs.matmul_flops_per_token + attn_flops) / prefill_s / 1e9;
+        (tokens * costs.matmul_flops_per_token + b * costs.lm_head_flops_per_row + attn_flops) /
+        prefill_s / 1e9;
 
     // Decode: one warm-up step, then timed steps, one token per sequence each.
     std::vector<int32_t> next(b, 5);
