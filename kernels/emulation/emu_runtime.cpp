@@ -7,8 +7,10 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <vector>
@@ -145,6 +147,40 @@ struct Scheduler {
 
 thread_local size_t t_max_smem = kMaxDynamicSmemBytes;
 thread_local AsyncCopyMode t_copy_mode = AsyncCopyMode::kDeferred;
+
+// The schedule KVSPLIT_EMU_SCHEDULE asks for (read once): the order and the random seed.
+struct ScheduleSpec {
+  ScheduleOrder order = ScheduleOrder::kInOrder;
+  uint64_t seed = 1;
+};
+ScheduleSpec schedule_from_env() {
+  ScheduleSpec spec;
+  const char* e = std::getenv("KVSPLIT_EMU_SCHEDULE");
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "inorder") == 0) return spec;
+  if (std::strcmp(e, "reverse") == 0) {
+    spec.order = ScheduleOrder::kReverse;
+  } else if (std::strncmp(e, "random", 6) == 0 && (e[6] == '\0' || e[6] == ':')) {
+    spec.order = ScheduleOrder::kRandom;
+    if (e[6] == ':') spec.seed = std::strtoull(e + 7, nullptr, 10);
+  } else {
+    std::fprintf(stderr,
+                 "kvsplit emulation: KVSPLIT_EMU_SCHEDULE=%s is not inorder, reverse, random or "
+                 "random:SEED\n",
+                 e);
+    std::abort();
+  }
+  return spec;
+}
+thread_local ScheduleSpec t_schedule = [] {
+  static const ScheduleSpec from_env = schedule_from_env();
+  return from_env;
+}();
+// xorshift64 state of the random order (never 0).
+uint64_t schedule_rng_start(uint64_t seed) {
+  const uint64_t x = 0x9E3779B97F4A7C15ull ^ (seed * 0xBF58476D1CE4E5B9ull);
+  return x == 0 ? 1 : x;
+}
+thread_local uint64_t t_schedule_rng = schedule_rng_start(t_schedule.seed);
 // The scheduler is owned by t_sched_owner (fibers are reused by every later launch) and read
 // through a plain pointer: a thread_local with a destructor is reached through a TLS init call on
 // every access, which took ~15% of the emulated tests' time under ASan.
@@ -213,6 +249,70 @@ void switch_to(Context* from, Fiber* to) {
 #endif
 }
 
+uint64_t schedule_random() {
+  uint64_t x = t_schedule_rng;
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  return t_schedule_rng = x;
+}
+
+// The runnable fiber to run after `f` (nullptr: none, or in order none after it: back to the
+// scheduler's loop, which resolves barriers and starts the next round).
+Fiber* pick_next(Scheduler& s, const Fiber* f) {
+  const int n = s.num_threads;
+  switch (t_schedule.order) {
+    case ScheduleOrder::kInOrder:
+      for (int i = (f ? f->index + 1 : 0); i < n; ++i)
+        if (s.fibers[i]->state == FiberState::kRunnable) return s.fibers[i].get();
+      return nullptr;
+    case ScheduleOrder::kReverse:
+      for (int i = n - 1; i >= 0; --i)
+        if (s.fibers[i]->state == FiberState::kRunnable) return s.fibers[i].get();
+      return nullptr;
+    case ScheduleOrder::kRandom:
+      break;
+  }
+  // Seven times in eight a thread of the same warp (so a warp runs ahead of the others, through
+  // its warp operations), else any.
+  const int base = f ? f->index & ~(kWarpSize - 1) : 0;
+  const bool same_warp = (schedule_random() & 7) != 0;
+  const int lo = same_warp ? base : 0, hi = same_warp ? std::min(n, base + kWarpSize) : n;
+  for (int pass = 0; pass < 2; ++pass) {
+    const int from = pass == 0 ? lo : 0, to = pass == 0 ? hi : n;
+    int count = 0;
+    for (int i = from; i < to; ++i) count += s.fibers[i]->state == FiberState::kRunnable;
+    if (count == 0) continue;
+    int k = static_cast<int>(schedule_random() % static_cast<uint64_t>(count));
+    for (int i = from; i < to; ++i)
+      if (s.fibers[i]->state == FiberState::kRunnable && k-- == 0) return s.fibers[i].get();
+  }
+  return nullptr;
+}
+
+// Out of order: releases f's warp operation once every lane of its mask has arrived at it (in
+// order, the scheduler's loop releases it when the whole block has stopped).
+void release_warp_if_complete(Scheduler& s, const Fiber& f) {
+  if (t_schedule.order == ScheduleOrder::kInOrder) return;
+  const int base = f.index & ~(kWarpSize - 1);
+  for (int l = 0; l < kWarpSize; ++l) {
+    if (!((f.warp_mask >> l) & 1u)) continue;
+    const int j = base + l;
+    if (j >= s.num_threads || s.fibers[j]->state != FiberState::kWarpBarrier ||
+        s.fibers[j]->warp_mask != f.warp_mask)
+      return;
+  }
+  uint64_t vals[kWarpSize] = {};
+  for (int l = 0; l < kWarpSize; ++l)
+    if ((f.warp_mask >> l) & 1u) vals[l] = s.fibers[base + l]->published;
+  for (int l = 0; l < kWarpSize; ++l) {
+    if (!((f.warp_mask >> l) & 1u)) continue;
+    Fiber& g = *s.fibers[base + l];
+    std::memcpy(g.received, vals, sizeof(vals));
+    g.state = FiberState::kRunnable;
+  }
+}
+
 void fiber_entry() {
   Scheduler& s = sched();
 #if defined(KVSPLIT_EMU_ASAN)
@@ -223,14 +323,7 @@ void fiber_entry() {
     s.thunk(s.ctx);
     f->state = FiberState::kDone;
     // Hand over to the next runnable fiber of this round, or back to the scheduler.
-    Fiber* next = nullptr;
-    for (int i = f->index + 1; i < s.num_threads; ++i) {
-      if (s.fibers[i]->state == FiberState::kRunnable) {
-        next = s.fibers[i].get();
-        break;
-      }
-    }
-    switch_to(&f->context, next);
+    switch_to(&f->context, pick_next(s, f));
   }
 }
 
@@ -243,13 +336,9 @@ void block_current(FiberState state) {
     std::abort();
   }
   f->state = state;
-  Fiber* next = nullptr;
-  for (int i = f->index + 1; i < s.num_threads; ++i) {
-    if (s.fibers[i]->state == FiberState::kRunnable) {
-      next = s.fibers[i].get();
-      break;
-    }
-  }
+  if (state == FiberState::kWarpBarrier) release_warp_if_complete(s, *f);
+  Fiber* next = pick_next(s, f);
+  if (next == f) return;  // its own warp operation was released: it runs on
   switch_to(&f->context, next);
 }
 
@@ -450,6 +539,11 @@ void async_copy(void* dst, const void* src, size_t bytes) {
 size_t max_dynamic_smem_bytes() { return t_max_smem; }
 void set_max_dynamic_smem_bytes(size_t bytes) { t_max_smem = bytes; }
 void set_async_copy_mode(AsyncCopyMode mode) { t_copy_mode = mode; }
+void set_schedule_order(ScheduleOrder order, uint64_t seed) {
+  t_schedule = ScheduleSpec{order, seed};
+  t_schedule_rng = schedule_rng_start(seed);
+}
+ScheduleOrder schedule_order() { return t_schedule.order; }
 
 void async_commit() {
   Fiber& f = running_fiber("cp.async.commit_group");
@@ -541,9 +635,7 @@ cudaError_t run_grid(KernelThunk thunk, const void* ctx, dim3 grid, dim3 block, 
           if (f.needs_init) init_fiber(f);
         }
         for (;;) {
-          Fiber* first = nullptr;
-          for (int i = 0; i < n && !first; ++i)
-            if (s.fibers[i]->state == FiberState::kRunnable) first = s.fibers[i].get();
+          Fiber* first = pick_next(s, nullptr);
           if (first) switch_to(&s.main_context, first);
           if (s.faulted) break;
           if (!resolve(s)) break;

@@ -48,6 +48,18 @@ void set_max_dynamic_smem_bytes(size_t bytes);
 // and barriers in the right places on both sides. Per OS thread.
 enum class AsyncCopyMode { kDeferred, kEager };
 void set_async_copy_mode(AsyncCopyMode mode);
+// The order the threads of a block run in between their barriers and warp operations:
+// kInOrder (the default) runs thread 0, 1, ... each up to its next barrier, and releases a warp
+// operation only when every thread of the block has stopped; kReverse runs the highest-numbered
+// runnable thread first; kRandom picks a runnable thread at random (from the same warp seven times
+// in eight, so warps run ahead of each other). kReverse and kRandom release a warp operation as
+// soon as its lanes have all arrived, as a GPU does. A kernel that is right whatever the order has
+// no race the harness can see: a read of shared memory before the barrier that orders it after its
+// write gives a wrong answer in some order. Per OS thread; the default comes from the environment
+// variable KVSPLIT_EMU_SCHEDULE (inorder, reverse, random or random:SEED) when it is set.
+enum class ScheduleOrder { kInOrder, kReverse, kRandom };
+void set_schedule_order(ScheduleOrder order, uint64_t seed = 1);
+ScheduleOrder schedule_order();
 
 struct ThreadState {
   uint3 thread_idx;

@@ -99,6 +99,56 @@ TEST(Emulation, PartialSyncthreadsIsAnError) {
   EXPECT_EQ(sum[0], 256.f);
 }
 
+// Two block sums through one shared scratch array; `guarded` puts the barrier before the second
+// sum's writes that orders them after the first sum's reads. Without it a warp that runs ahead
+// overwrites scratch while others still read the first sum: a race a GPU shows.
+__device__ float scratch_block_sum(float v, float* scratch, bool guarded) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  if (guarded) __syncthreads();  // the previous sum's readers are done
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float total = 0.f;
+  for (int w = 0; w < warps; ++w) total += scratch[w];
+  return total;
+}
+
+__global__ void two_sums_kernel(float* out, bool guarded) {
+  __shared__ float scratch[32];
+  const float first = scratch_block_sum(1.f, scratch, guarded);
+  (void)scratch_block_sum(2.f * static_cast<float>(threadIdx.x), scratch, guarded);
+  out[threadIdx.x] = first;
+}
+
+// The harness's schedules: in order (the default) warps wait for the whole block at every warp
+// operation, which hides the race above; reverse and random orders release a warp as soon as its
+// lanes arrive and show it. The guarded kernel is right in every order.
+TEST(Emulation, OutOfOrderSchedulesShowARaceInOrderHides) {
+  using kvsplit::emu::ScheduleOrder;
+  const ScheduleOrder saved = kvsplit::emu::schedule_order();
+  auto wrong_outputs = [](ScheduleOrder order, uint64_t seed, bool guarded) {
+    kvsplit::emu::set_schedule_order(order, seed);
+    std::vector<float> out(256, -1.f);
+    EXPECT_EQ(launch(two_sums_kernel, dim3(1), dim3(256), 0, nullptr, out.data(), guarded),
+              cudaSuccess);
+    int wrong = 0;
+    for (float v : out) wrong += v != 256.f;
+    return wrong;
+  };
+  EXPECT_EQ(wrong_outputs(ScheduleOrder::kInOrder, 1, false), 0);  // the blind spot
+  EXPECT_GT(wrong_outputs(ScheduleOrder::kReverse, 1, false), 0);
+  int random_wrong = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed)
+    random_wrong += wrong_outputs(ScheduleOrder::kRandom, seed, false);
+  EXPECT_GT(random_wrong, 0);
+  for (const ScheduleOrder order :
+       {ScheduleOrder::kInOrder, ScheduleOrder::kReverse, ScheduleOrder::kRandom}) {
+    for (uint64_t seed = 1; seed <= 4; ++seed)
+      EXPECT_EQ(wrong_outputs(order, seed, true), 0) << static_cast<int>(order) << " " << seed;
+  }
+  kvsplit::emu::set_schedule_order(saved);
+}
+
 __global__ void bad_mask_kernel(int* out) {
   // Lanes 0..15 name the full warp but lanes 16..31 never arrive.
   if (threadIdx.x < 16) out[threadIdx.x] = __shfl_sync(0xffffffffu, 1, 0);
