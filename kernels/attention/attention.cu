@@ -1,6 +1,7 @@
 // Launchers of the paged attention kernels: validation, the one dispatch site over
 // (KV dtype x head_dim), grid shapes. Compiled by nvcc (kvsplit_cuda) and by g++ under the
 // emulation harness (kernels/emulation/emulated_kernels.cpp).
+#include <cstdint>
 #include <string>
 
 #include "kernels/attention/paged_attention.cuh"
@@ -31,6 +32,9 @@ Status validate_paged_attention(const PagedAttentionParams& p) {
   if (p.num_seqs == 0) return ok_status();
   if (!p.q || !p.out || !p.kv || !p.query_start || !p.kv_lens || !p.block_tables)
     return invalid_argument("attention: null pointer argument");
+  // The kernels stage K and V rows by 16-byte cp.async (cudaMalloc and the pools' arenas align).
+  if (reinterpret_cast<uintptr_t>(p.kv) % 16 != 0)
+    return invalid_argument("attention: kv must be 16-byte aligned");
   if (p.num_blocks <= 0 || p.max_blocks_per_seq <= 0)
     return invalid_argument("attention: num_blocks and max_blocks_per_seq must be positive");
   if (!(p.scale > 0.f)) return invalid_argument("attention: scale must be positive");

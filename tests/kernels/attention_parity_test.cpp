@@ -380,6 +380,20 @@ TEST(AttentionLaunch, BadBlockIdIsFlaggedNotRead) {
   EXPECT_EQ(d.error_flag.to_host()[0], 1);
 }
 
+// The kernels copy K and V rows by 16-byte cp.async: a misaligned page array is refused before
+// the launch (only the mixed launcher checked it).
+TEST(AttentionLaunch, MisalignedPagesAreRefused) {
+  KVSPLIT_REQUIRE_DEVICE();
+  oracle::CaseSpec spec;
+  spec.kv_lens = {40};
+  oracle::AttentionCase c = oracle::make_case(spec);
+  DeviceCase d = upload(c, ElemType::kF32);
+  d.params.kv = static_cast<const unsigned char*>(d.params.kv) + 4;  // still inside the array
+  const Status st = kernels::launch_paged_decode(d.params, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("16-byte aligned"), std::string::npos) << st.to_string();
+}
+
 // A kv_len that needs more pages than the table row holds: flagged, never read from past the row.
 TEST(AttentionLaunch, KvLenPastTheTableRowIsFlagged) {
   KVSPLIT_REQUIRE_DEVICE();
