@@ -197,13 +197,15 @@ StatusOr<ModelConfig> parse_hf_config(const std::string& dir) {
   KVSPLIT_ASSIGN_OR_RETURN(c.hidden_dim, get_int(j, "intermediate_size", std::nullopt, what));
   KVSPLIT_ASSIGN_OR_RETURN(c.num_layers, get_int(j, "num_hidden_layers", std::nullopt, what));
   KVSPLIT_ASSIGN_OR_RETURN(c.num_heads, get_int(j, "num_attention_heads", std::nullopt, what));
-  // transformers' defaults: absent, MistralConfig's 8 (LlamaConfig: num_attention_heads); null,
-  // num_attention_heads in every class.
+  // transformers' defaults: absent, MistralConfig's 8, Qwen2Config's 32 (LlamaConfig:
+  // num_attention_heads); null, num_attention_heads in every class.
   const auto kvh = j.find("num_key_value_heads");
-  const bool kvh_null = kvh != j.end() && kvh->is_null();
-  KVSPLIT_ASSIGN_OR_RETURN(c.num_kv_heads,
-                           get_int(j, "num_key_value_heads",
-                                   arch == Arch::kMistral && !kvh_null ? 8 : c.num_heads, what));
+  const bool kvh_absent = kvh == j.end();
+  const int kvh_default = !kvh_absent              ? c.num_heads
+                          : arch == Arch::kMistral ? 8
+                          : arch == Arch::kQwen2   ? 32
+                                                   : c.num_heads;
+  KVSPLIT_ASSIGN_OR_RETURN(c.num_kv_heads, get_int(j, "num_key_value_heads", kvh_default, what));
   if (j.find("head_dim") == j.end() || j["head_dim"].is_null()) {
     if (c.dim % c.num_heads != 0) {
       return invalid_argument(what + ": hidden_size " + std::to_string(c.dim) +

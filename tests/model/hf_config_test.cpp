@@ -346,7 +346,7 @@ TEST(HfConfigFields, UnsupportedFieldsNameFieldAndValue) {
 }
 
 // A config without num_key_value_heads takes transformers' default for its class: MistralConfig
-// 8, LlamaConfig num_attention_heads.
+// 8, Qwen2Config 32 (it took num_attention_heads), LlamaConfig num_attention_heads.
 TEST(HfConfigFields, MissingKvHeadsTakeTheClassDefault) {
   json m = base_config("MistralForCausalLM");
   m["num_attention_heads"] = 16;
@@ -358,6 +358,13 @@ TEST(HfConfigFields, MissingKvHeadsTakeTheClassDefault) {
   json l = base_config();
   l.erase("num_key_value_heads");
   EXPECT_EQ(parse_ok(l).num_kv_heads, l["num_attention_heads"].get<int>());
+  json q = base_config("Qwen2ForCausalLM");
+  q["num_attention_heads"] = 64;
+  q["hidden_size"] = 128;
+  q.erase("num_key_value_heads");
+  EXPECT_EQ(parse_ok(q).num_kv_heads, 32);
+  q["num_key_value_heads"] = nullptr;
+  EXPECT_EQ(parse_ok(q).num_kv_heads, 64);
 }
 
 TEST(HfConfigFields, SlidingWindow) {
