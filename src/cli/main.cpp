@@ -137,6 +137,12 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
   auto pool = kv::KvPool::create(**backend, pc, (*llama)->kv_shape());
   if (!pool.ok()) return fail(pool.status());
   if (gf.prefix_cache == "on") (*pool)->enable_prefix_cache();
+  // As the engine refuses it at start: the spatial cut has no sliding-window attention (the run
+  // failed with UNIMPLEMENTED midway, once a sequence first overflowed onto a peer).
+  if (gf.spatial_shards > 1 && cfg.has_sliding_window())
+    return fail(unimplemented(
+        "--spatial-shards > 1: the spatial cut does not support sliding-window attention, and the "
+        "model has windowed layers (sliding_window)"));
   if (gf.spatial_shards > 1) {  // the spatial cut: --kv-blocks pages on each shard
     std::vector<std::unique_ptr<backend::Backend>> peers;
     // CUDA: shard s on visible device s mod count (the home runs on device 0); the CPU backend's

@@ -140,6 +140,12 @@ TEST(CliTest, BadInputsFailClearlyWithExitTwo) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("top_k"), std::string::npos) << r.err;
 
+  // Spatial shards with a windowed model: refused at start, as the engine refuses it (the run
+  // failed midway once a sequence first overflowed onto a peer).
+  r = run("generate --model synthetic:stories260k@window=32 --spatial-shards 2 --prompt x");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("sliding-window attention"), std::string::npos) << r.err;
+
   // Not a regular file: refused at once (a FIFO used to hang, /dev/zero to grow without bound).
   r = run("generate --model /dev/zero --prompt x");
   EXPECT_EQ(r.exit_code, 2) << r.err;
