@@ -205,12 +205,13 @@ StatusOr<SimResult> Sim::run() {
       }
     }
     while (next_tick <= t && remaining_ > 0) {
-      // Steps the profile prices in hours (or an infinite clock) would sample without end.
-      if (++ticks > kMaxTicks) {
+      // Steps the profile prices in hours (or an infinite clock) would sample without end. The
+      // samples up to the last arrival are bounded above; these are the ones after it.
+      if (next_tick > last && ++ticks > kMaxTicks) {
         return invalid_argument(
-            "simulator: the simulated run passed " + std::to_string(kMaxTicks) +
-            " samples of kvm.interval_ms " + std::to_string(c_.kvm.interval_ms) +
-            " (its clock at " + std::to_string(t) +
+            "simulator: the simulated run went on for " + std::to_string(kMaxTicks) +
+            " samples of kvm.interval_ms after the last arrival, " +
+            std::to_string(c_.kvm.interval_ms) + " (its clock at " + std::to_string(t) +
             " ms: a profile's costs too large for the trace? raise interval_ms or check the "
             "profile)");
       }

@@ -101,10 +101,9 @@ int main(int argc, char** argv) {
   if ((info || stats) && app.count("prompt") > 0)
     return usage_error("--info / --stats take no prompt");
   if (info || stats) {
-    for (const char* flag :
-         {"--max-tokens", "--temperature", "--top-p", "--top-k", "--min-p", "--repetition-penalty",
-          "--seed", "--stop", "--ignore-eos", "--sla-class", "--priority", "--top-logprobs",
-          "--request-id", "--json"}) {
+    for (const char* flag : {"--max-tokens", "--temperature", "--top-p", "--top-k", "--min-p",
+                             "--repetition-penalty", "--seed", "--stop", "--ignore-eos",
+                             "--sla-class", "--priority", "--top-logprobs", "--request-id"}) {
       if (app.count(flag) > 0)
         return usage_error(std::string(flag) + " is for a generation, not --info / --stats");
     }

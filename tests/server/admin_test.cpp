@@ -678,6 +678,10 @@ TEST_F(AdminTest, TheClientRefusesFlagsItWouldDrop) {
     EXPECT_EQ(code, 2) << args << ": " << out;
     EXPECT_NE(out.find(says), std::string::npos) << args << ": " << out;
   }
+  // --json with --info is redundant, not dropped (both print JSON): the call is made (and fails
+  // to connect here, exit 1), never refused as a usage error.
+  auto [code, out] = run_command(client + "--info --json --timeout 2");
+  EXPECT_EQ(code, 1) << out;
 }
 
 TEST_F(AdminTest, FuzzedRequestsNeverCrashTheServer) {

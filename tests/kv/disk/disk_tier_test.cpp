@@ -602,6 +602,25 @@ TEST_P(DiskTierTest, BadPathsGiveClearErrors) {
   EXPECT_EQ(t.status().code(), StatusCode::kPermissionDenied) << t.status().to_string();
   EXPECT_NE(t.status().message().find(c.path), std::string::npos);
   if (::geteuid() != 0) ::chmod(dir_.file("ro").c_str(), 0700);
+  // A directory that holds a tier file but refuses the unnamed data file (root ignores modes):
+  // kPermissionDenied, the named file as it was.
+  if (::geteuid() != 0) {
+    c.path = dir_.file("ro-data");
+    std::filesystem::create_directories(c.path);
+    {
+      auto first = DiskTier::open(c);
+      ASSERT_TRUE(first.ok()) << first.status().to_string();
+    }
+    const std::string named = c.path + "/kvsplit-kv-tier.data";
+    const std::string before = read_file(named);
+    ::chmod(c.path.c_str(), 0500);
+    t = DiskTier::open(c);
+    EXPECT_EQ(t.status().code(), StatusCode::kPermissionDenied) << t.status().to_string();
+    EXPECT_NE(t.status().message().find("cannot create its data file"), std::string::npos)
+        << t.status().to_string();
+    EXPECT_EQ(read_file(named), before);
+    ::chmod(c.path.c_str(), 0700);
+  }
 
   // Bad configs.
   c = config(8);
