@@ -280,6 +280,14 @@ Fiber* pick_next(Scheduler& s, const Fiber* f) {
   const int lo = same_warp ? base : 0, hi = same_warp ? std::min(n, base + kWarpSize) : n;
   for (int pass = 0; pass < 2; ++pass) {
     const int from = pass == 0 ? lo : 0, to = pass == 0 ? hi : n;
+    // A few random probes first: most fibers are runnable most of the time, and a scan of the
+    // block on every switch made this order ~4x slower than in order.
+    for (int probe = 0; probe < 4; ++probe) {
+      Fiber* g =
+          s.fibers[from + static_cast<int>(schedule_random() % static_cast<uint64_t>(to - from))]
+              .get();
+      if (g->state == FiberState::kRunnable) return g;
+    }
     int count = 0;
     for (int i = from; i < to; ++i) count += s.fibers[i]->state == FiberState::kRunnable;
     if (count == 0) continue;
