@@ -126,7 +126,14 @@ struct Fiber {
   std::deque<std::vector<AsyncCopy>> committed;
 
   ~Fiber() {
-    if (map) munmap(map, map_bytes);
+    if (!map) return;
+#if defined(KVSPLIT_EMU_ASAN)
+    // The stack's shadow still marks the redzones of the frames suspended on it (a fiber parks in
+    // fiber_entry between launches): cleared before the pages go back, or a later mapping at the
+    // same address (a model file) reads as a stack overflow.
+    __asan_unpoison_memory_region(map, map_bytes);
+#endif
+    munmap(map, map_bytes);
   }
 };
 

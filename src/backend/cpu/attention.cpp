@@ -125,7 +125,8 @@ Status validate(const AttentionArgs& a, const char* op) {
       return invalid_argument(where + seq_str(s) + " has kv_len " + std::to_string(kv_len) +
                               " < q_len " + std::to_string(q_len));
     }
-    const int nb = (kv_len + a.kv.block_size - 1) / a.kv.block_size;
+    // In 64 bits: a kv_len near INT32_MAX would overflow the rounding.
+    const int nb = static_cast<int>((int64_t{kv_len} + a.kv.block_size - 1) / a.kv.block_size);
     if (nb > a.max_blocks_per_seq) {
       return invalid_argument(where + seq_str(s) + " needs " + std::to_string(nb) +
                               " blocks, block table has " + std::to_string(a.max_blocks_per_seq));

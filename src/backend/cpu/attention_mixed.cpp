@@ -60,7 +60,8 @@ Status validate_mixed(const AttentionArgs& a, const char* op, bool decode) {
   }
   if (bound && !(a.scale > 0.f)) return invalid_argument(where + "page_bound needs scale > 0");
   for (int s = 0; s < a.num_seqs; ++s) {
-    const int nb = (a.kv_lens[s] + a.kv.block_size - 1) / a.kv.block_size;
+    const int nb =
+        static_cast<int>((int64_t{a.kv_lens[s]} + a.kv.block_size - 1) / a.kv.block_size);
     const int64_t row0 = static_cast<int64_t>(s) * a.max_blocks_per_seq;
     for (int b = 0; b < nb; ++b) {
       const int p = a.page_precision ? a.page_precision[row0 + b] : 0;
@@ -233,7 +234,7 @@ void score_side_outputs(const AttentionArgs& a, const float* m, ThreadPool& pool
   items.clear();
   for (int s = 0; s < a.num_seqs; ++s) {
     if (!a.score_seqs[s]) continue;
-    const int nb = (a.kv_lens[s] + bs - 1) / bs;
+    const int nb = static_cast<int>((int64_t{a.kv_lens[s]} + bs - 1) / bs);
     // With a sliding window only the keys the query attends are scored (pages before its window
     // keep their values: this layer never reads them again).
     const int first = kernels::window_first_key(a.kv_lens[s] - 1, a.window);
