@@ -305,17 +305,16 @@ Fiber* pick_next(Scheduler& s, const Fiber* f) {
   return nullptr;
 }
 
-// Out of order: releases f's warp operation once every lane of its mask has arrived at it (in
-// order, the scheduler's loop releases it when the whole block has stopped).
-void release_warp_if_complete(Scheduler& s, const Fiber& f) {
-  if (t_schedule.order == ScheduleOrder::kInOrder) return;
+// Releases f's warp operation when every lane of its mask waits at one with the same mask: each
+// lane gets the snapshot of all published values and runs again. False when a lane is missing.
+bool release_warp_group(Scheduler& s, const Fiber& f) {
   const int base = f.index & ~(kWarpSize - 1);
   for (int l = 0; l < kWarpSize; ++l) {
     if (!((f.warp_mask >> l) & 1u)) continue;
     const int j = base + l;
     if (j >= s.num_threads || s.fibers[j]->state != FiberState::kWarpBarrier ||
         s.fibers[j]->warp_mask != f.warp_mask)
-      return;
+      return false;
   }
   uint64_t vals[kWarpSize] = {};
   for (int l = 0; l < kWarpSize; ++l)
@@ -326,6 +325,13 @@ void release_warp_if_complete(Scheduler& s, const Fiber& f) {
     std::memcpy(g.received, vals, sizeof(vals));
     g.state = FiberState::kRunnable;
   }
+  return true;
+}
+
+// Out of order: releases f's warp operation as soon as its lanes have all arrived (in order, the
+// scheduler's loop releases it when the whole block has stopped).
+void release_warp_if_complete(Scheduler& s, const Fiber& f) {
+  if (t_schedule.order != ScheduleOrder::kInOrder) (void)release_warp_group(s, f);
 }
 
 void fiber_entry() {
@@ -418,26 +424,7 @@ bool resolve(Scheduler& s) {
   bool progress = false;
   for (int i = 0; i < n; ++i) {
     Fiber& f = *s.fibers[i];
-    if (f.state != FiberState::kWarpBarrier) continue;
-    const int base = i & ~(kWarpSize - 1);
-    bool complete = true;
-    for (int l = 0; l < kWarpSize && complete; ++l) {
-      if (!((f.warp_mask >> l) & 1u)) continue;
-      const int j = base + l;
-      complete = j < n && s.fibers[j]->state == FiberState::kWarpBarrier &&
-                 s.fibers[j]->warp_mask == f.warp_mask;
-    }
-    if (!complete) continue;
-    uint64_t vals[kWarpSize] = {};
-    for (int l = 0; l < kWarpSize; ++l)
-      if ((f.warp_mask >> l) & 1u) vals[l] = s.fibers[base + l]->published;
-    for (int l = 0; l < kWarpSize; ++l) {
-      if (!((f.warp_mask >> l) & 1u)) continue;
-      Fiber& g = *s.fibers[base + l];
-      std::memcpy(g.received, vals, sizeof(vals));
-      g.state = FiberState::kRunnable;
-    }
-    progress = true;
+    if (f.state == FiberState::kWarpBarrier && release_warp_group(s, f)) progress = true;
   }
   if (progress) return true;
   int at_block = 0, done = 0;
