@@ -325,7 +325,11 @@ int main(int argc, char** argv) {
   CLI::App* gen =
       app.add_subcommand("generate", "generate text for one or more prompts (one batch)");
   cli::add_common(gen, gen_common);
-  gen->add_option("-p,--prompt", gf.prompts, "prompt (repeatable; several run as one batch)");
+  // One value per --prompt: "--prompt Once upon" (unquoted) is refused instead of running the two
+  // prompts "Once" and "upon".
+  gen->add_option("-p,--prompt", gf.prompts,
+                  "prompt (repeat the flag for several; they run as one batch)")
+      ->allow_extra_args(false);
   gen->add_option("-n,--max-tokens", gf.max_tokens,
                   "tokens to generate (the prefill's token counts as the first), >= 1")
       ->check(kvsplit::kPositive);
@@ -429,6 +433,8 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int printed = app.exit(e);  // prints help, or the error with a usage hint
+    if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr)
+      std::fprintf(stderr, "(a text with spaces takes quotes: --prompt \"Once upon\")\n");
     return printed == 0 ? 0 : cli::kExitBadInput;
   }
   if (gen->parsed()) {

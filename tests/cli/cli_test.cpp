@@ -131,6 +131,14 @@ TEST(CliTest, BadInputsFailClearlyWithExitTwo) {
   // ran an empty prompt, BOS alone, with exit 0).
   r = run("generate --model synthetic:stories260k --stop Lily 'Once upon a time'");
   EXPECT_EQ(r.exit_code, 2) << r.err;
+  // One value per --prompt too: "--prompt Once upon" unquoted ran the two prompts "Once" and
+  // "upon" with exit 0. Repeating the flag still gives a batch.
+  r = run("generate --model synthetic:stories260k --prompt Once upon --max-tokens 2");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--prompt \"Once upon\""), std::string::npos) << r.err;
+  r = run("generate --model synthetic:stories260k -p Once -p upon --max-tokens 2 --json");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json_lines(r.out).size(), 2u) << r.out;
   r = run("generate --model synthetic:stories260k --max-tokens 0");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("max-tokens"), std::string::npos) << r.err;
