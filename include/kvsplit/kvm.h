@@ -124,6 +124,11 @@ struct KvmDecision {
   std::string param;
   std::string sla_class;  // empty: global
   double before = 0, after = 0;
+  // An exit of a class rule that entered while its class had no value of its own (swap or
+  // temporal_step_size): the class drops its value and follows the engine-wide one
+  // again (`after` is that value now), so later engine-wide changes reach it. Semantic settings
+  // never inherit again: a class's first one gives it a whole semantic block of its own.
+  bool inherit = false;
   std::string monitors;  // the metric the condition read and its value, e.g. "device_kv_use=0.93"
   bool applied = false;  // false in dry-run or when the worker refused it (then `error`)
   std::string error;

@@ -197,8 +197,9 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
                                int_setting(p, d.after, 1, std::numeric_limits<int32_t>::max()));
     }
     if (cls) {
-      if (cmd.swap) cls->swap = *cmd.swap;
-      if (cmd.temporal_step_size) cls->temporal_step_size = *cmd.temporal_step_size;
+      cmd.inherit = d.inherit;  // the class follows the engine-wide value again
+      if (cmd.swap) cls->swap = d.inherit ? std::nullopt : std::optional<SwapMode>(*cmd.swap);
+      if (cmd.temporal_step_size) cls->temporal_step_size = d.inherit ? 0 : *cmd.temporal_step_size;
       return send_class_command(cmd);
     }
     const Status sent = broadcast_command(cmd);

@@ -86,7 +86,11 @@ std::vector<KvmDecision> KvCacheManager::tick(double now_ms, const EngineStats& 
       d.applied = st.ok() || st.code() == StatusCode::kDeadlineExceeded;
       if (!st.ok()) d.error = st.message();
     }
-    if (d.applied && !param_is_one_shot(d.param)) params_.set(d.param, d.sla_class, d.after);
+    if (d.applied && d.inherit) {
+      params_.erase(d.param, d.sla_class);
+    } else if (d.applied && !param_is_one_shot(d.param)) {
+      params_.set(d.param, d.sla_class, d.after);
+    }
     if (d.applied && actuator_ != nullptr && !d.sla_class.empty() && param_is_semantic(d.param))
       adopt_class_settings(d.sla_class);
     return d.applied || config_.mode != KvmMode::kEnforce;
@@ -126,6 +130,7 @@ std::string decision_json(const KvmDecision& d, const KvmSnapshot& snap, KvmMode
   j["class"] = d.sla_class;
   j["before"] = d.before;
   j["after"] = d.after;
+  if (d.inherit) j["inherit"] = true;
   j["trigger"] = d.monitors;
   j["monitors"] = {{"device_kv_use", snap.device_kv_use},
                    {"host_kv_use", snap.host_kv_use},

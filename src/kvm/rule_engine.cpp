@@ -319,7 +319,7 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
     // A one-shot action has no setting: it starts from 0 each time and nothing is stored.
     const double current = one_shot ? 0 : local.get(r.then.param, r.sla_class);
     // Returns whether the setting now holds `after` (see `apply`).
-    auto emit = [&](const char* action, double after, std::string monitors) {
+    auto emit = [&](const char* action, double after, std::string monitors, bool inherit = false) {
       KvmDecision d;
       d.time_ms = now;
       d.rule = r.name;
@@ -328,10 +328,17 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
       d.sla_class = r.sla_class;
       d.before = current;
       d.after = after;
+      d.inherit = inherit;
       d.monitors = std::move(monitors);
       out.push_back(std::move(d));
       const bool holds = !apply || apply(out.back());
-      if (!one_shot && holds) local.set(r.then.param, r.sla_class, after);
+      if (!one_shot && holds) {
+        if (inherit) {
+          local.erase(r.then.param, r.sla_class);
+        } else {
+          local.set(r.then.param, r.sla_class, after);
+        }
+      }
       // Settings `apply` added to `params` (a class's first semantic setting lists the class's
       // whole block) are what later rules start from.
       if (apply && holds) {
@@ -386,7 +393,8 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
       const double restored =
           st.inherited ? local.get(r.then.param, std::string()) : st.value_at_enter;
       const bool restored_holds =
-          emit(restore ? "exit" : "exit-keep", restore ? restored : current, std::move(monitors));
+          emit(restore ? "exit" : "exit-keep", restore ? restored : current, std::move(monitors),
+               restore && st.inherited && !param_is_semantic(r.then.param));
       // Refused (another rule's value makes the restore invalid, a worker refused it): the rule
       // stays active with its change in place, else nothing would ever restore it and its next
       // enter would stack on it. exit-keep changes nothing, so it always holds.

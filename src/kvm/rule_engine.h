@@ -58,8 +58,9 @@ Status validate_rules_for_engine(const KvmConfig& policy, const EngineConfig& co
 
 // An exit that keeps the value (exit-keep, a one-shot action's exit, an exit to the value in
 // place): it changes nothing, so the engine and the simulator count it applied without acting.
+// An exit back to inheriting is never one: the class's own value goes, whatever it was.
 inline bool decision_is_no_op(const KvmDecision& d) {
-  return d.action == "exit-keep" || (d.action == "exit" && d.before == d.after);
+  return d.action == "exit-keep" || (d.action == "exit" && d.before == d.after && !d.inherit);
 }
 
 class RuleEngine {

@@ -596,7 +596,11 @@ void Sim::tick(double now) {
     const bool own_block = d.sla_class.empty() || !param_is_semantic(d.param) ||
                            params_.has("semantic_threshold", d.sla_class);
     if (!own_block) set_semantic_params(&params_, d.sla_class, c_.semantic);
-    if (d.param != "migrate_to_shard") params_.set(d.param, d.sla_class, d.after);
+    if (d.inherit) {
+      params_.erase(d.param, d.sla_class);
+    } else if (d.param != "migrate_to_shard") {
+      params_.set(d.param, d.sla_class, d.after);
+    }
     d.applied = true;  // migrate_to_shard: one-shot, no capacity effect in this model
     return true;
   };

@@ -160,8 +160,8 @@ Status Worker::apply_cut_params(const SetCutParams& c) {
         s->sla.semantic = sc;
         if (s->cut) s->cut->set_config(sc);
       }
-      if (c.swap) s->sla.swap = *c.swap;
-      if (c.temporal_step_size) s->sla.temporal_step_size = *c.temporal_step_size;
+      if (c.swap) s->sla.swap = c.inherit ? std::nullopt : std::optional<SwapMode>(*c.swap);
+      if (c.temporal_step_size) s->sla.temporal_step_size = c.inherit ? 0 : *c.temporal_step_size;
       ++changed;
     }
   }

@@ -63,6 +63,9 @@ struct SetCutParams {
   std::optional<SemanticCutConfig> semantic;
   std::optional<SwapMode> swap;
   std::optional<int32_t> temporal_step_size;  // >= 1
+  // With sla_class: the class's sequences drop their own swap / temporal_step_size (those given
+  // here) and follow the worker's again (a KVM class rule's exit, KvmDecision::inherit).
+  bool inherit = false;
 };
 
 // Only reports the state (every reply carries it).

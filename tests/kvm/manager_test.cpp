@@ -64,6 +64,41 @@ ParamTable baseline() {
   return t;
 }
 
+// A class rule on swap that entered while its class followed the engine-wide value exits back to
+// following it (KvmDecision::inherit): a later engine-wide change reaches the class. Its exit used
+// to write the engine-wide value as the class's own, so "swap = never" on a slow disk no longer
+// reached the class and its requests kept swapping.
+TEST(KvCacheManager, AClassSwapRuleExitsBackToTheEngineWideValue) {
+  FakeActuator act;
+  KvmConfig c;
+  c.enabled = true;
+  c.mode = KvmMode::kEnforce;
+  KvmRule cls;
+  cls.name = "class-swap";
+  cls.sla_class = "default";
+  cls.when = {"device_kv_use", "", KvmCmp::kGreater, 0.9};
+  cls.exit = {"device_kv_use", "", KvmCmp::kLess, 0.8};
+  cls.then = {"swap", KvmActionOp::kSet, 1};  // always
+  KvmRule global;
+  global.name = "global-never";
+  global.when = {"device_kv_use", "", KvmCmp::kLess, 0.3};
+  global.exit = {"device_kv_use", "", KvmCmp::kGreater, 0.5};
+  global.then = {"swap", KvmActionOp::kSet, 2};  // never
+  c.rules = {cls, global};
+  ParamTable t;
+  t.set("swap", "", 0);  // auto; the class has no value of its own
+  KvCacheManager m(c, t, &act);
+  const int series[] = {95, 60, 20};  // class enters, class exits, engine-wide enters
+  for (int i = 0; i < 3; ++i) m.tick(i * 1000.0, stats_at(series[i]), {});
+  ASSERT_EQ(act.applied.size(), 3u);
+  EXPECT_EQ(act.applied[1].action, "exit");
+  EXPECT_TRUE(act.applied[1].inherit);
+  EXPECT_DOUBLE_EQ(act.applied[1].after, 0);
+  EXPECT_FALSE(act.applied[2].inherit);
+  EXPECT_FALSE(m.params().has("swap", "default"));
+  EXPECT_DOUBLE_EQ(m.params().get("swap", "default"), 2);  // the class follows "never"
+}
+
 TEST(KvCacheManager, EnforceAppliesAndMovesTheTable) {
   FakeActuator act;
   KvCacheManager m(policy(KvmMode::kEnforce), baseline(), &act);
