@@ -37,11 +37,17 @@ Status check_condition(const KvmCondition& c, const std::vector<std::string>& cl
   static constexpr std::string_view kFractions[] = {"device_kv_use",   "host_kv_use",
                                                     "disk_kv_use",     "link_use",
                                                     "prefix_hit_rate", "pages_evicted_fraction"};
-  if (std::find(std::begin(kFractions), std::end(kFractions), c.metric) != std::end(kFractions) &&
-      !(c.value >= 0 && c.value <= 1)) {
+  const bool fraction =
+      std::find(std::begin(kFractions), std::end(kFractions), c.metric) != std::end(kFractions);
+  if (fraction && !(c.value >= 0 && c.value <= 1)) {
     return invalid_argument(
         fmt::format("{} is a fraction in [0, 1], compared with {}", c.metric, c.value));
   }
+  // Every metric is >= 0: a negative level is a mistake ("storage_latency_ms < -5" as an exit
+  // kept the rule's change for good; write "< 0" for a rule that is meant never to exit).
+  if (c.value < 0)
+    return invalid_argument(
+        fmt::format("{} is never negative, compared with {}", c.metric, c.value));
   return ok_status();
 }
 
@@ -72,6 +78,13 @@ Status check_hysteresis(const KvmRule& r) {
     return invalid_argument(fmt::format(
         "'{}' overlaps when '{}' (both hold at once); the exit level must lie beyond the enter "
         "level (hysteresis)",
+        to_string(exit), to_string(when)));
+  // Touching levels ("> 0.9" and "<= 0.9") leave no band: a reading that hovers at the level
+  // enters and exits on alternate samples unless something paces the rule.
+  if (lo == hi && r.cooldown_ms <= 0 && r.hold_ms <= 0)
+    return invalid_argument(fmt::format(
+        "'{}' meets when '{}' at one level (no band between them): give cooldown_ms or hold_ms "
+        "> 0, or move the exit level, or it enters and exits on alternate samples",
         to_string(exit), to_string(when)));
   return ok_status();
 }
@@ -140,6 +153,31 @@ Status check_rule(const KvmRule& r, const std::vector<std::string>& classes) {
     return invalid_argument("min: " + p + " is an integer and no integer lies in [" +
                             fmt::format("{}", r.min) + ", " + fmt::format("{}", r.max) + "]");
   KVSPLIT_RETURN_IF_ERROR(check_range(r));
+  // What the engine accepts (check_setting), checked here so that `--check-config` refuses a rule
+  // every application of which the engine would refuse ("max_num_seqs = 0", "evict_threshold = 2")
+  // or that could only ever be clamped back ("swap = never" with max 0).
+  if (!param_is_one_shot(p)) {
+    auto accepted = [&](const char* f, double v) -> Status {
+      const Status st = check_setting(p, v);
+      return st.ok() ? st : invalid_argument(std::string(f) + ": " + st.message());
+    };
+    if (r.then.op == KvmActionOp::kSet) {
+      KVSPLIT_RETURN_IF_ERROR(accepted("then", r.then.value));
+      if (r.then.value < r.min || r.then.value > r.max)
+        return invalid_argument(
+            fmt::format("then: '{}' lies {} {}: it would be clamped back at every application",
+                        to_string(r.then), r.then.value < r.min ? "below min" : "above max",
+                        r.then.value < r.min ? r.min : r.max));
+    }
+    if (has_min(r)) KVSPLIT_RETURN_IF_ERROR(accepted("min", r.min));
+    if (has_max(r)) KVSPLIT_RETURN_IF_ERROR(accepted("max", r.max));
+  }
+  // An integer setting moved by a fraction: "= 0.3" would round to 0 (for max_recalls_per_step:
+  // no limit, the opposite of what the rule means) and "+= 0.4" would never move it.
+  if (param_is_integer(p) && r.then.op != KvmActionOp::kMul &&
+      r.then.value != std::floor(r.then.value))
+    return invalid_argument(
+        fmt::format("then: {} is an integer; '{}' needs a whole number", p, to_string(r.then)));
   if (!(r.hold_ms >= 0) || !std::isfinite(r.hold_ms))
     return invalid_argument("hold_ms: must be a finite number >= 0, got " +
                             fmt::format("{}", r.hold_ms));
@@ -187,6 +225,13 @@ double apply_action(const KvmRule& r, double before) {
   if (const std::optional<ParamRange> range = param_range(r.then.param))
     v = std::clamp(v, range->lo, range->hi);  // validate_rules keeps min, max inside it
   if (param_is_integer(r.then.param)) {
+    // "*= 0.8" on a small integer (2 -> 1.6) must not round back to where it was, or the rule
+    // never moves it: a factor moves an integer by at least one, within the bounds.
+    const double rounded = std::round(v);
+    if (r.then.op == KvmActionOp::kMul && rounded == before && v != before) {
+      const double step = v < before ? before - 1 : before + 1;
+      if (check_setting(r.then.param, step).ok()) v = step;
+    }
     v = std::round(v);
     if (v > r.max) v = std::floor(r.max);
     if (v < r.min) v = std::ceil(r.min);

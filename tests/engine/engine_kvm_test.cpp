@@ -288,6 +288,8 @@ TEST(EngineKvm, BadPolicyKeepsTheOldAndReloadUnderLoadDropsNothing) {
   KvmConfig swap_rule = c.kvm;
   swap_rule.rules[0].then = {"swap", KvmActionOp::kSet, 2};  // the temporal cut: never swap
   swap_rule.rules[0].name = "no-swap";
+  swap_rule.rules[0].min = KvmRule{}.min;  // the threshold rule's bounds are not swap's
+  swap_rule.rules[0].max = KvmRule{}.max;
   const std::vector<int> free0 = testing::free_blocks(**e);
   auto hs = submit_long(**e, 6, 120);
   for (int i = 0; i < 20; ++i) {
@@ -364,12 +366,13 @@ TEST(EngineKvm, IntegerSettingsOutOfRangeAreRefusedNotWrapped) {
   EXPECT_DOUBLE_EQ(param_value(s, "max_queue", grow.sla_class), queue0);
 }
 
-// A semantic setting the cut's validation refuses names the field (semantic.<field>).
+// A semantic setting the cut's validation refuses names the field (semantic.<field>). (A rule
+// whose `=` value is outside the range is refused with the policy: this one steps out of it.)
 TEST(EngineKvm, RefusedSemanticSettingsNameTheField) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig c = pressure_config(KvmMode::kEnforce, "");
   c.kvm.interval_ms = 10;
-  c.kvm.rules = {once_rule("high", {"semantic_threshold", KvmActionOp::kSet, 1.5})};
+  c.kvm.rules = {once_rule("high", {"semantic_threshold", KvmActionOp::kAdd, 1.5})};
   auto e = EngineImpl::create(c);
   ASSERT_TRUE(e.ok()) << e.status().to_string();
   ASSERT_TRUE(
@@ -386,7 +389,7 @@ TEST(EngineKvm, SemanticIntegerSettingsOutOfRangeAreRefusedNotWrapped) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig c = pressure_config(KvmMode::kEnforce, "");
   c.kvm.interval_ms = 10;
-  c.kvm.rules = {once_rule("wide", {"recent_tokens", KvmActionOp::kSet, 4294967296.0})};
+  c.kvm.rules = {once_rule("wide", {"recent_tokens", KvmActionOp::kAdd, 4294967296.0})};
   auto e = EngineImpl::create(c);
   ASSERT_TRUE(e.ok()) << e.status().to_string();
   ASSERT_TRUE(

@@ -8,21 +8,6 @@
 namespace kvsplit::kvm {
 namespace {
 
-KvmRule rule(const std::string& name, const std::string& when, const std::string& exit,
-             const std::string& then, double cooldown_ms = 1000) {
-  KvmRule r;
-  r.name = name;
-  auto w = parse_condition(when);
-  auto e = parse_condition(exit);
-  auto a = parse_action(then);
-  EXPECT_TRUE(w.ok() && e.ok() && a.ok()) << when << " / " << exit << " / " << then;
-  if (w.ok()) r.when = *w;
-  if (e.ok()) r.exit = *e;
-  if (a.ok()) r.then = *a;
-  r.cooldown_ms = cooldown_ms;
-  return r;
-}
-
 // The design's example rule.
 KvmRule hot_rule() {
   KvmRule r = rule("hot", "device_kv_use > 0.90", "device_kv_use < 0.80",

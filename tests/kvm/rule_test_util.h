@@ -1,6 +1,11 @@
 // Builders of the rule-engine tests (rule_engine_test.cpp, rule_engine_retry_test.cpp).
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "kvm/expr.h"
 #include "kvsplit/kvm.h"
 
 namespace kvsplit::kvm {
@@ -11,6 +16,22 @@ inline KvmSnapshot use_at(double t_ms, double device_kv_use) {
   s.time_ms = t_ms;
   s.device_kv_use = device_kv_use;
   return s;
+}
+
+// A rule from its texts (parse_condition / parse_action).
+inline KvmRule rule(const std::string& name, const std::string& when, const std::string& exit,
+                    const std::string& then, double cooldown_ms = 1000) {
+  KvmRule r;
+  r.name = name;
+  auto w = parse_condition(when);
+  auto e = parse_condition(exit);
+  auto a = parse_action(then);
+  EXPECT_TRUE(w.ok() && e.ok() && a.ok()) << when << " / " << exit << " / " << then;
+  if (w.ok()) r.when = *w;
+  if (e.ok()) r.exit = *e;
+  if (a.ok()) r.then = *a;
+  r.cooldown_ms = cooldown_ms;
+  return r;
 }
 
 }  // namespace kvsplit::kvm

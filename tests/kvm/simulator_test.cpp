@@ -167,7 +167,8 @@ void expect_refused(EngineConfig off, const SimResult& base, const KvmAction& th
   on.kvm.interval_ms = 10;
   KvmRule r = raise_threshold_rule();
   r.then = then;
-  r.max = 1e9;
+  r.min = KvmRule{}.min;  // unbounded: the setting's own range is what refuses
+  r.max = KvmRule{}.max;
   on.kvm.rules = {r};
   auto got = simulate(on, test_profile(), trace);
   ASSERT_TRUE(got.ok()) << got.status().to_string();
@@ -180,8 +181,9 @@ void expect_refused(EngineConfig off, const SimResult& base, const KvmAction& th
 }
 
 // Decisions the engine refuses are refused here too (they were applied and reported applied):
-// max_num_seqs beyond the worker's [1, 65536], and a semantic threshold the cut's validation
-// refuses (evict_threshold at or above semantic_threshold). The outcome is the rule-less one.
+// max_num_seqs multiplied beyond the worker's [1, 65536], and a semantic threshold the cut's
+// validation refuses (evict_threshold at or above semantic_threshold). The outcome is the
+// rule-less one. (A rule whose `=` value is outside the range is refused before the run.)
 TEST(Simulator, DecisionsTheEngineRefusesAreRefused) {
   const auto trace = uniform_trace(48, 2, 512, 192);
   auto base = simulate(pressure_config(), test_profile(), trace);
@@ -189,7 +191,7 @@ TEST(Simulator, DecisionsTheEngineRefusesAreRefused) {
   struct Case {
     KvmAction then;
     std::string error;
-  } cases[] = {{{"max_num_seqs", KvmActionOp::kSet, 100000}, "max_num_seqs: must be in [1, 65536]"},
+  } cases[] = {{{"max_num_seqs", KvmActionOp::kMul, 1e6}, "max_num_seqs: must be in [1, 65536]"},
                {{"evict_threshold", KvmActionOp::kSet, 0.9},
                 "semantic.evict_threshold: must be below semantic_threshold"}};
   for (const Case& c : cases) {
@@ -228,7 +230,8 @@ TEST(Simulator, RulesOnACutThatIsOffAreRefusedBeforeTheRun) {
     off.kvm.enabled = true;
     KvmRule r = raise_threshold_rule();
     r.then = c.then;
-    r.max = 1e9;
+    r.min = KvmRule{}.min;
+    r.max = KvmRule{}.max;
     off.kvm.rules = {r};
     auto got = simulate(off, test_profile(), trace);
     ASSERT_FALSE(got.ok());
