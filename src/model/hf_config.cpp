@@ -223,6 +223,9 @@ StatusOr<ModelConfig> parse_hf_config(const std::string& dir) {
   KVSPLIT_ASSIGN_OR_RETURN(c.norm_eps, common::to_float_field(eps, "rms_norm_eps", what));
   KVSPLIT_ASSIGN_OR_RETURN(c.tie_word_embeddings,
                            common::json_bool(j, "tie_word_embeddings", false, what));
+  // The sizes before anything is allocated by them: a num_hidden_layers of 2e9 made a list of
+  // 2e9 layer types (bad_alloc, abort) before validate_model_config refused it.
+  KVSPLIT_RETURN_IF_ERROR(validate_model_sizes(c, what));
   KVSPLIT_ASSIGN_OR_RETURN(std::vector<std::string> layer_types,
                            parse_layer_types(j, what, arch, c.num_layers));
   // RoPE last among the sizes: it may extend max_seq_len (linear, yarn).

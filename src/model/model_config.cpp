@@ -25,7 +25,7 @@ Status check_range(const std::string& source, const char* field, int64_t v, int6
 
 }  // namespace
 
-Status validate_model_config(const ModelConfig& c, const std::string& source) {
+Status validate_model_sizes(const ModelConfig& c, const std::string& source) {
   KVSPLIT_RETURN_IF_ERROR(check_range(source, "dim", c.dim, kMaxDim));
   KVSPLIT_RETURN_IF_ERROR(check_range(source, "hidden_dim", c.hidden_dim, kMaxHiddenDim));
   KVSPLIT_RETURN_IF_ERROR(check_range(source, "num_layers", c.num_layers, kMaxLayers));
@@ -34,6 +34,11 @@ Status validate_model_config(const ModelConfig& c, const std::string& source) {
   KVSPLIT_RETURN_IF_ERROR(check_range(source, "head_dim", c.head_dim, kMaxHeadDim));
   KVSPLIT_RETURN_IF_ERROR(check_range(source, "vocab_size", c.vocab_size, kMaxVocab));
   KVSPLIT_RETURN_IF_ERROR(check_range(source, "max_seq_len", c.max_seq_len, kMaxContextLength));
+  return ok_status();
+}
+
+Status validate_model_config(const ModelConfig& c, const std::string& source) {
+  KVSPLIT_RETURN_IF_ERROR(validate_model_sizes(c, source));
   if (c.num_heads % c.num_kv_heads != 0) {
     return invalid_argument(source + ": num_heads (" + std::to_string(c.num_heads) +
                             ") is not a multiple of num_kv_heads (" +

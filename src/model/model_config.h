@@ -104,6 +104,9 @@ float rope_attention_factor(const ModelConfig& config);
 // num_heads % num_kv_heads == 0, even head_dim, finite positive norm_eps / rope_theta, valid
 // rope_scaling. kInvalidArgument "<source>: <field> ..." naming the first fault.
 Status validate_model_config(const ModelConfig& config, const std::string& source);
+// Its first part: every size in [1, its bound] (dim, hidden_dim, num_layers, heads, head_dim,
+// vocab_size, max_seq_len). A loader checks these before it allocates anything by them.
+Status validate_model_sizes(const ModelConfig& config, const std::string& source);
 
 // The rope_scaling part of validate_model_config (src/model/rope.cpp).
 Status validate_rope_scaling(const ModelConfig& config, const std::string& source);

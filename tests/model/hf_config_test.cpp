@@ -367,6 +367,19 @@ TEST(HfConfigFields, MissingKvHeadsTakeTheClassDefault) {
   EXPECT_EQ(parse_ok(q).num_kv_heads, 64);
 }
 
+// Sizes are checked before anything is allocated by them: num_hidden_layers 2e9 built a list of
+// 2e9 layer types (bad_alloc, abort) before validate_model_config refused it. Here a short
+// layer_types list shows the order: the size is refused first, not the list's length.
+TEST(HfConfigFields, HugeSizesAreRefusedBeforeAnyAllocation) {
+  json c = base_config();
+  c["num_hidden_layers"] = 5000000;
+  c["layer_types"] = {"full_attention"};
+  expect_error(c, StatusCode::kInvalidArgument, "num_layers = 5000000 out of range [1, 1024]");
+  c.erase("layer_types");
+  c["num_hidden_layers"] = 2000000000;
+  expect_error(c, StatusCode::kInvalidArgument, "num_layers = 2000000000 out of range");
+}
+
 TEST(HfConfigFields, SlidingWindow) {
   using W = std::vector<int>;
   // Mistral: every layer slides whenever sliding_window is not null; transformers' default 4096.
