@@ -1,5 +1,6 @@
 #include "common/config_rules.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <sstream>
@@ -147,6 +148,27 @@ Status validate_block_size(int32_t block_size, std::string_view field) {
                             std::to_string(block_size));
   }
   return ok_status();
+}
+
+Status validate_pool_limits(const EngineConfig& e, std::string_view path) {
+  const std::string p(path);
+  KVSPLIT_RETURN_IF_ERROR(check_range(p + "threads_per_worker", e.threads_per_worker, 0, 1024));
+  constexpr int64_t kMaxThreads = 16384;
+  const bool disagg = e.mode == ServingMode::kDisaggregated;
+  const int64_t workers = (disagg ? int64_t{e.num_prefill_workers} : 0) + e.num_decode_workers;
+  const int64_t per = std::max(1, e.threads_per_worker);
+  const int64_t compute = e.backend == "cpu" ? per * std::max(1, e.spatial.shards) : 0;
+  const int64_t total = workers * (per + compute);
+  if (total > kMaxThreads) {
+    return invalid_argument(p + "threads_per_worker: " + std::to_string(e.threads_per_worker) +
+                            " threads per worker start " + std::to_string(total) +
+                            " threads over " + std::to_string(workers) +
+                            " workers (sampling, and compute per shard on the CPU backend), "
+                            "more than " +
+                            std::to_string(kMaxThreads));
+  }
+  KVSPLIT_RETURN_IF_ERROR(check_range(p + "max_num_seqs", e.max_num_seqs, 1, 65536));
+  return check_range(p + "max_batch_tokens", e.max_batch_tokens, 1, 1 << 20);
 }
 
 }  // namespace kvsplit

@@ -39,4 +39,10 @@ const char* kv_policy_name(KvPolicy policy);
 // docs/configuration.md). `field` names it in the message.
 Status validate_block_size(int32_t block_size, std::string_view field);
 
+// The engine's pool limits, with `path` before each field ("pools." from YAML, "EngineConfig."
+// from the API): threads_per_worker in [0, 1024] and the threads all workers start (a sampling
+// pool each, and on the CPU backend compute threads per shard) at most 16384, or creating them
+// throws and aborts the process; max_num_seqs in [1, 65536]; max_batch_tokens in [1, 2^20].
+Status validate_pool_limits(const EngineConfig& config, std::string_view path);
+
 }  // namespace kvsplit

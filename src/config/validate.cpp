@@ -41,28 +41,7 @@ Status validate_config(const Config& config) {
     KVSPLIT_RETURN_IF_ERROR(
         check_range("pools.devices[" + std::to_string(i) + "]", e.devices[i], 0, 1023));
   }
-  KVSPLIT_RETURN_IF_ERROR(check_range("pools.threads_per_worker", e.threads_per_worker, 0, 1024));
-  {
-    // Threads the workers start (Engine::create): per worker a sampling pool of
-    // threads_per_worker, and on the CPU backend as many compute threads per shard. Bounded, or
-    // creating them would throw and abort the server.
-    constexpr int64_t kMaxThreads = 16384;
-    const bool disagg = e.mode == ServingMode::kDisaggregated;
-    const int64_t workers = (disagg ? e.num_prefill_workers : 0) + e.num_decode_workers;
-    const int64_t per = std::max(1, e.threads_per_worker);
-    const int64_t compute = e.backend == "cpu" ? per * std::max(1, e.spatial.shards) : 0;
-    const int64_t total = workers * (per + compute);
-    if (total > kMaxThreads) {
-      return invalid_argument("pools.threads_per_worker: " + std::to_string(e.threads_per_worker) +
-                              " threads per worker start " + std::to_string(total) +
-                              " threads over " + std::to_string(workers) +
-                              " workers (sampling, and compute per shard on the CPU backend), "
-                              "more than " +
-                              std::to_string(kMaxThreads));
-    }
-  }
-  KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_num_seqs", e.max_num_seqs, 1, 65536));
-  KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_batch_tokens", e.max_batch_tokens, 1, 1 << 20));
+  KVSPLIT_RETURN_IF_ERROR(validate_pool_limits(e, "pools."));
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_chunk_tokens", e.max_chunk_tokens, 0, 1 << 20));
   if (!(e.max_chunk_ms >= 0 && e.max_chunk_ms <= 1e6))
     return invalid_argument("pools.max_chunk_ms: must be in [0, 1e6] (0: off), got " +
@@ -93,23 +72,39 @@ Status validate_config(const Config& config) {
   }
 
   const ServerConfig& s = config.server;
+  // A host name or an IP address, an IPv6 one without brackets (the server adds them: "[::1]"
+  // became "[[::1]]" and the start failed after --check-config had passed it).
+  auto check_host = [](const char* field, const std::string& host) -> Status {
+    if (host.size() > 253 ||
+        host.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                               "0123456789.:_%-") != std::string::npos) {
+      return invalid_argument(std::string(field) +
+                              ": must be a host name or IP address, IPv6 without brackets (at "
+                              "most 253 of A-Z a-z 0-9 . : _ % -), got '" +
+                              escape_for_message(host) + "'");
+    }
+    return ok_status();
+  };
   if (s.host.empty()) return invalid_argument("server.host: must not be empty");
+  KVSPLIT_RETURN_IF_ERROR(check_host("server.host", s.host));
   KVSPLIT_RETURN_IF_ERROR(check_range("server.port", s.port, 0, 65535));
   KVSPLIT_RETURN_IF_ERROR(check_range("server.metrics_port", s.metrics_port, -1, 65535));
-  if (s.metrics_host.size() > 253 ||
-      s.metrics_host.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                       "0123456789.:_%-") != std::string::npos) {
-    return invalid_argument(
-        "server.metrics_host: must be a host name or IP address (at most 253 of A-Z a-z 0-9 . : _ "
-        "% -), got '" +
-        escape_for_message(s.metrics_host) + "'");
-  }
+  KVSPLIT_RETURN_IF_ERROR(check_host("server.metrics_host", s.metrics_host));
   if (s.tls.cert_file.empty() != s.tls.key_file.empty())
     return invalid_argument("server.tls: cert_file and key_file must be given together");
   for (size_t i = 0; i < s.api_keys.size(); ++i) {
-    if (s.api_keys[i].size() < 8)
+    const std::string& k = s.api_keys[i];
+    if (k.size() < 8)
       return invalid_argument("server.api_keys[" + std::to_string(i) +
                               "]: must be at least 8 characters");
+    // What a client can send after "Bearer ": the server strips the spaces before the key, and
+    // gRPC refuses control characters in metadata, so such a key never matched anyone.
+    for (const char c : k) {
+      if (c < 0x21 || c > 0x7e)
+        return invalid_argument("server.api_keys[" + std::to_string(i) +
+                                "]: must be printable ASCII without spaces (a client sends it in "
+                                "an authorization header)");
+    }
   }
   KVSPLIT_RETURN_IF_ERROR(
       check_range("server.max_concurrent_streams", s.max_concurrent_streams, 1, 100000));

@@ -12,7 +12,6 @@ Status validate_engine_config(const EngineConfig& c) {
     return invalid_argument(fmt::format("EngineConfig.{}: must be {}, got {}", field, want, value));
   };
   if (c.model.empty()) return invalid_argument("EngineConfig.model: must not be empty");
-  if (c.threads_per_worker < 0) return bad("threads_per_worker", c.threads_per_worker, ">= 0");
   if (c.mode != ServingMode::kColocated && c.mode != ServingMode::kDisaggregated) {
     return bad("mode", static_cast<int>(c.mode), "colocated or disaggregated");
   }
@@ -35,12 +34,13 @@ Status validate_engine_config(const EngineConfig& c) {
   if (c.kv_blocks_per_worker == 0 && c.kv_capacity_bytes <= 0) {
     return bad("kv_capacity_bytes", c.kv_capacity_bytes, "> 0 when kv_blocks_per_worker is 0");
   }
-  if (c.max_num_seqs < 1) return bad("max_num_seqs", c.max_num_seqs, ">= 1");
+  // Bounded as the YAML's pools: 100000 threads per worker threw from the thread pool's
+  // constructor and aborted the process.
+  KVSPLIT_RETURN_IF_ERROR(validate_pool_limits(c, "EngineConfig."));
   if (c.devices.size() > 64) return bad("devices", c.devices.size(), "at most 64 entries");
   for (int32_t d : c.devices) {
     if (d < 0 || d > 1023) return bad("devices", d, "in [0, 1023] (every entry)");
   }
-  if (c.max_batch_tokens < 1) return bad("max_batch_tokens", c.max_batch_tokens, ">= 1");
   if (c.max_chunk_tokens < 0 || c.max_chunk_tokens > (1 << 20))
     return bad("max_chunk_tokens", c.max_chunk_tokens, "in [0, 1048576] (0: no cap)");
   if (!(c.max_chunk_ms >= 0 && c.max_chunk_ms <= 1e6))

@@ -1,4 +1,5 @@
-// server.metrics_host: parsed, validated, and its default (loopback when API keys are set).
+// server.metrics_host: parsed, validated, and its default (loopback when API keys are set); the
+// checks server.host and server.api_keys share with it.
 #include <gtest/gtest.h>
 
 #include "config/config.h"
@@ -46,6 +47,36 @@ TEST(MetricsHostTest, BadValuesNameTheField) {
   st = validate_config(cfg);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("'a\\x1b[2Jb'"), std::string::npos) << st.message();
+}
+
+// server.host takes the same check: "[::1]" passed --check-config, then the server bracketed it
+// again ("[[::1]]") and could not listen (exit 1 at start).
+TEST(MetricsHostTest, TheServerHostIsCheckedAlike) {
+  for (const char* yaml : {"server: {host: '[::1]'}\n", "server: {host: 'a b'}\n"}) {
+    auto c = parse_config(yaml);
+    ASSERT_FALSE(c.ok()) << yaml;
+    EXPECT_NE(c.status().message().find("server.host: must be a host name or IP address, IPv6 "
+                                        "without brackets"),
+              std::string::npos)
+        << c.status().message();
+  }
+  EXPECT_TRUE(parse_config("server: {host: '::1'}\n").ok());
+  EXPECT_TRUE(parse_config("server: {host: 0.0.0.0}\n").ok());
+}
+
+// An API key a client cannot present (the server strips the spaces after "Bearer", and gRPC
+// refuses control characters in metadata) is refused: it passed and then matched no one.
+TEST(MetricsHostTest, ApiKeysAClientCannotSendAreRefused) {
+  for (const char* yaml :
+       {"server: {api_keys: [' abcdefgh']}\n", "server: {api_keys: [\"abc\\tdefgh\"]}\n",
+        "server: {api_keys: ['abcd efgh']}\n"}) {
+    auto c = parse_config(yaml);
+    ASSERT_FALSE(c.ok()) << yaml;
+    EXPECT_NE(c.status().message().find("server.api_keys[0]: must be printable ASCII"),
+              std::string::npos)
+        << c.status().message();
+  }
+  EXPECT_TRUE(parse_config("server: {api_keys: ['sk-abc_123.XYZ~']}\n").ok());
 }
 
 }  // namespace

@@ -187,6 +187,29 @@ TEST(EngineAdmission, BadConfigIsRejected) {
   cfg.model = "/nonexistent/model.bin";
   e = Engine::create(cfg);
   EXPECT_FALSE(e.ok());
+  // The YAML's pool limits hold for the API too: 100000 threads per worker threw from the thread
+  // pool's constructor and aborted the process.
+  cfg = EngineConfig{};
+  cfg.threads_per_worker = 100000;
+  e = Engine::create(cfg);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find(
+                "EngineConfig.threads_per_worker: must be in [0, 1024], got 100000"),
+            std::string::npos)
+      << e.status().message();
+  cfg.threads_per_worker = 1024;  // in range, but 1024 * 2 threads on each of 16 workers
+  cfg.num_decode_workers = 16;
+  e = Engine::create(cfg);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("more than 16384"), std::string::npos)
+      << e.status().message();
+  cfg = EngineConfig{};
+  cfg.max_num_seqs = 1 << 20;
+  e = Engine::create(cfg);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("EngineConfig.max_num_seqs: must be in [1, 65536]"),
+            std::string::npos)
+      << e.status().message();
 }
 
 // One sequence at a time: later requests wait in the router; the class queue bound gives
