@@ -57,12 +57,15 @@ void close_fd(int fd) {
   if (fd >= 0) ::close(fd);
 }
 
-// Position just past the end of the header block ("\r\n\r\n", or a bare "\n\n"), or npos.
+// Position just past the end of the header block, or npos: the first empty line, ended by CRLF or
+// a bare LF ("\r\n\r\n", "\n\n", and the mixed "\n\r\n", which went unseen: the connection then
+// waited out the I/O timeout with no answer).
 size_t header_end(const std::string& in) {
-  size_t crlf = in.find("\r\n\r\n");
-  size_t lf = in.find("\n\n");
-  if (crlf != std::string::npos && (lf == std::string::npos || crlf < lf)) return crlf + 4;
-  return lf == std::string::npos ? std::string::npos : lf + 2;
+  for (size_t i = in.find('\n'); i != std::string::npos; i = in.find('\n', i + 1)) {
+    if (i + 1 < in.size() && in[i + 1] == '\n') return i + 2;
+    if (i + 2 < in.size() && in[i + 1] == '\r' && in[i + 2] == '\n') return i + 3;
+  }
+  return std::string::npos;
 }
 
 }  // namespace
