@@ -2,22 +2,27 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <string_view>
+#include <system_error>
 
 namespace kvsplit::server::bench {
 namespace {
 
 Status parse_range(const std::string& flag, const std::string& s, int* lo, int* hi) {
   const auto colon = s.find(':');
-  try {
-    size_t used = 0;
-    *lo = std::stoi(s.substr(0, colon), &used);
-    *hi = colon == std::string::npos ? *lo : std::stoi(s.substr(colon + 1));
-  } catch (const std::exception&) {
-    return invalid_argument(flag + ": expected MIN:MAX, got '" + s + "'");
-  }
+  // Whole decimal numbers ("16-128" was read as 16, "32:128x" as 32:128).
+  auto number = [](std::string_view t, int* v) {
+    const auto r = std::from_chars(t.data(), t.data() + t.size(), *v);
+    return !t.empty() && r.ec == std::errc() && r.ptr == t.data() + t.size();
+  };
+  const std::string_view all(s);
+  if (!number(all.substr(0, colon), lo) ||
+      !(colon == std::string::npos ? (*hi = *lo, true) : number(all.substr(colon + 1), hi)))
+    return invalid_argument(flag + ": expected MIN:MAX (or N), got '" + s + "'");
   if (*lo < 1 || *hi < *lo)
     return invalid_argument(flag + ": need 1 <= MIN <= MAX, got '" + s + "'");
   return ok_status();
@@ -70,7 +75,8 @@ std::vector<Work> make_workload(const Spec& spec, int32_t vocab_size, int32_t ma
     const int p = std::min(plen(rng), std::max(1, max_context - 2));
     w.prompt.resize(static_cast<size_t>(p));
     for (auto& id : w.prompt) id = tok(rng);
-    w.max_tokens = static_cast<uint32_t>(std::max(1, std::min(olen(rng), max_context - p - 1)));
+    // What the engine admits: prompt + max_tokens - 1 <= max_context (the last token needs no KV).
+    w.max_tokens = static_cast<uint32_t>(std::max(1, std::min(olen(rng), max_context - p + 1)));
     w.sla_class = spec.classes.empty() ? "" : spec.classes[cls(rng)].first;
     if (spec.rate > 0) t += gap(rng);
     w.arrival_s = t;

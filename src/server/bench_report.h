@@ -51,7 +51,8 @@ struct Outcome {
 // naming the flag).
 Status parse_spec(const std::string& prompt_len, const std::string& output_len,
                   const std::string& class_mix, Spec* spec);
-// Deterministic for a given spec; prompt + max_tokens is clipped to `max_context`.
+// Deterministic for a given spec; max_tokens is clipped so that the engine admits each request
+// (prompt + max_tokens - 1 <= max_context).
 std::vector<Work> make_workload(const Spec& spec, int32_t vocab_size, int32_t max_context);
 // p50/p90/p99/mean of TTFT, ITL, E2E; tokens/s, requests/s, goodput (requests per second whose
 // TTFT met their class's max_ttft_ms and whose mean ITL met its max_itl_ms: the server's SLO

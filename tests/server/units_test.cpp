@@ -161,6 +161,25 @@ TEST(BenchReportTest, WorkloadIsSeededAndWithinRanges) {
   EXPECT_FALSE(bench::parse_spec("8:4", "2:3", "", &s).ok());
   EXPECT_FALSE(bench::parse_spec("4:8", "x", "", &s).ok());
   EXPECT_FALSE(bench::parse_spec("4:8", "2:3", "a:-1", &s).ok());
+  // Whole numbers only: "16-128" was read as 16:16 and "32:128x" as 32:128.
+  EXPECT_FALSE(bench::parse_spec("16-128", "2:3", "", &s).ok());
+  EXPECT_FALSE(bench::parse_spec("4:8", "32:128x", "", &s).ok());
+  EXPECT_FALSE(bench::parse_spec("4:", "2:3", "", &s).ok());
+  ASSERT_TRUE(bench::parse_spec("16", "2:3", "", &s).ok());
+  EXPECT_EQ(s.prompt_min, 16);
+  EXPECT_EQ(s.prompt_max, 16);
+}
+
+// max_tokens is clipped to what the engine admits, prompt + max_tokens - 1 <= max_context (it
+// was clipped two short).
+TEST(BenchReportTest, MaxTokensIsClippedToWhatTheEngineAdmits) {
+  bench::Spec s;
+  ASSERT_TRUE(bench::parse_spec("90:90", "20:20", "", &s).ok());
+  s.num_requests = 3;
+  for (const bench::Work& w : bench::make_workload(s, 512, 100)) {
+    ASSERT_EQ(w.prompt.size(), 90u);
+    EXPECT_EQ(w.max_tokens, 11u);
+  }
 }
 
 TEST(BenchReportTest, QuantilesAndGoodput) {
