@@ -200,6 +200,17 @@ class ForceExitWatch {
   std::thread thread_;  // last: starts after the fields above
 };
 
+// Where neither the file nor --model names a model: the CLI's default-model rule (the first of
+// $KVSPLIT_MODELS, ./models, ../shared/models holding stories260K, else synthetic). Start-up and
+// --check-config both apply it, so the check reports the model the start would load.
+void apply_default_model(config::Config* cfg) {
+  if (cfg->model_given) return;
+  const auto def = kvsplit::model::resolve_default_model();
+  cfg->engine.model = def.model;
+  if (cfg->engine.tokenizer.empty()) cfg->engine.tokenizer = def.tokenizer;
+  KVSPLIT_LOG_INFO("no model given: {}", def.note);
+}
+
 // What start-up refuses as a bad configuration (exit 2), and so --check-config too: the file's
 // own rules, what the engine checks at start beyond them (a KVM rule whose cut is off, a quant
 // fraction without a quantized pool...) without loading a model, and the TLS files.
@@ -224,12 +235,7 @@ int run(const Flags& flags) {
     std::cerr << "kvsplit-server: " << st.message() << "\n";
     return 2;  // a bad config value
   }
-  if (!cfg.model_given) {
-    const auto def = kvsplit::model::resolve_default_model();
-    cfg.engine.model = def.model;
-    if (cfg.engine.tokenizer.empty()) cfg.engine.tokenizer = def.tokenizer;
-    KVSPLIT_LOG_INFO("no model given: {}", def.note);
-  }
+  apply_default_model(&cfg);
   KVSPLIT_LOG_INFO("config: {}", config::describe(cfg));
 
   // The model loads on its own thread (it can take minutes) while this one watches for
@@ -404,6 +410,7 @@ int main(int argc, char** argv) {
       std::cerr << "kvsplit-server: " << f.check_config << ": " << st.message() << "\n";
       return 2;
     }
+    apply_default_model(&*c);
     std::cout << f.check_config << ": OK (" << config::describe(*c) << ")\n";
     return 0;
   }

@@ -1,5 +1,6 @@
 // The server's edges against the real binary: invalid requests, bad configs, SIGHUP reload,
 // SIGTERM drain, TLS + API keys (self-signed cert made here with openssl), and a fuzz pass.
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -183,6 +184,17 @@ TEST_F(AdminTest, BadConfigExitsNonZeroNamingTheField) {
   auto [code6, out6] = run_command(std::string(KVSPLIT_SERVER_BIN) + " --check-config /dev/zero");
   EXPECT_EQ(code6, 2);
   EXPECT_NE(out6.find("is a character device"), std::string::npos) << out6;
+  // A file without a model: the check names the model the start would load, by the same
+  // default-model rule (it said synthetic:stories260k, the engine config's built-in value).
+  if (std::filesystem::exists(kvsplit::testing::model_path("stories260K.bin"))) {
+    const std::string plain = write("plain.yaml", "seed: 1\n");
+    auto [code8, out8] = run_command("KVSPLIT_MODELS=" + kvsplit::testing::models_dir() + " " +
+                                     KVSPLIT_SERVER_BIN + " --check-config " + plain);
+    EXPECT_EQ(code8, 0) << out8;
+    EXPECT_NE(out8.find("model=" + kvsplit::testing::model_path("stories260K.bin")),
+              std::string::npos)
+        << out8;
+  }
   // The flags beside --check-config are checked with the file, as at start (they were ignored:
   // --port 70000 passed).
   const std::string voice = std::string(KVSPLIT_SOURCE_DIR) + "/configs/voice-assistant.yaml";
