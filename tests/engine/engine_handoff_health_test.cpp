@@ -105,7 +105,7 @@ void first_token(RequestHandle& h) {
 
 // Three held workers: decode-0 runs one short sequence, decode-1 a long prompt (7 blocks), both
 // before their forward passes; then decode-0 hangs (takes no offer). `busy` waits on decode-1.
-// send_two_offers then submits `first` and, 1 s after its offer, `second`, while decode-0 is not
+// send_two_offers then submits `first` and, 2 s after its offer, `second`, while decode-0 is not
 // down yet; second_at is taken at second's first token (its offer is posted just after).
 struct HungDecode0 {
   RequestHandle on_0, busy, first, second;
@@ -129,7 +129,7 @@ void send_two_offers(EngineImpl& e, HungDecode0* h) {
   ASSERT_TRUE(first.ok());
   h->first = *first;
   first_token(h->first);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));
   auto second = e.submit(short_request("The dog"));
   ASSERT_TRUE(second.ok());
   h->second = *second;
@@ -139,13 +139,13 @@ void send_two_offers(EngineImpl& e, HungDecode0* h) {
       wait_for_stats(e, [](const EngineStats& st) { return st.pools[0].handoffs_rerouted == 2; }));
 }
 
-// Two offers in flight to a hung decode-0 (decode-1 is busier), posted 1 s apart. When the first
+// Two offers in flight to a hung decode-0 (decode-1 is busier), posted 2 s apart. When the first
 // passes its deadline, decode-0 is marked down and the second is taken back at once, in the same
-// pass, not at its own deadline 1 s later; both finish on decode-1.
+// pass, not at its own deadline 2 s later; both finish on decode-1.
 TEST(EngineHandoffHealth, OffersInFlightToAWorkerMarkedDownAreTakenBackAtOnce) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig cfg = two_decode_workers();
-  cfg.handoff_timeout_ms = 2000;
+  cfg.handoff_timeout_ms = 4000;
   auto engine = EngineImpl::create(cfg);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   EngineImpl& e = **engine;
@@ -155,8 +155,10 @@ TEST(EngineHandoffHealth, OffersInFlightToAWorkerMarkedDownAreTakenBackAtOnce) {
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - held.second_at)
           .count();
-  // Its own deadline is handoff_timeout_ms after its offer was posted, later than second_at.
-  EXPECT_LT(ms, 2000.0) << "the second offer waited out its own deadline";
+  // Taken back at the first's deadline, about 4 - 2 = 2 s after second_at; waiting out its own
+  // would be about 4 s (handoff_timeout_ms after its offer was posted, just before second_at).
+  // The midpoint leaves a second either way (the bound was 2 s, which the regression could meet).
+  EXPECT_LT(ms, 3000.0) << "the second offer waited out its own deadline";
   EXPECT_TRUE(e.stats().pools[kDecode0].marked_down);
   ASSERT_TRUE(
       wait_for_stats(e, [](const EngineStats& st) { return st.pools[kDecode1].running == 3; }));
@@ -179,7 +181,7 @@ TEST(EngineHandoffHealth, OffersInFlightToAWorkerMarkedDownAreTakenBackAtOnce) {
 TEST(EngineHandoffHealth, AWorkerAnOfferLeftEarlyKeepsItsTry) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig cfg = two_decode_workers();
-  cfg.handoff_timeout_ms = 2000;
+  cfg.handoff_timeout_ms = 4000;
   auto engine = EngineImpl::create(cfg);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   EngineImpl& e = **engine;
@@ -211,13 +213,13 @@ TEST(EngineHandoffHealth, AWorkerAnOfferLeftEarlyKeepsItsTry) {
 // An offer passed on to decode-1 comes back to decode-0 as soon as decode-1 is marked down by
 // another offer's missed deadline, not at its own. Two slots per decode worker: the offer waits
 // on decode-0 (both full); decode-1 frees its slots and hangs; a new request goes to decode-1's
-// free slot; 1 s later decode-0 passes the waiting offer on to decode-1 too. When the new
+// free slot; 2 s later decode-0 passes the waiting offer on to decode-1 too. When the new
 // request's offer passes its deadline it goes to decode-0, and so does the passed-on one.
 TEST(EngineHandoffHealth, AnOfferPassedOnComesBackOnceItsTargetIsMarkedDown) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig cfg = two_decode_workers();
   cfg.max_num_seqs = 2;
-  cfg.handoff_timeout_ms = 2000;
+  cfg.handoff_timeout_ms = 4000;
   auto engine = EngineImpl::create(cfg);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   EngineImpl& e = **engine;
@@ -249,7 +251,7 @@ TEST(EngineHandoffHealth, AnOfferPassedOnComesBackOnceItsTargetIsMarkedDown) {
   const auto x_at = std::chrono::steady_clock::now();  // x's offer is posted after this
   auto x = e.submit(short_request("A bird"));          // decode-1's free slot
   ASSERT_TRUE(x.ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));
   e.set_test_hold_worker(kDecode0, TestHold::kForward);  // passes `waits` on to decode-1
   ASSERT_TRUE(wait_for_stats(
       e, [](const EngineStats& st) { return st.pools[kDecode0].handoffs_forwarded == 1; }));
@@ -259,9 +261,10 @@ TEST(EngineHandoffHealth, AnOfferPassedOnComesBackOnceItsTargetIsMarkedDown) {
   }));
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - x_at).count();
-  // Without the early take-back: not before 1 s (the hold) + handoff_timeout_ms after x_at; with
-  // it, x's deadline (handoff_timeout_ms after its offer was posted, a few ms after x_at).
-  EXPECT_LT(ms, 2600.0) << "the passed-on offer waited out its own deadline";
+  // Without the early take-back: not before 2 s (the hold) + handoff_timeout_ms = 6 s after x_at;
+  // with it, x's deadline (handoff_timeout_ms after its offer was posted, a few ms after x_at),
+  // about 4 s. The midpoint leaves a second either way.
+  EXPECT_LT(ms, 5000.0) << "the passed-on offer waited out its own deadline";
   EngineStats s = e.stats();
   EXPECT_EQ(s.pools[0].handoffs_rerouted, 1);
   EXPECT_EQ(s.pools[kDecode0].handoffs_forwarded, 1);
