@@ -395,7 +395,20 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
                         : 0);
         if (reserving && room > st.free) sliced = slice_for(*w, room);
         if (!reserving || room > st.free) {
+          // With a window, a prompt whose pages (and, while reserving, the free blocks) still
+          // hold positions past what it computed takes a smaller chunk there: prompts that held
+          // every block between them and each waited for a full chunk's pages hung the worker for
+          // good (the pages behind the window go only as the chunks advance). A later prompt
+          // takes no free block, so the first that did not fit keeps its claim, and nor does a
+          // restart while sequences decode (their growth is what its reservation protects).
+          const bool may_take_free = reserving && (!w->restart || !steps_advance);
+          const int part = may_take_free ? std::min(need, st.free) : 0;
           reserving = false;
+          if (config_.kv_window > 0 &&
+              (w->num_blocks + part) * config_.block_size > w->num_computed) {
+            st.free -= part;
+            cands.push_back({w, part, false});
+          }
           continue;
         }
         st.free -= need;

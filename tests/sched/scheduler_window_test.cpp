@@ -115,5 +115,41 @@ TEST(SchedulerWindow, ChunkCapAndPromptAdmission) {
   EXPECT_FALSE(Scheduler(config(64, true)).can_admit_prompt(400, 20, 20, 0, 0));
 }
 
+// Prompts that hold every block between them still progress inside the pages they hold: each
+// waited for a whole chunk's pages (need > free), nobody decoded, and the worker hung for good.
+TEST(SchedulerWindow, PromptsHoldingEveryBlockProgressInsideTheirPages) {
+  // Window 8, blocks of 4, a 16-token chunk cap; three 80-token prompts hold all 12 blocks.
+  const std::vector<SchedSeq> wait = {waiting(1, 80, /*computed=*/8, /*blocks=*/4),
+                                      waiting(2, 80, 4, 4), waiting(3, 80, 4, 4)};
+  SchedulerInput in{{}, wait, {}, /*free=*/0, /*total=*/12, /*step=*/1};
+  const SchedulerOutput out = Scheduler(windowed(16, /*window=*/8)).schedule(in);
+  EXPECT_TRUE(out.never_fit.empty());
+  ASSERT_FALSE(out.prefill.empty());
+  int tokens = 0;
+  for (const PrefillChunk& p : out.prefill) {
+    EXPECT_EQ(p.new_blocks, 0) << p.id;  // nothing free: only the pages it holds
+    const SchedSeq& w = wait[static_cast<size_t>(p.id - 1)];
+    EXPECT_LE(w.num_computed + p.tokens, w.num_blocks * 4) << p.id;
+    tokens += p.tokens;
+  }
+  EXPECT_GT(tokens, 0);
+  EXPECT_EQ(out.free_blocks_after, 0);
+
+  // With one block free, the first in service order takes it and the others only their pages.
+  in.free_blocks = 1;
+  const SchedulerOutput one = Scheduler(windowed(16, 8)).schedule(in);
+  int taken = 0;
+  for (const PrefillChunk& p : one.prefill) {
+    if (p.id != 1) {
+      EXPECT_EQ(p.new_blocks, 0) << p.id;
+    }
+    taken += p.new_blocks;
+  }
+  EXPECT_LE(taken, 1);
+  // Without a window nothing changes: a prompt waits for its whole target's blocks.
+  const SchedulerOutput plain = Scheduler(config(16, true)).schedule(in);
+  EXPECT_TRUE(plain.prefill.empty());
+}
+
 }  // namespace
 }  // namespace kvsplit::sched
