@@ -14,24 +14,29 @@ KvCacheManager::KvCacheManager(KvmConfig config, ParamTable baseline, Actuator* 
       actuator_(actuator),
       monitor_(config_.window_ms),
       rules_(config_.rules) {
-  if (!config_.decision_log.empty()) {
-    log_file_.open(config_.decision_log, std::ios::app);
-    if (!log_file_) {
-      KVSPLIT_LOG_ERROR("kvm: cannot open the decision log {}; decisions go to the log only",
-                        config_.decision_log);
-    }
+  open_log();
+}
+
+void KvCacheManager::open_log() {
+  log_file_.close();
+  log_file_.clear();
+  log_failed_ = false;
+  if (config_.decision_log.empty()) return;
+  log_file_.open(config_.decision_log, std::ios::app);
+  if (!log_file_) {
+    log_failed_ = true;
+    KVSPLIT_LOG_ERROR("kvm: cannot open the decision log {}; decisions go to the log only",
+                      config_.decision_log);
   }
 }
 
 void KvCacheManager::reload(KvmConfig config) {
-  const std::string old_log = config_.decision_log;
   config_ = std::move(config);
   rules_.reload(config_.rules);
   monitor_.latency().set_window_ms(config_.window_ms);
-  if (config_.decision_log != old_log) {
-    log_file_.close();
-    if (!config_.decision_log.empty()) log_file_.open(config_.decision_log, std::ios::app);
-  }
+  // Reopened on every reload, the same path too: SIGHUP after a log rotation moves it to the new
+  // file, and a log that failed is tried again.
+  open_log();
 }
 
 void KvCacheManager::rebase_classes(const ParamTable& classes) {
@@ -117,6 +122,13 @@ void KvCacheManager::log_decision(const KvmDecision& d) {
   if (log_file_.is_open()) {
     log_file_ << line << '\n';
     log_file_.flush();
+    if (!log_file_) {  // disk full, I/O error: said once, then the server log only
+      log_file_.close();
+      log_failed_ = true;
+      KVSPLIT_LOG_ERROR(
+          "kvm: writing the decision log {} failed; decisions go to the log only until a reload",
+          config_.decision_log);
+    }
   }
 }
 

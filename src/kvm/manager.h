@@ -65,9 +65,13 @@ class KvCacheManager {
   double tick_ms_total() const { return tick_ms_total_; }
   double actuate_ms_total() const { return actuate_ms_total_; }
   int64_t ticks() const { return ticks_; }
+  // The decision log cannot be opened, or a write to it failed (disk full, I/O error): decisions
+  // go to the server log only until the next reload opens it again. Said once in the log.
+  bool decision_log_failed() const { return log_failed_; }
 
  private:
   void log_decision(const KvmDecision& d);
+  void open_log();
   void adopt_class_settings(const std::string& sla_class);
 
   KvmConfig config_;
@@ -80,6 +84,7 @@ class KvCacheManager {
   std::map<std::pair<std::string, std::string>, int64_t> counts_;
   int64_t total_ = 0;
   std::ofstream log_file_;
+  bool log_failed_ = false;
   double tick_ms_total_ = 0;
   double actuate_ms_total_ = 0;
   int64_t ticks_ = 0;

@@ -166,6 +166,43 @@ TEST(KvCacheManager, RefusedActionIsRecordedAndLeavesTheTable) {
   std::remove(log.c_str());
 }
 
+// The decision log is reopened on every reload (a SIGHUP after a rotation writes to the new
+// file; it kept writing to the renamed one), and a failed write is noticed and said once
+// (/dev/full: every decision was dropped in silence).
+TEST(KvCacheManager, TheDecisionLogIsReopenedOnReloadAndAFailedWriteIsNoticed) {
+  FakeActuator act;
+  const std::string log =
+      (std::filesystem::temp_directory_path() / "kvsplit-manager-rotate.jsonl").string();
+  const std::string rotated = log + ".1";
+  std::remove(log.c_str());
+  std::remove(rotated.c_str());
+  KvCacheManager m(policy(KvmMode::kEnforce, log), baseline(), &act);
+  ASSERT_EQ(m.tick(0, stats_at(95), {}).size(), 1u);  // enter
+  std::rename(log.c_str(), rotated.c_str());
+  m.reload(policy(KvmMode::kEnforce, log));             // the same path
+  ASSERT_EQ(m.tick(200, stats_at(50), {}).size(), 1u);  // exit
+  auto lines = [](const std::string& path) {
+    std::ifstream in(path);
+    std::vector<std::string> out;
+    for (std::string l; std::getline(in, l);) out.push_back(nlohmann::json::parse(l)["action"]);
+    return out;
+  };
+  EXPECT_EQ(lines(rotated), (std::vector<std::string>{"enter"}));
+  EXPECT_EQ(lines(log), (std::vector<std::string>{"exit"}));
+  EXPECT_FALSE(m.decision_log_failed());
+  std::remove(log.c_str());
+  std::remove(rotated.c_str());
+
+  if (std::ifstream("/dev/full").good()) {
+    KvCacheManager full(policy(KvmMode::kEnforce, "/dev/full"), baseline(), &act);
+    EXPECT_FALSE(full.decision_log_failed());  // it opens
+    EXPECT_EQ(full.tick(0, stats_at(95), {}).size(), 1u);
+    EXPECT_TRUE(full.decision_log_failed());  // the write found the disk full
+  }
+  KvCacheManager missing(policy(KvmMode::kEnforce, "/nonexistent/dir/kvm.jsonl"), baseline(), &act);
+  EXPECT_TRUE(missing.decision_log_failed());
+}
+
 // A refused decision's value never took effect: a later rule of the same tick on the same
 // setting starts from the value in place (a "*= 0.5" after a refused "= 2000000" halved the
 // refused value, 1e6, instead of the table's 1024).
