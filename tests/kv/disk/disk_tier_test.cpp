@@ -457,9 +457,14 @@ TEST_P(DiskTierTest, EveryInjectedFaultHasItsCauseAndLeavesNoSpace) {
   }
   // Capture the log: each cause is logged once however often it happens.
   std::ostringstream log;
-  auto saved = spdlog::default_logger();
   auto logger = std::make_shared<spdlog::logger>(
       "disk_tier_test", std::make_shared<spdlog::sinks::ostream_sink_mt>(log));
+  // Put back however the test leaves (an ASSERT returns early): later tests must not log into
+  // this stack frame's stream.
+  struct RestoreLogger {
+    std::shared_ptr<spdlog::logger> saved = spdlog::default_logger();
+    ~RestoreLogger() { spdlog::set_default_logger(saved); }
+  } restore;
   spdlog::set_default_logger(logger);
 
   auto tier = open_tier(32);
@@ -513,7 +518,7 @@ TEST_P(DiskTierTest, EveryInjectedFaultHasItsCauseAndLeavesNoSpace) {
   EXPECT_EQ(s.fault_count(DiskFault::kIoError), direct() ? 8 : 4);  // + the no-buffer cases
   EXPECT_EQ(s.extents_used, 0);
 
-  spdlog::set_default_logger(saved);
+  spdlog::set_default_logger(restore.saved);
   const std::string text = log.str();
   for (const char* cause : {"no_space: ", "io_error: ", "short_io: ", "checksum: "}) {
     size_t n = 0;
