@@ -191,7 +191,11 @@ void Sim::apply_cut(Worker& w, Req& r) {
 // are in progress, and its prompt's blocks plus a watermark (1% of the pool, when sequences run)
 // are free. Its prompt's blocks are reserved at once. A decode worker takes handoffs instead.
 void Sim::admit(Worker& w, double now) {
-  const int max_seqs = std::max(1, static_cast<int>(param("max_num_seqs", -1)));
+  // A rule's max_num_seqs reaches the decoding workers only (the engine's SetSchedulerParams goes
+  // to decode and colocated workers): a prefill worker keeps the configured value.
+  const int max_seqs = std::max(1, w.role == Role::kPrefill
+                                       ? c_.max_num_seqs
+                                       : static_cast<int>(param("max_num_seqs", -1)));
   auto by_service = [&](int a, int b) { return serves_before(reqs_[a], reqs_[b]); };
   if (w.role == Role::kDecode) {
     std::stable_sort(handoff_.begin(), handoff_.end(), by_service);
