@@ -39,6 +39,8 @@ int run_simulate(const PolicyFlags& f) {
     if (Status st = kvm::write_outcomes_file(f.write_requests, res->requests); !st.ok())
       return policy_fail(st.with_prefix("--write-requests"));
   }
+  for (const std::string& w : res->unmodelled)
+    std::fprintf(stderr, "kvsplit policy: warning: %s\n", w.c_str());
   if (f.json) {
     std::cout << kvm::sim_result_json(*res) << "\n";
     return 0;

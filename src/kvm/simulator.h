@@ -47,6 +47,11 @@ struct SimResult {
   // max_context (sched::check_request's rule), which the simulator fits to the context instead,
   // as bench_serving_offline fits a trace.
   int64_t over_context = 0;
+  // Rules whose `when` or `exit` reads a metric the model does not produce (disk_kv_use,
+  // link_use, storage_latency_ms, prefix_hit_rate, recall_rate): it reads 0 throughout, so such a
+  // rule fires (or never does) whatever the engine would see. One line per (rule, metric):
+  // "rule 'cold-prefix' reads prefix_hit_rate, which the simulator does not model (it reads 0)".
+  std::vector<std::string> unmodelled;
   // Each decode worker's KV as modelled: full-pool blocks and the semantic cut's arena pages.
   int64_t kv_blocks_per_worker = 0, int8_pages_per_worker = 0, int4_pages_per_worker = 0;
   // Every request of the trace in arrival order (ties: trace order), as the model predicts it

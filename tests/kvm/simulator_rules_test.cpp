@@ -1,8 +1,10 @@
 // The simulator applies a rule's setting to the workers the engine's command reaches: a
 // max_num_seqs rule caps the decoding workers, never a prefill worker (the engine sends it with
-// decoders_only), so in disaggregated mode prompts are still prefilled several at a time.
+// decoders_only), so in disaggregated mode prompts are still prefilled several at a time; a rule
+// on a metric the model does not produce is named.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "kvm/simulator.h"
@@ -43,6 +45,39 @@ TEST(SimulatorRules, MaxNumSeqsCapsDecodingWorkersNotThePrefillWorker) {
   }
   // The decode worker runs two at a time: the run takes longer.
   EXPECT_GT(capped->end_ms, free_run->end_ms);
+}
+
+// A rule on a metric the model does not produce (it reads 0 all run long) is named in the result,
+// which `kvsplit policy simulate` prints as a warning: "prefix_hit_rate < 0.3" fired at the first
+// sample and capped the whole prediction without a word.
+TEST(SimulatorRules, RulesOnMetricsTheModelDoesNotProduceAreNamed) {
+  EngineConfig c = test_config();
+  c.kvm.enabled = true;
+  c.kvm.interval_ms = 10;
+  KvmRule cold;
+  cold.name = "cold-prefix";
+  cold.when = {"prefix_hit_rate", "", KvmCmp::kLess, 0.3};
+  cold.exit = {"prefix_hit_rate", "", KvmCmp::kGreater, 0.5};
+  cold.then = {"max_num_seqs", KvmActionOp::kSet, 2};
+  KvmRule hot = cold;
+  hot.name = "hot";
+  hot.when = {"device_kv_use", "", KvmCmp::kGreater, 0.9};
+  hot.exit = {"link_use", "", KvmCmp::kLess, 0.1};
+  hot.cooldown_ms = 100;
+  c.kvm.rules = {cold, hot};
+  auto r = simulate(c, test_profile(), uniform_trace(4, 1, 16, 4));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->unmodelled,
+            (std::vector<std::string>{
+                "rule 'cold-prefix' reads prefix_hit_rate, which the simulator does not model (it "
+                "reads 0)",
+                "rule 'hot' reads link_use, which the simulator does not model (it reads 0)"}));
+  EXPECT_NE(sim_result_json(*r).find("\"unmodelled\":[\"rule 'cold-prefix'"), std::string::npos);
+  c.kvm.rules = {hot};
+  c.kvm.rules[0].exit = {"device_kv_use", "", KvmCmp::kLess, 0.8};
+  auto modelled = simulate(c, test_profile(), uniform_trace(4, 1, 16, 4));
+  ASSERT_TRUE(modelled.ok());
+  EXPECT_TRUE(modelled->unmodelled.empty());
 }
 
 }  // namespace
