@@ -193,9 +193,8 @@ void Sim::apply_cut(Worker& w, Req& r) {
 void Sim::admit(Worker& w, double now) {
   // A rule's max_num_seqs reaches the decoding workers only (the engine's SetSchedulerParams goes
   // to decode and colocated workers): a prefill worker keeps the configured value.
-  const int max_seqs = std::max(1, w.role == Role::kPrefill
-                                       ? c_.max_num_seqs
-                                       : static_cast<int>(param("max_num_seqs", -1)));
+  const int max_seqs = std::max(
+      1, w.role == Role::kPrefill ? c_.max_num_seqs : static_cast<int>(param("max_num_seqs", -1)));
   auto by_service = [&](int a, int b) { return serves_before(reqs_[a], reqs_[b]); };
   if (w.role == Role::kDecode) {
     std::stable_sort(handoff_.begin(), handoff_.end(), by_service);
