@@ -122,6 +122,24 @@ bool attention_head_dim_supported(int head_dim) {
   return head_dim == 8 || head_dim == 64 || head_dim == 128;
 }
 
+Status attention_shape_supported(int head_dim, int gqa_group) {
+  if (!attention_head_dim_supported(head_dim))
+    return unimplemented("attention: head_dim " + std::to_string(head_dim) +
+                         " is not compiled (8, 64, 128)");
+  if (gqa_group < 1) return invalid_argument("attention: GQA group must be >= 1");
+  // Query rows per block as launch_typed sets them: the group in decode; in prefill as many query
+  // tokens as kPrefillMaxRows / group allows (at least one), times the group.
+  const int prefill_tokens = kPrefillMaxRows / gqa_group > 1 ? kPrefillMaxRows / gqa_group : 1;
+  for (const int rows : {gqa_group, prefill_tokens * gqa_group}) {
+    if (pv_combos(rows, head_dim) > kAttnThreads)
+      return unimplemented(
+          "attention: a GQA group of " + std::to_string(gqa_group) + " heads with head_dim " +
+          std::to_string(head_dim) + " is not compiled (at most " +
+          std::to_string(kAttnThreads * kPvRows * kPvChunk / head_dim) + " query rows per block)");
+  }
+  return ok_status();
+}
+
 Status launch_paged_prefill(const PagedAttentionParams& p, cudaStream_t stream) {
   KVSPLIT_RETURN_IF_ERROR(validate_paged_attention(p));
   if (p.head_max) return invalid_argument("prefill attention: head_max is for decode only");

@@ -69,6 +69,12 @@ struct PagedAttentionParams {
 // Shapes the kernels are compiled for; anything else is kUnimplemented.
 inline constexpr int kAttentionBlockSize = 16;
 bool attention_head_dim_supported(int head_dim);
+// Whether the kernels are compiled for a model's attention shape: its head_dim, and a GQA group
+// (query heads per KV head) whose query rows fit one block's P.V threads in decode and in
+// prefill. kUnimplemented naming what is not compiled. Needs no device: the CUDA backend checks a
+// model with it when the model is created, so an unsupported one is refused at start instead of
+// failing every request at its first attention launch.
+Status attention_shape_supported(int head_dim, int gqa_group);
 
 // Host-side checks every attention launcher runs first: shapes (kUnimplemented where not
 // compiled), null pointers, scale, pipeline_stages.

@@ -373,6 +373,13 @@ class Backend {
   // True when sample_tokens is implemented (the model then picks greedy tokens on the device and
   // copies back 4 bytes per row instead of a vocab-sized logits row).
   virtual bool has_sample_tokens() const { return false; }
+  // Whether attention runs for a model with this head_dim and GQA group (query heads per KV
+  // head); kUnimplemented naming what is not compiled. LlamaModel::create asks, so a model the
+  // kernels cannot run is refused when it is loaded. The default (the CPU backend): every shape.
+  virtual Status check_model_attention(int head_dim, int gqa_group) const {
+    (void)head_dim, (void)gqa_group;
+    return ok_status();
+  }
   virtual Status sample_tokens(const float* logits, int num_rows, int vocab,
                                const SamplingRow* rows, int32_t* ids) {
     (void)logits, (void)num_rows, (void)vocab, (void)rows, (void)ids;

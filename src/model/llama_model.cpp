@@ -141,6 +141,10 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::create(const LoadedModel& mode
     return invalid_argument("num_heads must be a multiple of num_kv_heads");
   }
   if (c.head_dim % 2 != 0) return invalid_argument("head_dim must be even for RoPE");
+  // What the backend's attention is built for (the CUDA kernels: head_dim 8, 64, 128): refused
+  // here rather than at every request's first attention launch.
+  if (Status st = backend.check_model_attention(c.head_dim, c.num_heads / c.num_kv_heads); !st.ok())
+    return Status(st.code(), "backend " + backend.name() + ": " + st.message());
   if (static_cast<int>(model.weights.layers.size()) != c.num_layers) {
     return invalid_argument("weights hold " + std::to_string(model.weights.layers.size()) +
                             " layers, config says " + std::to_string(c.num_layers));

@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "kernel_test_util.h"
+#include "kernels/attention/paged_attention.h"
+#include "kvsplit/engine.h"
 #include "model_golden_check.h"
 #include "oracle/attention_oracle.h"
 #include "sampling_reference.h"
@@ -131,6 +134,34 @@ TEST(CudaModel, SampleTokensMatchesHostReference) {
   bad.top_p = 0.f;
   const Status st = be->sample_tokens(dl->get<float>(), 1, vocab, &bad, dids->get<int32_t>());
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+}
+
+// A model whose attention shape the kernels are not compiled for is refused when it is loaded:
+// hf-tiny's Qwen2 (head_dim 32) started and then failed every request at its first attention
+// launch. The shape check itself needs no device.
+TEST(CudaModel, AnAttentionShapeTheKernelsLackIsRefusedWhenTheModelLoads) {
+  EXPECT_TRUE(kernels::attention_shape_supported(8, 1).ok());    // stories260K
+  EXPECT_TRUE(kernels::attention_shape_supported(128, 4).ok());  // Llama-3-8B
+  EXPECT_TRUE(kernels::attention_shape_supported(128, 8).ok());  // Llama-3-70B
+  EXPECT_TRUE(kernels::attention_shape_supported(64, 1).ok());   // llama-110m
+  for (int d : {16, 32, 80, 96, 256}) {
+    const Status st = kernels::attention_shape_supported(d, 1);
+    EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << d;
+    EXPECT_NE(st.message().find("head_dim " + std::to_string(d) + " is not compiled"),
+              std::string::npos)
+        << st.message();
+  }
+  EXPECT_EQ(kernels::attention_shape_supported(128, 1024).code(), StatusCode::kUnimplemented);
+  KVSPLIT_REQUIRE_DEVICE();
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig c;
+  c.backend = "cuda";
+  c.model = model_path("hf-tiny/qwen2-tiny");
+  auto e = Engine::create(c);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kUnimplemented) << e.status().to_string();
+  EXPECT_NE(e.status().message().find("head_dim 32 is not compiled"), std::string::npos)
+      << e.status().message();
 }
 
 TEST(BackendOptions, CpuAcceptsOnlyF32WeightsAndHasNoSamplingOp) {

@@ -750,6 +750,10 @@ Status CudaBackend::sample_tokens(const float* logits, int num_rows, int vocab,
                                 stream_);
 }
 
+Status CudaBackend::check_model_attention(int head_dim, int gqa_group) const {
+  return kernels::attention_shape_supported(head_dim, gqa_group);
+}
+
 }  // namespace kvsplit::backend::cuda
 
 namespace kvsplit::backend {

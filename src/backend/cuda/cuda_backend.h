@@ -97,6 +97,7 @@ class CudaBackend final : public Backend {
   Status summarize_kv_page(const void* src, DType src_dtype, const kernels::QuantPageLayout& layout,
                            kernels::KvSummaryElem* dst) override;
   bool has_sample_tokens() const override { return true; }
+  Status check_model_attention(int head_dim, int gqa_group) const override;
   Status sample_tokens(const float* logits, int num_rows, int vocab, const SamplingRow* rows,
                        int32_t* ids) override;
 
