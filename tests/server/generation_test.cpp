@@ -299,6 +299,47 @@ TEST_F(GenerationTest, ModelInfoAndStats) {
   EXPECT_EQ(s.classes(1).max_ttft_ms(), 300);
 }
 
+// The value of the sample `series` ("name" or "name{labels}", as exposed) in a scrape; -1 when
+// it is missing.
+double sample_value(const std::string& text, const std::string& series) {
+  for (size_t at = text.find(series + " "); at != std::string::npos;
+       at = text.find(series + " ", at + 1)) {
+    if (at == 0 || text[at - 1] == '\n') return std::stod(text.substr(at + series.size() + 1));
+  }
+  return -1;
+}
+
+// The counters move by what a request did, not only exist: its prompt and generated tokens, and
+// one finished request of its class that met both of its (loose) targets.
+TEST_F(GenerationTest, PrometheusCountersMoveByTheRequest) {
+  const std::string finished = "kvsplit:sla_requests_finished_total{sla_class=\"standard\"}";
+  const std::string met = "kvsplit:sla_slo_met_total{sla_class=\"standard\"}";
+  const std::string before = scrape_metrics(server_->metrics_port());
+  v1::GenerateRequest req;
+  req.set_prompt("Lily wanted to");
+  req.set_max_tokens(10);
+  req.set_sla_class("standard");
+  const Result r = generate(stub_.get(), req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  std::string after;
+  for (int k = 0; k < 500; ++k) {  // the stats a scrape reads are published after the step
+    after = scrape_metrics(server_->metrics_port());
+    if (sample_value(after, finished) >= sample_value(before, finished) + 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  auto delta = [&](const std::string& series) {
+    const double a = sample_value(after, series), b = sample_value(before, series);
+    EXPECT_GE(a, 0) << series << " missing";
+    EXPECT_GE(b, 0) << series << " missing";
+    return a - b;
+  };
+  EXPECT_EQ(delta(finished), 1);
+  EXPECT_EQ(delta(met), 1);  // 5 s TTFT, 1 s ITL: met by a 10-token request
+  EXPECT_EQ(delta("kvsplit:generation_tokens_total"), r.last.usage().completion_tokens());
+  EXPECT_EQ(delta("kvsplit:prompt_tokens_total"), r.last.usage().prompt_tokens());
+  EXPECT_GT(r.last.usage().completion_tokens(), 0u);
+}
+
 TEST_F(GenerationTest, PrometheusMetrics) {
   v1::GenerateRequest req;
   req.set_prompt("Lily wanted to");
