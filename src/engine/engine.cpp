@@ -453,16 +453,18 @@ EngineStats EngineImpl::stats_without_kvm() const {
     s.num_running += s.pools.back().running;
     s.num_waiting += s.pools.back().waiting;
   }
-  const std::vector<int> queued = router_->queued_per_class();
-  const std::vector<double> waited = router_->oldest_wait_ms_per_class(sched::Clock::now());
+  const std::vector<sched::Router::ClassQueue> queues = router_->class_queues(sched::Clock::now());
   s.num_waiting += router_->num_queued();
   s.preemptions = shared_.preemptions.load();
   std::lock_guard<std::mutex> lock(mu_);
   s.classes = class_stats_;
-  for (size_t i = 0; i < s.classes.size() && i < queued.size(); ++i)
-    s.classes[i].queued = queued[i];
-  for (size_t i = 0; i < s.classes.size() && i < waited.size(); ++i)
-    s.classes[i].oldest_queued_ms = waited[i];
+  for (SlaClassStats& c : s.classes) {  // by name: a reload may have reordered either list
+    for (const sched::Router::ClassQueue& q : queues) {
+      if (q.name != c.name) continue;
+      c.queued = q.queued;
+      c.oldest_queued_ms = q.oldest_wait_ms;
+    }
+  }
   s.requests_submitted = submitted_;
   s.requests_finished = finished_;
   s.requests_cancelled = cancelled_;

@@ -108,21 +108,21 @@ int Router::num_queued() const {
   return static_cast<int>(entries_.size());
 }
 
-std::vector<int> Router::queued_per_class() const {
+std::vector<Router::ClassQueue> Router::class_queues(Clock::time_point now) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return queued_;
-}
-
-std::vector<double> Router::oldest_wait_ms_per_class(Clock::time_point now) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<double> wait(queued_.size(), 0.0);
+  std::vector<ClassQueue> out(classes_.size());
+  for (size_t k = 0; k < out.size(); ++k) {
+    out[k].name = classes_[k].name;
+    if (k < queued_.size()) out[k].queued = queued_[k];
+  }
   for (const auto& [arrival, entry] : entries_) {
     const size_t k = static_cast<size_t>(entry.seq->class_index);
-    if (k >= wait.size()) continue;
-    wait[k] = std::max(
-        wait[k], std::chrono::duration<double, std::milli>(now - entry.seq->submit_time).count());
+    if (k >= out.size()) continue;
+    out[k].oldest_wait_ms =
+        std::max(out[k].oldest_wait_ms,
+                 std::chrono::duration<double, std::milli>(now - entry.seq->submit_time).count());
   }
-  return wait;
+  return out;
 }
 
 std::vector<SlaClass> Router::classes() const {

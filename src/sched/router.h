@@ -44,9 +44,16 @@ class Router {
   std::vector<std::unique_ptr<Sequence>> take_all();
 
   int num_queued() const;
-  std::vector<int> queued_per_class() const;
-  // Per class: how long its oldest queued sequence has waited since submit, at `now` (0: none).
-  std::vector<double> oldest_wait_ms_per_class(Clock::time_point now) const;
+  // Per class, in the router's class order and named, read under one lock: its queued sequences
+  // and how long the oldest of them has waited since submit at `now` (0: none). Callers pair them
+  // with their own per-class figures by name: a SIGHUP may reorder the classes between two reads
+  // (the queue depth and wait of one class were reported under another).
+  struct ClassQueue {
+    std::string name;
+    int queued = 0;
+    double oldest_wait_ms = 0;
+  };
+  std::vector<ClassQueue> class_queues(Clock::time_point now) const;
   std::vector<SlaClass> classes() const;
   // Replaces the classes; queued sequences keep their other settings (their counts are dropped
   // when the class list shrinks past their index) and take their class's cut settings (semantic,

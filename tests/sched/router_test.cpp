@@ -11,6 +11,18 @@
 namespace kvsplit::sched {
 namespace {
 
+// Router::class_queues as plain vectors, in class order.
+std::vector<int> queued_per_class(const Router& r) {
+  std::vector<int> out;
+  for (const Router::ClassQueue& q : r.class_queues(Clock::now())) out.push_back(q.queued);
+  return out;
+}
+std::vector<double> oldest_wait_ms_per_class(const Router& r, Clock::time_point now) {
+  std::vector<double> out;
+  for (const Router::ClassQueue& q : r.class_queues(now)) out.push_back(q.oldest_wait_ms);
+  return out;
+}
+
 std::unique_ptr<Sequence> make_seq(const std::string& id, int64_t arrival, int priority,
                                    const SlaClass& cls, int class_index,
                                    Clock::time_point deadline) {
@@ -189,7 +201,7 @@ TEST(Router, BoundedPerClassExpiryAndRemove) {
   ASSERT_NE(s2, nullptr);  // left untouched
   ASSERT_TRUE(r.push(s3).ok());
   EXPECT_EQ(pushes.load(), 3);
-  EXPECT_EQ(r.queued_per_class(), (std::vector<int>{2, 1}));
+  EXPECT_EQ(queued_per_class(r), (std::vector<int>{2, 1}));
 
   auto expired = r.take_expired(now + std::chrono::milliseconds(10));
   ASSERT_EQ(expired.size(), 1u);
@@ -197,7 +209,7 @@ TEST(Router, BoundedPerClassExpiryAndRemove) {
   EXPECT_EQ(r.remove({"", "nope"}), nullptr);
   auto removed = r.remove({"", "3"});
   ASSERT_NE(removed, nullptr);
-  EXPECT_EQ(r.queued_per_class(), (std::vector<int>{1, 0}));
+  EXPECT_EQ(queued_per_class(r), (std::vector<int>{1, 0}));
   EXPECT_EQ(r.take_all().size(), 1u);
   EXPECT_EQ(r.num_queued(), 0);
 }
@@ -210,7 +222,7 @@ TEST(Router, OldestWaitPerClass) {
   Router r({a, b}, nullptr);
   const auto now = Clock::now();
   const auto far = now + std::chrono::hours(1);
-  EXPECT_EQ(r.oldest_wait_ms_per_class(now), (std::vector<double>{0, 0}));
+  EXPECT_EQ(oldest_wait_ms_per_class(r, now), (std::vector<double>{0, 0}));
   auto s0 = make_seq("0", 0, 0, a, 0, far);
   s0->submit_time = now - std::chrono::milliseconds(300);
   auto s1 = make_seq("1", 1, 0, a, 0, far);
@@ -220,16 +232,28 @@ TEST(Router, OldestWaitPerClass) {
   ASSERT_TRUE(r.push(s0).ok());
   ASSERT_TRUE(r.push(s1).ok());
   ASSERT_TRUE(r.push(s2).ok());
-  std::vector<double> w = r.oldest_wait_ms_per_class(now);
+  std::vector<double> w = oldest_wait_ms_per_class(r, now);
   ASSERT_EQ(w.size(), 2u);
   EXPECT_DOUBLE_EQ(w[0], 300);
   EXPECT_DOUBLE_EQ(w[1], 50);
   // The oldest leaves: the next one's wait; a later `now` adds to it.
   auto any = [](const Sequence&) { return true; };
   ASSERT_NE(r.pop_if(any), nullptr);  // "0": first by arrival
-  w = r.oldest_wait_ms_per_class(now + std::chrono::milliseconds(20));
+  w = oldest_wait_ms_per_class(r, now + std::chrono::milliseconds(20));
   EXPECT_DOUBLE_EQ(w[0], 120);
   EXPECT_DOUBLE_EQ(w[1], 70);
+  // Named, and read in one go: after a reload that reorders the classes, each figure stays with
+  // its class (the engine pairs them with its class stats by name; it paired them by position
+  // from two reads, which a reload between them could give another class's figures).
+  r.set_classes({b, a});
+  const std::vector<Router::ClassQueue> q = r.class_queues(now + std::chrono::milliseconds(20));
+  ASSERT_EQ(q.size(), 2u);
+  EXPECT_EQ(q[0].name, "b");
+  EXPECT_EQ(q[0].queued, 1);
+  EXPECT_DOUBLE_EQ(q[0].oldest_wait_ms, 70);
+  EXPECT_EQ(q[1].name, "a");
+  EXPECT_EQ(q[1].queued, 1);
+  EXPECT_DOUBLE_EQ(q[1].oldest_wait_ms, 120);
 }
 
 TEST(Router, RemoveSeesOnlyTheTenantsOwnRequest) {
