@@ -646,4 +646,35 @@ void Worker::finalize_after_stop() {
   publish_stats();
 }
 
+bool Worker::release_youngest_waiting(Clock::time_point now) {
+  if (scheduler_.config().kv_window <= 0 || !running_.empty() || pool_->available_blocks() > 0)
+    return false;
+  Sequence* youngest = nullptr;
+  int holders = 0;
+  for (const std::unique_ptr<Sequence>& s : waiting_) {
+    if (s->table.blocks.empty() || kv::swapped_pages(s->table) > 0 ||
+        !s->table.swap_prefetch.empty() || s->prefetch || s->cancelled())
+      continue;
+    ++holders;
+    if (youngest == nullptr ||
+        serves_before({youngest->priority, youngest->arrival}, {s->priority, s->arrival}))
+      youngest = s.get();
+  }
+  if (holders < 2) return false;
+  KVSPLIT_LOG_WARN(
+      "{}: sliding-window prompts hold every block and none can go on: request {} lets its "
+      "{} pages go ({} tokens computed, recomputed from what the prefix cache keeps)",
+      options_.name, youngest->display_id(), youngest->table.blocks.size(), youngest->num_computed);
+  pool_->cache_prefix(
+      youngest->table, youngest->prefix_salt, youngest->tokens,
+      cacheable_tokens(options_.kv_policy, youngest->num_computed, youngest->num_prompt) /
+          pool_->block_size());
+  release_kv(*youngest);
+  youngest->num_computed = 0;
+  account_kv(*youngest, now);
+  ++youngest->preemptions;
+  shared_->preemptions.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 }  // namespace kvsplit::sched

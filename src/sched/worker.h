@@ -231,6 +231,12 @@ class Worker {
   int handoff_cacheable_pages(const HandoffOffer& offer) const;
   void admit_from_router(Clock::time_point now);
   void schedule(Clock::time_point now);
+  // Sliding windows: when the step planned nothing, nothing runs, no block is free and two or
+  // more waiting sequences hold pages, the one served last lets its pages go (cached for its own
+  // restart) so that the others can go on. Each admitted a chunk's pages, and with every table
+  // full and nothing behind the window none could advance: the worker hung for good. True when
+  // one was released.
+  bool release_youngest_waiting(Clock::time_point now);
   // logits [rows, vocab] of the kSampleRow entries, ids of the kSampleArgmax ones, in batch order.
   void postprocess(std::vector<float>& logits, const std::vector<int32_t>& ids,
                    Clock::time_point now);

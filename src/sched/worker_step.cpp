@@ -42,6 +42,7 @@ bool Worker::step() {
     return false;
   }
   schedule(t0);
+  if (batch_.steps.empty() && release_youngest_waiting(t0)) schedule(t0);
   if (batch_.steps.empty()) {
     compact(t0);  // preemptions of a step that ends up empty
     publish_stats();
