@@ -154,23 +154,29 @@ Status check_rule(const KvmRule& r, const std::vector<std::string>& classes) {
                             fmt::format("{}", r.min) + ", " + fmt::format("{}", r.max) + "]");
   KVSPLIT_RETURN_IF_ERROR(check_range(r));
   // What the engine accepts (check_setting), checked here so that `--check-config` refuses a rule
-  // every application of which the engine would refuse ("max_num_seqs = 0", "evict_threshold = 2")
-  // or that could only ever be clamped back ("swap = never" with max 0).
-  if (!param_is_one_shot(p)) {
-    auto accepted = [&](const char* f, double v) -> Status {
-      const Status st = check_setting(p, v);
-      return st.ok() ? st : invalid_argument(std::string(f) + ": " + st.message());
-    };
-    if (r.then.op == KvmActionOp::kSet) {
-      KVSPLIT_RETURN_IF_ERROR(accepted("then", r.then.value));
-      if (r.then.value < r.min || r.then.value > r.max)
-        return invalid_argument(
-            fmt::format("then: '{}' lies {} {}: it would be clamped back at every application",
-                        to_string(r.then), r.then.value < r.min ? "below min" : "above max",
-                        r.then.value < r.min ? r.min : r.max));
-    }
-    if (has_min(r)) KVSPLIT_RETURN_IF_ERROR(accepted("min", r.min));
-    if (has_max(r)) KVSPLIT_RETURN_IF_ERROR(accepted("max", r.max));
+  // the engine would refuse at every application ("max_num_seqs = 0", "migrate_to_shard = 0") or
+  // that could only ever be clamped back ("swap = never" with max 0). A bound is checked only on
+  // the side the action moves towards: "max_num_seqs += 8" with min 0 never reaches its min.
+  auto accepted = [&](const char* f, double v) -> Status {
+    const Status st = check_setting(p, v);
+    return st.ok() ? st : invalid_argument(std::string(f) + ": " + st.message());
+  };
+  if (r.then.op == KvmActionOp::kSet) {
+    KVSPLIT_RETURN_IF_ERROR(accepted("then", r.then.value));
+    if (!param_is_one_shot(p) && (r.then.value < r.min || r.then.value > r.max))
+      return invalid_argument(fmt::format(
+          "then: '{}' lies {} {}: it would be clamped back at every application", to_string(r.then),
+          r.then.value < r.min ? "below min" : "above max", r.then.value < r.min ? r.min : r.max));
+  } else if (!param_is_one_shot(p)) {
+    const double v = r.then.value;
+    const bool lowers = (r.then.op == KvmActionOp::kSub && v > 0) ||
+                        (r.then.op == KvmActionOp::kAdd && v < 0) ||
+                        (r.then.op == KvmActionOp::kMul && v < 1);
+    const bool raises = (r.then.op == KvmActionOp::kSub && v < 0) ||
+                        (r.then.op == KvmActionOp::kAdd && v > 0) ||
+                        (r.then.op == KvmActionOp::kMul && v > 1);
+    if (lowers && has_min(r)) KVSPLIT_RETURN_IF_ERROR(accepted("min", r.min));
+    if (raises && has_max(r)) KVSPLIT_RETURN_IF_ERROR(accepted("max", r.max));
   }
   // An integer setting moved by a fraction: "= 0.3" would round to 0 (for max_recalls_per_step:
   // no limit, the opposite of what the rule means) and "+= 0.4" would never move it.

@@ -37,9 +37,17 @@ TEST(RuleValues, ValuesTheEngineRefusesAreRefusedAtValidation) {
   KvmRule bounded = hot("evict_threshold += 0.1");
   bounded.max = 2;
   expect_refused(bounded, "max: evict_threshold: must be in [0, 1], got 2");
+  KvmRule lowering = hot("evict_threshold -= 0.1");
+  lowering.min = -1;
+  expect_refused(lowering, "min: evict_threshold: must be in [0, 1], got -1");
+  // A bound on the side the rule never moves to is harmless (a file with it stays valid).
+  KvmRule raising = hot("max_num_seqs += 8");
+  raising.min = 0;
+  raising.max = 256;
+  EXPECT_TRUE(validate_rules({raising}, {}).ok());
+  // A one-shot action's value too: the engine refuses shard 0 at every firing.
+  expect_refused(hot("migrate_to_shard = 0"), "then: migrate_to_shard: must be in [1, ");
   bounded.max = 0.5;
-  bounded.min = -1;
-  expect_refused(bounded, "min: evict_threshold: must be in [0, 1], got -1");
   // "= never" with max 0 (auto) was clamped back to auto at every application.
   KvmRule clamped = hot("swap = never");
   clamped.max = 0;
