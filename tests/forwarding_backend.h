@@ -109,6 +109,9 @@ class ForwardingBackend : public backend::Backend {
     return in_->merge_attention_states(o, lse, parts, rows, d, out, lse_out);
   }
   bool has_sample_tokens() const override { return in_->has_sample_tokens(); }
+  Status check_model_attention(int head_dim, int gqa_group) const override {
+    return in_->check_model_attention(head_dim, gqa_group);
+  }
   Status sample_tokens(const float* logits, int rows, int vocab, const backend::SamplingRow* r,
                        int32_t* ids) override {
     return in_->sample_tokens(logits, rows, vocab, r, ids);
