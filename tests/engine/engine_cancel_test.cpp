@@ -30,7 +30,7 @@ void cancel_storm(ServingMode mode, bool temporal, int shards = 1) {
   cfg.sla_classes[0].queue_timeout_ms = 600000;  // slow (sanitizer) runs must not hit it
   testing::TempDir dir;
   if (temporal) {
-    cfg.kv_blocks_per_worker = 12;      // with 64-token outputs: decode workers swap too
+    cfg.kv_blocks_per_worker = 12;      // with 64-token outputs: three sequences fill a worker
     cfg.temporal.host_capacity_mb = 1;  // ~100 pages of stories260K
     cfg.temporal.swap = SwapMode::kAlways;
     cfg.temporal.disk_path = dir.path().string();
@@ -196,7 +196,12 @@ void cancel_storm(ServingMode mode, bool temporal, int shards = 1) {
       static_cast<long long>(swaps), static_cast<long long>(to_disk),
       static_cast<long long>(prefix_hits), static_cast<long long>(exchanged));
   if (temporal) {
-    EXPECT_GT(swaps, 0);
+    // A colocated worker holds three of these sequences at most, so it swaps whatever the timing.
+    // The decode workers' pressure depends on how many sequences outlive the cancels: about 60
+    // swaps per run in a Release build, none in one ASan+UBSan run, so it is not asserted there.
+    if (mode == ServingMode::kColocated) {
+      EXPECT_GT(swaps, 0);
+    }
     EXPECT_GT(prefix_hits, 0);
     EXPECT_GT(to_disk, 0);  // the 1 MB host tier overflows onto the disk tier
   }
