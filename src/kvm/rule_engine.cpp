@@ -93,6 +93,16 @@ Status check_hysteresis(const KvmRule& r) {
 bool has_min(const KvmRule& r) { return r.min > -1e299; }
 bool has_max(const KvmRule& r) { return r.max < 1e299; }
 
+// Whether a relative action moves its setting down / up (`=` does neither).
+bool lowers(const KvmAction& a) {
+  return (a.op == KvmActionOp::kSub && a.value > 0) || (a.op == KvmActionOp::kAdd && a.value < 0) ||
+         (a.op == KvmActionOp::kMul && a.value < 1);
+}
+bool raises(const KvmAction& a) {
+  return (a.op == KvmActionOp::kSub && a.value < 0) || (a.op == KvmActionOp::kAdd && a.value > 0) ||
+         (a.op == KvmActionOp::kMul && a.value > 1);
+}
+
 // A parameter with a range of its own (param_range): the rule's min, max and `=` value lie in it,
 // and a rule that can lower a setting whose 0 means off keeps min >= 1.
 Status check_range(const KvmRule& r) {
@@ -107,10 +117,7 @@ Status check_range(const KvmRule& r) {
   if (has_max(r) && (r.max < range->lo || r.max > range->hi)) return outside("max", r.max);
   if (r.then.op == KvmActionOp::kSet && (r.then.value < range->lo || r.then.value > range->hi))
     return outside("then", r.then.value);
-  const bool lowers = (r.then.op == KvmActionOp::kSub && r.then.value > 0) ||
-                      (r.then.op == KvmActionOp::kAdd && r.then.value < 0) ||
-                      (r.then.op == KvmActionOp::kMul && r.then.value < 1);
-  if (range->zero_is_off && lowers && r.min < 1)
+  if (range->zero_is_off && lowers(r.then) && r.min < 1)
     return invalid_argument(fmt::format(
         "min: '{}' can take {} down to 0, which turns it off; give min >= 1 (turn it off with "
         "'{} = 0')",
@@ -168,15 +175,8 @@ Status check_rule(const KvmRule& r, const std::vector<std::string>& classes) {
           "then: '{}' lies {} {}: it would be clamped back at every application", to_string(r.then),
           r.then.value < r.min ? "below min" : "above max", r.then.value < r.min ? r.min : r.max));
   } else if (!param_is_one_shot(p)) {
-    const double v = r.then.value;
-    const bool lowers = (r.then.op == KvmActionOp::kSub && v > 0) ||
-                        (r.then.op == KvmActionOp::kAdd && v < 0) ||
-                        (r.then.op == KvmActionOp::kMul && v < 1);
-    const bool raises = (r.then.op == KvmActionOp::kSub && v < 0) ||
-                        (r.then.op == KvmActionOp::kAdd && v > 0) ||
-                        (r.then.op == KvmActionOp::kMul && v > 1);
-    if (lowers && has_min(r)) KVSPLIT_RETURN_IF_ERROR(accepted("min", r.min));
-    if (raises && has_max(r)) KVSPLIT_RETURN_IF_ERROR(accepted("max", r.max));
+    if (lowers(r.then) && has_min(r)) KVSPLIT_RETURN_IF_ERROR(accepted("min", r.min));
+    if (raises(r.then) && has_max(r)) KVSPLIT_RETURN_IF_ERROR(accepted("max", r.max));
   }
   // An integer setting moved by a fraction: "= 0.3" would round to 0 (for max_recalls_per_step:
   // no limit, the opposite of what the rule means) and "+= 0.4" would never move it.
