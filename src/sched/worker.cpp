@@ -665,16 +665,21 @@ bool Worker::release_youngest_waiting(Clock::time_point now) {
       "{}: sliding-window prompts hold every block and none can go on: request {} lets its "
       "{} pages go ({} tokens computed, recomputed from what the prefix cache keeps)",
       options_.name, youngest->display_id(), youngest->table.blocks.size(), youngest->num_computed);
-  pool_->cache_prefix(
-      youngest->table, youngest->prefix_salt, youngest->tokens,
-      cacheable_tokens(options_.kv_policy, youngest->num_computed, youngest->num_prompt) /
-          pool_->block_size());
-  release_kv(*youngest);
-  youngest->num_computed = 0;
-  account_kv(*youngest, now);
-  ++youngest->preemptions;
-  shared_->preemptions.fetch_add(1, std::memory_order_relaxed);
+  drop_kv_for_recompute(*youngest, /*cache=*/true, now);
   return true;
+}
+
+void Worker::drop_kv_for_recompute(Sequence& seq, bool cache, Clock::time_point now) {
+  if (cache) {
+    pool_->cache_prefix(seq.table, seq.prefix_salt, seq.tokens,
+                        cacheable_tokens(options_.kv_policy, seq.num_computed, seq.num_prompt) /
+                            pool_->block_size());
+  }
+  release_kv(seq);
+  seq.num_computed = 0;
+  account_kv(seq, now);
+  ++seq.preemptions;
+  shared_->preemptions.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace kvsplit::sched

@@ -237,6 +237,10 @@ class Worker {
   // full and nothing behind the window none could advance: the worker hung for good. True when
   // one was released.
   bool release_youngest_waiting(Clock::time_point now);
+  // A preemption by recompute's KV part (preempt, release_youngest_waiting): its full pages join
+  // the prefix cache when `cache`, its blocks go back, it computes again from 0, and the
+  // preemption is counted.
+  void drop_kv_for_recompute(Sequence& seq, bool cache, Clock::time_point now);
   // logits [rows, vocab] of the kSampleRow entries, ids of the kSampleArgmax ones, in batch order.
   void postprocess(std::vector<float>& logits, const std::vector<int32_t>& ids,
                    Clock::time_point now);

@@ -113,18 +113,9 @@ void Worker::preempt(Sequence& seq, const Preemption& why, Clock::time_point now
   // for): the restart takes back those still cached instead of computing them again. Not for a
   // ReleaseKv command, which asks for the KV to be dropped (the prompt pages its prefill cached
   // may still serve the restart).
-  if (why.reason != PreemptReason::kCommand) {
-    pool_->cache_prefix(seq.table, seq.prefix_salt, seq.tokens,
-                        cacheable_tokens(options_.kv_policy, seq.num_computed, seq.num_prompt) /
-                            pool_->block_size());
-  }
-  release_kv(seq);
-  seq.num_computed = 0;
-  account_kv(seq, now);
-  ++seq.preemptions;
+  drop_kv_for_recompute(seq, /*cache=*/why.reason != PreemptReason::kCommand, now);
   seq.enter_phase(SeqPhase::kPreempted, now);
   seq.next = Sequence::Next::kToWaiting;
-  shared_->preemptions.fetch_add(1, std::memory_order_relaxed);
 }
 
 bool Worker::swapping() const {
