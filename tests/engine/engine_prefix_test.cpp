@@ -10,6 +10,7 @@
 
 #include "engine/engine_impl.h"
 #include "engine_test_util.h"
+#include "start_together.h"
 
 namespace kvsplit {
 namespace {
@@ -119,43 +120,18 @@ TEST_P(EnginePrefix, RecomputesUnderPressureKeepTheTokens) {
     r.sampling.seed = 11 + i;
     return r;
   };
-  // The four are pulled before any runs (held), so they grow together on every machine. In the
-  // disaggregated mode the decode workers are held too until all four are handed over and
-  // admitted: otherwise a descheduled prefill thread could hand them over one at a time, each
-  // finishing before the next arrived, and nothing was preempted. Four sequences on two decode
-  // workers put two on one, and two need 18 pages of its 14.
-  const bool disagg = GetParam() == ServingMode::kDisaggregated;
-  const sched::WorkerRole puller =
-      disagg ? sched::WorkerRole::kPrefill : sched::WorkerRole::kColocated;
-  (*engine)->set_test_hold(puller, sched::TestHold::kForward);
-  if (disagg) (*engine)->set_test_hold(sched::WorkerRole::kDecode, sched::TestHold::kForward);
+  // The four start together (held until pulled and, disaggregated, handed over), so they grow
+  // together on every machine: four sequences on two decode workers put two on one, and two need
+  // 18 pages of its 14.
   std::vector<RequestHandle> handles;
-  for (int i = 0; i < 4; ++i) {
-    auto h = (*engine)->submit(make(i));
-    ASSERT_TRUE(h.ok()) << h.status().to_string();
-    handles.push_back(std::move(h).value());
-  }
-  // Sequences held by the workers whose name contains `role`.
-  auto held = [&](const char* role) {
-    int n = 0;
-    for (const PoolStats& p : (*engine)->stats().pools) {
-      if (p.name.find(role) != std::string::npos) n += p.running + p.waiting;
+  {
+    testing::StartTogether together(**engine, GetParam());
+    for (int i = 0; i < 4; ++i) {
+      auto h = (*engine)->submit(make(i));
+      ASSERT_TRUE(h.ok()) << h.status().to_string();
+      handles.push_back(std::move(h).value());
     }
-    return n;
-  };
-  const char* first = disagg ? "prefill" : "colocated";
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (held(first) < 4 && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  const int pulled = held(first);
-  (*engine)->set_test_hold(puller, sched::TestHold::kNone);
-  ASSERT_EQ(pulled, 4) << "the held worker did not pull all four";
-  if (disagg) {
-    while (held("decode") < 4 && std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    const int handed = held("decode");
-    (*engine)->set_test_hold(sched::WorkerRole::kDecode, sched::TestHold::kNone);
-    ASSERT_EQ(handed, 4) << "the held decode workers did not admit all four";
+    ASSERT_TRUE(together.release(4, 4));
   }
   for (int i = 0; i < 4; ++i) {
     const Collected got = collect(std::move(handles[i]));

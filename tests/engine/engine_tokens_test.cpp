@@ -7,6 +7,7 @@
 
 #include "engine/engine_impl.h"
 #include "engine/engine_test_util.h"
+#include "engine/start_together.h"
 
 namespace kvsplit {
 namespace {
@@ -122,24 +123,19 @@ TEST_P(EngineTokens, PreemptionKeepsTokens) {
   auto engine = EngineImpl::create(cfg);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   const std::vector<int> initial = testing::free_blocks(**engine);
-  // All ten are pulled before any prefill runs (held), so they certainly decode together and
-  // outgrow the pool, however slowly this thread submits.
-  const sched::WorkerRole puller = GetParam() == ServingMode::kColocated
-                                       ? sched::WorkerRole::kColocated
-                                       : sched::WorkerRole::kPrefill;
-  (*engine)->set_test_hold(puller, sched::TestHold::kForward);
+  // All ten are pulled before any prefill runs (held) and, disaggregated, the decode worker
+  // starts once it holds two, so they certainly decode together and outgrow the pool, however
+  // slowly this thread or the prefill worker runs (two need more than its 12 pages).
   std::vector<RequestHandle> handles;
-  for (const Request& r : reqs) {
-    auto h = (*engine)->submit(r);
-    ASSERT_TRUE(h.ok()) << h.status().to_string();
-    handles.push_back(*h);
+  {
+    testing::StartTogether together(**engine, GetParam());
+    for (const Request& r : reqs) {
+      auto h = (*engine)->submit(r);
+      ASSERT_TRUE(h.ok()) << h.status().to_string();
+      handles.push_back(*h);
+    }
+    ASSERT_TRUE(together.release(10, 2));
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while ((*engine)->stats().pools[0].waiting < 10 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  EXPECT_EQ((*engine)->stats().pools[0].waiting, 10);
-  (*engine)->set_test_hold(puller, sched::TestHold::kNone);
   int preempted_requests = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
     Collected c = collect(handles[i]);
