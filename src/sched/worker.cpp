@@ -535,7 +535,7 @@ void Worker::admit_from_router(Clock::time_point now) {
   // swapped out, or taken for a time slice): it would take the room that one waits for, and the
   // sequence would starve. A prompt of higher priority is served first, as it would have been.
   // Scheduler::can_admit_prompt keeps a watermark free for the running sequences' growth.
-  while (waiting_.size() < static_cast<size_t>(options_.max_prefill_seqs)) {
+  while (pulled_prompts() < options_.max_prefill_seqs) {
     const int free_blocks = plannable_blocks();  // host prefetches give way (make_room)
     const int owned = static_cast<int>(running_.size() + waiting_.size());
     std::unique_ptr<Sequence> seq = shared_->router->pop_if([&](const Sequence& s) {
@@ -569,7 +569,7 @@ void Worker::admit_from_router(Clock::time_point now) {
   // it would wait behind them for as long as they run. Only on the second pass that finds it so
   // at the router's head: another worker of the router with room for it has had a step to take
   // it. It counts as unreserved waiting work: no prompt of no higher priority comes after it.
-  if (waiting_.size() >= static_cast<size_t>(options_.max_prefill_seqs)) return;
+  if (pulled_prompts() >= options_.max_prefill_seqs) return;
   const int owned = static_cast<int>(running_.size() + waiting_.size());
   if (owned >= scheduler_.config().max_num_seqs) return;
   std::unique_ptr<Sequence> seq = shared_->router->pop_if([&](const Sequence& s) {

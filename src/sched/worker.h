@@ -60,8 +60,8 @@ struct WorkerOptions {
   // A running sequence whose stream holds this many unread events gets no decode row until its
   // consumer reads (EngineConfig::max_unread_events); 0: no bound.
   int max_unread_events = 0;
-  int max_prefill_seqs = 16;  // prompts pulled from the router and not yet prefilled; the
-                              // rest stay queued for other workers
+  int max_prefill_seqs = 16;  // prompts pulled from the router and not yet started (preempted
+                              // ones not counted); the rest stay queued for other workers
   // Delivery bound of a KV handoff: the destination must receive the offer (at its next step
   // boundary) within this, else the source takes the request back and fails it. Waiting for a
   // free slot / free blocks at the destination is back-pressure and is not bounded by this.
@@ -269,6 +269,10 @@ class Worker {
   void drop_behind_window(Sequence& seq);
   // A preempted sequence waiting for blocks with priority >= `priority`.
   bool has_unreserved_waiting(int32_t priority) const;
+  // Prompts pulled from the router and not started yet (never preempted, nothing generated): what
+  // WorkerOptions::max_prefill_seqs bounds. Preempted, swapped-out and paused sequences wait here
+  // too but do not count: they would otherwise keep a higher-priority prompt in the router.
+  int pulled_prompts() const;
   // Fair time slicing: running `seq` has decoded for its class's max_hold_ms since it last
   // (re)started, so waiting work of a higher priority without room may pause it.
   static bool slice_expired(const Sequence& seq, Clock::time_point now);

@@ -456,4 +456,10 @@ bool Worker::has_unreserved_waiting(int32_t priority) const {
   return false;
 }
 
+int Worker::pulled_prompts() const {
+  int n = 0;
+  for (const auto& seq : waiting_) n += seq->preemptions == 0 && seq->num_output() == 0;
+  return n;
+}
+
 }  // namespace kvsplit::sched
