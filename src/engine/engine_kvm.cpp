@@ -266,6 +266,13 @@ Status EngineImpl::migrate_to_emptiest_shard(int max_pages) {
     const int to =
         static_cast<int>(std::max_element(st.shard_available.begin(), st.shard_available.end()) -
                          st.shard_available.begin());
+    // Up to the value, and no more than the target has room for: a move asked for more than
+    // that is refused whole (kv::migrate_pages), so nothing moved while some pages could.
+    const int room = st.shard_available[static_cast<size_t>(to)];
+    if (room < 1) {
+      why = "the emptiest shard of " + st.worker + " has no free block";
+      continue;
+    }
     auto movable = [&](const sched::SequenceState& s) {
       int n = s.host_pages;
       for (size_t k = 0; k < s.full_pages_per_shard.size(); ++k)
@@ -283,7 +290,7 @@ Status EngineImpl::migrate_to_emptiest_shard(int max_pages) {
       sched::MigrateKv m;
       m.key = cand->key;
       m.to_shard = to;
-      m.max_pages = max_pages;
+      m.max_pages = std::min(max_pages, room);
       const int on_target_before = cand->pages_per_shard[static_cast<size_t>(to)];
       auto r = send_command(i, m);
       if (r.wait_for(kCommandWait) != std::future_status::ready) break;
