@@ -302,6 +302,12 @@ TEST(SemanticPlanner, H2OKeepsTheMostRelevantPagesWithinItsBudget) {
   }
   std::sort(dropped.begin(), dropped.end());
   EXPECT_EQ(dropped, (std::vector<int>{1, 2, 4, 5, 6}));
+  // A budget that is not a whole number of pages keeps the pages that cover it (rounded up):
+  // 5 tokens keep 2 pages, 1 token keeps 1 (before, 1 page and none: H2O became streaming).
+  for (const auto& [tokens, kept] : {std::pair{5, 2}, std::pair{1, 1}, std::pair{0, 0}}) {
+    h.heavy_tokens = tokens;
+    EXPECT_EQ(plan_step(KvPolicy::kH2O, h, o.get(40, 4), pages).size(), 7u - kept) << tokens;
+  }
 }
 
 }  // namespace

@@ -100,7 +100,8 @@ std::vector<PageTransition> plan_step(KvPolicy policy, const SemanticConfig& c,
       std::vector<int> candidates;
       for (int i = 0; i < n; ++i)
         if (pages[i].resident() && !protected_page(i, obs.kv_len, bs, c)) candidates.push_back(i);
-      const size_t keep = static_cast<size_t>(std::max(0, c.heavy_tokens) / bs);
+      // The pages that cover heavy_tokens (rounded up: a budget under a page keeps one).
+      const size_t keep = static_cast<size_t>((std::max(0, c.heavy_tokens) + bs - 1) / bs);
       if (candidates.size() <= keep) break;
       // Most relevant first; newer pages first among equals.
       std::stable_sort(candidates.begin(), candidates.end(), [&](int a, int b) {
