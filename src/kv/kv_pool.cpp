@@ -300,9 +300,11 @@ Status KvPool::add_shards(std::vector<std::unique_ptr<backend::Backend>> backend
     return invalid_argument("spatial_chunk_size " + std::to_string(chunk_tokens) +
                             " must be a positive multiple of the block size " +
                             std::to_string(config_.block_size));
-  if (backends.size() + 1 > 64)
-    return invalid_argument("a shard group has at most 64 shards, asked for " +
-                            std::to_string(backends.size() + 1));
+  // Sharded attention merges one partial per shard (Backend::kMaxMergeParts).
+  if (backends.size() + 1 > static_cast<size_t>(backend::Backend::kMaxMergeParts))
+    return invalid_argument("a shard group has at most " +
+                            std::to_string(backend::Backend::kMaxMergeParts) +
+                            " shards, asked for " + std::to_string(backends.size() + 1));
   KvPoolConfig pc;
   pc.num_blocks = config_.num_blocks;
   pc.block_size = config_.block_size;

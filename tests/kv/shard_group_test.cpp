@@ -79,6 +79,15 @@ TEST(ShardGroup, AddShardsRefusesBadArguments) {
   more.push_back(std::move(backend::create_backend("cpu", 1)).value());
   EXPECT_EQ(g.pool->add_shards(std::move(more), kBlock).code(), StatusCode::kFailedPrecondition);
   g.pool->release(t);
+  // More shards than sharded attention merges (Backend::kMaxMergeParts): refused here, not at
+  // every forward pass.
+  Group h(1, 4, kBlock);
+  std::vector<std::unique_ptr<backend::Backend>> many;
+  for (int s = 0; s < backend::Backend::kMaxMergeParts; ++s)
+    many.push_back(std::move(backend::create_backend("cpu", 1)).value());
+  const Status too_many = h.pool->add_shards(std::move(many), kBlock);
+  EXPECT_EQ(too_many.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(too_many.message().find("at most 16 shards"), std::string::npos) << too_many.message();
 }
 
 // A peer whose pool cannot be made (its device memory runs out) leaves the group as it was: no
