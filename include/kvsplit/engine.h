@@ -271,7 +271,9 @@ struct PoolStats {
   // Pages freed because every layer's sliding window had passed them (models whose layers all
   // slide, e.g. Mistral-7B-v0.1; every pool, prefill ones included). Not in kv_evictions.
   int64_t kv_window_dropped_pages = 0;
-  int64_t kv_recalls = 0;  // pages recalled from the host tier (at full precision, or int8 / int4)
+  // Page restores from the host tier (at full precision, or int8 / int4; a page recalled at int8 /
+  // int4 and later brought to full precision counts twice).
+  int64_t kv_recalls = 0;
   // Of those, evicted pages recalled at int8 / int4 (SemanticCutConfig::recall_precision), and of
   // these the ones evicted again before their relevance took them to full: the bound's cold calls.
   int64_t kv_recalls_quantized = 0;
