@@ -213,8 +213,9 @@ int write_profile(const std::string& path, const std::string& model_path,
   p.decode_ms_per_kv_token = std::max(0.0, x[2]);
   p.prefill_ms_per_token = pa;
   p.prefill_ms_per_kv_token = pb;
-  const double full_elems = 2.0 * cfg.num_kv_heads * cfg.head_dim * cfg.num_layers;
-  p.kv_bytes_per_token_full = full_elems * (backend_name == "cpu" ? 4 : 2);
+  // The pool's real page size (its dtype, f32 on every backend today), not a guess per backend.
+  p.kv_bytes_per_token_full =
+      static_cast<double>((*pool)->bytes_per_block()) / static_cast<double>(block_size);
   if (cfg.head_dim % 2 == 0) {
     const kernels::QuantPageLayout ql{cfg.num_kv_heads, 16, cfg.head_dim};
     p.kv_bytes_per_token_int8 =
