@@ -71,15 +71,18 @@ struct Shape {
 
 constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlockSize = 16;
 
-// Runs `fn` warmup + iters times; returns mean ms per call of the timed iterations.
+// Runs `fn` (it launches and returns the launch's Status) warmup + iters times; returns mean ms
+// per call of the timed iterations. A refused launch stops the case: *st gets its status and the
+// time returned means nothing (print FAILED, not numbers).
 template <typename Fn>
-float time_ms(cudaStream_t stream, int warmup, int iters, Fn&& fn, bool* ok) {
-  for (int i = 0; i < warmup; ++i) *ok &= fn();
+float time_ms(cudaStream_t stream, int warmup, int iters, Fn&& fn, kvsplit::Status* st) {
+  *st = kvsplit::ok_status();
+  for (int i = 0; i < warmup && st->ok(); ++i) *st = fn();
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
   cudaEventRecord(a, stream);
-  for (int i = 0; i < iters; ++i) *ok &= fn();
+  for (int i = 0; i < iters && st->ok(); ++i) *st = fn();
   cudaEventRecord(b, stream);
   cudaEventSynchronize(b);
   float ms = 0.f;
@@ -101,7 +104,9 @@ struct Mix {
 // The mixed-precision kernels over `sh`: bytes actually read / time against the streaming read.
 // probe: instead of every mix, all-full and all-int8 pages with each stage of the attention kernel
 // left out in turn (MixedAttentionParams::probe): the time each stage costs is the difference.
-int run_mixed(const Shape& sh, int sms, cudaStream_t stream, int warmup, int iters, bool probe) {
+// A refused launch prints FAILED in its row and adds one to *failed; returns 1 on a CUDA error.
+int run_mixed(const Shape& sh, int sms, cudaStream_t stream, int warmup, int iters, bool probe,
+              int* failed) {
   const kvsplit::kernels::QuantPageLayout ql{kKvHeads, kBlockSize, kHeadDim};
   const int blocks_per_seq = (sh.kv_len + kBlockSize - 1) / kBlockSize;
   const int num_pages = blocks_per_seq * sh.num_seqs;
@@ -151,14 +156,17 @@ int run_mixed(const Shape& sh, int sms, cudaStream_t stream, int warmup, int ite
   CHECK_CUDA(cudaMemset(rel, 0, tokens * 4));
   CHECK_CUDA(cudaMemset(bound, 0, ids.size() * 4));
 
-  bool ok = true;
+  kvsplit::Status st;
   const size_t stream_bytes = full_bytes * num_pages;
   const float stream_ms = time_ms(
       stream, warmup, iters,
-      [&] {
-        return kvsplit::kernels::launch_stream_read(pages, stream_bytes, sink, sms, stream).ok();
-      },
-      &ok);
+      [&] { return kvsplit::kernels::launch_stream_read(pages, stream_bytes, sink, sms, stream); },
+      &st);
+  if (!st.ok()) {  // no reference bandwidth: the shape's rows would mean nothing
+    std::printf("%-12s stream read FAILED: %s\n", sh.name, st.to_string().c_str());
+    std::fflush(stdout);
+    ++*failed;
+  }
   const double stream_gbs = double(stream_bytes) / (stream_ms * 1e-3) / 1e9;
   const KvPrecision F = KvPrecision::kFull, I8 = KvPrecision::kInt8, I4 = KvPrecision::kInt4,
                     E = KvPrecision::kEvicted;
@@ -197,6 +205,7 @@ int run_mixed(const Shape& sh, int sms, cudaStream_t stream, int warmup, int ite
       {"none", k::kMixedProbeNoRows | k::kMixedProbeNoScores | k::kMixedProbeNoPv |
                    k::kMixedProbeNoPageInfo}};
   for (const Mix& mix : mixes) {
+    if (!st.ok()) break;
     if (probe && (mix.scored || mix.pattern.size() != 1 || mix.pattern[0] == I4)) continue;
     std::vector<uint8_t> prec(ids.size());
     double read = 2.0 * q_elems * 4 + ids.size() * 5.0;  // q, out, tables, precisions
@@ -259,19 +268,23 @@ int run_mixed(const Shape& sh, int sms, cudaStream_t stream, int warmup, int ite
                                     : std::span<const Probe>(all_stages)) {
       mp.probe = pr.bits;
       p.pipeline_stages = pr.stages;
+      kvsplit::Status row;
       const float ms = time_ms(
-          stream, warmup, iters,
-          [&] { return kvsplit::kernels::launch_mixed_decode(mp, stream).ok(); }, &ok);
+          stream, warmup, iters, [&] { return kvsplit::kernels::launch_mixed_decode(mp, stream); },
+          &row);
       CHECK_CUDA(cudaStreamSynchronize(stream));
-      const double gbs = read / (ms * 1e-3) / 1e9;
-      std::printf("%-12s %-12s %-6s %-18s %7d %10.1f %10.1f %10.1f %10.1f %8.1f%%\n", sh.name,
-                  mix.name, mix.scored ? "scored" : "-", pr.name, plan.max_splits, read / 1e6,
-                  ms * 1e3, gbs, stream_gbs, 100.0 * gbs / stream_gbs);
+      if (!row.ok()) {
+        std::printf("%-12s %-12s %-6s %-18s %7d FAILED: %s\n", sh.name, mix.name,
+                    mix.scored ? "scored" : "-", pr.name, plan.max_splits, row.to_string().c_str());
+        ++*failed;
+      } else {
+        const double gbs = read / (ms * 1e-3) / 1e9;
+        std::printf("%-12s %-12s %-6s %-18s %7d %10.1f %10.1f %10.1f %10.1f %8.1f%%\n", sh.name,
+                    mix.name, mix.scored ? "scored" : "-", pr.name, plan.max_splits, read / 1e6,
+                    ms * 1e3, gbs, stream_gbs, 100.0 * gbs / stream_gbs);
+      }
+      std::fflush(stdout);
     }
-  }
-  if (!ok) {
-    std::fprintf(stderr, "a mixed launch failed for %s\n", sh.name);
-    return 1;
   }
   for (void* ptr :
        {pages, arena8, arena4, static_cast<void*>(dq), static_cast<void*>(dout),
@@ -288,8 +301,8 @@ int run_mixed(const Shape& sh, int sms, cudaStream_t stream, int warmup, int ite
 int main(int argc, char** argv) {
   CLI::App app("paged decode attention bandwidth");
   int iters = 20, warmup = 3;
-  app.add_option("--iters", iters, "timed iterations per case");
-  app.add_option("--warmup", warmup, "untimed iterations per case");
+  app.add_option("--iters", iters, "timed iterations per case")->check(kvsplit::kPositive);
+  app.add_option("--warmup", warmup, "untimed iterations per case")->check(kvsplit::kNonNegative);
   std::string mode = "plain";
   app.add_option("--mode", mode, "plain: the all-full kernels; mixed: mixed-precision pages")
       ->check(CLI::IsMember({"plain", "mixed"}));
@@ -322,15 +335,20 @@ int main(int argc, char** argv) {
     std::printf("mixed-precision decode (split-K by the planner); MB = bytes actually read\n");
     std::printf("%-12s %-12s %-6s %-18s %7s %10s %10s %10s %10s %9s\n", "shape", "pages", "score",
                 "left out/depth", "splits", "MB", "time_us", "GB/s", "stream", "of_stream");
-    for (const Shape& sh : shapes)
-      if (run_mixed(sh, sms, stream, warmup, iters, probe) != 0) return 1;
+    int failed = 0;
+    for (const Shape& sh : shapes) {
+      // A CUDA error (not a refused launch) leaves that shape; the next may still run.
+      if (run_mixed(sh, sms, stream, warmup, iters, probe, &failed) != 0) ++failed;
+    }
     cudaStreamDestroy(stream);
-    return 0;
+    if (failed > 0) std::fprintf(stderr, "bench_attention: %d case(s) failed\n", failed);
+    return failed > 0 ? 1 : 0;
   }
   std::printf("%-14s %-9s %6s %7s %10s %10s %10s %9s\n", "shape", "split", "stages", "splits",
               "time_us", "GB/s", "stream", "of_stream");
   std::vector<Shape> plain(std::begin(shapes), std::end(shapes));
   plain.insert(plain.end(), std::begin(windowed), std::end(windowed));
+  int failed = 0;  // rows whose launch was refused (printed FAILED); the other shapes still run
   for (const Shape& sh : plain) {
     const int blocks_per_seq = (sh.kv_len + kBlockSize - 1) / kBlockSize;
     const int num_blocks = blocks_per_seq * sh.num_seqs;
@@ -360,13 +378,16 @@ int main(int argc, char** argv) {
     unsigned* sink;
     CHECK_CUDA(cudaMalloc(&sink, sizeof(unsigned)));
 
-    bool ok = true;
+    kvsplit::Status st;
     const float stream_ms = time_ms(
         stream, warmup, iters,
-        [&] {
-          return kvsplit::kernels::launch_stream_read(pages, kv_bytes, sink, sms, stream).ok();
-        },
-        &ok);
+        [&] { return kvsplit::kernels::launch_stream_read(pages, kv_bytes, sink, sms, stream); },
+        &st);
+    if (!st.ok()) {  // no reference bandwidth: the shape's rows would mean nothing
+      std::printf("%-14s stream read FAILED: %s\n", sh.name, st.to_string().c_str());
+      std::fflush(stdout);
+      ++failed;
+    }
     // With a window only its pages are read (the splits start at the first key's page).
     const int read_len = kvsplit::backend::split_span(sh.kv_len, sh.window, kBlockSize);
     const double read_bytes =
@@ -375,6 +396,7 @@ int main(int argc, char** argv) {
     const double stream_gbs = double(kv_bytes) / (stream_ms * 1e-3) / 1e9;
 
     for (bool split : {false, true}) {
+      if (!st.ok()) break;
       const kvsplit::backend::SplitPlan plan =
           split ? kvsplit::backend::plan_decode_splits(kv_lens.data(), sh.num_seqs, kKvHeads,
                                                        kBlockSize, sms, {}, sh.window)
@@ -420,29 +442,32 @@ int main(int argc, char** argv) {
       // The launcher's choice (auto: by occupancy), then two K/V pipeline stages and one.
       for (int stages : {0, 2, 1}) {
         p.pipeline_stages = stages;
+        kvsplit::Status row;
         const float ms = time_ms(
             stream, warmup, iters,
             [&] {
-              bool r = kvsplit::kernels::launch_paged_decode(p, stream).ok();
-              if (plan.has_splits()) r &= kvsplit::kernels::launch_merge_states(p, stream).ok();
+              kvsplit::Status r = kvsplit::kernels::launch_paged_decode(p, stream);
+              if (r.ok() && plan.has_splits()) r = kvsplit::kernels::launch_merge_states(p, stream);
               return r;
             },
-            &ok);
+            &row);
         CHECK_CUDA(cudaStreamSynchronize(stream));
-        const double gbs = mandatory / (ms * 1e-3) / 1e9;
-        std::printf("%-14s %-9s %6s %7d %10.1f %10.1f %10.1f %8.1f%%\n", sh.name,
-                    split ? "split-K" : "none",
-                    stages == 0   ? "auto"
-                    : stages == 2 ? "2"
-                                  : "1",
-                    plan.max_splits, ms * 1e3, gbs, stream_gbs, 100.0 * gbs / stream_gbs);
+        const char* split_name = split ? "split-K" : "none";
+        const char* stages_name = stages == 0 ? "auto" : (stages == 2 ? "2" : "1");
+        if (!row.ok()) {
+          std::printf("%-14s %-9s %6s %7d FAILED: %s\n", sh.name, split_name, stages_name,
+                      plan.max_splits, row.to_string().c_str());
+          ++failed;
+        } else {
+          const double gbs = mandatory / (ms * 1e-3) / 1e9;
+          std::printf("%-14s %-9s %6s %7d %10.1f %10.1f %10.1f %8.1f%%\n", sh.name, split_name,
+                      stages_name, plan.max_splits, ms * 1e3, gbs, stream_gbs,
+                      100.0 * gbs / stream_gbs);
+        }
+        std::fflush(stdout);
       }
       if (dplan) cudaFree(dplan);
       if (part) cudaFree(part);
-    }
-    if (!ok) {
-      std::fprintf(stderr, "a launch failed for %s\n", sh.name);
-      return 1;
     }
     for (void* ptr :
          {pages, static_cast<void*>(dq), static_cast<void*>(dout), static_cast<void*>(dtab),
@@ -450,6 +475,7 @@ int main(int argc, char** argv) {
       cudaFree(ptr);
   }
   cudaStreamDestroy(stream);
-  return 0;
+  if (failed > 0) std::fprintf(stderr, "bench_attention: %d case(s) failed\n", failed);
+  return failed > 0 ? 1 : 0;
 }
 #endif
