@@ -7,9 +7,10 @@
 // repeat's ratio: steadier on a shared machine), tier/memcpy and large/small. Reads are checked
 // (part of the tier's cost).
 //
-//   build/bench_tiers [--dir DIR] [--backend auto|uring|threads|both] [--total-mb 256]
-//                     [--large-kb 1024,4096,8192] [--small-kb 4,16] [--repeats 3] [--cold]
-//                     [--direct] [--no-inline]
+//   build/benchmarks/bench_tiers [--dir DIR] [--backend auto|uring|threads|both]
+//       [--total-mb 256] [--large-kb 1024,4096,8192] [--small-kb 4,16] [--repeats 3] [--cold]
+//       [--direct] [--no-inline]
+// (every record size at most --total-mb; --repeats 1..1000)
 //
 // --direct opens the tier with O_DIRECT (kv.disk.direct_io) and the raw loops' descriptor too,
 // from 4 KiB-aligned buffers: both go to the device, never the page cache (record sizes must then
@@ -229,10 +230,16 @@ int main(int argc, char** argv) {
   bool cold = false, direct = false, no_inline = false;
   app.add_option("--dir", dir, "directory for the tier's data file (removed at the end)");
   app.add_option("--backend", backend_name, "auto | uring | threads | both");
-  app.add_option("--total-mb", total_mb, "bytes moved per measurement");
-  app.add_option("--large-kb", large_kb, "large record sizes (KiB)")->delimiter(',');
-  app.add_option("--small-kb", small_kb, "small record sizes (KiB)")->delimiter(',');
-  app.add_option("--repeats", repeats, "best of N");
+  // Bounds keep the shifts below in range; each record must also fit --total-mb (checked below).
+  app.add_option("--total-mb", total_mb, "bytes moved per measurement")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--large-kb", large_kb, "large record sizes (KiB)")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--small-kb", small_kb, "small record sizes (KiB)")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--repeats", repeats, "best of N")->check(CLI::Range(1, 1000));
   app.add_flag("--cold", cold, "drop the page cache between writing and reading");
   app.add_flag("--direct", direct, "O_DIRECT for the tier and the raw loop (the device itself)");
   app.add_flag("--no-inline", no_inline,
@@ -255,6 +262,15 @@ int main(int argc, char** argv) {
   std::vector<int64_t> sizes;
   for (int64_t kb : large_kb) sizes.push_back(kb << 10);
   for (int64_t kb : small_kb) sizes.push_back(kb << 10);
+  for (int64_t size : sizes) {
+    if (size > total) {
+      std::fprintf(stderr,
+                   "bench_tiers: a record of %lld KiB is larger than --total-mb %lld (no record "
+                   "would be moved)\n",
+                   static_cast<long long>(size >> 10), static_cast<long long>(total_mb));
+      return 2;
+    }
+  }
 
   int rc = 0;
   for (IoBackend backend : backends) {

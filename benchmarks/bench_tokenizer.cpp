@@ -2,7 +2,7 @@
 // one thread, thread CPU time. Prints MB/s per size and the time per byte at 1 MB over that at 10
 // KB (about 1 when encoding is linear in the text length; a quadratic loop would give ~100).
 //
-//   build/bench_tokenizer [--models DIR] [--data FILE] [--min-seconds S]
+//   build/benchmarks/bench_tokenizer [--models DIR] [--data FILE] [--min-seconds S]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
