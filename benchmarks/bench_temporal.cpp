@@ -142,7 +142,15 @@ int run_restore(const Options& o) {
   std::vector<int32_t> ids(tokens);
   for (int32_t& t : ids) t = 3 + static_cast<int32_t>(rng() % (loaded->config.vocab_size - 3));
   kvsplit::kv::BlockTable table;
-  (*pool)->reserve(table, tokens);
+  // Each failure says what failed (the swaps' StatusOr is checked before it is read).
+  auto failed = [](const std::string& what) {
+    std::fprintf(stderr, "restore: %s\n", what.c_str());
+    return 1;
+  };
+  auto swap_failed = [&](const kvsplit::StatusOr<bool>& r, const char* what) {
+    return failed(std::string(what) + ": " + (r.ok() ? "refused" : r.status().to_string()));
+  };
+  if (!(*pool)->reserve(table, tokens)) return failed("the pool is too small for the sequence");
   kvsplit::model::SeqStep step;
   step.tokens = ids;
   step.start_pos = 0;
@@ -155,38 +163,45 @@ int run_restore(const Options& o) {
   for (int r = 0; r < o.reps; ++r) {
     auto t0 = Clock::now();
     const std::vector<kvsplit::model::SeqStep> steps = {step};
-    if (!model->forward(steps, **pool, &logits).ok()) return 1;
+    if (const auto fw = model->forward(steps, **pool, &logits); !fw.ok())
+      return failed("prefill: " + fw.to_string());
     recompute = std::min(recompute, ms_since(t0));
     kvsplit::kv::SwapStats st;
     t0 = Clock::now();
-    if (!*kvsplit::kv::swap_out(**pool, table, &st)) return 1;
+    auto out = kvsplit::kv::swap_out(**pool, table, &st);
+    if (!out.ok() || !*out) return swap_failed(out, "host swap out");
     host_out = std::min(host_out, ms_since(t0));
     t0 = Clock::now();
-    if (!*kvsplit::kv::swap_in(**pool, table, &st)) return 1;
+    auto in = kvsplit::kv::swap_in(**pool, table, &st);
+    if (!in.ok() || !*in) return swap_failed(in, "host swap in");
     host_in = std::min(host_in, ms_since(t0));
     // The disk tier: no host tier room (take every host slot first).
     auto hog = (*pool)->host_allocator().allocate((*pool)->host_allocator().num_free());
     t0 = Clock::now();
-    if (!*kvsplit::kv::swap_out(**pool, table, &st) || st.to_disk != 1) return 1;
+    out = kvsplit::kv::swap_out(**pool, table, &st);
+    if (!out.ok() || !*out) return swap_failed(out, "disk swap out");
+    if (st.to_disk != 1) return failed("the disk swap out did not go to the disk tier");
     disk_out = std::min(disk_out, ms_since(t0));
     t0 = Clock::now();
-    auto in = kvsplit::kv::swap_in(**pool, table, &st);
-    if (!in.ok() || !*in) return 1;
+    in = kvsplit::kv::swap_in(**pool, table, &st);
+    if (!in.ok() || !*in) return swap_failed(in, "disk swap in");
     disk_in = std::min(disk_in, ms_since(t0));
     // Write-behind: swap_out returns once the pages are staged; the record is complete when a
     // poll (a step boundary) sees its write end.
     (*pool)->set_disk_write_behind(true);
     t0 = Clock::now();
-    if (!*kvsplit::kv::swap_out(**pool, table, &st) || st.write_behind != 1) return 1;
+    out = kvsplit::kv::swap_out(**pool, table, &st);
+    if (!out.ok() || !*out) return swap_failed(out, "write-behind swap out");
+    if (st.write_behind != 1) return failed("the swap out was not written behind");
     wb_out = std::min(wb_out, ms_since(t0));
     while ((*pool)->swap_write(table.disk_record) != nullptr &&
            kvsplit::kv::poll_swap_writes(**pool, &st) == 0)
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     wb_written = std::min(wb_written, ms_since(t0));
-    if (st.disk_faults != 0) return 1;
+    if (st.disk_faults != 0) return failed("the write-behind record faulted");
     t0 = Clock::now();
     in = kvsplit::kv::swap_in(**pool, table, &st);
-    if (!in.ok() || !*in) return 1;
+    if (!in.ok() || !*in) return swap_failed(in, "write-behind swap in");
     wb_in = std::min(wb_in, ms_since(t0));
     (*pool)->set_disk_write_behind(false);
     if (hog)
@@ -616,6 +631,13 @@ int run_resume_step(const Options& o) {
   // Two sequences of `tokens` positions: A is swapped out and resumed, B decodes every step
   // (its context grows by four tokens a round).
   const int tokens = std::min(o.tokens, loaded->config.max_seq_len - 4 * o.reps - 2);
+  if (tokens < 1) {
+    return std::fprintf(stderr,
+                        "resume-step: --reps %d leaves no room in the model's %d-token context "
+                        "(4 tokens a round)\n",
+                        o.reps, loaded->config.max_seq_len),
+           1;
+  }
   const int pages = (tokens + 15) / 16;
   kvsplit::kv::KvPoolConfig pc;
   pc.block_size = 16;
@@ -698,7 +720,7 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"temporal cut benchmarks"};
   app.add_option("--model", o.model, "model path or synthetic:<preset>");
-  app.add_option("--threads", o.threads, "CPU threads");
+  app.add_option("--threads", o.threads, "CPU threads")->check(CLI::Range(1, 1024));
   app.add_flag("--restore", o.restore, "host / disk restore against recompute");
   app.add_flag("--prefix", o.prefix, "prefix cache TTFT");
   app.add_flag("--spill-alloc", o.spill_alloc,
@@ -718,12 +740,15 @@ int main(int argc, char** argv) {
                  "--spill-alloc: device pages (all cached, all spilled); --swap-bandwidth: the "
                  "sequence's pages")
       ->check(CLI::Range(2, 100000));
-  app.add_option("--tokens", o.tokens, "--restore, --resume-step: sequence length");
-  app.add_option("--prefix-tokens", o.prefix_tokens, "--prefix: shared prefix length");
+  app.add_option("--tokens", o.tokens, "--restore, --resume-step: sequence length")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--prefix-tokens", o.prefix_tokens, "--prefix: shared prefix length")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_flag("--disk-direct-io", o.disk_direct_io, "--restore: the disk tier with O_DIRECT");
   app.add_option("--requests", o.requests, "--prefix: requests")->check(CLI::Range(2, 10000));
   app.add_option("--reps", o.reps,
-                 "--restore, --swap-bandwidth: repetitions (best of); --spill-alloc: rounds");
+                 "--restore, --swap-bandwidth: repetitions (best of); --spill-alloc: rounds")
+      ->check(CLI::Range(1, 100000));
   app.add_option("--disk-path", o.disk_path,
                  "--restore: disk tier directory (--prefix-spill disk: "
                  "<path>-prefix)");
@@ -732,6 +757,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"host", "disk"}));
   kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
   CLI11_PARSE(app, argc, argv);
+  if (o.spill_ahead && o.alloc > o.pages) {
+    // No step would run (pages / alloc == 0): nothing to time.
+    std::fprintf(stderr, "--spill-ahead: --alloc %d must be at most --pages %d\n", o.alloc,
+                 o.pages);
+    return 2;
+  }
   int rc = 0;
   if (o.restore) rc |= run_restore(o);
   if (o.prefix) rc |= run_prefix(o);
