@@ -46,7 +46,9 @@ int main(int argc, char** argv) {
   int64_t cold_mib = 1024;
   app.add_option("--threads", threads, "threads (default: hardware threads)")
       ->check(kvsplit::kPositive);
-  app.add_option("--m", ms, "batch sizes (rows of x)")->delimiter(',');
+  app.add_option("--m", ms, "batch sizes (rows of x)")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
   app.add_option("--seconds", seconds, "minimum timed seconds per case")->check(kvsplit::kPositive);
   app.add_flag("--warm", warm, "reuse one copy of W (may be cache resident)");
   bool cpu_time = false;
