@@ -410,7 +410,12 @@ int run_bookkeeping(const Options& o, int sampling_threads) {
     r.sampling.ignore_eos = true;
     r.sampling.temperature = 0.8f;
     r.sampling.seed = i;
-    hs.push_back(*(*engine)->submit(r));
+    auto h = (*engine)->submit(r);
+    if (!h.ok()) {
+      std::fprintf(stderr, "bookkeeping: request %d: %s\n", i, h.status().to_string().c_str());
+      return 1;
+    }
+    hs.push_back(std::move(h).value());
   }
   // Steady state: from the step where every sequence is running to the first finish.
   auto wait_for = [&](auto pred) {
@@ -544,7 +549,7 @@ int run_capacity_once(const Options& o, int seqs, kvsplit::KvPolicy policy, Capa
 // The temporal cut against recompute: one over-committed budget, swap never / always / auto.
 // The three swap modes take turns, `--swap-reps` rounds of never, always, auto, so that a slow
 // spell of a shared machine falls on every mode; each round's ratios are against that round's
-// `never`, and the summary gives the median run of each mode and the range of the rounds' ratios.
+// `never`; the summary's headline is the median of those same-round ratios, with their range.
 int run_swap_compare(const Options& o) {
   std::printf(
       "swap: %s, KV budget %.1f MiB, host tier %lld MiB, %d sequences of %d + %d tokens "
@@ -611,10 +616,11 @@ int run_swap_compare(const Options& o) {
       const auto [t_lo, t_hi] = range(thr[m]);
       const auto [g_lo, g_hi] = range(good_tok[m]);
       std::printf(
-          "  summary %-6s: median %.2f s vs never's %.2f s = throughput %.2fx; rounds: "
-          "throughput %.2f-%.2fx, goodput (tok/s) %.2f-%.2fx, median %.2fx\n",
-          kNames[m], median(walls[m]), never_median, ratio(never_median, median(walls[m])), t_lo,
-          t_hi, g_lo, g_hi, median(good_tok[m]));
+          "  summary %-6s: throughput %.2fx never's (median of the rounds' ratios; rounds "
+          "%.2f-%.2fx); goodput (tok/s) median %.2fx (rounds %.2f-%.2fx); median run %.2f s, "
+          "never's %.2f s\n",
+          kNames[m], median(thr[m]), t_lo, t_hi, median(good_tok[m]), g_lo, g_hi, median(walls[m]),
+          never_median);
     }
   }
   return 0;
@@ -655,6 +661,7 @@ int main(int argc, char** argv) {
   using namespace kvsplit::bench_serving;
   Options o;
   CLI::App app{"kvsplit offline serving benchmark"};
+  const CLI::Range tokens(1, 1 << 20), seqs(1, 100000), mib(1.0, 16777216.0), host(0, 1 << 24);
   app.add_option("--model", o.model, "model path or synthetic:<preset>");
   app.add_option("--mode", o.mode, "both | colocated | disaggregated")
       ->check(CLI::IsMember({"both", "colocated", "disaggregated"}));
@@ -689,29 +696,36 @@ int main(int argc, char** argv) {
   app.add_option("--forward-handoffs", o.forward_handoffs,
                  "pass handoffs waiting for room to a decode worker with room (true|false)");
   app.add_flag("--bookkeeping", o.bookkeeping, "measure bookkeeping at 256 running sequences");
-  app.add_option("--bookkeeping-seqs", o.bookkeeping_seqs, "sequences for --bookkeeping");
-  app.add_option("--bookkeeping-tokens", o.bookkeeping_tokens, "max_tokens for --bookkeeping");
+  app.add_option("--bookkeeping-seqs", o.bookkeeping_seqs, "sequences for --bookkeeping")
+      ->check(seqs);
+  app.add_option("--bookkeeping-tokens", o.bookkeeping_tokens, "max_tokens for --bookkeeping")
+      ->check(tokens);
   app.add_option("--sampling-threads", o.sampling_threads,
                  "--bookkeeping: sampling threads (0: run with 1, then with --threads)");
   app.add_flag("--capacity", o.capacity,
                "sequences one fixed KV budget runs at once, semantic cut off vs on");
-  app.add_option("--kv-capacity-mb", o.kv_capacity_mb, "--capacity: KV budget (MiB)");
+  app.add_option("--kv-capacity-mb", o.kv_capacity_mb, "--capacity: KV budget (MiB)")->check(mib);
   app.add_option("--quant-fraction", o.quant_fraction,
-                 "--capacity: share of the budget for the quantized arenas");
+                 "--capacity: share of the budget for the quantized arenas")
+      ->check(CLI::Range(0.0, 0.9));
   app.add_option("--capacity-seqs", o.capacity_seqs, "--capacity: sequence counts to try")
-      ->delimiter(',');
-  app.add_option("--capacity-prompt", o.capacity_prompt, "--capacity: prompt tokens");
-  app.add_option("--capacity-output", o.capacity_output, "--capacity: tokens generated");
+      ->delimiter(',')
+      ->check(seqs);
+  app.add_option("--capacity-prompt", o.capacity_prompt, "--capacity: prompt tokens")
+      ->check(tokens);
+  app.add_option("--capacity-output", o.capacity_output, "--capacity: tokens generated")
+      ->check(tokens);
   app.add_option("--semantic-threshold", o.semantic_threshold, "--capacity: ladder threshold");
   app.add_option("--recent-tokens", o.recent_tokens, "--capacity: recent tokens kept full");
   app.add_option("--score-interval", o.score_interval, "--capacity: decode steps between scorings")
       ->check(kvsplit::kPositive);
   app.add_flag("--swap-compare", o.swap_compare,
                "temporal cut: swap never / always / auto on one over-committed KV budget");
-  app.add_option("--swap-seqs", o.swap_seqs, "--swap-compare: sequences submitted at once");
-  app.add_option("--swap-prompt", o.swap_prompt, "--swap-compare: prompt tokens");
-  app.add_option("--swap-output", o.swap_output, "--swap-compare: tokens generated");
-  app.add_option("--host-mb", o.host_mb, "--swap-compare: host tier per worker (MiB)");
+  app.add_option("--swap-seqs", o.swap_seqs, "--swap-compare: sequences submitted at once")
+      ->check(seqs);
+  app.add_option("--swap-prompt", o.swap_prompt, "--swap-compare: prompt tokens")->check(tokens);
+  app.add_option("--swap-output", o.swap_output, "--swap-compare: tokens generated")->check(tokens);
+  app.add_option("--host-mb", o.host_mb, "--swap-compare: host tier per worker (MiB)")->check(host);
   app.add_option("--swap-reps", o.swap_reps,
                  "--swap-compare: rounds of never, always, auto taking turns (median and range)")
       ->check(kvsplit::kPositive);
