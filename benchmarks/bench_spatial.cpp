@@ -358,15 +358,16 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
   for (int ctx : o.contexts) {
     for (int batch : o.batches) {
       // Every shard count of this context and batch set up, then timed in turns.
-      // With --shard-compute both, each S > 1 has a case computing its shards at once and one
-      // in turns (two shard groups), timed in turns like the rest.
+      // With --shard-compute both, each S > 1 has a case computing its shards in turns and one
+      // at once (two shard groups, in that order: the at-once row compares with the in-turns
+      // one), timed in turns like the rest.
       std::vector<std::unique_ptr<DecodeCase>> cases;
       for (int s : o.shards) {
         for (int mode = 0; mode < 2; ++mode) {
-          const bool at_once = mode == 0;
+          const bool at_once = mode == 1;
           if (s > 1 && o.shard_compute != "both" && at_once != (o.shard_compute == "at-once"))
             continue;
-          if (s == 1 && mode == 1) continue;  // one shard: no shards to run at once
+          if (s == 1 && mode == 0) continue;  // one shard: one case (no shards to run in turns)
           auto dc = DecodeCase::create(o, m, ctx, s, batch, at_once);
           if (!dc.ok()) {
             std::fprintf(stderr, "decode context %d, %d shards, B %d: %s\n", ctx, s, batch,
@@ -377,13 +378,12 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
           cases.push_back(std::move(dc).value());
         }
       }
-      for (int rep = 0; rep < o.reps; ++rep)
-        for (auto& dc : cases)
-          if (Status st = dc->time_block(); !st.ok())
-            return std::fprintf(stderr, "%s\n", st.to_string().c_str()), 1;
+      // Each row is printed (and flushed) as soon as its case's last block is timed, so a run
+      // cut short keeps the rows done: the 1-shard base and an at-once case's in-turns partner
+      // come before it in `cases`.
       std::optional<DecodeResult> base;
-      for (auto& dc : cases) {
-        const DecodeResult* r = &dc->result();
+      auto print_row = [&](const DecodeCase& dc) {
+        const DecodeResult* r = &dc.result();
         const int s = r->shards;
         if (s == 1) base = *r;
         const double vs1 = base ? r->tokens_per_s / base->tokens_per_s : 0;
@@ -428,6 +428,13 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
               r->communicator.c_str());
         }
         std::fflush(stdout);
+      };
+      for (int rep = 0; rep < o.reps; ++rep) {
+        for (auto& dc : cases) {
+          if (Status st = dc->time_block(); !st.ok())
+            return std::fprintf(stderr, "%s\n", st.to_string().c_str()), 1;
+          if (rep == o.reps - 1) print_row(*dc);
+        }
       }
     }
   }
@@ -572,15 +579,16 @@ int main(int argc, char** argv) {
   app.add_flag("--json", o.json, "one JSON object per configuration, nothing else on stdout");
   app.add_flag(
       "--quick", o.quick,
-      "a fast sanity run: contexts 1024,2048, chunk 256, 1 x 3 steps, 512 tokens per shard");
+      "a fast sanity run: contexts 1024,2048, chunk 256, 1 x 3 steps, 512 tokens per shard "
+      "(each where its flag is not given)");
   kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
   CLI11_PARSE(app, argc, argv);
-  if (o.quick) {
-    o.contexts = {1024, 2048};
-    o.chunk = 256;
-    o.steps = 3;
-    o.reps = 1;
-    o.capacity_tokens = 512;
+  if (o.quick) {  // its sizes where the flag was not given
+    if (app.count("--contexts") == 0) o.contexts = {1024, 2048};
+    if (app.count("--chunk") == 0) o.chunk = 256;
+    if (app.count("--steps") == 0) o.steps = 3;
+    if (app.count("--reps") == 0) o.reps = 1;
+    if (app.count("--capacity-tokens") == 0) o.capacity_tokens = 512;
   }
   if (!o.decode && !o.capacity) o.decode = o.capacity = true;
   if (o.block_size <= 0 || o.chunk <= 0 || o.chunk % o.block_size != 0 || o.capacity_tokens <= 0)
