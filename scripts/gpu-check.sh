@@ -372,6 +372,12 @@ summary() {
   echo "---- headline figures"
   grep -E "^device:" "$LOGS/bench-attention.log" 2>/dev/null | head -1
   grep -E "^B=" "$LOGS/bench-attention.log" 2>/dev/null | head -14
+  # bench_attention's sliding-window rows (plain mode, shapes named "B=1 x 128K w4K"), then the
+  # mixed-precision rows at the launcher's depth (the --mode mixed section, not its --probe run)
+  grep -E "^B=[^ ]+ x [^ ]+ w[0-9]+K " "$LOGS/bench-attention.log" 2>/dev/null | head -12
+  awk '/^######## bench_attention/ { s = $0; next }
+       s ~ /--mode mixed$/ && /^B=/ && / (all-full|all-int8|all-int4|f\/8\/4\/evict) +(scored|-) +- /' \
+    "$LOGS/bench-attention.log" 2>/dev/null | head -18
   grep -E "device->host|host->device" "$LOGS/bench-temporal.log" 2>/dev/null
   grep -E "^ +131072 " "$LOGS/bench-spatial.log" 2>/dev/null | head -4
   grep -E "golden cases match" "$LOGS/golden.log" 2>/dev/null | tail -1
