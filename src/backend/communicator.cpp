@@ -12,8 +12,9 @@ class InProcessCommunicator final : public Communicator {
     if (&to == &from) return invalid_argument("communicator: send to the same backend");
     if (bytes == 0) return ok_status();
     if (dst == nullptr || src == nullptr) return invalid_argument("communicator: null pointer");
-    const auto t0 = std::chrono::steady_clock::now();
     KVSPLIT_RETURN_IF_ERROR(from.synchronize());  // the source's queued work wrote `src`
+    // Timed from here: waiting for that work (the peer's attention on CUDA) is not the exchange.
+    const auto t0 = std::chrono::steady_clock::now();
     if (to.can_read_from(from)) {
       KVSPLIT_RETURN_IF_ERROR(to.copy_from(dst, from, src, bytes));
     } else {

@@ -73,13 +73,16 @@ class NcclCommunicator final : public Communicator {
     const auto t0 = std::chrono::steady_clock::now();
     DeviceGuard guard;
     KVSPLIT_RETURN_IF_ERROR(nccl_status(ncclGroupStart(), "ncclGroupStart"));
-    // Both halves are issued before the group ends, whatever fails: the group must be closed.
+    // The group is closed whatever fails. The receive is posted only after the send was: a
+    // receive with no matching send would leave the receiving stream waiting for good.
     const Status sent = nccl_status(
         ncclSend(src, bytes, ncclUint8, rank_to, comms_[rank_from], ranks_[rank_from]->stream()),
         "ncclSend");
-    const Status received = nccl_status(
-        ncclRecv(dst, bytes, ncclUint8, rank_from, comms_[rank_to], ranks_[rank_to]->stream()),
-        "ncclRecv");
+    const Status received = sent.ok()
+                                ? nccl_status(ncclRecv(dst, bytes, ncclUint8, rank_from,
+                                                       comms_[rank_to], ranks_[rank_to]->stream()),
+                                              "ncclRecv")
+                                : ok_status();
     const Status grouped = nccl_status(ncclGroupEnd(), "ncclGroupEnd");
     KVSPLIT_RETURN_IF_ERROR(sent);
     KVSPLIT_RETURN_IF_ERROR(received);
