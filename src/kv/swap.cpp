@@ -386,11 +386,18 @@ bool prefetch_ready(KvPool& pool, SwapPrefetch& pf) {
 namespace {
 
 // A block for each page of `idx` (ascending), placed as reserve() places those pages: one
-// placement per run of consecutive pages. nullopt (nothing kept) when the group is short.
+// placement per run of consecutive pages. nullopt (nothing changed, no cached page evicted) when
+// the group is short.
 // `evict`: KvPool::allocate_placed's (false: free blocks only).
 std::optional<std::vector<KvPool::PlacedBlock>> allocate_pages(KvPool& pool,
                                                                const std::vector<int>& idx,
                                                                bool spread, bool evict = true) {
+  // The group's total first: a run placed and then rolled back may have evicted a cached page.
+  // With enough in all, each run finds room (placement falls back to any shard with some).
+  int64_t room = 0;
+  for (int s = 0; s < pool.num_shards(); ++s)
+    room += evict ? pool.shard(s).local_available() : pool.shard(s).allocator().num_free();
+  if (room < static_cast<int64_t>(idx.size())) return std::nullopt;
   std::vector<KvPool::PlacedBlock> out;
   out.reserve(idx.size());
   for (size_t k = 0; k < idx.size();) {

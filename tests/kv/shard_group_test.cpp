@@ -384,6 +384,37 @@ TEST(ShardedSwap, SwapInRefusedWhenTheGroupLacksBlocksAndNothingLeaks) {
   g.expect_all_free();
 }
 
+// A swap-in that cannot place every page changes nothing, the prefix cache included: with host
+// pages {0, 3, 4} (pages 1-2 migrated back) it places two runs, and before it checked the total
+// first, the run [0] took the only evictable cached page, the run [3, 4] found nothing, and the
+// rollback freed that block: the cached page was gone though the swap-in was refused.
+TEST(ShardedSwap, ARefusedSwapInOfSeveralRunsKeepsTheCachedPages) {
+  Group g(1, 6, kBlock, /*host_pages=*/8);
+  g.pool->enable_prefix_cache();
+  BlockTable t;
+  ASSERT_TRUE(g.pool->reserve(t, 5 * kBlock));
+  g.fill(t, 13);
+  SwapStats ss;
+  ASSERT_TRUE(*swap_out(*g.pool, t, &ss));
+  ASSERT_EQ(*migrate_pages(*g.pool, t, 1, 3, 0), 2);  // host pages now 0, 3 and 4
+  BlockTable cached;
+  ASSERT_TRUE(g.pool->reserve(cached, kBlock));
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5};
+  g.pool->cache_prefix(cached, /*salt=*/7, tokens, 1);
+  g.pool->release(cached);  // held by the cache only: evictable
+  BlockTable filler;
+  ASSERT_TRUE(g.pool->reserve(filler, 3 * kBlock));  // every free block
+  ASSERT_EQ(g.pool->available_blocks(), 1);
+  ASSERT_EQ(g.pool->prefix_pages().device, 1);
+  auto in = swap_in(*g.pool, t, &ss);
+  ASSERT_TRUE(in.ok());
+  EXPECT_FALSE(*in);
+  EXPECT_EQ(g.pool->prefix_pages().device, 1) << "the refused swap-in evicted a cached page";
+  EXPECT_EQ(swapped_pages(t), 3);
+  g.pool->release(filler);
+  g.pool->release(t);
+}
+
 TEST(ShardGroup, MigrateIsAllOrNothingAndChecksItsArguments) {
   Group g(2, 3, kBlock);
   BlockTable t;
