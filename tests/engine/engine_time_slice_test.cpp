@@ -12,6 +12,7 @@
 
 #include "engine/engine_impl.h"
 #include "engine_test_util.h"
+#include "start_together.h"
 
 namespace kvsplit {
 namespace {
@@ -62,26 +63,29 @@ struct Order {
   bool urgent_first = false;
 };
 
-// Starts the long request and waits for its first token; then, with the worker's forward passes
-// held (the long one cannot finish meanwhile, whatever the machine's timing), submits the urgent
-// one and, when `pulled`, waits until the worker has taken it from the router (else a moment);
-// then lets the worker run and reports which finished first.
+// Starts the long request with the worker's forward passes held and steps it one step at a time
+// up to its first token; then, still held there (the long one cannot decode further meanwhile,
+// whatever the machine's timing), submits the urgent one and, when `pulled`, waits until the
+// worker has taken it from the router (else a moment); then lets the worker run and reports which
+// finished first.
 Order run_both(EngineImpl& engine, bool pulled) {
   Order o;
+  engine.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
   auto submitted = engine.submit(long_request());
   EXPECT_TRUE(submitted.ok()) << submitted.status().to_string();
-  if (!submitted.ok()) return o;
+  if (!submitted.ok()) {
+    engine.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+    return o;
+  }
   RequestHandle l = *submitted;
   TokenEvent first;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!l.next(&first, std::chrono::milliseconds(50))) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      o.long_run.timed_out = o.urgent.timed_out = true;
-      return o;
-    }
+  if (!testing::step_until(engine, 0, [&] { return l.try_next(&first); })) {
+    engine.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+    o.long_run.timed_out = o.urgent.timed_out = true;
+    return o;
   }
   EXPECT_FALSE(first.final);
-  engine.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
   auto urgent = engine.submit(urgent_request());
   EXPECT_TRUE(urgent.ok()) << urgent.status().to_string();
   if (!urgent.ok()) {
@@ -207,12 +211,15 @@ TEST_P(EngineTimeSlice, AHigherPriorityPromptIsPulledPastAPreemptedLowerOne) {
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   EngineImpl& e = **engine;
   const std::vector<int> initial = testing::free_blocks(e);
+  // A step at a time from the first, held on the step boundary of the first preemption (polled
+  // from here, the older one could finish before the hold on a slow machine).
+  e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
   auto older = e.submit(slice_request("older", "batch", 16, 100, 37, 300));
   auto younger = e.submit(slice_request("younger", "batch", 16, 200, 31, 300));
   ASSERT_TRUE(older.ok() && younger.ok());
-  ASSERT_TRUE(testing::wait_for_stats(e, [](const EngineStats& s) { return s.preemptions >= 1; }));
-  e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
-  ASSERT_EQ(e.stats().pools[0].running, 1) << "the older one finished before the hold";
+  ASSERT_TRUE(testing::step_until(e, 0, [&] { return e.stats().preemptions >= 1; }))
+      << "the batch requests never preempted each other";
+  ASSERT_EQ(e.stats().pools[0].running, 1) << "the older one finished before the preemption";
   auto urgent = e.submit(slice_request("urgent", "voice", 16, 60, 29, 4));  // 2 blocks: fits
   ASSERT_TRUE(urgent.ok());
   EXPECT_TRUE(testing::wait_for_stats(

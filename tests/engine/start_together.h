@@ -69,4 +69,34 @@ class StartTogether {
   const bool disagg_;
 };
 
+// One step with a forward pass of worker `index` (prefill workers first, as send_command), held
+// at kForward before (by the caller) and after. Sets kOneStep and waits until the worker's
+// steps advance (a step that plans nothing does not consume kOneStep; steps are counted at the
+// very end of a step), then sets kForward, which returns once the worker's loop has seen it: the
+// worker has put kOneStep back to kForward by itself by then, so that cannot overwrite the next
+// call's kOneStep. False when no step ran within 30 s.
+inline bool step_once(EngineImpl& engine, size_t index) {
+  const int64_t before = engine.worker_snapshots().at(index).steps;
+  engine.set_test_hold_worker(index, sched::TestHold::kOneStep);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (engine.worker_snapshots()[index].steps == before &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  engine.set_test_hold_worker(index, sched::TestHold::kForward);
+  return engine.worker_snapshots()[index].steps > before;
+}
+
+// Steps worker `index` (held at kForward by the caller) one step at a time until `done()` holds,
+// checked before each step, so the worker stays held on the exact step boundary where it became
+// true. False after `max_steps` steps or a step that did not run.
+template <typename Pred>
+bool step_until(EngineImpl& engine, size_t index, Pred done, int max_steps = 10000) {
+  for (int i = 0; i < max_steps; ++i) {
+    if (done()) return true;
+    if (!step_once(engine, index)) return false;
+  }
+  return done();
+}
+
 }  // namespace kvsplit::testing
