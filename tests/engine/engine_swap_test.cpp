@@ -12,6 +12,7 @@
 
 #include "engine/engine_impl.h"
 #include "engine_test_util.h"
+#include "start_together.h"
 
 namespace kvsplit {
 namespace {
@@ -82,23 +83,21 @@ SwapRun run_under_pressure(ServingMode serving, SwapMode mode, int64_t host_mb, 
   EXPECT_TRUE(engine.ok()) << engine.status().to_string();
   if (!engine.ok()) return run;
   const std::vector<int> initial = testing::free_blocks(**engine);
-  const sched::WorkerRole puller = serving == ServingMode::kColocated
-                                       ? sched::WorkerRole::kColocated
-                                       : sched::WorkerRole::kPrefill;
-  (*engine)->set_test_hold(puller, sched::TestHold::kForward);
   std::vector<RequestHandle> handles;
   const std::vector<Request> reqs = swap_requests();
-  for (const Request& r : reqs) {
-    auto h = (*engine)->submit(r);
-    EXPECT_TRUE(h.ok()) << h.status().to_string();
-    if (h.ok()) handles.push_back(*h);
+  {
+    // All eight start together on the decoding pool (one block each there), however the prefill
+    // thread is scheduled: handed over one at a time, each could finish before the next arrived
+    // and the pool would never be outgrown.
+    testing::StartTogether together(**engine, serving);
+    for (const Request& r : reqs) {
+      auto h = (*engine)->submit(r);
+      EXPECT_TRUE(h.ok()) << h.status().to_string();
+      if (h.ok()) handles.push_back(*h);
+    }
+    const int n = static_cast<int>(reqs.size());
+    EXPECT_TRUE(together.release(n, n));
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while ((*engine)->stats().pools[0].waiting < static_cast<int>(reqs.size()) &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  (*engine)->set_test_hold(puller, sched::TestHold::kNone);
   for (RequestHandle& h : handles) run.results.push_back(collect(h));
   run.back_to_initial = testing::pools_back_to(**engine, initial);
   run.disk_records = (*engine)->worker_snapshots().back().kv_disk_records;
@@ -271,7 +270,13 @@ TEST(EngineSwapRecompute, TwoSequencesEachFillingThePoolTakeTurnsAndFinish) {
     std::vector<Collected> ref;
     for (const Request& r : reqs) ref.push_back(collect(*(*engine)->submit(r)));
     std::vector<RequestHandle> handles;
-    for (const Request& r : reqs) handles.push_back(*(*engine)->submit(r));
+    {
+      // Both pulled before either runs (submitted to a running worker, the first could finish
+      // before the second was pulled on a slow machine, and nothing was preempted).
+      testing::StartTogether together(**engine, ServingMode::kColocated);
+      for (const Request& r : reqs) handles.push_back(*(*engine)->submit(r));
+      ASSERT_TRUE(together.release(2, 0));
+    }
     std::vector<int> preemptions;
     for (int i = 0; i < 2; ++i) {
       const Collected got = collect(handles[i], std::chrono::seconds(120));
@@ -390,31 +395,15 @@ TEST(EngineSwapPrefetch, CancelDuringAPrefetchReleasesEverything) {
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   EngineImpl& e = **engine;
   const std::vector<int> initial = testing::free_blocks(e);
+  // The worker a step at a time from the first (housekeeping, cancels included, goes on while it
+  // is held), held on the first step boundary where a read-ahead is pending. (Sampled at random
+  // boundaries of a free-running worker, a pending read-ahead could be missed every time.)
+  e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
   std::vector<RequestHandle> handles;
   const std::vector<Request> reqs = swap_requests();
   for (const Request& r : reqs) handles.push_back(*e.submit(r));
-  // Hold the forward pass (housekeeping, cancels included, goes on) at a step boundary where a
-  // read-ahead is pending: no forward steps across three snapshots 20 ms apart.
-  auto held_with_prefetch = [&] {
-    int64_t steps = -1;
-    for (int k = 0; k < 3; ++k) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      const sched::WorkerSnapshot w = e.worker_snapshots().back();
-      if (w.kv_prefetch_pending == 0 || (steps >= 0 && w.steps != steps)) return false;
-      steps = w.steps;
-    }
-    return true;
-  };
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  bool caught = false;
-  while (!caught && std::chrono::steady_clock::now() < deadline) {
-    e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
-    caught = held_with_prefetch();
-    if (!caught) {
-      e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
+  const bool caught =
+      testing::step_until(e, 0, [&] { return e.worker_snapshots()[0].kv_prefetch_pending > 0; });
   ASSERT_TRUE(caught) << "no read-ahead seen pending";
   for (const Request& r : reqs) e.cancel(r.tenant, r.request_id);
   for (RequestHandle& h : handles) {
