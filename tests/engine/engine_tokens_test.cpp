@@ -219,6 +219,13 @@ TEST_P(EngineTokens, ChunkCapKeepsTokens) {
         << reqs[i].request_id;
   }
   if (GetParam() == ServingMode::kDisaggregated) {
+    // The prefill worker's step counter moves at the end of the step that handed the long one
+    // off, which may come after the decode worker finished it: wait (bounded) for the count.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while ((*engine)->worker_snapshots().at(0).steps < 25 &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     EXPECT_GE((*engine)->worker_snapshots().at(0).steps, 25);
   }
   EXPECT_TRUE(testing::pools_back_to(**engine, initial));
@@ -299,13 +306,21 @@ TEST(EngineChunkAuto, TheTightestDecodingClassSetsTheStepBudget) {
     cfg.sla_classes = {SlaClass{}, chat};
     auto engine = EngineImpl::create(cfg);
     ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    // The decoding request is stepped to its first token and held there while the prompt is
+    // submitted and pulled; `submitted` is taken then, before either makes progress. (Taken while
+    // it decoded freely, a slow test thread let it count tokens before the prompt had arrived.)
+    (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
     auto dh = (*engine)->submit(d);
     ASSERT_TRUE(dh.ok());
     TokenEvent first;
-    ASSERT_TRUE(dh->next(&first, std::chrono::seconds(30)));
-    const auto submitted = std::chrono::steady_clock::now();
+    ASSERT_TRUE(testing::step_until(**engine, 0, [&] { return dh->try_next(&first); }));
     auto lh = (*engine)->submit(l);
     ASSERT_TRUE(lh.ok());
+    ASSERT_TRUE(testing::wait_for_stats(**engine, [](const EngineStats& s) {
+      return s.pools[0].running + s.pools[0].waiting == 2;
+    })) << "the prompt was not pulled";
+    const auto submitted = std::chrono::steady_clock::now();
+    (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
     TokenEvent ev;
     ASSERT_TRUE(lh->next(&ev, std::chrono::seconds(30)));
     ASSERT_FALSE(ev.token_ids.empty());
