@@ -61,9 +61,10 @@ EngineConfig small_decode_config() {
   EngineConfig cfg = testing::stories_config(ServingMode::kDisaggregated);
   cfg.num_decode_workers = 2;
   cfg.max_num_seqs = 3;  // 6 decode slots in all
-  // Delivery only (a step boundary of the destination: milliseconds even under TSan); waiting
-  // for room is not bounded by it.
-  cfg.handoff_timeout_ms = 250;
+  // Delivery only (a step boundary of the destination); waiting for room is not bounded by it.
+  // Far above a delivery's time on a loaded sanitizer build: these tests check no deadline (an
+  // offer that missed it would fail its request), but FullDecodePoolWaitsInsteadOfFailing.
+  cfg.handoff_timeout_ms = 5000;
   cfg.sla_classes[0].queue_timeout_ms = 600000;
   cfg.sla_classes[0].max_queue = 100000;
   return cfg;
@@ -74,7 +75,9 @@ EngineConfig small_decode_config() {
 // their tokens alone, none fails.
 TEST(EngineBackpressure, FullDecodePoolWaitsInsteadOfFailing) {
   KVSPLIT_REQUIRE_MODELS();
-  auto engine = EngineImpl::create(small_decode_config());
+  EngineConfig cfg = small_decode_config();
+  cfg.handoff_timeout_ms = 1000;  // the decode workers are held for longer below
+  auto engine = EngineImpl::create(cfg);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   EngineImpl& e = **engine;
   const std::vector<int> initial = testing::free_blocks(e);
@@ -96,7 +99,7 @@ TEST(EngineBackpressure, FullDecodePoolWaitsInsteadOfFailing) {
   ASSERT_TRUE(wait_for_stats(e, [](const EngineStats& s) { return decode_owned(s) == 40; }))
       << "decode workers own " << decode_owned(e.stats());
   EXPECT_EQ(decode_running(e.stats()), 6);  // every slot taken, 34 offers waiting for room
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   EXPECT_EQ(e.stats().requests_failed, 0);
   e.set_test_hold(WorkerRole::kDecode, TestHold::kNone);
 
@@ -313,7 +316,9 @@ TEST(EngineHandoff, AnOfferAHungDecodeWorkerDoesNotTakeGoesToAnother) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig cfg = testing::stories_config(ServingMode::kDisaggregated);
   cfg.num_decode_workers = 2;
-  cfg.handoff_timeout_ms = 300;
+  // The re-route waits for it; its value is not checked. Short, the offer re-routed to the live
+  // decode-1 could miss its own deadline on a loaded sanitizer build.
+  cfg.handoff_timeout_ms = 5000;
   auto ref = Engine::create(cfg);
   ASSERT_TRUE(ref.ok()) << ref.status().to_string();
   Request r;

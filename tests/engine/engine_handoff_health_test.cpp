@@ -48,10 +48,15 @@ EngineConfig two_decode_workers() {
   EngineConfig cfg = testing::stories_config(ServingMode::kDisaggregated);
   cfg.num_decode_workers = 2;
   cfg.block_size = 16;
-  cfg.handoff_timeout_ms = 300;
+  // Long enough that no offer to a live worker misses it under a slow sanitizer build; the tests
+  // of a missed deadline set their own.
+  cfg.handoff_timeout_ms = 5000;
   cfg.handoff_stall_ms = 0;  // the deadlines mark workers down (on for the stall tests)
   return cfg;
 }
+
+// The delivery deadline of the tests where an offer to a hung worker misses it.
+constexpr int32_t kShortDeadlineMs = 300;
 
 // A hung decode worker lets one offer pass its delivery deadline: that offer goes to the other
 // decode worker, and the hung one is marked down. The next offer goes to the other one although
@@ -59,7 +64,8 @@ EngineConfig two_decode_workers() {
 // shows), and nothing more is re-routed. Once it drains its inbox again it is up.
 TEST(EngineHandoffHealth, AHungDecodeWorkerIsMarkedDownAndNewOffersAvoidIt) {
   KVSPLIT_REQUIRE_MODELS();
-  const EngineConfig cfg = two_decode_workers();
+  EngineConfig cfg = two_decode_workers();
+  cfg.handoff_timeout_ms = kShortDeadlineMs;
   auto engine = EngineImpl::create(cfg);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   EngineImpl& e = **engine;
@@ -361,7 +367,6 @@ TEST(EngineHandoffHealth, AnOfferWaitingForRoomGoesToADecodeWorkerThatHasRoom) {
 TEST(EngineHandoffHealth, RoutingLearnsWhereAPassedOnOfferWasCached) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig cfg = two_decode_workers();
-  cfg.handoff_timeout_ms = 5000;  // no missed delivery under a slow sanitizer build
   cfg.max_num_seqs = 1;
   cfg.prefix_cache = true;
   auto engine = EngineImpl::create(cfg);
@@ -450,10 +455,12 @@ TEST(EngineHandoffHealth, AStalledDecodeWorkerIsMarkedDownLongBeforeTheDeadline)
   EngineImpl& e = **engine;
   const std::vector<int> initial = testing::free_blocks(e);
   HungDecode0 held = hang_decode_0(e);
+  // Before the submit: the offer is sent later, so `ms` below is never less than the time the
+  // offer waited (taken after the first token, a test thread descheduled meanwhile made it less).
+  const auto sent_at = std::chrono::steady_clock::now();
   auto first = e.submit(short_request("Lily wanted to"));  // the lighter, hung decode-0
   ASSERT_TRUE(first.ok());
   first_token(*first);
-  const auto sent_at = std::chrono::steady_clock::now();
   ASSERT_TRUE(wait_for_stats(
       e, [](const EngineStats& st) { return st.pools[0].handoffs_rerouted == 1; },
       std::chrono::seconds(20)))
@@ -551,8 +558,10 @@ void passed_on_to_a_hung_worker(EngineConfig cfg, double* back_ms) {
 
 TEST(EngineHandoffHealth, AnOfferPassedOnToAHungWorkerComesBack) {
   KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = two_decode_workers();
+  cfg.handoff_timeout_ms = kShortDeadlineMs;
   double ms = 0;
-  ASSERT_NO_FATAL_FAILURE(passed_on_to_a_hung_worker(two_decode_workers(), &ms));
+  ASSERT_NO_FATAL_FAILURE(passed_on_to_a_hung_worker(cfg, &ms));
 }
 
 // As above with a delivery deadline of a minute: the stall bound brings the offer back.
