@@ -474,20 +474,22 @@ TEST(SwapHostPrefetch, ALandedCopyIsAHitAndBitExact) {
   p.expect_all_free();
 }
 
-// The copy is still in flight when the swap-in runs (a slow link: each fenced batch starts
-// 200 ms after it was queued): the swap-in waits for it (a miss), the host slots are kept until
-// it landed, and the pages are bit-exact.
+// The copy is still in flight when the swap-in runs (a slow link: each fenced batch starts 1 s
+// after it was queued, long after the swap-in however slowly this thread runs): the swap-in waits
+// for it (a miss), the host slots are kept until it landed, and the pages are bit-exact.
 TEST(SwapHostPrefetch, ACopyInFlightIsWaitedForAMissAndTheSlotsOutliveIt) {
-  Pool p(8, 8, 0, async_copies(200000));
+  Pool p(8, 8, 0, async_copies(1'000'000));
   BlockTable t;
   SwapStats st;
   const std::vector<float> before = swap_to_host(p, t, &st);
+  // Before the copy is queued: it cannot land before t0 + 1 s, so a swap-in that returned
+  // earlier did not wait for it.
+  const auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(*start_host_prefetch(*p.pool, t, 8, &st));
   EXPECT_FALSE(host_prefetch_landed(*p.pool, t));
-  const auto t0 = std::chrono::steady_clock::now();
   auto in = swap_in(*p.pool, t, &st);
   ASSERT_TRUE(in.ok() && *in);
-  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(100));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1000));
   EXPECT_EQ(p.read(t), before);
   EXPECT_EQ(st.host_prefetch_hits, 0);
   EXPECT_EQ(st.host_prefetch_misses, 1);

@@ -77,7 +77,9 @@ std::vector<std::vector<float>> cache_and_end(KvPool& pool, const std::vector<in
 }
 
 TEST(PrefixSpillAhead, BlocksAreFreedOnlyOnceTheirCopiesLandAndHitsAreBitExact) {
-  Tiered t = tiered(/*blocks=*/8, /*slots=*/8, /*target=*/4, /*delay_us=*/50'000);
+  // Each copy held 1 s: the checks below while they are in flight run long before they land,
+  // however slowly this thread runs (the second spill_prefix_ahead polls the landings).
+  Tiered t = tiered(/*blocks=*/8, /*slots=*/8, /*target=*/4, /*delay_us=*/1'000'000);
   const std::vector<int32_t> a = prompt(3, 1), b = prompt(3, 1000);
   const auto kv_a = cache_and_end(*t.pool, a, 3, 1.f);
   const auto kv_b = cache_and_end(*t.pool, b, 3, 9.f);

@@ -133,7 +133,8 @@ TEST(SwapWriteBehind, ASwapInDuringTheWriteWaitsForItThenReadsTheRecord) {
   p.gate->close();
   const std::vector<float> before = p.swap_out_one(t, 12, &st);
   p.scribble();
-  std::thread opener = open_later(p.gate, 50);
+  // Opened after 1 s: the swap-in below starts long before, however slowly this thread runs.
+  std::thread opener = open_later(p.gate, 1000);
   auto in = swap_in(*p.pool, t, &st);  // waits for the held write
   opener.join();
   ASSERT_TRUE(in.ok() && *in) << (in.ok() ? "refused" : in.status().to_string());
