@@ -12,6 +12,7 @@
 
 #include "engine/engine_impl.h"
 #include "engine/engine_test_util.h"
+#include "engine/start_together.h"
 #include "kernels/common/kv_quant.h"
 #include "kv/block_allocator.h"
 
@@ -271,18 +272,15 @@ TEST(EngineAccountingMix, CancelledRequestStillReports) {
   auto engine = EngineImpl::create(accounting_config(ServingMode::kColocated));
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   const Request r = greedy_request("to-cancel", 500);
+  // Stepped to its fifth token and cancelled there, held (decoding freely up to the cancel, it
+  // could finish first on a slow machine).
+  (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
   auto h = (*engine)->submit(r);
   ASSERT_TRUE(h.ok()) << h.status().to_string();
-  int tokens = 0;
-  TokenEvent ev;
-  const auto deadline = Clock::now() + std::chrono::seconds(60);
-  while (tokens < 5 && Clock::now() < deadline) {
-    if (h->next(&ev, std::chrono::milliseconds(50)))
-      tokens += static_cast<int>(ev.token_ids.size());
-    ASSERT_FALSE(ev.final) << "finished before the cancel";
-  }
-  ASSERT_GE(tokens, 5);
+  std::vector<int32_t> tokens;
+  ASSERT_TRUE(testing::step_to_tokens(**engine, 0, *h, 5, &tokens)) << "finished before the cancel";
   ASSERT_TRUE((*engine)->cancel("", "to-cancel"));
+  (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
   const Events e = collect_events(*h);
   ASSERT_FALSE(e.timed_out);
   EXPECT_EQ(e.final_event.finish_reason, FinishReason::kCancelled);

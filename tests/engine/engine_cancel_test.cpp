@@ -9,6 +9,7 @@
 
 #include "engine/engine_impl.h"
 #include "engine/engine_test_util.h"
+#include "engine/start_together.h"
 
 namespace kvsplit {
 namespace {
@@ -258,8 +259,9 @@ TEST_P(EngineCancel, ShutdownFinishesEverything) {
 // always finds text held; the concatenated text must be that of the same tokens without stops.
 TEST_P(EngineCancel, ACancelledStreamKeepsTheTextOfItsTokens) {
   KVSPLIT_REQUIRE_MODELS();
-  auto engine = Engine::create(testing::stories_config(GetParam()));
+  auto engine = EngineImpl::create(testing::stories_config(GetParam()));
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  EngineImpl& e = **engine;
   Request r;
   r.tenant = "t";
   r.prompt = "Once upon a time";
@@ -269,17 +271,48 @@ TEST_P(EngineCancel, ACancelledStreamKeepsTheTextOfItsTokens) {
   for (const char* c :
        {"a", "d", "e", "g", "h", "k", "l", "m", "n", "o", "p", "r", "s", "t", "w", "y"})
     r.sampling.stop.push_back(std::string(c) + "\x7f");
-  auto h = (*engine)->submit(r);
+  // The decoding worker is held before the submit and stepped until 3 tokens came, then the
+  // request is cancelled there (decoding freely up to the cancel, it could finish first).
+  const bool disagg = GetParam() == ServingMode::kDisaggregated;
+  const sched::WorkerRole decoding =
+      disagg ? sched::WorkerRole::kDecode : sched::WorkerRole::kColocated;
+  e.set_test_hold(decoding, sched::TestHold::kForward);
+  auto h = e.submit(r);
   ASSERT_TRUE(h.ok()) << h.status().to_string();
+  size_t worker = 0;  // colocated-0, or the decode worker it is handed to (pools as workers)
+  if (disagg) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (worker == 0 && std::chrono::steady_clock::now() < until) {
+      const EngineStats st = e.stats();
+      for (size_t i = 1; i < st.pools.size(); ++i) {
+        if (st.pools[i].running + st.pools[i].waiting > 0) worker = i;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_NE(worker, 0u) << "never handed over";
+  }
   std::vector<int32_t> ids;
   std::string text;
   TokenEvent ev;
   bool final_seen = false;
+  auto read = [&] {
+    while (!final_seen && h->try_next(&ev)) {
+      ids.insert(ids.end(), ev.token_ids.begin(), ev.token_ids.end());
+      text += ev.text;
+      final_seen = ev.final;
+    }
+  };
+  ASSERT_TRUE(testing::step_until(e, worker, [&] {
+    read();
+    return final_seen || ids.size() >= 3;
+  }));
+  ASSERT_FALSE(final_seen) << "finished before the cancel";
+  EXPECT_TRUE(e.cancel(r.tenant, *h));
+  e.set_test_hold(decoding, sched::TestHold::kNone);
   while (!final_seen && h->next(&ev, std::chrono::seconds(30))) {
     ids.insert(ids.end(), ev.token_ids.begin(), ev.token_ids.end());
     text += ev.text;
     final_seen = ev.final;
-    if (ids.size() >= 3) (*engine)->cancel(r.tenant, *h);
   }
   ASSERT_TRUE(final_seen);
   ASSERT_EQ(ev.finish_reason, FinishReason::kCancelled);

@@ -7,6 +7,7 @@
 
 #include "engine/engine_impl.h"
 #include "engine/engine_test_util.h"
+#include "engine/start_together.h"
 
 namespace kvsplit {
 namespace {
@@ -109,17 +110,13 @@ TEST(EngineInbox, ReleaseKvRecomputesBitExactlyAndIsTenantScoped) {
   Collected alone = collect(*(*engine)->submit(long_request("alone")));
   ASSERT_TRUE(alone.final_event.status.ok());
 
+  // Let it decode a little, a step at a time, and keep the worker held between steps there (the
+  // inbox is still served; decoding freely up to the hold, it could finish first).
+  (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
   auto h = (*engine)->submit(long_request("r"));
   ASSERT_TRUE(h.ok());
-  // Let it decode a little, then hold the worker between steps (the inbox is still served).
-  TokenEvent ev;
-  int got = 0;
   std::vector<int32_t> tokens;
-  while (got < 5 && h->next(&ev, std::chrono::seconds(30))) {
-    tokens.insert(tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
-    got = static_cast<int>(tokens.size());
-  }
-  (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+  ASSERT_TRUE(testing::step_to_tokens(**engine, 0, *h, 5, &tokens));
 
   CommandReply r = send(**engine, 0, sched::ReleaseKv{{"tenant-b", "r"}});
   EXPECT_EQ(r.status.code(), StatusCode::kNotFound);  // another tenant's request: not found

@@ -15,6 +15,7 @@
 #include "backend/communicator.h"
 #include "engine/engine_impl.h"
 #include "engine_test_util.h"
+#include "start_together.h"
 
 namespace kvsplit {
 namespace {
@@ -219,13 +220,13 @@ TEST(EngineSpatialMigrate, MigrateKvMovesPagesAndKeepsTheTokens) {
     EXPECT_EQ(f.wait_for(std::chrono::seconds(30)), std::future_status::ready);
     return f.get();
   };
+  // Stepped to its fifth token and held there (decoding freely up to the hold, it could finish
+  // first on a slow machine).
+  (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
   auto h = (*engine)->submit(r);
   ASSERT_TRUE(h.ok());
   std::vector<int32_t> tokens;
-  TokenEvent ev;
-  while (tokens.size() < 5 && h->next(&ev, std::chrono::seconds(30)))
-    tokens.insert(tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
-  (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+  ASSERT_TRUE(testing::step_to_tokens(**engine, 0, *h, 5, &tokens));
   sched::CommandReply rep = send(sched::SnapshotState{});
   ASSERT_EQ(rep.state.sequences.size(), 1u);
   EXPECT_EQ(rep.state.num_shards, 3);
@@ -275,13 +276,13 @@ TEST(EngineSpatialCapacity, ClassSpreadOverridesMinContext) {
     r.sampling.temperature = 0;
     r.sampling.max_tokens = 400;  // long enough that the hold lands while it decodes
     r.sampling.ignore_eos = true;
+    // Stepped to its 20th token and held there (decoding freely up to the hold, it could
+    // finish first on a slow machine).
+    (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
     auto h = (*engine)->submit(r);
     ASSERT_TRUE(h.ok());
     std::vector<int32_t> tokens;
-    TokenEvent ev;
-    while (tokens.size() < 20 && h->next(&ev, std::chrono::seconds(30)))
-      tokens.insert(tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
-    (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+    ASSERT_TRUE(testing::step_to_tokens(**engine, 0, *h, 20, &tokens));
     auto f = (*engine)->send_command(0, sched::SnapshotState{});
     ASSERT_EQ(f.wait_for(std::chrono::seconds(30)), std::future_status::ready);
     const sched::CommandReply rep = f.get();

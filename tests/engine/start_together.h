@@ -7,6 +7,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "engine/engine_impl.h"
 
@@ -97,6 +98,24 @@ bool step_until(EngineImpl& engine, size_t index, Pred done, int max_steps = 100
     if (!step_once(engine, index)) return false;
   }
   return done();
+}
+
+// Steps worker `index` (held at kForward by the caller; the one decoding `h`) until `h` has
+// delivered at least `n` tokens, appended to `tokens`; the worker stays held on that step
+// boundary, so the request cannot finish before the caller's hold or cancel however slowly its
+// thread runs. False when the request ended first or a step did not run.
+inline bool step_to_tokens(EngineImpl& engine, size_t index, RequestHandle& h, size_t n,
+                           std::vector<int32_t>* tokens) {
+  bool ended = false;
+  const bool reached = step_until(engine, index, [&] {
+    TokenEvent ev;
+    while (!ended && h.try_next(&ev)) {
+      tokens->insert(tokens->end(), ev.token_ids.begin(), ev.token_ids.end());
+      ended = ev.final;
+    }
+    return ended || tokens->size() >= n;
+  });
+  return reached && !ended;
 }
 
 }  // namespace kvsplit::testing
