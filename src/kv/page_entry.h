@@ -44,6 +44,10 @@ struct PageEntry {
   // old page never pins it at full precision for good (pages behind the window are otherwise
   // left as they are).
   bool recalled = false;
+  // Recalled at int8 / int4 and not scored since: its next score replaces its relevance instead
+  // of being averaged with the value it had when it was evicted (the design resets relevance on
+  // a recall; a restore to full sets it to 1).
+  bool rescore = false;
 
   bool resident() const { return location == PageLocation::kDevice; }
 };

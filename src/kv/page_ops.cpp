@@ -162,6 +162,7 @@ class Executor {
     page.very_low_steps = 0;
     page.probed = true;
     page.recalled = true;
+    page.rescore = true;
     ++stats_.restored;
     ++stats_.restored_quantized;
     stats_.restore_seconds += static_cast<double>(now_ns() - r.started_ns) * 1e-9;

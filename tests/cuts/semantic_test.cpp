@@ -139,6 +139,28 @@ TEST(SemanticScorer, PageIsTheMaxOfItsTokensSmoothedOverSteps) {
   EXPECT_FLOAT_EQ(pages[2].relevance, before2);
 }
 
+// A page recalled at int8 / int4 (PageEntry::rescore) takes its next score as it is: averaged
+// with the 0.02 it had when it was evicted, an attended page (0.9) scored 0.46 and went down
+// again under an evict_threshold of 0.5. Later scores are smoothed again.
+TEST(SemanticScorer, ThePageRecalledAtAQuantizedRungTakesItsNextScoreWhole) {
+  SemanticConfig c = small_config();
+  c.smoothing = 0.5f;
+  std::vector<PageEntry> pages(3);
+  for (PageEntry& p : pages) p.relevance = 0.02f;
+  pages[1].rescore = true;
+  Obs o = uniform(12, 4, 0.f);
+  o.rel[5] = 0.9f;  // page 1
+  o.rel[1] = 0.9f;  // page 0: no recall, smoothed
+  AttentionScorer scorer;
+  scorer.score(o.get(12, 4), c, pages);
+  EXPECT_FLOAT_EQ(pages[1].relevance, 0.9f);
+  EXPECT_FALSE(pages[1].rescore);
+  EXPECT_FLOAT_EQ(pages[0].relevance, 0.46f);
+  o.rel[5] = 0.1f;
+  scorer.score(o.get(12, 4), c, pages);
+  EXPECT_FLOAT_EQ(pages[1].relevance, 0.5f);  // 0.5 * 0.1 + 0.5 * 0.9
+}
+
 TEST(SemanticPlanner, LadderDemotesThenEvictsAfterTheStepCounts) {
   const SemanticConfig c = small_config();
   const int bs = 4, kv_len = 40;  // pages 0..9; 0 sink, 8..9 recent

@@ -103,7 +103,8 @@ TEST(PageOps, EvictedPageRecalledAtInt4IsTheDemotedPageAndKeepsItsOriginal) {
   EXPECT_EQ(t.pages[1].summary, summary);
   EXPECT_EQ(t.pages[1].low_steps, 0);
   EXPECT_EQ(t.pages[1].very_low_steps, 0);
-  EXPECT_EQ(t.pages[1].relevance, 0.25f);  // its history so far
+  EXPECT_EQ(t.pages[1].relevance, 0.25f);  // its history so far, until its next score
+  EXPECT_TRUE(t.pages[1].rescore);         // ... which replaces it (AttentionScorer::score)
   EXPECT_EQ(st.restored, 1);
   EXPECT_EQ(st.restored_quantized, 1);
   EXPECT_EQ(f.pool->arena_allocator(KvPrecision::kInt4).num_used(), 1);

@@ -78,7 +78,8 @@ void AttentionScorer::score(const StepObservation& obs, const SemanticConfig& co
     if (!p.resident() || begin >= end) continue;
     float raw = 0.f;
     for (int t = begin; t < end; ++t) raw = std::max(raw, obs.token_relevance[t]);
-    p.relevance = config.smoothing * raw + (1.f - config.smoothing) * p.relevance;
+    p.relevance = p.rescore ? raw : config.smoothing * raw + (1.f - config.smoothing) * p.relevance;
+    p.rescore = false;
   }
 }
 
