@@ -165,11 +165,13 @@ TEST(EngineSpatialCapacity, LongPromptNeedsShards) {
   }
 }
 
-// min_context: short sequences stay on the home shard, long ones are spread; both exact.
+// min_context: short sequences stay on the home shard, long ones are spread; both exact. Each
+// shard holds 16 pages (256 tokens), so every request here fits the home shard alone: exchange
+// bytes come from spreading only, not from pages that overflowed onto a peer.
 TEST(EngineSpatialCapacity, MinContextSpreadsOnlyLongSequences) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
-  cfg.kv_blocks_per_worker = 8;
+  cfg.kv_blocks_per_worker = 16;
   cfg.spatial.shards = 2;
   cfg.spatial.spatial_chunk_size = 16;
   cfg.spatial.min_context = 100;  // the 64-position goldens stay home; the long request spreads
@@ -185,6 +187,20 @@ TEST(EngineSpatialCapacity, MinContextSpreadsOnlyLongSequences) {
   EXPECT_GT(testing::expect_greedy_goldens(**engine), 0);
   ASSERT_TRUE(testing::pools_back_to(**engine, initial));
   EXPECT_EQ(exchanged(), 0);  // the goldens stayed on the home shard
+  // The boundary: prompt + max_tokens = min_context stays home, one more token spreads.
+  for (const int max_tokens : {40, 41}) {
+    Request r = long_request();
+    r.prompt_token_ids.resize(60);
+    r.sampling.max_tokens = max_tokens;
+    const int64_t before = exchanged();
+    const Collected b = collect(*(*engine)->submit(r));
+    ASSERT_TRUE(b.final_event.status.ok()) << b.final_event.status.to_string();
+    if (max_tokens == 40) {
+      EXPECT_EQ(exchanged(), before) << "60 + 40 is not past min_context 100";
+    } else {
+      EXPECT_GT(exchanged(), before) << "60 + 41 is past min_context 100";
+    }
+  }
   auto h = (*engine)->submit(long_request());
   ASSERT_TRUE(h.ok()) << h.status().to_string();
   Collected c = collect(*h);
