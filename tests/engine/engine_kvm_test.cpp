@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -584,9 +585,11 @@ TEST(EngineKvm, SpatialKnobsSpreadAndMigrateWithoutChangingTokens) {
       EXPECT_TRUE(wait_for_decision(
           **e, [](const KvmDecision& d) { return d.param == "spatial_min_context" && d.applied; }));
     }
-    if (cfg.kvm.enabled) hold_forward(**e);
+    const bool migrating = std::any_of(cfg.kvm.rules.begin(), cfg.kvm.rules.end(),
+                                       [](const KvmRule& r) { return r.name == "rebalance"; });
+    if (migrating) hold_forward(**e);
     auto hs = submit_long(**e, 3, 120);
-    if (cfg.kvm.enabled) {  // the migration happens while the requests hold pages
+    if (migrating) {  // the migration happens while the requests hold pages
       EXPECT_TRUE(hold_until_decided(**e, 0.1, [](const KvmDecision& d) {
         return d.param == "migrate_to_shard" && d.applied;
       }));
@@ -615,6 +618,13 @@ TEST(EngineKvm, SpatialKnobsSpreadAndMigrateWithoutChangingTokens) {
   migrate.exit = {"device_kv_use", "", KvmCmp::kLess, 0.01};
   migrate.then = {"migrate_to_shard", KvmActionOp::kSet, 4};
   migrate.cooldown_ms = 5;
+  // The spread rule alone: moved pages exchange too, so the spread is checked without them.
+  c.kvm.rules = {spread};
+  EngineStats spread_stats;
+  EXPECT_EQ(run(c, &spread_stats), plain);
+  int64_t spread_exchange = 0;
+  for (const PoolStats& p : spread_stats.pools) spread_exchange += p.kv_shard_exchange_bytes;
+  EXPECT_GT(spread_exchange, 0) << "the spread rule spread no sequence over the shards";
   c.kvm.rules = {spread, migrate};
   const auto managed = run(c, &kvm_stats);
   EXPECT_EQ(managed, plain);
