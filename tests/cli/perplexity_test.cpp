@@ -118,12 +118,33 @@ TEST(PerplexityCli, QuantizedAndTopKRecallsHoldLessKv) {
   EXPECT_GT(int4["recalls_cold"].get<int>(), 0);
   EXPECT_LE(int4["recalls_confirmed"].get<int>() + int4["recalls_cold"].get<int>(),
             int4["recalls_quantized"].get<int>());
+  // A recalled page's next score replaces its relevance (PageEntry::rescore): 618 of 10,437 were
+  // confirmed on 2026-12-06; averaged with the value it had when evicted, 23 of 11,031 were.
+  EXPECT_GT(int4["recalls_confirmed"].get<int>() * 30, int4["recalls_quantized"].get<int>());
   EXPECT_LT(top1["recalls"].get<int>(), int4["recalls"].get<int>());
   EXPECT_LT(int4["avg_resident_kv_fraction"].get<double>(),
             full["avg_resident_kv_fraction"].get<double>());
   EXPECT_LT(top1["avg_resident_kv_fraction"].get<double>(),
             int4["avg_resident_kv_fraction"].get<double>());
   EXPECT_GT(top1["avg_pages"]["evicted"].get<double>(), full["avg_pages"]["evicted"].get<double>());
+}
+
+// --score-interval N: the first decode step of each sequence is scored, then every N-th, and the
+// ladder acts on those steps only.
+TEST(PerplexityCli, ScoreIntervalScoresEveryNthDecodeStep) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::string base =
+      "--prefill 16 --block-size 8 --kv-policy semantic --recent-tokens 8 --semantic-threshold "
+      "0.99 --recall-threshold 1 --demote-after-steps 1 --evict-threshold 0 ";
+  const nlohmann::json every = ppl(base + "--score-interval 1");
+  const nlohmann::json fourth = ppl(base + "--score-interval 4");
+  const int steps = fourth["decode_steps"].get<int>(), windows = fourth["windows"].get<int>();
+  EXPECT_EQ(every["scored_steps"].get<int>(), every["decode_steps"].get<int>());
+  ASSERT_GT(windows, 0);
+  // Per sequence ceil(n / 4) of its n steps: between steps / 4 and steps / 4 + one per sequence.
+  EXPECT_GE(fourth["scored_steps"].get<int>() * 4, steps);
+  EXPECT_LE(fourth["scored_steps"].get<int>() * 4, steps + 3 * windows);
+  EXPECT_GT(fourth["demotions"].get<int>(), 0);
 }
 
 // Key summaries in parts (--summary-parts): each part's bound is at most the whole page's, so
