@@ -120,8 +120,9 @@ StatusOr<SimResult> Sim::run() {
     arena8 = arena4 = blocks;
     if (c_.kv_quant_fraction > 0 && c_.kv_blocks_per_worker <= 0) {
       // A key summary: min and max, f16, per kv head and dim and layer and summary part = full
-      // bytes per token x 2 / the KV dtype's bytes (f32 on the CPU backend, f16 on CUDA) x parts.
-      const double dtype_bytes = p_.backend == "cpu" ? 4 : 2;
+      // bytes per token x 2 / the KV dtype's bytes (f32 on every backend: KvPoolConfig::dtype;
+      // bench_engine --write-profile writes the pool's real page bytes) x parts.
+      const double dtype_bytes = 4;
       const double summary =
           p_.kv_bytes_per_token_full * 2 / dtype_bytes * c_.semantic.summary_parts;
       const double b8 = c_.block_size * p_.kv_bytes_per_token_int8;

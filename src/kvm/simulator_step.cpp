@@ -143,7 +143,9 @@ void Sim::apply_cut(Worker& w, Req& r) {
     }
   };
   if (c_.kv_policy == KvPolicy::kStreaming || c_.kv_policy == KvPolicy::kH2O) {
-    if (c_.kv_policy == KvPolicy::kH2O) old = std::max<int64_t>(0, old - sem.heavy_tokens / bs);
+    // H2O keeps the pages that cover heavy_tokens (rounded up), as cuts::semantic::plan_step.
+    if (c_.kv_policy == KvPolicy::kH2O)
+      old = std::max<int64_t>(0, old - (std::max(0, sem.heavy_tokens) + bs - 1) / bs);
     evict_to(old);
     return;
   }
