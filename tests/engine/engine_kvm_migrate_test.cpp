@@ -9,6 +9,7 @@
 
 #include "engine/engine_impl.h"
 #include "engine/engine_test_util.h"
+#include "engine/start_together.h"
 
 namespace kvsplit {
 namespace {
@@ -61,15 +62,9 @@ TEST(EngineKvmMigrate, MovesWhatTheTargetShardHasRoomFor) {
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   ASSERT_TRUE(testing::wait_for_stats(e, [](const EngineStats& s) { return s.num_waiting >= 2; }));
   // A step at a time until both are prefilled (running), then held there.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (e.stats().pools[0].running < 2 && std::chrono::steady_clock::now() < until) {
-    const int64_t before = e.worker_snapshots()[0].steps;
-    e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kOneStep);
-    while (e.worker_snapshots()[0].steps == before && std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  e.set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+  ASSERT_TRUE(testing::step_until(e, 0, [&] { return e.stats().pools[0].running >= 2; }));
   ASSERT_EQ(e.stats().pools[0].running, 2);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
 
   bool applied = false;
   std::string decisions;

@@ -102,6 +102,8 @@ struct Rig {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (worker->snapshot().steps == before && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(std::chrono::microseconds(200));
+    // Returns once the loop has seen it: the worker's own reset of kOneStep is done by then.
+    worker->set_test_hold(TestHold::kForward);
     return worker->snapshot().steps > before;
   }
   WorkerState state() {
@@ -109,6 +111,7 @@ struct Rig {
     auto reply = done->get_future();
     worker->post_command(SnapshotState{},
                          [done](CommandReply r) { done->set_value(std::move(r)); });
+    KVSPLIT_CHECK(reply.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
     return reply.get().state;
   }
 
