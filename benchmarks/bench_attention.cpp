@@ -337,8 +337,12 @@ int main(int argc, char** argv) {
                 "left out/depth", "splits", "MB", "time_us", "GB/s", "stream", "of_stream");
     int failed = 0;
     for (const Shape& sh : shapes) {
-      // A CUDA error (not a refused launch) leaves that shape; the next may still run.
-      if (run_mixed(sh, sms, stream, warmup, iters, probe, &failed) != 0) ++failed;
+      // A CUDA error (not a refused launch) ends the run: run_mixed returns without freeing that
+      // shape's buffers, and the context may be unusable. Refused launches go on to the next.
+      if (run_mixed(sh, sms, stream, warmup, iters, probe, &failed) != 0) {
+        ++failed;
+        break;
+      }
     }
     cudaStreamDestroy(stream);
     if (failed > 0) std::fprintf(stderr, "bench_attention: %d case(s) failed\n", failed);

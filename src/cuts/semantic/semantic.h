@@ -55,6 +55,8 @@ class RelevanceScorer {
 
 // relevance(page) <- smoothing * max_{t in page, t in window} token_relevance[t]
 //                    + (1 - smoothing) * relevance(page)
+// except the first score of a page recalled at int8 / int4 (PageEntry::rescore), which replaces
+// relevance(page) with max_{t in page} token_relevance[t].
 class AttentionScorer final : public RelevanceScorer {
  public:
   void score(const StepObservation& obs, const SemanticConfig& config,
