@@ -266,8 +266,7 @@ std::optional<std::vector<KvPool::PlacedBlock>> KvPool::allocate_placed(int firs
   // Place every page first, then allocate per shard (all or nothing).
   const int S = num_shards();
   std::vector<int> avail(S), count(S, 0), where(n);
-  for (int s = 0; s < S; ++s)
-    avail[s] = evict ? shard(s).local_available() : shard(s).allocator().num_free();
+  for (int s = 0; s < S; ++s) avail[s] = shard_room(s, evict);
   for (int k = 0; k < n; ++k) {
     int s = preferred_shard(first_page + k, spread);
     int tries = 0;

@@ -83,6 +83,11 @@ class KvPool {
   std::optional<std::vector<int32_t>> allocate_blocks(int n);
   // This pool's own free blocks plus its evictable prefix-cache pages (no peers).
   int local_available() const;
+  // What shard `s` can give a placement: its free blocks, and with `evict` its evictable
+  // prefix-cache pages too (allocate_placed's count).
+  int shard_room(int s, bool evict) const {
+    return evict ? shard(s).local_available() : shard(s).allocator().num_free();
+  }
   // Free blocks plus the prefix-cache pages only the cache holds: what a scheduler may reserve
   // (over every shard of a shard group).
   int available_blocks() const;

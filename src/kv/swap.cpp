@@ -395,8 +395,7 @@ std::optional<std::vector<KvPool::PlacedBlock>> allocate_pages(KvPool& pool,
   // The group's total first: a run placed and then rolled back may have evicted a cached page.
   // With enough in all, each run finds room (placement falls back to any shard with some).
   int64_t room = 0;
-  for (int s = 0; s < pool.num_shards(); ++s)
-    room += evict ? pool.shard(s).local_available() : pool.shard(s).allocator().num_free();
+  for (int s = 0; s < pool.num_shards(); ++s) room += pool.shard_room(s, evict);
   if (room < static_cast<int64_t>(idx.size())) return std::nullopt;
   std::vector<KvPool::PlacedBlock> out;
   out.reserve(idx.size());
