@@ -1,5 +1,7 @@
 #include "cli/cut_flags.h"
 
+#include <spdlog/spdlog.h>
+
 #include "common/cli_options.h"
 
 namespace kvsplit::cli {
@@ -63,6 +65,23 @@ void add_cut_options(CLI::App* app, CutFlags& f) {
   app->add_option("--prefill", f.prefill,
                   "prefill the first N tokens, then feed the rest one per decode step (0: all)")
       ->check(kvsplit::kNonNegative);
+}
+
+void warn_ignored_cut_flags(const CLI::App& app, cuts::semantic::KvPolicy policy) {
+  using cuts::semantic::KvPolicy;
+  std::string ignored;
+  if (policy == KvPolicy::kFull) {
+    ignored = given_flags(
+        app, {"--semantic-threshold", "--evict-threshold", "--recall-threshold",
+              "--recall-precision", "--max-recalls-per-step", "--recall-wait-ms",
+              "--demote-after-steps", "--evict-after-steps", "--semantic-window", "--sink-tokens",
+              "--recent-tokens", "--score-interval", "--summary-parts", "--heavy-tokens"});
+  } else if (policy != KvPolicy::kH2O) {
+    ignored = given_flags(app, {"--heavy-tokens"});
+  }
+  if (!ignored.empty())
+    spdlog::warn("{}: no effect with --kv-policy {}", ignored,
+                 cuts::semantic::kv_policy_name(policy));
 }
 
 StatusOr<ResolvedCut> resolve_cut(const CutFlags& f, int block_size) {

@@ -21,6 +21,9 @@ struct CutFlags {
 };
 
 void add_cut_options(CLI::App* app, CutFlags& flags);
+// Warns on stderr about the cut flags given on `app` that `policy` does not read: every ladder and
+// window flag under full KV, --heavy-tokens under any policy but h2o.
+void warn_ignored_cut_flags(const CLI::App& app, cuts::semantic::KvPolicy policy);
 
 struct ResolvedCut {
   cuts::semantic::KvPolicy policy = cuts::semantic::KvPolicy::kFull;

@@ -81,9 +81,25 @@ struct GenerateFlags {
   std::string spatial_communicator = "auto";
 };
 
-int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
+// Warns on stderr about the flags given to `kvsplit generate` that this run does not read.
+void warn_ignored_flags(const CLI::App& gen, const GenerateFlags& gf, const cli::ResolvedCut& rc) {
+  cli::warn_ignored_cut_flags(gen, rc.policy);
+  if (gf.spatial_shards <= 1) {
+    const std::string s = given_flags(
+        gen, {"--spatial-chunk-size", "--spatial-min-context", "--spatial-communicator"});
+    if (!s.empty()) spdlog::warn("{}: no effect without --spatial-shards > 1", s);
+  }
+  if (gf.disk_path.empty()) {
+    const std::string s =
+        given_flags(gen, {"--disk-capacity-mb", "--disk-direct-io", "--disk-write-behind"});
+    if (!s.empty()) spdlog::warn("{}: no effect without --disk-path", s);
+  }
+}
+
+int run_generate(const CLI::App& gen, CommonFlags& cf, const GenerateFlags& gf) {
   auto rc = cli::resolve_cut(gf.cut, gf.block_size);
   if (!rc.ok()) return fail(rc.status());
+  warn_ignored_flags(gen, gf, *rc);
   auto run = cli::load_run_model(cf);
   if (!run.ok()) return fail(run.status());
   model::LoadedModel* loaded = &(*run)->loaded;
@@ -113,6 +129,14 @@ int run_generate(CommonFlags& cf, const GenerateFlags& gf) {
     p.ignore_eos = gf.ignore_eos;
     p.stop = gf.stop;
     p.seed = sampling::stream_seed(base_seed, i);
+    // As llama2.c's run.c caps its steps at the context: a --max-tokens the context cannot hold
+    // stops where it ends (finish_reason "length"); the server refuses such a request instead.
+    const int room = cfg.max_seq_len - static_cast<int>(inputs[i].prompt_ids.size()) + 1;
+    if (room > 0 && gf.max_tokens > room)
+      spdlog::warn(
+          "prompt {}: --max-tokens {} exceeds what the context of {} leaves after its {} prompt "
+          "tokens: at most {} tokens are generated",
+          i, gf.max_tokens, cfg.max_seq_len, inputs[i].prompt_ids.size(), room);
   }
 
   const SwapMode swap = parse_swap_mode(gf.swap).value_or(SwapMode::kAuto);  // CLI-checked
@@ -439,11 +463,11 @@ int main(int argc, char** argv) {
   }
   if (gen->parsed()) {
     if (gen_common.verbose) spdlog::set_level(spdlog::level::info);
-    return run_generate(gen_common, gf);
+    return run_generate(*gen, gen_common, gf);
   }
   if (ppl->parsed()) {
     if (ppl_common.verbose) spdlog::set_level(spdlog::level::info);
-    return cli::run_perplexity(ppl_common, pf);
+    return cli::run_perplexity(*ppl, ppl_common, pf);
   }
   if (info->parsed()) return run_info(info_common);
   if (tokenize->parsed()) return cli::run_tokenize(tf);

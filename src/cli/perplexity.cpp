@@ -158,9 +158,10 @@ void add_perplexity_options(CLI::App* app, CommonFlags& common, PerplexityFlags&
   add_cut_options(app, f.cut);
 }
 
-int run_perplexity(CommonFlags& common, const PerplexityFlags& f) {
+int run_perplexity(const CLI::App& app, CommonFlags& common, const PerplexityFlags& f) {
   auto rc = resolve_cut(f.cut, f.block_size);
   if (!rc.ok()) return fail(rc.status());
+  warn_ignored_cut_flags(app, rc->policy);
   auto run = load_run_model(common);
   if (!run.ok()) return fail(run.status());
   model::LlamaModel& llama = *(*run)->llama;

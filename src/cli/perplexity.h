@@ -29,6 +29,6 @@ void add_perplexity_options(CLI::App* app, CommonFlags& common, PerplexityFlags&
 // Exit status: 0 ok, 2 bad input (file, flags, a JSONL line: the message names it), 1 internal.
 // Prints a summary (or, with --json, one line: tokens, nll, ppl, avg/peak_resident_kv_fraction,
 // demotions, evictions, recalls and the other counters).
-int run_perplexity(CommonFlags& common, const PerplexityFlags& flags);
+int run_perplexity(const CLI::App& app, CommonFlags& common, const PerplexityFlags& flags);
 
 }  // namespace kvsplit::cli

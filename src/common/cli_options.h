@@ -111,4 +111,15 @@ inline void strict_options(CLI::App& app, std::initializer_list<const char*> may
     strict_options(*sub, may_be_empty);
 }
 
+// The flags among `flags` given on `app`'s command line, comma-separated ("" when none): for a
+// warning that they have no effect in the run they were given to. Such flags are accepted, not
+// refused, so a script passing one set of flags to every variant of a run (1 shard and 4, full
+// KV and the cuts) still runs, and the warning says what the run ignored.
+inline std::string given_flags(const CLI::App& app, std::initializer_list<const char*> flags) {
+  std::string out;
+  for (const char* f : flags)
+    if (app.count(f) > 0) out += (out.empty() ? "" : ", ") + std::string(f);
+  return out;
+}
+
 }  // namespace kvsplit

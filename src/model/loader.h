@@ -13,7 +13,7 @@ namespace kvsplit::model {
 
 struct LoadOptions {
   // Tokenizer file; empty = beside the model (tokenizer.bin / tok512.bin for llama2.c, the
-  // directory's tokenizer.json for HF). Synthetic models always get the byte-level stand-in.
+  // directory's tokenizer.json for HF; a synthetic model's byte-level stand-in).
   std::string tokenizer_path;
   // Load the tokenizer at all (benchmarks of raw forward passes may skip it).
   bool load_tokenizer = true;

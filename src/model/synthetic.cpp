@@ -14,6 +14,7 @@
 #include "common/splitmix.h"
 #include "common/thread_pool.h"
 #include "model/loader.h"
+#include "model/tokenizer.h"
 
 namespace kvsplit::model {
 
@@ -260,7 +261,13 @@ StatusOr<LoadedModel> load_synthetic(const std::string& spec, const LoadOptions&
   if (c.tie_word_embeddings) w.lm_head = w.embedding;
   w.storage.push_back(std::move(buffer));
 
-  if (options.load_tokenizer) m.tokenizer = make_byte_tokenizer(c.vocab_size);
+  // The tokenizer file given (--tokenizer, engine.tokenizer), checked against the preset's
+  // vocabulary; else the byte-level stand-in.
+  if (options.load_tokenizer && !options.tokenizer_path.empty()) {
+    KVSPLIT_ASSIGN_OR_RETURN(m.tokenizer, load_tokenizer(options.tokenizer_path, c.vocab_size));
+  } else if (options.load_tokenizer) {
+    m.tokenizer = make_byte_tokenizer(c.vocab_size);
+  }
   m.source = "synthetic:" + std::string(parsed.preset->name) +
              "@seed=" + std::to_string(parsed.seed) +
              (parsed.ctx > 0 ? ",ctx=" + std::to_string(parsed.ctx) : "") +

@@ -243,5 +243,66 @@ TEST(CliTest, HugeSizesAreClearErrors) {
   }
 }
 
+// Flags this run does not read are accepted (a script may pass one set of flags to every variant
+// of a run) and named on stderr; a synthetic model takes the --tokenizer given.
+TEST(CliTest, FlagsTheRunDoesNotReadAreNamedOnStderr) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::string gen = "generate " + model_args(false) + " --prompt Once --max-tokens 2 ";
+  const struct {
+    const char* flags;
+    const char* warned;  // nullptr: no warning
+  } cases[] = {
+      {"--spatial-chunk-size 16", "--spatial-chunk-size: no effect without --spatial-shards > 1"},
+      {"--spatial-shards 1 --spatial-communicator in_process", "--spatial-communicator: no effect"},
+      {"--spatial-shards 2 --spatial-chunk-size 16", nullptr},
+      {"--disk-write-behind off --disk-capacity-mb 8",
+       "--disk-capacity-mb, --disk-write-behind: no effect without --disk-path"},
+      {"--semantic-threshold 0.3 --sink-tokens 2",
+       "--semantic-threshold, --sink-tokens: no effect with --kv-policy full"},
+      {"--kv-policy semantic --semantic-threshold 0.3", nullptr},
+      {"--kv-policy streaming --heavy-tokens 8",
+       "--heavy-tokens: no effect with --kv-policy streaming"},
+      {"--kv-policy h2o --heavy-tokens 8", nullptr},
+  };
+  for (const auto& c : cases) {
+    RunResult r = run(gen + c.flags);
+    ASSERT_EQ(r.exit_code, 0) << c.flags << ": " << r.err;
+    if (c.warned != nullptr)
+      EXPECT_NE(r.err.find(c.warned), std::string::npos) << c.flags << ": " << r.err;
+    else
+      EXPECT_EQ(r.err.find("no effect"), std::string::npos) << c.flags << ": " << r.err;
+  }
+  // A synthetic model with a tokenizer file: the file's ids (llama2.c's, a few for the prompt),
+  // not the byte stand-in's (one per byte).
+  RunResult r = run("generate --model synthetic:stories260k --tokenizer " +
+                    quote(model_path("tok512.bin")) + " --prompt 'Once upon a time' -n 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 1u) << r.out;
+  EXPECT_LT(lines[0]["prompt_token_ids"].size(), 10u) << r.out;
+  r = run("generate --model synthetic:stories260k --tokenizer /no/such/tokenizer.bin --prompt x");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("/no/such/tokenizer.bin"), std::string::npos) << r.err;
+}
+
+// As llama2.c caps its steps at the context, a --max-tokens the context cannot hold generates what
+// it leaves, and stderr says so (the server refuses such a request).
+TEST(CliTest, MaxTokensBeyondTheContextStopsThereAndSaysSo) {
+  KVSPLIT_REQUIRE_MODELS();
+  RunResult r = run("generate " + model_args(false) +
+                    " --prompt Once --max-tokens 1000 --temperature 0 --ignore-eos --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 1u) << r.out;
+  const size_t prompt = lines[0]["prompt_token_ids"].size();
+  EXPECT_EQ(lines[0]["output_token_ids"].size(), 512 - prompt + 1);
+  EXPECT_EQ(lines[0]["finish_reason"], "length");
+  EXPECT_NE(r.err.find("--max-tokens 1000 exceeds what the context of 512 leaves"),
+            std::string::npos)
+      << r.err;
+  r = run("generate " + model_args(false) + " --prompt Once --max-tokens 8 --json");
+  EXPECT_EQ(r.err.find("exceeds"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace kvsplit::testing

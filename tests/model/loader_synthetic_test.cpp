@@ -80,6 +80,31 @@ TEST(LoaderSynthetic, Stories260kShapesAndValues) {
   }
 }
 
+// A tokenizer file given with a synthetic model is loaded (it was ignored for the byte stand-in),
+// checked against the preset's vocabulary, and a missing one is an error naming it.
+TEST(LoaderSynthetic, LoadsTheTokenizerFileGiven) {
+  LoadOptions o;
+  o.tokenizer_path = testing::model_path("tok512.bin");
+  auto m = load_synthetic("synthetic:stories260k", o);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_NE(m->tokenizer, nullptr);
+  EXPECT_EQ(m->tokenizer->kind(), "llama2c");
+  auto ids = m->tokenizer->encode("Once upon a time", /*add_bos=*/true);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_LT(ids->size(), 10u);  // the byte stand-in takes one id per byte (17 with BOS)
+
+  o.tokenizer_path = testing::model_path("no-such-tokenizer.bin");
+  auto missing = load_synthetic("synthetic:stories260k", o);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("no-such-tokenizer.bin"), std::string::npos)
+      << missing.status().to_string();
+
+  // Llama-2's 32K vocabulary is larger than the preset's 512: refused, not indexed out of range.
+  o.tokenizer_path = testing::model_path("tokenizers/llama2/tokenizer.json");
+  auto big = load_synthetic("synthetic:stories260k", o);
+  EXPECT_FALSE(big.ok());
+}
+
 TEST(LoaderSynthetic, DeterministicBySeed) {
   auto a = load_synthetic("synthetic:stories260k@seed=7", no_tokenizer());
   auto b = load_synthetic("stories260k@seed=7", no_tokenizer());
