@@ -396,6 +396,13 @@ Status apply_page_transitions(KvPool& pool, BlockTable& table, int num_tokens,
       return invalid_argument("page transition for page " + std::to_string(t.page) +
                               " of a table of " + std::to_string(table.blocks.size()) + " pages");
     }
+    // A swapped-out page (the temporal cut's) is on no rung: its `original` is its swap slot or
+    // its place in the table's disk record, which a restore would read as a host original.
+    const PageLocation at = table.pages[t.page].location;
+    if (at == PageLocation::kHost || at == PageLocation::kDisk) {
+      return failed_precondition("page transition for page " + std::to_string(t.page) +
+                                 ", which is swapped out (swap the table in first)");
+    }
     switch (t.op) {
       case PageOp::kDemote:
         if (t.to != KvPrecision::kInt8 && t.to != KvPrecision::kInt4)

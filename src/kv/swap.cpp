@@ -249,7 +249,9 @@ StatusOr<bool> swap_out(KvPool& pool, BlockTable& table, SwapStats* stats) {
   // holds it, into the home pool's host tier or disk record; swap_in places them again.
   // Spilled prefix-cache pages count as free host slots: they give way (allocate_host_slots).
   if (pool.available_host_slots() < static_cast<int>(idx.size())) {
-    if (pool.disk() == nullptr) {
+    // A table with pages in the host tier already (a swap-out partly migrated back) is not split
+    // across host and disk: swap_in reads a table from one tier.
+    if (pool.disk() == nullptr || swapped_pages(table) > 0) {
       ++stats->refused_host_full;
       return false;
     }

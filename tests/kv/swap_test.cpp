@@ -12,6 +12,7 @@
 
 #include "forwarding_backend.h"
 #include "kv/kv_pool.h"
+#include "kv/migrate.h"
 #include "kv/page_ops.h"
 #include "test_util.h"
 
@@ -305,6 +306,76 @@ TEST(SwapDisk, FailedOrFullDiskWriteRefusesAndChangesNothing) {
     p.pool->release(t);
     p.expect_all_free();
   }
+}
+
+// A table partly in the host tier (a swap-out, then one page migrated back) is not split across
+// host and disk when the host tier is full: swap_in reads a table from one tier, and read the host
+// pages' slots as offsets into the record. The swap-out is refused; the pages come back bit-exact.
+TEST(SwapDisk, ATablePartlyInTheHostTierDoesNotGoToDisk) {
+  DiskPool p(8, /*host_pages=*/4);
+  BlockTable t;
+  ASSERT_TRUE(p.pool->reserve(t, 3 * kBlock + 2));
+  p.fill(t, 5);
+  const std::vector<float> before = p.read(t);
+  SwapStats st;
+  auto out = swap_out(*p.pool, t, &st);
+  ASSERT_TRUE(out.ok() && *out) << out.status().to_string();
+  auto moved = migrate_pages(*p.pool, t, 0, 4, /*to_shard=*/0, nullptr, /*max_pages=*/1);
+  ASSERT_TRUE(moved.ok()) << moved.status().to_string();
+  ASSERT_EQ(*moved, 1);
+  ASSERT_EQ(swapped_pages(t), 3);
+  BlockTable other;  // takes the last host slot
+  ASSERT_TRUE(p.pool->reserve(other, kBlock));
+  auto filled = swap_out(*p.pool, other, &st);
+  ASSERT_TRUE(filled.ok() && *filled);
+  ASSERT_EQ(p.pool->host_allocator().num_free(), 0);
+
+  out = swap_out(*p.pool, t, &st);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_FALSE(*out);
+  EXPECT_EQ(t.disk_record, 0u);
+  EXPECT_EQ(p.disk->stats().records, 0);
+  EXPECT_EQ(swapped_pages(t), 3);
+  auto in = swap_in(*p.pool, t, &st);
+  ASSERT_TRUE(in.ok() && *in) << in.status().to_string();
+  EXPECT_EQ(p.read(t), before);
+  p.pool->release(t);
+  p.pool->release(other);
+  p.expect_all_free();
+}
+
+// The semantic cut's transitions are refused on swapped-out pages (host or disk): a restore would
+// read the swap slot, or the page's place in the disk record, as a host original.
+TEST(SwapDisk, PageTransitionsOnSwappedOutPagesAreRefused) {
+  DiskPool p(8, /*host_pages=*/4);
+  BlockTable host, disk;
+  ASSERT_TRUE(p.pool->reserve(host, 2 * kBlock));
+  ASSERT_TRUE(p.pool->reserve(disk, 3 * kBlock));
+  p.fill(host, 6);
+  p.fill(disk, 7);
+  const std::vector<float> before = p.read(host);
+  SwapStats st;
+  ASSERT_TRUE(*swap_out(*p.pool, host, &st));  // 2 of the 4 host slots
+  ASSERT_TRUE(*swap_out(*p.pool, disk, &st));  // 3 pages: the disk record
+  ASSERT_NE(disk.disk_record, 0u);
+  for (BlockTable* t : {&host, &disk}) {
+    for (PageOp op : {PageOp::kRestore, PageOp::kDemote, PageOp::kEvict}) {
+      const PageTransition tr{0, op,
+                              op == PageOp::kEvict    ? KvPrecision::kEvicted
+                              : op == PageOp::kDemote ? KvPrecision::kInt8
+                                                      : KvPrecision::kFull};
+      PageOpStats ops;
+      const Status s = apply_page_transitions(*p.pool, *t, 2 * kBlock, {&tr, 1}, &ops);
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.to_string();
+    }
+  }
+  EXPECT_EQ(p.pool->host_allocator().num_used(), 2);
+  EXPECT_EQ(p.pool->allocator().num_used(), 0);
+  ASSERT_TRUE(*swap_in(*p.pool, host, &st));
+  EXPECT_EQ(p.read(host), before);
+  p.pool->release(host);
+  p.pool->release(disk);
+  p.expect_all_free();
 }
 
 // Swaps `t` (4 pages, filled) out to the disk tier of `p` (no host tier).
