@@ -545,6 +545,35 @@ TEST(ConfigTest, KvQuantFractionIsBounded) {
 namespace kvsplit::config {
 namespace {
 
+// kv.prefix_spill_ahead_blocks: read into EngineConfig::prefix_spill_ahead_blocks (0, off, by
+// default); out of range or not an integer, an error naming the field. The engine refuses the
+// same range when given the struct directly.
+TEST(ConfigTest, PrefixSpillAheadBlocks) {
+  auto c = parse_config("");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->engine.prefix_spill_ahead_blocks, 0);
+  c = parse_config("kv: {prefix_cache: on, host_capacity_mb: 64, prefix_spill_ahead_blocks: 48}\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->engine.prefix_spill_ahead_blocks, 48);
+  c = parse_config("kv: {prefix_spill_ahead_blocks: 16777216}\n");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->engine.prefix_spill_ahead_blocks, 1 << 24);
+  expect_error("kv: {prefix_spill_ahead_blocks: -1}\n",
+               "kv.prefix_spill_ahead_blocks: must be in [0, 16777216], got -1");
+  expect_error("kv: {prefix_spill_ahead_blocks: 16777217}\n",
+               "kv.prefix_spill_ahead_blocks: must be in [0, 16777216], got 16777217");
+  expect_error("kv: {prefix_spill_ahead_blocks: lots}\n",
+               "kv.prefix_spill_ahead_blocks: must be an integer");
+  expect_error("kv: {prefix_spill_ahead_blocks: 2.5}\n", "kv.prefix_spill_ahead_blocks");
+  EngineConfig e;
+  e.model = "synthetic:stories260k";
+  e.prefix_spill_ahead_blocks = -1;
+  auto engine = EngineImpl::create(e);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_NE(engine.status().message().find("prefix_spill_ahead_blocks"), std::string::npos)
+      << engine.status().to_string();
+}
+
 TEST(ConfigTest, TemporalCutKeys) {
   auto c = parse_config(
       "kv:\n"

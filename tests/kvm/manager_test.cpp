@@ -11,6 +11,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "kvm/expr.h"
+
 namespace kvsplit::kvm {
 namespace {
 
@@ -433,6 +435,67 @@ TEST(Monitor, StorageLatencyGoesWhenTheDiskIsIdle) {
   EXPECT_DOUBLE_EQ(mon.sample(1000, s, {}).storage_latency_ms, 40);
   s.pools[0].kv_disk_latency_age_ms = 1500;  // no operation for longer than the window
   EXPECT_DOUBLE_EQ(mon.sample(2000, s, {}).storage_latency_ms, 0);
+}
+
+// disk_kv_use: a pool's disk tier bytes in use over its capacity, 0 without a disk tier, the
+// most loaded decoding pool's (a prefill pool's spilled prefix pages do not count).
+TEST(Monitor, DiskKvUseIsTheFullestDecodingDiskTier) {
+  Monitor mon(1000);
+  EngineStats s = stats_at(30);
+  EXPECT_DOUBLE_EQ(mon.sample(1000, s, {}).disk_kv_use, 0);  // no disk tier
+  s.pools[0].kv_disk_bytes_used = 1 << 20;  // a total of 0 is no tier, whatever the count says
+  EXPECT_DOUBLE_EQ(mon.sample(1100, s, {}).disk_kv_use, 0);
+  s.pools[0].kv_disk_bytes_total = 8 << 20;
+  s.pools[0].kv_disk_bytes_used = 0;
+  EXPECT_DOUBLE_EQ(mon.sample(1200, s, {}).disk_kv_use, 0);  // a tier, empty
+  s.pools[0].kv_disk_bytes_used = 2 << 20;
+  PoolStats other = s.pools[0];
+  other.name = "colocated-1";
+  other.kv_disk_bytes_used = 6 << 20;
+  s.pools.push_back(other);
+  PoolStats prefill = s.pools[0];
+  prefill.name = "prefill-0";
+  prefill.kv_disk_bytes_used = 8 << 20;  // full, but prefill pools do not count
+  s.pools.push_back(prefill);
+  const KvmSnapshot a = mon.sample(1300, s, {});
+  EXPECT_DOUBLE_EQ(a.disk_kv_use, 0.75);
+  ASSERT_EQ(a.workers.size(), 3u);
+  EXPECT_DOUBLE_EQ(a.workers[0].disk_kv_use, 0.25);
+  EXPECT_DOUBLE_EQ(a.workers[1].disk_kv_use, 0.75);
+  EXPECT_DOUBLE_EQ(a.workers[2].disk_kv_use, 1.0);
+  EXPECT_DOUBLE_EQ(a.host_kv_use, 0);  // the disk's bytes are not the host tier's
+}
+
+// A rule `when: disk_kv_use > 0.5` enters on the disk tier's use alone and exits below its exit.
+TEST(KvCacheManager, ADiskUseRuleFiresOnTheDiskTier) {
+  FakeActuator act;
+  KvmConfig c = policy(KvmMode::kEnforce);
+  auto when = parse_condition("disk_kv_use > 0.5");
+  auto exit = parse_condition("disk_kv_use < 0.2");
+  ASSERT_TRUE(when.ok() && exit.ok());
+  c.rules[0].name = "disk-full";
+  c.rules[0].when = *when;
+  c.rules[0].exit = *exit;
+  KvCacheManager m(c, baseline(), &act);
+  auto at = [](int64_t disk_used) {
+    EngineStats s = stats_at(95);  // device and host use play no part
+    s.pools[0].kv_host_bytes_total = 100;
+    s.pools[0].kv_host_bytes_used = 99;
+    s.pools[0].kv_disk_bytes_total = 100;
+    s.pools[0].kv_disk_bytes_used = disk_used;
+    return s;
+  };
+  EXPECT_TRUE(m.tick(0, at(50), {}).empty());  // 0.5 is not > 0.5
+  const std::vector<KvmDecision> d = m.tick(200, at(60), {});
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].rule, "disk-full");
+  EXPECT_EQ(d[0].action, "enter");
+  EXPECT_NE(d[0].monitors.find("disk_kv_use=0.6"), std::string::npos) << d[0].monitors;
+  EXPECT_NEAR(m.last_snapshot().disk_kv_use, 0.6, 1e-9);
+  const std::vector<KvmDecision> e = m.tick(400, at(10), {});
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_EQ(e[0].action, "exit");
+  EXPECT_EQ(act.applied.size(), 2u);
 }
 
 }  // namespace
