@@ -14,10 +14,13 @@ namespace {
 
 TEST(CliWindow, ALongPromptTakesCachedPagesUnderASlidingWindow) {
   KVSPLIT_REQUIRE_MODELS();
-  // ~150 tokens of the stories tokenizer each, sharing all but the last word; chunks of 64.
+  // ~140 tokens of the stories tokenizer each, sharing all but the last word; chunks of 64.
   const std::string shared =
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
-      "sunshine. One day, she saw a big dog in the park and she ran to him";
+      "sunshine. One day, she saw a big dog in the park and she ran to him. The dog wagged its "
+      "tail and licked her hand. Lily laughed and threw a stick for the dog to fetch. They played "
+      "together until the sun went down, and then Lily went home to tell her mom about her new "
+      "friend";
   const std::string cmd = "generate --model 'synthetic:stories260k@seed=3,window=32' --tokenizer " +
                           quote(model_path("tok512.bin")) + " --prompt '" + shared +
                           " fast' --prompt '" + shared +
