@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "server/metrics_http_parse.h"
 
 namespace kvsplit::server {
 
@@ -55,17 +56,6 @@ std::string plain_error(int code, std::string_view reason, std::string_view extr
 
 void close_fd(int fd) {
   if (fd >= 0) ::close(fd);
-}
-
-// Position just past the end of the header block, or npos: the first empty line, ended by CRLF or
-// a bare LF ("\r\n\r\n", "\n\n", and the mixed "\n\r\n", which went unseen: the connection then
-// waited out the I/O timeout with no answer).
-size_t header_end(const std::string& in) {
-  for (size_t i = in.find('\n'); i != std::string::npos; i = in.find('\n', i + 1)) {
-    if (i + 1 < in.size() && in[i + 1] == '\n') return i + 2;
-    if (i + 2 < in.size() && in[i + 1] == '\r' && in[i + 2] == '\n') return i + 3;
-  }
-  return std::string::npos;
 }
 
 }  // namespace
@@ -267,8 +257,8 @@ bool MetricsHttpServer::on_readable(Connection* c) {
           static_cast<size_t>(options_.max_request_bytes) + 1 -
           std::min(c->in.size(), static_cast<size_t>(options_.max_request_bytes) + 1);
       c->in.append(buf, std::min(room, static_cast<size_t>(n)));
-      if (header_end(c->in) != std::string::npos ||
-          c->in.size() > static_cast<size_t>(options_.max_request_bytes))
+      if (parse_metrics_request(c->in, static_cast<size_t>(options_.max_request_bytes)).action !=
+          MetricsRequestAction::kNeedMore)
         break;
       continue;
     }
@@ -300,49 +290,27 @@ bool MetricsHttpServer::on_writable(Connection* c) {
 void MetricsHttpServer::prepare_response(Connection* c) {
   c->writing = true;
   served_.fetch_add(1);
-  const size_t end = header_end(c->in);
-  if (end == std::string::npos || end > static_cast<size_t>(options_.max_request_bytes)) {
-    c->out = plain_error(431, "Request Header Fields Too Large");
-    return;
+  const MetricsRequest req =
+      parse_metrics_request(c->in, static_cast<size_t>(options_.max_request_bytes));
+  switch (req.action) {
+    case MetricsRequestAction::kNeedMore:  // not called then; an incomplete block is too large
+    case MetricsRequestAction::kTooLarge:
+      c->out = plain_error(431, "Request Header Fields Too Large");
+      return;
+    case MetricsRequestAction::kBadRequest:
+      c->out = plain_error(400, "Bad Request");
+      return;
+    case MetricsRequestAction::kMethodNotAllowed:
+      c->out = plain_error(405, "Method Not Allowed", "Allow: GET, HEAD\r\n");
+      return;
+    case MetricsRequestAction::kNotFound:
+      c->out = response(404, "Not Found", "text/plain; charset=utf-8", "Not Found: try /metrics\n",
+                        req.head);
+      return;
+    case MetricsRequestAction::kScrape:
+      break;
   }
-  // Request line: METHOD SP target SP HTTP/1.x. One empty line before it is ignored (RFC 9112
-  // 2.2: a client may send a CRLF after a previous request's body).
-  std::string_view all(c->in);
-  if (all.starts_with("\r\n")) {
-    all.remove_prefix(2);
-  } else if (all.starts_with("\n")) {
-    all.remove_prefix(1);
-  }
-  const std::string_view line = all.substr(0, all.find_first_of("\r\n"));
-  const size_t sp1 = line.find(' ');
-  const size_t sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
-  if (sp1 == std::string_view::npos || sp2 == std::string_view::npos || sp1 == 0 ||
-      sp2 == sp1 + 1 || line.substr(sp2 + 1).substr(0, 7) != "HTTP/1." ||
-      line.find(' ', sp2 + 1) != std::string_view::npos) {
-    c->out = plain_error(400, "Bad Request");
-    return;
-  }
-  const std::string_view method = line.substr(0, sp1);
-  std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
-  // The absolute form (RFC 9112 3.2.2, "http://host:port/metrics", which a server must accept):
-  // its path.
-  for (std::string_view scheme : {"http://", "https://"}) {
-    if (target.size() > scheme.size() && target.substr(0, scheme.size()) == scheme) {
-      const size_t slash = target.find('/', scheme.size());
-      target = slash == std::string_view::npos ? std::string_view("/") : target.substr(slash);
-    }
-  }
-  target = target.substr(0, target.find('?'));
-  const bool head = method == "HEAD";
-  if (method != "GET" && !head) {
-    c->out = plain_error(405, "Method Not Allowed", "Allow: GET, HEAD\r\n");
-    return;
-  }
-  if (target != "/metrics") {
-    c->out =
-        response(404, "Not Found", "text/plain; charset=utf-8", "Not Found: try /metrics\n", head);
-    return;
-  }
+  const bool head = req.head;
   StatusOr<std::string> body = handler_();
   if (!body.ok()) {
     c->out = response(500, "Internal Server Error", "text/plain; charset=utf-8",
