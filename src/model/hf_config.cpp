@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
+#include <string_view>
 
 namespace kvsplit::model {
 
@@ -128,27 +130,26 @@ StatusOr<std::vector<int>> parse_layer_windows(const Json& j, const std::string&
   return windows;
 }
 
-Status parse_special_ids(const Json& j, const std::string& dir, const std::string& what, bool qwen2,
-                         ModelConfig* c) {
+Status parse_special_ids(const Json& j, const std::string& what, bool qwen2,
+                         const std::optional<std::string_view>& generation_text,
+                         const std::string& generation_what, ModelConfig* c) {
   // Llama/Mistral default to bos 1 / eos 2 (transformers); Qwen2 has no default.
   std::vector<int32_t> bos;
   KVSPLIT_RETURN_IF_ERROR(append_ids(j, "bos_token_id", what, &bos));
   KVSPLIT_RETURN_IF_ERROR(append_ids(j, "eos_token_id", what, &c->eos_token_ids));
   if (!j.contains("bos_token_id") && !qwen2) bos = {1};
   if (!j.contains("eos_token_id") && !qwen2) c->eos_token_ids = {2};
-  const std::string gen_path = dir + "/generation_config.json";
-  std::error_code ec;
-  if (fs::exists(gen_path, ec)) {
-    KVSPLIT_ASSIGN_OR_RETURN(Json g, common::read_json_file(gen_path));
-    if (!g.is_object()) return invalid_argument(gen_path + ": not a JSON object");
+  if (generation_text) {
+    KVSPLIT_ASSIGN_OR_RETURN(Json g, common::parse_json(*generation_text, generation_what));
+    if (!g.is_object()) return invalid_argument(generation_what + ": not a JSON object");
     // transformers' generate() stops on the generation config's eos_token_id: it replaces
     // config.json's when the key is there.
     if (g.contains("eos_token_id")) {
       std::vector<int32_t> eos;
-      KVSPLIT_RETURN_IF_ERROR(append_ids(g, "eos_token_id", gen_path, &eos));
+      KVSPLIT_RETURN_IF_ERROR(append_ids(g, "eos_token_id", generation_what, &eos));
       c->eos_token_ids = std::move(eos);
     }
-    if (bos.empty()) KVSPLIT_RETURN_IF_ERROR(append_ids(g, "bos_token_id", gen_path, &bos));
+    if (bos.empty()) KVSPLIT_RETURN_IF_ERROR(append_ids(g, "bos_token_id", generation_what, &bos));
   }
   c->bos_token_id = bos.empty() ? -1 : bos[0];
   return ok_status();
@@ -158,7 +159,26 @@ Status parse_special_ids(const Json& j, const std::string& dir, const std::strin
 
 StatusOr<ModelConfig> parse_hf_config(const std::string& dir) {
   const std::string what = dir + "/config.json";
-  KVSPLIT_ASSIGN_OR_RETURN(Json j, common::read_json_file(what));
+  const std::string generation_what = dir + "/generation_config.json";
+  KVSPLIT_ASSIGN_OR_RETURN(std::string text, common::read_regular_file(
+                                                 what, common::kMaxJsonSideFileBytes, "JSON file"));
+  std::optional<std::string> generation_text;
+  std::error_code ec;
+  if (fs::exists(generation_what, ec)) {
+    KVSPLIT_ASSIGN_OR_RETURN(
+        generation_text,
+        common::read_regular_file(generation_what, common::kMaxJsonSideFileBytes, "JSON file"));
+  }
+  return parse_hf_config_json(
+      text, what,
+      generation_text ? std::optional<std::string_view>(*generation_text) : std::nullopt,
+      generation_what);
+}
+
+StatusOr<ModelConfig> parse_hf_config_json(std::string_view text, const std::string& what,
+                                           std::optional<std::string_view> generation_text,
+                                           const std::string& generation_what) {
+  KVSPLIT_ASSIGN_OR_RETURN(Json j, common::parse_json(text, what));
   if (!j.is_object()) return invalid_argument(what + ": not a JSON object");
   auto archs = j.find("architectures");
   ModelConfig c;
@@ -234,7 +254,8 @@ StatusOr<ModelConfig> parse_hf_config(const std::string& dir) {
                            parse_layer_windows(j, what, arch, layer_types, c.max_seq_len));
   c.rope_style = backend::RopeStyle::kHalf;
   c.qkv_bias = arch == Arch::kQwen2;
-  KVSPLIT_RETURN_IF_ERROR(parse_special_ids(j, dir, what, arch == Arch::kQwen2, &c));
+  KVSPLIT_RETURN_IF_ERROR(
+      parse_special_ids(j, what, arch == Arch::kQwen2, generation_text, generation_what, &c));
   KVSPLIT_RETURN_IF_ERROR(validate_model_config(c, what));
   return c;
 }

@@ -3,7 +3,9 @@
 // the file, the field and the value, never silently ignored.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/json_util.h"
@@ -15,7 +17,16 @@ namespace kvsplit::model {
 // Reads `dir`/config.json (and generation_config.json when present). Errors:
 // kInvalidArgument for malformed or out-of-range values, kUnimplemented for valid settings this
 // engine does not run (an unknown architecture is kInvalidArgument); messages start with the path.
+// Both files are read before either is parsed.
 StatusOr<ModelConfig> parse_hf_config(const std::string& dir);
+
+// The same from the texts of config.json and, when the model has one, generation_config.json
+// (parse_hf_config reads the files and calls this). `what` and `generation_what` name the two in
+// errors. Errors: kInvalidArgument and kUnimplemented as above; no I/O.
+StatusOr<ModelConfig> parse_hf_config_json(
+    std::string_view text, const std::string& what,
+    std::optional<std::string_view> generation_text = std::nullopt,
+    const std::string& generation_what = "generation_config.json");
 
 // The RoPE part of config.json, in either form: `rope_parameters` (transformers >= 5; flat, or
 // keyed by layer type) or `rope_theta` + `rope_scaling` (earlier; `type` or `rope_type`). Values

@@ -1,6 +1,6 @@
 // parse_hf_config on config.json files written into a TempDir: both RoPE forms (rope_parameters,
 // rope_theta + rope_scaling), every RoPE type, the context rule, and each unsupported field's
-// error naming the file, the field and the value.
+// error naming the file, the field and the value; parse_hf_config_json on text.
 #include "model/hf_config.h"
 
 #include <gtest/gtest.h>
@@ -442,6 +442,37 @@ TEST(ModelConfigValidate, LayerWindows) {
   EXPECT_NE(st.message().find("layer 1"), std::string::npos) << st.message();
   c.layer_window = {4, 0};
   EXPECT_TRUE(validate_model_config(c, "t").ok());
+}
+
+// The text entry point (what parse_hf_config calls, and what hf_config_fuzz runs): the same config
+// as from the files, generation_config.json's ids applied, errors naming the text they are about.
+TEST(HfConfigJson, TextEntryPointMatchesTheFiles) {
+  json cfg = base_config();
+  cfg["eos_token_id"] = 2;
+  auto from_text = parse_hf_config_json(cfg.dump(), "cfg");
+  ASSERT_TRUE(from_text.ok()) << from_text.status().to_string();
+  const ModelConfig from_file = parse_ok(cfg);
+  EXPECT_EQ(from_text->dim, from_file.dim);
+  EXPECT_EQ(from_text->num_kv_heads, from_file.num_kv_heads);
+  EXPECT_EQ(from_text->max_seq_len, from_file.max_seq_len);
+  EXPECT_EQ(from_text->eos_token_ids, from_file.eos_token_ids);
+  EXPECT_EQ(from_text->bos_token_id, from_file.bos_token_id);
+
+  auto with_gen = parse_hf_config_json(cfg.dump(), "cfg", R"({"eos_token_id": [5, 7]})", "gen");
+  ASSERT_TRUE(with_gen.ok()) << with_gen.status().to_string();
+  EXPECT_EQ(with_gen->eos_token_ids, (std::vector<int32_t>{5, 7}));
+
+  auto bad_gen = parse_hf_config_json(cfg.dump(), "cfg", "[", "gen");
+  ASSERT_FALSE(bad_gen.ok());
+  EXPECT_EQ(bad_gen.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad_gen.status().message().rfind("gen: bad JSON", 0), 0u) << bad_gen.status().message();
+  auto not_object = parse_hf_config_json(cfg.dump(), "cfg", "3", "gen");
+  ASSERT_FALSE(not_object.ok());
+  EXPECT_EQ(not_object.status().message(), "gen: not a JSON object");
+
+  auto bad = parse_hf_config_json("{\"hidden_size\": ", "cfg");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message().rfind("cfg: bad JSON", 0), 0u) << bad.status().message();
 }
 
 }  // namespace
