@@ -157,17 +157,23 @@ std::vector<float> rope_inv_freq(const ModelConfig& config) {
   return inv_freq;
 }
 
+namespace {
+
+// YaRN's attention factor in double: explicit, else HF's ratio of two mscales when both mscale
+// and mscale_all_dim are set (DeepSeek), else 0.1 ln(factor) + 1.
+double yarn_attention_factor(const RopeScaling& s) {
+  if (s.attention_factor) return *s.attention_factor;
+  if (s.mscale != 0.0 && s.mscale_all_dim != 0.0) {
+    return yarn_get_mscale(s.factor, s.mscale) / yarn_get_mscale(s.factor, s.mscale_all_dim);
+  }
+  return yarn_get_mscale(s.factor, 1.0);
+}
+
+}  // namespace
+
 float rope_attention_factor(const ModelConfig& config) {
   if (!config.rope_scaling || config.rope_scaling->type != RopeType::kYarn) return 1.0f;
-  const RopeScaling& s = *config.rope_scaling;
-  if (s.attention_factor) return static_cast<float>(*s.attention_factor);
-  // HF: the ratio of two mscales when both mscale and mscale_all_dim are set (DeepSeek), else
-  // 0.1 ln(factor) + 1.
-  if (s.mscale != 0.0 && s.mscale_all_dim != 0.0) {
-    return static_cast<float>(yarn_get_mscale(s.factor, s.mscale) /
-                              yarn_get_mscale(s.factor, s.mscale_all_dim));
-  }
-  return static_cast<float>(yarn_get_mscale(s.factor, 1.0));
+  return static_cast<float>(yarn_attention_factor(*config.rope_scaling));
 }
 
 Status validate_rope_scaling(const ModelConfig& c, const std::string& source) {
@@ -217,6 +223,17 @@ Status validate_rope_scaling(const ModelConfig& c, const std::string& source) {
       }
       if (s.attention_factor && !(std::isfinite(*s.attention_factor) && *s.attention_factor > 0)) {
         return bad("attention_factor", *s.attention_factor, "must be finite and > 0");
+      }
+      // The factor multiplies cos and sin in float, the logits by its square: both must be
+      // normal floats (an attention_factor of 1e39, or mscale 1e300 over mscale_all_dim 1e-300,
+      // was accepted and became inf).
+      if (const double af = yarn_attention_factor(s);
+          !(af >= std::sqrt(static_cast<double>(std::numeric_limits<float>::min())) &&
+            af <= std::sqrt(static_cast<double>(std::numeric_limits<float>::max())))) {
+        return bad(s.attention_factor ? "attention_factor" : "mscale",
+                   s.attention_factor ? *s.attention_factor : s.mscale,
+                   "gives an attention factor of " + num(af) +
+                       ": it and its square must be normal floats");
       }
       break;
   }

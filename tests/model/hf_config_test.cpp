@@ -279,6 +279,25 @@ TEST(HfConfigRope, Errors) {
        nullptr,
        invalid,
        "rope_parameters.rope_theta = 1e+300 is outside the range of a float"},
+      // An attention factor (or its square, the logits' scale) beyond a float: accepted, it
+      // became inf in rope_attention_factor (fuzz/hf_config_fuzz.cpp checks it stays finite).
+      {{{"rope_type", "yarn"}, {"factor", 2}, {"attention_factor", 1e39}},
+       nullptr,
+       invalid,
+       "rope yarn: attention_factor = 1e+39 gives an attention factor of 1e+39: it and its square "
+       "must be normal floats"},
+      {{{"rope_type", "yarn"}, {"factor", 2}, {"attention_factor", 1e20}},
+       nullptr,
+       invalid,
+       "attention_factor = 1e+20 gives"},
+      {{{"rope_type", "yarn"}, {"factor", 2}, {"attention_factor", 1e-20}},
+       nullptr,
+       invalid,
+       "attention_factor = 1e-20 gives"},
+      {{{"rope_type", "yarn"}, {"factor", 2}, {"mscale", 1e300}, {"mscale_all_dim", 1e-300}},
+       nullptr,
+       invalid,
+       "rope yarn: mscale = 1e+300 gives an attention factor of 6.931471806e+298"},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.needle);
