@@ -3,7 +3,9 @@
 
 Seeds are made small (a fuzzer mutates a 4 KB input far faster than a 7 MB one) but stay valid:
 safetensors files keep a few tensors back to back, tokenizer.json files keep a slice of the vocab
-with the merges that stay inside it, configs are the shipped ones.
+with the merges that stay inside it, configs are the shipped ones. HF config.json seeds are the
+shared models' (with their generation_config.json after a NUL byte) and variants of them; HTTP
+requests and request traces are written here.
 usage: fuzz_seeds.py --models DIR --configs DIR --out DIR
 """
 import argparse, glob, json, os, struct, sys
@@ -121,11 +123,105 @@ def config_seeds():
         put("config_yaml", os.path.basename(path), open(path, "rb").read())
 
 
+def hf_config_seeds():
+    # hf_config_fuzz: config.json, optionally followed by a NUL byte and generation_config.json.
+    files = sorted(glob.glob(os.path.join(a.models, "**", "config.json"), recursive=True))
+    for i, path in enumerate(files):
+        text = open(path, "rb").read()
+        put("hf_config", f"{i}", text)
+        gen = os.path.join(os.path.dirname(path), "generation_config.json")
+        if os.path.exists(gen):
+            put("hf_config", f"{i}_gen", text + b"\0" + open(gen, "rb").read())
+    # Variants that reach the RoPE forms, layer types and sliding windows.
+    base = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 32, "max_position_embeddings": 64, "eos_token_id": [2, 3]}
+    variants = {
+        "llama3": {"rope_theta": 500000.0, "rope_scaling": {
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}},
+        "yarn": {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                     "original_max_position_embeddings": 16}},
+        "yarn_mscale": {"rope_scaling": {"type": "yarn", "factor": 4.0, "mscale": 0.707,
+                                         "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1,
+                                         "original_max_position_embeddings": 16},
+                        "rope_theta": 10000.0},
+        "yarn_attention": {"rope_scaling": {"rope_type": "yarn", "factor": 2.0,
+                                            "attention_factor": 1.25,
+                                            "original_max_position_embeddings": 32}},
+        "linear": {"rope_scaling": {"type": "linear", "factor": 2.0}},
+        "dynamic": {"rope_scaling": {"type": "dynamic", "factor": 2.0}},
+        "qwen2_sliding": {"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True,
+                          "sliding_window": 16, "max_window_layers": 1,
+                          "layer_types": ["full_attention", "sliding_attention"]},
+        "mistral_window": {"architectures": ["MistralForCausalLM"], "sliding_window": 8,
+                           "head_dim": 16, "tie_word_embeddings": True},
+        "model_type": {"architectures": None, "model_type": "qwen2", "bos_token_id": None},
+    }
+    for name, extra in variants.items():
+        put("hf_config", f"variant_{name}", json.dumps(dict(base, **extra), indent=2))
+
+
+def metrics_http_seeds():
+    # metrics_http_fuzz: what a client sends the /metrics listener, answered and not.
+    requests = [
+        b"GET /metrics HTTP/1.1\r\nHost: localhost:9090\r\nUser-Agent: Prometheus/2.48.0\r\n"
+        b"Accept: text/plain;version=0.0.4;q=1,*/*;q=0.1\r\nAccept-Encoding: gzip\r\n\r\n",
+        b"HEAD /metrics HTTP/1.0\r\n\r\n",
+        b"GET /metrics?name[]=up HTTP/1.1\n\n",
+        b"GET http://127.0.0.1:9090/metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        b"\r\nGET /metrics HTTP/1.1\r\n\r\n",
+        b"GET /metrics HTTP/1.1\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+        b"GET /metrics\r\n\r\n",
+        b"GET /metrics SPDY/3\r\n\r\n",
+        b"\x16\x03\x01garbage\r\n\r\n",
+        b"GET /metr",
+        b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 9000 + b"\r\n\r\n",
+    ]
+    for i, r in enumerate(requests):
+        put("metrics_http", f"{i}", r)
+
+
+def trace_seeds():
+    # trace_fuzz: a phased trace as kvm::make_phased_trace writes it (Poisson arrivals per class,
+    # a spike of long prompts), plus hand-written lines (blank, CRLF, no class, errors).
+    import math, random
+    rng = random.Random(1)
+    length = lambda m: rng.randint(max(1, m // 2), m + m // 2)
+    reqs = []
+    for cls, rate, prompt, output, t0, t1 in [("interactive", 4, 32, 32, 0, 3000),
+                                              ("batch", 0.5, 128, 64, 0, 1000),
+                                              ("batch", 6, 384, 96, 1000, 2000),
+                                              ("batch", 0.5, 128, 64, 2000, 3000)]:
+        t = t0
+        while True:
+            t += -math.log(rng.random() or 0.5) * 1000.0 / rate
+            if t >= t1:
+                break
+            reqs.append({"arrival_ms": round(t, 3), "prompt_tokens": length(prompt),
+                         "output_tokens": length(output), "class": cls})
+    reqs.sort(key=lambda r: r["arrival_ms"])
+    lines = [json.dumps(r, separators=(",", ":"), sort_keys=True) for r in reqs]
+    put("trace", "phased", "\n".join(lines) + "\n")
+    put("trace", "mixed", '{"arrival_ms": 0, "prompt_tokens": 10, "output_tokens": 5, '
+        '"class": "voice"}\r\n\n   \r\n{"arrival_ms": 12.5, "prompt_tokens": 3.0, '
+        '"output_tokens": 1, "class": null}\n')
+    put("trace", "unknown_field", lines[0] + "\n" + '{"arrival_ms": 1, "prompt_tokens": 2, '
+        '"output_tokens": 1, "clas": "x"}\n')
+    put("trace", "duplicate_key", '{"arrival_ms": 5, "prompt_tokens": 3, "output_tokens": 2, '
+        '"arrival_ms": 7}\n')
+
+
 safetensors_seeds()
 tokenizer_seeds()
 tokenizer_bin_seeds()
 encode_seeds()
 request_seeds()
 config_seeds()
+hf_config_seeds()
+metrics_http_seeds()
+trace_seeds()
 for kind in sorted(os.listdir(a.out)):
     print(f"fuzz_seeds: {kind}: {len(os.listdir(os.path.join(a.out, kind)))} seeds", file=sys.stderr)
