@@ -24,15 +24,33 @@ py=python3
 if [[ -x /usr/bin/python3 ]]; then py=/usr/bin/python3; fi
 $py scripts/fuzz_seeds.py --models "$models" --configs configs --proto-dir proto --out "$corpus"
 
+# One target per core at once (each libFuzzer run is single-threaded); reports in target order.
+parallel=${FUZZ_JOBS:-$(nproc)}
+run_target() {
+  local t=$1 name=${1%_fuzz}
+  if (cd "$dir" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+      "./fuzz/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=1048576 \
+        -print_final_stats=1 "corpus/$name" 2>"$t.log"); then
+    echo ok >"$dir/$t.status"
+  else
+    echo failed >"$dir/$t.status"
+  fi
+}
+for t in $targets; do
+  rm -f "$dir/$t.status"
+  mkdir -p "$corpus/${t%_fuzz}"
+  ls "$corpus/${t%_fuzz}" | wc -l >"$dir/$t.seeds"
+  while (($(jobs -rp | wc -l) >= parallel)); do wait -n || true; done
+  run_target "$t" &
+done
+wait
+
 status=0
 for t in $targets; do
   name=${t%_fuzz}
-  mkdir -p "$corpus/$name"
-  echo "=== $t: ${secs}s on $(ls "$corpus/$name" | wc -l) seeds"
-  if ! (cd "$dir" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-        "./fuzz/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=1048576 \
-          -print_final_stats=1 "corpus/$name" 2>"$t.log"); then
+  echo "=== $t: ${secs}s on $(cat "$dir/$t.seeds") seeds"
+  if [[ "$(cat "$dir/$t.status" 2>/dev/null)" != ok ]]; then
     echo "$t FAILED; its log:"
     tail -60 "$dir/$t.log"
     status=1
