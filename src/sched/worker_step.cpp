@@ -45,6 +45,9 @@ bool Worker::step() {
   if (batch_.steps.empty() && release_youngest_waiting(t0)) schedule(t0);
   if (batch_.steps.empty()) {
     compact(t0);  // preemptions of a step that ends up empty
+    // An idle step keeps blocks free ahead of need too (kv.prefix_spill_ahead): the pages a
+    // handoff gave back to a disaggregated prefill worker's cache spill while nothing else runs.
+    pool_->spill_prefix_ahead();
     publish_stats();
     return false;
   }
