@@ -398,6 +398,11 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(f.log_level));
 
   if (!f.check_config.empty()) {
+    // Two files would leave which one was checked to a guess: the check reads only its own.
+    if (app.count("--config") > 0) {
+      std::cerr << "kvsplit-server: --check-config FILE checks FILE; give it without --config\n";
+      return 2;
+    }
     auto c = config::load_config_file(f.check_config);
     if (!c.ok()) {
       std::cerr << "kvsplit-server: " << c.status().message() << "\n";

@@ -176,6 +176,13 @@ TEST_F(AdminTest, BadConfigExitsNonZeroNamingTheField) {
   auto [code4, out4] = run_command(std::string(KVSPLIT_SERVER_BIN) + " --check-config " +
                                    KVSPLIT_SOURCE_DIR + "/configs/voice-assistant.yaml");
   EXPECT_EQ(code4, 0) << out4;
+  // With --config beside it, which file was checked would be a guess: refused (--config was
+  // ignored, and a broken one passed).
+  auto [code4b, out4b] =
+      run_command(std::string(KVSPLIT_SERVER_BIN) + " --check-config " + KVSPLIT_SOURCE_DIR +
+                  "/configs/voice-assistant.yaml --config " + bad);
+  EXPECT_EQ(code4b, 2);
+  EXPECT_NE(out4b.find("give it without --config"), std::string::npos) << out4b;
   // Strict YAML through the binary (a duplicate key used to pass --check-config).
   const std::string dup = write("dup.yaml", "seed: 1\nseed: 2\n");
   auto [code5, out5] = run_command(std::string(KVSPLIT_SERVER_BIN) + " --check-config " + dup);
