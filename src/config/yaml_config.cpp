@@ -123,11 +123,19 @@ class MapReader {
   }
   // The key is written, with a value or without one (get() then names it).
   bool present(const std::string& key) const { return static_cast<bool>(cnode()[key]); }
+  // A section (mapping or list) or a value read by hand; one written with no value (`api_keys:`,
+  // `rules:`) is an error at finish(), as get()'s are: read as absent, an empty templated
+  // `api_keys:` meant no authentication and `rules:` no KVM.
   YAML::Node child(const std::string& key) {
     seen_.insert(key);
-    return cnode()[key];
+    YAML::Node n = cnode()[key];
+    if (n && n.IsNull() && empty_child_.empty()) empty_child_ = key;
+    return n;
   }
   Status finish() const {
+    if (!empty_child_.empty())
+      return field_error(join(path_, empty_child_),
+                         "has no value (remove the key to take the default, or give one)");
     for (const auto& kv : node_) {
       std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "?";
       if (!seen_.count(key)) return field_error(join(path_, key), "unknown key");
@@ -142,6 +150,7 @@ class MapReader {
   YAML::Node node_;
   std::string path_;
   std::set<std::string> seen_;
+  std::string empty_child_;  // the first key child() found written with no value
 };
 
 Status read_model(const YAML::Node& n, Config* c) {

@@ -225,6 +225,14 @@ TEST(ConfigTest, BadValuesNameTheField) {
                "sla_classes.voice.kv.semantic_threshold: has no value");
   expect_error("sla_classes:\n  voice: {max_ttft_ms: ~}\n",
                "sla_classes.voice.max_ttft_ms: has no value");
+  // Sections too: an empty templated `api_keys:` meant no authentication, `rules:` no KVM.
+  expect_error("server: {api_keys: }\n", "server.api_keys: has no value");
+  expect_error("server:\n  tls:\n", "server.tls: has no value");
+  expect_error("kvm:\n  rules:\n", "kvm.rules: has no value");
+  expect_error("kv: {disk: ~, block_size: 16}\n", "kv.disk: has no value");
+  expect_error("kv: {cuts: {semantic: null}}\n", "kv.cuts.semantic: has no value");
+  expect_error("sla_classes:\n", "sla_classes: has no value");
+  expect_error("model:\n", "model: has no value");
 }
 
 TEST(ConfigTest, UnknownKeysAreErrors) {
