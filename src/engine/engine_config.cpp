@@ -60,6 +60,11 @@ Status validate_engine_config(const EngineConfig& c) {
                ("a divisor of block_size " + std::to_string(c.block_size)).c_str());
   if (!(c.kv_quant_fraction >= 0.0 && c.kv_quant_fraction <= 0.9))
     return bad("kv_quant_fraction", c.kv_quant_fraction, "in [0, 0.9]");
+  // Only the semantic cut has int8 / int4 arenas to give the share to (it was accepted and
+  // ignored under the other policies).
+  if (c.kv_quant_fraction > 0.0 && c.kv_policy != KvPolicy::kSemantic)
+    return bad("kv_quant_fraction", c.kv_quant_fraction,
+               "0 unless kv_policy is semantic (the share goes to the int8 / int4 arenas)");
   if (c.kv_quant_fraction > 0.0 && c.kv_blocks_per_worker > 0)
     return bad("kv_quant_fraction", c.kv_quant_fraction,
                "0 when kv_blocks_per_worker is set (it splits kv_capacity_bytes)");

@@ -21,6 +21,21 @@ void expect_error(const std::string& yaml, const std::string& needle) {
       << "message '" << c.status().message() << "' lacks '" << needle << "'";
 }
 
+// kv.quant_fraction gives a share of the pool to the semantic cut's arenas: under another policy
+// it was accepted and ignored; the engine's checks (as --check-config runs them) refuse it.
+TEST(ConfigTest, QuantFractionNeedsTheSemanticCut) {
+  for (const char* policy : {"full", "streaming", "h2o"}) {
+    auto c = parse_config(std::string("kv: {policy: ") + policy + ", quant_fraction: 0.3}\n");
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    const Status st = validate_engine_config(c->engine);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << policy;
+    EXPECT_NE(st.message().find("kv_quant_fraction"), std::string::npos) << st.to_string();
+  }
+  auto ok = parse_config("kv: {policy: semantic, quant_fraction: 0.3}\n");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_TRUE(validate_engine_config(ok->engine).ok());
+}
+
 TEST(ConfigTest, EmptyDocumentGivesDefaults) {
   auto c = parse_config("");
   ASSERT_TRUE(c.ok()) << c.status().to_string();
