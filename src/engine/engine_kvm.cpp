@@ -167,8 +167,9 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
   // semantic ones are checked with the configuration they land in, below.
   if (!kvm::param_is_semantic(p)) KVSPLIT_RETURN_IF_ERROR(kvm::check_setting(p, d.after));
   if (kvm::param_is_semantic(p)) {
-    if (config_.kv_policy == KvPolicy::kFull) {
-      return failed_precondition("the semantic cut is off (kv_policy full)");
+    if (!kvm::semantic_param_acts(p, config_.kv_policy)) {
+      return failed_precondition(p + ": not read under the engine's kv_policy (" +
+                                 cuts::semantic::kv_policy_name(config_.kv_policy) + ")");
     }
     // A class's first override starts from the configured settings, not the engine-wide ones of
     // the moment: those may hold another rule's transient value, which the class would keep

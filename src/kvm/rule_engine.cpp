@@ -469,16 +469,34 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
   return out;
 }
 
+bool semantic_param_acts(std::string_view param, KvPolicy policy) {
+  switch (policy) {
+    case KvPolicy::kSemantic:
+      return true;
+    case KvPolicy::kH2O:
+      return param == "semantic_window" || param == "score_interval" || param == "recent_tokens";
+    case KvPolicy::kStreaming:
+      return param == "recent_tokens";
+    default:
+      return false;
+  }
+}
+
 Status validate_rules_for_engine(const KvmConfig& policy, const EngineConfig& config) {
   for (size_t i = 0; i < policy.rules.size(); ++i) {
     const KvmRule& r = policy.rules[i];
     const std::string where = rule_where(policy, i) + ": then";
-    if (param_is_semantic(r.then.param) && config.kv_policy != KvPolicy::kSemantic &&
-        config.kv_policy != KvPolicy::kH2O) {
+    if (param_is_semantic(r.then.param) && !semantic_param_acts(r.then.param, config.kv_policy)) {
       return invalid_argument(
-          where + ": " + r.then.param +
-          " needs the semantic cut on (kv.kv_cache_compression semantic_v2, or kv.policy "
-          "semantic or h2o); it is off");
+          where + ": " + r.then.param + " is not read under kv.policy " +
+          std::string(config.kv_policy == KvPolicy::kFull        ? "full"
+                      : config.kv_policy == KvPolicy::kStreaming ? "streaming"
+                                                                 : "h2o") +
+          (config.kv_policy == KvPolicy::kFull
+               ? " (the semantic cut is off: kv.kv_cache_compression semantic_v2, or kv.policy "
+                 "semantic)"
+               : " (semantic reads every semantic parameter; h2o semantic_window, "
+                 "score_interval and recent_tokens; streaming recent_tokens)"));
     }
     if ((r.then.param == "spatial_min_context" || r.then.param == "migrate_to_shard") &&
         config.spatial.shards <= 1) {

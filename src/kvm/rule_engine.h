@@ -50,8 +50,14 @@ Status validate_rules(const KvmConfig& policy, const std::vector<std::string>& c
 // How errors name rule i of `policy`: "kvm.rules[i] (name)", or for a rule of its rules_file
 // "kvm.rules_file <path>: rules[j] (name)".
 std::string rule_where(const KvmConfig& policy, size_t i);
-// Checks that the rules' actions have a cut to act on in `config` (a semantic parameter needs
-// kv_policy semantic or h2o; spatial_min_context and migrate_to_shard need spatial shards > 1);
+// Whether the KV policy reads the semantic parameter `param` (param_is_semantic): semantic reads
+// all; h2o its scoring and window (semantic_window, score_interval, recent_tokens); streaming
+// recent_tokens; full none. A rule on one the policy does not read would be logged as applied
+// and change nothing.
+bool semantic_param_acts(std::string_view param, KvPolicy policy);
+// Checks that the rules' actions have a cut to act on in `config` (a semantic parameter one the
+// policy reads, semantic_param_acts; spatial_min_context and migrate_to_shard need spatial
+// shards > 1);
 // kInvalidArgument naming the rule. The engine checks this at start and on a policy reload, and
 // `kvsplit policy simulate` before it runs.
 Status validate_rules_for_engine(const KvmConfig& policy, const EngineConfig& config);

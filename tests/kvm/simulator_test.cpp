@@ -147,7 +147,7 @@ TEST(Simulator, DecisionsTheEngineRefusesAreRefused) {
 }
 
 // Rules on a cut that is off are refused before the run, with the engine's start-up error,
-// whatever the value: a semantic parameter under kv_policy full or streaming, spatial_min_context
+// whatever the value: a semantic parameter the KV policy does not read, spatial_min_context
 // or migrate_to_shard without shards.
 TEST(Simulator, RulesOnACutThatIsOffAreRefusedBeforeTheRun) {
   const auto trace = uniform_trace(48, 2, 512, 192);
@@ -157,11 +157,16 @@ TEST(Simulator, RulesOnACutThatIsOffAreRefusedBeforeTheRun) {
     std::string error;
   } cases[] = {{KvPolicy::kFull,
                 {"semantic_threshold", KvmActionOp::kSet, 0.5},
-                "kvm.rules[0] (hot): then: semantic_threshold needs the semantic cut on "
-                "(kv.kv_cache_compression semantic_v2, or kv.policy semantic or h2o)"},
+                "kvm.rules[0] (hot): then: semantic_threshold is not read under kv.policy full "
+                "(the semantic cut is off"},
                {KvPolicy::kStreaming,
-                {"recent_tokens", KvmActionOp::kSet, 16},
-                "recent_tokens needs the semantic cut on"},
+                {"score_interval", KvmActionOp::kSet, 2},
+                "score_interval is not read under kv.policy streaming"},
+               // H2O reads its scoring and window, not the ladder's thresholds (a rule on one
+               // was logged as applied and changed nothing).
+               {KvPolicy::kH2O,
+                {"semantic_threshold", KvmActionOp::kSet, 0.5},
+                "semantic_threshold is not read under kv.policy h2o"},
                {KvPolicy::kSemantic,
                 {"spatial_min_context", KvmActionOp::kSet, 64},
                 "spatial_min_context needs kv.cuts.spatial.shards > 1"},
@@ -184,6 +189,17 @@ TEST(Simulator, RulesOnACutThatIsOffAreRefusedBeforeTheRun) {
     EXPECT_EQ(got.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(got.status().message().find(c.error), std::string::npos) << got.status().message();
   }
+  // Streaming reads recent_tokens (its window): a rule on it runs.
+  EngineConfig streaming = pressure_config();
+  streaming.kv_policy = KvPolicy::kStreaming;
+  streaming.kvm.enabled = true;
+  KvmRule r = raise_threshold_rule();
+  r.then = {"recent_tokens", KvmActionOp::kSet, 16};
+  r.min = KvmRule{}.min;
+  r.max = KvmRule{}.max;
+  streaming.kvm.rules = {r};
+  auto ran = simulate(streaming, test_profile(), trace);
+  EXPECT_TRUE(ran.ok()) << ran.status().to_string();
 }
 
 // A class's semantic values start from the configured settings, as in the engine, not from the
