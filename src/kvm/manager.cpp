@@ -31,8 +31,23 @@ void KvCacheManager::open_log() {
 }
 
 void KvCacheManager::reload(KvmConfig config) {
+  const bool was_enforcing = config_.mode == KvmMode::kEnforce;
   config_ = std::move(config);
   rules_.reload(config_.rules);
+  // Switched to dry-run, the rules still active entered under enforce: their changes are in
+  // place, so their exits are still applied (the values come back) and nothing else is. Back to
+  // enforce, every rule acts again.
+  if (config_.mode == KvmMode::kEnforce) {
+    enforced_active_.clear();
+  } else {
+    std::set<std::string> still;
+    for (size_t i = 0; i < rules_.rules().size(); ++i) {
+      const std::string& name = rules_.rules()[i].name;
+      if (rules_.state(i).active && (was_enforcing || enforced_active_.count(name)))
+        still.insert(name);
+    }
+    enforced_active_ = std::move(still);
+  }
   monitor_.latency().set_window_ms(config_.window_ms);
   // Reopened on every reload, the same path too: SIGHUP after a log rotation moves it to the new
   // file, and a log that failed is tried again.
@@ -78,9 +93,12 @@ std::vector<KvmDecision> KvCacheManager::tick(double now_ms, const EngineStats& 
   // (what enforce would do), though nothing moves.
   auto apply = [&](KvmDecision& d) {
     const bool no_op = decision_is_no_op(d);
-    if (config_.mode == KvmMode::kEnforce && no_op) {
+    const bool exits = d.action == "exit" || d.action == "exit-keep";
+    const bool enforce =
+        config_.mode == KvmMode::kEnforce || (exits && enforced_active_.count(d.rule) > 0);
+    if (enforce && no_op) {
       d.applied = true;
-    } else if (config_.mode == KvmMode::kEnforce && actuator_ != nullptr) {
+    } else if (enforce && actuator_ != nullptr) {
       const auto a0 = std::chrono::steady_clock::now();
       const Status st = actuator_->apply(d);
       actuate_ms +=
@@ -98,7 +116,8 @@ std::vector<KvmDecision> KvCacheManager::tick(double now_ms, const EngineStats& 
     }
     if (d.applied && actuator_ != nullptr && !d.sla_class.empty() && param_is_semantic(d.param))
       adopt_class_settings(d.sla_class);
-    return d.applied || config_.mode != KvmMode::kEnforce;
+    if (exits && d.applied) enforced_active_.erase(d.rule);
+    return d.applied || !enforce;
   };
   std::vector<KvmDecision> decisions = rules_.evaluate(last_, params_, apply);
   for (KvmDecision& d : decisions) {

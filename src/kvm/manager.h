@@ -9,6 +9,7 @@
 #include <deque>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -88,6 +89,8 @@ class KvCacheManager {
   double tick_ms_total_ = 0;
   double actuate_ms_total_ = 0;
   int64_t ticks_ = 0;
+  // Rules active when the policy was switched from enforce to dry-run: their exits are applied.
+  std::set<std::string> enforced_active_;
 };
 
 // The decision as one JSON object (the decision log's line), with the key monitors of `snap`.

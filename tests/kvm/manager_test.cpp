@@ -141,6 +141,37 @@ TEST(KvCacheManager, DryRunCallsNothingAndMovesNothing) {
   EXPECT_NEAR(m.params().get("semantic_threshold", ""), 0.15, 1e-9);
 }
 
+// A policy switched from enforce to dry-run (SIGHUP) while a rule is active: the rule's change is
+// in place, so its exit is still applied and the value comes back; nothing else is applied. The
+// exit was logged unapplied and the value stayed for good.
+TEST(KvCacheManager, AnEnforcedRuleStillRestoresItsValueAfterASwitchToDryRun) {
+  FakeActuator act;
+  KvCacheManager m(policy(KvmMode::kEnforce), baseline(), &act);
+  ASSERT_EQ(m.tick(0, stats_at(95), {}).size(), 1u);  // enter: 0.15 -> 0.20, applied
+  ASSERT_EQ(act.applied.size(), 1u);
+  m.reload(policy(KvmMode::kDryRun));  // the same rule keeps its state
+  std::vector<KvmDecision> ds = m.tick(150, stats_at(95), {});
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "repeat");
+  EXPECT_FALSE(ds[0].applied);
+  ds = m.tick(300, stats_at(70), {});
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "exit");
+  EXPECT_TRUE(ds[0].applied);
+  ASSERT_EQ(act.applied.size(), 2u);
+  EXPECT_NEAR(act.applied[1].after, 0.15, 1e-9);
+  EXPECT_NEAR(m.params().get("semantic_threshold", ""), 0.15, 1e-9);
+  // Dry-run from then on: a new enter is logged only.
+  ds = m.tick(450, stats_at(95), {});
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_FALSE(ds[0].applied);
+  EXPECT_EQ(act.applied.size(), 2u);
+  ds = m.tick(600, stats_at(70), {});
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_FALSE(ds[0].applied);  // its enter was never applied: nothing to restore
+  EXPECT_EQ(act.applied.size(), 2u);
+}
+
 TEST(KvCacheManager, RefusedActionIsRecordedAndLeavesTheTable) {
   FakeActuator act;
   act.refuse = true;
