@@ -212,6 +212,10 @@ double apply_action(const KvmRule& r, double before) {
   if (const std::optional<ParamRange> range = param_range(r.then.param);
       range && range->zero_is_off && before == 0 && r.then.op != KvmActionOp::kSet)
     return 0;
+  // Likewise recall_wait_ms < 0 (wait until the copy lands) is above every bounded wait: `*= 2`
+  // from it was clamped to 0 (no wait at all) and `+= 5` gave 5 ms. Only `=` bounds it.
+  if (r.then.param == "recall_wait_ms" && before < 0 && r.then.op != KvmActionOp::kSet)
+    return before;
   double v = before;
   switch (r.then.op) {
     case KvmActionOp::kSet:

@@ -233,6 +233,35 @@ TEST(RuleEngineTest, NoCapStaysOffUnderRelativeActions) {
   EXPECT_EQ(d[0].after, 32);
 }
 
+// recall_wait_ms < 0 is "until the copy lands", above every bounded wait: *= 2 from it was clamped
+// to 0 (no wait) and += 5 gave 5 ms; relative actions leave it, and only `=` bounds it.
+TEST(RuleEngineTest, AnUnboundedRecallWaitStaysUnboundedUnderRelativeActions) {
+  KvmSnapshot s;
+  s.classes.push_back({});
+  s.classes[0].name = "default";
+  s.classes[0].ttft_p99_ms = 500;
+  for (const char* action : {"recall_wait_ms *= 2", "recall_wait_ms += 5", "recall_wait_ms -= 1"}) {
+    RuleEngine engine({rule("r", "ttft_p99_ms > 100", "ttft_p99_ms < 50", action, 0)});
+    ParamTable table;
+    table.set("recall_wait_ms", "", -1);
+    const auto d = engine.evaluate(s, table);
+    ASSERT_EQ(d.size(), 1u) << action;
+    EXPECT_EQ(d[0].after, -1) << action;
+  }
+  RuleEngine set({rule("r", "ttft_p99_ms > 100", "ttft_p99_ms < 50", "recall_wait_ms = 4", 0)});
+  ParamTable table;
+  table.set("recall_wait_ms", "", -1);
+  const auto d = set.evaluate(s, table);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].after, 4);
+  // From a bounded wait, relative actions move it as before.
+  RuleEngine twice({rule("r", "ttft_p99_ms > 100", "ttft_p99_ms < 50", "recall_wait_ms *= 2", 0)});
+  table.set("recall_wait_ms", "", 3);
+  const auto d2 = twice.evaluate(s, table);
+  ASSERT_EQ(d2.size(), 1u);
+  EXPECT_EQ(d2[0].after, 6);
+}
+
 TEST(RuleEngineTest, PerClassRuleMovesOnlyItsClass) {
   KvmRule r = rule("voice-slow", "ttft_p99_ms[voice] > 250", "ttft_p99_ms[voice] < 150",
                    "semantic_threshold += 0.1", 0);
