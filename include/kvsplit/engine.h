@@ -50,6 +50,7 @@ struct SlaClass {
   // this class across the worker's shards, false keeps them on the home shard while it has room;
   // unset: by EngineConfig::spatial.min_context. Without shards it changes nothing.
   std::optional<bool> spread;
+  bool operator==(const SlaClass&) const = default;
 };
 
 enum class ServingMode : uint8_t {
@@ -150,8 +151,9 @@ struct EngineConfig {
   // and disk tier (temporal.disk_path), which prefill workers then get too, and come back on a
   // hit.
   bool prefix_cache = false;
-  // Prefix cache spill-ahead: between steps, each prefilling worker keeps this many KV blocks
-  // free by copying its cache's least recently used pages to free host-tier slots ahead of need
+  // Prefix cache spill-ahead: at the end of every step (idle ones included), each worker with a
+  // prefix cache (decode workers too) keeps this many KV blocks free by copying its cache's least
+  // recently used pages to free host-tier slots ahead of need
   // (asynchronously where the backend copies so), so an allocation rarely waits for a spill. 0:
   // off (pages spill when an allocation needs their block). Needs a host tier. In [0, 16777216].
   int32_t prefix_spill_ahead_blocks = 0;

@@ -74,6 +74,7 @@ struct SemanticCutConfig {
   // times the summary bytes. Per pool (as host_capacity_mb); divides the block size; [1, 1024].
   int32_t summary_parts = 1;
   int32_t heavy_tokens = 64;  // kH2O only: tokens kept beyond sinks and recent (pages, rounded up)
+  bool operator==(const SemanticCutConfig&) const = default;
 };
 
 // The temporal cut (kv-cuts.md §3): how a sequence preempted under memory pressure keeps its KV.

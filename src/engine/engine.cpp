@@ -72,6 +72,7 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
       if (w->role() != sched::WorkerRole::kDecode) w->wake();
     }
   });
+  e->given_classes_ = config.sla_classes;
   e->shared_.router = e->router_.get();
   e->shared_.sink = e.get();
   for (const SlaClass& c : config.sla_classes) e->class_stats_.push_back(SlaClassStats{c.name});
@@ -533,7 +534,19 @@ Status EngineImpl::update_sla_classes(std::vector<SlaClass> classes) {
     }
     class_stats_ = std::move(next);
   }
-  router_->set_classes(std::move(classes));
+  // A class given exactly as before (a SIGHUP to rotate the decision log, an edit elsewhere in
+  // the file) keeps the settings the KV cache manager moved on it; a changed or new class takes
+  // the values given.
+  std::vector<SlaClass> applied = classes;
+  const std::vector<SlaClass> in_force = router_->classes();
+  for (SlaClass& c : applied) {
+    if (std::find(given_classes_.begin(), given_classes_.end(), c) == given_classes_.end())
+      continue;
+    for (const SlaClass& now : in_force)
+      if (now.name == c.name) c = now;
+  }
+  given_classes_ = std::move(classes);
+  router_->set_classes(std::move(applied));
   // The manager's table and its rules' restore values follow the operator's new class settings
   // (else its next decision starts from, and its exit restores, the old ones).
   if (kvm_) {

@@ -124,6 +124,9 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   EngineConfig config_;
   std::unique_ptr<model::LoadedModel> loaded_;  // outlives the workers (weights, tokenizer)
   std::unique_ptr<sched::Router> router_;
+  // The SLA classes as the operator last gave them (create, update_sla_classes), before the KV
+  // cache manager moved any setting: a reload compares the new ones with these.
+  std::vector<SlaClass> given_classes_;
   sched::WorkerShared shared_;
   std::vector<std::unique_ptr<sched::Worker>> workers_;  // prefill workers first
   sched::AdmissionLimits limits_;

@@ -353,6 +353,42 @@ TEST(EngineKvm, NoManagerStartsAfterShutdown) {
 
 // An integer setting a rule moves is checked against its range before it is narrowed: an
 // unbounded "max_queue *= 1000" is refused (the class keeps its queue), not wrapped or taken.
+// A reload that gives a class unchanged (a SIGHUP to rotate the decision log) keeps the setting
+// the manager moved on it (it went back to the file's, the rule still active); a class whose
+// settings changed takes the new values.
+TEST(EngineKvm, AnUnchangedClassKeepsWhatTheManagerMovedAcrossAReload) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig c = testing::stories_config(ServingMode::kColocated);
+  SlaClass batch;
+  batch.name = "batch";
+  batch.max_queue = 64;
+  c.sla_classes.push_back(batch);
+  c.kvm.enabled = true;
+  c.kvm.interval_ms = 10;
+  c.kvm.rules = {once_rule("halve", {"max_queue", KvmActionOp::kMul, 0.5}, "batch")};
+  auto e = EngineImpl::create(c);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  ASSERT_TRUE(wait_for_decision(
+      **e, [](const KvmDecision& d) { return d.param == "max_queue" && d.applied; }));
+  auto queue_of = [&](const std::string& name) {
+    for (const SlaClass& k : (*e)->sla_classes())
+      if (k.name == name) return k.max_queue;
+    return -1;
+  };
+  EXPECT_EQ(queue_of("batch"), 32);
+  ASSERT_TRUE((*e)->update_sla_classes(c.sla_classes).ok());  // the same classes again
+  EXPECT_EQ(queue_of("batch"), 32);
+  EXPECT_DOUBLE_EQ(param_value((*e)->stats(), "max_queue", "batch"), 32);
+  std::vector<SlaClass> edited = c.sla_classes;
+  edited[1].max_queue = 100;
+  ASSERT_TRUE((*e)->update_sla_classes(edited).ok());
+  EXPECT_EQ(queue_of("batch"), 100);
+  EXPECT_DOUBLE_EQ(param_value((*e)->stats(), "max_queue", "batch"), 100);
+  // Given unchanged again after that edit: it keeps 100 (nothing moved it since).
+  ASSERT_TRUE((*e)->update_sla_classes(edited).ok());
+  EXPECT_EQ(queue_of("batch"), 100);
+}
+
 TEST(EngineKvm, IntegerSettingsOutOfRangeAreRefusedNotWrapped) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig c = testing::stories_config(ServingMode::kColocated);
