@@ -69,16 +69,23 @@ void add_cut_options(CLI::App* app, CutFlags& f) {
 
 void warn_ignored_cut_flags(const CLI::App& app, cuts::semantic::KvPolicy policy) {
   using cuts::semantic::KvPolicy;
+  // The ladder's flags (the semantic cut's alone), the scoring ones (semantic and h2o), the
+  // window (every policy but full) and h2o's budget.
+  const std::string ladder =
+      given_flags(app, {"--semantic-threshold", "--evict-threshold", "--recall-threshold",
+                        "--recall-precision", "--max-recalls-per-step", "--recall-wait-ms",
+                        "--demote-after-steps", "--evict-after-steps", "--summary-parts"});
+  const std::string scoring = given_flags(app, {"--semantic-window", "--score-interval"});
+  const std::string window = given_flags(app, {"--sink-tokens", "--recent-tokens"});
+  const std::string heavy = given_flags(app, {"--heavy-tokens"});
   std::string ignored;
-  if (policy == KvPolicy::kFull) {
-    ignored = given_flags(
-        app, {"--semantic-threshold", "--evict-threshold", "--recall-threshold",
-              "--recall-precision", "--max-recalls-per-step", "--recall-wait-ms",
-              "--demote-after-steps", "--evict-after-steps", "--semantic-window", "--sink-tokens",
-              "--recent-tokens", "--score-interval", "--summary-parts", "--heavy-tokens"});
-  } else if (policy != KvPolicy::kH2O) {
-    ignored = given_flags(app, {"--heavy-tokens"});
-  }
+  auto add = [&](const std::string& flags) {
+    if (!flags.empty()) ignored += (ignored.empty() ? "" : ", ") + flags;
+  };
+  if (policy != KvPolicy::kSemantic) add(ladder);
+  if (policy != KvPolicy::kSemantic && policy != KvPolicy::kH2O) add(scoring);
+  if (policy == KvPolicy::kFull) add(window);
+  if (policy != KvPolicy::kH2O) add(heavy);
   if (!ignored.empty())
     spdlog::warn("{}: no effect with --kv-policy {}", ignored,
                  cuts::semantic::kv_policy_name(policy));

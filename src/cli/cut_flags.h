@@ -21,8 +21,10 @@ struct CutFlags {
 };
 
 void add_cut_options(CLI::App* app, CutFlags& flags);
-// Warns on stderr about the cut flags given on `app` that `policy` does not read: every ladder and
-// window flag under full KV, --heavy-tokens under any policy but h2o.
+// Warns on stderr about the cut flags given on `app` that `policy` does not read: the ladder's
+// (thresholds, recall, summaries) under any policy but semantic, the scoring ones
+// (--semantic-window, --score-interval) under full and streaming, the sinks and recent window
+// under full, --heavy-tokens under any policy but h2o.
 void warn_ignored_cut_flags(const CLI::App& app, cuts::semantic::KvPolicy policy);
 
 struct ResolvedCut {

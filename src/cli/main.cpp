@@ -129,14 +129,21 @@ int run_generate(const CLI::App& gen, CommonFlags& cf, const GenerateFlags& gf) 
     p.ignore_eos = gf.ignore_eos;
     p.stop = gf.stop;
     p.seed = sampling::stream_seed(base_seed, i);
-    // As llama2.c's run.c caps its steps at the context: a --max-tokens the context cannot hold
-    // stops where it ends (finish_reason "length"); the server refuses such a request instead.
-    const int room = cfg.max_seq_len - static_cast<int>(inputs[i].prompt_ids.size()) + 1;
-    if (room > 0 && gf.max_tokens > room)
+  }
+  // As llama2.c's run.c caps its steps at the context: a --max-tokens given that the context
+  // cannot hold stops where it ends (finish_reason "length"), said once for the batch; the server
+  // refuses such a request instead. (The default 256 is a cap, not a request.)
+  if (gen.count("--max-tokens") > 0) {
+    int capped = 0, least = gf.max_tokens;
+    for (const sched::GenerationInput& in : inputs) {
+      const int room = cfg.max_seq_len - static_cast<int>(in.prompt_ids.size()) + 1;
+      if (room > 0 && gf.max_tokens > room) ++capped, least = std::min(least, room);
+    }
+    if (capped > 0)
       spdlog::warn(
-          "prompt {}: --max-tokens {} exceeds what the context of {} leaves after its {} prompt "
-          "tokens: at most {} tokens are generated",
-          i, gf.max_tokens, cfg.max_seq_len, inputs[i].prompt_ids.size(), room);
+          "--max-tokens {} exceeds what the context of {} leaves after the prompt in {} of {} "
+          "prompts: they generate at most {} tokens (the longest prompt's room)",
+          gf.max_tokens, cfg.max_seq_len, capped, inputs.size(), least);
   }
 
   const SwapMode swap = parse_swap_mode(gf.swap).value_or(SwapMode::kAuto);  // CLI-checked

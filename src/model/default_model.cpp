@@ -24,7 +24,7 @@ DefaultModel resolve_default_model() {
   return DefaultModel{"synthetic:stories260k", "",
                       "default model: stories260K not found in $KVSPLIT_MODELS, ./models or "
                       "../shared/models (scripts/download_models.sh fetches it); using "
-                      "synthetic:stories260k (random weights, byte tokenizer: output is noise)",
+                      "synthetic:stories260k (random weights: output is noise)",
                       true};
 }
 

@@ -263,6 +263,11 @@ TEST(CliTest, FlagsTheRunDoesNotReadAreNamedOnStderr) {
       {"--kv-policy streaming --heavy-tokens 8",
        "--heavy-tokens: no effect with --kv-policy streaming"},
       {"--kv-policy h2o --heavy-tokens 8", nullptr},
+      {"--kv-policy streaming --recent-tokens 16 --score-interval 2 --semantic-threshold 0.3",
+       "--semantic-threshold, --score-interval: no effect with --kv-policy streaming"},
+      {"--kv-policy h2o --score-interval 2 --evict-threshold 0.01",
+       "--evict-threshold: no effect with --kv-policy h2o"},
+      {"--kv-policy h2o --score-interval 2 --semantic-window 64 --recent-tokens 8", nullptr},
   };
   for (const auto& c : cases) {
     RunResult r = run(gen + c.flags);
@@ -297,10 +302,18 @@ TEST(CliTest, MaxTokensBeyondTheContextStopsThereAndSaysSo) {
   const size_t prompt = lines[0]["prompt_token_ids"].size();
   EXPECT_EQ(lines[0]["output_token_ids"].size(), 512 - prompt + 1);
   EXPECT_EQ(lines[0]["finish_reason"], "length");
-  EXPECT_NE(r.err.find("--max-tokens 1000 exceeds what the context of 512 leaves"),
+  EXPECT_NE(r.err.find("--max-tokens 1000 exceeds what the context of 512 leaves after the prompt "
+                       "in 1 of 1 prompts: they generate at most " +
+                       std::to_string(512 - prompt + 1)),
             std::string::npos)
       << r.err;
   r = run("generate " + model_args(false) + " --prompt Once --max-tokens 8 --json");
+  EXPECT_EQ(r.err.find("exceeds"), std::string::npos) << r.err;
+  // The default (256) is a cap, not a request: a prompt that leaves less room says nothing.
+  std::string long_prompt;  // ~350 tokens of the 512-token context
+  for (int i = 0; i < 35; ++i) long_prompt += "Once upon a time there was a dog. ";
+  r = run("generate " + model_args(false) + " --prompt " + quote(long_prompt) + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err.find("exceeds"), std::string::npos) << r.err;
 }
 
