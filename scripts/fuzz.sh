@@ -9,6 +9,11 @@ root=$(pwd)
 dir=${1:-build-fuzz}
 secs=${2:-30}
 models=${KVSPLIT_MODELS:-$root/../shared/models}
+parallel=${FUZZ_JOBS:-$(nproc)}
+if ! [[ $parallel =~ ^[1-9][0-9]*$ ]]; then
+  echo "fuzz.sh: FUZZ_JOBS must be a count >= 1, got '$parallel'" >&2
+  exit 2
+fi
 
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
   -DCMAKE_CXX_COMPILER=clang++ -DKVSPLIT_FUZZ=ON -DKVSPLIT_CUDA=OFF -DKVSPLIT_NATIVE=OFF \
@@ -25,7 +30,8 @@ if [[ -x /usr/bin/python3 ]]; then py=/usr/bin/python3; fi
 $py scripts/fuzz_seeds.py --models "$models" --configs configs --proto-dir proto --out "$corpus"
 
 # One target per core at once (each libFuzzer run is single-threaded); reports in target order.
-parallel=${FUZZ_JOBS:-$(nproc)}
+# Fuzzers still running when the script ends early (an error, a CI timeout) are stopped.
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
 run_target() {
   local t=$1 name=${1%_fuzz}
   if (cd "$dir" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \

@@ -493,9 +493,7 @@ Status validate_rules_for_engine(const KvmConfig& policy, const EngineConfig& co
     if (param_is_semantic(r.then.param) && !semantic_param_acts(r.then.param, config.kv_policy)) {
       return invalid_argument(
           where + ": " + r.then.param + " is not read under kv.policy " +
-          std::string(config.kv_policy == KvPolicy::kFull        ? "full"
-                      : config.kv_policy == KvPolicy::kStreaming ? "streaming"
-                                                                 : "h2o") +
+          kv_policy_name(config.kv_policy) +
           (config.kv_policy == KvPolicy::kFull
                ? " (the semantic cut is off: kv.kv_cache_compression semantic_v2, or kv.policy "
                  "semantic)"
