@@ -1,4 +1,5 @@
-// Builders of the rule-engine tests (rule_engine_test.cpp, rule_engine_retry_test.cpp).
+// Builders of the rule-engine tests (rule_engine_test.cpp, rule_engine_retry_test.cpp,
+// validate_rules_test.cpp).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -31,6 +32,14 @@ inline KvmRule rule(const std::string& name, const std::string& when, const std:
   if (e.ok()) r.exit = *e;
   if (a.ok()) r.then = *a;
   r.cooldown_ms = cooldown_ms;
+  return r;
+}
+
+// The design's example rule.
+inline KvmRule hot_rule() {
+  KvmRule r = rule("hot", "device_kv_use > 0.90", "device_kv_use < 0.80",
+                   "semantic_threshold += 0.05", 2000);
+  r.max = 0.4;
   return r;
 }
 
