@@ -22,18 +22,32 @@ void expect_error(const std::string& yaml, const std::string& needle) {
 }
 
 // kv.quant_fraction gives a share of the pool to the semantic cut's arenas: under another policy
-// it was accepted and ignored; the engine's checks (as --check-config runs them) refuse it.
+// it was accepted and ignored. The file's check refuses it naming the YAML's keys (the engine's
+// own check named EngineConfig.kv_quant_fraction, a field no operator writes).
 TEST(ConfigTest, QuantFractionNeedsTheSemanticCut) {
   for (const char* policy : {"full", "streaming", "h2o"}) {
-    auto c = parse_config(std::string("kv: {policy: ") + policy + ", quant_fraction: 0.3}\n");
-    ASSERT_TRUE(c.ok()) << c.status().to_string();
-    const Status st = validate_engine_config(c->engine);
-    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << policy;
-    EXPECT_NE(st.message().find("kv_quant_fraction"), std::string::npos) << st.to_string();
+    expect_error(std::string("kv: {policy: ") + policy + ", quant_fraction: 0.3}\n",
+                 std::string("kv.quant_fraction: must be 0 unless kv.policy is semantic (the "
+                             "share goes to the int8 / int4 arenas), got 0.3 with kv.policy ") +
+                     policy);
   }
+  expect_error("kv: {policy: semantic, quant_fraction: 0.3, blocks_per_worker: 100}\n",
+               "kv.quant_fraction: must be 0 when kv.blocks_per_worker is set");
   auto ok = parse_config("kv: {policy: semantic, quant_fraction: 0.3}\n");
-  ASSERT_TRUE(ok.ok());
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
   EXPECT_TRUE(validate_engine_config(ok->engine).ok());
+  // The engine's check stays for API users who build an EngineConfig in code.
+  EngineConfig api = ok->engine;
+  api.kv_policy = KvPolicy::kFull;
+  EXPECT_NE(validate_engine_config(api).message().find("kv_quant_fraction"), std::string::npos);
+}
+
+// The CUDA kernels are built for 16-token pages: the file's check says so under kv.block_size.
+TEST(ConfigTest, CudaNeedsSixteenTokenPages) {
+  expect_error("pools: {backend: cuda}\nkv: {block_size: 32}\n",
+               "kv.block_size: must be 16 on the cuda backend");
+  EXPECT_TRUE(parse_config("pools: {backend: cuda}\nkv: {block_size: 16}\n").ok());
+  EXPECT_TRUE(parse_config("pools: {backend: cpu}\nkv: {block_size: 32}\n").ok());
 }
 
 TEST(ConfigTest, EmptyDocumentGivesDefaults) {
