@@ -20,8 +20,10 @@ struct TlsConfig {
 };
 
 // Bytes of a request message kept for its fields other than the prompt (ids, stop strings,
-// sampling): a prompt of max_prompt_bytes always fits in max_message_bytes.
-inline constexpr int32_t kRequestFieldsBytes = 4096;
+// sampling): a prompt of max_prompt_bytes always fits in max_message_bytes. The largest valid
+// request has about 5,000 such bytes (16 stop strings of 256 bytes, a 128-byte id, a 256-byte
+// cache_salt, 64 stop ids; ConvertTest.TheLargestValidRequestFitsBesideItsPrompt).
+inline constexpr int32_t kRequestFieldsBytes = 8192;
 
 struct ServerConfig {
   std::string host = "0.0.0.0";
@@ -34,7 +36,10 @@ struct ServerConfig {
   std::vector<std::string> api_keys;  // empty: no authentication
   int32_t max_concurrent_streams =
       1024;  // [1, 100000]; more open Generate calls -> RESOURCE_EXHAUSTED
-  int32_t max_message_bytes = 4 << 20;  // [8192, 1 GiB]; receive limit of one request
+  // [0, 100000]; open Generate calls of one API key (tenant) at most, so one tenant cannot hold
+  // every stream slot; 0: no per-tenant limit.
+  int32_t max_streams_per_tenant = 0;
+  int32_t max_message_bytes = 4 << 20;  // [16384, 1 GiB]; receive limit of one request
   // [1, max_message_bytes - kRequestFieldsBytes]; longer prompts -> INVALID_ARGUMENT
   int32_t max_prompt_bytes = 1 << 20;
   int32_t max_tokens_limit = 8192;   // [1, 1 << 20]; GenerateRequest.max_tokens upper bound

@@ -36,10 +36,10 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       : service_(service), context_(context) {}
 
   static GenerateReactor* start(GenerationService* service, grpc::CallbackServerContext* context,
-                                StatusOr<Request> engine_request, bool counted) {
+                                StatusOr<Request> engine_request, std::optional<std::string> slot) {
     auto r = std::make_shared<GenerateReactor>(service, context);
     r->self_ = r;
-    r->counted_ = counted;
+    r->slot_ = std::move(slot);
     if (!engine_request.ok()) {
       r->finish_now(to_grpc(engine_request.status()));
       return r.get();
@@ -175,9 +175,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // client has its status: a client calling one request at a time would otherwise find its
   // previous call still counted against server.max_concurrent_streams.
   void release_slot_locked() {
-    if (!counted_) return;
-    counted_ = false;
-    service_->stream_closed();
+    if (!slot_) return;
+    service_->stream_closed(*slot_);
+    slot_.reset();
   }
 
   // Cancels this stream's own request only: by the time a cancel arrives its request may have
@@ -213,7 +213,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   GenerationService* const service_;
   grpc::CallbackServerContext* const context_;
-  bool counted_ = false;  // holds a stream slot: set before gRPC can call OnDone, then under mu_
+  // The tenant whose stream slot the call holds (none: it took none): set before gRPC can call
+  // OnDone, then under mu_.
+  std::optional<std::string> slot_;
   std::shared_ptr<GenerateReactor> self_;
   std::mutex mu_;
   RequestHandle handle_;  // guarded by mu_ until submitted_, then read-only
@@ -280,8 +282,8 @@ void PumpThread::run() {
 grpc::ServerWriteReactor<grpc::ByteBuffer>* start_generate(GenerationService* service,
                                                            grpc::CallbackServerContext* context,
                                                            StatusOr<Request> engine_request,
-                                                           bool counted) {
-  return GenerateReactor::start(service, context, std::move(engine_request), counted);
+                                                           std::optional<std::string> slot) {
+  return GenerateReactor::start(service, context, std::move(engine_request), std::move(slot));
 }
 
 }  // namespace kvsplit::server

@@ -9,6 +9,8 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -43,10 +45,10 @@ class PumpThread {
 // Starts the reactor of one Generate call: it finishes at once with `engine_request`'s error, or
 // submits the request to the engine and streams its events as serialized GenerateResponse
 // messages. The reactor owns itself until gRPC calls OnDone, which releases the call's stream
-// slot when `counted` (the call took one: GenerationService::Generate).
+// slots (the server's and tenant `*slot`'s) when the call took them (GenerationService::Generate).
 grpc::ServerWriteReactor<grpc::ByteBuffer>* start_generate(GenerationService* service,
                                                            grpc::CallbackServerContext* context,
                                                            StatusOr<Request> engine_request,
-                                                           bool counted);
+                                                           std::optional<std::string> slot);
 
 }  // namespace kvsplit::server

@@ -75,6 +75,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(
   // by authentication must not push other tenants' calls over the limit.
   const bool counted = tenant.ok();
   const int32_t open = counted ? active_streams_.fetch_add(1) + 1 : 0;
+  const int32_t tenant_open = counted ? tenant_stream_opened(*tenant) : 0;
   StatusOr<Request> engine_request = unavailable("unreachable");
   if (!tenant.ok()) {
     engine_request = tenant.status();
@@ -84,6 +85,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(
     engine_request =
         resource_exhausted("server is at its limit of " +
                            std::to_string(options_.max_concurrent_streams) + " concurrent streams");
+  } else if (options_.max_streams_per_tenant > 0 && tenant_open > options_.max_streams_per_tenant) {
+    engine_request =
+        resource_exhausted(fmt::format("tenant {} is at its limit of {} concurrent streams "
+                                       "(server.max_streams_per_tenant)",
+                                       *tenant, options_.max_streams_per_tenant));
   } else {
     engine_request = to_engine_request(request, limits());
     if (engine_request.ok()) {
@@ -93,7 +99,20 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(
         engine_request->request_id = random_id(kServerIdPrefix);
     }
   }
-  return start_generate(this, context, std::move(engine_request), counted);
+  return start_generate(this, context, std::move(engine_request),
+                        counted ? std::optional<std::string>(*tenant) : std::nullopt);
+}
+
+int32_t GenerationService::tenant_stream_opened(const std::string& tenant) {
+  std::lock_guard<std::mutex> lock(slots_mu_);
+  return ++tenant_streams_[tenant];
+}
+
+void GenerationService::stream_closed(const std::string& tenant) {
+  active_streams_.fetch_sub(1);
+  std::lock_guard<std::mutex> lock(slots_mu_);
+  auto it = tenant_streams_.find(tenant);
+  if (it != tenant_streams_.end() && --it->second <= 0) tenant_streams_.erase(it);
 }
 
 grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* context,

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kvsplit/engine.h"
@@ -25,6 +26,8 @@ namespace kvsplit::server {
 
 struct ServiceOptions {
   int32_t max_concurrent_streams = 1024;  // open Generate calls; more -> RESOURCE_EXHAUSTED
+  // Open Generate calls of one tenant (API key); more -> RESOURCE_EXHAUSTED. 0: no such limit.
+  int32_t max_streams_per_tenant = 0;
   int32_t max_prompt_bytes = 1 << 20;
   int32_t max_tokens_limit = 8192;
   int32_t default_max_tokens = 16;
@@ -70,10 +73,13 @@ class GenerationService final : public GenerationBase {
   Engine* engine() const { return engine_; }
   ServerMetrics* metrics() const { return options_.metrics; }
   std::weak_ptr<PumpThread> pump_thread() const { return pump_thread_; }
-  void stream_closed() { active_streams_.fetch_sub(1); }
+  // Gives back a stream slot of the server and of `tenant` (taken by Generate).
+  void stream_closed(const std::string& tenant);
 
  private:
   RequestLimits limits() const;
+  // Counts one more open stream of `tenant`: its open streams, this one included.
+  int32_t tenant_stream_opened(const std::string& tenant);
   // Authenticates the call, then parses `bytes` into `message`: the caller's tenant, or
   // UNAUTHENTICATED / INVALID_ARGUMENT (counted and reported through parse_errors_).
   StatusOr<std::string> accept(grpc::CallbackServerContext* context, const char* method,
@@ -92,6 +98,8 @@ class GenerationService final : public GenerationBase {
   mutable std::mutex mu_;
   std::vector<SlaClass> classes_;  // guarded by mu_
   std::atomic<int32_t> active_streams_{0};
+  std::mutex slots_mu_;
+  std::unordered_map<std::string, int32_t> tenant_streams_;  // open streams; guarded by slots_mu_
   std::atomic<bool> draining_{false};
   // Shared so that a notifier outliving the service finds it gone (weak_ptr) instead of dangling.
   std::shared_ptr<PumpThread> pump_thread_;

@@ -274,6 +274,7 @@ int run(const Flags& flags) {
 
   server::ServiceOptions opts;
   opts.max_concurrent_streams = cfg.server.max_concurrent_streams;
+  opts.max_streams_per_tenant = cfg.server.max_streams_per_tenant;
   opts.max_prompt_bytes = cfg.server.max_prompt_bytes;
   opts.max_tokens_limit = cfg.server.max_tokens_limit;
   opts.default_max_tokens = cfg.server.default_max_tokens;

@@ -229,12 +229,15 @@ TEST(ConfigTest, BadValuesNameTheField) {
   expect_error("kv: {dtype: int3}\n", "kv.dtype");
   expect_error("kv: {capacity_mb: 0}\n", "kv.capacity_mb");
   expect_error("server: {keepalive_ms: -1}\n", "server.keepalive_ms: must be in [0, 86400000]");
+  expect_error("server: {max_streams_per_tenant: -1}\n",
+               "server.max_streams_per_tenant: must be in [0, 100000], got -1");
   expect_error("server: {keepalive_timeout_ms: 50}\n",
                "server.keepalive_timeout_ms: must be in [100, 3600000]");
   // A prompt of max_prompt_bytes and the request's other fields fit in one message.
-  expect_error("server: {max_message_bytes: 8192, max_prompt_bytes: 8192}\n",
-               "server.max_prompt_bytes: must be in [1, 4096], got 8192");
-  expect_error("server: {max_message_bytes: 4096}\n", "server.max_message_bytes");
+  expect_error("server: {max_message_bytes: 16384, max_prompt_bytes: 16384}\n",
+               "server.max_prompt_bytes: must be in [1, 8192], got 16384");
+  expect_error("server: {max_message_bytes: 8192}\n",
+               "server.max_message_bytes: must be in [16384, 1073741824], got 8192");
   // Values that once stood for "not given": refused like any other out of range.
   expect_error("kv: {capacity_mb: -1}\n", "kv.capacity_mb: must be in [1, 16777216], got -1");
   expect_error("pools: {mode: ''}\n", "pools.mode: must be 'colocated' or 'disaggregated'");

@@ -360,5 +360,70 @@ TEST(TenantStreamLimit, OneConnectionAtTheLimitIsAnsweredAtOnce) {
   EXPECT_EQ(held[1]->Finish().error_code(), grpc::StatusCode::CANCELLED);
 }
 
+// server.max_streams_per_tenant: one key holding its limit of streams gets RESOURCE_EXHAUSTED for
+// one more, naming the setting, while another key's calls are still served (with only the
+// server-wide limit, one key could hold every slot); a slot given back is usable again.
+TEST(TenantStreamLimit, OneTenantCannotHoldEveryStream) {
+  TempDir dir;
+  std::ofstream(dir.file("t.yaml"))
+      << "server: {max_concurrent_streams: 3, max_streams_per_tenant: 2}\n";
+  ServerProcess server({"--config", dir.file("t.yaml"), "--model", "synthetic:llama-110m",
+                        "--api-key", kKeyA, "--api-key", kKeyB},
+                       dir.file("server.log"));
+  ASSERT_TRUE(server.started()) << server.log();
+  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Generation::NewStub(channel);
+  auto call = [&](grpc::ClientContext* ctx, const char* key, int max_tokens) {
+    ctx->AddMetadata("authorization", std::string("Bearer ") + key);
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::GenerateRequest r;
+    r.set_prompt("Once upon a time");
+    r.set_max_tokens(max_tokens);
+    r.set_ignore_eos(true);
+    return stub->Generate(ctx, r);
+  };
+  auto finish = [](grpc::ClientReader<v1::GenerateResponse>* reader) {
+    v1::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+    }
+    return reader->Finish();
+  };
+  grpc::ClientContext held_ctx[2];
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> held[2];
+  for (int i = 0; i < 2; ++i) {
+    held[i] = call(&held_ctx[i], kKeyA, 1000);
+    v1::GenerateResponse first;
+    ASSERT_TRUE(held[i]->Read(&first)) << "held call " << i << " did not start";
+  }
+  {
+    grpc::ClientContext ctx;
+    auto more = call(&ctx, kKeyA, 1);
+    const grpc::Status st = finish(more.get());
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_NE(st.error_message().find("server.max_streams_per_tenant"), std::string::npos)
+        << st.error_message();
+  }
+  for (int i = 0; i < 3; ++i) {  // the other key is served, one call at a time
+    grpc::ClientContext ctx;
+    auto b = call(&ctx, kKeyB, 1);
+    const grpc::Status st = finish(b.get());
+    EXPECT_TRUE(st.ok()) << st.error_code() << " " << st.error_message();
+  }
+  held_ctx[0].TryCancel();
+  EXPECT_EQ(finish(held[0].get()).error_code(), grpc::StatusCode::CANCELLED);
+  // The cancelled call's slot comes back as the server learns of the cancel (a moment later).
+  grpc::Status again;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    grpc::ClientContext ctx;
+    auto a = call(&ctx, kKeyA, 1);
+    again = finish(a.get());
+    if (again.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(again.ok()) << again.error_code() << " " << again.error_message();
+  held_ctx[1].TryCancel();
+  EXPECT_EQ(finish(held[1].get()).error_code(), grpc::StatusCode::CANCELLED);
+}
+
 }  // namespace
 }  // namespace kvsplit::testing

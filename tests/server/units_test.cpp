@@ -4,6 +4,7 @@
 #include <mutex>
 #include <thread>
 
+#include "config/config.h"
 #include "server/bench_report.h"
 #include "server/convert.h"
 #include "server/protocol.h"
@@ -102,6 +103,42 @@ TEST(ConvertTest, ReservedIdPrefixAndEscapedClassNames) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("...(500 bytes)"), std::string::npos);
   EXPECT_LT(r.status().message().size(), 200u);
+}
+
+// config::kRequestFieldsBytes is what a message keeps beside its prompt: the largest request that
+// passes validation must fit in it, or a prompt of server.max_prompt_bytes with long stop strings
+// and ids is refused by gRPC's size limit before the server checks it (4096 was 900 bytes short).
+TEST(ConvertTest, TheLargestValidRequestFitsBesideItsPrompt) {
+  RequestLimits l;
+  l.vocab_size = 1 << 30;
+  l.max_context = 1 << 30;
+  l.max_prompt_bytes = 1 << 20;
+  l.max_tokens_limit = 1 << 20;
+  const std::string longest_class(64, 'c');
+  l.class_names = {"default", longest_class};
+  v1::GenerateRequest in;
+  in.set_request_id(std::string(128, 'r'));
+  in.set_prompt(std::string(1 << 20, 'p'));
+  in.set_max_tokens(l.max_tokens_limit);
+  v1::SamplingParams* s = in.mutable_sampling();
+  s->set_temperature(0.5f);
+  s->set_top_p(0.5f);
+  s->set_top_k(-1);  // a negative int32 is the longest varint
+  s->set_min_p(0.5f);
+  s->set_seed(~uint64_t{0});
+  s->set_repetition_penalty(1.5f);
+  s->set_presence_penalty(-1.5f);
+  s->set_frequency_penalty(-1.5f);
+  for (int i = 0; i < 16; ++i) in.add_stop(std::string(256, static_cast<char>('a' + i)));
+  for (int i = 0; i < 64; ++i) in.add_stop_token_ids(l.vocab_size - 1 - i);
+  in.set_ignore_eos(true);
+  in.set_sla_class(longest_class);
+  in.set_priority(-1000);
+  in.set_top_logprobs(20);
+  in.set_cache_salt(std::string(256, 's'));
+  ASSERT_TRUE(to_engine_request(in, l).ok()) << to_engine_request(in, l).status().to_string();
+  const size_t fields = in.ByteSizeLong() - in.prompt().size();
+  EXPECT_LE(fields, static_cast<size_t>(config::kRequestFieldsBytes)) << fields;
 }
 
 TEST(ThrottledLogTest, OneLinePerIntervalWithTheSuppressedCount) {
