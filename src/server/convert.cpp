@@ -277,6 +277,8 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_met_itl(c.met_itl);
     o->set_met_both(c.met_both);
     o->set_queued(c.queued);
+    o->set_failed(c.failed);
+    o->set_oldest_queued_ms(c.oldest_queued_ms);
   }
   out->set_requests_submitted(stats.requests_submitted);
   out->set_requests_finished(stats.requests_finished);

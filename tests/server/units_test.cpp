@@ -66,6 +66,32 @@ TEST(ConvertTest, ServerStatsCarryTheShardGroupsCommunicator) {
   EXPECT_EQ(out.pools(1).kv_shard_communicator(), "");  // no shard group
 }
 
+// A class's failed requests are SLO misses: GetServerStats carries them (it showed 2 of 2
+// finished requests meeting their targets while 10 more had timed out in the queue), and how long
+// its oldest queued request has waited.
+TEST(ConvertTest, ServerStatsCarryEachClassesFailures) {
+  EngineStats stats;
+  SlaClassStats tight;
+  tight.name = "tight";
+  tight.finished = 2;
+  tight.met_both = 2;
+  tight.failed = 10;
+  tight.queued = 3;
+  tight.oldest_queued_ms = 41.5;
+  stats.classes.push_back(tight);
+  SlaClass def;
+  def.name = "tight";
+  def.max_ttft_ms = 50;
+  v1::GetServerStatsResponse out;
+  fill_server_stats(stats, {def}, 0, &out);
+  ASSERT_EQ(out.classes_size(), 1);
+  EXPECT_EQ(out.classes(0).finished(), 2);
+  EXPECT_EQ(out.classes(0).failed(), 10);
+  EXPECT_EQ(out.classes(0).queued(), 3);
+  EXPECT_DOUBLE_EQ(out.classes(0).oldest_queued_ms(), 41.5);
+  EXPECT_DOUBLE_EQ(out.classes(0).max_ttft_ms(), 50);
+}
+
 // A model path is bytes, the reply's `source` a proto string: a byte of invalid UTF-8 becomes
 // U+FFFD (it once failed every GetModelInfo reply), the rest is kept.
 TEST(ConvertTest, ModelSourceIsValidUtf8) {
