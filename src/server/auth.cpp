@@ -2,29 +2,36 @@
 
 #include <openssl/evp.h>
 
+#include <array>
+
 #include "common/check.h"
 
 namespace kvsplit::server {
 namespace {
 
-bool constant_time_equal(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
+constexpr char kTenantSalt[] = "kvsplit-tenant";
+
+std::array<unsigned char, 32> sha256(std::string_view data) {
+  std::array<unsigned char, 32> digest{};
+  unsigned int len = 0;
+  KVSPLIT_CHECK(EVP_Digest(data.data(), data.size(), digest.data(), &len, EVP_sha256(), nullptr) ==
+                1);
+  KVSPLIT_CHECK(len == digest.size());
+  return digest;
 }
 
 }  // namespace
 
 ApiKeyAuth::ApiKeyAuth(const std::vector<std::string>& keys) {
-  for (const std::string& k : keys) keys_.push_back({k, tenant_id(k)});
+  for (const std::string& k : keys) keys_.push_back({sha256(k), tenant_id(k)});
 }
 
 std::string ApiKeyAuth::tenant_id(std::string_view key) {
-  const std::string input = "kvsplit-tenant:" + std::string(key);
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  KVSPLIT_CHECK(EVP_Digest(input.data(), input.size(), digest, &len, EVP_sha256(), nullptr) == 1);
+  unsigned char digest[6];
+  KVSPLIT_CHECK(PKCS5_PBKDF2_HMAC(key.data(), static_cast<int>(key.size()),
+                                  reinterpret_cast<const unsigned char*>(kTenantSalt),
+                                  sizeof(kTenantSalt) - 1, kTenantIdIterations, EVP_sha256(),
+                                  sizeof(digest), digest) == 1);
   constexpr char kHex[] = "0123456789abcdef";
   std::string out = "key-";
   for (int i = 0; i < 6; ++i) {
@@ -60,13 +67,22 @@ StatusOr<std::string> ApiKeyAuth::authenticate(const grpc::ServerContextBase& co
   if (scheme_matches()) {
     std::string_view key = value.substr(kPrefix.size());
     while (!key.empty() && key.front() == ' ') key.remove_prefix(1);
-    const Key* match = nullptr;
-    for (const Key& k : keys_) {
-      if (constant_time_equal(key, k.secret)) match = &k;  // no early exit: same time for all
-    }
-    if (match != nullptr) return match->tenant;
+    if (const std::string* tenant = tenant_of(key)) return *tenant;
   }
   return Status(StatusCode::kUnauthenticated, "invalid API key");
+}
+
+const std::string* ApiKeyAuth::tenant_of(std::string_view key) const {
+  // Digests of a fixed length, compared in full against every key: the time depends on neither
+  // the key's length nor where it differs, nor on which key matched.
+  const std::array<unsigned char, 32> digest = sha256(key);
+  const std::string* match = nullptr;
+  for (const Key& k : keys_) {
+    unsigned char diff = 0;
+    for (size_t i = 0; i < digest.size(); ++i) diff |= digest[i] ^ k.digest[i];
+    if (diff == 0) match = &k.tenant;
+  }
+  return match;
 }
 
 }  // namespace kvsplit::server

@@ -4,6 +4,7 @@
 
 #include <grpcpp/server_context.h>
 
+#include <array>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,13 +27,20 @@ class ApiKeyAuth {
   // is missing or the key is not configured. Reads only the call's metadata, never its message.
   StatusOr<std::string> authenticate(const grpc::ServerContextBase& context) const;
 
-  // "key-" + the first 12 hex digits of SHA-256("kvsplit-tenant:" + key): stable across restarts
-  // and config reorderings, printable in logs and metrics, and never the key itself.
+  // The tenant of `key` when it is one of the configured keys, else null. Compares SHA-256
+  // digests in constant time (nothing about the key's length or content shows in the time).
+  const std::string* tenant_of(std::string_view key) const;
+
+  // "key-" + 12 hex digits (48 bits) of PBKDF2-HMAC-SHA256(key, salt "kvsplit-tenant",
+  // kTenantIdIterations): stable across restarts and config reorderings, printable in logs and
+  // metrics (which are unauthenticated), and never the key itself. The iterations make each
+  // guess at a weak key, checked offline against a published id, cost that many hashes.
+  static constexpr int kTenantIdIterations = 100000;
   static std::string tenant_id(std::string_view key);
 
  private:
   struct Key {
-    std::string secret;
+    std::array<unsigned char, 32> digest;  // SHA-256 of the key
     std::string tenant;
   };
   std::vector<Key> keys_;

@@ -1,10 +1,13 @@
 // Pure helpers of the server: request validation, bench workload/report.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <openssl/evp.h>
 
 #include <mutex>
 #include <thread>
 
 #include "config/config.h"
+#include "server/auth.h"
 #include "server/bench_report.h"
 #include "server/convert.h"
 #include "server/protocol.h"
@@ -165,6 +168,30 @@ TEST(ConvertTest, TheLargestValidRequestFitsBesideItsPrompt) {
   ASSERT_TRUE(to_engine_request(in, l).ok()) << to_engine_request(in, l).status().to_string();
   const size_t fields = in.ByteSizeLong() - in.prompt().size();
   EXPECT_LE(fields, static_cast<size_t>(config::kRequestFieldsBytes)) << fields;
+}
+
+// A key's tenant: only a configured key (whole, of any length) has one, and its id is the
+// documented PBKDF2 derivation (a published id costs an offline guesser 100,000 hashes per guess;
+// it was one SHA-256), stable and never the key.
+TEST(ApiKeyAuthTest, TenantsOfConfiguredKeysOnly) {
+  const ApiKeyAuth auth({"alpha-key-000001", "bravo-key-000002-longer"});
+  ASSERT_NE(auth.tenant_of("alpha-key-000001"), nullptr);
+  ASSERT_NE(auth.tenant_of("bravo-key-000002-longer"), nullptr);
+  EXPECT_EQ(*auth.tenant_of("alpha-key-000001"), ApiKeyAuth::tenant_id("alpha-key-000001"));
+  EXPECT_NE(*auth.tenant_of("alpha-key-000001"), *auth.tenant_of("bravo-key-000002-longer"));
+  for (const char* wrong :
+       {"", "alpha-key-00000", "alpha-key-0000011", "ALPHA-KEY-000001", "bravo-key-000002"})
+    EXPECT_EQ(auth.tenant_of(wrong), nullptr) << wrong;
+  const std::string key = "alpha-key-000001";
+  unsigned char want[6];
+  ASSERT_EQ(PKCS5_PBKDF2_HMAC(key.data(), static_cast<int>(key.size()),
+                              reinterpret_cast<const unsigned char*>("kvsplit-tenant"), 14, 100000,
+                              EVP_sha256(), sizeof(want), want),
+            1);
+  std::string hex = "key-";
+  for (unsigned char b : want) hex += fmt::format("{:02x}", b);
+  EXPECT_EQ(ApiKeyAuth::tenant_id(key), hex);
+  EXPECT_EQ(ApiKeyAuth::tenant_id(key).find(key), std::string::npos);
 }
 
 TEST(ThrottledLogTest, OneLinePerIntervalWithTheSuppressedCount) {
