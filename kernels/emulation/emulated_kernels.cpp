@@ -3,6 +3,7 @@
 #include "kernels/attention/attention.cu"        // NOLINT(build/include)
 #include "kernels/attention/merge_partials.cu"   // NOLINT(build/include)
 #include "kernels/attention/mixed_attention.cu"  // NOLINT(build/include)
+#include "kernels/bench/stream_read.cu"          // NOLINT(build/include)
 #include "kernels/kv_pages/copy_pieces.cu"       // NOLINT(build/include)
 #include "kernels/kv_pages/kv_page_ops.cu"       // NOLINT(build/include)
 #include "kernels/ops/ops.cu"                    // NOLINT(build/include)

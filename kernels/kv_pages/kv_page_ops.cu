@@ -2,6 +2,7 @@
 // dtype, grid shapes. Compiled by nvcc (kvsplit_cuda) and by g++ under the emulation harness
 // (kernels/emulation/emulated_kernels.cpp).
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "kernels/common/launch_status.h"
@@ -22,6 +23,17 @@ Status validate_layout(const QuantPageLayout& l, const char* op) {
   if (l.num_kv_heads > 65535)
     return invalid_argument(std::string(op) + ": more than 65535 kv heads");
   return ok_status();
+}
+
+// A misaligned access is a sticky device error on a GPU (the emulator's memcpy loads hide it), so
+// the launchers refuse one. Quantized pages are written with 16-byte stores (zero_words_kernel),
+// and their sections sit 16-byte aligned from the page's start (QuantPageLayout), so a quantized
+// page must start 16-byte aligned on either side (cudaMalloc and the pools' arenas are); full
+// pages and summaries are read and written per element, so they need their element's alignment.
+Status check_aligned(const void* p, size_t alignment, const char* op, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % alignment == 0) return ok_status();
+  return invalid_argument(std::string(op) + ": " + what + " must be " + std::to_string(alignment) +
+                          "-byte aligned");
 }
 
 Status check_quantized(KvPrecision p, const char* op) {
@@ -76,6 +88,8 @@ Status launch_quantize_kv_page(const void* src, ElemType src_dtype, const QuantP
   KVSPLIT_RETURN_IF_ERROR(check_quantized(to, kOp));
   KVSPLIT_RETURN_IF_ERROR(validate_layout(layout, kOp));
   if (!src || !dst) return invalid_argument(std::string(kOp) + ": null src or dst");
+  KVSPLIT_RETURN_IF_ERROR(check_aligned(src, elem_size(src_dtype), kOp, "src (a full page)"));
+  KVSPLIT_RETURN_IF_ERROR(check_aligned(dst, 16, kOp, "dst (a quantized page)"));
   const size_t smem = static_cast<size_t>(layout.block_size) * layout.head_dim * sizeof(float);
   if (smem > max_dynamic_smem_per_block()) {
     return unimplemented(
@@ -100,6 +114,8 @@ Status launch_dequantize_kv_page(const void* src, KvPrecision from, const QuantP
   KVSPLIT_RETURN_IF_ERROR(check_quantized(from, kOp));
   KVSPLIT_RETURN_IF_ERROR(validate_layout(layout, kOp));
   if (!src || !dst) return invalid_argument(std::string(kOp) + ": null src or dst");
+  KVSPLIT_RETURN_IF_ERROR(check_aligned(src, 16, kOp, "src (a quantized page)"));
+  KVSPLIT_RETURN_IF_ERROR(check_aligned(dst, elem_size(dst_dtype), kOp, "dst (a full page)"));
   switch (dst_dtype) {
     case ElemType::kF32:
       return dequantize_typed<float>(src, layout, from, dst, stream);
@@ -121,6 +137,8 @@ Status launch_summarize_kv_page(const void* src, ElemType src_dtype, const Quant
                             "block_size " + std::to_string(layout.block_size));
   }
   if (!src || !dst) return invalid_argument(std::string(kOp) + ": null src or dst");
+  KVSPLIT_RETURN_IF_ERROR(check_aligned(src, elem_size(src_dtype), kOp, "src (a full page)"));
+  KVSPLIT_RETURN_IF_ERROR(check_aligned(dst, sizeof(KvSummaryElem), kOp, "dst (the summary)"));
   switch (src_dtype) {
     case ElemType::kF32:
       return summarize_typed<float>(src, layout, dst, stream);

@@ -6,7 +6,11 @@
 //
 // A full page is [2 (K, V), num_kv_heads, block_size, head_dim] of `dtype` (f32, f16 or bf16;
 // f16/bf16 elements are widened exactly to f32 before quantizing). Every pointer is device memory.
-// Launchers validate shapes and return Status; kernels run asynchronously on `stream`.
+// Alignment: a quantized page (quantize's dst, dequantize's src) starts 16-byte aligned (it is
+// written with 16-byte stores and its sections are 16-byte aligned from its start); a full page and
+// a summary are aligned to their element. Anything else is kInvalidArgument (on a GPU a misaligned
+// access is a sticky error). Launchers validate shapes and alignment and return Status; kernels
+// run asynchronously on `stream`.
 #pragma once
 
 #include "kernels/common/cuda_stream.h"

@@ -183,5 +183,55 @@ TEST(KvPageLaunch, BadArgumentsAreRejected) {
   }
 }
 
+// A misaligned page is refused before any launch: on a GPU the 16-byte stores of the quantized
+// page (and any element access off its alignment) are a sticky misaligned-address error, which
+// the emulator (memcpy loads and stores) would never show. Host buffers as above; each pointer is
+// offset from a 16-byte aligned base with room to spare, so a launch that is not refused stays in
+// bounds under the emulator and fails only the expectations.
+TEST(KvPageLaunch, MisalignedPagesAreRejected) {
+  const QuantPageLayout l{2, 16, 8};
+  const size_t page_bytes = static_cast<size_t>(2 * l.values_per_kv()) * sizeof(float);
+  const size_t q_bytes = static_cast<size_t>(l.bytes(KvPrecision::kInt8));
+  std::vector<uint8_t> page_buf(page_bytes + 64), q_buf(q_bytes + 64), sum_buf(2 * 2 * 8 * 2 + 64);
+  const auto base16 = [](std::vector<uint8_t>& v) {
+    const auto a = reinterpret_cast<uintptr_t>(v.data());
+    return v.data() + ((16 - a % 16) % 16);
+  };
+  uint8_t* page = base16(page_buf);
+  uint8_t* q = base16(q_buf);
+  uint8_t* sum = base16(sum_buf);
+  const auto summary = [](uint8_t* p) { return reinterpret_cast<kernels::KvSummaryElem*>(p); };
+  const auto expect_misaligned = [](const Status& s, const char* what) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what << ": " << s.to_string();
+    EXPECT_NE(s.message().find("aligned"), std::string::npos) << what << ": " << s.to_string();
+  };
+  for (KvPrecision p : {KvPrecision::kInt8, KvPrecision::kInt4}) {
+    for (int off : {1, 4, 8}) {  // the quantized page: 16-byte stores
+      expect_misaligned(
+          kernels::launch_quantize_kv_page(page, ElemType::kF32, l, p, q + off, nullptr),
+          "quantize dst");
+      expect_misaligned(
+          kernels::launch_dequantize_kv_page(q + off, p, l, page, ElemType::kF32, nullptr),
+          "dequantize src");
+    }
+    expect_misaligned(kernels::launch_quantize_kv_page(page + 2, ElemType::kF32, l, p, q, nullptr),
+                      "quantize f32 src");
+    expect_misaligned(kernels::launch_quantize_kv_page(page + 1, ElemType::kBF16, l, p, q, nullptr),
+                      "quantize bf16 src");
+    expect_misaligned(
+        kernels::launch_dequantize_kv_page(q, p, l, page + 2, ElemType::kF32, nullptr),
+        "dequantize f32 dst");
+    expect_misaligned(
+        kernels::launch_dequantize_kv_page(q, p, l, page + 1, ElemType::kF16, nullptr),
+        "dequantize f16 dst");
+  }
+  expect_misaligned(
+      kernels::launch_summarize_kv_page(page + 2, ElemType::kF32, l, summary(sum), nullptr),
+      "summarize src");
+  expect_misaligned(
+      kernels::launch_summarize_kv_page(page, ElemType::kF32, l, summary(sum + 1), nullptr),
+      "summarize dst");
+}
+
 }  // namespace
 }  // namespace kvsplit::testing
