@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend_factory.h"
+#include "backend/cuda/cuda_util.h"
 #include "kernel_test_util.h"
 #include "oracle/attention_oracle.h"
 
@@ -25,6 +26,21 @@ TEST(CudaBackend, NoDeviceIsUnavailableElseCreates) {
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   EXPECT_GT((*b)->parallelism(), 0);
   EXPECT_EQ(backend::create_cuda_backend(1000).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Only "the batch API is missing" turns cudaMemcpyBatchAsync off (then one copy per piece); any
+// other error is the batch's own and is returned. cudaErrorInvalidValue once counted as missing,
+// which hid real errors of a batch and left batching off for good. Needs no device.
+TEST(CudaBackend, OnlyAMissingBatchApiTurnsBatchedCopiesOff) {
+  EXPECT_TRUE(backend::cuda::batch_copy_api_missing(cudaErrorNotSupported));
+  EXPECT_TRUE(backend::cuda::batch_copy_api_missing(cudaErrorCallRequiresNewerDriver));
+  for (cudaError_t e : {cudaErrorInvalidValue, cudaErrorIllegalAddress, cudaErrorMemoryAllocation,
+                        cudaErrorInvalidDevicePointer, cudaErrorLaunchFailure}) {
+    EXPECT_FALSE(backend::cuda::batch_copy_api_missing(e)) << cudaGetErrorName(e);
+    const Status st = backend::cuda::cuda_status(e, "cudaMemcpyBatchAsync");
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find(cudaGetErrorName(e)), std::string::npos) << st.to_string();
+  }
 }
 
 // Time marks are CUDA events on the stream: the span between two marks is the device time of the

@@ -387,12 +387,15 @@ Status CudaBackend::enqueue_batch(CopyDir dir, const CopyRange* copies, size_t n
                                                &first, 1, &failed, stream);
 #endif
     if (e == cudaSuccess) return ok_status();
+    // Any error but "the API is missing" is this batch's own (a bad pointer, an invalid value).
+    if (!batch_copy_api_missing(e)) KVSPLIT_CUDA_RETURN(e, "cudaMemcpyBatchAsync");
     // A driver older than the runtime's batch API refuses it: copy one by one from now on.
-    if (e != cudaErrorNotSupported && e != cudaErrorCallRequiresNewerDriver &&
-        e != cudaErrorInvalidValue)
-      KVSPLIT_CUDA_RETURN(e, "cudaMemcpyBatchAsync");
     (void)cudaGetLastError();
     batch_copies_ = false;
+    KVSPLIT_LOG_WARN(
+        "{}: cudaMemcpyBatchAsync is not available ({}: {}); batches of copies that the copy "
+        "kernel cannot take now go as one cudaMemcpyAsync per piece",
+        name_, cudaGetErrorName(e), cudaGetErrorString(e));
   }
 #endif
   const cudaMemcpyKind kind =

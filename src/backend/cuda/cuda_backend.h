@@ -134,7 +134,7 @@ class CudaBackend final : public Backend {
   uint64_t next_fence_ = 0;
   void* pinned_ = nullptr;
   size_t pinned_cap_ = 0;
-  bool batch_copies_ = true;  // cudaMemcpyBatchAsync works here (until the driver refuses it)
+  bool batch_copies_ = true;  // cudaMemcpyBatchAsync exists here (off, logged, once it is missing)
   BatchCopyMethod copy_method_ = BatchCopyMethod::kAuto;
   std::vector<cudaEvent_t> time_marks_;  // mark_time's events; [0, time_marks_used_) in use
   size_t time_marks_used_ = 0;

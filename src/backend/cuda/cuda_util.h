@@ -22,6 +22,13 @@ inline Status cuda_status(cudaError_t e, const char* what) {
   return internal_error(msg);
 }
 
+// Whether cudaMemcpyBatchAsync's error says the API itself is missing (a driver older than the
+// runtime's batch API), after which the backend copies piece by piece. Any other error (an
+// invalid value, a bad address) belongs to the batch and is returned as an error.
+inline bool batch_copy_api_missing(cudaError_t e) {
+  return e == cudaErrorNotSupported || e == cudaErrorCallRequiresNewerDriver;
+}
+
 // Makes the backend's device current on the calling thread for one call and restores the
 // thread's device after. A backend is also called from threads bound to another device (the home
 // worker drives a peer shard's page ops and copies; a decode worker reads a prefill worker's
