@@ -6,7 +6,9 @@
 #   lib/            the non-system, non-CUDA shared libraries they load (Debian 12's fmt, spdlog,
 #                   yaml-cpp, ICU 72, pcre2, xxhash, liburing), which the device image may lack
 #   lib/fallback/   libstdc++ and libgcc_s, used there only if the device's are too old
-#   shared/models/  stories260K (both formats), tok512 and the goldens the tests read
+#   shared/models/  every model file or folder the gpu tests name (model_path("...") in the sources
+#                   of gpu_tests and the test headers they include), plus what golden_check.py
+#                   reads: stories260K (both formats), tok512, goldens, hf-tiny/qwen2-tiny today
 #   shared/tools/golden_check.py
 # and beside it .gpu-kit/MANIFEST (commit, git-status hash, flags, files) and SOURCES.sha256 (per
 # source file), from which gpu-check.sh says whether the kit still matches the tree it runs in.
@@ -15,6 +17,7 @@
 # CPU code is built for x86-64-v3 (AVX2/FMA), not -march=native: the device's CPU is not this one.
 #
 # Usage: scripts/gpu-kit.sh [-jN]      (default -j1 under nice -n 19: leaves the CPUs to others)
+#        scripts/gpu-kit.sh --list-models   prints the models the kit would carry, builds nothing
 # Then, with the device tool: run  command "scripts/gpu-check.sh"  carry [".gpu-kit"]  timeout_s 480
 # NCCL is left out (GPU_KIT_NCCL=ON puts it in): its tests need two GPUs, and a kit built with it
 # cannot start on a machine where libnccl.so.2 is not found.
@@ -29,6 +32,50 @@ MODELS_SRC=${KVSPLIT_MODELS:-$ROOT/../shared/models}
 TOOLS_SRC=$ROOT/../shared/tools
 start=$(date +%s)
 log() { echo "[gpu-kit $(( $(date +%s) - start ))s] $*"; }
+
+# The sources of gpu_tests (as tests/gpu/CMakeLists.txt globs them) and, transitively, the headers
+# under tests/ they include ("x.h" looked up beside the file, in tests/ and tests/kernels/).
+gpu_test_sources() {
+  local -A seen=()
+  local queue=(tests/gpu/*_test.cpp tests/kernels/*_parity_test.cpp) f inc d
+  while [ ${#queue[@]} -gt 0 ]; do
+    f=${queue[0]}; queue=("${queue[@]:1}")
+    [ -z "${seen[$f]:-}" ] || continue
+    seen[$f]=1; echo "$f"
+    while read -r inc; do
+      for d in "$(dirname "$f")" tests tests/kernels; do
+        if [ -f "$d/$inc" ]; then queue+=("$(realpath -m --relative-to=. "$d/$inc")"); break; fi
+      done
+    done < <(grep -oE '^#include "[^"]+"' "$f" | cut -d'"' -f2)
+  done
+}
+# The models (paths under the models folder) the kit carries: every literal the gpu tests name
+# in model_path("...") or KVSPLIT_REQUIRE_MODEL("..."), and what golden_check.py reads. A path
+# built at run time would be missed, so a non-literal argument in those sources stops the kit.
+kit_models() {
+  local srcs; mapfile -t srcs < <(gpu_test_sources)
+  local dynamic
+  dynamic=$(grep -nE '(model_path|KVSPLIT_REQUIRE_MODEL)\([^")]' "${srcs[@]}" \
+              | grep -v '^tests/test_util.h:' || true)   # where both are defined
+  if [ -n "$dynamic" ]; then
+    echo "gpu-kit: a gpu test builds a model path at run time; name it as a literal so the kit can carry it:" >&2
+    echo "$dynamic" >&2
+    return 1
+  fi
+  {
+    grep -ohE '(model_path|KVSPLIT_REQUIRE_MODEL)\("[^"]+"\)' "${srcs[@]}" | cut -d'"' -f2
+    # golden_check.py (stage e of gpu-check.sh) and the llama2.c licence
+    printf '%s\n' stories260K.bin tok512.bin stories260K-hf golden/stories260K_greedy.jsonl \
+      LICENSE-llama2.c.txt
+  } | LC_ALL=C sort -u
+}
+if [ "${1:-}" = --list-models ]; then kit_models; exit; fi
+# Resolved before the build: a model the tests read and the models folder lacks stops the kit now.
+models_list=$(kit_models) || exit 1
+mapfile -t MODELS <<< "$models_list"
+for rel in "${MODELS[@]}"; do
+  [ -e "$MODELS_SRC/$rel" ] || { echo "gpu-kit: a gpu test reads $rel, not found under $MODELS_SRC (set KVSPLIT_MODELS)"; exit 1; }
+done
 
 NVCC=${CUDACXX:-/usr/local/cuda/bin/nvcc}
 [ -x "$NVCC" ] || NVCC=$(command -v nvcc || true)
@@ -98,12 +145,15 @@ for t in "${TARGETS[@]}"; do
   done < <(ldd "$STAGE/bin/$t" | awk '/=>/ {print $1, $3}')
 done
 
-# Models: only what the gpu tests (tests/kernels/model_golden_check.h, semantic_cut_check.h,
-# tests/engine/engine_test_util.h) and golden_check.py read.
+# Models: what the gpu tests and golden_check.py read (MODELS, resolved and checked above).
 M=$STAGE/shared/models
-cp "$MODELS_SRC/stories260K.bin" "$MODELS_SRC/tok512.bin" "$MODELS_SRC/LICENSE-llama2.c.txt" "$M/"
-cp "$MODELS_SRC/golden/stories260K_greedy.jsonl" "$MODELS_SRC/golden/stories260K_logits.jsonl" "$M/golden/"
-cp -r "$MODELS_SRC/stories260K-hf" "$M/"
+for rel in "${MODELS[@]}"; do
+  [ ! -e "$M/$rel" ] || continue   # inside a folder already copied
+  mkdir -p "$M/$(dirname "$rel")"
+  cp -rL "$MODELS_SRC/$rel" "$M/$rel"
+  chmod -R u+w "$M/$rel"   # the shared copies are read-only: the next kit run removes these
+done
+log "models: ${MODELS[*]}"
 if [ -f "$TOOLS_SRC/golden_check.py" ]; then cp "$TOOLS_SRC/golden_check.py" "$STAGE/shared/tools/"; fi
 
 # What the kit was built from: gpu-check.sh says whether the device's tree still matches.
@@ -124,6 +174,7 @@ raw_k=$(du -sk "$STAGE" | cut -f1)
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), nvcc $("$NVCC" --version | grep -o 'release [0-9.]*' | cut -c9-)"
   echo "flags: Release, CMAKE_CUDA_ARCHITECTURES=90, KVSPLIT_NATIVE=OFF -march=x86-64-v3, KVSPLIT_BUILD_SERVER=OFF, $nccl"
   echo "needs: $glibc_max $glibcxx_max; CUDA libraries from the device: ${!CUDA_LIBS[*]}"
+  echo "models: ${MODELS[*]}"
   echo "kit.tar.gz: $(( $(stat -c %s "$KIT/kit.tar.gz") / 1024 )) KiB packed, $raw_k KiB unpacked:"
   (cd "$STAGE" && find . -type f | LC_ALL=C sort | xargs -d '\n' du -k | sed 's/^/  /')
 } > "$KIT/MANIFEST"
