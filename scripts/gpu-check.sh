@@ -10,7 +10,9 @@
 # Stages, most valuable first, each under its own timeout (140+3x45+40+60+40 = 415 s), all of them
 # also under one deadline (GPU_CHECK_BUDGET, default 420 s from the start, a device build included):
 #   a. nvidia-smi -L, then the `gpu`-labelled tests (gpu_tests: real kernels against the fp64
-#      oracle, the CPU backend and the llama2.c goldens), GPU_TEST_SHARDS (4) gtest shards at once
+#      oracle, the CPU backend and the llama2.c goldens), GPU_TEST_SHARDS (4) gtest shards at once;
+#      with a GPU shown, any test (or benchmark) skipped for "no CUDA device" FAILS its stage: the
+#      CUDA runtime could not start (libcuda not found, a driver older than the runtime)
 #   b. bench_attention, plain, --mode mixed and --mode mixed --probe, at reduced iterations
 #   c. bench_temporal --swap-bandwidth --backend cuda (host tier against one PCIe copy)
 #   d. bench_spatial --backend cuda at 1 x 128K, 1 and 4 virtual shards on this GPU, if time remains
@@ -65,14 +67,22 @@ run_logged() {
 record_bench() {
   local name=$1 rc=$2 log_file=$3 res
   res=$(bench_result "$rc" "$log_file")
-  record "$name" "$res" "(exit $rc)"
+  if [ "$res" = FAIL ] && tail -5 "$log_file" | grep -q "skipped.*no CUDA device"; then
+    loud "$name: nvidia-smi shows a GPU, but the benchmark found no CUDA device: the CUDA runtime cannot use it (env.log)"
+    record "$name" "$res" "(exit $rc, but it skipped: no CUDA device)"
+  else
+    record "$name" "$res" "(exit $rc)"
+  fi
   case "$res" in FAIL|TIMEOUT) grep -v '^\[exit' "$log_file" | tail -3 | sed 's/^/    | /';; esac
 }
-# PASS / SKIP (the binary printed "skipped") / TIMEOUT / FAIL for one benchmark run.
+# PASS / SKIP (the binary printed "skipped") / TIMEOUT / FAIL for one benchmark run. A skip for
+# "no CUDA device" is a FAIL: main() only gets here after nvidia-smi showed a GPU, so the CUDA
+# runtime could not start (see the gpu tests stage).
 bench_result() {
   local rc=$1 log_file=$2
   if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then echo TIMEOUT
   elif [ "$rc" -ne 0 ]; then echo "FAIL"
+  elif tail -5 "$log_file" | grep -q "skipped.*no CUDA device"; then echo FAIL
   elif tail -5 "$log_file" | grep -q "skipped"; then echo SKIP
   else echo PASS; fi
 }
@@ -182,7 +192,18 @@ main() {
     (( failed > 0 )) && res=FAIL
     (( timeouts > 0 )) && res=TIMEOUT
     (( passed == 0 && failed == 0 && timeouts == 0 )) && res=SKIP
-    record "gpu tests" "$res" "(passed $passed, failed $failed, skipped $skipped, shards timed out $timeouts)"
+    # nvidia-smi showed a GPU above, so a test skipped for "no CUDA device" (KVSPLIT_REQUIRE_DEVICE)
+    # means the CUDA runtime could not start here (libcuda not found, a driver older than the
+    # runtime, ...): the device tests did not run, and the stage fails, whatever else passed.
+    local nodev nodev_why note=""
+    nodev=$(grep -A1 ': Skipped$' "$LOGS/gpu-tests.log" | grep -c 'no CUDA device')
+    if (( nodev > 0 )); then
+      nodev_why=$(grep -A1 ': Skipped$' "$LOGS/gpu-tests.log" | grep -m1 -o 'no CUDA device.*')
+      loud "nvidia-smi shows a GPU, but $nodev gpu tests skipped with \"$nodev_why\": the CUDA runtime cannot use it (env.log: libraries, driver)"
+      res=FAIL
+      note="; $nodev skipped for $nodev_why"
+    fi
+    record "gpu tests" "$res" "(passed $passed, failed $failed, skipped $skipped, shards timed out $timeouts$note)"
     if (( skipped > 0 )); then
       echo "most common skip reasons:"
       grep -A1 ': Skipped$' "$LOGS/gpu-tests.log" | grep -vE ': Skipped$|^--$' | sort | uniq -c \
