@@ -353,15 +353,19 @@ bool Sim::step(Worker& w) {
     const int64_t extra = next_token_blocks(positions, blocks, c_.block_size);
     return blocks + extra <= w.total_blocks ? extra : 0;
   };
+  // The next tokens' blocks of the resumptions admitted before: a later one fits beside them.
+  int64_t promised = 0;
   for (int i : by_service) {
     Req& r = reqs_[i];
     if (r.st == St::kSwapped) {
       if (step_no < r.resume_step && !w.running.empty()) continue;
-      if (!reserving || r.swapped_pages + next_token_room(r.kv, r.swapped_pages) > w.free_blocks) {
+      const int64_t next = next_token_room(r.kv, r.swapped_pages);
+      if (!reserving || r.swapped_pages + next + promised > w.free_blocks) {
         reserving = false;
         continue;
       }
       w.free_blocks -= r.swapped_pages;
+      promised += next;
       swap_ins.push_back(i);
       continue;
     }
@@ -373,12 +377,14 @@ bool Sim::step(Worker& w) {
       continue;
     }
     const int64_t need = std::max<int64_t>(0, blocks_for(r.target, c_.block_size) - r.pages());
+    const int64_t next =
+        r.generated > 0 ? next_token_room(r.target, blocks_for(r.target, c_.block_size)) : 0;
     if (need > 0) {
       // A restart (recompute) also leaves room for the running requests served before it to
       // reach their last position, as the Scheduler does.
       int64_t room = need;
       if (r.generated > 0) {
-        room += next_token_room(r.target, blocks_for(r.target, c_.block_size));
+        room += next + promised;
         for (int j : w.running) {
           const Req& a = reqs_[j];
           if (a.st != St::kRunning || !serves_before(a, r)) continue;
@@ -394,6 +400,7 @@ bool Sim::step(Worker& w) {
       }
       w.free_blocks -= need;
     }
+    promised += next;
     cands.push_back({i, need});
   }
   std::stable_sort(cands.begin(), cands.end(), [&](const Cand& a, const Cand& b) {

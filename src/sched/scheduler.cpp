@@ -336,6 +336,12 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
   auto select = [&](std::vector<Cand>& cands) {
     cands.clear();
     bool reserving = true;  // the first that does not fit stops later ones from starting
+    // Blocks left free for the next tokens of the resumptions (swap-ins, restarts) admitted
+    // earlier in this plan: a later resumption fits only beside them, or it took the block an
+    // earlier one decodes into and was preempted by that one's first decode. (The growth of the
+    // running sequences ahead is not summed here: growth_ahead counts it afresh for each
+    // candidate, and a later candidate's covers an earlier one's.)
+    int promised = 0;
     for (const SchedSeq* w : by_service) {
       // A resident paused sequence has nothing to prefill: a swap-in of no pages.
       if (w->swapped_pages > 0 || w->resident_paused()) {
@@ -352,13 +358,14 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
         // As a restart does: room too for the sequences served before it to reach their last
         // position, or their growth pauses it again at once (it is served after them), before it
         // decodes a token, for two copies each round.
-        const int room = own + growth_ahead(st, *w);
+        const int room = own + growth_ahead(st, *w) + promised;
         if (reserving && room > st.free) make_room_by_slice(st, *w, room, out);
         if (!reserving || room > st.free) {
           reserving = false;
           continue;
         }
         st.free -= w->swapped_pages;  // the next token's block stays free (taken at its decode)
+        promised += own - w->swapped_pages;
         out.swap_in.push_back({w->id, w->swapped_pages});
         continue;
       }
@@ -382,17 +389,18 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
         out.never_fit.push_back(w->id);
         continue;
       }
+      // The block a restart's next token needs once its recompute ends (with a window, counted
+      // once the chunk reaches the target). It stays promised while the recompute runs, over
+      // several steps maybe, so it is counted for a restart that reserved its pages before too.
+      const bool last = blocks_for(w->target, config_.block_size) == reach_blocks;
+      const int next =
+          w->restart && last ? next_token_room(w->target, reach_blocks, in.total_blocks) : 0;
       bool sliced = false;
       if (need > 0) {
         // A restart also leaves room for the sequences served before it to reach their last
-        // position: their growth would otherwise preempt it again and its recompute be lost.
-        // (With a window, the next token's page is counted once the chunk reaches the target.)
-        const bool last = blocks_for(w->target, config_.block_size) == reach_blocks;
-        const int room =
-            need + (w->restart
-                        ? growth_ahead(st, *w) +
-                              (last ? next_token_room(w->target, reach_blocks, in.total_blocks) : 0)
-                        : 0);
+        // position (their growth would otherwise preempt it again and its recompute be lost),
+        // for its own next token, and for the next tokens of the resumptions before it.
+        const int room = need + (w->restart ? growth_ahead(st, *w) + promised + next : 0);
         if (reserving && room > st.free) sliced = slice_for(*w, room);
         if (!reserving || room > st.free) {
           // With a window, a prompt whose pages (and, while reserving, the free blocks) still
@@ -402,7 +410,8 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
           // takes no free block, so the first that did not fit keeps its claim, and nor does a
           // restart while sequences decode (their growth is what its reservation protects).
           const bool may_take_free = reserving && (!w->restart || !steps_advance);
-          const int part = may_take_free ? std::min(need, st.free) : 0;
+          const int kept = w->restart ? promised : 0;
+          const int part = may_take_free ? std::clamp(st.free - kept, 0, need) : 0;
           reserving = false;
           if (config_.kv_window > 0 &&
               (w->num_blocks + part) * config_.block_size > w->num_computed) {
@@ -413,6 +422,7 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
         }
         st.free -= need;
       }
+      promised += next;
       cands.push_back({w, need, sliced});
     }
     std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
