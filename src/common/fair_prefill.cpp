@@ -18,11 +18,13 @@ std::vector<int> plan_fair_prefill(std::span<const PrefillDemand> prompts, int b
   }
   std::vector<size_t> order(n);
   for (size_t i = 0; i < n; ++i) order[i] = i;
-  // 1. Progress: one chunk each, round robin within a priority.
+  // 1. Progress: one chunk each, round robin within a priority. A prompt never served ranks by
+  // the step it started waiting, not first: short prompts that keep arriving would otherwise take
+  // the whole budget, step after step, ahead of a starving long prompt that came before them.
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     if (prompts[a].priority != prompts[b].priority)
       return prompts[a].priority > prompts[b].priority;
-    return prompts[a].last_served < prompts[b].last_served;
+    return prompts[a].since() < prompts[b].since();
   });
   auto is_long = [&](size_t i) { return max_chunk > 0 && prompts[i].remaining > max_chunk; };
   for (size_t i : order) {

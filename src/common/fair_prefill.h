@@ -12,11 +12,13 @@
 namespace kvsplit::common {
 
 // Fair chunked prefill, the rule of the Scheduler (docs/kv-cuts.md "Fair time slicing"). Each
-// prompt has `remaining` tokens still to compute, its priority and the step that last gave it a
-// chunk (-1: never). The step's `budget` goes:
-//   1. progress: every prompt, higher priority first and within a priority the least recently
-//      served first, gets min(remaining, min_chunk) while the budget lasts, so a long prompt
-//      moves every step that has room for one chunk per prompt (and round robin otherwise);
+// prompt has `remaining` tokens still to compute, its priority, the step that last gave it a
+// chunk (-1: never) and, never served, the step it started waiting. The step's `budget` goes:
+//   1. progress: every prompt, higher priority first and within a priority the one waiting the
+//      longest first (since its last chunk, or never served since it started waiting), gets
+//      min(remaining, min_chunk) while the budget lasts, so a long prompt moves every step that
+//      has room for one chunk per prompt, and round robin otherwise: prompts that came after
+//      its last chunk go after it, however many arrive;
 //   2. the rest, higher priority first and within a priority the least remaining first
 //      (shortest remaining prefill first; ties: the least recently served), each up to its limit,
 //      so short prompts finish within the budget before a long one's chunk grows;
@@ -32,6 +34,11 @@ struct PrefillDemand {
   int remaining = 0;
   int32_t priority = 0;
   int64_t last_served = -1;  // the step of its last chunk; -1: never
+  // Never served: the step it started waiting (its rank in the progress pass); -1: unknown, it
+  // ranks before every prompt served or waiting since a known step.
+  int64_t waiting_since = -1;
+  // Its rank in the progress pass (the smaller, the sooner): the step it has waited since.
+  int64_t since() const { return last_served >= 0 ? last_served : waiting_since; }
 };
 inline constexpr int64_t kMaxPrefillYieldSteps = 8;
 

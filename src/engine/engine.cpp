@@ -100,7 +100,8 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     wo.max_chunk_ms_auto = config.max_chunk_ms_auto;
     wo.max_unread_events = config.max_unread_events;
     // Enough prompts in progress to fill a step's budget at the smallest chunk.
-    wo.max_prefill_seqs = std::max(16, config.max_batch_tokens / wo.min_chunk_tokens);
+    wo.max_prefill_seqs =
+        sched::default_max_prefill_seqs(config.max_batch_tokens, wo.min_chunk_tokens);
     wo.handoff_timeout = std::chrono::milliseconds(config.handoff_timeout_ms);
     wo.handoff_stall = std::chrono::milliseconds(config.handoff_stall_ms);
     wo.cache_aware_handoffs = config.cache_aware_handoffs;

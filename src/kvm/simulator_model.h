@@ -70,6 +70,7 @@ struct Req {
   // Its pages: `held` full-pool blocks, q8 / q4 pages in the int8 / int4 arenas, ev evicted.
   int64_t held = 0, q8 = 0, q4 = 0, ev = 0;
   int64_t last_prefill_step = -1;  // the worker step that last gave it a chunk (fair prefill)
+  int64_t waiting_since = -1;      // the worker step that pulled it (PrefillDemand::waiting_since)
   int64_t stuck = 0;               // preemptions in a row without a token between them
   int64_t preemptions = 0;         // in all
   int64_t generated_at_preemption = -1;

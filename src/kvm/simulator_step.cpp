@@ -259,6 +259,7 @@ void Sim::admit(Worker& w, double now) {
     w.free_blocks -= need;
     r.held = need;
     r.st = St::kWaiting;
+    r.waiting_since = w.steps;
     r.started = true;
     r.worker = static_cast<int>(&w - workers_.data());
     w.waiting.push_back(i);
@@ -414,7 +415,8 @@ bool Sim::step(Worker& w) {
   std::vector<common::PrefillDemand> demands(cands.size());
   for (size_t k = 0; k < cands.size(); ++k) {
     const Req& r = reqs_[cands[k].i];
-    demands[k] = {static_cast<int>(r.target - r.kv), r.priority, r.last_prefill_step};
+    demands[k] = {static_cast<int>(r.target - r.kv), r.priority, r.last_prefill_step,
+                  r.waiting_since};
   }
   // The cap holds in every step, as in Scheduler::plan_prefill.
   int max_chunk = std::max(0, static_cast<int>(std::lround(param("max_chunk_tokens", -1))));

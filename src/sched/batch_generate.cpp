@@ -41,6 +41,7 @@ struct SeqState {
   bool running = false;  // decoding (else waiting for its prompt or a recompute)
   bool greedy = false;   // plain greedy: the model returns the argmax (SeqStep::Logits::kArgmax)
   int64_t last_prefill_step = -1;
+  int64_t waiting_since = -1;  // the step it was admitted (SchedSeq::waiting_since)
   int preemptions = 0;
   int swapped_out_pages = 0;
   int recomputed_tokens = 0;
@@ -210,6 +211,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     for (SeqState& s : seqs) {
       if (s.admitted || admitted_now >= max_new) continue;
       s.admitted = true;
+      s.waiting_since = step;
       ++admitted_now;
       const int hits = share_prompt_pages(pool, sc, s.table, options.prefix_salt, s.tokens,
                                           s.target(), s.num_prompt);
@@ -228,6 +230,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       v.num_blocks = static_cast<int>(s.table.blocks.size());
       v.held_blocks = pool.releasable_blocks(s.table);
       v.last_prefill_step = s.last_prefill_step;
+      v.waiting_since = s.waiting_since;
       v.target = s.running ? 0 : s.target();
       if (s.running) {
         v.final_positions = s.num_prompt + std::max(0, s.in->params.max_tokens - 1);

@@ -434,7 +434,7 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
     std::vector<PrefillDemand> demands(cands.size());
     for (size_t i = 0; i < cands.size(); ++i) {
       const SchedSeq& s = *cands[i].seq;
-      demands[i] = {s.target - s.num_computed, s.priority, s.last_prefill_step};
+      demands[i] = {s.target - s.num_computed, s.priority, s.last_prefill_step, s.waiting_since};
     }
     // The cap holds even for a prompt alone on its worker: a request arriving during the step
     // waits for it, and a whole-budget step of a long prompt late in its prefill (its chunk

@@ -96,6 +96,10 @@ struct SchedSeq {
   // (quantized into an arena, or evicted).
   int held_blocks = -1;
   int64_t last_prefill_step = -1;  // the step that last gave it a chunk (round robin)
+  // Waiting only, never given a chunk: the step it started waiting (pulled); the round robin ranks
+  // it by this, not ahead of every prompt served before (PrefillDemand::waiting_since). -1:
+  // unknown.
+  int64_t waiting_since = -1;
   // Waiting only, the temporal cut: pages swapped out to the host tier (kv/swap.h). Such a
   // sequence has its KV (num_computed == target) and resumes by a swap-in of this many blocks,
   // not before step resume_step while other sequences decode (any running one not stalled).

@@ -123,6 +123,7 @@ struct Sequence {
   // Owner-private scratch: what the owning worker does with the sequence after this step.
   enum class Next : uint8_t { kStay, kToRunning, kToWaiting, kHandoff, kRemove } next = Next::kStay;
   int64_t last_prefill_step = -1;  // the owner's step that last ran a chunk of this sequence
+  int64_t waiting_since = -1;      // the owner's step that pulled it (SchedSeq::waiting_since)
 
   const std::string& id() const { return ctl->request_id; }
   const std::string& display_id() const { return ctl->display_id; }

@@ -545,6 +545,7 @@ void Worker::admit_from_router(Clock::time_point now) {
     });
     if (!seq) break;
     seq->enter_phase(SeqPhase::kPrefill, now);
+    seq->waiting_since = steps_.load(std::memory_order_relaxed);
     if (seq->cancelled()) {
       finish(*seq, FinishReason::kCancelled, cancelled_error("cancelled"), now);
       continue;
@@ -600,6 +601,7 @@ void Worker::admit_from_router(Clock::time_point now) {
   if (!seq) return;
   slice_head_ = -1;
   seq->enter_phase(SeqPhase::kPrefill, now);
+  seq->waiting_since = steps_.load(std::memory_order_relaxed);
   if (seq->cancelled()) {
     finish(*seq, FinishReason::kCancelled, cancelled_error("cancelled"), now);
     return;

@@ -10,6 +10,7 @@
 // worker through post_offer / post_done / wake (thread-safe) and read load()/snapshot() (atomics).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -43,6 +44,12 @@ namespace kvsplit::sched {
 
 enum class WorkerRole : uint8_t { kPrefill, kDecode, kColocated };
 
+// Prompts a worker holds pulled and not started: enough to fill a step's `max_batch_tokens` at
+// the smallest chunk (`min_chunk_tokens`), at least 16.
+inline int default_max_prefill_seqs(int max_batch_tokens, int min_chunk_tokens) {
+  return std::max(16, max_batch_tokens / std::max(1, min_chunk_tokens));
+}
+
 struct WorkerOptions {
   std::string name = "worker-0";
   WorkerRole role = WorkerRole::kColocated;
@@ -61,7 +68,9 @@ struct WorkerOptions {
   // consumer reads (EngineConfig::max_unread_events); 0: no bound.
   int max_unread_events = 0;
   int max_prefill_seqs = 16;  // prompts pulled from the router and not yet started (preempted
-                              // ones not counted); the rest stay queued for other workers
+                              // ones not counted); the rest stay queued for other workers. The
+                              // engine sets default_max_prefill_seqs, and SetSchedulerParams sets
+                              // it so again for the new budget and chunk.
   // Delivery bound of a KV handoff: the destination must receive the offer (at its next step
   // boundary) within this, else the source takes the request back and fails it. Waiting for a
   // free slot / free blocks at the destination is back-pressure and is not bounded by this.

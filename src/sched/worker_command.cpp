@@ -50,6 +50,10 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
     scheduler_ = Scheduler(c);
     options_.max_batch_tokens = c.max_batch_tokens;
     options_.min_chunk_tokens = c.min_chunk_tokens;
+    // As the engine set it for the configured budget: a lower budget kept the prompts pulled for
+    // the old one (more than a step can give a chunk each: the round robin's wait grows, and they
+    // are not queued for other workers), a higher one too few to fill a step.
+    options_.max_prefill_seqs = default_max_prefill_seqs(c.max_batch_tokens, c.min_chunk_tokens);
     options_.max_num_seqs = c.max_num_seqs;
     max_seqs_.store(c.max_num_seqs, std::memory_order_relaxed);
     options_.max_chunk_tokens = c.max_chunk_tokens;
@@ -178,6 +182,7 @@ WorkerState Worker::state() const {
   st.scheduler = scheduler_.config();
   st.scheduler.max_chunk_tokens = options_.max_chunk_tokens;  // configured, not this step's cap
   st.max_chunk_ms = options_.max_chunk_ms;
+  st.max_prefill_seqs = options_.max_prefill_seqs;
   st.free_blocks = pool_->available_blocks();
   st.total_blocks = total_blocks_;
   st.num_shards = pool_->num_shards();

@@ -100,7 +100,8 @@ struct WorkerState {
   // KV handoffs this worker received, by route (KvCopyRoute: same device, peer, staged).
   int64_t handoffs_by_route[3] = {0, 0, 0};
   SchedulerConfig scheduler;
-  double max_chunk_ms = 0;  // the configured time-based chunk cap (0: none)
+  double max_chunk_ms = 0;   // the configured time-based chunk cap (0: none)
+  int max_prefill_seqs = 0;  // prompts it pulls and holds not started (WorkerOptions)
   int free_blocks = 0;
   int total_blocks = 0;
   int num_shards = 1;  // the spatial cut's shard group (1: the worker's pool alone)

@@ -387,6 +387,7 @@ SchedulerInput Worker::scheduler_input(bool with_handoffs) {
     s.num_blocks = static_cast<int>(seq.table.blocks.size());
     s.held_blocks = pool_->releasable_blocks(seq.table);
     s.last_prefill_step = seq.last_prefill_step;
+    s.waiting_since = seq.waiting_since;
     return s;
   };
   const Clock::time_point now = Clock::now();

@@ -61,6 +61,15 @@ TEST(EngineInbox, SnapshotAndErrors) {
   EXPECT_NE(r.status.message().find("min_chunk_tokens: must be in [1, 32], got 64"),
             std::string::npos);
 
+  // The prompts a worker holds follow its budget: a step's budget at the smallest chunk.
+  EXPECT_EQ(r.state.max_prefill_seqs, 16);
+  r = send(**engine, 0, sched::SetSchedulerParams{.max_batch_tokens = 1024});
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_EQ(r.state.max_prefill_seqs, 1024 / r.state.scheduler.min_chunk_tokens);
+  EXPECT_GT(r.state.max_prefill_seqs, 16);
+  r = send(**engine, 0, sched::SetSchedulerParams{.max_batch_tokens = 128});
+  EXPECT_EQ(r.state.max_prefill_seqs, 16);
+
   r = send(**engine, 0, sched::ReleaseKv{{"tenant-a", "nobody"}});
   EXPECT_EQ(r.status.code(), StatusCode::kNotFound);
 

@@ -109,6 +109,23 @@ TEST(FairPrefill, ALongPromptProgressesEveryStepItHasRoomFor) {
   EXPECT_EQ(fair({{1000, 0, 1}, {12, 0, 2}, {12, 0, 5}}, 8, 4, 0), (std::vector<int>{4, 4, 0}));
 }
 
+TEST(FairPrefill, ANeverServedPromptRanksByTheStepItStartedWaiting) {
+  // A long prompt waiting since step 0, never served and starving at step 20, and short prompts
+  // pulled at step 19, with room for two chunks: the long one goes first, not after every short
+  // prompt that came after it.
+  const std::vector<PrefillDemand> d = {
+      {12, 0, -1, 19}, {12, 0, -1, 19}, {12, 0, -1, 19}, {1000, 0, -1, 0}};
+  EXPECT_EQ(plan_fair_prefill(d, 8, 4, 32, 20), (std::vector<int>{4, 0, 0, 4}));
+  // It ranks after a prompt served before it started waiting, and before one served since.
+  EXPECT_EQ(plan_fair_prefill({{{12, 0, 3}, {1000, 0, -1, 5}}}, 4, 4, 32, 20),
+            (std::vector<int>{4, 0}));
+  EXPECT_EQ(plan_fair_prefill({{{12, 0, 6}, {1000, 0, -1, 5}}}, 4, 4, 32, 20),
+            (std::vector<int>{0, 4}));
+  // Unknown (-1): before a prompt waiting since a known step.
+  EXPECT_EQ(plan_fair_prefill({{{12, 0, -1, 0}, {1000, 0, -1}}}, 4, 4, 32, 20),
+            (std::vector<int>{0, 4}));
+}
+
 TEST(FairPrefill, PrioritiesWinOverShortestFirst) {
   // A high-priority long prompt is filled (up to the cap) before a low-priority short one gets
   // more than its min chunk; a high-priority short one before a low-priority long one.
