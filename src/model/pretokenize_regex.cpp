@@ -43,8 +43,9 @@ pcre2_code* as_code(void* p) { return static_cast<pcre2_code*>(p); }
 StatusOr<std::unique_ptr<RegexSplitter>> RegexSplitter::compile(std::string_view pattern,
                                                                 bool literal) {
   const std::string p = literal ? std::string(pattern) : map_whitespace_escapes(pattern);
-  uint32_t options = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF;
-  if (literal) options |= PCRE2_LITERAL;
+  // PCRE2 refuses UCP beside LITERAL (which has no classes for it to change).
+  const uint32_t options =
+      PCRE2_UTF | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   int error = 0;
   PCRE2_SIZE offset = 0;
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(p.data()), p.size(), options,

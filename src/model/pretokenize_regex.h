@@ -21,9 +21,9 @@ inline constexpr std::string_view kGpt2SplitRegex =
 class RegexSplitter {
  public:
   // `pattern`: a regex (Oniguruma/PCRE syntax as HF files use it), or with `literal` a plain
-  // string to split on. Compiled with UTF, UCP (Unicode \p, \w, \d, case folding) and
-  // MATCH_INVALID_UTF, JIT-compiled when PCRE2 has a JIT. kInvalidArgument names the fault and
-  // its offset in the pattern.
+  // string to split on. Compiled with UTF, UCP (Unicode \p, \w, \d, case folding; not with
+  // `literal`) and MATCH_INVALID_UTF, JIT-compiled when PCRE2 has a JIT. kInvalidArgument names the
+  // fault and its offset in the pattern.
   static StatusOr<std::unique_ptr<RegexSplitter>> compile(std::string_view pattern, bool literal);
   ~RegexSplitter();
   RegexSplitter(const RegexSplitter&) = delete;

@@ -201,6 +201,21 @@ TEST(PreTokenRegex, BadPatternIsAnError) {
   EXPECT_NE(re.status().message().find("(ab"), std::string::npos) << re.status().to_string();
 }
 
+// A Split pre-tokenizer's {"String": ...} pattern is matched as plain text. It was compiled with
+// UCP, which PCRE2 refuses beside LITERAL: every tokenizer.json with one failed to load.
+TEST(PreTokenRegex, LiteralPatternsSplitOnTheTextItself) {
+  auto ll = RegexSplitter::compile("ll", /*literal=*/true);
+  ASSERT_TRUE(ll.ok()) << ll.status().to_string();
+  std::vector<std::string_view> out;
+  ASSERT_TRUE((*ll)->split_isolated("hello well", out).ok());
+  EXPECT_EQ(out, (std::vector<std::string_view>{"he", "ll", "o we", "ll"}));
+  auto meta = RegexSplitter::compile("a.(", /*literal=*/true);  // no regex meaning
+  ASSERT_TRUE(meta.ok()) << meta.status().to_string();
+  out.clear();
+  ASSERT_TRUE((*meta)->split_isolated("axa.(é", out).ok());
+  EXPECT_EQ(out, (std::vector<std::string_view>{"ax", "a.(", "é"}));
+}
+
 TEST(Unicode, Nfc) {
   EXPECT_EQ(unicode::nfc("e\u0301t\u00E9"), "\u00E9t\u00E9");
   EXPECT_EQ(unicode::nfc("plain ascii"), "plain ascii");
