@@ -6,6 +6,8 @@
 #include <optional>
 #include <string_view>
 
+#include "common/escape.h"
+
 namespace kvsplit::model {
 
 namespace {
@@ -182,19 +184,33 @@ StatusOr<ModelConfig> parse_hf_config_json(std::string_view text, const std::str
   if (!j.is_object()) return invalid_argument(what + ": not a JSON object");
   auto archs = j.find("architectures");
   ModelConfig c;
+  // transformers' AutoModelForCausalLM builds the class of model_type (`architectures` is a
+  // label): when a config has both, they must agree, or the checkpoint would run here as another
+  // model than there (a Mistral label on a llama config gave it Mistral's default window).
+  KVSPLIT_ASSIGN_OR_RETURN(std::string type, common::json_string(j, "model_type", "", what));
+  std::string type_arch;
+  if (type == "llama") type_arch = "LlamaForCausalLM";
+  if (type == "mistral") type_arch = "MistralForCausalLM";
+  if (type == "qwen2") type_arch = "Qwen2ForCausalLM";
   if (archs != j.end() && !archs->is_null()) {
     if (!archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
       return invalid_argument(what + ": 'architectures' must be a list of strings (supported: " +
                               std::string(kSupportedArchs) + ")");
     }
     c.architecture = (*archs)[0].get<std::string>();
+    const bool supported = c.architecture == "LlamaForCausalLM" ||
+                           c.architecture == "MistralForCausalLM" ||
+                           c.architecture == "Qwen2ForCausalLM";
+    if (!type.empty() && type_arch != c.architecture && (!type_arch.empty() || supported)) {
+      return invalid_argument(what + ": model_type '" + escape_for_message(type, 64) + "' (" +
+                              (type_arch.empty() ? std::string("none of llama, mistral, qwen2")
+                                                 : "transformers builds " + type_arch) +
+                              ") disagrees with architectures[0] " + c.architecture);
+    }
   } else {
     // A config saved from a bare config class (LlamaConfig().save_pretrained) names no
     // architecture; its model_type says which causal LM transformers would build.
-    KVSPLIT_ASSIGN_OR_RETURN(std::string type, common::json_string(j, "model_type", "", what));
-    if (type == "llama") c.architecture = "LlamaForCausalLM";
-    if (type == "mistral") c.architecture = "MistralForCausalLM";
-    if (type == "qwen2") c.architecture = "Qwen2ForCausalLM";
+    c.architecture = type_arch;
     if (c.architecture.empty()) {
       return invalid_argument(
           what + ": no 'architectures', and model_type '" + type +

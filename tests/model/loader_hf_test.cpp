@@ -383,6 +383,24 @@ TEST(LoaderHf, ModelTypeStandsInForMissingArchitectures) {
   cfg.erase("model_type");
   write_model(dir, cfg, tiny_tensors("F32", false, true));
   expect_error(load(dir), StatusCode::kInvalidArgument, {"model_type ''", "LlamaForCausalLM"});
+  // Both given: they must agree, as transformers builds model_type's class (a Mistral label on a
+  // llama config ran with Mistral's default window here, with full attention there).
+  cfg["architectures"] = {"MistralForCausalLM"};
+  cfg["model_type"] = "llama";
+  write_model(dir, cfg, tiny_tensors("F32", false, true));
+  expect_error(
+      load(dir), StatusCode::kInvalidArgument,
+      {dir.file("config.json"), "model_type 'llama' (transformers builds LlamaForCausalLM)",
+       "disagrees with architectures[0] MistralForCausalLM"});
+  cfg["model_type"] = "llama4";
+  cfg["architectures"] = {"LlamaForCausalLM"};
+  write_model(dir, cfg, tiny_tensors("F32", false, true));
+  expect_error(load(dir), StatusCode::kInvalidArgument,
+               {"model_type 'llama4' (none of llama, mistral, qwen2)", "LlamaForCausalLM"});
+  cfg["model_type"] = "llama";
+  write_model(dir, cfg, tiny_tensors("F32", false, true));
+  ASSERT_TRUE(load(dir).ok());
+  cfg.erase("model_type");
   cfg["architectures"] = "LlamaForCausalLM";  // not a list
   write_model(dir, cfg, tiny_tensors("F32", false, true));
   expect_error(load(dir), StatusCode::kInvalidArgument, {"'architectures' must be a list"});
