@@ -320,6 +320,10 @@ int run_info(CommonFlags& cf) {
   j["rope_type"] = c.rope_scaling ? model::rope_type_name(c.rope_scaling->type) : "default";
   j["rope_style"] = c.rope_style == backend::RopeStyle::kInterleaved ? "interleaved" : "half";
   j["tie_word_embeddings"] = c.tie_word_embeddings;
+  // Each layer's sliding window (0: full attention) and how far back every query reads (0: the
+  // whole context), so that a window the config implies (Mistral's default) is visible.
+  j["layer_window"] = c.layer_window.empty() ? std::vector<int>(c.num_layers, 0) : c.layer_window;
+  j["kv_window"] = c.kv_window();
   j["eos_token_ids"] = c.eos_token_ids;
   j["tokenizer"] = loaded->tokenizer ? std::string(loaded->tokenizer->kind()) : "none";
   // KV bytes per token at each rung of the semantic cut's ladder (pages of 16 tokens, all layers;

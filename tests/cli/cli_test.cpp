@@ -86,6 +86,26 @@ TEST(CliTest, InfoPrintsTheConfig) {
   EXPECT_EQ(j["dim"], 64);
   EXPECT_EQ(j["num_kv_heads"], 4);
   EXPECT_EQ(j["rope_style"], "half");
+  EXPECT_EQ(j["layer_window"], nlohmann::json::array({0, 0, 0, 0, 0}));
+  EXPECT_EQ(j["kv_window"], 0);
+}
+
+// A sliding window shows: the tiny Mistral checkpoint with its config's sliding_window set (the
+// shipped one has none) has it on every layer.
+TEST(CliTest, InfoPrintsTheSlidingWindow) {
+  const std::filesystem::path src = models_dir() + "/hf-tiny/mistral-tiny";
+  if (!std::filesystem::exists(src / "config.json")) GTEST_SKIP() << "no " << src;
+  TempDir dir;
+  const std::filesystem::path m = dir.path() / "mistral";
+  std::filesystem::copy(src, m, std::filesystem::copy_options::recursive);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(m / "config.json"));
+  cfg["sliding_window"] = 48;
+  std::ofstream(m / "config.json") << cfg.dump();
+  RunResult r = run("info --model " + m.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["layer_window"], nlohmann::json::array({48, 48, 48}));
+  EXPECT_EQ(j["kv_window"], 48);
 }
 
 TEST(CliTest, FallsBackToSyntheticAndSaysSo) {
