@@ -226,6 +226,75 @@ TEST(Llama2Tokenizer, LlamaClassesTakeBosAndEosFromTheConfigFlags) {
             plain);
 }
 
+// Added tokens are found in the text as it is (leftmost-longest, non-overlapping) and take their
+// lstrip / rstrip whitespace afterwards, as HF's AddedVocabulary::find_matches: a token that starts
+// in the whitespace an rstrip token took is still found (both hold that whitespace), and an lstrip
+// token takes no whitespace the token before it took. Llama-2's tokenizer.json with two added
+// tokens (ids 32000, 32001; normalized false, special false) per case; the expected ids are HF
+// tokenizers 0.23.3's output (Tokenizer.from_file(...).encode(text).ids).
+TEST(Llama2Tokenizer, AddedTokensAreFoundBeforeTheirWhitespaceIsStripped) {
+  KVSPLIT_REQUIRE_MODELS();
+  struct Added {
+    const char* content;
+    bool lstrip, rstrip;
+  };
+  struct Case {
+    Added first, second;
+    std::string text;
+    std::vector<int32_t> hf_ids;
+  };
+  const std::vector<Case> cases = {
+      // " world" starts in the space "<tool>" took.
+      {{"<tool>", false, true}, {" world", false, false}, "<tool> world", {1, 32000, 32001}},
+      {{"<tool>", false, true},
+       {" world", false, false},
+       "<tool>  world x",
+       {1, 32000, 32001, 29871, 921}},
+      // The text after "  " starts where it ends, inside what "<tool>" took: " x" is encoded.
+      {{"<tool>", false, true}, {"  ", false, false}, "<tool>   x", {1, 32000, 32001, 29871, 921}},
+      {{"<tool>", false, true}, {"  ", false, false}, "<tool>  x", {1, 32000, 32001, 921}},
+      // An lstrip token loses the part "<tool>" took: " w" is left with "w" ...
+      {{"<tool>", false, true}, {" w", true, false}, "<tool> world", {1, 32000, 32001, 470, 430}},
+      // ... and " " with nothing, which drops it.
+      {{"<tool>", false, true}, {" ", true, false}, "<tool> x", {1, 32000, 921}},
+      // lstrip reaches back to the token before it, not into it.
+      {{"<a>", false, false}, {" <b>", true, false}, "<a>  <b>", {1, 32000, 32001}},
+      {{"<a>", false, true}, {"<b>", true, false}, "<a>  <b>", {1, 32000, 32001}},
+      {{"<a>", false, true},
+       {"<b>", true, false},
+       "x <a> \t<b> y",
+       {1, 921, 29871, 32000, 32001, 29871, 343}},
+      // HF 0.23.3 panics here ("AddedVocabulary bad split": " " ends inside the whitespace
+      // "<tool>" took, before its stripped start); we drop the match.
+      {{"<tool>", false, true}, {" ", true, false}, "<tool>   x", {1, 32000, 921}},
+  };
+  nlohmann::json base;
+  std::ifstream(model_path("tokenizers/llama2/tokenizer.json")) >> base;
+  ASSERT_EQ(base["added_tokens"].size(), 3u);  // <unk>, <s>, </s>
+  kvsplit::testing::TempDir dir;
+  const std::string path = (dir.path() / "tokenizer.json").string();
+  for (const Case& c : cases) {
+    nlohmann::json j = base;
+    int32_t id = 32000;
+    for (const Added& a : {c.first, c.second}) {
+      j["added_tokens"].push_back({{"id", id++},
+                                   {"content", a.content},
+                                   {"single_word", false},
+                                   {"lstrip", a.lstrip},
+                                   {"rstrip", a.rstrip},
+                                   {"normalized", false},
+                                   {"special", false}});
+    }
+    std::ofstream(path, std::ios::trunc) << j.dump();
+    auto tok = load_tokenizer(path, 0);
+    ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+    auto ids = (*tok)->encode(c.text, EncodeOptions{});
+    ASSERT_TRUE(ids.ok()) << ids.status().to_string();
+    EXPECT_EQ(*ids, c.hf_ids) << c.first.content << " + '" << c.second.content << "' on '" << c.text
+                              << "'";
+  }
+}
+
 TEST(TokenizerMerges, HeapMergeEqualsNaiveLoopOnRandomText) {
   KVSPLIT_REQUIRE_MODELS();
   for (const char* rel : {"tokenizers/llama2/tokenizer.bin", "tokenizers/llama2/tokenizer.json"}) {
