@@ -387,15 +387,24 @@ Status CudaBackend::enqueue_batch(CopyDir dir, const CopyRange* copies, size_t n
                                                &first, 1, &failed, stream);
 #endif
     if (e == cudaSuccess) return ok_status();
-    // Any error but "the API is missing" is this batch's own (a bad pointer, an invalid value).
-    if (!batch_copy_api_missing(e)) KVSPLIT_CUDA_RETURN(e, "cudaMemcpyBatchAsync");
-    // A driver older than the runtime's batch API refuses it: copy one by one from now on.
     (void)cudaGetLastError();
-    batch_copies_ = false;
-    KVSPLIT_LOG_WARN(
-        "{}: cudaMemcpyBatchAsync is not available ({}: {}); batches of copies that the copy "
-        "kernel cannot take now go as one cudaMemcpyAsync per piece",
-        name_, cudaGetErrorName(e), cudaGetErrorString(e));
+    if (batch_copy_api_missing(e)) {
+      // A driver older than the runtime's batch API: copy one by one from now on.
+      batch_copies_ = false;
+      KVSPLIT_LOG_WARN(
+          "{}: cudaMemcpyBatchAsync is not available ({}: {}); batches of copies that the copy "
+          "kernel cannot take now go as one cudaMemcpyAsync per piece",
+          name_, cudaGetErrorName(e), cudaGetErrorString(e));
+    } else if (!batch_refusal_logged_) {
+      // The batch itself was refused (the driver may refuse pageable host memory under stream
+      // order): its pieces go one by one below, where a really bad pointer fails with its own
+      // error. Logged once, not turned off: other batches may be accepted.
+      batch_refusal_logged_ = true;
+      KVSPLIT_LOG_WARN(
+          "{}: cudaMemcpyBatchAsync refused a batch of {} copies ({}: {}); it and any such "
+          "batch later go as one cudaMemcpyAsync per piece",
+          name_, n, cudaGetErrorName(e), cudaGetErrorString(e));
+    }
   }
 #endif
   const cudaMemcpyKind kind =

@@ -135,6 +135,7 @@ class CudaBackend final : public Backend {
   void* pinned_ = nullptr;
   size_t pinned_cap_ = 0;
   bool batch_copies_ = true;  // cudaMemcpyBatchAsync exists here (off, logged, once it is missing)
+  bool batch_refusal_logged_ = false;  // a batch it refused went piece by piece (logged once)
   BatchCopyMethod copy_method_ = BatchCopyMethod::kAuto;
   std::vector<cudaEvent_t> time_marks_;  // mark_time's events; [0, time_marks_used_) in use
   size_t time_marks_used_ = 0;

@@ -23,8 +23,9 @@ inline Status cuda_status(cudaError_t e, const char* what) {
 }
 
 // Whether cudaMemcpyBatchAsync's error says the API itself is missing (a driver older than the
-// runtime's batch API), after which the backend copies piece by piece. Any other error (an
-// invalid value, a bad address) belongs to the batch and is returned as an error.
+// runtime's batch API), after which the backend copies piece by piece for good. Any other error
+// (an invalid value, a bad address) belongs to the batch: its pieces are copied one by one, where
+// a really bad one fails with its own error.
 inline bool batch_copy_api_missing(cudaError_t e) {
   return e == cudaErrorNotSupported || e == cudaErrorCallRequiresNewerDriver;
 }
