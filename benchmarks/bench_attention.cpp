@@ -3,9 +3,15 @@
 // in the same run. Without CUDA (or without a device) it says so and exits 0.
 //
 //   bench_attention [--iters N] [--warmup N] [--mode plain|mixed] [--probe]
-// plain: the all-full kernels. Mandatory bytes = every KV byte of every sequence once + q + out;
-// the `w4K` shapes decode with a 4096-key sliding window (only the window's pages are read and
-// counted), to compare with the same context's full attention.
+// plain: the all-full kernels. Mandatory bytes = every KV byte each query attends, once (for the
+// `w4K` shapes, which decode with a 4096-key sliding window, the window's pages only) + q + out;
+// compare the window rows with the same context's full attention. A row that reads under 2 x L2
+// rotates its timed launches over `copies` copies of its pages (own pages, own block table:
+// bench_attention_check.h) so that it reads HBM like the streaming reference; a row still under
+// 2 x L2 (the copies did not fit) is marked L2-resident. Every row's output is checked: K is
+// constant (uniform scores) and V of page p is page_v_value(p), so the output must be the mean
+// of V over the attended keys' pages, computed on the host; a wrong output prints WRONG, says
+// where on stderr, and makes the exit status non-zero.
 // mixed: the mixed-precision kernels (semantic cut, kernels/attention/mixed_attention.h) over
 // pages that are all full, all int8, all int4, or a mix of full / int8 / int4 / evicted; bytes
 // actually read = each resident page once at its own size (bf16 page, or
@@ -29,6 +35,7 @@ int main() {
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 #include <numeric>
 #include <random>
@@ -37,6 +44,7 @@ int main() {
 #include <vector>
 
 #include "backend/split_plan.h"
+#include "bench_attention_check.h"
 #include "common/cli_options.h"
 #include "kernels/attention/mixed_attention.h"
 #include "kernels/attention/paged_attention.h"
@@ -105,8 +113,8 @@ struct Mix {
 // probe: instead of every mix, all-full and all-int8 pages with each stage of the attention kernel
 // left out in turn (MixedAttentionParams::probe): the time each stage costs is the difference.
 // A refused launch prints FAILED in its row and adds one to *failed; returns 1 on a CUDA error.
-int run_mixed(const Shape& sh, int sms, cudaStream_t stream, int warmup, int iters, bool probe,
-              int* failed) {
+int run_mixed(const Shape& sh, int sms, double l2_bytes, cudaStream_t stream, int warmup, int iters,
+              bool probe, int* failed) {
   const kvsplit::kernels::QuantPageLayout ql{kKvHeads, kBlockSize, kHeadDim};
   const int blocks_per_seq = (sh.kv_len + kBlockSize - 1) / kBlockSize;
   const int num_pages = blocks_per_seq * sh.num_seqs;
@@ -279,9 +287,11 @@ int run_mixed(const Shape& sh, int sms, cudaStream_t stream, int warmup, int ite
         ++*failed;
       } else {
         const double gbs = read / (ms * 1e-3) / 1e9;
-        std::printf("%-12s %-12s %-6s %-18s %7d %10.1f %10.1f %10.1f %10.1f %8.1f%%\n", sh.name,
+        // No row here reads under 2 x L2 (the plain rows rotate copies; these would be marked).
+        std::printf("%-12s %-12s %-6s %-18s %7d %10.1f %10.1f %10.1f %10.1f %8.1f%%%s\n", sh.name,
                     mix.name, mix.scored ? "scored" : "-", pr.name, plan.max_splits, read / 1e6,
-                    ms * 1e3, gbs, stream_gbs, 100.0 * gbs / stream_gbs);
+                    ms * 1e3, gbs, stream_gbs, 100.0 * gbs / stream_gbs,
+                    read < 2 * l2_bytes ? " L2-resident" : "");
       }
       std::fflush(stdout);
     }
@@ -321,8 +331,9 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
-  std::printf("device: %s, %d SMs; heads %d/%d, head_dim %d, bf16 KV, block %d\n", prop.name, sms,
-              kHeads, kKvHeads, kHeadDim, kBlockSize);
+  const double l2_bytes = prop.l2CacheSize;
+  std::printf("device: %s, %d SMs, L2 %.1f MiB; heads %d/%d, head_dim %d, bf16 KV, block %d\n",
+              prop.name, sms, l2_bytes / (1 << 20), kHeads, kKvHeads, kHeadDim, kBlockSize);
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
 
@@ -339,7 +350,7 @@ int main(int argc, char** argv) {
     for (const Shape& sh : shapes) {
       // A CUDA error (not a refused launch) ends the run: run_mixed returns without freeing that
       // shape's buffers, and the context may be unusable. Refused launches go on to the next.
-      if (run_mixed(sh, sms, stream, warmup, iters, probe, &failed) != 0) {
+      if (run_mixed(sh, sms, l2_bytes, stream, warmup, iters, probe, &failed) != 0) {
         ++failed;
         break;
       }
@@ -348,41 +359,87 @@ int main(int argc, char** argv) {
     if (failed > 0) std::fprintf(stderr, "bench_attention: %d case(s) failed\n", failed);
     return failed > 0 ? 1 : 0;
   }
-  std::printf("%-14s %-9s %6s %7s %10s %10s %10s %9s\n", "shape", "split", "stages", "splits",
-              "time_us", "GB/s", "stream", "of_stream");
+  std::printf("%-14s %-9s %6s %7s %10s %10s %10s %9s %6s %s\n", "shape", "split", "stages",
+              "splits", "time_us", "GB/s", "stream", "of_stream", "copies", "output");
   std::vector<Shape> plain(std::begin(shapes), std::end(shapes));
   plain.insert(plain.end(), std::begin(windowed), std::end(windowed));
-  int failed = 0;  // rows whose launch was refused (printed FAILED); the other shapes still run
+  int failed = 0;  // rows refused (FAILED) or with a wrong output (WRONG); the others still run
   for (const Shape& sh : plain) {
     const int blocks_per_seq = (sh.kv_len + kBlockSize - 1) / kBlockSize;
     const int num_blocks = blocks_per_seq * sh.num_seqs;
-    const size_t block_bytes = size_t{2} * kKvHeads * kBlockSize * kHeadDim * 2;
+    const size_t half_elems = size_t{kKvHeads} * kBlockSize * kHeadDim;  // K or V of one page
+    const size_t block_bytes = 2 * half_elems * 2;
     const size_t kv_bytes = block_bytes * num_blocks;
-    void* pages = nullptr;
-    CHECK_CUDA(cudaMalloc(&pages, kv_bytes));
-    CHECK_CUDA(cudaMemset(pages, 0x3c, kv_bytes));  // bf16 0x3c3c ~ 0.0115 everywhere
+    // With a window only its pages are read (the splits start at the first key's page).
+    const int read_len = kvsplit::backend::split_span(sh.kv_len, sh.window, kBlockSize);
+    const double read_bytes =
+        double(block_bytes) * sh.num_seqs * ((read_len + kBlockSize - 1) / kBlockSize);
+    // A row that reads under 2 x L2 rotates its launches over copies of its read pages (see
+    // bench_attention_check.h); if they do not fit in free memory it runs on one copy, marked.
+    int copies = kvsplit::bench::rotation_copies(read_bytes, l2_bytes);
     std::vector<int32_t> ids(num_blocks);
     std::iota(ids.begin(), ids.end(), 0);
     std::shuffle(ids.begin(), ids.end(), std::mt19937(42));
+    int64_t total_pages = 0;
+    std::vector<int32_t> tabs =
+        kvsplit::bench::rotation_tables(ids, sh.num_seqs, blocks_per_seq, sh.kv_len, sh.window,
+                                        kBlockSize, copies, num_blocks, &total_pages);
+    size_t free_mem = 0, total_mem = 0;
+    CHECK_CUDA(cudaMemGetInfo(&free_mem, &total_mem));
+    if (copies > 1 && block_bytes * size_t(total_pages) + (size_t{256} << 20) > free_mem) {
+      copies = 1;
+      tabs = ids;
+      total_pages = num_blocks;
+    }
+    const size_t pool_bytes = block_bytes * size_t(total_pages);
+    void* pages = nullptr;
+    CHECK_CUDA(cudaMalloc(&pages, pool_bytes));
+    // K: bf16 0x3c3c ~ 0.0115 everywhere, so every key scores the same and the output is the
+    // mean of V over the attended keys. V of page p: page_v_value(p) (one of 127 values), copied
+    // page by page from a device template of the 127 V halves.
+    CHECK_CUDA(cudaMemset(pages, 0x3c, pool_bytes));
+    {
+      std::vector<uint16_t> tmpl(half_elems * kvsplit::bench::kPageValueCount);
+      for (int j = 0; j < kvsplit::bench::kPageValueCount; ++j)
+        std::fill_n(tmpl.begin() + half_elems * j, half_elems, kvsplit::bench::page_v_bits(j));
+      void* dtmpl = nullptr;
+      CHECK_CUDA(cudaMalloc(&dtmpl, tmpl.size() * 2));
+      CHECK_CUDA(cudaMemcpy(dtmpl, tmpl.data(), tmpl.size() * 2, cudaMemcpyHostToDevice));
+      for (int64_t pg = 0; pg < total_pages; ++pg)
+        CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(pages) + block_bytes * pg + half_elems * 2,
+                                   static_cast<const char*>(dtmpl) +
+                                       half_elems * 2 * (pg % kvsplit::bench::kPageValueCount),
+                                   half_elems * 2, cudaMemcpyDeviceToDevice, stream));
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      CHECK_CUDA(cudaFree(dtmpl));
+    }
+    // Expected output of each (copy, sequence): the same for every head and dim.
+    std::vector<double> expect(size_t(copies) * sh.num_seqs);
+    for (size_t i = 0; i < expect.size(); ++i)
+      expect[i] = kvsplit::bench::expected_decode_mean(tabs.data() + i * blocks_per_seq, sh.kv_len,
+                                                       sh.window, kBlockSize);
     std::vector<int32_t> kv_lens(sh.num_seqs, sh.kv_len), qs(sh.num_seqs + 1);
     for (int s = 0; s <= sh.num_seqs; ++s) qs[s] = s;
     const size_t q_elems = size_t(sh.num_seqs) * kHeads * kHeadDim;
-    std::vector<float> q(q_elems, 0.01f);
+    std::vector<float> q(q_elems, 0.01f), out(q_elems);
     float *dq, *dout;
     int32_t *dtab, *dlens, *dqs;
+    int* derr;
     CHECK_CUDA(cudaMalloc(&dq, q_elems * 4));
     CHECK_CUDA(cudaMalloc(&dout, q_elems * 4));
-    CHECK_CUDA(cudaMalloc(&dtab, ids.size() * 4));
+    CHECK_CUDA(cudaMalloc(&dtab, tabs.size() * 4));
     CHECK_CUDA(cudaMalloc(&dlens, kv_lens.size() * 4));
     CHECK_CUDA(cudaMalloc(&dqs, qs.size() * 4));
+    CHECK_CUDA(cudaMalloc(&derr, sizeof(int)));
     CHECK_CUDA(cudaMemcpy(dq, q.data(), q_elems * 4, cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(dtab, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dtab, tabs.data(), tabs.size() * 4, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(dlens, kv_lens.data(), kv_lens.size() * 4, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(dqs, qs.data(), qs.size() * 4, cudaMemcpyHostToDevice));
     unsigned* sink;
     CHECK_CUDA(cudaMalloc(&sink, sizeof(unsigned)));
 
     kvsplit::Status st;
+    // The reference streams the first kv_bytes of the pool (copy 0's pages: 512 MiB or more here).
     const float stream_ms = time_ms(
         stream, warmup, iters,
         [&] { return kvsplit::kernels::launch_stream_read(pages, kv_bytes, sink, sms, stream); },
@@ -392,12 +449,10 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       ++failed;
     }
-    // With a window only its pages are read (the splits start at the first key's page).
-    const int read_len = kvsplit::backend::split_span(sh.kv_len, sh.window, kBlockSize);
-    const double read_bytes =
-        double(block_bytes) * sh.num_seqs * ((read_len + kBlockSize - 1) / kBlockSize);
     const double mandatory = read_bytes + 2.0 * q_elems * 4;
     const double stream_gbs = double(kv_bytes) / (stream_ms * 1e-3) / 1e9;
+    // Under 2 x L2 still (rotation did not fit): the row's time is L2's, not HBM's.
+    const bool l2_resident = read_bytes * copies < 2 * l2_bytes;
 
     for (bool split : {false, true}) {
       if (!st.ok()) break;
@@ -417,7 +472,7 @@ int main(int argc, char** argv) {
       p.num_kv_heads = kKvHeads;
       p.head_dim = kHeadDim;
       p.block_size = kBlockSize;
-      p.num_blocks = num_blocks;
+      p.num_blocks = static_cast<int>(total_pages);
       p.scale = 0.088f;
       p.query_start = dqs;
       p.kv_lens = dlens;
@@ -425,6 +480,7 @@ int main(int argc, char** argv) {
       p.max_blocks_per_seq = blocks_per_seq;
       p.max_query_len = 1;
       p.window = sh.window;
+      p.error_flag = derr;
       p.max_splits = std::max(plan.max_splits, 1);
       int32_t* dplan = nullptr;
       float* part = nullptr;
@@ -446,10 +502,14 @@ int main(int argc, char** argv) {
       // The launcher's choice (auto: by occupancy), then two K/V pipeline stages and one.
       for (int stages : {0, 2, 1}) {
         p.pipeline_stages = stages;
+        CHECK_CUDA(cudaMemset(dout, 0xff, q_elems * 4));  // NaN: a row that writes nothing fails
+        CHECK_CUDA(cudaMemset(derr, 0, sizeof(int)));
         kvsplit::Status row;
+        long launches = 0;  // launch i reads copy i % copies of the pages
         const float ms = time_ms(
             stream, warmup, iters,
             [&] {
+              p.block_tables = dtab + size_t(launches++ % copies) * num_blocks;
               kvsplit::Status r = kvsplit::kernels::launch_paged_decode(p, stream);
               if (r.ok() && plan.has_splits()) r = kvsplit::kernels::launch_merge_states(p, stream);
               return r;
@@ -462,20 +522,43 @@ int main(int argc, char** argv) {
           std::printf("%-14s %-9s %6s %7d FAILED: %s\n", sh.name, split_name, stages_name,
                       plan.max_splits, row.to_string().c_str());
           ++failed;
-        } else {
-          const double gbs = mandatory / (ms * 1e-3) / 1e9;
-          std::printf("%-14s %-9s %6s %7d %10.1f %10.1f %10.1f %8.1f%%\n", sh.name, split_name,
-                      stages_name, plan.max_splits, ms * 1e3, gbs, stream_gbs,
-                      100.0 * gbs / stream_gbs);
+          std::fflush(stdout);
+          continue;
+        }
+        // The output of the last launch (copy (launches - 1) % copies) against the host's mean.
+        const int last = static_cast<int>((launches - 1) % copies);
+        int flag = 0;
+        CHECK_CUDA(cudaMemcpy(out.data(), dout, q_elems * 4, cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaMemcpy(&flag, derr, sizeof(int), cudaMemcpyDeviceToHost));
+        size_t bad = 0, first_bad = 0;
+        for (size_t i = 0; i < q_elems; ++i) {
+          const double want = expect[size_t(last) * sh.num_seqs + i / (kHeads * kHeadDim)];
+          if (std::fabs(out[i] - want) <= kvsplit::bench::kOutputRelTol * std::fabs(want)) continue;
+          if (bad++ == 0) first_bad = i;  // NaN lands here too
+        }
+        const double gbs = mandatory / (ms * 1e-3) / 1e9;
+        std::printf("%-14s %-9s %6s %7d %10.1f %10.1f %10.1f %8.1f%% %6d %-5s%s\n", sh.name,
+                    split_name, stages_name, plan.max_splits, ms * 1e3, gbs, stream_gbs,
+                    100.0 * gbs / stream_gbs, copies, bad == 0 && flag == 0 ? "ok" : "WRONG",
+                    l2_resident ? " L2-resident" : "");
+        if (bad > 0 || flag != 0) {
+          const size_t s = first_bad / (kHeads * kHeadDim);
+          std::fprintf(stderr,
+                       "bench_attention: %s %s %s: WRONG OUTPUT: %zu of %zu values off (first: "
+                       "out[seq %zu, head %zu, dim %zu] = %.9g, want %.9g), error_flag %d\n",
+                       sh.name, split_name, stages_name, bad, q_elems, s,
+                       first_bad / kHeadDim % kHeads, first_bad % kHeadDim, double(out[first_bad]),
+                       expect[size_t(last) * sh.num_seqs + s], flag);
+          ++failed;
         }
         std::fflush(stdout);
       }
       if (dplan) cudaFree(dplan);
       if (part) cudaFree(part);
     }
-    for (void* ptr :
-         {pages, static_cast<void*>(dq), static_cast<void*>(dout), static_cast<void*>(dtab),
-          static_cast<void*>(dlens), static_cast<void*>(dqs), static_cast<void*>(sink)})
+    for (void* ptr : {pages, static_cast<void*>(dq), static_cast<void*>(dout),
+                      static_cast<void*>(dtab), static_cast<void*>(dlens), static_cast<void*>(dqs),
+                      static_cast<void*>(sink), static_cast<void*>(derr)})
       cudaFree(ptr);
   }
   cudaStreamDestroy(stream);
