@@ -13,7 +13,10 @@
 #      oracle, the CPU backend and the llama2.c goldens), GPU_TEST_SHARDS (4) gtest shards at once;
 #      with a GPU shown, any test (or benchmark) skipped for "no CUDA device" FAILS its stage: the
 #      CUDA runtime could not start (libcuda not found, a driver older than the runtime)
-#   b. bench_attention, plain, --mode mixed and --mode mixed --probe, at reduced iterations
+#   b. bench_attention, plain, --mode mixed and --mode mixed --probe, at reduced iterations; plain
+#      rows check their output (column "output": ok / WRONG, a WRONG row makes the stage FAIL) and
+#      rotate rows that read under 2 x L2 over copies of their pages (column "copies"); the
+#      `B=1 x 128K w4K` row is to be re-measured that way (docs/cuda.md: its 43.6 us was L2-resident)
 #   c. bench_temporal --swap-bandwidth --backend cuda (host tier against one PCIe copy)
 #   d. bench_spatial --backend cuda at 1 x 128K, 1 and 4 virtual shards on this GPU, if time remains
 #   e. the first GOLDEN_CASES (4) goldens, both formats, through `kvsplit generate --backend cuda
@@ -396,6 +399,8 @@ summary() {
   # bench_attention's sliding-window rows (plain mode, shapes named "B=1 x 128K w4K"), then the
   # mixed-precision rows at the launcher's depth (the --mode mixed section, not its --probe run)
   grep -E "^B=[^ ]+ x [^ ]+ w[0-9]+K " "$LOGS/bench-attention.log" 2>/dev/null | head -12
+  # plain rows whose output was wrong (stderr, in the same log) and rows still L2-resident
+  grep -E "WRONG OUTPUT|L2-resident" "$LOGS/bench-attention.log" 2>/dev/null | head -6
   awk '/^######## bench_attention/ { s = $0; next }
        s ~ /--mode mixed$/ && /^B=/ && / (all-full|all-int8|all-int4|f\/8\/4\/evict) +(scored|-) +- /' \
     "$LOGS/bench-attention.log" 2>/dev/null | head -18
