@@ -150,6 +150,31 @@ Status validate_block_size(int32_t block_size, std::string_view field) {
   return ok_status();
 }
 
+Status validate_cuda_block_size(const EngineConfig& e, const KvFieldNames& names) {
+  if (e.backend == "cuda" && e.block_size != 16)
+    return unimplemented(std::string(names.block_size) +
+                         ": must be 16 on the cuda backend (its kernels are built for 16-token "
+                         "pages), got " +
+                         std::to_string(e.block_size));
+  return ok_status();
+}
+
+Status validate_quant_fraction(const EngineConfig& e, const KvFieldNames& names) {
+  if (e.kv_quant_fraction <= 0.0) return ok_status();
+  std::ostringstream got;
+  got << e.kv_quant_fraction;
+  if (e.kv_policy != KvPolicy::kSemantic)
+    return invalid_argument(
+        std::string(names.quant_fraction) + ": must be 0 unless " + std::string(names.policy) +
+        " is semantic (the share goes to the int8 / int4 arenas), got " + got.str() + " with " +
+        std::string(names.policy) + " " + kv_policy_name(e.kv_policy));
+  if (e.kv_blocks_per_worker > 0)
+    return invalid_argument(std::string(names.quant_fraction) + ": must be 0 when " +
+                            std::string(names.blocks_per_worker) + " is set (it splits " +
+                            std::string(names.capacity) + "), got " + got.str());
+  return ok_status();
+}
+
 Status validate_pool_limits(const EngineConfig& e, std::string_view path) {
   const std::string p(path);
   KVSPLIT_RETURN_IF_ERROR(check_range(p + "threads_per_worker", e.threads_per_worker, 0, 1024));

@@ -45,4 +45,20 @@ Status validate_block_size(int32_t block_size, std::string_view field);
 // throws and aborts the process; max_num_seqs in [1, 65536]; max_batch_tokens in [1, 2^20].
 Status validate_pool_limits(const EngineConfig& config, std::string_view path);
 
+// The names a caller gives the KV fields in its messages: the YAML's (config/validate.cpp) or the
+// C++ API's (validate_engine_config).
+struct KvFieldNames {
+  std::string_view block_size, quant_fraction, policy, blocks_per_worker, capacity;
+};
+inline constexpr KvFieldNames kYamlKvNames{"kv.block_size", "kv.quant_fraction", "kv.policy",
+                                           "kv.blocks_per_worker", "kv.capacity_mb"};
+inline constexpr KvFieldNames kEngineKvNames{"EngineConfig.block_size",
+                                             "EngineConfig.kv_quant_fraction", "kv_policy",
+                                             "kv_blocks_per_worker", "kv_capacity_bytes"};
+// The CUDA kernels are built for 16-token pages: kUnimplemented for another size on cuda.
+Status validate_cuda_block_size(const EngineConfig& config, const KvFieldNames& names);
+// kv_quant_fraction > 0 only under the semantic cut (the share goes to its arenas) and without an
+// explicit block count (it splits the capacity): kInvalidArgument otherwise.
+Status validate_quant_fraction(const EngineConfig& config, const KvFieldNames& names);
+
 }  // namespace kvsplit

@@ -85,8 +85,12 @@ StatusOr<Config> load_config_file(const std::string& path, const SemanticCutConf
 // kNotFound when the file is missing.
 StatusOr<std::vector<KvmRule>> load_kvm_rules_file(const std::string& path);
 
-// Validates the engine and server sections (after command-line overrides).
+// Validates the engine and server sections (on parsing, and again after command-line overrides).
 Status validate_config(const Config& config);
+// The rules a command-line flag can change (--backend: `--backend cpu` runs a file written for
+// cuda, whose pages may then be any size): checked after the overrides (kvsplit-server's
+// check_config), not on parsing.
+Status validate_after_flags(const Config& config);
 
 // A short human-readable summary of the config (one line per section), for the startup log.
 std::string describe(const Config& config);

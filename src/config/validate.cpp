@@ -1,5 +1,4 @@
 // Range checks of a Config with field-path errors (YAML-free: also used after flag overrides).
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -27,6 +26,10 @@ Status check_range(const std::string& field, int64_t v, int64_t lo, int64_t hi) 
 
 }  // namespace
 
+Status validate_after_flags(const Config& config) {
+  return validate_cuda_block_size(config.engine, kYamlKvNames);
+}
+
 Status validate_config(const Config& config) {
   const EngineConfig& e = config.engine;
   if (e.model.empty()) return invalid_argument("model.path: must not be empty");
@@ -53,22 +56,9 @@ Status validate_config(const Config& config) {
       check_range("pools.handoff_timeout_ms", e.handoff_timeout_ms, 1, 3600000));
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.handoff_stall_ms", e.handoff_stall_ms, 0, 3600000));
   KVSPLIT_RETURN_IF_ERROR(validate_block_size(e.block_size, "kv.block_size"));
-  if (e.backend == "cuda" && e.block_size != 16)
-    return range_error("kv.block_size",
-                       "16 on the cuda backend (its kernels are built for 16-token pages)",
-                       e.block_size);
   KVSPLIT_RETURN_IF_ERROR(check_range("kv.blocks_per_worker", e.kv_blocks_per_worker, 0, 1 << 26));
-  // The engine's own checks (validate_engine_config) name its fields; these name the YAML's.
-  if (e.kv_quant_fraction > 0.0 && e.kv_policy != KvPolicy::kSemantic)
-    return invalid_argument(fmt::format(
-        "kv.quant_fraction: must be 0 unless kv.policy is semantic (the share goes to the int8 / "
-        "int4 arenas), got {} with kv.policy {}",
-        e.kv_quant_fraction, kv_policy_name(e.kv_policy)));
-  if (e.kv_quant_fraction > 0.0 && e.kv_blocks_per_worker > 0)
-    return invalid_argument(
-        fmt::format("kv.quant_fraction: must be 0 when kv.blocks_per_worker is set (it splits "
-                    "kv.capacity_mb), got {}",
-                    e.kv_quant_fraction));
+  // The engine's own check (validate_engine_config) names its fields; this names the YAML's.
+  KVSPLIT_RETURN_IF_ERROR(validate_quant_fraction(e, kYamlKvNames));
   KVSPLIT_RETURN_IF_ERROR(validate_semantic_cut(e.semantic, "kv.cuts.semantic."));
   if (e.block_size % e.semantic.summary_parts != 0)
     return invalid_argument("kv.cuts.semantic.summary_parts: must divide kv.block_size " +

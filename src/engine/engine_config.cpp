@@ -23,12 +23,7 @@ Status validate_engine_config(const EngineConfig& c) {
     return invalid_argument("EngineConfig: at most 64 prefill and 64 decode workers");
   }
   KVSPLIT_RETURN_IF_ERROR(validate_block_size(c.block_size, "EngineConfig.block_size"));
-  if (c.backend == "cuda" && c.block_size != 16) {
-    return unimplemented(
-        "EngineConfig.block_size: the CUDA kernels are built for 16-token KV "
-        "pages, got " +
-        std::to_string(c.block_size));
-  }
+  KVSPLIT_RETURN_IF_ERROR(validate_cuda_block_size(c, kEngineKvNames));
   if (c.kv_blocks_per_worker < 0)
     return bad("kv_blocks_per_worker", c.kv_blocks_per_worker, ">= 0");
   if (c.kv_blocks_per_worker == 0 && c.kv_capacity_bytes <= 0) {
@@ -62,12 +57,7 @@ Status validate_engine_config(const EngineConfig& c) {
     return bad("kv_quant_fraction", c.kv_quant_fraction, "in [0, 0.9]");
   // Only the semantic cut has int8 / int4 arenas to give the share to (it was accepted and
   // ignored under the other policies).
-  if (c.kv_quant_fraction > 0.0 && c.kv_policy != KvPolicy::kSemantic)
-    return bad("kv_quant_fraction", c.kv_quant_fraction,
-               "0 unless kv_policy is semantic (the share goes to the int8 / int4 arenas)");
-  if (c.kv_quant_fraction > 0.0 && c.kv_blocks_per_worker > 0)
-    return bad("kv_quant_fraction", c.kv_quant_fraction,
-               "0 when kv_blocks_per_worker is set (it splits kv_capacity_bytes)");
+  KVSPLIT_RETURN_IF_ERROR(validate_quant_fraction(c, kEngineKvNames));
   if (c.temporal.host_capacity_mb < 0 || c.temporal.host_capacity_mb > (int64_t{1} << 24))
     return bad("temporal.host_capacity_mb", c.temporal.host_capacity_mb, "in [0, 16777216]");
   if (c.prefix_spill_ahead_blocks < 0 || c.prefix_spill_ahead_blocks > (1 << 24))

@@ -216,6 +216,7 @@ void apply_default_model(config::Config* cfg) {
 // fraction without a quantized pool...) without loading a model, and the TLS files.
 Status check_config(const config::Config& c) {
   KVSPLIT_RETURN_IF_ERROR(config::validate_config(c));
+  KVSPLIT_RETURN_IF_ERROR(config::validate_after_flags(c));
   KVSPLIT_RETURN_IF_ERROR(validate_engine_config(c.engine));
   return server::check_tls_files(c.server);
 }

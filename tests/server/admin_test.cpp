@@ -209,6 +209,12 @@ TEST_F(AdminTest, BadConfigExitsNonZeroNamingTheField) {
       run_command(std::string(KVSPLIT_SERVER_BIN) + " --port 70000 --check-config " + voice);
   EXPECT_EQ(code7, 2) << out7;
   EXPECT_NE(out7.find("server.port"), std::string::npos) << out7;
+  // --backend cpu runs a file written for cuda, whose pages may then be any size.
+  const std::string cuda32 = write("cuda32.yaml", "pools: {backend: cuda}\nkv: {block_size: 32}\n");
+  EXPECT_EQ(run_command(std::string(KVSPLIT_SERVER_BIN) + " --check-config " + cuda32).first, 2);
+  EXPECT_EQ(run_command(std::string(KVSPLIT_SERVER_BIN) + " --backend cpu --check-config " + cuda32)
+                .first,
+            0);
   // What the engine refuses at start beyond the file's rules, and TLS files that do not exist:
   // exit 2 from both --check-config and --config (the first passed the check and failed the
   // start with 1, the second passed the check).
