@@ -42,6 +42,13 @@ struct PrefillDemand {
 };
 inline constexpr int64_t kMaxPrefillYieldSteps = 8;
 
+// Prompts a worker holds pulled and not started: enough to fill a step's `max_batch_tokens` at
+// the smallest chunk (`min_chunk_tokens`), at least 16 (the engine's workers and the policy
+// simulator's).
+inline int default_max_prefill_seqs(int max_batch_tokens, int min_chunk_tokens) {
+  return std::max(16, max_batch_tokens / std::max(1, min_chunk_tokens));
+}
+
 // The time budget of a step's prefill in ms (0: none): `max_chunk_ms` when > 0 and, with
 // pools.max_chunk_ms: auto (`from_itl`), `tightest_itl_ms` when > 0: the smallest max_itl_ms
 // among the SLA classes of the sequences the step serves (those it decodes wait for the whole

@@ -237,9 +237,8 @@ void Sim::admit(Worker& w, double now) {
     const Req& r = reqs_[i];
     if (r.st == St::kSwapped || (r.held == 0 && r.kv < r.target)) return;
   }
-  const int min_chunk = std::max(1, std::min(c_.block_size, c_.max_batch_tokens));
-  const size_t max_prefill_seqs =
-      static_cast<size_t>(std::max(16, c_.max_batch_tokens / min_chunk));
+  const size_t max_prefill_seqs = static_cast<size_t>(common::default_max_prefill_seqs(
+      c_.max_batch_tokens, std::min(c_.block_size, c_.max_batch_tokens)));
   std::stable_sort(queue_.begin(), queue_.end(), by_service);
   while (w.waiting.size() < max_prefill_seqs && !queue_.empty()) {
     const int i = queue_.front();
@@ -354,6 +353,19 @@ bool Sim::step(Worker& w) {
     const int64_t extra = next_token_blocks(positions, blocks, c_.block_size);
     return blocks + extra <= w.total_blocks ? extra : 0;
   };
+  // The blocks the running requests served before `r` still need to reach their last position
+  // (Scheduler::growth_ahead): a resumption leaves them free, or their growth pauses it again.
+  const auto growth_ahead = [&](const Req& r) {
+    int64_t room = 0;
+    for (int j : w.running) {
+      const Req& a = reqs_[j];
+      if (a.st != St::kRunning || !serves_before(a, r)) continue;
+      const int64_t last = blocks_for(a.prompt + std::max<int64_t>(0, a.output - 1), c_.block_size);
+      room +=
+          std::clamp<int64_t>(last - a.pages(), 0, std::max<int64_t>(0, w.total_blocks - a.held));
+    }
+    return room;
+  };
   // The next tokens' blocks of the resumptions admitted before: a later one fits beside them.
   int64_t promised = 0;
   for (int i : by_service) {
@@ -361,7 +373,7 @@ bool Sim::step(Worker& w) {
     if (r.st == St::kSwapped) {
       if (step_no < r.resume_step && !w.running.empty()) continue;
       const int64_t next = next_token_room(r.kv, r.swapped_pages);
-      if (!reserving || r.swapped_pages + next + promised > w.free_blocks) {
+      if (!reserving || r.swapped_pages + next + promised + growth_ahead(r) > w.free_blocks) {
         reserving = false;
         continue;
       }
@@ -383,18 +395,7 @@ bool Sim::step(Worker& w) {
     if (need > 0) {
       // A restart (recompute) also leaves room for the running requests served before it to
       // reach their last position, as the Scheduler does.
-      int64_t room = need;
-      if (r.generated > 0) {
-        room += next + promised;
-        for (int j : w.running) {
-          const Req& a = reqs_[j];
-          if (a.st != St::kRunning || !serves_before(a, r)) continue;
-          const int64_t last =
-              blocks_for(a.prompt + std::max<int64_t>(0, a.output - 1), c_.block_size);
-          room += std::clamp<int64_t>(last - a.pages(), 0,
-                                      std::max<int64_t>(0, w.total_blocks - a.held));
-        }
-      }
+      const int64_t room = need + (r.generated > 0 ? next + promised + growth_ahead(r) : 0);
       if (!reserving || room > w.free_blocks) {
         reserving = false;
         continue;

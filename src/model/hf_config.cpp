@@ -201,7 +201,8 @@ StatusOr<ModelConfig> parse_hf_config_json(std::string_view text, const std::str
     const bool supported = c.architecture == "LlamaForCausalLM" ||
                            c.architecture == "MistralForCausalLM" ||
                            c.architecture == "Qwen2ForCausalLM";
-    if (!type.empty() && type_arch != c.architecture && (!type_arch.empty() || supported)) {
+    // An unsupported class is refused below as unknown, whatever its model_type.
+    if (supported && !type.empty() && type_arch != c.architecture) {
       return invalid_argument(what + ": model_type '" + escape_for_message(type, 64) + "' (" +
                               (type_arch.empty() ? std::string("none of llama, mistral, qwen2")
                                                  : "transformers builds " + type_arch) +

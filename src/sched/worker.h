@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "common/fair_prefill.h"
 #include "common/thread_pool.h"
 #include "kv/kv_pool.h"
 #include "kv/migrate.h"
@@ -44,11 +45,7 @@ namespace kvsplit::sched {
 
 enum class WorkerRole : uint8_t { kPrefill, kDecode, kColocated };
 
-// Prompts a worker holds pulled and not started: enough to fill a step's `max_batch_tokens` at
-// the smallest chunk (`min_chunk_tokens`), at least 16.
-inline int default_max_prefill_seqs(int max_batch_tokens, int min_chunk_tokens) {
-  return std::max(16, max_batch_tokens / std::max(1, min_chunk_tokens));
-}
+using common::default_max_prefill_seqs;
 
 struct WorkerOptions {
   std::string name = "worker-0";
@@ -70,7 +67,8 @@ struct WorkerOptions {
   int max_prefill_seqs = 16;  // prompts pulled from the router and not yet started (preempted
                               // ones not counted); the rest stay queued for other workers. The
                               // engine sets default_max_prefill_seqs, and SetSchedulerParams sets
-                              // it so again for the new budget and chunk.
+                              // it so again for the new budget and chunk (a value set here by
+                              // hand is then replaced).
   // Delivery bound of a KV handoff: the destination must receive the offer (at its next step
   // boundary) within this, else the source takes the request back and fails it. Waiting for a
   // free slot / free blocks at the destination is back-pressure and is not bounded by this.

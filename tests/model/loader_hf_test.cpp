@@ -397,7 +397,12 @@ TEST(LoaderHf, ModelTypeStandsInForMissingArchitectures) {
   write_model(dir, cfg, tiny_tensors("F32", false, true));
   expect_error(load(dir), StatusCode::kInvalidArgument,
                {"model_type 'llama4' (none of llama, mistral, qwen2)", "LlamaForCausalLM"});
+  cfg["architectures"] = {"LlamaForSequenceClassification"};  // unknown, not a disagreement
   cfg["model_type"] = "llama";
+  write_model(dir, cfg, tiny_tensors("F32", false, true));
+  expect_error(load(dir), StatusCode::kInvalidArgument,
+               {"unknown architecture LlamaForSequenceClassification"});
+  cfg["architectures"] = {"LlamaForCausalLM"};
   write_model(dir, cfg, tiny_tensors("F32", false, true));
   ASSERT_TRUE(load(dir).ok());
   cfg.erase("model_type");
