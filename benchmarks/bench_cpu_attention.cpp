@@ -9,16 +9,19 @@
 //
 //   bench_cpu_attention [--threads N] [--heads 32] [--kv-heads 8] [--head-dim 128]
 //                       [--block-size 16] [--seconds S] [--quant-only] [--repeats N]
-//                       [--cpu-time | --best-call] [--cold] [--cold-mb M]
+//                       [--cpu-time | --best-call] [--cold] [--warm] [--cold-mb M]
 //                       [--variant full|mixfl|int8|int4 --kv-len L --calls N]
 //
-// --cpu-time times the quantized cases by process CPU time / threads, --best-call by their
-// fastest single call (both for a busy machine; the default is the mean wall time per call).
+// The quantized cases are timed cold by default: a buffer of --cold-mb MiB (default 4x the L3
+// cache) is read on every thread before each timed call, untimed, so that the call reads its KV
+// from memory as a layer does in a decode step (the other layers' KV and the weights pass through
+// the caches between two reads of one layer's KV). Warm, a small int8/int4 KV stays in the L3
+// between calls while the full one does not, and the ratios flatter the small pages. --warm times
+// them without the flush (and warns for each variant whose KV fits the L3); --cpu-time (process
+// CPU time / threads) applies only with --warm, --best-call (fastest single call) either way.
 // --repeats N measures the quantized cases N times and prints the median of each ratio.
-// --cold reads a buffer of --cold-mb MiB (default 4x the L3 cache) on every thread before each
-// timed decode call, untimed, so that the call reads its KV from memory as a layer does in a
-// decode step (the other layers' KV and the weights pass through the caches between two reads of
-// one layer's KV); without it a KV that fits the L3 cache stays there between calls.
+// --cold flushes the same way before each timed call of the (non-quantized) decode cases, which
+// are warm by default.
 // --variant runs only that quantized-decode variant on one sequence of --kv-len keys, --calls
 // times, without probes or timing: for instruction counts (valgrind --tool=callgrind).
 #include <unistd.h>
@@ -173,10 +176,26 @@ uint64_t read_pages_in_order(const Batch& b, ThreadPool& pool) {
   return total;
 }
 
-// 4x the L3 cache the OS reports (glibc's sysconf), else 256 MiB.
-int default_cold_mb() {
+// Bytes of the L3 cache cpu 0 sees: sysfs (Linux), else glibc's sysconf, else 0. (On the AMD
+// development VM sysconf says 320 MiB where sysfs and lscpu say 32 MiB.)
+int64_t l3_cache_bytes() {
+  if (std::FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r")) {
+    long long v = 0;
+    char unit = 0;
+    const int got = std::fscanf(f, "%lld%c", &v, &unit);
+    std::fclose(f);
+    if (got >= 1 && v > 0) {
+      return unit == 'K' ? v << 10 : unit == 'M' ? v << 20 : unit == 'G' ? v << 30 : v;
+    }
+  }
   const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  return l3 > 0 ? static_cast<int>(std::max<long>(64, 4 * (l3 >> 20))) : 256;
+  return l3 > 0 ? l3 : 0;
+}
+
+// 4x the L3 cache (at least 64 MiB), else 256 MiB.
+int default_cold_mb() {
+  const int64_t l3 = l3_cache_bytes();
+  return l3 > 0 ? static_cast<int>(std::max<int64_t>(64, 4 * (l3 >> 20))) : 256;
 }
 
 // The batch's pages quantized into an arena of precision p (same ids), and a precision table
@@ -261,7 +280,7 @@ int main(int argc, char** argv) {
   bool cpu_time = false, best_call = false;
   std::string variant;
   int kv_len_only = 4096, calls = 3;
-  bool cold = false;
+  bool cold = false, warm = false;
   int cold_mb = default_cold_mb();
   app.add_option("--threads", threads, "threads (default: hardware threads)")
       ->check(kvsplit::kPositive);
@@ -276,7 +295,9 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "measure the quantized cases N times, print median ratios")
       ->check(kvsplit::kPositive);
   app.add_flag("--cold", cold,
-               "read --cold-mb MiB before each timed decode call (untimed): KV read from memory");
+               "read --cold-mb MiB before each timed decode call (untimed): KV read from memory "
+               "(the quantized cases are cold unless --warm)");
+  app.add_flag("--warm", warm, "time the quantized cases warm (no flush; a small KV stays in L3)");
   app.add_option("--cold-mb", cold_mb, "buffer --cold reads (MiB; default 4x the L3 cache)")
       ->check(kvsplit::kPositive);
   app.add_option("--variant", variant, "run only this quantized-decode variant (no timing)")
@@ -297,14 +318,21 @@ int main(int argc, char** argv) {
   std::printf("measured read bandwidth %.1f GB/s, fp32 FMA peak %.1f GFLOP/s\n", bw, peak);
   std::optional<CacheFlush> flusher;
   std::function<void()> flush_fn;
-  if (cold) {
+  const bool quant_cold = !warm;
+  if (cold || quant_cold) {
     flusher.emplace(static_cast<size_t>(cold_mb) << 20, pool, threads);
     flush_fn = [&] { (*flusher)(); };
   }
   const std::function<void()>* flush = cold ? &flush_fn : nullptr;
-  std::printf("decode calls timed %s\n\n",
-              cold ? "cold (caches flushed before each call, untimed; --cold)"
-                   : "warm (a KV that fits the caches stays there between calls)");
+  const std::function<void()>* quant_flush = quant_cold ? &flush_fn : nullptr;
+  const int64_t l3 = l3_cache_bytes();
+  std::printf("L3 cache %.0f MiB; flush buffer %d MiB\n", static_cast<double>(l3) / (1 << 20),
+              cold_mb);
+  if (!quant_only) {
+    std::printf("decode calls timed %s\n\n",
+                cold ? "cold (caches flushed before each call, untimed; --cold)"
+                     : "warm (a KV that fits the caches stays there between calls)");
+  }
 
   std::printf("decode  %5s %7s | %10s %10s %8s | %6s %7s %7s %8s %8s\n", "seqs", "kv_len",
               "us nosplit", "us split", "speedup", "splits", "KV GB/s", "of BW", "read GB/s",
@@ -349,15 +377,36 @@ int main(int argc, char** argv) {
   std::printf(
       "\nKV bytes read per token and layer: full %.0f, int8 %.0f (%.3fx), int4 %.0f (%.3fx)\n",
       full_bpt, int8_bpt, int8_bpt / full_bpt, int4_bpt, int4_bpt / full_bpt);
-  // --cold times the mean wall time of the calls after each flush (cpu_time does not apply).
-  std::printf("quant cases timed by %s\n", best_call  ? "the fastest single call (wall)"
-                                           : cold     ? "the mean wall time of the cold calls"
-                                           : cpu_time ? "process CPU time / threads"
-                                                      : "wall time");
-  std::printf("quant   %5s %7s | %9s %9s %9s %9s | %9s %9s %9s\n", "seqs", "kv_len", "us full",
-              "us mixfl", "us int8", "us int4", "mixfl/f", "int8/f", "int4/f");
+  // Cold, the mean wall time of the calls after each flush (cpu_time does not apply).
+  std::printf("quant cases timed %s, by %s\n",
+              quant_cold ? "cold (caches flushed before each call, untimed; --warm turns it off)"
+                         : "warm (--warm: a KV that fits the L3 stays there between calls)",
+              best_call    ? "the fastest single call (wall)"
+              : quant_cold ? "the mean wall time of the cold calls"
+              : cpu_time   ? "process CPU time / threads"
+                           : "wall time");
+  if (quant_cold && cpu_time && !best_call) {
+    std::printf("note: --cpu-time applies only with --warm; the cold calls are timed by wall\n");
+  }
   const int quant_cases[][2] = {{1, 4096}, {1, 16384}, {4, 4096}};
   constexpr int kCases = 3;
+  if (!quant_cold) {
+    const char* names[3] = {"full/mixfl", "int8", "int4"};
+    const double bpt[3] = {full_bpt, int8_bpt, int4_bpt};
+    for (const auto& qc : quant_cases) {
+      for (int i = 0; i < 3; ++i) {
+        const double kv_bytes = bpt[i] * qc[0] * qc[1];
+        if (l3 > 0 && kv_bytes <= static_cast<double>(l3)) {
+          std::printf(
+              "warning: warm: %d x %d %s KV is %.1f MiB, within the %.0f MiB L3: it can stay "
+              "cached between calls, so its time (and ratio) is not a read from memory\n",
+              qc[0], qc[1], names[i], kv_bytes / (1 << 20), static_cast<double>(l3) / (1 << 20));
+        }
+      }
+    }
+  }
+  std::printf("quant   %5s %7s | %9s %9s %9s %9s | %9s %9s %9s\n", "seqs", "kv_len", "us full",
+              "us mixfl", "us int8", "us int4", "mixfl/f", "int8/f", "int4/f");
   std::vector<double> ratios[kCases][3];  // [case][mixfl, int8, int4 over full] per repeat
   for (int rep = 0; rep < repeats; ++rep) {
     for (int ci = 0; ci < kCases; ++ci) {
@@ -376,7 +425,7 @@ int main(int argc, char** argv) {
           t[i] = std::min(
               t[i], time_call(
                         seconds / kRounds, [&] { st = cpu_attention_decode(args[i], plan, pool); },
-                        cpu_time, threads, best_call, flush));
+                        cpu_time, threads, best_call, quant_flush));
         }
       }
       if (!st.ok()) {
