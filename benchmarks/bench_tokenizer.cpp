@@ -122,8 +122,5 @@ int main(int argc, char** argv) {
     }
     std::printf(" %13.2f   (MB/s; load %.2f s)\n", per_byte[3] / per_byte[1], load_s);
   }
-  std::printf(
-      "reference: HF tokenizers' README: \"Takes less than 20 seconds to tokenize a GB of text "
-      "on a server's CPU\" (~50 MB/s, batch encoding on all cores)\n");
   return 0;
 }
