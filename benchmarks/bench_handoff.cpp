@@ -12,7 +12,9 @@
 //               pools of --kv-blocks blocks per worker: the most sequences the decode pools ran
 //               at once, their blocks in use per running sequence then (stats sampled every ms),
 //               and the handoff pages copied and taken from the caches.
-// Ratios are against the cache off, in the same run.
+// Ratios are against the cache off, in the same run. The requests are greedy with EOS ignored:
+// every request's tokens must be the same in the three engines (checked; a difference fails the
+// run, naming the first differing request).
 //
 // The defaults (llama-110m, 512 + 16 prompt tokens, 8 at once generating 128 tokens, 128 blocks
 // per worker) make the decode pool the limit without the cache: about three sequences of 41
@@ -33,7 +35,9 @@
 // each. A decode worker's KV in use is then no guide to when its slots free up, so a handoff
 // routed by load can wait for a slot while another worker has one. Reported: the handoff time
 // (Timings::handoff_ms: offer posted -> decoding, the wait for room included) mean / p90 / max,
-// end-to-end p50 / p90, the wall time, and the handoffs passed on.
+// end-to-end p50 / p90, the wall time, and the handoffs passed on. Requests are greedy with EOS
+// ignored: every run must give each request the first run's tokens (checked, as with
+// --hung-worker).
 //
 //   bench_handoff --forwarding --model synthetic:llama-110m --threads 1 --decode-workers 2
 //       --kv-blocks 512
@@ -65,6 +69,7 @@
 #include "common/cli_options.h"
 #include "engine/engine_impl.h"
 #include "kvsplit/engine.h"
+#include "token_check.h"
 
 namespace {
 
@@ -93,7 +98,8 @@ struct Result {
   int64_t to_cached = 0;  // handoffs routed to a decode worker sent the prompt before
   int64_t copied_at_once = 0, cached_at_once = 0;  // handoff pages, concurrent part
   int peak_running = 0;
-  double blocks_per_seq = 0;  // decode blocks in use per running sequence at the peak
+  double blocks_per_seq = 0;       // decode blocks in use per running sequence at the peak
+  kvsplit::bench::Outputs tokens;  // per request: the sequential ones, then the concurrent ones
 };
 
 // The decode pools together: running sequences, blocks in use, handoff pages.
@@ -157,16 +163,14 @@ int run(const Options& o, int variant, Result* out) {
     r.prompt_token_ids = systems[static_cast<size_t>(k)];
     for (int32_t t : random_ids(o.suffix_tokens)) r.prompt_token_ids.push_back(t);
     r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = true;
     r.sampling.temperature = 0;
     return r;
   };
-  auto drain = [](kvsplit::RequestHandle& h, kvsplit::TokenEvent* last) {
-    kvsplit::TokenEvent ev;
-    while (h.next(&ev, std::chrono::minutes(10)))
-      if (ev.final) break;
-    *last = ev;
-    if (!ev.final || !ev.status.ok())
-      return std::fprintf(stderr, "request failed: %s\n", ev.status.to_string().c_str()), 1;
+  auto drain = [&](kvsplit::RequestHandle& h, kvsplit::TokenEvent* last) {
+    out->tokens.emplace_back();
+    if (!kvsplit::bench::drain_tokens(h, last, &out->tokens.back()) || !last->status.ok())
+      return std::fprintf(stderr, "request failed: %s\n", last->status.to_string().c_str()), 1;
     return 0;
   };
   // 1. Sequential.
@@ -236,6 +240,7 @@ int run(const Options& o, int variant, Result* out) {
 
 struct ForwardResult {
   std::vector<double> handoff_ms, e2e_ms;
+  kvsplit::bench::Outputs tokens;  // per request, in arrival order
   double wall_s = 0;
   int64_t forwarded = 0;
 };
@@ -261,8 +266,9 @@ kvsplit::EngineConfig arrivals_config(const Options& o) {
 
 // Submits --fwd-requests requests at Poisson arrivals of --fwd-rate per second (seeded: the same
 // workload in every run); request i has shape(i) = {prompt tokens, tokens to generate}, random
-// ids. Then reads every handle to its end: the handoff and end-to-end times into `out`, and the
-// wall time from the first arrival. 1 (with a message) when a request fails.
+// ids, greedy, EOS ignored. Then reads every handle to its end: the tokens, the handoff and
+// end-to-end times into `out`, and the wall time from the first arrival. 1 (with a message) when
+// a request fails.
 template <typename Shape>
 int run_arrivals(kvsplit::Engine& e, const Options& o, uint32_t seed, Shape shape,
                  ForwardResult* out) {
@@ -289,9 +295,8 @@ int run_arrivals(kvsplit::Engine& e, const Options& o, uint32_t seed, Shape shap
   }
   for (kvsplit::RequestHandle& h : handles) {
     kvsplit::TokenEvent ev;
-    while (h.next(&ev, std::chrono::minutes(10)))
-      if (ev.final) break;
-    if (!ev.final || !ev.status.ok())
+    out->tokens.emplace_back();
+    if (!kvsplit::bench::drain_tokens(h, &ev, &out->tokens.back()) || !ev.status.ok())
       return std::fprintf(stderr, "request failed: %s\n", ev.status.to_string().c_str()), 1;
     out->handoff_ms.push_back(ev.timings.handoff_ms);
     out->e2e_ms.push_back(ev.timings.e2e_ms);
@@ -331,10 +336,12 @@ int forwarding_main(const Options& o) {
       o.decode_workers, o.fwd_slots, o.threads, o.kv_blocks);
   const char* names[3] = {"by KV load", "slots first", "slots, passed on"};
   double sum_mean[3] = {0, 0, 0}, sum_p90[3] = {0, 0, 0}, sum_e2e[3] = {0, 0, 0};
+  kvsplit::bench::Outputs first;  // rep 0's first variant: every run must give these tokens
   for (int rep = 0; rep < o.reps; ++rep) {
     for (int v = 0; v < 3; ++v) {
       ForwardResult r;
       if (run_forwarding(o, v, &r) != 0) return 1;
+      if (rep == 0 && v == 0) first = r.tokens;
       double mean = 0;
       for (double x : r.handoff_ms) mean += x / static_cast<double>(r.handoff_ms.size());
       sum_mean[v] += mean;
@@ -342,10 +349,15 @@ int forwarding_main(const Options& o) {
       sum_e2e[v] += percentile(r.e2e_ms, 90);
       std::printf(
           "  rep %d %-16s: handoff ms mean %8.1f p90 %8.1f max %8.1f; e2e ms p50 %8.1f p90 "
-          "%8.1f; wall %.2f s; passed on %lld\n",
+          "%8.1f; wall %.2f s; passed on %lld; tokens same as rep 0 %s: %s\n",
           rep, names[v], mean, percentile(r.handoff_ms, 90), percentile(r.handoff_ms, 100),
           percentile(r.e2e_ms, 50), percentile(r.e2e_ms, 90), r.wall_s,
-          static_cast<long long>(r.forwarded));
+          static_cast<long long>(r.forwarded), names[0],
+          kvsplit::bench::same_tokens(first, r.tokens));
+      if (kvsplit::bench::check_same_tokens("forwarding", first, std::string("rep 0 ") + names[0],
+                                            r.tokens,
+                                            "rep " + std::to_string(rep) + " " + names[v]))
+        return 1;
     }
   }
   for (int v = 1; v < 3; ++v) {
@@ -395,11 +407,13 @@ int hung_main(const Options& o) {
   const char* names[kVariants] = {"at own deadlines", "at first deadline", "at stall bound"};
   double sum_rerouted_ms[kVariants] = {}, sum_mean[kVariants] = {};
   int64_t sum_rerouted[kVariants] = {};
+  kvsplit::bench::Outputs first;  // rep 0's first variant: every run must give these tokens
   for (int rep = 0; rep < o.reps; ++rep) {
     for (int v = 0; v < kVariants; ++v) {
       ForwardResult r;
       int64_t rerouted = 0;
       if (run_hung(o, v, &r, &rerouted) != 0) return 1;
+      if (rep == 0 && v == 0) first = r.tokens;
       double mean = 0;
       for (double x : r.handoff_ms) mean += x / static_cast<double>(r.handoff_ms.size());
       // The re-routed offers are the ones that waited for a deadline: the slowest handoffs.
@@ -413,10 +427,15 @@ int hung_main(const Options& o) {
       sum_mean[v] += mean;
       std::printf(
           "  rep %d %-17s: re-routed %lld, their handoff ms sum %8.1f (%6.1f each); all: mean "
-          "%7.1f p90 %7.1f max %7.1f; wall %.2f s\n",
+          "%7.1f p90 %7.1f max %7.1f; wall %.2f s; tokens same as rep 0 %s: %s\n",
           rep, names[v], static_cast<long long>(rerouted), slowest,
           rerouted > 0 ? slowest / static_cast<double>(rerouted) : 0.0, mean,
-          percentile(r.handoff_ms, 90), percentile(r.handoff_ms, 100), r.wall_s);
+          percentile(r.handoff_ms, 90), percentile(r.handoff_ms, 100), r.wall_s, names[0],
+          kvsplit::bench::same_tokens(first, r.tokens));
+      if (kvsplit::bench::check_same_tokens("hung worker", first, std::string("rep 0 ") + names[0],
+                                            r.tokens,
+                                            "rep " + std::to_string(rep) + " " + names[v]))
+        return 1;
     }
   }
   double each[kVariants];
@@ -499,12 +518,13 @@ int main(int argc, char** argv) {
         "%lld (of %d per request); handoff first %.2f ms, later median %.2f ms; %d at once: "
         "decode ran at most %d, %.1f blocks per running sequence, pages copied %lld, from the "
         "decode cache %lld, %lld of its handoffs routed to a decode worker sent the prompt "
-        "before\n",
+        "before; tokens same as off: %s\n",
         names[v], o.requests, static_cast<long long>(r[v].copied),
         static_cast<long long>(r[v].cached), pages, r[v].first_handoff_ms, r[v].later_handoff_ms,
         o.concurrent, r[v].peak_running, r[v].blocks_per_seq,
         static_cast<long long>(r[v].copied_at_once), static_cast<long long>(r[v].cached_at_once),
-        static_cast<long long>(r[v].to_cached));
+        static_cast<long long>(r[v].to_cached),
+        kvsplit::bench::same_tokens(r[0].tokens, r[v].tokens));
   }
   auto ratio = [](double a, double b) { return a / std::max(1e-9, b); };
   for (int v = 1; v < 3; ++v) {
@@ -517,5 +537,9 @@ int main(int argc, char** argv) {
         ratio(r[v].blocks_per_seq, r[0].blocks_per_seq),
         ratio(double(r[v].peak_running), double(r[0].peak_running)));
   }
+  for (int v = 1; v < 3; ++v)
+    if (kvsplit::bench::check_same_tokens("handoff", r[0].tokens, "prefix cache off", r[v].tokens,
+                                          std::string("prefix cache ") + names[v]))
+      return 1;
   return 0;
 }
