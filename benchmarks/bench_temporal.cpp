@@ -3,9 +3,15 @@
 //              disk tier, against recomputing it (its prefill); the disk swap-out also with
 //              write-behind (kv.disk.write_behind: the time the worker waits, against the
 //              synchronous write's, and when the record was complete). --disk-direct-io opens the
-//              tier with O_DIRECT (writes reach the device);
+//              tier with O_DIRECT (writes reach the device). The disk swap-in follows its own
+//              buffered swap-out, so it reads the page cache (memory); --cold adds a disk round
+//              trip whose record is written back and dropped from the page cache
+//              (DiskTier::drop_cache) before the timed swap-in. Every swap-in's pages are compared
+//              byte for byte with the prefill's (temporal_restore.cpp);
 //   --prefix   TTFT of requests that share a system prompt (default 400 tokens) with the prefix
 //              cache on: the first request against the later ones (and the cache off as control).
+//              Greedy, EOS ignored: every request's tokens must equal the cache-off run's
+//              (checked; a difference fails the run, naming the request).
 //              --prefix-spill host|disk adds a run whose device pool is just big enough for one
 //              request: between two requests another tenant's long prompt pushes the prefix out
 //              to the host tier (or, with `disk`, no host tier: the disk tier), so every later
@@ -35,7 +41,7 @@
 //              without (the swap-in copies), alternating in one run on one backend
 //              (async_copies on).
 //
-//   bench_temporal --model synthetic:llama-110m --restore --tokens 2048 --threads 2
+//   bench_temporal --model synthetic:llama-110m --restore --tokens 2048 --threads 2 --cold
 //   bench_temporal --model synthetic:llama-110m --resume-step --tokens 1024 --threads 2 --reps 9
 //   bench_temporal --model synthetic:llama-110m --spill-alloc --pages 64 --reps 5
 //   bench_temporal --model synthetic:llama-110m --spill-ahead --pages 64 --alloc 2 --reps 5
@@ -66,163 +72,17 @@
 #include "kvsplit/engine.h"
 #include "model/llama_model.h"
 #include "model/loader.h"
+#include "temporal.h"
+#include "token_check.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-struct Options {
-  std::string model = "synthetic:llama-110m";
-  int threads = 2;
-  bool restore = false, prefix = false, spill_alloc = false, swap_bandwidth = false;
-  bool disk_direct_io = false;
-  bool spill_ahead = false, resume_step = false;
-  int alloc = 2;                // --spill-ahead: blocks allocated per step
-  int step_mb = 64;             // --spill-ahead: bytes a step reads
-  std::string backend = "cpu";  // --swap-bandwidth
-  int pages = 64;
-  int tokens = 2048;
-  int prefix_tokens = 400, requests = 8, suffix_tokens = 16;
-  int reps = 3;
-  std::string disk_path = "/tmp/kvsplit-bench-temporal";
-  std::string prefix_spill;  // "", "host" or "disk"
-};
-
-// The model on a CPU backend of o.threads threads (the restore and spill-alloc modes).
-struct CpuModel {
-  std::optional<kvsplit::model::LoadedModel> loaded;
-  std::unique_ptr<kvsplit::backend::Backend> be;
-  std::unique_ptr<kvsplit::model::LlamaModel> model;
-};
-
-bool load_cpu_model(const Options& o, CpuModel* m) {
-  auto loaded = kvsplit::model::load_model(o.model);
-  if (!loaded.ok()) return std::fprintf(stderr, "%s\n", loaded.status().to_string().c_str()), false;
-  m->loaded.emplace(std::move(loaded).value());
-  auto be = kvsplit::backend::create_backend("cpu", o.threads);
-  if (!be.ok()) return std::fprintf(stderr, "%s\n", be.status().to_string().c_str()), false;
-  m->be = std::move(be).value();
-  auto model = kvsplit::model::LlamaModel::create(*m->loaded, *m->be);
-  if (!model.ok()) return std::fprintf(stderr, "%s\n", model.status().to_string().c_str()), false;
-  m->model = std::move(model).value();
-  return true;
-}
-
-int run_restore(const Options& o) {
-  CpuModel m;
-  if (!load_cpu_model(o, &m)) return 1;
-  const kvsplit::model::LoadedModel* loaded = &*m.loaded;
-  kvsplit::backend::Backend* be = m.be.get();
-  kvsplit::model::LlamaModel* model = m.model.get();
-  const int tokens = std::min(o.tokens, loaded->config.max_seq_len);
-  kvsplit::kv::KvPoolConfig pc;
-  pc.block_size = 16;
-  pc.num_blocks = (tokens + 15) / 16 + 1;
-  const kvsplit::kv::KvShape shape = model->kv_shape();
-  pc.host_bytes = pc.num_blocks * kvsplit::kv::KvPool::block_bytes(pc, shape);
-  auto pool = kvsplit::kv::KvPool::create(*be, pc, shape);
-  if (!pool.ok()) return std::fprintf(stderr, "%s\n", pool.status().to_string().c_str()), 1;
-  std::filesystem::create_directories(o.disk_path);
-  kvsplit::kv::DiskTierConfig dc;
-  dc.path = o.disk_path;
-  dc.extent_bytes = 1 << 20;
-  // Room for the sequence twice over, in whole extents plus one for each record's rounding (a
-  // small model's sequence is less than one extent).
-  const int64_t want = int64_t{pc.num_blocks + 4} * kvsplit::kv::KvPool::block_bytes(pc, shape) * 2;
-  dc.capacity_bytes = (want / dc.extent_bytes + 2) * dc.extent_bytes;
-  dc.direct_io = o.disk_direct_io;
-  auto disk = kvsplit::kv::DiskTier::open(dc);
-  if (!disk.ok()) return std::fprintf(stderr, "%s\n", disk.status().to_string().c_str()), 1;
-  (*pool)->attach_disk(std::move(disk).value());
-
-  std::mt19937 rng(1);
-  std::vector<int32_t> ids(tokens);
-  for (int32_t& t : ids) t = 3 + static_cast<int32_t>(rng() % (loaded->config.vocab_size - 3));
-  kvsplit::kv::BlockTable table;
-  // Each failure says what failed (the swaps' StatusOr is checked before it is read).
-  auto failed = [](const std::string& what) {
-    std::fprintf(stderr, "restore: %s\n", what.c_str());
-    return 1;
-  };
-  auto swap_failed = [&](const kvsplit::StatusOr<bool>& r, const char* what) {
-    return failed(std::string(what) + ": " + (r.ok() ? "refused" : r.status().to_string()));
-  };
-  if (!(*pool)->reserve(table, tokens)) return failed("the pool is too small for the sequence");
-  kvsplit::model::SeqStep step;
-  step.tokens = ids;
-  step.start_pos = 0;
-  step.table = &table;
-  step.logits = kvsplit::model::SeqStep::Logits::kNone;
-  std::vector<float> logits;
-  double recompute = 1e30, host_in = 1e30, disk_in = 1e30, host_out = 1e30, disk_out = 1e30;
-  double wb_out = 1e30, wb_written = 1e30, wb_in = 1e30;
-  const int64_t bytes = int64_t{(tokens + 15) / 16} * (*pool)->bytes_per_block();
-  for (int r = 0; r < o.reps; ++r) {
-    auto t0 = Clock::now();
-    const std::vector<kvsplit::model::SeqStep> steps = {step};
-    if (const auto fw = model->forward(steps, **pool, &logits); !fw.ok())
-      return failed("prefill: " + fw.to_string());
-    recompute = std::min(recompute, ms_since(t0));
-    kvsplit::kv::SwapStats st;
-    t0 = Clock::now();
-    auto out = kvsplit::kv::swap_out(**pool, table, &st);
-    if (!out.ok() || !*out) return swap_failed(out, "host swap out");
-    host_out = std::min(host_out, ms_since(t0));
-    t0 = Clock::now();
-    auto in = kvsplit::kv::swap_in(**pool, table, &st);
-    if (!in.ok() || !*in) return swap_failed(in, "host swap in");
-    host_in = std::min(host_in, ms_since(t0));
-    // The disk tier: no host tier room (take every host slot first).
-    auto hog = (*pool)->host_allocator().allocate((*pool)->host_allocator().num_free());
-    t0 = Clock::now();
-    out = kvsplit::kv::swap_out(**pool, table, &st);
-    if (!out.ok() || !*out) return swap_failed(out, "disk swap out");
-    if (st.to_disk != 1) return failed("the disk swap out did not go to the disk tier");
-    disk_out = std::min(disk_out, ms_since(t0));
-    t0 = Clock::now();
-    in = kvsplit::kv::swap_in(**pool, table, &st);
-    if (!in.ok() || !*in) return swap_failed(in, "disk swap in");
-    disk_in = std::min(disk_in, ms_since(t0));
-    // Write-behind: swap_out returns once the pages are staged; the record is complete when a
-    // poll (a step boundary) sees its write end.
-    (*pool)->set_disk_write_behind(true);
-    t0 = Clock::now();
-    out = kvsplit::kv::swap_out(**pool, table, &st);
-    if (!out.ok() || !*out) return swap_failed(out, "write-behind swap out");
-    if (st.write_behind != 1) return failed("the swap out was not written behind");
-    wb_out = std::min(wb_out, ms_since(t0));
-    while ((*pool)->swap_write(table.disk_record) != nullptr &&
-           kvsplit::kv::poll_swap_writes(**pool, &st) == 0)
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    wb_written = std::min(wb_written, ms_since(t0));
-    if (st.disk_faults != 0) return failed("the write-behind record faulted");
-    t0 = Clock::now();
-    in = kvsplit::kv::swap_in(**pool, table, &st);
-    if (!in.ok() || !*in) return swap_failed(in, "write-behind swap in");
-    wb_in = std::min(wb_in, ms_since(t0));
-    (*pool)->set_disk_write_behind(false);
-    if (hog)
-      for (int32_t s : *hog) (*pool)->host_allocator().decref(s);
-  }
-  (*pool)->release(table);
-  std::printf(
-      "restore: %s, %d tokens (%.1f MiB of KV, f32 pages), %d threads, best of %d\n"
-      "  recompute (prefill)  %9.2f ms\n"
-      "  host tier: out %8.2f ms, in %8.2f ms (%.1f GB/s in): restore %.1fx faster than "
-      "recompute\n"
-      "  disk tier: out %8.2f ms, in %8.2f ms (%.1f GB/s in): restore %.1fx faster than "
-      "recompute%s\n"
-      "  disk tier, write-behind: out %8.2f ms (%.2fx the synchronous out; record complete after "
-      "%.2f ms), in %8.2f ms\n",
-      o.model.c_str(), tokens, bytes / 1048576.0, o.threads, o.reps, recompute, host_out, host_in,
-      bytes / host_in / 1e6, recompute / host_in, disk_out, disk_in, bytes / disk_in / 1e6,
-      recompute / disk_in, o.disk_direct_io ? " (O_DIRECT)" : "", wb_out, wb_out / disk_out,
-      wb_written, wb_in);
-  return 0;
-}
+using kvsplit::bench_temporal::Clock;
+using kvsplit::bench_temporal::CpuModel;
+using kvsplit::bench_temporal::load_cpu_model;
+using kvsplit::bench_temporal::ms_since;
+using kvsplit::bench_temporal::Options;
+using kvsplit::bench_temporal::run_restore;
 
 int run_spill_alloc(const Options& o) {
   CpuModel m;
@@ -407,6 +267,7 @@ int run_prefix(const Options& o) {
   enum class Run { kOff, kOn, kSpill };
   std::vector<Run> runs = {Run::kOff, Run::kOn};
   if (!o.prefix_spill.empty()) runs.push_back(Run::kSpill);
+  kvsplit::bench::Outputs off_tokens;  // the measured requests' tokens with the cache off
   for (Run run : runs) {
     kvsplit::EngineConfig c;
     c.model = o.model;
@@ -439,16 +300,22 @@ int run_prefix(const Options& o) {
     // Another tenant's prompt as long as the pool: serving it evicts every cached page.
     std::vector<int32_t> filler((request_pages + 4) * 16 - 2);
     for (int32_t& t : filler) t = 3 + static_cast<int32_t>(rng() % (vocab - 3));
+    kvsplit::bench::Outputs tokens;  // the measured requests'
     auto serve = [&](kvsplit::Request r, double* ttft) -> int {
       r.sampling.max_tokens = 2;
+      r.sampling.ignore_eos = true;
       r.sampling.temperature = 0;
       auto h = (*engine)->submit(r);
       if (!h.ok()) return std::fprintf(stderr, "%s\n", h.status().to_string().c_str()), 1;
       kvsplit::TokenEvent ev;
-      while (h->next(&ev, std::chrono::minutes(5)))
-        if (ev.final) break;
+      std::vector<int32_t> out;
+      if (!kvsplit::bench::drain_tokens(*h, &ev, &out, std::chrono::minutes(5)))
+        return std::fprintf(stderr, "no final event\n"), 1;
       if (!ev.status.ok()) return std::fprintf(stderr, "%s\n", ev.status.to_string().c_str()), 1;
-      if (ttft != nullptr) *ttft = ev.timings.ttft_ms;
+      if (ttft != nullptr) {
+        *ttft = ev.timings.ttft_ms;
+        tokens.push_back(std::move(out));
+      }
       return 0;
     };
     // One short request of another tenant first (its pages share nothing with the prefix): the
@@ -485,10 +352,11 @@ int run_prefix(const Options& o) {
     std::printf(
         "prefix cache %s%s%s: %s, %d-token shared prefix + %d, %d requests one after another "
         "(after a warm-up request of another tenant): first TTFT %.1f ms, later median %.1f ms "
-        "(%.1fx lower)\n",
+        "(%.1fx lower); tokens same as off: %s\n",
         name, run == Run::kSpill ? " to " : "", run == Run::kSpill ? o.prefix_spill.c_str() : "",
         o.model.c_str(), o.prefix_tokens, o.suffix_tokens, o.requests, ttft[0], median,
-        ttft[0] / median);
+        ttft[0] / median,
+        run == Run::kOff ? "yes" : kvsplit::bench::same_tokens(off_tokens, tokens));
     if (run == Run::kSpill) {
       const kvsplit::EngineStats s = (*engine)->stats();
       for (const kvsplit::PoolStats& p : s.pools)
@@ -501,6 +369,12 @@ int run_prefix(const Options& o) {
             static_cast<long long>(p.kv_prefix_spills_host),
             static_cast<long long>(p.kv_prefix_spills_disk),
             static_cast<long long>(p.kv_prefix_spill_faults));
+    }
+    if (run == Run::kOff) {
+      off_tokens = std::move(tokens);
+    } else if (kvsplit::bench::check_same_tokens("prefix", off_tokens, "prefix cache off", tokens,
+                                                 std::string("prefix cache ") + name)) {
+      return 1;
     }
   }
   if (!o.prefix_spill.empty()) std::filesystem::remove_all(o.disk_path + "-prefix");
@@ -745,6 +619,9 @@ int main(int argc, char** argv) {
   app.add_option("--prefix-tokens", o.prefix_tokens, "--prefix: shared prefix length")
       ->check(CLI::Range(1, 1 << 20));
   app.add_flag("--disk-direct-io", o.disk_direct_io, "--restore: the disk tier with O_DIRECT");
+  app.add_flag("--cold", o.cold,
+               "--restore: also a disk swap-in with the page cache dropped first (reads the "
+               "device, not memory)");
   app.add_option("--requests", o.requests, "--prefix: requests")->check(CLI::Range(2, 10000));
   app.add_option("--reps", o.reps,
                  "--restore, --swap-bandwidth: repetitions (best of); --spill-alloc: rounds")
