@@ -1,5 +1,6 @@
 // bench_serving_offline's shared pieces (bench_serving_offline.cpp: the workloads, the engine
-// config, the request stream; serving_offline_fairness.cpp: the --fairness mode).
+// config, the request stream; serving_offline_fairness.cpp: the --fairness mode;
+// serving_offline_capacity.cpp: the --capacity and --swap-compare modes).
 #pragma once
 
 #include <chrono>
@@ -99,5 +100,8 @@ StreamResult run_stream(EngineImpl& engine, const std::vector<Item>& work, const
 
 // --fairness (serving_offline_fairness.cpp).
 int run_fairness(const Options& o);
+// --capacity and --swap-compare (serving_offline_capacity.cpp).
+int run_capacity(const Options& o);
+int run_swap_compare(const Options& o);
 
 }  // namespace kvsplit::bench_serving
