@@ -1,7 +1,9 @@
 // Sliding-window KV freeing (docs/models.md, "KV behind the window is freed"): how many long
 // generations one fixed KV pool decodes at once when the pages every layer's window has passed go
 // back to the pool, against the same synthetic shape with full attention, which must keep them.
-// Both engines run in the same process, taking turns (--reps rounds), on one colocated worker.
+// Both engines run in the same process, taking turns (--reps rounds), on one colocated worker;
+// which runs first alternates from one pair of runs to the next (full first in the first), so
+// neither always pays for going first.
 //
 //   bench_window --model synthetic:llama-110m --window 256 --kv-blocks 256 --block-size 16
 //       --prompt 128 --output 896 --seqs 4,8,16 --threads 2   (one command line)
@@ -121,10 +123,14 @@ int main(int argc, char** argv) {
       "once, 1 colocated worker, %d rounds\n",
       win.c_str(), o.model.c_str(), o.kv_blocks, o.block_size, o.prompt, o.output, o.reps);
   int most_full = 0, most_window = 0;
+  int turn = 0;  // pairs of runs so far: odd ones run the window first
   for (int seqs : o.seqs) {
     for (int rep = 0; rep < o.reps; ++rep) {
       Result full, w;
-      if (run_once(o, o.model, seqs, &full) != 0 || run_once(o, win, seqs, &w) != 0) return 1;
+      const bool window_first = turn++ % 2 == 1;
+      if (window_first ? run_once(o, win, seqs, &w) != 0 || run_once(o, o.model, seqs, &full) != 0
+                       : run_once(o, o.model, seqs, &full) != 0 || run_once(o, win, seqs, &w) != 0)
+        return 1;
       if (full.errors + w.errors > 0) {
         std::fprintf(stderr, "%lld requests failed\n",
                      static_cast<long long>(full.errors + w.errors));
@@ -138,9 +144,11 @@ int main(int argc, char** argv) {
             seqs, name, static_cast<long long>(r.preemptions), r.running, r.wall_s,
             r.tokens / r.wall_s, static_cast<long long>(r.dropped));
       }
-      std::printf("  %3d seqs, window / full: decoding at once %.2fx, output tok/s %.2fx\n", seqs,
-                  w.running / std::max(full.running, 1e-9),
-                  (w.tokens / w.wall_s) / std::max(full.tokens / full.wall_s, 1e-9));
+      std::printf(
+          "  %3d seqs, window / full: decoding at once %.2fx, output tok/s %.2fx (%s ran first)\n",
+          seqs, w.running / std::max(full.running, 1e-9),
+          (w.tokens / w.wall_s) / std::max(full.tokens / full.wall_s, 1e-9),
+          window_first ? "window" : "full");
       if (full.preemptions == 0) most_full = std::max(most_full, seqs);
       if (w.preemptions == 0) most_window = std::max(most_window, seqs);
     }
