@@ -9,8 +9,9 @@
 // rotates its timed launches over `copies` copies of its pages (own pages, own block table:
 // bench_attention_check.h) so that it reads HBM like the streaming reference; a row still under
 // 2 x L2 (the copies did not fit) is marked L2-resident. Every row's output is checked: K is
-// constant (uniform scores) and V of page p is page_v_value(p), so the output must be the mean
-// of V over the attended keys' pages, computed on the host; a wrong output prints WRONG, says
+// constant (uniform scores) and V of KV head h of page p is page_v_value(head_v_index(p, h)), so
+// each query head's output must be the mean of its KV head's V over the attended keys' pages,
+// computed on the host; a wrong output prints WRONG, says
 // where on stderr, and makes the exit status non-zero.
 // mixed: the mixed-precision kernels (semantic cut, kernels/attention/mixed_attention.h) over
 // pages that are all full, all int8, all int4, or a mix of full / int8 / int4 / evicted; bytes
@@ -395,13 +396,17 @@ int main(int argc, char** argv) {
     void* pages = nullptr;
     CHECK_CUDA(cudaMalloc(&pages, pool_bytes));
     // K: bf16 0x3c3c ~ 0.0115 everywhere, so every key scores the same and the output is the
-    // mean of V over the attended keys. V of page p: page_v_value(p) (one of 127 values), copied
-    // page by page from a device template of the 127 V halves.
+    // mean of V over the attended keys. V of KV head h of page p: page_v_value(head_v_index(p, h))
+    // (one of 127 values), copied page by page from a device template of the 127 V halves
+    // (template j: the V half of a page with p % 127 == j).
     CHECK_CUDA(cudaMemset(pages, 0x3c, pool_bytes));
     {
+      const size_t head_elems = half_elems / kKvHeads;  // [kv_head, block_size, head_dim]
       std::vector<uint16_t> tmpl(half_elems * kvsplit::bench::kPageValueCount);
       for (int j = 0; j < kvsplit::bench::kPageValueCount; ++j)
-        std::fill_n(tmpl.begin() + half_elems * j, half_elems, kvsplit::bench::page_v_bits(j));
+        for (int h = 0; h < kKvHeads; ++h)
+          std::fill_n(tmpl.begin() + half_elems * j + head_elems * h, head_elems,
+                      kvsplit::bench::page_v_bits(kvsplit::bench::head_v_index(j, h)));
       void* dtmpl = nullptr;
       CHECK_CUDA(cudaMalloc(&dtmpl, tmpl.size() * 2));
       CHECK_CUDA(cudaMemcpy(dtmpl, tmpl.data(), tmpl.size() * 2, cudaMemcpyHostToDevice));
@@ -413,11 +418,19 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaStreamSynchronize(stream));
       CHECK_CUDA(cudaFree(dtmpl));
     }
-    // Expected output of each (copy, sequence): the same for every head and dim.
-    std::vector<double> expect(size_t(copies) * sh.num_seqs);
+    // Expected output of each (copy, sequence, KV head): the same for every query head of the KV
+    // head (query head q reads KV head q / (kHeads / kKvHeads)) and every dim.
+    std::vector<double> expect(size_t(copies) * sh.num_seqs * kKvHeads);
     for (size_t i = 0; i < expect.size(); ++i)
-      expect[i] = kvsplit::bench::expected_decode_mean(tabs.data() + i * blocks_per_seq, sh.kv_len,
-                                                       sh.window, kBlockSize);
+      expect[i] = kvsplit::bench::expected_decode_mean(tabs.data() + i / kKvHeads * blocks_per_seq,
+                                                       sh.kv_len, sh.window, kBlockSize,
+                                                       static_cast<int>(i % kKvHeads));
+    // The expected value of output element i (q: [seq, head, dim]) after a launch over `copy`.
+    const auto want_of = [&](int copy, size_t i) {
+      const size_t seq = i / (size_t{kHeads} * kHeadDim);
+      const size_t kv_head = i / kHeadDim % kHeads / (kHeads / kKvHeads);
+      return expect[(size_t(copy) * sh.num_seqs + seq) * kKvHeads + kv_head];
+    };
     std::vector<int32_t> kv_lens(sh.num_seqs, sh.kv_len), qs(sh.num_seqs + 1);
     for (int s = 0; s <= sh.num_seqs; ++s) qs[s] = s;
     const size_t q_elems = size_t(sh.num_seqs) * kHeads * kHeadDim;
@@ -532,7 +545,7 @@ int main(int argc, char** argv) {
         CHECK_CUDA(cudaMemcpy(&flag, derr, sizeof(int), cudaMemcpyDeviceToHost));
         size_t bad = 0, first_bad = 0;
         for (size_t i = 0; i < q_elems; ++i) {
-          const double want = expect[size_t(last) * sh.num_seqs + i / (kHeads * kHeadDim)];
+          const double want = want_of(last, i);
           if (std::fabs(out[i] - want) <= kvsplit::bench::kOutputRelTol * std::fabs(want)) continue;
           if (bad++ == 0) first_bad = i;  // NaN lands here too
         }
@@ -548,7 +561,7 @@ int main(int argc, char** argv) {
                        "out[seq %zu, head %zu, dim %zu] = %.9g, want %.9g), error_flag %d\n",
                        sh.name, split_name, stages_name, bad, q_elems, s,
                        first_bad / kHeadDim % kHeads, first_bad % kHeadDim, double(out[first_bad]),
-                       expect[size_t(last) * sh.num_seqs + s], flag);
+                       want_of(last, first_bad), flag);
           ++failed;
         }
         std::fflush(stdout);

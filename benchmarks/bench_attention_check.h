@@ -1,7 +1,8 @@
-// Host-side helpers of bench_attention (no CUDA): per-page V values that make a page read in the
-// wrong place visible in the output, the output a decode row must then produce, and the copies of
-// a row's pages that its timed launches rotate over so that a small working set is not served
-// from L2 while the streaming reference it is divided by reads HBM.
+// Host-side helpers of bench_attention (no CUDA): per-page, per-KV-head V values that make a page
+// (or a KV head) read in place of another visible in the output whenever their values differ, the
+// output a decode row must then produce, and the copies of a row's pages that its timed launches
+// rotate over so that a small working set is not served from L2 while the streaming reference it is
+// divided by reads HBM.
 #pragma once
 
 #include <algorithm>
@@ -22,6 +23,12 @@ namespace kvsplit::bench {
 // order (24 significant bits), and the output is the mean below up to the final division.
 inline float page_v_value(int64_t page) { return static_cast<float>(1 + page % 127) / 16.f; }
 constexpr int kPageValueCount = 127;  // distinct page_v_value values: page % 127
+// The value index of KV head `kv_head`'s V on page `page`: heads of one page differ, so a query
+// head read against the wrong KV head (a GQA mapping error) changes the output.
+constexpr int kKvHeadValueStride = 16;
+inline int64_t head_v_index(int64_t page, int kv_head) {
+  return (page % kPageValueCount + int64_t{kKvHeadValueStride} * kv_head) % kPageValueCount;
+}
 
 // bf16 bits of a value page_v_value returns (exact: the low 16 bits of its f32 bits are zero).
 inline uint16_t page_v_bits(int64_t page) {
@@ -31,14 +38,16 @@ inline uint16_t page_v_bits(int64_t page) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-// Decode output of one sequence (every head, every dim) when all its keys score the same: the mean
-// of page_v_value over the keys its query at kv_len - 1 attends, window_first_key(kv_len - 1,
-// window) .. kv_len - 1 (window 0: all), each key's page taken from `table_row`.
-inline double expected_decode_mean(const int32_t* table_row, int kv_len, int window,
-                                   int block_size) {
+// Decode output of one sequence's query heads that read KV head `kv_head` (every dim of them) when
+// all its keys score the same: the mean of that head's V value over the keys its query at
+// kv_len - 1 attends, window_first_key(kv_len - 1, window) .. kv_len - 1 (window 0: all), each
+// key's page taken from `table_row`.
+inline double expected_decode_mean(const int32_t* table_row, int kv_len, int window, int block_size,
+                                   int kv_head) {
   const int first = kernels::window_first_key(kv_len - 1, window);
   double sum = 0;
-  for (int t = first; t < kv_len; ++t) sum += page_v_value(table_row[t / block_size]);
+  for (int t = first; t < kv_len; ++t)
+    sum += page_v_value(head_v_index(table_row[t / block_size], kv_head));
   return sum / (kv_len - first);
 }
 
@@ -46,7 +55,9 @@ inline double expected_decode_mean(const int32_t* table_row, int kv_len, int win
 // above leaves a few fp32 roundings (the division by the key count; a split-K merge that weighs
 // partials by exp of their log-sum-exp, ~1e-6): far under 2e-5, which still catches one page of
 // 16 keys read in place of another in a 4096-key window whenever their values differ (a change of
-// at least (1/16) * 16 / 4096 = 2.4e-4 on a mean of at most 8: 3e-5 relative).
+// at least (1/16) * 16 / 4096 = 2.4e-4 on a mean of at most 8: 3e-5 relative), and any KV head
+// read in place of another. Over a full 128K context one wrong page moves the mean by less than
+// the tolerance: there the check catches wrong heads and wholesale errors, not a single page.
 constexpr double kOutputRelTol = 2e-5;
 
 // Copies of a row's pages that its timed launches rotate over: 1 when the row reads at least

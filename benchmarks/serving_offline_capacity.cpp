@@ -72,10 +72,12 @@ int run_capacity_once(const Options& o, int seqs, kvsplit::KvPolicy policy, Capa
     TokenEvent ev;
     double tokens = 0;
     std::vector<int32_t>& out = res->outputs.emplace_back();
+    bool ended = false;  // a request without its final event (timed out) is an error
     while (h.next(&ev, std::chrono::minutes(10))) {
       tokens += static_cast<double>(ev.token_ids.size());
       out.insert(out.end(), ev.token_ids.begin(), ev.token_ids.end());
       if (ev.final) {
+        ended = true;
         res->errors += !ev.status.ok();
         if (ev.status.ok() && ev.timings.ttft_ms <= res->sla_ttft_ms &&
             ev.timings.mean_itl_ms <= res->sla_itl_ms) {
@@ -85,6 +87,7 @@ int run_capacity_once(const Options& o, int seqs, kvsplit::KvPolicy policy, Capa
         break;
       }
     }
+    res->errors += !ended;
     res->tokens += tokens;
   }
   res->wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
