@@ -23,6 +23,28 @@ constexpr int64_t kHfDefaultSlidingWindow = 4096;
 
 enum class Arch { kLlama, kMistral, kQwen2 };
 
+// The supported models: config.json's model_type, the causal LM class transformers builds for it
+// (architectures[0]), and ours.
+struct Supported {
+  std::string_view model_type, architecture;
+  Arch arch;
+};
+constexpr Supported kSupported[] = {{"llama", "LlamaForCausalLM", Arch::kLlama},
+                                    {"mistral", "MistralForCausalLM", Arch::kMistral},
+                                    {"qwen2", "Qwen2ForCausalLM", Arch::kQwen2}};
+
+const Supported* supported_type(std::string_view model_type) {
+  for (const Supported& s : kSupported)
+    if (s.model_type == model_type) return &s;
+  return nullptr;
+}
+
+const Supported* supported_architecture(std::string_view architecture) {
+  for (const Supported& s : kSupported)
+    if (s.architecture == architecture) return &s;
+  return nullptr;
+}
+
 StatusOr<int> get_int(const Json& j, const char* key, std::optional<int64_t> fallback,
                       const std::string& what) {
   KVSPLIT_ASSIGN_OR_RETURN(int64_t v, common::json_int(j, key, fallback, what, 1, INT32_MAX));
@@ -188,47 +210,38 @@ StatusOr<ModelConfig> parse_hf_config_json(std::string_view text, const std::str
   // label): when a config has both, they must agree, or the checkpoint would run here as another
   // model than there (a Mistral label on a llama config gave it Mistral's default window).
   KVSPLIT_ASSIGN_OR_RETURN(std::string type, common::json_string(j, "model_type", "", what));
-  std::string type_arch;
-  if (type == "llama") type_arch = "LlamaForCausalLM";
-  if (type == "mistral") type_arch = "MistralForCausalLM";
-  if (type == "qwen2") type_arch = "Qwen2ForCausalLM";
+  const Supported* by_type = supported_type(type);
   if (archs != j.end() && !archs->is_null()) {
     if (!archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
       return invalid_argument(what + ": 'architectures' must be a list of strings (supported: " +
                               std::string(kSupportedArchs) + ")");
     }
     c.architecture = (*archs)[0].get<std::string>();
-    const bool supported = c.architecture == "LlamaForCausalLM" ||
-                           c.architecture == "MistralForCausalLM" ||
-                           c.architecture == "Qwen2ForCausalLM";
     // An unsupported class is refused below as unknown, whatever its model_type.
-    if (supported && !type.empty() && type_arch != c.architecture) {
+    const Supported* by_arch = supported_architecture(c.architecture);
+    if (by_arch != nullptr && !type.empty() && by_type != by_arch) {
       return invalid_argument(what + ": model_type '" + escape_for_message(type, 64) + "' (" +
-                              (type_arch.empty() ? std::string("none of llama, mistral, qwen2")
-                                                 : "transformers builds " + type_arch) +
+                              (by_type == nullptr
+                                   ? std::string("none of llama, mistral, qwen2")
+                                   : "transformers builds " + std::string(by_type->architecture)) +
                               ") disagrees with architectures[0] " + c.architecture);
     }
   } else {
     // A config saved from a bare config class (LlamaConfig().save_pretrained) names no
     // architecture; its model_type says which causal LM transformers would build.
-    c.architecture = type_arch;
+    if (by_type != nullptr) c.architecture = by_type->architecture;
     if (c.architecture.empty()) {
       return invalid_argument(
           what + ": no 'architectures', and model_type '" + type +
           "' is none of llama, mistral, qwen2 (supported: " + std::string(kSupportedArchs) + ")");
     }
   }
-  Arch arch;
-  if (c.architecture == "LlamaForCausalLM") {
-    arch = Arch::kLlama;
-  } else if (c.architecture == "MistralForCausalLM") {
-    arch = Arch::kMistral;
-  } else if (c.architecture == "Qwen2ForCausalLM") {
-    arch = Arch::kQwen2;
-  } else {
+  const Supported* model = supported_architecture(c.architecture);
+  if (model == nullptr) {
     return invalid_argument(what + ": unknown architecture " + c.architecture +
                             " (supported: " + kSupportedArchs + ")");
   }
+  const Arch arch = model->arch;
   KVSPLIT_RETURN_IF_ERROR(check_unsupported_fields(j, what, arch));
   KVSPLIT_ASSIGN_OR_RETURN(c.dim, get_int(j, "hidden_size", std::nullopt, what));
   KVSPLIT_ASSIGN_OR_RETURN(c.hidden_dim, get_int(j, "intermediate_size", std::nullopt, what));
