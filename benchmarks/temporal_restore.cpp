@@ -132,16 +132,24 @@ int run_restore(const Options& o) {
       return false;
     };
     kvsplit::kv::SwapStats st;
+    // A timed swap-in into overwritten device blocks (it must write every page it gives back),
+    // its best time in *best, its pages compared with the prefill's; false (reported) on failure.
+    auto timed_swap_in = [&](const char* what, double* best) {
+      poison();
+      const auto start = Clock::now();
+      const auto in = kvsplit::kv::swap_in(**pool, table, &st);
+      if (!in.ok() || !*in) {
+        swap_failed(in, what);
+        return false;
+      }
+      *best = std::min(*best, ms_since(start));
+      return same_pages(what);
+    };
     t0 = Clock::now();
     auto out = kvsplit::kv::swap_out(**pool, table, &st);
     if (!out.ok() || !*out) return swap_failed(out, "host swap out");
     host_out = std::min(host_out, ms_since(t0));
-    poison();  // the swap-in must write every page it gives back
-    t0 = Clock::now();
-    auto in = kvsplit::kv::swap_in(**pool, table, &st);
-    if (!in.ok() || !*in) return swap_failed(in, "host swap in");
-    host_in = std::min(host_in, ms_since(t0));
-    if (!same_pages("host swap in")) return 1;
+    if (!timed_swap_in("host swap in", &host_in)) return 1;
     // The disk tier: no host tier room (take every host slot first).
     auto hog = (*pool)->host_allocator().allocate((*pool)->host_allocator().num_free());
     t0 = Clock::now();
@@ -149,12 +157,7 @@ int run_restore(const Options& o) {
     if (!out.ok() || !*out) return swap_failed(out, "disk swap out");
     if (st.to_disk != 1) return failed("the disk swap out did not go to the disk tier");
     disk_out = std::min(disk_out, ms_since(t0));
-    poison();  // the swap-in must write every page it gives back
-    t0 = Clock::now();
-    in = kvsplit::kv::swap_in(**pool, table, &st);
-    if (!in.ok() || !*in) return swap_failed(in, "disk swap in");
-    disk_in = std::min(disk_in, ms_since(t0));
-    if (!same_pages("disk swap in")) return 1;
+    if (!timed_swap_in("disk swap in", &disk_in)) return 1;
     if (o.cold) {
       // The same round trip with the record written back and dropped from the page cache before
       // the swap-in: it reads the device (the warm one above reads memory).
@@ -162,12 +165,7 @@ int run_restore(const Options& o) {
       if (!out.ok() || !*out) return swap_failed(out, "cold disk swap out");
       if (st.to_disk != 2) return failed("the cold swap out did not go to the disk tier");
       (*pool)->disk()->drop_cache();
-      poison();  // the swap-in must write every page it gives back
-      t0 = Clock::now();
-      in = kvsplit::kv::swap_in(**pool, table, &st);
-      if (!in.ok() || !*in) return swap_failed(in, "cold disk swap in");
-      cold_in = std::min(cold_in, ms_since(t0));
-      if (!same_pages("cold disk swap in")) return 1;
+      if (!timed_swap_in("cold disk swap in", &cold_in)) return 1;
     }
     // Write-behind: swap_out returns once the pages are staged; the record is complete when a
     // poll (a step boundary) sees its write end.
@@ -182,12 +180,7 @@ int run_restore(const Options& o) {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     wb_written = std::min(wb_written, ms_since(t0));
     if (st.disk_faults != 0) return failed("the write-behind record faulted");
-    poison();  // the swap-in must write every page it gives back
-    t0 = Clock::now();
-    in = kvsplit::kv::swap_in(**pool, table, &st);
-    if (!in.ok() || !*in) return swap_failed(in, "write-behind swap in");
-    wb_in = std::min(wb_in, ms_since(t0));
-    if (!same_pages("write-behind swap in")) return 1;
+    if (!timed_swap_in("write-behind swap in", &wb_in)) return 1;
     (*pool)->set_disk_write_behind(false);
     if (hog)
       for (int32_t s : *hog) (*pool)->host_allocator().decref(s);
