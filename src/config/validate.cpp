@@ -1,5 +1,4 @@
 // Range checks of a Config with field-path errors (YAML-free: also used after flag overrides).
-
 #include <algorithm>
 #include <cmath>
 #include <set>
