@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <iterator>
 #include <limits>
+#include <set>
+#include <string>
 #include <thread>
 
 #include "backend/backend.h"
@@ -540,18 +542,22 @@ Status EngineImpl::update_sla_classes(std::vector<SlaClass> classes) {
   // the values given.
   std::vector<SlaClass> applied = classes;
   const std::vector<SlaClass> in_force = router_->classes();
+  std::set<std::string> unchanged;
   for (SlaClass& c : applied) {
     if (std::find(given_classes_.begin(), given_classes_.end(), c) == given_classes_.end())
       continue;
+    unchanged.insert(c.name);
     for (const SlaClass& now : in_force)
       if (now.name == c.name) c = now;
   }
   given_classes_ = std::move(classes);
   router_->set_classes(std::move(applied));
   // The manager's table and its rules' restore values follow the operator's new class settings
-  // (else its next decision starts from, and its exit restores, the old ones).
+  // (else its next decision starts from, and its exit restores, the old ones). An unchanged class
+  // is left as it is: rebased to the value the manager moved, an active rule's exit restored that
+  // value and the change stayed for good (each later enter moved it again, down to its bound).
   if (kvm_) {
-    kvm_->rebase_classes(kvm_baseline());
+    kvm_->rebase_classes(kvm_baseline(), unchanged);
     publish_kvm_stats_locked();
   }
   return ok_status();

@@ -103,43 +103,6 @@ namespace {
 // one had not replied in time, and applies it at its next step): the engine's view follows.
 bool applies_late(const Status& s) { return s.ok() || s.code() == StatusCode::kDeadlineExceeded; }
 
-// A rule's value for an integer setting, rounded and checked against the setting's range before
-// it is narrowed: an unbounded "max_queue *= 2" must not wrap to a negative int32.
-StatusOr<int32_t> int_setting(const std::string& name, double v, int64_t lo, int64_t hi) {
-  const double r = std::round(v);
-  if (!std::isfinite(r) || r < static_cast<double>(lo) || r > static_cast<double>(hi))
-    return invalid_argument(fmt::format("{}: must be in [{}, {}], got {}", name, lo, hi, v));
-  return static_cast<int32_t>(r);
-}
-
-// Sets one semantic-cut parameter; an integer one out of int32 range is an error (a cast would
-// wrap it to a value that then passes validation, and the decision would report another).
-Status semantic_set(SemanticCutConfig* c, const std::string& p, double v) {
-  if (p == "semantic_threshold") c->semantic_threshold = static_cast<float>(v);
-  if (p == "evict_threshold") c->evict_threshold = static_cast<float>(v);
-  if (p == "recall_threshold") c->recall_threshold = static_cast<float>(v);
-  if (p == "recall_wait_ms") c->recall_wait_ms = v;
-  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  if (p == "semantic_window") {
-    KVSPLIT_ASSIGN_OR_RETURN(c->semantic_window, int_setting(p, v, 0, kMax));
-  }
-  if (p == "recent_tokens") {
-    KVSPLIT_ASSIGN_OR_RETURN(c->recent_tokens, int_setting(p, v, 0, kMax));
-  }
-  if (p == "recall_precision") {
-    int32_t rung = 0;
-    KVSPLIT_ASSIGN_OR_RETURN(rung, int_setting(p, v, 0, kvm::param_name_count(p) - 1));
-    c->recall_precision = static_cast<RecallPrecision>(rung);
-  }
-  if (p == "max_recalls_per_step") {
-    KVSPLIT_ASSIGN_OR_RETURN(c->max_recalls_per_step, int_setting(p, v, 0, kMax));
-  }
-  if (p == "score_interval") {
-    KVSPLIT_ASSIGN_OR_RETURN(c->score_interval, int_setting(p, v, 1, kMax));
-  }
-  return ok_status();
-}
-
 }  // namespace
 
 Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
@@ -175,7 +138,7 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
     // the moment: those may hold another rule's transient value, which the class would keep
     // after that rule restored the engine-wide setting.
     SemanticCutConfig sc = cls ? cls->semantic.value_or(config_.semantic) : kvm_semantic_;
-    KVSPLIT_RETURN_IF_ERROR(semantic_set(&sc, p, d.after));
+    KVSPLIT_RETURN_IF_ERROR(kvm::set_semantic_param(&sc, p, d.after));
     KVSPLIT_RETURN_IF_ERROR(cuts::semantic::validate(sc, "semantic."));
     sched::SetCutParams cmd;
     cmd.sla_class = d.sla_class;
@@ -194,8 +157,9 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
     if (p == "swap") {
       cmd.swap = swap_of(d.after);
     } else {
-      KVSPLIT_ASSIGN_OR_RETURN(cmd.temporal_step_size,
-                               int_setting(p, d.after, 1, std::numeric_limits<int32_t>::max()));
+      KVSPLIT_ASSIGN_OR_RETURN(
+          cmd.temporal_step_size,
+          kvm::int_setting(p, d.after, 1, std::numeric_limits<int32_t>::max()));
     }
     if (cls) {
       cmd.inherit = d.inherit;  // the class follows the engine-wide value again
@@ -212,19 +176,19 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
   if (p == "spatial_min_context") {
     if (config_.spatial.shards <= 1) return failed_precondition("no spatial shards (shards 1)");
     KVSPLIT_ASSIGN_OR_RETURN(const int32_t v,
-                             int_setting(p, d.after, 0, std::numeric_limits<int32_t>::max()));
+                             kvm::int_setting(p, d.after, 0, std::numeric_limits<int32_t>::max()));
     spatial_min_context_.store(v);
     return ok_status();
   }
   if (p == "max_num_seqs") {
     sched::SetSchedulerParams cmd;
-    KVSPLIT_ASSIGN_OR_RETURN(cmd.max_num_seqs, int_setting(p, d.after, 1, 65536));
+    KVSPLIT_ASSIGN_OR_RETURN(cmd.max_num_seqs, kvm::int_setting(p, d.after, 1, 65536));
     return broadcast_command(cmd);
   }
   if (p == "max_chunk_tokens") {
     // Every worker that prefills: prefill and colocated workers, and decode workers (recomputes).
     sched::SetSchedulerParams cmd;
-    KVSPLIT_ASSIGN_OR_RETURN(cmd.max_chunk_tokens, int_setting(p, d.after, 0, 1 << 20));
+    KVSPLIT_ASSIGN_OR_RETURN(cmd.max_chunk_tokens, kvm::int_setting(p, d.after, 0, 1 << 20));
     return broadcast_command(cmd, /*decoders_only=*/false);
   }
   if (p == "max_chunk_ms") {  // the same workers as max_chunk_tokens
@@ -236,13 +200,13 @@ Status EngineImpl::apply_kvm_decision(const KvmDecision& d) {
   }
   if (p == "max_queue") {
     if (!cls) return invalid_argument("max_queue needs a class");
-    KVSPLIT_ASSIGN_OR_RETURN(cls->max_queue, int_setting(p, d.after, 1, 1000000));
+    KVSPLIT_ASSIGN_OR_RETURN(cls->max_queue, kvm::int_setting(p, d.after, 1, 1000000));
     router_->set_classes(std::move(classes));
     return ok_status();
   }
   if (p == "migrate_to_shard") {
     KVSPLIT_ASSIGN_OR_RETURN(const int32_t pages,
-                             int_setting(p, d.after, 1, std::numeric_limits<int32_t>::max()));
+                             kvm::int_setting(p, d.after, 1, std::numeric_limits<int32_t>::max()));
     return migrate_to_emptiest_shard(pages);
   }
   return invalid_argument("unknown parameter '" + p + "'");

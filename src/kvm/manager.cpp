@@ -10,6 +10,7 @@ namespace kvsplit::kvm {
 
 KvCacheManager::KvCacheManager(KvmConfig config, ParamTable baseline, Actuator* actuator)
     : config_(std::move(config)),
+      configured_(baseline),
       params_(std::move(baseline)),
       actuator_(actuator),
       monitor_(config_.window_ms),
@@ -54,18 +55,26 @@ void KvCacheManager::reload(KvmConfig config) {
   open_log();
 }
 
-void KvCacheManager::rebase_classes(const ParamTable& classes) {
+void KvCacheManager::rebase_classes(const ParamTable& classes,
+                                    const std::set<std::string>& unchanged) {
   std::vector<std::pair<std::string, std::string>> gone;
   for (const auto& entry : params_.values()) {
     const auto& key = entry.first;
-    if (!key.second.empty() && !classes.has(key.first, key.second)) gone.push_back(key);
+    if (!key.second.empty() && !unchanged.count(key.second) && !classes.has(key.first, key.second))
+      gone.push_back(key);
   }
   for (const auto& [param, sla_class] : gone) {
     params_.erase(param, sla_class);
-    rules_.rebase(param, sla_class, params_.get(param, ""), /*inherited=*/true);
+    // A semantic setting cannot follow the engine-wide one again (the rule's exit gives the class
+    // a block of its own): its exit restores the configured value, as a first enter's would.
+    if (param_is_semantic(param) && configured_.has(param, "")) {
+      rules_.rebase(param, sla_class, configured_.get(param, ""), /*inherited=*/false);
+    } else {
+      rules_.rebase(param, sla_class, params_.get(param, ""), /*inherited=*/true);
+    }
   }
   for (const auto& [key, value] : classes.values()) {
-    if (key.second.empty()) continue;
+    if (key.second.empty() || unchanged.count(key.second)) continue;
     params_.set(key.first, key.second, value);
     rules_.rebase(key.first, key.second, value);
   }
@@ -119,7 +128,7 @@ std::vector<KvmDecision> KvCacheManager::tick(double now_ms, const EngineStats& 
     if (exits && d.applied) enforced_active_.erase(d.rule);
     return d.applied || !enforce;
   };
-  std::vector<KvmDecision> decisions = rules_.evaluate(last_, params_, apply);
+  std::vector<KvmDecision> decisions = rules_.evaluate(last_, params_, apply, &configured_);
   for (KvmDecision& d : decisions) {
     log_decision(d);
     ++counts_[{d.rule, d.action}];

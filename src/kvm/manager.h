@@ -49,8 +49,10 @@ class KvCacheManager {
   // of them restores at its exit. A class setting the table has and `classes` lacks (the KVM had
   // given the class its own value; the file gives it none) goes: the class reads the engine-wide
   // value again, as its requests do, and an active rule on it restores the engine-wide value at
-  // its exit. Rules keep their state; a repeat starts from the new value.
-  void rebase_classes(const ParamTable& classes);
+  // its exit. Rules keep their state; a repeat starts from the new value. The classes named in
+  // `unchanged` (given exactly as before: their entries in `classes` are what the KVM moved) are
+  // left alone, so an active rule on one still restores the value from before its enter.
+  void rebase_classes(const ParamTable& classes, const std::set<std::string>& unchanged = {});
 
   Monitor& monitor() { return monitor_; }
   const KvmConfig& config() const { return config_; }
@@ -76,6 +78,9 @@ class KvCacheManager {
   void adopt_class_settings(const std::string& sla_class);
 
   KvmConfig config_;
+  // The settings at construction (the configured ones: nothing had moved them). Its engine-wide
+  // semantic values are what a class's first semantic rule starts from (RuleEngine::evaluate).
+  const ParamTable configured_;
   ParamTable params_;
   Actuator* actuator_;
   Monitor monitor_;

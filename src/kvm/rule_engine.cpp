@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "common/config_rules.h"
@@ -303,6 +304,39 @@ void set_semantic_params(ParamTable* t, const std::string& sla_class, const Sema
   }
 }
 
+StatusOr<int32_t> int_setting(const std::string& name, double v, int64_t lo, int64_t hi) {
+  const double r = std::round(v);
+  if (!std::isfinite(r) || r < static_cast<double>(lo) || r > static_cast<double>(hi))
+    return invalid_argument(fmt::format("{}: must be in [{}, {}], got {}", name, lo, hi, v));
+  return static_cast<int32_t>(r);
+}
+
+Status set_semantic_param(SemanticCutConfig* c, const std::string& p, double v) {
+  if (p == "semantic_threshold") c->semantic_threshold = static_cast<float>(v);
+  if (p == "evict_threshold") c->evict_threshold = static_cast<float>(v);
+  if (p == "recall_threshold") c->recall_threshold = static_cast<float>(v);
+  if (p == "recall_wait_ms") c->recall_wait_ms = v;
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (p == "semantic_window") {
+    KVSPLIT_ASSIGN_OR_RETURN(c->semantic_window, int_setting(p, v, 0, kMax));
+  }
+  if (p == "recent_tokens") {
+    KVSPLIT_ASSIGN_OR_RETURN(c->recent_tokens, int_setting(p, v, 0, kMax));
+  }
+  if (p == "recall_precision") {
+    int32_t rung = 0;
+    KVSPLIT_ASSIGN_OR_RETURN(rung, int_setting(p, v, 0, param_name_count(p) - 1));
+    c->recall_precision = static_cast<RecallPrecision>(rung);
+  }
+  if (p == "max_recalls_per_step") {
+    KVSPLIT_ASSIGN_OR_RETURN(c->max_recalls_per_step, int_setting(p, v, 0, kMax));
+  }
+  if (p == "score_interval") {
+    KVSPLIT_ASSIGN_OR_RETURN(c->score_interval, int_setting(p, v, 1, kMax));
+  }
+  return ok_status();
+}
+
 std::string rule_where(const KvmConfig& policy, size_t i) {
   const std::string name = " (" + escape_for_message(policy.rules[i].name, 64) + ")";
   if (!policy.rules_file.empty() && i >= policy.file_rules_begin) {
@@ -363,7 +397,8 @@ void RuleEngine::rebase(const std::string& param, const std::string& sla_class, 
 }
 
 std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const ParamTable& params,
-                                              const std::function<bool(KvmDecision&)>& apply) {
+                                              const std::function<bool(KvmDecision&)>& apply,
+                                              const ParamTable* configured) {
   ParamTable local = params;  // later rules see earlier rules' `after` (when it holds)
   std::vector<KvmDecision> out;
   const double now = snap.time_ms;
@@ -372,7 +407,7 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
     RuleState& st = states_[i];
     const bool one_shot = param_is_one_shot(r.then.param);
     // A one-shot action has no setting: it starts from 0 each time and nothing is stored.
-    const double current = one_shot ? 0 : local.get(r.then.param, r.sla_class);
+    double current = one_shot ? 0 : local.get(r.then.param, r.sla_class);
     // Returns whether the setting now holds `after` (see `apply`).
     auto emit = [&](const char* action, double after, std::string monitors, bool inherit = false) {
       KvmDecision d;
@@ -412,11 +447,21 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
       st.active = true;
       st.exit_since_ms = -1;
       st.exit_refused = false;
-      st.value_at_enter = current;
       st.inherited = !one_shot && !r.sla_class.empty() && !local.has(r.then.param, r.sla_class);
+      // A class's first semantic setting gives it a whole block built from the configured
+      // settings: the rule starts from the configured value and its exit restores it. Read from
+      // the engine-wide value of the moment (another rule's transient change, maybe), the class
+      // kept that value for good after both rules exited.
+      if (st.inherited && configured != nullptr && param_is_semantic(r.then.param) &&
+          configured->has(r.then.param, std::string())) {
+        current = configured->get(r.then.param, std::string());
+        st.inherited = false;
+      }
+      st.value_at_enter = current;
       st.last_applied_ms = now;
       st.entered = ++enters_;
       emit("enter", apply_action(r, current), std::move(monitors));
+      st.took_effect = out.back().applied;
       continue;
     }
     if (fired(snap, r.exit, &monitors)) {
@@ -437,6 +482,9 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
           RuleState& o = states_[k];
           if (k == i || !o.active || !rules_[k].restore_on_exit || o.entered < st.entered) continue;
           if (rules_[k].then.param != r.then.param || rules_[k].sla_class != r.sla_class) continue;
+          // One whose change is not in place (it entered in dry-run after a switch from enforce)
+          // would never restore: this one's change would stay.
+          if (st.took_effect && !o.took_effect) continue;
           if (later == nullptr || o.entered < later->entered) later = &o;
         }
         if (later != nullptr) {
@@ -469,6 +517,7 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
     if (after == current) continue;  // at a bound
     st.last_applied_ms = now;
     emit("repeat", after, std::move(monitors));
+    st.took_effect = st.took_effect || out.back().applied;
   }
   return out;
 }
@@ -499,6 +548,30 @@ Status validate_rules_for_engine(const KvmConfig& policy, const EngineConfig& co
                  "semantic)"
                : " (semantic reads every semantic parameter; h2o semantic_window, "
                  "score_interval and recent_tokens; streaming recent_tokens)"));
+    }
+    if (param_is_semantic(r.then.param)) {
+      // The value it sets, or the bound it moves towards, in the semantic block it lands in as
+      // configured (the class's own, else the engine-wide one): "evict_threshold = 0.9" beside a
+      // semantic_threshold of 0.15 passed --check-config and was refused at every swing.
+      SemanticCutConfig sc = config.semantic;
+      for (const SlaClass& c : config.sla_classes) {
+        if (!r.sla_class.empty() && c.name == r.sla_class && c.semantic) sc = *c.semantic;
+      }
+      std::vector<std::pair<const char*, double>> values;
+      if (r.then.op == KvmActionOp::kSet) values.emplace_back("then", r.then.value);
+      if (r.then.op != KvmActionOp::kSet && lowers(r.then) && has_min(r))
+        values.emplace_back("min", r.min);
+      if (r.then.op != KvmActionOp::kSet && raises(r.then) && has_max(r))
+        values.emplace_back("max", r.max);
+      for (const auto& [field, v] : values) {
+        SemanticCutConfig moved = sc;
+        Status st = set_semantic_param(&moved, r.then.param, v);
+        if (st.ok()) st = validate_semantic_cut(moved, "kv.cuts.semantic.");
+        if (!st.ok())
+          return invalid_argument(rule_where(policy, i) + ": " + field + ": " + r.then.param + " " +
+                                  fmt::format("{}", v) +
+                                  " is refused beside the configured settings: " + st.message());
+      }
     }
     if ((r.then.param == "spatial_min_context" || r.then.param == "migrate_to_shard") &&
         config.spatial.shards <= 1) {

@@ -34,6 +34,12 @@ class ParamTable {
 double semantic_param(const SemanticCutConfig& c, const std::string& param);
 // Sets every one of them at (param, sla_class) from `c`.
 void set_semantic_params(ParamTable* t, const std::string& sla_class, const SemanticCutConfig& c);
+// A rule's value for an integer setting, rounded and checked against [lo, hi] before it is
+// narrowed ("name: must be in [lo, hi], got v"): an unbounded "max_queue *= 2" must not wrap.
+StatusOr<int32_t> int_setting(const std::string& name, double v, int64_t lo, int64_t hi);
+// Sets one semantic parameter of `c` to `v`; an integer one out of its range is an error (a cast
+// would wrap it to a value that then passes validation).
+Status set_semantic_param(SemanticCutConfig* c, const std::string& param, double v);
 
 // Checks rules: non-empty unique names, `when` and `exit` present with known metrics (a class
 // only on a per-class metric, and one of `classes`), `exit` on the same metric as `when` compares
@@ -91,9 +97,13 @@ class RuleEngine {
   // later rules see earlier rules' `after` values of this call only for those (a refused decision's
   // value never took effect). `apply` may add entries to `params` (a class's adopted semantic
   // block): later rules of this call see those too. Without it every decision counts as holding and
-  // applied stays false.
+  // applied stays false. `configured`, when given, holds the configured engine-wide settings: a
+  // class rule on a semantic setting of a class without a semantic block of its own starts from
+  // the configured value (the class's new block is built from the configured settings, not from
+  // the engine-wide values of the moment) and its exit restores that value.
   std::vector<KvmDecision> evaluate(const KvmSnapshot& snap, const ParamTable& params,
-                                    const std::function<bool(KvmDecision&)>& apply = nullptr);
+                                    const std::function<bool(KvmDecision&)>& apply = nullptr,
+                                    const ParamTable* configured = nullptr);
 
   struct RuleState {
     bool active = false;
@@ -106,6 +116,9 @@ class RuleEngine {
     double exit_since_ms = -1;  // first sample of the current run where `exit` held; -1: none
     bool exit_refused = false;  // its last exit was refused: it stays active and tries again
     int64_t entered = 0;        // order of its enter among all rules' (0: never entered)
+    // Its change is in place: its enter or a repeat since was applied (KvmDecision::applied), not
+    // only logged in dry-run.
+    bool took_effect = false;
   };
   const std::vector<KvmRule>& rules() const { return rules_; }
   const RuleState& state(size_t i) const { return states_[i]; }

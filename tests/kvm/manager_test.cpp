@@ -172,6 +172,37 @@ TEST(KvCacheManager, AnEnforcedRuleStillRestoresItsValueAfterASwitchToDryRun) {
   EXPECT_EQ(act.applied.size(), 2u);
 }
 
+// Enforce to dry-run with a rule active, then a second rule on the same setting enters (in dry-run,
+// so its change is not in place): the first one's exit restores the value itself. It used to hand
+// its value at enter to the second (as stacked rules do) and keep the setting, and the second's
+// exit, never applied, left the first one's change for good.
+TEST(KvCacheManager, AnEnforcedRuleDoesNotHandItsRestoreToADryRunOne) {
+  FakeActuator act;
+  KvmConfig c = policy(KvmMode::kEnforce);
+  KvmRule later = c.rules[0];
+  later.name = "hotter";
+  later.when = {"device_kv_use", "", KvmCmp::kGreater, 0.97};
+  later.exit = {"device_kv_use", "", KvmCmp::kLess, 0.5};
+  c.rules.push_back(later);
+  KvCacheManager m(c, baseline(), &act);
+  ASSERT_EQ(m.tick(0, stats_at(95), {}).size(), 1u);  // hot enters: 0.15 -> 0.20, applied
+  c.mode = KvmMode::kDryRun;
+  m.reload(c);
+  for (const KvmDecision& d : m.tick(150, stats_at(98), {})) EXPECT_FALSE(d.applied) << d.rule;
+  std::vector<KvmDecision> ds = m.tick(300, stats_at(70), {});  // hot exits, hotter stays
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].rule, "hot");
+  EXPECT_EQ(ds[0].action, "exit");
+  EXPECT_TRUE(ds[0].applied);
+  EXPECT_NEAR(m.params().get("semantic_threshold", ""), 0.15, 1e-9);
+  ds = m.tick(450, stats_at(40), {});
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].rule, "hotter");
+  EXPECT_FALSE(ds[0].applied);
+  EXPECT_NEAR(m.params().get("semantic_threshold", ""), 0.15, 1e-9);
+  EXPECT_NEAR(act.applied.back().after, 0.15, 1e-9);
+}
+
 TEST(KvCacheManager, RefusedActionIsRecordedAndLeavesTheTable) {
   FakeActuator act;
   act.refuse = true;
@@ -320,6 +351,33 @@ TEST(KvCacheManager, ClassReloadRebasesTheTableAndTheRestoreValue) {
   EXPECT_DOUBLE_EQ(m.params().get("max_queue", "batch"), 64);
 }
 
+// A reload that gives a class exactly as before (a SIGHUP to rotate the decision log) while a rule
+// on it is active: the class keeps the moved value and the rule's exit still restores the value
+// from before its enter. Rebased to the moved value, the exit "restored" 512 and the change stayed
+// for good, each later enter halving it again.
+TEST(KvCacheManager, AnUnchangedClassReloadKeepsTheRestoreValue) {
+  KvmConfig c = policy(KvmMode::kEnforce);
+  c.rules[0].then = {"max_queue", KvmActionOp::kMul, 0.5};
+  c.rules[0].sla_class = "batch";
+  c.rules[0].min = 1;
+  c.rules[0].max = 1e6;
+  ParamTable t = baseline();
+  t.set("max_queue", "batch", 1024);
+  FakeActuator act;
+  KvCacheManager m(c, t, &act);
+  m.tick(0, stats_at(95), {});  // enter: 1024 -> 512
+  ParamTable reloaded;          // what the engine runs: the moved value
+  reloaded.set("max_queue", "batch", 512);
+  m.rebase_classes(reloaded, {"batch"});
+  EXPECT_DOUBLE_EQ(m.params().get("max_queue", "batch"), 512);
+  const auto ds = m.tick(1000, stats_at(50), {});  // exit
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "exit");
+  EXPECT_DOUBLE_EQ(ds[0].before, 512);
+  EXPECT_DOUBLE_EQ(ds[0].after, 1024);
+  EXPECT_DOUBLE_EQ(m.params().get("max_queue", "batch"), 1024);
+}
+
 // A class setting the KVM gave a class that the reloaded file gives none: the class reads the
 // engine-wide value again (as its requests do, the router's override being the file's), so an
 // active `=` rule re-applies its value at its next repeat, and its exit restores the engine-wide
@@ -346,6 +404,39 @@ TEST(KvCacheManager, ClassReloadDropsAClassSettingTheFileDoesNotGive) {
   ASSERT_EQ(ds.size(), 1u);
   EXPECT_EQ(ds[0].action, "exit");
   EXPECT_DOUBLE_EQ(ds[0].after, 0.15);  // the engine-wide value
+}
+
+// A class rule on a semantic setting of a class without a semantic block of its own, entered while
+// an engine-wide rule holds a transient value: it starts from the configured value (the engine
+// builds the class's block from the configured settings) and its exit restores that, so once both
+// rules exit the class runs the configured value. It used to start from and restore the transient
+// engine-wide value, which the class then kept for good.
+TEST(KvCacheManager, AClassSemanticRuleStartsFromTheConfiguredValue) {
+  FakeActuator act;
+  KvmConfig c = policy(KvmMode::kEnforce);
+  c.rules[0].then = {"semantic_threshold", KvmActionOp::kSet, 0.2};
+  KvmRule cls = c.rules[0];
+  cls.name = "class-hot";
+  cls.sla_class = "interactive";
+  cls.when = {"device_kv_use", "", KvmCmp::kGreater, 0.95};
+  cls.exit = {"device_kv_use", "", KvmCmp::kLess, 0.9};
+  cls.then = {"semantic_threshold", KvmActionOp::kSet, 0.3};
+  c.rules.push_back(cls);
+  KvCacheManager m(c, baseline(), &act);
+  ASSERT_EQ(m.tick(0, stats_at(92), {}).size(), 1u);  // engine-wide 0.15 -> 0.2
+  std::vector<KvmDecision> ds = m.tick(150, stats_at(97), {});
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].rule, "class-hot");
+  EXPECT_DOUBLE_EQ(ds[0].before, 0.15);
+  ds = m.tick(300, stats_at(85), {});
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "exit");
+  EXPECT_DOUBLE_EQ(ds[0].after, 0.15);
+  ds = m.tick(450, stats_at(70), {});
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].rule, "hot");
+  EXPECT_DOUBLE_EQ(m.params().get("semantic_threshold", ""), 0.15);
+  EXPECT_DOUBLE_EQ(m.params().get("semantic_threshold", "interactive"), 0.15);
 }
 
 // The engine gives a class its own semantic block (a copy of the configured one) at the class's

@@ -138,11 +138,43 @@ TEST(Simulator, DecisionsTheEngineRefusesAreRefused) {
     KvmAction then;
     std::string error;
   } cases[] = {{{"max_num_seqs", KvmActionOp::kMul, 1e6}, "max_num_seqs: must be in [1, 65536]"},
-               {{"evict_threshold", KvmActionOp::kSet, 0.9},
+               {{"evict_threshold", KvmActionOp::kAdd, 0.9},
                 "semantic.evict_threshold: must be below semantic_threshold"}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.error);
     expect_refused(pressure_config(), *base, c.then, c.error, trace);
+  }
+}
+
+// A semantic `=` value, or the bound a rule moves towards, that the semantic cut's checks refuse
+// beside the configured settings (evict_threshold at or above semantic_threshold) is refused
+// before the run, with the engine's start-up error: such a rule passed --check-config and was
+// refused at every swing.
+TEST(Simulator, SemanticValuesRefusedBesideTheConfiguredOnesAreRefusedBeforeTheRun) {
+  const auto trace = uniform_trace(48, 2, 512, 192);
+  struct Case {
+    KvmAction then;
+    double max;
+    std::string error;
+  } cases[] = {
+      {{"evict_threshold", KvmActionOp::kSet, 0.9}, 1, "kvm.rules[0] (hot): then: evict_threshold"},
+      {{"evict_threshold", KvmActionOp::kAdd, 0.01},
+       0.5,
+       "kvm.rules[0] (hot): max: evict_threshold"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.error);
+    EngineConfig on = pressure_config();
+    on.kvm.enabled = true;
+    KvmRule r = raise_threshold_rule();
+    r.then = c.then;
+    r.max = c.max;
+    on.kvm.rules = {r};
+    auto got = simulate(on, test_profile(), trace);
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(got.status().message().find(c.error), std::string::npos) << got.status().message();
+    EXPECT_NE(got.status().message().find("must be below semantic_threshold"), std::string::npos)
+        << got.status().message();
   }
 }
 
