@@ -57,6 +57,10 @@ inline bool json_depth_within(std::string_view text, int limit) {
 // Without `what` the message starts at "bad JSON" / "duplicate key".
 inline StatusOr<Json> parse_json(std::string_view text, const std::string& what) {
   const std::string prefix = what.empty() ? std::string() : what + ": ";
+  // The parser takes a NUL byte for the end of the input and accepted what came after it unread
+  // ("{...}\0junk"); JSON text has no place for one (a string escapes it as \u0000).
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+    return invalid_argument(prefix + "bad JSON: a NUL byte at offset " + std::to_string(nul));
   if (!json_depth_within(text, kMaxJsonDepth)) {
     return invalid_argument(prefix + "bad JSON: nested deeper than " +
                             std::to_string(kMaxJsonDepth) + " levels");

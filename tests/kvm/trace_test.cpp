@@ -50,6 +50,9 @@ TEST(Trace, ErrorsNameTheLineAndTheField) {
       {"{\"arrival_ms\": 5, \"prompt_tokens\": 3, \"output_tokens\": 2, \"arrival_ms\": 7}",
        "t:2: duplicate key 'arrival_ms'"},
       {"[1, 2]", "t:2: must be a JSON object"},
+      // The parser stopped at the NUL and took the line as valid.
+      {std::string("{\"arrival_ms\": 1, \"prompt_tokens\": 2, \"output_tokens\": 1}\0junk", 62),
+       "t:2: bad JSON: a NUL byte at offset 57"},
   };
   for (const Case& c : cases) {
     const std::string text =
