@@ -76,6 +76,17 @@ Status validate_sla_classes(const std::vector<SlaClass>& classes) {
   return ok_status();
 }
 
+Status validate_kvm_window(const KvmConfig& kvm) {
+  if (kvm.window_ms < 100 || kvm.window_ms > 3600000)
+    return invalid_argument("kvm.window_ms: must be in [100, 3600000], got " +
+                            std::to_string(kvm.window_ms));
+  if (kvm.window_ms < kvm.interval_ms)
+    return invalid_argument("kvm.window_ms: must be >= kvm.interval_ms (" +
+                            std::to_string(kvm.interval_ms) + "), got " +
+                            std::to_string(kvm.window_ms));
+  return ok_status();
+}
+
 Status validate_semantic_cut(const SemanticCutConfig& c, std::string_view path) {
   auto error = [&](const char* field, const std::string& what) {
     return invalid_argument(std::string(path) + field + ": " + what);

@@ -31,6 +31,10 @@ Status validate_sla_classes(const std::vector<SlaClass>& classes);
 // cuts::semantic::validate is this function.
 Status validate_semantic_cut(const SemanticCutConfig& config, std::string_view path);
 
+// kvm.window_ms in [100, 3600000] and not shorter than kvm.interval_ms: a window shorter than the
+// sampling period leaves out the requests that finished between two windows.
+Status validate_kvm_window(const KvmConfig& kvm);
+
 // "full" | "semantic" | "streaming" | "h2o" (kInvalidArgument otherwise) and back.
 StatusOr<KvPolicy> parse_kv_policy(std::string_view name);
 const char* kv_policy_name(KvPolicy policy);

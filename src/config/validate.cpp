@@ -70,7 +70,7 @@ Status validate_config(const Config& config) {
         std::to_string(e.block_size) + ", got " + std::to_string(e.spatial.spatial_chunk_size));
   KVSPLIT_RETURN_IF_ERROR(validate_sla_classes(e.sla_classes));
   KVSPLIT_RETURN_IF_ERROR(check_range("kvm.interval_ms", e.kvm.interval_ms, 10, 60000));
-  KVSPLIT_RETURN_IF_ERROR(check_range("kvm.window_ms", e.kvm.window_ms, 100, 3600000));
+  KVSPLIT_RETURN_IF_ERROR(validate_kvm_window(e.kvm));
   {
     std::vector<std::string> classes;
     for (const SlaClass& c : e.sla_classes) classes.push_back(c.name);

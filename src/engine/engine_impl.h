@@ -172,7 +172,14 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   // Finished requests' (class, ttft, mean itl) since the last sample, fed by on_final.
   std::mutex kvm_lat_mu_;
   std::atomic<bool> kvm_enabled_{false};
-  std::vector<std::pair<std::string, std::pair<double, double>>> kvm_latencies_;
+  // Finished requests' latencies since the last tick, each with its finish time (the window is
+  // judged by that, not by the tick that reads it).
+  struct KvmLatency {
+    std::string sla_class;
+    double ttft_ms = 0, mean_itl_ms = 0;
+    std::chrono::steady_clock::time_point at;
+  };
+  std::vector<KvmLatency> kvm_latencies_;
 };
 
 }  // namespace kvsplit

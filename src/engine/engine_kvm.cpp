@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/config_rules.h"
 #include "common/log.h"
 #include "cuts/semantic/semantic.h"
 #include "engine/engine_impl.h"
@@ -298,7 +299,7 @@ void EngineImpl::kvm_loop() {
     if (kvm_stop_) break;
     lock.unlock();
     const EngineStats stats = stats_without_kvm();
-    std::vector<std::pair<std::string, std::pair<double, double>>> lat;
+    std::vector<KvmLatency> lat;
     {
       std::lock_guard<std::mutex> l(kvm_lat_mu_);
       lat.swap(kvm_latencies_);
@@ -307,7 +308,10 @@ void EngineImpl::kvm_loop() {
     if (kvm_stop_) break;
     const double now_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    for (const auto& [cls, v] : lat) kvm_->monitor().latency().add(cls, now_ms, v.first, v.second);
+    for (const KvmLatency& l : lat) {
+      const double at_ms = std::chrono::duration<double, std::milli>(l.at - start).count();
+      kvm_->monitor().latency().add(l.sla_class, at_ms, l.ttft_ms, l.mean_itl_ms);
+    }
     kvm_->tick(now_ms, stats, in);
     publish_kvm_stats_locked();
   }
@@ -327,7 +331,7 @@ void EngineImpl::kvm_record_latency(const std::string& sla_class, double ttft_ms
                                     double mean_itl_ms) {
   std::lock_guard<std::mutex> l(kvm_lat_mu_);
   if (!kvm_enabled_.load(std::memory_order_relaxed)) return;
-  kvm_latencies_.push_back({sla_class, {ttft_ms, mean_itl_ms}});
+  kvm_latencies_.push_back({sla_class, ttft_ms, mean_itl_ms, std::chrono::steady_clock::now()});
 }
 
 void EngineImpl::publish_kvm_stats_locked() {
@@ -375,6 +379,7 @@ Status EngineImpl::check_kvm_policy(const KvmConfig& policy,
     return invalid_argument(
         fmt::format("kvm.interval_ms: must be in [10, 60000], got {}", policy.interval_ms));
   }
+  KVSPLIT_RETURN_IF_ERROR(validate_kvm_window(policy));
   return ok_status();
 }
 

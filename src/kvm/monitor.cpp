@@ -31,11 +31,14 @@ void LatencyWindow::fill(double now_ms, KvmClassLatency* out) {
   std::vector<double> ttft, itl;
   ttft.reserve(q.size());
   itl.reserve(q.size());
+  int64_t samples = 0;
   for (const Sample& s : q) {  // NaN: no sample of that kind (a one-token request has no ITL)
+    if (s.time_ms > now_ms) continue;  // finished after this sample (the simulator's steps)
+    ++samples;
     if (!std::isnan(s.ttft_ms)) ttft.push_back(s.ttft_ms);
     if (!std::isnan(s.itl_ms)) itl.push_back(s.itl_ms);
   }
-  out->samples = static_cast<int64_t>(q.size());
+  out->samples = samples;
   out->ttft_p50_ms = percentile(ttft, 50);
   out->ttft_p99_ms = percentile(ttft, 99);
   out->itl_p50_ms = percentile(itl, 50);

@@ -173,6 +173,9 @@ TEST(KvmConfigTest, BadValues) {
   expect_error(std::string("kvm: {rules: [") + kRule + "], interval_ms: 5}\n",
                "kvm.interval_ms: must be in [10, 60000], got 5");
   expect_error("kvm: {window_ms: 99}\n", "kvm.window_ms: must be in [100, 3600000], got 99");
+  // Shorter than the sampling period: the requests finished between two windows were left out.
+  expect_error("kvm: {interval_ms: 1000, window_ms: 500}\n",
+               "kvm.window_ms: must be >= kvm.interval_ms (1000), got 500");
   expect_error(
       "kvm:\n  rules:\n    - {when: \"device_kv_use > 0.9\", exit: \"device_kv_use < 0.8\", "
       "then: \"swap = never\", restore_on_exit: yes}\n",

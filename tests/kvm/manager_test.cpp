@@ -487,6 +487,24 @@ TEST(KvCacheManager, ReloadTakesTheNewLatencyWindow) {
   EXPECT_EQ(m.last_snapshot().classes[0].samples, 0);  // outside 2 s
 }
 
+// A sample stamped after the snapshot's time (a request the simulator finishes later in the step
+// it samples at) is not counted yet; it is at the next snapshot past its time.
+TEST(Monitor, ASampleNewerThanTheSnapshotWaitsForALaterOne) {
+  LatencyWindow w(1000);
+  w.add("default", 100, 40, 4);
+  w.add("default", 250, 900, 9);
+  KvmClassLatency at200;
+  at200.name = "default";
+  w.fill(200, &at200);
+  EXPECT_EQ(at200.samples, 1);
+  EXPECT_DOUBLE_EQ(at200.ttft_p99_ms, 40);
+  KvmClassLatency at300;
+  at300.name = "default";
+  w.fill(300, &at300);
+  EXPECT_EQ(at300.samples, 2);
+  EXPECT_DOUBLE_EQ(at300.ttft_p99_ms, 900);
+}
+
 TEST(Monitor, RatesPercentilesAndWorstPools) {
   Monitor mon(1000);
   EngineStats s = stats_at(30);
