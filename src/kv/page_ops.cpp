@@ -183,6 +183,20 @@ class Executor {
     return ok_status();
   }
 
+  // kDrop: irreversible. The resident copy goes, and so do the host original and the key summary
+  // of a page that went down the ladder before (they kept it restorable: a later kRestore brought
+  // a dropped page back).
+  Status drop(int i) {
+    PageEntry& page = table_.pages[i];
+    if (page.restoring) return ok_status();
+    KVSPLIT_RETURN_IF_ERROR(evict(i, false));
+    if (page.original >= 0) home_.host_allocator().decref(page.original);
+    if (page.summary >= 0) home_.shard(page.shard).summary_allocator().decref(page.summary);
+    page.original = -1;
+    page.summary = -1;
+    return ok_status();
+  }
+
   // Queues the copy of page i's host original into a new full block as a fenced batch. A
   // backend whose fenced copies are synchronous (fence 0) has it landed: committed at once.
   // Otherwise the page is restoring until complete_restores commits it.
@@ -411,9 +425,12 @@ Status apply_page_transitions(KvPool& pool, BlockTable& table, int num_tokens,
         KVSPLIT_RETURN_IF_ERROR(ex.demote(t.page, t.to));
         break;
       case PageOp::kEvict:
+        if (t.page >= full_pages) continue;
+        KVSPLIT_RETURN_IF_ERROR(ex.evict(t.page, true));
+        break;
       case PageOp::kDrop:
         if (t.page >= full_pages) continue;
-        KVSPLIT_RETURN_IF_ERROR(ex.evict(t.page, t.op == PageOp::kEvict));
+        KVSPLIT_RETURN_IF_ERROR(ex.drop(t.page));
         break;
       case PageOp::kRestore:
         if (t.to == KvPrecision::kEvicted)

@@ -209,6 +209,33 @@ TEST(PageOps, PartialPagesAreNeverDegradedAndDropIsIrreversible) {
   f.expect_all_free();
 }
 
+// kDrop of a page that went down the ladder before (it has a host original and a key summary):
+// both go with it, and a later kRestore finds nothing to bring back. They were kept, and the
+// dropped page came back at full precision.
+TEST(PageOps, DropOfADemotedPageReleasesItsOriginalAndSummary) {
+  Fixture f;
+  BlockTable t;
+  ASSERT_TRUE(f.pool->reserve(t, 3 * kBlock));
+  f.fill(t, 5);
+  PageOpStats st;
+  ASSERT_TRUE(
+      apply(f, t, 3 * kBlock,
+            {{1, PageOp::kDemote, KvPrecision::kInt8}, {1, PageOp::kDrop, KvPrecision::kEvicted}},
+            &st)
+          .ok());
+  EXPECT_FALSE(t.pages[1].resident());
+  EXPECT_EQ(t.pages[1].original, -1);
+  EXPECT_EQ(t.pages[1].summary, -1);
+  EXPECT_EQ(f.pool->host_allocator().num_used(), 0);
+  EXPECT_EQ(f.pool->summary_allocator().num_used(), 0);
+  EXPECT_EQ(f.pool->arena_allocator(KvPrecision::kInt8).num_used(), 0);
+  ASSERT_TRUE(apply(f, t, 3 * kBlock, {{1, PageOp::kRestore, KvPrecision::kFull}}, &st).ok());
+  EXPECT_FALSE(t.pages[1].resident());
+  EXPECT_EQ(st.refused_no_original, 1);
+  f.pool->release(t);
+  f.expect_all_free();
+}
+
 TEST(PageOps, NoFreePageRefusesTheRestoreAndBadTransitionsAreErrors) {
   Fixture f(/*host_pages=*/8, /*blocks=*/2);
   BlockTable t, other;
