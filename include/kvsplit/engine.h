@@ -267,6 +267,10 @@ struct PoolStats {
   int32_t kv_pages_int8 = 0;
   int32_t kv_pages_int4 = 0;
   int32_t kv_pages_evicted = 0;
+  // Pages of the pool's sequences (past any sliding window) at any rung, evicted included: the
+  // KV cache manager's pages_evicted_fraction is kv_pages_evicted over this (idle prefix-cache
+  // pages are no sequence's). Counted only under a KV policy that evicts (0 under kFull).
+  int32_t kv_sequence_pages = 0;
   // Page transitions applied on this pool since start (monotonic counters).
   int64_t kv_demotions = 0;  // pages moved down the ladder (to int8 or int4)
   int64_t kv_evictions = 0;  // resident copies dropped (evicted or dropped)

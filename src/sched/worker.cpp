@@ -172,6 +172,7 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_pages_int8 = kv_stats_.kv_pages_int8;
   s.pool.kv_pages_int4 = kv_stats_.kv_pages_int4;
   s.pool.kv_pages_evicted = kv_stats_.kv_pages_evicted;
+  s.pool.kv_sequence_pages = kv_stats_.kv_sequence_pages;
   s.pool.kv_demotions = kv_stats_.kv_demotions;
   s.pool.kv_evictions = kv_stats_.kv_evictions;
   s.pool.kv_window_dropped_pages = kv_stats_.kv_window_dropped_pages;
@@ -260,8 +261,10 @@ void Worker::publish_stats() {
         // The pages dropped behind a sliding window are no cut's (kv_window_dropped_pages).
         const auto& pages = seq->table.pages;
         for (size_t i = std::min<size_t>(seq->table.window_dropped, pages.size()); i < pages.size();
-             ++i)
+             ++i) {
           k.kv_pages_evicted += pages[i].location == kv::PageLocation::kEvicted;
+          ++k.kv_sequence_pages;
+        }
       }
     }
   }

@@ -161,6 +161,10 @@ TEST_P(EngineWindow, TheEvictedPagesGaugeLeavesOutPagesBehindTheWindow) {
   ASSERT_GE(sum(&PoolStats::kv_window_dropped_pages), 12);
   EXPECT_EQ(sum(&PoolStats::kv_evictions), 0);
   EXPECT_EQ(sum(&PoolStats::kv_pages_evicted), 0);
+  // The sequences' pages past the window (the evicted fraction's denominator): some, and no more
+  // than the pool's blocks (none is behind the window).
+  EXPECT_GT(sum(&PoolStats::kv_sequence_pages), 0);
+  EXPECT_LE(sum(&PoolStats::kv_sequence_pages), sum(&PoolStats::kv_blocks_total));
   for (const Request& r : reqs) (*engine)->cancel(r.tenant, r.request_id);
   for (RequestHandle& h : handles) EXPECT_FALSE(collect(h).timed_out);
   EXPECT_TRUE(testing::pools_back_to(**engine, totals(**engine)));

@@ -505,6 +505,24 @@ TEST(Monitor, ASampleNewerThanTheSnapshotWaitsForALaterOne) {
   EXPECT_DOUBLE_EQ(at300.ttft_p99_ms, 900);
 }
 
+// pages_evicted_fraction is of the decoding sequences' pages: a decode pool's full blocks in use
+// count idle prefix-cache pages (no sequence's), and a prefill pool's sequences are not
+// decoding. Over the blocks in use (and the prefill pool's) it read 10 / 130 here.
+TEST(Monitor, TheEvictedFractionIsOfTheDecodingSequencesPages) {
+  Monitor mon(1000);
+  EngineStats s = stats_at(100);  // colocated-0: 100 full blocks in use, 60 of them idle cache
+  s.pools[0].kv_pages_full = 100;
+  s.pools[0].kv_pages_evicted = 10;
+  s.pools[0].kv_sequence_pages = 50;  // 40 resident + 10 evicted
+  PoolStats prefill;
+  prefill.name = "prefill-0";
+  prefill.kv_blocks_total = 30;
+  prefill.kv_pages_full = 30;
+  prefill.kv_sequence_pages = 30;
+  s.pools.push_back(prefill);
+  EXPECT_DOUBLE_EQ(mon.sample(1000, s, {}).pages_evicted_fraction, 0.2);
+}
+
 TEST(Monitor, RatesPercentilesAndWorstPools) {
   Monitor mon(1000);
   EngineStats s = stats_at(30);
