@@ -224,6 +224,7 @@ int run_generate(const CLI::App& gen, CommonFlags& cf, const GenerateFlags& gf) 
   bo.cut_stats = &cut_stats;
   const bool stream = !gf.json && prompts.size() == 1;
   if (stream) {
+    // A failed write sets stdout's error flag, which cli::flush_stdout reports after the run.
     bo.on_text = [](int, std::string_view text) {
       std::fwrite(text.data(), 1, text.size(), stdout);
       std::fflush(stdout);
@@ -262,7 +263,7 @@ int run_generate(const CLI::App& gen, CommonFlags& cf, const GenerateFlags& gf) 
       std::cout << "[" << i << "] " << prompts[i] << o.text << "\n";
     }
   }
-  std::cout.flush();
+  if (Status st = cli::flush_stdout(); !st.ok()) return fail(st);
   if (cf.verbose || !gf.json) {
     std::fprintf(stderr, "%zu prompts, %zu tokens generated in %.3f s (%.1f tok/s)\n",
                  prompts.size(), generated, secs, secs > 0 ? generated / secs : 0.0);
@@ -342,6 +343,7 @@ int run_info(CommonFlags& cf) {
     j["kv_bytes_per_token"] = b;
   }
   std::cout << j.dump(2) << "\n";
+  if (Status st = cli::flush_stdout(); !st.ok()) return fail(st);
   return 0;
 }
 
@@ -470,7 +472,9 @@ int main(int argc, char** argv) {
     const int printed = app.exit(e);  // prints help, or the error with a usage hint
     if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr)
       std::fprintf(stderr, "(a text with spaces takes quotes: --prompt \"Once upon\")\n");
-    return printed == 0 ? 0 : cli::kExitBadInput;
+    if (printed != 0) return cli::kExitBadInput;
+    Status st = cli::flush_stdout();  // --help's text
+    return st.ok() ? 0 : fail(st);
   }
   if (gen->parsed()) {
     if (gen_common.verbose) spdlog::set_level(spdlog::level::info);

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "cli/exit_codes.h"
 #include "common/cli_options.h"
 #include "common/file_read.h"
 #include "common/json_util.h"
@@ -262,6 +263,7 @@ int run_perplexity(const CLI::App& app, CommonFlags& common, const PerplexityFla
           avg_pages[0], avg_pages[1], avg_pages[2], avg_pages[3]);
     }
   }
+  if (Status st = flush_stdout(); !st.ok()) return fail(st);
   return 0;
 }
 

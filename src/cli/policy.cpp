@@ -43,7 +43,8 @@ int run_simulate(const PolicyFlags& f) {
     std::fprintf(stderr, "kvsplit policy: warning: %s\n", w.c_str());
   if (f.json) {
     std::cout << kvm::sim_result_json(*res) << "\n";
-    return 0;
+    Status st = flush_stdout();
+    return st.ok() ? 0 : policy_fail(st);
   }
   const EngineConfig& e = cfg->engine;
   std::printf(
@@ -97,7 +98,8 @@ int run_simulate(const PolicyFlags& f) {
   std::printf(
       "(ms; ITL is each request's mean inter-token latency; attainment: requests with "
       "TTFT and ITL within the class targets)\n");
-  return 0;
+  Status st = flush_stdout();
+  return st.ok() ? 0 : policy_fail(st);
 }
 
 int run_make_trace(const PolicyFlags& f) {

@@ -102,8 +102,8 @@ int run_tokenize(const TokenizeFlags& f) {
         std::cout << "\n";
       }
     }
-    std::cout.flush();
-    return std::cout ? 0 : 1;
+    Status st = flush_stdout();
+    return st.ok() ? 0 : fail(st);
   }
 
   std::ifstream file;
@@ -138,8 +138,8 @@ int run_tokenize(const TokenizeFlags& f) {
     std::cout << dump(j) << "\n";
   }
   if (in.bad()) return fail(data_loss(f.input_jsonl + ": read error"));
-  std::cout.flush();
-  return std::cout ? 0 : 1;
+  Status st = flush_stdout();
+  return st.ok() ? 0 : fail(st);
 }
 
 }  // namespace kvsplit::cli
