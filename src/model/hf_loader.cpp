@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <set>
+#include <string_view>
 
 #include "common/json_util.h"
 #include "common/log.h"
@@ -21,6 +23,26 @@ std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + "]";
+}
+
+// The first few of `names` and how many more: "a, b, c, d and 5 more".
+std::string name_list(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 4;
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < kShown; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > kShown) out += " and " + std::to_string(names.size() - kShown) + " more";
+  return out;
+}
+
+// A buffer transformers may save beside the weights that holds no parameter: older Llama
+// checkpoints' RoPE frequencies, which the model recomputes from config.json.
+bool is_buffer(std::string_view name) { return name.ends_with(".rotary_emb.inv_freq"); }
+
+// A name in the namespace of the weights map_weights reads (a layer, the embedding, the final
+// norm, the LM head): left unused, it is a weight the config gives the model no place for.
+bool is_model_weight(std::string_view name) {
+  return name.starts_with("model.layers.") || name.starts_with("model.embed_tokens.") ||
+         name.starts_with("model.norm.") || name.starts_with("lm_head.");
 }
 
 // Every tensor of the checkpoint, from one file or from the shards of an index.
@@ -72,10 +94,12 @@ class TensorSource {
 
   bool has(const std::string& name) const { return by_name_.count(name) != 0; }
 
-  // The tensor, checked against `shape`; "missing tensor" / shape errors name the file.
-  StatusOr<WeightTensor> get(const std::string& name, const std::vector<int64_t>& shape) const {
+  // The tensor, checked against `shape`, and marked used; "missing tensor" / shape errors name
+  // the file.
+  StatusOr<WeightTensor> get(const std::string& name, const std::vector<int64_t>& shape) {
     auto it = by_name_.find(name);
     if (it == by_name_.end()) return invalid_argument(where_ + ": missing tensor " + name);
+    used_.insert(name);
     const SafetensorsFile& f = files_[it->second];
     KVSPLIT_ASSIGN_OR_RETURN(WeightTensor t, f.tensor(name));
     if (t.shape != shape) {
@@ -83,6 +107,31 @@ class TensorSource {
                               ", expected " + shape_str(shape) + " from config.json");
     }
     return t;
+  }
+
+  // After every get(): the tensors nothing read. Weights the config has no place for (a layer at
+  // or past num_hidden_layers, a bias the architecture has none of) are kInvalidArgument naming
+  // them, as the model would run without them (transformers only warns "Some weights of the model
+  // checkpoint were not used"); known buffers pass; any other name is one warning.
+  Status check_all_used(const ModelConfig& c) const {
+    std::vector<std::string> weights, other;
+    for (const auto& [name, shard] : by_name_) {
+      if (used_.count(name) != 0 || is_buffer(name)) continue;
+      (is_model_weight(name) ? weights : other).push_back(name);
+    }
+    if (!weights.empty()) {
+      return invalid_argument(where_ + ": " + std::to_string(weights.size()) +
+                              " weight tensors that config.json's model does not use "
+                              "(num_hidden_layers " +
+                              std::to_string(c.num_layers) + ", " +
+                              (c.qkv_bias ? "q/k/v biases" : "no q/k/v biases") +
+                              "); config.json and the weights disagree: " + name_list(weights));
+    }
+    if (!other.empty()) {
+      KVSPLIT_LOG_WARN("{}: {} tensors unknown to the model, not used: {}", where_, other.size(),
+                       name_list(other));
+    }
+    return ok_status();
   }
 
   void keep_alive(ModelWeights* w) const {
@@ -96,9 +145,10 @@ class TensorSource {
   std::string where_;
   std::vector<SafetensorsFile> files_;
   std::map<std::string, size_t> by_name_;
+  std::set<std::string> used_;  // the names get() found
 };
 
-Status map_weights(const ModelConfig& c, const TensorSource& src, ModelWeights* w) {
+Status map_weights(const ModelConfig& c, TensorSource& src, ModelWeights* w) {
   const int64_t dim = c.dim, hid = c.hidden_dim, q = c.q_dim(), kv = c.kv_dim();
   const int64_t vocab = c.vocab_size;
   KVSPLIT_ASSIGN_OR_RETURN(w->embedding, src.get("model.embed_tokens.weight", {vocab, dim}));
@@ -130,6 +180,7 @@ Status map_weights(const ModelConfig& c, const TensorSource& src, ModelWeights* 
   } else {
     KVSPLIT_ASSIGN_OR_RETURN(w->lm_head, src.get("lm_head.weight", {vocab, dim}));
   }
+  KVSPLIT_RETURN_IF_ERROR(src.check_all_used(c));
   src.keep_alive(w);
   return ok_status();
 }

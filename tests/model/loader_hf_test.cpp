@@ -1,6 +1,8 @@
 // HF directories built in a TempDir: single and sharded safetensors (f32/f16/bf16), Qwen2
 // biases, config parsing, and every malformed case.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cmath>
@@ -8,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -312,6 +315,57 @@ TEST(LoaderHf, UntiedWithoutLmHead) {
   write_model(dir, tiny_config(), tiny_tensors("F32", false, false));
   expect_error(load(dir), StatusCode::kInvalidArgument,
                {dir.file("model.safetensors"), "missing tensor lm_head.weight"});
+}
+
+// Weights config.json gives the model no place for are an error naming them (they loaded, and
+// the model ran without them: a checkpoint of 5 layers with num_hidden_layers 4 gave wrong tokens
+// with exit 0). Known buffers pass; other unknown names pass with one warning naming them.
+TEST(LoaderHf, TensorsTheConfigDoesNotUse) {
+  TempDir layers;
+  json cfg = tiny_config();
+  cfg["num_hidden_layers"] = 1;
+  write_model(layers, cfg, tiny_tensors("F32", false, true));
+  expect_error(
+      load(layers), StatusCode::kInvalidArgument,
+      {layers.file("model.safetensors"), "9 weight tensors",
+       "(num_hidden_layers 1, no q/k/v biases); config.json and the weights disagree",
+       "model.layers.1.input_layernorm.weight, model.layers.1.mlp.down_proj.weight", "and 5 more"});
+
+  for (const char* stray : {"model.layers.0.self_attn.q_proj.bias", "lm_head.bias"}) {
+    TempDir dir;
+    auto ts = tiny_tensors("F32", false, true);
+    ts.push_back({stray, "F32", {8}, values_for(8, 99)});
+    write_model(dir, tiny_config(), ts);
+    expect_error(load(dir), StatusCode::kInvalidArgument,
+                 {"1 weight tensors", std::string("does not use (num_hidden_layers 2, no q/k/v "
+                                                  "biases); config.json and the weights "
+                                                  "disagree: ") +
+                                          stray});
+  }
+
+  std::ostringstream log;
+  struct RestoreLogger {
+    std::shared_ptr<spdlog::logger> saved = spdlog::default_logger();
+    ~RestoreLogger() { spdlog::set_default_logger(saved); }
+  } restore;
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "loader_hf_test", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+  TempDir buffers;
+  auto ts = tiny_tensors("F32", false, true);
+  ts.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", "F32", {2}, values_for(2, 98)});
+  write_model(buffers, tiny_config(), ts);
+  ASSERT_TRUE(load(buffers).ok());
+  EXPECT_EQ(log.str().find("[warning]"), std::string::npos) << log.str();
+  TempDir unknown;
+  ts.push_back({"model.extra.foo", "F32", {2}, values_for(2, 97)});
+  write_model(unknown, tiny_config(), ts);
+  auto m = load(unknown);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  expect_values(m->weights, tiny_tensors("F32", false, true));
+  EXPECT_NE(log.str().find(unknown.file("model.safetensors") +
+                           ": 1 tensors unknown to the model, not used: model.extra.foo"),
+            std::string::npos)
+      << log.str();
 }
 
 TEST(LoaderHf, MissingTensor) {

@@ -1,8 +1,12 @@
-// The shared stories260K model in both formats: config values and cross-format weight equality.
+// The shared stories260K model in both formats: config values and cross-format weight equality;
+// every shared HF checkpoint uses all its tensors.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "model/loader.h"
 #include "test_util.h"
@@ -90,6 +94,35 @@ TEST(LoaderReal, HfConfig) {
   EXPECT_EQ(m->tokenizer->vocab_size(), 512);
   // Tied: lm_head.weight is in the file, but the embedding is used.
   EXPECT_EQ(m->weights.lm_head.data, m->weights.embedding.data);
+}
+
+// Every shared HF checkpoint uses all its tensors; stories260K-hf with num_hidden_layers lowered
+// to 4 is refused naming the fifth layer's (it loaded and generated wrong tokens).
+TEST(LoaderReal, HfCheckpointsUseEveryTensor) {
+  KVSPLIT_REQUIRE_MODELS();
+  LoadOptions o;
+  o.load_tokenizer = false;
+  for (const char* rel : {"stories260K-hf", "hf-tiny/llama3-tiny", "hf-tiny/mistral-tiny",
+                          "hf-tiny/qwen2-tiny", "recall-llama"}) {
+    if (!std::filesystem::exists(model_path(rel))) continue;
+    auto m = load_model(model_path(rel), o);
+    EXPECT_TRUE(m.ok()) << rel << ": " << m.status().to_string();
+  }
+  kvsplit::testing::TempDir dir;
+  const std::filesystem::path m = dir.path() / "m";
+  std::filesystem::copy(model_path("stories260K-hf"), m);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(m / "config.json"));
+  cfg["num_hidden_layers"] = 4;
+  std::ofstream(m / "config.json") << cfg.dump();
+  auto bad = load_model(m.string(), o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("9 weight tensors that config.json's model does not use "
+                                        "(num_hidden_layers 4, no q/k/v biases)"),
+            std::string::npos)
+      << bad.status().to_string();
+  EXPECT_NE(bad.status().message().find("model.layers.4.input_layernorm.weight"), std::string::npos)
+      << bad.status().to_string();
 }
 
 TEST(LoaderReal, SameWeightsInBothFormats) {
