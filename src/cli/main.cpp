@@ -1,4 +1,5 @@
 // kvsplit: the command-line tool. Subcommands: generate, perplexity, info, tokenize, policy.
+#include <fmt/format.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -113,6 +114,14 @@ int run_generate(const CLI::App& gen, CommonFlags& cf, const GenerateFlags& gf) 
       gf.seed ? *gf.seed
               : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   std::vector<sched::GenerationInput> inputs(prompts.size());
+  // As llama2.c's run.c caps its steps at the context: a --max-tokens the context cannot hold after
+  // a prompt is capped to what it leaves (finish_reason "length") before the sampling parameters
+  // are checked, so that any value the flag takes runs; the server refuses such a request instead.
+  // Said once for the batch, with each capped prompt's own cap; the default (256) is a cap, not a
+  // request, and capping it says nothing.
+  constexpr int kCapsShown = 8;
+  std::string caps;  // "prompt 0 at most 510 tokens, prompt 2 at most 300 tokens"
+  int num_capped = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto ids = loaded->tokenizer->encode(prompts[i], /*add_bos=*/true);
     if (!ids.ok()) return fail(ids.status());
@@ -125,25 +134,21 @@ int run_generate(const CLI::App& gen, CommonFlags& cf, const GenerateFlags& gf) 
     p.repetition_penalty = gf.repetition_penalty;
     p.presence_penalty = gf.presence_penalty;
     p.frequency_penalty = gf.frequency_penalty;
-    p.max_tokens = gf.max_tokens;
+    // A prompt longer than the context (room <= 0) is refused by generate_batch.
+    const int room = cfg.max_seq_len - static_cast<int>(inputs[i].prompt_ids.size()) + 1;
+    p.max_tokens = std::min(gf.max_tokens, std::max(room, 1));
+    if (room > 0 && gf.max_tokens > room && num_capped++ < kCapsShown)
+      caps += fmt::format("{}prompt {} at most {} tokens", caps.empty() ? "" : ", ", i, room);
     p.ignore_eos = gf.ignore_eos;
     p.stop = gf.stop;
     p.seed = sampling::stream_seed(base_seed, i);
   }
-  // As llama2.c's run.c caps its steps at the context: a --max-tokens given that the context
-  // cannot hold stops where it ends (finish_reason "length"), said once for the batch; the server
-  // refuses such a request instead. (The default 256 is a cap, not a request.)
-  if (gen.count("--max-tokens") > 0) {
-    int capped = 0, least = gf.max_tokens;
-    for (const sched::GenerationInput& in : inputs) {
-      const int room = cfg.max_seq_len - static_cast<int>(in.prompt_ids.size()) + 1;
-      if (room > 0 && gf.max_tokens > room) ++capped, least = std::min(least, room);
-    }
-    if (capped > 0)
-      spdlog::warn(
-          "--max-tokens {} exceeds what the context of {} leaves after the prompt in {} of {} "
-          "prompts: they generate at most {} tokens (the longest prompt's room)",
-          gf.max_tokens, cfg.max_seq_len, capped, inputs.size(), least);
+  if (num_capped > 0 && gen.count("--max-tokens") > 0) {
+    if (num_capped > kCapsShown) caps += fmt::format(" and {} more", num_capped - kCapsShown);
+    spdlog::warn(
+        "--max-tokens {} exceeds what the context of {} leaves after the prompt in {} of {} "
+        "prompts, capped to what each prompt leaves: {}",
+        gf.max_tokens, cfg.max_seq_len, num_capped, inputs.size(), caps);
   }
 
   const SwapMode swap = parse_swap_mode(gf.swap).value_or(SwapMode::kAuto);  // CLI-checked
@@ -368,7 +373,8 @@ int main(int argc, char** argv) {
                   "prompt (repeat the flag for several; they run as one batch)")
       ->allow_extra_args(false);
   gen->add_option("-n,--max-tokens", gf.max_tokens,
-                  "tokens to generate (the prefill's token counts as the first), >= 1")
+                  "tokens to generate (the prefill's token counts as the first), >= 1; more than "
+                  "the context leaves after a prompt are capped there, with a warning")
       ->check(kvsplit::kPositive);
   gen->add_option("-t,--temperature", gf.temperature, "0 = greedy");
   gen->add_option("--top-p", gf.top_p, "nucleus sampling threshold, (0, 1]");

@@ -311,24 +311,43 @@ TEST(CliTest, FlagsTheRunDoesNotReadAreNamedOnStderr) {
 }
 
 // As llama2.c caps its steps at the context, a --max-tokens the context cannot hold generates what
-// it leaves, and stderr says so (the server refuses such a request).
+// it leaves, and stderr says so with each prompt's cap (the server refuses such a request). Any
+// value the flag takes is capped before it is checked: the largest int ran into max_tokens' bound
+// (2^30) after the warning had said it was capped.
 TEST(CliTest, MaxTokensBeyondTheContextStopsThereAndSaysSo) {
   KVSPLIT_REQUIRE_MODELS();
-  RunResult r = run("generate " + model_args(false) +
-                    " --prompt Once --max-tokens 1000 --temperature 0 --ignore-eos --json");
+  for (const std::string n : {"1000", "2147483647"}) {
+    RunResult r = run("generate " + model_args(false) + " --prompt Once --prompt " +
+                      quote("Once upon a time there was") + " --max-tokens " + n +
+                      " --temperature 0 --ignore-eos --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    auto lines = json_lines(r.out);
+    ASSERT_EQ(lines.size(), 2u) << r.out;
+    std::string caps;
+    for (size_t i = 0; i < lines.size(); ++i) {
+      const size_t room = 512 - lines[i]["prompt_token_ids"].size() + 1;
+      EXPECT_EQ(lines[i]["output_token_ids"].size(), room) << i;
+      EXPECT_EQ(lines[i]["finish_reason"], "length") << i;
+      caps += (i ? ", prompt " : "prompt ") + std::to_string(i) + " at most " +
+              std::to_string(room) + " tokens";
+    }
+    EXPECT_NE(lines[0]["prompt_token_ids"].size(), lines[1]["prompt_token_ids"].size());
+    EXPECT_NE(r.err.find("--max-tokens " + n +
+                         " exceeds what the context of 512 leaves after the prompt in 2 of 2 "
+                         "prompts, capped to what each prompt leaves: " +
+                         caps + "\n"),
+              std::string::npos)
+        << r.err;
+  }
+  RunResult r = run("generate " + model_args(false) + " --prompt Once --max-tokens 8 --json");
+  EXPECT_EQ(r.err.find("exceeds"), std::string::npos) << r.err;
+  // Only the prompts whose room is exceeded are named.
+  r = run("generate " + model_args(false) + " --prompt Once --prompt " +
+          quote("Once upon a time there was") + " --max-tokens 508 --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  auto lines = json_lines(r.out);
-  ASSERT_EQ(lines.size(), 1u) << r.out;
-  const size_t prompt = lines[0]["prompt_token_ids"].size();
-  EXPECT_EQ(lines[0]["output_token_ids"].size(), 512 - prompt + 1);
-  EXPECT_EQ(lines[0]["finish_reason"], "length");
-  EXPECT_NE(r.err.find("--max-tokens 1000 exceeds what the context of 512 leaves after the prompt "
-                       "in 1 of 1 prompts: they generate at most " +
-                       std::to_string(512 - prompt + 1)),
+  EXPECT_NE(r.err.find("in 1 of 2 prompts, capped to what each prompt leaves: prompt 1 at most "),
             std::string::npos)
       << r.err;
-  r = run("generate " + model_args(false) + " --prompt Once --max-tokens 8 --json");
-  EXPECT_EQ(r.err.find("exceeds"), std::string::npos) << r.err;
   // The default (256) is a cap, not a request: a prompt that leaves less room says nothing.
   std::string long_prompt;  // ~350 tokens of the 512-token context
   for (int i = 0; i < 35; ++i) long_prompt += "Once upon a time there was a dog. ";
