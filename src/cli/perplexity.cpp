@@ -1,5 +1,7 @@
 #include "cli/perplexity.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -147,7 +149,9 @@ void add_perplexity_options(CLI::App* app, CommonFlags& common, PerplexityFlags&
   add_common(app, common);
   app->add_option("--text", f.text, "text file, scored as one stream in windows of --ctx");
   app->add_option("--jsonl", f.jsonl, "JSONL of {\"text\": ...}, each line its own sequence");
-  app->add_option("--ctx", f.ctx, "window in tokens (0: the model's context length)")
+  app->add_option("--ctx", f.ctx,
+                  "window in tokens (0: the model's context length; more is capped there, with a "
+                  "warning)")
       ->check(kvsplit::kNonNegative);
   app->add_option("--block-size", f.block_size, "KV page size in tokens")
       ->check(CLI::Range(1, 1024));
@@ -172,6 +176,10 @@ int run_perplexity(const CLI::App& app, CommonFlags& common, const PerplexityFla
   if (!seqs.ok()) return fail(seqs.status());
   const int ctx = f.ctx > 0 ? std::min(f.ctx, cfg.max_seq_len) : cfg.max_seq_len;
   if (ctx < 2) return fail(invalid_argument("--ctx must be >= 2"));
+  if (f.ctx > cfg.max_seq_len) {  // as generate caps --max-tokens: said, not silent
+    spdlog::warn("--ctx {} exceeds the model's context of {}: windows of {} tokens", f.ctx,
+                 cfg.max_seq_len, ctx);
+  }
 
   kv::KvPoolConfig pc;
   pc.block_size = f.block_size;

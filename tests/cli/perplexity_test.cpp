@@ -183,6 +183,24 @@ TEST(PerplexityCli, GenerateWithTheCutAtZeroThresholdsMatchesTheGolden) {
   }
 }
 
+// A --ctx above the model's context (recall-llama: 512) runs windows of the context, and stderr
+// says so (it was capped silently); a --ctx within it says nothing.
+TEST(PerplexityCli, CtxBeyondTheContextIsCappedAndSaysSo) {
+  KVSPLIT_REQUIRE_MODELS();
+  const nlohmann::json at = ppl("--ctx 512");
+  RunResult r = run(recall_args() + " --ctx 100000");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("--ctx 100000 exceeds the model's context of 512: windows of 512 tokens"),
+            std::string::npos)
+      << r.err;
+  const auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 1u) << r.out;
+  EXPECT_EQ(lines[0]["tokens"], at["tokens"]);
+  EXPECT_EQ(lines[0]["nll"], at["nll"]);
+  r = run(recall_args() + " --ctx 512");
+  EXPECT_EQ(r.err.find("exceeds"), std::string::npos) << r.err;
+}
+
 TEST(PerplexityCli, BadInputIsAnErrorNamingIt) {
   KVSPLIT_REQUIRE_MODELS();
   auto expect_error = [](const std::string& args, const std::string& needle) {
