@@ -192,9 +192,11 @@ class DiskTier {
  public:
   // Opens (creates) `config.path`/kvsplit-kv-tier.data, locked against other openers; it holds
   // the header, and the records go to a file with no name in the same directory (lock_fd_, fd_).
-  // Errors name the path and the errno text: kInvalidArgument (bad config, a path that is not a
-  // directory), kPermissionDenied, kFailedPrecondition (the data file exists and is not ours;
-  // it is left untouched), kUnavailable (locked by another tier, or no usable I/O backend).
+  // Errors name the path and the errno text: kInvalidArgument (bad config, more than kMaxExtents
+  // extents, a path that is not a directory), kResourceExhausted (no memory for the extents'
+  // bookkeeping; nothing opened), kPermissionDenied, kFailedPrecondition (the data file exists and
+  // is not ours; it is left untouched), kUnavailable (locked by another tier, or no usable I/O
+  // backend).
   static StatusOr<std::unique_ptr<DiskTier>> open(const DiskTierConfig& config);
   ~DiskTier();  // waits for nothing: every DiskOp must be finished or destroyed first
   DiskTier(const DiskTier&) = delete;
@@ -253,11 +255,14 @@ class DiskTier {
   static constexpr int64_t kDirectAlign = 4096;  // O_DIRECT buffer, offset and length alignment
   // Destination spans a read may have to take the fast path on the caller (read_cached).
   static constexpr size_t kCachedReadSpans = 16;
+  // At most this many extents per tier (kv.disk.capacity_mb / extent_bytes), as KvPool::kMaxBlocks
+  // per pool: their bookkeeping (~9 bytes each: ~600 MB at the cap) is allocated at open.
+  static constexpr int64_t kMaxExtents = int64_t{1} << 26;
 
  private:
   struct Record;
   DiskTier(DiskTierConfig config, std::string file, int lock_fd, int fd,
-           std::unique_ptr<BlockIo> io, int64_t extents, uint64_t session, bool direct);
+           std::unique_ptr<BlockIo> io, BlockAllocator extents, uint64_t session, bool direct);
   // O_DIRECT: a zeroed, aligned buffer of `bytes` rounded up to kDirectAlign, in `op`.
   // False when the buffer cannot be allocated (then fail_without_io fails the op).
   bool make_bounce(DiskOp& op, int64_t bytes) const;

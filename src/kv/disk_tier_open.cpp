@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <new>
+#include <optional>
 #include <random>
 #include <utility>
 
@@ -35,10 +37,28 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::open(const DiskTierConfig& config)
     return invalid_argument("disk tier " + dir + ": extent_bytes " +
                             std::to_string(config.extent_bytes) + " is not a multiple of 4096");
   const int64_t extents = config.capacity_bytes / config.extent_bytes;
-  if (extents < 1 || extents > INT32_MAX)
+  if (extents < 1)
     return invalid_argument("disk tier " + dir + ": capacity_bytes " +
                             std::to_string(config.capacity_bytes) + " holds no whole extent of " +
-                            std::to_string(config.extent_bytes) + " bytes (or too many)");
+                            std::to_string(config.extent_bytes) + " bytes");
+  if (extents > kMaxExtents)
+    return invalid_argument(
+        "disk tier " + dir + ": capacity_bytes " + std::to_string(config.capacity_bytes) +
+        " (kv.disk.capacity_mb, --disk-capacity-mb) gives " + std::to_string(extents) +
+        " extents of " + std::to_string(config.extent_bytes) + " bytes, more than " +
+        std::to_string(kMaxExtents) + " per tier; at most " +
+        std::to_string(kMaxExtents * config.extent_bytes >> 20) + " MiB with this extent size");
+  // The extents' bookkeeping (~9 bytes each) before any file is opened: when it cannot be
+  // allocated, nothing is left open or locked.
+  std::optional<BlockAllocator> allocator;
+  try {
+    allocator.emplace(static_cast<int>(extents));
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted("disk tier " + dir + ": no memory for the bookkeeping of " +
+                              std::to_string(extents) + " extents (~" +
+                              std::to_string(extents * 9 >> 20) +
+                              " MiB); lower kv.disk.capacity_mb (--disk-capacity-mb)");
+  }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
@@ -141,12 +161,13 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::open(const DiskTierConfig& config)
   if (io_options.backend == IoBackend::kAuto && !direct) io_options.backend = IoBackend::kThreads;
   StatusOr<std::unique_ptr<BlockIo>> io = BlockIo::create(io_options);
   if (!io.ok()) return fail_data(io.status().code(), io.status().message());
-  return std::unique_ptr<DiskTier>(
-      new DiskTier(config, file, fd, data, std::move(io).value(), extents, session, direct));
+  return std::unique_ptr<DiskTier>(new DiskTier(config, file, fd, data, std::move(io).value(),
+                                                std::move(*allocator), session, direct));
 }
 
 DiskTier::DiskTier(DiskTierConfig config, std::string file, int lock_fd, int fd,
-                   std::unique_ptr<BlockIo> io, int64_t extents, uint64_t session, bool direct)
+                   std::unique_ptr<BlockIo> io, BlockAllocator extents, uint64_t session,
+                   bool direct)
     : config_(std::move(config)),
       file_(std::move(file)),
       lock_fd_(lock_fd),
@@ -154,12 +175,13 @@ DiskTier::DiskTier(DiskTierConfig config, std::string file, int lock_fd, int fd,
       io_(std::move(io)),
       session_(session),
       direct_(direct),
-      extents_(static_cast<int>(extents)) {
+      extents_(std::move(extents)) {
+  const int64_t total = extents_.num_blocks();
   stats_.direct_io = direct_;
   stats_.extent_bytes = config_.extent_bytes;
-  stats_.extents_total = extents;
-  stats_.capacity_bytes = extents * config_.extent_bytes;
-  KVSPLIT_LOG_INFO("disk tier {}: {} extents of {} bytes, I/O backend {}{}", file_, extents,
+  stats_.extents_total = total;
+  stats_.capacity_bytes = total * config_.extent_bytes;
+  KVSPLIT_LOG_INFO("disk tier {}: {} extents of {} bytes, I/O backend {}{}", file_, total,
                    config_.extent_bytes, io_backend_name(io_->backend()),
                    direct_ ? ", O_DIRECT" : "");
 }
