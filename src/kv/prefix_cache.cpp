@@ -43,10 +43,6 @@ Status page_to_device(KvPool& pool, const std::byte* src, int32_t block) {
                    backend::Backend::CopyDir::kHostToDevice);
 }
 
-}  // namespace
-
-namespace {
-
 // The process's secret keys (SipHash-2-4: salts, page hashes, chain checks), drawn once. Keyed,
 // the hashes cannot be computed nor collided by a client: a tenant cannot choose a cache_salt
 // that lands on another tenant's salt, nor craft a page whose hash takes the map slot of another
@@ -178,8 +174,9 @@ std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t
   }
   if (k < chain.size() && pool_ != nullptr) {
     // The rest of the chain: pinned (no spill or reclaim touches it), then a device block for
-    // every spilled page while the pool has one, every disk read started before any is waited
-    // for, then each page brought back in order.
+    // every spilled page while the pool has one, disk reads started ahead (at most
+    // kMaxRestoresInFlight, each into a page buffer: the oldest page is brought back before
+    // another read starts), and each page brought back in order.
     struct Job {
       Map::iterator it;
       int32_t block = -1;
@@ -194,51 +191,23 @@ std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t
       reindex(chain[j]->first, chain[j]->second);
     }
     DiskTier* disk = tiers_->disk();
-    for (size_t j = k; j < chain.size(); ++j) {
-      Entry& e = chain[j]->second;
-      Job job;
-      job.it = chain[j];
-      if (e.where == PageLocation::kDevice) {
-        alloc.incref(e.block);
-        job.block = e.block;
-        jobs.push_back(std::move(job));
-        continue;
-      }
-      auto b = pool_->allocate_blocks(1);  // may spill other (unpinned) pages
-      if (!b) break;
-      job.block = (*b)[0];
-      job.restore = true;
-      if (e.where == PageLocation::kDisk) {
-        job.staging = take_buffer();
-        const std::span<std::byte> dst[] = {
-            {job.staging.get(), static_cast<size_t>(disk_record_bytes())}};
-        auto op = job.staging
-                      ? disk->read(e.record, dst, RecordKey{e.salt, chain[j]->first})
-                      : StatusOr<DiskOp>(resource_exhausted("prefix cache: no staging buffer"));
-        if (op.ok())
-          job.op = std::move(op).value();
-        else
-          job.started = op.status();
-      }
-      jobs.push_back(std::move(job));
-    }
-    for (size_t j = k + jobs.size(); j < chain.size(); ++j) {
-      chain[j]->second.pinned = false;
-      reindex(chain[j]->first, chain[j]->second);
-    }
+    size_t done = 0;  // jobs[0, done) are finished
+    int reading = 0;  // jobs past `done` holding a page buffer
     bool failed = false;
-    for (Job& job : jobs) {
+    auto finish = [&](Job& job) {
       Entry& e = job.it->second;
       e.pinned = false;
       reindex(job.it->first, e);
+      if (job.staging) --reading;
       if (failed) {
         if (job.restore && !job.op.finished()) (void)disk->wait(job.op);
+        give_buffer(std::move(job.staging));
         alloc.decref(job.block);  // the caller's reference, or the unused new block
-        continue;
+        return;
       }
       if (!job.restore) {
         out.push_back(job.block);
-        continue;
+        return;
       }
       Status st = job.started;
       if (e.where == PageLocation::kHost) {
@@ -270,7 +239,7 @@ std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t
         alloc.decref(job.block);
         drop(job.it, &alloc);
         failed = true;
-        continue;
+        return;
       }
       // A page whose write was in flight counts with the disk tier's hits: it left the host tier.
       (e.where == PageLocation::kHost && e.spill == nullptr ? stats_.hit_pages_host
@@ -282,7 +251,47 @@ std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t
       bind_block(job.block, job.it->first, alloc);
       reindex(job.it->first, e);
       out.push_back(job.block);
+    };
+    for (size_t j = k; j < chain.size(); ++j) {
+      Entry& e = chain[j]->second;
+      Job job;
+      job.it = chain[j];
+      if (e.where == PageLocation::kDevice) {
+        alloc.incref(e.block);
+        job.block = e.block;
+        jobs.push_back(std::move(job));
+        continue;
+      }
+      if (e.where == PageLocation::kDisk)
+        while (reading >= kMaxRestoresInFlight && !failed) finish(jobs[done++]);
+      if (failed) break;
+      auto b = pool_->allocate_blocks(1);  // may spill other (unpinned) pages
+      if (!b) break;
+      job.block = (*b)[0];
+      job.restore = true;
+      if (e.where == PageLocation::kDisk) {
+        // No buffer to be had (host memory): the lookup stops here, a miss; the entry stays.
+        job.staging = take_buffer();
+        if (!job.staging) {
+          alloc.decref(job.block);
+          break;
+        }
+        ++reading;
+        const std::span<std::byte> dst[] = {
+            {job.staging.get(), static_cast<size_t>(disk_record_bytes())}};
+        auto op = disk->read(e.record, dst, RecordKey{e.salt, chain[j]->first});
+        if (op.ok())
+          job.op = std::move(op).value();
+        else
+          job.started = op.status();
+      }
+      jobs.push_back(std::move(job));
     }
+    for (size_t j = k + jobs.size(); j < chain.size(); ++j) {
+      chain[j]->second.pinned = false;
+      reindex(chain[j]->first, chain[j]->second);
+    }
+    while (done < jobs.size()) finish(jobs[done++]);
   }
   stats_.hit_pages += static_cast<int64_t>(out.size());
   if (at != nullptr && !out.empty()) {

@@ -125,6 +125,9 @@ class PrefixCache final : private BlockWatcher {
   int spills_in_flight() const { return static_cast<int>(spills_.size()); }
   // At most this many spill writes in flight; a spill past it waits for the oldest first.
   static constexpr int kMaxSpillsInFlight = 16;
+  // At most this many disk reads of one acquire in flight, each into a page buffer (reused as the
+  // spills' are); a lookup that cannot get a buffer stops there (a miss, the entry kept).
+  static constexpr int kMaxRestoresInFlight = 16;
 
   // The salt of a tenant (or a request's cache_salt): one 64-bit value mixed into every hash.
   // Keyed with the process's secret (SipHash), so clients can neither compute nor collide it.
