@@ -574,7 +574,8 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
   // The record's bytes on their way to the device: the pool's staging memory (pinned on CUDA).
   KvPool::HostBuffer staging;
   int64_t staging_capacity = 0;
-  bool in_place = copied;  // the record was read straight into the blocks, or prefetched
+  bool in_place = copied;   // the record was read straight into the blocks, or prefetched
+  bool no_staging = false;  // the staging buffer could not be allocated
   if (from_disk) {
     // One read of the whole record; the tier checks its header, key and checksum.
     const int64_t per_page = page_bytes * layers;
@@ -610,11 +611,14 @@ StatusOr<bool> swap_in(KvPool& pool, BlockTable& table, SwapStats* stats, SwapPr
         const std::span<std::byte> dst[] = {{staging.get(), static_cast<size_t>(bytes)}};
         st = pool.disk()->read_sync(table.disk_record, dst, disk_key(idx.size()));
       } else {
-        st = taken.status();
+        // Host memory, not the disk: no disk fault, and the record is kept (the table unchanged).
+        no_staging = true;
+        st = taken.status().with_prefix("no staging buffer for the disk record (" +
+                                        std::to_string(bytes) + " bytes)");
       }
       ++stats->prefetch_misses;
     }
-    if (!st.ok()) ++stats->disk_faults;
+    if (!st.ok() && !no_staging) ++stats->disk_faults;
   }
   if (st.ok() && !in_place) {
     // One batch per shard: from the record's staging buffer (page `original` of the record) or

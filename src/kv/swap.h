@@ -149,7 +149,9 @@ void drop_host_prefetch(KvPool& pool, BlockTable& table, SwapStats* stats);
 // Inverse of swap_out: allocates a device block for every swapped-out page, copies it back and
 // frees its host slot or disk record. All or nothing: false (counted, the table unchanged) when
 // the pool has too few free blocks. A backend error, or a disk fault (checksum, I/O: counted),
-// returns its Status with the table unchanged: the caller releases it and recomputes.
+// returns its Status with the table unchanged: the caller releases it and recomputes. A staging
+// buffer that cannot be allocated (host memory; backends that stage) is returned the same way
+// but is no disk fault (not counted in disk_faults; the record is sound).
 // A record still being written (write-behind) is waited for and then read as any other; when
 // that write failed, the pages come from its staging instead (write_behind_rescues).
 // `prefetch` (may be null): a prefetch of this table's record; its data is used (waiting for the

@@ -5,6 +5,7 @@
 // runs the same round trip and the same fault through the staging copies.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <random>
@@ -112,15 +113,18 @@ TEST(EmulatedSwapDisk, StagedRoundTripIsBitExactAndAFaultGivesTheBlocksBack) {
   EXPECT_EQ(p.disk->stats().extents_used, 0);
 }
 
-// An emulated kernel backend that counts its host allocations (Backend::alloc_host).
+// An emulated kernel backend that counts its host allocations (Backend::alloc_host); `fail`
+// refuses them.
 class CountingHost final : public ForwardingBackend {
  public:
   CountingHost() : ForwardingBackend(std::make_unique<EmulatedKernelBackend>()) {}
   StatusOr<void*> alloc_host(size_t bytes) override {
     ++allocs;
+    if (fail) return resource_exhausted("test: no host memory");
     return ForwardingBackend::alloc_host(bytes);
   }
   int allocs = 0;
+  bool fail = false;
 };
 
 // A pool of `blocks` pages on `be` with no host tier and a disk tier of 64 extents under `dir`.
@@ -183,6 +187,45 @@ TEST(EmulatedSwapDisk, SwapInStagesInTheBackendsHostMemoryAndReusesIt) {
     }
   }
   EXPECT_EQ(st.from_disk, 4);
+  pool->release(t);
+}
+
+// A staging buffer the swap-in cannot get is host memory, not the disk: the Status says so, no
+// disk fault is counted, the blocks go back and the record stays, read bit-exact once memory is
+// there (before: counted in disk_faults, as a bad record).
+TEST(EmulatedSwapDisk, NoStagingBufferIsNoDiskFaultAndKeepsTheRecord) {
+  CountingHost be;
+  TempDir dir;
+  std::unique_ptr<kv::KvPool> pool = disk_pool(be, 8, dir);
+  kv::BlockTable t;
+  ASSERT_TRUE(pool->reserve(t, 3 * kBlock));
+  for (int32_t b : t.blocks)
+    for (int l = 0; l < kLayers; ++l) {
+      float* p = reinterpret_cast<float*>(pool->full_page(l, b));
+      std::fill(p, p + pool->page_layer_bytes(KvPrecision::kFull) / 4, b + 0.5f * l);
+    }
+  const std::vector<float> want = read_pages(*pool, t);
+  kv::SwapStats st;
+  ASSERT_TRUE(*kv::swap_out(*pool, t, &st));
+  auto spare = pool->take_staging(1);  // held: the swap-in must allocate
+  ASSERT_TRUE(spare.ok());
+  be.fail = true;
+  kv::SwapPrefetch pf;
+  EXPECT_FALSE(kv::start_prefetch(*pool, t, &pf, &st).ok());  // no buffer: not started
+  auto in = kv::swap_in(*pool, t, &st, &pf);
+  ASSERT_FALSE(in.ok());
+  EXPECT_EQ(in.status().code(), StatusCode::kResourceExhausted) << in.status().to_string();
+  EXPECT_NE(in.status().message().find("no staging buffer"), std::string::npos);
+  EXPECT_EQ(st.disk_faults, 0);
+  EXPECT_EQ(pool->allocator().num_used(), 0);
+  EXPECT_EQ(kv::swapped_pages(t), 3);
+  EXPECT_EQ(pool->disk()->stats().records, 1);
+  be.fail = false;
+  in = kv::swap_in(*pool, t, &st, &pf);
+  ASSERT_TRUE(in.ok() && *in) << in.status().to_string();
+  EXPECT_EQ(read_pages(*pool, t), want);
+  EXPECT_EQ(st.from_disk, 1);
+  EXPECT_EQ(pool->disk()->stats().records, 0);
   pool->release(t);
 }
 
