@@ -63,10 +63,10 @@ const char* swap_mode_name(SwapMode mode);
 bool measure_copy_bandwidth(const kv::KvPool& pool, SwapCosts* costs);
 
 // Measures `pool`'s disk tier as a swap uses it: four records of sixteen pages (1 to 8 MiB)
-// written, then read back (warm), then freed; where the pool's device memory is not host
-// memory, the staging copies cost the host tier's rates of *costs (measure_copy_bandwidth first).
-// Fills the disk fields of *costs; false (unchanged) without a disk tier or on a disk error
-// (e.g. no room for a record).
+// written, then read back cold (DiskTier::drop_cache between), then freed; where the pool's device
+// memory is not host memory, the staging copies cost the host tier's rates of *costs
+// (measure_copy_bandwidth first). Fills the disk fields of *costs; false (unchanged) without a disk
+// tier or on a disk error (e.g. no room for a record).
 bool measure_disk_swap_bandwidth(kv::KvPool& pool, SwapCosts* costs);
 
 }  // namespace kvsplit::sched
