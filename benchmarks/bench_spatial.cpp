@@ -180,25 +180,23 @@ struct DecodeResult {
   double tokens_per_s = 0, ms_per_step = 0;
   double cpu_ms_per_step = 0;  // process CPU time (all threads) per step
   double exchange_bytes = 0, formula_bytes = 0, exchange_ms = 0;  // per step
-  double formula_all_bytes = 0;  // per step, had every peer been sent every K/V row (before)
+  double formula_all_bytes = 0;  // per step, had every peer taken part (as before 2026-12-06)
   double attention_ms = 0, merge_ms = 0;  // per step (sharded path)
   std::vector<int32_t> ids;               // sequence 0's greedy tokens
 };
 
 // Bytes the shard group exchanges per decode step (sharded_attention.h): for each layer and
-// each peer shard (S - 1), the home sends the rows' queries (B x Hq x d floats) and the peer sends
-// back its partial (output B x Hq x d and lse B x Hq); the new K/V rows (2 x Hkv x d each) go only
-// to the shard owning their position, so `peer_rows` of the B rows (those whose position is on a
-// shard other than the home) are sent once each. All f32.
-int64_t formula_bytes(const kvsplit::model::ModelConfig& c, int shards, int batch, int peer_rows) {
+// each active peer shard (`peers`: a peer holding a page of some sequence up to its new position),
+// the home sends the rows' queries (B x Hq x d floats) and the peer sends back its partial
+// (output B x Hq x d and lse B x Hq); the new K/V rows (2 x Hkv x d each) go only to the shard
+// owning their position, so `peer_rows` of the B rows (those whose position is on a shard other
+// than the home) are sent once each. All f32. With peers = S - 1 it is the scheme before
+// 2026-12-06, when every peer took part.
+int64_t formula_bytes(const kvsplit::model::ModelConfig& c, int peers, int batch, int peer_rows) {
   const int64_t q_partial = int64_t{c.num_heads} * c.head_dim + c.num_heads * (c.head_dim + 1);
   const int64_t kv = int64_t{2} * c.num_kv_heads * c.head_dim;
-  return int64_t{c.num_layers} * ((shards - 1) * batch * q_partial + peer_rows * kv) *
+  return int64_t{c.num_layers} * (peers * batch * q_partial + peer_rows * kv) *
          int64_t(sizeof(float));
-}
-// The same step had every K/V row been sent to every peer (the scheme before, for comparison).
-int64_t formula_all_bytes(const kvsplit::model::ModelConfig& c, int shards, int batch) {
-  return formula_bytes(c, shards, batch, (shards - 1) * batch);
 }
 
 // One configuration (context, shards, batch): its shard group, model and sequences, decoding
@@ -249,13 +247,16 @@ class DecodeCase {
     int64_t formula = 0, formula_all = 0;
     for (int t = 0; t < o_.steps; ++t) {
       int peer_rows = 0;
+      std::vector<char> active(r_.shards, 0);  // every page is resident (fill_kv)
       for (const auto& table : tables_) {
         const int page = (r_.context + pos_ + t) / o_.block_size;
         peer_rows += r_.shards > 1 && table.page(page).shard != 0;
+        for (int p = 0; p <= page; ++p) active[table.page(p).shard] = 1;
       }
       if (r_.shards > 1) {
-        formula += formula_bytes(*c_, r_.shards, r_.batch, peer_rows);
-        formula_all += formula_all_bytes(*c_, r_.shards, r_.batch);
+        const int peers = static_cast<int>(std::count(active.begin() + 1, active.end(), 1));
+        formula += formula_bytes(*c_, peers, r_.batch, peer_rows);
+        formula_all += formula_bytes(*c_, r_.shards - 1, r_.batch, peer_rows);
       }
     }
     const auto a = model_->sharding_stats();
@@ -329,10 +330,11 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
         "is the ratio of tokens/s to the 1-shard run of the same context and batch; \"/turns\" "
         "the ratio of ms/step at once to in turns (same S; < 1: at once is faster); \"cpu ms\": "
         "the process's CPU time per step, all threads (the fastest block's).\n"
-        "  Exchange per step (formula) = L x 4 B x ((S-1) x B x (Hq*d [q] + Hq*(d+1) [partial o, "
-        "lse]) + P x 2*Hkv*d [new K,V rows, to their owner only]) = %d x ((S-1) x B x %lld B + P "
-        "x %lld B), P = rows whose position is on a peer shard; \"all-KV B\" is the scheme that "
-        "sent every K/V row to every peer (P = (S-1) x B). The partials alone (kv-cuts.md §4's B x "
+        "  Exchange per step (formula) = L x 4 B x (A x B x (Hq*d [q] + Hq*(d+1) [partial o, "
+        "lse]) + P x 2*Hkv*d [new K,V rows, to their owner only]) = %d x (A x B x %lld B + P "
+        "x %lld B), A = active peers (holding a page of some sequence up to its position), P = "
+        "rows whose position is on a peer shard; \"all-peer B\" is the scheme in which every "
+        "peer took part (A = S-1). The partials alone (kv-cuts.md §4's B x "
         "Hq x (d+2) per layer, here d+1: o is sent normalized with its lse) are %lld B per peer "
         "and row.\n"
         "  merge share = merge / (shard attention + merge) time of the sharded layers, both on "
@@ -345,14 +347,14 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
         o.warmup,
         static_cast<long long>(int64_t{c.num_layers} * 2 * c.num_kv_heads * c.head_dim * 4 / 1024),
         o.peer_threads > 0 ? o.peer_threads : o.threads, c.num_layers,
-        static_cast<long long>(formula_bytes(c, 2, 1, 0) / c.num_layers),
+        static_cast<long long>(formula_bytes(c, 1, 1, 0) / c.num_layers),
         static_cast<long long>(int64_t{2} * c.num_kv_heads * c.head_dim * 4),
         static_cast<long long>(int64_t{c.num_layers} * c.num_heads * (c.head_dim + 1) * 4),
         o.communicator.c_str(), load_average().c_str());
     std::printf("%7s %3s %2s %8s %9s %8s %7s %7s %6s %6s %12s %12s %12s %7s %9s %8s %7s %5s %10s\n",
                 "context", "B", "S", "mode", "tok/shard", "tok/s", "ms/step", "cpu ms", "vs 1",
-                "/turns", "exch B/step", "formula B", "all-KV B", "exch ms", "attn ms", "merge ms",
-                "merge%", "same", "comm");
+                "/turns", "exch B/step", "formula B", "all-peer B", "exch ms", "attn ms",
+                "merge ms", "merge%", "same", "comm");
   }
   int rc = 0;
   for (int ctx : o.contexts) {
@@ -406,7 +408,7 @@ int run_decode_sweep(const Options& o, const kvsplit::model::LoadedModel& m) {
               "\"steps\":%d,\"reps\":%d,\"tokens_per_s\":%.3f,\"ms_per_step\":%.3f,\"cpu_ms_per_"
               "step\":%.3f,"
               "\"vs_1_shard\":%s,\"exchange_bytes_per_step\":%.0f,\"formula_bytes_per_step\":%.0f,"
-              "\"formula_kv_to_every_peer_bytes_per_step\":%.0f,"
+              "\"formula_every_peer_bytes_per_step\":%.0f,"
               "\"exchange_ms_per_step\":%.4f,\"attention_ms_per_step\":%.3f,"
               "\"merge_ms_per_step\":%.4f,\"merge_share\":%.5f,\"same_tokens_as_1_shard\":%s,"
               "\"communicator\":\"%s\",\"load_average\":\"%s\"}\n",

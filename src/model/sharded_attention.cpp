@@ -74,6 +74,11 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
   rel_pages_.clear();
   bool seen_prefill = false;
   int max_blocks = 1;
+  // Per shard: whether it holds a page some row reads (a decode row's resident or summarised
+  // page, a prefill row's resident page; the pages written this step are among them), and a
+  // resident page of a prefill row's sequence. The home always takes part: it merges.
+  std::vector<char> holds(S, 0), holds_prefill(S, 0);
+  holds[0] = 1;
   for (const ShardedSeq& s : seqs) {
     if (s.table == nullptr || s.tokens <= 0) return invalid_argument("bad sharded sequence");
     const int kv_len = s.start_pos + s.tokens;
@@ -89,6 +94,11 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
       if (pe.location != kv::PageLocation::kDevice && pe.location != kv::PageLocation::kEvicted)
         return invalid_argument("page " + std::to_string(b) +
                                 " of a sharded sequence is not on a device");
+      if (b >= s.start_pos / bs && (!pe.resident() || pe.precision != kernels::KvPrecision::kFull))
+        return invalid_argument("page " + std::to_string(b) +
+                                " is written this step but is not full precision on a device");
+      if (pe.resident() || (s.decode && pe.summary >= 0)) holds[pe.shard] = 1;
+      if (pe.resident() && !s.decode) holds_prefill[pe.shard] = 1;
     }
     if ((s.token_relevance == nullptr) != (s.page_bound == nullptr))
       return invalid_argument("token_relevance and page_bound go together");
@@ -123,13 +133,19 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
     KVSPLIT_RETURN_IF_ERROR(take(pool, kSeqMax, dr * H * sizeof(float), &seq_max_));
   }
   shards_.resize(S);
+  active_.clear();
   for (int sh = 0; sh < S; ++sh) {
     Shard& z = shards_[sh];
     z.pool = &pool.shard(sh);
     z.be = &z.pool->backend();
     z.runs.clear();
     z.spans.clear();
+    z.kv_runs.clear();
+    z.kv_rows = 0;
+    z.prefill = holds_prefill[sh] != 0;
     z.max_blocks = max_blocks;
+    if (!holds[sh]) continue;  // inactive: sent nothing, computes nothing, not merged
+    active_.push_back(sh);
     if (sh > 0) {
       KVSPLIT_RETURN_IF_ERROR(take(*z.pool, kQ, q_bytes, &z.q));
       KVSPLIT_RETURN_IF_ERROR(take(*z.pool, kK, kv_bytes, &z.k));
@@ -149,8 +165,6 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
     // slots are [kv_rows].
     std::vector<int32_t> ints(static_cast<size_t>(rows_), -1);
     z.slots = 0;
-    z.kv_runs.clear();
-    z.kv_rows = 0;
     z.stage_k = z.stage_v = nullptr;
     {
       int row = 0;
@@ -158,11 +172,7 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
         for (int i = 0; i < s.tokens; ++i, ++row) {
           const int pos = s.start_pos + i;
           const int b = pos / bs;
-          const kv::PageEntry pe = s.table->page(b);
-          if (pe.shard != sh) continue;
-          if (!pe.resident() || pe.precision != kernels::KvPrecision::kFull)
-            return invalid_argument("page " + std::to_string(b) +
-                                    " is written this step but is not full precision on a device");
+          if (s.table->page(b).shard != sh) continue;
           ints[row] = s.table->blocks[b] * bs + pos % bs;
         }
       }
@@ -266,9 +276,10 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
       z.head_max = reinterpret_cast<float*>(buf + o_hmax);
       z.seq_max = reinterpret_cast<float*>(buf + o_smax);
     }
-    // Prefill: every prefill sequence, over its whole table with other shards' pages evicted.
+    // Prefill (on a shard holding some of its pages): every prefill sequence, over its whole table
+    // with other shards' pages evicted.
     z.pre_meta = ints.size();
-    if (prefill_seqs_ > 0) {
+    if (prefill_seqs_ > 0 && z.prefill) {
       std::vector<uint8_t> prec(size_t(prefill_seqs_) * max_blocks,
                                 static_cast<uint8_t>(kernels::KvPrecision::kEvicted));
       std::vector<int32_t> qstart{0}, lens, tables(size_t(prefill_seqs_) * max_blocks, 0);
@@ -311,12 +322,13 @@ Status ShardedAttention::on_shards(const std::function<Status(int)>& body) {
   const int phase = phase_++;
   const auto fn = [&](int sh) { return timed(sh, phase, body); };
   if (!concurrent_) {
-    for (int sh = 0; sh < S; ++sh) KVSPLIT_RETURN_IF_ERROR(fn(sh));
+    for (int sh : active_) KVSPLIT_RETURN_IF_ERROR(fn(sh));
     return ok_status();
   }
   while (static_cast<int>(runners_.size()) < S - 1)
     runners_.push_back(std::make_unique<JobThread>());
-  for (int sh = 1; sh < S; ++sh) {
+  for (int sh : active_) {
+    if (sh == 0) continue;
     runners_[sh - 1]->post([this, &fn, sh]() -> Status {
       KVSPLIT_RETURN_IF_ERROR(shards_[sh].be->bind_thread());
       return fn(sh);
@@ -324,7 +336,8 @@ Status ShardedAttention::on_shards(const std::function<Status(int)>& body) {
   }
   // Every peer is waited for, whatever the home's outcome: no job outlives this call.
   Status first = fn(0);
-  for (int sh = 1; sh < S; ++sh) {
+  for (int sh : active_) {
+    if (sh == 0) continue;
     Status st = runners_[sh - 1]->wait();
     if (first.ok() && !st.ok()) first = std::move(st);
   }
@@ -354,7 +367,7 @@ Status ShardedAttention::partial(int sh, int layer, const float* q, const float*
     if (scoring_) a.head_max = z.head_max + size_t(run.first_row) * H;
     KVSPLIT_RETURN_IF_ERROR(be.attention_decode(a, run.plan));
   }
-  if (prefill_seqs_ > 0) {
+  if (prefill_seqs_ > 0 && z.prefill) {  // else its prefill rows stay an empty partial
     backend::AttentionArgs a = base_args(z, layer);
     a.q = zq + size_t(decode_rows_) * H * d;
     a.out = z.o + size_t(decode_rows_) * H * d;
@@ -378,15 +391,15 @@ Status ShardedAttention::partial(int sh, int layer, const float* q, const float*
 Status ShardedAttention::run_layer(int layer, const float* q, const float* k, const float* v,
                                    float* out) {
   if (rows_ == 0) return ok_status();
-  const int S = static_cast<int>(shards_.size());
   const int H = shape_.num_heads, Hkv = shape_.num_kv_heads, d = shape_.head_dim;
   const size_t q_bytes = size_t(rows_) * H * d * sizeof(float);
   const size_t row_kv = size_t(Hkv) * d;  // floats of one row's K (or V)
   const size_t lse_bytes = size_t(rows_) * H * sizeof(float);
-  // 1. To every peer (on this thread, so the communicator is used by one thread): every query row
-  // (the peer's partial covers every row), but only the K/V rows of the positions it owns: one
-  // run is sent in place, several are gathered first.
-  for (int sh = 1; sh < S; ++sh) {
+  // 1. To every active peer (on this thread, so the communicator is used by one thread): every
+  // query row (the peer's partial covers every row), but only the K/V rows of the positions it
+  // owns: one run is sent in place, several are gathered first.
+  for (int sh : active_) {
+    if (sh == 0) continue;
     Shard& z = shards_[sh];
     backend::Backend& be = *z.be;
     KVSPLIT_RETURN_IF_ERROR(comm_->send(be, z.q, *home_, q, q_bytes));
@@ -408,25 +421,28 @@ Status ShardedAttention::run_layer(int layer, const float* q, const float* k, co
     KVSPLIT_RETURN_IF_ERROR(comm_->send(be, z.k, *home_, sk, bytes));
     KVSPLIT_RETURN_IF_ERROR(comm_->send(be, z.v, *home_, sv, bytes));
   }
-  // 2. Every shard's partial: at once (peers on their job threads) or one after another.
+  // 2. Every active shard's partial: at once (peers on their job threads) or one after another.
   KVSPLIT_RETURN_IF_ERROR(on_shards([&](int sh) { return partial(sh, layer, q, k, v); }));
-  // 3. The partials back to the home, merged in shard order (the same sums whatever ran first).
+  // 3. The active peers' partials back to the home, merged in shard order (the same sums whatever
+  // ran first; an inactive shard's partial would be empty, weight 0, so leaving it out changes no
+  // bit).
   const float* parts_o[backend::Backend::kMaxMergeParts];
   const float* parts_lse[backend::Backend::kMaxMergeParts];
-  parts_o[0] = shards_[0].o;
-  parts_lse[0] = shards_[0].lse;
-  for (int sh = 1; sh < S; ++sh) {
+  int parts = 0;
+  for (int sh : active_) {
     Shard& z = shards_[sh];
-    KVSPLIT_RETURN_IF_ERROR(comm_->send(*home_, z.recv_o, *z.be, z.o, q_bytes));
-    KVSPLIT_RETURN_IF_ERROR(comm_->send(*home_, z.recv_lse, *z.be, z.lse, lse_bytes));
-    parts_o[sh] = z.recv_o;
-    parts_lse[sh] = z.recv_lse;
+    if (sh > 0) {
+      KVSPLIT_RETURN_IF_ERROR(comm_->send(*home_, z.recv_o, *z.be, z.o, q_bytes));
+      KVSPLIT_RETURN_IF_ERROR(comm_->send(*home_, z.recv_lse, *z.be, z.lse, lse_bytes));
+    }
+    parts_o[parts] = sh > 0 ? z.recv_o : z.o;
+    parts_lse[parts++] = sh > 0 ? z.recv_lse : z.lse;
   }
   // The merge is timed on the home's stream (after the partials arrived, before the work that
   // reads `out`) and not waited for: the layer's next op is queued behind it.
   KVSPLIT_ASSIGN_OR_RETURN(const int m0, home_->mark_time());
-  KVSPLIT_RETURN_IF_ERROR(
-      home_->merge_attention_states(parts_o, parts_lse, S, int64_t{rows_} * H, d, out, nullptr));
+  KVSPLIT_RETURN_IF_ERROR(home_->merge_attention_states(parts_o, parts_lse, parts,
+                                                        int64_t{rows_} * H, d, out, nullptr));
   KVSPLIT_ASSIGN_OR_RETURN(const int m1, home_->mark_time());
   merge_spans_.emplace_back(m0, m1);
   if (scoring_) KVSPLIT_RETURN_IF_ERROR(score_layer(layer, q));
@@ -473,29 +489,30 @@ backend::AttentionArgs ShardedAttention::decode_args(const Shard& z, int layer,
 }
 
 Status ShardedAttention::score_layer(int layer, const float* q) {
-  const int S = static_cast<int>(shards_.size());
   const int H = shape_.num_heads;
   const size_t n = size_t(decode_rows_) * H;
   const size_t bytes = n * sizeof(float);
   const int bs = pool_->block_size();
-  // Every shard's head maxima to the home, merged into the sequence's, and back.
-  for (int sh = 0; sh < S; ++sh) {
+  // The head maxima of every shard holding decode rows' pages to the home (the others' are -inf),
+  // merged into the sequence's, and back to them.
+  size_t parts = 0;
+  for (int sh : active_) {
     Shard& z = shards_[sh];
+    if (z.runs.empty()) continue;
+    float* dst = all_max_ + parts++ * n;
     if (sh > 0)
-      KVSPLIT_RETURN_IF_ERROR(comm_->send(*home_, all_max_ + sh * n, *z.be, z.head_max, bytes));
+      KVSPLIT_RETURN_IF_ERROR(comm_->send(*home_, dst, *z.be, z.head_max, bytes));
     else
-      KVSPLIT_RETURN_IF_ERROR(home_->copy_d2d(all_max_, z.head_max, bytes));
+      KVSPLIT_RETURN_IF_ERROR(home_->copy_d2d(dst, z.head_max, bytes));
   }
-  std::vector<float> all(size_t(S) * n), seq(n);
+  std::vector<float> all(parts * n), seq(n, -std::numeric_limits<float>::infinity());
   KVSPLIT_RETURN_IF_ERROR(home_->copy_d2h(all.data(), all_max_, all.size() * sizeof(float)));
   KVSPLIT_RETURN_IF_ERROR(home_->synchronize());
-  for (size_t i = 0; i < n; ++i) {
-    float m = all[i];
-    for (int sh = 1; sh < S; ++sh) m = std::max(m, all[sh * n + i]);
-    seq[i] = m;
-  }
+  if (parts > 0) std::copy_n(all.begin(), n, seq.begin());  // a NaN there stays (std::max)
+  for (size_t p = 1; p < parts; ++p)
+    for (size_t i = 0; i < n; ++i) seq[i] = std::max(seq[i], all[p * n + i]);
   KVSPLIT_RETURN_IF_ERROR(home_->copy_h2d(seq_max_, seq.data(), bytes));
-  for (int sh = 0; sh < S; ++sh) {
+  for (int sh : active_) {
     Shard& z = shards_[sh];
     if (z.runs.empty()) continue;
     if (sh > 0)
@@ -532,7 +549,8 @@ Status ShardedAttention::finish_step() {
   // in-process communicator's sends did; NCCL's do not). Its last work is done by now anyway:
   // the home merged its partials.
   Status st = ok_status();
-  for (size_t sh = 1; sh < shards_.size(); ++sh) {
+  for (int sh : active_) {
+    if (sh == 0) continue;
     Status peer = shards_[sh].be->synchronize();
     if (st.ok() && !peer.ok()) st = std::move(peer);
   }

@@ -4,12 +4,15 @@
 // output normalized over its keys and their log-sum-exp, AttentionArgs::lse) and the home merges
 // the partials exactly (Backend::merge_attention_states). Only queries, new K/V rows and partials
 // move between shards, never pages: per layer and step the partials are
-// rows x num_heads x (head_dim + 1) floats, whatever the context length. Each peer receives every
-// query row (its partial covers every row) but only the K/V rows of the positions it owns
-// (PageEntry::shard of the page holding the position), so per layer the home sends
-// (S - 1) x rows x num_heads x head_dim + (rows owned by peers) x 2 x num_kv_heads x head_dim
-// floats and receives (S - 1) x rows x num_heads x (head_dim + 1) (scoring, below, adds its
-// maxima).
+// rows x num_heads x (head_dim + 1) floats, whatever the context length. Only the step's
+// **active** peers take part: a peer is active when it holds a page some row reads (a decode
+// row's resident or summarised page, a prefill row's resident page) or owns the position of a
+// new K/V row; an inactive peer is sent nothing, computes nothing and is left out of the merge
+// (its partial would be empty). Each active peer receives every query row (its partial covers
+// every row) but only the K/V rows of the positions it owns (PageEntry::shard of the page holding
+// the position), so per layer, with A active peers, the home sends
+// A x rows x num_heads x head_dim + (rows owned by peers) x 2 x num_kv_heads x head_dim floats and
+// receives A x rows x num_heads x (head_dim + 1) (scoring, below, adds its maxima).
 //
 // Per shard, decode rows attend over a compact block table (only the shard's pages, in order, so
 // split-K covers only what it holds; pages at any precision, evicted ones skipped but listed for
@@ -84,10 +87,14 @@ class ShardedAttention {
   bool concurrent() const { return concurrent_; }
 
   // Plans the step: `seqs` in row order (decode rows first, then prefill rows), their tables in
-  // `pool`'s shard group (KvPool::num_shards() >= 2). Builds and uploads every shard's metadata.
+  // `pool`'s shard group (KvPool::num_shards() >= 2). Finds the active shards and builds and
+  // uploads their metadata.
   Status prepare(std::span<const ShardedSeq> seqs, kv::KvPool& pool,
                  const ShardedAttentionShape& shape, const backend::SplitPlanConfig& split,
                  backend::Communicator& comm);
+  // The shards taking part in the prepared step, in shard order: the home (always) and the
+  // active peers (see above).
+  std::span<const int> active_shards() const { return active_; }
   // Layer `layer`: appends the rows' K/V (home memory, [rows, num_kv_heads, head_dim]) to their
   // owning shards (a peer is sent only the rows it owns), runs every shard's partial attention for
   // q ([rows, num_heads, head_dim]) and writes the merged output to out ([rows, num_heads,
@@ -129,6 +136,7 @@ class ShardedAttention {
   struct Shard {
     backend::Backend* be = nullptr;
     kv::KvPool* pool = nullptr;
+    bool prefill = false;  // holds a resident page of a prefill row's sequence this step
     float *q = nullptr, *k = nullptr, *v = nullptr;  // copies of the rows (peers only)
     float *o = nullptr, *lse = nullptr;  // partial [rows, heads, head_dim] and [rows, heads]
     float *recv_o = nullptr, *recv_lse = nullptr;  // the partial copied to home (peers only)
@@ -157,8 +165,8 @@ class ShardedAttention {
   void set_arenas(const Shard& z, int layer, backend::AttentionArgs& a) const;
   backend::AttentionArgs decode_args(const Shard& z, int layer, const DecodeRun& run,
                                      const float* zq) const;
-  // Runs fn(shard) for every shard, each timed (a span of this call's phase): the peers on their
-  // job threads while the home runs on this thread (concurrent_), or in shard order on this
+  // Runs fn(shard) for every active shard, each timed (a span of this call's phase): the peers on
+  // their job threads while the home runs on this thread (concurrent_), or in shard order on this
   // thread. Returns after every shard's fn returned: the first error in shard order (home first).
   Status on_shards(const std::function<Status(int)>& fn);
   // fn(sh) between two time marks on shard sh's backend, recorded as a span of `phase`.
@@ -187,6 +195,7 @@ class ShardedAttention {
   std::vector<int> rel_pages_;                     // per decode row: blocks_for(kv_len)
   float *all_max_ = nullptr, *seq_max_ = nullptr;  // home: every shard's head maxima, merged
   std::vector<Shard> shards_;
+  std::vector<int> active_;  // this step's shards taking part, in shard order (0 first)
   double merge_seconds_ = 0, attention_seconds_ = 0;
   int phase_ = 0;                                 // on_shards calls this step
   std::vector<std::pair<int, int>> merge_spans_;  // the home's marks around each merge

@@ -28,22 +28,25 @@ struct Shape {
 };
 
 // Exchange bytes of one step of sharded attention over one layer (sharded_attention.h): each of
-// the S - 1 peers gets every query row and sends back its partial (o and lse), and gets the K/V
-// rows of the positions it owns only. `old` is the earlier scheme, every K/V row to every peer.
+// the `active` peers (those holding a page of the step's sequences) gets every query row and sends
+// back its partial (o and lse), and gets the K/V rows of the positions it owns only. `old` is the
+// earlier scheme, every K/V row to every peer; `every_peer` the scheme before 2026-12-06, every
+// one of the S - 1 peers taking part.
 struct Exchange {
-  int64_t bytes = 0, old = 0;
+  int64_t bytes = 0, old = 0, every_peer = 0;
 };
-Exchange exchange_formula(int S, int H, int Hkv, int d, int rows, int peer_rows) {
+Exchange exchange_formula(int S, int active, int H, int Hkv, int d, int rows, int peer_rows) {
   const int64_t f = sizeof(float);
-  const int64_t q_partial = int64_t{S - 1} * rows * (int64_t{H} * d + int64_t{H} * (d + 1)) * f;
-  return {q_partial + int64_t{peer_rows} * 2 * Hkv * d * f,
-          q_partial + int64_t{S - 1} * rows * 2 * Hkv * d * f};
+  const int64_t q_partial = int64_t{rows} * (int64_t{H} * d + int64_t{H} * (d + 1)) * f;
+  const int64_t kv = int64_t{peer_rows} * 2 * Hkv * d * f;
+  return {active * q_partial + kv, (S - 1) * q_partial + int64_t{S - 1} * rows * 2 * Hkv * d * f,
+          (S - 1) * q_partial + kv};
 }
 
 // Per step: the exchange measured, and the formulas (steps with a prefill row or not).
 struct StepExchange {
   bool prefill = false;
-  int rows = 0, peer_rows = 0;
+  int rows = 0, peer_rows = 0, active = 0;  // active: peers taking part
   int64_t measured = 0;
   Exchange formula;
 };
@@ -104,10 +107,16 @@ void run_case(const Shape& sh, int num_shards, int chunk, const std::vector<int>
     const std::vector<float> v = randn(rng, size_t(rows) * Hkv * d);
     std::vector<float> out(q.size(), NAN), want(q.size(), NAN);
     // Rows whose position is on a peer shard (by the page placement): only they go to a peer.
+    // Peers holding a page of the step's sequences up to their new positions: only they take part.
     int peer_rows = 0;
-    for (int i : order)
+    std::vector<char> holds(num_shards, 0);
+    for (int i : order) {
       for (int t = 0; t < feed[i]; ++t)
         peer_rows += tables[i].page((len[i] + t) / sh.block_size).shard != 0;
+      for (int b = 0; b < kv::BlockTable::blocks_for(len[i] + feed[i], sh.block_size); ++b)
+        holds[tables[i].page(b).shard] = 1;
+    }
+    const int active = static_cast<int>(std::count(holds.begin() + 1, holds.end(), 1));
     const int64_t before = comm->stats().bytes;
     const double attn0 = sa.attention_seconds(), merge0 = sa.merge_seconds();
     ASSERT_TRUE(sa.prepare(seqs, **pool, {H, Hkv, d, scale}, {}, *comm).ok());
@@ -122,9 +131,15 @@ void run_case(const Shape& sh, int num_shards, int chunk, const std::vector<int>
     ex.prefill = static_cast<int>(order.size()) > num_dec;
     ex.rows = rows;
     ex.peer_rows = peer_rows;
+    ex.active = active;
     ex.measured = comm->stats().bytes - before;
-    ex.formula = exchange_formula(num_shards, H, Hkv, d, rows, peer_rows);
-    ASSERT_EQ(ex.measured, ex.formula.bytes) << "rows " << rows << ", on peers " << peer_rows;
+    ex.formula = exchange_formula(num_shards, active, H, Hkv, d, rows, peer_rows);
+    ASSERT_EQ(ex.measured, ex.formula.bytes)
+        << "rows " << rows << ", on peers " << peer_rows << ", active peers " << active;
+    std::vector<int> want_active{0};  // the home, then the peers holding a page
+    for (int s = 1; s < num_shards; ++s)
+      if (holds[s]) want_active.push_back(s);
+    EXPECT_EQ(std::vector<int>(sa.active_shards().begin(), sa.active_shards().end()), want_active);
     if (exchanges != nullptr) exchanges->push_back(ex);
 
     // Reference: the same K/V in one pool, then decode rows and prefill rows as two calls.
