@@ -613,7 +613,8 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
     tally.emplace(*comm, &im.exchange);
     ShardedAttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, scale};
     im.sharded.set_concurrent(options.concurrent_shards);
-    KVSPLIT_RETURN_IF_ERROR(im.sharded.prepare(sh, pool, shape, options.split, *comm));
+    KVSPLIT_RETURN_IF_ERROR(
+        im.sharded.prepare(sh, pool, shape, options.split, *comm, options.force_chunk_tokens));
     sharded_guard.sa = &im.sharded;
   }
 

@@ -52,8 +52,8 @@ Status take(kv::KvPool& pool, int slot, size_t bytes, T** out) {
 
 Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& pool,
                                  const ShardedAttentionShape& shape,
-                                 const backend::SplitPlanConfig& split,
-                                 backend::Communicator& comm) {
+                                 const backend::SplitPlanConfig& split, backend::Communicator& comm,
+                                 int force_chunk_tokens) {
   const int S = pool.num_shards();
   if (S < 2) return invalid_argument("sharded attention needs a shard group of 2 or more");
   if (S > backend::Backend::kMaxMergeParts)
@@ -243,7 +243,10 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
       for (int i = 0; i <= n; ++i) ints.push_back(i);
       ints.insert(ints.end(), lens.begin(), lens.end());
       ints.insert(ints.end(), tables.begin(), tables.end());
-      run.plan = backend::plan_decode_splits(lens.data(), n, Hkv, bs, z.be->parallelism(), split);
+      run.plan =
+          force_chunk_tokens >= 0
+              ? backend::make_split_plan(lens.data(), n, bs, force_chunk_tokens)
+              : backend::plan_decode_splits(lens.data(), n, Hkv, bs, z.be->parallelism(), split);
       run.pages = std::move(pages);
       z.runs.push_back(std::move(run));
     }

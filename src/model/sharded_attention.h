@@ -88,10 +88,12 @@ class ShardedAttention {
 
   // Plans the step: `seqs` in row order (decode rows first, then prefill rows), their tables in
   // `pool`'s shard group (KvPool::num_shards() >= 2). Finds the active shards and builds and
-  // uploads their metadata.
+  // uploads their metadata. Decode rows' split-K plans come from the planner with `split`, or,
+  // when force_chunk_tokens >= 0, from make_split_plan with that chunk (0: no split), as the
+  // home path's (ForwardOptions::force_chunk_tokens).
   Status prepare(std::span<const ShardedSeq> seqs, kv::KvPool& pool,
                  const ShardedAttentionShape& shape, const backend::SplitPlanConfig& split,
-                 backend::Communicator& comm);
+                 backend::Communicator& comm, int force_chunk_tokens = -1);
   // The shards taking part in the prepared step, in shard order: the home (always) and the
   // active peers (see above).
   std::span<const int> active_shards() const { return active_; }

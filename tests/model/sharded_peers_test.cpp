@@ -1,7 +1,8 @@
 // Which shards of a shard group take part in a step of sharded attention
 // (model/sharded_attention.h), and how: a peer holding nothing the step reads or writes is sent
 // nothing and computes nothing (the exchange follows the shards a sequence uses, not the group's
-// size).
+// size); a forced split-K chunk (ForwardOptions::force_chunk_tokens) holds for sharded rows as for
+// the home's.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -221,6 +222,49 @@ TEST(ShardedPeers, GenerationExchangeFollowsTheShardsItUses) {
   }
   EXPECT_EQ(tokens[1], tokens[0]);
   EXPECT_EQ(tokens[2], tokens[0]);
+}
+
+// `kvsplit generate --split-chunk 0 --spatial-shards N`: ForwardOptions::force_chunk_tokens 0
+// means no split for every decode row, the sharded rows' compact tables included. stories260K
+// over 3 shards, with a split config under which the planner splits every decode call (the
+// control run shows it does).
+TEST(ShardedPeers, ForcedSplitChunkHoldsForShardedRows) {
+  KVSPLIT_REQUIRE_MODELS();
+  model::LoadOptions lo;
+  lo.tokenizer_path = model_path("tok512.bin");
+  auto loaded = model::load_model(model_path("stories260K.bin"), lo);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  const model::ModelConfig& c = loaded->config;
+  std::vector<sched::GenerationInput> inputs(1);
+  for (int j = 0; j < 100; ++j) inputs[0].prompt_ids.push_back(1 + (j * 17) % 500);
+  inputs[0].params.temperature = 0.f;
+  inputs[0].params.max_tokens = 20;
+  inputs[0].params.ignore_eos = true;
+  for (const int force : {-1, 0}) {
+    SCOPED_TRACE("force_chunk_tokens " + std::to_string(force));
+    Group g = make_group(3, 16, 16, 32, kv::KvShape{c.num_layers, c.num_kv_heads, c.head_dim});
+    auto lm = model::LlamaModel::create(*loaded, *g.home);
+    ASSERT_TRUE(lm.ok()) << lm.status().to_string();
+    sched::BatchOptions bo;
+    bo.forward.split.min_chunk_tokens = 16;
+    bo.forward.split.work_items_per_unit = 64;
+    bo.forward.force_chunk_tokens = force;
+    auto out = sched::generate_batch(**lm, *g.pool, nullptr, inputs, bo);
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    ASSERT_EQ((*out)[0].shards, 3);
+    int calls = 0, split = 0;
+    for (CountingBackend* b : g.be) {
+      for (const backend::SplitPlan& p : b->plans) {
+        ++calls;
+        split += p.has_splits();
+      }
+    }
+    EXPECT_GE(calls, 3 * 19 * c.num_layers);  // every shard, every decode step and layer
+    if (force < 0)
+      EXPECT_GT(split, 0);  // the planner splits
+    else
+      EXPECT_EQ(split, 0);
+  }
 }
 
 }  // namespace
