@@ -1,5 +1,7 @@
 #include "common/job_thread.h"
 
+#include <string>
+#include <system_error>
 #include <utility>
 
 #include "common/check.h"
@@ -7,6 +9,14 @@
 namespace kvsplit {
 
 JobThread::JobThread() : thread_([this] { loop(); }) {}
+
+StatusOr<std::unique_ptr<JobThread>> JobThread::create() {
+  try {
+    return std::make_unique<JobThread>();
+  } catch (const std::system_error& e) {
+    return resource_exhausted(std::string("cannot start a job thread: ") + e.what());
+  }
+}
 
 JobThread::~JobThread() {
   {

@@ -9,10 +9,14 @@
 // after wait() returns (the hand-over is under a mutex). The job thread sleeps on a condition
 // variable between jobs (it never polls, so an idle shard holds no core). The destructor waits for
 // a job still running, then joins the thread.
+//
+// Creating one starts a thread, which the system may refuse (e.g. ulimit -u): the constructor then
+// throws std::system_error, as std::thread does; create() returns the refusal as a Status instead.
 #pragma once
 
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -22,8 +26,11 @@ namespace kvsplit {
 
 class JobThread {
  public:
-  JobThread();
+  JobThread();  // throws std::system_error when the thread cannot be started
   ~JobThread();
+  // A started JobThread, or kResourceExhausted naming the system's error when it refuses the
+  // thread. Never throws.
+  static StatusOr<std::unique_ptr<JobThread>> create();
   JobThread(const JobThread&) = delete;
   JobThread& operator=(const JobThread&) = delete;
 

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 
+#include "common/log.h"
 #include "kernels/common/kv_quant.h"
 
 namespace kvsplit::model {
@@ -324,12 +326,23 @@ Status ShardedAttention::on_shards(const std::function<Status(int)>& body) {
   const int S = static_cast<int>(shards_.size());
   const int phase = phase_++;
   const auto fn = [&](int sh) { return timed(sh, phase, body); };
-  if (!concurrent_) {
+  // The peers' job threads, started on first use. A refused thread is not the step's failure:
+  // the shards take turns from then on (the same output).
+  while (concurrent_ && !no_threads_ && static_cast<int>(runners_.size()) < S - 1) {
+    StatusOr<std::unique_ptr<JobThread>> r = JobThread::create();
+    if (!r.ok()) {
+      KVSPLIT_LOG_WARN("spatial cut: {}; the {} shards compute in turns from now on",
+                       r.status().message(), S);
+      no_threads_ = true;
+      runners_.clear();
+      break;
+    }
+    runners_.push_back(std::move(r).value());
+  }
+  if (!concurrent_ || no_threads_) {
     for (int sh : active_) KVSPLIT_RETURN_IF_ERROR(fn(sh));
     return ok_status();
   }
-  while (static_cast<int>(runners_.size()) < S - 1)
-    runners_.push_back(std::make_unique<JobThread>());
   for (int sh : active_) {
     if (sh == 0) continue;
     runners_[sh - 1]->post([this, &fn, sh]() -> Status {

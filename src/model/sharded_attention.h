@@ -27,7 +27,9 @@
 // computation (the same backend, split plan and inputs) and the merge order is fixed, so the
 // output is bit-identical. The exchange (sends of queries and K/V rows, the partials back) runs on
 // the calling thread only, before and after the shards compute, so the Communicator is used by
-// one thread. The job threads sleep between layers; they live as long as this object.
+// one thread. The job threads sleep between layers; they live as long as this object. When the
+// system refuses to start one (e.g. ulimit -u), the shards take turns from then on (the same
+// output) and a warning is logged once; the step does not fail.
 //
 // Scoring (the semantic cut on sharded sequences): each shard's decode call also returns its
 // per-head maximum logit (AttentionArgs::head_max); the home takes the maximum over shards (the
@@ -202,6 +204,7 @@ class ShardedAttention {
   int phase_ = 0;                                 // on_shards calls this step
   std::vector<std::pair<int, int>> merge_spans_;  // the home's marks around each merge
   bool concurrent_ = true;
+  bool no_threads_ = false;  // the system refused a job thread: the shards take turns
   // runners_[s - 1] drives peer shard s (created on first use, kept across steps). Last member:
   // destroyed (joined) first.
   std::vector<std::unique_ptr<JobThread>> runners_;

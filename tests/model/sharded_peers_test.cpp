@@ -2,18 +2,23 @@
 // (model/sharded_attention.h), and how: a peer holding nothing the step reads or writes is sent
 // nothing and computes nothing (the exchange follows the shards a sequence uses, not the group's
 // size); a forced split-K chunk (ForwardOptions::force_chunk_tokens) holds for sharded rows as for
-// the home's.
+// the home's; and a system that refuses the peers' job threads gets the shards in turns, not an
+// exception.
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <cmath>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/communicator.h"
+#include "common/job_thread.h"
 #include "forwarding_backend.h"
 #include "kv/kv_pool.h"
 #include "model/llama_model.h"
@@ -265,6 +270,59 @@ TEST(ShardedPeers, ForcedSplitChunkHoldsForShardedRows) {
     else
       EXPECT_EQ(split, 0);
   }
+}
+
+// While alive, the system refuses every new thread of this process: its default stack (1 PiB)
+// cannot be mapped. ok() is false where that does not make std::thread fail.
+class RefuseThreads {
+ public:
+  RefuseThreads() {
+    if (pthread_getattr_default_np(&saved_) != 0) return;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    set_ =
+        pthread_attr_setstacksize(&a, size_t{1} << 50) == 0 && pthread_setattr_default_np(&a) == 0;
+    pthread_attr_destroy(&a);
+    if (!set_) return;
+    try {
+      std::thread([] {}).join();
+    } catch (const std::system_error&) {
+      refused_ = true;
+    }
+  }
+  ~RefuseThreads() {
+    if (set_) pthread_setattr_default_np(&saved_);
+  }
+  bool ok() const { return refused_; }
+
+ private:
+  pthread_attr_t saved_;
+  bool set_ = false, refused_ = false;
+};
+
+// The peers' job threads start on the first step that computes at once. If the system refuses
+// them (ulimit -u, memory), that step and the later ones run the shards in turns, with the same
+// output bit for bit, instead of an exception escaping the worker thread (before 2026-12-06:
+// std::system_error, and the process aborted).
+TEST(ShardedPeers, RefusedJobThreadsRunTheShardsInTurns) {
+  const kv::KvShape shape{1, kKvHeads, kHeadDim};
+  Group ga = make_group(3, 32, kBlock, 32, shape), gt = make_group(3, 32, kBlock, 32, shape);
+  Stepper at_once(ga, 1), in_turns(gt, 1);
+  in_turns.sa.set_concurrent(false);
+  std::mt19937 rng_a(3), rng_t(3);
+  int64_t ba = 0, bt = 0;
+  {
+    RefuseThreads refuse;
+    if (!refuse.ok()) GTEST_SKIP() << "cannot make this system refuse a thread";
+    const auto job = JobThread::create();
+    EXPECT_EQ(job.status().code(), StatusCode::kResourceExhausted) << job.status().to_string();
+    EXPECT_EQ(at_once.step({80}, rng_a, &ba), in_turns.step({80}, rng_t, &bt));
+  }
+  for (int t = 0; t < 3; ++t)  // threads allowed again: still in turns, still the same
+    EXPECT_EQ(at_once.step({1}, rng_a, &ba), in_turns.step({1}, rng_t, &bt));
+  EXPECT_EQ(ba, bt);
+  at_once.release();
+  in_turns.release();
 }
 
 }  // namespace
