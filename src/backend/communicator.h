@@ -60,7 +60,11 @@ struct NcclCommunicatorOptions {
   // true: send() waits for the receive to finish (cudaStreamSynchronize on the destination's
   // stream), so stats().seconds is the transfer's wall time, as for the in-process communicator.
   // false: send() returns once both halves are enqueued; stream order alone makes the data usable
-  // by work queued on `to` afterwards, and seconds counts only the enqueue.
+  // by work queued on `to` afterwards, and seconds counts only the enqueue. Risk: the process-wide
+  // order of NCCL operations (below) then covers only their enqueue, so the kernels of this
+  // communicator's sends may run beside those of another communicator on the same GPUs, which
+  // NCCL says can deadlock. Use false only where no other communicator of the process shares a
+  // GPU with this one (one worker; the engine and the CLI keep true).
   bool synchronize = true;
 };
 
@@ -69,7 +73,11 @@ struct NcclCommunicatorOptions {
 // communicator), and must outlive the communicator (not owned). send(to, dst, from, src, bytes)
 // runs ncclSend on `from`'s stream and ncclRecv on `to`'s stream in one NCCL group, so the send
 // starts after the work queued on `from` and the data is there for the work queued on `to` after
-// it; a backend not among the ranks, or to == from, is kInvalidArgument. Not thread-safe.
+// it; a backend not among the ranks, or to == from, is kInvalidArgument. Not thread-safe (one
+// thread drives a communicator), but several communicators may be driven by several threads: every
+// NCCL call of the process (init, each send's group, destroy) holds one process-wide mutex, and a
+// synchronized send holds it until its receive completed, so the NCCL operations of communicators
+// sharing GPUs (several workers' shard groups) run one at a time, never interleaved.
 // Errors: kInvalidArgument for the list above, kUnimplemented when built without NCCL (or without
 // CUDA), NCCL / CUDA failures with NCCL's error string (kInternal, kUnavailable for system errors).
 // Defined in kvsplit_cuda with NCCL: link kvsplit_backend_registry (or kvsplit_runtime).

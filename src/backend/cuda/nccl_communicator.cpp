@@ -1,9 +1,18 @@
 // NcclCommunicator (see backend/communicator.h): one NCCL rank per CUDA backend of one process.
 // Built only with NCCL (KVSPLIT_WITH_NCCL; kernels/cuda.cmake leaves this file out otherwise).
+//
+// Several communicators on shared GPUs (each worker's shard group has its own: with 2 workers x 2
+// shards on 2 GPUs the groups are (0, 1) and (1, 0)) are driven by different threads. NCCL's
+// kernels block until their peer's run, so operations of different communicators on one device
+// must not interleave without an order, else they can deadlock ("Using multiple NCCL
+// communicators concurrently" in NCCL's docs). Every NCCL call of this file is made under one
+// process-wide mutex (nccl_mutex), and a synchronized send keeps it until its receive completed,
+// so the NCCL kernels of the process run one send at a time.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -13,6 +22,12 @@
 
 namespace kvsplit::backend {
 namespace {
+
+// Orders the NCCL operations of every communicator of the process (see above).
+std::mutex& nccl_mutex() {
+  static std::mutex mu;
+  return mu;
+}
 
 Status nccl_status(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return ok_status();
@@ -55,6 +70,7 @@ class NcclCommunicator final : public Communicator {
       : ranks_(std::move(ranks)), comms_(std::move(comms)), options_(options) {}
 
   ~NcclCommunicator() override {
+    std::lock_guard<std::mutex> lock(nccl_mutex());
     DeviceGuard guard;
     // Nothing may be in flight on a communicator being destroyed (send() without synchronize).
     for (cuda::CudaBackend* b : ranks_) cudaStreamSynchronize(b->stream());
@@ -71,6 +87,10 @@ class NcclCommunicator final : public Communicator {
                               (rank_to < 0 ? to.name() : from.name()) + "' is not one of its " +
                               std::to_string(ranks_.size()) + " ranks");
     const auto t0 = std::chrono::steady_clock::now();
+    // Held from the group's start to the end of its receive (synchronize) or of its enqueue (not
+    // synchronized: its kernels may then overlap another communicator's; communicator.h). The
+    // sender's kernel has nothing left to wait for once the receive completed.
+    std::lock_guard<std::mutex> lock(nccl_mutex());
     DeviceGuard guard;
     KVSPLIT_RETURN_IF_ERROR(nccl_status(ncclGroupStart(), "ncclGroupStart"));
     // The group is closed whatever fails. The receive is posted only after the send was: a
@@ -138,6 +158,7 @@ StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator(
   }
   std::vector<ncclComm_t> comms(ranks.size(), nullptr);
   {
+    std::lock_guard<std::mutex> lock(nccl_mutex());
     DeviceGuard guard;
     KVSPLIT_RETURN_IF_ERROR(nccl_status(
         ncclCommInitAll(comms.data(), static_cast<int>(comms.size()), device_ids.data()),
