@@ -135,7 +135,7 @@ struct Stepper {
 // 1 only. Over groups of 2, 4 and 8 shards every step exchanges the same bytes and gives the same
 // output bit for bit, and shards 2.. are never called: traffic and work follow the shards the
 // sequence uses, not the group's size (before 2026-12-06 each peer was sent every query row, sent
-// back a partial and ran a prefill over nothing: 2.6x the bytes with 4 shards, 6.0x with 8).
+// back a partial and ran a prefill over nothing: 2.6x the bytes with 4 shards, 5.9x with 8).
 TEST(ShardedPeers, PeersHoldingNothingAreSentNothingAndComputeNothing) {
   const kv::KvShape shape{1, kKvHeads, kHeadDim};
   std::vector<std::vector<int64_t>> bytes;
