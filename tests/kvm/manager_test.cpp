@@ -323,9 +323,9 @@ TEST(KvCacheManager, ALateWorkerReplyStillMovesTheTable) {
   EXPECT_EQ(act.applied.size(), 2u);  // the restore was sent
 }
 
-// The operator's class reload: the table takes the new class settings, and an active rule on one
-// restores the new value at its exit (not the one from before the reload).
-TEST(KvCacheManager, ClassReloadRebasesTheTableAndTheRestoreValue) {
+// A manager whose rule halves class batch's max_queue (1024 at start) under pressure, after the
+// tick that entered it: 512.
+KvCacheManager halving_batch_queue(FakeActuator* act) {
   KvmConfig c = policy(KvmMode::kEnforce);
   c.rules[0].then = {"max_queue", KvmActionOp::kMul, 0.5};
   c.rules[0].sla_class = "batch";
@@ -333,9 +333,16 @@ TEST(KvCacheManager, ClassReloadRebasesTheTableAndTheRestoreValue) {
   c.rules[0].max = 1e6;
   ParamTable t = baseline();
   t.set("max_queue", "batch", 1024);
+  KvCacheManager m(c, t, act);
+  m.tick(0, stats_at(95), {});
+  return m;
+}
+
+// The operator's class reload: the table takes the new class settings, and an active rule on one
+// restores the new value at its exit (not the one from before the reload).
+TEST(KvCacheManager, ClassReloadRebasesTheTableAndTheRestoreValue) {
   FakeActuator act;
-  KvCacheManager m(c, t, &act);
-  m.tick(0, stats_at(95), {});  // enter: 1024 -> 512
+  KvCacheManager m = halving_batch_queue(&act);  // entered: 1024 -> 512
   EXPECT_DOUBLE_EQ(m.params().get("max_queue", "batch"), 512);
   ParamTable reloaded;
   reloaded.set("semantic_threshold", "", 0.3);  // engine-wide entries are not the classes'
@@ -356,17 +363,9 @@ TEST(KvCacheManager, ClassReloadRebasesTheTableAndTheRestoreValue) {
 // from before its enter. Rebased to the moved value, the exit "restored" 512 and the change stayed
 // for good, each later enter halving it again.
 TEST(KvCacheManager, AnUnchangedClassReloadKeepsTheRestoreValue) {
-  KvmConfig c = policy(KvmMode::kEnforce);
-  c.rules[0].then = {"max_queue", KvmActionOp::kMul, 0.5};
-  c.rules[0].sla_class = "batch";
-  c.rules[0].min = 1;
-  c.rules[0].max = 1e6;
-  ParamTable t = baseline();
-  t.set("max_queue", "batch", 1024);
   FakeActuator act;
-  KvCacheManager m(c, t, &act);
-  m.tick(0, stats_at(95), {});  // enter: 1024 -> 512
-  ParamTable reloaded;          // what the engine runs: the moved value
+  KvCacheManager m = halving_batch_queue(&act);  // entered: 1024 -> 512
+  ParamTable reloaded;                           // what the engine runs: the moved value
   reloaded.set("max_queue", "batch", 512);
   m.rebase_classes(reloaded, {"batch"});
   EXPECT_DOUBLE_EQ(m.params().get("max_queue", "batch"), 512);

@@ -194,6 +194,23 @@ TEST(ShardedPeers, NoPrefillAttentionOnAShardHoldingNoneOfThePrompts) {
   s.release();
 }
 
+// stories260K in llama2.c format.
+StatusOr<model::LoadedModel> load_stories() {
+  model::LoadOptions lo;
+  lo.tokenizer_path = model_path("tok512.bin");
+  return model::load_model(model_path("stories260K.bin"), lo);
+}
+
+// One greedy request: a 100-token prompt (ids 1 + j * stride mod 500), 20 tokens generated.
+std::vector<sched::GenerationInput> greedy_prompt(int stride) {
+  std::vector<sched::GenerationInput> inputs(1);
+  for (int j = 0; j < 100; ++j) inputs[0].prompt_ids.push_back(1 + (j * stride) % 500);
+  inputs[0].params.temperature = 0.f;
+  inputs[0].params.max_tokens = 20;
+  inputs[0].params.ignore_eos = true;
+  return inputs;
+}
+
 // The review's case through LlamaModel::forward: stories260K, chunk 64 tokens, a 100-token prompt
 // and 20 generated tokens, whose pages sit on shards 0 and 1 only. Groups of 2, 4 and 8 shards
 // exchange the same 394,080 bytes (5 layers x (100 query rows + the 36 prompt K/V rows on shard 1
@@ -201,16 +218,10 @@ TEST(ShardedPeers, NoPrefillAttentionOnAShardHoldingNoneOfThePrompts) {
 // 1,041,440 with 4 shards and 2,336,160 with 8.
 TEST(ShardedPeers, GenerationExchangeFollowsTheShardsItUses) {
   KVSPLIT_REQUIRE_MODELS();
-  model::LoadOptions lo;
-  lo.tokenizer_path = model_path("tok512.bin");
-  auto loaded = model::load_model(model_path("stories260K.bin"), lo);
+  auto loaded = load_stories();
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   const model::ModelConfig& c = loaded->config;
-  std::vector<sched::GenerationInput> inputs(1);
-  for (int j = 0; j < 100; ++j) inputs[0].prompt_ids.push_back(1 + (j * 31) % 500);
-  inputs[0].params.temperature = 0.f;
-  inputs[0].params.max_tokens = 20;
-  inputs[0].params.ignore_eos = true;
+  const std::vector<sched::GenerationInput> inputs = greedy_prompt(31);
   std::vector<std::vector<int32_t>> tokens;
   for (const int shards : {2, 4, 8}) {
     SCOPED_TRACE("shards " + std::to_string(shards));
@@ -235,16 +246,10 @@ TEST(ShardedPeers, GenerationExchangeFollowsTheShardsItUses) {
 // control run shows it does).
 TEST(ShardedPeers, ForcedSplitChunkHoldsForShardedRows) {
   KVSPLIT_REQUIRE_MODELS();
-  model::LoadOptions lo;
-  lo.tokenizer_path = model_path("tok512.bin");
-  auto loaded = model::load_model(model_path("stories260K.bin"), lo);
+  auto loaded = load_stories();
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   const model::ModelConfig& c = loaded->config;
-  std::vector<sched::GenerationInput> inputs(1);
-  for (int j = 0; j < 100; ++j) inputs[0].prompt_ids.push_back(1 + (j * 17) % 500);
-  inputs[0].params.temperature = 0.f;
-  inputs[0].params.max_tokens = 20;
-  inputs[0].params.ignore_eos = true;
+  const std::vector<sched::GenerationInput> inputs = greedy_prompt(17);
   for (const int force : {-1, 0}) {
     SCOPED_TRACE("force_chunk_tokens " + std::to_string(force));
     Group g = make_group(3, 16, 16, 32, kv::KvShape{c.num_layers, c.num_kv_heads, c.head_dim});
