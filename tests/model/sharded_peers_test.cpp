@@ -69,20 +69,11 @@ Group make_group(int shards, int blocks, int block_size, int chunk, const kv::Kv
   Group g;
   g.home = std::make_unique<CountingBackend>(shard_cpu(0));
   g.be.push_back(g.home.get());
-  kv::KvPoolConfig pc;
-  pc.num_blocks = blocks;
-  pc.block_size = block_size;
-  auto pool = kv::KvPool::create(*g.home, pc, shape);
-  EXPECT_TRUE(pool.ok()) << pool.status().to_string();
-  g.pool = std::move(pool).value();
-  std::vector<std::unique_ptr<backend::Backend>> peers;
-  for (int s = 1; s < shards; ++s) {
+  g.pool = sharded_pool(*g.home, shards, blocks, block_size, chunk, shape, [&](int s) {
     auto b = std::make_unique<CountingBackend>(shard_cpu(s));
     g.be.push_back(b.get());
-    peers.push_back(std::move(b));
-  }
-  const Status st = g.pool->add_shards(std::move(peers), chunk);
-  EXPECT_TRUE(st.ok()) << st.to_string();
+    return b;
+  });
   return g;
 }
 

@@ -72,20 +72,11 @@ struct Group {
 Group make_group(int shards, int blocks, int block_size, int chunk, const kv::KvShape& shape) {
   Group g;
   g.home = shard_cpu(0);
-  kv::KvPoolConfig pc;
-  pc.num_blocks = blocks;
-  pc.block_size = block_size;
-  auto pool = kv::KvPool::create(*g.home, pc, shape);
-  EXPECT_TRUE(pool.ok()) << pool.status().to_string();
-  g.pool = std::move(pool).value();
-  std::vector<std::unique_ptr<backend::Backend>> peers;
-  for (int s = 1; s < shards; ++s) {
+  g.pool = sharded_pool(*g.home, shards, blocks, block_size, chunk, shape, [&](int s) {
     auto f = std::make_unique<FaultyBackend>(shard_cpu(s));
     g.peers.push_back(f.get());
-    peers.push_back(std::move(f));
-  }
-  const Status st = g.pool->add_shards(std::move(peers), chunk);
-  EXPECT_TRUE(st.ok()) << st.to_string();
+    return f;
+  });
   return g;
 }
 
