@@ -87,6 +87,7 @@ Status validate_engine_config(const EngineConfig& c) {
     for (const SlaClass& k : c.sla_classes) names.push_back(k.name);
     KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules(c.kvm, names));
     KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules_for_engine(c.kvm, c));
+    KVSPLIT_RETURN_IF_ERROR(validate_kvm_window(c.kvm).with_prefix("EngineConfig"));
   }
   return ok_status();
 }

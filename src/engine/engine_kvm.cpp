@@ -374,7 +374,11 @@ Status EngineImpl::check_kvm_policy(const KvmConfig& policy,
   std::vector<std::string> names;
   for (const SlaClass& c : classes) names.push_back(c.name);
   KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules(policy, names));
-  KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules_for_engine(policy, config_));
+  // Against the classes it will run with (a reload's new ones), not the start-up config's: a
+  // semantic '=' value is checked beside its class's own block.
+  EngineConfig with_classes = config_;
+  with_classes.sla_classes = classes;
+  KVSPLIT_RETURN_IF_ERROR(kvm::validate_rules_for_engine(policy, with_classes));
   if (policy.interval_ms < 10 || policy.interval_ms > 60000) {
     return invalid_argument(
         fmt::format("kvm.interval_ms: must be in [10, 60000], got {}", policy.interval_ms));
@@ -384,8 +388,10 @@ Status EngineImpl::check_kvm_policy(const KvmConfig& policy,
 }
 
 Status EngineImpl::update_kvm_policy(KvmConfig policy) {
-  KVSPLIT_RETURN_IF_ERROR(check_kvm_policy(policy, router_->classes()));
   std::lock_guard<std::mutex> lock(kvm_mu_);
+  // The operator's classes (given_classes_, under kvm_mu_), not the router's, which hold the
+  // values the KVM moved.
+  KVSPLIT_RETURN_IF_ERROR(check_kvm_policy(policy, given_classes_));
   if (kvm_) {
     kvm_->reload(std::move(policy));
     publish_kvm_stats_locked();

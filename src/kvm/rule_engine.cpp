@@ -482,15 +482,16 @@ std::vector<KvmDecision> RuleEngine::evaluate(const KvmSnapshot& snap, const Par
           RuleState& o = states_[k];
           if (k == i || !o.active || !rules_[k].restore_on_exit || o.entered < st.entered) continue;
           if (rules_[k].then.param != r.then.param || rules_[k].sla_class != r.sla_class) continue;
-          // One whose change is not in place (it entered in dry-run after a switch from enforce)
-          // would never restore: this one's change would stay.
-          if (st.took_effect && !o.took_effect) continue;
           if (later == nullptr || o.entered < later->entered) later = &o;
         }
         if (later != nullptr) {
           later->value_at_enter = st.value_at_enter;
           later->inherited = st.inherited;
-          restore = false;
+          // Unless this one's change is in place and the later one's is not (it entered in
+          // dry-run after a switch from enforce, or its enter was refused): its exit may never
+          // be applied, so this one restores now (it used to keep the setting, and the change
+          // stayed for good).
+          restore = !later->took_effect && st.took_effect;
         }
       }
       const double restored =

@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -22,6 +23,7 @@
 #include <thread>
 
 #include "common/cli_options.h"
+#include "common/file_read.h"
 #include "common/log.h"
 #include "config/config.h"
 #include "engine/engine_impl.h"
@@ -73,6 +75,26 @@ void reload_sla_classes(const std::string& path, const kvsplit::SemanticCutConfi
   if (path.empty()) {
     KVSPLIT_LOG_WARN("SIGHUP: no --config file to reload; SLA classes unchanged");
     return;
+  }
+  // A file with nothing but blanks and comments loads as every default, one `default` class in
+  // place of the operator's: an editor or a `>` redirect leaves it so for a moment, and a SIGHUP
+  // then replaced every class (clients naming theirs were refused until the next reload).
+  if (auto text = kvsplit::common::read_regular_file(path, size_t{64} << 20, "config file");
+      text.ok()) {
+    bool content = false;
+    for (size_t pos = 0; pos < text->size() && !content;) {
+      const size_t end = std::min(text->find('\n', pos), text->size());
+      const size_t first = text->find_first_not_of(" \t\r", pos);
+      content = first < end && (*text)[first] != '#';
+      pos = end + 1;
+    }
+    if (!content) {
+      KVSPLIT_LOG_ERROR(
+          "SIGHUP: reload rejected, old SLA policy stays in force: {} has no settings (empty, or "
+          "comments only: a write in progress?)",
+          path);
+      return;
+    }
   }
   auto fresh = config::load_config_file(path, running);
   if (!fresh.ok()) {

@@ -172,10 +172,13 @@ TEST(KvCacheManager, AnEnforcedRuleStillRestoresItsValueAfterASwitchToDryRun) {
   EXPECT_EQ(act.applied.size(), 2u);
 }
 
-// Enforce to dry-run with a rule active, then a second rule on the same setting enters (in dry-run,
-// so its change is not in place): the first one's exit restores the value itself. It used to hand
-// its value at enter to the second (as stacked rules do) and keep the setting, and the second's
-// exit, never applied, left the first one's change for good.
+// Two rules on one setting whose later one's change is not in place: the earlier one's exit
+// restores the value itself (the later one's exit may never be applied) and hands the later one
+// the value from before them both. Either half alone left a change for good: keeping the setting
+// (stacked rules' exit-keep) kept the earlier change while the later exit was never applied, and
+// not handing the value over made the later exit, once applied, write back the earlier change.
+// Case "dry-run": enforce, the first enters; dry-run, the second enters; the first exits; enforce
+// again, the second exits.
 TEST(KvCacheManager, AnEnforcedRuleDoesNotHandItsRestoreToADryRunOne) {
   FakeActuator act;
   KvmConfig c = policy(KvmMode::kEnforce);
@@ -195,12 +198,48 @@ TEST(KvCacheManager, AnEnforcedRuleDoesNotHandItsRestoreToADryRunOne) {
   EXPECT_EQ(ds[0].action, "exit");
   EXPECT_TRUE(ds[0].applied);
   EXPECT_NEAR(m.params().get("semantic_threshold", ""), 0.15, 1e-9);
+  c.mode = KvmMode::kEnforce;
+  m.reload(c);
   ds = m.tick(450, stats_at(40), {});
   ASSERT_EQ(ds.size(), 1u);
   EXPECT_EQ(ds[0].rule, "hotter");
-  EXPECT_FALSE(ds[0].applied);
+  EXPECT_NEAR(ds[0].after, 0.15, 1e-9);  // the value from before both, not hot's 0.20
   EXPECT_NEAR(m.params().get("semantic_threshold", ""), 0.15, 1e-9);
-  EXPECT_NEAR(act.applied.back().after, 0.15, 1e-9);
+}
+
+// Case "refused": the second rule's enter is refused by a worker; the first exits and restores;
+// the second's repeat then applies and its exit restores the value from before them both.
+TEST(KvCacheManager, ARuleWhoseEnterWasRefusedGetsTheValueBeforeBoth) {
+  FakeActuator act;
+  KvmConfig c = policy(KvmMode::kEnforce);
+  c.rules[0].then = {"semantic_threshold", KvmActionOp::kSet, 0.2};
+  KvmRule later = c.rules[0];
+  later.name = "hotter";
+  later.when = {"device_kv_use", "", KvmCmp::kGreater, 0.97};
+  later.exit = {"device_kv_use", "", KvmCmp::kLess, 0.5};
+  later.then = {"semantic_threshold", KvmActionOp::kSet, 0.3};
+  c.rules.push_back(later);
+  c.rules[0].cooldown_ms = 1e6;  // hot does not enter again after its exit
+  KvCacheManager m(c, baseline(), &act);
+  ASSERT_EQ(m.tick(0, stats_at(95), {}).size(), 1u);  // hot: 0.15 -> 0.2
+  act.refuse = true;
+  std::vector<KvmDecision> ds = m.tick(150, stats_at(98), {});  // hotter's enter, refused
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_FALSE(ds[0].applied);
+  act.refuse = false;
+  ds = m.tick(300, stats_at(70), {});  // hot exits
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "exit");
+  EXPECT_NEAR(m.params().get("semantic_threshold", ""), 0.15, 1e-9);
+  ds = m.tick(450, stats_at(98), {});  // hotter repeats: applied now
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "repeat");
+  EXPECT_TRUE(ds[0].applied);
+  ds = m.tick(600, stats_at(40), {});
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "exit");
+  EXPECT_NEAR(ds[0].after, 0.15, 1e-9);
+  EXPECT_NEAR(m.params().get("semantic_threshold", ""), 0.15, 1e-9);
 }
 
 TEST(KvCacheManager, RefusedActionIsRecordedAndLeavesTheTable) {

@@ -408,6 +408,12 @@ TEST_F(AdminTest, SighupReloadsClassesAndBadReloadKeepsOldPolicy) {
   EXPECT_NE(server->log().find("sla_classes.tin.max_itl_ms"), std::string::npos);
   EXPECT_EQ(with_class("bronze"), grpc::StatusCode::OK);  // the old policy stays in force
   EXPECT_EQ(with_class("tin"), grpc::StatusCode::INVALID_ARGUMENT);
+  // A file caught empty (a write in progress) is no reload: it loaded as every default, and one
+  // `default` class replaced gold and bronze.
+  write("live.yaml", "# being rewritten\n\n");
+  server->signal(SIGHUP);
+  ASSERT_TRUE(wait_for_log("has no settings")) << server->log();
+  EXPECT_EQ(with_class("bronze"), grpc::StatusCode::OK);
   // The KV cache manager's policy reloads with the classes (docs/kvm.md): a rule whose cut is off
   // is rejected by the engine and the manager stays off; a valid one starts it.
   const std::string classes =
