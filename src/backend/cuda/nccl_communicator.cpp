@@ -87,6 +87,15 @@ class NcclCommunicator final : public Communicator {
                               (rank_to < 0 ? to.name() : from.name()) + "' is not one of its " +
                               std::to_string(ranks_.size()) + " ranks");
     const auto t0 = std::chrono::steady_clock::now();
+    if (options_.synchronize) {
+      // The work queued ahead on both streams (the peer attention whose partial this sends) ends
+      // before the lock is taken: under it only the transfer waits, or every worker's sharded
+      // compute would take turns, not only their exchanges.
+      KVSPLIT_CUDA_RETURN(cudaStreamSynchronize(ranks_[rank_from]->stream()),
+                          "nccl communicator: synchronize the sending stream");
+      KVSPLIT_CUDA_RETURN(cudaStreamSynchronize(ranks_[rank_to]->stream()),
+                          "nccl communicator: synchronize the receiving stream");
+    }
     // Held from the group's start to the end of its receive (synchronize) or of its enqueue (not
     // synchronized: its kernels may then overlap another communicator's; communicator.h). The
     // sender's kernel has nothing left to wait for once the receive completed.
