@@ -267,7 +267,8 @@ struct PoolStats {
   int32_t kv_pages_int8 = 0;
   int32_t kv_pages_int4 = 0;
   int32_t kv_pages_evicted = 0;
-  // Pages of the pool's sequences (past any sliding window) at any rung, evicted included: the
+  // Pages of the pool's sequences, running or waiting, whose page entries the KV cut keeps (from
+  // a sequence's first scored step; past any sliding window) at any rung, evicted included: the
   // KV cache manager's pages_evicted_fraction is kv_pages_evicted over this (idle prefix-cache
   // pages are no sequence's). Counted only under a KV policy that evicts (0 under kFull).
   int32_t kv_sequence_pages = 0;
