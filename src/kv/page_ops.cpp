@@ -190,11 +190,16 @@ class Executor {
     PageEntry& page = table_.pages[i];
     if (page.restoring) return ok_status();
     KVSPLIT_RETURN_IF_ERROR(evict(i, false));
+    release_original_and_summary(page);
+    return ok_status();
+  }
+
+  // Gives back the page's host original and key summary, if it has them.
+  void release_original_and_summary(PageEntry& page) {
     if (page.original >= 0) home_.host_allocator().decref(page.original);
     if (page.summary >= 0) home_.shard(page.shard).summary_allocator().decref(page.summary);
     page.original = -1;
     page.summary = -1;
-    return ok_status();
   }
 
   // Queues the copy of page i's host original into a new full block as a fenced batch. A
@@ -262,8 +267,7 @@ class Executor {
   void forget(int i) {
     PageEntry& page = table_.pages[i];
     if (page.resident()) drop_resident(i);
-    if (page.original >= 0) home_.host_allocator().decref(page.original);
-    if (page.summary >= 0) home_.shard(page.shard).summary_allocator().decref(page.summary);
+    release_original_and_summary(page);
     table_.blocks[i] = -1;
     const uint8_t shard = page.shard;
     page = PageEntry{};
