@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "kernel_test_util.h"
@@ -30,6 +31,28 @@ std::vector<int32_t> run_sample(const std::vector<float>& logits, int vocab,
   EXPECT_EQ(device_sync(), "");
   return dids.to_host();
 }
+
+// Compares the kernel's picks with the reference. Under emulation the kernel and the reference
+// share the host expf, so every pick is equal. On a GPU the device expf can differ from the host's
+// by an ulp, which can move a draw or the top-p cut across a boundary: there one differing pick
+// per check is allowed (docs/cuda.md), and only of a token the reference keeps.
+class PickCheck {
+ public:
+  void expect(int32_t got, const float* row, int vocab, const SampleRowParams& p,
+              const std::string& where) {
+    const int32_t want = reference_sample(row, vocab, p);
+    if (got == want) return;
+#if defined(KVSPLIT_TEST_GPU)
+    bool kept = false;
+    for (const ReferenceCandidate& c : reference_kept(row, vocab, p)) kept = kept || c.id == got;
+    if (kept && ++differing_ == 1) return;
+#endif
+    ADD_FAILURE() << where << ": picked " << got << ", reference " << want;
+  }
+
+ private:
+  int differing_ = 0;
+};
 
 // Seeded logits with repeated values (ties), some -inf (masked) and NaN entries.
 std::vector<float> make_logits(int rows, int vocab, uint64_t seed, double spread) {
@@ -83,12 +106,14 @@ TEST(SamplingParity, MatchesHostReferenceAcrossFilters) {
     }
     const std::vector<float> logits = make_logits(n, vocab, vocab, vocab > 100 ? 6.0 : 2.0);
     const std::vector<int32_t> got = run_sample(logits, vocab, params);
+    PickCheck picks;
     for (int r = 0; r < n; ++r) {
       const float* row = logits.data() + static_cast<size_t>(r) * vocab;
-      const int32_t want = reference_sample(row, vocab, params[r]);
-      EXPECT_EQ(got[r], want) << "vocab " << vocab << " row " << r << " (t "
-                              << params[r].temperature << " k " << params[r].top_k << " p "
-                              << params[r].top_p << " min_p " << params[r].min_p << ")";
+      picks.expect(got[r], row, vocab, params[r],
+                   "vocab " + std::to_string(vocab) + " row " + std::to_string(r) + " (t " +
+                       std::to_string(params[r].temperature) + " k " +
+                       std::to_string(params[r].top_k) + " p " + std::to_string(params[r].top_p) +
+                       " min_p " + std::to_string(params[r].min_p) + ")");
     }
   }
 }
@@ -113,9 +138,10 @@ TEST(SamplingParity, ManyStepsStayInsideTheKeptSetAndMatch) {
   std::set<int32_t> kept_ids, seen;
   for (const auto& c : kept) kept_ids.insert(c.id);
   const std::vector<int32_t> got = run_sample(logits, vocab, params);
+  PickCheck picks;
   for (int i = 0; i < steps; ++i) {
     EXPECT_TRUE(kept_ids.count(got[i])) << "step " << i << " picked " << got[i];
-    EXPECT_EQ(got[i], reference_sample(one.data(), vocab, params[i])) << "step " << i;
+    picks.expect(got[i], one.data(), vocab, params[i], "step " + std::to_string(i));
     seen.insert(got[i]);
   }
   EXPECT_GT(seen.size(), 1u);  // the step advances the stream
