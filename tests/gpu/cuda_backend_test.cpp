@@ -30,10 +30,20 @@ TEST(CudaBackend, NoDeviceIsUnavailableElseCreates) {
 
 // Only "the batch API is missing" turns cudaMemcpyBatchAsync off (then one copy per piece); any
 // other error is the batch's own and is returned. cudaErrorInvalidValue once counted as missing,
-// which hid real errors of a batch and left batching off for good. Needs no device.
+// which hid real errors of a batch and left batching off for good; so did cudaErrorNotSupported,
+// which the driver gives one batch for pageable host memory. Needs no device.
 TEST(CudaBackend, OnlyAMissingBatchApiTurnsBatchedCopiesOff) {
-  EXPECT_TRUE(backend::cuda::batch_copy_api_missing(cudaErrorNotSupported));
+  using backend::cuda::batch_copy_unsupported_here;
+  using backend::cuda::kBatchNotSupportedRun;
   EXPECT_TRUE(backend::cuda::batch_copy_api_missing(cudaErrorCallRequiresNewerDriver));
+  EXPECT_FALSE(backend::cuda::batch_copy_api_missing(cudaErrorNotSupported));
+  // NotSupported turns it off only when every batch so far was refused, many in a row.
+  EXPECT_FALSE(batch_copy_unsupported_here(cudaErrorNotSupported, 1, false));
+  EXPECT_FALSE(
+      batch_copy_unsupported_here(cudaErrorNotSupported, kBatchNotSupportedRun - 1, false));
+  EXPECT_TRUE(batch_copy_unsupported_here(cudaErrorNotSupported, kBatchNotSupportedRun, false));
+  EXPECT_FALSE(batch_copy_unsupported_here(cudaErrorNotSupported, kBatchNotSupportedRun, true));
+  EXPECT_FALSE(batch_copy_unsupported_here(cudaErrorInvalidValue, kBatchNotSupportedRun, false));
   for (cudaError_t e : {cudaErrorInvalidValue, cudaErrorIllegalAddress, cudaErrorMemoryAllocation,
                         cudaErrorInvalidDevicePointer, cudaErrorLaunchFailure}) {
     EXPECT_FALSE(backend::cuda::batch_copy_api_missing(e)) << cudaGetErrorName(e);
@@ -55,17 +65,19 @@ TEST(CudaBackend, TimeMarksTimeTheQueuedWork) {
   auto a = be.mark_time();
   auto m = be.mark_time();  // nothing between a and m
   ASSERT_TRUE(a.ok() && m.ok());
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(be.memset_zero(buf->get(), buf->bytes()).ok());
+  for (int i = 0; i < 16; ++i) ASSERT_TRUE(be.memset_zero(buf->get(), buf->bytes()).ok());
   auto z = be.mark_time();
   ASSERT_TRUE(z.ok());
   auto empty = be.seconds_between(*a, *m);
   auto work = be.seconds_between(*m, *z);  // waits for z
   ASSERT_TRUE(empty.ok() && work.ok()) << work.status().to_string();
   EXPECT_GE(*empty, 0.0);
-  // 4 GiB written: well over 0.1 ms at any HBM bandwidth, well under 1 s.
+  // 16 GiB written: well over 0.1 ms at any HBM bandwidth, well under 1 s. gpu-check.sh runs the
+  // tests as shards that time-slice the GPU, and a slice can fall between a and m, so the empty
+  // span is only asserted shorter than the work, not by a factor.
   EXPECT_GT(*work, 1e-4);
   EXPECT_LT(*work, 1.0);
-  EXPECT_GT(*work, 10 * *empty);
+  EXPECT_GT(*work, *empty);
   EXPECT_EQ(be.seconds_between(*a, *z + 1).status().code(), StatusCode::kInvalidArgument);
   be.release_time_marks();
   EXPECT_EQ(be.seconds_between(*a, *z).status().code(), StatusCode::kInvalidArgument);

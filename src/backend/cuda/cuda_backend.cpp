@@ -386,10 +386,17 @@ Status CudaBackend::enqueue_batch(CopyDir dir, const CopyRange* copies, size_t n
     const cudaError_t e = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), n, &attr,
                                                &first, 1, &failed, stream);
 #endif
-    if (e == cudaSuccess) return ok_status();
+    if (e == cudaSuccess) {
+      batch_accepted_ = true;
+      batch_not_supported_run_ = 0;
+      return ok_status();
+    }
     (void)cudaGetLastError();
-    if (batch_copy_api_missing(e)) {
-      // A driver older than the runtime's batch API: copy one by one from now on.
+    batch_not_supported_run_ = e == cudaErrorNotSupported ? batch_not_supported_run_ + 1 : 0;
+    if (batch_copy_api_missing(e) ||
+        batch_copy_unsupported_here(e, batch_not_supported_run_, batch_accepted_)) {
+      // A driver older than the runtime's batch API, or a platform that refuses every batch:
+      // copy one by one from now on.
       batch_copies_ = false;
       KVSPLIT_LOG_WARN(
           "{}: cudaMemcpyBatchAsync is not available ({}: {}); batches of copies that the copy "

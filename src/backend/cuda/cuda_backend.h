@@ -136,6 +136,8 @@ class CudaBackend final : public Backend {
   size_t pinned_cap_ = 0;
   bool batch_copies_ = true;  // cudaMemcpyBatchAsync exists here (off, logged, once it is missing)
   bool batch_refusal_logged_ = false;  // a batch it refused went piece by piece (logged once)
+  bool batch_accepted_ = false;        // some batch went through cudaMemcpyBatchAsync
+  int batch_not_supported_run_ = 0;    // cudaErrorNotSupported refusals in a row
   BatchCopyMethod copy_method_ = BatchCopyMethod::kAuto;
   std::vector<cudaEvent_t> time_marks_;  // mark_time's events; [0, time_marks_used_) in use
   size_t time_marks_used_ = 0;

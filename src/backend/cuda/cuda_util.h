@@ -24,10 +24,19 @@ inline Status cuda_status(cudaError_t e, const char* what) {
 
 // Whether cudaMemcpyBatchAsync's error says the API itself is missing (a driver older than the
 // runtime's batch API), after which the backend copies piece by piece for good. Any other error
-// (an invalid value, a bad address) belongs to the batch: its pieces are copied one by one, where
-// a really bad one fails with its own error.
-inline bool batch_copy_api_missing(cudaError_t e) {
-  return e == cudaErrorNotSupported || e == cudaErrorCallRequiresNewerDriver;
+// (an invalid value, a bad address, cudaErrorNotSupported for pageable host memory under stream
+// order) belongs to the batch: its pieces are copied one by one, where a really bad one fails with
+// its own error.
+inline bool batch_copy_api_missing(cudaError_t e) { return e == cudaErrorCallRequiresNewerDriver; }
+
+// cudaErrorNotSupported on every batch from the first one says the platform lacks the feature:
+// after this many refusals in a row, with no batch ever accepted, batching goes off for good (each
+// refused batch costs one failed call before its pieces go one by one).
+inline constexpr int kBatchNotSupportedRun = 16;
+inline bool batch_copy_unsupported_here(cudaError_t e, int not_supported_in_a_row,
+                                        bool any_accepted) {
+  return e == cudaErrorNotSupported && !any_accepted &&
+         not_supported_in_a_row >= kBatchNotSupportedRun;
 }
 
 // Makes the backend's device current on the calling thread for one call and restores the
