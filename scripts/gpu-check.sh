@@ -188,6 +188,10 @@ main() {
       elif [ "${rcs[$i]}" -ne 0 ] && ! grep -q '^\[  FAILED  \]' "$f"; then
         failed=$(( failed + 1 )); echo "shard $i exited ${rcs[$i]} with no gtest verdict: $(tail -2 "$f" | tr '\n' ' ')"
       fi
+      # After a fault (illegal or misaligned address) every later test of the process fails too:
+      # the first failure in run order, and the first CUDA error, point at the one that faulted.
+      n=$(grep -m1 -E '^\[  FAILED  \] [A-Za-z]' "$f") && echo "shard $i first failure: $n"
+      n=$(grep -m1 -E 'cudaError|illegal (memory )?address|misaligned address' "$f") && echo "shard $i first CUDA error: $n"
       rm -f "$f"
     done
     grep -E '^\[  FAILED  \] [A-Za-z]' "$LOGS/gpu-tests.log" | sed 's/ ([0-9]* ms)$//' | sort -u | head -20
