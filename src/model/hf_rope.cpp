@@ -23,7 +23,8 @@ struct Field {
 };
 
 // Canonical key -> value, merged over both forms ("type" is the older spelling of "rope_type").
-// A null value counts as absent, as in HF.
+// A null value counts as absent, as in HF, except yarn's `truncate`: HF reads it with
+// `get("truncate", True)` and tests it for truth, so an explicit null means false.
 using Fields = std::map<std::string, Field>;
 
 bool same_value(const Json& a, const Json& b) {
@@ -34,9 +35,10 @@ bool same_value(const Json& a, const Json& b) {
 // Adds `path` = `v` under `key`; a value already there from another field must be the same.
 Status add_field(const std::string& what, const std::string& key, const std::string& path,
                  const Json& v, Fields* fields) {
-  if (v.is_null()) return ok_status();
-  auto [it, inserted] = fields->emplace(key, Field{path, v});
-  if (!inserted && !same_value(it->second.value, v)) {
+  if (v.is_null() && key != "truncate") return ok_status();
+  const Json value = v.is_null() ? Json(false) : v;
+  auto [it, inserted] = fields->emplace(key, Field{path, value});
+  if (!inserted && !same_value(it->second.value, value)) {
     return invalid_argument(what + ": " + it->second.path + " = " + it->second.value.dump() +
                             " disagrees with " + path + " = " + v.dump());
   }

@@ -186,6 +186,12 @@ TEST(HfConfigRope, EveryTypeAndItsContext) {
   EXPECT_FALSE(y.truncate);
   EXPECT_EQ(c.max_seq_len, 64);  // yarn: original x factor
   EXPECT_EQ(rope_attention_factor(c), 1.25f);
+  // HF reads truncate with get("truncate", True) and tests it for truth: an explicit null is
+  // false, an absent key true.
+  cfg["rope_parameters"]["truncate"] = nullptr;
+  EXPECT_FALSE(parse_ok(cfg).rope_scaling->truncate);
+  cfg["rope_parameters"].erase("truncate");
+  EXPECT_TRUE(parse_ok(cfg).rope_scaling->truncate);
 
   // yarn without a factor: max_position_embeddings / original (HF, DeepSeek-V3 configs). The
   // inverse frequencies are HF's "yarn_factor_from_lengths" case of tests/model/rope_reference.py.
