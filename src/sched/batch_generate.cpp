@@ -127,6 +127,36 @@ bool release_youngest_waiting(const std::vector<SchedSeq>& waiting, std::vector<
   return false;
 }
 
+// What generate_batch returns for `s` (once it is done, or when the batch ends).
+GenerationOutput output_of(const SeqState& s) {
+  GenerationOutput o;
+  o.output_ids.assign(s.output().begin(), s.output().end());
+  o.text = s.text;
+  o.finish_reason = s.reason;
+  o.preemptions = s.preemptions;
+  o.swapped_out_pages = s.swapped_out_pages;
+  o.recomputed_tokens = s.recomputed_tokens;
+  o.cached_tokens = s.cached_tokens;
+  o.effective_kv_byte_seconds = s.kv.byte_seconds();
+  o.kv_token_seconds = s.kv.token_seconds();
+  o.shards = s.shards;
+  o.window_dropped_pages = s.window_dropped;
+  return o;
+}
+
+// BatchOptions::cancel: every sequence not finished ends kCancelled and gives its blocks back
+// (its disk read ahead first, as PoolGuard does), as a sequence that finishes does.
+void cancel_unfinished(std::vector<SeqState>& seqs, kv::KvPool& pool) {
+  const auto now = std::chrono::steady_clock::now();
+  for (SeqState& s : seqs) {
+    if (s.done()) continue;
+    s.reason = FinishReason::kCancelled;
+    s.prefetch.reset();
+    pool.release(s.table);
+    s.kv.close(now);
+  }
+}
+
 }  // namespace
 
 int blocks_needed(const std::vector<GenerationInput>& inputs, int block_size, int max_seq_len) {
@@ -206,6 +236,10 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
   std::vector<int32_t> ids;
   for (int64_t step = 0;; ++step) {
     if (pool.disk() != nullptr) kv::poll_swap_writes(pool, &swap_stats);  // write-behind
+    if (options.cancel != nullptr && options.cancel->load(std::memory_order_acquire)) {
+      cancel_unfinished(seqs, pool);
+      break;
+    }
     int admitted_now = 0;
     const int max_new = pool.prefix_cache() ? 1 : options.max_new_prompts_per_step;
     for (SeqState& s : seqs) {
@@ -473,26 +507,28 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
         s.kv.update(t_end, kv_level(pool, s.table, s.computed));
       }
     }
+    // Those that finished in this step (a done sequence takes no further step).
+    if (options.on_finish) {
+      for (size_t k = 0; k < steps.size(); ++k)
+        if (seqs[step_seq[k]].done()) options.on_finish(step_seq[k], output_of(seqs[step_seq[k]]));
+    }
   }
 
+  // Disk records of released tables still being written (write-behind; a cancel releases
+  // swapped-out tables) are freed as their writes end: waited for, so nothing is held on return.
+  if (pool.disk() != nullptr) {
+    for (kv::KvPool::SwapWrite& w : pool.swap_writes())
+      if (w.detached) pool.wait_swap_write(w);
+    kv::poll_swap_writes(pool, &swap_stats);
+  }
   std::vector<GenerationOutput> out(seqs.size());
   if (options.cut_stats != nullptr) {
     for (const SeqState& s : seqs)
       if (s.cut) options.cut_stats->add(s.cut->stats());
   }
   for (size_t i = 0; i < seqs.size(); ++i) {
-    out[i].output_ids.assign(seqs[i].output().begin(), seqs[i].output().end());
-    out[i].text = std::move(seqs[i].text);
-    out[i].finish_reason = seqs[i].reason;
-    out[i].preemptions = seqs[i].preemptions;
-    out[i].swapped_out_pages = seqs[i].swapped_out_pages;
-    out[i].recomputed_tokens = seqs[i].recomputed_tokens;
-    out[i].cached_tokens = seqs[i].cached_tokens;
     seqs[i].kv.close(std::chrono::steady_clock::now());  // nothing held after the batch
-    out[i].effective_kv_byte_seconds = seqs[i].kv.byte_seconds();
-    out[i].kv_token_seconds = seqs[i].kv.token_seconds();
-    out[i].shards = seqs[i].shards;
-    out[i].window_dropped_pages = seqs[i].window_dropped;
+    out[i] = output_of(seqs[i]);
   }
   if (options.swap_stats != nullptr) options.swap_stats->add(swap_stats);
   return out;

@@ -6,6 +6,7 @@
 // (BatchOptions::swap) or recomputed later.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -31,6 +32,7 @@ struct GenerationInput {
 struct GenerationOutput {
   std::vector<int32_t> output_ids;  // ends with the stop token when the model produced one
   std::string text;                 // generated text (stop strings cut)
+  // kStop or kLength; kCancelled when BatchOptions::cancel ended it first.
   FinishReason finish_reason = FinishReason::kNone;
   int preemptions = 0;        // times it was preempted (swapped out or recomputed)
   int swapped_out_pages = 0;  // pages swapped out to the host tier (temporal cut), all swaps
@@ -52,6 +54,16 @@ struct BatchOptions {
   model::ForwardOptions forward;
   // Called with (input index, new text) as text becomes final; may be empty.
   std::function<void(int, std::string_view)> on_text;
+  // Called once for each input that finishes (kStop or kLength), in the order they finish, with
+  // its whole output (what generate_batch returns for it); may be empty. Not called for inputs
+  // the cancel ends.
+  std::function<void(int, const GenerationOutput&)> on_finish;
+  // The batch's cancel flag (a RequestControl::cancel_requested for every input at once), read at
+  // the start of every step; may be null. Once it is true, every input not finished ends with
+  // FinishReason::kCancelled, its blocks (device, host tier, disk) go back to the pool, and
+  // generate_batch returns what was generated so far with no further forward pass. The callbacks
+  // above may set it (they run in the calling thread), as may another thread.
+  const std::atomic<bool>* cancel = nullptr;
   // The KV cut acting on each sequence between its decode steps (sched::SequenceCut); the pool
   // needs the tiers of SequenceCut::size_tiers. kFull: none.
   cuts::semantic::KvPolicy kv_policy = cuts::semantic::KvPolicy::kFull;
@@ -79,10 +91,10 @@ struct BatchOptions {
   int spatial_min_context = 0;
 };
 
-// Runs every input to completion. Errors: kInvalidArgument for bad params, empty prompts or
-// prompts longer than the context; kResourceExhausted when one sequence needs more KV than the
-// whole pool holds (smaller pools only cost preemptions). Every block taken from `pool` is
-// returned before this returns, on success or error.
+// Runs every input to completion (or until options.cancel). Errors: kInvalidArgument for bad
+// params, empty prompts or prompts longer than the context; kResourceExhausted when one sequence
+// needs more KV than the whole pool holds (smaller pools only cost preemptions). Every block taken
+// from `pool` is returned before this returns, on success or error.
 StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model, kv::KvPool& pool,
                                                        const model::Tokenizer* tokenizer,
                                                        const std::vector<GenerationInput>& inputs,
