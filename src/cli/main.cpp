@@ -5,7 +5,9 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -22,7 +24,9 @@
 #include "cli/exit_codes.h"
 #include "cli/perplexity.h"
 #include "cli/policy.h"
+#include "cli/stdout_writer.h"
 #include "cli/tokenize.h"
+#include "common/check.h"
 #include "common/cli_options.h"
 #include "kernels/common/kv_quant.h"
 #include "kv/kv_pool.h"
@@ -227,12 +231,48 @@ int run_generate(const CLI::App& gen, CommonFlags& cf, const GenerateFlags& gf) 
   bo.prefix_salt = kv::PrefixCache::salt_of("");
   sched::SequenceCutStats cut_stats;
   bo.cut_stats = &cut_stats;
+  // Output in prompt order: with one prompt (no --json) its text as it comes; else each prompt's
+  // JSON line (--json) or "[i] prompt text" line once it and every prompt before it finished.
+  // The first write that fails (a full disk, a closed pipe) cancels the prompts not finished
+  // (BatchOptions::cancel: their KV goes back to the pool, nothing more is generated): exit 1.
+  cli::StdoutWriter writer;
+  std::atomic<bool> cancel{false};
+  bo.cancel = &cancel;
   const bool stream = !gf.json && prompts.size() == 1;
+  const backend::Communicator* comm = (*pool)->communicator();
+  auto line_of = [&](size_t i, const sched::GenerationOutput& o) {
+    if (!gf.json) return "[" + std::to_string(i) + "] " + prompts[i] + o.text + "\n";
+    nlohmann::json j;
+    j["prompt"] = prompts[i];
+    j["prompt_token_ids"] = inputs[i].prompt_ids;
+    j["output_token_ids"] = o.output_ids;
+    j["text"] = o.text;
+    j["finish_reason"] = finish_reason_name(o.finish_reason);
+    j["cached_tokens"] = o.cached_tokens;
+    j["effective_kv_byte_seconds"] = o.effective_kv_byte_seconds;
+    j["kv_token_seconds"] = o.kv_token_seconds;
+    j["swapped_out_pages"] = o.swapped_out_pages;
+    j["recomputed_tokens"] = o.recomputed_tokens;
+    j["preemptions"] = o.preemptions;
+    j["shards"] = o.shards;
+    j["window_dropped_pages"] = o.window_dropped_pages;
+    // With a shard group: its communicator ("in-process" or "nccl").
+    if (comm != nullptr) j["communicator"] = comm->name();
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  };
+  std::vector<std::optional<std::string>> lines(prompts.size());  // finished, not yet printed
+  size_t printed = 0;                                             // lines printed
   if (stream) {
-    // A failed write sets stdout's error flag, which cli::flush_stdout reports after the run.
-    bo.on_text = [](int, std::string_view text) {
-      std::fwrite(text.data(), 1, text.size(), stdout);
-      std::fflush(stdout);
+    bo.on_text = [&](int, std::string_view text) {
+      if (!writer.write(text, /*flush=*/true)) cancel = true;
+    };
+  } else {
+    bo.on_finish = [&](int i, const sched::GenerationOutput& o) {
+      lines[static_cast<size_t>(i)] = line_of(static_cast<size_t>(i), o);
+      for (; printed < lines.size() && lines[printed]; ++printed) {
+        if (!writer.write(*lines[printed], /*flush=*/true)) cancel = true;
+        lines[printed].reset();
+      }
     };
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -240,34 +280,18 @@ int run_generate(const CLI::App& gen, CommonFlags& cf, const GenerateFlags& gf) 
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!out.ok()) return fail(out.status());
 
-  size_t generated = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const sched::GenerationOutput& o = (*out)[i];
+  size_t generated = 0, cancelled = 0;
+  for (const sched::GenerationOutput& o : *out) {
     generated += o.output_ids.size();
-    if (gf.json) {
-      nlohmann::json j;
-      j["prompt"] = prompts[i];
-      j["prompt_token_ids"] = inputs[i].prompt_ids;
-      j["output_token_ids"] = o.output_ids;
-      j["text"] = o.text;
-      j["finish_reason"] = finish_reason_name(o.finish_reason);
-      j["cached_tokens"] = o.cached_tokens;
-      j["effective_kv_byte_seconds"] = o.effective_kv_byte_seconds;
-      j["kv_token_seconds"] = o.kv_token_seconds;
-      j["swapped_out_pages"] = o.swapped_out_pages;
-      j["recomputed_tokens"] = o.recomputed_tokens;
-      j["preemptions"] = o.preemptions;
-      j["shards"] = o.shards;
-      j["window_dropped_pages"] = o.window_dropped_pages;
-      // With a shard group: its communicator ("in-process" or "nccl").
-      if (const backend::Communicator* c = (*pool)->communicator()) j["communicator"] = c->name();
-      std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    } else if (stream) {
-      std::cout << "\n";
-    } else {
-      std::cout << "[" << i << "] " << prompts[i] << o.text << "\n";
-    }
+    if (o.finish_reason == FinishReason::kCancelled) ++cancelled;
   }
+  if (writer.failed()) {
+    return fail(internal_error(
+        fmt::format("{}; generation stopped there: {} tokens generated, {} of {} prompts cancelled",
+                    writer.status().message(), generated, cancelled, prompts.size())));
+  }
+  KVSPLIT_CHECK(stream || printed == prompts.size());  // every prompt finished, none cancelled
+  if (stream && !writer.write("\n", /*flush=*/true)) return fail(writer.status());
   if (Status st = cli::flush_stdout(); !st.ok()) return fail(st);
   if (cf.verbose || !gf.json) {
     std::fprintf(stderr, "%zu prompts, %zu tokens generated in %.3f s (%.1f tok/s)\n",
@@ -355,6 +379,10 @@ int run_info(CommonFlags& cf) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A stdout pipe whose reader has gone (`kvsplit generate ... | head -c 10`) is a write that
+  // fails (EPIPE), handled as any failed write (cli/stdout_writer.h: the work stops, exit 1 with
+  // one line on stderr), rather than a SIGPIPE that kills the process where it stands.
+  std::signal(SIGPIPE, SIG_IGN);
   auto logger = spdlog::stderr_color_mt("kvsplit");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::warn);

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/exit_codes.h"
+#include "cli/stdout_writer.h"
 #include "common/json_util.h"
 #include "model/tokenizer.h"
 
@@ -88,19 +89,29 @@ int run_tokenize(const TokenizeFlags& f) {
   opt.add_special = !f.no_special;
   opt.parse_special = !f.special_as_text;
 
+  // Each line is written as it is encoded; the first write that fails (stdout full, or a pipe
+  // whose reader has gone) stops the run there (exit 1), the rest of the input not read.
+  StdoutWriter writer;
+  auto stopped = [&](const std::string& at) {
+    return fail(internal_error(writer.status().message() + "; stopped at " + at +
+                               ", the input after it not encoded"));
+  };
   if (f.input_jsonl.empty()) {
-    for (const std::string& text : f.texts) {
+    for (size_t n = 0; n < f.texts.size(); ++n) {
+      const std::string& text = f.texts[n];
       auto ids = (*tok)->encode(text, opt);
       if (!ids.ok()) return fail(ids.status());
+      std::string line;
       if (f.json) {
         ordered_json j;
         j["text"] = text;
         j["ids"] = *ids;
-        std::cout << dump(j) << "\n";
+        line = dump(j);
       } else {
-        for (size_t i = 0; i < ids->size(); ++i) std::cout << (i ? " " : "") << (*ids)[i];
-        std::cout << "\n";
+        for (size_t i = 0; i < ids->size(); ++i) line += (i ? " " : "") + std::to_string((*ids)[i]);
       }
+      if (!writer.write(line + "\n", /*flush=*/false))
+        return stopped("text " + std::to_string(n + 1) + " of " + std::to_string(f.texts.size()));
     }
     Status st = flush_stdout();
     return st.ok() ? 0 : fail(st);
@@ -135,7 +146,8 @@ int run_tokenize(const TokenizeFlags& f) {
     auto ids = (*tok)->encode(text->get<std::string>(), opt);
     if (!ids.ok()) return fail(invalid_argument(where + ids.status().message()));
     j["ids"] = *ids;
-    std::cout << dump(j) << "\n";
+    if (!writer.write(dump(j) + "\n", /*flush=*/false))
+      return stopped(f.input_jsonl + ":" + std::to_string(n));
   }
   if (in.bad()) return fail(data_loss(f.input_jsonl + ": read error"));
   Status st = flush_stdout();
