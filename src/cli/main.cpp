@@ -132,7 +132,7 @@ int run_generate(const CLI::App& gen, CommonFlags& cf, const GenerateFlags& gf) 
     inputs[i].prompt_ids = std::move(ids).value();
     SamplingParams& p = inputs[i].params;
     p.temperature = gf.temperature;
-    p.top_p = gf.top_p;
+    p.top_p = gf.top_p == 0.0f ? 1.0f : gf.top_p;  // 0: no nucleus cut (llama2.c's -p 0)
     p.top_k = gf.top_k;
     p.min_p = gf.min_p;
     p.repetition_penalty = gf.repetition_penalty;
@@ -405,7 +405,9 @@ int main(int argc, char** argv) {
                   "the context leaves after a prompt are capped there, with a warning")
       ->check(kvsplit::kPositive);
   gen->add_option("-t,--temperature", gf.temperature, "0 = greedy");
-  gen->add_option("--top-p", gf.top_p, "nucleus sampling threshold, (0, 1]");
+  gen->add_option(
+      "--top-p", gf.top_p,
+      "nucleus sampling threshold, (0, 1]; 0 also turns the cut off, as llama2.c's -p 0");
   gen->add_option("--top-k", gf.top_k, "keep the k most likely tokens (0 or -1 = off)");
   gen->add_option("--min-p", gf.min_p, "drop tokens below min-p * max probability");
   gen->add_option("--repetition-penalty", gf.repetition_penalty, "HF repetition penalty (1 = off)");

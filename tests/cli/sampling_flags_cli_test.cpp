@@ -104,6 +104,20 @@ TEST(SamplingFlagsCli, MinPKeepsEveryTokenAboveItsShareOfTheMostLikely) {
   EXPECT_TRUE(below_half) << "no seed drew a token below 0.5 * p_max with min_p off";
 }
 
+// llama2.c's run treats -p 0 as no nucleus cut (plain multinomial sampling); so does --top-p 0,
+// which was refused as out of (0, 1]. A top-p of 0.5 does cut, so it draws other tokens.
+TEST(SamplingFlagsCli, TopPZeroIsNoCutAsInLlama2c) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::string sampled = "--temperature 1 --seed 5 --top-p ";
+  const Generated off = generate(sampled + "1");
+  ASSERT_EQ(off.output.size(), 40u);
+  EXPECT_EQ(generate(sampled + "0").output, off.output);
+  EXPECT_NE(generate(sampled + "0.5").output, off.output);
+  const RunResult r = run("generate " + stories_model_flags() + " --prompt 'x' --top-p -0.1");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("top_p"), std::string::npos) << r.err;
+}
+
 TEST(SamplingFlagsCli, RepetitionPenaltyPicksTheArgmaxOfThePenalisedLogits) {
   KVSPLIT_REQUIRE_MODELS();
   const Generated plain = generate("--temperature 0");
