@@ -1,10 +1,12 @@
 // Fuzzes the /metrics listener's request parsing (parse_metrics_request, what MetricsHttpServer
-// runs on the bytes of each connection) at the default and the smallest request limit. Any input
-// must end in one of the listener's answers, consistent with the method and path it reports, and
-// a decided answer never changes when more bytes arrive (the listener stops reading there).
+// runs on the bytes of each connection) at the default and the smallest request limit, and the
+// smallest request line limit. Any input must end in one of the listener's answers, consistent
+// with the method and path it reports, and a decided answer never changes when more bytes arrive
+// (the listener stops reading there).
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <utility>
 
 #include "common/check.h"
 #include "server/metrics_http_parse.h"
@@ -55,14 +57,18 @@ bool same(const MetricsRequest& a, const MetricsRequest& b) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view in(reinterpret_cast<const char*>(data), size);
-  for (size_t limit : {size_t{8192}, size_t{64}}) {
-    const MetricsRequest full = kvsplit::server::parse_metrics_request(in, limit);
+  constexpr size_t kDefaultLine = kvsplit::server::kMaxMetricsRequestLineBytes;
+  for (auto [limit, line_limit] :
+       {std::pair<size_t, size_t>{8192, kDefaultLine}, std::pair<size_t, size_t>{64, kDefaultLine},
+        std::pair<size_t, size_t>{64, 32}}) {
+    const MetricsRequest full = kvsplit::server::parse_metrics_request(in, limit, line_limit);
     check_consistent(full, in, limit);
     // What the listener holds (at most limit + 1 bytes) and an earlier read: once either is
     // decided, the whole input gets the same answer.
     for (size_t n : {limit + 1, size / 2}) {
       const std::string_view prefix = in.substr(0, n);
-      const MetricsRequest early = kvsplit::server::parse_metrics_request(prefix, limit);
+      const MetricsRequest early =
+          kvsplit::server::parse_metrics_request(prefix, limit, line_limit);
       check_consistent(early, prefix, limit);
       if (early.action != MetricsRequestAction::kNeedMore) KVSPLIT_CHECK(same(early, full));
     }

@@ -178,6 +178,8 @@ def metrics_http_seeds():
         b"GET /metrics SPDY/3\r\n\r\n",
         b"\x16\x03\x01garbage\r\n\r\n",
         b"GET /metr",
+        b"GET /metrics HTTP/1.1 x",
+        b"GET /" + b"a" * 3000,
         b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 9000 + b"\r\n\r\n",
     ]
     for i, r in enumerate(requests):

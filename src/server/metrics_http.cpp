@@ -31,6 +31,7 @@ struct MetricsHttpServer::Connection {
   size_t out_offset = 0;
   bool writing = false;  // response prepared; reading is over
   bool polled = false;   // was in a poll round (its bytes so far have been read)
+  bool eof = false;      // the peer closed its side before the request was complete
 };
 
 namespace {
@@ -65,10 +66,11 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::start(const std:
                                                                       MetricsHttpOptions options) {
   if (port < 0 || port > 65535)
     return invalid_argument("metrics: port must be in 0..65535, got " + std::to_string(port));
-  if (options.max_request_bytes < 64 || options.io_timeout_ms <= 0 ||
-      options.max_connections <= 0 || options.poll_interval_ms <= 0)
+  if (options.max_request_bytes < 64 || options.max_request_line_bytes < 32 ||
+      options.io_timeout_ms <= 0 || options.max_connections <= 0 || options.poll_interval_ms <= 0)
     return invalid_argument(
-        "metrics: max_request_bytes >= 64 and positive timeouts/limits required");
+        "metrics: max_request_bytes >= 64, max_request_line_bytes >= 32 and positive "
+        "timeouts/limits required");
   if (!handler) return invalid_argument("metrics: no handler");
   const std::string shown =
       (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
@@ -257,12 +259,16 @@ bool MetricsHttpServer::on_readable(Connection* c) {
           static_cast<size_t>(options_.max_request_bytes) + 1 -
           std::min(c->in.size(), static_cast<size_t>(options_.max_request_bytes) + 1);
       c->in.append(buf, std::min(room, static_cast<size_t>(n)));
-      if (parse_metrics_request(c->in, static_cast<size_t>(options_.max_request_bytes)).action !=
-          MetricsRequestAction::kNeedMore)
-        break;
+      if (parse(c->in).action != MetricsRequestAction::kNeedMore) break;
       continue;
     }
-    if (n == 0) return false;  // the peer closed before a complete request
+    if (n == 0) {
+      // The peer closed its side before a complete request: nothing more can complete it. A
+      // connection that sent nothing is closed without an answer (a port probe); else 400.
+      if (c->in.empty()) return false;
+      c->eof = true;
+      break;
+    }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return true;  // wait for more
     return false;
@@ -287,13 +293,22 @@ bool MetricsHttpServer::on_writable(Connection* c) {
   return false;  // done: close
 }
 
+MetricsRequest MetricsHttpServer::parse(std::string_view in) const {
+  return parse_metrics_request(in, static_cast<size_t>(options_.max_request_bytes),
+                               static_cast<size_t>(options_.max_request_line_bytes));
+}
+
 void MetricsHttpServer::prepare_response(Connection* c) {
   c->writing = true;
   served_.fetch_add(1);
-  const MetricsRequest req =
-      parse_metrics_request(c->in, static_cast<size_t>(options_.max_request_bytes));
+  const MetricsRequest req = parse(c->in);
   switch (req.action) {
-    case MetricsRequestAction::kNeedMore:  // not called then; an incomplete block is too large
+    case MetricsRequestAction::kNeedMore:
+      if (c->eof) {  // the peer half-closed an incomplete request
+        c->out = plain_error(400, "Bad Request");
+        return;
+      }
+      [[fallthrough]];  // else not called: an incomplete block is too large
     case MetricsRequestAction::kTooLarge:
       c->out = plain_error(431, "Request Header Fields Too Large");
       return;

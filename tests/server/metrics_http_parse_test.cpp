@@ -15,8 +15,9 @@ using A = MetricsRequestAction;
 
 // The views in the result point into `in`: string literals here, or a temporary whose result is
 // only read for its action.
-MetricsRequest parse(std::string_view in, size_t limit = 8192) {
-  return parse_metrics_request(in, limit);
+MetricsRequest parse(std::string_view in, size_t limit = 8192,
+                     size_t line_limit = kMaxMetricsRequestLineBytes) {
+  return parse_metrics_request(in, limit, line_limit);
 }
 
 TEST(MetricsRequestParse, EachAnswerWithMethodAndPath) {
@@ -62,6 +63,37 @@ TEST(MetricsRequestParse, NeedMoreUntilTheEmptyLineWithinTheLimit) {
   EXPECT_EQ(parse(req, req.size() - 1).action, A::kTooLarge);
   EXPECT_EQ(parse(std::string(64, 'a'), 64).action, A::kNeedMore);
   EXPECT_EQ(parse(std::string(65, 'a'), 64).action, A::kTooLarge);
+}
+
+// A request line is checked as its bytes arrive: one that cannot become valid is decided at once,
+// line break or not (the listener waited for the end of the header block, or the I/O timeout).
+TEST(MetricsRequestParse, AMalformedRequestLineIsDecidedBeforeItsLineBreak) {
+  for (const std::string& bad :
+       {std::string("\x16\x03\x01\x02\x00", 5), std::string(" GET"), std::string("G(T /"),
+        std::string("GET  /"), std::string("GET /a\x01"), std::string("GET /a\x7f"),
+        std::string("GET /metrics HTTP/1.1 "), std::string("GET /metrics HTTP/2"),
+        std::string("GET /metrics HTTP/1.x"), std::string("GET /metrics HTTP/1.10"),
+        std::string("GET /metrics\r"), std::string("hello\r\n"), std::string("\r\n\r"),
+        std::string("\rGET /metrics HTTP/1.1\r\n\r\n"),
+        "GET /" + std::string(kMaxMetricsRequestLineBytes, 'a')}) {
+    EXPECT_EQ(parse(bad).action, A::kBadRequest) << bad;
+    // Decided: more bytes, even a whole header block, do not change it.
+    EXPECT_EQ(parse(bad + " HTTP/1.1\r\n\r\n").action, A::kBadRequest) << bad;
+  }
+  // Prefixes of valid request lines wait for more, up to the line limit.
+  for (const std::string& ok :
+       {std::string(""), std::string("\r"), std::string("\r\n"), std::string("\n"),
+        std::string("GET"), std::string("GET "), std::string("GET /metr"),
+        std::string("GET /metrics HTTP/1"), std::string("GET /metrics HTTP/1.1"),
+        std::string("GET /metrics HTTP/1.1\r\nHost: x\r\n"), std::string("GET /\x80\xff"),
+        "GET /" + std::string(kMaxMetricsRequestLineBytes - 5, 'a')}) {
+    EXPECT_EQ(parse(ok).action, A::kNeedMore) << ok;
+  }
+  // The line limit is a parameter; a complete line over it is refused as well.
+  EXPECT_EQ(parse("GET /metrics?" + std::string(40, 'x'), 8192, 32).action, A::kBadRequest);
+  EXPECT_EQ(parse_metrics_request("GET /metrics HTTP/1.1\r\n\r\n", 8192, 21).action, A::kScrape);
+  EXPECT_EQ(parse_metrics_request("GET /metrics HTTP/1.1\r\n\r\n", 8192, 20).action,
+            A::kBadRequest);
 }
 
 }  // namespace

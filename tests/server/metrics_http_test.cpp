@@ -1,5 +1,6 @@
 // MetricsHttpServer (the /metrics listener) in-process on 127.0.0.1 with ephemeral ports: scrape,
-// 404/405/400/431, slow and garbage clients never block other scrapes, concurrent scrapes,
+// 404/405/400/431, malformed input answered at once, slow and garbage clients never block other
+// scrapes, concurrent scrapes,
 // prompt shutdown with clients connected, bind errors.
 #include "server/metrics_http.h"
 
@@ -160,6 +161,52 @@ TEST_F(MetricsHttpTest, ErrorsForOtherPathsMethodsAndGarbage) {
   EXPECT_NE(failed.find("collector broke"), std::string::npos);
   fail_ = false;
   EXPECT_EQ(status_line(get(port, "/metrics")), "HTTP/1.1 200 OK");
+}
+
+// Input known to be malformed is answered 400 at once: a request line that cannot become valid,
+// with or without its line break, one longer than max_request_line_bytes, and a request the peer
+// stops sending by closing its side. Each went unanswered until the I/O timeout closed the
+// connection (here a minute; read_all gives up after 3 s).
+TEST_F(MetricsHttpTest, MalformedInputIsAnsweredAtOnce) {
+  MetricsHttpOptions opt;
+  opt.io_timeout_ms = 60000;
+  start(opt);
+  const int port = server_->port();
+  struct Case {
+    std::string name, bytes;
+    bool half_close;
+  };
+  const std::vector<Case> cases = {
+      {"a TLS ClientHello", std::string("\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 11), false},
+      {"a third word after the version", "GET /metrics HTTP/1.1 x", false},
+      {"another protocol", "GET /metrics HTTP/2", false},
+      {"a control byte in the target", "GET /metr\x01", false},
+      {"a request line over the limit", "GET /" + std::string(3000, 'a'), false},
+      {"a complete line that is no request line", "hello\r\n", false},
+      {"half-closed after the request line", "GET /metrics HTTP/1.1\r\nHost: x\r\n", true},
+      {"half-closed in the request line", "GET /metr", true},
+  };
+  for (const Case& c : cases) {
+    const int fd = connect_loopback(port);
+    ASSERT_GE(fd, 0);
+    const auto t0 = Clock::now();
+    (void)!send(fd, c.bytes.data(), c.bytes.size(), MSG_NOSIGNAL);
+    if (c.half_close) shutdown(fd, SHUT_WR);
+    const std::string r = read_all(fd, std::chrono::milliseconds(3000));
+    EXPECT_EQ(status_line(r), "HTTP/1.1 400 Bad Request") << c.name;
+    EXPECT_LT(Clock::now() - t0, std::chrono::milliseconds(1000)) << c.name;
+    close(fd);
+  }
+  // A connection that sends nothing and closes its side is closed without an answer.
+  const int probe = connect_loopback(port);
+  ASSERT_GE(probe, 0);
+  shutdown(probe, SHUT_WR);
+  const auto t0 = Clock::now();
+  EXPECT_EQ(read_all(probe, std::chrono::milliseconds(3000)), "");
+  EXPECT_LT(Clock::now() - t0, std::chrono::milliseconds(1000));
+  close(probe);
+  EXPECT_EQ(status_line(get(port, "/metrics")), "HTTP/1.1 200 OK");
+  EXPECT_EQ(server_->requests_served(), static_cast<int64_t>(cases.size()) + 1);
 }
 
 TEST_F(MetricsHttpTest, SlowClientsDoNotBlockScrapesAndTimeOut) {
