@@ -1,5 +1,6 @@
 #include "server/grpc_server.h"
 
+#include <grpc/grpc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <openssl/bio.h>
@@ -135,5 +136,7 @@ void set_serving(grpc::Server* server, bool serving) {
     health->SetServingStatus("kvsplit.v1.Generation", serving);
   }
 }
+
+void cancel_all_calls(grpc::Server* server) { grpc_server_cancel_all_calls(server->c_server()); }
 
 }  // namespace kvsplit::server

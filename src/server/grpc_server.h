@@ -34,4 +34,9 @@ StatusOr<RunningServer> start_grpc_server(const config::ServerConfig& config,
 // Marks the health service NOT_SERVING (drain) or SERVING.
 void set_serving(grpc::Server* server, bool serving);
 
+// Cancels every call in progress at once and closes the connections, as grpc::Server::Shutdown
+// does when its deadline passes (the clients get UNAVAILABLE "Cancelling all calls"); a Shutdown
+// waiting in another thread then returns. Thread-safe; `server` started, not yet destroyed.
+void cancel_all_calls(grpc::Server* server);
+
 }  // namespace kvsplit::server

@@ -6,8 +6,9 @@
 //
 // Signals: SIGHUP reloads the SLA classes from --config (a bad file is logged, the old policy
 // stays); SIGTERM/SIGINT drain: stop accepting, wait up to server.drain_timeout_ms for in-flight
-// requests, cancel the rest, exit 0. A second SIGTERM/SIGINT during the drain cancels what is
-// still in flight at once and exits 128 + its signal number (143 for SIGTERM, 130 for SIGINT).
+// requests, cancel the rest, give the streams up to 2 s to send their last messages, exit 0. A
+// second SIGTERM/SIGINT during the drain or those 2 s cancels what is still in flight at once and
+// exits, through the same teardown, 128 + its signal number (143 for SIGTERM, 130 for SIGINT).
 #include <fmt/format.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -165,20 +166,31 @@ void warn_about_exposure(const config::ServerConfig& c, int grpc_port, int metri
   }
 }
 
-// During the drain: a second SIGTERM/SIGINT ends the drain at once (Engine::end_drain cancels the
-// requests still in flight, whose clients get UNAVAILABLE "engine shut down"); if the process is
-// still not done kForceGrace later, or a third signal comes, it exits without further cleanup.
-// The exit code is 128 + the signal when the second signal found Generate calls still open, 0
-// when the drain had nothing left. SIGHUP is ignored during the drain.
+// During the drain and the flush (the streams' last messages, kFlush): a second SIGTERM/SIGINT
+// ends the drain at once (Engine::end_drain cancels the requests still in flight, whose clients
+// get UNAVAILABLE "engine shut down"), and kFlushAfterSignal later cancels every gRPC call still
+// open (server::cancel_all_calls: a client that does not read its stream would otherwise hold the
+// exit for the rest of kFlush), so that the normal teardown runs at once. If the process is still
+// not done kForceGrace later, or a third signal comes, it exits without further cleanup. The exit
+// code is 128 + the signal when the second signal found Generate calls still open, 0 when the
+// drain had nothing left. SIGHUP is ignored during the drain.
 class ForceExitWatch {
  public:
   static constexpr auto kForceGrace = std::chrono::seconds(5);
+  // How long gRPC's shutdown waits for the calls to end after the drain: the streams' last
+  // messages and statuses (a client that does not read its stream holds its call open).
+  static constexpr auto kFlush = std::chrono::seconds(2);
+  // After a second signal: time for the final statuses of clients that do read (they get
+  // "engine shut down" rather than gRPC's "Cancelling all calls").
+  static constexpr auto kFlushAfterSignal = std::chrono::milliseconds(100);
 
-  ForceExitWatch(kvsplit::Engine* engine, const server::GenerationService* service)
-      : thread_([this, engine, service] { run(engine, service); }) {}
+  // `grpc_server` must outlive the watch (finish() or the destructor).
+  ForceExitWatch(kvsplit::Engine* engine, const server::GenerationService* service,
+                 grpc::Server* grpc_server)
+      : thread_([this, engine, service, grpc_server] { run(engine, service, grpc_server); }) {}
   ~ForceExitWatch() { finish(); }
 
-  // Stops watching (within 100 ms); the number of a second signal that cut the drain short, or 0.
+  // Stops watching (within 20 ms); the number of a second signal that cut the drain short, or 0.
   int finish() {
     stop_.store(true);
     if (thread_.joinable()) thread_.join();
@@ -186,14 +198,22 @@ class ForceExitWatch {
   }
 
  private:
-  void run(kvsplit::Engine* engine, const server::GenerationService* service) {
+  void run(kvsplit::Engine* engine, const server::GenerationService* service,
+           grpc::Server* grpc_server) {
+    using Clock = std::chrono::steady_clock;
     sigset_t set;
     sigemptyset(&set);
     for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
-    std::chrono::steady_clock::time_point cut = std::chrono::steady_clock::time_point::max();
+    Clock::time_point cut = Clock::time_point::max();
+    Clock::time_point cancel_calls = Clock::time_point::max();
     while (!stop_.load()) {
-      if (std::chrono::steady_clock::now() >= cut) break;
-      timespec poll{0, 100 * 1000 * 1000};
+      const auto now = Clock::now();
+      if (now >= cut) break;
+      if (now >= cancel_calls) {
+        server::cancel_all_calls(grpc_server);
+        cancel_calls = Clock::time_point::max();
+      }
+      timespec poll{0, 20 * 1000 * 1000};
       const int sig = sigtimedwait(&set, nullptr, &poll);
       if (sig < 0) continue;  // timeout or EINTR
       if (sig == SIGHUP) {
@@ -208,7 +228,8 @@ class ForceExitWatch {
           "{} during the drain: cancelling what is in flight ({} open streams), exiting",
           strsignal(sig), open);
       engine->end_drain();
-      cut = std::chrono::steady_clock::now() + kForceGrace;
+      cancel_calls = Clock::now() + kFlushAfterSignal;
+      cut = Clock::now() + kForceGrace;
     }
     if (stop_.load()) return;
     KVSPLIT_LOG_ERROR("forced exit: not stopped cleanly; exiting {} now", 128 + forced_.load());
@@ -359,12 +380,13 @@ int run(const Flags& flags) {
       "draining: no new requests; waiting up to {} ms for {} open streams (a second SIGTERM or "
       "SIGINT cancels them and exits at once)",
       drain.count(), service.active_streams());
-  ForceExitWatch force(engine.get(), &service);
+  ForceExitWatch force(engine.get(), &service, running->server.get());
   service.start_draining();
   server::set_serving(running->server.get(), false);
   engine->shutdown(drain);  // finishes in-flight requests up to `drain`, then cancels the rest
-  // Every request has its final event now; give the reactors a moment to flush them.
-  running->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // Every request has its final event now; give the reactors a moment to flush them (a second
+  // signal cuts this short: ForceExitWatch; it used to wait out the 2 s anyway).
+  running->server->Shutdown(std::chrono::system_clock::now() + ForceExitWatch::kFlush);
   running->server->Wait();
   if (const int forced = force.finish(); forced != 0) {
     KVSPLIT_LOG_WARN("stopped by a second signal ({}): exit {}", strsignal(forced), 128 + forced);
