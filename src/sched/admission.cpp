@@ -58,11 +58,25 @@ Status check_admission(const Request& request, int num_prompt_tokens,
   }
   // KV positions the request can need: the last generated token is never fed.
   const int64_t total = static_cast<int64_t>(num_prompt_tokens) + request.sampling.max_tokens - 1;
+  // The messages quote max_tokens as the client's only when it set one: a default one (the
+  // engine fits it to the context) is named as such, and a prompt the context cannot hold is
+  // refused for its own length.
+  const std::string max_tokens =
+      request.max_tokens_is_default
+          ? fmt::format("the default max_tokens ({}; the request set none)",
+                        request.sampling.max_tokens)
+          : fmt::format("max_tokens ({})", request.sampling.max_tokens);
+  if (request.max_tokens_is_default && num_prompt_tokens > limits.max_context) {
+    return invalid_argument(
+        fmt::format("prompt ({} tokens) is longer than the model context of {} tokens: no room "
+                    "to generate a token",
+                    num_prompt_tokens, limits.max_context));
+  }
   if (total > limits.max_context) {
-    return invalid_argument(fmt::format(
-        "prompt ({} tokens) + max_tokens ({}) - 1 = {} positions exceeds the model context of {} "
-        "tokens",
-        num_prompt_tokens, request.sampling.max_tokens, total, limits.max_context));
+    return invalid_argument(
+        fmt::format("prompt ({} tokens) + {} - 1 = {} positions exceeds the model context of {} "
+                    "tokens",
+                    num_prompt_tokens, max_tokens, total, limits.max_context));
   }
   const auto blocks_for = [&](int64_t tokens) {
     return (tokens + limits.block_size - 1) / limits.block_size;
@@ -83,11 +97,11 @@ Status check_admission(const Request& request, int num_prompt_tokens,
   if (blocks > limits.kv_blocks_per_worker) {
     // The request is valid; this deployment lacks the memory (more spatial shards would add it).
     return resource_exhausted(
-        fmt::format("prompt ({} tokens) + max_tokens ({}) - 1 = {} positions need {} KV blocks of "
-                    "{} tokens{}, more than a worker's KV pool holds ({} blocks over all its "
+        fmt::format("prompt ({} tokens) + {} - 1 = {} positions need {} KV blocks of {} "
+                    "tokens{}, more than a worker's KV pool holds ({} blocks over all its "
                     "spatial shards)",
-                    num_prompt_tokens, request.sampling.max_tokens, total, blocks,
-                    limits.block_size, at_once, limits.kv_blocks_per_worker));
+                    num_prompt_tokens, max_tokens, total, blocks, limits.block_size, at_once,
+                    limits.kv_blocks_per_worker));
   }
   return ok_status();
 }

@@ -402,5 +402,29 @@ TEST(Admission, FitCheckCarriesTheNumbers) {
       << st.message();
 }
 
+// A max_tokens the client did not set (the engine fits the default to the room the prompt leaves,
+// at least 1) is not quoted as the client's: a prompt longer than the context is refused for its
+// length ("max_tokens (1)" before), and the KV fit names the default as such.
+TEST(Admission, ADefaultMaxTokensIsNotQuotedAsTheClients) {
+  AdmissionLimits lim = limits(/*kv_blocks_per_worker=*/1 << 20);
+  Request r;
+  r.max_tokens_is_default = true;
+  r.sampling.max_tokens = 1;
+  EXPECT_TRUE(check_admission(r, 256, lim).ok());  // the whole context, one token generated
+  Status st = check_admission(r, 300, lim);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "prompt (300 tokens) is longer than the model context of 256 tokens: no room to "
+            "generate a token");
+  lim.kv_blocks_per_worker = 4;
+  r.sampling.max_tokens = 10;
+  st = check_admission(r, 56, lim);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("prompt (56 tokens) + the default max_tokens (10; the request set "
+                              "none) - 1 = 65 positions need 5 KV blocks"),
+            std::string::npos)
+      << st.message();
+}
+
 }  // namespace
 }  // namespace kvsplit::sched

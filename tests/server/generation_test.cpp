@@ -183,6 +183,34 @@ TEST_F(GenerationTest, DefaultMaxTokensAndLogprobs) {
   EXPECT_EQ(lps, ids);
 }
 
+// A prompt longer than the context: without max_tokens the message gives the prompt's length and
+// the context's, with it the client's own value (it quoted "max_tokens (1)", the default fitted to
+// the room left, to a client that had sent none). INVALID_ARGUMENT either way.
+TEST_F(GenerationTest, APromptTooLongForTheContextQuotesOnlyWhatWasAsked) {
+  v1::GenerateRequest req;
+  req.set_prompt(std::string(3000, 'a'));
+  req.mutable_sampling()->set_temperature(0.0f);
+  const Result unset = generate(stub_.get(), req);
+  EXPECT_EQ(unset.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  const std::string& msg = unset.status.error_message();
+  EXPECT_EQ(msg.find("max_tokens"), std::string::npos) << msg;
+  EXPECT_EQ(msg.rfind("prompt (", 0), 0u) << msg;
+  const size_t tokens = std::stoul(msg.substr(8));
+  EXPECT_GT(tokens, 512u) << msg;
+  EXPECT_NE(msg.find("prompt (" + std::to_string(tokens) +
+                     " tokens) is longer than the model context of 512 tokens"),
+            std::string::npos)
+      << msg;
+  req.set_max_tokens(10);
+  const Result set = generate(stub_.get(), req);
+  EXPECT_EQ(set.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(set.status.error_message().find("prompt (" + std::to_string(tokens) +
+                                            " tokens) + max_tokens (10) - 1 = " +
+                                            std::to_string(tokens + 9) + " positions exceeds"),
+            std::string::npos)
+      << set.status.error_message();
+}
+
 TEST_F(GenerationTest, ClientCancelAndDeadlineFreeAllKv) {
   v1::GetServerStatsResponse before;
   ASSERT_TRUE(wait_all_kv_free(std::chrono::seconds(5), &before));
