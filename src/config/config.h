@@ -78,6 +78,17 @@ StatusOr<Config> load_config_file(const std::string& path);
 // with a kv block of their own).
 StatusOr<Config> load_config_file(const std::string& path, const SemanticCutConfig& running);
 
+// The settings whose values differ between two versions of a config file's text, as field paths
+// ("kv.capacity_mb", "model", "server.api_keys") in `new_text`'s order, each mapping's keys that
+// only `old_text` sets after its others: mappings are compared key by key down to their leaves,
+// a list or a scalar as one setting. A key absent, null or an empty mapping is unset. Values
+// compare as written (`16` and `16.0` differ; quoting, flow or block style, comments and key order
+// do not). Only the YAML is compared: neither text is validated. kInvalidArgument when either is
+// not strict YAML (parse_config's syntax errors). For SIGHUP's report of the changes it does not
+// apply.
+StatusOr<std::vector<std::string>> changed_settings(const std::string& old_text,
+                                                    const std::string& new_text);
+
 // The rules of a KVM rules file (kvm.rules_file, docs/kvm.md): a YAML file whose top level holds
 // one `rules:` list, read from `path` as given (relative: to the current directory). Parsed, not
 // validated (validate_config / kvm::validate_rules check them against the SLA classes). Errors

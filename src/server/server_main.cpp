@@ -4,8 +4,9 @@
 //   kvsplit-server --model DIR --port N                                         (no config file)
 //   kvsplit-server --check-config FILE                                          (validate, exit)
 //
-// Signals: SIGHUP reloads the SLA classes from --config (a bad file is logged, the old policy
-// stays); SIGTERM/SIGINT drain: stop accepting, wait up to server.drain_timeout_ms for in-flight
+// Signals: SIGHUP reloads the SLA classes and the kvm policy from --config (a bad file is logged,
+// the old policy stays; each changed setting elsewhere is logged as needing a restart, not
+// applied); SIGTERM/SIGINT drain: stop accepting, wait up to server.drain_timeout_ms for in-flight
 // requests, cancel the rest, give the streams up to 2 s to send their last messages, exit 0. A
 // second SIGTERM/SIGINT during the drain or those 2 s cancels what is still in flight at once and
 // exits, through the same teardown, 128 + its signal number (143 for SIGTERM, 130 for SIGINT).
@@ -21,6 +22,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <iterator>
+#include <optional>
+#include <string_view>
 #include <thread>
 
 #include "common/cli_options.h"
@@ -66,13 +70,44 @@ void apply_flags(const Flags& f, config::Config* c) {
   if (!f.api_keys.empty()) c->server.api_keys = f.api_keys;
 }
 
+// The sections a SIGHUP applies; a change anywhere else needs a restart.
+constexpr std::string_view kReloadedSections[] = {"sla_classes", "kvm"};
+
+// SIGHUP: logs each setting of the file, outside kReloadedSections, whose value differs from the
+// file the server started with (`started`): it needs a restart and is not applied. Up to
+// kMaxLines lines, then a count.
+void warn_unapplied_changes(const std::string& started, const std::string& now) {
+  constexpr size_t kMaxLines = 32;
+  auto changed = config::changed_settings(started, now);
+  if (!changed.ok()) {  // both texts loaded as configs: not expected
+    KVSPLIT_LOG_WARN("SIGHUP: cannot compare with the file as started: {}",
+                     changed.status().message());
+    return;
+  }
+  size_t n = 0;
+  for (const std::string& path : *changed) {
+    const std::string_view section = std::string_view(path).substr(0, path.find('.'));
+    if (std::find(std::begin(kReloadedSections), std::end(kReloadedSections), section) !=
+        std::end(kReloadedSections))
+      continue;
+    if (++n <= kMaxLines)
+      KVSPLIT_LOG_WARN("SIGHUP: {}: changed, needs a restart; not applied", path);
+  }
+  if (n > kMaxLines) {
+    KVSPLIT_LOG_WARN("SIGHUP: {} more changed settings need a restart; not applied", n - kMaxLines);
+  }
+}
+
 // SIGHUP: re-read the SLA classes and the kvm policy of `path`. Both are checked before either
 // is applied (the policy against the new classes), so a rejected policy never leaves new classes
 // beside old rules naming a class that is gone; then classes first (the rules name them).
 // `running`: the kv.cuts.semantic the engine started with, which the classes' kv blocks are read
-// over (a changed kv.cuts.semantic needs a restart).
+// over (a changed kv.cuts.semantic needs a restart). `started`: the file's text at start (none
+// when it could not be read), against which a file that loads is checked for changed settings
+// this does not apply (warn_unapplied_changes).
 void reload_sla_classes(const std::string& path, const kvsplit::SemanticCutConfig& running,
-                        kvsplit::Engine* engine, server::GenerationService* svc) {
+                        const std::optional<std::string>& started, kvsplit::Engine* engine,
+                        server::GenerationService* svc) {
   if (path.empty()) {
     KVSPLIT_LOG_WARN("SIGHUP: no --config file to reload; SLA classes unchanged");
     return;
@@ -80,8 +115,8 @@ void reload_sla_classes(const std::string& path, const kvsplit::SemanticCutConfi
   // A file with nothing but blanks and comments loads as every default, one `default` class in
   // place of the operator's: an editor or a `>` redirect leaves it so for a moment, and a SIGHUP
   // then replaced every class (clients naming theirs were refused until the next reload).
-  if (auto text = kvsplit::common::read_regular_file(path, size_t{64} << 20, "config file");
-      text.ok()) {
+  auto text = kvsplit::common::read_regular_file(path, size_t{64} << 20, "config file");
+  if (text.ok()) {
     bool content = false;
     for (size_t pos = 0; pos < text->size() && !content;) {
       const size_t end = std::min(text->find('\n', pos), text->size());
@@ -103,6 +138,7 @@ void reload_sla_classes(const std::string& path, const kvsplit::SemanticCutConfi
                       fresh.status().message());
     return;
   }
+  if (started && text.ok()) warn_unapplied_changes(*started, *text);
   if (Status pre = engine->check_kvm_policy(fresh->engine.kvm, fresh->engine.sla_classes);
       !pre.ok()) {
     KVSPLIT_LOG_ERROR(
@@ -266,6 +302,7 @@ Status check_config(const config::Config& c) {
 
 int run(const Flags& flags) {
   config::Config cfg;
+  std::optional<std::string> started_text;  // the file as started, for SIGHUP's comparison
   if (!flags.config_file.empty()) {
     auto loaded = config::load_config_file(flags.config_file);
     if (!loaded.ok()) {
@@ -273,6 +310,10 @@ int run(const Flags& flags) {
       return 2;
     }
     cfg = std::move(loaded).value();
+    if (auto text = kvsplit::common::read_regular_file(
+            flags.config_file, kvsplit::common::kMaxConfigFileBytes, "config file");
+        text.ok())
+      started_text = std::move(text).value();
   }
   apply_flags(flags, &cfg);
   if (Status st = check_config(cfg); !st.ok()) {
@@ -370,7 +411,8 @@ int run(const Flags& flags) {
     int sig = 0;
     if (sigwait(&set, &sig) != 0) continue;
     if (sig == SIGHUP) {
-      reload_sla_classes(flags.config_file, cfg.engine.semantic, engine.get(), &service);
+      reload_sla_classes(flags.config_file, cfg.engine.semantic, started_text, engine.get(),
+                         &service);
       continue;
     }
     break;
