@@ -11,6 +11,15 @@
 namespace kvsplit::testing {
 namespace {
 
+// How soon a second SIGTERM must end the process. The old paths took 1.85-2.34 s; the fixed ones
+// about 0.3-0.4 s. Under ASan the teardown and LeakSanitizer's exit scan of a server add seconds
+// on a loaded 2-core machine, so that build only checks that the exit stays bounded.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr std::chrono::milliseconds kPromptExit{5000};
+#else
+constexpr std::chrono::milliseconds kPromptExit{1000};
+#endif
+
 namespace v1 = ::kvsplit::v1;
 
 constexpr char kKey[] = "protocol-test-key-1";
@@ -239,7 +248,7 @@ TEST_F(ProtocolTest, SecondSigtermForcesAPromptExit) {
   const auto took = std::chrono::steady_clock::now() - second;
   EXPECT_EQ(code, 128 + SIGTERM) << server->log();
   // The client does not read its stream: the 2 s flush after the drain used to run anyway.
-  EXPECT_LT(took, std::chrono::milliseconds(1000)) << server->log();
+  EXPECT_LT(took, kPromptExit) << server->log();
   while (reader->Read(&msg)) tokens += msg.token_ids_size();
   grpc::Status st = reader->Finish();
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
@@ -278,7 +287,7 @@ TEST_F(ProtocolTest, ASecondSigtermCutsTheFlushShort) {
   const int code = server->stop(std::chrono::seconds(20));
   const auto took = std::chrono::steady_clock::now() - second;
   EXPECT_EQ(code, 0) << server->log();
-  EXPECT_LT(took, std::chrono::milliseconds(1000)) << server->log();
+  EXPECT_LT(took, kPromptExit) << server->log();
   while (reader->Read(&msg)) {
   }
   (void)reader->Finish();
