@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include "backend/communicator.h"
 #include "common/config_rules.h"
 #include "cuts/semantic/semantic.h"
 #include "engine/engine_impl.h"
@@ -81,6 +82,15 @@ Status validate_engine_config(const EngineConfig& c) {
         "EngineConfig.spatial.shards: must be 1 on the {} backend (spatial shards run on the cpu "
         "and cuda backends), got {}",
         c.backend, c.spatial.shards));
+  // What choose_communicator refuses for `nccl` that is known before any device is opened (so
+  // kvsplit-server --check-config refuses it too); the devices themselves are checked at start.
+  if (c.spatial.shards > 1 && c.spatial.communicator == SpatialCommunicator::kNccl) {
+    if (!backend::nccl_communicator_built())
+      return unimplemented("kv.cuts.spatial.communicator: nccl: this binary is built without NCCL");
+    if (c.backend != "cuda")
+      return invalid_argument("kv.cuts.spatial.communicator: nccl: the shards run on the " +
+                              c.backend + " backend, not a CUDA backend (NCCL connects GPUs)");
+  }
   KVSPLIT_RETURN_IF_ERROR(validate_sla_classes(c.sla_classes).with_prefix("EngineConfig"));
   if (!c.kvm.rules.empty()) {
     std::vector<std::string> names;

@@ -246,8 +246,12 @@ TEST_F(AdminTest, SpatialCommunicatorFromTheConfig) {
             "kv:\n  capacity_mb: 16\n  cuts:\n    spatial: {shards: 2, communicator: nccl}\n");
   auto [code2, out2] = run_command(std::string(KVSPLIT_SERVER_BIN) + " --port 0 --model " +
                                    model_path("stories260K.bin") + " --config " + nccl);
-  EXPECT_NE(code2, 0);
+  EXPECT_EQ(code2, 2);  // a bad config, refused before the model loads
   EXPECT_NE(out2.find("kv.cuts.spatial.communicator: nccl"), std::string::npos) << out2;
+  // --check-config refuses it too (it passed, and the start then failed with exit 1).
+  auto [code3, out3] = run_command(std::string(KVSPLIT_SERVER_BIN) + " --check-config " + nccl);
+  EXPECT_EQ(code3, 2) << out3;
+  EXPECT_NE(out3.find("kv.cuts.spatial.communicator: nccl"), std::string::npos) << out3;
 
   auto server = start({"--config", write("comm_in_process.yaml",
                                          "kv:\n  capacity_mb: 16\n  block_size: 16\n  cuts:\n"
