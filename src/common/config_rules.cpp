@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 #include "common/escape.h"
 
@@ -92,7 +93,12 @@ Status validate_semantic_cut(const SemanticCutConfig& c, std::string_view path) 
     return invalid_argument(std::string(path) + field + ": " + what);
   };
   auto in_unit = [](float x) { return std::isfinite(x) && x >= 0.f && x <= 1.f; };
-  auto got = [](double v) { return ", got " + real(v); };
+  auto got = [](auto v) {  // integers print as integers (real() would give 1.67772e+07)
+    if constexpr (std::is_integral_v<decltype(v)>)
+      return ", got " + std::to_string(v);
+    else
+      return ", got " + real(v);
+  };
   if (!in_unit(c.semantic_threshold))
     return error("semantic_threshold", "must be in [0, 1]" + got(c.semantic_threshold));
   if (!in_unit(c.evict_threshold))
@@ -120,8 +126,7 @@ Status validate_semantic_cut(const SemanticCutConfig& c, std::string_view path) 
     return error("smoothing", "must be in (0, 1]" + got(c.smoothing));
   // The upper bound of the engine's temporal host tier: MiB << 20 stays far from overflow.
   if (c.host_capacity_mb < 0 || c.host_capacity_mb > (int64_t{1} << 24))
-    return error("host_capacity_mb",
-                 "must be in [0, 16777216]" + got(static_cast<double>(c.host_capacity_mb)));
+    return error("host_capacity_mb", "must be in [0, 16777216]" + got(c.host_capacity_mb));
   if (c.heavy_tokens < 0) return error("heavy_tokens", "must be >= 0" + got(c.heavy_tokens));
   if (c.summary_parts < 1 || c.summary_parts > 1024)
     return error("summary_parts", "must be in [1, 1024]" + got(c.summary_parts));

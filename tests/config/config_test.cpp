@@ -499,7 +499,7 @@ TEST(ConfigTest, KvCutErrorsNameTheField) {
   expect_error("kv: {cuts: {semantic: {host_capacity_mb: -1}}}\n",
                "kv.cuts.semantic.host_capacity_mb: must be in [0, 16777216]");
   expect_error("kv: {cuts: {semantic: {host_capacity_mb: 9000000000000}}}\n",
-               "kv.cuts.semantic.host_capacity_mb: must be in [0, 16777216]");
+               "kv.cuts.semantic.host_capacity_mb: must be in [0, 16777216], got 9000000000000");
   expect_error("kv: {cuts: [1]}\n", "kv.cuts: must be a mapping");
   expect_error("kv: {cuts: {semantic: {recall_precision: int2}}}\n",
                "kv.cuts.semantic.recall_precision: must be 'full', 'int8' or 'int4', got 'int2'");
