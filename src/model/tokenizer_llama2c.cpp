@@ -51,14 +51,16 @@ class Llama2cTokenizer final : public Tokenizer {
     const bool add_bos = options.add_special;
     std::vector<int32_t> out;
     if (add_bos) out.push_back(kBosId);
+    // run.c takes a C string: the text ends at its first NUL byte (then no dummy prefix either
+    // when nothing is before it). The llama2.c format follows run.c here as everywhere.
+    text = text.substr(0, text.find('\0'));
     if (text.empty()) return out;
 
     std::vector<int32_t> ids;
     ids.reserve(text.size() + 1);
     if (space_id_ >= 0) ids.push_back(space_id_);  // dummy prefix, as SentencePiece
     // run.c's grouping: a byte plus up to 3 following continuation bytes (10xxxxxx) form one
-    // lookup unit, whether or not they are well-formed UTF-8. run.c stops at a NUL byte (C
-    // string); we go on and encode NUL as the byte token <0x00>.
+    // lookup unit, whether or not they are well-formed UTF-8.
     for (size_t i = 0; i < text.size();) {
       size_t len = 1;
       while (i + len < text.size() && len < 4 &&

@@ -140,11 +140,11 @@ TEST(DecodeToken, Llama2cRules) {
   EXPECT_EQ(tok.decode_token(5, 1), "");          // BOS "\n<s>\n"
   EXPECT_EQ(tok.decode_token(5, 2), "");          // EOS
   EXPECT_EQ(tok.decode_token(5, 512), "");
-  // NUL: run.c would stop; we encode it as <0x00> and decode it back.
+  // NUL ends the text, as in run.c (a C string): "a\0b" is "a", "\0b" is empty (no dummy prefix).
   auto ids = tok.encode(std::string("a\0b", 3), true);
   ASSERT_TRUE(ids.ok());
-  ASSERT_EQ(ids->size(), 4u);
-  EXPECT_EQ((*ids)[2], 3);
+  EXPECT_EQ(*ids, *tok.encode("a", true));
+  EXPECT_EQ(*tok.encode(std::string("\0b", 2), true), std::vector<int32_t>{1});
 }
 
 TEST(DecodeToken, HfRules) {
