@@ -377,6 +377,11 @@ struct PoolStats {
   int32_t kv_shards = 1;
   int32_t kv_pages_remote = 0;
   int64_t kv_shard_exchange_bytes = 0;
+  // Of kv_shard_exchange_bytes, those staged through host memory (backend::ExchangeLink::kHost:
+  // shards on GPUs without peer access): they crossed the host link and count in the KVM's
+  // link_use. The rest (CPU shards, virtual shards on one GPU, GPU peers, NCCL between peers)
+  // never touch it (docs/kvm.md, peer_exchange_mb_s).
+  int64_t kv_shard_exchange_host_bytes = 0;
   int64_t kv_migrated_pages = 0;
   // The group's communicator (kv.cuts.spatial.communicator): "in-process" or "nccl"; empty
   // without a shard group. And the wall time spent in its exchanges since start (seconds).
@@ -385,7 +390,7 @@ struct PoolStats {
   // Per shard of the group (size kv_shards): full-pool blocks in use / total, as of the last step.
   std::vector<double> kv_shard_use;
   // Host-tier copy bandwidth into the device (bytes/s) the worker measured at start-up for the
-  // swap cost model; 0 when it has no host tier to swap to.
+  // swap cost model: its host link; 0 when it has no host tier to swap to.
   double kv_link_bytes_per_s = 0;
 };
 

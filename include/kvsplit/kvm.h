@@ -19,7 +19,8 @@ enum class KvmCmp : uint8_t { kGreater, kGreaterEqual, kLess, kLessEqual };
 
 // `metric[class] op value`, e.g. "device_kv_use > 0.90" or "ttft_p99_ms[voice] > 250".
 // Metrics (KvmSnapshot): device_kv_use, host_kv_use, disk_kv_use (fractions, the most loaded
-// decoding worker), link_use (fraction), storage_latency_ms, queue_depth, ttft_p50_ms,
+// decoding worker), link_use (fraction of the host link), peer_exchange_mb_s (shard exchange off
+// the host link, MB/s), storage_latency_ms, queue_depth, ttft_p50_ms,
 // ttft_p99_ms, itl_p50_ms, itl_p99_ms, prefix_hit_rate, swap_rate (swaps per second),
 // recall_rate (recalls per second), pages_evicted_fraction. Class-scoped metrics (queue_depth,
 // ttft_*, itl_*) without a class read the worst class.
@@ -106,7 +107,12 @@ struct KvmSnapshot {
   double time_ms = 0;  // since the engine started
   std::vector<KvmWorkerUse> workers;
   double device_kv_use = 0, host_kv_use = 0, disk_kv_use = 0;  // max over decoding workers
-  double link_use = 0;                // bytes moved per second / measured link bandwidth
+  // The busiest worker's host link: bytes that crossed it per second (swaps, host-staged shard
+  // exchange) / its measured bandwidth.
+  double link_use = 0;
+  // The busiest worker's shard exchange that stayed off the host link (in one memory or GPU to
+  // GPU directly), MB (1e6 bytes) per second over the last interval.
+  double peer_exchange_mb_s = 0;
   double storage_latency_ms = 0;      // EWMA of disk tier operations
   double prefix_hit_rate = 0;         // hits / queries since start
   double swap_rate = 0;               // swaps (in + out) per second over the last interval

@@ -15,7 +15,8 @@ class InProcessCommunicator final : public Communicator {
     KVSPLIT_RETURN_IF_ERROR(from.synchronize());  // the source's queued work wrote `src`
     // Timed from here: waiting for that work (the peer's attention on CUDA) is not the exchange.
     const auto t0 = std::chrono::steady_clock::now();
-    if (to.can_read_from(from)) {
+    const bool direct = to.can_read_from(from);
+    if (direct) {
       KVSPLIT_RETURN_IF_ERROR(to.copy_from(dst, from, src, bytes));
     } else {
       staging_.resize(bytes);
@@ -26,6 +27,9 @@ class InProcessCommunicator final : public Communicator {
     }
     ++stats_.transfers;
     stats_.bytes += static_cast<int64_t>(bytes);
+    if (exchange_link({from.kind(), from.device()}, {to.kind(), to.device()}, direct) ==
+        ExchangeLink::kHost)
+      stats_.host_bytes += static_cast<int64_t>(bytes);
     stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return ok_status();
   }
@@ -39,6 +43,26 @@ class InProcessCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> make_in_process_communicator() {
   return std::make_unique<InProcessCommunicator>();
+}
+
+ExchangeLink exchange_link(const ShardDeviceInfo& from, const ShardDeviceInfo& to,
+                           bool direct_access) {
+  if (!direct_access) return ExchangeLink::kHost;
+  const bool one_memory = (from.kind == to.kind && from.device == to.device) ||
+                          (from.kind == DeviceKind::kCpu && to.kind == DeviceKind::kCpu);
+  return one_memory ? ExchangeLink::kLocal : ExchangeLink::kPeer;
+}
+
+const char* exchange_link_name(ExchangeLink link) {
+  switch (link) {
+    case ExchangeLink::kLocal:
+      return "local";
+    case ExchangeLink::kPeer:
+      return "peer";
+    case ExchangeLink::kHost:
+      return "host";
+  }
+  return "?";
 }
 
 bool nccl_communicator_built() {

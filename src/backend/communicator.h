@@ -5,7 +5,7 @@
 //
 // InProcessCommunicator: shards in one process (CPU backends, which share host memory, or
 // virtual shards on one GPU): a direct copy on the destination's stream (Backend::copy_from)
-// when it can read the source, else staged through host memory.
+// when it can read the source, else staged through host memory (counted in host_bytes).
 //
 // NcclCommunicator (make_nccl_communicator): one NCCL rank per GPU of one process, built only with
 // NCCL (KVSPLIT_WITH_NCCL, docs/cuda.md "NCCL communicator (spatial cut)").
@@ -30,10 +30,14 @@ namespace kvsplit::backend {
 struct ExchangeStats {
   int64_t transfers = 0;  // send() calls that moved bytes
   int64_t bytes = 0;      // bytes moved
-  double seconds = 0;     // wall time inside send(), synchronization included
+  // Of `bytes`, those staged through host memory (ExchangeLink::kHost): they crossed the host
+  // link, the one tier swaps use. The rest stayed in one memory or went GPU to GPU directly.
+  int64_t host_bytes = 0;
+  double seconds = 0;  // wall time inside send(), synchronization included
   void add(const ExchangeStats& o) {
     transfers += o.transfers;
     bytes += o.bytes;
+    host_bytes += o.host_bytes;
     seconds += o.seconds;
   }
 };
@@ -93,6 +97,22 @@ struct ShardDeviceInfo {
   DeviceKind kind = DeviceKind::kCpu;
   int device = 0;  // Backend::device(): the CUDA device index (CPU: a virtual id)
 };
+
+// Which link one send between two shards' backends crosses (docs/kv-cuts.md "Which link an
+// exchange crosses"; the KVM's link_use counts only kHost):
+//   kLocal: one memory, no link: CPU shards (host memory, shared by every CPU backend) or virtual
+//     shards on one GPU (a device copy).
+//   kPeer: GPU to GPU directly (peer access: NVLink, or PCIe peer to peer), the host not involved.
+//   kHost: staged through host memory (device -> host -> device): over the devices' host links.
+// A pure rule of the two shards and whether the destination reads the source directly
+// (Backend::can_read_from; for NCCL, CUDA peer access between the two devices, without which
+// NCCL moves the data through host memory): without direct reads kHost (CPU backends built with
+// emulate_no_peer_access take the staged route of GPUs without peer access and count as it);
+// else kLocal for one device or two CPU backends, kPeer for two GPUs.
+enum class ExchangeLink : uint8_t { kLocal, kPeer, kHost };
+ExchangeLink exchange_link(const ShardDeviceInfo& from, const ShardDeviceInfo& to,
+                           bool direct_access);
+const char* exchange_link_name(ExchangeLink link);
 
 struct CommunicatorChoice {
   bool nccl = false;   // false: the in-process communicator

@@ -14,10 +14,10 @@
 namespace kvsplit::kvm {
 namespace {
 
-constexpr std::array<std::string_view, 9> kGlobalMetrics = {
-    "device_kv_use", "host_kv_use",        "disk_kv_use",
-    "link_use",      "storage_latency_ms", "prefix_hit_rate",
-    "swap_rate",     "recall_rate",        "pages_evicted_fraction"};
+constexpr std::array<std::string_view, 10> kGlobalMetrics = {
+    "device_kv_use",      "host_kv_use",           "disk_kv_use",     "link_use",
+    "peer_exchange_mb_s", "storage_latency_ms",    "prefix_hit_rate", "swap_rate",
+    "recall_rate",        "pages_evicted_fraction"};
 constexpr std::array<std::string_view, 6> kClassMetrics = {
     "queue_depth", "queue_wait_ms", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"};
 constexpr std::array<std::string_view, 17> kParams = {
@@ -323,6 +323,7 @@ std::optional<double> read_metric(const KvmSnapshot& snap, const KvmCondition& c
   if (m == "host_kv_use") return snap.host_kv_use;
   if (m == "disk_kv_use") return snap.disk_kv_use;
   if (m == "link_use") return snap.link_use;
+  if (m == "peer_exchange_mb_s") return snap.peer_exchange_mb_s;
   if (m == "storage_latency_ms") return snap.storage_latency_ms;
   if (m == "prefix_hit_rate") return snap.prefix_hit_rate;
   if (m == "swap_rate") return snap.swap_rate;

@@ -176,6 +176,7 @@ std::string decision_json(const KvmDecision& d, const KvmSnapshot& snap, KvmMode
                    {"host_kv_use", snap.host_kv_use},
                    {"disk_kv_use", snap.disk_kv_use},
                    {"link_use", snap.link_use},
+                   {"peer_exchange_mb_s", snap.peer_exchange_mb_s},
                    {"storage_latency_ms", snap.storage_latency_ms},
                    {"pages_evicted_fraction", snap.pages_evicted_fraction}};
   j["applied"] = d.applied;

@@ -51,7 +51,7 @@ KvmSnapshot Monitor::sample(double now_ms, const EngineStats& stats, const Monit
   int64_t swaps = 0, recalls = 0, prefix_q = 0, prefix_h = 0;
   int64_t decoding_evicted = 0, decoding_pages = 0;  // pages_evicted_fraction's
   const double dt_s = have_prev_ && now_ms > prev_ms_ ? (now_ms - prev_ms_) / 1000.0 : 0;
-  std::map<std::string, int64_t> link_bytes;
+  std::map<std::string, LinkBytes> link_bytes;
   for (const PoolStats& p : stats.pools) {
     KvmWorkerUse w;
     w.name = p.name;
@@ -82,17 +82,22 @@ KvmSnapshot Monitor::sample(double now_ms, const EngineStats& stats, const Monit
     s.pages_evicted += p.kv_pages_evicted;
     swaps += p.kv_swaps_out + p.kv_swaps_in;
     recalls += p.kv_recalls;
-    // link_use: the busiest worker's link, its bytes moved over its own measured bandwidth
-    // (each GPU has its own link; a sum over workers divided by one link's bandwidth read N
-    // workers' traffic as N times the load).
-    const int64_t moved = p.kv_swap_bytes + p.kv_shard_exchange_bytes;
+    // link_use: the busiest worker's host link, the bytes that crossed it over its own measured
+    // bandwidth (each GPU has its own link; a sum over workers divided by one link's bandwidth
+    // read N workers' traffic as N times the load). Swaps cross it; of the shard exchange only
+    // what was staged through host memory does: CPU shards, virtual shards on one GPU and GPU
+    // peers never touch it (until 2026-12-07 every exchanged byte was counted against it).
+    const LinkBytes moved{p.kv_swap_bytes + p.kv_shard_exchange_host_bytes,
+                          p.kv_shard_exchange_bytes - p.kv_shard_exchange_host_bytes};
     link_bytes[p.name] = moved;
     auto prev = prev_link_bytes_.find(p.name);
     const double bandwidth =
         p.kv_link_bytes_per_s > 0 ? p.kv_link_bytes_per_s : in.link_bytes_per_s;
     if (dt_s > 0 && prev != prev_link_bytes_.end()) {
-      s.link_use =
-          std::max(s.link_use, ratio(static_cast<double>(moved - prev->second) / dt_s, bandwidth));
+      s.link_use = std::max(
+          s.link_use, ratio(static_cast<double>(moved.host - prev->second.host) / dt_s, bandwidth));
+      s.peer_exchange_mb_s = std::max(
+          s.peer_exchange_mb_s, static_cast<double>(moved.peer - prev->second.peer) / dt_s / 1e6);
     }
     prefix_q += p.kv_prefix_queries;
     prefix_h += p.kv_prefix_hits;

@@ -51,7 +51,12 @@ class Monitor {
   bool have_prev_ = false;
   double prev_ms_ = 0;
   int64_t prev_swaps_ = 0, prev_recalls_ = 0;
-  std::map<std::string, int64_t> prev_link_bytes_;  // per worker (PoolStats::name)
+  // A worker's bytes since start: over its host link (swaps, host-staged shard exchange), and
+  // its shard exchange off it (KvmSnapshot::peer_exchange_mb_s).
+  struct LinkBytes {
+    int64_t host = 0, peer = 0;
+  };
+  std::map<std::string, LinkBytes> prev_link_bytes_;  // per worker (PoolStats::name)
 };
 
 }  // namespace kvsplit::kvm

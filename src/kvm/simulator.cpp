@@ -284,8 +284,9 @@ StatusOr<SimResult> simulate(const EngineConfig& config, const EngineProfile& pr
   StatusOr<SimResult> res = sim.run();
   if (!res.ok() || !config.kvm.enabled) return res;
   // The monitors the step model never sets (Sim::sample): a rule on one reads 0 all run long.
-  static constexpr std::string_view kUnmodelled[] = {
-      "disk_kv_use", "link_use", "storage_latency_ms", "prefix_hit_rate", "recall_rate"};
+  static constexpr std::string_view kUnmodelled[] = {"disk_kv_use",        "link_use",
+                                                     "peer_exchange_mb_s", "storage_latency_ms",
+                                                     "prefix_hit_rate",    "recall_rate"};
   for (const KvmRule& r : config.kvm.rules) {
     for (const KvmCondition* c : {&r.when, &r.exit}) {
       if (std::find(std::begin(kUnmodelled), std::end(kUnmodelled), c->metric) ==

@@ -48,7 +48,8 @@ struct SimResult {
   // as bench_serving_offline fits a trace.
   int64_t over_context = 0;
   // Rules whose `when` or `exit` reads a metric the model does not produce (disk_kv_use,
-  // link_use, storage_latency_ms, prefix_hit_rate, recall_rate): it reads 0 throughout, so such a
+  // link_use, peer_exchange_mb_s, storage_latency_ms, prefix_hit_rate, recall_rate): it reads 0
+  // throughout, so such a
   // rule fires (or never does) whatever the engine would see. One line per (rule, metric):
   // "rule 'cold-prefix' reads prefix_hit_rate, which the simulator does not model (it reads 0)".
   std::vector<std::string> unmodelled;

@@ -90,6 +90,7 @@ class ExchangeTally {
     const backend::ExchangeStats& now = comm_.stats();
     into_->transfers += now.transfers - before_.transfers;
     into_->bytes += now.bytes - before_.bytes;
+    into_->host_bytes += now.host_bytes - before_.host_bytes;
     into_->seconds += now.seconds - before_.seconds;
   }
   ExchangeTally(const ExchangeTally&) = delete;

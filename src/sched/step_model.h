@@ -25,6 +25,8 @@ class StepModel {
   virtual int kv_window() const { return 0; }
   // The spatial cut: bytes the model's shards exchanged since start (0 without shards).
   virtual int64_t shard_exchange_bytes() const { return 0; }
+  // Of those, the bytes staged through host memory (backend::ExchangeLink::kHost).
+  virtual int64_t shard_exchange_host_bytes() const { return 0; }
   // ... and the wall time of those exchanges (seconds).
   virtual double shard_exchange_seconds() const { return 0; }
 };
@@ -39,6 +41,9 @@ class LlamaStepModel final : public StepModel {
   int vocab_size() const override { return model_->config().vocab_size; }
   int kv_window() const override { return model_->config().kv_window(); }
   int64_t shard_exchange_bytes() const override { return model_->sharding_stats().exchange.bytes; }
+  int64_t shard_exchange_host_bytes() const override {
+    return model_->sharding_stats().exchange.host_bytes;
+  }
   double shard_exchange_seconds() const override {
     return model_->sharding_stats().exchange.seconds;
   }

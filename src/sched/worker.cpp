@@ -215,6 +215,7 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_shard_use = kv_stats_.kv_shard_use;
   s.pool.kv_link_bytes_per_s = kv_stats_.kv_link_bytes_per_s;
   s.pool.kv_shard_exchange_bytes = kv_stats_.kv_shard_exchange_bytes;
+  s.pool.kv_shard_exchange_host_bytes = kv_stats_.kv_shard_exchange_host_bytes;
   s.pool.kv_shard_exchange_seconds = kv_stats_.kv_shard_exchange_seconds;
   s.pool.kv_shard_communicator = kv_stats_.kv_shard_communicator;
   s.pool.kv_migrated_pages = kv_stats_.kv_migrated_pages;
@@ -325,6 +326,7 @@ void Worker::publish_stats() {
       }
     }
     k.kv_shard_exchange_bytes = model_->shard_exchange_bytes();
+    k.kv_shard_exchange_host_bytes = model_->shard_exchange_host_bytes();
     k.kv_shard_exchange_seconds = model_->shard_exchange_seconds();
     if (const backend::Communicator* c = pool_->communicator()) k.kv_shard_communicator = c->name();
   }

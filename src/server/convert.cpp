@@ -235,6 +235,7 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_kv_shards(p.kv_shards);
     o->set_kv_pages_remote(p.kv_pages_remote);
     o->set_kv_shard_exchange_bytes(p.kv_shard_exchange_bytes);
+    o->set_kv_shard_exchange_host_bytes(p.kv_shard_exchange_host_bytes);
     o->set_kv_shard_communicator(p.kv_shard_communicator);
     o->set_kv_shard_exchange_seconds(p.kv_shard_exchange_seconds);
     o->set_decode_rows_stalled(p.decode_rows_stalled);
@@ -311,6 +312,7 @@ void fill_kvm_stats(const EngineStats& stats, v1::GetServerStatsResponse* out) {
   o->set_host_kv_use(k.host_kv_use);
   o->set_disk_kv_use(k.disk_kv_use);
   o->set_link_use(k.link_use);
+  o->set_peer_exchange_mb_s(k.peer_exchange_mb_s);
   o->set_storage_latency_ms(k.storage_latency_ms);
   o->set_prefix_hit_rate(k.prefix_hit_rate);
   o->set_swap_rate(k.swap_rate);

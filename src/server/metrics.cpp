@@ -241,6 +241,11 @@ class EngineCollector : public pm::Collectable {
     auto& exchange = family("kvsplit:kv_shard_exchange_bytes_total",
                             "Bytes the shards exchanged (queries, new K/V rows, partial attention)",
                             pm::MetricType::Counter);
+    auto& exchange_host =
+        family("kvsplit:kv_shard_exchange_host_bytes_total",
+               "Of the bytes the shards exchanged, those staged through host memory (over the host "
+               "link, as swaps are; shards on GPUs without peer access)",
+               pm::MetricType::Counter);
     auto& migrated = family("kvsplit:kv_migrated_pages_total",
                             "KV pages moved between shards or from the host tier by migrations",
                             pm::MetricType::Counter);
@@ -257,6 +262,8 @@ class EngineCollector : public pm::Collectable {
       remote.metric.push_back(gauge(p.kv_pages_remote, {{"pool", p.name}}));
       exchange.metric.push_back(
           counter(static_cast<double>(p.kv_shard_exchange_bytes), {{"pool", p.name}}));
+      exchange_host.metric.push_back(
+          counter(static_cast<double>(p.kv_shard_exchange_host_bytes), {{"pool", p.name}}));
       migrated.metric.push_back(
           counter(static_cast<double>(p.kv_migrated_pages), {{"pool", p.name}}));
       exchange_seconds.metric.push_back(counter(p.kv_shard_exchange_seconds, {{"pool", p.name}}));
@@ -384,6 +391,7 @@ class EngineCollector : public pm::Collectable {
         {"host_kv_use", s.kvm.host_kv_use},
         {"disk_kv_use", s.kvm.disk_kv_use},
         {"link_use", s.kvm.link_use},
+        {"peer_exchange_mb_s", s.kvm.peer_exchange_mb_s},
         {"storage_latency_ms", s.kvm.storage_latency_ms},
         {"prefix_hit_rate", s.kvm.prefix_hit_rate},
         {"swap_rate", s.kvm.swap_rate},

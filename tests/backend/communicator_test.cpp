@@ -32,6 +32,55 @@ TEST(InProcessCommunicator, MovesAndCountsBytes) {
   EXPECT_EQ(comm->stats().transfers, 2);
 }
 
+// host_bytes counts the sends staged through host memory only: `b` refuses direct reads (the
+// route of GPUs without peer access), so what it receives is staged; what `a` receives from it is
+// a direct copy between CPU backends, in one memory.
+TEST(InProcessCommunicator, CountsOnlyHostStagedBytesAsHostBytes) {
+  auto a = backend::make_cpu_backend(1, -1, 0);
+  auto b = backend::make_cpu_backend(1, -1, 1, /*emulate_no_peer_access=*/true);
+  auto c = backend::make_cpu_backend(1, -1, 2);
+  auto comm = backend::make_in_process_communicator();
+  std::vector<float> src(8, 1.f), dst(8, 0.f);
+  ASSERT_TRUE(comm->send(*a, dst.data(), *c, src.data(), 16).ok());  // direct
+  EXPECT_EQ(comm->stats().host_bytes, 0);
+  ASSERT_TRUE(comm->send(*a, dst.data(), *b, src.data(), 8).ok());  // a reads b directly
+  EXPECT_EQ(comm->stats().host_bytes, 0);
+  ASSERT_TRUE(comm->send(*b, dst.data(), *a, src.data(), 12).ok());  // b does not: staged
+  EXPECT_EQ(comm->stats().host_bytes, 12);
+  EXPECT_EQ(comm->stats().bytes, 36);
+  backend::ExchangeStats sum;
+  sum.add(comm->stats());
+  sum.add(comm->stats());
+  EXPECT_EQ(sum.host_bytes, 24);
+}
+
+// ---- which link an exchange crosses (exchange_link), on every case ----
+
+TEST(ExchangeLinkRule, OnlyStagedSendsCrossTheHostLink) {
+  using backend::DeviceKind;
+  using backend::ExchangeLink;
+  struct Case {
+    backend::ShardDeviceInfo from, to;
+    bool direct;
+    ExchangeLink link;
+  };
+  const Case cases[] = {
+      {{DeviceKind::kCpu, 0}, {DeviceKind::kCpu, 1}, true, ExchangeLink::kLocal},  // CPU shards
+      {{DeviceKind::kCpu, 0}, {DeviceKind::kCpu, 0}, true, ExchangeLink::kLocal},
+      {{DeviceKind::kCuda, 0}, {DeviceKind::kCuda, 0}, true, ExchangeLink::kLocal},  // virtual
+      {{DeviceKind::kCuda, 0}, {DeviceKind::kCuda, 1}, true, ExchangeLink::kPeer},   // NVLink/P2P
+      {{DeviceKind::kCuda, 1}, {DeviceKind::kCuda, 0}, false, ExchangeLink::kHost},  // no P2P
+      {{DeviceKind::kCpu, 0}, {DeviceKind::kCpu, 1}, false, ExchangeLink::kHost},    // emulated
+      {{DeviceKind::kCpu, 0}, {DeviceKind::kCuda, 0}, false, ExchangeLink::kHost},
+  };
+  for (const Case& k : cases) {
+    EXPECT_EQ(backend::exchange_link(k.from, k.to, k.direct), k.link)
+        << backend::exchange_link_name(k.link) << " expected, devices " << k.from.device << " -> "
+        << k.to.device << ", direct " << k.direct;
+  }
+  EXPECT_STREQ(backend::exchange_link_name(ExchangeLink::kHost), "host");
+}
+
 TEST(NcclCommunicator, FactoryErrorsClearlyWithoutCudaBackends) {
   auto a = backend::make_cpu_backend(1, -1, 0);
   auto b = backend::make_cpu_backend(1, -1, 1);

@@ -15,6 +15,7 @@
 #include "backend/communicator.h"
 #include "engine/engine_impl.h"
 #include "engine_test_util.h"
+#include "kvm/monitor.h"
 #include "start_together.h"
 
 namespace kvsplit {
@@ -392,6 +393,34 @@ TEST(EngineSpatialCommunicator, AutoAndInProcessKeepTheGoldens) {
   auto plain = Engine::create(testing::stories_config(ServingMode::kColocated));
   ASSERT_TRUE(plain.ok()) << plain.status().to_string();
   for (const PoolStats& ps : (*plain)->stats().pools) EXPECT_EQ(ps.kv_shard_communicator, "");
+}
+
+// The KVM's link_use is the host link's: CPU shards exchange in host memory, through no link, so
+// a run whose shards exchanged bytes reads link_use 0 from its workers' stats (it read their
+// exchange over the host link's bandwidth).
+TEST(EngineSpatialCommunicator, CpuShardExchangeIsNoHostLinkUse) {
+  KVSPLIT_REQUIRE_MODELS();
+  EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
+  cfg.kv_blocks_per_worker = 2;
+  cfg.block_size = 16;
+  cfg.spatial.shards = 2;
+  cfg.spatial.spatial_chunk_size = 16;
+  auto engine = Engine::create(cfg);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  EXPECT_GT(testing::expect_greedy_goldens(**engine), 0);
+  const EngineStats after = (*engine)->stats();
+  EngineStats before = after;  // the same workers with nothing moved yet
+  int64_t exchanged = 0;
+  for (PoolStats& ps : before.pools) {
+    exchanged += ps.kv_shard_exchange_bytes;
+    ps.kv_swap_bytes = 0;
+    ps.kv_shard_exchange_bytes = 0;
+  }
+  ASSERT_GT(exchanged, 0);
+  kvm::Monitor mon(1000);
+  const kvm::MonitorInputs link{.link_bytes_per_s = 1e6};  // a slow link: any byte would show
+  mon.sample(1000, before, link);
+  EXPECT_DOUBLE_EQ(mon.sample(2000, after, link).link_use, 0);
 }
 
 // ---- the semantic cut on sharded sequences ----

@@ -608,6 +608,18 @@ TEST(Monitor, LinkUseIsTheBusiestWorkersOwnLink) {
   EXPECT_NEAR(mon.sample(2000, s, {.link_bytes_per_s = 1e9}).link_use, 0.5, 1e-9);
 }
 
+// Shards exchanging in one memory (CPU shards, virtual shards on one GPU) or GPU to GPU never
+// use the host link: however much they exchange, link_use stays 0 (it read 1.0 here, every
+// exchanged byte divided by the host link's bandwidth).
+TEST(Monitor, ShardExchangeOffTheHostLinkIsNoLinkUse) {
+  Monitor mon(1000);
+  EngineStats s = stats_at(30);
+  s.pools[0].kv_link_bytes_per_s = 4000;
+  mon.sample(1000, s, {});
+  s.pools[0].kv_shard_exchange_bytes = 4000;  // 4000 B/s, none of it staged through the host
+  EXPECT_DOUBLE_EQ(mon.sample(2000, s, {}).link_use, 0);
+}
+
 // A one-token request has no ITL: it is no sample of the ITL percentiles (it read as 0).
 TEST(Monitor, ANaNLatencyIsNoSample) {
   Monitor mon(1000);

@@ -66,8 +66,11 @@ class DeviceGuard {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(std::vector<cuda::CudaBackend*> ranks, std::vector<ncclComm_t> comms,
-                   const NcclCommunicatorOptions& options)
-      : ranks_(std::move(ranks)), comms_(std::move(comms)), options_(options) {}
+                   std::vector<ExchangeLink> links, const NcclCommunicatorOptions& options)
+      : ranks_(std::move(ranks)),
+        comms_(std::move(comms)),
+        links_(std::move(links)),
+        options_(options) {}
 
   ~NcclCommunicator() override {
     std::lock_guard<std::mutex> lock(nccl_mutex());
@@ -122,6 +125,8 @@ class NcclCommunicator final : public Communicator {
     }
     ++stats_.transfers;
     stats_.bytes += static_cast<int64_t>(bytes);
+    if (links_[static_cast<size_t>(rank_from) * ranks_.size() + rank_to] == ExchangeLink::kHost)
+      stats_.host_bytes += static_cast<int64_t>(bytes);
     stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return ok_status();
   }
@@ -137,6 +142,9 @@ class NcclCommunicator final : public Communicator {
 
   std::vector<cuda::CudaBackend*> ranks_;  // rank r drives ranks_[r]; not owned
   std::vector<ncclComm_t> comms_;          // [num_ranks], owned
+  // [from rank * num_ranks + to rank]: the link a send crosses. Without CUDA peer access between
+  // the two devices NCCL moves the data through host memory (its shared-memory transport).
+  std::vector<ExchangeLink> links_;
   NcclCommunicatorOptions options_;
 };
 
@@ -165,6 +173,20 @@ StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator(
     ranks.push_back(b);
     device_ids.push_back(b->device());
   }
+  const size_t n = ranks.size();
+  std::vector<ExchangeLink> links(n * n, ExchangeLink::kLocal);
+  for (size_t from = 0; from < n; ++from) {
+    for (size_t to = 0; to < n; ++to) {
+      if (from == to) continue;
+      int peer = 0;  // a failed query reads as no peer access: staged through the host
+      if (cudaDeviceCanAccessPeer(&peer, device_ids[to], device_ids[from]) != cudaSuccess) {
+        (void)cudaGetLastError();
+        peer = 0;
+      }
+      links[from * n + to] = exchange_link({DeviceKind::kCuda, device_ids[from]},
+                                           {DeviceKind::kCuda, device_ids[to]}, peer != 0);
+    }
+  }
   std::vector<ncclComm_t> comms(ranks.size(), nullptr);
   {
     std::lock_guard<std::mutex> lock(nccl_mutex());
@@ -173,8 +195,8 @@ StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator(
         ncclCommInitAll(comms.data(), static_cast<int>(comms.size()), device_ids.data()),
         "ncclCommInitAll"));
   }
-  return std::unique_ptr<Communicator>(
-      std::make_unique<NcclCommunicator>(std::move(ranks), std::move(comms), options));
+  return std::unique_ptr<Communicator>(std::make_unique<NcclCommunicator>(
+      std::move(ranks), std::move(comms), std::move(links), options));
 }
 
 }  // namespace kvsplit::backend
