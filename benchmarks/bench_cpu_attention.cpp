@@ -10,7 +10,7 @@
 //   bench_cpu_attention [--threads N] [--heads 32] [--kv-heads 8] [--head-dim 128]
 //                       [--block-size 16] [--seconds S] [--quant-only] [--repeats N]
 //                       [--cpu-time | --best-call] [--cold] [--warm] [--cold-mb M]
-//                       [--variant full|mixfl|int8|int4 --kv-len L --calls N]
+//                       [--variant full|mixfl|int8|int4 --kv-len L --calls N] [--evicted]
 //
 // The quantized cases are timed cold by default: a buffer of --cold-mb MiB (default 4x the L3
 // cache) is read on every thread before each timed call, untimed, so that the call reads its KV
@@ -24,11 +24,14 @@
 // are warm by default.
 // --variant runs only that quantized-decode variant on one sequence of --kv-len keys, --calls
 // times, without probes or timing: for instruction counts (valgrind --tool=callgrind).
+// --evicted runs only the decode over mostly evicted pages (the semantic cut's tables), split by
+// the planner on kv_len and on the attended pages (run_evicted).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -268,6 +271,78 @@ int run_variant(const std::string& variant, int kv_len, int calls, int threads, 
   return 0;
 }
 
+// --evicted: decode over tables most of whose pages are evicted (the semantic cut's), planned by
+// the split-K planner on kv_len (plan_decode_splits without the page precisions: the planner
+// before 2026-12-07) and on the attended pages (with them), same data, interleaved rounds, best of
+// each. Kept pages: the first and the most recent ones ("recent"), or the first, the last and a
+// random draw ("scattered"). Both plans' outputs must agree (1e-4); else WRONG and exit 1.
+int run_evicted(ThreadPool& pool, int threads, int heads, int kv_heads, int head_dim, int bs,
+                double seconds) {
+  struct Case {
+    const char* name;
+    int seqs, kv_len;
+    double keep;  // fraction of the pages kept
+    bool scattered;
+  };
+  const Case cases[] = {{"recent", 1, 16384, 0.10, false},
+                        {"scattered", 1, 16384, 0.10, true},
+                        {"recent", 1, 16384, 0.03, false},
+                        {"recent", 1, 4096, 0.10, false},
+                        {"recent", 2, 8192, 0.10, false}};
+  std::printf("evicted %-9s %4s %6s %5s | %9s %9s | %10s %10s %8s\n", "kept", "seqs", "kv_len",
+              "kept", "splits/kv", "splits/at", "us by kv", "us by att", "kv/att");
+  constexpr auto kEvicted = static_cast<uint8_t>(kvsplit::kernels::KvPrecision::kEvicted);
+  for (const Case& c : cases) {
+    Batch b(c.seqs, c.kv_len, 1, heads, kv_heads, head_dim, bs);
+    const int per_seq = b.args.max_blocks_per_seq;
+    std::vector<uint8_t> prec(b.tables.size(), kEvicted);
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<double> u(0, 1);
+    const int recent = std::max(1, static_cast<int>(c.keep * per_seq) - 1);
+    for (int s = 0; s < c.seqs; ++s) {
+      for (int p = 0; p < per_seq; ++p) {
+        const bool keep =
+            p == 0 || p == per_seq - 1 || (c.scattered ? u(rng) < c.keep : p >= per_seq - recent);
+        if (keep) prec[static_cast<size_t>(s) * per_seq + p] = 0;  // kFull
+      }
+    }
+    int kept = 0;
+    for (uint8_t p : prec) kept += p != kEvicted;
+    AttentionArgs a = b.args;
+    a.page_precision = prec.data();
+    const auto by_kv =
+        kvsplit::backend::plan_decode_splits(b.kv_lens.data(), c.seqs, kv_heads, bs, threads);
+    const auto by_att = kvsplit::backend::plan_decode_splits(
+        b.kv_lens.data(), c.seqs, kv_heads, bs, threads, {}, 0, {prec.data(), per_seq});
+    kvsplit::Status st = cpu_attention_decode(a, by_kv, pool);
+    const std::vector<float> out_kv = b.out;
+    if (st.ok()) st = cpu_attention_decode(a, by_att, pool);
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s\n", st.to_string().c_str());
+      return 1;
+    }
+    float diff = 0;
+    for (size_t i = 0; i < out_kv.size(); ++i)
+      diff = std::max(diff, std::fabs(out_kv[i] - b.out[i]));
+    constexpr int kRounds = 5;
+    double t_kv = 1e30, t_att = 1e30;
+    for (int round = 0; round < kRounds; ++round) {
+      t_kv = std::min(
+          t_kv, time_call(seconds / kRounds, [&] { st = cpu_attention_decode(a, by_kv, pool); }));
+      t_att = std::min(
+          t_att, time_call(seconds / kRounds, [&] { st = cpu_attention_decode(a, by_att, pool); }));
+    }
+    std::printf("evicted %-9s %4d %6d %4.0f%% | %9d %9d | %10.1f %10.1f %7.2fx%s\n", c.name, c.seqs,
+                c.kv_len, 100.0 * kept / prec.size(), by_kv.total_splits, by_att.total_splits,
+                t_kv * 1e6, t_att * 1e6, t_kv / t_att, diff > 1e-4f ? " WRONG" : "");
+    if (diff > 1e-4f) {
+      std::fprintf(stderr, "evicted %s: the two plans' outputs differ by %g\n", c.name, diff);
+      return 1;
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -304,6 +379,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"full", "mixfl", "int8", "int4"}));
   app.add_option("--kv-len", kv_len_only, "kv_len of --variant")->check(kvsplit::kPositive);
   app.add_option("--calls", calls, "decode calls of --variant")->check(kvsplit::kPositive);
+  bool evicted = false;
+  app.add_flag("--evicted", evicted,
+               "run only the decode over mostly evicted pages, planned on kv_len and on the "
+               "attended pages");
   kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
   CLI11_PARSE(app, argc, argv);
   if (!variant.empty()) {
@@ -311,6 +390,11 @@ int main(int argc, char** argv) {
   }
 
   ThreadPool pool(threads);
+  if (evicted) {
+    std::printf("threads %d, heads %d/%d, head_dim %d, block_size %d\n", threads, heads, kv_heads,
+                head_dim, block_size);
+    return run_evicted(pool, threads, heads, kv_heads, head_dim, block_size, seconds);
+  }
   const double bw = kvsplit::backend::cpu::measure_read_bandwidth_gbs(pool);
   const double peak = kvsplit::backend::cpu::measure_fma_peak_gflops(pool);
   std::printf("threads %d, heads %d/%d, head_dim %d, block_size %d\n", threads, heads, kv_heads,

@@ -174,9 +174,10 @@ struct PvAccum {
 
 // Keys [key_begin, key_end) and partial slot (-1: the sequence is not split) of split bx of
 // decode sequence s; false when bx is past the sequence's splits. With a sliding window the splits
-// start at the page of the first key the query attends. A plan that leaves keys out (made for
-// other kv_lens, or with more splits than the grid runs) is flagged, as the host checks a plan
-// against host kv_lens: those keys would be skipped silently. Bounds are taken in 64 bits.
+// start at the page of the first key the query attends; with split_begin, at the plan's bounds. A
+// plan that leaves keys out (made for other kv_lens, or with more splits than the grid runs) is
+// flagged, as the host checks a plan against host kv_lens: those keys would be skipped silently.
+// Bounds are taken in 64 bits.
 __device__ __forceinline__ bool decode_split_keys(const PagedAttentionParams& p, int s, int bx,
                                                   int kv_len, int* key_begin, int* key_end,
                                                   int* split_slot) {
@@ -187,8 +188,11 @@ __device__ __forceinline__ bool decode_split_keys(const PagedAttentionParams& p,
   *key_end = kv_len;
   *split_slot = -1;
   if (n_split > 1) {
-    const int64_t begin = base + static_cast<int64_t>(bx) * p.chunk_tokens;
-    const int64_t end = begin + p.chunk_tokens;
+    // Uniform chunks from the base, or the plan's bounds (splits over the attended pages).
+    const int32_t* bounds = p.split_begin ? p.split_begin + p.split_offset[s] : nullptr;
+    const int64_t begin = bounds ? bounds[bx] : base + static_cast<int64_t>(bx) * p.chunk_tokens;
+    const int64_t end =
+        bounds ? (bx + 1 < n_split ? bounds[bx + 1] : kv_len) : begin + p.chunk_tokens;
     const int last = n_split < static_cast<int>(gridDim.x) ? n_split : gridDim.x;
     if (bx == last - 1 && (end < kv_len || last < n_split) && p.error_flag)
       atomicMax(p.error_flag, 1);

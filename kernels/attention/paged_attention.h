@@ -56,11 +56,13 @@ struct PagedAttentionParams {
 
   // ---- split-K decode (FlashDecoding); used by launch_paged_decode only ----
   // Split j of sequence s covers keys window_decode_base(kv_len, window, block_size) +
-  // [j * chunk_tokens, (j + 1) * chunk_tokens) (backend::SplitPlan).
+  // [j * chunk_tokens, (j + 1) * chunk_tokens) (backend::SplitPlan), or, with split_begin,
+  // [split_begin[split_offset[s] + j], the next split's begin, or kv_len for the last).
   int chunk_tokens = 0;                   // keys per split, multiple of block_size
   int max_splits = 1;                     // grid extent; max over num_splits
   const int32_t* num_splits = nullptr;    // [num_seqs] (backend::SplitPlan::num_splits)
   const int32_t* split_offset = nullptr;  // [num_seqs] (backend::SplitPlan::split_offset)
+  const int32_t* split_begin = nullptr;  // [total_splits] or null (backend::SplitPlan::split_begin)
   float* part_o = nullptr;  // [total_splits, num_heads, head_dim] unnormalized partial outputs
   float* part_m = nullptr;  // [total_splits, num_heads] partial max score
   float* part_l = nullptr;  // [total_splits, num_heads] partial sum of exp(score - m)

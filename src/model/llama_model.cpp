@@ -450,6 +450,7 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   const size_t o_rel = scoring ? take(nd * mb * block_size * sizeof(float)) : 0;
   const size_t o_bound = scoring ? take(nd * mb * sizeof(float)) : 0;
   std::byte* dpages = nullptr;
+  std::vector<uint8_t> dec_precision;  // [num_decode, max_blocks] when dec_mixed: for the planner
   if (pages_size > 0) {
     std::vector<std::byte> host(pages_size, std::byte{0});
     for (int k = 0; k < num_local; ++k) {
@@ -469,6 +470,10 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
         for (size_t b = 0; b < mb; ++b)
           slots[b] = b < nb && !s.table->pages.empty() ? s.table->pages[b].summary : -1;
       }
+    }
+    if (dec_mixed) {
+      const auto* prec = reinterpret_cast<const uint8_t*>(host.data() + o_dec_prec);
+      dec_precision.assign(prec, prec + nd * mb);
     }
     if (pages_size > im.pages_bytes) {
       im.pages.reset();
@@ -521,6 +526,9 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
   std::vector<backend::SplitPlan> plans;  // plans[i].window is its window
   if (num_decode > 0) {
     const int32_t* kvl = &meta.ints[meta.dec_kvlens];
+    // Sized on the attended pages where evicted ones cost nothing (SplitPlanConfig::attended).
+    const bool attended = dec_mixed && backend::plan_on_attended(
+                                           options.split, be.kind() == backend::DeviceKind::kCpu);
     for (int l = 0; l < c.num_layers; ++l) {
       const int w = c.window_of(l);
       if (std::ranges::any_of(plans, [&](const backend::SplitPlan& p) { return p.window == w; }))
@@ -528,8 +536,9 @@ Status LlamaModel::forward(std::span<const SeqStep> seqs, kv::KvPool& pool,
       plans.push_back(
           options.force_chunk_tokens >= 0
               ? backend::make_split_plan(kvl, num_decode, block_size, options.force_chunk_tokens, w)
-              : backend::plan_decode_splits(kvl, num_decode, c.num_kv_heads, block_size,
-                                            be.parallelism(), options.split, w));
+              : backend::plan_decode_splits(
+                    kvl, num_decode, c.num_kv_heads, block_size, be.parallelism(), options.split, w,
+                    {attended ? dec_precision.data() : nullptr, max_blocks}));
     }
   }
   auto plan_of = [&](int layer) -> const backend::SplitPlan& {

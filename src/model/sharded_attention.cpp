@@ -245,10 +245,16 @@ Status ShardedAttention::prepare(std::span<const ShardedSeq> seqs, kv::KvPool& p
       for (int i = 0; i <= n; ++i) ints.push_back(i);
       ints.insert(ints.end(), lens.begin(), lens.end());
       ints.insert(ints.end(), tables.begin(), tables.end());
-      run.plan =
-          force_chunk_tokens >= 0
-              ? backend::make_split_plan(lens.data(), n, bs, force_chunk_tokens)
-              : backend::plan_decode_splits(lens.data(), n, Hkv, bs, z.be->parallelism(), split);
+      // Sized on the pages attended (SplitPlanConfig::attended): the compact table lists evicted
+      // pages that have a summary here (for their bounds), which attention skips.
+      const bool on_attended =
+          backend::plan_on_attended(split, z.be->kind() == backend::DeviceKind::kCpu);
+      const backend::PlanPages attended{
+          on_attended ? dec_prec.data() + size_t(first) * mb : nullptr, max_blocks};
+      run.plan = force_chunk_tokens >= 0
+                     ? backend::make_split_plan(lens.data(), n, bs, force_chunk_tokens)
+                     : backend::plan_decode_splits(lens.data(), n, Hkv, bs, z.be->parallelism(),
+                                                   split, 0, attended);
       run.pages = std::move(pages);
       z.runs.push_back(std::move(run));
     }

@@ -92,7 +92,7 @@ TEST(CpuMixedAttention, DecodeMatchesTheMixedOracleWithAndWithoutSplits) {
         std::to_string(spec.num_kv_heads) + " hd " + std::to_string(spec.head_dim) + " bs " +
         std::to_string(spec.block_size) + " window " + std::to_string(spec.window) +
         " summary parts " + std::to_string(parts);
-    for (const SplitPlan& plan : plans_for(c, rng)) {
+    for (const SplitPlan& plan : plans_for(c, rng, m.precision)) {
       const std::string w = what + " chunk " + std::to_string(plan.chunk_tokens);
       std::fill(c.out.begin(), c.out.end(), std::numeric_limits<float>::quiet_NaN());
       sc.reset();
@@ -131,7 +131,7 @@ TEST(CpuMixedAttention, PagesOfOneTokenAndPagesLargerThanATile) {
       m.apply(a);
       sc.apply(a);
       const MixedResult want = oracle::mixed_attention(a);
-      for (const SplitPlan& plan : plans_for(c, rng)) {
+      for (const SplitPlan& plan : plans_for(c, rng, m.precision)) {
         const std::string w = "block " + std::to_string(block_size) + " iter " +
                               std::to_string(iter) + " chunk " + std::to_string(plan.chunk_tokens);
         std::fill(c.out.begin(), c.out.end(), std::numeric_limits<float>::quiet_NaN());
@@ -264,7 +264,7 @@ TEST(CpuMixedAttention, MhaInt4PagesAtEveryHeadDimMatchTheOracle) {
       AttentionArgs a = c.args();
       m.apply(a);
       const MixedResult want = oracle::mixed_attention(a);
-      for (const SplitPlan& plan : plans_for(c, rng)) {
+      for (const SplitPlan& plan : plans_for(c, rng, m.precision)) {
         std::fill(c.out.begin(), c.out.end(), std::numeric_limits<float>::quiet_NaN());
         ASSERT_TRUE(cpu_attention_decode(a, plan, pool).ok());
         const oracle::Comparison cmp =
@@ -302,7 +302,7 @@ TEST(CpuMixedAttention, EvictedRunsAndNothingResident) {
   m.apply(a);
   sc.apply(a);
   const MixedResult want = oracle::mixed_attention(a);
-  for (const SplitPlan& plan : plans_for(c, rng)) {
+  for (const SplitPlan& plan : plans_for(c, rng, m.precision)) {
     std::fill(c.out.begin(), c.out.end(), std::numeric_limits<float>::quiet_NaN());
     sc.reset();
     ASSERT_TRUE(cpu_attention_decode(a, plan, pool).ok());

@@ -162,6 +162,7 @@ class EmulatedKernelBackend final : public backend::Backend {
       p.chunk_tokens = plan.chunk_tokens;
       p.num_splits = plan.num_splits.data();
       p.split_offset = plan.split_offset.data();
+      if (!plan.split_begin.empty()) p.split_begin = plan.split_begin.data();
       p.part_o = partials_.data();
       p.part_m = p.part_o + heads * a.head_dim;
       p.part_l = p.part_m + heads;

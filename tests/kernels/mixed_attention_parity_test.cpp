@@ -44,7 +44,7 @@ struct DeviceMixed {
   DevArray<kernels::KvSummaryElem> summaries;
   DevArray<unsigned char> pages;
   DevArray<uint8_t> precision, int8_pages, int4_pages, score_seqs;
-  DevArray<int32_t> query_start, kv_lens, tables, num_splits, split_offset, slots;
+  DevArray<int32_t> query_start, kv_lens, tables, num_splits, split_offset, split_begin, slots;
   DevArray<int> error_flag;
   kernels::MixedAttentionParams mp;
 };
@@ -98,6 +98,10 @@ std::unique_ptr<DeviceMixed> upload(const backend::AttentionArgs& a,
       p.chunk_tokens = plan->chunk_tokens;
       p.num_splits = d->num_splits.get();
       p.split_offset = d->split_offset.get();
+      if (!plan->split_begin.empty()) {
+        d->split_begin = DevArray<int32_t>(plan->split_begin);
+        p.split_begin = d->split_begin.get();
+      }
       p.part_o = d->part_o.get();
       p.part_m = d->part_m.get();
       p.part_l = d->part_l.get();
@@ -206,7 +210,7 @@ TEST(MixedAttentionParity, DecodeMatchesTheMixedOracleWithAndWithoutSplits) {
         "iter " + std::to_string(iter) + " " + kernels::elem_name(dtype) + " heads " +
         std::to_string(spec.num_heads) + "/" + std::to_string(spec.num_kv_heads) + " hd " +
         std::to_string(spec.head_dim) + " summary parts " + std::to_string(parts);
-    for (const backend::SplitPlan& plan : oracle::plans_for(c, rng)) {
+    for (const backend::SplitPlan& plan : oracle::plans_for(c, rng, m.precision)) {
       const std::string w = what + " chunk " + std::to_string(plan.chunk_tokens);
       auto d = upload(a, c.pages, dtype, &m, &sc, &plan);
       const Status st = kernels::launch_mixed_decode(d->mp, nullptr);
@@ -234,7 +238,7 @@ TEST(MixedAttentionParity, DecodeMatchesTheMixedOracleWithAndWithoutSplits) {
       if (HasFailure()) FAIL() << w;
     }
   }
-  EXPECT_EQ(runs, 3 * iters);
+  EXPECT_EQ(runs, 5 * iters);  // oracle::plans_for: 3 fixed plans, 2 by the planner
   EXPECT_GT(quantized_pages, iters * 2);
   EXPECT_GT(evicted_pages, iters / 2);
 }
@@ -359,7 +363,7 @@ TEST(MixedAttentionParity, EvictedRunsAndNothingResident) {
   m.apply(a);
   sc.apply(a);
   const MixedResult want = oracle::mixed_attention(a);
-  for (const backend::SplitPlan& plan : oracle::plans_for(c, rng)) {
+  for (const backend::SplitPlan& plan : oracle::plans_for(c, rng, m.precision)) {
     const std::string w = "chunk " + std::to_string(plan.chunk_tokens);
     auto d = upload(a, c.pages, ElemType::kF32, &m, &sc, &plan);
     ASSERT_TRUE(kernels::launch_mixed_decode(d->mp, nullptr).ok());
@@ -467,7 +471,7 @@ TEST(MixedAttentionPipeline, OneAndTwoStagesUnderBothCopyTimings) {
       m.apply(a);
       sc.apply(a);
       const MixedResult want = oracle::mixed_attention(a);
-      for (const backend::SplitPlan& plan : oracle::plans_for(c, rng)) {
+      for (const backend::SplitPlan& plan : oracle::plans_for(c, rng, m.precision)) {
         std::vector<float> first_out, first_rel, first_bound;
         for (const int stages : {1, 2}) {
           for (const auto mode : {emu::AsyncCopyMode::kDeferred, emu::AsyncCopyMode::kEager}) {
@@ -530,7 +534,7 @@ TEST(MixedAttentionPipeline, OneAndTwoStagesUnderBothCopyTimings) {
       }
     }
   }
-  EXPECT_EQ(runs, 3 * (3 * 4 + 4));
+  EXPECT_EQ(runs, 3 * (5 * 4 + 4));  // 5 plans (oracle::plans_for) x 4 pipelines, 4 prefills
   // Two stages forced where only one fits: kUnimplemented with the sizes; one stage runs.
   emu::set_async_copy_mode(emu::AsyncCopyMode::kDeferred);
   CaseSpec spec;

@@ -159,4 +159,21 @@ inline std::vector<backend::SplitPlan> plans_for(const AttentionCase& c, Rng& rn
   return plans;
 }
 
+// ... and, given the pages' precisions (MixedCase::precision), the planner's plans sized on the
+// attended pages (bounds where some are evicted) with one and three pages per split at the least,
+// on a device wide enough that it splits.
+inline std::vector<backend::SplitPlan> plans_for(const AttentionCase& c, Rng& rng,
+                                                 const std::vector<uint8_t>& precision) {
+  std::vector<backend::SplitPlan> plans = plans_for(c, rng);
+  const int bs = c.spec.block_size;
+  for (const int pages : {1, 3}) {
+    backend::SplitPlanConfig cfg;
+    cfg.min_chunk_tokens = pages * bs;
+    plans.push_back(backend::plan_decode_splits(c.kv_lens.data(), c.num_seqs, c.spec.num_kv_heads,
+                                                bs, /*parallelism=*/1024, cfg, c.spec.window,
+                                                {precision.data(), c.max_blocks_per_seq}));
+  }
+  return plans;
+}
+
 }  // namespace kvsplit::oracle

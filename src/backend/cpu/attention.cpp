@@ -222,9 +222,16 @@ Status cpu_attention_decode(const AttentionArgs& a, const backend::SplitPlan& pl
     const int kvh = static_cast<int>(item % nkv);
     const auto [s, sp] = ws.items[item / nkv];
     const int kv_len = a.kv_lens[s];
-    const int key_begin =
-        kernels::window_decode_base(kv_len, a.window, a.kv.block_size) + sp * plan.chunk_tokens;
-    const int key_end = std::min(kv_len, key_begin + plan.chunk_tokens);
+    // Uniform chunks from the window base, or the plan's bounds (splits over attended pages).
+    const int32_t* bounds =
+        plan.split_begin.empty() ? nullptr : &plan.split_begin[plan.split_offset[s]];
+    const int key_begin = bounds != nullptr
+                              ? bounds[sp]
+                              : kernels::window_decode_base(kv_len, a.window, a.kv.block_size) +
+                                    sp * plan.chunk_tokens;
+    const int key_end = bounds == nullptr ? std::min(kv_len, key_begin + plan.chunk_tokens)
+                        : sp + 1 < plan.num_splits[s] ? bounds[sp + 1]
+                                                      : kv_len;
     const int first = kernels::window_first_key(kv_len - 1, a.window);
     const int32_t* table = a.block_tables + static_cast<int64_t>(s) * a.max_blocks_per_seq;
     const int64_t head0 = static_cast<int64_t>(a.query_start[s]) * a.num_heads + kvh * group;

@@ -31,8 +31,9 @@ namespace kvsplit::backend {
 Status cpu_attention_prefill(const backend::AttentionArgs& args, ThreadPool& pool);
 
 // One query per sequence (query_start[s+1] - query_start[s] == 1, kv_lens[s] >= 1). Sequence s is
-// cut into plan.num_splits[s] chunks of plan.chunk_tokens keys; plan must come from
-// backend::make_split_plan / backend::plan_decode_splits over the same kv_lens and block_size.
+// cut into plan.num_splits[s] chunks of plan.chunk_tokens keys, or at plan.split_begin when the
+// plan has bounds; plan must come from backend::make_split_plan / backend::plan_decode_splits
+// over the same kv_lens, block_size and (for bounds) page precisions.
 Status cpu_attention_decode(const backend::AttentionArgs& args, const backend::SplitPlan& plan,
                             ThreadPool& pool);
 

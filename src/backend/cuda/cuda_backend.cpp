@@ -674,23 +674,20 @@ Status CudaBackend::attention_decode(const AttentionArgs& args, const backend::S
   p.max_splits = std::max(plan.max_splits, 1);
   if (plan.has_splits()) {
     const size_t n = static_cast<size_t>(args.num_seqs);
-    const bool uploaded =
-        plan_uploaded_.size() == 2 * n &&
-        std::equal(plan.num_splits.begin(), plan.num_splits.end(), plan_uploaded_.begin()) &&
-        std::equal(plan.split_offset.begin(), plan.split_offset.end(), plan_uploaded_.begin() + n);
-    if (!uploaded) {
+    // num_splits, split_offset, then the bounds of a plan over attended pages (split_begin).
+    std::vector<int32_t> image(plan.num_splits.begin(), plan.num_splits.end());
+    image.insert(image.end(), plan.split_offset.begin(), plan.split_offset.end());
+    image.insert(image.end(), plan.split_begin.begin(), plan.split_begin.end());
+    if (image != plan_uploaded_) {
       plan_uploaded_.clear();
-      KVSPLIT_ASSIGN_OR_RETURN(void* stage, staging(2 * n * sizeof(int32_t)));
-      std::memcpy(stage, plan.num_splits.data(), n * sizeof(int32_t));
-      std::memcpy(static_cast<int32_t*>(stage) + n, plan.split_offset.data(), n * sizeof(int32_t));
-      KVSPLIT_RETURN_IF_ERROR(reserve(&plan_dev_, &plan_cap_, 2 * n * sizeof(int32_t)));
-      KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(plan_dev_, stage, 2 * n * sizeof(int32_t),
-                                          cudaMemcpyHostToDevice, stream_),
+      const size_t bytes = image.size() * sizeof(int32_t);
+      KVSPLIT_ASSIGN_OR_RETURN(void* stage, staging(bytes));
+      std::memcpy(stage, image.data(), bytes);
+      KVSPLIT_RETURN_IF_ERROR(reserve(&plan_dev_, &plan_cap_, bytes));
+      KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(plan_dev_, stage, bytes, cudaMemcpyHostToDevice, stream_),
                           "split plan upload");
       KVSPLIT_CUDA_RETURN(cudaEventRecord(staging_done_, stream_), "cudaEventRecord");
-      plan_uploaded_.assign(plan.num_splits.begin(), plan.num_splits.end());
-      plan_uploaded_.insert(plan_uploaded_.end(), plan.split_offset.begin(),
-                            plan.split_offset.end());
+      plan_uploaded_ = std::move(image);
     }
     const size_t heads = static_cast<size_t>(plan.total_splits) * args.num_heads;
     KVSPLIT_RETURN_IF_ERROR(
@@ -698,6 +695,7 @@ Status CudaBackend::attention_decode(const AttentionArgs& args, const backend::S
     p.chunk_tokens = plan.chunk_tokens;
     p.num_splits = static_cast<const int32_t*>(plan_dev_);
     p.split_offset = static_cast<const int32_t*>(plan_dev_) + n;
+    if (!plan.split_begin.empty()) p.split_begin = static_cast<const int32_t*>(plan_dev_) + 2 * n;
     p.part_o = static_cast<float*>(partials_);
     p.part_m = p.part_o + heads * args.head_dim;
     p.part_l = p.part_m + heads;

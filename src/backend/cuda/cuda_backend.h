@@ -145,10 +145,11 @@ class CudaBackend final : public Backend {
   const char* last_flag_op_ = "";  // op family most recently launched with the flag
   void* act16_ = nullptr;          // bf16/f16 copy of GEMM activations
   size_t act16_cap_ = 0;
-  void* plan_dev_ = nullptr;  // split plan arrays [2, num_seqs] int32
+  void* plan_dev_ = nullptr;  // split plan arrays [2, num_seqs] (+ [total_splits] bounds) int32
   size_t plan_cap_ = 0;
-  // What plan_dev_ holds (num_splits then split_offset): every layer of a step decodes with the
-  // same plan, and uploading it again would make the host wait for the last upload's staging.
+  // What plan_dev_ holds (num_splits, split_offset, split_begin): every layer of a step decodes
+  // with the same plan, and uploading it again would make the host wait for the last upload's
+  // staging.
   std::vector<int32_t> plan_uploaded_;
   void* partials_ = nullptr;  // split-K partial (o, m, l)
   size_t partials_cap_ = 0;
