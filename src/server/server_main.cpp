@@ -204,9 +204,10 @@ void warn_about_exposure(const config::ServerConfig& c, int grpc_port, int metri
 
 // During the drain and the flush (the streams' last messages, kFlush): a second SIGTERM/SIGINT
 // ends the drain at once (Engine::end_drain cancels the requests still in flight, whose clients
-// get UNAVAILABLE "engine shut down"), and kFlushAfterSignal later cancels every gRPC call still
-// open (server::cancel_all_calls: a client that does not read its stream would otherwise hold the
-// exit for the rest of kFlush), so that the normal teardown runs at once. If the process is still
+// get UNAVAILABLE "engine shut down"), and kFlushAfterSignal after both the signal and the start of
+// gRPC's shutdown (flushing()) it cancels every gRPC call still open (server::cancel_all_calls: a
+// client that does not read its stream would otherwise hold the exit for the rest of kFlush), so
+// that the normal teardown runs at once. If the process is still
 // not done kForceGrace later, or a third signal comes, it exits without further cleanup. The exit
 // code is 128 + the signal when the second signal found Generate calls still open, 0 when the
 // drain had nothing left. SIGHUP is ignored during the drain.
@@ -226,6 +227,13 @@ class ForceExitWatch {
       : thread_([this, engine, service, grpc_server] { run(engine, service, grpc_server); }) {}
   ~ForceExitWatch() { finish(); }
 
+  // Called just before gRPC's Shutdown (the flush starts). grpc_server_cancel_all_calls is only
+  // usable after shutdown has started, and before it the engine may still be joining its workers
+  // (a long step): the calls are cancelled kFlushAfterSignal after both the signal and this.
+  void flushing() {
+    flush_start_ns_.store(std::chrono::steady_clock::now().time_since_epoch().count());
+  }
+
   // Stops watching (within 20 ms); the number of a second signal that cut the drain short, or 0.
   int finish() {
     stop_.store(true);
@@ -241,13 +249,18 @@ class ForceExitWatch {
     sigemptyset(&set);
     for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
     Clock::time_point cut = Clock::time_point::max();
-    Clock::time_point cancel_calls = Clock::time_point::max();
+    Clock::time_point signalled = Clock::time_point::max();  // the second signal
+    bool cancelled = false;
     while (!stop_.load()) {
       const auto now = Clock::now();
       if (now >= cut) break;
-      if (now >= cancel_calls) {
-        server::cancel_all_calls(grpc_server);
-        cancel_calls = Clock::time_point::max();
+      const int64_t flush_ns = flush_start_ns_.load();
+      if (!cancelled && signalled != Clock::time_point::max() && flush_ns != 0) {
+        const Clock::time_point flush{Clock::duration(flush_ns)};
+        if (now >= std::max(signalled, flush) + kFlushAfterSignal) {
+          server::cancel_all_calls(grpc_server);
+          cancelled = true;
+        }
       }
       timespec poll{0, 20 * 1000 * 1000};
       const int sig = sigtimedwait(&set, nullptr, &poll);
@@ -264,8 +277,8 @@ class ForceExitWatch {
           "{} during the drain: cancelling what is in flight ({} open streams), exiting",
           strsignal(sig), open);
       engine->end_drain();
-      cancel_calls = Clock::now() + kFlushAfterSignal;
-      cut = Clock::now() + kForceGrace;
+      signalled = Clock::now();
+      cut = signalled + kForceGrace;
     }
     if (stop_.load()) return;
     KVSPLIT_LOG_ERROR("forced exit: not stopped cleanly; exiting {} now", 128 + forced_.load());
@@ -276,6 +289,8 @@ class ForceExitWatch {
   std::atomic<bool> stop_{false};
   std::atomic<int> forced_{0};
   std::atomic<bool> cut_short_{false};
+  std::atomic<int64_t> flush_start_ns_{
+      0};               // steady_clock ticks when flushing() was called; 0: not yet
   std::thread thread_;  // last: starts after the fields above
 };
 
@@ -428,6 +443,7 @@ int run(const Flags& flags) {
   engine->shutdown(drain);  // finishes in-flight requests up to `drain`, then cancels the rest
   // Every request has its final event now; give the reactors a moment to flush them (a second
   // signal cuts this short: ForceExitWatch; it used to wait out the 2 s anyway).
+  force.flushing();
   running->server->Shutdown(std::chrono::system_clock::now() + ForceExitWatch::kFlush);
   running->server->Wait();
   if (const int forced = force.finish(); forced != 0) {
