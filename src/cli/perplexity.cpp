@@ -115,6 +115,7 @@ StatusOr<std::vector<std::vector<int32_t>>> read_sequences(const PerplexityFlags
   if (!f.text.empty()) {
     KVSPLIT_ASSIGN_OR_RETURN(std::string text,
                              common::read_regular_file(f.text, kMaxTextBytes, "text"));
+    KVSPLIT_RETURN_IF_ERROR(model::check_no_dropped_text(tok, text, f.text));
     KVSPLIT_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.encode(text, /*add_bos=*/true));
     seqs.push_back(std::move(ids));
     return seqs;
@@ -135,7 +136,10 @@ StatusOr<std::vector<std::vector<int32_t>>> read_sequences(const PerplexityFlags
                              common::parse_json(line, f.jsonl + ":" + std::to_string(line_no)));
     if (!j.is_object() || !j.contains("text") || !j["text"].is_string())
       return invalid_argument(where + "expected a JSON object with a string \"text\"");
-    auto ids = tok.encode(j["text"].get<std::string>(), /*add_bos=*/true);
+    const std::string text = j["text"].get<std::string>();
+    if (Status st = model::check_no_dropped_text(tok, text, "text"); !st.ok())
+      return invalid_argument(where + st.message());
+    auto ids = tok.encode(text, /*add_bos=*/true);
     if (!ids.ok()) return ids.status().with_prefix(where);
     seqs.push_back(std::move(ids).value());
   }

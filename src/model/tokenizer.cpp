@@ -66,6 +66,15 @@ StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer_from_bytes(std::string_view 
   return internal::load_llama2c_tokenizer(path, data, expected_vocab);
 }
 
+Status check_no_dropped_text(const Tokenizer& tok, std::string_view text, std::string_view what) {
+  const size_t nul = text.find('\0');
+  if (!tok.text_ends_at_nul() || nul == std::string_view::npos) return ok_status();
+  return invalid_argument(std::string(what) + ": a NUL byte at offset " + std::to_string(nul) +
+                          "; the " + std::string(tok.kind()) +
+                          " tokenizer ends text there (as llama2.c's run.c), so it is refused "
+                          "rather than cut");
+}
+
 std::string StreamDecoder::push(int32_t id) {
   pending_ += tokenizer_.decode_token(prev_, id);
   prev_ = id;

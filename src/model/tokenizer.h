@@ -48,7 +48,15 @@ class Tokenizer {
   virtual int32_t eos_id() const = 0;  // -1 when none
   // "llama2c", "hf-sentencepiece-bpe", "hf-byte-level-bpe", "bytes"
   virtual std::string_view kind() const = 0;
+  // Whether encode() ends the text at its first NUL byte (llama2.c's format, as run.c does with
+  // its C string) instead of encoding NUL.
+  virtual bool text_ends_at_nul() const { return false; }
 };
+
+// For text a request or a file gives (not `kvsplit tokenize`, which shows what encode() does):
+// kInvalidArgument naming `what` and the offset when `tok` would drop the text after a NUL byte,
+// so that nothing is cut silently.
+Status check_no_dropped_text(const Tokenizer& tok, std::string_view text, std::string_view what);
 
 // Loads `path`: a llama2.c tokenizer.bin, or an HF tokenizer.json (by content, not by name; a
 // tokenizer_config.json beside a tokenizer.json is read too). `expected_vocab` (> 0) is checked

@@ -125,6 +125,7 @@ class Llama2cTokenizer final : public Tokenizer {
   int32_t bos_id() const override { return kBosId; }
   int32_t eos_id() const override { return kEosId; }
   std::string_view kind() const override { return "llama2c"; }
+  bool text_ends_at_nul() const override { return true; }
 
  private:
   int32_t find(std::string_view piece) const {

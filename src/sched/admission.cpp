@@ -31,6 +31,7 @@ StatusOr<std::vector<int32_t>> prompt_token_ids(const Request& request,
     }
     ids = request.prompt_token_ids;
   } else {
+    KVSPLIT_RETURN_IF_ERROR(model::check_no_dropped_text(tokenizer, request.prompt, "prompt"));
     KVSPLIT_ASSIGN_OR_RETURN(ids, tokenizer.encode(request.prompt, /*add_bos=*/true));
     for (int32_t id : ids) {
       if (id < 0 || id >= vocab_size) {

@@ -234,6 +234,14 @@ TEST(PerplexityCli, BadInputIsAnErrorNamingIt) {
                "bad.jsonl:1: duplicate key 'text'");
   expect_error("perplexity --model " + quote(model_path("recall-llama")) + " --text /nonexistent",
                "/nonexistent");
+  // llama2.c's tokenizer ends text at a NUL (run.c): the rest would go unscored, so it is refused.
+  const std::string nul = tmp.file("nul.txt");
+  { std::ofstream(nul) << std::string("Once upon a time\0 there was", 28); }
+  expect_error("perplexity " + stories_model_flags() + " --text " + quote(nul),
+               "a NUL byte at offset 16");
+  { std::ofstream(bad) << "{\"text\": \"one\\u0000two\"}\n"; }
+  expect_error("perplexity " + stories_model_flags() + " --jsonl " + quote(bad),
+               "bad.jsonl:1: text: a NUL byte at offset 3");
 }
 
 }  // namespace

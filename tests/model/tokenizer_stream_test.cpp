@@ -221,5 +221,23 @@ TEST(HfLayouts, LegacyMetaspaceAndArrayMerges) {
   EXPECT_EQ(back, spaced);
 }
 
+// Text from a request or a file is refused, naming the offset, where the tokenizer would end it
+// at a NUL byte (llama2.c's format): nothing is cut silently. Tokenizers that encode NUL take it.
+TEST(CheckNoDroppedText, RefusesANulOnlyWhereEncodeWouldCutThere) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto bin = load_tokenizer(model_path("tok512.bin"));
+  auto hf = load_tokenizer(model_path("stories260K-hf/tokenizer.json"));
+  ASSERT_TRUE(bin.ok() && hf.ok());
+  const std::string text("Once\0 upon", 10);
+  EXPECT_TRUE((*bin)->text_ends_at_nul());
+  const Status st = check_no_dropped_text(**bin, text, "prompt");
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("prompt: a NUL byte at offset 4"), std::string::npos) << st.message();
+  EXPECT_TRUE(check_no_dropped_text(**bin, "Once upon", "prompt").ok());
+  EXPECT_FALSE((*hf)->text_ends_at_nul());
+  EXPECT_TRUE(check_no_dropped_text(**hf, text, "prompt").ok());
+  EXPECT_FALSE(make_byte_tokenizer(512)->text_ends_at_nul());
+}
+
 }  // namespace
 }  // namespace kvsplit::model

@@ -6,7 +6,9 @@
 #include <limits>
 #include <thread>
 
+#include "model/tokenizer.h"
 #include "sched/admission.h"
+#include "test_util.h"
 
 namespace kvsplit::sched {
 namespace {
@@ -424,6 +426,23 @@ TEST(Admission, ADefaultMaxTokensIsNotQuotedAsTheClients) {
                               "none) - 1 = 65 positions need 5 KV blocks"),
             std::string::npos)
       << st.message();
+}
+
+// llama2.c's tokenizer ends text at a NUL byte (run.c): a prompt holding one is refused rather
+// than cut silently; a tokenizer that encodes NUL takes it.
+TEST(Admission, APromptWithANulIsRefusedWhereTheTokenizerWouldCutIt) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto bin = model::load_tokenizer(testing::model_path("tok512.bin"));
+  ASSERT_TRUE(bin.ok());
+  Request r;
+  r.prompt = std::string("Once\0 upon", 10);
+  auto ids = prompt_token_ids(r, **bin, 512);
+  EXPECT_EQ(ids.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(ids.status().message().find("prompt: a NUL byte at offset 4"), std::string::npos)
+      << ids.status().message();
+  auto hf = model::load_tokenizer(testing::model_path("stories260K-hf/tokenizer.json"));
+  ASSERT_TRUE(hf.ok());
+  EXPECT_TRUE(prompt_token_ids(r, **hf, 512).ok());
 }
 
 }  // namespace
