@@ -29,9 +29,11 @@ std::unordered_map<std::string, YAML::Node> by_key(const YAML::Node& map) {
 }
 
 // Two values written the same: scalars as written, lists element by element, mappings key by
-// key whatever their order. Absent and null are the same.
+// key whatever their order. Absent, null and an empty list are the same (no values).
+bool unset(const YAML::Node& n) { return !n || n.IsNull() || (n.IsSequence() && n.size() == 0); }
+
 bool same(const YAML::Node& a, const YAML::Node& b) {
-  const bool a_unset = !a || a.IsNull(), b_unset = !b || b.IsNull();
+  const bool a_unset = unset(a), b_unset = unset(b);
   if (a_unset || b_unset) return a_unset == b_unset;
   if (a.Type() != b.Type()) return false;
   if (a.IsScalar()) return a.Scalar() == b.Scalar();

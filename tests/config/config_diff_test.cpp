@@ -33,8 +33,12 @@ TEST(ChangedSettings, LeavesByPathInTheNewFilesOrder) {
                     "model: {path: a.bin}\npools: {decode_workers: 2}\n"),
             (Paths{"kv.capacity_mb", "server.api_keys", "server.port", "model",
                    "pools.decode_workers", "seed"}));
-  // Unset: absent, null and an empty mapping alike; a value written differently differs.
+  // Unset: absent, null, an empty mapping and an empty list alike; a value written differently
+  // differs.
   EXPECT_EQ(changed("kv:\n", "kv: {}\nserver:\n"), Paths{});
+  EXPECT_EQ(changed("server: {api_keys: []}\n", "server: {}\n"), Paths{});
+  EXPECT_EQ(changed("server: {api_keys: []}\n", "server: {api_keys: [k]}\n"),
+            Paths{"server.api_keys"});
   EXPECT_EQ(changed("kv: {capacity_mb: 16}\n", "kv: {capacity_mb: 16.0}\n"),
             Paths{"kv.capacity_mb"});
   EXPECT_EQ(changed("", "seed: 1\n"), Paths{"seed"});
