@@ -244,7 +244,7 @@ TEST(MixedAttentionParity, DecodeMatchesTheMixedOracleWithAndWithoutSplits) {
 }
 
 // Device-sized mixed decode: 64K keys (partial last page) beside a short sequence, every
-// precision mixed in, with and without splits of 2K and 16K keys (32 and 4 splits). The random
+// precision mixed in, with and without splits of 2K and 16K keys (33 and 5 splits). The random
 // cases above stay under 2K keys; the fiber emulator is too slow for this size, so it runs on a
 // GPU only (on a real GPU index math and split counts at this size are what could break).
 TEST(MixedAttentionParity, LongDecodeWithSplitsMatchesTheOracleOnAGpu) {
