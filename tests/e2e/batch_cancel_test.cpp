@@ -5,11 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "disk_write_gate.h"
 #include "e2e_util.h"
 #include "kv/disk_tier.h"
 #include "kv/swap.h"
@@ -137,8 +140,42 @@ TEST(BatchCancel, OnFinishInFinishOrderAndACancelFromIt) {
   expect_pool_empty(*e->pool);
 }
 
+// Polls `done` every 200 us until it holds or `limit` has passed; whether it holds.
+template <class F>
+bool wait_until(F done, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return true;
+}
+
+// Opens `gate` once the batch is cancelled and a write is held, then either generate_batch has
+// returned (one that does not wait for the writes its cancel detached) or kGrace has passed (one
+// waiting for the held write, which cannot end before). kGrace bounds the time from the flag to
+// the cancel's release at the start of the next step (no I/O, no forward pass): past it, a run
+// only loses its power to catch a missing wait, it cannot fail spuriously. The 60 s bounds keep a
+// broken batch (a swap-in waiting for a held write before any cancel) from hanging the test: it
+// then fails on the counts. Sets *held_at_open to the writes held when it opened.
+std::thread open_after_cancel(std::shared_ptr<kv::WriteGate> gate, const std::atomic<bool>& cancel,
+                              const std::atomic<bool>& returned, int* held_at_open) {
+  return std::thread([gate = std::move(gate), &cancel, &returned, held_at_open] {
+    constexpr std::chrono::milliseconds kGrace{500}, kLong{60000};
+    (void)wait_until([&] { return cancel.load(); }, kLong);
+    (void)wait_until([&] { return gate->num_held() > 0; }, kLong);
+    (void)wait_until([&] { return returned.load(); }, kGrace);
+    *held_at_open = gate->num_held();
+    gate->open();
+  });
+}
+
 // A pool too small for the batch: preempted inputs are swapped out (host tier, or a disk tier
 // with write-behind) when the cancel comes. Their pages come back too: host slots, disk records.
+// On disk, a gate holds every write from the start, and the cancel comes with the first text
+// after a swap-out: its write is in flight when the flag is set, so the cancel's release detaches
+// it, and generate_batch must wait for it to end (the gate opens after the cancel) to free its
+// record before returning.
 TEST(BatchCancel, SwappedOutInputsGiveTheirHostAndDiskPagesBack) {
   KVSPLIT_REQUIRE_MODELS();
   for (const bool disk : {false, true}) {
@@ -152,26 +189,48 @@ TEST(BatchCancel, SwappedOutInputsGiveTheirHostAndDiskPagesBack) {
     auto pool = kv::KvPool::create(*e->backend, pc, e->model->kv_shape());
     ASSERT_TRUE(pool.ok()) << pool.status().to_string();
     TempDir dir;
+    auto gate = std::make_shared<kv::WriteGate>();
     if (disk) {
       kv::DiskTierConfig dc;
       dc.path = dir.path().string();
       dc.capacity_bytes = 64 << 20;
       dc.extent_bytes = 16 << 10;
+      dc.io.wrap = [g = gate](std::unique_ptr<kv::BlockIo> io) -> std::unique_ptr<kv::BlockIo> {
+        return std::make_unique<kv::GatedIo>(std::move(io), g);
+      };
       auto tier = kv::DiskTier::open(dc);
       ASSERT_TRUE(tier.ok()) << tier.status().to_string();
       (*pool)->attach_disk(std::move(tier).value());
       (*pool)->set_disk_write_behind(true);
+      gate->close();
     }
     const auto inputs = prompts(*e->loaded.tokenizer, {160, 160, 160, 160});
-    std::atomic<bool> cancel{false};
+    std::atomic<bool> cancel{false}, returned{false};
     int texts = 0;
+    int in_flight_at_cancel = 0;  // swap writes not ended when the flag was set (disk)
     kv::SwapStats swaps;
     sched::BatchOptions bo;
     bo.swap = SwapMode::kAlways;
     bo.swap_stats = &swaps;
     bo.cancel = &cancel;
-    bo.on_text = [&](int, std::string_view) { cancel = cancel || ++texts == 300; };
+    bo.on_text = [&](int, std::string_view) {
+      ++texts;
+      if (cancel) return;
+      if (!disk) {
+        cancel = texts == 300;
+        return;
+      }
+      // On the batch's thread: the pool's staged writes (none can end while the gate holds).
+      for (kv::KvPool::SwapWrite& w : (*pool)->swap_writes())
+        in_flight_at_cancel += !w.ended.load(std::memory_order_acquire);
+      cancel = in_flight_at_cancel > 0;
+    };
+    int held_at_open = 0;
+    std::thread opener;
+    if (disk) opener = open_after_cancel(gate, cancel, returned, &held_at_open);
     auto out = sched::generate_batch(*e->model, **pool, e->loaded.tokenizer.get(), inputs, bo);
+    returned = true;
+    if (opener.joinable()) opener.join();
     ASSERT_TRUE(out.ok()) << out.status().to_string();
     EXPECT_GT(swaps.swaps_out, 0);
     int cancelled = 0, total = 0;
@@ -181,6 +240,11 @@ TEST(BatchCancel, SwappedOutInputsGiveTheirHostAndDiskPagesBack) {
     }
     EXPECT_GT(cancelled, 0);
     EXPECT_LT(total, 4 * 160);
+    if (disk) {
+      EXPECT_GE(in_flight_at_cancel, 1);
+      EXPECT_GE(held_at_open, 1);  // held from before the flag until after the cancel
+      EXPECT_TRUE((*pool)->swap_writes().empty());
+    }
     expect_pool_empty(**pool);
   }
 }
