@@ -196,6 +196,8 @@ __device__ __forceinline__ bool decode_split_keys(const PagedAttentionParams& p,
     const int last = n_split < static_cast<int>(gridDim.x) ? n_split : gridDim.x;
     if (bx == last - 1 && (end < kv_len || last < n_split) && p.error_flag)
       atomicMax(p.error_flag, 1);
+    // Bounds made for another kv_len (window base) would skip the keys before the first split.
+    if (bounds && bx == 0 && begin > base && p.error_flag) atomicMax(p.error_flag, 1);
     *key_begin = begin < kv_len ? static_cast<int>(begin) : kv_len;
     *key_end = end < kv_len ? static_cast<int>(end) : kv_len;
     *split_slot = p.split_offset[s] + bx;
