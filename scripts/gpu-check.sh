@@ -192,8 +192,9 @@ main() {
       # the first failure in run order, and the first CUDA error, point at the one that faulted.
       n=$(grep -m1 -E '^\[  FAILED  \] [A-Za-z]' "$f") && echo "shard $i first failure: $n"
       # (not the batch-copy warnings: a refused cudaMemcpyBatchAsync is no fault)
-      n=$(grep -v cudaMemcpyBatchAsync "$f" | grep -m1 -E 'cudaError|illegal (memory )?address|misaligned address') &&
-        echo "shard $i first CUDA error: $n"
+      # (awk, no pipe: under pipefail a grep -m1 at the end of a pipe kills its feeder, 141)
+      n=$(awk '/cudaMemcpyBatchAsync/ {next} /cudaError|illegal (memory )?address|misaligned address/ {print; exit}' "$f")
+      [ -n "$n" ] && echo "shard $i first CUDA error: $n"
       rm -f "$f"
     done
     grep -E '^\[  FAILED  \] [A-Za-z]' "$LOGS/gpu-tests.log" | sed 's/ ([0-9]* ms)$//' | sort -u | head -20
