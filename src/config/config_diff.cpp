@@ -61,19 +61,19 @@ void diff(const YAML::Node& before, const YAML::Node& after, const std::string& 
     if (!same(before, after)) out->push_back(path.empty() ? "(top level)" : path);
     return;
   }
-  const YAML::Node unset(YAML::NodeType::Undefined);
+  const YAML::Node absent(YAML::NodeType::Undefined);
   const auto before_keys = by_key(before), after_keys = by_key(after);
   if (after && after.IsMap()) {
     for (const auto& kv : after) {
       const std::string& key = kv.first.Scalar();
       const auto it = before_keys.find(key);
-      diff(it == before_keys.end() ? unset : it->second, kv.second, join(path, key), out);
+      diff(it == before_keys.end() ? absent : it->second, kv.second, join(path, key), out);
     }
   }
   if (before && before.IsMap()) {
     for (const auto& kv : before) {
       const std::string& key = kv.first.Scalar();
-      if (!after_keys.contains(key)) diff(kv.second, unset, join(path, key), out);
+      if (!after_keys.contains(key)) diff(kv.second, absent, join(path, key), out);
     }
   }
 }
