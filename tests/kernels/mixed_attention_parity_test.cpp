@@ -170,6 +170,26 @@ void round_pages(AttentionCase& c, ElemType dtype) {
   c.pages = decode(encode(c.pages, dtype), dtype);
 }
 
+// Runs the mixed decode kernel on `a` with `plan`; checks its output, error flag and side outputs
+// (relevance, page bounds) against the oracle's `want`. *got: the output; *got_sc: sc with the
+// kernel's side outputs.
+void run_mixed_decode(const backend::AttentionArgs& a, const std::vector<float>& pages,
+                      ElemType dtype, const MixedCase& m, const Scoring& sc,
+                      const backend::SplitPlan& plan, const MixedResult& want, const std::string& w,
+                      std::vector<float>* got, Scoring* got_sc) {
+  auto d = upload(a, pages, dtype, &m, &sc, &plan);
+  const Status st = kernels::launch_mixed_decode(d->mp, nullptr);
+  ASSERT_TRUE(st.ok()) << w << ": " << st.to_string();
+  ASSERT_EQ(device_sync(), "") << w;
+  *got = d->out.to_host();
+  const oracle::Comparison cmp = oracle::compare(got->data(), want.out, kAtol, kRtol);
+  ASSERT_TRUE(cmp.ok) << w << ": " << cmp.message;
+  ASSERT_EQ(d->error_flag.to_host()[0], 0) << w;
+  got_sc->relevance = d->relevance.to_host();
+  got_sc->bound = d->bound.to_host();
+  oracle::expect_side_outputs(a, want, *got_sc, w, {2e-5, 2e-5});
+}
+
 TEST(MixedAttentionParity, DecodeMatchesTheMixedOracleWithAndWithoutSplits) {
   KVSPLIT_REQUIRE_DEVICE();
   ThreadPool pool(2);
@@ -212,18 +232,10 @@ TEST(MixedAttentionParity, DecodeMatchesTheMixedOracleWithAndWithoutSplits) {
         std::to_string(spec.head_dim) + " summary parts " + std::to_string(parts);
     for (const backend::SplitPlan& plan : oracle::plans_for(c, rng, m.precision)) {
       const std::string w = what + " chunk " + std::to_string(plan.chunk_tokens);
-      auto d = upload(a, c.pages, dtype, &m, &sc, &plan);
-      const Status st = kernels::launch_mixed_decode(d->mp, nullptr);
-      ASSERT_TRUE(st.ok()) << w << ": " << st.to_string();
-      ASSERT_EQ(device_sync(), "") << w;
-      const std::vector<float> got = d->out.to_host();
-      const oracle::Comparison cmp = oracle::compare(got.data(), want.out, kAtol, kRtol);
-      ASSERT_TRUE(cmp.ok) << w << ": " << cmp.message;
-      ASSERT_EQ(d->error_flag.to_host()[0], 0) << w;
+      std::vector<float> got;
       Scoring got_sc = sc;
-      got_sc.relevance = d->relevance.to_host();
-      got_sc.bound = d->bound.to_host();
-      oracle::expect_side_outputs(a, want, got_sc, w, {2e-5, 2e-5});
+      run_mixed_decode(a, c.pages, dtype, m, sc, plan, want, w, &got, &got_sc);
+      if (HasFatalFailure()) return;
       if (dtype == ElemType::kF32) {  // and the CPU backend on the same call
         sc.reset();
         std::fill(c.out.begin(), c.out.end(), std::numeric_limits<float>::quiet_NaN());
@@ -278,17 +290,10 @@ TEST(MixedAttentionParity, LongDecodeWithSplitsMatchesTheOracleOnAGpu) {
           backend::make_split_plan(c.kv_lens.data(), c.num_seqs, spec.block_size, chunk, 0);
       const std::string w = "iter " + std::to_string(iter) + " " + kernels::elem_name(dtype) +
                             " chunk " + std::to_string(chunk);
-      auto d = upload(a, c.pages, dtype, &m, &sc, &plan);
-      ASSERT_TRUE(kernels::launch_mixed_decode(d->mp, nullptr).ok()) << w;
-      ASSERT_EQ(device_sync(), "") << w;
-      const std::vector<float> got = d->out.to_host();
-      const oracle::Comparison cmp = oracle::compare(got.data(), want.out, kAtol, kRtol);
-      ASSERT_TRUE(cmp.ok) << w << ": " << cmp.message;
-      ASSERT_EQ(d->error_flag.to_host()[0], 0) << w;
+      std::vector<float> got;
       Scoring got_sc = sc;
-      got_sc.relevance = d->relevance.to_host();
-      got_sc.bound = d->bound.to_host();
-      oracle::expect_side_outputs(a, want, got_sc, w, {2e-5, 2e-5});
+      run_mixed_decode(a, c.pages, dtype, m, sc, plan, want, w, &got, &got_sc);
+      if (HasFatalFailure()) return;
       ++runs;
     }
   }
