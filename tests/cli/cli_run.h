@@ -34,6 +34,16 @@ inline std::string quote(const std::string& s) {
   return q + "'";
 }
 
+// Sets r's exit code from a wait status (-1 when killed by a signal) and its err from the file
+// kvsplit's stderr went to.
+inline void finish_run(int status, const std::string& err_file, RunResult* r) {
+  r->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream ef(err_file);
+  std::stringstream ss;
+  ss << ef.rdbuf();
+  r->err = ss.str();
+}
+
 inline RunResult run(const std::string& args, const std::string& env = "",
                      const std::string& cwd = "") {
   TempDir tmp;
@@ -49,11 +59,7 @@ inline RunResult run(const std::string& args, const std::string& env = "",
   size_t n;
   while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
   const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream ef(err_file);
-  std::stringstream ss;
-  ss << ef.rdbuf();
-  r.err = ss.str();
+  finish_run(status, err_file, &r);
   return r;
 }
 
@@ -92,11 +98,7 @@ inline RunResult run_into_closed_pipe(const std::string& args) {
   if (spawned != 0) return r;
   int status = 0;
   if (waitpid(pid, &status, 0) != pid) return r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream ef(err_file);
-  std::stringstream ss;
-  ss << ef.rdbuf();
-  r.err = ss.str();
+  finish_run(status, err_file, &r);
   return r;
 }
 
