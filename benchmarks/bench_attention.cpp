@@ -322,7 +322,7 @@ int main(int argc, char** argv) {
                "--mode mixed: all-full and all-int8 pages with each kernel stage left out in turn "
                "(the stage's cost is the difference; outputs meaningless)");
   kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
-  CLI11_PARSE(app, argc, argv);
+  if (const auto rc = kvsplit::parse_args(app, argc, argv)) return *rc;
 
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {

@@ -384,7 +384,7 @@ int main(int argc, char** argv) {
                "run only the decode over mostly evicted pages, planned on kv_len and on the "
                "attended pages");
   kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
-  CLI11_PARSE(app, argc, argv);
+  if (const auto rc = kvsplit::parse_args(app, argc, argv)) return *rc;
   if (!variant.empty()) {
     return run_variant(variant, kv_len_only, calls, threads, heads, kv_heads, head_dim, block_size);
   }

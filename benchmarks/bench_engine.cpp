@@ -376,7 +376,7 @@ int main(int argc, char** argv) {
                  "measure the policy simulator's cost profile (docs/kvm.md), write it as JSON "
                  "to this file, and exit");
   kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
-  CLI11_PARSE(app, argc, argv);
+  if (const auto rc = kvsplit::parse_args(app, argc, argv)) return *rc;
   auto policy = cuts::semantic::parse_kv_policy(kv_policy);
   if (!policy.ok()) return fail(policy.status());
   if (Status st = cuts::semantic::validate(sc, "--"); !st.ok()) return fail(st);

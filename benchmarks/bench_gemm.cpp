@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
   app.add_option("--cold-mib", cold_mib, "MiB of W copies to rotate through when cold")
       ->check(kvsplit::kPositive);
   kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
-  CLI11_PARSE(app, argc, argv);
+  if (const auto rc = kvsplit::parse_args(app, argc, argv)) return *rc;
 
   ThreadPool pool(threads);
   const double bw = cpu::measure_read_bandwidth_gbs(pool, size_t{1} << 30, 3, cpu_time);

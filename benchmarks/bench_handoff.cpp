@@ -499,7 +499,7 @@ int main(int argc, char** argv) {
                  "--hung-worker: handoff_stall_ms of the third variant")
       ->check(CLI::Range(1, 3600000));
   kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
-  CLI11_PARSE(app, argc, argv);
+  if (const auto rc = kvsplit::parse_args(app, argc, argv)) return *rc;
   if (o.forwarding) return forwarding_main(o);
   if (o.hung_worker) return hung_main(o);
   Result r[3];

@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(16, 1 << 20));
   app.add_option("--ops", ops, "timed operations of each kind")->check(CLI::Range(1, 1 << 24));
   kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
-  CLI11_PARSE(app, argc, argv);
+  if (const auto rc = kvsplit::parse_args(app, argc, argv)) return *rc;
   std::sort(sizes.begin(), sizes.end());
   auto be = std::move(kvsplit::backend::create_backend("cpu", 1)).value();
   std::printf("cached pages | available_blocks us | churn us/page | hit us/lookup\n");

@@ -569,7 +569,7 @@ int main(int argc, char** argv) {
   app.add_option("--long-at", o.long_at_s, "--fairness: the long prompt's arrival (s)")
       ->check(kvsplit::kNonNegative);
   kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
-  CLI11_PARSE(app, argc, argv);
+  if (const auto rc = kvsplit::parse_args(app, argc, argv)) return *rc;
   if (o.fair_prompt_min > o.fair_prompt_max || o.fair_output_min > o.fair_output_max) {
     std::fprintf(stderr, "--fair-*-min must not exceed --fair-*-max\n");
     return 2;

@@ -584,7 +584,7 @@ int main(int argc, char** argv) {
       "a fast sanity run: contexts 1024,2048, chunk 256, 1 x 3 steps, 512 tokens per shard "
       "(each where its flag is not given)");
   kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
-  CLI11_PARSE(app, argc, argv);
+  if (const auto rc = kvsplit::parse_args(app, argc, argv)) return *rc;
   if (o.quick) {  // its sizes where the flag was not given
     if (app.count("--contexts") == 0) o.contexts = {1024, 2048};
     if (app.count("--chunk") == 0) o.chunk = 256;

@@ -633,7 +633,7 @@ int main(int argc, char** argv) {
                  "--prefix: also a run whose prefix is pushed out to this tier between requests")
       ->check(CLI::IsMember({"host", "disk"}));
   kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
-  CLI11_PARSE(app, argc, argv);
+  if (const auto rc = kvsplit::parse_args(app, argc, argv)) return *rc;
   if (o.spill_ahead && o.alloc > o.pages) {
     // No step would run (pages / alloc == 0): nothing to time.
     std::fprintf(stderr, "--spill-ahead: --alloc %d must be at most --pages %d\n", o.alloc,

@@ -245,7 +245,7 @@ int main(int argc, char** argv) {
   app.add_flag("--no-inline", no_inline,
                "every tier read through the I/O backend (no page-cache reads on the caller)");
   kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
-  CLI11_PARSE(app, argc, argv);
+  if (const auto rc = kvsplit::parse_args(app, argc, argv)) return *rc;
 
   std::vector<IoBackend> backends;
   if (backend_name == "both") {

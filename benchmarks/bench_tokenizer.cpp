@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
   app.add_option("--data", data, "text sample (default <models>/../data/tinystories_sample.txt)");
   app.add_option("--min-seconds", min_seconds, "time spent per (tokenizer, size)");
   kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
-  CLI11_PARSE(app, argc, argv);
+  if (const auto rc = kvsplit::parse_args(app, argc, argv)) return *rc;
   if (data.empty()) data = models + "/../data/tinystories_sample.txt";
 
   std::ifstream in(data, std::ios::binary);

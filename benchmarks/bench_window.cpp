@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
   app.add_option("--reps", o.reps, "rounds (the two models take turns)")->check(kvsplit::kPositive);
   app.add_option("--seed", o.seed, "prompt seed");
   kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
-  CLI11_PARSE(app, argc, argv);
+  if (const auto rc = kvsplit::parse_args(app, argc, argv)) return *rc;
   spdlog::set_level(spdlog::level::err);  // preemption warnings are counted, not printed
   if (o.model.rfind("synthetic:", 0) != 0 || o.model.find("window=") != std::string::npos) {
     std::fprintf(stderr, "--model must be a synthetic spec without a window\n");

@@ -228,7 +228,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads-per-worker", threads_per_worker,
                  "in-process engine: CPU threads per worker");
   kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
-  CLI11_PARSE(app, argc, argv);
+  if (const auto rc = kvsplit::parse_args(app, argc, argv)) return *rc;
   spdlog::set_level(spdlog::level::warn);
   if (auto st = kvsplit::server::bench::parse_spec(prompt_len, output_len, class_mix, &spec);
       !st.ok()) {

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <optional>
 #include <string>
 
 namespace kvsplit {
@@ -120,6 +121,19 @@ inline std::string given_flags(const CLI::App& app, std::initializer_list<const 
   for (const char* f : flags)
     if (app.count(f) > 0) out += (out.empty() ? "" : ", ") + std::string(f);
   return out;
+}
+
+// Parses the command line with kvsplit's exit codes. nullopt: parsed, go on. Otherwise the exit
+// code to return from main: 0 after --help (its text printed), 2 after a bad flag or value (CLI11's
+// message printed). CLI11_PARSE would return CLI11's own codes (104-109), which scripts do not
+// read as a usage error.
+inline std::optional<int> parse_args(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  return std::nullopt;
 }
 
 }  // namespace kvsplit
