@@ -16,6 +16,22 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
+void SplitPlan::write_image(int32_t* out) const {
+  out = std::copy(num_splits.begin(), num_splits.end(), out);
+  out = std::copy(split_offset.begin(), split_offset.end(), out);
+  std::copy(split_begin.begin(), split_begin.end(), out);
+}
+
+bool SplitPlan::image_equals(const std::vector<int32_t>& image) const {
+  if (image.size() != image_words()) return false;
+  auto at = image.begin();
+  for (const std::vector<int32_t>* part : {&num_splits, &split_offset, &split_begin}) {
+    if (!std::equal(part->begin(), part->end(), at)) return false;
+    at += static_cast<std::ptrdiff_t>(part->size());
+  }
+  return true;
+}
+
 int split_span(int kv_len, int window, int block_size) {
   return kv_len - kernels::window_decode_base(kv_len, window, block_size);
 }

@@ -64,6 +64,15 @@ struct SplitPlan {
 
   int num_seqs() const { return static_cast<int>(num_splits.size()); }
   bool has_splits() const { return max_splits > 1; }
+
+  // The plan as one array of int32 words, as a device kernel reads it: num_splits, split_offset,
+  // then split_begin. A backend keeps the image it uploaded and compares in place, once per layer,
+  // without building a new one.
+  size_t image_words() const {
+    return num_splits.size() + split_offset.size() + split_begin.size();
+  }
+  void write_image(int32_t* out) const;
+  bool image_equals(const std::vector<int32_t>& image) const;
 };
 
 // Plan with an explicit chunk size (tests, benchmarks). chunk_tokens <= 0 means "no split".

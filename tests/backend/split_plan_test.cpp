@@ -171,5 +171,40 @@ TEST(CheckSplitPlan, RefusesInconsistentPlans) {
   EXPECT_EQ(check_split_plan(good, 2, 16, 0, longer.data()).code(), StatusCode::kInvalidArgument);
 }
 
+// The device image (what CudaBackend uploads and compares with once per layer): the three arrays
+// in order, and a comparison that sees a change in any word or in the length.
+TEST(SplitPlanImage, ConcatenatesTheArraysAndComparesEveryWord) {
+  const std::vector<int32_t> kv_lens = {40, 9, 70};
+  SplitPlan plan = make_split_plan(kv_lens.data(), 3, /*block_size=*/8, /*chunk_tokens=*/16);
+  plan.split_begin.assign(static_cast<size_t>(plan.total_splits), 0);
+  for (int i = 0; i < plan.total_splits; ++i) plan.split_begin[static_cast<size_t>(i)] = 8 * i;
+  std::vector<int32_t> image(plan.image_words(), -1);
+  ASSERT_EQ(image.size(), 3u + 3u + static_cast<size_t>(plan.total_splits));
+  plan.write_image(image.data());
+  std::vector<int32_t> expect = plan.num_splits;
+  expect.insert(expect.end(), plan.split_offset.begin(), plan.split_offset.end());
+  expect.insert(expect.end(), plan.split_begin.begin(), plan.split_begin.end());
+  EXPECT_EQ(image, expect);
+  EXPECT_TRUE(plan.image_equals(image));
+
+  for (size_t w = 0; w < image.size(); ++w) {  // any one word changed
+    std::vector<int32_t> other = image;
+    other[w] += 1;
+    EXPECT_FALSE(plan.image_equals(other)) << "word " << w;
+  }
+  std::vector<int32_t> longer = image;
+  longer.push_back(0);
+  EXPECT_FALSE(plan.image_equals(longer));
+  EXPECT_FALSE(plan.image_equals({}));
+  // Without split_begin (uniform chunks) the image is two arrays shorter by total_splits words.
+  SplitPlan uniform = plan;
+  uniform.split_begin.clear();
+  EXPECT_FALSE(uniform.image_equals(image));
+  std::vector<int32_t> two(uniform.image_words());
+  uniform.write_image(two.data());
+  EXPECT_TRUE(uniform.image_equals(two));
+  EXPECT_FALSE(plan.image_equals(two));
+}
+
 }  // namespace
 }  // namespace kvsplit::backend

@@ -675,19 +675,17 @@ Status CudaBackend::attention_decode(const AttentionArgs& args, const backend::S
   if (plan.has_splits()) {
     const size_t n = static_cast<size_t>(args.num_seqs);
     // num_splits, split_offset, then the bounds of a plan over attended pages (split_begin).
-    std::vector<int32_t> image(plan.num_splits.begin(), plan.num_splits.end());
-    image.insert(image.end(), plan.split_offset.begin(), plan.split_offset.end());
-    image.insert(image.end(), plan.split_begin.begin(), plan.split_begin.end());
-    if (image != plan_uploaded_) {
+    if (!plan.image_equals(plan_uploaded_)) {
       plan_uploaded_.clear();
-      const size_t bytes = image.size() * sizeof(int32_t);
+      const size_t bytes = plan.image_words() * sizeof(int32_t);
       KVSPLIT_ASSIGN_OR_RETURN(void* stage, staging(bytes));
-      std::memcpy(stage, image.data(), bytes);
+      plan.write_image(static_cast<int32_t*>(stage));
       KVSPLIT_RETURN_IF_ERROR(reserve(&plan_dev_, &plan_cap_, bytes));
       KVSPLIT_CUDA_RETURN(cudaMemcpyAsync(plan_dev_, stage, bytes, cudaMemcpyHostToDevice, stream_),
                           "split plan upload");
       KVSPLIT_CUDA_RETURN(cudaEventRecord(staging_done_, stream_), "cudaEventRecord");
-      plan_uploaded_ = std::move(image);
+      const int32_t* uploaded = static_cast<const int32_t*>(stage);
+      plan_uploaded_.assign(uploaded, uploaded + plan.image_words());
     }
     const size_t heads = static_cast<size_t>(plan.total_splits) * args.num_heads;
     KVSPLIT_RETURN_IF_ERROR(
