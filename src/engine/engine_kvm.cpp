@@ -257,6 +257,7 @@ Status EngineImpl::migrate_to_emptiest_shard(int max_pages) {
       m.key = cand->key;
       m.to_shard = to;
       m.max_pages = std::min(max_pages, room);
+      m.up_to_room = true;  // the worker may have used some of that room since the snapshot
       const int on_target_before = cand->pages_per_shard[static_cast<size_t>(to)];
       auto r = send_command(i, m);
       if (r.wait_for(kCommandWait) != std::future_status::ready) break;

@@ -1,6 +1,8 @@
 // Worker: the command inbox (worker_command.h).
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "common/log.h"
 #include "cuts/semantic/semantic.h"
 #include "kv/migrate.h"
@@ -102,9 +104,17 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
         settle_cut(*s, now, /*all=*/true);
         // A host prefetch reads the slots this may free; it is given up (counted) first.
         kv::drop_host_prefetch(*pool_, s->table, &swap_stats_);
+        int max_pages = m->max_pages;
+        if (m->up_to_room && m->to_shard >= 0 && m->to_shard < pool_->num_shards()) {
+          const int room = pool_->shard(m->to_shard).local_available();
+          if (room < 1)
+            return resource_exhausted(
+                fmt::format("migrate: shard {} has no free block", m->to_shard));
+          max_pages = max_pages > 0 ? std::min(max_pages, room) : room;
+        }
         KVSPLIT_ASSIGN_OR_RETURN(
-            const int moved, kv::migrate_pages(*pool_, s->table, m->first_page, end, m->to_shard,
-                                               &st, m->max_pages));
+            const int moved,
+            kv::migrate_pages(*pool_, s->table, m->first_page, end, m->to_shard, &st, max_pages));
         migrate_stats_.add(st);
         account_kv(*s, now);  // pages brought back from the host tier are device bytes again
         KVSPLIT_LOG_INFO("{}: migrated {} pages of request {} to shard {} ({} from the host tier)",

@@ -48,6 +48,10 @@ struct MigrateKv {
   int end_page = -1;
   int to_shard = 0;
   int max_pages = 0;  // > 0: at most this many of the pages that can move (kv::migrate_pages)
+  // true: also no more than the target shard has room for when the worker runs the command, so
+  // a move is cut to fit instead of refused whole (the KV cache manager's moves: room read from
+  // an earlier snapshot may be gone by then). kResourceExhausted only when it has no room at all.
+  bool up_to_room = false;
 };
 
 // The KV cache manager's cut knobs (docs/kvm.md), applied from the worker's next step on; unset

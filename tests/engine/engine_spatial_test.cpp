@@ -264,6 +264,19 @@ TEST(EngineSpatialMigrate, MigrateKvMovesPagesAndKeepsTheTokens) {
   EXPECT_EQ(moved[0] + moved[1] + moved[2], spread[0] + spread[1] + spread[2]);
   EXPECT_GT(moved[2], spread[2]);
   EXPECT_GT(rep.state.migrated_pages, 0);
+  // Up to the room the target has when the worker runs the command (the KV cache manager's
+  // moves): the move refused whole above now fills shard 2, then finds no room at all.
+  const int room = rep.state.shard_available[2];
+  ASSERT_GT(room, 0);
+  sched::MigrateKv fill{{"t", "long"}, 0, -1, 2};
+  fill.max_pages = room + 5;  // more than fits, as from a stale snapshot
+  fill.up_to_room = true;
+  rep = send(fill);
+  ASSERT_TRUE(rep.status.ok()) << rep.status.to_string();
+  EXPECT_EQ(rep.state.sequences[0].pages_per_shard[2], moved[2] + room);
+  EXPECT_EQ(rep.state.shard_available[2], 0);
+  rep = send(fill);
+  EXPECT_EQ(rep.status.code(), StatusCode::kResourceExhausted) << rep.status.to_string();
   (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
   Collected rest = collect(*h);
   ASSERT_TRUE(rest.final_event.status.ok()) << rest.final_event.status.to_string();
