@@ -52,6 +52,10 @@ struct ServerConfig {
   // default (2 hours). keepalive_timeout_ms: [100, 3600000].
   int32_t keepalive_ms = 30000;
   int32_t keepalive_timeout_ms = 10000;
+  // A connection with no call open for this long is closed (GOAWAY; clients reconnect at their
+  // next call), so idle connections cannot pile up until the process runs out of descriptors
+  // (gRPC then stops accepting for good). [0, 86400000]; 0: never closed (gRPC's default).
+  int32_t max_connection_idle_ms = 300000;
 
   // metrics_host when set; else loopback (127.0.0.1) when API keys are set, so that a server that
   // asks for keys does not expose its metrics, and `host` otherwise.

@@ -129,6 +129,8 @@ Status validate_config(const Config& config) {
   KVSPLIT_RETURN_IF_ERROR(check_range("server.keepalive_ms", s.keepalive_ms, 0, 86400000));
   KVSPLIT_RETURN_IF_ERROR(
       check_range("server.keepalive_timeout_ms", s.keepalive_timeout_ms, 100, 3600000));
+  KVSPLIT_RETURN_IF_ERROR(
+      check_range("server.max_connection_idle_ms", s.max_connection_idle_ms, 0, 86400000));
   return ok_status();
 }
 

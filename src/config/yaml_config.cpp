@@ -200,6 +200,7 @@ Status read_server(const YAML::Node& n, ServerConfig* s) {
   KVSPLIT_RETURN_IF_ERROR(r.get("drain_timeout_ms", &s->drain_timeout_ms));
   KVSPLIT_RETURN_IF_ERROR(r.get("keepalive_ms", &s->keepalive_ms));
   KVSPLIT_RETURN_IF_ERROR(r.get("keepalive_timeout_ms", &s->keepalive_timeout_ms));
+  KVSPLIT_RETURN_IF_ERROR(r.get("max_connection_idle_ms", &s->max_connection_idle_ms));
   return r.finish();
 }
 

@@ -1,6 +1,7 @@
 #include "server/grpc_server.h"
 
 #include <grpc/grpc.h>
+#include <grpc/support/log.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <openssl/bio.h>
@@ -9,9 +10,12 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
+#include <atomic>
+#include <cstring>
 #include <memory>
 
 #include "common/file_read.h"
+#include "common/log.h"
 
 namespace kvsplit::server {
 namespace {
@@ -24,7 +28,34 @@ StatusOr<std::string> read_file(const std::string& path, const std::string& fiel
   return data;
 }
 
+std::atomic<void (*)()> g_on_listener_failure{nullptr};
+
+void log_grpc_line(gpr_log_func_args* args) {
+  const char* message = args->message != nullptr ? args->message : "";
+  switch (args->severity) {
+    case GPR_LOG_SEVERITY_DEBUG:
+      KVSPLIT_LOG_DEBUG("grpc: {} ({}:{})", message, args->file, args->line);
+      break;
+    case GPR_LOG_SEVERITY_INFO:
+      KVSPLIT_LOG_INFO("grpc: {} ({}:{})", message, args->file, args->line);
+      break;
+    default:
+      KVSPLIT_LOG_ERROR("grpc: {} ({}:{})", message, args->file, args->line);
+      break;
+  }
+  // tcp_server_posix.cc: any accept4 error but EINTR, EAGAIN and ECONNABORTED ends that port's
+  // accept loop for good (it is not logged while the server shuts down).
+  if (std::strncmp(message, "Failed accept4", 14) == 0) {
+    if (void (*cb)() = g_on_listener_failure.exchange(nullptr)) cb();
+  }
+}
+
 }  // namespace
+
+void route_grpc_log(void (*on_listener_failure)()) {
+  g_on_listener_failure.store(on_listener_failure);
+  gpr_set_log_function(&log_grpc_line);
+}
 
 Status check_tls_files(const config::ServerConfig& config) {
   if (!config.tls.enabled()) return ok_status();
@@ -116,6 +147,10 @@ StatusOr<RunningServer> start_grpc_server(const config::ServerConfig& config,
     builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
     builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   }
+  // A connection with no call open for this long is closed (GOAWAY; a client reconnects at its
+  // next call): idle connections must not pile up until the server runs out of descriptors.
+  if (config.max_connection_idle_ms > 0)
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, config.max_connection_idle_ms);
   // gRPC sets SO_REUSEPORT by default on Linux: a second server on the same port would bind
   // beside the first and take half its new connections instead of failing.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

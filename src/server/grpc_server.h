@@ -31,6 +31,13 @@ Status check_tls_files(const config::ServerConfig& config);
 StatusOr<RunningServer> start_grpc_server(const config::ServerConfig& config,
                                           GenerationService* service);
 
+// Sends gRPC's own log lines to the server's log (spdlog, prefixed "grpc:"), and calls
+// `on_listener_failure` (once, from gRPC's thread) when gRPC reports that a listening port failed
+// to accept ("Failed accept4", e.g. out of file descriptors): gRPC 1.51 then never accepts on
+// that port again, so the server would look alive while refusing every new connection. The
+// callback must be async-signal-safe in spirit: it runs inside gRPC's poller.
+void route_grpc_log(void (*on_listener_failure)());
+
 // Marks the health service NOT_SERVING (drain) or SERVING.
 void set_serving(grpc::Server* server, bool serving);
 

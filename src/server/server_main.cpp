@@ -10,9 +10,13 @@
 // requests, cancel the rest, give the streams up to 2 s to send their last messages, exit 0. A
 // second SIGTERM/SIGINT during the drain or those 2 s cancels what is still in flight at once and
 // exits, through the same teardown, 128 + its signal number (143 for SIGTERM, 130 for SIGINT).
+// A gRPC port that stops accepting connections (out of file descriptors) drains the same way and
+// exits 1, for a supervisor to restart the server: gRPC would never accept on it again.
 #include <fmt/format.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -315,6 +319,23 @@ Status check_config(const config::Config& c) {
   return server::check_tls_files(c.server);
 }
 
+// Sent by the process to itself (route_grpc_log's callback) when a gRPC port stops accepting.
+constexpr int kListenerFailedSignal = SIGUSR2;
+
+// The soft limit on open files raised to the hard one: each connection and each disk-tier file
+// takes a descriptor, and the common soft default (1024) is reached by a few hundred clients.
+void raise_open_file_limit() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur >= r.rlim_max) return;
+  const rlim_t before = r.rlim_cur;
+  r.rlim_cur = r.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &r) != 0) {
+    r.rlim_cur = std::max<rlim_t>(before, 1 << 20);  // an unlimited hard limit past fs.nr_open
+    if (r.rlim_cur > r.rlim_max || setrlimit(RLIMIT_NOFILE, &r) != 0) return;
+  }
+  KVSPLIT_LOG_INFO("open-file limit raised from {} to {}", before, r.rlim_cur);
+}
+
 int run(const Flags& flags) {
   config::Config cfg;
   std::optional<std::string> started_text;  // the file as started, for SIGHUP's comparison
@@ -400,6 +421,8 @@ int run(const Flags& flags) {
     std::unique_ptr<server::ServerMetrics>& metrics;
     ~StopMetrics() { metrics.reset(); }
   } stop_metrics{metrics};
+  raise_open_file_limit();
+  server::route_grpc_log([] { kill(getpid(), kListenerFailedSignal); });
   auto running = server::start_grpc_server(cfg.server, &service);
   if (!running.ok()) {
     std::cerr << "kvsplit-server: " << running.status().message() << "\n";
@@ -421,14 +444,28 @@ int run(const Flags& flags) {
 
   sigset_t set;
   sigemptyset(&set);
-  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
+  for (int s : {SIGTERM, SIGINT, SIGHUP, kListenerFailedSignal}) sigaddset(&set, s);
+  bool listener_failed = false;
   for (;;) {
-    int sig = 0;
-    if (sigwait(&set, &sig) != 0) continue;
+    siginfo_t info{};
+    const int sig = sigwaitinfo(&set, &info);
+    if (sig < 0) continue;
     if (sig == SIGHUP) {
       reload_sla_classes(flags.config_file, cfg.engine.semantic, started_text, engine.get(),
                          &service);
       continue;
+    }
+    if (sig == kListenerFailedSignal) {
+      if (info.si_pid != getpid()) {
+        KVSPLIT_LOG_WARN("{} from pid {} ignored", strsignal(sig), info.si_pid);
+        continue;
+      }
+      listener_failed = true;
+      KVSPLIT_LOG_ERROR(
+          "the gRPC port stopped accepting connections (gRPC's error above; out of file "
+          "descriptors?) and gRPC {} never accepts on it again: draining, then exit 1 so that "
+          "a supervisor restarts the server",
+          grpc::Version());
     }
     break;
   }
@@ -451,7 +488,7 @@ int run(const Flags& flags) {
     return 128 + forced;
   }
   KVSPLIT_LOG_INFO("stopped");
-  return 0;
+  return listener_failed ? 1 : 0;
 }
 
 }  // namespace
@@ -460,7 +497,7 @@ int main(int argc, char** argv) {
   // Block the signals we handle before any thread starts, so only sigwait() sees them.
   sigset_t set;
   sigemptyset(&set);
-  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
+  for (int s : {SIGTERM, SIGINT, SIGHUP, kListenerFailedSignal}) sigaddset(&set, s);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
   // Before any thread starts (protobuf's SetLogHandler is not thread-safe).
@@ -488,13 +525,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   kvsplit::strict_options(app);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    // --help prints and exits 0; a bad flag or value exits 2 (CLI11_PARSE would return CLI11's
-    // own codes, 104-109), as every kvsplit binary does.
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  if (const auto rc = kvsplit::parse_args(app, argc, argv)) return *rc;
   f.port_given = app.count("--port") > 0;
   f.metrics_port_given = app.count("--metrics-port") > 0;
   // The log goes to stderr; stdout carries only the "listening on" lines scripts read.

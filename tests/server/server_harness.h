@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,9 +31,10 @@ namespace kvsplit::testing {
 class ServerProcess {
  public:
   // Starts `kvsplit-server --host HOST --port 0 --metrics-port 0 ARGS...` and waits (up to 60 s)
-  // for its "listening on" lines. started() is false when it exited instead.
+  // for its "listening on" lines. started() is false when it exited instead. `nofile`: the
+  // server's open-file limits (RLIMIT_NOFILE), when given.
   ServerProcess(std::vector<std::string> args, std::string log_path,
-                const std::string& host = "127.0.0.1")
+                const std::string& host = "127.0.0.1", const rlimit* nofile = nullptr)
       : log_path_(std::move(log_path)) {
     std::vector<std::string> argv = {KVSPLIT_SERVER_BIN, "--host", host, "--port", "0",
                                      "--metrics-port",   "0"};
@@ -45,6 +47,7 @@ class ServerProcess {
       int log = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       dup2(log, 2);
       close(out[0]);
+      if (nofile != nullptr) setrlimit(RLIMIT_NOFILE, nofile);
       std::vector<char*> cargv;
       for (auto& a : argv) cargv.push_back(a.data());
       cargv.push_back(nullptr);
@@ -90,6 +93,17 @@ class ServerProcess {
   }
   bool alive() const {
     return pid_ > 0 && kill(pid_, 0) == 0 && waitpid(pid_, nullptr, WNOHANG) == 0;
+  }
+  // The exit status once the server exits by itself within `timeout`; -1 while it still runs.
+  int exit_status_within(std::chrono::seconds timeout) {
+    if (pid_ <= 0) return exit_status_;
+    const int status = wait_exit(timeout);
+    if (status == -1) return -1;
+    exit_status_ = status;
+    pid_ = -1;
+    if (out_fd_ >= 0) close(out_fd_);
+    out_fd_ = -1;
+    return status;
   }
   // SIGTERM (unless signal() already sent one: a second one would force the exit) and wait up to
   // `timeout`; returns the exit status (-1 on timeout, then SIGKILL).
