@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -74,18 +75,16 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.001, 1e6));
   app.add_option("--tls-ca", copt.tls_ca, "PEM CA / server cert: use TLS");
   app.add_option("--tls-server-name", copt.tls_server_name, "name to verify in the server cert");
-  app.add_option("--api-key", copt.api_key, "bearer API key");
+  app.add_option("--api-key", copt.api_key,
+                 "bearer API key (default: $KVSPLIT_API_KEY; a flag shows in `ps`, the variable "
+                 "does not)");
   app.add_flag("--json", json, "print one JSON object with ids, text, usage and timings");
   app.add_flag("--info", info, "print GetModelInfo as JSON and exit");
   app.add_flag("--stats", stats, "print GetServerStats as JSON and exit");
   kvsplit::strict_options(app);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    // --help prints and exits 0; a bad flag or value exits 2 (CLI11_PARSE would return CLI11's
-    // own codes, 104-109), as every kvsplit binary does.
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  if (const auto rc = kvsplit::parse_args(app, argc, argv)) return *rc;
+  if (const char* key = std::getenv("KVSPLIT_API_KEY"); copt.api_key.empty() && key != nullptr)
+    copt.api_key = key;
 
   // Flags that would be silently dropped are errors: a server name to verify without TLS (the
   // call would go in plaintext), --info with --stats (one answer), generation flags with either,

@@ -692,6 +692,15 @@ TEST_F(AdminTest, TlsAndApiKeys) {
     EXPECT_GE(lp["top"][0]["logprob"].get<double>(), lp["top"][1]["logprob"].get<double>());
     EXPECT_GE(lp["top"][0]["logprob"].get<double>(), lp["logprob"].get<double>());  // greedy
   }
+  // The key from $KVSPLIT_API_KEY (a flag shows in `ps`); --api-key, when given, wins.
+  const std::string info = std::string(KVSPLIT_BINARY_DIR) + "/kvsplit-client --info --server " +
+                           server->address() + " --tls-ca " + cert;
+  EXPECT_EQ(run_command("KVSPLIT_API_KEY=sekrit-key-2 " + info).first, 0);
+  const auto wrong = run_command("KVSPLIT_API_KEY=not-a-key-at-all " + info);
+  EXPECT_EQ(wrong.first, 1) << wrong.second;
+  EXPECT_NE(wrong.second.find("UNAUTHENTICATED"), std::string::npos) << wrong.second;
+  EXPECT_EQ(run_command("KVSPLIT_API_KEY=bad-key-123 " + info + " --api-key sekrit-key-1").first,
+            0);
 }
 
 // kvsplit-client refuses flags it would drop (exit 2, before connecting): a server name to verify
