@@ -1,6 +1,7 @@
 #include "server/generate_reactor.h"
 
 #include <chrono>
+#include <optional>
 
 #include "common/log.h"
 #include "common/utf8.h"
@@ -30,42 +31,43 @@ void post_pump(const std::weak_ptr<PumpThread>& pumps,
 
 // One Generate call. Owned by itself (self_) from creation until OnDone; the engine's notifier
 // holds only a weak_ptr, so a late event after the call ended is dropped safely.
-class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+class GenerateReactor : public RawBidiReactor {
  public:
   GenerateReactor(GenerationService* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context) {}
 
-  static GenerateReactor* start(GenerationService* service, grpc::CallbackServerContext* context,
-                                StatusOr<Request> engine_request, std::optional<std::string> slot) {
+  // Admits the call from its metadata (finished at once when refused), then reads its message.
+  static GenerateReactor* start(GenerationService* service, grpc::CallbackServerContext* context) {
     auto r = std::make_shared<GenerateReactor>(service, context);
     r->self_ = r;
-    r->slot_ = std::move(slot);
-    if (!engine_request.ok()) {
-      r->finish_now(to_grpc(engine_request.status()));
+    StatusOr<std::string> tenant = service->admit_stream(*context);
+    if (!tenant.ok()) {
+      r->finish_now(to_grpc(tenant.status()));
       return r.get();
     }
-    r->want_logprobs_ = engine_request->top_logprobs > 0;
-    if (ServerMetrics* m = service->metrics())
-      r->histograms_ = m->histograms(engine_request->sla_class);
-    const std::string tenant = engine_request->tenant;
-    auto handle = service->engine()->submit(std::move(engine_request).value());
-    if (!handle.ok()) {
-      r->finish_now(to_grpc(handle.status()));
-      return r.get();
-    }
-    {
-      std::lock_guard<std::mutex> lock(r->mu_);
-      r->handle_ = *handle;
-      r->request_id_ = handle->request_id();
-      r->tenant_ = tenant;
-      r->submitted_ = true;
-    }
-    // Engine threads only enqueue the reactor; the pump thread builds and starts the writes.
-    r->handle_.set_notifier([pumps = service->pump_thread(),
-                             weak = std::weak_ptr<GenerateReactor>(r)] { post_pump(pumps, weak); });
+    r->slot_ = *tenant;
+    r->tenant_ = *std::move(tenant);
+    r->StartRead(&r->in_);
     return r.get();
   }
 
+  // The first read brings the request; a second one the half-close (ok false) or a second
+  // message, which ends the call with INVALID_ARGUMENT.
+  void OnReadDone(bool ok) override {
+    if (!have_request_) {
+      have_request_ = true;
+      on_request(ok);
+      return;
+    }
+    if (!ok) return;  // half-closed (or the call ended)
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!error_) error_ = to_grpc(invalid_argument(kSecondRequestMessage));
+      broken_ = true;
+    }
+    abort_in_engine();
+    pump();
+  }
   void OnWriteDone(bool ok) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -102,11 +104,18 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (broken_) {
       finish_called_ = true;
       release_slot_locked();
-      const bool deadline = deadline_passed();
-      final_code_ = deadline ? grpc::StatusCode::DEADLINE_EXCEEDED : grpc::StatusCode::CANCELLED;
+      grpc::Status status;
+      if (error_) {
+        status = *error_;
+      } else if (deadline_passed()) {
+        status =
+            grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded; request aborted");
+      } else {
+        status = grpc::Status(grpc::StatusCode::CANCELLED, "call cancelled; request aborted");
+      }
+      final_code_ = status.error_code();
       lock.unlock();
-      Finish(grpc::Status(final_code_, deadline ? "deadline exceeded; request aborted"
-                                                : "call cancelled; request aborted"));
+      Finish(status);
       return;
     }
     resp_.Clear();
@@ -161,6 +170,71 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
  private:
+  // The request message arrived (`ok`), or the call was half-closed or ended before it.
+  void on_request(bool ok) {
+    if (!ok) {
+      std::unique_lock<std::mutex> lock(mu_);
+      const bool broken = broken_;
+      lock.unlock();
+      // A cancelled call's status reaches no one; it is counted as what it is.
+      if (broken || context_->IsCancelled()) {
+        finish_now(grpc::Status(
+            deadline_passed() ? grpc::StatusCode::DEADLINE_EXCEEDED : grpc::StatusCode::CANCELLED,
+            "call ended before its request message"));
+      } else {
+        finish_now(to_grpc(invalid_argument(kNoRequestMessage)));
+      }
+      return;
+    }
+    v1::GenerateRequest request;
+    Status parsed = service_->parse_request(*context_, "Generate", tenant_, in_, &request);
+    in_.Clear();
+    if (!parsed.ok()) {
+      finish_now(to_grpc(parsed));
+      return;
+    }
+    StatusOr<Request> engine_request = service_->engine_request(request, tenant_);
+    if (!engine_request.ok()) {
+      finish_now(to_grpc(engine_request.status()));
+      return;
+    }
+    // Before the submission: once it is made, the pump thread may finish the call at any time.
+    StartRead(&extra_);
+    submit(*std::move(engine_request));
+  }
+
+  void submit(Request engine_request) {
+    want_logprobs_ = engine_request.top_logprobs > 0;
+    if (ServerMetrics* m = service_->metrics())
+      histograms_ = m->histograms(engine_request.sla_class);
+    auto handle = service_->engine()->submit(std::move(engine_request));
+    if (!handle.ok()) {
+      finish_now(to_grpc(handle.status()));
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      handle_ = *handle;
+      request_id_ = handle->request_id();
+      submitted_ = true;
+    }
+    // Engine threads only enqueue the reactor; the pump thread builds and starts the writes.
+    handle_.set_notifier([pumps = service_->pump_thread(), weak = std::weak_ptr<GenerateReactor>(
+                                                               self_)] { post_pump(pumps, weak); });
+    // A cancel or a second message that came while submitting: abort now (pump() finishes).
+    abort_in_engine_if_broken();
+    pump();
+  }
+
+  void abort_in_engine_if_broken() {
+    bool broken;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      broken = broken_;
+    }
+    if (broken) abort_in_engine();
+  }
+
   void finish_now(const grpc::Status& status) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -220,14 +294,18 @@ class GenerateReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   std::mutex mu_;
   RequestHandle handle_;  // guarded by mu_ until submitted_, then read-only
   std::string request_id_;
-  std::string tenant_;
+  std::string tenant_;                         // set before the first read, then read-only
   ServerMetrics::ClassHistograms histograms_;  // set before the first event; null without metrics
   bool want_logprobs_ = false;
   bool submitted_ = false;  // guarded by mu_ (all flags below too)
   bool write_in_flight_ = false;
   bool finish_called_ = false;
   bool final_seen_ = false;
-  bool broken_ = false;  // cancelled, deadline passed, or a write failed
+  bool broken_ = false;  // cancelled, deadline passed, a write failed, or a second message
+  std::optional<grpc::Status> error_;  // the status to end a broken call with, when not CANCELLED
+  bool have_request_ = false;          // touched by OnReadDone only (never concurrent with itself)
+  grpc::ByteBuffer in_;                // the request message; cleared once parsed
+  grpc::ByteBuffer extra_;             // a second message, refused
   bool aborted_ = false;
   grpc::StatusCode final_code_ = grpc::StatusCode::OK;
   v1::GenerateResponse resp_;  // the message being built; touched only between writes
@@ -279,11 +357,8 @@ void PumpThread::run() {
   }
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* start_generate(GenerationService* service,
-                                                           grpc::CallbackServerContext* context,
-                                                           StatusOr<Request> engine_request,
-                                                           std::optional<std::string> slot) {
-  return GenerateReactor::start(service, context, std::move(engine_request), std::move(slot));
+RawBidiReactor* start_generate(GenerationService* service, grpc::CallbackServerContext* context) {
+  return GenerateReactor::start(service, context);
 }
 
 }  // namespace kvsplit::server

@@ -9,7 +9,6 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,13 +41,12 @@ class PumpThread {
   std::thread thread_;                                 // last: starts after the fields above
 };
 
-// Starts the reactor of one Generate call: it finishes at once with `engine_request`'s error, or
-// submits the request to the engine and streams its events as serialized GenerateResponse
-// messages. The reactor owns itself until gRPC calls OnDone, which releases the call's stream
-// slots (the server's and tenant `*slot`'s) when the call took them (GenerationService::Generate).
-grpc::ServerWriteReactor<grpc::ByteBuffer>* start_generate(GenerationService* service,
-                                                           grpc::CallbackServerContext* context,
-                                                           StatusOr<Request> engine_request,
-                                                           std::optional<std::string> slot);
+// Starts the reactor of one Generate call as its headers arrive: it finishes at once when
+// GenerationService::admit_stream refuses the call (no message is read), else reads the one
+// request message, submits it to the engine and streams its events as serialized GenerateResponse
+// messages. The reactor owns itself until gRPC calls OnDone; the call's stream slots (the
+// server's and its tenant's) go back as it finishes.
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* start_generate(
+    GenerationService* service, grpc::CallbackServerContext* context);
 
 }  // namespace kvsplit::server

@@ -2,11 +2,69 @@
 
 #include <fmt/format.h>
 
+#include <functional>
+
 #include "common/escape.h"
 #include "common/random_id.h"
 #include "server/generate_reactor.h"
 
 namespace kvsplit::server {
+
+namespace {
+
+// One unary call on a raw bidi stream: reads its one request message, then the half-close
+// (INVALID_ARGUMENT for no message or a second one), and answers with `handler`'s response.
+// Deletes itself in OnDone. A call refused from its metadata (`tenant` an error) is finished at
+// once, reading nothing.
+class UnaryReactor final : public RawBidiReactor {
+ public:
+  using Handler = std::function<Status(const grpc::ByteBuffer& request, const std::string& tenant,
+                                       grpc::ByteBuffer* response)>;
+
+  UnaryReactor(StatusOr<std::string> tenant, Handler handler) : handler_(std::move(handler)) {
+    if (!tenant.ok()) {
+      Finish(to_grpc(tenant.status()));
+      return;
+    }
+    tenant_ = *std::move(tenant);
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!have_request_) {
+      if (!ok) {  // half-closed first (or cancelled: then the status reaches no one)
+        Finish(to_grpc(invalid_argument(kNoRequestMessage)));
+        return;
+      }
+      have_request_ = true;
+      StartRead(&extra_);  // the half-close, or a second message
+      return;
+    }
+    if (ok) {
+      Finish(to_grpc(invalid_argument(kSecondRequestMessage)));
+      return;
+    }
+    const Status status = handler_(request_, tenant_, &response_);
+    request_.Clear();
+    if (status.ok()) {
+      StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+    } else {
+      Finish(to_grpc(status));
+    }
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  Handler handler_;
+  std::string tenant_;
+  bool have_request_ = false;  // touched by OnReadDone only (never concurrent with itself)
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer extra_;
+  grpc::ByteBuffer response_;
+};
+
+}  // namespace
 
 GenerationService::~GenerationService() = default;
 
@@ -18,7 +76,27 @@ GenerationService::GenerationService(Engine* engine, ServiceOptions options,
       model_info_(engine->model_info()),
       parse_errors_(options_.parse_error_log_interval),
       classes_(std::move(classes)),
-      pump_thread_(std::make_shared<PumpThread>()) {}
+      pump_thread_(std::make_shared<PumpThread>()) {
+  // In generation.proto's order; the names must outlive the service (gRPC keeps the pointers).
+  add_method(0, "/kvsplit.v1.Generation/Generate", &GenerationService::Generate);
+  add_method(1, "/kvsplit.v1.Generation/Abort", &GenerationService::Abort);
+  add_method(2, "/kvsplit.v1.Generation/GetModelInfo", &GenerationService::GetModelInfo);
+  add_method(3, "/kvsplit.v1.Generation/GetServerStats", &GenerationService::GetServerStats);
+}
+
+void GenerationService::add_method(
+    int index, const char* name,
+    RawBidiReactor* (GenerationService::*handler)(grpc::CallbackServerContext*)) {
+  // BIDI_STREAMING: gRPC reads no message before the handler runs (a unary or server-streaming
+  // method's first message is read, whole, before it).
+  AddMethod(new grpc::internal::RpcServiceMethod(name, grpc::internal::RpcMethod::BIDI_STREAMING,
+                                                 /*handler=*/nullptr));
+  MarkMethodRawCallback(index,
+                        new grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+                            [this, handler](grpc::CallbackServerContext* context) {
+                              return (this->*handler)(context);
+                            }));
+}
 
 void GenerationService::set_sla_classes(std::vector<SlaClass> classes) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -42,65 +120,57 @@ RequestLimits GenerationService::limits() const {
   return l;
 }
 
-StatusOr<std::string> GenerationService::accept(grpc::CallbackServerContext* context,
-                                                const char* method, const grpc::ByteBuffer& bytes,
-                                                google::protobuf::MessageLite* message) {
-  KVSPLIT_ASSIGN_OR_RETURN(std::string tenant, auth_.authenticate(*context));
+Status GenerationService::parse_request(const grpc::CallbackServerContext& context,
+                                        const char* method, const std::string& tenant,
+                                        const grpc::ByteBuffer& bytes,
+                                        google::protobuf::MessageLite* message) {
   Status parsed = parse_message(bytes, message);
   if (!parsed.ok()) {
     if (options_.metrics) options_.metrics->count_parse_error(method);
     parse_errors_.report(fmt::format(
         "unparsable kvsplit.v1.Generation/{} request ({} bytes) from "
         "{} (tenant {}): {}",
-        method, bytes.Length(), escape_for_message(context->peer()), tenant, parsed.message()));
-    return parsed;
+        method, bytes.Length(), escape_for_message(context.peer()), tenant, parsed.message()));
+  }
+  return parsed;
+}
+
+StatusOr<std::string> GenerationService::admit_stream(const grpc::CallbackServerContext& context) {
+  KVSPLIT_ASSIGN_OR_RETURN(std::string tenant, auth_.authenticate(context));
+  // Only an authenticated call takes a stream slot: calls refused by authentication must not push
+  // other tenants' calls over the limit.
+  const int32_t open = active_streams_.fetch_add(1) + 1;
+  const int32_t tenant_open = tenant_stream_opened(tenant);
+  Status refused = ok_status();
+  if (draining_.load()) {
+    refused = unavailable("server is draining; not accepting new requests");
+  } else if (open > options_.max_concurrent_streams) {
+    refused =
+        resource_exhausted("server is at its limit of " +
+                           std::to_string(options_.max_concurrent_streams) + " concurrent streams");
+  } else if (options_.max_streams_per_tenant > 0 && tenant_open > options_.max_streams_per_tenant) {
+    refused = resource_exhausted(fmt::format(
+        "tenant {} is at its limit of {} concurrent streams (server.max_streams_per_tenant)",
+        tenant, options_.max_streams_per_tenant));
+  }
+  if (!refused.ok()) {
+    stream_closed(tenant);
+    return refused;
   }
   return tenant;
 }
 
-grpc::ServerUnaryReactor* GenerationService::finish_unary(
-    grpc::CallbackServerContext* context, Status status,
-    const google::protobuf::MessageLite* response, grpc::ByteBuffer* out) {
-  if (status.ok()) status = serialize_message(*response, out);
-  auto* reactor = context->DefaultReactor();
-  reactor->Finish(to_grpc(status));
-  return reactor;
+StatusOr<Request> GenerationService::engine_request(const v1::GenerateRequest& request,
+                                                    const std::string& tenant) const {
+  KVSPLIT_ASSIGN_OR_RETURN(Request out, to_engine_request(request, limits()));
+  out.tenant = tenant;
+  // Random, with a prefix clients may not use: never a client's id, never predictable.
+  if (out.request_id.empty()) out.request_id = random_id(kServerIdPrefix);
+  return out;
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(
-    grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes) {
-  v1::GenerateRequest request;
-  StatusOr<std::string> tenant = accept(context, "Generate", *bytes, &request);
-  // Only an authenticated call takes a stream slot (released as the call finishes): calls refused
-  // by authentication must not push other tenants' calls over the limit.
-  const bool counted = tenant.ok();
-  const int32_t open = counted ? active_streams_.fetch_add(1) + 1 : 0;
-  const int32_t tenant_open = counted ? tenant_stream_opened(*tenant) : 0;
-  StatusOr<Request> engine_request = unavailable("unreachable");
-  if (!tenant.ok()) {
-    engine_request = tenant.status();
-  } else if (draining_.load()) {
-    engine_request = unavailable("server is draining; not accepting new requests");
-  } else if (open > options_.max_concurrent_streams) {
-    engine_request =
-        resource_exhausted("server is at its limit of " +
-                           std::to_string(options_.max_concurrent_streams) + " concurrent streams");
-  } else if (options_.max_streams_per_tenant > 0 && tenant_open > options_.max_streams_per_tenant) {
-    engine_request =
-        resource_exhausted(fmt::format("tenant {} is at its limit of {} concurrent streams "
-                                       "(server.max_streams_per_tenant)",
-                                       *tenant, options_.max_streams_per_tenant));
-  } else {
-    engine_request = to_engine_request(request, limits());
-    if (engine_request.ok()) {
-      engine_request->tenant = *tenant;
-      // Random, with a prefix clients may not use: never a client's id, never predictable.
-      if (engine_request->request_id.empty())
-        engine_request->request_id = random_id(kServerIdPrefix);
-    }
-  }
-  return start_generate(this, context, std::move(engine_request),
-                        counted ? std::optional<std::string>(*tenant) : std::nullopt);
+RawBidiReactor* GenerationService::Generate(grpc::CallbackServerContext* context) {
+  return start_generate(this, context);
 }
 
 int32_t GenerationService::tenant_stream_opened(const std::string& tenant) {
@@ -115,39 +185,45 @@ void GenerationService::stream_closed(const std::string& tenant) {
   if (it != tenant_streams_.end() && --it->second <= 0) tenant_streams_.erase(it);
 }
 
-grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* context,
-                                                   const grpc::ByteBuffer* bytes,
-                                                   grpc::ByteBuffer* out) {
-  v1::AbortRequest request;
-  v1::AbortResponse response;
-  StatusOr<std::string> tenant = accept(context, "Abort", *bytes, &request);
-  if (!tenant.ok()) return finish_unary(context, tenant.status(), nullptr, out);
-  if (request.request_id().empty()) {
-    return finish_unary(context, invalid_argument("request_id: must not be empty"), nullptr, out);
-  }
-  // Another tenant's request is not found: the answer is the same as for an unknown id.
-  response.set_aborted(engine_->cancel(*tenant, request.request_id()));
-  return finish_unary(context, ok_status(), &response, out);
+RawBidiReactor* GenerationService::Abort(grpc::CallbackServerContext* context) {
+  return new UnaryReactor(
+      auth_.authenticate(*context),
+      [this, context](const grpc::ByteBuffer& bytes, const std::string& tenant,
+                      grpc::ByteBuffer* out) -> Status {
+        v1::AbortRequest request;
+        KVSPLIT_RETURN_IF_ERROR(parse_request(*context, "Abort", tenant, bytes, &request));
+        if (request.request_id().empty()) return invalid_argument("request_id: must not be empty");
+        // Another tenant's request is not found: the answer is the same as for an unknown id.
+        v1::AbortResponse response;
+        response.set_aborted(engine_->cancel(tenant, request.request_id()));
+        return serialize_message(response, out);
+      });
 }
 
-grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* context,
-                                                          const grpc::ByteBuffer* bytes,
-                                                          grpc::ByteBuffer* out) {
-  v1::GetModelInfoRequest request;
-  v1::GetModelInfoResponse response;
-  StatusOr<std::string> tenant = accept(context, "GetModelInfo", *bytes, &request);
-  if (tenant.ok()) fill_model_info(model_info_, limits(), &response);
-  return finish_unary(context, tenant.status(), &response, out);
+RawBidiReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* context) {
+  return new UnaryReactor(
+      auth_.authenticate(*context),
+      [this, context](const grpc::ByteBuffer& bytes, const std::string& tenant,
+                      grpc::ByteBuffer* out) -> Status {
+        v1::GetModelInfoRequest request;
+        KVSPLIT_RETURN_IF_ERROR(parse_request(*context, "GetModelInfo", tenant, bytes, &request));
+        v1::GetModelInfoResponse response;
+        fill_model_info(model_info_, limits(), &response);
+        return serialize_message(response, out);
+      });
 }
 
-grpc::ServerUnaryReactor* GenerationService::GetServerStats(grpc::CallbackServerContext* context,
-                                                            const grpc::ByteBuffer* bytes,
-                                                            grpc::ByteBuffer* out) {
-  v1::GetServerStatsRequest request;
-  v1::GetServerStatsResponse response;
-  StatusOr<std::string> tenant = accept(context, "GetServerStats", *bytes, &request);
-  if (tenant.ok()) fill_server_stats(engine_->stats(), sla_classes(), active_streams(), &response);
-  return finish_unary(context, tenant.status(), &response, out);
+RawBidiReactor* GenerationService::GetServerStats(grpc::CallbackServerContext* context) {
+  return new UnaryReactor(
+      auth_.authenticate(*context),
+      [this, context](const grpc::ByteBuffer& bytes, const std::string& tenant,
+                      grpc::ByteBuffer* out) -> Status {
+        v1::GetServerStatsRequest request;
+        KVSPLIT_RETURN_IF_ERROR(parse_request(*context, "GetServerStats", tenant, bytes, &request));
+        v1::GetServerStatsResponse response;
+        fill_server_stats(engine_->stats(), sla_classes(), active_streams(), &response);
+        return serialize_message(response, out);
+      });
 }
 
 }  // namespace kvsplit::server

@@ -1,9 +1,14 @@
 // kvsplit.v1.Generation on the gRPC callback API. The four methods are registered raw
-// (grpc::ByteBuffer in and out): each call is authenticated from its metadata first, then its
-// message is parsed here, so an unauthenticated call gets UNAUTHENTICATED whatever its body and an
-// unparsable one INVALID_ARGUMENT with a message (server/protocol.h). Each Generate stream is a
-// GenerateReactor (server/generate_reactor.h). Request ids are scoped to the caller's tenant
-// (server/auth.h). Thread-safe.
+// (grpc::ByteBuffer in and out) and, on the server side only, as bidi streams: gRPC then runs the
+// handler when a call's headers arrive, before any of its message is read (for a unary or
+// server-streaming method it would first buffer the whole request, up to
+// server.max_message_bytes). Each call is authenticated from its metadata, and a Generate call
+// checked against draining and the stream limits, before its one message is read; a refused call
+// is finished at once. The message is parsed here, so an unparsable one gets INVALID_ARGUMENT
+// with a message (server/protocol.h); none, or more than one, is INVALID_ARGUMENT too. The wire
+// format is the same for every method type: clients call the methods as generation.proto
+// declares them. Each Generate stream is a GenerateReactor (server/generate_reactor.h). Request
+// ids are scoped to the caller's tenant (server/auth.h). Thread-safe.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -39,27 +44,25 @@ struct ServiceOptions {
 
 class PumpThread;  // server/generate_reactor.h
 
-using GenerationBase = v1::Generation::WithRawCallbackMethod_Generate<
-    v1::Generation::WithRawCallbackMethod_Abort<v1::Generation::WithRawCallbackMethod_GetModelInfo<
-        v1::Generation::WithRawCallbackMethod_GetServerStats<v1::Generation::Service>>>>;
+// The INVALID_ARGUMENT messages of a call that sends no request message, or more than one.
+inline constexpr char kNoRequestMessage[] =
+    "no request message: the call was half-closed before sending one";
+inline constexpr char kSecondRequestMessage[] =
+    "more than one request message: the method takes exactly one";
 
-class GenerationService final : public GenerationBase {
+using RawBidiReactor = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+class GenerationService final : public grpc::Service {
  public:
   // `engine` must outlive the service and the gRPC server it is registered with.
   GenerationService(Engine* engine, ServiceOptions options, std::vector<SlaClass> classes);
   ~GenerationService() override;
 
-  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
-                                                       const grpc::ByteBuffer* request) override;
-  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
-                                  const grpc::ByteBuffer* request,
-                                  grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
-                                         const grpc::ByteBuffer* request,
-                                         grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* GetServerStats(grpc::CallbackServerContext* context,
-                                           const grpc::ByteBuffer* request,
-                                           grpc::ByteBuffer* response) override;
+  // The method handlers: gRPC calls them as a call's headers arrive, with no message read.
+  RawBidiReactor* Generate(grpc::CallbackServerContext* context);
+  RawBidiReactor* Abort(grpc::CallbackServerContext* context);
+  RawBidiReactor* GetModelInfo(grpc::CallbackServerContext* context);
+  RawBidiReactor* GetServerStats(grpc::CallbackServerContext* context);
 
   // The SLA classes requests are validated against (after Engine::update_sla_classes succeeded).
   void set_sla_classes(std::vector<SlaClass> classes);
@@ -73,22 +76,28 @@ class GenerationService final : public GenerationBase {
   Engine* engine() const { return engine_; }
   ServerMetrics* metrics() const { return options_.metrics; }
   std::weak_ptr<PumpThread> pump_thread() const { return pump_thread_; }
-  // Gives back a stream slot of the server and of `tenant` (taken by Generate).
+  // Admits a Generate call from its metadata alone: the caller's tenant, holding a stream slot of
+  // the server and of the tenant (give it back with stream_closed), or UNAUTHENTICATED,
+  // UNAVAILABLE (draining) or RESOURCE_EXHAUSTED (a stream limit), holding none.
+  StatusOr<std::string> admit_stream(const grpc::CallbackServerContext& context);
+  // Gives back a stream slot of the server and of `tenant` (taken by admit_stream).
   void stream_closed(const std::string& tenant);
+  // Parses the request message `bytes` of `method` into `message`: INVALID_ARGUMENT when it does
+  // not parse (counted and reported through parse_errors_).
+  Status parse_request(const grpc::CallbackServerContext& context, const char* method,
+                       const std::string& tenant, const grpc::ByteBuffer& bytes,
+                       google::protobuf::MessageLite* message);
+  // The engine request of `tenant`'s parsed Generate request, validated against the limits.
+  StatusOr<Request> engine_request(const v1::GenerateRequest& request,
+                                   const std::string& tenant) const;
 
  private:
   RequestLimits limits() const;
   // Counts one more open stream of `tenant`: its open streams, this one included.
   int32_t tenant_stream_opened(const std::string& tenant);
-  // Authenticates the call, then parses `bytes` into `message`: the caller's tenant, or
-  // UNAUTHENTICATED / INVALID_ARGUMENT (counted and reported through parse_errors_).
-  StatusOr<std::string> accept(grpc::CallbackServerContext* context, const char* method,
-                               const grpc::ByteBuffer& bytes,
-                               google::protobuf::MessageLite* message);
-  // Finishes a unary call: `response` serialized into `out` when `status` is OK.
-  grpc::ServerUnaryReactor* finish_unary(grpc::CallbackServerContext* context, Status status,
-                                         const google::protobuf::MessageLite* response,
-                                         grpc::ByteBuffer* out);
+  // Registers method `index` (of generation.proto) as a raw callback bidi stream.
+  void add_method(int index, const char* name,
+                  RawBidiReactor* (GenerationService::*handler)(grpc::CallbackServerContext*));
 
   Engine* const engine_;
   const ServiceOptions options_;

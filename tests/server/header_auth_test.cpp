@@ -1,0 +1,252 @@
+// The Generation methods decide on a call from its headers, before any of its message is read:
+// a call without a valid key, or over a stream limit, is refused while it has sent only its
+// headers (it used to be answered only once a whole message of up to server.max_message_bytes had
+// been buffered). A call that half-closes without a message, or sends a second one, gets
+// INVALID_ARGUMENT and leaves no stream slot or KV block behind.
+#include <map>
+#include <optional>
+#include <set>
+
+#include "server/server_harness.h"
+
+namespace kvsplit::testing {
+namespace {
+
+namespace v1 = ::kvsplit::v1;
+
+constexpr char kKeyA[] = "alpha-key-000001";
+constexpr char kKeyB[] = "bravo-key-000002";
+constexpr auto kPrompt = std::chrono::seconds(5);  // "at once", with room for a loaded machine
+
+const char* const kMethods[] = {"/kvsplit.v1.Generation/Generate", "/kvsplit.v1.Generation/Abort",
+                                "/kvsplit.v1.Generation/GetModelInfo",
+                                "/kvsplit.v1.Generation/GetServerStats"};
+
+// One call of `method` over the generic async API as a bidi stream: start() sends only the
+// headers; messages and the half-close go out only when the test asks.
+class RawStream {
+ public:
+  RawStream(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+            const std::string& bearer)
+      : stub_(channel) {
+    if (!bearer.empty()) ctx_.AddMetadata("authorization", "Bearer " + bearer);
+    ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    rw_ = stub_.PrepareCall(&ctx_, method, &cq_);
+    rw_->StartCall(tag(kStart));
+    started_ = wait(kStart, std::chrono::seconds(30)).value_or(false);
+  }
+  ~RawStream() {
+    ctx_.TryCancel();
+    if (!finish_started_) {
+      rw_->Finish(&status_, tag(kFinish));
+      finish_started_ = true;
+    }
+    for (int op : {kRead, kFinish, kWrite}) {
+      if (pending_.count(op)) (void)wait(op, std::chrono::seconds(30));
+    }
+    cq_.Shutdown();
+    void* t;
+    bool ok;
+    while (cq_.Next(&t, &ok)) {
+    }
+  }
+
+  bool started() const { return started_; }
+  bool write(const std::string& bytes) {
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer buf(&slice, 1);
+    rw_->Write(buf, tag(kWrite));
+    return wait(kWrite, std::chrono::seconds(30)).value_or(false);
+  }
+  bool writes_done() {
+    rw_->WritesDone(tag(kWrite));
+    return wait(kWrite, std::chrono::seconds(30)).value_or(false);
+  }
+  // Reads (and drops) the responses, then the status: nullopt when it did not come `within`.
+  std::optional<grpc::Status> finish(std::chrono::milliseconds within) {
+    const auto deadline = std::chrono::steady_clock::now() + within;
+    for (;;) {
+      grpc::ByteBuffer buf;
+      rw_->Read(&buf, tag(kRead));
+      std::optional<bool> ok = wait(kRead, deadline - std::chrono::steady_clock::now());
+      if (!ok) return std::nullopt;
+      if (!*ok) break;
+    }
+    rw_->Finish(&status_, tag(kFinish));
+    finish_started_ = true;
+    if (!wait(kFinish, deadline - std::chrono::steady_clock::now())) return std::nullopt;
+    return status_;
+  }
+
+ private:
+  enum Op { kStart = 1, kWrite, kRead, kFinish };
+  void* tag(int op) {
+    pending_.insert(op);
+    return reinterpret_cast<void*>(static_cast<intptr_t>(op));
+  }
+  // The outcome of operation `op`, or nullopt when it did not complete within `within`.
+  template <class Duration>
+  std::optional<bool> wait(int op, Duration within) {
+    const auto deadline = std::chrono::system_clock::now() +
+                          std::chrono::duration_cast<std::chrono::system_clock::duration>(within);
+    while (!done_.count(op)) {
+      void* t;
+      bool ok;
+      if (cq_.AsyncNext(&t, &ok, deadline) != grpc::CompletionQueue::GOT_EVENT) return std::nullopt;
+      const int got = static_cast<int>(reinterpret_cast<intptr_t>(t));
+      pending_.erase(got);
+      done_[got] = ok;
+    }
+    const bool ok = done_[op];
+    done_.erase(op);
+    return ok;
+  }
+
+  grpc::GenericStub stub_;
+  grpc::ClientContext ctx_;
+  grpc::CompletionQueue cq_;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> rw_;
+  std::set<int> pending_;
+  std::map<int, bool> done_;
+  grpc::Status status_;
+  bool started_ = false;
+  bool finish_started_ = false;
+};
+
+std::string generate_bytes(int max_tokens) {
+  v1::GenerateRequest r;
+  r.set_prompt("Once upon a time");
+  r.set_max_tokens(max_tokens);
+  r.set_ignore_eos(true);
+  return r.SerializeAsString();
+}
+
+// The smallest valid request message of each method.
+std::string request_bytes(const std::string& method) {
+  if (method.ends_with("/Generate")) return generate_bytes(1);
+  if (method.ends_with("/Abort")) {
+    v1::AbortRequest r;
+    r.set_request_id("no-such-request");
+    return r.SerializeAsString();
+  }
+  return "";
+}
+
+class HeaderAuthTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    std::ofstream(dir_->file("t.yaml"))
+        << "server: {max_concurrent_streams: 2, max_streams_per_tenant: 1}\n";
+    server_ = new ServerProcess({"--config", dir_->file("t.yaml"), "--model",
+                                 "synthetic:stories260k", "--api-key", kKeyA, "--api-key", kKeyB},
+                                dir_->file("server.log"));
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    delete dir_;
+  }
+  void SetUp() override {
+    ASSERT_TRUE(server_->started()) << server_->log();
+    channel_ = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+    stub_ = v1::Generation::NewStub(channel_);
+  }
+  void TearDown() override {
+    EXPECT_TRUE(wait_server_idle(stub_.get(), std::chrono::seconds(30), kKeyA))
+        << "a stream slot or KV block was not given back";
+  }
+
+  static TempDir* dir_;
+  static ServerProcess* server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Generation::Stub> stub_;
+};
+TempDir* HeaderAuthTest::dir_ = nullptr;
+ServerProcess* HeaderAuthTest::server_ = nullptr;
+
+// A call that sends its headers and nothing more: with no key, or a wrong one, it is answered
+// UNAUTHENTICATED at once on every method, not left waiting for a message.
+TEST_F(HeaderAuthTest, CallWithoutValidKeyIsRefusedBeforeItsMessage) {
+  for (const char* method : kMethods) {
+    for (const std::string key : {"", "wrong-key-0000001"}) {
+      SCOPED_TRACE(std::string(method) + " key '" + key + "'");
+      RawStream call(channel_, method, key);
+      ASSERT_TRUE(call.started());
+      const std::optional<grpc::Status> st = call.finish(kPrompt);
+      ASSERT_TRUE(st.has_value()) << "no answer while the message is outstanding";
+      EXPECT_EQ(st->error_code(), grpc::StatusCode::UNAUTHENTICATED) << st->error_message();
+    }
+  }
+}
+
+// The stream limits are applied from the headers too: calls holding their slots without having
+// sent a message count, and the call over a limit is refused before its message.
+TEST_F(HeaderAuthTest, StreamLimitsAreAppliedBeforeTheMessage) {
+  const std::string generate = kMethods[0];
+  auto held_a = std::make_unique<RawStream>(channel_, generate, kKeyA);
+  ASSERT_TRUE(held_a->started());
+  {
+    RawStream more(channel_, generate, kKeyA);
+    const std::optional<grpc::Status> st = more.finish(kPrompt);
+    ASSERT_TRUE(st.has_value()) << "no answer while the message is outstanding";
+    EXPECT_EQ(st->error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_NE(st->error_message().find("server.max_streams_per_tenant"), std::string::npos)
+        << st->error_message();
+  }
+  auto held_b = std::make_unique<RawStream>(channel_, generate, kKeyB);
+  ASSERT_TRUE(held_b->started());
+  {
+    // Wait until B's call holds its slot (the server learns of it a moment after it starts).
+    std::optional<grpc::Status> st;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      RawStream more(channel_, generate, kKeyB);
+      st = more.finish(kPrompt);
+      ASSERT_TRUE(st.has_value()) << "no answer while the message is outstanding";
+      if (st->error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) break;
+    }
+    EXPECT_EQ(st->error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_NE(st->error_message().find("concurrent streams"), std::string::npos)
+        << st->error_message();
+  }
+  // A held call still gets its message served.
+  ASSERT_TRUE(held_a->write(generate_bytes(2)));
+  ASSERT_TRUE(held_a->writes_done());
+  const std::optional<grpc::Status> st = held_a->finish(std::chrono::seconds(30));
+  ASSERT_TRUE(st.has_value());
+  EXPECT_TRUE(st->ok()) << st->error_code() << " " << st->error_message();
+  held_b.reset();  // cancelled before its message: its slot goes back
+}
+
+// A half-close without a message is INVALID_ARGUMENT on every method (a server-streaming or unary
+// server cannot answer it either), and so is a second message.
+TEST_F(HeaderAuthTest, NoMessageOrASecondMessageIsInvalid) {
+  for (const char* method : kMethods) {
+    SCOPED_TRACE(method);
+    {
+      RawStream call(channel_, method, kKeyA);
+      ASSERT_TRUE(call.writes_done());
+      const std::optional<grpc::Status> st = call.finish(kPrompt);
+      ASSERT_TRUE(st.has_value());
+      EXPECT_EQ(st->error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st->error_message();
+      EXPECT_NE(st->error_message().find("no request message"), std::string::npos)
+          << st->error_message();
+    }
+    {
+      RawStream call(channel_, method, kKeyA);
+      // Generate: the first request runs long enough for the second message to arrive.
+      const std::string first =
+          std::string(method).ends_with("/Generate") ? generate_bytes(400) : request_bytes(method);
+      ASSERT_TRUE(call.write(first));
+      ASSERT_TRUE(call.write(request_bytes(method)));
+      ASSERT_TRUE(call.writes_done());
+      const std::optional<grpc::Status> st = call.finish(std::chrono::seconds(30));
+      ASSERT_TRUE(st.has_value());
+      EXPECT_EQ(st->error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st->error_message();
+      EXPECT_NE(st->error_message().find("more than one request message"), std::string::npos)
+          << st->error_message();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvsplit::testing
