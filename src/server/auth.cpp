@@ -22,8 +22,25 @@ std::array<unsigned char, 32> sha256(std::string_view data) {
 
 }  // namespace
 
-ApiKeyAuth::ApiKeyAuth(const std::vector<std::string>& keys) {
-  for (const std::string& k : keys) keys_.push_back({sha256(k), tenant_id(k)});
+ApiKeyAuth::ApiKeyAuth(const std::vector<std::string>& keys, const ApiKeyAuth* previous) {
+  for (const std::string& k : keys) {
+    const std::array<unsigned char, 32> digest = sha256(k);
+    const std::string* known = nullptr;
+    if (previous) {
+      for (const Key& old : previous->keys_) {
+        if (old.digest == digest) known = &old.tenant;
+      }
+    }
+    keys_.push_back({digest, known ? *known : tenant_id(k)});
+  }
+}
+
+bool ApiKeyAuth::has_tenant(std::string_view tenant) const {
+  if (keys_.empty()) return tenant == kAnonymousTenant;
+  for (const Key& k : keys_) {
+    if (k.tenant == tenant) return true;
+  }
+  return false;
 }
 
 std::string ApiKeyAuth::tenant_id(std::string_view key) {

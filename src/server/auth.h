@@ -18,8 +18,9 @@ inline constexpr std::string_view kAnonymousTenant = "anonymous";
 
 class ApiKeyAuth {
  public:
-  // `keys` empty: no authentication.
-  explicit ApiKeyAuth(const std::vector<std::string>& keys);
+  // `keys` empty: no authentication. `previous` (optional, a reload's old key set): the tenant
+  // ids of the keys it holds are taken from it rather than derived again (tenant_id is slow).
+  explicit ApiKeyAuth(const std::vector<std::string>& keys, const ApiKeyAuth* previous = nullptr);
 
   bool enabled() const { return !keys_.empty(); }
   // The caller's tenant id: kAnonymousTenant without keys; with keys, tenant_id() of the key in
@@ -30,6 +31,8 @@ class ApiKeyAuth {
   // The tenant of `key` when it is one of the configured keys, else null. Compares SHA-256
   // digests in constant time (nothing about the key's length or content shows in the time).
   const std::string* tenant_of(std::string_view key) const;
+  // Whether one of the configured keys has tenant id `tenant` (kAnonymousTenant: when disabled).
+  bool has_tenant(std::string_view tenant) const;
 
   // "key-" + 12 hex digits (48 bits) of PBKDF2-HMAC-SHA256(key, salt "kvsplit-tenant",
   // kTenantIdIterations): stable across restarts and config reorderings, printable in logs and

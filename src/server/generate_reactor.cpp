@@ -40,7 +40,7 @@ class GenerateReactor : public RawBidiReactor {
   static GenerateReactor* start(GenerationService* service, grpc::CallbackServerContext* context) {
     auto r = std::make_shared<GenerateReactor>(service, context);
     r->self_ = r;
-    StatusOr<std::string> tenant = service->admit_stream(*context);
+    StatusOr<std::string> tenant = service->admit_stream(*context, r);
     if (!tenant.ok()) {
       r->finish_now(to_grpc(tenant.status()));
       return r.get();
@@ -54,8 +54,13 @@ class GenerateReactor : public RawBidiReactor {
   // The first read brings the request; a second one the half-close (ok false) or a second
   // message, which ends the call with INVALID_ARGUMENT.
   void OnReadDone(bool ok) override {
-    if (!have_request_) {
+    bool first;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      first = !have_request_;
       have_request_ = true;
+    }
+    if (first) {
       on_request(ok);
       return;
     }
@@ -87,7 +92,31 @@ class GenerateReactor : public RawBidiReactor {
     pump();
   }
 
+  // Ends the call with UNAUTHENTICATED: its key was revoked (GenerationService::update_api_keys).
+  void revoke() {
+    const grpc::Status revoked(grpc::StatusCode::UNAUTHENTICATED,
+                               "API key revoked (server.api_keys reloaded); request aborted");
+    bool waiting;  // for the request message: nothing else will finish the call
+    bool submitted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finish_called_) return;
+      error_ = revoked;
+      broken_ = true;
+      waiting = !have_request_;
+      submitted = submitted_;
+    }
+    if (waiting) {
+      finish_now(revoked);
+    } else if (submitted) {
+      abort_in_engine();
+      pump();
+    }
+    // Else on_request is between the message and the submission: it finds broken_ set.
+  }
+
   void OnDone() override {
+    service_->stream_done(this);
     {
       std::lock_guard<std::mutex> lock(mu_);
       release_slot_locked();  // every path finishes first; this only makes sure
@@ -186,6 +215,10 @@ class GenerateReactor : public RawBidiReactor {
       }
       return;
     }
+    if (std::optional<grpc::Status> ended = broken_status()) {
+      finish_now(*ended);
+      return;
+    }
     v1::GenerateRequest request;
     Status parsed = service_->parse_request(*context_, "Generate", tenant_, in_, &request);
     in_.Clear();
@@ -199,6 +232,11 @@ class GenerateReactor : public RawBidiReactor {
       return;
     }
     // Before the submission: once it is made, the pump thread may finish the call at any time.
+    // A revoke() from here on is seen by submit().
+    if (std::optional<grpc::Status> ended = broken_status()) {
+      finish_now(*ended);
+      return;
+    }
     StartRead(&extra_);
     submit(*std::move(engine_request));
   }
@@ -235,9 +273,19 @@ class GenerateReactor : public RawBidiReactor {
     if (broken) abort_in_engine();
   }
 
+  // The status to end a broken call with (none: not broken).
+  std::optional<grpc::Status> broken_status() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_) return std::nullopt;
+    if (error_) return error_;
+    return grpc::Status(grpc::StatusCode::CANCELLED, "call cancelled");
+  }
+
+  // Finishes the call unless it was finished already.
   void finish_now(const grpc::Status& status) {
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (finish_called_) return;
       final_code_ = status.error_code();
       finish_called_ = true;
       release_slot_locked();
@@ -303,7 +351,7 @@ class GenerateReactor : public RawBidiReactor {
   bool final_seen_ = false;
   bool broken_ = false;  // cancelled, deadline passed, a write failed, or a second message
   std::optional<grpc::Status> error_;  // the status to end a broken call with, when not CANCELLED
-  bool have_request_ = false;          // touched by OnReadDone only (never concurrent with itself)
+  bool have_request_ = false;          // the first read completed
   grpc::ByteBuffer in_;                // the request message; cleared once parsed
   grpc::ByteBuffer extra_;             // a second message, refused
   bool aborted_ = false;
@@ -356,6 +404,8 @@ void PumpThread::run() {
     lock.lock();
   }
 }
+
+void revoke_generate(GenerateReactor* reactor) { reactor->revoke(); }
 
 RawBidiReactor* start_generate(GenerationService* service, grpc::CallbackServerContext* context) {
   return GenerateReactor::start(service, context);

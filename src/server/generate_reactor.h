@@ -49,4 +49,8 @@ class PumpThread {
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* start_generate(
     GenerationService* service, grpc::CallbackServerContext* context);
 
+// Ends the Generate call of `reactor` with UNAUTHENTICATED, its request cancelled in the engine
+// (its key was revoked); no-op when it is finishing already. Any thread.
+void revoke_generate(GenerateReactor* reactor);
+
 }  // namespace kvsplit::server

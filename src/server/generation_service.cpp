@@ -72,7 +72,7 @@ GenerationService::GenerationService(Engine* engine, ServiceOptions options,
                                      std::vector<SlaClass> classes)
     : engine_(engine),
       options_(std::move(options)),
-      auth_(options_.api_keys),
+      auth_(std::make_shared<const ApiKeyAuth>(options_.api_keys)),
       model_info_(engine->model_info()),
       parse_errors_(options_.parse_error_log_interval),
       classes_(std::move(classes)),
@@ -135,8 +135,15 @@ Status GenerationService::parse_request(const grpc::CallbackServerContext& conte
   return parsed;
 }
 
-StatusOr<std::string> GenerationService::admit_stream(const grpc::CallbackServerContext& context) {
-  KVSPLIT_ASSIGN_OR_RETURN(std::string tenant, auth_.authenticate(context));
+std::shared_ptr<const ApiKeyAuth> GenerationService::auth() const {
+  std::lock_guard<std::mutex> lock(auth_mu_);
+  return auth_;
+}
+
+StatusOr<std::string> GenerationService::admit_stream(
+    const grpc::CallbackServerContext& context, const std::shared_ptr<GenerateReactor>& stream) {
+  std::shared_ptr<const ApiKeyAuth> keys = auth();
+  KVSPLIT_ASSIGN_OR_RETURN(std::string tenant, keys->authenticate(context));
   // Only an authenticated call takes a stream slot: calls refused by authentication must not push
   // other tenants' calls over the limit.
   const int32_t open = active_streams_.fetch_add(1) + 1;
@@ -152,6 +159,16 @@ StatusOr<std::string> GenerationService::admit_stream(const grpc::CallbackServer
     refused = resource_exhausted(fmt::format(
         "tenant {} is at its limit of {} concurrent streams (server.max_streams_per_tenant)",
         tenant, options_.max_streams_per_tenant));
+  }
+  if (refused.ok()) {
+    // Registered under the key set it was admitted with: a reload since then is checked again.
+    std::lock_guard<std::mutex> lock(auth_mu_);
+    if (auth_ != keys) {
+      if (StatusOr<std::string> again = auth_->authenticate(context); !again.ok()) {
+        refused = again.status();
+      }
+    }
+    if (refused.ok()) open_streams_[stream.get()] = OpenStream{tenant, stream};
   }
   if (!refused.ok()) {
     stream_closed(tenant);
@@ -173,6 +190,32 @@ RawBidiReactor* GenerationService::Generate(grpc::CallbackServerContext* context
   return start_generate(this, context);
 }
 
+void GenerationService::stream_done(const GenerateReactor* stream) {
+  std::lock_guard<std::mutex> lock(auth_mu_);
+  open_streams_.erase(stream);
+}
+
+StatusOr<int> GenerationService::update_api_keys(const std::vector<std::string>& keys) {
+  const std::shared_ptr<const ApiKeyAuth> old = auth();
+  if (keys.empty() != !old->enabled()) {
+    return failed_precondition(
+        old->enabled() ? "removing every key would turn authentication off: needs a restart"
+                       : "adding keys would turn authentication on: needs a restart");
+  }
+  auto fresh = std::make_shared<const ApiKeyAuth>(keys, old.get());
+  std::vector<std::shared_ptr<GenerateReactor>> revoked;
+  {
+    std::lock_guard<std::mutex> lock(auth_mu_);
+    auth_ = fresh;
+    for (const auto& [ptr, open] : open_streams_) {
+      if (fresh->has_tenant(open.tenant)) continue;
+      if (auto r = open.reactor.lock()) revoked.push_back(std::move(r));
+    }
+  }
+  for (const auto& r : revoked) revoke_generate(r.get());
+  return static_cast<int>(revoked.size());
+}
+
 int32_t GenerationService::tenant_stream_opened(const std::string& tenant) {
   std::lock_guard<std::mutex> lock(slots_mu_);
   return ++tenant_streams_[tenant];
@@ -187,7 +230,7 @@ void GenerationService::stream_closed(const std::string& tenant) {
 
 RawBidiReactor* GenerationService::Abort(grpc::CallbackServerContext* context) {
   return new UnaryReactor(
-      auth_.authenticate(*context),
+      auth()->authenticate(*context),
       [this, context](const grpc::ByteBuffer& bytes, const std::string& tenant,
                       grpc::ByteBuffer* out) -> Status {
         v1::AbortRequest request;
@@ -202,7 +245,7 @@ RawBidiReactor* GenerationService::Abort(grpc::CallbackServerContext* context) {
 
 RawBidiReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* context) {
   return new UnaryReactor(
-      auth_.authenticate(*context),
+      auth()->authenticate(*context),
       [this, context](const grpc::ByteBuffer& bytes, const std::string& tenant,
                       grpc::ByteBuffer* out) -> Status {
         v1::GetModelInfoRequest request;
@@ -215,7 +258,7 @@ RawBidiReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* con
 
 RawBidiReactor* GenerationService::GetServerStats(grpc::CallbackServerContext* context) {
   return new UnaryReactor(
-      auth_.authenticate(*context),
+      auth()->authenticate(*context),
       [this, context](const grpc::ByteBuffer& bytes, const std::string& tenant,
                       grpc::ByteBuffer* out) -> Status {
         v1::GetServerStatsRequest request;

@@ -42,7 +42,8 @@ struct ServiceOptions {
   std::chrono::milliseconds parse_error_log_interval{10000};
 };
 
-class PumpThread;  // server/generate_reactor.h
+class PumpThread;       // server/generate_reactor.h
+class GenerateReactor;  // server/generate_reactor.cpp
 
 // The INVALID_ARGUMENT messages of a call that sends no request message, or more than one.
 inline constexpr char kNoRequestMessage[] =
@@ -67,6 +68,12 @@ class GenerationService final : public grpc::Service {
   // The SLA classes requests are validated against (after Engine::update_sla_classes succeeded).
   void set_sla_classes(std::vector<SlaClass> classes);
   std::vector<SlaClass> sla_classes() const;
+  // Replaces the accepted API keys (SIGHUP): calls starting from now on are authenticated
+  // against `keys`, and the open Generate calls of a key no longer among them end with
+  // UNAUTHENTICATED (their requests are cancelled in the engine). Authentication cannot be turned
+  // on or off this way (keys <-> none): kFailedPrecondition, nothing changed. Returns the number
+  // of calls ended. Any thread; slow for many new keys (ApiKeyAuth::tenant_id), not under a lock.
+  StatusOr<int> update_api_keys(const std::vector<std::string>& keys);
   // New Generate calls get UNAVAILABLE from now on (SIGTERM drain).
   void start_draining() { draining_.store(true); }
   int32_t active_streams() const { return active_streams_.load(); }
@@ -79,9 +86,14 @@ class GenerationService final : public grpc::Service {
   // Admits a Generate call from its metadata alone: the caller's tenant, holding a stream slot of
   // the server and of the tenant (give it back with stream_closed), or UNAUTHENTICATED,
   // UNAVAILABLE (draining) or RESOURCE_EXHAUSTED (a stream limit), holding none.
-  StatusOr<std::string> admit_stream(const grpc::CallbackServerContext& context);
+  // An admitted call is registered as `stream` until stream_done, so that a reload revoking its
+  // key ends it (revoke_generate, server/generate_reactor.h).
+  StatusOr<std::string> admit_stream(const grpc::CallbackServerContext& context,
+                                     const std::shared_ptr<GenerateReactor>& stream);
   // Gives back a stream slot of the server and of `tenant` (taken by admit_stream).
   void stream_closed(const std::string& tenant);
+  // Forgets `stream` (registered by admit_stream; none: no-op). Called from its OnDone.
+  void stream_done(const GenerateReactor* stream);
   // Parses the request message `bytes` of `method` into `message`: INVALID_ARGUMENT when it does
   // not parse (counted and reported through parse_errors_).
   Status parse_request(const grpc::CallbackServerContext& context, const char* method,
@@ -101,7 +113,17 @@ class GenerationService final : public grpc::Service {
 
   Engine* const engine_;
   const ServiceOptions options_;
-  const ApiKeyAuth auth_;
+  // The accepted keys (replaced whole by update_api_keys) and the Generate calls admitted with
+  // them, with their tenants: a call is registered under the key set that admitted it, so a
+  // reload either sees it or it sees the reload.
+  std::shared_ptr<const ApiKeyAuth> auth() const;
+  mutable std::mutex auth_mu_;
+  std::shared_ptr<const ApiKeyAuth> auth_;  // guarded by auth_mu_
+  struct OpenStream {
+    std::string tenant;
+    std::weak_ptr<GenerateReactor> reactor;
+  };
+  std::unordered_map<const GenerateReactor*, OpenStream> open_streams_;  // guarded by auth_mu_
   const ModelInfo model_info_;
   ThrottledLog parse_errors_;
   mutable std::mutex mu_;

@@ -12,6 +12,7 @@
 // exits, through the same teardown, 128 + its signal number (143 for SIGTERM, 130 for SIGINT).
 // A gRPC port that stops accepting connections (out of file descriptors) drains the same way and
 // exits 1, for a supervisor to restart the server: gRPC would never accept on it again.
+// SIGHUP also reloads server.api_keys, unless --api-key gave the keys.
 #include <fmt/format.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -74,13 +75,16 @@ void apply_flags(const Flags& f, config::Config* c) {
   if (!f.api_keys.empty()) c->server.api_keys = f.api_keys;
 }
 
-// The sections a SIGHUP applies; a change anywhere else needs a restart.
+// The sections a SIGHUP applies, and server.api_keys when the keys come from the file; a change
+// anywhere else needs a restart.
 constexpr std::string_view kReloadedSections[] = {"sla_classes", "kvm"};
+constexpr std::string_view kReloadedKeys = "server.api_keys";
 
 // SIGHUP: logs each setting of the file, outside kReloadedSections, whose value differs from the
 // file the server started with (`started`): it needs a restart and is not applied. Up to
 // kMaxLines lines, then a count.
-void warn_unapplied_changes(const std::string& started, const std::string& now) {
+void warn_unapplied_changes(const std::string& started, const std::string& now,
+                            bool keys_reloaded) {
   constexpr size_t kMaxLines = 32;
   auto changed = config::changed_settings(started, now);
   if (!changed.ok()) {  // both texts loaded as configs: not expected
@@ -92,7 +96,8 @@ void warn_unapplied_changes(const std::string& started, const std::string& now) 
   for (const std::string& path : *changed) {
     const std::string_view section = std::string_view(path).substr(0, path.find('.'));
     if (std::find(std::begin(kReloadedSections), std::end(kReloadedSections), section) !=
-        std::end(kReloadedSections))
+            std::end(kReloadedSections) ||
+        (keys_reloaded && path == kReloadedKeys))
       continue;
     if (++n <= kMaxLines)
       KVSPLIT_LOG_WARN("SIGHUP: {}: changed, needs a restart; not applied", path);
@@ -111,7 +116,7 @@ void warn_unapplied_changes(const std::string& started, const std::string& now) 
 // this does not apply (warn_unapplied_changes).
 void reload_sla_classes(const std::string& path, const kvsplit::SemanticCutConfig& running,
                         const std::optional<std::string>& started, kvsplit::Engine* engine,
-                        server::GenerationService* svc) {
+                        server::GenerationService* svc, bool keys_from_flags) {
   if (path.empty()) {
     KVSPLIT_LOG_WARN("SIGHUP: no --config file to reload; SLA classes unchanged");
     return;
@@ -142,7 +147,17 @@ void reload_sla_classes(const std::string& path, const kvsplit::SemanticCutConfi
                       fresh.status().message());
     return;
   }
-  if (started && text.ok()) warn_unapplied_changes(*started, *text);
+  if (started && text.ok()) warn_unapplied_changes(*started, *text, !keys_from_flags);
+  if (!keys_from_flags) {  // before the SLA policy, whose rejection must not keep a revoked key
+    auto ended = svc->update_api_keys(fresh->server.api_keys);
+    if (ended.ok()) {
+      KVSPLIT_LOG_INFO(
+          "SIGHUP: server.api_keys reloaded ({} keys; {} open calls of removed keys ended)",
+          fresh->server.api_keys.size(), *ended);
+    } else {
+      KVSPLIT_LOG_ERROR("SIGHUP: server.api_keys not applied: {}", ended.status().message());
+    }
+  }
   if (Status pre = engine->check_kvm_policy(fresh->engine.kvm, fresh->engine.sla_classes);
       !pre.ok()) {
     KVSPLIT_LOG_ERROR(
@@ -452,7 +467,7 @@ int run(const Flags& flags) {
     if (sig < 0) continue;
     if (sig == SIGHUP) {
       reload_sla_classes(flags.config_file, cfg.engine.semantic, started_text, engine.get(),
-                         &service);
+                         &service, !flags.api_keys.empty());
       continue;
     }
     if (sig == kListenerFailedSignal) {

@@ -248,5 +248,43 @@ TEST_F(HeaderAuthTest, NoMessageOrASecondMessageIsInvalid) {
   }
 }
 
+// A key removed by a reload (SIGHUP, server.api_keys) ends the calls it opened that are still
+// waiting for their message, UNAUTHENTICATED, and their stream slots come back.
+TEST(HeaderAuthReload, ARemovedKeysCallWaitingForItsMessageEnds) {
+  TempDir dir;
+  const std::string cfg = dir.file("k.yaml");
+  std::ofstream(cfg) << "server:\n  max_concurrent_streams: 1\n  api_keys: [" << kKeyA << ", "
+                     << kKeyB << "]\n";
+  ServerProcess server({"--config", cfg, "--model", "synthetic:stories260k"},
+                       dir.file("server.log"));
+  ASSERT_TRUE(server.started()) << server.log();
+  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Generation::NewStub(channel);
+  RawStream held(channel, kMethods[0], kKeyB);
+  ASSERT_TRUE(held.started());
+  std::ofstream(cfg) << "server:\n  max_concurrent_streams: 1\n  api_keys: [" << kKeyA << "]\n";
+  // Until the reload ended the call: before it, the held call keeps the only stream slot.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (bool reloaded = false; !reloaded && std::chrono::steady_clock::now() < deadline;) {
+    server.signal(SIGHUP);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    reloaded = server.log().find("1 open calls of removed keys ended") != std::string::npos;
+  }
+  const std::optional<grpc::Status> st = held.finish(kPrompt);
+  ASSERT_TRUE(st.has_value()) << server.log();
+  EXPECT_EQ(st->error_code(), grpc::StatusCode::UNAUTHENTICATED) << st->error_message();
+  EXPECT_TRUE(wait_server_idle(stub.get(), std::chrono::seconds(30), kKeyA));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", std::string("Bearer ") + kKeyA);
+  v1::GenerateRequest r;
+  r.set_prompt("Once");
+  r.set_max_tokens(1);
+  auto reader = stub->Generate(&ctx, r);
+  v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+}
+
 }  // namespace
 }  // namespace kvsplit::testing

@@ -1,5 +1,6 @@
-// SIGHUP against the real binary: what a reload does not apply is named in the log (the reload of
-// the SLA classes and the kvm policy themselves: admin_test.cpp).
+// SIGHUP against the real binary: what a reload does not apply is named in the log, and the reload
+// of server.api_keys (the reload of the SLA classes and the kvm policy themselves:
+// admin_test.cpp).
 #include <string>
 #include <vector>
 
@@ -83,6 +84,69 @@ TEST_F(ReloadTest, ChangedSettingsThatNeedARestartAreNamed) {
   server.signal(SIGHUP);
   ASSERT_TRUE(wait_for_log(server, "reloaded 2 SLA classes", 2)) << server.log();
   EXPECT_EQ(count_lines_with(server.log(), kNotApplied), 5) << server.log();
+}
+
+// server.api_keys is reloaded on SIGHUP: a removed key is refused for new calls at once, and its
+// open Generate call ends with UNAUTHENTICATED, its request cancelled and its KV freed; a kept and
+// an added key work, and the log does not call the keys unapplied. Removing every key (turning
+// authentication off) is refused and changes nothing. Keys used to need a restart.
+TEST_F(ReloadTest, ApiKeysAreReloadedAndARemovedKeysCallsEnd) {
+  constexpr char kA[] = "alpha-key-000001", kB[] = "bravo-key-000002", kC[] = "charlie-key-00003";
+  const std::string cfg =
+      write("k.yaml", std::string("server:\n  api_keys: [") + kA + ", " + kB + "]\n");
+  ServerProcess server({"--model", "synthetic:llama-110m", "--config", cfg},
+                       dir_.file("server.log"));
+  ASSERT_TRUE(server.started()) << server.log();
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  auto call = [&](grpc::ClientContext* ctx, const char* key, int max_tokens) {
+    ctx->AddMetadata("authorization", std::string("Bearer ") + key);
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    v1::GenerateRequest r;
+    r.set_prompt("Once upon a time");
+    r.set_max_tokens(max_tokens);
+    r.set_ignore_eos(true);
+    return stub->Generate(ctx, r);
+  };
+  auto finish = [](grpc::ClientReader<v1::GenerateResponse>* reader) {
+    v1::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+    }
+    return reader->Finish();
+  };
+  grpc::ClientContext held_ctx;
+  auto held = call(&held_ctx, kB, 1000);
+  v1::GenerateResponse first;
+  ASSERT_TRUE(held->Read(&first)) << "the held call did not start";
+
+  write("k.yaml", std::string("server:\n  api_keys: [") + kA + ", " + kC + "]\n");
+  server.signal(SIGHUP);
+  ASSERT_TRUE(wait_for_log(server, "server.api_keys reloaded (2 keys; 1 open calls"))
+      << server.log();
+  const grpc::Status revoked = finish(held.get());
+  EXPECT_EQ(revoked.error_code(), grpc::StatusCode::UNAUTHENTICATED) << revoked.error_message();
+  EXPECT_NE(revoked.error_message().find("revoked"), std::string::npos) << revoked.error_message();
+  for (const char* key : {kA, kB, kC}) {
+    grpc::ClientContext ctx;
+    auto reader = call(&ctx, key, 2);
+    EXPECT_EQ(finish(reader.get()).error_code(),
+              key == kB ? grpc::StatusCode::UNAUTHENTICATED : grpc::StatusCode::OK)
+        << key;
+  }
+  EXPECT_EQ(server.log().find("server.api_keys: changed"), std::string::npos) << server.log();
+  EXPECT_TRUE(wait_server_idle(stub.get(), std::chrono::seconds(30), kA)) << "KV not freed";
+
+  write("k.yaml", "server: {}\n");
+  server.signal(SIGHUP);
+  ASSERT_TRUE(wait_for_log(server, "server.api_keys not applied: removing every key"))
+      << server.log();
+  grpc::ClientContext keyless;
+  v1::GetServerStatsResponse stats;
+  EXPECT_EQ(stub->GetServerStats(&keyless, {}, &stats).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  grpc::ClientContext keyed;
+  keyed.AddMetadata("authorization", std::string("Bearer ") + kC);
+  EXPECT_TRUE(stub->GetServerStats(&keyed, {}, &stats).ok());
 }
 
 }  // namespace
