@@ -156,6 +156,20 @@ class HeaderAuthTest : public ::testing::Test {
         << "a stream slot or KV block was not given back";
   }
 
+  // Whether, within 30 s, the server counts `n` open Generate calls (a call's headers reach the
+  // server a moment after the client has sent them).
+  bool wait_active_streams(int n) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    do {
+      grpc::ClientContext ctx;
+      ctx.AddMetadata("authorization", std::string("Bearer ") + kKeyA);
+      v1::GetServerStatsResponse s;
+      if (stub_->GetServerStats(&ctx, {}, &s).ok() && s.active_streams() == n) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    } while (std::chrono::steady_clock::now() < deadline);
+    return false;
+  }
+
   static TempDir* dir_;
   static ServerProcess* server_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -185,6 +199,7 @@ TEST_F(HeaderAuthTest, StreamLimitsAreAppliedBeforeTheMessage) {
   const std::string generate = kMethods[0];
   auto held_a = std::make_unique<RawStream>(channel_, generate, kKeyA);
   ASSERT_TRUE(held_a->started());
+  ASSERT_TRUE(wait_active_streams(1));
   {
     RawStream more(channel_, generate, kKeyA);
     const std::optional<grpc::Status> st = more.finish(kPrompt);
@@ -195,17 +210,13 @@ TEST_F(HeaderAuthTest, StreamLimitsAreAppliedBeforeTheMessage) {
   }
   auto held_b = std::make_unique<RawStream>(channel_, generate, kKeyB);
   ASSERT_TRUE(held_b->started());
+  ASSERT_TRUE(wait_active_streams(2));
   {
-    // Wait until B's call holds its slot (the server learns of it a moment after it starts).
-    std::optional<grpc::Status> st;
-    for (int attempt = 0; attempt < 100; ++attempt) {
-      RawStream more(channel_, generate, kKeyB);
-      st = more.finish(kPrompt);
-      ASSERT_TRUE(st.has_value()) << "no answer while the message is outstanding";
-      if (st->error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) break;
-    }
+    RawStream more(channel_, generate, kKeyB);
+    const std::optional<grpc::Status> st = more.finish(kPrompt);
+    ASSERT_TRUE(st.has_value()) << "no answer while the message is outstanding";
     EXPECT_EQ(st->error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-    EXPECT_NE(st->error_message().find("concurrent streams"), std::string::npos)
+    EXPECT_NE(st->error_message().find("server is at its limit"), std::string::npos)
         << st->error_message();
   }
   // A held call still gets its message served.
@@ -262,14 +273,20 @@ TEST(HeaderAuthReload, ARemovedKeysCallWaitingForItsMessageEnds) {
   auto stub = v1::Generation::NewStub(channel);
   RawStream held(channel, kMethods[0], kKeyB);
   ASSERT_TRUE(held.started());
-  std::ofstream(cfg) << "server:\n  max_concurrent_streams: 1\n  api_keys: [" << kKeyA << "]\n";
-  // Until the reload ended the call: before it, the held call keeps the only stream slot.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  for (bool reloaded = false; !reloaded && std::chrono::steady_clock::now() < deadline;) {
-    server.signal(SIGHUP);
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    reloaded = server.log().find("1 open calls of removed keys ended") != std::string::npos;
+  for (int i = 0;; ++i) {  // until the server holds the call
+    ASSERT_LT(i, 3000) << "the held call did not reach the server";
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", std::string("Bearer ") + kKeyA);
+    v1::GetServerStatsResponse s;
+    if (stub->GetServerStats(&ctx, {}, &s).ok() && s.active_streams() == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  std::ofstream(cfg) << "server:\n  max_concurrent_streams: 1\n  api_keys: [" << kKeyA << "]\n";
+  server.signal(SIGHUP);
+  const std::string kEnded = "(1 keys; 1 open calls of removed keys ended)";
+  for (int i = 0; i < 3000 && server.log().find(kEnded) == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_NE(server.log().find(kEnded), std::string::npos) << server.log();
   const std::optional<grpc::Status> st = held.finish(kPrompt);
   ASSERT_TRUE(st.has_value()) << server.log();
   EXPECT_EQ(st->error_code(), grpc::StatusCode::UNAUTHENTICATED) << st->error_message();
