@@ -55,6 +55,15 @@ void log_grpc_line(gpr_log_func_args* args) {
 void route_grpc_log(void (*on_listener_failure)()) {
   g_on_listener_failure.store(on_listener_failure);
   gpr_set_log_function(&log_grpc_line);
+  // Reads GRPC_VERBOSITY now (grpc_init would later, and then keeps what is set): NONE would
+  // hide the "Failed accept4" line, and with it the listener's failure.
+  gpr_log_verbosity_init();
+  if (!gpr_should_log(GPR_LOG_SEVERITY_ERROR)) {
+    gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
+    KVSPLIT_LOG_INFO(
+        "GRPC_VERBOSITY: gRPC's errors are logged all the same (the server reads "
+        "them to see a port that stopped accepting)");
+  }
 }
 
 Status check_tls_files(const config::ServerConfig& config) {

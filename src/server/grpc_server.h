@@ -35,7 +35,8 @@ StatusOr<RunningServer> start_grpc_server(const config::ServerConfig& config,
 // `on_listener_failure` (once, from gRPC's thread) when gRPC reports that a listening port failed
 // to accept ("Failed accept4", e.g. out of file descriptors): gRPC 1.51 then never accepts on
 // that port again, so the server would look alive while refusing every new connection. The
-// callback must be async-signal-safe in spirit: it runs inside gRPC's poller.
+// callback runs inside gRPC's poller, holding its listener's lock: it must not call into gRPC.
+// gRPC's errors stay on even under GRPC_VERBOSITY=NONE, since the detection reads them.
 void route_grpc_log(void (*on_listener_failure)());
 
 // Marks the health service NOT_SERVING (drain) or SERVING.

@@ -22,6 +22,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -151,9 +152,10 @@ void reload_sla_classes(const std::string& path, const kvsplit::SemanticCutConfi
   if (!keys_from_flags) {  // before the SLA policy, whose rejection must not keep a revoked key
     auto ended = svc->update_api_keys(fresh->server.api_keys);
     if (ended.ok()) {
-      KVSPLIT_LOG_INFO(
-          "SIGHUP: server.api_keys reloaded ({} keys; {} open calls of removed keys ended)",
-          fresh->server.api_keys.size(), *ended);
+      if (!fresh->server.api_keys.empty())  // a server without keys has nothing to reload
+        KVSPLIT_LOG_INFO(
+            "SIGHUP: server.api_keys reloaded ({} keys; {} open calls of removed keys ended)",
+            fresh->server.api_keys.size(), *ended);
     } else {
       KVSPLIT_LOG_ERROR("SIGHUP: server.api_keys not applied: {}", ended.status().message());
     }
@@ -346,7 +348,11 @@ void raise_open_file_limit() {
   r.rlim_cur = r.rlim_max;
   if (setrlimit(RLIMIT_NOFILE, &r) != 0) {
     r.rlim_cur = std::max<rlim_t>(before, 1 << 20);  // an unlimited hard limit past fs.nr_open
-    if (r.rlim_cur > r.rlim_max || setrlimit(RLIMIT_NOFILE, &r) != 0) return;
+    if (r.rlim_cur > r.rlim_max || setrlimit(RLIMIT_NOFILE, &r) != 0) {
+      KVSPLIT_LOG_WARN("open-file limit stays at {}: cannot raise it toward the hard limit ({})",
+                       before, std::strerror(errno));
+      return;
+    }
   }
   KVSPLIT_LOG_INFO("open-file limit raised from {} to {}", before, r.rlim_cur);
 }
@@ -373,6 +379,7 @@ int run(const Flags& flags) {
   }
   apply_default_model(&cfg);
   KVSPLIT_LOG_INFO("config: {}", config::describe(cfg));
+  raise_open_file_limit();  // before the engine opens its disk tier and devices
 
   // The model loads on its own thread (it can take minutes) while this one watches for
   // SIGTERM / SIGINT: a stop asked for during start-up exits at once (nothing to drain yet)
@@ -436,7 +443,6 @@ int run(const Flags& flags) {
     std::unique_ptr<server::ServerMetrics>& metrics;
     ~StopMetrics() { metrics.reset(); }
   } stop_metrics{metrics};
-  raise_open_file_limit();
   server::route_grpc_log([] { kill(getpid(), kListenerFailedSignal); });
   auto running = server::start_grpc_server(cfg.server, &service);
   if (!running.ok()) {

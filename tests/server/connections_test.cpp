@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -136,14 +137,17 @@ TEST(Connections, TheSoftOpenFileLimitIsRaisedToTheHardOne) {
 }
 
 // Out of descriptors for good (hard limit 128): gRPC's accept fails and its port never accepts
-// again. The server says so, drains, and exits 1 for a supervisor to restart it; before, it kept
-// running and every new client timed out.
+// again, even with gRPC's own log turned off (GRPC_VERBOSITY=NONE). The server says so, drains, and
+// exits 1 for a supervisor to restart it; before, it kept running and every new client timed out.
 TEST(Connections, AServerWhosePortStopsAcceptingDrainsAndExits1) {
   KVSPLIT_REQUIRE_MODELS();
   TempDir dir;
   const rlimit nofile{128, 128};
+  // GRPC_VERBOSITY=NONE would hide gRPC's error, and the failure with it: errors stay on.
+  setenv("GRPC_VERBOSITY", "NONE", 1);
   ServerProcess server({"--model", model_path("stories260K.bin")}, dir.file("server.log"),
                        "127.0.0.1", &nofile);
+  unsetenv("GRPC_VERBOSITY");
   ASSERT_TRUE(server.started()) << server.log();
   std::vector<int> fds = open_connections(server.port(), 300);
   const int status = server.exit_status_within(std::chrono::seconds(30));
