@@ -40,14 +40,20 @@ class GenerateReactor : public RawBidiReactor {
   static GenerateReactor* start(GenerationService* service, grpc::CallbackServerContext* context) {
     auto r = std::make_shared<GenerateReactor>(service, context);
     r->self_ = r;
-    StatusOr<std::string> tenant = service->admit_stream(*context, r);
-    if (!tenant.ok()) {
-      r->finish_now(to_grpc(tenant.status()));
-      return r.get();
+    {
+      // Under mu_ from before admit_stream publishes the call (a revoke() may reach it at once)
+      // until its read is started (gRPC never runs OnReadDone inline from StartRead).
+      std::unique_lock<std::mutex> lock(r->mu_);
+      StatusOr<std::string> tenant = service->admit_stream(*context, r);
+      if (!tenant.ok()) {
+        lock.unlock();
+        r->finish_now(to_grpc(tenant.status()));
+        return r.get();
+      }
+      r->slot_ = *tenant;
+      r->tenant_ = *std::move(tenant);
+      r->StartRead(&r->in_);
     }
-    r->slot_ = *tenant;
-    r->tenant_ = *std::move(tenant);
-    r->StartRead(&r->in_);
     return r.get();
   }
 
@@ -335,8 +341,7 @@ class GenerateReactor : public RawBidiReactor {
 
   GenerationService* const service_;
   grpc::CallbackServerContext* const context_;
-  // The tenant whose stream slot the call holds (none: it took none): set before gRPC can call
-  // OnDone, then under mu_.
+  // The tenant whose stream slot the call holds (none: it took none); guarded by mu_.
   std::optional<std::string> slot_;
   std::shared_ptr<GenerateReactor> self_;
   std::mutex mu_;
