@@ -39,6 +39,9 @@ struct ServerConfig {
   // [0, 100000]; open Generate calls of one API key (tenant) at most, so one tenant cannot hold
   // every stream slot; 0: no per-tenant limit.
   int32_t max_streams_per_tenant = 0;
+  // [100, 3600000]; a call whose request message has not arrived this long after its headers
+  // ends DEADLINE_EXCEEDED (an admitted Generate call holds a stream slot while it waits).
+  int32_t request_message_timeout_ms = 10000;
   int32_t max_message_bytes = 4 << 20;  // [16384, 1 GiB]; receive limit of one request
   // [1, max_message_bytes - kRequestFieldsBytes]; longer prompts -> INVALID_ARGUMENT
   int32_t max_prompt_bytes = 1 << 20;

@@ -116,6 +116,8 @@ Status validate_config(const Config& config) {
       check_range("server.max_concurrent_streams", s.max_concurrent_streams, 1, 100000));
   KVSPLIT_RETURN_IF_ERROR(
       check_range("server.max_streams_per_tenant", s.max_streams_per_tenant, 0, 100000));
+  KVSPLIT_RETURN_IF_ERROR(
+      check_range("server.request_message_timeout_ms", s.request_message_timeout_ms, 100, 3600000));
   KVSPLIT_RETURN_IF_ERROR(check_range("server.max_message_bytes", s.max_message_bytes,
                                       2 * kRequestFieldsBytes, 1 << 30));
   // A prompt of max_prompt_bytes and the request's other fields fit in one message (else gRPC

@@ -193,6 +193,7 @@ Status read_server(const YAML::Node& n, ServerConfig* s) {
   }
   KVSPLIT_RETURN_IF_ERROR(r.get("max_concurrent_streams", &s->max_concurrent_streams));
   KVSPLIT_RETURN_IF_ERROR(r.get("max_streams_per_tenant", &s->max_streams_per_tenant));
+  KVSPLIT_RETURN_IF_ERROR(r.get("request_message_timeout_ms", &s->request_message_timeout_ms));
   KVSPLIT_RETURN_IF_ERROR(r.get("max_message_bytes", &s->max_message_bytes));
   KVSPLIT_RETURN_IF_ERROR(r.get("max_prompt_bytes", &s->max_prompt_bytes));
   KVSPLIT_RETURN_IF_ERROR(r.get("max_tokens_limit", &s->max_tokens_limit));

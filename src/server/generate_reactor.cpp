@@ -31,7 +31,7 @@ void post_pump(const std::weak_ptr<PumpThread>& pumps,
 
 // One Generate call. Owned by itself (self_) from creation until OnDone; the engine's notifier
 // holds only a weak_ptr, so a late event after the call ended is dropped safely.
-class GenerateReactor : public RawBidiReactor {
+class GenerateReactor : public RawBidiReactor, public MessageWaiter {
  public:
   GenerateReactor(GenerationService* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context) {}
@@ -52,6 +52,7 @@ class GenerateReactor : public RawBidiReactor {
       }
       r->slot_ = *tenant;
       r->tenant_ = *std::move(tenant);
+      r->timer_id_ = service->message_timer()->start(r, /*generate=*/true);
       r->StartRead(&r->in_);
     }
     return r.get();
@@ -65,6 +66,7 @@ class GenerateReactor : public RawBidiReactor {
       std::lock_guard<std::mutex> lock(mu_);
       first = !have_request_;
       have_request_ = true;
+      if (first) service_->message_timer()->done(timer_id_);
     }
     if (first) {
       on_request(ok);
@@ -121,10 +123,27 @@ class GenerateReactor : public RawBidiReactor {
     // Else on_request is between the message and the submission: it finds broken_ set.
   }
 
+  // Ends the call with `status` while it waits for its request message (MessageTimer: too long,
+  // or a drain); whether it did.
+  bool end_waiting(const grpc::Status& status) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finish_called_ || have_request_) return false;
+      error_ = status;  // on_request finds the call broken when the message comes after all
+      broken_ = true;
+      final_code_ = status.error_code();
+      finish_called_ = true;
+      release_slot_locked();
+    }
+    Finish(status);
+    return true;
+  }
+
   void OnDone() override {
     service_->stream_done(this);
     {
       std::lock_guard<std::mutex> lock(mu_);
+      service_->message_timer()->done(timer_id_);
       release_slot_locked();  // every path finishes first; this only makes sure
     }
     if (service_->metrics()) service_->metrics()->count_call(code_name(final_code_));
@@ -343,6 +362,7 @@ class GenerateReactor : public RawBidiReactor {
   grpc::CallbackServerContext* const context_;
   // The tenant whose stream slot the call holds (none: it took none); guarded by mu_.
   std::optional<std::string> slot_;
+  uint64_t timer_id_ = 0;  // the request message's time limit (MessageTimer); guarded by mu_
   std::shared_ptr<GenerateReactor> self_;
   std::mutex mu_;
   RequestHandle handle_;  // guarded by mu_ until submitted_, then read-only

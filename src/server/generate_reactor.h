@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kvsplit/engine.h"
+#include "server/message_timer.h"
 
 namespace kvsplit::server {
 

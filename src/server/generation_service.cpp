@@ -13,52 +13,102 @@ namespace kvsplit::server {
 namespace {
 
 // One unary call on a raw bidi stream: reads its one request message, then the half-close
-// (INVALID_ARGUMENT for no message or a second one), and answers with `handler`'s response.
-// Deletes itself in OnDone. A call refused from its metadata (`tenant` an error) is finished at
-// once, reading nothing.
-class UnaryReactor final : public RawBidiReactor {
+// (INVALID_ARGUMENT for no message or a second one), and answers with `handler`'s response. A
+// call refused from its metadata (`tenant` an error) is finished at once, reading nothing; one
+// whose message and half-close have not arrived within the timer's limit ends DEADLINE_EXCEEDED.
+// Owned by itself (self_) until OnDone; the timer holds only a weak_ptr.
+class UnaryReactor final : public RawBidiReactor, public MessageWaiter {
  public:
   using Handler = std::function<Status(const grpc::ByteBuffer& request, const std::string& tenant,
                                        grpc::ByteBuffer* response)>;
 
-  UnaryReactor(StatusOr<std::string> tenant, Handler handler) : handler_(std::move(handler)) {
+  UnaryReactor(MessageTimer* timer, grpc::CallbackServerContext* context, Handler handler)
+      : timer_(timer), context_(context), handler_(std::move(handler)) {}
+
+  static RawBidiReactor* start(MessageTimer* timer, grpc::CallbackServerContext* context,
+                               StatusOr<std::string> tenant, Handler handler) {
+    auto r = std::make_shared<UnaryReactor>(timer, context, std::move(handler));
+    r->self_ = r;
     if (!tenant.ok()) {
-      Finish(to_grpc(tenant.status()));
-      return;
+      r->finish(to_grpc(tenant.status()));
+      return r.get();
     }
-    tenant_ = *std::move(tenant);
-    StartRead(&request_);
+    r->tenant_ = *std::move(tenant);
+    // Under mu_, so that end_waiting cannot finish the call before its read is started (gRPC
+    // never runs OnReadDone inline from StartRead).
+    std::lock_guard<std::mutex> lock(r->mu_);
+    r->timer_id_ = timer->start(r, /*generate=*/false);
+    r->StartRead(&r->request_);
+    return r.get();
   }
 
   void OnReadDone(bool ok) override {
-    if (!have_request_) {
-      if (!ok) {  // half-closed first (or cancelled: then the status reaches no one)
-        Finish(to_grpc(invalid_argument(kNoRequestMessage)));
-        return;
-      }
+    std::unique_lock<std::mutex> lock(mu_);
+    if (finish_called_) return;  // ended while waiting (end_waiting)
+    if (!have_request_ && ok) {
       have_request_ = true;
-      StartRead(&extra_);  // the half-close, or a second message
+      StartRead(&extra_);  // the half-close, or a second message; under mu_ as in start()
       return;
     }
-    if (ok) {
-      Finish(to_grpc(invalid_argument(kSecondRequestMessage)));
-      return;
-    }
-    const Status status = handler_(request_, tenant_, &response_);
-    request_.Clear();
-    if (status.ok()) {
-      StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+    done_reading_ = true;
+    timer_->done(timer_id_);
+    const bool had_request = have_request_;
+    lock.unlock();
+    if (!had_request) {  // half-closed first (or cancelled: then the status reaches no one)
+      finish(to_grpc(invalid_argument(kNoRequestMessage)));
+    } else if (ok) {
+      finish(to_grpc(invalid_argument(kSecondRequestMessage)));
     } else {
-      Finish(to_grpc(status));
+      const Status status = handler_(request_, tenant_, &response_);
+      request_.Clear();
+      if (!status.ok()) {
+        finish(to_grpc(status));
+      } else if (claim_finish()) {
+        StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+      }
     }
   }
 
-  void OnDone() override { delete this; }
+  bool end_waiting(const grpc::Status& status) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finish_called_ || done_reading_) return false;
+      finish_called_ = true;
+    }
+    Finish(status);
+    return true;
+  }
+
+  void OnDone() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      timer_->done(timer_id_);
+    }
+    auto keep = std::move(self_);  // destroyed when this returns (or by the timer's last use)
+  }
 
  private:
+  // Whether the caller is the one to finish the call (once only).
+  bool claim_finish() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finish_called_) return false;
+    finish_called_ = true;
+    return true;
+  }
+  void finish(const grpc::Status& status) {
+    if (claim_finish()) Finish(status);
+  }
+
+  MessageTimer* const timer_;
+  grpc::CallbackServerContext* const context_;
   Handler handler_;
-  std::string tenant_;
-  bool have_request_ = false;  // touched by OnReadDone only (never concurrent with itself)
+  std::shared_ptr<UnaryReactor> self_;
+  std::string tenant_;  // set before the first read, then read-only
+  std::mutex mu_;
+  uint64_t timer_id_ = 0;      // guarded by mu_ (the flags below too)
+  bool have_request_ = false;  // the first read brought a message
+  bool done_reading_ = false;  // the last read completed: no longer waiting
+  bool finish_called_ = false;
   grpc::ByteBuffer request_;
   grpc::ByteBuffer extra_;
   grpc::ByteBuffer response_;
@@ -76,7 +126,8 @@ GenerationService::GenerationService(Engine* engine, ServiceOptions options,
       model_info_(engine->model_info()),
       parse_errors_(options_.parse_error_log_interval),
       classes_(std::move(classes)),
-      pump_thread_(std::make_shared<PumpThread>()) {
+      pump_thread_(std::make_shared<PumpThread>()),
+      message_timer_(std::make_unique<MessageTimer>(options_.request_message_timeout)) {
   // In generation.proto's order; the names must outlive the service (gRPC keeps the pointers).
   add_method(0, "/kvsplit.v1.Generation/Generate", &GenerationService::Generate);
   add_method(1, "/kvsplit.v1.Generation/Abort", &GenerationService::Abort);
@@ -229,8 +280,8 @@ void GenerationService::stream_closed(const std::string& tenant) {
 }
 
 RawBidiReactor* GenerationService::Abort(grpc::CallbackServerContext* context) {
-  return new UnaryReactor(
-      auth()->authenticate(*context),
+  return UnaryReactor::start(
+      message_timer_.get(), context, auth()->authenticate(*context),
       [this, context](const grpc::ByteBuffer& bytes, const std::string& tenant,
                       grpc::ByteBuffer* out) -> Status {
         v1::AbortRequest request;
@@ -244,8 +295,8 @@ RawBidiReactor* GenerationService::Abort(grpc::CallbackServerContext* context) {
 }
 
 RawBidiReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* context) {
-  return new UnaryReactor(
-      auth()->authenticate(*context),
+  return UnaryReactor::start(
+      message_timer_.get(), context, auth()->authenticate(*context),
       [this, context](const grpc::ByteBuffer& bytes, const std::string& tenant,
                       grpc::ByteBuffer* out) -> Status {
         v1::GetModelInfoRequest request;
@@ -257,8 +308,8 @@ RawBidiReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* con
 }
 
 RawBidiReactor* GenerationService::GetServerStats(grpc::CallbackServerContext* context) {
-  return new UnaryReactor(
-      auth()->authenticate(*context),
+  return UnaryReactor::start(
+      message_timer_.get(), context, auth()->authenticate(*context),
       [this, context](const grpc::ByteBuffer& bytes, const std::string& tenant,
                       grpc::ByteBuffer* out) -> Status {
         v1::GetServerStatsRequest request;

@@ -24,6 +24,7 @@
 #include "kvsplit/v1/generation.grpc.pb.h"
 #include "server/auth.h"
 #include "server/convert.h"
+#include "server/message_timer.h"
 #include "server/metrics.h"
 #include "server/protocol.h"
 
@@ -40,6 +41,9 @@ struct ServiceOptions {
   ServerMetrics* metrics = nullptr;   // optional; must outlive the service
   // Unparsable requests are logged at most once per interval (with the count suppressed).
   std::chrono::milliseconds parse_error_log_interval{10000};
+  // A call whose request message (and, for the unary methods, half-close) has not arrived this
+  // long after its headers ends with DEADLINE_EXCEEDED, releasing its stream slot.
+  std::chrono::milliseconds request_message_timeout{10000};
 };
 
 class PumpThread;       // server/generate_reactor.h
@@ -83,6 +87,7 @@ class GenerationService final : public grpc::Service {
   Engine* engine() const { return engine_; }
   ServerMetrics* metrics() const { return options_.metrics; }
   std::weak_ptr<PumpThread> pump_thread() const { return pump_thread_; }
+  MessageTimer* message_timer() const { return message_timer_.get(); }
   // Admits a Generate call from its metadata alone: the caller's tenant, holding a stream slot of
   // the server and of the tenant (give it back with stream_closed), or UNAUTHENTICATED,
   // UNAVAILABLE (draining) or RESOURCE_EXHAUSTED (a stream limit), holding none.
@@ -134,6 +139,7 @@ class GenerationService final : public grpc::Service {
   std::atomic<bool> draining_{false};
   // Shared so that a notifier outliving the service finds it gone (weak_ptr) instead of dangling.
   std::shared_ptr<PumpThread> pump_thread_;
+  std::unique_ptr<MessageTimer> message_timer_;
 };
 
 }  // namespace kvsplit::server

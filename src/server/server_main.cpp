@@ -422,6 +422,7 @@ int run(const Flags& flags) {
   opts.max_tokens_limit = cfg.server.max_tokens_limit;
   opts.default_max_tokens = cfg.server.default_max_tokens;
   opts.api_keys = cfg.server.api_keys;
+  opts.request_message_timeout = std::chrono::milliseconds(cfg.server.request_message_timeout_ms);
   // The metrics collector reads the service's stream counter: the counter is patched in once the
   // service exists (before the server starts), and the listener stops before the service goes.
   std::unique_ptr<server::ServerMetrics> metrics;

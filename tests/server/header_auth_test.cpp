@@ -303,5 +303,51 @@ TEST(HeaderAuthReload, ARemovedKeysCallWaitingForItsMessageEnds) {
   EXPECT_TRUE(reader->Finish().ok());
 }
 
+// server.request_message_timeout_ms: a call that sends only its headers ends DEADLINE_EXCEEDED
+// and gives its stream slot back (it took one from its headers), on Generate and on the unary
+// methods; a call whose message came in time is not cut by it.
+TEST(HeaderAuthMessageTimeout, HeaderOnlyCallEndsAndItsSlotComesBack) {
+  TempDir dir;
+  std::ofstream(dir.file("t.yaml"))
+      << "server: {max_concurrent_streams: 1, request_message_timeout_ms: 300}\n";
+  ServerProcess server({"--config", dir.file("t.yaml"), "--model", "synthetic:stories260k"},
+                       dir.file("server.log"));
+  ASSERT_TRUE(server.started()) << server.log();
+  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Generation::NewStub(channel);
+  for (const char* method : {kMethods[0], kMethods[3]}) {
+    SCOPED_TRACE(method);
+    RawStream held(channel, method, "");
+    ASSERT_TRUE(held.started());
+    const std::optional<grpc::Status> st = held.finish(kPrompt);
+    ASSERT_TRUE(st.has_value()) << "the header-only call was not ended";
+    EXPECT_EQ(st->error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << st->error_message();
+    EXPECT_NE(st->error_message().find("server.request_message_timeout_ms"), std::string::npos)
+        << st->error_message();
+  }
+  // The slot came back: at max_concurrent_streams 1 a call is served.
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::GenerateRequest r;
+    r.set_prompt("Once");
+    r.set_max_tokens(1);
+    auto reader = stub->Generate(&ctx, r);
+    v1::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+    }
+    const grpc::Status st = reader->Finish();
+    EXPECT_TRUE(st.ok()) << st.error_code() << " " << st.error_message();
+  }
+  // The message in time, read by the client well after the limit: served.
+  RawStream call(channel, kMethods[0], "");
+  ASSERT_TRUE(call.write(generate_bytes(2)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  const std::optional<grpc::Status> st = call.finish(std::chrono::seconds(30));
+  ASSERT_TRUE(st.has_value());
+  EXPECT_TRUE(st->ok()) << st->error_code() << " " << st->error_message();
+  EXPECT_TRUE(wait_server_idle(stub.get(), std::chrono::seconds(30)));
+}
+
 }  // namespace
 }  // namespace kvsplit::testing
