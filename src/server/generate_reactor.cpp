@@ -101,14 +101,15 @@ class GenerateReactor : public RawBidiReactor, public MessageWaiter {
   }
 
   // Ends the call with UNAUTHENTICATED: its key was revoked (GenerationService::update_api_keys).
-  void revoke() {
+  // Whether this ended it (false: it had finished already).
+  bool revoke() {
     const grpc::Status revoked(grpc::StatusCode::UNAUTHENTICATED,
                                "API key revoked (server.api_keys reloaded); request aborted");
     bool waiting;  // for the request message: nothing else will finish the call
     bool submitted;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (finish_called_) return;
+      if (finish_called_) return false;
       error_ = revoked;
       broken_ = true;
       waiting = !have_request_;
@@ -121,6 +122,7 @@ class GenerateReactor : public RawBidiReactor, public MessageWaiter {
       pump();
     }
     // Else on_request is between the message and the submission: it finds broken_ set.
+    return true;
   }
 
   // Ends the call with `status` while it waits for its request message (MessageTimer: too long,
@@ -430,7 +432,7 @@ void PumpThread::run() {
   }
 }
 
-void revoke_generate(GenerateReactor* reactor) { reactor->revoke(); }
+bool revoke_generate(GenerateReactor* reactor) { return reactor->revoke(); }
 
 RawBidiReactor* start_generate(GenerationService* service, grpc::CallbackServerContext* context) {
   return GenerateReactor::start(service, context);

@@ -51,7 +51,8 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* start_generate(
     GenerationService* service, grpc::CallbackServerContext* context);
 
 // Ends the Generate call of `reactor` with UNAUTHENTICATED, its request cancelled in the engine
-// (its key was revoked); no-op when it is finishing already. Any thread.
-void revoke_generate(GenerateReactor* reactor);
+// (its key was revoked); no-op when it is finishing already. Whether it ended the call. Any
+// thread.
+bool revoke_generate(GenerateReactor* reactor);
 
 }  // namespace kvsplit::server

@@ -263,8 +263,10 @@ StatusOr<int> GenerationService::update_api_keys(const std::vector<std::string>&
       if (auto r = open.reactor.lock()) revoked.push_back(std::move(r));
     }
   }
-  for (const auto& r : revoked) revoke_generate(r.get());
-  return static_cast<int>(revoked.size());
+  // Calls finished already but not yet at OnDone are still registered: not counted.
+  int ended = 0;
+  for (const auto& r : revoked) ended += revoke_generate(r.get()) ? 1 : 0;
+  return ended;
 }
 
 int32_t GenerationService::tenant_stream_opened(const std::string& tenant) {
