@@ -55,6 +55,10 @@ class GenerateReactor : public RawBidiReactor, public MessageWaiter {
       r->timer_id_ = service->message_timer()->start(r, /*generate=*/true);
       r->StartRead(&r->in_);
     }
+    // A drain that began after admit_stream swept the timer before this call was in it.
+    if (service->draining()) {
+      r->end_waiting(to_grpc(unavailable("server is draining; not accepting new requests")));
+    }
     return r.get();
   }
 

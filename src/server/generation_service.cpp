@@ -269,6 +269,14 @@ StatusOr<int> GenerationService::update_api_keys(const std::vector<std::string>&
   return ended;
 }
 
+void GenerationService::start_draining() {
+  draining_.store(true);
+  // A call admitted before draining_ was set and timed after this sweep sees it
+  // (GenerateReactor::start).
+  message_timer_->end_generate(
+      to_grpc(unavailable("server is draining; not accepting new requests")));
+}
+
 int32_t GenerationService::tenant_stream_opened(const std::string& tenant) {
   std::lock_guard<std::mutex> lock(slots_mu_);
   return ++tenant_streams_[tenant];

@@ -78,8 +78,10 @@ class GenerationService final : public grpc::Service {
   // on or off this way (keys <-> none): kFailedPrecondition, nothing changed. Returns the number
   // of calls ended. Any thread; slow for many new keys (ApiKeyAuth::tenant_id), not under a lock.
   StatusOr<int> update_api_keys(const std::vector<std::string>& keys);
-  // New Generate calls get UNAVAILABLE from now on (SIGTERM drain).
-  void start_draining() { draining_.store(true); }
+  // New Generate calls get UNAVAILABLE from now on (SIGTERM drain), and so do those still
+  // waiting for their request message: they are not in the engine, so nothing else ends them.
+  void start_draining();
+  bool draining() const { return draining_.load(); }
   int32_t active_streams() const { return active_streams_.load(); }
   const std::atomic<int32_t>* active_streams_counter() const { return &active_streams_; }
 

@@ -349,5 +349,30 @@ TEST(HeaderAuthMessageTimeout, HeaderOnlyCallEndsAndItsSlotComesBack) {
   EXPECT_TRUE(wait_server_idle(stub.get(), std::chrono::seconds(30)));
 }
 
+// A drain (SIGTERM) ends a Generate call still waiting for its message at once, UNAVAILABLE
+// "server is draining" (it is not in the engine: nothing else would end it before the cut-off).
+TEST(HeaderAuthMessageTimeout, DrainEndsACallWaitingForItsMessage) {
+  TempDir dir;
+  ServerProcess server({"--model", "synthetic:stories260k"}, dir.file("server.log"));
+  ASSERT_TRUE(server.started()) << server.log();
+  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Generation::NewStub(channel);
+  RawStream held(channel, kMethods[0], "");
+  ASSERT_TRUE(held.started());
+  for (int i = 0;; ++i) {  // until the server holds the call
+    ASSERT_LT(i, 3000) << "the held call did not reach the server";
+    grpc::ClientContext ctx;
+    v1::GetServerStatsResponse s;
+    if (stub->GetServerStats(&ctx, {}, &s).ok() && s.active_streams() == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  server.signal(SIGTERM);
+  const std::optional<grpc::Status> st = held.finish(std::chrono::milliseconds(1500));
+  ASSERT_TRUE(st.has_value()) << server.log();
+  EXPECT_EQ(st->error_code(), grpc::StatusCode::UNAVAILABLE) << st->error_message();
+  EXPECT_NE(st->error_message().find("server is draining"), std::string::npos)
+      << st->error_message();
+}
+
 }  // namespace
 }  // namespace kvsplit::testing
