@@ -54,7 +54,10 @@ class UnaryReactor final : public RawBidiReactor, public MessageWaiter {
     timer_->done(timer_id_);
     const bool had_request = have_request_;
     lock.unlock();
-    if (!had_request) {  // half-closed first (or cancelled: then the status reaches no one)
+    // A cancelled call's status reaches no one; its read fails like a half-close.
+    if (context_->IsCancelled()) {
+      finish(grpc::Status(grpc::StatusCode::CANCELLED, "call cancelled"));
+    } else if (!had_request) {
       finish(to_grpc(invalid_argument(kNoRequestMessage)));
     } else if (ok) {
       finish(to_grpc(invalid_argument(kSecondRequestMessage)));
