@@ -187,6 +187,55 @@ TEST(SemanticPlanner, LadderDemotesThenEvictsAfterTheStepCounts) {
   for (const PageTransition& t : plan5) EXPECT_EQ(t.op, PageOp::kEvict);
 }
 
+// "Reaches" is inclusive: an evicted page whose bound, or a quantized page whose relevance, is
+// exactly recall_threshold comes back.
+TEST(SemanticPlanner, ABoundOrRelevanceExactlyAtTheRecallThresholdRecalls) {
+  const SemanticConfig c = small_config();  // recall_threshold 0.5
+  const int bs = 4, kv_len = 40;
+  std::vector<PageEntry> pages(10);
+  pages[2].location = kv::PageLocation::kEvicted;
+  pages[2].precision = KvPrecision::kEvicted;
+  pages[2].summary = 0;
+  pages[3].precision = KvPrecision::kInt8;
+  pages[3].summary = 1;
+  pages[3].relevance = c.recall_threshold;
+  Obs o = uniform(kv_len, bs, 1.f);
+  o.bound[2] = c.recall_threshold;
+  auto plan = plan_step(KvPolicy::kSemantic, c, o.get(kv_len, bs), pages);
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[0].page, 3);
+  EXPECT_EQ(plan[0].op, PageOp::kRestore);
+  EXPECT_EQ(plan[1].page, 2);
+  EXPECT_EQ(plan[1].op, PageOp::kRestore);
+}
+
+// Each rung waits its own demote_after_steps (the count starts again after a demotion), and int4
+// is the last rung: a page there goes on only by eviction, never by another demotion.
+TEST(SemanticPlanner, EachRungWaitsItsStepsAndInt4IsTheLast) {
+  const SemanticConfig c = small_config();  // demote after 2 low steps
+  const int bs = 4, kv_len = 40;
+  std::vector<PageEntry> pages(10);
+  for (PageEntry& p : pages) p.relevance = 0.1f;  // below semantic, above evict
+  const Obs o = uniform(kv_len, bs, 0.1f);
+  // The plan of each step applied to the pages, as the cut does.
+  auto step = [&] {
+    auto plan = plan_step(KvPolicy::kSemantic, c, o.get(kv_len, bs), pages);
+    for (const PageTransition& t : plan) {
+      EXPECT_EQ(t.op, PageOp::kDemote) << "page " << t.page;
+      EXPECT_NE(t.to, pages[t.page].precision) << "page " << t.page << " demoted to its own rung";
+      pages[t.page].precision = t.to;
+    }
+    return plan.size();
+  };
+  EXPECT_EQ(step(), 0u);
+  EXPECT_EQ(step(), 7u);  // pages 1..7 to int8
+  EXPECT_EQ(pages[1].precision, KvPrecision::kInt8);
+  EXPECT_EQ(step(), 0u);  // one low step at int8 of the two needed
+  EXPECT_EQ(step(), 7u);  // to int4
+  EXPECT_EQ(pages[1].precision, KvPrecision::kInt4);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(step(), 0u) << "step " << i << " at int4";
+}
+
 TEST(SemanticPlanner, RecallByTheBoundForEvictedAndByRelevanceForQuantizedPages) {
   const SemanticConfig c = small_config();  // recall_threshold 0.5
   const int bs = 4, kv_len = 40;
