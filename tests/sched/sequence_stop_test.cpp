@@ -11,13 +11,15 @@
 namespace kvsplit::sched {
 namespace {
 
+constexpr int32_t kEos = 2;
+
 class NullSink : public FinishSink {
  public:
   void on_final(const Sequence&, const TokenEvent&) override {}
 };
 
-// Greedy sequence with prompt [BOS], stop_token_ids {stop}; appends `out` and returns the text
-// its stream delivered and the finish reason.
+// Greedy sequence with prompt [BOS], stop_token_ids {stop}, EOS kEos; appends `out` and returns the
+// text its stream delivered and the finish reason.
 std::pair<std::string, FinishReason> run(const model::Tokenizer& tok, int32_t stop,
                                          const std::vector<int32_t>& out) {
   Sequence seq;
@@ -27,7 +29,8 @@ std::pair<std::string, FinishReason> run(const model::Tokenizer& tok, int32_t st
   seq.params.stop_token_ids = {stop};
   seq.tokens = {1};
   seq.num_prompt = 1;
-  seq.stop = std::make_unique<sampling::StopChecker>(seq.params, std::vector<int32_t>{2}, 16);
+  seq.eos_ids = {kEos};
+  seq.stop = std::make_unique<sampling::StopChecker>(seq.params, seq.eos_ids, 16);
   seq.decoder = std::make_unique<model::StreamDecoder>(tok, 1);
   const auto now = Clock::now();
   FinishReason reason = FinishReason::kNone;
@@ -68,6 +71,23 @@ TEST(SequenceStop, AStopTokenCompletingACharacterDoesNotTakeTheEarlierBytes) {
   two += ref.flush();
   ASSERT_FALSE(two.empty());
   auto [text, reason] = run(**tok, 3 + 0xA5, {3 + 0xE6, 3 + 0x97, 3 + 0xA5});
+  EXPECT_EQ(reason, FinishReason::kStop);
+  EXPECT_EQ(text, two);
+}
+
+// Generation that ends on an EOS id is no stop string: the bytes the detokenizer still holds (an
+// incomplete character before the EOS) are flushed, as after a stop_token_ids id. Treated as a
+// stop string, they were dropped and the text no longer matched the delivered ids.
+TEST(SequenceStop, AnEosAfterAnIncompleteCharacterFlushesItsBytes) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto tok = model::load_tokenizer(testing::model_path("tok512.bin"), 512);
+  ASSERT_TRUE(tok.ok());
+  model::StreamDecoder ref(**tok, 1);
+  std::string two = ref.push(3 + 0xE6);
+  two += ref.push(3 + 0x97);
+  two += ref.flush();
+  ASSERT_FALSE(two.empty());
+  auto [text, reason] = run(**tok, 3 + 0xA5, {3 + 0xE6, 3 + 0x97, kEos});
   EXPECT_EQ(reason, FinishReason::kStop);
   EXPECT_EQ(text, two);
 }
