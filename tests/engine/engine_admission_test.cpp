@@ -58,6 +58,10 @@ TEST(EngineAdmission, ErrorCodesAndMessages) {
   h = e.submit(r);
   EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(message_of(h).find("prompt_token_ids[1] = 600"), std::string::npos) << message_of(h);
+  r.prompt_token_ids = {1, 512};  // the vocabulary is [0, 512)
+  h = e.submit(r);
+  EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(message_of(h).find("prompt_token_ids[1] = 512"), std::string::npos) << message_of(h);
 
   r.prompt_token_ids = {1, 5};
   r.sampling.temperature = -1;
@@ -89,6 +93,17 @@ TEST(EngineAdmission, ErrorCodesAndMessages) {
   Collected c = collect(*ok);
   EXPECT_EQ(c.finals, 1);
   EXPECT_TRUE(e.submit(r).ok());
+
+  // The limits themselves are accepted: the vocabulary's last id, 20 alternatives per token.
+  Request edge;
+  edge.prompt_token_ids = {1, 511};
+  edge.sampling.max_tokens = 1;
+  edge.top_logprobs = 20;
+  auto at_limits = e.submit(edge);
+  ASSERT_TRUE(at_limits.ok()) << at_limits.status().to_string();
+  c = collect(*at_limits);
+  EXPECT_EQ(c.finals, 1);
+  ASSERT_EQ(c.final_event.status.code(), StatusCode::kOk) << c.final_event.status.to_string();
 }
 
 // Ids assigned by the engine are unique however many threads submit at once (regression: the
@@ -115,6 +130,13 @@ TEST(EngineAdmission, ADefaultMaxTokensFitsTheContext) {
   ASSERT_FALSE(c.timed_out);
   EXPECT_EQ(c.final_event.finish_reason, FinishReason::kLength);
   EXPECT_EQ(c.tokens.size(), 8u);
+  // A prompt that fills the context leaves room for one token (the last is never fed).
+  r.prompt_token_ids = std::vector<int32_t>(512, 5);
+  auto whole = e.submit(r);
+  ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+  c = collect(*whole, std::chrono::seconds(60));
+  ASSERT_FALSE(c.timed_out);
+  EXPECT_EQ(c.tokens.size(), 1u);
   // A prompt that leaves no room is still refused as too long.
   r.prompt_token_ids = std::vector<int32_t>(513, 5);
   EXPECT_EQ(e.submit(r).status().code(), StatusCode::kInvalidArgument);
