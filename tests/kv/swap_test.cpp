@@ -344,6 +344,25 @@ TEST(SwapDisk, ATablePartlyInTheHostTierDoesNotGoToDisk) {
   p.expect_all_free();
 }
 
+// One disk record per table: a table with a record is not swapped out again, not even to a host
+// tier with room (swap_in reads a table from one tier).
+TEST(SwapDisk, ATableWithARecordIsNotSwappedOutAgain) {
+  DiskPool p(8, /*host_pages=*/1);
+  BlockTable t;
+  ASSERT_TRUE(p.pool->reserve(t, 2 * kBlock));
+  p.fill(t, 9);
+  SwapStats st;
+  ASSERT_TRUE(*swap_out(*p.pool, t, &st));
+  const uint64_t record = t.disk_record;
+  ASSERT_NE(record, 0u);
+  ASSERT_TRUE(p.pool->reserve(t, 3 * kBlock));  // a page on the device beside the record
+  EXPECT_FALSE(*swap_out(*p.pool, t, &st));
+  EXPECT_EQ(t.disk_record, record);
+  EXPECT_EQ(p.disk->stats().records, 1);
+  p.pool->release(t);
+  EXPECT_EQ(p.disk->stats().records, 0);
+}
+
 // The semantic cut's transitions are refused on swapped-out pages (host or disk): a restore would
 // read the swap slot, or the page's place in the disk record, as a host original.
 TEST(SwapDisk, PageTransitionsOnSwappedOutPagesAreRefused) {
@@ -721,6 +740,56 @@ TEST(SwapHostPrefetch, AFailedCopyIsRedoneAtTheSwapInNeverWrong) {
   EXPECT_EQ(st.host_prefetch_misses, 1);
   EXPECT_EQ(st.host_prefetch_hits, 0);
   EXPECT_EQ(p.pool->host_allocator().num_used(), 0);
+  p.pool->release(t);
+  p.expect_all_free();
+}
+
+// A backend whose batched copies in one direction fail (a copy-stream error), fenced or not.
+class FailCopies : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  using CopyDir = backend::Backend::CopyDir;
+  using CopyRange = backend::Backend::CopyRange;
+  Status copy_batch_async(CopyDir dir, const CopyRange* c, size_t n) override {
+    if (fail && dir == fail_dir) return internal_error("injected: copy failed");
+    return ForwardingBackend::copy_batch_async(dir, c, n);
+  }
+  StatusOr<uint64_t> copy_batch_fenced(CopyDir dir, const CopyRange* c, size_t n) override {
+    if (fail && dir == fail_dir) return internal_error("injected: fenced copy failed");
+    return ForwardingBackend::copy_batch_fenced(dir, c, n);
+  }
+  bool fail = false;
+  CopyDir fail_dir = CopyDir::kDeviceToHost;
+};
+
+// A failed copy gives back what the call took, the table unchanged: a swap-out's host slots, a
+// host prefetch's blocks. Both work once the copies do.
+TEST(SwapHostPrefetch, AFailedCopyGivesBackTheSlotsAndBlocksItTook) {
+  FailCopies* fc = nullptr;
+  Pool p(8, 8, 0, async_copies(), [&fc](std::unique_ptr<backend::Backend> in) {
+    auto w = std::make_unique<FailCopies>(std::move(in));
+    fc = w.get();
+    return std::unique_ptr<backend::Backend>(std::move(w));
+  });
+  BlockTable t;
+  ASSERT_TRUE(p.pool->reserve(t, 3 * kBlock + 1));
+  p.fill(t, 71);
+  const std::vector<float> before = p.read(t);
+  SwapStats st;
+  fc->fail = true;
+  EXPECT_FALSE(swap_out(*p.pool, t, &st).ok());
+  EXPECT_EQ(p.pool->host_allocator().num_used(), 0);
+  EXPECT_EQ(swapped_pages(t), 0);
+  fc->fail = false;
+  ASSERT_TRUE(*swap_out(*p.pool, t, &st));
+  fc->fail = true;
+  fc->fail_dir = FailCopies::CopyDir::kHostToDevice;
+  EXPECT_FALSE(start_host_prefetch(*p.pool, t, 8, &st).ok());
+  EXPECT_TRUE(t.swap_prefetch.empty());
+  EXPECT_EQ(p.pool->allocator().num_used(), 0);
+  fc->fail = false;
+  ASSERT_TRUE(*swap_in(*p.pool, t, &st));
+  EXPECT_EQ(p.read(t), before);
   p.pool->release(t);
   p.expect_all_free();
 }
