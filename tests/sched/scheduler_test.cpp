@@ -100,6 +100,13 @@ TEST(Scheduler, AStalledSequenceGrowsNotAndYieldsItsBlocks) {
   EXPECT_EQ(out.preempted[0].id, 1);
   ASSERT_EQ(out.decode.size(), 1u);
   EXPECT_EQ(out.decode[0].id, 0);
+  // Free blocks or not, a stalled sequence takes none for a token it will not decode.
+  run = {running(0, 4, 1)};
+  run[0].stalled = true;
+  out = Scheduler(config(64, true)).schedule({run, {}, {}, /*free=*/2, /*total=*/4, 1});
+  EXPECT_TRUE(out.decode.empty());
+  EXPECT_TRUE(out.preempted.empty());
+  EXPECT_EQ(out.free_blocks_after, 2);
 }
 
 TEST(Scheduler, OlderSequencesNeverGiveWayToYoungerOnes) {
@@ -440,6 +447,8 @@ TEST(Scheduler, CanAdmitPromptKeepsAWatermarkForGrowth) {
   EXPECT_TRUE(s.can_admit_prompt(16, 4, 400, /*running=*/0, /*owned=*/0));  // 4 blocks, no one runs
   EXPECT_FALSE(s.can_admit_prompt(16, 4, 400, 1, 1));  // watermark max(1, 400 / 100) = 4
   EXPECT_TRUE(s.can_admit_prompt(16, 8, 400, 1, 1));
+  EXPECT_FALSE(s.can_admit_prompt(16, 4, 8, 1, 1));  // under 100 blocks: a watermark of 1
+  EXPECT_TRUE(s.can_admit_prompt(16, 5, 8, 1, 1));
   EXPECT_FALSE(s.can_admit_prompt(1, 100, 400, 0, 16));  // no slot
 }
 
