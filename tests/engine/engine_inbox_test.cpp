@@ -111,47 +111,56 @@ TEST(EngineInbox, SchedulerParamsTakeEffect) {
   EXPECT_TRUE(testing::pools_back_to(**engine, initial));
 }
 
+// ReleaseKv drops the KV and the sequence recomputes it, also where it could swap it out.
 TEST(EngineInbox, ReleaseKvRecomputesBitExactlyAndIsTenantScoped) {
   KVSPLIT_REQUIRE_MODELS();
-  auto engine = EngineImpl::create(testing::stories_config(ServingMode::kColocated));
-  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
-  const std::vector<int> initial = testing::free_blocks(**engine);
-  Collected alone = collect(*(*engine)->submit(long_request("alone")));
-  ASSERT_TRUE(alone.final_event.status.ok());
+  for (const bool tiers : {false, true}) {
+    SCOPED_TRACE(tiers ? "swap to a host tier" : "no tiers");
+    EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
+    if (tiers) {
+      cfg.temporal.host_capacity_mb = 1;
+      cfg.temporal.swap = SwapMode::kAlways;
+    }
+    auto engine = EngineImpl::create(cfg);
+    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    const std::vector<int> initial = testing::free_blocks(**engine);
+    Collected alone = collect(*(*engine)->submit(long_request("alone")));
+    ASSERT_TRUE(alone.final_event.status.ok());
 
-  // Let it decode a little, a step at a time, and keep the worker held between steps there (the
-  // inbox is still served; decoding freely up to the hold, it could finish first).
-  (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
-  auto h = (*engine)->submit(long_request("r"));
-  ASSERT_TRUE(h.ok());
-  std::vector<int32_t> tokens;
-  ASSERT_TRUE(testing::step_to_tokens(**engine, 0, *h, 5, &tokens));
+    // Let it decode a little, a step at a time, and keep the worker held between steps there (the
+    // inbox is still served; decoding freely up to the hold, it could finish first).
+    (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+    auto h = (*engine)->submit(long_request("r"));
+    ASSERT_TRUE(h.ok());
+    std::vector<int32_t> tokens;
+    ASSERT_TRUE(testing::step_to_tokens(**engine, 0, *h, 5, &tokens));
 
-  CommandReply r = send(**engine, 0, sched::ReleaseKv{{"tenant-b", "r"}});
-  EXPECT_EQ(r.status.code(), StatusCode::kNotFound);  // another tenant's request: not found
-  r = send(**engine, 0, sched::SnapshotState{});
-  ASSERT_EQ(r.state.sequences.size(), 1u);
-  EXPECT_TRUE(r.state.sequences[0].running);
-  EXPECT_GT(r.state.sequences[0].num_blocks, 0);
-  EXPECT_LT(r.state.free_blocks, r.state.total_blocks);
+    CommandReply r = send(**engine, 0, sched::ReleaseKv{{"tenant-b", "r"}});
+    EXPECT_EQ(r.status.code(), StatusCode::kNotFound);  // another tenant's request: not found
+    r = send(**engine, 0, sched::SnapshotState{});
+    ASSERT_EQ(r.state.sequences.size(), 1u);
+    EXPECT_TRUE(r.state.sequences[0].running);
+    EXPECT_GT(r.state.sequences[0].num_blocks, 0);
+    EXPECT_LT(r.state.free_blocks, r.state.total_blocks);
 
-  r = send(**engine, 0, sched::ReleaseKv{{"tenant-a", "r"}});
-  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-  ASSERT_EQ(r.state.sequences.size(), 1u);
-  EXPECT_FALSE(r.state.sequences[0].running);
-  EXPECT_EQ(r.state.sequences[0].num_blocks, 0);
-  EXPECT_EQ(r.state.sequences[0].num_computed, 0);
-  EXPECT_EQ(r.state.sequences[0].preemptions, 1);
-  EXPECT_EQ(r.state.free_blocks, r.state.total_blocks);
+    r = send(**engine, 0, sched::ReleaseKv{{"tenant-a", "r"}});
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    ASSERT_EQ(r.state.sequences.size(), 1u);
+    EXPECT_FALSE(r.state.sequences[0].running);
+    EXPECT_EQ(r.state.sequences[0].num_blocks, 0);
+    EXPECT_EQ(r.state.sequences[0].num_computed, 0);
+    EXPECT_EQ(r.state.sequences[0].preemptions, 1);
+    EXPECT_EQ(r.state.free_blocks, r.state.total_blocks);
 
-  (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
-  Collected rest = collect(*h);
-  ASSERT_FALSE(rest.timed_out);
-  ASSERT_TRUE(rest.final_event.status.ok()) << rest.final_event.status.to_string();
-  tokens.insert(tokens.end(), rest.tokens.begin(), rest.tokens.end());
-  EXPECT_EQ(tokens, alone.tokens);  // the recompute rebuilt the same KV
-  EXPECT_EQ(rest.final_event.timings.preemptions, 1);
-  EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+    (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+    Collected rest = collect(*h);
+    ASSERT_FALSE(rest.timed_out);
+    ASSERT_TRUE(rest.final_event.status.ok()) << rest.final_event.status.to_string();
+    tokens.insert(tokens.end(), rest.tokens.begin(), rest.tokens.end());
+    EXPECT_EQ(tokens, alone.tokens);  // the recompute rebuilt the same KV
+    EXPECT_EQ(rest.final_event.timings.preemptions, 1);
+    EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+  }
 }
 
 }  // namespace
