@@ -52,7 +52,9 @@ TEST_P(EnginePrefix, SameTenantSharesOtherTenantsDoNot) {
     const Collected again = collect(*(*engine)->submit(req("a", "", i)));
     const Collected other = collect(*(*engine)->submit(req("b", "", i)));
     const Collected salted = collect(*(*engine)->submit(req("a", "s1", i)));
-    for (const Collected* c : {&first, &again, &other, &salted}) {
+    // Tenant and salt are not run together: tenant "as" with salt "1" is not tenant "a" with "s1".
+    const Collected spliced = collect(*(*engine)->submit(req("as", "1", i)));
+    for (const Collected* c : {&first, &again, &other, &salted, &spliced}) {
       ASSERT_TRUE(c->final_event.status.ok()) << c->final_event.status.to_string();
       EXPECT_EQ(c->tokens, ref.tokens);
     }
@@ -62,6 +64,7 @@ TEST_P(EnginePrefix, SameTenantSharesOtherTenantsDoNot) {
       EXPECT_EQ(first.final_event.usage.cached_tokens, 0);
       EXPECT_EQ(other.final_event.usage.cached_tokens, 0);   // tenant b: nothing shared
       EXPECT_EQ(salted.final_event.usage.cached_tokens, 0);  // another cache_salt
+      EXPECT_EQ(spliced.final_event.usage.cached_tokens, 0);
     }
   }
   // A request that ends on its first token still leaves its prompt pages in the cache.
