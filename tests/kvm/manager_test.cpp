@@ -141,6 +141,20 @@ TEST(KvCacheManager, DryRunCallsNothingAndMovesNothing) {
   EXPECT_NEAR(m.params().get("semantic_threshold", ""), 0.15, 1e-9);
 }
 
+// Dry-run follows the rules as enforce would: an exit is taken as if applied (the rule is no
+// longer active, and enters again), not refused and retried at every cooldown.
+TEST(KvCacheManager, DryRunExitsAndEntersAgainAsEnforceWould) {
+  FakeActuator act;
+  KvCacheManager m(policy(KvmMode::kDryRun), baseline(), &act);  // cooldown 100 ms
+  const int series[] = {95, 70, 70, 70, 95};
+  std::vector<std::string> actions;
+  for (int i = 0; i < 5; ++i)
+    for (const KvmDecision& d : m.tick(i * 200.0, stats_at(series[i]), {}))
+      actions.push_back(d.action);
+  EXPECT_EQ(actions, (std::vector<std::string>{"enter", "exit", "enter"}));
+  EXPECT_TRUE(act.applied.empty());
+}
+
 // A policy switched from enforce to dry-run (SIGHUP) while a rule is active: the rule's change is
 // in place, so its exit is still applied and the value comes back; nothing else is applied. The
 // exit was logged unapplied and the value stayed for good.

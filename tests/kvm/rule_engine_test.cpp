@@ -424,6 +424,20 @@ TEST(RuleEngineTest, CooldownCountsFromAnEnterBeforeAnExit) {
   EXPECT_DOUBLE_EQ(table.get("semantic_threshold", ""), 0.1);
 }
 
+// The cooldown is a minimum: an enter exactly cooldown_ms after the last application is taken
+// (as a repeat is, RepeatsOnlyAfterTheCooldown).
+TEST(RuleEngineTest, AnEnterExactlyACooldownLaterIsTaken) {
+  KvmRule r = hot_rule();
+  r.max = 10;
+  r.cooldown_ms = 500;
+  RuleEngine engine({r});
+  ParamTable table;
+  table.set("semantic_threshold", "", 0.1);
+  const auto ds = run_series(engine, &table, {0.95, 0.7, 0.95, 0.95}, 250);
+  ASSERT_EQ(actions(ds), (std::vector<std::string>{"enter", "exit", "enter"}));
+  EXPECT_DOUBLE_EQ(ds[2].time_ms, 500);
+}
+
 // Rules on one setting stack: whichever exits first, the setting ends where it was before them
 // all (a later rule started from the earlier one's value, so the earlier one's exit leaves the
 // value to it and hands it the value to restore).
