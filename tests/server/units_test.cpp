@@ -180,7 +180,8 @@ TEST(ApiKeyAuthTest, TenantsOfConfiguredKeysOnly) {
   EXPECT_EQ(*auth.tenant_of("alpha-key-000001"), ApiKeyAuth::tenant_id("alpha-key-000001"));
   EXPECT_NE(*auth.tenant_of("alpha-key-000001"), *auth.tenant_of("bravo-key-000002-longer"));
   for (const char* wrong :
-       {"", "alpha-key-00000", "alpha-key-0000011", "ALPHA-KEY-000001", "bravo-key-000002"})
+       {"", "alpha-key-00000", "alpha-key-0000011", "ALPHA-KEY-000001", "bravo-key-000002",
+        "alpha-key-000052"})  // the last: its SHA-256 has the first byte of alpha-key-000001's
     EXPECT_EQ(auth.tenant_of(wrong), nullptr) << wrong;
   const std::string key = "alpha-key-000001";
   unsigned char want[6];
