@@ -103,5 +103,28 @@ TEST(RuleEngineRetry, ARefusedExitThenPressureAgainKeepsTheValueAtEnter) {
   EXPECT_DOUBLE_EQ(table.get("semantic_threshold", ""), 0.15);
 }
 
+// With hold_ms, a refused exit has served its dwell: the retry comes after the cooldown, not
+// after a second hold_ms of exit readings.
+TEST(RuleEngineRetry, ARefusedExitIsRetriedAfterTheCooldownNotAnotherHold) {
+  KvmRule r = raise_rule(/*cooldown_ms=*/500);
+  r.hold_ms = 1000;
+  RuleEngine engine({r});
+  ParamTable table;
+  table.set("semantic_threshold", "", 0.15);
+  bool refuse = true;
+  const auto apply = refusing_exits(&table, &refuse);
+  ASSERT_EQ(engine.evaluate(use_at(0, 0.95), table, apply).size(), 1u);  // enter
+  EXPECT_TRUE(engine.evaluate(use_at(100, 0.5), table, apply).empty());  // the dwell starts
+  auto ds = engine.evaluate(use_at(1100, 0.5), table, apply);            // served: refused
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_FALSE(ds[0].applied);
+  refuse = false;
+  ds = engine.evaluate(use_at(1600, 0.5), table, apply);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].action, "exit");
+  EXPECT_TRUE(ds[0].applied);
+  EXPECT_DOUBLE_EQ(table.get("semantic_threshold", ""), 0.15);
+}
+
 }  // namespace
 }  // namespace kvsplit::kvm
