@@ -163,6 +163,43 @@ TEST(EngineInbox, ReleaseKvRecomputesBitExactlyAndIsTenantScoped) {
   }
 }
 
+// A prompt the worker took from the router waits for its prefill with its pages reserved:
+// ReleaseKv gives those back too, and the prompt is computed later all the same.
+TEST(EngineInbox, ReleaseKvOfAWaitingPromptGivesBackItsPages) {
+  KVSPLIT_REQUIRE_MODELS();
+  auto engine = EngineImpl::create(testing::stories_config(ServingMode::kColocated));
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const std::vector<int> initial = testing::free_blocks(**engine);
+  // Held before its first forward pass: the worker admits the prompt (its pages reserved) and
+  // serves the inbox, but computes nothing.
+  (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);
+  auto h = (*engine)->submit(long_request("w", 8));
+  ASSERT_TRUE(h.ok());
+  CommandReply r;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  do {
+    r = send(**engine, 0, sched::SnapshotState{});
+  } while ((r.state.sequences.empty() || r.state.sequences[0].num_blocks == 0) &&
+           std::chrono::steady_clock::now() < deadline);
+  ASSERT_EQ(r.state.sequences.size(), 1u);
+  ASSERT_FALSE(r.state.sequences[0].running);
+  ASSERT_GT(r.state.sequences[0].num_blocks, 0);
+  EXPECT_LT(r.state.free_blocks, r.state.total_blocks);
+
+  r = send(**engine, 0, sched::ReleaseKv{{"tenant-a", "w"}});
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  ASSERT_EQ(r.state.sequences.size(), 1u);
+  EXPECT_EQ(r.state.sequences[0].num_blocks, 0);
+  EXPECT_EQ(r.state.free_blocks, r.state.total_blocks);
+
+  (*engine)->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+  Collected c = collect(*h);
+  ASSERT_FALSE(c.timed_out);
+  ASSERT_TRUE(c.final_event.status.ok()) << c.final_event.status.to_string();
+  EXPECT_EQ(c.tokens.size(), 8u);
+  EXPECT_TRUE(testing::pools_back_to(**engine, initial));
+}
+
 }  // namespace
 }  // namespace kvsplit
 
