@@ -111,6 +111,36 @@ TEST(EngineIsolation, CancelByHandleNeverReachesALaterRequestWithItsId) {
   EXPECT_TRUE(testing::pools_back_to(*e, initial));
 }
 
+// A retry may take the id of a cancelled request still ending on its worker. That one's final
+// event, when it comes, leaves the retry's entry alone: the retry is still in flight under the id
+// (a duplicate is refused) and can be cancelled.
+TEST(EngineIsolation, ACancelledRequestEndingLateLeavesItsRetryAlone) {
+  KVSPLIT_REQUIRE_MODELS();
+  std::unique_ptr<EngineImpl> e = held_engine();
+  ASSERT_NE(e, nullptr);
+  auto first = e->submit(long_request("a", "x"));
+  ASSERT_TRUE(first.ok());
+  // On the worker (out of the router), which then does nothing at all until the retry is in.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (e->send_command(0, sched::SnapshotState{}).get().state.sequences.empty() &&
+         std::chrono::steady_clock::now() < deadline) {
+  }
+  e->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kAll);
+  EXPECT_TRUE(e->cancel("a", "x"));
+  auto retry = e->submit(long_request("a", "x"));
+  ASSERT_TRUE(retry.ok()) << retry.status().to_string();
+  e->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kForward);  // the cancel ends it
+  Collected c1 = collect(*first, std::chrono::seconds(60));
+  ASSERT_FALSE(c1.timed_out);
+  EXPECT_EQ(c1.final_event.finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(e->submit(long_request("a", "x")).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_TRUE(e->cancel("a", "x"));
+  e->set_test_hold(sched::WorkerRole::kColocated, sched::TestHold::kNone);
+  Collected c2 = collect(*retry, std::chrono::seconds(60));
+  ASSERT_FALSE(c2.timed_out);
+  EXPECT_EQ(c2.final_event.finish_reason, FinishReason::kCancelled);
+}
+
 TEST(EngineIsolation, QueuedRequestOfAnotherTenantIsNotRemoved) {
   KVSPLIT_REQUIRE_MODELS();
   EngineConfig cfg = testing::stories_config(ServingMode::kColocated);
