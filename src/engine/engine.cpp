@@ -176,6 +176,7 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
                                           config.temporal.disk_direct_io);
       if (!st.ok()) return st.with_prefix(wo.name + ": kv.disk");
       (*pool)->set_disk_write_behind(config.temporal.disk_write_behind);
+      if (internal.disk_fault_hook) (*pool)->disk()->set_fault_hook(internal.disk_fault_hook);
     }
     if (config.spatial.shards > 1) {  // the spatial cut: the worker's pool is shard 0
       std::vector<std::unique_ptr<backend::Backend>> peers;

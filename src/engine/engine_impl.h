@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "kv/disk_tier.h"
 #include "kvm/manager.h"
 #include "kvsplit/engine.h"
 #include "model/loader.h"
@@ -53,6 +54,9 @@ class EngineImpl final : public Engine, private sched::FinishSink {
     // Benchmarks: false leaves offers in flight to a decode worker marked down there until their
     // own deadlines (the engine before 2026-12-05; sched::WorkerOptions::take_back_from_down).
     bool take_back_from_down = true;
+    // Tests: set on every worker's disk tier (kv::DiskTier::set_fault_hook), so that the disk
+    // faults of a swap-in or a prefix read happen where the serving worker meets them.
+    kv::DiskFaultHook disk_fault_hook;
   };
   static StatusOr<std::unique_ptr<EngineImpl>> create(const EngineConfig& config,
                                                       const InternalOptions& internal);

@@ -12,6 +12,7 @@
 
 #include "engine/engine_impl.h"
 #include "engine_test_util.h"
+#include "kv/disk_tier.h"
 #include "start_together.h"
 
 namespace kvsplit {
@@ -53,6 +54,7 @@ struct CopySetup {
   bool host_prefetch = true;
   bool async_copies = false;
   int64_t delay_us = 0;
+  kv::DiskFaultHook disk_faults;  // the decoding worker's disk tier (InternalOptions)
 };
 
 // Eight sequences pulled together into a colocated pool of 12 blocks (192 tokens): they outgrow
@@ -66,6 +68,7 @@ SwapRun run_under_pressure(ServingMode serving, SwapMode mode, int64_t host_mb, 
   cfg.async_copies = copies.async_copies;
   EngineImpl::InternalOptions io;
   io.fenced_copy_delay_us = copies.delay_us;
+  io.disk_fault_hook = copies.disk_faults;
   cfg.sla_classes[0].swap = class_swap;
   cfg.temporal.disk_path = disk_path;
   cfg.temporal.disk_capacity_mb = 64;
@@ -236,6 +239,26 @@ TEST_P(EngineSwap, DiskTierTakesTheSwapsWithoutAHostTierAndPrefetchesThem) {
               static_cast<long long>(run.pool.kv_prefetch_hits),
               static_cast<long long>(run.pool.kv_prefetch_misses));
   EXPECT_TRUE(run.back_to_initial);
+}
+
+// Every read of the disk tier fails (EIO): each swap-in the worker tries falls back to recompute
+// (Worker::swap_in_ready: release_kv, then the prompt and its tokens again), with the tokens of an
+// unbounded pool, and every device block and disk record comes back.
+TEST_P(EngineSwap, DiskReadsThatFailFallBackToRecomputeAndLeaveNothing) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::vector<Collected> ref = alone();
+  testing::TempDir dir;
+  CopySetup copies;
+  copies.disk_faults = kv::inject_next(kv::IoOp::kRead, kv::InjectedFault::kIoError, 1 << 20);
+  const SwapRun run = run_under_pressure(GetParam(), SwapMode::kAlways, /*host_mb=*/0, 1,
+                                         dir.path().string(), std::nullopt, 1, copies);
+  expect_tokens_alone(run, ref);
+  EXPECT_GT(run.pool.kv_swaps_to_disk, 0);
+  EXPECT_EQ(run.pool.kv_swaps_in, 0);  // not one read came back
+  EXPECT_GT(run.pool.kv_swap_fallbacks, 0);
+  EXPECT_GT(run.pool.kv_disk_faults, 0);
+  EXPECT_TRUE(run.back_to_initial);
+  EXPECT_EQ(run.disk_records, 0);
 }
 
 // Cancelling sequences whose swap-in was read ahead and not yet used: the reads are dropped and
