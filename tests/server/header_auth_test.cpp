@@ -197,28 +197,22 @@ TEST_F(HeaderAuthTest, CallWithoutValidKeyIsRefusedBeforeItsMessage) {
 // sent a message count, and the call over a limit is refused before its message.
 TEST_F(HeaderAuthTest, StreamLimitsAreAppliedBeforeTheMessage) {
   const std::string generate = kMethods[0];
+  // One more call of `key`, sending no message, is refused RESOURCE_EXHAUSTED naming `limit`.
+  auto expect_refused = [&](const char* key, const std::string& limit) {
+    RawStream more(channel_, generate, key);
+    const std::optional<grpc::Status> st = more.finish(kPrompt);
+    ASSERT_TRUE(st.has_value()) << "no answer while the message is outstanding";
+    EXPECT_EQ(st->error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_NE(st->error_message().find(limit), std::string::npos) << st->error_message();
+  };
   auto held_a = std::make_unique<RawStream>(channel_, generate, kKeyA);
   ASSERT_TRUE(held_a->started());
   ASSERT_TRUE(wait_active_streams(1));
-  {
-    RawStream more(channel_, generate, kKeyA);
-    const std::optional<grpc::Status> st = more.finish(kPrompt);
-    ASSERT_TRUE(st.has_value()) << "no answer while the message is outstanding";
-    EXPECT_EQ(st->error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-    EXPECT_NE(st->error_message().find("server.max_streams_per_tenant"), std::string::npos)
-        << st->error_message();
-  }
+  expect_refused(kKeyA, "server.max_streams_per_tenant");
   auto held_b = std::make_unique<RawStream>(channel_, generate, kKeyB);
   ASSERT_TRUE(held_b->started());
   ASSERT_TRUE(wait_active_streams(2));
-  {
-    RawStream more(channel_, generate, kKeyB);
-    const std::optional<grpc::Status> st = more.finish(kPrompt);
-    ASSERT_TRUE(st.has_value()) << "no answer while the message is outstanding";
-    EXPECT_EQ(st->error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-    EXPECT_NE(st->error_message().find("server is at its limit"), std::string::npos)
-        << st->error_message();
-  }
+  expect_refused(kKeyB, "server is at its limit");
   // A held call still gets its message served.
   ASSERT_TRUE(held_a->write(generate_bytes(2)));
   ASSERT_TRUE(held_a->writes_done());
