@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvsplit/status.h"
@@ -27,10 +28,17 @@ struct SamplingParams {
   std::vector<std::string> stop;        // <= 16 stop strings, 1..256 bytes of UTF-8 each
   std::vector<int32_t> stop_token_ids;  // <= 64 extra stop ids (included in output ids)
   bool ignore_eos = false;              // do not stop on the model's EOS ids
+  // Tokens generated before the model's EOS ids (unless ignore_eos) and stop_token_ids may be
+  // sampled, and before a stop string may end generation (vLLM's min_tokens). [0, max_tokens].
+  int32_t min_tokens = 0;
+  // Added to the logits of these token ids before penalties and temperature (OpenAI's and vLLM's
+  // logit_bias): -100 in effect bans a token, +100 forces it. <= 1024 entries, distinct ids,
+  // biases in [-100, 100].
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
   // The one set of rules for these fields (the engine, the CLI and the gRPC edge all use it):
   // kInvalidArgument naming the field when a value is out of range. With vocab_size > 0, top_k
-  // must be <= vocab_size and stop_token_ids in [0, vocab_size).
+  // must be <= vocab_size and stop_token_ids and logit_bias ids in [0, vocab_size).
   Status validate(int32_t vocab_size = 0) const;
 };
 

@@ -65,6 +65,8 @@ struct GenerateFlags {
   std::optional<uint64_t> seed;  // unset: from the clock
   bool ignore_eos = false;
   std::vector<std::string> stop;
+  int min_tokens = 0;
+  std::vector<std::string> logit_bias;  // "ID=BIAS"
   bool json = false;
   int block_size = 16;
   int max_batch_tokens = 512;
@@ -117,6 +119,9 @@ int run_generate(const CLI::App& gen, CommonFlags& cf, const GenerateFlags& gf) 
   const uint64_t base_seed =
       gf.seed ? *gf.seed
               : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  for (const std::string& entry : gf.logit_bias)
+    logit_bias.push_back(*parse_logit_bias_entry(entry));  // kLogitBiasEntry checked the form
   std::vector<sched::GenerationInput> inputs(prompts.size());
   // As llama2.c's run.c caps its steps at the context: a --max-tokens the context cannot hold after
   // a prompt is capped to what it leaves (finish_reason "length") before the sampling parameters
@@ -145,6 +150,9 @@ int run_generate(const CLI::App& gen, CommonFlags& cf, const GenerateFlags& gf) 
       caps += fmt::format("{}prompt {} at most {} tokens", caps.empty() ? "" : ", ", i, room);
     p.ignore_eos = gf.ignore_eos;
     p.stop = gf.stop;
+    // Capped with max_tokens: generation ends at the context whatever min_tokens asks.
+    p.min_tokens = std::min(gf.min_tokens, p.max_tokens);
+    p.logit_bias = logit_bias;
     p.seed = sampling::stream_seed(base_seed, i);
   }
   if (num_capped > 0 && gen.count("--max-tokens") > 0) {
@@ -421,6 +429,14 @@ int main(int argc, char** argv) {
   // One value per --stop: `--stop X text` must not read `text` as a second stop string.
   gen->add_option("--stop", gf.stop, "stop string (repeatable: --stop a --stop b)")
       ->allow_extra_args(false);
+  gen->add_option("--min-tokens", gf.min_tokens,
+                  "tokens to generate before EOS, a stop token id or a stop string may end "
+                  "generation (vLLM's min_tokens)")
+      ->check(CLI::NonNegativeNumber);
+  gen->add_option("--logit-bias", gf.logit_bias,
+                  "ID=BIAS: add BIAS in [-100, 100] to token ID's logit (repeatable)")
+      ->allow_extra_args(false)
+      ->check(kLogitBiasEntry);
   gen->add_flag("--json", gf.json, "print one JSON line per prompt");
   gen->add_option("--block-size", gf.block_size, "KV page size in tokens")
       ->check(CLI::Range(1, 1024));

@@ -22,6 +22,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace kvsplit {
 namespace cli_detail {
@@ -77,6 +78,33 @@ inline const CLI::Validator kNonNegative(
       return error;
     },
     "NONNEGATIVE");
+
+// A --logit-bias value, "ID=BIAS" (a decimal token id, a finite bias): nullopt when malformed.
+// Ranges (the vocabulary, [-100, 100]) are SamplingParams::validate's.
+inline std::optional<std::pair<int32_t, float>> parse_logit_bias_entry(const std::string& s) {
+  const size_t eq = s.find('=');
+  if (eq == std::string::npos || eq == 0) return std::nullopt;
+  std::string id = s.substr(0, eq);
+  if (!cli_detail::check_decimal(id, false).empty()) return std::nullopt;
+  int64_t v = 0;
+  const auto r = std::from_chars(id.data() + (id[0] == '+' ? 1 : 0), id.data() + id.size(), v);
+  if (r.ec != std::errc() || v < std::numeric_limits<int32_t>::min() ||
+      v > std::numeric_limits<int32_t>::max())
+    return std::nullopt;
+  std::string error;
+  const double bias = cli_detail::parse_double(s.substr(eq + 1), &error);
+  if (!error.empty() || !(std::fabs(bias) <= std::numeric_limits<float>::max()))
+    return std::nullopt;
+  return std::pair<int32_t, float>(static_cast<int32_t>(v), static_cast<float>(bias));
+}
+
+inline const CLI::Validator kLogitBiasEntry(
+    [](std::string& s) -> std::string {
+      return parse_logit_bias_entry(s)
+                 ? ""
+                 : "must be ID=BIAS (a token id and a number), got '" + s + "'";
+    },
+    "ID=BIAS");
 
 inline void strict_options(CLI::App& app, std::initializer_list<const char*> may_be_empty = {}) {
   const CLI::Validator decimal([](std::string& s) { return cli_detail::check_decimal(s, false); },

@@ -269,7 +269,7 @@ std::unique_ptr<sched::Sequence> EngineImpl::make_sequence(const Request& reques
   seq->tokens.reserve(seq->num_prompt + max_generated_tokens(request.sampling));
   const uint64_t seed =
       request.sampling.seed.value_or(splitmix64(config_.seed ^ splitmix64(seq->arrival)));
-  seq->sampler = std::make_unique<sampling::Sampler>(request.sampling, seed);
+  seq->sampler = std::make_unique<sampling::Sampler>(request.sampling, seed, mc.eos_token_ids);
   seq->sampler->reserve(mc.vocab_size);
   const int max_new =
       std::min(max_generated_tokens(request.sampling), mc.max_seq_len - seq->num_prompt + 1);

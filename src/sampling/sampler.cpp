@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 
 #include "common/check.h"
 #include "common/splitmix.h"
@@ -55,8 +56,14 @@ uint64_t stream_seed(uint64_t base, uint64_t index) {
   return index == 0 ? base : splitmix64(base ^ splitmix64(index));
 }
 
-Sampler::Sampler(const SamplingParams& params, uint64_t seed)
-    : params_(params), rng_state_(seed == 0 ? kZeroSeedState : seed) {}
+Sampler::Sampler(const SamplingParams& params, uint64_t seed, std::span<const int32_t> eos_ids)
+    : params_(params), rng_state_(seed == 0 ? kZeroSeedState : seed) {
+  if (params_.min_tokens > 0) {
+    if (!params_.ignore_eos) min_tokens_mask_.assign(eos_ids.begin(), eos_ids.end());
+    min_tokens_mask_.insert(min_tokens_mask_.end(), params_.stop_token_ids.begin(),
+                            params_.stop_token_ids.end());
+  }
+}
 
 void Sampler::reserve(int vocab) {
   KVSPLIT_CHECK(vocab >= 1);
@@ -74,6 +81,18 @@ float Sampler::uniform_from_state(uint64_t* state) {
   *state = s;
   const uint32_t u32 = static_cast<uint32_t>((s * 0x2545F4914F6CDD1Dull) >> 32);
   return static_cast<float>(u32 >> 8) / 16777216.0f;
+}
+
+void Sampler::apply_bias_and_mask(float* logits, int vocab, size_t num_output) const {
+  for (const auto& [id, bias] : params_.logit_bias) {
+    KVSPLIT_CHECK_MSG(id >= 0 && id < vocab, "logit_bias id out of vocab range");
+    logits[id] += bias;
+  }
+  if (num_output >= static_cast<size_t>(params_.min_tokens)) return;
+  for (int32_t id : min_tokens_mask_) {
+    // An EOS id past a model's logits (a config naming more ids than the vocab) masks nothing.
+    if (id >= 0 && id < vocab) logits[id] = -std::numeric_limits<float>::infinity();
+  }
 }
 
 void Sampler::apply_penalties(float* logits, int vocab, std::span<const int32_t> prompt,
@@ -115,6 +134,7 @@ int32_t Sampler::sample(float* logits, int vocab, std::span<const int32_t> promp
                         std::span<const int32_t> output) {
   KVSPLIT_CHECK(logits != nullptr && vocab >= 1);
   reserve(vocab);
+  apply_bias_and_mask(logits, vocab, output.size());
   apply_penalties(logits, vocab, prompt, output);
   if (vocab == 1) {
     if (params_.temperature >= kGreedyTemperature) next_uniform();  // keep one draw per token

@@ -2,6 +2,8 @@
 // the same token whatever else is in the batch (each request owns its RNG stream).
 //
 // Semantics (docs/sampling.md has the full statement):
+//   0. logit_bias added; while fewer than min_tokens tokens are generated, the stop ids (EOS
+//      unless ignore_eos, stop_token_ids) are masked to -inf;
 //   1. repetition penalty (HF: l > 0 ? l / p : l * p, once per distinct token of prompt + output);
 //   2. frequency / presence penalties (OpenAI: l -= count * freq + (count > 0) * presence, over
 //      the output tokens);
@@ -35,10 +37,12 @@ int32_t argmax_lowest(const float* x, int n);
 bool logits_usable(const float* x, int n);
 
 // True when Sampler::sample is exactly argmax_lowest of the raw logits for these parameters
-// (greedy, no penalties): a model may then return the argmax instead of the logits.
+// (greedy, no penalties, no logit bias, no min_tokens mask): a model may then return the argmax
+// instead of the logits.
 inline bool is_plain_greedy(const SamplingParams& p) {
   return p.temperature < kGreedyTemperature && p.repetition_penalty == 1.0f &&
-         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && p.logit_bias.empty() &&
+         p.min_tokens == 0;
 }
 
 // The seed of stream `index` of a run seeded `base` (the CLI's prompt `index`). Stream 0 takes
@@ -50,8 +54,10 @@ uint64_t stream_seed(uint64_t base, uint64_t index);
 class Sampler {
  public:
   // `params` must have passed validate(). `seed` is the request's RNG seed (the initial xorshift
-  // state, as run.c's `-s`; 0 is replaced by kZeroSeedState).
-  Sampler(const SamplingParams& params, uint64_t seed);
+  // state, as run.c's `-s`; 0 is replaced by kZeroSeedState). `eos_ids`: the model's EOS ids,
+  // masked with the stop_token_ids while fewer than params.min_tokens tokens are generated
+  // (unless params.ignore_eos).
+  Sampler(const SamplingParams& params, uint64_t seed, std::span<const int32_t> eos_ids = {});
 
   // Sizes the scratch buffers for `vocab` so that sample() never allocates afterwards. Optional:
   // sample() grows them on first use.
@@ -75,6 +81,8 @@ class Sampler {
 
  private:
   float next_uniform() { return uniform_from_state(&rng_state_); }
+  // logit_bias, then the min_tokens mask (while output is shorter than min_tokens).
+  void apply_bias_and_mask(float* logits, int vocab, size_t num_output) const;
   void apply_penalties(float* logits, int vocab, std::span<const int32_t> prompt,
                        std::span<const int32_t> output);
   // run.c's sample_topp on the full distribution (top_k and min_p off).
@@ -95,9 +103,10 @@ class Sampler {
 
   SamplingParams params_;
   uint64_t rng_state_;
-  std::vector<Candidate> candidates_;  // scratch [vocab]
-  std::vector<int32_t> counts_;        // scratch [vocab], all zero between calls
-  std::vector<double> bucket_mass_;    // scratch [kNumBuckets]
+  std::vector<int32_t> min_tokens_mask_;  // ids masked before min_tokens (empty: min_tokens 0)
+  std::vector<Candidate> candidates_;     // scratch [vocab]
+  std::vector<int32_t> counts_;           // scratch [vocab], all zero between calls
+  std::vector<double> bucket_mass_;       // scratch [kNumBuckets]
 };
 
 }  // namespace kvsplit::sampling

@@ -3,8 +3,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "common/utf8.h"
 
@@ -15,6 +17,8 @@ constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopStringBytes = 256;
 constexpr size_t kMaxStopTokenIds = 64;
 constexpr int32_t kMaxMaxTokens = 1 << 30;
+constexpr size_t kMaxLogitBias = 1024;
+constexpr float kMaxAbsLogitBias = 100.0f;
 constexpr float kMaxTemperature = 100.0f;
 constexpr float kMaxRepetitionPenalty = 10.0f;
 // Below it, a seen token's positive logit divided by the penalty overflows float for logits
@@ -31,6 +35,34 @@ Status in_range(const char* field, float v, float lo, float hi, bool lo_open) {
     return field_error(field,
                        fmt::format("must be in {}{}, {}], got {}", lo_open ? "(" : "[", lo, hi, v));
   }
+  return ok_status();
+}
+
+Status validate_logit_bias(const std::vector<std::pair<int32_t, float>>& logit_bias,
+                           int32_t vocab_size) {
+  if (logit_bias.size() > kMaxLogitBias) {
+    return field_error("logit_bias",
+                       fmt::format("at most {} entries, got {}", kMaxLogitBias, logit_bias.size()));
+  }
+  std::vector<int32_t> ids;
+  ids.reserve(logit_bias.size());
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0 || (vocab_size > 0 && id >= vocab_size)) {
+      return field_error("logit_bias",
+                         vocab_size > 0
+                             ? fmt::format("token id {} is not in [0, {})", id, vocab_size)
+                             : fmt::format("token id {} must be >= 0", id));
+    }
+    if (!(std::isfinite(bias) && std::fabs(bias) <= kMaxAbsLogitBias)) {
+      return field_error("logit_bias",
+                         fmt::format("the bias of token {} must be in [-{}, {}], got {}", id,
+                                     kMaxAbsLogitBias, kMaxAbsLogitBias, bias));
+    }
+    ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  if (auto dup = std::adjacent_find(ids.begin(), ids.end()); dup != ids.end())
+    return field_error("logit_bias", fmt::format("token id {} is given twice", *dup));
   return ok_status();
 }
 
@@ -55,6 +87,10 @@ Status SamplingParams::validate(int32_t vocab_size) const {
   if (max_tokens < 1 || max_tokens > kMaxMaxTokens) {
     return field_error("max_tokens",
                        fmt::format("must be in [1, {}], got {}", kMaxMaxTokens, max_tokens));
+  }
+  if (min_tokens < 0 || min_tokens > max_tokens) {
+    return field_error("min_tokens", fmt::format("must be in [0, max_tokens = {}], got {}",
+                                                 max_tokens, min_tokens));
   }
   if (stop.size() > kMaxStopStrings) {
     return field_error(
@@ -83,7 +119,7 @@ Status SamplingParams::validate(int32_t vocab_size) const {
               : fmt::format("stop_token_ids[{}] = {} must be >= 0", i, id));
     }
   }
-  return ok_status();
+  return validate_logit_bias(logit_bias, vocab_size);
 }
 
 const char* finish_reason_name(FinishReason reason) {

@@ -48,10 +48,16 @@ StopChecker::Step StopChecker::on_token(int32_t token, std::string_view text_del
     finished_ = true;
     return step;
   }
+  const size_t before = held_.size();
   held_.append(text_delta);
-  if (!params_.stop.empty()) {
+  if (!params_.stop.empty() && num_generated_ >= params_.min_tokens) {
+    // Only matches that end in this token's text: one that ended earlier was complete before
+    // min_tokens tokens (held back as the prefix of a longer stop string), and is no stop.
     size_t match = std::string::npos;
-    for (const std::string& s : params_.stop) match = std::min(match, held_.find(s));
+    for (const std::string& s : params_.stop) {
+      const size_t from = before >= s.size() ? before - s.size() + 1 : 0;
+      match = std::min(match, held_.find(s, from));
+    }
     if (match != std::string::npos) {
       step.reason = FinishReason::kStop;
       step.stop_string = true;

@@ -27,8 +27,9 @@ class StopChecker {
   // Feeds one generated token (already appended to the output) and its decoded text delta.
   // - EOS (unless ignore_eos) or a stop_token_id: kStop; the token's own text is not emitted,
   //   held-back text is.
-  // - a stop string found in held-back text + delta: kStop; text up to (excluding) the earliest
-  //   match is emitted, nothing from the stop string on.
+  // - a stop string found in held-back text + delta, ending in the delta, once min_tokens tokens
+  //   are generated (this one included): kStop; text up to (excluding) the earliest match is
+  //   emitted, nothing from the stop string on. Before that, stop strings are text.
   // - num_generated() reaching max_new_tokens: kLength; all held-back text is emitted.
   // Otherwise emits the text except its longest suffix that is a proper prefix of a stop string.
   // When a Step ends generation nothing stays held back. Must not be called after that.

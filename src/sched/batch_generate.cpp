@@ -195,7 +195,8 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
         options.prefill_tokens > 0 ? std::min(s.num_prompt, options.prefill_tokens) : s.num_prompt;
     if (options.kv_policy != cuts::semantic::KvPolicy::kFull)
       s.cut = std::make_unique<SequenceCut>(options.kv_policy, options.semantic);
-    s.sampler = std::make_unique<sampling::Sampler>(in.params, in.params.seed.value_or(in.seed));
+    s.sampler = std::make_unique<sampling::Sampler>(in.params, in.params.seed.value_or(in.seed),
+                                                    cfg.eos_token_ids);
     s.greedy = sampling::is_plain_greedy(in.params);
     // Positions past the prompt are bounded by the context: the last sampled token is never fed.
     const int max_new = std::min(max_generated_tokens(in.params), ctx - s.num_prompt + 1);

@@ -1,8 +1,8 @@
-// `kvsplit generate --min-p` and `--repetition-penalty` on stories260K, each generated token
-// checked against the model's own logits: the tokens the CLI printed are fed back through the
-// model in one teacher-forced pass (the same weights on the CPU backend), and every row is the
-// distribution that token was drawn from. min-p: each token has p >= min_p * p_max (min_p 1 is
-// greedy whatever the seed; min_p 0 draws below that bound for the seeds used). Repetition
+// `kvsplit generate --min-p`, `--repetition-penalty` and `--logit-bias` on stories260K, each
+// generated token checked against the model's own logits: the tokens the CLI printed are fed back
+// through the model in one teacher-forced pass (the same weights on the CPU backend), and every row
+// is the distribution that token was drawn from. min-p: each token has p >= min_p * p_max (min_p 1
+// is greedy whatever the seed; min_p 0 draws below that bound for the seeds used). Repetition
 // penalty (HF): each greedy token is the argmax of the row with every distinct token of the
 // prompt and the output so far divided (logit > 0) or multiplied (logit <= 0) by the penalty.
 #include <gtest/gtest.h>
@@ -142,6 +142,62 @@ TEST(SamplingFlagsCli, RepetitionPenaltyPicksTheArgmaxOfThePenalisedLogits) {
     seen.insert(penalised.output[k]);
   }
   EXPECT_GT(penalised_rows, 0);  // the penalty decided some tokens
+}
+
+// --logit-bias ID=-100 on the greedy text's first token: every greedy token is the argmax of its
+// row with that token's logit lowered by 100, and the token never appears.
+TEST(SamplingFlagsCli, LogitBiasPicksTheArgmaxOfTheBiasedLogits) {
+  KVSPLIT_REQUIRE_MODELS();
+  const Generated plain = generate("--temperature 0");
+  ASSERT_EQ(plain.output.size(), 40u);
+  const int32_t banned = plain.output[0];
+  const Generated biased =
+      generate("--temperature 0 --logit-bias " + std::to_string(banned) + "=-100");
+  ASSERT_EQ(biased.output.size(), 40u);
+  const auto rows = rows_of(biased);
+  ASSERT_EQ(rows.size(), biased.output.size());
+  for (size_t k = 0; k < rows.size(); ++k) {
+    std::vector<float> row = rows[k];
+    row[banned] -= 100.0f;
+    EXPECT_NE(biased.output[k], banned);
+    EXPECT_GE(row[biased.output[k]], *std::max_element(row.begin(), row.end()) - kLogitSlack)
+        << "token " << k;
+  }
+}
+
+// --min-tokens: a stop string ends generation only once that many tokens are out; bad flag
+// values exit 2 naming the flag.
+TEST(SamplingFlagsCli, MinTokensDelaysAStopString) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::string base =
+      "generate " + stories_model_flags() +
+      " --prompt 'Once upon a time' --max-tokens 60 --temperature 0 --stop . --json";
+  const RunResult early = run(base);
+  const RunResult late = run(base + " --min-tokens 20");
+  ASSERT_EQ(early.exit_code, 0) << early.err;
+  ASSERT_EQ(late.exit_code, 0) << late.err;
+  const auto e = json_lines(early.out), l = json_lines(late.out);
+  ASSERT_EQ(e.size(), 1u);
+  ASSERT_EQ(l.size(), 1u);
+  const auto early_ids = e[0]["output_token_ids"].get<std::vector<int32_t>>();
+  const auto late_ids = l[0]["output_token_ids"].get<std::vector<int32_t>>();
+  ASSERT_LT(early_ids.size(), 20u);  // the greedy story has a "." before token 20
+  EXPECT_GE(late_ids.size(), 20u);
+  const std::string text = l[0]["text"].get<std::string>();
+  EXPECT_NE(text.find('.'), std::string::npos) << text;  // the early "." is text now
+  EXPECT_EQ(text.rfind(e[0]["text"].get<std::string>(), 0), 0u) << text;
+
+  for (const char* bad :
+       {"--logit-bias 5", "--logit-bias x=1", "--logit-bias 5=nan", "--min-tokens -1"}) {
+    const RunResult r = run(base + " " + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.err;
+    EXPECT_NE(r.err.find(std::string(bad).substr(0, std::string(bad).find(' '))), std::string::npos)
+        << bad << ": " << r.err;
+  }
+  const RunResult range = run(base + " --logit-bias 512=1");
+  EXPECT_EQ(range.exit_code, 2) << range.err;
+  EXPECT_NE(range.err.find("logit_bias: token id 512 is not in [0, 512)"), std::string::npos)
+      << range.err;
 }
 
 }  // namespace
