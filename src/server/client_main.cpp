@@ -42,8 +42,8 @@ int fail(const grpc::Status& st) {
 int main(int argc, char** argv) {
   kvsplit::server::ClientOptions copt;
   std::string prompt, sla_class, request_id;
-  std::vector<std::string> stop;
-  uint32_t max_tokens = 0, top_logprobs = 0;
+  std::vector<std::string> stop, logit_bias;
+  uint32_t max_tokens = 0, top_logprobs = 0, min_tokens = 0;
   std::optional<float> temperature, top_p, min_p, rep;
   std::optional<int32_t> top_k;
   std::optional<uint64_t> seed;
@@ -66,6 +66,12 @@ int main(int argc, char** argv) {
   app.add_option("--stop", stop, "stop string (repeatable: --stop a --stop b)")
       ->allow_extra_args(false);
   app.add_flag("--ignore-eos", ignore_eos, "do not stop on EOS");
+  app.add_option("--min-tokens", min_tokens,
+                 "tokens before EOS, a stop token or a stop string may end generation");
+  app.add_option("--logit-bias", logit_bias,
+                 "ID=BIAS: add BIAS in [-100, 100] to token ID's logit (repeatable)")
+      ->allow_extra_args(false)
+      ->check(kvsplit::kLogitBiasEntry);
   app.add_option("--sla-class", sla_class, "SLA class name (default: the server's first)");
   app.add_option("--priority", priority,
                  "[-1000, 1000]; orders requests within classes of equal priority");
@@ -100,9 +106,10 @@ int main(int argc, char** argv) {
   if ((info || stats) && app.count("prompt") > 0)
     return usage_error("--info / --stats take no prompt");
   if (info || stats) {
-    for (const char* flag : {"--max-tokens", "--temperature", "--top-p", "--top-k", "--min-p",
-                             "--repetition-penalty", "--seed", "--stop", "--ignore-eos",
-                             "--sla-class", "--priority", "--top-logprobs", "--request-id"}) {
+    for (const char* flag :
+         {"--max-tokens", "--temperature", "--top-p", "--top-k", "--min-p", "--repetition-penalty",
+          "--seed", "--stop", "--ignore-eos", "--min-tokens", "--logit-bias", "--sla-class",
+          "--priority", "--top-logprobs", "--request-id"}) {
       if (app.count(flag) > 0)
         return usage_error(std::string(flag) + " is for a generation, not --info / --stats");
     }
@@ -151,6 +158,12 @@ int main(int argc, char** argv) {
   if (seed) req.mutable_sampling()->set_seed(*seed);
   for (const auto& s : stop) req.add_stop(s);
   req.set_ignore_eos(ignore_eos);
+  req.set_min_tokens(min_tokens);
+  for (const auto& entry : logit_bias) {
+    const auto [id, bias] = *kvsplit::parse_logit_bias_entry(entry);  // the flag checked the form
+    if (!req.mutable_sampling()->mutable_logit_bias()->insert({id, bias}).second)
+      return usage_error("--logit-bias: token id " + std::to_string(id) + " is given twice");
+  }
   req.set_sla_class(sla_class);
   req.set_priority(priority);
   req.set_top_logprobs(top_logprobs);

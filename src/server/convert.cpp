@@ -1,5 +1,7 @@
 #include "server/convert.h"
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <sstream>
 
@@ -84,8 +86,14 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
   s.stop.assign(in.stop().begin(), in.stop().end());
   s.stop_token_ids.assign(in.stop_token_ids().begin(), in.stop_token_ids().end());
   s.ignore_eos = in.ignore_eos();
+  // Capped so that the int32 field cannot wrap; validate() bounds it by max_tokens.
+  s.min_tokens = static_cast<int32_t>(std::min<uint32_t>(in.min_tokens(), INT32_MAX));
+  // Sorted by id: a protobuf map's order is unspecified, and the engine's copy should not vary.
+  s.logit_bias.assign(sp.logit_bias().begin(), sp.logit_bias().end());
+  std::sort(s.logit_bias.begin(), s.logit_bias.end());
   if (Status st = s.validate(limits.vocab_size); !st.ok()) {
-    static constexpr std::string_view kTopLevel[] = {"max_tokens:", "stop:", "stop_token_ids:"};
+    static constexpr std::string_view kTopLevel[] = {
+        "max_tokens:", "min_tokens:", "stop:", "stop_token_ids:"};
     for (std::string_view field : kTopLevel) {
       if (st.message().rfind(field, 0) == 0) return st;
     }
