@@ -110,6 +110,8 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     wo.forward_waiting_handoffs = config.forward_waiting_handoffs;
     wo.slot_aware_handoffs = internal.slot_aware_handoffs;
     wo.take_back_from_down = internal.take_back_from_down;
+    if (wo.role == sched::WorkerRole::kDecode)
+      wo.handoff_copy_fault_hook = internal.handoff_copy_fault_hook;
     // The backend's threads are idle while a step samples: as many sampling threads by default.
     wo.sampling_threads = internal.sampling_threads > 0 ? internal.sampling_threads : threads;
     // Pages change state only where sequences decode.

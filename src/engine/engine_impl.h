@@ -57,6 +57,9 @@ class EngineImpl final : public Engine, private sched::FinishSink {
     // Tests: set on every worker's disk tier (kv::DiskTier::set_fault_hook), so that the disk
     // faults of a swap-in or a prefix read happen where the serving worker meets them.
     kv::DiskFaultHook disk_fault_hook;
+    // Tests: set on every decode worker (sched::WorkerOptions::handoff_copy_fault_hook), so that
+    // a KV handoff copy fails where the decode worker meets it (sched::fail_handoff_copies).
+    sched::HandoffCopyFaultHook handoff_copy_fault_hook;
   };
   static StatusOr<std::unique_ptr<EngineImpl>> create(const EngineConfig& config,
                                                       const InternalOptions& internal);

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <vector>
 
 namespace kvsplit::sched {
@@ -139,6 +141,16 @@ StatusOr<KvCopyRoute> copy_kv_pages(const kv::KvPool& src, std::span<const int32
     }
   }
   return route;
+}
+
+HandoffCopyFaultHook fail_handoff_copies(int first, int n) {
+  auto next = std::make_shared<std::atomic<int>>(0);
+  return [first, n, next](const std::string& request_id) -> Status {
+    const int k = next->fetch_add(1, std::memory_order_relaxed);
+    if (k < first || k >= first + n) return ok_status();
+    return internal_error(
+        fmt::format("injected fault: KV handoff copy {} (request {}) failed", k, request_id));
+  };
 }
 
 }  // namespace kvsplit::sched

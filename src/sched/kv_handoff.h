@@ -32,8 +32,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kv/kv_pool.h"
@@ -153,5 +155,14 @@ StatusOr<KvCopyRoute> copy_kv_blocks(const kv::KvPool& src, std::span<const int3
 StatusOr<KvCopyRoute> copy_kv_pages(const kv::KvPool& src, std::span<const int32_t> src_blocks,
                                     std::span<const uint8_t> src_shards, kv::KvPool& dst,
                                     const kv::BlockTable& dst_table, int first_page = 0);
+
+// Tests: asked by a decode worker before each KV handoff copy (Worker::admit_offers), with the
+// request's id, on that worker's thread (decode workers may ask at once). A Status that is not OK
+// is taken as the copy's error instead of copying (the request fails with it; the destination's
+// reserved blocks and the source's pinned pages are released). Unset (the default): no fault.
+using HandoffCopyFaultHook = std::function<Status(const std::string& request_id)>;
+// A hook that fails the handoff copies number `first` .. `first + n - 1` (counted from 0 over
+// every worker that asks it, in the order they ask) with kInternal.
+HandoffCopyFaultHook fail_handoff_copies(int first, int n);
 
 }  // namespace kvsplit::sched

@@ -90,6 +90,8 @@ struct WorkerOptions {
   // Offers in flight to a decode worker marked down are taken back before their deadlines
   // (Worker::up_instead_of_down_dest, reclaim_forwarded); false (benchmarks): at them.
   bool take_back_from_down = true;
+  // Tests: asked before each KV handoff copy into this worker (HandoffCopyFaultHook); unset: none.
+  HandoffCopyFaultHook handoff_copy_fault_hook;
   std::chrono::milliseconds idle_wait{2};  // sleep when idle (bounds queue-timeout latency)
   // Sampling + token events of a step run on this many threads (the worker's thread included)
   // when the step samples at least parallel_sampling_min_rows rows; 1: always on the worker.

@@ -304,8 +304,11 @@ void Worker::admit_offers(Clock::time_point now) {
       break;
     }
     leaves[a.id - kHandoffBase] = true;
-    StatusOr<KvCopyRoute> route =
-        copy_kv_pages(*o.source_pool, o.source_blocks, o.source_shards, *pool_, table, cached);
+    Status fault = options_.handoff_copy_fault_hook ? options_.handoff_copy_fault_hook(o.seq->id())
+                                                    : ok_status();
+    StatusOr<KvCopyRoute> route = fault.ok() ? copy_kv_pages(*o.source_pool, o.source_blocks,
+                                                             o.source_shards, *pool_, table, cached)
+                                             : StatusOr<KvCopyRoute>(std::move(fault));
     const Status st = route.status();
     if (route.ok()) {
       ++handoffs_by_route_[static_cast<int>(*route)];
