@@ -323,9 +323,12 @@ void Worker::admit_offers(Clock::time_point now) {
     std::unique_ptr<Sequence> seq = std::move(o.seq);
     o.source->post_done(HandoffDone{o.handoff_id, route.ok() ? this : nullptr});
     incoming_blocks_.fetch_sub(o.incoming_blocks(pool_->block_size()), std::memory_order_relaxed);
-    if (!st.ok()) {
+    if (!st.ok()) {  // not retried: the request fails with the copy's error
+      Status err = st.with_prefix(
+          fmt::format("KV handoff of request {} to {}", seq->display_id(), options_.name));
+      KVSPLIT_LOG_ERROR("{}", err.to_string());  // it names this worker
       pool_->release(table);
-      finish(*seq, FinishReason::kError, st.with_prefix("KV handoff"), now);
+      finish(*seq, FinishReason::kError, std::move(err), now);
       continue;
     }
     seq->table = std::move(table);
