@@ -70,7 +70,11 @@ void Sampler::reserve(int vocab) {
   const size_t n = static_cast<size_t>(vocab);
   if (candidates_.size() < n) candidates_.resize(n);
   if (bucket_mass_.empty()) bucket_mass_.resize(kNumBuckets);
-  if (counts_.size() < n) counts_.resize(n, 0);
+  if (penalties_on() && counts_.size() < n) {
+    // Grown only between requests' histories: reset_history left every entry zero.
+    counts_.resize(n, 0);
+    seen_.resize(n, 0);
+  }
 }
 
 float Sampler::uniform_from_state(uint64_t* state) {
@@ -95,38 +99,84 @@ void Sampler::apply_bias_and_mask(float* logits, int vocab, size_t num_output) c
   }
 }
 
+bool Sampler::penalties_on() const {
+  return params_.repetition_penalty != 1.0f || params_.frequency_penalty != 0.0f ||
+         params_.presence_penalty != 0.0f;
+}
+
+void Sampler::reset_history() {
+  for (int32_t t : seen_ids_) seen_[t] = 0;
+  for (int32_t t : output_ids_) counts_[t] = 0;
+  seen_ids_.clear();
+  output_ids_.clear();
+  history_ = {};
+}
+
+void Sampler::sync_history(int vocab, std::span<const int32_t> prompt,
+                           std::span<const int32_t> output) {
+  const History now{prompt.data(), prompt.size(), output.data(), vocab};
+  // The same request as the last call: its prompt in place, its output grown by appending.
+  const bool continues = history_.prompt == now.prompt && history_.prompt_size == now.prompt_size &&
+                         history_.vocab == vocab && output.size() >= output_done_ &&
+                         (output_done_ == 0 || history_.output == now.output);
+  // Only the repetition penalty reads the prompt and marks seen ids.
+  const bool repetition = params_.repetition_penalty != 1.0f;
+  if (!continues) {
+    reset_history();
+    output_done_ = 0;
+    history_ = now;
+    for (int32_t t : repetition ? prompt : std::span<const int32_t>()) {
+      KVSPLIT_CHECK_MSG(t >= 0 && t < vocab, "token id out of vocab range");
+      if (!seen_[t]) {
+        seen_[t] = 1;
+        seen_ids_.push_back(t);
+      }
+    }
+    // In id order, the per-token walk over the logits is sequential (a long prompt's distinct
+    // ids in prompt order are scattered over the vocabulary).
+    std::sort(seen_ids_.begin(), seen_ids_.end());
+  }
+  history_.output = now.output;
+  for (size_t i = output_done_; i < output.size(); ++i) {
+    const int32_t t = output[i];
+    KVSPLIT_CHECK_MSG(t >= 0 && t < vocab, "token id out of vocab range");
+    if (repetition && !seen_[t]) {
+      seen_[t] = 1;
+      seen_ids_.push_back(t);
+    }
+    if (counts_[t]++ == 0) output_ids_.push_back(t);
+  }
+  output_done_ = output.size();
+}
+
 void Sampler::apply_penalties(float* logits, int vocab, std::span<const int32_t> prompt,
                               std::span<const int32_t> output) {
+  if (!penalties_on()) return;
+  sync_history(vocab, prompt, output);
+  // Each distinct token once, whatever its count: the work per token is the number of distinct
+  // ids seen, not the prompt's and output's length.
   const float rep = params_.repetition_penalty;
   if (rep != 1.0f) {
-    // counts_ doubles as a "seen" mark so each distinct token is penalised once; reset after.
-    auto mark = [&](std::span<const int32_t> ids) {
-      for (int32_t t : ids) {
-        KVSPLIT_CHECK_MSG(t >= 0 && t < vocab, "token id out of vocab range");
-        if (counts_[t] == 0) {
-          counts_[t] = 1;
-          logits[t] = logits[t] > 0.0f ? logits[t] / rep : logits[t] * rep;
-        }
-      }
+    // HF's rule, l > 0 ? l / rep : l * rep, on each id seen. Written with both results computed
+    // and one kept (no branch on the sign, which would be mispredicted half the time). When many
+    // ids are seen (a long prompt), one pass over the whole row under the seen_ mask vectorizes
+    // and beats the scattered walk; the values are the same either way.
+    auto penalised = [rep](float l) {
+      const float divided = l / rep;
+      const float multiplied = l * rep;
+      return l > 0.0f ? divided : multiplied;
     };
-    mark(prompt);
-    mark(output);
-    for (int32_t t : prompt) counts_[t] = 0;
-    for (int32_t t : output) counts_[t] = 0;
+    if (seen_ids_.size() * kDenseHistoryFraction > static_cast<size_t>(vocab)) {
+      const uint8_t* seen = seen_.data();
+      for (int i = 0; i < vocab; ++i) logits[i] = seen[i] ? penalised(logits[i]) : logits[i];
+    } else {
+      for (int32_t t : seen_ids_) logits[t] = penalised(logits[t]);
+    }
   }
   const float freq = params_.frequency_penalty;
   const float presence = params_.presence_penalty;
   if (freq != 0.0f || presence != 0.0f) {
-    for (int32_t t : output) {
-      KVSPLIT_CHECK_MSG(t >= 0 && t < vocab, "token id out of vocab range");
-      ++counts_[t];
-    }
-    for (int32_t t : output) {
-      if (counts_[t] > 0) {
-        logits[t] -= static_cast<float>(counts_[t]) * freq + presence;
-        counts_[t] = 0;
-      }
-    }
+    for (int32_t t : output_ids_) logits[t] -= static_cast<float>(counts_[t]) * freq + presence;
   }
 }
 

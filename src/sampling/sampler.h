@@ -83,8 +83,17 @@ class Sampler {
   float next_uniform() { return uniform_from_state(&rng_state_); }
   // logit_bias, then the min_tokens mask (while output is shorter than min_tokens).
   void apply_bias_and_mask(float* logits, int vocab, size_t num_output) const;
+  bool penalties_on() const;
+  // Penalties: logits of the distinct ids of prompt + output (repetition) and of the output with
+  // their counts (frequency / presence), from the history kept since the last call.
   void apply_penalties(float* logits, int vocab, std::span<const int32_t> prompt,
                        std::span<const int32_t> output);
+  // Brings the history up to `prompt` and `output`: only the output tokens appended since the
+  // last call are read when the spans continue the last call's (the same prompt in place, the
+  // output grown by appending, as the engine's one token vector per request gives); anything
+  // else rebuilds it from the spans.
+  void sync_history(int vocab, std::span<const int32_t> prompt, std::span<const int32_t> output);
+  void reset_history();
   // run.c's sample_topp on the full distribution (top_k and min_p off).
   int32_t sample_top_p_runc(const float* probs, int vocab, float coin);
   // top-k / min-p candidate set, then the same top-p / multinomial step over it.
@@ -100,13 +109,30 @@ class Sampler {
 
   static constexpr uint32_t kNumBuckets = 1024;  // covers bit patterns of [0, 1]
   static constexpr int kPresortMinCandidates = 4096;
+  // The repetition penalty walks the whole row (vectorized, under the seen_ mask) instead of the
+  // seen ids once more than vocab / this many ids are seen.
+  static constexpr size_t kDenseHistoryFraction = 8;
 
   SamplingParams params_;
   uint64_t rng_state_;
   std::vector<int32_t> min_tokens_mask_;  // ids masked before min_tokens (empty: min_tokens 0)
   std::vector<Candidate> candidates_;     // scratch [vocab]
-  std::vector<int32_t> counts_;           // scratch [vocab], all zero between calls
-  std::vector<double> bucket_mass_;       // scratch [kNumBuckets]
+  // Penalty history (sync_history): seen_[t] marks an id of prompt + output (listed once in
+  // seen_ids_), counts_[t] its count in the output (ids listed once in output_ids_); sized
+  // [vocab] only with penalties on.
+  struct History {
+    const int32_t* prompt = nullptr;
+    size_t prompt_size = 0;
+    const int32_t* output = nullptr;
+    int vocab = 0;
+  };
+  History history_;
+  size_t output_done_ = 0;  // output tokens in the history
+  std::vector<uint8_t> seen_;
+  std::vector<int32_t> seen_ids_;
+  std::vector<int32_t> counts_;
+  std::vector<int32_t> output_ids_;
+  std::vector<double> bucket_mass_;  // scratch [kNumBuckets]
 };
 
 }  // namespace kvsplit::sampling

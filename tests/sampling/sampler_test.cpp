@@ -10,6 +10,7 @@
 #include <limits>
 #include <random>
 #include <set>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -381,6 +382,86 @@ TEST(SamplerTest, PresencePenaltyChangesTheChoice) {
   std::vector<float> logits = {5.0f, 4.0f};
   const std::vector<int32_t> output = {0};
   EXPECT_EQ(s.sample(logits.data(), 2, {}, output), 1);
+}
+
+// The penalty history is kept between calls (only appended output is read): over a request's
+// growing token vector it gives exactly what a fresh sampler computes from the whole spans, and
+// spans that do not continue the last call's (another buffer, a shorter output) rebuild it.
+// Vocabulary 64: most ids are seen (the repetition penalty's pass over the whole row); 8192: few
+// are (its walk over the seen ids).
+void expect_incremental_history_equals_fresh(int vocab, size_t num_prompt) {
+  SamplingParams p = params_with(0.0f);
+  p.repetition_penalty = 1.3f;
+  p.frequency_penalty = 0.4f;
+  p.presence_penalty = -0.2f;
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<int32_t> tokens;
+  tokens.reserve(num_prompt + 201);
+  for (size_t i = 0; i < num_prompt; ++i)
+    tokens.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
+  Sampler kept(p, 1);
+  const std::vector<int32_t> first_prompt(num_prompt, 3);  // a first call on another prompt
+  auto check = [&](std::span<const int32_t> prompt, std::span<const int32_t> output) {
+    std::vector<float> logits(vocab);
+    for (float& x : logits) x = normal(rng);
+    std::vector<float> fresh_logits = logits;
+    Sampler fresh(p, 1);
+    const int32_t a = kept.sample(logits.data(), vocab, prompt, output);
+    const int32_t b = fresh.sample(fresh_logits.data(), vocab, prompt, output);
+    EXPECT_EQ(logits, fresh_logits);
+    EXPECT_EQ(a, b);
+    return a;
+  };
+  check(first_prompt, {});
+  for (int step = 0; step < 200; ++step) {
+    const std::span<const int32_t> prompt(tokens.data(), num_prompt);
+    const std::span<const int32_t> output(tokens.data() + num_prompt, tokens.size() - num_prompt);
+    tokens.push_back(check(prompt, output));
+  }
+  // Another buffer with other contents (the same sizes, the output one longer), and a shorter
+  // output: rebuilt, not continued.
+  std::vector<int32_t> other(tokens.rbegin(), tokens.rend());
+  other.push_back(5);
+  check(std::span<const int32_t>(other.data(), num_prompt),
+        std::span<const int32_t>(other.data() + num_prompt, other.size() - num_prompt));
+  check(std::span<const int32_t>(tokens.data(), num_prompt),
+        std::span<const int32_t>(tokens.data() + num_prompt, 3));
+}
+
+TEST(SamplerTest, IncrementalPenaltyHistoryEqualsAFreshOne) {
+  expect_incremental_history_equals_fresh(64, 150);
+  expect_incremental_history_equals_fresh(8192, 100);
+}
+
+// The fresh sampler above shares the history code; this checks both of its paths against the
+// rule written out (HF repetition over prompt + output, OpenAI penalties over the output).
+TEST(SamplerTest, PenaltiesMatchTheRuleOnDenseAndSparseHistories) {
+  for (const int vocab : {64, 8192}) {
+    SamplingParams p = params_with(0.0f);
+    p.repetition_penalty = 1.7f;
+    p.frequency_penalty = 0.3f;
+    p.presence_penalty = 0.1f;
+    std::mt19937_64 rng(vocab);
+    std::normal_distribution<float> normal(0.0f, 2.0f);
+    std::vector<int32_t> prompt(120), output(40);
+    for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % 64);
+    for (int32_t& t : output) t = static_cast<int32_t>(rng() % 64);
+    std::vector<float> logits(vocab);
+    for (float& x : logits) x = normal(rng);
+    std::vector<float> want = logits;
+    std::vector<int> count(vocab, 0);
+    std::vector<bool> seen(vocab, false);
+    for (int32_t t : prompt) seen[t] = true;
+    for (int32_t t : output) seen[t] = true, ++count[t];
+    for (int i = 0; i < vocab; ++i) {
+      if (seen[i]) want[i] = want[i] > 0.0f ? want[i] / 1.7f : want[i] * 1.7f;
+      if (count[i] > 0) want[i] -= static_cast<float>(count[i]) * 0.3f + 0.1f;
+    }
+    Sampler s(p, 1);
+    (void)s.sample(logits.data(), vocab, prompt, output);
+    EXPECT_EQ(logits, want) << "vocab " << vocab;
+  }
 }
 
 std::vector<int32_t> run_sequence(Sampler& s, uint64_t logits_seed, int steps, int vocab) {
