@@ -163,6 +163,10 @@ struct EngineConfig {
   std::vector<SlaClass> sla_classes = {SlaClass{}};  // first one is the default class
 };
 
+// Request::priority is in [-kMaxRequestPriority, kMaxRequestPriority]: it is added to its class's
+// (sched::effective_priority), bounded so that the sum cannot overflow.
+inline constexpr int32_t kMaxRequestPriority = 1000;
+
 struct Request {
   // Unique among the tenant's in-flight requests. Empty: the engine assigns "req-" followed by 32
   // random hex digits (128 bits from the kernel's CSPRNG), which nobody can predict.
@@ -179,8 +183,9 @@ struct Request {
   // the client's own value: lowered to what the model context leaves after the prompt, as
   // vLLM's default is, where an explicit max_tokens that does not fit is refused.
   bool max_tokens_is_default = false;
-  std::string sla_class;      // empty: the default class
-  int32_t priority = 0;       // orders requests within classes of equal priority
+  std::string sla_class;  // empty: the default class
+  // Orders requests within classes of equal priority; [-kMaxRequestPriority, kMaxRequestPriority].
+  int32_t priority = 0;
   uint32_t top_logprobs = 0;  // 0..20 alternatives per generated token
   // Prefix cache scope (EngineConfig::prefix_cache): cached prompt pages are shared only between
   // requests of the same tenant and the same cache_salt. At most 256 bytes.

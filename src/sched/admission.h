@@ -26,8 +26,8 @@ struct AdmissionLimits {
 };
 
 inline constexpr uint32_t kMaxTopLogprobs = 20;
-// Request::priority is added to its class's: bounded so that the sum cannot overflow.
-inline constexpr int32_t kMaxRequestPriority = 1000;
+// Request::priority's bound (kvsplit/engine.h), under the name the scheduler has always used.
+using ::kvsplit::kMaxRequestPriority;
 // The scheduling priority of a request: its class's priority first, its own priority (in
 // [-kMaxRequestPriority, kMaxRequestPriority]) only orders requests of classes of equal priority.
 // So no request priority lifts a request above a class of higher priority (a client picks its

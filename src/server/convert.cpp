@@ -113,7 +113,7 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
   // Empty means the default class: name it, so that metrics and logs carry the real name.
   r.sla_class = in.sla_class().empty() && !limits.class_names.empty() ? limits.class_names.front()
                                                                       : in.sla_class();
-  if (in.priority() < -1000 || in.priority() > 1000)
+  if (in.priority() < -kMaxRequestPriority || in.priority() > kMaxRequestPriority)
     return bad("priority", "in [-1000, 1000]", in.priority());
   r.priority = in.priority();
   if (in.top_logprobs() > 20) return bad("top_logprobs", "in [0, 20]", in.top_logprobs());
