@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +26,32 @@ struct TlsConfig {
 // cache_salt, 64 stop ids; ConvertTest.TheLargestValidRequestFitsBesideItsPrompt).
 inline constexpr int32_t kRequestFieldsBytes = 8192;
 
+// What the calls of one API key may do (a `server.api_keys` entry written as a mapping;
+// docs/configuration.md "Per-key policy"). The defaults are a plain key's: full rights.
+struct KeyPolicy {
+  // The SLA classes its requests may name, each a configured class, once; the first is its
+  // default, which a request naming none gets. Empty: every class, the server's default.
+  std::vector<std::string> sla_classes;
+  // The highest GenerateRequest.priority it may ask for, in
+  // [-kMaxRequestPriority, kMaxRequestPriority]; unset: no ceiling.
+  std::optional<int32_t> max_priority;
+  // [0, 100000]; its open Generate calls at most, in place of server.max_streams_per_tenant (0: no
+  // limit for this key). Unset: server.max_streams_per_tenant.
+  std::optional<int32_t> max_streams;
+  bool server_stats = true;  // may call GetServerStats (server-wide figures)
+  bool operator==(const KeyPolicy&) const = default;
+};
+
+// One accepted `authorization: Bearer <key>` value and its policy.
+struct ApiKey {
+  std::string key;  // >= 8 characters, printable ASCII without spaces
+  KeyPolicy policy;
+  bool operator==(const ApiKey&) const = default;
+};
+
+// Keys with full rights (the plain string entries of server.api_keys, --api-key flags).
+std::vector<ApiKey> plain_api_keys(const std::vector<std::string>& keys);
+
 struct ServerConfig {
   std::string host = "0.0.0.0";
   int32_t port = 50051;         // [0, 65535]; 0 = pick a free port (logged)
@@ -33,7 +60,7 @@ struct ServerConfig {
   // 253 bytes of [A-Za-z0-9.:_%-]. Empty: metrics_bind_host()'s default.
   std::string metrics_host;
   TlsConfig tls;
-  std::vector<std::string> api_keys;  // empty: no authentication
+  std::vector<ApiKey> api_keys;  // empty: no authentication; keys distinct
   int32_t max_concurrent_streams =
       1024;  // [1, 100000]; more open Generate calls -> RESOURCE_EXHAUSTED
   // [0, 100000]; open Generate calls of one API key (tenant) at most, so one tenant cannot hold

@@ -23,7 +23,58 @@ Status check_range(const std::string& field, int64_t v, int64_t lo, int64_t hi) 
   return ok_status();
 }
 
+// server.api_keys: each key valid and listed once, each policy within its ranges and naming
+// only configured classes (on a reload, the reloaded file's). Keys never appear in a message.
+Status validate_api_keys(const std::vector<ApiKey>& keys, const std::vector<SlaClass>& classes) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string at = "server.api_keys[" + std::to_string(i) + "]";
+    const std::string& k = keys[i].key;
+    if (k.size() < 8) return invalid_argument(at + ": must be at least 8 characters");
+    // What a client can send after "Bearer ": the server strips the spaces before the key, and
+    // gRPC refuses control characters in metadata, so such a key never matched anyone.
+    for (const char c : k) {
+      if (c < 0x21 || c > 0x7e)
+        return invalid_argument(at +
+                                ": must be printable ASCII without spaces (a client sends it in "
+                                "an authorization header)");
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (keys[j].key == k)
+        return invalid_argument(at + ": the same key as server.api_keys[" + std::to_string(j) +
+                                "] (each key once: one key has one policy)");
+    }
+    const KeyPolicy& p = keys[i].policy;
+    for (size_t c = 0; c < p.sla_classes.size(); ++c) {
+      const std::string& name = p.sla_classes[c];
+      const std::string field = at + ".sla_classes[" + std::to_string(c) + "]";
+      if (std::none_of(classes.begin(), classes.end(),
+                       [&](const SlaClass& sc) { return sc.name == name; })) {
+        std::string known;
+        for (const SlaClass& sc : classes) known += (known.empty() ? "" : ", ") + sc.name;
+        return invalid_argument(field + ": unknown class '" + escape_for_message(name, 64) +
+                                "' (sla_classes: " + escape_for_message(known, 256) + ")");
+      }
+      if (std::find(p.sla_classes.begin(), p.sla_classes.begin() + c, name) !=
+          p.sla_classes.begin() + c)
+        return invalid_argument(field + ": class '" + escape_for_message(name, 64) +
+                                "' is listed twice");
+    }
+    if (p.max_priority)
+      KVSPLIT_RETURN_IF_ERROR(check_range(at + ".max_priority", *p.max_priority,
+                                          -kMaxRequestPriority, kMaxRequestPriority));
+    if (p.max_streams)
+      KVSPLIT_RETURN_IF_ERROR(check_range(at + ".max_streams", *p.max_streams, 0, 100000));
+  }
+  return ok_status();
+}
+
 }  // namespace
+
+std::vector<ApiKey> plain_api_keys(const std::vector<std::string>& keys) {
+  std::vector<ApiKey> out;
+  for (const std::string& k : keys) out.push_back(ApiKey{k, KeyPolicy{}});
+  return out;
+}
 
 Status validate_after_flags(const Config& config) {
   return validate_cuda_block_size(config.engine, kYamlKvNames);
@@ -98,20 +149,7 @@ Status validate_config(const Config& config) {
   KVSPLIT_RETURN_IF_ERROR(check_host("server.metrics_host", s.metrics_host));
   if (s.tls.cert_file.empty() != s.tls.key_file.empty())
     return invalid_argument("server.tls: cert_file and key_file must be given together");
-  for (size_t i = 0; i < s.api_keys.size(); ++i) {
-    const std::string& k = s.api_keys[i];
-    if (k.size() < 8)
-      return invalid_argument("server.api_keys[" + std::to_string(i) +
-                              "]: must be at least 8 characters");
-    // What a client can send after "Bearer ": the server strips the spaces before the key, and
-    // gRPC refuses control characters in metadata, so such a key never matched anyone.
-    for (const char c : k) {
-      if (c < 0x21 || c > 0x7e)
-        return invalid_argument("server.api_keys[" + std::to_string(i) +
-                                "]: must be printable ASCII without spaces (a client sends it in "
-                                "an authorization header)");
-    }
-  }
+  KVSPLIT_RETURN_IF_ERROR(validate_api_keys(s.api_keys, e.sla_classes));
   KVSPLIT_RETURN_IF_ERROR(
       check_range("server.max_concurrent_streams", s.max_concurrent_streams, 1, 100000));
   KVSPLIT_RETURN_IF_ERROR(
@@ -147,7 +185,11 @@ std::string describe(const Config& config) {
      << " block_size=" << e.block_size << " kv_policy=" << kv_policy_name(e.kv_policy)
      << " listen=" << s.host << ":" << s.port << " metrics=" << s.metrics_bind_host() << ":"
      << s.metrics_port << " tls=" << (s.tls.enabled() ? "on" : "off")
-     << " api_keys=" << s.api_keys.size() << " classes=[";
+     << " api_keys=" << s.api_keys.size();
+  const auto restricted = std::count_if(s.api_keys.begin(), s.api_keys.end(),
+                                        [](const ApiKey& k) { return k.policy != KeyPolicy{}; });
+  if (restricted > 0) ss << "(" << restricted << " with a policy)";
+  ss << " classes=[";
   for (size_t i = 0; i < e.sla_classes.size(); ++i) {
     const SlaClass& c = e.sla_classes[i];
     ss << (i ? ", " : "") << c.name << "(ttft<" << c.max_ttft_ms << "ms itl<" << c.max_itl_ms

@@ -167,6 +167,35 @@ Status read_model(const YAML::Node& n, Config* c) {
   return r.finish();
 }
 
+// One server.api_keys entry: a plain key (full rights), or a mapping of `key` and its policy
+// (KeyPolicy; range and class checks are validate_config's).
+Status read_api_key(const YAML::Node& n, const std::string& path, ApiKey* out) {
+  if (n.IsScalar()) return parse_scalar(n, path, &out->key);
+  if (!n.IsMap())
+    return field_error(path, "must be a key (a string) or a mapping with `key` and its policy");
+  MapReader r(n, path);
+  KVSPLIT_RETURN_IF_ERROR(r.get("key", &out->key));
+  if (!r.has("key")) return field_error(join(path, "key"), "required (the bearer key)");
+  KeyPolicy& p = out->policy;
+  if (YAML::Node classes = r.child("sla_classes"); classes && !classes.IsNull()) {
+    const std::string list = join(path, "sla_classes");
+    if (!classes.IsSequence()) return field_error(list, "must be a list of SLA class names");
+    for (size_t i = 0; i < classes.size(); ++i) {
+      std::string name;
+      KVSPLIT_RETURN_IF_ERROR(
+          parse_scalar(classes[i], list + "[" + std::to_string(i) + "]", &name));
+      p.sla_classes.push_back(std::move(name));
+    }
+  }
+  int32_t v = 0;
+  KVSPLIT_RETURN_IF_ERROR(r.get("max_priority", &v));
+  if (r.has("max_priority")) p.max_priority = v;
+  KVSPLIT_RETURN_IF_ERROR(r.get("max_streams", &v));
+  if (r.has("max_streams")) p.max_streams = v;
+  KVSPLIT_RETURN_IF_ERROR(r.get("server_stats", &p.server_stats));
+  return r.finish();
+}
+
 Status read_server(const YAML::Node& n, ServerConfig* s) {
   MapReader r(n, "server");
   KVSPLIT_RETURN_IF_ERROR(r.check_is_map());
@@ -182,12 +211,14 @@ Status read_server(const YAML::Node& n, ServerConfig* s) {
     KVSPLIT_RETURN_IF_ERROR(t.finish());
   }
   if (YAML::Node keys = r.child("api_keys"); keys && !keys.IsNull()) {
-    if (!keys.IsSequence()) return field_error("server.api_keys", "must be a list of strings");
+    if (!keys.IsSequence())
+      return field_error("server.api_keys",
+                         "must be a list of keys (strings, or mappings with `key` and a policy)");
     s->api_keys.clear();
     for (size_t i = 0; i < keys.size(); ++i) {
-      std::string k;
+      ApiKey k;
       KVSPLIT_RETURN_IF_ERROR(
-          parse_scalar(keys[i], "server.api_keys[" + std::to_string(i) + "]", &k));
+          read_api_key(keys[i], "server.api_keys[" + std::to_string(i) + "]", &k));
       s->api_keys.push_back(std::move(k));
     }
   }

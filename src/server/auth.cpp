@@ -5,6 +5,7 @@
 #include <array>
 
 #include "common/check.h"
+#include "server/tenant_policy.h"
 
 namespace kvsplit::server {
 namespace {
@@ -22,23 +23,24 @@ std::array<unsigned char, 32> sha256(std::string_view data) {
 
 }  // namespace
 
-ApiKeyAuth::ApiKeyAuth(const std::vector<std::string>& keys, const ApiKeyAuth* previous) {
-  for (const std::string& k : keys) {
-    const std::array<unsigned char, 32> digest = sha256(k);
+ApiKeyAuth::ApiKeyAuth(const std::vector<config::ApiKey>& keys, const ApiKeyAuth* previous) {
+  for (const config::ApiKey& k : keys) {
+    const std::array<unsigned char, 32> digest = sha256(k.key);
     const std::string* known = nullptr;
     if (previous) {
       for (const Key& old : previous->keys_) {
-        if (old.digest == digest) known = &old.tenant;
+        if (old.digest == digest) known = &old.caller.tenant;
       }
     }
-    keys_.push_back({digest, known ? *known : tenant_id(k)});
+    keys_.push_back({digest, Caller{known ? *known : tenant_id(k.key),
+                                    std::make_shared<const config::KeyPolicy>(k.policy)}});
   }
 }
 
 bool ApiKeyAuth::has_tenant(std::string_view tenant) const {
   if (keys_.empty()) return tenant == kAnonymousTenant;
   for (const Key& k : keys_) {
-    if (k.tenant == tenant) return true;
+    if (k.caller.tenant == tenant) return true;
   }
   return false;
 }
@@ -58,8 +60,8 @@ std::string ApiKeyAuth::tenant_id(std::string_view key) {
   return out;
 }
 
-StatusOr<std::string> ApiKeyAuth::authenticate(const grpc::ServerContextBase& context) const {
-  if (keys_.empty()) return std::string(kAnonymousTenant);
+StatusOr<Caller> ApiKeyAuth::authenticate(const grpc::ServerContextBase& context) const {
+  if (keys_.empty()) return Caller{std::string(kAnonymousTenant), full_rights()};
   const auto& md = context.client_metadata();
   auto it = md.find("authorization");
   if (it == md.end()) {
@@ -84,20 +86,20 @@ StatusOr<std::string> ApiKeyAuth::authenticate(const grpc::ServerContextBase& co
   if (scheme_matches()) {
     std::string_view key = value.substr(kPrefix.size());
     while (!key.empty() && key.front() == ' ') key.remove_prefix(1);
-    if (const std::string* tenant = tenant_of(key)) return *tenant;
+    if (const Caller* caller = caller_of(key)) return *caller;
   }
   return Status(StatusCode::kUnauthenticated, "invalid API key");
 }
 
-const std::string* ApiKeyAuth::tenant_of(std::string_view key) const {
+const Caller* ApiKeyAuth::caller_of(std::string_view key) const {
   // Digests of a fixed length, compared in full against every key: the time depends on neither
   // the key's length nor where it differs, nor on which key matched.
   const std::array<unsigned char, 32> digest = sha256(key);
-  const std::string* match = nullptr;
+  const Caller* match = nullptr;
   for (const Key& k : keys_) {
     unsigned char diff = 0;
     for (size_t i = 0; i < digest.size(); ++i) diff |= digest[i] ^ k.digest[i];
-    if (diff == 0) match = &k.tenant;
+    if (diff == 0) match = &k.caller;
   }
   return match;
 }

@@ -5,10 +5,12 @@
 #include <grpcpp/server_context.h>
 
 #include <array>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "config/config.h"
 #include "kvsplit/status.h"
 
 namespace kvsplit::server {
@@ -16,21 +18,35 @@ namespace kvsplit::server {
 // The single tenant of a server without API keys: every client shares it.
 inline constexpr std::string_view kAnonymousTenant = "anonymous";
 
+// Who makes a call: its tenant and what its key may do (server/tenant_policy.h).
+struct Caller {
+  std::string tenant;
+  std::shared_ptr<const config::KeyPolicy> policy;  // never null; full rights for a plain key
+};
+
 class ApiKeyAuth {
  public:
-  // `keys` empty: no authentication. `previous` (optional, a reload's old key set): the tenant
-  // ids of the keys it holds are taken from it rather than derived again (tenant_id is slow).
-  explicit ApiKeyAuth(const std::vector<std::string>& keys, const ApiKeyAuth* previous = nullptr);
+  // `keys` (distinct; validate_config) empty: no authentication. `previous` (optional, a reload's
+  // old key set): the tenant ids of the keys it holds are taken from it rather than derived again
+  // (tenant_id is slow); their policies are the new ones.
+  explicit ApiKeyAuth(const std::vector<config::ApiKey>& keys,
+                      const ApiKeyAuth* previous = nullptr);
 
   bool enabled() const { return !keys_.empty(); }
-  // The caller's tenant id: kAnonymousTenant without keys; with keys, tenant_id() of the key in
-  // "authorization: Bearer <key>" (compared in constant time). kUnauthenticated when the header
-  // is missing or the key is not configured. Reads only the call's metadata, never its message.
-  StatusOr<std::string> authenticate(const grpc::ServerContextBase& context) const;
+  // The caller: kAnonymousTenant with full rights without keys; with keys, tenant_id() and the
+  // policy of the key in "authorization: Bearer <key>" (compared in constant time).
+  // kUnauthenticated when the header is missing or the key is not configured. Reads only the
+  // call's metadata, never its message.
+  StatusOr<Caller> authenticate(const grpc::ServerContextBase& context) const;
 
-  // The tenant of `key` when it is one of the configured keys, else null. Compares SHA-256
+  // The caller of `key` when it is one of the configured keys, else null. Compares SHA-256
   // digests in constant time (nothing about the key's length or content shows in the time).
-  const std::string* tenant_of(std::string_view key) const;
+  const Caller* caller_of(std::string_view key) const;
+  // caller_of(key)'s tenant, or null.
+  const std::string* tenant_of(std::string_view key) const {
+    const Caller* c = caller_of(key);
+    return c ? &c->tenant : nullptr;
+  }
   // Whether one of the configured keys has tenant id `tenant` (kAnonymousTenant: when disabled).
   bool has_tenant(std::string_view tenant) const;
 
@@ -45,7 +61,7 @@ class ApiKeyAuth {
  private:
   struct Key {
     std::array<unsigned char, 32> digest;  // SHA-256 of the key
-    std::string tenant;
+    Caller caller;
   };
   std::vector<Key> keys_;
 };

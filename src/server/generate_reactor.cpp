@@ -44,14 +44,14 @@ class GenerateReactor : public RawBidiReactor, public MessageWaiter {
       // Under mu_ from before admit_stream publishes the call (a revoke() may reach it at once)
       // until its read is started (gRPC never runs OnReadDone inline from StartRead).
       std::unique_lock<std::mutex> lock(r->mu_);
-      StatusOr<std::string> tenant = service->admit_stream(*context, r);
-      if (!tenant.ok()) {
+      StatusOr<Caller> caller = service->admit_stream(*context, r);
+      if (!caller.ok()) {
         lock.unlock();
-        r->finish_now(to_grpc(tenant.status()));
+        r->finish_now(to_grpc(caller.status()));
         return r.get();
       }
-      r->slot_ = *tenant;
-      r->tenant_ = *std::move(tenant);
+      r->slot_ = caller->tenant;
+      r->caller_ = *std::move(caller);
       r->timer_id_ = service->message_timer()->start(r, /*generate=*/true);
       r->StartRead(&r->in_);
     }
@@ -251,13 +251,13 @@ class GenerateReactor : public RawBidiReactor, public MessageWaiter {
       return;
     }
     v1::GenerateRequest request;
-    Status parsed = service_->parse_request(*context_, "Generate", tenant_, in_, &request);
+    Status parsed = service_->parse_request(*context_, "Generate", caller_.tenant, in_, &request);
     in_.Clear();
     if (!parsed.ok()) {
       finish_now(to_grpc(parsed));
       return;
     }
-    StatusOr<Request> engine_request = service_->engine_request(request, tenant_);
+    StatusOr<Request> engine_request = service_->engine_request(request, caller_);
     if (!engine_request.ok()) {
       finish_now(to_grpc(engine_request.status()));
       return;
@@ -341,7 +341,7 @@ class GenerateReactor : public RawBidiReactor, public MessageWaiter {
       std::lock_guard<std::mutex> lock(mu_);
       if (!submitted_ || final_seen_ || aborted_) return;
       aborted_ = true;
-      tenant = tenant_;
+      tenant = caller_.tenant;
     }
     service_->engine()->cancel(tenant, handle_);
   }
@@ -373,7 +373,8 @@ class GenerateReactor : public RawBidiReactor, public MessageWaiter {
   std::mutex mu_;
   RequestHandle handle_;  // guarded by mu_ until submitted_, then read-only
   std::string request_id_;
-  std::string tenant_;                         // set before the first read, then read-only
+  // The tenant and its key's policy as admitted: set before the first read, then read-only.
+  Caller caller_;
   ServerMetrics::ClassHistograms histograms_;  // set before the first event; null without metrics
   bool want_logprobs_ = false;
   bool submitted_ = false;  // guarded by mu_ (all flags below too)

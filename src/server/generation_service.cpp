@@ -7,6 +7,7 @@
 #include "common/escape.h"
 #include "common/random_id.h"
 #include "server/generate_reactor.h"
+#include "server/tenant_policy.h"
 
 namespace kvsplit::server {
 
@@ -117,6 +118,12 @@ class UnaryReactor final : public RawBidiReactor, public MessageWaiter {
   grpc::ByteBuffer response_;
 };
 
+// The tenant of an authenticated caller (UnaryReactor::start), or the refusal.
+StatusOr<std::string> tenant_of(StatusOr<Caller> caller) {
+  if (!caller.ok()) return caller.status();
+  return std::move(caller->tenant);
+}
+
 }  // namespace
 
 GenerationService::~GenerationService() = default;
@@ -194,10 +201,11 @@ std::shared_ptr<const ApiKeyAuth> GenerationService::auth() const {
   return auth_;
 }
 
-StatusOr<std::string> GenerationService::admit_stream(
-    const grpc::CallbackServerContext& context, const std::shared_ptr<GenerateReactor>& stream) {
+StatusOr<Caller> GenerationService::admit_stream(const grpc::CallbackServerContext& context,
+                                                 const std::shared_ptr<GenerateReactor>& stream) {
   std::shared_ptr<const ApiKeyAuth> keys = auth();
-  KVSPLIT_ASSIGN_OR_RETURN(std::string tenant, keys->authenticate(context));
+  KVSPLIT_ASSIGN_OR_RETURN(Caller caller, keys->authenticate(context));
+  const std::string& tenant = caller.tenant;
   // Only an authenticated call takes a stream slot: calls refused by authentication must not push
   // other tenants' calls over the limit.
   const int32_t open = active_streams_.fetch_add(1) + 1;
@@ -209,17 +217,19 @@ StatusOr<std::string> GenerationService::admit_stream(
     refused =
         resource_exhausted("server is at its limit of " +
                            std::to_string(options_.max_concurrent_streams) + " concurrent streams");
-  } else if (options_.max_streams_per_tenant > 0 && tenant_open > options_.max_streams_per_tenant) {
-    refused = resource_exhausted(fmt::format(
-        "tenant {} is at its limit of {} concurrent streams (server.max_streams_per_tenant)",
-        tenant, options_.max_streams_per_tenant));
+  } else if (const int32_t limit = stream_limit(*caller.policy, options_.max_streams_per_tenant);
+             limit > 0 && tenant_open > limit) {
+    refused = stream_limit_error(*caller.policy, options_.max_streams_per_tenant, tenant);
   }
   if (refused.ok()) {
-    // Registered under the key set it was admitted with: a reload since then is checked again.
+    // Registered under the key set it was admitted with: a reload since then is checked again,
+    // and the call takes its key's policy from the new set.
     std::lock_guard<std::mutex> lock(auth_mu_);
     if (auth_ != keys) {
-      if (StatusOr<std::string> again = auth_->authenticate(context); !again.ok()) {
+      if (StatusOr<Caller> again = auth_->authenticate(context); !again.ok()) {
         refused = again.status();
+      } else {
+        caller.policy = again->policy;  // the same key: the same tenant
       }
     }
     if (refused.ok()) open_streams_[stream.get()] = OpenStream{tenant, stream};
@@ -228,13 +238,16 @@ StatusOr<std::string> GenerationService::admit_stream(
     stream_closed(tenant);
     return refused;
   }
-  return tenant;
+  return caller;
 }
 
 StatusOr<Request> GenerationService::engine_request(const v1::GenerateRequest& request,
-                                                    const std::string& tenant) const {
-  KVSPLIT_ASSIGN_OR_RETURN(Request out, to_engine_request(request, limits()));
-  out.tenant = tenant;
+                                                    const Caller& caller) const {
+  const RequestLimits l = limits();
+  KVSPLIT_ASSIGN_OR_RETURN(Request out, to_engine_request(request, l));
+  KVSPLIT_RETURN_IF_ERROR(
+      apply_key_policy(*caller.policy, !request.sla_class().empty(), l.class_names, &out));
+  out.tenant = caller.tenant;
   // Random, with a prefix clients may not use: never a client's id, never predictable.
   if (out.request_id.empty()) out.request_id = random_id(kServerIdPrefix);
   return out;
@@ -249,7 +262,7 @@ void GenerationService::stream_done(const GenerateReactor* stream) {
   open_streams_.erase(stream);
 }
 
-StatusOr<int> GenerationService::update_api_keys(const std::vector<std::string>& keys) {
+StatusOr<int> GenerationService::update_api_keys(const std::vector<config::ApiKey>& keys) {
   const std::shared_ptr<const ApiKeyAuth> old = auth();
   if (keys.empty() != !old->enabled()) {
     return failed_precondition(
@@ -294,7 +307,7 @@ void GenerationService::stream_closed(const std::string& tenant) {
 
 RawBidiReactor* GenerationService::Abort(grpc::CallbackServerContext* context) {
   return UnaryReactor::start(
-      message_timer_.get(), context, auth()->authenticate(*context),
+      message_timer_.get(), context, tenant_of(auth()->authenticate(*context)),
       [this, context](const grpc::ByteBuffer& bytes, const std::string& tenant,
                       grpc::ByteBuffer* out) -> Status {
         v1::AbortRequest request;
@@ -309,7 +322,7 @@ RawBidiReactor* GenerationService::Abort(grpc::CallbackServerContext* context) {
 
 RawBidiReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* context) {
   return UnaryReactor::start(
-      message_timer_.get(), context, auth()->authenticate(*context),
+      message_timer_.get(), context, tenant_of(auth()->authenticate(*context)),
       [this, context](const grpc::ByteBuffer& bytes, const std::string& tenant,
                       grpc::ByteBuffer* out) -> Status {
         v1::GetModelInfoRequest request;
@@ -321,8 +334,14 @@ RawBidiReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* con
 }
 
 RawBidiReactor* GenerationService::GetServerStats(grpc::CallbackServerContext* context) {
+  // Refused from the headers, as a bad key is: a key without server_stats reads no message.
+  StatusOr<Caller> caller = auth()->authenticate(*context);
+  if (caller.ok()) {
+    if (Status allowed = check_server_stats_allowed(*caller->policy); !allowed.ok())
+      caller = allowed;
+  }
   return UnaryReactor::start(
-      message_timer_.get(), context, auth()->authenticate(*context),
+      message_timer_.get(), context, tenant_of(std::move(caller)),
       [this, context](const grpc::ByteBuffer& bytes, const std::string& tenant,
                       grpc::ByteBuffer* out) -> Status {
         v1::GetServerStatsRequest request;

@@ -37,8 +37,9 @@ struct ServiceOptions {
   int32_t max_prompt_bytes = 1 << 20;
   int32_t max_tokens_limit = 8192;
   int32_t default_max_tokens = 16;
-  std::vector<std::string> api_keys;  // empty: no authentication (one tenant, "anonymous")
-  ServerMetrics* metrics = nullptr;   // optional; must outlive the service
+  // Empty: no authentication (one tenant, "anonymous", full rights). Distinct keys.
+  std::vector<config::ApiKey> api_keys;
+  ServerMetrics* metrics = nullptr;  // optional; must outlive the service
   // Unparsable requests are logged at most once per interval (with the count suppressed).
   std::chrono::milliseconds parse_error_log_interval{10000};
   // A call whose request message (and, for the unary methods, half-close) has not arrived this
@@ -72,12 +73,13 @@ class GenerationService final : public grpc::Service {
   // The SLA classes requests are validated against (after Engine::update_sla_classes succeeded).
   void set_sla_classes(std::vector<SlaClass> classes);
   std::vector<SlaClass> sla_classes() const;
-  // Replaces the accepted API keys (SIGHUP): calls starting from now on are authenticated
-  // against `keys`, and the open Generate calls of a key no longer among them end with
-  // UNAUTHENTICATED (their requests are cancelled in the engine). Authentication cannot be turned
+  // Replaces the accepted API keys and their policies (SIGHUP): calls starting from now on are
+  // authenticated against `keys` and get their policies, and the open Generate calls of a key no
+  // longer among them end with UNAUTHENTICATED (their requests are cancelled in the engine); open
+  // calls of a kept key keep the policy they were admitted with. Authentication cannot be turned
   // on or off this way (keys <-> none): kFailedPrecondition, nothing changed. Returns the number
   // of calls ended. Any thread; slow for many new keys (ApiKeyAuth::tenant_id), not under a lock.
-  StatusOr<int> update_api_keys(const std::vector<std::string>& keys);
+  StatusOr<int> update_api_keys(const std::vector<config::ApiKey>& keys);
   // New Generate calls get UNAVAILABLE from now on (SIGTERM drain), and so do those still
   // waiting for their request message: they are not in the engine, so nothing else ends them.
   void start_draining();
@@ -90,13 +92,14 @@ class GenerationService final : public grpc::Service {
   ServerMetrics* metrics() const { return options_.metrics; }
   std::weak_ptr<PumpThread> pump_thread() const { return pump_thread_; }
   MessageTimer* message_timer() const { return message_timer_.get(); }
-  // Admits a Generate call from its metadata alone: the caller's tenant, holding a stream slot of
-  // the server and of the tenant (give it back with stream_closed), or UNAUTHENTICATED,
-  // UNAVAILABLE (draining) or RESOURCE_EXHAUSTED (a stream limit), holding none.
+  // Admits a Generate call from its metadata alone: the caller (tenant and key policy), holding a
+  // stream slot of the server and of the tenant (give it back with stream_closed), or
+  // UNAUTHENTICATED, UNAVAILABLE (draining) or RESOURCE_EXHAUSTED (a stream limit: the server's,
+  // or the tenant's, server/tenant_policy.h stream_limit), holding none.
   // An admitted call is registered as `stream` until stream_done, so that a reload revoking its
   // key ends it (revoke_generate, server/generate_reactor.h).
-  StatusOr<std::string> admit_stream(const grpc::CallbackServerContext& context,
-                                     const std::shared_ptr<GenerateReactor>& stream);
+  StatusOr<Caller> admit_stream(const grpc::CallbackServerContext& context,
+                                const std::shared_ptr<GenerateReactor>& stream);
   // Gives back a stream slot of the server and of `tenant` (taken by admit_stream).
   void stream_closed(const std::string& tenant);
   // Forgets `stream` (registered by admit_stream; none: no-op). Called from its OnDone.
@@ -106,9 +109,9 @@ class GenerationService final : public grpc::Service {
   Status parse_request(const grpc::CallbackServerContext& context, const char* method,
                        const std::string& tenant, const grpc::ByteBuffer& bytes,
                        google::protobuf::MessageLite* message);
-  // The engine request of `tenant`'s parsed Generate request, validated against the limits.
-  StatusOr<Request> engine_request(const v1::GenerateRequest& request,
-                                   const std::string& tenant) const;
+  // The engine request of `caller`'s parsed Generate request, validated against the limits and
+  // the caller's key policy (PERMISSION_DENIED: a class or priority the key may not use).
+  StatusOr<Request> engine_request(const v1::GenerateRequest& request, const Caller& caller) const;
 
  private:
   RequestLimits limits() const;

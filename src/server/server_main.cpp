@@ -12,7 +12,8 @@
 // exits, through the same teardown, 128 + its signal number (143 for SIGTERM, 130 for SIGINT).
 // A gRPC port that stops accepting connections (out of file descriptors) drains the same way and
 // exits 1, for a supervisor to restart the server: gRPC would never accept on it again.
-// SIGHUP also reloads server.api_keys, unless --api-key gave the keys.
+// SIGHUP also reloads server.api_keys and their per-key policies, unless --api-key gave the keys
+// (plain keys, full rights).
 #include <fmt/format.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -73,7 +74,7 @@ void apply_flags(const Flags& f, config::Config* c) {
   if (!f.backend.empty()) c->engine.backend = f.backend;
   if (!f.tls_cert.empty()) c->server.tls.cert_file = f.tls_cert;
   if (!f.tls_key.empty()) c->server.tls.key_file = f.tls_key;
-  if (!f.api_keys.empty()) c->server.api_keys = f.api_keys;
+  if (!f.api_keys.empty()) c->server.api_keys = config::plain_api_keys(f.api_keys);  // full rights
 }
 
 // The sections a SIGHUP applies, and server.api_keys when the keys come from the file; a change
@@ -543,7 +544,7 @@ int main(int argc, char** argv) {
   app.add_option("--tls-cert", f.tls_cert, "PEM certificate chain (TLS on)");
   app.add_option("--tls-key", f.tls_key, "PEM private key");
   app.add_option("--api-key", f.api_keys,
-                 "accepted bearer key (repeatable; replaces server.api_keys)");
+                 "accepted bearer key, with full rights (repeatable; replaces server.api_keys)");
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   kvsplit::strict_options(app);

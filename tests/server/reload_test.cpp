@@ -1,9 +1,11 @@
 // SIGHUP against the real binary: what a reload does not apply is named in the log, and the reload
-// of server.api_keys (the reload of the SLA classes and the kvm policy themselves:
-// admin_test.cpp).
+// of server.api_keys and their per-key policies (the reload of the SLA classes and the kvm policy
+// themselves: admin_test.cpp).
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "server/raw_stream.h"
 #include "server/server_harness.h"
 
 namespace kvsplit::testing {
@@ -147,6 +149,96 @@ TEST_F(ReloadTest, ApiKeysAreReloadedAndARemovedKeysCallsEnd) {
   grpc::ClientContext keyed;
   keyed.AddMetadata("authorization", std::string("Bearer ") + kC);
   EXPECT_TRUE(stub->GetServerStats(&keyed, {}, &stats).ok());
+}
+
+// A reload that changes a key's policy applies it to the key's new calls; a call admitted before
+// keeps the policy it was admitted with (here: a class the new policy no longer allows). A policy
+// is checked against the reloaded file's classes: one naming a class the file lacks, or keeping a
+// class the file drops, rejects the reload and the old keys and policies stay.
+TEST_F(ReloadTest, ApiKeyPoliciesAreReloadedForNewCalls) {
+  constexpr char kA[] = "alpha-key-000001", kB[] = "bravo-key-000002";
+  const std::string classes =
+      "sla_classes:\n  interactive: {max_ttft_ms: 2000}\n  batch: {max_ttft_ms: 60000}\n";
+  auto keys = [&](const std::string& b_policy) {
+    return std::string("server:\n  api_keys:\n    - ") + kA + "\n    - {key: " + kB + ", " +
+           b_policy + "}\n";
+  };
+  const std::string cfg =
+      write("p.yaml", keys("sla_classes: [batch], server_stats: false") + classes);
+  ServerProcess server({"--model", "synthetic:stories260k", "--config", cfg},
+                       dir_.file("server.log"));
+  ASSERT_TRUE(server.started()) << server.log();
+  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Generation::NewStub(channel);
+  auto request = [](const std::string& sla_class, int32_t priority) {
+    v1::GenerateRequest r;
+    r.set_prompt("Once upon a time");
+    r.set_max_tokens(2);
+    r.set_sla_class(sla_class);
+    r.set_priority(priority);
+    return r;
+  };
+  auto generate = [&](const char* key, const std::string& sla_class, int32_t priority = 0) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", std::string("Bearer ") + key);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    auto reader = stub->Generate(&ctx, request(sla_class, priority));
+    v1::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+    }
+    return reader->Finish().error_code();
+  };
+  auto stats = [&](const char* key) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", std::string("Bearer ") + key);
+    v1::GetServerStatsResponse s;
+    return stub->GetServerStats(&ctx, {}, &s).error_code();
+  };
+  using grpc::StatusCode;
+  EXPECT_EQ(generate(kB, "interactive"), StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(stats(kB), StatusCode::PERMISSION_DENIED);
+  // A call of B admitted under the old policy, its message sent after the reload.
+  RawStream admitted(channel, "/kvsplit.v1.Generation/Generate", kB);
+  ASSERT_TRUE(admitted.started());
+  for (int i = 0;; ++i) {  // until the server holds the call
+    ASSERT_LT(i, 3000) << "the held call did not reach the server";
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", std::string("Bearer ") + kA);
+    v1::GetServerStatsResponse s;
+    if (stub->GetServerStats(&ctx, {}, &s).ok() && s.active_streams() == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+
+  write("p.yaml", keys("sla_classes: [interactive], max_priority: 5") + classes);
+  server.signal(SIGHUP);
+  ASSERT_TRUE(wait_for_log(server, "server.api_keys reloaded (2 keys; 0 open calls"))
+      << server.log();
+  ASSERT_TRUE(admitted.write(request("batch", 0).SerializeAsString()));
+  ASSERT_TRUE(admitted.writes_done());
+  const std::optional<grpc::Status> old_policy = admitted.finish(std::chrono::seconds(30));
+  ASSERT_TRUE(old_policy.has_value());
+  EXPECT_TRUE(old_policy->ok()) << old_policy->error_code() << " " << old_policy->error_message();
+  EXPECT_EQ(generate(kB, "batch"), StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(generate(kB, "interactive"), StatusCode::OK);
+  EXPECT_EQ(generate(kB, "", 5), StatusCode::OK);
+  EXPECT_EQ(generate(kB, "", 6), StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(stats(kB), StatusCode::OK);
+
+  // Rejected: a class the file does not configure; a class the reload drops.
+  write("p.yaml", keys("sla_classes: [gold]") + classes);
+  server.signal(SIGHUP);
+  ASSERT_TRUE(wait_for_log(server, "server.api_keys[1].sla_classes[0]: unknown class 'gold'"))
+      << server.log();
+  write("p.yaml", keys("sla_classes: [interactive]") + "sla_classes:\n  batch: {}\n");
+  server.signal(SIGHUP);
+  ASSERT_TRUE(
+      wait_for_log(server, "server.api_keys[1].sla_classes[0]: unknown class 'interactive'"))
+      << server.log();
+  EXPECT_EQ(count_lines_with(server.log(), "reload rejected, old SLA policy stays in force"), 2)
+      << server.log();
+  EXPECT_EQ(generate(kB, "interactive"), StatusCode::OK);
+  EXPECT_EQ(generate(kB, "batch"), StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(generate(kA, "batch"), StatusCode::OK);
 }
 
 }  // namespace

@@ -174,7 +174,7 @@ TEST(ConvertTest, TheLargestValidRequestFitsBesideItsPrompt) {
 // documented PBKDF2 derivation (a published id costs an offline guesser 10,000 hashes per guess;
 // it was one SHA-256), stable and never the key.
 TEST(ApiKeyAuthTest, TenantsOfConfiguredKeysOnly) {
-  const ApiKeyAuth auth({"alpha-key-000001", "bravo-key-000002-longer"});
+  const ApiKeyAuth auth(config::plain_api_keys({"alpha-key-000001", "bravo-key-000002-longer"}));
   ASSERT_NE(auth.tenant_of("alpha-key-000001"), nullptr);
   ASSERT_NE(auth.tenant_of("bravo-key-000002-longer"), nullptr);
   EXPECT_EQ(*auth.tenant_of("alpha-key-000001"), ApiKeyAuth::tenant_id("alpha-key-000001"));
