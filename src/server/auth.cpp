@@ -45,6 +45,15 @@ bool ApiKeyAuth::has_tenant(std::string_view tenant) const {
   return false;
 }
 
+std::shared_ptr<const config::KeyPolicy> ApiKeyAuth::policy_of_tenant(
+    std::string_view tenant) const {
+  if (keys_.empty()) return tenant == kAnonymousTenant ? full_rights() : nullptr;
+  for (const Key& k : keys_) {
+    if (k.caller.tenant == tenant) return k.caller.policy;
+  }
+  return nullptr;
+}
+
 std::string ApiKeyAuth::tenant_id(std::string_view key) {
   unsigned char digest[6];
   KVSPLIT_CHECK(PKCS5_PBKDF2_HMAC(key.data(), static_cast<int>(key.size()),

@@ -49,6 +49,9 @@ class ApiKeyAuth {
   }
   // Whether one of the configured keys has tenant id `tenant` (kAnonymousTenant: when disabled).
   bool has_tenant(std::string_view tenant) const;
+  // The policy of the key with tenant id `tenant` (full rights for kAnonymousTenant when
+  // disabled), or null when no configured key has it.
+  std::shared_ptr<const config::KeyPolicy> policy_of_tenant(std::string_view tenant) const;
 
   // "key-" + 12 hex digits (48 bits) of PBKDF2-HMAC-SHA256(key, salt "kvsplit-tenant",
   // kTenantIdIterations): stable across restarts and config reorderings, printable in logs and

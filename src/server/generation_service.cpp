@@ -230,6 +230,11 @@ StatusOr<Caller> GenerationService::admit_stream(const grpc::CallbackServerConte
         refused = again.status();
       } else {
         caller.policy = again->policy;  // the same key: the same tenant
+        // Its stream limit too: the reload may have lowered it.
+        if (const int32_t limit = stream_limit(*caller.policy, options_.max_streams_per_tenant);
+            limit > 0 && tenant_open > limit) {
+          refused = stream_limit_error(*caller.policy, options_.max_streams_per_tenant, tenant);
+        }
       }
     }
     if (refused.ok()) open_streams_[stream.get()] = OpenStream{tenant, stream};
@@ -245,8 +250,15 @@ StatusOr<Request> GenerationService::engine_request(const v1::GenerateRequest& r
                                                     const Caller& caller) const {
   const RequestLimits l = limits();
   KVSPLIT_ASSIGN_OR_RETURN(Request out, to_engine_request(request, l));
+  // The key's policy as it is now, not as it was when the call was admitted: a call held open
+  // without its message must not keep rights a reload took away. A key removed since then has
+  // none (revoke ends such calls; this covers the message that races it).
+  std::shared_ptr<const config::KeyPolicy> policy = auth()->policy_of_tenant(caller.tenant);
+  if (policy == nullptr)
+    return Status(StatusCode::kUnauthenticated,
+                  "API key revoked (server.api_keys reloaded); request aborted");
   KVSPLIT_RETURN_IF_ERROR(
-      apply_key_policy(*caller.policy, !request.sla_class().empty(), l.class_names, &out));
+      apply_key_policy(*policy, !request.sla_class().empty(), l.class_names, &out));
   out.tenant = caller.tenant;
   // Random, with a prefix clients may not use: never a client's id, never predictable.
   if (out.request_id.empty()) out.request_id = random_id(kServerIdPrefix);

@@ -1,7 +1,8 @@
 // The per-key policy of server.api_keys (config::KeyPolicy; docs/configuration.md "Per-key
 // policy") applied to calls: the SLA classes and the request priority a key may ask for, its
-// stream limit, and whether it may read the server-wide GetServerStats. A call keeps the policy
-// its key had when the call was admitted: a reload that changes a policy applies to new calls.
+// stream limit, and whether it may read the server-wide GetServerStats. A request is checked
+// against its key's policy as it is when its message arrives (GenerationService::engine_request):
+// a reload that changes a policy applies to every request submitted after it.
 #pragma once
 
 #include <memory>
