@@ -132,13 +132,21 @@ class MapReader {
     if (n && n.IsNull() && empty_child_.empty()) empty_child_ = key;
     return n;
   }
-  Status finish() const {
+  // `known` non-empty: an unknown field is reported without its name, listing these instead (a
+  // server.api_keys entry, where a stray field name may be a secret key).
+  Status finish(std::string_view known = {}) const {
     if (!empty_child_.empty())
       return field_error(join(path_, empty_child_),
                          "has no value (remove the key to take the default, or give one)");
     for (const auto& kv : node_) {
       std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "?";
-      if (!seen_.count(key)) return field_error(join(path_, key), "unknown key");
+      if (seen_.count(key)) continue;
+      if (!known.empty())
+        return field_error(path_,
+                           "unknown field (its name is not shown: it may be a secret); "
+                           "the fields are " +
+                               std::string(known));
+      return field_error(join(path_, key), "unknown key");
     }
     return ok_status();
   }
@@ -193,7 +201,7 @@ Status read_api_key(const YAML::Node& n, const std::string& path, ApiKey* out) {
   KVSPLIT_RETURN_IF_ERROR(r.get("max_streams", &v));
   if (r.has("max_streams")) p.max_streams = v;
   KVSPLIT_RETURN_IF_ERROR(r.get("server_stats", &p.server_stats));
-  return r.finish();
+  return r.finish("key, sla_classes, max_priority, max_streams, server_stats");
 }
 
 Status read_server(const YAML::Node& n, ServerConfig* s) {
