@@ -32,7 +32,7 @@ struct SamplingParams {
   // sampled, and before a stop string may end generation (vLLM's min_tokens). [0, max_tokens].
   int32_t min_tokens = 0;
   // Added to the logits of these token ids before penalties and temperature (OpenAI's and vLLM's
-  // logit_bias): -100 in effect bans a token, +100 forces it. <= 1024 entries, distinct ids,
+  // logit_bias): -100 in effect bans a token, +100 forces it. <= 200 entries, distinct ids,
   // biases in [-100, 100].
   std::vector<std::pair<int32_t, float>> logit_bias;
 

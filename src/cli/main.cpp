@@ -119,6 +119,14 @@ int run_generate(const CLI::App& gen, CommonFlags& cf, const GenerateFlags& gf) 
   const uint64_t base_seed =
       gf.seed ? *gf.seed
               : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  // An explicit --max-tokens below --min-tokens is a contradiction; the default (a cap, not a
+  // request) is raised to --min-tokens instead.
+  const bool max_given = gen.count("--max-tokens") > 0;
+  if (max_given && gf.min_tokens > gf.max_tokens) {
+    return fail(invalid_argument(
+        fmt::format("--min-tokens {} exceeds --max-tokens {}", gf.min_tokens, gf.max_tokens)));
+  }
+  const int max_tokens = max_given ? gf.max_tokens : std::max(gf.max_tokens, gf.min_tokens);
   std::vector<std::pair<int32_t, float>> logit_bias;
   for (const std::string& entry : gf.logit_bias)
     logit_bias.push_back(*parse_logit_bias_entry(entry));  // kLogitBiasEntry checked the form
@@ -145,12 +153,13 @@ int run_generate(const CLI::App& gen, CommonFlags& cf, const GenerateFlags& gf) 
     p.frequency_penalty = gf.frequency_penalty;
     // A prompt longer than the context (room <= 0) is refused by generate_batch.
     const int room = cfg.max_seq_len - static_cast<int>(inputs[i].prompt_ids.size()) + 1;
-    p.max_tokens = std::min(gf.max_tokens, std::max(room, 1));
-    if (room > 0 && gf.max_tokens > room && num_capped++ < kCapsShown)
+    p.max_tokens = std::min(max_tokens, std::max(room, 1));
+    if (room > 0 && max_tokens > room && num_capped++ < kCapsShown)
       caps += fmt::format("{}prompt {} at most {} tokens", caps.empty() ? "" : ", ", i, room);
     p.ignore_eos = gf.ignore_eos;
     p.stop = gf.stop;
-    // Capped with max_tokens: generation ends at the context whatever min_tokens asks.
+    // Capped with max_tokens at the context (as max_tokens is): generation ends there whatever
+    // min_tokens asks.
     p.min_tokens = std::min(gf.min_tokens, p.max_tokens);
     p.logit_bias = logit_bias;
     p.seed = sampling::stream_seed(base_seed, i);

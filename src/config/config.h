@@ -22,8 +22,9 @@ struct TlsConfig {
 
 // Bytes of a request message kept for its fields other than the prompt (ids, stop strings,
 // sampling): a prompt of max_prompt_bytes always fits in max_message_bytes. The largest valid
-// request has about 5,000 such bytes (16 stop strings of 256 bytes, a 128-byte id, a 256-byte
-// cache_salt, 64 stop ids; ConvertTest.TheLargestValidRequestFitsBesideItsPrompt).
+// request has about 7,700 such bytes (16 stop strings of 256 bytes, a 128-byte id, a 256-byte
+// cache_salt, 64 stop ids, 200 logit_bias entries;
+// ConvertTest.TheLargestValidRequestFitsBesideItsPrompt).
 inline constexpr int32_t kRequestFieldsBytes = 8192;
 
 // What the calls of one API key may do (a `server.api_keys` entry written as a mapping;

@@ -309,8 +309,14 @@ StatusOr<RequestHandle> EngineImpl::submit(Request request) {
     // Positions left after the prompt (the last generated token is never fed); a prompt that
     // leaves none is refused by check_admission as too long.
     const int64_t room = int64_t{limits_.max_context} - static_cast<int64_t>(ids.size()) + 1;
-    request.sampling.max_tokens = static_cast<int32_t>(
-        std::clamp<int64_t>(room, 1, std::max(1, request.sampling.max_tokens)));
+    request.sampling.max_tokens = static_cast<int32_t>(std::clamp<int64_t>(
+        room, 1, std::max({1, request.sampling.max_tokens, request.sampling.min_tokens})));
+    if (room >= 1 && request.sampling.min_tokens > request.sampling.max_tokens) {
+      return invalid_argument(fmt::format(
+          "min_tokens: {} tokens cannot be generated: the model context of {} leaves {} after the "
+          "prompt ({} tokens)",
+          request.sampling.min_tokens, limits_.max_context, room, ids.size()));
+    }
   }
   KVSPLIT_RETURN_IF_ERROR(sched::check_admission(request, static_cast<int>(ids.size()), limits_));
   const int64_t arrival = next_arrival_.fetch_add(1, std::memory_order_relaxed);

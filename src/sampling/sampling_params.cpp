@@ -17,7 +17,9 @@ constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopStringBytes = 256;
 constexpr size_t kMaxStopTokenIds = 64;
 constexpr int32_t kMaxMaxTokens = 1 << 30;
-constexpr size_t kMaxLogitBias = 1024;
+// 200 entries of 13 bytes at most on the wire: the largest valid request still fits the 8 KiB
+// that config::kRequestFieldsBytes keeps beside the prompt (OpenAI takes at most 300).
+constexpr size_t kMaxLogitBias = 200;
 constexpr float kMaxAbsLogitBias = 100.0f;
 constexpr float kMaxTemperature = 100.0f;
 constexpr float kMaxRepetitionPenalty = 10.0f;

@@ -65,7 +65,14 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
   }
 
   SamplingParams& s = r.sampling;
-  const uint32_t max_tokens = in.max_tokens() ? in.max_tokens() : limits.default_max_tokens;
+  // Unset: the server's default, raised to min_tokens (within the limit) so that a client asking
+  // for a minimum is not refused for a default it did not choose.
+  const uint32_t max_tokens =
+      in.max_tokens()
+          ? in.max_tokens()
+          : std::max<uint32_t>(limits.default_max_tokens,
+                               std::min<uint32_t>(in.min_tokens(),
+                                                  static_cast<uint32_t>(limits.max_tokens_limit)));
   if (max_tokens > static_cast<uint32_t>(limits.max_tokens_limit))
     return invalid_argument("max_tokens: " + std::to_string(max_tokens) + " exceeds the limit of " +
                             std::to_string(limits.max_tokens_limit));

@@ -194,6 +194,20 @@ TEST(SamplingFlagsCli, MinTokensDelaysAStopString) {
     EXPECT_NE(r.err.find(std::string(bad).substr(0, std::string(bad).find(' '))), std::string::npos)
         << bad << ": " << r.err;
   }
+  // An explicit --max-tokens below --min-tokens is refused; the default one is raised to it.
+  const RunResult below = run("generate " + stories_model_flags() +
+                              " --prompt 'Once upon a time' --max-tokens 5 --min-tokens 10");
+  EXPECT_EQ(below.exit_code, 2) << below.err;
+  EXPECT_NE(below.err.find("--min-tokens 10 exceeds --max-tokens 5"), std::string::npos)
+      << below.err;
+  const RunResult raised =
+      run("generate " + stories_model_flags() +
+          " --prompt 'Once upon a time' --temperature 0 --ignore-eos --json --min-tokens 300");
+  ASSERT_EQ(raised.exit_code, 0) << raised.err;
+  const auto r = json_lines(raised.out);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0]["output_token_ids"].size(), 300u);  // the default 256 raised to 300
+
   const RunResult range = run(base + " --logit-bias 512=1");
   EXPECT_EQ(range.exit_code, 2) << range.err;
   EXPECT_NE(range.err.find("logit_bias: token id 512 is not in [0, 512)"), std::string::npos)

@@ -114,6 +114,21 @@ TEST_P(EngineSamplingControls, BadValuesAreRefusedAtSubmit) {
   h = (*engine)->submit(r);
   ASSERT_FALSE(h.ok());
   EXPECT_NE(h.status().message().find("min_tokens"), std::string::npos) << h.status().message();
+  // A default max_tokens is raised to min_tokens, up to what the context leaves; past that the
+  // error says so (not "max_tokens = 16", a value the client never sent).
+  r = greedy(16);
+  r.max_tokens_is_default = true;
+  r.sampling.min_tokens = 600;  // stories260K's context is 512
+  h = (*engine)->submit(r);
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.status().message().find("min_tokens: 600 tokens cannot be generated: the model "
+                                      "context of 512 leaves 508 after the prompt (5 tokens)"),
+            std::string::npos)
+      << h.status().message();
+  r.sampling.min_tokens = 40;
+  r.sampling.ignore_eos = true;
+  const Collected raised = run(**engine, r);
+  EXPECT_EQ(raised.tokens.size(), 40u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, EngineSamplingControls,

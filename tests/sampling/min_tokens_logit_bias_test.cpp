@@ -71,14 +71,14 @@ TEST(LogitBiasParams, IdsBiasesAndCount) {
                      "logit_bias", "token id 4 is given twice");
   expect_field_error(validate_with(0,
                                    [](SamplingParams& p) {
-                                     for (int i = 0; i <= 1024; ++i) p.logit_bias.push_back({i, 1});
+                                     for (int i = 0; i <= 200; ++i) p.logit_bias.push_back({i, 1});
                                    }),
-                     "logit_bias", "at most 1024 entries, got 1025");
+                     "logit_bias", "at most 200 entries, got 201");
   EXPECT_TRUE(validate_with(10, [](SamplingParams& p) {
                 p.logit_bias = {{0, -100.0f}, {9, 100.0f}};
               }).ok());
   EXPECT_TRUE(validate_with(0, [](SamplingParams& p) {
-                for (int i = 0; i < 1024; ++i) p.logit_bias.push_back({i, 1});
+                for (int i = 0; i < 200; ++i) p.logit_bias.push_back({i, 1});
               }).ok());
 }
 

@@ -36,6 +36,29 @@ TEST(ConvertSamplingControls, MinTokensAndLogitBiasReachTheEngineRequest) {
   EXPECT_EQ(r->sampling.logit_bias, want);
 }
 
+// max_tokens unset: the server's default (16 here) is raised to min_tokens, within the limit.
+TEST(ConvertSamplingControls, AnUnsetMaxTokensIsRaisedToMinTokens) {
+  v1::GenerateRequest in;
+  in.set_prompt("x");
+  in.set_min_tokens(100);
+  auto r = to_engine_request(in, limits());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->sampling.max_tokens, 100);
+  EXPECT_TRUE(r->max_tokens_is_default);
+  in.set_min_tokens(5);
+  r = to_engine_request(in, limits());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->sampling.max_tokens, 16);
+  RequestLimits small = limits();
+  small.max_tokens_limit = 50;
+  in.set_min_tokens(60);
+  r = to_engine_request(in, small);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message().rfind("min_tokens: must be in [0, max_tokens = 50], got 60", 0),
+            0u)
+      << r.status().message();
+}
+
 TEST(ConvertSamplingControls, OutOfRangeValuesNameTheirField) {
   v1::GenerateRequest in;
   in.set_prompt("x");

@@ -165,6 +165,9 @@ TEST(ConvertTest, TheLargestValidRequestFitsBesideItsPrompt) {
   in.set_priority(-1000);
   in.set_top_logprobs(20);
   in.set_cache_salt(std::string(256, 's'));
+  in.set_min_tokens(l.max_tokens_limit);
+  // The most logit_bias entries, each of the longest encoding (an id near 2^30, a 5-byte varint).
+  for (int i = 0; i < 200; ++i) (*s->mutable_logit_bias())[l.vocab_size - 1 - i] = -100.0f;
   ASSERT_TRUE(to_engine_request(in, l).ok()) << to_engine_request(in, l).status().to_string();
   const size_t fields = in.ByteSizeLong() - in.prompt().size();
   EXPECT_LE(fields, static_cast<size_t>(config::kRequestFieldsBytes)) << fields;
