@@ -23,6 +23,30 @@ std::vector<int> plan_prefill_chunks(std::span<const int> remaining, int budget,
   return chunk;
 }
 
+ServiceSums::ServiceSums(std::vector<PriorityKey> keys)
+    : keys_(std::move(keys)), tree_(keys_.size() + 1, 0) {
+  std::sort(keys_.begin(), keys_.end(),
+            [](const PriorityKey& a, const PriorityKey& b) { return serves_before(a, b); });
+}
+
+size_t ServiceSums::slot(const PriorityKey& key) const {
+  return static_cast<size_t>(std::lower_bound(keys_.begin(), keys_.end(), key,
+                                              [](const PriorityKey& a, const PriorityKey& b) {
+                                                return serves_before(a, b);
+                                              }) -
+                             keys_.begin());
+}
+
+void ServiceSums::add(const PriorityKey& key, int n) {
+  for (size_t i = slot(key) + 1; i < tree_.size(); i += i & (~i + 1)) tree_[i] += n;
+}
+
+int ServiceSums::before(const PriorityKey& key) const {
+  int64_t sum = 0;
+  for (size_t i = slot(key); i > 0; i -= i & (~i + 1)) sum += tree_[i];
+  return static_cast<int>(sum);
+}
+
 int choose_preemption_victim(std::span<const PriorityKey> candidates) {
   int victim = -1;
   for (int i = 0; i < static_cast<int>(candidates.size()); ++i) {

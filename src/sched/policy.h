@@ -20,6 +20,23 @@ inline bool serves_before(const PriorityKey& a, const PriorityKey& b) {
   return a.priority != b.priority ? a.priority > b.priority : a.arrival < b.arrival;
 }
 
+// Counts summed over the keys served before a key, while counts are added and taken away (the
+// Scheduler's per-step block sums: a running sequence's count goes when it is preempted): a
+// Fenwick tree over `keys` in service order, O(log n) per call. Every key added must be one of
+// `keys` (equal keys share a slot).
+class ServiceSums {
+ public:
+  explicit ServiceSums(std::vector<PriorityKey> keys);
+  void add(const PriorityKey& key, int n);
+  // The sum of the counts of the keys served strictly before `key`.
+  int before(const PriorityKey& key) const;
+
+ private:
+  size_t slot(const PriorityKey& key) const;  // how many keys are served before `key`
+  std::vector<PriorityKey> keys_;             // in service order
+  std::vector<int64_t> tree_;                 // 1-based
+};
+
 // Chunked prefill: splits `budget` tokens of one step among prompts with `remaining[i]` tokens
 // still to compute, listed in service order. Fair share: every prompt gets up to
 // max(min_chunk, budget / n) per round, rounds repeat until the budget or the work runs out, so

@@ -61,16 +61,31 @@ struct Scheduler::StepState {
     int held;        // full-pool blocks among them (freed by a preemption)
     bool preempted = false;
     bool admitted_now = false;  // a handoff admitted in this step: never a victim in it
+    int counted = 0;            // its blocks in `sums`
+  };
+  // A walk over the victim rankings: the runs it passed are passed for good.
+  struct Walk {
+    size_t stalled = 0, all = 0;
   };
 
   const SchedulerInput& in;
   const SwapPredictor& predictor;
   int free;
   std::vector<Run> runs;
-  std::vector<SchedSeq> admitted_seqs;        // backing store of admitted handoffs' Run::seq
-  std::vector<int32_t> preempted_priorities;  // victims of this step, waiting for blocks next
-  std::vector<const SchedSeq*> cands;
+  std::vector<SchedSeq> admitted_seqs;  // backing store of admitted handoffs' Run::seq
+  // The highest priority among this step's victims (they wait for blocks next).
+  std::optional<int32_t> top_victim;
+  // A fixed-order predictor's ranking of the running sequences (indices of `runs`; admitted
+  // handoffs are never victims), victim first, and the stalled ones among them in that order:
+  // a subset ranks as it does within the whole (SwapPredictor::fixed_order). Built at the first
+  // pick.
+  std::vector<int> ranked, ranked_stalled;
+  std::vector<const SchedSeq*> cands;  // ask_predictor's
   std::vector<size_t> cand_run;
+  // Per-run block counts by service key for the phase under way: in admit() the blocks each
+  // run's next token needs, in plan_prefill() the blocks each needs to reach its final positions.
+  // A preemption takes its run's count away. Null otherwise.
+  std::optional<ServiceSums> sums;
 
   StepState(const SchedulerInput& input, const SwapPredictor& p)
       : in(input), predictor(p), free(input.free_blocks) {
@@ -81,16 +96,31 @@ struct Scheduler::StepState {
   }
 
   // Victim among the running sequences that may still be preempted and satisfy `eligible`: the
-  // predictor's first choice (the one rule everywhere). -1 when none is eligible.
-  // pick_victim, but a stalled run (its reader far behind: SchedSeq::stalled) first whenever
-  // one is eligible: it holds blocks and will not decode.
+  // predictor's first choice (the one rule everywhere), but a stalled run (its reader far
+  // behind: SchedSeq::stalled) first whenever one is eligible: it holds blocks and will not
+  // decode. -1 when none is eligible. With a fixed-order predictor, the runs `walk` passes are
+  // passed for good: `eligible` must refuse a run for the rest of the walk once it refused it.
   template <typename Eligible>
-  int pick_victim_stalled_first(Eligible eligible) {
-    const int v = pick_victim([&](const Run& r) { return r.seq->stalled && eligible(r); });
-    return v >= 0 ? v : pick_victim(eligible);
+  int pick_victim(Walk& walk, Eligible eligible) {
+    if (!predictor.fixed_order()) {
+      const int v = ask_predictor([&](const Run& r) { return r.seq->stalled && eligible(r); });
+      return v >= 0 ? v : ask_predictor(eligible);
+    }
+    if (ranked.empty() && !in.running.empty()) rank();
+    const int v = first_eligible(ranked_stalled, walk.stalled, eligible);
+    return v >= 0 ? v : first_eligible(ranked, walk.all, eligible);
   }
   template <typename Eligible>
-  int pick_victim(Eligible eligible) {
+  int first_eligible(const std::vector<int>& order, size_t& next, Eligible eligible) const {
+    for (; next < order.size(); ++next) {
+      const Run& r = runs[static_cast<size_t>(order[next])];
+      if (!r.preempted && eligible(r)) return order[next];
+    }
+    return -1;
+  }
+  // The predictor's choice among the eligible runs, shown only those.
+  template <typename Eligible>
+  int ask_predictor(Eligible eligible) {
     cands.clear();
     cand_run.clear();
     for (size_t r = 0; r < runs.size(); ++r) {
@@ -102,12 +132,27 @@ struct Scheduler::StepState {
     KVSPLIT_CHECK(k < static_cast<int>(cands.size()));
     return k < 0 ? -1 : static_cast<int>(cand_run[k]);
   }
+  void rank() {
+    std::vector<const SchedSeq*> seqs;
+    seqs.reserve(in.running.size());
+    for (const SchedSeq& s : in.running) seqs.push_back(&s);
+    ranked = predictor.rank_victims(seqs);
+    KVSPLIT_CHECK(ranked.size() == seqs.size());
+    for (int r : ranked)
+      if (in.running[static_cast<size_t>(r)].stalled) ranked_stalled.push_back(r);
+  }
+  void count(Run& r, int blocks) {
+    r.counted = blocks;
+    sums->add(key_of(*r.seq), blocks);
+  }
   void preempt(Run& v, PreemptReason reason, int for_id, int32_t for_priority,
                SchedulerOutput& out) {
     v.preempted = true;
     free += v.held;
+    if (sums) sums->add(key_of(*v.seq), -v.counted);
+    v.counted = 0;
     out.preempted.push_back({v.seq->id, reason, v.held, for_id, for_priority});
-    preempted_priorities.push_back(v.seq->priority);
+    top_victim = std::max(top_victim.value_or(v.seq->priority), v.seq->priority);
   }
 };
 
@@ -134,9 +179,27 @@ SchedulerOutput Scheduler::schedule(const SchedulerInput& in) const {
 // 1. Handoffs, in arrival order, no overtaking.
 void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
   const SchedulerInput& in = st.in;
+  if (in.handoffs.empty()) return;
   int slots =
       config_.max_num_seqs - static_cast<int>(in.running.size() + in.waiting.size()) - in.unlisted;
   bool discounted = false;  // an offer admitted this pass without blocks for its shared pages
+  // The highest priority among the waiting sequences without blocks (preempted earlier).
+  std::optional<int32_t> top_paused;
+  for (const SchedSeq& w : in.waiting) {
+    if (w.num_blocks == 0 || w.swapped_pages > 0 || w.resident_paused())
+      top_paused = std::max(top_paused.value_or(w.priority), w.priority);
+  }
+  // The blocks the next tokens of the running sequences need (those admitted below included),
+  // summed by service key.
+  std::vector<PriorityKey> keys;
+  keys.reserve(st.runs.size() + in.handoffs.size());
+  for (const StepState::Run& r : st.runs) keys.push_back(key_of(*r.seq));
+  for (const SchedHandoff& h : in.handoffs) keys.push_back({h.priority, h.arrival});
+  st.sums.emplace(std::move(keys));
+  for (StepState::Run& r : st.runs) {
+    if (!r.seq->stalled)
+      st.count(r, next_token_blocks(r.seq->num_computed, r.num_blocks, config_.block_size));
+  }
   for (const SchedHandoff& h : in.handoffs) {
     const int pages = blocks_for(h.num_tokens, config_.block_size);
     // The pages it brings; dropped ones need none.
@@ -151,12 +214,8 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
     }
     // Waiting sequences without blocks (preempted earlier) get blocks before a handoff of no
     // higher priority, so a stream of handoffs cannot starve them.
-    bool blocked = std::any_of(in.waiting.begin(), in.waiting.end(), [&](const SchedSeq& w) {
-      const bool paused = w.num_blocks == 0 || w.swapped_pages > 0 || w.resident_paused();
-      return paused && w.priority >= h.priority;
-    });
-    blocked = blocked || std::any_of(st.preempted_priorities.begin(), st.preempted_priorities.end(),
-                                     [&](int32_t p) { return p >= h.priority; });
+    const bool blocked = (top_paused && *top_paused >= h.priority) ||
+                         (st.top_victim && *st.top_victim >= h.priority);
     if (blocked) {
       out.handoff_wait = HandoffWait::kPreemptedFirst;
       break;
@@ -170,12 +229,7 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
     // yield.
     const PriorityKey hk{h.priority, h.arrival};
     const int next = next_token_blocks(h.num_tokens, pages, config_.block_size);
-    int others = 0;
-    for (const StepState::Run& r : st.runs) {
-      if (!r.preempted && !r.seq->stalled && serves_before(key_of(*r.seq), hk)) {
-        others += next_token_blocks(r.seq->num_computed, r.num_blocks, config_.block_size);
-      }
-    }
+    const int others = st.sums->before(hk);
     auto room_for = [&](int need) {
       return need + (need + next <= in.total_blocks ? next : 0) + others;
     };
@@ -208,8 +262,9 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
         out.handoff_wait = HandoffWait::kNoBlocks;
         break;
       }
+      StepState::Walk walk;
       while (st.free < room) {
-        const int v = st.pick_victim_stalled_first(may_yield);
+        const int v = st.pick_victim(walk, may_yield);
         KVSPLIT_CHECK(v >= 0);
         st.preempt(st.runs[v], PreemptReason::kHandoff, h.id, h.priority, out);
       }
@@ -227,7 +282,9 @@ void Scheduler::admit(StepState& st, SchedulerOutput& out) const {
     s.held_blocks = need;
     st.admitted_seqs.push_back(s);
     st.runs.push_back({&st.admitted_seqs.back(), pages, need, false, true});
+    st.count(st.runs.back(), next);
   }
+  st.sums.reset();
 }
 
 // 2. Decode: one token each, best served first.
@@ -238,6 +295,8 @@ void Scheduler::grow_decodes(StepState& st, SchedulerOutput& out) const {
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return serves_before(key_of(*runs[a].seq), key_of(*runs[b].seq));
   });
+  // Runs served before the one being grown stay ineligible for the later ones: one walk.
+  StepState::Walk walk;
   for (size_t i = 0; i < order.size(); ++i) {
     StepState::Run& r = runs[order[i]];
     if (r.preempted || r.seq->stalled) continue;
@@ -249,7 +308,7 @@ void Scheduler::grow_decodes(StepState& st, SchedulerOutput& out) const {
     while (need > st.free && !r.preempted) {
       // The sequence served last among those not yet grown this step (possibly r itself).
       // A stalled run yields whatever its service order (it will not decode).
-      const int v = st.pick_victim_stalled_first([&](const StepState::Run& c) {
+      const int v = st.pick_victim(walk, [&](const StepState::Run& c) {
         return c.seq->stalled || !serves_before(key_of(*c.seq), key_of(*r.seq)) || &c == &r;
       });
       if (v < 0) break;  // only handoffs admitted this step are left: r waits a step
@@ -273,14 +332,20 @@ bool Scheduler::make_room_by_slice(StepState& st, const SchedSeq& w, int need,
   for (const StepState::Run& r : st.runs)
     if (!r.preempted && !r.admitted_now && eligible(r)) available += r.held;
   if (available < need) return false;
+  const size_t first = out.preempted.size();
+  StepState::Walk walk;
   while (st.free < need) {
-    const int v = st.pick_victim_stalled_first(eligible);
+    const int v = st.pick_victim(walk, eligible);
     KVSPLIT_CHECK(v >= 0);
-    StepState::Run& run = st.runs[v];
-    st.preempt(run, PreemptReason::kTimeSlice, w.id, w.priority, out);
-    // It was grown for this step's decode: that row goes (its blocks were counted in `held`).
-    std::erase_if(out.decode, [&](const DecodeRow& d) { return d.id == run.seq->id; });
+    st.preempt(st.runs[v], PreemptReason::kTimeSlice, w.id, w.priority, out);
   }
+  // They were grown for this step's decode: those rows go (their blocks were counted in `held`).
+  std::vector<int> paused;
+  for (size_t i = first; i < out.preempted.size(); ++i) paused.push_back(out.preempted[i].id);
+  std::sort(paused.begin(), paused.end());
+  std::erase_if(out.decode, [&](const DecodeRow& d) {
+    return std::binary_search(paused.begin(), paused.end(), d.id);
+  });
   return true;
 }
 
@@ -289,15 +354,20 @@ int Scheduler::next_token_room(int positions, int blocks, int total_blocks) cons
   return blocks + extra <= total_blocks ? extra : 0;
 }
 
-int Scheduler::growth_ahead(const StepState& st, const SchedSeq& w) const {
-  int blocks = 0;
-  for (const StepState::Run& r : st.runs) {
-    if (r.preempted || r.seq->stalled || r.seq->final_positions <= 0) continue;
-    if (!serves_before(key_of(*r.seq), key_of(w))) continue;
-    const int last = blocks_for(r.seq->final_positions, config_.block_size);
-    blocks += std::clamp(last - r.num_blocks, 0, std::max(0, st.in.total_blocks - r.held));
+int Scheduler::growth_ahead(StepState& st, const SchedSeq& w) const {
+  if (!st.sums) {  // built at the first call of a plan (a plan planned again builds it again)
+    std::vector<PriorityKey> keys;
+    keys.reserve(st.runs.size());
+    for (const StepState::Run& r : st.runs) keys.push_back(key_of(*r.seq));
+    st.sums.emplace(std::move(keys));
+    for (StepState::Run& r : st.runs) {
+      r.counted = 0;
+      if (r.preempted || r.seq->stalled || r.seq->final_positions <= 0) continue;
+      const int last = blocks_for(r.seq->final_positions, config_.block_size);
+      st.count(r, std::clamp(last - r.num_blocks, 0, std::max(0, st.in.total_blocks - r.held)));
+    }
   }
-  return blocks;
+  return st.sums->before(key_of(w));
 }
 
 // 3. Prefill and recompute chunks under the token budget.
@@ -358,7 +428,8 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
         // As a restart does: room too for the sequences served before it to reach their last
         // position, or their growth pauses it again at once (it is served after them), before it
         // decodes a token, for two copies each round.
-        const int room = own + growth_ahead(st, *w) + promised;
+        // (Not reserving, `room` is not read.)
+        const int room = own + (reserving ? growth_ahead(st, *w) : 0) + promised;
         if (reserving && room > st.free) make_room_by_slice(st, *w, room, out);
         if (!reserving || room > st.free) {
           reserving = false;
@@ -400,7 +471,8 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
         // A restart also leaves room for the sequences served before it to reach their last
         // position (their growth would otherwise preempt it again and its recompute be lost),
         // for its own next token, and for the next tokens of the resumptions before it.
-        const int room = need + (w->restart ? growth_ahead(st, *w) + promised + next : 0);
+        const int room =
+            need + (w->restart ? (reserving ? growth_ahead(st, *w) : 0) + promised + next : 0);
         if (reserving && room > st.free) sliced = slice_for(*w, room);
         if (!reserving || room > st.free) {
           // With a window, a prompt whose pages (and, while reserving, the free blocks) still
@@ -450,13 +522,14 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
   struct Saved {
     int free;
     std::vector<StepState::Run> runs;
-    std::vector<int32_t> preempted_priorities;
+    std::optional<int32_t> top_victim;
+    std::optional<ServiceSums> sums;
     SchedulerOutput out;
   };
   std::optional<Saved> saved;
   if (std::any_of(st.runs.begin(), st.runs.end(),
                   [](const StepState::Run& r) { return r.seq->slice_expired; })) {
-    saved = Saved{st.free, st.runs, st.preempted_priorities, out};
+    saved = Saved{st.free, st.runs, st.top_victim, st.sums, out};
   }
   std::vector<Cand> cands;
   std::vector<int> chunks;
@@ -469,7 +542,8 @@ void Scheduler::plan_prefill(StepState& st, SchedulerOutput& out) const {
     if (no_slice.size() == wasted) break;
     st.free = saved->free;
     st.runs = saved->runs;
-    st.preempted_priorities = saved->preempted_priorities;
+    st.top_victim = saved->top_victim;
+    st.sums = saved->sums;
     out = saved->out;
   }
   for (size_t i = 0; i < cands.size(); ++i) {

@@ -244,8 +244,8 @@ class Scheduler {
   // free; false (nothing done) when they cannot free enough.
   bool make_room_by_slice(StepState& st, const SchedSeq& w, int need, SchedulerOutput& out) const;
   // Blocks the running sequences served before `w` still need to reach their final_positions
-  // (each at most what the pool can give it).
-  int growth_ahead(const StepState& st, const SchedSeq& w) const;
+  // (each at most what the pool can give it). O(log running) per call.
+  int growth_ahead(StepState& st, const SchedSeq& w) const;
   // The block a resuming sequence (swapped in, or restarted by recompute) of `positions` needs
   // beyond its `blocks` for the token it decodes next: 1 when its positions fill their last page
   // (a sequence paused for its own growth always does), else 0; 0 too when that would exceed the

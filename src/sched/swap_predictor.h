@@ -29,6 +29,11 @@ class SwapPredictor {
   // `candidates` (running sequences that may be paused, in no particular order) ordered victim
   // first: the first is the one needed last. Returns a permutation of their indices.
   virtual std::vector<int> rank_victims(std::span<const SchedSeq* const> candidates) const = 0;
+  // True when rank_victims ranks by one fixed order: any subset of candidates ranks as it does
+  // within the whole (ties kept in the candidates' order). The Scheduler then ranks all the
+  // running sequences once per step and takes the first of the ranking that its rule allows,
+  // rather than asking again, shown only those, at every pick (O(running) each).
+  virtual bool fixed_order() const { return false; }
 
   // Swapped-out sequences of `waiting` (swapped_pages > 0) to bring back ahead of step
   // `next_step`, as indices into `waiting`, first to resume first. `free_blocks`: the pool's free
@@ -54,6 +59,7 @@ class SwapPredictor {
 class DefaultSwapPredictor final : public SwapPredictor {
  public:
   std::vector<int> rank_victims(std::span<const SchedSeq* const> candidates) const override;
+  bool fixed_order() const override { return true; }  // a stable sort by needed_after
   std::vector<int> prefetch(std::span<const SchedSeq> waiting, int64_t next_step,
                             int free_blocks) const override;
   // True when `a` is needed after `b` (a is the better victim).

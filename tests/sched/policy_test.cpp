@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <random>
 
 namespace kvsplit::sched {
 namespace {
@@ -296,6 +297,30 @@ TEST(HandoffStall, RecentMaxForgetsAnOutlierAfterItsWindow) {
   EXPECT_EQ(r.max(), 10);  // 900 left the window
   r.add(11);
   EXPECT_EQ(r.max(), 11);
+}
+
+// The sums over the keys served before a key, against the plain loop, while counts come and go
+// (the Scheduler takes a preempted sequence's away), equal keys included.
+TEST(ServiceSums, AreTheSumsOverTheKeysServedBefore) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<PriorityKey> keys(1 + rng() % 12);
+    for (PriorityKey& k : keys)
+      k = {static_cast<int32_t>(rng() % 3), static_cast<int64_t>(rng() % 5)};
+    ServiceSums sums(keys);
+    std::vector<int> counts(keys.size(), 0);
+    for (int op = 0; op < 30; ++op) {
+      const size_t i = rng() % keys.size();
+      const int n = static_cast<int>(rng() % 7) - 3;
+      sums.add(keys[i], n);
+      counts[i] += n;
+      const PriorityKey& q = keys[rng() % keys.size()];
+      int expected = 0;
+      for (size_t j = 0; j < keys.size(); ++j)
+        if (serves_before(keys[j], q)) expected += counts[j];
+      ASSERT_EQ(sums.before(q), expected) << "trial " << trial << " op " << op;
+    }
+  }
 }
 
 }  // namespace

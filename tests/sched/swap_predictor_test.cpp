@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
 #include <random>
@@ -89,6 +90,36 @@ TEST(SwapPredictor, UnsetSlackAndIntervalIsLowestPriorityThenYoungest) {
     EXPECT_EQ(seqs[victim].arrival, seqs[expected].arrival);
   }
   EXPECT_EQ(DefaultSwapPredictor().choose_victim({}), -1);
+}
+
+// fixed_order(): any subset ranks as it does within the whole, full ties (equal on every rule)
+// in the candidates' order; the Scheduler ranks the running sequences once per step on it.
+TEST(SwapPredictor, ADefaultRankingOfASubsetIsItsOrderWithinTheWhole) {
+  const DefaultSwapPredictor p;
+  EXPECT_TRUE(p.fixed_order());
+  const double slacks[] = {std::numeric_limits<double>::infinity(), 5, 40};
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<SchedSeq> seqs(1 + rng() % 10);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      seqs[i] = seq(static_cast<int>(i), static_cast<int32_t>(rng() % 2), slacks[rng() % 3],
+                    static_cast<double>(rng() % 2) * 10, static_cast<int64_t>(rng() % 3));
+    }
+    std::vector<const SchedSeq*> all;
+    for (const SchedSeq& s : seqs) all.push_back(&s);
+    std::vector<int> whole;  // ids, victim first
+    for (int i : p.rank_victims(all)) whole.push_back(seqs[i].id);
+    std::vector<const SchedSeq*> subset;  // a random subset, in the candidates' order
+    for (const SchedSeq* s : all)
+      if (rng() % 2) subset.push_back(s);
+    std::vector<int> ranked;
+    for (int i : p.rank_victims(subset)) ranked.push_back(subset[i]->id);
+    std::vector<int> restricted;
+    for (int id : whole)
+      if (std::any_of(subset.begin(), subset.end(), [&](const SchedSeq* s) { return s->id == id; }))
+        restricted.push_back(id);
+    ASSERT_EQ(ranked, restricted) << "trial " << trial;
+  }
 }
 
 SchedSeq swapped(int id, int pages, int64_t resume_step, int32_t priority = 0) {
