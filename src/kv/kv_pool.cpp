@@ -600,19 +600,23 @@ int KvPool::share_windowed_prefix(BlockTable& table, uint64_t salt, std::span<co
 }
 
 void KvPool::cache_prefix(const BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
-                          int num_pages) {
+                          int num_pages, PrefixCache::Cursor* cursor) {
   if (!prefix_) return;
   num_pages = std::min<int>(num_pages, static_cast<int>(table.blocks.size()));
-  int n = 0;
   // Only the leading pages that are full precision on a device. Pages dropped behind a sliding
   // window were offered when they were computed: the cache touches those it still holds and
   // stops at the first it does not (PrefixCache::insert, block -1).
+  int n = table.pages.empty() ? std::max(0, num_pages) : 0;
   while (n < num_pages &&
-         (table.pages.empty() || n < table.window_dropped ||
+         (n < table.window_dropped ||
           (table.pages[n].resident() && table.pages[n].precision == kernels::KvPrecision::kFull)))
     ++n;
   if (peers_.empty()) {
-    prefix_->insert(salt, tokens, table.blocks, n, allocator_);
+    if (cursor != nullptr) {
+      prefix_->insert(salt, tokens, table.blocks, n, allocator_, *cursor);
+    } else {
+      prefix_->insert(salt, tokens, table.blocks, n, allocator_);
+    }
     return;
   }
   // A shard group: each page goes to the cache of the shard whose device holds it, in runs of
@@ -650,6 +654,11 @@ void KvPool::cache_prefix(const BlockTable& table, uint64_t salt, std::span<cons
     std::fill(offered.begin() + i, offered.begin() + j, -1);
     if (pos.page == i) break;  // a collision, or a page it could not take
   }
+}
+
+void KvPool::settle_prefix(PrefixCache::Cursor& cursor) {
+  if (prefix_) prefix_->settle(cursor);
+  cursor = {};
 }
 
 void KvPool::release(BlockTable& table) {

@@ -149,9 +149,15 @@ class KvPool {
     return std::max(0, std::min(target - 1, num_prompt)) / block_size();
   }
   // Caches pages [0, num_pages) of `table` (full precision on the device) holding `tokens`, each
-  // in the cache of the shard that holds it.
+  // in the cache of the shard that holds it. With `cursor` (a chunked prefill's, kept by the
+  // sequence across its chunks: PrefixCache::Cursor) the walk resumes where the last call left
+  // it; a shard group walks from page 0 whatever the cursor.
   void cache_prefix(const BlockTable& table, uint64_t salt, std::span<const int32_t> tokens,
-                    int num_pages);
+                    int num_pages, PrefixCache::Cursor* cursor = nullptr);
+  // Ends a chunked prefill's cursor: the pages before it get the use of its last call
+  // (PrefixCache::settle), and it is reset. When the prefill completes, and before its table is
+  // released between chunks.
+  void settle_prefix(PrefixCache::Cursor& cursor);
   // Releases every block of `table` (decref) and every quantized page, summary and host slot its
   // page entries hold, and clears it. Restores in flight (BlockTable::restoring) are waited for
   // and their blocks freed; so is a host-tier swap-in prefetch (BlockTable::swap_prefetch).

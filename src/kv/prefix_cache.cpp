@@ -301,69 +301,11 @@ std::vector<int32_t> PrefixCache::acquire(uint64_t salt, std::span<const int32_t
   return out;
 }
 
-int PrefixCache::insert(uint64_t salt, std::span<const int32_t> tokens,
-                        std::span<const int32_t> blocks, int num_pages, BlockAllocator& alloc,
-                        ChainPos* at) {
-  num_pages = std::min<int>(
-      {num_pages, static_cast<int>(tokens.size()) / block_size_, static_cast<int>(blocks.size())});
-  poll_spills();
-  const ChainPos from = at != nullptr ? *at : ChainPos{};
-  uint64_t parent = from.parent, check = from.check;
-  int added = 0;
-  ++tick_;
-  int i = from.page;
-  for (; i < num_pages; ++i) {
-    const auto page = tokens.subspan(static_cast<size_t>(i) * block_size_, block_size_);
-    const uint64_t h = page_hash(parent, salt, page);
-    const uint64_t page_check = chain_check(check, salt, page);
-    const int32_t b = blocks[static_cast<size_t>(i)];
-    auto it = entries_.find(h);
-    if (it != entries_.end()) {
-      Entry& e = it->second;
-      // A collision with a different page: keep the cached one, and cache nothing past it (its
-      // chain would be unreachable).
-      if (e.salt != salt || e.parent != parent || e.check != page_check ||
-          !std::equal(page.begin(), page.end(), e.tokens.begin(), e.tokens.end()))
-        break;
-      e.last_use = tick_;
-      if (e.where != PageLocation::kDevice && !e.pinned && b >= 0 && !by_block_.count(b)) {
-        // Computed again while spilled: the device copy replaces the lower tier's.
-        release_storage(h, e, &alloc);
-        alloc.incref(b);
-        e.where = PageLocation::kDevice;
-        e.block = b;
-        bind_block(b, h, alloc);
-        ++added;
-      }
-      reindex(h, e);
-    } else {
-      if (b < 0 || by_block_.count(b)) break;  // not on the device, or cached as another page
-      alloc.incref(b);
-      Entry e;
-      e.block = b;
-      e.parent = parent;
-      e.check = page_check;
-      e.salt = salt;
-      e.tokens.assign(page.begin(), page.end());
-      e.last_use = tick_;
-      e.depth = i;
-      Entry& added_entry = entries_.emplace(h, std::move(e)).first->second;
-      bind_block(b, h, alloc);
-      reindex(h, added_entry);
-      ++added;
-    }
-    parent = h;
-    check = page_check;
-  }
-  if (at != nullptr) *at = ChainPos{i, parent, check};  // where it stopped
-  stats_.inserted += added;
-  return added;
-}
-
 void PrefixCache::release_storage(uint64_t hash, Entry& e, BlockAllocator* alloc) {
   unindex(hash, e);
   switch (e.where) {
     case PageLocation::kDevice:
+      note_chain_event(hash, e);
       if (e.landing_slot >= 0) cancel_landing(hash, e);
       unbind_block(e.block);
       if (alloc != nullptr) alloc->decref(e.block);
@@ -679,6 +621,7 @@ bool PrefixCache::finish_landing(uint64_t hash, Entry& e, BlockAllocator* alloc,
     reindex(hash, e);
     return false;
   }
+  note_chain_event(hash, e);
   unindex(hash, e);
   unbind_block(e.block);
   alloc->decref(e.block);

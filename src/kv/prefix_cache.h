@@ -182,6 +182,34 @@ class PrefixCache final : private BlockWatcher {
   // page not registered (num_pages when all were).
   int insert(uint64_t salt, std::span<const int32_t> tokens, std::span<const int32_t> blocks,
              int num_pages, BlockAllocator& alloc, ChainPos* at = nullptr);
+  // A chunked prefill's place in its prompt's chain, kept by the sequence across its chunks, so
+  // that each chunk's insert starts where the last one stopped instead of at page 0 (O(pages) for
+  // a whole prompt, not O(pages^2 / chunk)). The cache checks it before it resumes there.
+  struct Cursor {
+    // The next page. At the last insert every page before it was a device page of the cache that
+    // a sequence held too (never evicted meanwhile).
+    ChainPos pos;
+    std::vector<uint64_t> hashes;  // of the pages before pos.page, by page
+    uint64_t salt = 0;
+    uint64_t generation = 0;  // the cache it was left by (0: none)
+    uint64_t events = 0;      // the cache's chain events then
+    uint64_t tick = 0;        // the use that insert gave the pages it walked (settle)
+  };
+  // insert() of pages [0, num_pages), resumed at `cursor` when the cache still holds every page
+  // before it as it did (a device page that a sequence holds too: no chain event since, see
+  // below), so that a walk from page 0 would only touch them; else from page 0. `tokens` must
+  // begin with those of the insert that left the cursor (a sequence's tokens only grow), under
+  // the same salt. The cursor is left after the leading pages that are such pages. The pages
+  // before the cursor are not touched: settle() gives them the use a walk from page 0 would have.
+  int insert(uint64_t salt, std::span<const int32_t> tokens, std::span<const int32_t> blocks,
+             int num_pages, BlockAllocator& alloc, Cursor& cursor);
+  // Gives every page before `cursor` the use of its last insert where its own is older, as
+  // inserts from page 0 would have: a sequence's pages then rank for eviction as one chain
+  // (deepest first), not chunk by chunk (its first pages first). Call it when the chunks end and
+  // before a sequence lets its pages go between chunks. Nothing when the cursor is stale.
+  void settle(const Cursor& cursor);
+  // Chain events kept (below): a cursor that more than this many events happened after is stale.
+  static constexpr uint64_t kChainEvents = 4096;
   // Frees `need` device blocks from least recently used pages that only the cache holds (or as
   // many as there are), spilling each down the tiers when it can (see above), else dropping it.
   // Returns how many blocks were freed.
@@ -285,6 +313,20 @@ class PrefixCache final : private BlockWatcher {
     std::optional<Status> result;  // once the write ended
   };
 
+  // Chain events, for cursors: a device page that left the device (spilled, dropped) or that
+  // only the cache holds now (idle), by hash and depth. The last kChainEvents are kept (a ring);
+  // a cursor is stale once one of its pages had one, or once more than that many happened.
+  struct ChainEvent {
+    uint64_t hash = 0;
+    int32_t depth = 0;
+  };
+  void note_chain_event(uint64_t hash, const Entry& e);
+  bool cursor_valid(const Cursor& cursor, uint64_t salt) const;
+  // insert(): pages [at->page, num_pages) (0 when null); with `cursor`, moved past each leading
+  // page that ends as a device page some sequence holds too.
+  int insert_chain(uint64_t salt, std::span<const int32_t> tokens, std::span<const int32_t> blocks,
+                   int num_pages, BlockAllocator& alloc, ChainPos* at, Cursor* cursor);
+
   uint64_t page_hash(uint64_t parent, uint64_t salt, std::span<const int32_t> page) const;
   // A second chained hash of the prefix, seeded independently (page_hash and it: 128 bits).
   uint64_t chain_check(uint64_t parent_check, uint64_t salt, std::span<const int32_t> page) const;
@@ -345,6 +387,11 @@ class PrefixCache final : private BlockWatcher {
   void cancel_landing(uint64_t hash, Entry& e);
 
   int block_size_;
+  // Unique across caches: a cursor left by another cache is stale.
+  uint64_t generation_ = next_generation();
+  static uint64_t next_generation();
+  std::vector<ChainEvent> chain_events_;  // the ring: event n at n % kChainEvents
+  uint64_t num_chain_events_ = 0;
   KvPool* pool_;   // the device blocks
   KvPool* tiers_;  // the host tier and disk tier (pool_'s, or the home shard's)
   uint64_t tick_ = 0;

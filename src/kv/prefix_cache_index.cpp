@@ -108,7 +108,9 @@ void PrefixCache::on_sharing_changed(int32_t block) {
   auto b = by_block_.find(block);
   if (b == by_block_.end()) return;
   auto it = entries_.find(b->second);
-  if (it != entries_.end()) reindex(it->first, it->second);
+  if (it == entries_.end()) return;
+  if (watched_->refcount(block) == 1) note_chain_event(it->first, it->second);  // idle now
+  reindex(it->first, it->second);
 }
 
 bool PrefixCache::index_consistent() const {

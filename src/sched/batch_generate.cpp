@@ -46,7 +46,9 @@ struct SeqState {
   int swapped_out_pages = 0;
   int recomputed_tokens = 0;
   int cached_tokens = 0;
-  bool dropped = false;     // its KV was dropped for a recompute: the next chunk looks the cache up
+  bool dropped = false;  // its KV was dropped for a recompute: the next chunk looks the cache up
+  // Where its prefill's chunks have walked its prompt's chain in the prefix cache (Sequence's).
+  kv::PrefixCache::Cursor prefix_cursor;
   KvAccount kv;             // effective-KV accounting (docs/kvm.md)
   int64_t resume_step = 0;  // swapped out: not resumed before this step while others run
   int shards = 0;           // most shards of the pool's shard group its KV used at once
@@ -77,6 +79,7 @@ struct PoolGuard {
   ~PoolGuard() {
     for (SeqState& s : seqs) {
       s.prefetch.reset();
+      pool.settle_prefix(s.prefix_cursor);
       pool.release(s.table);
     }
   }
@@ -115,6 +118,7 @@ bool release_youngest_waiting(const std::vector<SchedSeq>& waiting, std::vector<
     SeqState& s = seqs[static_cast<size_t>(waiting[k].id)];
     if (s.table.blocks.empty() || kv::swapped_pages(s.table) > 0) continue;
     s.recomputed_tokens += s.computed;
+    pool.settle_prefix(s.prefix_cursor);
     pool.cache_prefix(
         s.table, options.prefix_salt, s.tokens,
         cacheable_tokens(options.kv_policy, s.computed, s.prompt_target) / pool.block_size());
@@ -152,6 +156,7 @@ void cancel_unfinished(std::vector<SeqState>& seqs, kv::KvPool& pool) {
     if (s.done()) continue;
     s.reason = FinishReason::kCancelled;
     s.prefetch.reset();
+    pool.settle_prefix(s.prefix_cursor);
     pool.release(s.table);
     s.kv.close(now);
   }
@@ -447,9 +452,13 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       const bool decode = s.running;
       s.computed += static_cast<int>(steps[k].tokens.size());
       s.fed = std::max(s.fed, std::min(s.computed, s.num_prompt));
-      if (!decode)
+      // The chunks resume the chain's walk (Worker::postprocess); settled when the prefill ends.
+      if (!decode) {
         pool.cache_prefix(s.table, options.prefix_salt, s.tokens,
-                          std::min(s.computed, s.num_prompt) / bs);
+                          std::min(s.computed, s.num_prompt) / bs,
+                          sc.kv_window > 0 ? nullptr : &s.prefix_cursor);
+        if (s.computed == s.target()) pool.settle_prefix(s.prefix_cursor);
+      }
       // Pages every layer's window has passed go back to the pool (after the prefix cache took
       // its pages; before the cut measures the table).
       s.window_dropped +=

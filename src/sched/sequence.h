@@ -113,6 +113,10 @@ struct Sequence {
   // Prefix cache: the tenant's (and cache_salt's) salt, and the prompt tokens served from it.
   uint64_t prefix_salt = 0;
   int32_t cached_tokens = 0;
+  // Where its prefill's chunks have walked its prompt's chain in the prefix cache (each chunk's
+  // insert resumes there); settled and reset when the prefill or recompute completes and when
+  // its KV is released (kv::KvPool::settle_prefix).
+  kv::PrefixCache::Cursor prefix_cursor;
   // Taken from the router without pages (a time slice, Worker::admit_from_router): its cached
   // prompt pages are looked up when its pages come (its first chunk), and cached_tokens then.
   bool pages_deferred = false;

@@ -324,6 +324,7 @@ int Worker::next_step_growth(bool after_forward) const {
 }
 
 void Worker::release_kv(Sequence& seq) {
+  pool_->settle_prefix(seq.prefix_cursor);  // between chunks: before its pages go
   if (seq.prefetch) {
     if (seq.prefetch->record != 0) ++swap_stats_.prefetch_dropped;
     seq.prefetch.reset();  // waits for its read: the record can be freed below
@@ -644,9 +645,14 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
     // Full prompt pages join the prefix cache as soon as they are computed, before a finish
     // releases the table (a request that ends on its first token still leaves its prompt); not
     // the pages of a step whose logits were unusable (they may hold a backend's fault).
+    // Each chunk's insert resumes the walk of the chain where the last one stopped (not with a
+    // window: the walk touches the pages dropped behind it); the chunk that completes the
+    // prefill gives the whole chain its use, as a walk from page 0 does.
     if (in_waiting && !(sampled && sample_reasons_[job] == FinishReason::kError)) {
       pool_->cache_prefix(seq.table, seq.prefix_salt, seq.tokens,
-                          std::min(seq.num_computed, seq.num_prompt) / pool_->block_size());
+                          std::min(seq.num_computed, seq.num_prompt) / pool_->block_size(),
+                          scheduler_.config().kv_window > 0 ? nullptr : &seq.prefix_cursor);
+      if (seq.num_computed >= seq.prefill_target()) pool_->settle_prefix(seq.prefix_cursor);
       drop_behind_window(seq);  // after the prefix cache took its pages
     }
     if (sampled) {
