@@ -13,8 +13,15 @@
 // Prints microseconds per operation and, per operation, the ratio of the largest size's time to
 // the smallest's (same run): about 1 when the cost does not grow with the cache.
 //
+// --chunked-prefill: a prompt's pages cached chunk by chunk as a prefill computes them
+// (KvPool::cache_prefix after each chunk, as the worker does), for each prompt length: the
+// inserts walking the prompt's chain from page 0 every time, and resumed where the last one
+// stopped (PrefixCache::Cursor). Prints milliseconds per prompt and microseconds per chunk.
+//
 //   build/benchmarks/bench_prefix_cache [--sizes 1024,16384,131072] [--device-blocks 256]
 //                                       [--ops 2000]
+//   build/benchmarks/bench_prefix_cache --chunked-prefill [--prompts 4096,16384,65536,131072]
+//                                       [--chunk 512]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -104,6 +111,57 @@ Figures measure(kvsplit::backend::Backend& be, int cached, int device_blocks, in
   return f;
 }
 
+// Milliseconds the chunk-by-chunk inserts of one `tokens`-token prompt take, resumed at a cursor
+// or walking from page 0.
+double chunked_prefill_ms(kvsplit::backend::Backend& be, int tokens, int chunk, bool resumed) {
+  KvPoolConfig c;
+  c.num_blocks = tokens / kBlock + 64;
+  c.block_size = kBlock;
+  auto pool = std::move(KvPool::create(be, c, kShape)).value();
+  pool->enable_prefix_cache();
+  const uint64_t salt = PrefixCache::salt_of("bench");
+  std::vector<int32_t> t(static_cast<size_t>(tokens));
+  for (int i = 0; i < tokens; ++i) t[static_cast<size_t>(i)] = (i * 7919) % 500 + 3;
+  BlockTable table;
+  PrefixCache::Cursor cursor;
+  double us = 0;
+  for (int done = 0; done < tokens;) {
+    done = std::min(done + chunk, tokens);
+    if (!pool->reserve(table, done)) {
+      std::fprintf(stderr, "bench_prefix_cache: reserve failed\n");
+      std::exit(1);
+    }
+    const auto t0 = Clock::now();
+    pool->cache_prefix(table, salt, t, done / kBlock, resumed ? &cursor : nullptr);
+    if (done == tokens) pool->settle_prefix(cursor);
+    us += since_us(t0);
+  }
+  if (pool->prefix_cache()->size() != tokens / kBlock) {
+    std::fprintf(stderr, "bench_prefix_cache: the cache holds %d pages, not %d\n",
+                 pool->prefix_cache()->size(), tokens / kBlock);
+    std::exit(1);
+  }
+  pool->release(table);
+  return us / 1000;
+}
+
+int chunked_prefill(const std::vector<int>& prompts, int chunk) {
+  auto be = std::move(kvsplit::backend::create_backend("cpu", 1)).value();
+  std::printf(
+      "chunked prefill, %d-token chunks: the prompt's inserts walk its chain from page 0 "
+      "/ resume at a cursor\n",
+      chunk);
+  std::printf("prompt tokens | from page 0 ms | us/chunk | resumed ms | us/chunk | ratio\n");
+  for (int tokens : prompts) {
+    const int chunks = (tokens + chunk - 1) / chunk;
+    const double walked = chunked_prefill_ms(*be, tokens, chunk, false);
+    const double resumed = chunked_prefill_ms(*be, tokens, chunk, true);
+    std::printf("%13d | %14.2f | %8.1f | %10.2f | %8.1f | %5.1fx\n", tokens, walked,
+                walked * 1000 / chunks, resumed, resumed * 1000 / chunks, walked / resumed);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -116,8 +174,18 @@ int main(int argc, char** argv) {
   app.add_option("--device-blocks", device_blocks, "device pages of the pool")
       ->check(CLI::Range(16, 1 << 20));
   app.add_option("--ops", ops, "timed operations of each kind")->check(CLI::Range(1, 1 << 24));
+  bool chunked = false;
+  std::vector<int> prompts{4096, 16384, 65536, 131072};
+  int chunk = 512;
+  app.add_flag("--chunked-prefill", chunked, "time a chunked prefill's inserts instead");
+  app.add_option("--prompts", prompts, "prompt tokens (--chunked-prefill)")
+      ->delimiter(',')
+      ->check(CLI::Range(kBlock, 1 << 24));
+  app.add_option("--chunk", chunk, "prefill chunk tokens (--chunked-prefill)")
+      ->check(CLI::Range(1, 1 << 20));
   kvsplit::strict_options(app);  // decimal, in-range, finite, non-empty values
   if (const auto rc = kvsplit::parse_args(app, argc, argv)) return *rc;
+  if (chunked) return chunked_prefill(prompts, chunk);
   std::sort(sizes.begin(), sizes.end());
   auto be = std::move(kvsplit::backend::create_backend("cpu", 1)).value();
   std::printf("cached pages | available_blocks us | churn us/page | hit us/lookup\n");
