@@ -206,7 +206,8 @@ class PrefixCache final : private BlockWatcher {
   // Gives every page before `cursor` the use of its last insert where its own is older, as
   // inserts from page 0 would have: a sequence's pages then rank for eviction as one chain
   // (deepest first), not chunk by chunk (its first pages first). Call it when the chunks end and
-  // before a sequence lets its pages go between chunks. Nothing when the cursor is stale.
+  // before a sequence lets its pages go between chunks. A stale cursor settles too (its pages
+  // still cached; one cached again since keeps its newer use); another cache's does nothing.
   void settle(const Cursor& cursor);
   // Chain events kept (below): a cursor that more than this many events happened after is stale.
   static constexpr uint64_t kChainEvents = 4096;

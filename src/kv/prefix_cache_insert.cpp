@@ -96,8 +96,10 @@ int PrefixCache::insert_chain(uint64_t salt, std::span<const int32_t> tokens,
     // The cursor moves past a page that no eviction can take while a sequence holds it: any
     // change to it is a chain event.
     if (cursor != nullptr && cursor->pos.page == i) {
+      // Only the sequence's own block: a page cached from another sequence's copy goes idle when
+      // that one ends, not when this one is released (its settle would not cover it).
       if (entry->where == PageLocation::kDevice && !entry->pinned && entry->landing_slot < 0 &&
-          alloc.refcount(entry->block) > 1) {
+          entry->block == b && alloc.refcount(entry->block) > 1) {
         cursor->hashes.push_back(h);
         cursor->pos = ChainPos{i + 1, h, page_check};
       }
@@ -132,10 +134,14 @@ bool PrefixCache::cursor_valid(const Cursor& cursor, uint64_t salt) const {
 }
 
 void PrefixCache::settle(const Cursor& cursor) {
-  if (cursor.pos.page == 0 || !cursor_valid(cursor, cursor.salt)) return;
+  // A stale cursor settles too (only another cache's is ignored): its pages still cached take
+  // the recency the last walk from page 0 would have given them, whatever happened to the others
+  // since, so a chain released between chunks evicts from its tail. A page cached again since has
+  // a newer tick of its own and keeps it.
+  if (cursor.pos.page == 0 || cursor.generation != generation_) return;
   for (uint64_t h : cursor.hashes) {
     auto it = entries_.find(h);
-    KVSPLIT_CHECK(it != entries_.end());  // no chain event: still cached, on the device
+    if (it == entries_.end()) continue;  // evicted since
     Entry& e = it->second;
     if (e.last_use >= cursor.tick) continue;
     e.last_use = cursor.tick;

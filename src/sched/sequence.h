@@ -17,6 +17,7 @@
 
 #include "common/escape.h"
 #include "kv/block_allocator.h"
+#include "kv/prefix_cache.h"
 #include "kv/swap.h"
 #include "kvsplit/engine.h"
 #include "model/tokenizer.h"

@@ -183,6 +183,43 @@ TEST(PrefixCursor, APageOfTheChainEvictedBetweenChunksIsCachedBack) {
   }
 }
 
+// A prefill released between chunks (cancelled, timed out) after more chain events than the cache
+// keeps: its cursor is stale, yet settling it still gives its pages the recency of the last
+// walk, so its chain evicts from the tail as the walk from page 0 leaves it (settle returned at
+// once for a stale cursor, and the first chunk's pages went first).
+TEST(PrefixCursor, AStaleCursorReleasedBetweenChunksStillEvictsItsChainFromTheTail) {
+  const uint64_t salt = PrefixCache::salt_of("t");
+  const std::vector<int32_t> prompt = tokens(kPages, 1);
+  Prefill resumed(true), walked(false);
+  for (Prefill* p : {&resumed, &walked}) {
+    for (int done = kChunk; done <= 9; done += kChunk) p->chunk(salt, prompt, done);
+    for (int k = 0; k <= static_cast<int>(PrefixCache::kChainEvents); ++k) {
+      p->cache_and_end(salt, tokens(1, 100000 + 8 * k));
+      p->cache.evict(1, p->alloc);
+    }
+    p->end_prefill();  // what releasing the KV mid-prefill does first (Worker::release_kv)
+    p->release();
+  }
+  const std::vector<int> order = eviction_order(walked, salt, {prompt});
+  ASSERT_EQ(order.size(), 9u);
+  EXPECT_EQ(order.front(), 8);  // the tail first
+  EXPECT_EQ(eviction_order(resumed, salt, {prompt}), order);
+}
+
+// The cursor passes only pages cached from the sequence's own blocks: a page another sequence
+// cached (its copy, held by it) goes idle when that one ends, which this one's settle does not
+// cover, so the cursor stays before it and each chunk's walk touches it.
+TEST(PrefixCursor, ThePagesOfAnotherSequencesCopyAreNotPassed) {
+  const uint64_t salt = PrefixCache::salt_of("t");
+  const std::vector<int32_t> prompt = tokens(kPages, 1);
+  Prefill a(true);
+  const std::vector<int32_t> other = *a.alloc.allocate(kChunk);  // still held by its sequence
+  a.cache.insert(salt, prompt, other, kChunk, a.alloc);
+  a.chunk(salt, prompt, kChunk);  // the same pages computed again into a's own blocks
+  EXPECT_EQ(a.cursor.pos.page, 0);
+  EXPECT_NE(a.table[0], other[0]);
+}
+
 // A cursor is its cache's: another cache (another worker's pool) walks from page 0.
 TEST(PrefixCursor, ACursorLeftByAnotherCacheWalksFromPageZero) {
   const uint64_t salt = PrefixCache::salt_of("t");
