@@ -38,11 +38,7 @@ ApiKeyAuth::ApiKeyAuth(const std::vector<config::ApiKey>& keys, const ApiKeyAuth
 }
 
 bool ApiKeyAuth::has_tenant(std::string_view tenant) const {
-  if (keys_.empty()) return tenant == kAnonymousTenant;
-  for (const Key& k : keys_) {
-    if (k.caller.tenant == tenant) return true;
-  }
-  return false;
+  return policy_of_tenant(tenant) != nullptr;
 }
 
 std::shared_ptr<const config::KeyPolicy> ApiKeyAuth::policy_of_tenant(

@@ -210,6 +210,13 @@ StatusOr<Caller> GenerationService::admit_stream(const grpc::CallbackServerConte
   // other tenants' calls over the limit.
   const int32_t open = active_streams_.fetch_add(1) + 1;
   const int32_t tenant_open = tenant_stream_opened(tenant);
+  // The tenant's stream limit under `policy` (its key's, or the server's per-tenant one).
+  auto over_tenant_limit = [&](const config::KeyPolicy& policy) {
+    const int32_t limit = stream_limit(policy, options_.max_streams_per_tenant);
+    return limit > 0 && tenant_open > limit
+               ? stream_limit_error(policy, options_.max_streams_per_tenant, tenant)
+               : ok_status();
+  };
   Status refused = ok_status();
   if (draining_.load()) {
     refused = unavailable("server is draining; not accepting new requests");
@@ -217,9 +224,8 @@ StatusOr<Caller> GenerationService::admit_stream(const grpc::CallbackServerConte
     refused =
         resource_exhausted("server is at its limit of " +
                            std::to_string(options_.max_concurrent_streams) + " concurrent streams");
-  } else if (const int32_t limit = stream_limit(*caller.policy, options_.max_streams_per_tenant);
-             limit > 0 && tenant_open > limit) {
-    refused = stream_limit_error(*caller.policy, options_.max_streams_per_tenant, tenant);
+  } else {
+    refused = over_tenant_limit(*caller.policy);
   }
   if (refused.ok()) {
     // Registered under the key set it was admitted with: a reload since then is checked again,
@@ -229,12 +235,8 @@ StatusOr<Caller> GenerationService::admit_stream(const grpc::CallbackServerConte
       if (StatusOr<Caller> again = auth_->authenticate(context); !again.ok()) {
         refused = again.status();
       } else {
-        caller.policy = again->policy;  // the same key: the same tenant
-        // Its stream limit too: the reload may have lowered it.
-        if (const int32_t limit = stream_limit(*caller.policy, options_.max_streams_per_tenant);
-            limit > 0 && tenant_open > limit) {
-          refused = stream_limit_error(*caller.policy, options_.max_streams_per_tenant, tenant);
-        }
+        caller.policy = again->policy;                // the same key: the same tenant
+        refused = over_tenant_limit(*caller.policy);  // the reload may have lowered it
       }
     }
     if (refused.ok()) open_streams_[stream.get()] = OpenStream{tenant, stream};
