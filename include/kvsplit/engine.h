@@ -102,8 +102,8 @@ struct EngineConfig {
   // Back-pressure from a slow reader: a decoding sequence whose stream holds this many events its
   // consumer has not read yet (a gRPC client not reading: flow control holds the writes) gets no
   // decode step until the consumer catches up; its KV stays and it can still be preempted, so a
-  // slow client slows only its own request and its buffered events stay bounded. 0: no bound.
-  // In [0, 2^20].
+  // slow client slows only its own request and its buffered events stay bounded (n times this for
+  // a request of n completions, Request::n). 0: no bound. In [0, 2^20].
   int32_t max_unread_events = 1024;
   // > 0; bound on the delivery of a KV handoff (a decode worker must take the offer within it,
   // else the prefill side reclaims it and the request fails DEADLINE_EXCEEDED). Waiting for room
@@ -166,6 +166,8 @@ struct EngineConfig {
 // Request::priority is in [-kMaxRequestPriority, kMaxRequestPriority]: it is added to its class's
 // (sched::effective_priority), bounded so that the sum cannot overflow.
 inline constexpr int32_t kMaxRequestPriority = 1000;
+// Request::n is in [1, kMaxCompletions] (OpenAI's bound on `n`).
+inline constexpr int32_t kMaxCompletions = 128;
 
 struct Request {
   // Unique among the tenant's in-flight requests. Empty: the engine assigns "req-" followed by 32
@@ -190,6 +192,15 @@ struct Request {
   // Prefix cache scope (EngineConfig::prefix_cache): cached prompt pages are shared only between
   // requests of the same tenant and the same cache_salt. At most 256 bytes.
   std::string cache_salt;
+  // Parallel sampling (vLLM's and OpenAI's `n`): n completions of the prompt, each its own
+  // sequence with its own sampler (seeded sampling.seed + i when a seed is given, so completion i
+  // is what the same request with n = 1 and seed + i generates), all on one stream, their events
+  // told apart by TokenEvent::index. With EngineConfig::prefix_cache, completions 1..n-1 wait in
+  // the queue until completion 0's prompt is computed, then take its cached pages: the prompt is
+  // computed once (each completion computes only the page of its last prompt token). Admission
+  // is all or nothing (every completion needs its queue slot and its KV fit); cancel() ends them
+  // all. [1, kMaxCompletions].
+  int32_t n = 1;
 };
 
 struct TokenLogprob {
@@ -224,12 +235,16 @@ struct Timings {
 
 struct TokenEvent {
   std::string request_id;
+  int32_t index = 0;                   // the completion (Request::n) this event belongs to
   std::vector<int32_t> token_ids;      // new tokens in this event
   std::string text;                    // new text in this event
   std::vector<TokenLogprob> logprobs;  // one per token when top_logprobs was asked (or always 1)
   std::chrono::steady_clock::time_point time;
+  // The last event of completion `index`; `last`: the last event of the stream (the final event
+  // of the completion that ended last; with n = 1 every final event is the last one).
   bool final = false;
-  // Final event only:
+  bool last = false;
+  // Final event only (of its completion):
   FinishReason finish_reason = FinishReason::kNone;
   Status status;  // non-OK when the request failed (kError / deadline)
   Usage usage;
@@ -427,6 +442,9 @@ struct EngineStats {
   std::vector<SlaClassStats> classes;
   // One entry per (SLA class, tenant) that finished a request, ordered by class then tenant.
   std::vector<KvAccounting> kv_accounting;
+  // The request counters (and the class counters, prompt_tokens) count completions: a request of
+  // n completions (Request::n) counts n, so submitted - finished - cancelled - failed is what is
+  // in flight.
   int64_t requests_submitted = 0;
   int64_t requests_finished = 0;
   int64_t requests_cancelled = 0;
@@ -474,7 +492,8 @@ class Engine {
 
   // Admission: kInvalidArgument (bad fields, unknown class, prompt + max_tokens beyond the
   // context or the KV pool, with the numbers), kResourceExhausted (class queue full),
-  // kUnavailable (shutting down). Accepted requests end with exactly one final event.
+  // kUnavailable (shutting down). Accepted requests end with exactly one final event per
+  // completion (Request::n), the last of them marked `last`.
   virtual StatusOr<RequestHandle> submit(Request request) = 0;
   // Aborts the request `request_id` of `tenant` at any stage; its KV blocks are freed. False when
   // the tenant has no such request in flight (unknown, finished, or another tenant's).

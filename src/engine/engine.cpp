@@ -247,13 +247,12 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
 
 EngineImpl::~EngineImpl() { shutdown(std::chrono::milliseconds(0)); }
 
-std::unique_ptr<sched::Sequence> EngineImpl::make_sequence(const Request& request, std::string id,
-                                                           int64_t arrival,
-                                                           std::vector<int32_t> ids,
-                                                           const SlaClass& cls, int class_index) {
+std::unique_ptr<sched::Sequence> EngineImpl::make_sequence(
+    const Request& request, std::shared_ptr<sched::RequestControl> ctl, int64_t arrival,
+    std::vector<int32_t> ids, const SlaClass& cls, int class_index) {
   const model::ModelConfig& mc = loaded_->config;
   auto seq = std::make_unique<sched::Sequence>();
-  seq->ctl = std::make_shared<sched::RequestControl>(std::move(id), request.tenant);
+  seq->ctl = std::move(ctl);
   seq->arrival = arrival;
   seq->priority = sched::effective_priority(cls.priority, request.priority);
   seq->class_index = class_index;
@@ -269,8 +268,10 @@ std::unique_ptr<sched::Sequence> EngineImpl::make_sequence(const Request& reques
   const int32_t last_prompt = ids.back();
   seq->tokens = std::move(ids);
   seq->tokens.reserve(seq->num_prompt + max_generated_tokens(request.sampling));
-  const uint64_t seed =
-      request.sampling.seed.value_or(splitmix64(config_.seed ^ splitmix64(seq->arrival)));
+  // Completion i of a seeded request: seed + i (what the request with n = 1 and that seed draws).
+  const uint64_t seed = request.sampling.seed
+                            ? *request.sampling.seed + static_cast<uint64_t>(seq->ctl->index)
+                            : splitmix64(config_.seed ^ splitmix64(seq->arrival));
   seq->sampler = std::make_unique<sampling::Sampler>(request.sampling, seed, mc.eos_token_ids);
   seq->sampler->reserve(mc.vocab_size);
   const int max_new =
@@ -319,45 +320,67 @@ StatusOr<RequestHandle> EngineImpl::submit(Request request) {
     }
   }
   KVSPLIT_RETURN_IF_ERROR(sched::check_admission(request, static_cast<int>(ids.size()), limits_));
-  const int64_t arrival = next_arrival_.fetch_add(1, std::memory_order_relaxed);
+  const int n = request.n;
+  const int64_t arrival = next_arrival_.fetch_add(n, std::memory_order_relaxed);
   // Assigned ids are random, so that nobody can predict (and cancel) another caller's request.
   const bool assigned = request.request_id.empty();
-  std::string id = assigned ? random_id(kAssignedIdPrefix) : request.request_id;
-  std::unique_ptr<sched::Sequence> seq =
-      make_sequence(request, std::move(id), arrival, std::move(ids), classes[ci], ci);
-  std::shared_ptr<sched::RequestControl> ctl = seq->ctl;
-  const int num_prompt = seq->num_prompt;
+  // The request's completions: one stream, and under a prefix cache completions 1..n-1 held
+  // until completion 0's prompt is computed (RequestControl::prompt_ready).
+  auto controls = [&](std::string id) {
+    auto stream = std::make_shared<RequestStream>(id, n);
+    auto ready = n > 1 && config_.prefix_cache ? std::make_shared<std::atomic<bool>>(false)
+                                               : std::shared_ptr<std::atomic<bool>>();
+    std::vector<std::shared_ptr<sched::RequestControl>> ctls;
+    for (int i = 0; i < n; ++i) {
+      ctls.push_back(std::make_shared<sched::RequestControl>(id, request.tenant, i, stream));
+      ctls.back()->prompt_ready = ready;
+    }
+    return ctls;
+  };
+  std::vector<std::shared_ptr<sched::RequestControl>> ctls =
+      controls(assigned ? random_id(kAssignedIdPrefix) : request.request_id);
+  std::vector<std::unique_ptr<sched::Sequence>> seqs;
+  const int num_prompt = static_cast<int>(ids.size());
+  for (int i = 0; i < n; ++i) {
+    seqs.push_back(make_sequence(request, ctls[i], arrival + i, i + 1 < n ? ids : std::move(ids),
+                                 classes[ci], ci));
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     // An assigned id clashes only with a client's own "req-" id of the same 128 random bits.
     while (true) {
-      auto [it, inserted] = active_.try_emplace(ctl->key(), ctl);
+      auto [it, inserted] = active_.try_emplace(ctls[0]->key(), Active{ctls, n});
       if (inserted) break;
-      if (!assigned && it->second->cancel_requested.load(std::memory_order_relaxed)) {
+      if (!assigned && it->second.ctls[0]->cancel_requested.load(std::memory_order_relaxed)) {
         // Cancelled (the client has its CANCELLED or DEADLINE_EXCEEDED): the id is free for a
         // retry at once, though the old request may still be ending on its worker (cancel_key
-        // took it out of the router under this lock, so the router holds one of that id).
-        it->second = ctl;
+        // took its completions out of the router under this lock, so the router holds none of
+        // that id).
+        it->second = Active{ctls, n};
         break;
       }
       if (!assigned) {
         return Status(StatusCode::kAlreadyExists,
-                      fmt::format("request_id '{}' is already in flight", ctl->display_id));
+                      fmt::format("request_id '{}' is already in flight", ctls[0]->display_id));
       }
-      ctl = std::make_shared<sched::RequestControl>(random_id(kAssignedIdPrefix), request.tenant);
-      seq->ctl = ctl;
+      ctls = controls(random_id(kAssignedIdPrefix));
+      for (int i = 0; i < n; ++i) seqs[i]->ctl = ctls[i];
     }
     // Queued under the same lock: a cancel never sees a request whose push then fails (it would
-    // answer true for a request that never runs nor ends). The router's lock is a leaf.
-    if (Status st = router_->push(seq, /*notify=*/false); !st.ok()) {
-      active_.erase(ctl->key());
-      return st;
+    // answer true for a request that never runs nor ends). The router's lock is a leaf. All
+    // completions or none: one that does not fit in its class queue takes the others back.
+    for (int i = 0; i < n; ++i) {
+      if (Status st = router_->push(seqs[i], /*notify=*/false); !st.ok()) {
+        for (int j = 0; j < i; ++j) router_->remove(ctls[j]->key(), ctls[j].get());
+        active_.erase(ctls[0]->key());
+        return n > 1 ? st.with_prefix(fmt::format("n = {}: completion {}", n, i)) : st;
+      }
     }
-    ++submitted_;
-    prompt_tokens_ += num_prompt;
+    submitted_ += n;  // counted per completion, as the outcomes are
+    prompt_tokens_ += int64_t{num_prompt} * n;
   }
   router_->notify_pushed();
-  return RequestHandle(ctl->stream);
+  return RequestHandle(ctls[0]->stream);
 }
 
 bool EngineImpl::cancel(const std::string& tenant, const std::string& request_id) {
@@ -370,26 +393,26 @@ bool EngineImpl::cancel(const std::string& tenant, const RequestHandle& handle) 
 }
 
 bool EngineImpl::cancel_key(const sched::RequestKey& key, const RequestStream* only) {
-  std::shared_ptr<sched::RequestControl> ctl;
-  std::unique_ptr<sched::Sequence> seq;
+  std::vector<std::unique_ptr<sched::Sequence>> queued;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = active_.find(key);
     if (it == active_.end()) return false;
-    if (only != nullptr && it->second->stream.get() != only) return false;  // the id reused
-    ctl = it->second;
+    const std::vector<std::shared_ptr<sched::RequestControl>>& ctls = it->second.ctls;
+    if (only != nullptr && ctls[0]->stream.get() != only) return false;  // the id reused
     // Flagged and out of the router under the lock: a submit that reuses the id once it sees
     // the flag never meets this request in the router (Router keys are unique). Only this
     // request: a new one may take its id as soon as the lock is released.
-    ctl->cancel_requested.store(true);
-    seq = router_->remove(key, ctl.get());
+    for (const std::shared_ptr<sched::RequestControl>& ctl : ctls) {
+      ctl->cancel_requested.store(true);
+      if (auto seq = router_->remove(ctl->key(), ctl.get())) queued.push_back(std::move(seq));
+    }
   }
   shared_.cancel_epoch.fetch_add(1, std::memory_order_acq_rel);
-  if (seq) {
-    const auto now = sched::Clock::now();
+  const auto now = sched::Clock::now();
+  for (std::unique_ptr<sched::Sequence>& seq : queued) {
     sched::finish_sequence(*seq, FinishReason::kCancelled, cancelled_error("cancelled"), now,
                            *this);
-    return true;
   }
   for (auto& w : workers_) w->wake();
   return true;
@@ -399,8 +422,11 @@ void EngineImpl::on_final(const sched::Sequence& seq, const TokenEvent& ev) {
   if (final_observer_) final_observer_(seq, ev);
   std::lock_guard<std::mutex> lock(mu_);
   // Its own entry only: a retry may have taken the id of a cancelled request (submit).
-  if (auto it = active_.find(seq.ctl->key()); it != active_.end() && it->second == seq.ctl)
-    active_.erase(it);
+  const sched::RequestKey key{seq.ctl->tenant, seq.ctl->request_id, 0};
+  if (auto it = active_.find(key);
+      it != active_.end() && it->second.ctls[static_cast<size_t>(seq.ctl->index)] == seq.ctl) {
+    if (--it->second.running == 0) active_.erase(it);
+  }
   generated_tokens_ += ev.usage.completion_tokens;
   KvAccounting& kv = kv_accounting_[{seq.sla.name, seq.ctl->tenant}];
   ++kv.requests;

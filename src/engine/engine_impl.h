@@ -124,7 +124,8 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   void fill_kvm_stats(EngineStats* s) const;
   EngineStats stats_without_kvm() const;
   void on_final(const sched::Sequence& seq, const TokenEvent& final_event) override;
-  std::unique_ptr<sched::Sequence> make_sequence(const Request& request, std::string id,
+  std::unique_ptr<sched::Sequence> make_sequence(const Request& request,
+                                                 std::shared_ptr<sched::RequestControl> ctl,
                                                  int64_t arrival, std::vector<int32_t> ids,
                                                  const SlaClass& cls, int class_index);
 
@@ -146,10 +147,13 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;
   bool drain_ended_ = false;  // guarded by mu_; end_drain() was called
-  // Accepted requests not yet finished, by (tenant, request id).
-  std::unordered_map<sched::RequestKey, std::shared_ptr<sched::RequestControl>,
-                     sched::RequestKeyHash>
-      active_;
+  // Accepted requests not yet finished, by (tenant, request id, 0): their completions (Request::n)
+  // and how many of them have not ended.
+  struct Active {
+    std::vector<std::shared_ptr<sched::RequestControl>> ctls;
+    int running = 0;
+  };
+  std::unordered_map<sched::RequestKey, Active, sched::RequestKeyHash> active_;
   std::vector<SlaClassStats> class_stats_;
   // Counters of classes a reload removed, by name: a class added back continues them (its
   // Prometheus counters must not go backwards).

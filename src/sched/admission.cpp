@@ -53,6 +53,10 @@ Status check_admission(const Request& request, int num_prompt_tokens,
                                         -kMaxRequestPriority, kMaxRequestPriority,
                                         request.priority));
   }
+  if (request.n < 1 || request.n > kMaxCompletions) {
+    return invalid_argument(
+        fmt::format("n: must be in [1, {}], got {}", kMaxCompletions, request.n));
+  }
   if (request.top_logprobs > kMaxTopLogprobs) {
     return invalid_argument(fmt::format("top_logprobs: must be in [0, {}], got {}", kMaxTopLogprobs,
                                         request.top_logprobs));

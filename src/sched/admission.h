@@ -45,9 +45,9 @@ int find_sla_class(const std::vector<SlaClass>& classes, const std::string& name
 StatusOr<std::vector<int32_t>> prompt_token_ids(const Request& request,
                                                 const model::Tokenizer& tokenizer, int vocab_size);
 
-// Field checks (sampling params against the vocabulary, priority, top_logprobs) and the fit check:
-// the prompt + max_tokens - 1 KV positions the request can need fit the context and one worker's KV
-// pool.
+// Field checks (sampling params against the vocabulary, priority, n, top_logprobs) and the fit
+// check: the prompt + max_tokens - 1 KV positions one completion can need fit the context and one
+// worker's KV pool.
 Status check_admission(const Request& request, int num_prompt_tokens,
                        const AdmissionLimits& limits);
 

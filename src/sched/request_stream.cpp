@@ -8,8 +8,10 @@ void RequestStream::push(TokenEvent event) {
   std::function<void()> notify;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    KVSPLIT_CHECK_MSG(!final_pushed_, "event pushed after the final event");
-    final_pushed_ = event.final;
+    KVSPLIT_CHECK_MSG(!last_pushed_, "event pushed after the last event");
+    if (event.final) ++finals_;
+    event.last = event.final && finals_ >= completions_;
+    last_pushed_ = event.last;
     events_.push_back(std::move(event));
     notify = notifier_;
   }
@@ -48,9 +50,9 @@ size_t RequestStream::unread() const {
   return events_.size();
 }
 
-bool RequestStream::final_pushed() const {
+bool RequestStream::last_pushed() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return final_pushed_;
+  return last_pushed_;
 }
 
 // ---- RequestHandle (public API) ----

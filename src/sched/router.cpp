@@ -73,10 +73,15 @@ std::unique_ptr<Sequence> Router::erase_locked(int64_t arrival) {
 
 std::unique_ptr<Sequence> Router::pop_if(const std::function<bool(const Sequence&)>& fits) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (by_priority_.empty()) return nullptr;
-  const int64_t arrival = by_priority_.begin()->second;
-  if (!fits(*entries_.at(arrival).seq)) return nullptr;
-  return erase_locked(arrival);
+  // The best sequence that may start: completions held for their first completion's prompt
+  // (Sequence::held_for_prompt) are passed over, they would only compute it again.
+  for (const auto& [key, arrival] : by_priority_) {
+    const Sequence& seq = *entries_.at(arrival).seq;
+    if (seq.held_for_prompt()) continue;
+    if (!fits(seq)) return nullptr;
+    return erase_locked(arrival);
+  }
+  return nullptr;
 }
 
 std::vector<std::unique_ptr<Sequence>> Router::take_expired(Clock::time_point now) {

@@ -32,7 +32,8 @@ class Router {
   void notify_pushed() const;
 
   // Pops the best queued sequence if `fits(best)` is true; nullptr otherwise (no skipping past the
-  // best one, so large requests are not starved by small ones).
+  // best one, so large requests are not starved by small ones). Completions held for their first
+  // completion's prompt (Sequence::held_for_prompt) are not candidates.
   std::unique_ptr<Sequence> pop_if(const std::function<bool(const Sequence&)>& fits);
 
   // Removes and returns every sequence whose queue deadline is <= now.

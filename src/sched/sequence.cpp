@@ -40,10 +40,12 @@ FinishReason push_token(Sequence& seq, int32_t token, const float* raw, int voca
                         Clock::time_point now) {
   TokenEvent ev;
   ev.request_id = seq.id();
+  ev.index = seq.ctl->index;
   seq.tokens.push_back(token);
 
   if (seq.num_output() == 1) {
     seq.first_token_time = now;
+    seq.release_siblings();
   } else {
     const double gap = ms_between(seq.last_token_time, now);
     seq.itl_sum_ms += gap;
@@ -78,11 +80,11 @@ FinishReason sample_and_append(Sequence& seq, float* logits, int vocab, Clock::t
   const std::span<const int32_t> output(seq.tokens.data() + seq.num_prompt, seq.num_output());
   // The logprob of the chosen token is read before the sampler rewrites the logits.
   if (!sampling::logits_usable(logits, vocab)) return FinishReason::kError;  // nothing pushed
-  std::vector<float> raw;
-  if (seq.top_logprobs > 0) raw.assign(logits, logits + vocab);
+  // The raw logits are kept in the sequence's own buffer, allocated once.
+  if (seq.top_logprobs > 0) seq.raw_logits.assign(logits, logits + vocab);
   const int32_t token = seq.sampler->sample(logits, vocab, prompt, output);
   KVSPLIT_CHECK(token >= 0 && token < vocab);
-  return push_token(seq, token, raw.empty() ? nullptr : raw.data(), vocab, now);
+  return push_token(seq, token, seq.top_logprobs > 0 ? seq.raw_logits.data() : nullptr, vocab, now);
 }
 
 Status unusable_logits_error(const Sequence& seq) {
@@ -122,14 +124,17 @@ void finish_sequence(Sequence& seq, FinishReason reason, Status status, Clock::t
       if (!rest.empty()) {
         TokenEvent text_ev;
         text_ev.request_id = seq.id();
+        text_ev.index = seq.ctl->index;
         text_ev.text = std::move(rest);
         text_ev.time = now;
         seq.ctl->stream->push(std::move(text_ev));
       }
     }
   }
+  seq.release_siblings();
   TokenEvent ev;
   ev.request_id = seq.id();
+  ev.index = seq.ctl->index;
   ev.time = now;
   ev.final = true;
   ev.finish_reason = reason;

@@ -31,32 +31,48 @@ namespace kvsplit::sched {
 
 using Clock = std::chrono::steady_clock;
 
-// A request's identity: request ids are unique per tenant only.
+// A sequence's identity: request ids are unique per tenant only, and a request of n completions
+// (Request::n) has n sequences, completion `index` each.
 struct RequestKey {
   std::string tenant;
   std::string request_id;
+  int32_t index = 0;
   bool operator==(const RequestKey& o) const = default;
 };
 struct RequestKeyHash {
   size_t operator()(const RequestKey& k) const noexcept {
     const size_t h = std::hash<std::string>{}(k.tenant);
-    return (h ^ (h >> 29)) * 0x9E3779B97F4A7C15ull ^ std::hash<std::string>{}(k.request_id);
+    return ((h ^ (h >> 29)) * 0x9E3779B97F4A7C15ull ^ std::hash<std::string>{}(k.request_id)) +
+           static_cast<size_t>(k.index) * 0xC2B2AE3D27D4EB4Full;
   }
 };
 
-// Shared between the engine (cancel) and whoever owns the Sequence.
+// Shared between the engine (cancel) and whoever owns the Sequence. The completions of one
+// request share its stream.
 struct RequestControl {
   explicit RequestControl(std::string id, std::string tenant_id = {})
+      : RequestControl(std::move(id), std::move(tenant_id), 0, nullptr) {}
+  // Completion `index` of a request whose completions share `shared_stream` (null: a new stream
+  // for one completion).
+  RequestControl(std::string id, std::string tenant_id, int32_t completion,
+                 std::shared_ptr<RequestStream> shared_stream)
       : request_id(std::move(id)),
         tenant(std::move(tenant_id)),
+        index(completion),
         display_id(escape_for_message(request_id, 2 * kMaxEchoBytes)),
-        stream(std::make_shared<RequestStream>(request_id)) {}
-  RequestKey key() const { return {tenant, request_id}; }
+        stream(shared_stream ? std::move(shared_stream)
+                             : std::make_shared<RequestStream>(request_id)) {}
+  RequestKey key() const { return {tenant, request_id, index}; }
   const std::string request_id;
   const std::string tenant;
+  const int32_t index;           // the completion (Request::n)
   const std::string display_id;  // request_id escaped for messages and logs (may be user bytes)
   std::shared_ptr<RequestStream> stream;
   std::atomic<bool> cancel_requested{false};
+  // Completions 1..n-1 of a request under a prefix cache: false until completion 0's prompt is
+  // computed (or it ended), so that they take its cached pages (Router::pop_if passes over them
+  // meanwhile). Shared by the request's completions; null: never held.
+  std::shared_ptr<std::atomic<bool>> prompt_ready;
 };
 
 enum class SeqPhase : uint8_t { kQueued, kPrefill, kHandoff, kDecode, kPreempted, kDone };
@@ -138,6 +154,19 @@ struct Sequence {
     return num_output() == 0 ? num_prompt : static_cast<int>(tokens.size()) - 1;
   }
   bool cancelled() const { return ctl->cancel_requested.load(std::memory_order_relaxed); }
+  // Completion 0 of a request whose other completions wait for its prompt (prompt_ready): lets
+  // them go (at its first token, or when it ends without one).
+  void release_siblings() const {
+    if (ctl->index == 0 && ctl->prompt_ready)
+      ctl->prompt_ready->store(true, std::memory_order_release);
+  }
+  // Completions 1..n-1 held until completion 0's prompt is computed (RequestControl).
+  bool held_for_prompt() const {
+    return ctl->index > 0 && ctl->prompt_ready &&
+           !ctl->prompt_ready->load(std::memory_order_acquire);
+  }
+  // Owner-private: the raw logits of the last sampled position, when logprobs are asked for.
+  std::vector<float> raw_logits;
   // Closes the current phase's clock and opens `next`.
   void enter_phase(SeqPhase next, Clock::time_point now);
 };

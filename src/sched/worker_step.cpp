@@ -567,8 +567,10 @@ void Worker::schedule(Clock::time_point now) {
 }
 
 bool Worker::reader_behind(const Sequence& seq) const {
+  // The completions of a request share its stream: each has max_unread_events of it.
   return options_.max_unread_events > 0 &&
-         seq.ctl->stream->unread() >= static_cast<size_t>(options_.max_unread_events);
+         seq.ctl->stream->unread() >= static_cast<size_t>(options_.max_unread_events) *
+                                          static_cast<size_t>(seq.ctl->stream->completions());
 }
 
 void Worker::settle_cut(Sequence& seq, Clock::time_point step_start, bool all) {

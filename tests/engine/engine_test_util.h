@@ -62,6 +62,62 @@ inline Collected collect(RequestHandle handle,
   return r;
 }
 
+// The events of a request of `n` completions (Request::n), each completion's collected as
+// collect() does, until the stream's last event or `timeout`; never hangs.
+struct CollectedCompletions {
+  std::vector<Collected> completions;  // by TokenEvent::index
+  int lasts = 0;                       // events marked last
+  int events_after_last = 0;
+  int bad_index = 0;  // events whose index is outside [0, n)
+  bool timed_out = false;
+};
+// Adds `ev` to `r` (sized to the request's n); whether it was the stream's last event.
+inline bool absorb(const TokenEvent& ev, CollectedCompletions& r) {
+  if (r.lasts > 0) {
+    ++r.events_after_last;
+    return false;
+  }
+  if (ev.index < 0 || ev.index >= static_cast<int>(r.completions.size())) {
+    ++r.bad_index;
+  } else {
+    Collected& c = r.completions[static_cast<size_t>(ev.index)];
+    if (c.finals > 0) ++c.events_after_final;
+    c.tokens.insert(c.tokens.end(), ev.token_ids.begin(), ev.token_ids.end());
+    c.text += ev.text;
+    if (ev.final) {
+      c.final_event = ev;
+      ++c.finals;
+    }
+  }
+  r.lasts += ev.last;
+  return ev.last;
+}
+// Goes on collecting into `r` until the last event (unless seen) or `timeout`.
+inline void collect_rest(RequestHandle handle, CollectedCompletions& r,
+                         std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (r.lasts == 0) {
+    TokenEvent ev;
+    if (!handle.next(&ev, std::chrono::milliseconds(50))) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        r.timed_out = true;
+        return;
+      }
+      continue;
+    }
+    absorb(ev, r);
+  }
+  TokenEvent extra;
+  while (handle.try_next(&extra)) ++r.events_after_last;
+}
+inline CollectedCompletions collect_completions(
+    RequestHandle handle, int n, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  CollectedCompletions r;
+  r.completions.resize(static_cast<size_t>(n));
+  collect_rest(handle, r, timeout);
+  return r;
+}
+
 // Submits every request, then collects each one's events (at most `timeout` each).
 inline std::vector<Collected> run_all(
     Engine& engine, const std::vector<Request>& reqs,

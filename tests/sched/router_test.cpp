@@ -182,6 +182,72 @@ TEST(Router, PopIfDoesNotSkipTheBest) {
   EXPECT_EQ(r.num_queued(), 2);
 }
 
+// Completions held for their first completion's prompt (RequestControl::prompt_ready) are not
+// candidates: the best one that may start is, and a held one goes once released. Completion 0
+// itself is never held.
+TEST(Router, PopIfPassesOverCompletionsHeldForThePrompt) {
+  SlaClass c;
+  Router r({c}, nullptr);
+  const auto far = Clock::now() + std::chrono::hours(1);
+  auto ready = std::make_shared<std::atomic<bool>>(false);
+  auto stream = std::make_shared<RequestStream>("g", 2);
+  auto held = make_seq("g", 0, 5, c, 0, far);  // the best by priority
+  held->ctl = std::make_shared<RequestControl>("g", "", 1, stream);
+  held->ctl->prompt_ready = ready;
+  auto other = make_seq("o", 1, 0, c, 0, far);
+  auto first = make_seq("g", 2, 0, c, 0, far);
+  first->ctl = std::make_shared<RequestControl>("g", "", 0, stream);
+  first->ctl->prompt_ready = ready;
+  ASSERT_TRUE(r.push(held).ok());
+  ASSERT_TRUE(r.push(other).ok());
+  ASSERT_TRUE(r.push(first).ok());
+  std::vector<std::string> seen;
+  auto got = r.pop_if([&](const Sequence& s) {
+    seen.push_back(s.id());
+    return true;
+  });
+  ASSERT_NE(got, nullptr);
+  EXPECT_EQ(got->id(), "o");
+  EXPECT_EQ(seen, std::vector<std::string>{"o"}) << "fits() saw a held completion";
+  got = r.pop_if([](const Sequence&) { return true; });
+  ASSERT_NE(got, nullptr);
+  EXPECT_EQ(got->ctl->index, 0);
+  EXPECT_EQ(r.pop_if([](const Sequence&) { return true; }), nullptr);
+  EXPECT_EQ(r.num_queued(), 1);
+  got->release_siblings();  // completion 0's first token
+  got = r.pop_if([](const Sequence&) { return true; });
+  ASSERT_NE(got, nullptr);
+  EXPECT_EQ(got->ctl->index, 1);
+}
+
+// A stream of n completions marks the final event of the last one to end `last`, and only it.
+TEST(RequestStream, TheLastCompletionsFinalEventIsTheLast) {
+  RequestStream stream("r", 3);
+  for (int i : {2, 0, 1}) {
+    TokenEvent tok;
+    tok.index = i;
+    stream.push(tok);
+    TokenEvent fin;
+    fin.index = i;
+    fin.final = true;
+    stream.push(fin);
+  }
+  EXPECT_TRUE(stream.last_pushed());
+  std::vector<std::pair<int, bool>> finals;
+  TokenEvent ev;
+  while (stream.try_next(&ev)) {
+    EXPECT_FALSE(ev.last && !ev.final);
+    if (ev.final) finals.emplace_back(ev.index, ev.last);
+  }
+  EXPECT_EQ(finals, (std::vector<std::pair<int, bool>>{{2, false}, {0, false}, {1, true}}));
+  RequestStream one("s");
+  TokenEvent fin;
+  fin.final = true;
+  one.push(fin);
+  ASSERT_TRUE(one.try_next(&ev));
+  EXPECT_TRUE(ev.last);
+}
+
 TEST(Router, BoundedPerClassExpiryAndRemove) {
   SlaClass a, b;
   a.name = "a";
