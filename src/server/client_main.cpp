@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
   kvsplit::server::ClientOptions copt;
   std::string prompt, sla_class, request_id;
   std::vector<std::string> stop, logit_bias;
-  uint32_t max_tokens = 0, top_logprobs = 0, min_tokens = 0;
+  uint32_t max_tokens = 0, top_logprobs = 0, min_tokens = 0, n = 1;
   std::optional<float> temperature, top_p, min_p, rep;
   std::optional<int32_t> top_k;
   std::optional<uint64_t> seed;
@@ -72,6 +72,10 @@ int main(int argc, char** argv) {
                  "ID=BIAS: add BIAS in [-100, 100] to token ID's logit (repeatable)")
       ->allow_extra_args(false)
       ->check(kvsplit::kLogitBiasEntry);
+  app.add_option("--n", n,
+                 "completions of the prompt, [1, 128] (text: each printed when it ends, as "
+                 "[i] text; --json: a choices array)")
+      ->check(CLI::Range(1, 128));
   app.add_option("--sla-class", sla_class, "SLA class name (default: the server's first)");
   app.add_option("--priority", priority,
                  "[-1000, 1000]; orders requests within classes of equal priority");
@@ -108,7 +112,7 @@ int main(int argc, char** argv) {
   if (info || stats) {
     for (const char* flag :
          {"--max-tokens", "--temperature", "--top-p", "--top-k", "--min-p", "--repetition-penalty",
-          "--seed", "--stop", "--ignore-eos", "--min-tokens", "--logit-bias", "--sla-class",
+          "--seed", "--stop", "--ignore-eos", "--min-tokens", "--logit-bias", "--n", "--sla-class",
           "--priority", "--top-logprobs", "--request-id"}) {
       if (app.count(flag) > 0)
         return usage_error(std::string(flag) + " is for a generation, not --info / --stats");
@@ -167,15 +171,28 @@ int main(int argc, char** argv) {
   req.set_sla_class(sla_class);
   req.set_priority(priority);
   req.set_top_logprobs(top_logprobs);
+  req.set_n(n);
 
   grpc::ClientContext ctx;
   make_ctx(&ctx);
   auto reader = stub->Generate(&ctx, req);
-  v1::GenerateResponse msg, last;
-  nlohmann::json ids = nlohmann::json::array(), logprobs = nlohmann::json::array();
-  std::string text;
+  // Per completion (GenerateResponse.index): its ids, logprobs, text and last message.
+  struct Completion {
+    nlohmann::json ids = nlohmann::json::array(), logprobs = nlohmann::json::array();
+    std::string text;
+    v1::GenerateResponse last;
+  };
+  std::vector<Completion> done(n);
+  v1::GenerateResponse msg;
+  std::string request_id_seen;
   while (reader->Read(&msg)) {
-    for (int32_t id : msg.token_ids()) ids.push_back(id);
+    if (msg.index() >= n) {
+      ctx.TryCancel();
+      return usage_error("the server sent completion " + std::to_string(msg.index()) +
+                         " of a request for " + std::to_string(n));
+    }
+    Completion& c = done[msg.index()];
+    for (int32_t id : msg.token_ids()) c.ids.push_back(id);
     for (const auto& lp : msg.logprobs()) {
       nlohmann::json one = {{"token_id", lp.token_id()}, {"logprob", lp.logprob()}};
       if (lp.top_size() > 0) {  // --top-logprobs N: the N alternatives, most likely first
@@ -184,38 +201,56 @@ int main(int argc, char** argv) {
           top.push_back({{"token_id", t.token_id()}, {"logprob", t.logprob()}});
         one["top"] = std::move(top);
       }
-      logprobs.push_back(std::move(one));
+      c.logprobs.push_back(std::move(one));
     }
-    text += msg.text();
-    if (!json) {
+    c.text += msg.text();
+    if (!json && n == 1) {
       std::fwrite(msg.text().data(), 1, msg.text().size(), stdout);
       std::fflush(stdout);
     }
-    last = msg;
+    // Text of several completions: each printed whole when it ends.
+    if (!json && n > 1 && msg.finish_reason() != v1::FINISH_REASON_UNSPECIFIED)
+      std::cout << "[" << msg.index() << "] " << c.text << "\n" << std::flush;
+    request_id_seen = msg.request_id();
+    c.last = msg;
   }
   grpc::Status st = reader->Finish();
-  if (!json && !text.empty()) std::fputc('\n', stdout);
+  if (!json && n == 1 && !done[0].text.empty()) std::fputc('\n', stdout);
   if (!st.ok()) return fail(st);
   if (json) {
-    const auto& u = last.usage();
-    const auto& t = last.timings();
-    nlohmann::json out = {{"request_id", last.request_id()},
-                          {"token_ids", ids},
-                          {"text", text},
-                          {"finish_reason", v1::FinishReason_Name(last.finish_reason())},
-                          {"usage",
-                           {{"prompt_tokens", u.prompt_tokens()},
-                            {"completion_tokens", u.completion_tokens()},
-                            {"cached_tokens", u.cached_tokens()},
-                            {"effective_kv_byte_seconds", u.effective_kv_byte_seconds()},
-                            {"kv_token_seconds", u.kv_token_seconds()}}},
-                          {"timings",
-                           {{"queue_ms", t.queue_ms()},
-                            {"ttft_ms", t.ttft_ms()},
-                            {"mean_itl_ms", t.mean_itl_ms()},
-                            {"max_itl_ms", t.max_itl_ms()},
-                            {"e2e_ms", t.e2e_ms()}}}};
-    if (top_logprobs > 0) out["logprobs"] = logprobs;
+    auto choice = [&](const Completion& c) {
+      const auto& u = c.last.usage();
+      const auto& t = c.last.timings();
+      nlohmann::json out = {{"token_ids", c.ids},
+                            {"text", c.text},
+                            {"finish_reason", v1::FinishReason_Name(c.last.finish_reason())},
+                            {"usage",
+                             {{"prompt_tokens", u.prompt_tokens()},
+                              {"completion_tokens", u.completion_tokens()},
+                              {"cached_tokens", u.cached_tokens()},
+                              {"effective_kv_byte_seconds", u.effective_kv_byte_seconds()},
+                              {"kv_token_seconds", u.kv_token_seconds()}}},
+                            {"timings",
+                             {{"queue_ms", t.queue_ms()},
+                              {"ttft_ms", t.ttft_ms()},
+                              {"mean_itl_ms", t.mean_itl_ms()},
+                              {"max_itl_ms", t.max_itl_ms()},
+                              {"e2e_ms", t.e2e_ms()}}}};
+      if (top_logprobs > 0) out["logprobs"] = c.logprobs;
+      return out;
+    };
+    nlohmann::json out;
+    if (n == 1) {  // one completion: its fields at the top level
+      out = choice(done[0]);
+      out["request_id"] = request_id_seen;
+    } else {
+      nlohmann::json choices = nlohmann::json::array();
+      for (uint32_t i = 0; i < n; ++i) {
+        choices.push_back(choice(done[i]));
+        choices.back()["index"] = i;
+      }
+      out = {{"request_id", request_id_seen}, {"choices", std::move(choices)}};
+    }
     std::cout << out.dump() << "\n";
   }
   return 0;

@@ -123,6 +123,9 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
   if (in.priority() < -kMaxRequestPriority || in.priority() > kMaxRequestPriority)
     return bad("priority", "in [-1000, 1000]", in.priority());
   r.priority = in.priority();
+  if (in.n() > static_cast<uint32_t>(kMaxCompletions))
+    return bad("n", "in [0, 128] (0: 1)", in.n());
+  r.n = std::max<int32_t>(1, static_cast<int32_t>(in.n()));
   if (in.top_logprobs() > 20) return bad("top_logprobs", "in [0, 20]", in.top_logprobs());
   r.top_logprobs = in.top_logprobs();
   if (in.cache_salt().size() > 256)

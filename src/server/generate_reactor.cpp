@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <optional>
+#include <vector>
 
 #include "common/log.h"
 #include "common/utf8.h"
@@ -182,23 +183,36 @@ class GenerateReactor : public RawBidiReactor, public MessageWaiter {
     resp_.set_request_id(request_id_);
     TokenEvent ev;
     bool got = false;
-    grpc::Status final_status;
-    while (resp_.token_ids_size() < kMaxTokensPerMessage && handle_.try_next(&ev)) {
+    int index = -1;  // a message carries the events of one completion (GenerateRequest.n)
+    while (resp_.token_ids_size() < kMaxTokensPerMessage) {
+      if (held_) {
+        ev = std::move(*held_);
+        held_.reset();
+      } else if (!handle_.try_next(&ev)) {
+        break;
+      }
+      if (index >= 0 && ev.index != index) {  // another completion's: the next message's
+        held_ = std::move(ev);
+        break;
+      }
+      index = ev.index;
       got = true;
       observe_itl(ev);
       append_tokens(ev, want_logprobs_, &resp_);
       text_.append(ev.text);
       if (ev.final) {
-        final_seen_ = true;
         set_final_fields(ev, &resp_);
         // A request aborted by the server side (Abort RPC) ends normally with finish_reason
-        // CANCELLED; only real failures (a drain's cut-off included) end with an error status.
-        final_status = ev.finish_reason == FinishReason::kCancelled &&
-                               ev.status.code() == StatusCode::kCancelled
-                           ? grpc::Status::OK
-                           : to_grpc(ev.status);
+        // CANCELLED; only real failures (a drain's cut-off included) end with an error status:
+        // the first one of its completions'.
+        const grpc::Status status = ev.finish_reason == FinishReason::kCancelled &&
+                                            ev.status.code() == StatusCode::kCancelled
+                                        ? grpc::Status::OK
+                                        : to_grpc(ev.status);
+        if (!status.ok() && completion_error_.ok()) completion_error_ = status;
         if (histograms_.e2e) ServerMetrics::observe_request(histograms_, ev);
-        break;
+        last_seen_ = ev.last;
+        break;  // the completion's last message
       }
     }
     if (!got) return;
@@ -208,6 +222,7 @@ class GenerateReactor : public RawBidiReactor, public MessageWaiter {
     utf8::append_valid(text_, /*final=*/true, text);
     text_.clear();
     resp_.set_text(std::move(text));
+    resp_.set_index(static_cast<uint32_t>(index));
     if (Status st = serialize_message(resp_, &out_); !st.ok()) {
       KVSPLIT_LOG_ERROR("Generate {}: {}", request_id_, st.message());
       broken_ = true;
@@ -217,12 +232,12 @@ class GenerateReactor : public RawBidiReactor, public MessageWaiter {
       return;
     }
     write_in_flight_ = true;
-    if (final_seen_) {
+    if (last_seen_) {
       finish_called_ = true;
       release_slot_locked();
-      final_code_ = final_status.error_code();
+      final_code_ = completion_error_.error_code();
       lock.unlock();
-      StartWriteAndFinish(&out_, grpc::WriteOptions(), final_status);
+      StartWriteAndFinish(&out_, grpc::WriteOptions(), completion_error_);
     } else {
       lock.unlock();
       StartWrite(&out_);
@@ -339,7 +354,7 @@ class GenerateReactor : public RawBidiReactor, public MessageWaiter {
     std::string tenant;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!submitted_ || final_seen_ || aborted_) return;
+      if (!submitted_ || last_seen_ || aborted_) return;
       aborted_ = true;
       tenant = caller_.tenant;
     }
@@ -352,16 +367,18 @@ class GenerateReactor : public RawBidiReactor, public MessageWaiter {
            std::chrono::system_clock::now() + kDeadlineGrace >= deadline;
   }
 
-  // Inter-token gaps: an event of n tokens after a gap g counts as n gaps of g / n.
+  // Inter-token gaps: an event of n tokens after a gap g counts as n gaps of g / n; each
+  // completion's gaps between its own tokens.
   void observe_itl(const TokenEvent& ev) {
-    if (ev.token_ids.empty()) return;
-    if (have_last_ && histograms_.itl) {
-      const double gap = std::chrono::duration<double>(ev.time - last_token_time_).count();
+    if (ev.token_ids.empty() || ev.index < 0) return;
+    const size_t i = static_cast<size_t>(ev.index);
+    if (i >= last_token_time_.size()) last_token_time_.resize(i + 1);
+    if (last_token_time_[i] && histograms_.itl) {
+      const double gap = std::chrono::duration<double>(ev.time - *last_token_time_[i]).count();
       ServerMetrics::observe_itl(histograms_, gap / static_cast<double>(ev.token_ids.size()),
                                  ev.token_ids.size());
     }
-    last_token_time_ = ev.time;
-    have_last_ = true;
+    last_token_time_[i] = ev.time;
   }
 
   GenerationService* const service_;
@@ -380,8 +397,8 @@ class GenerateReactor : public RawBidiReactor, public MessageWaiter {
   bool submitted_ = false;  // guarded by mu_ (all flags below too)
   bool write_in_flight_ = false;
   bool finish_called_ = false;
-  bool final_seen_ = false;
-  bool broken_ = false;  // cancelled, deadline passed, a write failed, or a second message
+  bool last_seen_ = false;  // the stream's last event (every completion ended)
+  bool broken_ = false;     // cancelled, deadline passed, a write failed, or a second message
   std::optional<grpc::Status> error_;  // the status to end a broken call with, when not CANCELLED
   bool have_request_ = false;          // the first read completed
   grpc::ByteBuffer in_;                // the request message; cleared once parsed
@@ -391,8 +408,11 @@ class GenerateReactor : public RawBidiReactor, public MessageWaiter {
   v1::GenerateResponse resp_;  // the message being built; touched only between writes
   grpc::ByteBuffer out_;       // resp_ serialized: the write in flight
   std::string text_;           // text of the events not yet written
-  std::chrono::steady_clock::time_point last_token_time_;
-  bool have_last_ = false;
+  // Per completion: the time of its last token (none yet: unset).
+  std::vector<std::optional<std::chrono::steady_clock::time_point>> last_token_time_;
+  // An event of another completion than the message being built: the next message's first.
+  std::optional<TokenEvent> held_;
+  grpc::Status completion_error_;  // the first failed completion's status (OK: none)
 };
 
 PumpThread::PumpThread() : thread_([this] { run(); }) {}
