@@ -10,7 +10,7 @@
 // modes generate the same tokens (the seeds make them equal).
 //
 //   build/benchmarks/bench_completions [--model synthetic:stories260k] [--n 8] [--prompt-len 400]
-//                                      [--max-tokens 16] [--rounds 5] [--threads 2]
+//                                      [--max-tokens 16] [--rounds 5] [--threads 2] [--kv-blocks N]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -72,7 +72,7 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   std::string model = "synthetic:stories260k";
-  int n = 8, prompt_len = 400, max_tokens = 16, rounds = 5, threads = 2;
+  int n = 8, prompt_len = 400, max_tokens = 16, rounds = 5, threads = 2, kv_blocks = 0;
   CLI::App app{"bench_completions: Request::n against n separate requests"};
   app.add_option("--model", model, "model path or synthetic:<preset>");
   app.add_option("--n", n, "completions per request")->check(CLI::Range(2, kMaxCompletions));
@@ -81,6 +81,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--rounds", rounds, "rounds (each a fresh prompt)")->check(CLI::Range(1, 1000));
   app.add_option("--threads", threads, "CPU threads of the worker")->check(CLI::Range(1, 256));
+  app.add_option("--kv-blocks", kv_blocks, "KV blocks of the worker (0: the engine's default)")
+      ->check(CLI::Range(0, 1 << 24));
   strict_options(app);
   if (const auto rc = parse_args(app, argc, argv)) return *rc;
 
@@ -91,6 +93,7 @@ int main(int argc, char** argv) {
   cfg.threads_per_worker = threads;
   cfg.prefix_cache = true;
   cfg.max_batch_tokens = 512;
+  cfg.kv_blocks_per_worker = kv_blocks;
   cfg.sla_classes[0].max_queue = 4 * kMaxCompletions;
   cfg.sla_classes[0].queue_timeout_ms = 3600 * 1000;
   auto engine = EngineImpl::create(cfg);
