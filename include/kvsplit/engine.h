@@ -189,6 +189,11 @@ struct Request {
   // Orders requests within classes of equal priority; [-kMaxRequestPriority, kMaxRequestPriority].
   int32_t priority = 0;
   uint32_t top_logprobs = 0;  // 0..20 alternatives per generated token
+  // Prompt log-probabilities (vLLM's prompt_logprobs): -1 off; k in [0, 20]: the log-probability
+  // of every prompt token after the first given the ones before it, with its k most likely
+  // alternatives, in the first event of completion 0 (TokenEvent::prompt_logprobs). The prompt is
+  // then computed whole (a request asking for them takes no cached prompt pages).
+  int32_t prompt_logprobs = -1;
   // Prefix cache scope (EngineConfig::prefix_cache): cached prompt pages are shared only between
   // requests of the same tenant and the same cache_salt. At most 256 bytes.
   std::string cache_salt;
@@ -239,6 +244,9 @@ struct TokenEvent {
   std::vector<int32_t> token_ids;      // new tokens in this event
   std::string text;                    // new text in this event
   std::vector<TokenLogprob> logprobs;  // one per token when top_logprobs was asked (or always 1)
+  // Request::prompt_logprobs >= 0, the first event of completion 0 only: entry i is prompt token
+  // i + 1 (the first has no context), `top` its Request::prompt_logprobs alternatives.
+  std::vector<TokenLogprob> prompt_logprobs;
   std::chrono::steady_clock::time_point time;
   // The last event of completion `index`; `last`: the last event of the stream (the final event
   // of the completion that ended last; with n = 1 every final event is the last one).

@@ -259,6 +259,7 @@ std::unique_ptr<sched::Sequence> EngineImpl::make_sequence(
   seq->sla = cls;
   seq->params = request.sampling;
   seq->top_logprobs = request.top_logprobs;
+  seq->prompt_logprobs = seq->ctl->index == 0 ? request.prompt_logprobs : -1;
   // Tenants never share cached pages: the salt covers the tenant and the request's cache_salt.
   std::string scope = request.tenant;
   scope.push_back('\0');
@@ -321,6 +322,7 @@ StatusOr<RequestHandle> EngineImpl::submit(Request request) {
   }
   KVSPLIT_RETURN_IF_ERROR(sched::check_admission(request, static_cast<int>(ids.size()), limits_));
   const int n = request.n;
+  const int num_prompt = static_cast<int>(ids.size());
   const int64_t arrival = next_arrival_.fetch_add(n, std::memory_order_relaxed);
   // Assigned ids are random, so that nobody can predict (and cancel) another caller's request.
   const bool assigned = request.request_id.empty();
@@ -328,8 +330,10 @@ StatusOr<RequestHandle> EngineImpl::submit(Request request) {
   // until completion 0's prompt is computed (RequestControl::prompt_ready).
   auto controls = [&](std::string id) {
     auto stream = std::make_shared<RequestStream>(id, n);
-    auto ready = n > 1 && config_.prefix_cache ? std::make_shared<std::atomic<bool>>(false)
-                                               : std::shared_ptr<std::atomic<bool>>();
+    // A prompt of one page or less has no whole page to share: no one waits.
+    auto ready = n > 1 && config_.prefix_cache && num_prompt > limits_.block_size
+                     ? std::make_shared<std::atomic<int64_t>>(0)
+                     : std::shared_ptr<std::atomic<int64_t>>();
     std::vector<std::shared_ptr<sched::RequestControl>> ctls;
     for (int i = 0; i < n; ++i) {
       ctls.push_back(std::make_shared<sched::RequestControl>(id, request.tenant, i, stream));
@@ -340,7 +344,6 @@ StatusOr<RequestHandle> EngineImpl::submit(Request request) {
   std::vector<std::shared_ptr<sched::RequestControl>> ctls =
       controls(assigned ? random_id(kAssignedIdPrefix) : request.request_id);
   std::vector<std::unique_ptr<sched::Sequence>> seqs;
-  const int num_prompt = static_cast<int>(ids.size());
   for (int i = 0; i < n; ++i) {
     seqs.push_back(make_sequence(request, ctls[i], arrival + i, i + 1 < n ? ids : std::move(ids),
                                  classes[ci], ci));
@@ -368,13 +371,10 @@ StatusOr<RequestHandle> EngineImpl::submit(Request request) {
     }
     // Queued under the same lock: a cancel never sees a request whose push then fails (it would
     // answer true for a request that never runs nor ends). The router's lock is a leaf. All
-    // completions or none: one that does not fit in its class queue takes the others back.
-    for (int i = 0; i < n; ++i) {
-      if (Status st = router_->push(seqs[i], /*notify=*/false); !st.ok()) {
-        for (int j = 0; j < i; ++j) router_->remove(ctls[j]->key(), ctls[j].get());
-        active_.erase(ctls[0]->key());
-        return n > 1 ? st.with_prefix(fmt::format("n = {}: completion {}", n, i)) : st;
-      }
+    // completions or none, under the router's lock (a worker may pull the first meanwhile).
+    if (Status st = router_->push_all(seqs, /*notify=*/false); !st.ok()) {
+      active_.erase(ctls[0]->key());
+      return n > 1 ? st.with_prefix(fmt::format("n = {}", n)) : st;
     }
     submitted_ += n;  // counted per completion, as the outcomes are
     prompt_tokens_ += int64_t{num_prompt} * n;
@@ -421,10 +421,11 @@ bool EngineImpl::cancel_key(const sched::RequestKey& key, const RequestStream* o
 void EngineImpl::on_final(const sched::Sequence& seq, const TokenEvent& ev) {
   if (final_observer_) final_observer_(seq, ev);
   std::lock_guard<std::mutex> lock(mu_);
-  // Its own entry only: a retry may have taken the id of a cancelled request (submit).
+  // Its own entry only: a retry (of any n) may have taken the id of a cancelled request (submit);
+  // the request's completions share its stream.
   const sched::RequestKey key{seq.ctl->tenant, seq.ctl->request_id, 0};
   if (auto it = active_.find(key);
-      it != active_.end() && it->second.ctls[static_cast<size_t>(seq.ctl->index)] == seq.ctl) {
+      it != active_.end() && it->second.ctls[0]->stream == seq.ctl->stream) {
     if (--it->second.running == 0) active_.erase(it);
   }
   generated_tokens_ += ev.usage.completion_tokens;

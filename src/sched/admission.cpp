@@ -57,6 +57,11 @@ Status check_admission(const Request& request, int num_prompt_tokens,
     return invalid_argument(
         fmt::format("n: must be in [1, {}], got {}", kMaxCompletions, request.n));
   }
+  if (request.prompt_logprobs < -1 ||
+      request.prompt_logprobs > static_cast<int32_t>(kMaxTopLogprobs)) {
+    return invalid_argument(fmt::format("prompt_logprobs: must be in [-1, {}] (-1: off), got {}",
+                                        kMaxTopLogprobs, request.prompt_logprobs));
+  }
   if (request.top_logprobs > kMaxTopLogprobs) {
     return invalid_argument(fmt::format("top_logprobs: must be in [0, {}], got {}", kMaxTopLogprobs,
                                         request.top_logprobs));

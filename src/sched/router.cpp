@@ -22,34 +22,51 @@ Router::Router(std::vector<SlaClass> classes, std::function<void()> on_push)
     : classes_(std::move(classes)), queued_(classes_.size(), 0), on_push_(std::move(on_push)) {}
 
 Status Router::push(std::unique_ptr<Sequence>& seq, bool notify) {
+  std::vector<std::unique_ptr<Sequence>> one;
+  one.push_back(std::move(seq));
+  Status st = push_all(one, notify);
+  if (!st.ok()) seq = std::move(one[0]);
+  return st;
+}
+
+Status Router::push_all(std::vector<std::unique_ptr<Sequence>>& seqs, bool notify) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     // The class by name in the list of now: a reload (set_classes) between the caller's look-up
     // and this push may have reordered or shortened it, and its index would count the request
     // against another class's max_queue. A class gone since is counted nowhere (as set_classes
-    // does with those queued).
-    int c = static_cast<int>(classes_.size());
-    for (size_t i = 0; i < classes_.size(); ++i) {
-      if (classes_[i].name == seq->sla.name) c = static_cast<int>(i);
+    // does with those queued). Every sequence must fit, or none is queued.
+    std::vector<int> adding(queued_.size(), 0);
+    for (std::unique_ptr<Sequence>& seq : seqs) {
+      int c = static_cast<int>(classes_.size());
+      for (size_t i = 0; i < classes_.size(); ++i) {
+        if (classes_[i].name == seq->sla.name) c = static_cast<int>(i);
+      }
+      seq->class_index = c;
+      if (c >= static_cast<int>(queued_.size())) continue;
+      if (queued_[c] + adding[c] >= classes_[c].max_queue) {
+        return resource_exhausted(fmt::format(
+            "SLA class '{}' queue is full ({} queued, max_queue {}{})", seq->sla.name, queued_[c],
+            classes_[c].max_queue,
+            seqs.size() > 1 ? fmt::format("; {} sequences to queue", seqs.size()) : ""));
+      }
+      ++adding[c];
     }
-    seq->class_index = c;
-    if (c < static_cast<int>(queued_.size()) && queued_[c] >= classes_[c].max_queue) {
-      return resource_exhausted(
-          fmt::format("SLA class '{}' queue is full ({} queued, max_queue {})", seq->sla.name,
-                      queued_[c], classes_[c].max_queue));
+    for (std::unique_ptr<Sequence>& seq : seqs) {
+      const int c = seq->class_index;
+      if (c < static_cast<int>(queued_.size())) {
+        ++queued_[c];
+        // The class's cut settings of now: a KV cache manager change between the caller's
+        // look-up and this push (set_classes) reached only the requests already queued.
+        copy_cut_settings(classes_[c], &seq->sla);
+      }
+      const int64_t arrival = seq->arrival;
+      by_priority_.emplace(Key{{seq->priority, arrival}}, arrival);
+      by_deadline_.emplace(seq->queue_deadline, arrival);
+      by_key_.emplace(seq->ctl->key(), arrival);
+      const Clock::time_point deadline = seq->queue_deadline;
+      entries_.emplace(arrival, Entry{std::move(seq), deadline});
     }
-    if (c < static_cast<int>(queued_.size())) {
-      ++queued_[c];
-      // The class's cut settings of now: a KV cache manager change between the caller's look-up
-      // and this push (set_classes) reached only the requests already queued.
-      copy_cut_settings(classes_[c], &seq->sla);
-    }
-    const int64_t arrival = seq->arrival;
-    by_priority_.emplace(Key{{seq->priority, arrival}}, arrival);
-    by_deadline_.emplace(seq->queue_deadline, arrival);
-    by_key_.emplace(seq->ctl->key(), arrival);
-    const Clock::time_point deadline = seq->queue_deadline;
-    entries_.emplace(arrival, Entry{std::move(seq), deadline});
   }
   if (notify) notify_pushed();
   return ok_status();
@@ -87,9 +104,17 @@ std::unique_ptr<Sequence> Router::pop_if(const std::function<bool(const Sequence
 std::vector<std::unique_ptr<Sequence>> Router::take_expired(Clock::time_point now) {
   std::vector<std::unique_ptr<Sequence>> out;
   std::lock_guard<std::mutex> lock(mu_);
-  while (!by_deadline_.empty() && by_deadline_.begin()->first <= now) {
-    out.push_back(erase_locked(by_deadline_.begin()->second));
+  // Not a completion held for its first completion's prompt: that one's own deadline (or its end)
+  // releases it, and its wait counts from then on (its deadline moves by the time it was held).
+  std::vector<int64_t> due;
+  for (auto it = by_deadline_.begin(); it != by_deadline_.end() && it->first <= now; ++it) {
+    const Sequence& seq = *entries_.at(it->second).seq;
+    if (seq.held_for_prompt()) continue;
+    const Clock::time_point released = seq.released_at();
+    if (released > seq.submit_time && it->first + (released - seq.submit_time) > now) continue;
+    due.push_back(it->second);
   }
+  for (int64_t arrival : due) out.push_back(erase_locked(arrival));
   return out;
 }
 

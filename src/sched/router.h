@@ -29,6 +29,9 @@ class Router {
   // `notify` false skips the on_push wake-up (a caller holding a lock of its own calls
   // notify_pushed() once it has released it).
   Status push(std::unique_ptr<Sequence>& seq, bool notify = true);
+  // Queues every sequence of `seqs` (the completions of one request), or none: the error of the
+  // first that does not fit, `seqs` left untouched.
+  Status push_all(std::vector<std::unique_ptr<Sequence>>& seqs, bool notify = true);
   void notify_pushed() const;
 
   // Pops the best queued sequence if `fits(best)` is true; nullptr otherwise (no skipping past the
@@ -36,7 +39,8 @@ class Router {
   // completion's prompt (Sequence::held_for_prompt) are not candidates.
   std::unique_ptr<Sequence> pop_if(const std::function<bool(const Sequence&)>& fits);
 
-  // Removes and returns every sequence whose queue deadline is <= now.
+  // Removes and returns every sequence whose queue deadline is <= now, but a completion held for
+  // its first completion's prompt (Sequence::held_for_prompt; it is due once released).
   std::vector<std::unique_ptr<Sequence>> take_expired(Clock::time_point now);
   // Removes the sequence `key` (tenant and request id) if it is still queued (cancellation).
   // With `only`, only if it is that request (its RequestControl), not a later one that reuses

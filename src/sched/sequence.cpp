@@ -68,6 +68,10 @@ FinishReason push_token(Sequence& seq, int32_t token, const float* raw, int voca
                                &lp.top);
     ev.logprobs.push_back(std::move(lp));
   }
+  if (seq.num_output() == 1 && seq.prompt_logprobs >= 0) {
+    ev.prompt_logprobs = std::move(seq.prompt_lp);
+    seq.prompt_lp = {};
+  }
   ev.time = now;
   seq.ctl->stream->push(std::move(ev));
   return step.reason;
@@ -87,6 +91,20 @@ FinishReason sample_and_append(Sequence& seq, float* logits, int vocab, Clock::t
   return push_token(seq, token, seq.top_logprobs > 0 ? seq.raw_logits.data() : nullptr, vocab, now);
 }
 
+void record_prompt_logprobs(Sequence& seq, const float* rows, int start, int n, int vocab) {
+  if (seq.prompt_lp.size() + 1 < static_cast<size_t>(seq.num_prompt))
+    seq.prompt_lp.resize(static_cast<size_t>(seq.num_prompt - 1));
+  for (int r = 0; r < n; ++r) {
+    const int p = start + r;
+    if (p + 1 >= seq.num_prompt) break;  // the last prompt position samples the first token
+    TokenLogprob& lp = seq.prompt_lp[static_cast<size_t>(p)];
+    lp.token_id = seq.tokens[static_cast<size_t>(p) + 1];
+    lp.top.clear();
+    sampling::compute_logprobs(rows + static_cast<size_t>(r) * vocab, vocab, lp.token_id,
+                               seq.prompt_logprobs, &lp.logprob, &lp.top);
+  }
+}
+
 Status unusable_logits_error(const Sequence& seq) {
   return internal_error(fmt::format(
       "request {}: the model produced no usable logits (NaN or infinite) at position {}: its "
@@ -95,7 +113,8 @@ Status unusable_logits_error(const Sequence& seq) {
 }
 
 bool greedy_without_logits(const Sequence& seq) {
-  return sampling::is_plain_greedy(seq.params) && seq.top_logprobs == 0;
+  return sampling::is_plain_greedy(seq.params) && seq.top_logprobs == 0 &&
+         !seq.wants_prompt_logprobs();
 }
 
 FinishReason append_token(Sequence& seq, int32_t token, Clock::time_point now) {

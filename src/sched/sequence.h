@@ -7,6 +7,7 @@
 //   kDecode -> kPreempted (pages swapped out to the host tier; swap-in, no recompute) -> kDecode
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -69,10 +70,12 @@ struct RequestControl {
   const std::string display_id;  // request_id escaped for messages and logs (may be user bytes)
   std::shared_ptr<RequestStream> stream;
   std::atomic<bool> cancel_requested{false};
-  // Completions 1..n-1 of a request under a prefix cache: false until completion 0's prompt is
-  // computed (or it ended), so that they take its cached pages (Router::pop_if passes over them
-  // meanwhile). Shared by the request's completions; null: never held.
-  std::shared_ptr<std::atomic<bool>> prompt_ready;
+  // Completions 1..n-1 of a request under a prefix cache: 0 until completion 0's prompt is
+  // computed (or it ended), then the time of that (Clock ticks since its epoch, > 0), so that
+  // they take its cached pages (Router::pop_if passes over them meanwhile, and their queue wait
+  // counts from then: Router::take_expired). Shared by the request's completions; null: never
+  // held.
+  std::shared_ptr<std::atomic<int64_t>> prompt_ready;
 };
 
 enum class SeqPhase : uint8_t { kQueued, kPrefill, kHandoff, kDecode, kPreempted, kDone };
@@ -85,6 +88,10 @@ struct Sequence {
   SlaClass sla;  // the class settings at submit
   SamplingParams params;
   uint32_t top_logprobs = 0;
+  // Request::prompt_logprobs of completion 0 (-1: off), and their entries as the prompt's chunks
+  // compute them (prompt_lp[p]: token p + 1), sent with the first token.
+  int32_t prompt_logprobs = -1;
+  std::vector<TokenLogprob> prompt_lp;
 
   // tokens = prompt followed by the generated tokens. KV holds tokens[0, num_computed).
   std::vector<int32_t> tokens;
@@ -157,14 +164,25 @@ struct Sequence {
   // Completion 0 of a request whose other completions wait for its prompt (prompt_ready): lets
   // them go (at its first token, or when it ends without one).
   void release_siblings() const {
-    if (ctl->index == 0 && ctl->prompt_ready)
-      ctl->prompt_ready->store(true, std::memory_order_release);
+    if (ctl->index != 0 || !ctl->prompt_ready) return;
+    int64_t held = 0;
+    ctl->prompt_ready->compare_exchange_strong(
+        held, std::max<int64_t>(1, Clock::now().time_since_epoch().count()),
+        std::memory_order_acq_rel);
   }
   // Completions 1..n-1 held until completion 0's prompt is computed (RequestControl).
   bool held_for_prompt() const {
     return ctl->index > 0 && ctl->prompt_ready &&
-           !ctl->prompt_ready->load(std::memory_order_acquire);
+           ctl->prompt_ready->load(std::memory_order_acquire) == 0;
   }
+  // When a completion held for the prompt was let go (none: the epoch).
+  Clock::time_point released_at() const {
+    if (ctl->index == 0 || !ctl->prompt_ready) return Clock::time_point{};
+    return Clock::time_point(Clock::duration(ctl->prompt_ready->load(std::memory_order_acquire)));
+  }
+  // Its prompt's chunks return every row's logits (Request::prompt_logprobs), until its first
+  // token; it takes no cached prompt pages until then.
+  bool wants_prompt_logprobs() const { return prompt_logprobs >= 0 && num_output() == 0; }
   // Owner-private: the raw logits of the last sampled position, when logprobs are asked for.
   std::vector<float> raw_logits;
   // Closes the current phase's clock and opens `next`.
@@ -180,6 +198,10 @@ class FinishSink {
 };
 
 // Samples the next token from `logits` ([vocab] f32, modified in place by the sampler), appends it
+// Prompt logprobs (Sequence::wants_prompt_logprobs): `rows` logits rows [n, vocab] of positions
+// start .. start + n - 1; records each whose next token is a prompt token.
+void record_prompt_logprobs(Sequence& seq, const float* rows, int start, int n, int vocab);
+
 // to `seq`, pushes one non-final event (id, text delta, logprobs when top_logprobs > 0) and returns
 // the finish reason (kNone while generation continues). kError, with nothing appended, when the
 // logits have no usable value (sampling::logits_usable): the caller fails the sequence

@@ -558,9 +558,12 @@ void Worker::admit_from_router(Clock::time_point now) {
     const SchedulerConfig& sc = scheduler_.config();
     make_room(kv::BlockTable::blocks_for(sc.prefill_reach(0, seq->num_prompt), sc.block_size));
     // Cached prompt pages (never the page of the last prompt token, which is computed to sample);
-    // with a sliding window only those the window still reads (docs/models.md).
-    const int hits = share_prompt_pages(*pool_, sc, seq->table, seq->prefix_salt, seq->tokens,
-                                        seq->num_prompt, seq->num_prompt);
+    // with a sliding window only those the window still reads (docs/models.md). None for a
+    // prompt whose logprobs are asked for: every position's logits are needed.
+    const int hits = seq->wants_prompt_logprobs()
+                         ? 0
+                         : share_prompt_pages(*pool_, sc, seq->table, seq->prefix_salt, seq->tokens,
+                                              seq->num_prompt, seq->num_prompt);
     seq->num_computed = seq->cached_tokens = hits * pool_->block_size();
     // The whole prompt's pages, or with a sliding window its first chunk's (the rest come chunk
     // by chunk, Scheduler::plan_prefill).

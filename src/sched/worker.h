@@ -193,6 +193,9 @@ class Worker {
 
  private:
   static constexpr uint8_t kSampleNone = 0, kSampleRow = 1, kSampleArgmax = 2;
+  // A prompt chunk returning every row's logits (Sequence::wants_prompt_logprobs); ...Last: its
+  // last row is the prompt's last position, sampled from.
+  static constexpr uint8_t kSamplePromptRows = 3, kSamplePromptRowsLast = 4;
   struct Batch {
     std::vector<model::SeqStep> steps;
     std::vector<Sequence*> seqs;

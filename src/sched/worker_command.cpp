@@ -69,8 +69,7 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
   }
   if (const auto* r = std::get_if<ReleaseKv>(&command)) {
     auto owns = [&](const Sequence& s) {
-      return s.next == Sequence::Next::kStay && s.ctl->tenant == r->key.tenant &&
-             s.ctl->request_id == r->key.request_id && !s.table.blocks.empty();
+      return s.next == Sequence::Next::kStay && s.ctl->key() == r->key && !s.table.blocks.empty();
     };
     for (std::unique_ptr<Sequence>& s : running_) {
       if (!owns(*s)) continue;
@@ -96,8 +95,8 @@ Status Worker::apply(const WorkerCommand& command, Clock::time_point now) {
   if (const auto* m = std::get_if<MigrateKv>(&command)) {
     for (const auto* list : {&running_, &waiting_}) {
       for (const std::unique_ptr<Sequence>& s : *list) {
-        if (s->next != Sequence::Next::kStay || s->ctl->tenant != m->key.tenant ||
-            s->ctl->request_id != m->key.request_id || s->table.blocks.empty())
+        if (s->next != Sequence::Next::kStay || !(s->ctl->key() == m->key) ||
+            s->table.blocks.empty())
           continue;
         const int end = m->end_page < 0 ? static_cast<int>(s->table.blocks.size()) : m->end_page;
         kv::MigrateStats st;

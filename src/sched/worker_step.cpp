@@ -531,7 +531,7 @@ void Worker::schedule(Clock::time_point now) {
                                              pool_->block_size()));
         const int hits = pool_->share_prefix(
             seq.table, seq.prefix_salt, seq.tokens,
-            sc.shares_prefix(seq.prefill_target())
+            sc.shares_prefix(seq.prefill_target()) && !seq.wants_prompt_logprobs()
                 ? pool_->shareable_prefix_pages(
                       seq.prefill_target(),
                       cacheable_tokens(options_.kv_policy, seq.prefill_target(), seq.num_prompt))
@@ -557,9 +557,13 @@ void Worker::schedule(Clock::time_point now) {
     const bool argmax = sample && greedy_without_logits(seq);
     s.logits = !sample ? model::SeqStep::Logits::kNone
                        : (argmax ? model::SeqStep::Logits::kArgmax : model::SeqStep::Logits::kLast);
+    // Prompt logprobs: every row's logits (the last one, when it samples, is sampled from).
+    if (seq.wants_prompt_logprobs()) s.logits = model::SeqStep::Logits::kAll;
     batch_.steps.push_back(s);
     batch_.seqs.push_back(&seq);
-    batch_.samples.push_back(!sample ? kSampleNone : (argmax ? kSampleArgmax : kSampleRow));
+    batch_.samples.push_back(seq.wants_prompt_logprobs()
+                                 ? (sample ? kSamplePromptRowsLast : kSamplePromptRows)
+                                 : (!sample ? kSampleNone : (argmax ? kSampleArgmax : kSampleRow)));
     batch_.decode.push_back(0);
   }
   // After the step's reservations, before its forward pass: the copies run beside it.
@@ -616,10 +620,19 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
   size_t row = 0, id = 0;
   for (size_t i = 0; i < batch_.seqs.size(); ++i) {
     Sequence& seq = *batch_.seqs[i];
-    seq.num_computed += static_cast<int>(batch_.steps[i].tokens.size());
+    const int n = static_cast<int>(batch_.steps[i].tokens.size());
+    seq.num_computed += n;
+    if (batch_.samples[i] == kSamplePromptRows || batch_.samples[i] == kSamplePromptRowsLast) {
+      KVSPLIT_CHECK((row + static_cast<size_t>(n)) * vocab <= logits.size());
+      record_prompt_logprobs(seq, logits.data() + row * vocab, batch_.steps[i].start_pos, n, vocab);
+      row += static_cast<size_t>(n);
+      if (batch_.samples[i] == kSamplePromptRows) continue;
+    }
     if (batch_.samples[i] == kSampleNone) continue;
     SampleJob job{&seq, nullptr, -1};
-    if (batch_.samples[i] == kSampleRow) {
+    if (batch_.samples[i] == kSamplePromptRowsLast) {
+      job.logits = logits.data() + (row - 1) * vocab;  // its last row: sampled in place
+    } else if (batch_.samples[i] == kSampleRow) {
       KVSPLIT_CHECK((row + 1) * vocab <= logits.size());
       job.logits = logits.data() + row * vocab;  // sampled in place
       ++row;

@@ -30,6 +30,18 @@ std::string to_json(const google::protobuf::Message& m) {
   return out;
 }
 
+// One TokenLogprob as JSON; its alternatives (most likely first) when it has any.
+nlohmann::json logprob_json(const v1::TokenLogprob& lp) {
+  nlohmann::json one = {{"token_id", lp.token_id()}, {"logprob", lp.logprob()}};
+  if (lp.top_size() > 0) {
+    nlohmann::json top = nlohmann::json::array();
+    for (const auto& t : lp.top())
+      top.push_back({{"token_id", t.token_id()}, {"logprob", t.logprob()}});
+    one["top"] = std::move(top);
+  }
+  return one;
+}
+
 int fail(const grpc::Status& st) {
   std::cerr << "kvsplit-client: "
             << kvsplit::status_code_name(static_cast<kvsplit::StatusCode>(st.error_code())) << ": "
@@ -47,6 +59,7 @@ int main(int argc, char** argv) {
   std::optional<float> temperature, top_p, min_p, rep;
   std::optional<int32_t> top_k;
   std::optional<uint64_t> seed;
+  std::optional<uint32_t> prompt_logprobs;
   int32_t priority = 0;
   double timeout_s = 600;
   bool json = false, info = false, stats = false, ignore_eos = false;
@@ -80,6 +93,9 @@ int main(int argc, char** argv) {
   app.add_option("--priority", priority,
                  "[-1000, 1000]; orders requests within classes of equal priority");
   app.add_option("--top-logprobs", top_logprobs, "[0, 20] alternatives per token (with --json)");
+  app.add_option("--prompt-logprobs", prompt_logprobs,
+                 "[0, 20]: each prompt token's logprob and this many alternatives (with --json)")
+      ->check(CLI::Range(0, 20));
   app.add_option("--request-id", request_id, "client-chosen request id");
   app.add_option("--timeout", timeout_s, "call deadline in seconds (default 600; at most 1e6)")
       ->check(CLI::Range(0.001, 1e6));
@@ -113,13 +129,15 @@ int main(int argc, char** argv) {
     for (const char* flag :
          {"--max-tokens", "--temperature", "--top-p", "--top-k", "--min-p", "--repetition-penalty",
           "--seed", "--stop", "--ignore-eos", "--min-tokens", "--logit-bias", "--n", "--sla-class",
-          "--priority", "--top-logprobs", "--request-id"}) {
+          "--priority", "--top-logprobs", "--prompt-logprobs", "--request-id"}) {
       if (app.count(flag) > 0)
         return usage_error(std::string(flag) + " is for a generation, not --info / --stats");
     }
   }
   if (top_logprobs > 0 && !json)
     return usage_error("--top-logprobs needs --json (the text output has no place for them)");
+  if (prompt_logprobs && !json)
+    return usage_error("--prompt-logprobs needs --json (the text output has no place for them)");
   if (!info && !stats && app.count("prompt") == 0)
     return usage_error("a prompt is required (\"\" for the BOS-only prompt)");
 
@@ -172,6 +190,7 @@ int main(int argc, char** argv) {
   req.set_priority(priority);
   req.set_top_logprobs(top_logprobs);
   req.set_n(n);
+  if (prompt_logprobs) req.set_prompt_logprobs(*prompt_logprobs);
 
   grpc::ClientContext ctx;
   make_ctx(&ctx);
@@ -185,6 +204,7 @@ int main(int argc, char** argv) {
   std::vector<Completion> done(n);
   v1::GenerateResponse msg;
   std::string request_id_seen;
+  nlohmann::json prompt_lps = nlohmann::json::array();
   while (reader->Read(&msg)) {
     if (msg.index() >= n) {
       ctx.TryCancel();
@@ -193,16 +213,8 @@ int main(int argc, char** argv) {
     }
     Completion& c = done[msg.index()];
     for (int32_t id : msg.token_ids()) c.ids.push_back(id);
-    for (const auto& lp : msg.logprobs()) {
-      nlohmann::json one = {{"token_id", lp.token_id()}, {"logprob", lp.logprob()}};
-      if (lp.top_size() > 0) {  // --top-logprobs N: the N alternatives, most likely first
-        nlohmann::json top = nlohmann::json::array();
-        for (const auto& t : lp.top())
-          top.push_back({{"token_id", t.token_id()}, {"logprob", t.logprob()}});
-        one["top"] = std::move(top);
-      }
-      c.logprobs.push_back(std::move(one));
-    }
+    for (const auto& lp : msg.logprobs()) c.logprobs.push_back(logprob_json(lp));
+    for (const auto& lp : msg.prompt_logprobs()) prompt_lps.push_back(logprob_json(lp));
     c.text += msg.text();
     if (!json && n == 1) {
       std::fwrite(msg.text().data(), 1, msg.text().size(), stdout);
@@ -251,6 +263,7 @@ int main(int argc, char** argv) {
       }
       out = {{"request_id", request_id_seen}, {"choices", std::move(choices)}};
     }
+    if (prompt_logprobs) out["prompt_logprobs"] = prompt_lps;  // prompt tokens 1, 2, ...
     std::cout << out.dump() << "\n";
   }
   return 0;

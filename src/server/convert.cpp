@@ -127,6 +127,11 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
     return bad("n", "in [0, 128] (0: 1)", in.n());
   r.n = std::max<int32_t>(1, static_cast<int32_t>(in.n()));
   if (in.top_logprobs() > 20) return bad("top_logprobs", "in [0, 20]", in.top_logprobs());
+  if (in.has_prompt_logprobs()) {
+    if (in.prompt_logprobs() > 20)
+      return bad("prompt_logprobs", "in [0, 20]", in.prompt_logprobs());
+    r.prompt_logprobs = static_cast<int32_t>(in.prompt_logprobs());
+  }
   r.top_logprobs = in.top_logprobs();
   if (in.cache_salt().size() > 256)
     return bad("cache_salt", "at most 256 bytes", in.cache_salt().size());
@@ -134,19 +139,20 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
   return r;
 }
 
+void to_proto(const TokenLogprob& lp, v1::TokenLogprob* p) {
+  p->set_token_id(lp.token_id);
+  p->set_logprob(lp.logprob);
+  for (const auto& [id, logprob] : lp.top) {
+    v1::TopLogprob* t = p->add_top();
+    t->set_token_id(id);
+    t->set_logprob(logprob);
+  }
+}
+
 void append_tokens(const TokenEvent& event, bool want_logprobs, v1::GenerateResponse* out) {
   for (int32_t id : event.token_ids) out->add_token_ids(id);
   if (!want_logprobs) return;
-  for (const TokenLogprob& lp : event.logprobs) {
-    v1::TokenLogprob* p = out->add_logprobs();
-    p->set_token_id(lp.token_id);
-    p->set_logprob(lp.logprob);
-    for (const auto& [id, logprob] : lp.top) {
-      v1::TopLogprob* t = p->add_top();
-      t->set_token_id(id);
-      t->set_logprob(logprob);
-    }
-  }
+  for (const TokenLogprob& lp : event.logprobs) to_proto(lp, out->add_logprobs());
 }
 
 v1::FinishReason to_proto(FinishReason reason) {

@@ -36,6 +36,7 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
 
 // Appends the tokens (and logprobs when asked) of `event` to `out`; text is handled by the caller.
 void append_tokens(const TokenEvent& event, bool want_logprobs, v1::GenerateResponse* out);
+void to_proto(const TokenLogprob& lp, v1::TokenLogprob* out);
 // Sets finish_reason, usage and timings from a final event.
 void set_final_fields(const TokenEvent& event, v1::GenerateResponse* out);
 

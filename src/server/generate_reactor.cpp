@@ -1,6 +1,8 @@
 #include "server/generate_reactor.h"
 
+#include <algorithm>
 #include <chrono>
+#include <deque>
 #include <optional>
 #include <vector>
 
@@ -14,6 +16,13 @@ namespace kvsplit::server {
 namespace {
 
 constexpr int kMaxTokensPerMessage = 256;  // bounds one response when a consumer falls behind
+// Prompt logprobs per message (GenerateResponse.prompt_logprobs): a long prompt's would exceed a
+// client's 4 MiB default receive limit in one message.
+constexpr size_t kMaxPromptLogprobsPerMessage = 256;
+// Events a call takes from the engine before writing them: enough to pick one completion's run of
+// tokens when several interleave (GenerateRequest.n), few enough to leave back-pressure to the
+// engine (EngineConfig::max_unread_events).
+constexpr size_t kMaxBufferedEvents = 512;
 // A call cancelled this close to its deadline (or after it) counts as DEADLINE_EXCEEDED: when the
 // client's deadline fires first, its cancel reaches the server just before the server's own
 // deadline does (the server's copy of the deadline is later by the transfer time).
@@ -181,40 +190,78 @@ class GenerateReactor : public RawBidiReactor, public MessageWaiter {
     }
     resp_.Clear();
     resp_.set_request_id(request_id_);
+    // 1. What the engine has queued, up to a bound (the rest stays in its stream: back-pressure
+    // sees a reader that is behind), sorted by completion (GenerateRequest.n).
     TokenEvent ev;
+    while (!stream_ended_ && buffered_ < kMaxBufferedEvents && handle_.try_next(&ev)) {
+      stream_ended_ = ev.last;
+      const size_t i = static_cast<size_t>(std::max(0, ev.index));
+      if (i >= pending_.size()) pending_.resize(i + 1);
+      pending_[i].push_back(std::move(ev));
+      ++buffered_;
+    }
+    // 2. One message: the prompt's logprobs first, in messages of their own; else the events of
+    // the completion with the most buffered (the lowest index on ties), up to its final event.
     bool got = false;
-    int index = -1;  // a message carries the events of one completion (GenerateRequest.n)
-    while (resp_.token_ids_size() < kMaxTokensPerMessage) {
-      if (held_) {
-        ev = std::move(*held_);
-        held_.reset();
-      } else if (!handle_.try_next(&ev)) {
-        break;
+    int index = -1;
+    auto prompt_logprobs_chunk = [&] {
+      const size_t end =
+          std::min(prompt_lp_.size(), prompt_lp_sent_ + kMaxPromptLogprobsPerMessage);
+      for (size_t i = prompt_lp_sent_; i < end; ++i)
+        to_proto(prompt_lp_[i], resp_.add_prompt_logprobs());
+      prompt_lp_sent_ = end;
+      if (end == prompt_lp_.size()) {
+        prompt_lp_.clear();
+        prompt_lp_sent_ = 0;
       }
-      if (index >= 0 && ev.index != index) {  // another completion's: the next message's
-        held_ = std::move(ev);
-        break;
-      }
-      index = ev.index;
       got = true;
-      observe_itl(ev);
-      append_tokens(ev, want_logprobs_, &resp_);
-      text_.append(ev.text);
-      if (ev.final) {
-        set_final_fields(ev, &resp_);
-        // A request aborted by the server side (Abort RPC) ends normally with finish_reason
-        // CANCELLED; only real failures (a drain's cut-off included) end with an error status:
-        // the first one of its completions'.
-        const grpc::Status status = ev.finish_reason == FinishReason::kCancelled &&
-                                            ev.status.code() == StatusCode::kCancelled
-                                        ? grpc::Status::OK
-                                        : to_grpc(ev.status);
-        if (!status.ok() && completion_error_.ok()) completion_error_ = status;
-        if (histograms_.e2e) ServerMetrics::observe_request(histograms_, ev);
-        last_seen_ = ev.last;
-        break;  // the completion's last message
+      index = prompt_lp_index_;
+    };
+    size_t best = pending_.size();
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      if (!pending_[i].empty() &&
+          (best == pending_.size() || pending_[i].size() > pending_[best].size()))
+        best = i;
+    }
+    if (!prompt_lp_.empty()) {
+      prompt_logprobs_chunk();
+    } else if (best < pending_.size()) {
+      std::deque<TokenEvent>& q = pending_[best];
+      index = static_cast<int>(best);
+      while (!q.empty() && resp_.token_ids_size() < kMaxTokensPerMessage) {
+        TokenEvent& e = q.front();
+        if (!e.prompt_logprobs.empty()) {
+          if (got) break;  // they start a message
+          prompt_lp_ = std::move(e.prompt_logprobs);
+          e.prompt_logprobs.clear();
+          prompt_lp_index_ = index;
+          prompt_logprobs_chunk();  // its token follows them
+          break;
+        }
+        got = true;
+        observe_itl(e);
+        append_tokens(e, want_logprobs_, &resp_);
+        text_.append(e.text);
+        const bool final = e.final;
+        if (final) {
+          set_final_fields(e, &resp_);
+          // A request aborted by the server side (Abort RPC) ends normally with finish_reason
+          // CANCELLED; only real failures (a drain's cut-off included) end with an error
+          // status: the first one of its completions'.
+          const grpc::Status status = e.finish_reason == FinishReason::kCancelled &&
+                                              e.status.code() == StatusCode::kCancelled
+                                          ? grpc::Status::OK
+                                          : to_grpc(e.status);
+          if (!status.ok() && completion_error_.ok()) completion_error_ = status;
+          if (histograms_.e2e) ServerMetrics::observe_request(histograms_, e);
+        }
+        q.pop_front();
+        --buffered_;
+        if (final) break;  // the completion's last message
       }
     }
+    // The call ends with the message that leaves nothing to send.
+    last_seen_ = stream_ended_ && buffered_ == 0 && prompt_lp_.empty();
     if (!got) return;
     // Event text is whole characters already (StreamDecoder, StopChecker); proto3 strings must be
     // valid UTF-8, so anything else would be a bug: replaced by U+FFFD rather than sent.
@@ -354,7 +401,7 @@ class GenerateReactor : public RawBidiReactor, public MessageWaiter {
     std::string tenant;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!submitted_ || last_seen_ || aborted_) return;
+      if (!submitted_ || stream_ended_ || aborted_) return;
       aborted_ = true;
       tenant = caller_.tenant;
     }
@@ -397,8 +444,9 @@ class GenerateReactor : public RawBidiReactor, public MessageWaiter {
   bool submitted_ = false;  // guarded by mu_ (all flags below too)
   bool write_in_flight_ = false;
   bool finish_called_ = false;
-  bool last_seen_ = false;  // the stream's last event (every completion ended)
-  bool broken_ = false;     // cancelled, deadline passed, a write failed, or a second message
+  bool last_seen_ =
+      false;  // the message being written leaves nothing to send (every completion ended)
+  bool broken_ = false;  // cancelled, deadline passed, a write failed, or a second message
   std::optional<grpc::Status> error_;  // the status to end a broken call with, when not CANCELLED
   bool have_request_ = false;          // the first read completed
   grpc::ByteBuffer in_;                // the request message; cleared once parsed
@@ -410,8 +458,16 @@ class GenerateReactor : public RawBidiReactor, public MessageWaiter {
   std::string text_;           // text of the events not yet written
   // Per completion: the time of its last token (none yet: unset).
   std::vector<std::optional<std::chrono::steady_clock::time_point>> last_token_time_;
-  // An event of another completion than the message being built: the next message's first.
-  std::optional<TokenEvent> held_;
+  // Events taken from the engine and not yet written, per completion (at most kMaxBufferedEvents
+  // in all), and whether the engine's last event is among those taken.
+  std::vector<std::deque<TokenEvent>> pending_;
+  size_t buffered_ = 0;
+  bool stream_ended_ = false;
+  // Prompt logprobs (GenerateRequest.prompt_logprobs) being sent, those sent, and their
+  // completion; touched only between writes.
+  std::vector<TokenLogprob> prompt_lp_;
+  size_t prompt_lp_sent_ = 0;
+  int prompt_lp_index_ = 0;
   grpc::Status completion_error_;  // the first failed completion's status (OK: none)
 };
 

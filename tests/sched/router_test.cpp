@@ -189,7 +189,7 @@ TEST(Router, PopIfPassesOverCompletionsHeldForThePrompt) {
   SlaClass c;
   Router r({c}, nullptr);
   const auto far = Clock::now() + std::chrono::hours(1);
-  auto ready = std::make_shared<std::atomic<bool>>(false);
+  auto ready = std::make_shared<std::atomic<int64_t>>(0);
   auto stream = std::make_shared<RequestStream>("g", 2);
   auto held = make_seq("g", 0, 5, c, 0, far);  // the best by priority
   held->ctl = std::make_shared<RequestControl>("g", "", 1, stream);
@@ -218,6 +218,36 @@ TEST(Router, PopIfPassesOverCompletionsHeldForThePrompt) {
   got = r.pop_if([](const Sequence&) { return true; });
   ASSERT_NE(got, nullptr);
   EXPECT_EQ(got->ctl->index, 1);
+}
+
+// A completion held for its first completion's prompt does not time out in the queue; once let
+// go, its queue wait counts from then (its deadline moves by the time it was held).
+TEST(Router, HeldCompletionsTimeOutOnlyAfterTheirRelease) {
+  SlaClass c;
+  Router r({c}, nullptr);
+  const Clock::time_point t0 = Clock::now();
+  const auto ms = [](int v) { return std::chrono::milliseconds(v); };
+  auto ready = std::make_shared<std::atomic<int64_t>>(0);
+  auto stream = std::make_shared<RequestStream>("g", 2);
+  auto first = make_seq("g", 0, 0, c, 0, t0 + ms(100));
+  first->ctl = std::make_shared<RequestControl>("g", "", 0, stream);
+  first->ctl->prompt_ready = ready;
+  first->submit_time = t0;
+  auto second = make_seq("g", 1, 0, c, 0, t0 + ms(100));
+  second->ctl = std::make_shared<RequestControl>("g", "", 1, stream);
+  second->ctl->prompt_ready = ready;
+  second->submit_time = t0;
+  ASSERT_TRUE(r.push(first).ok());
+  ASSERT_TRUE(r.push(second).ok());
+  // Completion 0 was pulled; the held one is past its deadline but stays.
+  ASSERT_NE(r.pop_if([](const Sequence&) { return true; }), nullptr);
+  EXPECT_TRUE(r.take_expired(t0 + ms(150)).empty());
+  // Let go at t0 + 300 ms: due at t0 + 400 ms (100 ms of queue wait from its release).
+  ready->store((t0 + ms(300)).time_since_epoch().count());
+  EXPECT_TRUE(r.take_expired(t0 + ms(350)).empty());
+  const auto due = r.take_expired(t0 + ms(401));
+  ASSERT_EQ(due.size(), 1u);
+  EXPECT_EQ(due[0]->ctl->index, 1);
 }
 
 // A stream of n completions marks the final event of the last one to end `last`, and only it.
