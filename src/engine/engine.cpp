@@ -226,6 +226,8 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
     if (disagg) e->shared_.decode_workers.push_back(e->workers_[i].get());
   }
   e->limits_.vocab_size = mc.vocab_size;
+  // Prefill workers pull from the router; colocated ones (the decode pool of colocated mode) too.
+  e->router_pullers_ = disagg ? num_prefill : num_workers;
   e->limits_.max_context = mc.max_seq_len;
   e->limits_.block_size = config.block_size;
   e->limits_.kv_blocks_per_worker = min_blocks;
@@ -330,10 +332,13 @@ StatusOr<RequestHandle> EngineImpl::submit(Request request) {
   // until completion 0's prompt is computed (RequestControl::prompt_ready).
   auto controls = [&](std::string id) {
     auto stream = std::make_shared<RequestStream>(id, n);
-    // A prompt of one page or less has no whole page to share: no one waits.
-    auto ready = n > 1 && config_.prefix_cache && num_prompt > limits_.block_size
-                     ? std::make_shared<std::atomic<int64_t>>(0)
-                     : std::shared_ptr<std::atomic<int64_t>>();
+    // A prompt of one page or less has no whole page to share: no one waits. Nor with several
+    // workers pulling from the router: an idle one would take a released completion before the
+    // one holding the pages, and compute the prompt after waiting for it.
+    auto ready =
+        n > 1 && config_.prefix_cache && num_prompt > limits_.block_size && router_pullers_ == 1
+            ? std::make_shared<std::atomic<int64_t>>(0)
+            : std::shared_ptr<std::atomic<int64_t>>();
     std::vector<std::shared_ptr<sched::RequestControl>> ctls;
     for (int i = 0; i < n; ++i) {
       ctls.push_back(std::make_shared<sched::RequestControl>(id, request.tenant, i, stream));

@@ -138,6 +138,7 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   sched::WorkerShared shared_;
   std::vector<std::unique_ptr<sched::Worker>> workers_;  // prefill workers first
   sched::AdmissionLimits limits_;
+  int router_pullers_ = 0;  // workers that pull prompts from the router
 
   std::shared_mutex submit_mu_;
   bool accepting_ = true;  // guarded by submit_mu_

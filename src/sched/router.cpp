@@ -43,14 +43,21 @@ Status Router::push_all(std::vector<std::unique_ptr<Sequence>>& seqs, bool notif
         if (classes_[i].name == seq->sla.name) c = static_cast<int>(i);
       }
       seq->class_index = c;
-      if (c >= static_cast<int>(queued_.size())) continue;
-      if (queued_[c] + adding[c] >= classes_[c].max_queue) {
+      if (c < static_cast<int>(queued_.size())) ++adding[c];
+    }
+    for (size_t c = 0; c < adding.size(); ++c) {
+      if (adding[c] == 0) continue;
+      if (adding[c] > classes_[c].max_queue) {  // never, however empty the queue
+        return invalid_argument(
+            fmt::format("{} sequences to queue at once exceed SLA class '{}' max_queue of {}",
+                        adding[c], classes_[c].name, classes_[c].max_queue));
+      }
+      if (queued_[c] + adding[c] > classes_[c].max_queue) {
         return resource_exhausted(fmt::format(
-            "SLA class '{}' queue is full ({} queued, max_queue {}{})", seq->sla.name, queued_[c],
-            classes_[c].max_queue,
+            "SLA class '{}' queue is full ({} queued, max_queue {}{})", classes_[c].name,
+            queued_[c], classes_[c].max_queue,
             seqs.size() > 1 ? fmt::format("; {} sequences to queue", seqs.size()) : ""));
       }
-      ++adding[c];
     }
     for (std::unique_ptr<Sequence>& seq : seqs) {
       const int c = seq->class_index;

@@ -30,7 +30,8 @@ class Router {
   // notify_pushed() once it has released it).
   Status push(std::unique_ptr<Sequence>& seq, bool notify = true);
   // Queues every sequence of `seqs` (the completions of one request), or none: the error of the
-  // first that does not fit, `seqs` left untouched.
+  // first that does not fit (kResourceExhausted; kInvalidArgument when more than the class's
+  // max_queue are asked for at once), `seqs` left untouched.
   Status push_all(std::vector<std::unique_ptr<Sequence>>& seqs, bool notify = true);
   void notify_pushed() const;
 

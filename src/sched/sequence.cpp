@@ -84,16 +84,22 @@ FinishReason sample_and_append(Sequence& seq, float* logits, int vocab, Clock::t
   const std::span<const int32_t> output(seq.tokens.data() + seq.num_prompt, seq.num_output());
   // The logprob of the chosen token is read before the sampler rewrites the logits.
   if (!sampling::logits_usable(logits, vocab)) return FinishReason::kError;  // nothing pushed
-  // The raw logits are kept in the sequence's own buffer, allocated once.
-  if (seq.top_logprobs > 0) seq.raw_logits.assign(logits, logits + vocab);
+  // The raw logits go to the sampling thread's own buffer (allocated once per thread, not per
+  // token nor per sequence).
+  thread_local std::vector<float> raw;
+  if (seq.top_logprobs > 0) raw.assign(logits, logits + vocab);
   const int32_t token = seq.sampler->sample(logits, vocab, prompt, output);
   KVSPLIT_CHECK(token >= 0 && token < vocab);
-  return push_token(seq, token, seq.top_logprobs > 0 ? seq.raw_logits.data() : nullptr, vocab, now);
+  return push_token(seq, token, seq.top_logprobs > 0 ? raw.data() : nullptr, vocab, now);
+}
+
+void size_prompt_logprobs(Sequence& seq) {
+  if (seq.prompt_lp.size() + 1 < static_cast<size_t>(seq.num_prompt))
+    seq.prompt_lp.resize(static_cast<size_t>(seq.num_prompt - 1));
 }
 
 void record_prompt_logprobs(Sequence& seq, const float* rows, int start, int n, int vocab) {
-  if (seq.prompt_lp.size() + 1 < static_cast<size_t>(seq.num_prompt))
-    seq.prompt_lp.resize(static_cast<size_t>(seq.num_prompt - 1));
+  KVSPLIT_CHECK(seq.prompt_lp.size() + 1 >= static_cast<size_t>(seq.num_prompt));
   for (int r = 0; r < n; ++r) {
     const int p = start + r;
     if (p + 1 >= seq.num_prompt) break;  // the last prompt position samples the first token

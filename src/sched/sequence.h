@@ -183,8 +183,6 @@ struct Sequence {
   // Its prompt's chunks return every row's logits (Request::prompt_logprobs), until its first
   // token; it takes no cached prompt pages until then.
   bool wants_prompt_logprobs() const { return prompt_logprobs >= 0 && num_output() == 0; }
-  // Owner-private: the raw logits of the last sampled position, when logprobs are asked for.
-  std::vector<float> raw_logits;
   // Closes the current phase's clock and opens `next`.
   void enter_phase(SeqPhase next, Clock::time_point now);
 };
@@ -199,7 +197,9 @@ class FinishSink {
 
 // Samples the next token from `logits` ([vocab] f32, modified in place by the sampler), appends it
 // Prompt logprobs (Sequence::wants_prompt_logprobs): `rows` logits rows [n, vocab] of positions
-// start .. start + n - 1; records each whose next token is a prompt token.
+// start .. start + n - 1; records each whose next token is a prompt token. seq.prompt_lp must hold
+// num_prompt - 1 entries (size_prompt_logprobs); calls on disjoint rows may run at once.
+void size_prompt_logprobs(Sequence& seq);
 void record_prompt_logprobs(Sequence& seq, const float* rows, int start, int n, int vocab);
 
 // to `seq`, pushes one non-final event (id, text delta, logprobs when top_logprobs > 0) and returns

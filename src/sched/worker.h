@@ -257,6 +257,8 @@ class Worker {
   void postprocess(std::vector<float>& logits, const std::vector<int32_t>& ids,
                    Clock::time_point now);
   void sample_rows(Clock::time_point now);  // sample_jobs_ -> sample_reasons_
+  // Records prompt_rows_ (record_prompt_logprobs), on the sampling threads when there are many.
+  void record_prompt_rows(int vocab);
   void compact(Clock::time_point now);
   // Scheduler input over the sequences staying in running_ / waiting_ (ids: running index, then
   // kWaitingBase + waiting index, then kHandoffBase + pending_ index).
@@ -433,6 +435,13 @@ class Worker {
     int32_t token;
   };
   std::vector<SampleJob> sample_jobs_;
+  // A prompt-logprobs row of this step (Sequence::wants_prompt_logprobs): its logits and position.
+  struct PromptRow {
+    Sequence* seq;
+    const float* logits;
+    int pos;
+  };
+  std::vector<PromptRow> prompt_rows_;
   std::vector<FinishReason> sample_reasons_;
   std::unique_ptr<ThreadPool> sampling_pool_;  // when sampling_threads > 1
   kv::PageOpStats cut_ops_;                    // KV cut transitions on this pool, all sequences

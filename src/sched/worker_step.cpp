@@ -617,6 +617,7 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
   const int vocab = model_->vocab_size();
   // 1. Advance every entry; collect the rows to sample (a cancelled sequence is finished instead).
   sample_jobs_.clear();
+  prompt_rows_.clear();
   size_t row = 0, id = 0;
   for (size_t i = 0; i < batch_.seqs.size(); ++i) {
     Sequence& seq = *batch_.seqs[i];
@@ -624,7 +625,12 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
     seq.num_computed += n;
     if (batch_.samples[i] == kSamplePromptRows || batch_.samples[i] == kSamplePromptRowsLast) {
       KVSPLIT_CHECK((row + static_cast<size_t>(n)) * vocab <= logits.size());
-      record_prompt_logprobs(seq, logits.data() + row * vocab, batch_.steps[i].start_pos, n, vocab);
+      size_prompt_logprobs(seq);
+      // Recorded below, a row per task, on the sampling threads.
+      for (int r = 0; r < n; ++r) {
+        prompt_rows_.push_back({&seq, logits.data() + (row + static_cast<size_t>(r)) * vocab,
+                                batch_.steps[i].start_pos + r});
+      }
       row += static_cast<size_t>(n);
       if (batch_.samples[i] == kSamplePromptRows) continue;
     }
@@ -648,7 +654,9 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
     }
     sample_jobs_.push_back(job);
   }
-  // 2. Sampling, stop checks, detokenization and token events (in parallel on large steps).
+  // 2. Prompt logprobs (each row a log-softmax over the vocabulary), then sampling, stop checks,
+  // detokenization and token events (in parallel on large steps).
+  record_prompt_rows(vocab);
   sample_rows(now);
   // 3. Finishes and phase changes, on this thread, in batch order.
   size_t job = 0;
@@ -704,6 +712,26 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
       account_kv(seq, now);
     }
   }
+}
+
+// Prompt-logprob rows write disjoint entries of their sequences' prompt_lp: spread over the
+// sampling threads like the sampled rows (a 512-token chunk is 512 log-softmaxes).
+void Worker::record_prompt_rows(int vocab) {
+  const int64_t n = static_cast<int64_t>(prompt_rows_.size());
+  auto run = [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      const PromptRow& p = prompt_rows_[static_cast<size_t>(k)];
+      record_prompt_logprobs(*p.seq, p.logits, p.pos, 1, vocab);
+    }
+  };
+  if (!sampling_pool_ || n < options_.parallel_sampling_min_rows) {
+    run(0, n);
+    return;
+  }
+  constexpr int64_t kRowsPerTask = 8;
+  sampling_pool_->parallel_for((n + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
+    run(t * kRowsPerTask, std::min(n, (t + 1) * kRowsPerTask));
+  });
 }
 
 // Every sequence has its own Sampler, StopChecker, StreamDecoder and event stream, so rows are

@@ -217,11 +217,16 @@ class GenerateReactor : public RawBidiReactor, public MessageWaiter {
       got = true;
       index = prompt_lp_index_;
     };
+    // A completion whose final event is pending goes first (its usage is not held back behind
+    // others still generating); else the one with the most events buffered; the lowest index on
+    // ties.
     size_t best = pending_.size();
+    auto ahead = [&](size_t a, size_t b) {
+      const bool fa = pending_[a].back().final, fb = pending_[b].back().final;
+      return fa != fb ? fa : pending_[a].size() > pending_[b].size();
+    };
     for (size_t i = 0; i < pending_.size(); ++i) {
-      if (!pending_[i].empty() &&
-          (best == pending_.size() || pending_[i].size() > pending_[best].size()))
-        best = i;
+      if (!pending_[i].empty() && (best == pending_.size() || ahead(i, best))) best = i;
     }
     if (!prompt_lp_.empty()) {
       prompt_logprobs_chunk();

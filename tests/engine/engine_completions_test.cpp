@@ -201,6 +201,13 @@ TEST(EngineCompletionsAdmission, QueuedWholeOrNotAtAllAndTheIdIsHeldByAll) {
       << hb.status().message();
   EXPECT_EQ(e.stats().num_waiting, 3) << "the refused request's completions were taken back";
   EXPECT_FALSE(e.cancel("", "b"));
+  // More completions than the queue holds can never be queued: not a retry-later error.
+  Request huge = story(4, 0);
+  huge.n = 6;
+  auto hh = e.submit(huge);
+  ASSERT_FALSE(hh.ok());
+  EXPECT_EQ(hh.status().code(), StatusCode::kInvalidArgument) << hh.status().to_string();
+  EXPECT_NE(hh.status().message().find("exceed SLA class"), std::string::npos);
   // "a" is in flight under each of its completions.
   Request dup = story(4, 0);
   dup.request_id = "a";

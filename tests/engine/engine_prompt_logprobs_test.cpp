@@ -152,13 +152,15 @@ TEST(EnginePromptLogprobsRequest, OnlyCompletionZeroCarriesThemAndBadValuesAreRe
   ASSERT_TRUE(h.ok()) << h.status().to_string();
   std::vector<int> with(3, 0);
   TokenEvent ev;
-  while (h->next(&ev, std::chrono::seconds(60))) {
+  bool last = false;
+  while (!last && h->next(&ev, std::chrono::seconds(60))) {
     if (!ev.prompt_logprobs.empty()) {
       ++with[static_cast<size_t>(ev.index)];
       EXPECT_EQ(ev.prompt_logprobs.size(), 59u);
     }
-    if (ev.last) break;
+    last = ev.last;
   }
+  EXPECT_TRUE(last) << "the stream did not end";
   EXPECT_EQ(with, (std::vector<int>{1, 0, 0}));
   for (int bad : {-2, 21}) {
     Request b = r;
