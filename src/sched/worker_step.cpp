@@ -16,6 +16,20 @@ int64_t ns_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
 }
 
+// Runs run(begin, end) over rows [0, n): on `pool` in small dynamic chunks (rows differ in cost:
+// greedy vs top-p, logprobs) when there are at least `min_rows`, else on this thread.
+template <typename Run>
+void over_rows(ThreadPool* pool, int64_t min_rows, int64_t n, Run run) {
+  if (pool == nullptr || n < min_rows) {
+    run(int64_t{0}, n);
+    return;
+  }
+  constexpr int64_t kRowsPerTask = 8;
+  pool->parallel_for((n + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
+    run(t * kRowsPerTask, std::min(n, (t + 1) * kRowsPerTask));
+  });
+}
+
 }  // namespace
 
 bool Worker::step() {
@@ -717,21 +731,13 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
 // Prompt-logprob rows write disjoint entries of their sequences' prompt_lp: spread over the
 // sampling threads like the sampled rows (a 512-token chunk is 512 log-softmaxes).
 void Worker::record_prompt_rows(int vocab) {
-  const int64_t n = static_cast<int64_t>(prompt_rows_.size());
-  auto run = [&](int64_t begin, int64_t end) {
-    for (int64_t k = begin; k < end; ++k) {
-      const PromptRow& p = prompt_rows_[static_cast<size_t>(k)];
-      record_prompt_logprobs(*p.seq, p.logits, p.pos, 1, vocab);
-    }
-  };
-  if (!sampling_pool_ || n < options_.parallel_sampling_min_rows) {
-    run(0, n);
-    return;
-  }
-  constexpr int64_t kRowsPerTask = 8;
-  sampling_pool_->parallel_for((n + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
-    run(t * kRowsPerTask, std::min(n, (t + 1) * kRowsPerTask));
-  });
+  over_rows(sampling_pool_.get(), options_.parallel_sampling_min_rows,
+            static_cast<int64_t>(prompt_rows_.size()), [&](int64_t begin, int64_t end) {
+              for (int64_t k = begin; k < end; ++k) {
+                const PromptRow& p = prompt_rows_[static_cast<size_t>(k)];
+                record_prompt_logprobs(*p.seq, p.logits, p.pos, 1, vocab);
+              }
+            });
 }
 
 // Every sequence has its own Sampler, StopChecker, StreamDecoder and event stream, so rows are
@@ -739,24 +745,16 @@ void Worker::record_prompt_rows(int vocab) {
 // determinism); only the interleaving of different requests' events changes.
 void Worker::sample_rows(Clock::time_point now) {
   const int vocab = model_->vocab_size();
-  const int64_t n = static_cast<int64_t>(sample_jobs_.size());
   sample_reasons_.assign(sample_jobs_.size(), FinishReason::kNone);
-  auto run = [&](int64_t begin, int64_t end) {
-    for (int64_t k = begin; k < end; ++k) {
-      const SampleJob& job = sample_jobs_[k];
-      sample_reasons_[k] = job.logits ? sample_and_append(*job.seq, job.logits, vocab, now)
-                                      : append_token(*job.seq, job.token, now);
-    }
-  };
-  if (!sampling_pool_ || n < options_.parallel_sampling_min_rows) {
-    run(0, n);
-    return;
-  }
-  // Small dynamic chunks: rows differ in cost (greedy vs top-p, logprobs).
-  constexpr int64_t kRowsPerTask = 8;
-  sampling_pool_->parallel_for((n + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
-    run(t * kRowsPerTask, std::min(n, (t + 1) * kRowsPerTask));
-  });
+  over_rows(sampling_pool_.get(), options_.parallel_sampling_min_rows,
+            static_cast<int64_t>(sample_jobs_.size()), [&](int64_t begin, int64_t end) {
+              for (int64_t k = begin; k < end; ++k) {
+                const SampleJob& job = sample_jobs_[k];
+                sample_reasons_[k] = job.logits
+                                         ? sample_and_append(*job.seq, job.logits, vocab, now)
+                                         : append_token(*job.seq, job.token, now);
+              }
+            });
 }
 
 void Worker::compact(Clock::time_point now) {

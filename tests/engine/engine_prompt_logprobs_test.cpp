@@ -50,10 +50,14 @@ float forced_logprob(Engine& engine, std::vector<int32_t> prefix, int32_t next) 
 
 class EnginePromptLogprobs : public ::testing::TestWithParam<ServingMode> {};
 
-// 300 tokens: three chunks of the 128-token step budget, each returning all its rows.
+// 300 tokens: three chunks of the 128-token step budget, each returning all its rows, recorded on
+// the worker's two sampling threads (128 rows: past parallel_sampling_min_rows); the oracle's
+// single rows are recorded on the worker's own thread.
 TEST_P(EnginePromptLogprobs, EachEntryIsTheModelsLogprobOfThatPromptToken) {
   KVSPLIT_REQUIRE_MODELS();
-  auto engine = Engine::create(testing::stories_config(GetParam()));
+  EngineConfig cfg = testing::stories_config(GetParam());
+  cfg.threads_per_worker = 2;
+  auto engine = Engine::create(cfg);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   const std::vector<int> initial = testing::free_blocks(**engine);
   const std::vector<int32_t> prompt = prompt_of(300);
