@@ -1,5 +1,6 @@
 // Worker lifecycle, inbox, router admission, queue timeouts, cancels and finishing.
-// The step itself (schedule / postprocess / preemption) is in worker_step.cpp, the KV handoff in
+// The step itself (schedule / preemption) is in worker_step.cpp, what follows its forward pass
+// (sampling, prompt logprobs, finishes) in worker_postprocess.cpp, the KV handoff in
 // worker_handoff.cpp.
 #include "sched/worker.h"
 

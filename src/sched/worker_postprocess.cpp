@@ -1,0 +1,160 @@
+// After a worker step's forward pass: prompt logprobs, sampling, stop checks and token events
+// (spread over the worker's sampling threads), the prefix cache's inserts, finishes and phase
+// changes, and the step's effective-KV accounting point.
+#include <algorithm>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "sched/worker.h"
+
+namespace kvsplit::sched {
+namespace {
+
+// Runs run(begin, end) over rows [0, n): on `pool` in small dynamic chunks (rows differ in cost:
+// greedy vs top-p, logprobs) when there are at least `min_rows`, else on this thread.
+template <typename Run>
+void over_rows(ThreadPool* pool, int64_t min_rows, int64_t n, Run run) {
+  if (pool == nullptr || n < min_rows) {
+    run(int64_t{0}, n);
+    return;
+  }
+  constexpr int64_t kRowsPerTask = 8;
+  pool->parallel_for((n + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
+    run(t * kRowsPerTask, std::min(n, (t + 1) * kRowsPerTask));
+  });
+}
+
+}  // namespace
+
+void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>& ids,
+                         Clock::time_point now) {
+  const int vocab = model_->vocab_size();
+  // 1. Advance every entry; collect the rows to sample (a cancelled sequence is finished instead).
+  sample_jobs_.clear();
+  prompt_rows_.clear();
+  size_t row = 0, id = 0;
+  for (size_t i = 0; i < batch_.seqs.size(); ++i) {
+    Sequence& seq = *batch_.seqs[i];
+    const int n = static_cast<int>(batch_.steps[i].tokens.size());
+    seq.num_computed += n;
+    if (batch_.samples[i] == kSamplePromptRows || batch_.samples[i] == kSamplePromptRowsLast) {
+      KVSPLIT_CHECK((row + static_cast<size_t>(n)) * vocab <= logits.size());
+      size_prompt_logprobs(seq);
+      // Recorded below, a row per task, on the sampling threads.
+      for (int r = 0; r < n; ++r) {
+        prompt_rows_.push_back({&seq, logits.data() + (row + static_cast<size_t>(r)) * vocab,
+                                batch_.steps[i].start_pos + r});
+      }
+      row += static_cast<size_t>(n);
+      if (batch_.samples[i] == kSamplePromptRows) continue;
+    }
+    if (batch_.samples[i] == kSampleNone) continue;
+    SampleJob job{&seq, nullptr, -1};
+    if (batch_.samples[i] == kSamplePromptRowsLast) {
+      job.logits = logits.data() + (row - 1) * vocab;  // its last row: sampled in place
+    } else if (batch_.samples[i] == kSampleRow) {
+      KVSPLIT_CHECK((row + 1) * vocab <= logits.size());
+      job.logits = logits.data() + row * vocab;  // sampled in place
+      ++row;
+    } else {
+      KVSPLIT_CHECK(id < ids.size());
+      job.token = ids[id++];
+    }
+    if (batch_.decode[i]) drop_behind_window(seq);
+    if (batch_.decode[i] && !finish_cut(seq, now)) continue;
+    if (seq.cancelled()) {
+      finish(seq, FinishReason::kCancelled, cancelled_error("cancelled"), now);
+      continue;
+    }
+    sample_jobs_.push_back(job);
+  }
+  // 2. Prompt logprobs (each row a log-softmax over the vocabulary), then sampling, stop checks,
+  // detokenization and token events (in parallel on large steps).
+  record_prompt_rows(vocab);
+  sample_rows(now);
+  // 3. Finishes and phase changes, on this thread, in batch order.
+  size_t job = 0;
+  for (size_t i = 0; i < batch_.seqs.size(); ++i) {
+    Sequence& seq = *batch_.seqs[i];
+    if (seq.next == Sequence::Next::kRemove) continue;  // cancelled in 1.
+    const bool in_waiting = seq.phase == SeqPhase::kPrefill || seq.phase == SeqPhase::kPreempted;
+    const bool sampled = job < sample_jobs_.size() && sample_jobs_[job].seq == &seq;
+    // Full prompt pages join the prefix cache as soon as they are computed, before a finish
+    // releases the table (a request that ends on its first token still leaves its prompt); not
+    // the pages of a step whose logits were unusable (they may hold a backend's fault).
+    // Each chunk's insert resumes the walk of the chain where the last one stopped (not with a
+    // window: the walk touches the pages dropped behind it); the chunk that completes the
+    // prefill gives the whole chain its use, as a walk from page 0 does.
+    if (in_waiting && !(sampled && sample_reasons_[job] == FinishReason::kError)) {
+      pool_->cache_prefix(seq.table, seq.prefix_salt, seq.tokens,
+                          std::min(seq.num_computed, seq.num_prompt) / pool_->block_size(),
+                          scheduler_.config().kv_window > 0 ? nullptr : &seq.prefix_cursor);
+      if (seq.num_computed >= seq.prefill_target()) pool_->settle_prefix(seq.prefix_cursor);
+      drop_behind_window(seq);  // after the prefix cache took its pages
+    }
+    if (sampled) {
+      const FinishReason reason = sample_reasons_[job++];
+      if (reason == FinishReason::kError) {
+        const Status st = unusable_logits_error(seq);
+        KVSPLIT_LOG_ERROR("{}: {}", options_.name, st.message());
+        finish(seq, reason, st, now);
+        continue;
+      }
+      if (reason != FinishReason::kNone) {
+        finish(seq, reason, ok_status(), now);
+        continue;
+      }
+    }
+    if (!in_waiting) continue;                              // a decode step
+    if (seq.num_computed < seq.prefill_target()) continue;  // more chunks to go
+    // Prompt (or recompute) complete.
+    if (options_.role == WorkerRole::kPrefill) {
+      seq.next = Sequence::Next::kHandoff;
+    } else {
+      seq.enter_phase(SeqPhase::kDecode, now);
+      seq.next = Sequence::Next::kToRunning;
+    }
+  }
+  // 4. Effective-KV accounting point of every sequence that ran (finished ones were closed):
+  // what its pages hold after this step. A decode row's cut already measured its table.
+  for (size_t i = 0; i < batch_.seqs.size(); ++i) {
+    Sequence& seq = *batch_.seqs[i];
+    if (seq.next == Sequence::Next::kRemove) continue;
+    if (batch_.decode[i] && seq.cut) {
+      seq.kv_account.update(now, seq.cut->level());
+    } else {
+      account_kv(seq, now);
+    }
+  }
+}
+
+// Prompt-logprob rows write disjoint entries of their sequences' prompt_lp: spread over the
+// sampling threads like the sampled rows (a 512-token chunk is 512 log-softmaxes).
+void Worker::record_prompt_rows(int vocab) {
+  over_rows(sampling_pool_.get(), options_.parallel_sampling_min_rows,
+            static_cast<int64_t>(prompt_rows_.size()), [&](int64_t begin, int64_t end) {
+              for (int64_t k = begin; k < end; ++k) {
+                const PromptRow& p = prompt_rows_[static_cast<size_t>(k)];
+                record_prompt_logprobs(*p.seq, p.logits, p.pos, 1, vocab);
+              }
+            });
+}
+
+// Every sequence has its own Sampler, StopChecker, StreamDecoder and event stream, so rows are
+// independent: the tokens do not depend on how rows are spread over threads (per-request
+// determinism); only the interleaving of different requests' events changes.
+void Worker::sample_rows(Clock::time_point now) {
+  const int vocab = model_->vocab_size();
+  sample_reasons_.assign(sample_jobs_.size(), FinishReason::kNone);
+  over_rows(sampling_pool_.get(), options_.parallel_sampling_min_rows,
+            static_cast<int64_t>(sample_jobs_.size()), [&](int64_t begin, int64_t end) {
+              for (int64_t k = begin; k < end; ++k) {
+                const SampleJob& job = sample_jobs_[k];
+                sample_reasons_[k] = job.logits
+                                         ? sample_and_append(*job.seq, job.logits, vocab, now)
+                                         : append_token(*job.seq, job.token, now);
+              }
+            });
+}
+
+}  // namespace kvsplit::sched
