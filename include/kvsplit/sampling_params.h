@@ -11,6 +11,32 @@
 
 namespace kvsplit {
 
+// Structured output (vLLM's guided decoding, OpenAI's response_format): the generated text is
+// held to a language. At each step only the tokens whose bytes keep the text a prefix of some
+// string of the language may be sampled; the model's EOS ids and stop_token_ids only once the
+// text is a whole string of it. docs/sampling.md, "Guided decoding", has the rules.
+struct GuidedDecoding {
+  enum class Kind : uint8_t {
+    kNone,
+    kRegex,       // `spec`: a regular expression (docs/sampling.md lists the syntax)
+    kChoice,      // `choices`: exactly one of these strings
+    kJsonSchema,  // `spec`: a JSON schema (the supported subset is listed there)
+    kJsonObject,  // any JSON object (nested up to kJsonObjectDepth)
+  };
+  Kind kind = Kind::kNone;
+  std::string spec;
+  std::vector<std::string> choices;
+
+  bool on() const { return kind != Kind::kNone; }
+};
+
+// Limits (validate): a regex or schema of at most kMaxGuidedSpecBytes, at most kMaxGuidedChoices
+// choices of at most kMaxGuidedChoiceBytes each and kMaxGuidedSpecBytes in all.
+inline constexpr size_t kMaxGuidedSpecBytes = 32 * 1024;
+inline constexpr size_t kMaxGuidedChoices = 256;
+inline constexpr size_t kMaxGuidedChoiceBytes = 1024;
+inline constexpr int kJsonObjectDepth = 4;  // objects and arrays nested in a json_object answer
+
 struct SamplingParams {
   float temperature = 1.0f;         // [0, 100]; 0 = greedy (argmax, lowest id on ties)
   float top_p = 1.0f;               // (0, 1]; 1 = off
@@ -35,6 +61,8 @@ struct SamplingParams {
   // logit_bias): -100 in effect bans a token, +100 forces it. <= 200 entries, distinct ids,
   // biases in [-100, 100].
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // Structured output. Not with ignore_eos: the language decides where the text ends.
+  GuidedDecoding guided;
 
   // The one set of rules for these fields (the engine, the CLI and the gRPC edge all use it):
   // kInvalidArgument naming the field when a value is out of range. With vocab_size > 0, top_k

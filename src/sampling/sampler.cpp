@@ -63,6 +63,10 @@ Sampler::Sampler(const SamplingParams& params, uint64_t seed, std::span<const in
     min_tokens_mask_.insert(min_tokens_mask_.end(), params_.stop_token_ids.begin(),
                             params_.stop_token_ids.end());
   }
+  if (params_.guided.on()) {  // validate() refuses ignore_eos with a constraint
+    end_ids_.assign(eos_ids.begin(), eos_ids.end());
+    end_ids_.insert(end_ids_.end(), params_.stop_token_ids.begin(), params_.stop_token_ids.end());
+  }
 }
 
 void Sampler::reserve(int vocab) {
@@ -87,10 +91,10 @@ float Sampler::uniform_from_state(uint64_t* state) {
   return static_cast<float>(u32 >> 8) / 16777216.0f;
 }
 
-void Sampler::apply_bias_and_mask(float* logits, int vocab, size_t num_output) const {
-  for (const auto& [id, bias] : params_.logit_bias) {
+void Sampler::apply_bias_and_mask(float* logits, int vocab, size_t num_output, bool bias) const {
+  for (const auto& [id, b] : params_.logit_bias) {
     KVSPLIT_CHECK_MSG(id >= 0 && id < vocab, "logit_bias id out of vocab range");
-    logits[id] += bias;
+    if (bias) logits[id] += b;
   }
   if (num_output >= static_cast<size_t>(params_.min_tokens)) return;
   for (int32_t id : min_tokens_mask_) {
@@ -184,8 +188,95 @@ int32_t Sampler::sample(float* logits, int vocab, std::span<const int32_t> promp
                         std::span<const int32_t> output) {
   KVSPLIT_CHECK(logits != nullptr && vocab >= 1);
   reserve(vocab);
+  if (guide_ != nullptr) return sample_guided(logits, vocab, prompt, output);
   apply_bias_and_mask(logits, vocab, output.size());
   apply_penalties(logits, vocab, prompt, output);
+  return pick(logits, vocab);
+}
+
+void Sampler::set_guide(std::unique_ptr<GuideState> guide) {
+  guide_ = std::move(guide);
+  guide_status_ = ok_status();
+}
+
+bool Sampler::guide_allows(int32_t id, bool end_ok) const {
+  return (guide_mask_->test(id)) ||
+         (end_ok && std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end());
+}
+
+// Bias, then the grammar's mask (every token not allowed to -inf), then the min_tokens mask unless
+// it would leave nothing (the grammar allows only an end id: the text is complete), penalties,
+// and the usual pick. The pick is checked against the mask (all-NaN allowed logits would let
+// the degenerate fallback pick a masked id).
+int32_t Sampler::sample_guided(float* logits, int vocab, std::span<const int32_t> prompt,
+                               std::span<const int32_t> output) {
+  for (const auto& [id, bias] : params_.logit_bias) logits[id] += bias;
+  StatusOr<std::shared_ptr<const TokenMask>> mask = guide_->mask();
+  if (!mask.ok()) {
+    guide_status_ = mask.status();
+    return kNoAllowedToken;
+  }
+  guide_mask_ = std::move(*mask);
+  KVSPLIT_CHECK(static_cast<int>(guide_mask_->bits.size()) * 64 >= vocab);
+  const bool end_ok = guide_->accepting();
+  // The end ids keep their logits when the text is complete (they add no bytes: not in the mask).
+  end_logits_.clear();
+  if (end_ok) {
+    for (const int32_t id : end_ids_)
+      end_logits_.push_back(id >= 0 && id < vocab ? logits[id] : 0.0f);
+  }
+  // Word by word: a full word keeps its 64 logits, others are blended (vectorizable).
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  const uint64_t* bits = guide_mask_->bits.data();
+  for (int base = 0; base < vocab; base += 64) {
+    const uint64_t keep = bits[base >> 6];
+    const int n = std::min(64, vocab - base);
+    if (keep == ~uint64_t{0} && n == 64) continue;
+    float* l = logits + base;
+    for (int j = 0; j < n; ++j) l[j] = (keep >> j) & 1u ? l[j] : kMasked;
+  }
+  int32_t allowed = guide_mask_->count;
+  int32_t first = -1;
+  for (size_t k = 0; k < end_logits_.size(); ++k) {
+    const int32_t id = end_ids_[k];
+    if (id < 0 || id >= vocab || guide_mask_->test(id)) continue;
+    const bool repeated =
+        std::find(end_ids_.begin(), end_ids_.begin() + k, id) != end_ids_.begin() + k;
+    logits[id] = end_logits_[k];
+    if (!repeated) ++allowed;
+    if (first < 0 || id < first) first = id;
+  }
+  for (size_t w = 0; w < guide_mask_->bits.size(); ++w) {
+    if (guide_mask_->bits[w] == 0) continue;
+    const auto id =
+        static_cast<int32_t>(w * 64 + static_cast<size_t>(std::countr_zero(guide_mask_->bits[w])));
+    if (first < 0 || id < first) first = id;
+    break;
+  }
+  int32_t allowed_stop = 0;  // allowed ids the min_tokens mask would take
+  for (auto it = min_tokens_mask_.begin(); it != min_tokens_mask_.end(); ++it) {
+    const bool repeated = std::find(min_tokens_mask_.begin(), it, *it) != it;
+    if (!repeated && *it >= 0 && *it < vocab && guide_allows(*it, end_ok)) ++allowed_stop;
+  }
+  if (allowed == 0) {
+    guide_status_ = end_ok ? ok_status()
+                           : internal_error(
+                                 "guided decoding: no token of the vocabulary continues the text "
+                                 "within the constraint");
+    return kNoAllowedToken;
+  }
+  if (allowed > allowed_stop) apply_bias_and_mask(logits, vocab, output.size(), /*bias=*/false);
+  apply_penalties(logits, vocab, prompt, output);
+  int32_t token = pick(logits, vocab);
+  if (!guide_allows(token, end_ok)) token = first;
+  if (Status st = guide_->advance(token); !st.ok()) {
+    guide_status_ = std::move(st);
+    return kNoAllowedToken;
+  }
+  return token;
+}
+
+int32_t Sampler::pick(float* logits, int vocab) {
   if (vocab == 1) {
     if (params_.temperature >= kGreedyTemperature) next_uniform();  // keep one draw per token
     return 0;

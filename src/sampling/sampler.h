@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kvsplit/sampling_params.h"
+#include "sampling/guide.h"
 
 namespace kvsplit::sampling {
 
@@ -42,7 +43,7 @@ bool logits_usable(const float* x, int n);
 inline bool is_plain_greedy(const SamplingParams& p) {
   return p.temperature < kGreedyTemperature && p.repetition_penalty == 1.0f &&
          p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && p.logit_bias.empty() &&
-         p.min_tokens == 0;
+         p.min_tokens == 0 && !p.guided.on();
 }
 
 // The seed of stream `index` of a run seeded `base` (the CLI's prompt `index`). Stream 0 takes
@@ -68,8 +69,18 @@ class Sampler {
   // id must be in [0, vocab) (the engine validates prompt ids on admission). vocab >= 1.
   // Greedy when temperature < kGreedyTemperature (argmax, lowest id on exact ties). If the
   // softmax degenerates (NaN or +inf logits), returns the argmax of the scaled logits.
+  // With a guide (set_guide), only the tokens the constraint allows are candidates, the chosen
+  // one advances the guide, and kNoAllowedToken comes back when nothing may be sampled:
+  // guide_status() is then OK when the text is complete (the sequence stops) or says why not.
   int32_t sample(float* logits, int vocab, std::span<const int32_t> prompt,
                  std::span<const int32_t> output);
+
+  static constexpr int32_t kNoAllowedToken = -1;
+  // Guided decoding (params.guided on): the sequence's position in its grammar, before its first
+  // sample.
+  void set_guide(std::unique_ptr<GuideState> guide);
+  bool guided() const { return guide_ != nullptr; }
+  const Status& guide_status() const { return guide_status_; }
 
   // The RNG: xorshift64* as run.c's random_f32, 24-bit uniform in [0, 1).
   static float uniform_from_state(uint64_t* state);
@@ -81,8 +92,13 @@ class Sampler {
 
  private:
   float next_uniform() { return uniform_from_state(&rng_state_); }
-  // logit_bias, then the min_tokens mask (while output is shorter than min_tokens).
-  void apply_bias_and_mask(float* logits, int vocab, size_t num_output) const;
+  // logit_bias (unless !bias), then the min_tokens mask (while output is shorter than min_tokens).
+  void apply_bias_and_mask(float* logits, int vocab, size_t num_output, bool bias = true) const;
+  // Greedy or the draw over logits already biased, masked and penalized.
+  int32_t pick(float* logits, int vocab);
+  int32_t sample_guided(float* logits, int vocab, std::span<const int32_t> prompt,
+                        std::span<const int32_t> output);
+  bool guide_allows(int32_t id, bool end_ok) const;
   bool penalties_on() const;
   // Penalties: logits of the distinct ids of prompt + output (repetition) and of the output with
   // their counts (frequency / presence), from the history kept since the last call.
@@ -116,7 +132,12 @@ class Sampler {
   SamplingParams params_;
   uint64_t rng_state_;
   std::vector<int32_t> min_tokens_mask_;  // ids masked before min_tokens (empty: min_tokens 0)
-  std::vector<Candidate> candidates_;     // scratch [vocab]
+  std::unique_ptr<GuideState> guide_;
+  std::shared_ptr<const TokenMask> guide_mask_;  // the mask of the current step
+  std::vector<int32_t> end_ids_;                 // EOS and stop_token_ids (guided only)
+  std::vector<float> end_logits_;                // scratch: their logits before the mask
+  Status guide_status_;
+  std::vector<Candidate> candidates_;  // scratch [vocab]
   // Penalty history (sync_history): seen_[t] marks an id of prompt + output (listed once in
   // seen_ids_), counts_[t] its count in the output (ids listed once in output_ids_); sized
   // [vocab] only with penalties on.

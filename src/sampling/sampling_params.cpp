@@ -68,6 +68,55 @@ Status validate_logit_bias(const std::vector<std::pair<int32_t, float>>& logit_b
   return ok_status();
 }
 
+Status validate_guided(const GuidedDecoding& g, bool ignore_eos) {
+  using Kind = GuidedDecoding::Kind;
+  if (!g.on()) {
+    if (!g.spec.empty() || !g.choices.empty())
+      return field_error("guided", "a spec or choices without a kind");
+    return ok_status();
+  }
+  if (ignore_eos) {
+    return field_error("ignore_eos",
+                       "cannot be combined with guided decoding (the constraint decides where "
+                       "the text ends)");
+  }
+  const bool wants_spec = g.kind == Kind::kRegex || g.kind == Kind::kJsonSchema;
+  const char* field = g.kind == Kind::kRegex        ? "guided.regex"
+                      : g.kind == Kind::kJsonSchema ? "guided.json_schema"
+                      : g.kind == Kind::kChoice     ? "guided.choice"
+                                                    : "guided.json_object";
+  if (wants_spec && g.spec.empty()) return field_error(field, "must not be empty");
+  if (!wants_spec && !g.spec.empty()) return field_error(field, "takes no spec");
+  if (g.spec.size() > kMaxGuidedSpecBytes) {
+    return field_error(field,
+                       fmt::format("at most {} bytes, got {}", kMaxGuidedSpecBytes, g.spec.size()));
+  }
+  if (!utf8::is_valid(g.spec)) return field_error(field, "is not valid UTF-8");
+  if (g.kind != Kind::kChoice) {
+    if (!g.choices.empty()) return field_error(field, "takes no choices");
+    return ok_status();
+  }
+  if (g.choices.empty() || g.choices.size() > kMaxGuidedChoices) {
+    return field_error(
+        field, fmt::format("needs 1..{} choices, got {}", kMaxGuidedChoices, g.choices.size()));
+  }
+  size_t total = 0;
+  for (size_t i = 0; i < g.choices.size(); ++i) {
+    total += g.choices[i].size();
+    if (total > kMaxGuidedSpecBytes) {
+      return field_error(
+          field, fmt::format("the choices take more than {} bytes in all", kMaxGuidedSpecBytes));
+    }
+    if (g.choices[i].size() > kMaxGuidedChoiceBytes) {
+      return field_error(field, fmt::format("choice {} has {} bytes, at most {}", i,
+                                            g.choices[i].size(), kMaxGuidedChoiceBytes));
+    }
+    if (!utf8::is_valid(g.choices[i]))
+      return field_error(field, fmt::format("choice {} is not valid UTF-8", i));
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 Status SamplingParams::validate(int32_t vocab_size) const {
@@ -121,6 +170,7 @@ Status SamplingParams::validate(int32_t vocab_size) const {
               : fmt::format("stop_token_ids[{}] = {} must be >= 0", i, id));
     }
   }
+  KVSPLIT_RETURN_IF_ERROR(validate_guided(guided, ignore_eos));
   return validate_logit_bias(logit_bias, vocab_size);
 }
 
