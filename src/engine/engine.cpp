@@ -18,6 +18,7 @@
 #include "common/splitmix.h"
 #include "engine/engine_impl.h"
 #include "kv/kv_pool.h"
+#include "model/guide_vocabulary.h"
 #include "model/llama_model.h"
 #include "sched/step_model.h"
 
@@ -251,7 +252,8 @@ EngineImpl::~EngineImpl() { shutdown(std::chrono::milliseconds(0)); }
 
 std::unique_ptr<sched::Sequence> EngineImpl::make_sequence(
     const Request& request, std::shared_ptr<sched::RequestControl> ctl, int64_t arrival,
-    std::vector<int32_t> ids, const SlaClass& cls, int class_index) {
+    std::vector<int32_t> ids, const SlaClass& cls, int class_index,
+    const std::shared_ptr<sampling::GuideGrammar>& grammar) {
   const model::ModelConfig& mc = loaded_->config;
   auto seq = std::make_unique<sched::Sequence>();
   seq->ctl = std::move(ctl);
@@ -277,6 +279,10 @@ std::unique_ptr<sched::Sequence> EngineImpl::make_sequence(
                             : splitmix64(config_.seed ^ splitmix64(seq->arrival));
   seq->sampler = std::make_unique<sampling::Sampler>(request.sampling, seed, mc.eos_token_ids);
   seq->sampler->reserve(mc.vocab_size);
+  if (grammar != nullptr) {
+    seq->sampler->set_guide(std::make_unique<sampling::GuideState>(
+        grammar, last_prompt == loaded_->tokenizer->bos_id()));
+  }
   const int max_new =
       std::min(max_generated_tokens(request.sampling), mc.max_seq_len - seq->num_prompt + 1);
   seq->stop = std::make_unique<sampling::StopChecker>(request.sampling, mc.eos_token_ids, max_new);
@@ -294,6 +300,14 @@ std::unique_ptr<sched::Sequence> EngineImpl::make_sequence(
   seq->queue_deadline = now + std::chrono::duration_cast<sched::Clock::duration>(
                                   std::chrono::duration<double, std::milli>(cls.queue_timeout_ms));
   return seq;
+}
+
+sampling::GuideCache& EngineImpl::guides() {
+  std::call_once(guides_once_, [this] {
+    guides_ = std::make_unique<sampling::GuideCache>(
+        model::guide_vocabulary(*loaded_->tokenizer, loaded_->config.vocab_size));
+  });
+  return *guides_;
 }
 
 StatusOr<RequestHandle> EngineImpl::submit(Request request) {
@@ -323,6 +337,10 @@ StatusOr<RequestHandle> EngineImpl::submit(Request request) {
     }
   }
   KVSPLIT_RETURN_IF_ERROR(sched::check_admission(request, static_cast<int>(ids.size()), limits_));
+  std::shared_ptr<sampling::GuideGrammar> grammar;
+  if (request.sampling.guided.on()) {
+    KVSPLIT_ASSIGN_OR_RETURN(grammar, guides().get(request.sampling.guided));
+  }
   const int n = request.n;
   const int num_prompt = static_cast<int>(ids.size());
   const int64_t arrival = next_arrival_.fetch_add(n, std::memory_order_relaxed);
@@ -351,7 +369,7 @@ StatusOr<RequestHandle> EngineImpl::submit(Request request) {
   std::vector<std::unique_ptr<sched::Sequence>> seqs;
   for (int i = 0; i < n; ++i) {
     seqs.push_back(make_sequence(request, ctls[i], arrival + i, i + 1 < n ? ids : std::move(ids),
-                                 classes[ci], ci));
+                                 classes[ci], ci, grammar));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -26,6 +26,7 @@
 #include "kvm/manager.h"
 #include "kvsplit/engine.h"
 #include "model/loader.h"
+#include "sampling/guide.h"
 #include "sched/admission.h"
 #include "sched/router.h"
 #include "sched/sequence.h"
@@ -124,10 +125,14 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   void fill_kvm_stats(EngineStats* s) const;
   EngineStats stats_without_kvm() const;
   void on_final(const sched::Sequence& seq, const TokenEvent& final_event) override;
-  std::unique_ptr<sched::Sequence> make_sequence(const Request& request,
-                                                 std::shared_ptr<sched::RequestControl> ctl,
-                                                 int64_t arrival, std::vector<int32_t> ids,
-                                                 const SlaClass& cls, int class_index);
+  // `grammar`: the request's compiled constraint (guided decoding), or null.
+  std::unique_ptr<sched::Sequence> make_sequence(
+      const Request& request, std::shared_ptr<sched::RequestControl> ctl, int64_t arrival,
+      std::vector<int32_t> ids, const SlaClass& cls, int class_index,
+      const std::shared_ptr<sampling::GuideGrammar>& grammar);
+  // Compiled guided-decoding constraints, over the model's token bytes (built on first use: a
+  // large vocabulary's trie costs memory no unguided deployment needs).
+  sampling::GuideCache& guides();
 
   EngineConfig config_;
   std::unique_ptr<model::LoadedModel> loaded_;  // outlives the workers (weights, tokenizer)
@@ -143,6 +148,8 @@ class EngineImpl final : public Engine, private sched::FinishSink {
   std::shared_mutex submit_mu_;
   bool accepting_ = true;  // guarded by submit_mu_
   std::once_flag shutdown_once_;
+  std::once_flag guides_once_;
+  std::unique_ptr<sampling::GuideCache> guides_;
   std::atomic<int64_t> next_arrival_{0};
 
   mutable std::mutex mu_;

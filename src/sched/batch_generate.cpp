@@ -10,6 +10,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "model/guide_vocabulary.h"
 #include "sampling/sampler.h"
 #include "sampling/stop.h"
 #include "sched/prefix_share.h"
@@ -188,6 +189,14 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
   KVSPLIT_RETURN_IF_ERROR(cuts::semantic::validate(options.semantic));
   KVSPLIT_RETURN_IF_ERROR(validate_inputs(inputs, cfg));
   if (options.spatial_min_context < 0) return invalid_argument("spatial_min_context must be >= 0");
+  // Guided decoding: constraints compiled once per distinct constraint, over the token bytes.
+  std::unique_ptr<sampling::GuideCache> guides;
+  for (const GenerationInput& in : inputs) {
+    if (!in.params.guided.on() || guides) continue;
+    if (tokenizer == nullptr) return invalid_argument("guided decoding needs a tokenizer");
+    guides =
+        std::make_unique<sampling::GuideCache>(model::guide_vocabulary(*tokenizer, cfg.vocab_size));
+  }
   std::vector<SeqState> seqs(inputs.size());
   PoolGuard guard{pool, seqs};
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -202,6 +211,12 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       s.cut = std::make_unique<SequenceCut>(options.kv_policy, options.semantic);
     s.sampler = std::make_unique<sampling::Sampler>(in.params, in.params.seed.value_or(in.seed),
                                                     cfg.eos_token_ids);
+    if (in.params.guided.on()) {
+      StatusOr<std::shared_ptr<sampling::GuideGrammar>> g = guides->get(in.params.guided);
+      if (!g.ok()) return g.status().with_prefix(fmt::format("prompt {}", i));
+      s.sampler->set_guide(std::make_unique<sampling::GuideState>(
+          std::move(*g), in.prompt_ids.back() == tokenizer->bos_id()));
+    }
     s.greedy = sampling::is_plain_greedy(in.params);
     // Positions past the prompt are bounded by the context: the last sampled token is never fed.
     const int max_new = std::min(max_generated_tokens(in.params), ctx - s.num_prompt + 1);
@@ -214,6 +229,19 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     if (tokenizer)
       s.decoder = std::make_unique<model::StreamDecoder>(*tokenizer, in.prompt_ids.back());
   }
+
+  // A sequence ends: held-back text (a possible stop-string prefix, an incomplete UTF-8
+  // character) is released unless a stop string cut it (as the server does: finish_sequence).
+  auto end = [&](SeqState& s, int index, FinishReason reason, bool stop_string) {
+    s.reason = reason;
+    std::string rest = s.stop->flush();
+    if (s.decoder && !stop_string) rest += s.decoder->flush();
+    if (!rest.empty()) {
+      s.text += rest;
+      if (options.on_text) options.on_text(index, rest);
+    }
+    pool.release(s.table);
+  };
 
   const int bs = pool.block_size();
   SchedulerConfig sc;
@@ -473,6 +501,12 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
         ++row;
         if (sampling::logits_usable(lg, cfg.vocab_size))
           tok = s.sampler->sample(lg, cfg.vocab_size, s.prompt(), s.output());
+        if (tok == sampling::Sampler::kNoAllowedToken && s.sampler->guided()) {
+          if (!s.sampler->guide_status().ok())
+            return s.sampler->guide_status().with_prefix(fmt::format("prompt {}", step_seq[k]));
+          end(s, step_seq[k], FinishReason::kStop, false);  // complete, with no end id to sample
+          continue;
+        }
       } else {
         continue;
       }
@@ -491,18 +525,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
         s.text += r.text;
         if (options.on_text) options.on_text(step_seq[k], r.text);
       }
-      if (r.reason != FinishReason::kNone) {
-        s.reason = r.reason;
-        // Held-back text (a possible stop-string prefix, an incomplete UTF-8 character) is
-        // released unless a stop string cut it (as the server does: finish_sequence).
-        std::string rest = s.stop->flush();
-        if (s.decoder && !r.stop_string) rest += s.decoder->flush();
-        if (!rest.empty()) {
-          s.text += rest;
-          if (options.on_text) options.on_text(step_seq[k], rest);
-        }
-        pool.release(s.table);
-      }
+      if (r.reason != FinishReason::kNone) end(s, step_seq[k], r.reason, r.stop_string);
     }
     // Effective-KV accounting point of every sequence that ran: what its pages hold after the
     // step (a decode row's cut measured its table already; finished ones hold nothing).

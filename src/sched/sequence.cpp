@@ -89,6 +89,9 @@ FinishReason sample_and_append(Sequence& seq, float* logits, int vocab, Clock::t
   thread_local std::vector<float> raw;
   if (seq.top_logprobs > 0) raw.assign(logits, logits + vocab);
   const int32_t token = seq.sampler->sample(logits, vocab, prompt, output);
+  if (token == sampling::Sampler::kNoAllowedToken) {  // guided: the constraint allows nothing
+    return seq.sampler->guide_status().ok() ? FinishReason::kStop : FinishReason::kError;
+  }
   KVSPLIT_CHECK(token >= 0 && token < vocab);
   return push_token(seq, token, seq.top_logprobs > 0 ? raw.data() : nullptr, vocab, now);
 }
@@ -112,6 +115,8 @@ void record_prompt_logprobs(Sequence& seq, const float* rows, int start, int n, 
 }
 
 Status unusable_logits_error(const Sequence& seq) {
+  if (seq.sampler && seq.sampler->guided() && !seq.sampler->guide_status().ok())
+    return seq.sampler->guide_status().with_prefix(fmt::format("request {}", seq.display_id()));
   return internal_error(fmt::format(
       "request {}: the model produced no usable logits (NaN or infinite) at position {}: its "
       "activations overflow float32 (check the model's weights) or the backend failed",
@@ -138,8 +143,9 @@ void finish_sequence(Sequence& seq, FinishReason reason, Status status, Clock::t
   // some tokens flushes it too, so the stream's text is always that of the ids it delivered.
   if (seq.num_output() > 0 && seq.stop && seq.decoder) {
     const int32_t last = seq.tokens.back();
+    // (A guided text that is complete with no end id to sample stops without the checker.)
     const bool stop_string =
-        reason == FinishReason::kStop &&
+        reason == FinishReason::kStop && seq.stop->finished() &&
         std::find(seq.params.stop_token_ids.begin(), seq.params.stop_token_ids.end(), last) ==
             seq.params.stop_token_ids.end() &&
         std::find(seq.eos_ids.begin(), seq.eos_ids.end(), last) == seq.eos_ids.end();

@@ -205,7 +205,8 @@ void record_prompt_logprobs(Sequence& seq, const float* rows, int start, int n, 
 // to `seq`, pushes one non-final event (id, text delta, logprobs when top_logprobs > 0) and returns
 // the finish reason (kNone while generation continues). kError, with nothing appended, when the
 // logits have no usable value (sampling::logits_usable): the caller fails the sequence
-// (unusable_logits_error).
+// (unusable_logits_error). Guided decoding: kStop with nothing appended when the text is
+// complete and no end id can be sampled, kError when the constraint allows no token.
 FinishReason sample_and_append(Sequence& seq, float* logits, int vocab, Clock::time_point now);
 
 // True when the next token is the plain argmax of the logits (greedy, no penalties, no

@@ -1,0 +1,193 @@
+// Guided decoding through the engine, in both serving modes, on stories260K (a model that never
+// writes these texts unguided): the text of every request lies in its constraint's language
+// (regex, choice, JSON schema, any JSON object), ends at EOS when complete, is a prefix of it when
+// cut by max_tokens, n completions each obey it, bad constraints are refused at submit, and every
+// KV block comes back.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "engine/engine_test_util.h"
+
+namespace kvsplit {
+namespace {
+
+using testing::collect;
+using testing::Collected;
+
+class EngineGuided : public ::testing::TestWithParam<ServingMode> {
+ protected:
+  void SetUp() override {
+    KVSPLIT_REQUIRE_MODELS();
+    auto engine = Engine::create(testing::stories_config(GetParam()));
+    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    engine_ = std::move(*engine);
+    free_at_start_ = testing::free_blocks(*engine_);
+  }
+  void TearDown() override {
+    if (engine_) EXPECT_TRUE(testing::pools_back_to(*engine_, free_at_start_));
+  }
+  Collected run(const Request& r) {
+    auto h = engine_->submit(r);
+    EXPECT_TRUE(h.ok()) << h.status().to_string();
+    if (!h.ok()) return {};
+    Collected c = collect(*h);
+    EXPECT_FALSE(c.timed_out);
+    EXPECT_TRUE(c.final_event.status.ok()) << c.final_event.status.to_string();
+    return c;
+  }
+  static Request guided(GuidedDecoding::Kind kind, std::string spec, float temperature,
+                        uint64_t seed = 7) {
+    Request r;
+    r.prompt = "Once upon a time";
+    r.sampling.temperature = temperature;
+    r.sampling.seed = seed;
+    r.sampling.max_tokens = 120;
+    r.sampling.guided.kind = kind;
+    r.sampling.guided.spec = std::move(spec);
+    return r;
+  }
+  std::unique_ptr<Engine> engine_;
+  std::vector<int> free_at_start_;
+};
+
+TEST_P(EngineGuided, RegexHoldsGreedyAndSampledAndEndsAtEos) {
+  const std::string rx = "[0-9]{3}-[a-z]{2,4}( [A-Z][a-z]{1,6})?";
+  for (const float t : {0.0f, 1.0f, 1.5f}) {
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      const Collected c = run(guided(GuidedDecoding::Kind::kRegex, rx, t, seed));
+      EXPECT_TRUE(std::regex_match(c.text, std::regex(rx))) << "t " << t << ": '" << c.text << "'";
+      // The language is finite, so the text ends complete, at EOS (the only token allowed at
+      // the end of its longest strings): kStop.
+      EXPECT_EQ(c.final_event.finish_reason, FinishReason::kStop) << c.text;
+      if (t == 0.0f) break;
+    }
+  }
+}
+
+TEST_P(EngineGuided, UnguidedTextIsNotAlreadyInTheLanguage) {
+  // The constraint is what makes the text match: the same request unguided does not.
+  Request r = guided(GuidedDecoding::Kind::kRegex, "", 0.0f);
+  r.sampling.guided = {};
+  r.sampling.max_tokens = 12;
+  const Collected c = run(r);
+  EXPECT_FALSE(std::regex_match(c.text, std::regex("[0-9]{3}-[a-z]{2,4}( [A-Z][a-z]{1,6})?")));
+}
+
+TEST_P(EngineGuided, ChoiceGivesExactlyOneChoiceForEveryCompletion) {
+  Request r = guided(GuidedDecoding::Kind::kChoice, "", 1.0f, 11);
+  r.sampling.guided.choices = {"the red fox", "a blue (bird)", "Tim.*", "ünïcode ✓"};
+  r.n = 6;
+  auto h = engine_->submit(r);
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  const testing::CollectedCompletions all = testing::collect_completions(*h, r.n);
+  ASSERT_FALSE(all.timed_out);
+  for (const Collected& c : all.completions) {
+    EXPECT_NE(std::find(r.sampling.guided.choices.begin(), r.sampling.guided.choices.end(), c.text),
+              r.sampling.guided.choices.end())
+        << "'" << c.text << "'";
+    EXPECT_EQ(c.final_event.finish_reason, FinishReason::kStop);
+  }
+}
+
+TEST_P(EngineGuided, JsonSchemaGivesAValidDocument) {
+  const std::string schema = R"({"type":"object","properties":{
+      "name":{"type":"string","maxLength":12},
+      "age":{"type":"integer"},
+      "pets":{"type":"array","items":{"enum":["cat","dog"]},"maxItems":3},
+      "happy":{"type":"boolean"}},
+    "required":["name","age"]})";
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    Request r = guided(GuidedDecoding::Kind::kJsonSchema, schema, 0.8f, seed);
+    r.sampling.max_tokens = 400;
+    const Collected c = run(r);
+    ASSERT_EQ(c.final_event.finish_reason, FinishReason::kStop) << c.text;
+    const nlohmann::json doc = nlohmann::json::parse(c.text, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(doc.is_discarded()) << c.text;
+    ASSERT_TRUE(doc.is_object()) << c.text;
+    EXPECT_TRUE(doc["name"].is_string()) << c.text;
+    EXPECT_LE(doc["name"].get<std::string>().size(), 12u * 4) << c.text;
+    EXPECT_TRUE(doc["age"].is_number_integer()) << c.text;
+    if (doc.contains("pets")) {
+      EXPECT_LE(doc["pets"].size(), 3u) << c.text;
+      for (const auto& p : doc["pets"]) EXPECT_TRUE(p == "cat" || p == "dog") << c.text;
+    }
+    if (doc.contains("happy")) EXPECT_TRUE(doc["happy"].is_boolean()) << c.text;
+    for (const auto& [k, v] : doc.items())
+      EXPECT_TRUE(k == "name" || k == "age" || k == "pets" || k == "happy") << c.text;
+  }
+}
+
+TEST_P(EngineGuided, JsonObjectGivesAnObject) {
+  Request r = guided(GuidedDecoding::Kind::kJsonObject, "", 1.0f, 5);
+  r.sampling.max_tokens = 300;
+  const Collected c = run(r);
+  if (c.final_event.finish_reason == FinishReason::kStop) {
+    const nlohmann::json doc = nlohmann::json::parse(c.text, nullptr, false);
+    ASSERT_FALSE(doc.is_discarded()) << c.text;
+    EXPECT_TRUE(doc.is_object()) << c.text;
+  } else {
+    EXPECT_EQ(c.final_event.finish_reason, FinishReason::kLength);
+    EXPECT_EQ(c.text.front(), '{') << c.text;
+  }
+}
+
+TEST_P(EngineGuided, MaxTokensCutsTheTextAtAPrefixOfTheLanguage) {
+  Request r = guided(GuidedDecoding::Kind::kRegex, "(ab|cd)+x", 1.0f, 3);
+  r.sampling.max_tokens = 5;
+  const Collected c = run(r);
+  EXPECT_EQ(c.final_event.finish_reason, FinishReason::kLength);
+  ASSERT_EQ(c.tokens.size(), 5u);
+  // Every prefix of the language is (ab|cd)* then a, c or nothing (x would have ended it).
+  EXPECT_TRUE(std::regex_match(c.text, std::regex("(ab|cd)*[ac]?"))) << c.text;
+}
+
+TEST_P(EngineGuided, MinTokensDoesNotOutliveACompleteText) {
+  // The text is complete after "yes"; min_tokens would mask EOS, but nothing else is allowed.
+  Request r = guided(GuidedDecoding::Kind::kChoice, "", 0.0f);
+  r.sampling.guided.choices = {"yes"};
+  r.sampling.min_tokens = 10;
+  const Collected c = run(r);
+  EXPECT_EQ(c.text, "yes");
+  EXPECT_EQ(c.final_event.finish_reason, FinishReason::kStop);
+}
+
+TEST_P(EngineGuided, BadConstraintsAreRefusedAtSubmit) {
+  struct Bad {
+    GuidedDecoding g;
+    bool ignore_eos;
+    std::string field;
+  };
+  const std::vector<Bad> bad = {
+      {{GuidedDecoding::Kind::kRegex, "[a-", {}}, false, "guided.regex"},
+      {{GuidedDecoding::Kind::kRegex, "a{2000}", {}}, false, "guided.regex"},
+      {{GuidedDecoding::Kind::kRegex, "", {}}, false, "guided.regex"},
+      {{GuidedDecoding::Kind::kJsonSchema, "{\"type\":", {}}, false, "guided.json_schema"},
+      {{GuidedDecoding::Kind::kJsonSchema, "{\"type\":\"integer\",\"minimum\":3}", {}},
+       false,
+       "guided.json_schema"},
+      {{GuidedDecoding::Kind::kChoice, "", {}}, false, "guided.choice"},
+      {{GuidedDecoding::Kind::kRegex, "a+", {}}, true, "ignore_eos"},
+  };
+  for (const Bad& b : bad) {
+    Request r = guided(b.g.kind, b.g.spec, 0.0f);
+    r.sampling.guided.choices = b.g.choices;
+    r.sampling.ignore_eos = b.ignore_eos;
+    auto h = engine_->submit(r);
+    ASSERT_FALSE(h.ok()) << b.g.spec;
+    EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument) << h.status().to_string();
+    EXPECT_EQ(h.status().message().rfind(b.field, 0), 0u) << h.status().to_string();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, EngineGuided,
+                         ::testing::Values(ServingMode::kColocated, ServingMode::kDisaggregated),
+                         [](const auto& info) {
+                           return info.param == ServingMode::kColocated ? "Colocated"
+                                                                        : "Disaggregated";
+                         });
+
+}  // namespace
+}  // namespace kvsplit
