@@ -28,6 +28,7 @@
 #include "cli/tokenize.h"
 #include "common/check.h"
 #include "common/cli_options.h"
+#include "common/guided_flags.h"
 #include "kernels/common/kv_quant.h"
 #include "kv/kv_pool.h"
 #include "model/default_model.h"
@@ -67,6 +68,7 @@ struct GenerateFlags {
   std::vector<std::string> stop;
   int min_tokens = 0;
   std::vector<std::string> logit_bias;  // "ID=BIAS"
+  GuidedFlags guided;
   bool json = false;
   int block_size = 16;
   int max_batch_tokens = 512;
@@ -107,6 +109,9 @@ int run_generate(const CLI::App& gen, CommonFlags& cf, const GenerateFlags& gf) 
   auto rc = cli::resolve_cut(gf.cut, gf.block_size);
   if (!rc.ok()) return fail(rc.status());
   warn_ignored_flags(gen, gf, *rc);
+  // Before the model loads: a --guided-json @file that cannot be read fails at once.
+  auto guided = guided_from_flags(gen, gf.guided);
+  if (!guided.ok()) return fail(guided.status());
   auto run = cli::load_run_model(cf);
   if (!run.ok()) return fail(run.status());
   model::LoadedModel* loaded = &(*run)->loaded;
@@ -162,6 +167,7 @@ int run_generate(const CLI::App& gen, CommonFlags& cf, const GenerateFlags& gf) 
     // min_tokens asks.
     p.min_tokens = std::min(gf.min_tokens, p.max_tokens);
     p.logit_bias = logit_bias;
+    p.guided = *guided;
     p.seed = sampling::stream_seed(base_seed, i);
   }
   if (num_capped > 0 && gen.count("--max-tokens") > 0) {
@@ -446,6 +452,7 @@ int main(int argc, char** argv) {
                   "ID=BIAS: add BIAS in [-100, 100] to token ID's logit (repeatable)")
       ->allow_extra_args(false)
       ->check(kLogitBiasEntry);
+  add_guided_options(gen, gf.guided);
   gen->add_flag("--json", gf.json, "print one JSON line per prompt");
   gen->add_option("--block-size", gf.block_size, "KV page size in tokens")
       ->check(CLI::Range(1, 1024));

@@ -21,11 +21,15 @@ struct TlsConfig {
 };
 
 // Bytes of a request message kept for its fields other than the prompt (ids, stop strings,
-// sampling): a prompt of max_prompt_bytes always fits in max_message_bytes. The largest valid
-// request has about 7,700 such bytes (16 stop strings of 256 bytes, a 128-byte id, a 256-byte
-// cache_salt, 64 stop ids, 200 logit_bias entries;
-// ConvertTest.TheLargestValidRequestFitsBesideItsPrompt).
-inline constexpr int32_t kRequestFieldsBytes = 8192;
+// sampling, guided decoding): a prompt of max_prompt_bytes always fits in max_message_bytes. The
+// largest valid set is about 41,000 bytes: 7,610 without guided decoding (16 stop strings of 256
+// bytes, a 128-byte id, a 256-byte cache_salt, 64 stop ids, 200 logit_bias entries, ...) and at
+// most 33,536 for guided decoding (a 32 KiB regex or schema takes 32,776; choices, 32 KiB in all,
+// add 3 bytes of framing each). 48 KiB leaves room for a few small fields more
+// (ConvertTest.TheLargestValidRequestFitsBesideItsPrompt,
+// ConvertTest.TheLargestGuidedRequestFitsBesideItsPrompt). It was 8192 before guided decoding;
+// max_message_bytes must be at least twice this (96 KiB).
+inline constexpr int32_t kRequestFieldsBytes = 48 * 1024;
 
 // What the calls of one API key may do (a `server.api_keys` entry written as a mapping;
 // docs/configuration.md "Per-key policy"). The defaults are a plain key's: full rights.

@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli_options.h"
+#include "common/guided_flags.h"
+#include "kvsplit/sampling_params.h"
 #include "kvsplit/v1/generation.grpc.pb.h"
 #include "server/client_channel.h"
 
@@ -85,6 +87,10 @@ int main(int argc, char** argv) {
                  "ID=BIAS: add BIAS in [-100, 100] to token ID's logit (repeatable)")
       ->allow_extra_args(false)
       ->check(kvsplit::kLogitBiasEntry);
+  // Guided decoding (GenerateRequest.guided; docs/sampling.md "Guided decoding"): at most one of
+  // the four, as `kvsplit generate` takes them.
+  kvsplit::GuidedFlags guided_flags;
+  kvsplit::add_guided_options(&app, guided_flags);
   app.add_option("--n", n,
                  "completions of the prompt, [1, 128] (text: each printed when it ends, as "
                  "[i] text; --json: a choices array)")
@@ -127,9 +133,12 @@ int main(int argc, char** argv) {
     return usage_error("--info / --stats take no prompt");
   if (info || stats) {
     for (const char* flag :
-         {"--max-tokens", "--temperature", "--top-p", "--top-k", "--min-p", "--repetition-penalty",
-          "--seed", "--stop", "--ignore-eos", "--min-tokens", "--logit-bias", "--n", "--sla-class",
-          "--priority", "--top-logprobs", "--prompt-logprobs", "--request-id"}) {
+         {"--max-tokens",    "--temperature",        "--top-p",        "--top-k",
+          "--min-p",         "--repetition-penalty", "--seed",         "--stop",
+          "--ignore-eos",    "--min-tokens",         "--logit-bias",   "--guided-regex",
+          "--guided-choice", "--guided-json",        "--json-object",  "--n",
+          "--sla-class",     "--priority",           "--top-logprobs", "--prompt-logprobs",
+          "--request-id"}) {
       if (app.count(flag) > 0)
         return usage_error(std::string(flag) + " is for a generation, not --info / --stats");
     }
@@ -185,6 +194,25 @@ int main(int argc, char** argv) {
     const auto [id, bias] = *kvsplit::parse_logit_bias_entry(entry);  // the flag checked the form
     if (!req.mutable_sampling()->mutable_logit_bias()->insert({id, bias}).second)
       return usage_error("--logit-bias: token id " + std::to_string(id) + " is given twice");
+  }
+  auto guided = kvsplit::guided_from_flags(app, guided_flags);
+  if (!guided.ok()) return usage_error(guided.status().message());
+  using GuidedKind = kvsplit::GuidedDecoding::Kind;
+  switch (guided->kind) {
+    case GuidedKind::kNone:
+      break;
+    case GuidedKind::kRegex:
+      req.mutable_guided()->set_regex(guided->spec);
+      break;
+    case GuidedKind::kChoice:
+      for (const auto& c : guided->choices) req.mutable_guided()->mutable_choice()->add_choices(c);
+      break;
+    case GuidedKind::kJsonSchema:
+      req.mutable_guided()->set_json_schema(guided->spec);
+      break;
+    case GuidedKind::kJsonObject:
+      req.mutable_guided()->set_json_object(true);
+      break;
   }
   req.set_sla_class(sla_class);
   req.set_priority(priority);

@@ -16,6 +16,35 @@ Status bad(const std::string& field, const std::string& rule, int64_t got) {
   return invalid_argument(field + ": must be " + rule + ", got " + std::to_string(got));
 }
 
+// GenerateRequest.guided -> SamplingParams::guided. The oneof's own rules are checked here (a
+// json_object set to false, an empty choice list); sizes and syntax by SamplingParams::validate.
+Status to_guided(const v1::GuidedDecoding& in, GuidedDecoding* out) {
+  using Kind = GuidedDecoding::Kind;
+  switch (in.constraint_case()) {
+    case v1::GuidedDecoding::kRegex:
+      out->kind = Kind::kRegex;
+      out->spec = in.regex();
+      break;
+    case v1::GuidedDecoding::kChoice:
+      if (in.choice().choices().empty())
+        return invalid_argument("guided.choice: needs at least one choice");
+      out->kind = Kind::kChoice;
+      out->choices.assign(in.choice().choices().begin(), in.choice().choices().end());
+      break;
+    case v1::GuidedDecoding::kJsonSchema:
+      out->kind = Kind::kJsonSchema;
+      out->spec = in.json_schema();
+      break;
+    case v1::GuidedDecoding::kJsonObject:
+      if (!in.json_object()) return invalid_argument("guided.json_object: must be true when set");
+      out->kind = Kind::kJsonObject;
+      break;
+    case v1::GuidedDecoding::CONSTRAINT_NOT_SET:
+      break;
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const RequestLimits& limits) {
@@ -98,9 +127,11 @@ StatusOr<Request> to_engine_request(const v1::GenerateRequest& in, const Request
   // Sorted by id: a protobuf map's order is unspecified, and the engine's copy should not vary.
   s.logit_bias.assign(sp.logit_bias().begin(), sp.logit_bias().end());
   std::sort(s.logit_bias.begin(), s.logit_bias.end());
+  KVSPLIT_RETURN_IF_ERROR(to_guided(in.guided(), &s.guided));
   if (Status st = s.validate(limits.vocab_size); !st.ok()) {
+    // GenerateRequest's own fields; validate names guided's by the proto's ("guided.regex").
     static constexpr std::string_view kTopLevel[] = {
-        "max_tokens:", "min_tokens:", "stop:", "stop_token_ids:"};
+        "max_tokens:", "min_tokens:", "stop:", "stop_token_ids:", "ignore_eos:", "guided"};
     for (std::string_view field : kTopLevel) {
       if (st.message().rfind(field, 0) == 0) return st;
     }

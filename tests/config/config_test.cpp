@@ -246,10 +246,11 @@ TEST(ConfigTest, BadValuesNameTheField) {
   expect_error("server: {keepalive_timeout_ms: 50}\n",
                "server.keepalive_timeout_ms: must be in [100, 3600000]");
   // A prompt of max_prompt_bytes and the request's other fields fit in one message.
-  expect_error("server: {max_message_bytes: 16384, max_prompt_bytes: 16384}\n",
-               "server.max_prompt_bytes: must be in [1, 8192], got 16384");
-  expect_error("server: {max_message_bytes: 8192}\n",
-               "server.max_message_bytes: must be in [16384, 1073741824], got 8192");
+  // (48 KiB are kept for them: config::kRequestFieldsBytes.)
+  expect_error("server: {max_message_bytes: 131072, max_prompt_bytes: 131072}\n",
+               "server.max_prompt_bytes: must be in [1, 81920], got 131072");
+  expect_error("server: {max_message_bytes: 16384}\n",
+               "server.max_message_bytes: must be in [98304, 1073741824], got 16384");
   // Values that once stood for "not given": refused like any other out of range.
   expect_error("kv: {capacity_mb: -1}\n", "kv.capacity_mb: must be in [1, 16777216], got -1");
   expect_error("pools: {mode: ''}\n", "pools.mode: must be 'colocated' or 'disaggregated'");

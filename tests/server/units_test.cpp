@@ -137,14 +137,18 @@ TEST(ConvertTest, ReservedIdPrefixAndEscapedClassNames) {
 // config::kRequestFieldsBytes is what a message keeps beside its prompt: the largest request that
 // passes validation must fit in it, or a prompt of server.max_prompt_bytes with long stop strings
 // and ids is refused by gRPC's size limit before the server checks it (4096 was 900 bytes short).
-TEST(ConvertTest, TheLargestValidRequestFitsBesideItsPrompt) {
+RequestLimits largest_limits() {
   RequestLimits l;
   l.vocab_size = 1 << 30;
   l.max_context = 1 << 30;
   l.max_prompt_bytes = 1 << 20;
   l.max_tokens_limit = 1 << 20;
-  const std::string longest_class(64, 'c');
-  l.class_names = {"default", longest_class};
+  l.class_names = {"default", std::string(64, 'c')};
+  return l;
+}
+
+// Every field but guided at its longest encoding.
+v1::GenerateRequest largest_request(const RequestLimits& l) {
   v1::GenerateRequest in;
   in.set_request_id(std::string(128, 'r'));
   in.set_prompt(std::string(1 << 20, 'p'));
@@ -161,16 +165,53 @@ TEST(ConvertTest, TheLargestValidRequestFitsBesideItsPrompt) {
   for (int i = 0; i < 16; ++i) in.add_stop(std::string(256, static_cast<char>('a' + i)));
   for (int i = 0; i < 64; ++i) in.add_stop_token_ids(l.vocab_size - 1 - i);
   in.set_ignore_eos(true);
-  in.set_sla_class(longest_class);
+  in.set_sla_class(l.class_names.back());
   in.set_priority(-1000);
   in.set_top_logprobs(20);
   in.set_cache_salt(std::string(256, 's'));
   in.set_min_tokens(l.max_tokens_limit);
   // The most logit_bias entries, each of the longest encoding (an id near 2^30, a 5-byte varint).
   for (int i = 0; i < 200; ++i) (*s->mutable_logit_bias())[l.vocab_size - 1 - i] = -100.0f;
+  in.set_n(128);
+  in.set_prompt_logprobs(20);
+  return in;
+}
+
+TEST(ConvertTest, TheLargestValidRequestFitsBesideItsPrompt) {
+  const RequestLimits l = largest_limits();
+  const v1::GenerateRequest in = largest_request(l);
   ASSERT_TRUE(to_engine_request(in, l).ok()) << to_engine_request(in, l).status().to_string();
   const size_t fields = in.ByteSizeLong() - in.prompt().size();
   EXPECT_LE(fields, static_cast<size_t>(config::kRequestFieldsBytes)) << fields;
+}
+
+// With guided decoding's largest constraint, 256 choices of 1024 bytes (a 32 KiB regex or schema
+// is smaller), and ignore_eos off (guided decoding refuses it). Needs the engine side's validate
+// to accept it as valid (it is at every limit, not past one).
+TEST(ConvertTest, TheLargestGuidedRequestFitsBesideItsPrompt) {
+  const RequestLimits l = largest_limits();
+  v1::GenerateRequest in = largest_request(l);
+  in.set_ignore_eos(false);
+  v1::ChoiceList* choices = in.mutable_guided()->mutable_choice();
+  // 256 choices of 128 bytes: the 32 KiB the choices may take in all, in the most pieces.
+  for (size_t i = 0; i < kMaxGuidedChoices; ++i) {
+    std::string c = std::to_string(i) + ":";
+    c.resize(kMaxGuidedSpecBytes / kMaxGuidedChoices, static_cast<char>('a' + i % 26));
+    choices->add_choices(c);
+  }
+  ASSERT_TRUE(to_engine_request(in, l).ok()) << to_engine_request(in, l).status().to_string();
+  size_t fields = in.ByteSizeLong() - in.prompt().size();
+  EXPECT_LE(fields, static_cast<size_t>(config::kRequestFieldsBytes)) << fields;
+
+  in.mutable_guided()->set_regex(std::string(kMaxGuidedSpecBytes, 'a'));
+  ASSERT_TRUE(to_engine_request(in, l).ok()) << to_engine_request(in, l).status().to_string();
+  fields = in.ByteSizeLong() - in.prompt().size();
+  EXPECT_LE(fields, static_cast<size_t>(config::kRequestFieldsBytes)) << fields;
+
+  // And the default server.max_message_bytes holds it with the largest prompt the default allows.
+  config::ServerConfig defaults;
+  EXPECT_LE(static_cast<int64_t>(defaults.max_prompt_bytes) + config::kRequestFieldsBytes,
+            defaults.max_message_bytes);
 }
 
 // A key's tenant: only a configured key (whole, of any length) has one, and its id is the
