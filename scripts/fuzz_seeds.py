@@ -216,6 +216,25 @@ def trace_seeds():
         '"arrival_ms": 7}\n')
 
 
+def guide_seeds():
+    # guide_fuzz: byte 0 odd = a regex, even = a JSON schema; then the constraint, a NUL, and the
+    # bytes that steer a generation through it.
+    regexes = [r"[0-9]{3}-[a-z]{2}", r"(yes|no|maybe( not)?)!{0,2}", r"[^\"]*\.?(?:ab|c)+",
+               r"\d+(\.\d+)?[eE]?", r"(?<n>\w+)@\w+\.com", r"[\u00e0-\u00ff]{2,}|x*",
+               r"(a|b)*a(a|b){12}"]
+    schemas = ['{"type":"object","properties":{"name":{"type":"string","maxLength":8},'
+               '"age":{"type":"integer","minimum":0},"tags":{"type":"array","items":'
+               '{"enum":["a","b"]},"maxItems":3}},"required":["name"]}',
+               '{"anyOf":[{"type":"null"},{"$ref":"#/$defs/n"}],"$defs":{"n":{"type":"object",'
+               '"properties":{"next":{"$ref":"#/$defs/n"}}}}}',
+               '{"type":"string","format":"date-time"}', '{}']
+    steer = bytes(range(0, 256, 7)) * 3
+    for i, r in enumerate(regexes):
+        put("guide", f"regex{i}", b"\x01" + r.encode() + b"\x00" + steer)
+    for i, sc in enumerate(schemas):
+        put("guide", f"schema{i}", b"\x00" + sc.encode() + b"\x00" + steer)
+
+
 safetensors_seeds()
 tokenizer_seeds()
 tokenizer_bin_seeds()
@@ -225,5 +244,6 @@ config_seeds()
 hf_config_seeds()
 metrics_http_seeds()
 trace_seeds()
+guide_seeds()
 for kind in sorted(os.listdir(a.out)):
     print(f"fuzz_seeds: {kind}: {len(os.listdir(os.path.join(a.out, kind)))} seeds", file=sys.stderr)
