@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "sampling/guide_regex.h"
 
 namespace kvsplit::sampling {
 namespace {
@@ -65,7 +66,12 @@ constexpr std::string_view kEmail =
 constexpr int kAnyValueDepth = 3;       // container levels of a value the schema leaves open
 constexpr int kMaxRefExpansions = 3;    // nested expansions of one $ref target
 constexpr int kMaxSchemaNesting = 128;  // bounds the converter's recursion on hostile schemas
-constexpr int kMaxCount = 1000;         // the largest {n,m} count the regex engine takes
+// Bounds the converter's work: $ref fan-out (each definition an anyOf of refs to all the others)
+// expands exponentially even though every branch is finally cut (measured: 5 such definitions
+// would take minutes). A real schema converts in a few hundred calls.
+constexpr size_t kMaxConvertCalls = 100000;
+constexpr int kMaxJsonNesting = 128;  // arrays / objects in the schema text (nlohmann recurses)
+constexpr int kMaxCount = 1000;       // the largest {n,m} count the regex engine takes
 
 enum class Family { kAnnotation, kCombinator, kType, kString, kNumber, kObject, kArray };
 
@@ -377,7 +383,12 @@ StatusOr<std::string> string_regex(const Json& schema, const std::string& path) 
   if (const Json* pattern = find(schema, "pattern")) {
     if (!pattern->is_string())
       return keyword_error("pattern", child(path, "pattern"), "must be a string");
-    return fmt::format("\"(?:{})\"", strip_anchors(pattern->get<std::string>()));
+    std::string rx = strip_anchors(pattern->get<std::string>());
+    // Checked alone: inside the string's group an unbalanced ')' would close it and let the
+    // rest of the pattern match anything outside the JSON text.
+    if (Status st = regex::compile_regex(rx).status(); !st.ok())
+      return keyword_error("pattern", child(path, "pattern"), st.message());
+    return fmt::format("\"(?:{})\"", rx);
   }
   KVSPLIT_ASSIGN_OR_RETURN(Bounds bounds, count_bounds(schema, "minLength", "maxLength", path));
   return fmt::format("\"{}\"", repeat(kStringChar, bounds.min, bounds.max));
@@ -460,6 +471,7 @@ class Converter {
   const Json& root_;
   size_t max_bytes_;
   int nesting_ = 0;                                  // convert() calls in progress
+  size_t calls_ = 0;                                 // convert() calls in all
   std::unordered_map<std::string, int> expansions_;  // $ref target -> expansions in progress
   std::string cut_ref_;
 };
@@ -479,6 +491,12 @@ StatusOr<Rx> Converter::convert(const Json& schema, const std::string& path) {
   if (!schema.is_object()) {
     return invalid_argument(
         fmt::format("json_schema: schema at {} must be an object or a boolean", path));
+  }
+  if (++calls_ > kMaxConvertCalls) {
+    return invalid_argument(fmt::format(
+        "json_schema: too complex to convert (more than {} sub-schemas expanded; $ref fan-out?) "
+        "at {}",
+        kMaxConvertCalls, path));
   }
   if (nesting_ >= kMaxSchemaNesting) {
     return invalid_argument(fmt::format("json_schema: schema at {} nests more than {} levels deep",
@@ -682,11 +700,14 @@ StatusOr<Rx> Converter::array_regex(const Json& schema, const std::string& path)
     return unsupported("items", path, "use prefixItems for tuples");
   const bool has_prefix = prefix != nullptr && !prefix->empty();
   std::vector<std::string> tuple;
+  size_t tuple_bytes = 0;
   const size_t tuple_size = has_prefix ? prefix->size() : 0;
   for (size_t i = 0; i < tuple_size && (bounds.max < 0 || static_cast<int>(i) < bounds.max); ++i) {
     KVSPLIT_ASSIGN_OR_RETURN(
         Rx rx, convert((*prefix)[i], child(child(path, "prefixItems"), std::to_string(i))));
     if (!rx) return Rx();
+    tuple_bytes += rx->size();
+    KVSPLIT_RETURN_IF_ERROR(check_size(tuple_bytes, path));
     tuple.push_back(std::move(*rx));
   }
   const int used = static_cast<int>(tuple.size());
@@ -748,7 +769,40 @@ std::string json_object_regex(int max_depth) {
   return object_of_values(any_value_regex(max_depth - 1));
 }
 
+namespace {
+
+// nlohmann copies and dumps values recursively: a deep `const` would overflow a small thread
+// stack. Brackets outside strings are counted before parsing.
+Status check_json_nesting(std::string_view text) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonNesting) {
+        return invalid_argument(
+            fmt::format("json_schema: arrays and objects nest more than {} deep at byte {}",
+                        kMaxJsonNesting, i));
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace
+
 StatusOr<std::string> json_schema_to_regex(std::string_view schema, size_t max_regex_bytes) {
+  KVSPLIT_RETURN_IF_ERROR(check_json_nesting(schema));
   Json root;
   try {
     root = Json::parse(schema);

@@ -400,6 +400,10 @@ TEST(JsonSchema, ErrorsNameTheKeywordAndItsPath) {
 
 TEST(JsonSchema, MalformedAndBadValues) {
   EXPECT_NE(error_of(R"({"type":"string")").find("malformed JSON"), std::string::npos);
+  // Nesting past 128 in the schema text is refused before nlohmann recurses into it.
+  EXPECT_NE(error_of("{\"const\":" + std::string(16000, '[') + std::string(16000, ']') + "}")
+                .find("nest more than 128"),
+            std::string::npos);
   // A number past double's range is nlohmann's out_of_range, not a parse_error (found by fuzzing).
   EXPECT_NE(error_of(R"({"const":1E1000000})").find("malformed JSON"), std::string::npos);
   EXPECT_NE(error_of("false").find("false"), std::string::npos);
@@ -425,7 +429,7 @@ TEST(JsonSchema, MalformedAndBadValues) {
   EXPECT_NE(error_of(R"({"type":"array","items":[{}]})").find("'items'"), std::string::npos);
   std::string deep = "{}";
   for (int i = 0; i < 200; ++i) deep = R"({"items":)" + deep + "}";
-  EXPECT_NE(error_of(deep).find("nests more than"), std::string::npos);
+  EXPECT_NE(error_of(deep).find("more than 128"), std::string::npos);
 }
 
 TEST(JsonSchema, ConstraintsThatCannotBeCombinedAreErrors) {
@@ -607,6 +611,51 @@ TEST(JsonSchema, RandomDocumentsOfAnyValue) {
     expect_all_forms_accepted(c, gen, doc);
     if (HasFailure()) return;
   }
+}
+
+}  // namespace
+}  // namespace kvsplit::sampling
+
+namespace kvsplit::sampling {
+namespace {
+
+// Hostile schemas are refused quickly and without building huge regexes.
+TEST(JsonSchema, RefFanOutIsBoundedByWork) {
+  // Each definition an anyOf of refs to all six: the expansion is exponential in the definitions.
+  nlohmann::json defs;
+  for (int i = 0; i < 6; ++i) {
+    nlohmann::json any = nlohmann::json::array();
+    for (int j = 0; j < 6; ++j) any.push_back({{"$ref", "#/$defs/d" + std::to_string(j)}});
+    defs["d" + std::to_string(i)] = {{"anyOf", any}};
+  }
+  const nlohmann::json schema = {{"$defs", defs}, {"$ref", "#/$defs/d0"}};
+  StatusOr<std::string> rx = json_schema_to_regex(schema.dump());
+  ASSERT_FALSE(rx.ok());
+  EXPECT_NE(rx.status().message().find("too complex"), std::string::npos) << rx.status().message();
+}
+
+TEST(JsonSchema, LongTuplesAreSizedAsTheyGrow) {
+  nlohmann::json defs = {{"l0", {{"type", "string"}, {"maxLength", 5}}}};
+  for (int i = 1; i < 5; ++i) {
+    nlohmann::json any = nlohmann::json::array();
+    for (int k = 0; k < 8; ++k) any.push_back({{"$ref", "#/$defs/l" + std::to_string(i - 1)}});
+    defs["l" + std::to_string(i)] = {{"anyOf", any}};
+  }
+  const nlohmann::json item = {{"$ref", "#/$defs/l4"}};
+  const nlohmann::json schema = {
+      {"$defs", defs}, {"type", "array"}, {"prefixItems", std::vector<nlohmann::json>(1400, item)}};
+  StatusOr<std::string> rx = json_schema_to_regex(schema.dump());
+  ASSERT_FALSE(rx.ok());
+  EXPECT_NE(rx.status().message().find("larger than max_regex_bytes"), std::string::npos)
+      << rx.status().message();
+}
+
+TEST(JsonSchema, APatternCannotCloseItsStringGroup) {
+  StatusOr<std::string> rx = json_schema_to_regex(
+      R"({"type":"object","properties":{"p":{"type":"string","pattern":"x)|.*|(y"}}})");
+  ASSERT_FALSE(rx.ok());
+  EXPECT_NE(rx.status().message().find("'pattern'"), std::string::npos) << rx.status().message();
+  EXPECT_TRUE(json_schema_to_regex(R"({"type":"string","pattern":"^(a|b)+$"})").ok());
 }
 
 }  // namespace
