@@ -144,8 +144,8 @@ int32_t GuideGrammar::state_of_locked(std::vector<int32_t>& set) {
   std::string key(reinterpret_cast<const char*>(set.data()), set.size() * sizeof(int32_t));
   if (auto it = ids_.find(key); it != ids_.end()) return it->second;
   if (sets_.size() >= kMaxDfaStates || set_entries_ + set.size() > kMaxDfaSetEntries ||
+      (sets_.size() + 1) * static_cast<size_t>(num_classes_) > kMaxDfaTableEntries ||
       work_ > kMaxDfaWork) {
-    overflowed_ = true;
     return kOverflow;
   }
   const auto id = static_cast<int32_t>(sets_.size());
@@ -163,10 +163,7 @@ int32_t GuideGrammar::state_of_locked(std::vector<int32_t>& set) {
 int32_t GuideGrammar::step_locked(int32_t state, uint8_t byte) {
   const size_t slot = static_cast<size_t>(state) * num_classes_ + byte_class_[byte];
   if (next_[slot] != kNotComputed) return next_[slot];
-  if (work_ > kMaxDfaWork) {
-    overflowed_ = true;
-    return kOverflow;
-  }
+  if (work_ > kMaxDfaWork) return kOverflow;
   work_ += sets_[static_cast<size_t>(state)].size();
   std::vector<int32_t> targets;
   for (const int32_t id : sets_[static_cast<size_t>(state)]) {
@@ -180,7 +177,30 @@ int32_t GuideGrammar::step_locked(int32_t state, uint8_t byte) {
 
 bool GuideGrammar::accepting(int32_t state) const {
   const std::lock_guard lock(mu_);
-  return accepting_[static_cast<size_t>(state)] != 0;
+  return !overflowed_ && accepting_[static_cast<size_t>(state)] != 0;
+}
+
+bool GuideGrammar::failed() const {
+  const std::lock_guard lock(mu_);
+  return overflowed_;
+}
+
+size_t GuideGrammar::memory_bytes() const {
+  const std::lock_guard lock(mu_);
+  // Sets, their copies as map keys, the transition table, the distinct masks.
+  return 2 * set_entries_ * sizeof(int32_t) + next_.size() * sizeof(int32_t) + mask_bytes_;
+}
+
+void GuideGrammar::fail_locked() {
+  overflowed_ = true;
+  sets_ = {};
+  accepting_ = {};
+  next_ = {};
+  ids_ = {};
+  masks_ = {};
+  unique_ = {};
+  mask_bytes_ = 0;
+  set_entries_ = 0;
 }
 
 size_t GuideGrammar::num_states() const {
@@ -196,7 +216,7 @@ size_t GuideGrammar::num_distinct_masks() const {
 }
 
 Status GuideGrammar::overflow_error() const {
-  return internal_error(fmt::format(
+  return invalid_argument(fmt::format(
       "guided decoding: the constraint's automaton grew past its bounds ({} states, {} stored "
       "NFA nodes or {} NFA node visits); simplify the constraint",
       kMaxDfaStates, kMaxDfaSetEntries, kMaxDfaWork));
@@ -204,9 +224,13 @@ Status GuideGrammar::overflow_error() const {
 
 StatusOr<int32_t> GuideGrammar::walk(int32_t state, std::string_view bytes) {
   const std::lock_guard lock(mu_);
+  if (overflowed_) return overflow_error();
   for (const char c : bytes) {
     state = step_locked(state, static_cast<uint8_t>(c));
-    if (state == kOverflow) return overflow_error();
+    if (state == kOverflow) {
+      fail_locked();
+      return overflow_error();
+    }
     if (state == kDead) return kDead;
   }
   return state;
@@ -214,10 +238,14 @@ StatusOr<int32_t> GuideGrammar::walk(int32_t state, std::string_view bytes) {
 
 StatusOr<std::shared_ptr<const TokenMask>> GuideGrammar::mask(int32_t state, bool at_start) {
   const std::lock_guard lock(mu_);
+  if (overflowed_) return overflow_error();
   const int64_t key = int64_t{state} * 2 + (at_start ? 1 : 0);
   if (auto it = masks_.find(key); it != masks_.end()) return it->second;
   std::shared_ptr<const TokenMask> m = build_mask_locked(state, at_start);
-  if (m == nullptr) return overflow_error();
+  if (m == nullptr) {
+    fail_locked();
+    return overflow_error();
+  }
   // Many states share a mask (inside any JSON string nearly every token is allowed): one copy.
   const std::string_view raw(reinterpret_cast<const char*>(m->bits.data()),
                              m->bits.size() * sizeof(uint64_t));
@@ -272,7 +300,7 @@ Status GuideState::advance(int32_t id) {
   if (bytes.empty()) return ok_status();  // an end id
   KVSPLIT_ASSIGN_OR_RETURN(int32_t next, grammar_->walk(state_, bytes));
   if (next == GuideGrammar::kDead) {
-    return internal_error(fmt::format("guided decoding: token {} leaves the language", id));
+    return invalid_argument(fmt::format("guided decoding: token {} leaves the language", id));
   }
   state_ = next;
   return ok_status();
@@ -307,6 +335,7 @@ StatusOr<std::shared_ptr<GuideGrammar>> GuideCache::get(const GuidedDecoding& gu
   }
   {
     const std::lock_guard lock(mu_);
+    std::erase_if(entries_, [](const auto& e) { return e.second->failed(); });
     for (size_t i = 0; i < entries_.size(); ++i) {
       if (entries_[i].first != key) continue;
       std::rotate(entries_.begin() + static_cast<ptrdiff_t>(i),
@@ -317,7 +346,13 @@ StatusOr<std::shared_ptr<GuideGrammar>> GuideCache::get(const GuidedDecoding& gu
   // Compiled outside the lock: a large schema does not hold up other requests' look-ups.
   KVSPLIT_ASSIGN_OR_RETURN(std::shared_ptr<GuideGrammar> g, GuideGrammar::compile(guided, vocab_));
   const std::lock_guard lock(mu_);
-  if (entries_.size() >= capacity_) entries_.erase(entries_.begin());
+  std::vector<size_t> sizes;
+  size_t bytes = 0;
+  for (const auto& e : entries_) bytes += sizes.emplace_back(e.second->memory_bytes());
+  size_t drop = 0;
+  while (drop < entries_.size() && (entries_.size() - drop >= capacity_ || bytes > max_bytes_))
+    bytes -= sizes[drop++];
+  entries_.erase(entries_.begin(), entries_.begin() + static_cast<ptrdiff_t>(drop));
   entries_.emplace_back(std::move(key), g);
   return g;
 }

@@ -77,10 +77,11 @@ class GuideGrammar {
   // Bounds on building the DFA, which a client's constraint drives: states, NFA nodes stored
   // over all states (memory), and NFA nodes visited (CPU: about a second at most).
   static constexpr size_t kMaxDfaStates = 1 << 16;
-  static constexpr size_t kMaxDfaSetEntries = size_t{1} << 24;
+  static constexpr size_t kMaxDfaSetEntries = size_t{1} << 22;
+  static constexpr size_t kMaxDfaTableEntries = size_t{1} << 22;  // states x byte classes
   static constexpr size_t kMaxDfaWork = size_t{1} << 29;
-  // Distinct masks cached per grammar (a GuideCache holds up to 32 grammars); past this many
-  // bytes the cache starts over (masks in use stay alive with their users).
+  // Distinct masks cached per grammar; past this many bytes the cache starts over (masks in use
+  // stay alive with their users).
   static constexpr size_t kMaxMaskBytes = size_t{16} << 20;
 
   // kInvalidArgument for a constraint that does not compile (its message names the field).
@@ -91,15 +92,20 @@ class GuideGrammar {
 
   int32_t start_state() const { return 0; }
   const TokenVocabulary& vocab() const { return *vocab_; }
+  // False once the grammar failed.
   bool accepting(int32_t state) const;
-  // The state after `bytes` from `state` (kDead when the text leaves the language). kInternal
-  // when the DFA would pass kMaxDfaStates.
+  // The state after `bytes` from `state` (kDead when the text leaves the language).
+  // kInvalidArgument once the DFA passed its bounds: the grammar has then failed for good (its
+  // tables are freed; every call fails at once).
   StatusOr<int32_t> walk(int32_t state, std::string_view bytes);
   // Tokens allowed as text in `state` (at_start: the first token after BOS).
   StatusOr<std::shared_ptr<const TokenMask>> mask(int32_t state, bool at_start);
 
   size_t num_states() const;
   size_t num_distinct_masks() const;
+  bool failed() const;
+  // Bytes its DFA tables and masks take (what a GuideCache budgets).
+  size_t memory_bytes() const;
 
  private:
   int32_t step_locked(int32_t state, uint8_t byte);    // kDead, or -2 past kMaxDfaStates
@@ -107,6 +113,7 @@ class GuideGrammar {
   void closure_locked(std::vector<int32_t>& set);
   std::shared_ptr<const TokenMask> build_mask_locked(int32_t state, bool at_start);
   Status overflow_error() const;
+  void fail_locked();  // past the bounds: frees the tables, every call fails from now on
 
   const regex::Nfa nfa_;
   const std::shared_ptr<const TokenVocabulary> vocab_;
@@ -149,13 +156,17 @@ class GuideState {
 // A small thread-safe LRU of compiled grammars keyed by the constraint, over one vocabulary.
 class GuideCache {
  public:
-  explicit GuideCache(std::shared_ptr<const TokenVocabulary> vocab, size_t capacity = 32)
-      : vocab_(std::move(vocab)), capacity_(capacity) {}
+  // At most `capacity` grammars and about `max_bytes` of their tables: past either, the least
+  // recently used go (a request still using one keeps it alive). Failed grammars are dropped.
+  explicit GuideCache(std::shared_ptr<const TokenVocabulary> vocab, size_t capacity = 32,
+                      size_t max_bytes = size_t{256} << 20)
+      : vocab_(std::move(vocab)), capacity_(capacity), max_bytes_(max_bytes) {}
   StatusOr<std::shared_ptr<GuideGrammar>> get(const GuidedDecoding& guided);
 
  private:
   std::shared_ptr<const TokenVocabulary> vocab_;
   size_t capacity_;
+  size_t max_bytes_;
   std::mutex mu_;
   std::vector<std::pair<std::string, std::shared_ptr<GuideGrammar>>> entries_;  // most recent last
 };

@@ -299,6 +299,8 @@ class Parser {
       case 'v':
         return one('\v');
       case '0':
+        // PCRE and ECMAScript read \012 as octal or a backreference: refused, not read as NUL.
+        if (more() && p_[i_] >= '0' && p_[i_] <= '9') return error("\\0 followed by a digit");
         return one(0);
       case 'x': {
         KVSPLIT_ASSIGN_OR_RETURN(uint32_t v, hex(2));
@@ -391,7 +393,12 @@ class Compiler {
   // Compiles ast node `a` so that it continues at `next`; returns its entry. Built back to front,
   // so nothing is patched afterwards (except a loop head).
   int32_t compile(int a, int32_t next) {
-    if (too_large_) return 0;
+    // Calls are bounded too, not only nodes: a body that makes no node ((?:), x{0}) under
+    // nested counted repetitions would otherwise be compiled 1000^k times.
+    if (too_large_ || ++calls_ > 4 * max_nodes_) {
+      too_large_ = true;
+      return 0;
+    }
     const Ast& n = ast_[static_cast<size_t>(a)];
     switch (n.kind) {
       case Ast::kEmpty:
@@ -445,6 +452,7 @@ class Compiler {
   size_t max_nodes_;
   Nfa nfa_;
   bool too_large_ = false;
+  size_t calls_ = 0;
 };
 
 int utf8_length(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }

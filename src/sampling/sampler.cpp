@@ -199,9 +199,14 @@ void Sampler::set_guide(std::unique_ptr<GuideState> guide) {
   guide_status_ = ok_status();
 }
 
+bool Sampler::is_end_id(int32_t id) const {
+  return std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end();
+}
+
+// An end id is an end id only, whatever bytes it decodes to: allowed exactly when the text is
+// complete (as text, a stop token id would end the request with its bytes left out).
 bool Sampler::guide_allows(int32_t id, bool end_ok) const {
-  return (guide_mask_->test(id)) ||
-         (end_ok && std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end());
+  return is_end_id(id) ? end_ok : guide_mask_->test(id);
 }
 
 // Bias, then the grammar's mask (every token not allowed to -inf), then the min_tokens mask unless
@@ -219,12 +224,9 @@ int32_t Sampler::sample_guided(float* logits, int vocab, std::span<const int32_t
   guide_mask_ = std::move(*mask);
   KVSPLIT_CHECK(static_cast<int>(guide_mask_->bits.size()) * 64 >= vocab);
   const bool end_ok = guide_->accepting();
-  // The end ids keep their logits when the text is complete (they add no bytes: not in the mask).
-  end_logits_.clear();
-  if (end_ok) {
-    for (const int32_t id : end_ids_)
-      end_logits_.push_back(id >= 0 && id < vocab ? logits[id] : 0.0f);
-  }
+  end_logits_.clear();  // the end ids' logits before the text mask
+  for (const int32_t id : end_ids_)
+    end_logits_.push_back(id >= 0 && id < vocab ? logits[id] : 0.0f);
   // Word by word: a full word keeps its 64 logits, others are blended (vectorizable).
   constexpr float kMasked = -std::numeric_limits<float>::infinity();
   const uint64_t* bits = guide_mask_->bits.data();
@@ -235,23 +237,27 @@ int32_t Sampler::sample_guided(float* logits, int vocab, std::span<const int32_t
     float* l = logits + base;
     for (int j = 0; j < n; ++j) l[j] = (keep >> j) & 1u ? l[j] : kMasked;
   }
+  // Then the end ids, by their own rule (see guide_allows); `allowed` counts distinct ids.
   int32_t allowed = guide_mask_->count;
   int32_t first = -1;
-  for (size_t k = 0; k < end_logits_.size(); ++k) {
+  for (size_t k = 0; k < end_ids_.size(); ++k) {
     const int32_t id = end_ids_[k];
-    if (id < 0 || id >= vocab || guide_mask_->test(id)) continue;
+    if (id < 0 || id >= vocab) continue;
     const bool repeated =
         std::find(end_ids_.begin(), end_ids_.begin() + k, id) != end_ids_.begin() + k;
-    logits[id] = end_logits_[k];
+    if (!repeated && guide_mask_->test(id)) --allowed;  // counted as text above
+    logits[id] = end_ok ? end_logits_[k] : kMasked;
+    if (!end_ok) continue;
     if (!repeated) ++allowed;
     if (first < 0 || id < first) first = id;
   }
-  for (size_t w = 0; w < guide_mask_->bits.size(); ++w) {
-    if (guide_mask_->bits[w] == 0) continue;
-    const auto id =
-        static_cast<int32_t>(w * 64 + static_cast<size_t>(std::countr_zero(guide_mask_->bits[w])));
-    if (first < 0 || id < first) first = id;
-    break;
+  for (size_t w = 0; w < guide_mask_->bits.size() && (first < 0 || first > int32_t(w * 64)); ++w) {
+    for (uint64_t word = guide_mask_->bits[w]; word != 0; word &= word - 1) {
+      const auto id = static_cast<int32_t>(w * 64 + static_cast<size_t>(std::countr_zero(word)));
+      if (is_end_id(id)) continue;
+      if (first < 0 || id < first) first = id;
+      break;
+    }
   }
   int32_t allowed_stop = 0;  // allowed ids the min_tokens mask would take
   for (auto it = min_tokens_mask_.begin(); it != min_tokens_mask_.end(); ++it) {
@@ -260,7 +266,7 @@ int32_t Sampler::sample_guided(float* logits, int vocab, std::span<const int32_t
   }
   if (allowed == 0) {
     guide_status_ = end_ok ? ok_status()
-                           : internal_error(
+                           : invalid_argument(
                                  "guided decoding: no token of the vocabulary continues the text "
                                  "within the constraint");
     return kNoAllowedToken;
@@ -269,6 +275,7 @@ int32_t Sampler::sample_guided(float* logits, int vocab, std::span<const int32_t
   apply_penalties(logits, vocab, prompt, output);
   int32_t token = pick(logits, vocab);
   if (!guide_allows(token, end_ok)) token = first;
+  if (is_end_id(token)) return token;  // the text ends here
   if (Status st = guide_->advance(token); !st.ok()) {
     guide_status_ = std::move(st);
     return kNoAllowedToken;

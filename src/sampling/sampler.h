@@ -99,6 +99,7 @@ class Sampler {
   int32_t sample_guided(float* logits, int vocab, std::span<const int32_t> prompt,
                         std::span<const int32_t> output);
   bool guide_allows(int32_t id, bool end_ok) const;
+  bool is_end_id(int32_t id) const;
   bool penalties_on() const;
   // Penalties: logits of the distinct ids of prompt + output (repetition) and of the output with
   // their counts (frequency / presence), from the history kept since the last call.

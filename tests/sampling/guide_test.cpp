@@ -173,6 +173,10 @@ TEST(GuideRegex, BadPatternsAreRefusedWithTheirOffset) {
       {std::string(300, '(') + "a", "nested too deep"},
       {"[^\\x00-\\uffff\\u0000-\\uffff]", ""},  // a valid class (astral planes remain)
       {"(a{1000}){1000}", "more than"},
+      // Bodies that make no node are bounded by compile calls, not nodes (was ~50 minutes).
+      {"(?:(?:(?:(?:){1000}){1000}){1000}){1000}", "more than"},
+      {"(?:(?:(?:a{0}){1000}){1000}){1000}", "more than"},
+      {"\\012", "followed by a digit"},
       {"ab\xFF", "invalid UTF-8"},
   };
   for (const auto& [p, what] : bad) {
@@ -303,9 +307,13 @@ TEST(GuideGrammar, AnExplodingAutomatonStopsAtItsBound) {
     ASSERT_NE(*next, GuideGrammar::kDead);
     s = *next;
   }
-  EXPECT_EQ(failure.code(), StatusCode::kInternal);
+  EXPECT_EQ(failure.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(failure.message().find("simplify the constraint"), std::string::npos);
-  EXPECT_EQ(g->num_states(), GuideGrammar::kMaxDfaStates);
+  // Failed for good: its tables are freed and every call fails at once.
+  EXPECT_TRUE(g->failed());
+  EXPECT_EQ(g->num_states(), 0u);
+  EXPECT_EQ(g->memory_bytes(), 0u);
+  EXPECT_FALSE(g->walk(g->start_state(), "a").ok());
   // A sequence meeting the bound fails with the reason; nothing is sampled.
   SamplingParams p;
   p.guided = {GuidedDecoding::Kind::kRegex, "(a|b)*a(a|b){17}", {}};
@@ -318,7 +326,38 @@ TEST(GuideGrammar, AnExplodingAutomatonStopsAtItsBound) {
     t = sampler.sample(logits.data(), 256, {}, {});
   }
   EXPECT_EQ(t, Sampler::kNoAllowedToken);
-  EXPECT_EQ(sampler.guide_status().code(), StatusCode::kInternal);
+  EXPECT_EQ(sampler.guide_status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(GuideCache, DropsFailedGrammarsAndKeepsToItsByteBudget) {
+  GuideCache cache(byte_vocab(), 32, /*max_bytes=*/8 << 10);
+  const GuidedDecoding exploding{GuidedDecoding::Kind::kRegex, "(a|b)*a(a|b){17}", {}};
+  auto g = cache.get(exploding);
+  ASSERT_TRUE(g.ok());
+  std::mt19937 rng(3);
+  int32_t s = (*g)->start_state();
+  for (int i = 0; i < 400000; ++i) {
+    StatusOr<int32_t> next = (*g)->walk(s, rng() % 2 ? "a" : "b");
+    if (!next.ok()) break;
+    s = *next;
+  }
+  ASSERT_TRUE((*g)->failed());
+  auto again = cache.get(exploding);
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(*again, *g);  // compiled anew, not the failed one
+  EXPECT_FALSE((*again)->failed());
+  // Grow one grammar past the 8 KiB budget: the next insert evicts it.
+  auto big = cache.get({GuidedDecoding::Kind::kRegex, "[a-z0-9]{0,300}", {}});
+  ASSERT_TRUE(big.ok());
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += static_cast<char>('a' + i % 26);
+  ASSERT_TRUE((*big)->walk((*big)->start_state(), text).ok());
+  ASSERT_GT((*big)->memory_bytes(), size_t{8} << 10);
+  auto other = cache.get({GuidedDecoding::Kind::kRegex, "x", {}});
+  ASSERT_TRUE(other.ok());
+  auto big_again = cache.get({GuidedDecoding::Kind::kRegex, "[a-z0-9]{0,300}", {}});
+  ASSERT_TRUE(big_again.ok());
+  EXPECT_NE(*big_again, *big);
 }
 
 TEST(GuidedValidate, NamesTheFieldOfEachBadConstraint) {
@@ -435,7 +474,35 @@ TEST_F(GuidedSampler, NothingAllowedReportsCompleteOrStuck) {
   stuck.set_guide(std::make_unique<GuideState>(grammar("ab", small), false));
   EXPECT_EQ(stuck.sample(logits.data(), kVocab, {}, {}), 'a');
   EXPECT_EQ(stuck.sample(logits.data(), kVocab, {}, {}), Sampler::kNoAllowedToken);
-  EXPECT_EQ(stuck.guide_status().code(), StatusCode::kInternal);
+  EXPECT_EQ(stuck.guide_status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(GuidedSampler, AStopTokenIdWithBytesIsAnEndIdOnly) {
+  // '.' as a stop token id: never text (it would end the request with its byte left out), an
+  // end exactly where the text is complete.
+  std::vector<float> logits(kVocab, 0.0f);
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.stop_token_ids = {'.'};
+  p.guided = {GuidedDecoding::Kind::kRegex, "a\\.b", {}};
+  Sampler needs_dot(p, 1, std::vector<int32_t>{kEos});
+  needs_dot.set_guide(std::make_unique<GuideState>(grammar("a\\.b", vocab_), false));
+  logits['.'] = 5.0f;
+  EXPECT_EQ(needs_dot.sample(logits.data(), kVocab, {}, {}), 'a');
+  std::fill(logits.begin(), logits.end(), 0.0f);
+  logits['.'] = 5.0f;
+  EXPECT_EQ(needs_dot.sample(logits.data(), kVocab, {}, {}), Sampler::kNoAllowedToken);
+  EXPECT_FALSE(needs_dot.guide_status().ok());
+
+  p.guided.spec = "a(\\.b)?";
+  Sampler ends(p, 1, std::vector<int32_t>{kEos});
+  ends.set_guide(std::make_unique<GuideState>(grammar(p.guided.spec, vocab_), false));
+  std::fill(logits.begin(), logits.end(), 0.0f);
+  logits['.'] = 5.0f;
+  EXPECT_EQ(ends.sample(logits.data(), kVocab, {}, {}), 'a');
+  std::fill(logits.begin(), logits.end(), 0.0f);
+  logits['.'] = 5.0f;
+  EXPECT_EQ(ends.sample(logits.data(), kVocab, {}, {}), '.');  // "a" is complete: '.' ends it
 }
 
 TEST_F(GuidedSampler, AllowedLogitsKeepTheirOrder) {
