@@ -499,13 +499,14 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       } else if (steps[k].logits == SeqStep::Logits::kLast) {
         float* lg = logits.data() + row * cfg.vocab_size;
         ++row;
-        if (sampling::logits_usable(lg, cfg.vocab_size))
+        if (sampling::logits_usable(lg, cfg.vocab_size)) {
           tok = s.sampler->sample(lg, cfg.vocab_size, s.prompt(), s.output());
-        if (tok == sampling::Sampler::kNoAllowedToken && s.sampler->guided()) {
-          if (!s.sampler->guide_status().ok())
-            return s.sampler->guide_status().with_prefix(fmt::format("prompt {}", step_seq[k]));
-          end(s, step_seq[k], FinishReason::kStop, false);  // complete, with no end id to sample
-          continue;
+          if (tok == sampling::Sampler::kNoAllowedToken) {  // guided: nothing may follow
+            if (!s.sampler->guide_status().ok())
+              return s.sampler->guide_status().with_prefix(fmt::format("prompt {}", step_seq[k]));
+            end(s, step_seq[k], FinishReason::kStop, false);  // complete, no end id to sample
+            continue;
+          }
         }
       } else {
         continue;

@@ -218,8 +218,10 @@ TEST(CliTest, NonFiniteLogitsAreAnError) {
   std::ofstream(dir.file("t.txt")) << "Once upon a time there was a little dog.";
   const std::string model =
       " --model " + quote(dir.file("m.bin")) + " --tokenizer " + quote(model_path("tok512.bin"));
+  // Guided too: a constraint must not read unusable logits as "nothing allowed, text complete".
   for (const char* args : {"generate --prompt Once --temperature 0",
-                           "generate --prompt Once --temperature 0.8 --seed 1"}) {
+                           "generate --prompt Once --temperature 0.8 --seed 1",
+                           "generate --prompt Once --temperature 0 --guided-regex [a-z]+"}) {
     const RunResult r = run(std::string(args) + model);
     EXPECT_EQ(r.exit_code, 1) << args << ": " << r.err;
     EXPECT_NE(r.err.find("no usable logits (NaN or infinite) at position 1"), std::string::npos)

@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "engine/engine_test_util.h"
+#include "model/tokenizer.h"
 
 namespace kvsplit {
 namespace {
@@ -152,6 +153,40 @@ TEST_P(EngineGuided, MinTokensDoesNotOutliveACompleteText) {
   const Collected c = run(r);
   EXPECT_EQ(c.text, "yes");
   EXPECT_EQ(c.final_event.finish_reason, FinishReason::kStop);
+}
+
+TEST_P(EngineGuided, AfterBosTheFirstTokenIsReadWithoutItsLeadingSpace) {
+  // The prompt is BOS alone: SentencePiece's first token drops its leading space ("▁Once" is
+  // "Once"), the mask at the start must read it so, and every later one with its space.
+  Request r = guided(GuidedDecoding::Kind::kChoice, "", 0.0f);
+  r.prompt.clear();
+  r.prompt_token_ids = {1};  // stories260K's BOS
+  r.sampling.guided.choices = {"Once upon a time", "One day"};
+  const Collected c = run(r);
+  EXPECT_TRUE(c.text == "Once upon a time" || c.text == "One day") << "'" << c.text << "'";
+  EXPECT_EQ(c.final_event.finish_reason, FinishReason::kStop);
+}
+
+TEST_P(EngineGuided, AConstraintTheVocabularyCannotContinueFailsTheRequestAlone) {
+  // Every token whose text starts with '.' is a stop token id, so none can be text: after the
+  // letters the language needs a '.' that nothing may give. The request fails with the reason;
+  // its blocks come back (TearDown) and the engine serves the next request.
+  auto tok = model::load_tokenizer(testing::model_path("tok512.bin"));
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  Request r = guided(GuidedDecoding::Kind::kRegex, "[a-z]{1,3}\\.[a-z]", 0.0f);
+  for (int32_t id = 0; id < (*tok)->vocab_size(); ++id)
+    if ((*tok)->decode_token(0, id).rfind('.', 0) == 0) r.sampling.stop_token_ids.push_back(id);
+  ASSERT_FALSE(r.sampling.stop_token_ids.empty());
+  auto h = engine_->submit(r);
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  const Collected c = collect(*h);
+  EXPECT_EQ(c.final_event.finish_reason, FinishReason::kError) << c.text;
+  EXPECT_NE(c.final_event.status.message().find("no token of the vocabulary continues"),
+            std::string::npos)
+      << c.final_event.status.to_string();
+  EXPECT_TRUE(std::regex_match(c.text, std::regex("[a-z]{1,3}"))) << c.text;
+  const Collected next = run(guided(GuidedDecoding::Kind::kRegex, "[0-9]{2}", 0.0f));
+  EXPECT_TRUE(std::regex_match(next.text, std::regex("[0-9]{2}"))) << next.text;
 }
 
 TEST_P(EngineGuided, BadConstraintsAreRefusedAtSubmit) {
