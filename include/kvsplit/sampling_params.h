@@ -22,6 +22,7 @@ struct GuidedDecoding {
     kChoice,      // `choices`: exactly one of these strings
     kJsonSchema,  // `spec`: a JSON schema (the supported subset is listed there)
     kJsonObject,  // any JSON object (nested up to kJsonObjectDepth)
+    kGrammar,     // `spec`: a context-free grammar in GBNF, start rule `root` (docs/sampling.md)
   };
   Kind kind = Kind::kNone;
   std::string spec;
@@ -30,8 +31,8 @@ struct GuidedDecoding {
   bool on() const { return kind != Kind::kNone; }
 };
 
-// Limits (validate): a regex or schema of at most kMaxGuidedSpecBytes, at most kMaxGuidedChoices
-// choices of at most kMaxGuidedChoiceBytes each and kMaxGuidedSpecBytes in all.
+// Limits (validate): a regex, schema or grammar of at most kMaxGuidedSpecBytes, at most
+// kMaxGuidedChoices choices of at most kMaxGuidedChoiceBytes each and kMaxGuidedSpecBytes in all.
 inline constexpr size_t kMaxGuidedSpecBytes = 32 * 1024;
 inline constexpr size_t kMaxGuidedChoices = 256;
 inline constexpr size_t kMaxGuidedChoiceBytes = 1024;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "sampling/guide_grammar.h"
 #include "sampling/json_schema.h"
 
 namespace kvsplit::sampling {
@@ -77,6 +78,13 @@ TokenVocabulary::Trie TokenVocabulary::build(const std::vector<std::string>& byt
 
 StatusOr<std::shared_ptr<GuideGrammar>> GuideGrammar::compile(
     const GuidedDecoding& guided, std::shared_ptr<const TokenVocabulary> vocab) {
+  if (guided.kind == GuidedDecoding::Kind::kGrammar) {
+    StatusOr<regex::Nfa> nfa = grammar::compile_grammar(guided.spec);
+    if (!nfa.ok()) return nfa.status().with_prefix("guided.grammar");
+    auto g = std::make_shared<GuideGrammar>(std::move(*nfa), std::move(vocab));
+    if (g->failed()) return g->overflow_error().with_prefix("guided.grammar");
+    return g;
+  }
   KVSPLIT_ASSIGN_OR_RETURN(std::string rx, guide_regex(guided));
   StatusOr<regex::Nfa> nfa = regex::compile_regex(rx);
   if (!nfa.ok()) {
@@ -90,6 +98,8 @@ StatusOr<std::shared_ptr<GuideGrammar>> GuideGrammar::compile(
 
 GuideGrammar::GuideGrammar(regex::Nfa nfa, std::shared_ptr<const TokenVocabulary> vocab)
     : nfa_(std::move(nfa)), vocab_(std::move(vocab)), seen_(nfa_.nodes.size(), 0) {
+  frames_.reserve(nfa_.nodes.size());
+  for (size_t i = 0; i < nfa_.nodes.size(); ++i) frames_.push_back({static_cast<int32_t>(i), -1});
   // Bytes no range tells apart share a class: the transition table is per class, not per byte.
   bool edge[257] = {};
   for (const regex::NfaNode& n : nfa_.nodes) {
@@ -105,9 +115,31 @@ GuideGrammar::GuideGrammar(regex::Nfa nfa, std::shared_ptr<const TokenVocabulary
   num_classes_ = cls + 1;
   std::vector<int32_t> start{nfa_.start};
   const std::lock_guard lock(mu_);
-  state_of_locked(start);  // state 0
+  // State 0. A grammar whose calls before the first byte pass the bounds has failed at once.
+  if (state_of_locked(start) == kOverflow) fail_locked();
 }
 
+int32_t GuideGrammar::frame_locked(int32_t node, int32_t parent) {
+  if (parent < 0) return node;
+  const uint64_t key =
+      (uint64_t{static_cast<uint32_t>(node)} << 32) | static_cast<uint32_t>(parent);
+  if (auto it = frame_ids_.find(key); it != frame_ids_.end()) return it->second;
+  if (frames_.size() >= kMaxFrames) {
+    frames_full_ = true;
+    return -1;
+  }
+  const auto id = static_cast<int32_t>(frames_.size());
+  frames_.push_back({node, parent});
+  seen_.push_back(0);
+  frame_ids_.emplace(key, id);
+  return id;
+}
+
+// The frames a set reaches without reading a byte: splits and epsilons are followed, a call
+// pushes its continuation (none for a call in tail position: the callee returns where the caller
+// would) and enters the callee, a rule's end returns to its continuation. What is kept: byte
+// nodes, and the end of the text's own rule. Without left recursion this ends: a frame's parent
+// chain grows only through calls made before a byte, and those cannot cycle.
 void GuideGrammar::closure_locked(std::vector<int32_t>& set) {
   if (++generation_ == 0) {  // the stamps wrapped: start them over
     std::fill(seen_.begin(), seen_.end(), 0);
@@ -121,19 +153,32 @@ void GuideGrammar::closure_locked(std::vector<int32_t>& set) {
     ++work_;
     if (id < 0 || seen_[static_cast<size_t>(id)] == generation_) continue;
     seen_[static_cast<size_t>(id)] = generation_;
-    const regex::NfaNode& n = nfa_.nodes[static_cast<size_t>(id)];
+    const Frame f = frames_[static_cast<size_t>(id)];
+    const regex::NfaNode& n = nfa_.nodes[static_cast<size_t>(f.node)];
     switch (n.kind) {
       case regex::NfaNode::kByte:
-      case regex::NfaNode::kMatch:
         set.push_back(id);
         break;
+      case regex::NfaNode::kMatch:
+        if (f.parent < 0) {
+          set.push_back(id);
+        } else {
+          stack.push_back(f.parent);
+        }
+        break;
       case regex::NfaNode::kSplit:
-        stack.push_back(n.out2);
-        stack.push_back(n.out);
+        stack.push_back(frame_locked(n.out2, f.parent));
+        stack.push_back(frame_locked(n.out, f.parent));
         break;
       case regex::NfaNode::kEpsilon:
-        stack.push_back(n.out);
+        stack.push_back(frame_locked(n.out, f.parent));
         break;
+      case regex::NfaNode::kCall: {
+        const bool tail = nfa_.nodes[static_cast<size_t>(n.out)].kind == regex::NfaNode::kMatch;
+        const int32_t cont = tail ? f.parent : frame_locked(n.out, f.parent);
+        if (cont >= 0 || tail) stack.push_back(frame_locked(n.out2, cont));
+        break;
+      }
     }
   }
   std::sort(set.begin(), set.end());
@@ -143,15 +188,18 @@ int32_t GuideGrammar::state_of_locked(std::vector<int32_t>& set) {
   closure_locked(set);
   std::string key(reinterpret_cast<const char*>(set.data()), set.size() * sizeof(int32_t));
   if (auto it = ids_.find(key); it != ids_.end()) return it->second;
-  if (sets_.size() >= kMaxDfaStates || set_entries_ + set.size() > kMaxDfaSetEntries ||
+  if (frames_full_ || sets_.size() >= kMaxDfaStates ||
+      set_entries_ + set.size() > kMaxDfaSetEntries ||
       (sets_.size() + 1) * static_cast<size_t>(num_classes_) > kMaxDfaTableEntries ||
       work_ > kMaxDfaWork) {
     return kOverflow;
   }
   const auto id = static_cast<int32_t>(sets_.size());
   bool accept = false;
-  for (const int32_t n : set)
-    accept = accept || nfa_.nodes[static_cast<size_t>(n)].kind == regex::NfaNode::kMatch;
+  for (const int32_t n : set) {
+    const int32_t node = frames_[static_cast<size_t>(n)].node;
+    accept = accept || nfa_.nodes[static_cast<size_t>(node)].kind == regex::NfaNode::kMatch;
+  }
   accepting_.push_back(accept ? 1 : 0);
   set_entries_ += set.size();
   sets_.push_back(set);
@@ -167,9 +215,12 @@ int32_t GuideGrammar::step_locked(int32_t state, uint8_t byte) {
   work_ += sets_[static_cast<size_t>(state)].size();
   std::vector<int32_t> targets;
   for (const int32_t id : sets_[static_cast<size_t>(state)]) {
-    const regex::NfaNode& n = nfa_.nodes[static_cast<size_t>(id)];
-    if (n.kind == regex::NfaNode::kByte && byte >= n.lo && byte <= n.hi) targets.push_back(n.out);
+    const Frame f = frames_[static_cast<size_t>(id)];
+    const regex::NfaNode& n = nfa_.nodes[static_cast<size_t>(f.node)];
+    if (n.kind == regex::NfaNode::kByte && byte >= n.lo && byte <= n.hi)
+      targets.push_back(frame_locked(n.out, f.parent));
   }
+  if (frames_full_) return kOverflow;
   const int32_t next = targets.empty() ? kDead : state_of_locked(targets);
   if (next != kOverflow) next_[slot] = next;
   return next;
@@ -187,8 +238,10 @@ bool GuideGrammar::failed() const {
 
 size_t GuideGrammar::memory_bytes() const {
   const std::lock_guard lock(mu_);
-  // Sets, their copies as map keys, the transition table, the distinct masks.
-  return 2 * set_entries_ * sizeof(int32_t) + next_.size() * sizeof(int32_t) + mask_bytes_;
+  // Sets, their copies as map keys, the transition table, the frames (a grammar's stacks; a
+  // hash map entry is about 32 bytes), the distinct masks.
+  return 2 * set_entries_ * sizeof(int32_t) + next_.size() * sizeof(int32_t) +
+         (frames_.size() - nfa_.nodes.size()) * (sizeof(Frame) + 32) + mask_bytes_;
 }
 
 void GuideGrammar::fail_locked() {
@@ -201,6 +254,11 @@ void GuideGrammar::fail_locked() {
   unique_ = {};
   mask_bytes_ = 0;
   set_entries_ = 0;
+  frames_.resize(nfa_.nodes.size());
+  frames_.shrink_to_fit();
+  frame_ids_ = {};
+  seen_.resize(nfa_.nodes.size());
+  seen_.shrink_to_fit();
 }
 
 size_t GuideGrammar::num_states() const {
@@ -218,8 +276,8 @@ size_t GuideGrammar::num_distinct_masks() const {
 Status GuideGrammar::overflow_error() const {
   return invalid_argument(fmt::format(
       "guided decoding: the constraint's automaton grew past its bounds ({} states, {} stored "
-      "NFA nodes or {} NFA node visits); simplify the constraint",
-      kMaxDfaStates, kMaxDfaSetEntries, kMaxDfaWork));
+      "NFA nodes, {} NFA node visits or {} grammar stack frames); simplify the constraint",
+      kMaxDfaStates, kMaxDfaSetEntries, kMaxDfaWork, kMaxFrames));
 }
 
 StatusOr<int32_t> GuideGrammar::walk(int32_t state, std::string_view bytes) {
@@ -322,6 +380,8 @@ StatusOr<std::string> guide_regex(const GuidedDecoding& guided) {
     }
     case GuidedDecoding::Kind::kJsonObject:
       return json_object_regex(kJsonObjectDepth);
+    case GuidedDecoding::Kind::kGrammar:
+      return invalid_argument("guided.grammar: a grammar is not a regular expression");
   }
   return invalid_argument("guided: unknown kind");
 }

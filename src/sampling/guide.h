@@ -11,7 +11,9 @@
 // state. A token that adds no bytes (special tokens) is never allowed as text; the end ids (the
 // model's EOS ids and stop_token_ids) are allowed exactly when the text so far is a whole string
 // of the language. Every DFA state reached is live (the Thompson NFA of a regex without empty
-// classes can reach its match from every node), so an allowed token never leads to a dead end.
+// classes can reach its match from every node; every rule of a grammar derives a finite string),
+// so an allowed token never leads to a dead end. A grammar's rule calls run on a stack: a DFA
+// state is then a set of stacks, built as lazily as the rest.
 #pragma once
 
 #include <cstdint>
@@ -80,6 +82,8 @@ class GuideGrammar {
   static constexpr size_t kMaxDfaSetEntries = size_t{1} << 22;
   static constexpr size_t kMaxDfaTableEntries = size_t{1} << 22;  // states x byte classes
   static constexpr size_t kMaxDfaWork = size_t{1} << 29;
+  // Stack frames (a grammar's rule calls) interned over all states.
+  static constexpr size_t kMaxFrames = size_t{1} << 20;
   // Distinct masks cached per grammar; past this many bytes the cache starts over (masks in use
   // stay alive with their users).
   static constexpr size_t kMaxMaskBytes = size_t{16} << 20;
@@ -104,15 +108,24 @@ class GuideGrammar {
   size_t num_states() const;
   size_t num_distinct_masks() const;
   bool failed() const;
+  // What a call on a failed grammar returns.
+  Status overflow_error() const;
   // Bytes its DFA tables and masks take (what a GuideCache budgets).
   size_t memory_bytes() const;
 
  private:
+  // A DFA state is a set of frames. A frame is an NFA node and the frame to continue at when the
+  // node's rule ends (-1: the text's own rule); frames are interned, so equal stacks have one id.
+  // Frames [0, nfa nodes) are (node, -1): a regex, which makes no calls, has only those.
+  struct Frame {
+    int32_t node;
+    int32_t parent;
+  };
+  int32_t frame_locked(int32_t node, int32_t parent);  // -1 past kMaxFrames
   int32_t step_locked(int32_t state, uint8_t byte);    // kDead, or -2 past kMaxDfaStates
   int32_t state_of_locked(std::vector<int32_t>& set);  // closure of `set`, then its id
   void closure_locked(std::vector<int32_t>& set);
   std::shared_ptr<const TokenMask> build_mask_locked(int32_t state, bool at_start);
-  Status overflow_error() const;
   void fail_locked();  // past the bounds: frees the tables, every call fails from now on
 
   const regex::Nfa nfa_;
@@ -129,9 +142,12 @@ class GuideGrammar {
   std::unordered_map<size_t, std::vector<std::shared_ptr<const TokenMask>>> unique_;  // by hash
   size_t mask_bytes_ = 0;  // of the distinct masks
   bool overflowed_ = false;
-  size_t set_entries_ = 0;      // NFA nodes stored in sets_
-  size_t work_ = 0;             // NFA nodes visited by closures and steps
-  std::vector<uint32_t> seen_;  // closure scratch: generation stamps per NFA node
+  size_t set_entries_ = 0;  // NFA nodes stored in sets_
+  size_t work_ = 0;         // NFA nodes visited by closures and steps
+  std::vector<Frame> frames_;
+  std::unordered_map<uint64_t, int32_t> frame_ids_;  // of the frames with a parent
+  bool frames_full_ = false;
+  std::vector<uint32_t> seen_;  // closure scratch: generation stamps per frame
   uint32_t generation_ = 0;
 };
 

@@ -25,7 +25,8 @@ struct NfaNode {
     kByte,     // a byte in [lo, hi], then `out`
     kSplit,    // both `out` and `out2`
     kEpsilon,  // `out` (a loop head before its body is compiled)
-    kMatch,    // the text may end here
+    kMatch,    // the rule ends: return to the caller, or (called by nobody) the text may end here
+    kCall,     // call the rule whose entry is `out2`; when it ends, continue at `out` (grammars)
   };
   Kind kind = kEpsilon;
   uint8_t lo = 0;

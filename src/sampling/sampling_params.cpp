@@ -80,9 +80,11 @@ Status validate_guided(const GuidedDecoding& g, bool ignore_eos) {
                        "cannot be combined with guided decoding (the constraint decides where "
                        "the text ends)");
   }
-  const bool wants_spec = g.kind == Kind::kRegex || g.kind == Kind::kJsonSchema;
+  const bool wants_spec =
+      g.kind == Kind::kRegex || g.kind == Kind::kJsonSchema || g.kind == Kind::kGrammar;
   const char* field = g.kind == Kind::kRegex        ? "guided.regex"
                       : g.kind == Kind::kJsonSchema ? "guided.json_schema"
+                      : g.kind == Kind::kGrammar    ? "guided.grammar"
                       : g.kind == Kind::kChoice     ? "guided.choice"
                                                     : "guided.json_object";
   if (wants_spec && g.spec.empty()) return field_error(field, "must not be empty");
