@@ -1,7 +1,7 @@
-// `--guided-regex | --guided-choice | --guided-json | --json-object`: guided decoding
-// (SamplingParams::guided; docs/sampling.md "Guided decoding") from the command line, the same
-// four flags for `kvsplit generate` and `kvsplit-client`. Header-only so that tests/cli parses
-// the flags in-process (the tools' sources are not a library).
+// `--guided-regex | --guided-choice | --guided-json | --json-object | --guided-grammar`: guided
+// decoding (SamplingParams::guided; docs/sampling.md "Guided decoding") from the command line,
+// the same five flags for `kvsplit generate` and `kvsplit-client`. Header-only so that tests/cli
+// parses the flags in-process (the tools' sources are not a library).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -22,11 +22,12 @@ struct GuidedFlags {
   std::vector<std::string> choices;  // --guided-choice S, one choice per use
   std::string json;                  // --guided-json SCHEMA, or @PATH: the schema is that file
   bool json_object = false;          // --json-object
+  std::string grammar;               // --guided-grammar GBNF, or @PATH: the grammar is that file
 };
 
-// The bytes of the file a `--guided-json @path` names. kNotFound naming the flag and the path
-// when it cannot be opened or read; kInvalidArgument when it holds more than kMaxGuidedSpecBytes
-// (read no further: "@/dev/zero" must not fill memory).
+// The bytes of the file a `--guided-json @path` (or `--guided-grammar @path`) names. kNotFound
+// naming the flag and the path when it cannot be opened or read; kInvalidArgument when it holds
+// more than kMaxGuidedSpecBytes (read no further: "@/dev/zero" must not fill memory).
 inline StatusOr<std::string> read_guided_file(const std::string& flag, const std::string& path) {
   if (path.empty()) return invalid_argument(flag + ": @ needs a file name (@schema.json)");
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
@@ -41,7 +42,7 @@ inline StatusOr<std::string> read_guided_file(const std::string& flag, const std
     if (text.size() > kMaxGuidedSpecBytes) {
       return invalid_argument(flag + ": '" + path + "' is larger than " +
                               std::to_string(kMaxGuidedSpecBytes) +
-                              " bytes, the limit of a schema");
+                              " bytes, the limit of a schema or grammar");
     }
   }
   if (std::ferror(f.get())) {
@@ -50,7 +51,7 @@ inline StatusOr<std::string> read_guided_file(const std::string& flag, const std
   return text;
 }
 
-// Adds the four flags to `app`; at most one of them may be given (CLI11: "--guided-regex excludes
+// Adds the five flags to `app`; at most one of them may be given (CLI11: "--guided-regex excludes
 // --guided-choice").
 inline void add_guided_options(CLI::App* app, GuidedFlags& f) {
   CLI::Option* regex = app->add_option(
@@ -68,9 +69,14 @@ inline void add_guided_options(CLI::App* app, GuidedFlags& f) {
       "the schema is that file)");
   CLI::Option* object =
       app->add_flag("--json-object", f.json_object, "guided decoding: the text is a JSON object");
-  regex->excludes(choice)->excludes(json)->excludes(object);
-  choice->excludes(json)->excludes(object);
-  json->excludes(object);
+  CLI::Option* grammar = app->add_option(
+      "--guided-grammar", f.grammar,
+      "guided decoding: the text is a string of this GBNF grammar's rule root (its text, or "
+      "@PATH: the grammar is that file; docs/sampling.md)");
+  regex->excludes(choice)->excludes(json)->excludes(object)->excludes(grammar);
+  choice->excludes(json)->excludes(object)->excludes(grammar);
+  json->excludes(object)->excludes(grammar);
+  object->excludes(grammar);
 }
 
 // The constraint the flags of `app` ask for (kind kNone without any), the @PATH of --guided-json
@@ -92,6 +98,15 @@ inline StatusOr<GuidedDecoding> guided_from_flags(const CLI::App& app, const Gui
       g.spec = std::move(text).value();
     } else {
       g.spec = f.json;
+    }
+  } else if (app.count("--guided-grammar") > 0) {
+    g.kind = Kind::kGrammar;
+    if (f.grammar.rfind('@', 0) == 0) {
+      auto text = read_guided_file("--guided-grammar", f.grammar.substr(1));
+      if (!text.ok()) return text.status();
+      g.spec = std::move(text).value();
+    } else {
+      g.spec = f.grammar;
     }
   } else if (f.json_object) {
     g.kind = Kind::kJsonObject;

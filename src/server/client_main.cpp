@@ -213,6 +213,9 @@ int main(int argc, char** argv) {
     case GuidedKind::kJsonObject:
       req.mutable_guided()->set_json_object(true);
       break;
+    case GuidedKind::kGrammar:
+      req.mutable_guided()->set_grammar(guided->spec);
+      break;
   }
   req.set_sla_class(sla_class);
   req.set_priority(priority);

@@ -35,6 +35,10 @@ Status to_guided(const v1::GuidedDecoding& in, GuidedDecoding* out) {
       out->kind = Kind::kJsonSchema;
       out->spec = in.json_schema();
       break;
+    case v1::GuidedDecoding::kGrammar:
+      out->kind = Kind::kGrammar;
+      out->spec = in.grammar();
+      break;
     case v1::GuidedDecoding::kJsonObject:
       if (!in.json_object()) return invalid_argument("guided.json_object: must be true when set");
       out->kind = Kind::kJsonObject;

@@ -1,6 +1,8 @@
-// `kvsplit generate --guided-regex | --guided-choice | --guided-json | --json-object`
+// `kvsplit generate --guided-regex | --guided-choice | --guided-json | --json-object |
+// --guided-grammar`
 // (src/common/guided_flags.h), parsed in-process as the tool parses them (strict_options): each
-// flag sets its kind and text, at most one is given, --guided-json @PATH reads the file. And the
+// flag sets its kind and text, at most one is given, --guided-json / --guided-grammar @PATH read
+// the file. And the
 // binary itself refuses two at once and a missing file (exit 2) before it loads a model.
 #include "common/guided_flags.h"
 
@@ -81,6 +83,13 @@ TEST(GuidedFlags, EachFlagSetsItsKind) {
   ASSERT_TRUE(p.guided.ok());
   EXPECT_EQ(p.guided->kind, Kind::kJsonObject);
   EXPECT_TRUE(p.guided->spec.empty());
+
+  const std::string gbnf = "root ::= \"(\" root \")\" | \"x\"";
+  p = parse({"--guided-grammar", gbnf});
+  ASSERT_EQ(p.error, "");
+  ASSERT_TRUE(p.guided.ok());
+  EXPECT_EQ(p.guided->kind, Kind::kGrammar);
+  EXPECT_EQ(p.guided->spec, gbnf);
 }
 
 TEST(GuidedFlags, AtMostOneIsGiven) {
@@ -90,7 +99,11 @@ TEST(GuidedFlags, AtMostOneIsGiven) {
       {"--guided-regex", "a", "--json-object"},
       {"--guided-choice", "a", "--guided-json", "{}"},
       {"--guided-choice", "a", "--json-object"},
-      {"--json-object", "--guided-json", "{}"}};
+      {"--json-object", "--guided-json", "{}"},
+      {"--guided-grammar", "root ::= \"a\"", "--guided-regex", "a"},
+      {"--guided-grammar", "root ::= \"a\"", "--guided-choice", "a"},
+      {"--guided-grammar", "root ::= \"a\"", "--guided-json", "{}"},
+      {"--guided-grammar", "root ::= \"a\"", "--json-object"}};
   for (const auto& args : pairs) {
     const Parsed p = parse(args);
     EXPECT_NE(p.error.find("excludes"), std::string::npos) << args[0] << ": " << p.error;
@@ -144,6 +157,23 @@ TEST(GuidedFlags, AtPathReadsTheSchemaFromThatFile) {
   p = parse({"--guided-json", "@" + dir.file("full.json")});
   ASSERT_TRUE(p.guided.ok()) << p.guided.status().to_string();
   EXPECT_EQ(p.guided->spec.size(), kMaxGuidedSpecBytes);
+}
+
+TEST(GuidedFlags, GuidedGrammarAtPathReadsTheGrammarFromThatFile) {
+  testing::TempDir dir;
+  const std::string path = dir.file("list.gbnf");
+  const std::string gbnf = "# a list\nroot ::= item (\", \" item)*\nitem ::= [a-z]+\n";
+  std::ofstream(path) << gbnf;
+  Parsed p = parse({"--guided-grammar", "@" + path});
+  ASSERT_EQ(p.error, "");
+  ASSERT_TRUE(p.guided.ok()) << p.guided.status().to_string();
+  EXPECT_EQ(p.guided->kind, Kind::kGrammar);
+  EXPECT_EQ(p.guided->spec, gbnf);
+  p = parse({"--guided-grammar", "@" + dir.file("missing.gbnf")});
+  ASSERT_FALSE(p.guided.ok());
+  EXPECT_EQ(p.guided.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(p.guided.status().message().rfind("--guided-grammar: cannot open", 0), 0u)
+      << p.guided.status().message();
 }
 
 // The binary: the same refusals, exit 2, before any model is loaded (a model path that does not

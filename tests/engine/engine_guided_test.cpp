@@ -1,8 +1,8 @@
 // Guided decoding through the engine, in both serving modes, on stories260K (a model that never
 // writes these texts unguided): the text of every request lies in its constraint's language
-// (regex, choice, JSON schema, any JSON object), ends at EOS when complete, is a prefix of it when
-// cut by max_tokens, n completions each obey it, bad constraints are refused at submit, and every
-// KV block comes back.
+// (regex, choice, JSON schema, any JSON object, grammar), ends at EOS when complete, is a prefix of
+// it when cut by max_tokens, n completions each obey it, bad constraints are refused at submit, and
+// every KV block comes back.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -135,6 +135,42 @@ TEST_P(EngineGuided, JsonObjectGivesAnObject) {
   }
 }
 
+// Nested arrays of at most 3 items (a language no regex has): every text that ends is JSON of
+// that shape.
+bool nested_array(const nlohmann::json& j) {
+  if (!j.is_array() || j.size() > 3) return false;
+  for (const auto& v : j) {
+    const bool ok = (v.is_number_unsigned() && v.get<uint64_t>() < 1000) ||
+                    (v.is_string() && !v.get<std::string>().empty()) || nested_array(v);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+TEST_P(EngineGuided, GrammarGivesAStringOfTheGrammar) {
+  const std::string gbnf =
+      "root  ::= \"[\" array ( \",\" value ){0,2} \"]\"  # an array first: nested\n"
+      "array ::= \"[\" ( value ( \",\" value ){0,2} )? \"]\"\n"
+      "value ::= array | [0-9] | [1-9] [0-9]{1,2} | \"\\\"\" [a-z]{1,8} \"\\\"\"\n";
+  int stopped = 0;
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    Request r = guided(GuidedDecoding::Kind::kGrammar, gbnf, 1.0f, seed);
+    r.sampling.max_tokens = 200;
+    const Collected c = run(r);
+    ASSERT_FALSE(c.text.empty());
+    EXPECT_EQ(c.text.front(), '[') << c.text;
+    if (c.final_event.finish_reason != FinishReason::kStop) continue;
+    ++stopped;
+    const nlohmann::json doc = nlohmann::json::parse(c.text, nullptr, false);
+    ASSERT_FALSE(doc.is_discarded()) << c.text;
+    EXPECT_TRUE(nested_array(doc)) << c.text;
+    EXPECT_TRUE(doc[0].is_array()) << c.text;
+    EXPECT_LE(doc.size(), 3u) << c.text;
+    EXPECT_EQ(doc.dump(), c.text) << "no spaces in this grammar";
+  }
+  EXPECT_GT(stopped, 0);
+}
+
 TEST_P(EngineGuided, MaxTokensCutsTheTextAtAPrefixOfTheLanguage) {
   Request r = guided(GuidedDecoding::Kind::kRegex, "(ab|cd)+x", 1.0f, 3);
   r.sampling.max_tokens = 5;
@@ -204,6 +240,10 @@ TEST_P(EngineGuided, BadConstraintsAreRefusedAtSubmit) {
        false,
        "guided.json_schema"},
       {{GuidedDecoding::Kind::kChoice, "", {}}, false, "guided.choice"},
+      {{GuidedDecoding::Kind::kGrammar, "root ::= root \"a\" | \"b\"", {}},
+       false,
+       "guided.grammar"},
+      {{GuidedDecoding::Kind::kGrammar, "root ::= \"a\" undefined", {}}, false, "guided.grammar"},
       {{GuidedDecoding::Kind::kRegex, "a+", {}}, true, "ignore_eos"},
   };
   for (const Bad& b : bad) {

@@ -1,8 +1,8 @@
-// kvsplit-client --guided-choice / --guided-regex against the real server on stories260K: the
-// text is exactly one of the choices, or matches the expression whole, greedy and sampled, and
-// ends on the model's EOS (finish_reason STOP) once the language allows nothing more. The
-// server's refusals, naming the field, and the client's own refusals of the guided flags (exit 2,
-// no server needed).
+// kvsplit-client --guided-choice / --guided-regex / --guided-grammar against the real server on
+// stories260K: the text is exactly one of the choices, or matches the expression whole, greedy and
+// sampled, and ends on the model's EOS (finish_reason STOP) once the language allows nothing more.
+// The server's refusals, naming the field, and the client's own refusals of the guided flags (exit
+// 2, no server needed).
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -86,6 +86,44 @@ TEST(ClientGuided, TheTextIsOneChoiceOrMatchesTheExpression) {
   }
 }
 
+// A language no regex has (n '(' then 'x' then n ')'), from a grammar file: a finished text is a
+// string of it, one cut by max_tokens a prefix of one.
+TEST(ClientGuided, TheTextIsAStringOfTheGrammar) {
+  KVSPLIT_REQUIRE_MODELS();
+  TempDir dir;
+  ServerProcess server({"--model", model_path("stories260K.bin")}, dir.file("server.log"));
+  ASSERT_TRUE(server.started()) << server.log();
+  {
+    std::ofstream gbnf(dir.file("nest.gbnf"));
+    gbnf << "# nested\nroot ::= \"(\" root \")\" | x\nx ::= \"x\"\n";
+  }
+  const std::string client = std::string(KVSPLIT_BINARY_DIR) + "/kvsplit-client --server " +
+                             server.address() + " --json --max-tokens 24 --guided-grammar @" +
+                             dir.file("nest.gbnf") + " ";
+  auto check = [](const Completion& c) {
+    const size_t open = c.text.find_first_not_of('(');
+    const bool whole = open != std::string::npos && c.text[open] == 'x' &&
+                       c.text.substr(open + 1) == std::string(open, ')');
+    if (c.finish_reason == "FINISH_REASON_STOP") return whole;
+    if (open == std::string::npos) return true;  // only '(' so far
+    const std::string rest = c.text.substr(open + 1);
+    return c.text[open] == 'x' && rest.size() <= open &&
+           rest.find_first_not_of(')') == std::string::npos;
+  };
+  for (const std::string sampling : {"--temperature 0 ", "--temperature 1 --seed 5 --n 8 "}) {
+    const auto [code, out] = run_command(client + sampling + "'Once upon a time'");
+    ASSERT_EQ(code, 0) << sampling << ": " << out;
+    const std::vector<Completion> got = completions_of(out);
+    ASSERT_FALSE(got.empty()) << out;
+    size_t stopped = 0;
+    for (const Completion& c : got) {
+      EXPECT_TRUE(check(c)) << sampling << ": '" << c.text << "' " << c.finish_reason;
+      stopped += c.finish_reason == "FINISH_REASON_STOP" ? 1 : 0;
+    }
+    EXPECT_GT(stopped, 0u) << out;  // some text ends: EOS is allowed once it is whole
+  }
+}
+
 // What the server refuses comes back INVALID_ARGUMENT naming the field (exit 1): the schema of a
 // --guided-json @file reached it as the file's text.
 TEST(ClientGuided, ServerRefusalsNameTheField) {
@@ -103,6 +141,8 @@ TEST(ClientGuided, ServerRefusalsNameTheField) {
            {"--guided-regex '[a-' 'x'", "INVALID_ARGUMENT: guided.regex: "},
            {"--guided-json @" + dir.file("schema.json") + " 'x'",
             "INVALID_ARGUMENT: guided.json_schema: "},
+           {"--guided-grammar 'root ::= root \"a\" | \"a\"' 'x'",
+            "INVALID_ARGUMENT: guided.grammar: grammar: left recursion"},
            {"--json-object --ignore-eos 'x'", "INVALID_ARGUMENT: ignore_eos: "}}) {
     const auto [code, out] = run_command(client + args);
     EXPECT_EQ(code, 1) << args << ": " << out;

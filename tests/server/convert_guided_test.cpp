@@ -77,6 +77,13 @@ TEST(ConvertGuided, EachConstraintReachesTheEngineRequest) {
   EXPECT_EQ(r->sampling.guided.kind, Kind::kJsonObject);
   EXPECT_TRUE(r->sampling.guided.spec.empty());
   EXPECT_TRUE(r->sampling.guided.choices.empty());
+  const std::string gbnf = "root ::= \"[\" (item (\",\" item)*)? \"]\"\nitem ::= [0-9]+";
+  in = request();
+  in.mutable_guided()->set_grammar(gbnf);
+  r = to_engine_request(in, limits());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->sampling.guided.kind, Kind::kGrammar);
+  EXPECT_EQ(r->sampling.guided.spec, gbnf);
 }
 
 TEST(ConvertGuided, TheOneofsOwnRulesNameTheField) {
@@ -118,6 +125,15 @@ TEST(ConvertGuided, ValidateRefusalsNameTheProtoField) {
   in.mutable_guided()->set_json_schema(std::string(kMaxGuidedSpecBytes + 1, ' '));
   m = refusal(in);
   EXPECT_EQ(m.rfind("guided.json_schema", 0), 0u) << m;
+
+  in = request();
+  in.mutable_guided()->set_grammar(std::string(kMaxGuidedSpecBytes + 1, ' '));
+  m = refusal(in);
+  EXPECT_EQ(m.rfind("guided.grammar", 0), 0u) << m;
+  in = request();
+  in.mutable_guided()->set_grammar("");
+  m = refusal(in);
+  EXPECT_EQ(m, "guided.grammar: must not be empty") << m;
 
   in = request();
   for (size_t i = 0; i <= kMaxGuidedChoices; ++i)
