@@ -217,8 +217,8 @@ def trace_seeds():
 
 
 def guide_seeds():
-    # guide_fuzz: byte 0 odd = a regex, even = a JSON schema; then the constraint, a NUL, and the
-    # bytes that steer a generation through it.
+    # guide_fuzz: byte 0 % 3: 1 a regex, 2 a GBNF grammar, 0 a JSON schema; then the constraint,
+    # a NUL, and the bytes that steer a generation through it.
     regexes = [r"[0-9]{3}-[a-z]{2}", r"(yes|no|maybe( not)?)!{0,2}", r"[^\"]*\.?(?:ab|c)+",
                r"\d+(\.\d+)?[eE]?", r"(?<n>\w+)@\w+\.com", r"[\u00e0-\u00ff]{2,}|x*",
                r"(a|b)*a(a|b){12}"]
@@ -228,9 +228,17 @@ def guide_seeds():
                '{"anyOf":[{"type":"null"},{"$ref":"#/$defs/n"}],"$defs":{"n":{"type":"object",'
                '"properties":{"next":{"$ref":"#/$defs/n"}}}}}',
                '{"type":"string","format":"date-time"}', '{}']
+    grammars = ['root ::= "(" root ")" | [a-z]*',
+                'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= [0-9]+ | "(" expr ")"',
+                '# json\nroot ::= value\nvalue ::= obj | arr | str | [0-9]+ | "true" | "null"\n'
+                'obj ::= "{" (str ":" value ("," str ":" value)*)? "}"\n'
+                'arr ::= "[" (value ("," value)*)? "]"\nstr ::= "\\"" [^"\\\\]* "\\""',
+                'root ::= a{2,4} b?\na ::= "x" | "\\u00e9"\nb ::= [^\\n]+ "\\n"']
     steer = bytes(range(0, 256, 7)) * 3
     for i, r in enumerate(regexes):
         put("guide", f"regex{i}", b"\x01" + r.encode() + b"\x00" + steer)
+    for i, g in enumerate(grammars):
+        put("guide", f"grammar{i}", b"\x02" + g.encode() + b"\x00" + steer)
     for i, sc in enumerate(schemas):
         put("guide", f"schema{i}", b"\x00" + sc.encode() + b"\x00" + steer)
 
