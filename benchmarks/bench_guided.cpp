@@ -2,7 +2,7 @@
 // (SentencePiece, 32K ids) and Qwen2 (byte-level BPE, ~151K ids). Per tokenizer it measures
 //   - `vocab ms`: building the token byte trie (model::guide_vocabulary), best of repeats;
 // and per constraint (a regex, a choice of 20 words, a JSON schema of a 6-property object,
-// json_object):
+// json_object, a GBNF grammar of any JSON object):
 //   - `compile ms`: GuideGrammar::compile (schema -> regex -> NFA; the DFA is built lazily),
 //     best of repeats;
 //   - simulated generations: `--generations` requests (seeds 1..N) of up to `--max-tokens`
@@ -115,6 +115,19 @@ std::vector<Constraint> constraints() {
   GuidedDecoding object;
   object.kind = GuidedDecoding::Kind::kJsonObject;
   out.push_back({"json_object", object});
+  // The same language as json_object but nested without a bound: a context-free grammar (the
+  // DFA runs over stacks of rule calls), written as llama.cpp's json.gbnf is.
+  GuidedDecoding gbnf;
+  gbnf.kind = GuidedDecoding::Kind::kGrammar;
+  gbnf.spec = R"(root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null")
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}"
+array  ::= "[" ws ( value ("," ws value)* )? "]"
+string ::= "\"" ( [^"\\\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\""
+number ::= "-"? ([0-9] | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [-+]? [0-9]+)?
+ws     ::= " "?
+)";
+  out.push_back({"gbnf json object", gbnf});
   return out;
 }
 
