@@ -57,6 +57,110 @@ std::string object_of_values(std::string_view value) {
                      comma_list(fmt::format("{}:{}{}", any_string_regex(), kWs, value), 0, -1));
 }
 
+namespace {
+
+// The digits of the whole numbers in [lo, hi] (0 <= lo <= hi, both with `digits` digits, no
+// leading zero unless the number is 0): a prefix tree of digit ranges.
+std::string same_length_range(const std::string& lo, const std::string& hi) {
+  if (lo.empty()) return "";
+  if (lo[0] == hi[0]) return lo.substr(0, 1) + same_length_range(lo.substr(1), hi.substr(1));
+  const std::string lo_rest = lo.substr(1);
+  const std::string hi_rest = hi.substr(1);
+  const size_t n = lo_rest.size();
+  auto digits = [](char a, char b) {
+    return a == b ? std::string(1, a) : fmt::format("[{}-{}]", a, b);
+  };
+  auto any = [](size_t k) {
+    return k == 0 ? std::string() : k == 1 ? std::string("[0-9]") : fmt::format("[0-9]{{{}}}", k);
+  };
+  // A digit, then the rest (alternation() groups what it joins, so nothing else is needed).
+  auto after = [](char d, const std::string& rest) { return std::string(1, d) + rest; };
+  std::vector<std::string> alts;
+  char first = lo[0];
+  if (lo_rest.find_first_not_of('0') != std::string::npos) {  // lo's first digit, partly
+    alts.push_back(after(lo[0], same_length_range(lo_rest, std::string(n, '9'))));
+    ++first;
+  }
+  char last = hi[0];
+  const bool hi_partial = hi_rest.find_first_not_of('9') != std::string::npos;
+  if (hi_partial) --last;
+  if (first <= last) alts.push_back(digits(first, last) + any(n));
+  if (hi_partial) alts.push_back(after(hi[0], same_length_range(std::string(n, '0'), hi_rest)));
+  return alternation(alts);
+}
+
+// The whole numbers in [lo, hi] (0 <= lo; hi < 0: unbounded), "" when none.
+std::string natural_range(int64_t lo, int64_t hi) {
+  if (hi >= 0 && lo > hi) return "";
+  std::vector<std::string> alts;
+  int64_t low = lo;
+  int64_t top = 9;  // the largest number of `digits` digits
+  for (size_t digits = 1; digits <= 19; ++digits, top = top * 10 + 9) {
+    if (low > top) continue;
+    const int64_t high = hi >= 0 ? std::min(hi, top) : top;
+    alts.push_back(same_length_range(std::to_string(low), std::to_string(high)));
+    if (hi >= 0 && hi <= top) break;
+    if (hi < 0) {  // every number with more digits
+      alts.push_back(fmt::format("[1-9][0-9]{{{},}}", digits));
+      break;
+    }
+    low = top + 1;
+  }
+  return alts.empty() ? "" : alternation(alts);
+}
+
+constexpr std::string_view kFraction = R"re((?:\.[0-9]+)?)re";
+constexpr std::string_view kZeroFraction = R"re((?:\.0+)?)re";
+constexpr std::string_view kNonZeroFraction = R"re(\.[0-9]*[1-9][0-9]*)re";
+
+// Magnitudes m >= 0 (a number's digits, without its sign) with a <= m (a.exclusive: a < m) and,
+// with b, m <= b (b->exclusive: m < b); a.value >= 0. "" when none.
+std::string magnitude_range(NumericBound a, std::optional<NumericBound> b, bool integer) {
+  if (integer) {
+    const int64_t lo = a.value + (a.exclusive ? 1 : 0);
+    const int64_t hi = !b ? -1 : b->value - (b->exclusive ? 1 : 0);
+    if (b && hi < lo) return "";
+    return natural_range(lo, hi);
+  }
+  if (!b && a.value == 0 && !a.exclusive) return fmt::format("{}{}", kNatural, kFractionExponent);
+  if (b && (b->value < a.value || (b->value == a.value && (a.exclusive || b->exclusive))))
+    return "";
+  std::vector<std::string> alts;
+  // Integer part in [a', b - 1] (or unbounded): any fraction keeps m in range.
+  const int64_t first = a.value + (a.exclusive ? 1 : 0);
+  const std::string free = natural_range(first, b ? b->value - 1 : -1);
+  if (!free.empty()) alts.push_back(group(free) + std::string(kFraction));
+  // a < m with integer part a: a fraction that is not all zeros.
+  if (a.exclusive && (!b || b->value > a.value))
+    alts.push_back(std::to_string(a.value) + std::string(kNonZeroFraction));
+  // m <= b with integer part b: b itself, maybe with zeros after the point.
+  if (b && !b->exclusive && (b->value > a.value || !a.exclusive))
+    alts.push_back(std::to_string(b->value) + std::string(kZeroFraction));
+  return alts.empty() ? "" : alternation(alts);
+}
+
+}  // namespace
+
+std::string numeric_range_regex(std::optional<NumericBound> lo, std::optional<NumericBound> hi,
+                                bool integer) {
+  std::vector<std::string> alts;
+  // x >= 0: magnitudes from max(lo, 0) to hi.
+  if (!hi || hi->value > 0 || (hi->value == 0 && !hi->exclusive)) {
+    const NumericBound from = lo && lo->value >= 0 ? *lo : NumericBound{0, false};
+    if (std::string m = magnitude_range(from, hi, integer); !m.empty()) alts.push_back(m);
+  }
+  // x < 0: magnitudes above max(-hi, 0) (0 itself out) up to -lo.
+  if (!lo || lo->value < 0) {
+    const NumericBound from =
+        hi && hi->value < 0 ? NumericBound{-hi->value, hi->exclusive} : NumericBound{0, true};
+    const std::optional<NumericBound> to =
+        lo ? std::optional<NumericBound>(NumericBound{-lo->value, lo->exclusive}) : std::nullopt;
+    if (std::string m = magnitude_range(from, to, integer); !m.empty())
+      alts.push_back("-" + group(m));
+  }
+  return alts.empty() ? "" : alternation(alts);
+}
+
 std::string number_regex() { return fmt::format("-?{}{}", kNatural, kFractionExponent); }
 
 // Any JSON value whose containers nest at most `depth` levels (0: scalars only).

@@ -3,6 +3,8 @@
 // concatenated (alternations are grouped). Internal to the sampling module.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,6 +44,20 @@ std::string object_of_values(std::string_view value);
 std::string number_regex();
 // Any JSON value whose containers nest at most `depth` levels (0: scalars only).
 std::string any_value_regex(int depth);
+
+// One end of a numeric range: an integer value, and whether the end itself is out.
+struct NumericBound {
+  int64_t value = 0;
+  bool exclusive = false;
+};
+inline constexpr int64_t kMaxNumericBound = 1'000'000'000'000'000;  // 10^15, |bound| at most
+// The JSON numbers x with lo <= x <= hi (each end absent: unbounded; exclusive: < instead of <=),
+// as a regex. integer: whole numbers only (-?(0|[1-9][0-9]*)); otherwise numbers with an optional
+// fraction, and an exponent only where the range is all numbers >= 0 or all numbers (a bounded
+// range is written without one: every number has such a spelling). "-0" is never produced. An
+// empty range gives "" (the caller refuses it). |values| <= kMaxNumericBound.
+std::string numeric_range_regex(std::optional<NumericBound> lo, std::optional<NumericBound> hi,
+                                bool integer);
 
 struct Property {
   std::string key_value;  // "name":[ ]?VALUE

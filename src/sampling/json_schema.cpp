@@ -7,7 +7,7 @@
 //   allOf with one schema, $ref ("#" + a JSON pointer into the root schema, usually
 //   #/$defs/NAME or #/definitions/NAME; a recursive one is expanded kMaxRefExpansions deep);
 //   string: minLength, maxLength, pattern, format (date, time, date-time, uuid, email);
-//   integer: minimum 0 or 1, exclusiveMinimum 0; number: minimum 0;
+//   integer and number: minimum, maximum, exclusiveMinimum, exclusiveMaximum (see numeric_regex);
 //   object: properties, required, additionalProperties (see object_regex);
 //   array: items, prefixItems, minItems, maxItems (see array_regex).
 // Ignored: the annotations title, description, $schema, $id, default, examples, $comment,
@@ -300,31 +300,59 @@ StatusOr<std::string> string_regex(const Json& schema, const std::string& path) 
   return fmt::format("\"{}\"", repeat(kStringChar, bounds.min, bounds.max));
 }
 
-// Numeric keywords a regex states exactly: integer minimum 0 / 1 and exclusiveMinimum 0, number
-// minimum 0. Any other bound or multipleOf is rejected.
+// Numeric bounds: minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers, as draft 6 on;
+// the tighter of two at one end wins), |bound| <= kMaxNumericBound. For an integer any finite bound
+// is rounded inward (minimum 1.5 is 2); for a number a bound must be a whole value. multipleOf is
+// refused, as is a range with nothing in it.
 StatusOr<std::string> numeric_regex(std::string_view type, const Json& schema,
                                     const std::string& path) {
   const bool integer = type == "integer";
-  int lower = -1;  // -1: none; else the smallest value allowed (0 or 1)
+  std::optional<json_rx::NumericBound> lo;
+  std::optional<json_rx::NumericBound> hi;
   for (const auto& item : schema.items()) {
     if (keyword_family(item.key()) != Family::kNumber) continue;
+    const std::string& key = item.key();
+    if (key == "multipleOf") return unsupported(key, path);
     const Json& value = item.value();
-    const bool zero = value.is_number() && value == 0;
-    const bool one = value.is_number() && value == 1;
-    if (item.key() == "minimum" && (zero || (integer && one))) {
-      lower = std::max(lower, zero ? 0 : 1);
-    } else if (integer && item.key() == "exclusiveMinimum" && zero) {
-      lower = 1;
-    } else {
-      return unsupported(item.key(), path,
-                         integer ? "only minimum 0 or 1 and exclusiveMinimum 0 for integers"
-                                 : "only minimum 0 for numbers");
+    if (!value.is_number()) {
+      return keyword_error(key, child(path, key),
+                           "must be a number (a boolean exclusiveMinimum / exclusiveMaximum is "
+                           "draft 4, not supported)");
     }
+    const double v = value.get<double>();
+    if (!(std::fabs(v) <= static_cast<double>(json_rx::kMaxNumericBound))) {
+      return unsupported(key, path,
+                         fmt::format("bounds up to {} in magnitude", json_rx::kMaxNumericBound));
+    }
+    const bool lower = key == "minimum" || key == "exclusiveMinimum";
+    const bool exclusive = key == "exclusiveMinimum" || key == "exclusiveMaximum";
+    json_rx::NumericBound b;
+    if (integer) {  // the nearest whole value inside, inclusive
+      const double inside = lower ? (exclusive ? std::floor(v) + 1 : std::ceil(v))
+                                  : (exclusive ? std::ceil(v) - 1 : std::floor(v));
+      b = {static_cast<int64_t>(inside), false};
+    } else {
+      if (v != std::floor(v)) {
+        return unsupported(key, path, "a number's bounds must be whole values");
+      }
+      b = {static_cast<int64_t>(v), exclusive};
+    }
+    auto tighter = [&](const json_rx::NumericBound& x, const json_rx::NumericBound& y) {
+      if (x.value != y.value) return lower ? x.value > y.value : x.value < y.value;
+      return x.exclusive && !y.exclusive;
+    };
+    std::optional<json_rx::NumericBound>& end = lower ? lo : hi;
+    if (!end || tighter(b, *end)) end = b;
   }
-  std::string whole = lower < 0    ? fmt::format("-?{}", kNatural)
-                      : lower == 0 ? std::string(kNatural)
-                                   : std::string(kPositive);
-  return integer ? whole : whole + std::string(kFractionExponent);
+  if (!lo && !hi) {
+    return integer ? fmt::format("-?{}", kNatural) : json_rx::number_regex();
+  }
+  std::string rx = json_rx::numeric_range_regex(lo, hi, integer);
+  if (rx.empty()) {
+    return invalid_argument(fmt::format("json_schema: the bounds at {} leave no {} in range", path,
+                                        integer ? "integer" : "number"));
+  }
+  return rx;
 }
 
 // `required` (absent: none): names that `props` (may be null) all declare.

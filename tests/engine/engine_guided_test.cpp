@@ -96,7 +96,7 @@ TEST_P(EngineGuided, ChoiceGivesExactlyOneChoiceForEveryCompletion) {
 TEST_P(EngineGuided, JsonSchemaGivesAValidDocument) {
   const std::string schema = R"({"type":"object","properties":{
       "name":{"type":"string","maxLength":12},
-      "age":{"type":"integer"},
+      "age":{"type":"integer","minimum":18,"exclusiveMaximum":100},
       "pets":{"type":"array","items":{"enum":["cat","dog"]},"maxItems":3},
       "happy":{"type":"boolean"}},
     "required":["name","age"]})";
@@ -111,6 +111,8 @@ TEST_P(EngineGuided, JsonSchemaGivesAValidDocument) {
     EXPECT_TRUE(doc["name"].is_string()) << c.text;
     EXPECT_LE(doc["name"].get<std::string>().size(), 12u * 4) << c.text;
     EXPECT_TRUE(doc["age"].is_number_integer()) << c.text;
+    EXPECT_GE(doc["age"].get<int64_t>(), 18) << c.text;
+    EXPECT_LT(doc["age"].get<int64_t>(), 100) << c.text;
     if (doc.contains("pets")) {
       EXPECT_LE(doc["pets"].size(), 3u) << c.text;
       for (const auto& p : doc["pets"]) EXPECT_TRUE(p == "cat" || p == "dog") << c.text;
@@ -236,7 +238,7 @@ TEST_P(EngineGuided, BadConstraintsAreRefusedAtSubmit) {
       {{GuidedDecoding::Kind::kRegex, "a{2000}", {}}, false, "guided.regex"},
       {{GuidedDecoding::Kind::kRegex, "", {}}, false, "guided.regex"},
       {{GuidedDecoding::Kind::kJsonSchema, "{\"type\":", {}}, false, "guided.json_schema"},
-      {{GuidedDecoding::Kind::kJsonSchema, "{\"type\":\"integer\",\"minimum\":3}", {}},
+      {{GuidedDecoding::Kind::kJsonSchema, "{\"type\":\"integer\",\"multipleOf\":3}", {}},
        false,
        "guided.json_schema"},
       {{GuidedDecoding::Kind::kChoice, "", {}}, false, "guided.choice"},
