@@ -85,6 +85,17 @@ StatusOr<std::shared_ptr<GuideGrammar>> GuideGrammar::compile(
     if (g->failed()) return g->overflow_error().with_prefix("guided.grammar");
     return g;
   }
+  if (guided.kind == GuidedDecoding::Kind::kJsonSchema) {  // a recursive $ref: rules
+    StatusOr<SchemaRegexes> rx = json_schema_to_rules(guided.spec);
+    if (!rx.ok()) return Status(rx.status().code(), "guided." + rx.status().message());
+    StatusOr<regex::Nfa> nfa =
+        rx->rules.size() == 1 ? regex::compile_regex(rx->rules[0])
+                              : regex::compile_regex_rules(rx->rules, rx->names, "json_schema");
+    if (!nfa.ok()) return nfa.status().with_prefix("guided.json_schema");
+    auto g = std::make_shared<GuideGrammar>(std::move(*nfa), std::move(vocab));
+    if (g->failed()) return g->overflow_error().with_prefix("guided.json_schema");
+    return g;
+  }
   KVSPLIT_ASSIGN_OR_RETURN(std::string rx, guide_regex(guided));
   StatusOr<regex::Nfa> nfa = regex::compile_regex(rx);
   if (!nfa.ok()) {

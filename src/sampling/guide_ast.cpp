@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string>
+#include <unordered_map>
 
 #include "common/utf8.h"
 
@@ -238,7 +240,170 @@ void split_sequences(uint32_t lo, uint32_t hi,
   out.push_back(std::move(seq));
 }
 
+// Per-rule facts on the compiled NFA. Each rule's body is its own set of nodes, reached from its
+// entry without entering a callee, so a rule is examined on its nodes alone.
+class Checker {
+ public:
+  Checker(const Nfa& nfa, const std::vector<int32_t>& entries,
+          const std::vector<std::string>& names, std::string_view prefix, std::string_view kind,
+          std::string_view hint)
+      : nfa_(nfa), entries_(entries), names_(names), prefix_(prefix), kind_(kind), hint_(hint) {
+    for (size_t r = 0; r < entries.size(); ++r) rule_of_.emplace(entries[r], static_cast<int>(r));
+  }
+
+  Status run() {
+    // Nullable (derives the empty string), then productive (derives some finite string): least
+    // fixed points, each rule re-examined while a rule it calls changes.
+    nullable_ = fixed_point(/*through_bytes=*/false);
+    productive_ = fixed_point(/*through_bytes=*/true);
+    // Rule 0 (the text) last: when it cannot end because a rule it calls cannot, that rule is
+    // the one to name.
+    for (size_t k = 1; k <= names_.size(); ++k) {
+      const size_t r = k % names_.size();
+      if (!productive_[r]) {
+        return invalid_argument(
+            fmt::format("{}: {} '{}' derives no finite string (every alternative recurses)",
+                        prefix_, kind_, names_[r]));
+      }
+    }
+    return left_recursion();
+  }
+
+ private:
+  int callee(const NfaNode& n) const { return rule_of_.at(n.out2); }
+
+  // Walks rule r's body from its entry: split and epsilon always, a byte when through_bytes, a
+  // call when `pass(callee)`. Calls `on_call(callee)` at each call reached; true when the rule's
+  // end is reached.
+  template <class Pass, class OnCall>
+  bool walk(int r, bool through_bytes, Pass pass, OnCall on_call) {
+    ++stamp_;
+    std::vector<int32_t> stack{entries_[static_cast<size_t>(r)]};
+    bool end = false;
+    while (!stack.empty()) {
+      const int32_t id = stack.back();
+      stack.pop_back();
+      if (seen_[static_cast<size_t>(id)] == stamp_) continue;
+      seen_[static_cast<size_t>(id)] = stamp_;
+      const NfaNode& n = nfa_.nodes[static_cast<size_t>(id)];
+      switch (n.kind) {
+        case NfaNode::kMatch:
+          end = true;
+          break;
+        case NfaNode::kByte:
+          if (through_bytes) stack.push_back(n.out);
+          break;
+        case NfaNode::kSplit:
+          stack.push_back(n.out2);
+          stack.push_back(n.out);
+          break;
+        case NfaNode::kEpsilon:
+          stack.push_back(n.out);
+          break;
+        case NfaNode::kCall:
+          on_call(callee(n));
+          if (pass(callee(n))) stack.push_back(n.out);
+          break;
+      }
+    }
+    return end;
+  }
+
+  std::vector<bool> fixed_point(bool through_bytes) {
+    const size_t n = names_.size();
+    std::vector<bool> yes(n, false);
+    std::vector<std::vector<int>> callers(n);
+    for (size_t r = 0; r < n; ++r) {
+      walk(
+          static_cast<int>(r), true, [](int) { return true; },
+          [&](int c) { callers[static_cast<size_t>(c)].push_back(static_cast<int>(r)); });
+    }
+    std::vector<int> work(n);
+    for (size_t r = 0; r < n; ++r) work[r] = static_cast<int>(n - 1 - r);
+    std::vector<bool> queued(n, true);
+    while (!work.empty()) {
+      const int r = work.back();
+      work.pop_back();
+      queued[static_cast<size_t>(r)] = false;
+      if (yes[static_cast<size_t>(r)]) continue;
+      if (!walk(
+              r, through_bytes, [&](int c) { return yes[static_cast<size_t>(c)]; }, [](int) {}))
+        continue;
+      yes[static_cast<size_t>(r)] = true;
+      for (const int c : callers[static_cast<size_t>(r)]) {
+        if (!queued[static_cast<size_t>(c)] && !yes[static_cast<size_t>(c)]) {
+          queued[static_cast<size_t>(c)] = true;
+          work.push_back(c);
+        }
+      }
+    }
+    return yes;
+  }
+
+  // The rules each rule calls before consuming a byte; a cycle among them is left recursion.
+  Status left_recursion() {
+    const size_t n = names_.size();
+    std::vector<std::vector<int>> left(n);
+    for (size_t r = 0; r < n; ++r) {
+      walk(
+          static_cast<int>(r), false,
+          [&](int c) { return bool(nullable_[static_cast<size_t>(c)]); },
+          [&](int c) { left[r].push_back(c); });
+    }
+    // Iterative depth-first search: 0 unvisited, 1 on the path, 2 done.
+    std::vector<uint8_t> color(n, 0);
+    for (size_t s = 0; s < n; ++s) {
+      if (color[s] != 0) continue;
+      std::vector<std::pair<int, size_t>> path{{static_cast<int>(s), 0}};
+      color[s] = 1;
+      while (!path.empty()) {
+        auto& [r, k] = path.back();
+        if (k == left[static_cast<size_t>(r)].size()) {
+          color[static_cast<size_t>(r)] = 2;
+          path.pop_back();
+          continue;
+        }
+        const int c = left[static_cast<size_t>(r)][k++];
+        if (color[static_cast<size_t>(c)] == 1) {
+          std::string cycle;
+          bool on = false;
+          for (const auto& [p, unused] : path) {
+            on = on || p == c;
+            if (on) cycle += names_[static_cast<size_t>(p)] + " -> ";
+          }
+          return invalid_argument(fmt::format(
+              "{}: left recursion ({}{}): a {} reaches itself before any byte{}{}", prefix_, cycle,
+              names_[static_cast<size_t>(c)], kind_, hint_.empty() ? "" : "; ", hint_));
+        }
+        if (color[static_cast<size_t>(c)] == 0) {
+          color[static_cast<size_t>(c)] = 1;
+          path.emplace_back(c, 0);
+        }
+      }
+    }
+    return ok_status();
+  }
+
+  const Nfa& nfa_;
+  const std::vector<int32_t>& entries_;
+  const std::vector<std::string>& names_;
+  std::string_view prefix_;
+  std::string_view kind_;
+  std::string_view hint_;
+  std::unordered_map<int32_t, int> rule_of_;
+  std::vector<uint32_t> seen_ = std::vector<uint32_t>(nfa_.nodes.size(), 0);
+  uint32_t stamp_ = 0;
+  std::vector<bool> nullable_;
+  std::vector<bool> productive_;
+};
+
 }  // namespace
+
+Status check_rules(const Nfa& nfa, const std::vector<int32_t>& entries,
+                   const std::vector<std::string>& names, std::string_view prefix,
+                   std::string_view kind, std::string_view hint) {
+  return Checker(nfa, entries, names, prefix, kind, hint).run();
+}
 
 std::vector<std::vector<std::pair<uint8_t, uint8_t>>> utf8_sequences(uint32_t lo, uint32_t hi) {
   std::vector<std::vector<std::pair<uint8_t, uint8_t>>> out;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -52,5 +53,14 @@ int hex_digit(char c);
 StatusOr<Nfa> compile_ast(const std::vector<Ast>& ast, const std::vector<int>& roots,
                           size_t max_nodes, std::string_view prefix,
                           std::vector<int32_t>* entries = nullptr);
+
+// The checks that make rules safe to run on a stack (GuideGrammar): every rule derives some
+// finite string (else "<prefix>: <kind> '<name>' derives no finite string ..."), and no rule
+// reaches itself before a byte, directly, through other rules or after nullable ones (else
+// "<prefix>: left recursion (a -> b -> a): ..., <hint>"). Each rule is examined on its own nodes,
+// with a worklist: linear in the NFA per rule change.
+Status check_rules(const Nfa& nfa, const std::vector<int32_t>& entries,
+                   const std::vector<std::string>& names, std::string_view prefix,
+                   std::string_view kind, std::string_view hint);
 
 }  // namespace kvsplit::sampling::regex

@@ -17,15 +17,17 @@ Ranges space() { return normalize({{'\t', '\r'}, {' ', ' '}}); }  // \t \n \v \f
 
 class Parser {
  public:
-  explicit Parser(std::string_view p) : p_(p) {}
+  // Appends to `ast`. num_rules > 0: `(?&N)` calls rule N, for 1 <= N < num_rules.
+  Parser(std::string_view p, std::vector<Ast>& ast, int num_rules = 0)
+      : p_(p), ast_(ast), num_rules_(num_rules) {}
 
-  StatusOr<std::vector<Ast>> parse(int* root) {
+  Status parse(int* root) {
     if (!p_.empty() && p_[0] == '^') ++i_;  // the whole text is matched anyway
     end_ = p_.size();
     if (end_ > i_ && p_[end_ - 1] == '$' && !escaped(end_ - 1)) --end_;
     KVSPLIT_ASSIGN_OR_RETURN(*root, alternation(0));
     if (i_ != end_) return error(p_[i_] == ')' ? "unmatched ')'" : "unexpected character");
-    return std::move(ast_);
+    return ok_status();
   }
 
  private:
@@ -160,6 +162,8 @@ class Parser {
       const size_t close = p_.find('>', i_);
       if (close == std::string_view::npos || close >= end_) return error("unterminated group name");
       i_ = close + 1;
+    } else if (num_rules_ > 0 && p_.substr(i_, 2) == "?&") {
+      return call(i_ + 2);
     } else if (more() && p_[i_] == '?') {
       return error("this group kind (lookaround, flags) is not supported");
     }
@@ -167,6 +171,18 @@ class Parser {
     if (!more() || p_[i_] != ')') return error("missing ')'");
     ++i_;
     return inner;
+  }
+
+  // `(?&N)` from the N: a call of rule N.
+  StatusOr<int> call(size_t at) {
+    i_ = at;
+    long n = 0;
+    while (more() && p_[i_] >= '0' && p_[i_] <= '9' && n < num_rules_)
+      n = n * 10 + (p_[i_++] - '0');
+    if (i_ == at || n < 1 || n >= num_rules_ || !more() || p_[i_] != ')')
+      return error(fmt::format("(?&N) needs a rule number from 1 to {}", num_rules_ - 1));
+    ++i_;
+    return add(call_node(static_cast<int>(n)));
   }
 
   StatusOr<uint32_t> code_point() {
@@ -283,16 +299,32 @@ class Parser {
   std::string_view p_;
   size_t i_ = 0;
   size_t end_ = 0;
-  std::vector<Ast> ast_;
+  std::vector<Ast>& ast_;
+  int num_rules_ = 0;
 };
 
 }  // namespace
 
 StatusOr<Nfa> compile_regex(std::string_view pattern, size_t max_nodes) {
-  Parser parser(pattern);
+  std::vector<Ast> ast;
   int root = -1;
-  KVSPLIT_ASSIGN_OR_RETURN(std::vector<Ast> ast, parser.parse(&root));
+  KVSPLIT_RETURN_IF_ERROR(Parser(pattern, ast).parse(&root));
   return compile_ast(ast, {root}, max_nodes, "regex");
+}
+
+StatusOr<Nfa> compile_regex_rules(const std::vector<std::string>& patterns,
+                                  const std::vector<std::string>& names, std::string_view prefix,
+                                  size_t max_nodes) {
+  std::vector<Ast> ast;
+  std::vector<int> roots(patterns.size(), -1);
+  for (size_t r = 0; r < patterns.size(); ++r) {
+    Status st = Parser(patterns[r], ast, static_cast<int>(patterns.size())).parse(&roots[r]);
+    if (!st.ok()) return st.with_prefix(fmt::format("{}: {}", prefix, names[r]));
+  }
+  std::vector<int32_t> entries;
+  KVSPLIT_ASSIGN_OR_RETURN(Nfa nfa, compile_ast(ast, roots, max_nodes, prefix, &entries));
+  KVSPLIT_RETURN_IF_ERROR(check_rules(nfa, entries, names, prefix, "$ref", ""));
+  return nfa;
 }
 
 }  // namespace kvsplit::sampling::regex

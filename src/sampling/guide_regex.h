@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -47,6 +48,15 @@ inline constexpr int kMaxNesting = 200;  // groups within groups (the parser rec
 // kInvalidArgument "regex: <what> at offset <n>" for a syntax error, a class matching nothing, or
 // an automaton of more than max_nodes nodes (a large counted repetition).
 StatusOr<Nfa> compile_regex(std::string_view pattern, size_t max_nodes = kMaxNfaNodes);
+
+// Regexes that call each other (a recursive JSON schema's definitions): patterns[0] is the text,
+// patterns[r] rule r, and `(?&r)` in any of them (PCRE's call syntax; 1 <= r < size) matches
+// rule r there. The rules are checked as a grammar's are (check_rules in guide_ast.h: each must
+// derive a finite string, none may reach itself before a byte), named by `names` (names[0]: the
+// text). kInvalidArgument "<prefix>: ..." otherwise.
+StatusOr<Nfa> compile_regex_rules(const std::vector<std::string>& patterns,
+                                  const std::vector<std::string>& names, std::string_view prefix,
+                                  size_t max_nodes = kMaxNfaNodes);
 
 // A code point range [lo, hi] as its UTF-8 encodings: sequences of byte ranges, each sequence one
 // byte range per encoded byte. Surrogates must not be inside the range. Exposed for tests.

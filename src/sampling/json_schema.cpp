@@ -5,7 +5,7 @@
 //   type (a name, or an array of names: their alternation), enum, const, anyOf, oneOf (as anyOf: a
 //   regex cannot say "exactly one"; schemas meant for generation use disjoint alternatives),
 //   allOf with one schema, $ref ("#" + a JSON pointer into the root schema, usually
-//   #/$defs/NAME or #/definitions/NAME; a recursive one is expanded kMaxRefExpansions deep);
+//   #/$defs/NAME or #/definitions/NAME; a recursive one becomes a rule, see json_schema_to_rules);
 //   string: minLength, maxLength, pattern, format (date, time, date-time, uuid, email);
 //   integer and number: minimum, maximum, exclusiveMinimum, exclusiveMaximum (see numeric_regex);
 //   object: properties, required, additionalProperties (see object_regex);
@@ -63,16 +63,16 @@ using json_rx::separator;
 
 // Ordered: properties are emitted in the order the schema declares them.
 using Json = nlohmann::ordered_json;
-// A converted (sub)schema. nullopt: it matches nothing, because a recursive $ref was cut off there;
-// the enclosing schema drops that alternative (or optional property, or array item).
+// A converted (sub)schema. nullopt: it matches nothing; the enclosing schema drops that alternative
+// (or optional property, or array item). A $ref no longer yields it (recursion became rules).
 using Rx = std::optional<std::string>;
 
 constexpr int kAnyValueDepth = 3;       // container levels of a value the schema leaves open
-constexpr int kMaxRefExpansions = 3;    // nested expansions of one $ref target
 constexpr int kMaxSchemaNesting = 128;  // bounds the converter's recursion on hostile schemas
-// Bounds the converter's work: $ref fan-out (each definition an anyOf of refs to all the others)
-// expands exponentially even though every branch is finally cut (measured: 5 such definitions
-// would take minutes). A real schema converts in a few hundred calls.
+// Bounds the converter's work: $ref fan-out (definitions each referring to the next one twice, or
+// each an anyOf of refs to all the others) expands exponentially, since a $ref that does not
+// recur is written out where it is used (measured: 5 such definitions would take minutes). A real
+// schema converts in a few hundred calls.
 constexpr size_t kMaxConvertCalls = 100000;
 constexpr int kMaxJsonNesting = 128;  // arrays / objects in the schema text (nlohmann recurses)
 constexpr int kMaxCount = 1000;       // the largest {n,m} count the regex engine takes
@@ -385,8 +385,10 @@ class Converter {
   Converter(const Json& root, size_t max_bytes) : root_(root), max_bytes_(max_bytes) {}
 
   StatusOr<Rx> convert(const Json& schema, const std::string& path);
-  // The first $ref cut off at kMaxRefExpansions and where ("" if none).
-  const std::string& cut_ref() const { return cut_ref_; }
+  // Rule r >= 1: the regex of a $ref target that refers to itself (directly or through others),
+  // called as (?&r) wherever the target is referred to; [0] is left for the text's own regex.
+  std::vector<std::string>& rules() { return rules_; }
+  const std::vector<std::string>& rule_names() const { return rule_names_; }
 
  private:
   StatusOr<Rx> convert_keywords(const Json& schema, const std::string& path);
@@ -407,7 +409,9 @@ class Converter {
   int nesting_ = 0;                                  // convert() calls in progress
   size_t calls_ = 0;                                 // convert() calls in all
   std::unordered_map<std::string, int> expansions_;  // $ref target -> expansions in progress
-  std::string cut_ref_;
+  std::unordered_map<std::string, int> rule_of_;     // recursive $ref target -> its rule
+  std::vector<std::string> rules_{""};
+  std::vector<std::string> rule_names_{"#"};
 };
 
 Status Converter::check_size(size_t bytes, const std::string& path) const {
@@ -498,13 +502,25 @@ StatusOr<Rx> Converter::ref_regex(const Json& ref, const std::string& path) {
   if (target == nullptr) {
     return keyword_error("$ref", ref_path, fmt::format("'{}' does not resolve", target_path));
   }
-  if (expansions_[target_path] >= kMaxRefExpansions) {
-    if (cut_ref_.empty()) cut_ref_ = fmt::format("$ref '{}' at {}", target_path, ref_path);
-    return Rx();
+  // A target met again inside its own expansion becomes a rule, called where it recurs; once it
+  // is a rule, every other reference calls it too (its regex is written once).
+  auto call = [](int r) { return Rx(fmt::format("(?&{})", r)); };
+  if (auto it = rule_of_.find(target_path); it != rule_of_.end()) return call(it->second);
+  if (expansions_[target_path] > 0) {
+    const auto r = static_cast<int>(rules_.size());
+    rules_.emplace_back();
+    rule_names_.push_back(target_path);
+    rule_of_.emplace(target_path, r);
+    return call(r);
   }
   ++expansions_[target_path];
   StatusOr<Rx> rx = convert(*target, target_path);
   --expansions_[target_path];
+  if (!rx.ok() || !rx->has_value()) return rx;
+  if (auto it = rule_of_.find(target_path); it != rule_of_.end()) {
+    rules_[static_cast<size_t>(it->second)] = std::move(**rx);
+    return call(it->second);
+  }
   return rx;
 }
 
@@ -701,7 +717,7 @@ Status check_json_nesting(std::string_view text) {
 
 }  // namespace
 
-StatusOr<std::string> json_schema_to_regex(std::string_view schema, size_t max_regex_bytes) {
+StatusOr<SchemaRegexes> json_schema_to_rules(std::string_view schema, size_t max_regex_bytes) {
   KVSPLIT_RETURN_IF_ERROR(check_json_nesting(schema));
   Json root;
   try {
@@ -711,12 +727,28 @@ StatusOr<std::string> json_schema_to_regex(std::string_view schema, size_t max_r
   }
   Converter converter(root, max_regex_bytes);
   KVSPLIT_ASSIGN_OR_RETURN(Rx rx, converter.convert(root, "#"));
-  if (!rx) {
-    return invalid_argument(
-        fmt::format("json_schema: {} only recurses: nothing is left once it is {} levels deep",
-                    converter.cut_ref(), kMaxRefExpansions));
+  KVSPLIT_CHECK(rx.has_value());  // only a cut $ref matched nothing, and none is cut
+  SchemaRegexes out;
+  out.rules = std::move(converter.rules());
+  out.rules[0] = std::move(*rx);
+  out.names = converter.rule_names();
+  size_t bytes = 0;
+  for (const std::string& r : out.rules) bytes += r.size();
+  if (bytes > max_regex_bytes) {
+    return invalid_argument(fmt::format(
+        "json_schema: the regex would be larger than max_regex_bytes ({})", max_regex_bytes));
   }
-  return std::move(*rx);
+  return out;
+}
+
+StatusOr<std::string> json_schema_to_regex(std::string_view schema, size_t max_regex_bytes) {
+  KVSPLIT_ASSIGN_OR_RETURN(SchemaRegexes rx, json_schema_to_rules(schema, max_regex_bytes));
+  if (rx.rules.size() > 1) {
+    return invalid_argument(fmt::format(
+        "json_schema: $ref '{}' is recursive: its language is not regular (json_schema_to_rules)",
+        rx.names[1]));
+  }
+  return std::move(rx.rules[0]);
 }
 
 }  // namespace kvsplit::sampling

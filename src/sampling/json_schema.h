@@ -35,6 +35,19 @@ std::string json_object_regex(int max_depth);
 // Errors (kInvalidArgument, message "json_schema: ..." naming the keyword and its JSON pointer
 // path "#/..."): malformed JSON, an unsupported keyword or value, a `false` schema, a $ref that
 // does not resolve or only recurses, or a regex longer than max_regex_bytes.
+// The same, for schemas whose $refs recur (a tree, a linked list): rules[0] is the text's regex;
+// a $ref target met again inside its own expansion becomes rule r >= 1 (names[r]: its "#/..."
+// path), whose regex is rules[r], and every reference to it is `(?&r)`. regex::compile_regex_rules
+// compiles them, and refuses a target that only recurses (no finite document) or recurs before
+// any text. max_regex_bytes bounds all the rules together.
+struct SchemaRegexes {
+  std::vector<std::string> rules;
+  std::vector<std::string> names;
+};
+StatusOr<SchemaRegexes> json_schema_to_rules(std::string_view schema,
+                                             size_t max_regex_bytes = size_t{1} << 20);
+// Only for a schema without recursion (tests compare it with std::regex): kInvalidArgument when a
+// $ref recurs.
 StatusOr<std::string> json_schema_to_regex(std::string_view schema,
                                            size_t max_regex_bytes = size_t{1} << 20);
 

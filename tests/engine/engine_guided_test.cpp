@@ -123,6 +123,37 @@ TEST_P(EngineGuided, JsonSchemaGivesAValidDocument) {
   }
 }
 
+// A recursive schema (a tree): any depth is allowed, and the document that ends is a valid tree.
+bool valid_node(const nlohmann::json& n) {
+  if (!n.is_object() || n.size() != 2 || !n.contains("name") || !n["name"].is_string() ||
+      !n.contains("kids") || !n["kids"].is_array() || n["kids"].size() > 2)
+    return false;
+  for (const auto& k : n["kids"])
+    if (!valid_node(k)) return false;
+  return true;
+}
+
+TEST_P(EngineGuided, RecursiveJsonSchemaGivesATree) {
+  const std::string schema = R"({"$ref":"#/$defs/node","$defs":{"node":{"type":"object",
+      "properties":{"name":{"type":"string","maxLength":6},
+                    "kids":{"type":"array","items":{"$ref":"#/$defs/node"},"maxItems":2}},
+      "required":["name","kids"]}}})";
+  int stopped = 0;
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    Request r = guided(GuidedDecoding::Kind::kJsonSchema, schema, 0.8f, seed);
+    r.sampling.max_tokens = 300;
+    const Collected c = run(r);
+    ASSERT_FALSE(c.text.empty());
+    EXPECT_EQ(c.text.rfind("{\"name\":", 0), 0u) << c.text;
+    if (c.final_event.finish_reason != FinishReason::kStop) continue;
+    ++stopped;
+    const nlohmann::json doc = nlohmann::json::parse(c.text, nullptr, false);
+    ASSERT_FALSE(doc.is_discarded()) << c.text;
+    EXPECT_TRUE(valid_node(doc)) << c.text;
+  }
+  EXPECT_GT(stopped, 0);
+}
+
 TEST_P(EngineGuided, JsonObjectGivesAnObject) {
   Request r = guided(GuidedDecoding::Kind::kJsonObject, "", 1.0f, 5);
   r.sampling.max_tokens = 300;

@@ -11,17 +11,13 @@
 #include <string>
 
 #include "sampling/guide.h"
+#include "sampling/guide_test_util.h"
 #include "sampling/json_schema.h"
 
 namespace kvsplit::sampling {
 namespace {
 
-std::shared_ptr<const TokenVocabulary> byte_vocab() {
-  std::vector<std::string> bytes(256);
-  for (int b = 0; b < 256; ++b)
-    bytes[static_cast<size_t>(b)] = std::string(1, static_cast<char>(b));
-  return std::make_shared<const TokenVocabulary>(std::move(bytes), std::vector<std::string>{});
-}
+using testing::byte_vocab;
 
 std::shared_ptr<GuideGrammar> schema_guide(const std::string& schema) {
   auto g = GuideGrammar::compile({GuidedDecoding::Kind::kJsonSchema, schema, {}}, byte_vocab());
@@ -29,10 +25,7 @@ std::shared_ptr<GuideGrammar> schema_guide(const std::string& schema) {
   return g.ok() ? *g : nullptr;
 }
 
-bool accepts(GuideGrammar& g, const std::string& text) {
-  StatusOr<int32_t> s = g.walk(g.start_state(), text);
-  return s.ok() && *s != GuideGrammar::kDead && g.accepting(*s);
-}
+bool accepts(GuideGrammar& g, const std::string& text) { return testing::whole_match(g, text); }
 
 struct End {
   double value;

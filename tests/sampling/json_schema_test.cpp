@@ -313,38 +313,7 @@ TEST(JsonSchema, RefsIntoDefsAndDefinitions) {
                      R"({"p":{"x":1,"y":2},"c":"blue","o":"odd name"})"});
 }
 
-TEST(JsonSchema, RecursiveRefExpandsToAFixedDepth) {
-  const Compiled tree = compile_schema(R"({"$ref":"#/$defs/node","$defs":{"node":{
-      "type":"object","properties":{"value":{"type":"integer"},
-      "children":{"type":"array","items":{"$ref":"#/$defs/node"}}},
-      "required":["value","children"]}}})");
-  expect_accepts(
-      tree, {R"({"value":1,"children":[]})",
-             R"({"value":1,"children":[{"value":2,"children":[]},{"value":3,"children":[]}]})",
-             R"({"value":1,"children":[{"value":2,"children":[{"value":3,"children":[]}]}]})"});
-  const std::string four_levels =
-      R"({"value":1,"children":[{"value":2,"children":[{"value":3,"children":[)"
-      R"({"value":4,"children":[]}]}]}]})";
-  ASSERT_TRUE(Json::accept(four_levels));
-  expect_rejects(tree, {four_levels, R"({"value":1})"});
-  const Compiled list = compile_schema(
-      R"({"type":"object","properties":{"v":{"type":"integer"},
-          "next":{"anyOf":[{"$ref":"#"},{"type":"null"}]}},"required":["v","next"]})");
-  expect_accepts(list, {R"({"v":1,"next":null})", R"({"v":1,"next":{"v":2,"next":null}})"});
-  const std::string four_levels_list =
-      R"({"v":1,"next":{"v":2,"next":{"v":3,"next":{"v":4,"next":null}}}})";
-  expect_accepts(list, {four_levels_list});
-  const std::string five_levels_list =
-      R"({"v":1,"next":{"v":2,"next":{"v":3,"next":{"v":4,"next":{"v":5,"next":null}}}}})";
-  expect_rejects(list, {R"({"v":1})", five_levels_list});
-}
-
-TEST(JsonSchema, RefThatOnlyRecursesIsAnError) {
-  const std::string message = error_of(
-      R"({"$defs":{"a":{"type":"object","properties":{"x":{"$ref":"#/$defs/a"}},"required":["x"]}},
-          "$ref":"#/$defs/a"})");
-  EXPECT_NE(message.find("$ref '#/$defs/a'"), std::string::npos) << message;
-}
+// Recursive $refs (rules the automaton calls): tests/sampling/json_recursion_test.cpp.
 
 // ---- strings ----
 
@@ -620,20 +589,6 @@ namespace kvsplit::sampling {
 namespace {
 
 // Hostile schemas are refused quickly and without building huge regexes.
-TEST(JsonSchema, RefFanOutIsBoundedByWork) {
-  // Each definition an anyOf of refs to all six: the expansion is exponential in the definitions.
-  nlohmann::json defs;
-  for (int i = 0; i < 6; ++i) {
-    nlohmann::json any = nlohmann::json::array();
-    for (int j = 0; j < 6; ++j) any.push_back({{"$ref", "#/$defs/d" + std::to_string(j)}});
-    defs["d" + std::to_string(i)] = {{"anyOf", any}};
-  }
-  const nlohmann::json schema = {{"$defs", defs}, {"$ref", "#/$defs/d0"}};
-  StatusOr<std::string> rx = json_schema_to_regex(schema.dump());
-  ASSERT_FALSE(rx.ok());
-  EXPECT_NE(rx.status().message().find("too complex"), std::string::npos) << rx.status().message();
-}
-
 TEST(JsonSchema, LongTuplesAreSizedAsTheyGrow) {
   nlohmann::json defs = {{"l0", {{"type", "string"}, {"maxLength", 5}}}};
   for (int i = 1; i < 5; ++i) {
