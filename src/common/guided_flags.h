@@ -51,6 +51,12 @@ inline StatusOr<std::string> read_guided_file(const std::string& flag, const std
   return text;
 }
 
+// A flag's value as given, or the file it names after '@'.
+inline StatusOr<std::string> guided_text(const std::string& flag, const std::string& value) {
+  if (value.rfind('@', 0) == 0) return read_guided_file(flag, value.substr(1));
+  return value;
+}
+
 // Adds the five flags to `app`; at most one of them may be given (CLI11: "--guided-regex excludes
 // --guided-choice").
 inline void add_guided_options(CLI::App* app, GuidedFlags& f) {
@@ -92,22 +98,14 @@ inline StatusOr<GuidedDecoding> guided_from_flags(const CLI::App& app, const Gui
     g.choices = f.choices;
   } else if (app.count("--guided-json") > 0) {
     g.kind = Kind::kJsonSchema;
-    if (f.json.rfind('@', 0) == 0) {
-      auto text = read_guided_file("--guided-json", f.json.substr(1));
-      if (!text.ok()) return text.status();
-      g.spec = std::move(text).value();
-    } else {
-      g.spec = f.json;
-    }
+    auto text = guided_text("--guided-json", f.json);
+    if (!text.ok()) return text.status();
+    g.spec = std::move(text).value();
   } else if (app.count("--guided-grammar") > 0) {
     g.kind = Kind::kGrammar;
-    if (f.grammar.rfind('@', 0) == 0) {
-      auto text = read_guided_file("--guided-grammar", f.grammar.substr(1));
-      if (!text.ok()) return text.status();
-      g.spec = std::move(text).value();
-    } else {
-      g.spec = f.grammar;
-    }
+    auto text = guided_text("--guided-grammar", f.grammar);
+    if (!text.ok()) return text.status();
+    g.spec = std::move(text).value();
   } else if (f.json_object) {
     g.kind = Kind::kJsonObject;
   }
