@@ -161,7 +161,7 @@ void GuideGrammar::closure_locked(std::vector<int32_t>& set) {
   while (!stack.empty()) {
     const int32_t id = stack.back();
     stack.pop_back();
-    ++work_;
+    if (++work_ > kMaxDfaWork) return;  // state_of_locked sees it and fails the grammar
     if (id < 0 || seen_[static_cast<size_t>(id)] == generation_) continue;
     seen_[static_cast<size_t>(id)] = generation_;
     const Frame f = frames_[static_cast<size_t>(id)];
@@ -197,6 +197,9 @@ void GuideGrammar::closure_locked(std::vector<int32_t>& set) {
 
 int32_t GuideGrammar::state_of_locked(std::vector<int32_t>& set) {
   closure_locked(set);
+  // A closure cut short (a frame past kMaxFrames, or the work bound) is not the state: it must
+  // not be looked up, or it could stand for another state and be cached as the transition.
+  if (frames_full_ || work_ > kMaxDfaWork) return kOverflow;
   std::string key(reinterpret_cast<const char*>(set.data()), set.size() * sizeof(int32_t));
   if (auto it = ids_.find(key); it != ids_.end()) return it->second;
   if (frames_full_ || sets_.size() >= kMaxDfaStates ||

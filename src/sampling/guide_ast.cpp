@@ -146,9 +146,12 @@ class Compiler {
         for (auto it = n.kids.rbegin(); it != n.kids.rend(); ++it) next = compile(*it, next);
         return next;
       case Ast::kAlt: {
-        int32_t entry = compile(n.kids.back(), next);
-        for (size_t k = n.kids.size() - 1; k-- > 0;) entry = split(compile(n.kids[k], next), entry);
-        return entry;
+        std::vector<std::vector<int>> seqs;
+        for (const int k : n.kids) {
+          const Ast& kid = ast_[static_cast<size_t>(k)];
+          seqs.push_back(kid.kind == Ast::kConcat ? kid.kids : std::vector<int>{k});
+        }
+        return factored(seqs, next);
       }
       case Ast::kRepeat:
         return repeat(n, next);
@@ -157,6 +160,56 @@ class Compiler {
             {.kind = NfaNode::kCall, .out = next, .out2 = entries_[static_cast<size_t>(n.rule)]});
     }
     return next;
+  }
+
+  // Alternatives (each a sequence of nodes) with their common first elements factored out:
+  // `t "+" e | t "-" e | t` compiles as `t ("+" e | "-" e | "")`. The language is the same; for a
+  // grammar it matters, since each call of a rule with its own continuation is a stack of its own,
+  // and unfactored alternatives multiply the stacks at every level of nesting.
+  int32_t factored(const std::vector<std::vector<int>>& seqs, int32_t next) {
+    std::vector<std::string> keys;  // per group: its first element's key ("" never groups)
+    std::vector<std::vector<std::vector<int>>> groups;
+    for (const std::vector<int>& seq : seqs) {
+      const std::string key = seq.empty() ? "" : key_of(seq[0]);
+      auto it = key.empty() ? keys.end() : std::find(keys.begin(), keys.end(), key);
+      if (it == keys.end()) {
+        keys.push_back(key);
+        groups.push_back({seq});
+      } else {
+        groups[static_cast<size_t>(it - keys.begin())].push_back(seq);
+      }
+    }
+    int32_t entry = -1;
+    for (size_t g = groups.size(); g-- > 0 && !too_large_;) {
+      int32_t alt = 0;
+      if (groups[g].size() == 1) {
+        alt = sequence(groups[g][0], 0, next);
+      } else {
+        std::vector<std::vector<int>> rests;
+        for (const std::vector<int>& seq : groups[g])
+          rests.emplace_back(seq.begin() + 1, seq.end());
+        alt = compile(groups[g][0][0], factored(rests, next));
+      }
+      entry = entry < 0 ? alt : split(alt, entry);
+    }
+    return entry;
+  }
+
+  // Elements seq[from..] in order, then `next`.
+  int32_t sequence(const std::vector<int>& seq, size_t from, int32_t next) {
+    for (size_t k = seq.size(); k-- > from;) next = compile(seq[k], next);
+    return next;
+  }
+
+  // Alternatives that start with equal elements of these kinds are factored: a rule's call (the
+  // case that matters) or a code point set.
+  std::string key_of(int a) const {
+    const Ast& n = ast_[static_cast<size_t>(a)];
+    if (n.kind == Ast::kCall) return fmt::format("c{}", n.rule);
+    if (n.kind != Ast::kSet) return "";
+    std::string key = "s";
+    for (const auto& [lo, hi] : n.set) key += fmt::format("{}-{},", lo, hi);
+    return key;
   }
 
   int32_t repeat(const Ast& n, int32_t next) {
@@ -309,32 +362,51 @@ class Checker {
     return end;
   }
 
+  // One pass over the NFA: every rule is walked from its entry at once; a call whose callee is
+  // not (yet) known to end waits under it, and resumes when the callee is found to. Rule bodies
+  // share no node (but the one end node), so each node is visited once: linear in the NFA.
   std::vector<bool> fixed_point(bool through_bytes) {
     const size_t n = names_.size();
     std::vector<bool> yes(n, false);
-    std::vector<std::vector<int>> callers(n);
-    for (size_t r = 0; r < n; ++r) {
-      walk(
-          static_cast<int>(r), true, [](int) { return true; },
-          [&](int c) { callers[static_cast<size_t>(c)].push_back(static_cast<int>(r)); });
-    }
-    std::vector<int> work(n);
-    for (size_t r = 0; r < n; ++r) work[r] = static_cast<int>(n - 1 - r);
-    std::vector<bool> queued(n, true);
-    while (!work.empty()) {
-      const int r = work.back();
-      work.pop_back();
-      queued[static_cast<size_t>(r)] = false;
-      if (yes[static_cast<size_t>(r)]) continue;
-      if (!walk(
-              r, through_bytes, [&](int c) { return yes[static_cast<size_t>(c)]; }, [](int) {}))
+    std::vector<uint8_t> reached(nfa_.nodes.size(), 0);
+    std::vector<std::vector<std::pair<int32_t, int>>> parked(n);  // (continuation, rule)
+    std::vector<std::pair<int32_t, int>> stack;
+    for (size_t r = n; r-- > 0;) stack.emplace_back(entries_[r], static_cast<int>(r));
+    while (!stack.empty()) {
+      const auto [id, r] = stack.back();
+      stack.pop_back();
+      const NfaNode& node = nfa_.nodes[static_cast<size_t>(id)];
+      if (node.kind == NfaNode::kMatch) {  // rule r can end
+        if (yes[static_cast<size_t>(r)]) continue;
+        yes[static_cast<size_t>(r)] = true;
+        for (const auto& p : parked[static_cast<size_t>(r)]) stack.push_back(p);
+        parked[static_cast<size_t>(r)] = {};
         continue;
-      yes[static_cast<size_t>(r)] = true;
-      for (const int c : callers[static_cast<size_t>(r)]) {
-        if (!queued[static_cast<size_t>(c)] && !yes[static_cast<size_t>(c)]) {
-          queued[static_cast<size_t>(c)] = true;
-          work.push_back(c);
+      }
+      if (reached[static_cast<size_t>(id)] != 0) continue;
+      reached[static_cast<size_t>(id)] = 1;
+      switch (node.kind) {
+        case NfaNode::kByte:
+          if (through_bytes) stack.emplace_back(node.out, r);
+          break;
+        case NfaNode::kSplit:
+          stack.emplace_back(node.out2, r);
+          stack.emplace_back(node.out, r);
+          break;
+        case NfaNode::kEpsilon:
+          stack.emplace_back(node.out, r);
+          break;
+        case NfaNode::kCall: {
+          const int c = callee(node);
+          if (yes[static_cast<size_t>(c)]) {
+            stack.emplace_back(node.out, r);
+          } else {
+            parked[static_cast<size_t>(c)].emplace_back(node.out, r);
+          }
+          break;
         }
+        case NfaNode::kMatch:
+          break;
       }
     }
     return yes;

@@ -20,6 +20,9 @@ inline constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 inline constexpr uint32_t kSurrogateLo = 0xD800;
 inline constexpr uint32_t kSurrogateHi = 0xDFFF;
 inline constexpr int kUnbounded = -1;
+// Quantifiers one element may carry (`a*?` is one, `(a{2}){3}` a group): each stacked one is a
+// level of the compiler's recursion, and a spec of 32 KiB of `?` would overflow the stack.
+inline constexpr int kMaxStackedQuantifiers = 4;
 
 struct Ast {
   enum Kind : uint8_t { kEmpty, kSet, kConcat, kAlt, kRepeat, kCall };

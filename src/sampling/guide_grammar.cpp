@@ -204,7 +204,7 @@ class Parser {
   }
 
   StatusOr<int> quantified(int a) {
-    for (;;) {
+    for (int stacked = 0;; ++stacked) {
       const size_t save = i_;
       skip();
       if (!more()) break;
@@ -222,6 +222,11 @@ class Parser {
       } else {
         i_ = save;
         break;
+      }
+      if (stacked == regex::kMaxStackedQuantifiers) {
+        i_ = save;
+        return error(
+            fmt::format("more than {} quantifiers on one element", regex::kMaxStackedQuantifiers));
       }
       a = add(regex::repeat_node(a, lo, hi));
     }

@@ -70,7 +70,7 @@ class Parser {
   }
 
   StatusOr<int> quantified(int a) {
-    while (more()) {
+    for (int stacked = 0; more(); ++stacked) {
       int lo = 0;
       int hi = 0;
       const char c = p_[i_];
@@ -85,6 +85,9 @@ class Parser {
       } else {
         return a;
       }
+      if (stacked == kMaxStackedQuantifiers)
+        return error(
+            fmt::format("more than {} quantifiers on one element", kMaxStackedQuantifiers));
       if (more() && p_[i_] == '?') ++i_;  // lazy: the same language
       if (more() && p_[i_] == '+') return error("possessive quantifiers are not supported");
       a = add(repeat_node(a, lo, hi));

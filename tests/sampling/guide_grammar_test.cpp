@@ -535,6 +535,40 @@ TEST(GuideGrammarStack, TailCallsKeepTheStateCountFlat) {
   }
 }
 
+// The textbook expression grammar, alternatives not left-factored: compiled factored, each '('
+// adds one stack, not 9x the stacks (it failed its bounds at the 5th '(' before).
+TEST(GuideGrammarStack, UnfactoredAlternativesNestWithoutMultiplying) {
+  const std::shared_ptr<GuideGrammar> g = gbnf(
+      "root ::= expr\nexpr ::= term \"+\" expr | term \"-\" expr | term\n"
+      "term ::= factor \"*\" term | factor \"/\" term | factor\n"
+      "factor ::= \"(\" expr \")\" | [0-9]+");
+  ASSERT_NE(g, nullptr);
+  const std::string text = std::string(40, '(') + "1+2*3" + std::string(40, ')') + "-4/5";
+  EXPECT_EQ(verdict(*g, text), Verdict::kWhole);
+  EXPECT_EQ(verdict(*g, text.substr(0, 60)), Verdict::kPrefix);
+  EXPECT_EQ(verdict(*g, text + ")"), Verdict::kDead);
+  EXPECT_EQ(verdict(*g, "1+*2"), Verdict::kDead);
+  EXPECT_LT(g->num_states(), 600u);
+}
+
+// Quantifiers stack at most kMaxStackedQuantifiers deep on one element (each is a level of the
+// compiler's recursion: 32 KiB of '?' overflowed the stack), in grammars and regexes alike.
+TEST(GuideGrammarErrors, StackedQuantifiersAreBounded) {
+  EXPECT_TRUE(grammar::compile_grammar("root ::= \"a\"*?+{2}").ok());
+  StatusOr<regex::Nfa> too_many = grammar::compile_grammar("root ::= \"a\"*?+{2}?");
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_NE(too_many.status().message().find("more than 4 quantifiers"), std::string::npos)
+      << too_many.status().message();
+  too_many = grammar::compile_grammar("root ::= \"a\"" + std::string(30000, '?'));
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_TRUE(regex::compile_regex("a*?{2}{3}{4}").ok());  // *? is one quantifier (lazy)
+  EXPECT_FALSE(regex::compile_regex("a*{2}{3}{4}{5}").ok());
+  StatusOr<regex::Nfa> rx = regex::compile_regex("a" + std::string(30000, '*'));
+  ASSERT_FALSE(rx.ok());
+  EXPECT_NE(rx.status().message().find("more than 4 quantifiers"), std::string::npos)
+      << rx.status().message();
+}
+
 TEST(GuideGrammarStack, DeepNestingOpensAndClosesExactly) {
   const std::shared_ptr<GuideGrammar> g = gbnf(R"g(root ::= "(" root ")" | "")g");
   ASSERT_NE(g, nullptr);
@@ -579,10 +613,19 @@ TEST(GuideGrammarStack, NestingPastTheStateBoundFailsTheGrammar) {
   expect_failed_for_good(*masked, m.status());
 }
 
-// Each 'a' doubles the stacks a state holds (which closer each 'a' will get): the sets pass their
-// bounds within a few dozen bytes.
+// Alternatives that start alike are factored (`"a" root "b" | "a" root "c"` is one stack per 'a'),
+// but two rules of one language are not: each 'a' doubles the stacks a state holds (which closer
+// each 'a' will get, through x or y), and the sets pass their bounds within a few dozen bytes.
 TEST(GuideGrammarStack, ExponentialStackSetsFailTheGrammar) {
-  const std::shared_ptr<GuideGrammar> g = gbnf(R"g(root ::= "a" root "b" | "a" root "c" | "")g");
+  const std::shared_ptr<GuideGrammar> factored =
+      gbnf(R"g(root ::= "a" root "b" | "a" root "c" | "")g");
+  ASSERT_NE(factored, nullptr);
+  StatusOr<int32_t> deep = factored->walk(factored->start_state(), std::string(200, 'a'));
+  ASSERT_TRUE(deep.ok()) << deep.status().to_string();
+  EXPECT_NE(*deep, GuideGrammar::kDead);
+  EXPECT_LT(factored->num_states(), 250u);  // a state per depth, not per stack set
+  const std::shared_ptr<GuideGrammar> g =
+      gbnf("root ::= x root \"b\" | y root \"c\" | \"\"\nx ::= \"a\"\ny ::= \"a\"");
   ASSERT_NE(g, nullptr);
   Status failure;
   int32_t s = g->start_state();
@@ -604,9 +647,16 @@ TEST(GuideGrammarStack, ExponentialStackSetsFailTheGrammar) {
 // kMaxFrames while the grammar is built, and compile() refuses it (it must not return a grammar
 // without a state 0, whose first walk would read an empty table).
 TEST(GuideGrammarStack, TooManyStacksBeforeTheFirstByteFailCleanly) {
-  std::string text = "root ::= r1 \"x\" | r1 \"y\"\n";
-  for (int k = 1; k < 24; ++k) text += fmt::format("r{0} ::= r{1} \"x\" | r{1} \"y\"\n", k, k + 1);
-  text += "r24 ::= \"z\"\n";
+  // p_k and q_k are the same language but two rules, so nothing factors them.
+  auto levels = [](int n) {
+    std::string text = "root ::= p1 \"x\" | q1 \"y\"\n";
+    for (int k = 1; k < n; ++k) {
+      text +=
+          fmt::format("p{0} ::= r{0}\nq{0} ::= r{0}\nr{0} ::= p{1} \"x\" | q{1} \"y\"\n", k, k + 1);
+    }
+    return text + fmt::format("p{0} ::= \"z\"\nq{0} ::= \"z\"\n", n);
+  };
+  std::string text = levels(24);
   StatusOr<std::shared_ptr<GuideGrammar>> g =
       GuideGrammar::compile({Kind::kGrammar, text, {}}, byte_vocab());
   ASSERT_FALSE(g.ok());
@@ -617,9 +667,7 @@ TEST(GuideGrammarStack, TooManyStacksBeforeTheFirstByteFailCleanly) {
             0u)
       << g.status().message();
   // Twelve levels (4,096 stacks, under the frame bound) still compile and run.
-  text = "root ::= r1 \"x\" | r1 \"y\"\n";
-  for (int k = 1; k < 12; ++k) text += fmt::format("r{0} ::= r{1} \"x\" | r{1} \"y\"\n", k, k + 1);
-  text += "r12 ::= \"z\"\n";
+  text = levels(12);
   g = GuideGrammar::compile({Kind::kGrammar, text, {}}, byte_vocab());
   ASSERT_TRUE(g.ok()) << g.status().to_string();
   StatusOr<int32_t> s = (*g)->walk((*g)->start_state(), std::string("z").append(12, 'y'));
