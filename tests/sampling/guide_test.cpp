@@ -50,10 +50,36 @@ void all_strings(const std::string& alphabet, size_t max_len, std::vector<std::s
 
 TEST(GuideRegex, AgreesWithStdRegexOnEveryShortString) {
   const std::vector<std::string> patterns = {
-      "a",           "ab|ba",    "(ab)*", "a+b?",       "a{2,3}",     "[ab]{0,2}c",
-      "(a|b)*abb",   "(?:a|)+b", "[^a]*", "a.b",        "\\d+-?\\d",  "a{2,}",
-      "(a*)*b",      "[a-c]+|-", "^ab$",  "(a|b|c|-)?", "\\w\\W",     "[\\d-]+",
-      "a(b(c|-)*)?", "[-a]{3}",  "a*?b",  "(?<x>ab)+c", "(\\-|\\.)+", ".*",
+      "a",
+      "ab|ba",
+      "(ab)*",
+      "a+b?",
+      "a{2,3}",
+      "[ab]{0,2}c",
+      "(a|b)*abb",
+      "(?:a|)+b",
+      "[^a]*",
+      "a.b",
+      "\\d+-?\\d",
+      "a{2,}",
+      "(a*)*b",
+      "[a-c]+|-",
+      "^ab$",
+      "(a|b|c|-)?",
+      "\\w\\W",
+      "[\\d-]+",
+      "a(b(c|-)*)?",
+      "[-a]{3}",
+      "a*?b",
+      "(?<x>ab)+c",
+      "(\\-|\\.)+",
+      ".*",
+      // Alternatives sharing a prefix (compiled factored): whole, partial, empty rests.
+      "abc|abd|ab|b",
+      "a-b|a-c|a1|a",
+      "(ab|ac)*|a",
+      "1ab1|1ab|1a|1",
+      "[ab]c|[ab]|[ab]c-",
   };
   std::vector<std::string> texts;
   all_strings("abc1-", 6, &texts);
