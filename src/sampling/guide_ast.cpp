@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -28,6 +29,15 @@ Ast call_node(int rule) {
   Ast a = ast_node(Ast::kCall);
   a.rule = rule;
   return a;
+}
+
+void splice(const std::vector<Ast>& ast, Ast& cat, int a, bool unquantified) {
+  const Ast& n = ast[static_cast<size_t>(a)];
+  if (unquantified && n.kind == Ast::kConcat) {
+    cat.kids.insert(cat.kids.end(), n.kids.begin(), n.kids.end());
+  } else {
+    cat.kids.push_back(a);
+  }
 }
 
 Ast repeat_node(int kid, int min, int max) {
@@ -172,6 +182,7 @@ class Compiler {
   // with the prefix length (two 16,000-byte literals sharing all but one byte).
   using Seq = std::span<const int>;
   int32_t factored(const std::vector<Seq>& seqs, int32_t next) {
+    if (!charge(seqs.size())) return 0;
     std::unordered_map<std::string, size_t> group_of;  // first element's key -> group
     std::vector<std::vector<Seq>> groups;
     for (const Seq& seq : seqs) {
@@ -194,7 +205,7 @@ class Compiler {
       } else {
         // The longest prefix every member shares (at least the first element).
         size_t common = 1;
-        for (bool same = true; same; common += same ? 1 : 0) {
+        for (bool same = true; same && charge(group.size()); common += same ? 1 : 0) {
           for (const Seq& seq : group) {
             same = same && common < seq.size() && !key_of(seq[common]).empty() &&
                    key_of(seq[common]) == key_of(group[0][common]);
@@ -217,13 +228,28 @@ class Compiler {
 
   // Alternatives that start with equal elements of these kinds are factored: a rule's call (the
   // case that matters) or a code point set.
-  std::string key_of(int a) const {
+  // Made once per tree node (a repetition compiles its body again: its keys are not remade).
+  const std::string& key_of(int a) {
+    if (keys_.empty()) keys_.resize(ast_.size());
+    std::optional<std::string>& key = keys_[static_cast<size_t>(a)];
+    if (key) return *key;
     const Ast& n = ast_[static_cast<size_t>(a)];
-    if (n.kind == Ast::kCall) return fmt::format("c{}", n.rule);
-    if (n.kind != Ast::kSet) return "";
-    std::string key = "s";
-    for (const auto& [lo, hi] : n.set) key += fmt::format("{}-{},", lo, hi);
-    return key;
+    key.emplace();
+    if (n.kind == Ast::kCall) {
+      *key = fmt::format("c{}", n.rule);
+    } else if (n.kind == Ast::kSet) {
+      *key = "s";
+      for (const auto& [lo, hi] : n.set) *key += fmt::format("{}-{},", lo, hi);
+    }
+    return *key;
+  }
+
+  // Factoring's scans count against the same bound as compile() calls: a repetition of a large
+  // alternation factors it once per copy while making few nodes.
+  bool charge(size_t units) {
+    calls_ += units;
+    if (calls_ > 4 * max_nodes_) too_large_ = true;
+    return !too_large_;
   }
 
   int32_t repeat(const Ast& n, int32_t next) {
@@ -261,6 +287,7 @@ class Compiler {
   std::vector<int32_t> entries_;
   bool too_large_ = false;
   size_t calls_ = 0;
+  std::vector<std::optional<std::string>> keys_;  // key_of's, per tree node
 };
 
 int utf8_length(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }

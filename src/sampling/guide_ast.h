@@ -38,6 +38,10 @@ Ast ast_node(Ast::Kind kind);
 Ast set_node(Ranges set);
 Ast repeat_node(int kid, int min, int max);
 Ast call_node(int rule);
+// Appends node `a` to sequence `cat`; an unquantified sequence (a multi-character literal, a
+// group) is spliced in element by element, so that alternatives starting with the same literal
+// can be factored by their first characters.
+void splice(const std::vector<Ast>& ast, Ast& cat, int a, bool unquantified);
 
 Ranges normalize(Ranges r);
 // Every code point (surrogates excluded: they are not characters UTF-8 can carry) not in `r`.
@@ -60,8 +64,7 @@ StatusOr<Nfa> compile_ast(const std::vector<Ast>& ast, const std::vector<int>& r
 // The checks that make rules safe to run on a stack (GuideGrammar): every rule derives some
 // finite string (else "<prefix>: <kind> '<name>' derives no finite string ..."), and no rule
 // reaches itself before a byte, directly, through other rules or after nullable ones (else
-// "<prefix>: left recursion (a -> b -> a): ..., <hint>"). Each rule is examined on its own nodes,
-// with a worklist: linear in the NFA per rule change.
+// "<prefix>: left recursion (a -> b -> a): ..., <hint>"). One pass over the NFA per property.
 Status check_rules(const Nfa& nfa, const std::vector<int32_t>& entries,
                    const std::vector<std::string>& names, std::string_view prefix,
                    std::string_view kind, std::string_view hint);

@@ -162,9 +162,9 @@ class Parser {
     for (;;) {
       skip();
       if (!more() || s_[i_] == '|' || s_[i_] == ')' || at_definition()) break;
-      KVSPLIT_ASSIGN_OR_RETURN(int a, element(depth));
-      KVSPLIT_ASSIGN_OR_RETURN(a, quantified(a));
-      cat.kids.push_back(a);
+      KVSPLIT_ASSIGN_OR_RETURN(const int element_id, element(depth));
+      KVSPLIT_ASSIGN_OR_RETURN(const int a, quantified(element_id));
+      regex::splice(ast_, cat, a, a == element_id);
     }
     if (cat.kids.empty()) return add(regex::ast_node(Ast::kEmpty));
     return cat.kids.size() == 1 ? cat.kids[0] : add(std::move(cat));

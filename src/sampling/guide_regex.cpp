@@ -61,9 +61,9 @@ class Parser {
   StatusOr<int> concatenation(int depth) {
     Ast cat = ast_node(Ast::kConcat);
     while (more() && p_[i_] != '|' && p_[i_] != ')') {
-      KVSPLIT_ASSIGN_OR_RETURN(int a, atom(depth));
-      KVSPLIT_ASSIGN_OR_RETURN(a, quantified(a));
-      cat.kids.push_back(a);
+      KVSPLIT_ASSIGN_OR_RETURN(const int atom_id, atom(depth));
+      KVSPLIT_ASSIGN_OR_RETURN(const int a, quantified(atom_id));
+      splice(ast_, cat, a, a == atom_id);
     }
     if (cat.kids.empty()) return add(ast_node(Ast::kEmpty));
     return cat.kids.size() == 1 ? cat.kids[0] : add(std::move(cat));

@@ -549,6 +549,30 @@ TEST(GuideGrammarStack, UnfactoredAlternativesNestWithoutMultiplying) {
   EXPECT_EQ(verdict(*g, text + ")"), Verdict::kDead);
   EXPECT_EQ(verdict(*g, "1+*2"), Verdict::kDead);
   EXPECT_LT(g->num_states(), 600u);
+  // Alternatives led by the same multi-character literal factor too (its characters are spliced
+  // into the alternative): "kk" overflowed at depth 9 when the literal was one opaque element.
+  const std::shared_ptr<GuideGrammar> kw = gbnf(
+      "root ::= e\ne ::= \"kk\" t \"+\" e | \"kk\" t \"-\" e | \"kk\" t\n"
+      "t ::= f \"*\" t | f \"/\" t | f\nf ::= \"x\" | \"(\" e \")\"");
+  ASSERT_NE(kw, nullptr);
+  std::string nested = "kkx";
+  for (int k = 0; k < 30; ++k) nested = "kk(" + nested + ")";
+  EXPECT_EQ(verdict(*kw, nested), Verdict::kWhole);
+  EXPECT_EQ(verdict(*kw, nested + "+kkx*x"), Verdict::kWhole);
+  EXPECT_EQ(verdict(*kw, "k" + nested), Verdict::kDead);
+  EXPECT_LT(kw->num_states(), 600u);
+}
+
+// Factoring's scans count against the compile bound: 170 equal alternatives of 180 characters,
+// repeated 700 times, made few nodes but took 4-7 s of key comparisons; now refused at once.
+TEST(GuideGrammarErrors, FactoringWorkIsBounded) {
+  std::string alts;
+  for (int k = 0; k < 170; ++k) alts += (k ? "|" : "") + std::string(180, 'a');
+  StatusOr<regex::Nfa> rx = regex::compile_regex("(?:" + alts + "){700}");
+  ASSERT_FALSE(rx.ok());
+  EXPECT_NE(rx.status().message().find("its automaton would have more than"), std::string::npos)
+      << rx.status().message();
+  EXPECT_TRUE(regex::compile_regex("(?:" + alts + "){3}").ok());
 }
 
 // Quantifiers stack at most kMaxStackedQuantifiers deep on one element (each is a level of the

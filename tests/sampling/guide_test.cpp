@@ -80,6 +80,7 @@ TEST(GuideRegex, AgreesWithStdRegexOnEveryShortString) {
       "(ab|ac)*|a",
       "1ab1|1ab|1a|1",
       "[ab]c|[ab]|[ab]c-",
+      "(?:ab)c|(?:ab)b|ab|(?:ab)*",
   };
   std::vector<std::string> texts;
   all_strings("abc1-", 6, &texts);
