@@ -15,18 +15,14 @@
 
 #include "common/utf8.h"
 #include "sampling/guide.h"
+#include "sampling/guide_test_util.h"
 
 namespace kvsplit::sampling {
 namespace {
 
 using Kind = GuidedDecoding::Kind;
 
-std::shared_ptr<const TokenVocabulary> byte_vocab() {
-  std::vector<std::string> bytes(256);
-  for (int b = 0; b < 256; ++b)
-    bytes[static_cast<size_t>(b)] = std::string(1, static_cast<char>(b));
-  return std::make_shared<const TokenVocabulary>(std::move(bytes), std::vector<std::string>{});
-}
+using testing::byte_vocab;
 
 std::shared_ptr<GuideGrammar> guide(Kind kind, const std::string& spec,
                                     std::shared_ptr<const TokenVocabulary> vocab = byte_vocab()) {
