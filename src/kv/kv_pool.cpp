@@ -661,6 +661,31 @@ void KvPool::settle_prefix(PrefixCache::Cursor& cursor) {
   cursor = {};
 }
 
+void KvPool::release_page(const PageEntry& page, int32_t block) {
+  KvPool& at = shard(page.shard);  // arenas and summaries of the shard holding the page
+  if (page.resident()) {
+    if (page.precision == kernels::KvPrecision::kFull)
+      at.allocator_.decref(block);
+    else
+      at.arena_allocator(page.precision).decref(block);
+  }
+  if (page.original >= 0 && page.location != PageLocation::kDisk) host_alloc_.decref(page.original);
+  if (page.summary >= 0) at.summary_alloc_.decref(page.summary);
+}
+
+void KvPool::release_tail(BlockTable& table, int num_tokens) {
+  KVSPLIT_CHECK(table.pages.empty() || table.pages.size() == table.blocks.size());
+  const size_t keep = static_cast<size_t>(BlockTable::blocks_for(num_tokens, config_.block_size));
+  if (table.blocks.size() <= keep) return;
+  KVSPLIT_CHECK(static_cast<size_t>(table.window_dropped) <= keep);
+  for (size_t i = keep; i < table.blocks.size(); ++i) {
+    KVSPLIT_CHECK(table.page(i).resident() && !table.page(i).restoring);
+    release_page(table.page(i), table.blocks[i]);
+  }
+  table.blocks.resize(keep);
+  if (!table.pages.empty()) table.pages.resize(keep);
+}
+
 void KvPool::release(BlockTable& table) {
   KVSPLIT_CHECK(table.pages.empty() || table.pages.size() == table.blocks.size());
   // Restores in flight: their copies land (the host original is freed below, and the block may
@@ -682,19 +707,7 @@ void KvPool::release(BlockTable& table) {
     at.allocator_.decref(r.block);
   }
   table.swap_prefetch.clear();
-  for (size_t i = 0; i < table.blocks.size(); ++i) {
-    const PageEntry page = table.page(i);
-    KvPool& at = shard(page.shard);  // arenas and summaries of the shard holding the page
-    if (page.resident()) {
-      if (page.precision == kernels::KvPrecision::kFull)
-        at.allocator_.decref(table.blocks[i]);
-      else
-        at.arena_allocator(page.precision).decref(table.blocks[i]);
-    }
-    if (page.original >= 0 && page.location != PageLocation::kDisk)
-      host_alloc_.decref(page.original);
-    if (page.summary >= 0) at.summary_alloc_.decref(page.summary);
-  }
+  for (size_t i = 0; i < table.blocks.size(); ++i) release_page(table.page(i), table.blocks[i]);
   if (table.disk_record != 0) {
     KVSPLIT_CHECK(disk_ != nullptr);
     SwapWrite* w = swap_write(table.disk_record);

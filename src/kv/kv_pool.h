@@ -162,6 +162,10 @@ class KvPool {
   // page entries hold, and clears it. Restores in flight (BlockTable::restoring) are waited for
   // and their blocks freed; so is a host-tier swap-in prefetch (BlockTable::swap_prefetch).
   void release(BlockTable& table);
+  // Releases the pages of `table` past its first BlockTable::blocks_for(num_tokens), each as
+  // release() would (speculative decoding: the pages reserved for draft tokens that were
+  // rejected). Those pages must be resident and not being restored.
+  void release_tail(BlockTable& table, int num_tokens);
 
   // ---- semantic-cut tiers (empty unless configured) ----
   kernels::QuantPageLayout quant_layout() const {
@@ -312,6 +316,9 @@ class KvPool {
 
  private:
   KvPool(backend::Backend& backend, const KvPoolConfig& config, const KvShape& shape);
+  // One page of a table being released: its block (on its shard, at its precision), host
+  // original and summary.
+  void release_page(const PageEntry& page, int32_t block);
 
   backend::Backend& backend_;
   KvPoolConfig config_;

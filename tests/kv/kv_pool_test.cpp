@@ -155,6 +155,35 @@ TEST(KvPool, ReserveIsAllOrNothingAndReleaseFreesEverything) {
   EXPECT_EQ(pool.allocator().num_used(), 0);
 }
 
+TEST(KvPool, ReleaseTailKeepsTheBlocksForNumTokens) {
+  auto be = cpu();
+  KvPoolConfig cfg;
+  cfg.num_blocks = 6;
+  cfg.block_size = 8;
+  auto pool_or = KvPool::create(*be, cfg, shape(1));
+  ASSERT_TRUE(pool_or.ok());
+  KvPool& pool = **pool_or;
+  BlockTable a;
+  ASSERT_TRUE(pool.reserve(a, 40));  // 5 blocks
+  const std::vector<int32_t> before = a.blocks;
+  pool.release_tail(a, 17);  // 3 blocks hold 17 tokens
+  EXPECT_EQ(a.blocks, std::vector<int32_t>(before.begin(), before.begin() + 3));
+  EXPECT_EQ(pool.allocator().num_free(), 3);
+  pool.release_tail(a, 24);  // already within: no change
+  EXPECT_EQ(a.blocks.size(), 3u);
+  // A page shared with another table (a prefix-cache or fork reference) only loses a reference.
+  BlockTable other;
+  other.blocks.push_back(a.blocks[2]);
+  pool.allocator().incref(a.blocks[2]);
+  pool.release_tail(a, 16);
+  EXPECT_EQ(a.blocks.size(), 2u);
+  EXPECT_EQ(pool.allocator().refcount(other.blocks[0]), 1);
+  pool.release_tail(a, 0);
+  EXPECT_TRUE(a.blocks.empty());
+  pool.release(other);
+  EXPECT_EQ(pool.allocator().num_free(), 6);
+}
+
 TEST(KvPool, SharedBlocksSurviveUntilTheLastRelease) {
   auto be = cpu();
   KvPoolConfig cfg;

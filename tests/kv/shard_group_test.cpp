@@ -36,6 +36,22 @@ TEST(ShardGroup, SpreadTablesGoRoundRobinInChunks) {
   EXPECT_TRUE(t.spread);  // a property of the sequence: kept
 }
 
+TEST(ShardGroup, ReleaseTailFreesTheTailPagesOnTheirShards) {
+  Group g(3, 8, 2 * kBlock);
+  BlockTable t;
+  t.spread = true;
+  ASSERT_TRUE(g.pool->reserve(t, 12 * kBlock));
+  g.pool->release_tail(t, 5 * kBlock + 1);  // 6 pages kept: shards 0 0 1 1 2 2
+  EXPECT_EQ(g.shards_of(t), (std::vector<int>{0, 0, 1, 1, 2, 2}));
+  EXPECT_EQ(t.pages.size(), 6u);
+  EXPECT_EQ(g.pool->used_blocks(), 6);
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(g.pool->shard(s).allocator().num_used(), 2) << s;
+  ASSERT_TRUE(g.pool->reserve(t, 8 * kBlock));  // grows again where the placement says
+  EXPECT_EQ(g.shards_of(t), (std::vector<int>{0, 0, 1, 1, 2, 2, 0, 0}));
+  g.pool->release(t);
+  EXPECT_EQ(g.pool->used_blocks(), 0);
+}
+
 TEST(ShardGroup, HomeFirstUntilFullThenTheNextShard) {
   Group g(2, 4, kBlock);
   BlockTable home, other;
