@@ -53,6 +53,23 @@ struct SlaClass {
   bool operator==(const SlaClass&) const = default;
 };
 
+// Speculative decoding (docs/serving.md "Speculative decoding"): each decode step of a sequence
+// also feeds up to num_speculative_tokens draft tokens, which one forward pass verifies; every
+// draft token the sampler would have picked anyway is accepted, so a step may emit several tokens.
+// The output is the same as without it: greedy and seeded sampling give the same tokens.
+enum class SpeculativeMethod : uint8_t {
+  kNone,   // off
+  kNgram,  // prompt lookup: the tokens that followed the sequence's last n-gram earlier in it
+};
+
+struct SpeculativeConfig {
+  SpeculativeMethod method = SpeculativeMethod::kNone;
+  int32_t num_speculative_tokens = 4;  // draft tokens per step at most, in [1, 16]
+  int32_t prompt_lookup_min = 1;       // shortest n-gram looked up, in [1, prompt_lookup_max]
+  int32_t prompt_lookup_max = 4;       // longest n-gram looked up (tried first), in [1, 32]
+  bool enabled() const { return method != SpeculativeMethod::kNone; }
+};
+
 enum class ServingMode : uint8_t {
   kColocated,     // one pool runs prefill and decode in the same steps
   kDisaggregated  // separate prefill and decode worker pools with KV handoff
@@ -99,6 +116,8 @@ struct EngineConfig {
   // prompt arriving during it waits for it). With max_chunk_ms > 0 too (a KV cache manager rule
   // may set it), the smaller budget holds.
   bool max_chunk_ms_auto = false;
+  // Speculative decoding on the workers that decode (decode and colocated workers).
+  SpeculativeConfig speculative;
   // Back-pressure from a slow reader: a decoding sequence whose stream holds this many events its
   // consumer has not read yet (a gRPC client not reading: flow control holds the writes) gets no
   // decode step until the consumer catches up; its KV stays and it can still be preempted, so a
@@ -336,6 +355,11 @@ struct PoolStats {
   // Decode rows skipped because the sequence's consumer had not read max_unread_events events
   // (back-pressure from a slow reader; EngineConfig::max_unread_events).
   int64_t decode_rows_stalled = 0;
+  // Speculative decoding (EngineConfig::speculative): decode rows that carried draft tokens, the
+  // draft tokens they fed, and those accepted (each an extra token out of one forward pass).
+  int64_t spec_rows = 0;
+  int64_t spec_draft_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
   // Disaggregated mode, prefill pools: KV handoffs whose decode worker had not taken the offer
   // within handoff_timeout_ms, or was marked down before (handoff_stall_ms, another offer's
   // deadline), offered again to another decode worker (one that had not had it).

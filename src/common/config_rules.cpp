@@ -135,6 +135,28 @@ Status validate_semantic_cut(const SemanticCutConfig& c, std::string_view path) 
   return ok_status();
 }
 
+StatusOr<SpeculativeMethod> parse_speculative_method(std::string_view name) {
+  if (name == "none") return SpeculativeMethod::kNone;
+  if (name == "ngram") return SpeculativeMethod::kNgram;
+  return invalid_argument("speculative method must be none or ngram, got '" +
+                          escape_for_message(std::string(name), 64) + "'");
+}
+
+const char* speculative_method_name(SpeculativeMethod method) {
+  return method == SpeculativeMethod::kNgram ? "ngram" : "none";
+}
+
+Status validate_speculative(const SpeculativeConfig& c, std::string_view path) {
+  const std::string p(path);
+  if (c.method != SpeculativeMethod::kNone && c.method != SpeculativeMethod::kNgram)
+    return invalid_argument(p + "method: must be none or ngram, got " +
+                            std::to_string(static_cast<int>(c.method)));
+  KVSPLIT_RETURN_IF_ERROR(
+      check_range(p + "num_speculative_tokens", c.num_speculative_tokens, 1, 16));
+  KVSPLIT_RETURN_IF_ERROR(check_range(p + "prompt_lookup_max", c.prompt_lookup_max, 1, 32));
+  return check_range(p + "prompt_lookup_min", c.prompt_lookup_min, 1, c.prompt_lookup_max);
+}
+
 StatusOr<KvPolicy> parse_kv_policy(std::string_view name) {
   if (name == "full") return KvPolicy::kFull;
   if (name == "semantic") return KvPolicy::kSemantic;

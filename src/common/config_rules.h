@@ -39,6 +39,14 @@ Status validate_kvm_window(const KvmConfig& kvm);
 StatusOr<KvPolicy> parse_kv_policy(std::string_view name);
 const char* kv_policy_name(KvPolicy policy);
 
+// "none" | "ngram" (kInvalidArgument otherwise) and back.
+StatusOr<SpeculativeMethod> parse_speculative_method(std::string_view name);
+const char* speculative_method_name(SpeculativeMethod method);
+// Speculative decoding's settings, with `path` before each field ("speculative." from YAML,
+// "EngineConfig.speculative." from the API): num_speculative_tokens in [1, 16],
+// prompt_lookup_max in [1, 32], prompt_lookup_min in [1, prompt_lookup_max].
+Status validate_speculative(const SpeculativeConfig& config, std::string_view path);
+
 // KV page size: one of 8, 16, 32, 64 tokens (the CUDA kernels ship 16 only; see
 // docs/configuration.md). `field` names it in the message.
 Status validate_block_size(int32_t block_size, std::string_view field);

@@ -97,6 +97,7 @@ Status validate_config(const Config& config) {
         check_range("pools.devices[" + std::to_string(i) + "]", e.devices[i], 0, 1023));
   }
   KVSPLIT_RETURN_IF_ERROR(validate_pool_limits(e, "pools."));
+  KVSPLIT_RETURN_IF_ERROR(validate_speculative(e.speculative, "speculative."));
   KVSPLIT_RETURN_IF_ERROR(check_range("pools.max_chunk_tokens", e.max_chunk_tokens, 0, 1 << 20));
   if (!(e.max_chunk_ms >= 0 && e.max_chunk_ms <= 1e6))
     return invalid_argument("pools.max_chunk_ms: must be in [0, 1e6] (0: off), got " +

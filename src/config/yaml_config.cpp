@@ -295,6 +295,23 @@ Status read_pools(const YAML::Node& n, EngineConfig* e) {
   return r.finish();
 }
 
+// speculative: {method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max}.
+Status read_speculative(const YAML::Node& n, SpeculativeConfig* c) {
+  MapReader r(n, "speculative");
+  KVSPLIT_RETURN_IF_ERROR(r.check_is_map());
+  std::string method;
+  KVSPLIT_RETURN_IF_ERROR(r.get("method", &method));
+  if (r.has("method")) {
+    StatusOr<SpeculativeMethod> m = parse_speculative_method(method);
+    if (!m.ok()) return field_error("speculative.method", m.status().message());
+    c->method = *m;
+  }
+  KVSPLIT_RETURN_IF_ERROR(r.get("num_speculative_tokens", &c->num_speculative_tokens));
+  KVSPLIT_RETURN_IF_ERROR(r.get("prompt_lookup_min", &c->prompt_lookup_min));
+  KVSPLIT_RETURN_IF_ERROR(r.get("prompt_lookup_max", &c->prompt_lookup_max));
+  return r.finish();
+}
+
 // The semantic cut's keys (kv.cuts.semantic and sla_classes.<name>.kv): each one present replaces
 // the field of *c; range checks are validate_semantic_cut's (validate_config).
 // The keys read_semantic_keys reads.
@@ -663,6 +680,8 @@ Status parse_into(const YAML::Node& root, Config* c, const SemanticCutConfig* cl
         read_sla_classes(n, class_base ? *class_base : c->engine.semantic, &c->engine.sla_classes));
   if (YAML::Node n = r.child("kvm"); n && !n.IsNull())
     KVSPLIT_RETURN_IF_ERROR(read_kvm(n, &c->engine.kvm));
+  if (YAML::Node n = r.child("speculative"); n && !n.IsNull())
+    KVSPLIT_RETURN_IF_ERROR(read_speculative(n, &c->engine.speculative));
   KVSPLIT_RETURN_IF_ERROR(r.get("seed", &c->engine.seed));
   return r.finish();
 }

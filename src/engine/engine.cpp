@@ -121,6 +121,7 @@ StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::create(const EngineConfig& con
       wo.kv_policy = config.kv_policy;
       wo.semantic = config.semantic;
       wo.temporal = config.temporal;
+      wo.speculative = config.speculative;
     } else {
       wo.temporal.swap = SwapMode::kNever;  // its tiers hold the prefix cache's spilled pages only
     }

@@ -46,6 +46,7 @@ Status validate_engine_config(const EngineConfig& c) {
   if (c.handoff_timeout_ms < 1) return bad("handoff_timeout_ms", c.handoff_timeout_ms, ">= 1");
   if (c.handoff_stall_ms < 0 || c.handoff_stall_ms > 3600000)
     return bad("handoff_stall_ms", c.handoff_stall_ms, "in [0, 3600000] (0: off)");
+  KVSPLIT_RETURN_IF_ERROR(validate_speculative(c.speculative, "EngineConfig.speculative."));
   if (c.kv_policy != KvPolicy::kFull && c.kv_policy != KvPolicy::kSemantic &&
       c.kv_policy != KvPolicy::kStreaming && c.kv_policy != KvPolicy::kH2O) {
     return bad("kv_policy", static_cast<int>(c.kv_policy), "full, semantic, streaming or h2o");

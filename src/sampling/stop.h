@@ -37,6 +37,7 @@ class StopChecker {
   // Text still held back (for a caller that ends generation itself, e.g. on cancellation).
   std::string flush();
   int num_generated() const { return num_generated_; }
+  int max_new_tokens() const { return max_new_tokens_; }
   bool finished() const { return finished_; }
   // EOS (unless ignore_eos) or a stop_token_id. Its text is not emitted, so a caller does not feed
   // it to the detokenizer either: a byte-fallback stop token would leave a stray byte there (a

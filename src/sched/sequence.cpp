@@ -96,6 +96,28 @@ FinishReason sample_and_append(Sequence& seq, float* logits, int vocab, Clock::t
   return push_token(seq, token, seq.top_logprobs > 0 ? raw.data() : nullptr, vocab, now);
 }
 
+FinishReason sample_speculative(Sequence& seq, float* rows, int vocab, Clock::time_point now,
+                                int* accepted) {
+  const int drafts = static_cast<int>(seq.spec_row.size()) - 1;
+  KVSPLIT_CHECK(drafts >= 1);
+  *accepted = 0;
+  FinishReason reason = FinishReason::kNone;
+  for (int j = 0; j <= drafts; ++j) {
+    const FinishReason r = sample_and_append(
+        seq, rows + static_cast<size_t>(j) * static_cast<size_t>(vocab), vocab, now);
+    // Row j > 0 unusable (nothing was appended): the tokens so far stand, and the next step
+    // decodes this position again, on its own, where the error surfaces.
+    if (r == FinishReason::kError && j > 0) break;
+    reason = r;
+    if (r != FinishReason::kNone || j == drafts || seq.tokens.back() != seq.spec_row[j + 1]) break;
+    // Draft token j + 1 is what was sampled: its KV (written by this step) is valid, and row
+    // j + 1 predicts the token after it.
+    ++seq.num_computed;
+    ++*accepted;
+  }
+  return reason;
+}
+
 void size_prompt_logprobs(Sequence& seq) {
   if (seq.prompt_lp.size() + 1 < static_cast<size_t>(seq.num_prompt))
     seq.prompt_lp.resize(static_cast<size_t>(seq.num_prompt - 1));

@@ -22,6 +22,7 @@
 #include "kv/swap.h"
 #include "kvsplit/engine.h"
 #include "model/tokenizer.h"
+#include "sampling/ngram_draft.h"
 #include "sampling/sampler.h"
 #include "sampling/stop.h"
 #include "sched/kv_account.h"
@@ -151,7 +152,11 @@ struct Sequence {
   // Owner-private scratch: what the owning worker does with the sequence after this step.
   enum class Next : uint8_t { kStay, kToRunning, kToWaiting, kHandoff, kRemove } next = Next::kStay;
   int64_t last_prefill_step = -1;  // the owner's step that last ran a chunk of this sequence
-  int64_t waiting_since = -1;      // the owner's step that pulled it (SchedSeq::waiting_since)
+  // Speculative decoding: the tokens its decode row feeds this step, the last sampled token and
+  // the draft after it (Worker::speculate); empty for a plain decode row.
+  std::vector<int32_t> spec_row;
+  sampling::DraftAcceptance spec_acceptance;  // its drafts' acceptance: their length
+  int64_t waiting_since = -1;  // the owner's step that pulled it (SchedSeq::waiting_since)
 
   const std::string& id() const { return ctl->request_id; }
   const std::string& display_id() const { return ctl->display_id; }
@@ -208,6 +213,16 @@ void record_prompt_logprobs(Sequence& seq, const float* rows, int start, int n, 
 // (unusable_logits_error). Guided decoding: kStop with nothing appended when the text is
 // complete and no end id can be sampled, kError when the constraint allows no token.
 FinishReason sample_and_append(Sequence& seq, float* logits, int vocab, Clock::time_point now);
+// Speculative decoding: a decode row that fed seq.spec_row (its last sampled token, then
+// seq.spec_row.size() - 1 draft tokens) returned one logits row per fed token in `rows`
+// ([spec_row.size(), vocab], sampled in place). Samples from row 0, and from row j + 1 only while
+// the token sampled from row j is draft token j + 1 and generation goes on, each with
+// sample_and_append: the sampler draws once per token emitted, as without a draft, so greedy and
+// seeded sampling give the same tokens. seq.num_computed (which must count the fed last token)
+// grows by the draft tokens accepted, returned in *accepted. kError only when row 0 is unusable
+// (a later unusable row ends the acceptance there).
+FinishReason sample_speculative(Sequence& seq, float* rows, int vocab, Clock::time_point now,
+                                int* accepted);
 
 // True when the next token is the plain argmax of the logits (greedy, no penalties, no
 // logprobs), so the model may pick it on the device (SeqStep::Logits::kArgmax).

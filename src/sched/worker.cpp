@@ -194,6 +194,9 @@ WorkerSnapshot Worker::snapshot() const {
   s.pool.kv_swap_fallbacks = kv_stats_.kv_swap_fallbacks;
   s.pool.kv_swaps_to_disk = kv_stats_.kv_swaps_to_disk;
   s.pool.decode_rows_stalled = stalled_decode_rows_.load(std::memory_order_relaxed);
+  s.pool.spec_rows = spec_rows_.load(std::memory_order_relaxed);
+  s.pool.spec_draft_tokens = spec_draft_tokens_.load(std::memory_order_relaxed);
+  s.pool.spec_accepted_tokens = spec_accepted_tokens_.load(std::memory_order_relaxed);
   s.pool.handoffs_rerouted = handoffs_rerouted_.load(std::memory_order_relaxed);
   s.pool.handoffs_forwarded = handoffs_forwarded_.load(std::memory_order_relaxed);
   s.pool.marked_down = marked_down();

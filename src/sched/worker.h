@@ -105,6 +105,9 @@ struct WorkerOptions {
   // Temporal cut: swap a preempted sequence to the pool's host tier instead of recomputing it
   // (the cost model of sched/swap_cost.h; needs a host tier: temporal.host_capacity_mb > 0).
   TemporalCutConfig temporal;
+  // Speculative decoding of this worker's decode rows (EngineConfig::speculative; off on kPrefill
+  // workers): Worker::speculate.
+  SpeculativeConfig speculative;
 };
 
 // Test hook: holds a worker at its step boundary.
@@ -196,6 +199,8 @@ class Worker {
   // A prompt chunk returning every row's logits (Sequence::wants_prompt_logprobs); ...Last: its
   // last row is the prompt's last position, sampled from.
   static constexpr uint8_t kSamplePromptRows = 3, kSamplePromptRowsLast = 4;
+  // A decode row with draft tokens (Sequence::spec_row): every row's logits, sample_speculative.
+  static constexpr uint8_t kSampleSpec = 5;
   struct Batch {
     std::vector<model::SeqStep> steps;
     std::vector<Sequence*> seqs;
@@ -243,7 +248,14 @@ class Worker {
   int handoff_cacheable_pages(const HandoffOffer& offer) const;
   void admit_from_router(Clock::time_point now);
   void schedule(Clock::time_point now);
-  // Sliding windows: when the step planned nothing, nothing runs, no block is free and two or
+  // Speculative decoding (options_.speculative), once the step is planned: gives its decode rows
+  // n-gram drafts (Sequence::spec_row, kSampleSpec) within the step's token budget left
+  // (max_batch_tokens less the tokens planned) and the tokens each may still generate, on the
+  // blocks its table has room in plus at most `free_blocks` free ones (never evicting a cached
+  // page or preempting anyone for a draft); returns the blocks it took. Not under a KV cut that
+  // scores or drops pages (kv_policy other than kFull) nor a sliding window.
+  int speculate(int free_blocks);  // Sliding windows: when the step planned nothing, nothing runs,
+                                   // no block is free and two or
   // more waiting sequences hold pages, the one served last lets its pages go (cached for its own
   // restart) so that the others can go on. Each admitted a chunk's pages, and with every table
   // full and nothing behind the window none could advance: the worker hung for good. True when
@@ -433,8 +445,13 @@ class Worker {
     Sequence* seq;
     float* logits;  // one row [vocab], sampled in place; nullptr: `token` was chosen by the model
     int32_t token;
+    int rows = 1;  // kSampleSpec: logits holds this many rows (sample_speculative)
   };
   std::vector<SampleJob> sample_jobs_;
+  std::vector<int> spec_accepted_;  // per sample job: draft tokens accepted (kSampleSpec)
+  std::vector<int32_t> draft_;      // speculate's scratch
+  // Speculative decoding counters (PoolStats::spec_*), written by the worker thread.
+  std::atomic<int64_t> spec_rows_{0}, spec_draft_tokens_{0}, spec_accepted_tokens_{0};
   // A prompt-logprobs row of this step (Sequence::wants_prompt_logprobs): its logits and position.
   struct PromptRow {
     Sequence* seq;

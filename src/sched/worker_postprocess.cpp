@@ -36,7 +36,10 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
   for (size_t i = 0; i < batch_.seqs.size(); ++i) {
     Sequence& seq = *batch_.seqs[i];
     const int n = static_cast<int>(batch_.steps[i].tokens.size());
-    seq.num_computed += n;
+    // A speculative row counts its fed last token here; sample_speculative adds the draft tokens
+    // it accepts.
+    const bool spec = batch_.samples[i] == kSampleSpec;
+    seq.num_computed += spec ? 1 : n;
     if (batch_.samples[i] == kSamplePromptRows || batch_.samples[i] == kSamplePromptRowsLast) {
       KVSPLIT_CHECK((row + static_cast<size_t>(n)) * vocab <= logits.size());
       size_prompt_logprobs(seq);
@@ -52,6 +55,11 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
     SampleJob job{&seq, nullptr, -1};
     if (batch_.samples[i] == kSamplePromptRowsLast) {
       job.logits = logits.data() + (row - 1) * vocab;  // its last row: sampled in place
+    } else if (spec) {
+      KVSPLIT_CHECK((row + static_cast<size_t>(n)) * vocab <= logits.size());
+      job.logits = logits.data() + row * vocab;  // n rows, sampled in place in turn
+      job.rows = n;
+      row += static_cast<size_t>(n);
     } else if (batch_.samples[i] == kSampleRow) {
       KVSPLIT_CHECK((row + 1) * vocab <= logits.size());
       job.logits = logits.data() + row * vocab;  // sampled in place
@@ -92,6 +100,18 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
       if (seq.num_computed >= seq.prefill_target()) pool_->settle_prefix(seq.prefix_cursor);
       drop_behind_window(seq);  // after the prefix cache took its pages
     }
+    if (sampled && batch_.samples[i] == kSampleSpec) {
+      const int drafted = static_cast<int>(seq.spec_row.size()) - 1, accepted = spec_accepted_[job];
+      spec_rows_.fetch_add(1, std::memory_order_relaxed);
+      spec_draft_tokens_.fetch_add(drafted, std::memory_order_relaxed);
+      spec_accepted_tokens_.fetch_add(accepted, std::memory_order_relaxed);
+      // Rejected: the row went on and the token after the accepted ones was not the draft's (an
+      // unusable later row counts as neither).
+      const bool rejected = accepted < drafted && sample_reasons_[job] == FinishReason::kNone &&
+                            seq.num_output() > 0 &&
+                            seq.tokens.back() != seq.spec_row[static_cast<size_t>(accepted) + 1];
+      seq.spec_acceptance.observe(drafted, accepted, rejected);
+    }
     if (sampled) {
       const FinishReason reason = sample_reasons_[job++];
       if (reason == FinishReason::kError) {
@@ -104,6 +124,12 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
         finish(seq, reason, ok_status(), now);
         continue;
       }
+    }
+    if (batch_.samples[i] == kSampleSpec) {
+      // The pages reserved for the draft tokens rejected go back (the next step's row needs
+      // room for position num_computed only).
+      pool_->release_tail(seq.table, seq.num_computed + 1);
+      seq.spec_row.clear();
     }
     if (!in_waiting) continue;                              // a decode step
     if (seq.num_computed < seq.prefill_target()) continue;  // more chunks to go
@@ -146,10 +172,16 @@ void Worker::record_prompt_rows(int vocab) {
 void Worker::sample_rows(Clock::time_point now) {
   const int vocab = model_->vocab_size();
   sample_reasons_.assign(sample_jobs_.size(), FinishReason::kNone);
+  spec_accepted_.assign(sample_jobs_.size(), 0);
   over_rows(sampling_pool_.get(), options_.parallel_sampling_min_rows,
             static_cast<int64_t>(sample_jobs_.size()), [&](int64_t begin, int64_t end) {
               for (int64_t k = begin; k < end; ++k) {
                 const SampleJob& job = sample_jobs_[k];
+                if (job.rows > 1) {
+                  sample_reasons_[k] =
+                      sample_speculative(*job.seq, job.logits, vocab, now, &spec_accepted_[k]);
+                  continue;
+                }
                 sample_reasons_[k] = job.logits
                                          ? sample_and_append(*job.seq, job.logits, vocab, now)
                                          : append_token(*job.seq, job.token, now);

@@ -6,6 +6,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "sampling/ngram_draft.h"
 #include "sched/prefix_share.h"
 #include "sched/swap_predictor.h"
 #include "sched/worker.h"
@@ -567,8 +568,56 @@ void Worker::schedule(Clock::time_point now) {
                                  : (!sample ? kSampleNone : (argmax ? kSampleArgmax : kSampleRow)));
     batch_.decode.push_back(0);
   }
+  const int spec_blocks = speculate(out.free_blocks_after);
   // After the step's reservations, before its forward pass: the copies run beside it.
-  start_prefetches(out.free_blocks_after, /*after_forward=*/false);
+  start_prefetches(out.free_blocks_after - spec_blocks, /*after_forward=*/false);
+}
+
+int Worker::speculate(int free_blocks) {
+  const SpeculativeConfig& sc = options_.speculative;
+  if (!sc.enabled() || options_.kv_policy != KvPolicy::kFull || scheduler_.config().kv_window > 0)
+    return 0;
+  int budget = options_.max_batch_tokens;
+  for (const model::SeqStep& s : batch_.steps) budget -= static_cast<int>(s.tokens.size());
+  // Draft pages come from blocks nobody holds (not the prefix cache's, which reserve would
+  // evict) and, on a shard group, only from room the table has already.
+  int spare = pool_->num_shards() > 1 ? 0 : std::min(free_blocks, pool_->allocator().num_free());
+  const int taken_before = spare;
+  const int bs = pool_->block_size();
+  const sampling::NgramDraftConfig draft_config{sc.num_speculative_tokens, sc.prompt_lookup_min,
+                                                sc.prompt_lookup_max};
+  for (size_t i = 0; i < batch_.steps.size() && budget > 0; ++i) {
+    if (!batch_.decode[i]) continue;
+    Sequence& seq = *batch_.seqs[i];
+    // Tokens this step may emit after the first one (max_tokens and the context both bound it).
+    const int left = seq.stop->max_new_tokens() - seq.stop->num_generated() - 1;
+    const int want =
+        std::min({seq.spec_acceptance.length(sc.num_speculative_tokens), budget, left});
+    if (want <= 0) continue;
+    propose_ngram_draft(seq.tokens, draft_config, &draft_);
+    int k = std::min(want, static_cast<int>(draft_.size()));
+    if (k <= 0) continue;
+    const int pos = seq.num_computed;  // the fed last token's position
+    const int room = static_cast<int>(seq.table.blocks.size()) * bs - (pos + 1);
+    if (k > room) {
+      const int need =
+          kv::BlockTable::blocks_for(pos + 1 + k, bs) - static_cast<int>(seq.table.blocks.size());
+      if (need <= spare && pool_->reserve(seq.table, pos + 1 + k)) {
+        spare -= need;
+      } else {
+        k = room;
+      }
+    }
+    if (k <= 0) continue;
+    seq.spec_row.assign(1, seq.tokens[static_cast<size_t>(pos)]);
+    seq.spec_row.insert(seq.spec_row.end(), draft_.begin(), draft_.begin() + k);
+    model::SeqStep& s = batch_.steps[i];
+    s.tokens = std::span<const int32_t>(seq.spec_row);
+    s.logits = model::SeqStep::Logits::kAll;
+    batch_.samples[i] = kSampleSpec;
+    budget -= k;
+  }
+  return taken_before - spare;
 }
 
 bool Worker::reader_behind(const Sequence& seq) const {

@@ -298,6 +298,9 @@ void fill_server_stats(const EngineStats& stats, const std::vector<SlaClass>& cl
     o->set_kv_shard_communicator(p.kv_shard_communicator);
     o->set_kv_shard_exchange_seconds(p.kv_shard_exchange_seconds);
     o->set_decode_rows_stalled(p.decode_rows_stalled);
+    o->set_spec_rows(p.spec_rows);
+    o->set_spec_draft_tokens(p.spec_draft_tokens);
+    o->set_spec_accepted_tokens(p.spec_accepted_tokens);
     o->set_handoffs_rerouted(p.handoffs_rerouted);
     o->set_handoff_pages_copied(p.handoff_pages_copied);
     o->set_handoff_pages_cached(p.handoff_pages_cached);

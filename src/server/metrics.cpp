@@ -143,6 +143,13 @@ class EngineCollector : public pm::Collectable {
                            "Decode steps skipped because the request's client had not read "
                            "pools.max_unread_events events (back-pressure from a slow reader)",
                            pm::MetricType::Counter);
+    auto& spec = family("kvsplit:spec_tokens_total",
+                        "Speculative decoding: draft tokens fed to decode rows (drafted) and those "
+                        "accepted, each a token generated without a forward pass of its own",
+                        pm::MetricType::Counter);
+    auto& spec_rows = family("kvsplit:spec_rows_total",
+                             "Speculative decoding: decode rows that carried draft tokens",
+                             pm::MetricType::Counter);
     auto& prefetch = family("kvsplit:kv_prefetch_total",
                             "Swap-ins from the disk tier whose read, started a step ahead, had "
                             "completed (hit) or had to be read or waited for then (miss)",
@@ -176,6 +183,11 @@ class EngineCollector : public pm::Collectable {
             counter(static_cast<double>(n), {{"pool", p.name}, {"result", result}}));
       stalled.metric.push_back(
           counter(static_cast<double>(p.decode_rows_stalled), {{"pool", p.name}}));
+      spec.metric.push_back(counter(static_cast<double>(p.spec_draft_tokens),
+                                    {{"pool", p.name}, {"result", "drafted"}}));
+      spec.metric.push_back(counter(static_cast<double>(p.spec_accepted_tokens),
+                                    {{"pool", p.name}, {"result", "accepted"}}));
+      spec_rows.metric.push_back(counter(static_cast<double>(p.spec_rows), {{"pool", p.name}}));
       rerouted.metric.push_back(
           counter(static_cast<double>(p.handoffs_rerouted), {{"pool", p.name}}));
       to_cached.metric.push_back(

@@ -394,7 +394,10 @@ TEST_F(GenerationTest, PrometheusMetrics) {
         "choice=\"fallback\"", "kvsplit:kv_prefetch_total{pool=", "result=\"hit\"",
         "result=\"miss\"",
         // Handoff health (every pool; zeros here).
-        "kvsplit:handoffs_forwarded_total{pool=", "kvsplit:worker_marked_down{pool="}) {
+        "kvsplit:handoffs_forwarded_total{pool=", "kvsplit:worker_marked_down{pool=",
+        // Speculative decoding (zeros with speculative off).
+        "kvsplit:spec_tokens_total{pool=", "result=\"accepted\"",
+        "kvsplit:spec_rows_total{pool="}) {
     EXPECT_NE(text.find(name), std::string::npos) << name << " missing from:\n"
                                                   << text.substr(0, 3000);
   }
