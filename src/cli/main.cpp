@@ -28,6 +28,7 @@
 #include "cli/tokenize.h"
 #include "common/check.h"
 #include "common/cli_options.h"
+#include "common/config_rules.h"
 #include "common/guided_flags.h"
 #include "kernels/common/kv_quant.h"
 #include "kv/kv_pool.h"
@@ -88,6 +89,11 @@ struct GenerateFlags {
   int spatial_chunk_size = 4096;
   int spatial_min_context = 0;
   std::string spatial_communicator = "auto";
+  // Speculative decoding.
+  std::string speculative = "none";
+  int num_speculative_tokens = 4;
+  int prompt_lookup_min = 1;
+  int prompt_lookup_max = 4;
 };
 
 // Warns on stderr about the flags given to `kvsplit generate` that this run does not read.
@@ -97,6 +103,15 @@ void warn_ignored_flags(const CLI::App& gen, const GenerateFlags& gf, const cli:
     const std::string s = given_flags(
         gen, {"--spatial-chunk-size", "--spatial-min-context", "--spatial-communicator"});
     if (!s.empty()) spdlog::warn("{}: no effect without --spatial-shards > 1", s);
+  }
+  if (gf.speculative == "none") {
+    const std::string s = given_flags(
+        gen, {"--num-speculative-tokens", "--prompt-lookup-min", "--prompt-lookup-max"});
+    if (!s.empty()) spdlog::warn("{}: no effect without --speculative ngram", s);
+  } else if (rc.policy != cuts::semantic::KvPolicy::kFull) {
+    spdlog::warn(
+        "--speculative: no effect with --kv-cache-compression / --kv-policy other than "
+        "full (the cut scores and drops pages one decode token at a time)");
   }
   if (gf.disk_path.empty()) {
     const std::string s =
@@ -112,6 +127,11 @@ int run_generate(const CLI::App& gen, CommonFlags& cf, const GenerateFlags& gf) 
   // Before the model loads: a --guided-json @file that cannot be read fails at once.
   auto guided = guided_from_flags(gen, gf.guided);
   if (!guided.ok()) return fail(guided.status());
+  if (gf.prompt_lookup_min > gf.prompt_lookup_max) {
+    return fail(
+        invalid_argument(fmt::format("--prompt-lookup-min {} must be <= --prompt-lookup-max {}",
+                                     gf.prompt_lookup_min, gf.prompt_lookup_max)));
+  }
   auto run = cli::load_run_model(cf);
   if (!run.ok()) return fail(run.status());
   model::LoadedModel* loaded = &(*run)->loaded;
@@ -249,6 +269,11 @@ int run_generate(const CLI::App& gen, CommonFlags& cf, const GenerateFlags& gf) 
   bo.swap = swap;
   bo.temporal_step_size = gf.temporal_step_size;
   bo.spatial_min_context = gf.spatial_min_context;
+  bo.speculative.method =
+      gf.speculative == "ngram" ? SpeculativeMethod::kNgram : SpeculativeMethod::kNone;
+  bo.speculative.num_speculative_tokens = gf.num_speculative_tokens;
+  bo.speculative.prompt_lookup_min = gf.prompt_lookup_min;
+  bo.speculative.prompt_lookup_max = gf.prompt_lookup_max;
   kv::SwapStats swap_stats;
   bo.swap_stats = &swap_stats;
   bo.prefix_salt = kv::PrefixCache::salt_of("");
@@ -279,6 +304,10 @@ int run_generate(const CLI::App& gen, CommonFlags& cf, const GenerateFlags& gf) 
     j["preemptions"] = o.preemptions;
     j["shards"] = o.shards;
     j["window_dropped_pages"] = o.window_dropped_pages;
+    if (bo.speculative.enabled()) {
+      j["spec_draft_tokens"] = o.spec_draft_tokens;
+      j["spec_accepted_tokens"] = o.spec_accepted_tokens;
+    }
     // With a shard group: its communicator ("in-process" or "nccl").
     if (comm != nullptr) j["communicator"] = comm->name();
     return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
@@ -334,6 +363,20 @@ int run_generate(const CLI::App& gen, CommonFlags& cf, const GenerateFlags& gf) 
                    static_cast<long long>(swap_stats.prefetch_hits),
                    static_cast<long long>(swap_stats.prefetch_misses),
                    static_cast<long long>(swap_stats.disk_faults), recomputed);
+    }
+    if (bo.speculative.enabled()) {
+      int64_t drafts = 0, accepted = 0;
+      for (const sched::GenerationOutput& o : *out) {
+        drafts += o.spec_draft_tokens;
+        accepted += o.spec_accepted_tokens;
+      }
+      std::fprintf(stderr,
+                   "speculative %s: %lld draft tokens, %lld accepted (%.1f%%): %lld of the %zu "
+                   "tokens generated came without a forward pass of their own\n",
+                   speculative_method_name(bo.speculative.method), static_cast<long long>(drafts),
+                   static_cast<long long>(accepted),
+                   drafts > 0 ? 100.0 * static_cast<double>(accepted) / drafts : 0.0,
+                   static_cast<long long>(accepted), generated);
     }
     if (rc->policy != cuts::semantic::KvPolicy::kFull) {
       const kv::PageOpStats& o = cut_stats.ops;
@@ -507,6 +550,24 @@ int main(int argc, char** argv) {
          "--split-chunk", gf.split_chunk,
          "force decode split-K chunks of this many tokens (0 = no split; default: planner)")
       ->check(CLI::Range(0, 1 << 24));
+  gen->add_option("--speculative", gf.speculative,
+                  "speculative decoding: ngram (prompt lookup: drafts copied from where the "
+                  "last n-gram occurred before, verified in one forward pass; same output) or "
+                  "none")
+      ->check(CLI::IsMember({"none", "ngram"}))
+      ->capture_default_str();
+  gen->add_option("--num-speculative-tokens", gf.num_speculative_tokens,
+                  "speculative decoding: draft tokens per decode step at most")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  gen->add_option("--prompt-lookup-min", gf.prompt_lookup_min,
+                  "speculative decoding: shortest n-gram looked up")
+      ->check(CLI::Range(1, 32))
+      ->capture_default_str();
+  gen->add_option("--prompt-lookup-max", gf.prompt_lookup_max,
+                  "speculative decoding: longest n-gram looked up (tried first)")
+      ->check(CLI::Range(1, 32))
+      ->capture_default_str();
   cli::add_cut_options(gen, gf.cut);
   gen->add_option(
          "--weight-dtype", gen_common.weight_dtype,

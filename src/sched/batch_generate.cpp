@@ -9,8 +9,10 @@
 #include <span>
 
 #include "common/check.h"
+#include "common/config_rules.h"
 #include "common/log.h"
 #include "model/guide_vocabulary.h"
+#include "sampling/ngram_draft.h"
 #include "sampling/sampler.h"
 #include "sampling/stop.h"
 #include "sched/prefix_share.h"
@@ -54,6 +56,11 @@ struct SeqState {
   int64_t resume_step = 0;  // swapped out: not resumed before this step while others run
   int shards = 0;           // most shards of the pool's shard group its KV used at once
   int window_dropped = 0;   // pages freed behind the sliding window
+  // Speculative decoding: this step's fed last token and drafts (empty: a plain row), and the
+  // draft tokens fed and accepted so far.
+  std::vector<int32_t> spec_row;
+  int spec_drafts = 0, spec_accepted = 0;
+  sampling::DraftAcceptance spec_acceptance;  // its drafts' acceptance: their length
   // The disk read of its swapped-out pages started a step ahead (kv::SwapPrefetch); dropped
   // before the table is released (a record being read cannot be freed).
   std::unique_ptr<kv::SwapPrefetch> prefetch;
@@ -146,6 +153,8 @@ GenerationOutput output_of(const SeqState& s) {
   o.kv_token_seconds = s.kv.token_seconds();
   o.shards = s.shards;
   o.window_dropped_pages = s.window_dropped;
+  o.spec_draft_tokens = s.spec_drafts;
+  o.spec_accepted_tokens = s.spec_accepted;
   return o;
 }
 
@@ -189,6 +198,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
   KVSPLIT_RETURN_IF_ERROR(cuts::semantic::validate(options.semantic));
   KVSPLIT_RETURN_IF_ERROR(validate_inputs(inputs, cfg));
   if (options.spatial_min_context < 0) return invalid_argument("spatial_min_context must be >= 0");
+  KVSPLIT_RETURN_IF_ERROR(validate_speculative(options.speculative, "speculative."));
   // Guided decoding: constraints compiled once per distinct constraint, over the token bytes.
   std::unique_ptr<sampling::GuideCache> guides;
   for (const GenerationInput& in : inputs) {
@@ -243,6 +253,39 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     pool.release(s.table);
   };
 
+  // The token sampled from logits row `lg`: -1 when the row is unusable (NaN or infinite), or
+  // Sampler::kNoAllowedToken when a guide allows nothing.
+  auto draw = [&](SeqState& s, float* lg) -> int32_t {
+    if (!sampling::logits_usable(lg, cfg.vocab_size)) return -1;
+    return s.sampler->sample(lg, cfg.vocab_size, s.prompt(), s.output());
+  };
+  // A token that could not be drawn (or a model's argmax of -1): a guided text complete with no
+  // end id to sample ends (kStop); a guide's error or unusable logits fail the batch.
+  auto undrawn = [&](SeqState& s, int index, int32_t tok) -> Status {
+    if (tok == sampling::Sampler::kNoAllowedToken) {  // guided: nothing may follow
+      if (!s.sampler->guide_status().ok())
+        return s.sampler->guide_status().with_prefix(fmt::format("prompt {}", index));
+      end(s, index, FinishReason::kStop, false);  // complete, no end id to sample
+      return ok_status();
+    }
+    return internal_error("prompt " + std::to_string(index) +
+                          ": the model produced no usable logits (NaN or infinite) at position " +
+                          std::to_string(s.computed - 1) +
+                          ": its activations overflow float32 (check the model's weights)");
+  };
+  // Appends `tok` to s: its text through the detokenizer and the stop checker; ends s on a stop.
+  auto take = [&](SeqState& s, int index, int32_t tok) {
+    s.tokens.push_back(tok);
+    const std::string delta =
+        s.decoder && !s.stop->is_stop_token(tok) ? s.decoder->push(tok) : std::string();
+    sampling::StopChecker::Step r = s.stop->on_token(tok, delta);
+    if (!r.text.empty()) {
+      s.text += r.text;
+      if (options.on_text) options.on_text(index, r.text);
+    }
+    if (r.reason != FinishReason::kNone) end(s, index, r.reason, r.stop_string);
+  };
+
   const int bs = pool.block_size();
   SchedulerConfig sc;
   sc.block_size = pool.block_size();
@@ -268,6 +311,14 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
   std::vector<int> step_seq;  // seqs index of each step
   std::vector<float> logits;
   std::vector<int32_t> ids;
+  // Speculative decoding (BatchOptions::speculative).
+  const bool speculating = options.speculative.enabled() &&
+                           options.kv_policy == cuts::semantic::KvPolicy::kFull &&
+                           sc.kv_window == 0;
+  const sampling::NgramDraftConfig draft_config{options.speculative.num_speculative_tokens,
+                                                options.speculative.prompt_lookup_min,
+                                                options.speculative.prompt_lookup_max};
+  std::vector<int32_t> draft;
   for (int64_t step = 0;; ++step) {
     if (pool.disk() != nullptr) kv::poll_swap_writes(pool, &swap_stats);  // write-behind
     if (options.cancel != nullptr && options.cancel->load(std::memory_order_acquire)) {
@@ -451,6 +502,39 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       steps.push_back(st);
       step_seq.push_back(c.id);
     }
+    if (speculating) {
+      // Drafts for the decode rows (the first plan.decode.size() steps) within the budget left,
+      // on the room their tables have plus blocks nobody holds (Worker::speculate's rule).
+      int budget = options.max_batch_tokens;
+      for (const SeqStep& st : steps) budget -= static_cast<int>(st.tokens.size());
+      int spare = pool.num_shards() > 1 ? 0 : pool.allocator().num_free();
+      for (size_t k = 0; k < plan.decode.size() && budget > 0; ++k) {
+        SeqState& s = seqs[step_seq[k]];
+        if (s.num_output() == 0 || steps[k].logits == SeqStep::Logits::kNone) continue;
+        const int left = s.stop->max_new_tokens() - s.stop->num_generated() - 1;
+        const int want = std::min(
+            {s.spec_acceptance.length(options.speculative.num_speculative_tokens), budget, left});
+        if (want <= 0) continue;
+        sampling::propose_ngram_draft(s.tokens, draft_config, &draft);
+        int n = std::min(want, static_cast<int>(draft.size()));
+        const int room = static_cast<int>(s.table.blocks.size()) * bs - (s.computed + 1);
+        if (n > room) {
+          const int need = kv::BlockTable::blocks_for(s.computed + 1 + n, bs) -
+                           static_cast<int>(s.table.blocks.size());
+          if (need <= spare && pool.reserve(s.table, s.computed + 1 + n))
+            spare -= need;
+          else
+            n = room;
+        }
+        if (n <= 0) continue;
+        s.spec_row.assign(1, s.tokens[static_cast<size_t>(s.computed)]);
+        s.spec_row.insert(s.spec_row.end(), draft.begin(), draft.begin() + n);
+        steps[k].tokens = std::span<const int32_t>(s.spec_row);
+        steps[k].logits = SeqStep::Logits::kAll;
+        s.spec_drafts += n;
+        budget -= n;
+      }
+    }
     if (steps.empty()) {
       // A step of preemptions or swap-ins only (they wait or decode next step) is progress.
       if (!plan.preempted.empty() || !plan.swap_in.empty()) continue;
@@ -478,7 +562,9 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     for (size_t k = 0; k < steps.size(); ++k) {
       SeqState& s = seqs[step_seq[k]];
       const bool decode = s.running;
-      s.computed += static_cast<int>(steps[k].tokens.size());
+      // A speculative row counts its fed last token; the loop below adds the accepted drafts.
+      const bool spec = !s.spec_row.empty();
+      s.computed += spec ? 1 : static_cast<int>(steps[k].tokens.size());
       s.fed = std::max(s.fed, std::min(s.computed, s.num_prompt));
       // The chunks resume the chain's walk (Worker::postprocess); settled when the prefill ends.
       if (!decode) {
@@ -493,40 +579,50 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
           kv::drop_behind_window(pool, s.table, s.computed, sc.kv_window, &window_ops);
       if (!s.running && s.computed == s.target()) s.running = true;  // prompt or recompute done
       if (decode && s.cut) KVSPLIT_RETURN_IF_ERROR(s.cut->finish(pool, s.table, s.computed));
+      const int index = step_seq[k];
+      if (spec) {
+        // Row j is sampled while the token from row j - 1 was draft token j (the sampler draws
+        // once per token emitted, as without drafts: the same tokens).
+        const int n = static_cast<int>(s.spec_row.size());
+        int accepted_here = 0;
+        bool rejected = false;
+        for (int j = 0; j < n; ++j) {
+          const int32_t tok = draw(s, logits.data() + (row + j) * cfg.vocab_size);
+          if (tok < 0 && j > 0) break;  // the next step decodes this position again, alone
+          if (tok < 0) {
+            KVSPLIT_RETURN_IF_ERROR(undrawn(s, index, tok));
+            break;
+          }
+          take(s, index, tok);
+          if (s.done() || j == n - 1) break;
+          if (tok != s.spec_row[static_cast<size_t>(j) + 1]) {
+            rejected = true;
+            break;
+          }
+          ++s.computed;  // the draft token's KV (written by this step) is valid
+          ++s.spec_accepted;
+          ++accepted_here;
+        }
+        s.spec_acceptance.observe(n - 1, accepted_here, rejected);
+        row += static_cast<size_t>(n);
+        s.spec_row.clear();
+        if (!s.done()) pool.release_tail(s.table, s.computed + 1);  // the rejected drafts' pages
+        continue;
+      }
       int32_t tok = -1;
       if (steps[k].logits == SeqStep::Logits::kArgmax) {
         tok = ids[id++];  // greedy: picked by the model (on the device where it can); -1: unusable
       } else if (steps[k].logits == SeqStep::Logits::kLast) {
-        float* lg = logits.data() + row * cfg.vocab_size;
+        tok = draw(s, logits.data() + row * cfg.vocab_size);
         ++row;
-        if (sampling::logits_usable(lg, cfg.vocab_size)) {
-          tok = s.sampler->sample(lg, cfg.vocab_size, s.prompt(), s.output());
-          if (tok == sampling::Sampler::kNoAllowedToken) {  // guided: nothing may follow
-            if (!s.sampler->guide_status().ok())
-              return s.sampler->guide_status().with_prefix(fmt::format("prompt {}", step_seq[k]));
-            end(s, step_seq[k], FinishReason::kStop, false);  // complete, no end id to sample
-            continue;
-          }
-        }
       } else {
         continue;
       }
       if (tok < 0) {
-        return internal_error("prompt " + std::to_string(step_seq[k]) +
-                              ": the model produced no usable logits (NaN or infinite) at "
-                              "position " +
-                              std::to_string(s.computed - 1) +
-                              ": its activations overflow float32 (check the model's weights)");
+        KVSPLIT_RETURN_IF_ERROR(undrawn(s, index, tok));
+        continue;
       }
-      s.tokens.push_back(tok);
-      const std::string delta =
-          s.decoder && !s.stop->is_stop_token(tok) ? s.decoder->push(tok) : std::string();
-      sampling::StopChecker::Step r = s.stop->on_token(tok, delta);
-      if (!r.text.empty()) {
-        s.text += r.text;
-        if (options.on_text) options.on_text(step_seq[k], r.text);
-      }
-      if (r.reason != FinishReason::kNone) end(s, step_seq[k], r.reason, r.stop_string);
+      take(s, index, tok);
     }
     // Effective-KV accounting point of every sequence that ran: what its pages hold after the
     // step (a decode row's cut measured its table already; finished ones hold nothing).

@@ -16,6 +16,7 @@
 #include "cuts/semantic/semantic.h"
 #include "kv/kv_pool.h"
 #include "kv/swap.h"
+#include "kvsplit/engine.h"
 #include "kvsplit/sampling_params.h"
 #include "model/llama_model.h"
 #include "model/tokenizer.h"
@@ -45,6 +46,9 @@ struct GenerationOutput {
   int shards = 0;  // shards of the pool's shard group its KV used (spatial cut)
   // Pages freed as every layer's sliding window passed them (kv::drop_behind_window).
   int window_dropped_pages = 0;
+  // Speculative decoding (BatchOptions::speculative): draft tokens fed and accepted.
+  int spec_draft_tokens = 0;
+  int spec_accepted_tokens = 0;
 };
 
 struct BatchOptions {
@@ -89,6 +93,10 @@ struct BatchOptions {
   // prompt + max_tokens exceeds spatial_min_context (every sequence at 0) is spread over the
   // shards in chunks; others stay on the home shard while it has room.
   int spatial_min_context = 0;
+  // Speculative decoding (docs/serving.md "Speculative decoding"): decode rows feed n-gram draft
+  // tokens within the step's token budget left, verified by the same forward pass; the outputs
+  // are those without it. Only with kv_policy kFull and no sliding window (else ignored).
+  SpeculativeConfig speculative;
 };
 
 // Runs every input to completion (or until options.cancel). Errors: kInvalidArgument for bad
