@@ -253,14 +253,16 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
     pool.release(s.table);
   };
 
-  // The token sampled from logits row `lg`: -1 when the row is unusable (NaN or infinite), or
-  // Sampler::kNoAllowedToken when a guide allows nothing.
+  // The token sampled from logits row `lg`: kUnusable when the row is unusable (NaN or
+  // infinite), or Sampler::kNoAllowedToken (-1) when a guide allows nothing.
+  constexpr int32_t kUnusable = std::numeric_limits<int32_t>::min();
   auto draw = [&](SeqState& s, float* lg) -> int32_t {
-    if (!sampling::logits_usable(lg, cfg.vocab_size)) return -1;
+    if (!sampling::logits_usable(lg, cfg.vocab_size)) return kUnusable;
     return s.sampler->sample(lg, cfg.vocab_size, s.prompt(), s.output());
   };
-  // A token that could not be drawn (or a model's argmax of -1): a guided text complete with no
-  // end id to sample ends (kStop); a guide's error or unusable logits fail the batch.
+  // A token that could not be drawn (kUnusable, also a model's argmax of -1, or kNoAllowedToken):
+  // a guided text complete with no end id to sample ends (kStop); a guide's error or unusable
+  // logits fail the batch.
   auto undrawn = [&](SeqState& s, int index, int32_t tok) -> Status {
     if (tok == sampling::Sampler::kNoAllowedToken) {  // guided: nothing may follow
       if (!s.sampler->guide_status().ok())
@@ -612,6 +614,7 @@ StatusOr<std::vector<GenerationOutput>> generate_batch(model::LlamaModel& model,
       int32_t tok = -1;
       if (steps[k].logits == SeqStep::Logits::kArgmax) {
         tok = ids[id++];  // greedy: picked by the model (on the device where it can); -1: unusable
+        if (tok < 0) tok = kUnusable;
       } else if (steps[k].logits == SeqStep::Logits::kLast) {
         tok = draw(s, logits.data() + row * cfg.vocab_size);
         ++row;
