@@ -22,12 +22,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/cli_options.h"
 #include "kvsplit/engine.h"
+#include "sampling/ngram_draft.h"
 
 namespace {
 
@@ -124,6 +126,36 @@ kvsplit::StatusOr<Run> run(kvsplit::Engine& engine, const std::vector<kvsplit::R
   return r;
 }
 
+// The draft lookup's cost against the context length (the worst case: random tokens over a
+// 32K vocabulary, where the last token recurs but longer suffixes do not, so the whole sequence is
+// scanned), against one std::count pass of the last token over the same tokens in the same run.
+void lookup_costs(int k) {
+  std::printf(
+      "\ndraft lookup (propose_ngram_draft, prompt_lookup 1..4): worst case, random tokens\n");
+  std::printf("%9s | %12s %12s %6s\n", "context", "lookup us", "count us", "ratio");
+  std::mt19937 rng(7);
+  for (int len : {2048, 32768, 131072}) {
+    std::vector<int32_t> t(static_cast<size_t>(len));
+    for (int32_t& x : t) x = static_cast<int32_t>(rng() % 32000);
+    std::vector<int32_t> out;
+    const kvsplit::sampling::NgramDraftConfig cfg{k, 1, 4};
+    double best_lookup = 1e30, best_count = 1e30;
+    int64_t sink = 0;
+    for (int rep = 0; rep < 20; ++rep) {
+      auto a = Clock::now();
+      kvsplit::sampling::propose_ngram_draft(t, cfg, &out);
+      auto b = Clock::now();
+      sink += std::count(t.begin(), t.end() - 1, t.back());
+      auto c = Clock::now();
+      sink += static_cast<int64_t>(out.size());
+      best_lookup = std::min(best_lookup, std::chrono::duration<double, std::micro>(b - a).count());
+      best_count = std::min(best_count, std::chrono::duration<double, std::micro>(c - b).count());
+    }
+    std::printf("%9d | %12.1f %12.1f %5.2fx%s\n", len, best_lookup, best_count,
+                best_count > 0 ? best_lookup / best_count : 0.0, sink < 0 ? " " : "");
+  }
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -155,10 +187,11 @@ int main(int argc, char** argv) {
   if (paras.empty()) {  // no shared data here: two stories of its kind
     std::fprintf(stderr, "bench_speculative: no text in %s: using built-in stories\n",
                  o.data.c_str());
-    paras = {"Once upon a time there was a little girl named Lily. She liked to play in the park "
-             "with her dog. One day the dog ran away, and Lily looked for him everywhere.",
-             "Tom had a big red ball. He played with it in the garden every day. His mom said, "
-             "\"Tom, be careful with the ball!\" Tom smiled and threw the ball high."};
+    paras = {
+        "Once upon a time there was a little girl named Lily. She liked to play in the park "
+        "with her dog. One day the dog ran away, and Lily looked for him everywhere.",
+        "Tom had a big red ball. He played with it in the garden every day. His mom said, "
+        "\"Tom, be careful with the ball!\" Tom smiled and threw the ball high."};
   }
   std::printf("%-28s %-6s %5s | %6s %6s %6s | %9s %9s %6s | %s\n", "model", "load", "batch",
               "drafts", "accept", "tok/row", "off tok/s", "on tok/s", "ratio", "same tokens");
@@ -231,5 +264,6 @@ int main(int argc, char** argv) {
       }
     }
   }
+  lookup_costs(o.k);
   return 0;
 }

@@ -22,8 +22,9 @@ struct NgramDraftConfig {
 // after that occurrence are proposed, the copy running on into the draft itself where it reaches
 // the end of `tokens` (a loop repeats: "a b a b" proposes "a b a b ..."). The longest
 // suffix wins because a longer match predicts better; the latest occurrence because recent text
-// is the likeliest to repeat. Empty when no suffix of min_n tokens occurs earlier. O(len * max_n)
-// comparisons at worst, one pass over `tokens` per n.
+// is the likeliest to repeat. Empty when no suffix of min_n tokens occurs earlier. One backward
+// pass over `tokens` that stops at the latest match of max_n tokens: O(len) comparisons of the
+// last token, each occurrence extended by at most max_n - 1 more.
 void propose_ngram_draft(std::span<const int32_t> tokens, const NgramDraftConfig& config,
                          std::vector<int32_t>* out);
 

@@ -50,7 +50,9 @@ FinishReason push_token(Sequence& seq, int32_t token, const float* raw, int voca
     const double gap = ms_between(seq.last_token_time, now);
     seq.itl_sum_ms += gap;
     seq.itl_max_ms = std::max(seq.itl_max_ms, gap);
-    seq.note_step_interval(now);
+    // Once per step: the tokens of one speculative row share its time, and 0 ms gaps would make
+    // the sequence look served more often than it is (the SwapPredictor's "served least often").
+    if (now != seq.last_token_time) seq.note_step_interval(now);
   }
   seq.last_token_time = now;
   seq.interval_from = now;
@@ -97,10 +99,11 @@ FinishReason sample_and_append(Sequence& seq, float* logits, int vocab, Clock::t
 }
 
 FinishReason sample_speculative(Sequence& seq, float* rows, int vocab, Clock::time_point now,
-                                int* accepted) {
+                                int* accepted, bool* rejected) {
   const int drafts = static_cast<int>(seq.spec_row.size()) - 1;
   KVSPLIT_CHECK(drafts >= 1);
   *accepted = 0;
+  *rejected = false;
   FinishReason reason = FinishReason::kNone;
   for (int j = 0; j <= drafts; ++j) {
     const FinishReason r = sample_and_append(
@@ -109,7 +112,11 @@ FinishReason sample_speculative(Sequence& seq, float* rows, int vocab, Clock::ti
     // decodes this position again, on its own, where the error surfaces.
     if (r == FinishReason::kError && j > 0) break;
     reason = r;
-    if (r != FinishReason::kNone || j == drafts || seq.tokens.back() != seq.spec_row[j + 1]) break;
+    if (r != FinishReason::kNone || j == drafts) break;
+    if (seq.tokens.back() != seq.spec_row[j + 1]) {
+      *rejected = true;
+      break;
+    }
     // Draft token j + 1 is what was sampled: its KV (written by this step) is valid, and row
     // j + 1 predicts the token after it.
     ++seq.num_computed;

@@ -156,6 +156,10 @@ struct Sequence {
   // the draft after it (Worker::speculate); empty for a plain decode row.
   std::vector<int32_t> spec_row;
   sampling::DraftAcceptance spec_acceptance;  // its drafts' acceptance: their length
+  // The draft proposed for its next row by the sampling thread that sampled its last token (so
+  // the lookups of a step's rows run in parallel), valid while tokens.size() == spec_draft_for.
+  std::vector<int32_t> spec_draft;
+  size_t spec_draft_for = 0;
   int64_t waiting_since = -1;  // the owner's step that pulled it (SchedSeq::waiting_since)
 
   const std::string& id() const { return ctl->request_id; }
@@ -219,10 +223,11 @@ FinishReason sample_and_append(Sequence& seq, float* logits, int vocab, Clock::t
 // the token sampled from row j is draft token j + 1 and generation goes on, each with
 // sample_and_append: the sampler draws once per token emitted, as without a draft, so greedy and
 // seeded sampling give the same tokens. seq.num_computed (which must count the fed last token)
-// grows by the draft tokens accepted, returned in *accepted. kError only when row 0 is unusable
-// (a later unusable row ends the acceptance there).
+// grows by the draft tokens accepted, returned in *accepted; *rejected: a draft token was not
+// the one sampled (not when generation ended or a row was unusable first). kError only when row 0
+// is unusable (a later unusable row ends the acceptance there).
 FinishReason sample_speculative(Sequence& seq, float* rows, int vocab, Clock::time_point now,
-                                int* accepted);
+                                int* accepted, bool* rejected);
 
 // True when the next token is the plain argmax of the logits (greedy, no penalties, no
 // logprobs), so the model may pick it on the device (SeqStep::Logits::kArgmax).

@@ -250,12 +250,17 @@ class Worker {
   void schedule(Clock::time_point now);
   // Speculative decoding (options_.speculative), once the step is planned: gives its decode rows
   // n-gram drafts (Sequence::spec_row, kSampleSpec) within the step's token budget left
-  // (max_batch_tokens less the tokens planned) and the tokens each may still generate, on the
-  // blocks its table has room in plus at most `free_blocks` free ones (never evicting a cached
-  // page or preempting anyone for a draft); returns the blocks it took. Not under a KV cut that
-  // scores or drops pages (kv_policy other than kFull) nor a sliding window.
-  int speculate(int free_blocks);  // Sliding windows: when the step planned nothing, nothing runs,
-                                   // no block is free and two or
+  // (max_batch_tokens, and with a step time budget the tokens step_cost_ fits in it, less the
+  // tokens planned) and the tokens each may still generate, on the blocks its table has room in
+  // plus at most `free_blocks` free ones (never evicting a cached page or preempting anyone for
+  // a draft); returns the blocks it took. Not under a KV cut that scores or drops pages
+  // (kv_policy other than kFull) nor a sliding window.
+  int speculate(int free_blocks);
+  bool speculating() const;  // drafts apply on this worker (speculate's conditions)
+  // seq.spec_draft for its current tokens (propose_ngram_draft), unless it is already. Touches
+  // only seq: the sampling threads call it for the sequences they sampled.
+  void propose_draft(Sequence& seq) const;
+  // Sliding windows: when the step planned nothing, nothing runs, no block is free and two or
   // more waiting sequences hold pages, the one served last lets its pages go (cached for its own
   // restart) so that the others can go on. Each admitted a chunk's pages, and with every table
   // full and nothing behind the window none could advance: the worker hung for good. True when
@@ -344,6 +349,9 @@ class Worker {
   // min_chunk_tokens), less the running sequences' decode rows; the smaller of the two (0: no
   // cap).
   int step_chunk_cap() const;
+  // This step's time budget in ms (max_chunk_ms, and with max_chunk_ms_auto its sequences'
+  // tightest max_itl_ms; common::step_time_budget_ms); 0: none.
+  double step_budget_ms() const;
 
   WorkerOptions options_;
   std::unique_ptr<backend::Backend> backend_;  // declared first: destroyed last
@@ -448,8 +456,8 @@ class Worker {
     int rows = 1;  // kSampleSpec: logits holds this many rows (sample_speculative)
   };
   std::vector<SampleJob> sample_jobs_;
-  std::vector<int> spec_accepted_;  // per sample job: draft tokens accepted (kSampleSpec)
-  std::vector<int32_t> draft_;      // speculate's scratch
+  std::vector<int> spec_accepted_;      // per sample job: draft tokens accepted (kSampleSpec)
+  std::vector<uint8_t> spec_rejected_;  // ... and whether a draft token was rejected
   // Speculative decoding counters (PoolStats::spec_*), written by the worker thread.
   std::atomic<int64_t> spec_rows_{0}, spec_draft_tokens_{0}, spec_accepted_tokens_{0};
   // A prompt-logprobs row of this step (Sequence::wants_prompt_logprobs): its logits and position.

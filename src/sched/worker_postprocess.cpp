@@ -105,12 +105,7 @@ void Worker::postprocess(std::vector<float>& logits, const std::vector<int32_t>&
       spec_rows_.fetch_add(1, std::memory_order_relaxed);
       spec_draft_tokens_.fetch_add(drafted, std::memory_order_relaxed);
       spec_accepted_tokens_.fetch_add(accepted, std::memory_order_relaxed);
-      // Rejected: the row went on and the token after the accepted ones was not the draft's (an
-      // unusable later row counts as neither).
-      const bool rejected = accepted < drafted && sample_reasons_[job] == FinishReason::kNone &&
-                            seq.num_output() > 0 &&
-                            seq.tokens.back() != seq.spec_row[static_cast<size_t>(accepted) + 1];
-      seq.spec_acceptance.observe(drafted, accepted, rejected);
+      seq.spec_acceptance.observe(drafted, accepted, spec_rejected_[job] != 0);
     }
     if (sampled) {
       const FinishReason reason = sample_reasons_[job++];
@@ -173,18 +168,24 @@ void Worker::sample_rows(Clock::time_point now) {
   const int vocab = model_->vocab_size();
   sample_reasons_.assign(sample_jobs_.size(), FinishReason::kNone);
   spec_accepted_.assign(sample_jobs_.size(), 0);
+  spec_rejected_.assign(sample_jobs_.size(), 0);
+  const bool drafts = speculating();
   over_rows(sampling_pool_.get(), options_.parallel_sampling_min_rows,
             static_cast<int64_t>(sample_jobs_.size()), [&](int64_t begin, int64_t end) {
               for (int64_t k = begin; k < end; ++k) {
                 const SampleJob& job = sample_jobs_[k];
                 if (job.rows > 1) {
-                  sample_reasons_[k] =
-                      sample_speculative(*job.seq, job.logits, vocab, now, &spec_accepted_[k]);
-                  continue;
+                  bool rejected = false;
+                  sample_reasons_[k] = sample_speculative(*job.seq, job.logits, vocab, now,
+                                                          &spec_accepted_[k], &rejected);
+                  spec_rejected_[k] = rejected ? 1 : 0;
+                } else {
+                  sample_reasons_[k] = job.logits
+                                           ? sample_and_append(*job.seq, job.logits, vocab, now)
+                                           : append_token(*job.seq, job.token, now);
                 }
-                sample_reasons_[k] = job.logits
-                                         ? sample_and_append(*job.seq, job.logits, vocab, now)
-                                         : append_token(*job.seq, job.token, now);
+                // The next row's draft, looked up here: in parallel over the step's rows.
+                if (drafts && sample_reasons_[k] == FinishReason::kNone) propose_draft(*job.seq);
               }
             });
 }

@@ -465,7 +465,7 @@ void Worker::apply_preemptions(const SchedulerOutput& out, Clock::time_point now
   }
 }
 
-int Worker::step_chunk_cap() const {
+double Worker::step_budget_ms() const {
   // max_chunk_ms: auto: the sequences this step may serve, decoding (running) or prefilling
   // (waiting: prompts, restarts).
   double tightest_itl = 0;
@@ -475,8 +475,12 @@ int Worker::step_chunk_cap() const {
         tightest_itl = common::tighter_itl(tightest_itl, seq->sla.max_itl_ms);
     }
   }
-  const double budget_ms =
-      common::step_time_budget_ms(options_.max_chunk_ms, options_.max_chunk_ms_auto, tightest_itl);
+  return common::step_time_budget_ms(options_.max_chunk_ms, options_.max_chunk_ms_auto,
+                                     tightest_itl);
+}
+
+int Worker::step_chunk_cap() const {
+  const double budget_ms = step_budget_ms();
   if (budget_ms <= 0) return options_.max_chunk_tokens;
   // Until kMinSteps steps are timed, 4 min chunks; then what fits, the step's decode rows
   // (colocated) coming first and taking their share of the time.
@@ -573,19 +577,36 @@ void Worker::schedule(Clock::time_point now) {
   start_prefetches(out.free_blocks_after - spec_blocks, /*after_forward=*/false);
 }
 
+bool Worker::speculating() const {
+  return options_.speculative.enabled() && options_.kv_policy == KvPolicy::kFull &&
+         scheduler_.config().kv_window == 0;
+}
+
+void Worker::propose_draft(Sequence& seq) const {
+  if (seq.spec_draft_for == seq.tokens.size()) return;
+  const SpeculativeConfig& sc = options_.speculative;
+  sampling::propose_ngram_draft(
+      seq.tokens,
+      sampling::NgramDraftConfig{sc.num_speculative_tokens, sc.prompt_lookup_min,
+                                 sc.prompt_lookup_max},
+      &seq.spec_draft);
+  seq.spec_draft_for = seq.tokens.size();
+}
+
 int Worker::speculate(int free_blocks) {
   const SpeculativeConfig& sc = options_.speculative;
-  if (!sc.enabled() || options_.kv_policy != KvPolicy::kFull || scheduler_.config().kv_window > 0)
-    return 0;
+  if (!speculating()) return 0;
   int budget = options_.max_batch_tokens;
+  // With a step time budget (max_chunk_ms), the tokens a step fits within it by the measured
+  // step cost (none until it is measured): drafts never stretch a step past it.
+  if (const double ms = step_budget_ms(); ms > 0)
+    budget = std::min(budget, step_cost_.ready() ? step_cost_.tokens_within(ms) : 0);
   for (const model::SeqStep& s : batch_.steps) budget -= static_cast<int>(s.tokens.size());
   // Draft pages come from blocks nobody holds (not the prefix cache's, which reserve would
   // evict) and, on a shard group, only from room the table has already.
   int spare = pool_->num_shards() > 1 ? 0 : std::min(free_blocks, pool_->allocator().num_free());
   const int taken_before = spare;
   const int bs = pool_->block_size();
-  const sampling::NgramDraftConfig draft_config{sc.num_speculative_tokens, sc.prompt_lookup_min,
-                                                sc.prompt_lookup_max};
   for (size_t i = 0; i < batch_.steps.size() && budget > 0; ++i) {
     if (!batch_.decode[i]) continue;
     Sequence& seq = *batch_.seqs[i];
@@ -594,8 +615,9 @@ int Worker::speculate(int free_blocks) {
     const int want =
         std::min({seq.spec_acceptance.length(sc.num_speculative_tokens), budget, left});
     if (want <= 0) continue;
-    propose_ngram_draft(seq.tokens, draft_config, &draft_);
-    int k = std::min(want, static_cast<int>(draft_.size()));
+    propose_draft(seq);  // unless the sampling threads did already
+    const std::vector<int32_t>& draft = seq.spec_draft;
+    int k = std::min(want, static_cast<int>(draft.size()));
     if (k <= 0) continue;
     const int pos = seq.num_computed;  // the fed last token's position
     const int room = static_cast<int>(seq.table.blocks.size()) * bs - (pos + 1);
@@ -610,7 +632,7 @@ int Worker::speculate(int free_blocks) {
     }
     if (k <= 0) continue;
     seq.spec_row.assign(1, seq.tokens[static_cast<size_t>(pos)]);
-    seq.spec_row.insert(seq.spec_row.end(), draft_.begin(), draft_.begin() + k);
+    seq.spec_row.insert(seq.spec_row.end(), draft.begin(), draft.begin() + k);
     model::SeqStep& s = batch_.steps[i];
     s.tokens = std::span<const int32_t>(seq.spec_row);
     s.logits = model::SeqStep::Logits::kAll;

@@ -185,6 +185,20 @@ TEST_P(EngineSpeculative, AcceptedDraftsSaveForwardPasses) {
   EXPECT_LE(s.rows + s.accepted, 249);
 }
 
+// A step time budget (pools.max_chunk_ms) that no step fits: drafts never stretch a step, so none
+// is fed, and the output is the plain one.
+TEST_P(EngineSpeculative, DraftsStayWithinTheStepTimeBudget) {
+  KVSPLIT_REQUIRE_MODELS();
+  const std::vector<Request> reqs = workload(4);
+  auto plain = Engine::create(config(GetParam(), false));
+  EngineConfig tight = config(GetParam(), true);
+  tight.max_chunk_ms = 1e-6;
+  auto spec = Engine::create(tight);
+  ASSERT_TRUE(plain.ok() && spec.ok());
+  expect_same(reqs, run(**plain, reqs, true), run(**spec, reqs, true));
+  EXPECT_EQ(counts(**spec).rows, 0);
+}
+
 // Stop strings, penalties, logprobs, min_tokens, guided decoding and n > 1 in the same batch.
 TEST_P(EngineSpeculative, SamplingControlsGiveTheSameOutput) {
   KVSPLIT_REQUIRE_MODELS();
