@@ -185,6 +185,30 @@ TEST_P(EngineSpeculative, AcceptedDraftsSaveForwardPasses) {
   EXPECT_LE(s.rows + s.accepted, 249);
 }
 
+// 48 sequences decoding at once on a worker with two sampling threads: past
+// parallel_sampling_min_rows, rows are sampled and their next drafts looked up on both threads
+// (run under TSan with the other concurrency tests).
+TEST_P(EngineSpeculative, ParallelSamplingThreadsLookUpTheDrafts) {
+  KVSPLIT_REQUIRE_MODELS();
+  std::vector<Request> reqs = workload(48);
+  for (Request& r : reqs) {
+    r.sampling.max_tokens = 60;
+    r.sampling.ignore_eos = true;
+  }
+  EngineConfig base = config(GetParam(), false);
+  base.threads_per_worker = 2;
+  base.num_decode_workers = 1;  // all 48 on one decoding worker
+  EngineConfig on = base;
+  on.speculative = config(GetParam(), true).speculative;
+  auto plain = Engine::create(base);
+  auto spec = Engine::create(on);
+  ASSERT_TRUE(plain.ok() && spec.ok());
+  const std::vector<int> initial = testing::free_blocks(**spec);
+  expect_same(reqs, run(**plain, reqs, true), run(**spec, reqs, true));
+  EXPECT_GT(counts(**spec).accepted, 0);
+  EXPECT_TRUE(testing::pools_back_to(**spec, initial));
+}
+
 // A step time budget (pools.max_chunk_ms) that no step fits: drafts never stretch a step, so none
 // is fed, and the output is the plain one.
 TEST_P(EngineSpeculative, DraftsStayWithinTheStepTimeBudget) {
