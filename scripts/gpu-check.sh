@@ -20,7 +20,8 @@
 #   c. bench_temporal --swap-bandwidth --backend cuda (host tier against one PCIe copy)
 #   d. bench_spatial --backend cuda at 1 x 128K, 1 and 4 virtual shards on this GPU, if time remains
 #   e. the first GOLDEN_CASES (4) goldens, both formats, through `kvsplit generate --backend cuda
-#      --weight-dtype f32` (gpu_tests check every golden on CUDA already; this is the CLI path)
+#      --weight-dtype f32` (gpu_tests check every golden on CUDA already; this is the CLI path),
+#      then again with `--speculative ngram` (both in golden.log)
 # Benchmarks run line-buffered (stdbuf), so a timed-out or crashed one still leaves its figures.
 # Binaries come from .gpu-kit/ (with its models and libraries); without a kit this script builds
 # them here (slow, device time; the device image may also lack the build's dependencies).
@@ -293,6 +294,21 @@ main() {
     else
       record "goldens (cuda)" "$res" "(exit $rc, no verdict line)"
     fi
+    # The same cases with speculative decoding: drafts verified by multi-token rows (every row's
+    # logits) over the paged KV on the device must give the same tokens.
+    local swrap=$TMP/kvsplit-cuda-f32-spec slog=$glog  # appended: 8 log files at most
+    lim=$(allow 40)
+    printf '#!/usr/bin/env bash\nexport LD_LIBRARY_PATH=%q\nexec %q "$@" --backend cuda --weight-dtype f32 --speculative ngram\n' \
+      "$LIBPATH" "${BIN[kvsplit]}" > "$swrap"
+    chmod +x "$swrap"
+    echo "\$ golden_check.py $swrap (timeout ${lim}s)" >> "$slog"
+    [ "$lim" -eq 0 ] && lim=1  # out of time: the run times out at once and is recorded so
+    timeout -k 5 "$lim" env PYTHONUNBUFFERED=1 python3 "$GOLDEN_PY" "$swrap" --models "$KVSPLIT_MODELS" \
+      --cases "$cases" >> "$slog" 2>&1; rc=$?
+    echo "[exit $rc]" >> "$slog"
+    verdict=$(grep -E 'golden cases match' "$slog" | tail -1)
+    res=$(bench_result $rc "$slog")
+    record "goldens (cuda, speculative)" "$res" "(exit $rc; ${verdict:-no verdict line})"
   fi
 
   summary "$mode"
@@ -413,7 +429,7 @@ summary() {
     "$LOGS/bench-attention.log" 2>/dev/null | head -18
   grep -E "device->host|host->device" "$LOGS/bench-temporal.log" 2>/dev/null
   grep -E "^ +131072 " "$LOGS/bench-spatial.log" 2>/dev/null | head -4
-  grep -E "golden cases match" "$LOGS/golden.log" 2>/dev/null | tail -1
+  grep -E "golden cases match" "$LOGS/golden.log" 2>/dev/null | tail -2  # plain, speculative
   echo "logs:    $LOGS: $(cd "$LOGS" && printf "%s " *)"
   echo "elapsed: $(( $(date +%s) - start ))s"
 }
