@@ -184,8 +184,12 @@ void Worker::sample_rows(Clock::time_point now) {
                                            ? sample_and_append(*job.seq, job.logits, vocab, now)
                                            : append_token(*job.seq, job.token, now);
                 }
-                // The next row's draft, looked up here: in parallel over the step's rows.
-                if (drafts && sample_reasons_[k] == FinishReason::kNone) propose_draft(*job.seq);
+                // The next row's draft, looked up here: in parallel over the step's rows (not for
+                // a sequence whose next token is its last: it gets none).
+                const Sequence& s = *job.seq;
+                if (drafts && sample_reasons_[k] == FinishReason::kNone &&
+                    s.stop->max_new_tokens() - s.stop->num_generated() > 1)
+                  propose_draft(*job.seq);
               }
             });
 }
