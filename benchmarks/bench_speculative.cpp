@@ -5,12 +5,19 @@
 //             sampling (every other request at temperature 0.8), EOS ends them;
 //   - copy:   a whole TinyStories paragraph, then its first sentence again (the pattern prompt
 //             lookup is for: an answer that quotes its context, a code edit, an extraction);
-// per model (--models: stories260K, a 1 MB model whose CPU step is compute-bound, and
-// synthetic:llama-110m, 440 MB of f32 weights whose decode step reads them all: memory-bound, as
-// decode on a GPU is) and batch size (--batches). Per row: draft tokens per decode row,
-// acceptance (accepted / drafted), tokens per forward pass of a request (1 + accepted per row),
-// tokens/s off and on (median of the rounds) and their ratio, and whether every request's tokens
-// were the same with and without drafts (they must be: greedy and seeded sampling are exact).
+//   - recall: recall-llama (a trained 0.4M-parameter Llama, ../shared/models/recall-llama) on the
+//             first --recall-words words of its evaluation documents (word pairs, then a filler
+//             that cycles through a fixed list: the continuation repeats the context, as in
+//             extraction or templated output); only for a model whose path names recall-llama,
+//             which runs this load alone;
+// per model (--models: stories260K, a 1 MB model whose CPU step is compute-bound, recall-llama,
+// and synthetic:llama-110m, 440 MB of f32 weights whose decode step reads them all:
+// memory-bound, as decode on a GPU is; its random weights fall into loops, so its drafts are
+// nearly always accepted: an upper bound, not a workload) and batch size (--batches). Per row:
+// draft tokens per decode row, acceptance (accepted / drafted), tokens per forward pass of a
+// request (1 + accepted per row), tokens/s off and on (median of the rounds) and their ratio, and
+// whether every request's tokens were the same with and without drafts (they must be: greedy and
+// seeded sampling are exact).
 //
 //   build/benchmarks/bench_speculative [--models M1,M2] [--batches 1,8] [--max-tokens N]
 //       [--num-speculative-tokens K] [--reps R] [--threads T] [--data FILE]
@@ -22,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
@@ -44,7 +52,9 @@ struct Options {
   int reps = 3;
   int threads = 2;
   std::string data;
+  std::string recall_docs;
   size_t copy_chars = 600;
+  int recall_words = 120;
 };
 
 std::string shared_dir() {
@@ -76,6 +86,22 @@ std::vector<std::string> paragraphs(const std::string& path) {
 std::string first_sentence(const std::string& p) {
   const size_t dot = p.find_first_of(".!?");
   return dot == std::string::npos ? p : p.substr(0, dot + 1);
+}
+
+// The first `words` words of each {"text": ...} line of `path` (recall-llama's documents).
+std::vector<std::string> recall_prompts(const std::string& path, int words) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("text") || !j["text"].is_string()) continue;
+    std::istringstream ws(j["text"].get<std::string>());
+    std::string w, prompt;
+    for (int i = 0; i < words && ws >> w; ++i) prompt += (i ? " " : "") + w;
+    if (!prompt.empty()) out.push_back(prompt);
+  }
+  return out;
 }
 
 // The paragraph's whole sentences within `chars` characters (at least its first).
@@ -166,8 +192,10 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   CLI::App app{"bench_speculative: n-gram speculative decoding against plain decoding"};
   Options o;
-  o.models = {shared_dir() + "/stories260K.bin", "synthetic:llama-110m"};
+  o.models = {shared_dir() + "/stories260K.bin", shared_dir() + "/recall-llama",
+              "synthetic:llama-110m"};
   o.data = shared_dir() + "/../data/tinystories_sample.txt";
+  o.recall_docs = shared_dir() + "/../data/recall_eval_docs.jsonl";
   app.add_option("--models", o.models, "models (paths or synthetic:<preset>)")->delimiter(',');
   app.add_option("--batches", o.batches, "requests submitted at once")
       ->delimiter(',')
@@ -180,6 +208,9 @@ int main(int argc, char** argv) {
   app.add_option("--data", o.data, "TinyStories sample text");
   app.add_option("--copy-chars", o.copy_chars, "copy load: characters of context at most")
       ->check(CLI::Range(1, 100000));
+  app.add_option("--recall-docs", o.recall_docs, "recall load: recall-llama's documents (jsonl)");
+  app.add_option("--recall-words", o.recall_words, "recall load: words of each document")
+      ->check(CLI::Range(1, 400));
   if (const auto rc = kvsplit::parse_args(app, argc, argv)) return *rc;
   spdlog::set_level(spdlog::level::warn);
 
@@ -213,7 +244,17 @@ int main(int argc, char** argv) {
                    (!off.ok() ? off.status() : on.status()).to_string().c_str());
       return 1;
     }
-    for (const char* load : {"story", "copy"}) {
+    const bool recall_model = model.find("recall-llama") != std::string::npos;
+    const std::vector<std::string> recall =
+        recall_model ? recall_prompts(o.recall_docs, o.recall_words) : std::vector<std::string>{};
+    if (recall_model && recall.empty()) {
+      std::fprintf(stderr, "bench_speculative: no documents in %s: %s skipped\n",
+                   o.recall_docs.c_str(), model.c_str());
+      continue;
+    }
+    const std::vector<const char*> loads = recall_model ? std::vector<const char*>{"recall"}
+                                                        : std::vector<const char*>{"story", "copy"};
+    for (const char* load : loads) {
       for (int batch : o.batches) {
         std::vector<kvsplit::Request> reqs;
         for (int i = 0; i < batch; ++i) {
@@ -221,7 +262,8 @@ int main(int argc, char** argv) {
           kvsplit::Request r;
           // copy: sentences up to --copy-chars (within stories260K's 512-token context), then
           // the first again.
-          r.prompt = std::string(load) == "story"
+          r.prompt = std::string(load) == "recall" ? recall[static_cast<size_t>(i) % recall.size()]
+                     : std::string(load) == "story"
                          ? first_sentence(p)
                          : leading_sentences(p, o.copy_chars) + "\n" + first_sentence(p);
           r.sampling.max_tokens = o.max_tokens;
