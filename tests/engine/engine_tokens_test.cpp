@@ -282,8 +282,8 @@ TEST_P(EngineTokens, TimeBasedChunkCapFollowsTheBudgetAndKeepsTokens) {
 // pools.max_chunk_ms: auto (colocated). A request of a class with a tight max_itl_ms decodes
 // while a 400-token prompt arrives: every step carries its decode row, so the prompt's chunks are
 // cut to the minimum (a block) and it takes about 25 steps, each giving the decoding request a
-// token. With a loose max_itl_ms the prompt goes in ~4 steps of the token budget (its own default
-// class's 200 ms caps nothing on this model). Tokens unchanged.
+// token. With a loose max_itl_ms the prompt goes in ~4 steps of the token budget (its own class
+// is loose too). Tokens unchanged.
 TEST(EngineChunkAuto, TheTightestDecodingClassSetsTheStepBudget) {
   KVSPLIT_REQUIRE_MODELS();
   Request l;
@@ -303,7 +303,11 @@ TEST(EngineChunkAuto, TheTightestDecodingClassSetsTheStepBudget) {
     SlaClass chat;
     chat.name = "chat";
     chat.max_itl_ms = itl_ms;
-    cfg.sla_classes = {SlaClass{}, chat};
+    // The prompt's own (default) class is loose too: its 200 ms default capped the chunks of a
+    // step slowed down enough (under TSan on a busy machine: 7 decode tokens during the prompt).
+    SlaClass loose;
+    loose.max_itl_ms = 1e5;
+    cfg.sla_classes = {loose, chat};
     auto engine = EngineImpl::create(cfg);
     ASSERT_TRUE(engine.ok()) << engine.status().to_string();
     // The decoding request is stepped to its first token and held there while the prompt is
